@@ -1,0 +1,314 @@
+//! Exact PRM layouts and the accessors that read and write them.
+//!
+//! Every offset comes from [`generated`], which `cargo xtask codegen` derives from the compiler-verified tables
+//! vendored in `core/prm/`. Nothing here is typed by hand.
+//!
+//! Layouts follow the PRM convention (as the kernel's `MLX5_SET`/`MLX5_GET`): bit 0 is the most significant bit
+//! of dword 0; a field of width `w <= 32` at bit `off` lives in dword `off / 32` at shift `32 - w - off % 32`, and
+//! the dword is stored big endian. 64-bit fields are 64-bit aligned big-endian words (`MLX5_SET64`).
+//!
+//! Accessors work on any [`MsgBuf`]: a plain byte slice (golden tests, EQE/CQE copies) or a command message
+//! scattered over the command entry and its mailbox chain (the command queue), so commands are encoded in place.
+
+#[rustfmt::skip]
+pub mod generated;
+
+pub use generated::{c, consts, ifc, CmdStatus, DeliveryStatus, EventType, HealthSyndrome, Opcode};
+
+/// A scalar field: `off` bits from the start of its struct, `width` bits wide (1..=32, or 64 when 64-bit aligned).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Field {
+    pub off: u32,
+    pub width: u32,
+}
+
+impl Field {
+    pub const fn new(off: u32, width: u32) -> Self {
+        Self { off, width }
+    }
+
+    /// The same field inside a nested struct that starts at byte `base` (as `MLX5_ADDR_OF` + `MLX5_SET`).
+    pub const fn at(self, base: Sub) -> Self {
+        Self { off: self.off + base.off as u32 * 8, width: self.width }
+    }
+
+    /// Byte offset of the dword (or 64-bit word) holding the field.
+    const fn byte(self) -> usize {
+        if self.width == 64 {
+            (self.off / 8) as usize
+        } else {
+            (self.off / 32 * 4) as usize
+        }
+    }
+
+    const fn shift(self) -> u32 {
+        32 - self.width - self.off % 32
+    }
+
+    const fn mask(self) -> u32 {
+        if self.width >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << self.width) - 1
+        }
+    }
+}
+
+/// A nested struct or union: `len` bytes at byte `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sub {
+    pub off: usize,
+    pub len: usize,
+}
+
+impl Sub {
+    pub const fn new(off: usize, len: usize) -> Self {
+        Self { off, len }
+    }
+
+    /// The same nested struct inside an enclosing one that starts at byte `base`.
+    pub const fn at(self, base: Sub) -> Self {
+        Self { off: self.off + base.off, len: self.len }
+    }
+}
+
+/// A byte range: a C struct member, or an `mlx5_ifc` field too wide for a scalar (GIDs, MACs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bytes {
+    pub off: usize,
+    pub len: usize,
+}
+
+impl Bytes {
+    pub const fn new(off: usize, len: usize) -> Self {
+        Self { off, len }
+    }
+
+    pub const fn end(self) -> usize {
+        self.off + self.len
+    }
+}
+
+/// An array of `count` elements of `elem_bits` each (`count == 0` for flexible arrays such as `pas[]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Array {
+    pub off: u32,
+    pub count: u32,
+    pub elem_bits: u32,
+}
+
+impl Array {
+    pub const fn new(off: u32, count: u32, elem_bits: u32) -> Self {
+        Self { off, count, elem_bits }
+    }
+
+    /// Element `i` as a scalar field (for arrays of scalars such as `pas[]` or `event_bitmask[]`).
+    pub const fn elem(self, i: u32) -> Field {
+        Field { off: self.off + i * self.elem_bits, width: self.elem_bits }
+    }
+
+    /// Byte offset of the first element.
+    pub const fn byte_off(self) -> usize {
+        (self.off / 8) as usize
+    }
+}
+
+/// A command message or a fixed-size device structure that fields can be read from and written to.
+///
+/// Implementers guarantee that `chunk`/`chunk_mut` return the bytes at `off..off + n` for some `n >= 1`, the
+/// longest run that is contiguous in memory. Callers keep every access within [`MsgBuf::len`]; an access past it
+/// is a programming error in the encoder (the buffer is always sized from the layout) and panics like a slice index.
+pub trait MsgBuf {
+    /// Total length of the message in bytes.
+    fn len(&self) -> usize;
+    /// The contiguous bytes starting at `off` (at least one byte).
+    fn chunk(&self, off: usize) -> &[u8];
+    /// The contiguous bytes starting at `off` (at least one byte), writable.
+    fn chunk_mut(&mut self, off: usize) -> &mut [u8];
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `out.len()` bytes starting at `off` into `out`.
+    fn read_bytes(&self, mut off: usize, out: &mut [u8]) {
+        let mut done = 0;
+        while done < out.len() {
+            let c = self.chunk(off);
+            let n = c.len().min(out.len() - done);
+            out[done..done + n].copy_from_slice(&c[..n]);
+            done += n;
+            off += n;
+        }
+    }
+
+    /// Copies `data` into the message starting at `off`.
+    fn write_bytes(&mut self, mut off: usize, data: &[u8]) {
+        let mut done = 0;
+        while done < data.len() {
+            let c = self.chunk_mut(off);
+            let n = c.len().min(data.len() - done);
+            c[..n].copy_from_slice(&data[done..done + n]);
+            done += n;
+            off += n;
+        }
+    }
+
+    fn read_u32(&self, off: usize) -> u32 {
+        let mut b = [0u8; 4];
+        self.read_bytes(off, &mut b);
+        u32::from_be_bytes(b)
+    }
+
+    fn write_u32(&mut self, off: usize, v: u32) {
+        self.write_bytes(off, &v.to_be_bytes());
+    }
+
+    fn read_u64(&self, off: usize) -> u64 {
+        let mut b = [0u8; 8];
+        self.read_bytes(off, &mut b);
+        u64::from_be_bytes(b)
+    }
+
+    fn write_u64(&mut self, off: usize, v: u64) {
+        self.write_bytes(off, &v.to_be_bytes());
+    }
+
+    /// `MLX5_GET`: a field of up to 32 bits.
+    fn get(&self, f: Field) -> u32 {
+        debug_assert!(f.width <= 32, "use get64 for 64-bit fields");
+        (self.read_u32(f.byte()) >> f.shift()) & f.mask()
+    }
+
+    /// `MLX5_SET`: a field of up to 32 bits; bits of `v` above the width are dropped, neighbours are kept.
+    fn set(&mut self, f: Field, v: u32) {
+        debug_assert!(f.width <= 32, "use set64 for 64-bit fields");
+        let off = f.byte();
+        let mask = f.mask() << f.shift();
+        let old = self.read_u32(off);
+        self.write_u32(off, (old & !mask) | ((v << f.shift()) & mask));
+    }
+
+    /// `MLX5_GET64`.
+    fn get64(&self, f: Field) -> u64 {
+        debug_assert!(f.width == 64);
+        self.read_u64(f.byte())
+    }
+
+    /// `MLX5_SET64`.
+    fn set64(&mut self, f: Field, v: u64) {
+        debug_assert!(f.width == 64);
+        self.write_u64(f.byte(), v);
+    }
+}
+
+impl MsgBuf for [u8] {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+    fn chunk(&self, off: usize) -> &[u8] {
+        &self[off..]
+    }
+    fn chunk_mut(&mut self, off: usize) -> &mut [u8] {
+        &mut self[off..]
+    }
+}
+
+impl<const N: usize> MsgBuf for [u8; N] {
+    fn len(&self) -> usize {
+        N
+    }
+    fn chunk(&self, off: usize) -> &[u8] {
+        &self[off..]
+    }
+    fn chunk_mut(&mut self, off: usize) -> &mut [u8] {
+        &mut self[off..]
+    }
+}
+
+/// A view of a nested struct inside a message, so nested layouts are written with their own field tables
+/// (`MLX5_ADDR_OF(create_cq_in, in, cq_context)` then `MLX5_SET(cqc, cqc, ...)`).
+#[derive(Debug)]
+pub struct SubBuf<'a, B: MsgBuf + ?Sized> {
+    buf: &'a mut B,
+    base: usize,
+    len: usize,
+}
+
+impl<'a, B: MsgBuf + ?Sized> SubBuf<'a, B> {
+    pub fn new(buf: &'a mut B, sub: Sub) -> Self {
+        assert!(sub.off + sub.len <= buf.len(), "nested struct outside its message");
+        Self { buf, base: sub.off, len: sub.len }
+    }
+}
+
+impl<B: MsgBuf + ?Sized> MsgBuf for SubBuf<'_, B> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn chunk(&self, off: usize) -> &[u8] {
+        assert!(off < self.len, "read past the nested struct");
+        let c = self.buf.chunk(self.base + off);
+        &c[..c.len().min(self.len - off)]
+    }
+    fn chunk_mut(&mut self, off: usize) -> &mut [u8] {
+        assert!(off < self.len, "write past the nested struct");
+        let len = self.len;
+        let c = self.buf.chunk_mut(self.base + off);
+        let n = c.len().min(len - off);
+        &mut c[..n]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_get_match_mlx5_set_convention() {
+        // cqc.log_cq_size: 5 bits at bit 227 of create_cq_in -> dword 7, shift 32 - 5 - 3 = 24.
+        let f = ifc::cqc::LOG_CQ_SIZE.at(ifc::create_cq_in::CQ_CONTEXT);
+        assert_eq!((f.off, f.width), (227, 5));
+        let mut b = [0u8; ifc::create_cq_in::SIZE_BYTES];
+        b.set(f, 0xa);
+        assert_eq!(&b[28..32], &[0x0a, 0, 0, 0]);
+        // A neighbour in the same dword (uar_page, 24 bits) is kept.
+        b.set(ifc::cqc::UAR_PAGE.at(ifc::create_cq_in::CQ_CONTEXT), 1);
+        assert_eq!(&b[28..32], &[0x0a, 0, 0, 1]);
+        assert_eq!(b.get(f), 0xa);
+        // Values wider than the field are truncated to it, as MLX5_SET masks them.
+        b.set(f, 0xff);
+        assert_eq!(b.get(f), 0x1f);
+        assert_eq!(&b[28..32], &[0x1f, 0, 0, 1]);
+    }
+
+    #[test]
+    fn set64_is_big_endian() {
+        let mut b = [0u8; ifc::create_cq_in::SIZE_BYTES];
+        b.set64(ifc::cqc::DBR_ADDR.at(ifc::create_cq_in::CQ_CONTEXT), 0x1234567000);
+        assert_eq!(&b[72..80], &[0, 0, 0, 0x12, 0x34, 0x56, 0x70, 0]);
+    }
+
+    #[test]
+    fn unknown_values_are_kept() {
+        assert_eq!(Opcode::from_raw(0x400), Opcode::CreateCq);
+        assert_eq!(Opcode::CreateCq.name(), Some("CREATE_CQ"));
+        assert_eq!(Opcode::from_raw(0x7777), Opcode::Unknown(0x7777));
+        assert_eq!(Opcode::Unknown(0x7777).raw(), 0x7777);
+        assert_eq!(CmdStatus::from_raw(3), CmdStatus::BadParam);
+        assert_eq!(CmdStatus::BadParam.name(), Some("BAD_PARAM"));
+        assert_eq!(CmdStatus::from_raw(0xee), CmdStatus::Unknown(0xee));
+        assert_eq!(DeliveryStatus::from_raw(2).name(), Some("TOK"));
+    }
+
+    #[test]
+    fn sub_buf_confines_accesses() {
+        let mut b = [0u8; ifc::create_cq_in::SIZE_BYTES];
+        {
+            let mut cqc = SubBuf::new(&mut b[..], ifc::create_cq_in::CQ_CONTEXT);
+            cqc.set(ifc::cqc::LOG_CQ_SIZE, 0xa);
+            assert_eq!(cqc.len(), ifc::cqc::SIZE_BYTES);
+        }
+        assert_eq!(b[28], 0x0a);
+    }
+}

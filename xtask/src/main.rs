@@ -1,0 +1,62 @@
+//! `cargo xtask`: the project's automation (the cargo xtask pattern).
+//!
+//! * `vendor`: copy PRM facts from `../shared/prm` into the repository.
+//! * `codegen [--check]`: generate `core/src/prm/generated.rs` from the vendored facts, or check it is current.
+//! * `ci`: everything CI runs: format, lints, codegen freshness, tests, the `no_std` firmware build.
+
+mod codegen;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// The embedded target `mlx5-core` must build for, without alloc.
+const EMBEDDED_TARGET: &str = "thumbv7em-none-eabihf";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace root").to_path_buf()
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    println!("$ cargo {}", args.join(" "));
+    let status = Command::new(cargo)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("failed to run cargo {}: {e}", args.join(" ")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`cargo {}` failed ({status})", args.join(" ")))
+    }
+}
+
+fn ci(root: &Path) -> Result<(), String> {
+    cargo(root, &["fmt", "--all", "--check"])?;
+    codegen::run_codegen(root, true)?;
+    cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(root, &["test", "--workspace"])?;
+    cargo(root, &["build", "-p", "mlx5-core", "--target", EMBEDDED_TARGET])?;
+    cargo(root, &["build", "-p", "mlx5-core", "--target", EMBEDDED_TARGET, "--features", "defmt"])?;
+    cargo(root, &["clippy", "-p", "mlx5-core", "--target", EMBEDDED_TARGET, "--features", "defmt", "--", "-D", "warnings"])?;
+    println!("xtask ci: all steps passed");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = root();
+    let result = match args.first().map(String::as_str) {
+        Some("vendor") => codegen::run_vendor(&root),
+        Some("codegen") => codegen::run_codegen(&root, args.iter().any(|a| a == "--check")),
+        Some("ci") => ci(&root),
+        _ => Err("usage: cargo xtask <vendor | codegen [--check] | ci>".to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
