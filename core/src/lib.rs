@@ -1,2 +1,3 @@
 #![no_std]
+pub mod hal;
 pub mod prm;

@@ -1,0 +1,1 @@
+//! Simulated mlx5 device.
