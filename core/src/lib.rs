@@ -1,3 +1,19 @@
+//! `mlx5-core`: the hardware-facing half of an mlx5 (NVIDIA ConnectX) driver, `no_std` and without alloc.
+//!
+//! It encodes firmware commands from the exact PRM layouts ([`prm`]), drives the command queue ([`cmdq`]) and
+//! (in later layers) brings the HCA up and runs queues, all against the abstract [`hal`] traits so the same code
+//! runs in a Linux process over VFIO, in a unikernel, in SmartNIC firmware, or against `mlx5-sim`.
 #![no_std]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod cmd;
+pub mod cmdq;
+pub mod cq;
+pub mod eq;
 pub mod hal;
+pub mod init;
+pub mod pages;
+pub mod pd;
 pub mod prm;
+pub mod trace;
+pub mod uar;

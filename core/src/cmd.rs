@@ -1,0 +1,73 @@
+//! Shared shape for the many commands that carry at most one value in and one handle out
+//! (ENABLE_HCA, SET_ISSI, ALLOC_PD, DEALLOC_UAR, DESTROY_CQ, ...).
+
+use crate::cmdq::{write_header, CmdError, Command};
+use crate::prm::{Field, MsgBuf, Opcode};
+
+/// A command made of its header, an optional input field, and an optional output field.
+#[derive(Debug, Clone, Copy)]
+pub struct Simple {
+    pub opcode: Opcode,
+    pub op_mod: u16,
+    pub inlen: usize,
+    pub outlen: usize,
+    pub arg: Option<(Field, u32)>,
+    pub result: Option<Field>,
+}
+
+impl Simple {
+    pub const fn new(opcode: Opcode, inlen: usize, outlen: usize) -> Self {
+        Self { opcode, op_mod: 0, inlen, outlen, arg: None, result: None }
+    }
+
+    pub const fn op_mod(mut self, op_mod: u16) -> Self {
+        self.op_mod = op_mod;
+        self
+    }
+
+    pub const fn arg(mut self, field: Field, value: u32) -> Self {
+        self.arg = Some((field, value));
+        self
+    }
+
+    pub const fn result(mut self, field: Field) -> Self {
+        self.result = Some(field);
+        self
+    }
+}
+
+impl Command for Simple {
+    /// The output field's value (a handle), or 0 when the command returns none.
+    type Output = u32;
+
+    fn opcode(&self) -> Opcode {
+        self.opcode
+    }
+    fn inlen(&self) -> usize {
+        self.inlen
+    }
+    fn outlen(&self) -> usize {
+        self.outlen
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        write_header(msg, self.opcode, self.op_mod);
+        if let Some((f, v)) = self.arg {
+            msg.set(f, v);
+        }
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<u32, CmdError> {
+        Ok(self.result.map_or(0, |f| out.get(f)))
+    }
+}
+
+/// Writes a page-address list (`pas[]`, be64 each, `MLX5_ARRAY_SET64`) starting at element 0 of `arr`.
+pub fn write_pas<B: MsgBuf + ?Sized>(msg: &mut B, arr: crate::prm::Array, pas: &[u64]) {
+    for (i, &addr) in pas.iter().enumerate() {
+        msg.set64(arr.elem(i as u32), addr);
+    }
+}
+
+/// Bytes of a command input that ends in a flexible `pas[]` of `n` be64 entries.
+pub const fn len_with_pas(arr: crate::prm::Array, n: usize) -> usize {
+    arr.byte_off() + n * (arr.elem_bits as usize / 8)
+}
