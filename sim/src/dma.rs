@@ -1,0 +1,176 @@
+//! The simulated IOVA space: host allocations given fresh, never reused bus addresses, and the checked
+//! translation the device side uses for every DMA access.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::BTreeMap;
+use std::ptr::{self, NonNull};
+
+use mlx5_core::hal::{Dma, DmaError, DmaRegion};
+
+use crate::{lock, Shared, SimEvent};
+use std::sync::Arc;
+
+/// First IOVA handed out. Far from zero so a null or small bus address is always a fault.
+pub(crate) const IOVA_BASE: u64 = 0x1_0000_0000;
+/// IOVA granule: every region starts on at least this boundary, like an IOMMU mapping.
+pub(crate) const IOVA_PAGE: u64 = 4096;
+
+/// A device access that did not fall entirely inside one live DMA region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DmaFault {
+    pub iova: u64,
+    pub len: usize,
+    pub write: bool,
+}
+
+#[derive(Debug)]
+struct Region {
+    /// Host address of the allocation (kept as an integer so the map is plainly `Send`).
+    cpu: usize,
+    len: usize,
+    layout: Layout,
+}
+
+/// Live regions by IOVA, the bump pointer and the fault log.
+#[derive(Debug)]
+pub(crate) struct DmaSpace {
+    regions: BTreeMap<u64, Region>,
+    next_iova: u64,
+    pub(crate) faults: Vec<DmaFault>,
+}
+
+impl DmaSpace {
+    pub(crate) fn new() -> Self {
+        Self { regions: BTreeMap::new(), next_iova: IOVA_BASE, faults: Vec::new() }
+    }
+
+    pub(crate) fn alloc(&mut self, len: usize, align: usize) -> Result<DmaRegion, DmaError> {
+        if !align.is_power_of_two() {
+            return Err(DmaError::BadAlignment { align });
+        }
+        // std::alloc rejects zero-sized layouts; a zero-length region still gets one real byte behind it.
+        let layout = Layout::from_size_align(len.max(1), align).map_err(|_| DmaError::BadAlignment { align })?;
+        let ialign = (align as u64).max(IOVA_PAGE);
+        let iova = self.next_iova.checked_next_multiple_of(ialign).ok_or(DmaError::NoMemory { len })?;
+        // Leave an unmapped guard page after every region so an overrun faults instead of hitting a neighbour.
+        let span = (len as u64).checked_next_multiple_of(IOVA_PAGE).ok_or(DmaError::NoMemory { len })?;
+        let next = iova.checked_add(span).and_then(|v| v.checked_add(IOVA_PAGE)).ok_or(DmaError::NoMemory { len })?;
+        // SAFETY: the layout has a non-zero size (len.max(1)) and a valid power-of-two alignment.
+        let p = unsafe { alloc_zeroed(layout) };
+        let cpu = NonNull::new(p).ok_or(DmaError::NoMemory { len })?;
+        self.next_iova = next;
+        self.regions.insert(iova, Region { cpu: cpu.as_ptr() as usize, len, layout });
+        Ok(DmaRegion { cpu, iova, len })
+    }
+
+    /// Releases a region; `Err` when it is not a live region with this exact description (nothing is freed then).
+    pub(crate) fn free(&mut self, region: &DmaRegion) -> Result<(), ()> {
+        match self.regions.get(&region.iova) {
+            Some(r) if r.cpu == region.cpu.as_ptr() as usize && r.len == region.len => {}
+            _ => return Err(()),
+        }
+        let r = self.regions.remove(&region.iova).ok_or(())?;
+        // SAFETY: `r.cpu` was returned by `alloc_zeroed(r.layout)` in `alloc` and is removed from the map, so it
+        // is deallocated exactly once with the same layout.
+        unsafe { dealloc(r.cpu as *mut u8, r.layout) };
+        Ok(())
+    }
+
+    /// Host address of `iova..iova + len` when the whole range lies inside one live region.
+    fn translate(&self, iova: u64, len: usize) -> Option<*mut u8> {
+        let (&base, r) = self.regions.range(..=iova).next_back()?;
+        let off = iova - base;
+        let end = off.checked_add(len as u64)?;
+        if end > r.len as u64 {
+            return None;
+        }
+        Some((r.cpu + off as usize) as *mut u8)
+    }
+
+    /// Whether the device could access `iova..iova + len`, without recording a fault.
+    pub(crate) fn is_mapped(&self, iova: u64, len: usize) -> bool {
+        self.translate(iova, len).is_some()
+    }
+
+    /// Regions overlapping `iova..iova + len` (used to spot host frees of pages the device still owns).
+    pub(crate) fn outstanding(&self) -> (usize, usize) {
+        (self.regions.len(), self.regions.values().map(|r| r.len).sum())
+    }
+
+    /// Device read of `buf.len()` bytes at `iova`.
+    ///
+    /// Device DMA is modelled outside the Rust memory model, as real DMA is: the bytes are copied with
+    /// `ptr::copy_nonoverlapping` under the device lock while the CPU may hold pointers into the same memory.
+    /// The command protocol (owner bit plus barriers) is what keeps the two sides off the same bytes.
+    pub(crate) fn read(&mut self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        match self.translate(iova, buf.len()) {
+            Some(src) => {
+                // SAFETY: `translate` checked that `src..src + buf.len()` lies inside a live allocation, and `buf`
+                // is a distinct Rust buffer, so the ranges do not overlap.
+                unsafe { ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+                Ok(())
+            }
+            None => Err(self.fault(iova, buf.len(), false)),
+        }
+    }
+
+    /// Device write of `data` at `iova` (see [`DmaSpace::read`] for the memory model).
+    pub(crate) fn write(&mut self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
+        match self.translate(iova, data.len()) {
+            Some(dst) => {
+                // SAFETY: `translate` checked that `dst..dst + data.len()` lies inside a live allocation, and
+                // `data` is a distinct Rust buffer, so the ranges do not overlap.
+                unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+                Ok(())
+            }
+            None => Err(self.fault(iova, data.len(), true)),
+        }
+    }
+
+    /// Device write of one byte with a volatile store: the owner byte the CPU polls.
+    pub(crate) fn write_u8_volatile(&mut self, iova: u64, v: u8) -> Result<(), DmaFault> {
+        match self.translate(iova, 1) {
+            Some(dst) => {
+                // SAFETY: `translate` checked that the byte lies inside a live allocation.
+                unsafe { dst.write_volatile(v) };
+                Ok(())
+            }
+            None => Err(self.fault(iova, 1, true)),
+        }
+    }
+
+    fn fault(&mut self, iova: u64, len: usize, write: bool) -> DmaFault {
+        let f = DmaFault { iova, len, write };
+        self.faults.push(f);
+        f
+    }
+}
+
+// Regions the driver never freed are leaked on purpose when the device goes away: a `DmaRegion` copy may outlive
+// every handle, and leaking is always sound while freeing under it would not be.
+
+/// The simulator's [`Dma`] allocator: zeroed host memory behind fresh, never reused IOVAs.
+#[derive(Clone, Debug)]
+pub struct SimDma {
+    pub(crate) shared: Arc<Shared>,
+}
+
+// SAFETY: regions come from `alloc_zeroed` with the requested alignment (IOVAs aligned to at least the same),
+// are never handed out twice while live (fresh IOVAs, distinct allocations), stay valid until `free`, and the
+// simulated device reads and writes the same host memory, so it is coherent by construction.
+unsafe impl Dma for SimDma {
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion, DmaError> {
+        lock(&self.shared).dma.alloc(len, align)
+    }
+
+    unsafe fn free(&self, region: DmaRegion) {
+        let mut st = lock(&self.shared);
+        let owned = st.fw.pages_in(region.iova, region.len as u64);
+        if owned > 0 {
+            st.events.push(SimEvent::FreedDeviceOwned { iova: region.iova, len: region.len, pages: owned });
+        }
+        if st.dma.free(&region).is_err() {
+            st.events.push(SimEvent::BadFree { iova: region.iova, len: region.len });
+        }
+    }
+}

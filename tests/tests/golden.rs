@@ -1,0 +1,177 @@
+//! Golden vectors: the byte-exact images in `tests/vectors/vectors.json` (vendored from shared/prm, re-encoded
+//! there with the kernel's own MLX5_SET macros) reproduced by this driver's encoders, decoders and command queue.
+
+use mlx5_core::cmdq::{CmdError, CmdQueue, Command};
+use mlx5_core::cq::{CqContext, CqeSize, CreateCq};
+use mlx5_core::eq::{CreateEq, EqContext};
+use mlx5_core::init::{enable_hca, init_hca, set_issi, CapMode, CapType, QueryHcaCap, QueryIssi};
+use mlx5_core::pages::{ManagePagesGive, PageStage, QueryPages};
+use mlx5_core::pd::alloc_pd;
+use mlx5_core::prm::{ifc, CmdStatus, MsgBuf, Opcode};
+use mlx5_core::uar::alloc_uar;
+use mlx5_tests::{hex, unhex, HeapDma, RegFile};
+use serde_json::Value;
+
+/// Vectors for objects later issues implement; the guard test below keeps this list honest.
+const DEFERRED: &[(&str, &str)] = &[
+    ("init2rtr_qp_in_ib", "QP state transitions (issue 5)"),
+    ("wqe_rdma_write_signaled", "send WQEs (issue 5)"),
+    ("cqe64_req_rdma_write_ok", "CQE decoding (issue 4)"),
+    ("eqe_completion_cq1a", "EQE decoding (issue 3)"),
+    ("eq_update_ci_arm", "EQ doorbell (issue 3)"),
+];
+
+const COVERED: &[&str] = &[
+    "create_cq_in",
+    "create_eq_in",
+    "enable_hca_in",
+    "query_issi_in",
+    "set_issi_in",
+    "query_pages_in_boot",
+    "manage_pages_in_give2",
+    "query_hca_cap_in_general_cur",
+    "init_hca_in",
+    "alloc_pd_in",
+    "alloc_uar_in",
+    "create_cq_out_ok",
+    "query_pages_out_boot",
+    "mbox_out_bad_param",
+    "cmd_layout_create_cq",
+];
+
+fn vectors() -> Vec<Value> {
+    let v: Value = serde_json::from_str(include_str!("../vectors/vectors.json")).unwrap();
+    v["vectors"].as_array().unwrap().clone()
+}
+
+fn vector(name: &str) -> Value {
+    vectors().into_iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("no vector {name}"))
+}
+
+fn golden(name: &str) -> Vec<u8> {
+    let v = vector(name);
+    let bytes = unhex(v["hex"].as_str().unwrap());
+    assert_eq!(bytes.len() as u64, v["length_bytes"].as_u64().unwrap(), "{name}: length");
+    bytes
+}
+
+fn encode<C: Command>(cmd: &C) -> Vec<u8> {
+    let mut buf = vec![0u8; cmd.inlen()];
+    cmd.encode(&mut buf[..]);
+    buf
+}
+
+fn create_cq_vector_cmd(pas: &[u64]) -> CreateCq<'_> {
+    CreateCq {
+        ctx: CqContext {
+            cqe_sz: CqeSize::B64,
+            log_cq_size: 0xa,
+            uar_page: 1,
+            c_eqn: 3,
+            log_page_size: 0,
+            page_offset: 0,
+            dbr_addr: 0x1234567000,
+            oi: false,
+        },
+        pas,
+    }
+}
+
+#[test]
+fn every_vector_is_covered_or_deferred() {
+    for v in vectors() {
+        let name = v["name"].as_str().unwrap();
+        let known = COVERED.contains(&name) || DEFERRED.iter().any(|(d, _)| *d == name);
+        assert!(known, "vector {name} is neither reproduced nor deferred to a named issue");
+    }
+}
+
+#[test]
+fn command_inputs_match_byte_for_byte() {
+    let pas_cq = [0xaaaa000, 0xbbbb000];
+    let pas_eq = [0x10000000, 0x10001000, 0x10002000, 0x10003000];
+    let pages = [0x20000000, 0x20001000];
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("create_cq_in", encode(&create_cq_vector_cmd(&pas_cq))),
+        (
+            "create_eq_in",
+            encode(&CreateEq {
+                ctx: EqContext { log_eq_size: 8, uar_page: 1, intr: 0, log_page_size: 0, page_offset: 0 },
+                event_bitmask: [1 << 0xa, 0, 0, 0],
+                pas: &pas_eq,
+            }),
+        ),
+        ("enable_hca_in", encode(&enable_hca(0))),
+        ("query_issi_in", encode(&QueryIssi)),
+        ("set_issi_in", encode(&set_issi(1))),
+        ("query_pages_in_boot", encode(&QueryPages { stage: PageStage::Boot })),
+        ("manage_pages_in_give2", encode(&ManagePagesGive { function_id: 0, pages: &pages })),
+        ("query_hca_cap_in_general_cur", encode(&QueryHcaCap { cap: CapType::General, mode: CapMode::Current })),
+        ("init_hca_in", encode(&init_hca())),
+        ("alloc_pd_in", encode(&alloc_pd())),
+        ("alloc_uar_in", encode(&alloc_uar())),
+    ];
+    for (name, bytes) in cases {
+        assert_eq!(hex(&bytes), hex(&golden(name)), "{name}");
+    }
+}
+
+#[test]
+fn command_outputs_decode_and_emit() {
+    // create_cq_out: parse the golden image, and emit the same image from the parsed value.
+    let out = golden("create_cq_out_ok");
+    let pas = [0u64; 1];
+    let cqn = create_cq_vector_cmd(&pas).decode(&out[..]).unwrap();
+    assert_eq!(cqn, 0x1a);
+    let mut emitted = [0u8; ifc::create_cq_out::SIZE_BYTES];
+    emitted.set(ifc::create_cq_out::CQN, cqn);
+    assert_eq!(emitted.as_slice(), out.as_slice());
+
+    let out = golden("query_pages_out_boot");
+    let req = QueryPages { stage: PageStage::Boot }.decode(&out[..]).unwrap();
+    assert_eq!((req.function_id, req.num_pages), (0, 44));
+    let mut emitted = [0u8; ifc::query_pages_out::SIZE_BYTES];
+    emitted.set(ifc::query_pages_out::NUM_PAGES, req.num_pages as u32);
+    assert_eq!(emitted.as_slice(), out.as_slice());
+}
+
+/// The queue entry the command queue builds for the golden CREATE_CQ, read back from DMA memory before any
+/// firmware touches it: type, lengths, mailbox pointer, inline bytes, token 1, owner bit, signature.
+#[test]
+fn command_entry_matches_byte_for_byte() {
+    let dma = HeapDma::scripted(&[0x7000_0000, 0x12345000]);
+    let regs = RegFile::with_cmdq();
+    let mut q = CmdQueue::new(&regs, &dma, ()).unwrap();
+    let pas = [0xaaaa000, 0xbbbb000];
+    q.post(0, &create_cq_vector_cmd(&pas)).unwrap();
+    assert_eq!(hex(&dma.read(0x7000_0000, 64)), hex(&golden("cmd_layout_create_cq")));
+    // The mailbox holds input bytes 16.. of the command, then its chain header: block 0, token 1, no next.
+    let full = golden("create_cq_in");
+    assert_eq!(dma.read(0x12345000, full.len() - 16), full[16..]);
+    // And the doorbell was rung for slot 0 alone.
+    assert_eq!(regs.writes().last(), Some(&(0x18, 1)));
+}
+
+/// An output header with BAD_PARAM and a syndrome, placed in a completed entry, surfaces as the typed error.
+#[test]
+fn error_output_header_decodes_to_typed_status() {
+    let dma = HeapDma::scripted(&[0x7000_0000]);
+    let regs = RegFile::with_cmdq();
+    let mut q = CmdQueue::new(&regs, &dma, ()).unwrap();
+    let mut cmd = alloc_pd();
+    q.post(0, &cmd).unwrap();
+    assert!(!q.poll(0), "nothing completed it yet");
+    // Play firmware: write the golden output header into the entry's inline output and give ownership back.
+    let out = golden("mbox_out_bad_param");
+    let mut entry = dma.read(0x7000_0000, 64);
+    entry[0x20..0x30].copy_from_slice(&out);
+    entry[0x3f] = 0;
+    dma.write(0x7000_0000, &entry);
+    assert!(q.poll(0));
+    let err = q.finish(0, &mut cmd).unwrap_err();
+    assert_eq!(
+        err,
+        CmdError::Status { opcode: Opcode::AllocPd, op_mod: 0, status: CmdStatus::BadParam, syndrome: 0x12345678 }
+    );
+    assert_eq!(err.to_string(), "ALLOC_PD(0x800) op_mod(0x0) failed, status BAD_PARAM(0x3), syndrome (0x12345678)");
+}
