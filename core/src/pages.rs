@@ -135,7 +135,7 @@ impl Command for ManagePagesTake<'_> {
         }
         for i in 0..n {
             let addr = out.get64(ifc::manage_pages_out::PAS.elem(i as u32));
-            if addr % FW_PAGE_SIZE as u64 != 0 {
+            if !addr.is_multiple_of(FW_PAGE_SIZE as u64) {
                 return Err(CmdError::Malformed { opcode: Opcode::ManagePages, what: "page address", value: addr });
             }
             self.pages[i] = addr;

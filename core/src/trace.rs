@@ -173,11 +173,11 @@ mod tests {
     use super::*;
     use heapless::String;
 
-    fn rec<'a>(input: &'a [u8], output: &'a [u8], outcome: CmdOutcome) -> CmdRecord<'a> {
+    fn rec<'a>(input: &'a dyn MsgBuf, output: &'a dyn MsgBuf, outcome: CmdOutcome) -> CmdRecord<'a> {
         CmdRecord {
             slot: 0,
             token: 1,
-            opcode: Opcode::from_raw(u16::from_be_bytes([input[0], input[1]])),
+            opcode: Opcode::from_raw((input.read_u32(0) >> 16) as u16),
             op_mod: 0,
             input,
             output: Some(output),
