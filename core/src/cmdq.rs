@@ -71,7 +71,7 @@ pub enum CmdError {
     SlotBusy { slot: u8 },
     /// The slot number is outside the queue.
     BadSlot { slot: u8 },
-    /// The message does not fit a command (input shorter than the 8-byte header, or output shorter than 16).
+    /// The message does not fit a command (input or output shorter than its 8-byte header).
     BadLength { inlen: usize, outlen: usize },
     /// The device speaks a different command interface revision.
     CmdIfRev { found: u32 },
@@ -443,7 +443,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
     /// it, then ring the doorbell. This function owns the command doorbell sequence.
     pub fn post<C: Command>(&mut self, slot: u8, cmd: &C) -> Result<(), CmdError> {
         let (inlen, outlen) = (cmd.inlen(), cmd.outlen());
-        if inlen < 8 || outlen < ifc::mbox_out::SIZE_BYTES {
+        // Both directions need at least their 8-byte header (opcode/op_mod in, status/syndrome out); several
+        // outputs are only 12 bytes long (`enable_hca_out`).
+        if inlen < 8 || outlen < 8 {
             return Err(CmdError::BadLength { inlen, outlen });
         }
         let si = slot as usize;
@@ -542,7 +544,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         let sig_ok = !self.checksum
             || (xor8(&page, eoff, lay::SIZE) == 0xff
                 && out_mb.is_none_or(|r| Self::blocks_ok(&r, nblocks(posted.outlen))));
-        let input = ChainMsg { entry: &page, inline_off: eoff + lay::IN.off, blocks: in_mb.as_ref(), len: posted.inlen };
+        let input =
+            ChainMsg { entry: &page, inline_off: eoff + lay::IN.off, blocks: in_mb.as_ref(), len: posted.inlen };
         let output =
             ChainMsg { entry: &page, inline_off: eoff + lay::OUT.off, blocks: out_mb.as_ref(), len: posted.outlen };
         let (status, syndrome) = (output.get(ifc::mbox_out::STATUS) as u8, output.get(ifc::mbox_out::SYNDROME));
@@ -596,7 +599,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         let page = self.page;
         let eoff = self.entry_off(slot);
         let in_mb = self.slots[slot as usize].in_mb;
-        let input = ChainMsg { entry: &page, inline_off: eoff + lay::IN.off, blocks: in_mb.as_ref(), len: posted.inlen };
+        let input =
+            ChainMsg { entry: &page, inline_off: eoff + lay::IN.off, blocks: in_mb.as_ref(), len: posted.inlen };
         self.trace.record(&CmdRecord {
             slot,
             token: posted.token,
@@ -654,3 +658,5 @@ impl<M: Mmio, D: Dma, T: CmdTrace> Drop for CmdQueue<M, D, T> {
         unsafe { self.dma.free(self.page) };
     }
 }
+
+impl core::error::Error for CmdError {}

@@ -266,3 +266,5 @@ pub mod barrier {
         fence(Ordering::SeqCst);
     }
 }
+
+impl core::error::Error for DmaError {}

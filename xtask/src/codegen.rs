@@ -49,13 +49,7 @@ const C_STRUCTS: &[&str] = &[
 const ENUMS: &[(&str, &str, &str, &str, &str)] = &[
     ("Opcode", "MLX5_CMD_OP_", "", "include/linux/mlx5/mlx5_ifc.h", "u16"),
     ("CmdStatus", "MLX5_CMD_STAT_", "_ERR", "include/linux/mlx5/device.h", "u8"),
-    (
-        "DeliveryStatus",
-        "MLX5_CMD_DELIVERY_STAT_",
-        "_ERR",
-        "drivers/net/ethernet/mellanox/mlx5/core/cmd.c",
-        "u8",
-    ),
+    ("DeliveryStatus", "MLX5_CMD_DELIVERY_STAT_", "_ERR", "drivers/net/ethernet/mellanox/mlx5/core/cmd.c", "u8"),
     ("EventType", "MLX5_EVENT_TYPE_", "", "include/linux/mlx5/device.h", "u8"),
     ("HealthSyndrome", "MLX5_INITIAL_SEG_HEALTH_SYNDROME_", "", "include/linux/mlx5/mlx5_ifc.h", "u8"),
 ];
@@ -108,8 +102,8 @@ pub fn vendor(shared_prm: &Path) -> Result<Vec<(&'static str, String)>, String> 
         );
     }
 
-    let md = std::fs::read_to_string(shared_prm.join("c-layouts.md"))
-        .map_err(|e| format!("reading c-layouts.md: {e}"))?;
+    let md =
+        std::fs::read_to_string(shared_prm.join("c-layouts.md")).map_err(|e| format!("reading c-layouts.md: {e}"))?;
     let c = parse_c_layouts(&md)?;
 
     let consts = read_json(&shared_prm.join("constants.json"))?;
@@ -394,7 +388,9 @@ fn gen_enums(consts: &Value, o: &mut String) -> Result<(), String> {
             writeln!(o, "            Self::{} => {val:#x},", camel(short)).unwrap();
         }
         o.push_str("            Self::Unknown(n) => n,\n        }\n    }\n\n");
-        o.push_str("    /// The kernel's name without its prefix, e.g. `CREATE_CQ`, `BAD_PARAM`; `None` when unknown.\n");
+        o.push_str(
+            "    /// The kernel's name without its prefix, e.g. `CREATE_CQ`, `BAD_PARAM`; `None` when unknown.\n",
+        );
         o.push_str("    pub const fn name(self) -> Option<&'static str> {\n        match self {\n");
         for (short, _, _) in &order {
             writeln!(o, "            Self::{} => Some(\"{short}\"),", camel(short)).unwrap();
@@ -405,7 +401,9 @@ fn gen_enums(consts: &Value, o: &mut String) -> Result<(), String> {
 }
 
 fn gen_consts(consts: &Value, o: &mut String) -> Result<(), String> {
-    o.push_str("/// Every extracted `enum` / `#define` value, by name. Where two headers define one name, the first wins.\n");
+    o.push_str(
+        "/// Every extracted `enum` / `#define` value, by name. Where two headers define one name, the first wins.\n",
+    );
     o.push_str("pub mod consts {\n");
     let mut seen = BTreeSet::new();
     for (file, table) in consts.as_object().ok_or("constants not an object")? {

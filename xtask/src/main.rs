@@ -31,14 +31,39 @@ fn cargo(root: &Path, args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Installs what CI needs from rustup (the embedded target, rustfmt, clippy) when it is missing.
+fn ensure_toolchain() -> Result<(), String> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map_err(|e| format!("failed to run rustup: {e}"))?;
+    if !String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == EMBEDDED_TARGET) {
+        println!("$ rustup target add {EMBEDDED_TARGET}");
+        let ok = Command::new("rustup").args(["target", "add", EMBEDDED_TARGET]).status().map_err(|e| e.to_string())?;
+        if !ok.success() {
+            return Err(format!("rustup could not add {EMBEDDED_TARGET}"));
+        }
+    }
+    let ok =
+        Command::new("rustup").args(["component", "add", "rustfmt", "clippy"]).status().map_err(|e| e.to_string())?;
+    if !ok.success() {
+        return Err("rustup could not add rustfmt and clippy".into());
+    }
+    Ok(())
+}
+
 fn ci(root: &Path) -> Result<(), String> {
+    ensure_toolchain()?;
     cargo(root, &["fmt", "--all", "--check"])?;
     codegen::run_codegen(root, true)?;
     cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     cargo(root, &["test", "--workspace"])?;
     cargo(root, &["build", "-p", "mlx5-core", "--target", EMBEDDED_TARGET])?;
     cargo(root, &["build", "-p", "mlx5-core", "--target", EMBEDDED_TARGET, "--features", "defmt"])?;
-    cargo(root, &["clippy", "-p", "mlx5-core", "--target", EMBEDDED_TARGET, "--features", "defmt", "--", "-D", "warnings"])?;
+    cargo(
+        root,
+        &["clippy", "-p", "mlx5-core", "--target", EMBEDDED_TARGET, "--features", "defmt", "--", "-D", "warnings"],
+    )?;
     println!("xtask ci: all steps passed");
     Ok(())
 }
