@@ -81,7 +81,10 @@ fn delivery_status_is_a_typed_error() {
     let mut cmd = alloc_pd();
     q.post(0, &cmd).unwrap();
     complete(&dma, 0, &[0; 16], DeliveryStatus::Tok.raw());
-    assert_eq!(q.finish(0, &mut cmd).unwrap_err(), CmdError::Delivery { opcode: Opcode::AllocPd, status: DeliveryStatus::Tok });
+    assert_eq!(
+        q.finish(0, &mut cmd).unwrap_err(),
+        CmdError::Delivery { opcode: Opcode::AllocPd, status: DeliveryStatus::Tok }
+    );
     // An unknown delivery code keeps its value.
     q.post(0, &cmd).unwrap();
     complete(&dma, 0, &[0; 16], 0x55);
