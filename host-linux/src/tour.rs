@@ -94,11 +94,13 @@ fn give<M: Mmio, D: Dma, T: CmdTrace>(
     mem: &mut Memory<'_, impl Dma>,
     stage: PageStage,
     step: &'static str,
+    given: &mut usize,
 ) -> Result<i32, TourError> {
     let want = run(q, delay, step, QueryPages { stage })?.num_pages;
     if want > 0 {
         let pages = mem.pages(step, want as usize)?;
         run(q, delay, step, ManagePagesGive { function_id: 0, pages: &pages })?;
+        *given += pages.len();
     }
     Ok(want)
 }
@@ -113,8 +115,10 @@ pub fn run_tour<M: Mmio, D: Dma + Clone, T: CmdTrace>(
     let mut report = TourReport::default();
     let result = tour(q, delay, &mut mem, &mut report);
     if result.is_err() {
-        // Best effort: stop the function so no memory is in use, then free it.
+        // Best effort, in Linux's teardown order: stop the HCA, take back what firmware holds, disable the
+        // function. Only then is the memory free to release.
         let _ = q.exec(&mut teardown_hca(), delay);
+        let _ = reclaim(q, delay, &mut report);
         let _ = q.exec(&mut disable_hca(0), delay);
     }
     mem.release();
@@ -133,15 +137,14 @@ fn tour<M: Mmio, D: Dma, T: CmdTrace>(
     if r.issi == 1 {
         run(q, delay, "set ISSI", set_issi(1))?;
     }
-    r.boot_pages = give(q, delay, mem, PageStage::Boot, "boot pages")?;
+    r.boot_pages = give(q, delay, mem, PageStage::Boot, "boot pages", &mut r.pages_given)?;
     let max = run(q, delay, "query max caps", QueryHcaCap { cap: CapType::General, mode: CapMode::Max })?;
     let cur = run(q, delay, "query current caps", QueryHcaCap { cap: CapType::General, mode: CapMode::Current })?;
     r.log_max_qp = max.get(ifc::cmd_hca_cap::LOG_MAX_QP);
     r.log_max_cq_sz = max.get(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ);
     run(q, delay, "set caps", SetHcaCap { cap: CapType::General, block: &cur })?;
-    r.init_pages = give(q, delay, mem, PageStage::Init, "init pages")?;
+    r.init_pages = give(q, delay, mem, PageStage::Init, "init pages", &mut r.pages_given)?;
     run(q, delay, "init HCA", init_hca())?;
-    r.pages_given = (r.boot_pages.max(0) + r.init_pages.max(0)) as usize;
 
     r.uar = run(q, delay, "allocate UAR", alloc_uar())?;
     r.pd = run(q, delay, "allocate PD", alloc_pd())?;
@@ -176,7 +179,17 @@ fn tour<M: Mmio, D: Dma, T: CmdTrace>(
     run(q, delay, "deallocate PD", dealloc_pd(r.pd))?;
     run(q, delay, "deallocate UAR", dealloc_uar(r.uar))?;
     run(q, delay, "teardown HCA", teardown_hca())?;
-    // Take every page back, in batches as `reclaim_pages` does.
+    reclaim(q, delay, r)?;
+    run(q, delay, "disable HCA", disable_hca(0))?;
+    Ok(())
+}
+
+/// Takes every given page back, in batches as `reclaim_pages` does; stops if firmware returns none.
+fn reclaim<M: Mmio, D: Dma, T: CmdTrace>(
+    q: &mut CmdQueue<M, D, T>,
+    delay: &mut impl DelayNs,
+    r: &mut TourReport,
+) -> Result<(), TourError> {
     let mut buf = vec![0u64; consts::MLX5_CMD_DATA_BLOCK_SIZE as usize / 8];
     while r.pages_taken < r.pages_given {
         let n = run(q, delay, "reclaim pages", ManagePagesTake { function_id: 0, pages: &mut buf })?;
@@ -185,6 +198,5 @@ fn tour<M: Mmio, D: Dma, T: CmdTrace>(
         }
         r.pages_taken += n;
     }
-    run(q, delay, "disable HCA", disable_hca(0))?;
     Ok(())
 }
