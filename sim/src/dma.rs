@@ -25,11 +25,14 @@ pub struct DmaFault {
 
 #[derive(Debug)]
 struct Region {
-    /// Host address of the allocation (kept as an integer so the map is plainly `Send`).
-    cpu: usize,
+    cpu: NonNull<u8>,
     len: usize,
     layout: Layout,
 }
+
+// SAFETY: a Region is the allocator's record of a heap block; it is only dereferenced under the device lock, and
+// the block itself is not tied to the thread that allocated it.
+unsafe impl Send for Region {}
 
 /// Live regions by IOVA, the bump pointer and the fault log.
 #[derive(Debug)]
@@ -59,20 +62,20 @@ impl DmaSpace {
         let p = unsafe { alloc_zeroed(layout) };
         let cpu = NonNull::new(p).ok_or(DmaError::NoMemory { len })?;
         self.next_iova = next;
-        self.regions.insert(iova, Region { cpu: cpu.as_ptr() as usize, len, layout });
+        self.regions.insert(iova, Region { cpu, len, layout });
         Ok(DmaRegion { cpu, iova, len })
     }
 
     /// Releases a region; `Err` when it is not a live region with this exact description (nothing is freed then).
     pub(crate) fn free(&mut self, region: &DmaRegion) -> Result<(), ()> {
         match self.regions.get(&region.iova) {
-            Some(r) if r.cpu == region.cpu.as_ptr() as usize && r.len == region.len => {}
+            Some(r) if r.cpu == region.cpu && r.len == region.len => {}
             _ => return Err(()),
         }
         let r = self.regions.remove(&region.iova).ok_or(())?;
         // SAFETY: `r.cpu` was returned by `alloc_zeroed(r.layout)` in `alloc` and is removed from the map, so it
         // is deallocated exactly once with the same layout.
-        unsafe { dealloc(r.cpu as *mut u8, r.layout) };
+        unsafe { dealloc(r.cpu.as_ptr(), r.layout) };
         Ok(())
     }
 
@@ -84,7 +87,8 @@ impl DmaSpace {
         if end > r.len as u64 {
             return None;
         }
-        Some((r.cpu + off as usize) as *mut u8)
+        // SAFETY: `off + len <= r.len` (checked above), so the offset stays inside the allocation.
+        Some(unsafe { r.cpu.as_ptr().add(off as usize) })
     }
 
     /// Whether the device could access `iova..iova + len`, without recording a fault.
@@ -92,7 +96,7 @@ impl DmaSpace {
         self.translate(iova, len).is_some()
     }
 
-    /// Regions overlapping `iova..iova + len` (used to spot host frees of pages the device still owns).
+    /// Live regions: (count, bytes).
     pub(crate) fn outstanding(&self) -> (usize, usize) {
         (self.regions.len(), self.regions.values().map(|r| r.len).sum())
     }

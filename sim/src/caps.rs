@@ -1,0 +1,355 @@
+//! HCA capabilities: the maximum and current images QUERY_HCA_CAP returns and SET_HCA_CAP edits.
+//!
+//! Each capability type is a `hca_cap_union` image (4 KiB). The values model a ConnectX-5.
+//!
+//! SET_HCA_CAP rules (what the simulator accepts):
+//! * general device caps (`cmd_hca_cap`): every field must equal its current value except those in
+//!   [`SETTABLE_GENERAL`]; a field with [`Rule::LeMax`] must not exceed the maximum image.
+//! * every other supported type: the image's set bits must be a subset of the maximum image's (firmware lets a
+//!   driver turn off, never on, what it does not support).
+
+use mlx5_core::prm::{consts, ifc, Field, MsgBuf, Sub};
+
+use crate::{PortType, SimConfig};
+
+/// How a settable general capability may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rule {
+    /// Any value up to the one in the maximum image.
+    LeMax,
+    /// Any value the field can hold.
+    Any,
+}
+
+/// General capabilities a driver may change with SET_HCA_CAP (the ones the Linux `handle_hca_cap` family
+/// writes). Positions are `cmd_hca_cap` fields, relative to the capability.
+pub(crate) const SETTABLE_GENERAL: &[(Field, Rule)] = {
+    use ifc::cmd_hca_cap as g;
+    &[
+        (g::PKEY_TABLE_SIZE, Rule::LeMax),
+        (g::LOG_MAX_QP, Rule::LeMax),
+        (g::CMDIF_CHECKSUM, Rule::LeMax),
+        (g::UAR_4K, Rule::LeMax),
+        (g::LOG_UAR_PAGE_SZ, Rule::Any),
+        (g::CACHE_LINE_128BYTE, Rule::Any),
+        (g::NUM_VHCA_PORTS, Rule::LeMax),
+        (g::DCT, Rule::LeMax),
+        (g::ROCE, Rule::LeMax),
+        (g::ATOMIC, Rule::LeMax),
+        (g::PCI_SYNC_FOR_FW_UPDATE_EVENT, Rule::LeMax),
+        (g::RELEASE_ALL_PAGES, Rule::LeMax),
+        (g::MKEY_BY_NAME, Rule::LeMax),
+        (g::EVENT_ON_VHCA_STATE_TEARDOWN_REQUEST, Rule::LeMax),
+        (g::EVENT_ON_VHCA_STATE_IN_USE, Rule::LeMax),
+        (g::EVENT_ON_VHCA_STATE_ACTIVE, Rule::LeMax),
+        (g::EVENT_ON_VHCA_STATE_ALLOCATED, Rule::LeMax),
+        (g::EVENT_ON_VHCA_STATE_INVALID, Rule::LeMax),
+    ]
+};
+
+/// Why SET_HCA_CAP was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SetCapError {
+    UnsupportedType,
+    ReadOnlyField,
+    AboveMax,
+}
+
+/// One capability type: where it sits in the union, its maximum and its current image.
+#[derive(Debug)]
+struct CapType {
+    cap_type: u16,
+    sub: Sub,
+    max: Vec<u8>,
+    cur: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Caps {
+    types: Vec<CapType>,
+}
+
+fn image() -> Vec<u8> {
+    vec![0; ifc::hca_cap_union::SIZE_BYTES]
+}
+
+fn general(cfg: &SimConfig) -> Vec<u8> {
+    use ifc::cmd_hca_cap as g;
+    let at = |f: Field| f.at(ifc::hca_cap_union::CMD_HCA_CAP);
+    let mut m = image();
+    let eth = cfg.port_type == PortType::Eth;
+    let port_type = if eth { consts::MLX5_CAP_PORT_TYPE_ETH } else { consts::MLX5_CAP_PORT_TYPE_IB };
+    let vals: &[(Field, u32)] = &[
+        (g::HCA_CAP_2, 1),
+        (g::LOG_MAX_SRQ_SZ, 15),
+        (g::LOG_MAX_QP_SZ, 15),
+        (g::LOG_MAX_QP, 18),
+        (g::LOG_MAX_SRQ, 23),
+        (g::LOG_MAX_CQ_SZ, 22),
+        (g::LOG_MAX_CQ, 24),
+        (g::LOG_MAX_EQ_SZ, 22),
+        (g::LOG_MAX_MKEY, 24),
+        (g::LOG_MAX_EQ, 4),
+        (g::MAX_INDIRECTION, 4),
+        (g::LOG_MAX_MRW_SZ, 64),
+        (g::LOG_MAX_KLM_LIST_SIZE, 16),
+        (g::LOG_MAX_RA_REQ_DC, 4),
+        (g::LOG_MAX_RA_RES_DC, 4),
+        (g::LOG_MAX_RA_REQ_QP, 4),
+        (g::LOG_MAX_RA_RES_QP, 4),
+        (g::CC_QUERY_ALLOWED, 1),
+        (g::CC_MODIFY_ALLOWED, 1),
+        // gid_table_size encodes 8 << n entries; 4 = 128.
+        (g::GID_TABLE_SIZE, 4),
+        (g::OUT_OF_SEQ_CNT, 1),
+        (g::VPORT_COUNTERS, 1),
+        (g::MAX_QP_CNT, 8),
+        // pkey_table_size encodes 128 << n entries; 0 = 128.
+        (g::PKEY_TABLE_SIZE, 0),
+        (g::LOCAL_CA_ACK_DELAY, 16),
+        (g::PORT_TYPE, port_type),
+        (g::NUM_PORTS, 1),
+        (g::LOG_MAX_MSG, 30),
+        (g::MAX_TC, 8),
+        (g::STAT_RATE_SUPPORT, 0xffff),
+        (g::CQE_VERSION, 1),
+        (g::CMDIF_CHECKSUM, 3),
+        (g::SIGERR_CQE, 1),
+        (g::WQ_SIGNATURE, 1),
+        (g::DCT, 1),
+        (g::ETH_NET_OFFLOADS, u32::from(eth)),
+        (g::ROCE, u32::from(eth)),
+        (g::ATOMIC, 1),
+        (g::CQ_OI, 1),
+        (g::CQ_RESIZE, 1),
+        (g::CQ_MODERATION, 1),
+        (g::CQ_PERIOD_MODE_MODIFY, 1),
+        (g::PG, 1),
+        (g::BLOCK_LB_MC, 1),
+        (g::CD, 1),
+        (g::APM, 1),
+        (g::XRC, 1),
+        (g::UD, 1),
+        (g::UC, 1),
+        (g::RC, 1),
+        (g::UAR_4K, 1),
+        (g::UAR_SZ, 0),
+        (g::LOG_PG_SZ, consts::MLX5_ADAPTER_PAGE_SHIFT),
+        (g::BF, 1),
+        (g::DRIVER_VERSION, 1),
+        (g::LOG_BF_REG_SIZE, 9),
+        (g::MAX_WQE_SZ_SQ, 1024),
+        (g::MAX_WQE_SZ_RQ, 512),
+        (g::MAX_WQE_SZ_SQ_DC, 512),
+        (g::MAX_QP_MCG, 240),
+        (g::LOG_MAX_MCG, 21),
+        (g::LOG_MAX_TRANSPORT_DOMAIN, 24),
+        (g::LOG_MAX_PD, 24),
+        (g::LOG_MAX_XRCD, 24),
+        (g::LOG_MAX_RQ, 23),
+        (g::LOG_MAX_SQ, 23),
+        (g::LOG_MAX_TIR, 23),
+        (g::LOG_MAX_TIS, 23),
+        (g::LOG_MAX_RMP, 23),
+        (g::LOG_MAX_RQT, 20),
+        (g::LOG_MAX_RQT_SIZE, 20),
+        (g::LOG_MAX_TIS_PER_SQ, 0),
+        (g::LOG_MAX_WQ_SZ, 17),
+        (g::LOG_MAX_CURRENT_UC_LIST, 8),
+        (g::LOG_MAX_CURRENT_MC_LIST, 8),
+        (g::LOG_MAX_VLAN_LIST, 8),
+        (g::DEVICE_FREQUENCY_KHZ, 156_250),
+        (g::NUM_OF_UARS_PER_PAGE, 1),
+        (g::NUM_VHCA_PORTS, 1),
+        (g::RELEASE_ALL_PAGES, 1),
+    ];
+    for &(f, v) in vals {
+        m[..].set(at(f), v);
+    }
+    m
+}
+
+fn general_2() -> Vec<u8> {
+    let mut m = image();
+    m[..].set(ifc::cmd_hca_cap_2::SW_VHCA_ID_VALID.at(ifc::hca_cap_union::CMD_HCA_CAP_2), 1);
+    m
+}
+
+fn odp() -> Vec<u8> {
+    let mut m = image();
+    let scheme = ifc::odp_cap::TRANSPORT_PAGE_FAULT_SCHEME_CAP.at(ifc::hca_cap_union::ODP_CAP);
+    for svc in [ifc::odp_scheme_cap::RC_ODP_CAPS, ifc::odp_scheme_cap::UD_ODP_CAPS] {
+        let svc = svc.at(scheme);
+        for f in [ifc::odp_per_transport_service_cap::SEND, ifc::odp_per_transport_service_cap::RECEIVE] {
+            m[..].set(f.at(svc), 1);
+        }
+    }
+    m
+}
+
+fn atomic() -> Vec<u8> {
+    use ifc::atomic_caps as a;
+    let at = |f: Field| f.at(ifc::hca_cap_union::ATOMIC_CAPS);
+    let mut m = image();
+    // In the maximum image a mode field carries the most the driver may select.
+    m[..].set(at(a::ATOMIC_REQ_8B_ENDIANNESS_MODE), 1);
+    m[..].set(at(a::SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1), 1);
+    m[..].set(at(a::ATOMIC_OPERATIONS), consts::MLX5_ATOMIC_OPS_CMP_SWAP | consts::MLX5_ATOMIC_OPS_FETCH_ADD);
+    m[..].set(at(a::ATOMIC_SIZE_QP), consts::MLX5_ATOMIC_CAPS_ATOMIC_SIZE_QP_8_BYTES);
+    m[..].set(at(a::ATOMIC_SIZE_DC), consts::MLX5_ATOMIC_CAPS_ATOMIC_SIZE_DC_8_BYTES);
+    m
+}
+
+fn roce() -> Vec<u8> {
+    use ifc::roce_cap as r;
+    let at = |f: Field| f.at(ifc::hca_cap_union::ROCE_CAP);
+    let mut m = image();
+    m[..].set(at(r::SW_R_ROCE_SRC_UDP_PORT), 1);
+    m[..].set(at(r::L3_TYPE), consts::MLX5_ROCE_L3_TYPE_IPV4_CAP | consts::MLX5_ROCE_L3_TYPE_IPV6_CAP);
+    m[..].set(at(r::ROCE_VERSION), consts::MLX5_ROCE_VERSION_1_CAP | consts::MLX5_ROCE_VERSION_2_CAP);
+    // The IANA RoCEv2 port and the source port range ConnectX firmware reports.
+    m[..].set(at(r::R_ROCE_DEST_UDP_PORT), 4791);
+    m[..].set(at(r::R_ROCE_MAX_SRC_UDP_PORT), 0xffff);
+    m[..].set(at(r::R_ROCE_MIN_SRC_UDP_PORT), 0xc000);
+    m[..].set(at(r::ROCE_ADDRESS_TABLE_SIZE), 256);
+    m
+}
+
+fn eth_offloads() -> Vec<u8> {
+    use ifc::per_protocol_networking_offload_caps as e;
+    let at = |f: Field| f.at(ifc::hca_cap_union::PER_PROTOCOL_NETWORKING_OFFLOAD_CAPS);
+    let mut m = image();
+    m[..].set(at(e::CSUM_CAP), 1);
+    m[..].set(at(e::VLAN_CAP), 1);
+    m[..].set(at(e::MAX_LSO_CAP), 18);
+    m
+}
+
+impl Caps {
+    pub(crate) fn new(cfg: &SimConfig) -> Self {
+        use ifc::hca_cap_union as u;
+        let mut types = Vec::new();
+        let mut add = |cap_type: u32, sub: Sub, max: Vec<u8>, cur: Vec<u8>| {
+            types.push(CapType { cap_type: cap_type as u16, sub, max, cur });
+        };
+        let gmax = general(cfg);
+        let mut gcur = gmax.clone();
+        // Features a driver turns on explicitly start off in the current image.
+        for f in [ifc::cmd_hca_cap::CMDIF_CHECKSUM, ifc::cmd_hca_cap::RELEASE_ALL_PAGES] {
+            gcur[..].set(f.at(u::CMD_HCA_CAP), 0);
+        }
+        add(consts::MLX5_CAP_GENERAL, u::CMD_HCA_CAP, gmax, gcur);
+        let e = eth_offloads();
+        add(consts::MLX5_CAP_ETHERNET_OFFLOADS, u::PER_PROTOCOL_NETWORKING_OFFLOAD_CAPS, e.clone(), e);
+        let o = odp();
+        add(consts::MLX5_CAP_ODP, u::ODP_CAP, o.clone(), o);
+        let amax = atomic();
+        let mut acur = amax.clone();
+        acur[..].set(ifc::atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE.at(u::ATOMIC_CAPS), 0);
+        add(consts::MLX5_CAP_ATOMIC, u::ATOMIC_CAPS, amax, acur);
+        let rmax = roce();
+        let mut rcur = rmax.clone();
+        rcur[..].set(ifc::roce_cap::SW_R_ROCE_SRC_UDP_PORT.at(u::ROCE_CAP), 0);
+        add(consts::MLX5_CAP_ROCE, u::ROCE_CAP, rmax, rcur);
+        let g2 = general_2();
+        add(consts::MLX5_CAP_GENERAL_2, u::CMD_HCA_CAP_2, g2.clone(), g2);
+        Self { types }
+    }
+
+    fn find(&self, cap_type: u16) -> Option<&CapType> {
+        self.types.iter().find(|t| t.cap_type == cap_type)
+    }
+
+    /// The image QUERY_HCA_CAP returns (`current` selects `HCA_CAP_OPMOD_GET_CUR`).
+    pub(crate) fn query(&self, cap_type: u16, current: bool) -> Option<&[u8]> {
+        self.find(cap_type).map(|t| if current { &t.cur[..] } else { &t.max[..] })
+    }
+
+    /// A current general capability.
+    pub(crate) fn gen(&self, f: Field) -> u32 {
+        self.query(consts::MLX5_CAP_GENERAL as u16, true)
+            .map(|img| MsgBuf::get(img, f.at(ifc::hca_cap_union::CMD_HCA_CAP)))
+            .unwrap_or(0)
+    }
+
+    /// SET_HCA_CAP: validates `img` (a `hca_cap_union`, 4 KiB) against the rules above and stores it.
+    pub(crate) fn set(&mut self, cap_type: u16, img: &[u8]) -> Result<(), SetCapError> {
+        let t = self.types.iter_mut().find(|t| t.cap_type == cap_type).ok_or(SetCapError::UnsupportedType)?;
+        let r = t.sub.off..t.sub.off + t.sub.len;
+        let new = img.get(r.clone()).ok_or(SetCapError::ReadOnlyField)?;
+        if cap_type == consts::MLX5_CAP_GENERAL as u16 {
+            // Bits outside the settable fields must be unchanged.
+            let mut mask = vec![0xffu8; t.sub.len];
+            for &(f, _) in SETTABLE_GENERAL {
+                mask[..].set(f, 0);
+            }
+            let cur = &t.cur[r.clone()];
+            if new.iter().zip(cur).zip(&mask).any(|((n, c), m)| (n ^ c) & m != 0) {
+                return Err(SetCapError::ReadOnlyField);
+            }
+            let max = &t.max[r.clone()];
+            for &(f, rule) in SETTABLE_GENERAL {
+                if rule == Rule::LeMax && MsgBuf::get(new, f) > MsgBuf::get(max, f) {
+                    return Err(SetCapError::AboveMax);
+                }
+            }
+        } else if new.iter().zip(&t.max[r.clone()]).any(|(n, m)| n & !m != 0) {
+            return Err(SetCapError::AboveMax);
+        }
+        t.cur[r].copy_from_slice(new);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn general_cur(c: &Caps) -> Vec<u8> {
+        c.query(consts::MLX5_CAP_GENERAL as u16, true).unwrap().to_vec()
+    }
+
+    #[test]
+    fn general_caps_model_a_connectx5() {
+        let c = Caps::new(&SimConfig::default());
+        assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_QP), 18);
+        assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ), 22);
+        assert_eq!(c.gen(ifc::cmd_hca_cap::PORT_TYPE), consts::MLX5_CAP_PORT_TYPE_ETH);
+        assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_PG_SZ), 12);
+        assert_eq!(c.gen(ifc::cmd_hca_cap::CMDIF_CHECKSUM), 0);
+        let max = c.query(consts::MLX5_CAP_GENERAL as u16, false).unwrap();
+        assert_eq!(MsgBuf::get(max, ifc::cmd_hca_cap::CMDIF_CHECKSUM), 3);
+    }
+
+    #[test]
+    fn set_general_accepts_settable_and_rejects_others() {
+        let mut c = Caps::new(&SimConfig::default());
+        let gen = consts::MLX5_CAP_GENERAL as u16;
+        let mut img = general_cur(&c);
+        img[..].set(ifc::cmd_hca_cap::LOG_MAX_QP, 10);
+        img[..].set(ifc::cmd_hca_cap::CMDIF_CHECKSUM, 0);
+        assert_eq!(c.set(gen, &img), Ok(()));
+        assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_QP), 10);
+
+        let mut img = general_cur(&c);
+        img[..].set(ifc::cmd_hca_cap::LOG_MAX_CQ, 5);
+        assert_eq!(c.set(gen, &img), Err(SetCapError::ReadOnlyField));
+
+        let mut img = general_cur(&c);
+        img[..].set(ifc::cmd_hca_cap::LOG_MAX_QP, 19);
+        assert_eq!(c.set(gen, &img), Err(SetCapError::AboveMax));
+        assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_QP), 10);
+    }
+
+    #[test]
+    fn set_other_types_is_subset_of_max() {
+        let mut c = Caps::new(&SimConfig::default());
+        let at = consts::MLX5_CAP_ATOMIC as u16;
+        let mut img = c.query(at, true).unwrap().to_vec();
+        img[..].set(ifc::atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE, 1);
+        assert_eq!(c.set(at, &img), Ok(()));
+        img[..].set(ifc::atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE, 2);
+        assert_eq!(c.set(at, &img), Err(SetCapError::AboveMax));
+        assert_eq!(c.set(0x7f, &img), Err(SetCapError::UnsupportedType));
+    }
+}

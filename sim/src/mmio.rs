@@ -1,0 +1,269 @@
+//! The BAR: the initialization segment (`struct mlx5_init_seg`) followed by UAR pages.
+//!
+//! Static registers live in a byte image written through the PRM layouts (`ifc::initial_seg`, `c::mlx5_init_seg`);
+//! the dynamic ones (`initializing`, the health counter, the internal timer) are computed at read time.
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use mlx5_core::hal::Mmio;
+use mlx5_core::prm::{c, consts, ifc, Field, MsgBuf};
+
+use crate::{lock, Shared, SimConfig, SimEvent};
+
+/// Bytes in one BAR page (the UAR granule, `MLX5_ADAPTER_PAGE_SIZE`).
+pub(crate) const PAGE: usize = consts::MLX5_ADAPTER_PAGE_SIZE as usize;
+/// Pages the initialization segment covers; UAR index `n` is the BAR page `n`, so UARs start after these.
+pub(crate) const INIT_SEG_PAGES: usize = c::mlx5_init_seg::SIZE.div_ceil(PAGE);
+
+const FW_REV: usize = c::mlx5_init_seg::FW_REV.off;
+const CMDQ_ADDR_H: usize = c::mlx5_init_seg::CMDQ_ADDR_H.off;
+const CMDQ_ADDR_L_SZ: usize = c::mlx5_init_seg::CMDQ_ADDR_L_SZ.off;
+const CMD_DBELL: usize = c::mlx5_init_seg::CMD_DBELL.off;
+const INITIALIZING: usize = c::mlx5_init_seg::INITIALIZING.off;
+const HEALTH_COUNTER: usize = c::mlx5_init_seg::HEALTH_COUNTER.off;
+const INTERNAL_TIMER_H: usize = c::mlx5_init_seg::INTERNAL_TIMER_H.off;
+const INTERNAL_TIMER_L: usize = c::mlx5_init_seg::INTERNAL_TIMER_L.off;
+
+/// `nic_interface` in `cmdq_addr_l_sz` is three bits at `MLX5_NIC_IFC_OFFSET` (bits 10:8) as the kernel reads it
+/// (`mlx5_get_nic_state`: `(v >> 8) & 7`, c-layouts.md section 1); the PRM layout only names two of them.
+const NIC_IFC_SHIFT: u32 = consts::MLX5_NIC_IFC_OFFSET;
+const NIC_IFC_MASK: u32 = 0x7;
+
+/// A field of the initialization segment relative to the 32-bit register at `reg`, so a register value can be
+/// decoded with the PRM layout.
+const fn in_reg(f: Field, reg: usize) -> Field {
+    Field::new(f.off - (reg as u32) * 8, f.width)
+}
+
+#[derive(Debug)]
+pub(crate) struct Regs {
+    image: Vec<u8>,
+    bar_size: usize,
+    cmdq_h: u32,
+    /// The queue address, set once both halves have been written (`cmdq_addr_l_sz` last).
+    pub(crate) cmdq_iova: Option<u64>,
+    pub(crate) log_cmdq_size: u8,
+    pub(crate) log_cmdq_stride: u8,
+    init_delay_ns: u64,
+}
+
+impl Regs {
+    pub(crate) fn new(cfg: &SimConfig) -> Self {
+        use ifc::initial_seg as s;
+        let mut image = vec![0u8; INIT_SEG_PAGES * PAGE];
+        let (major, minor, sub) = cfg.fw_rev;
+        image.set(s::FW_REV_MAJOR, major.into());
+        image.set(s::FW_REV_MINOR, minor.into());
+        image.set(s::FW_REV_SUBMINOR, sub.into());
+        image.set(s::CMD_INTERFACE_REV, cfg.cmdif_rev.into());
+        image.set(s::LOG_CMDQ_SIZE, cfg.log_cmdq_size.into());
+        image.set(s::LOG_CMDQ_STRIDE, cfg.log_cmdq_stride.into());
+        image.write_u32(c::mlx5_init_seg::CMD_EXEC_TO.off, cfg.cmd_exec_to_ms);
+        image.write_u32(c::mlx5_init_seg::CMD_Q_INIT_TO.off, cfg.cmd_q_init_to_ms);
+        Self {
+            image,
+            bar_size: (INIT_SEG_PAGES + cfg.num_uars as usize) * PAGE,
+            cmdq_h: 0,
+            cmdq_iova: None,
+            log_cmdq_size: cfg.log_cmdq_size,
+            log_cmdq_stride: cfg.log_cmdq_stride,
+            init_delay_ns: u64::from(cfg.init_delay_ms) * 1_000_000,
+        }
+    }
+
+    fn read32(&self, off: usize, now_ns: u64) -> u32 {
+        if off.checked_add(4).is_none_or(|end| end > self.bar_size) {
+            // A read past the BAR completes with all ones, like a PCI master abort.
+            return u32::MAX;
+        }
+        if off + 4 > self.image.len() {
+            // UAR pages read back zero.
+            return 0;
+        }
+        let mut word = [0u8; 4];
+        self.image.read_bytes(off, &mut word);
+        match off {
+            INITIALIZING => {
+                let busy = now_ns < self.init_delay_ns;
+                word.set(in_reg(ifc::initial_seg::INITIALIZING, off), busy.into());
+            }
+            HEALTH_COUNTER => {
+                // The heartbeat advances once per (virtual) millisecond.
+                word.set(in_reg(ifc::initial_seg::HEALTH_COUNTER, off), (now_ns / 1_000_000) as u32);
+            }
+            INTERNAL_TIMER_H => return (now_ns >> 32) as u32,
+            INTERNAL_TIMER_L => return now_ns as u32,
+            // The doorbell register reads as zero: every rung slot has been taken.
+            CMD_DBELL => return 0,
+            _ => {}
+        }
+        u32::from_be_bytes(word)
+    }
+
+    /// A register write; returns the doorbell mask when `cmd_dbell` was written.
+    fn write32(&mut self, off: usize, v: u32, events: &mut Vec<SimEvent>) -> Option<u32> {
+        match off {
+            CMDQ_ADDR_H => {
+                self.cmdq_h = v;
+                self.image.set(ifc::initial_seg::CMDQ_PHY_ADDR_63_32, v);
+            }
+            CMDQ_ADDR_L_SZ => {
+                use ifc::initial_seg as s;
+                let w = v.to_be_bytes();
+                let addr_hi_bits = MsgBuf::get(&w, in_reg(s::CMDQ_PHY_ADDR_31_12, off));
+                self.image.set(s::CMDQ_PHY_ADDR_31_12, addr_hi_bits);
+                let nic = (v >> NIC_IFC_SHIFT) & NIC_IFC_MASK;
+                let old = self.image.read_u32(off);
+                let kept = old & !(NIC_IFC_MASK << NIC_IFC_SHIFT);
+                self.image.write_u32(off, kept | (nic << NIC_IFC_SHIFT));
+                let low = u64::from(addr_hi_bits) << consts::MLX5_ADAPTER_PAGE_SHIFT;
+                let iova = (u64::from(self.cmdq_h) << 32) | low;
+                self.cmdq_iova = Some(iova);
+                events.push(SimEvent::CmdqAddress { iova });
+            }
+            CMD_DBELL => return Some(v),
+            _ if off >= self.image.len() && off.checked_add(4).is_some_and(|e| e <= self.bar_size) => {
+                events.push(SimEvent::UarWrite { off, val: v });
+            }
+            _ => events.push(SimEvent::IgnoredWrite { off, val: v }),
+        }
+        None
+    }
+}
+
+// `FW_REV` is the first register; naming it keeps the match above honest about where the segment starts.
+const _: () = assert!(FW_REV == 0);
+
+/// The simulator's [`Mmio`]: register accesses to the simulated BAR.
+#[derive(Clone, Debug)]
+pub struct SimMmio {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl SimMmio {
+    /// Size of the BAR in bytes (initialization segment plus UAR pages); reads beyond it return all ones.
+    pub fn bar_size(&self) -> usize {
+        lock(&self.shared).regs.bar_size
+    }
+
+    /// BAR offset of UAR page `index` (as returned by ALLOC_UAR).
+    pub fn uar_offset(index: u32) -> usize {
+        index as usize * PAGE
+    }
+}
+
+impl Mmio for SimMmio {
+    fn read32(&self, off: usize) -> u32 {
+        let st = lock(&self.shared);
+        st.regs.read32(off, st.now_ns())
+    }
+
+    fn write32(&self, off: usize, v: u32) {
+        let bell = {
+            let mut guard = lock(&self.shared);
+            let st = &mut *guard;
+            st.regs.write32(off, v, &mut st.events)
+        };
+        if let Some(mask) = bell {
+            self.shared.doorbell(mask);
+        }
+    }
+
+    fn read64(&self, off: usize) -> u64 {
+        let hi = self.read32(off);
+        let lo = self.read32(off.saturating_add(4));
+        (u64::from(hi) << 32) | u64::from(lo)
+    }
+
+    fn write64(&self, off: usize, v: u64) {
+        self.write32(off, (v >> 32) as u32);
+        self.write32(off.saturating_add(4), v as u32);
+    }
+
+    // The device orders through its lock; a full fence stands for every barrier and keeps threaded mode honest.
+    fn dma_wmb(&self) {
+        fence(Ordering::SeqCst)
+    }
+    fn wmb(&self) {
+        fence(Ordering::SeqCst)
+    }
+    fn wc_start(&self) {
+        fence(Ordering::SeqCst)
+    }
+    fn wc_flush(&self) {
+        fence(Ordering::SeqCst)
+    }
+    fn dma_rmb(&self) {
+        fence(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SimDevice, SimEvent};
+    use mlx5_core::hal::DelayNs;
+
+    #[test]
+    fn init_segment_identity_registers() {
+        let dev = SimDevice::default();
+        let m = dev.mmio();
+        let fw = m.read32(c::mlx5_init_seg::FW_REV.off);
+        assert_eq!(fw & 0xffff, 16);
+        assert_eq!(fw >> 16, 35);
+        let cmdif = m.read32(c::mlx5_init_seg::CMDIF_REV_FW_SUB.off);
+        assert_eq!(cmdif >> 16, 5);
+        assert_eq!(cmdif & 0xffff, 2000);
+        let lsz = m.read32(CMDQ_ADDR_L_SZ);
+        assert_eq!((lsz >> 4) & 0xf, 5);
+        assert_eq!(lsz & 0xf, 6);
+        assert_eq!((lsz >> 8) & 7, 0);
+        assert_eq!(m.read32(c::mlx5_init_seg::CMD_EXEC_TO.off), 60_000);
+        assert_ne!(m.read32(c::mlx5_init_seg::CMD_Q_INIT_TO.off), 0);
+        assert_eq!(m.read32(c::mlx5_init_seg::HEALTH.off), 0);
+        assert_eq!(m.read32(m.bar_size()), u32::MAX);
+        assert_eq!(m.read32(0x100), 0);
+    }
+
+    #[test]
+    fn cmdq_address_and_nic_state() {
+        let dev = SimDevice::default();
+        let m = dev.mmio();
+        m.write32(CMDQ_ADDR_H, 0x1);
+        m.write32(CMDQ_ADDR_L_SZ, 0x2345_6000 | (1 << 8));
+        assert!(dev.events().contains(&SimEvent::CmdqAddress { iova: 0x1_2345_6000 }));
+        let lsz = m.read32(CMDQ_ADDR_L_SZ);
+        assert_eq!(lsz & 0xff, 0x56);
+        assert_eq!((lsz >> 8) & 7, 1);
+        assert_eq!(lsz & !0xfff, 0x2345_6000);
+        assert_eq!(m.read32(CMDQ_ADDR_H), 1);
+        assert_eq!(m.read64(CMDQ_ADDR_H) >> 32, 1);
+    }
+
+    #[test]
+    fn initializing_clears_on_virtual_time_and_heartbeat_ticks() {
+        let dev = SimDevice::new(SimConfig { init_delay_ms: 5, ..SimConfig::default() });
+        let m = dev.mmio();
+        let mut d = dev.delay();
+        assert_eq!(m.read32(INITIALIZING) >> 31, 1);
+        let h0 = m.read32(HEALTH_COUNTER);
+        d.delay_ms(5);
+        assert_eq!(m.read32(INITIALIZING) >> 31, 0);
+        assert_ne!(m.read32(HEALTH_COUNTER), h0);
+    }
+
+    #[test]
+    fn unknown_and_uar_writes_are_recorded() {
+        let dev = SimDevice::default();
+        let m = dev.mmio();
+        m.write32(0x100, 7);
+        let uar = SimMmio::uar_offset(INIT_SEG_PAGES as u32) + 0x20;
+        m.write32(uar, 9);
+        m.write32(m.bar_size() + 8, 1);
+        let ev = dev.events();
+        assert!(ev.contains(&SimEvent::IgnoredWrite { off: 0x100, val: 7 }));
+        assert!(ev.contains(&SimEvent::UarWrite { off: uar, val: 9 }));
+        assert_eq!(m.read32(0x100), 0);
+    }
+}
