@@ -50,6 +50,28 @@ bitfield::bitfield! {
     nic_interface, _: 10, 8;
 }
 
+bitfield::bitfield! {
+    /// An init-segment timeout register (`cmd_exec_to`, `cmd_q_init_to`; Linux `tout_convert_iseg_to_ms`):
+    /// a value and the unit it counts in.
+    #[derive(Clone, Copy)]
+    struct IsegTimeout(u32);
+    u32;
+    to_value, _: 19, 0;
+    to_multiplier, _: 31, 29;
+}
+
+/// Milliseconds in an init-segment timeout register: the unit is ms, s, min or h (`to_multiplier & 3`).
+pub fn iseg_timeout_ms(raw: u32) -> u64 {
+    let t = IsegTimeout(raw);
+    let unit_ms: u64 = match t.to_multiplier() & 3 {
+        0 => 1,
+        1 => 1_000,
+        2 => 60_000,
+        _ => 3_600_000,
+    };
+    u64::from(t.to_value()) * unit_ms
+}
+
 /// Why a command did not produce an output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -292,7 +314,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         mmio.write32(iseg::CMDQ_ADDR_L_SZ.off, page.iova as u32);
         // The address must reach the device before anything that depends on it.
         mmio.wmb();
-        let to = if mmio.read32(iseg::CMD_Q_INIT_TO.off) != 0 { mmio.read32(iseg::CMD_EXEC_TO.off) } else { 0 };
+        // A non-zero `cmd_q_init_to` says the init-segment timeouts are valid (`tout_is_supported`).
+        let to = if mmio.read32(iseg::CMD_Q_INIT_TO.off) != 0 {
+            iseg_timeout_ms(mmio.read32(iseg::CMD_EXEC_TO.off)).min(u64::from(u32::MAX)) as u32
+        } else {
+            0
+        };
         Ok(Self {
             mmio,
             dma,
@@ -660,3 +687,18 @@ impl<M: Mmio, D: Dma, T: CmdTrace> Drop for CmdQueue<M, D, T> {
 }
 
 impl core::error::Error for CmdError {}
+
+#[cfg(test)]
+mod tests {
+    use super::iseg_timeout_ms;
+
+    #[test]
+    fn iseg_timeouts_carry_their_unit() {
+        assert_eq!(iseg_timeout_ms(1234), 1234);
+        assert_eq!(iseg_timeout_ms((1 << 29) | 60), 60_000);
+        assert_eq!(iseg_timeout_ms((2 << 29) | 2), 120_000);
+        assert_eq!(iseg_timeout_ms((3 << 29) | 1), 3_600_000);
+        // Bits 20..28 are not part of the value; the multiplier is taken modulo 4.
+        assert_eq!(iseg_timeout_ms((7 << 29) | (1 << 20) | 5), 5 * 3_600_000);
+    }
+}

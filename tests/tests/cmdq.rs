@@ -55,6 +55,11 @@ fn default_timeout_is_linux_60s_unless_the_init_segment_says_otherwise() {
     regs.preset(c::mlx5_init_seg::CMD_Q_INIT_TO.off, 1000);
     regs.preset(c::mlx5_init_seg::CMD_EXEC_TO.off, 1234);
     assert_eq!(queue(&regs, &HeapDma::default()).timeout_ms(), 1234);
+    // Seconds as the unit: 90 s. (A fresh register file: the first queue wrote its address over the geometry.)
+    let regs = RegFile::with_cmdq();
+    regs.preset(c::mlx5_init_seg::CMD_Q_INIT_TO.off, 1000);
+    regs.preset(c::mlx5_init_seg::CMD_EXEC_TO.off, (1 << 29) | 90);
+    assert_eq!(queue(&regs, &HeapDma::default()).timeout_ms(), 90_000);
 }
 
 #[test]
