@@ -12,7 +12,7 @@
 //! be answered while another command is outstanding on slot 0.
 
 use crate::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
-use crate::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, MsgBuf, Opcode};
+use crate::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, MsgBuf, Named, Opcode};
 use crate::trace::{CmdOutcome, CmdRecord, CmdTrace};
 
 use c::mlx5_cmd_layout as lay;
@@ -111,41 +111,31 @@ impl From<DmaError> for CmdError {
     }
 }
 
-/// Formats an opcode as the kernel names it, or `0x...` when unknown.
-pub(crate) struct OpName(pub Opcode);
-
-impl core::fmt::Display for OpName {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self.0.name() {
-            Some(n) => write!(f, "{n}(0x{:x})", self.0.raw()),
-            None => write!(f, "UNKNOWN(0x{:x})", self.0.raw()),
-        }
-    }
+/// An opcode as the kernel prints it (`mlx5_command_str` + value).
+fn op_name(op: Opcode) -> Named {
+    Named(op.name(), op.raw().into())
 }
 
 impl core::fmt::Display for CmdError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match *self {
-            CmdError::Timeout { opcode, waited_ms } => write!(f, "{} timed out after {waited_ms} ms", OpName(opcode)),
-            CmdError::Delivery { opcode, status } => match status.name() {
-                Some(n) => write!(f, "{} delivery error {n}(0x{:x})", OpName(opcode), status.raw()),
-                None => write!(f, "{} delivery error 0x{:x}", OpName(opcode), status.raw()),
-            },
-            CmdError::Status { opcode, op_mod, status, syndrome } => {
-                write!(f, "{} op_mod(0x{op_mod:x}) failed, status ", OpName(opcode))?;
-                match status.name() {
-                    Some(n) => write!(f, "{n}(0x{:x})", status.raw())?,
-                    None => write!(f, "UNKNOWN(0x{:x})", status.raw())?,
-                }
-                write!(f, ", syndrome (0x{syndrome:x})")
+            CmdError::Timeout { opcode, waited_ms } => write!(f, "{} timed out after {waited_ms} ms", op_name(opcode)),
+            CmdError::Delivery { opcode, status } => {
+                write!(f, "{} delivery error {}", op_name(opcode), Named(status.name(), status.raw().into()))
             }
+            CmdError::Status { opcode, op_mod, status, syndrome } => write!(
+                f,
+                "{} op_mod(0x{op_mod:x}) failed, status {}, syndrome (0x{syndrome:x})",
+                op_name(opcode),
+                Named(status.name(), status.raw().into())
+            ),
             CmdError::OutputTooShort { opcode, needed, got } => {
-                write!(f, "{} output too short: needs {needed} bytes, has {got}", OpName(opcode))
+                write!(f, "{} output too short: needs {needed} bytes, has {got}", op_name(opcode))
             }
             CmdError::Malformed { opcode, what, value } => {
-                write!(f, "{} returned an invalid {what}: 0x{value:x}", OpName(opcode))
+                write!(f, "{} returned an invalid {what}: 0x{value:x}", op_name(opcode))
             }
-            CmdError::BadSignature { opcode } => write!(f, "{} output signature mismatch", OpName(opcode)),
+            CmdError::BadSignature { opcode } => write!(f, "{} output signature mismatch", op_name(opcode)),
             CmdError::SlotBusy { slot } => write!(f, "command slot {slot} is still owned by firmware"),
             CmdError::BadSlot { slot } => write!(f, "command slot {slot} does not exist"),
             CmdError::BadLength { inlen, outlen } => write!(f, "bad command lengths: in {inlen}, out {outlen}"),
@@ -155,7 +145,7 @@ impl core::fmt::Display for CmdError {
             CmdError::BadQueueGeometry { log_sz, log_stride } => {
                 write!(f, "impossible command queue geometry: log_sz {log_sz}, log_stride {log_stride}")
             }
-            CmdError::DeviceDown { opcode } => write!(f, "{}: device is in internal error", OpName(opcode)),
+            CmdError::DeviceDown { opcode } => write!(f, "{}: device is in internal error", op_name(opcode)),
             CmdError::Dma(e) => write!(f, "command mailbox allocation failed: {e}"),
         }
     }

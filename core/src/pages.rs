@@ -3,6 +3,7 @@
 //! Firmware asks for host memory at boot, at init and during operation; the driver gives 4 KiB pages by bus
 //! address and takes them back at teardown or when firmware returns them (a negative request).
 
+use crate::cmd::{len_with_pas, write_pas};
 use crate::cmdq::{write_header, CmdError, Command};
 use crate::prm::{consts, ifc, MsgBuf, Opcode};
 
@@ -64,10 +65,6 @@ impl Command for QueryPages {
     }
 }
 
-fn pas_len(n: usize) -> usize {
-    ifc::manage_pages_in::PAS.byte_off() + n * (ifc::manage_pages_in::PAS.elem_bits as usize / 8)
-}
-
 /// `MANAGE_PAGES` give (`MLX5_PAGES_GIVE`): hands `pages` (4 KiB-aligned bus addresses) to firmware.
 #[derive(Debug, Clone, Copy)]
 pub struct ManagePagesGive<'a> {
@@ -81,7 +78,7 @@ impl Command for ManagePagesGive<'_> {
         Opcode::ManagePages
     }
     fn inlen(&self) -> usize {
-        pas_len(self.pages.len())
+        len_with_pas(ifc::manage_pages_in::PAS, self.pages.len())
     }
     fn outlen(&self) -> usize {
         ifc::manage_pages_out::SIZE_BYTES
@@ -90,9 +87,7 @@ impl Command for ManagePagesGive<'_> {
         write_header(msg, Opcode::ManagePages, consts::MLX5_PAGES_GIVE as u16);
         msg.set(ifc::manage_pages_in::FUNCTION_ID, self.function_id.into());
         msg.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, self.pages.len() as u32);
-        for (i, &addr) in self.pages.iter().enumerate() {
-            msg.set64(ifc::manage_pages_in::PAS.elem(i as u32), addr);
-        }
+        write_pas(msg, ifc::manage_pages_in::PAS, self.pages);
     }
     fn decode<B: MsgBuf + ?Sized>(&mut self, _out: &B) -> Result<(), CmdError> {
         Ok(())
@@ -116,7 +111,7 @@ impl Command for ManagePagesTake<'_> {
         ifc::manage_pages_in::SIZE_BYTES
     }
     fn outlen(&self) -> usize {
-        ifc::manage_pages_out::PAS.byte_off() + self.pages.len() * 8
+        len_with_pas(ifc::manage_pages_out::PAS, self.pages.len())
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::ManagePages, consts::MLX5_PAGES_TAKE as u16);
@@ -129,7 +124,7 @@ impl Command for ManagePagesTake<'_> {
             // Firmware claims more pages than the output can hold: trust none of them.
             return Err(CmdError::OutputTooShort {
                 opcode: Opcode::ManagePages,
-                needed: ifc::manage_pages_out::PAS.byte_off() + n * 8,
+                needed: len_with_pas(ifc::manage_pages_out::PAS, n),
                 got: out.len(),
             });
         }

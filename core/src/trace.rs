@@ -7,7 +7,7 @@
 
 use core::fmt::{self, Write};
 
-use crate::prm::{CmdStatus, DeliveryStatus, MsgBuf, Opcode};
+use crate::prm::{CmdStatus, DeliveryStatus, MsgBuf, Named, Opcode};
 
 /// How a traced command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,17 +126,15 @@ impl CmdRecord<'_> {
             self.dump_one(w, o, "OUTPUT")?;
         }
         match self.outcome {
-            CmdOutcome::Completed { status, syndrome } if status != CmdStatus::Ok => {
-                opcode_name(w, self.opcode)?;
-                write!(w, "(0x{:x}) op_mod(0x{:x}) failed, status ", self.opcode.raw(), self.op_mod)?;
-                match status.name() {
-                    Some(n) => write!(w, "{n}(0x{:x})", status.raw())?,
-                    None => write!(w, "UNKNOWN(0x{:x})", status.raw())?,
-                }
-                writeln!(w, ", syndrome (0x{syndrome:x})")
-            }
+            CmdOutcome::Completed { status, syndrome } if status != CmdStatus::Ok => writeln!(
+                w,
+                "{} op_mod(0x{:x}) failed, status {}, syndrome (0x{syndrome:x})",
+                Named(self.opcode.name(), self.opcode.raw().into()),
+                self.op_mod,
+                Named(status.name(), status.raw().into())
+            ),
             CmdOutcome::Delivery(d) => {
-                writeln!(w, "cmd[{}]: delivery status {}(0x{:x})", self.slot, d.name().unwrap_or("UNKNOWN"), d.raw())
+                writeln!(w, "cmd[{}]: delivery status {}", self.slot, Named(d.name(), d.raw().into()))
             }
             CmdOutcome::BadSignature => writeln!(w, "cmd[{}]: output signature mismatch", self.slot),
             CmdOutcome::Timeout => writeln!(w, "cmd[{}]: timeout after {} us", self.slot, self.waited_us),

@@ -15,6 +15,17 @@ pub mod generated;
 
 pub use generated::{c, consts, ifc, CmdStatus, DeliveryStatus, EventType, HealthSyndrome, Opcode};
 
+/// Formats a decoded code the way the kernel prints it: `NAME(0xN)`, or `UNKNOWN(0xN)` when the headers do not
+/// name the value. Build it from any generated enum: `Named(status.name(), status.raw().into())`.
+#[derive(Debug, Clone, Copy)]
+pub struct Named(pub Option<&'static str>, pub u32);
+
+impl core::fmt::Display for Named {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}(0x{:x})", self.0.unwrap_or("UNKNOWN"), self.1)
+    }
+}
+
 /// A scalar field: `off` bits from the start of its struct, `width` bits wide (1..=32, or 64 when 64-bit aligned).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Field {
