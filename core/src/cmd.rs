@@ -60,11 +60,76 @@ impl Command for Simple {
     }
 }
 
-/// Writes a page-address list (`pas[]`, be64 each, `MLX5_ARRAY_SET64`) starting at element 0 of `arr`.
-pub fn write_pas<B: MsgBuf + ?Sized>(msg: &mut B, arr: crate::prm::Array, pas: &[u64]) {
-    for (i, &addr) in pas.iter().enumerate() {
-        msg.set64(arr.elem(i as u32), addr);
+/// A page-address list (`pas[]`) as a command carries it: one bus address per page, in order.
+#[derive(Clone, Copy)]
+pub enum Pas<'a> {
+    /// Explicit addresses.
+    List(&'a [u64]),
+    /// `count` consecutive 4 KiB pages starting at `base` (a physically contiguous buffer).
+    Contiguous { base: u64, count: usize },
+    /// Addresses produced on demand (pages reserved for firmware across several chunks).
+    Source(&'a dyn PageSource),
+}
+
+/// Something that lists page addresses without storing them in one slice.
+pub trait PageSource {
+    fn count(&self) -> usize;
+    /// Calls `f(i, addr)` for every page, `i` counting from 0.
+    fn each(&self, f: &mut dyn FnMut(usize, u64));
+}
+
+impl<'a> From<&'a [u64]> for Pas<'a> {
+    fn from(list: &'a [u64]) -> Self {
+        Pas::List(list)
     }
+}
+
+impl<'a, const N: usize> From<&'a [u64; N]> for Pas<'a> {
+    fn from(list: &'a [u64; N]) -> Self {
+        Pas::List(list)
+    }
+}
+
+impl core::fmt::Debug for Pas<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Pas::List(l) => f.debug_tuple("List").field(l).finish(),
+            Pas::Contiguous { base, count } => {
+                f.debug_struct("Contiguous").field("base", base).field("count", count).finish()
+            }
+            Pas::Source(s) => f.debug_struct("Source").field("count", &s.count()).finish_non_exhaustive(),
+        }
+    }
+}
+
+impl Pas<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Pas::List(l) => l.len(),
+            Pas::Contiguous { count, .. } => *count,
+            Pas::Source(s) => s.count(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Calls `f(i, addr)` for every page in order.
+    pub fn each(&self, f: &mut dyn FnMut(usize, u64)) {
+        match self {
+            Pas::List(l) => l.iter().enumerate().for_each(|(i, &a)| f(i, a)),
+            Pas::Contiguous { base, count } => {
+                (0..*count).for_each(|i| f(i, base + (i * crate::pages::FW_PAGE_SIZE) as u64))
+            }
+            Pas::Source(s) => s.each(f),
+        }
+    }
+}
+
+/// Writes a page-address list (`pas[]`, be64 each, `MLX5_ARRAY_SET64`) starting at element 0 of `arr`.
+pub fn write_pas<B: MsgBuf + ?Sized>(msg: &mut B, arr: crate::prm::Array, pas: Pas<'_>) {
+    pas.each(&mut |i, addr| msg.set64(arr.elem(i as u32), addr));
 }
 
 /// Bytes of a command input that ends in a flexible `pas[]` of `n` be64 entries.

@@ -378,6 +378,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         self.down
     }
 
+    /// Whether `slot` can take a new command: nothing is posted on it. A slot whose command timed out stays taken
+    /// (firmware may still write its entry), and so does one whose command completed but was not finished yet.
+    pub fn slot_free(&self, slot: u8) -> bool {
+        self.slots.get(slot as usize).is_some_and(|s| s.posted.is_none()) && (slot as usize) < self.num_slots()
+    }
+
     /// Whether firmware still owns `slot`.
     pub fn is_posted(&self, slot: u8) -> bool {
         self.slots.get(slot as usize).is_some_and(|s| s.posted.is_some())

@@ -1,6 +1,6 @@
 //! Completion queue commands (PRM CREATE_CQ / DESTROY_CQ; Linux `cq.c` `mlx5_create_cq`, mlx5_ib `create_cq_kernel`).
 
-use crate::cmd::{len_with_pas, write_pas, Simple};
+use crate::cmd::{len_with_pas, write_pas, Pas, Simple};
 use crate::cmdq::{write_header, CmdError, Command};
 use crate::prm::{ifc, MsgBuf, Opcode, SubBuf};
 
@@ -34,7 +34,7 @@ pub struct CqContext {
 #[derive(Debug, Clone, Copy)]
 pub struct CreateCq<'a> {
     pub ctx: CqContext,
-    pub pas: &'a [u64],
+    pub pas: Pas<'a>,
 }
 
 impl Command for CreateCq<'_> {

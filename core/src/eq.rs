@@ -1,8 +1,9 @@
 //! Event queue commands (PRM CREATE_EQ / DESTROY_EQ; Linux `eq.c` `create_map_eq`).
 
-use crate::cmd::{len_with_pas, write_pas, Simple};
+use crate::cmd::{len_with_pas, write_pas, Pas, Simple};
 use crate::cmdq::{write_header, CmdError, Command};
-use crate::prm::{ifc, MsgBuf, Opcode, SubBuf};
+use crate::hal::{DmaRegion, Mmio};
+use crate::prm::{c, consts, ifc, Bytes, EventType, MsgBuf, Opcode, SubBuf};
 
 /// The `eqc` fields the driver sets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -22,7 +23,7 @@ pub struct EqContext {
 pub struct CreateEq<'a> {
     pub ctx: EqContext,
     pub event_bitmask: [u64; 4],
-    pub pas: &'a [u64],
+    pub pas: Pas<'a>,
 }
 
 impl Command for CreateEq<'_> {
@@ -61,4 +62,256 @@ impl Command for CreateEq<'_> {
 pub fn destroy_eq(eqn: u8) -> Simple {
     Simple::new(Opcode::DestroyEq, ifc::destroy_eq_in::SIZE_BYTES, ifc::destroy_eq_out::SIZE_BYTES)
         .arg(ifc::destroy_eq_in::EQ_NUMBER, eqn.into())
+}
+
+/// Bytes per EQE (`MLX5_EQE_SIZE`).
+pub const EQE_SIZE: usize = c::mlx5_eqe::SIZE;
+
+/// One event queue entry, copied out of the ring after its ownership check (`struct mlx5_eqe`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Eqe(pub [u8; EQE_SIZE]);
+
+impl core::fmt::Debug for Eqe {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Eqe").field("event", &self.event()).finish()
+    }
+}
+
+/// Reads a big-endian member of a byte image (`Bytes` from the C layouts, at most 4 bytes).
+fn be(buf: &[u8], base: usize, m: Bytes) -> u32 {
+    buf[base + m.off..base + m.off + m.len].iter().fold(0u32, |a, &b| (a << 8) | u32::from(b))
+}
+
+/// Writes a big-endian member of a byte image.
+fn put_be(buf: &mut [u8], base: usize, m: Bytes, v: u32) {
+    for (i, b) in buf[base + m.off..base + m.off + m.len].iter_mut().rev().enumerate() {
+        *b = (v >> (8 * i)) as u8;
+    }
+}
+
+/// What an EQE says, decoded (`mlx5_eq_async_int` and the notifier handlers). Unknown types stay raw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Event {
+    /// A CQ has a new completion (`data.comp.cqn`, 24 bits).
+    Completion { cqn: u32 },
+    /// Command slots completed (`data.cmd.vector`, one bit per slot).
+    Command { vector: u32 },
+    /// Firmware wants pages (`num_pages` > 0) or offers pages back (< 0) (`data.req_pages`).
+    PageRequest { function_id: u16, ec_function: bool, num_pages: i32 },
+    /// A CQ overran or hit an error (`data.cq_err`).
+    CqError { cqn: u32, syndrome: u8 },
+    /// Port state changed (`data.port.port`, upper nibble; `sub_type` = `MLX5_PORT_CHANGE_SUBTYPE_*`).
+    PortChange { port: u8, sub_type: u8 },
+    /// Firmware reported an internal error.
+    InternalError,
+    /// Any other event type, undecoded.
+    Other { event_type: u8, sub_type: u8 },
+}
+
+impl Eqe {
+    pub fn event_type(&self) -> EventType {
+        EventType::from_raw(self.0[c::mlx5_eqe::TYPE.off])
+    }
+
+    pub fn sub_type(&self) -> u8 {
+        self.0[c::mlx5_eqe::SUB_TYPE.off]
+    }
+
+    pub fn owner(&self) -> u8 {
+        self.0[c::mlx5_eqe::OWNER.off]
+    }
+
+    /// Decodes the payload for the event types the driver handles.
+    pub fn event(&self) -> Event {
+        let d = c::mlx5_eqe::DATA.off;
+        let b = &self.0;
+        match self.event_type() {
+            EventType::Comp => Event::Completion { cqn: be(b, d, c::mlx5_eqe_comp::CQN) & 0x00ff_ffff },
+            EventType::Cmd => Event::Command { vector: be(b, d, c::mlx5_eqe_cmd::VECTOR) },
+            EventType::PageRequest => {
+                let ec = be(b, d, c::mlx5_eqe_page_req::EC_FUNCTION);
+                Event::PageRequest {
+                    function_id: be(b, d, c::mlx5_eqe_page_req::FUNC_ID) as u16,
+                    ec_function: ec & consts::EC_FUNCTION_MASK != 0,
+                    num_pages: be(b, d, c::mlx5_eqe_page_req::NUM_PAGES) as i32,
+                }
+            }
+            EventType::CqError => Event::CqError {
+                cqn: be(b, d, c::mlx5_eqe_cq_err::CQN) & 0x00ff_ffff,
+                syndrome: be(b, d, c::mlx5_eqe_cq_err::SYNDROME) as u8,
+            },
+            // The port number is the upper nibble of `data.port.port` (`mlx5_eq_async_int` / `port_change`).
+            EventType::PortChange => Event::PortChange {
+                port: (be(b, d, c::mlx5_eqe_port_state::PORT) >> 4) as u8 & 0xf,
+                sub_type: self.sub_type(),
+            },
+            EventType::InternalError => Event::InternalError,
+            t => Event::Other { event_type: t.raw(), sub_type: self.sub_type() },
+        }
+    }
+
+    /// Builds an EQE image for an event (the inverse of [`Eqe::event`]; the simulator and tests use it). The
+    /// owner byte is left 0.
+    pub fn emit(event: &Event) -> Eqe {
+        let mut e = [0u8; EQE_SIZE];
+        let d = c::mlx5_eqe::DATA.off;
+        let (ty, sub) = match *event {
+            Event::Completion { cqn } => {
+                put_be(&mut e, d, c::mlx5_eqe_comp::CQN, cqn & 0x00ff_ffff);
+                (EventType::Comp.raw(), 0)
+            }
+            Event::Command { vector } => {
+                put_be(&mut e, d, c::mlx5_eqe_cmd::VECTOR, vector);
+                (EventType::Cmd.raw(), 0)
+            }
+            Event::PageRequest { function_id, ec_function, num_pages } => {
+                put_be(&mut e, d, c::mlx5_eqe_page_req::FUNC_ID, function_id.into());
+                put_be(&mut e, d, c::mlx5_eqe_page_req::EC_FUNCTION, if ec_function { consts::EC_FUNCTION_MASK } else { 0 });
+                put_be(&mut e, d, c::mlx5_eqe_page_req::NUM_PAGES, num_pages as u32);
+                (EventType::PageRequest.raw(), 0)
+            }
+            Event::CqError { cqn, syndrome } => {
+                put_be(&mut e, d, c::mlx5_eqe_cq_err::CQN, cqn & 0x00ff_ffff);
+                put_be(&mut e, d, c::mlx5_eqe_cq_err::SYNDROME, syndrome.into());
+                (EventType::CqError.raw(), 0)
+            }
+            Event::PortChange { port, sub_type } => {
+                put_be(&mut e, d, c::mlx5_eqe_port_state::PORT, u32::from(port & 0xf) << 4);
+                (EventType::PortChange.raw(), sub_type)
+            }
+            Event::InternalError => (EventType::InternalError.raw(), 0),
+            Event::Other { event_type, sub_type } => (event_type, sub_type),
+        };
+        e[c::mlx5_eqe::TYPE.off] = ty;
+        e[c::mlx5_eqe::SUB_TYPE.off] = sub;
+        Eqe(e)
+    }
+}
+
+/// The EQ doorbell value (`eq_update_ci`): consumer index (24 bits) and EQ number in the top byte.
+pub const fn eq_doorbell_value(eqn: u8, cons_index: u32) -> u32 {
+    (cons_index & 0x00ff_ffff) | ((eqn as u32) << 24)
+}
+
+/// `log_eq_size` for `nent` usable entries plus the spare ones (`order_base_2(nent + MLX5_NUM_SPARE_EQE)`).
+pub fn log_eq_size(nent: u32) -> u8 {
+    let n = nent.saturating_add(consts::MLX5_NUM_SPARE_EQE).max(1);
+    (u32::BITS - (n - 1).leading_zeros()) as u8
+}
+
+/// The event types an event bitmask word covers: bit `n` of word 0 = type `n`, word `n / 64` for the rest.
+pub fn event_bitmask(types: &[EventType]) -> [u64; 4] {
+    let mut m = [0u64; 4];
+    for t in types {
+        let n = t.raw() as usize;
+        m[n / 64] |= 1u64 << (n % 64);
+    }
+    m
+}
+
+/// Why an EQ ring could not be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum EqError {
+    /// `log_eq_size` outside what one DMA buffer of 4 KiB pages can describe here.
+    BadSize { log_eq_size: u8 },
+}
+
+/// The software side of an event queue: its buffer, consumer index and doorbell (Linux `struct mlx5_eq` with
+/// `next_eqe_sw` / `eq_update_ci`).
+///
+/// Entries start with owner 1 (`MLX5_EQE_OWNER_INIT_VAL`); entry `ci & (nent - 1)` belongs to software when
+/// `(owner ^ (ci >> log_nent)) & 1 == 0`, i.e. the device writes owner 0 on its first pass, 1 on the second.
+#[derive(Debug)]
+pub struct EqRing {
+    buf: DmaRegion,
+    log_nent: u8,
+    cons_index: u32,
+    eqn: u8,
+    /// BAR offset of the EQ doorbell in the UAR page the EQ was created with.
+    doorbell: usize,
+    /// EQEs consumed since the consumer index was last published.
+    unpublished: u32,
+}
+
+impl EqRing {
+    /// Bytes of the ring buffer for `2^log_nent` entries.
+    pub const fn buf_len(log_nent: u8) -> usize {
+        EQE_SIZE << log_nent
+    }
+
+    /// Takes a zeroed buffer of [`EqRing::buf_len`] bytes and pre-sets every owner byte to 1, as `init_eq_buf`
+    /// does, so no stale entry looks software-owned.
+    pub fn init_buf(buf: &DmaRegion, log_nent: u8) -> Result<(), EqError> {
+        if log_nent > 22 || buf.len < Self::buf_len(log_nent) {
+            return Err(EqError::BadSize { log_eq_size: log_nent });
+        }
+        for i in 0..(1usize << log_nent) {
+            buf.write_volatile_u8(i * EQE_SIZE + c::mlx5_eqe::OWNER.off, consts::MLX5_EQE_OWNER_INIT_VAL as u8);
+        }
+        Ok(())
+    }
+
+    /// A ring over an initialised buffer for EQ `eqn`, whose doorbell is in the UAR page at BAR offset `uar_off`.
+    pub fn new(buf: DmaRegion, log_nent: u8, eqn: u8, uar_off: usize) -> Self {
+        Self {
+            buf,
+            log_nent,
+            cons_index: 0,
+            eqn,
+            doorbell: uar_off + consts::MLX5_EQ_DOORBELL_OFFSET as usize,
+            unpublished: 0,
+        }
+    }
+
+    pub fn eqn(&self) -> u8 {
+        self.eqn
+    }
+
+    pub fn nent(&self) -> u32 {
+        1 << self.log_nent
+    }
+
+    pub fn cons_index(&self) -> u32 {
+        self.cons_index
+    }
+
+    /// The buffer (to free after DESTROY_EQ).
+    pub fn buf(&self) -> DmaRegion {
+        self.buf
+    }
+
+    /// Takes the next software-owned EQE, if any (`next_eqe_sw` then `dma_rmb`). Publishes the consumer index
+    /// without arming every `MLX5_NUM_SPARE_EQE` entries so the device never runs out of room during a long drain.
+    pub fn next<M: Mmio + ?Sized>(&mut self, mmio: &M) -> Option<Eqe> {
+        let idx = (self.cons_index & (self.nent() - 1)) as usize;
+        let base = idx * EQE_SIZE;
+        let owner = self.buf.read_volatile_u8(base + c::mlx5_eqe::OWNER.off);
+        if (u32::from(owner) ^ (self.cons_index >> self.log_nent)) & 1 != 0 {
+            return None;
+        }
+        // The owner byte said the entry is ours; its other bytes must be read only after that load.
+        mmio.dma_rmb();
+        let mut e = [0u8; EQE_SIZE];
+        for (i, b) in e.iter_mut().enumerate() {
+            *b = self.buf.read_volatile_u8(base + i);
+        }
+        self.cons_index = self.cons_index.wrapping_add(1);
+        self.unpublished += 1;
+        if self.unpublished >= consts::MLX5_NUM_SPARE_EQE {
+            self.update_ci(mmio, false);
+        }
+        Some(Eqe(e))
+    }
+
+    /// Publishes the consumer index (`eq_update_ci`), arming the EQ when `arm` (its next EQE raises the
+    /// interrupt). This function owns the EQ doorbell sequence.
+    pub fn update_ci<M: Mmio + ?Sized>(&mut self, mmio: &M, arm: bool) {
+        // Every EQE load must be complete before the store that hands those entries back to the device.
+        mmio.mb();
+        let off = if arm { self.doorbell } else { self.doorbell + 2 * 4 };
+        mmio.write32(off, eq_doorbell_value(self.eqn, self.cons_index));
+        self.unpublished = 0;
+    }
 }

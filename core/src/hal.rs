@@ -51,6 +51,12 @@ pub trait Mmio {
     fn dma_rmb(&self) {
         barrier::dma_rmb()
     }
+
+    /// Full barrier: every earlier load and store before every later one. An EQ consumer-index update needs it:
+    /// the EQE loads must be complete before the doorbell store that lets the device overwrite those entries.
+    fn mb(&self) {
+        barrier::mb()
+    }
 }
 
 impl<M: Mmio + ?Sized> Mmio for &M {
@@ -80,6 +86,9 @@ impl<M: Mmio + ?Sized> Mmio for &M {
     }
     fn dma_rmb(&self) {
         (**self).dma_rmb()
+    }
+    fn mb(&self) {
+        (**self).mb()
     }
 }
 
@@ -189,6 +198,28 @@ unsafe impl<D: Dma + ?Sized> Dma for &D {
 pub mod barrier {
     #[allow(unused_imports)]
     use core::sync::atomic::{compiler_fence, fence, Ordering};
+
+    /// Full barrier (the kernel's `mb()`): `mfence` on x86-64, `dsb sy` on AArch64, `dsb` on Arm.
+    #[inline(always)]
+    pub fn mb() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a barrier instruction; it touches no memory and no registers.
+        unsafe {
+            core::arch::asm!("mfence", options(nostack, preserves_flags))
+        };
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: a barrier instruction; it touches no memory and no registers.
+        unsafe {
+            core::arch::asm!("dsb sy", options(nostack, preserves_flags))
+        };
+        #[cfg(target_arch = "arm")]
+        // SAFETY: a barrier instruction; it touches no memory and no registers.
+        unsafe {
+            core::arch::asm!("dsb", options(nostack, preserves_flags))
+        };
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "arm")))]
+        fence(Ordering::SeqCst);
+    }
 
     /// x86-64 keeps stores in order (TSO) and DMA is cache coherent, so ordering DMA stores only needs the compiler
     /// not to reorder (the kernel's `dma_wmb()` is `barrier()` there). Elsewhere a store barrier for the outer

@@ -174,3 +174,33 @@ impl Command for SetHcaCap<'_> {
         Ok(())
     }
 }
+
+/// `SET_DRIVER_VERSION` (`mlx5_set_driver_version`): a string of at most 64 bytes, NUL padded.
+#[derive(Debug, Clone, Copy)]
+pub struct SetDriverVersion<'a> {
+    pub version: &'a str,
+}
+
+impl Command for SetDriverVersion<'_> {
+    type Output = ();
+    fn opcode(&self) -> Opcode {
+        Opcode::SetDriverVersion
+    }
+    fn inlen(&self) -> usize {
+        ifc::set_driver_version_in::SIZE_BYTES
+    }
+    fn outlen(&self) -> usize {
+        ifc::set_driver_version_out::SIZE_BYTES
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        write_header(msg, Opcode::SetDriverVersion, 0);
+        let arr = ifc::set_driver_version_in::DRIVER_VERSION;
+        let bytes = self.version.as_bytes();
+        // Truncated to the field; firmware reads up to the first NUL (the message is zeroed beforehand).
+        let n = bytes.len().min(arr.count as usize - 1);
+        msg.write_bytes(arr.byte_off(), &bytes[..n]);
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, _out: &B) -> Result<(), CmdError> {
+        Ok(())
+    }
+}

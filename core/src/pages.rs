@@ -3,7 +3,8 @@
 //! Firmware asks for host memory at boot, at init and during operation; the driver gives 4 KiB pages by bus
 //! address and takes them back at teardown or when firmware returns them (a negative request).
 
-use crate::cmd::{len_with_pas, write_pas};
+use crate::cmd::{len_with_pas, write_pas, Pas, PageSource};
+use crate::hal::{Dma, DmaError, DmaRegion};
 use crate::cmdq::{write_header, CmdError, Command};
 use crate::prm::{consts, ifc, MsgBuf, Opcode};
 
@@ -69,7 +70,7 @@ impl Command for QueryPages {
 #[derive(Debug, Clone, Copy)]
 pub struct ManagePagesGive<'a> {
     pub function_id: u16,
-    pub pages: &'a [u64],
+    pub pages: Pas<'a>,
 }
 
 impl Command for ManagePagesGive<'_> {
@@ -94,15 +95,40 @@ impl Command for ManagePagesGive<'_> {
     }
 }
 
-/// `MANAGE_PAGES` take (`MLX5_PAGES_TAKE`, `reclaim_pages_cmd`): asks for up to `pages.len()` pages back; the
-/// addresses firmware returns are written to `pages` and their count is the output.
-#[derive(Debug)]
-pub struct ManagePagesTake<'a> {
-    pub function_id: u16,
-    pub pages: &'a mut [u64],
+/// Where MANAGE_PAGES take puts the addresses firmware hands back.
+pub trait PageSink {
+    /// How many addresses it can take (the `input_num_entries` asked for).
+    fn capacity(&self) -> usize;
+    /// Takes the `i`-th returned address (already checked to be page aligned).
+    fn put(&mut self, i: usize, addr: u64);
 }
 
-impl Command for ManagePagesTake<'_> {
+impl PageSink for [u64] {
+    fn capacity(&self) -> usize {
+        self.len()
+    }
+    fn put(&mut self, i: usize, addr: u64) {
+        self[i] = addr;
+    }
+}
+
+/// `MANAGE_PAGES` take (`MLX5_PAGES_TAKE`, `reclaim_pages_cmd`): asks for up to `pages.capacity()` pages back;
+/// the addresses firmware returns go to `pages` and their count is the output.
+pub struct ManagePagesTake<'a, S: PageSink + ?Sized = [u64]> {
+    pub function_id: u16,
+    pub pages: &'a mut S,
+}
+
+impl<S: PageSink + ?Sized> core::fmt::Debug for ManagePagesTake<'_, S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ManagePagesTake")
+            .field("function_id", &self.function_id)
+            .field("capacity", &self.pages.capacity())
+            .finish()
+    }
+}
+
+impl<S: PageSink + ?Sized> Command for ManagePagesTake<'_, S> {
     type Output = usize;
     fn opcode(&self) -> Opcode {
         Opcode::ManagePages
@@ -111,16 +137,16 @@ impl Command for ManagePagesTake<'_> {
         ifc::manage_pages_in::SIZE_BYTES
     }
     fn outlen(&self) -> usize {
-        len_with_pas(ifc::manage_pages_out::PAS, self.pages.len())
+        len_with_pas(ifc::manage_pages_out::PAS, self.pages.capacity())
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::ManagePages, consts::MLX5_PAGES_TAKE as u16);
         msg.set(ifc::manage_pages_in::FUNCTION_ID, self.function_id.into());
-        msg.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, self.pages.len() as u32);
+        msg.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, self.pages.capacity() as u32);
     }
     fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<usize, CmdError> {
         let n = out.get(ifc::manage_pages_out::OUTPUT_NUM_ENTRIES) as usize;
-        if n > self.pages.len() {
+        if n > self.pages.capacity() {
             // Firmware claims more pages than the output can hold: trust none of them.
             return Err(CmdError::OutputTooShort {
                 opcode: Opcode::ManagePages,
@@ -128,13 +154,259 @@ impl Command for ManagePagesTake<'_> {
                 got: out.len(),
             });
         }
+        // Check every address before handing any over, so a malformed answer changes nothing.
         for i in 0..n {
             let addr = out.get64(ifc::manage_pages_out::PAS.elem(i as u32));
             if !addr.is_multiple_of(FW_PAGE_SIZE as u64) {
                 return Err(CmdError::Malformed { opcode: Opcode::ManagePages, what: "page address", value: addr });
             }
-            self.pages[i] = addr;
+        }
+        for i in 0..n {
+            self.pages.put(i, out.get64(ifc::manage_pages_out::PAS.elem(i as u32)));
         }
         Ok(n)
+    }
+}
+
+/// Pages per DMA chunk the page pool allocates: one 64-bit bitmap covers a chunk.
+pub const CHUNK_PAGES: usize = 64;
+
+/// Pages one MANAGE_PAGES take asks for (`optimal_reclaimed_pages`): what fits in the entry's inline output plus
+/// `MLX5_BLKS_FOR_RECLAIM_PAGES` mailbox blocks.
+pub const RECLAIM_BATCH: usize = (crate::prm::c::mlx5_cmd_layout::OUT.len
+    + consts::MLX5_BLKS_FOR_RECLAIM_PAGES as usize * crate::prm::c::mlx5_cmd_prot_block::DATA.len
+    - ifc::manage_pages_out::SIZE_BYTES)
+    / (ifc::manage_pages_out::PAS.elem_bits as usize / 8);
+
+/// Why the page pool could not do what firmware asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum PagesError {
+    /// The DMA allocator refused a chunk.
+    Dma(DmaError),
+    /// Every chunk slot is in use: the pool was built for fewer pages than firmware wants.
+    Exhausted { capacity_pages: usize },
+    /// A reservation is already pending (give it or cancel it first).
+    Busy,
+}
+
+impl core::fmt::Display for PagesError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PagesError::Dma(e) => write!(f, "failed to allocate firmware pages: {e}"),
+            PagesError::Exhausted { capacity_pages } => {
+                write!(f, "firmware wants more than the page pool's {capacity_pages} pages")
+            }
+            PagesError::Busy => write!(f, "a page reservation is already pending"),
+        }
+    }
+}
+
+impl core::error::Error for PagesError {}
+
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    region: DmaRegion,
+    /// Pages firmware owns (given and not returned).
+    given: u64,
+    /// Pages reserved for a MANAGE_PAGES give that has not completed yet.
+    pending: u64,
+}
+
+impl Chunk {
+    fn addr(&self, bit: u32) -> u64 {
+        self.region.iova + u64::from(bit) * FW_PAGE_SIZE as u64
+    }
+}
+
+/// The host memory lent to firmware (Linux `pagealloc.c`), without a heap: 4 KiB pages carved from
+/// `CHUNK_PAGES`-page DMA chunks, one bitmap per chunk, at most `N` chunks.
+///
+/// A chunk goes back to the allocator only when none of its pages is owned by firmware or reserved for it, so
+/// memory the device may write is never freed. Addresses firmware returns are looked up; an address the pool
+/// never gave is reported, never trusted.
+pub struct FwPages<const N: usize> {
+    chunks: [Option<Chunk>; N],
+    given: usize,
+    pending: usize,
+}
+
+impl<const N: usize> Default for FwPages<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> core::fmt::Debug for FwPages<N> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FwPages")
+            .field("given", &self.given)
+            .field("pending", &self.pending)
+            .field("chunks", &self.chunks.iter().flatten().count())
+            .finish()
+    }
+}
+
+/// The pages of the pending reservation, in the order MANAGE_PAGES give lists them.
+impl<const N: usize> PageSource for FwPages<N> {
+    fn count(&self) -> usize {
+        self.pending
+    }
+    fn each(&self, f: &mut dyn FnMut(usize, u64)) {
+        let mut i = 0;
+        for c in self.chunks.iter().flatten() {
+            let mut bits = c.pending;
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                f(i, c.addr(b));
+                i += 1;
+            }
+        }
+    }
+}
+
+impl<const N: usize> FwPages<N> {
+    pub const fn new() -> Self {
+        Self { chunks: [None; N], given: 0, pending: 0 }
+    }
+
+    /// Pages firmware owns.
+    pub fn given(&self) -> usize {
+        self.given
+    }
+
+    /// Pages reserved for a give in flight.
+    pub fn pending(&self) -> usize {
+        self.pending
+    }
+
+    /// DMA chunks currently held.
+    pub fn chunks(&self) -> usize {
+        self.chunks.iter().flatten().count()
+    }
+
+    pub const fn capacity_pages() -> usize {
+        N * CHUNK_PAGES
+    }
+
+    /// Reserves `n` free pages for a give, allocating chunks as needed (free pages of held chunks first).
+    pub fn reserve<D: Dma>(&mut self, dma: &D, n: usize) -> Result<(), PagesError> {
+        if self.pending != 0 {
+            return Err(PagesError::Busy);
+        }
+        let free_now: usize = self.chunks.iter().flatten().map(|c| (!c.given).count_ones() as usize).sum();
+        if self.given + n > Self::capacity_pages() {
+            return Err(PagesError::Exhausted { capacity_pages: Self::capacity_pages() });
+        }
+        let mut missing = n.saturating_sub(free_now);
+        while missing > 0 {
+            let slot = self.chunks.iter().position(Option::is_none);
+            let Some(slot) = slot else {
+                return Err(PagesError::Exhausted { capacity_pages: Self::capacity_pages() });
+            };
+            let region = dma.alloc(CHUNK_PAGES * FW_PAGE_SIZE, FW_PAGE_SIZE).map_err(PagesError::Dma)?;
+            self.chunks[slot] = Some(Chunk { region, given: 0, pending: 0 });
+            missing = missing.saturating_sub(CHUNK_PAGES);
+        }
+        let mut left = n;
+        for c in self.chunks.iter_mut().flatten() {
+            while left > 0 && (c.given | c.pending) != u64::MAX {
+                let b = (c.given | c.pending).trailing_ones();
+                c.pending |= 1 << b;
+                left -= 1;
+            }
+        }
+        self.pending = n;
+        Ok(())
+    }
+
+    /// The pending reservation as a `pas[]` source for MANAGE_PAGES give.
+    pub fn pending_pages(&self) -> Pas<'_> {
+        Pas::Source(self)
+    }
+
+    /// The give completed: firmware owns the reserved pages now.
+    pub fn commit(&mut self) {
+        for c in self.chunks.iter_mut().flatten() {
+            c.given |= c.pending;
+            c.pending = 0;
+        }
+        self.given += self.pending;
+        self.pending = 0;
+    }
+
+    /// The give failed: firmware took none of the reserved pages. Chunks left empty go back to the allocator.
+    pub fn cancel<D: Dma>(&mut self, dma: &D) {
+        for c in self.chunks.iter_mut().flatten() {
+            c.pending = 0;
+        }
+        self.pending = 0;
+        self.free_empty(dma);
+    }
+
+    /// Firmware returned `addr`. Returns false (and changes nothing) when the pool never gave it.
+    pub fn release(&mut self, addr: u64) -> bool {
+        for c in self.chunks.iter_mut().flatten() {
+            let off = addr.wrapping_sub(c.region.iova);
+            if addr >= c.region.iova && off < (CHUNK_PAGES * FW_PAGE_SIZE) as u64 && off % FW_PAGE_SIZE as u64 == 0 {
+                let bit = 1u64 << (off / FW_PAGE_SIZE as u64);
+                if c.given & bit == 0 {
+                    return false;
+                }
+                c.given &= !bit;
+                self.given -= 1;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Returns every chunk that holds no firmware page to the allocator.
+    pub fn free_empty<D: Dma>(&mut self, dma: &D) {
+        for slot in self.chunks.iter_mut() {
+            if let Some(c) = slot.filter(|c| c.given == 0 && c.pending == 0) {
+                *slot = None;
+                // SAFETY: allocated from `dma` in `reserve`; no page of the chunk is owned by or reserved for
+                // firmware, so the device has no business touching it.
+                unsafe { dma.free(c.region) };
+            }
+        }
+    }
+
+    /// Forgets firmware's ownership of every page and frees all chunks (Linux's reclaim in internal-error state:
+    /// the device is dead and will not touch host memory again). Returns how many pages firmware still held.
+    pub fn abandon_all<D: Dma>(&mut self, dma: &D) -> usize {
+        let held = self.given;
+        for c in self.chunks.iter_mut().flatten() {
+            c.given = 0;
+            c.pending = 0;
+        }
+        self.given = 0;
+        self.pending = 0;
+        self.free_empty(dma);
+        held
+    }
+}
+
+/// A [`PageSink`] that hands each returned address straight back to the pool; addresses the pool never gave are
+/// counted in `unknown`.
+#[derive(Debug)]
+pub struct Reclaim<'a, const N: usize> {
+    pub pool: &'a mut FwPages<N>,
+    pub capacity: usize,
+    pub unknown: usize,
+    pub first_unknown: Option<u64>,
+}
+
+impl<const N: usize> PageSink for Reclaim<'_, N> {
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn put(&mut self, _i: usize, addr: u64) {
+        if !self.pool.release(addr) {
+            self.unknown += 1;
+            self.first_unknown.get_or_insert(addr);
+        }
     }
 }

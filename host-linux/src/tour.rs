@@ -4,6 +4,7 @@
 //!
 //! It is generic over the core's traits, so the same walk runs on the simulator and (later) over VFIO.
 
+use mlx5_core::cmd::Pas;
 use mlx5_core::cmdq::{CmdError, CmdQueue, Command};
 use mlx5_core::cq::{destroy_cq, CqContext, CqeSize, CreateCq};
 use mlx5_core::eq::{destroy_eq, CreateEq, EqContext};
@@ -99,7 +100,7 @@ fn give<M: Mmio, D: Dma, T: CmdTrace>(
     let want = run(q, delay, step, QueryPages { stage })?.num_pages;
     if want > 0 {
         let pages = mem.pages(step, want as usize)?;
-        run(q, delay, step, ManagePagesGive { function_id: 0, pages: &pages })?;
+        run(q, delay, step, ManagePagesGive { function_id: 0, pages: Pas::List(&pages) })?;
         *given += pages.len();
     }
     Ok(want)
@@ -155,7 +156,7 @@ fn tour<M: Mmio, D: Dma, T: CmdTrace>(
     let eq = CreateEq {
         ctx: EqContext { log_eq_size: 7, uar_page: r.uar, ..EqContext::default() },
         event_bitmask: [mask, 0, 0, 0],
-        pas: &eq_pages,
+        pas: Pas::List(&eq_pages),
     };
     r.eqn = run(q, delay, "create EQ", eq)?;
     // A CQ of 256 64-byte CQEs (16 KiB, four pages) with its doorbell record.
@@ -170,7 +171,7 @@ fn tour<M: Mmio, D: Dma, T: CmdTrace>(
             dbr_addr: dbr.iova,
             ..CqContext::default()
         },
-        pas: &cq_pages,
+        pas: Pas::List(&cq_pages),
     };
     r.cqn = run(q, delay, "create CQ", cq)?;
 
@@ -192,7 +193,7 @@ fn reclaim<M: Mmio, D: Dma, T: CmdTrace>(
 ) -> Result<(), TourError> {
     let mut buf = vec![0u64; consts::MLX5_CMD_DATA_BLOCK_SIZE as usize / 8];
     while r.pages_taken < r.pages_given {
-        let n = run(q, delay, "reclaim pages", ManagePagesTake { function_id: 0, pages: &mut buf })?;
+        let n = run(q, delay, "reclaim pages", ManagePagesTake { function_id: 0, pages: &mut buf[..] })?;
         if n == 0 {
             return Err(TourError::PagesNotReturned { given: r.pages_given, taken: r.pages_taken });
         }

@@ -2,6 +2,7 @@
 //! test writing the entry's ownership byte itself. End-to-end behaviour against the firmware model is in `sim.rs`.
 
 use embedded_hal_mock::eh1::delay::{CheckedDelay, NoopDelay, Transaction};
+use mlx5_core::cmd::Pas;
 use mlx5_core::cmdq::{CmdError, CmdQueue, Command, SlotKind, BLOCK_STRIDE};
 use mlx5_core::pages::{ManagePagesGive, ManagePagesTake};
 use mlx5_core::pd::alloc_pd;
@@ -68,7 +69,7 @@ fn doorbell_is_one_bit_and_never_read() {
     let mut q = queue(&regs, &dma);
     let pages_slot = q.slot(SlotKind::Pages);
     assert_eq!(pages_slot, 31, "the last of 32 slots is reserved for MANAGE_PAGES");
-    q.post(pages_slot, &ManagePagesGive { function_id: 0, pages: &[0x1000] }).unwrap();
+    q.post(pages_slot, &ManagePagesGive { function_id: 0, pages: Pas::List(&[0x1000]) }).unwrap();
     q.post(0, &alloc_pd()).unwrap();
     let bells: Vec<u32> =
         regs.writes().iter().filter(|w| w.0 == c::mlx5_init_seg::CMD_DBELL.off).map(|w| w.1).collect();
@@ -104,7 +105,7 @@ fn output_claiming_more_pages_than_it_holds_is_rejected() {
     let (regs, dma) = (RegFile::with_cmdq(), HeapDma::scripted(&[PAGE]));
     let mut q = queue(&regs, &dma);
     let mut pages = [0u64; 1];
-    let mut cmd = ManagePagesTake { function_id: 0, pages: &mut pages };
+    let mut cmd = ManagePagesTake { function_id: 0, pages: &mut pages[..] };
     let slot = q.slot(SlotKind::Pages);
     q.post(slot, &cmd).unwrap();
     let mut out = [0u8; 16];
@@ -144,7 +145,7 @@ fn signatures_cover_entry_and_blocks() {
     let mut q = queue(&regs, &dma);
     q.set_checksum(true);
     let pages: Vec<u64> = (0..100).map(|i| 0x1000_0000 + i * 4096).collect();
-    q.post(q.slot(SlotKind::Pages), &ManagePagesGive { function_id: 0, pages: &pages }).unwrap();
+    q.post(q.slot(SlotKind::Pages), &ManagePagesGive { function_id: 0, pages: Pas::List(&pages) }).unwrap();
     let entry = dma.read(PAGE + 31 * 64, 64);
     assert_eq!(entry.iter().fold(0, |a, b| a ^ b), 0xff);
     let nblocks = (16 + 800usize - 16).div_ceil(512);
@@ -174,7 +175,7 @@ fn trace_carries_full_input_including_mailboxes() {
     let (regs, dma) = (RegFile::with_cmdq(), HeapDma::scripted(&[PAGE]));
     let mut q = CmdQueue::new(&regs, &dma, Lines::default()).unwrap();
     let pages: Vec<u64> = (0..70).map(|i| 0x1000_0000 + i * 4096).collect();
-    let mut cmd = ManagePagesGive { function_id: 0, pages: &pages };
+    let mut cmd = ManagePagesGive { function_id: 0, pages: Pas::List(&pages) };
     let slot = q.slot(SlotKind::Pages);
     q.post(slot, &cmd).unwrap();
     complete(&dma, slot as usize, &[0; 16], 0);

@@ -2,6 +2,7 @@
 //! Every implemented command round-trips; long mailbox chains, faults and firmware errors each end in the
 //! expected typed error, without a panic or a hang.
 
+use mlx5_core::cmd::Pas;
 use mlx5_core::cmdq::{CmdError, CmdQueue, Command, SlotKind};
 use mlx5_core::hal::{Dma, DmaRegion};
 use mlx5_core::init::{enable_hca, init_hca, CapMode, CapType, QueryHcaCap};
@@ -140,13 +141,13 @@ fn thousand_pages_through_mailbox_chains() {
     q.exec(&mut enable_hca(0), &mut delay).unwrap();
     let regions = alloc_pages(&dma, 1000);
     let pages: Vec<u64> = regions.iter().map(|r| r.iova).collect();
-    let give = ManagePagesGive { function_id: 0, pages: &pages };
+    let give = ManagePagesGive { function_id: 0, pages: Pas::List(&pages) };
     assert_eq!(give.inlen().saturating_sub(16).div_ceil(512), 16);
-    q.exec(&mut ManagePagesGive { function_id: 0, pages: &pages }, &mut delay).unwrap();
+    q.exec(&mut ManagePagesGive { function_id: 0, pages: Pas::List(&pages) }, &mut delay).unwrap();
     assert_eq!(dev.pages_owned(), 1000);
 
     let mut back = vec![0u64; 1000];
-    let n = q.exec(&mut ManagePagesTake { function_id: 0, pages: &mut back }, &mut delay).unwrap();
+    let n = q.exec(&mut ManagePagesTake { function_id: 0, pages: &mut back[..] }, &mut delay).unwrap();
     assert_eq!(n, 1000);
     assert_eq!(dev.pages_owned(), 0);
     let mut given = pages.clone();
@@ -250,21 +251,21 @@ fn malformed_outputs_are_rejected() {
     q.exec(&mut enable_hca(0), &mut delay).unwrap();
     let regions = alloc_pages(&dma, 4);
     let pages: Vec<u64> = regions.iter().map(|r| r.iova).collect();
-    q.exec(&mut ManagePagesGive { function_id: 0, pages: &pages }, &mut delay).unwrap();
+    q.exec(&mut ManagePagesGive { function_id: 0, pages: Pas::List(&pages) }, &mut delay).unwrap();
     // output_num_entries (byte 8..12 of the output) claims 0x01000004 pages: more than the output holds.
     let off = ifc::manage_pages_out::OUTPUT_NUM_ENTRIES.off as usize / 8;
     dev.inject(Fault::CorruptOutput { opcode: Opcode::ManagePages.raw(), offset: off, value: 1 });
     let mut back = [0u64; 4];
-    let err = q.exec(&mut ManagePagesTake { function_id: 0, pages: &mut back }, &mut delay).unwrap_err();
+    let err = q.exec(&mut ManagePagesTake { function_id: 0, pages: &mut back[..] }, &mut delay).unwrap_err();
     assert!(matches!(err, CmdError::OutputTooShort { opcode: Opcode::ManagePages, .. }), "{err:?}");
     dev.clear_faults();
     // Firmware did hand those pages over (the driver refused to believe the output), so give it more.
     let more: Vec<u64> = alloc_pages(&dma, 4).iter().map(|r| r.iova).collect();
-    q.exec(&mut ManagePagesGive { function_id: 0, pages: &more }, &mut delay).unwrap();
+    q.exec(&mut ManagePagesGive { function_id: 0, pages: Pas::List(&more) }, &mut delay).unwrap();
     // A page address that is not 4 KiB aligned.
     let pas = ifc::manage_pages_out::PAS.byte_off() + 7;
     dev.inject(Fault::CorruptOutput { opcode: Opcode::ManagePages.raw(), offset: pas, value: 0x08 });
-    let err = q.exec(&mut ManagePagesTake { function_id: 0, pages: &mut back }, &mut delay).unwrap_err();
+    let err = q.exec(&mut ManagePagesTake { function_id: 0, pages: &mut back[..] }, &mut delay).unwrap_err();
     assert!(matches!(err, CmdError::Malformed { what: "page address", .. }), "{err:?}");
 }
 

@@ -1,0 +1,167 @@
+//! The capabilities the driver reads (`MLX5_CAP_GEN` and friends), decoded once from the capability blocks.
+
+use crate::init::CapBlock;
+use crate::prm::{consts, ifc, MsgBuf};
+
+/// Link layer of the ports (`cmd_hca_cap.port_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum PortType {
+    InfiniBand,
+    Ethernet,
+    Unknown(u8),
+}
+
+/// The general device capabilities the driver uses (`cmd_hca_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GeneralCaps {
+    pub port_type: u8,
+    pub num_ports: u8,
+    pub log_max_qp: u8,
+    pub log_max_qp_sz: u8,
+    pub log_max_cq: u8,
+    pub log_max_cq_sz: u8,
+    pub log_max_eq: u8,
+    pub log_max_eq_sz: u8,
+    pub log_max_mkey: u8,
+    pub log_max_pd: u8,
+    pub log_max_srq: u8,
+    pub log_max_srq_sz: u8,
+    pub log_max_msg: u8,
+    pub log_max_mrw_sz: u8,
+    pub log_max_ra_req_qp: u8,
+    pub log_max_ra_res_qp: u8,
+    pub max_wqe_sz_sq: u16,
+    pub max_wqe_sz_rq: u16,
+    pub max_qp_mcg: u32,
+    pub log_max_mcg: u8,
+    pub pkey_table_size: u8,
+    pub gid_table_size: u16,
+    pub log_pg_sz: u8,
+    pub log_bf_reg_size: u8,
+    pub bf: bool,
+    pub uar_4k: bool,
+    pub roce: bool,
+    pub atomic: bool,
+    pub pg: bool,
+    pub dct: bool,
+    pub cq_resize: bool,
+    pub cq_moderation: bool,
+    pub cq_oi: bool,
+    pub cmdif_checksum: u8,
+    pub driver_version: bool,
+    pub hca_cap_2: bool,
+    pub eth_net_offloads: bool,
+    pub ipoib_enhanced_offloads: bool,
+    pub nic_flow_table: bool,
+    pub ud: bool,
+    pub rc: bool,
+    pub xrc: bool,
+    pub vhca_id: u16,
+    pub device_frequency_khz: u32,
+}
+
+impl GeneralCaps {
+    pub fn parse(b: &CapBlock) -> Self {
+        use ifc::cmd_hca_cap as g;
+        let u8f = |f| b.get(f) as u8;
+        let flag = |f| b.get(f) != 0;
+        Self {
+            port_type: u8f(g::PORT_TYPE),
+            num_ports: u8f(g::NUM_PORTS),
+            log_max_qp: u8f(g::LOG_MAX_QP),
+            log_max_qp_sz: u8f(g::LOG_MAX_QP_SZ),
+            log_max_cq: u8f(g::LOG_MAX_CQ),
+            log_max_cq_sz: u8f(g::LOG_MAX_CQ_SZ),
+            log_max_eq: u8f(g::LOG_MAX_EQ),
+            log_max_eq_sz: u8f(g::LOG_MAX_EQ_SZ),
+            log_max_mkey: u8f(g::LOG_MAX_MKEY),
+            log_max_pd: u8f(g::LOG_MAX_PD),
+            log_max_srq: u8f(g::LOG_MAX_SRQ),
+            log_max_srq_sz: u8f(g::LOG_MAX_SRQ_SZ),
+            log_max_msg: u8f(g::LOG_MAX_MSG),
+            log_max_mrw_sz: u8f(g::LOG_MAX_MRW_SZ),
+            log_max_ra_req_qp: u8f(g::LOG_MAX_RA_REQ_QP),
+            log_max_ra_res_qp: u8f(g::LOG_MAX_RA_RES_QP),
+            max_wqe_sz_sq: b.get(g::MAX_WQE_SZ_SQ) as u16,
+            max_wqe_sz_rq: b.get(g::MAX_WQE_SZ_RQ) as u16,
+            max_qp_mcg: b.get(g::MAX_QP_MCG),
+            log_max_mcg: u8f(g::LOG_MAX_MCG),
+            pkey_table_size: u8f(g::PKEY_TABLE_SIZE),
+            gid_table_size: b.get(g::GID_TABLE_SIZE) as u16,
+            log_pg_sz: u8f(g::LOG_PG_SZ),
+            log_bf_reg_size: u8f(g::LOG_BF_REG_SIZE),
+            bf: flag(g::BF),
+            uar_4k: flag(g::UAR_4K),
+            roce: flag(g::ROCE),
+            atomic: flag(g::ATOMIC),
+            pg: flag(g::PG),
+            dct: flag(g::DCT),
+            cq_resize: flag(g::CQ_RESIZE),
+            cq_moderation: flag(g::CQ_MODERATION),
+            cq_oi: flag(g::CQ_OI),
+            cmdif_checksum: u8f(g::CMDIF_CHECKSUM),
+            driver_version: flag(g::DRIVER_VERSION),
+            hca_cap_2: flag(g::HCA_CAP_2),
+            eth_net_offloads: flag(g::ETH_NET_OFFLOADS),
+            ipoib_enhanced_offloads: flag(g::IPOIB_ENHANCED_OFFLOADS),
+            nic_flow_table: flag(g::NIC_FLOW_TABLE),
+            ud: flag(g::UD),
+            rc: flag(g::RC),
+            xrc: flag(g::XRC),
+            vhca_id: b.get(g::VHCA_ID) as u16,
+            device_frequency_khz: b.get(g::DEVICE_FREQUENCY_KHZ),
+        }
+    }
+
+    pub fn port_type(&self) -> PortType {
+        match u32::from(self.port_type) {
+            consts::MLX5_CAP_PORT_TYPE_IB => PortType::InfiniBand,
+            consts::MLX5_CAP_PORT_TYPE_ETH => PortType::Ethernet,
+            n => PortType::Unknown(n as u8),
+        }
+    }
+
+    /// Scatter entries per receive WQE (`max_wqe_sz_rq / sizeof(struct mlx5_wqe_data_seg)`, mlx5_ib).
+    pub fn max_rq_sge(&self) -> u32 {
+        u32::from(self.max_wqe_sz_rq) / crate::prm::c::mlx5_wqe_data_seg::SIZE as u32
+    }
+
+    /// Largest send descriptor the driver builds (`min(max_wqe_sz_sq, MLX5_SEND_WQE_MAX_SIZE)` bytes, mlx5_ib).
+    fn max_sq_desc(&self) -> u32 {
+        u32::from(self.max_wqe_sz_sq).min(consts::MLX5_SEND_WQE_MAX_SIZE)
+    }
+
+    /// Gather entries per send WQE: the descriptor minus control and remote-address segments, over data
+    /// segments (`mlx5_ib_query_device`).
+    pub fn max_sq_sge(&self) -> u32 {
+        use crate::prm::c;
+        let overhead = (c::mlx5_wqe_ctrl_seg::SIZE + c::mlx5_wqe_raddr_seg::SIZE) as u32;
+        self.max_sq_desc().saturating_sub(overhead) / c::mlx5_wqe_data_seg::SIZE as u32
+    }
+
+    /// `ibv_device_attr.max_sge`: the smaller of the send and receive limits.
+    pub fn max_sge(&self) -> u32 {
+        self.max_sq_sge().min(self.max_rq_sge())
+    }
+
+    /// Inline bytes one send WQE can carry: the descriptor minus control, remote-address and inline headers.
+    pub fn max_inline_data(&self) -> u32 {
+        use crate::prm::c;
+        let overhead = (c::mlx5_wqe_ctrl_seg::SIZE + c::mlx5_wqe_raddr_seg::SIZE + c::mlx5_wqe_inline_seg::SIZE) as u32;
+        self.max_sq_desc().saturating_sub(overhead)
+    }
+}
+
+/// Every capability the bring-up read, current values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceCaps {
+    pub general: GeneralCaps,
+    /// `atomic_caps.atomic_operations` (bit mask of supported atomic operations), when atomics are supported.
+    pub atomic_operations: Option<u16>,
+    /// `atomic_caps.atomic_size_qp`.
+    pub atomic_size_qp: Option<u16>,
+    /// `roce_cap.roce_version`, when RoCE is supported.
+    pub roce_version: Option<u8>,
+    pub roce_address_table_size: Option<u16>,
+}
