@@ -90,6 +90,8 @@ pub mod syndrome {
     pub const NO_RESOURCES: u32 = 0x51a0_0070;
     /// `BAD_RES_STATE`: the object is still used (an EQ by a CQ, a UAR by an EQ or CQ).
     pub const IN_USE: u32 = 0x51a0_0071;
+    /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
+    pub const HEALTH_EXT_SYND: u16 = 0x51a0;
 }
 
 /// Lifecycle of the function, as ENABLE_HCA / INIT_HCA / TEARDOWN_HCA / DISABLE_HCA move it.
@@ -144,9 +146,25 @@ fn bad_param(syndrome: u32) -> CmdErr {
     err(CmdStatus::BadParam, syndrome)
 }
 
+/// An event queue: its buffer, subscriptions and indices.
 #[derive(Debug)]
-struct Eq {
-    uar: u32,
+pub(crate) struct Eq {
+    pub(crate) uar: u32,
+    /// Bus addresses of the buffer pages (`pas[]`), `page_bytes` each.
+    pub(crate) pas: Vec<u64>,
+    /// `4 KiB << log_page_size`. `page_offset` is always 0 (CREATE_EQ refuses anything else).
+    pub(crate) page_bytes: u64,
+    pub(crate) log_nent: u32,
+    /// `event_bitmask[4]`: bit `n` of word 0 = event type `n`.
+    pub(crate) bitmask: [u64; 4],
+    /// EQEs posted (wrapping).
+    pub(crate) pi: u32,
+    /// The consumer index the driver last wrote, extended to 32 bits.
+    pub(crate) ci: u32,
+    /// The next EQE interrupts (starts disarmed).
+    pub(crate) armed: bool,
+    pub(crate) interrupts: u64,
+    pub(crate) overruns: u64,
 }
 
 #[derive(Debug)]
@@ -179,6 +197,16 @@ pub(crate) struct Firmware {
     boot_pages: i64,
     init_pages: i64,
     regular_pages: i64,
+    /// The configured init and regular needs, restored by TEARDOWN_HCA.
+    cfg_pages: (i64, i64),
+    /// Needed pages firmware has offered back (negative page requests), for the next MANAGE_PAGES(take).
+    returnable: u64,
+    /// Pages accepted by MANAGE_PAGES(give), ever: commands waiting for pages count what each give adds.
+    pub(crate) given: u64,
+    /// Pages the driver freed while a dead firmware still owned them.
+    abandoned: usize,
+    /// A page request is waiting for an EQ subscribed to page requests.
+    pub(crate) page_request_held: bool,
     caps: Caps,
     pds: BTreeSet<u32>,
     next_pd: u32,
@@ -186,7 +214,7 @@ pub(crate) struct Firmware {
     next_uar: u32,
     uar_first: u32,
     uar_count: u32,
-    eqs: BTreeMap<u32, Eq>,
+    pub(crate) eqs: BTreeMap<u32, Eq>,
     next_eqn: u32,
     cqs: BTreeMap<u32, Cq>,
     next_cqn: u32,
@@ -225,6 +253,11 @@ impl Firmware {
             boot_pages: cfg.boot_pages.into(),
             init_pages: cfg.init_pages.into(),
             regular_pages: cfg.regular_pages.into(),
+            cfg_pages: (cfg.init_pages.into(), cfg.regular_pages.into()),
+            returnable: 0,
+            given: 0,
+            abandoned: 0,
+            page_request_held: false,
             caps: Caps::new(cfg),
             pds: BTreeSet::new(),
             next_pd: 1,
@@ -255,6 +288,69 @@ impl Firmware {
     /// Pages needed before INIT_HCA.
     fn startup_pages(&self) -> i64 {
         self.boot_pages.max(0) + self.init_pages.max(0)
+    }
+
+    /// Every page firmware needs to run: startup pages plus the regular need.
+    fn need(&self) -> i64 {
+        self.startup_pages() + self.regular_pages
+    }
+
+    /// Pages firmware still wants (negative: pages it would return), as QUERY_PAGES(regular) reports.
+    pub(crate) fn page_balance(&self) -> i64 {
+        self.need() - self.returnable as i64 - self.pages.len() as i64
+    }
+
+    /// The accounting of a page request: a positive one grows the need of the current stage (regular once
+    /// initialized, init before), a negative one marks needed pages returnable.
+    pub(crate) fn account_page_request(&mut self, num_pages: i32) {
+        let n = i64::from(num_pages);
+        if n > 0 {
+            if self.state == HcaState::Initialized {
+                self.regular_pages += n;
+            } else {
+                self.init_pages += n;
+            }
+        } else {
+            let most = self.need().max(0) as u64;
+            self.returnable = self.returnable.saturating_add(n.unsigned_abs()).min(most);
+        }
+    }
+
+    /// Forgets the pages in `iova..iova + len` a dead firmware owned: the driver freed them.
+    pub(crate) fn abandon(&mut self, iova: u64, len: u64) {
+        let gone: Vec<u64> = self.pages.range(iova..iova.saturating_add(len)).copied().collect();
+        for pa in &gone {
+            self.pages.remove(pa);
+        }
+        self.abandoned += gone.len();
+    }
+
+    pub(crate) fn pages_abandoned(&self) -> usize {
+        self.abandoned
+    }
+
+    pub(crate) fn uar_allocated(&self, uar: u32) -> bool {
+        self.uars.contains(&uar)
+    }
+
+    /// The lowest-numbered EQ subscribed to `event_type`.
+    pub(crate) fn subscriber(&self, event_type: u8) -> Option<u32> {
+        let (word, bit) = (usize::from(event_type / 64), event_type % 64);
+        self.eqs.iter().find(|(_, eq)| eq.bitmask[word] >> bit & 1 == 1).map(|(&eqn, _)| eqn)
+    }
+
+    pub(crate) fn eq_info(&self, eqn: u8) -> Option<crate::EqInfo> {
+        let eq = self.eqs.get(&u32::from(eqn))?;
+        Some(crate::EqInfo {
+            nent: 1 << eq.log_nent,
+            pi: eq.pi,
+            ci: eq.ci,
+            armed: eq.armed,
+            interrupts: eq.interrupts,
+            overruns: eq.overruns,
+            uar_page: eq.uar,
+            event_bitmask: eq.bitmask,
+        })
     }
 
     /// Input size, output size and accepted states of an opcode; `None` when not implemented.
@@ -409,10 +505,12 @@ impl Firmware {
         let boot = self.boot_pages.max(0);
         let init = self.startup_pages();
         // Boot and init requests never go negative; the regular count does when firmware has pages to spare.
+        // The init need is reported only once the boot pages are in: firmware cannot use init pages before.
         let owed = match rd(inp, ifc::mbox_in::OP_MOD) {
             consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES => (boot - owned).max(0),
+            consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES if owned < boot => 0,
             consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES => (init - owned).max(0),
-            consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES => init + self.regular_pages - owned,
+            consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES => self.page_balance(),
             _ => return Err(bad_param(syndrome::BAD_OP_MOD)),
         };
         let owed = owed.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
@@ -449,6 +547,7 @@ impl Firmware {
                         return Err(bad_param(syndrome::PAGE_ALREADY_OWNED));
                     }
                 }
+                self.given += new.len() as u64;
                 self.pages.extend(new);
                 Ok(())
             }
@@ -456,13 +555,25 @@ impl Firmware {
                 if (outlen as u64) < o::PAS.byte_off() as u64 + pas_bytes {
                     return Err(err(CmdStatus::BadOutpLen, syndrome::BAD_OUTPUT_LEN));
                 }
-                // An initialized HCA keeps what it needs to run; it only returns pages beyond that.
-                let keep = if self.state == HcaState::Initialized { self.startup_pages().max(0) as u64 } else { 0 };
-                let spare = (self.pages.len() as u64).saturating_sub(keep);
-                let count = n.min(spare) as u32;
+                // An initialized HCA keeps what it needs to run: it returns the pages it offered back plus those
+                // above its need. Before INIT_HCA and after TEARDOWN_HCA it returns everything.
+                let owned = self.pages.len() as u64;
+                let (keep, above) = if self.state == HcaState::Initialized {
+                    let need = self.need().max(0) as u64;
+                    (need.saturating_sub(self.returnable), owned.saturating_sub(need))
+                } else {
+                    (0, owned)
+                };
+                let count = n.min(owned.saturating_sub(keep)) as u32;
                 for k in 0..count {
                     let Some(pa) = self.pages.pop_first() else { break };
                     out.set64(o::PAS.elem(k), pa);
+                }
+                // Pages above the need come back first; the rest were offered back and leave the need with it.
+                let offered = u64::from(count).saturating_sub(above);
+                if self.state == HcaState::Initialized && offered > 0 {
+                    self.returnable -= offered.min(self.returnable);
+                    self.regular_pages -= offered as i64;
                 }
                 out.set(o::OUTPUT_NUM_ENTRIES, count);
                 Ok(())
@@ -508,6 +619,8 @@ impl Firmware {
             return Err(err(CmdStatus::BadSysState, syndrome::PAGES_MISSING));
         }
         self.state = HcaState::Initialized;
+        // The regular pages are asked for by event, as soon as an EQ subscribes to page requests.
+        self.page_request_held = true;
         Ok(())
     }
 
@@ -526,6 +639,10 @@ impl Firmware {
         self.eqs.clear();
         self.cqs.clear();
         self.state = HcaState::Enabled;
+        // The needs grown while running end with it; a later INIT_HCA starts from the configured ones.
+        (self.init_pages, self.regular_pages) = self.cfg_pages;
+        self.returnable = 0;
+        self.page_request_held = false;
         out.set(ifc::teardown_hca_out::STATE, consts::MLX5_TEARDOWN_HCA_OUT_FORCE_STATE_SUCCESS);
         Ok(())
     }
@@ -612,6 +729,11 @@ impl Firmware {
         let page_bytes = FW_PAGE << rd(inp, q::LOG_PAGE_SIZE.at(ctx));
         let bytes = (1u64 << log_size) * c::mlx5_eqe::SIZE as u64;
         Self::check_pas(dma, inp, i::PAS, bytes, page_bytes)?;
+        let pas = (0..bytes.div_ceil(page_bytes)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect();
+        let mut bitmask = [0u64; 4];
+        for (k, w) in bitmask.iter_mut().enumerate() {
+            *w = inp.get64(i::EVENT_BITMASK.elem(k as u32));
+        }
         let max = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ).min(8);
         if self.eqs.len() as u32 >= max {
             return Err(err(CmdStatus::NoRes, syndrome::NO_RESOURCES));
@@ -619,7 +741,19 @@ impl Firmware {
         // eq_number is an 8-bit field.
         let eqn = alloc_id(&self.eqs, &mut self.next_eqn, 0, 1 << ifc::create_eq_out::EQ_NUMBER.width)
             .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
-        self.eqs.insert(eqn, Eq { uar });
+        let eq = Eq {
+            uar,
+            pas,
+            page_bytes,
+            log_nent: log_size,
+            bitmask,
+            pi: 0,
+            ci: 0,
+            armed: false,
+            interrupts: 0,
+            overruns: 0,
+        };
+        self.eqs.insert(eqn, eq);
         out.set(ifc::create_eq_out::EQ_NUMBER, eqn);
         Ok(())
     }
@@ -826,6 +960,17 @@ impl State {
     /// not applied again). Returns `Some(ms)` when the command must be completed `ms` later.
     pub(crate) fn run_slot(&mut self, slot: u8, first: bool) -> Option<u32> {
         use c::mlx5_cmd_layout as l;
+        if self.dead() {
+            // A dead firmware never looks at the queue again (and a vanished device cannot).
+            if first {
+                self.events.push(SimEvent::DoorbellWhileDead { slot });
+            }
+            return None;
+        }
+        if first && self.stalled.iter().any(|s| s.slot == slot) {
+            self.events.push(SimEvent::DoorbellBusy { slot });
+            return None;
+        }
         let Some(q) = self.regs.cmdq_iova else {
             self.events.push(SimEvent::DoorbellNoQueue { mask: 1 << slot });
             return None;
@@ -855,8 +1000,33 @@ impl State {
         let opcode = rd(head, ifc::mbox_in::OPCODE) as u16;
         let op_mod = rd(head, ifc::mbox_in::OP_MOD) as u16;
         if first {
+            let death = self.faults.iter().find_map(|f| match *f {
+                Fault::Fatal { opcode: o, synd } if o == opcode => Some(Some(synd)),
+                Fault::Stall { opcode: o } if o == opcode => Some(Some(0)),
+                Fault::DeviceGone { opcode: o } if o == opcode => Some(None),
+                _ => None,
+            });
+            match death {
+                Some(Some(synd)) => {
+                    self.fail(synd);
+                    return None;
+                }
+                Some(None) => {
+                    self.vanish();
+                    return None;
+                }
+                None => {}
+            }
             if self.faults.iter().any(|f| matches!(f, Fault::Hang { .. }) && f.opcode() == opcode) {
                 self.events.push(SimEvent::Hung { slot, opcode });
+                return None;
+            }
+            let need = self.faults.iter().position(|f| matches!(f, Fault::NeedPages { .. }) && f.opcode() == opcode);
+            // A need of zero pages is already met: the command runs at once.
+            if let Some(Fault::NeedPages { pages: pages @ 1.., .. }) = need.map(|i| self.faults.remove(i)) {
+                self.events.push(SimEvent::WaitingForPages { slot, opcode, pages });
+                self.stalled.push(crate::Stalled { slot, remaining: pages.into() });
+                self.page_request(i32::try_from(pages).unwrap_or(i32::MAX));
                 return None;
             }
             let delay = self.faults.iter().find_map(|f| match *f {
@@ -877,6 +1047,7 @@ impl State {
             Some(d) => Err(DeliveryStatus::from_raw(d)),
             None => self.deliver(&e),
         };
+        let given_before = self.fw.given;
         match delivered {
             Err(d) => {
                 rec.delivery = d.raw();
@@ -908,7 +1079,44 @@ impl State {
             }
         }
         self.executed.push(rec);
+        let given = self.fw.given - given_before;
+        self.after_completion(slot, opcode, given);
         None
+    }
+
+    /// What firmware does once a command has completed: the command-completion EQE, page requests the command
+    /// triggered (or that waited for an EQ it created), and the commands that were waiting for the pages a
+    /// MANAGE_PAGES(give) just brought (`given`).
+    fn after_completion(&mut self, slot: u8, opcode: u16, given: u64) {
+        self.post_cmd_completion(slot);
+        let requests: Vec<i32> = self
+            .faults
+            .iter()
+            .filter_map(|f| match *f {
+                Fault::PageRequest { opcode: o, num_pages } if o == opcode => Some(num_pages),
+                _ => None,
+            })
+            .collect();
+        for n in requests {
+            self.page_request(n);
+        }
+        self.flush_page_requests();
+        if given == 0 || self.stalled.is_empty() {
+            return;
+        }
+        // The pages go to the waiting commands in the order they stalled.
+        let mut left = given;
+        for s in &mut self.stalled {
+            let take = left.min(s.remaining);
+            s.remaining -= take;
+            left -= take;
+        }
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.stalled).into_iter().partition(|s| s.remaining == 0);
+        self.stalled = waiting;
+        for s in ready {
+            self.run_slot(s.slot, false);
+        }
     }
 }
 
@@ -1226,6 +1434,47 @@ mod tests {
         assert_eq!(s, 0);
         assert_eq!(h.dev.hca_state(), HcaState::Disabled);
         assert!(h.dev.events().contains(&SimEvent::DisableWithPages { pages: 24 }));
+    }
+
+    #[test]
+    fn out_of_order_steps_are_bad_sys_state() {
+        let mut h = Harness::inline();
+        let state_err = |h: &mut Harness, op: u32, inlen: usize, outlen: usize| {
+            let (s, syn, _) = h.simple(op, 0, inlen, outlen);
+            assert_eq!(s, BAD_SYS_STATE, "opcode {op:#x}");
+            syn
+        };
+        // Before ENABLE_HCA only QUERY_ISSI and ENABLE_HCA run.
+        for op in [consts::MLX5_CMD_OP_ALLOC_PD, consts::MLX5_CMD_OP_ALLOC_UAR, consts::MLX5_CMD_OP_SET_ISSI] {
+            assert_eq!(state_err(&mut h, op, 16, 16), syndrome::NOT_ENABLED);
+        }
+        let create_eq_in = ifc::create_eq_in::SIZE_BYTES;
+        assert_eq!(state_err(&mut h, consts::MLX5_CMD_OP_CREATE_EQ, create_eq_in, 16), syndrome::NOT_ENABLED);
+        h.enable_hca();
+        // Objects need INIT_HCA.
+        for op in [consts::MLX5_CMD_OP_ALLOC_PD, consts::MLX5_CMD_OP_ALLOC_UAR] {
+            assert_eq!(state_err(&mut h, op, 16, 16), syndrome::NOT_INITIALIZED);
+        }
+        assert_eq!(state_err(&mut h, consts::MLX5_CMD_OP_CREATE_EQ, create_eq_in, 16), syndrome::NOT_INITIALIZED);
+        // The init need shows only once the boot pages are in; INIT_HCA needs both.
+        assert_eq!(h.query_pages(consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES), 0);
+        let init_in = ifc::init_hca_in::SIZE_BYTES;
+        assert_eq!(state_err(&mut h, consts::MLX5_CMD_OP_INIT_HCA, init_in, 16), syndrome::PAGES_MISSING);
+        h.give_pages(4);
+        assert_eq!(h.query_pages(consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES), 0);
+        assert_eq!(h.query_pages(consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES), 4);
+        h.give_pages(4);
+        assert_eq!(h.query_pages(consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES), 16);
+        assert_eq!(state_err(&mut h, consts::MLX5_CMD_OP_INIT_HCA, init_in, 16), syndrome::PAGES_MISSING);
+        h.give_pages(16);
+        assert_eq!(h.simple(consts::MLX5_CMD_OP_INIT_HCA, 0, init_in, 16).0, 0);
+        // Negotiation is over once the HCA is initialized.
+        let set_cap_in = ifc::set_hca_cap_in::SIZE_BYTES;
+        assert_eq!(state_err(&mut h, consts::MLX5_CMD_OP_SET_HCA_CAP, set_cap_in, 16), syndrome::ALREADY_INITIALIZED);
+        let set_issi_in = ifc::set_issi_in::SIZE_BYTES;
+        assert_eq!(state_err(&mut h, consts::MLX5_CMD_OP_SET_ISSI, set_issi_in, 16), syndrome::ALREADY_INITIALIZED);
+        assert_eq!(state_err(&mut h, consts::MLX5_CMD_OP_INIT_HCA, init_in, 16), syndrome::ALREADY_INITIALIZED);
+        assert_eq!(h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16).0, 0);
     }
 
     #[test]

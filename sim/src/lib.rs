@@ -5,7 +5,7 @@
 //! through three handles that implement the `mlx5-core` HAL: [`SimMmio`] (the BAR: initialization segment plus
 //! UAR pages), [`SimDma`] (device-visible memory) and [`SimDelay`] (time). Tests use the device handle to
 //! configure it ([`SimConfig`]), inject faults ([`Fault`]) and observe it ([`SimDevice::executed`],
-//! [`SimDevice::events`], [`SimDevice::dma_faults`], ...).
+//! [`SimDevice::events`], [`SimDevice::dma_faults`], [`SimDevice::eq_info`], [`SimDevice::health`], ...).
 //!
 //! # Inline and threaded modes
 //! In [`Mode::Inline`] (the default) a write to `cmd_dbell` executes the rung commands synchronously inside
@@ -30,10 +30,41 @@
 //! The command engine (module `fw`) validates delivery exactly as the PRM describes (entry type, signatures,
 //! tokens, block numbers, pointer alignment), then runs the command with firmware-like checks: HCA state machine
 //! (ENABLE_HCA, INIT_HCA, TEARDOWN_HCA, DISABLE_HCA), ISSI, page management, capabilities and the first objects
-//! (PD, UAR, EQ, CQ). Failures carry a status and a syndrome from [`syndrome`].
+//! (PD, UAR, EQ, CQ). Failures carry a status and a syndrome from [`syndrome`]; a command sent in the wrong HCA
+//! state fails with `BAD_SYS_STATE`, as real firmware answers.
+//!
+//! # Event queues
+//! An EQ created with CREATE_EQ really receives EQEs. An event of type `T` goes to the lowest-numbered EQ whose
+//! `event_bitmask` has bit `T` (bit `n` of word 0 = type `n`): the 64-byte `mlx5_eqe` is written at entry
+//! `pi & (nent - 1)`, then, after a fence, its owner byte `(pi >> log_nent) & 1` (hardware writes 0 on the first
+//! pass; the driver pre-sets 1). A full EQ is never overwritten: the firmware dies with the health syndrome
+//! `ASYNCHRONOUS_EQ_BUF_OVERRUN` instead. The EQ doorbell in the EQ's UAR page (`MLX5_EQ_DOORBELL_OFFSET`:
+//! update the consumer index and arm; 8 bytes further: update only) takes `(ci & 0xffffff) | eqn << 24`. An armed
+//! EQ "interrupts" once on its next EQE (recorded as [`SimEvent::EqInterrupt`] and counted in
+//! [`SimDevice::eq_info`]); arming with unconsumed EQEs interrupts at once. Firmware posts:
+//! * a command-completion EQE (`MLX5_EVENT_TYPE_CMD`, `data.cmd.vector = 1 << slot`) after every completion;
+//! * page requests (`MLX5_EVENT_TYPE_PAGE_REQUEST`): for the regular pages still needed after INIT_HCA, for
+//!   [`Fault::PageRequest`], [`Fault::NeedPages`] and [`SimDevice::request_pages`]. A request made while no EQ
+//!   subscribes to page requests is held; when one appears firmware posts one request for the balance then due
+//!   (what QUERY_PAGES(regular) reports).
+//!
+//! A command hit by [`Fault::NeedPages`] stays with hardware until the driver gives the pages on another slot
+//! (the driver uses the last one): the MANAGE_PAGES that covers the need completes first, then the stalled
+//! command executes and completes, inside the same doorbell (inline) or worker step (threaded). This is how a
+//! physical function behaves: it must serve page requests while a command waits.
+//!
+//! # Health and device loss
+//! The health buffer (`mlx5_init_seg.health`) and the heartbeat (`health_counter`, one tick per ms of device
+//! time) are live. [`Fault::Fatal`] / [`SimDevice::fail_health`] kill the firmware with a syndrome (health buffer
+//! `synd`, `ext_synd` and a valid severity); [`Fault::Stall`] / [`SimDevice::stall_health`] kill it silently
+//! (syndrome 0). A dead firmware freezes the heartbeat, never completes a command (the owner bit stays with
+//! hardware) and posts no EQE. [`Fault::DeviceGone`] / [`SimDevice::device_gone`] remove the device from the bus:
+//! every BAR read returns all ones, writes are ignored, DMA stops. In both states the driver can still free all
+//! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
 
 mod caps;
 mod dma;
+mod eq;
 mod fw;
 mod mmio;
 pub mod mocks;
@@ -48,7 +79,9 @@ use std::time::{Duration, Instant};
 use mlx5_core::hal::DelayNs;
 
 pub use dma::{DmaFault, SimDma};
+pub use eq::EQE_DATA_LEN;
 pub use fw::{syndrome, HcaState};
+pub use mmio::Health;
 pub use mmio::SimMmio;
 
 use dma::DmaSpace;
@@ -89,7 +122,9 @@ pub struct SimConfig {
     pub fw_rev: (u16, u16, u16),
     /// Value of `cmd_exec_to` (default command timeout in ms).
     pub cmd_exec_to_ms: u32,
-    /// Value of `cmd_q_init_to` (ms); non-zero tells the driver the init-segment timeouts are valid.
+    /// Value of `cmd_q_init_to` (ms); non-zero tells the driver the init-segment timeouts are valid. The default
+    /// is 0: a firmware without init-segment timeouts, for which Linux takes its defaults and does not send
+    /// QUERY_DTOR (which the driver does not implement).
     pub cmd_q_init_to_ms: u32,
     /// For this long after creation (virtual time in inline mode) `initializing` reads 1.
     pub init_delay_ms: u32,
@@ -97,7 +132,8 @@ pub struct SimConfig {
     pub boot_pages: i32,
     /// Additional pages firmware asks for at QUERY_PAGES(init).
     pub init_pages: i32,
-    /// Additional pages firmware asks for at QUERY_PAGES(regular).
+    /// Additional pages firmware needs after INIT_HCA: reported by QUERY_PAGES(regular) and asked for by one
+    /// page-request EQE as soon as an EQ subscribes to page requests.
     pub regular_pages: i32,
     /// Verify entry and mailbox signatures, and sign the output. Off by default, as the Linux driver runs
     /// (`checksum_disabled`); the entry signature is then not checked either.
@@ -117,7 +153,7 @@ impl Default for SimConfig {
             cmdif_rev: 5,
             fw_rev: (16, 35, 2000),
             cmd_exec_to_ms: 60_000,
-            cmd_q_init_to_ms: 2_000,
+            cmd_q_init_to_ms: 0,
             init_delay_ms: 0,
             boot_pages: 8,
             init_pages: 16,
@@ -143,16 +179,38 @@ pub enum Fault {
     Delivery { opcode: u16, status: u8 },
     /// After execution, byte `offset` of the output message is replaced by `value`.
     CorruptOutput { opcode: u16, offset: usize, value: u8 },
+    /// Each time a command with this opcode completes, firmware posts a page request for `num_pages`: positive,
+    /// its need grows by that much; negative, it marks that many pages returnable and the next MANAGE_PAGES(take)
+    /// hands them back. Held until an EQ subscribes to page requests.
+    PageRequest { opcode: u16, num_pages: i32 },
+    /// The next command with this opcode (once) cannot complete until the driver gives `pages` more pages:
+    /// firmware posts a page request and keeps the command (owner bit with hardware, nothing written) until a
+    /// MANAGE_PAGES(give) on another slot covers it; then that MANAGE_PAGES completes, and the stalled command
+    /// executes and completes.
+    NeedPages { opcode: u16, pages: u32 },
+    /// Ringing a command with this opcode kills the firmware instead of executing it: health syndrome `synd`,
+    /// frozen heartbeat, no more completions or EQEs (see [`SimDevice::fail_health`]).
+    Fatal { opcode: u16, synd: u8 },
+    /// As [`Fault::Fatal`] with syndrome 0: only the frozen heartbeat and the hung commands show it.
+    Stall { opcode: u16 },
+    /// Ringing a command with this opcode removes the device from the bus (see [`SimDevice::device_gone`]).
+    DeviceGone { opcode: u16 },
 }
 
 impl Fault {
-    fn opcode(&self) -> u16 {
+    /// The opcode the fault matches.
+    pub fn opcode(&self) -> u16 {
         match *self {
             Fault::Status { opcode, .. }
             | Fault::Hang { opcode }
             | Fault::Delay { opcode, .. }
             | Fault::Delivery { opcode, .. }
-            | Fault::CorruptOutput { opcode, .. } => opcode,
+            | Fault::CorruptOutput { opcode, .. }
+            | Fault::PageRequest { opcode, .. }
+            | Fault::NeedPages { opcode, .. }
+            | Fault::Fatal { opcode, .. }
+            | Fault::Stall { opcode }
+            | Fault::DeviceGone { opcode } => opcode,
         }
     }
 }
@@ -201,12 +259,68 @@ pub enum SimEvent {
     TeardownWithObjects { objects: usize },
     /// DISABLE_HCA while firmware still owned pages.
     DisableWithPages { pages: usize },
+    /// An EQE was posted to EQ `eqn`.
+    Eqe { eqn: u8, event_type: u8, sub_type: u8 },
+    /// EQ `eqn` was armed and got an EQE (or was armed with unconsumed EQEs): the interrupt fired; now disarmed.
+    EqInterrupt { eqn: u8 },
+    /// An EQE for a full EQ (`pi - ci == nent`): nothing was overwritten and the firmware died with
+    /// `MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN`.
+    EqOverrun { eqn: u8 },
+    /// Writing an EQE failed on a DMA fault (the buffer is no longer mapped; also in `dma_faults`). The EQE is
+    /// lost and the producer index does not move.
+    EqeUnwritable { eqn: u8 },
+    /// A valid EQ doorbell: the consumer index is now `ci` (the full 32-bit counter, reconstructed from the 24
+    /// bits written), armed when `arm`.
+    EqDoorbell { eqn: u8, ci: u32, arm: bool },
+    /// An EQ doorbell that was ignored: UAR page not allocated, no such EQ, EQ on another UAR page, or a consumer
+    /// index beyond the producer index.
+    BadEqDoorbell { off: usize, val: u32, why: &'static str },
+    /// A command held by [`Fault::NeedPages`] until the driver gives `pages` pages.
+    WaitingForPages { slot: u8, opcode: u16, pages: u32 },
+    /// A doorbell for a slot whose command is still waiting for pages: ignored.
+    DoorbellBusy { slot: u8 },
+    /// The firmware died (`synd` 0: a silent stall). Nothing completes any more.
+    HealthFailure { synd: u8 },
+    /// A doorbell rang after the firmware died: ignored.
+    DoorbellWhileDead { slot: u8 },
+    /// The device left the bus.
+    DeviceGone,
+    /// A BAR write after the device left the bus: ignored.
+    WriteWhileGone { off: usize, val: u32 },
+}
+
+/// The state of one EQ, as [`SimDevice::eq_info`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EqInfo {
+    /// Number of entries (`1 << log_eq_size`).
+    pub nent: u32,
+    /// Producer index: EQEs posted so far (wrapping 32-bit counter).
+    pub pi: u32,
+    /// Consumer index the driver last wrote (reconstructed to 32 bits from the doorbell's 24).
+    pub ci: u32,
+    /// Whether the next EQE interrupts.
+    pub armed: bool,
+    /// Interrupts fired.
+    pub interrupts: u64,
+    /// EQEs refused because the EQ was full.
+    pub overruns: u64,
+    /// UAR page the EQ's doorbell lives in.
+    pub uar_page: u32,
+    /// The four `event_bitmask` words from CREATE_EQ.
+    pub event_bitmask: [u64; 4],
 }
 
 #[derive(Debug)]
 struct Pending {
     due_ns: u64,
     slot: u8,
+}
+
+/// A command held by [`Fault::NeedPages`] until `remaining` more pages are given.
+#[derive(Debug)]
+pub(crate) struct Stalled {
+    pub(crate) slot: u8,
+    pub(crate) remaining: u64,
 }
 
 /// Everything behind the device lock.
@@ -220,6 +334,7 @@ pub(crate) struct State {
     pub(crate) executed: Vec<ExecutedCmd>,
     pub(crate) faults: Vec<Fault>,
     pending: Vec<Pending>,
+    pub(crate) stalled: Vec<Stalled>,
     virt_ns: u64,
     start: Instant,
 }
@@ -231,6 +346,30 @@ impl State {
             Mode::Inline => self.virt_ns,
             Mode::Threaded => u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX),
         }
+    }
+
+    /// Whether the firmware is dead or the device gone: nothing executes, nothing is written.
+    pub(crate) fn dead(&self) -> bool {
+        self.regs.health != Health::Ok
+    }
+
+    /// The firmware dies with health syndrome `synd` (0: a silent stall). Idempotent.
+    pub(crate) fn fail(&mut self, synd: u8) {
+        if self.dead() {
+            return;
+        }
+        let now = self.now_ns();
+        self.regs.die(synd, now);
+        self.events.push(SimEvent::HealthFailure { synd });
+    }
+
+    /// The device leaves the bus. Idempotent.
+    pub(crate) fn vanish(&mut self) {
+        if self.regs.health == Health::Gone {
+            return;
+        }
+        self.regs.health = Health::Gone;
+        self.events.push(SimEvent::DeviceGone);
     }
 
     /// Runs every postponed command whose time has come (inline mode).
@@ -337,6 +476,7 @@ impl SimDevice {
             executed: Vec::new(),
             faults: Vec::new(),
             pending: Vec::new(),
+            stalled: Vec::new(),
             virt_ns: 0,
             start: Instant::now(),
         };
@@ -426,6 +566,49 @@ impl SimDevice {
     pub fn object_counts(&self) -> (usize, usize, usize, usize) {
         lock(&self.shared).fw.object_counts()
     }
+
+    /// The state of EQ `eqn`, if it exists.
+    pub fn eq_info(&self, eqn: u8) -> Option<EqInfo> {
+        lock(&self.shared).fw.eq_info(eqn)
+    }
+
+    /// Posts an EQE of `event_type` now, to the lowest-numbered EQ subscribed to it. Returns that EQ, or `None`
+    /// when no EQ subscribes, the firmware is dead or the EQE could not be posted.
+    pub fn post_event(&self, event_type: u8, sub_type: u8, data: [u8; EQE_DATA_LEN]) -> Option<u8> {
+        lock(&self.shared).post_eqe(event_type, sub_type, &data)
+    }
+
+    /// Firmware asks for `num_pages` now (positive: its need grows; negative: that many pages become returnable
+    /// to the next MANAGE_PAGES(take)). Posted at once if an EQ subscribes to page requests, else held.
+    pub fn request_pages(&self, num_pages: i32) {
+        lock(&self.shared).page_request(num_pages);
+    }
+
+    /// Kills the firmware now with health syndrome `synd` (a `MLX5_INITIAL_SEG_HEALTH_SYNDROME_*`; 0 is a
+    /// silent stall). No effect when it is already dead or gone.
+    pub fn fail_health(&self, synd: u8) {
+        lock(&self.shared).fail(synd);
+    }
+
+    /// Kills the firmware now without a syndrome: the heartbeat freezes and commands hang.
+    pub fn stall_health(&self) {
+        lock(&self.shared).fail(0);
+    }
+
+    /// Removes the device from the bus now: reads return all ones, writes and DMA stop.
+    pub fn device_gone(&self) {
+        lock(&self.shared).vanish();
+    }
+
+    /// Alive, dead (with its syndrome) or gone.
+    pub fn health(&self) -> Health {
+        lock(&self.shared).regs.health
+    }
+
+    /// Pages firmware owned when the driver freed them after the firmware died or the device left.
+    pub fn pages_abandoned(&self) -> usize {
+        lock(&self.shared).fw.pages_abandoned()
+    }
 }
 
 /// [`DelayNs`] for the simulator: advances virtual time (inline) or sleeps (threaded).
@@ -457,5 +640,181 @@ impl DelayNs for SimDelay {
     }
     fn delay_ms(&mut self, ms: u32) {
         self.advance(u64::from(ms) * 1_000_000);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Harness;
+    use mlx5_core::hal::{Dma, Mmio};
+    use mlx5_core::prm::{c, consts, ifc, MsgBuf};
+
+    const HEALTH_COUNTER: usize = c::mlx5_init_seg::HEALTH_COUNTER.off;
+
+    /// The 64-byte health buffer as the driver reads it (big-endian dwords).
+    fn health_buffer(m: &SimMmio) -> [u8; c::health_buffer::SIZE] {
+        let mut hb = [0u8; c::health_buffer::SIZE];
+        for (k, w) in hb.chunks_mut(4).enumerate() {
+            w.copy_from_slice(&m.read32(c::mlx5_init_seg::HEALTH.off + 4 * k).to_be_bytes());
+        }
+        hb
+    }
+
+    fn input(opcode: u32, len: usize) -> Vec<u8> {
+        let mut inp = vec![0u8; len];
+        inp.set(ifc::mbox_in::OPCODE, opcode);
+        inp
+    }
+
+    /// Frees every region the harness handed out (queue and pages); mailboxes are released by the caller.
+    fn free_all(h: &mut Harness) {
+        for r in h.page_regions.drain(..) {
+            // SAFETY: the region came from this allocator; the device is dead or gone and never touches it again.
+            unsafe { h.dma.free(r) };
+        }
+        // SAFETY: as above, for the command queue page.
+        unsafe { h.dma.free(h.q) };
+    }
+
+    #[test]
+    fn fault_opcode_covers_every_variant() {
+        let faults = [
+            Fault::Status { opcode: 1, status: 0, syndrome: 0, times: 0 },
+            Fault::Hang { opcode: 1 },
+            Fault::Delay { opcode: 1, ms: 0 },
+            Fault::Delivery { opcode: 1, status: 0 },
+            Fault::CorruptOutput { opcode: 1, offset: 0, value: 0 },
+            Fault::PageRequest { opcode: 1, num_pages: -1 },
+            Fault::NeedPages { opcode: 1, pages: 1 },
+            Fault::Fatal { opcode: 1, synd: 1 },
+            Fault::Stall { opcode: 1 },
+            Fault::DeviceGone { opcode: 1 },
+        ];
+        assert!(faults.iter().all(|f| f.opcode() == 1));
+    }
+
+    #[test]
+    fn fatal_fault_kills_the_firmware() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let synd = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR as u8;
+        h.dev.inject(Fault::Fatal { opcode: consts::MLX5_CMD_OP_ALLOC_PD as u16, synd });
+        assert_eq!(health_buffer(&h.mmio), [0u8; c::health_buffer::SIZE]);
+        let p = h.post(0, &input(consts::MLX5_CMD_OP_ALLOC_PD, 16), 16);
+        h.ring(0);
+        assert_eq!(h.status_own(0) & 1, 1);
+        assert_eq!(h.dev.health(), Health::Failed { synd });
+        assert!(h.dev.events().contains(&SimEvent::HealthFailure { synd }));
+        let hb = health_buffer(&h.mmio);
+        assert_eq!(hb[c::health_buffer::SYND.off], synd);
+        let ext = c::health_buffer::EXT_SYND.off;
+        assert_eq!(u16::from_be_bytes([hb[ext], hb[ext + 1]]), syndrome::HEALTH_EXT_SYND);
+        let sev = u32::from(hb[c::health_buffer::RFR_SEVERITY.off]);
+        assert_ne!(sev & consts::MLX5_SEVERITY_VALID_MASK, 0);
+        assert_eq!(sev & consts::MLX5_SEVERITY_MASK, 2);
+        // The heartbeat is frozen.
+        let beat = h.mmio.read32(HEALTH_COUNTER);
+        h.dev.advance_ns(50_000_000);
+        assert_eq!(h.mmio.read32(HEALTH_COUNTER), beat);
+        // Nothing completes any more, on any slot, however long the driver waits.
+        let q = h.post(1, &input(consts::MLX5_CMD_OP_QUERY_ISSI, 16), ifc::query_issi_out::SIZE_BYTES);
+        h.ring(1);
+        h.dev.advance_ns(120_000_000_000);
+        assert_eq!((h.status_own(0) & 1, h.status_own(1) & 1), (1, 1));
+        assert!(h.dev.events().contains(&SimEvent::DoorbellWhileDead { slot: 1 }));
+        assert_eq!(h.dev.executed().last().unwrap().opcode, consts::MLX5_CMD_OP_INIT_HCA as u16);
+        // No more EQEs either, and another failure changes nothing.
+        h.dev.request_pages(5);
+        assert_eq!(h.dev.post_event(0, 0, [0; eq::EQE_DATA_LEN]), None);
+        h.dev.fail_health(1);
+        assert_eq!(h.dev.health(), Health::Failed { synd });
+        // The driver can still return all its memory; firmware's pages are abandoned, not freed under it.
+        h.release(p);
+        h.release(q);
+        free_all(&mut h);
+        assert_eq!(h.dev.dma_outstanding(), (0, 0));
+        assert_eq!(h.dev.pages_abandoned(), 8 + 16);
+        assert_eq!(h.dev.pages_owned(), 0);
+        assert!(!h.dev.events().iter().any(|e| matches!(e, SimEvent::FreedDeviceOwned { .. })));
+    }
+
+    #[test]
+    fn stall_fault_only_freezes_the_heartbeat() {
+        let mut h = Harness::inline();
+        h.dev.inject(Fault::Stall { opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16 });
+        h.dev.advance_ns(3_000_000);
+        let p = h.post(0, &input(consts::MLX5_CMD_OP_ENABLE_HCA, 16), 16);
+        h.ring(0);
+        assert_eq!(h.status_own(0) & 1, 1);
+        assert_eq!(h.dev.health(), Health::Failed { synd: 0 });
+        assert!(h.dev.events().contains(&SimEvent::HealthFailure { synd: 0 }));
+        assert_eq!(health_buffer(&h.mmio), [0u8; c::health_buffer::SIZE]);
+        assert_eq!(h.mmio.read32(HEALTH_COUNTER), 3);
+        h.dev.advance_ns(10_000_000);
+        assert_eq!(h.mmio.read32(HEALTH_COUNTER), 3);
+        assert_eq!(h.dev.hca_state(), HcaState::Disabled);
+        h.release(p);
+    }
+
+    #[test]
+    fn commands_delayed_before_a_stall_never_complete() {
+        let mut h = Harness::inline();
+        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16, ms: 10 });
+        let p = h.post(0, &input(consts::MLX5_CMD_OP_ENABLE_HCA, 16), 16);
+        h.ring(0);
+        h.dev.stall_health();
+        h.dev.advance_ns(20_000_000);
+        assert_eq!(h.status_own(0) & 1, 1);
+        assert!(h.dev.executed().is_empty());
+        h.release(p);
+    }
+
+    #[test]
+    fn device_gone_reads_all_ones_and_never_touches_memory() {
+        let mut h = Harness::inline();
+        assert_eq!(h.enable_hca(), 0);
+        assert_eq!(h.give_pages(8), (0, 0));
+        h.dev.inject(Fault::DeviceGone { opcode: consts::MLX5_CMD_OP_QUERY_PAGES as u16 });
+        let mut inp = input(consts::MLX5_CMD_OP_QUERY_PAGES, ifc::query_pages_in::SIZE_BYTES);
+        inp.set(ifc::query_pages_in::OP_MOD, consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES);
+        let p = h.post(0, &inp, ifc::query_pages_out::SIZE_BYTES);
+        h.ring(0);
+        assert_eq!(h.dev.health(), Health::Gone);
+        assert!(h.dev.events().contains(&SimEvent::DeviceGone));
+        let uar = SimMmio::uar_offset(3);
+        for off in [0, c::mlx5_init_seg::HEALTH.off, HEALTH_COUNTER, c::mlx5_init_seg::INITIALIZING.off, uar] {
+            assert_eq!(h.mmio.read32(off), u32::MAX, "offset {off:#x}");
+        }
+        assert_eq!(h.mmio.read64(0), u64::MAX);
+        // Writes (a doorbell included) are ignored, and the entry stays as the driver left it.
+        h.ring(0);
+        assert!(h.dev.events().contains(&SimEvent::WriteWhileGone { off: c::mlx5_init_seg::CMD_DBELL.off, val: 1 }));
+        assert_eq!(h.status_own(0), consts::CMD_OWNER_HW as u8);
+        h.dev.device_gone();
+        assert_eq!(h.dev.events().iter().filter(|e| **e == SimEvent::DeviceGone).count(), 1);
+        h.release(p);
+        free_all(&mut h);
+        assert_eq!(h.dev.dma_outstanding(), (0, 0));
+        assert_eq!(h.dev.pages_abandoned(), 8);
+        assert!(h.dev.dma_faults().is_empty());
+    }
+
+    #[test]
+    fn stalled_command_is_never_released_by_a_dead_firmware() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        h.dev.inject(Fault::NeedPages { opcode: consts::MLX5_CMD_OP_ALLOC_PD as u16, pages: 1 });
+        let p = h.post(0, &input(consts::MLX5_CMD_OP_ALLOC_PD, 16), 16);
+        h.ring(0);
+        h.dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR as u8);
+        let inp = h.give_input(1);
+        let g = h.post(31, &inp, 16);
+        h.ring(31);
+        assert_eq!((h.status_own(0) & 1, h.status_own(31) & 1), (1, 1));
+        h.release(p);
+        h.release(g);
+        free_all(&mut h);
+        assert_eq!(h.dev.dma_outstanding(), (0, 0));
     }
 }

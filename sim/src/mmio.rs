@@ -1,7 +1,8 @@
 //! The BAR: the initialization segment (`struct mlx5_init_seg`) followed by UAR pages.
 //!
 //! Static registers live in a byte image written through the PRM layouts (`ifc::initial_seg`, `c::mlx5_init_seg`);
-//! the dynamic ones (`initializing`, the health counter, the internal timer) are computed at read time.
+//! the dynamic ones (`initializing`, the health counter, the internal timer) are computed at read time. The
+//! health buffer is written when the firmware dies; a device that left the bus reads all ones.
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -30,6 +31,33 @@ const INTERNAL_TIMER_L: usize = c::mlx5_init_seg::INTERNAL_TIMER_L.off;
 const NIC_IFC_SHIFT: u32 = consts::MLX5_NIC_IFC_OFFSET;
 const NIC_IFC_MASK: u32 = 0x7;
 
+/// Kernel log level `LOGLEVEL_CRIT` (include/linux/kern_levels.h), the severity a dead firmware reports in
+/// `rfr_severity` bits 2:0 (`MLX5_SEVERITY_MASK`); health.c reads it only when `MLX5_SEVERITY_VALID_MASK` is set.
+const SEVERITY_CRIT: u8 = 2;
+
+/// Health of the simulated device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Health {
+    /// Firmware runs and the heartbeat ticks.
+    #[default]
+    Ok,
+    /// Firmware died with this health syndrome (0: a silent stall); the heartbeat is frozen.
+    Failed { synd: u8 },
+    /// The device left the bus: every read returns all ones.
+    Gone,
+}
+
+/// What a register write asks the device to do beyond updating the register file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RegWrite {
+    /// Nothing more.
+    Done,
+    /// `cmd_dbell` was written with this mask.
+    CmdDoorbell(u32),
+    /// A write into a UAR page (doorbells), for the device to interpret.
+    Uar,
+}
+
 /// A field of the initialization segment relative to the 32-bit register at `reg`, so a register value can be
 /// decoded with the PRM layout.
 const fn in_reg(f: Field, reg: usize) -> Field {
@@ -46,6 +74,9 @@ pub(crate) struct Regs {
     pub(crate) log_cmdq_size: u8,
     pub(crate) log_cmdq_stride: u8,
     init_delay_ns: u64,
+    pub(crate) health: Health,
+    /// The heartbeat value (ms) the health counter froze at when the firmware died.
+    frozen_ms: Option<u64>,
 }
 
 impl Regs {
@@ -69,10 +100,31 @@ impl Regs {
             log_cmdq_size: cfg.log_cmdq_size,
             log_cmdq_stride: cfg.log_cmdq_stride,
             init_delay_ns: u64::from(cfg.init_delay_ms) * 1_000_000,
+            health: Health::Ok,
+            frozen_ms: None,
+        }
+    }
+
+    /// The firmware dies at `now_ns`: the heartbeat freezes and, for a non-zero syndrome, the health buffer
+    /// reports it with a valid severity.
+    pub(crate) fn die(&mut self, synd: u8, now_ns: u64) {
+        use c::health_buffer as h;
+        let base = c::mlx5_init_seg::HEALTH.off;
+        self.health = Health::Failed { synd };
+        self.frozen_ms = Some(now_ns / 1_000_000);
+        if synd != 0 {
+            self.image[base + h::SYND.off] = synd;
+            self.image.write_bytes(base + h::EXT_SYND.off, &crate::syndrome::HEALTH_EXT_SYND.to_be_bytes());
+            let sev = consts::MLX5_SEVERITY_VALID_MASK as u8 | (SEVERITY_CRIT & consts::MLX5_SEVERITY_MASK as u8);
+            self.image[base + h::RFR_SEVERITY.off] = sev;
         }
     }
 
     fn read32(&self, off: usize, now_ns: u64) -> u32 {
+        if self.health == Health::Gone {
+            // Nobody answers on the bus: the read completes with all ones (a master abort).
+            return u32::MAX;
+        }
         if off.checked_add(4).is_none_or(|end| end > self.bar_size) {
             // A read past the BAR completes with all ones, like a PCI master abort.
             return u32::MAX;
@@ -89,8 +141,9 @@ impl Regs {
                 word.set(in_reg(ifc::initial_seg::INITIALIZING, off), busy.into());
             }
             HEALTH_COUNTER => {
-                // The heartbeat advances once per (virtual) millisecond.
-                word.set(in_reg(ifc::initial_seg::HEALTH_COUNTER, off), (now_ns / 1_000_000) as u32);
+                // The heartbeat advances once per (virtual) millisecond while the firmware lives.
+                let ms = self.frozen_ms.unwrap_or(now_ns / 1_000_000);
+                word.set(in_reg(ifc::initial_seg::HEALTH_COUNTER, off), ms as u32);
             }
             INTERNAL_TIMER_H => return (now_ns >> 32) as u32,
             INTERNAL_TIMER_L => return now_ns as u32,
@@ -101,8 +154,8 @@ impl Regs {
         u32::from_be_bytes(word)
     }
 
-    /// A register write; returns the doorbell mask when `cmd_dbell` was written.
-    fn write32(&mut self, off: usize, v: u32, events: &mut Vec<SimEvent>) -> Option<u32> {
+    /// A register write; says what else the device must do.
+    fn write32(&mut self, off: usize, v: u32, events: &mut Vec<SimEvent>) -> RegWrite {
         match off {
             CMDQ_ADDR_H => {
                 self.cmdq_h = v;
@@ -122,13 +175,13 @@ impl Regs {
                 self.cmdq_iova = Some(iova);
                 events.push(SimEvent::CmdqAddress { iova });
             }
-            CMD_DBELL => return Some(v),
+            CMD_DBELL => return RegWrite::CmdDoorbell(v),
             _ if off >= self.image.len() && off.checked_add(4).is_some_and(|e| e <= self.bar_size) => {
-                events.push(SimEvent::UarWrite { off, val: v });
+                return RegWrite::Uar;
             }
             _ => events.push(SimEvent::IgnoredWrite { off, val: v }),
         }
-        None
+        RegWrite::Done
     }
 }
 
@@ -163,7 +216,18 @@ impl Mmio for SimMmio {
         let bell = {
             let mut guard = lock(&self.shared);
             let st = &mut *guard;
-            st.regs.write32(off, v, &mut st.events)
+            if st.regs.health == Health::Gone {
+                st.events.push(SimEvent::WriteWhileGone { off, val: v });
+                return;
+            }
+            match st.regs.write32(off, v, &mut st.events) {
+                RegWrite::Done => None,
+                RegWrite::CmdDoorbell(mask) => Some(mask),
+                RegWrite::Uar => {
+                    st.uar_write(off, v);
+                    None
+                }
+            }
         };
         if let Some(mask) = bell {
             self.shared.doorbell(mask);
@@ -207,7 +271,7 @@ mod tests {
 
     #[test]
     fn init_segment_identity_registers() {
-        let dev = SimDevice::default();
+        let dev = SimDevice::new(SimConfig { cmd_q_init_to_ms: 2_000, ..SimConfig::default() });
         let m = dev.mmio();
         let fw = m.read32(c::mlx5_init_seg::FW_REV.off);
         assert_eq!(fw & 0xffff, 16);
@@ -220,7 +284,9 @@ mod tests {
         assert_eq!(lsz & 0xf, 6);
         assert_eq!((lsz >> 8) & 7, 0);
         assert_eq!(m.read32(c::mlx5_init_seg::CMD_EXEC_TO.off), 60_000);
-        assert_ne!(m.read32(c::mlx5_init_seg::CMD_Q_INIT_TO.off), 0);
+        assert_eq!(m.read32(c::mlx5_init_seg::CMD_Q_INIT_TO.off), 2_000);
+        // By default the firmware has no init-segment timeouts.
+        assert_eq!(SimDevice::default().mmio().read32(c::mlx5_init_seg::CMD_Q_INIT_TO.off), 0);
         assert_eq!(m.read32(c::mlx5_init_seg::HEALTH.off), 0);
         assert_eq!(m.read32(m.bar_size()), u32::MAX);
         assert_eq!(m.read32(0x100), 0);

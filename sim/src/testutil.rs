@@ -4,10 +4,12 @@
 // Helpers are shared by several test modules; not every one uses all of them.
 #![allow(dead_code)]
 
+use std::time::{Duration, Instant};
+
 use mlx5_core::hal::{Dma, DmaRegion, Mmio};
 use mlx5_core::prm::{c, consts, ifc, MsgBuf};
 
-use crate::{SimConfig, SimDevice, SimDma, SimMmio};
+use crate::{Mode, SimConfig, SimDevice, SimDma, SimMmio};
 
 /// Copies `data` into `r` at `off`.
 pub(crate) fn put(r: &DmaRegion, off: usize, data: &[u8]) {
@@ -46,6 +48,9 @@ pub(crate) struct Harness {
     pub token: u8,
     pub checksum: bool,
     pub stride: u32,
+    pub threaded: bool,
+    /// Regions given to firmware by `give_pages`, so a test can free everything.
+    pub page_regions: Vec<DmaRegion>,
 }
 
 const BLK: usize = c::mlx5_cmd_prot_block::SIZE;
@@ -56,13 +61,14 @@ impl Harness {
     pub fn new(cfg: SimConfig) -> Self {
         let checksum = cfg.checksum;
         let stride = u32::from(cfg.log_cmdq_stride);
+        let threaded = cfg.mode == Mode::Threaded;
         let dev = SimDevice::new(cfg);
         let mmio = dev.mmio();
         let dma = dev.dma();
         let q = dma.alloc(4096, 4096).unwrap();
         mmio.write32(c::mlx5_init_seg::CMDQ_ADDR_H.off, (q.iova >> 32) as u32);
         mmio.write32(c::mlx5_init_seg::CMDQ_ADDR_L_SZ.off, q.iova as u32);
-        Self { dev, mmio, dma, q, token: 0, checksum, stride }
+        Self { dev, mmio, dma, q, token: 0, checksum, stride, threaded, page_regions: Vec::new() }
     }
 
     pub fn inline() -> Self {
@@ -139,6 +145,18 @@ impl Harness {
         self.q.read_volatile_u8(self.entry_off(slot) + c::mlx5_cmd_layout::STATUS_OWN.off)
     }
 
+    /// Whether firmware handed `slot` back: checked once in inline mode, polled for up to 10 s in threaded mode.
+    pub fn wait(&self, slot: u8) -> bool {
+        let start = Instant::now();
+        while self.status_own(slot) & 1 == 1 {
+            if !self.threaded || start.elapsed() > Duration::from_secs(10) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
+
     /// The output message of a completed command.
     pub fn output(&self, p: &Posted) -> Vec<u8> {
         use c::mlx5_cmd_layout as l;
@@ -161,12 +179,12 @@ impl Harness {
         }
     }
 
-    /// Posts on slot 0, rings, and returns (delivery status, output). Inline mode only.
+    /// Posts on slot 0, rings, waits, and returns (delivery status, output).
     pub fn exec(&mut self, input: &[u8], outlen: usize) -> (u8, Vec<u8>) {
         let p = self.post(0, input, outlen);
         self.ring(0);
+        assert!(self.wait(0), "command still owned by hardware");
         let so = self.status_own(0);
-        assert_eq!(so & 1, 0, "command still owned by hardware");
         let out = self.output(&p);
         self.release(p);
         (so >> 1, out)
@@ -179,10 +197,10 @@ impl Harness {
         (MsgBuf::get(&out[..], ifc::mbox_out::STATUS) as u8, MsgBuf::get(&out[..], ifc::mbox_out::SYNDROME), out)
     }
 
-    /// Gives `n` fresh pages (one region, `n` * 4 KiB) to firmware.
-    pub fn give_pages(&mut self, n: u32) -> (u8, u32) {
+    /// A MANAGE_PAGES(give) input for `n` fresh pages (one region, `n` * 4 KiB, kept in `page_regions`).
+    pub fn give_input(&mut self, n: u32) -> Vec<u8> {
         use ifc::manage_pages_in as i;
-        let pages = self.dma.alloc(n as usize * 4096, 4096).unwrap();
+        let pages = self.dma.alloc((n as usize * 4096).max(1), 4096).unwrap();
         let mut inp = vec![0u8; i::PAS.byte_off() + n as usize * 8];
         inp.set(i::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
         inp.set(i::OP_MOD, consts::MLX5_PAGES_GIVE);
@@ -190,8 +208,87 @@ impl Harness {
         for k in 0..n {
             inp.set64(i::PAS.elem(k), pages.iova + u64::from(k) * 4096);
         }
+        self.page_regions.push(pages);
+        inp
+    }
+
+    /// Gives `n` fresh pages to firmware.
+    pub fn give_pages(&mut self, n: u32) -> (u8, u32) {
+        let inp = self.give_input(n);
         let (s, syn, _) = self.cmd(&inp, ifc::manage_pages_out::SIZE_BYTES);
         (s, syn)
+    }
+
+    /// MANAGE_PAGES(take) for up to `n` pages; returns (status, pages returned).
+    pub fn take_pages(&mut self, n: u32) -> (u8, Vec<u64>) {
+        use ifc::manage_pages_in as i;
+        let mut inp = vec![0u8; i::SIZE_BYTES];
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
+        inp.set(i::OP_MOD, consts::MLX5_PAGES_TAKE);
+        inp.set(i::INPUT_NUM_ENTRIES, n);
+        let outlen = ifc::manage_pages_out::PAS.byte_off() + 8 * n as usize;
+        let (s, _, out) = self.cmd(&inp, outlen);
+        let count = MsgBuf::get(&out[..], ifc::manage_pages_out::OUTPUT_NUM_ENTRIES).min(n);
+        (s, (0..count).map(|k| out.get64(ifc::manage_pages_out::PAS.elem(k))).collect())
+    }
+
+    pub fn alloc_uar(&mut self) -> u32 {
+        let (s, _, out) = self.simple(consts::MLX5_CMD_OP_ALLOC_UAR, 0, 16, 16);
+        assert_eq!(s, 0);
+        MsgBuf::get(&out[..], ifc::alloc_uar_out::UAR)
+    }
+
+    /// CREATE_EQ with `2^log_size` entries on UAR page `uar`, subscribed to `mask` (event_bitmask word 0).
+    /// Every owner byte is pre-set to `MLX5_EQE_OWNER_INIT_VAL`, as the driver does. Returns (status, eqn, buffer).
+    pub fn create_eq(&mut self, uar: u32, log_size: u32, mask: u64) -> (u8, u8, DmaRegion) {
+        use ifc::create_eq_in as i;
+        let ctx = i::EQ_CONTEXT_ENTRY;
+        let nent = 1usize << log_size;
+        let bytes = (c::mlx5_eqe::SIZE * nent).next_multiple_of(4096);
+        let buf = self.dma.alloc(bytes, 4096).unwrap();
+        for k in 0..nent {
+            buf.write_volatile_u8(
+                k * c::mlx5_eqe::SIZE + c::mlx5_eqe::OWNER.off,
+                consts::MLX5_EQE_OWNER_INIT_VAL as u8,
+            );
+        }
+        let npages = bytes / 4096;
+        let mut inp = vec![0u8; i::PAS.byte_off() + 8 * npages];
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_EQ);
+        inp.set(ifc::eqc::LOG_EQ_SIZE.at(ctx), log_size);
+        inp.set(ifc::eqc::UAR_PAGE.at(ctx), uar);
+        inp.set64(i::EVENT_BITMASK.elem(0), mask);
+        for k in 0..npages {
+            inp.set64(i::PAS.elem(k as u32), buf.iova + 4096 * k as u64);
+        }
+        let (s, _, out) = self.cmd(&inp, ifc::create_eq_out::SIZE_BYTES);
+        (s, MsgBuf::get(&out[..], ifc::create_eq_out::EQ_NUMBER) as u8, buf)
+    }
+
+    /// EQE `idx` of an EQ buffer.
+    pub fn eqe(buf: &DmaRegion, idx: usize) -> [u8; c::mlx5_eqe::SIZE] {
+        let mut e = [0u8; c::mlx5_eqe::SIZE];
+        get(buf, idx * c::mlx5_eqe::SIZE, &mut e);
+        e
+    }
+
+    /// Writes the EQ doorbell of `eqn` in UAR page `uar`: consumer index `ci`, arming when `arm`.
+    pub fn eq_doorbell(&self, uar: u32, eqn: u8, ci: u32, arm: bool) {
+        let off = SimMmio::uar_offset(uar) + consts::MLX5_EQ_DOORBELL_OFFSET as usize + if arm { 0 } else { 8 };
+        self.mmio.write32(off, (ci & 0xff_ffff) | u32::from(eqn) << 24);
+    }
+
+    /// QUERY_PAGES on `slot`, without waiting for other slots (inline mode).
+    pub fn query_pages_on(&mut self, slot: u8, op_mod: u32) -> i32 {
+        let mut inp = vec![0u8; ifc::query_pages_in::SIZE_BYTES];
+        inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES);
+        inp.set(ifc::query_pages_in::OP_MOD, op_mod);
+        let p = self.post(slot, &inp, ifc::query_pages_out::SIZE_BYTES);
+        self.ring(slot);
+        assert!(self.wait(slot), "QUERY_PAGES still owned by hardware");
+        let out = self.output(&p);
+        self.release(p);
+        MsgBuf::get(&out[..], ifc::query_pages_out::NUM_PAGES) as i32
     }
 
     pub fn query_pages(&mut self, op_mod: u32) -> i32 {

@@ -1,0 +1,529 @@
+//! Event queues on the device side: posting EQEs, the EQ doorbell in the UAR pages, and the firmware's page
+//! requests (c-layouts.md section 3).
+//!
+//! An EQE is written through the checked DMA translation: the entry first, then, after a fence, its owner byte,
+//! so a driver that sees the new owner value (and issues `dma_rmb`) reads a complete entry.
+
+use std::sync::atomic::{fence, Ordering};
+
+use mlx5_core::prm::{c, consts};
+
+use crate::fw::Eq;
+use crate::mmio::PAGE;
+use crate::{SimEvent, State};
+
+/// Bytes of event data in an EQE (`union ev_data`).
+pub const EQE_DATA_LEN: usize = c::mlx5_eqe::DATA.len;
+
+/// Command-completion events.
+const EVENT_CMD: u8 = consts::MLX5_EVENT_TYPE_CMD as u8;
+/// Page requests.
+const EVENT_PAGE_REQUEST: u8 = consts::MLX5_EVENT_TYPE_PAGE_REQUEST as u8;
+
+/// Offset in a UAR page of the EQ doorbell that updates the consumer index and arms.
+const EQ_DB_ARM: usize = consts::MLX5_EQ_DOORBELL_OFFSET as usize;
+/// Offset of the doorbell that only updates the consumer index: two dwords further (`eq_update_ci`, lib/eq.h:
+/// `eq->doorbell + (arm ? 0 : 2)` on a `__be32 *`).
+const EQ_DB_NOARM: usize = EQ_DB_ARM + 2 * 4;
+/// The doorbell value carries the consumer index in bits 23:0 and the EQ number in bits 31:24 (`eq_update_ci`).
+const DB_CI_MASK: u32 = 0xff_ffff;
+const DB_EQN_SHIFT: u32 = 24;
+
+/// The event data of a command-completion EQE for `slot`: `data.cmd.vector` = `1 << slot`.
+fn cmd_data(slot: u8) -> [u8; EQE_DATA_LEN] {
+    let mut d = [0u8; EQE_DATA_LEN];
+    let v = c::mlx5_eqe_cmd::VECTOR;
+    d[v.off..v.end()].copy_from_slice(&(1u32 << (slot & 31)).to_be_bytes());
+    d
+}
+
+/// The event data of a page request for our own function (`func_id` 0).
+fn page_req_data(num_pages: i32) -> [u8; EQE_DATA_LEN] {
+    use c::mlx5_eqe_page_req as p;
+    let mut d = [0u8; EQE_DATA_LEN];
+    d[p::FUNC_ID.off..p::FUNC_ID.end()].copy_from_slice(&0u16.to_be_bytes());
+    d[p::NUM_PAGES.off..p::NUM_PAGES.end()].copy_from_slice(&num_pages.to_be_bytes());
+    d
+}
+
+impl Eq {
+    fn nent(&self) -> u32 {
+        1 << self.log_nent
+    }
+
+    /// Bus address of entry `idx` (< nent), from the `pas[]` pages CREATE_EQ gave.
+    fn entry_iova(&self, idx: u32) -> Option<u64> {
+        let off = u64::from(idx) * c::mlx5_eqe::SIZE as u64;
+        let page = usize::try_from(off / self.page_bytes).ok()?;
+        self.pas.get(page)?.checked_add(off % self.page_bytes)
+    }
+}
+
+impl State {
+    /// Posts an EQE to the lowest-numbered EQ subscribed to `event_type`; returns that EQ when it was written.
+    pub(crate) fn post_eqe(&mut self, event_type: u8, sub_type: u8, data: &[u8; EQE_DATA_LEN]) -> Option<u8> {
+        // A dead or vanished device writes nothing.
+        if self.dead() {
+            return None;
+        }
+        let eqn = self.fw.subscriber(event_type)?;
+        let eqn8 = eqn as u8;
+        let eq = self.fw.eqs.get_mut(&eqn)?;
+        if eq.pi.wrapping_sub(eq.ci) >= eq.nent() {
+            // Hardware never overwrites an entry the driver has not consumed; it reports a fatal error instead.
+            eq.overruns += 1;
+            self.events.push(SimEvent::EqOverrun { eqn: eqn8 });
+            self.fail(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN as u8);
+            return None;
+        }
+        let Some(iova) = eq.entry_iova(eq.pi & (eq.nent() - 1)) else {
+            self.events.push(SimEvent::EqeUnwritable { eqn: eqn8 });
+            return None;
+        };
+        let mut eqe = [0u8; c::mlx5_eqe::SIZE];
+        eqe[c::mlx5_eqe::TYPE.off] = event_type;
+        eqe[c::mlx5_eqe::SUB_TYPE.off] = sub_type;
+        eqe[c::mlx5_eqe::DATA.off..c::mlx5_eqe::DATA.end()].copy_from_slice(data);
+        // Hardware writes owner 0 on the first pass over the ring, 1 on the second, and so on.
+        let owner = ((eq.pi >> eq.log_nent) & 1) as u8;
+        let own = c::mlx5_eqe::OWNER;
+        let mut ok = self.dma.write(iova, &eqe[..own.off]).is_ok();
+        ok &= self.dma.write(iova + own.end() as u64, &eqe[own.end()..]).is_ok();
+        if ok {
+            // The entry must be visible before the owner byte that hands it to the driver.
+            fence(Ordering::SeqCst);
+            ok = self.dma.write_u8_volatile(iova + own.off as u64, owner).is_ok();
+        }
+        if !ok {
+            self.events.push(SimEvent::EqeUnwritable { eqn: eqn8 });
+            return None;
+        }
+        eq.pi = eq.pi.wrapping_add(1);
+        self.events.push(SimEvent::Eqe { eqn: eqn8, event_type, sub_type });
+        if eq.armed {
+            eq.armed = false;
+            eq.interrupts += 1;
+            self.events.push(SimEvent::EqInterrupt { eqn: eqn8 });
+        }
+        Some(eqn8)
+    }
+
+    /// Posts the command-completion EQE for `slot` when an EQ subscribes to command events.
+    pub(crate) fn post_cmd_completion(&mut self, slot: u8) {
+        self.post_eqe(EVENT_CMD, 0, &cmd_data(slot));
+    }
+
+    /// Firmware asks for `num_pages` (negative: offers that many back). The accounting changes now; the EQE is
+    /// posted now when an EQ subscribes to page requests, else held for [`State::flush_page_requests`].
+    pub(crate) fn page_request(&mut self, num_pages: i32) {
+        if self.dead() || num_pages == 0 {
+            return;
+        }
+        self.fw.account_page_request(num_pages);
+        if self.fw.page_request_held || self.fw.subscriber(EVENT_PAGE_REQUEST).is_none() {
+            // Folded into the held request, whose balance includes this one.
+            self.fw.page_request_held = true;
+            self.flush_page_requests();
+        } else {
+            self.post_eqe(EVENT_PAGE_REQUEST, 0, &page_req_data(num_pages));
+        }
+    }
+
+    /// Posts the held page request, if any, once an EQ subscribes: one request for the balance then due (what
+    /// QUERY_PAGES(regular) reports), which covers every request made while nobody listened.
+    pub(crate) fn flush_page_requests(&mut self) {
+        if !self.fw.page_request_held || self.dead() || self.fw.subscriber(EVENT_PAGE_REQUEST).is_none() {
+            return;
+        }
+        self.fw.page_request_held = false;
+        let balance = self.fw.page_balance().clamp(i32::MIN.into(), i32::MAX.into()) as i32;
+        if balance != 0 {
+            self.post_eqe(EVENT_PAGE_REQUEST, 0, &page_req_data(balance));
+        }
+    }
+
+    /// A write into a UAR page: the EQ doorbells are interpreted, anything else is recorded.
+    pub(crate) fn uar_write(&mut self, off: usize, val: u32) {
+        let arm = match off % PAGE {
+            EQ_DB_ARM => true,
+            EQ_DB_NOARM => false,
+            _ => {
+                self.events.push(SimEvent::UarWrite { off, val });
+                return;
+            }
+        };
+        let bad = |why| SimEvent::BadEqDoorbell { off, val, why };
+        let uar = u32::try_from(off / PAGE).unwrap_or(u32::MAX);
+        let eqn = val >> DB_EQN_SHIFT;
+        let ci24 = val & DB_CI_MASK;
+        if !self.fw.uar_allocated(uar) {
+            self.events.push(bad("UAR page not allocated"));
+            return;
+        }
+        let dead = self.dead();
+        let Some(eq) = self.fw.eqs.get_mut(&eqn) else {
+            self.events.push(bad("no such EQ"));
+            return;
+        };
+        if eq.uar != uar {
+            self.events.push(bad("EQ uses another UAR page"));
+            return;
+        }
+        // The doorbell carries 24 bits of the consumer index: advance by the 24-bit distance, which must not
+        // pass the producer index.
+        let step = ci24.wrapping_sub(eq.ci) & DB_CI_MASK;
+        if step > eq.pi.wrapping_sub(eq.ci) {
+            self.events.push(bad("consumer index beyond producer index"));
+            return;
+        }
+        eq.ci = eq.ci.wrapping_add(step);
+        let eqn8 = eqn as u8;
+        self.events.push(SimEvent::EqDoorbell { eqn: eqn8, ci: eq.ci, arm });
+        if arm {
+            if eq.ci != eq.pi && !dead {
+                // EQEs are already waiting: the interrupt fires at once.
+                eq.interrupts += 1;
+                eq.armed = false;
+                self.events.push(SimEvent::EqInterrupt { eqn: eqn8 });
+            } else {
+                eq.armed = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Harness;
+    use crate::{lock, EqInfo, Fault, Health, Mode, SimConfig};
+    use mlx5_core::hal::{DmaRegion, Mmio};
+    use mlx5_core::prm::{ifc, MsgBuf};
+    use std::time::{Duration, Instant};
+
+    const PORT: u8 = consts::MLX5_EVENT_TYPE_PORT_CHANGE as u8;
+    const PAGE_REQ_MASK: u64 = 1 << consts::MLX5_EVENT_TYPE_PAGE_REQUEST;
+    const REGULAR: u32 = consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES;
+
+    fn owner(buf: &DmaRegion, idx: usize) -> u8 {
+        Harness::eqe(buf, idx)[c::mlx5_eqe::OWNER.off]
+    }
+
+    fn typ(e: &[u8]) -> u8 {
+        e[c::mlx5_eqe::TYPE.off]
+    }
+
+    /// `num_pages` of a page-request EQE.
+    fn num_pages(e: &[u8]) -> i32 {
+        let f = c::mlx5_eqe_page_req::NUM_PAGES;
+        e.read_u32(c::mlx5_eqe::DATA.off + f.off) as i32
+    }
+
+    fn func_id(e: &[u8]) -> u16 {
+        let f = c::mlx5_eqe_page_req::FUNC_ID;
+        let at = c::mlx5_eqe::DATA.off + f.off;
+        u16::from_be_bytes([e[at], e[at + 1]])
+    }
+
+    fn vector(e: &[u8]) -> u32 {
+        e.read_u32(c::mlx5_eqe::DATA.off + c::mlx5_eqe_cmd::VECTOR.off)
+    }
+
+    fn alloc_pd_in() -> Vec<u8> {
+        let mut inp = vec![0u8; ifc::alloc_pd_in::SIZE_BYTES];
+        inp.set(ifc::alloc_pd_in::OPCODE, consts::MLX5_CMD_OP_ALLOC_PD);
+        inp
+    }
+
+    fn marked(k: u8) -> [u8; EQE_DATA_LEN] {
+        let mut d = [0u8; EQE_DATA_LEN];
+        d[c::mlx5_eqe_port_state::PORT.off] = 1;
+        d[0] = k;
+        d
+    }
+
+    /// Brought up, with a page-request EQ (8 entries) whose first request, the regular pages, was served.
+    fn with_page_eq(h: &mut Harness) -> (u32, u8, DmaRegion) {
+        h.bring_up();
+        let uar = h.alloc_uar();
+        let (s, eqn, buf) = h.create_eq(uar, 3, PAGE_REQ_MASK);
+        assert_eq!(s, 0);
+        wait_pi(h, eqn, 1);
+        let e = Harness::eqe(&buf, 0);
+        assert_eq!((typ(&e), num_pages(&e), func_id(&e)), (PAGE_REQUEST, 4, 0));
+        assert_eq!(h.give_pages(4), (0, 0));
+        (uar, eqn, buf)
+    }
+
+    const PAGE_REQUEST: u8 = EVENT_PAGE_REQUEST;
+
+    /// Waits (threaded mode) until EQ `eqn` has `pi` EQEs.
+    fn wait_pi(h: &Harness, eqn: u8, pi: u32) {
+        let start = Instant::now();
+        while h.dev.eq_info(eqn).map(|i| i.pi) != Some(pi) {
+            assert!(h.threaded && start.elapsed() < Duration::from_secs(10), "EQ {eqn} never reached pi {pi}");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    #[test]
+    fn eqes_go_to_the_lowest_subscriber_with_owner_per_pass_and_overrun_is_fatal() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let uar = h.alloc_uar();
+        let (_, a, abuf) = h.create_eq(uar, 2, 1 << PORT);
+        let (_, b, _bbuf) = h.create_eq(uar, 2, 1 << PORT);
+        assert!(a < b);
+        assert_eq!(h.dev.post_event(consts::MLX5_EVENT_TYPE_CQ_ERROR as u8, 0, marked(0)), None);
+        let sub = consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE as u8;
+        assert_eq!(h.dev.post_event(PORT, sub, marked(0)), Some(a));
+        let e = Harness::eqe(&abuf, 0);
+        assert_eq!((typ(&e), e[c::mlx5_eqe::SUB_TYPE.off]), (PORT, sub));
+        assert_eq!(&e[c::mlx5_eqe::DATA.off..c::mlx5_eqe::DATA.end()], &marked(0));
+        // First pass: hardware writes owner 0; untouched entries keep the driver's initial 1.
+        assert_eq!((owner(&abuf, 0), owner(&abuf, 1)), (0, 1));
+        assert!(h.dev.events().contains(&SimEvent::Eqe { eqn: a, event_type: PORT, sub_type: sub }));
+        // The EQ starts disarmed: no interrupt.
+        assert!(!h.dev.events().iter().any(|e| matches!(e, SimEvent::EqInterrupt { .. })));
+        for k in 1..4 {
+            assert_eq!(h.dev.post_event(PORT, sub, marked(k)), Some(a));
+            assert_eq!(owner(&abuf, k.into()), 0);
+        }
+        h.eq_doorbell(uar, a, 4, true);
+        assert!(h.dev.events().contains(&SimEvent::EqDoorbell { eqn: a, ci: 4, arm: true }));
+        // Second pass: owner 1, and the armed EQ interrupts once.
+        h.dev.post_event(PORT, sub, marked(4));
+        assert_eq!(owner(&abuf, 0), 1);
+        assert_eq!(Harness::eqe(&abuf, 0)[c::mlx5_eqe::DATA.off], 4);
+        assert!(h.dev.events().contains(&SimEvent::EqInterrupt { eqn: a }));
+        let info = h.dev.eq_info(a).unwrap();
+        assert_eq!((info.pi, info.ci, info.armed, info.interrupts), (5, 4, false, 1));
+        for k in 5..8 {
+            h.dev.post_event(PORT, sub, marked(k));
+        }
+        assert_eq!(h.dev.eq_info(a).unwrap().interrupts, 1);
+        // Full: nothing is overwritten and the firmware dies with the overrun syndrome.
+        assert_eq!(h.dev.post_event(PORT, sub, marked(8)), None);
+        assert_eq!(Harness::eqe(&abuf, 0)[c::mlx5_eqe::DATA.off], 4);
+        assert!(h.dev.events().contains(&SimEvent::EqOverrun { eqn: a }));
+        let synd = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN as u8;
+        assert_eq!(h.dev.health(), Health::Failed { synd });
+        let hb = c::mlx5_init_seg::HEALTH.off + c::health_buffer::SYND.off;
+        assert_eq!(h.mmio.read32(hb & !3) >> (8 * (3 - (hb & 3))) & 0xff, u32::from(synd));
+        assert_eq!(h.dev.eq_info(a).unwrap().overruns, 1);
+        // A dead firmware posts nothing more, even to the other EQ.
+        assert_eq!(h.dev.post_event(PORT, sub, marked(9)), None);
+        assert_eq!(h.dev.eq_info(b).unwrap().pi, 0);
+    }
+
+    #[test]
+    fn eq_doorbell_is_validated_and_arms() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let uar = h.alloc_uar();
+        let uar2 = h.alloc_uar();
+        let (_, eqn, _buf) = h.create_eq(uar, 3, 1 << PORT);
+        let bad = |h: &Harness, why: &str| {
+            h.dev.events().iter().any(|e| matches!(e, SimEvent::BadEqDoorbell { why: w, .. } if *w == why))
+        };
+        h.eq_doorbell(uar2 + 5, eqn, 0, true);
+        assert!(bad(&h, "UAR page not allocated"));
+        h.eq_doorbell(uar, eqn + 1, 0, true);
+        assert!(bad(&h, "no such EQ"));
+        h.eq_doorbell(uar2, eqn, 0, true);
+        assert!(bad(&h, "EQ uses another UAR page"));
+        h.eq_doorbell(uar, eqn, 1, false);
+        assert!(bad(&h, "consumer index beyond producer index"));
+        assert!(!h.dev.eq_info(eqn).unwrap().armed);
+        // Other UAR offsets are plain UAR writes.
+        let other = crate::SimMmio::uar_offset(uar) + 0x20;
+        h.mmio.write32(other, 5);
+        assert!(h.dev.events().contains(&SimEvent::UarWrite { off: other, val: 5 }));
+
+        h.dev.post_event(PORT, 0, marked(0));
+        h.dev.post_event(PORT, 0, marked(1));
+        h.eq_doorbell(uar, eqn, 1, false);
+        assert!(h.dev.events().contains(&SimEvent::EqDoorbell { eqn, ci: 1, arm: false }));
+        assert!(!h.dev.eq_info(eqn).unwrap().armed);
+        // Arming with an unconsumed EQE interrupts at once and leaves the EQ disarmed.
+        h.eq_doorbell(uar, eqn, 1, true);
+        assert!(h.dev.events().contains(&SimEvent::EqInterrupt { eqn }));
+        let info = h.dev.eq_info(eqn).unwrap();
+        assert_eq!((info.armed, info.interrupts), (false, 1));
+        h.eq_doorbell(uar, eqn, 2, true);
+        let info = h.dev.eq_info(eqn).unwrap();
+        let want = EqInfo {
+            nent: 8,
+            pi: 2,
+            ci: 2,
+            armed: true,
+            interrupts: 1,
+            overruns: 0,
+            uar_page: uar,
+            event_bitmask: [1 << PORT, 0, 0, 0],
+        };
+        assert_eq!(info, want);
+        assert_eq!(h.dev.eq_info(eqn + 1), None);
+    }
+
+    #[test]
+    fn eq_doorbell_consumer_index_wraps_at_24_bits() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let uar = h.alloc_uar();
+        let (_, eqn, buf) = h.create_eq(uar, 3, 1 << PORT);
+        {
+            let mut st = lock(&h.dev.shared);
+            let eq = st.fw.eqs.get_mut(&u32::from(eqn)).unwrap();
+            (eq.pi, eq.ci) = (0x00ff_fffe, 0x00ff_fffe);
+        }
+        for k in 0..3 {
+            h.dev.post_event(PORT, 0, marked(k));
+        }
+        // Entries 6, 7, 0; pass 0x1f_ffff is odd, pass 0x20_0000 even.
+        assert_eq!((owner(&buf, 6), owner(&buf, 7), owner(&buf, 0)), (1, 1, 0));
+        h.eq_doorbell(uar, eqn, 0x0100_0001, false);
+        assert!(h.dev.events().contains(&SimEvent::EqDoorbell { eqn, ci: 0x0100_0001, arm: false }));
+        h.eq_doorbell(uar, eqn, 0x0100_0002, false);
+        assert!(matches!(h.dev.events().last(), Some(SimEvent::BadEqDoorbell { .. })));
+    }
+
+    #[test]
+    fn command_completions_post_cmd_eqes() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let uar = h.alloc_uar();
+        let (s, eqn, buf) = h.create_eq(uar, 3, 1 << consts::MLX5_EVENT_TYPE_CMD);
+        assert_eq!(s, 0);
+        // CREATE_EQ completes after the EQ exists, so its own completion is the first EQE.
+        let e = Harness::eqe(&buf, 0);
+        assert_eq!((typ(&e), vector(&e)), (EVENT_CMD, 1));
+        let p = h.post(5, &alloc_pd_in(), 16);
+        h.ring(5);
+        assert_eq!(h.status_own(5), 0);
+        h.release(p);
+        let e = Harness::eqe(&buf, 1);
+        assert_eq!((typ(&e), vector(&e), e[c::mlx5_eqe::OWNER.off]), (EVENT_CMD, 1 << 5, 0));
+        assert_eq!(h.dev.eq_info(eqn).unwrap().pi, 2);
+    }
+
+    #[test]
+    fn regular_pages_are_requested_when_a_page_eq_appears() {
+        let mut h = Harness::inline();
+        let (_, eqn, _) = with_page_eq(&mut h);
+        assert_eq!(h.dev.eq_info(eqn).unwrap().pi, 1);
+        assert_eq!(h.query_pages(REGULAR), 0);
+        assert_eq!(h.dev.pages_owned(), 8 + 16 + 4);
+    }
+
+    #[test]
+    fn requests_made_before_any_page_eq_are_posted_as_one_balance() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        h.dev.request_pages(5);
+        h.dev.inject(Fault::PageRequest { opcode: consts::MLX5_CMD_OP_ALLOC_UAR as u16, num_pages: 2 });
+        let uar = h.alloc_uar();
+        assert_eq!(h.query_pages(REGULAR), 4 + 5 + 2);
+        let (_, eqn, buf) = h.create_eq(uar, 3, PAGE_REQ_MASK);
+        assert_eq!(h.dev.eq_info(eqn).unwrap().pi, 1);
+        assert_eq!(num_pages(&Harness::eqe(&buf, 0)), 11);
+    }
+
+    #[test]
+    fn page_requests_grow_and_shrink_the_need() {
+        let mut h = Harness::inline();
+        let (_, eqn, buf) = with_page_eq(&mut h);
+        h.dev.inject(Fault::PageRequest { opcode: consts::MLX5_CMD_OP_ALLOC_PD as u16, num_pages: 3 });
+        assert_eq!(h.cmd(&alloc_pd_in(), 16).0, 0);
+        assert_eq!(num_pages(&Harness::eqe(&buf, 1)), 3);
+        assert_eq!(h.query_pages(REGULAR), 3);
+        h.give_pages(3);
+        h.dev.clear_faults();
+        // Firmware offers two pages back; the next take returns exactly those.
+        h.dev.request_pages(-2);
+        assert_eq!(num_pages(&Harness::eqe(&buf, 2)), -2);
+        assert_eq!(h.dev.eq_info(eqn).unwrap().pi, 3);
+        assert_eq!(h.query_pages(REGULAR), -2);
+        assert_eq!(h.take_pages(10).1.len(), 2);
+        assert_eq!(h.dev.pages_owned(), 8 + 16 + 4 + 3 - 2);
+        assert_eq!(h.query_pages(REGULAR), 0);
+        // Pages beyond the need are accepted, and are what a take returns.
+        assert_eq!(h.give_pages(5), (0, 0));
+        assert_eq!(h.query_pages(REGULAR), -5);
+        assert_eq!(h.take_pages(10).1.len(), 5);
+        // An initialized HCA keeps what it needs.
+        assert_eq!(h.take_pages(10).1.len(), 0);
+        assert_eq!(h.dev.pages_owned(), 29);
+        // After TEARDOWN_HCA everything comes back.
+        let (s, _, _) = h.simple(consts::MLX5_CMD_OP_TEARDOWN_HCA, 0, 16, 16);
+        assert_eq!(s, 0);
+        assert_eq!(h.take_pages(64).1.len(), 29);
+        assert_eq!(h.dev.pages_owned(), 0);
+    }
+
+    #[test]
+    fn need_pages_stalls_until_the_pages_slot_gives_them_inline() {
+        let mut h = Harness::inline();
+        let (_, eqn, buf) = with_page_eq(&mut h);
+        let op = consts::MLX5_CMD_OP_ALLOC_PD as u16;
+        h.dev.inject(Fault::NeedPages { opcode: op, pages: 3 });
+        let done = h.dev.executed().len();
+        let pd = h.post(0, &alloc_pd_in(), 16);
+        h.ring(0);
+        assert_eq!(h.status_own(0) & 1, 1);
+        assert!(h.dev.events().contains(&SimEvent::WaitingForPages { slot: 0, opcode: op, pages: 3 }));
+        assert_eq!(h.dev.eq_info(eqn).unwrap().pi, 2);
+        assert_eq!(num_pages(&Harness::eqe(&buf, 1)), 3);
+        assert_eq!(h.query_pages_on(30, REGULAR), 3);
+        h.ring(0);
+        assert!(h.dev.events().contains(&SimEvent::DoorbellBusy { slot: 0 }));
+        // Two pages are not enough: MANAGE_PAGES completes, the stalled command does not.
+        let inp = h.give_input(2);
+        let g = h.post(31, &inp, 16);
+        h.ring(31);
+        assert_eq!(h.status_own(31), 0);
+        assert_eq!(h.status_own(0) & 1, 1);
+        h.release(g);
+        let inp = h.give_input(1);
+        let g = h.post(31, &inp, 16);
+        h.ring(31);
+        assert_eq!((h.status_own(31), h.status_own(0)), (0, 0));
+        h.release(g);
+        let out = h.output(&pd);
+        assert_eq!(MsgBuf::get(&out[..], ifc::mbox_out::STATUS), 0);
+        assert_ne!(MsgBuf::get(&out[..], ifc::alloc_pd_out::PD), 0);
+        h.release(pd);
+        let ex: Vec<(u8, u16)> = h.dev.executed()[done..].iter().map(|e| (e.slot, e.opcode)).collect();
+        let mp = consts::MLX5_CMD_OP_MANAGE_PAGES as u16;
+        let qp = consts::MLX5_CMD_OP_QUERY_PAGES as u16;
+        assert_eq!(ex, vec![(30, qp), (31, mp), (31, mp), (0, op)]);
+        assert_eq!(h.query_pages(REGULAR), 0);
+        // The fault was for one command only; a need of zero pages does not stall.
+        assert_eq!(h.cmd(&alloc_pd_in(), 16).0, 0);
+        h.dev.inject(Fault::NeedPages { opcode: op, pages: 0 });
+        assert_eq!(h.cmd(&alloc_pd_in(), 16).0, 0);
+    }
+
+    #[test]
+    fn need_pages_stalls_until_the_pages_slot_gives_them_threaded() {
+        let mut h = Harness::new(SimConfig { mode: Mode::Threaded, ..SimConfig::default() });
+        let (_, eqn, buf) = with_page_eq(&mut h);
+        let op = consts::MLX5_CMD_OP_ALLOC_PD as u16;
+        h.dev.inject(Fault::NeedPages { opcode: op, pages: 2 });
+        let pd = h.post(0, &alloc_pd_in(), 16);
+        h.ring(0);
+        wait_pi(&h, eqn, 2);
+        assert_eq!(num_pages(&Harness::eqe(&buf, 1)), 2);
+        assert_eq!(h.status_own(0) & 1, 1);
+        let inp = h.give_input(2);
+        let g = h.post(31, &inp, 16);
+        h.ring(31);
+        assert!(h.wait(31) && h.wait(0));
+        assert_eq!(MsgBuf::get(&h.output(&pd)[..], ifc::mbox_out::STATUS), 0);
+        let ex = h.dev.executed();
+        let n = ex.len();
+        assert_eq!((ex[n - 2].slot, ex[n - 1].slot), (31, 0));
+        h.release(g);
+        h.release(pd);
+    }
+}
