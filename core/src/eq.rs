@@ -167,7 +167,12 @@ impl Eqe {
             }
             Event::PageRequest { function_id, ec_function, num_pages } => {
                 put_be(&mut e, d, c::mlx5_eqe_page_req::FUNC_ID, function_id.into());
-                put_be(&mut e, d, c::mlx5_eqe_page_req::EC_FUNCTION, if ec_function { consts::EC_FUNCTION_MASK } else { 0 });
+                put_be(
+                    &mut e,
+                    d,
+                    c::mlx5_eqe_page_req::EC_FUNCTION,
+                    if ec_function { consts::EC_FUNCTION_MASK } else { 0 },
+                );
                 put_be(&mut e, d, c::mlx5_eqe_page_req::NUM_PAGES, num_pages as u32);
                 (EventType::PageRequest.raw(), 0)
             }

@@ -22,7 +22,9 @@ use crate::init::{
     disable_hca, enable_hca, init_hca, set_issi, teardown_hca, CapBlock, CapMode, CapType, QueryHcaCap, QueryIssi,
     SetDriverVersion, SetHcaCap,
 };
-use crate::pages::{FwPages, ManagePagesGive, ManagePagesTake, PageStage, PagesError, QueryPages, Reclaim, RECLAIM_BATCH};
+use crate::pages::{
+    FwPages, ManagePagesGive, ManagePagesTake, PageStage, PagesError, QueryPages, Reclaim, RECLAIM_BATCH,
+};
 use crate::prm::{c, consts, ifc, EventType, MsgBuf, Opcode};
 use crate::trace::CmdTrace;
 use crate::uar::{alloc_uar, dealloc_uar};
@@ -127,15 +129,25 @@ pub enum Error {
     Pages(PagesError),
     Eq(EqError),
     /// `initializing` stayed set.
-    FwInitTimeout { state: &'static str, waited_ms: u32 },
+    FwInitTimeout {
+        state: &'static str,
+        waited_ms: u32,
+    },
     /// Health failed just now; the HCA moved to internal error.
     Health(HealthFailure),
     /// The HCA is in internal error (since `cause`); the command was not sent.
-    InternalError { cause: HealthFailure, opcode: Opcode },
+    InternalError {
+        cause: HealthFailure,
+        opcode: Opcode,
+    },
     /// Firmware supports neither ISSI 1 nor ISSI 0.
-    NoIssi { supported: u32 },
+    NoIssi {
+        supported: u32,
+    },
     /// Firmware kept pages after teardown asked for all of them.
-    PagesNotReturned { pages: usize },
+    PagesNotReturned {
+        pages: usize,
+    },
 }
 
 impl From<CmdError> for Error {
@@ -568,7 +580,9 @@ impl<const P: usize> Ctx<P> {
                 self.stats.given += n;
                 Ok(())
             }
-            Err(e @ CmdError::Status { .. }) | Err(e @ CmdError::Delivery { .. }) | Err(e @ CmdError::BadSignature { .. }) => {
+            Err(e @ CmdError::Status { .. })
+            | Err(e @ CmdError::Delivery { .. })
+            | Err(e @ CmdError::BadSignature { .. }) => {
                 // Firmware answered and refused: it holds none of the pages.
                 self.pages.cancel(q.dma());
                 Err(GiveError::Cmd(e))
@@ -603,7 +617,11 @@ impl<const P: usize> Ctx<P> {
         let got = n - unknown;
         self.stats.reclaimed += got;
         if let Some(addr) = first_unknown {
-            return Err(CmdError::Malformed { opcode: Opcode::ManagePages, what: "page firmware never had", value: addr });
+            return Err(CmdError::Malformed {
+                opcode: Opcode::ManagePages,
+                what: "page firmware never had",
+                value: addr,
+            });
         }
         Ok(got)
     }
@@ -620,7 +638,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
     /// function disabled, memory returned) before the error comes back.
     pub fn bring_up(mmio: M, dma: D, trace: T, delay: &mut impl DelayNs, cfg: Config) -> Result<Self, BringupError> {
         let fail = |step, error| BringupError { step, error, cleanup: None };
-        wait_fw_init(&mmio, delay, cfg.pre_init_timeout_ms, "pre-initializing").map_err(|e| fail(Step::PreInitializing, e))?;
+        wait_fw_init(&mmio, delay, cfg.pre_init_timeout_ms, "pre-initializing")
+            .map_err(|e| fail(Step::PreInitializing, e))?;
         let fw_rev = {
             use ifc::initial_seg as s;
             let w0 = mmio.read32(c::mlx5_init_seg::FW_REV.off).to_be_bytes();
@@ -829,7 +848,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         if cur.atomic {
             let _ = self.exec(&mut QueryHcaCap { cap: CapType::Atomic, mode: CapMode::Max }, delay)?;
             let acur = self.exec(&mut QueryHcaCap { cap: CapType::Atomic, mode: CapMode::Current }, delay)?;
-            if acur.get(ifc::atomic_caps::SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1) == ATOMIC_REQ_MODE_HOST_ENDIANNESS {
+            if acur.get(ifc::atomic_caps::SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1) == ATOMIC_REQ_MODE_HOST_ENDIANNESS
+            {
                 let mut aset = [0u8; crate::init::CAP_BYTES];
                 aset.set(ifc::atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE, ATOMIC_REQ_MODE_HOST_ENDIANNESS);
                 self.exec(&mut SetHcaCap { cap: CapType::Atomic, block: &aset }, delay)?;

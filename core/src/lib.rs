@@ -21,3 +21,4 @@ pub mod prm;
 pub mod reg;
 pub mod trace;
 pub mod uar;
+pub mod vport;

@@ -3,9 +3,9 @@
 //! Firmware asks for host memory at boot, at init and during operation; the driver gives 4 KiB pages by bus
 //! address and takes them back at teardown or when firmware returns them (a negative request).
 
-use crate::cmd::{len_with_pas, write_pas, Pas, PageSource};
-use crate::hal::{Dma, DmaError, DmaRegion};
+use crate::cmd::{len_with_pas, write_pas, PageSource, Pas};
 use crate::cmdq::{write_header, CmdError, Command};
+use crate::hal::{Dma, DmaError, DmaRegion};
 use crate::prm::{consts, ifc, MsgBuf, Opcode};
 
 /// Size of a firmware page (`MLX5_ADAPTER_PAGE_SIZE`).

@@ -7,7 +7,9 @@ use mlx5_core::hca::{Error, Hca, PageStats};
 use mlx5_core::prm::{consts, ifc};
 use mlx5_core::reg::{pmtu_read, PortMtu};
 use mlx5_core::trace::CmdTrace;
-use mlx5_core::vport::{ib_mtu_bytes, ib_mtu_enum, iboe_mtu, QueryHcaVportContext, QueryNicVportContext, QueryVportState};
+use mlx5_core::vport::{
+    ib_mtu_bytes, ib_mtu_enum, iboe_mtu, QueryHcaVportContext, QueryNicVportContext, QueryVportState,
+};
 use serde_json::json;
 
 /// Link layer of a port (`ibv_port_attr.link_layer`).

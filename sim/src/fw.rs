@@ -19,6 +19,7 @@ use mlx5_core::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, Field, MsgBuf};
 use crate::caps::{Caps, SetCapError};
 use crate::dma::DmaSpace;
 use crate::mmio::INIT_SEG_PAGES;
+use crate::port::PortModel;
 use crate::{ExecutedCmd, Fault, SimConfig, SimEvent, State};
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
@@ -90,6 +91,12 @@ pub mod syndrome {
     pub const NO_RESOURCES: u32 = 0x51a0_0070;
     /// `BAD_RES_STATE`: the object is still used (an EQ by a CQ, a UAR by an EQ or CQ).
     pub const IN_USE: u32 = 0x51a0_0071;
+    /// ACCESS_REGISTER of a register the device does not model, or in the wrong direction.
+    pub const REG_ACCESS: u32 = 0x51a0_0080;
+    /// A port number the device does not have (it has port 1), or a query for the other link layer.
+    pub const BAD_PORT: u32 = 0x51a0_0081;
+    /// A command needing a capability firmware does not report (SET_DRIVER_VERSION without `driver_version`).
+    pub const CAP_NOT_SET: u32 = 0x51a0_0082;
     /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
     pub const HEALTH_EXT_SYND: u16 = 0x51a0;
 }
@@ -123,7 +130,7 @@ fn xor8(b: &[u8]) -> u8 {
     b.iter().fold(0, |a, x| a ^ x)
 }
 
-fn rd(b: &[u8], f: Field) -> u32 {
+pub(crate) fn rd(b: &[u8], f: Field) -> u32 {
     MsgBuf::get(b, f)
 }
 
@@ -138,11 +145,11 @@ pub(crate) struct CmdErr {
     syndrome: u32,
 }
 
-fn err(status: CmdStatus, syndrome: u32) -> CmdErr {
+pub(crate) fn err(status: CmdStatus, syndrome: u32) -> CmdErr {
     CmdErr { status, syndrome }
 }
 
-fn bad_param(syndrome: u32) -> CmdErr {
+pub(crate) fn bad_param(syndrome: u32) -> CmdErr {
     err(CmdStatus::BadParam, syndrome)
 }
 
@@ -208,6 +215,7 @@ pub(crate) struct Firmware {
     /// A page request is waiting for an EQ subscribed to page requests.
     pub(crate) page_request_held: bool,
     caps: Caps,
+    pub(crate) port: PortModel,
     pds: BTreeSet<u32>,
     next_pd: u32,
     uars: BTreeSet<u32>,
@@ -259,6 +267,7 @@ impl Firmware {
             abandoned: 0,
             page_request_held: false,
             caps: Caps::new(cfg),
+            port: PortModel::new(cfg),
             pds: BTreeSet::new(),
             next_pd: 1,
             uars: BTreeSet::new(),
@@ -389,6 +398,21 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_CQ => {
                 (destroy_cq_in::SIZE_BYTES, destroy_cq_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_ACCESS_REG => {
+                (access_register_in::SIZE_BYTES, access_register_out::SIZE_BYTES, Gate::Enabled)
+            }
+            consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
+                (set_driver_version_in::SIZE_BYTES, set_driver_version_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_QUERY_VPORT_STATE => {
+                (query_vport_state_in::SIZE_BYTES, query_vport_state_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => {
+                (query_nic_vport_context_in::SIZE_BYTES, query_nic_vport_context_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => {
+                (query_hca_vport_context_in::SIZE_BYTES, query_hca_vport_context_out::SIZE_BYTES, Gate::Initialized)
+            }
             _ => return None,
         })
     }
@@ -453,6 +477,14 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_EQ => self.destroy_eq(inp),
             consts::MLX5_CMD_OP_CREATE_CQ => self.create_cq(dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_CQ => self.destroy_cq(inp),
+            consts::MLX5_CMD_OP_ACCESS_REG => self.port.access_reg(inp, out),
+            consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
+                let supported = self.caps.gen(ifc::cmd_hca_cap::DRIVER_VERSION) != 0;
+                self.port.set_driver_version(inp, supported)
+            }
+            consts::MLX5_CMD_OP_QUERY_VPORT_STATE => self.port.query_vport_state(inp, out),
+            consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => self.port.query_nic_vport_context(inp, out),
+            consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => self.port.query_hca_vport_context(inp, out),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
     }

@@ -68,6 +68,7 @@ mod eq;
 mod fw;
 mod mmio;
 pub mod mocks;
+mod port;
 
 #[cfg(test)]
 mod testutil;
@@ -142,6 +143,16 @@ pub struct SimConfig {
     pub port_type: PortType,
     /// Number of UAR pages in the BAR after the initialization segment (ALLOC_UAR fails beyond it).
     pub num_uars: u32,
+    /// PCI vendor and device id the device would show in config space (a ConnectX-5: 15b3:1017).
+    pub pci_ids: (u16, u16),
+    /// Port 1 link is up.
+    pub port_up: bool,
+    /// Port MTU in bytes (PMTU `oper_mtu`; the Ethernet MTU for RoCE, the IB MTU for InfiniBand).
+    pub port_mtu: u16,
+    /// Node (and system image, port) GUID.
+    pub node_guid: u64,
+    /// Permanent MAC address of the Ethernet port.
+    pub mac: [u8; 6],
 }
 
 impl Default for SimConfig {
@@ -161,6 +172,11 @@ impl Default for SimConfig {
             checksum: false,
             port_type: PortType::Eth,
             num_uars: 16,
+            pci_ids: (0x15b3, 0x1017),
+            port_up: true,
+            port_mtu: 1500,
+            node_guid: 0xb8ce_f603_0012_3456,
+            mac: [0xb8, 0xce, 0xf6, 0x12, 0x34, 0x56],
         }
     }
 }
@@ -560,6 +576,16 @@ impl SimDevice {
     /// Advances virtual time and runs due work, exactly as [`SimDelay`] does (inline mode; threaded: sleeps).
     pub fn advance_ns(&self, ns: u64) {
         self.delay().advance(ns);
+    }
+
+    /// The string SET_DRIVER_VERSION wrote, if any.
+    pub fn driver_version(&self) -> Option<String> {
+        lock(&self.shared).fw.port.driver_version.clone()
+    }
+
+    /// The `he` byte the host-endianness register was written with (`set_hca_ctrl`), if it was.
+    pub fn host_endianness(&self) -> Option<u8> {
+        lock(&self.shared).fw.port.host_endianness
     }
 
     /// Live objects: (PDs, UARs, EQs, CQs).

@@ -1,6 +1,7 @@
 //! `mlx5`: the command-line tool. Runs on the simulated device unless told otherwise.
 //!
 //! ```text
+//! mlx5 [--trace FILE] [--hexdump] [--threaded] devinfo [--json]
 //! mlx5 [--trace FILE] [--hexdump] [--threaded] fw-tour
 //! ```
 
@@ -8,13 +9,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mlx5_core::cmdq::CmdQueue;
+use mlx5_core::hca::{Config, Hca};
 use mlx5_host::tour::run_tour;
 use mlx5_host::tracefile::TraceSink;
 use mlx5_sim::{Mode, SimConfig, SimDevice};
 
-const USAGE: &str = "usage: mlx5 [--trace FILE] [--hexdump] [--threaded] <command>
+const USAGE: &str = "usage: mlx5 [--trace FILE] [--hexdump] [--threaded] <command> [--json]
 
 commands:
+  devinfo    bring the device up as Linux does and print what ibv_devinfo -v shows (--json: one JSON object)
   fw-tour    run every implemented firmware command on the device, in driver order, and report
 
 options:
@@ -26,17 +29,19 @@ struct Args {
     trace: Option<PathBuf>,
     hexdump: bool,
     threaded: bool,
+    json: bool,
     command: String,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut args = Args { trace: None, hexdump: false, threaded: false, command: String::new() };
+    let mut args = Args { trace: None, hexdump: false, threaded: false, json: false, command: String::new() };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--trace" => args.trace = Some(it.next().ok_or("--trace needs a file name")?.into()),
             "--hexdump" => args.hexdump = true,
             "--threaded" => args.threaded = true,
+            "--json" => args.json = true,
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
             s if args.command.is_empty() => args.command = s.to_string(),
@@ -47,6 +52,51 @@ fn parse() -> Result<Args, String> {
         return Err("no command given".into());
     }
     Ok(args)
+}
+
+fn sim_device(args: &Args) -> SimDevice {
+    SimDevice::new(SimConfig {
+        mode: if args.threaded { Mode::Threaded } else { Mode::Inline },
+        ..SimConfig::default()
+    })
+}
+
+fn trace_sink(args: &Args) -> Result<TraceSink, String> {
+    Ok(match &args.trace {
+        Some(p) => TraceSink::json_file(p).map_err(|e| e.to_string())?,
+        None => TraceSink::default(),
+    }
+    .with_hexdump(args.hexdump))
+}
+
+/// Brings the device up, queries it, tears it down, then prints. The trace covers the whole life cycle.
+fn devinfo(args: &Args) -> Result<(), String> {
+    let dev = sim_device(args);
+    let mut sink = trace_sink(args)?;
+    let mut delay = dev.delay();
+    let info = {
+        let mut hca: Hca<_, _, _> = Hca::bring_up(dev.mmio(), dev.dma(), &mut sink, &mut delay, Config::default())
+            .map_err(|e| e.to_string())?;
+        let pci = dev.config().pci_ids;
+        let info = mlx5_host::devinfo::query(&mut hca, &mut delay, "mlx5_0", pci);
+        let down = hca.teardown(&mut delay);
+        let info = info.map_err(|e| format!("query failed: {e}"))?;
+        down.map_err(|e| format!("teardown failed: {e}"))?;
+        info
+    };
+    sink.finish().map_err(|e| e.to_string())?;
+    let (regions, bytes) = dev.dma_outstanding();
+    if regions != 0 || dev.pages_owned() != 0 {
+        return Err(format!(
+            "teardown left {regions} DMA regions ({bytes} bytes), {} firmware pages",
+            dev.pages_owned()
+        ));
+    }
+    if args.json {
+        out(&format!("{}\n", info.json()))
+    } else {
+        out(&info.text())
+    }
 }
 
 fn fw_tour(args: &Args) -> Result<(), String> {
@@ -113,6 +163,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match args.command.as_str() {
+        "devinfo" => devinfo(&args),
         "fw-tour" => fw_tour(&args),
         other => Err(format!("unknown command {other:?}")),
     };

@@ -1,0 +1,193 @@
+//! Vport queries (PRM "Vport Commands"; Linux `vport.c`): QUERY_VPORT_STATE, QUERY_NIC_VPORT_CONTEXT (Ethernet),
+//! QUERY_HCA_VPORT_CONTEXT (InfiniBand), and the port attributes verbs users see (`ibv_query_port`).
+
+use crate::cmdq::{write_header, CmdError, Command};
+use crate::prm::{consts, ifc, MsgBuf, Opcode};
+
+/// Operational and administrative state of this function's vNIC vport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VportState {
+    /// `MLX5_QUERY_VPORT_STATE_OUT_STATE_UP` (1) or `_DOWN` (0).
+    pub state: u8,
+    pub admin_state: u8,
+}
+
+impl VportState {
+    pub fn is_up(&self) -> bool {
+        u32::from(self.state) == consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_UP
+    }
+}
+
+/// `QUERY_VPORT_STATE` for the own vNIC vport (`mlx5_query_vport_state` with `MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueryVportState;
+
+impl Command for QueryVportState {
+    type Output = VportState;
+    fn opcode(&self) -> Opcode {
+        Opcode::QueryVportState
+    }
+    fn inlen(&self) -> usize {
+        ifc::query_vport_state_in::SIZE_BYTES
+    }
+    fn outlen(&self) -> usize {
+        ifc::query_vport_state_out::SIZE_BYTES
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        write_header(msg, Opcode::QueryVportState, consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT as u16);
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<VportState, CmdError> {
+        Ok(VportState {
+            state: out.get(ifc::query_vport_state_out::STATE) as u8,
+            admin_state: out.get(ifc::query_vport_state_out::ADMIN_STATE) as u8,
+        })
+    }
+}
+
+/// The parts of `nic_vport_context` the driver reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NicVportContext {
+    pub roce_en: bool,
+    /// Port MTU in bytes (the Ethernet MTU the vport was configured with).
+    pub mtu: u16,
+    pub system_image_guid: u64,
+    pub port_guid: u64,
+    pub node_guid: u64,
+    pub permanent_address: [u8; 6],
+}
+
+/// `QUERY_NIC_VPORT_CONTEXT` for the own vport (`mlx5_query_nic_vport_context`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueryNicVportContext;
+
+impl Command for QueryNicVportContext {
+    type Output = NicVportContext;
+    fn opcode(&self) -> Opcode {
+        Opcode::QueryNicVportContext
+    }
+    fn inlen(&self) -> usize {
+        ifc::query_nic_vport_context_in::SIZE_BYTES
+    }
+    fn outlen(&self) -> usize {
+        ifc::query_nic_vport_context_out::SIZE_BYTES
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        write_header(msg, Opcode::QueryNicVportContext, 0);
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<NicVportContext, CmdError> {
+        use ifc::nic_vport_context as n;
+        let base = ifc::query_nic_vport_context_out::NIC_VPORT_CONTEXT;
+        let mac_sub = n::PERMANENT_ADDRESS.at(base);
+        let hi = out.get(ifc::mac_address_layout::MAC_ADDR_47_32.at(mac_sub));
+        let lo = out.get(ifc::mac_address_layout::MAC_ADDR_31_0.at(mac_sub));
+        let mut mac = [0u8; 6];
+        mac[..2].copy_from_slice(&(hi as u16).to_be_bytes());
+        mac[2..].copy_from_slice(&lo.to_be_bytes());
+        Ok(NicVportContext {
+            roce_en: out.get(n::ROCE_EN.at(base)) != 0,
+            mtu: out.get(n::MTU.at(base)) as u16,
+            system_image_guid: out.get64(n::SYSTEM_IMAGE_GUID.at(base)),
+            port_guid: out.get64(n::PORT_GUID.at(base)),
+            node_guid: out.get64(n::NODE_GUID.at(base)),
+            permanent_address: mac,
+        })
+    }
+}
+
+/// The parts of `hca_vport_context` the driver reads (InfiniBand ports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HcaVportContext {
+    pub port_physical_state: u8,
+    /// `IB_PORT_*` (4 = active).
+    pub port_state: u8,
+    pub vport_state: u8,
+    pub system_image_guid: u64,
+    pub port_guid: u64,
+    pub node_guid: u64,
+    pub cap_mask1: u32,
+    pub lid: u16,
+    pub lmc: u8,
+    pub sm_lid: u16,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+}
+
+/// `QUERY_HCA_VPORT_CONTEXT` for `port_num` of the own vport (`mlx5_query_hca_vport_context`).
+#[derive(Debug, Clone, Copy)]
+pub struct QueryHcaVportContext {
+    pub port_num: u8,
+}
+
+impl Command for QueryHcaVportContext {
+    type Output = HcaVportContext;
+    fn opcode(&self) -> Opcode {
+        Opcode::QueryHcaVportContext
+    }
+    fn inlen(&self) -> usize {
+        ifc::query_hca_vport_context_in::SIZE_BYTES
+    }
+    fn outlen(&self) -> usize {
+        ifc::query_hca_vport_context_out::SIZE_BYTES
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        write_header(msg, Opcode::QueryHcaVportContext, 0);
+        msg.set(ifc::query_hca_vport_context_in::PORT_NUM, self.port_num.into());
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<HcaVportContext, CmdError> {
+        use ifc::hca_vport_context as h;
+        let base = ifc::query_hca_vport_context_out::HCA_VPORT_CONTEXT;
+        let g = |f: crate::prm::Field| out.get(f.at(base));
+        Ok(HcaVportContext {
+            port_physical_state: g(h::PORT_PHYSICAL_STATE) as u8,
+            port_state: g(h::PORT_STATE) as u8,
+            vport_state: g(h::VPORT_STATE) as u8,
+            system_image_guid: out.get64(h::SYSTEM_IMAGE_GUID.at(base)),
+            port_guid: out.get64(h::PORT_GUID.at(base)),
+            node_guid: out.get64(h::NODE_GUID.at(base)),
+            cap_mask1: g(h::CAP_MASK1),
+            lid: g(h::LID) as u16,
+            lmc: g(h::LMC) as u8,
+            sm_lid: g(h::SM_LID) as u16,
+            sm_sl: g(h::SM_SL) as u8,
+            subnet_timeout: g(h::SUBNET_TIMEOUT) as u8,
+        })
+    }
+}
+
+/// Bytes RoCE headers take out of an Ethernet MTU (`iboe_get_mtu`, ib_verbs.h): GRH 40, UDP 8, BTH 12, XRC
+/// extension 4, AtomicETH 28, ICRC 4. Protocol header sizes, not device layouts.
+pub const ROCE_HEADER_BYTES: u32 = 40 + 8 + 12 + 4 + 28 + 4;
+
+/// The IB MTU enum (`IB_MTU_256` .. `IB_MTU_4096`) for a payload of `bytes`, rounding down; 0 if below 256.
+pub fn ib_mtu_enum(bytes: u32) -> u8 {
+    let mut e = 0;
+    for (v, b) in [
+        (consts::IB_MTU_256, 256),
+        (consts::IB_MTU_512, 512),
+        (consts::IB_MTU_1024, 1024),
+        (consts::IB_MTU_2048, 2048),
+        (consts::IB_MTU_4096, 4096),
+    ] {
+        if bytes >= b {
+            e = v as u8;
+        }
+    }
+    e
+}
+
+/// Bytes of an IB MTU enum value (0 when not a valid value).
+pub fn ib_mtu_bytes(e: u8) -> u32 {
+    match u32::from(e) {
+        consts::IB_MTU_256 => 256,
+        consts::IB_MTU_512 => 512,
+        consts::IB_MTU_1024 => 1024,
+        consts::IB_MTU_2048 => 2048,
+        consts::IB_MTU_4096 => 4096,
+        _ => 0,
+    }
+}
+
+/// The RoCE path MTU an Ethernet MTU allows (`iboe_get_mtu`).
+pub fn iboe_mtu(eth_mtu: u32) -> u8 {
+    ib_mtu_enum(eth_mtu.saturating_sub(ROCE_HEADER_BYTES))
+}

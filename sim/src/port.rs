@@ -1,0 +1,163 @@
+//! The port side of the simulated HCA: access registers (host endianness, PMTU, PAOS), SET_DRIVER_VERSION, and
+//! the vport queries (QUERY_VPORT_STATE, QUERY_NIC_VPORT_CONTEXT, QUERY_HCA_VPORT_CONTEXT).
+
+use mlx5_core::prm::{consts, ifc, MsgBuf};
+
+use crate::fw::{bad_param, rd, syndrome, CmdErr};
+use crate::{PortType, SimConfig};
+
+/// What the port looks like from the host.
+#[derive(Debug, Clone)]
+pub(crate) struct PortModel {
+    pub(crate) port_type: PortType,
+    pub(crate) up: bool,
+    /// PMTU `max_mtu` / `oper_mtu` in bytes.
+    pub(crate) max_mtu: u16,
+    pub(crate) oper_mtu: u16,
+    pub(crate) node_guid: u64,
+    pub(crate) mac: [u8; 6],
+    pub(crate) lid: u16,
+    pub(crate) sm_lid: u16,
+    /// What SET_DRIVER_VERSION wrote.
+    pub(crate) driver_version: Option<String>,
+    /// Whether the host-endianness register was written (`set_hca_ctrl`).
+    pub(crate) host_endianness: Option<u8>,
+}
+
+impl PortModel {
+    pub(crate) fn new(cfg: &SimConfig) -> Self {
+        let ib = cfg.port_type == PortType::Ib;
+        Self {
+            port_type: cfg.port_type,
+            up: cfg.port_up,
+            max_mtu: if ib { 4096 } else { 9216 },
+            oper_mtu: cfg.port_mtu,
+            node_guid: cfg.node_guid,
+            mac: cfg.mac,
+            lid: if ib { 1 } else { 0 },
+            sm_lid: if ib { 1 } else { 0 },
+            driver_version: None,
+            host_endianness: None,
+        }
+    }
+
+    /// `ACCESS_REGISTER`: host endianness (write), PMTU and PAOS (read) for local port 1.
+    pub(crate) fn access_reg(&mut self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::access_register_in as i;
+        let write = rd(inp, ifc::mbox_in::OP_MOD) == 0;
+        let id = rd(inp, i::REGISTER_ID);
+        let data_off = i::REGISTER_DATA.byte_off();
+        let data = &inp[data_off.min(inp.len())..];
+        let out_off = ifc::access_register_out::REGISTER_DATA.byte_off();
+        match id {
+            consts::MLX5_REG_HOST_ENDIANNESS => {
+                if !write || data.is_empty() {
+                    return Err(bad_param(syndrome::REG_ACCESS));
+                }
+                self.host_endianness = Some(data[0]);
+                Ok(())
+            }
+            consts::MLX5_REG_PMTU | consts::MLX5_REG_PAOS => {
+                let (len, port_field) = if id == consts::MLX5_REG_PMTU {
+                    (ifc::pmtu_reg::SIZE_BYTES, ifc::pmtu_reg::LOCAL_PORT)
+                } else {
+                    (ifc::paos_reg::SIZE_BYTES, ifc::paos_reg::LOCAL_PORT)
+                };
+                if write || data.len() < len || out.len() < out_off + len {
+                    return Err(bad_param(syndrome::REG_ACCESS));
+                }
+                if rd(data, port_field) != 1 {
+                    return Err(bad_param(syndrome::BAD_PORT));
+                }
+                let reg = &mut out[out_off..out_off + len];
+                reg.copy_from_slice(&data[..len]);
+                if id == consts::MLX5_REG_PMTU {
+                    reg.set(ifc::pmtu_reg::MAX_MTU, self.max_mtu.into());
+                    reg.set(ifc::pmtu_reg::ADMIN_MTU, self.oper_mtu.into());
+                    reg.set(ifc::pmtu_reg::OPER_MTU, self.oper_mtu.into());
+                } else {
+                    let st = if self.up { consts::MLX5_PORT_UP } else { consts::MLX5_PORT_DOWN };
+                    reg.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP);
+                    reg.set(ifc::paos_reg::OPER_STATUS, st);
+                }
+                Ok(())
+            }
+            _ => Err(bad_param(syndrome::REG_ACCESS)),
+        }
+    }
+
+    pub(crate) fn set_driver_version(&mut self, inp: &[u8], supported: bool) -> Result<(), CmdErr> {
+        if !supported {
+            return Err(bad_param(syndrome::CAP_NOT_SET));
+        }
+        let arr = ifc::set_driver_version_in::DRIVER_VERSION;
+        let raw = &inp[arr.byte_off()..arr.byte_off() + arr.count as usize];
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        self.driver_version = Some(String::from_utf8_lossy(&raw[..end]).into_owned());
+        Ok(())
+    }
+
+    pub(crate) fn query_vport_state(&self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        if rd(inp, ifc::query_vport_state_in::OTHER_VPORT) != 0 {
+            return Err(bad_param(syndrome::BAD_FUNCTION));
+        }
+        if rd(inp, ifc::mbox_in::OP_MOD) != consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT {
+            return Err(bad_param(syndrome::BAD_OP_MOD));
+        }
+        let up = if self.up {
+            consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_UP
+        } else {
+            consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_DOWN
+        };
+        out.set(ifc::query_vport_state_out::STATE, up);
+        out.set(ifc::query_vport_state_out::ADMIN_STATE, consts::MLX5_VPORT_ADMIN_STATE_AUTO);
+        Ok(())
+    }
+
+    pub(crate) fn query_nic_vport_context(&self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::nic_vport_context as n;
+        if rd(inp, ifc::query_nic_vport_context_in::OTHER_VPORT) != 0 {
+            return Err(bad_param(syndrome::BAD_FUNCTION));
+        }
+        let base = ifc::query_nic_vport_context_out::NIC_VPORT_CONTEXT;
+        out.set(n::ROCE_EN.at(base), u32::from(self.port_type == PortType::Eth));
+        out.set(n::MTU.at(base), self.oper_mtu.into());
+        out.set64(n::SYSTEM_IMAGE_GUID.at(base), self.node_guid);
+        out.set64(n::PORT_GUID.at(base), self.node_guid);
+        out.set64(n::NODE_GUID.at(base), self.node_guid);
+        let mac_sub = n::PERMANENT_ADDRESS.at(base);
+        let m = self.mac;
+        out.set(ifc::mac_address_layout::MAC_ADDR_47_32.at(mac_sub), u32::from(u16::from_be_bytes([m[0], m[1]])));
+        out.set(ifc::mac_address_layout::MAC_ADDR_31_0.at(mac_sub), u32::from_be_bytes([m[2], m[3], m[4], m[5]]));
+        Ok(())
+    }
+
+    pub(crate) fn query_hca_vport_context(&self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::hca_vport_context as h;
+        if self.port_type != PortType::Ib {
+            // An Ethernet function has no InfiniBand vport context.
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        if rd(inp, ifc::query_hca_vport_context_in::OTHER_VPORT) != 0 {
+            return Err(bad_param(syndrome::BAD_FUNCTION));
+        }
+        if rd(inp, ifc::query_hca_vport_context_in::PORT_NUM) != 1 {
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        let base = ifc::query_hca_vport_context_out::HCA_VPORT_CONTEXT;
+        let (state, phys) = if self.up {
+            (consts::IB_PORT_ACTIVE, consts::IB_PORT_PHYS_STATE_LINK_UP)
+        } else {
+            (consts::IB_PORT_DOWN, consts::IB_PORT_PHYS_STATE_POLLING)
+        };
+        out.set(h::PORT_PHYSICAL_STATE.at(base), phys);
+        out.set(h::PORT_STATE.at(base), state);
+        out.set(h::VPORT_STATE.at(base), state);
+        out.set64(h::SYSTEM_IMAGE_GUID.at(base), self.node_guid);
+        out.set64(h::PORT_GUID.at(base), self.node_guid);
+        out.set64(h::NODE_GUID.at(base), self.node_guid);
+        out.set(h::LID.at(base), self.lid.into());
+        out.set(h::SM_LID.at(base), self.sm_lid.into());
+        Ok(())
+    }
+}
