@@ -271,6 +271,9 @@ pub struct TeardownReport {
     pub first_error: Option<Error>,
 }
 
+/// Drain passes per call: each pass after the first only exists because serving page requests produced events.
+const MAX_DRAIN_PASSES: usize = 8;
+
 /// A delay that also counts the time it waited (the health timer runs on it).
 struct Clock<'a, D: DelayNs + ?Sized> {
     inner: &'a mut D,
@@ -449,19 +452,38 @@ impl<const P: usize> Ctx<P> {
         self.drain(q, d, clock)
     }
 
-    /// Drains the EQ: counts events, serves page requests, re-arms. Errors from serving a page request abort.
+    /// Drains the EQ: counts events, serves page requests, re-arms. Serving a request runs commands whose own
+    /// completion events land in the EQ, so the drain repeats until a pass finds no request (bounded). Errors
+    /// from serving a page request abort.
     fn drain<M: Mmio, D: Dma, T: CmdTrace>(
         &mut self,
         q: &mut CmdQueue<M, D, T>,
         d: &mut dyn DelayNs,
         clock: &Cell<u64>,
     ) -> Result<(), CmdError> {
-        let Some(eq) = self.eq.as_mut() else { return Ok(()) };
+        for _ in 0..MAX_DRAIN_PASSES {
+            let mut requests: [Option<(u16, i32)>; 8] = [None; 8];
+            if !self.drain_pass(q, &mut requests) {
+                return Ok(());
+            }
+            for (func, num) in requests.into_iter().flatten() {
+                self.serve_page_request(q, d, clock, func, num)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One pass over the EQ: counts events and collects page requests; re-arms when it consumed anything.
+    /// Returns whether there are page requests to serve. Bounded by the ring size, so a device that keeps
+    /// writing cannot trap the driver here.
+    fn drain_pass<M: Mmio, D: Dma, T: CmdTrace>(
+        &mut self,
+        q: &mut CmdQueue<M, D, T>,
+        requests: &mut [Option<(u16, i32)>; 8],
+    ) -> bool {
+        let Some(eq) = self.eq.as_mut() else { return false };
         let mut n = 0u32;
-        let mut requests: [Option<(u16, i32)>; 8] = [None; 8];
         let mut nreq = 0;
-        // Collect first, serve after: serving runs commands, which may produce more EQEs; the loop below picks
-        // those up on the next pass. Bounded by the ring size so a device that keeps writing cannot trap us.
         for _ in 0..eq.ring.nent() {
             let Some(eqe) = eq.ring.next(q.mmio()) else { break };
             n += 1;
@@ -496,10 +518,7 @@ impl<const P: usize> Ctx<P> {
             eq.ring.update_ci(q.mmio(), true);
             self.events.arms += 1;
         }
-        for (func, num) in requests.into_iter().flatten() {
-            self.serve_page_request(q, d, clock, func, num)?;
-        }
-        Ok(())
+        nreq > 0
     }
 
     /// Answers one page request (`pages_work_handler`): give `num` pages, or take `-num` back.
