@@ -261,6 +261,9 @@ impl Mmio for SimMmio {
     fn dma_rmb(&self) {
         fence(Ordering::SeqCst)
     }
+    fn mb(&self) {
+        fence(Ordering::SeqCst)
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use mlx5_core::hal::{Dma, DmaError, DmaRegion, Mmio};
 /// Which barrier was issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BarrierKind {
+    Mb,
     DmaWmb,
     Wmb,
     WcStart,
@@ -104,6 +105,10 @@ impl<M: Mmio> Mmio for RecordingMmio<M> {
     fn dma_rmb(&self) {
         self.push(MmioAccess::Barrier(BarrierKind::DmaRmb));
         self.inner.dma_rmb();
+    }
+    fn mb(&self) {
+        self.push(MmioAccess::Barrier(BarrierKind::Mb));
+        self.inner.mb();
     }
 }
 

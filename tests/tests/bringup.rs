@@ -229,3 +229,27 @@ fn health_is_quiet_on_a_healthy_device() {
     assert_eq!(hca.state(), HcaState::Up);
     hca.teardown(&mut d).unwrap();
 }
+
+#[test]
+fn eq_doorbell_is_ordered_after_the_eqe_loads() {
+    use mlx5_sim::mocks::{BarrierKind, MmioAccess, RecordingMmio};
+    let dev = SimDevice::default();
+    let rec = RecordingMmio::new(dev.mmio());
+    let mut d = dev.delay();
+    let hca: Hca<&RecordingMmio<mlx5_sim::SimMmio>, mlx5_sim::SimDma> =
+        Hca::bring_up(&rec, dev.dma(), (), &mut d, Config::default()).unwrap();
+    let eq_db = hca.uar().unwrap() as usize * 4096 + consts::MLX5_EQ_DOORBELL_OFFSET as usize;
+    let log = rec.log();
+    let mut seen = 0;
+    for (i, a) in log.iter().enumerate() {
+        if let MmioAccess::Write32 { off, .. } = *a {
+            if off == eq_db || off == eq_db + 8 {
+                // The full barrier comes right before every EQ doorbell.
+                assert_eq!(log[i - 1], MmioAccess::Barrier(BarrierKind::Mb), "access {i}");
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 2, "armed after creation and after draining ({seen} doorbells)");
+    hca.teardown(&mut d).unwrap();
+}
