@@ -331,6 +331,7 @@ struct AsyncEq {
 }
 
 /// Everything besides the command queue, so a waiting command (which borrows the queue) can still reach it.
+/// Its methods take a delay that already counts waiting time into the `clock` cell (a [`Clock`]).
 struct Ctx<const P: usize> {
     cfg: Config,
     pages: FwPages<P>,
@@ -574,8 +575,8 @@ impl<const P: usize> Ctx<P> {
         let slot = pick_slot(q, SlotKind::Pages);
         let opcode = cmd.opcode();
         let watch = &mut self.watch;
-        let mut clk = Clock { inner: d, us: clock };
-        q.exec_on(slot, cmd, &mut clk, &mut |q, _| watch.tick(q.mmio(), clock.get(), opcode))
+        // `d` already counts waiting time (the caller wrapped it in a `Clock`).
+        q.exec_on(slot, cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), opcode))
     }
 
     /// MANAGE_PAGES give of `n` fresh pages (`give_pages`).
@@ -591,8 +592,7 @@ impl<const P: usize> Ctx<P> {
         let slot = pick_slot(q, SlotKind::Pages);
         let watch = &mut self.watch;
         let mut cmd = ManagePagesGive { function_id, pages: self.pages.pending_pages() };
-        let mut clk = Clock { inner: d, us: clock };
-        let r = q.exec_on(slot, &mut cmd, &mut clk, &mut |q, _| watch.tick(q.mmio(), clock.get(), Opcode::ManagePages));
+        let r = q.exec_on(slot, &mut cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), Opcode::ManagePages));
         match r {
             Ok(()) => {
                 self.pages.commit();
@@ -628,8 +628,7 @@ impl<const P: usize> Ctx<P> {
         let watch = &mut self.watch;
         let mut sink = Reclaim { pool: &mut self.pages, capacity: want, unknown: 0, first_unknown: None };
         let mut cmd = ManagePagesTake { function_id, pages: &mut sink };
-        let mut clk = Clock { inner: d, us: clock };
-        let r = q.exec_on(slot, &mut cmd, &mut clk, &mut |q, _| watch.tick(q.mmio(), clock.get(), Opcode::ManagePages));
+        let r = q.exec_on(slot, &mut cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), Opcode::ManagePages));
         let (unknown, first_unknown) = (sink.unknown, sink.first_unknown);
         let n = r?;
         self.pages.free_empty(q.dma());
@@ -773,7 +772,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         }
         let n = req.num_pages as usize;
         self.check_state(Opcode::ManagePages)?;
-        let mut clk = delay;
+        let mut clk = Clock { inner: delay, us: &self.clock_us };
         let r = self.ctx.give(&mut self.cmdq, &mut clk, &self.clock_us, req.function_id, n);
         match r {
             Ok(()) => Ok(n),
@@ -1174,7 +1173,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
             }
             let want = self.ctx.pages.given().min(RECLAIM_BATCH);
             let clock = &self.clock_us;
-            let mut clk = delay as &mut dyn DelayNs;
+            let mut clk = Clock { inner: &mut *delay, us: clock };
             let r = self.ctx.take(&mut self.cmdq, &mut clk, clock, func, want);
             match r {
                 Ok(0) => return,
