@@ -16,7 +16,7 @@ use crate::caps::{DeviceCaps, GeneralCaps};
 use crate::cmd::Simple;
 use crate::cmdq::{iseg_timeout_ms, CmdError, CmdQueue, Command, SlotKind};
 use crate::eq::{destroy_eq, event_bitmask, log_eq_size, CreateEq, EqContext, EqError, EqRing, Event};
-use crate::hal::{DelayNs, Dma, DmaError, Mmio};
+use crate::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
 use crate::health::{Health, HealthFailure, HEALTH_POLL_INTERVAL_MS};
 use crate::init::{
     disable_hca, enable_hca, init_hca, set_issi, teardown_hca, CapBlock, CapMode, CapType, QueryHcaCap, QueryIssi,
@@ -353,6 +353,9 @@ pub struct Hca<M: Mmio, D: Dma, T: CmdTrace = (), const P: usize = 256> {
     enabled: bool,
     initialized: bool,
     uar: Option<u32>,
+    /// Device-visible buffers whose owner object may still exist in firmware (a CREATE that got no answer, a
+    /// DESTROY that failed): freed once the function is disabled or dead, never before.
+    orphans: [Option<DmaRegion>; 4],
     caps: DeviceCaps,
     fw_rev: (u16, u16, u16),
 }
@@ -693,6 +696,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
             enabled: false,
             initialized: false,
             uar: None,
+            orphans: [None; 4],
             caps: DeviceCaps::default(),
             fw_rev,
         };
@@ -966,8 +970,11 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
                     // Firmware refused the EQ, so it never uses the buffer.
                     // SAFETY: allocated above; CREATE_EQ failed with a status, so the device holds no reference.
                     unsafe { self.cmdq.dma().free(buf) };
+                } else {
+                    // No answer: firmware may have created the EQ and may write the buffer until the function is
+                    // disabled.
+                    self.orphan(buf);
                 }
-                // Otherwise firmware may have created the EQ: the buffer is leaked rather than risked.
                 Err(e)
             }
         }
@@ -1101,11 +1108,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
                 }
                 Err(e) => {
                     note(&mut rep, e);
-                    if self.give_up(&e) {
-                        // SAFETY: the device is dead (internal error), so it no longer writes the EQ.
-                        unsafe { self.cmdq.dma().free(eq.ring.buf()) };
-                    }
-                    // Otherwise the EQ may still be live; its buffer is leaked rather than freed under it.
+                    self.give_up(&e);
+                    // The EQ may still be live: its buffer waits for DISABLE_HCA (or the dead device).
+                    self.orphan(eq.ring.buf());
                 }
             }
         }
@@ -1143,12 +1148,28 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
                 note(&mut rep, Error::PagesNotReturned { pages: held });
             }
         }
-        rep.local_only = matches!(self.state, HcaState::InternalError(_));
+        let dead = matches!(self.state, HcaState::InternalError(_));
+        for slot in self.orphans.iter_mut() {
+            if let Some(buf) = slot.take_if(|_| !self.enabled || dead) {
+                // SAFETY: the function is disabled (DISABLE_HCA completed, or it was never enabled) or the device is
+                // dead, so firmware no longer writes buffers of objects it may still have had.
+                unsafe { self.cmdq.dma().free(buf) };
+            }
+        }
+        rep.local_only = dead;
         rep.pages_reclaimed = self.ctx.stats.reclaimed;
         // After DISABLE_HCA (or on a dead device) firmware releases the queue too, so its memory can go even if a
         // timed-out command still holds a slot.
         self.cmdq.set_device_down(true);
         rep
+    }
+
+    /// Keeps a buffer firmware may still write until the function is disabled. With no room left it is leaked,
+    /// which is safe.
+    fn orphan(&mut self, buf: DmaRegion) {
+        if let Some(slot) = self.orphans.iter_mut().find(|o| o.is_none()) {
+            *slot = Some(buf);
+        }
     }
 
     /// A teardown command failed: when firmware did not answer at all (timeout), give up on it and finish locally,
