@@ -353,6 +353,8 @@ pub struct Hca<M: Mmio, D: Dma, T: CmdTrace = (), const P: usize = 256> {
     enabled: bool,
     initialized: bool,
     uar: Option<u32>,
+    /// The interface step-sequence ID agreed on (0 or 1).
+    issi: u16,
     /// Device-visible buffers whose owner object may still exist in firmware (a CREATE that got no answer, a
     /// DESTROY that failed): freed once the function is disabled or dead, never before.
     orphans: [Option<DmaRegion>; 4],
@@ -595,7 +597,8 @@ impl<const P: usize> Ctx<P> {
         let slot = pick_slot(q, SlotKind::Pages);
         let watch = &mut self.watch;
         let mut cmd = ManagePagesGive { function_id, pages: self.pages.pending_pages() };
-        let r = q.exec_on(slot, &mut cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), Opcode::ManagePages));
+        let r =
+            q.exec_on(slot, &mut cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), Opcode::ManagePages));
         match r {
             Ok(()) => {
                 self.pages.commit();
@@ -631,7 +634,8 @@ impl<const P: usize> Ctx<P> {
         let watch = &mut self.watch;
         let mut sink = Reclaim { pool: &mut self.pages, capacity: want, unknown: 0, first_unknown: None };
         let mut cmd = ManagePagesTake { function_id, pages: &mut sink };
-        let r = q.exec_on(slot, &mut cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), Opcode::ManagePages));
+        let r =
+            q.exec_on(slot, &mut cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), Opcode::ManagePages));
         let (unknown, first_unknown) = (sink.unknown, sink.first_unknown);
         let n = r?;
         self.pages.free_empty(q.dma());
@@ -696,6 +700,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
             enabled: false,
             initialized: false,
             uar: None,
+            issi: 0,
             orphans: [None; 4],
             caps: DeviceCaps::default(),
             fw_rev,
@@ -723,11 +728,16 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         self.enabled = true;
 
         *step = Step::SetIssi;
-        let issi = self.exec(&mut QueryIssi, delay)?;
-        if issi.supports(1) {
-            self.exec(&mut set_issi(1), delay)?;
-        } else if !issi.supports(0) {
-            return Err(Error::NoIssi { supported: issi.supported });
+        match self.exec(&mut QueryIssi, delay) {
+            Ok(issi) if issi.supports(1) => {
+                self.exec(&mut set_issi(1), delay)?;
+                self.issi = 1;
+            }
+            Ok(issi) if !issi.supports(0) => return Err(Error::NoIssi { supported: issi.supported }),
+            Ok(_) => self.issi = 0,
+            // Firmware that answers QUERY_ISSI with an error status predates it: ISSI 0 (`mlx5_core_set_issi`).
+            Err(Error::Cmd(CmdError::Status { .. })) => self.issi = 0,
+            Err(e) => return Err(e),
         }
 
         *step = Step::BootPages;
@@ -750,7 +760,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         *step = Step::DriverVersion;
         if self.caps.general.driver_version {
             let v = self.ctx.cfg.driver_version;
-            self.exec(&mut SetDriverVersion { version: v }, delay)?;
+            // Informational only: Linux ignores a refusal (`mlx5_set_driver_version` returns nothing). A device
+            // that does not answer at all still fails the bring-up.
+            match self.exec(&mut SetDriverVersion { version: v }, delay) {
+                Ok(()) | Err(Error::Cmd(CmdError::Status { .. })) => {}
+                Err(e) => return Err(e),
+            }
         }
 
         *step = Step::QueryCaps;
@@ -1053,6 +1068,11 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         self.fw_rev
     }
 
+    /// The interface step-sequence ID in use (1 unless firmware only knows 0).
+    pub fn issi(&self) -> u16 {
+        self.issi
+    }
+
     /// The UAR index allocated at bring-up.
     pub fn uar(&self) -> Option<u32> {
         self.uar
@@ -1095,6 +1115,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
     }
 
     /// The teardown steps, each attempted whatever happened before (a failure is remembered, not returned early).
+    /// A command that gets no answer does not stop the rest: its slot stays taken and the next command uses
+    /// another one, so a firmware that hangs on one opcode is still disabled properly. Only when DISABLE_HCA itself
+    /// gets no answer does the driver give up on the firmware and finish locally.
     fn shutdown(&mut self, delay: &mut impl DelayNs) -> TeardownReport {
         let mut rep = TeardownReport::default();
         let note = |rep: &mut TeardownReport, e: Error| {
@@ -1108,7 +1131,6 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
                 }
                 Err(e) => {
                     note(&mut rep, e);
-                    self.give_up(&e);
                     // The EQ may still be live: its buffer waits for DISABLE_HCA (or the dead device).
                     self.orphan(eq.ring.buf());
                 }
@@ -1117,16 +1139,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         if let Some(uar) = self.uar.take() {
             if let Err(e) = self.exec_destroy(dealloc_uar(uar), delay) {
                 note(&mut rep, e);
-                self.give_up(&e);
             }
         }
         if self.initialized {
             match self.exec_destroy(teardown_hca(), delay) {
                 Ok(()) => self.initialized = false,
-                Err(e) => {
-                    note(&mut rep, e);
-                    self.give_up(&e);
-                }
+                Err(e) => note(&mut rep, e),
             }
         }
         self.reclaim_all(delay, &mut rep);
@@ -1135,22 +1153,26 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
                 Ok(()) => self.enabled = false,
                 Err(e) => {
                     note(&mut rep, e);
-                    self.give_up(&e);
+                    if let Error::Cmd(CmdError::Timeout { .. }) = e {
+                        self.enter_internal_error(HealthFailure::Unresponsive);
+                    }
                 }
             }
         }
-        // The function is disabled (or dead): nothing firmware held can be written any more.
-        if self.ctx.pages.given() > 0 || self.ctx.pages.chunks() > 0 {
+        let dead = matches!(self.state, HcaState::InternalError(_));
+        // Disabling the function (or its death) releases everything firmware held: pages it did not hand back,
+        // objects whose destroy failed, the command queue.
+        let released = !self.enabled || dead;
+        if released && (self.ctx.pages.given() > 0 || self.ctx.pages.chunks() > 0) {
             let held = self.ctx.pages.abandon_all(self.cmdq.dma());
             self.ctx.stats.abandoned += held;
             rep.pages_abandoned += held;
-            if held > 0 && matches!(self.state, HcaState::Up) {
+            if held > 0 && !dead {
                 note(&mut rep, Error::PagesNotReturned { pages: held });
             }
         }
-        let dead = matches!(self.state, HcaState::InternalError(_));
         for slot in self.orphans.iter_mut() {
-            if let Some(buf) = slot.take_if(|_| !self.enabled || dead) {
+            if let Some(buf) = slot.take_if(|_| released) {
                 // SAFETY: the function is disabled (DISABLE_HCA completed, or it was never enabled) or the device is
                 // dead, so firmware no longer writes buffers of objects it may still have had.
                 unsafe { self.cmdq.dma().free(buf) };
@@ -1158,9 +1180,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         }
         rep.local_only = dead;
         rep.pages_reclaimed = self.ctx.stats.reclaimed;
-        // After DISABLE_HCA (or on a dead device) firmware releases the queue too, so its memory can go even if a
-        // timed-out command still holds a slot.
-        self.cmdq.set_device_down(true);
+        if released {
+            // Firmware released the queue too, so its memory can go even if a timed-out command holds a slot.
+            self.cmdq.set_device_down(true);
+        }
+        // Otherwise firmware refused DISABLE_HCA and still owns its pages and objects: they are leaked, never
+        // freed under it.
         rep
     }
 
@@ -1172,17 +1197,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         }
     }
 
-    /// A teardown command failed: when firmware did not answer at all (timeout), give up on it and finish locally,
-    /// as Linux's error flow does. Returns whether the HCA is now in internal error.
-    fn give_up(&mut self, e: &Error) -> bool {
-        if let Error::Cmd(CmdError::Timeout { .. }) = e {
-            self.enter_internal_error(HealthFailure::Unresponsive);
-        }
-        matches!(self.state, HcaState::InternalError(_))
-    }
-
     /// `mlx5_reclaim_startup_pages`: MANAGE_PAGES take in `optimal_reclaimed_pages` batches until firmware has
-    /// returned everything or stops returning; in internal error the pages are reclaimed locally.
+    /// returned everything or stops returning (or answering); in internal error the pages are reclaimed locally.
     fn reclaim_all(&mut self, delay: &mut impl DelayNs, rep: &mut TeardownReport) {
         let func = self.ctx.cfg.function_id;
         while self.ctx.pages.given() > 0 {
@@ -1202,7 +1218,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
                 Err(e) => {
                     let e = self.cmd_error(e);
                     rep.first_error.get_or_insert(e);
-                    if !self.give_up(&e) {
+                    // A dead device is handled at the top of the loop; anything else ends reclaiming here and
+                    // DISABLE_HCA settles the rest.
+                    if !matches!(self.state, HcaState::InternalError(_)) {
                         return;
                     }
                 }

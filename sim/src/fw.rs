@@ -504,7 +504,9 @@ impl Firmware {
             return Err(bad_param(syndrome::BAD_FUNCTION));
         }
         if !self.pages.is_empty() {
+            // Disabling resets the function: firmware lets go of every page it still held.
             events.push(SimEvent::DisableWithPages { pages: self.pages.len() });
+            self.pages.clear();
         }
         self.state = HcaState::Disabled;
         Ok(())
@@ -1466,6 +1468,7 @@ mod tests {
         assert_eq!(s, 0);
         assert_eq!(h.dev.hca_state(), HcaState::Disabled);
         assert!(h.dev.events().contains(&SimEvent::DisableWithPages { pages: 24 }));
+        assert_eq!(h.dev.pages_owned(), 0, "disabling released the pages");
     }
 
     #[test]

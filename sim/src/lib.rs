@@ -273,7 +273,7 @@ pub enum SimEvent {
     BadFree { iova: u64, len: usize },
     /// TEARDOWN_HCA while objects were still alive; they were destroyed with it.
     TeardownWithObjects { objects: usize },
-    /// DISABLE_HCA while firmware still owned pages.
+    /// DISABLE_HCA while firmware still owned pages; disabling the function released them.
     DisableWithPages { pages: usize },
     /// An EQE was posted to EQ `eqn`.
     Eqe { eqn: u8, event_type: u8, sub_type: u8 },

@@ -152,9 +152,10 @@ fn async_eq_is_armed_subscribed_and_drained() {
     let mut hca = up(&dev);
     let eqn = hca.eqn().expect("an async EQ");
     let info = dev.eq_info(eqn).unwrap();
-    let want = [EventType::PageRequest, EventType::Cmd, EventType::PortChange, EventType::CqError, EventType::InternalError]
-        .iter()
-        .fold(0u64, |m, t| m | (1 << t.raw()));
+    let want =
+        [EventType::PageRequest, EventType::Cmd, EventType::PortChange, EventType::CqError, EventType::InternalError]
+            .iter()
+            .fold(0u64, |m, t| m | (1 << t.raw()));
     assert_eq!(info.event_bitmask, [want, 0, 0, 0], "exactly the five async event types");
     // Default 256 usable entries plus MLX5_NUM_SPARE_EQE, rounded up.
     assert_eq!(info.nent, 512);
@@ -167,7 +168,10 @@ fn async_eq_is_armed_subscribed_and_drained() {
     let mut port = [0u8; EQE_DATA_LEN];
     let img = Eqe::emit(&Event::PortChange { port: 1, sub_type: consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN as u8 });
     port.copy_from_slice(&img.0[32..32 + EQE_DATA_LEN]);
-    assert_eq!(dev.post_event(EventType::PortChange.raw(), consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN as u8, port), Some(eqn));
+    assert_eq!(
+        dev.post_event(EventType::PortChange.raw(), consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN as u8, port),
+        Some(eqn)
+    );
     let img = Eqe::emit(&Event::CqError { cqn: 0x1a, syndrome: 1 });
     let mut cqe = [0u8; EQE_DATA_LEN];
     cqe.copy_from_slice(&img.0[32..32 + EQE_DATA_LEN]);
