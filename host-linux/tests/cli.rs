@@ -11,7 +11,8 @@ fn devinfo_prints_what_ibv_devinfo_users_expect() {
     let o = mlx5(&["devinfo"]);
     assert!(o.status.success(), "stderr: {}", String::from_utf8_lossy(&o.stderr));
     let text = String::from_utf8(o.stdout).unwrap();
-    for needle in ["hca_id:\tmlx5_0", "fw_ver:\t\t\t\t16.35.2000", "vendor_part_id:\t\t\t4119", "max_qp:\t\t\t\t262144"] {
+    for needle in ["hca_id:\tmlx5_0", "fw_ver:\t\t\t\t16.35.2000", "vendor_part_id:\t\t\t4119", "max_qp:\t\t\t\t262144"]
+    {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     assert!(text.contains("state:\t\t\tPORT_ACTIVE (4)") && text.contains("link_layer:\t\tEthernet"), "{text}");
