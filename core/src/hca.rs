@@ -307,7 +307,7 @@ struct Watch {
 impl Watch {
     /// One check between polls of a waiting command: a health tick when one is due.
     fn tick<M: Mmio + ?Sized>(&mut self, mmio: &M, now_us: u64, opcode: Opcode) -> Result<(), CmdError> {
-        if let Some(_f) = self.failure {
+        if self.failure.is_some() {
             return Err(CmdError::DeviceDown { opcode });
         }
         if now_us.saturating_sub(self.last_poll_us) < self.interval_us {
@@ -907,9 +907,10 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         }
         // `handle_hca_cap_2`: read; `sw_vhca_id` is only set for devices with software vhca ids.
         if maxg.hca_cap_2 {
-            let m2 = self.exec(&mut QueryHcaCap { cap: CapType::General2, mode: CapMode::Max }, delay)?;
-            let _ = self.exec(&mut QueryHcaCap { cap: CapType::General2, mode: CapMode::Current }, delay)?;
-            let _ = m2;
+            self.exec(&mut QueryHcaCap { cap: CapType::General2, mode: CapMode::Max }, delay)?;
+            self.exec(&mut QueryHcaCap { cap: CapType::General2, mode: CapMode::Current }, delay)?;
+            // Linux then sets `sw_vhca_id` when the maximum image offers software vhca ids, a multi-function
+            // feature this driver does not use (ConnectX-5 does not offer it).
         }
         Ok(())
     }
@@ -1100,6 +1101,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         self.clock_us.get()
     }
 
+    /// The command queue itself, for callers that drive commands directly (no internal-error check, no EQ
+    /// draining while they wait).
     pub fn cmdq(&mut self) -> &mut CmdQueue<M, D, T> {
         &mut self.cmdq
     }

@@ -257,3 +257,33 @@ fn eq_doorbell_is_ordered_after_the_eqe_loads() {
     assert!(seen >= 2, "armed after creation and after draining ({seen} doorbells)");
     hca.teardown(&mut d).unwrap();
 }
+
+#[test]
+fn port_queries_round_trip_through_the_firmware() {
+    use mlx5_core::reg::{paos_read, pmtu_read, PortMtu, PortStatus};
+    use mlx5_core::vport::{QueryHcaVportContext, QueryNicVportContext, QueryVportState};
+    let cfg = SimConfig::default();
+    let dev = SimDevice::new(cfg.clone());
+    let mut hca = up(&dev);
+    let mut d = dev.delay();
+    let nic = hca.exec(&mut QueryNicVportContext, &mut d).unwrap();
+    assert_eq!((nic.node_guid, nic.system_image_guid, nic.permanent_address), (cfg.node_guid, cfg.node_guid, cfg.mac));
+    assert_eq!((nic.mtu, nic.roce_en), (cfg.port_mtu, true));
+    assert!(hca.exec(&mut QueryVportState, &mut d).unwrap().is_up());
+    let mut data = [0u8; mlx5_core::prm::ifc::pmtu_reg::SIZE_BYTES];
+    hca.exec(&mut pmtu_read(1, &mut data), &mut d).unwrap();
+    assert_eq!(PortMtu::parse(&data).oper_mtu, cfg.port_mtu);
+    let mut data = [0u8; mlx5_core::prm::ifc::paos_reg::SIZE_BYTES];
+    hca.exec(&mut paos_read(1, &mut data), &mut d).unwrap();
+    assert_eq!(PortStatus::parse(&data).oper_status as u32, consts::MLX5_PORT_UP);
+    hca.teardown(&mut d).unwrap();
+
+    // InfiniBand: the HCA vport context carries the port state, LID and GUIDs.
+    let cfg = SimConfig { port_type: PortType::Ib, port_up: false, ..SimConfig::default() };
+    let dev = SimDevice::new(cfg.clone());
+    let mut hca = up(&dev);
+    let mut d = dev.delay();
+    let h = hca.exec(&mut QueryHcaVportContext { port_num: 1 }, &mut d).unwrap();
+    assert_eq!((h.port_state as u32, h.lid, h.node_guid), (consts::IB_PORT_DOWN, 1, cfg.node_guid));
+    hca.teardown(&mut d).unwrap();
+}
