@@ -151,8 +151,8 @@ impl Eqe {
         }
     }
 
-    /// Builds an EQE image for an event (the inverse of [`Eqe::event`]; the simulator and tests use it). The
-    /// owner byte is left 0.
+    /// Builds an EQE image for an event (the inverse of [`Eqe::event`], for tests). The owner byte is left 0. The
+    /// simulator encodes its EQEs on its own, so this decoder is checked against an independent encoder.
     pub fn emit(event: &Event) -> Eqe {
         let mut e = [0u8; EQE_SIZE];
         let d = c::mlx5_eqe::DATA.off;

@@ -158,33 +158,23 @@ impl Command for QueryHcaVportContext {
 /// extension 4, AtomicETH 28, ICRC 4. Protocol header sizes, not device layouts.
 pub const ROCE_HEADER_BYTES: u32 = 40 + 8 + 12 + 4 + 28 + 4;
 
+/// IB MTU enum values and their sizes in bytes (`enum ib_mtu`).
+const IB_MTUS: [(u32, u32); 5] = [
+    (consts::IB_MTU_256, 256),
+    (consts::IB_MTU_512, 512),
+    (consts::IB_MTU_1024, 1024),
+    (consts::IB_MTU_2048, 2048),
+    (consts::IB_MTU_4096, 4096),
+];
+
 /// The IB MTU enum (`IB_MTU_256` .. `IB_MTU_4096`) for a payload of `bytes`, rounding down; 0 if below 256.
 pub fn ib_mtu_enum(bytes: u32) -> u8 {
-    let mut e = 0;
-    for (v, b) in [
-        (consts::IB_MTU_256, 256),
-        (consts::IB_MTU_512, 512),
-        (consts::IB_MTU_1024, 1024),
-        (consts::IB_MTU_2048, 2048),
-        (consts::IB_MTU_4096, 4096),
-    ] {
-        if bytes >= b {
-            e = v as u8;
-        }
-    }
-    e
+    IB_MTUS.iter().rev().find(|&&(_, b)| bytes >= b).map_or(0, |&(e, _)| e as u8)
 }
 
 /// Bytes of an IB MTU enum value (0 when not a valid value).
 pub fn ib_mtu_bytes(e: u8) -> u32 {
-    match u32::from(e) {
-        consts::IB_MTU_256 => 256,
-        consts::IB_MTU_512 => 512,
-        consts::IB_MTU_1024 => 1024,
-        consts::IB_MTU_2048 => 2048,
-        consts::IB_MTU_4096 => 4096,
-        _ => 0,
-    }
+    IB_MTUS.iter().find(|&&(v, _)| v == u32::from(e)).map_or(0, |&(_, b)| b)
 }
 
 /// The RoCE path MTU an Ethernet MTU allows (`iboe_get_mtu`).
