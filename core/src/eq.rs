@@ -79,14 +79,12 @@ impl core::fmt::Debug for Eqe {
 
 /// Reads a big-endian member of a byte image (`Bytes` from the C layouts, at most 4 bytes).
 fn be(buf: &[u8], base: usize, m: Bytes) -> u32 {
-    buf[base + m.off..base + m.off + m.len].iter().fold(0u32, |a, &b| (a << 8) | u32::from(b))
+    m.get_be(buf, base)
 }
 
 /// Writes a big-endian member of a byte image.
 fn put_be(buf: &mut [u8], base: usize, m: Bytes, v: u32) {
-    for (i, b) in buf[base + m.off..base + m.off + m.len].iter_mut().rev().enumerate() {
-        *b = (v >> (8 * i)) as u8;
-    }
+    m.put_be(buf, base, v)
 }
 
 /// What an EQE says, decoded (`mlx5_eq_async_int` and the notifier handlers). Unknown types stay raw.

@@ -176,6 +176,14 @@ impl core::fmt::Display for DmaError {
 pub unsafe trait Dma {
     fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion, DmaError>;
 
+    /// The bus address of the `len` bytes at `cpu`, when they lie inside one live region this allocator returned.
+    /// Memory registration uses it: a range the device cannot reach must not become a memory key. Allocators that
+    /// cannot tell return `None` (the default), which makes registration fail rather than guess.
+    fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
+        let _ = (cpu, len);
+        None
+    }
+
     /// Returns a region to the allocator.
     ///
     /// # Safety
@@ -187,6 +195,9 @@ pub unsafe trait Dma {
 unsafe impl<D: Dma + ?Sized> Dma for &D {
     fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion, DmaError> {
         (**self).alloc(len, align)
+    }
+    fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
+        (**self).iova_of(cpu, len)
     }
     unsafe fn free(&self, region: DmaRegion) {
         // SAFETY: the caller's duties are passed through unchanged.

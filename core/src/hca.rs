@@ -28,6 +28,11 @@ use crate::pages::{
 use crate::prm::{c, consts, ifc, EventType, MsgBuf, Opcode};
 use crate::trace::CmdTrace;
 use crate::uar::{alloc_uar, dealloc_uar};
+use crate::verbs::{AsyncEvent, AsyncEvents, CqEvents};
+use crate::dbr::DbrPool;
+
+/// Doorbell-record pages an HCA can hold (each holds 64 records with 64-byte cache lines, 32 with 128).
+pub const DBR_PAGES: usize = 64;
 
 /// Waiting for `initializing` before the command queue exists (`MLX5_TO_FW_PRE_INIT_TIMEOUT_MS`, lib/tout.c).
 pub const FW_PRE_INIT_TIMEOUT_MS: u32 = 120_000;
@@ -50,6 +55,8 @@ pub struct Config {
     pub function_id: u16,
     /// Usable entries in the async EQ; the ring gets `MLX5_NUM_SPARE_EQE` more, rounded up to a power of two.
     pub async_eq_nent: u32,
+    /// Usable entries in the completion EQ (`MLX5_COMP_EQ_SIZE`).
+    pub comp_eq_nent: u32,
     /// Written with SET_DRIVER_VERSION when firmware supports it.
     pub driver_version: &'static str,
     /// `log_max_qp` to set; `None` means Linux's default profile (`min(18, max)`).
@@ -67,6 +74,7 @@ impl Default for Config {
         Self {
             function_id: 0,
             async_eq_nent: 256,
+            comp_eq_nent: consts::MLX5_COMP_EQ_SIZE,
             driver_version: concat!("Rust,mlx5-core,", env!("CARGO_PKG_VERSION")),
             log_max_qp: None,
             cache_line_128: false,
@@ -148,6 +156,48 @@ pub enum Error {
     PagesNotReturned {
         pages: usize,
     },
+    Dbr(crate::dbr::DbrError),
+    /// A size outside what the device supports (checked before any command is sent).
+    BadSize {
+        what: &'static str,
+        requested: u64,
+        max: u64,
+    },
+    /// The device lacks the capability this needs.
+    NotSupported {
+        what: &'static str,
+    },
+    /// The completion-event table is full (the `C` parameter of [`Hca`]).
+    TooManyCqs {
+        max: usize,
+    },
+    /// A CQ this HCA does not know.
+    UnknownCq {
+        cqn: u32,
+    },
+    /// Completion events taken and not acknowledged.
+    UnackedEvents {
+        cqn: u32,
+        unacked: u32,
+    },
+    /// Memory registration of a range that is not inside one region of the DMA allocator.
+    NotDmaMemory {
+        addr: usize,
+        len: usize,
+    },
+    /// The virtual and bus addresses of a memory region differ within 4 KiB, so no page size maps it.
+    NoPageSize {
+        addr: usize,
+        iova: u64,
+    },
+    /// Remote write or atomic access without local write (`ib_check_mr_access`).
+    BadAccess {
+        access: u32,
+    },
+    /// After MODIFY_CQ(resize) the old ring held no resize CQE.
+    ResizeCqeMissing {
+        cqn: u32,
+    },
 }
 
 impl From<CmdError> for Error {
@@ -189,6 +239,24 @@ impl core::fmt::Display for Error {
             ),
             Error::NoIssi { supported } => write!(f, "firmware supports neither ISSI 1 nor 0 (mask 0x{supported:x})"),
             Error::PagesNotReturned { pages } => write!(f, "firmware did not return {pages} pages"),
+            Error::Dbr(e) => write!(f, "{e}"),
+            Error::BadSize { what, requested, max } => write!(f, "{what} {requested} out of range (max {max})"),
+            Error::NotSupported { what } => write!(f, "not supported by the device: {what}"),
+            Error::TooManyCqs { max } => write!(f, "too many CQs for the event table ({max})"),
+            Error::UnknownCq { cqn } => write!(f, "CQ {cqn:#x} does not belong to this HCA"),
+            Error::UnackedEvents { cqn, unacked } => {
+                write!(f, "CQ {cqn:#x} has {unacked} completion events not acknowledged")
+            }
+            Error::NotDmaMemory { addr, len } => {
+                write!(f, "{len} bytes at {addr:#x} are not inside one DMA region; the device cannot reach them")
+            }
+            Error::NoPageSize { addr, iova } => {
+                write!(f, "address {addr:#x} and bus address {iova:#x} differ within a 4 KiB page; cannot register")
+            }
+            Error::BadAccess { access } => {
+                write!(f, "access flags {access:#x}: remote write or atomic needs local write")
+            }
+            Error::ResizeCqeMissing { cqn } => write!(f, "CQ {cqn:#x} resized but the resize CQE never appeared"),
         }
     }
 }
@@ -251,6 +319,8 @@ pub struct EventCounts {
     pub cq_error: u32,
     pub internal_error: u32,
     pub completion: u32,
+    /// Completion events for a CQ number the driver does not have.
+    pub bogus_completion: u32,
     pub other: u32,
     /// The last port change: (port, `MLX5_PORT_CHANGE_SUBTYPE_*`).
     pub last_port_change: Option<(u8, u8)>,
@@ -332,11 +402,16 @@ struct AsyncEq {
 
 /// Everything besides the command queue, so a waiting command (which borrows the queue) can still reach it.
 /// Its methods take a delay that already counts waiting time into the `clock` cell (a [`Clock`]).
-struct Ctx<const P: usize> {
+pub(crate) struct Ctx<const P: usize, const NCQ: usize> {
     cfg: Config,
     pages: FwPages<P>,
     watch: Watch,
     eq: Option<AsyncEq>,
+    /// The completion EQ, created with the first CQ (as Linux 6.12 creates completion EQs on first use).
+    pub(crate) comp_eq: Option<EqRing>,
+    /// Completion-event bookkeeping of every CQ (arm sequence numbers, events not yet taken or acknowledged).
+    pub(crate) cqs: CqEvents<NCQ>,
+    pub(crate) async_events: AsyncEvents,
     stats: PageStats,
     events: EventCounts,
 }
@@ -345,24 +420,28 @@ struct Ctx<const P: usize> {
 ///
 /// Call [`Hca::teardown`] when done: dropping an `Hca` that is still up leaks the EQ buffer and the firmware
 /// pages (the device may still write them) rather than freeing them under it.
-pub struct Hca<M: Mmio, D: Dma, T: CmdTrace = (), const P: usize = 256> {
-    cmdq: CmdQueue<M, D, T>,
-    ctx: Ctx<P>,
+pub struct Hca<M: Mmio, D: Dma, T: CmdTrace = (), const P: usize = 256, const NCQ: usize = 256> {
+    pub(crate) cmdq: CmdQueue<M, D, T>,
+    pub(crate) ctx: Ctx<P, NCQ>,
+    /// Doorbell records of the CQs (and later QPs) created on this HCA.
+    pub(crate) dbr: DbrPool<DBR_PAGES>,
+    /// The next `mkey_7_0` variant byte.
+    pub(crate) mkey_variant: u8,
     clock_us: Cell<u64>,
     state: HcaState,
     enabled: bool,
     initialized: bool,
-    uar: Option<u32>,
+    pub(crate) uar: Option<u32>,
     /// The interface step-sequence ID agreed on (0 or 1).
     issi: u16,
     /// Device-visible buffers whose owner object may still exist in firmware (a CREATE that got no answer, a
     /// DESTROY that failed): freed once the function is disabled or dead, never before.
-    orphans: [Option<DmaRegion>; 4],
-    caps: DeviceCaps,
+    orphans: [Option<DmaRegion>; 8],
+    pub(crate) caps: DeviceCaps,
     fw_rev: (u16, u16, u16),
 }
 
-impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> core::fmt::Debug for Hca<M, D, T, P> {
+impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> core::fmt::Debug for Hca<M, D, T, P, NCQ> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Hca")
             .field("state", &self.state)
@@ -444,7 +523,7 @@ fn pick_slot<M: Mmio, D: Dma, T: CmdTrace>(q: &CmdQueue<M, D, T>, kind: SlotKind
     (0..last).find(|&s| q.slot_free(s)).unwrap_or(q.slot(kind))
 }
 
-impl<const P: usize> Ctx<P> {
+impl<const P: usize, const NCQ: usize> Ctx<P, NCQ> {
     /// Between polls of a waiting command on the regular slot: health, then the EQ (page requests are answered
     /// right here, on the pages slot).
     fn on_wait<M: Mmio, D: Dma, T: CmdTrace>(
@@ -479,52 +558,29 @@ impl<const P: usize> Ctx<P> {
         Ok(())
     }
 
-    /// One pass over the EQ: counts events and collects page requests; re-arms when it consumed anything.
-    /// Returns whether there are page requests to serve. Bounded by the ring size, so a device that keeps
-    /// writing cannot trap the driver here.
+    /// One pass over the EQs (async, then completion): counts events, records completion and CQ-error events,
+    /// and collects page requests; re-arms an EQ when it consumed anything. Returns whether there are page
+    /// requests to serve. Bounded by the ring sizes, so a device that keeps writing cannot trap the driver here.
     fn drain_pass<M: Mmio, D: Dma, T: CmdTrace>(
         &mut self,
         q: &mut CmdQueue<M, D, T>,
         requests: &mut [Option<(u16, i32)>; 8],
     ) -> bool {
-        let Some(eq) = self.eq.as_mut() else { return false };
-        let mut n = 0u32;
-        let mut nreq = 0;
-        for _ in 0..eq.ring.nent() {
-            let Some(eqe) = eq.ring.next(q.mmio()) else { break };
-            n += 1;
-            let ev = &mut self.events;
-            match eqe.event() {
-                Event::Command { .. } => ev.command += 1,
-                Event::PageRequest { function_id, num_pages, .. } => {
-                    ev.page_request += 1;
-                    self.stats.page_requests += 1;
-                    if nreq < requests.len() {
-                        requests[nreq] = Some((function_id, num_pages));
-                        nreq += 1;
-                    } else if let Some((_, total)) = requests[nreq - 1].as_mut() {
-                        // More requests than slots in one pass: fold them (same function in practice).
-                        *total = total.saturating_add(num_pages);
-                    }
-                }
-                Event::PortChange { port, sub_type } => {
-                    ev.port_change += 1;
-                    ev.last_port_change = Some((port, sub_type));
-                }
-                Event::CqError { cqn, syndrome } => {
-                    ev.cq_error += 1;
-                    ev.last_cq_error = Some((cqn, syndrome));
-                }
-                Event::InternalError => ev.internal_error += 1,
-                Event::Completion { .. } => ev.completion += 1,
-                Event::Other { .. } => ev.other += 1,
-            }
+        let mut sink = EventSink {
+            events: &mut self.events,
+            stats: &mut self.stats,
+            cqs: &mut self.cqs,
+            async_events: &mut self.async_events,
+            requests,
+            nreq: 0,
+        };
+        if let Some(eq) = self.eq.as_mut() {
+            sink.drain_ring(&mut eq.ring, q.mmio());
         }
-        if n > 0 {
-            eq.ring.update_ci(q.mmio(), true);
-            self.events.arms += 1;
+        if let Some(ring) = self.comp_eq.as_mut() {
+            sink.drain_ring(ring, q.mmio());
         }
-        nreq > 0
+        sink.nreq > 0
     }
 
     /// Answers one page request (`pages_work_handler`): give `num` pages, or take `-num` back.
@@ -652,13 +708,81 @@ impl<const P: usize> Ctx<P> {
     }
 }
 
+/// Where one drain pass puts what the EQEs say.
+struct EventSink<'a, const NCQ: usize> {
+    events: &'a mut EventCounts,
+    stats: &'a mut PageStats,
+    cqs: &'a mut CqEvents<NCQ>,
+    async_events: &'a mut AsyncEvents,
+    requests: &'a mut [Option<(u16, i32)>; 8],
+    nreq: usize,
+}
+
+impl<const NCQ: usize> EventSink<'_, NCQ> {
+    /// Consumes the software-owned EQEs of one ring (at most one ring's worth) and re-arms it.
+    fn drain_ring<M: Mmio + ?Sized>(&mut self, ring: &mut EqRing, mmio: &M) {
+        let mut n = 0u32;
+        for _ in 0..ring.nent() {
+            let Some(eqe) = ring.next(mmio) else { break };
+            n += 1;
+            self.handle(eqe.event());
+        }
+        if n > 0 {
+            ring.update_ci(mmio, true);
+            self.events.arms += 1;
+        }
+    }
+
+    fn handle(&mut self, event: Event) {
+        let ev = &mut *self.events;
+        match event {
+            Event::Command { .. } => ev.command += 1,
+            Event::PageRequest { function_id, num_pages, .. } => {
+                ev.page_request += 1;
+                self.stats.page_requests += 1;
+                let requests = &mut *self.requests;
+                if self.nreq < requests.len() {
+                    requests[self.nreq] = Some((function_id, num_pages));
+                    self.nreq += 1;
+                } else if let Some((_, total)) = requests[self.nreq - 1].as_mut() {
+                    // More requests than slots in one pass: fold them (same function in practice).
+                    *total = total.saturating_add(num_pages);
+                }
+            }
+            Event::PortChange { port, sub_type } => {
+                ev.port_change += 1;
+                ev.last_port_change = Some((port, sub_type));
+                self.async_events.push(AsyncEvent::PortChange { port, sub_type });
+            }
+            Event::CqError { cqn, syndrome } => {
+                ev.cq_error += 1;
+                ev.last_cq_error = Some((cqn, syndrome));
+                self.cqs.on_error(cqn, syndrome);
+                self.async_events.push(AsyncEvent::CqError { cqn, syndrome });
+            }
+            Event::InternalError => {
+                ev.internal_error += 1;
+                self.async_events.push(AsyncEvent::DeviceFatal);
+            }
+            Event::Completion { cqn } => {
+                ev.completion += 1;
+                if !self.cqs.on_completion(cqn) {
+                    // `mlx5_eq_comp_int`: "Completion event for bogus CQ".
+                    ev.bogus_completion += 1;
+                }
+            }
+            Event::Other { .. } => ev.other += 1,
+        }
+    }
+}
+
 #[derive(Debug)]
 enum GiveError {
     Pool(PagesError),
     Cmd(CmdError),
 }
 
-impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
+impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T, P, NCQ> {
     /// Brings the function up in Linux's order. On failure everything done so far is undone (pages reclaimed,
     /// function disabled, memory returned) before the error comes back.
     pub fn bring_up(mmio: M, dma: D, trace: T, delay: &mut impl DelayNs, cfg: Config) -> Result<Self, BringupError> {
@@ -692,16 +816,21 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
                     failure: None,
                 },
                 eq: None,
+                comp_eq: None,
+                cqs: CqEvents::new(),
+                async_events: AsyncEvents::new(),
                 stats: PageStats::default(),
                 events: EventCounts::default(),
             },
+            dbr: DbrPool::new(if cfg.cache_line_128 { 128 } else { 64 }),
+            mkey_variant: 0,
             clock_us: Cell::new(0),
             state: HcaState::Up,
             enabled: false,
             initialized: false,
             uar: None,
             issi: 0,
-            orphans: [None; 4],
+            orphans: [None; 8],
             caps: DeviceCaps::default(),
             fw_rev,
         };
@@ -801,7 +930,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
     }
 
     /// Maps a command error, moving to internal error when the wait found the device unhealthy.
-    fn cmd_error(&mut self, e: CmdError) -> Error {
+    pub(crate) fn cmd_error(&mut self, e: CmdError) -> Error {
         if let Some(f) = self.ctx.watch.failure {
             self.enter_internal_error(f);
             return Error::Health(f);
@@ -809,7 +938,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         Error::Cmd(e)
     }
 
-    fn check_state(&self, opcode: Opcode) -> Result<(), Error> {
+    pub(crate) fn check_state(&self, opcode: Opcode) -> Result<(), Error> {
         match self.state {
             HcaState::Up => Ok(()),
             HcaState::InternalError(cause) => Err(Error::InternalError { cause, opcode }),
@@ -946,11 +1075,36 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         Ok(())
     }
 
-    /// One async EQ for page requests, command completions, port changes, CQ errors and internal errors: buffer
-    /// with owner bits pre-set, CREATE_EQ, then armed.
+    /// One async EQ for page requests, command completions, port changes, CQ errors and internal errors.
     fn create_async_eq(&mut self, delay: &mut impl DelayNs) -> Result<(), Error> {
+        let mask = event_bitmask(&[
+            EventType::PageRequest,
+            EventType::Cmd,
+            EventType::PortChange,
+            EventType::CqError,
+            EventType::InternalError,
+        ]);
+        let ring = self.create_eq_ring(self.ctx.cfg.async_eq_nent, mask, delay)?;
+        self.ctx.eq = Some(AsyncEq { ring });
+        Ok(())
+    }
+
+    /// The completion EQ (`create_comp_eq`): no async events, CQs name it in `c_eqn`. Created on first use.
+    pub(crate) fn comp_eqn(&mut self, delay: &mut impl DelayNs) -> Result<u8, Error> {
+        if let Some(r) = &self.ctx.comp_eq {
+            return Ok(r.eqn());
+        }
+        let ring = self.create_eq_ring(self.ctx.cfg.comp_eq_nent, [0; 4], delay)?;
+        let eqn = ring.eqn();
+        self.ctx.comp_eq = Some(ring);
+        Ok(eqn)
+    }
+
+    /// An EQ of at least `nent` usable entries on the HCA's UAR: buffer with owner bits pre-set, CREATE_EQ, then
+    /// armed.
+    fn create_eq_ring(&mut self, nent: u32, mask: [u64; 4], delay: &mut impl DelayNs) -> Result<EqRing, Error> {
         let uar = self.uar.unwrap_or(0);
-        let log_nent = log_eq_size(self.ctx.cfg.async_eq_nent);
+        let log_nent = log_eq_size(nent);
         let len = EqRing::buf_len(log_nent);
         let buf = self.cmdq.dma().alloc(len, crate::pages::FW_PAGE_SIZE)?;
         buf.zero(0, len);
@@ -959,13 +1113,6 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
             unsafe { self.cmdq.dma().free(buf) };
             return Err(e.into());
         }
-        let mask = event_bitmask(&[
-            EventType::PageRequest,
-            EventType::Cmd,
-            EventType::PortChange,
-            EventType::CqError,
-            EventType::InternalError,
-        ]);
         let npages = len / crate::pages::FW_PAGE_SIZE;
         let mut cmd = CreateEq {
             ctx: EqContext { log_eq_size: log_nent, uar_page: uar, intr: 0, log_page_size: 0, page_offset: 0 },
@@ -978,21 +1125,23 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
                 let mut ring = EqRing::new(buf, log_nent, eqn, uar_off);
                 ring.update_ci(self.cmdq.mmio(), true);
                 self.ctx.events.arms += 1;
-                self.ctx.eq = Some(AsyncEq { ring });
-                Ok(())
+                Ok(ring)
             }
             Err(e) => {
-                if matches!(e, Error::Cmd(CmdError::Status { .. })) {
-                    // Firmware refused the EQ, so it never uses the buffer.
-                    // SAFETY: allocated above; CREATE_EQ failed with a status, so the device holds no reference.
-                    unsafe { self.cmdq.dma().free(buf) };
-                } else {
-                    // No answer: firmware may have created the EQ and may write the buffer until the function is
-                    // disabled.
-                    self.orphan(buf);
-                }
+                self.release_unless_held(buf, &e);
                 Err(e)
             }
+        }
+    }
+
+    /// After a CREATE failed: frees `buf` when firmware answered with a status (it never used the buffer),
+    /// otherwise keeps it until the function is disabled (firmware may have created the object and may write it).
+    pub(crate) fn release_unless_held(&mut self, buf: DmaRegion, e: &Error) {
+        if matches!(e, Error::Cmd(CmdError::Status { .. })) {
+            // SAFETY: CREATE failed with a status, so the device holds no reference to the buffer.
+            unsafe { self.cmdq.dma().free(buf) };
+        } else {
+            self.orphan(buf);
         }
     }
 
@@ -1126,6 +1275,19 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
         let note = |rep: &mut TeardownReport, e: Error| {
             rep.first_error.get_or_insert(e);
         };
+        if let Some(ring) = self.ctx.comp_eq.take() {
+            match self.exec_destroy(destroy_eq(ring.eqn()), delay) {
+                Ok(()) => {
+                    // SAFETY: the EQ is destroyed (or the device is dead), so the device no longer writes it.
+                    unsafe { self.cmdq.dma().free(ring.buf()) };
+                }
+                Err(e) => {
+                    // CQs left alive still point at it: its buffer waits for DISABLE_HCA.
+                    note(&mut rep, e);
+                    self.orphan(ring.buf());
+                }
+            }
+        }
         if let Some(eq) = self.ctx.eq.take() {
             match self.exec_destroy(destroy_eq(eq.ring.eqn()), delay) {
                 Ok(()) => {
@@ -1181,6 +1343,11 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
                 unsafe { self.cmdq.dma().free(buf) };
             }
         }
+        if released {
+            // SAFETY: the function is disabled or dead, so the device reads no doorbell record any more (records
+            // of CQs the caller never destroyed included).
+            unsafe { self.dbr.release_all(self.cmdq.dma()) };
+        }
         rep.local_only = dead;
         rep.pages_reclaimed = self.ctx.stats.reclaimed;
         if released {
@@ -1194,7 +1361,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize> Hca<M, D, T, P> {
 
     /// Keeps a buffer firmware may still write until the function is disabled. With no room left it is leaked,
     /// which is safe.
-    fn orphan(&mut self, buf: DmaRegion) {
+    pub(crate) fn orphan(&mut self, buf: DmaRegion) {
         if let Some(slot) = self.orphans.iter_mut().find(|o| o.is_none()) {
             *slot = Some(buf);
         }

@@ -6,19 +6,23 @@
 #![no_std]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod buf;
 pub mod caps;
 pub mod cmd;
 pub mod cmdq;
 pub mod cq;
+pub mod dbr;
 pub mod eq;
 pub mod hal;
 pub mod hca;
 pub mod health;
 pub mod init;
+pub mod mkey;
 pub mod pages;
 pub mod pd;
 pub mod prm;
 pub mod reg;
 pub mod trace;
 pub mod uar;
+pub mod verbs;
 pub mod vport;

@@ -107,6 +107,14 @@ unsafe impl Dma for HeapDma {
         Ok(DmaRegion { cpu, iova, len })
     }
 
+    fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
+        let p = cpu as usize;
+        let live = self.live.lock().unwrap();
+        live.iter().find_map(|(&iova, &(rlen, _, base))| {
+            (p >= base && p.checked_add(len)? <= base + rlen).then(|| iova + (p - base) as u64)
+        })
+    }
+
     unsafe fn free(&self, region: DmaRegion) {
         let (len, align, _) = self.live.lock().unwrap().remove(&region.iova).expect("freeing a region twice");
         // SAFETY: allocated above with exactly this layout, and freed once (removed from `live`).

@@ -98,6 +98,20 @@ impl Bytes {
     pub const fn end(self) -> usize {
         self.off + self.len
     }
+
+    /// Reads this big-endian member (at most 4 bytes) of a structure image that starts at `base` in `buf`.
+    #[inline]
+    pub fn get_be(self, buf: &[u8], base: usize) -> u32 {
+        buf[base + self.off..base + self.off + self.len].iter().fold(0u32, |a, &b| (a << 8) | u32::from(b))
+    }
+
+    /// Writes this big-endian member (at most 4 bytes) of a structure image that starts at `base` in `buf`.
+    #[inline]
+    pub fn put_be(self, buf: &mut [u8], base: usize, v: u32) {
+        for (i, b) in buf[base + self.off..base + self.off + self.len].iter_mut().rev().enumerate() {
+            *b = (v >> (8 * i)) as u8;
+        }
+    }
 }
 
 /// An array of `count` elements of `elem_bits` each (`count == 0` for flexible arrays such as `pas[]`).

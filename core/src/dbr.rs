@@ -1,0 +1,174 @@
+//! Doorbell records (rdma-core `mlx5_alloc_dbrec` / `mlx5_free_db`, Linux `mlx5_db_alloc`): the few bytes of host
+//! memory where the driver publishes a queue's consumer or producer counter for the device to read (`cqc.dbr_addr`,
+//! `qpc.dbr_addr`).
+//!
+//! One DMA page holds many records, each alone on its cache line so that the CPU updating one queue's record never
+//! shares a line with another queue's (no false sharing between cores, and no read-modify-write of a line the
+//! device is fetching for another queue). A bitmap per page tracks free records; pages that still have free
+//! records are used first, and a page is returned to the allocator as soon as its last record is freed.
+
+use crate::hal::{Dma, DmaError, DmaRegion};
+
+/// Size of one record page.
+pub const DBR_PAGE_SIZE: usize = 4096;
+
+/// A record: its page and slot, and where it is for the CPU and the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DbRec {
+    page: u16,
+    slot: u8,
+    /// The page (for CPU access through [`DbRec::region`]).
+    region: DmaRegion,
+    /// Offset of the record in the page.
+    pub offset: usize,
+}
+
+impl DbRec {
+    /// Bus address for the queue context's `dbr_addr`.
+    pub fn iova(&self) -> u64 {
+        self.region.iova + self.offset as u64
+    }
+
+    /// Pointer to the record's first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.region.ptr_at(self.offset, 8)
+    }
+
+    /// Writes dword `i` (0 or 1) of the record, big endian as the device reads it.
+    pub fn write_be32(&self, i: usize, v: u32) {
+        let p = self.region.ptr_at(self.offset + 4 * i, 4).cast::<u32>();
+        // SAFETY: inside the live record page (ptr_at); records are 8-byte aligned (cache-line slots in a page
+        // aligned to 4 KiB), so the u32 access is aligned. Volatile: the device reads it concurrently.
+        unsafe { p.write_volatile(v.to_be()) }
+    }
+
+    /// Reads dword `i` of the record (host order).
+    pub fn read_be32(&self, i: usize) -> u32 {
+        let p = self.region.ptr_at(self.offset + 4 * i, 4).cast::<u32>();
+        // SAFETY: as in write_be32.
+        u32::from_be(unsafe { p.read_volatile() })
+    }
+}
+
+/// Why a record could not be allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum DbrError {
+    /// Every page slot of the pool holds a full page.
+    Full,
+    Dma(DmaError),
+    /// A record this pool did not hand out, or one freed twice.
+    NotAllocated,
+}
+
+impl core::fmt::Display for DbrError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            DbrError::Full => write!(f, "doorbell record pool is full"),
+            DbrError::Dma(e) => write!(f, "failed to allocate a doorbell record page: {e}"),
+            DbrError::NotAllocated => write!(f, "doorbell record was not allocated"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Page {
+    region: DmaRegion,
+    /// Bit i set = slot i free.
+    free: u64,
+}
+
+/// Up to `N` record pages; records are `stride` bytes apart (the CPU cache line: 64 or 128).
+#[derive(Debug)]
+pub struct DbrPool<const N: usize> {
+    pages: [Option<Page>; N],
+    stride: usize,
+    per_page: u32,
+}
+
+impl<const N: usize> DbrPool<N> {
+    /// A pool placing one record per `cache_line` bytes (a power of two from 8 to 4096; at most 64 records fit
+    /// the per-page bitmap, so smaller lines are spaced at 64 bytes).
+    pub fn new(cache_line: usize) -> Self {
+        let stride = cache_line.clamp(DBR_PAGE_SIZE / 64, DBR_PAGE_SIZE).next_power_of_two();
+        Self { pages: [None; N], stride, per_page: (DBR_PAGE_SIZE / stride) as u32 }
+    }
+
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    fn all_free(&self) -> u64 {
+        if self.per_page == 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.per_page) - 1
+        }
+    }
+
+    /// A zeroed record: from the first page with a free slot, else from a new page.
+    pub fn alloc(&mut self, dma: &impl Dma) -> Result<DbRec, DbrError> {
+        let idx = match self.pages.iter().position(|p| p.is_some_and(|p| p.free != 0)) {
+            Some(i) => i,
+            None => {
+                let i = self.pages.iter().position(Option::is_none).ok_or(DbrError::Full)?;
+                let region = dma.alloc(DBR_PAGE_SIZE, DBR_PAGE_SIZE).map_err(DbrError::Dma)?;
+                self.pages[i] = Some(Page { region, free: self.all_free() });
+                i
+            }
+        };
+        let page = self.pages[idx].as_mut().unwrap_or_else(|| unreachable!("page {idx} chosen above"));
+        let slot = page.free.trailing_zeros();
+        page.free &= !(1u64 << slot);
+        let rec = DbRec { page: idx as u16, slot: slot as u8, region: page.region, offset: slot as usize * self.stride };
+        // A reused slot may hold the counters of its previous queue.
+        rec.region.zero(rec.offset, 8);
+        Ok(rec)
+    }
+
+    /// Frees a record; its page goes back to the allocator when it was the last one in use.
+    ///
+    /// # Safety
+    /// The device no longer reads or writes the record (its queue is destroyed or the function disabled).
+    pub unsafe fn free(&mut self, dma: &impl Dma, rec: DbRec) -> Result<(), DbrError> {
+        let all = self.all_free();
+        let page = self.pages.get_mut(usize::from(rec.page)).and_then(Option::as_mut).ok_or(DbrError::NotAllocated)?;
+        let bit = 1u64 << rec.slot;
+        if page.region != rec.region || page.free & bit != 0 {
+            return Err(DbrError::NotAllocated);
+        }
+        page.free |= bit;
+        if page.free == all {
+            let region = page.region;
+            self.pages[usize::from(rec.page)] = None;
+            // SAFETY: the page came from `dma.alloc` in `alloc`, every record in it is free (so no queue's
+            // context points at it any more, per the caller's duty), and it is dropped from the pool.
+            unsafe { dma.free(region) };
+        }
+        Ok(())
+    }
+
+    /// Pages currently held.
+    pub fn pages(&self) -> usize {
+        self.pages.iter().flatten().count()
+    }
+
+    /// Records in use.
+    pub fn in_use(&self) -> usize {
+        self.pages.iter().flatten().map(|p| (self.per_page - p.free.count_ones()) as usize).sum()
+    }
+
+    /// Frees every page regardless of use (teardown of a disabled or dead function).
+    ///
+    /// # Safety
+    /// The device no longer accesses any record (the function is disabled or dead).
+    pub unsafe fn release_all(&mut self, dma: &impl Dma) {
+        for p in self.pages.iter_mut() {
+            if let Some(page) = p.take() {
+                // SAFETY: allocated in `alloc`, taken out of the pool so freed once; the caller guarantees the
+                // device is done with every record.
+                unsafe { dma.free(page.region) };
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Memory keys (PRM CREATE_MKEY / DESTROY_MKEY; Linux `mlx5_core_create_mkey`, mlx5_ib `reg_create` and
+//! `mlx5_ib_get_dma_mr`). A memory region is an mkey: a translation from the region's virtual addresses to bus
+//! addresses (an MTT, one entry per page), the access rights, and the PD it belongs to. Its lkey and rkey are
+//! the same 32-bit key: `mkey_index << 8 | variant`.
+
+use crate::buf::{DmaSeg, PageLayout, PageList};
+use crate::cmd::{Pas, Simple};
+use crate::cmdq::{write_header, CmdError, Command};
+use crate::prm::{consts, ifc, MsgBuf, Opcode, SubBuf};
+
+/// Access rights of a memory region, with the bit values of verbs' `IB_UVERBS_ACCESS_*` (local read is always
+/// granted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Access(pub u32);
+
+impl Access {
+    pub const LOCAL_WRITE: Access = Access(1);
+    pub const REMOTE_WRITE: Access = Access(2);
+    pub const REMOTE_READ: Access = Access(4);
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    /// Every right this driver supports.
+    pub const ALL: Access = Access(15);
+
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Rights outside [`Access::ALL`] (memory windows, on-demand paging, ...).
+    pub const fn unsupported(self) -> u32 {
+        self.0 & !Access::ALL.0
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, o: Access) -> Access {
+        Access(self.0 | o.0)
+    }
+}
+
+/// How the key translates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Translation<'a> {
+    /// Physical-address mode over all of IOVA (`MLX5_MKC_ACCESS_MODE_PA`, `length64`): a virtual address is the
+    /// bus address (`mlx5_ib_get_dma_mr`).
+    AllIova,
+    /// An MTT for `len` bytes at virtual address `va`, laid out by `layout` over `segs`.
+    Mtt { va: u64, len: u64, segs: &'a [DmaSeg], layout: PageLayout },
+}
+
+/// `CREATE_MKEY` input.
+#[derive(Debug, Clone, Copy)]
+pub struct CreateMkey<'a> {
+    pub pd: u32,
+    pub access: Access,
+    /// The low 8 bits of the key (`mkey_7_0`): varied per registration so a stale key from a freed region does not
+    /// match a new one at the same index.
+    pub variant: u8,
+    pub translation: Translation<'a>,
+}
+
+impl CreateMkey<'_> {
+    /// MTT entries sent: the page count rounded up to whole octowords (two entries each), as mlx5_ib sizes it.
+    fn mtt_entries(&self) -> usize {
+        match self.translation {
+            Translation::AllIova => 0,
+            Translation::Mtt { layout, .. } => layout.npages.next_multiple_of(2),
+        }
+    }
+}
+
+impl Command for CreateMkey<'_> {
+    /// The key (`mkey_index << 8 | variant`).
+    type Output = u32;
+    fn opcode(&self) -> Opcode {
+        Opcode::CreateMkey
+    }
+    fn inlen(&self) -> usize {
+        crate::cmd::len_with_pas(ifc::create_mkey_in::KLM_PAS_MTT, self.mtt_entries())
+    }
+    fn outlen(&self) -> usize {
+        ifc::create_mkey_out::SIZE_BYTES
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        use ifc::mkc;
+        write_header(msg, Opcode::CreateMkey, 0);
+        let octowords = (self.mtt_entries() / 2) as u32;
+        {
+            let mut c = SubBuf::new(msg, ifc::create_mkey_in::MEMORY_KEY_MKEY_ENTRY);
+            let mode = match self.translation {
+                Translation::AllIova => consts::MLX5_MKC_ACCESS_MODE_PA,
+                Translation::Mtt { .. } => consts::MLX5_MKC_ACCESS_MODE_MTT,
+            };
+            c.set(mkc::ACCESS_MODE_1_0, mode & 3);
+            c.set(mkc::ACCESS_MODE_4_2, mode >> 2);
+            c.set(mkc::A, self.access.contains(Access::REMOTE_ATOMIC).into());
+            c.set(mkc::RW, self.access.contains(Access::REMOTE_WRITE).into());
+            c.set(mkc::RR, self.access.contains(Access::REMOTE_READ).into());
+            c.set(mkc::LW, self.access.contains(Access::LOCAL_WRITE).into());
+            c.set(mkc::LR, 1);
+            // Not bound to a QP (`qpn` 0xffffff, as every mlx5_ib mkey).
+            c.set(mkc::QPN, 0xff_ffff);
+            c.set(mkc::MKEY_7_0, self.variant.into());
+            c.set(mkc::PD, self.pd);
+            match self.translation {
+                Translation::AllIova => c.set(mkc::LENGTH64, 1),
+                Translation::Mtt { va, len, layout, .. } => {
+                    c.set64(mkc::START_ADDR, va);
+                    c.set64(mkc::LEN, len);
+                    c.set(mkc::LOG_PAGE_SIZE, layout.page_shift);
+                    c.set(mkc::TRANSLATIONS_OCTWORD_SIZE, octowords);
+                }
+            }
+        }
+        if let Translation::Mtt { segs, layout, .. } = self.translation {
+            msg.set(ifc::create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE, octowords);
+            let list = PageList { segs, layout };
+            crate::cmd::write_pas(msg, ifc::create_mkey_in::KLM_PAS_MTT, Pas::Source(&list));
+        }
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<u32, CmdError> {
+        Ok(out.get(ifc::create_mkey_out::MKEY_INDEX) << 8 | u32::from(self.variant))
+    }
+}
+
+/// `DESTROY_MKEY` of `key` (its index is the upper 24 bits).
+pub fn destroy_mkey(key: u32) -> Simple {
+    Simple::new(Opcode::DestroyMkey, ifc::destroy_mkey_in::SIZE_BYTES, ifc::destroy_mkey_out::SIZE_BYTES)
+        .arg(ifc::destroy_mkey_in::MKEY_INDEX, key >> 8)
+}
+
+/// A registered memory region (`ibv_mr`): keys and the range they cover. Not `Copy`: deregistering consumes it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Mr {
+    pub lkey: u32,
+    pub rkey: u32,
+    /// First virtual address (the CPU address of the memory; 0 for an all-IOVA key).
+    pub addr: u64,
+    /// Bytes covered (`u64::MAX` for an all-IOVA key).
+    pub length: u64,
+    pub access: Access,
+    pub pd: u32,
+    /// Page size of the MTT (0 for an all-IOVA key).
+    pub page_shift: u32,
+}

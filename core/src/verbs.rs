@@ -1,0 +1,524 @@
+//! The verbs objects of an HCA: protection domains, memory regions and completion queues with their events
+//! (mlx5_ib `main.c` `mlx5_ib_alloc_pd`, `mr.c` `mlx5_ib_reg_user_mr` / `mlx5_ib_get_dma_mr`, `cq.c`
+//! `mlx5_ib_create_cq` / `mlx5_ib_resize_cq`; rdma-core `ibv_get_cq_event` / `ibv_ack_cq_events`).
+//!
+//! Objects are plain values owned by the caller; destroying one consumes it, and a destroy firmware did not
+//! confirm hands the object back ([`DestroyError`]) so its memory is never freed while the device may use it.
+
+use heapless::{Deque, Vec};
+
+use crate::buf::{page_sizes, DmaSeg, PageLayout, PageList, QueueBuf, MAX_FRAGS, MAX_QUEUE_PAGE_SHIFT};
+use crate::cmd::Pas;
+use crate::cmdq::CmdError;
+use crate::cq::{
+    destroy_cq, CqContext, CqState, CqeSize, CreateCq, LinkLayer, ModifyCqModeration, Notify, QueryCq, ResizeCq,
+};
+use crate::hal::{DelayNs, Dma, DmaRegion, Mmio};
+use crate::hca::{Error, Hca};
+use crate::mkey::{destroy_mkey, Access, CreateMkey, Mr, Translation};
+use crate::pd::{alloc_pd, dealloc_pd};
+use crate::prm::Opcode;
+use crate::trace::CmdTrace;
+
+pub use crate::cq::Cq;
+
+/// Largest page size a memory region's MTT uses (1 GiB).
+pub const MR_MAX_PAGE_SHIFT: u32 = 30;
+
+/// A protection domain (`ibv_pd`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Pd {
+    pdn: u32,
+}
+
+impl Pd {
+    /// The PD number firmware assigned.
+    pub fn pdn(&self) -> u32 {
+        self.pdn
+    }
+}
+
+/// A destroy that firmware did not confirm: the object is still alive on the device (or may be), so it comes back
+/// to the caller instead of having its memory freed.
+#[derive(Debug)]
+pub struct DestroyError<T> {
+    pub obj: T,
+    pub error: Error,
+}
+
+impl<T> core::fmt::Display for DestroyError<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "destroy failed, object kept: {}", self.error)
+    }
+}
+
+/// What a new CQ should be (`ibv_cq_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqAttr {
+    /// Completions the CQ must hold; the ring gets `(cqe + 1).next_power_of_two()` entries, as mlx5_ib sizes it.
+    pub cqe: u32,
+    pub cqe_size: CqeSize,
+    /// Ask the device not to report overruns (`cqc.oi`); needs `cq_oi`.
+    pub overrun_ignore: bool,
+}
+
+impl Default for CqAttr {
+    fn default() -> Self {
+        Self { cqe: 255, cqe_size: CqeSize::B64, overrun_ignore: false }
+    }
+}
+
+/// An affiliated or unaffiliated asynchronous event (`ibv_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_CQ_ERR`: the CQ overran (`MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN`) or hit an access error; the
+    /// device writes no more completions to it.
+    CqError { cqn: u32, syndrome: u8 },
+    /// `IBV_EVENT_PORT_ACTIVE` / `_ERR` and friends (`MLX5_PORT_CHANGE_SUBTYPE_*`).
+    PortChange { port: u8, sub_type: u8 },
+    /// `IBV_EVENT_DEVICE_FATAL`.
+    DeviceFatal,
+}
+
+/// Async events waiting for the caller. When more arrive than fit, the oldest are dropped and counted.
+#[derive(Debug, Default)]
+pub(crate) struct AsyncEvents {
+    q: Deque<AsyncEvent, 64>,
+    pub(crate) dropped: u32,
+}
+
+impl AsyncEvents {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn push(&mut self, e: AsyncEvent) {
+        if self.q.is_full() {
+            self.q.pop_front();
+            self.dropped = self.dropped.saturating_add(1);
+        }
+        // Cannot fail: room was made above.
+        let _ = self.q.push_back(e);
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CqEntry {
+    cqn: u32,
+    /// Completion events received (`cq->arm_sn`): goes into the next arm so the device can tell a stale arm.
+    arm_sn: u32,
+    /// Events not yet handed out by `get_cq_event`.
+    pending: u32,
+    /// Events handed out and not yet acknowledged.
+    unacked: u32,
+    /// The syndrome of a CQ error event, once one arrived.
+    error: Option<u8>,
+}
+
+/// Completion-event state of every CQ, and the order in which CQs have events to hand out. A CQ sits in `ready`
+/// at most once (its count says how many events), so `ready` cannot overflow.
+#[derive(Debug, Default)]
+pub(crate) struct CqEvents<const NCQ: usize> {
+    cqs: Vec<CqEntry, NCQ>,
+    ready: Deque<u32, NCQ>,
+}
+
+impl<const NCQ: usize> CqEvents<NCQ> {
+    pub(crate) fn new() -> Self {
+        Self { cqs: Vec::new(), ready: Deque::new() }
+    }
+
+    fn find(&mut self, cqn: u32) -> Option<&mut CqEntry> {
+        self.cqs.iter_mut().find(|e| e.cqn == cqn)
+    }
+
+    fn has_room(&self) -> bool {
+        !self.cqs.is_full()
+    }
+
+    fn register(&mut self, cqn: u32) -> bool {
+        self.cqs.push(CqEntry { cqn, arm_sn: 0, pending: 0, unacked: 0, error: None }).is_ok()
+    }
+
+    fn unregister(&mut self, cqn: u32) {
+        if let Some(i) = self.cqs.iter().position(|e| e.cqn == cqn) {
+            self.cqs.swap_remove(i);
+        }
+        let n = self.ready.len();
+        for _ in 0..n {
+            if let Some(c) = self.ready.pop_front() {
+                if c != cqn {
+                    let _ = self.ready.push_back(c);
+                }
+            }
+        }
+    }
+
+    /// A completion EQE for `cqn` (`mlx5_eq_comp_int`); `false` when no such CQ exists here.
+    pub(crate) fn on_completion(&mut self, cqn: u32) -> bool {
+        let Some(e) = self.find(cqn) else { return false };
+        e.arm_sn = e.arm_sn.wrapping_add(1);
+        e.pending = e.pending.saturating_add(1);
+        if e.pending == 1 {
+            // At most one entry per registered CQ, and the deque holds as many as there can be CQs.
+            let _ = self.ready.push_back(cqn);
+        }
+        true
+    }
+
+    pub(crate) fn on_error(&mut self, cqn: u32, syndrome: u8) {
+        if let Some(e) = self.find(cqn) {
+            e.error = Some(syndrome);
+        }
+    }
+
+    fn get(&mut self) -> Option<u32> {
+        let cqn = self.ready.pop_front()?;
+        let e = self.find(cqn)?;
+        e.pending -= 1;
+        e.unacked = e.unacked.saturating_add(1);
+        if e.pending > 0 {
+            let _ = self.ready.push_back(cqn);
+        }
+        Some(cqn)
+    }
+}
+
+impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T, P, NCQ> {
+    // -- protection domains ----------------------------------------------------------------------------------
+
+    /// `ALLOC_PD`.
+    pub fn alloc_pd(&mut self, delay: &mut impl DelayNs) -> Result<Pd, Error> {
+        let pdn = self.exec(&mut alloc_pd(), delay)?;
+        Ok(Pd { pdn })
+    }
+
+    /// `DEALLOC_PD`; firmware refuses while memory keys or QPs use it.
+    pub fn dealloc_pd(&mut self, pd: Pd, delay: &mut impl DelayNs) -> Result<(), DestroyError<Pd>> {
+        match self.exec_destroy(dealloc_pd(pd.pdn), delay) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(DestroyError { obj: pd, error }),
+        }
+    }
+
+    // -- memory regions --------------------------------------------------------------------------------------
+
+    /// Registers `len` bytes of DMA memory at CPU address `addr` (`ibv_reg_mr`): an MTT key whose virtual
+    /// addresses are the CPU addresses, with the largest page size the memory's layout allows. The range must lie
+    /// inside one region of the HCA's DMA allocator.
+    pub fn reg_mr(
+        &mut self,
+        pd: &Pd,
+        addr: *const u8,
+        len: usize,
+        access: Access,
+        delay: &mut impl DelayNs,
+    ) -> Result<Mr, Error> {
+        self.check_state(Opcode::CreateMkey)?;
+        self.check_access(access)?;
+        if len == 0 {
+            return Err(Error::BadSize { what: "memory region length", requested: 0, max: u64::MAX });
+        }
+        let iova = self.cmdq.dma().iova_of(addr, len).ok_or(Error::NotDmaMemory { addr: addr as usize, len })?;
+        let va = addr as u64;
+        let segs = [DmaSeg { iova, len: len as u64 }];
+        let layout = PageLayout::choose(&segs, va, page_sizes(12, MR_MAX_PAGE_SHIFT))
+            .ok_or(Error::NoPageSize { addr: addr as usize, iova })?;
+        let variant = self.next_mkey_variant();
+        let mut cmd = CreateMkey {
+            pd: pd.pdn,
+            access,
+            variant,
+            translation: Translation::Mtt { va, len: len as u64, segs: &segs, layout },
+        };
+        let key = self.exec(&mut cmd, delay)?;
+        Ok(Mr { lkey: key, rkey: key, addr: va, length: len as u64, access, pd: pd.pdn, page_shift: layout.page_shift })
+    }
+
+    /// A key over all of IOVA in physical-address mode (`mlx5_ib_get_dma_mr`): virtual address = bus address.
+    /// Only the function's owner (this driver, uid 0) may create one; firmware refuses it to user contexts.
+    pub fn reg_dma_mr(&mut self, pd: &Pd, access: Access, delay: &mut impl DelayNs) -> Result<Mr, Error> {
+        self.check_state(Opcode::CreateMkey)?;
+        self.check_access(access)?;
+        let variant = self.next_mkey_variant();
+        let mut cmd = CreateMkey { pd: pd.pdn, access, variant, translation: Translation::AllIova };
+        let key = self.exec(&mut cmd, delay)?;
+        Ok(Mr { lkey: key, rkey: key, addr: 0, length: u64::MAX, access, pd: pd.pdn, page_shift: 0 })
+    }
+
+    /// `DESTROY_MKEY` (`ibv_dereg_mr`).
+    pub fn dereg_mr(&mut self, mr: Mr, delay: &mut impl DelayNs) -> Result<(), DestroyError<Mr>> {
+        match self.exec_destroy(destroy_mkey(mr.lkey), delay) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(DestroyError { obj: mr, error }),
+        }
+    }
+
+    /// Verbs' access rules (`ib_check_mr_access`): remote write or atomic needs local write; atomics need the
+    /// device to support them.
+    fn check_access(&self, access: Access) -> Result<(), Error> {
+        if access.unsupported() != 0 {
+            return Err(Error::NotSupported { what: "memory region access flags beyond local/remote read/write/atomic" });
+        }
+        let remote_w = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);
+        if access.0 & remote_w.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::BadAccess { access: access.0 });
+        }
+        if access.contains(Access::REMOTE_ATOMIC) && !self.caps.general.atomic {
+            return Err(Error::NotSupported { what: "remote atomic access (no atomic capability)" });
+        }
+        Ok(())
+    }
+
+    fn next_mkey_variant(&mut self) -> u8 {
+        self.mkey_variant = self.mkey_variant.wrapping_add(1);
+        self.mkey_variant
+    }
+
+    // -- completion queues -----------------------------------------------------------------------------------
+
+    /// Ring entries for `cqe` requested completions, checked against `log_max_cq_sz`.
+    fn cq_entries(&self, cqe: u32) -> Result<u8, Error> {
+        let max = 1u64 << self.caps.general.log_max_cq_sz;
+        let entries = (u64::from(cqe) + 1).next_power_of_two();
+        if cqe == 0 || entries > max {
+            return Err(Error::BadSize { what: "CQ entries", requested: cqe.into(), max: max - 1 });
+        }
+        Ok(entries.trailing_zeros() as u8)
+    }
+
+    /// Creates a completion queue (`mlx5_ib_create_cq` for a kernel consumer): ring buffer with every CQE invalid,
+    /// a doorbell record, the page list at the largest page size the buffer allows, CREATE_CQ on the completion
+    /// EQ.
+    pub fn create_cq(&mut self, attr: CqAttr, delay: &mut impl DelayNs) -> Result<Cq, Error> {
+        self.check_state(Opcode::CreateCq)?;
+        let log_nent = self.cq_entries(attr.cqe)?;
+        if attr.overrun_ignore && !self.caps.general.cq_oi {
+            return Err(Error::NotSupported { what: "CQ overrun ignore (no cq_oi capability)" });
+        }
+        if !self.ctx.cqs.has_room() {
+            return Err(Error::TooManyCqs { max: NCQ });
+        }
+        let uar = self.uar.ok_or(Error::NotSupported { what: "CQ without a UAR" })?;
+        let c_eqn = self.comp_eqn(delay)?;
+        let buf = QueueBuf::alloc(self.cmdq.dma(), attr.cqe_size.bytes() << log_nent)?;
+        Cq::init_buf(&buf, log_nent, attr.cqe_size);
+        let dbrec = match self.dbr.alloc(self.cmdq.dma()) {
+            Ok(r) => r,
+            Err(e) => {
+                let mut buf = buf;
+                // SAFETY: the buffer was never shown to the device.
+                unsafe { buf.free(self.cmdq.dma()) };
+                return Err(Error::Dbr(e));
+            }
+        };
+        let mut segs = [DmaSeg { iova: 0, len: 0 }; MAX_FRAGS];
+        let nseg = buf.segs(&mut segs);
+        let layout = PageLayout::choose(&segs[..nseg], 0, page_sizes(12, MAX_QUEUE_PAGE_SHIFT))
+            .unwrap_or_else(|| unreachable!("a page-aligned buffer always maps with 4 KiB pages"));
+        let list = PageList { segs: &segs[..nseg], layout };
+        let mut cmd = CreateCq {
+            ctx: CqContext {
+                cqe_sz: attr.cqe_size,
+                log_cq_size: log_nent,
+                uar_page: uar,
+                c_eqn: c_eqn.into(),
+                log_page_size: layout.log_page_size(),
+                page_offset: 0,
+                dbr_addr: dbrec.iova(),
+                oi: attr.overrun_ignore,
+            },
+            pas: Pas::Source(&list),
+        };
+        match self.exec(&mut cmd, delay) {
+            Ok(cqn) => {
+                // Room was checked above, and nothing else registers in between.
+                let _ = self.ctx.cqs.register(cqn);
+                let link = match self.caps.general.port_type() {
+                    crate::caps::PortType::InfiniBand => LinkLayer::InfiniBand,
+                    _ => LinkLayer::Ethernet,
+                };
+                let uar_off = uar as usize * crate::uar::UAR_PAGE_SIZE;
+                Ok(Cq::new(buf, dbrec, cqn, log_nent, attr.cqe_size, uar_off, link))
+            }
+            Err(e) => {
+                self.drop_queue_buf(buf, &e);
+                if matches!(e, Error::Cmd(CmdError::Status { .. })) {
+                    // SAFETY: CREATE_CQ was refused, so no context holds the record.
+                    let _ = unsafe { self.dbr.free(self.cmdq.dma(), dbrec) };
+                }
+                // Otherwise the record stays marked in use until the pool is released after DISABLE_HCA.
+                Err(e)
+            }
+        }
+    }
+
+    /// After a CREATE or resize failed: frees the buffer when firmware answered with a status, otherwise keeps its
+    /// fragments until the function is disabled (leaking those that do not fit, which is safe).
+    fn drop_queue_buf(&mut self, mut buf: QueueBuf, e: &Error) {
+        if matches!(e, Error::Cmd(CmdError::Status { .. })) {
+            // SAFETY: firmware refused the command, so it holds no reference to the buffer.
+            unsafe { buf.free(self.cmdq.dma()) };
+        } else {
+            for i in 0..buf.nfrags() {
+                if let Some(r) = buf.frag(i) {
+                    self.orphan(r);
+                }
+            }
+        }
+    }
+
+    /// `DESTROY_CQ`, then the buffer and doorbell record are freed. Refused while events taken with
+    /// [`Hca::get_cq_event`] are not acknowledged (as `ibv_destroy_cq` waits for them).
+    // The CQ comes back by value on failure because the core has no heap to box it in.
+    #[allow(clippy::result_large_err)]
+    pub fn destroy_cq(&mut self, mut cq: Cq, delay: &mut impl DelayNs) -> Result<(), DestroyError<Cq>> {
+        let cqn = cq.cqn();
+        if let Some(e) = self.ctx.cqs.find(cqn) {
+            if e.unacked > 0 {
+                let unacked = e.unacked;
+                return Err(DestroyError { obj: cq, error: Error::UnackedEvents { cqn, unacked } });
+            }
+        }
+        match self.exec_destroy(destroy_cq(cqn), delay) {
+            Ok(()) => {
+                self.ctx.cqs.unregister(cqn);
+                // SAFETY: the CQ is destroyed (or the device is dead), so the device writes neither its ring nor
+                // reads its doorbell record.
+                unsafe {
+                    cq.buf.free(self.cmdq.dma());
+                    let _ = self.dbr.free(self.cmdq.dma(), cq.dbrec);
+                }
+                Ok(())
+            }
+            Err(error) => Err(DestroyError { obj: cq, error }),
+        }
+    }
+
+    /// `QUERY_CQ`.
+    pub fn query_cq(&mut self, cq: &Cq, delay: &mut impl DelayNs) -> Result<CqState, Error> {
+        self.exec(&mut QueryCq { cqn: cq.cqn() }, delay)
+    }
+
+    /// Interrupt moderation (`ib_modify_cq`): an event after `count` completions or `period_us`, whichever first.
+    pub fn modify_cq(&mut self, cq: &Cq, count: u16, period_us: u16, delay: &mut impl DelayNs) -> Result<(), Error> {
+        if !self.caps.general.cq_moderation {
+            return Err(Error::NotSupported { what: "CQ moderation (no cq_moderation capability)" });
+        }
+        // cq_period is 12 bits wide.
+        if period_us >= 1 << 12 {
+            return Err(Error::BadSize { what: "CQ moderation period", requested: period_us.into(), max: 4095 });
+        }
+        self.exec(&mut ModifyCqModeration { cqn: cq.cqn(), cq_period: period_us, cq_max_count: count }, delay)
+    }
+
+    /// Resizes the ring (`ibv_resize_cq`): a new buffer, MODIFY_CQ(resize), then the completions not yet polled
+    /// move to the new ring in order. The new size must hold them.
+    pub fn resize_cq(&mut self, cq: &mut Cq, cqe: u32, delay: &mut impl DelayNs) -> Result<(), Error> {
+        self.check_state(Opcode::ModifyCq)?;
+        if !self.caps.general.cq_resize {
+            return Err(Error::NotSupported { what: "CQ resize (no cq_resize capability)" });
+        }
+        let log_nent = self.cq_entries(cqe)?;
+        if log_nent == cq.log_nent() {
+            return Ok(());
+        }
+        let new = QueueBuf::alloc(self.cmdq.dma(), cq.cqe_size().bytes() << log_nent)?;
+        Cq::init_buf(&new, log_nent, cq.cqe_size());
+        let mut segs = [DmaSeg { iova: 0, len: 0 }; MAX_FRAGS];
+        let nseg = new.segs(&mut segs);
+        let layout = PageLayout::choose(&segs[..nseg], 0, page_sizes(12, MAX_QUEUE_PAGE_SHIFT))
+            .unwrap_or_else(|| unreachable!("a page-aligned buffer always maps with 4 KiB pages"));
+        let list = PageList { segs: &segs[..nseg], layout };
+        let mut cmd = ResizeCq {
+            cqn: cq.cqn(),
+            log_cq_size: log_nent,
+            log_page_size: layout.log_page_size(),
+            page_offset: 0,
+            pas: Pas::Source(&list),
+        };
+        if let Err(e) = self.exec(&mut cmd, delay) {
+            self.drop_queue_buf(new, &e);
+            return Err(e);
+        }
+        match cq.switch_buffers(self.cmdq.mmio(), new, log_nent) {
+            Ok(mut old) => {
+                // SAFETY: the device wrote the resize CQE into the old ring and writes only the new one from then on.
+                unsafe { old.free(self.cmdq.dma()) };
+                Ok(())
+            }
+            Err(old) => {
+                // Where the device switched is unknown: keep the old ring until the function is disabled.
+                let e = Error::ResizeCqeMissing { cqn: cq.cqn() };
+                self.drop_queue_buf(old, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Requests a completion event (`ibv_req_notify_cq`): for the next completion, or the next solicited one.
+    pub fn req_notify_cq(&mut self, cq: &Cq, notify: Notify) -> Result<(), Error> {
+        let cqn = cq.cqn();
+        let sn = self.ctx.cqs.find(cqn).ok_or(Error::UnknownCq { cqn })?.arm_sn;
+        cq.arm(self.cmdq.mmio(), sn, notify);
+        Ok(())
+    }
+
+    /// The next completion event (`ibv_get_cq_event`): the CQ number whose armed notification fired. Drains the
+    /// EQs first when none is waiting. Each event must be acknowledged with [`Hca::ack_cq_events`].
+    pub fn get_cq_event(&mut self, delay: &mut impl DelayNs) -> Result<Option<u32>, Error> {
+        if let Some(cqn) = self.ctx.cqs.get() {
+            return Ok(Some(cqn));
+        }
+        self.process_events(delay)?;
+        Ok(self.ctx.cqs.get())
+    }
+
+    /// Acknowledges `n` events of `cq` taken with [`Hca::get_cq_event`] (`ibv_ack_cq_events`).
+    pub fn ack_cq_events(&mut self, cq: &Cq, n: u32) -> Result<(), Error> {
+        let cqn = cq.cqn();
+        let e = self.ctx.cqs.find(cqn).ok_or(Error::UnknownCq { cqn })?;
+        if n > e.unacked {
+            return Err(Error::BadSize { what: "events to acknowledge", requested: n.into(), max: e.unacked.into() });
+        }
+        e.unacked -= n;
+        Ok(())
+    }
+
+    /// The CQ error event's syndrome, once the device reported one for `cq` (it writes no more CQEs then).
+    pub fn cq_error(&mut self, cq: &Cq) -> Option<u8> {
+        self.ctx.cqs.find(cq.cqn()).and_then(|e| e.error)
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`); events arrive as the EQs are drained.
+    pub fn get_async_event(&mut self) -> Option<AsyncEvent> {
+        self.ctx.async_events.q.pop_front()
+    }
+
+    /// Async events dropped because the caller did not take them fast enough (the oldest go first).
+    pub fn async_events_dropped(&self) -> u32 {
+        self.ctx.async_events.dropped
+    }
+
+    /// The HCA's mapped UAR page (its doorbells and BlueFlame registers).
+    pub fn uar_page(&self) -> Option<crate::uar::Uar> {
+        let g = &self.caps.general;
+        self.uar.map(|index| crate::uar::Uar { index, bf_reg_size: 1usize << g.log_bf_reg_size, bf: g.bf })
+    }
+
+    /// Doorbell-record pool usage: (pages held, records in use).
+    pub fn dbr_usage(&self) -> (usize, usize) {
+        (self.dbr.pages(), self.dbr.in_use())
+    }
+
+    /// The completion EQ's number, once a CQ created it.
+    pub fn comp_eq(&self) -> Option<u8> {
+        self.ctx.comp_eq.as_ref().map(|r| r.eqn())
+    }
+}
+
+/// A region the caller can hand to [`Hca::reg_mr`]: `(cpu pointer, length)` of a whole DMA region.
+pub fn region_range(r: &DmaRegion) -> (*const u8, usize) {
+    (r.cpu.as_ptr().cast_const(), r.len)
+}
