@@ -217,6 +217,8 @@ impl Command for ModifyCqModeration {
 #[derive(Debug, Clone, Copy)]
 pub struct ResizeCq<'a> {
     pub cqn: u32,
+    /// Unchanged by a resize, but sent again as mlx5_ib does.
+    pub cqe_sz: CqeSize,
     pub log_cq_size: u8,
     pub log_page_size: u8,
     pub page_offset: u8,
@@ -243,6 +245,7 @@ impl Command for ResizeCq<'_> {
             select,
             consts::MLX5_MODIFY_CQ_MASK_LOG_SIZE | consts::MLX5_MODIFY_CQ_MASK_PG_OFFSET | consts::MLX5_MODIFY_CQ_MASK_PG_SIZE,
         );
+        msg.set(ifc::cqc::CQE_SZ.at(m::CQ_CONTEXT), self.cqe_sz.raw());
         msg.set(ifc::cqc::LOG_CQ_SIZE.at(m::CQ_CONTEXT), self.log_cq_size.into());
         msg.set(ifc::cqc::LOG_PAGE_SIZE.at(m::CQ_CONTEXT), self.log_page_size.into());
         msg.set(ifc::cqc::PAGE_OFFSET.at(m::CQ_CONTEXT), self.page_offset.into());

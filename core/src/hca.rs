@@ -1205,6 +1205,11 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
     }
 
+    /// The register window (for the datapath: polling CQs, ringing doorbells).
+    pub fn mmio(&self) -> &M {
+        self.cmdq.mmio()
+    }
+
     pub fn state(&self) -> HcaState {
         self.state
     }

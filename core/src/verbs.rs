@@ -433,6 +433,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let list = PageList { segs: &segs[..nseg], layout };
         let mut cmd = ResizeCq {
             cqn: cq.cqn(),
+            cqe_sz: cq.cqe_size(),
             log_cq_size: log_nent,
             log_page_size: layout.log_page_size(),
             page_offset: 0,

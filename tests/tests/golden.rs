@@ -18,7 +18,6 @@ use serde_json::Value;
 const DEFERRED: &[(&str, &str)] = &[
     ("init2rtr_qp_in_ib", "QP state transitions (issue 5)"),
     ("wqe_rdma_write_signaled", "send WQEs (issue 5)"),
-    ("cqe64_req_rdma_write_ok", "CQE decoding (issue 4)"),
 ];
 
 const COVERED: &[&str] = &[
@@ -39,6 +38,7 @@ const COVERED: &[&str] = &[
     "cmd_layout_create_cq",
     "eqe_completion_cq1a",
     "eq_update_ci_arm",
+    "cqe64_req_rdma_write_ok",
 ];
 
 fn vectors() -> Vec<Value> {
@@ -224,4 +224,34 @@ fn eq_doorbell_matches_and_goes_to_the_arm_register() {
 /// The arming doorbell's BAR offset: UAR page + `MLX5_EQ_DOORBELL_OFFSET`.
 fn ifc_eq_doorbell(uar_off: usize) -> usize {
     uar_off + mlx5_core::prm::consts::MLX5_EQ_DOORBELL_OFFSET as usize
+}
+
+#[test]
+fn cqe_decodes_and_emits_byte_for_byte() {
+    use mlx5_core::cq::{decode_cqe, Cqe, CqeFields, CqeOpcode, LinkLayer, WcOpcode, WcStatus, WrTable};
+    use mlx5_core::prm::consts;
+    struct Ids;
+    impl WrTable for Ids {
+        fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
+            Some(u64::from(qpn) << 16 | u64::from(wqe_counter))
+        }
+        fn recv_done(&mut self, _: u32, _: u32, _: u16) -> Option<u64> {
+            None
+        }
+    }
+    let bytes = golden("cqe64_req_rdma_write_ok");
+    let cqe = Cqe(bytes.clone().try_into().unwrap());
+    assert_eq!((cqe.opcode(), cqe.owner(), cqe.qpn(), cqe.wqe_counter()), (CqeOpcode::Req, 0, 0x123, 5));
+    assert_eq!(u32::from(cqe.wqe_opcode()), consts::MLX5_OPCODE_RDMA_WRITE);
+    let wc = decode_cqe(&cqe, 1, 0, LinkLayer::Ethernet, &mut Ids).unwrap().unwrap();
+    assert_eq!((wc.opcode, wc.status, wc.qp_num, wc.wr_id), (WcOpcode::RdmaWrite, WcStatus::Success, 0x123, 0x123_0005));
+    let emitted = CqeFields {
+        opcode: consts::MLX5_CQE_REQ as u8,
+        wqe_opcode: consts::MLX5_OPCODE_RDMA_WRITE as u8,
+        qpn: 0x123,
+        wqe_counter: 5,
+        ..CqeFields::default()
+    }
+    .emit();
+    assert_eq!(hex(&emitted.0), hex(&bytes));
 }
