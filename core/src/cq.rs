@@ -243,7 +243,9 @@ impl Command for ResizeCq<'_> {
         let select = ifc::resize_field_select::RESIZE_FIELD_SELECT.at(m::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
         msg.set(
             select,
-            consts::MLX5_MODIFY_CQ_MASK_LOG_SIZE | consts::MLX5_MODIFY_CQ_MASK_PG_OFFSET | consts::MLX5_MODIFY_CQ_MASK_PG_SIZE,
+            consts::MLX5_MODIFY_CQ_MASK_LOG_SIZE
+                | consts::MLX5_MODIFY_CQ_MASK_PG_OFFSET
+                | consts::MLX5_MODIFY_CQ_MASK_PG_SIZE,
         );
         msg.set(ifc::cqc::CQE_SZ.at(m::CQ_CONTEXT), self.cqe_sz.raw());
         msg.set(ifc::cqc::LOG_CQ_SIZE.at(m::CQ_CONTEXT), self.log_cq_size.into());
@@ -335,7 +337,7 @@ impl core::fmt::Debug for Cqe {
 
 mod field {
     pub use crate::prm::c::mlx5_cqe64::*;
-    pub use crate::prm::c::mlx5_err_cqe::{S_WQE_OPCODE_QPN, SYNDROME as ERR_SYNDROME, VENDOR_ERR_SYND};
+    pub use crate::prm::c::mlx5_err_cqe::{SYNDROME as ERR_SYNDROME, S_WQE_OPCODE_QPN, VENDOR_ERR_SYND};
 }
 
 impl Cqe {
@@ -737,11 +739,8 @@ pub fn decode_cqe(
     match cqe.opcode() {
         CqeOpcode::Req => {
             wc.qp_num = cqe.qpn();
-            wc.wr_id = wq.send_done(wc.qp_num, cqe.wqe_counter()).ok_or(CqeError::UnknownQp {
-                cqn,
-                qpn: wc.qp_num,
-                index,
-            })?;
+            wc.wr_id =
+                wq.send_done(wc.qp_num, cqe.wqe_counter()).ok_or(CqeError::UnknownQp { cqn, qpn: wc.qp_num, index })?;
             decode_req(cqe, &mut wc);
         }
         op @ (CqeOpcode::RespWrImm | CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespSendInv) => {

@@ -120,7 +120,8 @@ impl<const N: usize> DbrPool<N> {
         let page = self.pages[idx].as_mut().unwrap_or_else(|| unreachable!("page {idx} chosen above"));
         let slot = page.free.trailing_zeros();
         page.free &= !(1u64 << slot);
-        let rec = DbRec { page: idx as u16, slot: slot as u8, region: page.region, offset: slot as usize * self.stride };
+        let rec =
+            DbRec { page: idx as u16, slot: slot as u8, region: page.region, offset: slot as usize * self.stride };
         // A reused slot may hold the counters of its previous queue.
         rec.region.zero(rec.offset, 8);
         Ok(rec)

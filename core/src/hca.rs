@@ -15,6 +15,7 @@ use core::cell::Cell;
 use crate::caps::{DeviceCaps, GeneralCaps};
 use crate::cmd::Simple;
 use crate::cmdq::{iseg_timeout_ms, CmdError, CmdQueue, Command, SlotKind};
+use crate::dbr::DbrPool;
 use crate::eq::{destroy_eq, event_bitmask, log_eq_size, CreateEq, EqContext, EqError, EqRing, Event};
 use crate::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
 use crate::health::{Health, HealthFailure, HEALTH_POLL_INTERVAL_MS};
@@ -29,7 +30,6 @@ use crate::prm::{c, consts, ifc, EventType, MsgBuf, Opcode};
 use crate::trace::CmdTrace;
 use crate::uar::{alloc_uar, dealloc_uar};
 use crate::verbs::{AsyncEvent, AsyncEvents, CqEvents};
-use crate::dbr::DbrPool;
 
 /// Doorbell-record pages an HCA can hold (each holds 64 records with 64-byte cache lines, 32 with 128).
 pub const DBR_PAGES: usize = 64;

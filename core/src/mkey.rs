@@ -4,9 +4,9 @@
 //! the same 32-bit key: `mkey_index << 8 | variant`.
 
 use crate::buf::{DmaSeg, PageLayout, PageList};
-use crate::cmd::{Pas, Simple};
+use crate::cmd::{PageSource, Simple};
 use crate::cmdq::{write_header, CmdError, Command};
-use crate::prm::{consts, ifc, MsgBuf, Opcode, SubBuf};
+use crate::prm::{c, consts, ifc, Field, MsgBuf, Opcode, SubBuf};
 
 /// Access rights of a memory region, with the bit values of verbs' `IB_UVERBS_ACCESS_*` (local read is always
 /// granted).
@@ -76,7 +76,7 @@ impl Command for CreateMkey<'_> {
         Opcode::CreateMkey
     }
     fn inlen(&self) -> usize {
-        crate::cmd::len_with_pas(ifc::create_mkey_in::KLM_PAS_MTT, self.mtt_entries())
+        ifc::create_mkey_in::KLM_PAS_MTT.byte_off() + self.mtt_entries() * c::mlx5_mtt::SIZE
     }
     fn outlen(&self) -> usize {
         ifc::create_mkey_out::SIZE_BYTES
@@ -114,8 +114,11 @@ impl Command for CreateMkey<'_> {
         }
         if let Translation::Mtt { segs, layout, .. } = self.translation {
             msg.set(ifc::create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE, octowords);
-            let list = PageList { segs, layout };
-            crate::cmd::write_pas(msg, ifc::create_mkey_in::KLM_PAS_MTT, Pas::Source(&list));
+            // `klm_pas_mtt` is declared in 32-bit units; each MTT entry (`struct mlx5_mtt`) spans several.
+            let arr = ifc::create_mkey_in::KLM_PAS_MTT;
+            let per_mtt = (c::mlx5_mtt::SIZE * 8) as u32 / arr.elem_bits;
+            PageList { segs, layout }
+                .each(&mut |i, addr| msg.set64(Field::new(arr.elem(i as u32 * per_mtt).off, 64), addr));
         }
     }
     fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<u32, CmdError> {

@@ -259,7 +259,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     /// device to support them.
     fn check_access(&self, access: Access) -> Result<(), Error> {
         if access.unsupported() != 0 {
-            return Err(Error::NotSupported { what: "memory region access flags beyond local/remote read/write/atomic" });
+            return Err(Error::NotSupported {
+                what: "memory region access flags beyond local/remote read/write/atomic",
+            });
         }
         let remote_w = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);
         if access.0 & remote_w.0 != 0 && !access.contains(Access::LOCAL_WRITE) {

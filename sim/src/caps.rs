@@ -85,7 +85,7 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::LOG_MAX_QP_SZ, 15),
         (g::LOG_MAX_QP, 18),
         (g::LOG_MAX_SRQ, 23),
-        (g::LOG_MAX_CQ_SZ, 22),
+        (g::LOG_MAX_CQ_SZ, cfg.log_max_cq_sz.into()),
         (g::LOG_MAX_CQ, 24),
         (g::LOG_MAX_EQ_SZ, 22),
         (g::LOG_MAX_MKEY, 24),
@@ -269,6 +269,14 @@ impl Caps {
         self.query(consts::MLX5_CAP_GENERAL as u16, true)
             .map(|img| MsgBuf::get(img, f.at(ifc::hca_cap_union::CMD_HCA_CAP)))
             .unwrap_or(0)
+    }
+
+    /// Overwrites a current general capability, bypassing the SET_HCA_CAP rules (tests of capability checks).
+    #[cfg(test)]
+    pub(crate) fn force_gen(&mut self, f: Field, v: u32) {
+        if let Some(t) = self.types.iter_mut().find(|t| t.cap_type == consts::MLX5_CAP_GENERAL as u16) {
+            t.cur[..].set(f.at(ifc::hca_cap_union::CMD_HCA_CAP), v);
+        }
     }
 
     /// SET_HCA_CAP: validates `img` (a `hca_cap_union`, 4 KiB) against the rules above and stores it.

@@ -34,22 +34,30 @@ struct Region {
 // the block itself is not tied to the thread that allocated it.
 unsafe impl Send for Region {}
 
-/// Live regions by IOVA, the bump pointer and the fault log.
+/// Live regions by IOVA (and by host address), the bump pointer and the fault log.
 #[derive(Debug)]
 pub(crate) struct DmaSpace {
     regions: BTreeMap<u64, Region>,
+    /// Host address of each live region's first byte -> its IOVA, for `Dma::iova_of`.
+    by_cpu: BTreeMap<usize, u64>,
     next_iova: u64,
     pub(crate) faults: Vec<DmaFault>,
+    /// The largest region `alloc` grants ([`crate::SimConfig::dma_max_contig`]); `None`: no limit.
+    pub(crate) max_contig: Option<usize>,
 }
 
 impl DmaSpace {
-    pub(crate) fn new() -> Self {
-        Self { regions: BTreeMap::new(), next_iova: IOVA_BASE, faults: Vec::new() }
+    pub(crate) fn new(max_contig: Option<usize>) -> Self {
+        Self { regions: BTreeMap::new(), by_cpu: BTreeMap::new(), next_iova: IOVA_BASE, faults: Vec::new(), max_contig }
     }
 
     pub(crate) fn alloc(&mut self, len: usize, align: usize) -> Result<DmaRegion, DmaError> {
         if !align.is_power_of_two() {
             return Err(DmaError::BadAlignment { align });
+        }
+        // A fragmented host has no contiguous block this large: the driver must build the buffer from pages.
+        if self.max_contig.is_some_and(|max| len > max) {
+            return Err(DmaError::NoMemory { len });
         }
         // std::alloc rejects zero-sized layouts; a zero-length region still gets one real byte behind it.
         let layout = Layout::from_size_align(len.max(1), align).map_err(|_| DmaError::BadAlignment { align })?;
@@ -63,6 +71,7 @@ impl DmaSpace {
         let cpu = NonNull::new(p).ok_or(DmaError::NoMemory { len })?;
         self.next_iova = next;
         self.regions.insert(iova, Region { cpu, len, layout });
+        self.by_cpu.insert(cpu.as_ptr() as usize, iova);
         Ok(DmaRegion { cpu, iova, len })
     }
 
@@ -73,6 +82,7 @@ impl DmaSpace {
             _ => return Err(()),
         }
         let r = self.regions.remove(&region.iova).ok_or(())?;
+        self.by_cpu.remove(&(r.cpu.as_ptr() as usize));
         // SAFETY: `r.cpu` was returned by `alloc_zeroed(r.layout)` in `alloc` and is removed from the map, so it
         // is deallocated exactly once with the same layout.
         unsafe { dealloc(r.cpu.as_ptr(), r.layout) };
@@ -89,6 +99,28 @@ impl DmaSpace {
         }
         // SAFETY: `off + len <= r.len` (checked above), so the offset stays inside the allocation.
         Some(unsafe { r.cpu.as_ptr().add(off as usize) })
+    }
+
+    /// Copies `buf.len()` bytes at `iova` without recording a fault (observation by tests, not device DMA).
+    pub(crate) fn peek(&self, iova: u64, buf: &mut [u8]) -> bool {
+        match self.translate(iova, buf.len()) {
+            Some(src) => {
+                // SAFETY: as in `read`: the range lies inside a live allocation and `buf` is a distinct buffer.
+                unsafe { ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The IOVA of the host bytes `cpu..cpu + len` when they lie inside one live region.
+    pub(crate) fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
+        // Only the address is compared; nothing is dereferenced.
+        let addr = cpu as usize;
+        let (&base, &iova) = self.by_cpu.range(..=addr).next_back()?;
+        let r = self.regions.get(&iova)?;
+        let off = addr - base;
+        (off.checked_add(len)? <= r.len).then_some(iova + off as u64)
     }
 
     /// Whether the device could access `iova..iova + len`, without recording a fault.
@@ -167,6 +199,10 @@ unsafe impl Dma for SimDma {
         lock(&self.shared).dma.alloc(len, align)
     }
 
+    fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
+        lock(&self.shared).dma.iova_of(cpu, len)
+    }
+
     unsafe fn free(&self, region: DmaRegion) {
         let mut st = lock(&self.shared);
         let owned = st.fw.pages_in(region.iova, region.len as u64);
@@ -185,5 +221,36 @@ unsafe impl Dma for SimDma {
         if st.dma.free(&region).is_err() {
             st.events.push(SimEvent::BadFree { iova: region.iova, len: region.len });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iova_of_finds_bytes_inside_one_live_region_only() {
+        let mut d = DmaSpace::new(None);
+        let a = d.alloc(3 * 4096, 4096).unwrap();
+        let b = d.alloc(100, 64).unwrap();
+        let at = |r: &DmaRegion, off: usize| r.cpu.as_ptr().wrapping_add(off).cast_const();
+        assert_eq!(d.iova_of(at(&a, 0), 3 * 4096), Some(a.iova));
+        assert_eq!(d.iova_of(at(&a, 100), 5000), Some(a.iova + 100));
+        assert_eq!(d.iova_of(at(&a, 100), 3 * 4096), None);
+        assert_eq!(d.iova_of(at(&b, 99), 1), Some(b.iova + 99));
+        assert_eq!(d.iova_of(at(&b, 99), 2), None);
+        d.free(&a).unwrap();
+        assert_eq!(d.iova_of(at(&a, 0), 1), None);
+        assert_eq!(d.iova_of(at(&b, 0), 100), Some(b.iova));
+        d.free(&b).unwrap();
+    }
+
+    #[test]
+    fn max_contig_refuses_larger_allocations() {
+        let mut d = DmaSpace::new(Some(8192));
+        assert_eq!(d.alloc(8193, 4096), Err(DmaError::NoMemory { len: 8193 }));
+        let r = d.alloc(8192, 4096).unwrap();
+        d.free(&r).unwrap();
+        assert_eq!(d.outstanding(), (0, 0));
     }
 }

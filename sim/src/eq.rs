@@ -25,6 +25,8 @@ const EQ_DB_ARM: usize = consts::MLX5_EQ_DOORBELL_OFFSET as usize;
 /// Offset of the doorbell that only updates the consumer index: two dwords further (`eq_update_ci`, lib/eq.h:
 /// `eq->doorbell + (arm ? 0 : 2)` on a `__be32 *`).
 const EQ_DB_NOARM: usize = EQ_DB_ARM + 2 * 4;
+/// Offset in a UAR page of the CQ doorbell (a 64-bit write, see `cq.rs`).
+const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
 /// The doorbell value carries the consumer index in bits 23:0 and the EQ number in bits 31:24 (`eq_update_ci`).
 const DB_CI_MASK: u32 = 0xff_ffff;
 const DB_EQN_SHIFT: u32 = 24;
@@ -67,6 +69,21 @@ impl State {
             return None;
         }
         let eqn = self.fw.subscriber(event_type)?;
+        self.post_eqe_to(eqn, event_type, sub_type, data)
+    }
+
+    /// Posts an EQE to EQ `eqn`, whatever it subscribes to (completion events are routed by the CQ's `c_eqn`);
+    /// returns `eqn` when it was written.
+    pub(crate) fn post_eqe_to(
+        &mut self,
+        eqn: u32,
+        event_type: u8,
+        sub_type: u8,
+        data: &[u8; EQE_DATA_LEN],
+    ) -> Option<u8> {
+        if self.dead() {
+            return None;
+        }
         let eqn8 = eqn as u8;
         let eq = self.fw.eqs.get_mut(&eqn)?;
         if eq.pi.wrapping_sub(eq.ci) >= eq.nent() {
@@ -142,11 +159,17 @@ impl State {
         }
     }
 
-    /// A write into a UAR page: the EQ doorbells are interpreted, anything else is recorded.
+    /// A 32-bit write into a UAR page: the EQ doorbells are interpreted, half a CQ doorbell is refused, anything
+    /// else is recorded.
     pub(crate) fn uar_write(&mut self, off: usize, val: u32) {
         let arm = match off % PAGE {
             EQ_DB_ARM => true,
             EQ_DB_NOARM => false,
+            o if o == CQ_DB || o == CQ_DB + 4 => {
+                // The CQ doorbell is one 64-bit access; a 32-bit half could pair with a stale other half.
+                self.events.push(SimEvent::BadCqDoorbell { off, val: val.into(), why: "half a CQ doorbell" });
+                return;
+            }
             _ => {
                 self.events.push(SimEvent::UarWrite { off, val });
                 return;
@@ -336,7 +359,8 @@ mod tests {
         assert!(bad(&h, "consumer index beyond producer index"));
         assert!(!h.dev.eq_info(eqn).unwrap().armed);
         // Other UAR offsets are plain UAR writes.
-        let other = crate::SimMmio::uar_offset(uar) + 0x20;
+        // A BlueFlame register (`MLX5_BF_OFFSET`): not interpreted yet.
+        let other = crate::SimMmio::uar_offset(uar) + consts::MLX5_BF_OFFSET as usize;
         h.mmio.write32(other, 5);
         assert!(h.dev.events().contains(&SimEvent::UarWrite { off: other, val: 5 }));
 

@@ -17,7 +17,9 @@ use std::sync::atomic::{fence, Ordering};
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, Field, MsgBuf};
 
 use crate::caps::{Caps, SetCapError};
+use crate::cq::Cq;
 use crate::dma::DmaSpace;
+use crate::mkey::Mkey;
 use crate::mmio::INIT_SEG_PAGES;
 use crate::port::PortModel;
 use crate::{ExecutedCmd, Fault, SimConfig, SimEvent, State};
@@ -49,6 +51,9 @@ pub mod syndrome {
     pub const BAD_ISSI: u32 = 0x51a0_0021;
     /// `BAD_PARAM`: a function other than our own (function_id, other_function, embedded_cpu_function).
     pub const BAD_FUNCTION: u32 = 0x51a0_0022;
+    /// `BAD_PARAM`: MODIFY_CQ with a field_select bit the simulator does not know, or a resize without
+    /// `MLX5_MODIFY_CQ_MASK_LOG_SIZE`.
+    pub const FIELD_SELECT: u32 = 0x51a0_0023;
     /// `BAD_PARAM`: a MANAGE_PAGES page address not 4 KiB aligned.
     pub const PAGE_MISALIGNED: u32 = 0x51a0_0030;
     /// `BAD_PARAM`: a MANAGE_PAGES page not inside live DMA memory.
@@ -71,15 +76,18 @@ pub mod syndrome {
     pub const EQ_INVALID: u32 = 0x51a0_0052;
     /// `BAD_PARAM`: unknown CQ.
     pub const CQ_INVALID: u32 = 0x51a0_0053;
+    /// `BAD_PARAM`: unknown memory key index.
+    pub const MKEY_INVALID: u32 = 0x51a0_0054;
     /// `BAD_PARAM`: log_eq_size / log_cq_size above the `log_max_*_sz` capability.
     pub const LOG_SIZE: u32 = 0x51a0_0060;
     /// `BAD_PARAM`: cqe_sz other than 64 or 128 bytes.
     pub const CQE_SIZE: u32 = 0x51a0_0061;
-    /// `BAD_PARAM`: fewer `pas[]` entries than the queue needs.
+    /// `BAD_PARAM`: fewer `pas[]` entries than the queue needs (or, for CREATE_MKEY, fewer MTT entries than
+    /// the pages the key covers, in the input or in `translations_octword_size`).
     pub const PAS_TOO_FEW: u32 = 0x51a0_0062;
-    /// `BAD_PARAM`: a `pas[]` entry not aligned to the queue's page size.
+    /// `BAD_PARAM`: a `pas[]` (or MTT) entry not aligned to the page size.
     pub const PAS_MISALIGNED: u32 = 0x51a0_0063;
-    /// `BAD_PARAM`: a `pas[]` page not inside live DMA memory.
+    /// `BAD_PARAM`: a `pas[]` (or MTT) page not inside live DMA memory.
     pub const PAS_NOT_MAPPED: u32 = 0x51a0_0064;
     /// `BAD_PARAM`: a non-zero page_offset (not supported by the simulator).
     pub const PAGE_OFFSET: u32 = 0x51a0_0065;
@@ -87,16 +95,34 @@ pub mod syndrome {
     pub const DBR_NOT_MAPPED: u32 = 0x51a0_0066;
     /// `BAD_PARAM`: a CQ bound to an APU element (not supported).
     pub const APU_CQ: u32 = 0x51a0_0067;
+    /// `BAD_PARAM`: MODIFY_CQ(resize) to fewer entries than the CQEs the driver has not consumed yet.
+    pub const CQ_TOO_SMALL: u32 = 0x51a0_0068;
+    /// `BAD_PARAM`: a CQ feature the simulator does not model (a collapsed CQ, `cc`).
+    pub const CQ_FEATURE: u32 = 0x51a0_0069;
     /// `NO_RES`: the object limit (`log_max_*`, UAR pages in the BAR) is reached.
     pub const NO_RESOURCES: u32 = 0x51a0_0070;
-    /// `BAD_RES_STATE`: the object is still used (an EQ by a CQ, a UAR by an EQ or CQ).
+    /// `BAD_RES_STATE`: the object is still used (an EQ by a CQ, a UAR by an EQ or CQ, a PD by a memory key).
     pub const IN_USE: u32 = 0x51a0_0071;
+    /// `BAD_RES_STATE`: MODIFY_CQ(resize) of a CQ in error (overflow or write failure).
+    pub const CQ_IN_ERROR: u32 = 0x51a0_0072;
+    /// `BAD_RES_STATE`: MODIFY_CQ(resize) while the old buffer is full: the resize CQE has no free entry.
+    pub const CQ_FULL: u32 = 0x51a0_0073;
     /// ACCESS_REGISTER of a register the device does not model, or in the wrong direction.
     pub const REG_ACCESS: u32 = 0x51a0_0080;
     /// A port number the device does not have (it has port 1), or a query for the other link layer.
     pub const BAD_PORT: u32 = 0x51a0_0081;
     /// A command needing a capability firmware does not report (SET_DRIVER_VERSION without `driver_version`).
     pub const CAP_NOT_SET: u32 = 0x51a0_0082;
+    /// `BAD_PARAM`: CREATE_MKEY with an access mode other than PA or MTT.
+    pub const MKEY_ACCESS_MODE: u32 = 0x51a0_0090;
+    /// `BAD_PARAM`: CREATE_MKEY with `qpn` other than 0xffffff (keys bound to a QP are not supported).
+    pub const MKEY_QPN: u32 = 0x51a0_0091;
+    /// `BAD_PARAM`: CREATE_MKEY(MTT) with `log_page_size` below 12 or above 63.
+    pub const MKEY_PAGE_SIZE: u32 = 0x51a0_0092;
+    /// `BAD_PARAM`: CREATE_MKEY whose range wraps around 2^64, or an MTT key with `length64`.
+    pub const MKEY_LENGTH: u32 = 0x51a0_0093;
+    /// `BAD_PARAM`: CREATE_MKEY asking for what the simulator does not model (a free key, umem, BSF, crossing).
+    pub const MKEY_FEATURE: u32 = 0x51a0_0094;
     /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
     pub const HEALTH_EXT_SYND: u16 = 0x51a0;
 }
@@ -174,12 +200,6 @@ pub(crate) struct Eq {
     pub(crate) overruns: u64,
 }
 
-#[derive(Debug)]
-struct Cq {
-    uar: u32,
-    eqn: u32,
-}
-
 /// Which HCA states a command is accepted in.
 #[derive(Debug, Clone, Copy)]
 enum Gate {
@@ -214,23 +234,25 @@ pub(crate) struct Firmware {
     abandoned: usize,
     /// A page request is waiting for an EQ subscribed to page requests.
     pub(crate) page_request_held: bool,
-    caps: Caps,
+    pub(crate) caps: Caps,
     pub(crate) port: PortModel,
-    pds: BTreeSet<u32>,
+    pub(crate) pds: BTreeSet<u32>,
     next_pd: u32,
-    uars: BTreeSet<u32>,
+    pub(crate) uars: BTreeSet<u32>,
     next_uar: u32,
     uar_first: u32,
     uar_count: u32,
     pub(crate) eqs: BTreeMap<u32, Eq>,
     next_eqn: u32,
-    cqs: BTreeMap<u32, Cq>,
-    next_cqn: u32,
+    pub(crate) cqs: BTreeMap<u32, Cq>,
+    pub(crate) next_cqn: u32,
+    pub(crate) mkeys: BTreeMap<u32, Mkey>,
+    pub(crate) next_mkey: u32,
 }
 
 /// Picks a free id in `lo..hi`, starting at `*next` and wrapping, so freed ids are not reused at once.
 /// Bounded: with `used.len()` ids taken, one of the next `used.len() + 1` candidates is free.
-fn alloc_id<V>(used: &BTreeMap<u32, V>, next: &mut u32, lo: u32, hi: u32) -> Option<u32> {
+pub(crate) fn alloc_id<V>(used: &BTreeMap<u32, V>, next: &mut u32, lo: u32, hi: u32) -> Option<u32> {
     let span = hi.checked_sub(lo)?;
     if used.len() as u64 >= u64::from(span) {
         return None;
@@ -278,6 +300,8 @@ impl Firmware {
             next_eqn: 1,
             cqs: BTreeMap::new(),
             next_cqn: 1,
+            mkeys: BTreeMap::new(),
+            next_mkey: 1,
         }
     }
 
@@ -292,6 +316,10 @@ impl Firmware {
 
     pub(crate) fn object_counts(&self) -> (usize, usize, usize, usize) {
         (self.pds.len(), self.uars.len(), self.eqs.len(), self.cqs.len())
+    }
+
+    pub(crate) fn mkey_count(&self) -> usize {
+        self.mkeys.len()
     }
 
     /// Pages needed before INIT_HCA.
@@ -398,6 +426,14 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_CQ => {
                 (destroy_cq_in::SIZE_BYTES, destroy_cq_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_QUERY_CQ => (query_cq_in::SIZE_BYTES, query_cq_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_MODIFY_CQ => (modify_cq_in::SIZE_BYTES, modify_cq_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_CREATE_MKEY => {
+                (create_mkey_in::SIZE_BYTES, create_mkey_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_MKEY => {
+                (destroy_mkey_in::SIZE_BYTES, destroy_mkey_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_ACCESS_REG => {
                 (access_register_in::SIZE_BYTES, access_register_out::SIZE_BYTES, Gate::Enabled)
             }
@@ -437,7 +473,7 @@ impl Firmware {
     /// bytes; on error the caller zeroes it again and writes status and syndrome.
     pub(crate) fn execute(
         &mut self,
-        dma: &DmaSpace,
+        dma: &mut DmaSpace,
         events: &mut Vec<SimEvent>,
         inp: &[u8],
         out: &mut [u8],
@@ -477,6 +513,10 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_EQ => self.destroy_eq(inp),
             consts::MLX5_CMD_OP_CREATE_CQ => self.create_cq(dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_CQ => self.destroy_cq(inp),
+            consts::MLX5_CMD_OP_QUERY_CQ => self.query_cq(dma, inp, out, outlen),
+            consts::MLX5_CMD_OP_MODIFY_CQ => self.modify_cq(dma, inp),
+            consts::MLX5_CMD_OP_CREATE_MKEY => self.create_mkey(dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_MKEY => self.destroy_mkey(inp),
             consts::MLX5_CMD_OP_ACCESS_REG => self.port.access_reg(inp, out),
             consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
                 let supported = self.caps.gen(ifc::cmd_hca_cap::DRIVER_VERSION) != 0;
@@ -664,7 +704,7 @@ impl Firmware {
             _ => return Err(bad_param(syndrome::BAD_PROFILE)),
         }
         let (pds, uars, eqs, cqs) = self.object_counts();
-        let objects = pds + uars + eqs + cqs;
+        let objects = pds + uars + eqs + cqs + self.mkeys.len();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
         }
@@ -672,6 +712,7 @@ impl Firmware {
         self.uars.clear();
         self.eqs.clear();
         self.cqs.clear();
+        self.mkeys.clear();
         self.state = HcaState::Enabled;
         // The needs grown while running end with it; a later INIT_HCA starts from the configured ones.
         (self.init_pages, self.regular_pages) = self.cfg_pages;
@@ -692,9 +733,13 @@ impl Firmware {
 
     fn dealloc_pd(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
         let pd = rd(inp, ifc::dealloc_pd_in::PD);
-        if !self.pds.remove(&pd) {
+        if !self.pds.contains(&pd) {
             return Err(bad_param(syndrome::PD_INVALID));
         }
+        if self.mkeys.values().any(|m| m.pd == pd) {
+            return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
+        }
+        self.pds.remove(&pd);
         Ok(())
     }
 
@@ -720,7 +765,7 @@ impl Firmware {
     }
 
     /// Checks that the `pas[]` array of `inp` covers `bytes` with live pages of `page_bytes`.
-    fn check_pas(
+    pub(crate) fn check_pas(
         dma: &DmaSpace,
         inp: &[u8],
         pas: mlx5_core::prm::Array,
@@ -801,55 +846,6 @@ impl Firmware {
             return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
         }
         self.eqs.remove(&eqn);
-        Ok(())
-    }
-
-    fn create_cq(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
-        use ifc::cqc as q;
-        use ifc::create_cq_in as i;
-        let ctx = i::CQ_CONTEXT;
-        let cqe_bytes: u64 = match rd(inp, q::CQE_SZ.at(ctx)) {
-            consts::CQE_STRIDE_64 => 64,
-            consts::CQE_STRIDE_128 => 128,
-            _ => return Err(bad_param(syndrome::CQE_SIZE)),
-        };
-        let log_size = rd(inp, q::LOG_CQ_SIZE.at(ctx));
-        if log_size > self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
-            return Err(bad_param(syndrome::LOG_SIZE));
-        }
-        let uar = rd(inp, q::UAR_PAGE.at(ctx));
-        if !self.uars.contains(&uar) {
-            return Err(bad_param(syndrome::UAR_INVALID));
-        }
-        if rd(inp, q::APU_CQ.at(ctx)) != 0 {
-            return Err(bad_param(syndrome::APU_CQ));
-        }
-        let eqn = rd(inp, q::C_EQN_OR_APU_ELEMENT.at(ctx));
-        if !self.eqs.contains_key(&eqn) {
-            return Err(bad_param(syndrome::EQ_INVALID));
-        }
-        if rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
-            return Err(bad_param(syndrome::PAGE_OFFSET));
-        }
-        let page_bytes = FW_PAGE << rd(inp, q::LOG_PAGE_SIZE.at(ctx));
-        Self::check_pas(dma, inp, i::PAS, (1u64 << log_size) * cqe_bytes, page_bytes)?;
-        // The doorbell record is two big-endian dwords (update_ci, arm).
-        if !dma.is_mapped(inp.get64(q::DBR_ADDR.at(ctx)), 8) {
-            return Err(bad_param(syndrome::DBR_NOT_MAPPED));
-        }
-        let max = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ).min(24);
-        let cqn = alloc_id(&self.cqs, &mut self.next_cqn, 1, max.max(2))
-            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
-        self.cqs.insert(cqn, Cq { uar, eqn });
-        out.set(ifc::create_cq_out::CQN, cqn);
-        Ok(())
-    }
-
-    fn destroy_cq(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
-        let cqn = rd(inp, ifc::destroy_cq_in::CQN);
-        if self.cqs.remove(&cqn).is_none() {
-            return Err(bad_param(syndrome::CQ_INVALID));
-        }
         Ok(())
     }
 }
@@ -1092,7 +1088,7 @@ impl State {
                 let mut out = vec![0u8; outlen.max(INLINE_BYTES)];
                 let result = match self.take_status_fault(opcode) {
                     Some((status, syndrome)) => Err(err(CmdStatus::from_raw(status), syndrome)),
-                    None => self.fw.execute(&self.dma, &mut self.events, &input, &mut out, outlen),
+                    None => self.fw.execute(&mut self.dma, &mut self.events, &input, &mut out, outlen),
                 };
                 if let Err(CmdErr { status, syndrome }) = result {
                     out.fill(0);

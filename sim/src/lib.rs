@@ -53,6 +53,25 @@
 //! command executes and completes, inside the same doorbell (inline) or worker step (threaded). This is how a
 //! physical function behaves: it must serve page requests while a command waits.
 //!
+//! # Completion queues
+//! A CQ created with CREATE_CQ really receives CQEs ([`SimDevice::post_cqe`] now; the simulated datapath later):
+//! CQE `n` is written at entry `n mod nent` through the CQ's `pas[]` pages (scattered pages and pages above
+//! 4 KiB both work; a 128-byte CQE carries its `mlx5_cqe64` in its second half), bytes 0..63 first and, after a
+//! fence, `op_own` with the owner bit `(n >> log_nent) & 1`. Before writing, firmware reads the consumer index
+//! from the doorbell record: a full CQ (`pi - ci == nent`) overruns, unless `oi` is set: the CQ enters
+//! `MLX5_CQC_STATUS_CQ_OVERFLOW`, takes no more CQEs and a CQ-error EQE (`MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN`) goes
+//! to the EQ subscribed to CQ errors. The CQ doorbell (`MLX5_CQ_DOORBELL` in the CQ's UAR page, one 64-bit write
+//! of `(sn << 28 | cmd | ci) << 32 | cqn`) arms for the next CQE or for the next solicited (or error) CQE; an
+//! armed CQ fires one completion EQE on its own `c_eqn` EQ, whatever that EQ subscribes to, and arming while
+//! matching CQEs are unconsumed fires at once. QUERY_CQ reports the context; MODIFY_CQ changes the moderation or
+//! resizes (a `MLX5_CQE_RESIZE_CQ` CQE at the old buffer's next index, then the new buffer continues one index
+//! further, as rdma-core's `mlx5_cq_resize_copy_cqes` expects).
+//!
+//! # Memory keys
+//! CREATE_MKEY / DESTROY_MKEY keep PA keys (identity translation) and MTT keys (one page address per page of
+//! `start_addr .. start_addr + len`). [`SimDevice::mkey_access`] checks an access (key, variant, PD, bounds,
+//! rights, live DMA) and returns the IOVA pieces it touches, for tests now and the datapath later.
+//!
 //! # Health and device loss
 //! The health buffer (`mlx5_init_seg.health`) and the heartbeat (`health_counter`, one tick per ms of device
 //! time) are live. [`Fault::Fatal`] / [`SimDevice::fail_health`] kill the firmware with a syndrome (health buffer
@@ -63,9 +82,11 @@
 //! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
 
 mod caps;
+mod cq;
 mod dma;
 mod eq;
 mod fw;
+mod mkey;
 mod mmio;
 pub mod mocks;
 mod port;
@@ -78,10 +99,13 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use mlx5_core::hal::DelayNs;
+use mlx5_core::prm::c::mlx5_cqe64 as c_cqe;
 
+pub use cq::{CqInfo, PostCqeError};
 pub use dma::{DmaFault, SimDma};
 pub use eq::EQE_DATA_LEN;
 pub use fw::{syndrome, HcaState};
+pub use mkey::{MkeyAccess, MkeyFault};
 pub use mmio::Health;
 pub use mmio::SimMmio;
 
@@ -153,6 +177,11 @@ pub struct SimConfig {
     pub node_guid: u64,
     /// Permanent MAC address of the Ethernet port.
     pub mac: [u8; 6],
+    /// The largest DMA allocation that succeeds, in bytes; a larger `Dma::alloc` fails with
+    /// `DmaError::NoMemory`, so the driver must build big buffers from pages. `None` (the default): no limit.
+    pub dma_max_contig: Option<usize>,
+    /// `log_max_cq_sz` reported in the general capabilities (22 on a ConnectX-5).
+    pub log_max_cq_sz: u8,
 }
 
 impl Default for SimConfig {
@@ -177,6 +206,8 @@ impl Default for SimConfig {
             port_mtu: 1500,
             node_guid: 0xb8ce_f603_0012_3456,
             mac: [0xb8, 0xce, 0xf6, 0x12, 0x34, 0x56],
+            dma_max_contig: None,
+            log_max_cq_sz: 22,
         }
     }
 }
@@ -303,6 +334,21 @@ pub enum SimEvent {
     DeviceGone,
     /// A BAR write after the device left the bus: ignored.
     WriteWhileGone { off: usize, val: u32 },
+    /// A valid CQ doorbell: CQ `cqn` is armed (for solicited CQEs only when `solicited`) with arm sequence
+    /// number `sn` and consumer index `ci` (24 bits, as written).
+    CqDoorbell { cqn: u32, sn: u8, solicited: bool, ci: u32 },
+    /// A CQ doorbell that was ignored: half a doorbell (a 32-bit write), UAR page not allocated, no such CQ, CQ
+    /// on another UAR page, an unknown arm command, or a consumer index beyond the producer index. `val` is the
+    /// 64-bit value (a 32-bit write's value widened).
+    BadCqDoorbell { off: usize, val: u64, why: &'static str },
+    /// An armed CQ got a matching CQE (or was armed with one unconsumed): a completion EQE went to EQ `eqn` and
+    /// the CQ is disarmed.
+    CompletionEvent { cqn: u32, eqn: u8 },
+    /// A CQE for a full CQ without `oi`: nothing was written, the CQ is in overflow and a CQ-error EQE was posted.
+    CqOverrun { cqn: u32 },
+    /// Firmware could not read the CQ's doorbell record or write a CQE (also in `dma_faults`): the CQ is in
+    /// write-fail and a CQ-error EQE was posted.
+    CqWriteFail { cqn: u32 },
 }
 
 /// The state of one EQ, as [`SimDevice::eq_info`] reports it.
@@ -486,8 +532,8 @@ impl SimDevice {
         let state = State {
             regs: Regs::new(&cfg),
             fw: Firmware::new(&cfg),
+            dma: DmaSpace::new(cfg.dma_max_contig),
             cfg,
-            dma: DmaSpace::new(),
             events: Vec::new(),
             executed: Vec::new(),
             faults: Vec::new(),
@@ -596,6 +642,42 @@ impl SimDevice {
     /// The state of EQ `eqn`, if it exists.
     pub fn eq_info(&self, eqn: u8) -> Option<EqInfo> {
         lock(&self.shared).fw.eq_info(eqn)
+    }
+
+    /// Live memory keys.
+    pub fn mkey_count(&self) -> usize {
+        lock(&self.shared).fw.mkey_count()
+    }
+
+    /// Changes the largest allocation the DMA allocator grants from now on (`None`: no limit). Bring-up needs
+    /// large contiguous chunks (firmware pages, EQs); tests fragment later allocations by setting a limit after it.
+    pub fn set_dma_max_contig(&self, max: Option<usize>) {
+        lock(&self.shared).dma.max_contig = max;
+    }
+
+    /// The state of CQ `cqn`, if it exists.
+    pub fn cq_info(&self, cqn: u32) -> Option<CqInfo> {
+        lock(&self.shared).cq_info(cqn)
+    }
+
+    /// Writes `cqe` (a 64-bit `mlx5_cqe64` image; the owner bit is replaced) as the next CQE of CQ `cqn`, with
+    /// the overrun check and the completion event the hardware applies. Returns the CQE's counter value `n` (it
+    /// sits at entry `n mod nent`).
+    pub fn post_cqe(&self, cqn: u32, cqe: [u8; c_cqe::SIZE]) -> Result<u32, PostCqeError> {
+        lock(&self.shared).post_cqe(cqn, &cqe)
+    }
+
+    /// Checks an access of `len` bytes at `va` through memory key `key` (from a PD `pd`, when the access comes
+    /// from a QP), and returns the IOVA pieces it covers, split where the translation is not contiguous.
+    pub fn mkey_access(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<Vec<(u64, u64)>, MkeyFault> {
+        lock(&self.shared).mkey_access(key, pd, va, len, access)
     }
 
     /// Posts an EQE of `event_type` now, to the lowest-numbered EQ subscribed to it. Returns that EQ, or `None`

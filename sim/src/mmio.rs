@@ -154,6 +154,11 @@ impl Regs {
         u32::from_be_bytes(word)
     }
 
+    /// Whether `off..off + len` lies inside one of the UAR pages (after the initialization segment, in the BAR).
+    fn in_uar(&self, off: usize, len: usize) -> bool {
+        off >= self.image.len() && off.checked_add(len).is_some_and(|e| e <= self.bar_size)
+    }
+
     /// A register write; says what else the device must do.
     fn write32(&mut self, off: usize, v: u32, events: &mut Vec<SimEvent>) -> RegWrite {
         match off {
@@ -176,9 +181,7 @@ impl Regs {
                 events.push(SimEvent::CmdqAddress { iova });
             }
             CMD_DBELL => return RegWrite::CmdDoorbell(v),
-            _ if off >= self.image.len() && off.checked_add(4).is_some_and(|e| e <= self.bar_size) => {
-                return RegWrite::Uar;
-            }
+            _ if self.in_uar(off, 4) => return RegWrite::Uar,
             _ => events.push(SimEvent::IgnoredWrite { off, val: v }),
         }
         RegWrite::Done
@@ -241,6 +244,15 @@ impl Mmio for SimMmio {
     }
 
     fn write64(&self, off: usize, v: u64) {
+        {
+            let mut st = lock(&self.shared);
+            // UAR doorbells (the CQ doorbell) are 64-bit registers and must be seen as one access; the
+            // initialization segment has only 32-bit registers, so a 64-bit write there is two of them.
+            if st.regs.health != Health::Gone && st.regs.in_uar(off, 8) {
+                st.uar_write64(off, v);
+                return;
+            }
+        }
         self.write32(off, (v >> 32) as u32);
         self.write32(off.saturating_add(4), v as u32);
     }
@@ -327,7 +339,8 @@ mod tests {
         let dev = SimDevice::default();
         let m = dev.mmio();
         m.write32(0x100, 7);
-        let uar = SimMmio::uar_offset(INIT_SEG_PAGES as u32) + 0x20;
+        // A BlueFlame register (`MLX5_BF_OFFSET`): not interpreted yet.
+        let uar = SimMmio::uar_offset(INIT_SEG_PAGES as u32) + consts::MLX5_BF_OFFSET as usize;
         m.write32(uar, 9);
         m.write32(m.bar_size() + 8, 1);
         let ev = dev.events();

@@ -177,6 +177,10 @@ unsafe impl<D: Dma> Dma for RecordingDma<D> {
         r
     }
 
+    fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
+        self.inner.iova_of(cpu, len)
+    }
+
     unsafe fn free(&self, region: DmaRegion) {
         {
             let mut l = self.lock();

@@ -17,6 +17,16 @@ fn up(dev: &SimDevice) -> (SimHca, SimDelay) {
     (hca, d)
 }
 
+/// Brought up, with the completion EQ in place (its 128 KiB ring is one allocation), and from then on the DMA
+/// allocator grants at most `max` bytes at a time, so CQ rings come in fragments.
+fn up_fragmented(dev: &SimDevice, max: Option<usize>) -> (SimHca, SimDelay) {
+    let (mut hca, mut d) = up(dev);
+    let cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
+    hca.destroy_cq(cq, &mut d).unwrap();
+    dev.set_dma_max_contig(max);
+    (hca, d)
+}
+
 const QPN: u32 = 0x123;
 
 /// Work-request ids as a QP would keep them: send WQE `n` was posted with wr_id `0x5000_0000 + n`, receives get
@@ -119,8 +129,8 @@ fn page_size_follows_the_dma_layout() {
         (Some(4 << 10), 3, 0, 1),
     ];
     for (max, cqe, log_pg, npas) in cases {
-        let dev = SimDevice::new(SimConfig { dma_max_contig: max, ..SimConfig::default() });
-        let (mut hca, mut d) = up(&dev);
+        let dev = SimDevice::default();
+        let (mut hca, mut d) = up_fragmented(&dev, max);
         let mut cq = hca.create_cq(CqAttr { cqe, ..CqAttr::default() }, &mut d).unwrap();
         let info = dev.cq_info(cq.cqn()).unwrap();
         assert_eq!((info.log_page_size, info.npas), (log_pg, npas), "max {max:?} cqe {cqe}");
@@ -130,7 +140,7 @@ fn page_size_follows_the_dma_layout() {
         let mut seen = 0u32;
         for i in 0..n {
             dev.post_cqe(cq.cqn(), send_cqe(i as u16)).unwrap();
-            if i % 7 == 6 || i + 1 == n {
+            if (i + 1) % cq.nent().min(7) == 0 || i + 1 == n {
                 for w in poll_all(&hca, &mut cq, &mut wrs, 16) {
                     assert_eq!(w.wr_id, 0x5000_0000 + u64::from(seen as u16));
                     seen += 1;
@@ -147,8 +157,8 @@ fn page_size_follows_the_dma_layout() {
 /// Ten laps of the ring, in bursts that never overrun it, polled in batches of every size: each completion
 /// arrives once, in order.
 fn stream(cqe_size: CqeSize, max_contig: Option<usize>) {
-    let dev = SimDevice::new(SimConfig { dma_max_contig: max_contig, ..SimConfig::default() });
-    let (mut hca, mut d) = up(&dev);
+    let dev = SimDevice::default();
+    let (mut hca, mut d) = up_fragmented(&dev, max_contig);
     let mut cq = hca.create_cq(CqAttr { cqe: 63, cqe_size, overrun_ignore: false }, &mut d).unwrap();
     let nent = cq.nent();
     let total = 10 * nent + 7;
@@ -161,7 +171,7 @@ fn stream(cqe_size: CqeSize, max_contig: Option<usize>) {
         let room = nent - (posted - got.len() as u32);
         for _ in 0..burst.min(room).min(total - posted) {
             // Alternate sends and receives so both decoding paths run.
-            let cqe = if posted % 2 == 0 {
+            let cqe = if posted.is_multiple_of(2) {
                 send_cqe(posted as u16)
             } else {
                 CqeFields {
@@ -181,7 +191,7 @@ fn stream(cqe_size: CqeSize, max_contig: Option<usize>) {
         let n = cq.poll(hca.mmio(), &mut wrs, &mut wc).unwrap();
         for w in &wc[..n] {
             let i = got.len() as u32;
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 assert_eq!((w.opcode, w.wr_id), (WcOpcode::Send, 0x5000_0000 + u64::from(i as u16)));
             } else {
                 assert_eq!((w.opcode, w.byte_len, w.src_qp), (WcOpcode::Recv, i, 0x77));
@@ -316,12 +326,24 @@ fn good_completions_carry_every_field() {
         let mut wc = [WorkCompletion::default(); 1];
         assert_eq!(cq.poll(hca.mmio(), &mut wrs, &mut wc).unwrap(), 1);
         let w = wc[0];
-        assert_eq!((w.opcode, w.byte_len, w.wc_flags, w.status, w.qp_num), (opcode, byte_len, flags, WcStatus::Success, QPN));
+        assert_eq!(
+            (w.opcode, w.byte_len, w.wc_flags, w.status, w.qp_num),
+            (opcode, byte_len, flags, WcStatus::Success, QPN)
+        );
         if matches!(opcode, Recv | RecvRdmaWithImm) {
             // InfiniBand: SLID and SL come from the CQE.
             assert_eq!((w.src_qp, w.sl, w.slid, w.dlid_path_bits, w.pkey_index), (0xabc, 5, 0x17, 3, 0));
             let inv = flags.contains(WcFlags::WITH_INVALIDATE);
-            assert_eq!((w.imm_data, w.invalidated_rkey), if inv { (0, 0x1122_3344) } else if flags.contains(WcFlags::WITH_IMM) { (0x1122_3344, 0) } else { (0, 0) });
+            assert_eq!(
+                (w.imm_data, w.invalidated_rkey),
+                if inv {
+                    (0, 0x1122_3344)
+                } else if flags.contains(WcFlags::WITH_IMM) {
+                    (0x1122_3344, 0)
+                } else {
+                    (0, 0)
+                }
+            );
         } else {
             assert_eq!(w.wr_id, 0x5000_0009);
         }
@@ -542,7 +564,7 @@ fn resize_preserves_order_exactly() {
     let mut wrs = Wrs::default();
     let mut next = 0u16;
     let mut expect = 0u16;
-    let mut check = |cq: &mut Cq, hca: &SimHca, wrs: &mut Wrs, expect: &mut u16| {
+    let check = |cq: &mut Cq, hca: &SimHca, wrs: &mut Wrs, expect: &mut u16| {
         let mut wc = [WorkCompletion::default(); 256];
         let n = cq.poll(hca.mmio(), wrs, &mut wc).unwrap();
         for w in &wc[..n] {
@@ -577,7 +599,8 @@ fn doorbell_records_share_pages_one_cache_line_each() {
         let cfg = Config { cache_line_128: line_128, ..Config::default() };
         let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, cfg).unwrap();
         let stride = if line_128 { 128 } else { 64 };
-        let mut cqs: Vec<Cq> = (0..per_page + 3).map(|_| hca.create_cq(CqAttr { cqe: 1, ..CqAttr::default() }, &mut d).unwrap()).collect();
+        let mut cqs: Vec<Cq> =
+            (0..per_page + 3).map(|_| hca.create_cq(CqAttr { cqe: 1, ..CqAttr::default() }, &mut d).unwrap()).collect();
         assert_eq!(hca.dbr_usage(), (2, per_page + 3));
         let mut addrs: Vec<u64> = cqs.iter().map(|c| c.dbrec().iova()).collect();
         for a in &addrs {
@@ -625,6 +648,7 @@ fn memory_regions_translate_and_enforce_access() {
     let dma = dev.dma();
     let region = mlx5_core::hal::Dma::alloc(&dma, 5 * 4096, 4096).unwrap();
     // A range inside the region, not page aligned.
+    // SAFETY: 100 bytes into a 20 KiB region.
     let addr = unsafe { region.cpu.as_ptr().add(100) };
     let len = 3 * 4096;
     let mr = hca.reg_mr(&pd, addr, len, Access::LOCAL_WRITE | Access::REMOTE_READ, &mut d).unwrap();
@@ -638,10 +662,19 @@ fn memory_regions_translate_and_enforce_access() {
         dev.mkey_access(mr.rkey, Some(pd.pdn()), va, 8, MkeyAccess::REMOTE_WRITE),
         Err(MkeyFault::AccessDenied(MkeyAccess::REMOTE_WRITE))
     );
-    assert_eq!(dev.mkey_access(mr.rkey, Some(pd.pdn()), va + len as u64 - 4, 8, MkeyAccess::LOCAL_READ), Err(MkeyFault::OutOfBounds));
-    assert_eq!(dev.mkey_access(mr.rkey, Some(pd.pdn()), va - 1, 8, MkeyAccess::LOCAL_READ), Err(MkeyFault::OutOfBounds));
+    assert_eq!(
+        dev.mkey_access(mr.rkey, Some(pd.pdn()), va + len as u64 - 4, 8, MkeyAccess::LOCAL_READ),
+        Err(MkeyFault::OutOfBounds)
+    );
+    assert_eq!(
+        dev.mkey_access(mr.rkey, Some(pd.pdn()), va - 1, 8, MkeyAccess::LOCAL_READ),
+        Err(MkeyFault::OutOfBounds)
+    );
     assert_eq!(dev.mkey_access(mr.rkey, Some(pd.pdn() + 1), va, 8, MkeyAccess::LOCAL_READ), Err(MkeyFault::PdMismatch));
-    assert_eq!(dev.mkey_access(mr.rkey ^ 0xff, Some(pd.pdn()), va, 8, MkeyAccess::LOCAL_READ), Err(MkeyFault::VariantMismatch));
+    assert_eq!(
+        dev.mkey_access(mr.rkey ^ 0xff, Some(pd.pdn()), va, 8, MkeyAccess::LOCAL_READ),
+        Err(MkeyFault::VariantMismatch)
+    );
 
     // Memory the DMA layer does not know cannot be registered, and no command is sent for it.
     let stack = [0u8; 4096];
@@ -658,7 +691,10 @@ fn memory_regions_translate_and_enforce_access() {
 
     // A physical-address key covers any bus address.
     let all = hca.reg_dma_mr(&pd, Access::ALL, &mut d).unwrap();
-    assert_eq!(dev.mkey_access(all.lkey, Some(pd.pdn()), region.iova, 4096, MkeyAccess::REMOTE_ATOMIC).unwrap(), vec![(region.iova, 4096)]);
+    assert_eq!(
+        dev.mkey_access(all.lkey, Some(pd.pdn()), region.iova, 4096, MkeyAccess::REMOTE_ATOMIC).unwrap(),
+        vec![(region.iova, 4096)]
+    );
 
     // The PD cannot go while keys use it; once they are gone it can.
     let keep = hca.dealloc_pd(pd, &mut d).unwrap_err();

@@ -15,10 +15,8 @@ use mlx5_tests::{hex, unhex, HeapDma, RegFile};
 use serde_json::Value;
 
 /// Vectors for objects later issues implement; the guard test below keeps this list honest.
-const DEFERRED: &[(&str, &str)] = &[
-    ("init2rtr_qp_in_ib", "QP state transitions (issue 5)"),
-    ("wqe_rdma_write_signaled", "send WQEs (issue 5)"),
-];
+const DEFERRED: &[(&str, &str)] =
+    &[("init2rtr_qp_in_ib", "QP state transitions (issue 5)"), ("wqe_rdma_write_signaled", "send WQEs (issue 5)")];
 
 const COVERED: &[&str] = &[
     "create_cq_in",
@@ -244,7 +242,10 @@ fn cqe_decodes_and_emits_byte_for_byte() {
     assert_eq!((cqe.opcode(), cqe.owner(), cqe.qpn(), cqe.wqe_counter()), (CqeOpcode::Req, 0, 0x123, 5));
     assert_eq!(u32::from(cqe.wqe_opcode()), consts::MLX5_OPCODE_RDMA_WRITE);
     let wc = decode_cqe(&cqe, 1, 0, LinkLayer::Ethernet, &mut Ids).unwrap().unwrap();
-    assert_eq!((wc.opcode, wc.status, wc.qp_num, wc.wr_id), (WcOpcode::RdmaWrite, WcStatus::Success, 0x123, 0x123_0005));
+    assert_eq!(
+        (wc.opcode, wc.status, wc.qp_num, wc.wr_id),
+        (WcOpcode::RdmaWrite, WcStatus::Success, 0x123, 0x123_0005)
+    );
     let emitted = CqeFields {
         opcode: consts::MLX5_CQE_REQ as u8,
         wqe_opcode: consts::MLX5_OPCODE_RDMA_WRITE as u8,

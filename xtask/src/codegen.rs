@@ -42,6 +42,7 @@ const C_STRUCTS: &[&str] = &[
     "mlx5_av",
     "mlx5_wqe_datagram_seg",
     "mlx5_rwqe_sig",
+    "mlx5_mtt",
 ];
 
 /// Constant families turned into enums that keep unknown values as `Unknown(n)`.

@@ -3016,6 +3016,13 @@ pub mod c {
         /// `u8`
         pub const SIGNATURE: Bytes = Bytes::new(4, 1);
     }
+    /// `struct mlx5_mtt`.
+    pub mod mlx5_mtt {
+        use super::*;
+        pub const SIZE: usize = 8;
+        /// `__be64`
+        pub const PTAG: Bytes = Bytes::new(0, 8);
+    }
 }
 
 /// `MLX5_CMD_OP_*` (include/linux/mlx5/mlx5_ifc.h); values the table does not name decode to `Unknown(n)`.

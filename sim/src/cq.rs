@@ -1,0 +1,1233 @@
+//! Completion queues on the device side: CREATE/DESTROY/QUERY/MODIFY_CQ, writing CQEs (owner bits, overrun,
+//! completion events) and the CQ doorbell in the UAR pages (c-layouts.md section 4).
+//!
+//! A CQE is written through the checked DMA translation: its 64-byte `mlx5_cqe64` image without `op_own` first,
+//! then, after a fence, `op_own`, so a driver that sees the new owner bit (and issues `dma_rmb`) reads a
+//! complete entry.
+
+use std::sync::atomic::{fence, Ordering};
+
+use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf};
+
+use crate::dma::{DmaFault, DmaSpace};
+use crate::eq::EQE_DATA_LEN;
+use crate::fw::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
+use crate::mmio::PAGE;
+use crate::{SimEvent, State};
+
+/// Bytes of the CQE image the device writes (`struct mlx5_cqe64`).
+const CQE64: usize = c::mlx5_cqe64::SIZE;
+/// `op_own`: opcode in bits 7:4, solicited event in bit 1, owner in bit 0 (c-layouts.md 4.4).
+const OP_OWN: usize = c::mlx5_cqe64::OP_OWN.off;
+const OWNER_MASK: u8 = consts::MLX5_CQE_OWNER_MASK as u8;
+/// The solicited-event bit of `op_own` (`mlx5dv_get_cqe_se`: `(op_own >> 1) & 1`).
+const SOLICITED: u8 = 1 << 1;
+/// The CQE opcode is the high nibble of `op_own` (`get_cqe_opcode`).
+const OPCODE_SHIFT: u8 = 4;
+/// Consumer and producer counters travel as 24 bits (doorbell record, CQ doorbell, cqc counters).
+const CTR_MASK: u32 = 0xff_ffff;
+/// Offset in a UAR page of the CQ doorbell.
+const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
+/// The arm command of a CQ doorbell: bits 27:24 of its first dword (`MLX5_CQ_DB_REQ_NOT*`).
+const DB_CMD_MASK: u32 = 0xf << 24;
+/// The arm sequence number: bits 29:28 (`mlx5_cq_arm`: `sn << 28`, `sn = arm_sn & 3`).
+const DB_SN_SHIFT: u32 = 28;
+const DB_SN_MASK: u32 = 3;
+/// Page sizes in a cqc are relative to 4 KiB (`log_page_size = page_shift - MLX5_ADAPTER_PAGE_SHIFT`).
+const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
+/// MODIFY_CQ `op_mod` for moderation changes: Linux's `mlx5_core_modify_cq_moderation` leaves it 0, and only
+/// `MLX5_CQ_OPMOD_RESIZE` has a name.
+const OPMOD_MODIFY: u32 = 0;
+
+const STATUS_OK: u8 = consts::MLX5_CQC_STATUS_OK as u8;
+const STATUS_OVERFLOW: u8 = consts::MLX5_CQC_STATUS_CQ_OVERFLOW as u8;
+const STATUS_WRITE_FAIL: u8 = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
+const EVENT_COMP: u8 = consts::MLX5_EVENT_TYPE_COMP as u8;
+const EVENT_CQ_ERROR: u8 = consts::MLX5_EVENT_TYPE_CQ_ERROR as u8;
+
+/// What the next CQE does to an armed CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arm {
+    /// Not armed: no completion event.
+    None,
+    /// `MLX5_CQ_DB_REQ_NOT`: any CQE fires.
+    Next,
+    /// `MLX5_CQ_DB_REQ_NOT_SOL`: only a solicited or error CQE fires.
+    Solicited,
+}
+
+/// A completion queue: its buffer, indices, arm state and moderation.
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub(crate) uar: u32,
+    pub(crate) eqn: u32,
+    /// 64 or 128 bytes.
+    cqe_size: u64,
+    log_nent: u32,
+    /// Bus addresses of the buffer pages, `1 << page_shift` bytes each.
+    pas: Vec<u64>,
+    page_shift: u32,
+    dbr: u64,
+    oi: bool,
+    /// CQEs written (wrapping 32-bit counter; the resize CQE counts).
+    pi: u32,
+    arm: Arm,
+    /// `MLX5_CQC_STATUS_*`.
+    status: u8,
+    period: u32,
+    max_count: u32,
+    period_mode: u32,
+    /// The sequence number of the last accepted arm doorbell.
+    arm_sn: u8,
+    /// Counter value of the CQE that last fired an event.
+    last_notified: u32,
+    /// Counter value of the last solicited or error CQE.
+    last_solicited: Option<u32>,
+    events_fired: u64,
+    /// CQEs that found the CQ full (with `oi` they were written anyway).
+    overruns: u64,
+}
+
+/// Why [`crate::SimDevice::post_cqe`] wrote nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostCqeError {
+    /// No CQ with this number.
+    UnknownCq,
+    /// The CQ is in error (`status` is a `MLX5_CQC_STATUS_*`) and takes no more CQEs.
+    CqInError { status: u8 },
+    /// The CQ was full and has no `oi`: it is now in overflow and a CQ-error EQE was posted.
+    Overrun,
+    /// The doorbell record or the CQE was not in live DMA memory: the CQ is now in write-fail.
+    DmaFault(DmaFault),
+    /// The firmware is dead or the device gone: nothing is written.
+    Dead,
+}
+
+/// The state of one CQ, as [`crate::SimDevice::cq_info`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqInfo {
+    /// Number of entries (`1 << log_cq_size`).
+    pub nent: u32,
+    /// Bytes per CQE (64 or 128).
+    pub cqe_size: u32,
+    /// Producer index: CQEs written so far (wrapping 32-bit counter).
+    pub pi: u32,
+    /// Consumer index from the doorbell record (24 bits; 0 when the record is not mapped).
+    pub ci: u32,
+    /// `None`: not armed; `Some(solicited)`: armed for the next CQE, or for the next solicited one.
+    pub armed: Option<bool>,
+    /// `MLX5_CQC_STATUS_*`.
+    pub status: u8,
+    /// Completion events fired.
+    pub events_fired: u64,
+    /// CQEs that found the CQ full.
+    pub overruns: u64,
+    /// `cqc.log_page_size`: log2 of the buffer page size relative to 4 KiB.
+    pub log_page_size: u32,
+    /// Buffer pages (`pas[]` entries in use).
+    pub npas: usize,
+    pub cq_period: u16,
+    pub cq_max_count: u16,
+    /// Sequence number of the last accepted arm doorbell.
+    pub arm_sn: u8,
+    /// UAR page of the CQ doorbell.
+    pub uar: u32,
+    /// EQ receiving the completion events (`c_eqn`).
+    pub eqn: u8,
+}
+
+/// Whether a CQE satisfies a solicited-only arm: the solicited bit, or an error CQE.
+fn is_solicited(op_own: u8) -> bool {
+    let opcode = u32::from(op_own >> OPCODE_SHIFT);
+    op_own & SOLICITED != 0 || opcode == consts::MLX5_CQE_REQ_ERR || opcode == consts::MLX5_CQE_RESP_ERR
+}
+
+/// The CQE size a `cqc.cqe_sz` encodes.
+fn cqe_bytes(code: u32) -> Result<u64, CmdErr> {
+    match code {
+        consts::CQE_STRIDE_64 => Ok(64),
+        consts::CQE_STRIDE_128 => Ok(128),
+        _ => Err(bad_param(syndrome::CQE_SIZE)),
+    }
+}
+
+/// The event data of a CQ-error EQE (`struct mlx5_eqe_cq_err`).
+fn cq_err_data(cqn: u32, synd: u32) -> [u8; EQE_DATA_LEN] {
+    use c::mlx5_eqe_cq_err as e;
+    let mut d = [0u8; EQE_DATA_LEN];
+    d[e::CQN.off..e::CQN.end()].copy_from_slice(&cqn.to_be_bytes());
+    d[e::SYNDROME.off] = synd as u8;
+    d
+}
+
+/// The event data of a completion EQE (`struct mlx5_eqe_comp`).
+fn comp_data(cqn: u32) -> [u8; EQE_DATA_LEN] {
+    let f = c::mlx5_eqe_comp::CQN;
+    let mut d = [0u8; EQE_DATA_LEN];
+    d[f.off..f.end()].copy_from_slice(&cqn.to_be_bytes());
+    d
+}
+
+/// Reads the `pas[]` entries covering `bytes` in pages of `1 << page_shift` (already checked by `check_pas`).
+fn read_pas(inp: &[u8], pas: mlx5_core::prm::Array, bytes: u64, page_shift: u32) -> Vec<u64> {
+    (0..bytes.div_ceil(1 << page_shift)).map(|k| inp.get64(pas.elem(k as u32))).collect()
+}
+
+impl Cq {
+    fn nent(&self) -> u32 {
+        1 << self.log_nent
+    }
+
+    /// Bus address of the `mlx5_cqe64` image of CQE `n`: entry `n mod nent`, in the second half of a 128-byte
+    /// CQE (`struct mlx5_cqe128`: 64 bytes of `inl_grh`, then `cqe64`).
+    fn cqe64_iova(&self, n: u32) -> Option<u64> {
+        let idx = u64::from(n & (self.nent() - 1));
+        let off = idx * self.cqe_size + (self.cqe_size - CQE64 as u64);
+        let page = usize::try_from(off >> self.page_shift).ok()?;
+        self.pas.get(page)?.checked_add(off & ((1u64 << self.page_shift) - 1))
+    }
+
+    /// Writes CQE `n` with the owner bit of its pass: the image first, `op_own` last.
+    fn write_cqe(&self, dma: &mut DmaSpace, n: u32, cqe: &[u8; CQE64]) -> Result<(), DmaFault> {
+        // `check_pas` guaranteed a page for every entry; a miss here would be a simulator bug, reported as a fault.
+        let iova = self.cqe64_iova(n).ok_or(DmaFault { iova: 0, len: CQE64, write: true })?;
+        let owner = ((n >> self.log_nent) & 1) as u8;
+        dma.write(iova, &cqe[..OP_OWN])?;
+        // The entry must be visible before the byte that hands it to the driver.
+        fence(Ordering::SeqCst);
+        dma.write_u8_volatile(iova + OP_OWN as u64, (cqe[OP_OWN] & !OWNER_MASK) | owner)
+    }
+
+    /// The consumer index from the doorbell record (`db[0] = be32(cons_index & 0xffffff)`).
+    fn read_ci(&self, dma: &mut DmaSpace) -> Result<u32, DmaFault> {
+        let mut b = [0u8; 4];
+        dma.read(self.dbr, &mut b)?;
+        Ok(u32::from_be_bytes(b) & CTR_MASK)
+    }
+
+    /// CQEs written and not consumed, for a 24-bit consumer index.
+    fn unconsumed(&self, ci: u32) -> u32 {
+        (self.pi & CTR_MASK).wrapping_sub(ci) & CTR_MASK
+    }
+
+    /// Whether a solicited or error CQE is among the unconsumed ones. The last such CQE is the latest of them,
+    /// so it is unconsumed exactly when any of them is.
+    fn solicited_unconsumed(&self, ci: u32) -> bool {
+        self.last_solicited.is_some_and(|s| ((s & CTR_MASK).wrapping_sub(ci) & CTR_MASK) < self.unconsumed(ci))
+    }
+}
+
+impl Firmware {
+    pub(crate) fn create_cq(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::cqc as q;
+        use ifc::create_cq_in as i;
+        let ctx = i::CQ_CONTEXT;
+        let cqe_size = cqe_bytes(rd(inp, q::CQE_SZ.at(ctx)))?;
+        let log_size = rd(inp, q::LOG_CQ_SIZE.at(ctx));
+        if log_size > self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
+            return Err(bad_param(syndrome::LOG_SIZE));
+        }
+        let uar = rd(inp, q::UAR_PAGE.at(ctx));
+        if !self.uars.contains(&uar) {
+            return Err(bad_param(syndrome::UAR_INVALID));
+        }
+        if rd(inp, q::APU_CQ.at(ctx)) != 0 {
+            return Err(bad_param(syndrome::APU_CQ));
+        }
+        if rd(inp, q::CC.at(ctx)) != 0 {
+            return Err(bad_param(syndrome::CQ_FEATURE));
+        }
+        let oi = rd(inp, q::OI.at(ctx)) != 0;
+        if oi && self.caps.gen(ifc::cmd_hca_cap::CQ_OI) == 0 {
+            return Err(bad_param(syndrome::CAP_NOT_SET));
+        }
+        let eqn = rd(inp, q::C_EQN_OR_APU_ELEMENT.at(ctx));
+        if !self.eqs.contains_key(&eqn) {
+            return Err(bad_param(syndrome::EQ_INVALID));
+        }
+        if rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
+            return Err(bad_param(syndrome::PAGE_OFFSET));
+        }
+        let page_shift = ADAPTER_PAGE_SHIFT + rd(inp, q::LOG_PAGE_SIZE.at(ctx));
+        let bytes = (1u64 << log_size) * cqe_size;
+        Self::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        // The doorbell record is two big-endian dwords (update_ci, arm).
+        let dbr = inp.get64(q::DBR_ADDR.at(ctx));
+        if !dma.is_mapped(dbr, 8) {
+            return Err(bad_param(syndrome::DBR_NOT_MAPPED));
+        }
+        let max = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ).min(24);
+        let cqn = alloc_id(&self.cqs, &mut self.next_cqn, 1, max.max(2))
+            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
+        let cq = Cq {
+            uar,
+            eqn,
+            cqe_size,
+            log_nent: log_size,
+            pas: read_pas(inp, i::PAS, bytes, page_shift),
+            page_shift,
+            dbr,
+            oi,
+            pi: 0,
+            arm: Arm::None,
+            status: STATUS_OK,
+            period: rd(inp, q::CQ_PERIOD.at(ctx)),
+            max_count: rd(inp, q::CQ_MAX_COUNT.at(ctx)),
+            period_mode: rd(inp, q::CQ_PERIOD_MODE.at(ctx)),
+            arm_sn: 0,
+            last_notified: 0,
+            last_solicited: None,
+            events_fired: 0,
+            overruns: 0,
+        };
+        self.cqs.insert(cqn, cq);
+        out.set(ifc::create_cq_out::CQN, cqn);
+        Ok(())
+    }
+
+    pub(crate) fn destroy_cq(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+        let cqn = rd(inp, ifc::destroy_cq_in::CQN);
+        if self.cqs.remove(&cqn).is_none() {
+            return Err(bad_param(syndrome::CQ_INVALID));
+        }
+        Ok(())
+    }
+
+    /// QUERY_CQ: the context (with the live counters) and as many `pas[]` entries as `outlen` holds (Linux
+    /// queries with the bare `query_cq_out` and reads none).
+    pub(crate) fn query_cq(
+        &mut self,
+        dma: &mut DmaSpace,
+        inp: &[u8],
+        out: &mut [u8],
+        outlen: usize,
+    ) -> Result<(), CmdErr> {
+        use ifc::cqc as q;
+        use ifc::query_cq_out as o;
+        let cqn = rd(inp, ifc::query_cq_in::CQN);
+        let cq = self.cqs.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        let ctx = o::CQ_CONTEXT;
+        let st = match cq.arm {
+            Arm::None => consts::MLX5_CQC_ST_FIRED,
+            Arm::Next => consts::MLX5_CQC_ST_NOTIFICATION_REQUEST_ARMED,
+            Arm::Solicited => consts::MLX5_CQC_ST_SOLICITED_NOTIFICATION_REQUEST_ARMED,
+        };
+        let cqe_sz = if cq.cqe_size == 128 { consts::CQE_STRIDE_128 } else { consts::CQE_STRIDE_64 };
+        // A doorbell record the driver unmapped reads as consumer index 0 (the miss is in `dma_faults`).
+        let ci = cq.read_ci(dma).unwrap_or(0);
+        let fields = [
+            (q::STATUS, u32::from(cq.status)),
+            (q::CQE_SZ, cqe_sz),
+            (q::OI, cq.oi.into()),
+            (q::CQ_PERIOD_MODE, cq.period_mode),
+            (q::ST, st),
+            (q::LOG_CQ_SIZE, cq.log_nent),
+            (q::UAR_PAGE, cq.uar),
+            (q::CQ_PERIOD, cq.period),
+            (q::CQ_MAX_COUNT, cq.max_count),
+            (q::C_EQN_OR_APU_ELEMENT, cq.eqn),
+            (q::LOG_PAGE_SIZE, cq.page_shift - ADAPTER_PAGE_SHIFT),
+            (q::LAST_NOTIFIED_INDEX, cq.last_notified & CTR_MASK),
+            (q::LAST_SOLICIT_INDEX, cq.last_solicited.unwrap_or(0) & CTR_MASK),
+            (q::CONSUMER_COUNTER, ci),
+            (q::PRODUCER_COUNTER, cq.pi & CTR_MASK),
+        ];
+        for (f, v) in fields {
+            out.set(f.at(ctx), v);
+        }
+        out.set64(q::DBR_ADDR.at(ctx), cq.dbr);
+        let room = outlen.saturating_sub(o::PAS.byte_off()) / (o::PAS.elem_bits / 8) as usize;
+        for (k, &pa) in cq.pas.iter().take(room).enumerate() {
+            out.set64(o::PAS.elem(k as u32), pa);
+        }
+        Ok(())
+    }
+
+    /// MODIFY_CQ: moderation (op_mod 0) or resize (`MLX5_CQ_OPMOD_RESIZE`).
+    pub(crate) fn modify_cq(&mut self, dma: &mut DmaSpace, inp: &[u8]) -> Result<(), CmdErr> {
+        use ifc::modify_cq_in as i;
+        let cqn = rd(inp, i::CQN);
+        if !self.cqs.contains_key(&cqn) {
+            return Err(bad_param(syndrome::CQ_INVALID));
+        }
+        // field_select is a union: the moderation and the resize views are the same dword.
+        let sel = ifc::modify_field_select_resize_field_select_auto::MODIFY_FIELD_SELECT
+            .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
+        let resize_sel = ifc::modify_field_select_resize_field_select_auto::RESIZE_FIELD_SELECT
+            .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
+        match rd(inp, ifc::mbox_in::OP_MOD) {
+            OPMOD_MODIFY => self.moderate_cq(cqn, inp, rd(inp, ifc::modify_field_select::MODIFY_FIELD_SELECT.at(sel))),
+            consts::MLX5_CQ_OPMOD_RESIZE => {
+                let bits = rd(inp, ifc::resize_field_select::RESIZE_FIELD_SELECT.at(resize_sel));
+                self.resize_cq(dma, cqn, inp, bits)
+            }
+            _ => Err(bad_param(syndrome::BAD_OP_MOD)),
+        }
+    }
+
+    fn moderate_cq(&mut self, cqn: u32, inp: &[u8], sel: u32) -> Result<(), CmdErr> {
+        use ifc::cqc as q;
+        let ctx = ifc::modify_cq_in::CQ_CONTEXT;
+        let known = consts::MLX5_CQ_MODIFY_PERIOD
+            | consts::MLX5_CQ_MODIFY_COUNT
+            | consts::MLX5_CQ_MODIFY_OVERRUN
+            | consts::MLX5_CQ_MODIFY_PERIOD_MODE;
+        if sel & !known != 0 {
+            return Err(bad_param(syndrome::FIELD_SELECT));
+        }
+        let cap = |f: Field| self.caps.gen(f) != 0;
+        let needs = [
+            (consts::MLX5_CQ_MODIFY_PERIOD | consts::MLX5_CQ_MODIFY_COUNT, ifc::cmd_hca_cap::CQ_MODERATION),
+            (consts::MLX5_CQ_MODIFY_OVERRUN, ifc::cmd_hca_cap::CQ_OI),
+            (consts::MLX5_CQ_MODIFY_PERIOD_MODE, ifc::cmd_hca_cap::CQ_PERIOD_MODE_MODIFY),
+        ];
+        if needs.iter().any(|&(bits, f)| sel & bits != 0 && !cap(f)) {
+            return Err(bad_param(syndrome::CAP_NOT_SET));
+        }
+        let cq = self.cqs.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        if sel & consts::MLX5_CQ_MODIFY_PERIOD != 0 {
+            cq.period = rd(inp, q::CQ_PERIOD.at(ctx));
+        }
+        if sel & consts::MLX5_CQ_MODIFY_COUNT != 0 {
+            cq.max_count = rd(inp, q::CQ_MAX_COUNT.at(ctx));
+        }
+        if sel & consts::MLX5_CQ_MODIFY_OVERRUN != 0 {
+            cq.oi = rd(inp, q::OI.at(ctx)) != 0;
+        }
+        if sel & consts::MLX5_CQ_MODIFY_PERIOD_MODE != 0 {
+            cq.period_mode = rd(inp, q::CQ_PERIOD_MODE.at(ctx));
+        }
+        Ok(())
+    }
+
+    /// Resize: the new buffer must hold the unconsumed CQEs; firmware writes a resize CQE at the old buffer's
+    /// next index and continues one index further in the new buffer, where the driver has copied the
+    /// unconsumed CQEs `c..r-1` to `c+1..r` (rdma-core `mlx5_cq_resize_copy_cqes`). The CQE size is the one
+    /// the context gives, as Linux always sets `cqe_sz` for a resize. The resize CQE fires no completion
+    /// event: the driver looks for it synchronously.
+    fn resize_cq(&mut self, dma: &mut DmaSpace, cqn: u32, inp: &[u8], sel: u32) -> Result<(), CmdErr> {
+        use ifc::cqc as q;
+        use ifc::modify_cq_in as i;
+        let ctx = i::CQ_CONTEXT;
+        if self.caps.gen(ifc::cmd_hca_cap::CQ_RESIZE) == 0 {
+            return Err(bad_param(syndrome::CAP_NOT_SET));
+        }
+        let known = consts::MLX5_MODIFY_CQ_MASK_LOG_SIZE
+            | consts::MLX5_MODIFY_CQ_MASK_PG_OFFSET
+            | consts::MLX5_MODIFY_CQ_MASK_PG_SIZE;
+        if sel & !known != 0 || sel & consts::MLX5_MODIFY_CQ_MASK_LOG_SIZE == 0 {
+            return Err(bad_param(syndrome::FIELD_SELECT));
+        }
+        let log_size = rd(inp, q::LOG_CQ_SIZE.at(ctx));
+        if log_size > self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
+            return Err(bad_param(syndrome::LOG_SIZE));
+        }
+        if sel & consts::MLX5_MODIFY_CQ_MASK_PG_OFFSET != 0 && rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
+            return Err(bad_param(syndrome::PAGE_OFFSET));
+        }
+        let cqe_size = cqe_bytes(rd(inp, q::CQE_SZ.at(ctx)))?;
+        let cq = self.cqs.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        let page_shift = if sel & consts::MLX5_MODIFY_CQ_MASK_PG_SIZE != 0 {
+            ADAPTER_PAGE_SHIFT + rd(inp, q::LOG_PAGE_SIZE.at(ctx))
+        } else {
+            cq.page_shift
+        };
+        if cq.status != STATUS_OK {
+            return Err(err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR));
+        }
+        let bytes = (1u64 << log_size) * cqe_size;
+        Self::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        let ci = cq.read_ci(dma).map_err(|_| err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR))?;
+        let pending = cq.unconsumed(ci);
+        if pending >= 1 << log_size {
+            return Err(bad_param(syndrome::CQ_TOO_SMALL));
+        }
+        if pending >= cq.nent() {
+            return Err(err(CmdStatus::BadResState, syndrome::CQ_FULL));
+        }
+        let mut resize = [0u8; CQE64];
+        resize[OP_OWN] = (consts::MLX5_CQE_RESIZE_CQ as u8) << OPCODE_SHIFT;
+        cq.write_cqe(dma, cq.pi, &resize).map_err(|_| err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR))?;
+        let pas = read_pas(inp, i::PAS, bytes, page_shift);
+        let cq = self.cqs.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        // The unconsumed CQEs move one index up in the new buffer, the last solicited one with them.
+        let (old_pi, start) = (cq.pi, ci);
+        if let Some(s) = cq.last_solicited.filter(|s| ((s & CTR_MASK).wrapping_sub(start) & CTR_MASK) < pending) {
+            cq.last_solicited = Some(s.wrapping_add(1));
+        }
+        cq.pi = old_pi.wrapping_add(1);
+        cq.pas = pas;
+        cq.page_shift = page_shift;
+        cq.log_nent = log_size;
+        cq.cqe_size = cqe_size;
+        Ok(())
+    }
+}
+
+impl State {
+    /// Writes `cqe` as the next CQE of CQ `cqn` (the device lock is held): the overrun check, the owner bit,
+    /// and the completion event of an armed CQ. Returns the CQE's counter value.
+    pub(crate) fn post_cqe(&mut self, cqn: u32, cqe: &[u8; CQE64]) -> Result<u32, PostCqeError> {
+        if self.dead() {
+            return Err(PostCqeError::Dead);
+        }
+        let cq = self.fw.cqs.get_mut(&cqn).ok_or(PostCqeError::UnknownCq)?;
+        if cq.status != STATUS_OK {
+            return Err(PostCqeError::CqInError { status: cq.status });
+        }
+        let ci = match cq.read_ci(&mut self.dma) {
+            Ok(ci) => ci,
+            Err(f) => return Err(self.cq_write_fail(cqn, f)),
+        };
+        if cq.unconsumed(ci) >= cq.nent() {
+            cq.overruns += 1;
+            if !cq.oi {
+                // Hardware never overwrites an unconsumed CQE of a CQ without `oi`: the CQ goes to error.
+                cq.status = STATUS_OVERFLOW;
+                self.events.push(SimEvent::CqOverrun { cqn });
+                self.post_eqe(EVENT_CQ_ERROR, 0, &cq_err_data(cqn, consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN));
+                return Err(PostCqeError::Overrun);
+            }
+        }
+        let n = cq.pi;
+        if let Err(f) = cq.write_cqe(&mut self.dma, n, cqe) {
+            return Err(self.cq_write_fail(cqn, f));
+        }
+        cq.pi = n.wrapping_add(1);
+        let solicited = is_solicited(cqe[OP_OWN]);
+        if solicited {
+            cq.last_solicited = Some(n);
+        }
+        let fire = match cq.arm {
+            Arm::None => false,
+            Arm::Next => true,
+            Arm::Solicited => solicited,
+        };
+        if fire {
+            self.fire_completion(cqn);
+        }
+        Ok(n)
+    }
+
+    /// The CQ could not reach its memory: it enters write-fail and a CQ-error EQE reports the access violation.
+    fn cq_write_fail(&mut self, cqn: u32, fault: DmaFault) -> PostCqeError {
+        if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
+            cq.status = STATUS_WRITE_FAIL;
+        }
+        self.events.push(SimEvent::CqWriteFail { cqn });
+        let synd = consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR;
+        self.post_eqe(EVENT_CQ_ERROR, 0, &cq_err_data(cqn, synd));
+        PostCqeError::DmaFault(fault)
+    }
+
+    /// An armed CQ fires: a completion EQE on its own EQ, and the CQ is disarmed.
+    fn fire_completion(&mut self, cqn: u32) {
+        let Some(cq) = self.fw.cqs.get_mut(&cqn) else { return };
+        cq.arm = Arm::None;
+        cq.last_notified = cq.pi.wrapping_sub(1);
+        let eqn = cq.eqn;
+        if self.post_eqe_to(eqn, EVENT_COMP, 0, &comp_data(cqn)).is_some() {
+            if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
+                cq.events_fired += 1;
+            }
+            self.events.push(SimEvent::CompletionEvent { cqn, eqn: eqn as u8 });
+        }
+    }
+
+    /// A 64-bit write into a UAR page: the CQ doorbell as one access; anything else as two 32-bit writes.
+    pub(crate) fn uar_write64(&mut self, off: usize, v: u64) {
+        if off % PAGE == CQ_DB {
+            self.cq_doorbell(off, v);
+        } else {
+            self.uar_write(off, (v >> 32) as u32);
+            self.uar_write(off + 4, v as u32);
+        }
+    }
+
+    /// The CQ doorbell: `v` = `(sn << 28 | cmd | ci) << 32 | cqn` (`mlx5_cq_arm`).
+    fn cq_doorbell(&mut self, off: usize, v: u64) {
+        let bad = |why| SimEvent::BadCqDoorbell { off, val: v, why };
+        let (word, cqn) = ((v >> 32) as u32, v as u32);
+        let uar = u32::try_from(off / PAGE).unwrap_or(u32::MAX);
+        if !self.fw.uar_allocated(uar) {
+            self.events.push(bad("UAR page not allocated"));
+            return;
+        }
+        let dead = self.dead();
+        let Some(cq) = self.fw.cqs.get_mut(&cqn) else {
+            self.events.push(bad("no such CQ"));
+            return;
+        };
+        if cq.uar != uar {
+            self.events.push(bad("CQ uses another UAR page"));
+            return;
+        }
+        let solicited = match word & DB_CMD_MASK {
+            consts::MLX5_CQ_DB_REQ_NOT => false,
+            consts::MLX5_CQ_DB_REQ_NOT_SOL => true,
+            _ => {
+                self.events.push(bad("unknown arm command"));
+                return;
+            }
+        };
+        let ci = word & CTR_MASK;
+        if !cq.oi && cq.unconsumed(ci) > cq.nent() {
+            self.events.push(bad("consumer index beyond producer index"));
+            return;
+        }
+        let sn = ((word >> DB_SN_SHIFT) & DB_SN_MASK) as u8;
+        cq.arm_sn = sn;
+        // A request for the next CQE already covers a solicited one.
+        cq.arm = if solicited && cq.arm != Arm::Next { Arm::Solicited } else { Arm::Next };
+        self.events.push(SimEvent::CqDoorbell { cqn, sn, solicited, ci });
+        let waiting = match cq.arm {
+            Arm::Next => cq.unconsumed(ci) > 0,
+            _ => cq.solicited_unconsumed(ci),
+        };
+        if waiting && cq.status == STATUS_OK && !dead {
+            // Matching CQEs are already there: the event fires at once.
+            self.fire_completion(cqn);
+        }
+    }
+
+    /// The state of CQ `cqn`, reading the doorbell record without recording a fault.
+    pub(crate) fn cq_info(&self, cqn: u32) -> Option<CqInfo> {
+        let cq = self.fw.cqs.get(&cqn)?;
+        let mut b = [0u8; 4];
+        let ci = if self.dma.peek(cq.dbr, &mut b) { u32::from_be_bytes(b) & CTR_MASK } else { 0 };
+        Some(CqInfo {
+            nent: cq.nent(),
+            cqe_size: cq.cqe_size as u32,
+            pi: cq.pi,
+            ci,
+            armed: match cq.arm {
+                Arm::None => None,
+                Arm::Next => Some(false),
+                Arm::Solicited => Some(true),
+            },
+            status: cq.status,
+            events_fired: cq.events_fired,
+            overruns: cq.overruns,
+            log_page_size: cq.page_shift - ADAPTER_PAGE_SHIFT,
+            npas: cq.pas.len(),
+            cq_period: cq.period as u16,
+            cq_max_count: cq.max_count as u16,
+            arm_sn: cq.arm_sn,
+            uar: cq.uar,
+            eqn: cq.eqn as u8,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{get, put, Harness};
+    use crate::{lock, SimConfig, SimMmio};
+    use mlx5_core::hal::{Dma, DmaError, DmaRegion, Mmio};
+
+    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
+    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8;
+    /// The driver initialises every CQE with an invalid opcode (`init_cq_frag_buf`).
+    const INVALID_OP_OWN: u8 = (consts::MLX5_CQE_INVALID as u8) << OPCODE_SHIFT;
+    const WQE_COUNTER: mlx5_core::prm::Bytes = c::mlx5_cqe64::WQE_COUNTER;
+
+    /// How a test CQ is laid out.
+    #[derive(Clone, Copy)]
+    struct Spec {
+        log_size: u32,
+        cqe_128: bool,
+        /// `cqc.log_page_size` (relative to 4 KiB).
+        log_page: u32,
+        /// One DMA region per page (never adjacent: every region has a guard page) instead of one block.
+        scattered: bool,
+        oi: bool,
+    }
+
+    const SMALL: Spec = Spec { log_size: 2, cqe_128: false, log_page: 0, scattered: false, oi: false };
+
+    /// A CQ buffer as the test sees it: page `k` is `pages[k].0` at offset `pages[k].1`.
+    struct Buf {
+        pages: Vec<(DmaRegion, usize)>,
+        page_bytes: usize,
+        cqe_size: usize,
+        nent: u32,
+    }
+
+    impl Buf {
+        fn alloc(h: &Harness, log_size: u32, cqe_size: usize, log_page: u32, scattered: bool) -> Self {
+            let page_bytes = 4096usize << log_page;
+            let nent = 1u32 << log_size;
+            let npages = (nent as usize * cqe_size).div_ceil(page_bytes);
+            let pages: Vec<(DmaRegion, usize)> = if scattered {
+                (0..npages).map(|_| (h.dma.alloc(page_bytes, page_bytes).unwrap(), 0)).collect()
+            } else {
+                let r = h.dma.alloc(npages * page_bytes, page_bytes).unwrap();
+                (0..npages).map(|k| (r, k * page_bytes)).collect()
+            };
+            let buf = Self { pages, page_bytes, cqe_size, nent };
+            for n in 0..nent {
+                let (r, off) = buf.at(n);
+                put(&r, off + OP_OWN, &[INVALID_OP_OWN]);
+            }
+            buf
+        }
+
+        /// Region and offset of the `mlx5_cqe64` of CQE `n`.
+        fn at(&self, n: u32) -> (DmaRegion, usize) {
+            let off = (n & (self.nent - 1)) as usize * self.cqe_size + self.cqe_size - CQE64;
+            let (r, base) = self.pages[off / self.page_bytes];
+            (r, base + off % self.page_bytes)
+        }
+
+        fn cqe(&self, n: u32) -> [u8; CQE64] {
+            let (r, off) = self.at(n);
+            let mut e = [0u8; CQE64];
+            get(&r, off, &mut e);
+            e
+        }
+
+        fn iovas(&self) -> Vec<u64> {
+            self.pages.iter().map(|(r, off)| r.iova + *off as u64).collect()
+        }
+    }
+
+    struct TestCq {
+        cqn: u32,
+        buf: Buf,
+        dbr: DmaRegion,
+        uar: u32,
+    }
+
+    impl TestCq {
+        /// Writes the consumer index into the doorbell record, as `mlx5_cq_set_ci` does.
+        fn set_ci(&self, ci: u32) {
+            put(&self.dbr, 0, &(ci & CTR_MASK).to_be_bytes());
+        }
+
+        fn cqe(&self, n: u32) -> [u8; CQE64] {
+            self.buf.cqe(n)
+        }
+    }
+
+    /// Brought up, with a UAR, a completion EQ that subscribes to nothing (completion events are routed by
+    /// `c_eqn`) and an EQ for CQ errors.
+    struct Env {
+        h: Harness,
+        uar: u32,
+        comp: u8,
+        comp_buf: DmaRegion,
+        errq: u8,
+        err_buf: DmaRegion,
+    }
+
+    fn env_with(cfg: SimConfig) -> Env {
+        let mut h = Harness::new(cfg);
+        h.bring_up();
+        let uar = h.alloc_uar();
+        let (s, comp, comp_buf) = h.create_eq(uar, 4, 0);
+        assert_eq!(s, 0);
+        let (s, errq, err_buf) = h.create_eq(uar, 3, 1 << consts::MLX5_EVENT_TYPE_CQ_ERROR);
+        assert_eq!(s, 0);
+        Env { h, uar, comp, comp_buf, errq, err_buf }
+    }
+
+    fn env() -> Env {
+        env_with(SimConfig::default())
+    }
+
+    fn create_cq_in(env: &Env, spec: Spec, buf: &Buf, dbr: &DmaRegion) -> Vec<u8> {
+        use ifc::cqc as q;
+        use ifc::create_cq_in as i;
+        let ctx = i::CQ_CONTEXT;
+        let pas = buf.iovas();
+        let mut inp = vec![0u8; i::PAS.byte_off() + 8 * pas.len()];
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ);
+        let cqe_sz = if spec.cqe_128 { consts::CQE_STRIDE_128 } else { consts::CQE_STRIDE_64 };
+        inp.set(q::CQE_SZ.at(ctx), cqe_sz);
+        inp.set(q::OI.at(ctx), spec.oi.into());
+        inp.set(q::LOG_CQ_SIZE.at(ctx), spec.log_size);
+        inp.set(q::UAR_PAGE.at(ctx), env.uar);
+        inp.set(q::C_EQN_OR_APU_ELEMENT.at(ctx), env.comp.into());
+        inp.set(q::LOG_PAGE_SIZE.at(ctx), spec.log_page);
+        inp.set64(q::DBR_ADDR.at(ctx), dbr.iova);
+        for (k, pa) in pas.iter().enumerate() {
+            inp.set64(i::PAS.elem(k as u32), *pa);
+        }
+        inp
+    }
+
+    fn create(env: &mut Env, spec: Spec) -> TestCq {
+        let buf = Buf::alloc(&env.h, spec.log_size, if spec.cqe_128 { 128 } else { 64 }, spec.log_page, spec.scattered);
+        let dbr = env.h.dma.alloc(64, 64).unwrap();
+        let inp = create_cq_in(env, spec, &buf, &dbr);
+        let (s, syn, out) = env.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0), "CREATE_CQ");
+        TestCq { cqn: rd(&out, ifc::create_cq_out::CQN), buf, dbr, uar: env.uar }
+    }
+
+    /// A CQE image: `opcode`, the solicited bit, a marker in `wqe_counter`, and a wrong owner bit that the
+    /// device must replace.
+    fn cqe(opcode: u32, solicited: bool, marker: u16) -> [u8; CQE64] {
+        let mut e = [0u8; CQE64];
+        e[WQE_COUNTER.off..WQE_COUNTER.end()].copy_from_slice(&marker.to_be_bytes());
+        e[c::mlx5_cqe64::BYTE_CNT.off] = 0xab;
+        e[OP_OWN] = (opcode as u8) << OPCODE_SHIFT | if solicited { SOLICITED } else { 0 } | 1;
+        e
+    }
+
+    fn plain(marker: u16) -> [u8; CQE64] {
+        cqe(consts::MLX5_CQE_REQ, false, marker)
+    }
+
+    fn marker(e: &[u8; CQE64]) -> u16 {
+        u16::from_be_bytes([e[WQE_COUNTER.off], e[WQE_COUNTER.off + 1]])
+    }
+
+    fn owner(e: &[u8; CQE64]) -> u8 {
+        e[OP_OWN] & OWNER_MASK
+    }
+
+    fn opcode(e: &[u8; CQE64]) -> u32 {
+        u32::from(e[OP_OWN] >> OPCODE_SHIFT)
+    }
+
+    /// The 64-bit CQ doorbell, as `mlx5_cq_arm` writes it.
+    fn arm(h: &Harness, uar: u32, cqn: u32, sn: u32, solicited: bool, ci: u32) {
+        let cmd = if solicited { consts::MLX5_CQ_DB_REQ_NOT_SOL } else { consts::MLX5_CQ_DB_REQ_NOT };
+        let word = sn << DB_SN_SHIFT | cmd | (ci & CTR_MASK);
+        h.mmio.write64(SimMmio::uar_offset(uar) + CQ_DB, u64::from(word) << 32 | u64::from(cqn));
+    }
+
+    fn completions(h: &Harness, cqn: u32) -> usize {
+        h.dev.events().iter().filter(|e| matches!(e, SimEvent::CompletionEvent { cqn: c, .. } if *c == cqn)).count()
+    }
+
+    #[test]
+    fn owner_bits_follow_the_pass_over_three_wraps_for_every_layout() {
+        // (log_size, 128-byte CQEs, log_page_size, scattered): every layout spans at least two pages.
+        let layouts = [
+            (8, false, 0, false),
+            (8, true, 0, false),
+            (8, false, 0, true),
+            (8, true, 0, true),
+            (12, false, 4, true),
+            (11, true, 4, false),
+            (11, true, 4, true),
+        ];
+        for (log_size, cqe_128, log_page, scattered) in layouts {
+            let mut env = env();
+            let cq = create(&mut env, Spec { log_size, cqe_128, log_page, scattered, oi: false });
+            assert!(cq.buf.pages.len() >= 2);
+            let nent = 1u32 << log_size;
+            for n in 0..3 * nent {
+                cq.set_ci(n);
+                assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(n as u16)), Ok(n));
+                let e = cq.cqe(n);
+                assert_eq!(owner(&e), ((n >> log_size) & 1) as u8, "layout {log_size}/{cqe_128}/{log_page}, n {n}");
+                assert_eq!((marker(&e), opcode(&e)), (n as u16, consts::MLX5_CQE_REQ));
+                assert_eq!(e[..OP_OWN], plain(n as u16)[..OP_OWN]);
+            }
+            if cqe_128 {
+                // The first half of a 128-byte CQE (`inl_grh`) is not written.
+                let (r, off) = cq.buf.at(5);
+                let mut first = [0xffu8; 64];
+                get(&r, off - 64, &mut first);
+                assert_eq!(first, [0u8; 64]);
+            }
+            let info = env.h.dev.cq_info(cq.cqn).unwrap();
+            assert_eq!((info.pi, info.ci, info.nent, info.npas), (3 * nent, 3 * nent - 1, nent, cq.buf.pages.len()));
+            assert_eq!((info.cqe_size, info.log_page_size), (if cqe_128 { 128 } else { 64 }, log_page));
+            assert!(env.h.dev.dma_faults().is_empty());
+        }
+    }
+
+    #[test]
+    fn overrun_raises_one_cq_error_and_stops_the_cq() {
+        let mut env = env();
+        let cq = create(&mut env, SMALL);
+        for n in 0..4 {
+            assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(n)), Ok(n.into()));
+        }
+        assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(4)), Err(PostCqeError::Overrun));
+        // Nothing was overwritten.
+        assert_eq!((marker(&cq.cqe(0)), owner(&cq.cqe(0))), (0, 0));
+        let status = consts::MLX5_CQC_STATUS_CQ_OVERFLOW as u8;
+        assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(5)), Err(PostCqeError::CqInError { status }));
+        // Even after the driver catches up, the CQ stays in error.
+        cq.set_ci(4);
+        assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(6)), Err(PostCqeError::CqInError { status }));
+        let info = env.h.dev.cq_info(cq.cqn).unwrap();
+        assert_eq!((info.status, info.pi, info.overruns), (status, 4, 1));
+        // Exactly one CQ-error EQE, on the EQ subscribed to CQ errors, naming the CQ and the overrun.
+        assert_eq!(env.h.dev.eq_info(env.errq).unwrap().pi, 1);
+        let e = Harness::eqe(&env.err_buf, 0);
+        assert_eq!(e[c::mlx5_eqe::TYPE.off], EVENT_CQ_ERROR);
+        let d = c::mlx5_eqe::DATA.off;
+        assert_eq!(e.read_u32(d + c::mlx5_eqe_cq_err::CQN.off), cq.cqn);
+        let synd = e[d + c::mlx5_eqe_cq_err::SYNDROME.off];
+        assert_eq!(u32::from(synd), consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN);
+        let overruns = env.h.dev.events().iter().filter(|e| **e == SimEvent::CqOverrun { cqn: cq.cqn }).count();
+        assert_eq!(overruns, 1);
+        assert_eq!(env.h.dev.eq_info(env.comp).unwrap().pi, 0);
+    }
+
+    #[test]
+    fn overrun_ignore_overwrites_without_an_error() {
+        let mut env = env();
+        let cq = create(&mut env, Spec { oi: true, ..SMALL });
+        for n in 0..6u16 {
+            assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(n)), Ok(n.into()));
+        }
+        // CQEs 4 and 5 overwrote entries 0 and 1 with the second pass's owner bit.
+        assert_eq!((marker(&cq.cqe(4)), owner(&cq.cqe(4))), (4, 1));
+        assert_eq!((marker(&cq.cqe(5)), owner(&cq.cqe(5))), (5, 1));
+        let info = env.h.dev.cq_info(cq.cqn).unwrap();
+        assert_eq!((info.status, info.pi, info.overruns), (STATUS_OK, 6, 2));
+        assert_eq!(env.h.dev.eq_info(env.errq).unwrap().pi, 0);
+        assert!(!env.h.dev.events().iter().any(|e| matches!(e, SimEvent::CqOverrun { .. })));
+    }
+
+    #[test]
+    fn arm_next_fires_once_on_the_cqs_own_eq() {
+        let mut env = env();
+        let cq = create(&mut env, Spec { log_size: 4, ..SMALL });
+        // Not armed: no event.
+        env.h.dev.post_cqe(cq.cqn, plain(0)).unwrap();
+        assert_eq!((completions(&env.h, cq.cqn), env.h.dev.eq_info(env.comp).unwrap().pi), (0, 0));
+        cq.set_ci(1);
+        arm(&env.h, cq.uar, cq.cqn, 1, false, 1);
+        let ev = SimEvent::CqDoorbell { cqn: cq.cqn, sn: 1, solicited: false, ci: 1 };
+        assert!(env.h.dev.events().contains(&ev));
+        let info = env.h.dev.cq_info(cq.cqn).unwrap();
+        assert_eq!((info.armed, info.arm_sn), (Some(false), 1));
+        assert_eq!(completions(&env.h, cq.cqn), 0, "nothing unconsumed: no event yet");
+        env.h.dev.post_cqe(cq.cqn, plain(1)).unwrap();
+        assert!(env.h.dev.events().contains(&SimEvent::CompletionEvent { cqn: cq.cqn, eqn: env.comp }));
+        // The completion EQE went to c_eqn although that EQ subscribes to nothing.
+        assert_eq!(env.h.dev.eq_info(env.comp).unwrap().pi, 1);
+        let e = Harness::eqe(&env.comp_buf, 0);
+        assert_eq!(e[c::mlx5_eqe::TYPE.off], EVENT_COMP);
+        assert_eq!(e.read_u32(c::mlx5_eqe::DATA.off + c::mlx5_eqe_comp::CQN.off), cq.cqn);
+        // Disarmed: the next CQE fires nothing.
+        env.h.dev.post_cqe(cq.cqn, plain(2)).unwrap();
+        let info = env.h.dev.cq_info(cq.cqn).unwrap();
+        assert_eq!((info.armed, info.events_fired, completions(&env.h, cq.cqn)), (None, 1, 1));
+        // Arming while CQEs 1 and 2 are unconsumed fires at once.
+        arm(&env.h, cq.uar, cq.cqn, 2, false, 1);
+        assert_eq!((completions(&env.h, cq.cqn), env.h.dev.cq_info(cq.cqn).unwrap().armed), (2, None));
+        assert_eq!(env.h.dev.eq_info(env.comp).unwrap().pi, 2);
+    }
+
+    #[test]
+    fn arm_solicited_fires_only_on_solicited_or_error_cqes() {
+        let mut env = env();
+        let cq = create(&mut env, Spec { log_size: 4, ..SMALL });
+        arm(&env.h, cq.uar, cq.cqn, 0, true, 0);
+        assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().armed, Some(true));
+        env.h.dev.post_cqe(cq.cqn, plain(0)).unwrap();
+        assert_eq!(completions(&env.h, cq.cqn), 0, "a plain CQE does not satisfy a solicited arm");
+        env.h.dev.post_cqe(cq.cqn, cqe(consts::MLX5_CQE_RESP_SEND, true, 1)).unwrap();
+        assert_eq!(completions(&env.h, cq.cqn), 1);
+        // The solicited bit stays in the CQE the driver reads.
+        assert_ne!(cq.cqe(1)[OP_OWN] & SOLICITED, 0);
+        for (k, op) in [consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_RESP_ERR].into_iter().enumerate() {
+            // Everything so far is consumed: the arm waits for the next matching CQE.
+            let ci = 2 + 2 * k as u32;
+            cq.set_ci(ci);
+            arm(&env.h, cq.uar, cq.cqn, 1, true, ci);
+            env.h.dev.post_cqe(cq.cqn, plain(10)).unwrap();
+            assert_eq!(completions(&env.h, cq.cqn), 1 + k);
+            env.h.dev.post_cqe(cq.cqn, cqe(op, false, 11)).unwrap();
+            assert_eq!(completions(&env.h, cq.cqn), 2 + k, "error CQE {op}");
+        }
+        // pi = 6. Arming solicited-only with only a plain CQE unconsumed does not fire; with a solicited one
+        // unconsumed it fires at once.
+        env.h.dev.post_cqe(cq.cqn, plain(20)).unwrap();
+        arm(&env.h, cq.uar, cq.cqn, 2, true, 6);
+        assert_eq!((completions(&env.h, cq.cqn), env.h.dev.cq_info(cq.cqn).unwrap().armed), (3, Some(true)));
+        arm(&env.h, cq.uar, cq.cqn, 3, true, 5);
+        assert_eq!((completions(&env.h, cq.cqn), env.h.dev.cq_info(cq.cqn).unwrap().armed), (4, None));
+        // A "next" request over a solicited one wins, and a solicited request does not weaken a "next" one.
+        arm(&env.h, cq.uar, cq.cqn, 0, true, 7);
+        arm(&env.h, cq.uar, cq.cqn, 0, false, 7);
+        arm(&env.h, cq.uar, cq.cqn, 0, true, 7);
+        assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().armed, Some(false));
+        env.h.dev.post_cqe(cq.cqn, plain(21)).unwrap();
+        assert_eq!(completions(&env.h, cq.cqn), 5);
+    }
+
+    #[test]
+    fn bad_cq_doorbells_are_refused() {
+        let mut env = env();
+        let cq = create(&mut env, SMALL);
+        let uar2 = env.h.alloc_uar();
+        let why = |h: &Harness| match h.dev.events().last() {
+            Some(SimEvent::BadCqDoorbell { why, .. }) => *why,
+            other => panic!("expected a refused CQ doorbell, got {other:?}"),
+        };
+        arm(&env.h, uar2, cq.cqn, 0, false, 0);
+        assert_eq!(why(&env.h), "CQ uses another UAR page");
+        arm(&env.h, uar2 + 5, cq.cqn, 0, false, 0);
+        assert_eq!(why(&env.h), "UAR page not allocated");
+        arm(&env.h, cq.uar, cq.cqn + 1, 0, false, 0);
+        assert_eq!(why(&env.h), "no such CQ");
+        arm(&env.h, cq.uar, cq.cqn, 0, false, 1);
+        assert_eq!(why(&env.h), "consumer index beyond producer index");
+        let db = SimMmio::uar_offset(cq.uar) + CQ_DB;
+        env.h.mmio.write64(db, u64::from(2u32 << 24) << 32 | u64::from(cq.cqn));
+        assert_eq!(why(&env.h), "unknown arm command");
+        // Half a doorbell, either half, is not a doorbell.
+        env.h.mmio.write32(db, 0);
+        assert_eq!(
+            env.h.dev.events().last(),
+            Some(&SimEvent::BadCqDoorbell { off: db, val: 0, why: "half a CQ doorbell" })
+        );
+        env.h.mmio.write32(db + 4, cq.cqn);
+        assert_eq!(why(&env.h), "half a CQ doorbell");
+        assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().armed, None);
+        assert!(!env.h.dev.events().iter().any(|e| matches!(e, SimEvent::CqDoorbell { .. })));
+        // Other 64-bit UAR writes are two 32-bit ones.
+        let bf = SimMmio::uar_offset(cq.uar) + consts::MLX5_BF_OFFSET as usize;
+        env.h.mmio.write64(bf, 0x1122_3344_5566_7788);
+        let ev = env.h.dev.events();
+        assert_eq!(
+            ev[ev.len() - 2..],
+            [SimEvent::UarWrite { off: bf, val: 0x1122_3344 }, SimEvent::UarWrite { off: bf + 4, val: 0x5566_7788 }]
+        );
+    }
+
+    #[test]
+    fn post_cqe_errors() {
+        let mut env = env();
+        let cq = create(&mut env, SMALL);
+        assert_eq!(env.h.dev.post_cqe(cq.cqn + 7, plain(0)), Err(PostCqeError::UnknownCq));
+        // A doorbell record the driver freed: the CQ fails with an access violation.
+        let dbr = cq.dbr;
+        // SAFETY: the region came from this allocator; the device faults on it rather than touching freed memory.
+        unsafe { env.h.dma.free(dbr) };
+        assert!(
+            matches!(env.h.dev.post_cqe(cq.cqn, plain(0)), Err(PostCqeError::DmaFault(DmaFault { iova, .. })) if iova == dbr.iova)
+        );
+        let status = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
+        assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().status, status);
+        assert!(env.h.dev.events().contains(&SimEvent::CqWriteFail { cqn: cq.cqn }));
+        let e = Harness::eqe(&env.err_buf, 0);
+        let synd = e[c::mlx5_eqe::DATA.off + c::mlx5_eqe_cq_err::SYNDROME.off];
+        assert_eq!(u32::from(synd), consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR);
+        assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(1)), Err(PostCqeError::CqInError { status }));
+        env.h.dev.stall_health();
+        assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(2)), Err(PostCqeError::Dead));
+    }
+
+    fn query(h: &mut Harness, cqn: u32, npas: usize) -> (u8, u32, Vec<u8>) {
+        let mut inp = vec![0u8; ifc::query_cq_in::SIZE_BYTES];
+        inp.set(ifc::query_cq_in::OPCODE, consts::MLX5_CMD_OP_QUERY_CQ);
+        inp.set(ifc::query_cq_in::CQN, cqn);
+        h.cmd(&inp, ifc::query_cq_out::PAS.byte_off() + 8 * npas)
+    }
+
+    #[test]
+    fn query_cq_round_trip() {
+        use ifc::cqc as q;
+        let mut env = env();
+        let spec = Spec { log_size: 7, cqe_128: true, log_page: 1, scattered: true, oi: true };
+        let buf = Buf::alloc(&env.h, spec.log_size, 128, spec.log_page, true);
+        let dbr = env.h.dma.alloc(64, 64).unwrap();
+        let mut inp = create_cq_in(&env, spec, &buf, &dbr);
+        let ctx = ifc::create_cq_in::CQ_CONTEXT;
+        inp.set(q::CQ_PERIOD.at(ctx), 16);
+        inp.set(q::CQ_MAX_COUNT.at(ctx), 32);
+        let (s, _, out) = env.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES);
+        assert_eq!(s, 0);
+        let cq = TestCq { cqn: rd(&out, ifc::create_cq_out::CQN), buf, dbr, uar: env.uar };
+        for n in 0..5 {
+            env.h.dev.post_cqe(cq.cqn, cqe(consts::MLX5_CQE_RESP_SEND, n == 3, n)).unwrap();
+        }
+        cq.set_ci(2);
+        arm(&env.h, cq.uar, cq.cqn, 1, true, 4);
+        let (s, syn, out) = query(&mut env.h, cq.cqn, cq.buf.pages.len());
+        assert_eq!((s, syn), (0, 0));
+        let ctx = ifc::query_cq_out::CQ_CONTEXT;
+        let got = |f: Field| rd(&out, f.at(ctx));
+        assert_eq!(got(q::STATUS), consts::MLX5_CQC_STATUS_OK);
+        assert_eq!((got(q::CQE_SZ), got(q::OI), got(q::LOG_CQ_SIZE)), (consts::CQE_STRIDE_128, 1, 7));
+        assert_eq!((got(q::UAR_PAGE), got(q::C_EQN_OR_APU_ELEMENT)), (env.uar, u32::from(env.comp)));
+        assert_eq!((got(q::LOG_PAGE_SIZE), got(q::CQ_PERIOD), got(q::CQ_MAX_COUNT)), (1, 16, 32));
+        assert_eq!((got(q::PRODUCER_COUNTER), got(q::CONSUMER_COUNTER)), (5, 2));
+        assert_eq!(
+            (got(q::LAST_SOLICIT_INDEX), got(q::ST)),
+            (3, consts::MLX5_CQC_ST_SOLICITED_NOTIFICATION_REQUEST_ARMED)
+        );
+        assert_eq!(out.get64(q::DBR_ADDR.at(ctx)), cq.dbr.iova);
+        let pas: Vec<u64> = (0..cq.buf.pages.len()).map(|k| out.get64(ifc::query_cq_out::PAS.elem(k as u32))).collect();
+        assert_eq!(pas, cq.buf.iovas());
+        // Linux's bare query (no room for pas[]) works too.
+        let (s, _, out) = query(&mut env.h, cq.cqn, 0);
+        assert_eq!((s, rd(&out, q::PRODUCER_COUNTER.at(ctx))), (0, 5));
+        assert_eq!(query(&mut env.h, cq.cqn + 1, 0).0, BAD_PARAM);
+        assert_eq!(query(&mut env.h, cq.cqn + 1, 0).1, syndrome::CQ_INVALID);
+    }
+
+    fn modify_in(cqn: u32, op_mod: u32, select: u32, npas: usize) -> Vec<u8> {
+        use ifc::modify_cq_in as i;
+        let mut inp = vec![0u8; i::PAS.byte_off() + 8 * npas];
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_MODIFY_CQ);
+        inp.set(i::OP_MOD, op_mod);
+        inp.set(i::CQN, cqn);
+        let sel = ifc::modify_field_select_resize_field_select_auto::MODIFY_FIELD_SELECT
+            .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
+        inp.set(ifc::modify_field_select::MODIFY_FIELD_SELECT.at(sel), select);
+        inp
+    }
+
+    #[test]
+    fn modify_cq_moderation() {
+        use ifc::cqc as q;
+        let mut env = env();
+        let cq = create(&mut env, SMALL);
+        let ctx = ifc::modify_cq_in::CQ_CONTEXT;
+        let mut inp = modify_in(cq.cqn, OPMOD_MODIFY, consts::MLX5_CQ_MODIFY_PERIOD | consts::MLX5_CQ_MODIFY_COUNT, 0);
+        inp.set(q::CQ_PERIOD.at(ctx), 100);
+        inp.set(q::CQ_MAX_COUNT.at(ctx), 64);
+        assert_eq!(env.h.cmd(&inp, 16).0, 0);
+        let info = env.h.dev.cq_info(cq.cqn).unwrap();
+        assert_eq!((info.cq_period, info.cq_max_count), (100, 64));
+        // Only the selected field changes.
+        inp.set(
+            ifc::modify_field_select::MODIFY_FIELD_SELECT
+                .at(ifc::modify_cq_in::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT),
+            consts::MLX5_CQ_MODIFY_COUNT,
+        );
+        inp.set(q::CQ_PERIOD.at(ctx), 1);
+        inp.set(q::CQ_MAX_COUNT.at(ctx), 8);
+        assert_eq!(env.h.cmd(&inp, 16).0, 0);
+        let info = env.h.dev.cq_info(cq.cqn).unwrap();
+        assert_eq!((info.cq_period, info.cq_max_count), (100, 8));
+        let bad = modify_in(cq.cqn, OPMOD_MODIFY, 0x100, 0);
+        assert_eq!(env.h.cmd(&bad, 16).1, syndrome::FIELD_SELECT);
+        let unknown = modify_in(cq.cqn + 1, OPMOD_MODIFY, consts::MLX5_CQ_MODIFY_PERIOD, 0);
+        assert_eq!(env.h.cmd(&unknown, 16).1, syndrome::CQ_INVALID);
+        lock(&env.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::CQ_MODERATION, 0);
+        assert_eq!(env.h.cmd(&inp, 16).1, syndrome::CAP_NOT_SET);
+    }
+
+    /// A MODIFY_CQ(resize) input for a new buffer of `2^log_size` 64-byte CQEs.
+    fn resize_in(cq: &TestCq, log_size: u32, buf: &Buf) -> Vec<u8> {
+        use ifc::cqc as q;
+        let sel = consts::MLX5_MODIFY_CQ_MASK_LOG_SIZE
+            | consts::MLX5_MODIFY_CQ_MASK_PG_OFFSET
+            | consts::MLX5_MODIFY_CQ_MASK_PG_SIZE;
+        let pas = buf.iovas();
+        let mut inp = modify_in(cq.cqn, consts::MLX5_CQ_OPMOD_RESIZE, sel, pas.len());
+        let ctx = ifc::modify_cq_in::CQ_CONTEXT;
+        inp.set(q::LOG_CQ_SIZE.at(ctx), log_size);
+        inp.set(q::LOG_PAGE_SIZE.at(ctx), (buf.page_bytes / 4096).trailing_zeros());
+        inp.set(q::CQE_SZ.at(ctx), consts::CQE_STRIDE_64);
+        for (k, pa) in pas.iter().enumerate() {
+            inp.set64(ifc::modify_cq_in::PAS.elem(k as u32), *pa);
+        }
+        inp
+    }
+
+    #[test]
+    fn modify_cq_resize_writes_the_resize_cqe_and_continues_one_further() {
+        let mut env = env();
+        let mut cq = create(&mut env, SMALL);
+        // Six CQEs through four entries; the driver consumed three (CQEs 3, 4, 5 are pending, 3 solicited).
+        for n in 0..6u16 {
+            cq.set_ci(n.saturating_sub(2).into());
+            env.h.dev.post_cqe(cq.cqn, cqe(consts::MLX5_CQE_REQ, n == 3, n)).unwrap();
+        }
+        cq.set_ci(3);
+        // Too small: three pending CQEs do not fit in two entries.
+        let small = Buf::alloc(&env.h, 1, 64, 0, true);
+        let (s, syn, _) = env.h.cmd(&resize_in(&cq, 1, &small), 16);
+        assert_eq!((s, syn), (BAD_PARAM, syndrome::CQ_TOO_SMALL));
+        let huge = resize_in(&cq, 23, &small);
+        assert_eq!(env.h.cmd(&huge, 16).1, syndrome::LOG_SIZE);
+        let mut no_log = resize_in(&cq, 3, &small);
+        let sel = ifc::resize_field_select::RESIZE_FIELD_SELECT
+            .at(ifc::modify_cq_in::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
+        no_log.set(sel, consts::MLX5_MODIFY_CQ_MASK_PG_SIZE);
+        assert_eq!(env.h.cmd(&no_log, 16).1, syndrome::FIELD_SELECT);
+        // The failed attempts changed nothing.
+        assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().pi, 6);
+
+        let new = Buf::alloc(&env.h, 3, 64, 0, true);
+        assert_eq!(env.h.cmd(&resize_in(&cq, 3, &new), 16).0, 0);
+        // The resize CQE sits at old index 6 & 3 = 2, with the second pass's owner bit.
+        let r = cq.cqe(6);
+        assert_eq!((opcode(&r), owner(&r)), (consts::MLX5_CQE_RESIZE_CQ, 1));
+        let info = env.h.dev.cq_info(cq.cqn).unwrap();
+        assert_eq!((info.pi, info.nent, info.npas), (7, 8, new.pages.len()));
+        assert_eq!(completions(&env.h, cq.cqn), 0, "the resize CQE raises no event");
+        cq.buf = new;
+        // The driver copies CQEs 3..5 to 4..6 of the new buffer and continues at 4; the device writes CQE 7.
+        cq.set_ci(4);
+        assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(7)), Ok(7));
+        let e = cq.cqe(7);
+        assert_eq!((marker(&e), owner(&e)), (7, 0));
+        assert_eq!(cq.buf.cqe(0)[OP_OWN], INVALID_OP_OWN);
+        // The solicited CQE (old 3) moved to 4, the next to consume: a solicited arm fires at once.
+        arm(&env.h, cq.uar, cq.cqn, 0, true, 4);
+        assert_eq!(completions(&env.h, cq.cqn), 1);
+        // Wrapping the new size: CQE 8 is the second pass at index 0.
+        cq.set_ci(8);
+        assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(8)), Ok(8));
+        assert_eq!((marker(&cq.cqe(8)), owner(&cq.cqe(8))), (8, 1));
+        lock(&env.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::CQ_RESIZE, 0);
+        let again = Buf::alloc(&env.h, 4, 64, 0, false);
+        assert_eq!(env.h.cmd(&resize_in(&cq, 4, &again), 16).1, syndrome::CAP_NOT_SET);
+    }
+
+    #[test]
+    fn resize_takes_the_cqe_size_from_the_context() {
+        let mut env = env();
+        let mut cq = create(&mut env, Spec { cqe_128: true, ..SMALL });
+        env.h.dev.post_cqe(cq.cqn, plain(0)).unwrap();
+        cq.set_ci(1);
+        // `resize_in` asks for 64-byte CQEs, as `mlx5_ib_resize_cq` does for a kernel CQ.
+        let new = Buf::alloc(&env.h, 3, 64, 0, false);
+        assert_eq!(env.h.cmd(&resize_in(&cq, 3, &new), 16).0, 0);
+        // The resize CQE is in the old 128-byte layout (second half of entry 1), the rest in the new one.
+        assert_eq!((opcode(&cq.cqe(1)), owner(&cq.cqe(1))), (consts::MLX5_CQE_RESIZE_CQ, 0));
+        assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().cqe_size, 64);
+        cq.buf = new;
+        cq.set_ci(2);
+        assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(2)), Ok(2));
+        assert_eq!((marker(&cq.cqe(2)), owner(&cq.cqe(2))), (2, 0));
+        assert!(env.h.dev.dma_faults().is_empty());
+    }
+
+    #[test]
+    fn resize_of_a_full_cq_or_a_cq_in_error_is_refused() {
+        let mut env = env();
+        let cq = create(&mut env, SMALL);
+        for n in 0..4 {
+            env.h.dev.post_cqe(cq.cqn, plain(n)).unwrap();
+        }
+        let new = Buf::alloc(&env.h, 4, 64, 0, false);
+        let (s, syn, _) = env.h.cmd(&resize_in(&cq, 4, &new), 16);
+        assert_eq!((s, syn), (BAD_RES_STATE, syndrome::CQ_FULL));
+        assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(4)), Err(PostCqeError::Overrun));
+        let (s, syn, _) = env.h.cmd(&resize_in(&cq, 4, &new), 16);
+        assert_eq!((s, syn), (BAD_RES_STATE, syndrome::CQ_IN_ERROR));
+    }
+
+    #[test]
+    fn config_limits_cq_size_and_contiguous_dma() {
+        let cfg = SimConfig { log_max_cq_sz: 10, dma_max_contig: Some(64 << 10), ..SimConfig::default() };
+        let mut env = env_with(cfg);
+        assert_eq!(env.h.dma.alloc((64 << 10) + 1, 4096), Err(DmaError::NoMemory { len: (64 << 10) + 1 }));
+        let ok = env.h.dma.alloc(64 << 10, 4096).unwrap();
+        // The largest CQ fits in 64 KiB of scattered pages; one entry more is refused.
+        let cq = create(&mut env, Spec { log_size: 10, scattered: true, ..SMALL });
+        assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().nent, 1024);
+        let buf = Buf::alloc(&env.h, 10, 64, 0, true);
+        let inp = create_cq_in(&env, Spec { log_size: 11, ..SMALL }, &buf, &cq.dbr);
+        assert_eq!(env.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES).1, syndrome::LOG_SIZE);
+        // SAFETY: the region came from this allocator and the device was never told about it.
+        unsafe { env.h.dma.free(ok) };
+    }
+}

@@ -1,0 +1,544 @@
+//! Memory keys: CREATE_MKEY / DESTROY_MKEY and the access check the datapath applies to every lkey and rkey.
+//!
+//! Two translations are modelled: PA (`MLX5_MKC_ACCESS_MODE_PA`, the identity; with `length64` it covers every
+//! IOVA) and MTT (`MLX5_MKC_ACCESS_MODE_MTT`: one page address per page of `start_addr .. start_addr + len`, the
+//! first entry mapping the page that contains `start_addr`). `mkc.log_page_size` is the absolute page shift.
+
+use std::ops::{BitOr, BitOrAssign};
+
+use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
+
+use crate::dma::DmaSpace;
+use crate::fw::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
+use crate::State;
+
+/// `qpn` of a key not bound to a QP.
+const QPN_NONE: u32 = 0xff_ffff;
+/// Bytes per MTT entry (a be64 page address) in `klm_pas_mtt`.
+const MTT_BYTES: usize = 8;
+/// MTT entries per `translations_octword_size` unit (16 bytes).
+const MTT_PER_OCTWORD: u64 = 2;
+/// The smallest MTT page shift (4 KiB) and the largest a u64 address can hold.
+const MIN_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
+const MAX_PAGE_SHIFT: u32 = 63;
+/// The variant byte is the key's low byte; the index is above it (`mlx5_idx_to_mkey`: `idx << 8`).
+const VARIANT_BITS: u32 = 8;
+
+/// Access rights an access asks for, or a key grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct MkeyAccess(u8);
+
+impl MkeyAccess {
+    /// Local read: every key allows it.
+    pub const LOCAL_READ: Self = Self(1 << 0);
+    /// Local write (`mkc.lw`).
+    pub const LOCAL_WRITE: Self = Self(1 << 1);
+    /// Remote read (`mkc.rr`).
+    pub const REMOTE_READ: Self = Self(1 << 2);
+    /// Remote write (`mkc.rw`).
+    pub const REMOTE_WRITE: Self = Self(1 << 3);
+    /// Remote atomic (`mkc.a`).
+    pub const REMOTE_ATOMIC: Self = Self(1 << 4);
+
+    pub const fn empty() -> Self {
+        Self(0)
+    }
+
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether every right in `other` is in `self`.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The rights in `self` that are not in `other`.
+    pub const fn difference(self, other: Self) -> Self {
+        Self(self.0 & !other.0)
+    }
+}
+
+impl BitOr for MkeyAccess {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+impl BitOrAssign for MkeyAccess {
+    fn bitor_assign(&mut self, rhs: Self) {
+        self.0 |= rhs.0;
+    }
+}
+
+/// Why an access through a memory key fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MkeyFault {
+    /// No live key has this index.
+    UnknownKey,
+    /// The key's low byte differs from the key's `mkey_7_0`.
+    VariantMismatch,
+    /// The access comes from another protection domain.
+    PdMismatch,
+    /// The range is not inside `start_addr .. start_addr + len` (or wraps around 2^64).
+    OutOfBounds,
+    /// The key does not grant these rights.
+    AccessDenied(MkeyAccess),
+    /// The translated piece starting at `iova` is not entirely in live DMA memory.
+    NotMapped { iova: u64 },
+}
+
+#[derive(Debug)]
+enum Translation {
+    /// The identity.
+    Pa,
+    /// Page `k` of the key (counted from `start_addr` rounded down to the page) is at `mtt[k]`.
+    Mtt { page_shift: u32, mtt: Vec<u64> },
+}
+
+/// A memory key.
+#[derive(Debug)]
+pub(crate) struct Mkey {
+    pub(crate) pd: u32,
+    /// `mkey_7_0`.
+    variant: u8,
+    start: u64,
+    len: u64,
+    /// The key covers every address (`length64`, PA keys only).
+    length64: bool,
+    rights: MkeyAccess,
+    translation: Translation,
+}
+
+impl Firmware {
+    pub(crate) fn create_mkey(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::create_mkey_in as i;
+        use ifc::mkc as m;
+        let ctx = i::MEMORY_KEY_MKEY_ENTRY;
+        let get = |f: mlx5_core::prm::Field| rd(inp, f.at(ctx));
+        let unsupported = get(m::FREE) != 0
+            || get(m::BSF_EN) != 0
+            || rd(inp, i::MKEY_UMEM_VALID) != 0
+            || get(m::CROSSING_TARGET_VHCA_ID) != 0;
+        if unsupported {
+            return Err(bad_param(syndrome::MKEY_FEATURE));
+        }
+        // The access mode is split over two fields: bits 1:0 and bits 4:2.
+        let mode = get(m::ACCESS_MODE_4_2) << 2 | get(m::ACCESS_MODE_1_0);
+        if mode != consts::MLX5_MKC_ACCESS_MODE_PA && mode != consts::MLX5_MKC_ACCESS_MODE_MTT {
+            return Err(bad_param(syndrome::MKEY_ACCESS_MODE));
+        }
+        if get(m::QPN) != QPN_NONE {
+            return Err(bad_param(syndrome::MKEY_QPN));
+        }
+        let pd = get(m::PD);
+        if !self.pds.contains(&pd) {
+            return Err(bad_param(syndrome::PD_INVALID));
+        }
+        let start = inp.get64(m::START_ADDR.at(ctx));
+        let len = inp.get64(m::LEN.at(ctx));
+        let length64 = get(m::LENGTH64) != 0;
+        let end = start.checked_add(len);
+        let translation = if mode == consts::MLX5_MKC_ACCESS_MODE_PA {
+            if !length64 && end.is_none() {
+                return Err(bad_param(syndrome::MKEY_LENGTH));
+            }
+            Translation::Pa
+        } else {
+            let end = match end {
+                Some(e) if !length64 => e,
+                _ => return Err(bad_param(syndrome::MKEY_LENGTH)),
+            };
+            let page_shift = get(m::LOG_PAGE_SIZE);
+            if !(MIN_PAGE_SHIFT..=MAX_PAGE_SHIFT).contains(&page_shift) {
+                return Err(bad_param(syndrome::MKEY_PAGE_SIZE));
+            }
+            let mtt = Self::read_mtt(dma, inp, start, end, page_shift)?;
+            Translation::Mtt { page_shift, mtt }
+        };
+        let mut rights = MkeyAccess::LOCAL_READ;
+        for (f, r) in [
+            (m::LW, MkeyAccess::LOCAL_WRITE),
+            (m::RR, MkeyAccess::REMOTE_READ),
+            (m::RW, MkeyAccess::REMOTE_WRITE),
+            (m::A, MkeyAccess::REMOTE_ATOMIC),
+        ] {
+            if get(f) != 0 {
+                rights |= r;
+            }
+        }
+        let limit = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MKEY).min(24);
+        let index = alloc_id(&self.mkeys, &mut self.next_mkey, 1, limit.max(2))
+            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
+        let mkey = Mkey { pd, variant: get(m::MKEY_7_0) as u8, start, len, length64, rights, translation };
+        self.mkeys.insert(index, mkey);
+        out.set(ifc::create_mkey_out::MKEY_INDEX, index);
+        Ok(())
+    }
+
+    /// Reads and checks the MTT of a key over `start..end`: one entry per page, aligned to the page, with the
+    /// part of the page the key covers in live DMA memory.
+    fn read_mtt(dma: &DmaSpace, inp: &[u8], start: u64, end: u64, page_shift: u32) -> Result<Vec<u64>, CmdErr> {
+        use ifc::create_mkey_in as i;
+        let page = 1u64 << page_shift;
+        let base = start & !(page - 1);
+        let npages = if end == start { 0 } else { (end - base).div_ceil(page) };
+        let octwords = u64::from(rd(inp, ifc::mkc::TRANSLATIONS_OCTWORD_SIZE.at(i::MEMORY_KEY_MKEY_ENTRY)));
+        let given = (inp.len().saturating_sub(i::KLM_PAS_MTT.byte_off()) / MTT_BYTES) as u64;
+        if octwords * MTT_PER_OCTWORD < npages || given < npages {
+            return Err(bad_param(syndrome::PAS_TOO_FEW));
+        }
+        // With `pg_access` the driver ORs `MLX5_IB_MTT_PRESENT` (read and write) into each entry's low bits.
+        let flags = if rd(inp, i::PG_ACCESS) != 0 { u64::from(consts::MLX5_IB_MTT_PRESENT) } else { 0 };
+        let mut mtt = Vec::with_capacity(npages as usize);
+        for k in 0..npages {
+            let pa = inp.read_u64(i::KLM_PAS_MTT.byte_off() + k as usize * MTT_BYTES) & !flags;
+            if pa & (page - 1) != 0 {
+                return Err(bad_param(syndrome::PAS_MISALIGNED));
+            }
+            let page_start = base + k * page;
+            let lo = start.max(page_start) - page_start;
+            let hi = end.min(page_start.saturating_add(page)) - page_start;
+            let covered = pa.checked_add(lo).filter(|&a| dma.is_mapped(a, (hi - lo) as usize));
+            if covered.is_none() {
+                return Err(bad_param(syndrome::PAS_NOT_MAPPED));
+            }
+            mtt.push(pa);
+        }
+        Ok(mtt)
+    }
+
+    pub(crate) fn destroy_mkey(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+        let index = rd(inp, ifc::destroy_mkey_in::MKEY_INDEX);
+        if self.mkeys.remove(&index).is_none() {
+            return Err(bad_param(syndrome::MKEY_INVALID));
+        }
+        Ok(())
+    }
+}
+
+impl State {
+    /// Checks an access through `key` and translates it (see [`crate::SimDevice::mkey_access`]).
+    pub(crate) fn mkey_access(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<Vec<(u64, u64)>, MkeyFault> {
+        let mk = self.fw.mkeys.get(&(key >> VARIANT_BITS)).ok_or(MkeyFault::UnknownKey)?;
+        if key as u8 != mk.variant {
+            return Err(MkeyFault::VariantMismatch);
+        }
+        if pd.is_some_and(|p| p != mk.pd) {
+            return Err(MkeyFault::PdMismatch);
+        }
+        let denied = access.difference(mk.rights);
+        if !denied.is_empty() {
+            return Err(MkeyFault::AccessDenied(denied));
+        }
+        let end = va.checked_add(len).ok_or(MkeyFault::OutOfBounds)?;
+        // CREATE_MKEY refused keys whose range wraps, so `start + len` cannot overflow here.
+        if !mk.length64 && (va < mk.start || end > mk.start + mk.len) {
+            return Err(MkeyFault::OutOfBounds);
+        }
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        match &mk.translation {
+            Translation::Pa if len > 0 => pieces.push((va, len)),
+            Translation::Pa => {}
+            Translation::Mtt { page_shift, mtt } => {
+                let page = 1u64 << page_shift;
+                let base = mk.start & !(page - 1);
+                let mut at = va;
+                // Bounded: one step per page of the range, which lies inside the key's MTT.
+                while at < end {
+                    let off = at - base;
+                    let in_page = off & (page - 1);
+                    let n = (page - in_page).min(end - at);
+                    let pa = *mtt.get((off >> page_shift) as usize).ok_or(MkeyFault::OutOfBounds)?;
+                    let iova = pa + in_page;
+                    match pieces.last_mut() {
+                        Some(last) if last.0 + last.1 == iova => last.1 += n,
+                        _ => pieces.push((iova, n)),
+                    }
+                    at += n;
+                }
+            }
+        }
+        for &(iova, n) in &pieces {
+            let mapped = usize::try_from(n).is_ok_and(|n| self.dma.is_mapped(iova, n));
+            if !mapped {
+                return Err(MkeyFault::NotMapped { iova });
+            }
+        }
+        Ok(pieces)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Harness;
+    use crate::SimEvent;
+    use mlx5_core::hal::Dma;
+
+    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
+    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8;
+    const PAGE: u64 = 4096;
+
+    /// A CREATE_MKEY request.
+    #[derive(Clone)]
+    struct Key {
+        mode: u32,
+        pd: u32,
+        start: u64,
+        len: u64,
+        length64: bool,
+        log_page: u32,
+        mtt: Vec<u64>,
+        /// `translations_octword_size`; `None`: enough for `mtt`.
+        octwords: Option<u32>,
+        rights: [bool; 4],
+        variant: u8,
+        qpn: u32,
+        pg_access: bool,
+        free: bool,
+    }
+
+    fn mtt_key(pd: u32, start: u64, len: u64, mtt: Vec<u64>) -> Key {
+        Key {
+            mode: consts::MLX5_MKC_ACCESS_MODE_MTT,
+            pd,
+            start,
+            len,
+            length64: false,
+            log_page: 12,
+            mtt,
+            octwords: None,
+            rights: [true, true, false, false],
+            variant: 0x5a,
+            qpn: QPN_NONE,
+            pg_access: false,
+            free: false,
+        }
+    }
+
+    fn pa_key(pd: u32) -> Key {
+        Key { mode: consts::MLX5_MKC_ACCESS_MODE_PA, length64: true, mtt: Vec::new(), ..mtt_key(pd, 0, 0, Vec::new()) }
+    }
+
+    fn create(h: &mut Harness, k: &Key) -> (u8, u32, u32) {
+        use ifc::create_mkey_in as i;
+        use ifc::mkc as m;
+        let ctx = i::MEMORY_KEY_MKEY_ENTRY;
+        let mut inp = vec![0u8; i::KLM_PAS_MTT.byte_off() + MTT_BYTES * k.mtt.len()];
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY);
+        inp.set(i::PG_ACCESS, k.pg_access.into());
+        inp.set(m::FREE.at(ctx), k.free.into());
+        inp.set(m::ACCESS_MODE_1_0.at(ctx), k.mode & 3);
+        inp.set(m::ACCESS_MODE_4_2.at(ctx), k.mode >> 2);
+        for (f, on) in [m::LW, m::RR, m::RW, m::A].into_iter().zip(k.rights) {
+            inp.set(f.at(ctx), on.into());
+        }
+        inp.set(m::LR.at(ctx), 1);
+        inp.set(m::QPN.at(ctx), k.qpn);
+        inp.set(m::MKEY_7_0.at(ctx), k.variant.into());
+        inp.set(m::LENGTH64.at(ctx), k.length64.into());
+        inp.set(m::PD.at(ctx), k.pd);
+        inp.set64(m::START_ADDR.at(ctx), k.start);
+        inp.set64(m::LEN.at(ctx), k.len);
+        inp.set(m::LOG_PAGE_SIZE.at(ctx), k.log_page);
+        let octwords = k.octwords.unwrap_or(k.mtt.len().div_ceil(2) as u32);
+        inp.set(m::TRANSLATIONS_OCTWORD_SIZE.at(ctx), octwords);
+        inp.set(i::TRANSLATIONS_OCTWORD_ACTUAL_SIZE, octwords);
+        for (n, pa) in k.mtt.iter().enumerate() {
+            inp.write_u64(i::KLM_PAS_MTT.byte_off() + n * MTT_BYTES, *pa);
+        }
+        let (s, syn, out) = h.cmd(&inp, ifc::create_mkey_out::SIZE_BYTES);
+        (s, syn, rd(&out, ifc::create_mkey_out::MKEY_INDEX))
+    }
+
+    fn alloc_pd(h: &mut Harness) -> u32 {
+        let (s, _, out) = h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
+        assert_eq!(s, 0);
+        rd(&out, ifc::alloc_pd_out::PD)
+    }
+
+    fn destroy(h: &mut Harness, op: u32, f: mlx5_core::prm::Field, n: u32) -> (u8, u32) {
+        let mut inp = vec![0u8; 16];
+        inp.set(ifc::mbox_in::OPCODE, op);
+        inp.set(f, n);
+        let (s, syn, _) = h.cmd(&inp, 16);
+        (s, syn)
+    }
+
+    const READ: MkeyAccess = MkeyAccess::LOCAL_READ;
+
+    #[test]
+    fn mtt_key_translates_page_by_page_and_merges_adjacent_pages() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let pd = alloc_pd(&mut h);
+        // Page 0 alone; pages 1 and 2 adjacent in one region.
+        let p0 = h.dma.alloc(PAGE as usize, PAGE as usize).unwrap();
+        let p12 = h.dma.alloc(2 * PAGE as usize, PAGE as usize).unwrap();
+        // 8 KiB starting 0x800 into a page: three pages, the first mapped from its rounded-down start.
+        let start = 0x7f00_0000_0800;
+        let k = mtt_key(pd, start, 2 * PAGE, vec![p0.iova, p12.iova, p12.iova + PAGE]);
+        let (s, syn, index) = create(&mut h, &k);
+        assert_eq!((s, syn), (0, 0));
+        assert!((1..1 << 24).contains(&index));
+        assert_eq!(h.dev.mkey_count(), 1);
+        let key = index << 8 | 0x5a;
+        let whole = h.dev.mkey_access(key, Some(pd), start, 2 * PAGE, READ);
+        assert_eq!(whole, Ok(vec![(p0.iova + 0x800, 0x800), (p12.iova, 0x1800)]));
+        // A range inside one page, and the empty access.
+        assert_eq!(h.dev.mkey_access(key, None, start + 0x1000, 16, READ), Ok(vec![(p12.iova + 0x800, 16)]));
+        assert_eq!(h.dev.mkey_access(key, None, start, 0, READ), Ok(vec![]));
+        let lw = MkeyAccess::LOCAL_WRITE | MkeyAccess::REMOTE_READ;
+        assert!(h.dev.mkey_access(key, Some(pd), start, 8, lw).is_ok());
+        // Every fault.
+        let f = |va: u64, len: u64, key: u32, pd: Option<u32>, a: MkeyAccess| h.dev.mkey_access(key, pd, va, len, a);
+        assert_eq!(f(start, 8, key + (1 << 8), None, READ), Err(MkeyFault::UnknownKey));
+        assert_eq!(f(start, 8, key ^ 1, None, READ), Err(MkeyFault::VariantMismatch));
+        assert_eq!(f(start, 8, key, Some(pd + 1), READ), Err(MkeyFault::PdMismatch));
+        assert_eq!(f(start - 1, 8, key, None, READ), Err(MkeyFault::OutOfBounds));
+        assert_eq!(f(start + 2 * PAGE - 4, 8, key, None, READ), Err(MkeyFault::OutOfBounds));
+        assert_eq!(f(u64::MAX, 2, key, None, READ), Err(MkeyFault::OutOfBounds));
+        let wr = MkeyAccess::REMOTE_WRITE | MkeyAccess::LOCAL_WRITE | MkeyAccess::REMOTE_ATOMIC;
+        let denied = MkeyAccess::REMOTE_WRITE | MkeyAccess::REMOTE_ATOMIC;
+        assert_eq!(f(start, 8, key, None, wr), Err(MkeyFault::AccessDenied(denied)));
+        // Memory freed under a live key is not mapped any more.
+        // SAFETY: the region came from this allocator; the check must report it, not touch it.
+        unsafe { h.dma.free(p0) };
+        assert_eq!(f(start, 16, key, None, READ), Err(MkeyFault::NotMapped { iova: p0.iova + 0x800 }));
+        assert_eq!(f(start + 0x800, 16, key, None, READ), Ok(vec![(p12.iova, 16)]));
+        assert!(h.dev.dma_faults().is_empty(), "a check is not a device access");
+    }
+
+    #[test]
+    fn large_pages_and_pg_access_flags() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let pd = alloc_pd(&mut h);
+        let big = 1u64 << 16;
+        let a = h.dma.alloc(big as usize, big as usize).unwrap();
+        let b = h.dma.alloc(big as usize, big as usize).unwrap();
+        let start = 0x4_0000_0000 + big - 0x100;
+        let mut k = mtt_key(pd, start, 0x200, vec![a.iova | 3, b.iova | 3]);
+        k.log_page = 16;
+        k.pg_access = true;
+        let (s, _, index) = create(&mut h, &k);
+        assert_eq!(s, 0);
+        let got = h.dev.mkey_access(index << 8 | 0x5a, Some(pd), start, 0x200, READ);
+        assert_eq!(got, Ok(vec![(a.iova + big - 0x100, 0x100), (b.iova, 0x100)]));
+        // Without pg_access the low bits are part of the address: misaligned.
+        k.pg_access = false;
+        assert_eq!(create(&mut h, &k).1, syndrome::PAS_MISALIGNED);
+    }
+
+    #[test]
+    fn pa_key_is_the_identity_over_every_iova() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let pd = alloc_pd(&mut h);
+        let mut k = pa_key(pd);
+        k.rights = [true, true, true, true];
+        k.variant = 7;
+        let (s, _, index) = create(&mut h, &k);
+        assert_eq!(s, 0);
+        let key = index << 8 | 7;
+        let r = h.dma.alloc(3 * PAGE as usize, PAGE as usize).unwrap();
+        let all = MkeyAccess::LOCAL_WRITE | MkeyAccess::REMOTE_WRITE | MkeyAccess::REMOTE_ATOMIC;
+        assert_eq!(
+            h.dev.mkey_access(key, Some(pd), r.iova + 5, 3 * PAGE - 5, all),
+            Ok(vec![(r.iova + 5, 3 * PAGE - 5)])
+        );
+        // In bounds everywhere, but only live memory is mapped (the guard page after the region is not).
+        let miss = h.dev.mkey_access(key, None, r.iova + 3 * PAGE, 8, READ);
+        assert_eq!(miss, Err(MkeyFault::NotMapped { iova: r.iova + 3 * PAGE }));
+        assert_eq!(h.dev.mkey_access(key, None, u64::MAX - 4, 8, READ), Err(MkeyFault::OutOfBounds));
+        // A bounded PA key (no length64) checks its range.
+        let mut bounded = pa_key(pd);
+        bounded.length64 = false;
+        bounded.start = r.iova;
+        bounded.len = PAGE;
+        let (s, _, index) = create(&mut h, &bounded);
+        assert_eq!(s, 0);
+        let key = index << 8 | 0x5a;
+        assert_eq!(h.dev.mkey_access(key, None, r.iova, PAGE, READ), Ok(vec![(r.iova, PAGE)]));
+        assert_eq!(h.dev.mkey_access(key, None, r.iova, PAGE + 1, READ), Err(MkeyFault::OutOfBounds));
+    }
+
+    #[test]
+    fn create_mkey_rejections() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let pd = alloc_pd(&mut h);
+        let p = h.dma.alloc(2 * PAGE as usize, PAGE as usize).unwrap();
+        let good = mtt_key(pd, 0x1000_0000, 2 * PAGE, vec![p.iova, p.iova + PAGE]);
+        let cases: Vec<(&str, Key, u32)> = vec![
+            ("unknown PD", Key { pd: pd + 1, ..good.clone() }, syndrome::PD_INVALID),
+            (
+                "misaligned MTT",
+                Key { mtt: vec![p.iova + 0x100, p.iova + PAGE], ..good.clone() },
+                syndrome::PAS_MISALIGNED,
+            ),
+            ("unmapped MTT", Key { mtt: vec![p.iova, p.iova + 2 * PAGE], ..good.clone() }, syndrome::PAS_NOT_MAPPED),
+            (
+                "MTT missing from the input",
+                Key { mtt: vec![p.iova], octwords: Some(1), ..good.clone() },
+                syndrome::PAS_TOO_FEW,
+            ),
+            ("octword size too small", Key { octwords: Some(0), ..good.clone() }, syndrome::PAS_TOO_FEW),
+            ("bound to a QP", Key { qpn: 5, ..good.clone() }, syndrome::MKEY_QPN),
+            ("KLM mode", Key { mode: consts::MLX5_MKC_ACCESS_MODE_KLMS, ..good.clone() }, syndrome::MKEY_ACCESS_MODE),
+            // Mode 4 needs access_mode_4_2: the split must be read back together.
+            (
+                "SW ICM mode",
+                Key { mode: consts::MLX5_MKC_ACCESS_MODE_SW_ICM, ..good.clone() },
+                syndrome::MKEY_ACCESS_MODE,
+            ),
+            ("pages below 4 KiB", Key { log_page: 11, ..good.clone() }, syndrome::MKEY_PAGE_SIZE),
+            ("MTT with length64", Key { length64: true, ..good.clone() }, syndrome::MKEY_LENGTH),
+            ("wrapping range", Key { start: u64::MAX - 10, ..good.clone() }, syndrome::MKEY_LENGTH),
+            ("free key", Key { free: true, ..good.clone() }, syndrome::MKEY_FEATURE),
+            ("wrapping PA", Key { length64: false, start: u64::MAX, len: 2, ..pa_key(pd) }, syndrome::MKEY_LENGTH),
+        ];
+        for (what, k, want) in cases {
+            let (s, syn, _) = create(&mut h, &k);
+            assert_eq!((s, syn), (BAD_PARAM, want), "{what}");
+        }
+        assert_eq!(h.dev.mkey_count(), 0);
+        assert_eq!(create(&mut h, &good).0, 0);
+    }
+
+    #[test]
+    fn pd_in_use_destroy_and_teardown() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let pd = alloc_pd(&mut h);
+        let (s, _, index) = create(&mut h, &pa_key(pd));
+        assert_eq!(s, 0);
+        let dealloc = |h: &mut Harness| destroy(h, consts::MLX5_CMD_OP_DEALLOC_PD, ifc::dealloc_pd_in::PD, pd);
+        assert_eq!(dealloc(&mut h), (BAD_RES_STATE, syndrome::IN_USE));
+        let op = consts::MLX5_CMD_OP_DESTROY_MKEY;
+        assert_eq!(destroy(&mut h, op, ifc::destroy_mkey_in::MKEY_INDEX, index), (0, 0));
+        assert_eq!(h.dev.mkey_access(index << 8 | 0x5a, None, 0, 0, READ), Err(MkeyFault::UnknownKey));
+        assert_eq!(destroy(&mut h, op, ifc::destroy_mkey_in::MKEY_INDEX, index), (BAD_PARAM, syndrome::MKEY_INVALID));
+        assert_eq!(dealloc(&mut h), (0, 0));
+        // TEARDOWN_HCA destroys keys with everything else.
+        let pd = alloc_pd(&mut h);
+        assert_eq!(create(&mut h, &pa_key(pd)).0, 0);
+        assert_eq!(h.dev.mkey_count(), 1);
+        assert_eq!(h.simple(consts::MLX5_CMD_OP_TEARDOWN_HCA, 0, 16, 16).0, 0);
+        assert_eq!(h.dev.mkey_count(), 0);
+        assert!(h.dev.events().contains(&SimEvent::TeardownWithObjects { objects: 2 }));
+    }
+}
