@@ -736,3 +736,46 @@ fn large_aligned_regions_get_large_pages() {
     unsafe { mlx5_core::hal::Dma::free(&dma, region) };
     hca.teardown(&mut d).unwrap();
 }
+
+#[test]
+fn teardown_with_a_live_cq_still_disables_and_a_dead_device_destroys_locally() {
+    // A CQ the caller never destroyed: the completion EQ cannot go (firmware still has a CQ on it), teardown says
+    // so, disables the function anyway, and only the caller's ring is still allocated.
+    let dev = SimDevice::default();
+    let (mut hca, mut d) = up(&dev);
+    let cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
+    let ring = (cq.buf().nfrags(), cq.buf().len());
+    let e = hca.teardown(&mut d).unwrap_err();
+    assert!(matches!(e, Error::Cmd(mlx5_core::cmdq::CmdError::Status { .. })), "{e}");
+    assert_eq!(dev.hca_state(), mlx5_sim::HcaState::Disabled);
+    assert_eq!(dev.dma_outstanding(), ring);
+    drop(cq);
+
+    // After a health failure destroys complete locally and everything is returned.
+    let dev = SimDevice::default();
+    let (mut hca, mut d) = up(&dev);
+    let pd = hca.alloc_pd(&mut d).unwrap();
+    let cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
+    dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR as u8);
+    assert!(hca.poll_health().is_err());
+    assert!(matches!(hca.create_cq(CqAttr::default(), &mut d), Err(Error::InternalError { .. })));
+    hca.destroy_cq(cq, &mut d).unwrap();
+    hca.dealloc_pd(pd, &mut d).unwrap();
+    hca.teardown(&mut d).unwrap();
+    assert_eq!(dev.dma_outstanding(), (0, 0));
+}
+
+#[test]
+fn the_uar_page_has_four_blueflame_registers() {
+    let dev = SimDevice::default();
+    let (hca, mut d) = up(&dev);
+    let uar = hca.uar_page().unwrap();
+    assert_eq!(uar.index, hca.uar().unwrap());
+    // The simulated ConnectX-5 reports log_bf_reg_size 9: 512-byte registers of two 256-byte buffers.
+    assert_eq!((uar.bf, uar.bf_reg_size), (true, 512));
+    let mut r = uar.bfreg(2).unwrap();
+    let base = uar.index as usize * 4096 + consts::MLX5_BF_OFFSET as usize + 2 * 512;
+    assert_eq!((r.next_offset(), r.next_offset(), r.next_offset()), (base, base + 256, base));
+    assert!(uar.bfreg(4).is_none());
+    hca.teardown(&mut d).unwrap();
+}
