@@ -13,7 +13,7 @@ use crate::cmdq::CmdError;
 use crate::cq::{
     destroy_cq, CqContext, CqState, CqeSize, CreateCq, LinkLayer, ModifyCqModeration, Notify, QueryCq, ResizeCq,
 };
-use crate::hal::{DelayNs, Dma, DmaRegion, Mmio};
+use crate::hal::{DelayNs, Dma, Mmio};
 use crate::hca::{Error, Hca};
 use crate::mkey::{destroy_mkey, Access, CreateMkey, Mr, Translation};
 use crate::pd::{alloc_pd, dealloc_pd};
@@ -519,9 +519,4 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     pub fn comp_eq(&self) -> Option<u8> {
         self.ctx.comp_eq.as_ref().map(|r| r.eqn())
     }
-}
-
-/// A region the caller can hand to [`Hca::reg_mr`]: `(cpu pointer, length)` of a whole DMA region.
-pub fn region_range(r: &DmaRegion) -> (*const u8, usize) {
-    (r.cpu.as_ptr().cast_const(), r.len)
 }
