@@ -743,14 +743,13 @@ fn teardown_with_a_live_cq_still_disables_and_a_dead_device_destroys_locally() {
     // so, disables the function anyway, and only the caller's ring is still allocated.
     let dev = SimDevice::default();
     let (mut hca, mut d) = up(&dev);
-    let cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
-    let ring = (cq.buf().nfrags(), cq.buf().len());
+    // The caller keeps this CQ to the end; its ring is never freed under the device.
+    let live_cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
+    let ring = (live_cq.buf().nfrags(), live_cq.buf().len());
     let e = hca.teardown(&mut d).unwrap_err();
     assert!(matches!(e, Error::Cmd(mlx5_core::cmdq::CmdError::Status { .. })), "{e}");
     assert_eq!(dev.hca_state(), mlx5_sim::HcaState::Disabled);
     assert_eq!(dev.dma_outstanding(), ring);
-    // Its ring belongs to the caller, who had no chance to destroy it properly: it is leaked, never freed early.
-    std::mem::forget(cq);
 
     // After a health failure destroys complete locally and everything is returned.
     let dev = SimDevice::default();
