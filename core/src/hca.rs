@@ -198,6 +198,10 @@ pub enum Error {
     ResizeCqeMissing {
         cqn: u32,
     },
+    /// The requested QP capabilities exceed the device's.
+    QpSize(crate::qp::SizeError),
+    /// A QP state transition refused before any command was sent.
+    Modify(crate::qp::ModifyError),
 }
 
 impl From<CmdError> for Error {
@@ -257,6 +261,8 @@ impl core::fmt::Display for Error {
                 write!(f, "access flags {access:#x}: remote write or atomic needs local write")
             }
             Error::ResizeCqeMissing { cqn } => write!(f, "CQ {cqn:#x} resized but the resize CQE never appeared"),
+            Error::QpSize(e) => write!(f, "QP capabilities not available: {e:?}"),
+            Error::Modify(e) => write!(f, "{e}"),
         }
     }
 }

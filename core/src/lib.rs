@@ -21,6 +21,7 @@ pub mod mkey;
 pub mod pages;
 pub mod pd;
 pub mod prm;
+pub mod qp;
 pub mod reg;
 pub mod trace;
 pub mod uar;

@@ -18,6 +18,10 @@ use crate::hca::{Error, Hca};
 use crate::mkey::{destroy_mkey, Access, CreateMkey, Mr, Translation};
 use crate::pd::{alloc_pd, dealloc_pd};
 use crate::prm::Opcode;
+use crate::qp::{
+    check_modify, destroy_qp, qp_sizes, CreateQp, ModifyQp, PostError, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap,
+    QpContext, QpQuery, QpState, QpType, QueryQp, RecvWr, SendWr, Transition,
+};
 use crate::trace::CmdTrace;
 
 pub use crate::cq::Cq;
@@ -50,6 +54,15 @@ impl<T> core::fmt::Display for DestroyError<T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "destroy failed, object kept: {}", self.error)
     }
+}
+
+/// What a new QP should be (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInitAttr {
+    pub qp_type: QpType,
+    pub cap: QpCap,
+    /// Every send WQE is signaled (`sq_sig_all`).
+    pub sq_sig_all: bool,
 }
 
 /// What a new CQ should be (`ibv_cq_init_attr`).
@@ -502,6 +515,158 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     /// Async events dropped because the caller did not take them fast enough (the oldest go first).
     pub fn async_events_dropped(&self) -> u32 {
         self.ctx.async_events.dropped
+    }
+
+    // -- queue pairs -------------------------------------------------------------------------------------------
+
+    fn link_layer(&self) -> LinkLayer {
+        match self.caps.general.port_type() {
+            crate::caps::PortType::InfiniBand => LinkLayer::InfiniBand,
+            _ => LinkLayer::Ethernet,
+        }
+    }
+
+    /// Creates a QP (`mlx5_ib_create_qp` for a kernel consumer): queues sized from the requested capabilities
+    /// and the device's limits, one buffer (receive queue first), a doorbell record, CREATE_QP in RESET.
+    pub fn create_qp(
+        &mut self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        attr: QpInitAttr,
+        delay: &mut impl DelayNs,
+    ) -> Result<Qp, Error> {
+        self.check_state(Opcode::CreateQp)?;
+        let g = &self.caps.general;
+        let supported = match attr.qp_type {
+            QpType::Rc => g.rc,
+            QpType::Ud => g.ud,
+        };
+        if !supported {
+            return Err(Error::NotSupported { what: "this QP type" });
+        }
+        let sizes = qp_sizes(attr.qp_type, &attr.cap, g.max_wqe_sz_sq.into(), g.max_wqe_sz_rq.into(), g.log_max_qp_sz)
+            .map_err(Error::QpSize)?;
+        let uar = self.uar_page().ok_or(Error::NotSupported { what: "QP without a UAR" })?;
+        let bf = uar.bfreg(0).ok_or(Error::NotSupported { what: "QP without a BlueFlame register" })?;
+        let dma = self.cmdq.dma();
+        let mut buf = QueueBuf::alloc(dma, sizes.rq_bytes() + sizes.sq_bytes())?;
+        let shadow = match dma.alloc(Qp::shadow_len(&sizes), 8) {
+            Ok(r) => r,
+            Err(e) => {
+                // SAFETY: never shown to the device.
+                unsafe { buf.free(dma) };
+                return Err(e.into());
+            }
+        };
+        let dbrec = match self.dbr.alloc(self.cmdq.dma()) {
+            Ok(r) => r,
+            Err(e) => {
+                // SAFETY: neither was shown to the device.
+                unsafe {
+                    buf.free(self.cmdq.dma());
+                    self.cmdq.dma().free(shadow);
+                }
+                return Err(Error::Dbr(e));
+            }
+        };
+        let mut segs = [DmaSeg { iova: 0, len: 0 }; MAX_FRAGS];
+        let nseg = buf.segs(&mut segs);
+        let layout = PageLayout::choose(&segs[..nseg], 0, page_sizes(12, MAX_QUEUE_PAGE_SHIFT))
+            .unwrap_or_else(|| unreachable!("a page-aligned buffer always maps with 4 KiB pages"));
+        let list = PageList { segs: &segs[..nseg], layout };
+        let mut cmd = CreateQp {
+            ctx: QpContext {
+                qp_type: attr.qp_type,
+                pd: pd.pdn,
+                uar_page: uar.index,
+                cqn_snd: send_cq.cqn(),
+                cqn_rcv: recv_cq.cqn(),
+                log_sq_size: sizes.sq_wqe_cnt.trailing_zeros() as u8,
+                log_rq_size: sizes.rq_wqe_cnt.trailing_zeros() as u8,
+                log_rq_stride: sizes.rq_wqe_shift - 4,
+                no_sq: false,
+                log_page_size: layout.log_page_size(),
+                dbr_addr: dbrec.iova(),
+            },
+            pas: Pas::Source(&list),
+        };
+        match self.exec(&mut cmd, delay) {
+            Ok(qpn) => Ok(Qp::new(buf, dbrec, shadow, qpn, attr.qp_type, sizes, bf, attr.sq_sig_all)),
+            Err(e) => {
+                self.drop_queue_buf(buf, &e);
+                // SAFETY: the shadow array is host-only; the device never saw it.
+                unsafe { self.cmdq.dma().free(shadow) };
+                if matches!(e, Error::Cmd(CmdError::Status { .. })) {
+                    // SAFETY: CREATE_QP was refused, so no context holds the record.
+                    let _ = unsafe { self.dbr.free(self.cmdq.dma(), dbrec) };
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Moves a QP through its states (`ibv_modify_qp`). The transition and the attributes are checked against
+    /// verbs' table before any command is sent.
+    pub fn modify_qp(
+        &mut self,
+        qp: &mut Qp,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+        delay: &mut impl DelayNs,
+    ) -> Result<(), Error> {
+        let from = qp.state;
+        check_modify(qp.qp_type(), from, attr, mask).map_err(Error::Modify)?;
+        let to = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { from };
+        let transition =
+            Transition::of(from, to).ok_or(Error::Modify(crate::qp::ModifyError::BadTransition { from, to }))?;
+        let mut cmd =
+            ModifyQp { qpn: qp.qpn(), qp_type: qp.qp_type(), transition, attr: *attr, mask, link: self.link_layer() };
+        self.exec(&mut cmd, delay)?;
+        qp.state = to;
+        if to == QpState::Reset {
+            qp.reset_rings();
+        }
+        Ok(())
+    }
+
+    /// `QUERY_QP`.
+    pub fn query_qp(&mut self, qp: &Qp, delay: &mut impl DelayNs) -> Result<QpQuery, Error> {
+        self.exec(&mut QueryQp { qpn: qp.qpn() }, delay)
+    }
+
+    /// `DESTROY_QP`, then its buffer, record and bookkeeping are freed.
+    #[allow(clippy::result_large_err)]
+    pub fn destroy_qp(&mut self, mut qp: Qp, delay: &mut impl DelayNs) -> Result<(), DestroyError<Qp>> {
+        match self.exec_destroy(destroy_qp(qp.qpn()), delay) {
+            Ok(()) => {
+                // SAFETY: the QP is destroyed (or the device dead): the device no longer touches its rings or
+                // record; the shadow array was never the device's.
+                unsafe {
+                    qp.buf.free(self.cmdq.dma());
+                    let _ = self.dbr.free(self.cmdq.dma(), qp.dbrec);
+                    self.cmdq.dma().free(qp.shadow);
+                }
+                Ok(())
+            }
+            Err(error) => Err(DestroyError { obj: qp, error }),
+        }
+    }
+
+    /// Posts send work requests and rings the doorbell once (`ibv_post_send`).
+    pub fn post_send(&self, qp: &mut Qp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        if !matches!(self.state(), crate::hca::HcaState::Up) {
+            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError });
+        }
+        qp.post_send(self.cmdq.mmio(), wrs, self.caps.general.bf)
+    }
+
+    /// Posts receive work requests (`ibv_post_recv`).
+    pub fn post_recv(&self, qp: &mut Qp, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        if !matches!(self.state(), crate::hca::HcaState::Up) {
+            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError });
+        }
+        qp.post_recv(self.cmdq.mmio(), wrs)
     }
 
     /// The HCA's mapped UAR page (its doorbells and BlueFlame registers).

@@ -37,6 +37,7 @@ const COVERED: &[&str] = &[
     "eqe_completion_cq1a",
     "eq_update_ci_arm",
     "cqe64_req_rdma_write_ok",
+    "init2rtr_qp_in_ib",
 ];
 
 fn vectors() -> Vec<Value> {
@@ -255,4 +256,40 @@ fn cqe_decodes_and_emits_byte_for_byte() {
     }
     .emit();
     assert_eq!(hex(&emitted.0), hex(&bytes));
+}
+
+#[test]
+fn init2rtr_matches_byte_for_byte() {
+    use mlx5_core::cq::LinkLayer;
+    use mlx5_core::mkey::Access;
+    use mlx5_core::qp::{check_modify, AhAttr, ModifyQp, Mtu, QpAttr, QpAttrMask, QpState, QpType, Transition};
+    let attr = QpAttr {
+        qp_state: QpState::Rtr,
+        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+        path_mtu: Mtu::M4096,
+        dest_qp_num: 0x456,
+        rq_psn: 0xabc,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: 12,
+        ah_attr: AhAttr { dlid: 7, sl: 0, port_num: 1, ..AhAttr::default() },
+        ..QpAttr::default()
+    };
+    let mask = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN
+        | QpAttrMask::MAX_DEST_RD_ATOMIC
+        | QpAttrMask::MIN_RNR_TIMER
+        | QpAttrMask::ACCESS_FLAGS;
+    check_modify(QpType::Rc, QpState::Init, &attr, mask).unwrap();
+    let cmd = ModifyQp {
+        qpn: 0x123,
+        qp_type: QpType::Rc,
+        transition: Transition::of(QpState::Init, QpState::Rtr).unwrap(),
+        attr,
+        mask,
+        link: LinkLayer::InfiniBand,
+    };
+    assert_eq!(hex(&encode(&cmd)), hex(&golden("init2rtr_qp_in_ib")));
 }
