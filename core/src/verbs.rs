@@ -17,7 +17,7 @@ use crate::hal::{DelayNs, Dma, Mmio};
 use crate::hca::{Error, Hca};
 use crate::mkey::{destroy_mkey, Access, CreateMkey, Mr, Translation};
 use crate::pd::{alloc_pd, dealloc_pd};
-use crate::prm::Opcode;
+use crate::prm::{consts, Opcode};
 use crate::qp::{
     check_modify, destroy_qp, qp_sizes, CreateQp, ModifyQp, PostError, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap,
     QpContext, QpQuery, QpState, QpType, QueryQp, RecvWr, SendWr, Transition,
@@ -54,6 +54,35 @@ impl<T> core::fmt::Display for DestroyError<T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "destroy failed, object kept: {}", self.error)
     }
+}
+
+/// Port attributes (`ibv_port_attr`, the fields this driver knows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    /// `IB_PORT_*`: 1 down, 4 active.
+    pub state: u8,
+    /// `ib_mtu` enum (1 = 256 ... 5 = 4096).
+    pub max_mtu: u8,
+    pub active_mtu: u8,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub link_layer: LinkLayer,
+    pub gid_tbl_len: u16,
+}
+
+/// The default GID of a port: the link-local prefix fe80::/64 and an interface id, as InfiniBand (port GUID) and
+/// RoCE (the MAC as a modified EUI-64) define it.
+pub fn link_local_gid(interface_id: u64) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[0] = 0xfe;
+    g[1] = 0x80;
+    g[8..].copy_from_slice(&interface_id.to_be_bytes());
+    g
+}
+
+/// The modified EUI-64 of a MAC address (RFC 4291 appendix A): `ff:fe` in the middle, universal/local bit flipped.
+pub fn mac_to_eui64(mac: [u8; 6]) -> u64 {
+    u64::from_be_bytes([mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]])
 }
 
 /// What a new QP should be (`ibv_qp_init_attr`).
@@ -667,6 +696,59 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError });
         }
         qp.post_recv(self.cmdq.mmio(), wrs)
+    }
+
+    // -- ports -----------------------------------------------------------------------------------------------
+
+    /// `ibv_query_port` for port 1: from the HCA vport context on InfiniBand, from the vport state and NIC vport
+    /// context (MTU less the RoCE headers) on Ethernet.
+    pub fn query_port(&mut self, delay: &mut impl DelayNs) -> Result<PortAttr, Error> {
+        use crate::vport::{iboe_mtu, QueryHcaVportContext, QueryNicVportContext, QueryVportState};
+        let link = self.link_layer();
+        let gid_tbl_len = self.caps.general.gid_table_size;
+        match link {
+            LinkLayer::InfiniBand => {
+                let h = self.exec(&mut QueryHcaVportContext { port_num: 1 }, delay)?;
+                let mtu = crate::qp::Mtu::M4096 as u8;
+                Ok(PortAttr {
+                    state: h.port_state,
+                    max_mtu: mtu,
+                    active_mtu: mtu,
+                    lid: h.lid,
+                    sm_lid: h.sm_lid,
+                    link_layer: link,
+                    gid_tbl_len,
+                })
+            }
+            LinkLayer::Ethernet => {
+                let up = self.exec(&mut QueryVportState, delay)?.is_up();
+                let nic = self.exec(&mut QueryNicVportContext, delay)?;
+                let state = if up { consts::IB_PORT_ACTIVE } else { consts::IB_PORT_DOWN } as u8;
+                let mtu = iboe_mtu(nic.mtu.into());
+                Ok(PortAttr { state, max_mtu: mtu, active_mtu: mtu, lid: 0, sm_lid: 0, link_layer: link, gid_tbl_len })
+            }
+        }
+    }
+
+    /// `ibv_query_gid` for port 1. Index 0 is the port's default GID (InfiniBand: fe80:: + port GUID; RoCE: the
+    /// link-local address of the port MAC); this driver programs no other entries.
+    pub fn query_gid(&mut self, index: u16, delay: &mut impl DelayNs) -> Result<[u8; 16], Error> {
+        use crate::vport::{QueryHcaVportContext, QueryNicVportContext};
+        if index != 0 {
+            return Err(Error::BadSize {
+                what: "GID index (only the default GID is set)",
+                requested: index.into(),
+                max: 0,
+            });
+        }
+        match self.link_layer() {
+            LinkLayer::InfiniBand => {
+                Ok(link_local_gid(self.exec(&mut QueryHcaVportContext { port_num: 1 }, delay)?.port_guid))
+            }
+            LinkLayer::Ethernet => {
+                Ok(link_local_gid(mac_to_eui64(self.exec(&mut QueryNicVportContext, delay)?.permanent_address)))
+            }
+        }
     }
 
     /// The HCA's mapped UAR page (its doorbells and BlueFlame registers).

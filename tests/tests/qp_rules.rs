@@ -158,3 +158,32 @@ fn control_segment_layout() {
     );
     assert_eq!(s, [0x00, 0x12, 0x34, 0x0b, 0xab, 0xcd, 0xef, 0x04, 0, 0, 0, 0x08, 0xde, 0xad, 0xbe, 0xef]);
 }
+
+#[test]
+fn query_port_and_default_gid_on_both_link_layers() {
+    use mlx5_core::hca::{Config, Hca};
+    use mlx5_sim::{PortType, SimConfig, SimDevice};
+    let cfg = SimConfig::default();
+    let dev = SimDevice::new(cfg.clone());
+    let mut d = dev.delay();
+    let mut hca: Hca<_, _> = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
+    let p = hca.query_port(&mut d).unwrap();
+    // 1500-byte Ethernet MTU less the RoCE headers: the largest IB MTU that fits is 1024.
+    assert_eq!((p.state, p.active_mtu, p.link_layer, p.lid), (4, 3, LinkLayer::Ethernet, 0));
+    let gid = hca.query_gid(0, &mut d).unwrap();
+    let m = cfg.mac;
+    assert_eq!(gid, [0xfe, 0x80, 0, 0, 0, 0, 0, 0, m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
+    assert!(hca.query_gid(1, &mut d).is_err());
+    hca.teardown(&mut d).unwrap();
+
+    let cfg = SimConfig { port_type: PortType::Ib, ..SimConfig::default() };
+    let dev = SimDevice::new(cfg.clone());
+    let mut d = dev.delay();
+    let mut hca: Hca<_, _> = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
+    let p = hca.query_port(&mut d).unwrap();
+    assert_eq!((p.state, p.link_layer, p.lid), (4, LinkLayer::InfiniBand, 1));
+    let gid = hca.query_gid(0, &mut d).unwrap();
+    assert_eq!(gid[..8], [0xfe, 0x80, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(u64::from_be_bytes(gid[8..].try_into().unwrap()), cfg.node_guid);
+    hca.teardown(&mut d).unwrap();
+}
