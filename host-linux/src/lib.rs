@@ -2,5 +2,6 @@
 //! device for the `mlx5` tool; the VFIO shim (BAR mapping, IOMMU DMA, MSI-X) lands here next.
 
 pub mod devinfo;
+pub mod pingpong;
 pub mod tour;
 pub mod tracefile;

@@ -3,6 +3,7 @@
 //! ```text
 //! mlx5 [--trace FILE] [--hexdump] [--threaded] devinfo [--json]
 //! mlx5 [--trace FILE] [--hexdump] [--threaded] fw-tour
+//! mlx5 [--trace FILE] [--hexdump] [--threaded] pingpong [--size N] [--iters N] [--json]
 //! ```
 
 use std::path::PathBuf;
@@ -19,6 +20,8 @@ const USAGE: &str = "usage: mlx5 [--trace FILE] [--hexdump] [--threaded] <comman
 commands:
   devinfo    bring the device up as Linux does and print what ibv_devinfo -v shows (--json: one JSON object)
   fw-tour    run every implemented firmware command on the device, in driver order, and report
+  pingpong   RC ping-pong between two QPs of the device: SEND/RECV both ways, data verified; latency and
+             bandwidth (--size BYTES, default 4096; --iters N, default 1000; --json: one JSON object)
 
 options:
   --trace FILE   write every firmware command as a JSON line to FILE
@@ -30,11 +33,21 @@ struct Args {
     hexdump: bool,
     threaded: bool,
     json: bool,
+    size: usize,
+    iters: u32,
     command: String,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut args = Args { trace: None, hexdump: false, threaded: false, json: false, command: String::new() };
+    let mut args = Args {
+        trace: None,
+        hexdump: false,
+        threaded: false,
+        json: false,
+        size: 4096,
+        iters: 1000,
+        command: String::new(),
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -42,6 +55,14 @@ fn parse() -> Result<Args, String> {
             "--hexdump" => args.hexdump = true,
             "--threaded" => args.threaded = true,
             "--json" => args.json = true,
+            "--size" => {
+                let v = it.next().ok_or("--size needs a byte count")?;
+                args.size = v.parse().map_err(|_| format!("--size: {v:?} is not a byte count"))?;
+            }
+            "--iters" => {
+                let v = it.next().ok_or("--iters needs a number")?;
+                args.iters = v.parse().map_err(|_| format!("--iters: {v:?} is not a number"))?;
+            }
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
             s if args.command.is_empty() => args.command = s.to_string(),
@@ -96,6 +117,40 @@ fn devinfo(args: &Args) -> Result<(), String> {
         out(&format!("{}\n", info.json()))
     } else {
         out(&info.text())
+    }
+}
+
+/// Brings the device up, runs the ping-pong, tears down, and checks nothing was left allocated.
+fn pingpong(args: &Args) -> Result<(), String> {
+    let dev = sim_device(args);
+    let mut sink = trace_sink(args)?;
+    let mut delay = dev.delay();
+    let dma = dev.dma();
+    let report = {
+        let mut hca: Hca<_, _, _> = Hca::bring_up(dev.mmio(), dev.dma(), &mut sink, &mut delay, Config::default())
+            .map_err(|e| e.to_string())?;
+        let opts = mlx5_host::pingpong::Options { size: args.size, iters: args.iters };
+        let r = mlx5_host::pingpong::run(&mut hca, &dma, &mut delay, opts);
+        let down = hca.teardown(&mut delay);
+        let r = r?;
+        down.map_err(|e| format!("teardown failed: {e}"))?;
+        r
+    };
+    sink.finish().map_err(|e| e.to_string())?;
+    let (regions, bytes) = dev.dma_outstanding();
+    if regions != 0 || dev.pages_owned() != 0 {
+        return Err(format!(
+            "teardown left {regions} DMA regions ({bytes} bytes), {} firmware pages",
+            dev.pages_owned()
+        ));
+    }
+    if !report.verified {
+        return Err(format!("data corrupted: {}", report.text().trim_end()));
+    }
+    if args.json {
+        out(&format!("{}\n", report.json()))
+    } else {
+        out(&report.text())
     }
 }
 
@@ -165,6 +220,7 @@ fn main() -> ExitCode {
     let result = match args.command.as_str() {
         "devinfo" => devinfo(&args),
         "fw-tour" => fw_tour(&args),
+        "pingpong" => pingpong(&args),
         other => Err(format!("unknown command {other:?}")),
     };
     match result {

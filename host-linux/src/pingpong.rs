@@ -1,0 +1,303 @@
+//! An RC ping-pong between two queue pairs of one device (`ibv_rc_pingpong` on loopback): each iteration the
+//! client SENDs `size` bytes, the server receives them, checks them and SENDs them back, and the client checks
+//! what came back. Generic over the core's traits, so it runs on the simulator or on a real device.
+
+use std::time::Instant;
+
+use mlx5_core::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
+use mlx5_core::hal::{DelayNs, Dma, DmaRegion, Mmio};
+use mlx5_core::hca::Hca;
+use mlx5_core::mkey::{Access, Mr};
+use mlx5_core::qp::{
+    AhAttr, Grh, Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
+};
+use mlx5_core::trace::CmdTrace;
+use mlx5_core::verbs::{CqAttr, Pd, QpInitAttr};
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub size: usize,
+    pub iters: u32,
+}
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Report {
+    pub iters: u32,
+    pub size: usize,
+    /// Half a round trip, averaged.
+    pub avg_latency_us: f64,
+    /// Payload bytes moved both ways per second, in megabits.
+    pub bandwidth_mbps: f64,
+    /// Every message arrived intact, both ways.
+    pub verified: bool,
+}
+
+impl Report {
+    pub fn json(&self) -> String {
+        serde_json::json!({
+            "iters": self.iters,
+            "size": self.size,
+            "avg_latency_us": self.avg_latency_us,
+            "bandwidth_mbps": self.bandwidth_mbps,
+            "verified": self.verified,
+        })
+        .to_string()
+    }
+
+    pub fn text(&self) -> String {
+        format!(
+            "{} bytes in {} iterations: {:.2} us average one-way latency, {:.2} Mbit/s, data {}\n",
+            self.size,
+            self.iters,
+            self.avg_latency_us,
+            self.bandwidth_mbps,
+            if self.verified { "verified" } else { "CORRUPTED" }
+        )
+    }
+}
+
+/// One side: its buffers, keys, CQ and QP.
+struct Side {
+    send_buf: DmaRegion,
+    recv_buf: DmaRegion,
+    send_mr: Mr,
+    recv_mr: Mr,
+    cq: Cq,
+    qp: Qp,
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+/// Runs the ping-pong on a brought-up HCA and frees everything it created.
+pub fn run<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
+    hca: &mut Hca<M, D, T, P>,
+    dma: &D,
+    delay: &mut impl DelayNs,
+    opts: Options,
+) -> Result<Report, String> {
+    if opts.size == 0 || opts.iters == 0 {
+        return Err("size and iterations must be at least 1".into());
+    }
+    let pd = hca.alloc_pd(delay).map_err(|e| err("alloc PD", e))?;
+    let mut a = side(hca, dma, &pd, delay, opts.size)?;
+    let mut b = side(hca, dma, &pd, delay, opts.size)?;
+    connect(hca, &mut a.qp, b.qp.qpn(), delay)?;
+    connect(hca, &mut b.qp, a.qp.qpn(), delay)?;
+    let result = exchange(hca, &mut a, &mut b, opts);
+    let mut cleanup = Ok(());
+    for s in [a, b] {
+        let r = destroy_side(hca, dma, s, delay);
+        cleanup = cleanup.and(r);
+    }
+    let r = hca.dealloc_pd(pd, delay).map_err(|e| err("dealloc PD", e.error));
+    cleanup = cleanup.and(r);
+    let report = result?;
+    cleanup?;
+    Ok(report)
+}
+
+fn side<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
+    hca: &mut Hca<M, D, T, P>,
+    dma: &D,
+    pd: &Pd,
+    delay: &mut impl DelayNs,
+    size: usize,
+) -> Result<Side, String> {
+    let send_buf = dma.alloc(size, 4096).map_err(|e| err("allocate the send buffer", e))?;
+    let recv_buf = dma.alloc(size, 4096).map_err(|e| err("allocate the receive buffer", e))?;
+    let send_mr = hca
+        .reg_mr(pd, send_buf.cpu.as_ptr(), size, Access::LOCAL_WRITE, delay)
+        .map_err(|e| err("register the send buffer", e))?;
+    let recv_mr = hca
+        .reg_mr(pd, recv_buf.cpu.as_ptr(), size, Access::LOCAL_WRITE, delay)
+        .map_err(|e| err("register the receive buffer", e))?;
+    let cq = hca.create_cq(CqAttr { cqe: 16, ..CqAttr::default() }, delay).map_err(|e| err("create CQ", e))?;
+    let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let attr = QpInitAttr { qp_type: QpType::Rc, cap, sq_sig_all: true };
+    let qp = hca.create_qp(pd, &cq, &cq, attr, delay).map_err(|e| err("create QP", e))?;
+    Ok(Side { send_buf, recv_buf, send_mr, recv_mr, cq, qp })
+}
+
+/// RESET → INIT → RTR → RTS towards `dest_qpn` on this same port.
+fn connect<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
+    hca: &mut Hca<M, D, T, P>,
+    qp: &mut Qp,
+    dest_qpn: u32,
+    delay: &mut impl DelayNs,
+) -> Result<(), String> {
+    let port = hca.query_port(delay).map_err(|e| err("query port", e))?;
+    let gid = hca.query_gid(0, delay).map_err(|e| err("query GID", e))?;
+    let roce = port.link_layer == mlx5_core::cq::LinkLayer::Ethernet;
+    let ah = AhAttr {
+        dlid: port.lid,
+        grh: roce.then_some(Grh { dgid: gid, hop_limit: 1, ..Grh::default() }),
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    let attr = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: Access::REMOTE_READ | Access::REMOTE_WRITE,
+        path_mtu: if port.active_mtu >= 1 { mtu_of(port.active_mtu) } else { Mtu::M1024 },
+        dest_qp_num: dest_qpn,
+        ah_attr: ah,
+        ..QpAttr::default()
+    };
+    use QpAttrMask as M;
+    let steps = [
+        (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        (
+            QpState::Rtr,
+            M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+        ),
+        (QpState::Rts, M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC),
+    ];
+    for (state, mask) in steps {
+        hca.modify_qp(qp, &QpAttr { qp_state: state, ..attr }, mask, delay)
+            .map_err(|e| err(&format!("move QP {:#x} to {state:?}", qp.qpn()), e))?;
+    }
+    Ok(())
+}
+
+fn mtu_of(e: u8) -> Mtu {
+    match e {
+        1 => Mtu::M256,
+        2 => Mtu::M512,
+        3 => Mtu::M1024,
+        4 => Mtu::M2048,
+        _ => Mtu::M4096,
+    }
+}
+
+fn fill(buf: &DmaRegion, seed: u32) {
+    // SAFETY: the buffer is ours and not posted while we write it.
+    let b = unsafe { std::slice::from_raw_parts_mut(buf.cpu.as_ptr(), buf.len) };
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = (i as u32).wrapping_mul(31).wrapping_add(seed) as u8;
+    }
+}
+
+fn same(a: &DmaRegion, b: &DmaRegion) -> bool {
+    // SAFETY: both buffers are ours; the receive completed, so the device is done writing it.
+    unsafe { std::slice::from_raw_parts(a.cpu.as_ptr(), a.len) == std::slice::from_raw_parts(b.cpu.as_ptr(), b.len) }
+}
+
+fn post_recv<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>, s: &mut Side) -> Result<(), String> {
+    let sge = [Sge { addr: s.recv_buf.cpu.as_ptr() as u64, length: s.recv_buf.len as u32, lkey: s.recv_mr.lkey }];
+    hca.post_recv(&mut s.qp, &[RecvWr { wr_id: 2, sg_list: &sge }]).map_err(|e| err("post receive", e))
+}
+
+fn post_send<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>, s: &mut Side) -> Result<(), String> {
+    let sge = [Sge { addr: s.send_buf.cpu.as_ptr() as u64, length: s.send_buf.len as u32, lkey: s.send_mr.lkey }];
+    let wr = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None };
+    hca.post_send(&mut s.qp, &[wr]).map_err(|e| err("post send", e))
+}
+
+/// Polls `s`'s CQ until both its send and its receive completed (bounded).
+fn wait_both<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>, s: &mut Side) -> Result<(), String> {
+    let mut wc = [WorkCompletion::default(); 4];
+    let (mut sent, mut got) = (false, false);
+    for _ in 0..10_000_000u32 {
+        let n = s.cq.poll(hca.mmio(), &mut s.qp, &mut wc).map_err(|e| err("poll CQ", e))?;
+        for w in &wc[..n] {
+            if w.status != WcStatus::Success {
+                return Err(format!(
+                    "work request {} completed with {} (vendor error {:#x})",
+                    w.wr_id, w.status, w.vendor_err
+                ));
+            }
+            match w.opcode {
+                WcOpcode::Send => sent = true,
+                WcOpcode::Recv => got = true,
+                o => return Err(format!("unexpected completion {o:?}")),
+            }
+        }
+        if sent && got {
+            return Ok(());
+        }
+        std::hint::spin_loop();
+    }
+    Err("timed out waiting for completions".into())
+}
+
+fn exchange<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
+    hca: &mut Hca<M, D, T, P>,
+    a: &mut Side,
+    b: &mut Side,
+    opts: Options,
+) -> Result<Report, String> {
+    let mut verified = true;
+    post_recv(hca, a)?;
+    post_recv(hca, b)?;
+    let start = Instant::now();
+    for i in 0..opts.iters {
+        fill(&a.send_buf, i);
+        post_send(hca, a)?;
+        // The server's receive completes once the client's send arrived; it answers with the same bytes.
+        let mut wc = [WorkCompletion::default(); 2];
+        let mut n = 0;
+        for _ in 0..10_000_000u32 {
+            n = b.cq.poll(hca.mmio(), &mut b.qp, &mut wc).map_err(|e| err("poll CQ", e))?;
+            if n > 0 {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if n == 0 || wc[0].opcode != WcOpcode::Recv || wc[0].status != WcStatus::Success {
+            return Err(format!("server: expected a receive, got {:?}", &wc[..n]));
+        }
+        verified &= wc[0].byte_len as usize == opts.size && same(&a.send_buf, &b.recv_buf);
+        post_recv(hca, b)?;
+        // SAFETY: copies between two buffers we own; neither is posted to the device right now.
+        unsafe { std::ptr::copy_nonoverlapping(b.recv_buf.cpu.as_ptr(), b.send_buf.cpu.as_ptr(), opts.size) };
+        post_send(hca, b)?;
+        wait_both(hca, a)?;
+        verified &= same(&a.send_buf, &a.recv_buf);
+        post_recv(hca, a)?;
+        // The server's send completion.
+        let mut got = false;
+        for _ in 0..10_000_000u32 {
+            let n = b.cq.poll(hca.mmio(), &mut b.qp, &mut wc).map_err(|e| err("poll CQ", e))?;
+            if n > 0 {
+                if wc[0].status != WcStatus::Success {
+                    return Err(format!("server send completed with {}", wc[0].status));
+                }
+                got = true;
+                break;
+            }
+        }
+        if !got {
+            return Err("server send never completed".into());
+        }
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    let iters = f64::from(opts.iters);
+    Ok(Report {
+        iters: opts.iters,
+        size: opts.size,
+        avg_latency_us: secs * 1e6 / iters / 2.0,
+        bandwidth_mbps: (opts.size as f64) * 2.0 * iters * 8.0 / secs / 1e6,
+        verified,
+    })
+}
+
+fn destroy_side<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
+    hca: &mut Hca<M, D, T, P>,
+    dma: &D,
+    s: Side,
+    delay: &mut impl DelayNs,
+) -> Result<(), String> {
+    hca.destroy_qp(s.qp, delay).map_err(|e| err("destroy QP", e.error))?;
+    hca.destroy_cq(s.cq, delay).map_err(|e| err("destroy CQ", e.error))?;
+    hca.dereg_mr(s.send_mr, delay).map_err(|e| err("deregister", e.error))?;
+    hca.dereg_mr(s.recv_mr, delay).map_err(|e| err("deregister", e.error))?;
+    // SAFETY: the keys over the buffers are destroyed, so the device cannot reach them.
+    unsafe {
+        dma.free(s.send_buf);
+        dma.free(s.recv_buf);
+    }
+    Ok(())
+}
