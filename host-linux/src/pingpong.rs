@@ -132,8 +132,15 @@ fn connect<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
     let port = hca.query_port(delay).map_err(|e| err("query port", e))?;
     let gid = hca.query_gid(0, delay).map_err(|e| err("query GID", e))?;
     let roce = port.link_layer == mlx5_core::cq::LinkLayer::Ethernet;
+    // On loopback the next hop is this port itself.
+    let dmac = if roce {
+        hca.exec(&mut mlx5_core::vport::QueryNicVportContext, delay).map_err(|e| err("query MAC", e))?.permanent_address
+    } else {
+        [0; 6]
+    };
     let ah = AhAttr {
         dlid: port.lid,
+        dmac,
         grh: roce.then_some(Grh { dgid: gid, hop_limit: 1, ..Grh::default() }),
         port_num: 1,
         ..AhAttr::default()
