@@ -1103,6 +1103,15 @@ impl Qp {
         }
     }
 
+    /// Copies the SQ bytes of the WQE that starts at basic block `wqe_index` (wrapping at the ring's end): what
+    /// the device reads, for diagnostics and tests.
+    pub fn read_sq(&self, wqe_index: u32, out: &mut [u8]) {
+        for (k, chunk) in out.chunks_mut(8).enumerate() {
+            let b = self.sq_read8(wqe_index as usize * BB + k * 8);
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+    }
+
     /// Reads 8 bytes at SQ byte `pos` (for the BlueFlame copy).
     fn sq_read8(&self, pos: usize) -> [u8; 8] {
         let sq = self.sizes.sq_bytes();

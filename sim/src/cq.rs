@@ -287,9 +287,14 @@ impl Firmware {
 
     pub(crate) fn destroy_cq(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
         let cqn = rd(inp, ifc::destroy_cq_in::CQN);
-        if self.cqs.remove(&cqn).is_none() {
+        if !self.cqs.contains_key(&cqn) {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
+        // A QP completes into it: firmware refuses, as for an EQ a CQ still uses.
+        if self.qps.values().any(|q| q.cqn_snd == cqn || q.cqn_rcv == cqn) {
+            return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
+        }
+        self.cqs.remove(&cqn);
         Ok(())
     }
 
@@ -534,14 +539,31 @@ impl State {
         }
     }
 
-    /// A 64-bit write into a UAR page: the CQ doorbell as one access; anything else as two 32-bit writes.
-    pub(crate) fn uar_write64(&mut self, off: usize, v: u64) {
+    /// A 64-bit write into a UAR page, seen as one access: the CQ doorbell, or a BlueFlame register (send
+    /// doorbell or BlueFlame copy). A 64-bit write straddling the CQ doorbell, or covering an EQ doorbell (a
+    /// 32-bit register), is refused; any other is recorded as one [`SimEvent::UarWrite64`]. Returns whether the
+    /// datapath has new work.
+    pub(crate) fn uar_write64(&mut self, off: usize, v: u64) -> bool {
         if off % PAGE == CQ_DB {
             self.cq_doorbell(off, v);
-        } else {
-            self.uar_write(off, (v >> 32) as u32);
-            self.uar_write(off + 4, v as u32);
+            return false;
         }
+        if let Some(kick) = self.blueflame_write(off, v) {
+            return kick;
+        }
+        for (at, half) in [(off, (v >> 32) as u32), (off + 4, v as u32)] {
+            if at % PAGE == CQ_DB || at % PAGE == CQ_DB + 4 {
+                self.events.push(SimEvent::BadCqDoorbell { off: at, val: v, why: "half a CQ doorbell" });
+                return false;
+            }
+            if crate::eq::is_eq_doorbell(at) {
+                let why = "64-bit write to a 32-bit EQ doorbell";
+                self.events.push(SimEvent::BadEqDoorbell { off: at, val: half, why });
+                return false;
+            }
+        }
+        self.events.push(SimEvent::UarWrite64 { off, val: v });
+        false
     }
 
     /// The CQ doorbell: `v` = `(sn << 28 | cmd | ci) << 32 | cqn` (`mlx5_cq_arm`).
@@ -987,14 +1009,18 @@ mod tests {
         assert_eq!(why(&env.h), "half a CQ doorbell");
         assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().armed, None);
         assert!(!env.h.dev.events().iter().any(|e| matches!(e, SimEvent::CqDoorbell { .. })));
-        // Other 64-bit UAR writes are two 32-bit ones.
+        // A 64-bit write at a BlueFlame buffer is a send doorbell, seen whole: this one names no QP.
         let bf = SimMmio::uar_offset(cq.uar) + consts::MLX5_BF_OFFSET as usize;
         env.h.mmio.write64(bf, 0x1122_3344_5566_7788);
-        let ev = env.h.dev.events();
-        assert_eq!(
-            ev[ev.len() - 2..],
-            [SimEvent::UarWrite { off: bf, val: 0x1122_3344 }, SimEvent::UarWrite { off: bf + 4, val: 0x5566_7788 }]
-        );
+        let refused = SimEvent::BadSqDoorbell { off: bf, val: 0x1122_3344_5566_7788, why: "no such QP" };
+        assert_eq!(env.h.dev.events().last(), Some(&refused));
+        // Other 64-bit UAR writes are one access too; one straddling the CQ doorbell is half a doorbell.
+        let other = SimMmio::uar_offset(cq.uar) + 0x100;
+        env.h.mmio.write64(other, 0x1122_3344_5566_7788);
+        assert_eq!(env.h.dev.events().last(), Some(&SimEvent::UarWrite64 { off: other, val: 0x1122_3344_5566_7788 }));
+        env.h.mmio.write64(db - 4, 7);
+        assert_eq!(why(&env.h), "half a CQ doorbell");
+        assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().armed, None);
     }
 
     #[test]

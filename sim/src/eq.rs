@@ -31,6 +31,11 @@ const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
 const DB_CI_MASK: u32 = 0xff_ffff;
 const DB_EQN_SHIFT: u32 = 24;
 
+/// Whether a UAR offset is one of the two 32-bit EQ doorbell registers.
+pub(crate) fn is_eq_doorbell(off: usize) -> bool {
+    matches!(off % PAGE, EQ_DB_ARM | EQ_DB_NOARM)
+}
+
 /// The event data of a command-completion EQE for `slot`: `data.cmd.vector` = `1 << slot`.
 fn cmd_data(slot: u8) -> [u8; EQE_DATA_LEN] {
     let mut d = [0u8; EQE_DATA_LEN];
@@ -363,6 +368,12 @@ mod tests {
         let other = crate::SimMmio::uar_offset(uar) + consts::MLX5_BF_OFFSET as usize;
         h.mmio.write32(other, 5);
         assert!(h.dev.events().contains(&SimEvent::UarWrite { off: other, val: 5 }));
+        // The EQ doorbells are 32-bit registers: a 64-bit write over one is refused.
+        let db = crate::SimMmio::uar_offset(uar) + EQ_DB_ARM;
+        h.mmio.write64(db, u64::from(u32::from(eqn) << 24) << 32);
+        let why = "64-bit write to a 32-bit EQ doorbell";
+        assert!(h.dev.events().contains(&SimEvent::BadEqDoorbell { off: db, val: u32::from(eqn) << 24, why }));
+        assert!(!h.dev.eq_info(eqn).unwrap().armed);
 
         h.dev.post_event(PORT, 0, marked(0));
         h.dev.post_event(PORT, 0, marked(1));

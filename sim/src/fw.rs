@@ -22,6 +22,7 @@ use crate::dma::DmaSpace;
 use crate::mkey::Mkey;
 use crate::mmio::INIT_SEG_PAGES;
 use crate::port::PortModel;
+use crate::qp::Qp;
 use crate::{ExecutedCmd, Fault, SimConfig, SimEvent, State};
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
@@ -123,6 +124,30 @@ pub mod syndrome {
     pub const MKEY_LENGTH: u32 = 0x51a0_0093;
     /// `BAD_PARAM`: CREATE_MKEY asking for what the simulator does not model (a free key, umem, BSF, crossing).
     pub const MKEY_FEATURE: u32 = 0x51a0_0094;
+    /// `BAD_PARAM`: unknown QP.
+    pub const QP_INVALID: u32 = 0x51a0_00a0;
+    /// `BAD_PARAM`: CREATE_QP with a transport service other than RC or UD.
+    pub const QP_TYPE: u32 = 0x51a0_00a1;
+    /// `BAD_PARAM`: CREATE_QP with `pm_state` other than `MLX5_QP_PM_MIGRATED`.
+    pub const QP_PM_STATE: u32 = 0x51a0_00a2;
+    /// `BAD_PARAM`: CREATE_QP with an RQ type other than a regular or a zero-length RQ (no SRQ).
+    pub const QP_RQ_TYPE: u32 = 0x51a0_00a3;
+    /// `BAD_PARAM`: an RQ WQE (`16 << log_rq_stride`) above `max_wqe_sz_rq`.
+    pub const QP_WQE_SIZE: u32 = 0x51a0_00a4;
+    /// `BAD_PARAM`: CREATE_QP asking for what the simulator does not model (umem, XRC, SRQ, a chosen QPN,
+    /// the extended context).
+    pub const QP_FEATURE: u32 = 0x51a0_00a5;
+    /// `BAD_QP_STATE`: a transition from a state it does not start from (2ERR from RST included).
+    pub const QP_STATE: u32 = 0x51a0_00a6;
+    /// `BAD_PARAM`: a pkey index beyond the pkey table.
+    pub const QP_PKEY_INDEX: u32 = 0x51a0_00a7;
+    /// `BAD_PARAM`: an address path the link layer cannot use (IB: no LID; RoCE: no GRH, GID or MAC; a source
+    /// GID index beyond the table).
+    pub const QP_PATH: u32 = 0x51a0_00a8;
+    /// `BAD_PARAM`: INIT2RTR (RC) with an MTU other than `IB_MTU_256..=IB_MTU_4096`.
+    pub const QP_MTU: u32 = 0x51a0_00a9;
+    /// `BAD_PARAM`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`).
+    pub const QP_CONTEXT: u32 = 0x51a0_00aa;
     /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
     pub const HEALTH_EXT_SYND: u16 = 0x51a0;
 }
@@ -248,6 +273,8 @@ pub(crate) struct Firmware {
     pub(crate) next_cqn: u32,
     pub(crate) mkeys: BTreeMap<u32, Mkey>,
     pub(crate) next_mkey: u32,
+    pub(crate) qps: BTreeMap<u32, Qp>,
+    pub(crate) next_qpn: u32,
 }
 
 /// Picks a free id in `lo..hi`, starting at `*next` and wrapping, so freed ids are not reused at once.
@@ -302,6 +329,8 @@ impl Firmware {
             next_cqn: 1,
             mkeys: BTreeMap::new(),
             next_mkey: 1,
+            qps: BTreeMap::new(),
+            next_qpn: 0,
         }
     }
 
@@ -449,6 +478,28 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => {
                 (query_hca_vport_context_in::SIZE_BYTES, query_hca_vport_context_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_CREATE_QP => (create_qp_in::SIZE_BYTES, create_qp_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_DESTROY_QP => {
+                (destroy_qp_in::SIZE_BYTES, destroy_qp_out::SIZE_BYTES, Gate::Initialized)
+            }
+            // The context is all QUERY_QP returns (no `pas[]`), so an output that ends with it is enough.
+            consts::MLX5_CMD_OP_QUERY_QP => {
+                (query_qp_in::SIZE_BYTES, query_qp_out::QP_PAS_OR_QPC_EXT_AND_PAS.off, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_RST2INIT_QP => {
+                (rst2init_qp_in::SIZE_BYTES, rst2init_qp_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_INIT2RTR_QP => {
+                (init2rtr_qp_in::SIZE_BYTES, init2rtr_qp_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_RTR2RTS_QP => {
+                (rtr2rts_qp_in::SIZE_BYTES, rtr2rts_qp_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_RTS2RTS_QP => {
+                (rts2rts_qp_in::SIZE_BYTES, rts2rts_qp_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_2ERR_QP => (qp_2err_in::SIZE_BYTES, qp_2err_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_2RST_QP => (qp_2rst_in::SIZE_BYTES, qp_2rst_out::SIZE_BYTES, Gate::Initialized),
             _ => return None,
         })
     }
@@ -525,6 +576,14 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_VPORT_STATE => self.port.query_vport_state(inp, out),
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => self.port.query_nic_vport_context(inp, out),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => self.port.query_hca_vport_context(inp, out),
+            consts::MLX5_CMD_OP_CREATE_QP => self.create_qp(dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_QP => self.destroy_qp(inp),
+            consts::MLX5_CMD_OP_QUERY_QP => self.query_qp(dma, inp, out),
+            op @ (consts::MLX5_CMD_OP_RST2INIT_QP
+            | consts::MLX5_CMD_OP_INIT2RTR_QP
+            | consts::MLX5_CMD_OP_RTR2RTS_QP
+            | consts::MLX5_CMD_OP_RTS2RTS_QP) => self.modify_qp(op, inp),
+            op @ (consts::MLX5_CMD_OP_2ERR_QP | consts::MLX5_CMD_OP_2RST_QP) => self.qp_to_err_or_rst(op, inp),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
     }
@@ -704,7 +763,7 @@ impl Firmware {
             _ => return Err(bad_param(syndrome::BAD_PROFILE)),
         }
         let (pds, uars, eqs, cqs) = self.object_counts();
-        let objects = pds + uars + eqs + cqs + self.mkeys.len();
+        let objects = pds + uars + eqs + cqs + self.mkeys.len() + self.qps.len();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
         }
@@ -713,6 +772,7 @@ impl Firmware {
         self.eqs.clear();
         self.cqs.clear();
         self.mkeys.clear();
+        self.qps.clear();
         self.state = HcaState::Enabled;
         // The needs grown while running end with it; a later INIT_HCA starts from the configured ones.
         (self.init_pages, self.regular_pages) = self.cfg_pages;
@@ -736,7 +796,7 @@ impl Firmware {
         if !self.pds.contains(&pd) {
             return Err(bad_param(syndrome::PD_INVALID));
         }
-        if self.mkeys.values().any(|m| m.pd == pd) {
+        if self.mkeys.values().any(|m| m.pd == pd) || self.qps.values().any(|q| q.pd == pd) {
             return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
         }
         self.pds.remove(&pd);
@@ -757,7 +817,8 @@ impl Firmware {
         if !self.uars.contains(&uar) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }
-        if self.eqs.values().any(|e| e.uar == uar) || self.cqs.values().any(|c| c.uar == uar) {
+        let qp_uses = self.qps.values().any(|q| q.uar == uar);
+        if qp_uses || self.eqs.values().any(|e| e.uar == uar) || self.cqs.values().any(|c| c.uar == uar) {
             return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
         }
         self.uars.remove(&uar);

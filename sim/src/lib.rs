@@ -54,7 +54,7 @@
 //! physical function behaves: it must serve page requests while a command waits.
 //!
 //! # Completion queues
-//! A CQ created with CREATE_CQ really receives CQEs ([`SimDevice::post_cqe`] now; the simulated datapath later):
+//! A CQ created with CREATE_CQ really receives CQEs (from the datapath, and from [`SimDevice::post_cqe`]):
 //! CQE `n` is written at entry `n mod nent` through the CQ's `pas[]` pages (scattered pages and pages above
 //! 4 KiB both work; a 128-byte CQE carries its `mlx5_cqe64` in its second half), bytes 0..63 first and, after a
 //! fence, `op_own` with the owner bit `(n >> log_nent) & 1`. Before writing, firmware reads the consumer index
@@ -72,6 +72,22 @@
 //! `start_addr .. start_addr + len`). [`SimDevice::mkey_access`] checks an access (key, variant, PD, bounds,
 //! rights, live DMA) and returns the IOVA pieces it touches, for tests now and the datapath later.
 //!
+//! # Queue pairs and the datapath
+//! CREATE_QP makes RC and UD QPs (buffer: RQ at byte 0, SQ after it; doorbell record at `dbr_addr`), moved through
+//! RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS, 2ERR and 2RST with firmware's checks (`BAD_QP_STATE` from the wrong
+//! state); QUERY_QP reports the context and counters, [`SimDevice::qp_info`] the same for tests. A 64-bit write at
+//! offset 0 of a BlueFlame buffer of the QP's UAR page is the send doorbell; the rest of a BlueFlame copy is
+//! checked against the WQE in memory ([`SimEvent::BlueFlameMismatch`]). In in-line mode the datapath runs inside
+//! the MMIO write; in threaded mode on the device thread. SEND, SEND_IMM, RDMA_WRITE(_IMM), RDMA_READ and the two
+//! 8-byte atomics execute in order through the memory keys, with requester, responder and error CQEs, RNR NAKs and
+//! transport retries on device time, and flushes of a QP in ERR (module `datapath`). Timers are checked whenever
+//! the device runs: a doorbell, any MMIO write, a [`SimDelay`] sleep, and every millisecond on the device thread.
+//!
+//! # Addresses and the wire
+//! Port 1 has GID index 0 ([`SimDevice::gid`]: the link-local address of the MAC on Ethernet, fe80::/64 + port
+//! GUID on IB) and, on IB, the LID [`SimConfig::lid`]. A packet addressed to the device's own LID or GID (and MAC)
+//! is loopback; [`SimDevice::connect`] joins two devices so each reaches the other's address (module `wire`).
+//!
 //! # Health and device loss
 //! The health buffer (`mlx5_init_seg.health`) and the heartbeat (`health_counter`, one tick per ms of device
 //! time) are live. [`Fault::Fatal`] / [`SimDevice::fail_health`] kill the firmware with a syndrome (health buffer
@@ -83,6 +99,7 @@
 
 mod caps;
 mod cq;
+mod datapath;
 mod dma;
 mod eq;
 mod fw;
@@ -90,6 +107,8 @@ mod mkey;
 mod mmio;
 pub mod mocks;
 mod port;
+mod qp;
+mod wire;
 
 #[cfg(test)]
 mod testutil;
@@ -102,16 +121,20 @@ use mlx5_core::hal::DelayNs;
 use mlx5_core::prm::c::mlx5_cqe64 as c_cqe;
 
 pub use cq::{CqInfo, PostCqeError};
+pub use datapath::RetryKind;
 pub use dma::{DmaFault, SimDma};
 pub use eq::EQE_DATA_LEN;
 pub use fw::{syndrome, HcaState};
 pub use mkey::{MkeyAccess, MkeyFault};
 pub use mmio::Health;
 pub use mmio::SimMmio;
+pub use qp::{QpInfo, QpState, QpType};
 
+use datapath::DpState;
 use dma::DmaSpace;
 use fw::Firmware;
 use mmio::Regs;
+use wire::Wire;
 
 /// How the device completes commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -182,6 +205,9 @@ pub struct SimConfig {
     pub dma_max_contig: Option<usize>,
     /// `log_max_cq_sz` reported in the general capabilities (22 on a ConnectX-5).
     pub log_max_cq_sz: u8,
+    /// The port LID on InfiniBand (ignored on Ethernet, where the LID is 0). Two IB devices joined by
+    /// [`SimDevice::connect`] need different LIDs.
+    pub lid: u16,
 }
 
 impl Default for SimConfig {
@@ -208,6 +234,7 @@ impl Default for SimConfig {
             mac: [0xb8, 0xce, 0xf6, 0x12, 0x34, 0x56],
             dma_max_contig: None,
             log_max_cq_sz: 22,
+            lid: 1,
         }
     }
 }
@@ -296,8 +323,10 @@ pub enum SimEvent {
     Delayed { slot: u8, opcode: u16, ms: u32 },
     /// A write to a register the simulator does not model (or beyond the BAR); it had no effect.
     IgnoredWrite { off: usize, val: u32 },
-    /// A write into a UAR page (doorbells; not executed yet).
+    /// A 32-bit write into a UAR page that is no doorbell.
     UarWrite { off: usize, val: u32 },
+    /// A 64-bit write into a UAR page that is no doorbell (one access, as the bus carries it).
+    UarWrite64 { off: usize, val: u64 },
     /// The host freed a region that still contained pages given to firmware.
     FreedDeviceOwned { iova: u64, len: usize, pages: usize },
     /// `Dma::free` of something that is not a live region (double free or a forged region); nothing was freed.
@@ -349,6 +378,31 @@ pub enum SimEvent {
     /// Firmware could not read the CQ's doorbell record or write a CQE (also in `dma_faults`): the CQ is in
     /// write-fail and a CQ-error EQE was posted.
     CqWriteFail { cqn: u32 },
+    /// A send doorbell (a 64-bit write at offset 0 of a BlueFlame buffer) for QP `qpn`: the device will execute
+    /// its send WQEs up to producer counter `pi`, read from the doorbell record.
+    SqDoorbell { qpn: u32, pi: u16 },
+    /// A write to a BlueFlame register that was ignored: no such QP, QP on another UAR page, in RST or without an
+    /// SQ, unmapped doorbell record, a producer counter beyond the SQ, an unaligned write, or a BlueFlame copy
+    /// with no doorbell before it.
+    BadSqDoorbell { off: usize, val: u64, why: &'static str },
+    /// 8 bytes of a BlueFlame copy of WQE `wqe_index` of QP `qpn` were written at byte `off` of the buffer.
+    BlueFlameCopy { qpn: u32, wqe_index: u16, off: u16 },
+    /// The BlueFlame bytes at `off` (0: the doorbell itself) differ from WQE `wqe_index` in memory.
+    BlueFlameMismatch { qpn: u32, wqe_index: u16, off: u16 },
+    /// The responder `remote_qpn` had no receive WQE for the RC request of WQE `wqe_counter` of QP `qpn`.
+    RnrNak { qpn: u32, wqe_counter: u16, remote_qpn: u32 },
+    /// The RC request of WQE `wqe_counter` of QP `qpn` reached no QP ready to take it; its ACK timer runs.
+    Unreachable { qpn: u32, wqe_counter: u16, why: &'static str },
+    /// QP `qpn` sent WQE `wqe_counter` again after its RNR or ACK timer expired.
+    Retry { qpn: u32, wqe_counter: u16, kind: RetryKind },
+    /// A UD message from QP `qpn` to QP `dqpn` was dropped (noticed by the device recording this event).
+    UdDropped { qpn: u32, dqpn: u32, why: &'static str },
+    /// QP `qpn` moved to ERR after a completion with `syndrome` (`MLX5_CQE_SYNDROME_*`).
+    QpError { qpn: u32, syndrome: u8 },
+    /// QP `qpn` (in ERR) completed `sq` send and `rq` receive WQEs with `WR_FLUSH_ERR`.
+    Flushed { qpn: u32, sq: u32, rq: u32 },
+    /// The RQ head in the doorbell record of QP `qpn` is more than the RQ size ahead of the device: ignored.
+    BadRqCounter { qpn: u32, head: u16 },
 }
 
 /// The state of one EQ, as [`SimDevice::eq_info`] reports it.
@@ -399,6 +453,8 @@ pub(crate) struct State {
     pub(crate) stalled: Vec<Stalled>,
     virt_ns: u64,
     start: Instant,
+    pub(crate) wire: Wire,
+    pub(crate) dp: DpState,
 }
 
 impl State {
@@ -466,12 +522,24 @@ impl State {
     }
 }
 
+/// Work for the device thread (threaded mode).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Work {
+    /// A command doorbell with this mask.
+    Cmd(u32),
+    /// A send doorbell: run the datapath.
+    Datapath,
+}
+
+/// How often the device thread runs the datapath on its own (timers: retries, flushes of late receives).
+const WORKER_TICK: Duration = Duration::from_millis(1);
+
 /// State shared by every handle.
 #[derive(Debug)]
 pub(crate) struct Shared {
     state: Mutex<State>,
-    /// Doorbells for the worker thread (threaded mode only).
-    tx: Option<mpsc::Sender<u32>>,
+    /// Work for the worker thread (threaded mode only).
+    tx: Option<mpsc::Sender<Work>>,
 }
 
 /// Locks the device, recovering from a poisoned lock (a panicking test must not cascade into others).
@@ -486,31 +554,56 @@ impl Shared {
             Some(tx) => {
                 // The worker only goes away with the last handle, and we are one, so a send cannot fail; if it
                 // ever did, the command would look hung, which the driver must cope with anyway.
-                let _ = tx.send(mask);
+                let _ = tx.send(Work::Cmd(mask));
             }
             None => {
                 lock(self).ring(mask);
+                wire::pump(self);
             }
+        }
+    }
+
+    /// The device runs after an MMIO write or a delay: in-line mode runs the datapath now (due retries,
+    /// flushes, and the work a send doorbell brought, when `kick`); threaded mode hands a send doorbell to the
+    /// device thread, which also runs on its own every [`WORKER_TICK`].
+    pub(crate) fn run(self: &Arc<Self>, kick: bool) {
+        match &self.tx {
+            Some(tx) => {
+                if kick {
+                    let _ = tx.send(Work::Datapath);
+                }
+            }
+            None => wire::pump(self),
         }
     }
 }
 
 /// Runs doorbells in threaded mode. Holds only a weak reference so dropping the last handle stops it.
-fn worker(weak: Weak<Shared>, rx: mpsc::Receiver<u32>) {
-    while let Ok(mask) = rx.recv() {
+fn worker(weak: Weak<Shared>, rx: mpsc::Receiver<Work>) {
+    loop {
+        let work = match rx.recv_timeout(WORKER_TICK) {
+            Ok(w) => Some(w),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         let Some(shared) = weak.upgrade() else { break };
         // Order the driver's stores (entry, mailboxes) before our reads, as the doorbell write does in hardware.
         fence(Ordering::SeqCst);
-        let later = lock(&shared).ring(mask);
-        for (slot, ms) in later {
-            let weak = Arc::downgrade(&shared);
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(u64::from(ms)));
-                if let Some(shared) = weak.upgrade() {
-                    lock(&shared).run_slot(slot, false);
-                }
-            });
+        if let Some(Work::Cmd(mask)) = work {
+            let later = lock(&shared).ring(mask);
+            for (slot, ms) in later {
+                let weak = Arc::downgrade(&shared);
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(u64::from(ms)));
+                    if let Some(shared) = weak.upgrade() {
+                        lock(&shared).run_slot(slot, false);
+                        wire::pump(&shared);
+                    }
+                });
+            }
         }
+        // Every wake-up runs the datapath: send doorbells, commands that changed QP states, timers.
+        wire::pump(&shared);
     }
 }
 
@@ -533,7 +626,6 @@ impl SimDevice {
             regs: Regs::new(&cfg),
             fw: Firmware::new(&cfg),
             dma: DmaSpace::new(cfg.dma_max_contig),
-            cfg,
             events: Vec::new(),
             executed: Vec::new(),
             faults: Vec::new(),
@@ -541,8 +633,11 @@ impl SimDevice {
             stalled: Vec::new(),
             virt_ns: 0,
             start: Instant::now(),
+            wire: Wire::new(&cfg),
+            dp: DpState::default(),
+            cfg,
         };
-        match mode {
+        let dev = match mode {
             Mode::Inline => Self { shared: Arc::new(Shared { state: Mutex::new(state), tx: None }) },
             Mode::Threaded => {
                 let (tx, rx) = mpsc::channel();
@@ -554,7 +649,10 @@ impl SimDevice {
                     .expect("spawning the simulator's firmware thread");
                 Self { shared }
             }
-        }
+        };
+        // Packets name their source device so responses find their way back.
+        lock(&dev.shared).wire.me.shared = Arc::downgrade(&dev.shared);
+        dev
     }
 
     /// The BAR (initialization segment and UAR pages).
@@ -717,6 +815,33 @@ impl SimDevice {
     pub fn pages_abandoned(&self) -> usize {
         lock(&self.shared).fw.pages_abandoned()
     }
+
+    /// The state of QP `qpn`, if it exists.
+    pub fn qp_info(&self, qpn: u32) -> Option<QpInfo> {
+        lock(&self.shared).fw.qps.get(&qpn).map(|q| q.info())
+    }
+
+    /// Live QPs.
+    pub fn qp_count(&self) -> usize {
+        lock(&self.shared).fw.qp_count()
+    }
+
+    /// Joins this device and `peer` with a virtual wire (both directions): packets addressed to the peer's LID
+    /// (IB) or GID and MAC (RoCE) reach it. Joining a device to itself changes nothing (loopback needs no wire).
+    pub fn connect(&self, peer: &SimDevice) {
+        wire::connect(&self.shared, &peer.shared);
+    }
+
+    /// GID table entry `index` of port 1: index 0 is the default GID (IB: fe80::/64 + port GUID; RoCE: the
+    /// IPv6 link-local address of the port MAC, modified EUI-64). No other entry is populated.
+    pub fn gid(&self, index: u32) -> Option<[u8; 16]> {
+        lock(&self.shared).wire.addr.gid(index)
+    }
+
+    /// The port LID (0 on Ethernet).
+    pub fn lid(&self) -> u16 {
+        lock(&self.shared).wire.addr.lid
+    }
 }
 
 /// [`DelayNs`] for the simulator: advances virtual time (inline) or sleeps (threaded).
@@ -730,11 +855,18 @@ impl SimDelay {
         let mode = lock(&self.shared).cfg.mode;
         match mode {
             Mode::Inline => {
-                let mut st = lock(&self.shared);
-                st.virt_ns = st.virt_ns.saturating_add(ns);
-                st.run_due();
+                {
+                    let mut st = lock(&self.shared);
+                    st.virt_ns = st.virt_ns.saturating_add(ns);
+                    st.run_due();
+                }
+                // Retries whose timer expired (and anything commands made due) run now.
+                self.shared.run(false);
             }
-            Mode::Threaded => std::thread::sleep(Duration::from_nanos(ns)),
+            Mode::Threaded => {
+                std::thread::sleep(Duration::from_nanos(ns));
+                self.shared.run(true);
+            }
         }
     }
 }

@@ -232,8 +232,10 @@ impl Mmio for SimMmio {
                 }
             }
         };
-        if let Some(mask) = bell {
-            self.shared.doorbell(mask);
+        match bell {
+            Some(mask) => self.shared.doorbell(mask),
+            // Any MMIO write lets the device run: due retries, flushes of receives posted since.
+            None => self.shared.run(false),
         }
     }
 
@@ -244,17 +246,20 @@ impl Mmio for SimMmio {
     }
 
     fn write64(&self, off: usize, v: u64) {
-        {
+        let kick = {
             let mut st = lock(&self.shared);
-            // UAR doorbells (the CQ doorbell) are 64-bit registers and must be seen as one access; the
+            // UAR doorbells (CQ, send/BlueFlame) are 64-bit registers and must be seen as one access; the
             // initialization segment has only 32-bit registers, so a 64-bit write there is two of them.
-            if st.regs.health != Health::Gone && st.regs.in_uar(off, 8) {
-                st.uar_write64(off, v);
-                return;
+            (st.regs.health != Health::Gone && st.regs.in_uar(off, 8)).then(|| st.uar_write64(off, v))
+        };
+        match kick {
+            // A send doorbell runs the datapath now (in-line) or on the device thread (threaded).
+            Some(kick) => self.shared.run(kick),
+            None => {
+                self.write32(off, (v >> 32) as u32);
+                self.write32(off.saturating_add(4), v as u32);
             }
         }
-        self.write32(off, (v >> 32) as u32);
-        self.write32(off.saturating_add(4), v as u32);
     }
 
     // The device orders through its lock; a full fence stands for every barrier and keeps threaded mode honest.

@@ -34,7 +34,7 @@ impl PortModel {
             oper_mtu: cfg.port_mtu,
             node_guid: cfg.node_guid,
             mac: cfg.mac,
-            lid: if ib { 1 } else { 0 },
+            lid: if ib { cfg.lid } else { 0 },
             sm_lid: if ib { 1 } else { 0 },
             driver_version: None,
             host_endianness: None,

@@ -325,3 +325,667 @@ impl Harness {
         assert_eq!(s, 0);
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Verbs objects for the datapath tests: CQs, memory keys, QPs, WQEs and doorbells, built by hand from the PRM
+// layouts as a driver would.
+
+/// Bytes of a send WQE basic block and of a WQE's 16-byte units.
+pub(crate) const BB: usize = consts::MLX5_SEND_WQE_BB as usize;
+const DS: usize = consts::MLX5_SEND_WQE_DS as usize;
+const PAGE: usize = 4096;
+
+/// A CQ of 64-byte CQEs in one region.
+#[derive(Debug)]
+pub(crate) struct TCq {
+    pub cqn: u32,
+    pub buf: DmaRegion,
+    pub dbr: DmaRegion,
+    pub log_size: u32,
+    /// The consumer index.
+    pub ci: u32,
+}
+
+/// A polled CQE, decoded through the layouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cqe(pub [u8; c::mlx5_cqe64::SIZE]);
+
+impl Cqe {
+    fn be(&self, m: mlx5_core::prm::Bytes) -> u32 {
+        m.get_be(&self.0, 0)
+    }
+    pub fn opcode(&self) -> u32 {
+        u32::from(self.0[c::mlx5_cqe64::OP_OWN.off] >> 4)
+    }
+    pub fn solicited(&self) -> bool {
+        self.0[c::mlx5_cqe64::OP_OWN.off] & 2 != 0
+    }
+    pub fn qpn(&self) -> u32 {
+        self.be(c::mlx5_cqe64::SOP_DROP_QPN) & 0xff_ffff
+    }
+    pub fn wqe_opcode(&self) -> u32 {
+        self.be(c::mlx5_cqe64::SOP_DROP_QPN) >> 24
+    }
+    pub fn wqe_counter(&self) -> u16 {
+        self.be(c::mlx5_cqe64::WQE_COUNTER) as u16
+    }
+    pub fn byte_cnt(&self) -> u32 {
+        self.be(c::mlx5_cqe64::BYTE_CNT)
+    }
+    pub fn imm(&self) -> u32 {
+        self.be(c::mlx5_cqe64::IMMEDIATE)
+    }
+    pub fn flags_rqpn(&self) -> u32 {
+        self.be(c::mlx5_cqe64::FLAGS_RQPN)
+    }
+    pub fn slid(&self) -> u16 {
+        self.be(c::mlx5_cqe64::SLID) as u16
+    }
+    pub fn syndrome(&self) -> u32 {
+        self.0[c::mlx5_err_cqe::SYNDROME.off].into()
+    }
+    pub fn vendor_err(&self) -> u8 {
+        self.0[c::mlx5_err_cqe::VENDOR_ERR_SYND.off]
+    }
+    /// (CQE opcode, syndrome) for a quick comparison; the syndrome is 0 for a good CQE.
+    pub fn status(&self) -> (u32, u32) {
+        let err = matches!(self.opcode(), consts::MLX5_CQE_REQ_ERR | consts::MLX5_CQE_RESP_ERR);
+        (self.opcode(), if err { self.syndrome() } else { 0 })
+    }
+}
+
+/// A memory key over one region (PA mode, `start_addr` = the region's IOVA).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mr {
+    pub region: DmaRegion,
+    pub key: u32,
+}
+
+impl Mr {
+    pub fn addr(&self) -> u64 {
+        self.region.iova
+    }
+    pub fn write(&self, off: usize, data: &[u8]) {
+        put(&self.region, off, data);
+    }
+    pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        get(&self.region, off, &mut v);
+        v
+    }
+}
+
+/// Rights of a test memory key: (local write, remote read, remote write, atomic).
+pub(crate) const ALL_RIGHTS: [bool; 4] = [true, true, true, true];
+
+/// How a QP is created.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpSpec {
+    pub st: u32,
+    pub log_rq: u32,
+    pub log_rq_stride: u32,
+    pub log_sq: u32,
+    pub zero_rq: bool,
+    pub no_sq: bool,
+}
+
+impl QpSpec {
+    pub fn rc() -> Self {
+        Self { st: consts::MLX5_QP_ST_RC, log_rq: 4, log_rq_stride: 2, log_sq: 6, zero_rq: false, no_sq: false }
+    }
+    pub fn ud() -> Self {
+        Self { st: consts::MLX5_QP_ST_UD, ..Self::rc() }
+    }
+    fn rq_bytes(&self) -> usize {
+        if self.zero_rq {
+            0
+        } else {
+            (1usize << self.log_rq) << (self.log_rq_stride + 4)
+        }
+    }
+    fn sq_bytes(&self) -> usize {
+        if self.no_sq {
+            0
+        } else {
+            BB << self.log_sq
+        }
+    }
+}
+
+/// A QP as the test driver sees it: its buffer pages (one region each, so the device's page walk is exercised),
+/// doorbell record and software counters.
+#[derive(Debug)]
+pub(crate) struct TQp {
+    pub qpn: u32,
+    pub spec: QpSpec,
+    pub pages: Vec<DmaRegion>,
+    pub dbr: DmaRegion,
+    pub uar: u32,
+    /// SQ producer counter in basic blocks and RQ head.
+    pub sq_pi: u16,
+    pub rq_head: u16,
+    /// The BlueFlame buffer offset the next doorbell uses (alternates between the two halves).
+    pub bf_off: usize,
+}
+
+impl TQp {
+    fn buf_write(&self, off: usize, data: &[u8]) {
+        let mut done = 0;
+        while done < data.len() {
+            let at = off + done;
+            let n = (PAGE - at % PAGE).min(data.len() - done);
+            put(&self.pages[at / PAGE], at % PAGE, &data[done..done + n]);
+            done += n;
+        }
+    }
+
+    fn buf_read(&self, off: usize, out: &mut [u8]) {
+        let mut done = 0;
+        while done < out.len() {
+            let at = off + done;
+            let n = (PAGE - at % PAGE).min(out.len() - done);
+            get(&self.pages[at / PAGE], at % PAGE, &mut out[done..done + n]);
+            done += n;
+        }
+    }
+
+    /// Writes into the SQ ring at byte `off`, wrapping at its end.
+    fn sq_write(&self, off: usize, data: &[u8]) {
+        let size = self.spec.sq_bytes();
+        for (k, b) in data.iter().enumerate() {
+            self.buf_write(self.spec.rq_bytes() + (off + k) % size, &[*b]);
+        }
+    }
+
+    pub fn sq_read(&self, off: usize, len: usize) -> Vec<u8> {
+        let size = self.spec.sq_bytes();
+        let mut out = vec![0u8; len];
+        for (k, b) in out.iter_mut().enumerate() {
+            let mut one = [0u8];
+            self.buf_read(self.spec.rq_bytes() + (off + k) % size, &mut one);
+            *b = one[0];
+        }
+        out
+    }
+
+    /// Overwrites bytes of the WQE at SQ index `index` (to break it on purpose).
+    pub fn patch_sq(&self, index: u16, off: usize, data: &[u8]) {
+        self.sq_write(usize::from(index) * BB + off, data);
+    }
+
+    pub fn set_sq_dbr(&self, pi: u16) {
+        put(&self.dbr, consts::MLX5_SND_DBR as usize * 4, &u32::from(pi).to_be_bytes());
+    }
+
+    pub fn set_rq_dbr(&self, head: u16) {
+        put(&self.dbr, consts::MLX5_RCV_DBR as usize * 4, &u32::from(head).to_be_bytes());
+    }
+}
+
+/// A send WQE being built: everything after the control segment, in 16-byte units.
+#[derive(Debug, Clone)]
+pub(crate) struct Wqe {
+    pub opcode: u32,
+    pub fm_ce_se: u8,
+    pub imm: [u8; 4],
+    pub segs: Vec<u8>,
+    /// `ds` to write instead of the real size (to break the WQE on purpose).
+    pub ds_override: Option<u32>,
+}
+
+impl Wqe {
+    pub fn new(opcode: u32) -> Self {
+        Self {
+            opcode,
+            fm_ce_se: consts::MLX5_WQE_CTRL_CQ_UPDATE as u8,
+            imm: [0; 4],
+            segs: Vec::new(),
+            ds_override: None,
+        }
+    }
+    pub fn unsignaled(mut self) -> Self {
+        self.fm_ce_se &= !(consts::MLX5_WQE_CTRL_CQ_UPDATE as u8);
+        self
+    }
+    pub fn solicited(mut self) -> Self {
+        self.fm_ce_se |= consts::MLX5_WQE_CTRL_SOLICITED as u8;
+        self
+    }
+    /// Immediate data, big endian in the WQE as verbs gives it.
+    pub fn imm(mut self, v: u32) -> Self {
+        self.imm = v.to_be_bytes();
+        self
+    }
+    fn seg(mut self, b: &[u8]) -> Self {
+        self.segs.extend_from_slice(b);
+        let padded = self.segs.len().next_multiple_of(DS);
+        self.segs.resize(padded, 0);
+        self
+    }
+    pub fn data(self, len: u32, lkey: u32, addr: u64) -> Self {
+        use c::mlx5_wqe_data_seg as d;
+        let mut s = [0u8; d::SIZE];
+        d::BYTE_COUNT.put_be(&mut s, 0, len);
+        d::LKEY.put_be(&mut s, 0, lkey);
+        s[d::ADDR.off..d::ADDR.end()].copy_from_slice(&addr.to_be_bytes());
+        self.seg(&s)
+    }
+    pub fn raddr(self, raddr: u64, rkey: u32) -> Self {
+        use c::mlx5_wqe_raddr_seg as r;
+        let mut s = [0u8; r::SIZE];
+        s[r::RADDR.off..r::RADDR.end()].copy_from_slice(&raddr.to_be_bytes());
+        r::RKEY.put_be(&mut s, 0, rkey);
+        self.seg(&s)
+    }
+    pub fn atomic(self, swap_add: u64, compare: u64) -> Self {
+        use c::mlx5_wqe_atomic_seg as a;
+        let mut s = [0u8; a::SIZE];
+        s[a::SWAP_ADD.off..a::SWAP_ADD.end()].copy_from_slice(&swap_add.to_be_bytes());
+        s[a::COMPARE.off..a::COMPARE.end()].copy_from_slice(&compare.to_be_bytes());
+        self.seg(&s)
+    }
+    pub fn inline(self, data: &[u8]) -> Self {
+        let mut s = (data.len() as u32 | consts::MLX5_INLINE_SEG).to_be_bytes().to_vec();
+        s.extend_from_slice(data);
+        self.seg(&s)
+    }
+    /// A UD datagram segment (extended AV).
+    pub fn av(self, av: &TAv) -> Self {
+        use c::mlx5_av as a;
+        let mut s = [0u8; c::mlx5_wqe_datagram_seg::SIZE];
+        a::QKEY.put_be(&mut s, 0, av.qkey);
+        a::DQP_DCT.put_be(&mut s, 0, av.dqpn | consts::MLX5_EXTENDED_UD_AV);
+        s[a::STAT_RATE_SL.off] = av.sl;
+        a::RLID.put_be(&mut s, 0, av.rlid.into());
+        s[a::RMAC.off..a::RMAC.end()].copy_from_slice(&av.rmac);
+        s[a::HOP_LIMIT.off] = av.hop_limit;
+        s[a::TCLASS.off] = av.tclass;
+        let grh = if av.grh { 1u32 << 30 } else { 0 };
+        a::GRH_GID_FL.put_be(&mut s, 0, grh | av.sgid_index << 20 | av.flow_label);
+        s[a::RGID.off..a::RGID.end()].copy_from_slice(&av.rgid);
+        self.seg(&s)
+    }
+    fn ds(&self) -> u32 {
+        self.ds_override.unwrap_or(((c::mlx5_wqe_ctrl_seg::SIZE + self.segs.len()) / DS) as u32)
+    }
+}
+
+/// A UD address vector as the test writes it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TAv {
+    pub dqpn: u32,
+    pub qkey: u32,
+    pub sl: u8,
+    pub rlid: u16,
+    pub grh: bool,
+    pub sgid_index: u32,
+    pub flow_label: u32,
+    pub tclass: u8,
+    pub hop_limit: u8,
+    pub rgid: [u8; 16],
+    pub rmac: [u8; 6],
+}
+
+/// How a send is announced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bell {
+    /// Not at all (the test rings later).
+    None,
+    /// The 8-byte doorbell.
+    Db,
+    /// The whole WQE through BlueFlame.
+    Bf,
+    /// BlueFlame with byte `n` of the copy flipped.
+    BfCorrupt(usize),
+}
+
+/// Where a connected RC QP sends: the peer QP and its port address.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Remote {
+    pub qpn: u32,
+    pub lid: u16,
+    pub gid: [u8; 16],
+    pub mac: [u8; 6],
+}
+
+/// RC connection parameters.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RcParams {
+    pub min_rnr_nak: u32,
+    pub retry_count: u32,
+    pub rnr_retry: u32,
+    pub ack_timeout: u32,
+    pub access: [bool; 3],
+}
+
+impl Default for RcParams {
+    fn default() -> Self {
+        Self { min_rnr_nak: 12, retry_count: 7, rnr_retry: 7, ack_timeout: 14, access: [true; 3] }
+    }
+}
+
+/// A brought-up device with a UAR, a completion EQ and a PD.
+#[derive(Debug)]
+pub(crate) struct Rdma {
+    pub h: Harness,
+    pub uar: u32,
+    pub eqn: u8,
+    pub pd: u32,
+}
+
+impl Rdma {
+    pub fn new(cfg: crate::SimConfig) -> Self {
+        let mut h = Harness::new(cfg);
+        h.bring_up();
+        let uar = h.alloc_uar();
+        let (s, eqn, _eq) = h.create_eq(uar, 6, 0);
+        assert_eq!(s, 0);
+        let (s, _, out) = h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
+        assert_eq!(s, 0);
+        let pd = MsgBuf::get(&out[..], ifc::alloc_pd_out::PD);
+        Self { h, uar, eqn, pd }
+    }
+
+    pub fn inline() -> Self {
+        Self::new(crate::SimConfig::default())
+    }
+
+    pub fn cq(&mut self, log_size: u32) -> TCq {
+        use ifc::cqc as q;
+        use ifc::create_cq_in as i;
+        let ctx = i::CQ_CONTEXT;
+        let bytes = (64usize << log_size).next_multiple_of(PAGE);
+        let buf = self.h.dma.alloc(bytes, PAGE).unwrap();
+        for n in 0..1usize << log_size {
+            put(&buf, n * 64 + c::mlx5_cqe64::OP_OWN.off, &[(consts::MLX5_CQE_INVALID as u8) << 4]);
+        }
+        let dbr = self.h.dma.alloc(64, 64).unwrap();
+        let mut inp = vec![0u8; i::PAS.byte_off() + 8 * (bytes / PAGE)];
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ);
+        inp.set(q::CQE_SZ.at(ctx), consts::CQE_STRIDE_64);
+        inp.set(q::LOG_CQ_SIZE.at(ctx), log_size);
+        inp.set(q::UAR_PAGE.at(ctx), self.uar);
+        inp.set(q::C_EQN_OR_APU_ELEMENT.at(ctx), self.eqn.into());
+        inp.set64(q::DBR_ADDR.at(ctx), dbr.iova);
+        for k in 0..bytes / PAGE {
+            inp.set64(i::PAS.elem(k as u32), buf.iova + (k * PAGE) as u64);
+        }
+        let (s, syn, out) = self.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0), "CREATE_CQ");
+        TCq { cqn: MsgBuf::get(&out[..], ifc::create_cq_out::CQN), buf, dbr, log_size, ci: 0 }
+    }
+
+    /// The next CQE of `cq`, if the device has written one (the consumer index then moves past it).
+    pub fn poll(&self, cq: &mut TCq) -> Option<Cqe> {
+        let nent = 1u32 << cq.log_size;
+        let off = (cq.ci & (nent - 1)) as usize * 64;
+        let op_own = cq.buf.read_volatile_u8(off + c::mlx5_cqe64::OP_OWN.off);
+        let owner = u32::from(op_own & 1);
+        if u32::from(op_own >> 4) == consts::MLX5_CQE_INVALID || owner != (cq.ci >> cq.log_size) & 1 {
+            return None;
+        }
+        self.h.mmio.dma_rmb();
+        let mut e = [0u8; 64];
+        get(&cq.buf, off, &mut e);
+        cq.ci = cq.ci.wrapping_add(1);
+        put(&cq.dbr, 0, &(cq.ci & 0xff_ffff).to_be_bytes());
+        Some(Cqe(e))
+    }
+
+    /// Every CQE available now.
+    pub fn drain(&self, cq: &mut TCq) -> Vec<Cqe> {
+        std::iter::from_fn(|| self.poll(cq)).collect()
+    }
+
+    /// Polls until a CQE arrives: once (in-line mode: the device already ran) or for up to 10 s (threaded).
+    pub fn wait_cqe(&self, cq: &mut TCq) -> Option<Cqe> {
+        let start = Instant::now();
+        loop {
+            if let Some(e) = self.poll(cq) {
+                return Some(e);
+            }
+            if !self.h.threaded || start.elapsed() > Duration::from_secs(10) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// A PA memory key over a fresh region of `len` bytes with `rights` (local write, remote read, remote
+    /// write, atomic), in PD `pd`.
+    pub fn mr_in(&mut self, pd: u32, len: usize, rights: [bool; 4]) -> Mr {
+        use ifc::create_mkey_in as i;
+        use ifc::mkc as m;
+        let region = self.h.dma.alloc(len, 64).unwrap();
+        let ctx = i::MEMORY_KEY_MKEY_ENTRY;
+        let mut inp = vec![0u8; i::KLM_PAS_MTT.byte_off()];
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY);
+        inp.set(m::ACCESS_MODE_1_0.at(ctx), consts::MLX5_MKC_ACCESS_MODE_PA & 3);
+        inp.set(m::LR.at(ctx), 1);
+        for (f, on) in [m::LW, m::RR, m::RW, m::A].into_iter().zip(rights) {
+            inp.set(f.at(ctx), on.into());
+        }
+        inp.set(m::QPN.at(ctx), 0xff_ffff);
+        inp.set(m::MKEY_7_0.at(ctx), 0x42);
+        inp.set(m::PD.at(ctx), pd);
+        inp.set64(m::START_ADDR.at(ctx), region.iova);
+        inp.set64(m::LEN.at(ctx), len as u64);
+        let (s, syn, out) = self.h.cmd(&inp, ifc::create_mkey_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0), "CREATE_MKEY");
+        Mr { region, key: MsgBuf::get(&out[..], ifc::create_mkey_out::MKEY_INDEX) << 8 | 0x42 }
+    }
+
+    pub fn mr(&mut self, len: usize) -> Mr {
+        self.mr_in(self.pd, len, ALL_RIGHTS)
+    }
+
+    /// A CREATE_QP input for `spec` with fresh buffer pages and doorbell record; the caller may break it.
+    pub fn create_qp_in(&mut self, spec: QpSpec, cqn_snd: u32, cqn_rcv: u32) -> (Vec<u8>, Vec<DmaRegion>, DmaRegion) {
+        use ifc::create_qp_in as i;
+        use ifc::qpc as q;
+        let ctx = i::QPC;
+        let bytes = spec.rq_bytes() + spec.sq_bytes();
+        let pages: Vec<DmaRegion> = (0..bytes.div_ceil(PAGE)).map(|_| self.h.dma.alloc(PAGE, PAGE).unwrap()).collect();
+        let dbr = self.h.dma.alloc(64, 64).unwrap();
+        let mut inp = vec![0u8; i::PAS.byte_off() + 8 * pages.len()];
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_QP);
+        inp.set(q::ST.at(ctx), spec.st);
+        inp.set(q::PM_STATE.at(ctx), consts::MLX5_QP_PM_MIGRATED);
+        inp.set(q::PD.at(ctx), self.pd);
+        inp.set(q::UAR_PAGE.at(ctx), self.uar);
+        inp.set(q::LOG_RQ_SIZE.at(ctx), spec.log_rq);
+        inp.set(q::LOG_RQ_STRIDE.at(ctx), spec.log_rq_stride);
+        inp.set(q::LOG_SQ_SIZE.at(ctx), spec.log_sq);
+        inp.set(q::NO_SQ.at(ctx), spec.no_sq.into());
+        let rq_type = if spec.zero_rq { consts::MLX5_ZERO_LEN_RQ } else { consts::MLX5_NON_ZERO_RQ };
+        inp.set(q::RQ_TYPE.at(ctx), rq_type);
+        inp.set(q::CQN_SND.at(ctx), cqn_snd);
+        inp.set(q::CQN_RCV.at(ctx), cqn_rcv);
+        inp.set64(q::DBR_ADDR.at(ctx), dbr.iova);
+        for (k, p) in pages.iter().enumerate() {
+            inp.set64(i::PAS.elem(k as u32), p.iova);
+        }
+        (inp, pages, dbr)
+    }
+
+    pub fn qp(&mut self, spec: QpSpec, cqn_snd: u32, cqn_rcv: u32) -> TQp {
+        let (inp, pages, dbr) = self.create_qp_in(spec, cqn_snd, cqn_rcv);
+        let (s, syn, out) = self.h.cmd(&inp, ifc::create_qp_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0), "CREATE_QP");
+        let qpn = MsgBuf::get(&out[..], ifc::create_qp_out::QPN);
+        let bf_off = consts::MLX5_BF_OFFSET as usize;
+        TQp { qpn, spec, pages, dbr, uar: self.uar, sq_pi: 0, rq_head: 0, bf_off }
+    }
+
+    /// A modify command (`op`) for `qpn` with `opt` optional parameters; `f` fills the qpc. Returns (status,
+    /// syndrome).
+    pub fn modify(
+        &mut self,
+        op: u32,
+        qpn: u32,
+        opt: u32,
+        f: impl FnOnce(&mut Vec<u8>, mlx5_core::prm::Sub),
+    ) -> (u8, u32) {
+        use ifc::rst2init_qp_in as i;
+        let short = op == consts::MLX5_CMD_OP_2ERR_QP || op == consts::MLX5_CMD_OP_2RST_QP;
+        let mut inp = vec![0u8; if short { ifc::qp_2err_in::SIZE_BYTES } else { i::SIZE_BYTES }];
+        inp.set(i::OPCODE, op);
+        inp.set(i::QPN, qpn);
+        if !short {
+            inp.set(i::OPT_PARAM_MASK, opt);
+            f(&mut inp, i::QPC);
+        }
+        let (s, syn, _) = self.h.cmd(&inp, ifc::rst2init_qp_out::SIZE_BYTES);
+        (s, syn)
+    }
+
+    /// QUERY_QP's output.
+    pub fn query_qp(&mut self, qpn: u32) -> (u8, Vec<u8>) {
+        let mut inp = vec![0u8; ifc::query_qp_in::SIZE_BYTES];
+        inp.set(ifc::query_qp_in::OPCODE, consts::MLX5_CMD_OP_QUERY_QP);
+        inp.set(ifc::query_qp_in::QPN, qpn);
+        let (s, _, out) = self.h.cmd(&inp, ifc::query_qp_out::QP_PAS_OR_QPC_EXT_AND_PAS.off);
+        (s, out)
+    }
+
+    /// This device's port address, as a peer's path names it.
+    pub fn me(&self, qpn: u32) -> Remote {
+        let cfg = self.h.dev.config();
+        Remote { qpn, lid: self.h.dev.lid(), gid: self.h.dev.gid(0).unwrap(), mac: cfg.mac }
+    }
+
+    /// Fills a primary path toward `r` (RoCE: GRH, GID, MAC; IB: LID and SL).
+    pub fn path(&self, inp: &mut [u8], qpc: mlx5_core::prm::Sub, r: &Remote) {
+        use ifc::ads as a;
+        let p = ifc::qpc::PRIMARY_ADDRESS_PATH.at(qpc);
+        inp.set(a::VHCA_PORT_NUM.at(p), 1);
+        if self.h.dev.config().port_type == crate::PortType::Ib {
+            inp.set(a::RLID.at(p), r.lid.into());
+            inp.set(a::SL.at(p), 3);
+        } else {
+            inp.set(a::GRH.at(p), 1);
+            inp.set(a::HOP_LIMIT.at(p), 64);
+            inp.set(a::SRC_ADDR_INDEX.at(p), 0);
+            inp.set(a::UDP_SPORT.at(p), 0xc000);
+            let g = a::RGID_RIP.byte_off() + p.off;
+            inp[g..g + 16].copy_from_slice(&r.gid);
+            inp.set(a::RMAC_47_32.at(p), u32::from(u16::from_be_bytes([r.mac[0], r.mac[1]])));
+            inp.set(a::RMAC_31_0.at(p), u32::from_be_bytes([r.mac[2], r.mac[3], r.mac[4], r.mac[5]]));
+        }
+    }
+
+    /// RST2INIT, INIT2RTR and RTR2RTS for an RC QP toward `r`.
+    pub fn connect_rc(&mut self, qp: &TQp, r: &Remote, prm: RcParams) {
+        use ifc::qpc as q;
+        let st = self.modify(consts::MLX5_CMD_OP_RST2INIT_QP, qp.qpn, 0, |inp, c| {
+            inp.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), 1);
+            inp.set(q::RRE.at(c), prm.access[0].into());
+            inp.set(q::RWE.at(c), prm.access[1].into());
+            inp.set(q::RAE.at(c), prm.access[2].into());
+        });
+        assert_eq!(st, (0, 0), "RST2INIT");
+        let mut path = vec![0u8; ifc::init2rtr_qp_in::SIZE_BYTES];
+        self.path(&mut path, ifc::init2rtr_qp_in::QPC, r);
+        let st = self.modify(consts::MLX5_CMD_OP_INIT2RTR_QP, qp.qpn, 0, |inp, c| {
+            let s = q::PRIMARY_ADDRESS_PATH.at(c);
+            inp[s.off..s.off + s.len].copy_from_slice(&path[s.off..s.off + s.len]);
+            inp.set(q::MTU.at(c), consts::IB_MTU_1024);
+            inp.set(q::LOG_MSG_MAX.at(c), 30);
+            inp.set(q::REMOTE_QPN.at(c), r.qpn);
+            inp.set(q::NEXT_RCV_PSN.at(c), 0x100);
+            inp.set(q::LOG_RRA_MAX.at(c), 2);
+            inp.set(q::MIN_RNR_NAK.at(c), prm.min_rnr_nak);
+        });
+        assert_eq!(st, (0, 0), "INIT2RTR");
+        let st = self.modify(consts::MLX5_CMD_OP_RTR2RTS_QP, qp.qpn, 0, |inp, c| {
+            inp.set(q::NEXT_SEND_PSN.at(c), 0x200);
+            inp.set(q::RETRY_COUNT.at(c), prm.retry_count);
+            inp.set(q::RNR_RETRY.at(c), prm.rnr_retry);
+            inp.set(q::LOG_SRA_MAX.at(c), 2);
+            inp.set(ifc::ads::ACK_TIMEOUT.at(q::PRIMARY_ADDRESS_PATH.at(c)), prm.ack_timeout);
+        });
+        assert_eq!(st, (0, 0), "RTR2RTS");
+    }
+
+    /// RST2INIT (qkey), INIT2RTR, RTR2RTS for a UD QP.
+    pub fn ready_ud(&mut self, qp: &TQp, qkey: u32) {
+        use ifc::qpc as q;
+        let st = self.modify(consts::MLX5_CMD_OP_RST2INIT_QP, qp.qpn, 0, |inp, c| {
+            inp.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), 1);
+            inp.set(q::Q_KEY.at(c), qkey);
+        });
+        assert_eq!(st, (0, 0), "RST2INIT");
+        assert_eq!(self.modify(consts::MLX5_CMD_OP_INIT2RTR_QP, qp.qpn, 0, |_, _| {}), (0, 0), "INIT2RTR");
+        let st = self.modify(consts::MLX5_CMD_OP_RTR2RTS_QP, qp.qpn, 0, |inp, c| inp.set(q::NEXT_SEND_PSN.at(c), 1));
+        assert_eq!(st, (0, 0), "RTR2RTS");
+    }
+
+    /// Writes `w` at the SQ producer counter (ctrl segment filled in: index, opcode, QPN, ds), moves the counter
+    /// and the doorbell record, and rings as `bell` says. Returns the WQE's index.
+    pub fn post_send(&self, qp: &mut TQp, w: &Wqe, bell: Bell) -> u16 {
+        use c::mlx5_wqe_ctrl_seg as cs;
+        let index = qp.sq_pi;
+        let mut bytes = vec![0u8; cs::SIZE];
+        cs::OPMOD_IDX_OPCODE.put_be(&mut bytes, 0, u32::from(index) << 8 | w.opcode);
+        cs::QPN_DS.put_be(&mut bytes, 0, qp.qpn << 8 | w.ds());
+        bytes[cs::FM_CE_SE.off] = w.fm_ce_se;
+        bytes[cs::IMM.off..cs::IMM.end()].copy_from_slice(&w.imm);
+        bytes.extend_from_slice(&w.segs);
+        let nbb = bytes.len().div_ceil(BB);
+        qp.sq_write(usize::from(index) * BB, &bytes);
+        qp.sq_pi = qp.sq_pi.wrapping_add(nbb as u16);
+        self.h.mmio.wmb();
+        qp.set_sq_dbr(qp.sq_pi);
+        self.h.mmio.wmb();
+        self.ring(qp, index, nbb, bell);
+        index
+    }
+
+    /// Rings the doorbell for the WQE at `index` spanning `nbb` basic blocks.
+    pub fn ring(&self, qp: &mut TQp, index: u16, nbb: usize, bell: Bell) {
+        let base = SimMmio::uar_offset(qp.uar) + qp.bf_off;
+        // The copy comes from the SQ memory, as rdma-core's `mlx5_bf_copy` copies the WQE it just wrote.
+        let mut copy = qp.sq_read(usize::from(index) * BB, nbb * BB);
+        let chunks = match bell {
+            Bell::None => return,
+            Bell::Db => 1,
+            Bell::Bf => copy.len() / 8,
+            Bell::BfCorrupt(n) => {
+                copy[n] ^= 0xff;
+                copy.len() / 8
+            }
+        };
+        for k in 0..chunks {
+            let mut v = [0u8; 8];
+            v.copy_from_slice(&copy[8 * k..8 * k + 8]);
+            self.h.mmio.write64(base + 8 * k, u64::from_be_bytes(v));
+        }
+        // The next doorbell uses the other half of the BlueFlame register.
+        let half = 1usize << 8;
+        qp.bf_off ^= half;
+    }
+
+    /// Posts a receive with scatter list `sges` (address, length, lkey), terminated early when shorter than
+    /// the RQ stride.
+    pub fn post_recv(&self, qp: &mut TQp, sges: &[(u64, u32, u32)]) -> u16 {
+        use c::mlx5_wqe_data_seg as d;
+        let stride = 16usize << qp.spec.log_rq_stride;
+        let index = qp.rq_head;
+        let mut wqe = vec![0u8; stride];
+        for (k, &(addr, len, lkey)) in sges.iter().enumerate() {
+            let s = k * d::SIZE;
+            d::BYTE_COUNT.put_be(&mut wqe, s, len);
+            d::LKEY.put_be(&mut wqe, s, lkey);
+            wqe[s + d::ADDR.off..s + d::ADDR.end()].copy_from_slice(&addr.to_be_bytes());
+        }
+        if sges.len() * d::SIZE < stride {
+            d::LKEY.put_be(&mut wqe, sges.len() * d::SIZE, consts::MLX5_INVALID_LKEY);
+        }
+        let slot = usize::from(index) & ((1usize << qp.spec.log_rq) - 1);
+        qp.buf_write(slot * stride, &wqe);
+        qp.rq_head = qp.rq_head.wrapping_add(1);
+        self.h.mmio.wmb();
+        qp.set_rq_dbr(qp.rq_head);
+        index
+    }
+}

@@ -1,0 +1,1962 @@
+//! The datapath: send doorbells and BlueFlame, send WQE parsing and execution, receive WQEs, completions, RNR
+//! and transport retries, and the flush of a QP in error (c-layouts.md sections 4 and 5).
+//!
+//! # Doorbells
+//! A 64-bit write at offset 0 of a BlueFlame buffer (UAR + `MLX5_BF_OFFSET` + `n * bf_reg_size`, either half of
+//! the register) is the send doorbell: its value is the first 8 bytes of the last WQE's control segment. The
+//! device reads the SQ producer counter from the doorbell record (`MLX5_SND_DBR`) and will execute up to it.
+//! Further 64-bit writes into the same buffer are a BlueFlame copy of that WQE: each is checked against the WQE
+//! in memory (a mismatch is [`SimEvent::BlueFlameMismatch`]); the WQE executed is always the one in memory. The
+//! RQ has no doorbell: its head is read from `MLX5_RCV_DBR` whenever a receive WQE is needed.
+//!
+//! # Execution
+//! The SQ of a QP in RTS runs in order. A UD send (and a NOP) completes as soon as it is handed to the wire. An
+//! RC WQE is outstanding until its response arrives: one at a time per QP, so fences and ordering rules are met
+//! trivially. Every device access by key goes through [`State::mkey_access`]: local SGEs with the QP's PD
+//! (`LOCAL_READ` to gather, `LOCAL_WRITE` for READ and atomic results), remote ones with the target QP's PD, its
+//! `rre`/`rwe`/`rae` and `REMOTE_*` rights. Atomics run under the target device's lock.
+//!
+//! # Failures
+//! Local: a malformed WQE or an unsupported opcode is `LOCAL_QP_OP_ERR`, a bad lkey `LOCAL_PROT_ERR`, a message
+//! above `log_max_msg` `LOCAL_LENGTH_ERR`. Remote: bad rkey/rights/bounds `REMOTE_ACCESS_ERR`; a receive too
+//! small `LOCAL_LENGTH_ERR` on that receive and `REMOTE_INVAL_REQ_ERR` at the requester; a bad lkey in the
+//! receive `LOCAL_PROT_ERR` there and `REMOTE_OP_ERR` at the requester. An empty RQ answers an RC SEND or
+//! WRITE_IMM with an RNR NAK: the requester waits the responder's `min_rnr_nak` timer (IB table, device time)
+//! and retries when the device next runs after it, `rnr_retry` times (7: forever), then `RNR_RETRY_EXC_ERR`. A
+//! request that reaches no RC QP in RTR/RTS is retried after the path's ACK timeout (`4.096 us << ack_timeout`)
+//! `retry_count` times, then `TRANSPORT_RETRY_EXC_ERR`. A UD send that cannot be delivered (unknown address or
+//! QP, qkey mismatch, empty RQ) is dropped: the sender completes successfully. An error CQE moves its QP to ERR.
+//!
+//! # Errors and flushes
+//! Every error CQE is written whether the WQE was signaled or not. A QP in ERR completes its outstanding WQE,
+//! every send WQE up to the last doorbell and every posted receive with `WR_FLUSH_ERR`, one CQE per WQE, each
+//! time the device runs.
+
+use std::collections::BTreeMap;
+
+use mlx5_core::prm::{c, consts, ifc, Bytes};
+
+use crate::mkey::MkeyAccess;
+use crate::mmio::PAGE;
+use crate::qp::{QpState, QpType, PSN_MASK, SEND_WQE_BB};
+use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Packet, RcOp, Resp};
+use crate::{SimEvent, State};
+
+const BB: u64 = SEND_WQE_BB;
+/// A WQE is counted in 16-byte units (`ds`).
+const DS: usize = consts::MLX5_SEND_WQE_DS as usize;
+const CTRL: usize = c::mlx5_wqe_ctrl_seg::SIZE;
+const DATA_SEG: usize = c::mlx5_wqe_data_seg::SIZE;
+const RADDR_SEG: usize = c::mlx5_wqe_raddr_seg::SIZE;
+const ATOMIC_SEG: usize = c::mlx5_wqe_atomic_seg::SIZE;
+const DGRAM_SEG: usize = c::mlx5_wqe_datagram_seg::SIZE;
+const INLINE_HDR: usize = c::mlx5_wqe_inline_seg::BYTE_COUNT.len;
+const INLINE_FLAG: u32 = consts::MLX5_INLINE_SEG;
+const DS_MASK: u32 = consts::MLX5_WQE_CTRL_DS_MASK;
+const QPN_SHIFT: u32 = consts::MLX5_WQE_CTRL_QPN_SHIFT;
+const IDX_SHIFT: u32 = consts::MLX5_WQE_CTRL_WQE_INDEX_SHIFT;
+const OPCODE_MASK: u32 = consts::MLX5_WQE_CTRL_OPCODE_MASK;
+const CQ_UPDATE: u8 = consts::MLX5_WQE_CTRL_CQ_UPDATE as u8;
+const SOLICITED: u8 = consts::MLX5_WQE_CTRL_SOLICITED as u8;
+const INVALID_LKEY: u32 = consts::MLX5_INVALID_LKEY;
+const EXTENDED_AV: u32 = consts::MLX5_EXTENDED_UD_AV;
+/// `grh_gid_fl` of an address vector (rdma-core `mlx5_create_ah`): GRH flag in bit 30, source GID index in bits
+/// 27:20, flow label in bits 19:0.
+const AV_GRH: u32 = 1 << 30;
+const AV_SGID_SHIFT: u32 = 20;
+const AV_SGID_MASK: u32 = 0xff;
+const FLOW_LABEL_MASK: u32 = 0xf_ffff;
+/// The IB SL is the low 4 bits of `stat_rate_sl` (mlx5_ib `create_ib_ah`).
+const AV_SL_MASK: u8 = 0xf;
+/// A data segment with `byte_count` 0 covers 2 GiB (PRM).
+const ZERO_COUNT_BYTES: u64 = 1 << 31;
+/// A UD qkey with the high bit set means "use the QP's own qkey" (IBA 10.2.5).
+const QKEY_FROM_QP: u32 = 1 << 31;
+/// `rnr_retry` 7: retry forever (IBA 9.7.5.2.8).
+const RNR_RETRY_INFINITE: u8 = 7;
+/// The doorbell record: `MLX5_RCV_DBR` and `MLX5_SND_DBR` are be32 indices.
+const RCV_DBR: u64 = consts::MLX5_RCV_DBR as u64 * 4;
+const SND_DBR: u64 = consts::MLX5_SND_DBR as u64 * 4;
+/// Producer counters are 16 bits in the doorbell record.
+const CTR16: u32 = 0xffff;
+const QPN_MASK: u32 = 0xff_ffff;
+const BF_OFFSET: usize = consts::MLX5_BF_OFFSET as usize;
+const BFREGS_PER_UAR: usize = consts::MLX5_BFREGS_PER_UAR as usize;
+/// Bits 7:4 of `op_own` hold the CQE opcode; bit 1 the solicited event.
+const CQE_OPCODE_SHIFT: u32 = 4;
+const CQE_SE: u8 = 1 << 1;
+/// `flags_rqpn`: "GRH present" in bits 29:28 (value 1), the IB SL in bits 27:24 (mlx5_ib `handle_responder`).
+const CQE_GRH_SHIFT: u32 = 28;
+const CQE_SL_SHIFT: u32 = 24;
+/// Every error CQE carries a non-zero vendor syndrome; the simulator's is its own syndrome with the high bit.
+const VENDOR_ERR_BIT: u8 = 0x80;
+
+const SYND_LOCAL_LENGTH: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR as u8;
+const SYND_LOCAL_QP_OP: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR as u8;
+const SYND_LOCAL_PROT: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR as u8;
+const SYND_FLUSH: u8 = consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR as u8;
+const SYND_BAD_RESP: u8 = consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR as u8;
+const SYND_REMOTE_INVAL: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR as u8;
+const SYND_REMOTE_ACCESS: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR as u8;
+const SYND_REMOTE_OP: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR as u8;
+const SYND_RETRY_EXC: u8 = consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR as u8;
+const SYND_RNR_EXC: u8 = consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR as u8;
+
+/// The received GRH: 40 bytes, IPv6-shaped (IBA 8.3; RoCE v1 carries the same header).
+pub(crate) const GRH_BYTES: usize = 40;
+const GRH_IP_VERSION: u32 = 6;
+/// `NxtHdr` of a GRH followed by the IBA transport header.
+const GRH_NEXT_BTH: u8 = 0x1b;
+/// Headers counted in the GRH payload length after the GRH: BTH, DETH, ImmDt (when present), and the ICRC.
+const BTH_BYTES: usize = 12;
+const DETH_BYTES: usize = 8;
+const IMMDT_BYTES: usize = 4;
+const ICRC_BYTES: usize = 4;
+
+/// The RNR NAK timer field in microseconds (IBA table 45; 0 is the longest).
+const RNR_TIMER_US: [u64; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840, 5_120, 7_680,
+    10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
+];
+
+fn rnr_timer_ns(timer: u8) -> u64 {
+    RNR_TIMER_US[usize::from(timer & 31)] * 1_000
+}
+
+/// The local ACK timeout `4.096 us << ack_timeout` (IBA 9.7.6.1.3). The spec makes 0 infinite; the simulator
+/// uses the shortest timeout instead so a lost request always ends.
+fn ack_timeout_ns(ack_timeout: u8) -> u64 {
+    4_096u64 << ack_timeout.min(31)
+}
+
+/// Packets a message of `len` bytes takes at path MTU `mtu` (`IB_MTU_*`); at least one.
+fn packets(len: u64, mtu: u32) -> u32 {
+    if !(consts::IB_MTU_256..=consts::IB_MTU_4096).contains(&mtu) {
+        return 1;
+    }
+    let size = 128u64 << mtu;
+    u32::try_from(len.div_ceil(size).max(1)).unwrap_or(u32::MAX)
+}
+
+fn be(m: Bytes, b: &[u8], base: usize) -> u32 {
+    m.get_be(b, base)
+}
+
+fn be64(b: &[u8], off: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[off..off + 8]);
+    u64::from_be_bytes(w)
+}
+
+/// Why a retry happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryKind {
+    /// The request reached no ready QP: the ACK timer expired.
+    Transport,
+    /// The responder had no receive WQE: the RNR timer expired.
+    Rnr,
+}
+
+/// A scatter/gather entry of a data segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sge {
+    addr: u64,
+    len: u64,
+    lkey: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seg {
+    Inline(Vec<u8>),
+    Ptr(Sge),
+}
+
+/// A UD address vector (`mlx5_av`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Av {
+    dqpn: u32,
+    qkey: u32,
+    sl: u8,
+    rlid: u16,
+    grh: bool,
+    sgid_index: u32,
+    tclass: u8,
+    hop_limit: u8,
+    flow_label: u32,
+    rgid: [u8; 16],
+    rmac: [u8; 6],
+}
+
+impl Av {
+    fn parse(b: &[u8]) -> Self {
+        use c::mlx5_av as a;
+        let dqp = be(a::DQP_DCT, b, 0);
+        let gid_fl = be(a::GRH_GID_FL, b, 0);
+        // Without the extended flag the AV has no GRH part.
+        let grh = dqp & EXTENDED_AV != 0 && gid_fl & AV_GRH != 0;
+        let mut rgid = [0u8; 16];
+        rgid.copy_from_slice(&b[a::RGID.off..a::RGID.end()]);
+        let mut rmac = [0u8; 6];
+        rmac.copy_from_slice(&b[a::RMAC.off..a::RMAC.end()]);
+        Self {
+            dqpn: dqp & QPN_MASK,
+            qkey: be(a::QKEY, b, 0),
+            sl: b[a::STAT_RATE_SL.off] & AV_SL_MASK,
+            rlid: be(a::RLID, b, 0) as u16,
+            grh,
+            sgid_index: (gid_fl >> AV_SGID_SHIFT) & AV_SGID_MASK,
+            tclass: b[a::TCLASS.off],
+            hop_limit: b[a::HOP_LIMIT.off],
+            flow_label: gid_fl & FLOW_LABEL_MASK,
+            rgid,
+            rmac,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Nop,
+    Send,
+    Write { raddr: u64, rkey: u32 },
+    Read { raddr: u64, rkey: u32 },
+    Atomic { raddr: u64, rkey: u32, op: AtomicOp },
+}
+
+/// A send WQE, parsed.
+#[derive(Debug, Clone)]
+pub(crate) struct SendWqe {
+    /// The WQE's index (its first basic block, the device's consumer counter).
+    index: u16,
+    nbb: u16,
+    opcode: u8,
+    signaled: bool,
+    solicited: bool,
+    imm: Option<[u8; 4]>,
+    kind: Kind,
+    av: Option<Av>,
+    segs: Vec<Seg>,
+}
+
+impl SendWqe {
+    fn sges(&self) -> Vec<Sge> {
+        self.segs.iter().filter_map(|s| if let Seg::Ptr(g) = s { Some(*g) } else { None }).collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The request is on the wire; its response (or loss) is coming.
+    InFlight,
+    /// Waiting to retry at `at_ns` (device time).
+    Wait { at_ns: u64, kind: RetryKind },
+}
+
+/// An RC send WQE between its request and its response.
+#[derive(Debug, Clone)]
+pub(crate) struct Outstanding {
+    wqe: SendWqe,
+    op: RcOp,
+    len: u64,
+    seq: u64,
+    phase: Phase,
+    transport_left: u8,
+    rnr_left: u8,
+}
+
+/// Datapath state beyond the QPs: the BlueFlame buffers' current WQEs and the request sequence numbers.
+#[derive(Debug, Default)]
+pub(crate) struct DpState {
+    /// (UAR page, BlueFlame buffer) -> (QPN, WQE index) of the last doorbell written there.
+    bf: BTreeMap<(u32, usize), (u32, u16)>,
+    next_seq: u64,
+}
+
+/// A WQE the device cannot execute: what its error CQE says and how far the consumer counter moves.
+#[derive(Debug, Clone, Copy)]
+struct BadWqe {
+    nbb: u16,
+    opcode: u8,
+    syndrome: u8,
+}
+
+/// A CQE to write.
+#[derive(Debug, Default, Clone, Copy)]
+struct CqeOut {
+    opcode: u32,
+    solicited: bool,
+    wqe_opcode: u8,
+    qpn: u32,
+    wqe_counter: u16,
+    byte_cnt: u32,
+    imm: [u8; 4],
+    flags_rqpn: u32,
+    slid: u16,
+    syndrome: u8,
+}
+
+impl CqeOut {
+    fn image(&self) -> [u8; c::mlx5_cqe64::SIZE] {
+        use c::mlx5_cqe64 as f;
+        use c::mlx5_err_cqe as e;
+        let mut b = [0u8; c::mlx5_cqe64::SIZE];
+        let error = self.opcode == consts::MLX5_CQE_REQ_ERR || self.opcode == consts::MLX5_CQE_RESP_ERR;
+        // `sop_drop_qpn` and the error CQE's `s_wqe_opcode_qpn` are the same dword.
+        f::SOP_DROP_QPN.put_be(&mut b, 0, u32::from(self.wqe_opcode) << 24 | (self.qpn & QPN_MASK));
+        f::WQE_COUNTER.put_be(&mut b, 0, self.wqe_counter.into());
+        if error {
+            b[e::SYNDROME.off] = self.syndrome;
+            b[e::VENDOR_ERR_SYND.off] = VENDOR_ERR_BIT | self.syndrome;
+        } else {
+            f::BYTE_CNT.put_be(&mut b, 0, self.byte_cnt);
+            b[f::IMMEDIATE.off..f::IMMEDIATE.end()].copy_from_slice(&self.imm);
+            f::FLAGS_RQPN.put_be(&mut b, 0, self.flags_rqpn);
+            f::SLID.put_be(&mut b, 0, self.slid.into());
+        }
+        b[f::OP_OWN.off] = (self.opcode as u8) << CQE_OPCODE_SHIFT | if self.solicited { CQE_SE } else { 0 };
+        b
+    }
+}
+
+/// The 40 bytes a UD receive gets before the payload.
+fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool) -> [u8; GRH_BYTES] {
+    let mut g = [0u8; GRH_BYTES];
+    let Some(h) = grh else {
+        // No GRH on the wire (IB): zeros with a valid IP version, as the brief allows.
+        g[0] = (GRH_IP_VERSION as u8) << 4;
+        return g;
+    };
+    let w0 = GRH_IP_VERSION << 28 | u32::from(h.tclass) << 20 | (h.flow_label & FLOW_LABEL_MASK);
+    g[0..4].copy_from_slice(&w0.to_be_bytes());
+    let paylen = BTH_BYTES + DETH_BYTES + if imm { IMMDT_BYTES } else { 0 } + payload + ICRC_BYTES;
+    g[4..6].copy_from_slice(&u16::try_from(paylen).unwrap_or(u16::MAX).to_be_bytes());
+    g[6] = GRH_NEXT_BTH;
+    g[7] = h.hop_limit;
+    g[8..24].copy_from_slice(&h.sgid);
+    g[24..40].copy_from_slice(&h.dgid);
+    g
+}
+
+/// `flags_rqpn` of a responder CQE.
+fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
+    let grh = u32::from(p.grh.is_some()) << CQE_GRH_SHIFT;
+    let sl = if ib { u32::from(p.sl & AV_SL_MASK) << CQE_SL_SHIFT } else { 0 };
+    (p.src_qpn & QPN_MASK) | grh | sl
+}
+
+impl State {
+    // -----------------------------------------------------------------------------------------------------------
+    // Doorbells
+
+    /// A 64-bit write into a UAR page: `None` when it is not in a BlueFlame register; otherwise whether the
+    /// datapath has new work (a send doorbell was accepted).
+    pub(crate) fn blueflame_write(&mut self, off: usize, v: u64) -> Option<bool> {
+        let in_page = off % PAGE;
+        let reg = 1usize << self.fw.caps.gen(ifc::cmd_hca_cap::LOG_BF_REG_SIZE).clamp(1, 10);
+        let end = (BF_OFFSET + BFREGS_PER_UAR * reg).min(PAGE);
+        if !(BF_OFFSET..end).contains(&in_page) {
+            return None;
+        }
+        // Each register is two buffers of half its size that the driver alternates between.
+        let half = reg / 2;
+        let (buf, inner) = ((in_page - BF_OFFSET) / half, (in_page - BF_OFFSET) % half);
+        let uar = u32::try_from(off / PAGE).unwrap_or(u32::MAX);
+        if self.dead() {
+            return Some(false);
+        }
+        if inner % 8 != 0 {
+            self.events.push(SimEvent::BadSqDoorbell { off, val: v, why: "unaligned BlueFlame write" });
+            return Some(false);
+        }
+        if inner == 0 {
+            return Some(self.sq_doorbell(off, uar, buf, v));
+        }
+        self.blueflame_copy(off, uar, buf, inner, v);
+        Some(false)
+    }
+
+    /// The send doorbell: `v.to_be_bytes()` = `opmod_idx_opcode`, `qpn_ds` of the last WQE posted.
+    fn sq_doorbell(&mut self, off: usize, uar: u32, buf: usize, v: u64) -> bool {
+        use c::mlx5_wqe_ctrl_seg as cs;
+        let bytes = v.to_be_bytes();
+        let qpn = be(cs::QPN_DS, &bytes, 0) >> QPN_SHIFT;
+        let wqe_index = (be(cs::OPMOD_IDX_OPCODE, &bytes, 0) >> IDX_SHIFT) as u16;
+        let bad = |why| SimEvent::BadSqDoorbell { off, val: v, why };
+        if !self.fw.uar_allocated(uar) {
+            self.events.push(bad("UAR page not allocated"));
+            return false;
+        }
+        let Some(qp) = self.fw.qps.get(&qpn) else {
+            self.events.push(bad("no such QP"));
+            return false;
+        };
+        let why = if qp.uar != uar {
+            Some("QP uses another UAR page")
+        } else if qp.sq_bbs() == 0 {
+            Some("QP has no send queue")
+        } else if qp.state == QpState::Rst {
+            Some("QP in RST")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.events.push(bad(why));
+            return false;
+        }
+        let mut rec = [0u8; 4];
+        if self.dma.read(qp.dbr + SND_DBR, &mut rec).is_err() {
+            self.events.push(bad("doorbell record not mapped"));
+            return false;
+        }
+        let pi = (u32::from_be_bytes(rec) & CTR16) as u16;
+        if u32::from(pi.wrapping_sub(qp.sq_ci)) > qp.sq_bbs() {
+            self.events.push(bad("producer counter beyond the send queue"));
+            return false;
+        }
+        let mut mem = [0u8; 8];
+        let same = qp.read_sq(&mut self.dma, u64::from(wqe_index) * BB, &mut mem).is_ok() && mem == bytes;
+        if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+            qp.sq_pi = pi;
+        }
+        self.events.push(SimEvent::SqDoorbell { qpn, pi });
+        if !same {
+            self.events.push(SimEvent::BlueFlameMismatch { qpn, wqe_index, off: 0 });
+        }
+        self.dp.bf.insert((uar, buf), (qpn, wqe_index));
+        true
+    }
+
+    /// A BlueFlame copy chunk at byte `inner` of buffer `buf`: checked against the WQE in memory.
+    fn blueflame_copy(&mut self, off: usize, uar: u32, buf: usize, inner: usize, v: u64) {
+        let Some(&(qpn, wqe_index)) = self.dp.bf.get(&(uar, buf)) else {
+            self.events.push(SimEvent::BadSqDoorbell { off, val: v, why: "BlueFlame copy without a doorbell" });
+            return;
+        };
+        let Some(qp) = self.fw.qps.get(&qpn) else {
+            self.events.push(SimEvent::BadSqDoorbell { off, val: v, why: "BlueFlame copy for a destroyed QP" });
+            return;
+        };
+        let mut mem = [0u8; 8];
+        let at = u64::from(wqe_index) * BB + inner as u64;
+        let same = qp.read_sq(&mut self.dma, at, &mut mem).is_ok() && mem == v.to_be_bytes();
+        let off16 = inner as u16;
+        self.events.push(SimEvent::BlueFlameCopy { qpn, wqe_index, off: off16 });
+        if !same {
+            self.events.push(SimEvent::BlueFlameMismatch { qpn, wqe_index, off: off16 });
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------------------------
+    // The engine
+
+    /// A packet from the wire (the pump delivers it). A dead device answers nothing: an RC requester sees it lost.
+    pub(crate) fn receive(&mut self, p: Packet) {
+        if self.dead() {
+            if let Some(r) = p.reply(Resp::Lost("destination device dead")) {
+                self.wire.send(r);
+            }
+            return;
+        }
+        self.wire.inbox.push_back(p);
+    }
+
+    /// Runs the datapath until nothing more can happen now: packets in the inbox, flushes of QPs in ERR, due
+    /// retries, SQs with work. Returns the packets for other devices.
+    pub(crate) fn run_datapath(&mut self) -> Vec<Packet> {
+        if self.dead() {
+            self.wire.inbox.clear();
+            return std::mem::take(&mut self.wire.outbox);
+        }
+        // One instant for the whole run: a retry sent now waits at least one timer tick past it, so a run never
+        // spins on retries (in threaded mode the clock moves while we hold the lock).
+        let now = self.now_ns();
+        // Bounded: every pass consumes packets or WQEs; the bound only guards against a simulator bug.
+        for _ in 0..1_000_000 {
+            let mut busy = false;
+            while let Some(p) = self.wire.inbox.pop_front() {
+                self.handle(p);
+                busy = true;
+            }
+            let qpns: Vec<u32> = self.fw.qps.keys().copied().collect();
+            for qpn in qpns {
+                busy |= self.qp_step(qpn, now);
+            }
+            if !busy {
+                break;
+            }
+        }
+        std::mem::take(&mut self.wire.outbox)
+    }
+
+    fn handle(&mut self, p: Packet) {
+        match &p.body {
+            Body::Rc { .. } => self.rc_request(p),
+            Body::Ud { .. } => self.ud_receive(p),
+            Body::Resp { seq, resp } => self.rc_response(p.dst_qpn, *seq, resp.clone(), p.src_qpn),
+        }
+    }
+
+    fn qp_step(&mut self, qpn: u32, now: u64) -> bool {
+        match self.fw.qps.get(&qpn).map(|q| q.state) {
+            Some(QpState::Err) => self.flush(qpn),
+            Some(QpState::Rts) => {
+                let retried = self.retry_due(qpn, now);
+                self.sq_progress(qpn) || retried
+            }
+            _ => false,
+        }
+    }
+
+    /// Executes send WQEs of a QP in RTS until the SQ is empty, an RC WQE is outstanding or the QP fails.
+    fn sq_progress(&mut self, qpn: u32) -> bool {
+        let mut any = false;
+        // Bounded: every step moves the consumer counter, makes a WQE outstanding or fails the QP.
+        for _ in 0..=u16::MAX {
+            let Some(qp) = self.fw.qps.get(&qpn) else { break };
+            if qp.state != QpState::Rts || qp.req.is_some() || qp.sq_ci == qp.sq_pi {
+                break;
+            }
+            let index = qp.sq_ci;
+            any = true;
+            match self.fetch_wqe(qpn) {
+                Ok(w) => self.execute(qpn, w),
+                Err(b) => self.send_error(qpn, index, b.opcode, b.nbb, b.syndrome),
+            }
+        }
+        any
+    }
+
+    /// Reads and parses the send WQE at the SQ consumer counter.
+    fn fetch_wqe(&mut self, qpn: u32) -> Result<SendWqe, BadWqe> {
+        use c::mlx5_wqe_ctrl_seg as cs;
+        let bad = |nbb: u16, opcode: u8| BadWqe { nbb: nbb.max(1), opcode, syndrome: SYND_LOCAL_QP_OP };
+        let qp = self.fw.qps.get(&qpn).ok_or(bad(1, 0))?;
+        let (index, st, sq_bbs) = (qp.sq_ci, qp.st, qp.sq_bbs());
+        let pending = qp.sq_pi.wrapping_sub(index);
+        let mut ctrl = [0u8; CTRL];
+        qp.read_sq(&mut self.dma, u64::from(index) * BB, &mut ctrl).map_err(|_| bad(1, 0))?;
+        let w0 = be(cs::OPMOD_IDX_OPCODE, &ctrl, 0);
+        let w1 = be(cs::QPN_DS, &ctrl, 0);
+        let opcode = (w0 & OPCODE_MASK) as u8;
+        let ds = (w1 & DS_MASK) as usize;
+        if ds == 0 {
+            return Err(bad(1, opcode));
+        }
+        let bytes = ds * DS;
+        let nbb = bytes.div_ceil(BB as usize) as u16;
+        let max_wqe = self.fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_SQ) as usize;
+        if u32::from(nbb) > sq_bbs || nbb > pending || bytes > max_wqe {
+            return Err(bad(nbb.min(pending), opcode));
+        }
+        if w1 >> QPN_SHIFT != qpn || (w0 >> IDX_SHIFT) as u16 != index {
+            return Err(bad(nbb, opcode));
+        }
+        let mut wqe = vec![0u8; bytes];
+        qp.read_sq(&mut self.dma, u64::from(index) * BB, &mut wqe).map_err(|_| bad(nbb, opcode))?;
+        let fm = ctrl[cs::FM_CE_SE.off];
+        let mut imm = [0u8; 4];
+        imm.copy_from_slice(&ctrl[cs::IMM.off..cs::IMM.end()]);
+        let mut at = CTRL;
+        let av = if st == QpType::Ud && opcode != consts::MLX5_OPCODE_NOP as u8 {
+            if at + DGRAM_SEG > bytes {
+                return Err(bad(nbb, opcode));
+            }
+            let av = Av::parse(&wqe[at..at + DGRAM_SEG]);
+            at += DGRAM_SEG;
+            Some(av)
+        } else {
+            None
+        };
+        let raddr = |at: usize| -> Result<(u64, u32), BadWqe> {
+            use c::mlx5_wqe_raddr_seg as r;
+            if at + RADDR_SEG > bytes {
+                return Err(bad(nbb, opcode));
+            }
+            Ok((be64(&wqe, at + r::RADDR.off), be(r::RKEY, &wqe, at)))
+        };
+        let rc = st == QpType::Rc;
+        let (kind, with_imm) = match u32::from(opcode) {
+            consts::MLX5_OPCODE_NOP => (Kind::Nop, false),
+            consts::MLX5_OPCODE_SEND => (Kind::Send, false),
+            consts::MLX5_OPCODE_SEND_IMM => (Kind::Send, true),
+            consts::MLX5_OPCODE_RDMA_WRITE | consts::MLX5_OPCODE_RDMA_WRITE_IMM if rc => {
+                let (raddr, rkey) = raddr(at)?;
+                at += RADDR_SEG;
+                (Kind::Write { raddr, rkey }, u32::from(opcode) == consts::MLX5_OPCODE_RDMA_WRITE_IMM)
+            }
+            consts::MLX5_OPCODE_RDMA_READ if rc => {
+                let (raddr, rkey) = raddr(at)?;
+                at += RADDR_SEG;
+                (Kind::Read { raddr, rkey }, false)
+            }
+            consts::MLX5_OPCODE_ATOMIC_CS | consts::MLX5_OPCODE_ATOMIC_FA if rc => {
+                use c::mlx5_wqe_atomic_seg as a;
+                let (raddr, rkey) = raddr(at)?;
+                at += RADDR_SEG;
+                if at + ATOMIC_SEG > bytes {
+                    return Err(bad(nbb, opcode));
+                }
+                let swap_add = be64(&wqe, at + a::SWAP_ADD.off);
+                let compare = be64(&wqe, at + a::COMPARE.off);
+                at += ATOMIC_SEG;
+                let op = if u32::from(opcode) == consts::MLX5_OPCODE_ATOMIC_CS {
+                    AtomicOp::CmpSwap { compare, swap: swap_add }
+                } else {
+                    AtomicOp::FetchAdd { add: swap_add }
+                };
+                (Kind::Atomic { raddr, rkey, op }, false)
+            }
+            _ => return Err(bad(nbb, opcode)),
+        };
+        let mut segs = Vec::new();
+        if kind != Kind::Nop {
+            // Bounded: every segment advances `at` by at least 16 bytes.
+            while at < bytes {
+                use c::mlx5_wqe_data_seg as d;
+                let bc = be(d::BYTE_COUNT, &wqe, at);
+                if bc & INLINE_FLAG != 0 {
+                    let n = (bc & !INLINE_FLAG) as usize;
+                    let end = at.checked_add(INLINE_HDR + n).filter(|&e| e <= bytes).ok_or(bad(nbb, opcode))?;
+                    segs.push(Seg::Inline(wqe[at + INLINE_HDR..end].to_vec()));
+                    at = end.next_multiple_of(DS);
+                } else {
+                    if at + DATA_SEG > bytes {
+                        return Err(bad(nbb, opcode));
+                    }
+                    let len = if bc == 0 { ZERO_COUNT_BYTES } else { u64::from(bc) };
+                    let lkey = be(d::LKEY, &wqe, at);
+                    segs.push(Seg::Ptr(Sge { addr: be64(&wqe, at + d::ADDR.off), len, lkey }));
+                    at += DATA_SEG;
+                }
+            }
+        }
+        Ok(SendWqe {
+            index,
+            nbb,
+            opcode,
+            signaled: fm & CQ_UPDATE != 0,
+            solicited: fm & SOLICITED != 0,
+            imm: with_imm.then_some(imm),
+            kind,
+            av,
+            segs,
+        })
+    }
+
+    fn execute(&mut self, qpn: u32, w: SendWqe) {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        match (w.kind, qp.st) {
+            (Kind::Nop, _) => self.complete_send(qpn, &w, 0),
+            (_, QpType::Ud) => self.execute_ud(qpn, w),
+            (_, QpType::Rc) => self.execute_rc(qpn, w),
+        }
+    }
+
+    fn max_msg(&self) -> u64 {
+        1u64 << self.fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MSG).min(31)
+    }
+
+    fn execute_ud(&mut self, qpn: u32, w: SendWqe) {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let (pd, own_qkey) = (qp.pd, qp.q_key);
+        let Some(av) = w.av else { return self.send_error(qpn, w.index, w.opcode, w.nbb, SYND_LOCAL_QP_OP) };
+        let data = match self.gather(pd, &w.segs) {
+            Ok(d) => d,
+            Err(s) => return self.send_error(qpn, w.index, w.opcode, w.nbb, s),
+        };
+        let addr = self.wire.addr;
+        let grh = if av.grh {
+            let Some(sgid) = addr.gid(av.sgid_index) else {
+                return self.send_error(qpn, w.index, w.opcode, w.nbb, SYND_LOCAL_QP_OP);
+            };
+            let (tclass, flow_label, hop_limit) = (av.tclass, av.flow_label, av.hop_limit);
+            Some(Grh { sgid, dgid: av.rgid, tclass, flow_label, hop_limit })
+        } else {
+            None
+        };
+        let dest = if addr.ib {
+            Ok(Dest::Lid(av.rlid))
+        } else if grh.is_some() {
+            Ok(Dest::Gid { gid: av.rgid, mac: av.rmac })
+        } else {
+            Err("RoCE address vector without a GRH")
+        };
+        let len = data.len() as u64;
+        match dest.and_then(|d| self.wire.route(&d)) {
+            Ok(dst) => {
+                let qkey = if av.qkey & QKEY_FROM_QP != 0 { own_qkey } else { av.qkey };
+                let body = Body::Ud { qkey, data, imm: w.imm, solicited: w.solicited };
+                let sl = if addr.ib { av.sl } else { 0 };
+                let me = self.wire.me.clone();
+                let p = Packet { src: me, dst, src_qpn: qpn, dst_qpn: av.dqpn, slid: addr.lid, sl, grh, body };
+                self.wire.send(p);
+            }
+            Err(why) => self.events.push(SimEvent::UdDropped { qpn, dqpn: av.dqpn, why }),
+        }
+        // UD is unreliable: the send completes once it is on the wire, delivered or not.
+        self.complete_send(qpn, &w, len);
+    }
+
+    fn execute_rc(&mut self, qpn: u32, w: SendWqe) {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let (pd, retry_count, rnr_retry) = (qp.pd, qp.retry_count, qp.rnr_retry);
+        let fail = |st: &mut State, s: u8| st.send_error(qpn, w.index, w.opcode, w.nbb, s);
+        let built = match w.kind {
+            Kind::Send => self.gather(pd, &w.segs).map(|data| RcOp::Send { data, imm: w.imm }),
+            Kind::Write { raddr, rkey } => {
+                self.gather(pd, &w.segs).map(|data| RcOp::Write { raddr, rkey, data, imm: w.imm })
+            }
+            Kind::Read { raddr, rkey } => self.check_scatter(pd, &w.segs).map(|len| RcOp::Read { raddr, rkey, len }),
+            Kind::Atomic { raddr, rkey, op } => match self.check_scatter(pd, &w.segs) {
+                Ok(len) if len >= 8 => Ok(RcOp::Atomic { raddr, rkey, op }),
+                Ok(_) => Err(SYND_LOCAL_LENGTH),
+                Err(s) => Err(s),
+            },
+            Kind::Nop => return self.complete_send(qpn, &w, 0),
+        };
+        let op = match built {
+            Ok(op) => op,
+            Err(s) => return fail(self, s),
+        };
+        let len = match &op {
+            RcOp::Send { data, .. } | RcOp::Write { data, .. } => data.len() as u64,
+            RcOp::Read { len, .. } => *len,
+            RcOp::Atomic { .. } => 8,
+        };
+        if len > self.max_msg() {
+            return fail(self, SYND_LOCAL_LENGTH);
+        }
+        let seq = self.dp.next_seq;
+        self.dp.next_seq += 1;
+        if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+            let phase = Phase::InFlight;
+            qp.req =
+                Some(Outstanding { wqe: w, op, len, seq, phase, transport_left: retry_count, rnr_left: rnr_retry });
+        }
+        self.transmit(qpn);
+    }
+
+    /// Puts the outstanding request of `qpn` on the wire, along the QP's primary path.
+    fn transmit(&mut self, qpn: u32) {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let Some(req) = &qp.req else { return };
+        let path = qp.path;
+        let addr = self.wire.addr;
+        let me = self.wire.me.clone();
+        let grh = (path.grh() || !addr.ib).then(|| addr.gid(path.src_addr_index())).flatten().map(|sgid| Grh {
+            sgid,
+            dgid: path.rgid(),
+            tclass: path.tclass(),
+            flow_label: path.flow_label(),
+            hop_limit: path.hop_limit(),
+        });
+        let dest = if addr.ib { Dest::Lid(path.rlid()) } else { Dest::Gid { gid: path.rgid(), mac: path.rmac() } };
+        let body = Body::Rc { seq: req.seq, op: req.op.clone(), solicited: req.wqe.solicited };
+        let (remote, seq) = (qp.remote_qpn, req.seq);
+        let p = match self.wire.route(&dest) {
+            Ok(dst) => Packet { src: me, dst, src_qpn: qpn, dst_qpn: remote, slid: addr.lid, sl: path.sl(), grh, body },
+            // Nothing answers: the ACK timer runs out.
+            Err(why) => Packet {
+                src: me.clone(),
+                dst: me,
+                src_qpn: remote,
+                dst_qpn: qpn,
+                slid: 0,
+                sl: 0,
+                grh: None,
+                body: Body::Resp { seq, resp: Resp::Lost(why) },
+            },
+        };
+        self.wire.send(p);
+    }
+
+    /// Retries the outstanding request of `qpn` if its timer has expired.
+    fn retry_due(&mut self, qpn: u32, now: u64) -> bool {
+        let seq = self.dp.next_seq;
+        let Some(req) = self.fw.qps.get_mut(&qpn).and_then(|q| q.req.as_mut()) else { return false };
+        let Phase::Wait { at_ns, kind } = req.phase else { return false };
+        if at_ns > now {
+            return false;
+        }
+        req.seq = seq;
+        req.phase = Phase::InFlight;
+        let wqe_counter = req.wqe.index;
+        self.dp.next_seq += 1;
+        self.events.push(SimEvent::Retry { qpn, wqe_counter, kind });
+        self.transmit(qpn);
+        true
+    }
+
+    /// A response for the outstanding request `seq` of `qpn` (from `src_qpn`).
+    fn rc_response(&mut self, qpn: u32, seq: u64, resp: Resp, src_qpn: u32) {
+        let now = self.now_ns();
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        if qp.st != QpType::Rc || qp.state != QpState::Rts {
+            // Reset, or in error: the flush takes care of the WQE.
+            return;
+        }
+        let (rnr_retry, ack_timeout) = (qp.rnr_retry, qp.path.ack_timeout());
+        let Some(req) = qp.req.as_mut() else { return };
+        if req.seq != seq || req.phase != Phase::InFlight {
+            return;
+        }
+        let (index, opcode, nbb) = (req.wqe.index, req.wqe.opcode, req.wqe.nbb);
+        let failure = match resp {
+            Resp::Ack | Resp::ReadData(_) | Resp::AtomicOrig(_) => {
+                let Some(req) = qp.req.take() else { return };
+                return self.finish_rc(qpn, req, resp);
+            }
+            Resp::RnrNak { timer } => {
+                self.events.push(SimEvent::RnrNak { qpn, wqe_counter: index, remote_qpn: src_qpn });
+                if req.rnr_left == 0 {
+                    Some(SYND_RNR_EXC)
+                } else {
+                    if rnr_retry != RNR_RETRY_INFINITE {
+                        req.rnr_left -= 1;
+                    }
+                    req.phase = Phase::Wait { at_ns: now.saturating_add(rnr_timer_ns(timer)), kind: RetryKind::Rnr };
+                    None
+                }
+            }
+            Resp::Nak(n) => Some(match n {
+                Nak::RemoteAccess => SYND_REMOTE_ACCESS,
+                Nak::InvalidRequest => SYND_REMOTE_INVAL,
+                Nak::RemoteOp => SYND_REMOTE_OP,
+            }),
+            Resp::Lost(why) => {
+                self.events.push(SimEvent::Unreachable { qpn, wqe_counter: index, why });
+                if req.transport_left == 0 {
+                    Some(SYND_RETRY_EXC)
+                } else {
+                    req.transport_left -= 1;
+                    let at_ns = now.saturating_add(ack_timeout_ns(ack_timeout));
+                    req.phase = Phase::Wait { at_ns, kind: RetryKind::Transport };
+                    None
+                }
+            }
+        };
+        if let Some(s) = failure {
+            self.send_error(qpn, index, opcode, nbb, s);
+        }
+    }
+
+    /// The successful end of an RC request: READ data and atomic results land in the local SGEs.
+    fn finish_rc(&mut self, qpn: u32, req: Outstanding, resp: Resp) {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let pd = qp.pd;
+        let w = &req.wqe;
+        let result = match (&req.op, resp) {
+            (RcOp::Read { len, .. }, Resp::ReadData(d)) if d.len() as u64 == *len => self.scatter(pd, &w.sges(), &d),
+            (RcOp::Atomic { .. }, Resp::AtomicOrig(v)) => self.scatter(pd, &w.sges(), &v.to_be_bytes()),
+            (RcOp::Send { .. } | RcOp::Write { .. }, Resp::Ack) => Ok(()),
+            _ => Err(SYND_BAD_RESP),
+        };
+        match result {
+            Ok(()) => self.complete_send(qpn, w, req.len),
+            Err(s) => self.send_error(qpn, w.index, w.opcode, w.nbb, s),
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------------------------
+    // Completions and errors
+
+    fn post(&mut self, cqn: u32, cqe: CqeOut) {
+        // A CQ that cannot take the CQE reports it itself (overrun, write failure); the WQE is done either way.
+        let _ = self.post_cqe(cqn, &cqe.image());
+    }
+
+    /// A send WQE completed: the consumer counter moves past it, and a signaled WQE gets its CQE.
+    fn complete_send(&mut self, qpn: u32, w: &SendWqe, len: u64) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.sq_ci = qp.sq_ci.wrapping_add(w.nbb);
+        qp.next_send_psn = qp.next_send_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        let cqn = qp.cqn_snd;
+        if w.signaled {
+            let byte_cnt = u32::try_from(len).unwrap_or(u32::MAX);
+            let cqe = CqeOut {
+                opcode: consts::MLX5_CQE_REQ,
+                wqe_opcode: w.opcode,
+                qpn,
+                wqe_counter: w.index,
+                byte_cnt,
+                ..CqeOut::default()
+            };
+            self.post(cqn, cqe);
+        }
+    }
+
+    /// A send WQE failed: an error CQE (signaled or not) and the QP goes to ERR.
+    fn send_error(&mut self, qpn: u32, index: u16, opcode: u8, nbb: u16, syndrome: u8) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
+        qp.req = None;
+        let cqn = qp.cqn_snd;
+        let cqe = CqeOut {
+            opcode: consts::MLX5_CQE_REQ_ERR,
+            wqe_opcode: opcode,
+            qpn,
+            wqe_counter: index,
+            syndrome,
+            ..CqeOut::default()
+        };
+        self.post(cqn, cqe);
+        self.qp_error(qpn, syndrome);
+    }
+
+    fn qp_error(&mut self, qpn: u32, syndrome: u8) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.state = QpState::Err;
+        qp.error.get_or_insert(syndrome);
+        self.events.push(SimEvent::QpError { qpn, syndrome });
+    }
+
+    /// A receive WQE consumed successfully.
+    fn recv_complete(&mut self, qpn: u32, index: u16, len: u64, mut cqe: CqeOut) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.rq_ci = qp.rq_ci.wrapping_add(1);
+        qp.next_rcv_psn = qp.next_rcv_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        cqe.qpn = qpn;
+        cqe.wqe_counter = index;
+        let cqn = qp.cqn_rcv;
+        self.post(cqn, cqe);
+    }
+
+    /// A receive WQE failed: an error CQE and the QP goes to ERR.
+    fn recv_error(&mut self, qpn: u32, index: u16, syndrome: u8) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.rq_ci = qp.rq_ci.wrapping_add(1);
+        let cqn = qp.cqn_rcv;
+        let cqe = CqeOut { opcode: consts::MLX5_CQE_RESP_ERR, qpn, wqe_counter: index, syndrome, ..CqeOut::default() };
+        self.post(cqn, cqe);
+        self.qp_error(qpn, syndrome);
+    }
+
+    /// Flushes a QP in ERR: the outstanding WQE, the send WQEs up to the last doorbell, the posted receives.
+    fn flush(&mut self, qpn: u32) -> bool {
+        use c::mlx5_wqe_ctrl_seg as cs;
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
+        let (cqn_snd, cqn_rcv) = (qp.cqn_snd, qp.cqn_rcv);
+        let flush = |opcode: u32, wqe_opcode: u8, wqe_counter: u16| CqeOut {
+            opcode,
+            wqe_opcode,
+            qpn,
+            wqe_counter,
+            syndrome: SYND_FLUSH,
+            ..CqeOut::default()
+        };
+        let mut cqes = Vec::new();
+        if let Some(req) = qp.req.take() {
+            qp.sq_ci = qp.sq_ci.wrapping_add(req.wqe.nbb);
+            cqes.push((cqn_snd, flush(consts::MLX5_CQE_REQ_ERR, req.wqe.opcode, req.wqe.index)));
+        }
+        // Bounded: the doorbell never lets the producer run more than the SQ size ahead.
+        while qp.sq_pi != qp.sq_ci {
+            let pending = qp.sq_pi.wrapping_sub(qp.sq_ci);
+            let mut ctrl = [0u8; CTRL];
+            // An unreadable WQE is flushed as one basic block with opcode 0.
+            let _ = qp.read_sq(&mut self.dma, u64::from(qp.sq_ci) * BB, &mut ctrl);
+            let opcode = (be(cs::OPMOD_IDX_OPCODE, &ctrl, 0) & OPCODE_MASK) as u8;
+            let ds = (be(cs::QPN_DS, &ctrl, 0) & DS_MASK) as usize;
+            let nbb = ((ds * DS).div_ceil(BB as usize) as u16).clamp(1, pending);
+            cqes.push((cqn_snd, flush(consts::MLX5_CQE_REQ_ERR, opcode, qp.sq_ci)));
+            qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
+        }
+        let sq = cqes.len();
+        if qp.rq_wqes() > 0 {
+            let mut rec = [0u8; 4];
+            if self.dma.peek(qp.dbr + RCV_DBR, &mut rec) {
+                let head = (u32::from_be_bytes(rec) & CTR16) as u16;
+                if u32::from(head.wrapping_sub(qp.rq_ci)) <= qp.rq_wqes() {
+                    while qp.rq_ci != head {
+                        cqes.push((cqn_rcv, flush(consts::MLX5_CQE_RESP_ERR, 0, qp.rq_ci)));
+                        qp.rq_ci = qp.rq_ci.wrapping_add(1);
+                    }
+                }
+            }
+        }
+        let rq = cqes.len() - sq;
+        for (cqn, cqe) in cqes {
+            self.post(cqn, cqe);
+        }
+        if sq + rq > 0 {
+            self.events.push(SimEvent::Flushed { qpn, sq: sq as u32, rq: rq as u32 });
+        }
+        sq + rq > 0
+    }
+
+    // -----------------------------------------------------------------------------------------------------------
+    // Memory through keys
+
+    fn key_read(&mut self, key: u32, pd: u32, va: u64, len: u64, access: MkeyAccess) -> Result<Vec<u8>, ()> {
+        let pieces = self.mkey_access(key, Some(pd), va, len, access).map_err(|_| ())?;
+        let mut out = Vec::new();
+        for (iova, n) in pieces {
+            let start = out.len();
+            out.resize(start + usize::try_from(n).map_err(|_| ())?, 0);
+            self.dma.read(iova, &mut out[start..]).map_err(|_| ())?;
+        }
+        Ok(out)
+    }
+
+    fn key_write(&mut self, key: u32, pd: u32, va: u64, data: &[u8], access: MkeyAccess) -> Result<(), ()> {
+        let pieces = self.mkey_access(key, Some(pd), va, data.len() as u64, access).map_err(|_| ())?;
+        let mut at = 0usize;
+        for (iova, n) in pieces {
+            let n = usize::try_from(n).map_err(|_| ())?;
+            self.dma.write(iova, &data[at..at + n]).map_err(|_| ())?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// The payload of a send: inline bytes and local SGEs (read with `LOCAL_READ`).
+    fn gather(&mut self, pd: u32, segs: &[Seg]) -> Result<Vec<u8>, u8> {
+        let total = segs.iter().fold(0u64, |a, s| {
+            a.saturating_add(match s {
+                Seg::Inline(d) => d.len() as u64,
+                Seg::Ptr(g) => g.len,
+            })
+        });
+        if total > self.max_msg() {
+            return Err(SYND_LOCAL_LENGTH);
+        }
+        let mut data = Vec::new();
+        for s in segs {
+            match s {
+                Seg::Inline(d) => data.extend_from_slice(d),
+                Seg::Ptr(g) => {
+                    let bytes = self.key_read(g.lkey, pd, g.addr, g.len, MkeyAccess::LOCAL_READ);
+                    data.extend(bytes.map_err(|_| SYND_LOCAL_PROT)?);
+                }
+            }
+        }
+        Ok(data)
+    }
+
+    /// Checks the local SGEs a READ or an atomic writes into (`LOCAL_WRITE`); returns their total length.
+    fn check_scatter(&mut self, pd: u32, segs: &[Seg]) -> Result<u64, u8> {
+        let mut total = 0u64;
+        for s in segs {
+            let Seg::Ptr(g) = s else { return Err(SYND_LOCAL_QP_OP) };
+            self.mkey_access(g.lkey, Some(pd), g.addr, g.len, MkeyAccess::LOCAL_WRITE).map_err(|_| SYND_LOCAL_PROT)?;
+            total = total.saturating_add(g.len);
+        }
+        Ok(total)
+    }
+
+    /// Writes `data` across `sges` in order (`LOCAL_WRITE`); only the bytes written are checked.
+    fn scatter(&mut self, pd: u32, sges: &[Sge], data: &[u8]) -> Result<(), u8> {
+        let capacity = sges.iter().fold(0u64, |a, g| a.saturating_add(g.len));
+        if capacity < data.len() as u64 {
+            return Err(SYND_LOCAL_LENGTH);
+        }
+        let mut at = 0usize;
+        for g in sges {
+            if at == data.len() {
+                break;
+            }
+            let n = usize::try_from(g.len).unwrap_or(usize::MAX).min(data.len() - at);
+            self.key_write(g.lkey, pd, g.addr, &data[at..at + n], MkeyAccess::LOCAL_WRITE)
+                .map_err(|_| SYND_LOCAL_PROT)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------------------------------
+    // The responder
+
+    /// The next posted receive WQE of `qpn` (index and scatter list), without consuming it.
+    fn next_recv(&mut self, qpn: u32) -> Option<(u16, Vec<Sge>)> {
+        use c::mlx5_wqe_data_seg as d;
+        let qp = self.fw.qps.get(&qpn)?;
+        if qp.rq_wqes() == 0 {
+            return None;
+        }
+        let mut rec = [0u8; 4];
+        self.dma.read(qp.dbr + RCV_DBR, &mut rec).ok()?;
+        let head = (u32::from_be_bytes(rec) & CTR16) as u16;
+        let pending = head.wrapping_sub(qp.rq_ci);
+        if pending == 0 {
+            return None;
+        }
+        if u32::from(pending) > qp.rq_wqes() {
+            self.events.push(SimEvent::BadRqCounter { qpn, head });
+            return None;
+        }
+        let index = qp.rq_ci;
+        let mut wqe = vec![0u8; qp.rq_stride() as usize];
+        qp.read_rq(&mut self.dma, index, &mut wqe).ok()?;
+        let mut sges = Vec::new();
+        for seg in wqe.chunks_exact(DATA_SEG) {
+            let lkey = be(d::LKEY, seg, 0);
+            if lkey == INVALID_LKEY {
+                break;
+            }
+            let bc = be(d::BYTE_COUNT, seg, 0);
+            let len = if bc == 0 { ZERO_COUNT_BYTES } else { u64::from(bc) };
+            sges.push(Sge { addr: be64(seg, d::ADDR.off), len, lkey });
+        }
+        Some((index, sges))
+    }
+
+    fn reply(&mut self, p: &Packet, resp: Resp) {
+        if let Some(r) = p.reply(resp) {
+            self.wire.send(r);
+        }
+    }
+
+    /// An RC request arrives at its destination QP.
+    fn rc_request(&mut self, p: Packet) {
+        let Body::Rc { op, solicited, .. } = &p.body else { return };
+        let solicited = *solicited;
+        let dst = p.dst_qpn;
+        let ready =
+            self.fw.qps.get(&dst).filter(|q| q.st == QpType::Rc && matches!(q.state, QpState::Rtr | QpState::Rts));
+        let Some(qp) = ready else {
+            // A responder drops what it cannot take; the requester's ACK timer runs out.
+            return self.reply(&p, Resp::Lost("no RC QP in RTR/RTS at the destination"));
+        };
+        let (pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
+        let ib = self.wire.addr.ib;
+        let resp = match op {
+            RcOp::Send { data, imm } => match self.next_recv(dst) {
+                None => Resp::RnrNak { timer: min_rnr },
+                Some((index, sges)) => match self.scatter(pd, &sges, data) {
+                    Ok(()) => {
+                        let cqe = CqeOut {
+                            opcode: if imm.is_some() {
+                                consts::MLX5_CQE_RESP_SEND_IMM
+                            } else {
+                                consts::MLX5_CQE_RESP_SEND
+                            },
+                            solicited,
+                            byte_cnt: data.len() as u32,
+                            imm: imm.unwrap_or_default(),
+                            flags_rqpn: flags_rqpn(&p, ib),
+                            slid: p.slid,
+                            ..CqeOut::default()
+                        };
+                        self.recv_complete(dst, index, data.len() as u64, cqe);
+                        Resp::Ack
+                    }
+                    Err(s) => {
+                        self.recv_error(dst, index, s);
+                        Resp::Nak(if s == SYND_LOCAL_LENGTH { Nak::InvalidRequest } else { Nak::RemoteOp })
+                    }
+                },
+            },
+            RcOp::Write { .. } if !rwe => Resp::Nak(Nak::RemoteAccess),
+            RcOp::Write { raddr, rkey, data, imm } => {
+                // WRITE_IMM needs a receive WQE before anything is written.
+                let recv = if imm.is_some() { self.next_recv(dst).map(Some) } else { Some(None) };
+                match recv {
+                    None => Resp::RnrNak { timer: min_rnr },
+                    Some(recv) => {
+                        let written = data.is_empty()
+                            || self.key_write(*rkey, pd, *raddr, data, MkeyAccess::REMOTE_WRITE).is_ok();
+                        match (written, recv) {
+                            (false, _) => Resp::Nak(Nak::RemoteAccess),
+                            (true, None) => {
+                                self.bump_rcv_psn(dst, data.len() as u64);
+                                Resp::Ack
+                            }
+                            (true, Some((index, _))) => {
+                                let cqe = CqeOut {
+                                    opcode: consts::MLX5_CQE_RESP_WR_IMM,
+                                    solicited,
+                                    byte_cnt: data.len() as u32,
+                                    imm: imm.unwrap_or_default(),
+                                    flags_rqpn: flags_rqpn(&p, ib),
+                                    slid: p.slid,
+                                    ..CqeOut::default()
+                                };
+                                self.recv_complete(dst, index, data.len() as u64, cqe);
+                                Resp::Ack
+                            }
+                        }
+                    }
+                }
+            }
+            RcOp::Read { raddr, rkey, len } => {
+                let data = if !rre {
+                    Err(())
+                } else if *len == 0 {
+                    Ok(Vec::new())
+                } else {
+                    self.key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
+                };
+                match data {
+                    Ok(d) => {
+                        self.bump_rcv_psn(dst, *len);
+                        Resp::ReadData(d)
+                    }
+                    Err(()) => Resp::Nak(Nak::RemoteAccess),
+                }
+            }
+            RcOp::Atomic { raddr, rkey, op } => {
+                if !rae {
+                    Resp::Nak(Nak::RemoteAccess)
+                } else if raddr % 8 != 0 {
+                    Resp::Nak(Nak::InvalidRequest)
+                } else {
+                    match self.atomic(pd, *raddr, *rkey, *op) {
+                        Ok(orig) => {
+                            self.bump_rcv_psn(dst, 8);
+                            Resp::AtomicOrig(orig)
+                        }
+                        Err(()) => Resp::Nak(Nak::RemoteAccess),
+                    }
+                }
+            }
+        };
+        self.reply(&p, resp);
+    }
+
+    fn bump_rcv_psn(&mut self, qpn: u32, len: u64) {
+        if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+            qp.next_rcv_psn = qp.next_rcv_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        }
+    }
+
+    /// An 8-byte atomic on big-endian memory, under the device lock; returns the original value.
+    fn atomic(&mut self, pd: u32, raddr: u64, rkey: u32, op: AtomicOp) -> Result<u64, ()> {
+        let old = self.key_read(rkey, pd, raddr, 8, MkeyAccess::REMOTE_ATOMIC)?;
+        let orig = be64(&old, 0);
+        let new = match op {
+            AtomicOp::CmpSwap { compare, swap } => (orig == compare).then_some(swap),
+            AtomicOp::FetchAdd { add } => Some(orig.wrapping_add(add)),
+        };
+        if let Some(v) = new {
+            self.key_write(rkey, pd, raddr, &v.to_be_bytes(), MkeyAccess::REMOTE_ATOMIC)?;
+        }
+        Ok(orig)
+    }
+
+    /// A UD packet arrives: checked, then scattered with its 40-byte GRH into the next receive.
+    fn ud_receive(&mut self, p: Packet) {
+        let Body::Ud { qkey, data, imm, solicited } = &p.body else { return };
+        let dst = p.dst_qpn;
+        let drop = |st: &mut State, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: dst, why });
+        let ready =
+            self.fw.qps.get(&dst).filter(|q| q.st == QpType::Ud && matches!(q.state, QpState::Rtr | QpState::Rts));
+        let Some(qp) = ready else { return drop(self, "no UD QP in RTR/RTS at the destination") };
+        if qp.q_key != *qkey {
+            return drop(self, "qkey mismatch");
+        }
+        let pd = qp.pd;
+        let Some((index, sges)) = self.next_recv(dst) else { return drop(self, "receive queue empty") };
+        let mut msg = Vec::with_capacity(GRH_BYTES + data.len());
+        msg.extend_from_slice(&grh_image(p.grh.as_ref(), data.len(), imm.is_some()));
+        msg.extend_from_slice(data);
+        match self.scatter(pd, &sges, &msg) {
+            Ok(()) => {
+                let cqe = CqeOut {
+                    opcode: if imm.is_some() { consts::MLX5_CQE_RESP_SEND_IMM } else { consts::MLX5_CQE_RESP_SEND },
+                    solicited: *solicited,
+                    byte_cnt: msg.len() as u32,
+                    imm: imm.unwrap_or_default(),
+                    flags_rqpn: flags_rqpn(&p, self.wire.addr.ib),
+                    slid: p.slid,
+                    ..CqeOut::default()
+                };
+                self.recv_complete(dst, index, data.len() as u64, cqe);
+            }
+            Err(s) => self.recv_error(dst, index, s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
+    use crate::{SimConfig, SimMmio};
+    use mlx5_core::hal::Mmio;
+    use mlx5_core::prm::MsgBuf;
+
+    use consts::{
+        MLX5_CQE_REQ as REQ, MLX5_CQE_REQ_ERR as REQ_ERR, MLX5_CQE_RESP_ERR as RESP_ERR,
+        MLX5_CQE_RESP_SEND as RESP_SEND, MLX5_CQE_RESP_SEND_IMM as RESP_SEND_IMM, MLX5_CQE_RESP_WR_IMM as RESP_WR_IMM,
+        MLX5_OPCODE_ATOMIC_CS as ATOMIC_CS, MLX5_OPCODE_ATOMIC_FA as ATOMIC_FA, MLX5_OPCODE_RDMA_READ as RDMA_READ,
+        MLX5_OPCODE_RDMA_WRITE as RDMA_WRITE, MLX5_OPCODE_RDMA_WRITE_IMM as RDMA_WRITE_IMM, MLX5_OPCODE_SEND as SEND,
+        MLX5_OPCODE_SEND_IMM as SEND_IMM,
+    };
+
+    fn synd(s: u8) -> u32 {
+        s.into()
+    }
+
+    /// Two RC QPs of one device connected to each other (loopback), each with a send and a receive CQ, and one
+    /// memory region both use.
+    struct Pair {
+        r: Rdma,
+        a: TQp,
+        b: TQp,
+        a_scq: TCq,
+        a_rcq: TCq,
+        b_scq: TCq,
+        b_rcq: TCq,
+        mr: Mr,
+    }
+
+    fn pair_with(cfg: SimConfig, spec: QpSpec, pa: RcParams, pb: RcParams) -> Pair {
+        let mut r = Rdma::new(cfg);
+        let (a_scq, a_rcq, b_scq, b_rcq) = (r.cq(5), r.cq(5), r.cq(5), r.cq(5));
+        let a = r.qp(spec, a_scq.cqn, a_rcq.cqn);
+        let b = r.qp(spec, b_scq.cqn, b_rcq.cqn);
+        let (ra, rb) = (r.me(a.qpn), r.me(b.qpn));
+        r.connect_rc(&a, &rb, pa);
+        r.connect_rc(&b, &ra, pb);
+        let mr = r.mr(64 * 1024);
+        Pair { r, a, b, a_scq, a_rcq, b_scq, b_rcq, mr }
+    }
+
+    fn pair() -> Pair {
+        pair_with(SimConfig::default(), QpSpec::rc(), RcParams::default(), RcParams::default())
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|k| (k as u8).wrapping_mul(7).wrapping_add(seed)).collect()
+    }
+
+    fn count(r: &Rdma, f: impl Fn(&SimEvent) -> bool) -> usize {
+        r.h.dev.events().iter().filter(|e| f(e)).count()
+    }
+
+    #[test]
+    fn rc_send_recv_over_loopback_moves_the_data() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        let src = pattern(200, 1);
+        p.mr.write(0, &src);
+        p.r.post_recv(&mut p.b, &[(base + 4096, 50, key), (base + 8192, 100, key)]);
+        let w = Wqe::new(SEND_IMM).imm(0xdead_beef).solicited().data(30, key, base).data(70, key, base + 100);
+        assert_eq!(p.r.post_send(&mut p.a, &w, Bell::Db), 0);
+        let e = p.r.poll(&mut p.a_scq).expect("requester CQE");
+        assert_eq!((e.status(), e.wqe_opcode(), e.qpn(), e.wqe_counter()), ((REQ, 0), SEND_IMM, p.a.qpn, 0));
+        let e = p.r.poll(&mut p.b_rcq).expect("responder CQE");
+        assert_eq!(
+            (e.opcode(), e.byte_cnt(), e.imm(), e.qpn(), e.wqe_counter()),
+            (RESP_SEND_IMM, 100, 0xdead_beef, p.b.qpn, 0)
+        );
+        // RoCE always carries a GRH; the source QP is the requester.
+        assert_eq!(e.flags_rqpn(), p.a.qpn | 1 << 28);
+        assert!(e.solicited());
+        let got = [p.mr.read(4096, 50), p.mr.read(8192, 50)].concat();
+        assert_eq!(got, [&src[..30], &src[100..170]].concat());
+        // Nothing beyond the message was written.
+        assert_eq!(p.mr.read(8192 + 50, 50), vec![0u8; 50]);
+        assert!(p.r.h.dev.events().contains(&SimEvent::SqDoorbell { qpn: p.a.qpn, pi: 1 }));
+        let (ia, ib) = (p.r.h.dev.qp_info(p.a.qpn).unwrap(), p.r.h.dev.qp_info(p.b.qpn).unwrap());
+        assert_eq!((ia.sq_ci, ia.sq_pi, ia.next_send_psn, ia.outstanding), (1, 1, 0x201, false));
+        assert_eq!((ib.rq_ci, ib.next_rcv_psn), (1, 0x101));
+        assert!(p.r.poll(&mut p.a_scq).is_none() && p.r.poll(&mut p.b_rcq).is_none());
+        assert!(p.r.h.dev.dma_faults().is_empty());
+    }
+
+    #[test]
+    fn rdma_write_write_imm_read_and_atomics() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        let src = pattern(300, 9);
+        p.mr.write(0, &src);
+        // WRITE: no receive is consumed, nothing completes at the responder.
+        let w = Wqe::new(RDMA_WRITE).raddr(base + 2000, key).data(64, key, base).data(36, key, base + 200);
+        p.r.post_send(&mut p.a, &w, Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_opcode(), e.byte_cnt()), ((REQ, 0), RDMA_WRITE, 100));
+        assert_eq!(p.mr.read(2000, 100), [&src[..64], &src[200..236]].concat());
+        assert!(p.r.poll(&mut p.b_rcq).is_none());
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().rq_ci, 0);
+        // WRITE_IMM consumes a receive (no scatter) and completes it with the immediate.
+        p.r.post_recv(&mut p.b, &[]);
+        let w = Wqe::new(RDMA_WRITE_IMM).imm(0x1234_5678).raddr(base + 3000, key).data(10, key, base + 50);
+        p.r.post_send(&mut p.a, &w, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().wqe_opcode(), RDMA_WRITE_IMM);
+        let e = p.r.poll(&mut p.b_rcq).unwrap();
+        assert_eq!((e.opcode(), e.byte_cnt(), e.imm(), e.wqe_counter()), (RESP_WR_IMM, 10, 0x1234_5678, 0));
+        assert_eq!(p.mr.read(3000, 10), src[50..60]);
+        // READ into two local SGEs.
+        let remote = pattern(48, 77);
+        p.mr.write(5000, &remote);
+        let w = Wqe::new(RDMA_READ).raddr(base + 5000, key).data(16, key, base + 6000).data(32, key, base + 7000);
+        p.r.post_send(&mut p.a, &w, Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_opcode(), e.byte_cnt(), e.wqe_counter()), ((REQ, 0), RDMA_READ, 48, 2));
+        assert_eq!([p.mr.read(6000, 16), p.mr.read(7000, 32)].concat(), remote);
+        // Atomics on big-endian memory; the original value lands in the local SGE.
+        p.mr.write(8000, &5u64.to_be_bytes());
+        let cs = |swap: u64, cmp: u64| {
+            Wqe::new(ATOMIC_CS).raddr(base + 8000, key).atomic(swap, cmp).data(8, key, base + 9000)
+        };
+        p.r.post_send(&mut p.a, &cs(9, 5), Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_opcode(), e.byte_cnt()), ((REQ, 0), ATOMIC_CS, 8));
+        assert_eq!(
+            (p.mr.read(9000, 8), p.mr.read(8000, 8)),
+            (5u64.to_be_bytes().to_vec(), 9u64.to_be_bytes().to_vec())
+        );
+        // A failed compare swaps nothing.
+        p.r.post_send(&mut p.a, &cs(11, 5), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(
+            (p.mr.read(9000, 8), p.mr.read(8000, 8)),
+            (9u64.to_be_bytes().to_vec(), 9u64.to_be_bytes().to_vec())
+        );
+        let fa = Wqe::new(ATOMIC_FA).raddr(base + 8000, key).atomic(0x100, 0).data(8, key, base + 9008);
+        p.r.post_send(&mut p.a, &fa, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().wqe_opcode(), ATOMIC_FA);
+        assert_eq!(
+            (p.mr.read(9008, 8), p.mr.read(8000, 8)),
+            (9u64.to_be_bytes().to_vec(), 0x109u64.to_be_bytes().to_vec())
+        );
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().state, QpState::Rts);
+    }
+
+    #[test]
+    fn inline_sends_and_unsignaled_wqes() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.r.post_recv(&mut p.b, &[(base, 64, key)]);
+        p.r.post_recv(&mut p.b, &[(base + 64, 64, key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).unsignaled().inline(b"hello, inline"), Bell::Db);
+        // Unsignaled: no requester CQE, but the WQE is done.
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().sq_ci, 1);
+        assert_eq!(p.r.poll(&mut p.b_rcq).unwrap().byte_cnt(), 13);
+        assert_eq!(p.mr.read(0, 13), b"hello, inline");
+        // 60 inline bytes: ctrl + 4 + 60 = 80 bytes, two basic blocks.
+        let long = pattern(60, 3);
+        assert_eq!(p.r.post_send(&mut p.a, &Wqe::new(SEND).inline(&long), Bell::Db), 1);
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_counter()), ((REQ, 0), 1));
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().sq_ci, 3);
+        assert_eq!(p.mr.read(64, 60), long);
+        let e = p.r.poll(&mut p.b_rcq).unwrap();
+        assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, 60, 1));
+    }
+
+    fn ud_env(cfg: SimConfig) -> (Rdma, TQp, TQp, TCq, TCq, Mr) {
+        let mut r = Rdma::new(cfg);
+        let (scq, rcq) = (r.cq(5), r.cq(5));
+        let ua = r.qp(QpSpec::ud(), scq.cqn, rcq.cqn);
+        let ub = r.qp(QpSpec::ud(), scq.cqn, rcq.cqn);
+        r.ready_ud(&ua, 0x11);
+        r.ready_ud(&ub, 0x11);
+        let mr = r.mr(16 * 1024);
+        (r, ua, ub, scq, rcq, mr)
+    }
+
+    fn roce_av(r: &Rdma, dqpn: u32, qkey: u32) -> TAv {
+        let me = r.me(dqpn);
+        TAv {
+            dqpn,
+            qkey,
+            grh: true,
+            hop_limit: 64,
+            tclass: 0x20,
+            flow_label: 0x1_2345,
+            rgid: me.gid,
+            rmac: me.mac,
+            ..TAv::default()
+        }
+    }
+
+    #[test]
+    fn ud_send_over_loopback_gets_a_grh_and_checks_the_qkey() {
+        let (r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(SimConfig::default());
+        let (key, base) = (mr.key, mr.addr());
+        let payload = pattern(64, 5);
+        mr.write(0, &payload);
+        r.post_recv(&mut ub, &[(base + 1000, 40 + 64, key)]);
+        let av = roce_av(&r, ub.qpn, 0x11);
+        r.post_send(&mut ua, &Wqe::new(SEND_IMM).imm(7).av(&av).data(64, key, base), Bell::Db);
+        let e = r.poll(&mut scq).unwrap();
+        assert_eq!((e.status(), e.wqe_opcode(), e.qpn()), ((REQ, 0), SEND_IMM, ua.qpn));
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.opcode(), e.byte_cnt(), e.imm(), e.qpn()), (RESP_SEND_IMM, 104, 7, ub.qpn));
+        assert_eq!(e.flags_rqpn(), ua.qpn | 1 << 28);
+        let grh = mr.read(1000, GRH_BYTES);
+        let w0 = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
+        assert_eq!((w0 >> 28, (w0 >> 20) & 0xff, w0 & 0xf_ffff), (6, 0x20, 0x1_2345));
+        // Payload length: BTH + DETH + ImmDt + 64 + ICRC.
+        assert_eq!((u16::from_be_bytes([grh[4], grh[5]]), grh[6], grh[7]), (12 + 8 + 4 + 64 + 4, 0x1b, 64));
+        let gid = r.h.dev.gid(0).unwrap();
+        assert_eq!((&grh[8..24], &grh[24..40]), (&gid[..], &gid[..]));
+        assert_eq!(mr.read(1040, 64), payload);
+        // A wrong qkey: dropped, the sender still completes.
+        r.post_recv(&mut ub, &[(base + 2000, 200, key)]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x12)).data(8, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        assert!(r.poll(&mut rcq).is_none());
+        let dropped = SimEvent::UdDropped { qpn: ua.qpn, dqpn: ub.qpn, why: "qkey mismatch" };
+        assert!(r.h.dev.events().contains(&dropped));
+        // A qkey with the high bit set uses the sender QP's own qkey (0x11).
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x8000_0000)).data(8, key, base), Bell::Db);
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, 48, 1));
+        // An unknown GID, an unknown QP and an empty RQ drop too.
+        let mut far = roce_av(&r, ub.qpn, 0x11);
+        far.rgid[15] ^= 1;
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&far).data(8, key, base), Bell::Db);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, 0xfff, 0x11)).data(8, key, base), Bell::Db);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x11)).data(8, key, base), Bell::Db);
+        let whys: Vec<&str> =
+            r.h.dev
+                .events()
+                .iter()
+                .filter_map(|e| if let SimEvent::UdDropped { why, .. } = e { Some(*why) } else { None })
+                .collect();
+        assert_eq!(
+            whys,
+            [
+                "qkey mismatch",
+                "unknown destination (not connected)",
+                "no UD QP in RTR/RTS at the destination",
+                "receive queue empty"
+            ]
+        );
+        assert_eq!(r.drain(&mut scq).len(), 4);
+        // A receive too small for GRH + payload: local length error there, and that QP goes to ERR.
+        r.post_recv(&mut ub, &[(base + 3000, 50, key)]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x11)).data(64, key, base), Bell::Db);
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.status(), e.wqe_counter(), e.qpn()), ((RESP_ERR, synd(SYND_LOCAL_LENGTH)), 2, ub.qpn));
+        assert_ne!(e.vendor_err(), 0);
+        assert_eq!(r.h.dev.qp_info(ub.qpn).unwrap().error, Some(SYND_LOCAL_LENGTH));
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        assert_eq!(r.h.dev.qp_info(ua.qpn).unwrap().state, QpState::Rts);
+    }
+
+    #[test]
+    fn ib_ud_without_a_grh_gets_zeros_with_the_ip_version() {
+        let cfg = SimConfig { port_type: crate::PortType::Ib, lid: 5, ..SimConfig::default() };
+        let (r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(cfg);
+        let (key, base) = (mr.key, mr.addr());
+        mr.write(0, b"ib datagram");
+        mr.write(1000, &[0xee; 40]);
+        r.post_recv(&mut ub, &[(base + 1000, 128, key)]);
+        let av = TAv { dqpn: ub.qpn, qkey: 0x11, rlid: 5, sl: 6, ..TAv::default() };
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(11, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let e = r.poll(&mut rcq).unwrap();
+        // No GRH flag; the SL in bits 27:24; the sender's LID.
+        assert_eq!((e.byte_cnt(), e.flags_rqpn(), e.slid()), (51, ua.qpn | 6 << 24, 5));
+        let mut grh = vec![0u8; 40];
+        grh[0] = 0x60;
+        assert_eq!(mr.read(1000, 40), grh);
+        assert_eq!(mr.read(1040, 11), b"ib datagram");
+        // Another LID is nobody's.
+        let far = TAv { rlid: 6, ..av };
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&far).data(11, key, base), Bell::Db);
+        let why = "unknown destination (not connected)";
+        assert!(r.h.dev.events().contains(&SimEvent::UdDropped { qpn: ua.qpn, dqpn: ub.qpn, why }));
+    }
+
+    #[test]
+    fn the_rings_wrap_with_wqes_straddling_the_end_of_the_sq() {
+        // 8 basic blocks of SQ, 4 receives, CQs of 8 entries: everything wraps several times.
+        let spec = QpSpec { log_sq: 3, log_rq: 2, ..QpSpec::rc() };
+        let mut p = pair_with(SimConfig::default(), spec, RcParams::default(), RcParams::default());
+        let (mut a_scq, mut b_rcq) = (p.r.cq(3), p.r.cq(3));
+        // Fresh QPs on the small CQs.
+        let a = p.r.qp(spec, a_scq.cqn, a_scq.cqn);
+        let b = p.r.qp(spec, b_rcq.cqn, b_rcq.cqn);
+        let (ra, rb) = (p.r.me(a.qpn), p.r.me(b.qpn));
+        p.r.connect_rc(&a, &rb, RcParams::default());
+        p.r.connect_rc(&b, &ra, RcParams::default());
+        let (mut a, mut b) = (a, b);
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(0, &pattern(4096, 11));
+        // One 1-BB WQE, then 2-BB WQEs at odd indices: the one at index 7 wraps to index 0.
+        let mut expect_index = 0u16;
+        for k in 0..21u64 {
+            p.r.post_recv(&mut b, &[(base + 8192 + (k % 4) * 512, 512, key)]);
+            let nseg: u64 = if k == 0 { 3 } else { 7 };
+            let mut w = Wqe::new(SEND);
+            for s in 0..nseg {
+                w = w.data(8, key, base + k * 64 + s * 8);
+            }
+            let bell = if k % 3 == 0 { Bell::Bf } else { Bell::Db };
+            assert_eq!(p.r.post_send(&mut a, &w, bell), expect_index);
+            let e = p.r.poll(&mut a_scq).unwrap_or_else(|| panic!("send {k}"));
+            assert_eq!((e.status(), e.wqe_counter()), ((REQ, 0), expect_index));
+            let e = p.r.poll(&mut b_rcq).unwrap();
+            assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, nseg as u32 * 8, k as u16));
+            let want = p.mr.read((k * 64) as usize, nseg as usize * 8);
+            assert_eq!(p.mr.read((8192 + (k % 4) * 512) as usize, nseg as usize * 8), want, "message {k}");
+            expect_index = expect_index.wrapping_add(if k == 0 { 1 } else { 2 });
+        }
+        assert_eq!(p.r.h.dev.qp_info(a.qpn).unwrap().sq_ci, expect_index);
+        assert_eq!(p.r.h.dev.qp_info(b.qpn).unwrap().rq_ci, 21);
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::BlueFlameMismatch { .. })), 0);
+        // The BlueFlame copies of wrapping WQEs were checked across the wrap.
+        let wrapped = count(
+            &p.r,
+            |e| matches!(e, SimEvent::BlueFlameCopy { qpn, wqe_index, off: 64.. } if *qpn == a.qpn && wqe_index % 8 == 7),
+        );
+        assert!(wrapped > 0);
+        let _ = (&mut p.a, &mut p.b, &mut p.a_scq, &mut p.a_rcq, &mut p.b_scq);
+    }
+
+    #[test]
+    fn blueflame_copies_are_checked_and_bad_doorbells_refused() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        for _ in 0..4 {
+            p.r.post_recv(&mut p.b, &[(base + 4096, 256, key)]);
+        }
+        let w = Wqe::new(SEND).data(16, key, base).data(16, key, base + 16).data(16, key, base + 32);
+        p.r.post_send(&mut p.a, &w, Bell::Bf);
+        let copies: Vec<u16> =
+            p.r.h
+                .dev
+                .events()
+                .iter()
+                .filter_map(|e| match e {
+                    SimEvent::BlueFlameCopy { qpn, wqe_index: 0, off } if *qpn == p.a.qpn => Some(*off),
+                    _ => None,
+                })
+                .collect();
+        assert_eq!(copies, [8, 16, 24, 32, 40, 48, 56]);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        // A corrupted copy is reported (the WQE in memory still runs).
+        p.r.post_send(&mut p.a, &w, Bell::BfCorrupt(20));
+        let bad = SimEvent::BlueFlameMismatch { qpn: p.a.qpn, wqe_index: 1, off: 16 };
+        assert_eq!(count(&p.r, |e| *e == bad), 1);
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::BlueFlameMismatch { .. })), 1);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().wqe_counter(), 1);
+        // A doorbell whose value is not the WQE's first 8 bytes.
+        p.r.post_send(&mut p.a, &w, Bell::None);
+        let db = SimMmio::uar_offset(p.a.uar) + p.a.bf_off;
+        p.r.h.mmio.write64(db, u64::from(p.a.qpn) << 8 | 0x1234_0000_0000_0000);
+        assert!(p.r.h.dev.events().contains(&SimEvent::BlueFlameMismatch { qpn: p.a.qpn, wqe_index: 0x3400, off: 0 }));
+        // It is still a doorbell for that QP: the WQE in memory runs.
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().wqe_counter(), 2);
+        // Refused doorbells.
+        let why = |r: &Rdma| match r.h.dev.events().last() {
+            Some(SimEvent::BadSqDoorbell { why, .. }) => *why,
+            other => panic!("expected a refused doorbell, got {other:?}"),
+        };
+        let uar2 = p.r.h.alloc_uar();
+        let bf = |uar: u32| SimMmio::uar_offset(uar) + consts::MLX5_BF_OFFSET as usize;
+        p.r.h.mmio.write64(bf(uar2), u64::from(p.a.qpn) << 8 | 1);
+        assert_eq!(why(&p.r), "QP uses another UAR page");
+        p.r.h.mmio.write64(bf(p.a.uar), 0xfff_fff0 << 8);
+        assert_eq!(why(&p.r), "no such QP");
+        p.r.h.mmio.write64(bf(uar2 + 3), 0);
+        assert_eq!(why(&p.r), "UAR page not allocated");
+        p.r.h.mmio.write64(bf(p.a.uar) + 4, 0);
+        assert_eq!(why(&p.r), "unaligned BlueFlame write");
+        // The last half of the last register: no doorbell went there yet.
+        p.r.h.mmio.write64(bf(p.a.uar) + 3 * 512 + 256 + 8, 0);
+        assert_eq!(why(&p.r), "BlueFlame copy without a doorbell");
+        let spare = p.r.qp(QpSpec::rc(), p.a_scq.cqn, p.a_rcq.cqn);
+        p.r.h.mmio.write64(bf(p.a.uar), u64::from(spare.qpn) << 8 | 1);
+        assert_eq!(why(&p.r), "QP in RST");
+        let rq_only = p.r.qp(QpSpec { no_sq: true, ..QpSpec::rc() }, p.a_scq.cqn, p.a_rcq.cqn);
+        p.r.h.mmio.write64(bf(p.a.uar), u64::from(rq_only.qpn) << 8 | 1);
+        assert_eq!(why(&p.r), "QP has no send queue");
+        p.a.set_sq_dbr(p.a.sq_pi.wrapping_add(65));
+        p.r.h.mmio.write64(bf(p.a.uar), u64::from(p.a.qpn) << 8 | 1);
+        assert_eq!(why(&p.r), "producer counter beyond the send queue");
+        // None of them ran anything; the next proper doorbell works.
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().sq_pi, 3);
+        p.a.set_sq_dbr(p.a.sq_pi);
+        p.r.post_send(&mut p.a, &w, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().wqe_counter(), 3);
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+    }
+
+    #[test]
+    fn rnr_naks_are_retried_until_a_receive_is_posted() {
+        // The responder asks for 1.28 ms (timer 14); the requester retries forever (7).
+        let pb = RcParams { min_rnr_nak: 14, ..RcParams::default() };
+        let mut p = pair_with(SimConfig::default(), QpSpec::rc(), RcParams::default(), pb);
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(0, b"patience");
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, key, base), Bell::Db);
+        let nak = SimEvent::RnrNak { qpn: p.a.qpn, wqe_counter: 0, remote_qpn: p.b.qpn };
+        assert_eq!(count(&p.r, |e| *e == nak), 1);
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert!(p.r.h.dev.qp_info(p.a.qpn).unwrap().outstanding);
+        let retries = |r: &Rdma| count(r, |e| matches!(e, SimEvent::Retry { kind: RetryKind::Rnr, .. }));
+        p.r.h.dev.advance_ns(1_000_000);
+        assert_eq!(retries(&p.r), 0);
+        p.r.h.dev.advance_ns(300_000);
+        assert_eq!((retries(&p.r), count(&p.r, |e| *e == nak)), (1, 2));
+        // A receive is posted (no MMIO); the next retry finds it.
+        p.r.post_recv(&mut p.b, &[(base + 100, 8, key)]);
+        assert!(p.r.poll(&mut p.b_rcq).is_none());
+        p.r.h.dev.advance_ns(1_300_000);
+        assert_eq!(retries(&p.r), 2);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(p.r.poll(&mut p.b_rcq).unwrap().byte_cnt(), 8);
+        assert_eq!(p.mr.read(100, 8), b"patience");
+        assert!(!p.r.h.dev.qp_info(p.a.qpn).unwrap().outstanding);
+    }
+
+    #[test]
+    fn rnr_retries_run_out() {
+        let pa = RcParams { rnr_retry: 2, ..RcParams::default() };
+        let pb = RcParams { min_rnr_nak: 1, ..RcParams::default() };
+        let mut p = pair_with(SimConfig::default(), QpSpec::rc(), pa, pb);
+        let (key, base) = (p.mr.key, p.mr.addr());
+        // Unsignaled: an error completes anyway. The second WQE is flushed.
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).unsignaled().data(8, key, base), Bell::Db);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).unsignaled().data(8, key, base), Bell::Db);
+        for _ in 0..5 {
+            p.r.h.dev.advance_ns(10_000);
+        }
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_counter(), e.wqe_opcode()), ((REQ_ERR, synd(SYND_RNR_EXC)), 0, SEND));
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, synd(SYND_FLUSH)), 1));
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::RnrNak { .. })), 3);
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::Retry { kind: RetryKind::Rnr, .. })), 2);
+        let info = p.r.h.dev.qp_info(p.a.qpn).unwrap();
+        assert_eq!((info.state, info.error), (QpState::Err, Some(SYND_RNR_EXC)));
+        assert!(p.r.h.dev.events().contains(&SimEvent::QpError { qpn: p.a.qpn, syndrome: SYND_RNR_EXC }));
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().state, QpState::Rts);
+    }
+
+    /// Runs one WQE from a fresh pair and returns the requester's CQE, the responder's receive CQE (if any)
+    /// and the pair.
+    fn one(pb: RcParams, setup: impl FnOnce(&mut Pair) -> Wqe) -> (Cqe, Option<Cqe>, Pair) {
+        let mut p = pair_with(SimConfig::default(), QpSpec::rc(), RcParams::default(), pb);
+        let w = setup(&mut p);
+        p.r.post_send(&mut p.a, &w, Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).expect("requester CQE");
+        let resp = p.r.poll(&mut p.b_rcq);
+        (e, resp, p)
+    }
+
+    #[test]
+    fn remote_and_local_failures_complete_with_the_right_syndrome() {
+        let req_err = |s: u8| (REQ_ERR, synd(s));
+        // A bad rkey.
+        let (e, _, p) = one(RcParams::default(), |p| {
+            Wqe::new(RDMA_WRITE).raddr(p.mr.addr(), p.mr.key + 0x100).data(8, p.mr.key, p.mr.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        let (ia, ib) = (p.r.h.dev.qp_info(p.a.qpn).unwrap(), p.r.h.dev.qp_info(p.b.qpn).unwrap());
+        assert_eq!((ia.state, ia.error, ib.state), (QpState::Err, Some(SYND_REMOTE_ACCESS), QpState::Rts));
+        // A key without remote write.
+        let (e, _, _) = one(RcParams::default(), |p| {
+            let ro = p.r.mr_in(p.r.pd, 64, [true, true, false, false]);
+            Wqe::new(RDMA_WRITE).raddr(ro.addr(), ro.key).data(8, p.mr.key, p.mr.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        // A READ past the key's end.
+        let (e, _, _) = one(RcParams::default(), |p| {
+            Wqe::new(RDMA_READ).raddr(p.mr.addr() + 65_530, p.mr.key).data(16, p.mr.key, p.mr.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        // A responder QP without remote read.
+        let no_rre = RcParams { access: [false, true, true], ..RcParams::default() };
+        let (e, _, _) =
+            one(no_rre, |p| Wqe::new(RDMA_READ).raddr(p.mr.addr(), p.mr.key).data(16, p.mr.key, p.mr.addr()));
+        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        // A key of another PD at the responder.
+        let (e, _, _) = one(RcParams::default(), |p| {
+            let (s, _, out) = p.r.h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
+            assert_eq!(s, 0);
+            let other = p.r.mr_in(crate::fw::rd(&out, ifc::alloc_pd_out::PD), 64, [true; 4]);
+            Wqe::new(RDMA_WRITE).raddr(other.addr(), other.key).data(8, p.mr.key, p.mr.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        // A misaligned atomic.
+        let (e, _, _) = one(RcParams::default(), |p| {
+            Wqe::new(ATOMIC_FA).raddr(p.mr.addr() + 4, p.mr.key).atomic(1, 0).data(8, p.mr.key, p.mr.addr() + 64)
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_INVAL));
+        // A bad lkey: nothing leaves the requester.
+        let (e, resp, p) = one(RcParams::default(), |p| {
+            p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, p.mr.key)]);
+            Wqe::new(SEND).data(8, 0x4242, p.mr.addr())
+        });
+        assert_eq!((e.status(), resp), (req_err(SYND_LOCAL_PROT), None));
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().rq_ci, 0);
+        // An lkey whose bounds the gather exceeds.
+        let (e, _, _) = one(RcParams::default(), |p| Wqe::new(SEND).data(100, p.mr.key, p.mr.addr() + 65_500));
+        assert_eq!(e.status(), req_err(SYND_LOCAL_PROT));
+        // A READ result into a key without local write.
+        let (e, _, _) = one(RcParams::default(), |p| {
+            let ro = p.r.mr_in(p.r.pd, 64, [false, true, true, true]);
+            Wqe::new(RDMA_READ).raddr(p.mr.addr(), p.mr.key).data(16, ro.key, ro.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_LOCAL_PROT));
+        // A receive too small: the responder's receive fails, then the requester; both QPs end in ERR and the
+        // responder's other receive is flushed.
+        let (e, resp, mut p) = one(RcParams::default(), |p| {
+            p.r.post_recv(&mut p.b, &[(p.mr.addr() + 1000, 10, p.mr.key)]);
+            p.r.post_recv(&mut p.b, &[(p.mr.addr() + 2000, 100, p.mr.key)]);
+            Wqe::new(SEND).data(20, p.mr.key, p.mr.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_INVAL));
+        let resp = resp.unwrap();
+        assert_eq!((resp.status(), resp.wqe_counter(), resp.qpn()), ((RESP_ERR, synd(SYND_LOCAL_LENGTH)), 0, p.b.qpn));
+        let flushed = p.r.poll(&mut p.b_rcq).unwrap();
+        assert_eq!((flushed.status(), flushed.wqe_counter()), ((RESP_ERR, synd(SYND_FLUSH)), 1));
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().error, Some(SYND_LOCAL_LENGTH));
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().error, Some(SYND_REMOTE_INVAL));
+        // A bad lkey in the receive: local protection there, remote operational error at the requester.
+        let (e, resp, _) = one(RcParams::default(), |p| {
+            p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, 0x777)]);
+            Wqe::new(SEND).data(20, p.mr.key, p.mr.addr())
+        });
+        assert_eq!((e.status(), resp.unwrap().status()), (req_err(SYND_REMOTE_OP), (RESP_ERR, synd(SYND_LOCAL_PROT))));
+    }
+
+    #[test]
+    fn requests_nobody_answers_run_out_of_transport_retries() {
+        // 4.096 us << 10 = 4.2 ms per try, 2 retries.
+        let pa = RcParams { retry_count: 2, ack_timeout: 10, ..RcParams::default() };
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        let a = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        let mut a = a;
+        r.connect_rc(&a, &r.me(0xab_cdef), pa);
+        let mr = r.mr(4096);
+        r.post_send(&mut a, &Wqe::new(SEND).data(8, mr.key, mr.addr()), Bell::Db);
+        let lost = SimEvent::Unreachable { qpn: a.qpn, wqe_counter: 0, why: "no RC QP in RTR/RTS at the destination" };
+        assert_eq!(count(&r, |e| *e == lost), 1);
+        r.h.dev.advance_ns(4_000_000);
+        assert_eq!(count(&r, |e| matches!(e, SimEvent::Retry { .. })), 0);
+        r.h.dev.advance_ns(300_000);
+        assert_eq!(count(&r, |e| matches!(e, SimEvent::Retry { kind: RetryKind::Transport, .. })), 1);
+        assert!(r.poll(&mut cq_ref(&cq)).is_none());
+        let mut cq = cq;
+        r.h.dev.advance_ns(5_000_000);
+        r.h.dev.advance_ns(5_000_000);
+        let e = r.poll(&mut cq).unwrap();
+        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, synd(SYND_RETRY_EXC)), 0));
+        assert_eq!(count(&r, |e| *e == lost), 3);
+        assert_eq!(r.h.dev.qp_info(a.qpn).unwrap().error, Some(SYND_RETRY_EXC));
+        // A destination QP not yet ready (INIT) and an unknown GID are the same failure.
+        let ready_later = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        let st = r.modify(consts::MLX5_CMD_OP_RST2INIT_QP, ready_later.qpn, 0, |i, c| {
+            i.set(ifc::ads::VHCA_PORT_NUM.at(ifc::qpc::PRIMARY_ADDRESS_PATH.at(c)), 1)
+        });
+        assert_eq!(st, (0, 0));
+        let zero = RcParams { retry_count: 0, ..pa };
+        for remote in [r.me(ready_later.qpn), Remote { gid: [0xfe; 16], ..r.me(ready_later.qpn) }] {
+            let mut q = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+            r.connect_rc(&q, &remote, zero);
+            r.post_send(&mut q, &Wqe::new(SEND).data(8, mr.key, mr.addr()), Bell::Db);
+            assert_eq!(r.poll(&mut cq).unwrap().status(), (REQ_ERR, synd(SYND_RETRY_EXC)));
+        }
+        assert!(r.h.dev.events().contains(&SimEvent::Unreachable {
+            qpn: a.qpn + 3,
+            wqe_counter: 0,
+            why: "unknown destination (not connected)"
+        }));
+    }
+
+    /// A copy of a CQ handle for a one-off look (the consumer index is not kept).
+    fn cq_ref(cq: &TCq) -> TCq {
+        TCq { cqn: cq.cqn, buf: cq.buf, dbr: cq.dbr, log_size: cq.log_size, ci: cq.ci }
+    }
+
+    #[test]
+    fn malformed_wqes_are_local_qp_operation_errors() {
+        type Break = fn(&mut Pair) -> Wqe;
+        let cases: [(&str, Break); 7] = [
+            ("ds 0", |p| Wqe { ds_override: Some(0), ..Wqe::new(SEND).data(8, p.mr.key, p.mr.addr()) }),
+            ("ds beyond the producer", |p| Wqe {
+                ds_override: Some(20),
+                ..Wqe::new(SEND).data(8, p.mr.key, p.mr.addr())
+            }),
+            ("unknown opcode", |p| Wqe::new(consts::MLX5_OPCODE_UMR).data(8, p.mr.key, p.mr.addr())),
+            ("inline longer than the WQE", |_| {
+                let mut w = Wqe::new(SEND).inline(&[1; 8]);
+                w.segs[..4].copy_from_slice(&(200 | consts::MLX5_INLINE_SEG).to_be_bytes());
+                w
+            }),
+            ("READ into inline data", |p| Wqe::new(RDMA_READ).raddr(p.mr.addr(), p.mr.key).inline(&[0; 8])),
+            ("WRITE without its remote address", |_| Wqe::new(RDMA_WRITE)),
+            ("atomic without its atomic segment", |p| Wqe::new(ATOMIC_CS).raddr(p.mr.addr(), p.mr.key)),
+        ];
+        for (what, f) in cases {
+            let (e, _, p) = one(RcParams::default(), f);
+            assert_eq!(e.status(), (REQ_ERR, synd(SYND_LOCAL_QP_OP)), "{what}");
+            assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().state, QpState::Err, "{what}");
+        }
+        // A control segment naming another QP, or another index.
+        for patch in [4usize, 1] {
+            let mut p = pair();
+            let w = Wqe::new(SEND).data(8, p.mr.key, p.mr.addr());
+            p.r.post_send(&mut p.a, &w, Bell::None);
+            let mut db = [0u8; 8];
+            db.copy_from_slice(&p.a.sq_read(0, 8));
+            p.a.patch_sq(0, patch, &[0x55]);
+            // The doorbell names the QP properly; the WQE in memory does not.
+            p.r.h.mmio.write64(SimMmio::uar_offset(p.a.uar) + p.a.bf_off, u64::from_be_bytes(db));
+            assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ_ERR, synd(SYND_LOCAL_QP_OP)));
+        }
+        // Garbage everywhere never panics: every WQE completes or fails, and the QP ends up somewhere valid.
+        let mut seed = 0x1234_5678u32;
+        for _ in 0..20 {
+            let mut p = pair();
+            let mut junk = vec![0u8; 64 * 4];
+            for b in &mut junk {
+                seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                *b = (seed >> 16) as u8;
+            }
+            let mut w = Wqe::new(seed % 0x30);
+            w.segs = junk[16..64 * 4].to_vec();
+            w.ds_override = Some(seed >> 8 & 0x3f);
+            p.r.post_send(&mut p.a, &w, Bell::Db);
+            p.r.h.dev.advance_ns(1_000_000_000);
+            let st = p.r.h.dev.qp_info(p.a.qpn).unwrap().state;
+            assert!(matches!(st, QpState::Rts | QpState::Err));
+        }
+    }
+
+    #[test]
+    fn a_qp_in_error_flushes_everything_outstanding_and_later() {
+        // b never posts a receive; a retries forever, so its first WQE stays outstanding.
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, key, base), Bell::Db);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).unsignaled().data(8, key, base), Bell::Db);
+        p.r.post_send(&mut p.a, &Wqe::new(RDMA_WRITE).raddr(base, key).inline(&[1; 40]), Bell::Db);
+        p.r.post_recv(&mut p.a, &[(base, 64, key)]);
+        p.r.post_recv(&mut p.a, &[(base, 64, key)]);
+        assert!(p.r.h.dev.qp_info(p.a.qpn).unwrap().outstanding);
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert_eq!(p.r.modify(consts::MLX5_CMD_OP_2ERR_QP, p.a.qpn, 0, |_, _| {}), (0, 0));
+        // Every WQE gets its flush CQE, signaled or not, in order.
+        let sends: Vec<(u32, u16, u32)> =
+            p.r.drain(&mut p.a_scq).iter().map(|e| (e.syndrome(), e.wqe_counter(), e.wqe_opcode())).collect();
+        let f = synd(SYND_FLUSH);
+        assert_eq!(sends, [(f, 0, SEND), (f, 1, SEND), (f, 2, RDMA_WRITE)]);
+        let recvs: Vec<(u32, u16)> = p.r.drain(&mut p.a_rcq).iter().map(|e| (e.opcode(), e.wqe_counter())).collect();
+        assert_eq!(recvs, [(RESP_ERR, 0), (RESP_ERR, 1)]);
+        assert!(p.r.h.dev.events().contains(&SimEvent::Flushed { qpn: p.a.qpn, sq: 3, rq: 2 }));
+        let info = p.r.h.dev.qp_info(p.a.qpn).unwrap();
+        assert_eq!((info.state, info.error, info.outstanding, info.sq_ci), (QpState::Err, None, false, 4));
+        // Later sends flush at their doorbell; later receives the next time the device runs.
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).unsignaled().data(8, key, base), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ_ERR, f));
+        p.r.post_recv(&mut p.a, &[(base, 64, key)]);
+        assert!(p.r.poll(&mut p.a_rcq).is_none());
+        p.r.h.dev.advance_ns(1_000);
+        assert_eq!(p.r.poll(&mut p.a_rcq).unwrap().wqe_counter(), 2);
+        // Back to RST (the driver resets its counters and record) and RTS: the QP works again.
+        assert_eq!(p.r.modify(consts::MLX5_CMD_OP_2RST_QP, p.a.qpn, 0, |_, _| {}), (0, 0));
+        (p.a.sq_pi, p.a.rq_head) = (0, 0);
+        p.a.set_sq_dbr(0);
+        p.a.set_rq_dbr(0);
+        let rb = p.r.me(p.b.qpn);
+        p.r.connect_rc(&p.a, &rb, RcParams::default());
+        p.r.post_recv(&mut p.b, &[(base + 512, 64, key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).inline(b"again"), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(p.mr.read(512, 5), b"again");
+        let _ = (&p.b_scq, &p.b_rcq);
+    }
+}

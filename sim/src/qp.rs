@@ -1,0 +1,1002 @@
+//! Queue pairs on the device side: CREATE/DESTROY/QUERY_QP and the state-machine commands (RST2INIT, INIT2RTR,
+//! RTR2RTS, RTS2RTS, 2ERR, 2RST) with firmware-style checks, and the context each transition stores.
+//!
+//! Buffer layout (as mlx5_ib lays out a kernel QP): the RQ at byte 0 (`1 << log_rq_size` WQEs of
+//! `16 << log_rq_stride` bytes), the SQ right after it (`1 << log_sq_size` basic blocks of
+//! `MLX5_SEND_WQE_BB` bytes), the whole buffer described by `pas[]` in pages of `4 KiB << log_page_size`. The
+//! doorbell record at `dbr_addr` holds the RQ head (`MLX5_RCV_DBR`) and the SQ producer counter (`MLX5_SND_DBR`).
+//!
+//! Transitions store what mlx5_ib sends with them. Required fields: RST2INIT the port (must be 1), the pkey
+//! index, the remote access rights (RC) or the qkey (UD); INIT2RTR (RC) the MTU, `log_msg_max`, the remote QPN,
+//! `next_rcv_psn`, `log_rra_max`, `min_rnr_nak` and the primary path (IB: `rlid`, `sl`, optional GRH; RoCE:
+//! `grh` with `rgid_rip`, `hop_limit`, `src_addr_index`, `rmac`, `udp_sport`); RTR2RTS (RC) `next_send_psn`,
+//! `retry_count`, `rnr_retry`, `log_sra_max` and the path's `ack_timeout` (UD: `next_send_psn`). Optional
+//! parameters (`opt_param_mask`, `MLX5_QP_OPTPAR_*`) are honoured where mlx5_ib sends them: access rights, pkey
+//! index, qkey, `min_rnr_nak`, the primary path, the ACK timeout and the retry counts.
+
+use mlx5_core::prm::{consts, ifc, CmdStatus, Field, MsgBuf, Sub};
+
+use crate::datapath::Outstanding;
+use crate::dma::{DmaFault, DmaSpace};
+use crate::fw::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
+use crate::PortType;
+
+/// The first QPN handed out (lower numbers are special QPs on real hardware).
+const QPN_FIRST: u32 = 0x100;
+/// QPNs are 24 bits.
+const QPN_END: u32 = 1 << 24;
+/// An RQ WQE is `16 << log_rq_stride` bytes (`qp->rq.wqe_shift - 4`).
+const RQ_STRIDE_SHIFT: u32 = 4;
+/// Send WQE basic block.
+pub(crate) const SEND_WQE_BB: u64 = consts::MLX5_SEND_WQE_BB as u64;
+const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
+/// The only port.
+const PORT: u32 = 1;
+/// The doorbell record: RQ head then SQ producer counter, one be32 each.
+const DBR_BYTES: usize = 8;
+/// The primary address path (`struct mlx5_ifc_ads_bits`).
+const PATH_BYTES: usize = ifc::ads::SIZE_BYTES;
+/// PSNs are 24 bits.
+pub(crate) const PSN_MASK: u32 = 0xff_ffff;
+
+/// State of a QP (`MLX5_QP_STATE_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QpState {
+    #[default]
+    Rst,
+    Init,
+    Rtr,
+    Rts,
+    Err,
+}
+
+impl QpState {
+    /// The `qpc.state` encoding.
+    pub fn raw(self) -> u32 {
+        match self {
+            QpState::Rst => consts::MLX5_QP_STATE_RST,
+            QpState::Init => consts::MLX5_QP_STATE_INIT,
+            QpState::Rtr => consts::MLX5_QP_STATE_RTR,
+            QpState::Rts => consts::MLX5_QP_STATE_RTS,
+            QpState::Err => consts::MLX5_QP_STATE_ERR,
+        }
+    }
+}
+
+/// Transport service of a QP (`qpc.st`); the simulator models RC and UD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpType {
+    Rc,
+    Ud,
+}
+
+impl QpType {
+    pub fn raw(self) -> u32 {
+        match self {
+            QpType::Rc => consts::MLX5_QP_ST_RC,
+            QpType::Ud => consts::MLX5_QP_ST_UD,
+        }
+    }
+}
+
+/// The state of one QP, as [`crate::SimDevice::qp_info`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo {
+    pub qpn: u32,
+    pub state: QpState,
+    pub st: QpType,
+    pub pd: u32,
+    pub uar: u32,
+    pub cqn_snd: u32,
+    pub cqn_rcv: u32,
+    /// SQ size in basic blocks (0 without an SQ).
+    pub sq_wqebbs: u32,
+    /// RQ size in WQEs (0 with a zero-length RQ) and the bytes per RQ WQE.
+    pub rq_wqes: u32,
+    pub rq_stride: u32,
+    /// The device's SQ consumer counter (basic blocks, wrapping 16 bits): every WQE before it is done.
+    pub sq_ci: u16,
+    /// The SQ producer counter read at the last accepted doorbell.
+    pub sq_pi: u16,
+    /// The device's RQ consumer counter (WQEs, wrapping 16 bits).
+    pub rq_ci: u16,
+    pub remote_qpn: u32,
+    pub next_send_psn: u32,
+    pub next_rcv_psn: u32,
+    pub q_key: u32,
+    pub min_rnr_nak: u8,
+    pub retry_count: u8,
+    pub rnr_retry: u8,
+    pub ack_timeout: u8,
+    /// Remote read, write and atomic enabled (`rre`, `rwe`, `rae`).
+    pub remote_access: (bool, bool, bool),
+    /// The completion syndrome that moved the QP to ERR (`MLX5_CQE_SYNDROME_*`); `None` when it went there by
+    /// command or is not in error.
+    pub error: Option<u8>,
+    /// A send WQE is outstanding (RC: waiting for its response or for a retry).
+    pub outstanding: bool,
+}
+
+/// The primary address path, as the image the driver wrote (`ads`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Path(pub(crate) [u8; PATH_BYTES]);
+
+impl Default for Path {
+    fn default() -> Self {
+        Self([0; PATH_BYTES])
+    }
+}
+
+impl Path {
+    fn from_ctx(inp: &[u8], qpc: Sub) -> Self {
+        let s = ifc::qpc::PRIMARY_ADDRESS_PATH.at(qpc);
+        let mut p = [0u8; PATH_BYTES];
+        p.copy_from_slice(&inp[s.off..s.off + s.len]);
+        Self(p)
+    }
+
+    fn get(&self, f: Field) -> u32 {
+        MsgBuf::get(&self.0[..], f)
+    }
+
+    fn put(&mut self, f: Field, v: u32) {
+        self.0[..].set(f, v);
+    }
+
+    pub(crate) fn grh(&self) -> bool {
+        self.get(ifc::ads::GRH) != 0
+    }
+    pub(crate) fn rlid(&self) -> u16 {
+        self.get(ifc::ads::RLID) as u16
+    }
+    pub(crate) fn sl(&self) -> u8 {
+        self.get(ifc::ads::SL) as u8
+    }
+    pub(crate) fn hop_limit(&self) -> u8 {
+        self.get(ifc::ads::HOP_LIMIT) as u8
+    }
+    pub(crate) fn tclass(&self) -> u8 {
+        self.get(ifc::ads::TCLASS) as u8
+    }
+    pub(crate) fn flow_label(&self) -> u32 {
+        self.get(ifc::ads::FLOW_LABEL)
+    }
+    pub(crate) fn src_addr_index(&self) -> u32 {
+        self.get(ifc::ads::SRC_ADDR_INDEX)
+    }
+    pub(crate) fn ack_timeout(&self) -> u8 {
+        self.get(ifc::ads::ACK_TIMEOUT) as u8
+    }
+    fn port(&self) -> u32 {
+        self.get(ifc::ads::VHCA_PORT_NUM)
+    }
+    fn pkey_index(&self) -> u32 {
+        self.get(ifc::ads::PKEY_INDEX)
+    }
+    pub(crate) fn rgid(&self) -> [u8; 16] {
+        let off = ifc::ads::RGID_RIP.byte_off();
+        let mut g = [0u8; 16];
+        g.copy_from_slice(&self.0[off..off + 16]);
+        g
+    }
+    pub(crate) fn rmac(&self) -> [u8; 6] {
+        let hi = (self.get(ifc::ads::RMAC_47_32) as u16).to_be_bytes();
+        let lo = self.get(ifc::ads::RMAC_31_0).to_be_bytes();
+        [hi[0], hi[1], lo[0], lo[1], lo[2], lo[3]]
+    }
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) st: QpType,
+    pub(crate) state: QpState,
+    pub(crate) pd: u32,
+    pub(crate) uar: u32,
+    pub(crate) cqn_snd: u32,
+    pub(crate) cqn_rcv: u32,
+    pub(crate) dbr: u64,
+    /// Bus addresses of the buffer pages, `1 << page_shift` bytes each.
+    pas: Vec<u64>,
+    page_shift: u32,
+    log_rq_size: u32,
+    log_rq_stride: u32,
+    has_rq: bool,
+    log_sq_size: u32,
+    has_sq: bool,
+    // Context the transitions set.
+    pub(crate) path: Path,
+    pub(crate) mtu: u32,
+    log_msg_max: u32,
+    pub(crate) remote_qpn: u32,
+    pub(crate) next_rcv_psn: u32,
+    pub(crate) next_send_psn: u32,
+    log_rra_max: u32,
+    log_sra_max: u32,
+    pub(crate) min_rnr_nak: u8,
+    pub(crate) retry_count: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) rre: bool,
+    pub(crate) rwe: bool,
+    pub(crate) rae: bool,
+    pub(crate) q_key: u32,
+    // Datapath.
+    pub(crate) sq_ci: u16,
+    pub(crate) sq_pi: u16,
+    pub(crate) rq_ci: u16,
+    pub(crate) req: Option<Outstanding>,
+    pub(crate) error: Option<u8>,
+}
+
+impl Qp {
+    pub(crate) fn rq_wqes(&self) -> u32 {
+        if self.has_rq {
+            1 << self.log_rq_size
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn rq_stride(&self) -> u64 {
+        1u64 << (self.log_rq_stride + RQ_STRIDE_SHIFT)
+    }
+
+    fn rq_bytes(&self) -> u64 {
+        u64::from(self.rq_wqes()) * self.rq_stride()
+    }
+
+    pub(crate) fn sq_bbs(&self) -> u32 {
+        if self.has_sq {
+            1 << self.log_sq_size
+        } else {
+            0
+        }
+    }
+
+    fn sq_bytes(&self) -> u64 {
+        u64::from(self.sq_bbs()) * SEND_WQE_BB
+    }
+
+    /// Reads `out.len()` bytes at byte `off` of the buffer, page by page through `pas[]`.
+    fn read_buf(&self, dma: &mut DmaSpace, off: u64, out: &mut [u8]) -> Result<(), DmaFault> {
+        let page = 1u64 << self.page_shift;
+        let mut done = 0usize;
+        // Bounded: each step consumes at least one byte.
+        while done < out.len() {
+            let at = off + done as u64;
+            let in_page = at & (page - 1);
+            let n = ((page - in_page) as usize).min(out.len() - done);
+            let pa = usize::try_from(at >> self.page_shift).ok().and_then(|k| self.pas.get(k)).ok_or(DmaFault {
+                iova: 0,
+                len: n,
+                write: false,
+            })?;
+            dma.read(pa + in_page, &mut out[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads from the SQ ring at byte `off` (taken modulo the SQ size), wrapping from the end to the start.
+    pub(crate) fn read_sq(&self, dma: &mut DmaSpace, off: u64, out: &mut [u8]) -> Result<(), DmaFault> {
+        let size = self.sq_bytes();
+        if size == 0 {
+            return Err(DmaFault { iova: 0, len: out.len(), write: false });
+        }
+        let mut done = 0usize;
+        while done < out.len() {
+            let at = (off + done as u64) % size;
+            let n = ((size - at) as usize).min(out.len() - done);
+            self.read_buf(dma, self.rq_bytes() + at, &mut out[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads RQ WQE `index` (taken modulo the RQ size).
+    pub(crate) fn read_rq(&self, dma: &mut DmaSpace, index: u16, out: &mut [u8]) -> Result<(), DmaFault> {
+        let n = self.rq_wqes();
+        if n == 0 {
+            return Err(DmaFault { iova: 0, len: out.len(), write: false });
+        }
+        let off = u64::from(u32::from(index) & (n - 1)) * self.rq_stride();
+        self.read_buf(dma, off, out)
+    }
+
+    /// Back to RST: the datapath forgets everything (the driver resets its counters and doorbell record).
+    fn reset(&mut self) {
+        self.state = QpState::Rst;
+        self.sq_ci = 0;
+        self.sq_pi = 0;
+        self.rq_ci = 0;
+        self.req = None;
+        self.error = None;
+    }
+
+    pub(crate) fn info(&self) -> QpInfo {
+        QpInfo {
+            qpn: self.qpn,
+            state: self.state,
+            st: self.st,
+            pd: self.pd,
+            uar: self.uar,
+            cqn_snd: self.cqn_snd,
+            cqn_rcv: self.cqn_rcv,
+            sq_wqebbs: self.sq_bbs(),
+            rq_wqes: self.rq_wqes(),
+            rq_stride: self.rq_stride() as u32,
+            sq_ci: self.sq_ci,
+            sq_pi: self.sq_pi,
+            rq_ci: self.rq_ci,
+            remote_qpn: self.remote_qpn,
+            next_send_psn: self.next_send_psn,
+            next_rcv_psn: self.next_rcv_psn,
+            q_key: self.q_key,
+            min_rnr_nak: self.min_rnr_nak,
+            retry_count: self.retry_count,
+            rnr_retry: self.rnr_retry,
+            ack_timeout: self.path.ack_timeout(),
+            remote_access: (self.rre, self.rwe, self.rae),
+            error: self.error,
+            outstanding: self.req.is_some(),
+        }
+    }
+}
+
+/// A state-changing QP command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transition {
+    Rst2Init,
+    Init2Rtr,
+    Rtr2Rts,
+    Rts2Rts,
+}
+
+impl Transition {
+    fn from_opcode(op: u32) -> Option<Self> {
+        Some(match op {
+            consts::MLX5_CMD_OP_RST2INIT_QP => Transition::Rst2Init,
+            consts::MLX5_CMD_OP_INIT2RTR_QP => Transition::Init2Rtr,
+            consts::MLX5_CMD_OP_RTR2RTS_QP => Transition::Rtr2Rts,
+            consts::MLX5_CMD_OP_RTS2RTS_QP => Transition::Rts2Rts,
+            _ => return None,
+        })
+    }
+
+    /// The state the command starts from and the one it reaches.
+    fn states(self) -> (QpState, QpState) {
+        match self {
+            Transition::Rst2Init => (QpState::Rst, QpState::Init),
+            Transition::Init2Rtr => (QpState::Init, QpState::Rtr),
+            Transition::Rtr2Rts => (QpState::Rtr, QpState::Rts),
+            Transition::Rts2Rts => (QpState::Rts, QpState::Rts),
+        }
+    }
+
+    /// (qpn, opt_param_mask, qpc) of the command's input layout.
+    fn layout(self) -> (Field, Field, Sub) {
+        match self {
+            Transition::Rst2Init => {
+                use ifc::rst2init_qp_in as i;
+                (i::QPN, i::OPT_PARAM_MASK, i::QPC)
+            }
+            Transition::Init2Rtr => {
+                use ifc::init2rtr_qp_in as i;
+                (i::QPN, i::OPT_PARAM_MASK, i::QPC)
+            }
+            Transition::Rtr2Rts => {
+                use ifc::rtr2rts_qp_in as i;
+                (i::QPN, i::OPT_PARAM_MASK, i::QPC)
+            }
+            Transition::Rts2Rts => {
+                use ifc::rts2rts_qp_in as i;
+                (i::QPN, i::OPT_PARAM_MASK, i::QPC)
+            }
+        }
+    }
+}
+
+fn qp_state_err() -> CmdErr {
+    err(CmdStatus::BadQpState, syndrome::QP_STATE)
+}
+
+impl Firmware {
+    pub(crate) fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
+    pub(crate) fn create_qp(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::create_qp_in as i;
+        use ifc::qpc as q;
+        let ctx = i::QPC;
+        let get = |f: Field| rd(inp, f.at(ctx));
+        let st = match get(q::ST) {
+            consts::MLX5_QP_ST_RC => QpType::Rc,
+            consts::MLX5_QP_ST_UD => QpType::Ud,
+            _ => return Err(bad_param(syndrome::QP_TYPE)),
+        };
+        let unsupported = rd(inp, i::QPC_EXT) != 0
+            || rd(inp, i::INPUT_QPN) != 0
+            || rd(inp, i::WQ_UMEM_VALID) != 0
+            || get(q::DBR_UMEM_VALID) != 0
+            || get(q::XRCD) != 0
+            || get(q::SRQN_RMPN_XRQN) != 0;
+        if unsupported {
+            return Err(bad_param(syndrome::QP_FEATURE));
+        }
+        if get(q::PM_STATE) != consts::MLX5_QP_PM_MIGRATED {
+            return Err(bad_param(syndrome::QP_PM_STATE));
+        }
+        let pd = get(q::PD);
+        if !self.pds.contains(&pd) {
+            return Err(bad_param(syndrome::PD_INVALID));
+        }
+        let has_rq = match get(q::RQ_TYPE) {
+            consts::MLX5_NON_ZERO_RQ => true,
+            consts::MLX5_ZERO_LEN_RQ => false,
+            _ => return Err(bad_param(syndrome::QP_RQ_TYPE)),
+        };
+        let has_sq = get(q::NO_SQ) == 0;
+        let (cqn_snd, cqn_rcv) = (get(q::CQN_SND), get(q::CQN_RCV));
+        if (has_sq && !self.cqs.contains_key(&cqn_snd)) || (has_rq && !self.cqs.contains_key(&cqn_rcv)) {
+            return Err(bad_param(syndrome::CQ_INVALID));
+        }
+        let uar = get(q::UAR_PAGE);
+        if !self.uars.contains(&uar) {
+            return Err(bad_param(syndrome::UAR_INVALID));
+        }
+        let (log_rq_size, log_rq_stride, log_sq_size) =
+            (get(q::LOG_RQ_SIZE), get(q::LOG_RQ_STRIDE), get(q::LOG_SQ_SIZE));
+        let max_log = self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_QP_SZ);
+        if (has_rq && log_rq_size > max_log) || (has_sq && log_sq_size > max_log) {
+            return Err(bad_param(syndrome::LOG_SIZE));
+        }
+        let rq_stride = 1u64 << (log_rq_stride + RQ_STRIDE_SHIFT);
+        if has_rq && rq_stride > u64::from(self.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_RQ)) {
+            return Err(bad_param(syndrome::QP_WQE_SIZE));
+        }
+        if get(q::PAGE_OFFSET) != 0 {
+            return Err(bad_param(syndrome::PAGE_OFFSET));
+        }
+        let page_shift = ADAPTER_PAGE_SHIFT + get(q::LOG_PAGE_SIZE);
+        let rq_bytes = if has_rq { rq_stride << log_rq_size } else { 0 };
+        let sq_bytes = if has_sq { SEND_WQE_BB << log_sq_size } else { 0 };
+        let bytes = rq_bytes + sq_bytes;
+        Self::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        let dbr = inp.get64(q::DBR_ADDR.at(ctx));
+        if !dma.is_mapped(dbr, DBR_BYTES) {
+            return Err(bad_param(syndrome::DBR_NOT_MAPPED));
+        }
+        let max_qps = 1usize << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_QP).min(24);
+        if self.qps.len() >= max_qps {
+            return Err(err(CmdStatus::NoRes, syndrome::NO_RESOURCES));
+        }
+        let qpn = alloc_id(&self.qps, &mut self.next_qpn, QPN_FIRST, QPN_END)
+            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
+        let pas = (0..bytes.div_ceil(1 << page_shift)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect();
+        let qp = Qp {
+            qpn,
+            st,
+            state: QpState::Rst,
+            pd,
+            uar,
+            cqn_snd,
+            cqn_rcv,
+            dbr,
+            pas,
+            page_shift,
+            log_rq_size,
+            log_rq_stride,
+            has_rq,
+            log_sq_size,
+            has_sq,
+            path: Path::default(),
+            mtu: 0,
+            log_msg_max: 0,
+            remote_qpn: 0,
+            next_rcv_psn: 0,
+            next_send_psn: 0,
+            log_rra_max: 0,
+            log_sra_max: 0,
+            min_rnr_nak: 0,
+            retry_count: 0,
+            rnr_retry: 0,
+            rre: false,
+            rwe: false,
+            rae: false,
+            q_key: 0,
+            sq_ci: 0,
+            sq_pi: 0,
+            rq_ci: 0,
+            req: None,
+            error: None,
+        };
+        self.qps.insert(qpn, qp);
+        out.set(ifc::create_qp_out::QPN, qpn);
+        Ok(())
+    }
+
+    pub(crate) fn destroy_qp(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+        let qpn = rd(inp, ifc::destroy_qp_in::QPN);
+        // Requests in flight to or from it are dropped when they arrive: nothing refers to it any more.
+        self.qps.remove(&qpn).map(|_| ()).ok_or(bad_param(syndrome::QP_INVALID))
+    }
+
+    /// 2ERR (any state but RST) and 2RST (any state).
+    pub(crate) fn qp_to_err_or_rst(&mut self, opcode: u32, inp: &[u8]) -> Result<(), CmdErr> {
+        let qpn = if opcode == consts::MLX5_CMD_OP_2ERR_QP {
+            rd(inp, ifc::qp_2err_in::QPN)
+        } else {
+            rd(inp, ifc::qp_2rst_in::QPN)
+        };
+        let qp = self.qps.get_mut(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
+        if opcode == consts::MLX5_CMD_OP_2ERR_QP {
+            if qp.state == QpState::Rst {
+                return Err(qp_state_err());
+            }
+            // Outstanding and posted WQEs are flushed the next time the datapath runs (right after this command).
+            qp.state = QpState::Err;
+        } else {
+            qp.reset();
+        }
+        Ok(())
+    }
+
+    /// Checks a primary path for the link layer: IB needs a LID (and, with a GRH, a valid source GID index);
+    /// RoCE needs a GRH with a destination GID and MAC and a valid source GID index.
+    fn check_path(&self, p: &Path) -> Result<(), CmdErr> {
+        if p.port() != 0 && p.port() != PORT {
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        let gid_ok = p.src_addr_index() < crate::wire::GID_ENTRIES;
+        let ok = match self.port.port_type {
+            PortType::Ib => p.rlid() != 0 && (!p.grh() || gid_ok),
+            PortType::Eth => p.grh() && gid_ok && p.rgid() != [0; 16] && p.rmac() != [0; 6],
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(bad_param(syndrome::QP_PATH))
+        }
+    }
+
+    /// RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS.
+    pub(crate) fn modify_qp(&mut self, opcode: u32, inp: &[u8]) -> Result<(), CmdErr> {
+        use consts as k;
+        use ifc::qpc as q;
+        let t = Transition::from_opcode(opcode).ok_or(err(CmdStatus::BadOp, syndrome::BAD_OPCODE))?;
+        let (qpn_f, opt_f, ctx) = t.layout();
+        let qpn = rd(inp, qpn_f);
+        let opt = rd(inp, opt_f);
+        let get = |f: Field| rd(inp, f.at(ctx));
+        let qp = self.qps.get(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
+        let (from, to) = t.states();
+        if qp.state != from {
+            return Err(qp_state_err());
+        }
+        let rc = qp.st == QpType::Rc;
+        let path = Path::from_ctx(inp, ctx);
+        let cap = |f: Field| self.caps.gen(f);
+        // Validate everything before changing anything.
+        match t {
+            Transition::Rst2Init if path.port() != PORT => return Err(bad_param(syndrome::BAD_PORT)),
+            Transition::Init2Rtr if rc => {
+                if !(k::IB_MTU_256..=k::IB_MTU_4096).contains(&get(q::MTU)) {
+                    return Err(bad_param(syndrome::QP_MTU));
+                }
+                if get(q::LOG_MSG_MAX) > cap(ifc::cmd_hca_cap::LOG_MAX_MSG)
+                    || get(q::LOG_RRA_MAX) > cap(ifc::cmd_hca_cap::LOG_MAX_RA_RES_QP)
+                {
+                    return Err(bad_param(syndrome::QP_CONTEXT));
+                }
+                self.check_path(&path)?;
+            }
+            Transition::Rtr2Rts if rc && get(q::LOG_SRA_MAX) > cap(ifc::cmd_hca_cap::LOG_MAX_RA_REQ_QP) => {
+                return Err(bad_param(syndrome::QP_CONTEXT));
+            }
+            Transition::Rts2Rts if opt & k::MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH != 0 && rc => self.check_path(&path)?,
+            _ => {}
+        }
+        let pkey_entries = 128u32 << cap(ifc::cmd_hca_cap::PKEY_TABLE_SIZE).min(8);
+        let sets_pkey = t == Transition::Rst2Init || opt & k::MLX5_QP_OPTPAR_PKEY_INDEX != 0;
+        if sets_pkey && path.pkey_index() >= pkey_entries {
+            return Err(bad_param(syndrome::QP_PKEY_INDEX));
+        }
+        let qp = self.qps.get_mut(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
+        let has = |bit: u32| opt & bit != 0;
+        let access = |qp: &mut Qp| {
+            qp.rre = get(q::RRE) != 0;
+            qp.rwe = get(q::RWE) != 0;
+            qp.rae = get(q::RAE) != 0;
+        };
+        if sets_pkey {
+            qp.path.put(ifc::ads::PKEY_INDEX, path.pkey_index());
+        }
+        match t {
+            Transition::Rst2Init => {
+                qp.path.put(ifc::ads::VHCA_PORT_NUM, PORT);
+                if rc {
+                    access(qp);
+                } else {
+                    qp.q_key = get(q::Q_KEY);
+                }
+            }
+            Transition::Init2Rtr => {
+                if rc {
+                    let (pkey, port) = (qp.path.pkey_index(), qp.path.port());
+                    qp.path = path;
+                    // The port and pkey index stay what RST2INIT (or the optional pkey) set.
+                    qp.path.put(ifc::ads::PKEY_INDEX, pkey);
+                    qp.path.put(ifc::ads::VHCA_PORT_NUM, port);
+                    qp.mtu = get(q::MTU);
+                    qp.log_msg_max = get(q::LOG_MSG_MAX);
+                    qp.remote_qpn = get(q::REMOTE_QPN);
+                    qp.next_rcv_psn = get(q::NEXT_RCV_PSN);
+                    qp.log_rra_max = get(q::LOG_RRA_MAX);
+                    qp.min_rnr_nak = get(q::MIN_RNR_NAK) as u8;
+                    if has(k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE) {
+                        access(qp);
+                    }
+                } else if has(k::MLX5_QP_OPTPAR_Q_KEY) {
+                    qp.q_key = get(q::Q_KEY);
+                }
+            }
+            Transition::Rtr2Rts => {
+                qp.next_send_psn = get(q::NEXT_SEND_PSN);
+                if rc {
+                    qp.retry_count = get(q::RETRY_COUNT) as u8;
+                    qp.rnr_retry = get(q::RNR_RETRY) as u8;
+                    qp.log_sra_max = get(q::LOG_SRA_MAX);
+                    qp.path.put(ifc::ads::ACK_TIMEOUT, path.ack_timeout().into());
+                    if has(k::MLX5_QP_OPTPAR_RNR_TIMEOUT) {
+                        qp.min_rnr_nak = get(q::MIN_RNR_NAK) as u8;
+                    }
+                    if has(k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE) {
+                        access(qp);
+                    }
+                } else if has(k::MLX5_QP_OPTPAR_Q_KEY) {
+                    qp.q_key = get(q::Q_KEY);
+                }
+            }
+            Transition::Rts2Rts => {
+                if rc {
+                    if has(k::MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH) {
+                        let (pkey, port, ack) = (qp.path.pkey_index(), qp.path.port(), qp.path.ack_timeout());
+                        qp.path = path;
+                        qp.path.put(ifc::ads::PKEY_INDEX, pkey);
+                        qp.path.put(ifc::ads::VHCA_PORT_NUM, port);
+                        qp.path.put(ifc::ads::ACK_TIMEOUT, ack.into());
+                    }
+                    if has(k::MLX5_QP_OPTPAR_ACK_TIMEOUT) {
+                        qp.path.put(ifc::ads::ACK_TIMEOUT, path.ack_timeout().into());
+                    }
+                    if has(k::MLX5_QP_OPTPAR_RNR_TIMEOUT) {
+                        qp.min_rnr_nak = get(q::MIN_RNR_NAK) as u8;
+                    }
+                    if has(k::MLX5_QP_OPTPAR_RETRY_COUNT) {
+                        qp.retry_count = get(q::RETRY_COUNT) as u8;
+                    }
+                    if has(k::MLX5_QP_OPTPAR_RNR_RETRY) {
+                        qp.rnr_retry = get(q::RNR_RETRY) as u8;
+                    }
+                    if has(k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE) {
+                        access(qp);
+                    }
+                } else if has(k::MLX5_QP_OPTPAR_Q_KEY) {
+                    qp.q_key = get(q::Q_KEY);
+                }
+            }
+        }
+        qp.state = to;
+        Ok(())
+    }
+
+    /// QUERY_QP: the context with the live state and counters (the SQ producer counter as of the last doorbell,
+    /// the RQ head as the doorbell record holds it now).
+    pub(crate) fn query_qp(&self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::qpc as q;
+        let qpn = rd(inp, ifc::query_qp_in::QPN);
+        let qp = self.qps.get(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
+        let ctx = ifc::query_qp_out::QPC;
+        let mut head = [0u8; 4];
+        let rq_head = if dma.peek(qp.dbr, &mut head) { u32::from_be_bytes(head) & 0xffff } else { 0 };
+        let fields = [
+            (q::STATE, qp.state.raw()),
+            (q::ST, qp.st.raw()),
+            (q::PM_STATE, consts::MLX5_QP_PM_MIGRATED),
+            (q::PD, qp.pd),
+            (q::MTU, qp.mtu),
+            (q::LOG_MSG_MAX, qp.log_msg_max),
+            (q::LOG_RQ_SIZE, qp.log_rq_size),
+            (q::LOG_RQ_STRIDE, qp.log_rq_stride),
+            (q::NO_SQ, (!qp.has_sq).into()),
+            (q::LOG_SQ_SIZE, qp.log_sq_size),
+            (q::UAR_PAGE, qp.uar),
+            (q::LOG_PAGE_SIZE, qp.page_shift - ADAPTER_PAGE_SHIFT),
+            (q::REMOTE_QPN, qp.remote_qpn),
+            (q::LOG_SRA_MAX, qp.log_sra_max),
+            (q::RETRY_COUNT, qp.retry_count.into()),
+            (q::RNR_RETRY, qp.rnr_retry.into()),
+            (q::NEXT_SEND_PSN, qp.next_send_psn),
+            (q::CQN_SND, qp.cqn_snd),
+            (q::LOG_RRA_MAX, qp.log_rra_max),
+            (q::RRE, qp.rre.into()),
+            (q::RWE, qp.rwe.into()),
+            (q::RAE, qp.rae.into()),
+            (q::MIN_RNR_NAK, qp.min_rnr_nak.into()),
+            (q::NEXT_RCV_PSN, qp.next_rcv_psn),
+            (q::CQN_RCV, qp.cqn_rcv),
+            (q::Q_KEY, qp.q_key),
+            (q::RQ_TYPE, if qp.has_rq { consts::MLX5_NON_ZERO_RQ } else { consts::MLX5_ZERO_LEN_RQ }),
+            (q::HW_SQ_WQEBB_COUNTER, qp.sq_ci.into()),
+            (q::SW_SQ_WQEBB_COUNTER, qp.sq_pi.into()),
+            (q::HW_RQ_COUNTER, qp.rq_ci.into()),
+            (q::SW_RQ_COUNTER, rq_head),
+        ];
+        for (f, v) in fields {
+            out.set(f.at(ctx), v);
+        }
+        out.set64(q::DBR_ADDR.at(ctx), qp.dbr);
+        let path = q::PRIMARY_ADDRESS_PATH.at(ctx);
+        out[path.off..path.off + path.len].copy_from_slice(&qp.path.0);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{QpSpec, Rdma, Remote};
+    use crate::{SimConfig, SimDevice};
+    use mlx5_core::hal::Dma;
+
+    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
+    const BAD_QP_STATE: u8 = consts::MLX5_CMD_STAT_BAD_QP_STATE_ERR as u8;
+    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8;
+
+    fn create(r: &mut Rdma, inp: &[u8]) -> (u8, u32, u32) {
+        let (s, syn, out) = r.h.cmd(inp, ifc::create_qp_out::SIZE_BYTES);
+        (s, syn, rd(&out, ifc::create_qp_out::QPN))
+    }
+
+    fn destroy(r: &mut Rdma, op: u32, f: Field, n: u32) -> (u8, u32) {
+        let mut inp = vec![0u8; 16];
+        inp.set(ifc::mbox_in::OPCODE, op);
+        inp.set(f, n);
+        let (s, syn, _) = r.h.cmd(&inp, 16);
+        (s, syn)
+    }
+
+    #[test]
+    fn create_qp_validates_its_context() {
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        const CTX: Sub = ifc::create_qp_in::QPC;
+        let spec = QpSpec::rc();
+        // The 4-bit log sizes cannot exceed the default log_max_qp_sz (15): lower the capability.
+        crate::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::LOG_MAX_QP_SZ, 12);
+        let try_with = |r: &mut Rdma, spec: QpSpec, f: &dyn Fn(&mut Vec<u8>)| {
+            let (mut inp, _, _) = r.create_qp_in(spec, cq.cqn, cq.cqn);
+            f(&mut inp);
+            create(r, &inp)
+        };
+        type Edit = Box<dyn Fn(&mut Vec<u8>)>;
+        let cases: Vec<(Edit, u8, u32)> = vec![
+            (Box::new(|i| i.set(ifc::qpc::ST.at(CTX), consts::MLX5_QP_ST_UC)), BAD_PARAM, syndrome::QP_TYPE),
+            (
+                Box::new(|i| i.set(ifc::qpc::PM_STATE.at(CTX), consts::MLX5_QP_PM_ARMED)),
+                BAD_PARAM,
+                syndrome::QP_PM_STATE,
+            ),
+            (Box::new(|i| i.set(ifc::qpc::PD.at(CTX), 999)), BAD_PARAM, syndrome::PD_INVALID),
+            (Box::new(|i| i.set(ifc::qpc::CQN_SND.at(CTX), 999)), BAD_PARAM, syndrome::CQ_INVALID),
+            (Box::new(|i| i.set(ifc::qpc::CQN_RCV.at(CTX), 999)), BAD_PARAM, syndrome::CQ_INVALID),
+            (Box::new(|i| i.set(ifc::qpc::UAR_PAGE.at(CTX), 999)), BAD_PARAM, syndrome::UAR_INVALID),
+            (Box::new(|i| i.set(ifc::qpc::LOG_SQ_SIZE.at(CTX), 13)), BAD_PARAM, syndrome::LOG_SIZE),
+            (Box::new(|i| i.set(ifc::qpc::LOG_RQ_SIZE.at(CTX), 13)), BAD_PARAM, syndrome::LOG_SIZE),
+            // 16 << 6 = 1024 bytes per RQ WQE, above max_wqe_sz_rq (512).
+            (Box::new(|i| i.set(ifc::qpc::LOG_RQ_STRIDE.at(CTX), 6)), BAD_PARAM, syndrome::QP_WQE_SIZE),
+            (Box::new(|i| i.set(ifc::qpc::RQ_TYPE.at(CTX), consts::MLX5_SRQ_RQ)), BAD_PARAM, syndrome::QP_RQ_TYPE),
+            (Box::new(|i| i.set(ifc::qpc::PAGE_OFFSET.at(CTX), 1)), BAD_PARAM, syndrome::PAGE_OFFSET),
+            (Box::new(|i| i.set64(ifc::qpc::DBR_ADDR.at(CTX), 0x10)), BAD_PARAM, syndrome::DBR_NOT_MAPPED),
+            (Box::new(|i| i.set(ifc::create_qp_in::INPUT_QPN, 0x200)), BAD_PARAM, syndrome::QP_FEATURE),
+            (Box::new(|i| i.truncate(i.len() - 8)), BAD_PARAM, syndrome::PAS_TOO_FEW),
+            (Box::new(|i| i.set64(ifc::create_qp_in::PAS.elem(1), 0x7000)), BAD_PARAM, syndrome::PAS_NOT_MAPPED),
+        ];
+        for (k, (f, status, synd)) in cases.iter().enumerate() {
+            let (s, syn, _) = try_with(&mut r, spec, f.as_ref());
+            assert_eq!((s, syn), (*status, *synd), "case {k}");
+        }
+        assert_eq!(r.h.dev.qp_count(), 0);
+        // A good one: QPNs are 24 bits from 0x100, sizes as asked.
+        let qp = r.qp(spec, cq.cqn, cq.cqn);
+        assert!((QPN_FIRST..QPN_END).contains(&qp.qpn));
+        let info = r.h.dev.qp_info(qp.qpn).unwrap();
+        assert_eq!(
+            (info.state, info.st, info.sq_wqebbs, info.rq_wqes, info.rq_stride),
+            (QpState::Rst, QpType::Rc, 64, 16, 64)
+        );
+        assert_eq!((info.pd, info.uar, info.cqn_snd, info.cqn_rcv), (r.pd, r.uar, cq.cqn, cq.cqn));
+        // A UD QP without an RQ and an RC QP without an SQ need no buffer for them.
+        let ud = r.qp(QpSpec { zero_rq: true, ..QpSpec::ud() }, cq.cqn, 0);
+        assert_eq!(r.h.dev.qp_info(ud.qpn).unwrap().rq_wqes, 0);
+        let rq_only = r.qp(QpSpec { no_sq: true, ..QpSpec::rc() }, 0, cq.cqn);
+        assert_eq!(r.h.dev.qp_info(rq_only.qpn).unwrap().sq_wqebbs, 0);
+        // The CQ, PD and UAR are in use while a QP refers to them.
+        let in_use = (BAD_RES_STATE, syndrome::IN_USE);
+        assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cq.cqn), in_use);
+        let (pd, uar) = (r.pd, r.uar);
+        assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DEALLOC_PD, ifc::dealloc_pd_in::PD, pd), in_use);
+        assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DEALLOC_UAR, ifc::dealloc_uar_in::UAR, uar), in_use);
+        for q in [qp.qpn, ud.qpn, rq_only.qpn] {
+            assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_QP, ifc::destroy_qp_in::QPN, q), (0, 0));
+        }
+        let again = destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_QP, ifc::destroy_qp_in::QPN, qp.qpn);
+        assert_eq!(again, (BAD_PARAM, syndrome::QP_INVALID));
+        assert_eq!(r.h.dev.qp_info(qp.qpn), None);
+        assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cq.cqn), (0, 0));
+    }
+
+    #[test]
+    fn the_state_machine_refuses_wrong_states_and_stores_each_transition() {
+        use consts as k;
+        use ifc::qpc as q;
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        let qp = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        let n = qp.qpn;
+        let wrong = (BAD_QP_STATE, syndrome::QP_STATE);
+        let state = |r: &Rdma| r.h.dev.qp_info(n).unwrap().state;
+        // From RST only RST2INIT (and 2RST) go.
+        for op in
+            [k::MLX5_CMD_OP_INIT2RTR_QP, k::MLX5_CMD_OP_RTR2RTS_QP, k::MLX5_CMD_OP_RTS2RTS_QP, k::MLX5_CMD_OP_2ERR_QP]
+        {
+            assert_eq!(r.modify(op, n, 0, |_, _| {}), wrong, "opcode {op:#x}");
+        }
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n + 1, 0, |_, _| {}), (BAD_PARAM, syndrome::QP_INVALID));
+        // Port 2 does not exist; pkey index 200 is beyond the 128-entry table.
+        let port =
+            |p: u32| move |i: &mut Vec<u8>, c: Sub| i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), p);
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, port(2)), (BAD_PARAM, syndrome::BAD_PORT));
+        let big_pkey = |i: &mut Vec<u8>, c: Sub| {
+            port(1)(i, c);
+            i.set(ifc::ads::PKEY_INDEX.at(q::PRIMARY_ADDRESS_PATH.at(c)), 200);
+        };
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, big_pkey), (BAD_PARAM, syndrome::QP_PKEY_INDEX));
+        assert_eq!(state(&r), QpState::Rst);
+        let access = |i: &mut Vec<u8>, c: Sub| {
+            port(1)(i, c);
+            i.set(q::RRE.at(c), 1);
+            i.set(q::RAE.at(c), 1);
+        };
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, access), (0, 0));
+        assert_eq!(r.h.dev.qp_info(n).unwrap().remote_access, (true, false, true));
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, access), wrong);
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RTR2RTS_QP, n, 0, |_, _| {}), wrong);
+        // INIT2RTR checks the MTU, the caps and the RoCE path.
+        let me = r.me(0x4242);
+        let rtr = |mtu: u32, grh: bool, rra: u32| {
+            let path_r = me;
+            move |r: &Rdma, i: &mut Vec<u8>, c: Sub| {
+                r.path(i, c, &path_r);
+                i.set(ifc::ads::GRH.at(q::PRIMARY_ADDRESS_PATH.at(c)), grh.into());
+                i.set(q::MTU.at(c), mtu);
+                i.set(q::LOG_MSG_MAX.at(c), 20);
+                i.set(q::REMOTE_QPN.at(c), path_r.qpn);
+                i.set(q::NEXT_RCV_PSN.at(c), 0x77);
+                i.set(q::LOG_RRA_MAX.at(c), rra);
+                i.set(q::MIN_RNR_NAK.at(c), 5);
+            }
+        };
+        // The qpc is prepared apart (filling a path needs the device) and copied into the command.
+        let fix = |r: &mut Rdma, op: u32, opt: u32, f: &dyn Fn(&Rdma, &mut Vec<u8>, Sub)| {
+            let mut inp = vec![0u8; ifc::init2rtr_qp_in::SIZE_BYTES];
+            f(r, &mut inp, ifc::init2rtr_qp_in::QPC);
+            r.modify(op, n, opt, move |i, c| i[c.off..c.off + c.len].copy_from_slice(&inp[c.off..c.off + c.len]))
+        };
+        assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(0, true, 2)), (BAD_PARAM, syndrome::QP_MTU));
+        assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, false, 2)), (BAD_PARAM, syndrome::QP_PATH));
+        // log_max_ra_res_qp is 4.
+        assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, true, 5)), (BAD_PARAM, syndrome::QP_CONTEXT));
+        assert_eq!(state(&r), QpState::Init);
+        assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, true, 2)), (0, 0));
+        let info = r.h.dev.qp_info(n).unwrap();
+        assert_eq!((info.state, info.remote_qpn, info.next_rcv_psn, info.min_rnr_nak), (QpState::Rtr, 0x4242, 0x77, 5));
+        let rts = |i: &mut Vec<u8>, c: Sub| {
+            i.set(q::NEXT_SEND_PSN.at(c), 0x99);
+            i.set(q::RETRY_COUNT.at(c), 6);
+            i.set(q::RNR_RETRY.at(c), 5);
+            i.set(q::LOG_SRA_MAX.at(c), 1);
+            i.set(ifc::ads::ACK_TIMEOUT.at(q::PRIMARY_ADDRESS_PATH.at(c)), 14);
+        };
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RTR2RTS_QP, n, 0, rts), (0, 0));
+        let info = r.h.dev.qp_info(n).unwrap();
+        assert_eq!(
+            (info.state, info.next_send_psn, info.retry_count, info.rnr_retry, info.ack_timeout),
+            (QpState::Rts, 0x99, 6, 5, 14)
+        );
+        // RTS2RTS changes only what its optional parameters name.
+        let rts2rts = |i: &mut Vec<u8>, c: Sub| {
+            i.set(q::MIN_RNR_NAK.at(c), 20);
+            i.set(q::RETRY_COUNT.at(c), 1);
+        };
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RTS2RTS_QP, n, k::MLX5_QP_OPTPAR_RNR_TIMEOUT, rts2rts), (0, 0));
+        let info = r.h.dev.qp_info(n).unwrap();
+        assert_eq!((info.min_rnr_nak, info.retry_count), (20, 6));
+        // QUERY_QP reports the context.
+        let (s, out) = r.query_qp(n);
+        assert_eq!(s, 0);
+        let c = ifc::query_qp_out::QPC;
+        let get = |f: Field| rd(&out, f.at(c));
+        assert_eq!((get(q::STATE), get(q::ST), get(q::PD)), (k::MLX5_QP_STATE_RTS, k::MLX5_QP_ST_RC, r.pd));
+        assert_eq!((get(q::REMOTE_QPN), get(q::NEXT_SEND_PSN), get(q::NEXT_RCV_PSN)), (0x4242, 0x99, 0x77));
+        assert_eq!((get(q::MTU), get(q::MIN_RNR_NAK), get(q::RRE), get(q::RWE)), (3, 20, 1, 0));
+        assert_eq!((get(q::LOG_SQ_SIZE), get(q::LOG_RQ_SIZE), get(q::CQN_SND)), (6, 4, cq.cqn));
+        let p = q::PRIMARY_ADDRESS_PATH.at(c);
+        assert_eq!((rd(&out, ifc::ads::GRH.at(p)), rd(&out, ifc::ads::ACK_TIMEOUT.at(p))), (1, 14));
+        assert_eq!(rd(&out, ifc::ads::VHCA_PORT_NUM.at(p)), 1);
+        let g = p.off + ifc::ads::RGID_RIP.byte_off();
+        assert_eq!(out[g..g + 16], r.h.dev.gid(0).unwrap());
+        // 2ERR from any state but RST; 2RST from any.
+        assert_eq!(r.modify(k::MLX5_CMD_OP_2ERR_QP, n, 0, |_, _| {}), (0, 0));
+        assert_eq!(state(&r), QpState::Err);
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RTS2RTS_QP, n, 0, |_, _| {}), wrong);
+        assert_eq!(r.modify(k::MLX5_CMD_OP_2ERR_QP, n, 0, |_, _| {}), (0, 0));
+        assert_eq!(r.modify(k::MLX5_CMD_OP_2RST_QP, n, 0, |_, _| {}), (0, 0));
+        assert_eq!(r.modify(k::MLX5_CMD_OP_2RST_QP, n, 0, |_, _| {}), (0, 0));
+        assert_eq!(state(&r), QpState::Rst);
+        assert_eq!(rd(&r.query_qp(n).1, q::STATE.at(c)), k::MLX5_QP_STATE_RST);
+        // The whole way again after the reset.
+        r.connect_rc(&qp, &me, Default::default());
+        assert_eq!(state(&r), QpState::Rts);
+    }
+
+    #[test]
+    fn ud_and_ib_transitions() {
+        use consts as k;
+        use ifc::qpc as q;
+        let mut r = Rdma::new(SimConfig { port_type: PortType::Ib, lid: 7, ..SimConfig::default() });
+        let cq = r.cq(4);
+        let ud = r.qp(QpSpec::ud(), cq.cqn, cq.cqn);
+        r.ready_ud(&ud, 0x1111_2222);
+        let info = r.h.dev.qp_info(ud.qpn).unwrap();
+        assert_eq!((info.state, info.st, info.q_key, info.next_send_psn), (QpState::Rts, QpType::Ud, 0x1111_2222, 1));
+        // A new qkey as an optional parameter of RTS2RTS.
+        let st = r.modify(k::MLX5_CMD_OP_RTS2RTS_QP, ud.qpn, k::MLX5_QP_OPTPAR_Q_KEY, |i, c| i.set(q::Q_KEY.at(c), 5));
+        assert_eq!(st, (0, 0));
+        assert_eq!(r.h.dev.qp_info(ud.qpn).unwrap().q_key, 5);
+        // IB RC paths need a LID.
+        let rc = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        let init = |i: &mut Vec<u8>, c: Sub| i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), 1);
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, rc.qpn, 0, init), (0, 0));
+        let no_lid = |i: &mut Vec<u8>, c: Sub| i.set(q::MTU.at(c), k::IB_MTU_2048);
+        assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, rc.qpn, 0, no_lid), (BAD_PARAM, syndrome::QP_PATH));
+        let me = Remote { qpn: ud.qpn, lid: 7, gid: [0; 16], mac: [0; 6] };
+        assert_eq!(r.h.dev.lid(), 7);
+        let mut inp = vec![0u8; ifc::init2rtr_qp_in::SIZE_BYTES];
+        r.path(&mut inp, ifc::init2rtr_qp_in::QPC, &me);
+        let st = r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, rc.qpn, 0, |i, c| {
+            i[c.off..c.off + c.len].copy_from_slice(&inp[c.off..c.off + c.len]);
+            i.set(q::MTU.at(c), k::IB_MTU_2048);
+        });
+        assert_eq!(st, (0, 0));
+        assert_eq!(r.h.dev.qp_info(rc.qpn).unwrap().state, QpState::Rtr);
+    }
+
+    #[test]
+    fn teardown_destroys_qps() {
+        let mut r = Rdma::inline();
+        let cq = r.cq(3);
+        r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        assert_eq!(r.h.dev.qp_count(), 1);
+        let (s, _, _) = r.h.simple(consts::MLX5_CMD_OP_TEARDOWN_HCA, 0, 16, 16);
+        assert_eq!(s, 0);
+        assert_eq!(r.h.dev.qp_count(), 0);
+        // Nothing is left that could touch the buffers.
+        let region = r.h.dma.alloc(64, 64).unwrap();
+        // SAFETY: the region came from this allocator and nothing refers to it.
+        unsafe { r.h.dma.free(region) };
+        let _ = SimDevice::default();
+    }
+}

@@ -1,0 +1,481 @@
+//! The virtual wire: the packets QPs exchange, port addresses, routing (loopback or a connected peer), and the
+//! pump that carries packets between devices.
+//!
+//! A packet is a whole message (one request or one response); segmentation into MTU-sized packets is not
+//! modelled. Routing is by the sender's path or address vector: the IB destination LID, or the RoCE destination
+//! GID together with the destination MAC. The device's own address is loopback (the packet goes to its own inbox
+//! and is handled under the same lock); an address of a peer joined by [`crate::SimDevice::connect`] goes out on
+//! the wire; anything else is unreachable.
+//!
+//! Locking: a device only ever holds its own lock. The pump runs one device's datapath, takes the packets it
+//! produced for other devices, then locks each destination in turn, hands it the packet and runs its datapath,
+//! and so on until nothing is left to carry. No two device locks are held at once, so two devices sending to
+//! each other from two threads cannot deadlock.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use crate::{lock, PortType, Shared, SimConfig};
+
+/// Device ids are unique in the process, so a packet can tell loopback from the wire.
+static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The most packets one pump carries: a bound against a simulator bug ping-ponging forever.
+const PUMP_BUDGET: usize = 1 << 20;
+
+/// Bytes of a GID.
+pub(crate) const GID_LEN: usize = 16;
+/// Entries of the GID table (index 0, the default GID).
+pub(crate) const GID_ENTRIES: u32 = 1;
+
+pub(crate) fn next_device_id() -> u64 {
+    NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A device on the wire: its id and a handle that does not keep it alive.
+#[derive(Debug, Clone)]
+pub(crate) struct DevRef {
+    pub(crate) id: u64,
+    pub(crate) shared: Weak<Shared>,
+}
+
+/// The address of port 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PortAddr {
+    pub(crate) ib: bool,
+    /// The port LID (IB; 0 on Ethernet).
+    pub(crate) lid: u16,
+    /// GID index 0.
+    pub(crate) gid: [u8; GID_LEN],
+    pub(crate) mac: [u8; 6],
+}
+
+/// The IPv6 link-local prefix fe80::/64, the subnet prefix of GID index 0.
+const LINK_LOCAL: [u8; 8] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0];
+
+impl PortAddr {
+    pub(crate) fn new(cfg: &SimConfig) -> Self {
+        let ib = cfg.port_type == PortType::Ib;
+        let mut gid = [0u8; GID_LEN];
+        gid[..8].copy_from_slice(&LINK_LOCAL);
+        if ib {
+            // The default GID: subnet prefix + port GUID (the simulator's port GUID is the node GUID).
+            gid[8..].copy_from_slice(&cfg.node_guid.to_be_bytes());
+        } else {
+            // The link-local IPv6 address of the MAC (modified EUI-64: U/L bit flipped, ff:fe in the middle).
+            let m = cfg.mac;
+            gid[8..].copy_from_slice(&[m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
+        }
+        Self { ib, lid: if ib { cfg.lid } else { 0 }, gid, mac: cfg.mac }
+    }
+
+    /// GID table entry `index` (only index 0 is populated).
+    pub(crate) fn gid(&self, index: u32) -> Option<[u8; GID_LEN]> {
+        (index < GID_ENTRIES).then_some(self.gid)
+    }
+
+    fn matches(&self, d: &Dest) -> bool {
+        match *d {
+            Dest::Lid(lid) => self.ib && lid != 0 && lid == self.lid,
+            Dest::Gid { gid, mac } => !self.ib && gid == self.gid && mac == self.mac,
+        }
+    }
+}
+
+/// Where a packet goes, as the sender's path or address vector names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dest {
+    /// IB: the destination LID.
+    Lid(u16),
+    /// RoCE: the destination GID and MAC.
+    Gid { gid: [u8; GID_LEN], mac: [u8; 6] },
+}
+
+/// The global route header a packet carries (always on RoCE, when the path asks for it on IB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grh {
+    pub(crate) sgid: [u8; GID_LEN],
+    pub(crate) dgid: [u8; GID_LEN],
+    pub(crate) tclass: u8,
+    pub(crate) flow_label: u32,
+    pub(crate) hop_limit: u8,
+}
+
+/// A remote atomic operation (8 bytes, big endian in memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtomicOp {
+    CmpSwap { compare: u64, swap: u64 },
+    FetchAdd { add: u64 },
+}
+
+/// An RC request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RcOp {
+    Send { data: Vec<u8>, imm: Option<[u8; 4]> },
+    Write { raddr: u64, rkey: u32, data: Vec<u8>, imm: Option<[u8; 4]> },
+    Read { raddr: u64, rkey: u32, len: u64 },
+    Atomic { raddr: u64, rkey: u32, op: AtomicOp },
+}
+
+/// A NAK the responder sends for a request it cannot execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nak {
+    /// Bad rkey, rights or bounds: the requester completes with `REMOTE_ACCESS_ERR`.
+    RemoteAccess,
+    /// A request the responder cannot accept (receive too small, misaligned atomic): `REMOTE_INVAL_REQ_ERR`.
+    InvalidRequest,
+    /// The responder failed locally (its receive buffer's key): `REMOTE_OP_ERR`.
+    RemoteOp,
+}
+
+/// What comes back for an RC request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Resp {
+    Ack,
+    ReadData(Vec<u8>),
+    AtomicOrig(u64),
+    /// Receiver not ready; retry after the RNR timer `timer` (the responder's `min_rnr_nak`).
+    RnrNak {
+        timer: u8,
+    },
+    Nak(Nak),
+    /// The request reached no RC QP ready to receive it (unknown address or QP, wrong state or type, device
+    /// gone). Not a packet: it stands for the requester's ACK timer starting, which the simulator knows at once.
+    Lost(&'static str),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Body {
+    /// An RC request; `seq` identifies the attempt, so a late response to an earlier attempt is ignored.
+    Rc { seq: u64, op: RcOp, solicited: bool },
+    /// A UD send.
+    Ud { qkey: u32, data: Vec<u8>, imm: Option<[u8; 4]>, solicited: bool },
+    /// A response to the RC request `seq`.
+    Resp { seq: u64, resp: Resp },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Packet {
+    pub(crate) src: DevRef,
+    pub(crate) dst: DevRef,
+    pub(crate) src_qpn: u32,
+    pub(crate) dst_qpn: u32,
+    /// The sender's LID (IB) and service level.
+    pub(crate) slid: u16,
+    pub(crate) sl: u8,
+    pub(crate) grh: Option<Grh>,
+    pub(crate) body: Body,
+}
+
+impl Packet {
+    /// The response `resp` to this packet, addressed back to its sender; `None` unless it is an RC request.
+    pub(crate) fn reply(&self, resp: Resp) -> Option<Packet> {
+        let Body::Rc { seq, .. } = self.body else { return None };
+        Some(Packet {
+            src: self.dst.clone(),
+            dst: self.src.clone(),
+            src_qpn: self.dst_qpn,
+            dst_qpn: self.src_qpn,
+            slid: 0,
+            sl: 0,
+            grh: None,
+            body: Body::Resp { seq, resp },
+        })
+    }
+}
+
+/// A device joined by the wire, with its address (fixed by its configuration).
+#[derive(Debug)]
+struct Peer {
+    dev: DevRef,
+    addr: PortAddr,
+}
+
+/// A device's side of the wire: its own address, its peers, and the packets waiting to be handled or carried.
+#[derive(Debug)]
+pub(crate) struct Wire {
+    pub(crate) me: DevRef,
+    pub(crate) addr: PortAddr,
+    peers: Vec<Peer>,
+    /// Packets for this device (loopback, or delivered by the pump).
+    pub(crate) inbox: VecDeque<Packet>,
+    /// Packets for other devices, for the pump.
+    pub(crate) outbox: Vec<Packet>,
+}
+
+impl Wire {
+    pub(crate) fn new(cfg: &SimConfig) -> Self {
+        Self {
+            me: DevRef { id: next_device_id(), shared: Weak::new() },
+            addr: PortAddr::new(cfg),
+            peers: Vec::new(),
+            inbox: VecDeque::new(),
+            outbox: Vec::new(),
+        }
+    }
+
+    /// The device a destination address names.
+    pub(crate) fn route(&self, d: &Dest) -> Result<DevRef, &'static str> {
+        if self.addr.matches(d) {
+            return Ok(self.me.clone());
+        }
+        if let Some(p) = self.peers.iter().find(|p| p.addr.matches(d)) {
+            return Ok(p.dev.clone());
+        }
+        // A known GID behind another MAC: the frame goes to a port that does not own the GID.
+        let gid_known = |a: &PortAddr| matches!(d, Dest::Gid { gid, .. } if !a.ib && *gid == a.gid);
+        if gid_known(&self.addr) || self.peers.iter().any(|p| gid_known(&p.addr)) {
+            return Err("destination MAC is not the GID's port");
+        }
+        Err(if self.peers.is_empty() { "unknown destination (not connected)" } else { "unknown destination" })
+    }
+
+    /// Queues a packet: into the own inbox (loopback) or out for the pump.
+    pub(crate) fn send(&mut self, p: Packet) {
+        if p.dst.id == self.me.id {
+            self.inbox.push_back(p);
+        } else {
+            self.outbox.push(p);
+        }
+    }
+
+    fn add_peer(&mut self, dev: DevRef, addr: PortAddr) {
+        if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
+            self.peers.push(Peer { dev, addr });
+        }
+    }
+}
+
+/// Joins two devices with a wire, both directions.
+pub(crate) fn connect(a: &Arc<Shared>, b: &Arc<Shared>) {
+    let (a_ref, a_addr) = {
+        let st = lock(a);
+        (st.wire.me.clone(), st.wire.addr)
+    };
+    let (b_ref, b_addr) = {
+        let st = lock(b);
+        (st.wire.me.clone(), st.wire.addr)
+    };
+    lock(a).wire.add_peer(b_ref, b_addr);
+    lock(b).wire.add_peer(a_ref, a_addr);
+}
+
+/// Runs the datapath of `shared` and carries every packet it (and the devices it reaches) produce, holding one
+/// device lock at a time.
+pub(crate) fn pump(shared: &Arc<Shared>) {
+    // The driver's stores (WQEs, doorbell records) before our reads, as the doorbell write orders them.
+    fence(Ordering::SeqCst);
+    let mut queue: VecDeque<Packet> = lock(shared).run_datapath().into();
+    for _ in 0..PUMP_BUDGET {
+        let Some(p) = queue.pop_front() else { return };
+        match p.dst.shared.upgrade() {
+            Some(dev) => {
+                let out = {
+                    let mut st = lock(&dev);
+                    st.receive(p);
+                    st.run_datapath()
+                };
+                queue.extend(out);
+            }
+            // The destination device no longer exists: for an RC request the requester's timer starts.
+            None => queue.extend(p.reply(Resp::Lost("destination device gone"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
+    use crate::{Mode, PortType, RetryKind, SimDevice, SimEvent};
+    use mlx5_core::prm::consts;
+
+    const SEND: u32 = consts::MLX5_OPCODE_SEND;
+
+    fn roce(mac_last: u8, mode: Mode) -> SimConfig {
+        let mut mac = SimConfig::default().mac;
+        mac[5] = mac_last;
+        SimConfig { mac, node_guid: 0x1000 + u64::from(mac_last), mode, ..SimConfig::default() }
+    }
+
+    fn ib(lid: u16, mode: Mode) -> SimConfig {
+        SimConfig { port_type: PortType::Ib, lid, node_guid: 0x2000 + u64::from(lid), mode, ..SimConfig::default() }
+    }
+
+    #[test]
+    fn gids_and_lids() {
+        // fe80::/64 + the MAC's modified EUI-64: b8:ce:f6:12:34:56 -> bace:f6ff:fe12:3456.
+        let eth = SimDevice::default();
+        let want = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0xba, 0xce, 0xf6, 0xff, 0xfe, 0x12, 0x34, 0x56];
+        assert_eq!((eth.gid(0), eth.gid(1), eth.lid()), (Some(want), None, 0));
+        let dev = SimDevice::new(ib(9, Mode::Inline));
+        let mut g = [0u8; 16];
+        g[..2].copy_from_slice(&[0xfe, 0x80]);
+        g[8..].copy_from_slice(&0x2009u64.to_be_bytes());
+        assert_eq!((dev.gid(0), dev.lid()), (Some(g), 9));
+    }
+
+    #[test]
+    fn ud_over_a_wire_between_two_roce_devices() {
+        let mut a = Rdma::new(roce(0x01, Mode::Inline));
+        let mut b = Rdma::new(roce(0x02, Mode::Inline));
+        let (mut a_cq, mut b_cq) = (a.cq(4), b.cq(4));
+        let mut qa = a.qp(QpSpec::ud(), a_cq.cqn, a_cq.cqn);
+        let mut qb = b.qp(QpSpec::ud(), b_cq.cqn, b_cq.cqn);
+        a.ready_ud(&qa, 0x77);
+        b.ready_ud(&qb, 0x77);
+        let (ma, mb) = (a.mr(4096), b.mr(4096));
+        ma.write(0, b"across the wire");
+        b.post_recv(&mut qb, &[(mb.addr(), 100, mb.key)]);
+        let dst = b.me(qb.qpn);
+        let av =
+            TAv { dqpn: qb.qpn, qkey: 0x77, grh: true, hop_limit: 1, rgid: dst.gid, rmac: dst.mac, ..TAv::default() };
+        let w = Wqe::new(SEND).av(&av).data(15, ma.key, ma.addr());
+        // Not connected yet: dropped.
+        a.post_send(&mut qa, &w, Bell::Db);
+        assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        assert!(b.poll(&mut b_cq).is_none());
+        a.h.dev.connect(&b.h.dev);
+        a.post_send(&mut qa, &w, Bell::Db);
+        assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        let e = b.poll(&mut b_cq).expect("delivered over the wire");
+        assert_eq!((e.opcode(), e.byte_cnt(), e.flags_rqpn()), (consts::MLX5_CQE_RESP_SEND, 55, qa.qpn | 1 << 28));
+        // The GRH names A as the source and B as the destination.
+        let grh = mb.read(0, 40);
+        assert_eq!((&grh[8..24], &grh[24..40]), (&a.h.dev.gid(0).unwrap()[..], &dst.gid[..]));
+        assert_eq!(mb.read(40, 15), b"across the wire");
+        // The right GID with the wrong MAC goes nowhere.
+        let mut wrong = av;
+        wrong.rmac[0] ^= 0x10;
+        a.post_send(&mut qa, &Wqe::new(SEND).av(&wrong).data(15, ma.key, ma.addr()), Bell::Db);
+        let dropped = SimEvent::UdDropped { qpn: qa.qpn, dqpn: qb.qpn, why: "destination MAC is not the GID's port" };
+        assert!(a.h.dev.events().contains(&dropped));
+        // A GID nobody on the wire owns.
+        let mut nobody = av;
+        nobody.rgid[9] ^= 0x40;
+        a.post_send(&mut qa, &Wqe::new(SEND).av(&nobody).data(15, ma.key, ma.addr()), Bell::Db);
+        assert!(a.h.dev.events().contains(&SimEvent::UdDropped {
+            qpn: qa.qpn,
+            dqpn: qb.qpn,
+            why: "unknown destination"
+        }));
+        assert_eq!(a.drain(&mut a_cq).len(), 2);
+        assert!(b.poll(&mut b_cq).is_none());
+    }
+
+    /// An RC QP on each of two devices, connected to each other.
+    fn rc_across(
+        ca: SimConfig,
+        cb: SimConfig,
+        pa: RcParams,
+    ) -> (Rdma, Rdma, [crate::testutil::TQp; 2], [crate::testutil::TCq; 2]) {
+        let mut a = Rdma::new(ca);
+        let mut b = Rdma::new(cb);
+        a.h.dev.connect(&b.h.dev);
+        let (a_cq, b_cq) = (a.cq(5), b.cq(5));
+        let qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let qb = b.qp(QpSpec::rc(), b_cq.cqn, b_cq.cqn);
+        let (ra, rb) = (a.me(qa.qpn), b.me(qb.qpn));
+        a.connect_rc(&qa, &rb, pa);
+        b.connect_rc(&qb, &ra, RcParams { min_rnr_nak: 1, ..RcParams::default() });
+        (a, b, [qa, qb], [a_cq, b_cq])
+    }
+
+    #[test]
+    fn rc_between_two_ib_devices_by_lid() {
+        let (mut a, mut b, [mut qa, mut qb], [mut a_cq, mut b_cq]) =
+            rc_across(ib(1, Mode::Inline), ib(2, Mode::Inline), RcParams::default());
+        let (ma, mb) = (a.mr(4096), b.mr(4096));
+        ma.write(0, b"by lid");
+        b.post_recv(&mut qb, &[(mb.addr(), 64, mb.key)]);
+        a.post_send(&mut qa, &Wqe::new(SEND).solicited().data(6, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        let e = b.poll(&mut b_cq).unwrap();
+        // IB without a GRH: no GRH flag, the SL in bits 27:24, the sender's LID.
+        assert_eq!(
+            (e.opcode(), e.flags_rqpn(), e.slid(), e.solicited()),
+            (consts::MLX5_CQE_RESP_SEND, qa.qpn | 3 << 24, 1, true)
+        );
+        assert_eq!(mb.read(0, 6), b"by lid");
+        // READ and an atomic on the other device's memory.
+        mb.write(1024, &0x10u64.to_be_bytes());
+        mb.write(2048, b"remote bytes");
+        let rd =
+            Wqe::new(consts::MLX5_OPCODE_RDMA_READ).raddr(mb.addr() + 2048, mb.key).data(12, ma.key, ma.addr() + 100);
+        a.post_send(&mut qa, &rd, Bell::Db);
+        let fa = Wqe::new(consts::MLX5_OPCODE_ATOMIC_FA).raddr(mb.addr() + 1024, mb.key).atomic(5, 0).data(
+            8,
+            ma.key,
+            ma.addr() + 200,
+        );
+        a.post_send(&mut qa, &fa, Bell::Db);
+        let done: Vec<_> = a.drain(&mut a_cq).iter().map(|e| e.status()).collect();
+        assert_eq!(done, [(consts::MLX5_CQE_REQ, 0); 2]);
+        assert_eq!(ma.read(100, 12), b"remote bytes");
+        assert_eq!(
+            (ma.read(200, 8), mb.read(1024, 8)),
+            (0x10u64.to_be_bytes().to_vec(), 0x15u64.to_be_bytes().to_vec())
+        );
+        // An RNR across the wire: the requester's clock drives the retry.
+        a.post_send(&mut qa, &Wqe::new(SEND).data(6, ma.key, ma.addr()), Bell::Db);
+        assert!(a
+            .h
+            .dev
+            .events()
+            .iter()
+            .any(|e| matches!(e, SimEvent::RnrNak { remote_qpn, .. } if *remote_qpn == qb.qpn)));
+        b.post_recv(&mut qb, &[(mb.addr() + 64, 64, mb.key)]);
+        a.h.dev.advance_ns(20_000);
+        assert!(a.h.dev.events().iter().any(|e| matches!(e, SimEvent::Retry { kind: RetryKind::Rnr, .. })));
+        assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        assert_eq!(b.poll(&mut b_cq).unwrap().byte_cnt(), 6);
+    }
+
+    #[test]
+    fn a_peer_that_goes_away_stops_answering() {
+        let pa = RcParams { retry_count: 1, ack_timeout: 1, ..RcParams::default() };
+        let (mut a, b, [mut qa, _qb], [mut a_cq, _]) = rc_across(roce(1, Mode::Inline), roce(2, Mode::Inline), pa);
+        let ma = a.mr(64);
+        b.h.dev.fail_health(1);
+        a.post_send(&mut qa, &Wqe::new(SEND).data(8, ma.key, ma.addr()), Bell::Db);
+        let lost = SimEvent::Unreachable { qpn: qa.qpn, wqe_counter: 0, why: "destination device dead" };
+        assert!(a.h.dev.events().contains(&lost));
+        drop(b);
+        a.h.dev.advance_ns(10_000);
+        assert!(a.h.dev.events().contains(&SimEvent::Unreachable {
+            qpn: qa.qpn,
+            wqe_counter: 0,
+            why: "destination device gone"
+        }));
+        let e = a.poll(&mut a_cq).unwrap();
+        assert_eq!(e.status(), (consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR));
+    }
+
+    #[test]
+    fn threaded_devices_run_doorbells_on_their_own_threads() {
+        let (mut a, mut b, [mut qa, mut qb], [mut a_cq, mut b_cq]) =
+            rc_across(roce(1, Mode::Threaded), roce(2, Mode::Threaded), RcParams::default());
+        let (ma, mb) = (a.mr(4096), b.mr(4096));
+        ma.write(0, &[0xab; 256]);
+        for k in 0..8u64 {
+            b.post_recv(&mut qb, &[(mb.addr() + k * 256, 256, mb.key)]);
+        }
+        for _ in 0..8 {
+            a.post_send(&mut qa, &Wqe::new(SEND).data(256, ma.key, ma.addr()), Bell::Db);
+        }
+        for k in 0..8u16 {
+            let e = a.wait_cqe(&mut a_cq).expect("requester CQE");
+            assert_eq!((e.status(), e.wqe_counter()), ((consts::MLX5_CQE_REQ, 0), k));
+            let e = b.wait_cqe(&mut b_cq).expect("responder CQE");
+            assert_eq!((e.byte_cnt(), e.wqe_counter()), (256, k));
+        }
+        assert_eq!(mb.read(0, 2048), vec![0xab; 2048]);
+        // A receive posted after the send it is for: the device thread retries on its own after the RNR timer.
+        a.post_send(&mut qa, &Wqe::new(SEND).data(16, ma.key, ma.addr()), Bell::Db);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        b.post_recv(&mut qb, &[(mb.addr() + 3000, 64, mb.key)]);
+        assert_eq!(a.wait_cqe(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        assert_eq!(b.wait_cqe(&mut b_cq).unwrap().byte_cnt(), 16);
+    }
+}
