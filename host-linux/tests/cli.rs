@@ -70,3 +70,19 @@ fn errors_are_one_line_and_a_failing_exit() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("failed to write the command trace"), "{err}");
 }
+
+#[test]
+fn pingpong_verifies_data_and_reports_figures() {
+    let out = mlx5(&["pingpong", "--size", "2048", "--iters", "50", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["iters"].as_u64(), v["size"].as_u64(), v["verified"].as_bool()), (Some(50), Some(2048), Some(true)));
+    assert!(v["avg_latency_us"].as_f64().unwrap() > 0.0);
+    assert!(v["bandwidth_mbps"].as_f64().unwrap() > 0.0);
+    let out = mlx5(&["--threaded", "pingpong", "--size", "1", "--iters", "10"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("data verified"));
+    let out = mlx5(&["pingpong", "--size", "0"]);
+    assert!(!out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+}

@@ -688,3 +688,41 @@ fn the_send_doorbell_is_ordered_and_blueflame_copies_match() {
     unsafe { dev.dma().free(mem) };
     hca.teardown(&mut d).unwrap();
 }
+
+/// The golden send WQE (`wqe_rdma_write_signaled`, re-encoded with the kernel's macros) as the driver builds it at
+/// producer index 5: byte for byte, with the QP number the simulated firmware assigned in place of the vector's.
+#[test]
+fn rdma_write_wqe_matches_the_golden_vector() {
+    let v: serde_json::Value = serde_json::from_str(include_str!("../vectors/vectors.json")).unwrap();
+    let vec = v["vectors"].as_array().unwrap().iter().find(|x| x["name"] == "wqe_rdma_write_signaled").unwrap();
+    let mut golden = mlx5_tests::unhex(vec["hex"].as_str().unwrap());
+    let mut n = Node::new(SimConfig::default());
+    let (mut cq, mut a, mut b) = rc_pair(&mut n, cap(16, 1, 0));
+    // Five one-block sends first, so the WQE lands at index 5.
+    let sge = [n.sge(0, 16)];
+    for i in 0..5 {
+        n.hca.post_recv(&mut b, &[RecvWr { wr_id: i, sg_list: &sge }]).unwrap();
+        n.hca.post_send(&mut a, &[send(i, &sge, SendFlags::default())]).unwrap();
+    }
+    poll_n(&n, &mut cq, &mut [&mut a, &mut b], 10);
+    assert_eq!(a.sq_cur_post(), 5);
+    let data = [Sge { addr: 0x7f00_0000_1000, length: 256, lkey: 0x5678 }];
+    let wr = SendWr {
+        wr_id: 99,
+        op: SendOp::RdmaWrite { remote_addr: 0x7f00_0000_2000, rkey: 0x1234 },
+        sg_list: &data,
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    n.hca.post_send(&mut a, &[wr]).unwrap();
+    let mut wqe = vec![0u8; golden.len()];
+    a.read_sq(5, &mut wqe);
+    // qpn_ds: the vector's QP 0x123 becomes this QP's number.
+    golden[4..7].copy_from_slice(&a.qpn().to_be_bytes()[1..]);
+    assert_eq!(mlx5_tests::hex(&wqe), mlx5_tests::hex(&golden));
+    // The device finds no such local key and says so.
+    let w = poll_n(&n, &mut cq, &mut [&mut a, &mut b], 1)[0];
+    assert_eq!((w.wr_id, w.status), (99, WcStatus::LocProtErr));
+    teardown_pair(&mut n, cq, a, b);
+    n.finish();
+}
