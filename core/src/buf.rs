@@ -126,6 +126,21 @@ impl PageSource for PageList<'_> {
     }
 }
 
+/// A ring's segments and chosen page layout, from [`QueueBuf::pages`].
+#[derive(Debug, Clone, Copy)]
+pub struct QueuePages {
+    segs: [DmaSeg; MAX_FRAGS],
+    n: usize,
+    pub layout: PageLayout,
+}
+
+impl QueuePages {
+    /// The `pas[]` source.
+    pub fn list(&self) -> PageList<'_> {
+        PageList { segs: &self.segs[..self.n], layout: self.layout }
+    }
+}
+
 /// A queue buffer (CQ, QP, SRQ ring) made of equal power-of-two fragments (`mlx5_frag_buf`): one when the DMA
 /// allocator can give the whole size contiguously, otherwise the smallest number of pieces it can give.
 /// Entry lookup is a shift and a mask whichever it is.
@@ -227,6 +242,16 @@ impl QueueBuf {
             }
         }
         n
+    }
+
+    /// The page description firmware gets for this ring: the largest page size its fragments allow, with the
+    /// ring's own addresses starting at 0.
+    pub fn pages(&self) -> QueuePages {
+        let mut segs = [DmaSeg { iova: 0, len: 0 }; MAX_FRAGS];
+        let n = self.segs(&mut segs);
+        let layout = PageLayout::choose(&segs[..n], 0, page_sizes(ADAPTER_PAGE_SHIFT, MAX_QUEUE_PAGE_SHIFT))
+            .unwrap_or_else(|| unreachable!("fragments aligned to 4 KiB always map with 4 KiB pages"));
+        QueuePages { segs, n, layout }
     }
 
     /// Returns every fragment to the allocator.

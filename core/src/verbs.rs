@@ -7,7 +7,7 @@
 
 use heapless::{Deque, Vec};
 
-use crate::buf::{page_sizes, DmaSeg, PageLayout, PageList, QueueBuf, MAX_FRAGS, MAX_QUEUE_PAGE_SHIFT};
+use crate::buf::{page_sizes, DmaSeg, PageLayout, QueueBuf};
 use crate::cmd::Pas;
 use crate::cmdq::CmdError;
 use crate::cq::{
@@ -357,11 +357,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 return Err(Error::Dbr(e));
             }
         };
-        let mut segs = [DmaSeg { iova: 0, len: 0 }; MAX_FRAGS];
-        let nseg = buf.segs(&mut segs);
-        let layout = PageLayout::choose(&segs[..nseg], 0, page_sizes(12, MAX_QUEUE_PAGE_SHIFT))
-            .unwrap_or_else(|| unreachable!("a page-aligned buffer always maps with 4 KiB pages"));
-        let list = PageList { segs: &segs[..nseg], layout };
+        let pages = buf.pages();
+        let layout = pages.layout;
+        let list = pages.list();
         let mut cmd = CreateCq {
             ctx: CqContext {
                 cqe_sz: attr.cqe_size,
@@ -470,11 +468,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
         let new = QueueBuf::alloc(self.cmdq.dma(), cq.cqe_size().bytes() << log_nent)?;
         Cq::init_buf(&new, log_nent, cq.cqe_size());
-        let mut segs = [DmaSeg { iova: 0, len: 0 }; MAX_FRAGS];
-        let nseg = new.segs(&mut segs);
-        let layout = PageLayout::choose(&segs[..nseg], 0, page_sizes(12, MAX_QUEUE_PAGE_SHIFT))
-            .unwrap_or_else(|| unreachable!("a page-aligned buffer always maps with 4 KiB pages"));
-        let list = PageList { segs: &segs[..nseg], layout };
+        let pages = new.pages();
+        let layout = pages.layout;
+        let list = pages.list();
         let mut cmd = ResizeCq {
             cqn: cq.cqn(),
             cqe_sz: cq.cqe_size(),
@@ -599,11 +595,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 return Err(Error::Dbr(e));
             }
         };
-        let mut segs = [DmaSeg { iova: 0, len: 0 }; MAX_FRAGS];
-        let nseg = buf.segs(&mut segs);
-        let layout = PageLayout::choose(&segs[..nseg], 0, page_sizes(12, MAX_QUEUE_PAGE_SHIFT))
-            .unwrap_or_else(|| unreachable!("a page-aligned buffer always maps with 4 KiB pages"));
-        let list = PageList { segs: &segs[..nseg], layout };
+        let pages = buf.pages();
+        let layout = pages.layout;
+        let list = pages.list();
         let mut cmd = CreateQp {
             ctx: QpContext {
                 qp_type: attr.qp_type,
