@@ -835,7 +835,6 @@ impl SendFlags {
     pub const FENCE: SendFlags = SendFlags(1);
     pub const SIGNALED: SendFlags = SendFlags(2);
     pub const SOLICITED: SendFlags = SendFlags(4);
-    pub const INLINE: SendFlags = SendFlags(8);
 
     pub const fn contains(self, o: SendFlags) -> bool {
         self.0 & o.0 == o.0
@@ -864,6 +863,9 @@ pub struct SendWr<'a> {
     pub op: SendOp,
     pub sg_list: &'a [Sge],
     pub flags: SendFlags,
+    /// Bytes to carry inside the WQE instead of gathering `sg_list` (`IBV_SEND_INLINE`): the buffer is free
+    /// again as soon as the post returns. `sg_list` must be empty then.
+    pub inline: Option<&'a [u8]>,
     /// Required on UD QPs.
     pub ud: Option<UdDest<'a>>,
 }
@@ -1156,8 +1158,10 @@ impl Qp {
         if self.sq_outstanding() >= max_post {
             return Err(K::QueueFull { outstanding: self.sq_outstanding(), max: max_post });
         }
-        let inline = wr.flags.contains(SendFlags::INLINE);
-        if !inline && wr.sg_list.len() > self.sizes.cap.max_send_sge as usize {
+        if wr.inline.is_some() && !wr.sg_list.is_empty() {
+            return Err(K::BadRequest { what: "inline data and a gather list in one work request" });
+        }
+        if wr.sg_list.len() > self.sizes.cap.max_send_sge as usize {
             return Err(K::TooManySge { sge: wr.sg_list.len(), max: self.sizes.cap.max_send_sge });
         }
         let start = (self.sq_cur_post as usize) * BB;
@@ -1215,25 +1219,18 @@ impl Qp {
                 off += ATOMIC;
             }
         }
-        if inline {
+        if let Some(data) = wr.inline {
             if matches!(wr.op, SendOp::RdmaRead { .. } | SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. }) {
                 return Err(K::BadRequest { what: "inline data on a READ or atomic" });
             }
-            let total: usize = wr.sg_list.iter().map(|s| s.length as usize).sum();
+            let total = data.len();
             if total > self.sizes.cap.max_inline_data as usize {
                 return Err(K::InlineTooLong { bytes: total, max: self.sizes.cap.max_inline_data });
             }
             let mut hdr = [0u8; INL_HDR];
             c::mlx5_wqe_inline_seg::BYTE_COUNT.put_be(&mut hdr, 0, total as u32 | consts::MLX5_INLINE_SEG);
             self.sq_write(start + off, &hdr);
-            let mut at = off + INL_HDR;
-            for s in wr.sg_list {
-                // SAFETY: inline data is read from the caller's buffer at `addr` (a CPU address, as verbs' inline
-                // sends take it), `length` bytes, which the caller vouches for as with `ibv_post_send`.
-                let src = unsafe { core::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize) };
-                self.sq_write(start + at, src);
-                at += src.len();
-            }
+            self.sq_write(start + off + INL_HDR, data);
             off = (off + INL_HDR + total).next_multiple_of(DS);
         } else {
             for s in wr.sg_list.iter().filter(|s| s.length > 0) {

@@ -199,7 +199,7 @@ fn post_recv<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>
 
 fn post_send<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>, s: &mut Side) -> Result<(), String> {
     let sge = [Sge { addr: s.send_buf.cpu.as_ptr() as u64, length: s.send_buf.len as u32, lkey: s.send_mr.lkey }];
-    let wr = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None };
+    let wr = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, inline: None, ud: None };
     hca.post_send(&mut s.qp, &[wr]).map_err(|e| err("post send", e))
 }
 

@@ -149,7 +149,7 @@ fn poll_n(n: &Node, cq: &mut Cq, qps: &mut [&mut Qp], want: usize) -> Vec<WorkCo
 }
 
 fn send(wr_id: u64, sge: &[Sge], flags: SendFlags) -> SendWr<'_> {
-    SendWr { wr_id, op: SendOp::Send, sg_list: sge, flags: flags | SendFlags::SIGNALED, ud: None }
+    SendWr { wr_id, op: SendOp::Send, sg_list: sge, flags: flags | SendFlags::SIGNALED, inline: None, ud: None }
 }
 
 fn rc_pair(n: &mut Node, cap: QpCap) -> (Cq, Qp, Qp) {
@@ -238,6 +238,7 @@ fn rdma_write_read_immediate_and_atomics() {
         op: SendOp::RdmaWrite { remote_addr: n.addr(0x40000), rkey },
         sg_list: &sge,
         flags: SendFlags::SIGNALED,
+        inline: None,
         ud: None,
     };
     n.hca.post_send(&mut a, &[wr]).unwrap();
@@ -253,6 +254,7 @@ fn rdma_write_read_immediate_and_atomics() {
         op: SendOp::RdmaWriteImm { remote_addr: n.addr(0x60000), rkey, imm: 0xfeed_f00d },
         sg_list: &sge,
         flags: SendFlags::SIGNALED,
+        inline: None,
         ud: None,
     };
     n.hca.post_send(&mut a, &[wr]).unwrap();
@@ -269,6 +271,7 @@ fn rdma_write_read_immediate_and_atomics() {
         op: SendOp::RdmaRead { remote_addr: n.addr(0x70000), rkey },
         sg_list: &sge,
         flags: SendFlags::SIGNALED,
+        inline: None,
         ud: None,
     };
     n.hca.post_send(&mut a, &[wr]).unwrap();
@@ -283,6 +286,7 @@ fn rdma_write_read_immediate_and_atomics() {
         op: SendOp::AtomicFetchAdd { remote_addr: n.addr(0x90000), rkey, add: 23 },
         sg_list: &sge,
         flags: SendFlags::SIGNALED,
+        inline: None,
         ud: None,
     };
     n.hca.post_send(&mut a, &[wr]).unwrap();
@@ -294,8 +298,8 @@ fn rdma_write_read_immediate_and_atomics() {
     );
     let cas = |compare, swap| SendOp::AtomicCmpSwp { remote_addr: n.addr(0x90000), rkey, compare, swap };
     let wrs = [
-        SendWr { wr_id: 5, op: cas(1, 5), sg_list: &sge, flags: SendFlags::SIGNALED, ud: None },
-        SendWr { wr_id: 6, op: cas(123, 9), sg_list: &sge, flags: SendFlags::SIGNALED, ud: None },
+        SendWr { wr_id: 5, op: cas(1, 5), sg_list: &sge, flags: SendFlags::SIGNALED, inline: None, ud: None },
+        SendWr { wr_id: 6, op: cas(123, 9), sg_list: &sge, flags: SendFlags::SIGNALED, inline: None, ud: None },
     ];
     n.hca.post_send(&mut a, &wrs[..1]).unwrap();
     poll_n(&n, &mut cq, &mut [&mut a, &mut b], 1);
@@ -317,22 +321,18 @@ fn inline_sends_and_post_errors() {
     let (mut cq, mut a, mut b) = rc_pair(&mut n, cap(8, 2, 200));
     let granted = a.cap();
     assert!(granted.max_inline_data >= 200);
-    // Inline: the bytes travel in the WQE; the source buffer need not be registered (a plain Vec).
+    // Inline: the bytes travel in the WQE; the source need not be registered memory (a plain Vec).
     let msg: Vec<u8> = (0..200u8).collect();
-    let src = [
-        Sge { addr: msg.as_ptr() as u64, length: 150, lkey: 0 },
-        Sge { addr: msg[150..].as_ptr() as u64, length: 50, lkey: 0 },
-    ];
     let rsge = [n.sge(0x1000, 256)];
     n.hca.post_recv(&mut b, &[RecvWr { wr_id: 9, sg_list: &rsge }]).unwrap();
-    n.hca.post_send(&mut a, &[send(8, &src, SendFlags::INLINE)]).unwrap();
+    n.hca.post_send(&mut a, &[SendWr { inline: Some(&msg), ..send(8, &[], SendFlags::default()) }]).unwrap();
     poll_n(&n, &mut cq, &mut [&mut a, &mut b], 2);
     assert_eq!(n.bytes(0x1000, 200), msg);
 
     // Too much inline data, too many SGEs, a full queue: typed errors naming the first WR not posted.
     let big = vec![0u8; granted.max_inline_data as usize + 1];
-    let bsge = [Sge { addr: big.as_ptr() as u64, length: big.len() as u32, lkey: 0 }];
-    let e = n.hca.post_send(&mut a, &[send(1, &bsge, SendFlags::INLINE)]).unwrap_err();
+    let e =
+        n.hca.post_send(&mut a, &[SendWr { inline: Some(&big), ..send(1, &[], SendFlags::default()) }]).unwrap_err();
     assert_eq!((e.index, e.kind), (0, PostErrorKind::InlineTooLong { bytes: big.len(), max: granted.max_inline_data }));
     let many: Vec<Sge> = (0..=granted.max_send_sge).map(|k| n.sge(k as usize * 64, 8)).collect();
     let ok = [n.sge(0, 8)];
@@ -397,6 +397,7 @@ fn unsignaled_sends_retire_with_the_next_signaled_one_across_ten_laps() {
                 op: SendOp::Send,
                 sg_list: &ssge,
                 flags: if i + 1 == k { SendFlags::SIGNALED } else { SendFlags::default() },
+                inline: None,
                 ud: None,
             })
             .collect();
@@ -449,6 +450,7 @@ fn ud_with_grh_on_loopback_and_across_a_wire() {
         op: SendOp::Send,
         sg_list: &sge,
         flags: SendFlags::default(),
+        inline: None,
         ud: Some(UdDest { ah: &ah_self, remote_qpn: u1b.qpn(), remote_qkey: qkey }),
     };
     n1.hca.post_send(&mut u1, &[wr]).unwrap();
@@ -466,6 +468,7 @@ fn ud_with_grh_on_loopback_and_across_a_wire() {
         op: SendOp::Send,
         sg_list: &sge,
         flags: SendFlags::default(),
+        inline: None,
         ud: Some(UdDest { ah: &ah2, remote_qpn: u2.qpn(), remote_qkey: qkey }),
     };
     n1.hca.post_send(&mut u1, &[wr]).unwrap();
@@ -480,6 +483,7 @@ fn ud_with_grh_on_loopback_and_across_a_wire() {
         op: SendOp::Send,
         sg_list: &sge,
         flags: SendFlags::default(),
+        inline: None,
         ud: Some(UdDest { ah: &ah2, remote_qpn: u2.qpn(), remote_qkey: 1 }),
     };
     n1.hca.post_send(&mut u1, &[wr]).unwrap();
@@ -527,12 +531,20 @@ fn failures_report_their_status_and_flush_the_rest_exactly_once() {
                 op: SendOp::RdmaWrite { remote_addr: n.addr(0), rkey: rkey ^ 0xff00 },
                 sg_list: &ok,
                 flags: SendFlags::default(),
+                inline: None,
                 ud: None,
             },
-            "local_prot" => {
-                SendWr { wr_id: 1, op: SendOp::Send, sg_list: &bad_lkey, flags: SendFlags::default(), ud: None }
+            "local_prot" => SendWr {
+                wr_id: 1,
+                op: SendOp::Send,
+                sg_list: &bad_lkey,
+                flags: SendFlags::default(),
+                inline: None,
+                ud: None,
+            },
+            _ => {
+                SendWr { wr_id: 1, op: SendOp::Send, sg_list: &ok, flags: SendFlags::default(), inline: None, ud: None }
             }
-            _ => SendWr { wr_id: 1, op: SendOp::Send, sg_list: &ok, flags: SendFlags::default(), ud: None },
         };
         // The failing WR is unsignaled: errors complete anyway. Two more follow and get flushed.
         let wrs = [
@@ -712,6 +724,7 @@ fn rdma_write_wqe_matches_the_golden_vector() {
         op: SendOp::RdmaWrite { remote_addr: 0x7f00_0000_2000, rkey: 0x1234 },
         sg_list: &data,
         flags: SendFlags::SIGNALED,
+        inline: None,
         ud: None,
     };
     n.hca.post_send(&mut a, &[wr]).unwrap();
