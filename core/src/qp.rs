@@ -961,7 +961,8 @@ impl core::fmt::Display for PostError {
 // ---------------------------------------------------------------------------------------------------------------
 // The QP
 
-/// Per-WQE bookkeeping in the host-only shadow array.
+/// Per-WQE bookkeeping in the host-only shadow array. Every field is an integer, so no byte pattern is invalid
+/// even if a device wrote over the array (it is DMA memory the device could reach).
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C)]
 struct SqSlot {
@@ -970,8 +971,6 @@ struct SqSlot {
     head_after: u32,
     /// BBs this WQE spans.
     bbs: u16,
-    /// The WQE was posted signaled.
-    signaled: bool,
 }
 
 /// A created queue pair: its rings, doorbell record, BlueFlame register and work-request bookkeeping.
@@ -1258,7 +1257,7 @@ impl Qp {
         let ctrl = ctrl_seg(self.sq_cur_post as u16, wr.op.mlx5_opcode() as u8, self.qpn, ds as u8, fm_ce_se, imm);
         self.sq_write(start, &ctrl);
         let idx = self.sq_cur_post;
-        let slot = SqSlot { wr_id: wr.wr_id, head_after: self.sq_head.wrapping_add(1), bbs: bbs as u16, signaled };
+        let slot = SqSlot { wr_id: wr.wr_id, head_after: self.sq_head.wrapping_add(1), bbs: bbs as u16 };
         // SAFETY: the shadow slot is inside the live shadow region (ptr_at) and aligned (8-byte aligned region,
         // 16-byte slots); only the driver touches it.
         unsafe { self.sq_slot_ptr(idx).write(slot) };
