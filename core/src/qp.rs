@@ -969,8 +969,6 @@ struct SqSlot {
     wr_id: u64,
     /// `head` after this WQE: a completion of it retires every WQE before it (`wqe_head`).
     head_after: u32,
-    /// BBs this WQE spans.
-    bbs: u16,
 }
 
 /// A created queue pair: its rings, doorbell record, BlueFlame register and work-request bookkeeping.
@@ -1123,7 +1121,7 @@ impl Qp {
     }
 
     /// Posts send work requests (`mlx5_ib_post_send` / `_mlx5_post_send`) and rings the doorbell once.
-    pub fn post_send<M: Mmio + ?Sized>(&mut self, mmio: &M, wrs: &[SendWr<'_>], bf_ok: bool) -> Result<(), PostError> {
+    pub fn post_send<M: Mmio + ?Sized>(&mut self, mmio: &M, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let mut nreq = 0usize;
         let mut last_ctrl = 0usize;
         let mut last_size_ds = 0usize;
@@ -1142,7 +1140,7 @@ impl Qp {
             }
         }
         if nreq > 0 {
-            self.ring_sq(mmio, last_ctrl, last_size_ds, nreq == 1 && bf_ok);
+            self.ring_sq(mmio, last_ctrl, last_size_ds, nreq == 1);
         }
         result
     }
@@ -1188,12 +1186,12 @@ impl Qp {
             SendOp::Send => {}
             SendOp::SendImm { imm: v } => imm = v,
             SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaRead { remote_addr, rkey } => {
-                self.need_rc(wr)?;
+                self.need_rc()?;
                 self.sq_write(start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
             }
             SendOp::RdmaWriteImm { remote_addr, rkey, imm: v } => {
-                self.need_rc(wr)?;
+                self.need_rc()?;
                 imm = v;
                 self.sq_write(start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
@@ -1257,7 +1255,7 @@ impl Qp {
         let ctrl = ctrl_seg(self.sq_cur_post as u16, wr.op.mlx5_opcode() as u8, self.qpn, ds as u8, fm_ce_se, imm);
         self.sq_write(start, &ctrl);
         let idx = self.sq_cur_post;
-        let slot = SqSlot { wr_id: wr.wr_id, head_after: self.sq_head.wrapping_add(1), bbs: bbs as u16 };
+        let slot = SqSlot { wr_id: wr.wr_id, head_after: self.sq_head.wrapping_add(1) };
         // SAFETY: the shadow slot is inside the live shadow region (ptr_at) and aligned (8-byte aligned region,
         // 16-byte slots); only the driver touches it.
         unsafe { self.sq_slot_ptr(idx).write(slot) };
@@ -1266,7 +1264,7 @@ impl Qp {
         Ok((start, ds))
     }
 
-    fn need_rc(&self, _wr: &SendWr<'_>) -> Result<(), PostErrorKind> {
+    fn need_rc(&self) -> Result<(), PostErrorKind> {
         if self.ty != QpType::Rc {
             return Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" });
         }
@@ -1274,7 +1272,7 @@ impl Qp {
     }
 
     fn need_atomic(&self, wr: &SendWr<'_>) -> Result<(), PostErrorKind> {
-        self.need_rc(wr)?;
+        self.need_rc()?;
         if wr.sg_list.len() != 1 || wr.sg_list[0].length != 8 {
             return Err(PostErrorKind::BadRequest { what: "an atomic needs one 8-byte SGE for the result" });
         }

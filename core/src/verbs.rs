@@ -377,10 +377,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             Ok(cqn) => {
                 // Room was checked above, and nothing else registers in between.
                 let _ = self.ctx.cqs.register(cqn);
-                let link = match self.caps.general.port_type() {
-                    crate::caps::PortType::InfiniBand => LinkLayer::InfiniBand,
-                    _ => LinkLayer::Ethernet,
-                };
+                let link = self.link_layer();
                 let uar_off = uar as usize * crate::uar::UAR_PAGE_SIZE;
                 Ok(Cq::new(buf, dbrec, cqn, log_nent, attr.cqe_size, uar_off, link))
             }
@@ -396,17 +393,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
     }
 
-    /// After a CREATE or resize failed: frees the buffer when firmware answered with a status, otherwise keeps its
-    /// fragments until the function is disabled (leaking those that do not fit, which is safe).
-    fn drop_queue_buf(&mut self, mut buf: QueueBuf, e: &Error) {
-        if matches!(e, Error::Cmd(CmdError::Status { .. })) {
-            // SAFETY: firmware refused the command, so it holds no reference to the buffer.
-            unsafe { buf.free(self.cmdq.dma()) };
-        } else {
-            for i in 0..buf.nfrags() {
-                if let Some(r) = buf.frag(i) {
-                    self.orphan(r);
-                }
+    /// After a CREATE or resize failed: each fragment goes the way `release_unless_held` sends a buffer (freed
+    /// after a status, otherwise kept until the function is disabled).
+    fn drop_queue_buf(&mut self, buf: QueueBuf, e: &Error) {
+        for i in 0..buf.nfrags() {
+            if let Some(r) = buf.frag(i) {
+                self.release_unless_held(r, e);
             }
         }
     }
@@ -681,7 +673,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         if !matches!(self.state(), crate::hca::HcaState::Up) {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError });
         }
-        qp.post_send(self.cmdq.mmio(), wrs, self.caps.general.bf)
+        qp.post_send(self.cmdq.mmio(), wrs)
     }
 
     /// Posts receive work requests (`ibv_post_recv`).
