@@ -1,7 +1,9 @@
-//! `mlx5-host`: the Linux side of the driver. Today it provides the command-trace sinks and opens the simulated
-//! device for the `mlx5` tool; the VFIO shim (BAR mapping, IOMMU DMA, MSI-X) lands here next.
+//! `mlx5-host`: the Linux side of the driver. The VFIO shim (`vfio`: BAR mapping, IOMMU-backed DMA, MSI-X /
+//! MSI into eventfds, sysfs binding) runs the core on a real ConnectX; the rest serves the `mlx5` tool on either
+//! a VFIO device or the simulated one (command-trace sinks, devinfo, the RC ping-pong, the firmware tour).
 
 pub mod devinfo;
 pub mod pingpong;
 pub mod tour;
 pub mod tracefile;
+pub mod vfio;

@@ -2,9 +2,13 @@
 //!
 //! * `vendor`: copy PRM facts from `../shared/prm` into the repository.
 //! * `codegen [--check]`: generate `core/src/prm/generated.rs` from the vendored facts, or check it is current.
-//! * `ci`: everything CI runs: format, lints, codegen freshness, tests, the `no_std` firmware build.
+//! * `ci`: everything CI runs: format, lints, codegen freshness, tests, the `no_std` firmware build, the VFIO
+//!   test in a QEMU guest.
+//! * `vfio-test`: the host crate's VFIO layer against the real Linux VFIO stack, in a QEMU guest with QEMU's
+//!   `edu` device behind an emulated IOMMU.
 
 mod codegen;
+mod vfio_test;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -75,7 +79,8 @@ fn main() -> ExitCode {
         Some("vendor") => codegen::run_vendor(&root),
         Some("codegen") => codegen::run_codegen(&root, args.iter().any(|a| a == "--check")),
         Some("ci") => ci(&root),
-        _ => Err("usage: cargo xtask <vendor | codegen [--check] | ci>".to_string()),
+        Some("vfio-test") => vfio_test::run_vfio_test(&root),
+        _ => Err("usage: cargo xtask <vendor | codegen [--check] | ci | vfio-test>".to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,380 @@
+//! The VFIO layer against the test twin: every path of open, DMA, interrupts, binding and teardown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mlx5_core::hal::{Dma, DmaError, Mmio};
+
+use super::dma::{Backing, DmaOptions, VfioDma, CHUNK};
+use super::irq::{Interrupts, IrqKind};
+use super::twin::Twin;
+use super::*;
+
+const MLX: &str = "0000:03:00.0";
+const BAR_LEN: usize = 1 << 20;
+
+fn bdf(s: &str) -> Bdf {
+    s.parse().unwrap()
+}
+
+/// A twin with a ConnectX at 03:00.0 bound to vfio-pci in group 7.
+fn twin() -> Arc<Twin> {
+    let t = Arc::new(Twin::new());
+    t.add_device(MLX, 0x15b3, 0x1017, 7, Some("vfio-pci"), BAR_LEN);
+    t
+}
+
+fn sys(t: &Arc<Twin>) -> Arc<dyn Sys> {
+    t.clone()
+}
+
+#[test]
+fn bdf_parses_long_and_short_forms() {
+    assert_eq!(bdf("0000:03:00.0"), Bdf { domain: 0, bus: 3, device: 0, function: 0 });
+    assert_eq!(bdf("af:1f.7").to_string(), "0000:af:1f.7");
+    assert_eq!(bdf("10000:00:00.0".trim_start_matches('1')).domain, 0);
+    for bad in ["", "03:00", "0000:03:20.0", "0000:03:00.8", "zz:00.0", "0000:0300.0", "1:2:3:4.0", "0000:03:00."] {
+        assert!(matches!(bad.parse::<Bdf>(), Err(VfioError::BadAddress(_))), "{bad} accepted");
+    }
+}
+
+#[test]
+fn open_maps_bar_and_reads_the_iommu_ranges() {
+    let t = twin();
+    let dev = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap();
+    assert_eq!(dev.group_id(), 7);
+    assert_eq!(
+        dev.container().iova_ranges,
+        vec![IovaRange { start: 0, end: 0xfedf_ffff }, IovaRange { start: 0xfef0_0000, end: (1 << 48) - 1 }]
+    );
+    assert_ne!(dev.container().iova_pgsizes & CHUNK as u64, 0);
+    let ids = dev.pci_ids().unwrap();
+    assert_eq!((ids.vendor, ids.device, ids.revision), (0x15b3, 0x1017, 0x10));
+
+    let bar = dev.map_bar(0).unwrap();
+    assert_eq!(bar.len(), BAR_LEN);
+    // Registers are big endian: the device sees the most significant byte first.
+    bar.write32(0x14, 0x1122_3344);
+    assert_eq!(t.bar_word(MLX, 0x14).to_ne_bytes(), [0x11, 0x22, 0x33, 0x44]);
+    assert_eq!(bar.read32(0x14), 0x1122_3344);
+    bar.write64(0x800, 0x0102_0304_0506_0708);
+    assert_eq!(t.bar_word(MLX, 0x800).to_ne_bytes(), [1, 2, 3, 4]);
+    assert_eq!(t.bar_word(MLX, 0x804).to_ne_bytes(), [5, 6, 7, 8]);
+    assert_eq!(bar.read64(0x800), 0x0102_0304_0506_0708);
+
+    // Bus master: vfio-pci leaves it off; set and clear it through config space.
+    assert!(!dev.bus_master().unwrap());
+    dev.set_bus_master(true).unwrap();
+    assert!(dev.bus_master().unwrap());
+    assert_eq!(dev.config_read16(4).unwrap(), 0x0107);
+    dev.set_bus_master(false).unwrap();
+    assert_eq!(dev.config_read16(4).unwrap(), 0x0103);
+    assert!(dev.config_read16(0x100).is_err(), "config access past the region is refused");
+    dev.reset().unwrap();
+    drop(bar);
+    drop(dev);
+    assert_eq!(t.open_fds(), 0, "every fd closed");
+    assert!(!t.state().devices[MLX].open);
+}
+
+#[test]
+#[should_panic(expected = "outside BAR")]
+fn bar_access_outside_the_mapping_is_a_driver_bug() {
+    let t = twin();
+    let dev = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap();
+    let bar = dev.map_bar(0).unwrap();
+    bar.read32(BAR_LEN);
+}
+
+#[test]
+fn open_errors_name_the_cause() {
+    let t = twin();
+    let e = VfioDevice::open_with(sys(&t), bdf("0000:00:00.0")).unwrap_err();
+    assert!(matches!(e, VfioError::NoSuchDevice(_)));
+    assert_eq!(e.to_string(), "no PCI device 0000:00:00.0 (nothing at /sys/bus/pci/devices/0000:00:00.0)");
+
+    t.state().iommu = false;
+    let e = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap_err();
+    assert!(matches!(e, VfioError::NoIommuGroup(_)), "{e}");
+    assert!(e.to_string().contains("IOMMU is disabled"));
+    t.state().iommu = true;
+
+    t.state().devices.get_mut(MLX).unwrap().driver = Some("mlx5_core".into());
+    let e = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap_err();
+    assert_eq!(e.to_string(), "0000:03:00.0 is bound to mlx5_core, not vfio-pci (run `mlx5 bind 0000:03:00.0`)");
+    t.state().devices.get_mut(MLX).unwrap().driver = Some("vfio-pci".into());
+
+    // Another function of the same group still on a host driver makes the group unusable.
+    t.add_device("0000:03:00.1", 0x15b3, 0x1017, 7, Some("mlx5_core"), 4096);
+    let e = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "IOMMU group 7 is not viable: 0000:03:00.1 (mlx5_core) still bound to a host driver (bind them to vfio-pci \
+         or unbind them)"
+    );
+    t.state().devices.get_mut("0000:03:00.1").unwrap().driver = None;
+    VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap();
+
+    t.state().euid = 1000;
+    let e = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap_err();
+    assert!(matches!(e, VfioError::PermissionDenied(_)), "{e}");
+    t.state().euid = 0;
+
+    t.state().intremap = false;
+    let e = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap_err();
+    assert!(e.to_string().contains("no interrupt remapping"), "{e}");
+    assert!(std::error::Error::source(&e).is_some(), "the errno is kept as the source");
+    t.state().intremap = true;
+
+    t.state().type1v2 = false;
+    assert!(matches!(VfioDevice::open_with(sys(&t), bdf(MLX)), Err(VfioError::NoType1v2)));
+    t.state().type1v2 = true;
+
+    // One process at a time: the group (and the device) are busy while open.
+    let held = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap();
+    let e = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap_err();
+    assert_eq!(e.to_string(), "0000:03:00.0 is busy: another process or driver holds it");
+    drop(held);
+    drop(e);
+    assert_eq!(t.open_fds(), 0, "error paths close what they opened");
+}
+
+fn dma(t: &Arc<Twin>, opts: DmaOptions) -> (VfioDevice, VfioDma) {
+    let dev = VfioDevice::open_with(sys(t), bdf(MLX)).unwrap();
+    let d = VfioDma::new(dev.container().clone(), opts);
+    (dev, d)
+}
+
+#[test]
+fn dma_regions_are_mapped_aligned_zeroed_and_returned() {
+    let t = twin();
+    let (_dev, d) = dma(&t, DmaOptions::default());
+    assert_eq!(d.backing(), Backing::None);
+    let a = d.alloc(4096, 4096).unwrap();
+    let b = d.alloc(576, 1024).unwrap();
+    let c = d.alloc(64 << 10, 64 << 10).unwrap();
+    assert_eq!(d.backing(), Backing::Huge2M);
+    assert_eq!(d.chunks(), 1, "small regions share one 2 MiB chunk");
+    for r in [&a, &b, &c] {
+        assert!(r.iova >= CHUNK as u64, "IOVA 0 stays unmapped");
+        // SAFETY: r is a live region of r.len bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(r.cpu.as_ptr(), r.len) };
+        assert!(bytes.iter().all(|&x| x == 0));
+    }
+    assert_eq!(b.iova % 1024, 0);
+    assert_eq!(c.iova % (64 << 10), 0);
+    assert_eq!(c.cpu.as_ptr() as usize % (64 << 10), 0);
+    // The IOVA and the CPU address move together inside a chunk: what the device reads is what the CPU wrote.
+    assert_eq!(b.iova - a.iova, b.cpu.as_ptr() as u64 - a.cpu.as_ptr() as u64);
+    {
+        let s = t.state();
+        let (iova, m) = s.maps.iter().next().unwrap();
+        assert_eq!(m.size, CHUNK as u64);
+        assert_eq!(a.iova - iova, a.cpu.as_ptr() as u64 - m.vaddr);
+    }
+    assert_eq!(d.iova_of(b.cpu.as_ptr().wrapping_add(16), 100), Some(b.iova + 16));
+    assert_eq!(d.iova_of(b.cpu.as_ptr(), 4096), None, "past the region's end");
+    assert_eq!(d.iova_of(&0u8, 1), None, "not DMA memory");
+    assert_eq!(d.outstanding(), (3, 4096 + 576 + (64 << 10)));
+
+    // Reused memory comes back zeroed.
+    // SAFETY: a is live and 4096 bytes long.
+    unsafe { a.cpu.as_ptr().write_bytes(0xaa, 4096) };
+    // SAFETY: a came from d, is freed once, and nothing accesses it.
+    unsafe { d.free(a) };
+    let a2 = d.alloc(4096, 4096).unwrap();
+    // SAFETY: a2 is live and 4096 bytes long.
+    assert!(unsafe { std::slice::from_raw_parts(a2.cpu.as_ptr(), 4096) }.iter().all(|&x| x == 0));
+
+    // A region bigger than a chunk gets its own mapping.
+    let big = d.alloc(5 << 20, 4096).unwrap();
+    assert_eq!(d.chunks(), 2);
+    assert_eq!(t.state().maps.len(), 2);
+    for r in [a2, b, c, big] {
+        // SAFETY: each came from d, is freed once, and nothing accesses it.
+        unsafe { d.free(r) };
+    }
+    assert_eq!(d.outstanding(), (0, 0));
+    assert_eq!(d.chunks(), 0, "empty chunks are unmapped and returned");
+    assert!(t.state().maps.is_empty());
+    assert!(t.state().anon.is_empty());
+    assert_eq!(t.state().hugepages, 16, "every hugepage returned");
+    assert_eq!(d.map_counts(), (2, 2));
+    assert_eq!(d.alloc(64, 4 << 20), Err(DmaError::BadAlignment { align: 4 << 20 }));
+}
+
+#[test]
+fn dma_falls_back_to_small_pages_with_a_notice() {
+    let t = twin();
+    t.state().hugepages = 0;
+    let (_dev, d) = dma(&t, DmaOptions::default());
+    let r = d.alloc(8192, 2 << 20).unwrap();
+    assert_eq!(d.backing(), Backing::Pages4K);
+    assert!(d.fell_back_to_small_pages());
+    assert_eq!(r.cpu.as_ptr() as usize % CHUNK, 0, "2 MiB alignment holds without hugepages too");
+    assert_eq!(r.iova % CHUNK as u64, 0);
+    // SAFETY: r came from d, is freed once.
+    unsafe { d.free(r) };
+    assert!(t.state().anon.is_empty());
+}
+
+#[test]
+fn dma_respects_the_device_limit_and_cleans_up_failures() {
+    let t = twin();
+    let opts = DmaOptions { max_iova: (8 << 20) - 1, ..DmaOptions::default() };
+    let (_dev, d) = dma(&t, opts);
+    // [2 MiB, 8 MiB) holds three chunks.
+    let rs: Vec<_> = (0..3).map(|_| d.alloc(CHUNK, 4096).unwrap()).collect();
+    assert!(rs.iter().all(|r| r.iova + r.len as u64 <= 8 << 20));
+    assert_eq!(d.alloc(CHUNK, 4096), Err(DmaError::NoMemory { len: CHUNK }));
+    for r in rs {
+        // SAFETY: r came from d, is freed once.
+        unsafe { d.free(r) };
+    }
+    // A refused IOMMU mapping gives the memory and the IOVA back.
+    t.state().fail.insert("MAP_DMA", libc::ENOSPC);
+    assert_eq!(d.alloc(4096, 4096), Err(DmaError::MapFailed));
+    assert!(t.state().anon.is_empty());
+    t.state().fail.clear();
+    let r = d.alloc(4096, 4096).unwrap();
+    assert_eq!(r.iova, CHUNK as u64, "the IOVA of the failed attempt was returned");
+    // A failed unmap keeps the memory: the device might still reach it.
+    t.state().fail.insert("UNMAP_DMA", libc::EINVAL);
+    // SAFETY: r came from d, is freed once.
+    unsafe { d.free(r) };
+    assert_eq!(t.state().anon.len(), 1);
+    t.state().fail.clear();
+}
+
+#[test]
+fn dropping_the_allocator_unmaps_everything() {
+    let t = twin();
+    let (dev, d) = dma(&t, DmaOptions::default());
+    let _leak = d.alloc(100, 64).unwrap();
+    let _leak2 = d.alloc(3 << 20, 4096).unwrap();
+    assert_eq!(t.state().maps.len(), 2);
+    drop(d);
+    assert!(t.state().maps.is_empty());
+    assert!(t.state().anon.is_empty());
+    drop(dev);
+    assert_eq!(t.open_fds(), 0);
+}
+
+#[test]
+fn interrupts_wake_a_waiter() {
+    let t = twin();
+    let dev = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap();
+    let irqs = Interrupts::enable(&dev, 4).unwrap();
+    assert_eq!(irqs.kind(), IrqKind::Msix);
+    assert_eq!(irqs.count(), 4);
+    assert_eq!(t.state().devices[MLX].irq_fds.len(), 4);
+    assert_eq!(irqs.wait(2, Duration::from_millis(20)).unwrap(), 0, "nothing fired: timeout");
+    let t2 = t.clone();
+    let firer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        t2.fire(MLX, 2)
+    });
+    assert_eq!(irqs.wait_any(Duration::from_secs(5)).unwrap(), Some((2, 1)));
+    assert!(firer.join().unwrap());
+    // Two interrupts before the wait are one wakeup with a count of two; none is lost.
+    t.fire(MLX, 0);
+    t.fire(MLX, 0);
+    assert_eq!(irqs.wait(0, Duration::ZERO).unwrap(), 2);
+    assert!(irqs.wait(9, Duration::ZERO).is_err());
+    drop(irqs);
+    assert!(t.state().devices[MLX].irq_fds.is_empty(), "vectors disabled on drop");
+    drop(dev);
+    assert_eq!(t.open_fds(), 0, "eventfds closed");
+}
+
+#[test]
+fn functions_without_msix_use_msi() {
+    let t = twin();
+    t.add_device("0000:00:04.0", 0x1234, 0x11e8, 3, Some("vfio-pci"), 1 << 20);
+    let dev = VfioDevice::open_with(sys(&t), bdf("00:04.0")).unwrap();
+    let irqs = Interrupts::enable(&dev, 8).unwrap();
+    assert_eq!((irqs.kind(), irqs.count()), (IrqKind::Msi, 1));
+    assert_eq!(t.state().devices["0000:00:04.0"].irq_index, Some(abi::VFIO_PCI_MSI_IRQ_INDEX));
+    let e = Interrupts::enable_kind(&dev, IrqKind::Msix, 1).unwrap_err();
+    assert_eq!(e.to_string(), "0000:00:04.0 has no MSI-X interrupts");
+    drop(irqs);
+    t.state().fail.insert("SET_IRQS", libc::EINVAL);
+    let e = Interrupts::enable(&dev, 1).unwrap_err();
+    assert!(e.to_string().starts_with("failed to enable 1 MSI vectors"), "{e}");
+    t.state().fail.clear();
+    drop(dev);
+    assert_eq!(t.open_fds(), 0, "eventfds of the failed enable closed");
+}
+
+#[test]
+fn vfio_bundle_stops_bus_mastering_before_unmapping() {
+    let t = twin();
+    let v = Vfio::open_with(sys(&t), bdf(MLX), VfioOptions::default()).unwrap();
+    assert!(v.device.bus_master().unwrap(), "open enables bus mastering");
+    let _r = v.dma.alloc(4096, 4096).unwrap();
+    t.state().log.clear();
+    drop(v);
+    let log = t.state().log.clone();
+    let bm_off = log.iter().position(|l| l.starts_with("pwrite config 0x4")).expect("bus master cleared");
+    let unmap = log.iter().position(|l| l.ends_with(&format!("{:#x}", abi::VFIO_IOMMU_UNMAP_DMA))).expect("unmapped");
+    assert!(bm_off < unmap, "{log:?}");
+    assert!(t.state().maps.is_empty());
+    assert_eq!(t.open_fds(), 0);
+}
+
+#[test]
+fn bind_moves_a_connectx_to_vfio_and_back() {
+    let t = twin();
+    t.state().devices.get_mut(MLX).unwrap().driver = Some("mlx5_core".into());
+    let s = sys(&t);
+    assert_eq!(
+        bind::bind(&*s, bdf(MLX), Some(bind::MELLANOX_VENDOR_ID)).unwrap(),
+        bind::Bound::From(Some("mlx5_core".into()))
+    );
+    assert_eq!(bind::driver(&*s, bdf(MLX)).as_deref(), Some("vfio-pci"));
+    let writes: Vec<String> = t.state().log.iter().filter(|l| l.starts_with("write")).cloned().collect();
+    assert_eq!(
+        writes,
+        vec![
+            "write /sys/bus/pci/devices/0000:03:00.0/driver_override \"vfio-pci\"",
+            "write /sys/bus/pci/devices/0000:03:00.0/driver/unbind \"0000:03:00.0\"",
+            "write /sys/bus/pci/drivers_probe \"0000:03:00.0\"",
+        ]
+    );
+    assert_eq!(bind::bind(&*s, bdf(MLX), Some(bind::MELLANOX_VENDOR_ID)).unwrap(), bind::Bound::AlreadyBound);
+    assert_eq!(bind::find(&*s, bind::MELLANOX_VENDOR_ID, None), vec![bdf(MLX)]);
+    assert_eq!(bind::unbind(&*s, bdf(MLX)).unwrap().as_deref(), Some("mlx5_core"));
+    assert_eq!(t.state().devices[MLX].driver_override, None, "override cleared");
+}
+
+#[test]
+fn bind_errors_name_the_cause() {
+    let t = twin();
+    t.add_device("0000:00:04.0", 0x8086, 0x100e, 3, Some("e1000"), 4096);
+    let s = sys(&t);
+    let mlx = Some(bind::MELLANOX_VENDOR_ID);
+    let e = bind::bind(&*s, bdf("00:04.0"), mlx).unwrap_err();
+    assert_eq!(e.to_string(), "0000:00:04.0 is not a Mellanox device (vendor 0x8086, expected 0x15b3)");
+    assert!(matches!(bind::bind(&*s, bdf("00:09.0"), mlx), Err(VfioError::NoSuchDevice(_))));
+    t.state().devices.get_mut(MLX).unwrap().driver = Some("mlx5_core".into());
+    t.state().devices.get_mut(MLX).unwrap().busy = true;
+    assert!(matches!(bind::bind(&*s, bdf(MLX), mlx), Err(VfioError::Busy(_))));
+    t.state().devices.get_mut(MLX).unwrap().busy = false;
+    t.state().iommu = false;
+    assert!(matches!(bind::bind(&*s, bdf(MLX), mlx), Err(VfioError::NoIommuGroup(_))));
+    t.state().iommu = true;
+    t.state().vfio_loaded = false;
+    assert_eq!(
+        bind::bind(&*s, bdf(MLX), mlx).unwrap_err().to_string(),
+        "the vfio-pci driver is not loaded (modprobe vfio-pci)"
+    );
+    t.state().vfio_loaded = true;
+    t.state().euid = 1000;
+    assert_eq!(
+        bind::bind(&*s, bdf(MLX), mlx).unwrap_err().to_string(),
+        "binding a device to vfio-pci needs root (effective uid 0)"
+    );
+    assert!(matches!(bind::unbind(&*s, bdf(MLX)), Err(VfioError::NotRoot(_))));
+    t.state().euid = 0;
+    assert!(matches!(bind::unbind(&*s, bdf(MLX)), Err(VfioError::Bind { .. })), "not ours to unbind");
+}
