@@ -86,3 +86,41 @@ fn pingpong_verifies_data_and_reports_figures() {
     assert!(!out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
 }
+
+/// `--device` on a machine without such a VFIO device: one line naming why, a failing exit, no panic. Which reason
+/// depends on the machine (no device at that address, no IOMMU, not bound to vfio-pci), so the test accepts each.
+#[test]
+fn a_vfio_device_that_cannot_be_opened_is_one_clear_line() {
+    for cmd in ["devinfo", "pingpong", "fw-tour"] {
+        let o = mlx5(&["--device", "0000:00:00.0", cmd]);
+        assert!(!o.status.success());
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with("mlx5: "), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        let known = ["no PCI device", "no IOMMU group", "not vfio-pci", "not viable", "not loaded", "permission"];
+        assert!(known.iter().any(|k| err.contains(k)), "{err}");
+        assert!(o.stdout.is_empty());
+    }
+    let o = mlx5(&["--device", "3:0", "devinfo"]);
+    assert_eq!(
+        String::from_utf8(o.stderr).unwrap(),
+        "mlx5: \"3:0\" is not a PCI address (expected DDDD:BB:DD.F, e.g. 0000:03:00.0)\n"
+    );
+    let o = mlx5(&["--device", "0000:7f:1f.7", "devinfo"]);
+    assert_eq!(
+        String::from_utf8(o.stderr).unwrap(),
+        "mlx5: no PCI device 0000:7f:1f.7 (nothing at /sys/bus/pci/devices/0000:7f:1f.7)\n"
+    );
+}
+
+#[test]
+fn bind_needs_an_address_and_refuses_other_vendors() {
+    let o = mlx5(&["bind"]);
+    assert!(!o.status.success());
+    assert_eq!(String::from_utf8(o.stderr).unwrap(), "mlx5: bind needs a PCI address\n");
+    let o = mlx5(&["unbind", "0000:7f:1f.7"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

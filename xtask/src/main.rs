@@ -68,6 +68,7 @@ fn ci(root: &Path) -> Result<(), String> {
         root,
         &["clippy", "-p", "mlx5-core", "--target", EMBEDDED_TARGET, "--features", "defmt", "--", "-D", "warnings"],
     )?;
+    vfio_test::run_vfio_test(root)?;
     println!("xtask ci: all steps passed");
     Ok(())
 }

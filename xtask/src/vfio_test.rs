@@ -29,7 +29,12 @@ fn run(cmd: &mut Command) -> Result<String, String> {
 }
 
 fn have(program: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {program}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// apt-get install, running `apt-get update` once if the first attempt cannot find the packages.

@@ -1,34 +1,43 @@
 //! `mlx5`: the command-line tool. Runs on the simulated device unless told otherwise.
 //!
 //! ```text
-//! mlx5 [--trace FILE] [--hexdump] [--threaded] devinfo [--json]
-//! mlx5 [--trace FILE] [--hexdump] [--threaded] fw-tour
-//! mlx5 [--trace FILE] [--hexdump] [--threaded] pingpong [--size N] [--iters N] [--json]
+//! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] devinfo [--json]
+//! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] fw-tour
+//! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] pingpong [--size N] [--iters N] [--json]
+//! mlx5 bind BDF | unbind BDF
 //! ```
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mlx5_core::cmdq::CmdQueue;
+use mlx5_core::hal::{DelayNs, Dma, Mmio};
 use mlx5_core::hca::{Config, Hca};
-use mlx5_host::tour::run_tour;
+use mlx5_host::devinfo::DevInfo;
+use mlx5_host::pingpong::Report;
+use mlx5_host::tour::{run_tour, TourReport};
 use mlx5_host::tracefile::TraceSink;
+use mlx5_host::vfio::{bind, Bdf, StdDelay, Vfio, VfioOptions};
 use mlx5_sim::{Mode, SimConfig, SimDevice};
 
-const USAGE: &str = "usage: mlx5 [--trace FILE] [--hexdump] [--threaded] <command> [--json]
+const USAGE: &str = "usage: mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] <command> [--json]
 
 commands:
   devinfo    bring the device up as Linux does and print what ibv_devinfo -v shows (--json: one JSON object)
   fw-tour    run every implemented firmware command on the device, in driver order, and report
   pingpong   RC ping-pong between two QPs of the device: SEND/RECV both ways, data verified; latency and
              bandwidth (--size BYTES, default 4096; --iters N, default 1000; --json: one JSON object)
+  bind BDF   hand a ConnectX to vfio-pci (driver_override, unbind, probe), as dpdk-devbind does
+  unbind BDF give it back to its kernel driver (mlx5_core)
 
 options:
+  --device BDF   use the ConnectX at PCI address BDF through VFIO (e.g. 0000:03:00.0); default: simulated
   --trace FILE   write every firmware command as a JSON line to FILE
   --hexdump      print every firmware command as the Linux mlx5 command hexdump
   --threaded     simulated firmware completes commands on its own thread (default: in line)";
 
 struct Args {
+    device: Option<String>,
     trace: Option<PathBuf>,
     hexdump: bool,
     threaded: bool,
@@ -36,10 +45,12 @@ struct Args {
     size: usize,
     iters: u32,
     command: String,
+    operand: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
+        device: None,
         trace: None,
         hexdump: false,
         threaded: false,
@@ -47,10 +58,12 @@ fn parse() -> Result<Args, String> {
         size: 4096,
         iters: 1000,
         command: String::new(),
+        operand: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
+            "--device" | "-d" => args.device = Some(it.next().ok_or("--device needs a PCI address")?),
             "--trace" => args.trace = Some(it.next().ok_or("--trace needs a file name")?.into()),
             "--hexdump" => args.hexdump = true,
             "--threaded" => args.threaded = true,
@@ -66,6 +79,9 @@ fn parse() -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
             s if args.command.is_empty() => args.command = s.to_string(),
+            s if args.operand.is_none() && matches!(args.command.as_str(), "bind" | "unbind") => {
+                args.operand = Some(s.to_string())
+            }
             s => return Err(format!("unexpected argument {s}")),
         }
     }
@@ -75,11 +91,64 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-fn sim_device(args: &Args) -> SimDevice {
-    SimDevice::new(SimConfig {
-        mode: if args.threaded { Mode::Threaded } else { Mode::Inline },
-        ..SimConfig::default()
-    })
+/// The device a command runs on: the simulated ConnectX, or a real one through VFIO.
+enum Device {
+    Sim(SimDevice),
+    Vfio(Box<Vfio>),
+}
+
+fn open(args: &Args) -> Result<Device, String> {
+    let Some(addr) = &args.device else {
+        return Ok(Device::Sim(SimDevice::new(SimConfig {
+            mode: if args.threaded { Mode::Threaded } else { Mode::Inline },
+            ..SimConfig::default()
+        })));
+    };
+    let bdf: Bdf = addr.parse().map_err(|e: mlx5_host::vfio::VfioError| e.to_string())?;
+    let v = Vfio::open(bdf, VfioOptions::default()).map_err(|e| e.to_string())?;
+    let ids = v.device.pci_ids().map_err(|e| e.to_string())?;
+    if ids.vendor != bind::MELLANOX_VENDOR_ID {
+        return Err(format!("{bdf} is not a Mellanox device (vendor {:#06x}, expected 0x15b3)", ids.vendor));
+    }
+    Ok(Device::Vfio(Box::new(v)))
+}
+
+impl Device {
+    fn pci_ids(&self) -> (u16, u16) {
+        match self {
+            Device::Sim(d) => d.config().pci_ids,
+            Device::Vfio(v) => v.device.pci_ids().map(|i| (i.vendor, i.device)).unwrap_or_default(),
+        }
+    }
+
+    /// Checks nothing was left allocated after teardown: DMA regions (firmware pages included) and, on the
+    /// simulator, pages firmware still holds.
+    fn check_released(&self) -> Result<(), String> {
+        let (regions, bytes, fw_pages) = match self {
+            Device::Sim(d) => {
+                let (r, b) = d.dma_outstanding();
+                (r, b, d.pages_owned())
+            }
+            Device::Vfio(v) => {
+                let (r, b) = v.dma.outstanding();
+                (r, b, 0)
+            }
+        };
+        if regions != 0 || fw_pages != 0 {
+            return Err(format!("teardown left {regions} DMA regions ({bytes} bytes), {fw_pages} firmware pages"));
+        }
+        Ok(())
+    }
+
+    fn notice(&self) {
+        if let Device::Vfio(v) = self {
+            if v.dma.fell_back_to_small_pages() {
+                eprintln!(
+                    "mlx5: notice: no 2 MiB hugepages, DMA memory uses 4 KiB pages (echo 64 > /proc/sys/vm/nr_hugepages)"
+                );
+            }
+        }
+    }
 }
 
 fn trace_sink(args: &Args) -> Result<TraceSink, String> {
@@ -90,29 +159,34 @@ fn trace_sink(args: &Args) -> Result<TraceSink, String> {
     .with_hexdump(args.hexdump))
 }
 
-/// Brings the device up, queries it, tears it down, then prints. The trace covers the whole life cycle.
+/// Brings the device up, queries it, tears it down. The trace covers the whole life cycle.
+fn devinfo_on<M: Mmio, D: Dma>(
+    mmio: M,
+    dma: D,
+    delay: &mut impl DelayNs,
+    sink: &mut TraceSink,
+    pci: (u16, u16),
+) -> Result<DevInfo, String> {
+    let mut hca: Hca<_, _, _> = Hca::bring_up(mmio, dma, sink, delay, Config::default()).map_err(|e| e.to_string())?;
+    let info = mlx5_host::devinfo::query(&mut hca, delay, "mlx5_0", pci);
+    let down = hca.teardown(delay);
+    let info = info.map_err(|e| format!("query failed: {e}"))?;
+    down.map_err(|e| format!("teardown failed: {e}"))?;
+    Ok(info)
+}
+
 fn devinfo(args: &Args) -> Result<(), String> {
-    let dev = sim_device(args);
+    let dev = open(args)?;
     let mut sink = trace_sink(args)?;
-    let mut delay = dev.delay();
-    let info = {
-        let mut hca: Hca<_, _, _> = Hca::bring_up(dev.mmio(), dev.dma(), &mut sink, &mut delay, Config::default())
-            .map_err(|e| e.to_string())?;
-        let pci = dev.config().pci_ids;
-        let info = mlx5_host::devinfo::query(&mut hca, &mut delay, "mlx5_0", pci);
-        let down = hca.teardown(&mut delay);
-        let info = info.map_err(|e| format!("query failed: {e}"))?;
-        down.map_err(|e| format!("teardown failed: {e}"))?;
-        info
+    let pci = dev.pci_ids();
+    let info = match &dev {
+        Device::Sim(d) => devinfo_on(d.mmio(), d.dma(), &mut d.delay(), &mut sink, pci),
+        Device::Vfio(v) => devinfo_on(&v.bar, &v.dma, &mut StdDelay, &mut sink, pci),
     };
     sink.finish().map_err(|e| e.to_string())?;
-    let (regions, bytes) = dev.dma_outstanding();
-    if regions != 0 || dev.pages_owned() != 0 {
-        return Err(format!(
-            "teardown left {regions} DMA regions ({bytes} bytes), {} firmware pages",
-            dev.pages_owned()
-        ));
-    }
+    dev.notice();
+    let info = info?;
+    dev.check_released()?;
     if args.json {
         out(&format!("{}\n", info.json()))
     } else {
@@ -120,30 +194,34 @@ fn devinfo(args: &Args) -> Result<(), String> {
     }
 }
 
-/// Brings the device up, runs the ping-pong, tears down, and checks nothing was left allocated.
+/// Brings the device up, runs the ping-pong, tears down.
+fn pingpong_on<M: Mmio, D: Dma>(
+    mmio: M,
+    dma: &D,
+    delay: &mut impl DelayNs,
+    sink: &mut TraceSink,
+    opts: mlx5_host::pingpong::Options,
+) -> Result<Report, String> {
+    let mut hca: Hca<_, _, _> = Hca::bring_up(mmio, dma, sink, delay, Config::default()).map_err(|e| e.to_string())?;
+    let r = mlx5_host::pingpong::run(&mut hca, &dma, delay, opts);
+    let down = hca.teardown(delay);
+    let r = r?;
+    down.map_err(|e| format!("teardown failed: {e}"))?;
+    Ok(r)
+}
+
 fn pingpong(args: &Args) -> Result<(), String> {
-    let dev = sim_device(args);
+    let dev = open(args)?;
     let mut sink = trace_sink(args)?;
-    let mut delay = dev.delay();
-    let dma = dev.dma();
-    let report = {
-        let mut hca: Hca<_, _, _> = Hca::bring_up(dev.mmio(), dev.dma(), &mut sink, &mut delay, Config::default())
-            .map_err(|e| e.to_string())?;
-        let opts = mlx5_host::pingpong::Options { size: args.size, iters: args.iters };
-        let r = mlx5_host::pingpong::run(&mut hca, &dma, &mut delay, opts);
-        let down = hca.teardown(&mut delay);
-        let r = r?;
-        down.map_err(|e| format!("teardown failed: {e}"))?;
-        r
+    let opts = mlx5_host::pingpong::Options { size: args.size, iters: args.iters };
+    let report = match &dev {
+        Device::Sim(d) => pingpong_on(d.mmio(), &d.dma(), &mut d.delay(), &mut sink, opts),
+        Device::Vfio(v) => pingpong_on(&v.bar, &&v.dma, &mut StdDelay, &mut sink, opts),
     };
     sink.finish().map_err(|e| e.to_string())?;
-    let (regions, bytes) = dev.dma_outstanding();
-    if regions != 0 || dev.pages_owned() != 0 {
-        return Err(format!(
-            "teardown left {regions} DMA regions ({bytes} bytes), {} firmware pages",
-            dev.pages_owned()
-        ));
-    }
+    dev.notice();
+    let report = report?;
+    dev.check_released()?;
     if !report.verified {
         return Err(format!("data corrupted: {}", report.text().trim_end()));
     }
@@ -154,25 +232,42 @@ fn pingpong(args: &Args) -> Result<(), String> {
     }
 }
 
-fn fw_tour(args: &Args) -> Result<(), String> {
-    let cfg = SimConfig { mode: if args.threaded { Mode::Threaded } else { Mode::Inline }, ..SimConfig::default() };
-    let dev = SimDevice::new(cfg);
-    let sink = match &args.trace {
-        Some(p) => TraceSink::json_file(p).map_err(|e| e.to_string())?,
-        None => TraceSink::default(),
-    }
-    .with_hexdump(args.hexdump);
-    let mut q = CmdQueue::new(dev.mmio(), dev.dma(), sink).map_err(|e| format!("command queue: {e}"))?;
-    let mut delay = dev.delay();
-    let report = run_tour(&mut q, &mut delay).map_err(|e| e.to_string())?;
-    let (regions, bytes) = dev.dma_outstanding();
+/// Runs the tour on a fresh command queue; returns the report, the commands traced and the DMA regions / bytes
+/// outstanding while the queue was up.
+fn tour_on<M: Mmio, D: Dma + Clone>(
+    mmio: M,
+    dma: D,
+    delay: &mut impl DelayNs,
+    sink: TraceSink,
+    outstanding: impl Fn() -> (usize, usize),
+) -> Result<(TourReport, usize, (usize, usize)), String> {
+    let mut q = CmdQueue::new(mmio, dma, sink).map_err(|e| format!("command queue: {e}"))?;
+    let report = run_tour(&mut q, delay).map_err(|e| e.to_string())?;
+    let during = outstanding();
     let sink = std::mem::take(q.tracer());
     drop(q);
     let count = sink.finish().map_err(|e| e.to_string())?;
-    let (after_regions, after_bytes) = dev.dma_outstanding();
-    let mode = if args.threaded { "threaded" } else { "in-line" };
+    Ok((report, count, during))
+}
+
+fn fw_tour(args: &Args) -> Result<(), String> {
+    let dev = open(args)?;
+    let sink = trace_sink(args)?;
+    let (report, count, (regions, bytes)) = match &dev {
+        Device::Sim(d) => tour_on(d.mmio(), d.dma(), &mut d.delay(), sink, || d.dma_outstanding())?,
+        Device::Vfio(v) => tour_on(&v.bar, &v.dma, &mut StdDelay, sink, || v.dma.outstanding())?,
+    };
+    let (after_regions, after_bytes) = match &dev {
+        Device::Sim(d) => d.dma_outstanding(),
+        Device::Vfio(v) => v.dma.outstanding(),
+    };
+    let what = match (&dev, args.threaded) {
+        (Device::Sim(_), false) => "simulated ConnectX-5 (in-line firmware)".to_string(),
+        (Device::Sim(_), true) => "simulated ConnectX-5 (threaded firmware)".to_string(),
+        (Device::Vfio(v), _) => format!("{} through VFIO", v.device.bdf),
+    };
     let mut text = format!(
-        "device            simulated ConnectX-5 ({mode} firmware)\n\
+        "device            {what}\n\
          ISSI              {}\n\
          pages             boot {}, init {}, given {}, taken back {}\n\
          caps (max)        log_max_qp {}, log_max_cq_sz {}\n\
@@ -195,6 +290,22 @@ fn fw_tour(args: &Args) -> Result<(), String> {
         text.push_str(&format!("trace             {}\n", p.display()));
     }
     out(&text)
+}
+
+/// `mlx5 bind BDF` / `mlx5 unbind BDF`.
+fn bind_cmd(args: &Args, bind_it: bool) -> Result<(), String> {
+    let addr = args.operand.as_deref().ok_or_else(|| format!("{} needs a PCI address", args.command))?;
+    let bdf: Bdf = addr.parse().map_err(|e: mlx5_host::vfio::VfioError| e.to_string())?;
+    let sys = mlx5_host::vfio::sys::LinuxSys;
+    if bind_it {
+        match bind::bind(&sys, bdf, Some(bind::MELLANOX_VENDOR_ID)).map_err(|e| e.to_string())? {
+            bind::Bound::AlreadyBound => out(&format!("{bdf} is already bound to vfio-pci\n")),
+            bind::Bound::From(d) => out(&format!("{bdf}: {} -> vfio-pci\n", d.as_deref().unwrap_or("no driver"))),
+        }
+    } else {
+        let now = bind::unbind(&sys, bdf).map_err(|e| e.to_string())?;
+        out(&format!("{bdf}: vfio-pci -> {}\n", now.as_deref().unwrap_or("no driver")))
+    }
 }
 
 /// Prints to standard output; a closed pipe (`mlx5 ... | head`) ends the output quietly.
@@ -221,6 +332,8 @@ fn main() -> ExitCode {
         "devinfo" => devinfo(&args),
         "fw-tour" => fw_tour(&args),
         "pingpong" => pingpong(&args),
+        "bind" => bind_cmd(&args, true),
+        "unbind" => bind_cmd(&args, false),
         other => Err(format!("unknown command {other:?}")),
     };
     match result {

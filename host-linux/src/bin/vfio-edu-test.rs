@@ -188,7 +188,10 @@ fn run(rep: &mut Report) -> Result<(), String> {
     let bar = dev.map_bar(0).map_err(|e| e.to_string())?;
     let edu = Edu(&bar);
     let id = edu.r32(EDU_ID);
-    rep.check("BAR0 mmap: edu id register", ensure(id == 0x0100_00ed, || format!("id {id:#x}")).map(|_| format!("{id:#010x}")));
+    rep.check(
+        "BAR0 mmap: edu id register",
+        ensure(id == 0x0100_00ed, || format!("id {id:#x}")).map(|_| format!("{id:#010x}")),
+    );
     edu.w32(EDU_LIVENESS, 0x1234_5678);
     let live = edu.r32(EDU_LIVENESS);
     rep.check(
@@ -221,7 +224,8 @@ fn run(rep: &mut Report) -> Result<(), String> {
             .map(|_| format!("HugePages_Free {huge_before:?}")),
     );
     {
-        let dma = VfioDma::new(c.clone(), DmaOptions { hugepages: false, max_iova: EDU_MAX_IOVA, ..DmaOptions::default() });
+        let dma =
+            VfioDma::new(c.clone(), DmaOptions { hugepages: false, max_iova: EDU_MAX_IOVA, ..DmaOptions::default() });
         let r = round_trip(&edu, &dma, 11);
         rep.check(
             "DMA both ways through the allocator, 4 KiB pages",
@@ -232,7 +236,10 @@ fn run(rep: &mut Report) -> Result<(), String> {
     // MSI: edu has one MSI vector and no MSI-X.
     let irqs = Interrupts::enable(&dev, 1).map_err(|e| e.to_string())?;
     let quiet = irqs.wait(0, Duration::from_millis(200)).map_err(|e| e.to_string())?;
-    rep.check("no interrupt before one is raised", ensure(quiet == 0, || format!("{quiet} spurious")).map(|_| String::new()));
+    rep.check(
+        "no interrupt before one is raised",
+        ensure(quiet == 0, || format!("{quiet} spurious")).map(|_| String::new()),
+    );
     edu.w32(EDU_IRQ_RAISE, 0x5a);
     let n = irqs.wait(0, Duration::from_secs(10)).map_err(|e| e.to_string())?;
     let status = edu.r32(EDU_IRQ_STATUS);
@@ -331,7 +338,8 @@ fn run(rep: &mut Report) -> Result<(), String> {
     }
     rep.check(
         "teardown: nothing left allocated",
-        ensure(dma.outstanding() == (0, 0) && dma.chunks() == 0, || format!("{:?}", dma.outstanding())).map(|_| String::new()),
+        ensure(dma.outstanding() == (0, 0) && dma.chunks() == 0, || format!("{:?}", dma.outstanding()))
+            .map(|_| String::new()),
     );
     drop(dma);
     drop(bar);

@@ -108,7 +108,7 @@ pub enum VfioError {
     NoIova(usize),
     #[error("{bdf} has no {kind} interrupts")]
     NoInterrupts { bdf: Bdf, kind: &'static str },
-    #[error("bind {bdf}: {detail}")]
+    #[error("{bdf}: {detail}")]
     Bind { bdf: Bdf, detail: String },
     #[error("failed to {what}: {source}")]
     Sys {
