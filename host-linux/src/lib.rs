@@ -6,4 +6,5 @@ pub mod devinfo;
 pub mod pingpong;
 pub mod tour;
 pub mod tracefile;
+pub mod verbs;
 pub mod vfio;
