@@ -34,6 +34,62 @@
 //! assert_eq!(mr.read_vec(2048, 5), b"hello");
 //! # Ok::<(), mlx5_host::verbs::VerbsError>(())
 //! ```
+//!
+//! What does not compile (each is a verbs rule):
+//!
+//! A PD cannot go while a memory region made from it lives (`ibv_dealloc_pd` would fail with EBUSY):
+//! ```compile_fail,E0505
+//! use mlx5_host::verbs::{Access, Context};
+//! let ctx = Context::open_sim()?;
+//! let pd = ctx.alloc_pd()?;
+//! let mut buf = ctx.alloc_buffer(64)?;
+//! let mr = pd.register(&mut buf, Access::LOCAL_WRITE)?;
+//! drop(pd);
+//! drop(mr);
+//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! ```
+//! Registered memory can be neither freed nor touched directly while the device may reach it:
+//! ```compile_fail,E0505
+//! use mlx5_host::verbs::{Access, Context};
+//! let ctx = Context::open_sim()?;
+//! let pd = ctx.alloc_pd()?;
+//! let mut buf = ctx.alloc_buffer(64)?;
+//! let mr = pd.register(&mut buf, Access::LOCAL_WRITE)?;
+//! drop(buf);
+//! drop(mr);
+//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! ```
+//! ```compile_fail,E0502
+//! use mlx5_host::verbs::{Access, Context};
+//! let ctx = Context::open_sim()?;
+//! let pd = ctx.alloc_pd()?;
+//! let mut buf = ctx.alloc_buffer(64)?;
+//! let mr = pd.register(&mut buf, Access::LOCAL_WRITE)?;
+//! let first = buf[0];
+//! drop(mr);
+//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! ```
+//! A CQ outlives the QPs that complete on it:
+//! ```compile_fail,E0505
+//! use mlx5_host::verbs::{Context, QpCap, QpType};
+//! let ctx = Context::open_sim()?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(8)?;
+//! let qp = pd.create_qp(QpType::Rc, &cq, &cq, QpCap { max_send_wr: 1, max_recv_wr: 1, ..QpCap::default() })?;
+//! drop(cq);
+//! drop(qp);
+//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! ```
+//! Sends are posted only in RTS (here the QP is still in RESET):
+//! ```compile_fail,E0599
+//! use mlx5_host::verbs::{wr, Context, QpCap, QpType};
+//! let ctx = Context::open_sim()?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(8)?;
+//! let qp = pd.create_qp(QpType::Rc, &cq, &cq, QpCap { max_send_wr: 1, max_recv_wr: 1, ..QpCap::default() })?;
+//! qp.post_send(&[wr::send_inline(1, b"early")])?;
+//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! ```
 
 use std::cell::{RefCell, RefMut};
 use std::collections::HashMap;

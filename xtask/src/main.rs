@@ -68,6 +68,10 @@ fn ci(root: &Path) -> Result<(), String> {
         root,
         &["clippy", "-p", "mlx5-core", "--target", EMBEDDED_TARGET, "--features", "defmt", "--", "-D", "warnings"],
     )?;
+    // The examples run on the simulator, each verifying its data (doctests ran with `cargo test`).
+    for example in ["rc_pingpong", "ud_pingpong", "rdma_write_read", "event_driven"] {
+        cargo(root, &["run", "--release", "-q", "-p", "mlx5-host", "--example", example])?;
+    }
     vfio_test::run_vfio_test(root)?;
     println!("xtask ci: all steps passed");
     Ok(())
