@@ -182,6 +182,7 @@ pub struct ChainMsg<'a> {
 }
 
 impl ChainMsg<'_> {
+    #[inline]
     fn locate(&self, off: usize) -> (&DmaRegion, usize, usize) {
         assert!(off < self.len, "command message access past its length");
         if off < INLINE_LEN {
@@ -213,6 +214,58 @@ impl MsgBuf for ChainMsg<'_> {
         let p = region.ptr_at(at, run);
         // SAFETY: as in `chunk`; `&mut self` makes this the only live view of these bytes.
         unsafe { core::slice::from_raw_parts_mut(p, run) }
+    }
+    // A field never straddles a block in practice: one copy of known length then (a `pas[]` entry is one 8-byte
+    // store), the chunk loop otherwise.
+    #[inline]
+    fn read_bytes(&self, off: usize, out: &mut [u8]) {
+        if out.is_empty() {
+            return;
+        }
+        let (region, at, run) = self.locate(off);
+        if out.len() > run {
+            return read_chunks(self, off, out);
+        }
+        let p = region.ptr_at(at, out.len());
+        // SAFETY: inside the region (ptr_at); the slot is software-owned while its message is read (see `chunk`).
+        unsafe { core::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+    }
+    #[inline]
+    fn write_bytes(&mut self, off: usize, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        let (region, at, run) = self.locate(off);
+        if data.len() > run {
+            return write_chunks(self, off, data);
+        }
+        let p = region.ptr_at(at, data.len());
+        // SAFETY: inside the region (ptr_at); the slot is software-owned while its message is built (see `chunk`).
+        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+    }
+}
+
+/// [`MsgBuf::read_bytes`] across chunks.
+fn read_chunks(msg: &ChainMsg<'_>, mut off: usize, out: &mut [u8]) {
+    let mut done = 0;
+    while done < out.len() {
+        let c = msg.chunk(off);
+        let n = c.len().min(out.len() - done);
+        out[done..done + n].copy_from_slice(&c[..n]);
+        done += n;
+        off += n;
+    }
+}
+
+/// [`MsgBuf::write_bytes`] across chunks.
+fn write_chunks(msg: &mut ChainMsg<'_>, mut off: usize, data: &[u8]) {
+    let mut done = 0;
+    while done < data.len() {
+        let c = msg.chunk_mut(off);
+        let n = c.len().min(data.len() - done);
+        c[..n].copy_from_slice(&data[done..done + n]);
+        done += n;
+        off += n;
     }
 }
 

@@ -11,7 +11,7 @@ use crate::buf::QueueBuf;
 use crate::cmd::{len_with_pas, write_pas, Pas, Simple};
 use crate::cmdq::{write_header, CmdError, Command};
 use crate::dbr::DbRec;
-use crate::hal::Mmio;
+use crate::hal::{DmaRegion, Mmio};
 use crate::prm::{c, consts, ifc, MsgBuf, Opcode, SubBuf};
 
 /// CQE size (`cqc.cqe_sz`: `CQE_STRIDE_64` = 0, `CQE_STRIDE_128` = 1).
@@ -281,6 +281,7 @@ pub enum CqeOpcode {
 }
 
 impl CqeOpcode {
+    #[inline]
     pub const fn from_raw(v: u8) -> Self {
         match v as u32 {
             consts::MLX5_CQE_REQ => CqeOpcode::Req,
@@ -341,74 +342,95 @@ mod field {
 }
 
 impl Cqe {
+    #[inline]
     fn be(&self, m: crate::prm::Bytes) -> u32 {
         m.get_be(&self.0, 0)
     }
 
+    #[inline]
     pub fn op_own(&self) -> u8 {
         self.0[field::OP_OWN.off]
     }
+    #[inline]
     pub fn opcode(&self) -> CqeOpcode {
         CqeOpcode::from_raw(self.op_own() >> 4)
     }
+    #[inline]
     pub fn owner(&self) -> u8 {
         self.op_own() & consts::MLX5_CQE_OWNER_MASK as u8
     }
     /// Bits 3:2 of `op_own`: 0 for a normal CQE, `MLX5_COMPRESSED` for a compressed session header.
+    #[inline]
     pub fn format(&self) -> u8 {
         (self.op_own() >> 2) & 3
     }
     /// The solicited-event bit (bit 1 of `op_own`).
+    #[inline]
     pub fn solicited(&self) -> bool {
         self.op_own() & 2 != 0
     }
     /// The WQE opcode of a requester CQE (`sop_drop_qpn >> 24`).
+    #[inline]
     pub fn wqe_opcode(&self) -> u8 {
         (self.be(field::SOP_DROP_QPN) >> 24) as u8
     }
+    #[inline]
     pub fn qpn(&self) -> u32 {
         self.be(field::SOP_DROP_QPN) & 0xff_ffff
     }
+    #[inline]
     pub fn wqe_counter(&self) -> u16 {
         self.be(field::WQE_COUNTER) as u16
     }
+    #[inline]
     pub fn byte_cnt(&self) -> u32 {
         self.be(field::BYTE_CNT)
     }
     /// Immediate data, invalidated rkey or pkey, by opcode.
+    #[inline]
     pub fn imm_inval_pkey(&self) -> u32 {
         self.be(field::IMMEDIATE)
     }
+    #[inline]
     pub fn flags_rqpn(&self) -> u32 {
         self.be(field::FLAGS_RQPN)
     }
+    #[inline]
     pub fn srqn(&self) -> u32 {
         self.be(field::SRQN) & 0xff_ffff
     }
+    #[inline]
     pub fn slid(&self) -> u16 {
         self.be(field::SLID) as u16
     }
+    #[inline]
     pub fn ml_path(&self) -> u8 {
         self.0[field::ML_PATH.off]
     }
+    #[inline]
     pub fn hds_ip_ext(&self) -> u8 {
         self.0[field::HDS_IP_EXT.off]
     }
+    #[inline]
     pub fn l4_l3_hdr_type(&self) -> u8 {
         self.0[field::L4_L3_HDR_TYPE.off]
     }
+    #[inline]
     pub fn vlan_info(&self) -> u16 {
         self.be(field::VLAN_INFO) as u16
     }
     /// `mlx5_err_cqe.syndrome`.
+    #[inline]
     pub fn err_syndrome(&self) -> u8 {
         self.0[field::ERR_SYNDROME.off]
     }
     /// `mlx5_err_cqe.vendor_err_synd`.
+    #[inline]
     pub fn vendor_err(&self) -> u8 {
         self.0[field::VENDOR_ERR_SYND.off]
     }
     /// The QP of an error CQE (`s_wqe_opcode_qpn`, low 24 bits; same bytes as `sop_drop_qpn`).
+    #[inline]
     pub fn err_qpn(&self) -> u32 {
         self.be(field::S_WQE_OPCODE_QPN) & 0xff_ffff
     }
@@ -550,6 +572,7 @@ impl WcStatus {
     }
 
     /// The status for an error CQE's syndrome (`mlx5_handle_error_cqe`); unknown syndromes are general errors.
+    #[inline]
     pub const fn from_syndrome(syndrome: u8) -> Self {
         match syndrome as u32 {
             consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR => WcStatus::LocLenErr,
@@ -731,6 +754,20 @@ pub fn decode_cqe(
     link: LinkLayer,
     wq: &mut (impl WrTable + ?Sized),
 ) -> Result<Option<WorkCompletion>, CqeError> {
+    let mut wc = WorkCompletion::default();
+    Ok(decode_into(cqe, cqn, index, link, wq, &mut wc)?.then_some(wc))
+}
+
+/// [`decode_cqe`] into `out`: `Ok(true)` when `out` now holds the completion; `out` is untouched otherwise.
+#[inline]
+fn decode_into(
+    cqe: &Cqe,
+    cqn: u32,
+    index: u32,
+    link: LinkLayer,
+    wq: &mut (impl WrTable + ?Sized),
+    out: &mut WorkCompletion,
+) -> Result<bool, CqeError> {
     let bad = CqeError::BadOpcode { cqn, op_own: cqe.op_own(), index };
     if u32::from(cqe.format()) == consts::MLX5_COMPRESSED {
         return Err(bad);
@@ -764,13 +801,15 @@ pub fn decode_cqe(
             wc.wr_id = id.ok_or(CqeError::UnknownQp { cqn, qpn: wc.qp_num, index })?;
         }
         // Signature errors report on a memory key, not a work request (the kernel records and re-polls).
-        CqeOpcode::SigErr => return Ok(None),
+        CqeOpcode::SigErr => return Ok(false),
         CqeOpcode::Resize | CqeOpcode::Invalid | CqeOpcode::Unknown(_) => return Err(bad),
     }
-    Ok(Some(wc))
+    *out = wc;
+    Ok(true)
 }
 
 /// Requester fields (`handle_good_req`).
+#[inline]
 fn decode_req(cqe: &Cqe, wc: &mut WorkCompletion) {
     let op = cqe.wqe_opcode();
     match u32::from(op) {
@@ -812,6 +851,7 @@ fn decode_req(cqe: &Cqe, wc: &mut WorkCompletion) {
 const CQE_L3_L4_OK: u8 = (consts::CQE_L3_OK | consts::CQE_L4_OK) as u8;
 
 /// Responder fields (`handle_responder`).
+#[inline]
 fn decode_resp(cqe: &Cqe, op: CqeOpcode, link: LinkLayer, wc: &mut WorkCompletion) {
     wc.byte_len = cqe.byte_cnt();
     match op {
@@ -958,18 +998,30 @@ impl Cq {
         &self.buf
     }
 
-    /// The 64-byte CQE image of entry `n` (the second half of a 128-byte CQE).
+    /// The ring as one region when the buffer is a single fragment (the usual case): an entry's address is then a
+    /// mask and an add. `None`: entries are found through the fragment table.
     #[inline]
-    fn cqe_ptr(&self, n: u32) -> *mut u8 {
+    fn flat(&self) -> Option<DmaRegion> {
+        let bytes = self.cqe_size.bytes() << self.log_nent;
+        self.buf.frag(0).filter(|r| self.buf.nfrags() == 1 && r.len >= bytes)
+    }
+
+    /// The 64-byte CQE image of entry `n` (the second half of a 128-byte CQE); `flat` is [`Cq::flat`].
+    #[inline]
+    fn cqe_ptr(&self, flat: Option<&DmaRegion>, n: u32) -> *mut u8 {
         let stride = self.cqe_size.bytes();
         let off = ((n & (self.nent() - 1)) as usize) * stride + stride - CQE64_SIZE;
-        self.buf.ptr(off, CQE64_SIZE)
+        match flat {
+            // SAFETY: `off + 64 <= nent * stride <= r.len` (Cq::flat checked the length), inside a live fragment.
+            Some(r) => unsafe { r.cpu.as_ptr().add(off) },
+            None => self.buf.ptr(off, CQE64_SIZE),
+        }
     }
 
     /// Entry `n` if software owns it (`get_sw_cqe`), copied out after the read barrier.
     #[inline]
-    fn sw_cqe<M: Mmio + ?Sized>(&self, mmio: &M, n: u32) -> Option<Cqe> {
-        let p = self.cqe_ptr(n);
+    fn sw_cqe<M: Mmio + ?Sized>(&self, mmio: &M, flat: Option<&DmaRegion>, n: u32) -> Option<Cqe> {
+        let p = self.cqe_ptr(flat, n);
         // SAFETY: p points at 64 bytes inside a live fragment of the ring (QueueBuf::ptr checks the bounds).
         // Volatile: the device writes the byte concurrently.
         let op_own = unsafe { p.add(field::OP_OWN.off).read_volatile() };
@@ -979,8 +1031,16 @@ impl Cq {
         }
         // The ownership byte said the entry is ours: the rest must be loaded after it.
         mmio.dma_rmb();
-        // SAFETY: as above; the u8 array has alignment 1. The device does not write an entry software owns.
-        Some(Cqe(unsafe { p.cast::<[u8; CQE64_SIZE]>().read_volatile() }))
+        // Eight 8-byte volatile loads (a volatile byte array would be copied a byte at a time).
+        let mut img = [0u8; CQE64_SIZE];
+        let src = p.cast::<u64>().cast_const();
+        for (i, b) in img.chunks_exact_mut(8).enumerate() {
+            // SAFETY: as above. The entry is 8-byte aligned: fragments are at least 4 KiB aligned (the Dma contract
+            // for QueueBuf's requests) and entries sit at multiples of 64 bytes. The device does not write an entry
+            // software owns.
+            b.copy_from_slice(&unsafe { src.add(i).read_volatile() }.to_ne_bytes());
+        }
+        Some(Cqe(img))
     }
 
     /// Polls up to `wc.len()` completions, oldest first (`ibv_poll_cq`), and publishes the new consumer index.
@@ -995,14 +1055,12 @@ impl Cq {
         let mut n = 0;
         let start = self.cons_index;
         let mut result = Ok(());
+        let flat = self.flat();
         while n < wc.len() {
-            let Some(cqe) = self.sw_cqe(mmio, self.cons_index) else { break };
-            match decode_cqe(&cqe, self.cqn, self.cons_index, self.link, wq) {
-                Ok(Some(w)) => {
-                    wc[n] = w;
-                    n += 1;
-                }
-                Ok(None) => {}
+            let Some(cqe) = self.sw_cqe(mmio, flat.as_ref(), self.cons_index) else { break };
+            match decode_into(&cqe, self.cqn, self.cons_index, self.link, wq, &mut wc[n]) {
+                Ok(true) => n += 1,
+                Ok(false) => {}
                 Err(e) => {
                     if n > 0 {
                         // Leave it for the next call so these completions are returned first.
@@ -1055,8 +1113,9 @@ impl Cq {
         let new_mask = (1u32 << log_nent) - 1;
         let mut i = self.cons_index;
         let mut found = false;
+        let flat = self.flat();
         for _ in 0..self.nent() {
-            let Some(cqe) = self.sw_cqe(mmio, i) else { break };
+            let Some(cqe) = self.sw_cqe(mmio, flat.as_ref(), i) else { break };
             if cqe.opcode() == CqeOpcode::Resize {
                 found = true;
                 break;

@@ -35,6 +35,7 @@ impl DbRec {
     }
 
     /// Writes dword `i` (0 or 1) of the record, big endian as the device reads it.
+    #[inline]
     pub fn write_be32(&self, i: usize, v: u32) {
         let p = self.region.ptr_at(self.offset + 4 * i, 4).cast::<u32>();
         // SAFETY: inside the live record page (ptr_at); records are 8-byte aligned (cache-line slots in a page
@@ -43,6 +44,7 @@ impl DbRec {
     }
 
     /// Reads dword `i` of the record (host order).
+    #[inline]
     pub fn read_be32(&self, i: usize) -> u32 {
         let p = self.region.ptr_at(self.offset + 4 * i, 4).cast::<u32>();
         // SAFETY: as in write_be32.

@@ -112,6 +112,7 @@ impl DmaRegion {
     /// # Panics
     /// When `off + len` exceeds the region: offsets are computed by the driver from its own layouts, so this
     /// catches a driver bug, never a device value.
+    #[inline]
     pub fn ptr_at(&self, off: usize, len: usize) -> *mut u8 {
         assert!(off.checked_add(len).is_some_and(|end| end <= self.len), "DMA access outside its region");
         // SAFETY: off < self.len (checked above) so the result stays inside the allocation.
@@ -119,6 +120,7 @@ impl DmaRegion {
     }
 
     /// Reads one byte the device may be writing concurrently (an owner bit). Volatile, so it is re-read each time.
+    #[inline]
     pub fn read_volatile_u8(&self, off: usize) -> u8 {
         let p = self.ptr_at(off, 1);
         // SAFETY: p is inside the region (ptr_at), which the allocator keeps valid until it is freed.
@@ -126,6 +128,7 @@ impl DmaRegion {
     }
 
     /// Writes one byte with a volatile store (an owner bit the device polls).
+    #[inline]
     pub fn write_volatile_u8(&self, off: usize, v: u8) {
         let p = self.ptr_at(off, 1);
         // SAFETY: p is inside the region (ptr_at), which the allocator keeps valid until it is freed.

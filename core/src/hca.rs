@@ -540,7 +540,13 @@ impl<const P: usize, const NCQ: usize> Ctx<P, NCQ> {
         opcode: Opcode,
     ) -> Result<(), CmdError> {
         self.watch.tick(q.mmio(), clock.get(), opcode)?;
-        self.drain(q, d, clock)
+        match self.drain(q, d, clock) {
+            // Firmware answered a page command and refused it: not the waiting command's failure, which must not
+            // be reported as firmware's answer to it (a CREATE's buffer would be freed while firmware may still
+            // create the object). Linux's page worker drops the request the same way; the command keeps waiting.
+            Err(CmdError::Status { .. } | CmdError::Delivery { .. } | CmdError::BadSignature { .. }) => Ok(()),
+            r => r,
+        }
     }
 
     /// Drains the EQ: counts events, serves page requests, re-arms. Serving a request runs commands whose own
@@ -1165,10 +1171,13 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         match r {
             Ok(out) => {
                 // Events that arrived with the completion (its own command EQE, page requests) are served now.
+                // The command itself completed: a failure serving them is not its failure (the caller would give
+                // up an object firmware created or destroyed). A health failure still moves the HCA to internal
+                // error, which the next command reports.
                 let mut clk = Clock { inner: delay, us: clock };
                 let ctx = &mut self.ctx;
                 if let Err(e) = ctx.drain(&mut self.cmdq, &mut clk, clock) {
-                    return Err(self.cmd_error(e));
+                    let _ = self.cmd_error(e);
                 }
                 Ok(out)
             }

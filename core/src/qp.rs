@@ -814,6 +814,7 @@ pub enum SendOp {
 }
 
 impl SendOp {
+    #[inline]
     const fn mlx5_opcode(&self) -> u32 {
         match self {
             SendOp::Send => consts::MLX5_OPCODE_SEND,
@@ -836,6 +837,7 @@ impl SendFlags {
     pub const SIGNALED: SendFlags = SendFlags(2);
     pub const SOLICITED: SendFlags = SendFlags(4);
 
+    #[inline]
     pub const fn contains(self, o: SendFlags) -> bool {
         self.0 & o.0 == o.0
     }
@@ -992,6 +994,24 @@ pub struct Qp {
     rq_tail: u32,
     bf: BfReg,
     sig_all: bool,
+    /// The SQ as one region when it lies inside one fragment of `buf` (the usual case): a WQE segment's address
+    /// is then a mask and an add instead of a fragment lookup. `None`: every access goes through `buf`.
+    sq_flat: Option<DmaRegion>,
+    /// The RQ likewise.
+    rq_flat: Option<DmaRegion>,
+}
+
+/// `len` bytes at `off` of `buf` as one region, when they lie inside one fragment.
+fn flat_span(buf: &QueueBuf, off: usize, len: usize) -> Option<DmaRegion> {
+    if len == 0 || off.checked_add(len)? > buf.len() {
+        return None;
+    }
+    let (r, o) = buf.locate(off);
+    if o + len > r.len {
+        return None;
+    }
+    let cpu = core::ptr::NonNull::new(r.ptr_at(o, len))?;
+    Some(DmaRegion { cpu, iova: r.iova + o as u64, len })
 }
 
 impl Qp {
@@ -1013,6 +1033,8 @@ impl Qp {
         sig_all: bool,
     ) -> Self {
         let sq_offset = sizes.rq_bytes();
+        let sq_flat = flat_span(&buf, sq_offset, sizes.sq_bytes());
+        let rq_flat = flat_span(&buf, 0, sizes.rq_bytes());
         Self {
             buf,
             dbrec,
@@ -1029,6 +1051,8 @@ impl Qp {
             rq_tail: 0,
             bf,
             sig_all,
+            sq_flat,
+            rq_flat,
         }
     }
 
@@ -1074,12 +1098,14 @@ impl Qp {
         self.dbrec.write_be32(consts::MLX5_SND_DBR as usize, 0);
     }
 
+    #[inline]
     fn sq_slot_ptr(&self, idx: u32) -> *mut SqSlot {
         let i = (idx & (self.sizes.sq_wqe_cnt - 1)) as usize;
         let sz = core::mem::size_of::<SqSlot>();
         self.shadow.ptr_at(i * sz, sz).cast::<SqSlot>()
     }
 
+    #[inline]
     fn rq_wrid_ptr(&self, idx: u32) -> *mut u64 {
         let i = (idx & (self.sizes.rq_wqe_cnt - 1)) as usize;
         let base = self.sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>();
@@ -1100,6 +1126,58 @@ impl Qp {
             unsafe { core::ptr::copy_nonoverlapping(data[done..].as_ptr(), dst, n) };
             done += n;
         }
+    }
+
+    /// Pointer to the 16 bytes (`DS`) at SQ byte `pos`, wrapping at the ring's end. Segments start on `DS`
+    /// boundaries; the mask also rounds any other `pos` down to one, so the span is always inside the SQ.
+    #[inline(always)]
+    fn sq_ds_ptr(&self, pos: usize) -> *mut u8 {
+        // The SQ is a power of two of at least one BB, so this mask keeps `p + DS <= sq_bytes`.
+        let p = pos & (self.sizes.sq_bytes() - DS);
+        match &self.sq_flat {
+            // SAFETY: `p + DS <= sq_bytes == r.len` (mask above), and `r` lies inside a live fragment of `buf`.
+            Some(r) => unsafe { r.cpu.as_ptr().add(p) },
+            None => self.buf.ptr(self.sq_offset + p, DS),
+        }
+    }
+
+    /// Writes whole 16-byte segments at SQ byte `pos` (a multiple of `DS`): one 16-byte store each, wrapping at
+    /// the ring's end between segments.
+    #[inline(always)]
+    fn sq_put<const N: usize>(&self, pos: usize, seg: &[u8; N]) {
+        const { assert!(N / DS * DS == N, "whole segments only") };
+        for k in 0..N / DS {
+            let dst = self.sq_ds_ptr(pos + k * DS);
+            let mut chunk = [0u8; DS];
+            chunk.copy_from_slice(&seg[k * DS..(k + 1) * DS]);
+            // SAFETY: `dst..dst + DS` is inside the SQ (sq_ds_ptr); software owns SQ entries beyond the device's
+            // consumer counter, which the overflow check keeps us within.
+            unsafe { dst.cast::<[u8; DS]>().write_unaligned(chunk) };
+        }
+    }
+
+    /// Reads the 16 bytes at SQ byte `pos` (see [`Qp::sq_ds_ptr`]).
+    #[inline(always)]
+    fn sq_get16(&self, pos: usize) -> [u8; DS] {
+        let src = self.sq_ds_ptr(pos);
+        // SAFETY: inside the SQ (sq_ds_ptr); these are bytes this driver wrote.
+        unsafe { src.cast::<[u8; DS]>().read_unaligned() }
+    }
+
+    /// Writes a 16-byte receive segment at RQ byte `pos` (a multiple of `DS` below the RQ size).
+    #[inline(always)]
+    fn rq_put(&self, pos: usize, seg: &[u8; DS]) {
+        let dst = match &self.rq_flat {
+            Some(r) => {
+                // The RQ is a power of two of at least one WQE of at least DS bytes: `p + DS <= rq_bytes`.
+                let p = pos & (r.len - DS);
+                // SAFETY: `p + DS <= r.len` (mask above), and `r` lies inside a live fragment of `buf`.
+                unsafe { r.cpu.as_ptr().add(p) }
+            }
+            None => self.buf.ptr(pos, DS),
+        };
+        // SAFETY: inside one live fragment (a receive WQE never crosses one); software owns unposted RQ entries.
+        unsafe { dst.cast::<[u8; DS]>().write_unaligned(*seg) };
     }
 
     /// Copies the SQ bytes of the WQE that starts at basic block `wqe_index` (wrapping at the ring's end): what
@@ -1168,7 +1246,7 @@ impl Qp {
                 let mut seg = *d.ah.av();
                 c::mlx5_av::DQP_DCT.put_be(&mut seg, 0, (d.remote_qpn & 0xff_ffff) | consts::MLX5_EXTENDED_UD_AV);
                 c::mlx5_av::QKEY.put_be(&mut seg, 0, d.remote_qkey);
-                self.sq_write(start + off, &seg);
+                self.sq_put(start + off, &seg);
                 off += DGRAM;
             }
             (QpType::Ud, None) => return Err(K::BadRequest { what: "UD send without an address handle" }),
@@ -1187,32 +1265,32 @@ impl Qp {
             SendOp::SendImm { imm: v } => imm = v,
             SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaRead { remote_addr, rkey } => {
                 self.need_rc()?;
-                self.sq_write(start + off, &raddr(remote_addr, rkey));
+                self.sq_put(start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
             }
             SendOp::RdmaWriteImm { remote_addr, rkey, imm: v } => {
                 self.need_rc()?;
                 imm = v;
-                self.sq_write(start + off, &raddr(remote_addr, rkey));
+                self.sq_put(start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
             }
             SendOp::AtomicCmpSwp { remote_addr, rkey, compare, swap } => {
                 self.need_atomic(wr)?;
-                self.sq_write(start + off, &raddr(remote_addr, rkey));
+                self.sq_put(start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
                 let mut a = [0u8; ATOMIC];
                 put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, swap);
                 put64(&mut a, c::mlx5_wqe_atomic_seg::COMPARE, compare);
-                self.sq_write(start + off, &a);
+                self.sq_put(start + off, &a);
                 off += ATOMIC;
             }
             SendOp::AtomicFetchAdd { remote_addr, rkey, add } => {
                 self.need_atomic(wr)?;
-                self.sq_write(start + off, &raddr(remote_addr, rkey));
+                self.sq_put(start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
                 let mut a = [0u8; ATOMIC];
                 put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, add);
-                self.sq_write(start + off, &a);
+                self.sq_put(start + off, &a);
                 off += ATOMIC;
             }
         }
@@ -1235,7 +1313,7 @@ impl Qp {
                 c::mlx5_wqe_data_seg::BYTE_COUNT.put_be(&mut d, 0, s.length);
                 c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, s.lkey);
                 put64(&mut d, c::mlx5_wqe_data_seg::ADDR, s.addr);
-                self.sq_write(start + off, &d);
+                self.sq_put(start + off, &d);
                 off += DATA;
             }
         }
@@ -1253,7 +1331,7 @@ impl Qp {
             fm_ce_se |= consts::MLX5_WQE_CTRL_FENCE as u8;
         }
         let ctrl = ctrl_seg(self.sq_cur_post as u16, wr.op.mlx5_opcode() as u8, self.qpn, ds as u8, fm_ce_se, imm);
-        self.sq_write(start, &ctrl);
+        self.sq_put(start, &ctrl);
         let idx = self.sq_cur_post;
         let slot = SqSlot { wr_id: wr.wr_id, head_after: self.sq_head.wrapping_add(1) };
         // SAFETY: the shadow slot is inside the live shadow region (ptr_at) and aligned (8-byte aligned region,
@@ -1293,14 +1371,14 @@ impl Qp {
         if single && self.bf.bf && bytes <= self.bf.buf_size {
             // BlueFlame: the whole WQE through the write-combining window, 64 bytes at a time, so the device can
             // start without fetching it.
-            for chunk in 0..bytes.div_ceil(BB) {
-                for w in 0..BB / 8 {
-                    let v = u64::from_be_bytes(self.sq_read8(last_ctrl + chunk * BB + w * 8));
-                    mmio.write64(reg + chunk * BB + w * 8, v);
-                }
+            for at in (0..bytes.div_ceil(BB) * BB).step_by(DS) {
+                // Each 8-byte half as the big-endian value whose `write64` stores exactly those bytes.
+                let v = u128::from_be_bytes(self.sq_get16(last_ctrl + at));
+                mmio.write64(reg + at, (v >> 64) as u64);
+                mmio.write64(reg + at + 8, v as u64);
             }
         } else {
-            mmio.write64(reg, u64::from_be_bytes(self.sq_read8(last_ctrl)));
+            mmio.write64(reg, (u128::from_be_bytes(self.sq_get16(last_ctrl)) >> 64) as u64);
         }
         // Flush the write-combining buffer so the doorbell reaches the device now, as whole 64-byte chunks.
         mmio.wc_flush();
@@ -1334,12 +1412,12 @@ impl Qp {
                 c::mlx5_wqe_data_seg::BYTE_COUNT.put_be(&mut d, 0, s.length);
                 c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, s.lkey);
                 put64(&mut d, c::mlx5_wqe_data_seg::ADDR, s.addr);
-                self.rq_write(base + k * DATA, &d);
+                self.rq_put(base + k * DATA, &d);
             }
             if wr.sg_list.len() < max_gs {
                 let mut d = [0u8; DATA];
                 c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, consts::MLX5_INVALID_LKEY);
-                self.rq_write(base + wr.sg_list.len() * DATA, &d);
+                self.rq_put(base + wr.sg_list.len() * DATA, &d);
             }
             // SAFETY: the slot is inside the live shadow region and 8-byte aligned; only the driver touches it.
             unsafe { self.rq_wrid_ptr(idx).write(wr.wr_id) };
@@ -1353,15 +1431,10 @@ impl Qp {
         }
         result
     }
-
-    fn rq_write(&self, pos: usize, data: &[u8]) {
-        let dst = self.buf.ptr(pos, data.len());
-        // SAFETY: inside one live fragment (a receive WQE never crosses one); software owns unposted RQ entries.
-        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
-    }
 }
 
 /// The 16-byte control segment (`mlx5_wqe_ctrl_seg`).
+#[inline]
 pub fn ctrl_seg(wqe_index: u16, opcode: u8, qpn: u32, ds: u8, fm_ce_se: u8, imm: u32) -> [u8; CTRL] {
     use c::mlx5_wqe_ctrl_seg as s;
     let mut b = [0u8; CTRL];
@@ -1372,11 +1445,13 @@ pub fn ctrl_seg(wqe_index: u16, opcode: u8, qpn: u32, ds: u8, fm_ce_se: u8, imm:
     b
 }
 
+#[inline]
 fn put64(buf: &mut [u8], m: Bytes, v: u64) {
     buf[m.off..m.off + 8].copy_from_slice(&v.to_be_bytes());
 }
 
 impl WrTable for Qp {
+    #[inline]
     fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
         if qpn != self.qpn {
             return None;
@@ -1393,6 +1468,7 @@ impl WrTable for Qp {
         Some(slot.wr_id)
     }
 
+    #[inline]
     fn recv_done(&mut self, qpn: u32, _srqn: u32, _wqe_counter: u16) -> Option<u64> {
         if qpn != self.qpn || self.rq_outstanding() == 0 {
             return None;

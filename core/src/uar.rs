@@ -66,6 +66,7 @@ pub struct BfReg {
 
 impl BfReg {
     /// BAR offset of the buffer to use for this doorbell; the next call returns the other one.
+    #[inline]
     pub fn next_offset(&mut self) -> usize {
         let off = self.offset + usize::from(self.which) * self.buf_size;
         self.which ^= 1;

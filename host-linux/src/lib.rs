@@ -2,6 +2,7 @@
 //! MSI into eventfds, sysfs binding) runs the core on a real ConnectX; the rest serves the `mlx5` tool on either
 //! a VFIO device or the simulated one (command-trace sinks, devinfo, the RC ping-pong, the firmware tour).
 
+pub mod decode;
 pub mod devinfo;
 pub mod pingpong;
 pub mod tour;

@@ -1,10 +1,13 @@
 //! Command trace sinks for the `mlx5` tool: JSON lines to a file (`--trace FILE`) and the Linux-style hexdump.
+//! Every command is also logged at debug level (`mlx5 -vv`), with the bring-up step it starts.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use mlx5_core::trace::{CmdRecord, CmdTrace};
+use mlx5_core::hca::Step;
+use mlx5_core::prm::{consts, ifc, Named, Opcode};
+use mlx5_core::trace::{CmdOutcome, CmdRecord, CmdTrace};
 
 /// Where traced commands go. Write errors are kept and reported once by [`TraceSink::finish`], so a full disk
 /// never aborts a command sequence half way.
@@ -14,6 +17,7 @@ pub struct TraceSink {
     hexdump: bool,
     error: Option<std::io::Error>,
     count: usize,
+    steps: Steps,
 }
 
 /// Failed to write the command trace.
@@ -53,6 +57,12 @@ impl TraceSink {
 impl CmdTrace for TraceSink {
     fn record(&mut self, rec: &CmdRecord<'_>) {
         self.count += 1;
+        if log::log_enabled!(log::Level::Debug) {
+            if let Some(step) = self.steps.next(rec) {
+                log::debug!("bring-up step: {step}");
+            }
+            log::debug!("{}", summary(rec));
+        }
         if let Some(w) = self.json.as_mut() {
             let mut line = String::new();
             // Formatting into a String cannot fail.
@@ -74,4 +84,66 @@ impl CmdTrace for TraceSink {
             }
         }
     }
+}
+
+/// One line per command for the debug log: `cmd[0] ENABLE_HCA(0x104) op_mod 0x0: OK(0x0), syndrome 0x0, 3 us`.
+pub fn summary(rec: &CmdRecord<'_>) -> String {
+    let op = Named(rec.opcode.name(), rec.opcode.raw().into());
+    let end = match rec.outcome {
+        CmdOutcome::Completed { status, syndrome } => {
+            format!("{}, syndrome 0x{syndrome:x}", Named(status.name(), status.raw().into()))
+        }
+        CmdOutcome::Delivery(d) => format!("delivery status {}", Named(d.name(), d.raw().into())),
+        CmdOutcome::BadSignature => "output signature mismatch".to_string(),
+        CmdOutcome::Timeout => "timeout".to_string(),
+    };
+    format!("cmd[{}] {op} op_mod 0x{:x}: {end}, {} us", rec.slot, rec.op_mod, rec.waited_us)
+}
+
+/// Which bring-up step (`hca::Step`, named as Linux logs them) a command starts, from the commands seen so far:
+/// a new step is reported once, when its first command goes by.
+#[derive(Debug, Default)]
+struct Steps {
+    last: Option<Step>,
+    init_hca_done: bool,
+    eq_created: bool,
+}
+
+impl Steps {
+    fn next(&mut self, rec: &CmdRecord<'_>) -> Option<Step> {
+        let op_mod = u32::from(rec.op_mod);
+        let step = match rec.opcode {
+            Opcode::EnableHca => Some(Step::EnableHca),
+            Opcode::QueryIssi | Opcode::SetIssi => Some(Step::SetIssi),
+            Opcode::QueryPages if op_mod == consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES => Some(Step::BootPages),
+            Opcode::QueryPages if op_mod == consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES => Some(Step::InitPages),
+            Opcode::AccessReg if !self.init_hca_done && register_id(rec) == Some(consts::MLX5_REG_HOST_ENDIANNESS) => {
+                Some(Step::HcaCtrl)
+            }
+            Opcode::QueryHcaCap | Opcode::SetHcaCap if !self.init_hca_done => Some(Step::SetHcaCaps),
+            Opcode::InitHca => {
+                self.init_hca_done = true;
+                Some(Step::InitHca)
+            }
+            Opcode::SetDriverVersion => Some(Step::DriverVersion),
+            Opcode::QueryHcaCap => Some(Step::QueryCaps),
+            Opcode::AllocUar if !self.eq_created => Some(Step::AllocUar),
+            Opcode::CreateEq if !self.eq_created => {
+                self.eq_created = true;
+                Some(Step::CreateEq)
+            }
+            Opcode::ManagePages if self.eq_created && self.last == Some(Step::CreateEq) => Some(Step::RegularPages),
+            _ => None,
+        }?;
+        if self.last == Some(step) {
+            return None;
+        }
+        self.last = Some(step);
+        Some(step)
+    }
+}
+
+fn register_id(rec: &CmdRecord<'_>) -> Option<u32> {
+    (rec.input.len() >= ifc::access_register_in::SIZE_BYTES)
+        .then(|| rec.input.get(ifc::access_register_in::REGISTER_ID))
 }

@@ -124,3 +124,124 @@ fn bind_needs_an_address_and_refuses_other_vendors() {
     let err = String::from_utf8(o.stderr).unwrap();
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// A fresh directory for one test's files.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("mlx5-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn trace_decode_prints_commands_with_their_fields_by_name() {
+    let dir = scratch("decode");
+    let path = dir.join("t.jsonl");
+    let o = mlx5(&["--trace", path.to_str().unwrap(), "devinfo"]);
+    assert!(o.status.success(), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+
+    let o = mlx5(&["trace", "decode", path.to_str().unwrap()]);
+    assert!(o.status.success(), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stderr.is_empty());
+    let text = String::from_utf8(o.stdout).unwrap();
+    // One block per command, headed by opcode, op_mod, status and syndrome.
+    assert!(text.starts_with("#0 ENABLE_HCA(0x104) op_mod 0x0 status OK(0x0) syndrome 0x0\n"), "{text}");
+    assert!(text.contains("  input (enable_hca_in, 16 bytes):\n    opcode = 0x104\n"), "{text}");
+    let blocks: Vec<&str> = text.split("\n\n").collect();
+    let traced = std::fs::read_to_string(&path).unwrap().lines().count();
+    assert_eq!(blocks.len(), traced, "one block per traced command");
+    assert!(blocks.last().unwrap().starts_with(&format!("#{} DISABLE_HCA(0x105)", traced - 1)));
+    // QUERY_HCA_CAP: the general capabilities by dotted path (the capability type comes from op_mod).
+    let cur_caps = blocks.iter().find(|b| b.contains(" QUERY_HCA_CAP(0x100) op_mod 0x1 ")).expect("current caps");
+    assert!(cur_caps.contains("    capability.cmd_hca_cap.log_max_qp = 0x12\n"), "{cur_caps}");
+    assert!(cur_caps.contains("    capability.cmd_hca_cap.log_max_cq_sz = 0x16\n"), "{cur_caps}");
+    // op_mod 0x41: MLX5_CAP_GENERAL_2 (0x20 << 1 | current), decoded as cmd_hca_cap_2.
+    let caps2 = blocks.iter().find(|b| b.contains(" QUERY_HCA_CAP(0x100) op_mod 0x41 ")).expect("caps 2");
+    assert!(!caps2.contains("cmd_hca_cap.") && !caps2.contains("roce_cap."), "{caps2}");
+    // Nested contexts, register data by register id, strings, scalars in hex.
+    assert!(text.contains("    eq_context_entry.log_eq_size = 0x"), "{text}");
+    assert!(text.contains("    register_data.pmtu_reg.oper_mtu = 0x5dc\n"), "{text}");
+    assert!(text.contains("    driver_version = \"Rust,mlx5-core,"), "{text}");
+    assert!(text.contains("  output (query_pages_out, 16 bytes):\n    num_pages = 0x8\n"), "{text}");
+    // Zero fields are hidden unless --all.
+    assert!(!text.contains("\n    uid = "), "zero fields hidden");
+    let all = String::from_utf8(mlx5(&["trace", "decode", "--all", path.to_str().unwrap()]).stdout).unwrap();
+    assert!(all.contains("    uid = 0x0\n") && all.contains("    capability.cmd_hca_cap.log_max_qp = 0x12\n"));
+    assert!(all.lines().count() > text.lines().count());
+    // --hexdump: Linux's command dump instead of fields.
+    let o = mlx5(&["trace", "decode", path.to_str().unwrap(), "--hexdump"]);
+    assert!(o.status.success());
+    let dump = String::from_utf8(o.stdout).unwrap();
+    let lines: Vec<&str> = dump.lines().collect();
+    assert_eq!(lines[0], "cmd[0]: dump command data ENABLE_HCA(0x104) INPUT");
+    assert_eq!(lines[1], "cmd[0]: 000: 01040000 00000000 00000000 00000000");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn trace_decode_bad_input_is_one_line_never_a_panic() {
+    let dir = scratch("decode-bad");
+    let one_line_error = |args: &[&str], want: &str| {
+        let o = mlx5(args);
+        assert!(!o.status.success(), "{args:?}");
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("mlx5: ") && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    let missing = dir.join("missing.jsonl");
+    one_line_error(&["trace", "decode", missing.to_str().unwrap()], "cannot read trace");
+    one_line_error(&["trace", "decode", dir.to_str().unwrap()], "cannot read trace");
+    let not_json = dir.join("not.jsonl");
+    std::fs::write(&not_json, "{\"opcode_raw\":260,\"input\":\"01040000\"}\nhello\n").unwrap();
+    one_line_error(&["trace", "decode", not_json.to_str().unwrap()], "not.jsonl:2: not a trace line");
+    let binary = dir.join("bin.jsonl");
+    std::fs::write(&binary, [0xffu8, 0xfe, 0x00]).unwrap();
+    one_line_error(&["trace", "decode", binary.to_str().unwrap()], "not UTF-8");
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    one_line_error(&["trace", "decode", empty.to_str().unwrap()], "no commands");
+    one_line_error(&["trace", "decode"], "trace decode needs a file name");
+    one_line_error(&["trace"], "trace needs a subcommand");
+    one_line_error(&["trace", "encode", "x"], "unknown trace subcommand");
+
+    // An opcode the headers do not name: an `unknown opcode` line, its common header decoded, success.
+    let unknown = dir.join("unknown.jsonl");
+    std::fs::write(&unknown, "{\"opcode_raw\":30583,\"op_mod\":1,\"input\":\"77770000000000010000000000000000\",\"output\":\"0000000000000000\",\"status_raw\":0,\"syndrome\":0}\n").unwrap();
+    let o = mlx5(&["trace", "decode", unknown.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.starts_with("#0 unknown opcode 0x7777 op_mod 0x1 status OK(0x0) syndrome 0x0\n"), "{text}");
+    assert!(text.contains("opcode = 0x7777"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn verbose_logs_bring_up_and_commands_on_stderr() {
+    // Without -v: nothing on standard error.
+    let o = mlx5(&["devinfo"]);
+    assert!(o.status.success());
+    assert!(o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+    // -v: milestones at info, no per-command lines.
+    let o = mlx5(&["-v", "devinfo"]);
+    assert!(o.status.success());
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(err.contains("mlx5: info: device: simulated ConnectX-5"), "{err}");
+    assert!(err.contains("mlx5: info: bring-up: done: firmware 16.35.2000"), "{err}");
+    assert!(err.contains("mlx5: info: teardown: done"), "{err}");
+    assert!(!err.contains("debug"), "{err}");
+    // -vv (and -v -v, --verbose --verbose): every command and bring-up step at debug.
+    for args in [&["-vv", "devinfo"][..], &["-v", "--verbose", "devinfo"][..]] {
+        let o = mlx5(args);
+        assert!(o.status.success());
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert!(err.contains("mlx5: debug: bring-up step: enable hca\n"), "{err}");
+        assert!(err.contains("mlx5: debug: cmd[0] ENABLE_HCA(0x104) op_mod 0x0: OK(0x0), syndrome 0x0"), "{err}");
+        assert!(err.contains("mlx5: debug: bring-up step: init hca\n"), "{err}");
+        assert!(err.contains("DISABLE_HCA(0x105)"), "{err}");
+        // Standard output is untouched by logging.
+        assert!(String::from_utf8(o.stdout).unwrap().contains("hca_id:\tmlx5_0"));
+    }
+    // Errors stay one line without -v.
+    let o = mlx5(&["--trace", "/nonexistent-dir/t.jsonl", "devinfo"]);
+    assert_eq!(String::from_utf8(o.stderr).unwrap().lines().count(), 1);
+}

@@ -33,12 +33,15 @@
 //! time the device runs.
 
 use std::collections::BTreeMap;
+use std::ops::Bound::{Excluded, Unbounded};
+use std::sync::Arc;
 
 use mlx5_core::prm::{c, consts, ifc, Bytes};
 
 use crate::mkey::MkeyAccess;
 use crate::mmio::PAGE;
 use crate::qp::{QpState, QpType, PSN_MASK, SEND_WQE_BB};
+use crate::small::Small;
 use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Packet, RcOp, Resp};
 use crate::{SimEvent, State};
 
@@ -158,18 +161,37 @@ pub enum RetryKind {
 }
 
 /// A scatter/gather entry of a data segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct Sge {
     addr: u64,
     len: u64,
     lkey: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A gather entry of a send WQE: inline bytes (`len` bytes at `at` of [`SendWqe::inline`]) or a data segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Seg {
-    Inline(Vec<u8>),
+    Inline { at: usize, len: usize },
     Ptr(Sge),
 }
+
+impl Default for Seg {
+    fn default() -> Self {
+        Seg::Inline { at: 0, len: 0 }
+    }
+}
+
+/// The gather list of a send WQE; one or two entries in practice.
+type Segs = Small<Seg, 2>;
+/// The scatter list of a receive WQE.
+type Sges = Small<Sge, 2>;
+
+/// Largest WQE read into a stack buffer (small sends, a few SGEs or some inline bytes, and receive WQEs); larger ones
+/// go to the heap.
+const WQE_STACK: usize = 256;
+
+/// Bytes a gather reserves before reading (more only as the keys check out).
+const GATHER_RESERVE: usize = 64 * 1024;
 
 /// A UD address vector (`mlx5_av`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,12 +257,20 @@ pub(crate) struct SendWqe {
     imm: Option<[u8; 4]>,
     kind: Kind,
     av: Option<Av>,
-    segs: Vec<Seg>,
+    segs: Segs,
+    /// The bytes of the inline segments (empty, and not allocated, without them).
+    inline: Vec<u8>,
 }
 
 impl SendWqe {
-    fn sges(&self) -> Vec<Sge> {
-        self.segs.iter().filter_map(|s| if let Seg::Ptr(g) = s { Some(*g) } else { None }).collect()
+    fn sges(&self) -> Sges {
+        let mut out = Sges::new();
+        for s in self.segs.iter() {
+            if let Seg::Ptr(g) = s {
+                out.push(*g);
+            }
+        }
+        out
     }
 }
 
@@ -270,6 +300,8 @@ pub(crate) struct DpState {
     /// (UAR page, BlueFlame buffer) -> (QPN, WQE index) of the last doorbell written there.
     bf: BTreeMap<(u32, usize), (u32, u16)>,
     next_seq: u64,
+    /// Where RC payloads are gathered before they are shared (reused, so gathering allocates nothing).
+    scratch: Vec<u8>,
 }
 
 /// A WQE the device cannot execute: what its error CQE says and how far the consumer counter moves.
@@ -477,9 +509,11 @@ impl State {
                 self.handle(p);
                 busy = true;
             }
-            let qpns: Vec<u32> = self.fw.qps.keys().copied().collect();
-            for qpn in qpns {
+            // Every QP in number order (a step creates or destroys none), without collecting their numbers.
+            let mut next = self.fw.qps.keys().next().copied();
+            while let Some(qpn) = next {
                 busy |= self.qp_step(qpn, now);
+                next = self.fw.qps.range((Excluded(qpn), Unbounded)).next().map(|(&k, _)| k);
             }
             if !busy {
                 break;
@@ -551,8 +585,16 @@ impl State {
         if w1 >> QPN_SHIFT != qpn || (w0 >> IDX_SHIFT) as u16 != index {
             return Err(bad(nbb, opcode));
         }
-        let mut wqe = vec![0u8; bytes];
-        qp.read_sq(&mut self.dma, u64::from(index) * BB, &mut wqe).map_err(|_| bad(nbb, opcode))?;
+        let mut stack = [0u8; WQE_STACK];
+        let mut heap = Vec::new();
+        let wqe: &mut [u8] = if bytes <= WQE_STACK {
+            &mut stack[..bytes]
+        } else {
+            heap.resize(bytes, 0);
+            &mut heap
+        };
+        qp.read_sq(&mut self.dma, u64::from(index) * BB, wqe).map_err(|_| bad(nbb, opcode))?;
+        let wqe: &[u8] = wqe;
         let fm = ctrl[cs::FM_CE_SE.off];
         let mut imm = [0u8; 4];
         imm.copy_from_slice(&ctrl[cs::IMM.off..cs::IMM.end()]);
@@ -572,7 +614,7 @@ impl State {
             if at + RADDR_SEG > bytes {
                 return Err(bad(nbb, opcode));
             }
-            Ok((be64(&wqe, at + r::RADDR.off), be(r::RKEY, &wqe, at)))
+            Ok((be64(wqe, at + r::RADDR.off), be(r::RKEY, wqe, at)))
         };
         let rc = st == QpType::Rc;
         let (kind, with_imm) = match u32::from(opcode) {
@@ -596,8 +638,8 @@ impl State {
                 if at + ATOMIC_SEG > bytes {
                     return Err(bad(nbb, opcode));
                 }
-                let swap_add = be64(&wqe, at + a::SWAP_ADD.off);
-                let compare = be64(&wqe, at + a::COMPARE.off);
+                let swap_add = be64(wqe, at + a::SWAP_ADD.off);
+                let compare = be64(wqe, at + a::COMPARE.off);
                 at += ATOMIC_SEG;
                 let op = if u32::from(opcode) == consts::MLX5_OPCODE_ATOMIC_CS {
                     AtomicOp::CmpSwap { compare, swap: swap_add }
@@ -608,24 +650,26 @@ impl State {
             }
             _ => return Err(bad(nbb, opcode)),
         };
-        let mut segs = Vec::new();
+        let mut segs = Segs::new();
+        let mut inline = Vec::new();
         if kind != Kind::Nop {
             // Bounded: every segment advances `at` by at least 16 bytes.
             while at < bytes {
                 use c::mlx5_wqe_data_seg as d;
-                let bc = be(d::BYTE_COUNT, &wqe, at);
+                let bc = be(d::BYTE_COUNT, wqe, at);
                 if bc & INLINE_FLAG != 0 {
                     let n = (bc & !INLINE_FLAG) as usize;
                     let end = at.checked_add(INLINE_HDR + n).filter(|&e| e <= bytes).ok_or(bad(nbb, opcode))?;
-                    segs.push(Seg::Inline(wqe[at + INLINE_HDR..end].to_vec()));
+                    segs.push(Seg::Inline { at: inline.len(), len: n });
+                    inline.extend_from_slice(&wqe[at + INLINE_HDR..end]);
                     at = end.next_multiple_of(DS);
                 } else {
                     if at + DATA_SEG > bytes {
                         return Err(bad(nbb, opcode));
                     }
                     let len = if bc == 0 { ZERO_COUNT_BYTES } else { u64::from(bc) };
-                    let lkey = be(d::LKEY, &wqe, at);
-                    segs.push(Seg::Ptr(Sge { addr: be64(&wqe, at + d::ADDR.off), len, lkey }));
+                    let lkey = be(d::LKEY, wqe, at);
+                    segs.push(Seg::Ptr(Sge { addr: be64(wqe, at + d::ADDR.off), len, lkey }));
                     at += DATA_SEG;
                 }
             }
@@ -640,6 +684,7 @@ impl State {
             kind,
             av,
             segs,
+            inline,
         })
     }
 
@@ -660,7 +705,7 @@ impl State {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, own_qkey) = (qp.pd, qp.q_key);
         let Some(av) = w.av else { return self.send_error(qpn, w.index, w.opcode, w.nbb, SYND_LOCAL_QP_OP) };
-        let data = match self.gather(pd, &w.segs) {
+        let data = match self.gather(pd, &w) {
             Ok(d) => d,
             Err(s) => return self.send_error(qpn, w.index, w.opcode, w.nbb, s),
         };
@@ -702,9 +747,9 @@ impl State {
         let (pd, retry_count, rnr_retry) = (qp.pd, qp.retry_count, qp.rnr_retry);
         let fail = |st: &mut State, s: u8| st.send_error(qpn, w.index, w.opcode, w.nbb, s);
         let built = match w.kind {
-            Kind::Send => self.gather(pd, &w.segs).map(|data| RcOp::Send { data, imm: w.imm }),
+            Kind::Send => self.gather_shared(pd, &w).map(|data| RcOp::Send { data, imm: w.imm }),
             Kind::Write { raddr, rkey } => {
-                self.gather(pd, &w.segs).map(|data| RcOp::Write { raddr, rkey, data, imm: w.imm })
+                self.gather_shared(pd, &w).map(|data| RcOp::Write { raddr, rkey, data, imm: w.imm })
             }
             Kind::Read { raddr, rkey } => self.check_scatter(pd, &w.segs).map(|len| RcOp::Read { raddr, rkey, len }),
             Kind::Atomic { raddr, rkey, op } => match self.check_scatter(pd, &w.segs) {
@@ -988,20 +1033,34 @@ impl State {
     // Memory through keys
 
     fn key_read(&mut self, key: u32, pd: u32, va: u64, len: u64, access: MkeyAccess) -> Result<Vec<u8>, ()> {
-        let pieces = self.mkey_access(key, Some(pd), va, len, access).map_err(|_| ())?;
         let mut out = Vec::new();
-        for (iova, n) in pieces {
+        self.key_read_into(key, pd, va, len, access, &mut out)?;
+        Ok(out)
+    }
+
+    /// Appends the `len` bytes at `va` through `key` to `out`.
+    fn key_read_into(
+        &mut self,
+        key: u32,
+        pd: u32,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ()> {
+        let pieces = self.mkey_pieces(key, Some(pd), va, len, access).map_err(|_| ())?;
+        for &(iova, n) in pieces.iter() {
             let start = out.len();
             out.resize(start + usize::try_from(n).map_err(|_| ())?, 0);
             self.dma.read(iova, &mut out[start..]).map_err(|_| ())?;
         }
-        Ok(out)
+        Ok(())
     }
 
     fn key_write(&mut self, key: u32, pd: u32, va: u64, data: &[u8], access: MkeyAccess) -> Result<(), ()> {
-        let pieces = self.mkey_access(key, Some(pd), va, data.len() as u64, access).map_err(|_| ())?;
+        let pieces = self.mkey_pieces(key, Some(pd), va, data.len() as u64, access).map_err(|_| ())?;
         let mut at = 0usize;
-        for (iova, n) in pieces {
+        for &(iova, n) in pieces.iter() {
             let n = usize::try_from(n).map_err(|_| ())?;
             self.dma.write(iova, &data[at..at + n]).map_err(|_| ())?;
             at += n;
@@ -1010,27 +1069,44 @@ impl State {
     }
 
     /// The payload of a send: inline bytes and local SGEs (read with `LOCAL_READ`).
-    fn gather(&mut self, pd: u32, segs: &[Seg]) -> Result<Vec<u8>, u8> {
-        let total = segs.iter().fold(0u64, |a, s| {
+    fn gather(&mut self, pd: u32, w: &SendWqe) -> Result<Vec<u8>, u8> {
+        let mut data = Vec::new();
+        self.gather_into(pd, w, &mut data)?;
+        Ok(data)
+    }
+
+    /// [`State::gather`] as a shared payload, through the reused scratch buffer (one allocation: the payload).
+    fn gather_shared(&mut self, pd: u32, w: &SendWqe) -> Result<Arc<[u8]>, u8> {
+        let mut buf = std::mem::take(&mut self.dp.scratch);
+        buf.clear();
+        let data = self.gather_into(pd, w, &mut buf).map(|()| Arc::from(&buf[..]));
+        self.dp.scratch = buf;
+        data
+    }
+
+    /// Appends the payload of `w` to `data` (empty on entry).
+    fn gather_into(&mut self, pd: u32, w: &SendWqe, data: &mut Vec<u8>) -> Result<(), u8> {
+        let total = w.segs.iter().fold(0u64, |a, s| {
             a.saturating_add(match s {
-                Seg::Inline(d) => d.len() as u64,
+                Seg::Inline { len, .. } => *len as u64,
                 Seg::Ptr(g) => g.len,
             })
         });
         if total > self.max_msg() {
             return Err(SYND_LOCAL_LENGTH);
         }
-        let mut data = Vec::new();
-        for s in segs {
-            match s {
-                Seg::Inline(d) => data.extend_from_slice(d),
+        // Room for the usual message up front; a large one grows as its keys check out.
+        data.reserve(usize::try_from(total).unwrap_or(0).min(GATHER_RESERVE));
+        for s in w.segs.iter() {
+            match *s {
+                Seg::Inline { at, len } => data.extend_from_slice(&w.inline[at..at + len]),
                 Seg::Ptr(g) => {
-                    let bytes = self.key_read(g.lkey, pd, g.addr, g.len, MkeyAccess::LOCAL_READ);
-                    data.extend(bytes.map_err(|_| SYND_LOCAL_PROT)?);
+                    self.key_read_into(g.lkey, pd, g.addr, g.len, MkeyAccess::LOCAL_READ, data)
+                        .map_err(|_| SYND_LOCAL_PROT)?;
                 }
             }
         }
-        Ok(data)
+        Ok(())
     }
 
     /// Checks the local SGEs a READ or an atomic writes into (`LOCAL_WRITE`); returns their total length.
@@ -1038,7 +1114,7 @@ impl State {
         let mut total = 0u64;
         for s in segs {
             let Seg::Ptr(g) = s else { return Err(SYND_LOCAL_QP_OP) };
-            self.mkey_access(g.lkey, Some(pd), g.addr, g.len, MkeyAccess::LOCAL_WRITE).map_err(|_| SYND_LOCAL_PROT)?;
+            self.mkey_pieces(g.lkey, Some(pd), g.addr, g.len, MkeyAccess::LOCAL_WRITE).map_err(|_| SYND_LOCAL_PROT)?;
             total = total.saturating_add(g.len);
         }
         Ok(total)
@@ -1067,7 +1143,7 @@ impl State {
     // The responder
 
     /// The next posted receive WQE of `qpn` (index and scatter list), without consuming it.
-    fn next_recv(&mut self, qpn: u32) -> Option<(u16, Vec<Sge>)> {
+    fn next_recv(&mut self, qpn: u32) -> Option<(u16, Sges)> {
         use c::mlx5_wqe_data_seg as d;
         let qp = self.fw.qps.get(&qpn)?;
         if qp.rq_wqes() == 0 {
@@ -1085,9 +1161,17 @@ impl State {
             return None;
         }
         let index = qp.rq_ci;
-        let mut wqe = vec![0u8; qp.rq_stride() as usize];
-        qp.read_rq(&mut self.dma, index, &mut wqe).ok()?;
-        let mut sges = Vec::new();
+        let stride = usize::try_from(qp.rq_stride()).ok()?;
+        let mut stack = [0u8; WQE_STACK];
+        let mut heap = Vec::new();
+        let wqe: &mut [u8] = if stride <= WQE_STACK {
+            &mut stack[..stride]
+        } else {
+            heap.resize(stride, 0);
+            &mut heap
+        };
+        qp.read_rq(&mut self.dma, index, wqe).ok()?;
+        let mut sges = Sges::new();
         for seg in wqe.chunks_exact(DATA_SEG) {
             let lkey = be(d::LKEY, seg, 0);
             if lkey == INVALID_LKEY {
@@ -1100,8 +1184,8 @@ impl State {
         Some((index, sges))
     }
 
-    fn reply(&mut self, p: &Packet, resp: Resp) {
-        if let Some(r) = p.reply(resp) {
+    fn reply(&mut self, p: Packet, resp: Resp) {
+        if let Some(r) = p.into_reply(resp) {
             self.wire.send(r);
         }
     }
@@ -1115,7 +1199,7 @@ impl State {
             self.fw.qps.get(&dst).filter(|q| q.st == QpType::Rc && matches!(q.state, QpState::Rtr | QpState::Rts));
         let Some(qp) = ready else {
             // A responder drops what it cannot take; the requester's ACK timer runs out.
-            return self.reply(&p, Resp::Lost("no RC QP in RTR/RTS at the destination"));
+            return self.reply(p, Resp::Lost("no RC QP in RTR/RTS at the destination"));
         };
         let (pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
         let ib = self.wire.addr.ib;
@@ -1210,7 +1294,7 @@ impl State {
                 }
             }
         };
-        self.reply(&p, resp);
+        self.reply(p, resp);
     }
 
     fn bump_rcv_psn(&mut self, qpn: u32, len: u64) {

@@ -2,6 +2,7 @@
 //! translation the device side uses for every DMA access.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ptr::{self, NonNull};
 
@@ -34,10 +35,23 @@ struct Region {
 // the block itself is not tied to the thread that allocated it.
 unsafe impl Send for Region {}
 
+/// A translation cache entry: (IOVA page number it was filled for, region IOVA, region length, host address).
+type Recent = (u64, u64, usize, usize);
+
+/// An entry that matches nothing (no IOVA page has this number).
+const NO_ENTRY: Recent = (u64::MAX, 0, 0, 0);
+
+/// Entries of the translation cache, indexed by the low bits of the IOVA page number: the datapath touches a
+/// handful of regions (queue buffers, doorbell records, a CQ ring, registered memory) over and over.
+const RECENT: usize = 64;
+
 /// Live regions by IOVA (and by host address), the bump pointer and the fault log.
 #[derive(Debug)]
 pub(crate) struct DmaSpace {
     regions: BTreeMap<u64, Region>,
+    /// The region each recently translated IOVA page lies in; cleared whenever a region is freed, so an entry
+    /// always names a live region.
+    recent: [Cell<Recent>; RECENT],
     /// Host address of each live region's first byte -> its IOVA, for `Dma::iova_of`.
     by_cpu: BTreeMap<usize, u64>,
     next_iova: u64,
@@ -48,7 +62,14 @@ pub(crate) struct DmaSpace {
 
 impl DmaSpace {
     pub(crate) fn new(max_contig: Option<usize>) -> Self {
-        Self { regions: BTreeMap::new(), by_cpu: BTreeMap::new(), next_iova: IOVA_BASE, faults: Vec::new(), max_contig }
+        Self {
+            regions: BTreeMap::new(),
+            recent: std::array::from_fn(|_| Cell::new(NO_ENTRY)),
+            by_cpu: BTreeMap::new(),
+            next_iova: IOVA_BASE,
+            faults: Vec::new(),
+            max_contig,
+        }
     }
 
     pub(crate) fn alloc(&mut self, len: usize, align: usize) -> Result<DmaRegion, DmaError> {
@@ -83,6 +104,9 @@ impl DmaSpace {
         }
         let r = self.regions.remove(&region.iova).ok_or(())?;
         self.by_cpu.remove(&(r.cpu.as_ptr() as usize));
+        for e in &self.recent {
+            e.set(NO_ENTRY);
+        }
         // SAFETY: `r.cpu` was returned by `alloc_zeroed(r.layout)` in `alloc` and is removed from the map, so it
         // is deallocated exactly once with the same layout.
         unsafe { dealloc(r.cpu.as_ptr(), r.layout) };
@@ -90,13 +114,31 @@ impl DmaSpace {
     }
 
     /// Host address of `iova..iova + len` when the whole range lies inside one live region.
+    #[inline]
     fn translate(&self, iova: u64, len: usize) -> Option<*mut u8> {
+        // The region last found for this IOVA page first: the same answer as the lookup below (an entry is a live
+        // region, and the same bounds check applies), without walking the tree.
+        let page = iova / IOVA_PAGE;
+        let (tag, base, rlen, cpu) = self.recent[page as usize % RECENT].get();
+        let off = iova.wrapping_sub(base);
+        if tag == page && iova >= base && off < rlen as u64 && len as u64 <= rlen as u64 - off {
+            // SAFETY: `off + len <= rlen`, the length of a live allocation at `cpu` (entries are cleared when any
+            // region is freed), so the offset stays inside it.
+            return Some(unsafe { (cpu as *mut u8).add(off as usize) });
+        }
+        self.translate_slow(iova, len)
+    }
+
+    /// The tree lookup behind [`DmaSpace::translate`]; remembers the region found for the IOVA's page.
+    fn translate_slow(&self, iova: u64, len: usize) -> Option<*mut u8> {
         let (&base, r) = self.regions.range(..=iova).next_back()?;
         let off = iova - base;
         let end = off.checked_add(len as u64)?;
         if end > r.len as u64 {
             return None;
         }
+        let page = iova / IOVA_PAGE;
+        self.recent[page as usize % RECENT].set((page, base, r.len, r.cpu.as_ptr() as usize));
         // SAFETY: `off + len <= r.len` (checked above), so the offset stays inside the allocation.
         Some(unsafe { r.cpu.as_ptr().add(off as usize) })
     }
@@ -124,6 +166,7 @@ impl DmaSpace {
     }
 
     /// Whether the device could access `iova..iova + len`, without recording a fault.
+    #[inline]
     pub(crate) fn is_mapped(&self, iova: u64, len: usize) -> bool {
         self.translate(iova, len).is_some()
     }
@@ -138,6 +181,7 @@ impl DmaSpace {
     /// Device DMA is modelled outside the Rust memory model, as real DMA is: the bytes are copied with
     /// `ptr::copy_nonoverlapping` under the device lock while the CPU may hold pointers into the same memory.
     /// The command protocol (owner bit plus barriers) is what keeps the two sides off the same bytes.
+    #[inline]
     pub(crate) fn read(&mut self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
         match self.translate(iova, buf.len()) {
             Some(src) => {
@@ -151,6 +195,7 @@ impl DmaSpace {
     }
 
     /// Device write of `data` at `iova` (see [`DmaSpace::read`] for the memory model).
+    #[inline]
     pub(crate) fn write(&mut self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
         match self.translate(iova, data.len()) {
             Some(dst) => {
@@ -164,6 +209,7 @@ impl DmaSpace {
     }
 
     /// Device write of one byte with a volatile store: the owner byte the CPU polls.
+    #[inline]
     pub(crate) fn write_u8_volatile(&mut self, iova: u64, v: u8) -> Result<(), DmaFault> {
         match self.translate(iova, 1) {
             Some(dst) => {
@@ -189,6 +235,19 @@ impl DmaSpace {
 #[derive(Clone, Debug)]
 pub struct SimDma {
     pub(crate) shared: Arc<Shared>,
+}
+
+impl Drop for DmaSpace {
+    /// Regions still allocated when the device and every handle to it are gone (a driver that kept memory the
+    /// device might still write, as it must when firmware never confirmed a destroy) are released now: nothing
+    /// can reach this IOVA space any more.
+    fn drop(&mut self) {
+        for (_, r) in std::mem::take(&mut self.regions) {
+            // SAFETY: `r.cpu` came from `alloc_zeroed(r.layout)` in `alloc` and was never freed (it was still in
+            // the map, which `free` removes regions from before deallocating them).
+            unsafe { dealloc(r.cpu.as_ptr(), r.layout) };
+        }
+    }
 }
 
 // SAFETY: regions come from `alloc_zeroed` with the requested alignment (IOVAs aligned to at least the same),

@@ -108,6 +108,7 @@ mod mmio;
 pub mod mocks;
 mod port;
 mod qp;
+mod small;
 mod wire;
 
 #[cfg(test)]

@@ -222,6 +222,9 @@ impl Firmware {
     }
 }
 
+/// The IOVA pieces (address, length) an access through a key touches, in order.
+pub(crate) type Pieces = crate::small::Small<(u64, u64), 4>;
+
 impl State {
     /// Checks an access through `key` and translates it (see [`crate::SimDevice::mkey_access`]).
     pub(crate) fn mkey_access(
@@ -232,6 +235,18 @@ impl State {
         len: u64,
         access: MkeyAccess,
     ) -> Result<Vec<(u64, u64)>, MkeyFault> {
+        self.mkey_pieces(key, pd, va, len, access).map(|p| p.to_vec())
+    }
+
+    /// [`State::mkey_access`] without a heap allocation for the usual few pieces (the datapath's form).
+    pub(crate) fn mkey_pieces(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<Pieces, MkeyFault> {
         let mk = self.fw.mkeys.get(&(key >> VARIANT_BITS)).ok_or(MkeyFault::UnknownKey)?;
         if key as u8 != mk.variant {
             return Err(MkeyFault::VariantMismatch);
@@ -248,7 +263,7 @@ impl State {
         if !mk.length64 && (va < mk.start || end > mk.start + mk.len) {
             return Err(MkeyFault::OutOfBounds);
         }
-        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        let mut pieces = Pieces::new();
         match &mk.translation {
             Translation::Pa if len > 0 => pieces.push((va, len)),
             Translation::Pa => {}
@@ -271,7 +286,7 @@ impl State {
                 }
             }
         }
-        for &(iova, n) in &pieces {
+        for &(iova, n) in pieces.iter() {
             let mapped = usize::try_from(n).is_ok_and(|n| self.dma.is_mapped(iova, n));
             if !mapped {
                 return Err(MkeyFault::NotMapped { iova });

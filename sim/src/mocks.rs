@@ -1,5 +1,7 @@
 //! Recording wrappers for any [`Mmio`] or [`Dma`]: they forward every call and log it, so a test can assert the
-//! exact register and allocation traffic of driver code (ordering of barriers, doorbells, leaks).
+//! exact register and allocation traffic of driver code (ordering of barriers, doorbells, leaks). [`MemMmio`] is a
+//! BAR that is nothing but memory, for driving the datapath with no device behind it (benchmarks, allocation
+//! checks).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -109,6 +111,80 @@ impl<M: Mmio> Mmio for RecordingMmio<M> {
     fn mb(&self) {
         self.push(MmioAccess::Barrier(BarrierKind::Mb));
         self.inner.mb();
+    }
+}
+
+/// A BAR that is plain host memory: every register access is one volatile load or store of its width (big endian,
+/// as the [`Mmio`] contract says) into a zeroed heap array, and nothing happens behind it. The barrier methods keep
+/// the per-architecture defaults, so a doorbell sequence costs what it costs against a real write-combining BAR
+/// minus the bus: this is the MMIO target the datapath benchmarks and the allocation test use.
+///
+/// Accesses must be naturally aligned and inside the array; anything else panics (a driver bug).
+#[derive(Debug)]
+pub struct MemMmio {
+    /// `len / 8` u64 words, owned; accessed only through raw pointers, so `&self` writes are sound.
+    base: std::ptr::NonNull<u64>,
+    len: usize,
+}
+
+impl MemMmio {
+    /// A zeroed BAR of `len` bytes (rounded up to 8).
+    pub fn new(len: usize) -> Self {
+        let words = len.div_ceil(8).max(1);
+        let b: Box<[u64]> = vec![0u64; words].into_boxed_slice();
+        let base = std::ptr::NonNull::new(Box::into_raw(b).cast::<u64>()).expect("Box pointers are non-null");
+        Self { base, len: words * 8 }
+    }
+
+    /// Bytes of the BAR.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline(always)]
+    fn at(&self, off: usize, width: usize) -> *mut u8 {
+        assert!(
+            off.is_multiple_of(width) && off.checked_add(width).is_some_and(|e| e <= self.len),
+            "MMIO access {off:#x}"
+        );
+        // SAFETY: `off + width <= len` (checked above), so the pointer stays inside the allocation.
+        unsafe { self.base.as_ptr().cast::<u8>().add(off) }
+    }
+}
+
+impl Drop for MemMmio {
+    fn drop(&mut self) {
+        let words = self.len / 8;
+        // SAFETY: `base` and `words` are exactly what `new` got from `Box::into_raw` of a `[u64]` of that length,
+        // and this is the only place it is turned back into a box.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.base.as_ptr(), words)) });
+    }
+}
+
+impl Mmio for MemMmio {
+    #[inline]
+    fn read32(&self, off: usize) -> u32 {
+        // SAFETY: in bounds and 4-byte aligned (`at`; the array is 8-byte aligned).
+        u32::from_be(unsafe { self.at(off, 4).cast::<u32>().read_volatile() })
+    }
+    #[inline]
+    fn write32(&self, off: usize, v: u32) {
+        // SAFETY: as in read32.
+        unsafe { self.at(off, 4).cast::<u32>().write_volatile(v.to_be()) }
+    }
+    #[inline]
+    fn read64(&self, off: usize) -> u64 {
+        // SAFETY: in bounds and 8-byte aligned (`at`).
+        u64::from_be(unsafe { self.at(off, 8).cast::<u64>().read_volatile() })
+    }
+    #[inline]
+    fn write64(&self, off: usize, v: u64) {
+        // SAFETY: as in read64; one 64-bit store, as the doorbell contract requires.
+        unsafe { self.at(off, 8).cast::<u64>().write_volatile(v.to_be()) }
     }
 }
 
@@ -222,6 +298,17 @@ mod tests {
         );
         m.clear();
         assert!(m.log().is_empty());
+    }
+
+    #[test]
+    fn mem_mmio_is_big_endian_memory() {
+        let m = MemMmio::new(4096);
+        assert_eq!((m.len(), m.read64(0x800)), (4096, 0));
+        m.write64(0x800, 0x0102_0304_0506_0708);
+        assert_eq!((m.read32(0x800), m.read32(0x804)), (0x0102_0304, 0x0506_0708));
+        m.write32(0xffc, 0xdead_beef);
+        assert_eq!(m.read32(0xffc), 0xdead_beef);
+        assert!(std::panic::catch_unwind(|| MemMmio::new(64).write32(64, 0)).is_err());
     }
 
     #[test]

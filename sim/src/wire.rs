@@ -109,11 +109,11 @@ pub(crate) enum AtomicOp {
     FetchAdd { add: u64 },
 }
 
-/// An RC request.
+/// An RC request. The payload is shared: the requester keeps the request for retries while a copy travels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RcOp {
-    Send { data: Vec<u8>, imm: Option<[u8; 4]> },
-    Write { raddr: u64, rkey: u32, data: Vec<u8>, imm: Option<[u8; 4]> },
+    Send { data: Arc<[u8]>, imm: Option<[u8; 4]> },
+    Write { raddr: u64, rkey: u32, data: Arc<[u8]>, imm: Option<[u8; 4]> },
     Read { raddr: u64, rkey: u32, len: u64 },
     Atomic { raddr: u64, rkey: u32, op: AtomicOp },
 }
@@ -169,6 +169,21 @@ pub(crate) struct Packet {
 }
 
 impl Packet {
+    /// [`Packet::reply`] consuming the request: its addresses move into the response instead of being cloned.
+    pub(crate) fn into_reply(self, resp: Resp) -> Option<Packet> {
+        let Body::Rc { seq, .. } = self.body else { return None };
+        Some(Packet {
+            src: self.dst,
+            dst: self.src,
+            src_qpn: self.dst_qpn,
+            dst_qpn: self.src_qpn,
+            slid: 0,
+            sl: 0,
+            grh: None,
+            body: Body::Resp { seq, resp },
+        })
+    }
+
     /// The response `resp` to this packet, addressed back to its sender; `None` unless it is an RC request.
     pub(crate) fn reply(&self, resp: Resp) -> Option<Packet> {
         let Body::Rc { seq, .. } = self.body else { return None };

@@ -234,6 +234,7 @@ pub fn generate(root: &Path) -> Result<String, String> {
     gen_c(&c, &mut o)?;
     gen_enums(&consts, &mut o)?;
     gen_consts(&consts, &mut o)?;
+    gen_names(&ifc, &mut o)?;
     Ok(o)
 }
 
@@ -427,6 +428,99 @@ fn gen_consts(consts: &Value, o: &mut String) -> Result<(), String> {
         }
     }
     o.push_str("}\n");
+    Ok(())
+}
+
+/// The `ifc` layouts as data: every member's name, place and kind, so tools can print a message field by field
+/// (`mlx5 trace decode`). The driver itself never looks names up; a firmware image that does not use the table
+/// does not link it.
+fn gen_names(ifc: &Value, o: &mut String) -> Result<(), String> {
+    o.push_str(
+        "\n/// Every `mlx5_ifc_*_bits` layout as data (member names, bit offsets, widths, nesting), sorted by name, for\n\
+         /// tools that print a message by field name. The same facts as [`ifc`]; reserved members are left out.\n",
+    );
+    o.push_str("pub mod names {\n");
+    o.push_str(
+        "    /// What a member is.\n\
+         #[derive(Clone, Copy, Debug, PartialEq, Eq)]\n\
+         pub enum Kind {\n\
+             /// A value of `width` bits: a scalar up to 32 bits, a 64-bit word, or a wider big-endian byte string.\n\
+             Scalar,\n\
+             /// A nested struct or union, described by the layout of that name.\n\
+             Struct(&'static str),\n\
+             /// `count` elements of `elem_bits` each (`count == 0`: a flexible array that runs to the end of the\n\
+             /// message), scalars or, with a name, nested layouts.\n\
+             Array { count: u32, elem_bits: u32, elem: Option<&'static str> },\n\
+         }\n\n\
+         /// One member: `width` bits at bit `off` of its layout (PRM numbering, bit 0 = MSB of dword 0).\n\
+         #[derive(Clone, Copy, Debug, PartialEq, Eq)]\n\
+         pub struct Member {\n\
+             pub name: &'static str,\n\
+             pub off: u32,\n\
+             pub width: u32,\n\
+             pub kind: Kind,\n\
+         }\n\n\
+         /// A layout: `mlx5_ifc_<name>_bits`.\n\
+         #[derive(Clone, Copy, Debug, PartialEq, Eq)]\n\
+         pub struct Layout {\n\
+             pub name: &'static str,\n\
+             pub size_bytes: usize,\n\
+             /// A C `union`: every member starts at bit 0 and only one is meant at a time.\n\
+             pub union: bool,\n\
+             pub members: &'static [Member],\n\
+         }\n\n\
+         const fn s(name: &'static str, off: u32, width: u32) -> Member {\n\
+             Member { name, off, width, kind: Kind::Scalar }\n\
+         }\n\n\
+         const fn n(name: &'static str, off: u32, width: u32, ty: &'static str) -> Member {\n\
+             Member { name, off, width, kind: Kind::Struct(ty) }\n\
+         }\n\n\
+         const fn a(name: &'static str, off: u32, width: u32, count: u32, elem_bits: u32, elem: Option<&'static str>) -> Member {\n\
+             Member { name, off, width, kind: Kind::Array { count, elem_bits, elem } }\n\
+         }\n\n\
+         /// The layout named `name` (`\"query_hca_cap_out\"`, `\"cqc\"`).\n\
+         pub fn layout(name: &str) -> Option<&'static Layout> {\n\
+             LAYOUTS.binary_search_by(|l| l.name.cmp(name)).ok().map(|i| &LAYOUTS[i])\n\
+         }\n\n",
+    );
+    let obj = ifc.as_object().ok_or("ifc layouts not an object")?;
+    let mut names: Vec<&String> = obj.keys().filter(|k| *k != "_meta").collect();
+    names.sort();
+    o.push_str("    pub static LAYOUTS: &[Layout] = &[\n");
+    for name in names {
+        let ty = &obj[name.as_str()];
+        let size_bits = ty["size_bits"].as_u64().ok_or_else(|| format!("{name}: no size_bits"))?;
+        let union = ty["c_type"].as_str().unwrap_or("").starts_with("union ");
+        writeln!(o, "        Layout {{ name: \"{name}\", size_bytes: {}, union: {union}, members: &[", size_bits / 8)
+            .unwrap();
+        for f in ty["fields"].as_array().ok_or_else(|| format!("{name}: no fields"))? {
+            let fname = f["name"].as_str().unwrap_or("");
+            if fname.starts_with("reserved") || fname.is_empty() {
+                continue;
+            }
+            let off = f["offset_bits"].as_u64().ok_or_else(|| format!("{name}.{fname}: no offset"))?;
+            let width = f["width_bits"].as_u64().ok_or_else(|| format!("{name}.{fname}: no width"))?;
+            match f["kind"].as_str().unwrap_or("") {
+                "scalar" => writeln!(o, "            s(\"{fname}\", {off}, {width}),").unwrap(),
+                "struct" => {
+                    let elem = f["elem_struct"].as_str().ok_or_else(|| format!("{name}.{fname}: no elem_struct"))?;
+                    writeln!(o, "            n(\"{fname}\", {off}, {width}, \"{elem}\"),").unwrap();
+                }
+                "array" => {
+                    let count = f["count"].as_u64().unwrap_or(0);
+                    let elem_bits = f["elem_width_bits"].as_u64().unwrap_or(0);
+                    let elem = match f["elem_struct"].as_str() {
+                        Some(e) => format!("Some(\"{e}\")"),
+                        None => "None".to_string(),
+                    };
+                    writeln!(o, "            a(\"{fname}\", {off}, {width}, {count}, {elem_bits}, {elem}),").unwrap();
+                }
+                k => return Err(format!("{name}.{fname}: unknown kind {k}")),
+            }
+        }
+        o.push_str("        ]},\n");
+    }
+    o.push_str("    ];\n}\n");
     Ok(())
 }
 

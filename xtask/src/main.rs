@@ -6,7 +6,9 @@
 //!   test in a QEMU guest.
 //! * `vfio-test`: the host crate's VFIO layer against the real Linux VFIO stack, in a QEMU guest with QEMU's
 //!   `edu` device behind an emulated IOMMU.
+//! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
 
+mod bench;
 mod codegen;
 mod vfio_test;
 
@@ -68,6 +70,9 @@ fn ci(root: &Path) -> Result<(), String> {
         root,
         &["clippy", "-p", "mlx5-core", "--target", EMBEDDED_TARGET, "--features", "defmt", "--", "-D", "warnings"],
     )?;
+    // The firmware example: a linked no_std image (cortex-m-rt, memory.x) running the core's bring-up.
+    cargo(root, &["build", "--release", "-p", "mlx5-firmware-example", "--target", EMBEDDED_TARGET])?;
+    cargo(root, &["clippy", "-p", "mlx5-firmware-example", "--target", EMBEDDED_TARGET, "--", "-D", "warnings"])?;
     // The examples run on the simulator, each verifying its data (doctests ran with `cargo test`).
     for example in ["rc_pingpong", "ud_pingpong", "rdma_write_read", "event_driven"] {
         cargo(root, &["run", "--release", "-q", "-p", "mlx5-host", "--example", example])?;
@@ -85,7 +90,8 @@ fn main() -> ExitCode {
         Some("codegen") => codegen::run_codegen(&root, args.iter().any(|a| a == "--check")),
         Some("ci") => ci(&root),
         Some("vfio-test") => vfio_test::run_vfio_test(&root),
-        _ => Err("usage: cargo xtask <vendor | codegen [--check] | ci | vfio-test>".to_string()),
+        Some("bench") => bench::run(&root, args.iter().any(|a| a == "--json")),
+        _ => Err("usage: cargo xtask <vendor | codegen [--check] | ci | vfio-test | bench [--json]>".to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -102,14 +102,29 @@ impl Bytes {
     /// Reads this big-endian member (at most 4 bytes) of a structure image that starts at `base` in `buf`.
     #[inline]
     pub fn get_be(self, buf: &[u8], base: usize) -> u32 {
-        buf[base + self.off..base + self.off + self.len].iter().fold(0u32, |a, &b| (a << 8) | u32::from(b))
+        let src = &buf[base + self.off..base + self.off + self.len];
+        if src.len() <= 4 {
+            // One load and a byte swap once the length is a constant (the datapath reads CQE fields this way).
+            let mut b = [0u8; 4];
+            b[4 - src.len()..].copy_from_slice(src);
+            u32::from_be_bytes(b)
+        } else {
+            src.iter().fold(0u32, |a, &b| (a << 8) | u32::from(b))
+        }
     }
 
     /// Writes this big-endian member (at most 4 bytes) of a structure image that starts at `base` in `buf`.
     #[inline]
     pub fn put_be(self, buf: &mut [u8], base: usize, v: u32) {
-        for (i, b) in buf[base + self.off..base + self.off + self.len].iter_mut().rev().enumerate() {
-            *b = (v >> (8 * i)) as u8;
+        let dst = &mut buf[base + self.off..base + self.off + self.len];
+        if dst.len() <= 4 {
+            // A byte swap and one store once the length is a constant (the datapath builds WQEs this way).
+            let n = dst.len();
+            dst.copy_from_slice(&v.to_be_bytes()[4 - n..]);
+        } else {
+            for (i, b) in dst.iter_mut().rev().enumerate() {
+                *b = (v >> (8 * i)) as u8;
+            }
         }
     }
 }
@@ -237,6 +252,16 @@ impl MsgBuf for [u8] {
     fn chunk_mut(&mut self, off: usize) -> &mut [u8] {
         &mut self[off..]
     }
+    // One contiguous copy (a load and a byte swap for a field) instead of the chunk loop; past the end it panics
+    // like the slice index it is.
+    #[inline]
+    fn read_bytes(&self, off: usize, out: &mut [u8]) {
+        out.copy_from_slice(&self[off..off + out.len()]);
+    }
+    #[inline]
+    fn write_bytes(&mut self, off: usize, data: &[u8]) {
+        self[off..off + data.len()].copy_from_slice(data);
+    }
 }
 
 impl<const N: usize> MsgBuf for [u8; N] {
@@ -248,6 +273,14 @@ impl<const N: usize> MsgBuf for [u8; N] {
     }
     fn chunk_mut(&mut self, off: usize) -> &mut [u8] {
         &mut self[off..]
+    }
+    #[inline]
+    fn read_bytes(&self, off: usize, out: &mut [u8]) {
+        out.copy_from_slice(&self[off..off + out.len()]);
+    }
+    #[inline]
+    fn write_bytes(&mut self, off: usize, data: &[u8]) {
+        self[off..off + data.len()].copy_from_slice(data);
     }
 }
 

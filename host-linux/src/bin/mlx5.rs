@@ -5,7 +5,11 @@
 //! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] fw-tour
 //! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] pingpong [--size N] [--iters N] [--json]
 //! mlx5 bind BDF | unbind BDF
+//! mlx5 trace decode FILE [--all] [--hexdump]
 //! ```
+//!
+//! `-v` logs bring-up milestones (info), `-vv` also every firmware command and bring-up step (debug), on
+//! standard error through the `log` crate. Without it errors stay one line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,7 +24,7 @@ use mlx5_host::tracefile::TraceSink;
 use mlx5_host::vfio::{bind, Bdf, StdDelay, Vfio, VfioOptions};
 use mlx5_sim::{Mode, SimConfig, SimDevice};
 
-const USAGE: &str = "usage: mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] <command> [--json]
+const USAGE: &str = "usage: mlx5 [-v|-vv] [--device BDF] [--trace FILE] [--hexdump] [--threaded] <command> [--json]
 
 commands:
   devinfo    bring the device up as Linux does and print what ibv_devinfo -v shows (--json: one JSON object)
@@ -29,12 +33,16 @@ commands:
              bandwidth (--size BYTES, default 4096; --iters N, default 1000; --json: one JSON object)
   bind BDF   hand a ConnectX to vfio-pci (driver_override, unbind, probe), as dpdk-devbind does
   unbind BDF give it back to its kernel driver (mlx5_core)
+  trace decode FILE
+             print each command of a --trace file with its input and output fields by name, decoded from the
+             PRM layouts (--all: zero fields too; --hexdump: the Linux command hexdump instead)
 
 options:
   --device BDF   use the ConnectX at PCI address BDF through VFIO (e.g. 0000:03:00.0); default: simulated
   --trace FILE   write every firmware command as a JSON line to FILE
   --hexdump      print every firmware command as the Linux mlx5 command hexdump
-  --threaded     simulated firmware completes commands on its own thread (default: in line)";
+  --threaded     simulated firmware completes commands on its own thread (default: in line)
+  -v, --verbose  log bring-up milestones to standard error; -vv also every firmware command";
 
 struct Args {
     device: Option<String>,
@@ -44,8 +52,10 @@ struct Args {
     json: bool,
     size: usize,
     iters: u32,
+    all: bool,
+    verbose: u8,
     command: String,
-    operand: Option<String>,
+    operands: Vec<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -57,8 +67,10 @@ fn parse() -> Result<Args, String> {
         json: false,
         size: 4096,
         iters: 1000,
+        all: false,
+        verbose: 0,
         command: String::new(),
-        operand: None,
+        operands: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -68,6 +80,11 @@ fn parse() -> Result<Args, String> {
             "--hexdump" => args.hexdump = true,
             "--threaded" => args.threaded = true,
             "--json" => args.json = true,
+            "--all" => args.all = true,
+            "--verbose" => args.verbose = args.verbose.saturating_add(1),
+            s if s.len() > 1 && s.starts_with('-') && s[1..].bytes().all(|c| c == b'v') => {
+                args.verbose = args.verbose.saturating_add((s.len() - 1) as u8)
+            }
             "--size" => {
                 let v = it.next().ok_or("--size needs a byte count")?;
                 args.size = v.parse().map_err(|_| format!("--size: {v:?} is not a byte count"))?;
@@ -79,9 +96,10 @@ fn parse() -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
             s if args.command.is_empty() => args.command = s.to_string(),
-            s if args.operand.is_none() && matches!(args.command.as_str(), "bind" | "unbind") => {
-                args.operand = Some(s.to_string())
+            s if args.operands.is_empty() && matches!(args.command.as_str(), "bind" | "unbind") => {
+                args.operands.push(s.to_string())
             }
+            s if args.operands.len() < 2 && args.command == "trace" => args.operands.push(s.to_string()),
             s => return Err(format!("unexpected argument {s}")),
         }
     }
@@ -99,6 +117,7 @@ enum Device {
 
 fn open(args: &Args) -> Result<Device, String> {
     let Some(addr) = &args.device else {
+        log::info!("device: simulated ConnectX-5 ({} firmware)", if args.threaded { "threaded" } else { "in-line" });
         return Ok(Device::Sim(SimDevice::new(SimConfig {
             mode: if args.threaded { Mode::Threaded } else { Mode::Inline },
             ..SimConfig::default()
@@ -110,6 +129,7 @@ fn open(args: &Args) -> Result<Device, String> {
     if ids.vendor != bind::MELLANOX_VENDOR_ID {
         return Err(format!("{bdf} is not a Mellanox device (vendor {:#06x}, expected 0x15b3)", ids.vendor));
     }
+    log::info!("device: {bdf} through VFIO ({:04x}:{:04x})", ids.vendor, ids.device);
     Ok(Device::Vfio(Box::new(v)))
 }
 
@@ -153,10 +173,45 @@ impl Device {
 
 fn trace_sink(args: &Args) -> Result<TraceSink, String> {
     Ok(match &args.trace {
-        Some(p) => TraceSink::json_file(p).map_err(|e| e.to_string())?,
+        Some(p) => {
+            log::info!("tracing every firmware command to {}", p.display());
+            TraceSink::json_file(p).map_err(|e| e.to_string())?
+        }
         None => TraceSink::default(),
     }
     .with_hexdump(args.hexdump))
+}
+
+/// `Hca::bring_up` with the milestones logged (`-v`); the commands themselves are logged by the trace sink (`-vv`).
+fn bring_up<'s, M: Mmio, D: Dma>(
+    mmio: M,
+    dma: D,
+    sink: &'s mut TraceSink,
+    delay: &mut impl DelayNs,
+) -> Result<Hca<M, D, &'s mut TraceSink>, String> {
+    log::info!("bring-up: starting, in Linux's order");
+    let hca: Hca<_, _, _> = Hca::bring_up(mmio, dma, sink, delay, Config::default()).map_err(|e| e.to_string())?;
+    let (major, minor, sub) = hca.fw_rev();
+    log::info!(
+        "bring-up: done: firmware {major}.{minor}.{sub}, ISSI {}, {} firmware pages given, {} us waiting for firmware",
+        hca.issi(),
+        hca.pages_given(),
+        hca.waited_us()
+    );
+    Ok(hca)
+}
+
+/// `Hca::teardown` with the outcome logged.
+fn teardown<M: Mmio, D: Dma>(hca: Hca<M, D, &mut TraceSink>, delay: &mut impl DelayNs) -> Result<(), String> {
+    log::info!("teardown: starting");
+    let r = hca.teardown(delay).map_err(|e| format!("teardown failed: {e}"))?;
+    log::info!(
+        "teardown: done: {} firmware pages reclaimed, {} abandoned{}",
+        r.pages_reclaimed,
+        r.pages_abandoned,
+        if r.local_only { " (device in internal error: local teardown only)" } else { "" }
+    );
+    Ok(())
 }
 
 /// Brings the device up, queries it, tears it down. The trace covers the whole life cycle.
@@ -167,11 +222,11 @@ fn devinfo_on<M: Mmio, D: Dma>(
     sink: &mut TraceSink,
     pci: (u16, u16),
 ) -> Result<DevInfo, String> {
-    let mut hca: Hca<_, _, _> = Hca::bring_up(mmio, dma, sink, delay, Config::default()).map_err(|e| e.to_string())?;
+    let mut hca = bring_up(mmio, dma, sink, delay)?;
     let info = mlx5_host::devinfo::query(&mut hca, delay, "mlx5_0", pci);
-    let down = hca.teardown(delay);
+    let down = teardown(hca, delay);
     let info = info.map_err(|e| format!("query failed: {e}"))?;
-    down.map_err(|e| format!("teardown failed: {e}"))?;
+    down?;
     Ok(info)
 }
 
@@ -202,11 +257,11 @@ fn pingpong_on<M: Mmio, D: Dma>(
     sink: &mut TraceSink,
     opts: mlx5_host::pingpong::Options,
 ) -> Result<Report, String> {
-    let mut hca: Hca<_, _, _> = Hca::bring_up(mmio, dma, sink, delay, Config::default()).map_err(|e| e.to_string())?;
+    let mut hca = bring_up(mmio, dma, sink, delay)?;
     let r = mlx5_host::pingpong::run(&mut hca, &dma, delay, opts);
-    let down = hca.teardown(delay);
+    let down = teardown(hca, delay);
     let r = r?;
-    down.map_err(|e| format!("teardown failed: {e}"))?;
+    down?;
     Ok(r)
 }
 
@@ -294,7 +349,8 @@ fn fw_tour(args: &Args) -> Result<(), String> {
 
 /// `mlx5 bind BDF` / `mlx5 unbind BDF`.
 fn bind_cmd(args: &Args, bind_it: bool) -> Result<(), String> {
-    let addr = args.operand.as_deref().ok_or_else(|| format!("{} needs a PCI address", args.command))?;
+    let addr =
+        args.operands.first().map(String::as_str).ok_or_else(|| format!("{} needs a PCI address", args.command))?;
     let bdf: Bdf = addr.parse().map_err(|e: mlx5_host::vfio::VfioError| e.to_string())?;
     let sys = mlx5_host::vfio::sys::LinuxSys;
     if bind_it {
@@ -305,6 +361,57 @@ fn bind_cmd(args: &Args, bind_it: bool) -> Result<(), String> {
     } else {
         let now = bind::unbind(&sys, bdf).map_err(|e| e.to_string())?;
         out(&format!("{bdf}: vfio-pci -> {}\n", now.as_deref().unwrap_or("no driver")))
+    }
+}
+
+/// `mlx5 trace decode FILE`: the trace read back, command by command.
+fn trace_cmd(args: &Args) -> Result<(), String> {
+    let (sub, file) = match args.operands.as_slice() {
+        [] => return Err("trace needs a subcommand: trace decode FILE".into()),
+        [sub] | [sub, _] if sub != "decode" => {
+            return Err(format!("unknown trace subcommand {sub:?} (expected decode)"))
+        }
+        [_] => return Err("trace decode needs a file name".into()),
+        [sub, file] => (sub, file),
+        _ => unreachable!("parse keeps at most two operands"),
+    };
+    log::info!("trace {sub}: reading {file}");
+    let opts = mlx5_host::decode::Options { all: args.all, hexdump: args.hexdump };
+    out(&mlx5_host::decode::decode_file(std::path::Path::new(file), opts)?)
+}
+
+/// The `-v` logger: one line per record on standard error, `mlx5: LEVEL: message`.
+struct StderrLogger;
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            use std::io::Write;
+            let level = r.level().as_str().to_ascii_lowercase();
+            // A closed standard error has nowhere to report to; the log line is dropped.
+            let _ = writeln!(std::io::stderr().lock(), "mlx5: {level}: {}", r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static LOGGER: StderrLogger = StderrLogger;
+
+/// No `-v`: only errors the driver logs (memory it keeps because the device might still use it). `-v`: warnings
+/// and info (bring-up milestones); `-vv`: debug (every firmware command and bring-up step).
+fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => log::LevelFilter::Error,
+        1 => log::LevelFilter::Info,
+        _ => log::LevelFilter::Debug,
+    };
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(level);
     }
 }
 
@@ -328,12 +435,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    init_logging(args.verbose);
     let result = match args.command.as_str() {
         "devinfo" => devinfo(&args),
         "fw-tour" => fw_tour(&args),
         "pingpong" => pingpong(&args),
         "bind" => bind_cmd(&args, true),
         "unbind" => bind_cmd(&args, false),
+        "trace" => trace_cmd(&args),
         other => Err(format!("unknown command {other:?}")),
     };
     match result {

@@ -1,0 +1,85 @@
+//! The firmware image: `mlx5_firmware_example::run` on a Cortex-M4F/M7 whose PCIe root complex maps the HCA's
+//! BAR 0 at [`BAR0`] and reaches the DMA arena (in the `DMARAM` region of `memory.x`) at its CPU address.
+//!
+//! Build: `cargo build --release -p mlx5-firmware-example --target thumbv7em-none-eabihf`. On the host this file is
+//! a stub; `cargo test -p mlx5-firmware-example` runs the same `run()` against the simulated ConnectX.
+
+#![cfg_attr(target_os = "none", no_std, no_main)]
+
+#[cfg(target_os = "none")]
+mod firmware {
+    use core::cell::UnsafeCell;
+    use core::mem::MaybeUninit;
+    use core::sync::atomic::{compiler_fence, AtomicU32, Ordering};
+
+    use cortex_m_rt::entry;
+    use mlx5_firmware_example::{arena::Arena, delay::CycleDelay, mmio::Bar, run};
+
+    /// CPU address of the HCA's BAR 0: the PCIe controller's outbound window, in the Device-memory part of the
+    /// Cortex-M map. Board-specific: set it to where your root complex places BAR 0.
+    const BAR0: usize = 0x4000_0000;
+    /// Core clock, for the cycle-counter delay.
+    const CPU_HZ: u32 = 168_000_000;
+    /// DMA memory: command queue, mailboxes, firmware pages, EQ/CQ/QP buffers, doorbell records.
+    const ARENA_BYTES: usize = 2 << 20;
+
+    /// The arena's memory, placed in `.dma_arena` (NOLOAD, in DMARAM; see memory.x).
+    #[repr(C, align(4096))]
+    struct ArenaMem(UnsafeCell<MaybeUninit<[u8; ARENA_BYTES]>>);
+
+    // SAFETY: the memory is handed out exactly once, to the one `Arena` `main` builds; nothing else touches it.
+    unsafe impl Sync for ArenaMem {}
+
+    #[link_section = ".dma_arena"]
+    static ARENA_MEM: ArenaMem = ArenaMem(UnsafeCell::new(MaybeUninit::uninit()));
+
+    /// The outcome, for a debugger (or a later boot stage) to read: 0 running, 1 success, 2 failure, 3 panic.
+    #[no_mangle]
+    static MLX5_RESULT: AtomicU32 = AtomicU32::new(0);
+    /// On success, the QP number the HCA assigned.
+    #[no_mangle]
+    static MLX5_QPN: AtomicU32 = AtomicU32::new(0);
+
+    #[entry]
+    fn main() -> ! {
+        // SAFETY: `main` runs once (cortex-m-rt's entry), so this is the only reference ever made to the arena's
+        // memory; MaybeUninit<[u8; N]> and [MaybeUninit<u8>] have the same layout.
+        let mem: &'static mut [MaybeUninit<u8>] =
+            unsafe { core::slice::from_raw_parts_mut(ARENA_MEM.0.get().cast::<MaybeUninit<u8>>(), ARENA_BYTES) };
+        // SAFETY: memory.x puts `.dma_arena` in DMARAM, which the PCIe inbound window maps 1:1 (the device reaches
+        // it at its CPU address) and which is not cached (no D-cache on a Cortex-M4; on a Cortex-M7 an MPU region
+        // makes it Normal non-cacheable before this point).
+        let dma: Arena = unsafe { Arena::new(mem) };
+        // SAFETY: BAR0 is where the root complex maps the HCA's BAR 0, in Device memory; only this code uses it.
+        let bar = unsafe { Bar::new(BAR0) };
+        // SAFETY: thumbv7em is a Cortex-M4/M7, which implement the DWT cycle counter; nothing else configures it.
+        let mut delay = unsafe { CycleDelay::new(CPU_HZ) };
+        match run(bar, &dma, (), &mut delay) {
+            Ok(report) => {
+                MLX5_QPN.store(report.qpn, Ordering::Relaxed);
+                MLX5_RESULT.store(1, Ordering::Release);
+            }
+            Err(_) => MLX5_RESULT.store(2, Ordering::Release),
+        }
+        loop {
+            compiler_fence(Ordering::SeqCst);
+        }
+    }
+
+    /// Halts: a panic is a driver bug (device values never panic the core), so stop where a debugger can see it.
+    #[panic_handler]
+    fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
+        MLX5_RESULT.store(3, Ordering::Release);
+        loop {
+            compiler_fence(Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(not(target_os = "none"))]
+fn main() {
+    eprintln!(
+        "mlx5-firmware-example is a firmware image: build it with `--target thumbv7em-none-eabihf`; \
+         `cargo test -p mlx5-firmware-example` runs its run() against the simulated ConnectX"
+    );
+}

@@ -1,0 +1,260 @@
+//! The datapath allocates nothing. A counting global allocator, armed only around the datapath calls (on this
+//! thread), must see zero allocations while the core posts sends (BlueFlame, batched, inline, RDMA WRITE with
+//! immediate, UD) and receives, polls requester, responder and unknown-QP CQEs, and arms the CQ. QPs and the CQ
+//! are created on the simulator; their datapath then runs against a plain-memory BAR (`MemMmio`), so the simulator
+//! does not run while the counter is armed and every allocation seen is the core's.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use mlx5_core::cq::{Cq, CqeError, CqeFields, LinkLayer, Notify, WcOpcode, WcStatus, WorkCompletion, CQE64_SIZE};
+use mlx5_core::hal::Dma;
+use mlx5_core::hca::{Config, Hca};
+use mlx5_core::mkey::Access;
+use mlx5_core::prm::consts;
+use mlx5_core::qp::{
+    Ah, AhAttr, Grh, Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    UdDest,
+};
+use mlx5_core::verbs::{CqAttr, QpInitAttr};
+use mlx5_sim::mocks::MemMmio;
+use mlx5_sim::{SimDelay, SimDevice};
+
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static ARMED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn note() {
+    if ARMED.try_with(Cell::get).unwrap_or(false) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting touches no allocation.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: the caller's contract is passed through.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Runs `f` with the counter armed on this thread; returns its result and the allocations it made.
+fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let before = ALLOCS.load(Ordering::Relaxed);
+    ARMED.with(|a| a.set(true));
+    let r = f();
+    ARMED.with(|a| a.set(false));
+    (r, ALLOCS.load(Ordering::Relaxed) - before)
+}
+
+#[test]
+fn the_counter_sees_an_allocation() {
+    let (v, n) = counted(|| std::hint::black_box(vec![1u8; 16]));
+    assert_eq!(v.len(), 16);
+    assert!(n >= 1, "the counting allocator must notice a Vec");
+}
+
+type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
+
+/// RESET → INIT → RTR → RTS towards `dest` (RC) or with a Q_Key (UD).
+fn ready(hca: &mut SimHca, d: &mut SimDelay, qp: &mut Qp, dest: u32, ah: AhAttr) {
+    use QpAttrMask as M;
+    let a = QpAttr {
+        qp_access_flags: Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+        path_mtu: Mtu::M1024,
+        dest_qp_num: dest,
+        ah_attr: ah,
+        rnr_retry: 7,
+        retry_cnt: 7,
+        min_rnr_timer: 1,
+        max_dest_rd_atomic: 1,
+        max_rd_atomic: 1,
+        qkey: 0x1111,
+        ..QpAttr::default()
+    };
+    let steps = if qp.qp_type() == QpType::Rc {
+        [
+            (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+            (
+                QpState::Rtr,
+                M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+            ),
+            (QpState::Rts, M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC),
+        ]
+    } else {
+        [
+            (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY),
+            (QpState::Rtr, M::STATE),
+            (QpState::Rts, M::STATE | M::SQ_PSN),
+        ]
+    };
+    for (s, m) in steps {
+        hca.modify_qp(qp, &QpAttr { qp_state: s, ..a }, m, d).unwrap();
+    }
+}
+
+/// Plays the device: writes CQE `cq.cons_index() + k` with the owner bit of its pass.
+fn put_cqe(cq: &Cq, k: u32, f: CqeFields) {
+    let idx = cq.cons_index().wrapping_add(k);
+    let img = CqeFields { owner: ((idx >> cq.log_nent()) & 1) as u8, ..f }.emit().0;
+    let dst = cq.buf().ptr((idx & (cq.nent() - 1)) as usize * CQE64_SIZE, CQE64_SIZE);
+    // SAFETY: 64 bytes inside a live fragment of the ring (QueueBuf::ptr checked); nothing else writes the ring.
+    unsafe { std::ptr::copy_nonoverlapping(img.as_ptr(), dst, CQE64_SIZE) };
+}
+
+#[test]
+fn post_send_post_recv_poll_cq_and_arm_allocate_nothing() {
+    let dev = SimDevice::default();
+    let mut d = dev.delay();
+    let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
+    let pd = hca.alloc_pd(&mut d).unwrap();
+    let mem = dev.dma().alloc(1 << 16, 4096).unwrap();
+    let mr = hca.reg_mr(&pd, mem.cpu.as_ptr(), 1 << 16, Access::ALL, &mut d).unwrap();
+    let mut cq = hca.create_cq(CqAttr { cqe: 255, ..CqAttr::default() }, &mut d).unwrap();
+    let cap = QpCap { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 };
+    let rc = QpInitAttr { qp_type: QpType::Rc, cap, sq_sig_all: false };
+    let ud = QpInitAttr { qp_type: QpType::Ud, ..rc };
+    let mut a = hca.create_qp(&pd, &cq, &cq, rc, &mut d).unwrap();
+    let mut b = hca.create_qp(&pd, &cq, &cq, rc, &mut d).unwrap();
+    let mut u = hca.create_qp(&pd, &cq, &cq, ud, &mut d).unwrap();
+    let port = hca.query_port(&mut d).unwrap();
+    let gid = hca.query_gid(0, &mut d).unwrap();
+    let ah_attr = AhAttr {
+        dlid: port.lid,
+        grh: Some(Grh { dgid: gid, hop_limit: 64, ..Grh::default() }),
+        dmac: dev.config().mac,
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    let (qa, qb, qu) = (a.qpn(), b.qpn(), u.qpn());
+    ready(&mut hca, &mut d, &mut a, qb, ah_attr);
+    ready(&mut hca, &mut d, &mut b, qa, ah_attr);
+    ready(&mut hca, &mut d, &mut u, 0, ah_attr);
+    let ah = Ah::new(&ah_attr, port.link_layer);
+
+    // Everything the calls need is built before the counter is armed (the Vecs are the test's, not the core's).
+    let bar = MemMmio::new(dev.mmio().bar_size());
+    let base = mem.cpu.as_ptr() as u64;
+    let sge = [Sge { addr: base, length: 64, lkey: mr.lkey }];
+    let two = [Sge { addr: base, length: 32, lkey: mr.lkey }, Sge { addr: base + 32, length: 32, lkey: mr.lkey }];
+    let payload = [0x5au8; 48];
+    let wr = |wr_id, op, sg_list, flags| SendWr { wr_id, op, sg_list, flags, inline: None, ud: None };
+    let batch: Vec<SendWr> = (0..16).map(|i| wr(i, SendOp::Send, &sge[..], SendFlags::default())).collect();
+    let mixed = [
+        SendWr { inline: Some(&payload[..]), ..wr(100, SendOp::SendImm { imm: 7 }, &[], SendFlags::SOLICITED) },
+        wr(101, SendOp::RdmaWriteImm { remote_addr: base + 4096, rkey: mr.rkey, imm: 9 }, &two, SendFlags::FENCE),
+    ];
+    let last = [wr(102, SendOp::Send, &sge[..], SendFlags::SIGNALED)];
+    let dgram = [SendWr {
+        ud: Some(UdDest { ah: &ah, remote_qpn: qu, remote_qkey: 0x1111 }),
+        ..wr(200, SendOp::Send, &sge[..], SendFlags::SIGNALED)
+    }];
+    let recvs: Vec<RecvWr> = (0..16).map(|i| RecvWr { wr_id: 1000 + i, sg_list: &two[..] }).collect();
+    let mut wc = [WorkCompletion::default(); 8];
+
+    let mut allocs = 0;
+    // Posting: BlueFlame (one WQE), one doorbell for 16, inline and RDMA WRITE with immediate, UD, receives.
+    let (posted, n) = counted(|| {
+        let one = a.post_send(&bar, &batch[..1]);
+        let many = a.post_send(&bar, &batch[1..]);
+        let mixed = a.post_send(&bar, &mixed);
+        let at = a.sq_cur_post();
+        let last = a.post_send(&bar, &last);
+        let uat = u.sq_cur_post();
+        let dgram = u.post_send(&bar, &dgram);
+        let recv = b.post_recv(&bar, &recvs);
+        (one.and(many).and(mixed).and(last).and(dgram).and(recv), at, uat)
+    });
+    allocs += n;
+    let (res, last_at, ud_at) = posted;
+    res.unwrap();
+    assert_eq!((a.sq_outstanding(), u.sq_outstanding(), b.rq_outstanding()), (19, 1, 16));
+
+    // The device's side, outside the counted window: the send completions, the receives, one CQE for a QP that has
+    // no queue on this CQ.
+    let req = |qpn, counter: u32| CqeFields {
+        opcode: consts::MLX5_CQE_REQ as u8,
+        wqe_opcode: consts::MLX5_OPCODE_SEND as u8,
+        qpn,
+        wqe_counter: counter as u16,
+        ..CqeFields::default()
+    };
+    let resp = |k: u32| CqeFields {
+        opcode: consts::MLX5_CQE_RESP_SEND as u8,
+        qpn: qb,
+        wqe_counter: k as u16,
+        byte_cnt: 64,
+        flags_rqpn: qa,
+        ..CqeFields::default()
+    };
+    put_cqe(&cq, 0, req(qa, last_at));
+    put_cqe(&cq, 1, req(qu, ud_at));
+    for k in 0..16 {
+        put_cqe(&cq, 2 + k, resp(k));
+    }
+    put_cqe(&cq, 18, req(0xabcd, 0));
+
+    // Polling (in calls of 8, through the QPs' WrTable), the error CQE, and both arm doorbells.
+    let (polled, n) = counted(|| {
+        let mut got = 0usize;
+        let mut sends = 0usize;
+        let mut ok = true;
+        let mut err = None;
+        for _ in 0..10 {
+            match cq.poll(&bar, &mut [&mut a, &mut b, &mut u][..], &mut wc) {
+                Ok(0) => break,
+                Ok(k) => {
+                    got += k;
+                    sends += wc[..k].iter().filter(|w| w.opcode == WcOpcode::Send).count();
+                    ok &= wc[..k].iter().all(|w| w.status == WcStatus::Success);
+                }
+                Err(e) => err = Some(e),
+            }
+        }
+        cq.arm(&bar, 0, Notify::NextComp);
+        cq.arm(&bar, 1, Notify::Solicited);
+        (got, sends, ok, err)
+    });
+    allocs += n;
+    let (got, sends, ok, err) = polled;
+    assert_eq!((got, sends, ok), (18, 2, true), "every completion polled");
+    assert!(matches!(err, Some(CqeError::UnknownQp { qpn: 0xabcd, .. })), "{err:?}");
+    assert_eq!((a.sq_outstanding(), u.sq_outstanding(), b.rq_outstanding()), (0, 0, 0));
+    assert_eq!(port.link_layer, LinkLayer::Ethernet);
+
+    assert_eq!(allocs, 0, "the datapath allocated {allocs} times");
+
+    for q in [a, b, u] {
+        hca.destroy_qp(q, &mut d).unwrap();
+    }
+    hca.destroy_cq(cq, &mut d).unwrap();
+    hca.dereg_mr(mr, &mut d).unwrap();
+    hca.dealloc_pd(pd, &mut d).unwrap();
+    // SAFETY: the memory key over the region is destroyed.
+    unsafe { dev.dma().free(mem) };
+    hca.teardown(&mut d).unwrap();
+    assert_eq!(dev.dma_outstanding(), (0, 0));
+}
