@@ -193,8 +193,9 @@ impl Cq {
         let iova = self.cqe64_iova(n).ok_or(DmaFault { iova: 0, len: CQE64, write: true })?;
         let owner = ((n >> self.log_nent) & 1) as u8;
         dma.write(iova, &cqe[..OP_OWN])?;
-        // The entry must be visible before the byte that hands it to the driver.
-        fence(Ordering::SeqCst);
+        // The entry must be visible before the byte that hands it to the driver (store before store: a release
+        // fence, as the device's write ordering).
+        fence(Ordering::Release);
         dma.write_u8_volatile(iova + OP_OWN as u64, (cqe[OP_OWN] & !OWNER_MASK) | owner)
     }
 
