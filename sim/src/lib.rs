@@ -97,6 +97,7 @@
 //! every BAR read returns all ones, writes are ignored, DMA stops. In both states the driver can still free all
 //! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
 
+pub mod alloc_count;
 mod caps;
 mod cq;
 mod datapath;

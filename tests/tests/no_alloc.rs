@@ -4,10 +4,6 @@
 //! are created on the simulator; their datapath then runs against a plain-memory BAR (`MemMmio`), so the simulator
 //! does not run while the counter is armed and every allocation seen is the core's.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use mlx5_core::cq::{Cq, CqeError, CqeFields, LinkLayer, Notify, WcOpcode, WcStatus, WorkCompletion, CQE64_SIZE};
 use mlx5_core::hal::Dma;
 use mlx5_core::hca::{Config, Hca};
@@ -18,56 +14,20 @@ use mlx5_core::qp::{
     UdDest,
 };
 use mlx5_core::verbs::{CqAttr, QpInitAttr};
+use mlx5_sim::alloc_count;
 use mlx5_sim::mocks::MemMmio;
 use mlx5_sim::{SimDelay, SimDevice};
 
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-}
-
-fn note() {
-    if ARMED.try_with(Cell::get).unwrap_or(false) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; counting touches no allocation.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract is passed through.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: alloc_count::Counting = alloc_count::Counting;
 
 /// Runs `f` with the counter armed on this thread; returns its result and the allocations it made.
 fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    let before = ALLOCS.load(Ordering::Relaxed);
-    ARMED.with(|a| a.set(true));
+    let before = alloc_count::count();
+    let armed = alloc_count::arm();
     let r = f();
-    ARMED.with(|a| a.set(false));
-    (r, ALLOCS.load(Ordering::Relaxed) - before)
+    drop(armed);
+    (r, (alloc_count::count() - before) as usize)
 }
 
 #[test]
