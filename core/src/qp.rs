@@ -756,7 +756,8 @@ pub fn qp_sizes(
         max_recv_wr: rq_wqe_cnt,
         max_send_sge: ((wqe_size - overhead) / DATA) as u32,
         max_recv_sge: (rq_wqe_size / DATA) as u32,
-        max_inline_data: (wqe_size - overhead - INL_HDR) as u32,
+        // A WQE of only the fixed segments (UD with no SGEs and no inline data) has no room for an inline header.
+        max_inline_data: (wqe_size - overhead).saturating_sub(INL_HDR) as u32,
     };
     Ok(QpSizes {
         sq_wqe_cnt,
@@ -1302,11 +1303,14 @@ impl Qp {
             if total > self.sizes.cap.max_inline_data as usize {
                 return Err(K::InlineTooLong { bytes: total, max: self.sizes.cap.max_inline_data });
             }
-            let mut hdr = [0u8; INL_HDR];
-            c::mlx5_wqe_inline_seg::BYTE_COUNT.put_be(&mut hdr, 0, total as u32 | consts::MLX5_INLINE_SEG);
-            self.sq_write(start + off, &hdr);
-            self.sq_write(start + off + INL_HDR, data);
-            off = (off + INL_HDR + total).next_multiple_of(DS);
+            // No segment for no data (`set_data_inl_seg`): an empty one would not fit a WQE sized for none.
+            if total > 0 {
+                let mut hdr = [0u8; INL_HDR];
+                c::mlx5_wqe_inline_seg::BYTE_COUNT.put_be(&mut hdr, 0, total as u32 | consts::MLX5_INLINE_SEG);
+                self.sq_write(start + off, &hdr);
+                self.sq_write(start + off + INL_HDR, data);
+                off = (off + INL_HDR + total).next_multiple_of(DS);
+            }
         } else {
             for s in wr.sg_list.iter().filter(|s| s.length > 0) {
                 let mut d = [0u8; DATA];

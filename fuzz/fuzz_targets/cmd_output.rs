@@ -21,8 +21,8 @@ use mlx5_core::cmdq::{CmdError, CmdQueue, Command, CMD_IF_REV};
 use mlx5_core::cq::{CqContext, CqeSize, CreateCq, QueryCq};
 use mlx5_core::hca::{Config, Hca};
 use mlx5_core::init::{CapMode, CapType, QueryHcaCap, QueryIssi};
-use mlx5_core::pd::alloc_pd;
 use mlx5_core::pages::{ManagePagesTake, PageStage, QueryPages, FW_PAGE_SIZE};
+use mlx5_core::pd::alloc_pd;
 use mlx5_core::prm::{c, ifc, CmdStatus, DeliveryStatus, MsgBuf, Opcode};
 use mlx5_core::qp::QueryQp;
 use mlx5_core::reg::{pmtu_read, PortMtu};
@@ -200,14 +200,7 @@ fn fake_device(mut u: Unstructured<'_>) {
 }
 
 /// The slot a command goes to, what the device did there before the command (kept or not), and after.
-fn run(
-    q: &mut CmdQueue<&Bar<'_>, &Mem, Tracer>,
-    fw: &Fw<'_, '_>,
-    kind: u8,
-    p: u32,
-    checksum: bool,
-    timeout_ms: u32,
-) {
+fn run(q: &mut CmdQueue<&Bar<'_>, &Mem, Tracer>, fw: &Fw<'_, '_>, kind: u8, p: u32, checksum: bool, timeout_ms: u32) {
     let mut d = VDelay::default();
     let traced = q.tracer().outcomes.len();
     match kind {

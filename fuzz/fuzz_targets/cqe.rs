@@ -11,11 +11,11 @@
 
 use libfuzzer_sys::fuzz_target;
 use mlx5_core::buf::QueueBuf;
+use mlx5_core::cq::Cqe;
 use mlx5_core::cq::{
     decode_cqe, Cq, CqeError, CqeFields, CqeOpcode, CqeSize, LinkLayer, Notify, WcFlags, WcOpcode, WcStatus,
     WorkCompletion, CQE64_SIZE, CQ_DOORBELL,
 };
-use mlx5_core::cq::Cqe;
 use mlx5_core::dbr::DbrPool;
 use mlx5_core::prm::consts;
 use mlx5_fuzz::{assert_wc_well_formed, bytes, flag, int, Bar, Mem, Table, Unstructured, Write, UAR_OFF};
@@ -55,7 +55,10 @@ fn single(u: &mut Unstructured<'_>) {
     // Decoding is a function of the image: the same bytes decode the same way again.
     let mut again = Table::new(table.known.clone(), table.all_known);
     let r2 = decode_cqe(&cqe, cqn, index, link, &mut again);
-    assert_eq!(r.map(|o| o.map(|w| (w.status, w.opcode, w.byte_len))), r2.map(|o| o.map(|w| (w.status, w.opcode, w.byte_len))));
+    assert_eq!(
+        r.map(|o| o.map(|w| (w.status, w.opcode, w.byte_len))),
+        r2.map(|o| o.map(|w| (w.status, w.opcode, w.byte_len)))
+    );
 }
 
 fn check_decode(

@@ -15,10 +15,10 @@ use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
 
 pub use libfuzzer_sys::arbitrary::Unstructured;
 
-/// Bytes of the BAR image: the 4 KiB initialization segment and 16 UAR pages.
-pub const BAR_LEN: usize = 17 * 4096;
+/// Bytes of the BAR image: the initialization segment (8 KiB and some) and 16 UAR pages from 16 KiB on.
+pub const BAR_LEN: usize = 0x4000 + 16 * 4096;
 /// BAR offset of the first UAR page (the one queues' doorbells go to in these targets).
-pub const UAR_OFF: usize = 4096;
+pub const UAR_OFF: usize = 0x4000;
 
 /// A register write as the device saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,7 +165,12 @@ impl Default for Mem {
 
 impl Mem {
     pub fn new(max_contig: Option<usize>) -> Self {
-        Self { live: RefCell::new(BTreeMap::new()), next: Cell::new(0x10_0000_0000), max_contig, budget: Cell::new(None) }
+        Self {
+            live: RefCell::new(BTreeMap::new()),
+            next: Cell::new(0x10_0000_0000),
+            max_contig,
+            budget: Cell::new(None),
+        }
     }
 
     /// Allocations that will still succeed.
@@ -316,11 +321,8 @@ impl WrTable for Table {
 }
 
 /// Every `ib_wc_flags` bit the decoder may set.
-pub const KNOWN_WC_FLAGS: u32 = WcFlags::GRH.0
-    | WcFlags::WITH_IMM.0
-    | WcFlags::WITH_INVALIDATE.0
-    | WcFlags::IP_CSUM_OK.0
-    | WcFlags::WITH_VLAN.0;
+pub const KNOWN_WC_FLAGS: u32 =
+    WcFlags::GRH.0 | WcFlags::WITH_IMM.0 | WcFlags::WITH_INVALIDATE.0 | WcFlags::IP_CSUM_OK.0 | WcFlags::WITH_VLAN.0;
 
 /// Properties every work completion has, whatever CQE it came from.
 pub fn assert_wc_well_formed(wc: &WorkCompletion) {

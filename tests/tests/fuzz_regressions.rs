@@ -2,10 +2,16 @@
 //! the form the core sees it, and checks the property the target asserted.
 
 use mlx5_core::cq::CqeSize;
+use mlx5_core::cq::LinkLayer;
 use mlx5_core::eq::{Eqe, Event};
 use mlx5_core::hca::{Config, Hca};
 use mlx5_core::prm::{c, EventType};
+use mlx5_core::qp::{
+    qp_sizes, Ah, AhAttr, Grh, PostError, PostErrorKind, Qp, QpAttr, QpAttrMask as M, QpCap, QpState, QpType,
+};
+use mlx5_core::qp::{SendFlags, SendOp, SendWr, UdDest};
 use mlx5_core::verbs::CqAttr;
+use mlx5_core::verbs::{Pd, QpInitAttr};
 use mlx5_sim::{SimConfig, SimDevice};
 
 type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
@@ -31,4 +37,118 @@ fn refused_page_request_does_not_fail_the_command_that_completed() {
     assert_ne!(dev.object_counts(), before, "firmware destroyed the CQ");
     hca.teardown(&mut d).unwrap();
     assert_eq!(dev.dma_outstanding(), (0, 0), "every DMA allocation returned");
+}
+
+/// `wqe_build` target (artifact `crash-7d157d7c…`, input `41 0a`): a UD QP asking for no send SGEs and no inline
+/// data. Its WQE is exactly the control and datagram segments (64 bytes, one BB), so no inline header fits, and the
+/// granted `max_inline_data` was computed as `64 - 64 - 4`: a subtraction overflow (a panic in debug builds, about
+/// 4 GiB of "allowed" inline data in release builds, which `post_send` would then have copied around the ring).
+#[test]
+fn ud_qp_without_sges_or_inline_grants_no_inline_data() {
+    let cap = QpCap { max_send_wr: 10, max_recv_wr: 1, max_send_sge: 0, max_recv_sge: 1, max_inline_data: 0 };
+    let s = qp_sizes(QpType::Ud, &cap, 512, 512, 16).unwrap();
+    assert_eq!(s.sq_wqe_size, 64);
+    assert_eq!((s.cap.max_send_sge, s.cap.max_inline_data), (0, 0));
+    // Whatever is granted fits the WQE: control + datagram + inline header + data.
+    for ty in [QpType::Ud, QpType::Rc] {
+        for sge in 0..4 {
+            for inline in [0, 1, 12, 13, 60, 200] {
+                let cap = QpCap { max_send_sge: sge, max_inline_data: inline, ..cap };
+                let s = qp_sizes(ty, &cap, 1024, 1024, 16).unwrap();
+                assert!(s.cap.max_inline_data >= inline && s.cap.max_send_sge >= sge, "{ty:?} {cap:?}: {s:?}");
+                let overhead = if ty == QpType::Ud { 64 } else { 48 };
+                if s.cap.max_inline_data > 0 {
+                    assert!(overhead + 4 + s.cap.max_inline_data <= s.sq_wqe_size, "{ty:?} {cap:?}: {s:?}");
+                }
+                assert!(overhead + 16 * s.cap.max_send_sge <= s.sq_wqe_size, "{ty:?} {cap:?}: {s:?}");
+            }
+        }
+    }
+
+    // End to end: such a QP on the simulator, ready to send, refuses inline data instead of building a WQE larger
+    // than its queue's.
+    let mut u = UdQp::new(cap);
+    assert_eq!((u.qp.cap().max_inline_data, u.qp.sizes().sq_wqe_size), (0, 64));
+    let data = [0u8; 100];
+    let r = u.send_inline(&data);
+    assert_eq!(r, Err(PostError { index: 0, kind: PostErrorKind::InlineTooLong { bytes: 100, max: 0 } }));
+    assert_eq!((u.qp.sq_outstanding(), u.qp.sq_cur_post()), (0, 0), "nothing posted");
+    u.finish();
+}
+
+/// `wqe_build` target (artifact `crash-b0f5e98a…`, input `f7 00 00 00 00 00 00 af 00 00 0a 0a 00 00 00 00 2e`): an
+/// empty inline list on that same 64-byte-WQE UD QP. The driver wrote an inline segment header for no data, making an
+/// 80-byte (two-BB) WQE in a queue sized for one BB per WQE, so `max_send_wr` such requests could overrun the
+/// ring. Linux (`set_data_inl_seg`) and rdma-core write no segment for no inline data; neither does the driver now.
+#[test]
+fn empty_inline_data_adds_no_segment() {
+    let cap = QpCap { max_send_wr: 10, max_recv_wr: 1, max_send_sge: 0, max_recv_sge: 1, max_inline_data: 0 };
+    let mut u = UdQp::new(cap);
+    u.send_inline(&[]).unwrap();
+    assert_eq!((u.qp.sq_outstanding(), u.qp.sq_cur_post()), (1, 1), "one WQE of one BB");
+    let mut ctrl = [0u8; 16];
+    u.qp.read_sq(0, &mut ctrl);
+    assert_eq!(ctrl[7] & 0x3f, 4, "control + datagram segments: 4 x 16 bytes");
+    u.finish();
+}
+
+/// A UD QP of the simulated device in RTS, with an address handle to itself.
+struct UdQp {
+    dev: SimDevice,
+    d: mlx5_sim::SimDelay,
+    hca: SimHca,
+    pd: Pd,
+    cq: mlx5_core::cq::Cq,
+    qp: Qp,
+    ah: Ah,
+}
+
+impl UdQp {
+    fn new(cap: QpCap) -> Self {
+        let dev = SimDevice::new(SimConfig::default());
+        let mut d = dev.delay();
+        let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
+        let pd = hca.alloc_pd(&mut d).unwrap();
+        let cq = hca.create_cq(CqAttr { cqe: 15, cqe_size: CqeSize::B64, overrun_ignore: false }, &mut d).unwrap();
+        let attr = QpInitAttr { qp_type: QpType::Ud, cap, sq_sig_all: false };
+        let mut qp = hca.create_qp(&pd, &cq, &cq, attr, &mut d).unwrap();
+        let a = QpAttr { qkey: 0x1111, ..QpAttr::default() };
+        for (s, m) in [
+            (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY),
+            (QpState::Rtr, M::STATE),
+            (QpState::Rts, M::STATE | M::SQ_PSN),
+        ] {
+            hca.modify_qp(&mut qp, &QpAttr { qp_state: s, ..a }, m, &mut d).unwrap();
+        }
+        let gid = hca.query_gid(0, &mut d).unwrap();
+        let ah_attr = AhAttr {
+            grh: Some(Grh { dgid: gid, hop_limit: 64, ..Grh::default() }),
+            dmac: dev.config().mac,
+            port_num: 1,
+            ..AhAttr::default()
+        };
+        let ah = Ah::new(&ah_attr, LinkLayer::Ethernet);
+        UdQp { dev, d, hca, pd, cq, qp, ah }
+    }
+
+    fn send_inline(&mut self, data: &[u8]) -> Result<(), PostError> {
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: &[],
+            flags: SendFlags::SIGNALED,
+            inline: Some(data),
+            ud: Some(UdDest { ah: &self.ah, remote_qpn: self.qp.qpn(), remote_qkey: 0x1111 }),
+        };
+        self.hca.post_send(&mut self.qp, &[wr])
+    }
+
+    fn finish(mut self) {
+        let d = &mut self.d;
+        self.hca.destroy_qp(self.qp, d).map_err(|e| e.error).unwrap();
+        self.hca.destroy_cq(self.cq, d).map_err(|e| e.error).unwrap();
+        self.hca.dealloc_pd(self.pd, d).map_err(|e| e.error).unwrap();
+        self.hca.teardown(d).unwrap();
+        assert_eq!(self.dev.dma_outstanding(), (0, 0));
+    }
 }

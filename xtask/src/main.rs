@@ -7,9 +7,12 @@
 //! * `vfio-test`: the host crate's VFIO layer against the real Linux VFIO stack, in a QEMU guest with QEMU's
 //!   `edu` device behind an emulated IOMMU.
 //! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
+//! * `fuzz [--seconds N] [--target NAME]`: the cargo-fuzz targets in `fuzz/`, N seconds each (default 30), then
+//!   their corpus replayed; see FUZZING.md.
 
 mod bench;
 mod codegen;
+mod fuzz;
 mod vfio_test;
 
 use std::path::{Path, PathBuf};
@@ -91,7 +94,10 @@ fn main() -> ExitCode {
         Some("ci") => ci(&root),
         Some("vfio-test") => vfio_test::run_vfio_test(&root),
         Some("bench") => bench::run(&root, args.iter().any(|a| a == "--json")),
-        _ => Err("usage: cargo xtask <vendor | codegen [--check] | ci | vfio-test | bench [--json]>".to_string()),
+        Some("fuzz") => fuzz::run_fuzz(&root, &args[1..]),
+        _ => Err("usage: cargo xtask <vendor | codegen [--check] | ci | vfio-test | bench [--json] \
+                  | fuzz [--seconds N] [--target NAME]>"
+            .to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
