@@ -445,7 +445,8 @@ fn sim_faults(u: &mut Unstructured<'_>) {
         dev.inject(f);
     }
     let mut d = dev.delay();
-    let r: Result<Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>, _> =
+    // A pool of 16 chunks (1024 firmware pages): a corrupted page count costs megabytes, not 64 MiB, per input.
+    let r: Result<Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma, (), 16>, _> =
         Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default());
     let mut hca = match r {
         Ok(h) => h,

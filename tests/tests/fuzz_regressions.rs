@@ -152,3 +152,32 @@ impl UdQp {
         assert_eq!(self.dev.dma_outstanding(), (0, 0));
     }
 }
+
+/// The waiting side of the first regression (found by reading the path the `eqe` crash went through): firmware
+/// holds a CREATE_CQ until it gets pages, asks for them, then refuses the MANAGE_PAGES that brings them. The
+/// refusal used to end the CREATE_CQ's wait as a `Status` error of MANAGE_PAGES, which `create_cq` takes for
+/// firmware's refusal of the CREATE and so freed the CQ buffer while the CREATE was still with firmware. The wait
+/// goes on now: CREATE_CQ times out (its slot stays taken) and the buffer is kept until the function is disabled.
+#[test]
+fn refused_page_give_does_not_end_a_waiting_create() {
+    use mlx5_core::cmdq::CmdError;
+    use mlx5_core::hca::Error;
+    use mlx5_core::prm::{consts, Opcode};
+    use mlx5_sim::{Fault, SimEvent};
+    let dev = SimDevice::new(SimConfig::default());
+    let mut d = dev.delay();
+    let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
+    dev.inject(Fault::NeedPages { opcode: consts::MLX5_CMD_OP_CREATE_CQ as u16, pages: 4 });
+    let mp = consts::MLX5_CMD_OP_MANAGE_PAGES as u16;
+    dev.inject(Fault::Status { opcode: mp, status: 0x03, syndrome: 0x1234, times: 1 });
+    let r = hca.create_cq(CqAttr { cqe: 15, cqe_size: CqeSize::B64, overrun_ignore: false }, &mut d);
+    match r {
+        Err(Error::Cmd(CmdError::Timeout { opcode: Opcode::CreateCq, .. })) => {}
+        other => panic!("CREATE_CQ must keep waiting past the refused give, got {:?}", other.map(|c| c.cqn())),
+    }
+    let freed_under_device =
+        dev.events().into_iter().any(|e| matches!(e, SimEvent::FreedDeviceOwned { .. } | SimEvent::BadFree { .. }));
+    assert!(!freed_under_device, "no memory freed under the device");
+    let _ = hca.teardown(&mut d);
+    assert_eq!(dev.dma_outstanding(), (0, 0), "the kept buffer is freed once the function is disabled");
+}

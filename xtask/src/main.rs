@@ -81,6 +81,7 @@ fn ci(root: &Path) -> Result<(), String> {
         cargo(root, &["run", "--release", "-q", "-p", "mlx5-host", "--example", example])?;
     }
     vfio_test::run_vfio_test(root)?;
+    fuzz::run_fuzz(root, &["--seconds".to_string(), "20".to_string()])?;
     println!("xtask ci: all steps passed");
     Ok(())
 }
