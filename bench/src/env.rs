@@ -5,7 +5,7 @@ use mlx5_core::cq::{Cq, LinkLayer};
 use mlx5_core::hal::{Dma, DmaRegion};
 use mlx5_core::hca::{Config, Hca};
 use mlx5_core::mkey::{Access, Mr};
-use mlx5_core::qp::{AhAttr, Grh, Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, Sge};
+use mlx5_core::qp::{required_attrs, AhAttr, Grh, Mtu, Qp, QpAttr, QpCap, QpState, QpType, Sge};
 use mlx5_core::verbs::{CqAttr, Pd, QpInitAttr};
 use mlx5_sim::{Mode, SimConfig, SimDelay, SimDevice, SimDma, SimMmio};
 
@@ -72,7 +72,6 @@ impl Env {
 
     /// RESET → INIT → RTR → RTS towards `dest`.
     fn connect(&mut self, qp: &mut Qp, dest: u32, ah: AhAttr) {
-        use QpAttrMask as M;
         let a = QpAttr {
             qp_access_flags: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::LOCAL_WRITE,
             path_mtu: Mtu::M1024,
@@ -85,15 +84,8 @@ impl Env {
             max_rd_atomic: 4,
             ..QpAttr::default()
         };
-        let steps = [
-            (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
-            (
-                QpState::Rtr,
-                M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
-            ),
-            (QpState::Rts, M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC),
-        ];
-        for (s, m) in steps {
+        for (f, s) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
+            let m = required_attrs(QpType::Rc, f, s).expect("an RC transition");
             self.hca.modify_qp(qp, &QpAttr { qp_state: s, ..a }, m, &mut self.d).expect("modify QP");
         }
     }

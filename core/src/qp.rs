@@ -255,6 +255,12 @@ fn transition_masks(ty: QpType, from: QpState, to: QpState) -> Option<(QpAttrMas
     })
 }
 
+/// The mask a `from` → `to` modify must carry: the state bit and verbs' required attributes (`ibv_modify_qp`'s
+/// table, the one [`check_modify`] enforces); `None` for a transition verbs does not allow.
+pub fn required_attrs(ty: QpType, from: QpState, to: QpState) -> Option<QpAttrMask> {
+    transition_masks(ty, from, to).map(|(req, _)| QpAttrMask::STATE | req)
+}
+
 /// Checks a modify against the transition table (before any command is sent).
 pub fn check_modify(ty: QpType, from: QpState, attr: &QpAttr, mask: QpAttrMask) -> Result<(), ModifyError> {
     let to = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { from };

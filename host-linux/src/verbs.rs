@@ -105,10 +105,10 @@ use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
 use mlx5_core::hca::{Config, Error as HcaError, Hca};
 pub use mlx5_core::mkey::Access;
 use mlx5_core::mkey::Mr;
+use mlx5_core::qp::{required_attrs, Qp, QpAttr, QpAttrMask};
 pub use mlx5_core::qp::{
     Ah, AhAttr, Grh, Mtu, PostError, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
 };
-use mlx5_core::qp::{Qp, QpAttr, QpAttrMask};
 pub use mlx5_core::verbs::{CqAttr, PortAttr};
 use mlx5_core::verbs::{Pd, QpInitAttr};
 use mlx5_sim::{SimConfig, SimDelay, SimDevice, SimDma, SimMmio};
@@ -896,6 +896,11 @@ pub struct RemoteQp {
     pub mac: [u8; 6],
 }
 
+/// The mask verbs requires for a transition of this API's typed path (every such transition is in the table).
+fn required(ty: QpType, from: QpState, to: QpState) -> QpAttrMask {
+    required_attrs(ty, from, to).unwrap_or(QpAttrMask::STATE)
+}
+
 /// RESET → INIT attributes.
 #[derive(Debug, Clone, Copy)]
 pub struct InitAttr {
@@ -907,14 +912,13 @@ impl InitAttr {
     /// An RC QP on port 1, pkey 0, granting `remote` rights to its peer.
     pub fn rc(remote: Access) -> Self {
         let attr = QpAttr { qp_state: QpState::Init, qp_access_flags: remote, ..QpAttr::default() };
-        let mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
-        InitAttr { attr, mask }
+        InitAttr { attr, mask: required(QpType::Rc, QpState::Reset, QpState::Init) }
     }
 
     /// A UD QP on port 1, pkey 0, accepting datagrams carrying `qkey`.
     pub fn ud(qkey: u32) -> Self {
         let attr = QpAttr { qp_state: QpState::Init, qkey, ..QpAttr::default() };
-        InitAttr { attr, mask: QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY }
+        InitAttr { attr, mask: required(QpType::Ud, QpState::Reset, QpState::Init) }
     }
 }
 
@@ -939,19 +943,13 @@ impl RtrAttr {
             min_rnr_timer: 12,
             ..QpAttr::default()
         };
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER;
-        RtrAttr { attr, mask, remote: Some(remote) }
+        RtrAttr { attr, mask: required(QpType::Rc, QpState::Init, QpState::Rtr), remote: Some(remote) }
     }
 
     /// A UD QP: nothing but the state.
     pub fn ud() -> Self {
-        RtrAttr { attr: QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, mask: QpAttrMask::STATE, remote: None }
+        let attr = QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() };
+        RtrAttr { attr, mask: required(QpType::Ud, QpState::Init, QpState::Rtr), remote: None }
     }
 
     pub fn mtu(mut self, mtu: Mtu) -> Self {
@@ -977,20 +975,12 @@ impl RtsAttr {
     /// An RC QP starting at `sq_psn`: timeout 14 (67 ms), 7 retries, RNR retry forever, one outstanding read.
     pub fn rc(sq_psn: u32) -> Self {
         let attr = QpAttr { qp_state: QpState::Rts, sq_psn, ..QpAttr::default() };
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::MAX_QP_RD_ATOMIC;
-        RtsAttr { attr, mask }
+        RtsAttr { attr, mask: required(QpType::Rc, QpState::Rtr, QpState::Rts) }
     }
 
     pub fn ud(sq_psn: u32) -> Self {
-        RtsAttr {
-            attr: QpAttr { qp_state: QpState::Rts, sq_psn, ..QpAttr::default() },
-            mask: QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-        }
+        let attr = QpAttr { qp_state: QpState::Rts, sq_psn, ..QpAttr::default() };
+        RtsAttr { attr, mask: required(QpType::Ud, QpState::Rtr, QpState::Rts) }
     }
 
     pub fn retry(mut self, retry_cnt: u8, rnr_retry: u8) -> Self {

@@ -9,8 +9,8 @@ use mlx5_core::hal::{Dma, DmaRegion};
 use mlx5_core::hca::{Config, Error, Hca};
 use mlx5_core::mkey::{Access, Mr};
 use mlx5_core::qp::{
-    Ah, AhAttr, Grh, Mtu, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp,
-    SendWr, Sge, UdDest,
+    required_attrs, Ah, AhAttr, Grh, Mtu, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
+    SendFlags, SendOp, SendWr, Sge, UdDest,
 };
 use mlx5_core::verbs::{CqAttr, Pd, QpInitAttr};
 use mlx5_sim::{Mode, PortType, SimConfig, SimDelay, SimDevice};
@@ -93,7 +93,6 @@ impl Node {
 
 /// RESET → INIT → RTR → RTS for an RC QP towards `dest` at `ah`.
 fn rc_connect(n: &mut Node, qp: &mut Qp, dest: u32, ah: AhAttr, rnr_retry: u8, retry_cnt: u8) {
-    use QpAttrMask as M;
     let a = QpAttr {
         qp_access_flags: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::LOCAL_WRITE,
         path_mtu: Mtu::M1024,
@@ -106,15 +105,8 @@ fn rc_connect(n: &mut Node, qp: &mut Qp, dest: u32, ah: AhAttr, rnr_retry: u8, r
         max_rd_atomic: 4,
         ..QpAttr::default()
     };
-    let steps = [
-        (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
-        (
-            QpState::Rtr,
-            M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
-        ),
-        (QpState::Rts, M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC),
-    ];
-    for (s, m) in steps {
+    for (f, s) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
+        let m = required_attrs(QpType::Rc, f, s).expect("an RC transition");
         n.hca.modify_qp(qp, &QpAttr { qp_state: s, ..a }, m, &mut n.d).unwrap();
     }
 }

@@ -19,7 +19,7 @@ use mlx5_core::hca::{Config, Hca};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::consts;
 use mlx5_core::qp::{
-    AhAttr, Grh, Mtu, PostError, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags,
+    required_attrs, AhAttr, Grh, Mtu, PostError, PostErrorKind, Qp, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags,
     SendOp, SendWr, Sge,
 };
 use mlx5_core::verbs::{CqAttr, QpInitAttr};
@@ -349,7 +349,6 @@ struct Loop {
 impl Loop {
     /// An RC QP connected to itself, every send signaled.
     fn new(cap: QpCap) -> Self {
-        use QpAttrMask as M;
         let dev = SimDevice::new(SimConfig::default());
         let mut d = dev.delay();
         let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
@@ -378,15 +377,8 @@ impl Loop {
             max_rd_atomic: 1,
             ..QpAttr::default()
         };
-        let steps = [
-            (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
-            (
-                QpState::Rtr,
-                M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
-            ),
-            (QpState::Rts, M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC),
-        ];
-        for (s, m) in steps {
+        for (f, s) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
+            let m = required_attrs(QpType::Rc, f, s).expect("an RC transition");
             hca.modify_qp(&mut qp, &QpAttr { qp_state: s, ..a }, m, &mut d).unwrap();
         }
         Loop { dev, d, hca, pd, mem, mr, cq, qp }
