@@ -24,8 +24,17 @@
 //! WRITE_IMM with an RNR NAK: the requester waits the responder's `min_rnr_nak` timer (IB table, device time)
 //! and retries when the device next runs after it, `rnr_retry` times (7: forever), then `RNR_RETRY_EXC_ERR`. A
 //! request that reaches no RC QP in RTR/RTS is retried after the path's ACK timeout (`4.096 us << ack_timeout`)
-//! `retry_count` times, then `TRANSPORT_RETRY_EXC_ERR`. A UD send that cannot be delivered (unknown address or
-//! QP, qkey mismatch, empty RQ) is dropped: the sender completes successfully. An error CQE moves its QP to ERR.
+//! `retry_count` times, then `TRANSPORT_RETRY_EXC_ERR`; so is a request that gets no response at all within the
+//! ACK timeout (lost on a link to another process). A UD send that cannot be delivered (unknown address or QP,
+//! qkey mismatch, empty RQ) is dropped: the sender completes successfully. An error CQE moves its QP to ERR.
+//!
+//! # PSNs
+//! An RC request carries the requester's send PSN for its message. The responder executes a request at the PSN
+//! it expects (`next_rcv_psn`, which moves past the message's packets) and nothing else: a PSN behind it is a
+//! duplicate of a message already executed (a retransmission whose response was lost), answered again without
+//! executing it a second time (a READ is read again; an atomic returns the original value it returned before); a
+//! PSN ahead of it is a PSN sequence error NAK, which the requester retransmits until its retry count runs out
+//! (`TRANSPORT_RETRY_EXC_ERR`). So two QPs connected with PSNs that do not match fail as they do on hardware.
 //!
 //! # Errors and flushes
 //! Every error CQE is written whether the WQE was signaled or not. A QP in ERR completes its outstanding WQE,
@@ -46,6 +55,9 @@ use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Packet, RcOp, Resp};
 use crate::{SimEvent, State};
 
 const BB: u64 = SEND_WQE_BB;
+/// PSNs less than half the 24-bit space ahead of the expected one are "ahead" (a sequence error); the rest are
+/// behind it (duplicates), as IBA 9.7.5.2 splits the space.
+const PSN_WINDOW: u32 = 1 << 23;
 /// A WQE is counted in 16-byte units (`ds`).
 const DS: usize = consts::MLX5_SEND_WQE_DS as usize;
 const CTRL: usize = c::mlx5_wqe_ctrl_seg::SIZE;
@@ -276,8 +288,9 @@ impl SendWqe {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// The request is on the wire; its response (or loss) is coming.
-    InFlight,
+    /// The request went on the wire at `sent_ns` (device time); its response (or loss) is coming, or the ACK
+    /// timer runs out.
+    InFlight { sent_ns: u64 },
     /// Waiting to retry at `at_ns` (device time).
     Wait { at_ns: u64, kind: RetryKind },
 }
@@ -773,8 +786,9 @@ impl State {
         }
         let seq = self.dp.next_seq;
         self.dp.next_seq += 1;
+        let sent_ns = self.now_ns();
         if let Some(qp) = self.fw.qps.get_mut(&qpn) {
-            let phase = Phase::InFlight;
+            let phase = Phase::InFlight { sent_ns };
             qp.req =
                 Some(Outstanding { wqe: w, op, len, seq, phase, transport_left: retry_count, rnr_left: rnr_retry });
         }
@@ -796,7 +810,8 @@ impl State {
             hop_limit: path.hop_limit(),
         });
         let dest = if addr.ib { Dest::Lid(path.rlid()) } else { Dest::Gid { gid: path.rgid(), mac: path.rmac() } };
-        let body = Body::Rc { seq: req.seq, op: req.op.clone(), solicited: req.wqe.solicited };
+        let psn = qp.next_send_psn;
+        let body = Body::Rc { seq: req.seq, psn, op: req.op.clone(), solicited: req.wqe.solicited };
         let (remote, seq) = (qp.remote_qpn, req.seq);
         let p = match self.wire.route(&dest) {
             Ok(dst) => Packet { src: me, dst, src_qpn: qpn, dst_qpn: remote, slid: addr.lid, sl: path.sl(), grh, body },
@@ -815,16 +830,30 @@ impl State {
         self.wire.send(p);
     }
 
-    /// Retries the outstanding request of `qpn` if its timer has expired.
+    /// Retries the outstanding request of `qpn` if its timer has expired: the RNR or retry wait, or the ACK
+    /// timer of a request nothing answered.
     fn retry_due(&mut self, qpn: u32, now: u64) -> bool {
         let seq = self.dp.next_seq;
-        let Some(req) = self.fw.qps.get_mut(&qpn).and_then(|q| q.req.as_mut()) else { return false };
-        let Phase::Wait { at_ns, kind } = req.phase else { return false };
-        if at_ns > now {
-            return false;
-        }
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
+        let ack_ns = ack_timeout_ns(qp.path.ack_timeout());
+        let Some(req) = qp.req.as_mut() else { return false };
+        let kind = match req.phase {
+            Phase::Wait { at_ns, kind } if at_ns <= now => kind,
+            Phase::InFlight { sent_ns } if now.saturating_sub(sent_ns) >= ack_ns => {
+                let (index, opcode, nbb) = (req.wqe.index, req.wqe.opcode, req.wqe.nbb);
+                let why = "no response before the ACK timeout";
+                self.events.push(SimEvent::Unreachable { qpn, wqe_counter: index, why });
+                if req.transport_left == 0 {
+                    self.send_error(qpn, index, opcode, nbb, SYND_RETRY_EXC);
+                    return true;
+                }
+                req.transport_left -= 1;
+                RetryKind::Transport
+            }
+            _ => return false,
+        };
         req.seq = seq;
-        req.phase = Phase::InFlight;
+        req.phase = Phase::InFlight { sent_ns: now };
         let wqe_counter = req.wqe.index;
         self.dp.next_seq += 1;
         self.events.push(SimEvent::Retry { qpn, wqe_counter, kind });
@@ -842,7 +871,7 @@ impl State {
         }
         let (rnr_retry, ack_timeout) = (qp.rnr_retry, qp.path.ack_timeout());
         let Some(req) = qp.req.as_mut() else { return };
-        if req.seq != seq || req.phase != Phase::InFlight {
+        if req.seq != seq || !matches!(req.phase, Phase::InFlight { .. }) {
             return;
         }
         let (index, opcode, nbb) = (req.wqe.index, req.wqe.opcode, req.wqe.nbb);
@@ -863,10 +892,21 @@ impl State {
                     None
                 }
             }
+            Resp::Nak(Nak::PsnSequence) => {
+                self.events.push(SimEvent::PsnSequenceNak { qpn, wqe_counter: index, remote_qpn: src_qpn });
+                if req.transport_left == 0 {
+                    Some(SYND_RETRY_EXC)
+                } else {
+                    // Retransmitted at once (IBA 9.7.5.1.2); the retry counts like a timeout.
+                    req.transport_left -= 1;
+                    req.phase = Phase::Wait { at_ns: now, kind: RetryKind::Transport };
+                    None
+                }
+            }
             Resp::Nak(n) => Some(match n {
                 Nak::RemoteAccess => SYND_REMOTE_ACCESS,
                 Nak::InvalidRequest => SYND_REMOTE_INVAL,
-                Nak::RemoteOp => SYND_REMOTE_OP,
+                Nak::RemoteOp | Nak::PsnSequence => SYND_REMOTE_OP,
             }),
             Resp::Lost(why) => {
                 self.events.push(SimEvent::Unreachable { qpn, wqe_counter: index, why });
@@ -1192,8 +1232,8 @@ impl State {
 
     /// An RC request arrives at its destination QP.
     fn rc_request(&mut self, p: Packet) {
-        let Body::Rc { op, solicited, .. } = &p.body else { return };
-        let solicited = *solicited;
+        let Body::Rc { op, solicited, psn, .. } = &p.body else { return };
+        let (solicited, psn) = (*solicited, *psn);
         let dst = p.dst_qpn;
         let ready =
             self.fw.qps.get(&dst).filter(|q| q.st == QpType::Rc && matches!(q.state, QpState::Rtr | QpState::Rts));
@@ -1202,6 +1242,18 @@ impl State {
             return self.reply(p, Resp::Lost("no RC QP in RTR/RTS at the destination"));
         };
         let (pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
+        let (expected, last_atomic) = (qp.next_rcv_psn, qp.last_atomic);
+        let ahead = psn.wrapping_sub(expected) & PSN_MASK;
+        if ahead != 0 {
+            let resp = if ahead < PSN_WINDOW {
+                self.events.push(SimEvent::PsnSequenceError { qpn: dst, expected, got: psn });
+                Resp::Nak(Nak::PsnSequence)
+            } else {
+                self.events.push(SimEvent::DuplicateRequest { qpn: dst, psn });
+                self.duplicate(op, psn, pd, rre, last_atomic)
+            };
+            return self.reply(p, resp);
+        }
         let ib = self.wire.addr.ib;
         let resp = match op {
             RcOp::Send { data, imm } => match self.next_recv(dst) {
@@ -1286,6 +1338,9 @@ impl State {
                 } else {
                     match self.atomic(pd, *raddr, *rkey, *op) {
                         Ok(orig) => {
+                            if let Some(qp) = self.fw.qps.get_mut(&dst) {
+                                qp.last_atomic = Some((psn, orig));
+                            }
                             self.bump_rcv_psn(dst, 8);
                             Resp::AtomicOrig(orig)
                         }
@@ -1295,6 +1350,29 @@ impl State {
             }
         };
         self.reply(p, resp);
+    }
+
+    /// The answer to a duplicate request (its PSN is behind the expected one): the message was executed, so a
+    /// SEND or WRITE is acknowledged again, a READ is read again, and an atomic returns the original value it
+    /// returned the first time (the responder keeps the last one; an older atomic cannot be answered).
+    fn duplicate(&mut self, op: &RcOp, psn: u32, pd: u32, rre: bool, last_atomic: Option<(u32, u64)>) -> Resp {
+        match op {
+            RcOp::Send { .. } | RcOp::Write { .. } => Resp::Ack,
+            RcOp::Read { raddr, rkey, len } => {
+                let data = if !rre {
+                    Err(())
+                } else if *len == 0 {
+                    Ok(Vec::new())
+                } else {
+                    self.key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
+                };
+                data.map_or(Resp::Nak(Nak::RemoteAccess), Resp::ReadData)
+            }
+            RcOp::Atomic { .. } => match last_atomic {
+                Some((p, orig)) if p == psn => Resp::AtomicOrig(orig),
+                _ => Resp::Nak(Nak::InvalidRequest),
+            },
+        }
     }
 
     fn bump_rcv_psn(&mut self, qpn: u32, len: u64) {
@@ -1433,7 +1511,7 @@ mod tests {
         assert_eq!(p.mr.read(8192 + 50, 50), vec![0u8; 50]);
         assert!(p.r.h.dev.events().contains(&SimEvent::SqDoorbell { qpn: p.a.qpn, pi: 1 }));
         let (ia, ib) = (p.r.h.dev.qp_info(p.a.qpn).unwrap(), p.r.h.dev.qp_info(p.b.qpn).unwrap());
-        assert_eq!((ia.sq_ci, ia.sq_pi, ia.next_send_psn, ia.outstanding), (1, 1, 0x201, false));
+        assert_eq!((ia.sq_ci, ia.sq_pi, ia.next_send_psn, ia.outstanding), (1, 1, 0x101, false));
         assert_eq!((ib.rq_ci, ib.next_rcv_psn), (1, 0x101));
         assert!(p.r.poll(&mut p.a_scq).is_none() && p.r.poll(&mut p.b_rcq).is_none());
         assert!(p.r.h.dev.dma_faults().is_empty());
@@ -2042,5 +2120,75 @@ mod tests {
         assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
         assert_eq!(p.mr.read(512, 5), b"again");
         let _ = (&p.b_scq, &p.b_rcq);
+    }
+
+    #[test]
+    fn mismatched_psns_fail_with_retry_exceeded_and_deliver_nothing() {
+        // A expects 0x100 from B but B starts at 0x100 while A starts at 0x300: A's SEND is ahead of what B
+        // expects, B NAKs it (sequence error), A retransmits retry_count times and fails.
+        let pa = RcParams { sq_psn: 0x300, retry_count: 2, ..RcParams::default() };
+        let mut p = pair_with(SimConfig::default(), QpSpec::rc(), pa, RcParams::default());
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(0, &pattern(64, 3));
+        p.r.post_recv(&mut p.b, &[(base + 4096, 64, key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(64, key, base), Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).expect("requester CQE");
+        assert_eq!(e.status(), (REQ_ERR, synd(SYND_RETRY_EXC)));
+        let seq_err = SimEvent::PsnSequenceError { qpn: p.b.qpn, expected: 0x100, got: 0x300 };
+        assert_eq!(count(&p.r, |e| *e == seq_err), 3, "the first attempt and two retries");
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::PsnSequenceNak { .. })), 3);
+        // Nothing reached B's receive: it is still posted and the buffer untouched.
+        assert!(p.r.poll(&mut p.b_rcq).is_none());
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().rq_ci, 0);
+        assert_eq!(p.mr.read(4096, 64), vec![0u8; 64]);
+    }
+
+    #[test]
+    fn a_duplicate_request_is_answered_without_executing_it_again() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(0, &pattern(32, 5));
+        p.mr.write(1024, &7u64.to_be_bytes());
+        p.r.post_recv(&mut p.b, &[(base + 4096, 64, key)]);
+        p.r.post_recv(&mut p.b, &[(base + 8192, 64, key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(32, key, base), Bell::Db);
+        let fa = Wqe::new(ATOMIC_FA).raddr(base + 1024, key).atomic(3, 0).data(8, key, base + 2048);
+        p.r.post_send(&mut p.a, &fa, Bell::Db);
+        assert_eq!(p.r.drain(&mut p.a_scq).len(), 2);
+        assert_eq!(p.r.drain(&mut p.b_rcq).len(), 1);
+        assert_eq!(p.mr.read(1024, 8), 10u64.to_be_bytes());
+        // The SEND (PSN 0x100) and the atomic (PSN 0x101) arrive again, as a retransmission would bring them.
+        let dev = p.r.h.dev.clone();
+        let resend = |psn: u32, op: RcOp| {
+            let mut st = crate::lock(&dev.shared);
+            let me = st.wire.me.clone();
+            let body = Body::Rc { seq: 1_000 + u64::from(psn), psn, op, solicited: false };
+            let pk = Packet {
+                src: me.clone(),
+                dst: me,
+                src_qpn: p.a.qpn,
+                dst_qpn: p.b.qpn,
+                slid: 0,
+                sl: 0,
+                grh: None,
+                body,
+            };
+            st.receive(pk);
+            let out = st.run_datapath();
+            assert!(out.is_empty(), "loopback: nothing leaves the device");
+        };
+        resend(0x100, RcOp::Send { data: Arc::from(&b"again"[..]), imm: None });
+        resend(0x101, RcOp::Atomic { raddr: base + 1024, rkey: key, op: AtomicOp::FetchAdd { add: 3 } });
+        for psn in [0x100, 0x101] {
+            assert!(p.r.h.dev.events().contains(&SimEvent::DuplicateRequest { qpn: p.b.qpn, psn }));
+        }
+        // Neither ran twice: the second receive is untouched, the counter still 10.
+        assert!(p.r.poll(&mut p.b_rcq).is_none());
+        assert_eq!(p.mr.read(8192, 5), vec![0u8; 5]);
+        assert_eq!(p.mr.read(1024, 8), 10u64.to_be_bytes());
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().next_rcv_psn, 0x102);
+        // A's late responses to attempts it never made are ignored: no CQE, no error.
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().state, QpState::Rts);
     }
 }

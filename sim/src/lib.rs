@@ -104,6 +104,7 @@ mod datapath;
 mod dma;
 mod eq;
 mod fw;
+mod link;
 mod mkey;
 mod mmio;
 pub mod mocks;
@@ -127,6 +128,7 @@ pub use datapath::RetryKind;
 pub use dma::{DmaFault, SimDma};
 pub use eq::EQE_DATA_LEN;
 pub use fw::{syndrome, HcaState};
+pub use link::{WireError, MAX_FRAME};
 pub use mkey::{MkeyAccess, MkeyFault};
 pub use mmio::Health;
 pub use mmio::SimMmio;
@@ -395,6 +397,18 @@ pub enum SimEvent {
     RnrNak { qpn: u32, wqe_counter: u16, remote_qpn: u32 },
     /// The RC request of WQE `wqe_counter` of QP `qpn` reached no QP ready to take it; its ACK timer runs.
     Unreachable { qpn: u32, wqe_counter: u16, why: &'static str },
+    /// The responder `remote_qpn` answered the RC request of WQE `wqe_counter` of QP `qpn` with a PSN sequence
+    /// error NAK (the two QPs' PSNs do not match); the requester retransmits.
+    PsnSequenceNak { qpn: u32, wqe_counter: u16, remote_qpn: u32 },
+    /// Responder QP `qpn` expected PSN `expected` and got a request at `got`, ahead of it: not executed.
+    PsnSequenceError { qpn: u32, expected: u32, got: u32 },
+    /// Responder QP `qpn` got a request at `psn`, behind the PSN it expects: a retransmission of a message it
+    /// executed, answered again without executing it twice.
+    DuplicateRequest { qpn: u32, psn: u32 },
+    /// A peer in another process plugged into this device's link (see [`SimDevice::wire_listen`]).
+    LinkUp { peer: std::net::SocketAddr },
+    /// The link's far end went away (closed, or a frame that could not be read); its address is unreachable.
+    LinkDown { peer: std::net::SocketAddr, why: &'static str },
     /// QP `qpn` sent WQE `wqe_counter` again after its RNR or ACK timer expired.
     Retry { qpn: u32, wqe_counter: u16, kind: RetryKind },
     /// A UD message from QP `qpn` to QP `dqpn` was dropped (noticed by the device recording this event).
@@ -653,7 +667,7 @@ impl SimDevice {
             }
         };
         // Packets name their source device so responses find their way back.
-        lock(&dev.shared).wire.me.shared = Arc::downgrade(&dev.shared);
+        lock(&dev.shared).wire.me.port = wire::Port::Local(Arc::downgrade(&dev.shared));
         dev
     }
 
@@ -832,6 +846,32 @@ impl SimDevice {
     /// (IB) or GID and MAC (RoCE) reach it. Joining a device to itself changes nothing (loopback needs no wire).
     pub fn connect(&self, peer: &SimDevice) {
         wire::connect(&self.shared, &peer.shared);
+    }
+
+    /// Listens on `addr` (e.g. `"0.0.0.0:18516"`; port 0 picks one) for a simulated device in another process
+    /// to plug into this device's port, as [`SimDevice::connect`] joins two devices of one process. Returns the
+    /// address bound. A peer that connects later replaces the one before (one port, one cable); one whose port
+    /// address equals this device's is turned away ([`SimEvent::LinkDown`]). Use [`Mode::Threaded`] for a
+    /// linked device, so its retry timers run in real time.
+    pub fn wire_listen(&self, addr: &str) -> Result<std::net::SocketAddr, WireError> {
+        link::listen(&self.shared, addr)
+    }
+
+    /// Plugs this device's port into the device listening at `addr` (`host:port`) in another process, waiting
+    /// up to `timeout` for the connection; the handshake swaps port addresses. Packets to the peer's LID (IB) or
+    /// GID and MAC (RoCE) then cross the link; when it goes down they are lost, and RC requests time out.
+    pub fn wire_connect(&self, addr: &str, timeout: Duration) -> Result<(), WireError> {
+        link::connect(&self.shared, addr, timeout)
+    }
+
+    /// Waits until a peer in another process is plugged in (true) or `timeout` passes (false).
+    pub fn wire_wait_peer(&self, timeout: Duration) -> bool {
+        link::wait_peer(&self.shared, timeout)
+    }
+
+    /// The socket address of the peer plugged into this device's link, while the link is up.
+    pub fn wire_peer(&self) -> Option<std::net::SocketAddr> {
+        lock(&self.shared).wire.remote_link().filter(|l| l.is_up()).map(|l| l.peer)
     }
 
     /// GID table entry `index` of port 1: index 0 is the default GID (IB: fe80::/64 + port GUID; RoCE: the

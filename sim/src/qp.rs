@@ -226,6 +226,8 @@ pub(crate) struct Qp {
     pub(crate) sq_pi: u16,
     pub(crate) rq_ci: u16,
     pub(crate) req: Option<Outstanding>,
+    /// The PSN and original value of the last atomic executed as a responder, for a duplicate of it.
+    pub(crate) last_atomic: Option<(u32, u64)>,
     pub(crate) error: Option<u8>,
 }
 
@@ -510,6 +512,7 @@ impl Firmware {
             sq_pi: 0,
             rq_ci: 0,
             req: None,
+            last_atomic: None,
             error: None,
         };
         self.qps.insert(qpn, qp);

@@ -656,11 +656,23 @@ pub(crate) struct RcParams {
     pub rnr_retry: u32,
     pub ack_timeout: u32,
     pub access: [bool; 3],
+    /// The QP's first send PSN and the PSN it expects first from its peer (equal on both sides by default, so
+    /// two QPs connected with the defaults match).
+    pub sq_psn: u32,
+    pub rq_psn: u32,
 }
 
 impl Default for RcParams {
     fn default() -> Self {
-        Self { min_rnr_nak: 12, retry_count: 7, rnr_retry: 7, ack_timeout: 14, access: [true; 3] }
+        Self {
+            min_rnr_nak: 12,
+            retry_count: 7,
+            rnr_retry: 7,
+            ack_timeout: 14,
+            access: [true; 3],
+            sq_psn: 0x100,
+            rq_psn: 0x100,
+        }
     }
 }
 
@@ -892,13 +904,13 @@ impl Rdma {
             inp.set(q::MTU.at(c), consts::IB_MTU_1024);
             inp.set(q::LOG_MSG_MAX.at(c), 30);
             inp.set(q::REMOTE_QPN.at(c), r.qpn);
-            inp.set(q::NEXT_RCV_PSN.at(c), 0x100);
+            inp.set(q::NEXT_RCV_PSN.at(c), prm.rq_psn);
             inp.set(q::LOG_RRA_MAX.at(c), 2);
             inp.set(q::MIN_RNR_NAK.at(c), prm.min_rnr_nak);
         });
         assert_eq!(st, (0, 0), "INIT2RTR");
         let st = self.modify(consts::MLX5_CMD_OP_RTR2RTS_QP, qp.qpn, 0, |inp, c| {
-            inp.set(q::NEXT_SEND_PSN.at(c), 0x200);
+            inp.set(q::NEXT_SEND_PSN.at(c), prm.sq_psn);
             inp.set(q::RETRY_COUNT.at(c), prm.retry_count);
             inp.set(q::RNR_RETRY.at(c), prm.rnr_retry);
             inp.set(q::LOG_SRA_MAX.at(c), 2);

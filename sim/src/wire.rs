@@ -7,6 +7,9 @@
 //! and is handled under the same lock); an address of a peer joined by [`crate::SimDevice::connect`] goes out on
 //! the wire; anything else is unreachable.
 //!
+//! A peer in another process is reached through a [`crate::link`]: a TCP connection that carries serialized
+//! packets (see `link.rs`); to the routing here it is just another peer.
+//!
 //! Locking: a device only ever holds its own lock. The pump runs one device's datapath, takes the packets it
 //! produced for other devices, then locks each destination in turn, hands it the packet and runs its datapath,
 //! and so on until nothing is left to carry. No two device locks are held at once, so two devices sending to
@@ -16,6 +19,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use crate::link::Link;
 use crate::{lock, PortType, Shared, SimConfig};
 
 /// Device ids are unique in the process, so a packet can tell loopback from the wire.
@@ -33,11 +37,19 @@ pub(crate) fn next_device_id() -> u64 {
     NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A device on the wire: its id and a handle that does not keep it alive.
+/// Where a device on the wire is: in this process (a handle that does not keep it alive), or at the far end of
+/// a link to another process.
+#[derive(Debug, Clone)]
+pub(crate) enum Port {
+    Local(Weak<Shared>),
+    Remote(Arc<Link>),
+}
+
+/// A device on the wire: its id and where it is.
 #[derive(Debug, Clone)]
 pub(crate) struct DevRef {
     pub(crate) id: u64,
-    pub(crate) shared: Weak<Shared>,
+    pub(crate) port: Port,
 }
 
 /// The address of port 1.
@@ -123,6 +135,9 @@ pub(crate) enum RcOp {
 pub(crate) enum Nak {
     /// Bad rkey, rights or bounds: the requester completes with `REMOTE_ACCESS_ERR`.
     RemoteAccess,
+    /// The request's PSN is ahead of the one the responder expects (IBA 9.7.5.2.2, "PSN sequence error"): the
+    /// requester retransmits, which counts against its retry count.
+    PsnSequence,
     /// A request the responder cannot accept (receive too small, misaligned atomic): `REMOTE_INVAL_REQ_ERR`.
     InvalidRequest,
     /// The responder failed locally (its receive buffer's key): `REMOTE_OP_ERR`.
@@ -147,8 +162,10 @@ pub(crate) enum Resp {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Body {
-    /// An RC request; `seq` identifies the attempt, so a late response to an earlier attempt is ignored.
-    Rc { seq: u64, op: RcOp, solicited: bool },
+    /// An RC request; `seq` identifies the attempt, so a late response to an earlier attempt is ignored. `psn`
+    /// is the requester's send PSN for the message (the same on every attempt): the responder executes a message
+    /// once, at the PSN it expects, and answers a duplicate without executing it again.
+    Rc { seq: u64, psn: u32, op: RcOp, solicited: bool },
     /// A UD send.
     Ud { qkey: u32, data: Vec<u8>, imm: Option<[u8; 4]>, solicited: bool },
     /// A response to the RC request `seq`.
@@ -222,7 +239,7 @@ pub(crate) struct Wire {
 impl Wire {
     pub(crate) fn new(cfg: &SimConfig) -> Self {
         Self {
-            me: DevRef { id: next_device_id(), shared: Weak::new() },
+            me: DevRef { id: next_device_id(), port: Port::Local(Weak::new()) },
             addr: PortAddr::new(cfg),
             peers: Vec::new(),
             inbox: VecDeque::new(),
@@ -260,6 +277,34 @@ impl Wire {
             self.peers.push(Peer { dev, addr });
         }
     }
+
+    /// Plugs a link to another process in, replacing the one plugged in before (one port, one cable).
+    pub(crate) fn plug_remote(&mut self, dev: DevRef, addr: PortAddr) {
+        self.peers.retain(|p| !matches!(p.dev.port, Port::Remote(_)));
+        self.add_peer(dev, addr);
+    }
+
+    /// The link to another process, if one is plugged in.
+    pub(crate) fn remote_link(&self) -> Option<Arc<Link>> {
+        self.peers.iter().find_map(|p| match &p.dev.port {
+            Port::Remote(l) => Some(l.clone()),
+            Port::Local(_) => None,
+        })
+    }
+
+    /// Unplugs the link `id` (its far end went away).
+    pub(crate) fn unplug_remote(&mut self, id: u64) {
+        self.peers.retain(|p| p.dev.id != id);
+    }
+}
+
+impl Drop for Wire {
+    /// A device that goes away unplugs its link: the far end sees the connection close.
+    fn drop(&mut self) {
+        if let Some(l) = self.remote_link() {
+            l.close();
+        }
+    }
 }
 
 /// Joins two devices with a wire, both directions.
@@ -281,21 +326,35 @@ pub(crate) fn connect(a: &Arc<Shared>, b: &Arc<Shared>) {
 pub(crate) fn pump(shared: &Arc<Shared>) {
     // The driver's stores (WQEs, doorbell records) before our reads, as the doorbell write orders them.
     fence(Ordering::SeqCst);
-    let mut queue: VecDeque<Packet> = lock(shared).run_datapath().into();
+    let out = lock(shared).run_datapath();
+    carry(out.into());
+}
+
+/// Carries packets to their devices until nothing is left: a device in this process gets the packet and runs
+/// its datapath (what it sends joins the queue); a link takes a packet for another process.
+pub(crate) fn carry(mut queue: VecDeque<Packet>) {
     for _ in 0..PUMP_BUDGET {
         let Some(p) = queue.pop_front() else { return };
-        match p.dst.shared.upgrade() {
-            Some(dev) => {
-                let out = {
-                    let mut st = lock(&dev);
-                    st.receive(p);
-                    st.run_datapath()
-                };
-                queue.extend(out);
-            }
-            // The destination device no longer exists: for an RC request the requester's timer starts.
-            None => queue.extend(p.reply(Resp::Lost("destination device gone"))),
-        }
+        let gone = match &p.dst.port {
+            Port::Local(weak) => match weak.upgrade() {
+                Some(dev) => {
+                    let out = {
+                        let mut st = lock(&dev);
+                        st.receive(p);
+                        st.run_datapath()
+                    };
+                    queue.extend(out);
+                    continue;
+                }
+                None => "destination device gone",
+            },
+            Port::Remote(link) => match link.transmit(&p) {
+                Ok(()) => continue,
+                Err(why) => why,
+            },
+        };
+        // The destination is unreachable: for an RC request the requester's timer starts.
+        queue.extend(p.reply(Resp::Lost(gone)));
     }
 }
 

@@ -1,0 +1,921 @@
+//! A link to a simulated device in another process: the virtual wire carried over a TCP connection, so two
+//! programs (`mlx5 pingpong --server` and `--client`) can talk through two simulated ConnectX without a NIC.
+//!
+//! One device listens ([`crate::SimDevice::wire_listen`]), the other connects
+//! ([`crate::SimDevice::wire_connect`]). After a handshake that swaps port addresses (LID, GID, MAC), each
+//! device routes packets for the other's address onto the link, as [`crate::SimDevice::connect`] does in one
+//! process. A packet crosses the link as one frame: a 4-byte big-endian length, then the packet's fields; the
+//! far end reads it, hands it to its device and runs that device's datapath, whose responses come back the same
+//! way.
+//!
+//! Threads: a writer per link owns the socket's sending half and is fed by a channel, so a device never blocks
+//! on the network while it runs (two devices answering each other cannot deadlock on full socket buffers); a
+//! reader per link takes frames in, locking only its own device; a listener accepts peers. The stream is
+//! trusted no more than a cable: a frame that does not parse ends the link ([`crate::SimEvent::LinkDown`]), and
+//! requests it carried time out at the requester like any lost packet.
+
+use std::collections::VecDeque;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Weak};
+use std::time::{Duration, Instant};
+
+use crate::wire::{self, AtomicOp, Body, DevRef, Grh, Nak, Packet, Port, PortAddr, RcOp, Resp, GID_LEN};
+use crate::{lock, Shared, SimEvent};
+
+/// The first bytes of a handshake frame, then the protocol version.
+const MAGIC: &[u8; 8] = b"MLX5SIMW";
+const VERSION: u8 = 1;
+
+/// The largest frame either side sends or accepts: a message above it cannot cross the link (the requester
+/// sees it lost). Bounds what a hostile peer can make us allocate.
+pub const MAX_FRAME: usize = 64 << 20;
+
+/// How long the handshake may take once the TCP connection is up.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the listener looks whether its device still exists.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+
+const FRAME_HELLO: u8 = 1;
+const FRAME_PACKET: u8 = 2;
+
+/// Why a link could not be set up.
+#[derive(Debug)]
+pub enum WireError {
+    /// The listening socket could not be opened.
+    Listen { addr: String, source: io::Error },
+    /// The address did not resolve, or no connection could be made.
+    Connect { addr: String, source: io::Error },
+    /// The peer spoke, but not this protocol (or not this version), or went away during the handshake.
+    Handshake { peer: String, why: &'static str },
+    /// The peer's port has this device's own address: two simulated devices need different MACs, GUIDs and LIDs.
+    SameAddress { peer: String },
+    /// This device is gone (its last handle was dropped while the link was being set up).
+    DeviceGone,
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireError::Listen { addr, source } => write!(f, "cannot listen for a simulated wire on {addr}: {source}"),
+            WireError::Connect { addr, source } => write!(f, "cannot reach the simulated wire at {addr}: {source}"),
+            WireError::Handshake { peer, why } => write!(f, "simulated wire handshake with {peer} failed: {why}"),
+            WireError::SameAddress { peer } => write!(
+                f,
+                "the simulated device at {peer} has this device's own port address (give the two devices \
+                 different MACs, GUIDs and LIDs)"
+            ),
+            WireError::DeviceGone => write!(f, "the simulated device went away"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WireError::Listen { source, .. } | WireError::Connect { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// One plugged-in link: the far end's address and the way to it.
+#[derive(Debug)]
+pub(crate) struct Link {
+    /// The far end's device id on this side's wire (so it is a peer like any other).
+    pub(crate) id: u64,
+    pub(crate) peer: SocketAddr,
+    /// Frames for the writer thread.
+    tx: mpsc::Sender<Vec<u8>>,
+    up: AtomicBool,
+    /// The socket, to shut it down when this side unplugs (the reader and writer then end).
+    stream: TcpStream,
+}
+
+impl Link {
+    /// Queues `p` for the far end. Never blocks on the network.
+    pub(crate) fn transmit(&self, p: &Packet) -> Result<(), &'static str> {
+        if !self.up.load(Ordering::Acquire) {
+            return Err("link down");
+        }
+        let frame = encode_packet(p);
+        if frame.len() > MAX_FRAME {
+            return Err("message too large for the simulated link");
+        }
+        self.tx.send(frame).map_err(|_| "link down")
+    }
+
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Unplugs this end: the far end sees the connection close.
+    pub(crate) fn close(&self) {
+        self.up.store(false, Ordering::Release);
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// Listens on `addr` for a peer; returns the bound address. A new peer replaces the one plugged in before.
+pub(crate) fn listen(shared: &Arc<Shared>, addr: &str) -> Result<SocketAddr, WireError> {
+    let err = |source| WireError::Listen { addr: addr.to_string(), source };
+    let listener = TcpListener::bind(addr).map_err(err)?;
+    let local = listener.local_addr().map_err(err)?;
+    listener.set_nonblocking(true).map_err(err)?;
+    let weak = Arc::downgrade(shared);
+    std::thread::Builder::new()
+        .name("mlx5-sim-listen".into())
+        .spawn(move || accept_loop(weak, listener))
+        .map_err(|source| WireError::Listen { addr: local.to_string(), source })?;
+    Ok(local)
+}
+
+fn accept_loop(weak: Weak<Shared>, listener: TcpListener) {
+    loop {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let Some(shared) = weak.upgrade() else { return };
+                // A peer that fails the handshake is turned away (and recorded); the listener keeps listening.
+                let plugged = match stream.set_nonblocking(false) {
+                    Ok(()) => plug(&shared, stream, peer, false),
+                    Err(_) => Err(WireError::Handshake { peer: peer.to_string(), why: "socket setup failed" }),
+                };
+                if let Err(e) = plugged {
+                    lock(&shared).events.push(SimEvent::LinkDown { peer, why: handshake_reason(&e) });
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if weak.strong_count() == 0 {
+                    return;
+                }
+                std::thread::sleep(ACCEPT_POLL);
+            }
+            Err(_) => std::thread::sleep(ACCEPT_POLL),
+        }
+    }
+}
+
+fn handshake_reason(e: &WireError) -> &'static str {
+    match e {
+        WireError::Handshake { why, .. } => why,
+        WireError::SameAddress { .. } => "the peer has this device's own port address",
+        _ => "the link could not be set up",
+    }
+}
+
+/// Connects to the device listening at `addr` and plugs the link in.
+pub(crate) fn connect(shared: &Arc<Shared>, addr: &str, timeout: Duration) -> Result<(), WireError> {
+    let addrs: Vec<SocketAddr> =
+        addr.to_socket_addrs().map_err(|source| WireError::Connect { addr: addr.to_string(), source })?.collect();
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "the name resolved to no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(stream) => return plug(shared, stream, a, true),
+            Err(e) => last = e,
+        }
+    }
+    Err(WireError::Connect { addr: addr.to_string(), source: last })
+}
+
+/// Swaps port addresses over `stream` and plugs the link into the device.
+fn plug(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, we_connect: bool) -> Result<(), WireError> {
+    let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
+    let _ = stream.set_nodelay(true);
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|_| hs("socket setup failed"))?;
+    let (mine, id) = {
+        let st = lock(shared);
+        (st.wire.addr, wire::next_device_id())
+    };
+    let mut r = BufReader::new(stream.try_clone().map_err(|_| hs("socket setup failed"))?);
+    let mut w = stream.try_clone().map_err(|_| hs("socket setup failed"))?;
+    let hello = encode_hello(&mine);
+    // The connecting side speaks first; the listener answers only a valid hello.
+    if we_connect {
+        write_frame(&mut w, &hello).map_err(|_| hs("could not send the hello"))?;
+    }
+    let frame = read_frame(&mut r).map_err(|_| hs("no hello from the peer"))?;
+    let theirs = decode_hello(&frame).map_err(hs)?;
+    if !we_connect {
+        write_frame(&mut w, &hello).map_err(|_| hs("could not send the hello"))?;
+    }
+    if theirs == mine {
+        let _ = stream.shutdown(Shutdown::Both);
+        return Err(WireError::SameAddress { peer: peer.to_string() });
+    }
+    stream.set_read_timeout(None).map_err(|_| hs("socket setup failed"))?;
+    let (tx, rx) = mpsc::channel();
+    let link = Arc::new(Link { id, peer, tx, up: AtomicBool::new(true), stream });
+    {
+        let mut st = lock(shared);
+        let old = st.wire.remote_link();
+        st.wire.plug_remote(DevRef { id, port: Port::Remote(link.clone()) }, theirs);
+        st.events.push(SimEvent::LinkUp { peer });
+        drop(st);
+        if let Some(old) = old {
+            old.close();
+        }
+    }
+    let writer = link.clone();
+    std::thread::Builder::new()
+        .name("mlx5-sim-link-tx".into())
+        .spawn(move || write_loop(writer, w, rx))
+        .map_err(|_| hs("could not start the link threads"))?;
+    let weak = Arc::downgrade(shared);
+    std::thread::Builder::new()
+        .name("mlx5-sim-link-rx".into())
+        .spawn(move || read_loop(weak, link, r))
+        .map_err(|_| hs("could not start the link threads"))?;
+    Ok(())
+}
+
+fn write_loop(link: Arc<Link>, stream: TcpStream, rx: mpsc::Receiver<Vec<u8>>) {
+    let mut w = BufWriter::new(stream);
+    while let Ok(frame) = rx.recv() {
+        if write_frame(&mut w, &frame).is_err() {
+            break;
+        }
+        // Everything queued goes out together; the socket is flushed once the queue is empty.
+        let mut ok = true;
+        while let Ok(more) = rx.try_recv() {
+            ok &= write_frame(&mut w, &more).is_ok();
+        }
+        if !ok || w.flush().is_err() {
+            break;
+        }
+    }
+    link.close();
+}
+
+fn read_loop(weak: Weak<Shared>, link: Arc<Link>, mut r: BufReader<TcpStream>) {
+    let why = loop {
+        let frame = match read_frame(&mut r) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break "the peer closed the link",
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => break "frame larger than the link allows",
+            Err(_) => break "the connection failed",
+        };
+        let Some(shared) = weak.upgrade() else { return link.close() };
+        let p = match frame.split_first() {
+            Some((&FRAME_PACKET, body)) => match decode_packet(body) {
+                Ok(p) => p,
+                Err(why) => break why,
+            },
+            _ => break "unexpected frame type",
+        };
+        let out = {
+            let mut st = lock(&shared);
+            let me = st.wire.me.clone();
+            let src = DevRef { id: link.id, port: Port::Remote(link.clone()) };
+            st.receive(Packet { src, dst: me, ..p });
+            st.run_datapath()
+        };
+        wire::carry(VecDeque::from(out));
+    };
+    let was_up = link.is_up();
+    link.close();
+    if let Some(shared) = weak.upgrade() {
+        let mut st = lock(&shared);
+        st.wire.unplug_remote(link.id);
+        if was_up {
+            st.events.push(SimEvent::LinkDown { peer: link.peer, why });
+        }
+    }
+}
+
+/// Waits until a link is up (true) or `timeout` passes (false).
+pub(crate) fn wait_peer(shared: &Shared, timeout: Duration) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if lock(shared).wire.remote_link().is_some_and(|l| l.is_up()) {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Frames
+
+fn write_frame(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(body.len()).map_err(|_| io::ErrorKind::InvalidInput)?;
+    w.write_all(&len.to_be_bytes())?;
+    w.write_all(body)
+}
+
+/// One frame; a length above [`MAX_FRAME`] is `InvalidData`. The buffer grows as bytes arrive, so a length that
+/// lies costs nothing until the bytes come.
+fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(io::ErrorKind::InvalidData.into());
+    }
+    let mut body = Vec::new();
+    r.take(len as u64).read_to_end(&mut body)?;
+    if body.len() != len {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(body)
+}
+
+fn encode_hello(a: &PortAddr) -> Vec<u8> {
+    let mut e = Enc(Vec::with_capacity(40));
+    e.u8(FRAME_HELLO);
+    e.bytes(MAGIC);
+    e.u8(VERSION);
+    e.u8(a.ib.into());
+    e.u16(a.lid);
+    e.bytes(&a.gid);
+    e.bytes(&a.mac);
+    e.0
+}
+
+fn decode_hello(frame: &[u8]) -> Result<PortAddr, &'static str> {
+    let mut d = Dec(frame);
+    if d.u8()? != FRAME_HELLO || d.take(MAGIC.len())? != MAGIC {
+        return Err("the peer is not a simulated mlx5 wire");
+    }
+    if d.u8()? != VERSION {
+        return Err("the peer speaks another version of the wire protocol");
+    }
+    let ib = d.bool()?;
+    let lid = d.u16()?;
+    let gid = d.array::<GID_LEN>()?;
+    let mac = d.array::<6>()?;
+    d.end()?;
+    Ok(PortAddr { ib, lid, gid, mac })
+}
+
+/// Why a request was lost, as a code on the link (the reasons are static strings on each side).
+const LOST: [&str; 5] = [
+    "destination device dead",
+    "destination device gone",
+    "no RC QP in RTR/RTS at the destination",
+    "link down",
+    "message too large for the simulated link",
+];
+const LOST_OTHER: &str = "lost at the far end of the link";
+
+/// The frame for `p` (type byte included). The addresses of the two devices are not sent: the link is them.
+pub(crate) fn encode_packet(p: &Packet) -> Vec<u8> {
+    let payload = match &p.body {
+        Body::Rc { op: RcOp::Send { data, .. } | RcOp::Write { data, .. }, .. } => data.len(),
+        Body::Ud { data, .. } => data.len(),
+        Body::Resp { resp: Resp::ReadData(d), .. } => d.len(),
+        _ => 0,
+    };
+    let mut e = Enc(Vec::with_capacity(96 + payload));
+    e.u8(FRAME_PACKET);
+    e.u32(p.src_qpn);
+    e.u32(p.dst_qpn);
+    e.u16(p.slid);
+    e.u8(p.sl);
+    match &p.grh {
+        None => e.u8(0),
+        Some(g) => {
+            e.u8(1);
+            e.bytes(&g.sgid);
+            e.bytes(&g.dgid);
+            e.u8(g.tclass);
+            e.u32(g.flow_label);
+            e.u8(g.hop_limit);
+        }
+    }
+    match &p.body {
+        Body::Rc { seq, psn, op, solicited } => {
+            e.u8(1);
+            e.u64(*seq);
+            e.u32(*psn);
+            e.u8((*solicited).into());
+            match op {
+                RcOp::Send { data, imm } => {
+                    e.u8(1);
+                    e.imm(imm);
+                    e.data(data);
+                }
+                RcOp::Write { raddr, rkey, data, imm } => {
+                    e.u8(2);
+                    e.u64(*raddr);
+                    e.u32(*rkey);
+                    e.imm(imm);
+                    e.data(data);
+                }
+                RcOp::Read { raddr, rkey, len } => {
+                    e.u8(3);
+                    e.u64(*raddr);
+                    e.u32(*rkey);
+                    e.u64(*len);
+                }
+                RcOp::Atomic { raddr, rkey, op } => {
+                    e.u8(4);
+                    e.u64(*raddr);
+                    e.u32(*rkey);
+                    match *op {
+                        AtomicOp::CmpSwap { compare, swap } => {
+                            e.u8(1);
+                            e.u64(compare);
+                            e.u64(swap);
+                        }
+                        AtomicOp::FetchAdd { add } => {
+                            e.u8(2);
+                            e.u64(add);
+                        }
+                    }
+                }
+            }
+        }
+        Body::Ud { qkey, data, imm, solicited } => {
+            e.u8(2);
+            e.u32(*qkey);
+            e.u8((*solicited).into());
+            e.imm(imm);
+            e.data(data);
+        }
+        Body::Resp { seq, resp } => {
+            e.u8(3);
+            e.u64(*seq);
+            match resp {
+                Resp::Ack => e.u8(1),
+                Resp::ReadData(d) => {
+                    e.u8(2);
+                    e.data(d);
+                }
+                Resp::AtomicOrig(v) => {
+                    e.u8(3);
+                    e.u64(*v);
+                }
+                Resp::RnrNak { timer } => {
+                    e.u8(4);
+                    e.u8(*timer);
+                }
+                Resp::Nak(n) => {
+                    e.u8(5);
+                    e.u8(match n {
+                        Nak::RemoteAccess => 1,
+                        Nak::InvalidRequest => 2,
+                        Nak::RemoteOp => 3,
+                        Nak::PsnSequence => 4,
+                    });
+                }
+                Resp::Lost(why) => {
+                    e.u8(6);
+                    e.u8(LOST.iter().position(|l| l == why).map_or(u8::MAX, |i| i as u8));
+                }
+            }
+        }
+    }
+    e.0
+}
+
+/// A packet from a frame body (after the type byte); the source and destination are the caller's to fill in
+/// (here they name nobody). Every length is checked against the frame.
+pub(crate) fn decode_packet(b: &[u8]) -> Result<Packet, &'static str> {
+    let mut d = Dec(b);
+    let src_qpn = d.u32()?;
+    let dst_qpn = d.u32()?;
+    let slid = d.u16()?;
+    let sl = d.u8()?;
+    let grh = match d.u8()? {
+        0 => None,
+        1 => {
+            Some(Grh { sgid: d.array()?, dgid: d.array()?, tclass: d.u8()?, flow_label: d.u32()?, hop_limit: d.u8()? })
+        }
+        _ => return Err("bad GRH flag in a link frame"),
+    };
+    let body = match d.u8()? {
+        1 => {
+            let (seq, psn, solicited) = (d.u64()?, d.u32()?, d.bool()?);
+            let op = match d.u8()? {
+                1 => {
+                    let imm = d.imm()?;
+                    RcOp::Send { data: d.data()?.into(), imm }
+                }
+                2 => {
+                    let (raddr, rkey, imm) = (d.u64()?, d.u32()?, d.imm()?);
+                    RcOp::Write { raddr, rkey, data: d.data()?.into(), imm }
+                }
+                3 => RcOp::Read { raddr: d.u64()?, rkey: d.u32()?, len: d.u64()? },
+                4 => {
+                    let (raddr, rkey) = (d.u64()?, d.u32()?);
+                    let op = match d.u8()? {
+                        1 => AtomicOp::CmpSwap { compare: d.u64()?, swap: d.u64()? },
+                        2 => AtomicOp::FetchAdd { add: d.u64()? },
+                        _ => return Err("bad atomic kind in a link frame"),
+                    };
+                    RcOp::Atomic { raddr, rkey, op }
+                }
+                _ => return Err("bad RC operation in a link frame"),
+            };
+            Body::Rc { seq, psn, op, solicited }
+        }
+        2 => {
+            let (qkey, solicited, imm) = (d.u32()?, d.bool()?, d.imm()?);
+            Body::Ud { qkey, data: d.data()?.to_vec(), imm, solicited }
+        }
+        3 => {
+            let seq = d.u64()?;
+            let resp = match d.u8()? {
+                1 => Resp::Ack,
+                2 => Resp::ReadData(d.data()?.to_vec()),
+                3 => Resp::AtomicOrig(d.u64()?),
+                4 => Resp::RnrNak { timer: d.u8()? },
+                5 => Resp::Nak(match d.u8()? {
+                    1 => Nak::RemoteAccess,
+                    2 => Nak::InvalidRequest,
+                    3 => Nak::RemoteOp,
+                    4 => Nak::PsnSequence,
+                    _ => return Err("bad NAK code in a link frame"),
+                }),
+                6 => Resp::Lost(LOST.get(usize::from(d.u8()?)).copied().unwrap_or(LOST_OTHER)),
+                _ => return Err("bad response kind in a link frame"),
+            };
+            Body::Resp { seq, resp }
+        }
+        _ => return Err("bad packet kind in a link frame"),
+    };
+    d.end()?;
+    let nobody = DevRef { id: 0, port: Port::Local(Weak::new()) };
+    Ok(Packet { src: nobody.clone(), dst: nobody, src_qpn, dst_qpn, slid, sl, grh, body })
+}
+
+/// Big-endian encoder.
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.0.extend_from_slice(b);
+    }
+    fn imm(&mut self, imm: &Option<[u8; 4]>) {
+        match imm {
+            None => self.u8(0),
+            Some(i) => {
+                self.u8(1);
+                self.bytes(i);
+            }
+        }
+    }
+    /// A length-prefixed payload (the frame limit keeps every length within 32 bits).
+    fn data(&mut self, b: &[u8]) {
+        self.u32(u32::try_from(b.len()).unwrap_or(u32::MAX));
+        self.bytes(b);
+    }
+}
+
+/// Big-endian decoder over untrusted bytes: every read is bounds-checked.
+struct Dec<'a>(&'a [u8]);
+
+const SHORT: &str = "truncated link frame";
+
+impl<'a> Dec<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
+        if self.0.len() < n {
+            return Err(SHORT);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], &'static str> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, &'static str> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn bool(&mut self) -> Result<bool, &'static str> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err("bad flag in a link frame"),
+        }
+    }
+    fn u16(&mut self) -> Result<u16, &'static str> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, &'static str> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, &'static str> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+    fn imm(&mut self) -> Result<Option<[u8; 4]>, &'static str> {
+        Ok(if self.bool()? { Some(self.array()?) } else { None })
+    }
+    fn data(&mut self) -> Result<&'a [u8], &'static str> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    fn end(&self) -> Result<(), &'static str> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err("trailing bytes in a link frame")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
+    use crate::{Mode, SimConfig};
+    use mlx5_core::prm::consts;
+
+    const SEND: u32 = consts::MLX5_OPCODE_SEND;
+    const WAIT: Duration = Duration::from_secs(5);
+
+    fn cfg(n: u8) -> SimConfig {
+        let mut mac = SimConfig::default().mac;
+        mac[5] = n;
+        SimConfig { mac, node_guid: 0x3000 + u64::from(n), mode: Mode::Threaded, ..SimConfig::default() }
+    }
+
+    /// Two devices, as two processes would have them: B plugged into A's listening port.
+    fn linked() -> (Rdma, Rdma) {
+        let (a, b) = (Rdma::new(cfg(1)), Rdma::new(cfg(2)));
+        let at = a.h.dev.wire_listen("127.0.0.1:0").expect("listen");
+        b.h.dev.wire_connect(&at.to_string(), WAIT).expect("connect");
+        assert!(a.h.dev.wire_wait_peer(WAIT), "A sees B plugged in");
+        assert_eq!(b.h.dev.wire_peer(), Some(at));
+        (a, b)
+    }
+
+    fn events_until(r: &Rdma, f: impl Fn(&SimEvent) -> bool) -> bool {
+        let end = Instant::now() + WAIT;
+        while Instant::now() < end {
+            if r.h.dev.events().iter().any(&f) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    #[test]
+    fn rc_and_ud_cross_a_link_between_two_devices() {
+        let (mut a, mut b) = linked();
+        let (mut a_cq, mut b_cq) = (a.cq(5), b.cq(5));
+        let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let mut qb = b.qp(QpSpec::rc(), b_cq.cqn, b_cq.cqn);
+        let (ra, rb) = (a.me(qa.qpn), b.me(qb.qpn));
+        a.connect_rc(&qa, &rb, RcParams::default());
+        b.connect_rc(&qb, &ra, RcParams::default());
+        let (ma, mb) = (a.mr(1 << 20), b.mr(1 << 20));
+        // A message larger than a socket buffer, and a READ and an atomic back.
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i * 13 + 1) as u8).collect();
+        ma.write(0, &big);
+        b.post_recv(&mut qb, &[(mb.addr(), 400_000, mb.key)]);
+        a.post_send(&mut qa, &Wqe::new(SEND).data(300_000, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.wait_cqe(&mut a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        let e = b.wait_cqe(&mut b_cq).expect("receive CQE");
+        assert_eq!((e.opcode(), e.byte_cnt()), (consts::MLX5_CQE_RESP_SEND, 300_000));
+        assert!(mb.read(0, 300_000) == big, "the payload crossed intact");
+        mb.write(500_000, b"read me back");
+        mb.write(600_000, &41u64.to_be_bytes());
+        let rd = Wqe::new(consts::MLX5_OPCODE_RDMA_READ).raddr(mb.addr() + 500_000, mb.key).data(
+            12,
+            ma.key,
+            ma.addr() + 700_000,
+        );
+        a.post_send(&mut qa, &rd, Bell::Db);
+        let fa = Wqe::new(consts::MLX5_OPCODE_ATOMIC_FA).raddr(mb.addr() + 600_000, mb.key).atomic(1, 0).data(
+            8,
+            ma.key,
+            ma.addr() + 800_000,
+        );
+        a.post_send(&mut qa, &fa, Bell::Db);
+        for _ in 0..2 {
+            assert_eq!(a.wait_cqe(&mut a_cq).expect("CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        }
+        assert_eq!(ma.read(700_000, 12), b"read me back");
+        assert_eq!(
+            (ma.read(800_000, 8), mb.read(600_000, 8)),
+            (41u64.to_be_bytes().to_vec(), 42u64.to_be_bytes().to_vec())
+        );
+        // UD from B to A by GID and MAC.
+        let (mut ua, mut ub) = (a.qp(QpSpec::ud(), a_cq.cqn, a_cq.cqn), b.qp(QpSpec::ud(), b_cq.cqn, b_cq.cqn));
+        a.ready_ud(&ua, 0x11);
+        b.ready_ud(&ub, 0x11);
+        a.post_recv(&mut ua, &[(ma.addr() + 900_000, 256, ma.key)]);
+        mb.write(900_000, b"datagram");
+        let dst = a.me(ua.qpn);
+        let av =
+            TAv { dqpn: ua.qpn, qkey: 0x11, grh: true, hop_limit: 1, rgid: dst.gid, rmac: dst.mac, ..TAv::default() };
+        b.post_send(&mut ub, &Wqe::new(SEND).av(&av).data(8, mb.key, mb.addr() + 900_000), Bell::Db);
+        assert_eq!(b.wait_cqe(&mut b_cq).expect("UD send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        let e = a.wait_cqe(&mut a_cq).expect("UD receive CQE");
+        assert_eq!((e.opcode(), e.byte_cnt(), e.flags_rqpn() & 0xff_ffff), (consts::MLX5_CQE_RESP_SEND, 48, ub.qpn));
+        assert_eq!(ma.read(900_000 + 40, 8), b"datagram");
+    }
+
+    #[test]
+    fn a_peer_that_goes_away_is_unplugged_and_requests_to_it_fail() {
+        let (mut a, b) = linked();
+        let mut a_cq = a.cq(4);
+        let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let rb = b.me(0x99);
+        a.connect_rc(&qa, &rb, RcParams { retry_count: 1, ack_timeout: 1, ..RcParams::default() });
+        let peer = a.h.dev.wire_peer().expect("plugged in");
+        drop(b);
+        assert!(events_until(&a, |e| matches!(e, SimEvent::LinkDown { why: "the peer closed the link", .. })));
+        assert_eq!(a.h.dev.wire_peer(), None);
+        let ma = a.mr(64);
+        a.post_send(&mut qa, &Wqe::new(SEND).data(8, ma.key, ma.addr()), Bell::Db);
+        let e = a.wait_cqe(&mut a_cq).expect("error CQE");
+        assert_eq!(e.status(), (consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR));
+        assert!(a.h.dev.events().contains(&SimEvent::LinkUp { peer }));
+    }
+
+    /// A fake far end: it plugs in with a real hello and then reads frames without ever answering.
+    #[test]
+    fn a_request_nobody_answers_times_out_and_is_retransmitted_at_the_same_psn() {
+        let mut a = Rdma::new(cfg(1));
+        let at = a.h.dev.wire_listen("127.0.0.1:0").unwrap();
+        let mut s = TcpStream::connect(at).unwrap();
+        let far = PortAddr::new(&cfg(7));
+        write_frame(&mut s, &encode_hello(&far)).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        assert_eq!(decode_hello(&read_frame(&mut r).unwrap()), Ok(PortAddr::new(&a.h.dev.config())));
+        assert!(a.h.dev.wire_wait_peer(WAIT));
+        let mut a_cq = a.cq(4);
+        let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let rb = crate::testutil::Remote { qpn: 0x77, lid: 0, gid: far.gid, mac: far.mac };
+        a.connect_rc(&qa, &rb, RcParams { retry_count: 2, ack_timeout: 8, ..RcParams::default() });
+        let ma = a.mr(64);
+        ma.write(0, b"hello?");
+        a.post_send(&mut qa, &Wqe::new(SEND).data(6, ma.key, ma.addr()), Bell::Db);
+        let e = a.wait_cqe(&mut a_cq).expect("error CQE");
+        assert_eq!(e.status(), (consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR));
+        // Three attempts reached the far end: new sequence numbers, one PSN, the same bytes.
+        let mut seqs = Vec::new();
+        for _ in 0..3 {
+            let f = read_frame(&mut r).unwrap();
+            assert_eq!(f[0], FRAME_PACKET);
+            let p = decode_packet(&f[1..]).unwrap();
+            let Body::Rc { seq, psn, op: RcOp::Send { data, .. }, .. } = p.body else { panic!("{:?}", p.body) };
+            assert_eq!((p.src_qpn, p.dst_qpn, psn, &data[..]), (qa.qpn, 0x77, 0x100, &b"hello?"[..]));
+            seqs.push(seq);
+        }
+        seqs.dedup();
+        assert_eq!(seqs.len(), 3);
+        let timeouts =
+            a.h.dev
+                .events()
+                .iter()
+                .filter(|e| matches!(e, SimEvent::Unreachable { why: "no response before the ACK timeout", .. }))
+                .count();
+        assert_eq!(timeouts, 3);
+        let _ = &mut qa;
+    }
+
+    #[test]
+    fn a_peer_with_the_same_address_or_another_protocol_is_turned_away() {
+        let a = Rdma::new(cfg(1));
+        let at = a.h.dev.wire_listen("127.0.0.1:0").unwrap().to_string();
+        let twin = Rdma::new(cfg(1));
+        match twin.h.dev.wire_connect(&at, WAIT) {
+            Err(e @ WireError::SameAddress { .. }) => assert!(e.to_string().contains("own port address"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        // Something that is not a simulated device: its hello is refused, the listener stays up.
+        let mut s = TcpStream::connect(&at).unwrap();
+        write_frame(&mut s, b"\x01GET / HTTP/1.1").unwrap();
+        assert!(events_until(&a, |e| matches!(
+            e,
+            SimEvent::LinkDown { why: "the peer is not a simulated mlx5 wire", .. }
+        )));
+        let b = Rdma::new(cfg(2));
+        b.h.dev.wire_connect(&at, WAIT).expect("a real peer still plugs in");
+        assert!(a.h.dev.wire_wait_peer(WAIT));
+        // Nobody listening: a connection error that names the address.
+        drop(a);
+        let c = Rdma::new(cfg(3));
+        let e = c.h.dev.wire_connect("127.0.0.1:1", Duration::from_millis(500)).unwrap_err();
+        assert!(e.to_string().starts_with("cannot reach the simulated wire at 127.0.0.1:1: "), "{e}");
+    }
+
+    #[test]
+    fn a_malformed_frame_takes_the_link_down() {
+        let a = Rdma::new(cfg(1));
+        let at = a.h.dev.wire_listen("127.0.0.1:0").unwrap();
+        let mut s = TcpStream::connect(at).unwrap();
+        write_frame(&mut s, &encode_hello(&PortAddr::new(&cfg(9)))).unwrap();
+        let _ = read_frame(&mut BufReader::new(s.try_clone().unwrap())).unwrap();
+        assert!(a.h.dev.wire_wait_peer(WAIT));
+        // A packet frame cut short.
+        write_frame(&mut s, &[FRAME_PACKET, 0, 0, 1]).unwrap();
+        assert!(events_until(&a, |e| matches!(e, SimEvent::LinkDown { why: "truncated link frame", .. })));
+        assert_eq!(a.h.dev.wire_peer(), None);
+        // A length beyond the limit ends the link before anything is allocated.
+        let mut s = TcpStream::connect(at).unwrap();
+        write_frame(&mut s, &encode_hello(&PortAddr::new(&cfg(9)))).unwrap();
+        let _ = read_frame(&mut BufReader::new(s.try_clone().unwrap())).unwrap();
+        assert!(a.h.dev.wire_wait_peer(WAIT));
+        s.write_all(&(MAX_FRAME as u32 + 1).to_be_bytes()).unwrap();
+        assert!(events_until(&a, |e| matches!(e, SimEvent::LinkDown { why: "frame larger than the link allows", .. })));
+    }
+
+    fn sample() -> Packet {
+        let nobody = DevRef { id: 0, port: Port::Local(Weak::new()) };
+        Packet {
+            src: nobody.clone(),
+            dst: nobody,
+            src_qpn: 0x12,
+            dst_qpn: 0x345678,
+            slid: 0x0102,
+            sl: 3,
+            grh: Some(Grh { sgid: [0xa; 16], dgid: [0xb; 16], tclass: 4, flow_label: 0x5_6789, hop_limit: 64 }),
+            body: Body::Rc {
+                seq: 0x1122_3344_5566_7788,
+                psn: 0xabcdef,
+                op: RcOp::Write { raddr: 0x1000, rkey: 0x99, data: Arc::from(&b"xy"[..]), imm: Some([1, 2, 3, 4]) },
+                solicited: true,
+            },
+        }
+    }
+
+    #[test]
+    fn a_packet_frame_has_a_fixed_layout() {
+        let f = encode_packet(&sample());
+        let mut want = vec![FRAME_PACKET, 0, 0, 0, 0x12, 0, 0x34, 0x56, 0x78, 1, 2, 3, 1];
+        want.extend([0xa; 16]);
+        want.extend([0xb; 16]);
+        want.extend([4, 0, 5, 0x67, 0x89, 64]);
+        want.extend([1, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0, 0xab, 0xcd, 0xef, 1]);
+        want.extend([2, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0x99, 1, 1, 2, 3, 4, 0, 0, 0, 2, b'x', b'y']);
+        assert_eq!(f, want);
+        let p = decode_packet(&want[1..]).unwrap();
+        let s = sample();
+        assert_eq!(
+            (p.src_qpn, p.dst_qpn, p.slid, p.sl, p.grh, &p.body),
+            (s.src_qpn, s.dst_qpn, s.slid, s.sl, s.grh, &s.body)
+        );
+    }
+
+    #[test]
+    fn every_body_round_trips_and_every_truncation_is_an_error() {
+        let bodies = [
+            Body::Rc { seq: 1, psn: 2, op: RcOp::Send { data: Arc::from(&[7u8; 9][..]), imm: None }, solicited: false },
+            Body::Rc { seq: 3, psn: 4, op: RcOp::Read { raddr: 5, rkey: 6, len: 7 }, solicited: false },
+            Body::Rc {
+                seq: 8,
+                psn: 9,
+                op: RcOp::Atomic { raddr: 8, rkey: 1, op: AtomicOp::CmpSwap { compare: 2, swap: 3 } },
+                solicited: false,
+            },
+            Body::Rc {
+                seq: 8,
+                psn: 9,
+                op: RcOp::Atomic { raddr: 8, rkey: 1, op: AtomicOp::FetchAdd { add: 5 } },
+                solicited: true,
+            },
+            Body::Ud { qkey: 0x1111, data: vec![1, 2, 3], imm: Some([9; 4]), solicited: true },
+            Body::Resp { seq: 5, resp: Resp::Ack },
+            Body::Resp { seq: 5, resp: Resp::ReadData(vec![4; 5]) },
+            Body::Resp { seq: 5, resp: Resp::AtomicOrig(u64::MAX) },
+            Body::Resp { seq: 5, resp: Resp::RnrNak { timer: 12 } },
+            Body::Resp { seq: 5, resp: Resp::Nak(Nak::PsnSequence) },
+            Body::Resp { seq: 5, resp: Resp::Nak(Nak::RemoteAccess) },
+            Body::Resp { seq: 5, resp: Resp::Lost("no RC QP in RTR/RTS at the destination") },
+        ];
+        for body in bodies {
+            let p = Packet { grh: None, body, ..sample() };
+            let f = encode_packet(&p);
+            let back = decode_packet(&f[1..]).unwrap();
+            assert_eq!((back.grh, &back.body), (None, &p.body));
+            for cut in 1..f.len() - 1 {
+                assert!(decode_packet(&f[1..cut]).is_err(), "{:?} cut at {cut}", p.body);
+            }
+            let mut longer = f.clone();
+            longer.push(0);
+            assert_eq!(decode_packet(&longer[1..]).err(), Some("trailing bytes in a link frame"));
+        }
+        // A reason the far end knows and we do not still reads as a loss.
+        let mut f = encode_packet(&Packet {
+            grh: None,
+            body: Body::Resp { seq: 1, resp: Resp::Lost("link down") },
+            ..sample()
+        });
+        *f.last_mut().unwrap() = 200;
+        assert_eq!(decode_packet(&f[1..]).unwrap().body, Body::Resp { seq: 1, resp: Resp::Lost(LOST_OTHER) });
+    }
+}
