@@ -1,5 +1,5 @@
 //! For the bare-metal Arm target only: put `memory.x` where cortex-m-rt's `link.x` finds it and link the firmware
-//! binary with `link.x`. Host builds (the tests against the simulator) link nothing special.
+//! binary with `link.x` and defmt's `defmt.x`. Host builds (the tests against the simulator) link nothing special.
 
 use std::path::PathBuf;
 
@@ -14,4 +14,6 @@ fn main() {
     std::fs::copy("memory.x", out.join("memory.x")).expect("copying memory.x to OUT_DIR");
     println!("cargo:rustc-link-search={}", out.display());
     println!("cargo:rustc-link-arg-bins=-Tlink.x");
+    // defmt's log strings live in a section its linker script places (the interned format strings).
+    println!("cargo:rustc-link-arg-bins=-Tdefmt.x");
 }

@@ -13,7 +13,7 @@ mod firmware {
     use core::sync::atomic::{compiler_fence, AtomicU32, Ordering};
 
     use cortex_m_rt::entry;
-    use mlx5_firmware_example::{arena::Arena, delay::CycleDelay, mmio::Bar, run};
+    use mlx5_firmware_example::{arena::Arena, delay::CycleDelay, mmio::Bar, run, RunError};
 
     /// CPU address of the HCA's BAR 0: the PCIe controller's outbound window, in the Device-memory part of the
     /// Cortex-M map. Board-specific: set it to where your root complex places BAR 0.
@@ -54,12 +54,32 @@ mod firmware {
         let bar = unsafe { Bar::new(BAR0) };
         // SAFETY: thumbv7em is a Cortex-M4/M7, which implement the DWT cycle counter; nothing else configures it.
         let mut delay = unsafe { CycleDelay::new(CPU_HZ) };
+        defmt::info!("mlx5: bringing the HCA up (BAR 0 at {=usize:#x})", BAR0);
         match run(bar, &dma, (), &mut delay) {
-            Ok(report) => {
-                MLX5_QPN.store(report.qpn, Ordering::Relaxed);
+            Ok(r) => {
+                let (major, minor, sub) = r.fw_rev;
+                defmt::info!(
+                    "mlx5: firmware {=u16}.{=u16}.{=u16}; PD {=u32}, CQ {=u32:#x}, QP {=u32:#x} in {}; {=usize} pages back",
+                    major,
+                    minor,
+                    sub,
+                    r.pdn,
+                    r.cqn,
+                    r.qpn,
+                    r.qp_state,
+                    r.pages_reclaimed
+                );
+                MLX5_QPN.store(r.qpn, Ordering::Relaxed);
                 MLX5_RESULT.store(1, Ordering::Release);
             }
-            Err(_) => MLX5_RESULT.store(2, Ordering::Release),
+            Err(e) => {
+                match e {
+                    RunError::BringUp(b) => defmt::error!("mlx5: bring-up failed at {}: {}", b.step, b.error),
+                    RunError::Step { what, error } => defmt::error!("mlx5: {=str} failed: {}", what, error),
+                    RunError::Teardown(error) => defmt::error!("mlx5: teardown failed: {}", error),
+                }
+                MLX5_RESULT.store(2, Ordering::Release);
+            }
         }
         loop {
             compiler_fence(Ordering::SeqCst);
@@ -69,9 +89,86 @@ mod firmware {
     /// Halts: a panic is a driver bug (device values never panic the core), so stop where a debugger can see it.
     #[panic_handler]
     fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
+        // A panic inside the logger must not log again (it would re-enter it).
+        if !crate::log::busy() {
+            defmt::error!("mlx5: panic");
+        }
         MLX5_RESULT.store(3, Ordering::Release);
         loop {
             compiler_fence(Ordering::SeqCst);
+        }
+    }
+}
+
+/// defmt's transport: encoded log frames go into a RAM ring, [`log::MLX5_LOG`], with the count of bytes ever
+/// written in [`log::MLX5_LOG_HEAD`]. A debugger reads both (e.g. `probe-rs read`) and `defmt-print -e <elf>`
+/// decodes the bytes; nothing on the board has to drain it, so logging never blocks the driver.
+#[cfg(target_os = "none")]
+mod log {
+    use core::cell::UnsafeCell;
+    use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    const LOG_BYTES: usize = 4096;
+
+    /// The ring's bytes.
+    pub struct Ring(UnsafeCell<[u8; LOG_BYTES]>);
+    // SAFETY: only the holder of `TAKEN` writes the ring (see `RamLog::acquire`); a debugger reads it from outside.
+    unsafe impl Sync for Ring {}
+
+    #[no_mangle]
+    pub static MLX5_LOG: Ring = Ring(UnsafeCell::new([0; LOG_BYTES]));
+    #[no_mangle]
+    pub static MLX5_LOG_HEAD: AtomicU32 = AtomicU32::new(0);
+
+    /// One logger at a time: the image logs from `main` and the panic handler only, never from an interrupt, so
+    /// a flag (not a critical section) is enough; a nested acquire is a bug defmt itself reports.
+    static TAKEN: AtomicBool = AtomicBool::new(false);
+
+    /// Whether a frame is being written (a panic there must not log).
+    pub fn busy() -> bool {
+        TAKEN.load(Ordering::Relaxed)
+    }
+    /// defmt's frame encoder; used only by the holder of `TAKEN`.
+    struct Enc(UnsafeCell<defmt::Encoder>);
+    // SAFETY: as for `Ring`: only the holder of `TAKEN` touches it.
+    unsafe impl Sync for Enc {}
+    static ENCODER: Enc = Enc(UnsafeCell::new(defmt::Encoder::new()));
+
+    fn put(bytes: &[u8]) {
+        for &b in bytes {
+            let head = MLX5_LOG_HEAD.load(Ordering::Relaxed);
+            // SAFETY: the index is reduced modulo the ring's size, and only the holder of `TAKEN` writes.
+            unsafe { (*MLX5_LOG.0.get())[head as usize % LOG_BYTES] = b };
+            // The byte before the head that makes it visible, for a debugger reading while we run.
+            MLX5_LOG_HEAD.store(head.wrapping_add(1), Ordering::Release);
+        }
+    }
+
+    #[defmt::global_logger]
+    struct RamLog;
+
+    // SAFETY: acquire/release bracket every frame and refuse nesting (defmt's contract for a logger); write and
+    // flush are called only between them, by the one holder.
+    unsafe impl defmt::Logger for RamLog {
+        fn acquire() {
+            if TAKEN.swap(true, Ordering::Acquire) {
+                panic!("defmt logger taken twice");
+            }
+            // SAFETY: we hold `TAKEN`.
+            unsafe { (*ENCODER.0.get()).start_frame(put) };
+        }
+
+        unsafe fn flush() {}
+
+        unsafe fn release() {
+            // SAFETY: the caller holds the logger (defmt calls release only after acquire).
+            unsafe { (*ENCODER.0.get()).end_frame(put) };
+            TAKEN.store(false, Ordering::Release);
+        }
+
+        unsafe fn write(bytes: &[u8]) {
+            // SAFETY: the caller holds the logger.
+            unsafe { (*ENCODER.0.get()).write(bytes, put) };
         }
     }
 }
