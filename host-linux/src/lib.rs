@@ -4,7 +4,9 @@
 
 pub mod decode;
 pub mod devinfo;
+pub mod perftest;
 pub mod pingpong;
+pub mod remote_pingpong;
 pub mod tour;
 pub mod tracefile;
 pub mod verbs;

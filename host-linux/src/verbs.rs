@@ -319,12 +319,25 @@ impl Context {
     /// # Ok::<(), mlx5_host::verbs::VerbsError>(())
     /// ```
     pub fn open_sim_pair() -> Result<(Context, Context)> {
-        let base = SimConfig::default();
+        Self::open_sim_pair_with(SimConfig::default())
+    }
+
+    /// [`Context::open_sim_pair`] with both devices configured as `base` (e.g. threaded firmware); the second
+    /// gets the next GUID, MAC and LID.
+    ///
+    /// ```
+    /// use mlx5_sim::{Mode, SimConfig};
+    /// let threaded = SimConfig { mode: Mode::Threaded, ..SimConfig::default() };
+    /// let (a, b) = mlx5_host::verbs::Context::open_sim_pair_with(threaded)?;
+    /// assert_ne!(a.query_gid(0)?, b.query_gid(0)?);
+    /// # Ok::<(), mlx5_host::verbs::VerbsError>(())
+    /// ```
+    pub fn open_sim_pair_with(base: SimConfig) -> Result<(Context, Context)> {
         let second = SimConfig {
             node_guid: base.node_guid + 1,
             mac: [base.mac[0], base.mac[1], base.mac[2], base.mac[3], base.mac[4], base.mac[5].wrapping_add(1)],
             lid: base.lid + 1,
-            ..SimConfig::default()
+            ..base.clone()
         };
         let (da, db) = (SimDevice::new(base), SimDevice::new(second));
         da.connect(&db);

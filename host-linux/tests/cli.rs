@@ -245,3 +245,146 @@ fn verbose_logs_bring_up_and_commands_on_stderr() {
     let o = mlx5(&["--trace", "/nonexistent-dir/t.jsonl", "devinfo"]);
     assert_eq!(String::from_utf8(o.stderr).unwrap().lines().count(), 1);
 }
+
+/// `mlx5 bench ... --json`, parsed; the run must succeed and print nothing on standard error.
+fn bench_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let o = mlx5(&all);
+    assert!(o.status.success(), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stderr.is_empty(), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{all:?}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+fn f(v: &serde_json::Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("{key} missing or not a number in {v}"))
+}
+
+/// Bandwidth figures are positive and the peak is at least the average.
+fn check_bw_row(r: &serde_json::Value) {
+    let (peak, avg, rate) = (f(r, "bw_peak_mb_per_sec"), f(r, "bw_avg_mb_per_sec"), f(r, "msg_rate_mpps"));
+    assert!(avg > 0.0 && peak >= avg && rate > 0.0, "{r}");
+    // MsgRate and BW average describe the same messages: bytes * Mpps = MB/sec * 2^20 / 10^6.
+    let bytes = f(r, "bytes");
+    assert!((bytes * rate * 1e6 / 1048576.0 - avg).abs() <= avg * 1e-6, "{r}");
+}
+
+/// Latency statistics are ordered as statistics must be.
+fn check_lat_row(r: &serde_json::Value) {
+    let [min, max, typ, avg, stdev, p99, p999] =
+        ["t_min_us", "t_max_us", "t_typical_us", "t_avg_us", "t_stdev_us", "t_p99_us", "t_p99_9_us"].map(|k| f(r, k));
+    assert!(min > 0.0 && min <= typ && typ <= max, "{r}");
+    assert!(min <= avg && avg <= max, "{r}");
+    assert!(typ <= p99 && p99 <= p999 && p999 <= max, "{r}");
+    assert!(stdev >= 0.0 && stdev <= max - min, "{r}");
+}
+
+#[test]
+fn bench_runs_each_test_and_reports_perftest_figures() {
+    for test in ["send_bw", "write_bw", "read_bw", "send_lat", "write_lat"] {
+        let v = bench_json(&[test, "--size", "256", "--iters", "50"]);
+        assert_eq!(v["test"], test);
+        assert_eq!((v["device"].as_str(), v["transport"].as_str()), (Some("sim"), Some("RC")), "{v}");
+        assert_eq!(v["verified"], true);
+        let rows = v["rows"].as_array().expect("rows");
+        assert_eq!(rows.len(), 1, "{v}");
+        assert_eq!((rows[0]["bytes"].as_u64(), rows[0]["iterations"].as_u64()), (Some(256), Some(50)), "{v}");
+        if test.ends_with("_bw") {
+            check_bw_row(&rows[0]);
+            assert_eq!(v["tx_depth"], 50, "the depth is lowered to the iteration count, as perftest does");
+        } else {
+            check_lat_row(&rows[0]);
+        }
+    }
+}
+
+#[test]
+fn bench_all_sweeps_powers_of_two() {
+    let v = bench_json(&["write_bw", "--all", "--max-size", "4096", "--iters", "20", "--tx-depth", "8"]);
+    let rows = v["rows"].as_array().unwrap();
+    let sizes: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, (1..=12).map(|k| 1u64 << k).collect::<Vec<_>>());
+    rows.iter().for_each(check_bw_row);
+    let v = bench_json(&["send_lat", "--all", "--max-size", "64", "--iters", "20"]);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{v}");
+    rows.iter().for_each(check_lat_row);
+    // Past the inline size too: messages then come from the registered buffer.
+    let v = bench_json(&["write_lat", "--all", "--max-size", "1024", "--iters", "10", "--inline", "16"]);
+    assert_eq!(v["rows"].as_array().unwrap().len(), 10);
+    assert_eq!(v["inline"], 16);
+}
+
+#[test]
+fn bench_on_one_device_runs_the_same_code_in_loopback() {
+    for test in ["send_bw", "read_bw", "write_lat"] {
+        let v = bench_json(&["--device", "sim", test, "--size", "1024", "--iters", "30"][..]);
+        assert_eq!(v["device"], "sim-loopback", "{v}");
+        assert_eq!(v["rows"][0]["iterations"], 30);
+    }
+    // The simulated firmware and datapath on their own threads: completions arrive asynchronously.
+    let v = bench_json(&["--threaded", "send_bw", "--size", "4096", "--iters", "200", "--tx-depth", "16"]);
+    check_bw_row(&v["rows"][0]);
+}
+
+#[test]
+fn bench_prints_perftest_tables() {
+    let o = mlx5(&["bench", "write_bw", "--size", "4096", "--iters", "20"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    for needle in ["RDMA_Write BW Test", " Device          : sim", "Connection type : RC", " TX depth        : 20"] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let heading = lines.iter().position(|l| l.contains("#bytes")).expect("a heading");
+    assert_eq!(lines[heading], " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]");
+    let row: Vec<&str> = lines[heading + 1].split_whitespace().collect();
+    assert_eq!(row.len(), 5, "{text}");
+    assert_eq!(&row[..2], ["4096", "20"]);
+    assert!(lines[heading + 2].starts_with("-----"), "{text}");
+
+    let o = mlx5(&["bench", "send_lat", "--iters", "20"]);
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.contains("Send Latency Test"), "{text}");
+    assert!(text.contains(concat!(
+        " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]",
+        "   99% percentile[usec]   99.9% percentile[usec]\n"
+    )));
+    let row = text.lines().find(|l| l.starts_with(" 2 ")).expect("a row for perftest's default 2 bytes");
+    assert_eq!(row.split_whitespace().count(), 9, "{row}");
+}
+
+#[test]
+fn bench_progress_goes_to_stderr_and_leaves_stdout_alone() {
+    // --duration longer than the second after which the bar appears; --progress draws it without a terminal.
+    let o = mlx5(&["bench", "write_bw", "--size", "4096", "--duration", "1.4", "--progress", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(err.contains("% write_bw 4096 bytes") && err.contains("\r["), "{err:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is only the JSON object");
+    assert!(v["rows"][0]["iterations"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn bench_bad_arguments_are_one_line_and_a_failing_exit() {
+    let one_line_error = |args: &[&str], want: &str| {
+        let o = mlx5(args);
+        assert!(!o.status.success(), "{args:?}");
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("mlx5: ") && err.contains(want), "{args:?}: {err}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+    };
+    one_line_error(&["bench", "write_bw", "--size", "0"], "bench: --size must be between 1 and 8388608, not 0");
+    one_line_error(&["bench", "write_bw", "--size", "lots"], "bench: --size: \"lots\" is not a byte count");
+    one_line_error(&["bench", "write_bw", "--iters"], "bench: --iters needs a number");
+    one_line_error(&["bench", "write_bw", "--all", "--duration", "2"], "not --duration");
+    one_line_error(&["bench", "write_bw", "--max-size", "16777216", "--all"], "--max-size must be between");
+    one_line_error(&["bench", "send_lat", "--tx-depth", "4"], "apply to the bandwidth tests");
+    one_line_error(&["bench", "atomic_bw"], "bench: unknown test \"atomic_bw\"");
+    one_line_error(&["bench"], "bench: which test?");
+    one_line_error(&["bench", "write_bw", "--server"], "bench: unknown option --server");
+    one_line_error(&["--trace", "t.jsonl", "bench", "write_bw"], "do not apply to bench");
+    one_line_error(&["--device", "0000:7f:1f.7", "bench", "write_bw"], "no PCI device 0000:7f:1f.7");
+}

@@ -4,8 +4,11 @@
 //! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] devinfo [--json]
 //! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] fw-tour
 //! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] pingpong [--size N] [--iters N] [--json]
+//! mlx5 [--device BDF] pingpong --server [--port P] | --client HOST[:P] [--size N] [--iters N] [--json]
 //! mlx5 bind BDF | unbind BDF
 //! mlx5 trace decode FILE [--all] [--hexdump]
+//! mlx5 [--device BDF|sim] [--threaded] bench TEST [--size N | --all [--max-size N]] [--iters N | --duration S]
+//!      [--tx-depth N] [--cq-mod N] [--inline N] [--timeout S] [--json] [--progress]
 //! ```
 //!
 //! `-v` logs bring-up milestones (info), `-vv` also every firmware command and bring-up step (debug), on
@@ -31,6 +34,19 @@ commands:
   fw-tour    run every implemented firmware command on the device, in driver order, and report
   pingpong   RC ping-pong between two QPs of the device: SEND/RECV both ways, data verified; latency and
              bandwidth (--size BYTES, default 4096; --iters N, default 1000; --json: one JSON object)
+             --server [--port P] / --client HOST[:P]: the two sides in two processes (or hosts), which swap
+             LID, QPN, PSN and GID over TCP port P (default 18515) as ibv_rc_pingpong does; on the
+             simulator their devices are joined by a simulated wire over TCP port P + 1 (--timeout SECS,
+             default 30: how long to wait for the peer and for each completion)
+  bench TEST perftest-style benchmark between two RC QPs, data verified; TEST is send_bw, write_bw, read_bw,
+             send_lat or write_lat. Two simulated devices on a simulated wire by default; both QPs on one
+             device (loopback) with --device BDF, or --device sim. Options after TEST: --size BYTES (default
+             65536 for bw, 2 for lat) or --all (sizes 2, 4, .. --max-size, default 1 MiB, at most 8 MiB);
+             --iters N (default 1000) or --duration SECS; --tx-depth N (bw: outstanding requests, default
+             128); --cq-mod N (bw: every Nth request signaled, default 100); --inline BYTES (lat: default 236
+             for send, 220 for write); --timeout SECS (the longest wait without progress, default 10);
+             --json: one JSON object; --progress: progress bar on standard error even when it is not a
+             terminal
   bind BDF   hand a ConnectX to vfio-pci (driver_override, unbind, probe), as dpdk-devbind does
   unbind BDF give it back to its kernel driver (mlx5_core)
   trace decode FILE
@@ -56,6 +72,10 @@ struct Args {
     verbose: u8,
     command: String,
     operands: Vec<String>,
+    server: bool,
+    client: Option<String>,
+    port: Option<u16>,
+    timeout_s: Option<u64>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -71,13 +91,29 @@ fn parse() -> Result<Args, String> {
         verbose: 0,
         command: String::new(),
         operands: Vec::new(),
+        server: false,
+        client: None,
+        port: None,
+        timeout_s: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
+            // What follows `bench` is the benchmark's, but for the global options (perftest parses it).
+            s if args.command == "bench" && !global_option(s) => args.operands.push(s.to_string()),
             "--device" | "-d" => args.device = Some(it.next().ok_or("--device needs a PCI address")?),
             "--trace" => args.trace = Some(it.next().ok_or("--trace needs a file name")?.into()),
             "--hexdump" => args.hexdump = true,
+            "--server" => args.server = true,
+            "--client" => args.client = Some(it.next().ok_or("--client needs HOST[:PORT]")?),
+            "--timeout" => {
+                let v = it.next().ok_or("--timeout needs a number of seconds")?;
+                args.timeout_s = Some(v.parse().map_err(|_| format!("--timeout: {v:?} is not a number of seconds"))?);
+            }
+            "--port" => {
+                let v = it.next().ok_or("--port needs a port number")?;
+                args.port = Some(v.parse().map_err(|_| format!("--port: {v:?} is not a port number"))?);
+            }
             "--threaded" => args.threaded = true,
             "--json" => args.json = true,
             "--all" => args.all = true,
@@ -266,6 +302,12 @@ fn pingpong_on<M: Mmio, D: Dma>(
 }
 
 fn pingpong(args: &Args) -> Result<(), String> {
+    if args.server || args.client.is_some() {
+        return remote_pingpong(args);
+    }
+    if args.port.is_some() {
+        return Err("--port goes with --server (the client names the port in --client HOST:PORT)".into());
+    }
     let dev = open(args)?;
     let mut sink = trace_sink(args)?;
     let opts = mlx5_host::pingpong::Options { size: args.size, iters: args.iters };
@@ -277,6 +319,53 @@ fn pingpong(args: &Args) -> Result<(), String> {
     dev.notice();
     let report = report?;
     dev.check_released()?;
+    if !report.verified {
+        return Err(format!("data corrupted: {}", report.text().trim_end()));
+    }
+    if args.json {
+        out(&format!("{}\n", report.json()))
+    } else {
+        out(&report.text())
+    }
+}
+
+/// One side of the two-process ping-pong, through the verbs API.
+fn remote_pingpong(args: &Args) -> Result<(), String> {
+    use mlx5_host::remote_pingpong::{self as rp, Role};
+    use mlx5_host::verbs::Context;
+    let role = match (&args.client, args.server) {
+        (Some(_), true) => return Err("--server and --client exclude each other".into()),
+        (Some(c), false) if args.port.is_some() => {
+            return Err(format!("--port goes with --server; the client names the port in --client {c}:PORT"))
+        }
+        (Some(c), false) => Role::client(c)?,
+        (None, _) => Role::Server { port: args.port.unwrap_or(rp::DEFAULT_PORT) },
+    };
+    if args.trace.is_some() || args.hexdump || args.threaded {
+        return Err("--trace, --hexdump and --threaded do not apply to --server / --client".into());
+    }
+    let timeout = std::time::Duration::from_secs(args.timeout_s.unwrap_or(30).max(1));
+    let opts = rp::Options { size: args.size, iters: args.iters, timeout };
+    let (ctx, sim) = match &args.device {
+        None => {
+            let dev = rp::open_sim(&role, timeout)?;
+            (Context::open_sim_device(dev.clone()).map_err(|e| e.to_string())?, Some(dev))
+        }
+        Some(bdf) => (Context::open(bdf).map_err(|e| e.to_string())?, None),
+    };
+    if let Role::Server { port } = &role {
+        eprintln!("mlx5: waiting for a client on port {port}");
+    }
+    let report = rp::run(&ctx, &role, opts);
+    drop(ctx);
+    let report = report?;
+    if let Some(dev) = sim {
+        let (regions, bytes) = dev.dma_outstanding();
+        if regions != 0 || dev.pages_owned() != 0 {
+            let pages = dev.pages_owned();
+            return Err(format!("teardown left {regions} DMA regions ({bytes} bytes), {pages} firmware pages"));
+        }
+    }
     if !report.verified {
         return Err(format!("data corrupted: {}", report.text().trim_end()));
     }
@@ -345,6 +434,25 @@ fn fw_tour(args: &Args) -> Result<(), String> {
         text.push_str(&format!("trace             {}\n", p.display()));
     }
     out(&text)
+}
+
+/// `mlx5 bench TEST [options]`: perftest-style bandwidth and latency tests through the verbs API.
+fn bench(args: &Args) -> Result<(), String> {
+    use mlx5_host::perftest;
+    if args.trace.is_some() || args.hexdump {
+        return Err("--trace and --hexdump do not apply to bench".into());
+    }
+    let mut opts = perftest::Options::parse(&args.operands).map_err(|e| e.to_string())?;
+    opts.json |= args.json;
+    opts.device = args.device.clone();
+    opts.threaded = args.threaded;
+    perftest::run(&opts, &mut |text: &str| out(text)).map(drop).map_err(|e| e.to_string())
+}
+
+/// The options every command takes, wherever they stand.
+fn global_option(s: &str) -> bool {
+    matches!(s, "--device" | "-d" | "--trace" | "--hexdump" | "--threaded" | "--verbose" | "-h" | "--help")
+        || (s.len() > 1 && s.starts_with('-') && s[1..].bytes().all(|c| c == b'v'))
 }
 
 /// `mlx5 bind BDF` / `mlx5 unbind BDF`.
@@ -440,6 +548,7 @@ fn main() -> ExitCode {
         "devinfo" => devinfo(&args),
         "fw-tour" => fw_tour(&args),
         "pingpong" => pingpong(&args),
+        "bench" => bench(&args),
         "bind" => bind_cmd(&args, true),
         "unbind" => bind_cmd(&args, false),
         "trace" => trace_cmd(&args),

@@ -1,0 +1,369 @@
+//! The two-process RC ping-pong (`mlx5 pingpong --server` / `--client HOST:PORT`), as rdma-core's
+//! `ibv_rc_pingpong` runs it: each side opens its device, creates a QP, and the two swap what the other needs
+//! to connect (LID, QPN, PSN, GID) over a TCP connection in rc_pingpong's text form
+//! (`"LLLL:QQQQQQ:PPPPPP:GGGG…"`, hexadecimal, the GID as 32 digits). Then the client SENDs, the server checks
+//! the bytes and SENDs them back, and the client checks what came back, `iters` times.
+//!
+//! On the simulator the two processes' devices are joined by the simulated wire over TCP
+//! ([`mlx5_sim::SimDevice::wire_listen`]): the server's device listens on the port after the exchange port
+//! (`PORT + 1`), the client's plugs into it. Each side starts at a random PSN, so PSNs that were exchanged wrong
+//! would fail the first SEND, as on hardware.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use mlx5_sim::{Mode, SimConfig, SimDevice, WireError};
+
+use crate::pingpong::Report;
+use crate::verbs::{
+    wr, Access, CanRecv, Context, InitAttr, QpCap, QpType, QueuePair, RemoteQp, RtrAttr, RtsAttr, WcStatus,
+    WorkCompletion,
+};
+
+/// rc_pingpong's default port.
+pub const DEFAULT_PORT: u16 = 18515;
+
+/// Bytes of the exchange message, rc_pingpong's `sizeof "0000:000000:000000:" + 32 GID digits` with its NUL.
+const MSG_LEN: usize = 52;
+/// What the client writes once it has connected its QP, so the server knows it may start.
+const DONE: &[u8; 5] = b"done\0";
+
+/// Which side this process is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Listens for one client on `port` (all addresses).
+    Server { port: u16 },
+    /// Connects to the server at `host:port`.
+    Client { host: String, port: u16 },
+}
+
+impl Role {
+    /// Parses `--client`'s `HOST:PORT` (or `HOST`, with the default port). An IPv6 host goes in brackets.
+    pub fn client(spec: &str) -> Result<Role, String> {
+        let bad = || format!("--client: {spec:?} is not HOST:PORT");
+        let (host, port) = match spec.rsplit_once(':') {
+            Some((h, p)) if !h.is_empty() && (!h.contains(':') || h.starts_with('[')) => {
+                (h.trim_start_matches('[').trim_end_matches(']'), p.parse().map_err(|_| bad())?)
+            }
+            None if !spec.is_empty() => (spec, DEFAULT_PORT),
+            _ => return Err(bad()),
+        };
+        Ok(Role::Client { host: host.to_string(), port })
+    }
+
+    fn port(&self) -> u16 {
+        match self {
+            Role::Server { port } | Role::Client { port, .. } => *port,
+        }
+    }
+
+    /// The simulated wire's port: the one after the exchange port.
+    pub fn wire_port(&self) -> Result<u16, String> {
+        self.port().checked_add(1).ok_or_else(|| "the port must leave room for the simulated wire at PORT + 1".into())
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub size: usize,
+    pub iters: u32,
+    /// How long to wait for the peer: the client for the server to be up, the server for a client, and each
+    /// side for every completion.
+    pub timeout: Duration,
+}
+
+/// The simulated device for `role`, plugged into the simulated wire: the server's listens on `PORT + 1`, the
+/// client's connects there (retrying until `timeout`, as the server may still be starting). The two get
+/// different MACs, GUIDs and LIDs, as two hosts have. Threaded firmware, so retry timers run in real time.
+pub fn open_sim(role: &Role, timeout: Duration) -> Result<SimDevice, String> {
+    let base = SimConfig { mode: Mode::Threaded, ..SimConfig::default() };
+    let wire = role.wire_port()?;
+    match role {
+        Role::Server { .. } => {
+            let dev = SimDevice::new(base);
+            let at = dev.wire_listen(&format!("0.0.0.0:{wire}")).map_err(|e| e.to_string())?;
+            log::info!("simulated wire: listening on {at}");
+            Ok(dev)
+        }
+        Role::Client { host, .. } => {
+            let mut mac = base.mac;
+            mac[5] = mac[5].wrapping_add(1);
+            let cfg = SimConfig { mac, node_guid: base.node_guid + 1, lid: base.lid + 1, ..base };
+            let dev = SimDevice::new(cfg);
+            let at = format!("{host}:{wire}");
+            let end = Instant::now() + timeout;
+            loop {
+                match dev.wire_connect(&at, Duration::from_secs(1)) {
+                    Ok(()) => break,
+                    Err(e @ WireError::Connect { .. }) if Instant::now() < end => {
+                        log::debug!("{e}; retrying");
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            log::info!("simulated wire: plugged into {at}");
+            Ok(dev)
+        }
+    }
+}
+
+/// One side's half of the exchange, in rc_pingpong's text form.
+pub fn encode_dest(d: &RemoteQp) -> [u8; MSG_LEN] {
+    let mut gid = String::with_capacity(32);
+    for b in d.gid {
+        gid.push_str(&format!("{b:02x}"));
+    }
+    let text = format!("{:04x}:{:06x}:{:06x}:{gid}", d.lid, d.qpn & 0xff_ffff, d.psn & 0xff_ffff);
+    let mut msg = [0u8; MSG_LEN];
+    msg[..text.len()].copy_from_slice(text.as_bytes());
+    msg
+}
+
+/// The peer's half; anything malformed is an error naming what was wrong. The MAC (RoCE) is the one in the
+/// GID's modified EUI-64, as for a link-local GID.
+pub fn decode_dest(msg: &[u8]) -> Result<RemoteQp, String> {
+    let text = msg.split(|&b| b == 0).next().unwrap_or_default();
+    let text = std::str::from_utf8(text).map_err(|_| "the peer's address message is not text".to_string())?;
+    let bad = || format!("the peer sent {text:?}, not LID:QPN:PSN:GID");
+    let mut it = text.split(':');
+    let mut field = |digits: usize| -> Result<u32, String> {
+        let f = it.next().filter(|f| f.len() == digits).ok_or_else(bad)?;
+        u32::from_str_radix(f, 16).map_err(|_| bad())
+    };
+    let (lid, qpn, psn) = (field(4)?, field(6)?, field(6)?);
+    let g = it.next().filter(|g| g.len() == 32 && it.next().is_none()).ok_or_else(bad)?;
+    let mut gid = [0u8; 16];
+    for (k, b) in gid.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&g[2 * k..2 * k + 2], 16).map_err(|_| bad())?;
+    }
+    let mac = [gid[8] ^ 2, gid[9], gid[10], gid[13], gid[14], gid[15]];
+    Ok(RemoteQp { qpn, psn, lid: lid as u16, gid, mac })
+}
+
+/// rc_pingpong's PSN: 24 random bits (here from the clock and the process id, which is random enough to tell
+/// two runs apart; it is not a secret).
+fn random_psn() -> u32 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let x = (t as u64 ^ u64::from(std::process::id()).rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (x >> 40) as u32 & 0xff_ffff
+}
+
+/// The bytes of ping `i`: both sides compute them, so each checks what it received.
+fn ping(i: u32, out: &mut [u8]) {
+    for (k, b) in out.iter_mut().enumerate() {
+        *b = (k as u32).wrapping_mul(31).wrapping_add(i.wrapping_mul(7)) as u8;
+    }
+}
+
+/// Connects the exchange socket: the server accepts one client, the client retries until `timeout` (the server
+/// may still be starting).
+fn rendezvous(role: &Role, timeout: Duration) -> Result<TcpStream, String> {
+    let stream = match role {
+        Role::Server { port } => {
+            let l = TcpListener::bind(("0.0.0.0", *port)).map_err(|e| format!("cannot listen on port {port}: {e}"))?;
+            let (s, _) = l.accept().map_err(|e| format!("accepting the client failed: {e}"))?;
+            s
+        }
+        Role::Client { host, port } => {
+            let addrs: Vec<_> =
+                (host.as_str(), *port).to_socket_addrs().map_err(|e| format!("cannot resolve {host}: {e}"))?.collect();
+            let end = Instant::now() + timeout;
+            loop {
+                let mut last = None;
+                for a in &addrs {
+                    match TcpStream::connect_timeout(a, Duration::from_secs(1)) {
+                        Ok(s) => return finish(s, timeout),
+                        Err(e) => last = Some(e),
+                    }
+                }
+                if Instant::now() >= end {
+                    let why = last.map_or("no address".to_string(), |e| e.to_string());
+                    return Err(format!("couldn't connect to {host}:{port}: {why}"));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    finish(stream, timeout)
+}
+
+fn finish(s: TcpStream, timeout: Duration) -> Result<TcpStream, String> {
+    let _ = s.set_nodelay(true);
+    s.set_read_timeout(Some(timeout)).map_err(|e| format!("socket setup failed: {e}"))?;
+    Ok(s)
+}
+
+fn read_msg(s: &mut TcpStream, len: usize, what: &str) -> Result<Vec<u8>, String> {
+    let mut buf = vec![0u8; len];
+    s.read_exact(&mut buf).map_err(|e| format!("reading the peer's {what} failed: {e}"))?;
+    Ok(buf)
+}
+
+fn write_msg(s: &mut TcpStream, msg: &[u8], what: &str) -> Result<(), String> {
+    s.write_all(msg).map_err(|e| format!("sending our {what} failed: {e}"))
+}
+
+fn verbs(what: &str) -> impl Fn(crate::verbs::VerbsError) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// Waits for `want` successful completions; any other status is an error naming the work request.
+fn complete(cq: &crate::verbs::CompletionQueue<'_>, want: usize, timeout: Duration) -> Result<(), String> {
+    let mut wc = [WorkCompletion::default(); 4];
+    let mut got = 0;
+    while got < want {
+        let n = cq.poll_until(&mut wc[..want - got], want - got, timeout).map_err(verbs("poll CQ"))?;
+        if n == 0 {
+            return Err(format!("timed out after {timeout:?} waiting for a completion (is the peer still there?)"));
+        }
+        for w in &wc[..n] {
+            if w.status != WcStatus::Success {
+                return Err(format!(
+                    "work request {} completed with {} (vendor error {:#x})",
+                    w.wr_id, w.status, w.vendor_err
+                ));
+            }
+        }
+        got += n;
+    }
+    Ok(())
+}
+
+/// Posting receives in any state that allows it (INIT, then RTS), behind one signature.
+trait PostRecv {
+    fn post_one(&self, wrs: &[crate::verbs::RecvWr<'_>]) -> Result<(), String>;
+}
+
+impl<S: CanRecv> PostRecv for QueuePair<'_, S> {
+    fn post_one(&self, wrs: &[crate::verbs::RecvWr<'_>]) -> Result<(), String> {
+        self.post_recv(wrs).map_err(verbs("post receive"))
+    }
+}
+
+/// Runs one side on an open context. The exchange socket is set up first (the server waits for its client
+/// here), then the QP is connected and the ping-pong runs.
+pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> {
+    if opts.size == 0 || opts.iters == 0 {
+        return Err("size and iterations must be at least 1".into());
+    }
+    let size = u32::try_from(opts.size).map_err(|_| "--size must fit in 32 bits".to_string())?;
+    let pd = ctx.alloc_pd().map_err(verbs("alloc PD"))?;
+    let cq = ctx.create_cq(16).map_err(verbs("create CQ"))?;
+    // The message goes out from the first half of the buffer and lands in the second.
+    let mut buf = ctx.alloc_buffer(2 * opts.size).map_err(verbs("allocate the buffer"))?;
+    let mr = pd.register(&mut buf, Access::LOCAL_WRITE).map_err(verbs("register the buffer"))?;
+    let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qp = pd.create_qp(QpType::Rc, &cq, &cq, cap).map_err(verbs("create QP"))?;
+    let qp = qp.to_init(InitAttr::rc(Access::default())).map_err(|e| format!("move the QP to INIT: {}", e.error))?;
+    let recv = |qp: &dyn PostRecv| qp.post_one(&[wr::recv(1, &[mr.sge(opts.size, size)])]);
+    // A receive is up before the peer can learn our QPN, as rc_pingpong does.
+    recv(&qp)?;
+    let mut me = ctx.remote_qp(&qp).map_err(verbs("query port"))?;
+    me.psn = random_psn();
+
+    let mut s = rendezvous(role, opts.timeout)?;
+    let server = matches!(role, Role::Server { .. });
+    let peer = if server {
+        decode_dest(&read_msg(&mut s, MSG_LEN, "address")?)?
+    } else {
+        write_msg(&mut s, &encode_dest(&me), "address")?;
+        decode_dest(&read_msg(&mut s, MSG_LEN, "address")?)?
+    };
+    log::info!("local address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", me.lid, me.qpn, me.psn);
+    log::info!("remote address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", peer.lid, peer.qpn, peer.psn);
+    let qp = qp
+        .to_rtr(RtrAttr::rc(peer).max_dest_rd_atomic(1))
+        .map_err(|e| format!("move the QP to RTR: {}", e.error))?
+        .to_rts(RtsAttr::rc(me.psn).max_rd_atomic(1))
+        .map_err(|e| format!("move the QP to RTS: {}", e.error))?;
+    if server {
+        write_msg(&mut s, &encode_dest(&me), "address")?;
+        let done = read_msg(&mut s, DONE.len(), "go-ahead")?;
+        if done != DONE {
+            return Err("the client did not confirm the connection".into());
+        }
+    } else {
+        write_msg(&mut s, DONE, "go-ahead")?;
+    }
+
+    let mut expect = vec![0u8; opts.size];
+    let mut verified = true;
+    let start = Instant::now();
+    for i in 0..opts.iters {
+        ping(i, &mut expect);
+        if server {
+            // The ping arrives in the second half; it must be ping i; it goes back from the first half.
+            complete(&cq, 1, opts.timeout)?;
+            verified &= mr.read_vec(opts.size, opts.size) == expect;
+            mr.write(0, &mr.read_vec(opts.size, opts.size)).map_err(verbs("copy the ping"))?;
+            recv(&qp)?;
+            qp.post_send(&[wr::send(2, &[mr.sge(0, size)])]).map_err(verbs("post send"))?;
+            complete(&cq, 1, opts.timeout)?;
+        } else {
+            mr.write(0, &expect).map_err(verbs("write the ping"))?;
+            qp.post_send(&[wr::send(2, &[mr.sge(0, size)])]).map_err(verbs("post send"))?;
+            // The send's completion and the pong's, in either order.
+            complete(&cq, 2, opts.timeout)?;
+            verified &= mr.read_vec(opts.size, opts.size) == expect;
+            recv(&qp)?;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    let iters = f64::from(opts.iters);
+    // The last receive posted is still outstanding; destroying the QP flushes it.
+    qp.destroy().map_err(verbs("destroy QP"))?;
+    mr.destroy().map_err(verbs("deregister the buffer"))?;
+    cq.destroy().map_err(verbs("destroy CQ"))?;
+    pd.destroy().map_err(verbs("dealloc PD"))?;
+    Ok(Report {
+        iters: opts.iters,
+        size: opts.size,
+        avg_latency_us: secs * 1e6 / iters / 2.0,
+        bandwidth_mbps: (opts.size as f64) * 2.0 * iters * 8.0 / secs / 1e6,
+        verified,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exchange_message_is_rc_pingpongs() {
+        let gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0xba, 0xce, 0xf6, 0xff, 0xfe, 0x12, 0x34, 0x56];
+        let d = RemoteQp { qpn: 0x1a2b, psn: 0xabcdef, lid: 7, gid, mac: [0xb8, 0xce, 0xf6, 0x12, 0x34, 0x56] };
+        let msg = encode_dest(&d);
+        assert_eq!(&msg[..51], b"0007:001a2b:abcdef:fe80000000000000bacef6fffe123456".as_slice());
+        assert_eq!(msg[51], 0);
+        assert_eq!(decode_dest(&msg), Ok(d));
+    }
+
+    #[test]
+    fn a_bad_exchange_message_is_an_error_not_a_panic() {
+        let good = encode_dest(&RemoteQp::default());
+        for cut in 0..MSG_LEN {
+            let mut m = good;
+            m[cut] = if cut == 4 { b'x' } else { 0 };
+            if cut != MSG_LEN - 1 {
+                assert!(decode_dest(&m).is_err(), "cut at {cut}");
+            }
+        }
+        assert!(decode_dest(b"0000:000000:000000:zz800000000000000000000000000000\0").is_err());
+        assert!(decode_dest(b"0000:000000:000000:00000000000000000000000000000000:1").is_err());
+        assert!(decode_dest(&[0xff; MSG_LEN]).unwrap_err().contains("not text"));
+    }
+
+    #[test]
+    fn client_addresses_parse() {
+        let c = |h: &str, port| Ok(Role::Client { host: h.into(), port });
+        assert_eq!(Role::client("localhost:9000"), c("localhost", 9000));
+        assert_eq!(Role::client("10.0.0.1"), c("10.0.0.1", DEFAULT_PORT));
+        assert_eq!(Role::client("[::1]:7"), c("::1", 7));
+        assert!(Role::client("host:port").is_err());
+        assert!(Role::client(":1").is_err());
+        assert!(Role::Server { port: u16::MAX }.wire_port().is_err());
+    }
+}

@@ -1,0 +1,109 @@
+//! `mlx5 pingpong --server` and `--client` as two processes, their simulated devices joined by the simulated
+//! wire over TCP on loopback.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn mlx5() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mlx5"))
+}
+
+/// A port P with P + 1 free too (the exchange and the simulated wire), as far as one can tell without holding
+/// them.
+fn free_port_pair() -> u16 {
+    for _ in 0..50 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < u16::MAX && TcpListener::bind(("0.0.0.0", p + 1)).is_ok() {
+            drop(l);
+            return p;
+        }
+    }
+    panic!("no two consecutive free ports");
+}
+
+fn json(out: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(out);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text:?}"))
+}
+
+#[test]
+fn server_and_client_ping_pong_across_two_processes() {
+    let port = free_port_pair();
+    let server = mlx5()
+        .args(["pingpong", "--server", "--port", &port.to_string(), "--size", "1000", "--iters", "300", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The client retries until the server is up.
+    let client = mlx5()
+        .args(["pingpong", "--client", &format!("127.0.0.1:{port}"), "--size", "1000", "--iters", "300", "--json"])
+        .output()
+        .unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert!(client.status.success(), "client: {}", String::from_utf8_lossy(&client.stderr));
+    assert!(server.status.success(), "server: {}", String::from_utf8_lossy(&server.stderr));
+    for out in [&client.stdout, &server.stdout] {
+        let r = json(out);
+        assert_eq!(
+            (r["iters"].as_u64(), r["size"].as_u64(), r["verified"].as_bool()),
+            (Some(300), Some(1000), Some(true))
+        );
+        assert!(r["avg_latency_us"].as_f64().unwrap() > 0.0);
+    }
+    assert!(String::from_utf8_lossy(&server.stderr).contains(&format!("waiting for a client on port {port}")));
+}
+
+#[test]
+fn a_client_whose_server_dies_fails_with_one_line_and_does_not_hang() {
+    let port = free_port_pair();
+    let mut server = mlx5()
+        .args(["pingpong", "--server", "--port", &port.to_string(), "--iters", "100000000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = mlx5()
+        .args(["pingpong", "--client", &format!("127.0.0.1:{port}"), "--iters", "100000000", "--timeout", "5"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let start = Instant::now();
+    server.kill().unwrap();
+    let _ = server.wait();
+    let out = client.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(start.elapsed() < Duration::from_secs(20), "the client noticed within its timeout");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    // The peer's device is gone: the outstanding SEND runs out of retries (or the wait times out first).
+    assert!(
+        err.starts_with("mlx5: work request") && err.contains("transport retry counter exceeded")
+            || err.starts_with("mlx5: timed out"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_two_process_arguments_are_one_line_errors() {
+    for (args, want) in [
+        (&["pingpong", "--server", "--client", "h:1"][..], "--server and --client exclude each other"),
+        (&["pingpong", "--client", "h:x"][..], "is not HOST:PORT"),
+        (&["pingpong", "--client", "h:1", "--port", "2"][..], "--port goes with --server"),
+        (&["pingpong", "--port", "2"][..], "--port goes with --server"),
+        (&["pingpong", "--server", "--trace", "t.jsonl"][..], "do not apply to --server / --client"),
+    ] {
+        let out = mlx5().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want) && err.lines().count() == 1, "{args:?}: {err}");
+    }
+    // Nobody at the address: the client gives up after --timeout.
+    let port = free_port_pair();
+    let out = mlx5().args(["pingpong", "--client", &format!("127.0.0.1:{port}"), "--timeout", "1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("cannot reach the simulated wire at 127.0.0.1:"), "{err}");
+}
