@@ -35,6 +35,19 @@ pub struct Report {
 }
 
 impl Report {
+    /// The figures of `iters` round trips of `size` bytes that took `secs`.
+    pub fn from_run(iters: u32, size: usize, secs: f64, verified: bool) -> Report {
+        let secs = secs.max(1e-9);
+        let n = f64::from(iters);
+        Report {
+            iters,
+            size,
+            avg_latency_us: secs * 1e6 / n / 2.0,
+            bandwidth_mbps: (size as f64) * 2.0 * n * 8.0 / secs / 1e6,
+            verified,
+        }
+    }
+
     pub fn json(&self) -> String {
         serde_json::json!({
             "iters": self.iters,
@@ -280,15 +293,7 @@ fn exchange<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
             return Err("server send never completed".into());
         }
     }
-    let secs = start.elapsed().as_secs_f64().max(1e-9);
-    let iters = f64::from(opts.iters);
-    Ok(Report {
-        iters: opts.iters,
-        size: opts.size,
-        avg_latency_us: secs * 1e6 / iters / 2.0,
-        bandwidth_mbps: (opts.size as f64) * 2.0 * iters * 8.0 / secs / 1e6,
-        verified,
-    })
+    Ok(Report::from_run(opts.iters, opts.size, start.elapsed().as_secs_f64(), verified))
 }
 
 fn destroy_side<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(

@@ -311,20 +311,13 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
             recv(&qp)?;
         }
     }
-    let secs = start.elapsed().as_secs_f64().max(1e-9);
-    let iters = f64::from(opts.iters);
+    let secs = start.elapsed().as_secs_f64();
     // The last receive posted is still outstanding; destroying the QP flushes it.
     qp.destroy().map_err(verbs("destroy QP"))?;
     mr.destroy().map_err(verbs("deregister the buffer"))?;
     cq.destroy().map_err(verbs("destroy CQ"))?;
     pd.destroy().map_err(verbs("dealloc PD"))?;
-    Ok(Report {
-        iters: opts.iters,
-        size: opts.size,
-        avg_latency_us: secs * 1e6 / iters / 2.0,
-        bandwidth_mbps: (opts.size as f64) * 2.0 * iters * 8.0 / secs / 1e6,
-        verified,
-    })
+    Ok(Report::from_run(opts.iters, opts.size, secs, verified))
 }
 
 #[cfg(test)]

@@ -319,6 +319,11 @@ fn pingpong(args: &Args) -> Result<(), String> {
     dev.notice();
     let report = report?;
     dev.check_released()?;
+    print_pingpong(args, &report)
+}
+
+/// A ping-pong's report: an error if any byte was wrong, else the line (or the JSON object).
+fn print_pingpong(args: &Args, report: &Report) -> Result<(), String> {
     if !report.verified {
         return Err(format!("data corrupted: {}", report.text().trim_end()));
     }
@@ -366,14 +371,7 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
             return Err(format!("teardown left {regions} DMA regions ({bytes} bytes), {pages} firmware pages"));
         }
     }
-    if !report.verified {
-        return Err(format!("data corrupted: {}", report.text().trim_end()));
-    }
-    if args.json {
-        out(&format!("{}\n", report.json()))
-    } else {
-        out(&report.text())
-    }
+    print_pingpong(args, &report)
 }
 
 /// Runs the tour on a fresh command queue; returns the report, the commands traced and the DMA regions / bytes
