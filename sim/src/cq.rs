@@ -5,8 +5,6 @@
 //! then, after a fence, `op_own`, so a driver that sees the new owner bit (and issues `dma_rmb`) reads a
 //! complete entry.
 
-use std::sync::atomic::{fence, Ordering};
-
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf};
 
 use crate::dma::{DmaFault, DmaSpace};
@@ -192,11 +190,9 @@ impl Cq {
         // `check_pas` guaranteed a page for every entry; a miss here would be a simulator bug, reported as a fault.
         let iova = self.cqe64_iova(n).ok_or(DmaFault { iova: 0, len: CQE64, write: true })?;
         let owner = ((n >> self.log_nent) & 1) as u8;
-        dma.write(iova, &cqe[..OP_OWN])?;
         // The entry must be visible before the byte that hands it to the driver (store before store: a release
         // fence, as the device's write ordering).
-        fence(Ordering::Release);
-        dma.write_u8_volatile(iova + OP_OWN as u64, (cqe[OP_OWN] & !OWNER_MASK) | owner)
+        dma.write_then_flag(iova, &cqe[..OP_OWN], (cqe[OP_OWN] & !OWNER_MASK) | owner)
     }
 
     /// The consumer index from the doorbell record (`db[0] = be32(cons_index & 0xffffff)`).

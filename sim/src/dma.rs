@@ -5,6 +5,7 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{fence, Ordering};
 
 use mlx5_core::hal::{Dma, DmaError, DmaRegion};
 
@@ -145,10 +146,30 @@ impl DmaSpace {
 
     /// Copies `buf.len()` bytes at `iova` without recording a fault (observation by tests, not device DMA).
     pub(crate) fn peek(&self, iova: u64, buf: &mut [u8]) -> bool {
+        self.try_read(iova, buf)
+    }
+
+    /// A device read whose failure the caller reports itself, so none is recorded here: an access through a
+    /// memory key to memory that is no longer mapped is the key's protection error, not a DMA fault.
+    #[inline]
+    pub(crate) fn try_read(&self, iova: u64, buf: &mut [u8]) -> bool {
         match self.translate(iova, buf.len()) {
             Some(src) => {
                 // SAFETY: as in `read`: the range lies inside a live allocation and `buf` is a distinct buffer.
                 unsafe { ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A device write whose failure the caller reports itself (see [`DmaSpace::try_read`]).
+    #[inline]
+    pub(crate) fn try_write(&mut self, iova: u64, data: &[u8]) -> bool {
+        match self.translate(iova, data.len()) {
+            Some(dst) => {
+                // SAFETY: as in `write`: the range lies inside a live allocation and `data` is a distinct buffer.
+                unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
                 true
             }
             None => false,
@@ -219,6 +240,26 @@ impl DmaSpace {
             }
             None => Err(self.fault(iova, 1, true)),
         }
+    }
+
+    /// Device write of an entry the driver polls by the byte after `body` (a CQE's `op_own`): `body` first, then,
+    /// after a release fence (the device's write ordering), `flag` with a volatile store, so a driver that sees
+    /// the flag sees the whole entry. One translation for both when the entry is mapped; otherwise the two
+    /// accesses fault as they would one by one.
+    #[inline]
+    pub(crate) fn write_then_flag(&mut self, iova: u64, body: &[u8], flag: u8) -> Result<(), DmaFault> {
+        let Some(dst) = self.translate(iova, body.len() + 1) else {
+            self.write(iova, body)?;
+            fence(Ordering::Release);
+            return self.write_u8_volatile(iova + body.len() as u64, flag);
+        };
+        // SAFETY: `translate` checked that `dst..dst + body.len() + 1` lies inside a live allocation, and `body`
+        // is a distinct Rust buffer, so the ranges do not overlap.
+        unsafe { ptr::copy_nonoverlapping(body.as_ptr(), dst, body.len()) };
+        fence(Ordering::Release);
+        // SAFETY: the byte after `body`, inside the same checked range.
+        unsafe { dst.add(body.len()).write_volatile(flag) };
+        Ok(())
     }
 
     fn fault(&mut self, iova: u64, len: usize, write: bool) -> DmaFault {

@@ -23,6 +23,7 @@ use crate::mkey::Mkey;
 use crate::mmio::INIT_SEG_PAGES;
 use crate::port::PortModel;
 use crate::qp::Qp;
+use crate::small::IdMap;
 use crate::{ExecutedCmd, Fault, SimConfig, SimEvent, State};
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
@@ -269,24 +270,48 @@ pub(crate) struct Firmware {
     uar_count: u32,
     pub(crate) eqs: BTreeMap<u32, Eq>,
     next_eqn: u32,
-    pub(crate) cqs: BTreeMap<u32, Cq>,
+    pub(crate) cqs: IdMap<Cq>,
     pub(crate) next_cqn: u32,
-    pub(crate) mkeys: BTreeMap<u32, Mkey>,
+    pub(crate) mkeys: IdMap<Mkey>,
     pub(crate) next_mkey: u32,
-    pub(crate) qps: BTreeMap<u32, Qp>,
+    pub(crate) qps: IdMap<Qp>,
     pub(crate) next_qpn: u32,
 }
 
+/// A table of objects by number, as [`alloc_id`] sees it.
+pub(crate) trait Ids {
+    fn count(&self) -> usize;
+    fn holds(&self, id: u32) -> bool;
+}
+
+impl<V> Ids for BTreeMap<u32, V> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn holds(&self, id: u32) -> bool {
+        self.contains_key(&id)
+    }
+}
+
+impl<V> Ids for IdMap<V> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn holds(&self, id: u32) -> bool {
+        self.contains_key(&id)
+    }
+}
+
 /// Picks a free id in `lo..hi`, starting at `*next` and wrapping, so freed ids are not reused at once.
-/// Bounded: with `used.len()` ids taken, one of the next `used.len() + 1` candidates is free.
-pub(crate) fn alloc_id<V>(used: &BTreeMap<u32, V>, next: &mut u32, lo: u32, hi: u32) -> Option<u32> {
+/// Bounded: with `used.count()` ids taken, one of the next `used.count() + 1` candidates is free.
+pub(crate) fn alloc_id(used: &impl Ids, next: &mut u32, lo: u32, hi: u32) -> Option<u32> {
     let span = hi.checked_sub(lo)?;
-    if used.len() as u64 >= u64::from(span) {
+    if used.count() as u64 >= u64::from(span) {
         return None;
     }
     let mut id = (*next).clamp(lo, hi - 1);
-    for _ in 0..=used.len() {
-        if !used.contains_key(&id) {
+    for _ in 0..=used.count() {
+        if !used.holds(id) {
             *next = if id + 1 >= hi { lo } else { id + 1 };
             return Some(id);
         }
@@ -325,11 +350,11 @@ impl Firmware {
             uar_count: cfg.num_uars,
             eqs: BTreeMap::new(),
             next_eqn: 1,
-            cqs: BTreeMap::new(),
+            cqs: IdMap::new(),
             next_cqn: 1,
-            mkeys: BTreeMap::new(),
+            mkeys: IdMap::new(),
             next_mkey: 1,
-            qps: BTreeMap::new(),
+            qps: IdMap::new(),
             next_qpn: 0,
         }
     }

@@ -847,7 +847,7 @@ mod tests {
             body: Body::Rc {
                 seq: 0x1122_3344_5566_7788,
                 psn: 0xabcdef,
-                op: RcOp::Write { raddr: 0x1000, rkey: 0x99, data: Arc::from(&b"xy"[..]), imm: Some([1, 2, 3, 4]) },
+                op: RcOp::Write { raddr: 0x1000, rkey: 0x99, data: (&b"xy"[..]).into(), imm: Some([1, 2, 3, 4]) },
                 solicited: true,
             },
         }
@@ -874,7 +874,7 @@ mod tests {
     #[test]
     fn every_body_round_trips_and_every_truncation_is_an_error() {
         let bodies = [
-            Body::Rc { seq: 1, psn: 2, op: RcOp::Send { data: Arc::from(&[7u8; 9][..]), imm: None }, solicited: false },
+            Body::Rc { seq: 1, psn: 2, op: RcOp::Send { data: (&[7u8; 9][..]).into(), imm: None }, solicited: false },
             Body::Rc { seq: 3, psn: 4, op: RcOp::Read { raddr: 5, rkey: 6, len: 7 }, solicited: false },
             Body::Rc {
                 seq: 8,

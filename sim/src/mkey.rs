@@ -115,6 +115,31 @@ pub(crate) struct Mkey {
     translation: Translation,
 }
 
+impl Mkey {
+    /// The IOVA of `va..va + len` when it translates to one range: a PA key, or an MTT range inside one page (the
+    /// datapath's usual access, translated without building a list). `None` for an empty range and for one
+    /// [`State::mkey_pieces`] must split (or refuse); the range must have passed [`State::mkey_check`].
+    #[inline]
+    pub(crate) fn contiguous(&self, va: u64, len: u64) -> Option<u64> {
+        if len == 0 {
+            return None;
+        }
+        match &self.translation {
+            Translation::Pa => Some(va),
+            Translation::Mtt { page_shift, mtt } => {
+                let page = 1u64 << page_shift;
+                let off = va.checked_sub(self.start & !(page - 1))?;
+                let in_page = off & (page - 1);
+                if len > page - in_page {
+                    return None;
+                }
+                let pa = *mtt.get(usize::try_from(off >> page_shift).ok()?)?;
+                Some(pa + in_page)
+            }
+        }
+    }
+}
+
 impl Firmware {
     pub(crate) fn create_mkey(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::create_mkey_in as i;
@@ -238,15 +263,16 @@ impl State {
         self.mkey_pieces(key, pd, va, len, access).map(|p| p.to_vec())
     }
 
-    /// [`State::mkey_access`] without a heap allocation for the usual few pieces (the datapath's form).
-    pub(crate) fn mkey_pieces(
+    /// Checks an access through `key` (key, variant, PD, rights, bounds), without translating it.
+    #[inline]
+    pub(crate) fn mkey_check(
         &self,
         key: u32,
         pd: Option<u32>,
         va: u64,
         len: u64,
         access: MkeyAccess,
-    ) -> Result<Pieces, MkeyFault> {
+    ) -> Result<&Mkey, MkeyFault> {
         let mk = self.fw.mkeys.get(&(key >> VARIANT_BITS)).ok_or(MkeyFault::UnknownKey)?;
         if key as u8 != mk.variant {
             return Err(MkeyFault::VariantMismatch);
@@ -263,6 +289,21 @@ impl State {
         if !mk.length64 && (va < mk.start || end > mk.start + mk.len) {
             return Err(MkeyFault::OutOfBounds);
         }
+        Ok(mk)
+    }
+
+    /// [`State::mkey_access`] without a heap allocation for the usual few pieces (the datapath's form).
+    pub(crate) fn mkey_pieces(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<Pieces, MkeyFault> {
+        let mk = self.mkey_check(key, pd, va, len, access)?;
+        // `mkey_check` found the end in range.
+        let end = va + len;
         let mut pieces = Pieces::new();
         match &mk.translation {
             Translation::Pa if len > 0 => pieces.push((va, len)),

@@ -186,6 +186,39 @@ impl Path {
     }
 }
 
+/// The fields of the primary path the datapath reads for every RC request, decoded from the image once per
+/// command that changes it rather than bit by bit per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PathFields {
+    pub(crate) grh: bool,
+    pub(crate) rlid: u16,
+    pub(crate) sl: u8,
+    pub(crate) hop_limit: u8,
+    pub(crate) tclass: u8,
+    pub(crate) flow_label: u32,
+    pub(crate) src_addr_index: u32,
+    pub(crate) ack_timeout: u8,
+    pub(crate) rgid: [u8; 16],
+    pub(crate) rmac: [u8; 6],
+}
+
+impl Path {
+    fn fields(&self) -> PathFields {
+        PathFields {
+            grh: self.grh(),
+            rlid: self.rlid(),
+            sl: self.sl(),
+            hop_limit: self.hop_limit(),
+            tclass: self.tclass(),
+            flow_label: self.flow_label(),
+            src_addr_index: self.src_addr_index(),
+            ack_timeout: self.ack_timeout(),
+            rgid: self.rgid(),
+            rmac: self.rmac(),
+        }
+    }
+}
+
 /// A queue pair.
 #[derive(Debug)]
 pub(crate) struct Qp {
@@ -206,7 +239,9 @@ pub(crate) struct Qp {
     log_sq_size: u32,
     has_sq: bool,
     // Context the transitions set.
-    pub(crate) path: Path,
+    path: Path,
+    /// `path` decoded; every change of `path` updates it.
+    pub(crate) route: PathFields,
     pub(crate) mtu: u32,
     log_msg_max: u32,
     pub(crate) remote_qpn: u32,
@@ -229,6 +264,10 @@ pub(crate) struct Qp {
     /// The PSN and original value of the last atomic executed as a responder, for a duplicate of it.
     pub(crate) last_atomic: Option<(u32, u64)>,
     pub(crate) error: Option<u8>,
+    /// The largest send WQE (`max_wqe_sz_sq`) and message (`1 << log_max_msg`) the device executes, read from the
+    /// capabilities once here rather than per WQE: they are fixed once the HCA is initialized, before any QP.
+    pub(crate) max_wqe: usize,
+    pub(crate) max_msg: u64,
 }
 
 impl Qp {
@@ -294,6 +333,24 @@ impl Qp {
             done += n;
         }
         Ok(())
+    }
+
+    /// Reads the basic block `index` of the SQ (taken modulo the SQ size) into `bb` with one fixed-size copy, when
+    /// it lies in one page (it does unless the RQ before it ends off a basic-block boundary) and is mapped. Records
+    /// no fault: on `false` the caller reads as [`Qp::read_sq`] does, and that records what failed.
+    pub(crate) fn try_read_sq_bb(&self, dma: &DmaSpace, index: u16, bb: &mut [u8; SEND_WQE_BB as usize]) -> bool {
+        let size = self.sq_bytes();
+        if size == 0 {
+            return false;
+        }
+        let off = self.rq_bytes() + u64::from(index) * SEND_WQE_BB % size;
+        let page = 1u64 << self.page_shift;
+        let in_page = off & (page - 1);
+        let pa = usize::try_from(off >> self.page_shift).ok().and_then(|k| self.pas.get(k));
+        match pa {
+            Some(&pa) if in_page + SEND_WQE_BB <= page => dma.try_read(pa + in_page, bb),
+            _ => false,
+        }
     }
 
     /// Reads RQ WQE `index` (taken modulo the RQ size).
@@ -494,6 +551,7 @@ impl Firmware {
             log_sq_size,
             has_sq,
             path: Path::default(),
+            route: Path::default().fields(),
             mtu: 0,
             log_msg_max: 0,
             remote_qpn: 0,
@@ -514,6 +572,8 @@ impl Firmware {
             req: None,
             last_atomic: None,
             error: None,
+            max_wqe: self.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_SQ) as usize,
+            max_msg: 1u64 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MSG).min(31),
         };
         self.qps.insert(qpn, qp);
         out.set(ifc::create_qp_out::QPN, qpn);
@@ -691,6 +751,7 @@ impl Firmware {
                 }
             }
         }
+        qp.route = qp.path.fields();
         qp.state = to;
         Ok(())
     }

@@ -16,6 +16,8 @@
 //! each other from two threads cannot deadlock.
 
 use std::collections::VecDeque;
+use std::fmt;
+use std::ops::Deref;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -121,11 +123,58 @@ pub(crate) enum AtomicOp {
     FetchAdd { add: u64 },
 }
 
-/// An RC request. The payload is shared: the requester keeps the request for retries while a copy travels.
+/// The largest payload a packet carries inline: a cache line.
+pub(crate) const INLINE_PAYLOAD: usize = 64;
+
+/// The payload of an RC SEND or WRITE. The requester keeps the request for retries while a copy travels: a small
+/// payload is copied with the packet (cheaper than an allocation and a shared count), a larger one is shared.
+#[derive(Clone)]
+pub(crate) enum Payload {
+    Inline { len: u8, bytes: [u8; INLINE_PAYLOAD] },
+    Shared(Arc<[u8]>),
+}
+
+impl Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Payload::Shared(b) => b,
+        }
+    }
+}
+
+impl From<&[u8]> for Payload {
+    fn from(b: &[u8]) -> Self {
+        if b.len() > INLINE_PAYLOAD {
+            return Payload::Shared(Arc::from(b));
+        }
+        let mut bytes = [0u8; INLINE_PAYLOAD];
+        bytes[..b.len()].copy_from_slice(b);
+        // At most `INLINE_PAYLOAD` (64), so the length fits.
+        Payload::Inline { len: b.len() as u8, bytes }
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Payload {}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+/// An RC request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RcOp {
-    Send { data: Arc<[u8]>, imm: Option<[u8; 4]> },
-    Write { raddr: u64, rkey: u32, data: Arc<[u8]>, imm: Option<[u8; 4]> },
+    Send { data: Payload, imm: Option<[u8; 4]> },
+    Write { raddr: u64, rkey: u32, data: Payload, imm: Option<[u8; 4]> },
     Read { raddr: u64, rkey: u32, len: u64 },
     Atomic { raddr: u64, rkey: u32, op: AtomicOp },
 }
@@ -247,10 +296,17 @@ impl Wire {
         }
     }
 
+    /// This device as the address of a packet that stays in it (loopback). Its handle is empty, so cloning and
+    /// dropping it moves no reference count; [`Wire::send`] gives a packet that leaves the real handle instead.
+    pub(crate) fn me_here(&self) -> DevRef {
+        DevRef { id: self.me.id, port: Port::Local(Weak::new()) }
+    }
+
     /// The device a destination address names.
+    #[inline]
     pub(crate) fn route(&self, d: &Dest) -> Result<DevRef, &'static str> {
         if self.addr.matches(d) {
-            return Ok(self.me.clone());
+            return Ok(self.me_here());
         }
         if let Some(p) = self.peers.iter().find(|p| p.addr.matches(d)) {
             return Ok(p.dev.clone());
@@ -263,11 +319,17 @@ impl Wire {
         Err(if self.peers.is_empty() { "unknown destination (not connected)" } else { "unknown destination" })
     }
 
-    /// Queues a packet: into the own inbox (loopback) or out for the pump.
-    pub(crate) fn send(&mut self, p: Packet) {
+    /// Queues a packet: into the own inbox (loopback) or out for the pump. In line, so the packet (a few hundred
+    /// bytes) is copied once, into the queue, rather than again on the way in.
+    #[inline]
+    pub(crate) fn send(&mut self, mut p: Packet) {
         if p.dst.id == self.me.id {
             self.inbox.push_back(p);
         } else {
+            // The response to a packet that leaves must find its way back: its source is the real handle.
+            if p.src.id == self.me.id {
+                p.src = self.me.clone();
+            }
             self.outbox.push(p);
         }
     }
@@ -375,6 +437,19 @@ mod tests {
 
     fn ib(lid: u16, mode: Mode) -> SimConfig {
         SimConfig { port_type: PortType::Ib, lid, node_guid: 0x2000 + u64::from(lid), mode, ..SimConfig::default() }
+    }
+
+    #[test]
+    fn a_payload_up_to_a_cache_line_travels_inline() {
+        let small: Vec<u8> = (0..64).collect();
+        let large: Vec<u8> = (0..65).collect();
+        let (a, b) = (Payload::from(&small[..]), Payload::from(&large[..]));
+        assert!(matches!(a, Payload::Inline { len: 64, .. }) && matches!(b, Payload::Shared(_)));
+        assert_eq!((&a[..], &b[..]), (&small[..], &large[..]));
+        assert!(matches!(Payload::from(&[][..]), Payload::Inline { len: 0, .. }));
+        // Equal by content, whatever the representation.
+        assert_eq!(Payload::Shared(Arc::from(&small[..])), a);
+        assert_eq!(format!("{a:?}"), format!("{small:?}"));
     }
 
     #[test]
