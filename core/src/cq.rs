@@ -719,6 +719,12 @@ pub trait WrTable {
     fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64>;
     /// `wr_id` of the receive completed on QP `qpn` (`srqn` non-zero for an SRQ); `None` when unknown.
     fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64>;
+    /// The software completion ([`WcStatus::WrFlushErr`]) of the oldest work request still outstanding on a queue
+    /// that completes on CQ `cqn`, which is retired; `None` when there is none. Only asked for when the device
+    /// will write no more CQEs to `cqn`: with `dead` (the HCA is in internal error) every such queue is flushed,
+    /// otherwise (the CQ failed) only the queues of QPs the driver moved to ERR, whose work the device no longer
+    /// executes.
+    fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion>;
 }
 
 /// A CQE the driver cannot accept: the device wrote something it should not have. It is consumed (the ring moves

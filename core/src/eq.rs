@@ -103,8 +103,35 @@ pub enum Event {
     PortChange { port: u8, sub_type: u8 },
     /// Firmware reported an internal error.
     InternalError,
+    /// A QP's work queue failed and the QP is in ERR (`data.qp_srq` with queue type QP): a catastrophic error,
+    /// an invalid request or an access error (`MLX5_EVENT_TYPE_WQ_*_ERROR`; verbs `IBV_EVENT_QP_FATAL`,
+    /// `_QP_REQ_ERR`, `_QP_ACCESS_ERR`).
+    QpError { qpn: u32, kind: QpErrorKind },
     /// Any other event type, undecoded.
     Other { event_type: u8, sub_type: u8 },
+}
+
+/// Which affiliated QP error an event reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum QpErrorKind {
+    /// `MLX5_EVENT_TYPE_WQ_CATAS_ERROR`.
+    Catastrophic,
+    /// `MLX5_EVENT_TYPE_WQ_INVAL_REQ_ERROR`.
+    InvalidRequest,
+    /// `MLX5_EVENT_TYPE_WQ_ACCESS_ERROR`.
+    AccessError,
+}
+
+impl QpErrorKind {
+    /// The event type that carries this error.
+    pub const fn event_type(self) -> EventType {
+        match self {
+            QpErrorKind::Catastrophic => EventType::WqCatasError,
+            QpErrorKind::InvalidRequest => EventType::WqInvalReqError,
+            QpErrorKind::AccessError => EventType::WqAccessError,
+        }
+    }
 }
 
 impl Eqe {
@@ -145,6 +172,18 @@ impl Eqe {
                 sub_type: self.sub_type(),
             },
             EventType::InternalError => Event::InternalError,
+            t @ (EventType::WqCatasError | EventType::WqInvalReqError | EventType::WqAccessError) => {
+                // Only QP events name a QP; RQ, SQ and DCT events name objects this driver never creates.
+                if u32::from(b[d + c::mlx5_eqe_qp_srq::TYPE.off]) != consts::MLX5_EVENT_QUEUE_TYPE_QP {
+                    return Event::Other { event_type: t.raw(), sub_type: self.sub_type() };
+                }
+                let kind = match t {
+                    EventType::WqCatasError => QpErrorKind::Catastrophic,
+                    EventType::WqInvalReqError => QpErrorKind::InvalidRequest,
+                    _ => QpErrorKind::AccessError,
+                };
+                Event::QpError { qpn: be(b, d, c::mlx5_eqe_qp_srq::QP_SRQ_N) & 0x00ff_ffff, kind }
+            }
             t => Event::Other { event_type: t.raw(), sub_type: self.sub_type() },
         }
     }
@@ -184,6 +223,11 @@ impl Eqe {
                 (EventType::PortChange.raw(), sub_type)
             }
             Event::InternalError => (EventType::InternalError.raw(), 0),
+            Event::QpError { qpn, kind } => {
+                e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP as u8;
+                put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, qpn & 0x00ff_ffff);
+                (kind.event_type().raw(), 0)
+            }
             Event::Other { event_type, sub_type } => (event_type, sub_type),
         };
         e[c::mlx5_eqe::TYPE.off] = ty;

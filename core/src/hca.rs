@@ -9,6 +9,8 @@
 //! A health failure (stalled heartbeat, health syndrome, all-ones reads) moves the HCA to the internal-error
 //! state: new commands fail at once with [`Error::InternalError`], destroy-type commands are treated as done
 //! without reaching the device ([`Hca::exec_destroy`]), and firmware pages are reclaimed locally, as Linux does.
+//! Posts fail with a typed error, and the work the device will never complete is completed with flush status by
+//! [`Hca::poll_cq`].
 
 use core::cell::Cell;
 
@@ -323,6 +325,8 @@ pub struct EventCounts {
     pub page_request: u32,
     pub port_change: u32,
     pub cq_error: u32,
+    /// Affiliated QP errors (catastrophic, invalid request, access).
+    pub qp_error: u32,
     pub internal_error: u32,
     pub completion: u32,
     /// Completion events for a CQ number the driver does not have.
@@ -346,6 +350,19 @@ pub struct TeardownReport {
     /// The first error met; teardown continued past it.
     pub first_error: Option<Error>,
 }
+
+/// The event types the async EQ subscribes to (Linux's async mask, less the path-migration, SRQ and DCT events
+/// of objects this driver never creates).
+pub const ASYNC_EVENTS: [EventType; 8] = [
+    EventType::PageRequest,
+    EventType::Cmd,
+    EventType::PortChange,
+    EventType::CqError,
+    EventType::WqCatasError,
+    EventType::WqInvalReqError,
+    EventType::WqAccessError,
+    EventType::InternalError,
+];
 
 /// Drain passes per call: each pass after the first only exists because serving page requests produced events.
 const MAX_DRAIN_PASSES: usize = 8;
@@ -419,7 +436,7 @@ pub(crate) struct Ctx<const P: usize, const NCQ: usize> {
     pub(crate) cqs: CqEvents<NCQ>,
     pub(crate) async_events: AsyncEvents,
     stats: PageStats,
-    events: EventCounts,
+    pub(crate) events: EventCounts,
 }
 
 /// An mlx5 function brought up to a usable HCA.
@@ -776,6 +793,10 @@ impl<const NCQ: usize> EventSink<'_, NCQ> {
                 ev.internal_error += 1;
                 self.async_events.push(AsyncEvent::DeviceFatal);
             }
+            Event::QpError { qpn, kind } => {
+                ev.qp_error += 1;
+                self.async_events.push(AsyncEvent::QpError { qpn, kind });
+            }
             Event::Completion { cqn } => {
                 ev.completion += 1;
                 if !self.cqs.on_completion(cqn) {
@@ -1087,15 +1108,10 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         Ok(())
     }
 
-    /// One async EQ for page requests, command completions, port changes, CQ errors and internal errors.
+    /// One async EQ for page requests, command completions, port changes, CQ errors, the affiliated QP errors
+    /// and internal errors.
     fn create_async_eq(&mut self, delay: &mut impl DelayNs) -> Result<(), Error> {
-        let mask = event_bitmask(&[
-            EventType::PageRequest,
-            EventType::Cmd,
-            EventType::PortChange,
-            EventType::CqError,
-            EventType::InternalError,
-        ]);
+        let mask = event_bitmask(&ASYNC_EVENTS);
         let ring = self.create_eq_ring(self.ctx.cfg.async_eq_nent, mask, delay)?;
         self.ctx.eq = Some(AsyncEq { ring });
         Ok(())

@@ -10,7 +10,7 @@
 use crate::buf::QueueBuf;
 use crate::cmd::{len_with_pas, write_pas, Pas};
 use crate::cmdq::{write_header, CmdError, Command};
-use crate::cq::WrTable;
+use crate::cq::{WcOpcode, WcStatus, WorkCompletion, WrTable};
 use crate::dbr::DbRec;
 use crate::hal::{DmaRegion, Mmio};
 use crate::mkey::Access;
@@ -978,6 +978,9 @@ struct SqSlot {
     wr_id: u64,
     /// `head` after this WQE: a completion of it retires every WQE before it (`wqe_head`).
     head_after: u32,
+    /// `cur_post` after this WQE: where the next WQE starts (`w_list[].next`), so a software flush can walk the
+    /// outstanding WQEs in order.
+    next: u32,
 }
 
 /// A created queue pair: its rings, doorbell record, BlueFlame register and work-request bookkeeping.
@@ -997,8 +1000,13 @@ pub struct Qp {
     /// WQEs posted and retired (`sq.head`, `sq.tail`).
     sq_head: u32,
     sq_tail: u32,
+    /// `cur_post` of the oldest outstanding WQE (`sq.last_poll`).
+    sq_tail_bb: u32,
     rq_head: u32,
     rq_tail: u32,
+    /// The CQs the send and receive queues complete on.
+    cqn_snd: u32,
+    cqn_rcv: u32,
     bf: BfReg,
     sig_all: bool,
     /// The SQ as one region when it lies inside one fragment of `buf` (the usual case): a WQE segment's address
@@ -1027,7 +1035,8 @@ impl Qp {
         sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>() + sizes.rq_wqe_cnt as usize * 8
     }
 
-    /// A QP over its created objects. `shadow` is zeroed host memory of [`Qp::shadow_len`] bytes, 8-byte aligned.
+    /// A QP over its created objects. `shadow` is zeroed host memory of [`Qp::shadow_len`] bytes, 8-byte aligned;
+    /// `cqns` are the send and receive CQs it was created with.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         buf: QueueBuf,
@@ -1038,6 +1047,7 @@ impl Qp {
         sizes: QpSizes,
         bf: BfReg,
         sig_all: bool,
+        cqns: (u32, u32),
     ) -> Self {
         let sq_offset = sizes.rq_bytes();
         let sq_flat = flat_span(&buf, sq_offset, sizes.sq_bytes());
@@ -1054,8 +1064,11 @@ impl Qp {
             sq_cur_post: 0,
             sq_head: 0,
             sq_tail: 0,
+            sq_tail_bb: 0,
             rq_head: 0,
             rq_tail: 0,
+            cqn_snd: cqns.0,
+            cqn_rcv: cqns.1,
             bf,
             sig_all,
             sq_flat,
@@ -1093,12 +1106,47 @@ impl Qp {
     pub fn sq_cur_post(&self) -> u32 {
         self.sq_cur_post
     }
+    /// The CQs the send and receive queues complete on.
+    pub fn cqns(&self) -> (u32, u32) {
+        (self.cqn_snd, self.cqn_rcv)
+    }
+
+    /// Completes the oldest outstanding work request of the queues on CQ `cqn` in software (sends first): retired
+    /// here, returned with [`WcStatus::WrFlushErr`]; `None` when nothing is outstanding. Only for work the device
+    /// will never complete ([`Hca::poll_cq`](crate::hca::Hca::poll_cq) decides when): a CQE the device wrote later
+    /// for it would be refused as naming nothing outstanding.
+    pub fn flush_next(&mut self, cqn: u32) -> Option<WorkCompletion> {
+        let mut wc = WorkCompletion {
+            status: WcStatus::WrFlushErr,
+            vendor_err: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR,
+            qp_num: self.qpn,
+            ..WorkCompletion::default()
+        };
+        if cqn == self.cqn_snd && self.sq_outstanding() > 0 {
+            // SAFETY: inside the live shadow region, aligned; only the driver touches it.
+            let slot = unsafe { self.sq_slot_ptr(self.sq_tail_bb).read() };
+            // One WQE per completion, whatever the slot says: the count stays exact even over a damaged shadow.
+            self.sq_tail = self.sq_tail.wrapping_add(1);
+            self.sq_tail_bb = slot.next;
+            wc.wr_id = slot.wr_id;
+            return Some(wc);
+        }
+        if cqn == self.cqn_rcv && self.rq_outstanding() > 0 {
+            // SAFETY: inside the live shadow region, aligned; only the driver touches it.
+            wc.wr_id = unsafe { self.rq_wrid_ptr(self.rq_tail).read() };
+            wc.opcode = WcOpcode::Recv;
+            self.rq_tail = self.rq_tail.wrapping_add(1);
+            return Some(wc);
+        }
+        None
+    }
 
     /// Back to a fresh ring after a move to RESET (the device forgot its counters too).
     pub(crate) fn reset_rings(&mut self) {
         self.sq_cur_post = 0;
         self.sq_head = 0;
         self.sq_tail = 0;
+        self.sq_tail_bb = 0;
         self.rq_head = 0;
         self.rq_tail = 0;
         self.dbrec.write_be32(consts::MLX5_RCV_DBR as usize, 0);
@@ -1343,7 +1391,8 @@ impl Qp {
         let ctrl = ctrl_seg(self.sq_cur_post as u16, wr.op.mlx5_opcode() as u8, self.qpn, ds as u8, fm_ce_se, imm);
         self.sq_put(start, &ctrl);
         let idx = self.sq_cur_post;
-        let slot = SqSlot { wr_id: wr.wr_id, head_after: self.sq_head.wrapping_add(1) };
+        let next = self.sq_cur_post.wrapping_add(bbs as u32);
+        let slot = SqSlot { wr_id: wr.wr_id, head_after: self.sq_head.wrapping_add(1), next };
         // SAFETY: the shadow slot is inside the live shadow region (ptr_at) and aligned (8-byte aligned region,
         // 16-byte slots); only the driver touches it.
         unsafe { self.sq_slot_ptr(idx).write(slot) };
@@ -1475,6 +1524,7 @@ impl WrTable for Qp {
             return None;
         }
         self.sq_tail = slot.head_after;
+        self.sq_tail_bb = slot.next;
         Some(slot.wr_id)
     }
 
@@ -1488,6 +1538,13 @@ impl WrTable for Qp {
         self.rq_tail = self.rq_tail.wrapping_add(1);
         Some(id)
     }
+
+    fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
+        if !dead && self.state != QpState::Err {
+            return None;
+        }
+        self.flush_next(cqn)
+    }
 }
 
 /// Several QPs sharing a CQ: completions are routed by QP number.
@@ -1497,5 +1554,8 @@ impl WrTable for [&mut Qp] {
     }
     fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
         self.iter_mut().find(|q| q.qpn == qpn)?.recv_done(qpn, srqn, wqe_counter)
+    }
+    fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
+        self.iter_mut().find_map(|q| WrTable::flush_one(&mut **q, cqn, dead))
     }
 }

@@ -11,8 +11,10 @@ use crate::buf::{page_sizes, DmaSeg, PageLayout, QueueBuf};
 use crate::cmd::Pas;
 use crate::cmdq::CmdError;
 use crate::cq::{
-    destroy_cq, CqContext, CqState, CqeSize, CreateCq, LinkLayer, ModifyCqModeration, Notify, QueryCq, ResizeCq,
+    destroy_cq, CqContext, CqState, CqeError, CqeSize, CreateCq, LinkLayer, ModifyCqModeration, Notify, QueryCq,
+    ResizeCq, WorkCompletion, WrTable,
 };
+use crate::eq::QpErrorKind;
 use crate::hal::{DelayNs, Dma, Mmio};
 use crate::hca::{Error, Hca};
 use crate::mkey::{destroy_mkey, Access, CreateMkey, Mr, Translation};
@@ -119,6 +121,9 @@ pub enum AsyncEvent {
     CqError { cqn: u32, syndrome: u8 },
     /// `IBV_EVENT_PORT_ACTIVE` / `_ERR` and friends (`MLX5_PORT_CHANGE_SUBTYPE_*`).
     PortChange { port: u8, sub_type: u8 },
+    /// `IBV_EVENT_QP_FATAL` / `_QP_REQ_ERR` / `_QP_ACCESS_ERR`: the device moved the QP to ERR; it flushes the QP's
+    /// outstanding work requests.
+    QpError { qpn: u32, kind: QpErrorKind },
     /// `IBV_EVENT_DEVICE_FATAL`.
     DeviceFatal,
 }
@@ -173,6 +178,11 @@ impl<const NCQ: usize> CqEvents<NCQ> {
 
     fn find(&mut self, cqn: u32) -> Option<&mut CqEntry> {
         self.cqs.iter_mut().find(|e| e.cqn == cqn)
+    }
+
+    /// Whether a CQ error event arrived for `cqn`.
+    fn failed(&self, cqn: u32) -> bool {
+        self.cqs.iter().any(|e| e.cqn == cqn && e.error.is_some())
     }
 
     fn has_room(&self) -> bool {
@@ -490,6 +500,41 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
     }
 
+    /// Polls up to `wc.len()` completions of `cq`, oldest first (`ibv_poll_cq`); `wq` holds every QP with a queue
+    /// on this CQ and maps each completion to its work request.
+    ///
+    /// When the device will write no more completions to this CQ, the work requests it will never complete are
+    /// completed here instead, with [`WcStatus::WrFlushErr`](crate::cq::WcStatus::WrFlushErr), each exactly once and
+    /// in posting order per queue (mlx5_ib's software completions of the internal-error state): after the CQEs the
+    /// device already wrote, every work request outstanding on a queue of `wq` on this CQ once the HCA is in
+    /// internal error (the device is dead or gone); and after a CQ error (an overrun: the device writes nothing
+    /// more to the CQ), those of QPs the caller moved to ERR, which the device no longer executes. The HCA learns
+    /// of a failure from [`Hca::poll_health`], a command, or [`Hca::process_events`] (CQ errors).
+    pub fn poll_cq(
+        &self,
+        cq: &mut Cq,
+        wq: &mut (impl WrTable + ?Sized),
+        wc: &mut [WorkCompletion],
+    ) -> Result<usize, CqeError> {
+        let mut n = cq.poll(self.cmdq.mmio(), wq, wc)?;
+        // Software completions only on a poll that found the ring empty: `Cq::poll` returns 0 only then (an entry
+        // it cannot decode is an error of its own), so no completion the device wrote is passed over or repeated.
+        if n > 0 || wc.is_empty() {
+            return Ok(n);
+        }
+        let dead = !matches!(self.state(), crate::hca::HcaState::Up);
+        // The CQ-error lookup runs only once some CQ has failed, so an empty poll pays one compare for it.
+        if !dead && (self.ctx.events.cq_error == 0 || !self.ctx.cqs.failed(cq.cqn())) {
+            return Ok(0);
+        }
+        while n < wc.len() {
+            let Some(w) = wq.flush_one(cq.cqn(), dead) else { break };
+            wc[n] = w;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Requests a completion event (`ibv_req_notify_cq`): for the next completion, or the next solicited one.
     pub fn req_notify_cq(&mut self, cq: &Cq, notify: Notify) -> Result<(), Error> {
         let cqn = cq.cqn();
@@ -607,7 +652,10 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             pas: Pas::Source(&list),
         };
         match self.exec(&mut cmd, delay) {
-            Ok(qpn) => Ok(Qp::new(buf, dbrec, shadow, qpn, attr.qp_type, sizes, bf, attr.sq_sig_all)),
+            Ok(qpn) => {
+                let cqns = (send_cq.cqn(), recv_cq.cqn());
+                Ok(Qp::new(buf, dbrec, shadow, qpn, attr.qp_type, sizes, bf, attr.sq_sig_all, cqns))
+            }
             Err(e) => {
                 self.drop_queue_buf(buf, &e);
                 // SAFETY: the shadow array is host-only; the device never saw it.

@@ -56,6 +56,14 @@ fn image(e: &Eqe) {
             EventType::PortChange
         }
         Event::InternalError => EventType::InternalError,
+        Event::QpError { qpn, kind } => {
+            assert!(qpn <= 0xff_ffff);
+            assert_eq!(
+                u32::from(e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off]),
+                consts::MLX5_EVENT_QUEUE_TYPE_QP
+            );
+            kind.event_type()
+        }
         Event::Other { event_type, sub_type } => {
             assert_eq!((event_type, sub_type), (ty, sub));
             let handled = [
@@ -67,6 +75,12 @@ fn image(e: &Eqe) {
                 EventType::InternalError,
             ];
             assert!(!handled.iter().any(|t| t.raw() == ty), "type {ty:#x} left undecoded");
+            // QP error events of other queue types (RQ, SQ, DCT) name objects the driver never creates.
+            let qp_events = [EventType::WqCatasError, EventType::WqInvalReqError, EventType::WqAccessError];
+            if qp_events.iter().any(|t| t.raw() == ty) {
+                let queue_type = e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off];
+                assert_ne!(u32::from(queue_type), consts::MLX5_EVENT_QUEUE_TYPE_QP, "a QP error left undecoded");
+            }
             EventType::from_raw(ty)
         }
     };
@@ -242,8 +256,10 @@ fn hca_events(u: &mut Unstructured<'_>) {
                     }
                 }
                 while let Some(ev) = hca.get_async_event() {
-                    if let AsyncEvent::PortChange { port, .. } = ev {
-                        assert!(port <= 0xf);
+                    match ev {
+                        AsyncEvent::PortChange { port, .. } => assert!(port <= 0xf),
+                        AsyncEvent::QpError { qpn, .. } => assert!(qpn <= 0xff_ffff),
+                        _ => {}
                     }
                 }
             }

@@ -260,6 +260,9 @@ impl WrTable for QpTable<'_> {
     fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
         self.0.get_mut(&qpn)?.recv_done(qpn, srqn, wqe_counter)
     }
+    fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
+        self.0.values_mut().find_map(|q| WrTable::flush_one(q, cqn, dead))
+    }
 }
 
 struct Inner {
@@ -816,7 +819,8 @@ impl CompletionQueue<'_> {
         let Inner { hca, cqs, qps, .. } = &mut *i;
         let hca = hca.as_ref().expect("HCA present");
         let cq = cqs.get_mut(&self.cqn).ok_or_else(|| VerbsError::Invalid("CQ destroyed".into()))?;
-        cq.poll(hca.mmio(), &mut QpTable(qps), wc).map_err(|e| VerbsError::Cqe(e.to_string()))
+        // Through the HCA: once the device is dead, outstanding work requests complete here as flushed.
+        hca.poll_cq(cq, &mut QpTable(qps), wc).map_err(|e| VerbsError::Cqe(e.to_string()))
     }
 
     /// Polls until `want` completions arrived or `timeout` passed; returns how many were written to `wc`.

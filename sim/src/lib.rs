@@ -103,6 +103,7 @@ mod cq;
 mod datapath;
 mod dma;
 mod eq;
+mod fault;
 mod fw;
 mod link;
 mod mkey;

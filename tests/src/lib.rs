@@ -131,3 +131,5 @@ pub fn unhex(s: &str) -> Vec<u8> {
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+pub mod soak;

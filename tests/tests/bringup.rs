@@ -152,11 +152,19 @@ fn async_eq_is_armed_subscribed_and_drained() {
     let mut hca = up(&dev);
     let eqn = hca.eqn().expect("an async EQ");
     let info = dev.eq_info(eqn).unwrap();
-    let want =
-        [EventType::PageRequest, EventType::Cmd, EventType::PortChange, EventType::CqError, EventType::InternalError]
-            .iter()
-            .fold(0u64, |m, t| m | (1 << t.raw()));
-    assert_eq!(info.event_bitmask, [want, 0, 0, 0], "exactly the five async event types");
+    let want = [
+        EventType::PageRequest,
+        EventType::Cmd,
+        EventType::PortChange,
+        EventType::CqError,
+        EventType::WqCatasError,
+        EventType::WqInvalReqError,
+        EventType::WqAccessError,
+        EventType::InternalError,
+    ]
+    .iter()
+    .fold(0u64, |m, t| m | (1 << t.raw()));
+    assert_eq!(info.event_bitmask, [want, 0, 0, 0], "exactly the eight async event types");
     // Default 256 usable entries plus MLX5_NUM_SPARE_EQE, rounded up.
     assert_eq!(info.nent, 512);
     assert!(info.armed, "armed after the last drain");

@@ -238,6 +238,9 @@ fn cqe_decodes_and_emits_byte_for_byte() {
         fn recv_done(&mut self, _: u32, _: u32, _: u16) -> Option<u64> {
             None
         }
+        fn flush_one(&mut self, _: u32, _: bool) -> Option<mlx5_core::cq::WorkCompletion> {
+            None
+        }
     }
     let bytes = golden("cqe64_req_rdma_write_ok");
     let cqe = Cqe(bytes.clone().try_into().unwrap());

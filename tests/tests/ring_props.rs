@@ -63,6 +63,10 @@ impl WrTable for Any {
     fn recv_done(&mut self, _qpn: u32, _srqn: u32, _wqe_counter: u16) -> Option<u64> {
         Some(0)
     }
+    fn flush_one(&mut self, _cqn: u32, _dead: bool) -> Option<mlx5_core::cq::WorkCompletion> {
+        // Only the ring itself is polled here, never through an HCA.
+        None
+    }
 }
 
 /// A CQ over plain memory and the device that fills it.

@@ -9,10 +9,13 @@
 //! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
 //! * `fuzz [--seconds N] [--target NAME]`: the cargo-fuzz targets in `fuzz/`, N seconds each (default 30), then
 //!   their corpus replayed; see FUZZING.md.
+//! * `soak [--ops N] [--seed S] [--json]`: random traffic between two simulated devices under injected faults,
+//!   with its invariants checked; see SOAK.md.
 
 mod bench;
 mod codegen;
 mod fuzz;
+mod soak;
 mod vfio_test;
 
 use std::path::{Path, PathBuf};
@@ -80,6 +83,8 @@ fn ci(root: &Path) -> Result<(), String> {
     for example in ["rc_pingpong", "ud_pingpong", "rdma_write_read", "event_driven"] {
         cargo(root, &["run", "--release", "-q", "-p", "mlx5-host", "--example", example])?;
     }
+    // The fault-injection soak at CI size: every invariant must hold.
+    soak::run(root, &soak::CI_ARGS.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
     vfio_test::run_vfio_test(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), "20".to_string()])?;
     println!("xtask ci: all steps passed");
@@ -96,8 +101,9 @@ fn main() -> ExitCode {
         Some("vfio-test") => vfio_test::run_vfio_test(&root),
         Some("bench") => bench::run(&root, args.iter().any(|a| a == "--json")),
         Some("fuzz") => fuzz::run_fuzz(&root, &args[1..]),
+        Some("soak") => soak::run(&root, &args[1..]),
         _ => Err("usage: cargo xtask <vendor | codegen [--check] | ci | vfio-test | bench [--json] \
-                  | fuzz [--seconds N] [--target NAME]>"
+                  | fuzz [--seconds N] [--target NAME] | soak [--ops N] [--seed S] [--json]>"
             .to_string()),
     };
     match result {

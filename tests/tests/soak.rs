@@ -1,0 +1,53 @@
+//! A short fault-injection soak on every `cargo test` (the long ones are `cargo xtask soak`; SOAK.md): every
+//! invariant holds, every posted work request is accounted for by exactly one completion, the run repeats exactly
+//! from its seed, and the terminal faults (health, device gone) ran with work outstanding.
+
+use mlx5_tests::soak::{run, Options};
+
+#[test]
+fn a_short_soak_holds_every_invariant_and_accounts_for_every_work_request() {
+    let rep = run(Options { ops: 30_000, seed: 0x5eed, progress_every: 0 });
+    assert!(rep.ok(), "{}", rep.render());
+    assert!(rep.ops >= 30_000);
+    assert_eq!(rep.sends + rep.recvs, rep.ops);
+    let completed: u64 = rep.completions.values().sum();
+    assert_eq!(completed, rep.ops, "one completion per work request: {:?}", rep.completions);
+    let posted: u64 = rep.opcodes.values().sum();
+    assert_eq!(posted, rep.ops);
+    // Faults were injected and explain every error status seen.
+    assert!(rep.faults.values().sum::<u64>() > 0, "{:?}", rep.faults);
+    let errors: u64 = rep.completions.iter().filter(|(k, _)| *k != "success").map(|(_, v)| v).sum();
+    assert!(errors > 0 && rep.recoveries > 0, "faults produced error completions and recoveries");
+    // The JSON form carries the keys `cargo xtask soak --json` promises.
+    let j = rep.to_json();
+    for k in
+        ["ops", "faults", "completions", "lost", "duplicated", "data_mismatches", "leaked_dma_bytes", "leaked_fw_pages"]
+    {
+        assert!(j.get(k).is_some(), "missing {k}");
+    }
+}
+
+#[test]
+fn a_soak_repeats_exactly_from_its_seed() {
+    let a = run(Options { ops: 5_000, seed: 77, progress_every: 0 });
+    let b = run(Options { ops: 5_000, seed: 77, progress_every: 0 });
+    assert!(a.ok() && b.ok(), "{}\n{}", a.render(), b.render());
+    assert_eq!((a.ops, &a.opcodes, &a.faults, &a.completions), (b.ops, &b.opcodes, &b.faults, &b.completions));
+    let c = run(Options { ops: 5_000, seed: 78, progress_every: 0 });
+    assert_ne!(a.opcodes, c.opcodes, "another seed, another run");
+}
+
+#[test]
+fn the_terminal_faults_drain_with_flushes_made_by_the_driver() {
+    // Enough epochs that some end with the device dying under traffic.
+    let rep = run(Options { ops: 60_000, seed: 3, progress_every: 0 });
+    assert!(rep.ok(), "{}", rep.render());
+    let terminal: u64 = rep
+        .faults
+        .iter()
+        .filter(|(k, _)| k.starts_with("health_") || k.starts_with("device_gone"))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(terminal > 0, "{:?}", rep.faults);
+    assert!(rep.software_flushes > 0, "the dead devices' work was completed by the driver");
+}

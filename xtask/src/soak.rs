@@ -1,0 +1,27 @@
+//! `cargo xtask soak [--ops N] [--seed S] [--json] [--progress N]`: the fault-injection soak (`mlx5_tests::soak`,
+//! the `soak` binary of `mlx5-tests`), in release. Its exit status is the verdict: non-zero when an invariant
+//! failed. See SOAK.md.
+
+use std::path::Path;
+use std::process::Command;
+
+/// The CI run: a million work requests on one seed (about 3 s in release on a 2-CPU machine; SOAK.md).
+pub const CI_ARGS: &[&str] = &["--ops", "1000000", "--seed", "1"];
+
+pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = vec!["run", "--release", "-q", "-p", "mlx5-tests", "--bin", "soak", "--"];
+    cmd.extend(args.iter().map(String::as_str));
+    // On standard error, so that `--json` leaves one JSON object alone on standard output.
+    eprintln!("$ cargo {}", cmd.join(" "));
+    let status = Command::new(cargo)
+        .args(&cmd)
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("failed to run cargo {}: {e}", cmd.join(" ")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("soak failed ({status}): an invariant did not hold, or the soak could not run"))
+    }
+}
