@@ -228,7 +228,15 @@ impl Eqe {
                 put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, qpn & 0x00ff_ffff);
                 (kind.event_type().raw(), 0)
             }
-            Event::Other { event_type, sub_type } => (event_type, sub_type),
+            Event::Other { event_type, sub_type } => {
+                // A queue-error type decodes as `QpError` when the queue is a QP (type 0, what zeroed data
+                // says); `Other` of such a type was another queue's, so the image names one (an RQ).
+                let t = EventType::from_raw(event_type);
+                if matches!(t, EventType::WqCatasError | EventType::WqInvalReqError | EventType::WqAccessError) {
+                    e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_RQ as u8;
+                }
+                (event_type, sub_type)
+            }
         };
         e[c::mlx5_eqe::TYPE.off] = ty;
         e[c::mlx5_eqe::SUB_TYPE.off] = sub;

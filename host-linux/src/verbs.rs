@@ -1194,7 +1194,7 @@ impl<S: CanRecv> QueuePair<'_, S> {
 // ---------------------------------------------------------------------------------------------------------------
 // Work-request builders
 
-/// Builders for work requests: each returns a signaled request; chain [`WrExt`] methods to change flags.
+/// Builders for work requests: each returns a signaled request; chain [`WrExt`](wr::WrExt) methods to change flags.
 ///
 /// ```
 /// use mlx5_host::verbs::{wr, wr::WrExt, RemoteBuf, Sge};

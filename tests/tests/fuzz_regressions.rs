@@ -181,3 +181,25 @@ fn refused_page_give_does_not_end_a_waiting_create() {
     let _ = hca.teardown(&mut d);
     assert_eq!(dev.dma_outstanding(), (0, 0), "the kept buffer is freed once the function is disabled");
 }
+
+/// `eqe` target (`image`, artifact `crash-b2cfbe53…`): a WQ_INVAL_REQ_ERROR EQE for a queue that is not a QP
+/// decodes as `Event::Other`, but `Eqe::emit` of that `Other` left the queue-type byte zero, which names a QP, so the
+/// image it made decoded as `QpError`: emit and decode disagreed. Emit now names a non-QP queue for such an `Other`.
+#[test]
+fn an_other_queue_error_event_emits_as_other() {
+    for ty in [EventType::WqCatasError, EventType::WqInvalReqError, EventType::WqAccessError] {
+        let mut img = [0u8; 64];
+        img[c::mlx5_eqe::TYPE.off] = ty.raw();
+        img[c::mlx5_eqe::SUB_TYPE.off] = 0x10;
+        // The queue is an RQ (type 1), not a QP.
+        img[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off] = 1;
+        let ev = Eqe(img).event();
+        assert_eq!(ev, Event::Other { event_type: ty.raw(), sub_type: 0x10 });
+        assert_eq!(Eqe::emit(&ev).event(), ev);
+        // A QP's error still round-trips as itself.
+        img[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off] = 0;
+        let qp = Eqe(img).event();
+        assert!(matches!(qp, Event::QpError { .. }), "{qp:?}");
+        assert_eq!(Eqe::emit(&qp).event(), qp);
+    }
+}

@@ -70,6 +70,9 @@ fn ci(root: &Path) -> Result<(), String> {
     codegen::run_codegen(root, true)?;
     cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     cargo(root, &["test", "--workspace"])?;
+    // Rustdoc of the libraries a user reads, with every intra-doc link resolved.
+    let deny = r#"build.rustdocflags=["-D", "warnings"]"#;
+    cargo(root, &["doc", "--no-deps", "-p", "mlx5-core", "-p", "mlx5-sim", "-p", "mlx5-host", "--config", deny])?;
     cargo(root, &["build", "-p", "mlx5-core", "--target", EMBEDDED_TARGET])?;
     cargo(root, &["build", "-p", "mlx5-core", "--target", EMBEDDED_TARGET, "--features", "defmt"])?;
     cargo(
