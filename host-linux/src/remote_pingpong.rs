@@ -88,10 +88,7 @@ pub fn open_sim(role: &Role, timeout: Duration) -> Result<SimDevice, String> {
             Ok(dev)
         }
         Role::Client { host, .. } => {
-            let mut mac = base.mac;
-            mac[5] = mac[5].wrapping_add(1);
-            let cfg = SimConfig { mac, node_guid: base.node_guid + 1, lid: base.lid + 1, ..base };
-            let dev = SimDevice::new(cfg);
+            let dev = SimDevice::new(base.next_host());
             let at = format!("{host}:{wire}");
             let end = Instant::now() + timeout;
             loop {
@@ -139,8 +136,7 @@ pub fn decode_dest(msg: &[u8]) -> Result<RemoteQp, String> {
     for (k, b) in gid.iter_mut().enumerate() {
         *b = u8::from_str_radix(&g[2 * k..2 * k + 2], 16).map_err(|_| bad())?;
     }
-    let mac = [gid[8] ^ 2, gid[9], gid[10], gid[13], gid[14], gid[15]];
-    Ok(RemoteQp { qpn, psn, lid: lid as u16, gid, mac })
+    Ok(RemoteQp { qpn, psn, lid: lid as u16, gid, mac: crate::verbs::mac_of_gid(&gid) })
 }
 
 /// rc_pingpong's PSN: 24 random bits (here from the clock and the process id, which is random enough to tell

@@ -336,12 +336,7 @@ impl Context {
     /// # Ok::<(), mlx5_host::verbs::VerbsError>(())
     /// ```
     pub fn open_sim_pair_with(base: SimConfig) -> Result<(Context, Context)> {
-        let second = SimConfig {
-            node_guid: base.node_guid + 1,
-            mac: [base.mac[0], base.mac[1], base.mac[2], base.mac[3], base.mac[4], base.mac[5].wrapping_add(1)],
-            lid: base.lid + 1,
-            ..base.clone()
-        };
+        let second = base.next_host();
         let (da, db) = (SimDevice::new(base), SimDevice::new(second));
         da.connect(&db);
         Ok((Self::open_sim_device(da)?, Self::open_sim_device(db)?))
@@ -512,7 +507,7 @@ impl Drop for Context {
     }
 }
 
-fn mac_of_gid(gid: &[u8; 16]) -> [u8; 6] {
+pub(crate) fn mac_of_gid(gid: &[u8; 16]) -> [u8; 6] {
     // A link-local GID carries the MAC as a modified EUI-64: flip the U/L bit, drop ff:fe.
     [gid[8] ^ 2, gid[9], gid[10], gid[13], gid[14], gid[15]]
 }

@@ -215,6 +215,16 @@ pub struct SimConfig {
     pub lid: u16,
 }
 
+impl SimConfig {
+    /// Another host's device on the same fabric: this configuration with the next node GUID, MAC and LID, so the
+    /// two ports have distinct addresses.
+    pub fn next_host(&self) -> SimConfig {
+        let mut mac = self.mac;
+        mac[5] = mac[5].wrapping_add(1);
+        SimConfig { node_guid: self.node_guid.wrapping_add(1), mac, lid: self.lid.wrapping_add(1), ..self.clone() }
+    }
+}
+
 impl Default for SimConfig {
     fn default() -> Self {
         Self {

@@ -600,16 +600,7 @@ impl<'r> Epoch<'r> {
         let mut rng = Rng::new(epoch_seed);
         let port_type = if rng.one_in(3) { PortType::Ib } else { PortType::Eth };
         let base = SimConfig { port_type, ..SimConfig::default() };
-        let second = SimConfig {
-            node_guid: base.node_guid + 1,
-            mac: {
-                let mut m = base.mac;
-                m[5] = m[5].wrapping_add(1);
-                m
-            },
-            lid: base.lid + 1,
-            ..base.clone()
-        };
+        let second = base.next_host();
         let (da, db) = (SimDevice::new(base), SimDevice::new(second));
         da.connect(&db);
         let mut nodes = Vec::new();
