@@ -1849,6 +1849,776 @@ pub mod ifc {
         pub const MEMORY_PAGE_FAULT_SCHEME_CAP: Sub = Sub::new(64, 64);
         pub const MEM_PAGE_FAULT: Field = Field::new(1536, 1);
     }
+    /// `struct mlx5_ifc_set_roce_address_in_bits`: 48 bytes.
+    pub mod set_roce_address_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 48;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const ROCE_ADDRESS_INDEX: Field = Field::new(64, 16);
+        pub const VHCA_PORT_NUM: Field = Field::new(92, 4);
+        /// Nested `roce_addr_layout`.
+        pub const ROCE_ADDRESS: Sub = Sub::new(16, 32);
+    }
+    /// `struct mlx5_ifc_set_roce_address_out_bits`: 16 bytes.
+    pub mod set_roce_address_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_query_roce_address_in_bits`: 16 bytes.
+    pub mod query_roce_address_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const ROCE_ADDRESS_INDEX: Field = Field::new(64, 16);
+        pub const VHCA_PORT_NUM: Field = Field::new(92, 4);
+    }
+    /// `struct mlx5_ifc_query_roce_address_out_bits`: 48 bytes.
+    pub mod query_roce_address_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 48;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// Nested `roce_addr_layout`.
+        pub const ROCE_ADDRESS: Sub = Sub::new(16, 32);
+    }
+    /// `struct mlx5_ifc_roce_addr_layout_bits`: 32 bytes.
+    pub mod roce_addr_layout {
+        use super::*;
+        pub const SIZE_BYTES: usize = 32;
+        pub const SOURCE_L3_ADDRESS: Array = Array::new(0, 16, 8);
+        pub const VLAN_VALID: Field = Field::new(131, 1);
+        pub const VLAN_ID: Field = Field::new(132, 12);
+        pub const SOURCE_MAC_47_32: Field = Field::new(144, 16);
+        pub const SOURCE_MAC_31_0: Field = Field::new(160, 32);
+        pub const ROCE_L3_TYPE: Field = Field::new(212, 4);
+        pub const ROCE_VERSION: Field = Field::new(216, 8);
+    }
+    /// `struct mlx5_ifc_alloc_q_counter_in_bits`: 16 bytes.
+    pub mod alloc_q_counter_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+    }
+    /// `struct mlx5_ifc_alloc_q_counter_out_bits`: 16 bytes.
+    pub mod alloc_q_counter_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        pub const COUNTER_SET_ID: Field = Field::new(88, 8);
+    }
+    /// `struct mlx5_ifc_dealloc_q_counter_in_bits`: 16 bytes.
+    pub mod dealloc_q_counter_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const COUNTER_SET_ID: Field = Field::new(88, 8);
+    }
+    /// `struct mlx5_ifc_dealloc_q_counter_out_bits`: 16 bytes.
+    pub mod dealloc_q_counter_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_query_q_counter_in_bits`: 32 bytes.
+    pub mod query_q_counter_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 32;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        pub const CLEAR: Field = Field::new(192, 1);
+        pub const AGGREGATE: Field = Field::new(193, 1);
+        pub const COUNTER_SET_ID: Field = Field::new(248, 8);
+    }
+    /// `struct mlx5_ifc_query_q_counter_out_bits`: 256 bytes.
+    pub mod query_q_counter_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 256;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        pub const RX_WRITE_REQUESTS: Field = Field::new(128, 32);
+        pub const RX_READ_REQUESTS: Field = Field::new(192, 32);
+        pub const RX_ATOMIC_REQUESTS: Field = Field::new(256, 32);
+        pub const RX_DCT_CONNECT: Field = Field::new(320, 32);
+        pub const OUT_OF_BUFFER: Field = Field::new(384, 32);
+        pub const OUT_OF_SEQUENCE: Field = Field::new(448, 32);
+        pub const DUPLICATE_REQUEST: Field = Field::new(512, 32);
+        pub const RNR_NAK_RETRY_ERR: Field = Field::new(576, 32);
+        pub const PACKET_SEQ_ERR: Field = Field::new(640, 32);
+        pub const IMPLIED_NAK_SEQ_ERR: Field = Field::new(704, 32);
+        pub const LOCAL_ACK_TIMEOUT_ERR: Field = Field::new(768, 32);
+        pub const REQ_RNR_RETRIES_EXCEEDED: Field = Field::new(896, 32);
+        pub const RESP_LOCAL_LENGTH_ERROR: Field = Field::new(960, 32);
+        pub const REQ_LOCAL_LENGTH_ERROR: Field = Field::new(992, 32);
+        pub const RESP_LOCAL_QP_ERROR: Field = Field::new(1024, 32);
+        pub const LOCAL_OPERATION_ERROR: Field = Field::new(1056, 32);
+        pub const RESP_LOCAL_PROTECTION: Field = Field::new(1088, 32);
+        pub const REQ_LOCAL_PROTECTION: Field = Field::new(1120, 32);
+        pub const RESP_CQE_ERROR: Field = Field::new(1152, 32);
+        pub const REQ_CQE_ERROR: Field = Field::new(1184, 32);
+        pub const REQ_MW_BINDING: Field = Field::new(1216, 32);
+        pub const REQ_BAD_RESPONSE: Field = Field::new(1248, 32);
+        pub const REQ_REMOTE_INVALID_REQUEST: Field = Field::new(1280, 32);
+        pub const RESP_REMOTE_INVALID_REQUEST: Field = Field::new(1312, 32);
+        pub const REQ_REMOTE_ACCESS_ERRORS: Field = Field::new(1344, 32);
+        pub const RESP_REMOTE_ACCESS_ERRORS: Field = Field::new(1376, 32);
+        pub const REQ_REMOTE_OPERATION_ERRORS: Field = Field::new(1408, 32);
+        pub const REQ_TRANSPORT_RETRIES_EXCEEDED: Field = Field::new(1440, 32);
+        pub const CQ_OVERFLOW: Field = Field::new(1472, 32);
+        pub const RESP_CQE_FLUSH_ERROR: Field = Field::new(1504, 32);
+        pub const REQ_CQE_FLUSH_ERROR: Field = Field::new(1536, 32);
+        pub const ROCE_ADP_RETRANS: Field = Field::new(1600, 32);
+        pub const ROCE_ADP_RETRANS_TO: Field = Field::new(1632, 32);
+        pub const ROCE_SLOW_RESTART: Field = Field::new(1664, 32);
+        pub const ROCE_SLOW_RESTART_CNPS: Field = Field::new(1696, 32);
+        pub const ROCE_SLOW_RESTART_TRANS: Field = Field::new(1728, 32);
+    }
+    /// `struct mlx5_ifc_destroy_srq_in_bits`: 16 bytes.
+    pub mod destroy_srq_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const SRQN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_srq_out_bits`: 16 bytes.
+    pub mod destroy_srq_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_query_srq_in_bits`: 16 bytes.
+    pub mod query_srq_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const SRQN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_query_srq_out_bits`: 272 bytes.
+    pub mod query_srq_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 272;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// Nested `srqc`.
+        pub const SRQ_CONTEXT_ENTRY: Sub = Sub::new(16, 64);
+        /// Flexible array: element `i` at `offset + i * elem_bits`.
+        pub const PAS: Array = Array::new(2176, 0, 64);
+    }
+    /// `struct mlx5_ifc_arm_rq_in_bits`: 16 bytes.
+    pub mod arm_rq_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const SRQ_NUMBER: Field = Field::new(72, 24);
+        pub const LWM: Field = Field::new(112, 16);
+    }
+    /// `struct mlx5_ifc_arm_rq_out_bits`: 16 bytes.
+    pub mod arm_rq_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_create_rmp_in_bits`: 272 bytes.
+    pub mod create_rmp_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 272;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// Nested `rmpc`.
+        pub const CTX: Sub = Sub::new(32, 240);
+    }
+    /// `struct mlx5_ifc_create_rmp_out_bits`: 16 bytes.
+    pub mod create_rmp_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        pub const RMPN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_rmpc_bits`: 240 bytes.
+    pub mod rmpc {
+        use super::*;
+        pub const SIZE_BYTES: usize = 240;
+        pub const STATE: Field = Field::new(8, 4);
+        pub const BASIC_CYCLIC_RCV_WQE: Field = Field::new(32, 1);
+        /// Nested `wq`.
+        pub const WQ: Sub = Sub::new(48, 192);
+    }
+    /// `struct mlx5_ifc_modify_rmp_in_bits`: 272 bytes.
+    pub mod modify_rmp_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 272;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const RMP_STATE: Field = Field::new(64, 4);
+        pub const RMPN: Field = Field::new(72, 24);
+        /// Nested `rmp_bitmask`.
+        pub const BITMASK: Sub = Sub::new(16, 8);
+        /// Nested `rmpc`.
+        pub const CTX: Sub = Sub::new(32, 240);
+    }
+    /// `struct mlx5_ifc_modify_rmp_out_bits`: 16 bytes.
+    pub mod modify_rmp_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_rmp_bitmask_bits`: 8 bytes.
+    pub mod rmp_bitmask {
+        use super::*;
+        pub const SIZE_BYTES: usize = 8;
+        pub const LWM: Field = Field::new(63, 1);
+    }
+    /// `struct mlx5_ifc_query_rmp_in_bits`: 16 bytes.
+    pub mod query_rmp_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const RMPN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_query_rmp_out_bits`: 272 bytes.
+    pub mod query_rmp_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 272;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// Nested `rmpc`.
+        pub const RMP_CONTEXT: Sub = Sub::new(32, 240);
+    }
+    /// `struct mlx5_ifc_destroy_rmp_in_bits`: 16 bytes.
+    pub mod destroy_rmp_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const RMPN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_rmp_out_bits`: 16 bytes.
+    pub mod destroy_rmp_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_init2init_qp_in_bits`: 272 bytes.
+    pub mod init2init_qp_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 272;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const QPN: Field = Field::new(72, 24);
+        pub const OPT_PARAM_MASK: Field = Field::new(128, 32);
+        pub const ECE: Field = Field::new(160, 32);
+        /// Nested `qpc`.
+        pub const QPC: Sub = Sub::new(24, 232);
+    }
+    /// `struct mlx5_ifc_init2init_qp_out_bits`: 16 bytes.
+    pub mod init2init_qp_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        pub const ECE: Field = Field::new(96, 32);
+    }
+    /// `struct mlx5_ifc_sqerr2rts_qp_in_bits`: 272 bytes.
+    pub mod sqerr2rts_qp_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 272;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const QPN: Field = Field::new(72, 24);
+        pub const OPT_PARAM_MASK: Field = Field::new(128, 32);
+        /// Nested `qpc`.
+        pub const QPC: Sub = Sub::new(24, 232);
+    }
+    /// `struct mlx5_ifc_sqerr2rts_qp_out_bits`: 16 bytes.
+    pub mod sqerr2rts_qp_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_sqd2rts_qp_in_bits`: 272 bytes.
+    pub mod sqd2rts_qp_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 272;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const QPN: Field = Field::new(72, 24);
+        pub const OPT_PARAM_MASK: Field = Field::new(128, 32);
+        /// Nested `qpc`.
+        pub const QPC: Sub = Sub::new(24, 232);
+    }
+    /// `struct mlx5_ifc_sqd2rts_qp_out_bits`: 16 bytes.
+    pub mod sqd2rts_qp_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_alloc_xrcd_in_bits`: 16 bytes.
+    pub mod alloc_xrcd_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+    }
+    /// `struct mlx5_ifc_alloc_xrcd_out_bits`: 16 bytes.
+    pub mod alloc_xrcd_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        pub const XRCD: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_dealloc_xrcd_in_bits`: 16 bytes.
+    pub mod dealloc_xrcd_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const XRCD: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_dealloc_xrcd_out_bits`: 16 bytes.
+    pub mod dealloc_xrcd_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_create_xrc_srq_in_bits`: 272 bytes.
+    pub mod create_xrc_srq_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 272;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// Nested `xrc_srqc`.
+        pub const XRC_SRQ_CONTEXT_ENTRY: Sub = Sub::new(16, 64);
+        pub const XRC_SRQ_UMEM_VALID: Field = Field::new(736, 1);
+        /// Flexible array: element `i` at `offset + i * elem_bits`.
+        pub const PAS: Array = Array::new(2176, 0, 64);
+    }
+    /// `struct mlx5_ifc_create_xrc_srq_out_bits`: 16 bytes.
+    pub mod create_xrc_srq_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        pub const XRC_SRQN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_xrc_srqc_bits`: 64 bytes.
+    pub mod xrc_srqc {
+        use super::*;
+        pub const SIZE_BYTES: usize = 64;
+        pub const STATE: Field = Field::new(0, 4);
+        pub const LOG_XRC_SRQ_SIZE: Field = Field::new(4, 4);
+        pub const WQ_SIGNATURE: Field = Field::new(32, 1);
+        pub const CONT_SRQ: Field = Field::new(33, 1);
+        pub const RLKY: Field = Field::new(35, 1);
+        pub const BASIC_CYCLIC_RCV_WQE: Field = Field::new(36, 1);
+        pub const LOG_RQ_STRIDE: Field = Field::new(37, 3);
+        pub const XRCD: Field = Field::new(40, 24);
+        pub const PAGE_OFFSET: Field = Field::new(64, 6);
+        pub const DBR_UMEM_VALID: Field = Field::new(71, 1);
+        pub const CQN: Field = Field::new(72, 24);
+        pub const USER_INDEX_EQUAL_XRC_SRQN: Field = Field::new(128, 1);
+        pub const LOG_PAGE_SIZE: Field = Field::new(130, 6);
+        pub const USER_INDEX: Field = Field::new(136, 24);
+        pub const PD: Field = Field::new(200, 24);
+        pub const LWM: Field = Field::new(224, 16);
+        pub const WQE_CNT: Field = Field::new(240, 16);
+        pub const DB_RECORD_ADDR_H: Field = Field::new(320, 32);
+        pub const DB_RECORD_ADDR_L: Field = Field::new(352, 30);
+    }
+    /// `struct mlx5_ifc_destroy_xrc_srq_in_bits`: 16 bytes.
+    pub mod destroy_xrc_srq_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const XRC_SRQN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_xrc_srq_out_bits`: 16 bytes.
+    pub mod destroy_xrc_srq_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_attach_to_mcg_in_bits`: 32 bytes.
+    pub mod attach_to_mcg_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 32;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const QPN: Field = Field::new(72, 24);
+        pub const MULTICAST_GID: Array = Array::new(128, 16, 8);
+    }
+    /// `struct mlx5_ifc_attach_to_mcg_out_bits`: 16 bytes.
+    pub mod attach_to_mcg_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_detach_from_mcg_in_bits`: 32 bytes.
+    pub mod detach_from_mcg_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 32;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const QPN: Field = Field::new(72, 24);
+        pub const MULTICAST_GID: Array = Array::new(128, 16, 8);
+    }
+    /// `struct mlx5_ifc_detach_from_mcg_out_bits`: 16 bytes.
+    pub mod detach_from_mcg_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_query_hca_vport_pkey_in_bits`: 16 bytes.
+    pub mod query_hca_vport_pkey_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        pub const PORT_NUM: Field = Field::new(76, 4);
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        pub const PKEY_INDEX: Field = Field::new(112, 16);
+    }
+    /// `struct mlx5_ifc_query_hca_vport_pkey_out_bits`: 16 bytes.
+    pub mod query_hca_vport_pkey_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// Array of `pkey`.
+        /// Flexible array: element `i` at `offset + i * elem_bits`.
+        pub const PKEY: Array = Array::new(128, 0, 32);
+    }
+    /// `struct mlx5_ifc_modify_sq_in_bits`: 272 bytes.
+    pub mod modify_sq_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 272;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const SQ_STATE: Field = Field::new(64, 4);
+        pub const SQN: Field = Field::new(72, 24);
+        pub const MODIFY_BITMASK: Field = Field::new(128, 64);
+        /// Nested `sqc`.
+        pub const CTX: Sub = Sub::new(32, 240);
+    }
+    /// `struct mlx5_ifc_modify_sq_out_bits`: 16 bytes.
+    pub mod modify_sq_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_modify_rq_in_bits`: 272 bytes.
+    pub mod modify_rq_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 272;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const RQ_STATE: Field = Field::new(64, 4);
+        pub const RQN: Field = Field::new(72, 24);
+        pub const MODIFY_BITMASK: Field = Field::new(128, 64);
+        /// Nested `rqc`.
+        pub const CTX: Sub = Sub::new(32, 240);
+    }
+    /// `struct mlx5_ifc_modify_rq_out_bits`: 16 bytes.
+    pub mod modify_rq_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_destroy_sq_in_bits`: 16 bytes.
+    pub mod destroy_sq_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const SQN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_sq_out_bits`: 16 bytes.
+    pub mod destroy_sq_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_destroy_rq_in_bits`: 16 bytes.
+    pub mod destroy_rq_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const RQN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_rq_out_bits`: 16 bytes.
+    pub mod destroy_rq_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_destroy_tis_in_bits`: 16 bytes.
+    pub mod destroy_tis_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const TISN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_tis_out_bits`: 16 bytes.
+    pub mod destroy_tis_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_destroy_tir_in_bits`: 16 bytes.
+    pub mod destroy_tir_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const UID: Field = Field::new(16, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const TIRN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_tir_out_bits`: 16 bytes.
+    pub mod destroy_tir_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_create_flow_group_in_bits`: 1024 bytes.
+    pub mod create_flow_group_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 1024;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        pub const TABLE_TYPE: Field = Field::new(128, 8);
+        pub const GROUP_TYPE: Field = Field::new(140, 4);
+        pub const TABLE_ID: Field = Field::new(168, 24);
+        pub const SOURCE_ESWITCH_OWNER_VHCA_ID_VALID: Field = Field::new(192, 1);
+        pub const START_FLOW_INDEX: Field = Field::new(224, 32);
+        pub const END_FLOW_INDEX: Field = Field::new(288, 32);
+        pub const MATCH_DEFINER_ID: Field = Field::new(336, 16);
+        pub const MATCH_CRITERIA_ENABLE: Field = Field::new(504, 8);
+        /// Nested `fte_match_param`.
+        pub const MATCH_CRITERIA: Sub = Sub::new(64, 512);
+    }
+    /// `struct mlx5_ifc_create_flow_group_out_bits`: 16 bytes.
+    pub mod create_flow_group_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        pub const GROUP_ID: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_flow_group_in_bits`: 64 bytes.
+    pub mod destroy_flow_group_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 64;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        pub const TABLE_TYPE: Field = Field::new(128, 8);
+        pub const TABLE_ID: Field = Field::new(168, 24);
+        pub const GROUP_ID: Field = Field::new(192, 32);
+    }
+    /// `struct mlx5_ifc_destroy_flow_group_out_bits`: 16 bytes.
+    pub mod destroy_flow_group_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_set_fte_in_bits`: 832 bytes.
+    pub mod set_fte_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 832;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        pub const TABLE_TYPE: Field = Field::new(128, 8);
+        pub const TABLE_ID: Field = Field::new(168, 24);
+        pub const IGNORE_FLOW_LEVEL: Field = Field::new(192, 1);
+        pub const MODIFY_ENABLE_MASK: Field = Field::new(216, 8);
+        pub const FLOW_INDEX: Field = Field::new(256, 32);
+        /// Nested `flow_context`.
+        pub const FLOW_CONTEXT: Sub = Sub::new(64, 768);
+    }
+    /// `struct mlx5_ifc_set_fte_out_bits`: 16 bytes.
+    pub mod set_fte_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_flow_context_bits`: 768 bytes.
+    pub mod flow_context {
+        use super::*;
+        pub const SIZE_BYTES: usize = 768;
+        /// Nested `vlan`.
+        pub const PUSH_VLAN: Sub = Sub::new(0, 4);
+        pub const GROUP_ID: Field = Field::new(32, 32);
+        pub const FLOW_TAG: Field = Field::new(72, 24);
+        pub const ACTION: Field = Field::new(112, 16);
+        pub const EXTENDED_DESTINATION: Field = Field::new(128, 1);
+        pub const UPLINK_HAIRPIN_EN: Field = Field::new(129, 1);
+        pub const FLOW_SOURCE: Field = Field::new(130, 2);
+        pub const ENCRYPT_DECRYPT_TYPE: Field = Field::new(132, 4);
+        pub const DESTINATION_LIST_SIZE: Field = Field::new(136, 24);
+        pub const FLOW_COUNTER_LIST_SIZE: Field = Field::new(168, 24);
+        pub const PACKET_REFORMAT_ID: Field = Field::new(192, 32);
+        pub const MODIFY_HEADER_ID: Field = Field::new(224, 32);
+        /// Nested `vlan`.
+        pub const PUSH_VLAN_2: Sub = Sub::new(32, 4);
+        pub const ENCRYPT_DECRYPT_OBJ_ID: Field = Field::new(288, 32);
+        /// Nested `fte_match_param`.
+        pub const MATCH_VALUE: Sub = Sub::new(64, 512);
+        /// Array of `execute_aso`.
+        pub const EXECUTE_ASO: Array = Array::new(4608, 4, 64);
+        /// Array of `dest_format_flow_counter_list_auto`.
+        /// Flexible array: element `i` at `offset + i * elem_bits`.
+        pub const DESTINATION: Array = Array::new(6144, 0, 128);
+    }
+    /// `struct mlx5_ifc_dest_format_struct_bits`: 8 bytes.
+    pub mod dest_format_struct {
+        use super::*;
+        pub const SIZE_BYTES: usize = 8;
+        pub const DESTINATION_TYPE: Field = Field::new(0, 8);
+        pub const DESTINATION_ID: Field = Field::new(8, 24);
+        pub const DESTINATION_ESWITCH_OWNER_VHCA_ID_VALID: Field = Field::new(32, 1);
+        pub const PACKET_REFORMAT: Field = Field::new(33, 1);
+        pub const DESTINATION_TABLE_TYPE: Field = Field::new(40, 8);
+        pub const DESTINATION_ESWITCH_OWNER_VHCA_ID: Field = Field::new(48, 16);
+    }
+    /// `struct mlx5_ifc_fte_match_param_bits`: 512 bytes.
+    pub mod fte_match_param {
+        use super::*;
+        pub const SIZE_BYTES: usize = 512;
+        /// Nested `fte_match_set_lyr_2_4`.
+        pub const OUTER_HEADERS: Sub = Sub::new(0, 64);
+        /// Nested `fte_match_set_misc`.
+        pub const MISC_PARAMETERS: Sub = Sub::new(64, 64);
+        /// Nested `fte_match_set_lyr_2_4`.
+        pub const INNER_HEADERS: Sub = Sub::new(128, 64);
+        /// Nested `fte_match_set_misc2`.
+        pub const MISC_PARAMETERS_2: Sub = Sub::new(192, 64);
+        /// Nested `fte_match_set_misc3`.
+        pub const MISC_PARAMETERS_3: Sub = Sub::new(256, 64);
+        /// Nested `fte_match_set_misc4`.
+        pub const MISC_PARAMETERS_4: Sub = Sub::new(320, 64);
+        /// Nested `fte_match_set_misc5`.
+        pub const MISC_PARAMETERS_5: Sub = Sub::new(384, 64);
+    }
+    /// `struct mlx5_ifc_delete_fte_in_bits`: 64 bytes.
+    pub mod delete_fte_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 64;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        pub const TABLE_TYPE: Field = Field::new(128, 8);
+        pub const TABLE_ID: Field = Field::new(168, 24);
+        pub const FLOW_INDEX: Field = Field::new(256, 32);
+    }
+    /// `struct mlx5_ifc_delete_fte_out_bits`: 16 bytes.
+    pub mod delete_fte_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_modify_nic_vport_context_in_bits`: 512 bytes.
+    pub mod modify_nic_vport_context_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 512;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        /// Nested `modify_nic_vport_field_select`.
+        pub const FIELD_SELECT: Sub = Sub::new(12, 4);
+        /// Nested `nic_vport_context`.
+        pub const NIC_VPORT_CONTEXT: Sub = Sub::new(256, 256);
+    }
+    /// `struct mlx5_ifc_modify_nic_vport_context_out_bits`: 16 bytes.
+    pub mod modify_nic_vport_context_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_query_mkey_in_bits`: 16 bytes.
+    pub mod query_mkey_in {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const OPCODE: Field = Field::new(0, 16);
+        pub const OP_MOD: Field = Field::new(48, 16);
+        pub const MKEY_INDEX: Field = Field::new(72, 24);
+        pub const PG_ACCESS: Field = Field::new(96, 1);
+    }
+    /// `struct mlx5_ifc_query_mkey_out_bits`: 304 bytes.
+    pub mod query_mkey_out {
+        use super::*;
+        pub const SIZE_BYTES: usize = 304;
+        pub const STATUS: Field = Field::new(0, 8);
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// Nested `mkc`.
+        pub const MEMORY_KEY_MKEY_ENTRY: Sub = Sub::new(16, 64);
+        pub const BSF0_KLM0_PAS_MTT0_1: Array = Array::new(2176, 16, 8);
+        pub const BSF1_KLM1_PAS_MTT2_3: Array = Array::new(2304, 16, 8);
+    }
     /// `struct mlx5_ifc_array128_auto_bits`: 16 bytes.
     pub mod array128_auto {
         use super::*;
@@ -1917,6 +2687,15 @@ pub mod ifc {
         pub const CORE_DUMP_QP: Field = Field::new(1, 1);
         pub const RESOURCE_DUMP: Field = Field::new(9, 1);
         pub const STALL_DETECT: Field = Field::new(34, 1);
+    }
+    /// `union mlx5_ifc_dest_format_flow_counter_list_auto_bits`: 16 bytes.
+    pub mod dest_format_flow_counter_list_auto {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        /// Nested `extended_dest_format`.
+        pub const EXTENDED_DEST_FORMAT: Sub = Sub::new(0, 16);
+        /// Nested `flow_counter_list`.
+        pub const FLOW_COUNTER_LIST: Sub = Sub::new(0, 8);
     }
     /// `struct mlx5_ifc_device_mem_cap_bits`: 256 bytes.
     pub mod device_mem_cap {
@@ -2007,6 +2786,46 @@ pub mod ifc {
         pub const STALL_VL_EVENT: Sub = Sub::new(0, 24);
         /// Nested `cmd_inter_comp_event`.
         pub const CMD_INTER_COMP_EVENT: Sub = Sub::new(0, 28);
+    }
+    /// `union mlx5_ifc_exe_aso_ctrl`: 4 bytes.
+    pub mod exe_aso_ctrl {
+        use super::*;
+        pub const SIZE_BYTES: usize = 4;
+        /// Nested `exe_aso_ctrl_flow_meter`.
+        pub const EXE_ASO_CTRL_FLOW_METER: Sub = Sub::new(0, 4);
+    }
+    /// `struct mlx5_ifc_exe_aso_ctrl_flow_meter_bits`: 4 bytes.
+    pub mod exe_aso_ctrl_flow_meter {
+        use super::*;
+        pub const SIZE_BYTES: usize = 4;
+        pub const RETURN_REG_ID: Field = Field::new(0, 4);
+        pub const ASO_TYPE: Field = Field::new(4, 4);
+        pub const ACTION: Field = Field::new(28, 1);
+        pub const INIT_COLOR: Field = Field::new(29, 2);
+        pub const METER_ID: Field = Field::new(31, 1);
+    }
+    /// `struct mlx5_ifc_execute_aso_bits`: 8 bytes.
+    pub mod execute_aso {
+        use super::*;
+        pub const SIZE_BYTES: usize = 8;
+        pub const VALID: Field = Field::new(0, 1);
+        pub const ASO_OBJECT_ID: Field = Field::new(8, 24);
+        /// Nested `exe_aso_ctrl`.
+        pub const EXE_ASO_CTRL: Sub = Sub::new(4, 4);
+    }
+    /// `struct mlx5_ifc_extended_dest_format_bits`: 16 bytes.
+    pub mod extended_dest_format {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        /// Nested `dest_format_struct`.
+        pub const DESTINATION_ENTRY: Sub = Sub::new(0, 8);
+        pub const PACKET_REFORMAT_ID: Field = Field::new(64, 32);
+    }
+    /// `struct mlx5_ifc_flow_counter_list_bits`: 8 bytes.
+    pub mod flow_counter_list {
+        use super::*;
+        pub const SIZE_BYTES: usize = 8;
+        pub const FLOW_COUNTER_ID: Field = Field::new(0, 32);
     }
     /// `struct mlx5_ifc_flow_table_eswitch_cap_bits`: 4096 bytes.
     pub mod flow_table_eswitch_cap {
@@ -2258,12 +3077,173 @@ pub mod ifc {
         pub const LOG_DDR_SIZE: Field = Field::new(90, 6);
         pub const MAX_FPGA_QP_MSG_SIZE: Field = Field::new(96, 32);
     }
+    /// `struct mlx5_ifc_fte_match_mpls_bits`: 4 bytes.
+    pub mod fte_match_mpls {
+        use super::*;
+        pub const SIZE_BYTES: usize = 4;
+        pub const MPLS_LABEL: Field = Field::new(0, 20);
+        pub const MPLS_EXP: Field = Field::new(20, 3);
+        pub const MPLS_S_BOS: Field = Field::new(23, 1);
+        pub const MPLS_TTL: Field = Field::new(24, 8);
+    }
+    /// `struct mlx5_ifc_fte_match_set_lyr_2_4_bits`: 64 bytes.
+    pub mod fte_match_set_lyr_2_4 {
+        use super::*;
+        pub const SIZE_BYTES: usize = 64;
+        pub const SMAC_47_16: Field = Field::new(0, 32);
+        pub const SMAC_15_0: Field = Field::new(32, 16);
+        pub const ETHERTYPE: Field = Field::new(48, 16);
+        pub const DMAC_47_16: Field = Field::new(64, 32);
+        pub const DMAC_15_0: Field = Field::new(96, 16);
+        pub const FIRST_PRIO: Field = Field::new(112, 3);
+        pub const FIRST_CFI: Field = Field::new(115, 1);
+        pub const FIRST_VID: Field = Field::new(116, 12);
+        pub const IP_PROTOCOL: Field = Field::new(128, 8);
+        pub const IP_DSCP: Field = Field::new(136, 6);
+        pub const IP_ECN: Field = Field::new(142, 2);
+        pub const CVLAN_TAG: Field = Field::new(144, 1);
+        pub const SVLAN_TAG: Field = Field::new(145, 1);
+        pub const FRAG: Field = Field::new(146, 1);
+        pub const IP_VERSION: Field = Field::new(147, 4);
+        pub const TCP_FLAGS: Field = Field::new(151, 9);
+        pub const TCP_SPORT: Field = Field::new(160, 16);
+        pub const TCP_DPORT: Field = Field::new(176, 16);
+        pub const L4_TYPE: Field = Field::new(192, 2);
+        pub const IPV4_IHL: Field = Field::new(208, 4);
+        pub const TTL_HOPLIMIT: Field = Field::new(216, 8);
+        pub const UDP_SPORT: Field = Field::new(224, 16);
+        pub const UDP_DPORT: Field = Field::new(240, 16);
+        /// Nested `ipv6_layout_ipv4_layout_auto`.
+        pub const SRC_IPV4_SRC_IPV6: Sub = Sub::new(32, 16);
+        /// Nested `ipv6_layout_ipv4_layout_auto`.
+        pub const DST_IPV4_DST_IPV6: Sub = Sub::new(48, 16);
+    }
+    /// `struct mlx5_ifc_fte_match_set_misc_bits`: 64 bytes.
+    pub mod fte_match_set_misc {
+        use super::*;
+        pub const SIZE_BYTES: usize = 64;
+        pub const GRE_C_PRESENT: Field = Field::new(0, 1);
+        pub const GRE_K_PRESENT: Field = Field::new(2, 1);
+        pub const GRE_S_PRESENT: Field = Field::new(3, 1);
+        pub const SOURCE_VHCA_PORT: Field = Field::new(4, 4);
+        pub const SOURCE_SQN: Field = Field::new(8, 24);
+        pub const SOURCE_ESWITCH_OWNER_VHCA_ID: Field = Field::new(32, 16);
+        pub const SOURCE_PORT: Field = Field::new(48, 16);
+        pub const OUTER_SECOND_PRIO: Field = Field::new(64, 3);
+        pub const OUTER_SECOND_CFI: Field = Field::new(67, 1);
+        pub const OUTER_SECOND_VID: Field = Field::new(68, 12);
+        pub const INNER_SECOND_PRIO: Field = Field::new(80, 3);
+        pub const INNER_SECOND_CFI: Field = Field::new(83, 1);
+        pub const INNER_SECOND_VID: Field = Field::new(84, 12);
+        pub const OUTER_SECOND_CVLAN_TAG: Field = Field::new(96, 1);
+        pub const INNER_SECOND_CVLAN_TAG: Field = Field::new(97, 1);
+        pub const OUTER_SECOND_SVLAN_TAG: Field = Field::new(98, 1);
+        pub const INNER_SECOND_SVLAN_TAG: Field = Field::new(99, 1);
+        pub const GRE_PROTOCOL: Field = Field::new(112, 16);
+        /// Nested `gre_key`.
+        pub const GRE_KEY: Sub = Sub::new(16, 4);
+        pub const VXLAN_VNI: Field = Field::new(160, 24);
+        pub const BTH_OPCODE: Field = Field::new(184, 8);
+        pub const GENEVE_VNI: Field = Field::new(192, 24);
+        pub const GENEVE_TLV_OPTION_0_EXIST: Field = Field::new(222, 1);
+        pub const GENEVE_OAM: Field = Field::new(223, 1);
+        pub const OUTER_IPV6_FLOW_LABEL: Field = Field::new(236, 20);
+        pub const INNER_IPV6_FLOW_LABEL: Field = Field::new(268, 20);
+        pub const GENEVE_OPT_LEN: Field = Field::new(298, 6);
+        pub const GENEVE_PROTOCOL_TYPE: Field = Field::new(304, 16);
+        pub const BTH_DST_QP: Field = Field::new(328, 24);
+        pub const INNER_ESP_SPI: Field = Field::new(352, 32);
+        pub const OUTER_ESP_SPI: Field = Field::new(384, 32);
+    }
+    /// `struct mlx5_ifc_fte_match_set_misc2_bits`: 64 bytes.
+    pub mod fte_match_set_misc2 {
+        use super::*;
+        pub const SIZE_BYTES: usize = 64;
+        /// Nested `fte_match_mpls`.
+        pub const OUTER_FIRST_MPLS: Sub = Sub::new(0, 4);
+        /// Nested `fte_match_mpls`.
+        pub const INNER_FIRST_MPLS: Sub = Sub::new(4, 4);
+        /// Nested `fte_match_mpls`.
+        pub const OUTER_FIRST_MPLS_OVER_GRE: Sub = Sub::new(8, 4);
+        /// Nested `fte_match_mpls`.
+        pub const OUTER_FIRST_MPLS_OVER_UDP: Sub = Sub::new(12, 4);
+        pub const METADATA_REG_C_7: Field = Field::new(128, 32);
+        pub const METADATA_REG_C_6: Field = Field::new(160, 32);
+        pub const METADATA_REG_C_5: Field = Field::new(192, 32);
+        pub const METADATA_REG_C_4: Field = Field::new(224, 32);
+        pub const METADATA_REG_C_3: Field = Field::new(256, 32);
+        pub const METADATA_REG_C_2: Field = Field::new(288, 32);
+        pub const METADATA_REG_C_1: Field = Field::new(320, 32);
+        pub const METADATA_REG_C_0: Field = Field::new(352, 32);
+        pub const METADATA_REG_A: Field = Field::new(384, 32);
+        pub const MACSEC_SYNDROME: Field = Field::new(424, 8);
+        pub const IPSEC_SYNDROME: Field = Field::new(432, 8);
+    }
+    /// `struct mlx5_ifc_fte_match_set_misc3_bits`: 64 bytes.
+    pub mod fte_match_set_misc3 {
+        use super::*;
+        pub const SIZE_BYTES: usize = 64;
+        pub const INNER_TCP_SEQ_NUM: Field = Field::new(0, 32);
+        pub const OUTER_TCP_SEQ_NUM: Field = Field::new(32, 32);
+        pub const INNER_TCP_ACK_NUM: Field = Field::new(64, 32);
+        pub const OUTER_TCP_ACK_NUM: Field = Field::new(96, 32);
+        pub const OUTER_VXLAN_GPE_VNI: Field = Field::new(136, 24);
+        pub const OUTER_VXLAN_GPE_NEXT_PROTOCOL: Field = Field::new(160, 8);
+        pub const OUTER_VXLAN_GPE_FLAGS: Field = Field::new(168, 8);
+        pub const ICMP_HEADER_DATA: Field = Field::new(192, 32);
+        pub const ICMPV6_HEADER_DATA: Field = Field::new(224, 32);
+        pub const ICMP_TYPE: Field = Field::new(256, 8);
+        pub const ICMP_CODE: Field = Field::new(264, 8);
+        pub const ICMPV6_TYPE: Field = Field::new(272, 8);
+        pub const ICMPV6_CODE: Field = Field::new(280, 8);
+        pub const GENEVE_TLV_OPTION_0_DATA: Field = Field::new(288, 32);
+        pub const GTPU_TEID: Field = Field::new(320, 32);
+        pub const GTPU_MSG_TYPE: Field = Field::new(352, 8);
+        pub const GTPU_MSG_FLAGS: Field = Field::new(360, 8);
+        pub const GTPU_DW_2: Field = Field::new(384, 32);
+        pub const GTPU_FIRST_EXT_DW_0: Field = Field::new(416, 32);
+        pub const GTPU_DW_0: Field = Field::new(448, 32);
+    }
+    /// `struct mlx5_ifc_fte_match_set_misc4_bits`: 64 bytes.
+    pub mod fte_match_set_misc4 {
+        use super::*;
+        pub const SIZE_BYTES: usize = 64;
+        pub const PROG_SAMPLE_FIELD_VALUE_0: Field = Field::new(0, 32);
+        pub const PROG_SAMPLE_FIELD_ID_0: Field = Field::new(32, 32);
+        pub const PROG_SAMPLE_FIELD_VALUE_1: Field = Field::new(64, 32);
+        pub const PROG_SAMPLE_FIELD_ID_1: Field = Field::new(96, 32);
+        pub const PROG_SAMPLE_FIELD_VALUE_2: Field = Field::new(128, 32);
+        pub const PROG_SAMPLE_FIELD_ID_2: Field = Field::new(160, 32);
+        pub const PROG_SAMPLE_FIELD_VALUE_3: Field = Field::new(192, 32);
+        pub const PROG_SAMPLE_FIELD_ID_3: Field = Field::new(224, 32);
+    }
+    /// `struct mlx5_ifc_fte_match_set_misc5_bits`: 64 bytes.
+    pub mod fte_match_set_misc5 {
+        use super::*;
+        pub const SIZE_BYTES: usize = 64;
+        pub const MACSEC_TAG_0: Field = Field::new(0, 32);
+        pub const MACSEC_TAG_1: Field = Field::new(32, 32);
+        pub const MACSEC_TAG_2: Field = Field::new(64, 32);
+        pub const MACSEC_TAG_3: Field = Field::new(96, 32);
+        pub const TUNNEL_HEADER_0: Field = Field::new(128, 32);
+        pub const TUNNEL_HEADER_1: Field = Field::new(160, 32);
+        pub const TUNNEL_HEADER_2: Field = Field::new(192, 32);
+        pub const TUNNEL_HEADER_3: Field = Field::new(224, 32);
+    }
     /// `struct mlx5_ifc_gpio_event_bits`: 28 bytes.
     pub mod gpio_event {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
         pub const GPIO_EVENT_HI: Field = Field::new(96, 32);
         pub const GPIO_EVENT_LO: Field = Field::new(128, 32);
+    }
+    /// `union mlx5_ifc_gre_key_bits`: 4 bytes.
+    pub mod gre_key {
+        use super::*;
+        pub const SIZE_BYTES: usize = 4;
+        /// Nested `nvgre_key`.
+        pub const NVGRE: Sub = Sub::new(0, 4);
+        pub const KEY: Field = Field::new(0, 32);
     }
     /// `struct mlx5_ifc_ipsec_cap_bits`: 256 bytes.
     pub mod ipsec_cap {
@@ -2279,6 +3259,38 @@ pub mod ifc {
         pub const LOG_MAX_IPSEC_OFFLOAD: Field = Field::new(11, 5);
         pub const MIN_LOG_IPSEC_FULL_REPLAY_WINDOW: Field = Field::new(32, 8);
         pub const MAX_LOG_IPSEC_FULL_REPLAY_WINDOW: Field = Field::new(40, 8);
+    }
+    /// `struct mlx5_ifc_ipv4_layout_bits`: 16 bytes.
+    pub mod ipv4_layout {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const IPV4: Field = Field::new(96, 32);
+    }
+    /// `struct mlx5_ifc_ipv6_layout_bits`: 16 bytes.
+    pub mod ipv6_layout {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const IPV6: Array = Array::new(0, 16, 8);
+    }
+    /// `union mlx5_ifc_ipv6_layout_ipv4_layout_auto_bits`: 16 bytes.
+    pub mod ipv6_layout_ipv4_layout_auto {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        /// Nested `ipv6_simple_layout`.
+        pub const IPV6_SIMPLE_LAYOUT: Sub = Sub::new(0, 16);
+        /// Nested `ipv6_layout`.
+        pub const IPV6_LAYOUT: Sub = Sub::new(0, 16);
+        /// Nested `ipv4_layout`.
+        pub const IPV4_LAYOUT: Sub = Sub::new(0, 16);
+    }
+    /// `struct mlx5_ifc_ipv6_simple_layout_bits`: 16 bytes.
+    pub mod ipv6_simple_layout {
+        use super::*;
+        pub const SIZE_BYTES: usize = 16;
+        pub const IPV6_127_96: Field = Field::new(0, 32);
+        pub const IPV6_95_64: Field = Field::new(32, 32);
+        pub const IPV6_63_32: Field = Field::new(64, 32);
+        pub const IPV6_31_0: Field = Field::new(96, 32);
     }
     /// `struct mlx5_ifc_mac_address_layout_bits`: 8 bytes.
     pub mod mac_address_layout {
@@ -2314,6 +3326,30 @@ pub mod ifc {
         pub const MODIFY_FIELD_SELECT: Sub = Sub::new(0, 4);
         /// Nested `resize_field_select`.
         pub const RESIZE_FIELD_SELECT: Sub = Sub::new(0, 4);
+    }
+    /// `struct mlx5_ifc_modify_nic_vport_field_select_bits`: 4 bytes.
+    pub mod modify_nic_vport_field_select {
+        use super::*;
+        pub const SIZE_BYTES: usize = 4;
+        pub const AFFILIATION: Field = Field::new(18, 1);
+        pub const DISABLE_UC_LOCAL_LB: Field = Field::new(20, 1);
+        pub const DISABLE_MC_LOCAL_LB: Field = Field::new(21, 1);
+        pub const NODE_GUID: Field = Field::new(22, 1);
+        pub const PORT_GUID: Field = Field::new(23, 1);
+        pub const MIN_INLINE: Field = Field::new(24, 1);
+        pub const MTU: Field = Field::new(25, 1);
+        pub const CHANGE_EVENT: Field = Field::new(26, 1);
+        pub const PROMISC: Field = Field::new(27, 1);
+        pub const PERMANENT_ADDRESS: Field = Field::new(28, 1);
+        pub const ADDRESSES_LIST: Field = Field::new(29, 1);
+        pub const ROCE_EN: Field = Field::new(30, 1);
+    }
+    /// `struct mlx5_ifc_nvgre_key_bits`: 4 bytes.
+    pub mod nvgre_key {
+        use super::*;
+        pub const SIZE_BYTES: usize = 4;
+        pub const HI: Field = Field::new(0, 24);
+        pub const LO: Field = Field::new(24, 8);
     }
     /// `struct mlx5_ifc_odp_per_transport_service_cap_bits`: 4 bytes.
     pub mod odp_per_transport_service_cap {
@@ -2385,6 +3421,12 @@ pub mod ifc {
         pub const TUNNEL_STATELESS_GENEVE_RX: Field = Field::new(63, 1);
         pub const LRO_MIN_MSS_SIZE: Field = Field::new(80, 16);
         pub const LRO_TIMER_SUPPORTED_PERIODS: Array = Array::new(384, 4, 32);
+    }
+    /// `struct mlx5_ifc_pkey_bits`: 4 bytes.
+    pub mod pkey {
+        use super::*;
+        pub const SIZE_BYTES: usize = 4;
+        pub const PKEY: Field = Field::new(16, 16);
     }
     /// `struct mlx5_ifc_port_selection_cap_bits`: 4096 bytes.
     pub mod port_selection_cap {
@@ -2540,6 +3582,15 @@ pub mod ifc {
         pub const UMEM_2_BUFFER_PARAM_B: Field = Field::new(352, 32);
         pub const UMEM_3_BUFFER_PARAM_A: Field = Field::new(384, 32);
         pub const UMEM_3_BUFFER_PARAM_B: Field = Field::new(416, 32);
+    }
+    /// `struct mlx5_ifc_vlan_bits`: 4 bytes.
+    pub mod vlan {
+        use super::*;
+        pub const SIZE_BYTES: usize = 4;
+        pub const ETHTYPE: Field = Field::new(0, 16);
+        pub const PRIO: Field = Field::new(16, 3);
+        pub const CFI: Field = Field::new(19, 1);
+        pub const VID: Field = Field::new(20, 12);
     }
     /// `struct mlx5_ifc_wqe_associated_page_fault_event_bits`: 28 bytes.
     pub mod wqe_associated_page_fault_event {
@@ -6225,7 +7276,7 @@ pub mod consts {
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_MSEES_FAILURE_REASON_LACK_OF_RESOURCES: u32 = 4;
     /// include/linux/mlx5/device.h
-    pub const MLX5_SET_HOST_ENDIANNESS: u32 = 128;
+    pub const MLX5_SET_HOST_ENDIANNESS: u32 = 0;
     /// include/linux/mlx5/device.h
     pub const MLX5_INLINE_MODE_NONE: u32 = 0;
     /// include/linux/mlx5/device.h
@@ -9497,6 +10548,18 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32), s("pd", 72, 24)],
         },
         Layout {
+            name: "alloc_q_counter_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16)],
+        },
+        Layout {
+            name: "alloc_q_counter_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), s("counter_set_id", 88, 8)],
+        },
+        Layout {
             name: "alloc_transport_domain_in",
             size_bytes: 16,
             union: false,
@@ -9521,6 +10584,36 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32), s("uar", 72, 24)],
         },
         Layout {
+            name: "alloc_xrcd_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16)],
+        },
+        Layout {
+            name: "alloc_xrcd_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), s("xrcd", 72, 24)],
+        },
+        Layout {
+            name: "arm_rq_in",
+            size_bytes: 16,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("srq_number", 72, 24),
+                s("lwm", 112, 16),
+            ],
+        },
+        Layout {
+            name: "arm_rq_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
             name: "array128_auto",
             size_bytes: 16,
             union: false,
@@ -9537,6 +10630,24 @@ pub mod names {
                 s("atomic_size_qp", 176, 16),
                 s("atomic_size_dc", 208, 16),
             ],
+        },
+        Layout {
+            name: "attach_to_mcg_in",
+            size_bytes: 32,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("qpn", 72, 24),
+                a("multicast_gid", 128, 128, 16, 8, None),
+            ],
+        },
+        Layout {
+            name: "attach_to_mcg_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
         },
         Layout {
             name: "cmd_hca_cap",
@@ -9992,6 +11103,32 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32), s("eq_number", 88, 8)],
         },
         Layout {
+            name: "create_flow_group_in",
+            size_bytes: 1024,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("vport_number", 80, 16),
+                s("table_type", 128, 8),
+                s("group_type", 140, 4),
+                s("table_id", 168, 24),
+                s("source_eswitch_owner_vhca_id_valid", 192, 1),
+                s("start_flow_index", 224, 32),
+                s("end_flow_index", 288, 32),
+                s("match_definer_id", 336, 16),
+                s("match_criteria_enable", 504, 8),
+                n("match_criteria", 512, 4096, "fte_match_param"),
+            ],
+        },
+        Layout {
+            name: "create_flow_group_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), s("group_id", 72, 24)],
+        },
+        Layout {
             name: "create_mkey_in",
             size_bytes: 272,
             union: false,
@@ -10037,6 +11174,18 @@ pub mod names {
             size_bytes: 16,
             union: false,
             members: &[s("status", 0, 8), s("syndrome", 32, 32), s("qpn", 72, 24), s("ece", 96, 32)],
+        },
+        Layout {
+            name: "create_rmp_in",
+            size_bytes: 272,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), n("ctx", 256, 1920, "rmpc")],
+        },
+        Layout {
+            name: "create_rmp_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), s("rmpn", 72, 24)],
         },
         Layout {
             name: "create_rq_in",
@@ -10112,6 +11261,25 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32), s("tisn", 72, 24)],
         },
         Layout {
+            name: "create_xrc_srq_in",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                n("xrc_srq_context_entry", 128, 512, "xrc_srqc"),
+                s("xrc_srq_umem_valid", 736, 1),
+                a("pas", 2176, 0, 0, 64, None),
+            ],
+        },
+        Layout {
+            name: "create_xrc_srq_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), s("xrc_srqn", 72, 24)],
+        },
+        Layout {
             name: "crypto_cap",
             size_bytes: 256,
             union: false,
@@ -10146,6 +11314,18 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
         },
         Layout {
+            name: "dealloc_q_counter_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("op_mod", 48, 16), s("counter_set_id", 88, 8)],
+        },
+        Layout {
+            name: "dealloc_q_counter_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
             name: "dealloc_transport_domain_in",
             size_bytes: 16,
             union: false,
@@ -10170,6 +11350,18 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
         },
         Layout {
+            name: "dealloc_xrcd_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), s("xrcd", 72, 24)],
+        },
+        Layout {
+            name: "dealloc_xrcd_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
             name: "debug_cap",
             size_bytes: 256,
             union: false,
@@ -10178,6 +11370,48 @@ pub mod names {
                 s("core_dump_qp", 1, 1),
                 s("resource_dump", 9, 1),
                 s("stall_detect", 34, 1),
+            ],
+        },
+        Layout {
+            name: "delete_fte_in",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("vport_number", 80, 16),
+                s("table_type", 128, 8),
+                s("table_id", 168, 24),
+                s("flow_index", 256, 32),
+            ],
+        },
+        Layout {
+            name: "delete_fte_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "dest_format_flow_counter_list_auto",
+            size_bytes: 16,
+            union: true,
+            members: &[
+                n("extended_dest_format", 0, 128, "extended_dest_format"),
+                n("flow_counter_list", 0, 64, "flow_counter_list"),
+            ],
+        },
+        Layout {
+            name: "dest_format_struct",
+            size_bytes: 8,
+            union: false,
+            members: &[
+                s("destination_type", 0, 8),
+                s("destination_id", 8, 24),
+                s("destination_eswitch_owner_vhca_id_valid", 32, 1),
+                s("packet_reformat", 33, 1),
+                s("destination_table_type", 40, 8),
+                s("destination_eswitch_owner_vhca_id", 48, 16),
             ],
         },
         Layout {
@@ -10205,6 +11439,26 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
         },
         Layout {
+            name: "destroy_flow_group_in",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("vport_number", 80, 16),
+                s("table_type", 128, 8),
+                s("table_id", 168, 24),
+                s("group_id", 192, 32),
+            ],
+        },
+        Layout {
+            name: "destroy_flow_group_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
             name: "destroy_mkey_in",
             size_bytes: 16,
             union: false,
@@ -10224,6 +11478,108 @@ pub mod names {
         },
         Layout {
             name: "destroy_qp_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "destroy_rmp_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), s("rmpn", 72, 24)],
+        },
+        Layout {
+            name: "destroy_rmp_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "destroy_rq_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), s("rqn", 72, 24)],
+        },
+        Layout {
+            name: "destroy_rq_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "destroy_sq_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), s("sqn", 72, 24)],
+        },
+        Layout {
+            name: "destroy_sq_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "destroy_srq_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), s("srqn", 72, 24)],
+        },
+        Layout {
+            name: "destroy_srq_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "destroy_tir_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), s("tirn", 72, 24)],
+        },
+        Layout {
+            name: "destroy_tir_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "destroy_tis_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), s("tisn", 72, 24)],
+        },
+        Layout {
+            name: "destroy_tis_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "destroy_xrc_srq_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), s("xrc_srqn", 72, 24)],
+        },
+        Layout {
+            name: "destroy_xrc_srq_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "detach_from_mcg_in",
+            size_bytes: 32,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("qpn", 72, 24),
+                a("multicast_gid", 128, 128, 16, 8, None),
+            ],
+        },
+        Layout {
+            name: "detach_from_mcg_out",
             size_bytes: 16,
             union: false,
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
@@ -10374,6 +11730,61 @@ pub mod names {
                 n("cmd_inter_comp_event", 0, 224, "cmd_inter_comp_event"),
             ],
         },
+        Layout {
+            name: "exe_aso_ctrl",
+            size_bytes: 4,
+            union: true,
+            members: &[n("exe_aso_ctrl_flow_meter", 0, 32, "exe_aso_ctrl_flow_meter")],
+        },
+        Layout {
+            name: "exe_aso_ctrl_flow_meter",
+            size_bytes: 4,
+            union: false,
+            members: &[
+                s("return_reg_id", 0, 4),
+                s("aso_type", 4, 4),
+                s("action", 28, 1),
+                s("init_color", 29, 2),
+                s("meter_id", 31, 1),
+            ],
+        },
+        Layout {
+            name: "execute_aso",
+            size_bytes: 8,
+            union: false,
+            members: &[s("valid", 0, 1), s("aso_object_id", 8, 24), n("exe_aso_ctrl", 32, 32, "exe_aso_ctrl")],
+        },
+        Layout {
+            name: "extended_dest_format",
+            size_bytes: 16,
+            union: false,
+            members: &[n("destination_entry", 0, 64, "dest_format_struct"), s("packet_reformat_id", 64, 32)],
+        },
+        Layout {
+            name: "flow_context",
+            size_bytes: 768,
+            union: false,
+            members: &[
+                n("push_vlan", 0, 32, "vlan"),
+                s("group_id", 32, 32),
+                s("flow_tag", 72, 24),
+                s("action", 112, 16),
+                s("extended_destination", 128, 1),
+                s("uplink_hairpin_en", 129, 1),
+                s("flow_source", 130, 2),
+                s("encrypt_decrypt_type", 132, 4),
+                s("destination_list_size", 136, 24),
+                s("flow_counter_list_size", 168, 24),
+                s("packet_reformat_id", 192, 32),
+                s("modify_header_id", 224, 32),
+                n("push_vlan_2", 256, 32, "vlan"),
+                s("encrypt_decrypt_obj_id", 288, 32),
+                n("match_value", 512, 4096, "fte_match_param"),
+                a("execute_aso", 4608, 256, 4, 64, Some("execute_aso")),
+                a("destination", 6144, 0, 0, 128, Some("dest_format_flow_counter_list_auto")),
+            ],
+        },
+        Layout { name: "flow_counter_list", size_bytes: 8, union: false, members: &[s("flow_counter_id", 0, 32)] },
         Layout {
             name: "flow_table_eswitch_cap",
             size_bytes: 4096,
@@ -10622,10 +12033,185 @@ pub mod names {
             ],
         },
         Layout {
+            name: "fte_match_mpls",
+            size_bytes: 4,
+            union: false,
+            members: &[s("mpls_label", 0, 20), s("mpls_exp", 20, 3), s("mpls_s_bos", 23, 1), s("mpls_ttl", 24, 8)],
+        },
+        Layout {
+            name: "fte_match_param",
+            size_bytes: 512,
+            union: false,
+            members: &[
+                n("outer_headers", 0, 512, "fte_match_set_lyr_2_4"),
+                n("misc_parameters", 512, 512, "fte_match_set_misc"),
+                n("inner_headers", 1024, 512, "fte_match_set_lyr_2_4"),
+                n("misc_parameters_2", 1536, 512, "fte_match_set_misc2"),
+                n("misc_parameters_3", 2048, 512, "fte_match_set_misc3"),
+                n("misc_parameters_4", 2560, 512, "fte_match_set_misc4"),
+                n("misc_parameters_5", 3072, 512, "fte_match_set_misc5"),
+            ],
+        },
+        Layout {
+            name: "fte_match_set_lyr_2_4",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("smac_47_16", 0, 32),
+                s("smac_15_0", 32, 16),
+                s("ethertype", 48, 16),
+                s("dmac_47_16", 64, 32),
+                s("dmac_15_0", 96, 16),
+                s("first_prio", 112, 3),
+                s("first_cfi", 115, 1),
+                s("first_vid", 116, 12),
+                s("ip_protocol", 128, 8),
+                s("ip_dscp", 136, 6),
+                s("ip_ecn", 142, 2),
+                s("cvlan_tag", 144, 1),
+                s("svlan_tag", 145, 1),
+                s("frag", 146, 1),
+                s("ip_version", 147, 4),
+                s("tcp_flags", 151, 9),
+                s("tcp_sport", 160, 16),
+                s("tcp_dport", 176, 16),
+                s("l4_type", 192, 2),
+                s("ipv4_ihl", 208, 4),
+                s("ttl_hoplimit", 216, 8),
+                s("udp_sport", 224, 16),
+                s("udp_dport", 240, 16),
+                n("src_ipv4_src_ipv6", 256, 128, "ipv6_layout_ipv4_layout_auto"),
+                n("dst_ipv4_dst_ipv6", 384, 128, "ipv6_layout_ipv4_layout_auto"),
+            ],
+        },
+        Layout {
+            name: "fte_match_set_misc",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("gre_c_present", 0, 1),
+                s("gre_k_present", 2, 1),
+                s("gre_s_present", 3, 1),
+                s("source_vhca_port", 4, 4),
+                s("source_sqn", 8, 24),
+                s("source_eswitch_owner_vhca_id", 32, 16),
+                s("source_port", 48, 16),
+                s("outer_second_prio", 64, 3),
+                s("outer_second_cfi", 67, 1),
+                s("outer_second_vid", 68, 12),
+                s("inner_second_prio", 80, 3),
+                s("inner_second_cfi", 83, 1),
+                s("inner_second_vid", 84, 12),
+                s("outer_second_cvlan_tag", 96, 1),
+                s("inner_second_cvlan_tag", 97, 1),
+                s("outer_second_svlan_tag", 98, 1),
+                s("inner_second_svlan_tag", 99, 1),
+                s("gre_protocol", 112, 16),
+                n("gre_key", 128, 32, "gre_key"),
+                s("vxlan_vni", 160, 24),
+                s("bth_opcode", 184, 8),
+                s("geneve_vni", 192, 24),
+                s("geneve_tlv_option_0_exist", 222, 1),
+                s("geneve_oam", 223, 1),
+                s("outer_ipv6_flow_label", 236, 20),
+                s("inner_ipv6_flow_label", 268, 20),
+                s("geneve_opt_len", 298, 6),
+                s("geneve_protocol_type", 304, 16),
+                s("bth_dst_qp", 328, 24),
+                s("inner_esp_spi", 352, 32),
+                s("outer_esp_spi", 384, 32),
+            ],
+        },
+        Layout {
+            name: "fte_match_set_misc2",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                n("outer_first_mpls", 0, 32, "fte_match_mpls"),
+                n("inner_first_mpls", 32, 32, "fte_match_mpls"),
+                n("outer_first_mpls_over_gre", 64, 32, "fte_match_mpls"),
+                n("outer_first_mpls_over_udp", 96, 32, "fte_match_mpls"),
+                s("metadata_reg_c_7", 128, 32),
+                s("metadata_reg_c_6", 160, 32),
+                s("metadata_reg_c_5", 192, 32),
+                s("metadata_reg_c_4", 224, 32),
+                s("metadata_reg_c_3", 256, 32),
+                s("metadata_reg_c_2", 288, 32),
+                s("metadata_reg_c_1", 320, 32),
+                s("metadata_reg_c_0", 352, 32),
+                s("metadata_reg_a", 384, 32),
+                s("macsec_syndrome", 424, 8),
+                s("ipsec_syndrome", 432, 8),
+            ],
+        },
+        Layout {
+            name: "fte_match_set_misc3",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("inner_tcp_seq_num", 0, 32),
+                s("outer_tcp_seq_num", 32, 32),
+                s("inner_tcp_ack_num", 64, 32),
+                s("outer_tcp_ack_num", 96, 32),
+                s("outer_vxlan_gpe_vni", 136, 24),
+                s("outer_vxlan_gpe_next_protocol", 160, 8),
+                s("outer_vxlan_gpe_flags", 168, 8),
+                s("icmp_header_data", 192, 32),
+                s("icmpv6_header_data", 224, 32),
+                s("icmp_type", 256, 8),
+                s("icmp_code", 264, 8),
+                s("icmpv6_type", 272, 8),
+                s("icmpv6_code", 280, 8),
+                s("geneve_tlv_option_0_data", 288, 32),
+                s("gtpu_teid", 320, 32),
+                s("gtpu_msg_type", 352, 8),
+                s("gtpu_msg_flags", 360, 8),
+                s("gtpu_dw_2", 384, 32),
+                s("gtpu_first_ext_dw_0", 416, 32),
+                s("gtpu_dw_0", 448, 32),
+            ],
+        },
+        Layout {
+            name: "fte_match_set_misc4",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("prog_sample_field_value_0", 0, 32),
+                s("prog_sample_field_id_0", 32, 32),
+                s("prog_sample_field_value_1", 64, 32),
+                s("prog_sample_field_id_1", 96, 32),
+                s("prog_sample_field_value_2", 128, 32),
+                s("prog_sample_field_id_2", 160, 32),
+                s("prog_sample_field_value_3", 192, 32),
+                s("prog_sample_field_id_3", 224, 32),
+            ],
+        },
+        Layout {
+            name: "fte_match_set_misc5",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("macsec_tag_0", 0, 32),
+                s("macsec_tag_1", 32, 32),
+                s("macsec_tag_2", 64, 32),
+                s("macsec_tag_3", 96, 32),
+                s("tunnel_header_0", 128, 32),
+                s("tunnel_header_1", 160, 32),
+                s("tunnel_header_2", 192, 32),
+                s("tunnel_header_3", 224, 32),
+            ],
+        },
+        Layout {
             name: "gpio_event",
             size_bytes: 28,
             union: false,
             members: &[s("gpio_event_hi", 96, 32), s("gpio_event_lo", 128, 32)],
+        },
+        Layout {
+            name: "gre_key",
+            size_bytes: 4,
+            union: true,
+            members: &[n("nvgre", 0, 32, "nvgre_key"), s("key", 0, 32)],
         },
         Layout {
             name: "hca_cap_union",
@@ -10706,6 +12292,26 @@ pub mod names {
             ],
         },
         Layout {
+            name: "init2init_qp_in",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("qpn", 72, 24),
+                s("opt_param_mask", 128, 32),
+                s("ece", 160, 32),
+                n("qpc", 192, 1856, "qpc"),
+            ],
+        },
+        Layout {
+            name: "init2init_qp_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), s("ece", 96, 32)],
+        },
+        Layout {
             name: "init2rtr_qp_in",
             size_bytes: 272,
             union: false,
@@ -10782,6 +12388,29 @@ pub mod names {
                 s("log_max_ipsec_offload", 11, 5),
                 s("min_log_ipsec_full_replay_window", 32, 8),
                 s("max_log_ipsec_full_replay_window", 40, 8),
+            ],
+        },
+        Layout { name: "ipv4_layout", size_bytes: 16, union: false, members: &[s("ipv4", 96, 32)] },
+        Layout { name: "ipv6_layout", size_bytes: 16, union: false, members: &[a("ipv6", 0, 128, 16, 8, None)] },
+        Layout {
+            name: "ipv6_layout_ipv4_layout_auto",
+            size_bytes: 16,
+            union: true,
+            members: &[
+                n("ipv6_simple_layout", 0, 128, "ipv6_simple_layout"),
+                n("ipv6_layout", 0, 128, "ipv6_layout"),
+                n("ipv4_layout", 0, 128, "ipv4_layout"),
+            ],
+        },
+        Layout {
+            name: "ipv6_simple_layout",
+            size_bytes: 16,
+            union: false,
+            members: &[
+                s("ipv6_127_96", 0, 32),
+                s("ipv6_95_64", 32, 32),
+                s("ipv6_63_32", 64, 32),
+                s("ipv6_31_0", 96, 32),
             ],
         },
         Layout {
@@ -10907,6 +12536,104 @@ pub mod names {
             ],
         },
         Layout {
+            name: "modify_nic_vport_context_in",
+            size_bytes: 512,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("vport_number", 80, 16),
+                n("field_select", 96, 32, "modify_nic_vport_field_select"),
+                n("nic_vport_context", 2048, 2048, "nic_vport_context"),
+            ],
+        },
+        Layout {
+            name: "modify_nic_vport_context_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "modify_nic_vport_field_select",
+            size_bytes: 4,
+            union: false,
+            members: &[
+                s("affiliation", 18, 1),
+                s("disable_uc_local_lb", 20, 1),
+                s("disable_mc_local_lb", 21, 1),
+                s("node_guid", 22, 1),
+                s("port_guid", 23, 1),
+                s("min_inline", 24, 1),
+                s("mtu", 25, 1),
+                s("change_event", 26, 1),
+                s("promisc", 27, 1),
+                s("permanent_address", 28, 1),
+                s("addresses_list", 29, 1),
+                s("roce_en", 30, 1),
+            ],
+        },
+        Layout {
+            name: "modify_rmp_in",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("rmp_state", 64, 4),
+                s("rmpn", 72, 24),
+                n("bitmask", 128, 64, "rmp_bitmask"),
+                n("ctx", 256, 1920, "rmpc"),
+            ],
+        },
+        Layout {
+            name: "modify_rmp_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "modify_rq_in",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("rq_state", 64, 4),
+                s("rqn", 72, 24),
+                s("modify_bitmask", 128, 64),
+                n("ctx", 256, 1920, "rqc"),
+            ],
+        },
+        Layout {
+            name: "modify_rq_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "modify_sq_in",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("sq_state", 64, 4),
+                s("sqn", 72, 24),
+                s("modify_bitmask", 128, 64),
+                n("ctx", 256, 1920, "sqc"),
+            ],
+        },
+        Layout {
+            name: "modify_sq_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
             name: "nic_vport_context",
             size_bytes: 256,
             union: false,
@@ -10939,6 +12666,7 @@ pub mod names {
                 a("current_uc_mac_address", 2048, 0, 0, 64, None),
             ],
         },
+        Layout { name: "nvgre_key", size_bytes: 4, union: false, members: &[s("hi", 0, 24), s("lo", 24, 8)] },
         Layout {
             name: "odp_cap",
             size_bytes: 256,
@@ -11035,6 +12763,7 @@ pub mod names {
                 a("lro_timer_supported_periods", 384, 128, 4, 32, None),
             ],
         },
+        Layout { name: "pkey", size_bytes: 4, union: false, members: &[s("pkey", 16, 16)] },
         Layout {
             name: "pmtu_reg",
             size_bytes: 16,
@@ -11375,6 +13104,25 @@ pub mod names {
             ],
         },
         Layout {
+            name: "query_hca_vport_pkey_in",
+            size_bytes: 16,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("port_num", 76, 4),
+                s("vport_number", 80, 16),
+                s("pkey_index", 112, 16),
+            ],
+        },
+        Layout {
+            name: "query_hca_vport_pkey_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), a("pkey", 128, 0, 0, 32, Some("pkey"))],
+        },
+        Layout {
             name: "query_issi_in",
             size_bytes: 16,
             union: false,
@@ -11389,6 +13137,24 @@ pub mod names {
                 s("syndrome", 32, 32),
                 s("current_issi", 80, 16),
                 s("supported_issi_dw0", 864, 32),
+            ],
+        },
+        Layout {
+            name: "query_mkey_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("op_mod", 48, 16), s("mkey_index", 72, 24), s("pg_access", 96, 1)],
+        },
+        Layout {
+            name: "query_mkey_out",
+            size_bytes: 304,
+            union: false,
+            members: &[
+                s("status", 0, 8),
+                s("syndrome", 32, 32),
+                n("memory_key_mkey_entry", 128, 512, "mkc"),
+                a("bsf0_klm0_pas_mtt0_1", 2176, 128, 16, 8, None),
+                a("bsf1_klm1_pas_mtt2_3", 2304, 128, 16, 8, None),
             ],
         },
         Layout {
@@ -11437,6 +13203,65 @@ pub mod names {
             ],
         },
         Layout {
+            name: "query_q_counter_in",
+            size_bytes: 32,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("vport_number", 80, 16),
+                s("clear", 192, 1),
+                s("aggregate", 193, 1),
+                s("counter_set_id", 248, 8),
+            ],
+        },
+        Layout {
+            name: "query_q_counter_out",
+            size_bytes: 256,
+            union: false,
+            members: &[
+                s("status", 0, 8),
+                s("syndrome", 32, 32),
+                s("rx_write_requests", 128, 32),
+                s("rx_read_requests", 192, 32),
+                s("rx_atomic_requests", 256, 32),
+                s("rx_dct_connect", 320, 32),
+                s("out_of_buffer", 384, 32),
+                s("out_of_sequence", 448, 32),
+                s("duplicate_request", 512, 32),
+                s("rnr_nak_retry_err", 576, 32),
+                s("packet_seq_err", 640, 32),
+                s("implied_nak_seq_err", 704, 32),
+                s("local_ack_timeout_err", 768, 32),
+                s("req_rnr_retries_exceeded", 896, 32),
+                s("resp_local_length_error", 960, 32),
+                s("req_local_length_error", 992, 32),
+                s("resp_local_qp_error", 1024, 32),
+                s("local_operation_error", 1056, 32),
+                s("resp_local_protection", 1088, 32),
+                s("req_local_protection", 1120, 32),
+                s("resp_cqe_error", 1152, 32),
+                s("req_cqe_error", 1184, 32),
+                s("req_mw_binding", 1216, 32),
+                s("req_bad_response", 1248, 32),
+                s("req_remote_invalid_request", 1280, 32),
+                s("resp_remote_invalid_request", 1312, 32),
+                s("req_remote_access_errors", 1344, 32),
+                s("resp_remote_access_errors", 1376, 32),
+                s("req_remote_operation_errors", 1408, 32),
+                s("req_transport_retries_exceeded", 1440, 32),
+                s("cq_overflow", 1472, 32),
+                s("resp_cqe_flush_error", 1504, 32),
+                s("req_cqe_flush_error", 1536, 32),
+                s("roce_adp_retrans", 1600, 32),
+                s("roce_adp_retrans_to", 1632, 32),
+                s("roce_slow_restart", 1664, 32),
+                s("roce_slow_restart_cnps", 1696, 32),
+                s("roce_slow_restart_trans", 1728, 32),
+            ],
+        },
+        Layout {
             name: "query_qp_in",
             size_bytes: 16,
             union: false,
@@ -11456,6 +13281,35 @@ pub mod names {
             ],
         },
         Layout {
+            name: "query_rmp_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("op_mod", 48, 16), s("rmpn", 72, 24)],
+        },
+        Layout {
+            name: "query_rmp_out",
+            size_bytes: 272,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), n("rmp_context", 256, 1920, "rmpc")],
+        },
+        Layout {
+            name: "query_roce_address_in",
+            size_bytes: 16,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("roce_address_index", 64, 16),
+                s("vhca_port_num", 92, 4),
+            ],
+        },
+        Layout {
+            name: "query_roce_address_out",
+            size_bytes: 48,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), n("roce_address", 128, 256, "roce_addr_layout")],
+        },
+        Layout {
             name: "query_special_contexts_in",
             size_bytes: 16,
             union: false,
@@ -11473,6 +13327,23 @@ pub mod names {
                 s("null_mkey", 128, 32),
                 s("terminate_scatter_list_mkey", 160, 32),
                 s("repeated_mkey", 192, 32),
+            ],
+        },
+        Layout {
+            name: "query_srq_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("op_mod", 48, 16), s("srqn", 72, 24)],
+        },
+        Layout {
+            name: "query_srq_out",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("status", 0, 8),
+                s("syndrome", 32, 32),
+                n("srq_context_entry", 128, 512, "srqc"),
+                a("pas", 2176, 0, 0, 64, None),
             ],
         },
         Layout {
@@ -11508,6 +13379,27 @@ pub mod names {
             size_bytes: 4,
             union: false,
             members: &[s("resize_field_select", 0, 32)],
+        },
+        Layout { name: "rmp_bitmask", size_bytes: 8, union: false, members: &[s("lwm", 63, 1)] },
+        Layout {
+            name: "rmpc",
+            size_bytes: 240,
+            union: false,
+            members: &[s("state", 8, 4), s("basic_cyclic_rcv_wqe", 32, 1), n("wq", 384, 1536, "wq")],
+        },
+        Layout {
+            name: "roce_addr_layout",
+            size_bytes: 32,
+            union: false,
+            members: &[
+                a("source_l3_address", 0, 128, 16, 8, None),
+                s("vlan_valid", 131, 1),
+                s("vlan_id", 132, 12),
+                s("source_mac_47_32", 144, 16),
+                s("source_mac_31_0", 160, 32),
+                s("roce_l3_type", 212, 4),
+                s("roce_version", 216, 8),
+            ],
         },
         Layout {
             name: "roce_cap",
@@ -11634,6 +13526,29 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
         },
         Layout {
+            name: "set_fte_in",
+            size_bytes: 832,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("vport_number", 80, 16),
+                s("table_type", 128, 8),
+                s("table_id", 168, 24),
+                s("ignore_flow_level", 192, 1),
+                s("modify_enable_mask", 216, 8),
+                s("flow_index", 256, 32),
+                n("flow_context", 512, 6144, "flow_context"),
+            ],
+        },
+        Layout {
+            name: "set_fte_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
             name: "set_hca_cap_in",
             size_bytes: 4112,
             union: false,
@@ -11660,6 +13575,24 @@ pub mod names {
         },
         Layout {
             name: "set_issi_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "set_roce_address_in",
+            size_bytes: 48,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("roce_address_index", 64, 16),
+                s("vhca_port_num", 92, 4),
+                n("roce_address", 128, 256, "roce_addr_layout"),
+            ],
+        },
+        Layout {
+            name: "set_roce_address_out",
             size_bytes: 16,
             union: false,
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
@@ -11692,6 +13625,44 @@ pub mod names {
                 s("tis_num_0", 360, 24),
                 n("wq", 384, 1536, "wq"),
             ],
+        },
+        Layout {
+            name: "sqd2rts_qp_in",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("qpn", 72, 24),
+                s("opt_param_mask", 128, 32),
+                n("qpc", 192, 1856, "qpc"),
+            ],
+        },
+        Layout {
+            name: "sqd2rts_qp_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "sqerr2rts_qp_in",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("qpn", 72, 24),
+                s("opt_param_mask", 128, 32),
+                n("qpc", 192, 1856, "qpc"),
+            ],
+        },
+        Layout {
+            name: "sqerr2rts_qp_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
         },
         Layout {
             name: "srqc",
@@ -11807,6 +13778,12 @@ pub mod names {
             ],
         },
         Layout {
+            name: "vlan",
+            size_bytes: 4,
+            union: false,
+            members: &[s("ethtype", 0, 16), s("prio", 16, 3), s("cfi", 19, 1), s("vid", 20, 12)],
+        },
+        Layout {
             name: "wq",
             size_bytes: 192,
             union: false,
@@ -11888,6 +13865,32 @@ pub mod names {
                 s("ste_format_gen_wqe", 400, 16),
                 s("linear_match_definer_reg_c3", 416, 32),
                 s("fdb_jump_to_tir_stc", 448, 1),
+            ],
+        },
+        Layout {
+            name: "xrc_srqc",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("state", 0, 4),
+                s("log_xrc_srq_size", 4, 4),
+                s("wq_signature", 32, 1),
+                s("cont_srq", 33, 1),
+                s("rlky", 35, 1),
+                s("basic_cyclic_rcv_wqe", 36, 1),
+                s("log_rq_stride", 37, 3),
+                s("xrcd", 40, 24),
+                s("page_offset", 64, 6),
+                s("dbr_umem_valid", 71, 1),
+                s("cqn", 72, 24),
+                s("user_index_equal_xrc_srqn", 128, 1),
+                s("log_page_size", 130, 6),
+                s("user_index", 136, 24),
+                s("pd", 200, 24),
+                s("lwm", 224, 16),
+                s("wqe_cnt", 240, 16),
+                s("db_record_addr_h", 320, 32),
+                s("db_record_addr_l", 352, 30),
             ],
         },
     ];
