@@ -8,11 +8,11 @@ use mlx5_core::cq::{CqeFields, Notify};
 use mlx5_core::hca::{Config, Hca};
 use mlx5_core::prm::consts;
 use mlx5_core::verbs::CqAttr;
-use mlx5_host::vfio::irq::{wait_cq_event, Interrupts};
-use mlx5_host::vfio::sys::Sys;
-use mlx5_host::vfio::twin::Twin;
-use mlx5_host::vfio::VfioDevice;
 use mlx5_sim::SimDevice;
+use mlx5_vfio::irq::{wait_cq_event, Interrupts};
+use mlx5_vfio::sys::Sys;
+use mlx5_vfio::twin::Twin;
+use mlx5_vfio::VfioDevice;
 
 const BDF: &str = "0000:03:00.0";
 

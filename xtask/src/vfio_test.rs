@@ -243,7 +243,7 @@ fn build_guest_binary(root: &Path, work: &Path) -> Result<PathBuf, String> {
     let target_dir = work.join("target");
     println!("vfio-test: building vfio-edu-test (static)");
     let status = Command::new(cargo)
-        .args(["build", "--release", "-p", "mlx5-host", "--bin", "vfio-edu-test", "--target", GUEST_TARGET])
+        .args(["build", "--release", "-p", "mlx5-vfio", "--bin", "vfio-edu-test", "--target", GUEST_TARGET])
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
         .env("CARGO_TARGET_DIR", &target_dir)
         .current_dir(root)

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use mlx5_host::verbs::{wr, Access, Context, QpCap, QpType, VerbsError, WcOpcode, WcStatus, WorkCompletion};
+use mlx5_verbs::{wr, Access, Context, QpCap, QpType, VerbsError, WcOpcode, WcStatus, WorkCompletion};
 
 fn main() -> Result<(), VerbsError> {
     let args: Vec<String> = std::env::args().collect();

@@ -1,5 +1,5 @@
 //! The system-call seam. Every syscall and sysfs access the VFIO layer makes goes through [`Sys`]: [`LinuxSys`]
-//! makes the real calls, and [`crate::vfio::twin::Twin`] is a test twin that behaves as the kernel's VFIO and
+//! makes the real calls, and `twin::Twin` (feature `test-utils`) is a test twin that behaves as the kernel's VFIO and
 //! sysfs interfaces do, so the layer's logic (argument encoding, error mapping, clean-up order) is unit-tested
 //! on any machine, and the same code runs against the real kernel in the QEMU test (`cargo xtask vfio-test`).
 

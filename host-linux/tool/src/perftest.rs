@@ -1,5 +1,5 @@
 //! `mlx5 bench`: bandwidth and latency tests in the manner of perftest (`ib_send_bw`, `ib_write_bw`, `ib_read_bw`,
-//! `ib_send_lat`, `ib_write_lat`), written over the verbs API ([`crate::verbs`]), printing perftest's table or one
+//! `ib_send_lat`, `ib_write_lat`), written over the verbs API ([`mlx5_verbs`]), printing perftest's table or one
 //! JSON object.
 //!
 //! # Endpoints
@@ -49,8 +49,8 @@ use std::time::{Duration, Instant};
 
 use mlx5_sim::{Mode, SimConfig, SimDevice};
 
-use crate::verbs::wr::{self, WrExt};
-use crate::verbs::{
+use mlx5_verbs::wr::{self, WrExt};
+use mlx5_verbs::{
     Access, CompletionQueue, Context, LinkLayer, MemoryRegion, QpCap, QpType, QueuePair, RecvWr, RemoteBuf, Rts,
     SendWr, Sge, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
@@ -273,11 +273,11 @@ impl Options {
     /// Parses what follows `bench` on the command line: the test name and its options.
     ///
     /// ```
-    /// use mlx5_host::perftest::{Limit, Options, Test};
+    /// use mlx5_tool::perftest::{Limit, Options, Test};
     /// let o = Options::parse(&["write_bw", "--all", "--max-size", "4096", "--iters", "10"])?;
     /// assert_eq!((o.test, o.sizes.len(), o.limit), (Test::WriteBw, 12, Limit::Iters(10))); // 2, 4, .. 4096
     /// assert!(Options::parse(&["write_bw", "--size", "0"]).is_err());
-    /// # Ok::<(), mlx5_host::perftest::BenchError>(())
+    /// # Ok::<(), mlx5_tool::perftest::BenchError>(())
     /// ```
     pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Options> {
         let mut test = None;
@@ -1307,7 +1307,7 @@ fn run_lat(p: &Pair<'_>, size: usize, tick: &mut dyn FnMut(f64)) -> Result<LatRo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verbs::DeviceKind;
+    use mlx5_verbs::DeviceKind;
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9

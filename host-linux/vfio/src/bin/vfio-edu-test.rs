@@ -1,4 +1,4 @@
-//! `vfio-edu-test`: the VFIO layer of `mlx5-host` against the real Linux VFIO stack, with QEMU's `edu` PCI device
+//! `vfio-edu-test`: the VFIO layer of `mlx5-vfio` against the real Linux VFIO stack, with QEMU's `edu` PCI device
 //! (vendor 0x1234, device 0x11e8: a DMA engine, MSI, a 4 KiB device buffer at DMA address 0x40000) standing in
 //! for a ConnectX. `cargo xtask vfio-test` boots a guest with an emulated IOMMU and runs this as its only program;
 //! it can also be run by hand on any machine with an `edu` device and the vfio-pci module loaded.
@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx5_core::hal::{Dma, DmaRegion, Mmio};
-use mlx5_host::vfio::dma::{Backing, DmaOptions, VfioDma};
-use mlx5_host::vfio::irq::{Interrupts, IrqKind};
-use mlx5_host::vfio::sys::{LinuxSys, Sys};
-use mlx5_host::vfio::{bind, Bar, Bdf, VfioDevice, VfioError};
+use mlx5_vfio::dma::{Backing, DmaOptions, VfioDma};
+use mlx5_vfio::irq::{Interrupts, IrqKind};
+use mlx5_vfio::sys::{LinuxSys, Sys};
+use mlx5_vfio::{bind, Bar, Bdf, VfioDevice, VfioError};
 
 const EDU_VENDOR: u16 = 0x1234;
 const EDU_DEVICE: u16 = 0x11e8;

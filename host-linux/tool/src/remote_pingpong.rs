@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use mlx5_sim::{Mode, SimConfig, SimDevice, WireError};
 
 use crate::pingpong::Report;
-use crate::verbs::{
+use mlx5_verbs::{
     wr, Access, CanRecv, Context, InitAttr, QpCap, QpType, QueuePair, RemoteQp, RtrAttr, RtsAttr, WcStatus,
     WorkCompletion,
 };
@@ -136,7 +136,7 @@ pub fn decode_dest(msg: &[u8]) -> Result<RemoteQp, String> {
     for (k, b) in gid.iter_mut().enumerate() {
         *b = u8::from_str_radix(&g[2 * k..2 * k + 2], 16).map_err(|_| bad())?;
     }
-    Ok(RemoteQp { qpn, psn, lid: lid as u16, gid, mac: crate::verbs::mac_of_gid(&gid) })
+    Ok(RemoteQp { qpn, psn, lid: lid as u16, gid, mac: mlx5_verbs::mac_of_gid(&gid) })
 }
 
 /// rc_pingpong's PSN: 24 random bits (here from the clock and the process id, which is random enough to tell
@@ -202,12 +202,12 @@ fn write_msg(s: &mut TcpStream, msg: &[u8], what: &str) -> Result<(), String> {
     s.write_all(msg).map_err(|e| format!("sending our {what} failed: {e}"))
 }
 
-fn verbs(what: &str) -> impl Fn(crate::verbs::VerbsError) -> String + '_ {
+fn verbs(what: &str) -> impl Fn(mlx5_verbs::VerbsError) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 
 /// Waits for `want` successful completions; any other status is an error naming the work request.
-fn complete(cq: &crate::verbs::CompletionQueue<'_>, want: usize, timeout: Duration) -> Result<(), String> {
+fn complete(cq: &mlx5_verbs::CompletionQueue<'_>, want: usize, timeout: Duration) -> Result<(), String> {
     let mut wc = [WorkCompletion::default(); 4];
     let mut got = 0;
     while got < want {
@@ -230,11 +230,11 @@ fn complete(cq: &crate::verbs::CompletionQueue<'_>, want: usize, timeout: Durati
 
 /// Posting receives in any state that allows it (INIT, then RTS), behind one signature.
 trait PostRecv {
-    fn post_one(&self, wrs: &[crate::verbs::RecvWr<'_>]) -> Result<(), String>;
+    fn post_one(&self, wrs: &[mlx5_verbs::RecvWr<'_>]) -> Result<(), String>;
 }
 
 impl<S: CanRecv> PostRecv for QueuePair<'_, S> {
-    fn post_one(&self, wrs: &[crate::verbs::RecvWr<'_>]) -> Result<(), String> {
+    fn post_one(&self, wrs: &[mlx5_verbs::RecvWr<'_>]) -> Result<(), String> {
         self.post_recv(wrs).map_err(verbs("post receive"))
     }
 }

@@ -20,12 +20,12 @@ use std::process::ExitCode;
 use mlx5_core::cmdq::CmdQueue;
 use mlx5_core::hal::{DelayNs, Dma, Mmio};
 use mlx5_core::hca::{Config, Hca};
-use mlx5_host::devinfo::DevInfo;
-use mlx5_host::pingpong::Report;
-use mlx5_host::tour::{run_tour, TourReport};
-use mlx5_host::tracefile::TraceSink;
-use mlx5_host::vfio::{bind, Bdf, StdDelay, Vfio, VfioOptions};
 use mlx5_sim::{Mode, SimConfig, SimDevice};
+use mlx5_tool::devinfo::DevInfo;
+use mlx5_tool::pingpong::Report;
+use mlx5_tool::tour::{run_tour, TourReport};
+use mlx5_tool::tracefile::TraceSink;
+use mlx5_vfio::{bind, Bdf, StdDelay, Vfio, VfioOptions};
 
 const USAGE: &str = "usage: mlx5 [-v|-vv] [--device BDF] [--trace FILE] [--hexdump] [--threaded] <command> [--json]
 
@@ -159,7 +159,7 @@ fn open(args: &Args) -> Result<Device, String> {
             ..SimConfig::default()
         })));
     };
-    let bdf: Bdf = addr.parse().map_err(|e: mlx5_host::vfio::VfioError| e.to_string())?;
+    let bdf: Bdf = addr.parse().map_err(|e: mlx5_vfio::VfioError| e.to_string())?;
     let v = Vfio::open(bdf, VfioOptions::default()).map_err(|e| e.to_string())?;
     let ids = v.device.pci_ids().map_err(|e| e.to_string())?;
     if ids.vendor != bind::MELLANOX_VENDOR_ID {
@@ -259,7 +259,7 @@ fn devinfo_on<M: Mmio, D: Dma>(
     pci: (u16, u16),
 ) -> Result<DevInfo, String> {
     let mut hca = bring_up(mmio, dma, sink, delay)?;
-    let info = mlx5_host::devinfo::query(&mut hca, delay, "mlx5_0", pci);
+    let info = mlx5_tool::devinfo::query(&mut hca, delay, "mlx5_0", pci);
     let down = teardown(hca, delay);
     let info = info.map_err(|e| format!("query failed: {e}"))?;
     down?;
@@ -291,10 +291,10 @@ fn pingpong_on<M: Mmio, D: Dma>(
     dma: &D,
     delay: &mut impl DelayNs,
     sink: &mut TraceSink,
-    opts: mlx5_host::pingpong::Options,
+    opts: mlx5_tool::pingpong::Options,
 ) -> Result<Report, String> {
     let mut hca = bring_up(mmio, dma, sink, delay)?;
-    let r = mlx5_host::pingpong::run(&mut hca, &dma, delay, opts);
+    let r = mlx5_tool::pingpong::run(&mut hca, &dma, delay, opts);
     let down = teardown(hca, delay);
     let r = r?;
     down?;
@@ -310,7 +310,7 @@ fn pingpong(args: &Args) -> Result<(), String> {
     }
     let dev = open(args)?;
     let mut sink = trace_sink(args)?;
-    let opts = mlx5_host::pingpong::Options { size: args.size, iters: args.iters };
+    let opts = mlx5_tool::pingpong::Options { size: args.size, iters: args.iters };
     let report = match &dev {
         Device::Sim(d) => pingpong_on(d.mmio(), &d.dma(), &mut d.delay(), &mut sink, opts),
         Device::Vfio(v) => pingpong_on(&v.bar, &&v.dma, &mut StdDelay, &mut sink, opts),
@@ -336,8 +336,8 @@ fn print_pingpong(args: &Args, report: &Report) -> Result<(), String> {
 
 /// One side of the two-process ping-pong, through the verbs API.
 fn remote_pingpong(args: &Args) -> Result<(), String> {
-    use mlx5_host::remote_pingpong::{self as rp, Role};
-    use mlx5_host::verbs::Context;
+    use mlx5_tool::remote_pingpong::{self as rp, Role};
+    use mlx5_verbs::Context;
     let role = match (&args.client, args.server) {
         (Some(_), true) => return Err("--server and --client exclude each other".into()),
         (Some(c), false) if args.port.is_some() => {
@@ -436,7 +436,7 @@ fn fw_tour(args: &Args) -> Result<(), String> {
 
 /// `mlx5 bench TEST [options]`: perftest-style bandwidth and latency tests through the verbs API.
 fn bench(args: &Args) -> Result<(), String> {
-    use mlx5_host::perftest;
+    use mlx5_tool::perftest;
     if args.trace.is_some() || args.hexdump {
         return Err("--trace and --hexdump do not apply to bench".into());
     }
@@ -457,8 +457,8 @@ fn global_option(s: &str) -> bool {
 fn bind_cmd(args: &Args, bind_it: bool) -> Result<(), String> {
     let addr =
         args.operands.first().map(String::as_str).ok_or_else(|| format!("{} needs a PCI address", args.command))?;
-    let bdf: Bdf = addr.parse().map_err(|e: mlx5_host::vfio::VfioError| e.to_string())?;
-    let sys = mlx5_host::vfio::sys::LinuxSys;
+    let bdf: Bdf = addr.parse().map_err(|e: mlx5_vfio::VfioError| e.to_string())?;
+    let sys = mlx5_vfio::sys::LinuxSys;
     if bind_it {
         match bind::bind(&sys, bdf, Some(bind::MELLANOX_VENDOR_ID)).map_err(|e| e.to_string())? {
             bind::Bound::AlreadyBound => out(&format!("{bdf} is already bound to vfio-pci\n")),
@@ -482,8 +482,8 @@ fn trace_cmd(args: &Args) -> Result<(), String> {
         _ => unreachable!("parse keeps at most two operands"),
     };
     log::info!("trace {sub}: reading {file}");
-    let opts = mlx5_host::decode::Options { all: args.all, hexdump: args.hexdump };
-    out(&mlx5_host::decode::decode_file(std::path::Path::new(file), opts)?)
+    let opts = mlx5_tool::decode::Options { all: args.all, hexdump: args.hexdump };
+    out(&mlx5_tool::decode::decode_file(std::path::Path::new(file), opts)?)
 }
 
 /// The `-v` logger: one line per record on standard error, `mlx5: LEVEL: message`.

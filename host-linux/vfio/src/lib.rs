@@ -1,11 +1,16 @@
-//! VFIO: a PCI function driven from userspace, implementing the core's [`Mmio`] over its BAR 0 and [`Dma`] over
-//! IOMMU-mapped memory (`dma`), with MSI-X / MSI vectors delivered into eventfds (`irq`) and the sysfs binding
-//! that hands a device to vfio-pci (`bind`).
+//! `mlx5-vfio`: a PCI function driven from userspace through Linux VFIO, implementing the core's [`Mmio`] over
+//! its BAR 0 and [`Dma`] over IOMMU-mapped memory (`dma`), with MSI-X / MSI vectors delivered into eventfds
+//! (`irq`) and the sysfs binding that hands a device to vfio-pci (`bind`). [`Vfio`] bundles them for the core;
+//! [`StdDelay`] is the core's delay on Linux.
 //!
 //! Opening follows the kernel's VFIO document (`Documentation/driver-api/vfio.rst`): the device's IOMMU group must
 //! be viable (every device in it bound to vfio-pci or to no driver), then container → type1v2 IOMMU → group
 //! attached → device fd → region info → BAR mmap → bus master on. Every syscall goes through [`sys::Sys`], so the
-//! same code runs against the kernel and against the test twin ([`twin::Twin`]).
+//! same code runs against the kernel and against a test twin of it (`twin::Twin`, with the `test-utils`
+//! feature).
+//!
+//! It is not a driver: it knows nothing of mlx5 commands or queues (that is `mlx5-core`) and offers no verbs
+//! (that is `mlx5-verbs`).
 //!
 //! [`Mmio`]: mlx5_core::hal::Mmio
 //! [`Dma`]: mlx5_core::hal::Dma
@@ -15,6 +20,7 @@ pub mod bind;
 pub mod dma;
 pub mod irq;
 pub mod sys;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod twin;
 
 use std::fmt;

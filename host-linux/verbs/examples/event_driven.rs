@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use mlx5_host::verbs::{wr, Access, Context, QpCap, QpType, VerbsError, WcStatus, WorkCompletion};
+use mlx5_verbs::{wr, Access, Context, QpCap, QpType, VerbsError, WcStatus, WorkCompletion};
 
 fn main() -> Result<(), VerbsError> {
     let args: Vec<String> = std::env::args().collect();

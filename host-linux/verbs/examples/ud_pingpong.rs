@@ -5,9 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use mlx5_host::verbs::{
-    wr, Access, AhAttr, Context, Grh, LinkLayer, QpCap, QpType, VerbsError, WcStatus, WorkCompletion,
-};
+use mlx5_verbs::{wr, Access, AhAttr, Context, Grh, LinkLayer, QpCap, QpType, VerbsError, WcStatus, WorkCompletion};
 
 const QKEY: u32 = 0x1111_1111;
 const GRH: usize = 40;
@@ -39,7 +37,7 @@ fn main() -> Result<(), VerbsError> {
     let qa = pd_a.create_qp(QpType::Ud, &cq_a, &cq_a, cap)?.activate_ud(QKEY)?;
     let qb = pd_b.create_qp(QpType::Ud, &cq_b, &cq_b, cap)?.activate_ud(QKEY)?;
     let (ra, rb) = (a.remote_qp(&qa)?, b.remote_qp(&qb)?);
-    let route = |r: &mlx5_host::verbs::RemoteQp, ctx: &Context| match ctx.link_layer() {
+    let route = |r: &mlx5_verbs::RemoteQp, ctx: &Context| match ctx.link_layer() {
         LinkLayer::Ethernet => AhAttr {
             grh: Some(Grh { dgid: r.gid, hop_limit: 64, ..Grh::default() }),
             dmac: r.mac,

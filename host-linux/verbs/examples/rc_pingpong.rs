@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use mlx5_host::verbs::{wr, Access, Context, QpCap, QpType, VerbsError, WcStatus, WorkCompletion};
+use mlx5_verbs::{wr, Access, Context, QpCap, QpType, VerbsError, WcStatus, WorkCompletion};
 
 fn arg(name: &str, default: &str) -> String {
     let args: Vec<String> = std::env::args().collect();

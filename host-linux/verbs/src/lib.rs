@@ -1,6 +1,10 @@
-//! A safe, verbs-shaped API over the core, for a Linux process: open a device (simulated, or a ConnectX through
-//! VFIO), then protection domains, memory regions, completion queues with a completion channel, and RC / UD queue
-//! pairs whose states are types.
+//! `mlx5-verbs`: a safe, verbs-shaped API over the core, for a Linux process: open a device (simulated, or a
+//! ConnectX through VFIO), then protection domains, memory regions, completion queues with a completion channel,
+//! and RC / UD queue pairs whose states are types.
+//!
+//! It is not libibverbs: there is no kernel uverbs device, no provider plugin and no C ABI; the process owns the
+//! whole function through `mlx5-vfio`. The simulated devices come with the `sim` feature (on by default); without
+//! it only VFIO devices can be opened and `mlx5-sim` is not built.
 //!
 //! Lifetimes carry verbs' ordering rules, so breaking them does not compile: a [`ProtectionDomain`] cannot be
 //! dropped while a [`MemoryRegion`] or [`QueuePair`] made from it lives, a [`DmaBuffer`] cannot be dropped (freed)
@@ -9,7 +13,7 @@
 //! device); `destroy()` does the same and returns the error.
 //!
 //! ```
-//! use mlx5_host::verbs::{wr, Context, InitAttr, RtrAttr, RtsAttr, QpCap, QpType, Access, WorkCompletion};
+//! use mlx5_verbs::{wr, Context, InitAttr, RtrAttr, RtsAttr, QpCap, QpType, Access, WorkCompletion};
 //!
 //! let ctx = Context::open_sim()?;
 //! let pd = ctx.alloc_pd()?;
@@ -32,63 +36,63 @@
 //! let n = cq.poll_until(&mut wc, 2, std::time::Duration::from_secs(5))?;
 //! assert_eq!(n, 2);
 //! assert_eq!(mr.read_vec(2048, 5), b"hello");
-//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! # Ok::<(), mlx5_verbs::VerbsError>(())
 //! ```
 //!
 //! What does not compile (each is a verbs rule):
 //!
 //! A PD cannot go while a memory region made from it lives (`ibv_dealloc_pd` would fail with EBUSY):
 //! ```compile_fail,E0505
-//! use mlx5_host::verbs::{Access, Context};
+//! use mlx5_verbs::{Access, Context};
 //! let ctx = Context::open_sim()?;
 //! let pd = ctx.alloc_pd()?;
 //! let mut buf = ctx.alloc_buffer(64)?;
 //! let mr = pd.register(&mut buf, Access::LOCAL_WRITE)?;
 //! drop(pd);
 //! drop(mr);
-//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! # Ok::<(), mlx5_verbs::VerbsError>(())
 //! ```
 //! Registered memory can be neither freed nor touched directly while the device may reach it:
 //! ```compile_fail,E0505
-//! use mlx5_host::verbs::{Access, Context};
+//! use mlx5_verbs::{Access, Context};
 //! let ctx = Context::open_sim()?;
 //! let pd = ctx.alloc_pd()?;
 //! let mut buf = ctx.alloc_buffer(64)?;
 //! let mr = pd.register(&mut buf, Access::LOCAL_WRITE)?;
 //! drop(buf);
 //! drop(mr);
-//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! # Ok::<(), mlx5_verbs::VerbsError>(())
 //! ```
 //! ```compile_fail,E0502
-//! use mlx5_host::verbs::{Access, Context};
+//! use mlx5_verbs::{Access, Context};
 //! let ctx = Context::open_sim()?;
 //! let pd = ctx.alloc_pd()?;
 //! let mut buf = ctx.alloc_buffer(64)?;
 //! let mr = pd.register(&mut buf, Access::LOCAL_WRITE)?;
 //! let first = buf[0];
 //! drop(mr);
-//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! # Ok::<(), mlx5_verbs::VerbsError>(())
 //! ```
 //! A CQ outlives the QPs that complete on it:
 //! ```compile_fail,E0505
-//! use mlx5_host::verbs::{Context, QpCap, QpType};
+//! use mlx5_verbs::{Context, QpCap, QpType};
 //! let ctx = Context::open_sim()?;
 //! let pd = ctx.alloc_pd()?;
 //! let cq = ctx.create_cq(8)?;
 //! let qp = pd.create_qp(QpType::Rc, &cq, &cq, QpCap { max_send_wr: 1, max_recv_wr: 1, ..QpCap::default() })?;
 //! drop(cq);
 //! drop(qp);
-//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! # Ok::<(), mlx5_verbs::VerbsError>(())
 //! ```
 //! Sends are posted only in RTS (here the QP is still in RESET):
 //! ```compile_fail,E0599
-//! use mlx5_host::verbs::{wr, Context, QpCap, QpType};
+//! use mlx5_verbs::{wr, Context, QpCap, QpType};
 //! let ctx = Context::open_sim()?;
 //! let pd = ctx.alloc_pd()?;
 //! let cq = ctx.create_cq(8)?;
 //! let qp = pd.create_qp(QpType::Rc, &cq, &cq, QpCap { max_send_wr: 1, max_recv_wr: 1, ..QpCap::default() })?;
 //! qp.post_send(&[wr::send_inline(1, b"early")])?;
-//! # Ok::<(), mlx5_host::verbs::VerbsError>(())
+//! # Ok::<(), mlx5_verbs::VerbsError>(())
 //! ```
 
 use std::cell::{RefCell, RefMut};
@@ -111,9 +115,10 @@ pub use mlx5_core::qp::{
 };
 pub use mlx5_core::verbs::{CqAttr, PortAttr};
 use mlx5_core::verbs::{Pd, QpInitAttr};
+#[cfg(feature = "sim")]
 use mlx5_sim::{SimConfig, SimDelay, SimDevice, SimDma, SimMmio};
 
-use crate::vfio::{Bdf, StdDelay, Vfio, VfioError, VfioOptions};
+use mlx5_vfio::{Bdf, StdDelay, Vfio, VfioError, VfioOptions};
 
 /// What a verbs call can fail with. Each message is one line naming what failed and why.
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +156,7 @@ pub type Result<T> = std::result::Result<T, VerbsError>;
 /// Register access for either device: one match per access, nothing next to a register's latency.
 #[derive(Debug, Clone)]
 pub enum AnyMmio {
+    #[cfg(feature = "sim")]
     Sim(SimMmio),
     Vfio(Arc<Vfio>),
 }
@@ -158,6 +164,7 @@ pub enum AnyMmio {
 macro_rules! each_mmio {
     ($self:ident, $m:ident => $e:expr) => {
         match $self {
+            #[cfg(feature = "sim")]
             AnyMmio::Sim($m) => $e,
             AnyMmio::Vfio(v) => {
                 let $m = &v.bar;
@@ -203,6 +210,7 @@ impl Mmio for AnyMmio {
 /// DMA memory for either device.
 #[derive(Debug, Clone)]
 pub enum AnyDma {
+    #[cfg(feature = "sim")]
     Sim(SimDma),
     Vfio(Arc<Vfio>),
 }
@@ -211,12 +219,14 @@ pub enum AnyDma {
 unsafe impl Dma for AnyDma {
     fn alloc(&self, len: usize, align: usize) -> std::result::Result<DmaRegion, DmaError> {
         match self {
+            #[cfg(feature = "sim")]
             AnyDma::Sim(d) => d.alloc(len, align),
             AnyDma::Vfio(v) => v.dma.alloc(len, align),
         }
     }
     fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
         match self {
+            #[cfg(feature = "sim")]
             AnyDma::Sim(d) => d.iova_of(cpu, len),
             AnyDma::Vfio(v) => v.dma.iova_of(cpu, len),
         }
@@ -225,6 +235,7 @@ unsafe impl Dma for AnyDma {
         // SAFETY: the caller's duties pass through unchanged.
         unsafe {
             match self {
+                #[cfg(feature = "sim")]
                 AnyDma::Sim(d) => d.free(region),
                 AnyDma::Vfio(v) => v.dma.free(region),
             }
@@ -235,6 +246,7 @@ unsafe impl Dma for AnyDma {
 /// Waiting for either device: simulated time, or the host's clock.
 #[derive(Debug)]
 pub enum AnyDelay {
+    #[cfg(feature = "sim")]
     Sim(SimDelay),
     Std(StdDelay),
 }
@@ -242,6 +254,7 @@ pub enum AnyDelay {
 impl DelayNs for AnyDelay {
     fn delay_ns(&mut self, ns: u32) {
         match self {
+            #[cfg(feature = "sim")]
             AnyDelay::Sim(d) => d.delay_ns(ns),
             AnyDelay::Std(d) => d.delay_ns(ns),
         }
@@ -278,6 +291,7 @@ struct Inner {
 /// Which device a context drives.
 #[derive(Debug, Clone)]
 pub enum DeviceKind {
+    #[cfg(feature = "sim")]
     Sim(SimDevice),
     Vfio(Arc<Vfio>),
 }
@@ -299,15 +313,17 @@ impl Context {
     /// Opens a simulated ConnectX-5 (RoCE, in-line firmware) and brings it up.
     ///
     /// ```
-    /// let ctx = mlx5_host::verbs::Context::open_sim()?;
+    /// let ctx = mlx5_verbs::Context::open_sim()?;
     /// assert_eq!(ctx.query_port()?.state, 4); // IB_PORT_ACTIVE
-    /// # Ok::<(), mlx5_host::verbs::VerbsError>(())
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
     /// ```
+    #[cfg(feature = "sim")]
     pub fn open_sim() -> Result<Context> {
         Self::open_sim_device(SimDevice::new(SimConfig::default()))
     }
 
     /// Brings up a given simulated device (for a chosen configuration, or one wired to another).
+    #[cfg(feature = "sim")]
     pub fn open_sim_device(dev: SimDevice) -> Result<Context> {
         let delay = AnyDelay::Sim(dev.delay());
         Self::bring_up(AnyMmio::Sim(dev.mmio()), AnyDma::Sim(dev.dma()), delay, DeviceKind::Sim(dev))
@@ -317,10 +333,11 @@ impl Context {
     /// laptop.
     ///
     /// ```
-    /// let (a, b) = mlx5_host::verbs::Context::open_sim_pair()?;
+    /// let (a, b) = mlx5_verbs::Context::open_sim_pair()?;
     /// assert_ne!(a.query_gid(0)?, b.query_gid(0)?);
-    /// # Ok::<(), mlx5_host::verbs::VerbsError>(())
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
     /// ```
+    #[cfg(feature = "sim")]
     pub fn open_sim_pair() -> Result<(Context, Context)> {
         Self::open_sim_pair_with(SimConfig::default())
     }
@@ -331,10 +348,11 @@ impl Context {
     /// ```
     /// use mlx5_sim::{Mode, SimConfig};
     /// let threaded = SimConfig { mode: Mode::Threaded, ..SimConfig::default() };
-    /// let (a, b) = mlx5_host::verbs::Context::open_sim_pair_with(threaded)?;
+    /// let (a, b) = mlx5_verbs::Context::open_sim_pair_with(threaded)?;
     /// assert_ne!(a.query_gid(0)?, b.query_gid(0)?);
-    /// # Ok::<(), mlx5_host::verbs::VerbsError>(())
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
     /// ```
+    #[cfg(feature = "sim")]
     pub fn open_sim_pair_with(base: SimConfig) -> Result<(Context, Context)> {
         let second = base.next_host();
         let (da, db) = (SimDevice::new(base), SimDevice::new(second));
@@ -349,13 +367,14 @@ impl Context {
         Self::bring_up(AnyMmio::Vfio(v.clone()), AnyDma::Vfio(v.clone()), delay, DeviceKind::Vfio(v))
     }
 
-    /// `"sim"` for the simulator, else a PCI address for VFIO.
+    /// `"sim"` for the simulator, else a PCI address for VFIO. Without the `sim` feature `"sim"` is refused as
+    /// not being a PCI address.
     pub fn open(spec: &str) -> Result<Context> {
+        #[cfg(feature = "sim")]
         if spec == "sim" {
-            Self::open_sim()
-        } else {
-            Self::open_vfio(spec.parse()?)
+            return Self::open_sim();
         }
+        Self::open_vfio(spec.parse()?)
     }
 
     fn bring_up(mmio: AnyMmio, dma: AnyDma, mut delay: AnyDelay, kind: DeviceKind) -> Result<Context> {
@@ -435,6 +454,7 @@ impl Context {
 
     fn dma(&self) -> AnyDma {
         match &self.kind {
+            #[cfg(feature = "sim")]
             DeviceKind::Sim(d) => AnyDma::Sim(d.dma()),
             DeviceKind::Vfio(v) => AnyDma::Vfio(v.clone()),
         }
@@ -477,6 +497,7 @@ impl Context {
                     }
                     None => std::thread::sleep(left.min(Duration::from_micros(50))),
                 },
+                #[cfg(feature = "sim")]
                 DeviceKind::Sim(_) => std::thread::sleep(left.min(Duration::from_micros(50))),
             }
         }
@@ -485,6 +506,7 @@ impl Context {
     /// DMA memory outstanding `(regions, bytes)`: after every object is dropped only the HCA's own remain.
     pub fn dma_outstanding(&self) -> (usize, usize) {
         match &self.kind {
+            #[cfg(feature = "sim")]
             DeviceKind::Sim(d) => d.dma_outstanding(),
             DeviceKind::Vfio(v) => v.dma.outstanding(),
         }
@@ -507,7 +529,8 @@ impl Drop for Context {
     }
 }
 
-pub(crate) fn mac_of_gid(gid: &[u8; 16]) -> [u8; 6] {
+/// The MAC address in a link-local GID (RoCE), as [`RemoteQp::mac`] carries it.
+pub fn mac_of_gid(gid: &[u8; 16]) -> [u8; 6] {
     // A link-local GID carries the MAC as a modified EUI-64: flip the U/L bit, drop ff:fe.
     [gid[8] ^ 2, gid[9], gid[10], gid[13], gid[14], gid[15]]
 }
@@ -539,7 +562,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
     /// its bytes are reached through the region's `read` / `write`.
     ///
     /// ```
-    /// use mlx5_host::verbs::{Access, Context};
+    /// use mlx5_verbs::{Access, Context};
     /// let ctx = Context::open_sim()?;
     /// let pd = ctx.alloc_pd()?;
     /// let mut buf = ctx.alloc_buffer(8192)?;
@@ -549,7 +572,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
     /// // Remote write without local write is refused, as verbs refuses it.
     /// drop(mr);
     /// assert!(pd.register(&mut buf, Access::REMOTE_WRITE).is_err());
-    /// # Ok::<(), mlx5_host::verbs::VerbsError>(())
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
     /// ```
     pub fn register<'a>(&'a self, buf: &'a mut DmaBuffer<'ctx>, access: Access) -> Result<MemoryRegion<'a>> {
         let mut i = self.ctx.inner();
@@ -1192,7 +1215,7 @@ impl<S: CanRecv> QueuePair<'_, S> {
 /// Builders for work requests: each returns a signaled request; chain [`WrExt`](wr::WrExt) methods to change flags.
 ///
 /// ```
-/// use mlx5_host::verbs::{wr, wr::WrExt, RemoteBuf, Sge};
+/// use mlx5_verbs::{wr, wr::WrExt, RemoteBuf, Sge};
 /// let sg = [Sge { addr: 0x1000, length: 64, lkey: 7 }];
 /// let w = wr::rdma_write(9, &sg, RemoteBuf { addr: 0x2000, rkey: 8 }).unsignaled();
 /// assert_eq!(w.wr_id, 9);
