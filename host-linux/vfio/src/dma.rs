@@ -170,7 +170,9 @@ impl VfioDma {
                 (p, map_len, cpu, false)
             }
         };
-        if let Err(e) = self.container.map_dma(cpu as u64, iova, len as u64) {
+        // SAFETY: [cpu, cpu + len) lies inside the mapping made above, which stays mapped until release_chunk has
+        // unmapped it from the IOMMU (and is kept, leaked, if that fails); regions are carved from it only.
+        if let Err(e) = unsafe { self.container.map_dma(cpu as u64, iova, len as u64) } {
             // SAFETY: the mapping was just created above and nothing refers to it.
             unsafe { self.sys.munmap(map, map_len) };
             give_iova(&mut s.iova_free, iova, len as u64);

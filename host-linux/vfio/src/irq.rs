@@ -89,7 +89,9 @@ impl Interrupts {
         for fd in fds {
             b.extend_from_slice(&fd.to_ne_bytes());
         }
-        self.sys.ioctl(self.device.raw(), abi::VFIO_DEVICE_SET_IRQS, Arg::Buf(&mut b)).map_err(sys_err("set IRQs"))?;
+        // SAFETY: VFIO_DEVICE_SET_IRQS takes an argsz-led vfio_irq_set followed by its eventfds, which b holds.
+        unsafe { self.sys.ioctl(self.device.raw(), abi::VFIO_DEVICE_SET_IRQS, Arg::Buf(&mut b)) }
+            .map_err(sys_err("set IRQs"))?;
         Ok(())
     }
 
@@ -145,7 +147,8 @@ fn irq_count(dev: &VfioDevice, kind: IrqKind) -> Result<u32> {
         index: kind.index(),
         ..Default::default()
     };
-    let i = ioctl_pod(&**dev.sys(), dev.fd().raw(), abi::VFIO_DEVICE_GET_IRQ_INFO, i, "get IRQ info")?;
+    // SAFETY: VFIO_DEVICE_GET_IRQ_INFO takes an argsz-led vfio_irq_info.
+    let i = unsafe { ioctl_pod(&**dev.sys(), dev.fd().raw(), abi::VFIO_DEVICE_GET_IRQ_INFO, i, "get IRQ info") }?;
     Ok(if i.flags & abi::VFIO_IRQ_INFO_EVENTFD != 0 { i.count } else { 0 })
 }
 

@@ -132,13 +132,19 @@ pub(crate) fn sys_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> Vfio
 }
 
 /// Runs an ioctl whose argument is a Pod structure, returning the structure as the kernel left it.
-pub(crate) fn ioctl_pod<T: Pod>(sys: &dyn Sys, fd: RawFd, req: u64, v: T, what: &str) -> Result<T> {
+///
+/// # Safety
+/// `req` is a VFIO request on `fd` whose argument is an argsz-led `T` (the `argsz` in `v` is checked against
+/// `T`'s size by the seam).
+pub(crate) unsafe fn ioctl_pod<T: Pod>(sys: &dyn Sys, fd: RawFd, req: u64, v: T, what: &str) -> Result<T> {
     let mut b = v.as_bytes().to_vec();
-    sys.ioctl(fd, req, Arg::Buf(&mut b)).map_err(sys_err(what))?;
+    // SAFETY: the caller guarantees `req` takes an argsz-led `T`, which `b` holds.
+    unsafe { sys.ioctl(fd, req, Arg::Buf(&mut b)) }.map_err(sys_err(what))?;
     Ok(T::read_from(&b))
 }
 
-/// An owned file descriptor closed through the seam.
+/// An owned file descriptor closed through the seam. Only this crate makes one, from a descriptor the seam just
+/// returned, so each is the sole owner of its number.
 #[derive(Debug)]
 pub struct Fd {
     sys: Arc<dyn Sys>,
@@ -153,7 +159,8 @@ impl Fd {
 
 impl Drop for Fd {
     fn drop(&mut self) {
-        self.sys.close(self.fd);
+        // SAFETY: this Fd is the only owner of the descriptor (made from a fresh one) and is dropped once.
+        unsafe { self.sys.close(self.fd) };
     }
 }
 
@@ -186,13 +193,14 @@ impl Container {
             _ => VfioError::Sys { what: "open /dev/vfio/vfio".into(), source: e },
         })?;
         let fd = Fd { sys: sys.clone(), fd };
-        let v =
-            sys.ioctl(fd.raw(), abi::VFIO_GET_API_VERSION, Arg::None).map_err(sys_err("get the VFIO API version"))?;
+        // SAFETY: VFIO_GET_API_VERSION on the container takes no argument.
+        let v = unsafe { sys.ioctl(fd.raw(), abi::VFIO_GET_API_VERSION, Arg::None) }
+            .map_err(sys_err("get the VFIO API version"))?;
         if v != abi::VFIO_API_VERSION {
             return Err(VfioError::ApiVersion(v));
         }
-        let ok = sys
-            .ioctl(fd.raw(), abi::VFIO_CHECK_EXTENSION, Arg::Int(abi::VFIO_TYPE1V2_IOMMU))
+        // SAFETY: VFIO_CHECK_EXTENSION takes the extension number by value.
+        let ok = unsafe { sys.ioctl(fd.raw(), abi::VFIO_CHECK_EXTENSION, Arg::Int(abi::VFIO_TYPE1V2_IOMMU)) }
             .map_err(sys_err("check for the type1v2 IOMMU"))?;
         if ok <= 0 {
             return Err(VfioError::NoType1v2);
@@ -202,7 +210,8 @@ impl Container {
 
     /// Sets the IOMMU (allowed once a group is attached) and reads its page sizes and valid IOVA ranges.
     fn set_iommu(sys: &Arc<dyn Sys>, fd: Fd) -> Result<Container> {
-        sys.ioctl(fd.raw(), abi::VFIO_SET_IOMMU, Arg::Int(abi::VFIO_TYPE1V2_IOMMU)).map_err(|e| {
+        // SAFETY: VFIO_SET_IOMMU takes the IOMMU type by value.
+        unsafe { sys.ioctl(fd.raw(), abi::VFIO_SET_IOMMU, Arg::Int(abi::VFIO_TYPE1V2_IOMMU)) }.map_err(|e| {
             let what = if e.raw_os_error() == Some(libc::EPERM) {
                 "set the type1v2 IOMMU (EPERM usually means no interrupt remapping: intremap, or \
                  vfio_iommu_type1.allow_unsafe_interrupts=1)"
@@ -214,14 +223,18 @@ impl Container {
         // Two calls: the first learns how big the capability chain is (the kernel raises argsz), the second reads it.
         let hdr = std::mem::size_of::<abi::vfio_iommu_type1_info>();
         let mut buf = abi::vfio_iommu_type1_info { argsz: hdr as u32, ..Default::default() }.as_bytes().to_vec();
-        sys.ioctl(fd.raw(), abi::VFIO_IOMMU_GET_INFO, Arg::Buf(&mut buf)).map_err(sys_err("get IOMMU info"))?;
+        // SAFETY: VFIO_IOMMU_GET_INFO takes an argsz-led vfio_iommu_type1_info, which buf holds.
+        unsafe { sys.ioctl(fd.raw(), abi::VFIO_IOMMU_GET_INFO, Arg::Buf(&mut buf)) }
+            .map_err(sys_err("get IOMMU info"))?;
         let need = abi::vfio_iommu_type1_info::read_from(&buf).argsz as usize;
         if need > buf.len() {
             // The kernel never asks for more than a page or so; a larger value would be a broken kernel.
             let need = need.min(1 << 16);
             buf = vec![0; need];
             buf[..4].copy_from_slice(&(need as u32).to_ne_bytes());
-            sys.ioctl(fd.raw(), abi::VFIO_IOMMU_GET_INFO, Arg::Buf(&mut buf)).map_err(sys_err("get IOMMU info"))?;
+            // SAFETY: as above, with room for the capability chain the kernel asked for.
+            unsafe { sys.ioctl(fd.raw(), abi::VFIO_IOMMU_GET_INFO, Arg::Buf(&mut buf)) }
+                .map_err(sys_err("get IOMMU info"))?;
         }
         let info = abi::vfio_iommu_type1_info::read_from(&buf);
         let iova_pgsizes = if info.flags & abi::VFIO_IOMMU_INFO_PGSIZES != 0 { info.iova_pgsizes } else { 4096 };
@@ -230,7 +243,12 @@ impl Container {
     }
 
     /// `VFIO_IOMMU_MAP_DMA`: the device may read and write `len` bytes at `iova`, backed by `vaddr`.
-    pub fn map_dma(&self, vaddr: u64, iova: u64, len: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// `[vaddr, vaddr + len)` is memory of this process that the caller keeps mapped, and does not free or hand to
+    /// anything else, until [`Container::unmap_dma`] of this mapping succeeded: until then the device may write
+    /// to it at any time, behind the compiler's back.
+    pub unsafe fn map_dma(&self, vaddr: u64, iova: u64, len: u64) -> Result<()> {
         let m = abi::vfio_iommu_type1_dma_map {
             argsz: std::mem::size_of::<abi::vfio_iommu_type1_dma_map>() as u32,
             flags: abi::VFIO_DMA_MAP_FLAG_READ | abi::VFIO_DMA_MAP_FLAG_WRITE,
@@ -238,7 +256,9 @@ impl Container {
             iova,
             size: len,
         };
-        ioctl_pod(&*self.sys, self.fd.raw(), abi::VFIO_IOMMU_MAP_DMA, m, "map DMA").map(|_| ())
+        // SAFETY: VFIO_IOMMU_MAP_DMA takes an argsz-led vfio_iommu_type1_dma_map; the memory it names is the
+        // caller's to lend (this function's contract).
+        unsafe { ioctl_pod(&*self.sys, self.fd.raw(), abi::VFIO_IOMMU_MAP_DMA, m, "map DMA") }.map(|_| ())
     }
 
     /// `VFIO_IOMMU_UNMAP_DMA` of exactly one earlier mapping; returns the bytes the kernel unmapped.
@@ -249,7 +269,8 @@ impl Container {
             iova,
             size: len,
         };
-        Ok(ioctl_pod(&*self.sys, self.fd.raw(), abi::VFIO_IOMMU_UNMAP_DMA, u, "unmap DMA")?.size)
+        // SAFETY: VFIO_IOMMU_UNMAP_DMA takes an argsz-led vfio_iommu_type1_dma_unmap.
+        Ok(unsafe { ioctl_pod(&*self.sys, self.fd.raw(), abi::VFIO_IOMMU_UNMAP_DMA, u, "unmap DMA") }?.size)
     }
 }
 
@@ -348,29 +369,35 @@ impl VfioDevice {
         })?;
         let group = Group { fd: Fd { sys: sys.clone(), fd: gfd }, id: group_id };
         let status = abi::vfio_group_status { argsz: 8, flags: 0 };
-        let status = ioctl_pod(&*sys, group.fd.raw(), abi::VFIO_GROUP_GET_STATUS, status, "get the group status")?;
+        // SAFETY: VFIO_GROUP_GET_STATUS takes an argsz-led vfio_group_status.
+        let status =
+            unsafe { ioctl_pod(&*sys, group.fd.raw(), abi::VFIO_GROUP_GET_STATUS, status, "get the group status") }?;
         if status.flags & abi::VFIO_GROUP_FLAGS_VIABLE == 0 {
             return Err(VfioError::GroupNotViable {
                 group: group_id,
                 blockers: bind::group_blockers(&*sys, group_id).unwrap_or_default(),
             });
         }
-        let mut cfd = container_fd.raw().to_ne_bytes();
-        sys.ioctl(group.fd.raw(), abi::VFIO_GROUP_SET_CONTAINER, Arg::Buf(&mut cfd))
+        // SAFETY: VFIO_GROUP_SET_CONTAINER reads the container's fd through a pointer.
+        unsafe { sys.ioctl(group.fd.raw(), abi::VFIO_GROUP_SET_CONTAINER, Arg::Fd(container_fd.raw())) }
             .map_err(sys_err("attach the group to the container"))?;
         let container = Arc::new(Container::set_iommu(&sys, container_fd)?);
-        let mut name = format!("{bdf}\0").into_bytes();
-        let dfd = sys.ioctl(group.fd.raw(), abi::VFIO_GROUP_GET_DEVICE_FD, Arg::Buf(&mut name)).map_err(|e| {
-            if e.raw_os_error() == Some(libc::EBUSY) {
-                VfioError::Busy(bdf)
-            } else {
-                VfioError::Sys { what: format!("get the device fd of {bdf}"), source: e }
-            }
-        })?;
+        // A Bdf prints as hex digits, ':' and '.', never NUL.
+        let name = std::ffi::CString::new(bdf.to_string()).map_err(|_| VfioError::BadAddress(bdf.to_string()))?;
+        // SAFETY: VFIO_GROUP_GET_DEVICE_FD reads a NUL-terminated device name.
+        let dfd =
+            unsafe { sys.ioctl(group.fd.raw(), abi::VFIO_GROUP_GET_DEVICE_FD, Arg::Name(&name)) }.map_err(|e| {
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    VfioError::Busy(bdf)
+                } else {
+                    VfioError::Sys { what: format!("get the device fd of {bdf}"), source: e }
+                }
+            })?;
         let fd = Arc::new(Fd { sys: sys.clone(), fd: dfd });
         let info =
             abi::vfio_device_info { argsz: std::mem::size_of::<abi::vfio_device_info>() as u32, ..Default::default() };
-        let info = ioctl_pod(&*sys, fd.raw(), abi::VFIO_DEVICE_GET_INFO, info, "get device info")?;
+        // SAFETY: VFIO_DEVICE_GET_INFO takes an argsz-led vfio_device_info.
+        let info = unsafe { ioctl_pod(&*sys, fd.raw(), abi::VFIO_DEVICE_GET_INFO, info, "get device info") }?;
         if info.flags & abi::VFIO_DEVICE_FLAGS_PCI == 0 || info.num_regions <= abi::VFIO_PCI_CONFIG_REGION_INDEX {
             return Err(VfioError::NotPci(bdf));
         }
@@ -415,7 +442,9 @@ impl VfioDevice {
             index,
             ..Default::default()
         };
-        let r = ioctl_pod(&*self.sys, self.fd.raw(), abi::VFIO_DEVICE_GET_REGION_INFO, r, "get region info")?;
+        // SAFETY: VFIO_DEVICE_GET_REGION_INFO takes an argsz-led vfio_region_info.
+        let r =
+            unsafe { ioctl_pod(&*self.sys, self.fd.raw(), abi::VFIO_DEVICE_GET_REGION_INFO, r, "get region info") }?;
         Ok(RegionInfo { index, flags: r.flags, size: r.size, offset: r.offset })
     }
 
@@ -501,7 +530,9 @@ impl VfioDevice {
 
     /// `VFIO_DEVICE_RESET` (function level reset or what vfio-pci offers).
     pub fn reset(&self) -> Result<()> {
-        self.sys.ioctl(self.fd.raw(), abi::VFIO_DEVICE_RESET, Arg::None).map_err(sys_err("reset the device"))?;
+        // SAFETY: VFIO_DEVICE_RESET takes no argument.
+        unsafe { self.sys.ioctl(self.fd.raw(), abi::VFIO_DEVICE_RESET, Arg::None) }
+            .map_err(sys_err("reset the device"))?;
         Ok(())
     }
 }

@@ -3,7 +3,8 @@
 //! sysfs interfaces do, so the layer's logic (argument encoding, error mapping, clean-up order) is unit-tested
 //! on any machine, and the same code runs against the real kernel in the QEMU test (`cargo xtask vfio-test`).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
+use std::fmt;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -12,12 +13,57 @@ use std::ptr::NonNull;
 /// A file descriptor owned by the caller of [`Sys::open`] / [`Sys::eventfd`].
 pub type RawFd = i32;
 
-/// The argument of an ioctl: nothing, an integer passed by value, or a structure the kernel reads and may fill.
+/// The argument of an ioctl, one variant per shape VFIO requests take.
 #[derive(Debug)]
 pub enum Arg<'a> {
+    /// No argument.
     None,
+    /// An integer passed by value.
     Int(u64),
+    /// A structure that starts with its `u32 argsz`, which the kernel reads and may fill up to `argsz` bytes.
+    /// [`Arg::check`] refuses a buffer whose `argsz` claims more bytes than it has.
     Buf(&'a mut [u8]),
+    /// A file descriptor the kernel reads through a pointer (`VFIO_GROUP_SET_CONTAINER`).
+    Fd(RawFd),
+    /// A NUL-terminated name (`VFIO_GROUP_GET_DEVICE_FD`).
+    Name(&'a CStr),
+}
+
+/// An argsz-led ioctl buffer that cannot be passed to the kernel: too short to hold `argsz`, or an `argsz` larger
+/// than the buffer (the kernel trusts `argsz` and would read and write past the buffer's end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgszError {
+    /// The `argsz` the buffer claims; `None` when the buffer is shorter than the field itself.
+    pub argsz: Option<u32>,
+    /// The buffer's real length.
+    pub len: usize,
+}
+
+impl fmt::Display for ArgszError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.argsz {
+            Some(argsz) => write!(f, "ioctl argsz {argsz} exceeds its {}-byte buffer", self.len),
+            None => write!(f, "ioctl buffer of {} bytes is too short for argsz", self.len),
+        }
+    }
+}
+
+impl std::error::Error for ArgszError {}
+
+impl Arg<'_> {
+    /// Checks an argsz-led buffer against its length; the other shapes carry no length to check.
+    pub fn check(&self) -> Result<(), ArgszError> {
+        let Arg::Buf(b) = self else { return Ok(()) };
+        match b.first_chunk::<4>().map(|a| u32::from_ne_bytes(*a)) {
+            Some(argsz) if argsz as usize <= b.len() => Ok(()),
+            argsz => Err(ArgszError { argsz, len: b.len() }),
+        }
+    }
+
+    /// [`Arg::check`] as the `io::Error` an ioctl returns (`InvalidInput`, with the [`ArgszError`] inside).
+    pub fn check_io(&self) -> io::Result<()> {
+        self.check().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    }
 }
 
 /// System calls used by the VFIO layer.
@@ -29,8 +75,21 @@ pub enum Arg<'a> {
 /// pointers and lengths these methods returned, each once, and never touch the memory afterwards.
 pub unsafe trait Sys: Send + Sync + std::fmt::Debug {
     fn open(&self, path: &Path, write: bool) -> io::Result<RawFd>;
-    fn close(&self, fd: RawFd);
-    fn ioctl(&self, fd: RawFd, request: u64, arg: Arg<'_>) -> io::Result<i32>;
+    /// Closes a file descriptor.
+    ///
+    /// # Safety
+    /// The caller owns `fd` (this object's `open`, `eventfd` or device-fd ioctl returned it), closes it once and
+    /// does not use the number afterwards: closing a descriptor someone else owns would let theirs refer to
+    /// whatever file next gets the number.
+    unsafe fn close(&self, fd: RawFd);
+    /// Runs an ioctl. An argsz-led buffer whose `argsz` exceeds its length is refused before the call, with an
+    /// `InvalidInput` error carrying an [`ArgszError`].
+    ///
+    /// # Safety
+    /// `request` is a VFIO request on `fd` that takes an argument of `arg`'s shape (an integer where the kernel
+    /// expects a pointer would let it write to that address), and the kernel touches an [`Arg::Buf`] structure
+    /// only within its `argsz`.
+    unsafe fn ioctl(&self, fd: RawFd, request: u64, arg: Arg<'_>) -> io::Result<i32>;
     /// Maps `len` bytes of a device file at `offset`, shared and read-write (a BAR).
     fn mmap_device(&self, fd: RawFd, len: usize, offset: u64) -> io::Result<NonNull<u8>>;
     /// Maps `len` bytes of private anonymous memory, populated; `huge` asks for 2 MiB hugetlb pages.
@@ -93,19 +152,23 @@ unsafe impl Sys for LinuxSys {
         check(unsafe { libc::open(c.as_ptr(), flags) })
     }
 
-    fn close(&self, fd: RawFd) {
-        // SAFETY: the caller owns fd and closes it once.
+    unsafe fn close(&self, fd: RawFd) {
+        // SAFETY: the caller owns fd, closes it once and no longer uses it.
         unsafe { libc::close(fd) };
     }
 
-    fn ioctl(&self, fd: RawFd, request: u64, arg: Arg<'_>) -> io::Result<i32> {
-        // SAFETY: VFIO requests take no argument, an integer, or a pointer to a structure whose argsz the caller
-        // set to at most the buffer's length; the kernel reads and writes only within argsz.
+    unsafe fn ioctl(&self, fd: RawFd, request: u64, arg: Arg<'_>) -> io::Result<i32> {
+        arg.check_io()?;
+        let req = request as libc::c_ulong;
+        // SAFETY: the caller guarantees the request takes this argument shape; a Buf's argsz was just checked to
+        // lie within the buffer, which is all the kernel touches; Fd and Name point at live values for the call.
         let rc = unsafe {
             match arg {
-                Arg::None => libc::ioctl(fd, request as libc::c_ulong),
-                Arg::Int(v) => libc::ioctl(fd, request as libc::c_ulong, v as libc::c_ulong),
-                Arg::Buf(b) => libc::ioctl(fd, request as libc::c_ulong, b.as_mut_ptr()),
+                Arg::None => libc::ioctl(fd, req),
+                Arg::Int(v) => libc::ioctl(fd, req, v as libc::c_ulong),
+                Arg::Buf(b) => libc::ioctl(fd, req, b.as_mut_ptr()),
+                Arg::Fd(v) => libc::ioctl(fd, req, &v as *const RawFd),
+                Arg::Name(n) => libc::ioctl(fd, req, n.as_ptr()),
             }
         };
         check(rc)

@@ -378,3 +378,71 @@ fn bind_errors_name_the_cause() {
     t.state().euid = 0;
     assert!(matches!(bind::unbind(&*s, bdf(MLX)), Err(VfioError::Bind { .. })), "not ours to unbind");
 }
+
+/// An argsz-led buffer claiming `argsz` bytes.
+fn with_argsz(len: usize, argsz: u32) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    if let Some(a) = b.first_chunk_mut::<4>() {
+        *a = argsz.to_ne_bytes();
+    }
+    b
+}
+
+fn argsz_error(e: &std::io::Error) -> Option<sys::ArgszError> {
+    e.get_ref()?.downcast_ref::<sys::ArgszError>().copied()
+}
+
+#[test]
+fn argsz_check_refuses_a_buffer_that_claims_more_than_it_has() {
+    let len = std::mem::size_of::<abi::vfio_device_info>();
+    assert_eq!(Arg::Buf(&mut with_argsz(len, len as u32)).check(), Ok(()));
+    assert_eq!(Arg::Buf(&mut with_argsz(len, 4)).check(), Ok(()), "a smaller argsz is the kernel's to refuse");
+    assert_eq!(
+        Arg::Buf(&mut with_argsz(len, len as u32 + 1)).check(),
+        Err(sys::ArgszError { argsz: Some(len as u32 + 1), len })
+    );
+    assert_eq!(Arg::Buf(&mut with_argsz(len, u32::MAX)).check(), Err(sys::ArgszError { argsz: Some(u32::MAX), len }));
+    assert_eq!(Arg::Buf(&mut [0u8; 3]).check(), Err(sys::ArgszError { argsz: None, len: 3 }));
+    assert_eq!(Arg::Buf(&mut []).check(), Err(sys::ArgszError { argsz: None, len: 0 }));
+    assert_eq!(Arg::Int(u64::MAX).check(), Ok(()));
+    assert_eq!(
+        sys::ArgszError { argsz: Some(4096), len: 24 }.to_string(),
+        "ioctl argsz 4096 exceeds its 24-byte buffer"
+    );
+}
+
+#[test]
+fn the_real_seam_refuses_a_lying_argsz_before_the_syscall() {
+    let len = std::mem::size_of::<abi::vfio_device_info>();
+    let mut lying = with_argsz(len, 4096);
+    // SAFETY: VFIO_DEVICE_GET_INFO takes an argsz-led vfio_device_info; fd -1 is no descriptor at all.
+    let e = unsafe { sys::LinuxSys.ioctl(-1, abi::VFIO_DEVICE_GET_INFO, Arg::Buf(&mut lying)) }.unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(argsz_error(&e), Some(sys::ArgszError { argsz: Some(4096), len }));
+    assert!(lying[4..].iter().all(|&b| b == 0), "nothing was written");
+    // An honest buffer passes the check and reaches the kernel, which refuses the bad descriptor.
+    let mut honest = with_argsz(len, len as u32);
+    // SAFETY: as above.
+    let e = unsafe { sys::LinuxSys.ioctl(-1, abi::VFIO_DEVICE_GET_INFO, Arg::Buf(&mut honest)) }.unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+    assert_eq!(argsz_error(&e), None);
+}
+
+#[test]
+fn the_twin_refuses_a_lying_argsz_as_the_real_seam_does() {
+    let t = twin();
+    let dev = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap();
+    let fd = dev.fd().raw();
+    let calls = t.state().log.len();
+    let len = std::mem::size_of::<abi::vfio_device_info>();
+    let mut lying = with_argsz(len, len as u32 + 8);
+    // SAFETY: VFIO_DEVICE_GET_INFO on the device fd takes an argsz-led vfio_device_info.
+    let e = unsafe { t.ioctl(fd, abi::VFIO_DEVICE_GET_INFO, Arg::Buf(&mut lying)) }.unwrap_err();
+    assert_eq!(argsz_error(&e), Some(sys::ArgszError { argsz: Some(len as u32 + 8), len }));
+    assert_eq!(t.state().log.len(), calls, "the refused call never reached the twin kernel");
+    assert!(lying[4..].iter().all(|&b| b == 0), "nothing was written");
+    let mut honest = with_argsz(len, len as u32);
+    // SAFETY: as above.
+    unsafe { t.ioctl(fd, abi::VFIO_DEVICE_GET_INFO, Arg::Buf(&mut honest)) }.unwrap();
+    assert_eq!(abi::vfio_device_info::read_from(&honest).num_regions, 9);
+}

@@ -344,8 +344,7 @@ impl TwinState {
                 if !self.viable(g) {
                     return Err(errno(libc::EPERM));
                 }
-                let Arg::Buf(b) = arg else { return Err(errno(libc::EFAULT)) };
-                let cfd = i32::from_ne_bytes(b.get(..4).ok_or_else(|| errno(libc::EFAULT))?.try_into().unwrap());
+                let Arg::Fd(cfd) = arg else { return Err(errno(libc::EFAULT)) };
                 if !matches!(self.fds.get(&cfd), Some(TwinFd::Container)) {
                     return Err(errno(libc::EBADF));
                 }
@@ -357,11 +356,11 @@ impl TwinState {
             }
             (TwinFd::Group(g), abi::VFIO_GROUP_GET_DEVICE_FD) => {
                 let g = *g;
-                let Arg::Buf(b) = arg else { return Err(errno(libc::EFAULT)) };
+                let Arg::Name(n) = arg else { return Err(errno(libc::EFAULT)) };
                 if !self.attached.contains(&g) || !self.iommu_set {
                     return Err(errno(libc::EINVAL));
                 }
-                let name = String::from_utf8_lossy(b.split(|&c| c == 0).next().unwrap_or_default()).into_owned();
+                let name = n.to_string_lossy().into_owned();
                 let d = self.devices.get_mut(&name).filter(|d| d.group == g).ok_or_else(|| errno(libc::ENODEV))?;
                 if d.open {
                     return Err(errno(libc::EBUSY));
@@ -508,7 +507,7 @@ unsafe impl Sys for Twin {
         Err(errno(libc::ENOENT))
     }
 
-    fn close(&self, fd: RawFd) {
+    unsafe fn close(&self, fd: RawFd) {
         let mut s = self.state();
         s.log.push(format!("close {fd}"));
         match s.fds.remove(&fd) {
@@ -530,7 +529,9 @@ unsafe impl Sys for Twin {
         }
     }
 
-    fn ioctl(&self, fd: RawFd, request: u64, arg: Arg<'_>) -> io::Result<i32> {
+    unsafe fn ioctl(&self, fd: RawFd, request: u64, arg: Arg<'_>) -> io::Result<i32> {
+        // The same refusal as the real seam's, before the call reaches the (twin) kernel.
+        arg.check_io()?;
         let mut s = self.state();
         s.log.push(format!("ioctl {fd} {request:#x}"));
         s.ioctl(fd, request, arg)
