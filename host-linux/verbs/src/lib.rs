@@ -288,12 +288,24 @@ struct Inner {
     orphan_qps: Vec<Qp>,
 }
 
-/// Which device a context drives.
+/// Which device a context drives: the simulated ConnectX or a real one through VFIO. The `mlx5` tool's device
+/// choice (`--device`) is this type too.
 #[derive(Debug, Clone)]
 pub enum DeviceKind {
     #[cfg(feature = "sim")]
     Sim(SimDevice),
     Vfio(Arc<Vfio>),
+}
+
+impl DeviceKind {
+    /// DMA memory the device's allocator has handed out and not taken back, `(regions, bytes)`.
+    pub fn dma_outstanding(&self) -> (usize, usize) {
+        match self {
+            #[cfg(feature = "sim")]
+            DeviceKind::Sim(d) => d.dma_outstanding(),
+            DeviceKind::Vfio(v) => v.dma.outstanding(),
+        }
+    }
 }
 
 /// An open, brought-up device (`ibv_context`). Single-threaded: objects made from it borrow it.
@@ -505,11 +517,7 @@ impl Context {
 
     /// DMA memory outstanding `(regions, bytes)`: after every object is dropped only the HCA's own remain.
     pub fn dma_outstanding(&self) -> (usize, usize) {
-        match &self.kind {
-            #[cfg(feature = "sim")]
-            DeviceKind::Sim(d) => d.dma_outstanding(),
-            DeviceKind::Vfio(v) => v.dma.outstanding(),
-        }
+        self.kind.dma_outstanding()
     }
 }
 

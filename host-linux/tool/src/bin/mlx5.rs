@@ -16,6 +16,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use mlx5_core::cmdq::CmdQueue;
 use mlx5_core::hal::{DelayNs, Dma, Mmio};
@@ -25,6 +26,7 @@ use mlx5_tool::devinfo::DevInfo;
 use mlx5_tool::pingpong::Report;
 use mlx5_tool::tour::{run_tour, TourReport};
 use mlx5_tool::tracefile::TraceSink;
+use mlx5_verbs::DeviceKind;
 use mlx5_vfio::{bind, Bdf, StdDelay, Vfio, VfioOptions};
 
 const USAGE: &str = "usage: mlx5 [-v|-vv] [--device BDF] [--trace FILE] [--hexdump] [--threaded] <command> [--json]
@@ -145,16 +147,12 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-/// The device a command runs on: the simulated ConnectX, or a real one through VFIO.
-enum Device {
-    Sim(SimDevice),
-    Vfio(Box<Vfio>),
-}
-
-fn open(args: &Args) -> Result<Device, String> {
+/// The device a command runs on (the library's [`DeviceKind`]): the simulated ConnectX, or with `--device BDF`
+/// a real one through VFIO.
+fn open(args: &Args) -> Result<DeviceKind, String> {
     let Some(addr) = &args.device else {
         log::info!("device: simulated ConnectX-5 ({} firmware)", if args.threaded { "threaded" } else { "in-line" });
-        return Ok(Device::Sim(SimDevice::new(SimConfig {
+        return Ok(DeviceKind::Sim(SimDevice::new(SimConfig {
             mode: if args.threaded { Mode::Threaded } else { Mode::Inline },
             ..SimConfig::default()
         })));
@@ -166,43 +164,36 @@ fn open(args: &Args) -> Result<Device, String> {
         return Err(format!("{bdf} is not a Mellanox device (vendor {:#06x}, expected 0x15b3)", ids.vendor));
     }
     log::info!("device: {bdf} through VFIO ({:04x}:{:04x})", ids.vendor, ids.device);
-    Ok(Device::Vfio(Box::new(v)))
+    Ok(DeviceKind::Vfio(Arc::new(v)))
 }
 
-impl Device {
-    fn pci_ids(&self) -> (u16, u16) {
-        match self {
-            Device::Sim(d) => d.config().pci_ids,
-            Device::Vfio(v) => v.device.pci_ids().map(|i| (i.vendor, i.device)).unwrap_or_default(),
-        }
+fn pci_ids(dev: &DeviceKind) -> (u16, u16) {
+    match dev {
+        DeviceKind::Sim(d) => d.config().pci_ids,
+        DeviceKind::Vfio(v) => v.device.pci_ids().map(|i| (i.vendor, i.device)).unwrap_or_default(),
     }
+}
 
-    /// Checks nothing was left allocated after teardown: DMA regions (firmware pages included) and, on the
-    /// simulator, pages firmware still holds.
-    fn check_released(&self) -> Result<(), String> {
-        let (regions, bytes, fw_pages) = match self {
-            Device::Sim(d) => {
-                let (r, b) = d.dma_outstanding();
-                (r, b, d.pages_owned())
-            }
-            Device::Vfio(v) => {
-                let (r, b) = v.dma.outstanding();
-                (r, b, 0)
-            }
-        };
-        if regions != 0 || fw_pages != 0 {
-            return Err(format!("teardown left {regions} DMA regions ({bytes} bytes), {fw_pages} firmware pages"));
-        }
-        Ok(())
+/// Checks nothing was left allocated after teardown: DMA regions (firmware pages included) and, on the
+/// simulator, pages firmware still holds.
+fn check_released(dev: &DeviceKind) -> Result<(), String> {
+    let (regions, bytes) = dev.dma_outstanding();
+    let fw_pages = match dev {
+        DeviceKind::Sim(d) => d.pages_owned(),
+        DeviceKind::Vfio(_) => 0,
+    };
+    if regions != 0 || fw_pages != 0 {
+        return Err(format!("teardown left {regions} DMA regions ({bytes} bytes), {fw_pages} firmware pages"));
     }
+    Ok(())
+}
 
-    fn notice(&self) {
-        if let Device::Vfio(v) = self {
-            if v.dma.fell_back_to_small_pages() {
-                eprintln!(
-                    "mlx5: notice: no 2 MiB hugepages, DMA memory uses 4 KiB pages (echo 64 > /proc/sys/vm/nr_hugepages)"
-                );
-            }
+fn notice(dev: &DeviceKind) {
+    if let DeviceKind::Vfio(v) = dev {
+        if v.dma.fell_back_to_small_pages() {
+            eprintln!(
+                "mlx5: notice: no 2 MiB hugepages, DMA memory uses 4 KiB pages (echo 64 > /proc/sys/vm/nr_hugepages)"
+            );
         }
     }
 }
@@ -269,15 +260,15 @@ fn devinfo_on<M: Mmio, D: Dma>(
 fn devinfo(args: &Args) -> Result<(), String> {
     let dev = open(args)?;
     let mut sink = trace_sink(args)?;
-    let pci = dev.pci_ids();
+    let pci = pci_ids(&dev);
     let info = match &dev {
-        Device::Sim(d) => devinfo_on(d.mmio(), d.dma(), &mut d.delay(), &mut sink, pci),
-        Device::Vfio(v) => devinfo_on(&v.bar, &v.dma, &mut StdDelay, &mut sink, pci),
+        DeviceKind::Sim(d) => devinfo_on(d.mmio(), d.dma(), &mut d.delay(), &mut sink, pci),
+        DeviceKind::Vfio(v) => devinfo_on(&v.bar, &v.dma, &mut StdDelay, &mut sink, pci),
     };
     sink.finish().map_err(|e| e.to_string())?;
-    dev.notice();
+    notice(&dev);
     let info = info?;
-    dev.check_released()?;
+    check_released(&dev)?;
     if args.json {
         out(&format!("{}\n", info.json()))
     } else {
@@ -312,13 +303,13 @@ fn pingpong(args: &Args) -> Result<(), String> {
     let mut sink = trace_sink(args)?;
     let opts = mlx5_tool::pingpong::Options { size: args.size, iters: args.iters };
     let report = match &dev {
-        Device::Sim(d) => pingpong_on(d.mmio(), &d.dma(), &mut d.delay(), &mut sink, opts),
-        Device::Vfio(v) => pingpong_on(&v.bar, &&v.dma, &mut StdDelay, &mut sink, opts),
+        DeviceKind::Sim(d) => pingpong_on(d.mmio(), &d.dma(), &mut d.delay(), &mut sink, opts),
+        DeviceKind::Vfio(v) => pingpong_on(&v.bar, &&v.dma, &mut StdDelay, &mut sink, opts),
     };
     sink.finish().map_err(|e| e.to_string())?;
-    dev.notice();
+    notice(&dev);
     let report = report?;
-    dev.check_released()?;
+    check_released(&dev)?;
     print_pingpong(args, &report)
 }
 
@@ -396,17 +387,14 @@ fn fw_tour(args: &Args) -> Result<(), String> {
     let dev = open(args)?;
     let sink = trace_sink(args)?;
     let (report, count, (regions, bytes)) = match &dev {
-        Device::Sim(d) => tour_on(d.mmio(), d.dma(), &mut d.delay(), sink, || d.dma_outstanding())?,
-        Device::Vfio(v) => tour_on(&v.bar, &v.dma, &mut StdDelay, sink, || v.dma.outstanding())?,
+        DeviceKind::Sim(d) => tour_on(d.mmio(), d.dma(), &mut d.delay(), sink, || d.dma_outstanding())?,
+        DeviceKind::Vfio(v) => tour_on(&v.bar, &v.dma, &mut StdDelay, sink, || v.dma.outstanding())?,
     };
-    let (after_regions, after_bytes) = match &dev {
-        Device::Sim(d) => d.dma_outstanding(),
-        Device::Vfio(v) => v.dma.outstanding(),
-    };
+    let (after_regions, after_bytes) = dev.dma_outstanding();
     let what = match (&dev, args.threaded) {
-        (Device::Sim(_), false) => "simulated ConnectX-5 (in-line firmware)".to_string(),
-        (Device::Sim(_), true) => "simulated ConnectX-5 (threaded firmware)".to_string(),
-        (Device::Vfio(v), _) => format!("{} through VFIO", v.device.bdf),
+        (DeviceKind::Sim(_), false) => "simulated ConnectX-5 (in-line firmware)".to_string(),
+        (DeviceKind::Sim(_), true) => "simulated ConnectX-5 (threaded firmware)".to_string(),
+        (DeviceKind::Vfio(v), _) => format!("{} through VFIO", v.device.bdf),
     };
     let mut text = format!(
         "device            {what}\n\
