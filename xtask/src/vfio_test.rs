@@ -3,7 +3,7 @@
 //! No NIC is needed: the guest gets an emulated Intel IOMMU (with interrupt remapping, which type1 requires) and
 //! QEMU's `edu` PCI device, which has a DMA engine and MSI. The xtask
 //! 1. installs what it needs from Debian (qemu-system-x86, busybox-static) and fetches a Debian kernel package;
-//! 2. builds `vfio-edu-test` (host-linux/src/bin) as a static binary;
+//! 2. builds `vfio-edu-test` (host-linux/vfio/src/bin) as a static binary;
 //! 3. packs a busybox initramfs whose `/init` loads the VFIO modules, reserves hugepages and runs the test;
 //! 4. boots the guest under TCG and reads the verdict from QEMU's exit code (`isa-debug-exit`: the guest writes 1
 //!    for pass, 2 for fail; QEMU exits with `(v << 1) | 1`).
