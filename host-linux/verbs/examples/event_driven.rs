@@ -1,7 +1,7 @@
 //! Event-driven completions, as `ibv_rc_pingpong -e` does: arm the CQ, sleep on the completion channel until an
 //! event names it, acknowledge it, poll, re-arm. On VFIO the wait sleeps on the EQ's MSI-X vector.
 //!
-//! `cargo run --example event_driven -- [--device BDF] [--iters N]`
+//! `cargo run -p mlx5-verbs --example event_driven -- [--device BDF] [--iters N]`
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! `--iters` times, every byte checked. By default the two sides are two simulated ConnectX-5s joined by a
 //! simulated wire; `--device BDF` runs both QPs on one real ConnectX through VFIO (loopback).
 //!
-//! `cargo run --example rc_pingpong -- [--device BDF] [--size N] [--iters N]`
+//! `cargo run -p mlx5-verbs --example rc_pingpong -- [--device BDF] [--size N] [--iters N]`
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! buffer, reads it back into a second buffer of its own, then adds to and compare-and-swaps a counter in B.
 //! Two simulated ConnectX-5s on a simulated wire by default; `--device BDF` runs both sides on one ConnectX.
 //!
-//! `cargo run --example rdma_write_read -- [--device BDF] [--size N]`
+//! `cargo run -p mlx5-verbs --example rdma_write_read -- [--device BDF] [--size N]`
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! UD ping-pong in the manner of `ibv_ud_pingpong`: datagrams through address handles, each receive carrying the
 //! 40-byte GRH in front of the payload (RoCE). Two simulated ConnectX-5s on a simulated wire by default.
 //!
-//! `cargo run --example ud_pingpong -- [--device BDF] [--size N] [--iters N]`
+//! `cargo run -p mlx5-verbs --example ud_pingpong -- [--device BDF] [--size N] [--iters N]`
 
 use std::time::{Duration, Instant};
 
