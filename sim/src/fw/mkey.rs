@@ -8,8 +8,8 @@ use std::ops::{BitOr, BitOrAssign};
 
 use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
 
+use super::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
 use crate::dma::DmaSpace;
-use crate::fw::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
 use crate::State;
 
 /// `qpn` of a key not bound to a QP.

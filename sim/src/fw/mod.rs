@@ -16,15 +16,27 @@ use std::sync::atomic::{fence, Ordering};
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, Field, MsgBuf};
 
-use crate::caps::{Caps, SetCapError};
-use crate::cq::Cq;
+use crate::config::SimConfig;
 use crate::dma::DmaSpace;
-use crate::mkey::Mkey;
+use crate::events::{ExecutedCmd, SimEvent};
+use crate::fault::Fault;
 use crate::mmio::INIT_SEG_PAGES;
-use crate::port::PortModel;
-use crate::qp::Qp;
 use crate::small::IdMap;
-use crate::{ExecutedCmd, Fault, SimConfig, SimEvent, State};
+use crate::{Stalled, State};
+
+pub(crate) mod caps;
+pub(crate) mod cq;
+pub(crate) mod eq;
+pub(crate) mod mkey;
+pub(crate) mod port;
+pub(crate) mod qp;
+
+use caps::{Caps, SetCapError};
+use cq::Cq;
+use eq::EqInfo;
+use mkey::Mkey;
+use port::PortModel;
+use qp::Qp;
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
 /// firmware syndromes are undocumented); each check has its own so a test can tell them apart.
@@ -430,9 +442,9 @@ impl Firmware {
         self.eqs.iter().find(|(_, eq)| eq.bitmask[word] >> bit & 1 == 1).map(|(&eqn, _)| eqn)
     }
 
-    pub(crate) fn eq_info(&self, eqn: u8) -> Option<crate::EqInfo> {
+    pub(crate) fn eq_info(&self, eqn: u8) -> Option<EqInfo> {
         let eq = self.eqs.get(&u32::from(eqn))?;
-        Some(crate::EqInfo {
+        Some(EqInfo {
             nent: 1 << eq.log_nent,
             pi: eq.pi,
             ci: eq.ci,
@@ -1141,7 +1153,7 @@ impl State {
             // A need of zero pages is already met: the command runs at once.
             if let Some(Fault::NeedPages { pages: pages @ 1.., .. }) = need.map(|i| self.faults.remove(i)) {
                 self.events.push(SimEvent::WaitingForPages { slot, opcode, pages });
-                self.stalled.push(crate::Stalled { slot, remaining: pages.into() });
+                self.stalled.push(Stalled { slot, remaining: pages.into() });
                 self.page_request(i32::try_from(pages).unwrap_or(i32::MAX));
                 return None;
             }

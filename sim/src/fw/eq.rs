@@ -8,9 +8,10 @@ use std::sync::atomic::{fence, Ordering};
 
 use mlx5_core::prm::{c, consts};
 
-use crate::fw::Eq;
-use crate::mmio::PAGE;
-use crate::{SimEvent, State};
+use super::Eq;
+
+use crate::events::SimEvent;
+use crate::State;
 
 /// Bytes of event data in an EQE (`union ev_data`).
 pub const EQE_DATA_LEN: usize = c::mlx5_eqe::DATA.len;
@@ -19,22 +20,6 @@ pub const EQE_DATA_LEN: usize = c::mlx5_eqe::DATA.len;
 const EVENT_CMD: u8 = consts::MLX5_EVENT_TYPE_CMD as u8;
 /// Page requests.
 const EVENT_PAGE_REQUEST: u8 = consts::MLX5_EVENT_TYPE_PAGE_REQUEST as u8;
-
-/// Offset in a UAR page of the EQ doorbell that updates the consumer index and arms.
-const EQ_DB_ARM: usize = consts::MLX5_EQ_DOORBELL_OFFSET as usize;
-/// Offset of the doorbell that only updates the consumer index: two dwords further (`eq_update_ci`, lib/eq.h:
-/// `eq->doorbell + (arm ? 0 : 2)` on a `__be32 *`).
-const EQ_DB_NOARM: usize = EQ_DB_ARM + 2 * 4;
-/// Offset in a UAR page of the CQ doorbell (a 64-bit write, see `cq.rs`).
-const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
-/// The doorbell value carries the consumer index in bits 23:0 and the EQ number in bits 31:24 (`eq_update_ci`).
-const DB_CI_MASK: u32 = 0xff_ffff;
-const DB_EQN_SHIFT: u32 = 24;
-
-/// Whether a UAR offset is one of the two 32-bit EQ doorbell registers.
-pub(crate) fn is_eq_doorbell(off: usize) -> bool {
-    matches!(off % PAGE, EQ_DB_ARM | EQ_DB_NOARM)
-}
 
 /// The event data of a command-completion EQE for `slot`: `data.cmd.vector` = `1 << slot`.
 fn cmd_data(slot: u8) -> [u8; EQE_DATA_LEN] {
@@ -51,6 +36,27 @@ fn page_req_data(num_pages: i32) -> [u8; EQE_DATA_LEN] {
     d[p::FUNC_ID.off..p::FUNC_ID.end()].copy_from_slice(&0u16.to_be_bytes());
     d[p::NUM_PAGES.off..p::NUM_PAGES.end()].copy_from_slice(&num_pages.to_be_bytes());
     d
+}
+
+/// The state of one EQ, as [`SimDevice::eq_info`](crate::SimDevice::eq_info) reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EqInfo {
+    /// Number of entries (`1 << log_eq_size`).
+    pub nent: u32,
+    /// Producer index: EQEs posted so far (wrapping 32-bit counter).
+    pub pi: u32,
+    /// Consumer index the driver last wrote (reconstructed to 32 bits from the doorbell's 24).
+    pub ci: u32,
+    /// Whether the next EQE interrupts.
+    pub armed: bool,
+    /// Interrupts fired.
+    pub interrupts: u64,
+    /// EQEs refused because the EQ was full.
+    pub overruns: u64,
+    /// UAR page the EQ's doorbell lives in.
+    pub uar_page: u32,
+    /// The four `event_bitmask` words from CREATE_EQ.
+    pub event_bitmask: [u64; 4],
 }
 
 impl Eq {
@@ -163,61 +169,6 @@ impl State {
             self.post_eqe(EVENT_PAGE_REQUEST, 0, &page_req_data(balance));
         }
     }
-
-    /// A 32-bit write into a UAR page: the EQ doorbells are interpreted, half a CQ doorbell is refused, anything
-    /// else is recorded.
-    pub(crate) fn uar_write(&mut self, off: usize, val: u32) {
-        let arm = match off % PAGE {
-            EQ_DB_ARM => true,
-            EQ_DB_NOARM => false,
-            o if o == CQ_DB || o == CQ_DB + 4 => {
-                // The CQ doorbell is one 64-bit access; a 32-bit half could pair with a stale other half.
-                self.events.push(SimEvent::BadCqDoorbell { off, val: val.into(), why: "half a CQ doorbell" });
-                return;
-            }
-            _ => {
-                self.events.push(SimEvent::UarWrite { off, val });
-                return;
-            }
-        };
-        let bad = |why| SimEvent::BadEqDoorbell { off, val, why };
-        let uar = u32::try_from(off / PAGE).unwrap_or(u32::MAX);
-        let eqn = val >> DB_EQN_SHIFT;
-        let ci24 = val & DB_CI_MASK;
-        if !self.fw.uar_allocated(uar) {
-            self.events.push(bad("UAR page not allocated"));
-            return;
-        }
-        let dead = self.dead();
-        let Some(eq) = self.fw.eqs.get_mut(&eqn) else {
-            self.events.push(bad("no such EQ"));
-            return;
-        };
-        if eq.uar != uar {
-            self.events.push(bad("EQ uses another UAR page"));
-            return;
-        }
-        // The doorbell carries 24 bits of the consumer index: advance by the 24-bit distance, which must not
-        // pass the producer index.
-        let step = ci24.wrapping_sub(eq.ci) & DB_CI_MASK;
-        if step > eq.pi.wrapping_sub(eq.ci) {
-            self.events.push(bad("consumer index beyond producer index"));
-            return;
-        }
-        eq.ci = eq.ci.wrapping_add(step);
-        let eqn8 = eqn as u8;
-        self.events.push(SimEvent::EqDoorbell { eqn: eqn8, ci: eq.ci, arm });
-        if arm {
-            if eq.ci != eq.pi && !dead {
-                // EQEs are already waiting: the interrupt fires at once.
-                eq.interrupts += 1;
-                eq.armed = false;
-                self.events.push(SimEvent::EqInterrupt { eqn: eqn8 });
-            } else {
-                eq.armed = true;
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -228,6 +179,9 @@ mod tests {
     use mlx5_core::hal::{DmaRegion, Mmio};
     use mlx5_core::prm::{ifc, MsgBuf};
     use std::time::{Duration, Instant};
+
+    /// Offset in a UAR page of the EQ doorbell that updates the consumer index and arms.
+    const EQ_DB_ARM: usize = consts::MLX5_EQ_DOORBELL_OFFSET as usize;
 
     const PORT: u8 = consts::MLX5_EVENT_TYPE_PORT_CHANGE as u8;
     const PAGE_REQ_MASK: u64 = 1 << consts::MLX5_EVENT_TYPE_PAGE_REQUEST;

@@ -3,8 +3,11 @@
 
 use mlx5_core::prm::{consts, ifc, MsgBuf};
 
-use crate::fw::{bad_param, rd, syndrome, CmdErr};
-use crate::{PortType, SimConfig};
+use super::{bad_param, rd, syndrome, CmdErr};
+use crate::config::{PortType, SimConfig};
+
+/// Entries of the GID table (index 0, the default GID).
+pub(crate) const GID_ENTRIES: u32 = 1;
 
 /// What the port looks like from the host.
 #[derive(Debug, Clone)]

@@ -43,14 +43,17 @@
 
 use std::collections::BTreeMap;
 
-use mlx5_core::prm::{c, consts, ifc, Bytes};
+use mlx5_core::prm::{c, consts, Bytes};
 
-use crate::mkey::MkeyAccess;
-use crate::mmio::PAGE;
-use crate::qp::{QpState, QpType, PSN_MASK, SEND_WQE_BB};
+use crate::events::{RetryKind, SimEvent};
+use crate::fw::mkey::MkeyAccess;
+use crate::fw::qp::{Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, PSN_MASK, SEND_WQE_BB};
+use crate::link::Packet;
 use crate::small::Small;
-use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Packet, Payload, RcOp, Resp, INLINE_PAYLOAD};
-use crate::{SimEvent, State};
+use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, INLINE_PAYLOAD};
+use crate::State;
+
+pub(crate) mod cqe;
 
 const BB: u64 = SEND_WQE_BB;
 /// PSNs less than half the 24-bit space ahead of the expected one are "ahead" (a sequence error); the rest are
@@ -89,12 +92,9 @@ const QKEY_FROM_QP: u32 = 1 << 31;
 const RNR_RETRY_INFINITE: u8 = 7;
 /// The doorbell record: `MLX5_RCV_DBR` and `MLX5_SND_DBR` are be32 indices.
 const RCV_DBR: u64 = consts::MLX5_RCV_DBR as u64 * 4;
-const SND_DBR: u64 = consts::MLX5_SND_DBR as u64 * 4;
 /// Producer counters are 16 bits in the doorbell record.
 const CTR16: u32 = 0xffff;
 const QPN_MASK: u32 = 0xff_ffff;
-const BF_OFFSET: usize = consts::MLX5_BF_OFFSET as usize;
-const BFREGS_PER_UAR: usize = consts::MLX5_BFREGS_PER_UAR as usize;
 /// Bits 7:4 of `op_own` hold the CQE opcode; bit 1 the solicited event.
 const CQE_OPCODE_SHIFT: u32 = 4;
 const CQE_SE: u8 = 1 << 1;
@@ -161,23 +161,6 @@ fn be64(b: &[u8], off: usize) -> u64 {
     u64::from_be_bytes(w)
 }
 
-/// Why a retry happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryKind {
-    /// The request reached no ready QP: the ACK timer expired.
-    Transport,
-    /// The responder had no receive WQE: the RNR timer expired.
-    Rnr,
-}
-
-/// A scatter/gather entry of a data segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct Sge {
-    addr: u64,
-    len: u64,
-    lkey: u32,
-}
-
 /// A gather entry of a send WQE: a data segment, or (`inline`) `sge.len` inline bytes at offset `sge.addr` of
 /// [`DpState::inline`]. A struct rather than an enum, so a data segment's fields can be written straight into the
 /// list (see `Small::push_slot`).
@@ -209,9 +192,6 @@ impl Seg {
 
 /// The gather list of a send WQE; one or two entries in practice.
 type Segs = Small<Seg, 2>;
-/// The scatter list of a receive WQE.
-type Sges = Small<Sge, 2>;
-
 /// Largest WQE read into a stack buffer (small sends, a few SGEs or some inline bytes, and receive WQEs); larger ones
 /// go to the heap.
 const WQE_STACK: usize = 256;
@@ -285,16 +265,6 @@ enum Kind {
     },
 }
 
-/// What a send WQE's completion needs of it.
-#[derive(Debug, Clone, Copy)]
-struct WqeId {
-    /// The WQE's index (its first basic block, the device's consumer counter).
-    index: u16,
-    nbb: u16,
-    opcode: u8,
-    signaled: bool,
-}
-
 /// A send WQE, parsed. Its inline bytes are in [`DpState::inline`] until the next WQE is fetched.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SendWqe {
@@ -331,35 +301,11 @@ impl SendWqe {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// The request went on the wire at `sent_ns` (device time); its response (or loss) is coming, or the ACK
-    /// timer runs out.
-    InFlight { sent_ns: u64 },
-    /// Waiting to retry at `at_ns` (device time).
-    Wait { at_ns: u64, kind: RetryKind },
-}
-
-/// An RC send WQE between its request and its response.
-#[derive(Debug, Clone)]
-pub(crate) struct Outstanding {
-    wqe: WqeId,
-    solicited: bool,
-    /// Where a READ's data or an atomic's original value lands (empty for SEND and WRITE).
-    sges: Sges,
-    op: RcOp,
-    len: u64,
-    seq: u64,
-    phase: Phase,
-    transport_left: u8,
-    rnr_left: u8,
-}
-
 /// Datapath state beyond the QPs: the BlueFlame buffers' current WQEs and the request sequence numbers.
 #[derive(Debug, Default)]
 pub(crate) struct DpState {
     /// (UAR page, BlueFlame buffer) -> (QPN, WQE index) of the last doorbell written there.
-    bf: BTreeMap<(u32, usize), (u32, u16)>,
+    pub(crate) bf: BTreeMap<(u32, usize), (u32, u16)>,
     next_seq: u64,
     /// Where RC payloads too large to travel inline are gathered before they are shared (reused).
     scratch: Vec<u8>,
@@ -440,107 +386,6 @@ fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
 }
 
 impl State {
-    // -----------------------------------------------------------------------------------------------------------
-    // Doorbells
-
-    /// A 64-bit write into a UAR page: `None` when it is not in a BlueFlame register; otherwise whether the
-    /// datapath has new work (a send doorbell was accepted).
-    pub(crate) fn blueflame_write(&mut self, off: usize, v: u64) -> Option<bool> {
-        let in_page = off % PAGE;
-        let reg = 1usize << self.fw.caps.gen(ifc::cmd_hca_cap::LOG_BF_REG_SIZE).clamp(1, 10);
-        let end = (BF_OFFSET + BFREGS_PER_UAR * reg).min(PAGE);
-        if !(BF_OFFSET..end).contains(&in_page) {
-            return None;
-        }
-        // Each register is two buffers of half its size that the driver alternates between.
-        let half = reg / 2;
-        let (buf, inner) = ((in_page - BF_OFFSET) / half, (in_page - BF_OFFSET) % half);
-        let uar = u32::try_from(off / PAGE).unwrap_or(u32::MAX);
-        if self.dead() {
-            return Some(false);
-        }
-        if inner % 8 != 0 {
-            self.events.push(SimEvent::BadSqDoorbell { off, val: v, why: "unaligned BlueFlame write" });
-            return Some(false);
-        }
-        if inner == 0 {
-            return Some(self.sq_doorbell(off, uar, buf, v));
-        }
-        self.blueflame_copy(off, uar, buf, inner, v);
-        Some(false)
-    }
-
-    /// The send doorbell: `v.to_be_bytes()` = `opmod_idx_opcode`, `qpn_ds` of the last WQE posted.
-    fn sq_doorbell(&mut self, off: usize, uar: u32, buf: usize, v: u64) -> bool {
-        use c::mlx5_wqe_ctrl_seg as cs;
-        let bytes = v.to_be_bytes();
-        let qpn = be(cs::QPN_DS, &bytes, 0) >> QPN_SHIFT;
-        let wqe_index = (be(cs::OPMOD_IDX_OPCODE, &bytes, 0) >> IDX_SHIFT) as u16;
-        let bad = |why| SimEvent::BadSqDoorbell { off, val: v, why };
-        if !self.fw.uar_allocated(uar) {
-            self.events.push(bad("UAR page not allocated"));
-            return false;
-        }
-        let Some(qp) = self.fw.qps.get(&qpn) else {
-            self.events.push(bad("no such QP"));
-            return false;
-        };
-        let why = if qp.uar != uar {
-            Some("QP uses another UAR page")
-        } else if qp.sq_bbs() == 0 {
-            Some("QP has no send queue")
-        } else if qp.state == QpState::Rst {
-            Some("QP in RST")
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            self.events.push(bad(why));
-            return false;
-        }
-        let mut rec = [0u8; 4];
-        if self.dma.read(qp.dbr + SND_DBR, &mut rec).is_err() {
-            self.events.push(bad("doorbell record not mapped"));
-            return false;
-        }
-        let pi = (u32::from_be_bytes(rec) & CTR16) as u16;
-        if u32::from(pi.wrapping_sub(qp.sq_ci)) > qp.sq_bbs() {
-            self.events.push(bad("producer counter beyond the send queue"));
-            return false;
-        }
-        let mut mem = [0u8; 8];
-        let same = qp.read_sq(&mut self.dma, u64::from(wqe_index) * BB, &mut mem).is_ok() && mem == bytes;
-        if let Some(qp) = self.fw.qps.get_mut(&qpn) {
-            qp.sq_pi = pi;
-        }
-        self.events.push(SimEvent::SqDoorbell { qpn, pi });
-        if !same {
-            self.events.push(SimEvent::BlueFlameMismatch { qpn, wqe_index, off: 0 });
-        }
-        self.dp.bf.insert((uar, buf), (qpn, wqe_index));
-        true
-    }
-
-    /// A BlueFlame copy chunk at byte `inner` of buffer `buf`: checked against the WQE in memory.
-    fn blueflame_copy(&mut self, off: usize, uar: u32, buf: usize, inner: usize, v: u64) {
-        let Some(&(qpn, wqe_index)) = self.dp.bf.get(&(uar, buf)) else {
-            self.events.push(SimEvent::BadSqDoorbell { off, val: v, why: "BlueFlame copy without a doorbell" });
-            return;
-        };
-        let Some(qp) = self.fw.qps.get(&qpn) else {
-            self.events.push(SimEvent::BadSqDoorbell { off, val: v, why: "BlueFlame copy for a destroyed QP" });
-            return;
-        };
-        let mut mem = [0u8; 8];
-        let at = u64::from(wqe_index) * BB + inner as u64;
-        let same = qp.read_sq(&mut self.dma, at, &mut mem).is_ok() && mem == v.to_be_bytes();
-        let off16 = inner as u16;
-        self.events.push(SimEvent::BlueFlameCopy { qpn, wqe_index, off: off16 });
-        if !same {
-            self.events.push(SimEvent::BlueFlameMismatch { qpn, wqe_index, off: off16 });
-        }
-    }
-
     // -----------------------------------------------------------------------------------------------------------
     // The engine
 
@@ -1579,6 +1424,7 @@ mod tests {
     use crate::testutil::{Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
     use crate::{SimConfig, SimMmio};
     use mlx5_core::hal::Mmio;
+    use mlx5_core::prm::ifc;
     use mlx5_core::prm::MsgBuf;
 
     use consts::{

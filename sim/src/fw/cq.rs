@@ -7,41 +7,32 @@
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf};
 
+use super::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
 use crate::dma::{DmaFault, DmaSpace};
-use crate::eq::EQE_DATA_LEN;
-use crate::fw::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
-use crate::mmio::PAGE;
-use crate::{SimEvent, State};
+use crate::State;
 
 /// Bytes of the CQE image the device writes (`struct mlx5_cqe64`).
-const CQE64: usize = c::mlx5_cqe64::SIZE;
+pub(crate) const CQE64: usize = c::mlx5_cqe64::SIZE;
 /// `op_own`: opcode in bits 7:4, solicited event in bit 1, owner in bit 0 (c-layouts.md 4.4).
-const OP_OWN: usize = c::mlx5_cqe64::OP_OWN.off;
-const OWNER_MASK: u8 = consts::MLX5_CQE_OWNER_MASK as u8;
+pub(crate) const OP_OWN: usize = c::mlx5_cqe64::OP_OWN.off;
+pub(crate) const OWNER_MASK: u8 = consts::MLX5_CQE_OWNER_MASK as u8;
 /// The solicited-event bit of `op_own` (`mlx5dv_get_cqe_se`: `(op_own >> 1) & 1`).
-const SOLICITED: u8 = 1 << 1;
+pub(crate) const SOLICITED: u8 = 1 << 1;
 /// The CQE opcode is the high nibble of `op_own` (`get_cqe_opcode`).
-const OPCODE_SHIFT: u8 = 4;
+pub(crate) const OPCODE_SHIFT: u8 = 4;
 /// Consumer and producer counters travel as 24 bits (doorbell record, CQ doorbell, cqc counters).
-const CTR_MASK: u32 = 0xff_ffff;
-/// Offset in a UAR page of the CQ doorbell.
-const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
-/// The arm command of a CQ doorbell: bits 27:24 of its first dword (`MLX5_CQ_DB_REQ_NOT*`).
-const DB_CMD_MASK: u32 = 0xf << 24;
-/// The arm sequence number: bits 29:28 (`mlx5_cq_arm`: `sn << 28`, `sn = arm_sn & 3`).
-const DB_SN_SHIFT: u32 = 28;
-const DB_SN_MASK: u32 = 3;
+pub(crate) const CTR_MASK: u32 = 0xff_ffff;
 /// Page sizes in a cqc are relative to 4 KiB (`log_page_size = page_shift - MLX5_ADAPTER_PAGE_SHIFT`).
-const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
+pub(crate) const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
 /// MODIFY_CQ `op_mod` for moderation changes: Linux's `mlx5_core_modify_cq_moderation` leaves it 0, and only
 /// `MLX5_CQ_OPMOD_RESIZE` has a name.
-const OPMOD_MODIFY: u32 = 0;
+pub(crate) const OPMOD_MODIFY: u32 = 0;
 
-const STATUS_OK: u8 = consts::MLX5_CQC_STATUS_OK as u8;
-const STATUS_OVERFLOW: u8 = consts::MLX5_CQC_STATUS_CQ_OVERFLOW as u8;
-const STATUS_WRITE_FAIL: u8 = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
-const EVENT_COMP: u8 = consts::MLX5_EVENT_TYPE_COMP as u8;
-const EVENT_CQ_ERROR: u8 = consts::MLX5_EVENT_TYPE_CQ_ERROR as u8;
+pub(crate) const STATUS_OK: u8 = consts::MLX5_CQC_STATUS_OK as u8;
+pub(crate) const STATUS_OVERFLOW: u8 = consts::MLX5_CQC_STATUS_CQ_OVERFLOW as u8;
+pub(crate) const STATUS_WRITE_FAIL: u8 = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
+pub(crate) const EVENT_COMP: u8 = consts::MLX5_EVENT_TYPE_COMP as u8;
+pub(crate) const EVENT_CQ_ERROR: u8 = consts::MLX5_EVENT_TYPE_CQ_ERROR as u8;
 
 /// What the next CQE does to an armed CQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,30 +51,30 @@ pub(crate) struct Cq {
     pub(crate) uar: u32,
     pub(crate) eqn: u32,
     /// 64 or 128 bytes.
-    cqe_size: u64,
-    log_nent: u32,
+    pub(crate) cqe_size: u64,
+    pub(crate) log_nent: u32,
     /// Bus addresses of the buffer pages, `1 << page_shift` bytes each.
-    pas: Vec<u64>,
-    page_shift: u32,
-    dbr: u64,
-    oi: bool,
+    pub(crate) pas: Vec<u64>,
+    pub(crate) page_shift: u32,
+    pub(crate) dbr: u64,
+    pub(crate) oi: bool,
     /// CQEs written (wrapping 32-bit counter; the resize CQE counts).
-    pi: u32,
-    arm: Arm,
+    pub(crate) pi: u32,
+    pub(crate) arm: Arm,
     /// `MLX5_CQC_STATUS_*`.
-    status: u8,
-    period: u32,
-    max_count: u32,
-    period_mode: u32,
+    pub(crate) status: u8,
+    pub(crate) period: u32,
+    pub(crate) max_count: u32,
+    pub(crate) period_mode: u32,
     /// The sequence number of the last accepted arm doorbell.
-    arm_sn: u8,
+    pub(crate) arm_sn: u8,
     /// Counter value of the CQE that last fired an event.
-    last_notified: u32,
+    pub(crate) last_notified: u32,
     /// Counter value of the last solicited or error CQE.
-    last_solicited: Option<u32>,
-    events_fired: u64,
+    pub(crate) last_solicited: Option<u32>,
+    pub(crate) events_fired: u64,
     /// CQEs that found the CQ full (with `oi` they were written anyway).
-    overruns: u64,
+    pub(crate) overruns: u64,
 }
 
 /// Why [`crate::SimDevice::post_cqe`] wrote nothing.
@@ -134,12 +125,6 @@ pub struct CqInfo {
     pub eqn: u8,
 }
 
-/// Whether a CQE satisfies a solicited-only arm: the solicited bit, or an error CQE.
-fn is_solicited(op_own: u8) -> bool {
-    let opcode = u32::from(op_own >> OPCODE_SHIFT);
-    op_own & SOLICITED != 0 || opcode == consts::MLX5_CQE_REQ_ERR || opcode == consts::MLX5_CQE_RESP_ERR
-}
-
 /// The CQE size a `cqc.cqe_sz` encodes.
 fn cqe_bytes(code: u32) -> Result<u64, CmdErr> {
     match code {
@@ -149,36 +134,19 @@ fn cqe_bytes(code: u32) -> Result<u64, CmdErr> {
     }
 }
 
-/// The event data of a CQ-error EQE (`struct mlx5_eqe_cq_err`).
-fn cq_err_data(cqn: u32, synd: u32) -> [u8; EQE_DATA_LEN] {
-    use c::mlx5_eqe_cq_err as e;
-    let mut d = [0u8; EQE_DATA_LEN];
-    d[e::CQN.off..e::CQN.end()].copy_from_slice(&cqn.to_be_bytes());
-    d[e::SYNDROME.off] = synd as u8;
-    d
-}
-
-/// The event data of a completion EQE (`struct mlx5_eqe_comp`).
-fn comp_data(cqn: u32) -> [u8; EQE_DATA_LEN] {
-    let f = c::mlx5_eqe_comp::CQN;
-    let mut d = [0u8; EQE_DATA_LEN];
-    d[f.off..f.end()].copy_from_slice(&cqn.to_be_bytes());
-    d
-}
-
 /// Reads the `pas[]` entries covering `bytes` in pages of `1 << page_shift` (already checked by `check_pas`).
 fn read_pas(inp: &[u8], pas: mlx5_core::prm::Array, bytes: u64, page_shift: u32) -> Vec<u64> {
     (0..bytes.div_ceil(1 << page_shift)).map(|k| inp.get64(pas.elem(k as u32))).collect()
 }
 
 impl Cq {
-    fn nent(&self) -> u32 {
+    pub(crate) fn nent(&self) -> u32 {
         1 << self.log_nent
     }
 
     /// Bus address of the `mlx5_cqe64` image of CQE `n`: entry `n mod nent`, in the second half of a 128-byte
     /// CQE (`struct mlx5_cqe128`: 64 bytes of `inl_grh`, then `cqe64`).
-    fn cqe64_iova(&self, n: u32) -> Option<u64> {
+    pub(crate) fn cqe64_iova(&self, n: u32) -> Option<u64> {
         let idx = u64::from(n & (self.nent() - 1));
         let off = idx * self.cqe_size + (self.cqe_size - CQE64 as u64);
         let page = usize::try_from(off >> self.page_shift).ok()?;
@@ -186,7 +154,7 @@ impl Cq {
     }
 
     /// Writes CQE `n` with the owner bit of its pass: the image first, `op_own` last.
-    fn write_cqe(&self, dma: &mut DmaSpace, n: u32, cqe: &[u8; CQE64]) -> Result<(), DmaFault> {
+    pub(crate) fn write_cqe(&self, dma: &mut DmaSpace, n: u32, cqe: &[u8; CQE64]) -> Result<(), DmaFault> {
         // `check_pas` guaranteed a page for every entry; a miss here would be a simulator bug, reported as a fault.
         let iova = self.cqe64_iova(n).ok_or(DmaFault { iova: 0, len: CQE64, write: true })?;
         let owner = ((n >> self.log_nent) & 1) as u8;
@@ -196,20 +164,20 @@ impl Cq {
     }
 
     /// The consumer index from the doorbell record (`db[0] = be32(cons_index & 0xffffff)`).
-    fn read_ci(&self, dma: &mut DmaSpace) -> Result<u32, DmaFault> {
+    pub(crate) fn read_ci(&self, dma: &mut DmaSpace) -> Result<u32, DmaFault> {
         let mut b = [0u8; 4];
         dma.read(self.dbr, &mut b)?;
         Ok(u32::from_be_bytes(b) & CTR_MASK)
     }
 
     /// CQEs written and not consumed, for a 24-bit consumer index.
-    fn unconsumed(&self, ci: u32) -> u32 {
+    pub(crate) fn unconsumed(&self, ci: u32) -> u32 {
         (self.pi & CTR_MASK).wrapping_sub(ci) & CTR_MASK
     }
 
     /// Whether a solicited or error CQE is among the unconsumed ones. The last such CQE is the latest of them,
     /// so it is unconsumed exactly when any of them is.
-    fn solicited_unconsumed(&self, ci: u32) -> bool {
+    pub(crate) fn solicited_unconsumed(&self, ci: u32) -> bool {
         self.last_solicited.is_some_and(|s| ((s & CTR_MASK).wrapping_sub(ci) & CTR_MASK) < self.unconsumed(ci))
     }
 }
@@ -467,148 +435,6 @@ impl Firmware {
 }
 
 impl State {
-    /// Writes `cqe` as the next CQE of CQ `cqn` (the device lock is held): the overrun check, the owner bit,
-    /// and the completion event of an armed CQ. Returns the CQE's counter value.
-    pub(crate) fn post_cqe(&mut self, cqn: u32, cqe: &[u8; CQE64]) -> Result<u32, PostCqeError> {
-        if self.dead() {
-            return Err(PostCqeError::Dead);
-        }
-        let cq = self.fw.cqs.get_mut(&cqn).ok_or(PostCqeError::UnknownCq)?;
-        if cq.status != STATUS_OK {
-            return Err(PostCqeError::CqInError { status: cq.status });
-        }
-        let ci = match cq.read_ci(&mut self.dma) {
-            Ok(ci) => ci,
-            Err(f) => return Err(self.cq_write_fail(cqn, f)),
-        };
-        if cq.unconsumed(ci) >= cq.nent() {
-            cq.overruns += 1;
-            if !cq.oi {
-                // Hardware never overwrites an unconsumed CQE of a CQ without `oi`: the CQ goes to error.
-                cq.status = STATUS_OVERFLOW;
-                self.events.push(SimEvent::CqOverrun { cqn });
-                self.post_eqe(EVENT_CQ_ERROR, 0, &cq_err_data(cqn, consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN));
-                return Err(PostCqeError::Overrun);
-            }
-        }
-        let n = cq.pi;
-        if let Err(f) = cq.write_cqe(&mut self.dma, n, cqe) {
-            return Err(self.cq_write_fail(cqn, f));
-        }
-        cq.pi = n.wrapping_add(1);
-        let solicited = is_solicited(cqe[OP_OWN]);
-        if solicited {
-            cq.last_solicited = Some(n);
-        }
-        let fire = match cq.arm {
-            Arm::None => false,
-            Arm::Next => true,
-            Arm::Solicited => solicited,
-        };
-        if fire {
-            self.fire_completion(cqn);
-        }
-        Ok(n)
-    }
-
-    /// The CQ could not reach its memory: it enters write-fail and a CQ-error EQE reports the access violation.
-    fn cq_write_fail(&mut self, cqn: u32, fault: DmaFault) -> PostCqeError {
-        if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
-            cq.status = STATUS_WRITE_FAIL;
-        }
-        self.events.push(SimEvent::CqWriteFail { cqn });
-        let synd = consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR;
-        self.post_eqe(EVENT_CQ_ERROR, 0, &cq_err_data(cqn, synd));
-        PostCqeError::DmaFault(fault)
-    }
-
-    /// An armed CQ fires: a completion EQE on its own EQ, and the CQ is disarmed.
-    fn fire_completion(&mut self, cqn: u32) {
-        let Some(cq) = self.fw.cqs.get_mut(&cqn) else { return };
-        cq.arm = Arm::None;
-        cq.last_notified = cq.pi.wrapping_sub(1);
-        let eqn = cq.eqn;
-        if self.post_eqe_to(eqn, EVENT_COMP, 0, &comp_data(cqn)).is_some() {
-            if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
-                cq.events_fired += 1;
-            }
-            self.events.push(SimEvent::CompletionEvent { cqn, eqn: eqn as u8 });
-        }
-    }
-
-    /// A 64-bit write into a UAR page, seen as one access: the CQ doorbell, or a BlueFlame register (send
-    /// doorbell or BlueFlame copy). A 64-bit write straddling the CQ doorbell, or covering an EQ doorbell (a
-    /// 32-bit register), is refused; any other is recorded as one [`SimEvent::UarWrite64`]. Returns whether the
-    /// datapath has new work.
-    pub(crate) fn uar_write64(&mut self, off: usize, v: u64) -> bool {
-        if off % PAGE == CQ_DB {
-            self.cq_doorbell(off, v);
-            return false;
-        }
-        if let Some(kick) = self.blueflame_write(off, v) {
-            return kick;
-        }
-        for (at, half) in [(off, (v >> 32) as u32), (off + 4, v as u32)] {
-            if at % PAGE == CQ_DB || at % PAGE == CQ_DB + 4 {
-                self.events.push(SimEvent::BadCqDoorbell { off: at, val: v, why: "half a CQ doorbell" });
-                return false;
-            }
-            if crate::eq::is_eq_doorbell(at) {
-                let why = "64-bit write to a 32-bit EQ doorbell";
-                self.events.push(SimEvent::BadEqDoorbell { off: at, val: half, why });
-                return false;
-            }
-        }
-        self.events.push(SimEvent::UarWrite64 { off, val: v });
-        false
-    }
-
-    /// The CQ doorbell: `v` = `(sn << 28 | cmd | ci) << 32 | cqn` (`mlx5_cq_arm`).
-    fn cq_doorbell(&mut self, off: usize, v: u64) {
-        let bad = |why| SimEvent::BadCqDoorbell { off, val: v, why };
-        let (word, cqn) = ((v >> 32) as u32, v as u32);
-        let uar = u32::try_from(off / PAGE).unwrap_or(u32::MAX);
-        if !self.fw.uar_allocated(uar) {
-            self.events.push(bad("UAR page not allocated"));
-            return;
-        }
-        let dead = self.dead();
-        let Some(cq) = self.fw.cqs.get_mut(&cqn) else {
-            self.events.push(bad("no such CQ"));
-            return;
-        };
-        if cq.uar != uar {
-            self.events.push(bad("CQ uses another UAR page"));
-            return;
-        }
-        let solicited = match word & DB_CMD_MASK {
-            consts::MLX5_CQ_DB_REQ_NOT => false,
-            consts::MLX5_CQ_DB_REQ_NOT_SOL => true,
-            _ => {
-                self.events.push(bad("unknown arm command"));
-                return;
-            }
-        };
-        let ci = word & CTR_MASK;
-        if !cq.oi && cq.unconsumed(ci) > cq.nent() {
-            self.events.push(bad("consumer index beyond producer index"));
-            return;
-        }
-        let sn = ((word >> DB_SN_SHIFT) & DB_SN_MASK) as u8;
-        cq.arm_sn = sn;
-        // A request for the next CQE already covers a solicited one.
-        cq.arm = if solicited && cq.arm != Arm::Next { Arm::Solicited } else { Arm::Next };
-        self.events.push(SimEvent::CqDoorbell { cqn, sn, solicited, ci });
-        let waiting = match cq.arm {
-            Arm::Next => cq.unconsumed(ci) > 0,
-            _ => cq.solicited_unconsumed(ci),
-        };
-        if waiting && cq.status == STATUS_OK && !dead {
-            // Matching CQEs are already there: the event fires at once.
-            self.fire_completion(cqn);
-        }
-    }
-
     /// The state of CQ `cqn`, reading the doorbell record without recording a fault.
     pub(crate) fn cq_info(&self, cqn: u32) -> Option<CqInfo> {
         let cq = self.fw.cqs.get(&cqn)?;
@@ -641,8 +467,14 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::SimEvent;
     use crate::testutil::{get, put, Harness};
     use crate::{lock, SimConfig, SimMmio};
+
+    /// Offset in a UAR page of the CQ doorbell.
+    const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
+    /// The arm sequence number's shift in a CQ doorbell.
+    const DB_SN_SHIFT: u32 = 28;
     use mlx5_core::hal::{Dma, DmaError, DmaRegion, Mmio};
 
     const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;

@@ -14,12 +14,17 @@
 //! parameters (`opt_param_mask`, `MLX5_QP_OPTPAR_*`) are honoured where mlx5_ib sends them: access rights, pkey
 //! index, qkey, `min_rnr_nak`, the primary path, the ACK timeout and the retry counts.
 
-use mlx5_core::prm::{consts, ifc, CmdStatus, Field, MsgBuf, Sub};
+use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 
-use crate::datapath::Outstanding;
+use super::eq::EQE_DATA_LEN;
+use super::port::GID_ENTRIES;
+use super::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
+use crate::config::PortType;
 use crate::dma::{DmaFault, DmaSpace};
-use crate::fw::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
-use crate::PortType;
+use crate::events::RetryKind;
+use crate::small::Small;
+use crate::wire::RcOp;
+use crate::State;
 
 /// The first QPN handed out (lower numbers are special QPs on real hardware).
 const QPN_FIRST: u32 = 0x100;
@@ -217,6 +222,55 @@ impl Path {
             rmac: self.rmac(),
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The requester's state the transport keeps in each QP (defined with the QP, which owns it).
+
+/// A scatter/gather entry of a data segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Sge {
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) lkey: u32,
+}
+
+/// The scatter list of a receive WQE.
+pub(crate) type Sges = Small<Sge, 2>;
+
+/// What a send WQE's completion needs of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WqeId {
+    /// The WQE's index (its first basic block, the device's consumer counter).
+    pub(crate) index: u16,
+    pub(crate) nbb: u16,
+    pub(crate) opcode: u8,
+    pub(crate) signaled: bool,
+}
+
+/// Where an outstanding RC request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// The request went on the wire at `sent_ns` (device time); its response (or loss) is coming, or the ACK
+    /// timer runs out.
+    InFlight { sent_ns: u64 },
+    /// Waiting to retry at `at_ns` (device time).
+    Wait { at_ns: u64, kind: RetryKind },
+}
+
+/// An RC send WQE between its request and its response.
+#[derive(Debug, Clone)]
+pub(crate) struct Outstanding {
+    pub(crate) wqe: WqeId,
+    pub(crate) solicited: bool,
+    /// Where a READ's data or an atomic's original value lands (empty for SEND and WRITE).
+    pub(crate) sges: Sges,
+    pub(crate) op: RcOp,
+    pub(crate) len: u64,
+    pub(crate) seq: u64,
+    pub(crate) phase: Phase,
+    pub(crate) transport_left: u8,
+    pub(crate) rnr_left: u8,
 }
 
 /// A queue pair.
@@ -612,7 +666,7 @@ impl Firmware {
         if p.port() != 0 && p.port() != PORT {
             return Err(bad_param(syndrome::BAD_PORT));
         }
-        let gid_ok = p.src_addr_index() < crate::wire::GID_ENTRIES;
+        let gid_ok = p.src_addr_index() < GID_ENTRIES;
         let ok = match self.port.port_type {
             PortType::Ib => p.rlid() != 0 && (!p.grh() || gid_ok),
             PortType::Eth => p.grh() && gid_ok && p.rgid() != [0; 16] && p.rmac() != [0; 6],
@@ -805,6 +859,25 @@ impl Firmware {
         let path = q::PRIMARY_ADDRESS_PATH.at(ctx);
         out[path.off..path.off + path.len].copy_from_slice(&qp.path.0);
         Ok(())
+    }
+}
+
+impl State {
+    /// A catastrophic error on QP `qpn` (see `SimDevice::fail_qp`): the QP to ERR and a `WQ_CATAS_ERROR` EQE naming
+    /// it. Returns `false`, changing nothing, when there is no such QP or the device is dead or gone.
+    pub(crate) fn fail_qp(&mut self, qpn: u32) -> bool {
+        if self.dead() {
+            return false;
+        }
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
+        qp.state = QpState::Err;
+        let q = c::mlx5_eqe_qp_srq::QP_SRQ_N;
+        let mut data = [0u8; EQE_DATA_LEN];
+        data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP as u8;
+        data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
+        // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
+        let _ = self.post_eqe(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR as u8, 0, &data);
+        true
     }
 }
 
