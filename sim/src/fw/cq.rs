@@ -7,7 +7,8 @@
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf};
 
-use super::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
+use super::reply::{bad_param, err, rd, CmdErr};
+use super::{alloc_id, syndrome, Firmware};
 use crate::dma::{DmaFault, DmaSpace};
 use crate::State;
 
@@ -140,12 +141,14 @@ fn read_pas(inp: &[u8], pas: mlx5_core::prm::Array, bytes: u64, page_shift: u32)
 }
 
 impl Cq {
+    #[inline]
     pub(crate) fn nent(&self) -> u32 {
         1 << self.log_nent
     }
 
     /// Bus address of the `mlx5_cqe64` image of CQE `n`: entry `n mod nent`, in the second half of a 128-byte
     /// CQE (`struct mlx5_cqe128`: 64 bytes of `inl_grh`, then `cqe64`).
+    #[inline]
     pub(crate) fn cqe64_iova(&self, n: u32) -> Option<u64> {
         let idx = u64::from(n & (self.nent() - 1));
         let off = idx * self.cqe_size + (self.cqe_size - CQE64 as u64);
@@ -154,6 +157,7 @@ impl Cq {
     }
 
     /// Writes CQE `n` with the owner bit of its pass: the image first, `op_own` last.
+    #[inline]
     pub(crate) fn write_cqe(&self, dma: &mut DmaSpace, n: u32, cqe: &[u8; CQE64]) -> Result<(), DmaFault> {
         // `check_pas` guaranteed a page for every entry; a miss here would be a simulator bug, reported as a fault.
         let iova = self.cqe64_iova(n).ok_or(DmaFault { iova: 0, len: CQE64, write: true })?;
@@ -164,6 +168,7 @@ impl Cq {
     }
 
     /// The consumer index from the doorbell record (`db[0] = be32(cons_index & 0xffffff)`).
+    #[inline]
     pub(crate) fn read_ci(&self, dma: &mut DmaSpace) -> Result<u32, DmaFault> {
         let mut b = [0u8; 4];
         dma.read(self.dbr, &mut b)?;
@@ -171,12 +176,14 @@ impl Cq {
     }
 
     /// CQEs written and not consumed, for a 24-bit consumer index.
+    #[inline]
     pub(crate) fn unconsumed(&self, ci: u32) -> u32 {
         (self.pi & CTR_MASK).wrapping_sub(ci) & CTR_MASK
     }
 
     /// Whether a solicited or error CQE is among the unconsumed ones. The last such CQE is the latest of them,
     /// so it is unconsumed exactly when any of them is.
+    #[inline]
     pub(crate) fn solicited_unconsumed(&self, ci: u32) -> bool {
         self.last_solicited.is_some_and(|s| ((s & CTR_MASK).wrapping_sub(ci) & CTR_MASK) < self.unconsumed(ci))
     }

@@ -6,9 +6,12 @@
 
 use std::sync::atomic::{fence, Ordering};
 
-use mlx5_core::prm::{c, consts};
+use mlx5_core::prm::{c, consts, ifc, CmdStatus, MsgBuf};
 
-use super::Eq;
+use super::pages::FW_PAGE;
+use super::reply::{bad_param, err, rd, CmdErr};
+use super::{alloc_id, syndrome, Firmware};
+use crate::dma::DmaSpace;
 
 use crate::events::SimEvent;
 use crate::State;
@@ -59,6 +62,27 @@ pub struct EqInfo {
     pub event_bitmask: [u64; 4],
 }
 
+/// An event queue: its buffer, subscriptions and indices.
+#[derive(Debug)]
+pub(crate) struct Eq {
+    pub(crate) uar: u32,
+    /// Bus addresses of the buffer pages (`pas[]`), `page_bytes` each.
+    pub(crate) pas: Vec<u64>,
+    /// `4 KiB << log_page_size`. `page_offset` is always 0 (CREATE_EQ refuses anything else).
+    pub(crate) page_bytes: u64,
+    pub(crate) log_nent: u32,
+    /// `event_bitmask[4]`: bit `n` of word 0 = event type `n`.
+    pub(crate) bitmask: [u64; 4],
+    /// EQEs posted (wrapping).
+    pub(crate) pi: u32,
+    /// The consumer index the driver last wrote, extended to 32 bits.
+    pub(crate) ci: u32,
+    /// The next EQE interrupts (starts disarmed).
+    pub(crate) armed: bool,
+    pub(crate) interrupts: u64,
+    pub(crate) overruns: u64,
+}
+
 impl Eq {
     fn nent(&self) -> u32 {
         1 << self.log_nent
@@ -69,6 +93,87 @@ impl Eq {
         let off = u64::from(idx) * c::mlx5_eqe::SIZE as u64;
         let page = usize::try_from(off / self.page_bytes).ok()?;
         self.pas.get(page)?.checked_add(off % self.page_bytes)
+    }
+}
+
+impl Firmware {
+    /// The lowest-numbered EQ subscribed to `event_type`.
+    pub(crate) fn subscriber(&self, event_type: u8) -> Option<u32> {
+        let (word, bit) = (usize::from(event_type / 64), event_type % 64);
+        self.eqs.iter().find(|(_, eq)| eq.bitmask[word] >> bit & 1 == 1).map(|(&eqn, _)| eqn)
+    }
+
+    pub(crate) fn eq_info(&self, eqn: u8) -> Option<EqInfo> {
+        let eq = self.eqs.get(&u32::from(eqn))?;
+        Some(EqInfo {
+            nent: 1 << eq.log_nent,
+            pi: eq.pi,
+            ci: eq.ci,
+            armed: eq.armed,
+            interrupts: eq.interrupts,
+            overruns: eq.overruns,
+            uar_page: eq.uar,
+            event_bitmask: eq.bitmask,
+        })
+    }
+
+    pub(super) fn create_eq(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::create_eq_in as i;
+        use ifc::eqc as q;
+        let ctx = i::EQ_CONTEXT_ENTRY;
+        let log_size = rd(inp, q::LOG_EQ_SIZE.at(ctx));
+        if log_size > self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ_SZ) {
+            return Err(bad_param(syndrome::LOG_SIZE));
+        }
+        let uar = rd(inp, q::UAR_PAGE.at(ctx));
+        if !self.uars.contains(&uar) {
+            return Err(bad_param(syndrome::UAR_INVALID));
+        }
+        if rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
+            return Err(bad_param(syndrome::PAGE_OFFSET));
+        }
+        let page_bytes = FW_PAGE << rd(inp, q::LOG_PAGE_SIZE.at(ctx));
+        let bytes = (1u64 << log_size) * c::mlx5_eqe::SIZE as u64;
+        Self::check_pas(dma, inp, i::PAS, bytes, page_bytes)?;
+        let pas = (0..bytes.div_ceil(page_bytes)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect();
+        let mut bitmask = [0u64; 4];
+        for (k, w) in bitmask.iter_mut().enumerate() {
+            *w = inp.get64(i::EVENT_BITMASK.elem(k as u32));
+        }
+        let max = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ).min(8);
+        if self.eqs.len() as u32 >= max {
+            return Err(err(CmdStatus::NoRes, syndrome::NO_RESOURCES));
+        }
+        // eq_number is an 8-bit field.
+        let eqn = alloc_id(&self.eqs, &mut self.next_eqn, 0, 1 << ifc::create_eq_out::EQ_NUMBER.width)
+            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
+        let eq = Eq {
+            uar,
+            pas,
+            page_bytes,
+            log_nent: log_size,
+            bitmask,
+            pi: 0,
+            ci: 0,
+            armed: false,
+            interrupts: 0,
+            overruns: 0,
+        };
+        self.eqs.insert(eqn, eq);
+        out.set(ifc::create_eq_out::EQ_NUMBER, eqn);
+        Ok(())
+    }
+
+    pub(super) fn destroy_eq(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+        let eqn = rd(inp, ifc::destroy_eq_in::EQ_NUMBER);
+        if !self.eqs.contains_key(&eqn) {
+            return Err(bad_param(syndrome::EQ_INVALID));
+        }
+        if self.cqs.values().any(|c| c.eqn == eqn) {
+            return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
+        }
+        self.eqs.remove(&eqn);
+        Ok(())
     }
 }
 

@@ -8,7 +8,8 @@ use std::ops::{BitOr, BitOrAssign};
 
 use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
 
-use super::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
+use super::reply::{bad_param, err, rd, CmdErr};
+use super::{alloc_id, syndrome, Firmware};
 use crate::dma::DmaSpace;
 use crate::State;
 

@@ -3,7 +3,8 @@
 
 use mlx5_core::prm::{consts, ifc, MsgBuf};
 
-use super::{bad_param, rd, syndrome, CmdErr};
+use super::reply::{bad_param, rd, CmdErr};
+use super::syndrome;
 use crate::config::{PortType, SimConfig};
 
 /// Entries of the GID table (index 0, the default GID).

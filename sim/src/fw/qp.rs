@@ -18,7 +18,8 @@ use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 
 use super::eq::EQE_DATA_LEN;
 use super::port::GID_ENTRIES;
-use super::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
+use super::reply::{bad_param, err, rd, CmdErr};
+use super::{alloc_id, syndrome, Firmware};
 use crate::config::PortType;
 use crate::dma::{DmaFault, DmaSpace};
 use crate::events::RetryKind;

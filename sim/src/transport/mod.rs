@@ -1916,7 +1916,7 @@ mod tests {
         let (e, _, _) = one(RcParams::default(), |p| {
             let (s, _, out) = p.r.h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
             assert_eq!(s, 0);
-            let other = p.r.mr_in(crate::fw::rd(&out, ifc::alloc_pd_out::PD), 64, [true; 4]);
+            let other = p.r.mr_in(crate::fw::reply::rd(&out, ifc::alloc_pd_out::PD), 64, [true; 4]);
             Wqe::new(RDMA_WRITE).raddr(other.addr(), other.key).data(8, p.mr.key, p.mr.addr())
         });
         assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
