@@ -18,6 +18,8 @@ use crate::fw::cq::{
 use crate::fw::eq::EQE_DATA_LEN;
 use crate::State;
 
+use super::*;
+
 /// Whether a CQE satisfies a solicited-only arm: the solicited bit, or an error CQE.
 fn is_solicited(op_own: u8) -> bool {
     let opcode = u32::from(op_own >> OPCODE_SHIFT);
@@ -109,5 +111,116 @@ impl State {
             }
             self.events.push(SimEvent::CompletionEvent { cqn, eqn: eqn as u8 });
         }
+    }
+}
+
+/// A CQE to write.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct CqeOut {
+    pub(super) opcode: u32,
+    pub(super) solicited: bool,
+    pub(super) wqe_opcode: u8,
+    pub(super) qpn: u32,
+    pub(super) wqe_counter: u16,
+    pub(super) byte_cnt: u32,
+    pub(super) imm: [u8; 4],
+    pub(super) flags_rqpn: u32,
+    pub(super) slid: u16,
+    pub(super) syndrome: u8,
+}
+
+impl CqeOut {
+    pub(super) fn image(&self) -> [u8; c::mlx5_cqe64::SIZE] {
+        use c::mlx5_cqe64 as f;
+        use c::mlx5_err_cqe as e;
+        let mut b = [0u8; c::mlx5_cqe64::SIZE];
+        let error = self.opcode == consts::MLX5_CQE_REQ_ERR || self.opcode == consts::MLX5_CQE_RESP_ERR;
+        // `sop_drop_qpn` and the error CQE's `s_wqe_opcode_qpn` are the same dword.
+        f::SOP_DROP_QPN.put_be(&mut b, 0, u32::from(self.wqe_opcode) << 24 | (self.qpn & QPN_MASK));
+        f::WQE_COUNTER.put_be(&mut b, 0, self.wqe_counter.into());
+        if error {
+            b[e::SYNDROME.off] = self.syndrome;
+            b[e::VENDOR_ERR_SYND.off] = VENDOR_ERR_BIT | self.syndrome;
+        } else {
+            f::BYTE_CNT.put_be(&mut b, 0, self.byte_cnt);
+            b[f::IMMEDIATE.off..f::IMMEDIATE.end()].copy_from_slice(&self.imm);
+            f::FLAGS_RQPN.put_be(&mut b, 0, self.flags_rqpn);
+            f::SLID.put_be(&mut b, 0, self.slid.into());
+        }
+        b[f::OP_OWN.off] = (self.opcode as u8) << CQE_OPCODE_SHIFT | if self.solicited { CQE_SE } else { 0 };
+        b
+    }
+}
+
+/// `flags_rqpn` of a responder CQE.
+pub(super) fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
+    let grh = u32::from(p.grh.is_some()) << CQE_GRH_SHIFT;
+    let sl = if ib { u32::from(p.sl & AV_SL_MASK) << CQE_SL_SHIFT } else { 0 };
+    (p.src_qpn & QPN_MASK) | grh | sl
+}
+
+impl State {
+    pub(super) fn post(&mut self, cqn: u32, cqe: CqeOut) {
+        // A CQ that cannot take the CQE reports it itself (overrun, write failure); the WQE is done either way.
+        let _ = self.post_cqe(cqn, &cqe.image());
+    }
+
+    /// A send WQE completed: the consumer counter moves past it, and a signaled WQE gets its CQE.
+    pub(super) fn complete_send(&mut self, qpn: u32, w: WqeId, len: u64) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.sq_ci = qp.sq_ci.wrapping_add(w.nbb);
+        qp.next_send_psn = qp.next_send_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        let cqn = qp.cqn_snd;
+        if w.signaled {
+            let byte_cnt = u32::try_from(len).unwrap_or(u32::MAX);
+            let cqe = CqeOut {
+                opcode: consts::MLX5_CQE_REQ,
+                wqe_opcode: w.opcode,
+                qpn,
+                wqe_counter: w.index,
+                byte_cnt,
+                ..CqeOut::default()
+            };
+            self.post(cqn, cqe);
+        }
+    }
+
+    /// A send WQE failed: an error CQE (signaled or not) and the QP goes to ERR.
+    pub(super) fn send_error(&mut self, qpn: u32, index: u16, opcode: u8, nbb: u16, syndrome: u8) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
+        qp.req = None;
+        let cqn = qp.cqn_snd;
+        let cqe = CqeOut {
+            opcode: consts::MLX5_CQE_REQ_ERR,
+            wqe_opcode: opcode,
+            qpn,
+            wqe_counter: index,
+            syndrome,
+            ..CqeOut::default()
+        };
+        self.post(cqn, cqe);
+        self.qp_error(qpn, syndrome);
+    }
+
+    /// A receive WQE consumed successfully.
+    pub(super) fn recv_complete(&mut self, qpn: u32, index: u16, len: u64, mut cqe: CqeOut) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.rq_ci = qp.rq_ci.wrapping_add(1);
+        qp.next_rcv_psn = qp.next_rcv_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        cqe.qpn = qpn;
+        cqe.wqe_counter = index;
+        let cqn = qp.cqn_rcv;
+        self.post(cqn, cqe);
+    }
+
+    /// A receive WQE failed: an error CQE and the QP goes to ERR.
+    pub(super) fn recv_error(&mut self, qpn: u32, index: u16, syndrome: u8) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.rq_ci = qp.rq_ci.wrapping_add(1);
+        let cqn = qp.cqn_rcv;
+        let cqe = CqeOut { opcode: consts::MLX5_CQE_RESP_ERR, qpn, wqe_counter: index, syndrome, ..CqeOut::default() };
+        self.post(cqn, cqe);
+        self.qp_error(qpn, syndrome);
     }
 }
