@@ -80,13 +80,13 @@
 //! checked against the WQE in memory ([`SimEvent::BlueFlameMismatch`]). In in-line mode the datapath runs inside
 //! the MMIO write; in threaded mode on the device thread. SEND, SEND_IMM, RDMA_WRITE(_IMM), RDMA_READ and the two
 //! 8-byte atomics execute in order through the memory keys, with requester, responder and error CQEs, RNR NAKs and
-//! transport retries on device time, and flushes of a QP in ERR (module `datapath`). Timers are checked whenever
+//! transport retries on device time, and flushes of a QP in ERR (module `transport`). Timers are checked whenever
 //! the device runs: a doorbell, any MMIO write, a [`SimDelay`] sleep, and every millisecond on the device thread.
 //!
 //! # Addresses and the wire
 //! Port 1 has GID index 0 ([`SimDevice::gid`]: the link-local address of the MAC on Ethernet, fe80::/64 + port
 //! GUID on IB) and, on IB, the LID [`SimConfig::lid`]. A packet addressed to the device's own LID or GID (and MAC)
-//! is loopback; [`SimDevice::connect`] joins two devices so each reaches the other's address (module `wire`).
+//! is loopback; [`SimDevice::connect`] joins two devices so each reaches the other's address (modules `link` and `wire`).
 //!
 //! # Health and device loss
 //! The health buffer (`mlx5_init_seg.health`) and the heartbeat (`health_counter`, one tick per ms of device
@@ -96,6 +96,13 @@
 //! hardware) and posts no EQE. [`Fault::DeviceGone`] / [`SimDevice::device_gone`] remove the device from the bus:
 //! every BAR read returns all ones, writes are ignored, DMA stops. In both states the driver can still free all
 //! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
+//!
+//! # Layout
+//! Layers, each using only those below it: `config`, `events`, `fault` and `small` at the bottom; `dma` (device
+//! memory) and `mmio` (the BAR registers); `fw` (commands and the objects' tables); `wire` (the packet format) and
+//! `link` (how packets travel); `transport` (the datapath); `uar` (doorbell decoding). A send doorbell goes
+//! `mmio` -> `uar` -> `transport`. This file is the [`SimDevice`] facade and the lock-protected device state the
+//! layers share.
 
 pub mod alloc_count;
 mod config;

@@ -3,6 +3,9 @@
 //! Static registers live in a byte image written through the PRM layouts (`ifc::initial_seg`, `c::mlx5_init_seg`);
 //! the dynamic ones (`initializing`, the health counter, the internal timer) are computed at read time. The
 //! health buffer is written when the firmware dies; a device that left the bus reads all ones.
+//!
+//! A write into a UAR page is decoded by `uar.rs` ([`State::uar_write32`](crate::State), `uar_write64`); a send
+//! doorbell there then runs the transport (`Shared::run`). The command doorbell rings the firmware (`fw/cmd.rs`).
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;

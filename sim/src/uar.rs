@@ -7,6 +7,15 @@
 //! [`State::uar_write32`] or [`State::uar_write64`] here, which update the EQ or CQ object (module `fw`) or, for
 //! an accepted SQ doorbell, record the new producer counter and tell the caller the datapath has work; the
 //! caller then runs `transport` (through `Shared::run`, in line or on the device thread).
+//!
+//! # Doorbells
+//! A 64-bit write at offset 0 of a BlueFlame buffer (UAR + `MLX5_BF_OFFSET` + `n * bf_reg_size`, either half of
+//! the register) is the send doorbell: its value is the first 8 bytes of the last WQE's control segment. The
+//! device reads the SQ producer counter from the doorbell record (`MLX5_SND_DBR`) and will execute up to it.
+//! Further 64-bit writes into the same buffer are a BlueFlame copy of that WQE: each is checked against the WQE
+//! in memory (a mismatch is [`SimEvent::BlueFlameMismatch`](crate::SimEvent::BlueFlameMismatch)); the WQE executed is always the one in memory. The
+//! RQ has no doorbell: its head is read from `MLX5_RCV_DBR` whenever a receive WQE is needed.
+//!
 
 use mlx5_core::prm::{c, consts, ifc, Bytes};
 

@@ -16,14 +16,18 @@
 //! each other from two threads cannot deadlock.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use crate::config::{PortType, SimConfig};
 use crate::fw::port::GID_ENTRIES;
-use crate::wire::{self, Dest, Resp, GID_LEN};
-use crate::{lock, PortType, Shared, SimConfig};
+use crate::wire::{self, Dest, GID_LEN};
+use crate::Shared;
 
+mod local;
 pub(crate) mod tcp;
+
+pub(crate) use local::{carry, connect, pump};
 
 use tcp::Link;
 
@@ -32,9 +36,6 @@ pub(crate) type Packet = wire::Packet<DevRef>;
 
 /// Device ids are unique in the process, so a packet can tell loopback from the wire.
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
-
-/// The most packets one pump carries: a bound against a simulator bug ping-ponging forever.
-const PUMP_BUDGET: usize = 1 << 20;
 
 pub(crate) fn next_device_id() -> u64 {
     NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed)
@@ -198,57 +199,6 @@ impl Drop for Wire {
         if let Some(l) = self.remote_link() {
             l.close();
         }
-    }
-}
-
-/// Joins two devices with a wire, both directions.
-pub(crate) fn connect(a: &Arc<Shared>, b: &Arc<Shared>) {
-    let (a_ref, a_addr) = {
-        let st = lock(a);
-        (st.wire.me.clone(), st.wire.addr)
-    };
-    let (b_ref, b_addr) = {
-        let st = lock(b);
-        (st.wire.me.clone(), st.wire.addr)
-    };
-    lock(a).wire.add_peer(b_ref, b_addr);
-    lock(b).wire.add_peer(a_ref, a_addr);
-}
-
-/// Runs the datapath of `shared` and carries every packet it (and the devices it reaches) produce, holding one
-/// device lock at a time.
-pub(crate) fn pump(shared: &Arc<Shared>) {
-    // The driver's stores (WQEs, doorbell records) before our reads, as the doorbell write orders them.
-    fence(Ordering::SeqCst);
-    let out = lock(shared).run_datapath();
-    carry(out.into());
-}
-
-/// Carries packets to their devices until nothing is left: a device in this process gets the packet and runs
-/// its datapath (what it sends joins the queue); a link takes a packet for another process.
-pub(crate) fn carry(mut queue: VecDeque<Packet>) {
-    for _ in 0..PUMP_BUDGET {
-        let Some(p) = queue.pop_front() else { return };
-        let gone = match &p.dst.port {
-            Port::Local(weak) => match weak.upgrade() {
-                Some(dev) => {
-                    let out = {
-                        let mut st = lock(&dev);
-                        st.receive(p);
-                        st.run_datapath()
-                    };
-                    queue.extend(out);
-                    continue;
-                }
-                None => "destination device gone",
-            },
-            Port::Remote(link) => match link.transmit(&p) {
-                Ok(()) => continue,
-                Err(why) => why,
-            },
-        };
-        // The destination is unreachable: for an RC request the requester's timer starts.
-        queue.extend(p.reply(Resp::Lost(gone)));
     }
 }
 

@@ -1,13 +1,11 @@
-//! The datapath: send doorbells and BlueFlame, send WQE parsing and execution, receive WQEs, completions, RNR
-//! and transport retries, and the flush of a QP in error (c-layouts.md sections 4 and 5).
+//! The transport: the device side of the datapath (c-layouts.md sections 4 and 5), what the ConnectX's send and
+//! receive engines do. `wqe.rs` parses send and receive WQEs, `keys.rs` reaches memory through memory keys,
+//! `requester.rs` and `responder.rs` are the two ends of RC, `ud.rs` is UD, `cqe.rs` writes CQEs, `flush.rs`
+//! errors a QP and flushes it. Packets are built and read through `wire` and travel by `link`.
 //!
-//! # Doorbells
-//! A 64-bit write at offset 0 of a BlueFlame buffer (UAR + `MLX5_BF_OFFSET` + `n * bf_reg_size`, either half of
-//! the register) is the send doorbell: its value is the first 8 bytes of the last WQE's control segment. The
-//! device reads the SQ producer counter from the doorbell record (`MLX5_SND_DBR`) and will execute up to it.
-//! Further 64-bit writes into the same buffer are a BlueFlame copy of that WQE: each is checked against the WQE
-//! in memory (a mismatch is [`SimEvent::BlueFlameMismatch`]); the WQE executed is always the one in memory. The
-//! RQ has no doorbell: its head is read from `MLX5_RCV_DBR` whenever a receive WQE is needed.
+//! A send doorbell reaches this module one way: `mmio.rs` (the BAR write) -> `uar.rs` (decodes it, records the
+//! SQ producer counter) -> [`State::run_datapath`] here (in line, or on the device thread), which runs every QP's
+//! SQ, the packets in the inbox and the timers.
 //!
 //! # Execution
 //! The SQ of a QP in RTS runs in order. A UD send (and a NOP) completes as soon as it is handed to the wire. An
