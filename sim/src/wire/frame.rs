@@ -1,7 +1,9 @@
 //! The byte encoding of a packet, for the link between processes (`link/tcp.rs`): one frame per packet, a type
-//! byte then the packet's fields in a fixed order, big endian, lengths before variable data. The device addresses
-//! are not encoded: the link is them. [`encode_packet`] and [`decode_packet`] are each other's inverse; a frame
-//! that does not parse is an error, never a panic.
+//! byte, a fixed header (QPNs, SLID, SL, GRH flag; the GRH when flagged; byte ranges in `field`), then the body in a
+//! fixed order, big endian, lengths before variable data. The device addresses are not encoded: the link is them.
+//! [`Frame`] is a checked view of a frame's bytes; [`Packet::parse`] and [`Packet::emit`] turn it into the in-process
+//! packet and back, each the other's inverse. A code this side does not know parses as `Unknown(n)` and is refused;
+//! a frame that does not parse is an error, never a panic.
 
 use super::{AtomicOp, Body, Grh, Nak, Packet, RcOp, Resp};
 
@@ -18,185 +20,417 @@ pub(crate) const LOST: [&str; 5] = [
 ];
 pub(crate) const LOST_OTHER: &str = "lost at the far end of the link";
 
-/// The frame for `p` (type byte included). The addresses of the two devices are not sent: the link is them.
-pub(crate) fn encode_packet<D>(p: &Packet<D>) -> Vec<u8> {
-    let payload = match &p.body {
-        Body::Rc { op: RcOp::Send { data, .. } | RcOp::Write { data, .. }, .. } => data.len(),
-        Body::Ud { data, .. } => data.len(),
-        Body::Resp { resp: Resp::ReadData(d), .. } => d.len(),
-        _ => 0,
-    };
-    let mut e = Enc(Vec::with_capacity(96 + payload));
-    e.u8(FRAME_PACKET);
-    e.u32(p.src_qpn);
-    e.u32(p.dst_qpn);
-    e.u16(p.slid);
-    e.u8(p.sl);
-    match &p.grh {
-        None => e.u8(0),
-        Some(g) => {
-            e.u8(1);
-            e.bytes(&g.sgid);
-            e.bytes(&g.dgid);
-            e.u8(g.tclass);
-            e.u32(g.flow_label);
-            e.u8(g.hop_limit);
+/// A one-byte code with named values; any other value is kept as `Unknown(n)`, which a parser refuses.
+macro_rules! code {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $val:literal,)+ }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum $name {
+            $($(#[$vm])* $var,)+
+            Unknown(u8),
         }
+
+        impl From<u8> for $name {
+            fn from(v: u8) -> Self {
+                match v {
+                    $($val => $name::$var,)+
+                    other => $name::Unknown(other),
+                }
+            }
+        }
+
+        impl From<$name> for u8 {
+            fn from(c: $name) -> u8 {
+                match c {
+                    $($name::$var => $val,)+
+                    $name::Unknown(other) => other,
+                }
+            }
+        }
+    };
+}
+
+code! {
+    /// What a packet carries (the byte after the GRH).
+    BodyKind { Rc = 1, Ud = 2, Resp = 3, }
+}
+
+code! {
+    /// The operation of an RC request.
+    RcKind { Send = 1, Write = 2, Read = 3, Atomic = 4, }
+}
+
+code! {
+    /// The operation of an atomic request.
+    AtomicKind { CmpSwap = 1, FetchAdd = 2, }
+}
+
+code! {
+    /// The kind of an RC response.
+    RespKind { Ack = 1, ReadData = 2, AtomicOrig = 3, RnrNak = 4, Nak = 5, Lost = 6, }
+}
+
+code! {
+    /// The code of a NAK.
+    NakCode { RemoteAccess = 1, InvalidRequest = 2, RemoteOp = 3, PsnSequence = 4, }
+}
+
+/// Byte ranges of the fixed part of a packet frame (after the frame type byte), then of the GRH that follows it
+/// when the GRH flag is 1 (offsets relative to the GRH). The variable part (the body) comes after them.
+mod field {
+    pub(super) type Field = core::ops::Range<usize>;
+
+    pub(super) const SRC_QPN: Field = 0..4;
+    pub(super) const DST_QPN: Field = 4..8;
+    pub(super) const SLID: Field = 8..10;
+    pub(super) const SL: usize = 10;
+    pub(super) const GRH_FLAG: usize = 11;
+    pub(super) const HEADER_LEN: usize = 12;
+
+    pub(super) const SGID: Field = 0..16;
+    pub(super) const DGID: Field = 16..32;
+    pub(super) const TCLASS: usize = 32;
+    pub(super) const FLOW_LABEL: Field = 33..37;
+    pub(super) const HOP_LIMIT: usize = 37;
+    pub(super) const GRH_LEN: usize = 38;
+}
+
+/// A view of a packet frame's bytes (after the frame type byte). [`Frame::new_checked`] makes sure the fixed
+/// header (and the GRH its flag announces) is there, so the accessors cannot go out of bounds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Frame<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Frame<T> {
+    /// The bytes as a frame, unchecked: the accessors may panic on a short buffer. Only for buffers this side
+    /// sized itself.
+    pub(crate) fn new_unchecked(buffer: T) -> Self {
+        Frame { buffer }
     }
-    match &p.body {
-        Body::Rc { seq, psn, op, solicited } => {
-            e.u8(1);
-            e.u64(*seq);
-            e.u32(*psn);
-            e.u8((*solicited).into());
-            match op {
-                RcOp::Send { data, imm } => {
-                    e.u8(1);
-                    e.imm(imm);
-                    e.data(data);
-                }
-                RcOp::Write { raddr, rkey, data, imm } => {
-                    e.u8(2);
-                    e.u64(*raddr);
-                    e.u32(*rkey);
-                    e.imm(imm);
-                    e.data(data);
-                }
-                RcOp::Read { raddr, rkey, len } => {
-                    e.u8(3);
-                    e.u64(*raddr);
-                    e.u32(*rkey);
-                    e.u64(*len);
-                }
-                RcOp::Atomic { raddr, rkey, op } => {
-                    e.u8(4);
-                    e.u64(*raddr);
-                    e.u32(*rkey);
-                    match *op {
-                        AtomicOp::CmpSwap { compare, swap } => {
-                            e.u8(1);
-                            e.u64(compare);
-                            e.u64(swap);
-                        }
-                        AtomicOp::FetchAdd { add } => {
-                            e.u8(2);
-                            e.u64(add);
+
+    /// The bytes as a frame, after checking the header and the GRH are complete and the GRH flag is 0 or 1.
+    pub(crate) fn new_checked(buffer: T) -> Result<Self, &'static str> {
+        let f = Frame::new_unchecked(buffer);
+        f.check_len()?;
+        Ok(f)
+    }
+
+    fn check_len(&self) -> Result<(), &'static str> {
+        let b = self.buffer.as_ref();
+        if b.len() < field::HEADER_LEN {
+            return Err(SHORT);
+        }
+        if b[field::GRH_FLAG] > 1 {
+            return Err("bad GRH flag in a link frame");
+        }
+        if b.len() < self.body_offset() {
+            return Err(SHORT);
+        }
+        Ok(())
+    }
+
+    fn be<const N: usize>(&self, f: field::Field) -> [u8; N] {
+        let mut w = [0u8; N];
+        w.copy_from_slice(&self.buffer.as_ref()[f]);
+        w
+    }
+
+    pub(crate) fn src_qpn(&self) -> u32 {
+        u32::from_be_bytes(self.be(field::SRC_QPN))
+    }
+
+    pub(crate) fn dst_qpn(&self) -> u32 {
+        u32::from_be_bytes(self.be(field::DST_QPN))
+    }
+
+    pub(crate) fn slid(&self) -> u16 {
+        u16::from_be_bytes(self.be(field::SLID))
+    }
+
+    pub(crate) fn sl(&self) -> u8 {
+        self.buffer.as_ref()[field::SL]
+    }
+
+    pub(crate) fn has_grh(&self) -> bool {
+        self.buffer.as_ref()[field::GRH_FLAG] == 1
+    }
+
+    /// The GRH, when the flag announces one.
+    pub(crate) fn grh(&self) -> Option<Grh> {
+        if !self.has_grh() {
+            return None;
+        }
+        let g = &self.buffer.as_ref()[field::HEADER_LEN..field::HEADER_LEN + field::GRH_LEN];
+        let arr = |r: field::Field| {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&g[r]);
+            a
+        };
+        let mut fl = [0u8; 4];
+        fl.copy_from_slice(&g[field::FLOW_LABEL]);
+        Some(Grh {
+            sgid: arr(field::SGID),
+            dgid: arr(field::DGID),
+            tclass: g[field::TCLASS],
+            flow_label: u32::from_be_bytes(fl),
+            hop_limit: g[field::HOP_LIMIT],
+        })
+    }
+
+    fn body_offset(&self) -> usize {
+        field::HEADER_LEN + if self.has_grh() { field::GRH_LEN } else { 0 }
+    }
+
+    /// The body: the kind byte and what follows it.
+    pub(crate) fn body(&self) -> &[u8] {
+        &self.buffer.as_ref()[self.body_offset()..]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
+    fn put(&mut self, f: field::Field, v: &[u8]) {
+        self.buffer.as_mut()[f].copy_from_slice(v);
+    }
+
+    pub(crate) fn set_src_qpn(&mut self, v: u32) {
+        self.put(field::SRC_QPN, &v.to_be_bytes());
+    }
+
+    pub(crate) fn set_dst_qpn(&mut self, v: u32) {
+        self.put(field::DST_QPN, &v.to_be_bytes());
+    }
+
+    pub(crate) fn set_slid(&mut self, v: u16) {
+        self.put(field::SLID, &v.to_be_bytes());
+    }
+
+    pub(crate) fn set_sl(&mut self, v: u8) {
+        self.buffer.as_mut()[field::SL] = v;
+    }
+
+    /// Writes the GRH flag and, for `Some`, the GRH after the header (the buffer must have room for it).
+    pub(crate) fn set_grh(&mut self, grh: Option<&Grh>) {
+        let b = self.buffer.as_mut();
+        b[field::GRH_FLAG] = grh.is_some().into();
+        let Some(h) = grh else { return };
+        let g = &mut b[field::HEADER_LEN..field::HEADER_LEN + field::GRH_LEN];
+        g[field::SGID].copy_from_slice(&h.sgid);
+        g[field::DGID].copy_from_slice(&h.dgid);
+        g[field::TCLASS] = h.tclass;
+        g[field::FLOW_LABEL].copy_from_slice(&h.flow_label.to_be_bytes());
+        g[field::HOP_LIMIT] = h.hop_limit;
+    }
+}
+
+impl<D> Packet<D> {
+    /// The bytes of the fixed header and the GRH this packet's frame has.
+    fn header_len(&self) -> usize {
+        field::HEADER_LEN + if self.grh.is_some() { field::GRH_LEN } else { 0 }
+    }
+
+    /// Writes the packet as a frame (type byte included). The addresses of the two devices are not sent: the
+    /// link is them.
+    pub(crate) fn emit(&self) -> Vec<u8> {
+        let payload = match &self.body {
+            Body::Rc { op: RcOp::Send { data, .. } | RcOp::Write { data, .. }, .. } => data.len(),
+            Body::Ud { data, .. } => data.len(),
+            Body::Resp { resp: Resp::ReadData(d), .. } => d.len(),
+            _ => 0,
+        };
+        let head = 1 + self.header_len();
+        let mut buf = Vec::with_capacity(head + 48 + payload);
+        buf.resize(head, 0);
+        buf[0] = FRAME_PACKET;
+        let mut f = Frame::new_unchecked(&mut buf[1..head]);
+        f.set_src_qpn(self.src_qpn);
+        f.set_dst_qpn(self.dst_qpn);
+        f.set_slid(self.slid);
+        f.set_sl(self.sl);
+        f.set_grh(self.grh.as_ref());
+        let mut e = Enc(buf);
+        self.emit_body(&mut e);
+        e.0
+    }
+
+    fn emit_body(&self, e: &mut Enc) {
+        match &self.body {
+            Body::Rc { seq, psn, op, solicited } => {
+                e.u8(BodyKind::Rc.into());
+                e.u64(*seq);
+                e.u32(*psn);
+                e.u8((*solicited).into());
+                match op {
+                    RcOp::Send { data, imm } => {
+                        e.u8(RcKind::Send.into());
+                        e.imm(imm);
+                        e.data(data);
+                    }
+                    RcOp::Write { raddr, rkey, data, imm } => {
+                        e.u8(RcKind::Write.into());
+                        e.u64(*raddr);
+                        e.u32(*rkey);
+                        e.imm(imm);
+                        e.data(data);
+                    }
+                    RcOp::Read { raddr, rkey, len } => {
+                        e.u8(RcKind::Read.into());
+                        e.u64(*raddr);
+                        e.u32(*rkey);
+                        e.u64(*len);
+                    }
+                    RcOp::Atomic { raddr, rkey, op } => {
+                        e.u8(RcKind::Atomic.into());
+                        e.u64(*raddr);
+                        e.u32(*rkey);
+                        match *op {
+                            AtomicOp::CmpSwap { compare, swap } => {
+                                e.u8(AtomicKind::CmpSwap.into());
+                                e.u64(compare);
+                                e.u64(swap);
+                            }
+                            AtomicOp::FetchAdd { add } => {
+                                e.u8(AtomicKind::FetchAdd.into());
+                                e.u64(add);
+                            }
                         }
                     }
                 }
             }
-        }
-        Body::Ud { qkey, data, imm, solicited } => {
-            e.u8(2);
-            e.u32(*qkey);
-            e.u8((*solicited).into());
-            e.imm(imm);
-            e.data(data);
-        }
-        Body::Resp { seq, resp } => {
-            e.u8(3);
-            e.u64(*seq);
-            match resp {
-                Resp::Ack => e.u8(1),
-                Resp::ReadData(d) => {
-                    e.u8(2);
-                    e.data(d);
-                }
-                Resp::AtomicOrig(v) => {
-                    e.u8(3);
-                    e.u64(*v);
-                }
-                Resp::RnrNak { timer } => {
-                    e.u8(4);
-                    e.u8(*timer);
-                }
-                Resp::Nak(n) => {
-                    e.u8(5);
-                    e.u8(match n {
-                        Nak::RemoteAccess => 1,
-                        Nak::InvalidRequest => 2,
-                        Nak::RemoteOp => 3,
-                        Nak::PsnSequence => 4,
-                    });
-                }
-                Resp::Lost(why) => {
-                    e.u8(6);
-                    e.u8(LOST.iter().position(|l| l == why).map_or(u8::MAX, |i| i as u8));
+            Body::Ud { qkey, data, imm, solicited } => {
+                e.u8(BodyKind::Ud.into());
+                e.u32(*qkey);
+                e.u8((*solicited).into());
+                e.imm(imm);
+                e.data(data);
+            }
+            Body::Resp { seq, resp } => {
+                e.u8(BodyKind::Resp.into());
+                e.u64(*seq);
+                match resp {
+                    Resp::Ack => e.u8(RespKind::Ack.into()),
+                    Resp::ReadData(d) => {
+                        e.u8(RespKind::ReadData.into());
+                        e.data(d);
+                    }
+                    Resp::AtomicOrig(v) => {
+                        e.u8(RespKind::AtomicOrig.into());
+                        e.u64(*v);
+                    }
+                    Resp::RnrNak { timer } => {
+                        e.u8(RespKind::RnrNak.into());
+                        e.u8(*timer);
+                    }
+                    Resp::Nak(n) => {
+                        e.u8(RespKind::Nak.into());
+                        e.u8(NakCode::from(*n).into());
+                    }
+                    Resp::Lost(why) => {
+                        e.u8(RespKind::Lost.into());
+                        e.u8(LOST.iter().position(|l| l == why).map_or(u8::MAX, |i| i as u8));
+                    }
                 }
             }
         }
     }
-    e.0
 }
 
-/// A packet from a frame body (after the type byte); the source and destination are the caller's to fill in
-/// (here both are `nobody`). Every length is checked against the frame.
+impl<D: Clone> Packet<D> {
+    /// The packet a checked frame holds; the source and destination are the caller's to fill in (here both are
+    /// `nobody`). Every length in the body is checked against the frame.
+    pub(crate) fn parse<T: AsRef<[u8]>>(f: &Frame<T>, nobody: D) -> Result<Self, &'static str> {
+        let mut d = Dec(f.body());
+        let body = match BodyKind::from(d.u8()?) {
+            BodyKind::Rc => {
+                let (seq, psn, solicited) = (d.u64()?, d.u32()?, d.bool()?);
+                let op = match RcKind::from(d.u8()?) {
+                    RcKind::Send => {
+                        let imm = d.imm()?;
+                        RcOp::Send { data: d.data()?.into(), imm }
+                    }
+                    RcKind::Write => {
+                        let (raddr, rkey, imm) = (d.u64()?, d.u32()?, d.imm()?);
+                        RcOp::Write { raddr, rkey, data: d.data()?.into(), imm }
+                    }
+                    RcKind::Read => RcOp::Read { raddr: d.u64()?, rkey: d.u32()?, len: d.u64()? },
+                    RcKind::Atomic => {
+                        let (raddr, rkey) = (d.u64()?, d.u32()?);
+                        let op = match AtomicKind::from(d.u8()?) {
+                            AtomicKind::CmpSwap => AtomicOp::CmpSwap { compare: d.u64()?, swap: d.u64()? },
+                            AtomicKind::FetchAdd => AtomicOp::FetchAdd { add: d.u64()? },
+                            AtomicKind::Unknown(_) => return Err("bad atomic kind in a link frame"),
+                        };
+                        RcOp::Atomic { raddr, rkey, op }
+                    }
+                    RcKind::Unknown(_) => return Err("bad RC operation in a link frame"),
+                };
+                Body::Rc { seq, psn, op, solicited }
+            }
+            BodyKind::Ud => {
+                let (qkey, solicited, imm) = (d.u32()?, d.bool()?, d.imm()?);
+                Body::Ud { qkey, data: d.data()?.to_vec(), imm, solicited }
+            }
+            BodyKind::Resp => {
+                let seq = d.u64()?;
+                let resp = match RespKind::from(d.u8()?) {
+                    RespKind::Ack => Resp::Ack,
+                    RespKind::ReadData => Resp::ReadData(d.data()?.to_vec()),
+                    RespKind::AtomicOrig => Resp::AtomicOrig(d.u64()?),
+                    RespKind::RnrNak => Resp::RnrNak { timer: d.u8()? },
+                    RespKind::Nak => Resp::Nak(Nak::try_from(NakCode::from(d.u8()?))?),
+                    RespKind::Lost => Resp::Lost(LOST.get(usize::from(d.u8()?)).copied().unwrap_or(LOST_OTHER)),
+                    RespKind::Unknown(_) => return Err("bad response kind in a link frame"),
+                };
+                Body::Resp { seq, resp }
+            }
+            BodyKind::Unknown(_) => return Err("bad packet kind in a link frame"),
+        };
+        d.end()?;
+        Ok(Packet {
+            src: nobody.clone(),
+            dst: nobody,
+            src_qpn: f.src_qpn(),
+            dst_qpn: f.dst_qpn(),
+            slid: f.slid(),
+            sl: f.sl(),
+            grh: f.grh(),
+            body,
+        })
+    }
+}
+
+impl From<Nak> for NakCode {
+    fn from(n: Nak) -> Self {
+        match n {
+            Nak::RemoteAccess => NakCode::RemoteAccess,
+            Nak::InvalidRequest => NakCode::InvalidRequest,
+            Nak::RemoteOp => NakCode::RemoteOp,
+            Nak::PsnSequence => NakCode::PsnSequence,
+        }
+    }
+}
+
+impl TryFrom<NakCode> for Nak {
+    type Error = &'static str;
+    fn try_from(c: NakCode) -> Result<Self, Self::Error> {
+        Ok(match c {
+            NakCode::RemoteAccess => Nak::RemoteAccess,
+            NakCode::InvalidRequest => Nak::InvalidRequest,
+            NakCode::RemoteOp => Nak::RemoteOp,
+            NakCode::PsnSequence => Nak::PsnSequence,
+            NakCode::Unknown(_) => return Err("bad NAK code in a link frame"),
+        })
+    }
+}
+
+/// The frame for `p` (type byte included): [`Packet::emit`].
+pub(crate) fn encode_packet<D>(p: &Packet<D>) -> Vec<u8> {
+    p.emit()
+}
+
+/// A packet from a frame body (after the type byte): [`Frame::new_checked`], then [`Packet::parse`].
 pub(crate) fn decode_packet<D: Clone>(b: &[u8], nobody: D) -> Result<Packet<D>, &'static str> {
-    let mut d = Dec(b);
-    let src_qpn = d.u32()?;
-    let dst_qpn = d.u32()?;
-    let slid = d.u16()?;
-    let sl = d.u8()?;
-    let grh = match d.u8()? {
-        0 => None,
-        1 => {
-            Some(Grh { sgid: d.array()?, dgid: d.array()?, tclass: d.u8()?, flow_label: d.u32()?, hop_limit: d.u8()? })
-        }
-        _ => return Err("bad GRH flag in a link frame"),
-    };
-    let body = match d.u8()? {
-        1 => {
-            let (seq, psn, solicited) = (d.u64()?, d.u32()?, d.bool()?);
-            let op = match d.u8()? {
-                1 => {
-                    let imm = d.imm()?;
-                    RcOp::Send { data: d.data()?.into(), imm }
-                }
-                2 => {
-                    let (raddr, rkey, imm) = (d.u64()?, d.u32()?, d.imm()?);
-                    RcOp::Write { raddr, rkey, data: d.data()?.into(), imm }
-                }
-                3 => RcOp::Read { raddr: d.u64()?, rkey: d.u32()?, len: d.u64()? },
-                4 => {
-                    let (raddr, rkey) = (d.u64()?, d.u32()?);
-                    let op = match d.u8()? {
-                        1 => AtomicOp::CmpSwap { compare: d.u64()?, swap: d.u64()? },
-                        2 => AtomicOp::FetchAdd { add: d.u64()? },
-                        _ => return Err("bad atomic kind in a link frame"),
-                    };
-                    RcOp::Atomic { raddr, rkey, op }
-                }
-                _ => return Err("bad RC operation in a link frame"),
-            };
-            Body::Rc { seq, psn, op, solicited }
-        }
-        2 => {
-            let (qkey, solicited, imm) = (d.u32()?, d.bool()?, d.imm()?);
-            Body::Ud { qkey, data: d.data()?.to_vec(), imm, solicited }
-        }
-        3 => {
-            let seq = d.u64()?;
-            let resp = match d.u8()? {
-                1 => Resp::Ack,
-                2 => Resp::ReadData(d.data()?.to_vec()),
-                3 => Resp::AtomicOrig(d.u64()?),
-                4 => Resp::RnrNak { timer: d.u8()? },
-                5 => Resp::Nak(match d.u8()? {
-                    1 => Nak::RemoteAccess,
-                    2 => Nak::InvalidRequest,
-                    3 => Nak::RemoteOp,
-                    4 => Nak::PsnSequence,
-                    _ => return Err("bad NAK code in a link frame"),
-                }),
-                6 => Resp::Lost(LOST.get(usize::from(d.u8()?)).copied().unwrap_or(LOST_OTHER)),
-                _ => return Err("bad response kind in a link frame"),
-            };
-            Body::Resp { seq, resp }
-        }
-        _ => return Err("bad packet kind in a link frame"),
-    };
-    d.end()?;
-    Ok(Packet { src: nobody.clone(), dst: nobody, src_qpn, dst_qpn, slid, sl, grh, body })
+    Packet::parse(&Frame::new_checked(b)?, nobody)
 }
 
 /// Big-endian encoder.
@@ -374,5 +608,45 @@ mod tests {
         });
         *f.last_mut().unwrap() = 200;
         assert_eq!(decode_packet(&f[1..], ()).unwrap().body, Body::Resp { seq: 1, resp: Resp::Lost(LOST_OTHER) });
+    }
+
+    #[test]
+    fn the_header_view_reads_and_writes_the_fixed_fields() {
+        let f = encode_packet(&sample());
+        let v = Frame::new_checked(&f[1..]).unwrap();
+        assert_eq!((v.src_qpn(), v.dst_qpn(), v.slid(), v.sl(), v.grh()), (0x12, 0x34_5678, 0x0102, 3, sample().grh));
+        assert_eq!(v.body()[0], u8::from(BodyKind::Rc));
+        let mut head = [0u8; 12];
+        let mut w = Frame::new_unchecked(&mut head[..]);
+        w.set_src_qpn(0x12);
+        w.set_dst_qpn(0x34_5678);
+        w.set_slid(0x0102);
+        w.set_sl(3);
+        w.set_grh(None);
+        assert_eq!(head, [0, 0, 0, 0x12, 0, 0x34, 0x56, 0x78, 1, 2, 3, 0]);
+        assert!(Frame::new_checked(&head[..]).unwrap().grh().is_none());
+        // Short headers, a GRH announced but cut, and a flag that is neither 0 nor 1 are refused.
+        assert_eq!(Frame::new_checked(&head[..11]).err(), Some(SHORT));
+        head[11] = 1;
+        assert_eq!(Frame::new_checked(&head[..]).err(), Some(SHORT));
+        head[11] = 2;
+        assert_eq!(Frame::new_checked(&head[..]).err(), Some("bad GRH flag in a link frame"));
+    }
+
+    #[test]
+    fn codes_round_trip_and_unknown_values_are_kept() {
+        for v in 0..=u8::MAX {
+            assert_eq!(u8::from(BodyKind::from(v)), v);
+            assert_eq!(u8::from(RcKind::from(v)), v);
+            assert_eq!(u8::from(AtomicKind::from(v)), v);
+            assert_eq!(u8::from(RespKind::from(v)), v);
+            assert_eq!(u8::from(NakCode::from(v)), v);
+        }
+        assert_eq!((BodyKind::from(3), BodyKind::from(9)), (BodyKind::Resp, BodyKind::Unknown(9)));
+        assert_eq!(Nak::try_from(NakCode::from(4)), Ok(Nak::PsnSequence));
+        assert_eq!(Nak::try_from(NakCode::from(0)).err(), Some("bad NAK code in a link frame"));
+        let mut f = encode_packet(&Packet { grh: None, body: Body::Resp { seq: 1, resp: Resp::Ack }, ..sample() });
+        f[13] = 7;
+        assert_eq!(decode_packet(&f[1..], ()).err(), Some("bad packet kind in a link frame"));
     }
 }
