@@ -106,6 +106,7 @@
 
 pub mod alloc_count;
 mod config;
+mod delay;
 mod dma;
 mod events;
 mod fault;
@@ -125,10 +126,10 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use mlx5_core::hal::DelayNs;
 use mlx5_core::prm::c::mlx5_cqe64 as c_cqe;
 
 pub use config::{Mode, PortType, SimConfig};
+pub use delay::SimDelay;
 pub use dma::{DmaFault, SimDma};
 pub use events::{ExecutedCmd, RetryKind, SimEvent};
 pub use fault::Fault;
@@ -588,45 +589,6 @@ impl SimDevice {
     /// The port LID (0 on Ethernet).
     pub fn lid(&self) -> u16 {
         lock(&self.shared).wire.addr.lid
-    }
-}
-
-/// [`DelayNs`] for the simulator: advances virtual time (inline) or sleeps (threaded).
-#[derive(Debug, Clone)]
-pub struct SimDelay {
-    shared: Arc<Shared>,
-}
-
-impl SimDelay {
-    fn advance(&self, ns: u64) {
-        let mode = lock(&self.shared).cfg.mode;
-        match mode {
-            Mode::Inline => {
-                {
-                    let mut st = lock(&self.shared);
-                    st.virt_ns = st.virt_ns.saturating_add(ns);
-                    st.run_due();
-                }
-                // Retries whose timer expired (and anything commands made due) run now.
-                self.shared.run(false);
-            }
-            Mode::Threaded => {
-                std::thread::sleep(Duration::from_nanos(ns));
-                self.shared.run(true);
-            }
-        }
-    }
-}
-
-impl DelayNs for SimDelay {
-    fn delay_ns(&mut self, ns: u32) {
-        self.advance(u64::from(ns));
-    }
-    fn delay_us(&mut self, us: u32) {
-        self.advance(u64::from(us) * 1_000);
-    }
-    fn delay_ms(&mut self, ms: u32) {
-        self.advance(u64::from(ms) * 1_000_000);
     }
 }
 
