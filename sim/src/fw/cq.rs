@@ -8,8 +8,13 @@
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf};
 
 use super::reply::{bad_param, err, rd, CmdErr};
+use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
+
+use super::caps::Caps;
 use super::{alloc_id, syndrome, Firmware};
 use crate::dma::{DmaFault, DmaSpace};
+use crate::small::IdMap;
 use crate::State;
 
 /// Bytes of the CQE image the device writes (`struct mlx5_cqe64`).
@@ -189,18 +194,57 @@ impl Cq {
     }
 }
 
-impl Firmware {
-    pub(crate) fn create_cq(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+/// The CQ table: every CQ by number (the datapath looks CQs up here), and the number CREATE_CQ tries next.
+#[derive(Debug)]
+pub(crate) struct CqTable {
+    map: IdMap<Cq>,
+    next: u32,
+}
+
+impl CqTable {
+    pub(crate) fn new() -> Self {
+        CqTable { map: IdMap::new(), next: 1 }
+    }
+}
+
+impl Deref for CqTable {
+    type Target = IdMap<Cq>;
+    #[inline]
+    fn deref(&self) -> &IdMap<Cq> {
+        &self.map
+    }
+}
+
+impl DerefMut for CqTable {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut IdMap<Cq> {
+        &mut self.map
+    }
+}
+
+/// What the CQ commands need of the rest of the firmware, and nothing more.
+pub(crate) struct CqFw<'a> {
+    pub(crate) caps: &'a Caps,
+    /// The allocated UAR pages.
+    pub(crate) uars: &'a BTreeSet<u32>,
+    /// Whether an EQ exists (a CQ's `c_eqn`).
+    pub(crate) eq_exists: &'a dyn Fn(u32) -> bool,
+    /// Whether a QP completes into a CQ (which then cannot be destroyed).
+    pub(crate) in_use: &'a dyn Fn(u32) -> bool,
+}
+
+impl CqTable {
+    pub(crate) fn create(&mut self, fw: &CqFw, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::cqc as q;
         use ifc::create_cq_in as i;
         let ctx = i::CQ_CONTEXT;
         let cqe_size = cqe_bytes(rd(inp, q::CQE_SZ.at(ctx)))?;
         let log_size = rd(inp, q::LOG_CQ_SIZE.at(ctx));
-        if log_size > self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
+        if log_size > fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
             return Err(bad_param(syndrome::LOG_SIZE));
         }
         let uar = rd(inp, q::UAR_PAGE.at(ctx));
-        if !self.uars.contains(&uar) {
+        if !fw.uars.contains(&uar) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }
         if rd(inp, q::APU_CQ.at(ctx)) != 0 {
@@ -210,11 +254,11 @@ impl Firmware {
             return Err(bad_param(syndrome::CQ_FEATURE));
         }
         let oi = rd(inp, q::OI.at(ctx)) != 0;
-        if oi && self.caps.gen(ifc::cmd_hca_cap::CQ_OI) == 0 {
+        if oi && fw.caps.gen(ifc::cmd_hca_cap::CQ_OI) == 0 {
             return Err(bad_param(syndrome::CAP_NOT_SET));
         }
         let eqn = rd(inp, q::C_EQN_OR_APU_ELEMENT.at(ctx));
-        if !self.eqs.contains_key(&eqn) {
+        if !(fw.eq_exists)(eqn) {
             return Err(bad_param(syndrome::EQ_INVALID));
         }
         if rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
@@ -222,15 +266,15 @@ impl Firmware {
         }
         let page_shift = ADAPTER_PAGE_SHIFT + rd(inp, q::LOG_PAGE_SIZE.at(ctx));
         let bytes = (1u64 << log_size) * cqe_size;
-        Self::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         // The doorbell record is two big-endian dwords (update_ci, arm).
         let dbr = inp.get64(q::DBR_ADDR.at(ctx));
         if !dma.is_mapped(dbr, 8) {
             return Err(bad_param(syndrome::DBR_NOT_MAPPED));
         }
-        let max = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ).min(24);
-        let cqn = alloc_id(&self.cqs, &mut self.next_cqn, 1, max.max(2))
-            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
+        let max = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ).min(24);
+        let cqn =
+            alloc_id(&self.map, &mut self.next, 1, max.max(2)).ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let cq = Cq {
             uar,
             eqn,
@@ -252,37 +296,31 @@ impl Firmware {
             events_fired: 0,
             overruns: 0,
         };
-        self.cqs.insert(cqn, cq);
+        self.map.insert(cqn, cq);
         out.set(ifc::create_cq_out::CQN, cqn);
         Ok(())
     }
 
-    pub(crate) fn destroy_cq(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn destroy(&mut self, fw: &CqFw, inp: &[u8]) -> Result<(), CmdErr> {
         let cqn = rd(inp, ifc::destroy_cq_in::CQN);
-        if !self.cqs.contains_key(&cqn) {
+        if !self.map.contains_key(&cqn) {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
         // A QP completes into it: firmware refuses, as for an EQ a CQ still uses.
-        if self.qps.values().any(|q| q.cqn_snd == cqn || q.cqn_rcv == cqn) {
+        if (fw.in_use)(cqn) {
             return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
         }
-        self.cqs.remove(&cqn);
+        self.map.remove(&cqn);
         Ok(())
     }
 
     /// QUERY_CQ: the context (with the live counters) and as many `pas[]` entries as `outlen` holds (Linux
     /// queries with the bare `query_cq_out` and reads none).
-    pub(crate) fn query_cq(
-        &mut self,
-        dma: &mut DmaSpace,
-        inp: &[u8],
-        out: &mut [u8],
-        outlen: usize,
-    ) -> Result<(), CmdErr> {
+    pub(crate) fn query(&self, dma: &mut DmaSpace, inp: &[u8], out: &mut [u8], outlen: usize) -> Result<(), CmdErr> {
         use ifc::cqc as q;
         use ifc::query_cq_out as o;
         let cqn = rd(inp, ifc::query_cq_in::CQN);
-        let cq = self.cqs.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        let cq = self.map.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
         let ctx = o::CQ_CONTEXT;
         let st = match cq.arm {
             Arm::None => consts::MLX5_CQC_ST_FIRED,
@@ -321,10 +359,10 @@ impl Firmware {
     }
 
     /// MODIFY_CQ: moderation (op_mod 0) or resize (`MLX5_CQ_OPMOD_RESIZE`).
-    pub(crate) fn modify_cq(&mut self, dma: &mut DmaSpace, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn modify(&mut self, fw: &CqFw, dma: &mut DmaSpace, inp: &[u8]) -> Result<(), CmdErr> {
         use ifc::modify_cq_in as i;
         let cqn = rd(inp, i::CQN);
-        if !self.cqs.contains_key(&cqn) {
+        if !self.map.contains_key(&cqn) {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
         // field_select is a union: the moderation and the resize views are the same dword.
@@ -333,16 +371,16 @@ impl Firmware {
         let resize_sel = ifc::modify_field_select_resize_field_select_auto::RESIZE_FIELD_SELECT
             .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
         match rd(inp, ifc::mbox_in::OP_MOD) {
-            OPMOD_MODIFY => self.moderate_cq(cqn, inp, rd(inp, ifc::modify_field_select::MODIFY_FIELD_SELECT.at(sel))),
+            OPMOD_MODIFY => self.moderate(fw, cqn, inp, rd(inp, ifc::modify_field_select::MODIFY_FIELD_SELECT.at(sel))),
             consts::MLX5_CQ_OPMOD_RESIZE => {
                 let bits = rd(inp, ifc::resize_field_select::RESIZE_FIELD_SELECT.at(resize_sel));
-                self.resize_cq(dma, cqn, inp, bits)
+                self.resize(fw, dma, cqn, inp, bits)
             }
             _ => Err(bad_param(syndrome::BAD_OP_MOD)),
         }
     }
 
-    fn moderate_cq(&mut self, cqn: u32, inp: &[u8], sel: u32) -> Result<(), CmdErr> {
+    fn moderate(&mut self, fw: &CqFw, cqn: u32, inp: &[u8], sel: u32) -> Result<(), CmdErr> {
         use ifc::cqc as q;
         let ctx = ifc::modify_cq_in::CQ_CONTEXT;
         let known = consts::MLX5_CQ_MODIFY_PERIOD
@@ -352,7 +390,7 @@ impl Firmware {
         if sel & !known != 0 {
             return Err(bad_param(syndrome::FIELD_SELECT));
         }
-        let cap = |f: Field| self.caps.gen(f) != 0;
+        let cap = |f: Field| fw.caps.gen(f) != 0;
         let needs = [
             (consts::MLX5_CQ_MODIFY_PERIOD | consts::MLX5_CQ_MODIFY_COUNT, ifc::cmd_hca_cap::CQ_MODERATION),
             (consts::MLX5_CQ_MODIFY_OVERRUN, ifc::cmd_hca_cap::CQ_OI),
@@ -361,7 +399,7 @@ impl Firmware {
         if needs.iter().any(|&(bits, f)| sel & bits != 0 && !cap(f)) {
             return Err(bad_param(syndrome::CAP_NOT_SET));
         }
-        let cq = self.cqs.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        let cq = self.map.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
         if sel & consts::MLX5_CQ_MODIFY_PERIOD != 0 {
             cq.period = rd(inp, q::CQ_PERIOD.at(ctx));
         }
@@ -382,11 +420,11 @@ impl Firmware {
     /// unconsumed CQEs `c..r-1` to `c+1..r` (rdma-core `mlx5_cq_resize_copy_cqes`). The CQE size is the one
     /// the context gives, as Linux always sets `cqe_sz` for a resize. The resize CQE fires no completion
     /// event: the driver looks for it synchronously.
-    fn resize_cq(&mut self, dma: &mut DmaSpace, cqn: u32, inp: &[u8], sel: u32) -> Result<(), CmdErr> {
+    fn resize(&mut self, fw: &CqFw, dma: &mut DmaSpace, cqn: u32, inp: &[u8], sel: u32) -> Result<(), CmdErr> {
         use ifc::cqc as q;
         use ifc::modify_cq_in as i;
         let ctx = i::CQ_CONTEXT;
-        if self.caps.gen(ifc::cmd_hca_cap::CQ_RESIZE) == 0 {
+        if fw.caps.gen(ifc::cmd_hca_cap::CQ_RESIZE) == 0 {
             return Err(bad_param(syndrome::CAP_NOT_SET));
         }
         let known = consts::MLX5_MODIFY_CQ_MASK_LOG_SIZE
@@ -396,14 +434,14 @@ impl Firmware {
             return Err(bad_param(syndrome::FIELD_SELECT));
         }
         let log_size = rd(inp, q::LOG_CQ_SIZE.at(ctx));
-        if log_size > self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
+        if log_size > fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
             return Err(bad_param(syndrome::LOG_SIZE));
         }
         if sel & consts::MLX5_MODIFY_CQ_MASK_PG_OFFSET != 0 && rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
             return Err(bad_param(syndrome::PAGE_OFFSET));
         }
         let cqe_size = cqe_bytes(rd(inp, q::CQE_SZ.at(ctx)))?;
-        let cq = self.cqs.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        let cq = self.map.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
         let page_shift = if sel & consts::MLX5_MODIFY_CQ_MASK_PG_SIZE != 0 {
             ADAPTER_PAGE_SHIFT + rd(inp, q::LOG_PAGE_SIZE.at(ctx))
         } else {
@@ -413,7 +451,7 @@ impl Firmware {
             return Err(err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR));
         }
         let bytes = (1u64 << log_size) * cqe_size;
-        Self::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         let ci = cq.read_ci(dma).map_err(|_| err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR))?;
         let pending = cq.unconsumed(ci);
         if pending >= 1 << log_size {
@@ -426,7 +464,7 @@ impl Firmware {
         resize[OP_OWN] = (consts::MLX5_CQE_RESIZE_CQ as u8) << OPCODE_SHIFT;
         cq.write_cqe(dma, cq.pi, &resize).map_err(|_| err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR))?;
         let pas = read_pas(inp, i::PAS, bytes, page_shift);
-        let cq = self.cqs.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        let cq = self.map.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
         // The unconsumed CQEs move one index up in the new buffer, the last solicited one with them.
         let (old_pi, start) = (cq.pi, ci);
         if let Some(s) = cq.last_solicited.filter(|s| ((s & CTR_MASK).wrapping_sub(start) & CTR_MASK) < pending) {

@@ -9,8 +9,13 @@ use std::ops::{BitOr, BitOrAssign};
 use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
 
 use super::reply::{bad_param, err, rd, CmdErr};
-use super::{alloc_id, syndrome, Firmware};
+use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
+
+use super::caps::Caps;
+use super::{alloc_id, syndrome};
 use crate::dma::DmaSpace;
+use crate::small::IdMap;
 use crate::State;
 
 /// `qpn` of a key not bound to a QP.
@@ -141,8 +146,44 @@ impl Mkey {
     }
 }
 
-impl Firmware {
-    pub(crate) fn create_mkey(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+/// The memory key table: every key by index (the datapath looks keys up here), and the index CREATE_MKEY tries
+/// next.
+#[derive(Debug)]
+pub(crate) struct MkeyTable {
+    map: IdMap<Mkey>,
+    next: u32,
+}
+
+impl MkeyTable {
+    pub(crate) fn new() -> Self {
+        MkeyTable { map: IdMap::new(), next: 1 }
+    }
+}
+
+impl Deref for MkeyTable {
+    type Target = IdMap<Mkey>;
+    #[inline]
+    fn deref(&self) -> &IdMap<Mkey> {
+        &self.map
+    }
+}
+
+impl DerefMut for MkeyTable {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut IdMap<Mkey> {
+        &mut self.map
+    }
+}
+
+/// What the memory key commands need of the rest of the firmware, and nothing more.
+pub(crate) struct MkeyFw<'a> {
+    pub(crate) caps: &'a Caps,
+    /// The allocated protection domains.
+    pub(crate) pds: &'a BTreeSet<u32>,
+}
+
+impl MkeyTable {
+    pub(crate) fn create(&mut self, fw: &MkeyFw, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::create_mkey_in as i;
         use ifc::mkc as m;
         let ctx = i::MEMORY_KEY_MKEY_ENTRY;
@@ -163,7 +204,7 @@ impl Firmware {
             return Err(bad_param(syndrome::MKEY_QPN));
         }
         let pd = get(m::PD);
-        if !self.pds.contains(&pd) {
+        if !fw.pds.contains(&pd) {
             return Err(bad_param(syndrome::PD_INVALID));
         }
         let start = inp.get64(m::START_ADDR.at(ctx));
@@ -198,11 +239,11 @@ impl Firmware {
                 rights |= r;
             }
         }
-        let limit = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MKEY).min(24);
-        let index = alloc_id(&self.mkeys, &mut self.next_mkey, 1, limit.max(2))
+        let limit = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MKEY).min(24);
+        let index = alloc_id(&self.map, &mut self.next, 1, limit.max(2))
             .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let mkey = Mkey { pd, variant: get(m::MKEY_7_0) as u8, start, len, length64, rights, translation };
-        self.mkeys.insert(index, mkey);
+        self.map.insert(index, mkey);
         out.set(ifc::create_mkey_out::MKEY_INDEX, index);
         Ok(())
     }
@@ -239,9 +280,9 @@ impl Firmware {
         Ok(mtt)
     }
 
-    pub(crate) fn destroy_mkey(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn destroy(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
         let index = rd(inp, ifc::destroy_mkey_in::MKEY_INDEX);
-        if self.mkeys.remove(&index).is_none() {
+        if self.map.remove(&index).is_none() {
             return Err(bad_param(syndrome::MKEY_INVALID));
         }
         Ok(())

@@ -37,9 +37,9 @@ pub(crate) mod qp;
 pub(crate) mod reply;
 
 use caps::{Caps, SetCapError};
-use cq::Cq;
+use cq::{CqFw, CqTable};
 use eq::Eq;
-use mkey::Mkey;
+use mkey::{MkeyFw, MkeyTable};
 use port::PortModel;
 use qp::Qp;
 use reply::{bad_param, err, rd, CmdErr};
@@ -227,10 +227,8 @@ pub(crate) struct Firmware {
     uar_count: u32,
     pub(crate) eqs: BTreeMap<u32, Eq>,
     next_eqn: u32,
-    pub(crate) cqs: IdMap<Cq>,
-    pub(crate) next_cqn: u32,
-    pub(crate) mkeys: IdMap<Mkey>,
-    pub(crate) next_mkey: u32,
+    pub(crate) cqs: CqTable,
+    pub(crate) mkeys: MkeyTable,
     pub(crate) qps: IdMap<Qp>,
     pub(crate) next_qpn: u32,
 }
@@ -282,6 +280,18 @@ fn alloc_id_set(used: &BTreeSet<u32>, next: &mut u32, lo: u32, hi: u32) -> Optio
     alloc_id(&map, next, lo, hi)
 }
 
+/// The narrow view of the firmware a CQ command gets (see [`CqFw`]), borrowed from the tables it does not change.
+macro_rules! cq_fw {
+    ($fw:ident) => {
+        CqFw {
+            caps: &$fw.caps,
+            uars: &$fw.uars,
+            eq_exists: &|eqn| $fw.eqs.contains_key(&eqn),
+            in_use: &|cqn| $fw.qps.values().any(|q| q.cqn_snd == cqn || q.cqn_rcv == cqn),
+        }
+    };
+}
+
 impl Firmware {
     pub(crate) fn new(cfg: &SimConfig) -> Self {
         let uar_first = INIT_SEG_PAGES as u32;
@@ -307,10 +317,8 @@ impl Firmware {
             uar_count: cfg.num_uars,
             eqs: BTreeMap::new(),
             next_eqn: 1,
-            cqs: IdMap::new(),
-            next_cqn: 1,
-            mkeys: IdMap::new(),
-            next_mkey: 1,
+            cqs: CqTable::new(),
+            mkeys: MkeyTable::new(),
             qps: IdMap::new(),
             next_qpn: 0,
         }
@@ -467,12 +475,14 @@ impl Firmware {
             consts::MLX5_CMD_OP_DEALLOC_UAR => self.dealloc_uar(inp),
             consts::MLX5_CMD_OP_CREATE_EQ => self.create_eq(dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_EQ => self.destroy_eq(inp),
-            consts::MLX5_CMD_OP_CREATE_CQ => self.create_cq(dma, inp, out),
-            consts::MLX5_CMD_OP_DESTROY_CQ => self.destroy_cq(inp),
-            consts::MLX5_CMD_OP_QUERY_CQ => self.query_cq(dma, inp, out, outlen),
-            consts::MLX5_CMD_OP_MODIFY_CQ => self.modify_cq(dma, inp),
-            consts::MLX5_CMD_OP_CREATE_MKEY => self.create_mkey(dma, inp, out),
-            consts::MLX5_CMD_OP_DESTROY_MKEY => self.destroy_mkey(inp),
+            consts::MLX5_CMD_OP_CREATE_CQ => self.cqs.create(&cq_fw!(self), dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_CQ => self.cqs.destroy(&cq_fw!(self), inp),
+            consts::MLX5_CMD_OP_QUERY_CQ => self.cqs.query(dma, inp, out, outlen),
+            consts::MLX5_CMD_OP_MODIFY_CQ => self.cqs.modify(&cq_fw!(self), dma, inp),
+            consts::MLX5_CMD_OP_CREATE_MKEY => {
+                self.mkeys.create(&MkeyFw { caps: &self.caps, pds: &self.pds }, dma, inp, out)
+            }
+            consts::MLX5_CMD_OP_DESTROY_MKEY => self.mkeys.destroy(inp),
             consts::MLX5_CMD_OP_ACCESS_REG => self.port.access_reg(inp, out),
             consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
                 let supported = self.caps.gen(ifc::cmd_hca_cap::DRIVER_VERSION) != 0;
