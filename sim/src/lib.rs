@@ -461,7 +461,7 @@ impl SimDevice {
 
     /// The state of EQ `eqn`, if it exists.
     pub fn eq_info(&self, eqn: u8) -> Option<EqInfo> {
-        lock(&self.shared).fw.eq_info(eqn)
+        lock(&self.shared).fw.eqs.info(eqn)
     }
 
     /// Live memory keys.
@@ -545,7 +545,7 @@ impl SimDevice {
 
     /// Live QPs.
     pub fn qp_count(&self) -> usize {
-        lock(&self.shared).fw.qp_count()
+        lock(&self.shared).fw.qps.len()
     }
 
     /// Joins this device and `peer` with a virtual wire (both directions): packets addressed to the peer's LID

@@ -10,6 +10,10 @@ use mlx5_core::prm::{c, consts, ifc, CmdStatus, MsgBuf};
 
 use super::pages::FW_PAGE;
 use super::reply::{bad_param, err, rd, CmdErr};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::{Deref, DerefMut};
+
+use super::caps::Caps;
 use super::{alloc_id, syndrome, Firmware};
 use crate::dma::DmaSpace;
 
@@ -96,15 +100,52 @@ impl Eq {
     }
 }
 
-impl Firmware {
+/// The EQ table: every EQ by number, and the number CREATE_EQ tries next.
+#[derive(Debug)]
+pub(crate) struct EqTable {
+    map: BTreeMap<u32, Eq>,
+    next: u32,
+}
+
+impl Deref for EqTable {
+    type Target = BTreeMap<u32, Eq>;
+    #[inline]
+    fn deref(&self) -> &BTreeMap<u32, Eq> {
+        &self.map
+    }
+}
+
+impl DerefMut for EqTable {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut BTreeMap<u32, Eq> {
+        &mut self.map
+    }
+}
+
+impl EqTable {
+    pub(crate) fn new() -> Self {
+        EqTable { map: BTreeMap::new(), next: 1 }
+    }
+}
+
+/// What the EQ commands need of the rest of the firmware, and nothing more.
+pub(crate) struct EqFw<'a> {
+    pub(crate) caps: &'a Caps,
+    /// The allocated UAR pages.
+    pub(crate) uars: &'a BTreeSet<u32>,
+    /// Whether a CQ sends its completion events to an EQ (which then cannot be destroyed).
+    pub(crate) in_use: &'a dyn Fn(u32) -> bool,
+}
+
+impl EqTable {
     /// The lowest-numbered EQ subscribed to `event_type`.
     pub(crate) fn subscriber(&self, event_type: u8) -> Option<u32> {
         let (word, bit) = (usize::from(event_type / 64), event_type % 64);
-        self.eqs.iter().find(|(_, eq)| eq.bitmask[word] >> bit & 1 == 1).map(|(&eqn, _)| eqn)
+        self.map.iter().find(|(_, eq)| eq.bitmask[word] >> bit & 1 == 1).map(|(&eqn, _)| eqn)
     }
 
-    pub(crate) fn eq_info(&self, eqn: u8) -> Option<EqInfo> {
-        let eq = self.eqs.get(&u32::from(eqn))?;
+    pub(crate) fn info(&self, eqn: u8) -> Option<EqInfo> {
+        let eq = self.map.get(&u32::from(eqn))?;
         Some(EqInfo {
             nent: 1 << eq.log_nent,
             pi: eq.pi,
@@ -117,16 +158,16 @@ impl Firmware {
         })
     }
 
-    pub(super) fn create_eq(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+    pub(super) fn create(&mut self, fw: &EqFw, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::create_eq_in as i;
         use ifc::eqc as q;
         let ctx = i::EQ_CONTEXT_ENTRY;
         let log_size = rd(inp, q::LOG_EQ_SIZE.at(ctx));
-        if log_size > self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ_SZ) {
+        if log_size > fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ_SZ) {
             return Err(bad_param(syndrome::LOG_SIZE));
         }
         let uar = rd(inp, q::UAR_PAGE.at(ctx));
-        if !self.uars.contains(&uar) {
+        if !fw.uars.contains(&uar) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }
         if rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
@@ -134,18 +175,18 @@ impl Firmware {
         }
         let page_bytes = FW_PAGE << rd(inp, q::LOG_PAGE_SIZE.at(ctx));
         let bytes = (1u64 << log_size) * c::mlx5_eqe::SIZE as u64;
-        Self::check_pas(dma, inp, i::PAS, bytes, page_bytes)?;
+        Firmware::check_pas(dma, inp, i::PAS, bytes, page_bytes)?;
         let pas = (0..bytes.div_ceil(page_bytes)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect();
         let mut bitmask = [0u64; 4];
         for (k, w) in bitmask.iter_mut().enumerate() {
             *w = inp.get64(i::EVENT_BITMASK.elem(k as u32));
         }
-        let max = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ).min(8);
-        if self.eqs.len() as u32 >= max {
+        let max = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ).min(8);
+        if self.map.len() as u32 >= max {
             return Err(err(CmdStatus::NoRes, syndrome::NO_RESOURCES));
         }
         // eq_number is an 8-bit field.
-        let eqn = alloc_id(&self.eqs, &mut self.next_eqn, 0, 1 << ifc::create_eq_out::EQ_NUMBER.width)
+        let eqn = alloc_id(&self.map, &mut self.next, 0, 1 << ifc::create_eq_out::EQ_NUMBER.width)
             .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let eq = Eq {
             uar,
@@ -159,20 +200,20 @@ impl Firmware {
             interrupts: 0,
             overruns: 0,
         };
-        self.eqs.insert(eqn, eq);
+        self.map.insert(eqn, eq);
         out.set(ifc::create_eq_out::EQ_NUMBER, eqn);
         Ok(())
     }
 
-    pub(super) fn destroy_eq(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(super) fn destroy(&mut self, fw: &EqFw, inp: &[u8]) -> Result<(), CmdErr> {
         let eqn = rd(inp, ifc::destroy_eq_in::EQ_NUMBER);
-        if !self.eqs.contains_key(&eqn) {
+        if !self.map.contains_key(&eqn) {
             return Err(bad_param(syndrome::EQ_INVALID));
         }
-        if self.cqs.values().any(|c| c.eqn == eqn) {
+        if (fw.in_use)(eqn) {
             return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
         }
-        self.eqs.remove(&eqn);
+        self.map.remove(&eqn);
         Ok(())
     }
 }
@@ -184,7 +225,7 @@ impl State {
         if self.dead() {
             return None;
         }
-        let eqn = self.fw.subscriber(event_type)?;
+        let eqn = self.fw.eqs.subscriber(event_type)?;
         self.post_eqe_to(eqn, event_type, sub_type, data)
     }
 
@@ -253,7 +294,7 @@ impl State {
             return;
         }
         self.fw.account_page_request(num_pages);
-        if self.fw.page_request_held || self.fw.subscriber(EVENT_PAGE_REQUEST).is_none() {
+        if self.fw.page_request_held || self.fw.eqs.subscriber(EVENT_PAGE_REQUEST).is_none() {
             // Folded into the held request, whose balance includes this one.
             self.fw.page_request_held = true;
             self.flush_page_requests();
@@ -265,7 +306,7 @@ impl State {
     /// Posts the held page request, if any, once an EQ subscribes: one request for the balance then due (what
     /// QUERY_PAGES(regular) reports), which covers every request made while nobody listened.
     pub(crate) fn flush_page_requests(&mut self) {
-        if !self.fw.page_request_held || self.dead() || self.fw.subscriber(EVENT_PAGE_REQUEST).is_none() {
+        if !self.fw.page_request_held || self.dead() || self.fw.eqs.subscriber(EVENT_PAGE_REQUEST).is_none() {
             return;
         }
         self.fw.page_request_held = false;

@@ -38,10 +38,11 @@ pub(crate) mod reply;
 
 use caps::{Caps, SetCapError};
 use cq::{CqFw, CqTable};
-use eq::Eq;
+use eq::{EqFw, EqTable};
 use mkey::{MkeyFw, MkeyTable};
+use pd::{PdTable, UarTable};
 use port::PortModel;
-use qp::Qp;
+use qp::{QpFw, QpTable};
 use reply::{bad_param, err, rd, CmdErr};
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
@@ -219,18 +220,12 @@ pub(crate) struct Firmware {
     pub(crate) page_request_held: bool,
     pub(crate) caps: Caps,
     pub(crate) port: PortModel,
-    pub(crate) pds: BTreeSet<u32>,
-    next_pd: u32,
-    pub(crate) uars: BTreeSet<u32>,
-    next_uar: u32,
-    uar_first: u32,
-    uar_count: u32,
-    pub(crate) eqs: BTreeMap<u32, Eq>,
-    next_eqn: u32,
+    pub(crate) pds: PdTable,
+    pub(crate) uars: UarTable,
+    pub(crate) eqs: EqTable,
     pub(crate) cqs: CqTable,
     pub(crate) mkeys: MkeyTable,
-    pub(crate) qps: IdMap<Qp>,
-    pub(crate) next_qpn: u32,
+    pub(crate) qps: QpTable,
 }
 
 /// A table of objects by number, as [`alloc_id`] sees it.
@@ -281,6 +276,27 @@ fn alloc_id_set(used: &BTreeSet<u32>, next: &mut u32, lo: u32, hi: u32) -> Optio
 }
 
 /// The narrow view of the firmware a CQ command gets (see [`CqFw`]), borrowed from the tables it does not change.
+/// The narrow view of the firmware an EQ command gets (see [`EqFw`]).
+macro_rules! eq_fw {
+    ($fw:ident) => {
+        EqFw { caps: &$fw.caps, uars: &$fw.uars, in_use: &|eqn| $fw.cqs.values().any(|c| c.eqn == eqn) }
+    };
+}
+
+/// The narrow view of the firmware a QP command gets (see [`QpFw`]).
+macro_rules! qp_fw {
+    ($fw:ident) => {
+        QpFw {
+            caps: &$fw.caps,
+            port_type: $fw.port.port_type,
+            pds: &$fw.pds,
+            uars: &$fw.uars,
+            cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
+        }
+    };
+}
+
+/// The narrow view of the firmware a CQ command gets (see [`CqFw`]), borrowed from the tables it does not change.
 macro_rules! cq_fw {
     ($fw:ident) => {
         CqFw {
@@ -294,7 +310,6 @@ macro_rules! cq_fw {
 
 impl Firmware {
     pub(crate) fn new(cfg: &SimConfig) -> Self {
-        let uar_first = INIT_SEG_PAGES as u32;
         Self {
             state: HcaState::Disabled,
             issi: 0,
@@ -309,18 +324,12 @@ impl Firmware {
             page_request_held: false,
             caps: Caps::new(cfg),
             port: PortModel::new(cfg),
-            pds: BTreeSet::new(),
-            next_pd: 1,
-            uars: BTreeSet::new(),
-            next_uar: uar_first,
-            uar_first,
-            uar_count: cfg.num_uars,
-            eqs: BTreeMap::new(),
-            next_eqn: 1,
+            pds: PdTable::new(),
+            uars: UarTable::new(INIT_SEG_PAGES as u32, cfg.num_uars),
+            eqs: EqTable::new(),
             cqs: CqTable::new(),
             mkeys: MkeyTable::new(),
-            qps: IdMap::new(),
-            next_qpn: 0,
+            qps: QpTable::new(),
         }
     }
 
@@ -469,12 +478,23 @@ impl Firmware {
             consts::MLX5_CMD_OP_SET_HCA_CAP => self.set_hca_cap(inp),
             consts::MLX5_CMD_OP_INIT_HCA => self.init_hca(),
             consts::MLX5_CMD_OP_TEARDOWN_HCA => self.teardown_hca(inp, out, events),
-            consts::MLX5_CMD_OP_ALLOC_PD => self.alloc_pd(out),
-            consts::MLX5_CMD_OP_DEALLOC_PD => self.dealloc_pd(inp),
-            consts::MLX5_CMD_OP_ALLOC_UAR => self.alloc_uar(out),
-            consts::MLX5_CMD_OP_DEALLOC_UAR => self.dealloc_uar(inp),
-            consts::MLX5_CMD_OP_CREATE_EQ => self.create_eq(dma, inp, out),
-            consts::MLX5_CMD_OP_DESTROY_EQ => self.destroy_eq(inp),
+            consts::MLX5_CMD_OP_ALLOC_PD => self.pds.alloc(&self.caps, out),
+            consts::MLX5_CMD_OP_DEALLOC_PD => {
+                let (mkeys, qps) = (&self.mkeys, &self.qps);
+                let in_use = |pd| mkeys.values().any(|m| m.pd == pd) || qps.values().any(|q| q.pd == pd);
+                self.pds.dealloc(&in_use, inp)
+            }
+            consts::MLX5_CMD_OP_ALLOC_UAR => self.uars.alloc(out),
+            consts::MLX5_CMD_OP_DEALLOC_UAR => {
+                let (qps, eqs, cqs) = (&self.qps, &self.eqs, &self.cqs);
+                let in_use = |uar| {
+                    let qp_uses = qps.values().any(|q| q.uar == uar);
+                    qp_uses || eqs.values().any(|e| e.uar == uar) || cqs.values().any(|c| c.uar == uar)
+                };
+                self.uars.dealloc(&in_use, inp)
+            }
+            consts::MLX5_CMD_OP_CREATE_EQ => self.eqs.create(&eq_fw!(self), dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_EQ => self.eqs.destroy(&eq_fw!(self), inp),
             consts::MLX5_CMD_OP_CREATE_CQ => self.cqs.create(&cq_fw!(self), dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_CQ => self.cqs.destroy(&cq_fw!(self), inp),
             consts::MLX5_CMD_OP_QUERY_CQ => self.cqs.query(dma, inp, out, outlen),
@@ -491,14 +511,14 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_VPORT_STATE => self.port.query_vport_state(inp, out),
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => self.port.query_nic_vport_context(inp, out),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => self.port.query_hca_vport_context(inp, out),
-            consts::MLX5_CMD_OP_CREATE_QP => self.create_qp(dma, inp, out),
-            consts::MLX5_CMD_OP_DESTROY_QP => self.destroy_qp(inp),
-            consts::MLX5_CMD_OP_QUERY_QP => self.query_qp(dma, inp, out),
+            consts::MLX5_CMD_OP_CREATE_QP => self.qps.create(&qp_fw!(self), dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_QP => self.qps.destroy(inp),
+            consts::MLX5_CMD_OP_QUERY_QP => self.qps.query(dma, inp, out),
             op @ (consts::MLX5_CMD_OP_RST2INIT_QP
             | consts::MLX5_CMD_OP_INIT2RTR_QP
             | consts::MLX5_CMD_OP_RTR2RTS_QP
-            | consts::MLX5_CMD_OP_RTS2RTS_QP) => self.modify_qp(op, inp),
-            op @ (consts::MLX5_CMD_OP_2ERR_QP | consts::MLX5_CMD_OP_2RST_QP) => self.qp_to_err_or_rst(op, inp),
+            | consts::MLX5_CMD_OP_RTS2RTS_QP) => self.qps.modify(&qp_fw!(self), op, inp),
+            op @ (consts::MLX5_CMD_OP_2ERR_QP | consts::MLX5_CMD_OP_2RST_QP) => self.qps.move_to_err_or_rst(op, inp),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
     }
