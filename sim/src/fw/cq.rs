@@ -1,9 +1,7 @@
-//! Completion queues on the device side: CREATE/DESTROY/QUERY/MODIFY_CQ, writing CQEs (owner bits, overrun,
-//! completion events) and the CQ doorbell in the UAR pages (c-layouts.md section 4).
-//!
-//! A CQE is written through the checked DMA translation: its 64-byte `mlx5_cqe64` image without `op_own` first,
-//! then, after a fence, `op_own`, so a driver that sees the new owner bit (and issues `dma_rmb`) reads a
-//! complete entry.
+//! Completion queues on the device side (c-layouts.md section 4): [`CqTable`] with CREATE/DESTROY/QUERY/MODIFY_CQ
+//! (moderation, resize) over the narrow [`CqFw`] view, and the ring each CQ writes through its `pas[]` pages. CQE
+//! production is `transport/cqe.rs`, the CQ arm doorbell `uar.rs`. Mirrors the kernel's `cq.c` from the device
+//! side.
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf};
 

@@ -1,5 +1,6 @@
-//! Event queues on the device side: posting EQEs, the EQ doorbell in the UAR pages, and the firmware's page
-//! requests (c-layouts.md section 3).
+//! Event queues on the device side (c-layouts.md section 3): [`EqTable`] with CREATE/DESTROY_EQ over the narrow
+//! [`EqFw`] view, posting EQEs, and the firmware's page requests; the EQ doorbell is decoded in `uar.rs`. Mirrors
+//! the kernel's `eq.c` from the device side.
 //!
 //! An EQE is written through the checked DMA translation: the entry first, then, after a fence, its owner byte,
 //! so a driver that sees the new owner value (and issues `dma_rmb`) reads a complete entry.

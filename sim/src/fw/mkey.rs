@@ -1,4 +1,5 @@
-//! Memory keys: CREATE_MKEY / DESTROY_MKEY and the access check the datapath applies to every lkey and rkey.
+//! Memory keys: [`MkeyTable`] with CREATE_MKEY / DESTROY_MKEY over the narrow [`MkeyFw`] view, and the access
+//! check the datapath applies to every lkey and rkey (the kernel's `mr.c` from the device side).
 //!
 //! Two translations are modelled: PA (`MLX5_MKC_ACCESS_MODE_PA`, the identity; with `length64` it covers every
 //! IOVA) and MTT (`MLX5_MKC_ACCESS_MODE_MTT`: one page address per page of `start_addr .. start_addr + len`, the

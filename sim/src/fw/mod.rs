@@ -1,7 +1,9 @@
-//! The firmware: [`Firmware`] (the HCA state machine, ISSI, capabilities and the tables of objects), the dispatch of
-//! a delivered command to its handler, and the `syndrome` of every refusal. Delivery is `cmd.rs`, pages `pages.rs`,
-//! each object its own file (`pd.rs`, `eq.rs`, `cq.rs`, `mkey.rs`, `qp.rs`, `port.rs`); results are built by
-//! `reply.rs`. This is the firmware side of the kernel's `cmd.c` / `main.c`.
+//! The firmware: [`Firmware`] (the HCA state machine, ISSI, capabilities, and one table per object type), the
+//! dispatch of a delivered command to its handler, and the `syndrome` of every refusal. Delivery is `cmd.rs`,
+//! pages `pages.rs`; each object type is a table in its own file (`pd.rs`: PD and UAR, `eq.rs`, `cq.rs`,
+//! `mkey.rs`, `qp.rs`) whose commands get a narrow view of the rest of the firmware (`CqFw`, `QpFw`, ...: the
+//! capabilities and the other tables they check), built here per command; `port.rs` is the port model and
+//! `reply.rs` builds results. This is the firmware side of the kernel's `cmd.c` / `main.c`.
 //!
 //! Delivery failures are reported in `status_own >> 1` (`MLX5_CMD_DELIVERY_STAT_*`); a delivered command reports
 //! its result in `mbox_out.status` / `mbox_out.syndrome`. Status choices:

@@ -1,5 +1,7 @@
-//! Queue pairs on the device side: CREATE/DESTROY/QUERY_QP and the state-machine commands (RST2INIT, INIT2RTR,
-//! RTR2RTS, RTS2RTS, 2ERR, 2RST) with firmware-style checks, and the context each transition stores.
+//! Queue pairs on the device side: [`QpTable`] with CREATE/DESTROY/QUERY_QP and the state-machine commands
+//! (RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS, 2ERR, 2RST) with firmware-style checks over the narrow [`QpFw`] view, and
+//! the context each transition stores (the kernel's `qp.c` from the device side). The QP also holds the state
+//! the transport keeps per QP (counters, the outstanding RC request).
 //!
 //! Buffer layout (as mlx5_ib lays out a kernel QP): the RQ at byte 0 (`1 << log_rq_size` WQEs of
 //! `16 << log_rq_stride` bytes), the SQ right after it (`1 << log_sq_size` basic blocks of
