@@ -1,6 +1,7 @@
 //! QP errors and flushes: an error CQE moves its QP to ERR, and a QP in ERR completes everything outstanding
 //! and posted with `WR_FLUSH_ERR`, one CQE per WQE, each time the device runs.
 
+use super::cqe::CqeOut;
 use super::*;
 
 impl State {

@@ -59,7 +59,6 @@ mod responder;
 mod ud;
 mod wqe;
 
-use cqe::CqeOut;
 use wqe::{Kind, SendWqe};
 
 const BB: u64 = SEND_WQE_BB;
