@@ -1,10 +1,57 @@
-//! Faults on the objects the datapath runs, injected by tests at any moment: a QP's catastrophic error.
+//! Faults a test injects: [`Fault`] into the firmware's commands (matched by opcode), and, at any moment, a QP's
+//! catastrophic error ([`SimDevice::fail_qp`]).
 
-use mlx5_core::prm::{c, consts};
-
-use crate::eq::EQE_DATA_LEN;
-use crate::qp::QpState;
 use crate::{lock, SimDevice};
+
+/// A fault to inject into the firmware. Each matches commands by opcode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The command completes (delivery OK) with this status and syndrome, without executing. `times` is the
+    /// number of commands affected; 0 means every matching command until [`SimDevice::clear_faults`].
+    Status { opcode: u16, status: u8, syndrome: u32, times: u32 },
+    /// The command never completes: the owner bit stays with hardware.
+    Hang { opcode: u16 },
+    /// The command completes `ms` milliseconds after its doorbell (virtual time in inline mode).
+    Delay { opcode: u16, ms: u32 },
+    /// Delivery fails with this `MLX5_CMD_DELIVERY_STAT_*` value.
+    Delivery { opcode: u16, status: u8 },
+    /// After execution, byte `offset` of the output message is replaced by `value`.
+    CorruptOutput { opcode: u16, offset: usize, value: u8 },
+    /// Each time a command with this opcode completes, firmware posts a page request for `num_pages`: positive,
+    /// its need grows by that much; negative, it marks that many pages returnable and the next MANAGE_PAGES(take)
+    /// hands them back. Held until an EQ subscribes to page requests.
+    PageRequest { opcode: u16, num_pages: i32 },
+    /// The next command with this opcode (once) cannot complete until the driver gives `pages` more pages:
+    /// firmware posts a page request and keeps the command (owner bit with hardware, nothing written) until a
+    /// MANAGE_PAGES(give) on another slot covers it; then that MANAGE_PAGES completes, and the stalled command
+    /// executes and completes.
+    NeedPages { opcode: u16, pages: u32 },
+    /// Ringing a command with this opcode kills the firmware instead of executing it: health syndrome `synd`,
+    /// frozen heartbeat, no more completions or EQEs (see [`SimDevice::fail_health`]).
+    Fatal { opcode: u16, synd: u8 },
+    /// As [`Fault::Fatal`] with syndrome 0: only the frozen heartbeat and the hung commands show it.
+    Stall { opcode: u16 },
+    /// Ringing a command with this opcode removes the device from the bus (see [`SimDevice::device_gone`]).
+    DeviceGone { opcode: u16 },
+}
+
+impl Fault {
+    /// The opcode the fault matches.
+    pub fn opcode(&self) -> u16 {
+        match *self {
+            Fault::Status { opcode, .. }
+            | Fault::Hang { opcode }
+            | Fault::Delay { opcode, .. }
+            | Fault::Delivery { opcode, .. }
+            | Fault::CorruptOutput { opcode, .. }
+            | Fault::PageRequest { opcode, .. }
+            | Fault::NeedPages { opcode, .. }
+            | Fault::Fatal { opcode, .. }
+            | Fault::Stall { opcode }
+            | Fault::DeviceGone { opcode } => opcode,
+        }
+    }
+}
 
 impl SimDevice {
     /// A catastrophic error on QP `qpn`, as firmware reports a work-queue fault it found: the QP moves to ERR (the
@@ -12,19 +59,8 @@ impl SimDevice {
     /// naming it goes to the EQ subscribed to that event. Returns `false`, changing nothing, when there is no such
     /// QP or the device is dead or gone.
     pub fn fail_qp(&self, qpn: u32) -> bool {
-        {
-            let mut st = lock(&self.shared);
-            if st.dead() {
-                return false;
-            }
-            let Some(qp) = st.fw.qps.get_mut(&qpn) else { return false };
-            qp.state = QpState::Err;
-            let q = c::mlx5_eqe_qp_srq::QP_SRQ_N;
-            let mut data = [0u8; EQE_DATA_LEN];
-            data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP as u8;
-            data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
-            // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
-            let _ = st.post_eqe(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR as u8, 0, &data);
+        if !lock(&self.shared).fail_qp(qpn) {
+            return false;
         }
         // The device runs now, as after any state change: in-line mode flushes the QP at once.
         self.shared.run(true);

@@ -80,13 +80,13 @@
 //! checked against the WQE in memory ([`SimEvent::BlueFlameMismatch`]). In in-line mode the datapath runs inside
 //! the MMIO write; in threaded mode on the device thread. SEND, SEND_IMM, RDMA_WRITE(_IMM), RDMA_READ and the two
 //! 8-byte atomics execute in order through the memory keys, with requester, responder and error CQEs, RNR NAKs and
-//! transport retries on device time, and flushes of a QP in ERR (module `datapath`). Timers are checked whenever
+//! transport retries on device time, and flushes of a QP in ERR (module `transport`). Timers are checked whenever
 //! the device runs: a doorbell, any MMIO write, a [`SimDelay`] sleep, and every millisecond on the device thread.
 //!
 //! # Addresses and the wire
 //! Port 1 has GID index 0 ([`SimDevice::gid`]: the link-local address of the MAC on Ethernet, fe80::/64 + port
 //! GUID on IB) and, on IB, the LID [`SimConfig::lid`]. A packet addressed to the device's own LID or GID (and MAC)
-//! is loopback; [`SimDevice::connect`] joins two devices so each reaches the other's address (module `wire`).
+//! is loopback; [`SimDevice::connect`] joins two devices so each reaches the other's address (modules `link` and `wire`).
 //!
 //! # Health and device loss
 //! The health buffer (`mlx5_init_seg.health`) and the heartbeat (`health_counter`, one tick per ms of device
@@ -96,22 +96,27 @@
 //! hardware) and posts no EQE. [`Fault::DeviceGone`] / [`SimDevice::device_gone`] remove the device from the bus:
 //! every BAR read returns all ones, writes are ignored, DMA stops. In both states the driver can still free all
 //! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
+//!
+//! # Layout
+//! Layers, each using only those below it: `config`, `events`, `fault` and `small` at the bottom; `dma` (device
+//! memory) and `mmio` (the BAR registers); `fw` (commands and the objects' tables); `wire` (the packet format) and
+//! `link` (how packets travel); `transport` (the datapath); `uar` (doorbell decoding). A send doorbell goes
+//! `mmio` -> `uar` -> `transport`. This file is the [`SimDevice`] facade and the lock-protected device state the
+//! layers share.
 
 pub mod alloc_count;
-mod caps;
-mod cq;
-mod datapath;
+mod config;
+mod delay;
 mod dma;
-mod eq;
+mod events;
 mod fault;
 mod fw;
 mod link;
-mod mkey;
 mod mmio;
 pub mod mocks;
-mod port;
-mod qp;
 mod small;
+mod transport;
+mod uar;
 mod wire;
 
 #[cfg(test)]
@@ -121,337 +126,27 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use mlx5_core::hal::DelayNs;
 use mlx5_core::prm::c::mlx5_cqe64 as c_cqe;
 
-pub use cq::{CqInfo, PostCqeError};
-pub use datapath::RetryKind;
+pub use config::{Mode, PortType, SimConfig};
+pub use delay::SimDelay;
 pub use dma::{DmaFault, SimDma};
-pub use eq::EQE_DATA_LEN;
+pub use events::{ExecutedCmd, RetryKind, SimEvent};
+pub use fault::Fault;
+pub use fw::cq::{CqInfo, PostCqeError};
+pub use fw::eq::{EqInfo, EQE_DATA_LEN};
+pub use fw::mkey::{MkeyAccess, MkeyFault};
+pub use fw::qp::{QpInfo, QpState, QpType};
 pub use fw::{syndrome, HcaState};
-pub use link::{WireError, MAX_FRAME};
-pub use mkey::{MkeyAccess, MkeyFault};
+pub use link::tcp::{WireError, MAX_FRAME};
 pub use mmio::Health;
 pub use mmio::SimMmio;
-pub use qp::{QpInfo, QpState, QpType};
 
-use datapath::DpState;
 use dma::DmaSpace;
 use fw::Firmware;
+use link::Wire;
 use mmio::Regs;
-use wire::Wire;
-
-/// How the device completes commands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// A doorbell executes the command synchronously inside `write32`; delays use a virtual clock.
-    #[default]
-    Inline,
-    /// A worker thread executes doorbells asynchronously; delays really sleep.
-    Threaded,
-}
-
-/// Port link layer reported in `cmd_hca_cap.port_type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PortType {
-    /// InfiniBand (`MLX5_CAP_PORT_TYPE_IB`).
-    Ib,
-    /// Ethernet / RoCE (`MLX5_CAP_PORT_TYPE_ETH`).
-    #[default]
-    Eth,
-}
-
-/// Device configuration. The defaults model a ConnectX-5 with a 32-slot command queue.
-#[derive(Debug, Clone)]
-pub struct SimConfig {
-    pub mode: Mode,
-    /// log2 of the number of command slots, reported in `cmdq_addr_l_sz` (5 = 32 slots, `MLX5_MAX_COMMANDS`).
-    pub log_cmdq_size: u8,
-    /// log2 of the distance between command slots in bytes (6 = 64, one `mlx5_cmd_layout`).
-    pub log_cmdq_stride: u8,
-    /// Command interface revision in `cmdif_rev_fw_sub` (the kernel requires `CMD_IF_REV` = 5).
-    pub cmdif_rev: u16,
-    /// Firmware version (major, minor, subminor).
-    pub fw_rev: (u16, u16, u16),
-    /// Value of `cmd_exec_to` (default command timeout in ms).
-    pub cmd_exec_to_ms: u32,
-    /// Value of `cmd_q_init_to` (ms); non-zero tells the driver the init-segment timeouts are valid. The default
-    /// is 0: a firmware without init-segment timeouts, for which Linux takes its defaults and does not send
-    /// QUERY_DTOR (which the driver does not implement).
-    pub cmd_q_init_to_ms: u32,
-    /// For this long after creation (virtual time in inline mode) `initializing` reads 1.
-    pub init_delay_ms: u32,
-    /// Pages firmware asks for at QUERY_PAGES(boot).
-    pub boot_pages: i32,
-    /// Additional pages firmware asks for at QUERY_PAGES(init).
-    pub init_pages: i32,
-    /// Additional pages firmware needs after INIT_HCA: reported by QUERY_PAGES(regular) and asked for by one
-    /// page-request EQE as soon as an EQ subscribes to page requests.
-    pub regular_pages: i32,
-    /// Verify entry and mailbox signatures, and sign the output. Off by default, as the Linux driver runs
-    /// (`checksum_disabled`); the entry signature is then not checked either.
-    pub checksum: bool,
-    /// Link layer reported in the general capabilities.
-    pub port_type: PortType,
-    /// Number of UAR pages in the BAR after the initialization segment (ALLOC_UAR fails beyond it).
-    pub num_uars: u32,
-    /// PCI vendor and device id the device would show in config space (a ConnectX-5: 15b3:1017).
-    pub pci_ids: (u16, u16),
-    /// Port 1 link is up.
-    pub port_up: bool,
-    /// Port MTU in bytes (PMTU `oper_mtu`; the Ethernet MTU for RoCE, the IB MTU for InfiniBand).
-    pub port_mtu: u16,
-    /// Node (and system image, port) GUID.
-    pub node_guid: u64,
-    /// Permanent MAC address of the Ethernet port.
-    pub mac: [u8; 6],
-    /// The largest DMA allocation that succeeds, in bytes; a larger `Dma::alloc` fails with
-    /// `DmaError::NoMemory`, so the driver must build big buffers from pages. `None` (the default): no limit.
-    pub dma_max_contig: Option<usize>,
-    /// `log_max_cq_sz` reported in the general capabilities (22 on a ConnectX-5).
-    pub log_max_cq_sz: u8,
-    /// The port LID on InfiniBand (ignored on Ethernet, where the LID is 0). Two IB devices joined by
-    /// [`SimDevice::connect`] need different LIDs.
-    pub lid: u16,
-}
-
-impl SimConfig {
-    /// Another host's device on the same fabric: this configuration with the next node GUID, MAC and LID, so the
-    /// two ports have distinct addresses.
-    pub fn next_host(&self) -> SimConfig {
-        let mut mac = self.mac;
-        mac[5] = mac[5].wrapping_add(1);
-        SimConfig { node_guid: self.node_guid.wrapping_add(1), mac, lid: self.lid.wrapping_add(1), ..self.clone() }
-    }
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        Self {
-            mode: Mode::Inline,
-            log_cmdq_size: 5,
-            log_cmdq_stride: 6,
-            cmdif_rev: 5,
-            fw_rev: (16, 35, 2000),
-            cmd_exec_to_ms: 60_000,
-            cmd_q_init_to_ms: 0,
-            init_delay_ms: 0,
-            boot_pages: 8,
-            init_pages: 16,
-            regular_pages: 4,
-            checksum: false,
-            port_type: PortType::Eth,
-            num_uars: 16,
-            pci_ids: (0x15b3, 0x1017),
-            port_up: true,
-            port_mtu: 1500,
-            node_guid: 0xb8ce_f603_0012_3456,
-            mac: [0xb8, 0xce, 0xf6, 0x12, 0x34, 0x56],
-            dma_max_contig: None,
-            log_max_cq_sz: 22,
-            lid: 1,
-        }
-    }
-}
-
-/// A fault to inject into the firmware. Each matches commands by opcode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// The command completes (delivery OK) with this status and syndrome, without executing. `times` is the
-    /// number of commands affected; 0 means every matching command until [`SimDevice::clear_faults`].
-    Status { opcode: u16, status: u8, syndrome: u32, times: u32 },
-    /// The command never completes: the owner bit stays with hardware.
-    Hang { opcode: u16 },
-    /// The command completes `ms` milliseconds after its doorbell (virtual time in inline mode).
-    Delay { opcode: u16, ms: u32 },
-    /// Delivery fails with this `MLX5_CMD_DELIVERY_STAT_*` value.
-    Delivery { opcode: u16, status: u8 },
-    /// After execution, byte `offset` of the output message is replaced by `value`.
-    CorruptOutput { opcode: u16, offset: usize, value: u8 },
-    /// Each time a command with this opcode completes, firmware posts a page request for `num_pages`: positive,
-    /// its need grows by that much; negative, it marks that many pages returnable and the next MANAGE_PAGES(take)
-    /// hands them back. Held until an EQ subscribes to page requests.
-    PageRequest { opcode: u16, num_pages: i32 },
-    /// The next command with this opcode (once) cannot complete until the driver gives `pages` more pages:
-    /// firmware posts a page request and keeps the command (owner bit with hardware, nothing written) until a
-    /// MANAGE_PAGES(give) on another slot covers it; then that MANAGE_PAGES completes, and the stalled command
-    /// executes and completes.
-    NeedPages { opcode: u16, pages: u32 },
-    /// Ringing a command with this opcode kills the firmware instead of executing it: health syndrome `synd`,
-    /// frozen heartbeat, no more completions or EQEs (see [`SimDevice::fail_health`]).
-    Fatal { opcode: u16, synd: u8 },
-    /// As [`Fault::Fatal`] with syndrome 0: only the frozen heartbeat and the hung commands show it.
-    Stall { opcode: u16 },
-    /// Ringing a command with this opcode removes the device from the bus (see [`SimDevice::device_gone`]).
-    DeviceGone { opcode: u16 },
-}
-
-impl Fault {
-    /// The opcode the fault matches.
-    pub fn opcode(&self) -> u16 {
-        match *self {
-            Fault::Status { opcode, .. }
-            | Fault::Hang { opcode }
-            | Fault::Delay { opcode, .. }
-            | Fault::Delivery { opcode, .. }
-            | Fault::CorruptOutput { opcode, .. }
-            | Fault::PageRequest { opcode, .. }
-            | Fault::NeedPages { opcode, .. }
-            | Fault::Fatal { opcode, .. }
-            | Fault::Stall { opcode }
-            | Fault::DeviceGone { opcode } => opcode,
-        }
-    }
-}
-
-/// One completed command, in completion order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExecutedCmd {
-    pub slot: u8,
-    pub opcode: u16,
-    pub op_mod: u16,
-    /// `mbox_out.status` (0 when delivery failed).
-    pub status: u8,
-    pub syndrome: u32,
-    /// `MLX5_CMD_DELIVERY_STAT_*` written in `status_own >> 1`.
-    pub delivery: u8,
-}
-
-/// Things the device noticed that are not command completions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SimEvent {
-    /// `cmdq_addr_l_sz` was written: the command queue now lives at `iova`.
-    CmdqAddress { iova: u64 },
-    /// A doorbell rang before a command queue address was set.
-    DoorbellNoQueue { mask: u32 },
-    /// A doorbell bit beyond the queue size.
-    DoorbellBadSlot { slot: u8 },
-    /// A doorbell for a slot whose owner bit is software's: ignored.
-    DoorbellNotOwned { slot: u8 },
-    /// The entry of a rung slot was not in live DMA memory (also in `dma_faults`).
-    EntryUnreadable { slot: u8, iova: u64 },
-    /// Writing a completion failed on a DMA fault (also in `dma_faults`).
-    CompletionUnwritable { slot: u8 },
-    /// A command held by [`Fault::Hang`].
-    Hung { slot: u8, opcode: u16 },
-    /// A command postponed by [`Fault::Delay`].
-    Delayed { slot: u8, opcode: u16, ms: u32 },
-    /// A write to a register the simulator does not model (or beyond the BAR); it had no effect.
-    IgnoredWrite { off: usize, val: u32 },
-    /// A 32-bit write into a UAR page that is no doorbell.
-    UarWrite { off: usize, val: u32 },
-    /// A 64-bit write into a UAR page that is no doorbell (one access, as the bus carries it).
-    UarWrite64 { off: usize, val: u64 },
-    /// The host freed a region that still contained pages given to firmware.
-    FreedDeviceOwned { iova: u64, len: usize, pages: usize },
-    /// `Dma::free` of something that is not a live region (double free or a forged region); nothing was freed.
-    BadFree { iova: u64, len: usize },
-    /// TEARDOWN_HCA while objects were still alive; they were destroyed with it.
-    TeardownWithObjects { objects: usize },
-    /// DISABLE_HCA while firmware still owned pages; disabling the function released them.
-    DisableWithPages { pages: usize },
-    /// An EQE was posted to EQ `eqn`.
-    Eqe { eqn: u8, event_type: u8, sub_type: u8 },
-    /// EQ `eqn` was armed and got an EQE (or was armed with unconsumed EQEs): the interrupt fired; now disarmed.
-    EqInterrupt { eqn: u8 },
-    /// An EQE for a full EQ (`pi - ci == nent`): nothing was overwritten and the firmware died with
-    /// `MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN`.
-    EqOverrun { eqn: u8 },
-    /// Writing an EQE failed on a DMA fault (the buffer is no longer mapped; also in `dma_faults`). The EQE is
-    /// lost and the producer index does not move.
-    EqeUnwritable { eqn: u8 },
-    /// A valid EQ doorbell: the consumer index is now `ci` (the full 32-bit counter, reconstructed from the 24
-    /// bits written), armed when `arm`.
-    EqDoorbell { eqn: u8, ci: u32, arm: bool },
-    /// An EQ doorbell that was ignored: UAR page not allocated, no such EQ, EQ on another UAR page, or a consumer
-    /// index beyond the producer index.
-    BadEqDoorbell { off: usize, val: u32, why: &'static str },
-    /// A command held by [`Fault::NeedPages`] until the driver gives `pages` pages.
-    WaitingForPages { slot: u8, opcode: u16, pages: u32 },
-    /// A doorbell for a slot whose command is still waiting for pages: ignored.
-    DoorbellBusy { slot: u8 },
-    /// The firmware died (`synd` 0: a silent stall). Nothing completes any more.
-    HealthFailure { synd: u8 },
-    /// A doorbell rang after the firmware died: ignored.
-    DoorbellWhileDead { slot: u8 },
-    /// The device left the bus.
-    DeviceGone,
-    /// A BAR write after the device left the bus: ignored.
-    WriteWhileGone { off: usize, val: u32 },
-    /// A valid CQ doorbell: CQ `cqn` is armed (for solicited CQEs only when `solicited`) with arm sequence
-    /// number `sn` and consumer index `ci` (24 bits, as written).
-    CqDoorbell { cqn: u32, sn: u8, solicited: bool, ci: u32 },
-    /// A CQ doorbell that was ignored: half a doorbell (a 32-bit write), UAR page not allocated, no such CQ, CQ
-    /// on another UAR page, an unknown arm command, or a consumer index beyond the producer index. `val` is the
-    /// 64-bit value (a 32-bit write's value widened).
-    BadCqDoorbell { off: usize, val: u64, why: &'static str },
-    /// An armed CQ got a matching CQE (or was armed with one unconsumed): a completion EQE went to EQ `eqn` and
-    /// the CQ is disarmed.
-    CompletionEvent { cqn: u32, eqn: u8 },
-    /// A CQE for a full CQ without `oi`: nothing was written, the CQ is in overflow and a CQ-error EQE was posted.
-    CqOverrun { cqn: u32 },
-    /// Firmware could not read the CQ's doorbell record or write a CQE (also in `dma_faults`): the CQ is in
-    /// write-fail and a CQ-error EQE was posted.
-    CqWriteFail { cqn: u32 },
-    /// A send doorbell (a 64-bit write at offset 0 of a BlueFlame buffer) for QP `qpn`: the device will execute
-    /// its send WQEs up to producer counter `pi`, read from the doorbell record.
-    SqDoorbell { qpn: u32, pi: u16 },
-    /// A write to a BlueFlame register that was ignored: no such QP, QP on another UAR page, in RST or without an
-    /// SQ, unmapped doorbell record, a producer counter beyond the SQ, an unaligned write, or a BlueFlame copy
-    /// with no doorbell before it.
-    BadSqDoorbell { off: usize, val: u64, why: &'static str },
-    /// 8 bytes of a BlueFlame copy of WQE `wqe_index` of QP `qpn` were written at byte `off` of the buffer.
-    BlueFlameCopy { qpn: u32, wqe_index: u16, off: u16 },
-    /// The BlueFlame bytes at `off` (0: the doorbell itself) differ from WQE `wqe_index` in memory.
-    BlueFlameMismatch { qpn: u32, wqe_index: u16, off: u16 },
-    /// The responder `remote_qpn` had no receive WQE for the RC request of WQE `wqe_counter` of QP `qpn`.
-    RnrNak { qpn: u32, wqe_counter: u16, remote_qpn: u32 },
-    /// The RC request of WQE `wqe_counter` of QP `qpn` reached no QP ready to take it; its ACK timer runs.
-    Unreachable { qpn: u32, wqe_counter: u16, why: &'static str },
-    /// The responder `remote_qpn` answered the RC request of WQE `wqe_counter` of QP `qpn` with a PSN sequence
-    /// error NAK (the two QPs' PSNs do not match); the requester retransmits.
-    PsnSequenceNak { qpn: u32, wqe_counter: u16, remote_qpn: u32 },
-    /// Responder QP `qpn` expected PSN `expected` and got a request at `got`, ahead of it: not executed.
-    PsnSequenceError { qpn: u32, expected: u32, got: u32 },
-    /// Responder QP `qpn` got a request at `psn`, behind the PSN it expects: a retransmission of a message it
-    /// executed, answered again without executing it twice.
-    DuplicateRequest { qpn: u32, psn: u32 },
-    /// A peer in another process plugged into this device's link (see [`SimDevice::wire_listen`]).
-    LinkUp { peer: std::net::SocketAddr },
-    /// The link's far end went away (closed, or a frame that could not be read); its address is unreachable.
-    LinkDown { peer: std::net::SocketAddr, why: &'static str },
-    /// QP `qpn` sent WQE `wqe_counter` again after its RNR or ACK timer expired.
-    Retry { qpn: u32, wqe_counter: u16, kind: RetryKind },
-    /// A UD message from QP `qpn` to QP `dqpn` was dropped (noticed by the device recording this event).
-    UdDropped { qpn: u32, dqpn: u32, why: &'static str },
-    /// QP `qpn` moved to ERR after a completion with `syndrome` (`MLX5_CQE_SYNDROME_*`).
-    QpError { qpn: u32, syndrome: u8 },
-    /// QP `qpn` (in ERR) completed `sq` send and `rq` receive WQEs with `WR_FLUSH_ERR`.
-    Flushed { qpn: u32, sq: u32, rq: u32 },
-    /// The RQ head in the doorbell record of QP `qpn` is more than the RQ size ahead of the device: ignored.
-    BadRqCounter { qpn: u32, head: u16 },
-}
-
-/// The state of one EQ, as [`SimDevice::eq_info`] reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EqInfo {
-    /// Number of entries (`1 << log_eq_size`).
-    pub nent: u32,
-    /// Producer index: EQEs posted so far (wrapping 32-bit counter).
-    pub pi: u32,
-    /// Consumer index the driver last wrote (reconstructed to 32 bits from the doorbell's 24).
-    pub ci: u32,
-    /// Whether the next EQE interrupts.
-    pub armed: bool,
-    /// Interrupts fired.
-    pub interrupts: u64,
-    /// EQEs refused because the EQ was full.
-    pub overruns: u64,
-    /// UAR page the EQ's doorbell lives in.
-    pub uar_page: u32,
-    /// The four `event_bitmask` words from CREATE_EQ.
-    pub event_bitmask: [u64; 4],
-}
+use transport::DpState;
 
 #[derive(Debug)]
 struct Pending {
@@ -504,7 +199,7 @@ impl State {
             return;
         }
         let now = self.now_ns();
-        self.regs.die(synd, now);
+        self.regs.die(synd, syndrome::HEALTH_EXT_SYND, now);
         self.events.push(SimEvent::HealthFailure { synd });
     }
 
@@ -585,7 +280,7 @@ impl Shared {
             }
             None => {
                 lock(self).ring(mask);
-                wire::pump(self);
+                link::pump(self);
             }
         }
     }
@@ -600,7 +295,7 @@ impl Shared {
                     let _ = tx.send(Work::Datapath);
                 }
             }
-            None => wire::pump(self),
+            None => link::pump(self),
         }
     }
 }
@@ -624,13 +319,13 @@ fn worker(weak: Weak<Shared>, rx: mpsc::Receiver<Work>) {
                     std::thread::sleep(Duration::from_millis(u64::from(ms)));
                     if let Some(shared) = weak.upgrade() {
                         lock(&shared).run_slot(slot, false);
-                        wire::pump(&shared);
+                        link::pump(&shared);
                     }
                 });
             }
         }
         // Every wake-up runs the datapath: send doorbells, commands that changed QP states, timers.
-        wire::pump(&shared);
+        link::pump(&shared);
     }
 }
 
@@ -678,7 +373,7 @@ impl SimDevice {
             }
         };
         // Packets name their source device so responses find their way back.
-        lock(&dev.shared).wire.me.port = wire::Port::Local(Arc::downgrade(&dev.shared));
+        lock(&dev.shared).wire.me.port = link::Port::Local(Arc::downgrade(&dev.shared));
         dev
     }
 
@@ -766,7 +461,7 @@ impl SimDevice {
 
     /// The state of EQ `eqn`, if it exists.
     pub fn eq_info(&self, eqn: u8) -> Option<EqInfo> {
-        lock(&self.shared).fw.eq_info(eqn)
+        lock(&self.shared).fw.eqs.info(eqn)
     }
 
     /// Live memory keys.
@@ -850,13 +545,13 @@ impl SimDevice {
 
     /// Live QPs.
     pub fn qp_count(&self) -> usize {
-        lock(&self.shared).fw.qp_count()
+        lock(&self.shared).fw.qps.len()
     }
 
     /// Joins this device and `peer` with a virtual wire (both directions): packets addressed to the peer's LID
     /// (IB) or GID and MAC (RoCE) reach it. Joining a device to itself changes nothing (loopback needs no wire).
     pub fn connect(&self, peer: &SimDevice) {
-        wire::connect(&self.shared, &peer.shared);
+        link::connect(&self.shared, &peer.shared);
     }
 
     /// Listens on `addr` (e.g. `"0.0.0.0:18516"`; port 0 picks one) for a simulated device in another process
@@ -865,19 +560,19 @@ impl SimDevice {
     /// address equals this device's is turned away ([`SimEvent::LinkDown`]). Use [`Mode::Threaded`] for a
     /// linked device, so its retry timers run in real time.
     pub fn wire_listen(&self, addr: &str) -> Result<std::net::SocketAddr, WireError> {
-        link::listen(&self.shared, addr)
+        link::tcp::listen(&self.shared, addr)
     }
 
     /// Plugs this device's port into the device listening at `addr` (`host:port`) in another process, waiting
     /// up to `timeout` for the connection; the handshake swaps port addresses. Packets to the peer's LID (IB) or
     /// GID and MAC (RoCE) then cross the link; when it goes down they are lost, and RC requests time out.
     pub fn wire_connect(&self, addr: &str, timeout: Duration) -> Result<(), WireError> {
-        link::connect(&self.shared, addr, timeout)
+        link::tcp::connect(&self.shared, addr, timeout)
     }
 
     /// Waits until a peer in another process is plugged in (true) or `timeout` passes (false).
     pub fn wire_wait_peer(&self, timeout: Duration) -> bool {
-        link::wait_peer(&self.shared, timeout)
+        link::tcp::wait_peer(&self.shared, timeout)
     }
 
     /// The socket address of the peer plugged into this device's link, while the link is up.
@@ -894,45 +589,6 @@ impl SimDevice {
     /// The port LID (0 on Ethernet).
     pub fn lid(&self) -> u16 {
         lock(&self.shared).wire.addr.lid
-    }
-}
-
-/// [`DelayNs`] for the simulator: advances virtual time (inline) or sleeps (threaded).
-#[derive(Debug, Clone)]
-pub struct SimDelay {
-    shared: Arc<Shared>,
-}
-
-impl SimDelay {
-    fn advance(&self, ns: u64) {
-        let mode = lock(&self.shared).cfg.mode;
-        match mode {
-            Mode::Inline => {
-                {
-                    let mut st = lock(&self.shared);
-                    st.virt_ns = st.virt_ns.saturating_add(ns);
-                    st.run_due();
-                }
-                // Retries whose timer expired (and anything commands made due) run now.
-                self.shared.run(false);
-            }
-            Mode::Threaded => {
-                std::thread::sleep(Duration::from_nanos(ns));
-                self.shared.run(true);
-            }
-        }
-    }
-}
-
-impl DelayNs for SimDelay {
-    fn delay_ns(&mut self, ns: u32) {
-        self.advance(u64::from(ns));
-    }
-    fn delay_us(&mut self, us: u32) {
-        self.advance(u64::from(us) * 1_000);
-    }
-    fn delay_ms(&mut self, ms: u32) {
-        self.advance(u64::from(ms) * 1_000_000);
     }
 }
 
@@ -1019,7 +675,7 @@ mod tests {
         assert_eq!(h.dev.executed().last().unwrap().opcode, consts::MLX5_CMD_OP_INIT_HCA as u16);
         // No more EQEs either, and another failure changes nothing.
         h.dev.request_pages(5);
-        assert_eq!(h.dev.post_event(0, 0, [0; eq::EQE_DATA_LEN]), None);
+        assert_eq!(h.dev.post_event(0, 0, [0; EQE_DATA_LEN]), None);
         h.dev.fail_health(1);
         assert_eq!(h.dev.health(), Health::Failed { synd });
         // The driver can still return all its memory; firmware's pages are abandoned, not freed under it.

@@ -3,6 +3,9 @@
 //! Static registers live in a byte image written through the PRM layouts (`ifc::initial_seg`, `c::mlx5_init_seg`);
 //! the dynamic ones (`initializing`, the health counter, the internal timer) are computed at read time. The
 //! health buffer is written when the firmware dies; a device that left the bus reads all ones.
+//!
+//! A write into a UAR page is decoded by `uar.rs` ([`State::uar_write32`](crate::State), `uar_write64`); a send
+//! doorbell there then runs the transport (`Shared::run`). The command doorbell rings the firmware (`fw/cmd.rs`).
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -106,15 +109,15 @@ impl Regs {
     }
 
     /// The firmware dies at `now_ns`: the heartbeat freezes and, for a non-zero syndrome, the health buffer
-    /// reports it with a valid severity.
-    pub(crate) fn die(&mut self, synd: u8, now_ns: u64) {
+    /// reports it (with the extended syndrome `ext_synd`) and a valid severity.
+    pub(crate) fn die(&mut self, synd: u8, ext_synd: u16, now_ns: u64) {
         use c::health_buffer as h;
         let base = c::mlx5_init_seg::HEALTH.off;
         self.health = Health::Failed { synd };
         self.frozen_ms = Some(now_ns / 1_000_000);
         if synd != 0 {
             self.image[base + h::SYND.off] = synd;
-            self.image.write_bytes(base + h::EXT_SYND.off, &crate::syndrome::HEALTH_EXT_SYND.to_be_bytes());
+            self.image.write_bytes(base + h::EXT_SYND.off, &ext_synd.to_be_bytes());
             let sev = consts::MLX5_SEVERITY_VALID_MASK as u8 | (SEVERITY_CRIT & consts::MLX5_SEVERITY_MASK as u8);
             self.image[base + h::RFR_SEVERITY.off] = sev;
         }
@@ -227,7 +230,7 @@ impl Mmio for SimMmio {
                 RegWrite::Done => None,
                 RegWrite::CmdDoorbell(mask) => Some(mask),
                 RegWrite::Uar => {
-                    st.uar_write(off, v);
+                    st.uar_write32(off, v);
                     None
                 }
             }

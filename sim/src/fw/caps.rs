@@ -10,7 +10,7 @@
 
 use mlx5_core::prm::{consts, ifc, Field, MsgBuf, Sub};
 
-use crate::{PortType, SimConfig};
+use crate::config::{PortType, SimConfig};
 
 /// How a settable general capability may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,7 @@
-//! Queue pairs on the device side: CREATE/DESTROY/QUERY_QP and the state-machine commands (RST2INIT, INIT2RTR,
-//! RTR2RTS, RTS2RTS, 2ERR, 2RST) with firmware-style checks, and the context each transition stores.
+//! Queue pairs on the device side: [`QpTable`] with CREATE/DESTROY/QUERY_QP and the state-machine commands
+//! (RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS, 2ERR, 2RST) with firmware-style checks over the narrow [`QpFw`] view, and
+//! the context each transition stores (the kernel's `qp.c` from the device side). The QP also holds the state
+//! the transport keeps per QP (counters, the outstanding RC request).
 //!
 //! Buffer layout (as mlx5_ib lays out a kernel QP): the RQ at byte 0 (`1 << log_rq_size` WQEs of
 //! `16 << log_rq_stride` bytes), the SQ right after it (`1 << log_sq_size` basic blocks of
@@ -14,12 +16,22 @@
 //! parameters (`opt_param_mask`, `MLX5_QP_OPTPAR_*`) are honoured where mlx5_ib sends them: access rights, pkey
 //! index, qkey, `min_rnr_nak`, the primary path, the ACK timeout and the retry counts.
 
-use mlx5_core::prm::{consts, ifc, CmdStatus, Field, MsgBuf, Sub};
+use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
 
-use crate::datapath::Outstanding;
+use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
+
+use super::caps::Caps;
+use super::eq::EQE_DATA_LEN;
+use super::port::GID_ENTRIES;
+use super::reply::{bad_param, err, rd, CmdErr};
+use super::{alloc_id, syndrome, Firmware};
+use crate::config::PortType;
 use crate::dma::{DmaFault, DmaSpace};
-use crate::fw::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
-use crate::PortType;
+use crate::events::RetryKind;
+use crate::small::{IdMap, Small};
+use crate::wire::RcOp;
+use crate::State;
 
 /// The first QPN handed out (lower numbers are special QPs on real hardware).
 const QPN_FIRST: u32 = 0x100;
@@ -217,6 +229,55 @@ impl Path {
             rmac: self.rmac(),
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The requester's state the transport keeps in each QP (defined with the QP, which owns it).
+
+/// A scatter/gather entry of a data segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Sge {
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) lkey: u32,
+}
+
+/// The scatter list of a receive WQE.
+pub(crate) type Sges = Small<Sge, 2>;
+
+/// What a send WQE's completion needs of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WqeId {
+    /// The WQE's index (its first basic block, the device's consumer counter).
+    pub(crate) index: u16,
+    pub(crate) nbb: u16,
+    pub(crate) opcode: u8,
+    pub(crate) signaled: bool,
+}
+
+/// Where an outstanding RC request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// The request went on the wire at `sent_ns` (device time); its response (or loss) is coming, or the ACK
+    /// timer runs out.
+    InFlight { sent_ns: u64 },
+    /// Waiting to retry at `at_ns` (device time).
+    Wait { at_ns: u64, kind: RetryKind },
+}
+
+/// An RC send WQE between its request and its response.
+#[derive(Debug, Clone)]
+pub(crate) struct Outstanding {
+    pub(crate) wqe: WqeId,
+    pub(crate) solicited: bool,
+    /// Where a READ's data or an atomic's original value lands (empty for SEND and WRITE).
+    pub(crate) sges: Sges,
+    pub(crate) op: RcOp,
+    pub(crate) len: u64,
+    pub(crate) seq: u64,
+    pub(crate) phase: Phase,
+    pub(crate) transport_left: u8,
+    pub(crate) rnr_left: u8,
 }
 
 /// A queue pair.
@@ -460,12 +521,49 @@ fn qp_state_err() -> CmdErr {
     err(CmdStatus::BadQpState, syndrome::QP_STATE)
 }
 
-impl Firmware {
-    pub(crate) fn qp_count(&self) -> usize {
-        self.qps.len()
-    }
+/// The QP table: every QP by number (the datapath looks QPs up here and steps them in number order), and the
+/// number CREATE_QP tries next.
+#[derive(Debug)]
+pub(crate) struct QpTable {
+    map: IdMap<Qp>,
+    next: u32,
+}
 
-    pub(crate) fn create_qp(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+impl QpTable {
+    pub(crate) fn new() -> Self {
+        QpTable { map: IdMap::new(), next: 0 }
+    }
+}
+
+impl Deref for QpTable {
+    type Target = IdMap<Qp>;
+    #[inline]
+    fn deref(&self) -> &IdMap<Qp> {
+        &self.map
+    }
+}
+
+impl DerefMut for QpTable {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut IdMap<Qp> {
+        &mut self.map
+    }
+}
+
+/// What the QP commands need of the rest of the firmware, and nothing more.
+pub(crate) struct QpFw<'a> {
+    pub(crate) caps: &'a Caps,
+    /// The port's link layer (what a path must name).
+    pub(crate) port_type: PortType,
+    /// The allocated protection domains and UAR pages.
+    pub(crate) pds: &'a BTreeSet<u32>,
+    pub(crate) uars: &'a BTreeSet<u32>,
+    /// Whether a CQ exists.
+    pub(crate) cq_exists: &'a dyn Fn(u32) -> bool,
+}
+
+impl QpTable {
+    pub(crate) fn create(&mut self, fw: &QpFw, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::create_qp_in as i;
         use ifc::qpc as q;
         let ctx = i::QPC;
@@ -488,7 +586,7 @@ impl Firmware {
             return Err(bad_param(syndrome::QP_PM_STATE));
         }
         let pd = get(q::PD);
-        if !self.pds.contains(&pd) {
+        if !fw.pds.contains(&pd) {
             return Err(bad_param(syndrome::PD_INVALID));
         }
         let has_rq = match get(q::RQ_TYPE) {
@@ -498,21 +596,21 @@ impl Firmware {
         };
         let has_sq = get(q::NO_SQ) == 0;
         let (cqn_snd, cqn_rcv) = (get(q::CQN_SND), get(q::CQN_RCV));
-        if (has_sq && !self.cqs.contains_key(&cqn_snd)) || (has_rq && !self.cqs.contains_key(&cqn_rcv)) {
+        if (has_sq && !(fw.cq_exists)(cqn_snd)) || (has_rq && !(fw.cq_exists)(cqn_rcv)) {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
         let uar = get(q::UAR_PAGE);
-        if !self.uars.contains(&uar) {
+        if !fw.uars.contains(&uar) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }
         let (log_rq_size, log_rq_stride, log_sq_size) =
             (get(q::LOG_RQ_SIZE), get(q::LOG_RQ_STRIDE), get(q::LOG_SQ_SIZE));
-        let max_log = self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_QP_SZ);
+        let max_log = fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_QP_SZ);
         if (has_rq && log_rq_size > max_log) || (has_sq && log_sq_size > max_log) {
             return Err(bad_param(syndrome::LOG_SIZE));
         }
         let rq_stride = 1u64 << (log_rq_stride + RQ_STRIDE_SHIFT);
-        if has_rq && rq_stride > u64::from(self.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_RQ)) {
+        if has_rq && rq_stride > u64::from(fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_RQ)) {
             return Err(bad_param(syndrome::QP_WQE_SIZE));
         }
         if get(q::PAGE_OFFSET) != 0 {
@@ -522,16 +620,16 @@ impl Firmware {
         let rq_bytes = if has_rq { rq_stride << log_rq_size } else { 0 };
         let sq_bytes = if has_sq { SEND_WQE_BB << log_sq_size } else { 0 };
         let bytes = rq_bytes + sq_bytes;
-        Self::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         let dbr = inp.get64(q::DBR_ADDR.at(ctx));
         if !dma.is_mapped(dbr, DBR_BYTES) {
             return Err(bad_param(syndrome::DBR_NOT_MAPPED));
         }
-        let max_qps = 1usize << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_QP).min(24);
-        if self.qps.len() >= max_qps {
+        let max_qps = 1usize << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_QP).min(24);
+        if self.map.len() >= max_qps {
             return Err(err(CmdStatus::NoRes, syndrome::NO_RESOURCES));
         }
-        let qpn = alloc_id(&self.qps, &mut self.next_qpn, QPN_FIRST, QPN_END)
+        let qpn = alloc_id(&self.map, &mut self.next, QPN_FIRST, QPN_END)
             .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let pas = (0..bytes.div_ceil(1 << page_shift)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect();
         let qp = Qp {
@@ -572,28 +670,28 @@ impl Firmware {
             req: None,
             last_atomic: None,
             error: None,
-            max_wqe: self.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_SQ) as usize,
-            max_msg: 1u64 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MSG).min(31),
+            max_wqe: fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_SQ) as usize,
+            max_msg: 1u64 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MSG).min(31),
         };
-        self.qps.insert(qpn, qp);
+        self.map.insert(qpn, qp);
         out.set(ifc::create_qp_out::QPN, qpn);
         Ok(())
     }
 
-    pub(crate) fn destroy_qp(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn destroy(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
         let qpn = rd(inp, ifc::destroy_qp_in::QPN);
         // Requests in flight to or from it are dropped when they arrive: nothing refers to it any more.
-        self.qps.remove(&qpn).map(|_| ()).ok_or(bad_param(syndrome::QP_INVALID))
+        self.map.remove(&qpn).map(|_| ()).ok_or(bad_param(syndrome::QP_INVALID))
     }
 
     /// 2ERR (any state but RST) and 2RST (any state).
-    pub(crate) fn qp_to_err_or_rst(&mut self, opcode: u32, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn move_to_err_or_rst(&mut self, opcode: u32, inp: &[u8]) -> Result<(), CmdErr> {
         let qpn = if opcode == consts::MLX5_CMD_OP_2ERR_QP {
             rd(inp, ifc::qp_2err_in::QPN)
         } else {
             rd(inp, ifc::qp_2rst_in::QPN)
         };
-        let qp = self.qps.get_mut(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
+        let qp = self.map.get_mut(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
         if opcode == consts::MLX5_CMD_OP_2ERR_QP {
             if qp.state == QpState::Rst {
                 return Err(qp_state_err());
@@ -608,12 +706,12 @@ impl Firmware {
 
     /// Checks a primary path for the link layer: IB needs a LID (and, with a GRH, a valid source GID index);
     /// RoCE needs a GRH with a destination GID and MAC and a valid source GID index.
-    fn check_path(&self, p: &Path) -> Result<(), CmdErr> {
+    fn check_path(fw: &QpFw, p: &Path) -> Result<(), CmdErr> {
         if p.port() != 0 && p.port() != PORT {
             return Err(bad_param(syndrome::BAD_PORT));
         }
-        let gid_ok = p.src_addr_index() < crate::wire::GID_ENTRIES;
-        let ok = match self.port.port_type {
+        let gid_ok = p.src_addr_index() < GID_ENTRIES;
+        let ok = match fw.port_type {
             PortType::Ib => p.rlid() != 0 && (!p.grh() || gid_ok),
             PortType::Eth => p.grh() && gid_ok && p.rgid() != [0; 16] && p.rmac() != [0; 6],
         };
@@ -625,7 +723,7 @@ impl Firmware {
     }
 
     /// RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS.
-    pub(crate) fn modify_qp(&mut self, opcode: u32, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn modify(&mut self, fw: &QpFw, opcode: u32, inp: &[u8]) -> Result<(), CmdErr> {
         use consts as k;
         use ifc::qpc as q;
         let t = Transition::from_opcode(opcode).ok_or(err(CmdStatus::BadOp, syndrome::BAD_OPCODE))?;
@@ -633,14 +731,14 @@ impl Firmware {
         let qpn = rd(inp, qpn_f);
         let opt = rd(inp, opt_f);
         let get = |f: Field| rd(inp, f.at(ctx));
-        let qp = self.qps.get(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
+        let qp = self.map.get(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
         let (from, to) = t.states();
         if qp.state != from {
             return Err(qp_state_err());
         }
         let rc = qp.st == QpType::Rc;
         let path = Path::from_ctx(inp, ctx);
-        let cap = |f: Field| self.caps.gen(f);
+        let cap = |f: Field| fw.caps.gen(f);
         // Validate everything before changing anything.
         match t {
             Transition::Rst2Init if path.port() != PORT => return Err(bad_param(syndrome::BAD_PORT)),
@@ -653,12 +751,12 @@ impl Firmware {
                 {
                     return Err(bad_param(syndrome::QP_CONTEXT));
                 }
-                self.check_path(&path)?;
+                Self::check_path(fw, &path)?;
             }
             Transition::Rtr2Rts if rc && get(q::LOG_SRA_MAX) > cap(ifc::cmd_hca_cap::LOG_MAX_RA_REQ_QP) => {
                 return Err(bad_param(syndrome::QP_CONTEXT));
             }
-            Transition::Rts2Rts if opt & k::MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH != 0 && rc => self.check_path(&path)?,
+            Transition::Rts2Rts if opt & k::MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH != 0 && rc => Self::check_path(fw, &path)?,
             _ => {}
         }
         let pkey_entries = 128u32 << cap(ifc::cmd_hca_cap::PKEY_TABLE_SIZE).min(8);
@@ -666,7 +764,7 @@ impl Firmware {
         if sets_pkey && path.pkey_index() >= pkey_entries {
             return Err(bad_param(syndrome::QP_PKEY_INDEX));
         }
-        let qp = self.qps.get_mut(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
+        let qp = self.map.get_mut(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
         let has = |bit: u32| opt & bit != 0;
         let access = |qp: &mut Qp| {
             qp.rre = get(q::RRE) != 0;
@@ -758,10 +856,10 @@ impl Firmware {
 
     /// QUERY_QP: the context with the live state and counters (the SQ producer counter as of the last doorbell,
     /// the RQ head as the doorbell record holds it now).
-    pub(crate) fn query_qp(&self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+    pub(crate) fn query(&self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::qpc as q;
         let qpn = rd(inp, ifc::query_qp_in::QPN);
-        let qp = self.qps.get(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
+        let qp = self.map.get(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
         let ctx = ifc::query_qp_out::QPC;
         let mut head = [0u8; 4];
         let rq_head = if dma.peek(qp.dbr, &mut head) { u32::from_be_bytes(head) & 0xffff } else { 0 };
@@ -805,6 +903,25 @@ impl Firmware {
         let path = q::PRIMARY_ADDRESS_PATH.at(ctx);
         out[path.off..path.off + path.len].copy_from_slice(&qp.path.0);
         Ok(())
+    }
+}
+
+impl State {
+    /// A catastrophic error on QP `qpn` (see `SimDevice::fail_qp`): the QP to ERR and a `WQ_CATAS_ERROR` EQE naming
+    /// it. Returns `false`, changing nothing, when there is no such QP or the device is dead or gone.
+    pub(crate) fn fail_qp(&mut self, qpn: u32) -> bool {
+        if self.dead() {
+            return false;
+        }
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
+        qp.state = QpState::Err;
+        let q = c::mlx5_eqe_qp_srq::QP_SRQ_N;
+        let mut data = [0u8; EQE_DATA_LEN];
+        data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP as u8;
+        data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
+        // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
+        let _ = self.post_eqe(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR as u8, 0, &data);
+        true
     }
 }
 

@@ -1,4 +1,9 @@
-//! The firmware command engine: delivery (entry, mailboxes, signatures, tokens) and command execution.
+//! The firmware: [`Firmware`] (the HCA state machine, ISSI, capabilities, and one table per object type), the
+//! dispatch of a delivered command to its handler, and the `syndrome` of every refusal. Delivery is `cmd.rs`,
+//! pages `pages.rs`; each object type is a table in its own file (`pd.rs`: PD and UAR, `eq.rs`, `cq.rs`,
+//! `mkey.rs`, `qp.rs`) whose commands get a narrow view of the rest of the firmware (`CqFw`, `QpFw`, ...: the
+//! capabilities and the other tables they check), built here per command; `port.rs` is the port model and
+//! `reply.rs` builds results. This is the firmware side of the kernel's `cmd.c` / `main.c`.
 //!
 //! Delivery failures are reported in `status_own >> 1` (`MLX5_CMD_DELIVERY_STAT_*`); a delivered command reports
 //! its result in `mbox_out.status` / `mbox_out.syndrome`. Status choices:
@@ -12,19 +17,35 @@
 //! Each failure carries a distinct syndrome from [`syndrome`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{fence, Ordering};
 
-use mlx5_core::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, Field, MsgBuf};
+use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
 
-use crate::caps::{Caps, SetCapError};
-use crate::cq::Cq;
+use crate::config::SimConfig;
 use crate::dma::DmaSpace;
-use crate::mkey::Mkey;
+use crate::events::SimEvent;
 use crate::mmio::INIT_SEG_PAGES;
-use crate::port::PortModel;
-use crate::qp::Qp;
 use crate::small::IdMap;
-use crate::{ExecutedCmd, Fault, SimConfig, SimEvent, State};
+use crate::Stalled;
+
+pub(crate) mod caps;
+mod cmd;
+pub(crate) mod cq;
+pub(crate) mod eq;
+pub(crate) mod mkey;
+mod pages;
+mod pd;
+pub(crate) mod port;
+pub(crate) mod qp;
+pub(crate) mod reply;
+
+use caps::{Caps, SetCapError};
+use cq::{CqFw, CqTable};
+use eq::{EqFw, EqTable};
+use mkey::{MkeyFw, MkeyTable};
+use pd::{PdTable, UarTable};
+use port::PortModel;
+use qp::{QpFw, QpTable};
+use reply::{bad_param, err, rd, CmdErr};
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
 /// firmware syndromes are undocumented); each check has its own so a test can tell them apart.
@@ -165,67 +186,6 @@ pub enum HcaState {
     Initialized,
 }
 
-/// The most mailbox blocks one message may span (bounds every chain walk; 2 MiB of data).
-const MAX_BLOCKS: usize = 4096;
-/// Bytes of a message carried in the entry itself (`in[4]` / `out[4]`).
-const INLINE_BYTES: usize = c::mlx5_cmd_layout::IN.len;
-/// Data bytes per mailbox block (`MLX5_CMD_DATA_BLOCK_SIZE`).
-const BLOCK_DATA: usize = consts::MLX5_CMD_DATA_BLOCK_SIZE as usize;
-/// Mailbox blocks are 1024-byte aligned (`roundup_pow_of_two(sizeof(block))`, c-layouts.md 2.2).
-const BLOCK_ALIGN: u64 = c::mlx5_cmd_prot_block::SIZE.next_power_of_two() as u64;
-/// Firmware pages are 4 KiB.
-const FW_PAGE: u64 = consts::MLX5_ADAPTER_PAGE_SIZE as u64;
-/// The owner bit in `status_own` (`CMD_OWNER_HW`).
-const OWNER_HW: u8 = consts::CMD_OWNER_HW as u8;
-
-fn xor8(b: &[u8]) -> u8 {
-    b.iter().fold(0, |a, x| a ^ x)
-}
-
-pub(crate) fn rd(b: &[u8], f: Field) -> u32 {
-    MsgBuf::get(b, f)
-}
-
-fn nblocks(len: usize) -> usize {
-    len.saturating_sub(INLINE_BYTES).div_ceil(BLOCK_DATA)
-}
-
-/// A failing command: status and syndrome for `mbox_out`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CmdErr {
-    status: CmdStatus,
-    syndrome: u32,
-}
-
-pub(crate) fn err(status: CmdStatus, syndrome: u32) -> CmdErr {
-    CmdErr { status, syndrome }
-}
-
-pub(crate) fn bad_param(syndrome: u32) -> CmdErr {
-    err(CmdStatus::BadParam, syndrome)
-}
-
-/// An event queue: its buffer, subscriptions and indices.
-#[derive(Debug)]
-pub(crate) struct Eq {
-    pub(crate) uar: u32,
-    /// Bus addresses of the buffer pages (`pas[]`), `page_bytes` each.
-    pub(crate) pas: Vec<u64>,
-    /// `4 KiB << log_page_size`. `page_offset` is always 0 (CREATE_EQ refuses anything else).
-    pub(crate) page_bytes: u64,
-    pub(crate) log_nent: u32,
-    /// `event_bitmask[4]`: bit `n` of word 0 = event type `n`.
-    pub(crate) bitmask: [u64; 4],
-    /// EQEs posted (wrapping).
-    pub(crate) pi: u32,
-    /// The consumer index the driver last wrote, extended to 32 bits.
-    pub(crate) ci: u32,
-    /// The next EQE interrupts (starts disarmed).
-    pub(crate) armed: bool,
-    pub(crate) interrupts: u64,
-    pub(crate) overruns: u64,
-}
-
 /// Which HCA states a command is accepted in.
 #[derive(Debug, Clone, Copy)]
 enum Gate {
@@ -262,20 +222,12 @@ pub(crate) struct Firmware {
     pub(crate) page_request_held: bool,
     pub(crate) caps: Caps,
     pub(crate) port: PortModel,
-    pub(crate) pds: BTreeSet<u32>,
-    next_pd: u32,
-    pub(crate) uars: BTreeSet<u32>,
-    next_uar: u32,
-    uar_first: u32,
-    uar_count: u32,
-    pub(crate) eqs: BTreeMap<u32, Eq>,
-    next_eqn: u32,
-    pub(crate) cqs: IdMap<Cq>,
-    pub(crate) next_cqn: u32,
-    pub(crate) mkeys: IdMap<Mkey>,
-    pub(crate) next_mkey: u32,
-    pub(crate) qps: IdMap<Qp>,
-    pub(crate) next_qpn: u32,
+    pub(crate) pds: PdTable,
+    pub(crate) uars: UarTable,
+    pub(crate) eqs: EqTable,
+    pub(crate) cqs: CqTable,
+    pub(crate) mkeys: MkeyTable,
+    pub(crate) qps: QpTable,
 }
 
 /// A table of objects by number, as [`alloc_id`] sees it.
@@ -325,9 +277,41 @@ fn alloc_id_set(used: &BTreeSet<u32>, next: &mut u32, lo: u32, hi: u32) -> Optio
     alloc_id(&map, next, lo, hi)
 }
 
+/// The narrow view of the firmware a CQ command gets (see [`CqFw`]), borrowed from the tables it does not change.
+/// The narrow view of the firmware an EQ command gets (see [`EqFw`]).
+macro_rules! eq_fw {
+    ($fw:ident) => {
+        EqFw { caps: &$fw.caps, uars: &$fw.uars, in_use: &|eqn| $fw.cqs.values().any(|c| c.eqn == eqn) }
+    };
+}
+
+/// The narrow view of the firmware a QP command gets (see [`QpFw`]).
+macro_rules! qp_fw {
+    ($fw:ident) => {
+        QpFw {
+            caps: &$fw.caps,
+            port_type: $fw.port.port_type,
+            pds: &$fw.pds,
+            uars: &$fw.uars,
+            cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
+        }
+    };
+}
+
+/// The narrow view of the firmware a CQ command gets (see [`CqFw`]), borrowed from the tables it does not change.
+macro_rules! cq_fw {
+    ($fw:ident) => {
+        CqFw {
+            caps: &$fw.caps,
+            uars: &$fw.uars,
+            eq_exists: &|eqn| $fw.eqs.contains_key(&eqn),
+            in_use: &|cqn| $fw.qps.values().any(|q| q.cqn_snd == cqn || q.cqn_rcv == cqn),
+        }
+    };
+}
+
 impl Firmware {
     pub(crate) fn new(cfg: &SimConfig) -> Self {
-        let uar_first = INIT_SEG_PAGES as u32;
         Self {
             state: HcaState::Disabled,
             issi: 0,
@@ -342,30 +326,13 @@ impl Firmware {
             page_request_held: false,
             caps: Caps::new(cfg),
             port: PortModel::new(cfg),
-            pds: BTreeSet::new(),
-            next_pd: 1,
-            uars: BTreeSet::new(),
-            next_uar: uar_first,
-            uar_first,
-            uar_count: cfg.num_uars,
-            eqs: BTreeMap::new(),
-            next_eqn: 1,
-            cqs: IdMap::new(),
-            next_cqn: 1,
-            mkeys: IdMap::new(),
-            next_mkey: 1,
-            qps: IdMap::new(),
-            next_qpn: 0,
+            pds: PdTable::new(),
+            uars: UarTable::new(INIT_SEG_PAGES as u32, cfg.num_uars),
+            eqs: EqTable::new(),
+            cqs: CqTable::new(),
+            mkeys: MkeyTable::new(),
+            qps: QpTable::new(),
         }
-    }
-
-    pub(crate) fn pages_owned(&self) -> usize {
-        self.pages.len()
-    }
-
-    /// Firmware-owned pages inside `iova..iova + len`.
-    pub(crate) fn pages_in(&self, iova: u64, len: u64) -> usize {
-        self.pages.range(iova..iova.saturating_add(len)).count()
     }
 
     pub(crate) fn object_counts(&self) -> (usize, usize, usize, usize) {
@@ -374,74 +341,6 @@ impl Firmware {
 
     pub(crate) fn mkey_count(&self) -> usize {
         self.mkeys.len()
-    }
-
-    /// Pages needed before INIT_HCA.
-    fn startup_pages(&self) -> i64 {
-        self.boot_pages.max(0) + self.init_pages.max(0)
-    }
-
-    /// Every page firmware needs to run: startup pages plus the regular need.
-    fn need(&self) -> i64 {
-        self.startup_pages() + self.regular_pages
-    }
-
-    /// Pages firmware still wants (negative: pages it would return), as QUERY_PAGES(regular) reports.
-    pub(crate) fn page_balance(&self) -> i64 {
-        self.need() - self.returnable as i64 - self.pages.len() as i64
-    }
-
-    /// The accounting of a page request: a positive one grows the need of the current stage (regular once
-    /// initialized, init before), a negative one marks needed pages returnable.
-    pub(crate) fn account_page_request(&mut self, num_pages: i32) {
-        let n = i64::from(num_pages);
-        if n > 0 {
-            if self.state == HcaState::Initialized {
-                self.regular_pages += n;
-            } else {
-                self.init_pages += n;
-            }
-        } else {
-            let most = self.need().max(0) as u64;
-            self.returnable = self.returnable.saturating_add(n.unsigned_abs()).min(most);
-        }
-    }
-
-    /// Forgets the pages in `iova..iova + len` a dead firmware owned: the driver freed them.
-    pub(crate) fn abandon(&mut self, iova: u64, len: u64) {
-        let gone: Vec<u64> = self.pages.range(iova..iova.saturating_add(len)).copied().collect();
-        for pa in &gone {
-            self.pages.remove(pa);
-        }
-        self.abandoned += gone.len();
-    }
-
-    pub(crate) fn pages_abandoned(&self) -> usize {
-        self.abandoned
-    }
-
-    pub(crate) fn uar_allocated(&self, uar: u32) -> bool {
-        self.uars.contains(&uar)
-    }
-
-    /// The lowest-numbered EQ subscribed to `event_type`.
-    pub(crate) fn subscriber(&self, event_type: u8) -> Option<u32> {
-        let (word, bit) = (usize::from(event_type / 64), event_type % 64);
-        self.eqs.iter().find(|(_, eq)| eq.bitmask[word] >> bit & 1 == 1).map(|(&eqn, _)| eqn)
-    }
-
-    pub(crate) fn eq_info(&self, eqn: u8) -> Option<crate::EqInfo> {
-        let eq = self.eqs.get(&u32::from(eqn))?;
-        Some(crate::EqInfo {
-            nent: 1 << eq.log_nent,
-            pi: eq.pi,
-            ci: eq.ci,
-            armed: eq.armed,
-            interrupts: eq.interrupts,
-            overruns: eq.overruns,
-            uar_page: eq.uar,
-            event_bitmask: eq.bitmask,
-        })
     }
 
     /// Input size, output size and accepted states of an opcode; `None` when not implemented.
@@ -581,18 +480,31 @@ impl Firmware {
             consts::MLX5_CMD_OP_SET_HCA_CAP => self.set_hca_cap(inp),
             consts::MLX5_CMD_OP_INIT_HCA => self.init_hca(),
             consts::MLX5_CMD_OP_TEARDOWN_HCA => self.teardown_hca(inp, out, events),
-            consts::MLX5_CMD_OP_ALLOC_PD => self.alloc_pd(out),
-            consts::MLX5_CMD_OP_DEALLOC_PD => self.dealloc_pd(inp),
-            consts::MLX5_CMD_OP_ALLOC_UAR => self.alloc_uar(out),
-            consts::MLX5_CMD_OP_DEALLOC_UAR => self.dealloc_uar(inp),
-            consts::MLX5_CMD_OP_CREATE_EQ => self.create_eq(dma, inp, out),
-            consts::MLX5_CMD_OP_DESTROY_EQ => self.destroy_eq(inp),
-            consts::MLX5_CMD_OP_CREATE_CQ => self.create_cq(dma, inp, out),
-            consts::MLX5_CMD_OP_DESTROY_CQ => self.destroy_cq(inp),
-            consts::MLX5_CMD_OP_QUERY_CQ => self.query_cq(dma, inp, out, outlen),
-            consts::MLX5_CMD_OP_MODIFY_CQ => self.modify_cq(dma, inp),
-            consts::MLX5_CMD_OP_CREATE_MKEY => self.create_mkey(dma, inp, out),
-            consts::MLX5_CMD_OP_DESTROY_MKEY => self.destroy_mkey(inp),
+            consts::MLX5_CMD_OP_ALLOC_PD => self.pds.alloc(&self.caps, out),
+            consts::MLX5_CMD_OP_DEALLOC_PD => {
+                let (mkeys, qps) = (&self.mkeys, &self.qps);
+                let in_use = |pd| mkeys.values().any(|m| m.pd == pd) || qps.values().any(|q| q.pd == pd);
+                self.pds.dealloc(&in_use, inp)
+            }
+            consts::MLX5_CMD_OP_ALLOC_UAR => self.uars.alloc(out),
+            consts::MLX5_CMD_OP_DEALLOC_UAR => {
+                let (qps, eqs, cqs) = (&self.qps, &self.eqs, &self.cqs);
+                let in_use = |uar| {
+                    let qp_uses = qps.values().any(|q| q.uar == uar);
+                    qp_uses || eqs.values().any(|e| e.uar == uar) || cqs.values().any(|c| c.uar == uar)
+                };
+                self.uars.dealloc(&in_use, inp)
+            }
+            consts::MLX5_CMD_OP_CREATE_EQ => self.eqs.create(&eq_fw!(self), dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_EQ => self.eqs.destroy(&eq_fw!(self), inp),
+            consts::MLX5_CMD_OP_CREATE_CQ => self.cqs.create(&cq_fw!(self), dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_CQ => self.cqs.destroy(&cq_fw!(self), inp),
+            consts::MLX5_CMD_OP_QUERY_CQ => self.cqs.query(dma, inp, out, outlen),
+            consts::MLX5_CMD_OP_MODIFY_CQ => self.cqs.modify(&cq_fw!(self), dma, inp),
+            consts::MLX5_CMD_OP_CREATE_MKEY => {
+                self.mkeys.create(&MkeyFw { caps: &self.caps, pds: &self.pds }, dma, inp, out)
+            }
+            consts::MLX5_CMD_OP_DESTROY_MKEY => self.mkeys.destroy(inp),
             consts::MLX5_CMD_OP_ACCESS_REG => self.port.access_reg(inp, out),
             consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
                 let supported = self.caps.gen(ifc::cmd_hca_cap::DRIVER_VERSION) != 0;
@@ -601,14 +513,14 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_VPORT_STATE => self.port.query_vport_state(inp, out),
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => self.port.query_nic_vport_context(inp, out),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => self.port.query_hca_vport_context(inp, out),
-            consts::MLX5_CMD_OP_CREATE_QP => self.create_qp(dma, inp, out),
-            consts::MLX5_CMD_OP_DESTROY_QP => self.destroy_qp(inp),
-            consts::MLX5_CMD_OP_QUERY_QP => self.query_qp(dma, inp, out),
+            consts::MLX5_CMD_OP_CREATE_QP => self.qps.create(&qp_fw!(self), dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_QP => self.qps.destroy(inp),
+            consts::MLX5_CMD_OP_QUERY_QP => self.qps.query(dma, inp, out),
             op @ (consts::MLX5_CMD_OP_RST2INIT_QP
             | consts::MLX5_CMD_OP_INIT2RTR_QP
             | consts::MLX5_CMD_OP_RTR2RTS_QP
-            | consts::MLX5_CMD_OP_RTS2RTS_QP) => self.modify_qp(op, inp),
-            op @ (consts::MLX5_CMD_OP_2ERR_QP | consts::MLX5_CMD_OP_2RST_QP) => self.qp_to_err_or_rst(op, inp),
+            | consts::MLX5_CMD_OP_RTS2RTS_QP) => self.qps.modify(&qp_fw!(self), op, inp),
+            op @ (consts::MLX5_CMD_OP_2ERR_QP | consts::MLX5_CMD_OP_2RST_QP) => self.qps.move_to_err_or_rst(op, inp),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
     }
@@ -651,93 +563,6 @@ impl Firmware {
         }
         self.issi = issi as u16;
         Ok(())
-    }
-
-    fn query_pages(&mut self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
-        use ifc::query_pages_in as i;
-        use ifc::query_pages_out as o;
-        if rd(inp, i::FUNCTION_ID) != 0 || rd(inp, i::EMBEDDED_CPU_FUNCTION) != 0 {
-            return Err(bad_param(syndrome::BAD_FUNCTION));
-        }
-        let owned = self.pages.len() as i64;
-        let boot = self.boot_pages.max(0);
-        let init = self.startup_pages();
-        // Boot and init requests never go negative; the regular count does when firmware has pages to spare.
-        // The init need is reported only once the boot pages are in: firmware cannot use init pages before.
-        let owed = match rd(inp, ifc::mbox_in::OP_MOD) {
-            consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES => (boot - owned).max(0),
-            consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES if owned < boot => 0,
-            consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES => (init - owned).max(0),
-            consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES => self.page_balance(),
-            _ => return Err(bad_param(syndrome::BAD_OP_MOD)),
-        };
-        let owed = owed.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
-        out.set(o::FUNCTION_ID, 0);
-        out.set(o::NUM_PAGES, owed as u32);
-        Ok(())
-    }
-
-    fn manage_pages(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8], outlen: usize) -> Result<(), CmdErr> {
-        use ifc::manage_pages_in as i;
-        use ifc::manage_pages_out as o;
-        if rd(inp, i::FUNCTION_ID) != 0 || rd(inp, i::EMBEDDED_CPU_FUNCTION) != 0 {
-            return Err(bad_param(syndrome::BAD_FUNCTION));
-        }
-        let n = u64::from(rd(inp, i::INPUT_NUM_ENTRIES));
-        let pas_bytes = n * u64::from(i::PAS.elem_bits / 8);
-        match rd(inp, ifc::mbox_in::OP_MOD) {
-            consts::MLX5_PAGES_CANT_GIVE => Ok(()),
-            consts::MLX5_PAGES_GIVE => {
-                if (inp.len() as u64) < i::PAS.byte_off() as u64 + pas_bytes {
-                    return Err(err(CmdStatus::BadInpLen, syndrome::BAD_INPUT_LEN));
-                }
-                // Validate every page before taking any, so a failed command changes nothing.
-                let mut new = BTreeSet::new();
-                for k in 0..n as u32 {
-                    let pa = inp.get64(i::PAS.elem(k));
-                    if !pa.is_multiple_of(FW_PAGE) {
-                        return Err(bad_param(syndrome::PAGE_MISALIGNED));
-                    }
-                    if !dma.is_mapped(pa, FW_PAGE as usize) {
-                        return Err(bad_param(syndrome::PAGE_NOT_MAPPED));
-                    }
-                    if self.pages.contains(&pa) || !new.insert(pa) {
-                        return Err(bad_param(syndrome::PAGE_ALREADY_OWNED));
-                    }
-                }
-                self.given += new.len() as u64;
-                self.pages.extend(new);
-                Ok(())
-            }
-            consts::MLX5_PAGES_TAKE => {
-                if (outlen as u64) < o::PAS.byte_off() as u64 + pas_bytes {
-                    return Err(err(CmdStatus::BadOutpLen, syndrome::BAD_OUTPUT_LEN));
-                }
-                // An initialized HCA keeps what it needs to run: it returns the pages it offered back plus those
-                // above its need. Before INIT_HCA and after TEARDOWN_HCA it returns everything.
-                let owned = self.pages.len() as u64;
-                let (keep, above) = if self.state == HcaState::Initialized {
-                    let need = self.need().max(0) as u64;
-                    (need.saturating_sub(self.returnable), owned.saturating_sub(need))
-                } else {
-                    (0, owned)
-                };
-                let count = n.min(owned.saturating_sub(keep)) as u32;
-                for k in 0..count {
-                    let Some(pa) = self.pages.pop_first() else { break };
-                    out.set64(o::PAS.elem(k), pa);
-                }
-                // Pages above the need come back first; the rest were offered back and leave the need with it.
-                let offered = u64::from(count).saturating_sub(above);
-                if self.state == HcaState::Initialized && offered > 0 {
-                    self.returnable -= offered.min(self.returnable);
-                    self.regular_pages -= offered as i64;
-                }
-                out.set(o::OUTPUT_NUM_ENTRIES, count);
-                Ok(())
-            }
-            _ => Err(bad_param(syndrome::BAD_OP_MOD)),
-        }
     }
 
     fn query_hca_cap(&mut self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
@@ -807,49 +632,6 @@ impl Firmware {
         Ok(())
     }
 
-    fn alloc_pd(&mut self, out: &mut [u8]) -> Result<(), CmdErr> {
-        let limit = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_PD).min(24);
-        let pd = alloc_id_set(&self.pds, &mut self.next_pd, 1, limit)
-            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
-        self.pds.insert(pd);
-        out.set(ifc::alloc_pd_out::PD, pd);
-        Ok(())
-    }
-
-    fn dealloc_pd(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
-        let pd = rd(inp, ifc::dealloc_pd_in::PD);
-        if !self.pds.contains(&pd) {
-            return Err(bad_param(syndrome::PD_INVALID));
-        }
-        if self.mkeys.values().any(|m| m.pd == pd) || self.qps.values().any(|q| q.pd == pd) {
-            return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
-        }
-        self.pds.remove(&pd);
-        Ok(())
-    }
-
-    fn alloc_uar(&mut self, out: &mut [u8]) -> Result<(), CmdErr> {
-        let hi = self.uar_first.saturating_add(self.uar_count);
-        let uar = alloc_id_set(&self.uars, &mut self.next_uar, self.uar_first, hi)
-            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
-        self.uars.insert(uar);
-        out.set(ifc::alloc_uar_out::UAR, uar);
-        Ok(())
-    }
-
-    fn dealloc_uar(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
-        let uar = rd(inp, ifc::dealloc_uar_in::UAR);
-        if !self.uars.contains(&uar) {
-            return Err(bad_param(syndrome::UAR_INVALID));
-        }
-        let qp_uses = self.qps.values().any(|q| q.uar == uar);
-        if qp_uses || self.eqs.values().any(|e| e.uar == uar) || self.cqs.values().any(|c| c.uar == uar) {
-            return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
-        }
-        self.uars.remove(&uar);
-        Ok(())
-    }
-
     /// Checks that the `pas[]` array of `inp` covers `bytes` with live pages of `page_bytes`.
     pub(crate) fn check_pas(
         dma: &DmaSpace,
@@ -875,373 +657,17 @@ impl Firmware {
         }
         Ok(())
     }
-
-    fn create_eq(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
-        use ifc::create_eq_in as i;
-        use ifc::eqc as q;
-        let ctx = i::EQ_CONTEXT_ENTRY;
-        let log_size = rd(inp, q::LOG_EQ_SIZE.at(ctx));
-        if log_size > self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ_SZ) {
-            return Err(bad_param(syndrome::LOG_SIZE));
-        }
-        let uar = rd(inp, q::UAR_PAGE.at(ctx));
-        if !self.uars.contains(&uar) {
-            return Err(bad_param(syndrome::UAR_INVALID));
-        }
-        if rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
-            return Err(bad_param(syndrome::PAGE_OFFSET));
-        }
-        let page_bytes = FW_PAGE << rd(inp, q::LOG_PAGE_SIZE.at(ctx));
-        let bytes = (1u64 << log_size) * c::mlx5_eqe::SIZE as u64;
-        Self::check_pas(dma, inp, i::PAS, bytes, page_bytes)?;
-        let pas = (0..bytes.div_ceil(page_bytes)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect();
-        let mut bitmask = [0u64; 4];
-        for (k, w) in bitmask.iter_mut().enumerate() {
-            *w = inp.get64(i::EVENT_BITMASK.elem(k as u32));
-        }
-        let max = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ).min(8);
-        if self.eqs.len() as u32 >= max {
-            return Err(err(CmdStatus::NoRes, syndrome::NO_RESOURCES));
-        }
-        // eq_number is an 8-bit field.
-        let eqn = alloc_id(&self.eqs, &mut self.next_eqn, 0, 1 << ifc::create_eq_out::EQ_NUMBER.width)
-            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
-        let eq = Eq {
-            uar,
-            pas,
-            page_bytes,
-            log_nent: log_size,
-            bitmask,
-            pi: 0,
-            ci: 0,
-            armed: false,
-            interrupts: 0,
-            overruns: 0,
-        };
-        self.eqs.insert(eqn, eq);
-        out.set(ifc::create_eq_out::EQ_NUMBER, eqn);
-        Ok(())
-    }
-
-    fn destroy_eq(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
-        let eqn = rd(inp, ifc::destroy_eq_in::EQ_NUMBER);
-        if !self.eqs.contains_key(&eqn) {
-            return Err(bad_param(syndrome::EQ_INVALID));
-        }
-        if self.cqs.values().any(|c| c.eqn == eqn) {
-            return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
-        }
-        self.eqs.remove(&eqn);
-        Ok(())
-    }
-}
-
-/// A mailbox chain read during delivery: the block addresses and their contents.
-struct Chain {
-    iovas: Vec<u64>,
-    blocks: Vec<Vec<u8>>,
-}
-
-impl State {
-    /// Reads and checks `n` chained mailbox blocks starting at `first`.
-    fn read_chain(&mut self, first: u64, n: usize, token: u8) -> Result<Chain, DeliveryStatus> {
-        use c::mlx5_cmd_prot_block as b;
-        let mut chain = Chain { iovas: Vec::with_capacity(n), blocks: Vec::with_capacity(n) };
-        let mut at = first;
-        for k in 0..n {
-            let mut blk = vec![0u8; b::SIZE];
-            self.dma.read(at, &mut blk).map_err(|_| DeliveryStatus::Fw)?;
-            if self.cfg.checksum {
-                let ctrl_ok = xor8(&blk[b::DATA.end()..b::SIG.off]) == 0xff;
-                if !ctrl_ok || xor8(&blk) != 0xff {
-                    return Err(DeliveryStatus::Signat);
-                }
-            }
-            if blk[b::TOKEN.off] != token {
-                return Err(DeliveryStatus::Tok);
-            }
-            if blk.read_u32(b::BLOCK_NUM.off) as usize != k {
-                return Err(DeliveryStatus::BadBlkNum);
-            }
-            let next = blk.read_u64(b::NEXT.off);
-            chain.iovas.push(at);
-            chain.blocks.push(blk);
-            at = next;
-        }
-        Ok(chain)
-    }
-
-    /// Entry-level delivery checks and input gathering. Returns the input message and the output chain.
-    fn deliver(&mut self, e: &[u8]) -> Result<(Vec<u8>, Chain), DeliveryStatus> {
-        use c::mlx5_cmd_layout as l;
-        if u32::from(e[l::TYPE.off]) != consts::MLX5_PCI_CMD_XPORT {
-            return Err(DeliveryStatus::CmdDescr);
-        }
-        if self.cfg.checksum && xor8(e) != 0xff {
-            return Err(DeliveryStatus::Signat);
-        }
-        let inlen = e.read_u32(l::INLEN.off) as usize;
-        let outlen = e.read_u32(l::OUTLEN.off) as usize;
-        // The input must at least hold the header firmware decodes: opcode and op_mod (8 bytes).
-        let header = (ifc::mbox_in::OP_MOD.off + ifc::mbox_in::OP_MOD.width) as usize / 8;
-        if inlen < header || nblocks(inlen) > MAX_BLOCKS {
-            return Err(DeliveryStatus::InLength);
-        }
-        if nblocks(outlen) > MAX_BLOCKS {
-            return Err(DeliveryStatus::OutLength);
-        }
-        let in_ptr = e.read_u64(l::IN_PTR.off);
-        let out_ptr = e.read_u64(l::OUT_PTR.off);
-        if inlen > INLINE_BYTES && !in_ptr.is_multiple_of(BLOCK_ALIGN) {
-            return Err(DeliveryStatus::InPtrAlign);
-        }
-        if outlen > INLINE_BYTES && !out_ptr.is_multiple_of(BLOCK_ALIGN) {
-            return Err(DeliveryStatus::OutPtrAlign);
-        }
-        let token = e[l::TOKEN.off];
-        let in_chain = self.read_chain(in_ptr, nblocks(inlen), token)?;
-        let out_chain = self.read_chain(out_ptr, nblocks(outlen), token)?;
-        let mut input = vec![0u8; inlen.max(INLINE_BYTES)];
-        input[..INLINE_BYTES].copy_from_slice(&e[l::IN.off..l::IN.end()]);
-        for (k, blk) in in_chain.blocks.iter().enumerate() {
-            let start = INLINE_BYTES + k * BLOCK_DATA;
-            let n = BLOCK_DATA.min(inlen - start);
-            input[start..start + n].copy_from_slice(&blk[c::mlx5_cmd_prot_block::DATA.off..][..n]);
-        }
-        input.truncate(inlen);
-        Ok((input, out_chain))
-    }
-
-    /// Writes the output blocks, the entry's `out`, its signature and finally `status_own`.
-    fn complete(&mut self, slot: u8, entry_iova: u64, e: &mut [u8], delivery: u8, output: Option<(&[u8], Chain)>) {
-        use c::mlx5_cmd_layout as l;
-        use c::mlx5_cmd_prot_block as b;
-        let mut delivery = delivery;
-        if let Some((out, chain)) = output {
-            for (k, (iova, mut blk)) in chain.iovas.into_iter().zip(chain.blocks).enumerate() {
-                let start = INLINE_BYTES + k * BLOCK_DATA;
-                let n = BLOCK_DATA.min(out.len().saturating_sub(start));
-                blk[b::DATA.off..b::DATA.off + n].copy_from_slice(&out[start..start + n]);
-                let mut res = self.dma.write(iova + b::DATA.off as u64, &blk[b::DATA.off..b::DATA.end()]);
-                if self.cfg.checksum && res.is_ok() {
-                    blk[b::CTRL_SIG.off] = 0;
-                    blk[b::SIG.off] = 0;
-                    blk[b::CTRL_SIG.off] = !xor8(&blk[b::DATA.end()..b::SIG.off]);
-                    blk[b::SIG.off] = !xor8(&blk);
-                    res = self.dma.write(iova + b::CTRL_SIG.off as u64, &blk[b::CTRL_SIG.off..b::SIG.end()]);
-                }
-                if res.is_err() {
-                    delivery = DeliveryStatus::Fw.raw();
-                    break;
-                }
-            }
-            if delivery == DeliveryStatus::Ok.raw() {
-                e[l::OUT.off..l::OUT.end()].copy_from_slice(&out[..INLINE_BYTES]);
-                if self.dma.write(entry_iova + l::OUT.off as u64, &e[l::OUT.off..l::OUT.end()]).is_err() {
-                    delivery = DeliveryStatus::Fw.raw();
-                }
-            }
-        }
-        // Delivery status in bits 7:1, owner bit (bit 0) handed back to software.
-        let status_own = delivery << 1;
-        e[l::STATUS_OWN.off] = status_own;
-        let mut ok = true;
-        if self.cfg.checksum {
-            e[l::SIG.off] = 0;
-            e[l::SIG.off] = !xor8(e);
-            ok &= self.dma.write(entry_iova + l::SIG.off as u64, &e[l::SIG.off..l::SIG.end()]).is_ok();
-        }
-        // Everything else must be visible before the owner byte flips.
-        fence(Ordering::SeqCst);
-        ok &= self.dma.write_u8_volatile(entry_iova + l::STATUS_OWN.off as u64, status_own).is_ok();
-        if !ok {
-            self.events.push(SimEvent::CompletionUnwritable { slot });
-        }
-    }
-
-    fn take_status_fault(&mut self, opcode: u16) -> Option<(u8, u32)> {
-        let i = self.faults.iter().position(|f| matches!(f, Fault::Status { .. }) && f.opcode() == opcode)?;
-        let Fault::Status { status, syndrome, times, .. } = self.faults[i] else { return None };
-        match times {
-            0 => {}
-            1 => {
-                self.faults.remove(i);
-            }
-            n => self.faults[i] = Fault::Status { opcode, status, syndrome, times: n - 1 },
-        }
-        Some((status, syndrome))
-    }
-
-    /// Runs one rung slot. `first` is false when a postponed command finally executes (delay faults are then
-    /// not applied again). Returns `Some(ms)` when the command must be completed `ms` later.
-    pub(crate) fn run_slot(&mut self, slot: u8, first: bool) -> Option<u32> {
-        use c::mlx5_cmd_layout as l;
-        if self.dead() {
-            // A dead firmware never looks at the queue again (and a vanished device cannot).
-            if first {
-                self.events.push(SimEvent::DoorbellWhileDead { slot });
-            }
-            return None;
-        }
-        if first && self.stalled.iter().any(|s| s.slot == slot) {
-            self.events.push(SimEvent::DoorbellBusy { slot });
-            return None;
-        }
-        let Some(q) = self.regs.cmdq_iova else {
-            self.events.push(SimEvent::DoorbellNoQueue { mask: 1 << slot });
-            return None;
-        };
-        if u32::from(slot) >= 1u32 << self.regs.log_cmdq_size.min(5) {
-            self.events.push(SimEvent::DoorbellBadSlot { slot });
-            return None;
-        }
-        let Some(entry_iova) =
-            u64::from(slot).checked_shl(self.regs.log_cmdq_stride.into()).and_then(|off| q.checked_add(off))
-        else {
-            self.events.push(SimEvent::DoorbellBadSlot { slot });
-            return None;
-        };
-        // Order the driver's stores to the entry before our reads of it.
-        fence(Ordering::SeqCst);
-        let mut e = [0u8; c::mlx5_cmd_layout::SIZE];
-        if self.dma.read(entry_iova, &mut e).is_err() {
-            self.events.push(SimEvent::EntryUnreadable { slot, iova: entry_iova });
-            return None;
-        }
-        if e[l::STATUS_OWN.off] & OWNER_HW == 0 {
-            self.events.push(SimEvent::DoorbellNotOwned { slot });
-            return None;
-        }
-        let head = &e[l::IN.off..l::IN.end()];
-        let opcode = rd(head, ifc::mbox_in::OPCODE) as u16;
-        let op_mod = rd(head, ifc::mbox_in::OP_MOD) as u16;
-        if first {
-            let death = self.faults.iter().find_map(|f| match *f {
-                Fault::Fatal { opcode: o, synd } if o == opcode => Some(Some(synd)),
-                Fault::Stall { opcode: o } if o == opcode => Some(Some(0)),
-                Fault::DeviceGone { opcode: o } if o == opcode => Some(None),
-                _ => None,
-            });
-            match death {
-                Some(Some(synd)) => {
-                    self.fail(synd);
-                    return None;
-                }
-                Some(None) => {
-                    self.vanish();
-                    return None;
-                }
-                None => {}
-            }
-            if self.faults.iter().any(|f| matches!(f, Fault::Hang { .. }) && f.opcode() == opcode) {
-                self.events.push(SimEvent::Hung { slot, opcode });
-                return None;
-            }
-            let need = self.faults.iter().position(|f| matches!(f, Fault::NeedPages { .. }) && f.opcode() == opcode);
-            // A need of zero pages is already met: the command runs at once.
-            if let Some(Fault::NeedPages { pages: pages @ 1.., .. }) = need.map(|i| self.faults.remove(i)) {
-                self.events.push(SimEvent::WaitingForPages { slot, opcode, pages });
-                self.stalled.push(crate::Stalled { slot, remaining: pages.into() });
-                self.page_request(i32::try_from(pages).unwrap_or(i32::MAX));
-                return None;
-            }
-            let delay = self.faults.iter().find_map(|f| match *f {
-                Fault::Delay { opcode: o, ms } if o == opcode => Some(ms),
-                _ => None,
-            });
-            if let Some(ms) = delay {
-                self.events.push(SimEvent::Delayed { slot, opcode, ms });
-                return Some(ms);
-            }
-        }
-        let mut rec = ExecutedCmd { slot, opcode, op_mod, status: 0, syndrome: 0, delivery: 0 };
-        let injected_delivery = self.faults.iter().find_map(|f| match *f {
-            Fault::Delivery { opcode: o, status } if o == opcode => Some(status),
-            _ => None,
-        });
-        let delivered = match injected_delivery {
-            Some(d) => Err(DeliveryStatus::from_raw(d)),
-            None => self.deliver(&e),
-        };
-        let given_before = self.fw.given;
-        match delivered {
-            Err(d) => {
-                rec.delivery = d.raw();
-                self.complete(slot, entry_iova, &mut e, d.raw(), None);
-            }
-            Ok((input, out_chain)) => {
-                let outlen = e.read_u32(l::OUTLEN.off) as usize;
-                let mut out = vec![0u8; outlen.max(INLINE_BYTES)];
-                let result = match self.take_status_fault(opcode) {
-                    Some((status, syndrome)) => Err(err(CmdStatus::from_raw(status), syndrome)),
-                    None => self.fw.execute(&mut self.dma, &mut self.events, &input, &mut out, outlen),
-                };
-                if let Err(CmdErr { status, syndrome }) = result {
-                    out.fill(0);
-                    out.set(ifc::mbox_out::STATUS, status.raw().into());
-                    out.set(ifc::mbox_out::SYNDROME, syndrome);
-                }
-                for f in &self.faults {
-                    if let Fault::CorruptOutput { opcode: o, offset, value } = *f {
-                        if o == opcode && offset < out.len() {
-                            out[offset] = value;
-                        }
-                    }
-                }
-                rec.status = rd(&out, ifc::mbox_out::STATUS) as u8;
-                rec.syndrome = rd(&out, ifc::mbox_out::SYNDROME);
-                self.complete(slot, entry_iova, &mut e, DeliveryStatus::Ok.raw(), Some((&out, out_chain)));
-                rec.delivery = e[l::STATUS_OWN.off] >> 1;
-            }
-        }
-        self.executed.push(rec);
-        let given = self.fw.given - given_before;
-        self.after_completion(slot, opcode, given);
-        None
-    }
-
-    /// What firmware does once a command has completed: the command-completion EQE, page requests the command
-    /// triggered (or that waited for an EQ it created), and the commands that were waiting for the pages a
-    /// MANAGE_PAGES(give) just brought (`given`).
-    fn after_completion(&mut self, slot: u8, opcode: u16, given: u64) {
-        self.post_cmd_completion(slot);
-        let requests: Vec<i32> = self
-            .faults
-            .iter()
-            .filter_map(|f| match *f {
-                Fault::PageRequest { opcode: o, num_pages } if o == opcode => Some(num_pages),
-                _ => None,
-            })
-            .collect();
-        for n in requests {
-            self.page_request(n);
-        }
-        self.flush_page_requests();
-        if given == 0 || self.stalled.is_empty() {
-            return;
-        }
-        // The pages go to the waiting commands in the order they stalled.
-        let mut left = given;
-        for s in &mut self.stalled {
-            let take = left.min(s.remaining);
-            s.remaining -= take;
-            left -= take;
-        }
-        let (ready, waiting): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.stalled).into_iter().partition(|s| s.remaining == 0);
-        self.stalled = waiting;
-        for s in ready {
-            self.run_slot(s.slot, false);
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::cmd::xor8;
     use super::*;
+    use crate::fault::Fault;
     use crate::testutil::{put, Harness};
     use crate::{Mode, SimConfig};
     use mlx5_core::hal::{DelayNs, Dma};
+    use mlx5_core::prm::{c, DeliveryStatus, Field};
     use std::time::{Duration, Instant};
 
     const BAD_SYS_STATE: u8 = consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR as u8;

@@ -1,14 +1,14 @@
-//! The virtual wire: the packets QPs exchange, port addresses, routing (loopback or a connected peer), and the
-//! pump that carries packets between devices.
+//! How packets travel between devices: port addresses, routing (loopback or a connected peer), and the pump
+//! that carries packets between devices in this process; `tcp.rs` is the link to a device in another process.
 //!
-//! A packet is a whole message (one request or one response); segmentation into MTU-sized packets is not
-//! modelled. Routing is by the sender's path or address vector: the IB destination LID, or the RoCE destination
-//! GID together with the destination MAC. The device's own address is loopback (the packet goes to its own inbox
-//! and is handled under the same lock); an address of a peer joined by [`crate::SimDevice::connect`] goes out on
-//! the wire; anything else is unreachable.
+//! A packet (module `wire`) is a whole message (one request or one response); segmentation into MTU-sized packets
+//! is not modelled. Routing is by the sender's path or address vector: the IB destination LID, or the RoCE
+//! destination GID together with the destination MAC. The device's own address is loopback (the packet goes to its
+//! own inbox and is handled under the same lock); an address of a peer joined by [`crate::SimDevice::connect`]
+//! goes out on the wire; anything else is unreachable.
 //!
-//! A peer in another process is reached through a [`crate::link`]: a TCP connection that carries serialized
-//! packets (see `link.rs`); to the routing here it is just another peer.
+//! A peer in another process is reached through a [`tcp::Link`]: a TCP connection that carries serialized
+//! packets (see `tcp.rs`); to the routing here it is just another peer.
 //!
 //! Locking: a device only ever holds its own lock. The pump runs one device's datapath, takes the packets it
 //! produced for other devices, then locks each destination in turn, hands it the packet and runs its datapath,
@@ -16,24 +16,26 @@
 //! each other from two threads cannot deadlock.
 
 use std::collections::VecDeque;
-use std::fmt;
-use std::ops::Deref;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use crate::link::Link;
-use crate::{lock, PortType, Shared, SimConfig};
+use crate::config::{PortType, SimConfig};
+use crate::fw::port::GID_ENTRIES;
+use crate::wire::{self, Dest, GID_LEN};
+use crate::Shared;
+
+mod local;
+pub(crate) mod tcp;
+
+pub(crate) use local::{carry, connect, pump};
+
+use tcp::Link;
+
+/// A packet between two devices, each named by its [`DevRef`].
+pub(crate) type Packet = wire::Packet<DevRef>;
 
 /// Device ids are unique in the process, so a packet can tell loopback from the wire.
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
-
-/// The most packets one pump carries: a bound against a simulator bug ping-ponging forever.
-const PUMP_BUDGET: usize = 1 << 20;
-
-/// Bytes of a GID.
-pub(crate) const GID_LEN: usize = 16;
-/// Entries of the GID table (index 0, the default GID).
-pub(crate) const GID_ENTRIES: u32 = 1;
 
 pub(crate) fn next_device_id() -> u64 {
     NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed)
@@ -94,175 +96,6 @@ impl PortAddr {
             Dest::Lid(lid) => self.ib && lid != 0 && lid == self.lid,
             Dest::Gid { gid, mac } => !self.ib && gid == self.gid && mac == self.mac,
         }
-    }
-}
-
-/// Where a packet goes, as the sender's path or address vector names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dest {
-    /// IB: the destination LID.
-    Lid(u16),
-    /// RoCE: the destination GID and MAC.
-    Gid { gid: [u8; GID_LEN], mac: [u8; 6] },
-}
-
-/// The global route header a packet carries (always on RoCE, when the path asks for it on IB).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Grh {
-    pub(crate) sgid: [u8; GID_LEN],
-    pub(crate) dgid: [u8; GID_LEN],
-    pub(crate) tclass: u8,
-    pub(crate) flow_label: u32,
-    pub(crate) hop_limit: u8,
-}
-
-/// A remote atomic operation (8 bytes, big endian in memory).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AtomicOp {
-    CmpSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
-}
-
-/// The largest payload a packet carries inline: a cache line.
-pub(crate) const INLINE_PAYLOAD: usize = 64;
-
-/// The payload of an RC SEND or WRITE. The requester keeps the request for retries while a copy travels: a small
-/// payload is copied with the packet (cheaper than an allocation and a shared count), a larger one is shared.
-#[derive(Clone)]
-pub(crate) enum Payload {
-    Inline { len: u8, bytes: [u8; INLINE_PAYLOAD] },
-    Shared(Arc<[u8]>),
-}
-
-impl Deref for Payload {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Payload::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Payload::Shared(b) => b,
-        }
-    }
-}
-
-impl From<&[u8]> for Payload {
-    fn from(b: &[u8]) -> Self {
-        if b.len() > INLINE_PAYLOAD {
-            return Payload::Shared(Arc::from(b));
-        }
-        let mut bytes = [0u8; INLINE_PAYLOAD];
-        bytes[..b.len()].copy_from_slice(b);
-        // At most `INLINE_PAYLOAD` (64), so the length fits.
-        Payload::Inline { len: b.len() as u8, bytes }
-    }
-}
-
-impl PartialEq for Payload {
-    fn eq(&self, other: &Self) -> bool {
-        **self == **other
-    }
-}
-
-impl Eq for Payload {}
-
-impl fmt::Debug for Payload {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        (**self).fmt(f)
-    }
-}
-
-/// An RC request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RcOp {
-    Send { data: Payload, imm: Option<[u8; 4]> },
-    Write { raddr: u64, rkey: u32, data: Payload, imm: Option<[u8; 4]> },
-    Read { raddr: u64, rkey: u32, len: u64 },
-    Atomic { raddr: u64, rkey: u32, op: AtomicOp },
-}
-
-/// A NAK the responder sends for a request it cannot execute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Nak {
-    /// Bad rkey, rights or bounds: the requester completes with `REMOTE_ACCESS_ERR`.
-    RemoteAccess,
-    /// The request's PSN is ahead of the one the responder expects (IBA 9.7.5.2.2, "PSN sequence error"): the
-    /// requester retransmits, which counts against its retry count.
-    PsnSequence,
-    /// A request the responder cannot accept (receive too small, misaligned atomic): `REMOTE_INVAL_REQ_ERR`.
-    InvalidRequest,
-    /// The responder failed locally (its receive buffer's key): `REMOTE_OP_ERR`.
-    RemoteOp,
-}
-
-/// What comes back for an RC request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Resp {
-    Ack,
-    ReadData(Vec<u8>),
-    AtomicOrig(u64),
-    /// Receiver not ready; retry after the RNR timer `timer` (the responder's `min_rnr_nak`).
-    RnrNak {
-        timer: u8,
-    },
-    Nak(Nak),
-    /// The request reached no RC QP ready to receive it (unknown address or QP, wrong state or type, device
-    /// gone). Not a packet: it stands for the requester's ACK timer starting, which the simulator knows at once.
-    Lost(&'static str),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Body {
-    /// An RC request; `seq` identifies the attempt, so a late response to an earlier attempt is ignored. `psn`
-    /// is the requester's send PSN for the message (the same on every attempt): the responder executes a message
-    /// once, at the PSN it expects, and answers a duplicate without executing it again.
-    Rc { seq: u64, psn: u32, op: RcOp, solicited: bool },
-    /// A UD send.
-    Ud { qkey: u32, data: Vec<u8>, imm: Option<[u8; 4]>, solicited: bool },
-    /// A response to the RC request `seq`.
-    Resp { seq: u64, resp: Resp },
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Packet {
-    pub(crate) src: DevRef,
-    pub(crate) dst: DevRef,
-    pub(crate) src_qpn: u32,
-    pub(crate) dst_qpn: u32,
-    /// The sender's LID (IB) and service level.
-    pub(crate) slid: u16,
-    pub(crate) sl: u8,
-    pub(crate) grh: Option<Grh>,
-    pub(crate) body: Body,
-}
-
-impl Packet {
-    /// [`Packet::reply`] consuming the request: its addresses move into the response instead of being cloned.
-    pub(crate) fn into_reply(self, resp: Resp) -> Option<Packet> {
-        let Body::Rc { seq, .. } = self.body else { return None };
-        Some(Packet {
-            src: self.dst,
-            dst: self.src,
-            src_qpn: self.dst_qpn,
-            dst_qpn: self.src_qpn,
-            slid: 0,
-            sl: 0,
-            grh: None,
-            body: Body::Resp { seq, resp },
-        })
-    }
-
-    /// The response `resp` to this packet, addressed back to its sender; `None` unless it is an RC request.
-    pub(crate) fn reply(&self, resp: Resp) -> Option<Packet> {
-        let Body::Rc { seq, .. } = self.body else { return None };
-        Some(Packet {
-            src: self.dst.clone(),
-            dst: self.src.clone(),
-            src_qpn: self.dst_qpn,
-            dst_qpn: self.src_qpn,
-            slid: 0,
-            sl: 0,
-            grh: None,
-            body: Body::Resp { seq, resp },
-        })
     }
 }
 
@@ -369,57 +202,6 @@ impl Drop for Wire {
     }
 }
 
-/// Joins two devices with a wire, both directions.
-pub(crate) fn connect(a: &Arc<Shared>, b: &Arc<Shared>) {
-    let (a_ref, a_addr) = {
-        let st = lock(a);
-        (st.wire.me.clone(), st.wire.addr)
-    };
-    let (b_ref, b_addr) = {
-        let st = lock(b);
-        (st.wire.me.clone(), st.wire.addr)
-    };
-    lock(a).wire.add_peer(b_ref, b_addr);
-    lock(b).wire.add_peer(a_ref, a_addr);
-}
-
-/// Runs the datapath of `shared` and carries every packet it (and the devices it reaches) produce, holding one
-/// device lock at a time.
-pub(crate) fn pump(shared: &Arc<Shared>) {
-    // The driver's stores (WQEs, doorbell records) before our reads, as the doorbell write orders them.
-    fence(Ordering::SeqCst);
-    let out = lock(shared).run_datapath();
-    carry(out.into());
-}
-
-/// Carries packets to their devices until nothing is left: a device in this process gets the packet and runs
-/// its datapath (what it sends joins the queue); a link takes a packet for another process.
-pub(crate) fn carry(mut queue: VecDeque<Packet>) {
-    for _ in 0..PUMP_BUDGET {
-        let Some(p) = queue.pop_front() else { return };
-        let gone = match &p.dst.port {
-            Port::Local(weak) => match weak.upgrade() {
-                Some(dev) => {
-                    let out = {
-                        let mut st = lock(&dev);
-                        st.receive(p);
-                        st.run_datapath()
-                    };
-                    queue.extend(out);
-                    continue;
-                }
-                None => "destination device gone",
-            },
-            Port::Remote(link) => match link.transmit(&p) {
-                Ok(()) => continue,
-                Err(why) => why,
-            },
-        };
-        // The destination is unreachable: for an RC request the requester's timer starts.
-        queue.extend(p.reply(Resp::Lost(gone)));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,19 +219,6 @@ mod tests {
 
     fn ib(lid: u16, mode: Mode) -> SimConfig {
         SimConfig { port_type: PortType::Ib, lid, node_guid: 0x2000 + u64::from(lid), mode, ..SimConfig::default() }
-    }
-
-    #[test]
-    fn a_payload_up_to_a_cache_line_travels_inline() {
-        let small: Vec<u8> = (0..64).collect();
-        let large: Vec<u8> = (0..65).collect();
-        let (a, b) = (Payload::from(&small[..]), Payload::from(&large[..]));
-        assert!(matches!(a, Payload::Inline { len: 64, .. }) && matches!(b, Payload::Shared(_)));
-        assert_eq!((&a[..], &b[..]), (&small[..], &large[..]));
-        assert!(matches!(Payload::from(&[][..]), Payload::Inline { len: 0, .. }));
-        // Equal by content, whatever the representation.
-        assert_eq!(Payload::Shared(Arc::from(&small[..])), a);
-        assert_eq!(format!("{a:?}"), format!("{small:?}"));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Memory keys: CREATE_MKEY / DESTROY_MKEY and the access check the datapath applies to every lkey and rkey.
+//! Memory keys: [`MkeyTable`] with CREATE_MKEY / DESTROY_MKEY over the narrow [`MkeyFw`] view, and the access
+//! check the datapath applies to every lkey and rkey (the kernel's `mr.c` from the device side).
 //!
 //! Two translations are modelled: PA (`MLX5_MKC_ACCESS_MODE_PA`, the identity; with `length64` it covers every
 //! IOVA) and MTT (`MLX5_MKC_ACCESS_MODE_MTT`: one page address per page of `start_addr .. start_addr + len`, the
@@ -8,8 +9,14 @@ use std::ops::{BitOr, BitOrAssign};
 
 use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
 
+use super::reply::{bad_param, err, rd, CmdErr};
+use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
+
+use super::caps::Caps;
+use super::{alloc_id, syndrome};
 use crate::dma::DmaSpace;
-use crate::fw::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
+use crate::small::IdMap;
 use crate::State;
 
 /// `qpn` of a key not bound to a QP.
@@ -140,8 +147,44 @@ impl Mkey {
     }
 }
 
-impl Firmware {
-    pub(crate) fn create_mkey(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+/// The memory key table: every key by index (the datapath looks keys up here), and the index CREATE_MKEY tries
+/// next.
+#[derive(Debug)]
+pub(crate) struct MkeyTable {
+    map: IdMap<Mkey>,
+    next: u32,
+}
+
+impl MkeyTable {
+    pub(crate) fn new() -> Self {
+        MkeyTable { map: IdMap::new(), next: 1 }
+    }
+}
+
+impl Deref for MkeyTable {
+    type Target = IdMap<Mkey>;
+    #[inline]
+    fn deref(&self) -> &IdMap<Mkey> {
+        &self.map
+    }
+}
+
+impl DerefMut for MkeyTable {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut IdMap<Mkey> {
+        &mut self.map
+    }
+}
+
+/// What the memory key commands need of the rest of the firmware, and nothing more.
+pub(crate) struct MkeyFw<'a> {
+    pub(crate) caps: &'a Caps,
+    /// The allocated protection domains.
+    pub(crate) pds: &'a BTreeSet<u32>,
+}
+
+impl MkeyTable {
+    pub(crate) fn create(&mut self, fw: &MkeyFw, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::create_mkey_in as i;
         use ifc::mkc as m;
         let ctx = i::MEMORY_KEY_MKEY_ENTRY;
@@ -162,7 +205,7 @@ impl Firmware {
             return Err(bad_param(syndrome::MKEY_QPN));
         }
         let pd = get(m::PD);
-        if !self.pds.contains(&pd) {
+        if !fw.pds.contains(&pd) {
             return Err(bad_param(syndrome::PD_INVALID));
         }
         let start = inp.get64(m::START_ADDR.at(ctx));
@@ -197,11 +240,11 @@ impl Firmware {
                 rights |= r;
             }
         }
-        let limit = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MKEY).min(24);
-        let index = alloc_id(&self.mkeys, &mut self.next_mkey, 1, limit.max(2))
+        let limit = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MKEY).min(24);
+        let index = alloc_id(&self.map, &mut self.next, 1, limit.max(2))
             .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let mkey = Mkey { pd, variant: get(m::MKEY_7_0) as u8, start, len, length64, rights, translation };
-        self.mkeys.insert(index, mkey);
+        self.map.insert(index, mkey);
         out.set(ifc::create_mkey_out::MKEY_INDEX, index);
         Ok(())
     }
@@ -238,9 +281,9 @@ impl Firmware {
         Ok(mtt)
     }
 
-    pub(crate) fn destroy_mkey(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn destroy(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
         let index = rd(inp, ifc::destroy_mkey_in::MKEY_INDEX);
-        if self.mkeys.remove(&index).is_none() {
+        if self.map.remove(&index).is_none() {
             return Err(bad_param(syndrome::MKEY_INVALID));
         }
         Ok(())

@@ -1,16 +1,25 @@
-//! Event queues on the device side: posting EQEs, the EQ doorbell in the UAR pages, and the firmware's page
-//! requests (c-layouts.md section 3).
+//! Event queues on the device side (c-layouts.md section 3): [`EqTable`] with CREATE/DESTROY_EQ over the narrow
+//! [`EqFw`] view, posting EQEs, and the firmware's page requests; the EQ doorbell is decoded in `uar.rs`. Mirrors
+//! the kernel's `eq.c` from the device side.
 //!
 //! An EQE is written through the checked DMA translation: the entry first, then, after a fence, its owner byte,
 //! so a driver that sees the new owner value (and issues `dma_rmb`) reads a complete entry.
 
 use std::sync::atomic::{fence, Ordering};
 
-use mlx5_core::prm::{c, consts};
+use mlx5_core::prm::{c, consts, ifc, CmdStatus, MsgBuf};
 
-use crate::fw::Eq;
-use crate::mmio::PAGE;
-use crate::{SimEvent, State};
+use super::pages::FW_PAGE;
+use super::reply::{bad_param, err, rd, CmdErr};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::{Deref, DerefMut};
+
+use super::caps::Caps;
+use super::{alloc_id, syndrome, Firmware};
+use crate::dma::DmaSpace;
+
+use crate::events::SimEvent;
+use crate::State;
 
 /// Bytes of event data in an EQE (`union ev_data`).
 pub const EQE_DATA_LEN: usize = c::mlx5_eqe::DATA.len;
@@ -19,22 +28,6 @@ pub const EQE_DATA_LEN: usize = c::mlx5_eqe::DATA.len;
 const EVENT_CMD: u8 = consts::MLX5_EVENT_TYPE_CMD as u8;
 /// Page requests.
 const EVENT_PAGE_REQUEST: u8 = consts::MLX5_EVENT_TYPE_PAGE_REQUEST as u8;
-
-/// Offset in a UAR page of the EQ doorbell that updates the consumer index and arms.
-const EQ_DB_ARM: usize = consts::MLX5_EQ_DOORBELL_OFFSET as usize;
-/// Offset of the doorbell that only updates the consumer index: two dwords further (`eq_update_ci`, lib/eq.h:
-/// `eq->doorbell + (arm ? 0 : 2)` on a `__be32 *`).
-const EQ_DB_NOARM: usize = EQ_DB_ARM + 2 * 4;
-/// Offset in a UAR page of the CQ doorbell (a 64-bit write, see `cq.rs`).
-const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
-/// The doorbell value carries the consumer index in bits 23:0 and the EQ number in bits 31:24 (`eq_update_ci`).
-const DB_CI_MASK: u32 = 0xff_ffff;
-const DB_EQN_SHIFT: u32 = 24;
-
-/// Whether a UAR offset is one of the two 32-bit EQ doorbell registers.
-pub(crate) fn is_eq_doorbell(off: usize) -> bool {
-    matches!(off % PAGE, EQ_DB_ARM | EQ_DB_NOARM)
-}
 
 /// The event data of a command-completion EQE for `slot`: `data.cmd.vector` = `1 << slot`.
 fn cmd_data(slot: u8) -> [u8; EQE_DATA_LEN] {
@@ -53,6 +46,48 @@ fn page_req_data(num_pages: i32) -> [u8; EQE_DATA_LEN] {
     d
 }
 
+/// The state of one EQ, as [`SimDevice::eq_info`](crate::SimDevice::eq_info) reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EqInfo {
+    /// Number of entries (`1 << log_eq_size`).
+    pub nent: u32,
+    /// Producer index: EQEs posted so far (wrapping 32-bit counter).
+    pub pi: u32,
+    /// Consumer index the driver last wrote (reconstructed to 32 bits from the doorbell's 24).
+    pub ci: u32,
+    /// Whether the next EQE interrupts.
+    pub armed: bool,
+    /// Interrupts fired.
+    pub interrupts: u64,
+    /// EQEs refused because the EQ was full.
+    pub overruns: u64,
+    /// UAR page the EQ's doorbell lives in.
+    pub uar_page: u32,
+    /// The four `event_bitmask` words from CREATE_EQ.
+    pub event_bitmask: [u64; 4],
+}
+
+/// An event queue: its buffer, subscriptions and indices.
+#[derive(Debug)]
+pub(crate) struct Eq {
+    pub(crate) uar: u32,
+    /// Bus addresses of the buffer pages (`pas[]`), `page_bytes` each.
+    pub(crate) pas: Vec<u64>,
+    /// `4 KiB << log_page_size`. `page_offset` is always 0 (CREATE_EQ refuses anything else).
+    pub(crate) page_bytes: u64,
+    pub(crate) log_nent: u32,
+    /// `event_bitmask[4]`: bit `n` of word 0 = event type `n`.
+    pub(crate) bitmask: [u64; 4],
+    /// EQEs posted (wrapping).
+    pub(crate) pi: u32,
+    /// The consumer index the driver last wrote, extended to 32 bits.
+    pub(crate) ci: u32,
+    /// The next EQE interrupts (starts disarmed).
+    pub(crate) armed: bool,
+    pub(crate) interrupts: u64,
+    pub(crate) overruns: u64,
+}
+
 impl Eq {
     fn nent(&self) -> u32 {
         1 << self.log_nent
@@ -66,6 +101,124 @@ impl Eq {
     }
 }
 
+/// The EQ table: every EQ by number, and the number CREATE_EQ tries next.
+#[derive(Debug)]
+pub(crate) struct EqTable {
+    map: BTreeMap<u32, Eq>,
+    next: u32,
+}
+
+impl Deref for EqTable {
+    type Target = BTreeMap<u32, Eq>;
+    #[inline]
+    fn deref(&self) -> &BTreeMap<u32, Eq> {
+        &self.map
+    }
+}
+
+impl DerefMut for EqTable {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut BTreeMap<u32, Eq> {
+        &mut self.map
+    }
+}
+
+impl EqTable {
+    pub(crate) fn new() -> Self {
+        EqTable { map: BTreeMap::new(), next: 1 }
+    }
+}
+
+/// What the EQ commands need of the rest of the firmware, and nothing more.
+pub(crate) struct EqFw<'a> {
+    pub(crate) caps: &'a Caps,
+    /// The allocated UAR pages.
+    pub(crate) uars: &'a BTreeSet<u32>,
+    /// Whether a CQ sends its completion events to an EQ (which then cannot be destroyed).
+    pub(crate) in_use: &'a dyn Fn(u32) -> bool,
+}
+
+impl EqTable {
+    /// The lowest-numbered EQ subscribed to `event_type`.
+    pub(crate) fn subscriber(&self, event_type: u8) -> Option<u32> {
+        let (word, bit) = (usize::from(event_type / 64), event_type % 64);
+        self.map.iter().find(|(_, eq)| eq.bitmask[word] >> bit & 1 == 1).map(|(&eqn, _)| eqn)
+    }
+
+    pub(crate) fn info(&self, eqn: u8) -> Option<EqInfo> {
+        let eq = self.map.get(&u32::from(eqn))?;
+        Some(EqInfo {
+            nent: 1 << eq.log_nent,
+            pi: eq.pi,
+            ci: eq.ci,
+            armed: eq.armed,
+            interrupts: eq.interrupts,
+            overruns: eq.overruns,
+            uar_page: eq.uar,
+            event_bitmask: eq.bitmask,
+        })
+    }
+
+    pub(super) fn create(&mut self, fw: &EqFw, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::create_eq_in as i;
+        use ifc::eqc as q;
+        let ctx = i::EQ_CONTEXT_ENTRY;
+        let log_size = rd(inp, q::LOG_EQ_SIZE.at(ctx));
+        if log_size > fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ_SZ) {
+            return Err(bad_param(syndrome::LOG_SIZE));
+        }
+        let uar = rd(inp, q::UAR_PAGE.at(ctx));
+        if !fw.uars.contains(&uar) {
+            return Err(bad_param(syndrome::UAR_INVALID));
+        }
+        if rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
+            return Err(bad_param(syndrome::PAGE_OFFSET));
+        }
+        let page_bytes = FW_PAGE << rd(inp, q::LOG_PAGE_SIZE.at(ctx));
+        let bytes = (1u64 << log_size) * c::mlx5_eqe::SIZE as u64;
+        Firmware::check_pas(dma, inp, i::PAS, bytes, page_bytes)?;
+        let pas = (0..bytes.div_ceil(page_bytes)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect();
+        let mut bitmask = [0u64; 4];
+        for (k, w) in bitmask.iter_mut().enumerate() {
+            *w = inp.get64(i::EVENT_BITMASK.elem(k as u32));
+        }
+        let max = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ).min(8);
+        if self.map.len() as u32 >= max {
+            return Err(err(CmdStatus::NoRes, syndrome::NO_RESOURCES));
+        }
+        // eq_number is an 8-bit field.
+        let eqn = alloc_id(&self.map, &mut self.next, 0, 1 << ifc::create_eq_out::EQ_NUMBER.width)
+            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
+        let eq = Eq {
+            uar,
+            pas,
+            page_bytes,
+            log_nent: log_size,
+            bitmask,
+            pi: 0,
+            ci: 0,
+            armed: false,
+            interrupts: 0,
+            overruns: 0,
+        };
+        self.map.insert(eqn, eq);
+        out.set(ifc::create_eq_out::EQ_NUMBER, eqn);
+        Ok(())
+    }
+
+    pub(super) fn destroy(&mut self, fw: &EqFw, inp: &[u8]) -> Result<(), CmdErr> {
+        let eqn = rd(inp, ifc::destroy_eq_in::EQ_NUMBER);
+        if !self.map.contains_key(&eqn) {
+            return Err(bad_param(syndrome::EQ_INVALID));
+        }
+        if (fw.in_use)(eqn) {
+            return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
+        }
+        self.map.remove(&eqn);
+        Ok(())
+    }
+}
+
 impl State {
     /// Posts an EQE to the lowest-numbered EQ subscribed to `event_type`; returns that EQ when it was written.
     pub(crate) fn post_eqe(&mut self, event_type: u8, sub_type: u8, data: &[u8; EQE_DATA_LEN]) -> Option<u8> {
@@ -73,7 +226,7 @@ impl State {
         if self.dead() {
             return None;
         }
-        let eqn = self.fw.subscriber(event_type)?;
+        let eqn = self.fw.eqs.subscriber(event_type)?;
         self.post_eqe_to(eqn, event_type, sub_type, data)
     }
 
@@ -142,7 +295,7 @@ impl State {
             return;
         }
         self.fw.account_page_request(num_pages);
-        if self.fw.page_request_held || self.fw.subscriber(EVENT_PAGE_REQUEST).is_none() {
+        if self.fw.page_request_held || self.fw.eqs.subscriber(EVENT_PAGE_REQUEST).is_none() {
             // Folded into the held request, whose balance includes this one.
             self.fw.page_request_held = true;
             self.flush_page_requests();
@@ -154,68 +307,13 @@ impl State {
     /// Posts the held page request, if any, once an EQ subscribes: one request for the balance then due (what
     /// QUERY_PAGES(regular) reports), which covers every request made while nobody listened.
     pub(crate) fn flush_page_requests(&mut self) {
-        if !self.fw.page_request_held || self.dead() || self.fw.subscriber(EVENT_PAGE_REQUEST).is_none() {
+        if !self.fw.page_request_held || self.dead() || self.fw.eqs.subscriber(EVENT_PAGE_REQUEST).is_none() {
             return;
         }
         self.fw.page_request_held = false;
         let balance = self.fw.page_balance().clamp(i32::MIN.into(), i32::MAX.into()) as i32;
         if balance != 0 {
             self.post_eqe(EVENT_PAGE_REQUEST, 0, &page_req_data(balance));
-        }
-    }
-
-    /// A 32-bit write into a UAR page: the EQ doorbells are interpreted, half a CQ doorbell is refused, anything
-    /// else is recorded.
-    pub(crate) fn uar_write(&mut self, off: usize, val: u32) {
-        let arm = match off % PAGE {
-            EQ_DB_ARM => true,
-            EQ_DB_NOARM => false,
-            o if o == CQ_DB || o == CQ_DB + 4 => {
-                // The CQ doorbell is one 64-bit access; a 32-bit half could pair with a stale other half.
-                self.events.push(SimEvent::BadCqDoorbell { off, val: val.into(), why: "half a CQ doorbell" });
-                return;
-            }
-            _ => {
-                self.events.push(SimEvent::UarWrite { off, val });
-                return;
-            }
-        };
-        let bad = |why| SimEvent::BadEqDoorbell { off, val, why };
-        let uar = u32::try_from(off / PAGE).unwrap_or(u32::MAX);
-        let eqn = val >> DB_EQN_SHIFT;
-        let ci24 = val & DB_CI_MASK;
-        if !self.fw.uar_allocated(uar) {
-            self.events.push(bad("UAR page not allocated"));
-            return;
-        }
-        let dead = self.dead();
-        let Some(eq) = self.fw.eqs.get_mut(&eqn) else {
-            self.events.push(bad("no such EQ"));
-            return;
-        };
-        if eq.uar != uar {
-            self.events.push(bad("EQ uses another UAR page"));
-            return;
-        }
-        // The doorbell carries 24 bits of the consumer index: advance by the 24-bit distance, which must not
-        // pass the producer index.
-        let step = ci24.wrapping_sub(eq.ci) & DB_CI_MASK;
-        if step > eq.pi.wrapping_sub(eq.ci) {
-            self.events.push(bad("consumer index beyond producer index"));
-            return;
-        }
-        eq.ci = eq.ci.wrapping_add(step);
-        let eqn8 = eqn as u8;
-        self.events.push(SimEvent::EqDoorbell { eqn: eqn8, ci: eq.ci, arm });
-        if arm {
-            if eq.ci != eq.pi && !dead {
-                // EQEs are already waiting: the interrupt fires at once.
-                eq.interrupts += 1;
-                eq.armed = false;
-                self.events.push(SimEvent::EqInterrupt { eqn: eqn8 });
-            } else {
-                eq.armed = true;
-            }
         }
     }
 }
@@ -228,6 +326,9 @@ mod tests {
     use mlx5_core::hal::{DmaRegion, Mmio};
     use mlx5_core::prm::{ifc, MsgBuf};
     use std::time::{Duration, Instant};
+
+    /// Offset in a UAR page of the EQ doorbell that updates the consumer index and arms.
+    const EQ_DB_ARM: usize = consts::MLX5_EQ_DOORBELL_OFFSET as usize;
 
     const PORT: u8 = consts::MLX5_EVENT_TYPE_PORT_CHANGE as u8;
     const PAGE_REQ_MASK: u64 = 1 << consts::MLX5_EVENT_TYPE_PAGE_REQUEST;

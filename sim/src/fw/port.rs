@@ -3,8 +3,12 @@
 
 use mlx5_core::prm::{consts, ifc, MsgBuf};
 
-use crate::fw::{bad_param, rd, syndrome, CmdErr};
-use crate::{PortType, SimConfig};
+use super::reply::{bad_param, rd, CmdErr};
+use super::syndrome;
+use crate::config::{PortType, SimConfig};
+
+/// Entries of the GID table (index 0, the default GID).
+pub(crate) const GID_ENTRIES: u32 = 1;
 
 /// What the port looks like from the host.
 #[derive(Debug, Clone)]

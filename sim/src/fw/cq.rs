@@ -1,47 +1,42 @@
-//! Completion queues on the device side: CREATE/DESTROY/QUERY/MODIFY_CQ, writing CQEs (owner bits, overrun,
-//! completion events) and the CQ doorbell in the UAR pages (c-layouts.md section 4).
-//!
-//! A CQE is written through the checked DMA translation: its 64-byte `mlx5_cqe64` image without `op_own` first,
-//! then, after a fence, `op_own`, so a driver that sees the new owner bit (and issues `dma_rmb`) reads a
-//! complete entry.
+//! Completion queues on the device side (c-layouts.md section 4): [`CqTable`] with CREATE/DESTROY/QUERY/MODIFY_CQ
+//! (moderation, resize) over the narrow [`CqFw`] view, and the ring each CQ writes through its `pas[]` pages. CQE
+//! production is `transport/cqe.rs`, the CQ arm doorbell `uar.rs`. Mirrors the kernel's `cq.c` from the device
+//! side.
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf};
 
+use super::reply::{bad_param, err, rd, CmdErr};
+use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
+
+use super::caps::Caps;
+use super::{alloc_id, syndrome, Firmware};
 use crate::dma::{DmaFault, DmaSpace};
-use crate::eq::EQE_DATA_LEN;
-use crate::fw::{alloc_id, bad_param, err, rd, syndrome, CmdErr, Firmware};
-use crate::mmio::PAGE;
-use crate::{SimEvent, State};
+use crate::small::IdMap;
+use crate::State;
 
 /// Bytes of the CQE image the device writes (`struct mlx5_cqe64`).
-const CQE64: usize = c::mlx5_cqe64::SIZE;
+pub(crate) const CQE64: usize = c::mlx5_cqe64::SIZE;
 /// `op_own`: opcode in bits 7:4, solicited event in bit 1, owner in bit 0 (c-layouts.md 4.4).
-const OP_OWN: usize = c::mlx5_cqe64::OP_OWN.off;
-const OWNER_MASK: u8 = consts::MLX5_CQE_OWNER_MASK as u8;
+pub(crate) const OP_OWN: usize = c::mlx5_cqe64::OP_OWN.off;
+pub(crate) const OWNER_MASK: u8 = consts::MLX5_CQE_OWNER_MASK as u8;
 /// The solicited-event bit of `op_own` (`mlx5dv_get_cqe_se`: `(op_own >> 1) & 1`).
-const SOLICITED: u8 = 1 << 1;
+pub(crate) const SOLICITED: u8 = 1 << 1;
 /// The CQE opcode is the high nibble of `op_own` (`get_cqe_opcode`).
-const OPCODE_SHIFT: u8 = 4;
+pub(crate) const OPCODE_SHIFT: u8 = 4;
 /// Consumer and producer counters travel as 24 bits (doorbell record, CQ doorbell, cqc counters).
-const CTR_MASK: u32 = 0xff_ffff;
-/// Offset in a UAR page of the CQ doorbell.
-const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
-/// The arm command of a CQ doorbell: bits 27:24 of its first dword (`MLX5_CQ_DB_REQ_NOT*`).
-const DB_CMD_MASK: u32 = 0xf << 24;
-/// The arm sequence number: bits 29:28 (`mlx5_cq_arm`: `sn << 28`, `sn = arm_sn & 3`).
-const DB_SN_SHIFT: u32 = 28;
-const DB_SN_MASK: u32 = 3;
+pub(crate) const CTR_MASK: u32 = 0xff_ffff;
 /// Page sizes in a cqc are relative to 4 KiB (`log_page_size = page_shift - MLX5_ADAPTER_PAGE_SHIFT`).
-const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
+pub(crate) const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
 /// MODIFY_CQ `op_mod` for moderation changes: Linux's `mlx5_core_modify_cq_moderation` leaves it 0, and only
 /// `MLX5_CQ_OPMOD_RESIZE` has a name.
-const OPMOD_MODIFY: u32 = 0;
+pub(crate) const OPMOD_MODIFY: u32 = 0;
 
-const STATUS_OK: u8 = consts::MLX5_CQC_STATUS_OK as u8;
-const STATUS_OVERFLOW: u8 = consts::MLX5_CQC_STATUS_CQ_OVERFLOW as u8;
-const STATUS_WRITE_FAIL: u8 = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
-const EVENT_COMP: u8 = consts::MLX5_EVENT_TYPE_COMP as u8;
-const EVENT_CQ_ERROR: u8 = consts::MLX5_EVENT_TYPE_CQ_ERROR as u8;
+pub(crate) const STATUS_OK: u8 = consts::MLX5_CQC_STATUS_OK as u8;
+pub(crate) const STATUS_OVERFLOW: u8 = consts::MLX5_CQC_STATUS_CQ_OVERFLOW as u8;
+pub(crate) const STATUS_WRITE_FAIL: u8 = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
+pub(crate) const EVENT_COMP: u8 = consts::MLX5_EVENT_TYPE_COMP as u8;
+pub(crate) const EVENT_CQ_ERROR: u8 = consts::MLX5_EVENT_TYPE_CQ_ERROR as u8;
 
 /// What the next CQE does to an armed CQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,30 +55,30 @@ pub(crate) struct Cq {
     pub(crate) uar: u32,
     pub(crate) eqn: u32,
     /// 64 or 128 bytes.
-    cqe_size: u64,
-    log_nent: u32,
+    pub(crate) cqe_size: u64,
+    pub(crate) log_nent: u32,
     /// Bus addresses of the buffer pages, `1 << page_shift` bytes each.
-    pas: Vec<u64>,
-    page_shift: u32,
-    dbr: u64,
-    oi: bool,
+    pub(crate) pas: Vec<u64>,
+    pub(crate) page_shift: u32,
+    pub(crate) dbr: u64,
+    pub(crate) oi: bool,
     /// CQEs written (wrapping 32-bit counter; the resize CQE counts).
-    pi: u32,
-    arm: Arm,
+    pub(crate) pi: u32,
+    pub(crate) arm: Arm,
     /// `MLX5_CQC_STATUS_*`.
-    status: u8,
-    period: u32,
-    max_count: u32,
-    period_mode: u32,
+    pub(crate) status: u8,
+    pub(crate) period: u32,
+    pub(crate) max_count: u32,
+    pub(crate) period_mode: u32,
     /// The sequence number of the last accepted arm doorbell.
-    arm_sn: u8,
+    pub(crate) arm_sn: u8,
     /// Counter value of the CQE that last fired an event.
-    last_notified: u32,
+    pub(crate) last_notified: u32,
     /// Counter value of the last solicited or error CQE.
-    last_solicited: Option<u32>,
-    events_fired: u64,
+    pub(crate) last_solicited: Option<u32>,
+    pub(crate) events_fired: u64,
     /// CQEs that found the CQ full (with `oi` they were written anyway).
-    overruns: u64,
+    pub(crate) overruns: u64,
 }
 
 /// Why [`crate::SimDevice::post_cqe`] wrote nothing.
@@ -134,12 +129,6 @@ pub struct CqInfo {
     pub eqn: u8,
 }
 
-/// Whether a CQE satisfies a solicited-only arm: the solicited bit, or an error CQE.
-fn is_solicited(op_own: u8) -> bool {
-    let opcode = u32::from(op_own >> OPCODE_SHIFT);
-    op_own & SOLICITED != 0 || opcode == consts::MLX5_CQE_REQ_ERR || opcode == consts::MLX5_CQE_RESP_ERR
-}
-
 /// The CQE size a `cqc.cqe_sz` encodes.
 fn cqe_bytes(code: u32) -> Result<u64, CmdErr> {
     match code {
@@ -149,36 +138,21 @@ fn cqe_bytes(code: u32) -> Result<u64, CmdErr> {
     }
 }
 
-/// The event data of a CQ-error EQE (`struct mlx5_eqe_cq_err`).
-fn cq_err_data(cqn: u32, synd: u32) -> [u8; EQE_DATA_LEN] {
-    use c::mlx5_eqe_cq_err as e;
-    let mut d = [0u8; EQE_DATA_LEN];
-    d[e::CQN.off..e::CQN.end()].copy_from_slice(&cqn.to_be_bytes());
-    d[e::SYNDROME.off] = synd as u8;
-    d
-}
-
-/// The event data of a completion EQE (`struct mlx5_eqe_comp`).
-fn comp_data(cqn: u32) -> [u8; EQE_DATA_LEN] {
-    let f = c::mlx5_eqe_comp::CQN;
-    let mut d = [0u8; EQE_DATA_LEN];
-    d[f.off..f.end()].copy_from_slice(&cqn.to_be_bytes());
-    d
-}
-
 /// Reads the `pas[]` entries covering `bytes` in pages of `1 << page_shift` (already checked by `check_pas`).
 fn read_pas(inp: &[u8], pas: mlx5_core::prm::Array, bytes: u64, page_shift: u32) -> Vec<u64> {
     (0..bytes.div_ceil(1 << page_shift)).map(|k| inp.get64(pas.elem(k as u32))).collect()
 }
 
 impl Cq {
-    fn nent(&self) -> u32 {
+    #[inline]
+    pub(crate) fn nent(&self) -> u32 {
         1 << self.log_nent
     }
 
     /// Bus address of the `mlx5_cqe64` image of CQE `n`: entry `n mod nent`, in the second half of a 128-byte
     /// CQE (`struct mlx5_cqe128`: 64 bytes of `inl_grh`, then `cqe64`).
-    fn cqe64_iova(&self, n: u32) -> Option<u64> {
+    #[inline]
+    pub(crate) fn cqe64_iova(&self, n: u32) -> Option<u64> {
         let idx = u64::from(n & (self.nent() - 1));
         let off = idx * self.cqe_size + (self.cqe_size - CQE64 as u64);
         let page = usize::try_from(off >> self.page_shift).ok()?;
@@ -186,7 +160,8 @@ impl Cq {
     }
 
     /// Writes CQE `n` with the owner bit of its pass: the image first, `op_own` last.
-    fn write_cqe(&self, dma: &mut DmaSpace, n: u32, cqe: &[u8; CQE64]) -> Result<(), DmaFault> {
+    #[inline]
+    pub(crate) fn write_cqe(&self, dma: &mut DmaSpace, n: u32, cqe: &[u8; CQE64]) -> Result<(), DmaFault> {
         // `check_pas` guaranteed a page for every entry; a miss here would be a simulator bug, reported as a fault.
         let iova = self.cqe64_iova(n).ok_or(DmaFault { iova: 0, len: CQE64, write: true })?;
         let owner = ((n >> self.log_nent) & 1) as u8;
@@ -196,36 +171,78 @@ impl Cq {
     }
 
     /// The consumer index from the doorbell record (`db[0] = be32(cons_index & 0xffffff)`).
-    fn read_ci(&self, dma: &mut DmaSpace) -> Result<u32, DmaFault> {
+    #[inline]
+    pub(crate) fn read_ci(&self, dma: &mut DmaSpace) -> Result<u32, DmaFault> {
         let mut b = [0u8; 4];
         dma.read(self.dbr, &mut b)?;
         Ok(u32::from_be_bytes(b) & CTR_MASK)
     }
 
     /// CQEs written and not consumed, for a 24-bit consumer index.
-    fn unconsumed(&self, ci: u32) -> u32 {
+    #[inline]
+    pub(crate) fn unconsumed(&self, ci: u32) -> u32 {
         (self.pi & CTR_MASK).wrapping_sub(ci) & CTR_MASK
     }
 
     /// Whether a solicited or error CQE is among the unconsumed ones. The last such CQE is the latest of them,
     /// so it is unconsumed exactly when any of them is.
-    fn solicited_unconsumed(&self, ci: u32) -> bool {
+    #[inline]
+    pub(crate) fn solicited_unconsumed(&self, ci: u32) -> bool {
         self.last_solicited.is_some_and(|s| ((s & CTR_MASK).wrapping_sub(ci) & CTR_MASK) < self.unconsumed(ci))
     }
 }
 
-impl Firmware {
-    pub(crate) fn create_cq(&mut self, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+/// The CQ table: every CQ by number (the datapath looks CQs up here), and the number CREATE_CQ tries next.
+#[derive(Debug)]
+pub(crate) struct CqTable {
+    map: IdMap<Cq>,
+    next: u32,
+}
+
+impl CqTable {
+    pub(crate) fn new() -> Self {
+        CqTable { map: IdMap::new(), next: 1 }
+    }
+}
+
+impl Deref for CqTable {
+    type Target = IdMap<Cq>;
+    #[inline]
+    fn deref(&self) -> &IdMap<Cq> {
+        &self.map
+    }
+}
+
+impl DerefMut for CqTable {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut IdMap<Cq> {
+        &mut self.map
+    }
+}
+
+/// What the CQ commands need of the rest of the firmware, and nothing more.
+pub(crate) struct CqFw<'a> {
+    pub(crate) caps: &'a Caps,
+    /// The allocated UAR pages.
+    pub(crate) uars: &'a BTreeSet<u32>,
+    /// Whether an EQ exists (a CQ's `c_eqn`).
+    pub(crate) eq_exists: &'a dyn Fn(u32) -> bool,
+    /// Whether a QP completes into a CQ (which then cannot be destroyed).
+    pub(crate) in_use: &'a dyn Fn(u32) -> bool,
+}
+
+impl CqTable {
+    pub(crate) fn create(&mut self, fw: &CqFw, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::cqc as q;
         use ifc::create_cq_in as i;
         let ctx = i::CQ_CONTEXT;
         let cqe_size = cqe_bytes(rd(inp, q::CQE_SZ.at(ctx)))?;
         let log_size = rd(inp, q::LOG_CQ_SIZE.at(ctx));
-        if log_size > self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
+        if log_size > fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
             return Err(bad_param(syndrome::LOG_SIZE));
         }
         let uar = rd(inp, q::UAR_PAGE.at(ctx));
-        if !self.uars.contains(&uar) {
+        if !fw.uars.contains(&uar) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }
         if rd(inp, q::APU_CQ.at(ctx)) != 0 {
@@ -235,11 +252,11 @@ impl Firmware {
             return Err(bad_param(syndrome::CQ_FEATURE));
         }
         let oi = rd(inp, q::OI.at(ctx)) != 0;
-        if oi && self.caps.gen(ifc::cmd_hca_cap::CQ_OI) == 0 {
+        if oi && fw.caps.gen(ifc::cmd_hca_cap::CQ_OI) == 0 {
             return Err(bad_param(syndrome::CAP_NOT_SET));
         }
         let eqn = rd(inp, q::C_EQN_OR_APU_ELEMENT.at(ctx));
-        if !self.eqs.contains_key(&eqn) {
+        if !(fw.eq_exists)(eqn) {
             return Err(bad_param(syndrome::EQ_INVALID));
         }
         if rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
@@ -247,15 +264,15 @@ impl Firmware {
         }
         let page_shift = ADAPTER_PAGE_SHIFT + rd(inp, q::LOG_PAGE_SIZE.at(ctx));
         let bytes = (1u64 << log_size) * cqe_size;
-        Self::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         // The doorbell record is two big-endian dwords (update_ci, arm).
         let dbr = inp.get64(q::DBR_ADDR.at(ctx));
         if !dma.is_mapped(dbr, 8) {
             return Err(bad_param(syndrome::DBR_NOT_MAPPED));
         }
-        let max = 1u32 << self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ).min(24);
-        let cqn = alloc_id(&self.cqs, &mut self.next_cqn, 1, max.max(2))
-            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
+        let max = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ).min(24);
+        let cqn =
+            alloc_id(&self.map, &mut self.next, 1, max.max(2)).ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let cq = Cq {
             uar,
             eqn,
@@ -277,37 +294,31 @@ impl Firmware {
             events_fired: 0,
             overruns: 0,
         };
-        self.cqs.insert(cqn, cq);
+        self.map.insert(cqn, cq);
         out.set(ifc::create_cq_out::CQN, cqn);
         Ok(())
     }
 
-    pub(crate) fn destroy_cq(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn destroy(&mut self, fw: &CqFw, inp: &[u8]) -> Result<(), CmdErr> {
         let cqn = rd(inp, ifc::destroy_cq_in::CQN);
-        if !self.cqs.contains_key(&cqn) {
+        if !self.map.contains_key(&cqn) {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
         // A QP completes into it: firmware refuses, as for an EQ a CQ still uses.
-        if self.qps.values().any(|q| q.cqn_snd == cqn || q.cqn_rcv == cqn) {
+        if (fw.in_use)(cqn) {
             return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
         }
-        self.cqs.remove(&cqn);
+        self.map.remove(&cqn);
         Ok(())
     }
 
     /// QUERY_CQ: the context (with the live counters) and as many `pas[]` entries as `outlen` holds (Linux
     /// queries with the bare `query_cq_out` and reads none).
-    pub(crate) fn query_cq(
-        &mut self,
-        dma: &mut DmaSpace,
-        inp: &[u8],
-        out: &mut [u8],
-        outlen: usize,
-    ) -> Result<(), CmdErr> {
+    pub(crate) fn query(&self, dma: &mut DmaSpace, inp: &[u8], out: &mut [u8], outlen: usize) -> Result<(), CmdErr> {
         use ifc::cqc as q;
         use ifc::query_cq_out as o;
         let cqn = rd(inp, ifc::query_cq_in::CQN);
-        let cq = self.cqs.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        let cq = self.map.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
         let ctx = o::CQ_CONTEXT;
         let st = match cq.arm {
             Arm::None => consts::MLX5_CQC_ST_FIRED,
@@ -346,10 +357,10 @@ impl Firmware {
     }
 
     /// MODIFY_CQ: moderation (op_mod 0) or resize (`MLX5_CQ_OPMOD_RESIZE`).
-    pub(crate) fn modify_cq(&mut self, dma: &mut DmaSpace, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn modify(&mut self, fw: &CqFw, dma: &mut DmaSpace, inp: &[u8]) -> Result<(), CmdErr> {
         use ifc::modify_cq_in as i;
         let cqn = rd(inp, i::CQN);
-        if !self.cqs.contains_key(&cqn) {
+        if !self.map.contains_key(&cqn) {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
         // field_select is a union: the moderation and the resize views are the same dword.
@@ -358,16 +369,16 @@ impl Firmware {
         let resize_sel = ifc::modify_field_select_resize_field_select_auto::RESIZE_FIELD_SELECT
             .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
         match rd(inp, ifc::mbox_in::OP_MOD) {
-            OPMOD_MODIFY => self.moderate_cq(cqn, inp, rd(inp, ifc::modify_field_select::MODIFY_FIELD_SELECT.at(sel))),
+            OPMOD_MODIFY => self.moderate(fw, cqn, inp, rd(inp, ifc::modify_field_select::MODIFY_FIELD_SELECT.at(sel))),
             consts::MLX5_CQ_OPMOD_RESIZE => {
                 let bits = rd(inp, ifc::resize_field_select::RESIZE_FIELD_SELECT.at(resize_sel));
-                self.resize_cq(dma, cqn, inp, bits)
+                self.resize(fw, dma, cqn, inp, bits)
             }
             _ => Err(bad_param(syndrome::BAD_OP_MOD)),
         }
     }
 
-    fn moderate_cq(&mut self, cqn: u32, inp: &[u8], sel: u32) -> Result<(), CmdErr> {
+    fn moderate(&mut self, fw: &CqFw, cqn: u32, inp: &[u8], sel: u32) -> Result<(), CmdErr> {
         use ifc::cqc as q;
         let ctx = ifc::modify_cq_in::CQ_CONTEXT;
         let known = consts::MLX5_CQ_MODIFY_PERIOD
@@ -377,7 +388,7 @@ impl Firmware {
         if sel & !known != 0 {
             return Err(bad_param(syndrome::FIELD_SELECT));
         }
-        let cap = |f: Field| self.caps.gen(f) != 0;
+        let cap = |f: Field| fw.caps.gen(f) != 0;
         let needs = [
             (consts::MLX5_CQ_MODIFY_PERIOD | consts::MLX5_CQ_MODIFY_COUNT, ifc::cmd_hca_cap::CQ_MODERATION),
             (consts::MLX5_CQ_MODIFY_OVERRUN, ifc::cmd_hca_cap::CQ_OI),
@@ -386,7 +397,7 @@ impl Firmware {
         if needs.iter().any(|&(bits, f)| sel & bits != 0 && !cap(f)) {
             return Err(bad_param(syndrome::CAP_NOT_SET));
         }
-        let cq = self.cqs.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        let cq = self.map.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
         if sel & consts::MLX5_CQ_MODIFY_PERIOD != 0 {
             cq.period = rd(inp, q::CQ_PERIOD.at(ctx));
         }
@@ -407,11 +418,11 @@ impl Firmware {
     /// unconsumed CQEs `c..r-1` to `c+1..r` (rdma-core `mlx5_cq_resize_copy_cqes`). The CQE size is the one
     /// the context gives, as Linux always sets `cqe_sz` for a resize. The resize CQE fires no completion
     /// event: the driver looks for it synchronously.
-    fn resize_cq(&mut self, dma: &mut DmaSpace, cqn: u32, inp: &[u8], sel: u32) -> Result<(), CmdErr> {
+    fn resize(&mut self, fw: &CqFw, dma: &mut DmaSpace, cqn: u32, inp: &[u8], sel: u32) -> Result<(), CmdErr> {
         use ifc::cqc as q;
         use ifc::modify_cq_in as i;
         let ctx = i::CQ_CONTEXT;
-        if self.caps.gen(ifc::cmd_hca_cap::CQ_RESIZE) == 0 {
+        if fw.caps.gen(ifc::cmd_hca_cap::CQ_RESIZE) == 0 {
             return Err(bad_param(syndrome::CAP_NOT_SET));
         }
         let known = consts::MLX5_MODIFY_CQ_MASK_LOG_SIZE
@@ -421,14 +432,14 @@ impl Firmware {
             return Err(bad_param(syndrome::FIELD_SELECT));
         }
         let log_size = rd(inp, q::LOG_CQ_SIZE.at(ctx));
-        if log_size > self.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
+        if log_size > fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
             return Err(bad_param(syndrome::LOG_SIZE));
         }
         if sel & consts::MLX5_MODIFY_CQ_MASK_PG_OFFSET != 0 && rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
             return Err(bad_param(syndrome::PAGE_OFFSET));
         }
         let cqe_size = cqe_bytes(rd(inp, q::CQE_SZ.at(ctx)))?;
-        let cq = self.cqs.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        let cq = self.map.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
         let page_shift = if sel & consts::MLX5_MODIFY_CQ_MASK_PG_SIZE != 0 {
             ADAPTER_PAGE_SHIFT + rd(inp, q::LOG_PAGE_SIZE.at(ctx))
         } else {
@@ -438,7 +449,7 @@ impl Firmware {
             return Err(err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR));
         }
         let bytes = (1u64 << log_size) * cqe_size;
-        Self::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         let ci = cq.read_ci(dma).map_err(|_| err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR))?;
         let pending = cq.unconsumed(ci);
         if pending >= 1 << log_size {
@@ -451,7 +462,7 @@ impl Firmware {
         resize[OP_OWN] = (consts::MLX5_CQE_RESIZE_CQ as u8) << OPCODE_SHIFT;
         cq.write_cqe(dma, cq.pi, &resize).map_err(|_| err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR))?;
         let pas = read_pas(inp, i::PAS, bytes, page_shift);
-        let cq = self.cqs.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
+        let cq = self.map.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
         // The unconsumed CQEs move one index up in the new buffer, the last solicited one with them.
         let (old_pi, start) = (cq.pi, ci);
         if let Some(s) = cq.last_solicited.filter(|s| ((s & CTR_MASK).wrapping_sub(start) & CTR_MASK) < pending) {
@@ -467,148 +478,6 @@ impl Firmware {
 }
 
 impl State {
-    /// Writes `cqe` as the next CQE of CQ `cqn` (the device lock is held): the overrun check, the owner bit,
-    /// and the completion event of an armed CQ. Returns the CQE's counter value.
-    pub(crate) fn post_cqe(&mut self, cqn: u32, cqe: &[u8; CQE64]) -> Result<u32, PostCqeError> {
-        if self.dead() {
-            return Err(PostCqeError::Dead);
-        }
-        let cq = self.fw.cqs.get_mut(&cqn).ok_or(PostCqeError::UnknownCq)?;
-        if cq.status != STATUS_OK {
-            return Err(PostCqeError::CqInError { status: cq.status });
-        }
-        let ci = match cq.read_ci(&mut self.dma) {
-            Ok(ci) => ci,
-            Err(f) => return Err(self.cq_write_fail(cqn, f)),
-        };
-        if cq.unconsumed(ci) >= cq.nent() {
-            cq.overruns += 1;
-            if !cq.oi {
-                // Hardware never overwrites an unconsumed CQE of a CQ without `oi`: the CQ goes to error.
-                cq.status = STATUS_OVERFLOW;
-                self.events.push(SimEvent::CqOverrun { cqn });
-                self.post_eqe(EVENT_CQ_ERROR, 0, &cq_err_data(cqn, consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN));
-                return Err(PostCqeError::Overrun);
-            }
-        }
-        let n = cq.pi;
-        if let Err(f) = cq.write_cqe(&mut self.dma, n, cqe) {
-            return Err(self.cq_write_fail(cqn, f));
-        }
-        cq.pi = n.wrapping_add(1);
-        let solicited = is_solicited(cqe[OP_OWN]);
-        if solicited {
-            cq.last_solicited = Some(n);
-        }
-        let fire = match cq.arm {
-            Arm::None => false,
-            Arm::Next => true,
-            Arm::Solicited => solicited,
-        };
-        if fire {
-            self.fire_completion(cqn);
-        }
-        Ok(n)
-    }
-
-    /// The CQ could not reach its memory: it enters write-fail and a CQ-error EQE reports the access violation.
-    fn cq_write_fail(&mut self, cqn: u32, fault: DmaFault) -> PostCqeError {
-        if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
-            cq.status = STATUS_WRITE_FAIL;
-        }
-        self.events.push(SimEvent::CqWriteFail { cqn });
-        let synd = consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR;
-        self.post_eqe(EVENT_CQ_ERROR, 0, &cq_err_data(cqn, synd));
-        PostCqeError::DmaFault(fault)
-    }
-
-    /// An armed CQ fires: a completion EQE on its own EQ, and the CQ is disarmed.
-    fn fire_completion(&mut self, cqn: u32) {
-        let Some(cq) = self.fw.cqs.get_mut(&cqn) else { return };
-        cq.arm = Arm::None;
-        cq.last_notified = cq.pi.wrapping_sub(1);
-        let eqn = cq.eqn;
-        if self.post_eqe_to(eqn, EVENT_COMP, 0, &comp_data(cqn)).is_some() {
-            if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
-                cq.events_fired += 1;
-            }
-            self.events.push(SimEvent::CompletionEvent { cqn, eqn: eqn as u8 });
-        }
-    }
-
-    /// A 64-bit write into a UAR page, seen as one access: the CQ doorbell, or a BlueFlame register (send
-    /// doorbell or BlueFlame copy). A 64-bit write straddling the CQ doorbell, or covering an EQ doorbell (a
-    /// 32-bit register), is refused; any other is recorded as one [`SimEvent::UarWrite64`]. Returns whether the
-    /// datapath has new work.
-    pub(crate) fn uar_write64(&mut self, off: usize, v: u64) -> bool {
-        if off % PAGE == CQ_DB {
-            self.cq_doorbell(off, v);
-            return false;
-        }
-        if let Some(kick) = self.blueflame_write(off, v) {
-            return kick;
-        }
-        for (at, half) in [(off, (v >> 32) as u32), (off + 4, v as u32)] {
-            if at % PAGE == CQ_DB || at % PAGE == CQ_DB + 4 {
-                self.events.push(SimEvent::BadCqDoorbell { off: at, val: v, why: "half a CQ doorbell" });
-                return false;
-            }
-            if crate::eq::is_eq_doorbell(at) {
-                let why = "64-bit write to a 32-bit EQ doorbell";
-                self.events.push(SimEvent::BadEqDoorbell { off: at, val: half, why });
-                return false;
-            }
-        }
-        self.events.push(SimEvent::UarWrite64 { off, val: v });
-        false
-    }
-
-    /// The CQ doorbell: `v` = `(sn << 28 | cmd | ci) << 32 | cqn` (`mlx5_cq_arm`).
-    fn cq_doorbell(&mut self, off: usize, v: u64) {
-        let bad = |why| SimEvent::BadCqDoorbell { off, val: v, why };
-        let (word, cqn) = ((v >> 32) as u32, v as u32);
-        let uar = u32::try_from(off / PAGE).unwrap_or(u32::MAX);
-        if !self.fw.uar_allocated(uar) {
-            self.events.push(bad("UAR page not allocated"));
-            return;
-        }
-        let dead = self.dead();
-        let Some(cq) = self.fw.cqs.get_mut(&cqn) else {
-            self.events.push(bad("no such CQ"));
-            return;
-        };
-        if cq.uar != uar {
-            self.events.push(bad("CQ uses another UAR page"));
-            return;
-        }
-        let solicited = match word & DB_CMD_MASK {
-            consts::MLX5_CQ_DB_REQ_NOT => false,
-            consts::MLX5_CQ_DB_REQ_NOT_SOL => true,
-            _ => {
-                self.events.push(bad("unknown arm command"));
-                return;
-            }
-        };
-        let ci = word & CTR_MASK;
-        if !cq.oi && cq.unconsumed(ci) > cq.nent() {
-            self.events.push(bad("consumer index beyond producer index"));
-            return;
-        }
-        let sn = ((word >> DB_SN_SHIFT) & DB_SN_MASK) as u8;
-        cq.arm_sn = sn;
-        // A request for the next CQE already covers a solicited one.
-        cq.arm = if solicited && cq.arm != Arm::Next { Arm::Solicited } else { Arm::Next };
-        self.events.push(SimEvent::CqDoorbell { cqn, sn, solicited, ci });
-        let waiting = match cq.arm {
-            Arm::Next => cq.unconsumed(ci) > 0,
-            _ => cq.solicited_unconsumed(ci),
-        };
-        if waiting && cq.status == STATUS_OK && !dead {
-            // Matching CQEs are already there: the event fires at once.
-            self.fire_completion(cqn);
-        }
-    }
-
     /// The state of CQ `cqn`, reading the doorbell record without recording a fault.
     pub(crate) fn cq_info(&self, cqn: u32) -> Option<CqInfo> {
         let cq = self.fw.cqs.get(&cqn)?;
@@ -641,8 +510,14 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::SimEvent;
     use crate::testutil::{get, put, Harness};
     use crate::{lock, SimConfig, SimMmio};
+
+    /// Offset in a UAR page of the CQ doorbell.
+    const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
+    /// The arm sequence number's shift in a CQ doorbell.
+    const DB_SN_SHIFT: u32 = 28;
     use mlx5_core::hal::{Dma, DmaError, DmaRegion, Mmio};
 
     const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;

@@ -1,0 +1,115 @@
+//! The device's configuration: [`SimConfig`] (the ConnectX-5 it models by default), its execution [`Mode`] and
+//! [`PortType`].
+
+/// How the device completes commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// A doorbell executes the command synchronously inside `write32`; delays use a virtual clock.
+    #[default]
+    Inline,
+    /// A worker thread executes doorbells asynchronously; delays really sleep.
+    Threaded,
+}
+
+/// Port link layer reported in `cmd_hca_cap.port_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PortType {
+    /// InfiniBand (`MLX5_CAP_PORT_TYPE_IB`).
+    Ib,
+    /// Ethernet / RoCE (`MLX5_CAP_PORT_TYPE_ETH`).
+    #[default]
+    Eth,
+}
+
+/// Device configuration. The defaults model a ConnectX-5 with a 32-slot command queue.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub mode: Mode,
+    /// log2 of the number of command slots, reported in `cmdq_addr_l_sz` (5 = 32 slots, `MLX5_MAX_COMMANDS`).
+    pub log_cmdq_size: u8,
+    /// log2 of the distance between command slots in bytes (6 = 64, one `mlx5_cmd_layout`).
+    pub log_cmdq_stride: u8,
+    /// Command interface revision in `cmdif_rev_fw_sub` (the kernel requires `CMD_IF_REV` = 5).
+    pub cmdif_rev: u16,
+    /// Firmware version (major, minor, subminor).
+    pub fw_rev: (u16, u16, u16),
+    /// Value of `cmd_exec_to` (default command timeout in ms).
+    pub cmd_exec_to_ms: u32,
+    /// Value of `cmd_q_init_to` (ms); non-zero tells the driver the init-segment timeouts are valid. The default
+    /// is 0: a firmware without init-segment timeouts, for which Linux takes its defaults and does not send
+    /// QUERY_DTOR (which the driver does not implement).
+    pub cmd_q_init_to_ms: u32,
+    /// For this long after creation (virtual time in inline mode) `initializing` reads 1.
+    pub init_delay_ms: u32,
+    /// Pages firmware asks for at QUERY_PAGES(boot).
+    pub boot_pages: i32,
+    /// Additional pages firmware asks for at QUERY_PAGES(init).
+    pub init_pages: i32,
+    /// Additional pages firmware needs after INIT_HCA: reported by QUERY_PAGES(regular) and asked for by one
+    /// page-request EQE as soon as an EQ subscribes to page requests.
+    pub regular_pages: i32,
+    /// Verify entry and mailbox signatures, and sign the output. Off by default, as the Linux driver runs
+    /// (`checksum_disabled`); the entry signature is then not checked either.
+    pub checksum: bool,
+    /// Link layer reported in the general capabilities.
+    pub port_type: PortType,
+    /// Number of UAR pages in the BAR after the initialization segment (ALLOC_UAR fails beyond it).
+    pub num_uars: u32,
+    /// PCI vendor and device id the device would show in config space (a ConnectX-5: 15b3:1017).
+    pub pci_ids: (u16, u16),
+    /// Port 1 link is up.
+    pub port_up: bool,
+    /// Port MTU in bytes (PMTU `oper_mtu`; the Ethernet MTU for RoCE, the IB MTU for InfiniBand).
+    pub port_mtu: u16,
+    /// Node (and system image, port) GUID.
+    pub node_guid: u64,
+    /// Permanent MAC address of the Ethernet port.
+    pub mac: [u8; 6],
+    /// The largest DMA allocation that succeeds, in bytes; a larger `Dma::alloc` fails with
+    /// `DmaError::NoMemory`, so the driver must build big buffers from pages. `None` (the default): no limit.
+    pub dma_max_contig: Option<usize>,
+    /// `log_max_cq_sz` reported in the general capabilities (22 on a ConnectX-5).
+    pub log_max_cq_sz: u8,
+    /// The port LID on InfiniBand (ignored on Ethernet, where the LID is 0). Two IB devices joined by
+    /// [`SimDevice::connect`](crate::SimDevice::connect) need different LIDs.
+    pub lid: u16,
+}
+
+impl SimConfig {
+    /// Another host's device on the same fabric: this configuration with the next node GUID, MAC and LID, so the
+    /// two ports have distinct addresses.
+    pub fn next_host(&self) -> SimConfig {
+        let mut mac = self.mac;
+        mac[5] = mac[5].wrapping_add(1);
+        SimConfig { node_guid: self.node_guid.wrapping_add(1), mac, lid: self.lid.wrapping_add(1), ..self.clone() }
+    }
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Inline,
+            log_cmdq_size: 5,
+            log_cmdq_stride: 6,
+            cmdif_rev: 5,
+            fw_rev: (16, 35, 2000),
+            cmd_exec_to_ms: 60_000,
+            cmd_q_init_to_ms: 0,
+            init_delay_ms: 0,
+            boot_pages: 8,
+            init_pages: 16,
+            regular_pages: 4,
+            checksum: false,
+            port_type: PortType::Eth,
+            num_uars: 16,
+            pci_ids: (0x15b3, 0x1017),
+            port_up: true,
+            port_mtu: 1500,
+            node_guid: 0xb8ce_f603_0012_3456,
+            mac: [0xb8, 0xce, 0xf6, 0x12, 0x34, 0x56],
+            dma_max_contig: None,
+            log_max_cq_sz: 22,
+            lid: 1,
+        }
+    }
+}

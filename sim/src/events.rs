@@ -1,0 +1,139 @@
+//! What a test observes besides command results: [`ExecutedCmd`] (one completed command) and [`SimEvent`]
+//! (everything else the device noticed), with [`RetryKind`].
+
+/// One completed command, in completion order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecutedCmd {
+    pub slot: u8,
+    pub opcode: u16,
+    pub op_mod: u16,
+    /// `mbox_out.status` (0 when delivery failed).
+    pub status: u8,
+    pub syndrome: u32,
+    /// `MLX5_CMD_DELIVERY_STAT_*` written in `status_own >> 1`.
+    pub delivery: u8,
+}
+
+/// Things the device noticed that are not command completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimEvent {
+    /// `cmdq_addr_l_sz` was written: the command queue now lives at `iova`.
+    CmdqAddress { iova: u64 },
+    /// A doorbell rang before a command queue address was set.
+    DoorbellNoQueue { mask: u32 },
+    /// A doorbell bit beyond the queue size.
+    DoorbellBadSlot { slot: u8 },
+    /// A doorbell for a slot whose owner bit is software's: ignored.
+    DoorbellNotOwned { slot: u8 },
+    /// The entry of a rung slot was not in live DMA memory (also in `dma_faults`).
+    EntryUnreadable { slot: u8, iova: u64 },
+    /// Writing a completion failed on a DMA fault (also in `dma_faults`).
+    CompletionUnwritable { slot: u8 },
+    /// A command held by [`Fault::Hang`](crate::Fault::Hang).
+    Hung { slot: u8, opcode: u16 },
+    /// A command postponed by [`Fault::Delay`](crate::Fault::Delay).
+    Delayed { slot: u8, opcode: u16, ms: u32 },
+    /// A write to a register the simulator does not model (or beyond the BAR); it had no effect.
+    IgnoredWrite { off: usize, val: u32 },
+    /// A 32-bit write into a UAR page that is no doorbell.
+    UarWrite { off: usize, val: u32 },
+    /// A 64-bit write into a UAR page that is no doorbell (one access, as the bus carries it).
+    UarWrite64 { off: usize, val: u64 },
+    /// The host freed a region that still contained pages given to firmware.
+    FreedDeviceOwned { iova: u64, len: usize, pages: usize },
+    /// `Dma::free` of something that is not a live region (double free or a forged region); nothing was freed.
+    BadFree { iova: u64, len: usize },
+    /// TEARDOWN_HCA while objects were still alive; they were destroyed with it.
+    TeardownWithObjects { objects: usize },
+    /// DISABLE_HCA while firmware still owned pages; disabling the function released them.
+    DisableWithPages { pages: usize },
+    /// An EQE was posted to EQ `eqn`.
+    Eqe { eqn: u8, event_type: u8, sub_type: u8 },
+    /// EQ `eqn` was armed and got an EQE (or was armed with unconsumed EQEs): the interrupt fired; now disarmed.
+    EqInterrupt { eqn: u8 },
+    /// An EQE for a full EQ (`pi - ci == nent`): nothing was overwritten and the firmware died with
+    /// `MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN`.
+    EqOverrun { eqn: u8 },
+    /// Writing an EQE failed on a DMA fault (the buffer is no longer mapped; also in `dma_faults`). The EQE is
+    /// lost and the producer index does not move.
+    EqeUnwritable { eqn: u8 },
+    /// A valid EQ doorbell: the consumer index is now `ci` (the full 32-bit counter, reconstructed from the 24
+    /// bits written), armed when `arm`.
+    EqDoorbell { eqn: u8, ci: u32, arm: bool },
+    /// An EQ doorbell that was ignored: UAR page not allocated, no such EQ, EQ on another UAR page, or a consumer
+    /// index beyond the producer index.
+    BadEqDoorbell { off: usize, val: u32, why: &'static str },
+    /// A command held by [`Fault::NeedPages`](crate::Fault::NeedPages) until the driver gives `pages` pages.
+    WaitingForPages { slot: u8, opcode: u16, pages: u32 },
+    /// A doorbell for a slot whose command is still waiting for pages: ignored.
+    DoorbellBusy { slot: u8 },
+    /// The firmware died (`synd` 0: a silent stall). Nothing completes any more.
+    HealthFailure { synd: u8 },
+    /// A doorbell rang after the firmware died: ignored.
+    DoorbellWhileDead { slot: u8 },
+    /// The device left the bus.
+    DeviceGone,
+    /// A BAR write after the device left the bus: ignored.
+    WriteWhileGone { off: usize, val: u32 },
+    /// A valid CQ doorbell: CQ `cqn` is armed (for solicited CQEs only when `solicited`) with arm sequence
+    /// number `sn` and consumer index `ci` (24 bits, as written).
+    CqDoorbell { cqn: u32, sn: u8, solicited: bool, ci: u32 },
+    /// A CQ doorbell that was ignored: half a doorbell (a 32-bit write), UAR page not allocated, no such CQ, CQ
+    /// on another UAR page, an unknown arm command, or a consumer index beyond the producer index. `val` is the
+    /// 64-bit value (a 32-bit write's value widened).
+    BadCqDoorbell { off: usize, val: u64, why: &'static str },
+    /// An armed CQ got a matching CQE (or was armed with one unconsumed): a completion EQE went to EQ `eqn` and
+    /// the CQ is disarmed.
+    CompletionEvent { cqn: u32, eqn: u8 },
+    /// A CQE for a full CQ without `oi`: nothing was written, the CQ is in overflow and a CQ-error EQE was posted.
+    CqOverrun { cqn: u32 },
+    /// Firmware could not read the CQ's doorbell record or write a CQE (also in `dma_faults`): the CQ is in
+    /// write-fail and a CQ-error EQE was posted.
+    CqWriteFail { cqn: u32 },
+    /// A send doorbell (a 64-bit write at offset 0 of a BlueFlame buffer) for QP `qpn`: the device will execute
+    /// its send WQEs up to producer counter `pi`, read from the doorbell record.
+    SqDoorbell { qpn: u32, pi: u16 },
+    /// A write to a BlueFlame register that was ignored: no such QP, QP on another UAR page, in RST or without an
+    /// SQ, unmapped doorbell record, a producer counter beyond the SQ, an unaligned write, or a BlueFlame copy
+    /// with no doorbell before it.
+    BadSqDoorbell { off: usize, val: u64, why: &'static str },
+    /// 8 bytes of a BlueFlame copy of WQE `wqe_index` of QP `qpn` were written at byte `off` of the buffer.
+    BlueFlameCopy { qpn: u32, wqe_index: u16, off: u16 },
+    /// The BlueFlame bytes at `off` (0: the doorbell itself) differ from WQE `wqe_index` in memory.
+    BlueFlameMismatch { qpn: u32, wqe_index: u16, off: u16 },
+    /// The responder `remote_qpn` had no receive WQE for the RC request of WQE `wqe_counter` of QP `qpn`.
+    RnrNak { qpn: u32, wqe_counter: u16, remote_qpn: u32 },
+    /// The RC request of WQE `wqe_counter` of QP `qpn` reached no QP ready to take it; its ACK timer runs.
+    Unreachable { qpn: u32, wqe_counter: u16, why: &'static str },
+    /// The responder `remote_qpn` answered the RC request of WQE `wqe_counter` of QP `qpn` with a PSN sequence
+    /// error NAK (the two QPs' PSNs do not match); the requester retransmits.
+    PsnSequenceNak { qpn: u32, wqe_counter: u16, remote_qpn: u32 },
+    /// Responder QP `qpn` expected PSN `expected` and got a request at `got`, ahead of it: not executed.
+    PsnSequenceError { qpn: u32, expected: u32, got: u32 },
+    /// Responder QP `qpn` got a request at `psn`, behind the PSN it expects: a retransmission of a message it
+    /// executed, answered again without executing it twice.
+    DuplicateRequest { qpn: u32, psn: u32 },
+    /// A peer in another process plugged into this device's link (see [`SimDevice::wire_listen`](crate::SimDevice::wire_listen)).
+    LinkUp { peer: std::net::SocketAddr },
+    /// The link's far end went away (closed, or a frame that could not be read); its address is unreachable.
+    LinkDown { peer: std::net::SocketAddr, why: &'static str },
+    /// QP `qpn` sent WQE `wqe_counter` again after its RNR or ACK timer expired.
+    Retry { qpn: u32, wqe_counter: u16, kind: RetryKind },
+    /// A UD message from QP `qpn` to QP `dqpn` was dropped (noticed by the device recording this event).
+    UdDropped { qpn: u32, dqpn: u32, why: &'static str },
+    /// QP `qpn` moved to ERR after a completion with `syndrome` (`MLX5_CQE_SYNDROME_*`).
+    QpError { qpn: u32, syndrome: u8 },
+    /// QP `qpn` (in ERR) completed `sq` send and `rq` receive WQEs with `WR_FLUSH_ERR`.
+    Flushed { qpn: u32, sq: u32, rq: u32 },
+    /// The RQ head in the doorbell record of QP `qpn` is more than the RQ size ahead of the device: ignored.
+    BadRqCounter { qpn: u32, head: u16 },
+}
+
+/// Why a retry happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryKind {
+    /// The request reached no ready QP: the ACK timer expired.
+    Transport,
+    /// The responder had no receive WQE: the RNR timer expired.
+    Rnr,
+}

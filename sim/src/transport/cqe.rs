@@ -1,0 +1,226 @@
+//! CQE production: a CQE goes into its CQ's ring through the `pas[]` pages with the owner bit of its pass, after
+//! the overrun check against the doorbell record's consumer index; an armed CQ then fires its completion EQE
+//! (`mlx5_cq_completion` on the kernel side). The datapath's completions and [`crate::SimDevice::post_cqe`] both
+//! come here.
+//!
+//! A CQE is written through the checked DMA translation: its 64-byte `mlx5_cqe64` image without `op_own` first,
+//! then, after a fence, `op_own`, so a driver that sees the new owner bit (and issues `dma_rmb`) reads a
+//! complete entry.
+
+use mlx5_core::prm::{c, consts};
+
+use crate::dma::DmaFault;
+use crate::events::SimEvent;
+use crate::fw::cq::{
+    Arm, PostCqeError, CQE64, EVENT_COMP, EVENT_CQ_ERROR, OPCODE_SHIFT, OP_OWN, SOLICITED, STATUS_OK, STATUS_OVERFLOW,
+    STATUS_WRITE_FAIL,
+};
+use crate::fw::eq::EQE_DATA_LEN;
+use crate::State;
+
+use super::*;
+
+/// Whether a CQE satisfies a solicited-only arm: the solicited bit, or an error CQE.
+fn is_solicited(op_own: u8) -> bool {
+    let opcode = u32::from(op_own >> OPCODE_SHIFT);
+    op_own & SOLICITED != 0 || opcode == consts::MLX5_CQE_REQ_ERR || opcode == consts::MLX5_CQE_RESP_ERR
+}
+
+/// The event data of a CQ-error EQE (`struct mlx5_eqe_cq_err`).
+fn cq_err_data(cqn: u32, synd: u32) -> [u8; EQE_DATA_LEN] {
+    use c::mlx5_eqe_cq_err as e;
+    let mut d = [0u8; EQE_DATA_LEN];
+    d[e::CQN.off..e::CQN.end()].copy_from_slice(&cqn.to_be_bytes());
+    d[e::SYNDROME.off] = synd as u8;
+    d
+}
+
+/// The event data of a completion EQE (`struct mlx5_eqe_comp`).
+fn comp_data(cqn: u32) -> [u8; EQE_DATA_LEN] {
+    let f = c::mlx5_eqe_comp::CQN;
+    let mut d = [0u8; EQE_DATA_LEN];
+    d[f.off..f.end()].copy_from_slice(&cqn.to_be_bytes());
+    d
+}
+
+impl State {
+    /// Writes `cqe` as the next CQE of CQ `cqn` (the device lock is held): the overrun check, the owner bit,
+    /// and the completion event of an armed CQ. Returns the CQE's counter value.
+    pub(crate) fn post_cqe(&mut self, cqn: u32, cqe: &[u8; CQE64]) -> Result<u32, PostCqeError> {
+        if self.dead() {
+            return Err(PostCqeError::Dead);
+        }
+        let cq = self.fw.cqs.get_mut(&cqn).ok_or(PostCqeError::UnknownCq)?;
+        if cq.status != STATUS_OK {
+            return Err(PostCqeError::CqInError { status: cq.status });
+        }
+        let ci = match cq.read_ci(&mut self.dma) {
+            Ok(ci) => ci,
+            Err(f) => return Err(self.cq_write_fail(cqn, f)),
+        };
+        if cq.unconsumed(ci) >= cq.nent() {
+            cq.overruns += 1;
+            if !cq.oi {
+                // Hardware never overwrites an unconsumed CQE of a CQ without `oi`: the CQ goes to error.
+                cq.status = STATUS_OVERFLOW;
+                self.events.push(SimEvent::CqOverrun { cqn });
+                self.post_eqe(EVENT_CQ_ERROR, 0, &cq_err_data(cqn, consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN));
+                return Err(PostCqeError::Overrun);
+            }
+        }
+        let n = cq.pi;
+        if let Err(f) = cq.write_cqe(&mut self.dma, n, cqe) {
+            return Err(self.cq_write_fail(cqn, f));
+        }
+        cq.pi = n.wrapping_add(1);
+        let solicited = is_solicited(cqe[OP_OWN]);
+        if solicited {
+            cq.last_solicited = Some(n);
+        }
+        let fire = match cq.arm {
+            Arm::None => false,
+            Arm::Next => true,
+            Arm::Solicited => solicited,
+        };
+        if fire {
+            self.fire_completion(cqn);
+        }
+        Ok(n)
+    }
+
+    /// The CQ could not reach its memory: it enters write-fail and a CQ-error EQE reports the access violation.
+    fn cq_write_fail(&mut self, cqn: u32, fault: DmaFault) -> PostCqeError {
+        if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
+            cq.status = STATUS_WRITE_FAIL;
+        }
+        self.events.push(SimEvent::CqWriteFail { cqn });
+        let synd = consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR;
+        self.post_eqe(EVENT_CQ_ERROR, 0, &cq_err_data(cqn, synd));
+        PostCqeError::DmaFault(fault)
+    }
+
+    /// An armed CQ fires: a completion EQE on its own EQ, and the CQ is disarmed.
+    pub(crate) fn fire_completion(&mut self, cqn: u32) {
+        let Some(cq) = self.fw.cqs.get_mut(&cqn) else { return };
+        cq.arm = Arm::None;
+        cq.last_notified = cq.pi.wrapping_sub(1);
+        let eqn = cq.eqn;
+        if self.post_eqe_to(eqn, EVENT_COMP, 0, &comp_data(cqn)).is_some() {
+            if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
+                cq.events_fired += 1;
+            }
+            self.events.push(SimEvent::CompletionEvent { cqn, eqn: eqn as u8 });
+        }
+    }
+}
+
+/// A CQE to write.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct CqeOut {
+    pub(super) opcode: u32,
+    pub(super) solicited: bool,
+    pub(super) wqe_opcode: u8,
+    pub(super) qpn: u32,
+    pub(super) wqe_counter: u16,
+    pub(super) byte_cnt: u32,
+    pub(super) imm: [u8; 4],
+    pub(super) flags_rqpn: u32,
+    pub(super) slid: u16,
+    pub(super) syndrome: u8,
+}
+
+impl CqeOut {
+    pub(super) fn image(&self) -> [u8; c::mlx5_cqe64::SIZE] {
+        use c::mlx5_cqe64 as f;
+        use c::mlx5_err_cqe as e;
+        let mut b = [0u8; c::mlx5_cqe64::SIZE];
+        let error = self.opcode == consts::MLX5_CQE_REQ_ERR || self.opcode == consts::MLX5_CQE_RESP_ERR;
+        // `sop_drop_qpn` and the error CQE's `s_wqe_opcode_qpn` are the same dword.
+        f::SOP_DROP_QPN.put_be(&mut b, 0, u32::from(self.wqe_opcode) << 24 | (self.qpn & QPN_MASK));
+        f::WQE_COUNTER.put_be(&mut b, 0, self.wqe_counter.into());
+        if error {
+            b[e::SYNDROME.off] = self.syndrome;
+            b[e::VENDOR_ERR_SYND.off] = VENDOR_ERR_BIT | self.syndrome;
+        } else {
+            f::BYTE_CNT.put_be(&mut b, 0, self.byte_cnt);
+            b[f::IMMEDIATE.off..f::IMMEDIATE.end()].copy_from_slice(&self.imm);
+            f::FLAGS_RQPN.put_be(&mut b, 0, self.flags_rqpn);
+            f::SLID.put_be(&mut b, 0, self.slid.into());
+        }
+        b[f::OP_OWN.off] = (self.opcode as u8) << CQE_OPCODE_SHIFT | if self.solicited { CQE_SE } else { 0 };
+        b
+    }
+}
+
+/// `flags_rqpn` of a responder CQE.
+pub(super) fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
+    let grh = u32::from(p.grh.is_some()) << CQE_GRH_SHIFT;
+    let sl = if ib { u32::from(p.sl & AV_SL_MASK) << CQE_SL_SHIFT } else { 0 };
+    (p.src_qpn & QPN_MASK) | grh | sl
+}
+
+impl State {
+    pub(super) fn post(&mut self, cqn: u32, cqe: CqeOut) {
+        // A CQ that cannot take the CQE reports it itself (overrun, write failure); the WQE is done either way.
+        let _ = self.post_cqe(cqn, &cqe.image());
+    }
+
+    /// A send WQE completed: the consumer counter moves past it, and a signaled WQE gets its CQE.
+    pub(super) fn complete_send(&mut self, qpn: u32, w: WqeId, len: u64) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.sq_ci = qp.sq_ci.wrapping_add(w.nbb);
+        qp.next_send_psn = qp.next_send_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        let cqn = qp.cqn_snd;
+        if w.signaled {
+            let byte_cnt = u32::try_from(len).unwrap_or(u32::MAX);
+            let cqe = CqeOut {
+                opcode: consts::MLX5_CQE_REQ,
+                wqe_opcode: w.opcode,
+                qpn,
+                wqe_counter: w.index,
+                byte_cnt,
+                ..CqeOut::default()
+            };
+            self.post(cqn, cqe);
+        }
+    }
+
+    /// A send WQE failed: an error CQE (signaled or not) and the QP goes to ERR.
+    pub(super) fn send_error(&mut self, qpn: u32, index: u16, opcode: u8, nbb: u16, syndrome: u8) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
+        qp.req = None;
+        let cqn = qp.cqn_snd;
+        let cqe = CqeOut {
+            opcode: consts::MLX5_CQE_REQ_ERR,
+            wqe_opcode: opcode,
+            qpn,
+            wqe_counter: index,
+            syndrome,
+            ..CqeOut::default()
+        };
+        self.post(cqn, cqe);
+        self.qp_error(qpn, syndrome);
+    }
+
+    /// A receive WQE consumed successfully.
+    pub(super) fn recv_complete(&mut self, qpn: u32, index: u16, len: u64, mut cqe: CqeOut) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.rq_ci = qp.rq_ci.wrapping_add(1);
+        qp.next_rcv_psn = qp.next_rcv_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        cqe.qpn = qpn;
+        cqe.wqe_counter = index;
+        let cqn = qp.cqn_rcv;
+        self.post(cqn, cqe);
+    }
+
+    /// A receive WQE failed: an error CQE and the QP goes to ERR.
+    pub(super) fn recv_error(&mut self, qpn: u32, index: u16, syndrome: u8) {
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        qp.rq_ci = qp.rq_ci.wrapping_add(1);
+        let cqn = qp.cqn_rcv;
+        let cqe = CqeOut { opcode: consts::MLX5_CQE_RESP_ERR, qpn, wqe_counter: index, syndrome, ..CqeOut::default() };
+        self.post(cqn, cqe);
+        self.qp_error(qpn, syndrome);
+    }
+}

@@ -1,0 +1,1053 @@
+//! The transport: the device side of the datapath (c-layouts.md sections 4 and 5), what the ConnectX's send and
+//! receive engines do. `wqe.rs` parses send and receive WQEs, `keys.rs` reaches memory through memory keys,
+//! `requester.rs` and `responder.rs` are the two ends of RC, `ud.rs` is UD, `cqe.rs` writes CQEs, `flush.rs`
+//! errors a QP and flushes it. Packets are built and read through `wire` and travel by `link`.
+//!
+//! A send doorbell reaches this module one way: `mmio.rs` (the BAR write) -> `uar.rs` (decodes it, records the
+//! SQ producer counter) -> [`State::run_datapath`] here (in line, or on the device thread), which runs every QP's
+//! SQ, the packets in the inbox and the timers.
+//!
+//! # Execution
+//! The SQ of a QP in RTS runs in order. A UD send (and a NOP) completes as soon as it is handed to the wire. An
+//! RC WQE is outstanding until its response arrives: one at a time per QP, so fences and ordering rules are met
+//! trivially. Every device access by key goes through [`State::mkey_access`]: local SGEs with the QP's PD
+//! (`LOCAL_READ` to gather, `LOCAL_WRITE` for READ and atomic results), remote ones with the target QP's PD, its
+//! `rre`/`rwe`/`rae` and `REMOTE_*` rights. Atomics run under the target device's lock.
+//!
+//! # Failures
+//! Local: a malformed WQE or an unsupported opcode is `LOCAL_QP_OP_ERR`, a bad lkey `LOCAL_PROT_ERR`, a message
+//! above `log_max_msg` `LOCAL_LENGTH_ERR`. Remote: bad rkey/rights/bounds `REMOTE_ACCESS_ERR`; a receive too
+//! small `LOCAL_LENGTH_ERR` on that receive and `REMOTE_INVAL_REQ_ERR` at the requester; a bad lkey in the
+//! receive `LOCAL_PROT_ERR` there and `REMOTE_OP_ERR` at the requester. An empty RQ answers an RC SEND or
+//! WRITE_IMM with an RNR NAK: the requester waits the responder's `min_rnr_nak` timer (IB table, device time)
+//! and retries when the device next runs after it, `rnr_retry` times (7: forever), then `RNR_RETRY_EXC_ERR`. A
+//! request that reaches no RC QP in RTR/RTS is retried after the path's ACK timeout (`4.096 us << ack_timeout`)
+//! `retry_count` times, then `TRANSPORT_RETRY_EXC_ERR`; so is a request that gets no response at all within the
+//! ACK timeout (lost on a link to another process). A UD send that cannot be delivered (unknown address or QP,
+//! qkey mismatch, empty RQ) is dropped: the sender completes successfully. An error CQE moves its QP to ERR.
+//!
+//! # PSNs
+//! An RC request carries the requester's send PSN for its message. The responder executes a request at the PSN
+//! it expects (`next_rcv_psn`, which moves past the message's packets) and nothing else: a PSN behind it is a
+//! duplicate of a message already executed (a retransmission whose response was lost), answered again without
+//! executing it a second time (a READ is read again; an atomic returns the original value it returned before); a
+//! PSN ahead of it is a PSN sequence error NAK, which the requester retransmits until its retry count runs out
+//! (`TRANSPORT_RETRY_EXC_ERR`). So two QPs connected with PSNs that do not match fail as they do on hardware.
+//!
+//! # Errors and flushes
+//! Every error CQE is written whether the WQE was signaled or not. A QP in ERR completes its outstanding WQE,
+//! every send WQE up to the last doorbell and every posted receive with `WR_FLUSH_ERR`, one CQE per WQE, each
+//! time the device runs.
+
+use std::collections::BTreeMap;
+
+use mlx5_core::prm::{c, consts, Bytes};
+
+use crate::events::{RetryKind, SimEvent};
+use crate::fw::mkey::MkeyAccess;
+use crate::fw::qp::{Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, PSN_MASK, SEND_WQE_BB};
+use crate::link::Packet;
+use crate::small::Small;
+use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, INLINE_PAYLOAD};
+use crate::State;
+
+pub(crate) mod cqe;
+mod flush;
+mod keys;
+mod requester;
+mod responder;
+mod ud;
+mod wqe;
+
+use wqe::{Kind, SendWqe};
+
+const BB: u64 = SEND_WQE_BB;
+/// PSNs less than half the 24-bit space ahead of the expected one are "ahead" (a sequence error); the rest are
+/// behind it (duplicates), as IBA 9.7.5.2 splits the space.
+const PSN_WINDOW: u32 = 1 << 23;
+/// A WQE is counted in 16-byte units (`ds`).
+const DS: usize = consts::MLX5_SEND_WQE_DS as usize;
+const CTRL: usize = c::mlx5_wqe_ctrl_seg::SIZE;
+const DATA_SEG: usize = c::mlx5_wqe_data_seg::SIZE;
+const RADDR_SEG: usize = c::mlx5_wqe_raddr_seg::SIZE;
+const ATOMIC_SEG: usize = c::mlx5_wqe_atomic_seg::SIZE;
+const DGRAM_SEG: usize = c::mlx5_wqe_datagram_seg::SIZE;
+const INLINE_HDR: usize = c::mlx5_wqe_inline_seg::BYTE_COUNT.len;
+const INLINE_FLAG: u32 = consts::MLX5_INLINE_SEG;
+const DS_MASK: u32 = consts::MLX5_WQE_CTRL_DS_MASK;
+const QPN_SHIFT: u32 = consts::MLX5_WQE_CTRL_QPN_SHIFT;
+const IDX_SHIFT: u32 = consts::MLX5_WQE_CTRL_WQE_INDEX_SHIFT;
+const OPCODE_MASK: u32 = consts::MLX5_WQE_CTRL_OPCODE_MASK;
+const CQ_UPDATE: u8 = consts::MLX5_WQE_CTRL_CQ_UPDATE as u8;
+const SOLICITED: u8 = consts::MLX5_WQE_CTRL_SOLICITED as u8;
+const INVALID_LKEY: u32 = consts::MLX5_INVALID_LKEY;
+const EXTENDED_AV: u32 = consts::MLX5_EXTENDED_UD_AV;
+/// `grh_gid_fl` of an address vector (rdma-core `mlx5_create_ah`): GRH flag in bit 30, source GID index in bits
+/// 27:20, flow label in bits 19:0.
+const AV_GRH: u32 = 1 << 30;
+const AV_SGID_SHIFT: u32 = 20;
+const AV_SGID_MASK: u32 = 0xff;
+const FLOW_LABEL_MASK: u32 = 0xf_ffff;
+/// The IB SL is the low 4 bits of `stat_rate_sl` (mlx5_ib `create_ib_ah`).
+const AV_SL_MASK: u8 = 0xf;
+/// A data segment with `byte_count` 0 covers 2 GiB (PRM).
+const ZERO_COUNT_BYTES: u64 = 1 << 31;
+/// A UD qkey with the high bit set means "use the QP's own qkey" (IBA 10.2.5).
+const QKEY_FROM_QP: u32 = 1 << 31;
+/// `rnr_retry` 7: retry forever (IBA 9.7.5.2.8).
+const RNR_RETRY_INFINITE: u8 = 7;
+/// The doorbell record: `MLX5_RCV_DBR` and `MLX5_SND_DBR` are be32 indices.
+const RCV_DBR: u64 = consts::MLX5_RCV_DBR as u64 * 4;
+/// Producer counters are 16 bits in the doorbell record.
+const CTR16: u32 = 0xffff;
+const QPN_MASK: u32 = 0xff_ffff;
+/// Bits 7:4 of `op_own` hold the CQE opcode; bit 1 the solicited event.
+const CQE_OPCODE_SHIFT: u32 = 4;
+const CQE_SE: u8 = 1 << 1;
+/// `flags_rqpn`: "GRH present" in bits 29:28 (value 1), the IB SL in bits 27:24 (mlx5_ib `handle_responder`).
+const CQE_GRH_SHIFT: u32 = 28;
+const CQE_SL_SHIFT: u32 = 24;
+/// Every error CQE carries a non-zero vendor syndrome; the simulator's is its own syndrome with the high bit.
+const VENDOR_ERR_BIT: u8 = 0x80;
+
+const SYND_LOCAL_LENGTH: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR as u8;
+const SYND_LOCAL_QP_OP: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR as u8;
+const SYND_LOCAL_PROT: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR as u8;
+const SYND_FLUSH: u8 = consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR as u8;
+const SYND_BAD_RESP: u8 = consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR as u8;
+const SYND_REMOTE_INVAL: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR as u8;
+const SYND_REMOTE_ACCESS: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR as u8;
+const SYND_REMOTE_OP: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR as u8;
+const SYND_RETRY_EXC: u8 = consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR as u8;
+const SYND_RNR_EXC: u8 = consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR as u8;
+
+/// The received GRH: 40 bytes, IPv6-shaped (IBA 8.3; RoCE v1 carries the same header).
+pub(crate) const GRH_BYTES: usize = 40;
+const GRH_IP_VERSION: u32 = 6;
+/// `NxtHdr` of a GRH followed by the IBA transport header.
+const GRH_NEXT_BTH: u8 = 0x1b;
+/// Headers counted in the GRH payload length after the GRH: BTH, DETH, ImmDt (when present), and the ICRC.
+const BTH_BYTES: usize = 12;
+const DETH_BYTES: usize = 8;
+const IMMDT_BYTES: usize = 4;
+const ICRC_BYTES: usize = 4;
+
+/// The RNR NAK timer field in microseconds (IBA table 45; 0 is the longest).
+const RNR_TIMER_US: [u64; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840, 5_120, 7_680,
+    10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
+];
+
+fn rnr_timer_ns(timer: u8) -> u64 {
+    RNR_TIMER_US[usize::from(timer & 31)] * 1_000
+}
+
+/// The local ACK timeout `4.096 us << ack_timeout` (IBA 9.7.6.1.3). The spec makes 0 infinite; the simulator
+/// uses the shortest timeout instead so a lost request always ends.
+fn ack_timeout_ns(ack_timeout: u8) -> u64 {
+    4_096u64 << ack_timeout.min(31)
+}
+
+/// Packets a message of `len` bytes takes at path MTU `mtu` (`IB_MTU_*`); at least one.
+fn packets(len: u64, mtu: u32) -> u32 {
+    if !(consts::IB_MTU_256..=consts::IB_MTU_4096).contains(&mtu) {
+        return 1;
+    }
+    let size = 128u64 << mtu;
+    u32::try_from(len.div_ceil(size).max(1)).unwrap_or(u32::MAX)
+}
+
+fn be(m: Bytes, b: &[u8], base: usize) -> u32 {
+    m.get_be(b, base)
+}
+
+fn be64(b: &[u8], off: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[off..off + 8]);
+    u64::from_be_bytes(w)
+}
+
+/// Largest WQE read into a stack buffer (small sends, a few SGEs or some inline bytes, and receive WQEs); larger ones
+/// go to the heap.
+const WQE_STACK: usize = 256;
+
+/// Largest receive WQE read into the small stack buffer: four SGEs.
+const RQ_SMALL: usize = 64;
+
+/// Bytes a gather reserves before reading (more only as the keys check out).
+const GATHER_RESERVE: usize = 64 * 1024;
+
+/// Datapath state beyond the QPs: the BlueFlame buffers' current WQEs and the request sequence numbers.
+#[derive(Debug, Default)]
+pub(crate) struct DpState {
+    /// (UAR page, BlueFlame buffer) -> (QPN, WQE index) of the last doorbell written there.
+    pub(crate) bf: BTreeMap<(u32, usize), (u32, u16)>,
+    next_seq: u64,
+    /// Where RC payloads too large to travel inline are gathered before they are shared (reused).
+    scratch: Vec<u8>,
+    /// The inline bytes of the WQE being executed (reused, as `scratch`).
+    inline: Vec<u8>,
+}
+
+impl State {
+    // -----------------------------------------------------------------------------------------------------------
+    // The engine
+
+    /// A packet from the wire (the pump delivers it). A dead device answers nothing: an RC requester sees it lost.
+    pub(crate) fn receive(&mut self, p: Packet) {
+        if self.dead() {
+            if let Some(r) = p.reply(Resp::Lost("destination device dead")) {
+                self.wire.send(r);
+            }
+            return;
+        }
+        self.wire.inbox.push_back(p);
+    }
+
+    /// Runs the datapath until nothing more can happen now: packets in the inbox, flushes of QPs in ERR, due
+    /// retries, SQs with work. Returns the packets for other devices.
+    pub(crate) fn run_datapath(&mut self) -> Vec<Packet> {
+        if self.dead() {
+            self.wire.inbox.clear();
+            return std::mem::take(&mut self.wire.outbox);
+        }
+        // One instant for the whole run: a retry sent now waits at least one timer tick past it, so a run never
+        // spins on retries (in threaded mode the clock moves while we hold the lock).
+        let now = self.now_ns();
+        // Bounded: every pass consumes packets or WQEs; the bound only guards against a simulator bug.
+        for _ in 0..1_000_000 {
+            let mut busy = false;
+            while let Some(p) = self.wire.inbox.pop_front() {
+                self.handle(p);
+                busy = true;
+            }
+            // Every QP in number order, by position (a step creates or destroys none).
+            let mut i = 0;
+            while let Some(qpn) = self.fw.qps.key_at(i) {
+                busy |= self.qp_step(qpn, now);
+                i += 1;
+            }
+            if !busy {
+                break;
+            }
+        }
+        std::mem::take(&mut self.wire.outbox)
+    }
+
+    fn handle(&mut self, p: Packet) {
+        match p.body {
+            Body::Rc { .. } => self.rc_request(p),
+            Body::Ud { .. } => self.ud_receive(p),
+            Body::Resp { seq, resp } => self.rc_response(p.dst_qpn, seq, resp, p.src_qpn),
+        }
+    }
+
+    fn qp_step(&mut self, qpn: u32, now: u64) -> bool {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return false };
+        match qp.state {
+            QpState::Err => self.flush(qpn),
+            QpState::Rts => {
+                // Only an outstanding request has timers.
+                let retried = qp.req.is_some() && self.retry_due(qpn, now);
+                self.sq_progress(qpn) || retried
+            }
+            _ => false,
+        }
+    }
+
+    /// Executes send WQEs of a QP in RTS until the SQ is empty, an RC WQE is outstanding or the QP fails.
+    fn sq_progress(&mut self, qpn: u32) -> bool {
+        let mut any = false;
+        // One WQE, parsed in place: a WQE built apart and then moved is copied right after its fields were
+        // written, and the CPU stalls on such a copy (the store buffer cannot forward it), more than the parse.
+        let mut w = SendWqe::default();
+        // Bounded: every step moves the consumer counter, makes a WQE outstanding or fails the QP.
+        for _ in 0..=u16::MAX {
+            let Some(qp) = self.fw.qps.get(&qpn) else { break };
+            if qp.state != QpState::Rts || qp.req.is_some() || qp.sq_ci == qp.sq_pi {
+                break;
+            }
+            let index = qp.sq_ci;
+            any = true;
+            match self.fetch_wqe(qpn, &mut w) {
+                Ok(()) => self.execute(qpn, &w),
+                Err(b) => self.send_error(qpn, index, b.opcode, b.nbb, b.syndrome),
+            }
+        }
+        any
+    }
+
+    fn execute(&mut self, qpn: u32, w: &SendWqe) {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        match (w.kind, qp.st) {
+            (Kind::Nop, _) => self.complete_send(qpn, w.id(), 0),
+            (_, QpType::Ud) => self.execute_ud(qpn, w),
+            (_, QpType::Rc) => self.execute_rc(qpn, w),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
+    use crate::{SimConfig, SimMmio};
+    use mlx5_core::hal::Mmio;
+    use mlx5_core::prm::ifc;
+    use mlx5_core::prm::MsgBuf;
+
+    use consts::{
+        MLX5_CQE_REQ as REQ, MLX5_CQE_REQ_ERR as REQ_ERR, MLX5_CQE_RESP_ERR as RESP_ERR,
+        MLX5_CQE_RESP_SEND as RESP_SEND, MLX5_CQE_RESP_SEND_IMM as RESP_SEND_IMM, MLX5_CQE_RESP_WR_IMM as RESP_WR_IMM,
+        MLX5_OPCODE_ATOMIC_CS as ATOMIC_CS, MLX5_OPCODE_ATOMIC_FA as ATOMIC_FA, MLX5_OPCODE_RDMA_READ as RDMA_READ,
+        MLX5_OPCODE_RDMA_WRITE as RDMA_WRITE, MLX5_OPCODE_RDMA_WRITE_IMM as RDMA_WRITE_IMM, MLX5_OPCODE_SEND as SEND,
+        MLX5_OPCODE_SEND_IMM as SEND_IMM,
+    };
+
+    fn synd(s: u8) -> u32 {
+        s.into()
+    }
+
+    /// Two RC QPs of one device connected to each other (loopback), each with a send and a receive CQ, and one
+    /// memory region both use.
+    struct Pair {
+        r: Rdma,
+        a: TQp,
+        b: TQp,
+        a_scq: TCq,
+        a_rcq: TCq,
+        b_scq: TCq,
+        b_rcq: TCq,
+        mr: Mr,
+    }
+
+    fn pair_with(cfg: SimConfig, spec: QpSpec, pa: RcParams, pb: RcParams) -> Pair {
+        let mut r = Rdma::new(cfg);
+        let (a_scq, a_rcq, b_scq, b_rcq) = (r.cq(5), r.cq(5), r.cq(5), r.cq(5));
+        let a = r.qp(spec, a_scq.cqn, a_rcq.cqn);
+        let b = r.qp(spec, b_scq.cqn, b_rcq.cqn);
+        let (ra, rb) = (r.me(a.qpn), r.me(b.qpn));
+        r.connect_rc(&a, &rb, pa);
+        r.connect_rc(&b, &ra, pb);
+        let mr = r.mr(64 * 1024);
+        Pair { r, a, b, a_scq, a_rcq, b_scq, b_rcq, mr }
+    }
+
+    fn pair() -> Pair {
+        pair_with(SimConfig::default(), QpSpec::rc(), RcParams::default(), RcParams::default())
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|k| (k as u8).wrapping_mul(7).wrapping_add(seed)).collect()
+    }
+
+    fn count(r: &Rdma, f: impl Fn(&SimEvent) -> bool) -> usize {
+        r.h.dev.events().iter().filter(|e| f(e)).count()
+    }
+
+    #[test]
+    fn rc_send_recv_over_loopback_moves_the_data() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        let src = pattern(200, 1);
+        p.mr.write(0, &src);
+        p.r.post_recv(&mut p.b, &[(base + 4096, 50, key), (base + 8192, 100, key)]);
+        let w = Wqe::new(SEND_IMM).imm(0xdead_beef).solicited().data(30, key, base).data(70, key, base + 100);
+        assert_eq!(p.r.post_send(&mut p.a, &w, Bell::Db), 0);
+        let e = p.r.poll(&mut p.a_scq).expect("requester CQE");
+        assert_eq!((e.status(), e.wqe_opcode(), e.qpn(), e.wqe_counter()), ((REQ, 0), SEND_IMM, p.a.qpn, 0));
+        let e = p.r.poll(&mut p.b_rcq).expect("responder CQE");
+        assert_eq!(
+            (e.opcode(), e.byte_cnt(), e.imm(), e.qpn(), e.wqe_counter()),
+            (RESP_SEND_IMM, 100, 0xdead_beef, p.b.qpn, 0)
+        );
+        // RoCE always carries a GRH; the source QP is the requester.
+        assert_eq!(e.flags_rqpn(), p.a.qpn | 1 << 28);
+        assert!(e.solicited());
+        let got = [p.mr.read(4096, 50), p.mr.read(8192, 50)].concat();
+        assert_eq!(got, [&src[..30], &src[100..170]].concat());
+        // Nothing beyond the message was written.
+        assert_eq!(p.mr.read(8192 + 50, 50), vec![0u8; 50]);
+        assert!(p.r.h.dev.events().contains(&SimEvent::SqDoorbell { qpn: p.a.qpn, pi: 1 }));
+        let (ia, ib) = (p.r.h.dev.qp_info(p.a.qpn).unwrap(), p.r.h.dev.qp_info(p.b.qpn).unwrap());
+        assert_eq!((ia.sq_ci, ia.sq_pi, ia.next_send_psn, ia.outstanding), (1, 1, 0x101, false));
+        assert_eq!((ib.rq_ci, ib.next_rcv_psn), (1, 0x101));
+        assert!(p.r.poll(&mut p.a_scq).is_none() && p.r.poll(&mut p.b_rcq).is_none());
+        assert!(p.r.h.dev.dma_faults().is_empty());
+    }
+
+    #[test]
+    fn rdma_write_write_imm_read_and_atomics() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        let src = pattern(300, 9);
+        p.mr.write(0, &src);
+        // WRITE: no receive is consumed, nothing completes at the responder.
+        let w = Wqe::new(RDMA_WRITE).raddr(base + 2000, key).data(64, key, base).data(36, key, base + 200);
+        p.r.post_send(&mut p.a, &w, Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_opcode(), e.byte_cnt()), ((REQ, 0), RDMA_WRITE, 100));
+        assert_eq!(p.mr.read(2000, 100), [&src[..64], &src[200..236]].concat());
+        assert!(p.r.poll(&mut p.b_rcq).is_none());
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().rq_ci, 0);
+        // WRITE_IMM consumes a receive (no scatter) and completes it with the immediate.
+        p.r.post_recv(&mut p.b, &[]);
+        let w = Wqe::new(RDMA_WRITE_IMM).imm(0x1234_5678).raddr(base + 3000, key).data(10, key, base + 50);
+        p.r.post_send(&mut p.a, &w, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().wqe_opcode(), RDMA_WRITE_IMM);
+        let e = p.r.poll(&mut p.b_rcq).unwrap();
+        assert_eq!((e.opcode(), e.byte_cnt(), e.imm(), e.wqe_counter()), (RESP_WR_IMM, 10, 0x1234_5678, 0));
+        assert_eq!(p.mr.read(3000, 10), src[50..60]);
+        // READ into two local SGEs.
+        let remote = pattern(48, 77);
+        p.mr.write(5000, &remote);
+        let w = Wqe::new(RDMA_READ).raddr(base + 5000, key).data(16, key, base + 6000).data(32, key, base + 7000);
+        p.r.post_send(&mut p.a, &w, Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_opcode(), e.byte_cnt(), e.wqe_counter()), ((REQ, 0), RDMA_READ, 48, 2));
+        assert_eq!([p.mr.read(6000, 16), p.mr.read(7000, 32)].concat(), remote);
+        // Atomics on big-endian memory; the original value lands in the local SGE.
+        p.mr.write(8000, &5u64.to_be_bytes());
+        let cs = |swap: u64, cmp: u64| {
+            Wqe::new(ATOMIC_CS).raddr(base + 8000, key).atomic(swap, cmp).data(8, key, base + 9000)
+        };
+        p.r.post_send(&mut p.a, &cs(9, 5), Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_opcode(), e.byte_cnt()), ((REQ, 0), ATOMIC_CS, 8));
+        assert_eq!(
+            (p.mr.read(9000, 8), p.mr.read(8000, 8)),
+            (5u64.to_be_bytes().to_vec(), 9u64.to_be_bytes().to_vec())
+        );
+        // A failed compare swaps nothing.
+        p.r.post_send(&mut p.a, &cs(11, 5), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(
+            (p.mr.read(9000, 8), p.mr.read(8000, 8)),
+            (9u64.to_be_bytes().to_vec(), 9u64.to_be_bytes().to_vec())
+        );
+        let fa = Wqe::new(ATOMIC_FA).raddr(base + 8000, key).atomic(0x100, 0).data(8, key, base + 9008);
+        p.r.post_send(&mut p.a, &fa, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().wqe_opcode(), ATOMIC_FA);
+        assert_eq!(
+            (p.mr.read(9008, 8), p.mr.read(8000, 8)),
+            (9u64.to_be_bytes().to_vec(), 0x109u64.to_be_bytes().to_vec())
+        );
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().state, QpState::Rts);
+    }
+
+    #[test]
+    fn inline_sends_and_unsignaled_wqes() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.r.post_recv(&mut p.b, &[(base, 64, key)]);
+        p.r.post_recv(&mut p.b, &[(base + 64, 64, key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).unsignaled().inline(b"hello, inline"), Bell::Db);
+        // Unsignaled: no requester CQE, but the WQE is done.
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().sq_ci, 1);
+        assert_eq!(p.r.poll(&mut p.b_rcq).unwrap().byte_cnt(), 13);
+        assert_eq!(p.mr.read(0, 13), b"hello, inline");
+        // 60 inline bytes: ctrl + 4 + 60 = 80 bytes, two basic blocks.
+        let long = pattern(60, 3);
+        assert_eq!(p.r.post_send(&mut p.a, &Wqe::new(SEND).inline(&long), Bell::Db), 1);
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_counter()), ((REQ, 0), 1));
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().sq_ci, 3);
+        assert_eq!(p.mr.read(64, 60), long);
+        let e = p.r.poll(&mut p.b_rcq).unwrap();
+        assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, 60, 1));
+    }
+
+    fn ud_env(cfg: SimConfig) -> (Rdma, TQp, TQp, TCq, TCq, Mr) {
+        let mut r = Rdma::new(cfg);
+        let (scq, rcq) = (r.cq(5), r.cq(5));
+        let ua = r.qp(QpSpec::ud(), scq.cqn, rcq.cqn);
+        let ub = r.qp(QpSpec::ud(), scq.cqn, rcq.cqn);
+        r.ready_ud(&ua, 0x11);
+        r.ready_ud(&ub, 0x11);
+        let mr = r.mr(16 * 1024);
+        (r, ua, ub, scq, rcq, mr)
+    }
+
+    fn roce_av(r: &Rdma, dqpn: u32, qkey: u32) -> TAv {
+        let me = r.me(dqpn);
+        TAv {
+            dqpn,
+            qkey,
+            grh: true,
+            hop_limit: 64,
+            tclass: 0x20,
+            flow_label: 0x1_2345,
+            rgid: me.gid,
+            rmac: me.mac,
+            ..TAv::default()
+        }
+    }
+
+    #[test]
+    fn ud_send_over_loopback_gets_a_grh_and_checks_the_qkey() {
+        let (r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(SimConfig::default());
+        let (key, base) = (mr.key, mr.addr());
+        let payload = pattern(64, 5);
+        mr.write(0, &payload);
+        r.post_recv(&mut ub, &[(base + 1000, 40 + 64, key)]);
+        let av = roce_av(&r, ub.qpn, 0x11);
+        r.post_send(&mut ua, &Wqe::new(SEND_IMM).imm(7).av(&av).data(64, key, base), Bell::Db);
+        let e = r.poll(&mut scq).unwrap();
+        assert_eq!((e.status(), e.wqe_opcode(), e.qpn()), ((REQ, 0), SEND_IMM, ua.qpn));
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.opcode(), e.byte_cnt(), e.imm(), e.qpn()), (RESP_SEND_IMM, 104, 7, ub.qpn));
+        assert_eq!(e.flags_rqpn(), ua.qpn | 1 << 28);
+        let grh = mr.read(1000, GRH_BYTES);
+        let w0 = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
+        assert_eq!((w0 >> 28, (w0 >> 20) & 0xff, w0 & 0xf_ffff), (6, 0x20, 0x1_2345));
+        // Payload length: BTH + DETH + ImmDt + 64 + ICRC.
+        assert_eq!((u16::from_be_bytes([grh[4], grh[5]]), grh[6], grh[7]), (12 + 8 + 4 + 64 + 4, 0x1b, 64));
+        let gid = r.h.dev.gid(0).unwrap();
+        assert_eq!((&grh[8..24], &grh[24..40]), (&gid[..], &gid[..]));
+        assert_eq!(mr.read(1040, 64), payload);
+        // A wrong qkey: dropped, the sender still completes.
+        r.post_recv(&mut ub, &[(base + 2000, 200, key)]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x12)).data(8, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        assert!(r.poll(&mut rcq).is_none());
+        let dropped = SimEvent::UdDropped { qpn: ua.qpn, dqpn: ub.qpn, why: "qkey mismatch" };
+        assert!(r.h.dev.events().contains(&dropped));
+        // A qkey with the high bit set uses the sender QP's own qkey (0x11).
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x8000_0000)).data(8, key, base), Bell::Db);
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, 48, 1));
+        // An unknown GID, an unknown QP and an empty RQ drop too.
+        let mut far = roce_av(&r, ub.qpn, 0x11);
+        far.rgid[15] ^= 1;
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&far).data(8, key, base), Bell::Db);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, 0xfff, 0x11)).data(8, key, base), Bell::Db);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x11)).data(8, key, base), Bell::Db);
+        let whys: Vec<&str> =
+            r.h.dev
+                .events()
+                .iter()
+                .filter_map(|e| if let SimEvent::UdDropped { why, .. } = e { Some(*why) } else { None })
+                .collect();
+        assert_eq!(
+            whys,
+            [
+                "qkey mismatch",
+                "unknown destination (not connected)",
+                "no UD QP in RTR/RTS at the destination",
+                "receive queue empty"
+            ]
+        );
+        assert_eq!(r.drain(&mut scq).len(), 4);
+        // A receive too small for GRH + payload: local length error there, and that QP goes to ERR.
+        r.post_recv(&mut ub, &[(base + 3000, 50, key)]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x11)).data(64, key, base), Bell::Db);
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.status(), e.wqe_counter(), e.qpn()), ((RESP_ERR, synd(SYND_LOCAL_LENGTH)), 2, ub.qpn));
+        assert_ne!(e.vendor_err(), 0);
+        assert_eq!(r.h.dev.qp_info(ub.qpn).unwrap().error, Some(SYND_LOCAL_LENGTH));
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        assert_eq!(r.h.dev.qp_info(ua.qpn).unwrap().state, QpState::Rts);
+    }
+
+    #[test]
+    fn ib_ud_without_a_grh_gets_zeros_with_the_ip_version() {
+        let cfg = SimConfig { port_type: crate::PortType::Ib, lid: 5, ..SimConfig::default() };
+        let (r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(cfg);
+        let (key, base) = (mr.key, mr.addr());
+        mr.write(0, b"ib datagram");
+        mr.write(1000, &[0xee; 40]);
+        r.post_recv(&mut ub, &[(base + 1000, 128, key)]);
+        let av = TAv { dqpn: ub.qpn, qkey: 0x11, rlid: 5, sl: 6, ..TAv::default() };
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(11, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let e = r.poll(&mut rcq).unwrap();
+        // No GRH flag; the SL in bits 27:24; the sender's LID.
+        assert_eq!((e.byte_cnt(), e.flags_rqpn(), e.slid()), (51, ua.qpn | 6 << 24, 5));
+        let mut grh = vec![0u8; 40];
+        grh[0] = 0x60;
+        assert_eq!(mr.read(1000, 40), grh);
+        assert_eq!(mr.read(1040, 11), b"ib datagram");
+        // Another LID is nobody's.
+        let far = TAv { rlid: 6, ..av };
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&far).data(11, key, base), Bell::Db);
+        let why = "unknown destination (not connected)";
+        assert!(r.h.dev.events().contains(&SimEvent::UdDropped { qpn: ua.qpn, dqpn: ub.qpn, why }));
+    }
+
+    #[test]
+    fn the_rings_wrap_with_wqes_straddling_the_end_of_the_sq() {
+        // 8 basic blocks of SQ, 4 receives, CQs of 8 entries: everything wraps several times.
+        let spec = QpSpec { log_sq: 3, log_rq: 2, ..QpSpec::rc() };
+        let mut p = pair_with(SimConfig::default(), spec, RcParams::default(), RcParams::default());
+        let (mut a_scq, mut b_rcq) = (p.r.cq(3), p.r.cq(3));
+        // Fresh QPs on the small CQs.
+        let a = p.r.qp(spec, a_scq.cqn, a_scq.cqn);
+        let b = p.r.qp(spec, b_rcq.cqn, b_rcq.cqn);
+        let (ra, rb) = (p.r.me(a.qpn), p.r.me(b.qpn));
+        p.r.connect_rc(&a, &rb, RcParams::default());
+        p.r.connect_rc(&b, &ra, RcParams::default());
+        let (mut a, mut b) = (a, b);
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(0, &pattern(4096, 11));
+        // One 1-BB WQE, then 2-BB WQEs at odd indices: the one at index 7 wraps to index 0.
+        let mut expect_index = 0u16;
+        for k in 0..21u64 {
+            p.r.post_recv(&mut b, &[(base + 8192 + (k % 4) * 512, 512, key)]);
+            let nseg: u64 = if k == 0 { 3 } else { 7 };
+            let mut w = Wqe::new(SEND);
+            for s in 0..nseg {
+                w = w.data(8, key, base + k * 64 + s * 8);
+            }
+            let bell = if k % 3 == 0 { Bell::Bf } else { Bell::Db };
+            assert_eq!(p.r.post_send(&mut a, &w, bell), expect_index);
+            let e = p.r.poll(&mut a_scq).unwrap_or_else(|| panic!("send {k}"));
+            assert_eq!((e.status(), e.wqe_counter()), ((REQ, 0), expect_index));
+            let e = p.r.poll(&mut b_rcq).unwrap();
+            assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, nseg as u32 * 8, k as u16));
+            let want = p.mr.read((k * 64) as usize, nseg as usize * 8);
+            assert_eq!(p.mr.read((8192 + (k % 4) * 512) as usize, nseg as usize * 8), want, "message {k}");
+            expect_index = expect_index.wrapping_add(if k == 0 { 1 } else { 2 });
+        }
+        assert_eq!(p.r.h.dev.qp_info(a.qpn).unwrap().sq_ci, expect_index);
+        assert_eq!(p.r.h.dev.qp_info(b.qpn).unwrap().rq_ci, 21);
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::BlueFlameMismatch { .. })), 0);
+        // The BlueFlame copies of wrapping WQEs were checked across the wrap.
+        let wrapped = count(
+            &p.r,
+            |e| matches!(e, SimEvent::BlueFlameCopy { qpn, wqe_index, off: 64.. } if *qpn == a.qpn && wqe_index % 8 == 7),
+        );
+        assert!(wrapped > 0);
+        let _ = (&mut p.a, &mut p.b, &mut p.a_scq, &mut p.a_rcq, &mut p.b_scq);
+    }
+
+    #[test]
+    fn blueflame_copies_are_checked_and_bad_doorbells_refused() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        for _ in 0..4 {
+            p.r.post_recv(&mut p.b, &[(base + 4096, 256, key)]);
+        }
+        let w = Wqe::new(SEND).data(16, key, base).data(16, key, base + 16).data(16, key, base + 32);
+        p.r.post_send(&mut p.a, &w, Bell::Bf);
+        let copies: Vec<u16> =
+            p.r.h
+                .dev
+                .events()
+                .iter()
+                .filter_map(|e| match e {
+                    SimEvent::BlueFlameCopy { qpn, wqe_index: 0, off } if *qpn == p.a.qpn => Some(*off),
+                    _ => None,
+                })
+                .collect();
+        assert_eq!(copies, [8, 16, 24, 32, 40, 48, 56]);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        // A corrupted copy is reported (the WQE in memory still runs).
+        p.r.post_send(&mut p.a, &w, Bell::BfCorrupt(20));
+        let bad = SimEvent::BlueFlameMismatch { qpn: p.a.qpn, wqe_index: 1, off: 16 };
+        assert_eq!(count(&p.r, |e| *e == bad), 1);
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::BlueFlameMismatch { .. })), 1);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().wqe_counter(), 1);
+        // A doorbell whose value is not the WQE's first 8 bytes.
+        p.r.post_send(&mut p.a, &w, Bell::None);
+        let db = SimMmio::uar_offset(p.a.uar) + p.a.bf_off;
+        p.r.h.mmio.write64(db, u64::from(p.a.qpn) << 8 | 0x1234_0000_0000_0000);
+        assert!(p.r.h.dev.events().contains(&SimEvent::BlueFlameMismatch { qpn: p.a.qpn, wqe_index: 0x3400, off: 0 }));
+        // It is still a doorbell for that QP: the WQE in memory runs.
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().wqe_counter(), 2);
+        // Refused doorbells.
+        let why = |r: &Rdma| match r.h.dev.events().last() {
+            Some(SimEvent::BadSqDoorbell { why, .. }) => *why,
+            other => panic!("expected a refused doorbell, got {other:?}"),
+        };
+        let uar2 = p.r.h.alloc_uar();
+        let bf = |uar: u32| SimMmio::uar_offset(uar) + consts::MLX5_BF_OFFSET as usize;
+        p.r.h.mmio.write64(bf(uar2), u64::from(p.a.qpn) << 8 | 1);
+        assert_eq!(why(&p.r), "QP uses another UAR page");
+        p.r.h.mmio.write64(bf(p.a.uar), 0xfff_fff0 << 8);
+        assert_eq!(why(&p.r), "no such QP");
+        p.r.h.mmio.write64(bf(uar2 + 3), 0);
+        assert_eq!(why(&p.r), "UAR page not allocated");
+        p.r.h.mmio.write64(bf(p.a.uar) + 4, 0);
+        assert_eq!(why(&p.r), "unaligned BlueFlame write");
+        // The last half of the last register: no doorbell went there yet.
+        p.r.h.mmio.write64(bf(p.a.uar) + 3 * 512 + 256 + 8, 0);
+        assert_eq!(why(&p.r), "BlueFlame copy without a doorbell");
+        let spare = p.r.qp(QpSpec::rc(), p.a_scq.cqn, p.a_rcq.cqn);
+        p.r.h.mmio.write64(bf(p.a.uar), u64::from(spare.qpn) << 8 | 1);
+        assert_eq!(why(&p.r), "QP in RST");
+        let rq_only = p.r.qp(QpSpec { no_sq: true, ..QpSpec::rc() }, p.a_scq.cqn, p.a_rcq.cqn);
+        p.r.h.mmio.write64(bf(p.a.uar), u64::from(rq_only.qpn) << 8 | 1);
+        assert_eq!(why(&p.r), "QP has no send queue");
+        p.a.set_sq_dbr(p.a.sq_pi.wrapping_add(65));
+        p.r.h.mmio.write64(bf(p.a.uar), u64::from(p.a.qpn) << 8 | 1);
+        assert_eq!(why(&p.r), "producer counter beyond the send queue");
+        // None of them ran anything; the next proper doorbell works.
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().sq_pi, 3);
+        p.a.set_sq_dbr(p.a.sq_pi);
+        p.r.post_send(&mut p.a, &w, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().wqe_counter(), 3);
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+    }
+
+    #[test]
+    fn rnr_naks_are_retried_until_a_receive_is_posted() {
+        // The responder asks for 1.28 ms (timer 14); the requester retries forever (7).
+        let pb = RcParams { min_rnr_nak: 14, ..RcParams::default() };
+        let mut p = pair_with(SimConfig::default(), QpSpec::rc(), RcParams::default(), pb);
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(0, b"patience");
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, key, base), Bell::Db);
+        let nak = SimEvent::RnrNak { qpn: p.a.qpn, wqe_counter: 0, remote_qpn: p.b.qpn };
+        assert_eq!(count(&p.r, |e| *e == nak), 1);
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert!(p.r.h.dev.qp_info(p.a.qpn).unwrap().outstanding);
+        let retries = |r: &Rdma| count(r, |e| matches!(e, SimEvent::Retry { kind: RetryKind::Rnr, .. }));
+        p.r.h.dev.advance_ns(1_000_000);
+        assert_eq!(retries(&p.r), 0);
+        p.r.h.dev.advance_ns(300_000);
+        assert_eq!((retries(&p.r), count(&p.r, |e| *e == nak)), (1, 2));
+        // A receive is posted (no MMIO); the next retry finds it.
+        p.r.post_recv(&mut p.b, &[(base + 100, 8, key)]);
+        assert!(p.r.poll(&mut p.b_rcq).is_none());
+        p.r.h.dev.advance_ns(1_300_000);
+        assert_eq!(retries(&p.r), 2);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(p.r.poll(&mut p.b_rcq).unwrap().byte_cnt(), 8);
+        assert_eq!(p.mr.read(100, 8), b"patience");
+        assert!(!p.r.h.dev.qp_info(p.a.qpn).unwrap().outstanding);
+    }
+
+    #[test]
+    fn rnr_retries_run_out() {
+        let pa = RcParams { rnr_retry: 2, ..RcParams::default() };
+        let pb = RcParams { min_rnr_nak: 1, ..RcParams::default() };
+        let mut p = pair_with(SimConfig::default(), QpSpec::rc(), pa, pb);
+        let (key, base) = (p.mr.key, p.mr.addr());
+        // Unsignaled: an error completes anyway. The second WQE is flushed.
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).unsignaled().data(8, key, base), Bell::Db);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).unsignaled().data(8, key, base), Bell::Db);
+        for _ in 0..5 {
+            p.r.h.dev.advance_ns(10_000);
+        }
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_counter(), e.wqe_opcode()), ((REQ_ERR, synd(SYND_RNR_EXC)), 0, SEND));
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, synd(SYND_FLUSH)), 1));
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::RnrNak { .. })), 3);
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::Retry { kind: RetryKind::Rnr, .. })), 2);
+        let info = p.r.h.dev.qp_info(p.a.qpn).unwrap();
+        assert_eq!((info.state, info.error), (QpState::Err, Some(SYND_RNR_EXC)));
+        assert!(p.r.h.dev.events().contains(&SimEvent::QpError { qpn: p.a.qpn, syndrome: SYND_RNR_EXC }));
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().state, QpState::Rts);
+    }
+
+    /// Runs one WQE from a fresh pair and returns the requester's CQE, the responder's receive CQE (if any)
+    /// and the pair.
+    fn one(pb: RcParams, setup: impl FnOnce(&mut Pair) -> Wqe) -> (Cqe, Option<Cqe>, Pair) {
+        let mut p = pair_with(SimConfig::default(), QpSpec::rc(), RcParams::default(), pb);
+        let w = setup(&mut p);
+        p.r.post_send(&mut p.a, &w, Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).expect("requester CQE");
+        let resp = p.r.poll(&mut p.b_rcq);
+        (e, resp, p)
+    }
+
+    #[test]
+    fn remote_and_local_failures_complete_with_the_right_syndrome() {
+        let req_err = |s: u8| (REQ_ERR, synd(s));
+        // A bad rkey.
+        let (e, _, p) = one(RcParams::default(), |p| {
+            Wqe::new(RDMA_WRITE).raddr(p.mr.addr(), p.mr.key + 0x100).data(8, p.mr.key, p.mr.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        let (ia, ib) = (p.r.h.dev.qp_info(p.a.qpn).unwrap(), p.r.h.dev.qp_info(p.b.qpn).unwrap());
+        assert_eq!((ia.state, ia.error, ib.state), (QpState::Err, Some(SYND_REMOTE_ACCESS), QpState::Rts));
+        // A key without remote write.
+        let (e, _, _) = one(RcParams::default(), |p| {
+            let ro = p.r.mr_in(p.r.pd, 64, [true, true, false, false]);
+            Wqe::new(RDMA_WRITE).raddr(ro.addr(), ro.key).data(8, p.mr.key, p.mr.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        // A READ past the key's end.
+        let (e, _, _) = one(RcParams::default(), |p| {
+            Wqe::new(RDMA_READ).raddr(p.mr.addr() + 65_530, p.mr.key).data(16, p.mr.key, p.mr.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        // A responder QP without remote read.
+        let no_rre = RcParams { access: [false, true, true], ..RcParams::default() };
+        let (e, _, _) =
+            one(no_rre, |p| Wqe::new(RDMA_READ).raddr(p.mr.addr(), p.mr.key).data(16, p.mr.key, p.mr.addr()));
+        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        // A key of another PD at the responder.
+        let (e, _, _) = one(RcParams::default(), |p| {
+            let (s, _, out) = p.r.h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
+            assert_eq!(s, 0);
+            let other = p.r.mr_in(crate::fw::reply::rd(&out, ifc::alloc_pd_out::PD), 64, [true; 4]);
+            Wqe::new(RDMA_WRITE).raddr(other.addr(), other.key).data(8, p.mr.key, p.mr.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        // A misaligned atomic.
+        let (e, _, _) = one(RcParams::default(), |p| {
+            Wqe::new(ATOMIC_FA).raddr(p.mr.addr() + 4, p.mr.key).atomic(1, 0).data(8, p.mr.key, p.mr.addr() + 64)
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_INVAL));
+        // A bad lkey: nothing leaves the requester.
+        let (e, resp, p) = one(RcParams::default(), |p| {
+            p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, p.mr.key)]);
+            Wqe::new(SEND).data(8, 0x4242, p.mr.addr())
+        });
+        assert_eq!((e.status(), resp), (req_err(SYND_LOCAL_PROT), None));
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().rq_ci, 0);
+        // An lkey whose bounds the gather exceeds.
+        let (e, _, _) = one(RcParams::default(), |p| Wqe::new(SEND).data(100, p.mr.key, p.mr.addr() + 65_500));
+        assert_eq!(e.status(), req_err(SYND_LOCAL_PROT));
+        // A READ result into a key without local write.
+        let (e, _, _) = one(RcParams::default(), |p| {
+            let ro = p.r.mr_in(p.r.pd, 64, [false, true, true, true]);
+            Wqe::new(RDMA_READ).raddr(p.mr.addr(), p.mr.key).data(16, ro.key, ro.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_LOCAL_PROT));
+        // A receive too small: the responder's receive fails, then the requester; both QPs end in ERR and the
+        // responder's other receive is flushed.
+        let (e, resp, mut p) = one(RcParams::default(), |p| {
+            p.r.post_recv(&mut p.b, &[(p.mr.addr() + 1000, 10, p.mr.key)]);
+            p.r.post_recv(&mut p.b, &[(p.mr.addr() + 2000, 100, p.mr.key)]);
+            Wqe::new(SEND).data(20, p.mr.key, p.mr.addr())
+        });
+        assert_eq!(e.status(), req_err(SYND_REMOTE_INVAL));
+        let resp = resp.unwrap();
+        assert_eq!((resp.status(), resp.wqe_counter(), resp.qpn()), ((RESP_ERR, synd(SYND_LOCAL_LENGTH)), 0, p.b.qpn));
+        let flushed = p.r.poll(&mut p.b_rcq).unwrap();
+        assert_eq!((flushed.status(), flushed.wqe_counter()), ((RESP_ERR, synd(SYND_FLUSH)), 1));
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().error, Some(SYND_LOCAL_LENGTH));
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().error, Some(SYND_REMOTE_INVAL));
+        // A bad lkey in the receive: local protection there, remote operational error at the requester.
+        let (e, resp, _) = one(RcParams::default(), |p| {
+            p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, 0x777)]);
+            Wqe::new(SEND).data(20, p.mr.key, p.mr.addr())
+        });
+        assert_eq!((e.status(), resp.unwrap().status()), (req_err(SYND_REMOTE_OP), (RESP_ERR, synd(SYND_LOCAL_PROT))));
+    }
+
+    #[test]
+    fn requests_nobody_answers_run_out_of_transport_retries() {
+        // 4.096 us << 10 = 4.2 ms per try, 2 retries.
+        let pa = RcParams { retry_count: 2, ack_timeout: 10, ..RcParams::default() };
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        let a = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        let mut a = a;
+        r.connect_rc(&a, &r.me(0xab_cdef), pa);
+        let mr = r.mr(4096);
+        r.post_send(&mut a, &Wqe::new(SEND).data(8, mr.key, mr.addr()), Bell::Db);
+        let lost = SimEvent::Unreachable { qpn: a.qpn, wqe_counter: 0, why: "no RC QP in RTR/RTS at the destination" };
+        assert_eq!(count(&r, |e| *e == lost), 1);
+        r.h.dev.advance_ns(4_000_000);
+        assert_eq!(count(&r, |e| matches!(e, SimEvent::Retry { .. })), 0);
+        r.h.dev.advance_ns(300_000);
+        assert_eq!(count(&r, |e| matches!(e, SimEvent::Retry { kind: RetryKind::Transport, .. })), 1);
+        assert!(r.poll(&mut cq_ref(&cq)).is_none());
+        let mut cq = cq;
+        r.h.dev.advance_ns(5_000_000);
+        r.h.dev.advance_ns(5_000_000);
+        let e = r.poll(&mut cq).unwrap();
+        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, synd(SYND_RETRY_EXC)), 0));
+        assert_eq!(count(&r, |e| *e == lost), 3);
+        assert_eq!(r.h.dev.qp_info(a.qpn).unwrap().error, Some(SYND_RETRY_EXC));
+        // A destination QP not yet ready (INIT) and an unknown GID are the same failure.
+        let ready_later = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        let st = r.modify(consts::MLX5_CMD_OP_RST2INIT_QP, ready_later.qpn, 0, |i, c| {
+            i.set(ifc::ads::VHCA_PORT_NUM.at(ifc::qpc::PRIMARY_ADDRESS_PATH.at(c)), 1)
+        });
+        assert_eq!(st, (0, 0));
+        let zero = RcParams { retry_count: 0, ..pa };
+        for remote in [r.me(ready_later.qpn), Remote { gid: [0xfe; 16], ..r.me(ready_later.qpn) }] {
+            let mut q = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+            r.connect_rc(&q, &remote, zero);
+            r.post_send(&mut q, &Wqe::new(SEND).data(8, mr.key, mr.addr()), Bell::Db);
+            assert_eq!(r.poll(&mut cq).unwrap().status(), (REQ_ERR, synd(SYND_RETRY_EXC)));
+        }
+        assert!(r.h.dev.events().contains(&SimEvent::Unreachable {
+            qpn: a.qpn + 3,
+            wqe_counter: 0,
+            why: "unknown destination (not connected)"
+        }));
+    }
+
+    /// A copy of a CQ handle for a one-off look (the consumer index is not kept).
+    fn cq_ref(cq: &TCq) -> TCq {
+        TCq { cqn: cq.cqn, buf: cq.buf, dbr: cq.dbr, log_size: cq.log_size, ci: cq.ci }
+    }
+
+    #[test]
+    fn malformed_wqes_are_local_qp_operation_errors() {
+        type Break = fn(&mut Pair) -> Wqe;
+        let cases: [(&str, Break); 7] = [
+            ("ds 0", |p| Wqe { ds_override: Some(0), ..Wqe::new(SEND).data(8, p.mr.key, p.mr.addr()) }),
+            ("ds beyond the producer", |p| Wqe {
+                ds_override: Some(20),
+                ..Wqe::new(SEND).data(8, p.mr.key, p.mr.addr())
+            }),
+            ("unknown opcode", |p| Wqe::new(consts::MLX5_OPCODE_UMR).data(8, p.mr.key, p.mr.addr())),
+            ("inline longer than the WQE", |_| {
+                let mut w = Wqe::new(SEND).inline(&[1; 8]);
+                w.segs[..4].copy_from_slice(&(200 | consts::MLX5_INLINE_SEG).to_be_bytes());
+                w
+            }),
+            ("READ into inline data", |p| Wqe::new(RDMA_READ).raddr(p.mr.addr(), p.mr.key).inline(&[0; 8])),
+            ("WRITE without its remote address", |_| Wqe::new(RDMA_WRITE)),
+            ("atomic without its atomic segment", |p| Wqe::new(ATOMIC_CS).raddr(p.mr.addr(), p.mr.key)),
+        ];
+        for (what, f) in cases {
+            let (e, _, p) = one(RcParams::default(), f);
+            assert_eq!(e.status(), (REQ_ERR, synd(SYND_LOCAL_QP_OP)), "{what}");
+            assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().state, QpState::Err, "{what}");
+        }
+        // A control segment naming another QP, or another index.
+        for patch in [4usize, 1] {
+            let mut p = pair();
+            let w = Wqe::new(SEND).data(8, p.mr.key, p.mr.addr());
+            p.r.post_send(&mut p.a, &w, Bell::None);
+            let mut db = [0u8; 8];
+            db.copy_from_slice(&p.a.sq_read(0, 8));
+            p.a.patch_sq(0, patch, &[0x55]);
+            // The doorbell names the QP properly; the WQE in memory does not.
+            p.r.h.mmio.write64(SimMmio::uar_offset(p.a.uar) + p.a.bf_off, u64::from_be_bytes(db));
+            assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ_ERR, synd(SYND_LOCAL_QP_OP)));
+        }
+        // Garbage everywhere never panics: every WQE completes or fails, and the QP ends up somewhere valid.
+        let mut seed = 0x1234_5678u32;
+        for _ in 0..20 {
+            let mut p = pair();
+            let mut junk = vec![0u8; 64 * 4];
+            for b in &mut junk {
+                seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                *b = (seed >> 16) as u8;
+            }
+            let mut w = Wqe::new(seed % 0x30);
+            w.segs = junk[16..64 * 4].to_vec();
+            w.ds_override = Some(seed >> 8 & 0x3f);
+            p.r.post_send(&mut p.a, &w, Bell::Db);
+            p.r.h.dev.advance_ns(1_000_000_000);
+            let st = p.r.h.dev.qp_info(p.a.qpn).unwrap().state;
+            assert!(matches!(st, QpState::Rts | QpState::Err));
+        }
+    }
+
+    #[test]
+    fn a_qp_in_error_flushes_everything_outstanding_and_later() {
+        // b never posts a receive; a retries forever, so its first WQE stays outstanding.
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, key, base), Bell::Db);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).unsignaled().data(8, key, base), Bell::Db);
+        p.r.post_send(&mut p.a, &Wqe::new(RDMA_WRITE).raddr(base, key).inline(&[1; 40]), Bell::Db);
+        p.r.post_recv(&mut p.a, &[(base, 64, key)]);
+        p.r.post_recv(&mut p.a, &[(base, 64, key)]);
+        assert!(p.r.h.dev.qp_info(p.a.qpn).unwrap().outstanding);
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert_eq!(p.r.modify(consts::MLX5_CMD_OP_2ERR_QP, p.a.qpn, 0, |_, _| {}), (0, 0));
+        // Every WQE gets its flush CQE, signaled or not, in order.
+        let sends: Vec<(u32, u16, u32)> =
+            p.r.drain(&mut p.a_scq).iter().map(|e| (e.syndrome(), e.wqe_counter(), e.wqe_opcode())).collect();
+        let f = synd(SYND_FLUSH);
+        assert_eq!(sends, [(f, 0, SEND), (f, 1, SEND), (f, 2, RDMA_WRITE)]);
+        let recvs: Vec<(u32, u16)> = p.r.drain(&mut p.a_rcq).iter().map(|e| (e.opcode(), e.wqe_counter())).collect();
+        assert_eq!(recvs, [(RESP_ERR, 0), (RESP_ERR, 1)]);
+        assert!(p.r.h.dev.events().contains(&SimEvent::Flushed { qpn: p.a.qpn, sq: 3, rq: 2 }));
+        let info = p.r.h.dev.qp_info(p.a.qpn).unwrap();
+        assert_eq!((info.state, info.error, info.outstanding, info.sq_ci), (QpState::Err, None, false, 4));
+        // Later sends flush at their doorbell; later receives the next time the device runs.
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).unsignaled().data(8, key, base), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ_ERR, f));
+        p.r.post_recv(&mut p.a, &[(base, 64, key)]);
+        assert!(p.r.poll(&mut p.a_rcq).is_none());
+        p.r.h.dev.advance_ns(1_000);
+        assert_eq!(p.r.poll(&mut p.a_rcq).unwrap().wqe_counter(), 2);
+        // Back to RST (the driver resets its counters and record) and RTS: the QP works again.
+        assert_eq!(p.r.modify(consts::MLX5_CMD_OP_2RST_QP, p.a.qpn, 0, |_, _| {}), (0, 0));
+        (p.a.sq_pi, p.a.rq_head) = (0, 0);
+        p.a.set_sq_dbr(0);
+        p.a.set_rq_dbr(0);
+        let rb = p.r.me(p.b.qpn);
+        p.r.connect_rc(&p.a, &rb, RcParams::default());
+        p.r.post_recv(&mut p.b, &[(base + 512, 64, key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).inline(b"again"), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(p.mr.read(512, 5), b"again");
+        let _ = (&p.b_scq, &p.b_rcq);
+    }
+
+    #[test]
+    fn mismatched_psns_fail_with_retry_exceeded_and_deliver_nothing() {
+        // A expects 0x100 from B but B starts at 0x100 while A starts at 0x300: A's SEND is ahead of what B
+        // expects, B NAKs it (sequence error), A retransmits retry_count times and fails.
+        let pa = RcParams { sq_psn: 0x300, retry_count: 2, ..RcParams::default() };
+        let mut p = pair_with(SimConfig::default(), QpSpec::rc(), pa, RcParams::default());
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(0, &pattern(64, 3));
+        p.r.post_recv(&mut p.b, &[(base + 4096, 64, key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(64, key, base), Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).expect("requester CQE");
+        assert_eq!(e.status(), (REQ_ERR, synd(SYND_RETRY_EXC)));
+        let seq_err = SimEvent::PsnSequenceError { qpn: p.b.qpn, expected: 0x100, got: 0x300 };
+        assert_eq!(count(&p.r, |e| *e == seq_err), 3, "the first attempt and two retries");
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::PsnSequenceNak { .. })), 3);
+        // Nothing reached B's receive: it is still posted and the buffer untouched.
+        assert!(p.r.poll(&mut p.b_rcq).is_none());
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().rq_ci, 0);
+        assert_eq!(p.mr.read(4096, 64), vec![0u8; 64]);
+    }
+
+    #[test]
+    fn a_duplicate_request_is_answered_without_executing_it_again() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(0, &pattern(32, 5));
+        p.mr.write(1024, &7u64.to_be_bytes());
+        p.r.post_recv(&mut p.b, &[(base + 4096, 64, key)]);
+        p.r.post_recv(&mut p.b, &[(base + 8192, 64, key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(32, key, base), Bell::Db);
+        let fa = Wqe::new(ATOMIC_FA).raddr(base + 1024, key).atomic(3, 0).data(8, key, base + 2048);
+        p.r.post_send(&mut p.a, &fa, Bell::Db);
+        assert_eq!(p.r.drain(&mut p.a_scq).len(), 2);
+        assert_eq!(p.r.drain(&mut p.b_rcq).len(), 1);
+        assert_eq!(p.mr.read(1024, 8), 10u64.to_be_bytes());
+        // The SEND (PSN 0x100) and the atomic (PSN 0x101) arrive again, as a retransmission would bring them.
+        let dev = p.r.h.dev.clone();
+        let resend = |psn: u32, op: RcOp| {
+            let mut st = crate::lock(&dev.shared);
+            let me = st.wire.me.clone();
+            let body = Body::Rc { seq: 1_000 + u64::from(psn), psn, op, solicited: false };
+            let pk = Packet {
+                src: me.clone(),
+                dst: me,
+                src_qpn: p.a.qpn,
+                dst_qpn: p.b.qpn,
+                slid: 0,
+                sl: 0,
+                grh: None,
+                body,
+            };
+            st.receive(pk);
+            let out = st.run_datapath();
+            assert!(out.is_empty(), "loopback: nothing leaves the device");
+        };
+        resend(0x100, RcOp::Send { data: (&b"again"[..]).into(), imm: None });
+        resend(0x101, RcOp::Atomic { raddr: base + 1024, rkey: key, op: AtomicOp::FetchAdd { add: 3 } });
+        for psn in [0x100, 0x101] {
+            assert!(p.r.h.dev.events().contains(&SimEvent::DuplicateRequest { qpn: p.b.qpn, psn }));
+        }
+        // Neither ran twice: the second receive is untouched, the counter still 10.
+        assert!(p.r.poll(&mut p.b_rcq).is_none());
+        assert_eq!(p.mr.read(8192, 5), vec![0u8; 5]);
+        assert_eq!(p.mr.read(1024, 8), 10u64.to_be_bytes());
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().next_rcv_psn, 0x102);
+        // A's late responses to attempts it never made are ignored: no CQE, no error.
+        assert!(p.r.poll(&mut p.a_scq).is_none());
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().state, QpState::Rts);
+    }
+}

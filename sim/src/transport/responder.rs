@@ -1,0 +1,194 @@
+//! The RC responder: a request is checked against the expected PSN (execute, answer a duplicate again, or NAK a
+//! sequence error), executed through memory keys, and answered (ACK, READ data, atomic original value, RNR NAK,
+//! NAK) (IBA 9.7, the responder side).
+
+use super::cqe::{flags_rqpn, CqeOut};
+use super::*;
+
+impl State {
+    pub(super) fn reply(&mut self, p: Packet, resp: Resp) {
+        // The response to a request of this device, with no other packet waiting, would be the next one the run
+        // handles: it is handled now, the same order without the trip through the inbox.
+        if p.src.id == self.wire.me.id && self.wire.inbox.is_empty() {
+            if let Body::Rc { seq, .. } = p.body {
+                return self.rc_response(p.src_qpn, seq, resp, p.dst_qpn);
+            }
+        }
+        if let Some(r) = p.into_reply(resp) {
+            self.wire.send(r);
+        }
+    }
+
+    /// An RC request arrives at its destination QP.
+    pub(super) fn rc_request(&mut self, p: Packet) {
+        let Body::Rc { op, solicited, psn, .. } = &p.body else { return };
+        let (solicited, psn) = (*solicited, *psn);
+        let dst = p.dst_qpn;
+        let ready =
+            self.fw.qps.get(&dst).filter(|q| q.st == QpType::Rc && matches!(q.state, QpState::Rtr | QpState::Rts));
+        let Some(qp) = ready else {
+            // A responder drops what it cannot take; the requester's ACK timer runs out.
+            return self.reply(p, Resp::Lost("no RC QP in RTR/RTS at the destination"));
+        };
+        let (pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
+        let (expected, last_atomic) = (qp.next_rcv_psn, qp.last_atomic);
+        let ahead = psn.wrapping_sub(expected) & PSN_MASK;
+        if ahead != 0 {
+            let resp = if ahead < PSN_WINDOW {
+                self.events.push(SimEvent::PsnSequenceError { qpn: dst, expected, got: psn });
+                Resp::Nak(Nak::PsnSequence)
+            } else {
+                self.events.push(SimEvent::DuplicateRequest { qpn: dst, psn });
+                self.duplicate(op, psn, pd, rre, last_atomic)
+            };
+            return self.reply(p, resp);
+        }
+        let ib = self.wire.addr.ib;
+        let mut sges = Sges::new();
+        let resp = match op {
+            RcOp::Send { data, imm } => match self.next_recv(dst, &mut sges) {
+                None => Resp::RnrNak { timer: min_rnr },
+                Some(index) => match self.scatter(pd, &sges, data) {
+                    Ok(()) => {
+                        let cqe = CqeOut {
+                            opcode: if imm.is_some() {
+                                consts::MLX5_CQE_RESP_SEND_IMM
+                            } else {
+                                consts::MLX5_CQE_RESP_SEND
+                            },
+                            solicited,
+                            byte_cnt: data.len() as u32,
+                            imm: imm.unwrap_or_default(),
+                            flags_rqpn: flags_rqpn(&p, ib),
+                            slid: p.slid,
+                            ..CqeOut::default()
+                        };
+                        self.recv_complete(dst, index, data.len() as u64, cqe);
+                        Resp::Ack
+                    }
+                    Err(s) => {
+                        self.recv_error(dst, index, s);
+                        Resp::Nak(if s == SYND_LOCAL_LENGTH { Nak::InvalidRequest } else { Nak::RemoteOp })
+                    }
+                },
+            },
+            RcOp::Write { .. } if !rwe => Resp::Nak(Nak::RemoteAccess),
+            RcOp::Write { raddr, rkey, data, imm } => {
+                // WRITE_IMM needs a receive WQE before anything is written.
+                let recv = if imm.is_some() { self.next_recv(dst, &mut sges).map(Some) } else { Some(None) };
+                match recv {
+                    None => Resp::RnrNak { timer: min_rnr },
+                    Some(recv) => {
+                        let written = data.is_empty()
+                            || self.key_write(*rkey, pd, *raddr, data, MkeyAccess::REMOTE_WRITE).is_ok();
+                        match (written, recv) {
+                            (false, _) => Resp::Nak(Nak::RemoteAccess),
+                            (true, None) => {
+                                self.bump_rcv_psn(dst, data.len() as u64);
+                                Resp::Ack
+                            }
+                            (true, Some(index)) => {
+                                let cqe = CqeOut {
+                                    opcode: consts::MLX5_CQE_RESP_WR_IMM,
+                                    solicited,
+                                    byte_cnt: data.len() as u32,
+                                    imm: imm.unwrap_or_default(),
+                                    flags_rqpn: flags_rqpn(&p, ib),
+                                    slid: p.slid,
+                                    ..CqeOut::default()
+                                };
+                                self.recv_complete(dst, index, data.len() as u64, cqe);
+                                Resp::Ack
+                            }
+                        }
+                    }
+                }
+            }
+            RcOp::Read { raddr, rkey, len } => {
+                let data = if !rre {
+                    Err(())
+                } else if *len == 0 {
+                    Ok(Vec::new())
+                } else {
+                    self.key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
+                };
+                match data {
+                    Ok(d) => {
+                        self.bump_rcv_psn(dst, *len);
+                        Resp::ReadData(d)
+                    }
+                    Err(()) => Resp::Nak(Nak::RemoteAccess),
+                }
+            }
+            RcOp::Atomic { raddr, rkey, op } => {
+                if !rae {
+                    Resp::Nak(Nak::RemoteAccess)
+                } else if raddr % 8 != 0 {
+                    Resp::Nak(Nak::InvalidRequest)
+                } else {
+                    match self.atomic(pd, *raddr, *rkey, *op) {
+                        Ok(orig) => {
+                            if let Some(qp) = self.fw.qps.get_mut(&dst) {
+                                qp.last_atomic = Some((psn, orig));
+                            }
+                            self.bump_rcv_psn(dst, 8);
+                            Resp::AtomicOrig(orig)
+                        }
+                        Err(()) => Resp::Nak(Nak::RemoteAccess),
+                    }
+                }
+            }
+        };
+        self.reply(p, resp);
+    }
+
+    /// The answer to a duplicate request (its PSN is behind the expected one): the message was executed, so a
+    /// SEND or WRITE is acknowledged again, a READ is read again, and an atomic returns the original value it
+    /// returned the first time (the responder keeps the last one; an older atomic cannot be answered).
+    pub(super) fn duplicate(
+        &mut self,
+        op: &RcOp,
+        psn: u32,
+        pd: u32,
+        rre: bool,
+        last_atomic: Option<(u32, u64)>,
+    ) -> Resp {
+        match op {
+            RcOp::Send { .. } | RcOp::Write { .. } => Resp::Ack,
+            RcOp::Read { raddr, rkey, len } => {
+                let data = if !rre {
+                    Err(())
+                } else if *len == 0 {
+                    Ok(Vec::new())
+                } else {
+                    self.key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
+                };
+                data.map_or(Resp::Nak(Nak::RemoteAccess), Resp::ReadData)
+            }
+            RcOp::Atomic { .. } => match last_atomic {
+                Some((p, orig)) if p == psn => Resp::AtomicOrig(orig),
+                _ => Resp::Nak(Nak::InvalidRequest),
+            },
+        }
+    }
+
+    pub(super) fn bump_rcv_psn(&mut self, qpn: u32, len: u64) {
+        if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+            qp.next_rcv_psn = qp.next_rcv_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        }
+    }
+
+    /// An 8-byte atomic on big-endian memory, under the device lock; returns the original value.
+    pub(super) fn atomic(&mut self, pd: u32, raddr: u64, rkey: u32, op: AtomicOp) -> Result<u64, ()> {
+        let old = self.key_read(rkey, pd, raddr, 8, MkeyAccess::REMOTE_ATOMIC)?;
+        let orig = be64(&old, 0);
+        let new = match op {
+            AtomicOp::CmpSwap { compare, swap } => (orig == compare).then_some(swap),
+            AtomicOp::FetchAdd { add } => Some(orig.wrapping_add(add)),
+        };
+        if let Some(v) = new {
+            self.key_write(rkey, pd, raddr, &v.to_be_bytes(), MkeyAccess::REMOTE_ATOMIC)?;
+        }
+        Ok(orig)
+    }
+}

@@ -1,0 +1,102 @@
+//! UD: a send to the address vector's QP (dropped, completing successfully, when it cannot be delivered) and its
+//! receive with the 40-byte GRH area in front of the payload.
+
+use super::cqe::{flags_rqpn, CqeOut};
+use super::wqe::SendWqe;
+use super::*;
+
+/// The 40 bytes a UD receive gets before the payload.
+pub(super) fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool) -> [u8; GRH_BYTES] {
+    let mut g = [0u8; GRH_BYTES];
+    let Some(h) = grh else {
+        // No GRH on the wire (IB): zeros with a valid IP version, as the brief allows.
+        g[0] = (GRH_IP_VERSION as u8) << 4;
+        return g;
+    };
+    let w0 = GRH_IP_VERSION << 28 | u32::from(h.tclass) << 20 | (h.flow_label & FLOW_LABEL_MASK);
+    g[0..4].copy_from_slice(&w0.to_be_bytes());
+    let paylen = BTH_BYTES + DETH_BYTES + if imm { IMMDT_BYTES } else { 0 } + payload + ICRC_BYTES;
+    g[4..6].copy_from_slice(&u16::try_from(paylen).unwrap_or(u16::MAX).to_be_bytes());
+    g[6] = GRH_NEXT_BTH;
+    g[7] = h.hop_limit;
+    g[8..24].copy_from_slice(&h.sgid);
+    g[24..40].copy_from_slice(&h.dgid);
+    g
+}
+
+impl State {
+    pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let (pd, own_qkey, max_msg) = (qp.pd, qp.q_key, qp.max_msg);
+        let Some(av) = w.av else { return self.send_error(qpn, w.index, w.opcode, w.nbb, SYND_LOCAL_QP_OP) };
+        let data = match self.gather(pd, max_msg, w) {
+            Ok(d) => d,
+            Err(s) => return self.send_error(qpn, w.index, w.opcode, w.nbb, s),
+        };
+        let addr = self.wire.addr;
+        let grh = if av.grh {
+            let Some(sgid) = addr.gid(av.sgid_index) else {
+                return self.send_error(qpn, w.index, w.opcode, w.nbb, SYND_LOCAL_QP_OP);
+            };
+            let (tclass, flow_label, hop_limit) = (av.tclass, av.flow_label, av.hop_limit);
+            Some(Grh { sgid, dgid: av.rgid, tclass, flow_label, hop_limit })
+        } else {
+            None
+        };
+        let dest = if addr.ib {
+            Ok(Dest::Lid(av.rlid))
+        } else if grh.is_some() {
+            Ok(Dest::Gid { gid: av.rgid, mac: av.rmac })
+        } else {
+            Err("RoCE address vector without a GRH")
+        };
+        let len = data.len() as u64;
+        match dest.and_then(|d| self.wire.route(&d)) {
+            Ok(dst) => {
+                let qkey = if av.qkey & QKEY_FROM_QP != 0 { own_qkey } else { av.qkey };
+                let body = Body::Ud { qkey, data, imm: w.imm, solicited: w.solicited };
+                let sl = if addr.ib { av.sl } else { 0 };
+                let me = self.wire.me_here();
+                let p = Packet { src: me, dst, src_qpn: qpn, dst_qpn: av.dqpn, slid: addr.lid, sl, grh, body };
+                self.wire.send(p);
+            }
+            Err(why) => self.events.push(SimEvent::UdDropped { qpn, dqpn: av.dqpn, why }),
+        }
+        // UD is unreliable: the send completes once it is on the wire, delivered or not.
+        self.complete_send(qpn, w.id(), len);
+    }
+
+    /// A UD packet arrives: checked, then scattered with its 40-byte GRH into the next receive.
+    pub(super) fn ud_receive(&mut self, p: Packet) {
+        let Body::Ud { qkey, data, imm, solicited } = &p.body else { return };
+        let dst = p.dst_qpn;
+        let drop = |st: &mut State, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: dst, why });
+        let ready =
+            self.fw.qps.get(&dst).filter(|q| q.st == QpType::Ud && matches!(q.state, QpState::Rtr | QpState::Rts));
+        let Some(qp) = ready else { return drop(self, "no UD QP in RTR/RTS at the destination") };
+        if qp.q_key != *qkey {
+            return drop(self, "qkey mismatch");
+        }
+        let pd = qp.pd;
+        let mut sges = Sges::new();
+        let Some(index) = self.next_recv(dst, &mut sges) else { return drop(self, "receive queue empty") };
+        let mut msg = Vec::with_capacity(GRH_BYTES + data.len());
+        msg.extend_from_slice(&grh_image(p.grh.as_ref(), data.len(), imm.is_some()));
+        msg.extend_from_slice(data);
+        match self.scatter(pd, &sges, &msg) {
+            Ok(()) => {
+                let cqe = CqeOut {
+                    opcode: if imm.is_some() { consts::MLX5_CQE_RESP_SEND_IMM } else { consts::MLX5_CQE_RESP_SEND },
+                    solicited: *solicited,
+                    byte_cnt: msg.len() as u32,
+                    imm: imm.unwrap_or_default(),
+                    flags_rqpn: flags_rqpn(&p, self.wire.addr.ib),
+                    slid: p.slid,
+                    ..CqeOut::default()
+                };
+                self.recv_complete(dst, index, data.len() as u64, cqe);
+            }
+            Err(s) => self.recv_error(dst, index, s),
+        }
+    }
+}

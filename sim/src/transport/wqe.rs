@@ -1,0 +1,338 @@
+//! WQE views: a send WQE parsed in place from the SQ (`mlx5_wqe_ctrl_seg` and the segments after it: raddr,
+//! atomic, datagram, data and inline segments; `mlx5_av` for UD) and the receive WQE taken from the RQ
+//! (`mlx5_wqe_data_seg` list), with what a malformed one completes with.
+
+use super::*;
+
+/// A gather entry of a send WQE: a data segment, or (`inline`) `sge.len` inline bytes at offset `sge.addr` of
+/// [`DpState::inline`]. A struct rather than an enum, so a data segment's fields can be written straight into the
+/// list (see `Small::push_slot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Seg {
+    pub(super) sge: Sge,
+    pub(super) inline: bool,
+}
+
+/// A [`Seg`] to match on.
+pub(super) enum SegView {
+    Inline { at: usize, len: usize },
+    Ptr(Sge),
+}
+
+impl Seg {
+    pub(super) fn inline(at: usize, len: usize) -> Self {
+        Seg { sge: Sge { addr: at as u64, len: len as u64, lkey: 0 }, inline: true }
+    }
+
+    pub(super) fn view(&self) -> SegView {
+        if self.inline {
+            SegView::Inline { at: self.sge.addr as usize, len: self.sge.len as usize }
+        } else {
+            SegView::Ptr(self.sge)
+        }
+    }
+}
+
+/// The gather list of a send WQE; one or two entries in practice.
+pub(super) type Segs = Small<Seg, 2>;
+
+/// A UD address vector (`mlx5_av`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Av {
+    pub(super) dqpn: u32,
+    pub(super) qkey: u32,
+    pub(super) sl: u8,
+    pub(super) rlid: u16,
+    pub(super) grh: bool,
+    pub(super) sgid_index: u32,
+    pub(super) tclass: u8,
+    pub(super) hop_limit: u8,
+    pub(super) flow_label: u32,
+    pub(super) rgid: [u8; 16],
+    pub(super) rmac: [u8; 6],
+}
+
+impl Av {
+    pub(super) fn parse(b: &[u8]) -> Self {
+        use c::mlx5_av as a;
+        let dqp = be(a::DQP_DCT, b, 0);
+        let gid_fl = be(a::GRH_GID_FL, b, 0);
+        // Without the extended flag the AV has no GRH part.
+        let grh = dqp & EXTENDED_AV != 0 && gid_fl & AV_GRH != 0;
+        let mut rgid = [0u8; 16];
+        rgid.copy_from_slice(&b[a::RGID.off..a::RGID.end()]);
+        let mut rmac = [0u8; 6];
+        rmac.copy_from_slice(&b[a::RMAC.off..a::RMAC.end()]);
+        Self {
+            dqpn: dqp & QPN_MASK,
+            qkey: be(a::QKEY, b, 0),
+            sl: b[a::STAT_RATE_SL.off] & AV_SL_MASK,
+            rlid: be(a::RLID, b, 0) as u16,
+            grh,
+            sgid_index: (gid_fl >> AV_SGID_SHIFT) & AV_SGID_MASK,
+            tclass: b[a::TCLASS.off],
+            hop_limit: b[a::HOP_LIMIT.off],
+            flow_label: gid_fl & FLOW_LABEL_MASK,
+            rgid,
+            rmac,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Kind {
+    #[default]
+    Nop,
+    Send,
+    Write {
+        raddr: u64,
+        rkey: u32,
+    },
+    Read {
+        raddr: u64,
+        rkey: u32,
+    },
+    Atomic {
+        raddr: u64,
+        rkey: u32,
+        op: AtomicOp,
+    },
+}
+
+/// A send WQE, parsed. Its inline bytes are in [`DpState::inline`] until the next WQE is fetched.
+#[derive(Debug, Clone, Default)]
+pub(super) struct SendWqe {
+    /// The WQE's index (its first basic block, the device's consumer counter).
+    pub(super) index: u16,
+    pub(super) nbb: u16,
+    pub(super) opcode: u8,
+    pub(super) signaled: bool,
+    pub(super) solicited: bool,
+    pub(super) imm: Option<[u8; 4]>,
+    pub(super) kind: Kind,
+    pub(super) av: Option<Av>,
+    pub(super) segs: Segs,
+}
+
+impl SendWqe {
+    /// The bytes the WQE gathers.
+    pub(super) fn total_len(&self) -> u64 {
+        self.segs.iter().fold(0u64, |a, s| a.saturating_add(s.sge.len))
+    }
+
+    pub(super) fn id(&self) -> WqeId {
+        WqeId { index: self.index, nbb: self.nbb, opcode: self.opcode, signaled: self.signaled }
+    }
+
+    pub(super) fn sges(&self) -> Sges {
+        let mut out = Sges::new();
+        for s in self.segs.iter() {
+            if !s.inline {
+                out.push(s.sge);
+            }
+        }
+        out
+    }
+}
+
+/// A WQE the device cannot execute: what its error CQE says and how far the consumer counter moves.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BadWqe {
+    pub(super) nbb: u16,
+    pub(super) opcode: u8,
+    pub(super) syndrome: u8,
+}
+
+impl State {
+    /// Reads and parses the send WQE at the SQ consumer counter into `w`.
+    pub(super) fn fetch_wqe(&mut self, qpn: u32, w: &mut SendWqe) -> Result<(), BadWqe> {
+        use c::mlx5_wqe_ctrl_seg as cs;
+        let bad = |nbb: u16, opcode: u8| BadWqe { nbb: nbb.max(1), opcode, syndrome: SYND_LOCAL_QP_OP };
+        let qp = self.fw.qps.get(&qpn).ok_or(bad(1, 0))?;
+        let (index, st, sq_bbs, max_wqe) = (qp.sq_ci, qp.st, qp.sq_bbs(), qp.max_wqe);
+        let pending = qp.sq_pi.wrapping_sub(index);
+        // The first basic block holds the control segment and, for a small WQE, all of it: one read. When that
+        // read cannot be made, the WQE is read as it always was (the control segment, then the whole WQE), so a
+        // fault is met and recorded at the same access.
+        let mut first = [0u8; BB as usize];
+        let quick = qp.try_read_sq_bb(&self.dma, index, &mut first);
+        if !quick {
+            qp.read_sq(&mut self.dma, u64::from(index) * BB, &mut first[..CTRL]).map_err(|_| bad(1, 0))?;
+        }
+        let ctrl = &first[..CTRL];
+        let w0 = be(cs::OPMOD_IDX_OPCODE, ctrl, 0);
+        let w1 = be(cs::QPN_DS, ctrl, 0);
+        let opcode = (w0 & OPCODE_MASK) as u8;
+        let ds = (w1 & DS_MASK) as usize;
+        if ds == 0 {
+            return Err(bad(1, opcode));
+        }
+        let bytes = ds * DS;
+        let nbb = bytes.div_ceil(BB as usize) as u16;
+        if u32::from(nbb) > sq_bbs || nbb > pending || bytes > max_wqe {
+            return Err(bad(nbb.min(pending), opcode));
+        }
+        if w1 >> QPN_SHIFT != qpn || (w0 >> IDX_SHIFT) as u16 != index {
+            return Err(bad(nbb, opcode));
+        }
+        let fm = first[cs::FM_CE_SE.off];
+        let mut imm = [0u8; 4];
+        imm.copy_from_slice(&first[cs::IMM.off..cs::IMM.end()]);
+        let mut stack;
+        let mut heap = Vec::new();
+        let wqe: &[u8] = if quick && bytes <= first.len() {
+            &first[..bytes]
+        } else {
+            let wqe: &mut [u8] = if bytes <= WQE_STACK {
+                stack = [0u8; WQE_STACK];
+                &mut stack[..bytes]
+            } else {
+                heap.resize(bytes, 0);
+                &mut heap
+            };
+            qp.read_sq(&mut self.dma, u64::from(index) * BB, wqe).map_err(|_| bad(nbb, opcode))?;
+            wqe
+        };
+        let mut at = CTRL;
+        let av = if st == QpType::Ud && opcode != consts::MLX5_OPCODE_NOP as u8 {
+            if at + DGRAM_SEG > bytes {
+                return Err(bad(nbb, opcode));
+            }
+            let av = Av::parse(&wqe[at..at + DGRAM_SEG]);
+            at += DGRAM_SEG;
+            Some(av)
+        } else {
+            None
+        };
+        let raddr = |at: usize| -> Result<(u64, u32), BadWqe> {
+            use c::mlx5_wqe_raddr_seg as r;
+            if at + RADDR_SEG > bytes {
+                return Err(bad(nbb, opcode));
+            }
+            Ok((be64(wqe, at + r::RADDR.off), be(r::RKEY, wqe, at)))
+        };
+        let rc = st == QpType::Rc;
+        let (kind, with_imm) = match u32::from(opcode) {
+            consts::MLX5_OPCODE_NOP => (Kind::Nop, false),
+            consts::MLX5_OPCODE_SEND => (Kind::Send, false),
+            consts::MLX5_OPCODE_SEND_IMM => (Kind::Send, true),
+            consts::MLX5_OPCODE_RDMA_WRITE | consts::MLX5_OPCODE_RDMA_WRITE_IMM if rc => {
+                let (raddr, rkey) = raddr(at)?;
+                at += RADDR_SEG;
+                (Kind::Write { raddr, rkey }, u32::from(opcode) == consts::MLX5_OPCODE_RDMA_WRITE_IMM)
+            }
+            consts::MLX5_OPCODE_RDMA_READ if rc => {
+                let (raddr, rkey) = raddr(at)?;
+                at += RADDR_SEG;
+                (Kind::Read { raddr, rkey }, false)
+            }
+            consts::MLX5_OPCODE_ATOMIC_CS | consts::MLX5_OPCODE_ATOMIC_FA if rc => {
+                use c::mlx5_wqe_atomic_seg as a;
+                let (raddr, rkey) = raddr(at)?;
+                at += RADDR_SEG;
+                if at + ATOMIC_SEG > bytes {
+                    return Err(bad(nbb, opcode));
+                }
+                let swap_add = be64(wqe, at + a::SWAP_ADD.off);
+                let compare = be64(wqe, at + a::COMPARE.off);
+                at += ATOMIC_SEG;
+                let op = if u32::from(opcode) == consts::MLX5_OPCODE_ATOMIC_CS {
+                    AtomicOp::CmpSwap { compare, swap: swap_add }
+                } else {
+                    AtomicOp::FetchAdd { add: swap_add }
+                };
+                (Kind::Atomic { raddr, rkey, op }, false)
+            }
+            _ => return Err(bad(nbb, opcode)),
+        };
+        let segs = &mut w.segs;
+        segs.clear();
+        let inline = &mut self.dp.inline;
+        inline.clear();
+        if kind != Kind::Nop {
+            // Bounded: every segment advances `at` by at least 16 bytes.
+            while at < bytes {
+                use c::mlx5_wqe_data_seg as d;
+                let bc = be(d::BYTE_COUNT, wqe, at);
+                if bc & INLINE_FLAG != 0 {
+                    let n = (bc & !INLINE_FLAG) as usize;
+                    let end = at.checked_add(INLINE_HDR + n).filter(|&e| e <= bytes).ok_or(bad(nbb, opcode))?;
+                    segs.push(Seg::inline(inline.len(), n));
+                    inline.extend_from_slice(&wqe[at + INLINE_HDR..end]);
+                    at = end.next_multiple_of(DS);
+                } else {
+                    if at + DATA_SEG > bytes {
+                        return Err(bad(nbb, opcode));
+                    }
+                    let len = if bc == 0 { ZERO_COUNT_BYTES } else { u64::from(bc) };
+                    let lkey = be(d::LKEY, wqe, at);
+                    // Filled in place (see `Small::push_slot`).
+                    let seg = segs.push_slot();
+                    seg.sge.addr = be64(wqe, at + d::ADDR.off);
+                    seg.sge.len = len;
+                    seg.sge.lkey = lkey;
+                    at += DATA_SEG;
+                }
+            }
+        }
+        w.index = index;
+        w.nbb = nbb;
+        w.opcode = opcode;
+        w.signaled = fm & CQ_UPDATE != 0;
+        w.solicited = fm & SOLICITED != 0;
+        w.imm = with_imm.then_some(imm);
+        w.kind = kind;
+        w.av = av;
+        Ok(())
+    }
+
+    /// The next posted receive WQE of `qpn`, without consuming it: its index, and its scatter list into `sges`
+    /// (empty on entry; filled in place, as returning the list by value costs more than reading the WQE).
+    pub(super) fn next_recv(&mut self, qpn: u32, sges: &mut Sges) -> Option<u16> {
+        use c::mlx5_wqe_data_seg as d;
+        let qp = self.fw.qps.get(&qpn)?;
+        if qp.rq_wqes() == 0 {
+            return None;
+        }
+        let mut rec = [0u8; 4];
+        self.dma.read(qp.dbr + RCV_DBR, &mut rec).ok()?;
+        let head = (u32::from_be_bytes(rec) & CTR16) as u16;
+        let pending = head.wrapping_sub(qp.rq_ci);
+        if pending == 0 {
+            return None;
+        }
+        if u32::from(pending) > qp.rq_wqes() {
+            self.events.push(SimEvent::BadRqCounter { qpn, head });
+            return None;
+        }
+        let index = qp.rq_ci;
+        let stride = usize::try_from(qp.rq_stride()).ok()?;
+        // A buffer no larger than the usual WQE (up to four SGEs), zeroed for nothing otherwise.
+        let mut small = [0u8; RQ_SMALL];
+        let mut stack;
+        let mut heap = Vec::new();
+        let wqe: &mut [u8] = if stride <= RQ_SMALL {
+            &mut small[..stride]
+        } else if stride <= WQE_STACK {
+            stack = [0u8; WQE_STACK];
+            &mut stack[..stride]
+        } else {
+            heap.resize(stride, 0);
+            &mut heap
+        };
+        qp.read_rq(&mut self.dma, index, wqe).ok()?;
+        for seg in wqe.chunks_exact(DATA_SEG) {
+            let lkey = be(d::LKEY, seg, 0);
+            if lkey == INVALID_LKEY {
+                break;
+            }
+            let bc = be(d::BYTE_COUNT, seg, 0);
+            let len = if bc == 0 { ZERO_COUNT_BYTES } else { u64::from(bc) };
+            let sge = sges.push_slot();
+            sge.addr = be64(seg, d::ADDR.off);
+            sge.len = len;
+            sge.lkey = lkey;
+        }
+        Some(index)
+    }
+}

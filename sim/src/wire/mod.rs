@@ -1,0 +1,202 @@
+//! The packet format between devices: what one QP sends another. Today it is the simulator's own format (a whole
+//! message per packet, no segmentation): in process a packet is the Rust value [`Packet`], and between processes
+//! `frame.rs` gives its byte encoding. A later change replaces it with the real RoCEv2 headers (IBA BTH/RETH/AETH
+//! over UDP); transport builds and reads packets only through this module, so that change stays here.
+//!
+//! A packet is generic over `D`, the handle naming its source and destination device: the wire format does not
+//! know how packets travel (that is `link`).
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+pub(crate) mod frame;
+
+/// Bytes of a GID.
+pub(crate) const GID_LEN: usize = 16;
+/// Where a packet goes, as the sender's path or address vector names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dest {
+    /// IB: the destination LID.
+    Lid(u16),
+    /// RoCE: the destination GID and MAC.
+    Gid { gid: [u8; GID_LEN], mac: [u8; 6] },
+}
+
+/// The global route header a packet carries (always on RoCE, when the path asks for it on IB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grh {
+    pub(crate) sgid: [u8; GID_LEN],
+    pub(crate) dgid: [u8; GID_LEN],
+    pub(crate) tclass: u8,
+    pub(crate) flow_label: u32,
+    pub(crate) hop_limit: u8,
+}
+
+/// A remote atomic operation (8 bytes, big endian in memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtomicOp {
+    CmpSwap { compare: u64, swap: u64 },
+    FetchAdd { add: u64 },
+}
+
+/// The largest payload a packet carries inline: a cache line.
+pub(crate) const INLINE_PAYLOAD: usize = 64;
+
+/// The payload of an RC SEND or WRITE. The requester keeps the request for retries while a copy travels: a small
+/// payload is copied with the packet (cheaper than an allocation and a shared count), a larger one is shared.
+#[derive(Clone)]
+pub(crate) enum Payload {
+    Inline { len: u8, bytes: [u8; INLINE_PAYLOAD] },
+    Shared(Arc<[u8]>),
+}
+
+impl Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Payload::Shared(b) => b,
+        }
+    }
+}
+
+impl From<&[u8]> for Payload {
+    fn from(b: &[u8]) -> Self {
+        if b.len() > INLINE_PAYLOAD {
+            return Payload::Shared(Arc::from(b));
+        }
+        let mut bytes = [0u8; INLINE_PAYLOAD];
+        bytes[..b.len()].copy_from_slice(b);
+        // At most `INLINE_PAYLOAD` (64), so the length fits.
+        Payload::Inline { len: b.len() as u8, bytes }
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Payload {}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+/// An RC request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RcOp {
+    Send { data: Payload, imm: Option<[u8; 4]> },
+    Write { raddr: u64, rkey: u32, data: Payload, imm: Option<[u8; 4]> },
+    Read { raddr: u64, rkey: u32, len: u64 },
+    Atomic { raddr: u64, rkey: u32, op: AtomicOp },
+}
+
+/// A NAK the responder sends for a request it cannot execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nak {
+    /// Bad rkey, rights or bounds: the requester completes with `REMOTE_ACCESS_ERR`.
+    RemoteAccess,
+    /// The request's PSN is ahead of the one the responder expects (IBA 9.7.5.2.2, "PSN sequence error"): the
+    /// requester retransmits, which counts against its retry count.
+    PsnSequence,
+    /// A request the responder cannot accept (receive too small, misaligned atomic): `REMOTE_INVAL_REQ_ERR`.
+    InvalidRequest,
+    /// The responder failed locally (its receive buffer's key): `REMOTE_OP_ERR`.
+    RemoteOp,
+}
+
+/// What comes back for an RC request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Resp {
+    Ack,
+    ReadData(Vec<u8>),
+    AtomicOrig(u64),
+    /// Receiver not ready; retry after the RNR timer `timer` (the responder's `min_rnr_nak`).
+    RnrNak {
+        timer: u8,
+    },
+    Nak(Nak),
+    /// The request reached no RC QP ready to receive it (unknown address or QP, wrong state or type, device
+    /// gone). Not a packet: it stands for the requester's ACK timer starting, which the simulator knows at once.
+    Lost(&'static str),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Body {
+    /// An RC request; `seq` identifies the attempt, so a late response to an earlier attempt is ignored. `psn`
+    /// is the requester's send PSN for the message (the same on every attempt): the responder executes a message
+    /// once, at the PSN it expects, and answers a duplicate without executing it again.
+    Rc { seq: u64, psn: u32, op: RcOp, solicited: bool },
+    /// A UD send.
+    Ud { qkey: u32, data: Vec<u8>, imm: Option<[u8; 4]>, solicited: bool },
+    /// A response to the RC request `seq`.
+    Resp { seq: u64, resp: Resp },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Packet<D> {
+    pub(crate) src: D,
+    pub(crate) dst: D,
+    pub(crate) src_qpn: u32,
+    pub(crate) dst_qpn: u32,
+    /// The sender's LID (IB) and service level.
+    pub(crate) slid: u16,
+    pub(crate) sl: u8,
+    pub(crate) grh: Option<Grh>,
+    pub(crate) body: Body,
+}
+
+impl<D: Clone> Packet<D> {
+    /// [`Packet::reply`] consuming the request: its addresses move into the response instead of being cloned.
+    pub(crate) fn into_reply(self, resp: Resp) -> Option<Packet<D>> {
+        let Body::Rc { seq, .. } = self.body else { return None };
+        Some(Packet {
+            src: self.dst,
+            dst: self.src,
+            src_qpn: self.dst_qpn,
+            dst_qpn: self.src_qpn,
+            slid: 0,
+            sl: 0,
+            grh: None,
+            body: Body::Resp { seq, resp },
+        })
+    }
+
+    /// The response `resp` to this packet, addressed back to its sender; `None` unless it is an RC request.
+    pub(crate) fn reply(&self, resp: Resp) -> Option<Packet<D>> {
+        let Body::Rc { seq, .. } = self.body else { return None };
+        Some(Packet {
+            src: self.dst.clone(),
+            dst: self.src.clone(),
+            src_qpn: self.dst_qpn,
+            dst_qpn: self.src_qpn,
+            slid: 0,
+            sl: 0,
+            grh: None,
+            body: Body::Resp { seq, resp },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_payload_up_to_a_cache_line_travels_inline() {
+        let small: Vec<u8> = (0..64).collect();
+        let large: Vec<u8> = (0..65).collect();
+        let (a, b) = (Payload::from(&small[..]), Payload::from(&large[..]));
+        assert!(matches!(a, Payload::Inline { len: 64, .. }) && matches!(b, Payload::Shared(_)));
+        assert_eq!((&a[..], &b[..]), (&small[..], &large[..]));
+        assert!(matches!(Payload::from(&[][..]), Payload::Inline { len: 0, .. }));
+        // Equal by content, whatever the representation.
+        assert_eq!(Payload::Shared(Arc::from(&small[..])), a);
+        assert_eq!(format!("{a:?}"), format!("{small:?}"));
+    }
+}
