@@ -97,7 +97,6 @@
 //! every BAR read returns all ones, writes are ignored, DMA stops. In both states the driver can still free all
 //! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
 
-pub mod alloc_count;
 mod caps;
 mod cq;
 mod datapath;
@@ -108,10 +107,11 @@ mod fw;
 mod link;
 mod mkey;
 mod mmio;
-pub mod mocks;
 mod port;
 mod qp;
 mod small;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod testkit;
 mod wire;
 
 #[cfg(test)]

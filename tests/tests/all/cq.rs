@@ -464,7 +464,7 @@ fn armed_cqs_raise_events_and_solicited_only_waits_for_a_solicited_one() {
 
 #[test]
 fn arm_is_the_record_then_one_64_bit_doorbell() {
-    use mlx5_sim::mocks::{BarrierKind, MmioAccess, RecordingMmio};
+    use mlx5_sim::testkit::mocks::{BarrierKind, MmioAccess, RecordingMmio};
     let dev = SimDevice::default();
     let rec = RecordingMmio::new(dev.mmio());
     let mut d = dev.delay();

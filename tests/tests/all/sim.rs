@@ -10,7 +10,7 @@ use mlx5_core::pages::{ManagePagesGive, ManagePagesTake, FW_PAGE_SIZE};
 use mlx5_core::pd::alloc_pd;
 use mlx5_core::prm::{ifc, CmdStatus, DeliveryStatus, MsgBuf, Opcode};
 use mlx5_host::tour::{run_tour, TourError};
-use mlx5_sim::mocks::{BarrierKind, MmioAccess, RecordingMmio};
+use mlx5_sim::testkit::mocks::{BarrierKind, MmioAccess, RecordingMmio};
 use mlx5_sim::{Fault, Mode, SimConfig, SimDevice, SimDma, SimMmio};
 
 /// Any command, written as raw header fields and lengths, for probing firmware checks.

@@ -244,7 +244,7 @@ fn health_is_quiet_on_a_healthy_device() {
 
 #[test]
 fn eq_doorbell_is_ordered_after_the_eqe_loads() {
-    use mlx5_sim::mocks::{BarrierKind, MmioAccess, RecordingMmio};
+    use mlx5_sim::testkit::mocks::{BarrierKind, MmioAccess, RecordingMmio};
     let dev = SimDevice::default();
     let rec = RecordingMmio::new(dev.mmio());
     let mut d = dev.delay();

@@ -1,5 +1,5 @@
-//! The datapath allocates nothing. A counting global allocator, armed only around the datapath calls (on this
-//! thread), must see zero allocations while the core posts sends (BlueFlame, batched, inline, RDMA WRITE with
+//! The datapath allocates nothing. The binary's counting global allocator (`main.rs`), armed only around the
+//! datapath calls and counting only this thread's allocations (other tests run in parallel), must see zero allocations while the core posts sends (BlueFlame, batched, inline, RDMA WRITE with
 //! immediate, UD) and receives, polls requester, responder and unknown-QP CQEs, and arms the CQ. QPs and the CQ
 //! are created on the simulator; their datapath then runs against a plain-memory BAR (`MemMmio`), so the simulator
 //! does not run while the counter is armed and every allocation seen is the core's.
@@ -14,12 +14,9 @@ use mlx5_core::qp::{
     UdDest,
 };
 use mlx5_core::verbs::{CqAttr, QpInitAttr};
-use mlx5_sim::alloc_count;
-use mlx5_sim::mocks::MemMmio;
+use mlx5_sim::testkit::alloc_count;
+use mlx5_sim::testkit::mocks::MemMmio;
 use mlx5_sim::{SimDelay, SimDevice};
-
-#[global_allocator]
-static GLOBAL: alloc_count::Counting = alloc_count::Counting;
 
 /// Runs `f` with the counter armed on this thread; returns its result and the allocations it made.
 fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {

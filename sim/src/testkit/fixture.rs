@@ -1,0 +1,174 @@
+//! [`Node`], the kit's fixture: a brought-up simulated HCA with a PD and one registered buffer, RC QPs connected
+//! RESET → RTS on it (or towards another node), and a teardown that checks nothing leaked. The datapath tests, the
+//! flush tests and the benchmarks build on it.
+
+use mlx5_core::cq::{Cq, LinkLayer};
+use mlx5_core::hal::{Dma, DmaRegion};
+use mlx5_core::hca::{Config, Hca, TeardownReport};
+use mlx5_core::mkey::{Access, Mr};
+use mlx5_core::qp::{required_attrs, AhAttr, Grh, Mtu, Qp, QpAttr, QpCap, QpState, QpType, Sge};
+use mlx5_core::verbs::{CqAttr, Pd, QpInitAttr};
+
+use crate::{SimConfig, SimDelay, SimDevice, SimDma, SimMmio};
+
+/// The core's HCA over the simulator.
+pub type SimHca = Hca<SimMmio, SimDma>;
+
+/// A brought-up simulated device with a PD and `mem_len` bytes of registered memory (every access right).
+pub struct Node {
+    pub dev: SimDevice,
+    pub hca: SimHca,
+    pub d: SimDelay,
+    pub pd: Pd,
+    pub mem: DmaRegion,
+    pub mr: Mr,
+}
+
+/// The attributes of an RC connection (both sides use the same; send and receive PSNs are both 0, so they match).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcOpts {
+    pub access: Access,
+    pub path_mtu: Mtu,
+    pub rnr_retry: u8,
+    pub retry_cnt: u8,
+    pub min_rnr_timer: u8,
+    /// Both `max_rd_atomic` and `max_dest_rd_atomic`.
+    pub rd_atomic: u8,
+}
+
+impl Default for RcOpts {
+    /// Remote read, write and atomics, 1024-byte MTU, retries 7/7, the shortest RNR timer, 4 reads in flight.
+    fn default() -> Self {
+        Self {
+            access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::LOCAL_WRITE,
+            path_mtu: Mtu::M1024,
+            rnr_retry: 7,
+            retry_cnt: 7,
+            min_rnr_timer: 1,
+            rd_atomic: 4,
+        }
+    }
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("dev", &self.dev).field("mem", &self.mem).finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// Brings up a device of `cfg` and registers `mem_len` bytes. Panics on any failure (a fixture).
+    pub fn new(cfg: SimConfig, mem_len: usize) -> Self {
+        let dev = SimDevice::new(cfg);
+        let mut d = dev.delay();
+        let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).expect("bring-up");
+        let pd = hca.alloc_pd(&mut d).expect("PD");
+        let mem = dev.dma().alloc(mem_len, 4096).expect("buffer");
+        let mr = hca.reg_mr(&pd, mem.cpu.as_ptr(), mem_len, Access::ALL, &mut d).expect("MR");
+        Node { dev, hca, d, pd, mem, mr }
+    }
+
+    /// The address of byte `off` of the registered buffer.
+    pub fn addr(&self, off: usize) -> u64 {
+        self.mem.cpu.as_ptr() as u64 + off as u64
+    }
+
+    pub fn sge(&self, off: usize, len: u32) -> Sge {
+        Sge { addr: self.addr(off), length: len, lkey: self.mr.lkey }
+    }
+
+    /// A copy of `len` bytes of the buffer at `off` (read after the work that wrote them completed).
+    pub fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
+        let p = self.mem.ptr_at(off, len);
+        // SAFETY: inside the registered region (ptr_at checks); read after the device completed the work that
+        // wrote it.
+        unsafe { std::slice::from_raw_parts(p, len).to_vec() }
+    }
+
+    /// Writes `data` into the buffer at `off` (while no work request uses those bytes).
+    pub fn put(&self, off: usize, data: &[u8]) {
+        let p = self.mem.ptr_at(off, data.len());
+        // SAFETY: inside the registered region (ptr_at checks); no work request uses these bytes while we write.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+    }
+
+    pub fn cq(&mut self, cqe: u32) -> Cq {
+        self.hca.create_cq(CqAttr { cqe, ..CqAttr::default() }, &mut self.d).expect("CQ")
+    }
+
+    /// A QP of `ty` with both queues on `cq`.
+    pub fn qp(&mut self, ty: QpType, cq: &Cq, cap: QpCap, sig_all: bool) -> Qp {
+        let attr = QpInitAttr { qp_type: ty, cap, sq_sig_all: sig_all };
+        self.hca.create_qp(&self.pd, cq, cq, attr, &mut self.d).expect("QP")
+    }
+
+    /// The address of this node's port as a peer sees it.
+    pub fn ah_attr(&mut self) -> AhAttr {
+        let port = self.hca.query_port(&mut self.d).expect("query port");
+        let gid = self.hca.query_gid(0, &mut self.d).expect("query GID");
+        let roce = port.link_layer == LinkLayer::Ethernet;
+        AhAttr {
+            dlid: port.lid,
+            grh: roce.then_some(Grh { dgid: gid, hop_limit: 64, ..Grh::default() }),
+            dmac: self.dev.config().mac,
+            port_num: 1,
+            ..AhAttr::default()
+        }
+    }
+
+    /// RESET → INIT → RTR → RTS for an RC QP towards QP `dest` at `ah`, with verbs' required attributes.
+    pub fn connect_rc(&mut self, qp: &mut Qp, dest: u32, ah: AhAttr, o: &RcOpts) {
+        let a = QpAttr {
+            qp_access_flags: o.access,
+            path_mtu: o.path_mtu,
+            dest_qp_num: dest,
+            ah_attr: ah,
+            rnr_retry: o.rnr_retry,
+            retry_cnt: o.retry_cnt,
+            min_rnr_timer: o.min_rnr_timer,
+            max_dest_rd_atomic: o.rd_atomic,
+            max_rd_atomic: o.rd_atomic,
+            ..QpAttr::default()
+        };
+        for (f, s) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
+            let m = required_attrs(QpType::Rc, f, s).expect("an RC transition");
+            self.hca.modify_qp(qp, &QpAttr { qp_state: s, ..a }, m, &mut self.d).expect("modify QP");
+        }
+    }
+
+    /// A CQ of at least `cqe` entries and two RC QPs on it, connected to each other on the loopback and in RTS.
+    pub fn rc_pair(&mut self, cap: QpCap, cqe: u32, o: &RcOpts) -> (Cq, Qp, Qp) {
+        let cq = self.cq(cqe);
+        let mut a = self.qp(QpType::Rc, &cq, cap, false);
+        let mut b = self.qp(QpType::Rc, &cq, cap, false);
+        let ah = self.ah_attr();
+        let (qa, qb) = (a.qpn(), b.qpn());
+        self.connect_rc(&mut a, qb, ah, o);
+        self.connect_rc(&mut b, qa, ah, o);
+        (cq, a, b)
+    }
+
+    /// Destroys what [`rc_pair`](Self::rc_pair) made.
+    pub fn drop_pair(&mut self, cq: Cq, a: Qp, b: Qp) {
+        self.hca.destroy_qp(a, &mut self.d).map_err(|e| e.error).expect("destroy QP");
+        self.hca.destroy_qp(b, &mut self.d).map_err(|e| e.error).expect("destroy QP");
+        self.hca.destroy_cq(cq, &mut self.d).map_err(|e| e.error).expect("destroy CQ");
+    }
+
+    /// Frees the MR, PD and buffer and tears the HCA down; checks that every DMA allocation came back.
+    pub fn finish(self) -> TeardownReport {
+        self.finish_with_device().0
+    }
+
+    /// [`finish`](Self::finish), handing back the device for checks of its own.
+    pub fn finish_with_device(mut self) -> (TeardownReport, SimDevice) {
+        self.hca.dereg_mr(self.mr, &mut self.d).map_err(|e| e.error).expect("dereg MR");
+        self.hca.dealloc_pd(self.pd, &mut self.d).map_err(|e| e.error).expect("dealloc PD");
+        // SAFETY: the memory key over the region is destroyed (or the device is dead), so the device no longer
+        // reaches it.
+        unsafe { self.dev.dma().free(self.mem) };
+        let report = self.hca.teardown(&mut self.d).expect("teardown");
+        assert_eq!(self.dev.dma_outstanding(), (0, 0), "every DMA allocation returned");
+        (report, self.dev)
+    }
+}
