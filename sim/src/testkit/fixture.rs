@@ -1,6 +1,7 @@
-//! [`Node`], the kit's fixture: a brought-up simulated HCA with a PD and one registered buffer, RC QPs connected
-//! RESET → RTS on it (or towards another node), and a teardown that checks nothing leaked. The datapath tests, the
-//! flush tests and the benchmarks build on it.
+//! The kit's fixtures: [`Node`], a brought-up simulated HCA with a PD and one registered buffer, RC QPs connected
+//! RESET → RTS on it (or towards another node), and a teardown that checks nothing leaked; [`RcPair`], two nodes
+//! joined by the simulated wire with one connected RC QP each. The datapath, flush and allocation tests and the
+//! benchmarks build on them.
 
 use mlx5_core::cq::{Cq, LinkLayer};
 use mlx5_core::hal::{Dma, DmaRegion};
@@ -170,5 +171,84 @@ impl Node {
         let report = self.hca.teardown(&mut self.d).expect("teardown");
         assert_eq!(self.dev.dma_outstanding(), (0, 0), "every DMA allocation returned");
         (report, self.dev)
+    }
+}
+
+/// Two simulated devices joined by the wire (the second at [`SimConfig::next_host`] of the first), each a [`Node`]
+/// with one CQ and one RC QP, the QPs connected to each other RESET → RTS with the same PSNs.
+#[derive(Debug)]
+pub struct RcPair {
+    pub a: Node,
+    pub b: Node,
+    pub cq_a: Cq,
+    pub cq_b: Cq,
+    pub qp_a: Qp,
+    pub qp_b: Qp,
+}
+
+impl RcPair {
+    /// Brings both devices up from `cfg`, each with `mem_len` bytes registered, a CQ of at least `cqe` entries and
+    /// an RC QP of `cap` on it, and connects the QPs with `o`.
+    pub fn new(cfg: SimConfig, mem_len: usize, cap: QpCap, cqe: u32, o: &RcOpts) -> Self {
+        let next = cfg.next_host();
+        let mut a = Node::new(cfg, mem_len);
+        let mut b = Node::new(next, mem_len);
+        a.dev.connect(&b.dev);
+        let (cq_a, cq_b) = (a.cq(cqe), b.cq(cqe));
+        let mut qp_a = a.qp(QpType::Rc, &cq_a, cap, false);
+        let mut qp_b = b.qp(QpType::Rc, &cq_b, cap, false);
+        let (ah_a, ah_b) = (a.ah_attr(), b.ah_attr());
+        let (qa, qb) = (qp_a.qpn(), qp_b.qpn());
+        a.connect_rc(&mut qp_a, qb, ah_b, o);
+        b.connect_rc(&mut qp_b, qa, ah_a, o);
+        RcPair { a, b, cq_a, cq_b, qp_a, qp_b }
+    }
+
+    /// Destroys the QPs and CQs and finishes both nodes (every DMA allocation of each device came back).
+    pub fn finish(self) -> (TeardownReport, TeardownReport) {
+        let RcPair { mut a, mut b, cq_a, cq_b, qp_a, qp_b } = self;
+        for (n, qp, cq) in [(&mut a, qp_a, cq_a), (&mut b, qp_b, cq_b)] {
+            n.hca.destroy_qp(qp, &mut n.d).map_err(|e| e.error).expect("destroy QP");
+            n.hca.destroy_cq(cq, &mut n.d).map_err(|e| e.error).expect("destroy CQ");
+        }
+        (a.finish(), b.finish())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx5_core::cq::{WcOpcode, WcStatus, WorkCompletion};
+    use mlx5_core::qp::{RecvWr, SendFlags, SendOp, SendWr};
+
+    #[test]
+    fn an_rc_pair_across_the_wire_carries_a_send_and_leaks_nothing() {
+        let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let mut p = RcPair::new(SimConfig::default(), 1 << 16, cap, 15, &RcOpts::default());
+        p.a.put(0, b"over the wire");
+        let rsge = [p.b.sge(0x100, 64)];
+        p.b.hca.post_recv(&mut p.qp_b, &[RecvWr { wr_id: 2, sg_list: &rsge }]).unwrap();
+        let ssge = [p.a.sge(0, 13)];
+        let wr =
+            SendWr { wr_id: 1, op: SendOp::Send, sg_list: &ssge, flags: SendFlags::SIGNALED, inline: None, ud: None };
+        p.a.hca.post_send(&mut p.qp_a, &[wr]).unwrap();
+        let mut wc = [WorkCompletion::default(); 2];
+        let (mut sent, mut got) = (None, None);
+        for _ in 0..1000 {
+            if sent.is_none() && p.cq_a.poll(p.a.hca.mmio(), &mut p.qp_a, &mut wc).unwrap() == 1 {
+                sent = Some(wc[0]);
+            }
+            if got.is_none() && p.cq_b.poll(p.b.hca.mmio(), &mut p.qp_b, &mut wc).unwrap() == 1 {
+                got = Some(wc[0]);
+            }
+            if sent.is_some() && got.is_some() {
+                break;
+            }
+        }
+        let (sent, got) = (sent.expect("send completion"), got.expect("receive completion"));
+        assert_eq!((sent.wr_id, sent.status, sent.opcode), (1, WcStatus::Success, WcOpcode::Send));
+        assert_eq!((got.wr_id, got.status, got.byte_len), (2, WcStatus::Success, 13));
+        assert_eq!(p.b.bytes(0x100, 13), b"over the wire");
+        p.finish();
     }
 }

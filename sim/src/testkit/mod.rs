@@ -9,7 +9,7 @@
 //!   the datapath is measured against.
 //! - [`alloc_count`]: the per-thread counting global allocator behind the no-allocation checks.
 //! - [`Node`]: a brought-up simulated HCA with a PD and a registered buffer, RC QPs connected on it, and a teardown
-//!   that checks nothing leaked.
+//!   that checks nothing leaked; [`RcPair`]: two such devices on the wire with a connected RC QP each.
 
 pub mod alloc_count;
 mod fixture;
@@ -17,6 +17,6 @@ mod heap_dma;
 pub mod mocks;
 mod regfile;
 
-pub use fixture::{Node, RcOpts, SimHca};
+pub use fixture::{Node, RcOpts, RcPair, SimHca};
 pub use heap_dma::{HeapDma, Iovas};
 pub use regfile::{RegFile, Write, BAR_LEN, UAR_OFF};
