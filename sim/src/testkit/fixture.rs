@@ -2,6 +2,10 @@
 //! RESET → RTS on it (or towards another node), and a teardown that checks nothing leaked; [`RcPair`], two nodes
 //! joined by the simulated wire with one connected RC QP each. The datapath, flush and allocation tests and the
 //! benchmarks build on them.
+//!
+//! Every function here is `#[inline]`, so the core's generic HCA code it calls is compiled in the crate that uses
+//! the fixture rather than in the simulator: compiled into the simulator, it changed how the simulator's own
+//! datapath was code-generated (and the simulator benchmark lost about 7%).
 
 use mlx5_core::cq::{Cq, LinkLayer};
 use mlx5_core::hal::{Dma, DmaRegion};
@@ -39,6 +43,7 @@ pub struct RcOpts {
 
 impl Default for RcOpts {
     /// Remote read, write and atomics, 1024-byte MTU, retries 7/7, the shortest RNR timer, 4 reads in flight.
+    #[inline]
     fn default() -> Self {
         Self {
             access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::LOCAL_WRITE,
@@ -52,6 +57,7 @@ impl Default for RcOpts {
 }
 
 impl std::fmt::Debug for Node {
+    #[inline]
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node").field("dev", &self.dev).field("mem", &self.mem).finish_non_exhaustive()
     }
@@ -59,6 +65,7 @@ impl std::fmt::Debug for Node {
 
 impl Node {
     /// Brings up a device of `cfg` and registers `mem_len` bytes. Panics on any failure (a fixture).
+    #[inline]
     pub fn new(cfg: SimConfig, mem_len: usize) -> Self {
         let dev = SimDevice::new(cfg);
         let mut d = dev.delay();
@@ -70,15 +77,18 @@ impl Node {
     }
 
     /// The address of byte `off` of the registered buffer.
+    #[inline]
     pub fn addr(&self, off: usize) -> u64 {
         self.mem.cpu.as_ptr() as u64 + off as u64
     }
 
+    #[inline]
     pub fn sge(&self, off: usize, len: u32) -> Sge {
         Sge { addr: self.addr(off), length: len, lkey: self.mr.lkey }
     }
 
     /// A copy of `len` bytes of the buffer at `off` (read after the work that wrote them completed).
+    #[inline]
     pub fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
         let p = self.mem.ptr_at(off, len);
         // SAFETY: inside the registered region (ptr_at checks); read after the device completed the work that
@@ -87,23 +97,27 @@ impl Node {
     }
 
     /// Writes `data` into the buffer at `off` (while no work request uses those bytes).
+    #[inline]
     pub fn put(&self, off: usize, data: &[u8]) {
         let p = self.mem.ptr_at(off, data.len());
         // SAFETY: inside the registered region (ptr_at checks); no work request uses these bytes while we write.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
     }
 
+    #[inline]
     pub fn cq(&mut self, cqe: u32) -> Cq {
         self.hca.create_cq(CqAttr { cqe, ..CqAttr::default() }, &mut self.d).expect("CQ")
     }
 
     /// A QP of `ty` with both queues on `cq`.
+    #[inline]
     pub fn qp(&mut self, ty: QpType, cq: &Cq, cap: QpCap, sig_all: bool) -> Qp {
         let attr = QpInitAttr { qp_type: ty, cap, sq_sig_all: sig_all };
         self.hca.create_qp(&self.pd, cq, cq, attr, &mut self.d).expect("QP")
     }
 
     /// The address of this node's port as a peer sees it.
+    #[inline]
     pub fn ah_attr(&mut self) -> AhAttr {
         let port = self.hca.query_port(&mut self.d).expect("query port");
         let gid = self.hca.query_gid(0, &mut self.d).expect("query GID");
@@ -118,6 +132,7 @@ impl Node {
     }
 
     /// RESET → INIT → RTR → RTS for an RC QP towards QP `dest` at `ah`, with verbs' required attributes.
+    #[inline]
     pub fn connect_rc(&mut self, qp: &mut Qp, dest: u32, ah: AhAttr, o: &RcOpts) {
         let a = QpAttr {
             qp_access_flags: o.access,
@@ -138,6 +153,7 @@ impl Node {
     }
 
     /// A CQ of at least `cqe` entries and two RC QPs on it, connected to each other on the loopback and in RTS.
+    #[inline]
     pub fn rc_pair(&mut self, cap: QpCap, cqe: u32, o: &RcOpts) -> (Cq, Qp, Qp) {
         let cq = self.cq(cqe);
         let mut a = self.qp(QpType::Rc, &cq, cap, false);
@@ -150,6 +166,7 @@ impl Node {
     }
 
     /// Destroys what [`rc_pair`](Self::rc_pair) made.
+    #[inline]
     pub fn drop_pair(&mut self, cq: Cq, a: Qp, b: Qp) {
         self.hca.destroy_qp(a, &mut self.d).map_err(|e| e.error).expect("destroy QP");
         self.hca.destroy_qp(b, &mut self.d).map_err(|e| e.error).expect("destroy QP");
@@ -157,11 +174,13 @@ impl Node {
     }
 
     /// Frees the MR, PD and buffer and tears the HCA down; checks that every DMA allocation came back.
+    #[inline]
     pub fn finish(self) -> TeardownReport {
         self.finish_with_device().0
     }
 
     /// [`finish`](Self::finish), handing back the device for checks of its own.
+    #[inline]
     pub fn finish_with_device(mut self) -> (TeardownReport, SimDevice) {
         self.hca.dereg_mr(self.mr, &mut self.d).map_err(|e| e.error).expect("dereg MR");
         self.hca.dealloc_pd(self.pd, &mut self.d).map_err(|e| e.error).expect("dealloc PD");
@@ -189,6 +208,7 @@ pub struct RcPair {
 impl RcPair {
     /// Brings both devices up from `cfg`, each with `mem_len` bytes registered, a CQ of at least `cqe` entries and
     /// an RC QP of `cap` on it, and connects the QPs with `o`.
+    #[inline]
     pub fn new(cfg: SimConfig, mem_len: usize, cap: QpCap, cqe: u32, o: &RcOpts) -> Self {
         let next = cfg.next_host();
         let mut a = Node::new(cfg, mem_len);
@@ -205,6 +225,7 @@ impl RcPair {
     }
 
     /// Destroys the QPs and CQs and finishes both nodes (every DMA allocation of each device came back).
+    #[inline]
     pub fn finish(self) -> (TeardownReport, TeardownReport) {
         let RcPair { mut a, mut b, cq_a, cq_b, qp_a, qp_b } = self;
         for (n, qp, cq) in [(&mut a, qp_a, cq_a), (&mut b, qp_b, cq_b)] {
