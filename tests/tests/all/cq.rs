@@ -7,9 +7,8 @@ use mlx5_core::hca::{Config, Error, Hca};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::consts;
 use mlx5_core::verbs::{AsyncEvent, CqAttr};
+use mlx5_sim::testkit::SimHca;
 use mlx5_sim::{MkeyAccess, MkeyFault, PortType, SimConfig, SimDelay, SimDevice, SimEvent};
-
-type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
 
 fn up(dev: &SimDevice) -> (SimHca, SimDelay) {
     let mut d = dev.delay();

@@ -337,7 +337,7 @@ fn cq_consumer_index_crosses_2_pow_24() {
 // ---------------------------------------------------------------------------------------------------------------
 // Send and receive queues on the simulated device
 
-type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
+use mlx5_sim::testkit::SimHca;
 
 struct Loop {
     dev: SimDevice,
