@@ -8,7 +8,7 @@ use mlx5_core::hca::{Config, Hca};
 use mlx5_core::qp::{QpCap, RecvWr};
 use mlx5_sim::{Mode, SimConfig, SimDevice};
 
-use crate::env::{Env, SimHca};
+use crate::env::{self, SimHca};
 use crate::stats::{measure, since, Plan, Stat};
 
 /// What one throughput run did.
@@ -23,10 +23,10 @@ pub struct Throughput {
 /// posts `batch` receives on one QP, then `batch` SENDs on the other in one `post_send` (one doorbell; the last
 /// SEND signaled), then polls the `batch + 1` completions in calls of up to 64.
 pub fn sim_sends(mode: Mode, batch: usize, size: u32, rounds: usize, plan: Plan) -> Throughput {
-    let mut env = Env::new(mode);
+    let mut env = env::new(mode);
     let depth = (batch as u32).max(64);
     let cap = QpCap { max_send_wr: depth, max_recv_wr: depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let (mut cq, mut a, mut b) = env.pair(cap, 4 * depth - 1);
+    let (mut cq, mut a, mut b) = env::pair(&mut env, cap, 4 * depth - 1);
     let ssge = [env.sge(0, size)];
     let rsge = [env.sge(64 * 1024, size)];
     let wrs = crate::micro::sends(&ssge, batch, false);

@@ -4,7 +4,7 @@
 //!
 //! * `post_send`: ns per one-SGE SEND WQE in calls of 1, 16 and 64 WRs (one doorbell per call; a single WQE goes
 //!   by BlueFlame), WQEs into DMA memory, doorbell record, BlueFlame register in a plain-memory BAR
-//!   ([`mlx5_sim::mocks::MemMmio`], default barriers). Baseline: one 64-byte store per WQE into a ring of the same
+//!   ([`mlx5_sim::testkit::mocks::MemMmio`], default barriers). Baseline: one 64-byte store per WQE into a ring of the same
 //!   size plus one 4-byte store per batch.
 //! * `post_recv`: ns per one-SGE receive WQE (calls of 16). Baseline: a 16-byte store per WQE, 4 bytes per batch.
 //! * `poll_cq`: ns per CQE of a CQ full of ready CQEs (half send, half receive completions, 16 per call).
@@ -22,13 +22,13 @@ mod stats;
 use std::io::Write;
 
 use mlx5_core::qp::QpCap;
-use mlx5_sim::mocks::MemMmio;
+use mlx5_sim::testkit::mocks::MemMmio;
 use mlx5_sim::Mode;
 use serde_json::{json, Map, Value};
 
 use stats::{round, Plan, Stat};
 
-use mlx5_sim::alloc_count;
+use mlx5_sim::testkit::alloc_count;
 
 #[global_allocator]
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
@@ -144,9 +144,9 @@ fn main() {
 /// post_send, post_recv and poll_cq: QPs and a CQ made on the simulator, then driven against plain memory only.
 fn datapath(micro: Plan, out: &mut Map<String, Value>, lines: &mut Vec<String>) {
     progress("datapath against plain memory");
-    let mut env = env::Env::new(Mode::Inline);
+    let mut env = env::new(Mode::Inline);
     let cap = QpCap { max_send_wr: DEPTH, max_recv_wr: DEPTH, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let (mut cq, mut a, b) = env.pair(cap, DEPTH - 1);
+    let (mut cq, mut a, b) = env::pair(&mut env, cap, DEPTH - 1);
     let bar = MemMmio::new(env.dev.mmio().bar_size());
     let sge = [env.sge(0, 64)];
     let window = (a.cap().max_send_wr.min(a.cap().max_recv_wr).min(DEPTH) as usize) / 64 * 64;

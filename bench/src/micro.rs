@@ -2,18 +2,17 @@
 //! without (the baseline): QPs and CQs are created on the simulator, then driven through [`MemMmio`], so the
 //! simulator does not run while anything is timed.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::hint::black_box;
-use std::ptr::NonNull;
 use std::time::Instant;
 
 use mlx5_core::cmd::Pas;
 use mlx5_core::cmdq::{CmdQueue, Command};
 use mlx5_core::cq::{Cq, CqContext, CqeFields, CqeSize, CreateCq, Notify, WorkCompletion, WrTable, CQE64_SIZE};
-use mlx5_core::hal::{Dma, DmaError, DmaRegion, Mmio};
+use mlx5_core::hal::Mmio;
 use mlx5_core::prm::{c, consts};
 use mlx5_core::qp::{Qp, RecvWr, SendFlags, SendOp, SendWr, Sge};
-use mlx5_sim::mocks::MemMmio;
+use mlx5_sim::testkit::mocks::MemMmio;
+use mlx5_sim::testkit::HeapDma;
 
 use crate::alloc_count;
 use crate::stats::{measure, since, Plan, Stat};
@@ -223,31 +222,6 @@ pub fn poll_cq(cq: &mut Cq, qp: &mut Qp, bar: &MemMmio, sge: &[Sge], batch: usiz
     (core, base)
 }
 
-/// Host memory as DMA memory, bus address = CPU address (for the command queue, which only needs bytes).
-#[derive(Debug, Default)]
-pub struct HostDma;
-
-const HOST_DMA_ALIGN: usize = 4096;
-
-// SAFETY: regions are fresh zeroed allocations aligned to 4 KiB (every alignment the command queue asks for is at
-// most that; larger requests fail), distinct while live, and their "bus address" is the CPU address itself.
-unsafe impl Dma for HostDma {
-    fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion, DmaError> {
-        if align > HOST_DMA_ALIGN {
-            return Err(DmaError::BadAlignment { align });
-        }
-        let layout = Layout::from_size_align(len.max(1), HOST_DMA_ALIGN).map_err(|_| DmaError::NoMemory { len })?;
-        // SAFETY: non-zero size, power-of-two alignment.
-        let cpu = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(DmaError::NoMemory { len })?;
-        Ok(DmaRegion { cpu, iova: cpu.as_ptr() as u64, len })
-    }
-
-    unsafe fn free(&self, region: DmaRegion) {
-        // SAFETY: allocated by `alloc` above with this very layout (same length, fixed alignment).
-        unsafe { dealloc(region.cpu.as_ptr(), Layout::from_size_align_unchecked(region.len.max(1), HOST_DMA_ALIGN)) };
-    }
-}
-
 /// CREATE_CQ with 1,024 page addresses: `CmdQueue::post` into slot 0 (entry, a chain of mailboxes linked and
 /// filled in place, the entry signature, the doorbell) over plain-memory registers, the entry handed back between
 /// posts as firmware would; and the same command encoded into one flat zeroed buffer.
@@ -256,7 +230,7 @@ pub fn encode_create_cq(plan: Plan) -> (Stat, Stat) {
     // An initialization segment the queue accepts: interface revision 5, 32 slots of 64 bytes.
     bar.write32(c::mlx5_init_seg::CMDIF_REV_FW_SUB.off, 5 << 16);
     bar.write32(c::mlx5_init_seg::CMDQ_ADDR_L_SZ.off, (5 << 4) | 6);
-    let dma = HostDma;
+    let dma = HeapDma::identity();
     let mut q = CmdQueue::new(&bar, &dma, ()).expect("command queue");
     let pas: Vec<u64> = (0..1024u64).map(|i| 0x1_0000_0000 + i * 4096).collect();
     let cmd = CreateCq {
@@ -277,7 +251,7 @@ pub fn encode_create_cq(plan: Plan) -> (Stat, Stat) {
         let t = Instant::now();
         q.post(0, black_box(&cmd)).expect("post");
         let ns = since(t);
-        // SAFETY: slot 0's entry is the first 64 bytes of the live queue page (HostDma: bus address = CPU
+        // SAFETY: slot 0's entry is the first 64 bytes of the live queue page (`HeapDma::identity`: bus address = CPU
         // address); we play firmware handing it back, so the next post finds the slot free.
         unsafe { status_own.add(c::mlx5_cmd_layout::STATUS_OWN.off).write_volatile(0) };
         (ns, 1)

@@ -29,7 +29,7 @@ use mlx5_core::reg::{pmtu_read, PortMtu};
 use mlx5_core::trace::{CmdOutcome, CmdRecord, CmdTrace};
 use mlx5_core::verbs::CqAttr;
 use mlx5_core::vport::{QueryHcaVportContext, QueryNicVportContext, QueryVportState};
-use mlx5_fuzz::{bytes, flag, int, Bar, Mem, Unstructured, VDelay};
+use mlx5_fuzz::{bytes, flag, int, HeapDma, RegFile, Unstructured, VDelay};
 use mlx5_sim::{Fault, SimConfig, SimDevice};
 
 use c::mlx5_cmd_layout as lay;
@@ -60,7 +60,7 @@ struct Answer {
 }
 
 struct Fw<'a, 'd> {
-    mem: &'a Mem,
+    mem: &'a HeapDma,
     u: RefCell<Unstructured<'d>>,
     page_hi: Cell<u32>,
     page_lo: Cell<u32>,
@@ -102,7 +102,7 @@ impl Fw<'_, '_> {
         let mut u = self.u.borrow_mut();
         let u = &mut *u;
         let e = self.page() + (slot * 64) as u64;
-        let Some(mut entry) = self.mem.read(e, lay::SIZE) else { return };
+        let Some(mut entry) = self.mem.try_read(e, lay::SIZE) else { return };
         if int(u, 0u8..=15) == 0 {
             self.answers.borrow_mut()[slot] = Answer { hung: true, ..Answer::default() };
             return;
@@ -121,7 +121,7 @@ impl Fw<'_, '_> {
         let nblocks = outlen.saturating_sub(16).div_ceil(512).min(64);
         let mut addr = out_ptr;
         for _ in 0..nblocks {
-            let Some(mut b) = self.mem.read(addr, blk::SIZE) else { break };
+            let Some(mut b) = self.mem.try_read(addr, blk::SIZE) else { break };
             let next = u64::from_be_bytes(b[blk::NEXT.off..blk::NEXT.end()].try_into().unwrap());
             let data = bytes::<512>(u);
             b[..512].copy_from_slice(&data);
@@ -134,7 +134,7 @@ impl Fw<'_, '_> {
                 b[blk::CTRL_SIG.off] = !xor(&b[blk::DATA.end()..blk::CTRL_SIG.off]);
                 b[blk::SIG.off] = !xor(&b[..blk::SIG.off]);
             }
-            assert!(self.mem.write(addr, &b));
+            assert!(self.mem.try_write(addr, &b));
             out.extend_from_slice(&data);
             addr = next;
         }
@@ -150,7 +150,7 @@ impl Fw<'_, '_> {
             entry[lay::SIG.off] = 0;
             entry[lay::SIG.off] = !xor(&entry);
         }
-        assert!(self.mem.write(e, &entry));
+        assert!(self.mem.try_write(e, &entry));
         self.answers.borrow_mut()[slot] = Answer { hung: false, delivery, out, signed: sign };
     }
 }
@@ -178,7 +178,7 @@ fn fake_device(mut u: Unstructured<'_>) {
     let ncmds = int(&mut u, 1u8..=6);
     let kinds: Vec<u8> = (0..ncmds).map(|_| int(&mut u, 0u8..=11)).collect();
     let params: Vec<u32> = (0..ncmds).map(|_| int(&mut u, 0u32..=u32::MAX)).collect();
-    let mem = Mem::new(None);
+    let mem = HeapDma::for_fuzzing(None);
     let fw = Fw {
         mem: &mem,
         u: RefCell::new(u),
@@ -186,7 +186,7 @@ fn fake_device(mut u: Unstructured<'_>) {
         page_lo: Cell::new(0),
         answers: RefCell::new(vec![Answer::default(); 32]),
     };
-    let bar = Bar::new();
+    let bar = RegFile::new();
     bar.preset32(iseg::CMDIF_REV_FW_SUB.off, CMD_IF_REV << 16);
     bar.preset32(iseg::CMDQ_ADDR_L_SZ.off, (5 << 4) | 6);
     bar.on_write32(|off, v| fw.on_write(off, v));
@@ -200,7 +200,14 @@ fn fake_device(mut u: Unstructured<'_>) {
 }
 
 /// The slot a command goes to, what the device did there before the command (kept or not), and after.
-fn run(q: &mut CmdQueue<&Bar<'_>, &Mem, Tracer>, fw: &Fw<'_, '_>, kind: u8, p: u32, checksum: bool, timeout_ms: u32) {
+fn run(
+    q: &mut CmdQueue<&RegFile<'_>, &HeapDma, Tracer>,
+    fw: &Fw<'_, '_>,
+    kind: u8,
+    p: u32,
+    checksum: bool,
+    timeout_ms: u32,
+) {
     let mut d = VDelay::default();
     let traced = q.tracer().outcomes.len();
     match kind {
@@ -316,7 +323,7 @@ fn run(q: &mut CmdQueue<&Bar<'_>, &Mem, Tracer>, fw: &Fw<'_, '_>, kind: u8, p: u
 
 /// Runs a command: its slot, how many trace records there were before, the result.
 fn exec<C: Command>(
-    q: &mut CmdQueue<&Bar<'_>, &Mem, Tracer>,
+    q: &mut CmdQueue<&RegFile<'_>, &HeapDma, Tracer>,
     cmd: &mut C,
     d: &mut VDelay,
 ) -> (u8, usize, Result<C::Output, CmdError>) {
@@ -327,7 +334,7 @@ fn exec<C: Command>(
 
 /// The result is the one the device's bytes call for; `ok` checks a decoded output against them.
 fn check<T>(
-    q: &mut CmdQueue<&Bar<'_>, &Mem, Tracer>,
+    q: &mut CmdQueue<&RegFile<'_>, &HeapDma, Tracer>,
     fw: &Fw<'_, '_>,
     r: &(u8, usize, Result<T, CmdError>),
     checksum: bool,

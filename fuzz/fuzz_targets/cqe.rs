@@ -18,7 +18,7 @@ use mlx5_core::cq::{
 };
 use mlx5_core::dbr::DbrPool;
 use mlx5_core::prm::consts;
-use mlx5_fuzz::{assert_wc_well_formed, bytes, flag, int, Bar, Mem, Table, Unstructured, Write, UAR_OFF};
+use mlx5_fuzz::{assert_wc_well_formed, bytes, flag, int, HeapDma, RegFile, Table, Unstructured, Write, UAR_OFF};
 
 const QPN: u32 = 0x1a2b;
 
@@ -198,8 +198,8 @@ fn ring(u: &mut Unstructured<'_>) {
     let size = if flag(u) { CqeSize::B128 } else { CqeSize::B64 };
     let log_nent = int(u, 0u8..=7);
     // Rings above 4 KiB come in 4 KiB fragments when the allocator has no larger pieces.
-    let mem = Mem::new(flag(u).then_some(4096));
-    let bar = Bar::new();
+    let mem = HeapDma::for_fuzzing(flag(u).then_some(4096));
+    let bar = RegFile::new();
     let buf = QueueBuf::alloc(&mem, size.bytes() << log_nent).expect("ring memory");
     Cq::init_buf(&buf, log_nent, size);
     let mut pool = DbrPool::<1>::new(64);
@@ -227,7 +227,7 @@ fn ring(u: &mut Unstructured<'_>) {
                 let n = img.len();
                 img[n - CQE64_SIZE..].copy_from_slice(&cqe.0);
                 img[..n - CQE64_SIZE].fill(0xa5);
-                assert!(mem.write(entry_iova(&cq, dev.pi), &img));
+                assert!(mem.try_write(entry_iova(&cq, dev.pi), &img));
                 dev.pi = dev.pi.wrapping_add(1);
                 dev.expected.push_back(tag);
             }
@@ -236,7 +236,7 @@ fn ring(u: &mut Unstructured<'_>) {
                 let at = int(u, 0u32..=u32::MAX);
                 let img = bytes::<128>(u);
                 let iova = entry_iova(&cq, at);
-                assert!(mem.write(iova, &img[..size.bytes()]));
+                assert!(mem.try_write(iova, &img[..size.bytes()]));
                 if flag(u) {
                     table.known.push(int(u, 0u32..=0xff_ffff));
                 }
@@ -247,7 +247,7 @@ fn ring(u: &mut Unstructured<'_>) {
                 let at = int(u, 0u32..=u32::MAX);
                 let op_own = int(u, 0u8..=u8::MAX);
                 let iova = entry_iova(&cq, at) + size.bytes() as u64 - 1;
-                assert!(mem.write(iova, &[op_own]));
+                assert!(mem.try_write(iova, &[op_own]));
                 dev.hostile = true;
             }
             5 | 6 => poll(u, &bar, &mut cq, &mut table, &mut dev),
@@ -278,7 +278,7 @@ fn ring(u: &mut Unstructured<'_>) {
     }
 }
 
-fn poll(u: &mut Unstructured<'_>, bar: &Bar<'_>, cq: &mut Cq, table: &mut Table, dev: &mut Device) {
+fn poll(u: &mut Unstructured<'_>, bar: &RegFile<'_>, cq: &mut Cq, table: &mut Table, dev: &mut Device) {
     let k = int(u, 0usize..=8);
     let mut wc = [WorkCompletion::default(); 8];
     let ci0 = cq.cons_index();
@@ -319,7 +319,7 @@ fn poll(u: &mut Unstructured<'_>, bar: &Bar<'_>, cq: &mut Cq, table: &mut Table,
     }
 }
 
-fn arm(u: &mut Unstructured<'_>, bar: &Bar<'_>, cq: &Cq) {
+fn arm(u: &mut Unstructured<'_>, bar: &RegFile<'_>, cq: &Cq) {
     let sn = int(u, 0u32..=u32::MAX);
     let (notify, cmd) = if flag(u) {
         (Notify::Solicited, consts::MLX5_CQ_DB_REQ_NOT_SOL)
@@ -334,13 +334,13 @@ fn arm(u: &mut Unstructured<'_>, bar: &Bar<'_>, cq: &Cq) {
     assert_eq!(bar.writes_since(w0), [want]);
 }
 
-fn resize(u: &mut Unstructured<'_>, mem: &Mem, bar: &Bar<'_>, cq: &mut Cq, dev: &mut Device) {
+fn resize(u: &mut Unstructured<'_>, mem: &HeapDma, bar: &RegFile<'_>, cq: &mut Cq, dev: &mut Device) {
     let new_log = int(u, 0u8..=7);
     let size = cq.cqe_size();
     let Ok(nb) = QueueBuf::alloc(mem, size.bytes() << new_log) else { return };
     Cq::init_buf(&nb, new_log, size);
     let ci0 = cq.cons_index();
-    // The old buffer is dropped, not freed: `Mem` reclaims it at the end.
+    // The old buffer is dropped, not freed: `HeapDma` reclaims it at the end.
     let _old = cq.switch_buffers(bar, nb, new_log);
     assert_eq!(cq.log_nent(), new_log);
     assert_eq!(cq.cons_index(), ci0.wrapping_add(1), "the resize CQE is skipped");

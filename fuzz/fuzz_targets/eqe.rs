@@ -17,7 +17,7 @@ use mlx5_core::hal::Dma;
 use mlx5_core::hca::{Config, Hca};
 use mlx5_core::prm::{c, consts, EventType};
 use mlx5_core::verbs::{AsyncEvent, CqAttr};
-use mlx5_fuzz::{bytes, flag, int, Bar, Mem, Unstructured, Write, UAR_OFF};
+use mlx5_fuzz::{bytes, flag, int, HeapDma, RegFile, Unstructured, Write, UAR_OFF};
 use mlx5_sim::{SimConfig, SimDevice, EQE_DATA_LEN};
 
 fuzz_target!(|data: &[u8]| {
@@ -91,8 +91,8 @@ fn image(e: &Eqe) {
 
 fn ring(u: &mut Unstructured<'_>) {
     let log_nent = int(u, 0u8..=9);
-    let mem = Mem::new(None);
-    let bar = Bar::new();
+    let mem = HeapDma::for_fuzzing(None);
+    let bar = RegFile::new();
     // Sometimes a buffer too short for the ring, which init_buf must refuse.
     let short = int(u, 0u8..=15) == 0;
     let len = if short { EqRing::buf_len(log_nent) - EQE_SIZE } else { EqRing::buf_len(log_nent) };
@@ -128,14 +128,14 @@ fn ring(u: &mut Unstructured<'_>) {
                 let mut img = bytes::<EQE_SIZE>(u);
                 img[c::mlx5_eqe::OWNER.off] = ((pi >> log_nent) & 1) as u8;
                 let at = buf.iova + u64::from(pi & (nent - 1)) * EQE_SIZE as u64;
-                assert!(mem.write(at, &img));
+                assert!(mem.try_write(at, &img));
                 expected.push_back(img);
                 pi = pi.wrapping_add(1);
             }
             3 => {
                 let at = int(u, 0u32..=u32::MAX) & (nent - 1);
                 let img = bytes::<EQE_SIZE>(u);
-                assert!(mem.write(buf.iova + u64::from(at) * EQE_SIZE as u64, &img));
+                assert!(mem.try_write(buf.iova + u64::from(at) * EQE_SIZE as u64, &img));
                 hostile = true;
             }
             4..=6 => {
@@ -144,7 +144,7 @@ fn ring(u: &mut Unstructured<'_>) {
                 for _ in 0..burst {
                     let ci = eq.cons_index();
                     let slot = u64::from(ci & (nent - 1)) * EQE_SIZE as u64;
-                    let before = mem.read(buf.iova + slot, EQE_SIZE).expect("ring");
+                    let before = mem.try_read(buf.iova + slot, EQE_SIZE).expect("ring");
                     let owner = before[c::mlx5_eqe::OWNER.off];
                     let got = eq.next(&bar);
                     let ours = (u32::from(owner) ^ (ci >> log_nent)) & 1 == 0;
@@ -187,7 +187,7 @@ fn ring(u: &mut Unstructured<'_>) {
 
 /// Every new BAR write is an EQ doorbell carrying the EQ number and a consumer index the driver had reached, and
 /// the driver never holds 128 consumed entries unpublished.
-fn check_doorbells(bar: &Bar<'_>, seen: &mut usize, published: &mut u32, eqn: u8, doorbell: usize, ci: u32) {
+fn check_doorbells(bar: &RegFile<'_>, seen: &mut usize, published: &mut u32, eqn: u8, doorbell: usize, ci: u32) {
     for w in bar.writes_since(*seen) {
         assert!(w.off == doorbell || w.off == doorbell + 8, "write at {:#x}", w.off);
         assert_eq!(w.width, 4);

@@ -21,7 +21,7 @@ use mlx5_core::hca::{
 };
 use mlx5_core::health::{Health, HealthBuffer, HealthFailure};
 use mlx5_core::prm::{c, consts, HealthSyndrome};
-use mlx5_fuzz::{bytes, int, Bar, Mem, Unstructured, VDelay};
+use mlx5_fuzz::{bytes, int, HeapDma, RegFile, Unstructured, VDelay};
 
 use c::mlx5_init_seg as iseg;
 
@@ -60,7 +60,7 @@ impl Seg {
         s
     }
 
-    fn load(&self, bar: &Bar<'_>) {
+    fn load(&self, bar: &RegFile<'_>) {
         bar.preset32(iseg::FW_REV.off, self.fw_rev);
         bar.preset32(iseg::CMDIF_REV_FW_SUB.off, self.cmdif_rev_fw_sub);
         bar.preset32(iseg::CMDQ_ADDR_L_SZ.off, self.cmdq_addr_l_sz);
@@ -110,7 +110,7 @@ fn fatal(fw_ver: u32, l_sz: u32, h: &[u8; 64]) -> Option<HealthFailure> {
 
 fn health(u: &mut Unstructured<'_>, seg: Seg) {
     use c::health_buffer as hb;
-    let bar = Bar::new();
+    let bar = RegFile::new();
     seg.load(&bar);
     let mut h = Health::new();
     let mut prev: Option<u32> = None;
@@ -183,8 +183,8 @@ fn expect_cmdq(seg: &Seg) -> Result<u32, CmdError> {
 }
 
 fn cmdq(seg: Seg) {
-    let mem = Mem::new(None);
-    let bar = Bar::new();
+    let mem = HeapDma::for_fuzzing(None);
+    let bar = RegFile::new();
     seg.load(&bar);
     let r = CmdQueue::new(&bar, &mem, ());
     match (expect_cmdq(&seg), &r) {
@@ -219,13 +219,13 @@ fn bring_up(u: &mut Unstructured<'_>, mut seg: Seg) {
         seg.cmd_q_init_to &= 0xffff;
     }
     let statuses: Vec<u8> = (0..int(u, 0u8..=40)).map(|_| int(u, 0u8..=u8::MAX)).collect();
-    let mem = Mem::new(None);
+    let mem = HeapDma::for_fuzzing(None);
     mem.set_budget(Some(64));
     let reads = Cell::new(0u64);
     let page = RefCell::new((0u32, 0u32));
     let answered = Cell::new(0usize);
     let init_bit = 1u32 << 31;
-    let bar = Bar::new();
+    let bar = RegFile::new();
     seg.load(&bar);
     bar.on_read32(|off, v| {
         if off != iseg::INITIALIZING.off {
@@ -259,13 +259,13 @@ fn bring_up(u: &mut Unstructured<'_>, mut seg: Seg) {
                 let status = statuses.get(n).copied().unwrap_or(0);
                 let e = base + slot * stride;
                 let out = c::mlx5_cmd_layout::OUT.off as u64;
-                mem.write(e + out, &[status, 0, 0, 0, 0, 0, 0, 0]);
-                mem.write(e + c::mlx5_cmd_layout::STATUS_OWN.off as u64, &[0]);
+                mem.try_write(e + out, &[status, 0, 0, 0, 0, 0, 0, 0]);
+                mem.try_write(e + c::mlx5_cmd_layout::STATUS_OWN.off as u64, &[0]);
             }
         }
     });
     let mut d = VDelay::default();
-    let r: Result<Hca<&Bar<'_>, &Mem>, BringupError> = Hca::bring_up(&bar, &mem, (), &mut d, Config::default());
+    let r: Result<Hca<&RegFile<'_>, &HeapDma>, BringupError> = Hca::bring_up(&bar, &mem, (), &mut d, Config::default());
     let gone = seg.fw_rev == u32::MAX;
     match r {
         Ok(hca) => {

@@ -104,7 +104,6 @@
 //! `mmio` -> `uar` -> `transport`. This file is the [`SimDevice`] facade and the lock-protected device state the
 //! layers share.
 
-pub mod alloc_count;
 mod config;
 mod delay;
 mod dma;
@@ -113,8 +112,9 @@ mod fault;
 mod fw;
 mod link;
 mod mmio;
-pub mod mocks;
 mod small;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod testkit;
 mod transport;
 mod uar;
 mod wire;

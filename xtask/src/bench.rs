@@ -306,7 +306,7 @@ fn markdown(r: &Value, kept: &str) -> String {
     line("## Datapath against plain memory".into());
     line(String::new());
     line(
-        "QPs and the CQ are created on the simulator, then driven through `mlx5_sim::mocks::MemMmio`: a BAR that is"
+        "QPs and the CQ are created on the simulator, then driven through `mlx5_sim::testkit::mocks::MemMmio`: a BAR that is"
             .into(),
     );
     line(
@@ -359,7 +359,7 @@ fn markdown(r: &Value, kept: &str) -> String {
     line(String::new());
     line(format!(
         "Heap allocations seen by a counting allocator during every timed `post_send`, `post_recv` and `poll_cq` call \
-         and an `arm`: **{}** (the same property is a test, `tests/tests/no_alloc.rs`, run by `cargo test`).",
+         and an `arm`: **{}** (the same property is a test, `tests/tests/all/no_alloc.rs`, run by `cargo test`).",
         r["datapath_allocs"]
     ));
     line(String::new());

@@ -1,5 +1,5 @@
-//! `cargo xtask soak [--ops N] [--seed S] [--json] [--progress N]`: the fault-injection soak (`mlx5_tests::soak`,
-//! the `soak` binary of `mlx5-tests`), in release. Its exit status is the verdict: non-zero when an invariant
+//! `cargo xtask soak [--ops N] [--seed S] [--json] [--progress N]`: the fault-injection soak (the `soak` binary of
+//! `mlx5-soak`, `tests/soak/`), in release. Its exit status is the verdict: non-zero when an invariant
 //! failed. See SOAK.md.
 
 use std::path::Path;
@@ -10,7 +10,7 @@ pub const CI_ARGS: &[&str] = &["--ops", "1000000", "--seed", "1"];
 
 pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = vec!["run", "--release", "-q", "-p", "mlx5-tests", "--bin", "soak", "--"];
+    let mut cmd = vec!["run", "--release", "-q", "-p", "mlx5-soak", "--bin", "soak", "--"];
     cmd.extend(args.iter().map(String::as_str));
     // On standard error, so that `--json` leaves one JSON object alone on standard output.
     eprintln!("$ cargo {}", cmd.join(" "));

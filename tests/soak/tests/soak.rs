@@ -2,7 +2,7 @@
 //! invariant holds, every posted work request is accounted for by exactly one completion, the run repeats exactly
 //! from its seed, and the terminal faults (health, device gone) ran with work outstanding.
 
-use mlx5_tests::soak::{run, Options};
+use mlx5_soak::{run, Options};
 
 #[test]
 fn a_short_soak_holds_every_invariant_and_accounts_for_every_work_request() {

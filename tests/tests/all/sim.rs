@@ -9,7 +9,7 @@ use mlx5_core::init::{enable_hca, init_hca, CapMode, CapType, QueryHcaCap};
 use mlx5_core::pages::{ManagePagesGive, ManagePagesTake, FW_PAGE_SIZE};
 use mlx5_core::pd::alloc_pd;
 use mlx5_core::prm::{ifc, CmdStatus, DeliveryStatus, MsgBuf, Opcode};
-use mlx5_sim::mocks::{BarrierKind, MmioAccess, RecordingMmio};
+use mlx5_sim::testkit::mocks::{BarrierKind, MmioAccess, RecordingMmio};
 use mlx5_sim::{Fault, Mode, SimConfig, SimDevice, SimDma, SimMmio};
 use mlx5_tool::tour::{run_tour, TourError};
 

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use mlx5_core::cmd::Pas;
 use mlx5_core::pages::{FwPages, PagesError, CHUNK_PAGES, FW_PAGE_SIZE, RECLAIM_BATCH};
-use mlx5_tests::HeapDma;
+use mlx5_sim::testkit::HeapDma;
 
 fn pending(pool: &FwPages<4>) -> Vec<u64> {
     let mut v = Vec::new();

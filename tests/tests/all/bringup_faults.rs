@@ -15,11 +15,8 @@ use mlx5_core::health::HealthFailure;
 use mlx5_core::init::QueryIssi;
 use mlx5_core::pd::{alloc_pd, dealloc_pd};
 use mlx5_core::prm::{c, consts, CmdStatus, HealthSyndrome, Opcode};
-use mlx5_sim::{
-    syndrome, ExecutedCmd, Fault, HcaState as SimState, Health, Mode, SimConfig, SimDevice, SimDma, SimEvent, SimMmio,
-};
-
-type SimHca = Hca<SimMmio, SimDma>;
+use mlx5_sim::testkit::SimHca;
+use mlx5_sim::{syndrome, ExecutedCmd, Fault, HcaState as SimState, Health, Mode, SimConfig, SimDevice, SimEvent};
 
 /// Linux's default command timeout, which the simulator's default `cmd_exec_to` does not change.
 const CMD_TIMEOUT_MS: u32 = 60_000;

@@ -5,9 +5,8 @@ use mlx5_core::eq::{Eqe, Event};
 use mlx5_core::hca::{Config, Hca, HcaState};
 use mlx5_core::prm::{consts, EventType};
 use mlx5_core::reg::HOST_ENDIANNESS_LEN;
+use mlx5_sim::testkit::SimHca;
 use mlx5_sim::{ExecutedCmd, HcaState as SimHcaState, Mode, PortType, SimConfig, SimDevice, SimEvent, EQE_DATA_LEN};
-
-type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
 
 fn up(dev: &SimDevice) -> SimHca {
     let mut d = dev.delay();
@@ -244,7 +243,7 @@ fn health_is_quiet_on_a_healthy_device() {
 
 #[test]
 fn eq_doorbell_is_ordered_after_the_eqe_loads() {
-    use mlx5_sim::mocks::{BarrierKind, MmioAccess, RecordingMmio};
+    use mlx5_sim::testkit::mocks::{BarrierKind, MmioAccess, RecordingMmio};
     let dev = SimDevice::default();
     let rec = RecordingMmio::new(dev.mmio());
     let mut d = dev.delay();

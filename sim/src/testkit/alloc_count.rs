@@ -1,28 +1,29 @@
 //! A global allocator that counts the heap allocations a thread makes while it has the counter armed: the
 //! benchmarks and the no-allocation test install it (`#[global_allocator]`) to prove the datapath allocates
-//! nothing.
+//! nothing. Arming and counting are per thread, so tests running in parallel in one binary never see each other's
+//! allocations.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Install with `#[global_allocator] static A: mlx5_sim::alloc_count::Counting = mlx5_sim::alloc_count::Counting;`.
+/// Install with `#[global_allocator] static A: mlx5_sim::testkit::alloc_count::Counting = Counting;`.
 #[derive(Debug)]
 pub struct Counting;
 
-static COUNT: AtomicU64 = AtomicU64::new(0);
-
 thread_local! {
     static ARMED: Cell<bool> = const { Cell::new(false) };
+    static COUNT: Cell<u64> = const { Cell::new(0) };
 }
 
 fn note() {
+    // `try_with`: the allocator may run while this thread's locals are being destroyed; nothing is armed then.
     if ARMED.try_with(Cell::get).unwrap_or(false) {
-        COUNT.fetch_add(1, Ordering::Relaxed);
+        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
     }
 }
 
-// SAFETY: every call is forwarded unchanged to the system allocator; counting touches no allocation.
+// SAFETY: every call is forwarded unchanged to the system allocator; counting touches no allocation (const
+// thread-locals of `Cell`s need no lazy initialisation).
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         note();
@@ -61,7 +62,22 @@ impl Drop for Armed {
     }
 }
 
-/// Allocations counted so far (by every thread, while armed).
+/// Allocations this thread made while armed, so far.
 pub fn count() -> u64 {
-    COUNT.load(Ordering::Relaxed)
+    COUNT.with(Cell::get)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counting_is_per_thread() {
+        // Without the allocator installed nothing is counted; the point here is that another thread's counter
+        // starts at zero and stays its own.
+        let _armed = arm();
+        COUNT.with(|c| c.set(5));
+        let other = std::thread::spawn(count).join().unwrap();
+        assert_eq!((count(), other), (5, 0));
+    }
 }

@@ -23,8 +23,8 @@ use mlx5_core::qp::{
     SendOp, SendWr, Sge,
 };
 use mlx5_core::verbs::{CqAttr, QpInitAttr};
+use mlx5_sim::testkit::{HeapDma, RegFile};
 use mlx5_sim::{SimConfig, SimDevice};
-use mlx5_tests::{HeapDma, RegFile};
 use proptest::prelude::*;
 
 /// 24 bits: what doorbell records and doorbells carry of a consumer index.
@@ -72,7 +72,7 @@ impl WrTable for Any {
 /// A CQ over plain memory and the device that fills it.
 struct CqRig {
     dma: HeapDma,
-    regs: RegFile,
+    regs: RegFile<'static>,
     cq: Cq,
     /// The device's producer index.
     pi: u32,
@@ -89,7 +89,7 @@ impl CqRig {
         Cq::init_buf(&buf, log_nent, size);
         let dbrec = DbrPool::<1>::new(64).alloc(&dma).unwrap();
         let cq = Cq::new(buf, dbrec, 0x42, log_nent, size, UAR, LinkLayer::Ethernet);
-        CqRig { dma, regs: RegFile::default(), cq, pi: 0 }
+        CqRig { dma, regs: RegFile::new(), cq, pi: 0 }
     }
 
     /// Bus address of the 64-byte CQE image of entry `n` (the second half of a 128-byte entry).
@@ -244,7 +244,7 @@ proptest! {
         steps in prop::collection::vec((0u32..=600, 0u32..=600, any::<bool>()), 1..12),
     ) {
         let dma = HeapDma::default();
-        let regs = RegFile::default();
+        let regs = RegFile::new();
         let buf = dma.alloc(EqRing::buf_len(log_nent), 4096).unwrap();
         EqRing::init_buf(&buf, log_nent).unwrap();
         let mut eq = EqRing::new(buf, log_nent, eqn, UAR);
@@ -274,20 +274,20 @@ proptest! {
                     }
                     None => prop_assert_eq!(pi, ci, "a written entry was not handed out"),
                 }
-                for w in &regs.writes()[writes..] {
+                for w in &regs.words()[writes..] {
                     prop_assert!(w.0 == db || w.0 == db + 8);
                     prop_assert_eq!(w.1 >> 24, u32::from(eqn));
                     published = w.1 & M24;
                 }
-                writes = regs.writes().len();
+                writes = regs.words().len();
                 prop_assert!(eq.cons_index().wrapping_sub(published) & M24 < consts::MLX5_NUM_SPARE_EQE);
                 prop_assert!(pi.wrapping_sub(eq.cons_index()) <= nent, "device overran the consumer");
             }
             eq.update_ci(&regs, arm);
-            let w = *regs.writes().last().unwrap();
+            let w = *regs.words().last().unwrap();
             prop_assert_eq!(w, (if arm { db } else { db + 8 }, eq_doorbell_value(eqn, eq.cons_index())));
             published = eq.cons_index() & M24;
-            writes = regs.writes().len();
+            writes = regs.words().len();
         }
     }
 }
@@ -328,7 +328,7 @@ fn cq_consumer_index_crosses_2_pow_24() {
     let ci = r.cq.cons_index();
     assert!(ci > 1 << 24 && r.cq.dbrec().read_be32(0) == ci - (1 << 24), "the record wrapped to {ci:#x} & 0xffffff");
     r.cq.arm(&r.regs, 5, Notify::NextComp);
-    let w = r.regs.writes();
+    let w = r.regs.words();
     let (hi, lo) = (w[w.len() - 2], w[w.len() - 1]);
     assert_eq!((hi.0, lo.0), (UAR + CQ_DOORBELL, UAR + CQ_DOORBELL + 4));
     assert_eq!((hi.1 & M24, hi.1 >> 28, lo.1), (ci & M24, 1, 0x42));
@@ -337,7 +337,7 @@ fn cq_consumer_index_crosses_2_pow_24() {
 // ---------------------------------------------------------------------------------------------------------------
 // Send and receive queues on the simulated device
 
-type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
+use mlx5_sim::testkit::SimHca;
 
 struct Loop {
     dev: SimDevice,

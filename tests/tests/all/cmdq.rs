@@ -8,12 +8,12 @@ use mlx5_core::pages::{ManagePagesGive, ManagePagesTake};
 use mlx5_core::pd::alloc_pd;
 use mlx5_core::prm::{c, ifc, DeliveryStatus, MsgBuf, Opcode};
 use mlx5_core::trace::{CmdRecord, CmdTrace};
-use mlx5_tests::{HeapDma, RegFile};
+use mlx5_sim::testkit::{HeapDma, RegFile};
 
 const PAGE: u64 = 0x7000_0000;
 const STATUS_OWN: usize = c::mlx5_cmd_layout::STATUS_OWN.off;
 
-fn queue<'a>(regs: &'a RegFile, dma: &'a HeapDma) -> CmdQueue<&'a RegFile, &'a HeapDma> {
+fn queue<'a, 'h>(regs: &'a RegFile<'h>, dma: &'a HeapDma) -> CmdQueue<&'a RegFile<'h>, &'a HeapDma> {
     CmdQueue::new(regs, dma, ()).unwrap()
 }
 
@@ -40,9 +40,9 @@ fn timeout_backs_off_from_10us_and_reports_typed_error() {
     assert_eq!(err, CmdError::Timeout { opcode: Opcode::AllocPd, waited_ms: 2 });
     delay.done();
     // The entry still belongs to firmware: the slot is busy, and nothing else is written to the doorbell.
-    let doorbells = regs.writes().iter().filter(|w| w.0 == c::mlx5_init_seg::CMD_DBELL.off).count();
+    let doorbells = regs.words().iter().filter(|w| w.0 == c::mlx5_init_seg::CMD_DBELL.off).count();
     assert_eq!(q.post(0, &alloc_pd()).unwrap_err(), CmdError::SlotBusy { slot: 0 });
-    assert_eq!(regs.writes().iter().filter(|w| w.0 == c::mlx5_init_seg::CMD_DBELL.off).count(), doorbells);
+    assert_eq!(regs.words().iter().filter(|w| w.0 == c::mlx5_init_seg::CMD_DBELL.off).count(), doorbells);
     // When firmware finally hands it back, the slot is usable again.
     complete(&dma, 0, &[0; 16], 0);
     q.post(0, &alloc_pd()).unwrap();
@@ -53,13 +53,13 @@ fn default_timeout_is_linux_60s_unless_the_init_segment_says_otherwise() {
     let (regs, dma) = (RegFile::with_cmdq(), HeapDma::scripted(&[PAGE]));
     assert_eq!(queue(&regs, &dma).timeout_ms(), 60_000);
     let regs = RegFile::with_cmdq();
-    regs.preset(c::mlx5_init_seg::CMD_Q_INIT_TO.off, 1000);
-    regs.preset(c::mlx5_init_seg::CMD_EXEC_TO.off, 1234);
+    regs.preset32(c::mlx5_init_seg::CMD_Q_INIT_TO.off, 1000);
+    regs.preset32(c::mlx5_init_seg::CMD_EXEC_TO.off, 1234);
     assert_eq!(queue(&regs, &HeapDma::default()).timeout_ms(), 1234);
     // Seconds as the unit: 90 s. (A fresh register file: the first queue wrote its address over the geometry.)
     let regs = RegFile::with_cmdq();
-    regs.preset(c::mlx5_init_seg::CMD_Q_INIT_TO.off, 1000);
-    regs.preset(c::mlx5_init_seg::CMD_EXEC_TO.off, (1 << 29) | 90);
+    regs.preset32(c::mlx5_init_seg::CMD_Q_INIT_TO.off, 1000);
+    regs.preset32(c::mlx5_init_seg::CMD_EXEC_TO.off, (1 << 29) | 90);
     assert_eq!(queue(&regs, &HeapDma::default()).timeout_ms(), 90_000);
 }
 
@@ -71,11 +71,10 @@ fn doorbell_is_one_bit_and_never_read() {
     assert_eq!(pages_slot, 31, "the last of 32 slots is reserved for MANAGE_PAGES");
     q.post(pages_slot, &ManagePagesGive { function_id: 0, pages: Pas::List(&[0x1000]) }).unwrap();
     q.post(0, &alloc_pd()).unwrap();
-    let bells: Vec<u32> =
-        regs.writes().iter().filter(|w| w.0 == c::mlx5_init_seg::CMD_DBELL.off).map(|w| w.1).collect();
+    let bells: Vec<u32> = regs.words().iter().filter(|w| w.0 == c::mlx5_init_seg::CMD_DBELL.off).map(|w| w.1).collect();
     assert_eq!(bells, [1 << 31, 1]);
     // The queue address went in high word first, then the low word.
-    let w = regs.writes();
+    let w = regs.words();
     assert_eq!(w[0], (c::mlx5_init_seg::CMDQ_ADDR_H.off, 0));
     assert_eq!(w[1], (c::mlx5_init_seg::CMDQ_ADDR_L_SZ.off, PAGE as u32));
 }
@@ -120,10 +119,10 @@ fn output_claiming_more_pages_than_it_holds_is_rejected() {
 #[test]
 fn bad_arguments_and_device_state_are_typed_errors() {
     let regs = RegFile::with_cmdq();
-    regs.preset(c::mlx5_init_seg::CMDIF_REV_FW_SUB.off, 4 << 16);
+    regs.preset32(c::mlx5_init_seg::CMDIF_REV_FW_SUB.off, 4 << 16);
     assert_eq!(CmdQueue::new(&regs, &HeapDma::default(), ()).unwrap_err(), CmdError::CmdIfRev { found: 4 });
     let regs = RegFile::with_cmdq();
-    regs.preset(c::mlx5_init_seg::CMDQ_ADDR_L_SZ.off, (6 << 4) | 7);
+    regs.preset32(c::mlx5_init_seg::CMDQ_ADDR_L_SZ.off, (6 << 4) | 7);
     assert_eq!(
         CmdQueue::new(&regs, &HeapDma::default(), ()).unwrap_err(),
         CmdError::BadQueueGeometry { log_sz: 6, log_stride: 7 }
@@ -133,9 +132,9 @@ fn bad_arguments_and_device_state_are_typed_errors() {
     let mut q = queue(&regs, &dma);
     assert_eq!(q.post(40, &alloc_pd()).unwrap_err(), CmdError::BadSlot { slot: 40 });
     q.set_device_down(true);
-    let before = regs.writes().len();
+    let before = regs.words().len();
     assert_eq!(q.exec(&mut alloc_pd(), &mut NoopDelay).unwrap_err(), CmdError::DeviceDown { opcode: Opcode::AllocPd });
-    assert_eq!(regs.writes().len(), before, "no doorbell for a device that is down");
+    assert_eq!(regs.words().len(), before, "no doorbell for a device that is down");
 }
 
 /// With checksums on, the entry XORs to 0xff and every mailbox block's control part and whole block do too.

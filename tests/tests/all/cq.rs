@@ -7,9 +7,8 @@ use mlx5_core::hca::{Config, Error, Hca};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::consts;
 use mlx5_core::verbs::{AsyncEvent, CqAttr};
+use mlx5_sim::testkit::SimHca;
 use mlx5_sim::{MkeyAccess, MkeyFault, PortType, SimConfig, SimDelay, SimDevice, SimEvent};
-
-type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
 
 fn up(dev: &SimDevice) -> (SimHca, SimDelay) {
     let mut d = dev.delay();
@@ -464,7 +463,7 @@ fn armed_cqs_raise_events_and_solicited_only_waits_for_a_solicited_one() {
 
 #[test]
 fn arm_is_the_record_then_one_64_bit_doorbell() {
-    use mlx5_sim::mocks::{BarrierKind, MmioAccess, RecordingMmio};
+    use mlx5_sim::testkit::mocks::{BarrierKind, MmioAccess, RecordingMmio};
     let dev = SimDevice::default();
     let rec = RecordingMmio::new(dev.mmio());
     let mut d = dev.delay();

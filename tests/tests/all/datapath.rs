@@ -5,110 +5,22 @@
 use std::collections::BTreeMap;
 
 use mlx5_core::cq::{Cq, LinkLayer, WcFlags, WcOpcode, WcStatus, WorkCompletion};
-use mlx5_core::hal::{Dma, DmaRegion};
+use mlx5_core::hal::Dma;
 use mlx5_core::hca::{Config, Error, Hca};
-use mlx5_core::mkey::{Access, Mr};
+use mlx5_core::mkey::Access;
 use mlx5_core::qp::{
-    required_attrs, Ah, AhAttr, Grh, Mtu, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
-    SendFlags, SendOp, SendWr, Sge, UdDest,
+    Ah, AhAttr, Grh, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
+    Sge, UdDest,
 };
-use mlx5_core::verbs::{CqAttr, Pd, QpInitAttr};
-use mlx5_sim::{Mode, PortType, SimConfig, SimDelay, SimDevice};
-
-type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
-
-struct Node {
-    dev: SimDevice,
-    hca: SimHca,
-    d: SimDelay,
-    pd: Pd,
-    mem: DmaRegion,
-    mr: Mr,
-}
+use mlx5_core::verbs::{CqAttr, QpInitAttr};
+use mlx5_sim::testkit::{Node, RcOpts};
+use mlx5_sim::{Mode, PortType, SimConfig, SimDevice};
 
 const MEM: usize = 1 << 20;
 
-impl Node {
-    fn new(cfg: SimConfig) -> Self {
-        let dev = SimDevice::new(cfg);
-        let mut d = dev.delay();
-        let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
-        let pd = hca.alloc_pd(&mut d).unwrap();
-        let mem = dev.dma().alloc(MEM, 4096).unwrap();
-        let mr = hca.reg_mr(&pd, mem.cpu.as_ptr(), MEM, Access::ALL, &mut d).unwrap();
-        Node { dev, hca, d, pd, mem, mr }
-    }
-
-    fn addr(&self, off: usize) -> u64 {
-        self.mem.cpu.as_ptr() as u64 + off as u64
-    }
-
-    fn sge(&self, off: usize, len: u32) -> Sge {
-        Sge { addr: self.addr(off), length: len, lkey: self.mr.lkey }
-    }
-
-    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
-        // SAFETY: inside our registered region; read after the device completed the work that wrote it.
-        unsafe { std::slice::from_raw_parts(self.mem.cpu.as_ptr().add(off), len).to_vec() }
-    }
-
-    fn put(&self, off: usize, data: &[u8]) {
-        // SAFETY: inside our registered region; no work request uses these bytes while we write them.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.cpu.as_ptr().add(off), data.len()) };
-    }
-
-    fn cq(&mut self, cqe: u32) -> Cq {
-        self.hca.create_cq(CqAttr { cqe, ..CqAttr::default() }, &mut self.d).unwrap()
-    }
-
-    fn qp(&mut self, ty: QpType, cq: &Cq, cap: QpCap, sig_all: bool) -> Qp {
-        let attr = QpInitAttr { qp_type: ty, cap, sq_sig_all: sig_all };
-        self.hca.create_qp(&self.pd, cq, cq, attr, &mut self.d).unwrap()
-    }
-
-    /// The address of this node's port as a peer sees it.
-    fn ah_attr(&mut self) -> AhAttr {
-        let port = self.hca.query_port(&mut self.d).unwrap();
-        let gid = self.hca.query_gid(0, &mut self.d).unwrap();
-        let roce = port.link_layer == LinkLayer::Ethernet;
-        let mac = self.dev.config().mac;
-        AhAttr {
-            dlid: port.lid,
-            grh: roce.then_some(Grh { dgid: gid, hop_limit: 64, ..Grh::default() }),
-            dmac: mac,
-            port_num: 1,
-            ..AhAttr::default()
-        }
-    }
-
-    fn finish(mut self) {
-        self.hca.dereg_mr(self.mr, &mut self.d).unwrap();
-        self.hca.dealloc_pd(self.pd, &mut self.d).unwrap();
-        // SAFETY: the key over the region is destroyed.
-        unsafe { self.dev.dma().free(self.mem) };
-        self.hca.teardown(&mut self.d).unwrap();
-        assert_eq!(self.dev.dma_outstanding(), (0, 0), "every DMA allocation returned");
-    }
-}
-
-/// RESET → INIT → RTR → RTS for an RC QP towards `dest` at `ah`.
+/// RESET → INIT → RTR → RTS for an RC QP towards `dest` at `ah` (the kit's defaults, with these retry counts).
 fn rc_connect(n: &mut Node, qp: &mut Qp, dest: u32, ah: AhAttr, rnr_retry: u8, retry_cnt: u8) {
-    let a = QpAttr {
-        qp_access_flags: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::LOCAL_WRITE,
-        path_mtu: Mtu::M1024,
-        dest_qp_num: dest,
-        ah_attr: ah,
-        rnr_retry,
-        retry_cnt,
-        min_rnr_timer: 1,
-        max_dest_rd_atomic: 4,
-        max_rd_atomic: 4,
-        ..QpAttr::default()
-    };
-    for (f, s) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
-        let m = required_attrs(QpType::Rc, f, s).expect("an RC transition");
-        n.hca.modify_qp(qp, &QpAttr { qp_state: s, ..a }, m, &mut n.d).unwrap();
-    }
+    n.connect_rc(qp, dest, ah, &RcOpts { rnr_retry, retry_cnt, ..RcOpts::default() });
 }
 
 fn ud_ready(n: &mut Node, qp: &mut Qp, qkey: u32) {
@@ -145,14 +57,7 @@ fn send(wr_id: u64, sge: &[Sge], flags: SendFlags) -> SendWr<'_> {
 }
 
 fn rc_pair(n: &mut Node, cap: QpCap) -> (Cq, Qp, Qp) {
-    let cq = n.cq(1023);
-    let mut a = n.qp(QpType::Rc, &cq, cap, false);
-    let mut b = n.qp(QpType::Rc, &cq, cap, false);
-    let ah = n.ah_attr();
-    let (qa, qb) = (a.qpn(), b.qpn());
-    rc_connect(n, &mut a, qb, ah, 7, 7);
-    rc_connect(n, &mut b, qa, ah, 7, 7);
-    (cq, a, b)
+    n.rc_pair(cap, 1023, &RcOpts::default())
 }
 
 fn cap(wr: u32, sge: u32, inline: u32) -> QpCap {
@@ -170,7 +75,7 @@ fn rc_pingpong_both_ways_with_verified_data() {
     for (port_type, mode) in
         [(PortType::Eth, Mode::Inline), (PortType::Ib, Mode::Inline), (PortType::Eth, Mode::Threaded)]
     {
-        let mut n = Node::new(SimConfig { port_type, mode, ..SimConfig::default() });
+        let mut n = Node::new(SimConfig { port_type, mode, ..SimConfig::default() }, MEM);
         let (mut cq, mut a, mut b) = rc_pair(&mut n, cap(16, 2, 0));
         let size = 3000usize;
         let iters = 300u64;
@@ -218,7 +123,7 @@ fn rc_pingpong_both_ways_with_verified_data() {
 
 #[test]
 fn rdma_write_read_immediate_and_atomics() {
-    let mut n = Node::new(SimConfig::default());
+    let mut n = Node::new(SimConfig::default(), MEM);
     let (mut cq, mut a, mut b) = rc_pair(&mut n, cap(16, 1, 0));
     let rkey = n.mr.rkey;
     let data: Vec<u8> = (0..5000u32).map(|k| (k * 13) as u8).collect();
@@ -309,7 +214,7 @@ fn rdma_write_read_immediate_and_atomics() {
 
 #[test]
 fn inline_sends_and_post_errors() {
-    let mut n = Node::new(SimConfig::default());
+    let mut n = Node::new(SimConfig::default(), MEM);
     let (mut cq, mut a, mut b) = rc_pair(&mut n, cap(8, 2, 200));
     let granted = a.cap();
     assert!(granted.max_inline_data >= 200);
@@ -368,7 +273,7 @@ fn inline_sends_and_post_errors() {
 
 #[test]
 fn unsignaled_sends_retire_with_the_next_signaled_one_across_ten_laps() {
-    let mut n = Node::new(SimConfig::default());
+    let mut n = Node::new(SimConfig::default(), MEM);
     let (mut cq, mut a, mut b) = rc_pair(&mut n, cap(16, 1, 0));
     let depth = a.cap().max_send_wr as u64;
     let total = 10 * depth + 3;
@@ -418,8 +323,8 @@ fn unsignaled_sends_retire_with_the_next_signaled_one_across_ten_laps() {
 
 #[test]
 fn ud_with_grh_on_loopback_and_across_a_wire() {
-    let mut n1 = Node::new(SimConfig::default());
-    let mut n2 = Node::new(SimConfig { mac: [0x02, 0, 0, 0, 0, 0x22], node_guid: 0x22, ..SimConfig::default() });
+    let mut n1 = Node::new(SimConfig::default(), MEM);
+    let mut n2 = Node::new(SimConfig { mac: [0x02, 0, 0, 0, 0, 0x22], node_guid: 0x22, ..SimConfig::default() }, MEM);
     n1.dev.connect(&n2.dev);
     let qkey = 0x1111_2222;
     let mut cq1 = n1.cq(63);
@@ -498,7 +403,7 @@ fn ud_with_grh_on_loopback_and_across_a_wire() {
 /// One errored pair: the failing WR's status, then every outstanding and later WR flushed, each exactly once.
 #[test]
 fn failures_report_their_status_and_flush_the_rest_exactly_once() {
-    let mut n = Node::new(SimConfig::default());
+    let mut n = Node::new(SimConfig::default(), MEM);
     let ah = n.ah_attr();
     let rkey = n.mr.rkey;
     let mut cases = 0;
@@ -589,7 +494,7 @@ fn failures_report_their_status_and_flush_the_rest_exactly_once() {
 
 #[test]
 fn the_send_doorbell_is_ordered_and_blueflame_copies_match() {
-    use mlx5_sim::mocks::{BarrierKind, MmioAccess, RecordingMmio};
+    use mlx5_sim::testkit::mocks::{BarrierKind, MmioAccess, RecordingMmio};
     let dev = SimDevice::default();
     let rec = RecordingMmio::new(dev.mmio());
     let mut d = dev.delay();
@@ -697,10 +602,10 @@ fn the_send_doorbell_is_ordered_and_blueflame_copies_match() {
 /// producer index 5: byte for byte, with the QP number the simulated firmware assigned in place of the vector's.
 #[test]
 fn rdma_write_wqe_matches_the_golden_vector() {
-    let v: serde_json::Value = serde_json::from_str(include_str!("../vectors/vectors.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(include_str!("../../vectors/vectors.json")).unwrap();
     let vec = v["vectors"].as_array().unwrap().iter().find(|x| x["name"] == "wqe_rdma_write_signaled").unwrap();
     let mut golden = mlx5_tests::unhex(vec["hex"].as_str().unwrap());
-    let mut n = Node::new(SimConfig::default());
+    let mut n = Node::new(SimConfig::default(), MEM);
     let (mut cq, mut a, mut b) = rc_pair(&mut n, cap(16, 1, 0));
     // Five one-block sends first, so the WQE lands at index 5.
     let sge = [n.sge(0, 16)];

@@ -11,7 +11,8 @@ use mlx5_core::pages::{ManagePagesGive, PageStage, QueryPages};
 use mlx5_core::pd::alloc_pd;
 use mlx5_core::prm::{ifc, CmdStatus, MsgBuf, Opcode};
 use mlx5_core::uar::alloc_uar;
-use mlx5_tests::{hex, unhex, HeapDma, RegFile};
+use mlx5_sim::testkit::{HeapDma, RegFile};
+use mlx5_tests::{hex, unhex};
 use serde_json::Value;
 
 /// Vectors for objects later issues implement; the guard test below keeps this list honest.
@@ -42,7 +43,7 @@ const COVERED: &[&str] = &[
 ];
 
 fn vectors() -> Vec<Value> {
-    let v: Value = serde_json::from_str(include_str!("../vectors/vectors.json")).unwrap();
+    let v: Value = serde_json::from_str(include_str!("../../vectors/vectors.json")).unwrap();
     v["vectors"].as_array().unwrap().clone()
 }
 
@@ -151,7 +152,7 @@ fn command_entry_matches_byte_for_byte() {
     let full = golden("create_cq_in");
     assert_eq!(dma.read(0x12345000, full.len() - 16), full[16..]);
     // And the doorbell was rung for slot 0 alone.
-    assert_eq!(regs.writes().last(), Some(&(0x18, 1)));
+    assert_eq!(regs.words().last(), Some(&(0x18, 1)));
 }
 
 /// An output header with BAD_PARAM and a syndrome, placed in a completed entry, surfaces as the typed error.
@@ -216,7 +217,7 @@ fn eq_doorbell_matches_and_goes_to_the_arm_register() {
     assert_eq!(got, 0x20);
     ring.update_ci(&regs, true);
     let doorbell = ifc_eq_doorbell(uar_off);
-    assert_eq!(regs.writes().last().copied(), Some((doorbell, u32::from_be_bytes(bytes.try_into().unwrap()))));
+    assert_eq!(regs.words().last().copied(), Some((doorbell, u32::from_be_bytes(bytes.try_into().unwrap()))));
     // SAFETY: allocated above from this allocator; nothing else references it.
     unsafe { dma.free(buf) };
 }

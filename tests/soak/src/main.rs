@@ -1,9 +1,9 @@
-//! `soak --ops N --seed S [--json] [--progress N]`: the fault-injection soak (see `mlx5_tests::soak`). Prints the
-//! report (one JSON object with `--json`) and exits non-zero when an invariant failed.
+//! `soak --ops N --seed S [--json] [--progress N]`: the fault-injection soak (see the `mlx5_soak` library). Prints
+//! the report (one JSON object with `--json`) and exits non-zero when an invariant failed.
 
 use std::process::ExitCode;
 
-use mlx5_tests::soak::{run, Options};
+use mlx5_soak::{run, Options};
 
 /// `1000000`, `1_000_000`, `1e6` and `10^6` all read as one million.
 fn parse_count(s: &str) -> Option<u64> {

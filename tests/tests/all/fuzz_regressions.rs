@@ -12,9 +12,8 @@ use mlx5_core::qp::{
 use mlx5_core::qp::{SendFlags, SendOp, SendWr, UdDest};
 use mlx5_core::verbs::CqAttr;
 use mlx5_core::verbs::{Pd, QpInitAttr};
+use mlx5_sim::testkit::SimHca;
 use mlx5_sim::{SimConfig, SimDevice};
-
-type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
 
 /// `eqe` target (`hca_events`, artifact `leak-92dbcd25…`): a page-request EQE for a function firmware then refuses
 /// pages for arrived just before a DESTROY_CQ. The command completed, but the events served right after it failed

@@ -1,25 +1,20 @@
-//! The datapath allocates nothing. A counting global allocator, armed only around the datapath calls (on this
-//! thread), must see zero allocations while the core posts sends (BlueFlame, batched, inline, RDMA WRITE with
+//! The datapath allocates nothing. The binary's counting global allocator (`main.rs`), armed only around the
+//! datapath calls and counting only this thread's allocations (other tests run in parallel), must see zero allocations while the core posts sends (BlueFlame, batched, inline, RDMA WRITE with
 //! immediate, UD) and receives, polls requester, responder and unknown-QP CQEs, and arms the CQ. QPs and the CQ
 //! are created on the simulator; their datapath then runs against a plain-memory BAR (`MemMmio`), so the simulator
 //! does not run while the counter is armed and every allocation seen is the core's.
 
 use mlx5_core::cq::{Cq, CqeError, CqeFields, LinkLayer, Notify, WcOpcode, WcStatus, WorkCompletion, CQE64_SIZE};
-use mlx5_core::hal::Dma;
-use mlx5_core::hca::{Config, Hca};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::consts;
 use mlx5_core::qp::{
     Ah, AhAttr, Grh, Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
     UdDest,
 };
-use mlx5_core::verbs::{CqAttr, QpInitAttr};
-use mlx5_sim::alloc_count;
-use mlx5_sim::mocks::MemMmio;
-use mlx5_sim::{SimDelay, SimDevice};
-
-#[global_allocator]
-static GLOBAL: alloc_count::Counting = alloc_count::Counting;
+use mlx5_sim::testkit::alloc_count;
+use mlx5_sim::testkit::mocks::MemMmio;
+use mlx5_sim::testkit::{Node, SimHca};
+use mlx5_sim::{SimConfig, SimDelay};
 
 /// Runs `f` with the counter armed on this thread; returns its result and the allocations it made.
 fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
@@ -36,8 +31,6 @@ fn the_counter_sees_an_allocation() {
     assert_eq!(v.len(), 16);
     assert!(n >= 1, "the counting allocator must notice a Vec");
 }
-
-type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
 
 /// RESET → INIT → RTR → RTS towards `dest` (RC) or with a Q_Key (UD).
 fn ready(hca: &mut SimHca, d: &mut SimDelay, qp: &mut Qp, dest: u32, ah: AhAttr) {
@@ -87,45 +80,39 @@ fn put_cqe(cq: &Cq, k: u32, f: CqeFields) {
 
 #[test]
 fn post_send_post_recv_poll_cq_and_arm_allocate_nothing() {
-    let dev = SimDevice::default();
-    let mut d = dev.delay();
-    let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
-    let pd = hca.alloc_pd(&mut d).unwrap();
-    let mem = dev.dma().alloc(1 << 16, 4096).unwrap();
-    let mr = hca.reg_mr(&pd, mem.cpu.as_ptr(), 1 << 16, Access::ALL, &mut d).unwrap();
-    let mut cq = hca.create_cq(CqAttr { cqe: 255, ..CqAttr::default() }, &mut d).unwrap();
+    let mut node = Node::new(SimConfig::default(), 1 << 16);
+    let mut cq = node.cq(255);
     let cap = QpCap { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 };
-    let rc = QpInitAttr { qp_type: QpType::Rc, cap, sq_sig_all: false };
-    let ud = QpInitAttr { qp_type: QpType::Ud, ..rc };
-    let mut a = hca.create_qp(&pd, &cq, &cq, rc, &mut d).unwrap();
-    let mut b = hca.create_qp(&pd, &cq, &cq, rc, &mut d).unwrap();
-    let mut u = hca.create_qp(&pd, &cq, &cq, ud, &mut d).unwrap();
-    let port = hca.query_port(&mut d).unwrap();
-    let gid = hca.query_gid(0, &mut d).unwrap();
+    let mut a = node.qp(QpType::Rc, &cq, cap, false);
+    let mut b = node.qp(QpType::Rc, &cq, cap, false);
+    let mut u = node.qp(QpType::Ud, &cq, cap, false);
+    let port = node.hca.query_port(&mut node.d).unwrap();
+    let gid = node.hca.query_gid(0, &mut node.d).unwrap();
     let ah_attr = AhAttr {
         dlid: port.lid,
         grh: Some(Grh { dgid: gid, hop_limit: 64, ..Grh::default() }),
-        dmac: dev.config().mac,
+        dmac: node.dev.config().mac,
         port_num: 1,
         ..AhAttr::default()
     };
     let (qa, qb, qu) = (a.qpn(), b.qpn(), u.qpn());
-    ready(&mut hca, &mut d, &mut a, qb, ah_attr);
-    ready(&mut hca, &mut d, &mut b, qa, ah_attr);
-    ready(&mut hca, &mut d, &mut u, 0, ah_attr);
+    ready(&mut node.hca, &mut node.d, &mut a, qb, ah_attr);
+    ready(&mut node.hca, &mut node.d, &mut b, qa, ah_attr);
+    ready(&mut node.hca, &mut node.d, &mut u, 0, ah_attr);
     let ah = Ah::new(&ah_attr, port.link_layer);
 
     // Everything the calls need is built before the counter is armed (the Vecs are the test's, not the core's).
-    let bar = MemMmio::new(dev.mmio().bar_size());
-    let base = mem.cpu.as_ptr() as u64;
-    let sge = [Sge { addr: base, length: 64, lkey: mr.lkey }];
-    let two = [Sge { addr: base, length: 32, lkey: mr.lkey }, Sge { addr: base + 32, length: 32, lkey: mr.lkey }];
+    let bar = MemMmio::new(node.dev.mmio().bar_size());
+    let base = node.addr(0);
+    let lkey = node.mr.lkey;
+    let sge = [Sge { addr: base, length: 64, lkey }];
+    let two = [Sge { addr: base, length: 32, lkey }, Sge { addr: base + 32, length: 32, lkey }];
     let payload = [0x5au8; 48];
     let wr = |wr_id, op, sg_list, flags| SendWr { wr_id, op, sg_list, flags, inline: None, ud: None };
     let batch: Vec<SendWr> = (0..16).map(|i| wr(i, SendOp::Send, &sge[..], SendFlags::default())).collect();
     let mixed = [
         SendWr { inline: Some(&payload[..]), ..wr(100, SendOp::SendImm { imm: 7 }, &[], SendFlags::SOLICITED) },
-        wr(101, SendOp::RdmaWriteImm { remote_addr: base + 4096, rkey: mr.rkey, imm: 9 }, &two, SendFlags::FENCE),
+        wr(101, SendOp::RdmaWriteImm { remote_addr: base + 4096, rkey: node.mr.rkey, imm: 9 }, &two, SendFlags::FENCE),
     ];
     let last = [wr(102, SendOp::Send, &sge[..], SendFlags::SIGNALED)];
     let dgram = [SendWr {
@@ -208,13 +195,9 @@ fn post_send_post_recv_poll_cq_and_arm_allocate_nothing() {
     assert_eq!(allocs, 0, "the datapath allocated {allocs} times");
 
     for q in [a, b, u] {
-        hca.destroy_qp(q, &mut d).unwrap();
+        node.hca.destroy_qp(q, &mut node.d).unwrap();
     }
-    hca.destroy_cq(cq, &mut d).unwrap();
-    hca.dereg_mr(mr, &mut d).unwrap();
-    hca.dealloc_pd(pd, &mut d).unwrap();
-    // SAFETY: the memory key over the region is destroyed.
-    unsafe { dev.dma().free(mem) };
-    hca.teardown(&mut d).unwrap();
-    assert_eq!(dev.dma_outstanding(), (0, 0));
+    node.hca.destroy_cq(cq, &mut node.d).unwrap();
+    // Frees the MR, PD and buffer, tears down, and checks that every DMA allocation came back.
+    node.finish();
 }

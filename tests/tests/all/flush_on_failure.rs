@@ -10,54 +10,35 @@ use std::collections::BTreeMap;
 use embedded_hal::delay::DelayNs;
 use mlx5_core::cq::{Cq, WcStatus, WorkCompletion};
 use mlx5_core::eq::QpErrorKind;
-use mlx5_core::hal::{Dma, DmaRegion};
-use mlx5_core::hca::{Config, Error, Hca, HcaState};
+use mlx5_core::hca::{Error, HcaState};
 use mlx5_core::health::{HealthFailure, HEALTH_POLL_INTERVAL_MS};
-use mlx5_core::mkey::{Access, Mr};
+use mlx5_core::mkey::Access;
 use mlx5_core::prm::{consts, CmdStatus};
 use mlx5_core::qp::{
-    required_attrs, AhAttr, Grh, Mtu, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags,
-    SendOp, SendWr, Sge,
+    AhAttr, Grh, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
 };
-use mlx5_core::verbs::{AsyncEvent, CqAttr, Pd, QpInitAttr};
-use mlx5_sim::{SimDelay, SimDevice};
-
-type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;
+use mlx5_core::verbs::{AsyncEvent, QpInitAttr};
+use mlx5_sim::testkit::{Node, RcOpts};
+use mlx5_sim::SimConfig;
 
 const MEM: usize = 1 << 16;
 
-struct Node {
-    dev: SimDevice,
-    hca: SimHca,
-    d: SimDelay,
-    pd: Pd,
-    mem: DmaRegion,
-    mr: Mr,
+/// This file's QP shape, loopback connection and teardown checks, on the kit's node.
+trait FlushNode {
+    fn rc_qp(&mut self, cq: &Cq) -> Qp;
+    fn connect(&mut self, qp: &mut Qp, dest: u32);
+    fn move_to_err(&mut self, qp: &mut Qp);
+    fn finish_all(self, cqs: Vec<Cq>, qps: Vec<Qp>);
 }
 
-impl Node {
-    fn new() -> Self {
-        let dev = SimDevice::default();
-        let mut d = dev.delay();
-        let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
-        let pd = hca.alloc_pd(&mut d).unwrap();
-        let mem = dev.dma().alloc(MEM, 4096).unwrap();
-        let mr = hca.reg_mr(&pd, mem.cpu.as_ptr(), MEM, Access::ALL, &mut d).unwrap();
-        Node { dev, hca, d, pd, mem, mr }
-    }
+fn node() -> Node {
+    Node::new(SimConfig::default(), MEM)
+}
 
-    fn sge(&self, off: usize, len: u32) -> Sge {
-        Sge { addr: self.mem.cpu.as_ptr() as u64 + off as u64, length: len, lkey: self.mr.lkey }
-    }
-
-    fn cq(&mut self, cqe: u32) -> Cq {
-        self.hca.create_cq(CqAttr { cqe, ..CqAttr::default() }, &mut self.d).unwrap()
-    }
-
-    fn qp(&mut self, cq: &Cq) -> Qp {
+impl FlushNode for Node {
+    fn rc_qp(&mut self, cq: &Cq) -> Qp {
         let cap = QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 256 };
-        let attr = QpInitAttr { qp_type: QpType::Rc, cap, sq_sig_all: false };
-        self.hca.create_qp(&self.pd, cq, cq, attr, &mut self.d).unwrap()
+        self.qp(QpType::Rc, cq, cap, false)
     }
 
     /// RESET → RTS towards `dest` on this device (loopback). `min_rnr_timer` 0 is the longest RNR timer (655 ms),
@@ -70,22 +51,12 @@ impl Node {
             port_num: 1,
             ..AhAttr::default()
         };
-        let a = QpAttr {
-            qp_access_flags: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::LOCAL_WRITE,
-            path_mtu: Mtu::M1024,
-            dest_qp_num: dest,
-            ah_attr: ah,
-            rnr_retry: 7,
-            retry_cnt: 7,
+        let o = RcOpts {
+            access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::LOCAL_WRITE,
             min_rnr_timer: 0,
-            max_dest_rd_atomic: 4,
-            max_rd_atomic: 4,
-            ..QpAttr::default()
+            ..RcOpts::default()
         };
-        for (f, s) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
-            let m = required_attrs(QpType::Rc, f, s).unwrap();
-            self.hca.modify_qp(qp, &QpAttr { qp_state: s, ..a }, m, &mut self.d).unwrap();
-        }
+        self.connect_rc(qp, dest, ah, &o);
     }
 
     fn move_to_err(&mut self, qp: &mut Qp) {
@@ -94,20 +65,15 @@ impl Node {
     }
 
     /// Everything destroyed, the HCA torn down: every DMA allocation and every firmware page is back.
-    fn finish(mut self, cqs: Vec<Cq>, qps: Vec<Qp>) {
+    fn finish_all(mut self, cqs: Vec<Cq>, qps: Vec<Qp>) {
         for qp in qps {
             self.hca.destroy_qp(qp, &mut self.d).unwrap();
         }
         for cq in cqs {
             self.hca.destroy_cq(cq, &mut self.d).unwrap();
         }
-        self.hca.dereg_mr(self.mr, &mut self.d).unwrap();
-        self.hca.dealloc_pd(self.pd, &mut self.d).unwrap();
-        // SAFETY: the key over the region is destroyed (or the device is dead), so nothing reaches it any more.
-        unsafe { self.dev.dma().free(self.mem) };
-        let report = self.hca.teardown(&mut self.d).unwrap();
-        assert_eq!(self.dev.dma_outstanding(), (0, 0), "every DMA allocation returned");
-        assert_eq!(self.dev.pages_owned(), 0, "no page left with firmware");
+        let (report, dev) = self.finish_with_device();
+        assert_eq!(dev.pages_owned(), 0, "no page left with firmware");
         if report.local_only {
             assert!(report.pages_abandoned > 0, "a dead device's pages are reclaimed locally");
         }
@@ -151,8 +117,8 @@ struct Scene {
 
 fn scene(n: &mut Node) -> Scene {
     let cq = n.cq(63);
-    let mut a = n.qp(&cq);
-    let mut b = n.qp(&cq);
+    let mut a = n.rc_qp(&cq);
+    let mut b = n.rc_qp(&cq);
     let (qa, qb) = (a.qpn(), b.qpn());
     n.connect(&mut a, qb);
     n.connect(&mut b, qa);
@@ -220,12 +186,12 @@ fn check_flushed_after_death(n: Node, mut s: Scene) {
     let e = n.hca.post_recv(&mut s.b, &[recv(0xdead, &buf)]).unwrap_err();
     assert_eq!((e.index, e.kind), (0, PostErrorKind::DeviceError));
     assert_eq!(n.hca.poll_cq(&mut s.cq, &mut [&mut s.a, &mut s.b][..], &mut wc).unwrap(), 0);
-    n.finish(vec![s.cq], vec![s.a, s.b]);
+    n.finish_all(vec![s.cq], vec![s.a, s.b]);
 }
 
 #[test]
 fn a_health_syndrome_flushes_every_outstanding_wr_once_in_order() {
-    let mut n = Node::new();
+    let mut n = node();
     let s = scene(&mut n);
     n.dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR as u8);
     // Before the HCA knows, nothing is flushed: the device might still complete the work.
@@ -241,7 +207,7 @@ fn a_health_syndrome_flushes_every_outstanding_wr_once_in_order() {
 
 #[test]
 fn a_vanished_device_flushes_every_outstanding_wr_once_in_order() {
-    let mut n = Node::new();
+    let mut n = node();
     let s = scene(&mut n);
     n.dev.device_gone();
     assert_eq!(n.hca.poll_health(), Err(Error::Health(HealthFailure::DeviceGone)));
@@ -250,7 +216,7 @@ fn a_vanished_device_flushes_every_outstanding_wr_once_in_order() {
 
 #[test]
 fn a_stalled_heartbeat_flushes_every_outstanding_wr_once_in_order() {
-    let mut n = Node::new();
+    let mut n = node();
     let s = scene(&mut n);
     n.dev.stall_health();
     let mut polls = 0;
@@ -265,7 +231,7 @@ fn a_stalled_heartbeat_flushes_every_outstanding_wr_once_in_order() {
 
 #[test]
 fn a_command_that_finds_the_device_dead_also_starts_the_flush() {
-    let mut n = Node::new();
+    let mut n = node();
     let mut s = scene(&mut n);
     n.dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR as u8);
     // The command hangs on the dead firmware; its wait polls health and gives up with the failure.
@@ -282,12 +248,12 @@ fn a_command_that_finds_the_device_dead_also_starts_the_flush() {
     all.sort_unstable();
     seen.sort_unstable();
     assert_eq!(seen, all, "every outstanding WR flushed once");
-    n.finish(vec![s.cq], vec![s.a, s.b]);
+    n.finish_all(vec![s.cq], vec![s.a, s.b]);
 }
 
 #[test]
 fn a_qp_fatal_event_reaches_the_caller_and_the_device_flushes_the_qp() {
-    let mut n = Node::new();
+    let mut n = node();
     let mut s = scene(&mut n);
     let qa = s.a.qpn();
     let before = drain(&n, &mut s.cq, &mut [&mut s.a, &mut s.b]);
@@ -309,7 +275,7 @@ fn a_qp_fatal_event_reaches_the_caller_and_the_device_flushes_the_qp() {
     let got = drain(&n, &mut s.cq, &mut [&mut s.a, &mut s.b]);
     assert_eq!(got.len(), 4);
     assert!(got.iter().all(|w| w.status == flush && w.qp_num == s.b.qpn()));
-    n.finish(vec![s.cq], vec![s.a, s.b]);
+    n.finish_all(vec![s.cq], vec![s.a, s.b]);
 }
 
 fn b_outstanding(b: &Qp) -> (u32, u32) {
@@ -318,13 +284,13 @@ fn b_outstanding(b: &Qp) -> (u32, u32) {
 
 #[test]
 fn after_a_cq_overrun_the_qps_moved_to_err_are_flushed_in_software() {
-    let mut n = Node::new();
+    let mut n = node();
     // Two CQEs of room; a third QP on the same CQ stays in RTS with a receive outstanding.
     let mut cq = n.cq(1);
     assert_eq!(cq.nent(), 2);
-    let mut a = n.qp(&cq);
-    let mut b = n.qp(&cq);
-    let mut c = n.qp(&cq);
+    let mut a = n.rc_qp(&cq);
+    let mut b = n.rc_qp(&cq);
+    let mut c = n.rc_qp(&cq);
     let (qa, qb) = (a.qpn(), b.qpn());
     n.connect(&mut a, qb);
     n.connect(&mut b, qa);
@@ -354,13 +320,13 @@ fn after_a_cq_overrun_the_qps_moved_to_err_are_flushed_in_software() {
     // Destroying the failed CQ's QPs and the CQ itself works as usual.
     let e = n.hca.query_cq(&cq, &mut n.d).unwrap();
     assert!(e.overflowed());
-    n.finish(vec![cq], vec![a, b, c]);
+    n.finish_all(vec![cq], vec![a, b, c]);
 }
 
 #[test]
 fn a_refused_create_leaks_nothing_and_the_next_one_works() {
     use mlx5_sim::Fault;
-    let mut n = Node::new();
+    let mut n = node();
     let before = n.dev.dma_outstanding();
     let status = CmdStatus::NoRes.raw();
     n.dev.inject(Fault::Status { opcode: consts::MLX5_CMD_OP_CREATE_QP as u16, status, syndrome: 0x77, times: 1 });
@@ -376,5 +342,5 @@ fn a_refused_create_leaks_nothing_and_the_next_one_works() {
     assert_eq!(n.dev.dma_outstanding(), after_cq, "the refused QP's buffers are back");
     assert!(after_cq.1 > before.1);
     let qp = n.hca.create_qp(&n.pd, &cq, &cq, attr, &mut n.d).unwrap();
-    n.finish(vec![cq], vec![qp]);
+    n.finish_all(vec![cq], vec![qp]);
 }

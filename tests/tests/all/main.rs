@@ -1,0 +1,24 @@
+//! The cross-crate tests, one module per area, in one test binary (one link instead of fifteen).
+//!
+//! The tests of all modules share this process and run on parallel threads, so none may rely on process-global
+//! state: the counting global allocator below counts per thread (armed only by `no_alloc`'s tests, around the
+//! calls they check), no test sets environment variables, and none binds a fixed port.
+
+mod bringup;
+mod bringup_faults;
+mod cmdq;
+mod completion_channel;
+mod cq;
+mod datapath;
+mod flush_on_failure;
+mod fuzz_regressions;
+mod golden;
+mod no_alloc;
+mod pages;
+mod qp_rules;
+mod ring_props;
+mod sim;
+
+/// The counting allocator `no_alloc` arms; unarmed threads allocate through it at the cost of one thread-local read.
+#[global_allocator]
+static GLOBAL: mlx5_sim::testkit::alloc_count::Counting = mlx5_sim::testkit::alloc_count::Counting;
