@@ -201,10 +201,10 @@ pub fn poll_cq(cq: &mut Cq, qp: &mut Qp, bar: &MemMmio, sge: &[Sge], batch: usiz
         (ns, n as u64)
     });
     let ring = cq.buf().frag(0).expect("one fragment");
-    assert!(cq.buf().nfrags() == 1 && ring.len >= n * CQE64_SIZE);
+    assert!(cq.buf().nfrags() == 1 && ring.len() >= n * CQE64_SIZE);
     let base = measure(plan, || {
         fill_cqes(cq, qpn, 0);
-        let p = black_box(ring.cpu.as_ptr().cast::<u64>().cast_const());
+        let p = black_box(ring.cpu().as_ptr().cast::<u64>().cast_const());
         let t = Instant::now();
         let mut acc = 0u64;
         for i in 0..n * CQE64_SIZE / 8 {

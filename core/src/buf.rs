@@ -7,7 +7,7 @@
 //! that one bus address per page describes the whole buffer.
 
 use crate::cmd::PageSource;
-use crate::hal::{Dma, DmaError, DmaRegion};
+use crate::hal::{Dma, DmaError, DmaRegion, DmaView};
 use crate::prm::consts;
 
 /// Firmware's base page: `log_page_size` fields count from here (`MLX5_ADAPTER_PAGE_SHIFT`).
@@ -174,7 +174,7 @@ impl QueueBuf {
         if n > MAX_FRAGS {
             return Err(DmaError::NoMemory { len });
         }
-        let mut b = Self { frags: [None; MAX_FRAGS], nfrags: 0, log_frag: frag.trailing_zeros(), len };
+        let mut b = Self { frags: [const { None }; MAX_FRAGS], nfrags: 0, log_frag: frag.trailing_zeros(), len };
         for _ in 0..n {
             let r = match dma.alloc(frag, frag.min(MAX_FRAG_ALIGN)) {
                 Err(DmaError::BadAlignment { .. }) => dma.alloc(frag, 1 << ADAPTER_PAGE_SHIFT),
@@ -208,18 +208,23 @@ impl QueueBuf {
         self.nfrags
     }
 
-    pub fn frag(&self, i: usize) -> Option<DmaRegion> {
-        self.frags.get(i).copied().flatten()
+    pub fn frag(&self, i: usize) -> Option<DmaView<'_>> {
+        self.frags.get(i).and_then(Option::as_ref).map(DmaRegion::view)
+    }
+
+    /// Gives up the buffer for its fragments, for a caller that frees or keeps each one itself.
+    pub fn into_frags(self) -> impl Iterator<Item = DmaRegion> {
+        self.frags.into_iter().flatten()
     }
 
     /// The region holding byte `off` and the offset inside it. `off` is reduced modulo the buffer length, so ring
     /// indices can be passed unmasked.
     #[inline]
-    pub fn locate(&self, off: usize) -> (DmaRegion, usize) {
+    pub fn locate(&self, off: usize) -> (DmaView<'_>, usize) {
         let off = off & (self.len - 1);
         let i = off >> self.log_frag;
-        let r = self.frags[i].unwrap_or_else(|| unreachable!("fragment {i} of a live buffer"));
-        (r, off & ((1 << self.log_frag) - 1))
+        let r = self.frags[i].as_ref().unwrap_or_else(|| unreachable!("fragment {i} of a live buffer"));
+        (r.view(), off & ((1 << self.log_frag) - 1))
     }
 
     /// Pointer to `len` bytes at `off`; the span must not cross a fragment (entries are powers of two no larger
@@ -234,10 +239,10 @@ impl QueueBuf {
     pub fn segs(&self, out: &mut [DmaSeg; MAX_FRAGS]) -> usize {
         let mut n = 0;
         for r in self.frags.iter().flatten() {
-            if n > 0 && out[n - 1].iova + out[n - 1].len == r.iova {
-                out[n - 1].len += r.len as u64;
+            if n > 0 && out[n - 1].iova + out[n - 1].len == r.iova() {
+                out[n - 1].len += r.len() as u64;
             } else {
-                out[n] = DmaSeg { iova: r.iova, len: r.len as u64 };
+                out[n] = DmaSeg { iova: r.iova(), len: r.len() as u64 };
                 n += 1;
             }
         }

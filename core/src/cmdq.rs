@@ -11,7 +11,9 @@
 //! allocated on the heap. The last slot is reserved for MANAGE_PAGES, as Linux reserves it, so page requests can
 //! be answered while another command is outstanding on slot 0.
 
-use crate::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
+use core::mem::ManuallyDrop;
+
+use crate::hal::{DelayNs, Dma, DmaError, DmaRegion, DmaView, Mmio};
 use crate::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, MsgBuf, Named, Opcode};
 use crate::trace::{CmdOutcome, CmdRecord, CmdTrace};
 
@@ -175,15 +177,15 @@ pub fn write_header<B: MsgBuf + ?Sized>(msg: &mut B, opcode: Opcode, op_mod: u16
 /// A command message in place: `len` bytes, the first [`INLINE_LEN`] in the entry, the rest in mailbox blocks.
 #[derive(Debug)]
 pub struct ChainMsg<'a> {
-    entry: &'a DmaRegion,
+    entry: DmaView<'a>,
     inline_off: usize,
-    blocks: Option<&'a DmaRegion>,
+    blocks: Option<DmaView<'a>>,
     len: usize,
 }
 
-impl ChainMsg<'_> {
+impl<'a> ChainMsg<'a> {
     #[inline]
-    fn locate(&self, off: usize) -> (&DmaRegion, usize, usize) {
+    fn locate(&self, off: usize) -> (DmaView<'a>, usize, usize) {
         assert!(off < self.len, "command message access past its length");
         if off < INLINE_LEN {
             (self.entry, self.inline_off + off, INLINE_LEN.min(self.len) - off)
@@ -303,7 +305,8 @@ pub struct CmdQueue<M: Mmio, D: Dma, T: CmdTrace = ()> {
     mmio: M,
     dma: D,
     trace: T,
-    page: DmaRegion,
+    /// The entry page; `ManuallyDrop` only so that `drop` can move it into `Dma::free`.
+    page: ManuallyDrop<DmaRegion>,
     log_sz: u8,
     log_stride: u8,
     slots: [Slot; MAX_SLOTS],
@@ -316,7 +319,7 @@ pub struct CmdQueue<M: Mmio, D: Dma, T: CmdTrace = ()> {
 impl<M: Mmio, D: Dma, T: CmdTrace> core::fmt::Debug for CmdQueue<M, D, T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CmdQueue")
-            .field("iova", &self.page.iova)
+            .field("iova", &self.page.iova())
             .field("slots", &self.num_slots())
             .field("checksum", &self.checksum)
             .field("timeout_ms", &self.timeout_ms)
@@ -324,7 +327,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> core::fmt::Debug for CmdQueue<M, D, T> {
     }
 }
 
-fn xor8(region: &DmaRegion, off: usize, len: usize) -> u8 {
+fn xor8(region: &DmaView<'_>, off: usize, len: usize) -> u8 {
     let p = region.ptr_at(off, len);
     // SAFETY: the range is inside the region (ptr_at) and belongs to a slot software owns.
     let s = unsafe { core::slice::from_raw_parts(p, len) };
@@ -353,8 +356,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
             return Err(CmdError::BadQueueGeometry { log_sz, log_stride });
         }
         let page = dma.alloc(CMDQ_PAGE, CMDQ_PAGE)?;
-        mmio.write32(iseg::CMDQ_ADDR_H.off, (page.iova >> 32) as u32);
-        mmio.write32(iseg::CMDQ_ADDR_L_SZ.off, page.iova as u32);
+        mmio.write32(iseg::CMDQ_ADDR_H.off, (page.iova() >> 32) as u32);
+        mmio.write32(iseg::CMDQ_ADDR_L_SZ.off, page.iova() as u32);
         // The address must reach the device before anything that depends on it.
         mmio.wmb();
         // A non-zero `cmd_q_init_to` says the init-segment timeouts are valid (`tout_is_supported`).
@@ -367,7 +370,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
             mmio,
             dma,
             trace,
-            page,
+            page: ManuallyDrop::new(page),
             log_sz,
             log_stride,
             slots: Default::default(),
@@ -405,7 +408,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
 
     /// Bus address of the queue page.
     pub fn iova(&self) -> u64 {
-        self.page.iova
+        self.page.iova()
     }
 
     /// Turns block signatures on or off (`cmd_hca_cap.cmdif_checksum`). The entry signature is always written.
@@ -459,7 +462,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
     fn ensure_blocks(&mut self, slot: usize, n: usize, output: bool) -> Result<(), CmdError> {
         let s = &mut self.slots[slot];
         let cur = if output { &mut s.out_mb } else { &mut s.in_mb };
-        if n == 0 || cur.is_some_and(|r| r.len >= n * BLOCK_STRIDE) {
+        if n == 0 || cur.as_ref().is_some_and(|r| r.len() >= n * BLOCK_STRIDE) {
             return Ok(());
         }
         let want = n.next_power_of_two() * BLOCK_STRIDE;
@@ -473,11 +476,11 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
     }
 
     /// Zeroes `n` blocks and links them: `next`, `block_num` and `token` in each (`mlx5_alloc_cmd_msg`).
-    fn link_blocks(region: &DmaRegion, n: usize, token: u8) {
+    fn link_blocks(region: &DmaView<'_>, n: usize, token: u8) {
         for i in 0..n {
             let base = i * BLOCK_STRIDE;
             region.zero(base, blk::SIZE);
-            let next = if i + 1 < n { region.iova + ((i + 1) * BLOCK_STRIDE) as u64 } else { 0 };
+            let next = if i + 1 < n { region.iova() + ((i + 1) * BLOCK_STRIDE) as u64 } else { 0 };
             let p = region.ptr_at(base + blk::NEXT.off, blk::NEXT.len);
             // SAFETY: inside the region (ptr_at); the slot is software-owned while a command is being built.
             unsafe { p.cast::<[u8; 8]>().write_unaligned(next.to_be_bytes()) };
@@ -491,7 +494,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
     }
 
     /// Block signatures (`calc_block_sig`): `ctrl_sig` over the control part, then `sig` over the whole block.
-    fn sign_blocks(region: &DmaRegion, n: usize) {
+    fn sign_blocks(region: &DmaView<'_>, n: usize) {
         for i in 0..n {
             let base = i * BLOCK_STRIDE;
             let ctrl = !xor8(region, base + blk::DATA.end(), blk::CTRL_SIG.off - blk::DATA.end());
@@ -501,7 +504,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         }
     }
 
-    fn blocks_ok(region: &DmaRegion, n: usize) -> bool {
+    fn blocks_ok(region: &DmaView<'_>, n: usize) -> bool {
         (0..n).all(|i| {
             let base = i * BLOCK_STRIDE;
             xor8(region, base + blk::DATA.end(), blk::SIG.off - blk::DATA.end()) == 0xff
@@ -509,7 +512,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         })
     }
 
-    fn write_be(region: &DmaRegion, off: usize, bytes: &[u8]) {
+    fn write_be(region: &DmaView<'_>, off: usize, bytes: &[u8]) {
         let p = region.ptr_at(off, bytes.len());
         // SAFETY: inside the region (ptr_at); the entry is software-owned while it is being written.
         unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
@@ -540,16 +543,17 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         self.ensure_blocks(si, nin, false)?;
         self.ensure_blocks(si, nout, true)?;
         let token = self.next_token();
-        let page = self.page;
+        let page = self.page.view();
         page.zero(eoff, lay::SIZE);
-        let (in_mb, out_mb) = (self.slots[si].in_mb, self.slots[si].out_mb);
+        let (in_mb, out_mb) =
+            (self.slots[si].in_mb.as_ref().map(DmaRegion::view), self.slots[si].out_mb.as_ref().map(DmaRegion::view));
         if let Some(r) = in_mb.filter(|_| nin > 0) {
             Self::link_blocks(&r, nin, token);
         }
         if let Some(r) = out_mb.filter(|_| nout > 0) {
             Self::link_blocks(&r, nout, token);
         }
-        let mut msg = ChainMsg { entry: &page, inline_off: eoff + lay::IN.off, blocks: in_mb.as_ref(), len: inlen };
+        let mut msg = ChainMsg { entry: page, inline_off: eoff + lay::IN.off, blocks: in_mb, len: inlen };
         cmd.encode(&mut msg);
         let opcode = msg.get(ifc::mbox_in::OPCODE) as u16;
         let op_mod = msg.get(ifc::mbox_in::OP_MOD) as u16;
@@ -561,10 +565,10 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         Self::write_be(&page, eoff + lay::INLEN.off, &(inlen as u32).to_be_bytes());
         Self::write_be(&page, eoff + lay::OUTLEN.off, &(outlen as u32).to_be_bytes());
         if let Some(r) = in_mb.filter(|_| nin > 0) {
-            Self::write_be(&page, eoff + lay::IN_PTR.off, &r.iova.to_be_bytes());
+            Self::write_be(&page, eoff + lay::IN_PTR.off, &r.iova().to_be_bytes());
         }
         if let Some(r) = out_mb.filter(|_| nout > 0) {
-            Self::write_be(&page, eoff + lay::OUT_PTR.off, &r.iova.to_be_bytes());
+            Self::write_be(&page, eoff + lay::OUT_PTR.off, &r.iova().to_be_bytes());
         }
         page.write_volatile_u8(eoff + lay::TOKEN.off, token);
         if self.checksum {
@@ -613,17 +617,16 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         }
         self.slots[si].posted = None;
         let eoff = self.entry_off(slot);
-        let page = self.page;
-        let (in_mb, out_mb) = (self.slots[si].in_mb, self.slots[si].out_mb);
+        let page = self.page.view();
+        let (in_mb, out_mb) =
+            (self.slots[si].in_mb.as_ref().map(DmaRegion::view), self.slots[si].out_mb.as_ref().map(DmaRegion::view));
         let opcode = Opcode::from_raw(posted.opcode);
         let delivery = DeliveryStatus::from_raw(page.read_volatile_u8(eoff + lay::STATUS_OWN.off) >> 1);
         let sig_ok = !self.checksum
             || (xor8(&page, eoff, lay::SIZE) == 0xff
                 && out_mb.is_none_or(|r| Self::blocks_ok(&r, nblocks(posted.outlen))));
-        let input =
-            ChainMsg { entry: &page, inline_off: eoff + lay::IN.off, blocks: in_mb.as_ref(), len: posted.inlen };
-        let output =
-            ChainMsg { entry: &page, inline_off: eoff + lay::OUT.off, blocks: out_mb.as_ref(), len: posted.outlen };
+        let input = ChainMsg { entry: page, inline_off: eoff + lay::IN.off, blocks: in_mb, len: posted.inlen };
+        let output = ChainMsg { entry: page, inline_off: eoff + lay::OUT.off, blocks: out_mb, len: posted.outlen };
         let (status, syndrome) = (output.get(ifc::mbox_out::STATUS) as u8, output.get(ifc::mbox_out::SYNDROME));
         let outcome = if delivery != DeliveryStatus::Ok {
             CmdOutcome::Delivery(delivery)
@@ -672,11 +675,10 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
     }
 
     fn trace_timeout(&mut self, slot: u8, posted: Posted) {
-        let page = self.page;
+        let page = self.page.view();
         let eoff = self.entry_off(slot);
-        let in_mb = self.slots[slot as usize].in_mb;
-        let input =
-            ChainMsg { entry: &page, inline_off: eoff + lay::IN.off, blocks: in_mb.as_ref(), len: posted.inlen };
+        let in_mb = self.slots[slot as usize].in_mb.as_ref().map(DmaRegion::view);
+        let input = ChainMsg { entry: page, inline_off: eoff + lay::IN.off, blocks: in_mb, len: posted.inlen };
         self.trace.record(&CmdRecord {
             slot,
             token: posted.token,
@@ -730,8 +732,10 @@ impl<M: Mmio, D: Dma, T: CmdTrace> Drop for CmdQueue<M, D, T> {
                 unsafe { self.dma.free(r) };
             }
         }
+        // SAFETY: `drop` runs once and nothing reads `self.page` after this, so taking it out is sound.
+        let page = unsafe { ManuallyDrop::take(&mut self.page) };
         // SAFETY: as above; the caller disables the function (or the device is gone) before dropping the queue.
-        unsafe { self.dma.free(self.page) };
+        unsafe { self.dma.free(page) };
     }
 }
 

@@ -11,7 +11,7 @@ use crate::buf::QueueBuf;
 use crate::cmd::{len_with_pas, write_pas, Pas, Simple};
 use crate::cmdq::{write_header, CmdError, Command};
 use crate::dbr::DbRec;
-use crate::hal::{DmaRegion, Mmio};
+use crate::hal::{DmaView, Mmio};
 use crate::prm::{c, consts, ifc, MsgBuf, Opcode, SubBuf};
 
 /// CQE size (`cqc.cqe_sz`: `CQE_STRIDE_64` = 0, `CQE_STRIDE_128` = 1).
@@ -1005,28 +1005,27 @@ impl Cq {
     }
 
     /// The ring as one region when the buffer is a single fragment (the usual case): an entry's address is then a
-    /// mask and an add. `None`: entries are found through the fragment table.
+    /// mask and an add. `None`: entries are found through the fragment table. It borrows only the buffer, so a poll loop can advance the consumer index while it holds the view.
     #[inline]
-    fn flat(&self) -> Option<DmaRegion> {
-        let bytes = self.cqe_size.bytes() << self.log_nent;
-        self.buf.frag(0).filter(|r| self.buf.nfrags() == 1 && r.len >= bytes)
+    fn flat_of(buf: &QueueBuf, bytes: usize) -> Option<DmaView<'_>> {
+        buf.frag(0).filter(|r| buf.nfrags() == 1 && r.len() >= bytes)
     }
 
-    /// The 64-byte CQE image of entry `n` (the second half of a 128-byte CQE); `flat` is [`Cq::flat`].
+    /// The 64-byte CQE image of entry `n` (the second half of a 128-byte CQE); `flat` is [`Cq::flat_of`].
     #[inline]
-    fn cqe_ptr(&self, flat: Option<&DmaRegion>, n: u32) -> *mut u8 {
+    fn cqe_ptr(&self, flat: Option<&DmaView<'_>>, n: u32) -> *mut u8 {
         let stride = self.cqe_size.bytes();
         let off = ((n & (self.nent() - 1)) as usize) * stride + stride - CQE64_SIZE;
         match flat {
-            // SAFETY: `off + 64 <= nent * stride <= r.len` (Cq::flat checked the length), inside a live fragment.
-            Some(r) => unsafe { r.cpu.as_ptr().add(off) },
+            // SAFETY: `off + 64 <= nent * stride <= r.len` (Cq::flat_of checked the length), inside a live fragment.
+            Some(r) => unsafe { r.cpu().as_ptr().add(off) },
             None => self.buf.ptr(off, CQE64_SIZE),
         }
     }
 
     /// Entry `n` if software owns it (`get_sw_cqe`), copied out after the read barrier.
     #[inline]
-    fn sw_cqe<M: Mmio + ?Sized>(&self, mmio: &M, flat: Option<&DmaRegion>, n: u32) -> Option<Cqe> {
+    fn sw_cqe<M: Mmio + ?Sized>(&self, mmio: &M, flat: Option<&DmaView<'_>>, n: u32) -> Option<Cqe> {
         let p = self.cqe_ptr(flat, n);
         // SAFETY: p points at 64 bytes inside a live fragment of the ring (QueueBuf::ptr checks the bounds).
         // Volatile: the device writes the byte concurrently.
@@ -1061,7 +1060,7 @@ impl Cq {
         let mut n = 0;
         let start = self.cons_index;
         let mut result = Ok(());
-        let flat = self.flat();
+        let flat = Self::flat_of(&self.buf, self.cqe_size.bytes() << self.log_nent);
         while n < wc.len() {
             let Some(cqe) = self.sw_cqe(mmio, flat.as_ref(), self.cons_index) else { break };
             match decode_into(&cqe, self.cqn, self.cons_index, self.link, wq, &mut wc[n]) {
@@ -1119,7 +1118,7 @@ impl Cq {
         let new_mask = (1u32 << log_nent) - 1;
         let mut i = self.cons_index;
         let mut found = false;
-        let flat = self.flat();
+        let flat = Self::flat_of(&self.buf, self.cqe_size.bytes() << self.log_nent);
         for _ in 0..self.nent() {
             let Some(cqe) = self.sw_cqe(mmio, flat.as_ref(), i) else { break };
             if cqe.opcode() == CqeOpcode::Resize {

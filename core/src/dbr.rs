@@ -7,7 +7,7 @@
 //! device is fetching for another queue). A bitmap per page tracks free records; pages that still have free
 //! records are used first, and a page is returned to the allocator as soon as its last record is freed.
 
-use crate::hal::{Dma, DmaError, DmaRegion};
+use crate::hal::{Dma, DmaError, DmaRegion, Span};
 
 /// Size of one record page.
 pub const DBR_PAGE_SIZE: usize = 4096;
@@ -17,8 +17,8 @@ pub const DBR_PAGE_SIZE: usize = 4096;
 pub struct DbRec {
     page: u16,
     slot: u8,
-    /// The page (for CPU access through [`DbRec::region`]).
-    region: DmaRegion,
+    /// The record's page, owned by the pool; the pool frees a page only when its last record is freed.
+    region: Span,
     /// Offset of the record in the page.
     pub offset: usize,
 }
@@ -26,7 +26,7 @@ pub struct DbRec {
 impl DbRec {
     /// Bus address for the queue context's `dbr_addr`.
     pub fn iova(&self) -> u64 {
-        self.region.iova + self.offset as u64
+        self.region.iova() + self.offset as u64
     }
 
     /// Pointer to the record's first byte.
@@ -38,7 +38,8 @@ impl DbRec {
     #[inline]
     pub fn write_be32(&self, i: usize, v: u32) {
         let p = self.region.ptr_at(self.offset + 4 * i, 4).cast::<u32>();
-        // SAFETY: inside the live record page (ptr_at); records are 8-byte aligned (cache-line slots in a page
+        // SAFETY: inside the record page (ptr_at), which the pool keeps until this record is freed (`free`'s
+        // contract: no copy of a freed record is used); records are 8-byte aligned (cache-line slots in a page
         // aligned to 4 KiB), so the u32 access is aligned. Volatile: the device reads it concurrently.
         unsafe { p.write_volatile(v.to_be()) }
     }
@@ -73,7 +74,7 @@ impl core::fmt::Display for DbrError {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Page {
     region: DmaRegion,
     /// Bit i set = slot i free.
@@ -93,7 +94,7 @@ impl<const N: usize> DbrPool<N> {
     /// the per-page bitmap, so smaller lines are spaced at 64 bytes).
     pub fn new(cache_line: usize) -> Self {
         let stride = cache_line.clamp(DBR_PAGE_SIZE / 64, DBR_PAGE_SIZE).next_power_of_two();
-        Self { pages: [None; N], stride, per_page: (DBR_PAGE_SIZE / stride) as u32 }
+        Self { pages: [const { None }; N], stride, per_page: (DBR_PAGE_SIZE / stride) as u32 }
     }
 
     pub fn stride(&self) -> usize {
@@ -110,7 +111,7 @@ impl<const N: usize> DbrPool<N> {
 
     /// A zeroed record: from the first page with a free slot, else from a new page.
     pub fn alloc(&mut self, dma: &impl Dma) -> Result<DbRec, DbrError> {
-        let idx = match self.pages.iter().position(|p| p.is_some_and(|p| p.free != 0)) {
+        let idx = match self.pages.iter().position(|p| p.as_ref().is_some_and(|p| p.free != 0)) {
             Some(i) => i,
             None => {
                 let i = self.pages.iter().position(Option::is_none).ok_or(DbrError::Full)?;
@@ -122,31 +123,32 @@ impl<const N: usize> DbrPool<N> {
         let page = self.pages[idx].as_mut().unwrap_or_else(|| unreachable!("page {idx} chosen above"));
         let slot = page.free.trailing_zeros();
         page.free &= !(1u64 << slot);
-        let rec =
-            DbRec { page: idx as u16, slot: slot as u8, region: page.region, offset: slot as usize * self.stride };
+        let offset = slot as usize * self.stride;
         // A reused slot may hold the counters of its previous queue.
-        rec.region.zero(rec.offset, 8);
+        page.region.zero(offset, 8);
+        let rec = DbRec { page: idx as u16, slot: slot as u8, region: Span::of(page.region.view()), offset };
         Ok(rec)
     }
 
     /// Frees a record; its page goes back to the allocator when it was the last one in use.
     ///
     /// # Safety
-    /// The device no longer reads or writes the record (its queue is destroyed or the function disabled).
+    /// The device no longer reads or writes the record (its queue is destroyed or the function disabled), and
+    /// no copy of `rec` is used afterwards (its page may go back to the allocator).
     pub unsafe fn free(&mut self, dma: &impl Dma, rec: DbRec) -> Result<(), DbrError> {
         let all = self.all_free();
         let page = self.pages.get_mut(usize::from(rec.page)).and_then(Option::as_mut).ok_or(DbrError::NotAllocated)?;
         let bit = 1u64 << rec.slot;
-        if page.region != rec.region || page.free & bit != 0 {
+        if Span::of(page.region.view()) != rec.region || page.free & bit != 0 {
             return Err(DbrError::NotAllocated);
         }
         page.free |= bit;
         if page.free == all {
-            let region = page.region;
-            self.pages[usize::from(rec.page)] = None;
-            // SAFETY: the page came from `dma.alloc` in `alloc`, every record in it is free (so no queue's
-            // context points at it any more, per the caller's duty), and it is dropped from the pool.
-            unsafe { dma.free(region) };
+            if let Some(Page { region, .. }) = self.pages[usize::from(rec.page)].take() {
+                // SAFETY: the page came from `dma.alloc` in `alloc`, every record in it is free (so no queue's
+                // context points at it any more, per the caller's duty), and it is dropped from the pool.
+                unsafe { dma.free(region) };
+            }
         }
         Ok(())
     }
@@ -164,7 +166,8 @@ impl<const N: usize> DbrPool<N> {
     /// Frees every page regardless of use (teardown of a disabled or dead function).
     ///
     /// # Safety
-    /// The device no longer accesses any record (the function is disabled or dead).
+    /// The device no longer accesses any record (the function is disabled or dead), and no record of this pool
+    /// is used afterwards.
     pub unsafe fn release_all(&mut self, dma: &impl Dma) {
         for p in self.pages.iter_mut() {
             if let Some(page) = p.take() {

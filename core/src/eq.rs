@@ -299,7 +299,7 @@ impl EqRing {
     /// Takes a zeroed buffer of [`EqRing::buf_len`] bytes and pre-sets every owner byte to 1, as `init_eq_buf`
     /// does, so no stale entry looks software-owned.
     pub fn init_buf(buf: &DmaRegion, log_nent: u8) -> Result<(), EqError> {
-        if log_nent > 22 || buf.len < Self::buf_len(log_nent) {
+        if log_nent > 22 || buf.len() < Self::buf_len(log_nent) {
             return Err(EqError::BadSize { log_eq_size: log_nent });
         }
         for i in 0..(1usize << log_nent) {
@@ -332,8 +332,8 @@ impl EqRing {
         self.cons_index
     }
 
-    /// The buffer (to free after DESTROY_EQ).
-    pub fn buf(&self) -> DmaRegion {
+    /// Gives up the ring for its buffer (to free after DESTROY_EQ, or to keep while the device may write it).
+    pub fn into_buf(self) -> DmaRegion {
         self.buf
     }
 

@@ -4,6 +4,7 @@
 //! The same driver code runs over a VFIO-mapped BAR in a Linux process, a fixed physical window on a
 //! microcontroller, or the simulated device in `mlx5-sim`: each provides these traits.
 
+use core::marker::PhantomData;
 use core::ptr::NonNull;
 
 pub use embedded_hal::delay::DelayNs;
@@ -93,20 +94,97 @@ impl<M: Mmio + ?Sized> Mmio for &M {
 }
 
 /// A block of device-visible memory: `len` bytes at `cpu` for the CPU and at `iova` for the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// A region is a capability, not a description: it can only be made by [`DmaRegion::from_raw_parts`], whose
+/// contract an allocator upholds, and it is neither `Copy` nor `Clone`, so [`Dma::free`] consumes the only handle
+/// and no safe code can reach the memory afterwards. Hot paths borrow it as a [`DmaView`].
+///
+/// A region cannot be forged in safe code:
+///
+/// ```compile_fail
+/// use core::ptr::NonNull;
+/// use mlx5_core::hal::DmaRegion;
+/// let forged = DmaRegion { cpu: NonNull::dangling(), iova: 0, len: 4096 };
+/// forged.zero(0, 4096);
+/// ```
+///
+/// ```compile_fail
+/// use core::ptr::NonNull;
+/// use mlx5_core::hal::DmaRegion;
+/// // The constructor is `unsafe`: its caller vouches for the memory.
+/// let forged = DmaRegion::from_raw_parts(NonNull::dangling(), 0, 4096);
+/// ```
+///
+/// Nor duplicated, so a freed region cannot be used again:
+///
+/// ```compile_fail
+/// fn keep_a_copy(r: &mlx5_core::hal::DmaRegion) -> mlx5_core::hal::DmaRegion {
+///     r.clone()
+/// }
+/// ```
+#[derive(Debug, PartialEq, Eq)]
 pub struct DmaRegion {
-    pub cpu: NonNull<u8>,
-    pub iova: u64,
-    pub len: usize,
+    cpu: NonNull<u8>,
+    iova: u64,
+    len: usize,
 }
 
-// SAFETY: a DmaRegion is a description (pointer, bus address, length); who may access the memory is governed by
-// the ownership protocol of the queue that holds it, not by the thread that holds the description.
+// SAFETY: a region is the exclusive handle to its memory (it is not `Clone`); moving it to another thread moves
+// that ownership, and what the device may access is governed by the queue protocol, not by the owning thread.
 unsafe impl Send for DmaRegion {}
-// SAFETY: as above; shared references only expose the description.
-unsafe impl Sync for DmaRegion {}
+// Not `Sync`: the safe methods below write through `&self` (an owner bit, a zeroed range), and two threads doing
+// that to the same bytes would race. A structure that holds regions is shared across threads behind a lock.
 
 impl DmaRegion {
+    /// Makes a region from its parts. Only a [`Dma`] allocator (or code that owns device-visible memory in the
+    /// same way, e.g. a test fake) calls this.
+    ///
+    /// # Safety
+    /// `cpu` must be valid for reads and writes of `len` bytes for as long as the returned region (or the value
+    /// it is moved into) exists, and until it is given back to the allocator that made it; `iova` is the address
+    /// at which the device reaches the same bytes. No other live `DmaRegion` may cover any of these bytes, except
+    /// sub-ranges the owner of this region hands out as borrowed [`DmaView`]s.
+    #[inline]
+    pub const unsafe fn from_raw_parts(cpu: NonNull<u8>, iova: u64, len: usize) -> Self {
+        Self { cpu, iova, len }
+    }
+
+    /// The CPU address of the first byte.
+    #[inline]
+    pub fn cpu(&self) -> NonNull<u8> {
+        self.cpu
+    }
+
+    /// The bus address (IOVA) of the first byte, as the device sees it.
+    #[inline]
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    /// The length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length region.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A borrowed view of the whole region (cheap to copy, cannot outlive the region).
+    #[inline]
+    pub fn view(&self) -> DmaView<'_> {
+        DmaView { cpu: self.cpu, iova: self.iova, len: self.len, _region: PhantomData }
+    }
+
+    /// `len` bytes at `off` as a borrowed view, when they lie inside the region.
+    #[inline]
+    pub fn slice(&self, off: usize, len: usize) -> Option<DmaView<'_>> {
+        self.view().slice(off, len)
+    }
+
     /// Pointer to byte `off`, checked against the region's length.
     ///
     /// # Panics
@@ -114,8 +192,82 @@ impl DmaRegion {
     /// catches a driver bug, never a device value.
     #[inline]
     pub fn ptr_at(&self, off: usize, len: usize) -> *mut u8 {
+        self.view().ptr_at(off, len)
+    }
+
+    /// Reads one byte the device may be writing concurrently (an owner bit). Volatile, so it is re-read each time.
+    #[inline]
+    pub fn read_volatile_u8(&self, off: usize) -> u8 {
+        self.view().read_volatile_u8(off)
+    }
+
+    /// Writes one byte with a volatile store (an owner bit the device polls).
+    #[inline]
+    pub fn write_volatile_u8(&self, off: usize, v: u8) {
+        self.view().write_volatile_u8(off, v)
+    }
+
+    /// Fills `off..off + len` with zeros.
+    pub fn zero(&self, off: usize, len: usize) {
+        self.view().zero(off, len)
+    }
+}
+
+/// A borrowed part of a [`DmaRegion`]: the hot paths' handle to a ring or a record. It is `Copy` but cannot
+/// outlive the region it was taken from, so it never reaches freed memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DmaView<'a> {
+    cpu: NonNull<u8>,
+    iova: u64,
+    len: usize,
+    _region: PhantomData<&'a DmaRegion>,
+}
+
+impl<'a> DmaView<'a> {
+    /// The CPU address of the first byte.
+    #[inline]
+    pub fn cpu(&self) -> NonNull<u8> {
+        self.cpu
+    }
+
+    /// The bus address of the first byte.
+    #[inline]
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    /// The length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length view.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `len` bytes at `off` of this view, when they lie inside it.
+    #[inline]
+    pub fn slice(&self, off: usize, len: usize) -> Option<DmaView<'a>> {
+        if off.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: off <= self.len (checked above), so the pointer stays inside (or one past) the region.
+        let cpu = unsafe { self.cpu.add(off) };
+        Some(DmaView { cpu, iova: self.iova + off as u64, len, _region: PhantomData })
+    }
+
+    /// Pointer to byte `off`, checked against the view's length.
+    ///
+    /// # Panics
+    /// When `off + len` exceeds the view: offsets are computed by the driver from its own layouts, so this
+    /// catches a driver bug, never a device value.
+    #[inline]
+    pub fn ptr_at(&self, off: usize, len: usize) -> *mut u8 {
         assert!(off.checked_add(len).is_some_and(|end| end <= self.len), "DMA access outside its region");
-        // SAFETY: off < self.len (checked above) so the result stays inside the allocation.
+        // SAFETY: off <= self.len (checked above) so the result stays inside the allocation.
         unsafe { self.cpu.as_ptr().add(off) }
     }
 
@@ -123,7 +275,7 @@ impl DmaRegion {
     #[inline]
     pub fn read_volatile_u8(&self, off: usize) -> u8 {
         let p = self.ptr_at(off, 1);
-        // SAFETY: p is inside the region (ptr_at), which the allocator keeps valid until it is freed.
+        // SAFETY: p is inside the region (ptr_at), which stays valid while this borrow of it lives.
         unsafe { p.read_volatile() }
     }
 
@@ -131,15 +283,59 @@ impl DmaRegion {
     #[inline]
     pub fn write_volatile_u8(&self, off: usize, v: u8) {
         let p = self.ptr_at(off, 1);
-        // SAFETY: p is inside the region (ptr_at), which the allocator keeps valid until it is freed.
+        // SAFETY: p is inside the region (ptr_at), which stays valid while this borrow of it lives.
         unsafe { p.write_volatile(v) }
     }
 
     /// Fills `off..off + len` with zeros.
     pub fn zero(&self, off: usize, len: usize) {
         let p = self.ptr_at(off, len);
-        // SAFETY: the range is inside the region (ptr_at); callers only zero memory the device does not own.
+        // SAFETY: the range is inside the region (ptr_at), which stays valid while this borrow of it lives.
         unsafe { p.write_bytes(0, len) }
+    }
+}
+
+/// A part of a live region remembered by a structure that cannot borrow it: a doorbell record in a pool page, or
+/// a queue's one-fragment fast path into its own buffer. Crate-private, made only from a borrowed view, and it
+/// hands out raw pointers only; each holder says in its `// SAFETY:` comments why the region outlives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    cpu: NonNull<u8>,
+    iova: u64,
+    len: usize,
+}
+
+impl Span {
+    /// Remembers `view` beyond its borrow; the holder keeps the region alive for as long as it uses the span.
+    #[inline]
+    pub(crate) fn of(view: DmaView<'_>) -> Self {
+        Self { cpu: view.cpu, iova: view.iova, len: view.len }
+    }
+
+    /// The CPU address of the first byte.
+    #[inline]
+    pub(crate) fn cpu(&self) -> NonNull<u8> {
+        self.cpu
+    }
+
+    /// The bus address of the first byte.
+    #[inline]
+    pub(crate) fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    /// The length in bytes.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Pointer to byte `off`, checked against the span's length (a driver bug panics, as in [`DmaView::ptr_at`]).
+    #[inline]
+    pub(crate) fn ptr_at(&self, off: usize, len: usize) -> *mut u8 {
+        assert!(off.checked_add(len).is_some_and(|end| end <= self.len), "DMA access outside its region");
+        // SAFETY: off <= self.len (checked above) so the result stays inside the allocation.
+        unsafe { self.cpu.as_ptr().add(off) }
     }
 }
 
@@ -169,13 +365,16 @@ impl core::fmt::Display for DmaError {
 ///
 /// # Safety
 /// Implementers guarantee that a region returned by [`Dma::alloc`]:
-/// * is valid for CPU reads and writes of `len` bytes through `cpu` until it is passed to [`Dma::free`];
+/// * satisfies [`DmaRegion::from_raw_parts`]'s contract: valid for CPU reads and writes of `len` bytes through
+///   `cpu` until it is passed to [`Dma::free`], even if the allocator value is dropped first (an allocator
+///   dropped with regions outstanding leaks their memory rather than releasing it);
 /// * is zero-filled, aligned to `align` at both `cpu` and `iova`, and overlaps no other live region;
 /// * is coherent: CPU stores become visible to the device at `iova` (subject to the [`Mmio`] barriers) and device
 ///   writes become visible to the CPU without cache maintenance.
 ///
-/// Callers guarantee that they pass to `free` only regions this allocator returned, each once, and only after the
-/// device can no longer access them (the owning queue is destroyed, or the function is disabled or reset).
+/// Callers guarantee that they pass to `free` only regions this allocator returned (each once, which the type
+/// enforces: a region is consumed), and only after the device can no longer access them (the owning queue is
+/// destroyed, or the function is disabled or reset).
 pub unsafe trait Dma {
     fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion, DmaError>;
 

@@ -863,7 +863,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             initialized: false,
             uar: None,
             issi: 0,
-            orphans: [None; 8],
+            orphans: [const { None }; 8],
             caps: DeviceCaps::default(),
             fw_rev,
         };
@@ -1145,7 +1145,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let mut cmd = CreateEq {
             ctx: EqContext { log_eq_size: log_nent, uar_page: uar, intr: 0, log_page_size: 0, page_offset: 0 },
             event_bitmask: mask,
-            pas: crate::cmd::Pas::Contiguous { base: buf.iova, count: npages },
+            pas: crate::cmd::Pas::Contiguous { base: buf.iova(), count: npages },
         };
         match self.exec(&mut cmd, delay) {
             Ok(eqn) => {
@@ -1315,12 +1315,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             match self.exec_destroy(destroy_eq(ring.eqn()), delay) {
                 Ok(()) => {
                     // SAFETY: the EQ is destroyed (or the device is dead), so the device no longer writes it.
-                    unsafe { self.cmdq.dma().free(ring.buf()) };
+                    unsafe { self.cmdq.dma().free(ring.into_buf()) };
                 }
                 Err(e) => {
                     // CQs left alive still point at it: its buffer waits for DISABLE_HCA.
                     note(&mut rep, e);
-                    self.orphan(ring.buf());
+                    self.orphan(ring.into_buf());
                 }
             }
         }
@@ -1328,12 +1328,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             match self.exec_destroy(destroy_eq(eq.ring.eqn()), delay) {
                 Ok(()) => {
                     // SAFETY: the EQ is destroyed (or the device is dead), so the device no longer writes it.
-                    unsafe { self.cmdq.dma().free(eq.ring.buf()) };
+                    unsafe { self.cmdq.dma().free(eq.ring.into_buf()) };
                 }
                 Err(e) => {
                     note(&mut rep, e);
                     // The EQ may still be live: its buffer waits for DISABLE_HCA (or the dead device).
-                    self.orphan(eq.ring.buf());
+                    self.orphan(eq.ring.into_buf());
                 }
             }
         }

@@ -204,7 +204,7 @@ impl core::fmt::Display for PagesError {
 
 impl core::error::Error for PagesError {}
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Chunk {
     region: DmaRegion,
     /// Pages firmware owns (given and not returned).
@@ -215,7 +215,7 @@ struct Chunk {
 
 impl Chunk {
     fn addr(&self, bit: u32) -> u64 {
-        self.region.iova + u64::from(bit) * FW_PAGE_SIZE as u64
+        self.region.iova() + u64::from(bit) * FW_PAGE_SIZE as u64
     }
 }
 
@@ -268,7 +268,7 @@ impl<const N: usize> PageSource for FwPages<N> {
 
 impl<const N: usize> FwPages<N> {
     pub const fn new() -> Self {
-        Self { chunks: [None; N], given: 0, pending: 0 }
+        Self { chunks: [const { None }; N], given: 0, pending: 0 }
     }
 
     /// Pages firmware owns.
@@ -348,8 +348,8 @@ impl<const N: usize> FwPages<N> {
     /// Firmware returned `addr`. Returns false (and changes nothing) when the pool never gave it.
     pub fn release(&mut self, addr: u64) -> bool {
         for c in self.chunks.iter_mut().flatten() {
-            let off = addr.wrapping_sub(c.region.iova);
-            if addr >= c.region.iova && off < (CHUNK_PAGES * FW_PAGE_SIZE) as u64 && off % FW_PAGE_SIZE as u64 == 0 {
+            let off = addr.wrapping_sub(c.region.iova());
+            if addr >= c.region.iova() && off < (CHUNK_PAGES * FW_PAGE_SIZE) as u64 && off % FW_PAGE_SIZE as u64 == 0 {
                 let bit = 1u64 << (off / FW_PAGE_SIZE as u64);
                 if c.given & bit == 0 {
                     return false;
@@ -365,8 +365,7 @@ impl<const N: usize> FwPages<N> {
     /// Returns every chunk that holds no firmware page to the allocator.
     pub fn free_empty<D: Dma>(&mut self, dma: &D) {
         for slot in self.chunks.iter_mut() {
-            if let Some(c) = slot.filter(|c| c.given == 0 && c.pending == 0) {
-                *slot = None;
+            if let Some(c) = slot.take_if(|c| c.given == 0 && c.pending == 0) {
                 // SAFETY: allocated from `dma` in `reserve`; no page of the chunk is owned by or reserved for
                 // firmware, so the device has no business touching it.
                 unsafe { dma.free(c.region) };

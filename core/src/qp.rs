@@ -12,7 +12,7 @@ use crate::cmd::{len_with_pas, write_pas, Pas};
 use crate::cmdq::{write_header, CmdError, Command};
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion, WrTable};
 use crate::dbr::DbRec;
-use crate::hal::{DmaRegion, Mmio};
+use crate::hal::{DmaRegion, Mmio, Span};
 use crate::mkey::Access;
 use crate::prm::{c, consts, ifc, Bytes, Field, MsgBuf, Opcode, Sub, SubBuf};
 use crate::uar::BfReg;
@@ -1011,22 +1011,19 @@ pub struct Qp {
     sig_all: bool,
     /// The SQ as one region when it lies inside one fragment of `buf` (the usual case): a WQE segment's address
     /// is then a mask and an add instead of a fragment lookup. `None`: every access goes through `buf`.
-    sq_flat: Option<DmaRegion>,
+    sq_flat: Option<Span>,
     /// The RQ likewise.
-    rq_flat: Option<DmaRegion>,
+    rq_flat: Option<Span>,
 }
 
-/// `len` bytes at `off` of `buf` as one region, when they lie inside one fragment.
-fn flat_span(buf: &QueueBuf, off: usize, len: usize) -> Option<DmaRegion> {
+/// `len` bytes at `off` of `buf` as one span, when they lie inside one fragment. The QP keeps the span beside the
+/// buffer it owns, so the fragment lives as long as the span is used.
+fn flat_span(buf: &QueueBuf, off: usize, len: usize) -> Option<Span> {
     if len == 0 || off.checked_add(len)? > buf.len() {
         return None;
     }
     let (r, o) = buf.locate(off);
-    if o + len > r.len {
-        return None;
-    }
-    let cpu = core::ptr::NonNull::new(r.ptr_at(o, len))?;
-    Some(DmaRegion { cpu, iova: r.iova + o as u64, len })
+    r.slice(o, len).map(Span::of)
 }
 
 impl Qp {
@@ -1190,8 +1187,8 @@ impl Qp {
         // The SQ is a power of two of at least one BB, so this mask keeps `p + DS <= sq_bytes`.
         let p = pos & (self.sizes.sq_bytes() - DS);
         match &self.sq_flat {
-            // SAFETY: `p + DS <= sq_bytes == r.len` (mask above), and `r` lies inside a live fragment of `buf`.
-            Some(r) => unsafe { r.cpu.as_ptr().add(p) },
+            // SAFETY: `p + DS <= sq_bytes == r.len` (mask above), and `r` lies inside a fragment of `buf`, which this QP owns.
+            Some(r) => unsafe { r.cpu().as_ptr().add(p) },
             None => self.buf.ptr(self.sq_offset + p, DS),
         }
     }
@@ -1225,9 +1222,9 @@ impl Qp {
         let dst = match &self.rq_flat {
             Some(r) => {
                 // The RQ is a power of two of at least one WQE of at least DS bytes: `p + DS <= rq_bytes`.
-                let p = pos & (r.len - DS);
-                // SAFETY: `p + DS <= r.len` (mask above), and `r` lies inside a live fragment of `buf`.
-                unsafe { r.cpu.as_ptr().add(p) }
+                let p = pos & (r.len() - DS);
+                // SAFETY: `p + DS <= r.len` (mask above), and `r` lies inside a fragment of `buf`, which this QP owns.
+                unsafe { r.cpu().as_ptr().add(p) }
             }
             None => self.buf.ptr(pos, DS),
         };

@@ -44,11 +44,20 @@ impl Command for AccessReg<'_> {
 /// `struct mlx5_reg_host_endianness` (driver.h) is `{ u8 he; u8 rsvd[15]; }`: 16 bytes, `he` its first member.
 pub const HOST_ENDIANNESS_LEN: usize = 16;
 
+/// `MLX5_SET_HOST_ENDIANNESS` (device.h) for the host this is built for. The header defines it under
+/// `#if __BYTE_ORDER`: 0 on a little-endian host, 0x80 on a big-endian one. The vendored constant is the
+/// little-endian value, so the big-endian one is written here.
+#[cfg(target_endian = "little")]
+pub const SET_HOST_ENDIANNESS: u8 = consts::MLX5_SET_HOST_ENDIANNESS as u8;
+/// `MLX5_SET_HOST_ENDIANNESS` (device.h) on a big-endian host.
+#[cfg(target_endian = "big")]
+pub const SET_HOST_ENDIANNESS: u8 = 0x80;
+
 /// The host-endianness register write Linux's `set_hca_ctrl` does on a physical function.
 pub fn host_endianness(data: &mut [u8; HOST_ENDIANNESS_LEN]) -> AccessReg<'_> {
     *data = [0; HOST_ENDIANNESS_LEN];
     // `he` is the struct's first member, so it sits at byte 0 (C places the first member at offset 0).
-    data[0] = consts::MLX5_SET_HOST_ENDIANNESS as u8;
+    data[0] = SET_HOST_ENDIANNESS;
     AccessReg { register_id: consts::MLX5_REG_HOST_ENDIANNESS as u16, argument: 0, write: true, data }
 }
 

@@ -406,10 +406,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     /// After a CREATE or resize failed: each fragment goes the way `release_unless_held` sends a buffer (freed
     /// after a status, otherwise kept until the function is disabled).
     fn drop_queue_buf(&mut self, buf: QueueBuf, e: &Error) {
-        for i in 0..buf.nfrags() {
-            if let Some(r) = buf.frag(i) {
-                self.release_unless_held(r, e);
-            }
+        for r in buf.into_frags() {
+            self.release_unless_held(r, e);
         }
     }
 

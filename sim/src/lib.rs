@@ -622,8 +622,10 @@ mod tests {
             // SAFETY: the region came from this allocator; the device is dead or gone and never touches it again.
             unsafe { h.dma.free(r) };
         }
+        // SAFETY: every caller is done with the queue page: nothing reads `h.q` after this.
+        let q = unsafe { std::mem::ManuallyDrop::take(&mut h.q) };
         // SAFETY: as above, for the command queue page.
-        unsafe { h.dma.free(h.q) };
+        unsafe { h.dma.free(q) };
     }
 
     #[test]

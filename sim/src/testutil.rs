@@ -6,23 +6,33 @@
 
 use std::time::{Duration, Instant};
 
-use mlx5_core::hal::{Dma, DmaRegion, Mmio};
+use mlx5_core::hal::{Dma, DmaRegion, DmaView, Mmio};
 use mlx5_core::prm::{c, consts, ifc, MsgBuf};
 
 use crate::{Mode, SimConfig, SimDevice, SimDma, SimMmio};
 
 /// Copies `data` into `r` at `off`.
 pub(crate) fn put(r: &DmaRegion, off: usize, data: &[u8]) {
+    put_view(r.view(), off, data)
+}
+
+/// Copies `out.len()` bytes of `r` at `off` into `out`.
+pub(crate) fn get(r: &DmaRegion, off: usize, out: &mut [u8]) {
+    get_view(r.view(), off, out)
+}
+
+/// [`put`] through a borrowed view.
+pub(crate) fn put_view(r: DmaView<'_>, off: usize, data: &[u8]) {
     let p = r.ptr_at(off, data.len());
     // SAFETY: `ptr_at` bounds-checked the range inside the live region; the test owns the memory (the device only
     // touches it while a command is outstanding, and inline mode runs on this thread).
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
 }
 
-/// Copies `out.len()` bytes of `r` at `off` into `out`.
-pub(crate) fn get(r: &DmaRegion, off: usize, out: &mut [u8]) {
+/// [`get`] through a borrowed view.
+pub(crate) fn get_view(r: DmaView<'_>, off: usize, out: &mut [u8]) {
     let p = r.ptr_at(off, out.len());
-    // SAFETY: as in `put`; reads happen after the command completed (owner bit back to software).
+    // SAFETY: as in `put_view`; reads happen after the command completed (owner bit back to software).
     unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
 }
 
@@ -44,7 +54,8 @@ pub(crate) struct Harness {
     pub dev: SimDevice,
     pub mmio: SimMmio,
     pub dma: SimDma,
-    pub q: DmaRegion,
+    /// The command queue page; `ManuallyDrop` so a test can free it (`free_all`) and never touch it again.
+    pub q: std::mem::ManuallyDrop<DmaRegion>,
     pub token: u8,
     pub checksum: bool,
     pub stride: u32,
@@ -66,9 +77,19 @@ impl Harness {
         let mmio = dev.mmio();
         let dma = dev.dma();
         let q = dma.alloc(4096, 4096).unwrap();
-        mmio.write32(c::mlx5_init_seg::CMDQ_ADDR_H.off, (q.iova >> 32) as u32);
-        mmio.write32(c::mlx5_init_seg::CMDQ_ADDR_L_SZ.off, q.iova as u32);
-        Self { dev, mmio, dma, q, token: 0, checksum, stride, threaded, page_regions: Vec::new() }
+        mmio.write32(c::mlx5_init_seg::CMDQ_ADDR_H.off, (q.iova() >> 32) as u32);
+        mmio.write32(c::mlx5_init_seg::CMDQ_ADDR_L_SZ.off, q.iova() as u32);
+        Self {
+            dev,
+            mmio,
+            dma,
+            q: std::mem::ManuallyDrop::new(q),
+            token: 0,
+            checksum,
+            stride,
+            threaded,
+            page_regions: Vec::new(),
+        }
     }
 
     pub fn inline() -> Self {
@@ -90,7 +111,7 @@ impl Harness {
                 let end = (start + DATA).min(m.len());
                 blk[..end - start].copy_from_slice(&m[start..end]);
             }
-            let next = blocks.get(k + 1).map_or(0, |n| n.iova);
+            let next = blocks.get(k + 1).map_or(0, |n| n.iova());
             blk.write_u64(b::NEXT.off, next);
             blk.write_u32(b::BLOCK_NUM.off, k as u32);
             blk[b::TOKEN.off] = token;
@@ -114,10 +135,10 @@ impl Harness {
         let mut e = [0u8; l::SIZE];
         e[l::TYPE.off] = consts::MLX5_PCI_CMD_XPORT as u8;
         e.write_u32(l::INLEN.off, input.len() as u32);
-        e.write_u64(l::IN_PTR.off, in_blocks.first().map_or(0, |r| r.iova));
+        e.write_u64(l::IN_PTR.off, in_blocks.first().map_or(0, |r| r.iova()));
         let n = input.len().min(INLINE);
         e[l::IN.off..l::IN.off + n].copy_from_slice(&input[..n]);
-        e.write_u64(l::OUT_PTR.off, out_blocks.first().map_or(0, |r| r.iova));
+        e.write_u64(l::OUT_PTR.off, out_blocks.first().map_or(0, |r| r.iova()));
         e.write_u32(l::OUTLEN.off, outlen as u32);
         e[l::TOKEN.off] = token;
         e[l::STATUS_OWN.off] = consts::CMD_OWNER_HW as u8;
@@ -206,7 +227,7 @@ impl Harness {
         inp.set(i::OP_MOD, consts::MLX5_PAGES_GIVE);
         inp.set(i::INPUT_NUM_ENTRIES, n);
         for k in 0..n {
-            inp.set64(i::PAS.elem(k), pages.iova + u64::from(k) * 4096);
+            inp.set64(i::PAS.elem(k), pages.iova() + u64::from(k) * 4096);
         }
         self.page_regions.push(pages);
         inp
@@ -259,7 +280,7 @@ impl Harness {
         inp.set(ifc::eqc::UAR_PAGE.at(ctx), uar);
         inp.set64(i::EVENT_BITMASK.elem(0), mask);
         for k in 0..npages {
-            inp.set64(i::PAS.elem(k as u32), buf.iova + 4096 * k as u64);
+            inp.set64(i::PAS.elem(k as u32), buf.iova() + 4096 * k as u64);
         }
         let (s, _, out) = self.cmd(&inp, ifc::create_eq_out::SIZE_BYTES);
         (s, MsgBuf::get(&out[..], ifc::create_eq_out::EQ_NUMBER) as u8, buf)
@@ -395,7 +416,7 @@ impl Cqe {
 }
 
 /// A memory key over one region (PA mode, `start_addr` = the region's IOVA).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(crate) struct Mr {
     pub region: DmaRegion,
     pub key: u32,
@@ -403,7 +424,7 @@ pub(crate) struct Mr {
 
 impl Mr {
     pub fn addr(&self) -> u64 {
-        self.region.iova
+        self.region.iova()
     }
     pub fn write(&self, off: usize, data: &[u8]) {
         put(&self.region, off, data);
@@ -718,9 +739,9 @@ impl Rdma {
         inp.set(q::LOG_CQ_SIZE.at(ctx), log_size);
         inp.set(q::UAR_PAGE.at(ctx), self.uar);
         inp.set(q::C_EQN_OR_APU_ELEMENT.at(ctx), self.eqn.into());
-        inp.set64(q::DBR_ADDR.at(ctx), dbr.iova);
+        inp.set64(q::DBR_ADDR.at(ctx), dbr.iova());
         for k in 0..bytes / PAGE {
-            inp.set64(i::PAS.elem(k as u32), buf.iova + (k * PAGE) as u64);
+            inp.set64(i::PAS.elem(k as u32), buf.iova() + (k * PAGE) as u64);
         }
         let (s, syn, out) = self.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES);
         assert_eq!((s, syn), (0, 0), "CREATE_CQ");
@@ -780,7 +801,7 @@ impl Rdma {
         inp.set(m::QPN.at(ctx), 0xff_ffff);
         inp.set(m::MKEY_7_0.at(ctx), 0x42);
         inp.set(m::PD.at(ctx), pd);
-        inp.set64(m::START_ADDR.at(ctx), region.iova);
+        inp.set64(m::START_ADDR.at(ctx), region.iova());
         inp.set64(m::LEN.at(ctx), len as u64);
         let (s, syn, out) = self.h.cmd(&inp, ifc::create_mkey_out::SIZE_BYTES);
         assert_eq!((s, syn), (0, 0), "CREATE_MKEY");
@@ -813,9 +834,9 @@ impl Rdma {
         inp.set(q::RQ_TYPE.at(ctx), rq_type);
         inp.set(q::CQN_SND.at(ctx), cqn_snd);
         inp.set(q::CQN_RCV.at(ctx), cqn_rcv);
-        inp.set64(q::DBR_ADDR.at(ctx), dbr.iova);
+        inp.set64(q::DBR_ADDR.at(ctx), dbr.iova());
         for (k, p) in pages.iter().enumerate() {
-            inp.set64(i::PAS.elem(k as u32), p.iova);
+            inp.set64(i::PAS.elem(k as u32), p.iova());
         }
         (inp, pages, dbr)
     }

@@ -211,7 +211,9 @@ unsafe impl<const HOLES: usize, const LIVE: usize> Dma for Arena<HOLES, LIVE> {
         unsafe { cpu.write_bytes(0, span.len) };
         // The arena never starts at address 0 (it is a Rust allocation), so the pointer is not null.
         let cpu = NonNull::new(cpu).ok_or(DmaError::MapFailed)?;
-        Ok(DmaRegion { cpu, iova: span.start as u64, len })
+        // SAFETY: the span is inside the `'static` arena, belongs to no other live region (carve), and only
+        // `free` returns it to the free space; the arena's memory is reachable by the device at its CPU address.
+        Ok(unsafe { DmaRegion::from_raw_parts(cpu, span.start as u64, len) })
     }
 
     fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
@@ -223,7 +225,7 @@ unsafe impl<const HOLES: usize, const LIVE: usize> Dma for Arena<HOLES, LIVE> {
 
     unsafe fn free(&self, region: DmaRegion) {
         let mut st = self.st.borrow_mut();
-        let start = region.cpu.as_ptr() as usize;
+        let start = region.cpu().as_ptr() as usize;
         // A region this arena did not hand out (or one freed twice) breaks the caller's contract; it is ignored
         // rather than trusted, so it can never corrupt the free space.
         let Some(i) = st.live.iter().position(|l| l.span.start == start) else { return };
@@ -247,12 +249,12 @@ mod tests {
 
     fn bytes(r: &DmaRegion) -> &[u8] {
         // SAFETY: the region is live and only the test touches it.
-        unsafe { core::slice::from_raw_parts(r.cpu.as_ptr(), r.len) }
+        unsafe { core::slice::from_raw_parts(r.cpu().as_ptr(), r.len()) }
     }
 
     fn fill(r: &DmaRegion, v: u8) {
         // SAFETY: as above.
-        unsafe { r.cpu.as_ptr().write_bytes(v, r.len) }
+        unsafe { r.cpu().as_ptr().write_bytes(v, r.len()) }
     }
 
     #[test]
@@ -260,10 +262,10 @@ mod tests {
         let a: Arena = arena(64 * 1024);
         for align in [1, 8, 64, 1024, 4096, 8192] {
             let r = a.alloc(100, align).unwrap();
-            assert_eq!(r.cpu.as_ptr() as usize % align, 0, "cpu aligned to {align}");
-            assert_eq!(r.iova % align as u64, 0, "iova aligned to {align}");
-            assert_eq!(r.iova, r.cpu.as_ptr() as u64, "iova is the CPU address");
-            assert_eq!(r.len, 100);
+            assert_eq!(r.cpu().as_ptr() as usize % align, 0, "cpu aligned to {align}");
+            assert_eq!(r.iova() % align as u64, 0, "iova aligned to {align}");
+            assert_eq!(r.iova(), r.cpu().as_ptr() as u64, "iova is the CPU address");
+            assert_eq!(r.len(), 100);
             assert!(bytes(&r).iter().all(|&b| b == 0), "zeroed although the memory held 0xa5");
         }
         assert_eq!(a.alloc(8, 3), Err(DmaError::BadAlignment { align: 3 }));
@@ -277,8 +279,8 @@ mod tests {
         for i in 0..40usize {
             let r = a.alloc(1 + i * 97 % 5000, 1 << (i % 13)).unwrap();
             for o in &live {
-                let (s, e) = (r.iova, r.iova + r.len as u64);
-                assert!(e <= o.iova || s >= o.iova + o.len as u64, "{r:?} overlaps {o:?}");
+                let (s, e) = (r.iova(), r.iova() + r.len() as u64);
+                assert!(e <= o.iova() || s >= o.iova() + o.len() as u64, "{r:?} overlaps {o:?}");
             }
             fill(&r, i as u8);
             live.push(r);
@@ -301,11 +303,12 @@ mod tests {
         assert_eq!(a.alloc(8192, 4096), Err(DmaError::NoMemory { len: 8192 }));
         assert_eq!(a.alloc(usize::MAX, 8), Err(DmaError::NoMemory { len: usize::MAX }));
         fill(&x, 0xff);
+        let x_iova = x.iova();
         // SAFETY: allocated above, freed once, no device.
         unsafe { a.free(x) };
         // The freed hole is reused (first fit), and handed out zeroed again.
         let z = a.alloc(8192, 4096).unwrap();
-        assert_eq!(z.iova, x.iova);
+        assert_eq!(z.iova(), x_iova);
         assert!(bytes(&z).iter().all(|&b| b == 0));
         // SAFETY: as above.
         unsafe {
@@ -323,15 +326,17 @@ mod tests {
     #[test]
     fn holes_coalesce_in_any_free_order() {
         let a: Arena = arena(64 * 1024);
-        let r: std::vec::Vec<DmaRegion> = (0..6).map(|_| a.alloc(1000, 8).unwrap()).collect();
+        let mut r: std::vec::Vec<Option<DmaRegion>> = (0..6).map(|_| a.alloc(1000, 8).ok()).collect();
+        let r0 = r[0].as_ref().map(DmaRegion::iova);
         let keep = a.alloc(8, 8).unwrap();
         for i in [1, 3, 2, 5, 0, 4] {
+            let region = r[i].take().unwrap();
             // SAFETY: each allocated above and freed once, no device.
-            unsafe { a.free(r[i]) };
+            unsafe { a.free(region) };
         }
         assert_eq!(a.stats().holes, 1, "six neighbours merged into one hole");
         let again = a.alloc(6000, 8).unwrap();
-        assert_eq!(again.iova, r[0].iova, "the merged hole fits what the six held");
+        assert_eq!(Some(again.iova()), r0, "the merged hole fits what the six held");
         // SAFETY: as above.
         unsafe {
             a.free(again);
@@ -348,12 +353,14 @@ mod tests {
         let y = a.alloc(64, 8).unwrap();
         assert_eq!(a.alloc(64, 8), Err(DmaError::NoMemory { len: 64 }));
         // Freeing something never handed out, or twice, is ignored rather than trusted.
-        let bogus = DmaRegion { cpu: NonNull::dangling(), iova: 0, len: 8 };
-        // SAFETY: deliberately breaks the caller's contract to check the arena does not act on it; no device.
+        // SAFETY: deliberately breaks the contracts (a region the arena never made, and a second handle to `x`) to
+        // check the arena does not act on them; neither is read or written, and there is no device.
         unsafe {
+            let bogus = DmaRegion::from_raw_parts(NonNull::dangling(), 0, 8);
+            let x_again = DmaRegion::from_raw_parts(x.cpu(), x.iova(), x.len());
             a.free(bogus);
             a.free(x);
-            a.free(x);
+            a.free(x_again);
         }
         assert_eq!(a.stats().live_regions, 1);
         // SAFETY: as above.
@@ -365,11 +372,11 @@ mod tests {
     fn iova_of_covers_live_regions_only() {
         let a: Arena = arena(16 * 1024);
         let r = a.alloc(100, 64).unwrap();
-        let p = r.cpu.as_ptr();
-        assert_eq!(a.iova_of(p, 100), Some(r.iova));
+        let p = r.cpu().as_ptr();
+        assert_eq!(a.iova_of(p, 100), Some(r.iova()));
         // SAFETY: pointer arithmetic inside the region (no access).
         let mid = unsafe { p.add(10) };
-        assert_eq!(a.iova_of(mid, 90), Some(r.iova + 10));
+        assert_eq!(a.iova_of(mid, 90), Some(r.iova() + 10));
         assert_eq!(a.iova_of(mid, 91), None, "past the region's length");
         // SAFETY: allocated above, freed once, no device.
         unsafe { a.free(r) };

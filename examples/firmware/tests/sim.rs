@@ -79,7 +79,7 @@ unsafe impl Dma for Mirror<'_> {
         let r = self.sim.alloc(len, align)?;
         match self.arena.alloc(len, align) {
             Ok(a) => {
-                self.map.borrow_mut().insert(r.iova, a);
+                self.map.borrow_mut().insert(r.iova(), a);
             }
             Err(e) => self.failed.borrow_mut().push((len, align, e)),
         }
@@ -91,7 +91,7 @@ unsafe impl Dma for Mirror<'_> {
     }
 
     unsafe fn free(&self, region: DmaRegion) {
-        if let Some(a) = self.map.borrow_mut().remove(&region.iova) {
+        if let Some(a) = self.map.borrow_mut().remove(&region.iova()) {
             // SAFETY: `a` came from the arena for this region and is freed once; no device sees the arena.
             unsafe { self.arena.free(a) };
         }

@@ -123,10 +123,10 @@ fn side<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
     let send_buf = dma.alloc(size, 4096).map_err(|e| err("allocate the send buffer", e))?;
     let recv_buf = dma.alloc(size, 4096).map_err(|e| err("allocate the receive buffer", e))?;
     let send_mr = hca
-        .reg_mr(pd, send_buf.cpu.as_ptr(), size, Access::LOCAL_WRITE, delay)
+        .reg_mr(pd, send_buf.cpu().as_ptr(), size, Access::LOCAL_WRITE, delay)
         .map_err(|e| err("register the send buffer", e))?;
     let recv_mr = hca
-        .reg_mr(pd, recv_buf.cpu.as_ptr(), size, Access::LOCAL_WRITE, delay)
+        .reg_mr(pd, recv_buf.cpu().as_ptr(), size, Access::LOCAL_WRITE, delay)
         .map_err(|e| err("register the receive buffer", e))?;
     let cq = hca.create_cq(CqAttr { cqe: 16, ..CqAttr::default() }, delay).map_err(|e| err("create CQ", e))?;
     let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
@@ -194,7 +194,7 @@ fn mtu_of(e: u8) -> Mtu {
 
 fn fill(buf: &DmaRegion, seed: u32) {
     // SAFETY: the buffer is ours and not posted while we write it.
-    let b = unsafe { std::slice::from_raw_parts_mut(buf.cpu.as_ptr(), buf.len) };
+    let b = unsafe { std::slice::from_raw_parts_mut(buf.cpu().as_ptr(), buf.len()) };
     for (i, x) in b.iter_mut().enumerate() {
         *x = (i as u32).wrapping_mul(31).wrapping_add(seed) as u8;
     }
@@ -202,16 +202,18 @@ fn fill(buf: &DmaRegion, seed: u32) {
 
 fn same(a: &DmaRegion, b: &DmaRegion) -> bool {
     // SAFETY: both buffers are ours; the receive completed, so the device is done writing it.
-    unsafe { std::slice::from_raw_parts(a.cpu.as_ptr(), a.len) == std::slice::from_raw_parts(b.cpu.as_ptr(), b.len) }
+    unsafe {
+        std::slice::from_raw_parts(a.cpu().as_ptr(), a.len()) == std::slice::from_raw_parts(b.cpu().as_ptr(), b.len())
+    }
 }
 
 fn post_recv<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>, s: &mut Side) -> Result<(), String> {
-    let sge = [Sge { addr: s.recv_buf.cpu.as_ptr() as u64, length: s.recv_buf.len as u32, lkey: s.recv_mr.lkey }];
+    let sge = [Sge { addr: s.recv_buf.cpu().as_ptr() as u64, length: s.recv_buf.len() as u32, lkey: s.recv_mr.lkey }];
     hca.post_recv(&mut s.qp, &[RecvWr { wr_id: 2, sg_list: &sge }]).map_err(|e| err("post receive", e))
 }
 
 fn post_send<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>, s: &mut Side) -> Result<(), String> {
-    let sge = [Sge { addr: s.send_buf.cpu.as_ptr() as u64, length: s.send_buf.len as u32, lkey: s.send_mr.lkey }];
+    let sge = [Sge { addr: s.send_buf.cpu().as_ptr() as u64, length: s.send_buf.len() as u32, lkey: s.send_mr.lkey }];
     let wr = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, inline: None, ud: None };
     hca.post_send(&mut s.qp, &[wr]).map_err(|e| err("post send", e))
 }
@@ -272,7 +274,7 @@ fn exchange<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
         verified &= wc[0].byte_len as usize == opts.size && same(&a.send_buf, &b.recv_buf);
         post_recv(hca, b)?;
         // SAFETY: copies between two buffers we own; neither is posted to the device right now.
-        unsafe { std::ptr::copy_nonoverlapping(b.recv_buf.cpu.as_ptr(), b.send_buf.cpu.as_ptr(), opts.size) };
+        unsafe { std::ptr::copy_nonoverlapping(b.recv_buf.cpu().as_ptr(), b.send_buf.cpu().as_ptr(), opts.size) };
         post_send(hca, b)?;
         wait_both(hca, a)?;
         verified &= same(&a.send_buf, &a.recv_buf);

@@ -60,14 +60,16 @@ struct Memory<'d, D: Dma> {
 }
 
 impl<'d, D: Dma> Memory<'d, D> {
-    fn alloc(&mut self, step: &'static str, len: usize) -> Result<DmaRegion, TourError> {
+    /// Allocates `len` bytes and returns their bus address; the region stays here until `release`.
+    fn alloc(&mut self, step: &'static str, len: usize) -> Result<u64, TourError> {
         let r = self.dma.alloc(len, FW_PAGE_SIZE).map_err(|source| TourError::Dma { step, source })?;
+        let iova = r.iova();
         self.regions.push(r);
-        Ok(r)
+        Ok(iova)
     }
 
     fn pages(&mut self, step: &'static str, n: usize) -> Result<Vec<u64>, TourError> {
-        (0..n).map(|_| self.alloc(step, FW_PAGE_SIZE).map(|r| r.iova)).collect()
+        (0..n).map(|_| self.alloc(step, FW_PAGE_SIZE)).collect()
     }
 
     /// Frees everything. Only called once the device no longer owns any of it (the function is disabled).
@@ -168,7 +170,7 @@ fn tour<M: Mmio, D: Dma, T: CmdTrace>(
             log_cq_size: 8,
             uar_page: r.uar,
             c_eqn: r.eqn.into(),
-            dbr_addr: dbr.iova,
+            dbr_addr: dbr,
             ..CqContext::default()
         },
         pas: Pas::List(&cq_pages),

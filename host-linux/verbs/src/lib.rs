@@ -98,6 +98,7 @@
 use std::cell::{RefCell, RefMut};
 use std::collections::HashMap;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -105,7 +106,7 @@ use std::time::{Duration, Instant};
 pub use mlx5_core::cq::LinkLayer;
 use mlx5_core::cq::{Cq, WrTable};
 pub use mlx5_core::cq::{Notify, WcFlags, WcOpcode, WcStatus, WorkCompletion};
-use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
+use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, DmaView, Mmio};
 use mlx5_core::hca::{Config, Error as HcaError, Hca};
 pub use mlx5_core::mkey::Access;
 use mlx5_core::mkey::Mr;
@@ -461,7 +462,7 @@ impl Context {
     pub fn alloc_buffer(&self, len: usize) -> Result<DmaBuffer<'_>> {
         let dma = self.dma();
         let region = dma.alloc(len.max(1), 4096).map_err(VerbsError::Dma)?;
-        Ok(DmaBuffer { dma, region, len, leaked: false, _ctx: PhantomData })
+        Ok(DmaBuffer { dma, region: ManuallyDrop::new(region), len, leaked: false, _ctx: PhantomData })
     }
 
     fn dma(&self) -> AnyDma {
@@ -586,8 +587,8 @@ impl<'ctx> ProtectionDomain<'ctx> {
         let mut i = self.ctx.inner();
         let Inner { hca, delay, .. } = &mut *i;
         let mr =
-            hca.as_mut().expect("HCA present").reg_mr(self.pd(), buf.region.cpu.as_ptr(), buf.len, access, delay)?;
-        Ok(MemoryRegion { pd: self, mr: Some(mr), region: buf.region, len: buf.len, leaked: &mut buf.leaked })
+            hca.as_mut().expect("HCA present").reg_mr(self.pd(), buf.region.cpu().as_ptr(), buf.len, access, delay)?;
+        Ok(MemoryRegion { pd: self, mr: Some(mr), region: buf.region.view(), len: buf.len, leaked: &mut buf.leaked })
     }
 
     /// `ibv_create_qp`: a QP in RESET completing sends on `send_cq` and receives on `recv_cq`.
@@ -654,7 +655,8 @@ impl AddressHandle<'_> {
 /// borrows it mutably, so it can be neither touched directly nor freed while the device may reach it.
 pub struct DmaBuffer<'ctx> {
     dma: AnyDma,
-    region: DmaRegion,
+    /// `ManuallyDrop` only so that `drop` can move it into `Dma::free`.
+    region: ManuallyDrop<DmaRegion>,
     len: usize,
     /// Set when deregistration failed: the key may still exist, so the memory is never given back.
     leaked: bool,
@@ -663,7 +665,7 @@ pub struct DmaBuffer<'ctx> {
 
 impl std::fmt::Debug for DmaBuffer<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DmaBuffer").field("len", &self.len).field("iova", &self.region.iova).finish()
+        f.debug_struct("DmaBuffer").field("len", &self.len).field("iova", &self.region.iova()).finish()
     }
 }
 
@@ -672,14 +674,14 @@ impl Deref for DmaBuffer<'_> {
     fn deref(&self) -> &[u8] {
         // SAFETY: the region is live for self's lifetime and holds at least len bytes; no memory region covers it
         // while this shared borrow exists (registering takes &mut), so the device does not write it.
-        unsafe { std::slice::from_raw_parts(self.region.cpu.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.region.cpu().as_ptr(), self.len) }
     }
 }
 
 impl DerefMut for DmaBuffer<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as for deref, and &mut self makes the borrow unique.
-        unsafe { std::slice::from_raw_parts_mut(self.region.cpu.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.region.cpu().as_ptr(), self.len) }
     }
 }
 
@@ -688,9 +690,11 @@ impl Drop for DmaBuffer<'_> {
         if self.leaked {
             return;
         }
+        // SAFETY: `drop` runs once and nothing reads `self.region` after this.
+        let region = unsafe { ManuallyDrop::take(&mut self.region) };
         // SAFETY: the region came from this allocator and no memory key covers it any more (a region borrowing it
         // has been dropped and deregistered; a failed deregistration sets `leaked`).
-        unsafe { self.dma.free(self.region) };
+        unsafe { self.dma.free(region) };
     }
 }
 
@@ -705,7 +709,7 @@ pub struct RemoteBuf {
 pub struct MemoryRegion<'a> {
     pd: &'a ProtectionDomain<'a>,
     mr: Option<Mr>,
-    region: DmaRegion,
+    region: DmaView<'a>,
     len: usize,
     /// The buffer's `leaked` flag: borrowing it mutably keeps the whole buffer borrowed (so neither touched nor
     /// freed) for as long as the region lives, and lets a failed deregistration keep the memory forever.
@@ -1096,7 +1100,7 @@ impl<'a, S> QueuePair<'a, S> {
         };
         match r {
             Ok(()) => {
-                let me = std::mem::ManuallyDrop::new(self);
+                let me = ManuallyDrop::new(self);
                 Ok(QueuePair { ctx: me.ctx, qpn: me.qpn, qp_type: me.qp_type, cap: me.cap, _borrows: PhantomData })
             }
             Err(error) => Err(TransitionError { qp: self, error }),

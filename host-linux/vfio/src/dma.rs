@@ -324,7 +324,10 @@ unsafe impl Dma for VfioDma {
         // SAFETY: [cpu, cpu + len) lies inside the chunk's live mapping and is handed out to nobody else.
         unsafe { (cpu as *mut u8).write_bytes(0, len) };
         s.live.insert(cpu, (len, iova));
-        Ok(DmaRegion { cpu: NonNull::new(cpu as *mut u8).ok_or(DmaError::NoMemory { len })?, iova, len })
+        let cpu = NonNull::new(cpu as *mut u8).ok_or(DmaError::NoMemory { len })?;
+        // SAFETY: the range is inside the chunk's mapping, carved for this region alone, and the chunk's CPU mapping
+        // stays until the region is freed (an allocator dropped with it live keeps that mapping: see `Drop`).
+        Ok(unsafe { DmaRegion::from_raw_parts(cpu, iova, len) })
     }
 
     fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
@@ -336,7 +339,7 @@ unsafe impl Dma for VfioDma {
     }
 
     unsafe fn free(&self, region: DmaRegion) {
-        let a = region.cpu.as_ptr() as usize;
+        let a = region.cpu().as_ptr() as usize;
         let mut s = self.lock();
         let Some((len, _)) = s.live.remove(&a) else {
             log::error!("free of DMA memory this allocator does not hold (cpu {a:#x}); ignored");
@@ -359,12 +362,20 @@ impl Drop for VfioDma {
     fn drop(&mut self) {
         let mut s = self.lock();
         if !s.live.is_empty() {
-            log::warn!("{} DMA regions still allocated at teardown; unmapping them", s.live.len());
+            log::warn!(
+                "{} DMA regions still allocated at teardown; unmapping them from the device, keeping their memory",
+                s.live.len()
+            );
             s.live.clear();
         }
         let chunks = std::mem::take(&mut s.chunks);
         for c in chunks {
-            self.release_chunk(&mut s, c);
+            if c.used == 0 {
+                self.release_chunk(&mut s, c);
+            } else if let Err(e) = self.container.unmap_dma(c.iova, c.len as u64) {
+                log::error!("{e}; {} bytes at IOVA {:#x} stay mapped", c.len, c.iova);
+            }
+            // A chunk with live regions keeps its CPU mapping: a `DmaRegion` promises its memory until `free`.
         }
     }
 }

@@ -156,35 +156,35 @@ fn dma_regions_are_mapped_aligned_zeroed_and_returned() {
     assert_eq!(d.backing(), Backing::Huge2M);
     assert_eq!(d.chunks(), 1, "small regions share one 2 MiB chunk");
     for r in [&a, &b, &c] {
-        assert!(r.iova >= CHUNK as u64, "IOVA 0 stays unmapped");
+        assert!(r.iova() >= CHUNK as u64, "IOVA 0 stays unmapped");
         // SAFETY: r is a live region of r.len bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(r.cpu.as_ptr(), r.len) };
+        let bytes = unsafe { std::slice::from_raw_parts(r.cpu().as_ptr(), r.len()) };
         assert!(bytes.iter().all(|&x| x == 0));
     }
-    assert_eq!(b.iova % 1024, 0);
-    assert_eq!(c.iova % (64 << 10), 0);
-    assert_eq!(c.cpu.as_ptr() as usize % (64 << 10), 0);
+    assert_eq!(b.iova() % 1024, 0);
+    assert_eq!(c.iova() % (64 << 10), 0);
+    assert_eq!(c.cpu().as_ptr() as usize % (64 << 10), 0);
     // The IOVA and the CPU address move together inside a chunk: what the device reads is what the CPU wrote.
-    assert_eq!(b.iova - a.iova, b.cpu.as_ptr() as u64 - a.cpu.as_ptr() as u64);
+    assert_eq!(b.iova() - a.iova(), b.cpu().as_ptr() as u64 - a.cpu().as_ptr() as u64);
     {
         let s = t.state();
         let (iova, m) = s.maps.iter().next().unwrap();
         assert_eq!(m.size, CHUNK as u64);
-        assert_eq!(a.iova - iova, a.cpu.as_ptr() as u64 - m.vaddr);
+        assert_eq!(a.iova() - iova, a.cpu().as_ptr() as u64 - m.vaddr);
     }
-    assert_eq!(d.iova_of(b.cpu.as_ptr().wrapping_add(16), 100), Some(b.iova + 16));
-    assert_eq!(d.iova_of(b.cpu.as_ptr(), 4096), None, "past the region's end");
+    assert_eq!(d.iova_of(b.cpu().as_ptr().wrapping_add(16), 100), Some(b.iova() + 16));
+    assert_eq!(d.iova_of(b.cpu().as_ptr(), 4096), None, "past the region's end");
     assert_eq!(d.iova_of(&0u8, 1), None, "not DMA memory");
     assert_eq!(d.outstanding(), (3, 4096 + 576 + (64 << 10)));
 
     // Reused memory comes back zeroed.
     // SAFETY: a is live and 4096 bytes long.
-    unsafe { a.cpu.as_ptr().write_bytes(0xaa, 4096) };
+    unsafe { a.cpu().as_ptr().write_bytes(0xaa, 4096) };
     // SAFETY: a came from d, is freed once, and nothing accesses it.
     unsafe { d.free(a) };
     let a2 = d.alloc(4096, 4096).unwrap();
     // SAFETY: a2 is live and 4096 bytes long.
-    assert!(unsafe { std::slice::from_raw_parts(a2.cpu.as_ptr(), 4096) }.iter().all(|&x| x == 0));
+    assert!(unsafe { std::slice::from_raw_parts(a2.cpu().as_ptr(), 4096) }.iter().all(|&x| x == 0));
 
     // A region bigger than a chunk gets its own mapping.
     let big = d.alloc(5 << 20, 4096).unwrap();
@@ -211,8 +211,8 @@ fn dma_falls_back_to_small_pages_with_a_notice() {
     let r = d.alloc(8192, 2 << 20).unwrap();
     assert_eq!(d.backing(), Backing::Pages4K);
     assert!(d.fell_back_to_small_pages());
-    assert_eq!(r.cpu.as_ptr() as usize % CHUNK, 0, "2 MiB alignment holds without hugepages too");
-    assert_eq!(r.iova % CHUNK as u64, 0);
+    assert_eq!(r.cpu().as_ptr() as usize % CHUNK, 0, "2 MiB alignment holds without hugepages too");
+    assert_eq!(r.iova() % CHUNK as u64, 0);
     // SAFETY: r came from d, is freed once.
     unsafe { d.free(r) };
     assert!(t.state().anon.is_empty());
@@ -225,7 +225,7 @@ fn dma_respects_the_device_limit_and_cleans_up_failures() {
     let (_dev, d) = dma(&t, opts);
     // [2 MiB, 8 MiB) holds three chunks.
     let rs: Vec<_> = (0..3).map(|_| d.alloc(CHUNK, 4096).unwrap()).collect();
-    assert!(rs.iter().all(|r| r.iova + r.len as u64 <= 8 << 20));
+    assert!(rs.iter().all(|r| r.iova() + r.len() as u64 <= 8 << 20));
     assert_eq!(d.alloc(CHUNK, 4096), Err(DmaError::NoMemory { len: CHUNK }));
     for r in rs {
         // SAFETY: r came from d, is freed once.
@@ -237,7 +237,7 @@ fn dma_respects_the_device_limit_and_cleans_up_failures() {
     assert!(t.state().anon.is_empty());
     t.state().fail.clear();
     let r = d.alloc(4096, 4096).unwrap();
-    assert_eq!(r.iova, CHUNK as u64, "the IOVA of the failed attempt was returned");
+    assert_eq!(r.iova(), CHUNK as u64, "the IOVA of the failed attempt was returned");
     // A failed unmap keeps the memory: the device might still reach it.
     t.state().fail.insert("UNMAP_DMA", libc::EINVAL);
     // SAFETY: r came from d, is freed once.
@@ -246,16 +246,26 @@ fn dma_respects_the_device_limit_and_cleans_up_failures() {
     t.state().fail.clear();
 }
 
+/// Dropping the allocator with regions still live takes every mapping away from the device, but keeps the CPU
+/// memory of the chunks those regions live in: a `DmaRegion` promises its memory until it is freed. Chunks with
+/// no live region go back to the kernel.
 #[test]
-fn dropping_the_allocator_unmaps_everything() {
+fn dropping_the_allocator_unmaps_everything_from_the_device_and_keeps_live_memory() {
     let t = twin();
     let (dev, d) = dma(&t, DmaOptions::default());
-    let _leak = d.alloc(100, 64).unwrap();
-    let _leak2 = d.alloc(3 << 20, 4096).unwrap();
+    let leak = d.alloc(100, 64).unwrap();
+    let leak2 = d.alloc(3 << 20, 4096).unwrap();
+    let gone = d.alloc(3 << 20, 4096).unwrap();
+    // SAFETY: from d, freed once, never given to a device.
+    unsafe { d.free(gone) };
     assert_eq!(t.state().maps.len(), 2);
+    assert_eq!(t.state().anon.len(), 2);
     drop(d);
     assert!(t.state().maps.is_empty());
-    assert!(t.state().anon.is_empty());
+    assert_eq!(t.state().anon.len(), 2, "the chunks of live regions keep their memory");
+    leak.write_volatile_u8(99, 0x5a);
+    assert_eq!(leak.read_volatile_u8(99), 0x5a);
+    leak2.zero(0, 3 << 20);
     drop(dev);
     assert_eq!(t.open_fds(), 0);
 }

@@ -511,7 +511,7 @@ impl State {
 mod tests {
     use super::*;
     use crate::events::SimEvent;
-    use crate::testutil::{get, put, Harness};
+    use crate::testutil::{get_view, put, put_view, Harness};
     use crate::{lock, SimConfig, SimMmio};
 
     /// Offset in a UAR page of the CQ doorbell.
@@ -540,9 +540,10 @@ mod tests {
 
     const SMALL: Spec = Spec { log_size: 2, cqe_128: false, log_page: 0, scattered: false, oi: false };
 
-    /// A CQ buffer as the test sees it: page `k` is `pages[k].0` at offset `pages[k].1`.
+    /// A CQ buffer as the test sees it: page `k` is `regions[pages[k].0]` at offset `pages[k].1`.
     struct Buf {
-        pages: Vec<(DmaRegion, usize)>,
+        regions: Vec<DmaRegion>,
+        pages: Vec<(usize, usize)>,
         page_bytes: usize,
         cqe_size: usize,
         nent: u32,
@@ -553,36 +554,38 @@ mod tests {
             let page_bytes = 4096usize << log_page;
             let nent = 1u32 << log_size;
             let npages = (nent as usize * cqe_size).div_ceil(page_bytes);
-            let pages: Vec<(DmaRegion, usize)> = if scattered {
-                (0..npages).map(|_| (h.dma.alloc(page_bytes, page_bytes).unwrap(), 0)).collect()
+            let (regions, pages): (Vec<DmaRegion>, Vec<(usize, usize)>) = if scattered {
+                let regions: Vec<DmaRegion> =
+                    (0..npages).map(|_| h.dma.alloc(page_bytes, page_bytes).unwrap()).collect();
+                (regions, (0..npages).map(|k| (k, 0)).collect())
             } else {
                 let r = h.dma.alloc(npages * page_bytes, page_bytes).unwrap();
-                (0..npages).map(|k| (r, k * page_bytes)).collect()
+                (vec![r], (0..npages).map(|k| (0, k * page_bytes)).collect())
             };
-            let buf = Self { pages, page_bytes, cqe_size, nent };
+            let buf = Self { regions, pages, page_bytes, cqe_size, nent };
             for n in 0..nent {
                 let (r, off) = buf.at(n);
-                put(&r, off + OP_OWN, &[INVALID_OP_OWN]);
+                put_view(r, off + OP_OWN, &[INVALID_OP_OWN]);
             }
             buf
         }
 
         /// Region and offset of the `mlx5_cqe64` of CQE `n`.
-        fn at(&self, n: u32) -> (DmaRegion, usize) {
+        fn at(&self, n: u32) -> (mlx5_core::hal::DmaView<'_>, usize) {
             let off = (n & (self.nent - 1)) as usize * self.cqe_size + self.cqe_size - CQE64;
             let (r, base) = self.pages[off / self.page_bytes];
-            (r, base + off % self.page_bytes)
+            (self.regions[r].view(), base + off % self.page_bytes)
         }
 
         fn cqe(&self, n: u32) -> [u8; CQE64] {
             let (r, off) = self.at(n);
             let mut e = [0u8; CQE64];
-            get(&r, off, &mut e);
+            get_view(r, off, &mut e);
             e
         }
 
         fn iovas(&self) -> Vec<u64> {
-            self.pages.iter().map(|(r, off)| r.iova + *off as u64).collect()
+            self.pages.iter().map(|&(r, off)| self.regions[r].iova() + off as u64).collect()
         }
     }
 
@@ -644,7 +647,7 @@ mod tests {
         inp.set(q::UAR_PAGE.at(ctx), env.uar);
         inp.set(q::C_EQN_OR_APU_ELEMENT.at(ctx), env.comp.into());
         inp.set(q::LOG_PAGE_SIZE.at(ctx), spec.log_page);
-        inp.set64(q::DBR_ADDR.at(ctx), dbr.iova);
+        inp.set64(q::DBR_ADDR.at(ctx), dbr.iova());
         for (k, pa) in pas.iter().enumerate() {
             inp.set64(i::PAS.elem(k as u32), *pa);
         }
@@ -726,7 +729,7 @@ mod tests {
                 // The first half of a 128-byte CQE (`inl_grh`) is not written.
                 let (r, off) = cq.buf.at(5);
                 let mut first = [0xffu8; 64];
-                get(&r, off - 64, &mut first);
+                get_view(r, off - 64, &mut first);
                 assert_eq!(first, [0u8; 64]);
             }
             let info = env.h.dev.cq_info(cq.cqn).unwrap();
@@ -902,10 +905,11 @@ mod tests {
         assert_eq!(env.h.dev.post_cqe(cq.cqn + 7, plain(0)), Err(PostCqeError::UnknownCq));
         // A doorbell record the driver freed: the CQ fails with an access violation.
         let dbr = cq.dbr;
+        let dbr_iova = dbr.iova();
         // SAFETY: the region came from this allocator; the device faults on it rather than touching freed memory.
         unsafe { env.h.dma.free(dbr) };
         assert!(
-            matches!(env.h.dev.post_cqe(cq.cqn, plain(0)), Err(PostCqeError::DmaFault(DmaFault { iova, .. })) if iova == dbr.iova)
+            matches!(env.h.dev.post_cqe(cq.cqn, plain(0)), Err(PostCqeError::DmaFault(DmaFault { iova, .. })) if iova == dbr_iova)
         );
         let status = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
         assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().status, status);
@@ -957,7 +961,7 @@ mod tests {
             (got(q::LAST_SOLICIT_INDEX), got(q::ST)),
             (3, consts::MLX5_CQC_ST_SOLICITED_NOTIFICATION_REQUEST_ARMED)
         );
-        assert_eq!(out.get64(q::DBR_ADDR.at(ctx)), cq.dbr.iova);
+        assert_eq!(out.get64(q::DBR_ADDR.at(ctx)), cq.dbr.iova());
         let pas: Vec<u64> = (0..cq.buf.pages.len()).map(|k| out.get64(ifc::query_cq_out::PAS.elem(k as u32))).collect();
         assert_eq!(pas, cq.buf.iovas());
         // Linux's bare query (no room for pas[]) works too.

@@ -489,16 +489,16 @@ mod tests {
         let p12 = h.dma.alloc(2 * PAGE as usize, PAGE as usize).unwrap();
         // 8 KiB starting 0x800 into a page: three pages, the first mapped from its rounded-down start.
         let start = 0x7f00_0000_0800;
-        let k = mtt_key(pd, start, 2 * PAGE, vec![p0.iova, p12.iova, p12.iova + PAGE]);
+        let k = mtt_key(pd, start, 2 * PAGE, vec![p0.iova(), p12.iova(), p12.iova() + PAGE]);
         let (s, syn, index) = create(&mut h, &k);
         assert_eq!((s, syn), (0, 0));
         assert!((1..1 << 24).contains(&index));
         assert_eq!(h.dev.mkey_count(), 1);
         let key = index << 8 | 0x5a;
         let whole = h.dev.mkey_access(key, Some(pd), start, 2 * PAGE, READ);
-        assert_eq!(whole, Ok(vec![(p0.iova + 0x800, 0x800), (p12.iova, 0x1800)]));
+        assert_eq!(whole, Ok(vec![(p0.iova() + 0x800, 0x800), (p12.iova(), 0x1800)]));
         // A range inside one page, and the empty access.
-        assert_eq!(h.dev.mkey_access(key, None, start + 0x1000, 16, READ), Ok(vec![(p12.iova + 0x800, 16)]));
+        assert_eq!(h.dev.mkey_access(key, None, start + 0x1000, 16, READ), Ok(vec![(p12.iova() + 0x800, 16)]));
         assert_eq!(h.dev.mkey_access(key, None, start, 0, READ), Ok(vec![]));
         let lw = MkeyAccess::LOCAL_WRITE | MkeyAccess::REMOTE_READ;
         assert!(h.dev.mkey_access(key, Some(pd), start, 8, lw).is_ok());
@@ -514,10 +514,11 @@ mod tests {
         let denied = MkeyAccess::REMOTE_WRITE | MkeyAccess::REMOTE_ATOMIC;
         assert_eq!(f(start, 8, key, None, wr), Err(MkeyFault::AccessDenied(denied)));
         // Memory freed under a live key is not mapped any more.
+        let p0_iova = p0.iova();
         // SAFETY: the region came from this allocator; the check must report it, not touch it.
         unsafe { h.dma.free(p0) };
-        assert_eq!(f(start, 16, key, None, READ), Err(MkeyFault::NotMapped { iova: p0.iova + 0x800 }));
-        assert_eq!(f(start + 0x800, 16, key, None, READ), Ok(vec![(p12.iova, 16)]));
+        assert_eq!(f(start, 16, key, None, READ), Err(MkeyFault::NotMapped { iova: p0_iova + 0x800 }));
+        assert_eq!(f(start + 0x800, 16, key, None, READ), Ok(vec![(p12.iova(), 16)]));
         assert!(h.dev.dma_faults().is_empty(), "a check is not a device access");
     }
 
@@ -530,13 +531,13 @@ mod tests {
         let a = h.dma.alloc(big as usize, big as usize).unwrap();
         let b = h.dma.alloc(big as usize, big as usize).unwrap();
         let start = 0x4_0000_0000 + big - 0x100;
-        let mut k = mtt_key(pd, start, 0x200, vec![a.iova | 3, b.iova | 3]);
+        let mut k = mtt_key(pd, start, 0x200, vec![a.iova() | 3, b.iova() | 3]);
         k.log_page = 16;
         k.pg_access = true;
         let (s, _, index) = create(&mut h, &k);
         assert_eq!(s, 0);
         let got = h.dev.mkey_access(index << 8 | 0x5a, Some(pd), start, 0x200, READ);
-        assert_eq!(got, Ok(vec![(a.iova + big - 0x100, 0x100), (b.iova, 0x100)]));
+        assert_eq!(got, Ok(vec![(a.iova() + big - 0x100, 0x100), (b.iova(), 0x100)]));
         // Without pg_access the low bits are part of the address: misaligned.
         k.pg_access = false;
         assert_eq!(create(&mut h, &k).1, syndrome::PAS_MISALIGNED);
@@ -556,23 +557,23 @@ mod tests {
         let r = h.dma.alloc(3 * PAGE as usize, PAGE as usize).unwrap();
         let all = MkeyAccess::LOCAL_WRITE | MkeyAccess::REMOTE_WRITE | MkeyAccess::REMOTE_ATOMIC;
         assert_eq!(
-            h.dev.mkey_access(key, Some(pd), r.iova + 5, 3 * PAGE - 5, all),
-            Ok(vec![(r.iova + 5, 3 * PAGE - 5)])
+            h.dev.mkey_access(key, Some(pd), r.iova() + 5, 3 * PAGE - 5, all),
+            Ok(vec![(r.iova() + 5, 3 * PAGE - 5)])
         );
         // In bounds everywhere, but only live memory is mapped (the guard page after the region is not).
-        let miss = h.dev.mkey_access(key, None, r.iova + 3 * PAGE, 8, READ);
-        assert_eq!(miss, Err(MkeyFault::NotMapped { iova: r.iova + 3 * PAGE }));
+        let miss = h.dev.mkey_access(key, None, r.iova() + 3 * PAGE, 8, READ);
+        assert_eq!(miss, Err(MkeyFault::NotMapped { iova: r.iova() + 3 * PAGE }));
         assert_eq!(h.dev.mkey_access(key, None, u64::MAX - 4, 8, READ), Err(MkeyFault::OutOfBounds));
         // A bounded PA key (no length64) checks its range.
         let mut bounded = pa_key(pd);
         bounded.length64 = false;
-        bounded.start = r.iova;
+        bounded.start = r.iova();
         bounded.len = PAGE;
         let (s, _, index) = create(&mut h, &bounded);
         assert_eq!(s, 0);
         let key = index << 8 | 0x5a;
-        assert_eq!(h.dev.mkey_access(key, None, r.iova, PAGE, READ), Ok(vec![(r.iova, PAGE)]));
-        assert_eq!(h.dev.mkey_access(key, None, r.iova, PAGE + 1, READ), Err(MkeyFault::OutOfBounds));
+        assert_eq!(h.dev.mkey_access(key, None, r.iova(), PAGE, READ), Ok(vec![(r.iova(), PAGE)]));
+        assert_eq!(h.dev.mkey_access(key, None, r.iova(), PAGE + 1, READ), Err(MkeyFault::OutOfBounds));
     }
 
     #[test]
@@ -581,18 +582,22 @@ mod tests {
         h.bring_up();
         let pd = alloc_pd(&mut h);
         let p = h.dma.alloc(2 * PAGE as usize, PAGE as usize).unwrap();
-        let good = mtt_key(pd, 0x1000_0000, 2 * PAGE, vec![p.iova, p.iova + PAGE]);
+        let good = mtt_key(pd, 0x1000_0000, 2 * PAGE, vec![p.iova(), p.iova() + PAGE]);
         let cases: Vec<(&str, Key, u32)> = vec![
             ("unknown PD", Key { pd: pd + 1, ..good.clone() }, syndrome::PD_INVALID),
             (
                 "misaligned MTT",
-                Key { mtt: vec![p.iova + 0x100, p.iova + PAGE], ..good.clone() },
+                Key { mtt: vec![p.iova() + 0x100, p.iova() + PAGE], ..good.clone() },
                 syndrome::PAS_MISALIGNED,
             ),
-            ("unmapped MTT", Key { mtt: vec![p.iova, p.iova + 2 * PAGE], ..good.clone() }, syndrome::PAS_NOT_MAPPED),
+            (
+                "unmapped MTT",
+                Key { mtt: vec![p.iova(), p.iova() + 2 * PAGE], ..good.clone() },
+                syndrome::PAS_NOT_MAPPED,
+            ),
             (
                 "MTT missing from the input",
-                Key { mtt: vec![p.iova], octwords: Some(1), ..good.clone() },
+                Key { mtt: vec![p.iova()], octwords: Some(1), ..good.clone() },
                 syndrome::PAS_TOO_FEW,
             ),
             ("octword size too small", Key { octwords: Some(0), ..good.clone() }, syndrome::PAS_TOO_FEW),

@@ -72,14 +72,14 @@ impl Node {
         let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).expect("bring-up");
         let pd = hca.alloc_pd(&mut d).expect("PD");
         let mem = dev.dma().alloc(mem_len, 4096).expect("buffer");
-        let mr = hca.reg_mr(&pd, mem.cpu.as_ptr(), mem_len, Access::ALL, &mut d).expect("MR");
+        let mr = hca.reg_mr(&pd, mem.cpu().as_ptr(), mem_len, Access::ALL, &mut d).expect("MR");
         Node { dev, hca, d, pd, mem, mr }
     }
 
     /// The address of byte `off` of the registered buffer.
     #[inline]
     pub fn addr(&self, off: usize) -> u64 {
-        self.mem.cpu.as_ptr() as u64 + off as u64
+        self.mem.cpu().as_ptr() as u64 + off as u64
     }
 
     #[inline]

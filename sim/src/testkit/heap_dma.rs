@@ -170,9 +170,14 @@ impl HeapDma {
     }
 }
 
-/// The one place a [`HeapDma`] region description is made.
-fn region(cpu: NonNull<u8>, iova: u64, len: usize) -> DmaRegion {
-    DmaRegion { cpu, iova, len }
+/// The one place a [`HeapDma`] region is made.
+///
+/// # Safety
+/// `cpu` is a live allocation of at least `len` bytes recorded in `live`, deallocated only by `free`.
+unsafe fn region(cpu: NonNull<u8>, iova: u64, len: usize) -> DmaRegion {
+    // SAFETY: the caller's allocation stays valid until `free` (a dropped `HeapDma` keeps what is still live), and
+    // no other region covers it.
+    unsafe { DmaRegion::from_raw_parts(cpu, iova, len) }
 }
 
 // SAFETY: regions are fresh zeroed heap allocations aligned to at least the alignment asked for (at the CPU address
@@ -207,7 +212,8 @@ unsafe impl Dma for HeapDma {
         let addr = cpu.as_ptr() as usize;
         let iova = self.next_iova(&mut st, addr, len, align);
         st.live.insert(iova, Live { len: layout.size(), align: layout.align(), cpu: addr });
-        Ok(region(cpu, iova, len))
+        // SAFETY: a fresh zeroed allocation of `layout.size() >= len` bytes, recorded in `live` just above.
+        Ok(unsafe { region(cpu, iova, len) })
     }
 
     fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
@@ -218,20 +224,26 @@ unsafe impl Dma for HeapDma {
     }
 
     unsafe fn free(&self, region: DmaRegion) {
-        let l = self.lock().live.remove(&region.iova).expect("DMA region freed twice");
+        let l = self.lock().live.remove(&region.iova()).expect("DMA region freed twice");
         // SAFETY: allocated in `alloc` with exactly this layout and freed once (removed from `live`).
         unsafe { std::alloc::dealloc(l.cpu as *mut u8, Layout::from_size_align_unchecked(l.len, l.align)) };
     }
 }
 
 impl Drop for HeapDma {
+    /// Regions still live are kept, not freed: a `DmaRegion` for them may still exist, and its contract promises
+    /// the memory until `free`. They stay reachable from a process-wide list, so leak checkers see them as held.
     fn drop(&mut self) {
-        for (_, l) in std::mem::take(&mut self.lock().live) {
-            // SAFETY: allocated in `alloc` with this layout and still live; nothing uses a `HeapDma` being dropped.
-            unsafe { std::alloc::dealloc(l.cpu as *mut u8, Layout::from_size_align_unchecked(l.len, l.align)) };
+        let live = std::mem::take(&mut self.lock().live);
+        if !live.is_empty() {
+            let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            kept.extend(live.into_values().map(|l| l.cpu));
         }
     }
 }
+
+/// CPU addresses of regions still live when their [`HeapDma`] was dropped.
+static KEPT: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 #[cfg(test)]
 mod tests {
@@ -242,11 +254,11 @@ mod tests {
         let d = HeapDma::scripted(&[0x7000_0000]);
         let a = d.alloc(100, 64).unwrap();
         let b = d.alloc(100, 64).unwrap();
-        assert_eq!((a.iova, b.iova), (0x7000_0000, 0x4000_0000));
-        d.write(b.iova + 10, &[1, 2, 3]);
-        assert_eq!(d.read(b.iova + 9, 5), [0, 1, 2, 3, 0]);
-        assert_eq!(d.iova_of(a.cpu.as_ptr().wrapping_add(4), 8), Some(0x7000_0004));
-        assert!(!d.try_write(b.iova + 98, &[0; 4]));
+        assert_eq!((a.iova(), b.iova()), (0x7000_0000, 0x4000_0000));
+        d.write(b.iova() + 10, &[1, 2, 3]);
+        assert_eq!(d.read(b.iova() + 9, 5), [0, 1, 2, 3, 0]);
+        assert_eq!(d.iova_of(a.cpu().as_ptr().wrapping_add(4), 8), Some(0x7000_0004));
+        assert!(!d.try_write(b.iova() + 98, &[0; 4]));
         // SAFETY: allocated above and never given to a device.
         unsafe { d.free(a) };
         assert_eq!(d.outstanding(), 1);
@@ -254,15 +266,15 @@ mod tests {
         let f = HeapDma::for_fuzzing(Some(8192));
         let x = f.alloc(10, 8).unwrap();
         let y = f.alloc(10, 8).unwrap();
-        assert_eq!((x.iova, y.iova), (0x10_0000_0000, 0x10_0000_2000));
+        assert_eq!((x.iova(), y.iova()), (0x10_0000_0000, 0x10_0000_2000));
         assert!(matches!(f.alloc(8193, 8), Err(DmaError::NoMemory { .. })));
         f.set_budget(Some(0));
         assert!(f.alloc(8, 8).is_err());
 
         let i = HeapDma::identity();
         let r = i.alloc(64, 64).unwrap();
-        assert_eq!(r.iova, r.cpu.as_ptr() as u64);
-        assert_eq!(r.iova % 4096, 0);
+        assert_eq!(r.iova(), r.cpu().as_ptr() as u64);
+        assert_eq!(r.iova() % 4096, 0);
         assert!(matches!(i.alloc(64, 8192), Err(DmaError::BadAlignment { align: 8192 })));
     }
 }

@@ -245,8 +245,8 @@ unsafe impl<D: Dma> Dma for RecordingDma<D> {
         let mut l = self.lock();
         match &r {
             Ok(reg) => {
-                l.ops.push(DmaOp::Alloc { len, align, iova: reg.iova });
-                l.live.insert(reg.iova, len);
+                l.ops.push(DmaOp::Alloc { len, align, iova: reg.iova() });
+                l.live.insert(reg.iova(), len);
             }
             Err(e) => l.ops.push(DmaOp::AllocFailed { len, align, err: *e }),
         }
@@ -260,8 +260,8 @@ unsafe impl<D: Dma> Dma for RecordingDma<D> {
     unsafe fn free(&self, region: DmaRegion) {
         {
             let mut l = self.lock();
-            l.ops.push(DmaOp::Free { iova: region.iova, len: region.len });
-            l.live.remove(&region.iova);
+            l.ops.push(DmaOp::Free { iova: region.iova(), len: region.len() });
+            l.live.remove(&region.iova());
         }
         // SAFETY: the caller's guarantees for `region` are passed through unchanged.
         unsafe { self.inner.free(region) };
@@ -316,6 +316,7 @@ mod tests {
         let dev = SimDevice::default();
         let d = RecordingDma::new(dev.dma());
         let a = d.alloc(100, 64).unwrap();
+        let a_iova = a.iova();
         let b = d.alloc(8192, 4096).unwrap();
         assert_eq!(d.outstanding(), (2, 8292));
         assert_eq!(dev.dma_outstanding(), (2, 8292));
@@ -324,8 +325,8 @@ mod tests {
         assert_eq!(d.outstanding(), (1, 8192));
         assert!(matches!(d.alloc(8, 3), Err(DmaError::BadAlignment { align: 3 })));
         let log = d.log();
-        assert_eq!(log[0], DmaOp::Alloc { len: 100, align: 64, iova: a.iova });
-        assert_eq!(log[2], DmaOp::Free { iova: a.iova, len: 100 });
+        assert_eq!(log[0], DmaOp::Alloc { len: 100, align: 64, iova: a_iova });
+        assert_eq!(log[2], DmaOp::Free { iova: a_iova, len: 100 });
         assert!(matches!(log[3], DmaOp::AllocFailed { len: 8, align: 3, .. }));
         // SAFETY: as above.
         unsafe { d.free(b) };

@@ -849,8 +849,9 @@ mod tests {
         assert_eq!(count(&r, |e| matches!(e, SimEvent::Retry { .. })), 0);
         r.h.dev.advance_ns(300_000);
         assert_eq!(count(&r, |e| matches!(e, SimEvent::Retry { kind: RetryKind::Transport, .. })), 1);
-        assert!(r.poll(&mut cq_ref(&cq)).is_none());
+        // An empty poll consumes nothing, so polling the test's own handle leaves its consumer index as it was.
         let mut cq = cq;
+        assert!(r.poll(&mut cq).is_none());
         r.h.dev.advance_ns(5_000_000);
         r.h.dev.advance_ns(5_000_000);
         let e = r.poll(&mut cq).unwrap();
@@ -875,11 +876,6 @@ mod tests {
             wqe_counter: 0,
             why: "unknown destination (not connected)"
         }));
-    }
-
-    /// A copy of a CQ handle for a one-off look (the consumer index is not kept).
-    fn cq_ref(cq: &TCq) -> TCq {
-        TCq { cqn: cq.cqn, buf: cq.buf, dbr: cq.dbr, log_size: cq.log_size, ci: cq.ci }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::time::Instant;
 use embedded_hal::delay::DelayNs;
 use mlx5_core::cmdq::CmdError;
 use mlx5_core::cq::{Cq, LinkLayer, WcFlags, WcOpcode, WcStatus, WorkCompletion};
-use mlx5_core::hal::{Dma, DmaRegion};
+use mlx5_core::hal::{Dma, DmaRegion, DmaView};
 use mlx5_core::hca::{Config, Error, Hca, HcaState};
 use mlx5_core::health::HealthFailure;
 use mlx5_core::mkey::{Access, Mr};
@@ -543,7 +543,8 @@ struct Node {
     hca: Option<SimHca>,
     d: SimDelay,
     pd: Option<Pd>,
-    mem: DmaRegion,
+    /// The node's registered buffer; taken only to free it at teardown.
+    mem: Option<DmaRegion>,
     mr: Option<Mr>,
     cqs: Vec<CqSlot>,
     qps: Vec<QpSlot>,
@@ -577,18 +578,25 @@ struct Epoch<'r> {
 }
 
 /// A DMA read of the soak's own memory.
-fn read_mem(mem: &DmaRegion, off: usize, out: &mut [u8]) {
-    assert!(off + out.len() <= mem.len);
-    // SAFETY: the range is inside the live region (checked above); the device writes it only while a doorbell or a
-    // delay runs it, never during this copy (in-line simulator, one thread).
-    unsafe { std::ptr::copy_nonoverlapping(mem.cpu.as_ptr().add(off), out.as_mut_ptr(), out.len()) };
+impl Node {
+    /// The node's buffer (present from bring-up until teardown).
+    fn mem(&self) -> DmaView<'_> {
+        self.mem.as_ref().expect("buffer lives until teardown").view()
+    }
 }
 
-fn write_mem(mem: &DmaRegion, off: usize, data: &[u8]) {
-    assert!(off + data.len() <= mem.len);
+fn read_mem(mem: &DmaView<'_>, off: usize, out: &mut [u8]) {
+    assert!(off + out.len() <= mem.len());
+    // SAFETY: the range is inside the live region (checked above); the device writes it only while a doorbell or a
+    // delay runs it, never during this copy (in-line simulator, one thread).
+    unsafe { std::ptr::copy_nonoverlapping(mem.cpu().as_ptr().add(off), out.as_mut_ptr(), out.len()) };
+}
+
+fn write_mem(mem: &DmaView<'_>, off: usize, data: &[u8]) {
+    assert!(off + data.len() <= mem.len());
     // SAFETY: as in `read_mem`; no posted work request reads or writes these bytes while they are written (buffers
     // are reused only after their work request completed).
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), mem.cpu.as_ptr().add(off), data.len()) };
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), mem.cpu().as_ptr().add(off), data.len()) };
 }
 
 fn part(slot: usize) -> usize {
@@ -629,7 +637,7 @@ impl<'r> Epoch<'r> {
         hca.cmdq().set_timeout_ms(CMD_TIMEOUT_MS);
         let pd = hca.alloc_pd(&mut d).map_err(|e| format!("alloc_pd: {e}"))?;
         let mem = dev.dma().alloc(MEM, 4096).map_err(|e| format!("memory: {e}"))?;
-        let mr = hca.reg_mr(&pd, mem.cpu.as_ptr(), MEM, Access::ALL, &mut d).map_err(|e| format!("reg_mr: {e}"))?;
+        let mr = hca.reg_mr(&pd, mem.cpu().as_ptr(), MEM, Access::ALL, &mut d).map_err(|e| format!("reg_mr: {e}"))?;
         let port = hca.query_port(&mut d).map_err(|e| format!("query_port: {e}"))?;
         let gid = hca.query_gid(0, &mut d).map_err(|e| format!("query_gid: {e}"))?;
         let link = port.link_layer;
@@ -664,7 +672,7 @@ impl<'r> Epoch<'r> {
             hca: Some(hca),
             d,
             pd: Some(pd),
-            mem,
+            mem: Some(mem),
             mr: Some(mr),
             cqs,
             qps,
@@ -686,7 +694,7 @@ impl<'r> Epoch<'r> {
                 // Read sources and atomic targets start as known patterns.
                 let tag = self.rng.next_u64();
                 let src: Vec<u8> = pattern_byte_chunks(self.seed, tag, RSRC_LEN).take(RSRC_LEN).collect();
-                let mem = self.nodes[x].mem;
+                let mem = self.nodes[x].mem();
                 write_mem(&mem, part(i) + RSRC_OFF, &src);
                 write_mem(&mem, part(i) + ATOM_OFF, &self.rng.next_u64().to_be_bytes());
                 self.create_qp(x, i).map_err(|e| format!("create_qp: {e}"))?;
@@ -771,7 +779,7 @@ impl<'r> Epoch<'r> {
         // Each side's atomic target at the other starts from what is in memory now.
         for x in 0..2 {
             let mut w = [0u8; 8];
-            read_mem(&self.nodes[1 - x].mem, part(i) + ATOM_OFF, &mut w);
+            read_mem(&self.nodes[1 - x].mem(), part(i) + ATOM_OFF, &mut w);
             self.nodes[x].qps[i].atomic_model = Some(u64::from_be_bytes(w));
         }
         Ok(())
@@ -943,14 +951,12 @@ impl<'r> Epoch<'r> {
         }
         let wr_id = self.new_wr_id();
         let n = &mut self.nodes[x];
+        let base = n.mem().cpu().as_ptr() as u64;
         let s = &mut n.qps[i];
         let local = part(i) + RECV_OFF + (s.recv_rr % SLOTS) * RECV_STRIDE;
         s.recv_rr += 1;
-        let sge = [Sge {
-            addr: n.mem.cpu.as_ptr() as u64 + local as u64,
-            length: RECV_STRIDE as u32,
-            lkey: n.mr.as_ref().map_or(0, |m| m.lkey),
-        }];
+        let sge =
+            [Sge { addr: base + local as u64, length: RECV_STRIDE as u32, lkey: n.mr.as_ref().map_or(0, |m| m.lkey) }];
         let Some(qp) = s.qp.as_mut() else { return };
         let qpn = qp.qpn();
         match n.hca.as_ref().expect("live HCA").post_recv(qp, &[RecvWr { wr_id, sg_list: &sge }]) {
@@ -988,7 +994,7 @@ impl<'r> Epoch<'r> {
         let y = 1 - x;
         let (peer_mem, peer_rkey, peer_qpn) = {
             let p = &self.nodes[y];
-            (p.mem, p.mr.as_ref().map_or(0, |m| m.rkey), p.qps[i].qp.as_ref().map_or(0, Qp::qpn))
+            (p.mem().cpu(), p.mr.as_ref().map_or(0, |m| m.rkey), p.qps[i].qp.as_ref().map_or(0, Qp::qpn))
         };
         let ud = i == UD_SLOT;
         let max_msg = if ud { MAX_UD_MSG } else { MAX_RC_MSG };
@@ -1088,7 +1094,7 @@ impl<'r> Epoch<'r> {
             return 0;
         }
         // Source bytes for sends and writes.
-        let mem = self.nodes[x].mem;
+        let mem = self.nodes[x].mem();
         for p in &plans {
             if matches!(p.wr.op, Op::Send | Op::SendImm | Op::Write | Op::WriteImm) {
                 let bytes: Vec<u8> =
@@ -1107,8 +1113,8 @@ impl<'r> Epoch<'r> {
             })
             .collect();
         let lkey = self.nodes[x].mr.as_ref().map_or(0, |m| m.lkey);
-        let base = mem.cpu.as_ptr() as u64;
-        let peer_base = peer_mem.cpu.as_ptr() as u64;
+        let base = mem.cpu().as_ptr() as u64;
+        let peer_base = peer_mem.as_ptr() as u64;
         let sges: Vec<[Sge; 2]> = plans
             .iter()
             .map(|p| {
@@ -1249,7 +1255,7 @@ impl<'r> Epoch<'r> {
     }
 
     fn check_pattern(&mut self, node: usize, off: usize, tag: u64, len: usize) -> bool {
-        let mem = self.nodes[node].mem;
+        let mem = self.nodes[node].mem();
         let buf = &mut self.scratch[..len];
         read_mem(&mem, off, buf);
         buf.iter().copied().eq(pattern_byte_chunks(self.seed, tag, len).take(len))
@@ -1323,9 +1329,9 @@ impl<'r> Epoch<'r> {
                 }
                 let len = wr.len as usize;
                 let mut want = vec![0u8; len];
-                read_mem(&self.nodes[y].mem, wr.remote, &mut want);
+                read_mem(&self.nodes[y].mem(), wr.remote, &mut want);
                 let mut got = vec![0u8; len];
-                read_mem(&self.nodes[x].mem, wr.local, &mut got);
+                read_mem(&self.nodes[x].mem(), wr.local, &mut got);
                 if want != got {
                     self.mismatch(format!(
                         "RDMA READ wr_id {} ({len} bytes): the data differs from the source",
@@ -1339,7 +1345,7 @@ impl<'r> Epoch<'r> {
                     self.mismatch(format!("atomic wr_id {}: {:?} of {} bytes", wc.wr_id, wc.opcode, wc.byte_len));
                 }
                 let mut w = [0u8; 8];
-                read_mem(&self.nodes[x].mem, wr.local, &mut w);
+                read_mem(&self.nodes[x].mem(), wr.local, &mut w);
                 let original = u64::from_be_bytes(w);
                 let s = &mut self.nodes[x].qps[i];
                 if let Some(m) = s.atomic_model {
@@ -1599,7 +1605,13 @@ impl<'r> Epoch<'r> {
                 }
             }
             Scratch::Mr => {
-                let mr = hca.reg_mr(pd, mem.cpu.as_ptr(), 8192, Access::LOCAL_WRITE | Access::REMOTE_READ, d)?;
+                let mr = hca.reg_mr(
+                    pd,
+                    mem.as_ref().expect("buffer lives until teardown").cpu().as_ptr(),
+                    8192,
+                    Access::LOCAL_WRITE | Access::REMOTE_READ,
+                    d,
+                )?;
                 match hca.dereg_mr(mr, d) {
                     Ok(()) => Ok(()),
                     Err(e) => {
@@ -2041,7 +2053,7 @@ impl<'r> Epoch<'r> {
         // New work is refused with a typed error and never reaches the ledger.
         if let Some(i) = (0..NSLOTS).find(|&i| self.nodes[x].qps[i].qp.is_some()) {
             let n = &mut self.nodes[x];
-            let sge = [Sge { addr: n.mem.cpu.as_ptr() as u64, length: 8, lkey: 0 }];
+            let sge = [Sge { addr: n.mem().cpu().as_ptr() as u64, length: 8, lkey: 0 }];
             let Node { hca, qps, .. } = n;
             if let Some(qp) = qps[i].qp.as_mut() {
                 let hca = hca.as_ref().expect("live HCA");
@@ -2117,7 +2129,10 @@ impl<'r> Epoch<'r> {
             }
             // SAFETY: the key over the buffer is destroyed (or the device is dead), and every work request that
             // used it has completed: nothing reaches it any more.
-            unsafe { dev.dma().free(*mem) };
+            if let Some(mem) = mem.take() {
+                // SAFETY: as above.
+                unsafe { dev.dma().free(mem) };
+            }
             if let Err(e) = h.teardown(d) {
                 errors.push(format!("teardown: {e}"));
             }

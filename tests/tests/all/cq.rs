@@ -652,20 +652,20 @@ fn memory_regions_translate_and_enforce_access() {
     let region = mlx5_core::hal::Dma::alloc(&dma, 5 * 4096, 4096).unwrap();
     // A range inside the region, not page aligned.
     // SAFETY: 100 bytes into a 20 KiB region.
-    let addr = unsafe { region.cpu.as_ptr().add(100) };
+    let addr = unsafe { region.cpu().as_ptr().add(100) };
     let len = 3 * 4096;
     let mr = hca.reg_mr(&pd, addr, len, Access::LOCAL_WRITE | Access::REMOTE_READ, &mut d).unwrap();
     let va = addr as u64;
     assert_eq!((mr.lkey, mr.addr, mr.length), (mr.rkey, va, len as u64));
     // The page size is bounded by where the CPU and bus addresses stop agreeing (at least 4 KiB, since both are
     // 4 KiB aligned) and by the span of the range (no page larger than needed to cover it in one).
-    let agree = (region.cpu.as_ptr() as u64 ^ region.iova).trailing_zeros();
+    let agree = (region.cpu().as_ptr() as u64 ^ region.iova()).trailing_zeros();
     let span = 64 - ((va + len as u64 - 1) ^ va).leading_zeros();
     assert_eq!(mr.page_shift, agree.min(span).min(30));
     assert!(mr.page_shift >= 12);
     let pieces = dev.mkey_access(mr.rkey, Some(pd.pdn()), va + 10, 5000, MkeyAccess::REMOTE_READ).unwrap();
     assert_eq!(pieces.iter().map(|p| p.1).sum::<u64>(), 5000);
-    assert_eq!(pieces[0].0, region.iova + 110);
+    assert_eq!(pieces[0].0, region.iova() + 110);
     // Rights it was not given, ranges it does not cover, another PD, a stale key.
     assert_eq!(
         dev.mkey_access(mr.rkey, Some(pd.pdn()), va, 8, MkeyAccess::REMOTE_WRITE),
@@ -701,8 +701,8 @@ fn memory_regions_translate_and_enforce_access() {
     // A physical-address key covers any bus address.
     let all = hca.reg_dma_mr(&pd, Access::ALL, &mut d).unwrap();
     assert_eq!(
-        dev.mkey_access(all.lkey, Some(pd.pdn()), region.iova, 4096, MkeyAccess::REMOTE_ATOMIC).unwrap(),
-        vec![(region.iova, 4096)]
+        dev.mkey_access(all.lkey, Some(pd.pdn()), region.iova(), 4096, MkeyAccess::REMOTE_ATOMIC).unwrap(),
+        vec![(region.iova(), 4096)]
     );
 
     // The PD cannot go while keys use it; once they are gone it can.
@@ -727,12 +727,12 @@ fn large_aligned_regions_get_large_pages() {
     let pd = hca.alloc_pd(&mut d).unwrap();
     let dma = dev.dma();
     let region = mlx5_core::hal::Dma::alloc(&dma, 4 << 20, 2 << 20).unwrap();
-    let mr = hca.reg_mr(&pd, region.cpu.as_ptr(), region.len, Access::LOCAL_WRITE, &mut d).unwrap();
+    let mr = hca.reg_mr(&pd, region.cpu().as_ptr(), region.len(), Access::LOCAL_WRITE, &mut d).unwrap();
     // Both the CPU and bus addresses are 2 MiB aligned: 2 MiB pages (4 MiB spans two, so not one 4 MiB page
     // unless the CPU address happens to be 4 MiB aligned too).
     assert!(mr.page_shift >= 21, "page shift {}", mr.page_shift);
     let pieces = dev.mkey_access(mr.lkey, Some(pd.pdn()), mr.addr, mr.length, MkeyAccess::LOCAL_WRITE).unwrap();
-    assert_eq!(pieces, vec![(region.iova, 4 << 20)]);
+    assert_eq!(pieces, vec![(region.iova(), 4 << 20)]);
     hca.dereg_mr(mr, &mut d).unwrap();
     hca.dealloc_pd(pd, &mut d).unwrap();
     // SAFETY: the key over the region is destroyed.

@@ -502,7 +502,7 @@ fn the_send_doorbell_is_ordered_and_blueflame_copies_match() {
         Hca::bring_up(&rec, dev.dma(), (), &mut d, Config::default()).unwrap();
     let pd = hca.alloc_pd(&mut d).unwrap();
     let mem = dev.dma().alloc(4096, 4096).unwrap();
-    let mr = hca.reg_mr(&pd, mem.cpu.as_ptr(), 4096, Access::LOCAL_WRITE, &mut d).unwrap();
+    let mr = hca.reg_mr(&pd, mem.cpu().as_ptr(), 4096, Access::LOCAL_WRITE, &mut d).unwrap();
     let mut cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
     let attr = QpInitAttr { qp_type: QpType::Rc, cap: cap(8, 4, 0), sq_sig_all: true };
     let mut a = hca.create_qp(&pd, &cq, &cq, attr, &mut d).unwrap();
@@ -544,7 +544,7 @@ fn the_send_doorbell_is_ordered_and_blueflame_copies_match() {
             .unwrap();
         }
     }
-    let sge = [Sge { addr: mem.cpu.as_ptr() as u64, length: 64, lkey: mr.lkey }];
+    let sge = [Sge { addr: mem.cpu().as_ptr() as u64, length: 64, lkey: mr.lkey }];
     let uar = hca.uar_page().unwrap();
     let bf0 = uar.bfreg(0).unwrap();
     for (round, n_wr) in [(0, 1usize), (1, 3), (2, 1)] {

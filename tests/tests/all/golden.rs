@@ -205,7 +205,7 @@ fn eq_doorbell_matches_and_goes_to_the_arm_register() {
         // First pass: the device writes owner 0.
         let mut e = Eqe::emit(&Event::Completion { cqn: i as u32 }).0;
         e[EQE_SIZE - 1] = 0;
-        dma.write(buf.iova + (i * EQE_SIZE) as u64, &e);
+        dma.write(buf.iova() + (i * EQE_SIZE) as u64, &e);
     }
     let uar_off = 5 * 4096;
     let mut ring = EqRing::new(buf, log_nent, 7, uar_off);
@@ -219,7 +219,7 @@ fn eq_doorbell_matches_and_goes_to_the_arm_register() {
     let doorbell = ifc_eq_doorbell(uar_off);
     assert_eq!(regs.words().last().copied(), Some((doorbell, u32::from_be_bytes(bytes.try_into().unwrap()))));
     // SAFETY: allocated above from this allocator; nothing else references it.
-    unsafe { dma.free(buf) };
+    unsafe { dma.free(ring.into_buf()) };
 }
 
 /// The arming doorbell's BAR offset: UAR page + `MLX5_EQ_DOORBELL_OFFSET`.

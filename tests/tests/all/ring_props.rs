@@ -96,7 +96,7 @@ impl CqRig {
     fn entry(&self, n: u32) -> u64 {
         let stride = self.cq.cqe_size().bytes();
         let (r, o) = self.cq.buf().locate((n & (self.cq.nent() - 1)) as usize * stride + stride - CQE64_SIZE);
-        r.iova + o as u64
+        r.iova() + o as u64
     }
 
     /// The device completes a receive: `byte_cnt` is the producer index, the owner bit that of its pass.
@@ -219,13 +219,13 @@ proptest! {
         let nent = len as u64 / stride;
         let (a, ao) = buf.locate((n * stride) as usize);
         let (b, bo) = buf.locate(((n % nent) * stride) as usize);
-        prop_assert_eq!((a.iova, ao), (b.iova, bo));
-        prop_assert!(ao + stride as usize <= a.len, "an entry never crosses a fragment");
+        prop_assert_eq!((a.iova(), ao), (b.iova(), bo));
+        prop_assert!(ao + stride as usize <= a.len(), "an entry never crosses a fragment");
         let mut seen: Vec<u64> = (0..len)
             .step_by(64)
             .map(|o| {
                 let (r, x) = buf.locate(o);
-                r.iova + x as u64
+                r.iova() + x as u64
             })
             .collect();
         seen.sort_unstable();
@@ -246,6 +246,7 @@ proptest! {
         let dma = HeapDma::default();
         let regs = RegFile::new();
         let buf = dma.alloc(EqRing::buf_len(log_nent), 4096).unwrap();
+        let buf_iova = buf.iova();
         EqRing::init_buf(&buf, log_nent).unwrap();
         let mut eq = EqRing::new(buf, log_nent, eqn, UAR);
         let nent = eq.nent();
@@ -263,7 +264,7 @@ proptest! {
                     let mut e = [0u8; EQE_SIZE];
                     e[0..4].copy_from_slice(&pi.to_be_bytes());
                     e[EQE_SIZE - 1] = ((pi >> log_nent) & 1) as u8;
-                    dma.write(buf.iova + u64::from(pi & (nent - 1)) * EQE_SIZE as u64, &e);
+                    dma.write(buf_iova + u64::from(pi & (nent - 1)) * EQE_SIZE as u64, &e);
                     pi = pi.wrapping_add(1);
                 }
                 let ci = eq.cons_index();
@@ -299,14 +300,14 @@ proptest! {
 fn cq_consumer_index_crosses_2_pow_24() {
     let mut r = CqRig::new(12, CqeSize::B64, None);
     let nent = r.cq.nent();
-    let ring = r.cq.buf().frag(0).unwrap();
+    let ring = r.cq.buf().frag(0).unwrap().cpu();
     let target = (1u32 << 24) - 3 * nent / 2;
     let sig = (consts::MLX5_CQE_SIG_ERR as u8) << 4;
     while r.pi < target {
         let owner = ((r.pi >> 12) & 1) as u8;
         for i in 0..nent {
             // SAFETY: the op_own byte of entry i, inside the ring's single fragment; the CQ reads it only in poll.
-            unsafe { ring.cpu.as_ptr().add(i as usize * 64 + 63).write_volatile(sig | owner) };
+            unsafe { ring.as_ptr().add(i as usize * 64 + 63).write_volatile(sig | owner) };
         }
         r.pi += nent;
         assert!(r.poll(1).is_empty());
@@ -358,7 +359,7 @@ impl Loop {
         let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
         let pd = hca.alloc_pd(&mut d).unwrap();
         let mem = dev.dma().alloc(1 << 16, 4096).unwrap();
-        let mr = hca.reg_mr(&pd, mem.cpu.as_ptr(), 1 << 16, Access::ALL, &mut d).unwrap();
+        let mr = hca.reg_mr(&pd, mem.cpu().as_ptr(), 1 << 16, Access::ALL, &mut d).unwrap();
         let cq = hca.create_cq(CqAttr { cqe: 1023, ..CqAttr::default() }, &mut d).unwrap();
         let attr = QpInitAttr { qp_type: QpType::Rc, cap, sq_sig_all: true };
         let mut qp = hca.create_qp(&pd, &cq, &cq, attr, &mut d).unwrap();
@@ -391,7 +392,7 @@ impl Loop {
     fn write(&self, wr_id: u64) -> SendWr<'static> {
         SendWr {
             wr_id,
-            op: SendOp::RdmaWrite { remote_addr: self.mem.cpu.as_ptr() as u64 + 0x8000, rkey: self.mr.rkey },
+            op: SendOp::RdmaWrite { remote_addr: self.mem.cpu().as_ptr() as u64 + 0x8000, rkey: self.mr.rkey },
             sg_list: &[],
             flags: SendFlags::SIGNALED,
             inline: None,
@@ -469,7 +470,7 @@ proptest! {
         let cap = QpCap { max_send_wr: sq, max_recv_wr: rq, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
         let mut l = Loop::new(cap);
         let (sq_max, rq_max) = (l.qp.cap().max_send_wr, l.qp.sizes().rq_wqe_cnt);
-        let sge = [Sge { addr: l.mem.cpu.as_ptr() as u64, length: 64, lkey: l.mr.lkey }];
+        let sge = [Sge { addr: l.mem.cpu().as_ptr() as u64, length: 64, lkey: l.mr.lkey }];
         let (mut sends, mut recvs, mut send_done, mut recv_done) = (0u64, 0u64, 0u64, 0u64);
         let mut pending_recv: VecDeque<u64> = VecDeque::new();
         for (what, n) in steps {

@@ -140,7 +140,7 @@ fn thousand_pages_through_mailbox_chains() {
     let dma = dev.dma();
     q.exec(&mut enable_hca(0), &mut delay).unwrap();
     let regions = alloc_pages(&dma, 1000);
-    let pages: Vec<u64> = regions.iter().map(|r| r.iova).collect();
+    let pages: Vec<u64> = regions.iter().map(|r| r.iova()).collect();
     let give = ManagePagesGive { function_id: 0, pages: Pas::List(&pages) };
     assert_eq!(give.inlen().saturating_sub(16).div_ceil(512), 16);
     q.exec(&mut ManagePagesGive { function_id: 0, pages: Pas::List(&pages) }, &mut delay).unwrap();
@@ -250,7 +250,7 @@ fn malformed_outputs_are_rejected() {
     let dma = dev.dma();
     q.exec(&mut enable_hca(0), &mut delay).unwrap();
     let regions = alloc_pages(&dma, 4);
-    let pages: Vec<u64> = regions.iter().map(|r| r.iova).collect();
+    let pages: Vec<u64> = regions.iter().map(|r| r.iova()).collect();
     q.exec(&mut ManagePagesGive { function_id: 0, pages: Pas::List(&pages) }, &mut delay).unwrap();
     // output_num_entries (byte 8..12 of the output) claims 0x01000004 pages: more than the output holds.
     let off = ifc::manage_pages_out::OUTPUT_NUM_ENTRIES.off as usize / 8;
@@ -260,7 +260,7 @@ fn malformed_outputs_are_rejected() {
     assert!(matches!(err, CmdError::OutputTooShort { opcode: Opcode::ManagePages, .. }), "{err:?}");
     dev.clear_faults();
     // Firmware did hand those pages over (the driver refused to believe the output), so give it more.
-    let more: Vec<u64> = alloc_pages(&dma, 4).iter().map(|r| r.iova).collect();
+    let more: Vec<u64> = alloc_pages(&dma, 4).iter().map(|r| r.iova()).collect();
     q.exec(&mut ManagePagesGive { function_id: 0, pages: Pas::List(&more) }, &mut delay).unwrap();
     // A page address that is not 4 KiB aligned.
     let pas = ifc::manage_pages_out::PAS.byte_off() + 7;

@@ -80,17 +80,17 @@ impl Edu<'_> {
 
 /// Copies `data` into the start of a region.
 fn put(r: &DmaRegion, data: &[u8]) {
-    assert!(data.len() <= r.len);
+    assert!(data.len() <= r.len());
     // SAFETY: r is a live region of at least data.len() bytes; the device touches it only during the DMAs this
     // test starts and waits for.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), r.cpu.as_ptr(), data.len()) }
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), r.cpu().as_ptr(), data.len()) }
 }
 
 /// The first LEN bytes of a region.
 fn get(r: &DmaRegion) -> Vec<u8> {
     let mut v = vec![0; LEN];
     // SAFETY: r is a live region of at least LEN bytes (every region here is allocated with LEN or more).
-    unsafe { std::ptr::copy_nonoverlapping(r.cpu.as_ptr(), v.as_mut_ptr(), LEN) };
+    unsafe { std::ptr::copy_nonoverlapping(r.cpu().as_ptr(), v.as_mut_ptr(), LEN) };
     v
 }
 
@@ -138,9 +138,9 @@ fn round_trip(edu: &Edu, dma: &VfioDma, seed: u8) -> Result<String, String> {
     let dst = dma.alloc(LEN, 4096).map_err(|e| e.to_string())?;
     let p = pattern(seed);
     put(&src, &p);
-    let r = edu.to_device(src.iova).and_then(|_| edu.to_ram(dst.iova));
+    let r = edu.to_device(src.iova()).and_then(|_| edu.to_ram(dst.iova()));
     let same = get(&dst) == p;
-    let detail = format!("src IOVA {:#x}, dst IOVA {:#x}, {:?}", src.iova, dst.iova, dma.backing());
+    let detail = format!("src IOVA {:#x}, dst IOVA {:#x}, {:?}", src.iova(), dst.iova(), dma.backing());
     // SAFETY: the DMAs above have completed; the device no longer touches either region.
     unsafe {
         dma.free(src);
@@ -252,7 +252,7 @@ fn run(rep: &mut Report) -> Result<(), String> {
     {
         let dma = VfioDma::new(c.clone(), DmaOptions { max_iova: EDU_MAX_IOVA, ..DmaOptions::default() });
         let r = dma.alloc(LEN, 4096).map_err(|e| e.to_string())?;
-        let res = edu.dma(r.iova, EDU_BUF, LEN, false, true).and_then(|_| {
+        let res = edu.dma(r.iova(), EDU_BUF, LEN, false, true).and_then(|_| {
             let n = irqs.wait(0, Duration::from_secs(10)).map_err(|e| e.to_string())?;
             let status = edu.r32(EDU_IRQ_STATUS);
             edu.w32(EDU_IRQ_ACK, status);
@@ -274,7 +274,7 @@ fn run(rep: &mut Report) -> Result<(), String> {
     let dma = VfioDma::new(c.clone(), DmaOptions { max_iova: EDU_MAX_IOVA, ..DmaOptions::default() });
     let src = dma.alloc(LEN, 4096).map_err(|e| e.to_string())?;
     put(&src, &p);
-    edu.to_device(src.iova)?;
+    edu.to_device(src.iova())?;
     // SAFETY: spare stays mapped until the munmap below, which comes after the unmap_dma (an early return leaves
     // it mapped for good), and nothing else uses that memory.
     unsafe { c.map_dma(spare.as_ptr() as u64, SPARE_IOVA, 4096) }.map_err(|e| e.to_string())?;
@@ -294,7 +294,7 @@ fn run(rep: &mut Report) -> Result<(), String> {
     );
     // And a device read from an IOVA the allocator freed (its chunk unmapped) brings none of the old data in.
     let secret = dma.alloc(LEN, 4096).map_err(|e| e.to_string())?;
-    let secret_iova = secret.iova;
+    let secret_iova = secret.iova();
     put(&secret, &[0x33; LEN]);
     let chunks_before = dma.chunks();
     // SAFETY: the device has not been told about this region.
@@ -304,14 +304,14 @@ fn run(rep: &mut Report) -> Result<(), String> {
         // The freed region shared its chunk with `src`, so use a region alone in its own chunk.
         // Preload the device buffer with a byte the freed memory does not hold.
         put(&dst, &[0x55; LEN]);
-        edu.to_device(dst.iova)?;
+        edu.to_device(dst.iova())?;
         let lone = dma.alloc(2 << 20, 2 << 20).map_err(|e| e.to_string())?;
-        let lone_iova = lone.iova;
+        let lone_iova = lone.iova();
         put(&lone, &[0x33; LEN]);
         // SAFETY: the device has not been told about this region.
         unsafe { dma.free(lone) };
         edu.to_device(lone_iova)?;
-        edu.to_ram(dst.iova)?;
+        edu.to_ram(dst.iova())?;
         let leaked = get(&dst).iter().filter(|&&b| b == 0x33).count();
         ensure(leaked == 0, || format!("{leaked} bytes of freed memory reached the device"))?;
         Ok(format!("freed IOVA {lone_iova:#x} (and {secret_iova:#x}, chunks {chunks_before}) unreadable"))
@@ -321,11 +321,11 @@ fn run(rep: &mut Report) -> Result<(), String> {
     // Bus master off: the same DMA does nothing; back on, it works again.
     put(&dst, &[0x44; LEN]);
     dev.set_bus_master(false).map_err(|e| e.to_string())?;
-    edu.to_ram(dst.iova)?;
+    edu.to_ram(dst.iova())?;
     let off_untouched = get(&dst).iter().all(|&b| b == 0x44);
     dev.set_bus_master(true).map_err(|e| e.to_string())?;
-    edu.to_device(src.iova)?;
-    edu.to_ram(dst.iova)?;
+    edu.to_device(src.iova())?;
+    edu.to_ram(dst.iova())?;
     let on_works = get(&dst) == p;
     rep.check(
         "bus master off blocks DMA (and on again restores it)",
