@@ -9,12 +9,14 @@
 //! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
 //! * `fuzz [--seconds N] [--target NAME]`: the cargo-fuzz targets in `fuzz/`, N seconds each (default 30), then
 //!   their corpus replayed; see FUZZING.md.
+//! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
 //! * `soak [--ops N] [--seed S] [--json]`: random traffic between two simulated devices under injected faults,
 //!   with its invariants checked; see SOAK.md.
 
 mod bench;
 mod codegen;
 mod fuzz;
+mod modcheck;
 mod soak;
 mod vfio_test;
 
@@ -68,6 +70,7 @@ fn ci(root: &Path) -> Result<(), String> {
     ensure_toolchain()?;
     cargo(root, &["fmt", "--all", "--check"])?;
     codegen::run_codegen(root, true)?;
+    modcheck::run(root, false)?;
     cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     cargo(root, &["test", "--workspace"])?;
     // Rustdoc of the libraries a user reads, with every intra-doc link resolved.
@@ -111,8 +114,13 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&root, args.iter().any(|a| a == "--json")),
         Some("fuzz") => fuzz::run_fuzz(&root, &args[1..]),
         Some("soak") => soak::run(&root, &args[1..]),
+        Some("modcheck") => {
+            // `--root DIR` checks another checkout (a worktree) with this build of the checker.
+            let other = args.iter().position(|a| a == "--root").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+            modcheck::run(other.as_deref().unwrap_or(&root), args.iter().any(|a| a == "--graph"))
+        }
         _ => Err("usage: cargo xtask <vendor | codegen [--check] | ci | vfio-test | bench [--json] \
-                  | fuzz [--seconds N] [--target NAME] | soak [--ops N] [--seed S] [--json]>"
+                  | fuzz [--seconds N] [--target NAME] | modcheck [--graph] [--root DIR] | soak [--ops N] [--seed S] [--json]>"
             .to_string()),
     };
     match result {
