@@ -178,7 +178,8 @@ fn fake_device(mut u: Unstructured<'_>) {
     let ncmds = int(&mut u, 1u8..=6);
     let kinds: Vec<u8> = (0..ncmds).map(|_| int(&mut u, 0u8..=11)).collect();
     let params: Vec<u32> = (0..ncmds).map(|_| int(&mut u, 0u32..=u32::MAX)).collect();
-    let mem = HeapDma::for_fuzzing(None);
+    // SAFETY: declared before everything that holds its regions, so dropped last.
+    let mem = unsafe { HeapDma::for_fuzzing(None) };
     let fw = Fw {
         mem: &mem,
         u: RefCell::new(u),

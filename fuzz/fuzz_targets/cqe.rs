@@ -159,7 +159,7 @@ struct Device {
 fn entry_iova(cq: &Cq, index: u32) -> u64 {
     let stride = cq.cqe_size().bytes();
     let (r, o) = cq.buf().locate(((index & (cq.nent() - 1)) as usize) * stride);
-    r.iova + o as u64
+    r.iova() + o as u64
 }
 
 fn good_cqe(u: &mut Unstructured<'_>, tag: u16, owner: u8) -> Cqe {
@@ -198,7 +198,8 @@ fn ring(u: &mut Unstructured<'_>) {
     let size = if flag(u) { CqeSize::B128 } else { CqeSize::B64 };
     let log_nent = int(u, 0u8..=7);
     // Rings above 4 KiB come in 4 KiB fragments when the allocator has no larger pieces.
-    let mem = HeapDma::for_fuzzing(flag(u).then_some(4096));
+    // SAFETY: declared before everything that holds its regions, so dropped last.
+    let mem = unsafe { HeapDma::for_fuzzing(flag(u).then_some(4096)) };
     let bar = RegFile::new();
     let buf = QueueBuf::alloc(&mem, size.bytes() << log_nent).expect("ring memory");
     Cq::init_buf(&buf, log_nent, size);

@@ -91,7 +91,8 @@ fn image(e: &Eqe) {
 
 fn ring(u: &mut Unstructured<'_>) {
     let log_nent = int(u, 0u8..=9);
-    let mem = HeapDma::for_fuzzing(None);
+    // SAFETY: declared before everything that holds its regions, so dropped last.
+    let mem = unsafe { HeapDma::for_fuzzing(None) };
     let bar = RegFile::new();
     // Sometimes a buffer too short for the ring, which init_buf must refuse.
     let short = int(u, 0u8..=15) == 0;
@@ -106,6 +107,7 @@ fn ring(u: &mut Unstructured<'_>) {
         }
     }
     let eqn = int(u, 0u8..=u8::MAX);
+    let buf_iova = buf.iova();
     let mut eq = EqRing::new(buf, log_nent, eqn, UAR_OFF);
     let nent = eq.nent();
     let doorbell = UAR_OFF + consts::MLX5_EQ_DOORBELL_OFFSET as usize;
@@ -127,7 +129,7 @@ fn ring(u: &mut Unstructured<'_>) {
                 }
                 let mut img = bytes::<EQE_SIZE>(u);
                 img[c::mlx5_eqe::OWNER.off] = ((pi >> log_nent) & 1) as u8;
-                let at = buf.iova + u64::from(pi & (nent - 1)) * EQE_SIZE as u64;
+                let at = buf_iova + u64::from(pi & (nent - 1)) * EQE_SIZE as u64;
                 assert!(mem.try_write(at, &img));
                 expected.push_back(img);
                 pi = pi.wrapping_add(1);
@@ -135,7 +137,7 @@ fn ring(u: &mut Unstructured<'_>) {
             3 => {
                 let at = int(u, 0u32..=u32::MAX) & (nent - 1);
                 let img = bytes::<EQE_SIZE>(u);
-                assert!(mem.try_write(buf.iova + u64::from(at) * EQE_SIZE as u64, &img));
+                assert!(mem.try_write(buf_iova + u64::from(at) * EQE_SIZE as u64, &img));
                 hostile = true;
             }
             4..=6 => {
@@ -144,7 +146,7 @@ fn ring(u: &mut Unstructured<'_>) {
                 for _ in 0..burst {
                     let ci = eq.cons_index();
                     let slot = u64::from(ci & (nent - 1)) * EQE_SIZE as u64;
-                    let before = mem.try_read(buf.iova + slot, EQE_SIZE).expect("ring");
+                    let before = mem.try_read(buf_iova + slot, EQE_SIZE).expect("ring");
                     let owner = before[c::mlx5_eqe::OWNER.off];
                     let got = eq.next(&bar);
                     let ours = (u32::from(owner) ^ (ci >> log_nent)) & 1 == 0;

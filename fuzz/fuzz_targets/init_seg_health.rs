@@ -183,7 +183,8 @@ fn expect_cmdq(seg: &Seg) -> Result<u32, CmdError> {
 }
 
 fn cmdq(seg: Seg) {
-    let mem = HeapDma::for_fuzzing(None);
+    // SAFETY: declared before everything that holds its regions, so dropped last.
+    let mem = unsafe { HeapDma::for_fuzzing(None) };
     let bar = RegFile::new();
     seg.load(&bar);
     let r = CmdQueue::new(&bar, &mem, ());
@@ -219,7 +220,8 @@ fn bring_up(u: &mut Unstructured<'_>, mut seg: Seg) {
         seg.cmd_q_init_to &= 0xffff;
     }
     let statuses: Vec<u8> = (0..int(u, 0u8..=40)).map(|_| int(u, 0u8..=u8::MAX)).collect();
-    let mem = HeapDma::for_fuzzing(None);
+    // SAFETY: declared before everything that holds its regions, so dropped last.
+    let mem = unsafe { HeapDma::for_fuzzing(None) };
     mem.set_budget(Some(64));
     let reads = Cell::new(0u64);
     let page = RefCell::new((0u32, 0u32));

@@ -177,7 +177,7 @@ fn run(u: &mut Unstructured<'_>) {
     let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).expect("bring-up");
     let pd = hca.alloc_pd(&mut d).expect("pd");
     let mem = dev.dma().alloc(MEM, 4096).expect("memory");
-    let mr = hca.reg_mr(&pd, mem.cpu.as_ptr(), MEM, Access::ALL, &mut d).expect("mr");
+    let mr = hca.reg_mr(&pd, mem.cpu().as_ptr(), MEM, Access::ALL, &mut d).expect("mr");
     let mut cq: Cq = hca.create_cq(CqAttr { cqe: 1023, ..CqAttr::default() }, &mut d).expect("cq");
     let attr = QpInitAttr { qp_type: ty, cap, sq_sig_all: sig_all };
     let mut qp = match hca.create_qp(&pd, &cq, &cq, attr, &mut d) {
@@ -204,7 +204,7 @@ fn run(u: &mut Unstructured<'_>) {
             ..AhAttr::default()
         };
         let ah = Ah::new(&ah_attr, port.link_layer);
-        let base = mem.cpu.as_ptr() as u64;
+        let base = mem.cpu().as_ptr() as u64;
         let mut m = Model { sends: VecDeque::new(), next_send: 0, recv_posted: 0, recv_done: 0, cur_post: 0 };
         for _ in 0..24 {
             if u.is_empty() {

@@ -43,13 +43,16 @@ struct State {
 /// Heap memory handed out as DMA regions. Bus addresses are never reused while the counter runs (scripted ones are
 /// the test's responsibility); `max_contig` refuses larger regions, so rings come in fragments; a budget and a size
 /// cap bound the pool for fuzzing. Whatever is still allocated when the `HeapDma` is dropped (a queue that leaks
-/// the pages of a command firmware never returned) is freed then.
+/// the pages of a command firmware never returned) is kept, since a region promises its memory until `free`;
+/// only the fuzzing pool, whose constructor is `unsafe`, frees it then.
 #[derive(Debug)]
 pub struct HeapDma {
     st: Mutex<State>,
     iovas: Iovas,
     max_contig: Option<usize>,
     size_cap: Option<usize>,
+    /// Free what is still live on drop ([`HeapDma::for_fuzzing`]'s caller vouches that nothing uses it after).
+    reclaim_on_drop: bool,
 }
 
 impl Default for HeapDma {
@@ -65,7 +68,7 @@ impl HeapDma {
     }
 
     fn with(st: State, iovas: Iovas) -> Self {
-        Self { st: Mutex::new(st), iovas, max_contig: None, size_cap: None }
+        Self { st: Mutex::new(st), iovas, max_contig: None, size_cap: None, reclaim_on_drop: false }
     }
 
     /// The bus addresses of the first allocations come from `iovas`, then packed from `0x4000_0000`.
@@ -75,10 +78,15 @@ impl HeapDma {
     }
 
     /// The fuzz targets' pool: guarded bus addresses from `0x10_0000_0000`, no region larger than `max_contig`
-    /// (when given) or 256 MiB, and an optional budget ([`set_budget`](Self::set_budget)).
-    pub fn for_fuzzing(max_contig: Option<usize>) -> Self {
+    /// (when given) or 256 MiB, and an optional budget ([`set_budget`](Self::set_budget)). Dropping it frees
+    /// every region still live, so one fuzz input's leftovers do not pile up over millions of inputs.
+    ///
+    /// # Safety
+    /// No region from this pool, nor anything holding one (a queue, a CQ), is used after the pool is dropped:
+    /// declare the pool before them in the same scope so it is dropped last.
+    pub unsafe fn for_fuzzing(max_contig: Option<usize>) -> Self {
         let st = State { next: 0x10_0000_0000, ..State::default() };
-        Self { st: Mutex::new(st), iovas: Iovas::Guarded, max_contig, size_cap: Some(1 << 28) }
+        Self { st: Mutex::new(st), iovas: Iovas::Guarded, max_contig, size_cap: Some(1 << 28), reclaim_on_drop: true }
     }
 
     /// Bus address = CPU address, page-aligned regions (the benchmarks' command queue plays firmware through it).
@@ -233,9 +241,16 @@ unsafe impl Dma for HeapDma {
 impl Drop for HeapDma {
     /// Regions still live are kept, not freed: a `DmaRegion` for them may still exist, and its contract promises
     /// the memory until `free`. They stay reachable from a process-wide list, so leak checkers see them as held.
+    /// The fuzzing pool frees them instead, as its constructor's caller promised.
     fn drop(&mut self) {
         let live = std::mem::take(&mut self.lock().live);
-        if !live.is_empty() {
+        if self.reclaim_on_drop {
+            for l in live.into_values() {
+                // SAFETY: allocated in `alloc` with this layout and still live; `for_fuzzing`'s caller guarantees
+                // no region of this pool is used after it is dropped.
+                unsafe { std::alloc::dealloc(l.cpu as *mut u8, Layout::from_size_align_unchecked(l.len, l.align)) };
+            }
+        } else if !live.is_empty() {
             let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             kept.extend(live.into_values().map(|l| l.cpu));
         }
@@ -263,7 +278,8 @@ mod tests {
         unsafe { d.free(a) };
         assert_eq!(d.outstanding(), 1);
 
-        let f = HeapDma::for_fuzzing(Some(8192));
+        // SAFETY: declared before its regions, so dropped after them.
+        let f = unsafe { HeapDma::for_fuzzing(Some(8192)) };
         let x = f.alloc(10, 8).unwrap();
         let y = f.alloc(10, 8).unwrap();
         assert_eq!((x.iova(), y.iova()), (0x10_0000_0000, 0x10_0000_2000));
