@@ -2,7 +2,11 @@
 //! (ENABLE_HCA, SET_ISSI, ALLOC_PD, DEALLOC_UAR, DESTROY_CQ, ...).
 
 use crate::cmdq::{write_header, CmdError, Command};
-use crate::prm::{Field, MsgBuf, Opcode};
+use crate::prm::{consts, Field, MsgBuf, Opcode};
+
+/// Size of a firmware page (`MLX5_ADAPTER_PAGE_SIZE`): the unit of every page-address list (`pas[]`) and of the
+/// pages MANAGE_PAGES gives.
+pub const FW_PAGE_SIZE: usize = consts::MLX5_ADAPTER_PAGE_SIZE as usize;
 
 /// A command made of its header, an optional input field, and an optional output field.
 #[derive(Debug, Clone, Copy)]
@@ -119,9 +123,7 @@ impl Pas<'_> {
     pub fn each(&self, f: &mut dyn FnMut(usize, u64)) {
         match self {
             Pas::List(l) => l.iter().enumerate().for_each(|(i, &a)| f(i, a)),
-            Pas::Contiguous { base, count } => {
-                (0..*count).for_each(|i| f(i, base + (i * crate::pages::FW_PAGE_SIZE) as u64))
-            }
+            Pas::Contiguous { base, count } => (0..*count).for_each(|i| f(i, base + (i * FW_PAGE_SIZE) as u64)),
             Pas::Source(s) => s.each(f),
         }
     }

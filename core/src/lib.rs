@@ -25,5 +25,4 @@ pub mod qp;
 pub mod reg;
 pub mod trace;
 pub mod uar;
-pub mod verbs;
 pub mod vport;

@@ -8,8 +8,7 @@ use crate::cmdq::{write_header, CmdError, Command};
 use crate::hal::{Dma, DmaError, DmaRegion};
 use crate::prm::{consts, ifc, MsgBuf, Opcode};
 
-/// Size of a firmware page (`MLX5_ADAPTER_PAGE_SIZE`).
-pub const FW_PAGE_SIZE: usize = consts::MLX5_ADAPTER_PAGE_SIZE as usize;
+pub use crate::cmd::FW_PAGE_SIZE;
 
 /// Which pages QUERY_PAGES asks about (`MLX5_QUERY_PAGES_IN_OP_MOD_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

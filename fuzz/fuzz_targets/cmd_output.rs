@@ -27,7 +27,7 @@ use mlx5_core::prm::{c, ifc, CmdStatus, DeliveryStatus, MsgBuf, Opcode};
 use mlx5_core::qp::QueryQp;
 use mlx5_core::reg::{pmtu_read, PortMtu};
 use mlx5_core::trace::{CmdOutcome, CmdRecord, CmdTrace};
-use mlx5_core::verbs::CqAttr;
+use mlx5_core::hca::CqAttr;
 use mlx5_core::vport::{QueryHcaVportContext, QueryNicVportContext, QueryVportState};
 use mlx5_fuzz::{bytes, flag, int, Bar, Mem, Unstructured, VDelay};
 use mlx5_sim::{Fault, SimConfig, SimDevice};

@@ -16,7 +16,7 @@ use mlx5_core::eq::{eq_doorbell_value, EqError, EqRing, Eqe, Event, EQE_SIZE};
 use mlx5_core::hal::Dma;
 use mlx5_core::hca::{Config, Hca};
 use mlx5_core::prm::{c, consts, EventType};
-use mlx5_core::verbs::{AsyncEvent, CqAttr};
+use mlx5_core::hca::{AsyncEvent, CqAttr};
 use mlx5_fuzz::{bytes, flag, int, Bar, Mem, Unstructured, Write, UAR_OFF};
 use mlx5_sim::{SimConfig, SimDevice, EQE_DATA_LEN};
 

@@ -24,7 +24,7 @@ use mlx5_core::qp::{
     Ah, AhAttr, Grh, Mtu, PostError, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags,
     SendOp, SendWr, Sge, UdDest,
 };
-use mlx5_core::verbs::{CqAttr, QpInitAttr};
+use mlx5_core::hca::{CqAttr, QpInitAttr};
 use mlx5_fuzz::{flag, int, Unstructured};
 use mlx5_sim::{SimConfig, SimDevice, SimEvent};
 

@@ -3,10 +3,10 @@
 use std::collections::HashMap;
 
 use mlx5_core::cq::{Cq, CqeFields, CqeSize, Notify, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrTable};
+use mlx5_core::hca::{AsyncEvent, CqAttr};
 use mlx5_core::hca::{Config, Error, Hca};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::consts;
-use mlx5_core::verbs::{AsyncEvent, CqAttr};
 use mlx5_sim::{MkeyAccess, MkeyFault, PortType, SimConfig, SimDelay, SimDevice, SimEvent};
 
 type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;

@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use mlx5_core::cq::{Cq, LinkLayer, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::{Dma, DmaRegion};
 use mlx5_core::hca::{Config, Error, Hca};
+use mlx5_core::hca::{CqAttr, Pd, QpInitAttr};
 use mlx5_core::mkey::{Access, Mr};
 use mlx5_core::qp::{
     required_attrs, Ah, AhAttr, Grh, Mtu, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
     SendFlags, SendOp, SendWr, Sge, UdDest,
 };
-use mlx5_core::verbs::{CqAttr, Pd, QpInitAttr};
 use mlx5_sim::{Mode, PortType, SimConfig, SimDelay, SimDevice};
 
 type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;

@@ -11,6 +11,7 @@ use embedded_hal::delay::DelayNs;
 use mlx5_core::cq::{Cq, WcStatus, WorkCompletion};
 use mlx5_core::eq::QpErrorKind;
 use mlx5_core::hal::{Dma, DmaRegion};
+use mlx5_core::hca::{AsyncEvent, CqAttr, Pd, QpInitAttr};
 use mlx5_core::hca::{Config, Error, Hca, HcaState};
 use mlx5_core::health::{HealthFailure, HEALTH_POLL_INTERVAL_MS};
 use mlx5_core::mkey::{Access, Mr};
@@ -19,7 +20,6 @@ use mlx5_core::qp::{
     required_attrs, AhAttr, Grh, Mtu, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags,
     SendOp, SendWr, Sge,
 };
-use mlx5_core::verbs::{AsyncEvent, CqAttr, Pd, QpInitAttr};
 use mlx5_sim::{SimDelay, SimDevice};
 
 type SimHca = Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma>;

@@ -7,13 +7,13 @@
 use mlx5_core::cq::{Cq, CqeError, CqeFields, LinkLayer, Notify, WcOpcode, WcStatus, WorkCompletion, CQE64_SIZE};
 use mlx5_core::hal::Dma;
 use mlx5_core::hca::{Config, Hca};
+use mlx5_core::hca::{CqAttr, QpInitAttr};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::consts;
 use mlx5_core::qp::{
     Ah, AhAttr, Grh, Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
     UdDest,
 };
-use mlx5_core::verbs::{CqAttr, QpInitAttr};
 use mlx5_sim::alloc_count;
 use mlx5_sim::mocks::MemMmio;
 use mlx5_sim::{SimDelay, SimDevice};

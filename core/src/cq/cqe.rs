@@ -1,0 +1,226 @@
+//! The 64-byte CQE (`mlx5_cqe64`, `mlx5_err_cqe`): the byte view [`Cqe`], its opcode and decoded fields.
+
+use crate::prm::{c, consts};
+
+/// The CQE opcode (upper nibble of `op_own`, `MLX5_CQE_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum CqeOpcode {
+    /// A send-queue WQE completed (`MLX5_CQE_REQ`).
+    Req,
+    RespWrImm,
+    RespSend,
+    RespSendImm,
+    RespSendInv,
+    /// Marks where a resized CQ switched buffers.
+    Resize,
+    SigErr,
+    ReqErr,
+    RespErr,
+    Invalid,
+    Unknown(u8),
+}
+
+impl CqeOpcode {
+    #[inline]
+    pub const fn from_raw(v: u8) -> Self {
+        match v as u32 {
+            consts::MLX5_CQE_REQ => CqeOpcode::Req,
+            consts::MLX5_CQE_RESP_WR_IMM => CqeOpcode::RespWrImm,
+            consts::MLX5_CQE_RESP_SEND => CqeOpcode::RespSend,
+            consts::MLX5_CQE_RESP_SEND_IMM => CqeOpcode::RespSendImm,
+            consts::MLX5_CQE_RESP_SEND_INV => CqeOpcode::RespSendInv,
+            consts::MLX5_CQE_RESIZE_CQ => CqeOpcode::Resize,
+            consts::MLX5_CQE_SIG_ERR => CqeOpcode::SigErr,
+            consts::MLX5_CQE_REQ_ERR => CqeOpcode::ReqErr,
+            consts::MLX5_CQE_RESP_ERR => CqeOpcode::RespErr,
+            consts::MLX5_CQE_INVALID => CqeOpcode::Invalid,
+            _ => CqeOpcode::Unknown(v),
+        }
+    }
+
+    pub const fn raw(self) -> u8 {
+        (match self {
+            CqeOpcode::Req => consts::MLX5_CQE_REQ,
+            CqeOpcode::RespWrImm => consts::MLX5_CQE_RESP_WR_IMM,
+            CqeOpcode::RespSend => consts::MLX5_CQE_RESP_SEND,
+            CqeOpcode::RespSendImm => consts::MLX5_CQE_RESP_SEND_IMM,
+            CqeOpcode::RespSendInv => consts::MLX5_CQE_RESP_SEND_INV,
+            CqeOpcode::Resize => consts::MLX5_CQE_RESIZE_CQ,
+            CqeOpcode::SigErr => consts::MLX5_CQE_SIG_ERR,
+            CqeOpcode::ReqErr => consts::MLX5_CQE_REQ_ERR,
+            CqeOpcode::RespErr => consts::MLX5_CQE_RESP_ERR,
+            CqeOpcode::Invalid => consts::MLX5_CQE_INVALID,
+            CqeOpcode::Unknown(v) => v as u32,
+        }) as u8
+    }
+}
+
+/// Bytes of the 64-byte CQE image (`struct mlx5_cqe64`).
+pub const CQE64_SIZE: usize = c::mlx5_cqe64::SIZE;
+
+/// `op_own` of a CQE nobody wrote: invalid opcode, owner 1.
+pub const CQE_INIT_OP_OWN: u8 = ((consts::MLX5_CQE_INVALID as u8) << 4) | consts::MLX5_CQE_OWNER_MASK as u8;
+
+/// A CQE copied out of the ring (`struct mlx5_cqe64`; an error CQE reads the same bytes as `struct mlx5_err_cqe`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Cqe(pub [u8; CQE64_SIZE]);
+
+impl core::fmt::Debug for Cqe {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Cqe")
+            .field("opcode", &self.opcode())
+            .field("qpn", &self.qpn())
+            .field("wqe_counter", &self.wqe_counter())
+            .field("byte_cnt", &self.byte_cnt())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(super) mod field {
+    pub use crate::prm::c::mlx5_cqe64::*;
+    pub use crate::prm::c::mlx5_err_cqe::{SYNDROME as ERR_SYNDROME, S_WQE_OPCODE_QPN, VENDOR_ERR_SYND};
+}
+
+impl Cqe {
+    #[inline]
+    fn be(&self, m: crate::prm::Bytes) -> u32 {
+        m.get_be(&self.0, 0)
+    }
+
+    #[inline]
+    pub fn op_own(&self) -> u8 {
+        self.0[field::OP_OWN.off]
+    }
+    #[inline]
+    pub fn opcode(&self) -> CqeOpcode {
+        CqeOpcode::from_raw(self.op_own() >> 4)
+    }
+    #[inline]
+    pub fn owner(&self) -> u8 {
+        self.op_own() & consts::MLX5_CQE_OWNER_MASK as u8
+    }
+    /// Bits 3:2 of `op_own`: 0 for a normal CQE, `MLX5_COMPRESSED` for a compressed session header.
+    #[inline]
+    pub fn format(&self) -> u8 {
+        (self.op_own() >> 2) & 3
+    }
+    /// The solicited-event bit (bit 1 of `op_own`).
+    #[inline]
+    pub fn solicited(&self) -> bool {
+        self.op_own() & 2 != 0
+    }
+    /// The WQE opcode of a requester CQE (`sop_drop_qpn >> 24`).
+    #[inline]
+    pub fn wqe_opcode(&self) -> u8 {
+        (self.be(field::SOP_DROP_QPN) >> 24) as u8
+    }
+    #[inline]
+    pub fn qpn(&self) -> u32 {
+        self.be(field::SOP_DROP_QPN) & 0xff_ffff
+    }
+    #[inline]
+    pub fn wqe_counter(&self) -> u16 {
+        self.be(field::WQE_COUNTER) as u16
+    }
+    #[inline]
+    pub fn byte_cnt(&self) -> u32 {
+        self.be(field::BYTE_CNT)
+    }
+    /// Immediate data, invalidated rkey or pkey, by opcode.
+    #[inline]
+    pub fn imm_inval_pkey(&self) -> u32 {
+        self.be(field::IMMEDIATE)
+    }
+    #[inline]
+    pub fn flags_rqpn(&self) -> u32 {
+        self.be(field::FLAGS_RQPN)
+    }
+    #[inline]
+    pub fn srqn(&self) -> u32 {
+        self.be(field::SRQN) & 0xff_ffff
+    }
+    #[inline]
+    pub fn slid(&self) -> u16 {
+        self.be(field::SLID) as u16
+    }
+    #[inline]
+    pub fn ml_path(&self) -> u8 {
+        self.0[field::ML_PATH.off]
+    }
+    #[inline]
+    pub fn hds_ip_ext(&self) -> u8 {
+        self.0[field::HDS_IP_EXT.off]
+    }
+    #[inline]
+    pub fn l4_l3_hdr_type(&self) -> u8 {
+        self.0[field::L4_L3_HDR_TYPE.off]
+    }
+    #[inline]
+    pub fn vlan_info(&self) -> u16 {
+        self.be(field::VLAN_INFO) as u16
+    }
+    /// `mlx5_err_cqe.syndrome`.
+    #[inline]
+    pub fn err_syndrome(&self) -> u8 {
+        self.0[field::ERR_SYNDROME.off]
+    }
+    /// `mlx5_err_cqe.vendor_err_synd`.
+    #[inline]
+    pub fn vendor_err(&self) -> u8 {
+        self.0[field::VENDOR_ERR_SYND.off]
+    }
+    /// The QP of an error CQE (`s_wqe_opcode_qpn`, low 24 bits; same bytes as `sop_drop_qpn`).
+    #[inline]
+    pub fn err_qpn(&self) -> u32 {
+        self.be(field::S_WQE_OPCODE_QPN) & 0xff_ffff
+    }
+}
+
+/// Fields to build a CQE image from: what a device (the simulator) writes, and what tests feed the decoder.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CqeFields {
+    pub opcode: u8,
+    pub owner: u8,
+    pub solicited: bool,
+    pub wqe_opcode: u8,
+    pub qpn: u32,
+    pub wqe_counter: u16,
+    pub byte_cnt: u32,
+    pub imm_inval_pkey: u32,
+    pub flags_rqpn: u32,
+    pub srqn: u32,
+    pub slid: u16,
+    pub ml_path: u8,
+    pub hds_ip_ext: u8,
+    pub l4_l3_hdr_type: u8,
+    pub vlan_info: u16,
+    /// For error CQEs (`mlx5_err_cqe`).
+    pub syndrome: u8,
+    pub vendor_err: u8,
+}
+
+impl CqeFields {
+    /// The 64-byte image.
+    pub fn emit(&self) -> Cqe {
+        let mut b = [0u8; CQE64_SIZE];
+        let put = |b: &mut [u8; CQE64_SIZE], m: crate::prm::Bytes, v: u32| m.put_be(b, 0, v);
+        put(&mut b, field::SOP_DROP_QPN, u32::from(self.wqe_opcode) << 24 | (self.qpn & 0xff_ffff));
+        put(&mut b, field::WQE_COUNTER, self.wqe_counter.into());
+        put(&mut b, field::BYTE_CNT, self.byte_cnt);
+        put(&mut b, field::IMMEDIATE, self.imm_inval_pkey);
+        put(&mut b, field::FLAGS_RQPN, self.flags_rqpn);
+        put(&mut b, field::SRQN, self.srqn & 0xff_ffff);
+        put(&mut b, field::SLID, self.slid.into());
+        put(&mut b, field::VLAN_INFO, self.vlan_info.into());
+        b[field::ML_PATH.off] = self.ml_path;
+        b[field::HDS_IP_EXT.off] = self.hds_ip_ext;
+        b[field::L4_L3_HDR_TYPE.off] = self.l4_l3_hdr_type;
+        if matches!(CqeOpcode::from_raw(self.opcode), CqeOpcode::ReqErr | CqeOpcode::RespErr) {
+            b[field::ERR_SYNDROME.off] = self.syndrome;
+            b[field::VENDOR_ERR_SYND.off] = self.vendor_err;
+        }
+        b[field::OP_OWN.off] = (self.opcode << 4) | (u8::from(self.solicited) << 1) | (self.owner & 1);
+        Cqe(b)
+    }
+}

@@ -1,0 +1,280 @@
+//! QP types, states and attributes (`ibv_qp_type`, `ibv_qp_state`, `ibv_qp_attr` and its mask) and verbs' modify
+//! table (`qp_state_table`, `ib_modify_qp_is_ok`) that [`check_modify`] enforces.
+
+use crate::mkey::Access;
+use crate::prm::consts;
+
+/// Transport service (`qpc.st`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum QpType {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+impl QpType {
+    pub(super) const fn st(self) -> u32 {
+        match self {
+            QpType::Rc => consts::MLX5_QP_ST_RC,
+            QpType::Ud => consts::MLX5_QP_ST_UD,
+        }
+    }
+}
+
+/// QP state (`ibv_qp_state`; `MLX5_QP_STATE_*` on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum QpState {
+    Reset,
+    Init,
+    Rtr,
+    Rts,
+    Sqd,
+    Sqe,
+    Err,
+    Unknown(u8),
+}
+
+impl QpState {
+    pub const fn from_raw(v: u8) -> Self {
+        match v as u32 {
+            consts::MLX5_QP_STATE_RST => QpState::Reset,
+            consts::MLX5_QP_STATE_INIT => QpState::Init,
+            consts::MLX5_QP_STATE_RTR => QpState::Rtr,
+            consts::MLX5_QP_STATE_RTS => QpState::Rts,
+            consts::MLX5_QP_STATE_SQD => QpState::Sqd,
+            consts::MLX5_QP_STATE_SQER => QpState::Sqe,
+            consts::MLX5_QP_STATE_ERR => QpState::Err,
+            _ => QpState::Unknown(v),
+        }
+    }
+}
+
+/// Requested capabilities (`ibv_qp_cap`); `Qp::cap` reports what was granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// Path MTU (`ib_mtu`: 1 = 256 ... 5 = 4096 bytes, the `qpc.mtu` encoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Mtu {
+    M256 = 1,
+    M512 = 2,
+    M1024 = 3,
+    M2048 = 4,
+    M4096 = 5,
+}
+
+impl Mtu {
+    pub const fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+}
+
+/// Global routing header of an address (`ibv_global_route`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Grh {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// Where packets go (`ibv_ah_attr`): LID and SL on InfiniBand; GRH and destination MAC for RoCE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AhAttr {
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub grh: Option<Grh>,
+    /// RoCE only: the next hop's MAC address.
+    pub dmac: [u8; 6],
+    pub port_num: u8,
+}
+
+/// Which [`QpAttr`] fields a modify sets (`ibv_qp_attr_mask`, same bit values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpAttrMask(pub u32);
+
+impl QpAttrMask {
+    pub const STATE: QpAttrMask = QpAttrMask(1 << 0);
+    pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(1 << 3);
+    pub const PKEY_INDEX: QpAttrMask = QpAttrMask(1 << 4);
+    pub const PORT: QpAttrMask = QpAttrMask(1 << 5);
+    pub const QKEY: QpAttrMask = QpAttrMask(1 << 6);
+    pub const AV: QpAttrMask = QpAttrMask(1 << 7);
+    pub const PATH_MTU: QpAttrMask = QpAttrMask(1 << 8);
+    pub const TIMEOUT: QpAttrMask = QpAttrMask(1 << 9);
+    pub const RETRY_CNT: QpAttrMask = QpAttrMask(1 << 10);
+    pub const RNR_RETRY: QpAttrMask = QpAttrMask(1 << 11);
+    pub const RQ_PSN: QpAttrMask = QpAttrMask(1 << 12);
+    pub const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 13);
+    pub const MIN_RNR_TIMER: QpAttrMask = QpAttrMask(1 << 15);
+    pub const SQ_PSN: QpAttrMask = QpAttrMask(1 << 16);
+    pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 17);
+    pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
+
+    pub const fn empty() -> Self {
+        QpAttrMask(0)
+    }
+    pub const fn contains(self, o: QpAttrMask) -> bool {
+        self.0 & o.0 == o.0
+    }
+}
+
+impl core::ops::BitOr for QpAttrMask {
+    type Output = QpAttrMask;
+    fn bitor(self, o: QpAttrMask) -> QpAttrMask {
+        QpAttrMask(self.0 | o.0)
+    }
+}
+
+/// Attributes of a state transition (`ibv_qp_attr`); [`QpAttrMask`] says which are meant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttr {
+    pub qp_state: QpState,
+    /// Remote read / write / atomic rights of the responder.
+    pub qp_access_flags: Access,
+    pub pkey_index: u16,
+    pub port_num: u8,
+    pub qkey: u32,
+    pub ah_attr: AhAttr,
+    pub path_mtu: Mtu,
+    /// Local ACK timeout: 4.096 µs × 2^timeout.
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    /// 7 means retry forever.
+    pub rnr_retry: u8,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub dest_qp_num: u32,
+}
+
+impl Default for QpAttr {
+    fn default() -> Self {
+        Self {
+            qp_state: QpState::Reset,
+            qp_access_flags: Access::default(),
+            pkey_index: 0,
+            port_num: 1,
+            qkey: 0,
+            ah_attr: AhAttr::default(),
+            path_mtu: Mtu::M1024,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            rq_psn: 0,
+            sq_psn: 0,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            dest_qp_num: 0,
+        }
+    }
+}
+
+/// Why a modify was refused before any command was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum ModifyError {
+    /// Not a transition verbs allows (`ib_modify_qp_is_ok`).
+    BadTransition { from: QpState, to: QpState },
+    /// Attributes this transition requires are missing.
+    MissingAttr { missing: u32 },
+    /// Attributes this transition does not take.
+    ExtraAttr { extra: u32 },
+    /// A value out of range (port, rnr_retry, ...).
+    BadValue { what: &'static str, value: u32 },
+}
+
+impl core::fmt::Display for ModifyError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ModifyError::BadTransition { from, to } => write!(f, "QP transition {from:?} -> {to:?} is not allowed"),
+            ModifyError::MissingAttr { missing } => write!(f, "QP transition misses attributes (mask {missing:#x})"),
+            ModifyError::ExtraAttr { extra } => write!(f, "QP transition does not take attributes (mask {extra:#x})"),
+            ModifyError::BadValue { what, value } => write!(f, "QP attribute {what} = {value} is out of range"),
+        }
+    }
+}
+
+/// Required and optional attributes of each transition (verbs' `qp_state_table`, for RC and UD).
+fn transition_masks(ty: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
+    use QpAttrMask as M;
+    use QpState::*;
+    let rc = ty == QpType::Rc;
+    let none = M::empty();
+    Some(match (from, to) {
+        (_, Reset) | (_, Err) if !matches!(from, Unknown(_)) => (none, none),
+        (Reset, Init) if rc => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
+        (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::QKEY, none),
+        (Init, Init) if rc => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        (Init, Init) => (none, M::PKEY_INDEX | M::PORT | M::QKEY),
+        (Init, Rtr) if rc => (
+            M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+            M::ACCESS_FLAGS | M::PKEY_INDEX,
+        ),
+        (Init, Rtr) => (none, M::PKEY_INDEX | M::QKEY),
+        (Rtr, Rts) if rc => (
+            M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+            M::ACCESS_FLAGS | M::MIN_RNR_TIMER,
+        ),
+        (Rtr, Rts) => (M::SQ_PSN, M::QKEY),
+        (Rts, Rts) if rc => (none, M::ACCESS_FLAGS | M::MIN_RNR_TIMER),
+        (Rts, Rts) => (none, M::QKEY),
+        _ => return None,
+    })
+}
+
+/// The mask a `from` → `to` modify must carry: the state bit and verbs' required attributes (`ibv_modify_qp`'s
+/// table, the one [`check_modify`] enforces); `None` for a transition verbs does not allow.
+pub fn required_attrs(ty: QpType, from: QpState, to: QpState) -> Option<QpAttrMask> {
+    transition_masks(ty, from, to).map(|(req, _)| QpAttrMask::STATE | req)
+}
+
+/// Checks a modify against the transition table (before any command is sent).
+pub fn check_modify(ty: QpType, from: QpState, attr: &QpAttr, mask: QpAttrMask) -> Result<(), ModifyError> {
+    let to = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { from };
+    let (req, opt) = transition_masks(ty, from, to).ok_or(ModifyError::BadTransition { from, to })?;
+    let given = QpAttrMask(mask.0 & !QpAttrMask::STATE.0);
+    let missing = req.0 & !given.0;
+    if missing != 0 {
+        return Err(ModifyError::MissingAttr { missing });
+    }
+    let extra = given.0 & !(req.0 | opt.0);
+    if extra != 0 {
+        return Err(ModifyError::ExtraAttr { extra });
+    }
+    if given.contains(QpAttrMask::PORT) && attr.port_num != 1 {
+        return Err(ModifyError::BadValue { what: "port_num", value: attr.port_num.into() });
+    }
+    for (m, what, v, max) in [
+        (QpAttrMask::RNR_RETRY, "rnr_retry", attr.rnr_retry, 7u8),
+        (QpAttrMask::RETRY_CNT, "retry_cnt", attr.retry_cnt, 7),
+        (QpAttrMask::TIMEOUT, "timeout", attr.timeout, 31),
+        (QpAttrMask::MIN_RNR_TIMER, "min_rnr_timer", attr.min_rnr_timer, 31),
+    ] {
+        if given.contains(m) && v > max {
+            return Err(ModifyError::BadValue { what, value: v.into() });
+        }
+    }
+    for (m, what, v) in [(QpAttrMask::RQ_PSN, "rq_psn", attr.rq_psn), (QpAttrMask::SQ_PSN, "sq_psn", attr.sq_psn)] {
+        if given.contains(m) && v > 0xff_ffff {
+            return Err(ModifyError::BadValue { what, value: v });
+        }
+    }
+    Ok(())
+}
