@@ -27,10 +27,6 @@ pub const BLOCK_DATA: usize = consts::MLX5_CMD_DATA_BLOCK_SIZE as usize;
 pub const BLOCK_STRIDE: usize = blk::SIZE.next_power_of_two();
 /// The command interface revision this driver speaks (`CMD_IF_REV`).
 pub const CMD_IF_REV: u32 = 5;
-/// Command entry type for PCI transport (`MLX5_PCI_CMD_XPORT`).
-const PCI_CMD_XPORT: u8 = consts::MLX5_PCI_CMD_XPORT as u8;
-/// Ownership bit in `status_own` (`CMD_OWNER_HW`).
-const OWNER_HW: u8 = consts::CMD_OWNER_HW as u8;
 /// Linux's default command timeout when the init segment gives none (`tout_def_sw_val[MLX5_TO_CMD_MS]`).
 pub const DEFAULT_CMD_TIMEOUT_MS: u32 = 60_000;
 /// First wait between ownership polls; doubled each time up to [`POLL_MAX_US`].
@@ -531,7 +527,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         let eoff = self.entry_off(slot);
         if self.slots[si].posted.is_some() {
             // A command that timed out may have come back since; only then is the slot free again.
-            if self.page.read_volatile_u8(eoff + lay::STATUS_OWN.off) & OWNER_HW != 0 {
+            if self.page.read_volatile_u8(eoff + lay::STATUS_OWN.off) & consts::CMD_OWNER_HW != 0 {
                 return Err(CmdError::SlotBusy { slot });
             }
             self.slots[si].posted = None;
@@ -557,7 +553,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
             return Err(CmdError::DeviceDown { opcode: Opcode::from_raw(opcode) });
         }
 
-        page.write_volatile_u8(eoff + lay::TYPE.off, PCI_CMD_XPORT);
+        page.write_volatile_u8(eoff + lay::TYPE.off, consts::MLX5_PCI_CMD_XPORT);
         Self::write_be(&page, eoff + lay::INLEN.off, &(inlen as u32).to_be_bytes());
         Self::write_be(&page, eoff + lay::OUTLEN.off, &(outlen as u32).to_be_bytes());
         if let Some(r) = in_mb.filter(|_| nin > 0) {
@@ -575,7 +571,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
                 Self::sign_blocks(&r, nout);
             }
         }
-        page.write_volatile_u8(eoff + lay::STATUS_OWN.off, OWNER_HW);
+        page.write_volatile_u8(eoff + lay::STATUS_OWN.off, consts::CMD_OWNER_HW);
         // `set_signature`: always, with `sig` still zero, so the XOR of the whole entry comes out 0xff.
         let sig = !xor8(&page, eoff, lay::SIZE);
         page.write_volatile_u8(eoff + lay::SIG.off, sig);
@@ -596,7 +592,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
             return false;
         }
         let own = self.page.read_volatile_u8(self.entry_off(slot) + lay::STATUS_OWN.off);
-        if own & OWNER_HW != 0 {
+        if own & consts::CMD_OWNER_HW != 0 {
             return false;
         }
         // Ownership came back: the output must be read only after this load.

@@ -174,7 +174,7 @@ impl Eqe {
             EventType::InternalError => Event::InternalError,
             t @ (EventType::WqCatasError | EventType::WqInvalReqError | EventType::WqAccessError) => {
                 // Only QP events name a QP; RQ, SQ and DCT events name objects this driver never creates.
-                if u32::from(b[d + c::mlx5_eqe_qp_srq::TYPE.off]) != consts::MLX5_EVENT_QUEUE_TYPE_QP {
+                if b[d + c::mlx5_eqe_qp_srq::TYPE.off] != consts::MLX5_EVENT_QUEUE_TYPE_QP {
                     return Event::Other { event_type: t.raw(), sub_type: self.sub_type() };
                 }
                 let kind = match t {
@@ -224,7 +224,7 @@ impl Eqe {
             }
             Event::InternalError => (EventType::InternalError.raw(), 0),
             Event::QpError { qpn, kind } => {
-                e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP as u8;
+                e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
                 put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, qpn & 0x00ff_ffff);
                 (kind.event_type().raw(), 0)
             }
@@ -233,7 +233,7 @@ impl Eqe {
                 // says); `Other` of such a type was another queue's, so the image names one (an RQ).
                 let t = EventType::from_raw(event_type);
                 if matches!(t, EventType::WqCatasError | EventType::WqInvalReqError | EventType::WqAccessError) {
-                    e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_RQ as u8;
+                    e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_RQ;
                 }
                 (event_type, sub_type)
             }
@@ -303,7 +303,7 @@ impl EqRing {
             return Err(EqError::BadSize { log_eq_size: log_nent });
         }
         for i in 0..(1usize << log_nent) {
-            buf.write_volatile_u8(i * EQE_SIZE + c::mlx5_eqe::OWNER.off, consts::MLX5_EQE_OWNER_INIT_VAL as u8);
+            buf.write_volatile_u8(i * EQE_SIZE + c::mlx5_eqe::OWNER.off, consts::MLX5_EQE_OWNER_INIT_VAL);
         }
         Ok(())
     }

@@ -59,7 +59,7 @@ fn image(e: &Eqe) {
         Event::QpError { qpn, kind } => {
             assert!(qpn <= 0xff_ffff);
             assert_eq!(
-                u32::from(e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off]),
+                e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off],
                 consts::MLX5_EVENT_QUEUE_TYPE_QP
             );
             kind.event_type()
@@ -79,7 +79,7 @@ fn image(e: &Eqe) {
             let qp_events = [EventType::WqCatasError, EventType::WqInvalReqError, EventType::WqAccessError];
             if qp_events.iter().any(|t| t.raw() == ty) {
                 let queue_type = e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off];
-                assert_ne!(u32::from(queue_type), consts::MLX5_EVENT_QUEUE_TYPE_QP, "a QP error left undecoded");
+                assert_ne!(queue_type, consts::MLX5_EVENT_QUEUE_TYPE_QP, "a QP error left undecoded");
             }
             EventType::from_raw(ty)
         }

@@ -1983,7 +1983,7 @@ impl<'r> Epoch<'r> {
             consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR,
             consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR,
             consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_DEAD_IRISC,
-        ]) as u8;
+        ]);
         let query = consts::MLX5_CMD_OP_QUERY_CQ as u16;
         let in_command = self.rng.one_in(3);
         let (kind, fault) = match (ending % 3, in_command) {

@@ -760,7 +760,7 @@ fn teardown_with_a_live_cq_still_disables_and_a_dead_device_destroys_locally() {
     let (mut hca, mut d) = up(&dev);
     let pd = hca.alloc_pd(&mut d).unwrap();
     let cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
-    dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR as u8);
+    dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR);
     assert!(hca.poll_health().is_err());
     assert!(matches!(hca.create_cq(CqAttr::default(), &mut d), Err(Error::InternalError { .. })));
     hca.destroy_cq(cq, &mut d).unwrap();

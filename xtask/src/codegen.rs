@@ -342,6 +342,37 @@ fn gen_c(c: &Value, o: &mut String) -> Result<(), String> {
     Ok(())
 }
 
+/// Constant families typed by the field they are written into, so no user needs `X as u8`. The rule: a value that
+/// goes into a byte of a C structure the driver reads and writes as raw bytes (`mlx5_cqe64`, `mlx5_wqe_ctrl_seg`,
+/// `mlx5_eqe`, `mlx5_cmd_layout`, the health buffer) is `u8`. Values written through an `ifc` [`Field`] stay
+/// `u32`, the type `MsgBuf::set` / `get` take. The CQE / WQE opcode and CQE syndrome families also stay `u32` for
+/// now: the simulator models those fields as `u32` throughout. Each entry: a name prefix (an exact name when it has
+/// no trailing `_`), the Rust type, and the field that sets it. Every other constant is `u32` (`i64` when negative,
+/// `u64` when wider). A value that does not fit its family's type fails generation.
+const TYPED_CONSTS: &[(&str, &str, &str)] = &[
+    ("MLX5_CQE_OWNER_MASK", "u8", "`mlx5_cqe64.op_own`, bit 0 (1 byte)"),
+    ("MLX5_WQE_CTRL_CQ_UPDATE", "u8", "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)"),
+    ("MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE", "u8", "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)"),
+    ("MLX5_WQE_CTRL_SOLICITED", "u8", "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)"),
+    ("MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE", "u8", "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)"),
+    ("MLX5_WQE_CTRL_FENCE", "u8", "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)"),
+    ("MLX5_PCI_CMD_XPORT", "u8", "`mlx5_cmd_layout.type` (1 byte)"),
+    ("CMD_OWNER_HW", "u8", "`mlx5_cmd_layout.status_own` (1 byte)"),
+    ("MLX5_EQE_OWNER_INIT_VAL", "u8", "`mlx5_eqe.owner` (1 byte)"),
+    ("MLX5_PORT_CHANGE_SUBTYPE_", "u8", "`mlx5_eqe.sub_type` (1 byte)"),
+    ("MLX5_EVENT_QUEUE_TYPE_", "u8", "`mlx5_eqe_qp_srq.type` (1 byte)"),
+    ("MLX5_INITIAL_SEG_HEALTH_SYNDROME_", "u8", "`health_buffer.synd` (1 byte)"),
+];
+
+/// The type [`TYPED_CONSTS`] gives `name` (the longest matching entry), if any.
+fn typed_const(name: &str) -> Option<(&'static str, &'static str)> {
+    TYPED_CONSTS
+        .iter()
+        .filter(|(m, _, _)| if m.ends_with('_') { name.starts_with(m) } else { name == *m })
+        .max_by_key(|(m, _, _)| m.len())
+        .map(|&(_, ty, field)| (ty, field))
+}
+
 fn const_value(v: &Value) -> Option<i128> {
     match v {
         Value::Number(n) => n.as_i64().map(i128::from).or_else(|| n.as_u64().map(i128::from)),
@@ -415,6 +446,19 @@ fn gen_consts(consts: &Value, o: &mut String) -> Result<(), String> {
         for (k, v) in table.as_object().ok_or_else(|| format!("{file}: not an object"))? {
             let Some(val) = const_value(v) else { continue };
             if !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || !seen.insert(k.clone()) {
+                continue;
+            }
+            if let Some((ty, field)) = typed_const(k) {
+                let max: i128 = if ty == "u8" { u8::MAX.into() } else { u16::MAX.into() };
+                if !(0..=max).contains(&val) {
+                    return Err(format!("{k} = {val} does not fit {ty} ({field})"));
+                }
+                writeln!(
+                    o,
+                    "    /// {file}; `{ty}`: goes into {field}\n    pub const {}: {ty} = {val};",
+                    rust_ident_upper(k)
+                )
+                .unwrap();
                 continue;
             }
             let ty = if val < 0 {

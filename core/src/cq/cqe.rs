@@ -60,7 +60,7 @@ impl CqeOpcode {
 pub const CQE64_SIZE: usize = c::mlx5_cqe64::SIZE;
 
 /// `op_own` of a CQE nobody wrote: invalid opcode, owner 1.
-pub const CQE_INIT_OP_OWN: u8 = ((consts::MLX5_CQE_INVALID as u8) << 4) | consts::MLX5_CQE_OWNER_MASK as u8;
+pub const CQE_INIT_OP_OWN: u8 = ((consts::MLX5_CQE_INVALID as u8) << 4) | consts::MLX5_CQE_OWNER_MASK;
 
 /// A CQE copied out of the ring (`struct mlx5_cqe64`; an error CQE reads the same bytes as `struct mlx5_err_cqe`).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -98,7 +98,7 @@ impl Cqe {
     }
     #[inline]
     pub fn owner(&self) -> u8 {
-        self.op_own() & consts::MLX5_CQE_OWNER_MASK as u8
+        self.op_own() & consts::MLX5_CQE_OWNER_MASK
     }
     /// Bits 3:2 of `op_own`: 0 for a normal CQE, `MLX5_COMPRESSED` for a compressed session header.
     #[inline]

@@ -7061,30 +7061,30 @@ pub mod consts {
     pub const MLX5_INITIAL_SEG_NIC_INTERFACE_SUPPORTED_DISABLED: u32 = 1;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_INITIAL_SEG_NIC_INTERFACE_SUPPORTED_NO_DRAM_NIC: u32 = 2;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR: u32 = 1;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_DEAD_IRISC: u32 = 7;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR: u32 = 8;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_CRC_ERR: u32 = 9;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_ICM_FETCH_PCI_ERR: u32 = 10;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_ICM_PAGE_ERR: u32 = 11;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN: u32 = 12;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_EQ_IN_ERR: u32 = 13;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_EQ_INV: u32 = 14;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_FFSER_ERR: u32 = 15;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_HIGH_TEMP_ERR: u32 = 16;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_ICM_PCI_POISONED_ERR: u32 = 18;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR: u8 = 1;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_DEAD_IRISC: u8 = 7;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR: u8 = 8;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_CRC_ERR: u8 = 9;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_ICM_FETCH_PCI_ERR: u8 = 10;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_ICM_PAGE_ERR: u8 = 11;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN: u8 = 12;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_EQ_IN_ERR: u8 = 13;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_EQ_INV: u8 = 14;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_FFSER_ERR: u8 = 15;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_HIGH_TEMP_ERR: u8 = 16;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `health_buffer.synd` (1 byte)
+    pub const MLX5_INITIAL_SEG_HEALTH_SYNDROME_ICM_PCI_POISONED_ERR: u8 = 18;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_MFRL_REG_PCI_RESET_METHOD_LINK_TOGGLE: u32 = 0;
     /// include/linux/mlx5/mlx5_ifc.h
@@ -7289,8 +7289,8 @@ pub mod consts {
     pub const MLX5_MAX_COMMANDS: u32 = 32;
     /// include/linux/mlx5/device.h
     pub const MLX5_CMD_DATA_BLOCK_SIZE: u32 = 512;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_PCI_CMD_XPORT: u32 = 7;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_cmd_layout.type` (1 byte)
+    pub const MLX5_PCI_CMD_XPORT: u8 = 7;
     /// include/linux/mlx5/device.h
     pub const MLX5_MKEY_BSF_OCTO_SIZE: u32 = 4;
     /// include/linux/mlx5/device.h
@@ -7421,14 +7421,14 @@ pub mod consts {
     pub const MLX5_UMR_INLINE: u32 = 128;
     /// include/linux/mlx5/device.h
     pub const MLX5_UMR_FLEX_ALIGNMENT: u32 = 64;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_QUEUE_TYPE_QP: u32 = 0;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_QUEUE_TYPE_RQ: u32 = 1;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_QUEUE_TYPE_SQ: u32 = 2;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_QUEUE_TYPE_DCT: u32 = 6;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe_qp_srq.type` (1 byte)
+    pub const MLX5_EVENT_QUEUE_TYPE_QP: u8 = 0;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe_qp_srq.type` (1 byte)
+    pub const MLX5_EVENT_QUEUE_TYPE_RQ: u8 = 1;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe_qp_srq.type` (1 byte)
+    pub const MLX5_EVENT_QUEUE_TYPE_SQ: u8 = 2;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe_qp_srq.type` (1 byte)
+    pub const MLX5_EVENT_QUEUE_TYPE_DCT: u8 = 6;
     /// include/linux/mlx5/device.h
     pub const MLX5_EVENT_TYPE_NOTIFY_ANY: u32 = 0;
     /// include/linux/mlx5/device.h
@@ -7535,20 +7535,20 @@ pub mod consts {
     pub const MLX5_GENERAL_SUBTYPE_FW_LIVE_PATCH_EVENT: u32 = 7;
     /// include/linux/mlx5/device.h
     pub const MLX5_GENERAL_SUBTYPE_PCI_SYNC_FOR_FW_UPDATE_EVENT: u32 = 8;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_PORT_CHANGE_SUBTYPE_DOWN: u32 = 1;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_PORT_CHANGE_SUBTYPE_ACTIVE: u32 = 4;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_PORT_CHANGE_SUBTYPE_INITIALIZED: u32 = 5;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_PORT_CHANGE_SUBTYPE_LID: u32 = 6;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_PORT_CHANGE_SUBTYPE_PKEY: u32 = 7;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_PORT_CHANGE_SUBTYPE_GUID: u32 = 8;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_PORT_CHANGE_SUBTYPE_CLIENT_REREG: u32 = 9;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.sub_type` (1 byte)
+    pub const MLX5_PORT_CHANGE_SUBTYPE_DOWN: u8 = 1;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.sub_type` (1 byte)
+    pub const MLX5_PORT_CHANGE_SUBTYPE_ACTIVE: u8 = 4;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.sub_type` (1 byte)
+    pub const MLX5_PORT_CHANGE_SUBTYPE_INITIALIZED: u8 = 5;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.sub_type` (1 byte)
+    pub const MLX5_PORT_CHANGE_SUBTYPE_LID: u8 = 6;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.sub_type` (1 byte)
+    pub const MLX5_PORT_CHANGE_SUBTYPE_PKEY: u8 = 7;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.sub_type` (1 byte)
+    pub const MLX5_PORT_CHANGE_SUBTYPE_GUID: u8 = 8;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.sub_type` (1 byte)
+    pub const MLX5_PORT_CHANGE_SUBTYPE_CLIENT_REREG: u8 = 9;
     /// include/linux/mlx5/device.h
     pub const MLX5_ROCE_VERSION_1: u32 = 0;
     /// include/linux/mlx5/device.h
@@ -8177,14 +8177,14 @@ pub mod consts {
     pub const MLX5_QP_BIT_CC_SLAVE_SEND: u32 = 2;
     /// include/linux/mlx5/qp.h
     pub const MLX5_QP_BIT_CC_MASTER: u32 = 1;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_WQE_CTRL_CQ_UPDATE: u32 = 8;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE: u32 = 12;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_WQE_CTRL_SOLICITED: u32 = 2;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE: u32 = 32;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)
+    pub const MLX5_WQE_CTRL_CQ_UPDATE: u8 = 8;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)
+    pub const MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE: u8 = 12;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)
+    pub const MLX5_WQE_CTRL_SOLICITED: u8 = 2;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)
+    pub const MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE: u8 = 32;
     /// include/linux/mlx5/qp.h
     pub const MLX5_SEND_WQE_DS: u32 = 16;
     /// include/linux/mlx5/qp.h
@@ -8303,8 +8303,8 @@ pub mod consts {
     pub const MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR: u32 = 22;
     /// include/linux/mlx5/cq.h
     pub const MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR: u32 = 34;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_OWNER_MASK: u32 = 1;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bit 0 (1 byte)
+    pub const MLX5_CQE_OWNER_MASK: u8 = 1;
     /// include/linux/mlx5/cq.h
     pub const MLX5_CQE_REQ: u32 = 0;
     /// include/linux/mlx5/cq.h
@@ -8357,8 +8357,8 @@ pub mod consts {
     pub const MLX5_CMD_WQ_MAX_NAME: u32 = 32;
     /// include/linux/mlx5/driver.h
     pub const CMD_OWNER_SW: u32 = 0;
-    /// include/linux/mlx5/driver.h
-    pub const CMD_OWNER_HW: u32 = 1;
+    /// include/linux/mlx5/driver.h; `u8`: goes into `mlx5_cmd_layout.status_own` (1 byte)
+    pub const CMD_OWNER_HW: u8 = 1;
     /// include/linux/mlx5/driver.h
     pub const CMD_STATUS_SUCCESS: u32 = 0;
     /// include/linux/mlx5/driver.h
@@ -8879,8 +8879,8 @@ pub mod consts {
     pub const MLX5_CMD_TIMEOUT_RECOVER_MSEC: u32 = 5000;
     /// drivers/net/ethernet/mellanox/mlx5/core/cmd.c
     pub const MLX5_MAX_MANAGE_PAGES_CMD_ENT: u32 = 1;
-    /// drivers/net/ethernet/mellanox/mlx5/core/eq.c
-    pub const MLX5_EQE_OWNER_INIT_VAL: u32 = 1;
+    /// drivers/net/ethernet/mellanox/mlx5/core/eq.c; `u8`: goes into `mlx5_eqe.owner` (1 byte)
+    pub const MLX5_EQE_OWNER_INIT_VAL: u8 = 1;
     /// drivers/net/ethernet/mellanox/mlx5/core/eq.c
     pub const MLX5_EQ_STATE_ARMED: u32 = 9;
     /// drivers/net/ethernet/mellanox/mlx5/core/eq.c
@@ -10325,8 +10325,8 @@ pub mod consts {
     pub const MLX5DV_SW_PARSING_LSO: u32 = 4;
     /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
     pub const MLX5_INVALID_LKEY: u32 = 256;
-    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
-    pub const MLX5_WQE_CTRL_FENCE: u32 = 128;
+    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h); `u8`: goes into `mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)
+    pub const MLX5_WQE_CTRL_FENCE: u8 = 128;
     /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
     pub const MLX5_SEND_WQE_SHIFT: u32 = 6;
     /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)

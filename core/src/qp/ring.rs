@@ -420,13 +420,13 @@ impl Qp {
         let signaled = self.sig_all || wr.flags.contains(SendFlags::SIGNALED);
         let mut fm_ce_se = 0u8;
         if signaled {
-            fm_ce_se |= consts::MLX5_WQE_CTRL_CQ_UPDATE as u8;
+            fm_ce_se |= consts::MLX5_WQE_CTRL_CQ_UPDATE;
         }
         if wr.flags.contains(SendFlags::SOLICITED) {
-            fm_ce_se |= consts::MLX5_WQE_CTRL_SOLICITED as u8;
+            fm_ce_se |= consts::MLX5_WQE_CTRL_SOLICITED;
         }
         if wr.flags.contains(SendFlags::FENCE) {
-            fm_ce_se |= consts::MLX5_WQE_CTRL_FENCE as u8;
+            fm_ce_se |= consts::MLX5_WQE_CTRL_FENCE;
         }
         let ctrl = ctrl_seg(self.sq_cur_post as u16, wr.op.mlx5_opcode() as u8, self.qpn, ds as u8, fm_ce_se, imm);
         self.sq_put(start, &ctrl);
