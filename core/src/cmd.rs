@@ -2,7 +2,7 @@
 //! (ENABLE_HCA, SET_ISSI, ALLOC_PD, DEALLOC_UAR, DESTROY_CQ, ...).
 
 use crate::cmdq::{write_header, CmdError, Command};
-use crate::prm::{consts, Field, MsgBuf, Opcode};
+use crate::prm::{consts, ifc, Field, MsgBuf, Opcode};
 
 /// Size of a firmware page (`MLX5_ADAPTER_PAGE_SIZE`): the unit of every page-address list (`pas[]`) and of the
 /// pages MANAGE_PAGES gives.
@@ -42,6 +42,8 @@ impl Simple {
 
 impl Command for Simple {
     /// The output field's value (a handle), or 0 when the command returns none.
+    type In = ifc::mbox_in::Bits;
+    type Out = ifc::mbox_out::Bits;
     type Output = u32;
 
     fn opcode(&self) -> Opcode {

@@ -12,7 +12,7 @@
 //! be answered while another command is outstanding on slot 0.
 
 use crate::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
-use crate::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, MsgBuf, Named, Opcode};
+use crate::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, Layout, MsgBuf, Named, Opcode};
 use crate::trace::{CmdOutcome, CmdRecord, CmdTrace};
 
 use c::mlx5_cmd_layout as lay;
@@ -153,11 +153,21 @@ impl core::fmt::Display for CmdError {
 /// `decode` reads an output of `outlen()` bytes whose header status is already known to be OK; it must validate
 /// every device-provided count or index before using it.
 pub trait Command {
+    /// The input layout (`ifc::<cmd>_in::Bits`); [`inlen`](Command::inlen) defaults to its size.
+    type In: Layout;
+    /// The output layout (`ifc::<cmd>_out::Bits`); [`outlen`](Command::outlen) defaults to its size.
+    type Out: Layout;
     type Output;
     /// The opcode `encode` writes (it picks the slot before anything is encoded).
     fn opcode(&self) -> Opcode;
-    fn inlen(&self) -> usize;
-    fn outlen(&self) -> usize;
+    /// Input message length; a command with a `pas[]` (or other variable) tail overrides it.
+    fn inlen(&self) -> usize {
+        Self::In::SIZE_BYTES
+    }
+    /// Output message length; a command that reads only part of its output overrides it.
+    fn outlen(&self) -> usize {
+        Self::Out::SIZE_BYTES
+    }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B);
     fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<Self::Output, CmdError>;
 }

@@ -28,15 +28,14 @@ pub struct CreateEq<'a> {
 
 impl Command for CreateEq<'_> {
     /// The EQ number.
+    type In = ifc::create_eq_in::Bits;
+    type Out = ifc::create_eq_out::Bits;
     type Output = u8;
     fn opcode(&self) -> Opcode {
         Opcode::CreateEq
     }
     fn inlen(&self) -> usize {
         len_with_pas(ifc::create_eq_in::PAS, self.pas.len())
-    }
-    fn outlen(&self) -> usize {
-        ifc::create_eq_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::CreateEq, 0);

@@ -59,15 +59,11 @@ impl Issi {
 pub struct QueryIssi;
 
 impl Command for QueryIssi {
+    type In = ifc::query_issi_in::Bits;
+    type Out = ifc::query_issi_out::Bits;
     type Output = Issi;
     fn opcode(&self) -> Opcode {
         Opcode::QueryIssi
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_issi_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_issi_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::QueryIssi, 0);
@@ -124,15 +120,11 @@ pub struct QueryHcaCap {
 }
 
 impl Command for QueryHcaCap {
+    type In = ifc::query_hca_cap_in::Bits;
+    type Out = ifc::query_hca_cap_out::Bits;
     type Output = CapBlock;
     fn opcode(&self) -> Opcode {
         Opcode::QueryHcaCap
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_hca_cap_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_hca_cap_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         let mode = match self.mode {
@@ -156,15 +148,11 @@ pub struct SetHcaCap<'a> {
 }
 
 impl Command for SetHcaCap<'_> {
+    type In = ifc::set_hca_cap_in::Bits;
+    type Out = ifc::set_hca_cap_out::Bits;
     type Output = ();
     fn opcode(&self) -> Opcode {
         Opcode::SetHcaCap
-    }
-    fn inlen(&self) -> usize {
-        ifc::set_hca_cap_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::set_hca_cap_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::SetHcaCap, self.cap.raw() << 1);
@@ -182,15 +170,11 @@ pub struct SetDriverVersion<'a> {
 }
 
 impl Command for SetDriverVersion<'_> {
+    type In = ifc::set_driver_version_in::Bits;
+    type Out = ifc::set_driver_version_out::Bits;
     type Output = ();
     fn opcode(&self) -> Opcode {
         Opcode::SetDriverVersion
-    }
-    fn inlen(&self) -> usize {
-        ifc::set_driver_version_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::set_driver_version_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::SetDriverVersion, 0);

@@ -71,15 +71,14 @@ impl CreateMkey<'_> {
 
 impl Command for CreateMkey<'_> {
     /// The key (`mkey_index << 8 | variant`).
+    type In = ifc::create_mkey_in::Bits;
+    type Out = ifc::create_mkey_out::Bits;
     type Output = u32;
     fn opcode(&self) -> Opcode {
         Opcode::CreateMkey
     }
     fn inlen(&self) -> usize {
         ifc::create_mkey_in::KLM_PAS_MTT.byte_off() + self.mtt_entries() * c::mlx5_mtt::SIZE
-    }
-    fn outlen(&self) -> usize {
-        ifc::create_mkey_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         use ifc::mkc;

@@ -44,15 +44,11 @@ pub struct QueryPages {
 }
 
 impl Command for QueryPages {
+    type In = ifc::query_pages_in::Bits;
+    type Out = ifc::query_pages_out::Bits;
     type Output = PageRequest;
     fn opcode(&self) -> Opcode {
         Opcode::QueryPages
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_pages_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_pages_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::QueryPages, self.stage.op_mod());
@@ -73,15 +69,14 @@ pub struct ManagePagesGive<'a> {
 }
 
 impl Command for ManagePagesGive<'_> {
+    type In = ifc::manage_pages_in::Bits;
+    type Out = ifc::manage_pages_out::Bits;
     type Output = ();
     fn opcode(&self) -> Opcode {
         Opcode::ManagePages
     }
     fn inlen(&self) -> usize {
         len_with_pas(ifc::manage_pages_in::PAS, self.pages.len())
-    }
-    fn outlen(&self) -> usize {
-        ifc::manage_pages_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::ManagePages, consts::MLX5_PAGES_GIVE as u16);
@@ -128,12 +123,11 @@ impl<S: PageSink + ?Sized> core::fmt::Debug for ManagePagesTake<'_, S> {
 }
 
 impl<S: PageSink + ?Sized> Command for ManagePagesTake<'_, S> {
+    type In = ifc::manage_pages_in::Bits;
+    type Out = ifc::manage_pages_out::Bits;
     type Output = usize;
     fn opcode(&self) -> Opcode {
         Opcode::ManagePages
-    }
-    fn inlen(&self) -> usize {
-        ifc::manage_pages_in::SIZE_BYTES
     }
     fn outlen(&self) -> usize {
         len_with_pas(ifc::manage_pages_out::PAS, self.pages.capacity())

@@ -23,15 +23,11 @@ impl VportState {
 pub struct QueryVportState;
 
 impl Command for QueryVportState {
+    type In = ifc::query_vport_state_in::Bits;
+    type Out = ifc::query_vport_state_out::Bits;
     type Output = VportState;
     fn opcode(&self) -> Opcode {
         Opcode::QueryVportState
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_vport_state_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_vport_state_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::QueryVportState, consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT as u16);
@@ -61,15 +57,11 @@ pub struct NicVportContext {
 pub struct QueryNicVportContext;
 
 impl Command for QueryNicVportContext {
+    type In = ifc::query_nic_vport_context_in::Bits;
+    type Out = ifc::query_nic_vport_context_out::Bits;
     type Output = NicVportContext;
     fn opcode(&self) -> Opcode {
         Opcode::QueryNicVportContext
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_nic_vport_context_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_nic_vport_context_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::QueryNicVportContext, 0);
@@ -119,15 +111,11 @@ pub struct QueryHcaVportContext {
 }
 
 impl Command for QueryHcaVportContext {
+    type In = ifc::query_hca_vport_context_in::Bits;
+    type Out = ifc::query_hca_vport_context_out::Bits;
     type Output = HcaVportContext;
     fn opcode(&self) -> Opcode {
         Opcode::QueryHcaVportContext
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_hca_vport_context_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_hca_vport_context_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::QueryHcaVportContext, 0);

@@ -229,7 +229,7 @@ pub fn generate(root: &Path) -> Result<String, String> {
          // re-vendor the facts (`cargo xtask vendor`) and regenerate. `cargo xtask codegen --check` fails when stale.\n\n",
     );
     o.push_str("#![allow(clippy::all, missing_docs, dead_code, unused_imports, non_upper_case_globals)]\n\n");
-    o.push_str("use super::{Array, Bytes, Field, Sub};\n\n");
+    o.push_str("use super::{Array, Bytes, Field, Layout, Sub};\n\n");
     gen_ifc(&ifc, &mut o)?;
     gen_c(&c, &mut o)?;
     gen_enums(&consts, &mut o)?;
@@ -254,6 +254,10 @@ fn gen_ifc(ifc: &Value, o: &mut String) -> Result<(), String> {
         writeln!(o, "    pub mod {} {{", rust_mod(name)).unwrap();
         writeln!(o, "        use super::*;").unwrap();
         writeln!(o, "        pub const SIZE_BYTES: usize = {};", size_bits / 8).unwrap();
+        writeln!(o, "        /// `{c_type}` as a type: [`Layout::SIZE_BYTES`] is its size.").unwrap();
+        writeln!(o, "        #[derive(Debug, Clone, Copy)]\n        pub struct Bits;").unwrap();
+        writeln!(o, "        impl Layout for Bits {{\n            const SIZE_BYTES: usize = SIZE_BYTES;\n        }}")
+            .unwrap();
         let mut seen = BTreeSet::new();
         for f in ty["fields"].as_array().ok_or_else(|| format!("{name}: no fields"))? {
             let fname = f["name"].as_str().unwrap_or("");

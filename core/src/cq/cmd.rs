@@ -64,15 +64,14 @@ pub struct CreateCq<'a> {
 }
 
 impl Command for CreateCq<'_> {
+    type In = ifc::create_cq_in::Bits;
+    type Out = ifc::create_cq_out::Bits;
     type Output = u32;
     fn opcode(&self) -> Opcode {
         Opcode::CreateCq
     }
     fn inlen(&self) -> usize {
         len_with_pas(ifc::create_cq_in::PAS, self.pas.len())
-    }
-    fn outlen(&self) -> usize {
-        ifc::create_cq_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::CreateCq, 0);
@@ -134,12 +133,11 @@ pub struct QueryCq {
 }
 
 impl Command for QueryCq {
+    type In = ifc::query_cq_in::Bits;
+    type Out = ifc::query_cq_out::Bits;
     type Output = CqState;
     fn opcode(&self) -> Opcode {
         Opcode::QueryCq
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_cq_in::SIZE_BYTES
     }
     fn outlen(&self) -> usize {
         // The context only; the page list that follows is not needed.
@@ -180,15 +178,14 @@ pub struct ModifyCqModeration {
 }
 
 impl Command for ModifyCqModeration {
+    type In = ifc::modify_cq_in::Bits;
+    type Out = ifc::modify_cq_out::Bits;
     type Output = ();
     fn opcode(&self) -> Opcode {
         Opcode::ModifyCq
     }
     fn inlen(&self) -> usize {
         ifc::modify_cq_in::PAS.byte_off()
-    }
-    fn outlen(&self) -> usize {
-        ifc::modify_cq_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         use ifc::modify_cq_in as m;
@@ -217,15 +214,14 @@ pub struct ResizeCq<'a> {
 }
 
 impl Command for ResizeCq<'_> {
+    type In = ifc::modify_cq_in::Bits;
+    type Out = ifc::modify_cq_out::Bits;
     type Output = ();
     fn opcode(&self) -> Opcode {
         Opcode::ModifyCq
     }
     fn inlen(&self) -> usize {
         len_with_pas(ifc::modify_cq_in::PAS, self.pas.len())
-    }
-    fn outlen(&self) -> usize {
-        ifc::modify_cq_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         use ifc::modify_cq_in as m;

@@ -3,7 +3,7 @@
 
 #![allow(clippy::all, missing_docs, dead_code, unused_imports, non_upper_case_globals)]
 
-use super::{Array, Bytes, Field, Sub};
+use super::{Array, Bytes, Field, Layout, Sub};
 
 /// `mlx5_ifc_*_bits` layouts (PRM big-endian bit numbering, as `MLX5_SET`/`MLX5_GET`). One module per type.
 pub mod ifc {
@@ -13,6 +13,12 @@ pub mod ifc {
     pub mod create_cq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_cq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -26,6 +32,12 @@ pub mod ifc {
     pub mod create_cq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_cq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const CQN: Field = Field::new(72, 24);
@@ -34,6 +46,12 @@ pub mod ifc {
     pub mod cqc {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_cqc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 4);
         pub const DBR_UMEM_VALID: Field = Field::new(6, 1);
         pub const APU_CQ: Field = Field::new(7, 1);
@@ -63,6 +81,12 @@ pub mod ifc {
     pub mod destroy_cq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_cq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -72,6 +96,12 @@ pub mod ifc {
     pub mod destroy_cq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_cq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -79,6 +109,12 @@ pub mod ifc {
     pub mod query_cq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_cq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const CQN: Field = Field::new(72, 24);
@@ -87,6 +123,12 @@ pub mod ifc {
     pub mod query_cq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_query_cq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Nested `cqc`.
@@ -98,6 +140,12 @@ pub mod ifc {
     pub mod modify_cq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_modify_cq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -114,6 +162,12 @@ pub mod ifc {
     pub mod modify_cq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_modify_cq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -121,6 +175,12 @@ pub mod ifc {
     pub mod create_eq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_eq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -134,6 +194,12 @@ pub mod ifc {
     pub mod create_eq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_eq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const EQ_NUMBER: Field = Field::new(88, 8);
@@ -142,6 +208,12 @@ pub mod ifc {
     pub mod eqc {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_eqc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 4);
         pub const EC: Field = Field::new(13, 1);
         pub const OI: Field = Field::new(14, 1);
@@ -158,6 +230,12 @@ pub mod ifc {
     pub mod destroy_eq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_eq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const EQ_NUMBER: Field = Field::new(88, 8);
@@ -166,6 +244,12 @@ pub mod ifc {
     pub mod destroy_eq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_eq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -173,6 +257,12 @@ pub mod ifc {
     pub mod query_eq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_eq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const EQ_NUMBER: Field = Field::new(88, 8);
@@ -181,6 +271,12 @@ pub mod ifc {
     pub mod query_eq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_query_eq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Nested `eqc`.
@@ -193,6 +289,12 @@ pub mod ifc {
     pub mod create_qp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_qp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -212,6 +314,12 @@ pub mod ifc {
     pub mod create_qp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_qp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const QPN: Field = Field::new(72, 24);
@@ -221,6 +329,12 @@ pub mod ifc {
     pub mod qpc {
         use super::*;
         pub const SIZE_BYTES: usize = 232;
+        /// `struct mlx5_ifc_qpc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATE: Field = Field::new(0, 4);
         pub const LAG_TX_PORT_AFFINITY: Field = Field::new(4, 4);
         pub const ST: Field = Field::new(8, 8);
@@ -300,6 +414,12 @@ pub mod ifc {
     pub mod ads {
         use super::*;
         pub const SIZE_BYTES: usize = 44;
+        /// `struct mlx5_ifc_ads_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const FL: Field = Field::new(0, 1);
         pub const FREE_AR: Field = Field::new(1, 1);
         pub const PKEY_INDEX: Field = Field::new(16, 16);
@@ -331,6 +451,12 @@ pub mod ifc {
     pub mod rst2init_qp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_rst2init_qp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -344,6 +470,12 @@ pub mod ifc {
     pub mod rst2init_qp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_rst2init_qp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const ECE: Field = Field::new(96, 32);
@@ -352,6 +484,12 @@ pub mod ifc {
     pub mod init2rtr_qp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_init2rtr_qp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -365,6 +503,12 @@ pub mod ifc {
     pub mod init2rtr_qp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_init2rtr_qp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const ECE: Field = Field::new(96, 32);
@@ -373,6 +517,12 @@ pub mod ifc {
     pub mod rtr2rts_qp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_rtr2rts_qp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -386,6 +536,12 @@ pub mod ifc {
     pub mod rtr2rts_qp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_rtr2rts_qp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const ECE: Field = Field::new(96, 32);
@@ -394,6 +550,12 @@ pub mod ifc {
     pub mod rts2rts_qp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_rts2rts_qp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -407,6 +569,12 @@ pub mod ifc {
     pub mod rts2rts_qp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_rts2rts_qp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const ECE: Field = Field::new(96, 32);
@@ -415,6 +583,12 @@ pub mod ifc {
     pub mod qp_2err_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_qp_2err_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -424,6 +598,12 @@ pub mod ifc {
     pub mod qp_2err_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_qp_2err_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -431,6 +611,12 @@ pub mod ifc {
     pub mod qp_2rst_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_qp_2rst_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -440,6 +626,12 @@ pub mod ifc {
     pub mod qp_2rst_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_qp_2rst_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -447,6 +639,12 @@ pub mod ifc {
     pub mod destroy_qp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_qp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -456,6 +654,12 @@ pub mod ifc {
     pub mod destroy_qp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_qp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -463,6 +667,12 @@ pub mod ifc {
     pub mod query_qp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_qp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const QPC_EXT: Field = Field::new(64, 1);
@@ -472,6 +682,12 @@ pub mod ifc {
     pub mod query_qp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 464;
+        /// `struct mlx5_ifc_query_qp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const OPT_PARAM_MASK: Field = Field::new(128, 32);
@@ -485,6 +701,12 @@ pub mod ifc {
     pub mod create_mkey_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_mkey_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -501,6 +723,12 @@ pub mod ifc {
     pub mod create_mkey_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_mkey_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const MKEY_INDEX: Field = Field::new(72, 24);
@@ -509,6 +737,12 @@ pub mod ifc {
     pub mod mkc {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_mkc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const FREE: Field = Field::new(1, 1);
         pub const ACCESS_MODE_4_2: Field = Field::new(3, 3);
         pub const RELAXED_ORDERING_WRITE: Field = Field::new(13, 1);
@@ -541,6 +775,12 @@ pub mod ifc {
     pub mod destroy_mkey_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_mkey_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -550,6 +790,12 @@ pub mod ifc {
     pub mod destroy_mkey_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_mkey_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -557,6 +803,12 @@ pub mod ifc {
     pub mod alloc_pd_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_pd_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -565,6 +817,12 @@ pub mod ifc {
     pub mod alloc_pd_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_pd_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const PD: Field = Field::new(72, 24);
@@ -573,6 +831,12 @@ pub mod ifc {
     pub mod dealloc_pd_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_pd_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -582,6 +846,12 @@ pub mod ifc {
     pub mod dealloc_pd_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_pd_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -589,6 +859,12 @@ pub mod ifc {
     pub mod alloc_uar_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_uar_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -597,6 +873,12 @@ pub mod ifc {
     pub mod alloc_uar_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_uar_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const UAR: Field = Field::new(72, 24);
@@ -605,6 +887,12 @@ pub mod ifc {
     pub mod dealloc_uar_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_uar_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -614,6 +902,12 @@ pub mod ifc {
     pub mod dealloc_uar_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_uar_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -621,6 +915,12 @@ pub mod ifc {
     pub mod alloc_transport_domain_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_transport_domain_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -629,6 +929,12 @@ pub mod ifc {
     pub mod alloc_transport_domain_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_transport_domain_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const TRANSPORT_DOMAIN: Field = Field::new(72, 24);
@@ -637,6 +943,12 @@ pub mod ifc {
     pub mod dealloc_transport_domain_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_transport_domain_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -646,6 +958,12 @@ pub mod ifc {
     pub mod dealloc_transport_domain_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_transport_domain_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -653,6 +971,12 @@ pub mod ifc {
     pub mod enable_hca_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_enable_hca_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const EMBEDDED_CPU_FUNCTION: Field = Field::new(64, 1);
@@ -662,6 +986,12 @@ pub mod ifc {
     pub mod enable_hca_out {
         use super::*;
         pub const SIZE_BYTES: usize = 12;
+        /// `struct mlx5_ifc_enable_hca_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -669,6 +999,12 @@ pub mod ifc {
     pub mod disable_hca_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_disable_hca_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const EMBEDDED_CPU_FUNCTION: Field = Field::new(64, 1);
@@ -678,6 +1014,12 @@ pub mod ifc {
     pub mod disable_hca_out {
         use super::*;
         pub const SIZE_BYTES: usize = 12;
+        /// `struct mlx5_ifc_disable_hca_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -685,6 +1027,12 @@ pub mod ifc {
     pub mod query_issi_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_issi_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
     }
@@ -692,6 +1040,12 @@ pub mod ifc {
     pub mod query_issi_out {
         use super::*;
         pub const SIZE_BYTES: usize = 112;
+        /// `struct mlx5_ifc_query_issi_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const CURRENT_ISSI: Field = Field::new(80, 16);
@@ -701,6 +1055,12 @@ pub mod ifc {
     pub mod set_issi_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_set_issi_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const CURRENT_ISSI: Field = Field::new(80, 16);
@@ -709,6 +1069,12 @@ pub mod ifc {
     pub mod set_issi_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_set_issi_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -716,6 +1082,12 @@ pub mod ifc {
     pub mod query_pages_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_pages_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const EMBEDDED_CPU_FUNCTION: Field = Field::new(64, 1);
@@ -725,6 +1097,12 @@ pub mod ifc {
     pub mod query_pages_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_pages_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const EMBEDDED_CPU_FUNCTION: Field = Field::new(64, 1);
@@ -735,6 +1113,12 @@ pub mod ifc {
     pub mod manage_pages_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_manage_pages_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const EMBEDDED_CPU_FUNCTION: Field = Field::new(64, 1);
@@ -747,6 +1131,12 @@ pub mod ifc {
     pub mod manage_pages_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_manage_pages_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const OUTPUT_NUM_ENTRIES: Field = Field::new(64, 32);
@@ -757,6 +1147,12 @@ pub mod ifc {
     pub mod query_hca_cap_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_hca_cap_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_FUNCTION: Field = Field::new(64, 1);
@@ -767,6 +1163,12 @@ pub mod ifc {
     pub mod query_hca_cap_out {
         use super::*;
         pub const SIZE_BYTES: usize = 4112;
+        /// `struct mlx5_ifc_query_hca_cap_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Nested `hca_cap_union`.
@@ -776,6 +1178,12 @@ pub mod ifc {
     pub mod set_hca_cap_in {
         use super::*;
         pub const SIZE_BYTES: usize = 4112;
+        /// `struct mlx5_ifc_set_hca_cap_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_FUNCTION: Field = Field::new(64, 1);
@@ -788,6 +1196,12 @@ pub mod ifc {
     pub mod set_hca_cap_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_set_hca_cap_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -795,6 +1209,12 @@ pub mod ifc {
     pub mod cmd_hca_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_cmd_hca_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const PAGE_REQUEST_DISABLE: Field = Field::new(6, 1);
         pub const SHARED_OBJECT_TO_USER_OBJECT_ALLOWED: Field = Field::new(16, 1);
         pub const VHCA_RESOURCE_MANAGER: Field = Field::new(31, 1);
@@ -1115,6 +1535,12 @@ pub mod ifc {
     pub mod cmd_hca_cap_2 {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_cmd_hca_cap_2_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const MIGRATABLE: Field = Field::new(128, 1);
         pub const QUERY_VUID: Field = Field::new(146, 1);
         pub const UMR_LOG_ENTITY_SIZE_5: Field = Field::new(152, 1);
@@ -1155,6 +1581,12 @@ pub mod ifc {
     pub mod hca_cap_union {
         use super::*;
         pub const SIZE_BYTES: usize = 4096;
+        /// `union mlx5_ifc_hca_cap_union_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `cmd_hca_cap`.
         pub const CMD_HCA_CAP: Sub = Sub::new(0, 256);
         /// Nested `cmd_hca_cap_2`.
@@ -1202,6 +1634,12 @@ pub mod ifc {
     pub mod init_hca_in {
         use super::*;
         pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_init_hca_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const SW_VHCA_ID: Field = Field::new(98, 14);
@@ -1211,6 +1649,12 @@ pub mod ifc {
     pub mod init_hca_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_init_hca_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -1218,6 +1662,12 @@ pub mod ifc {
     pub mod teardown_hca_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_teardown_hca_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const PROFILE: Field = Field::new(80, 16);
@@ -1226,6 +1676,12 @@ pub mod ifc {
     pub mod teardown_hca_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_teardown_hca_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const STATE: Field = Field::new(127, 1);
@@ -1234,6 +1690,12 @@ pub mod ifc {
     pub mod query_adapter_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_adapter_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
     }
@@ -1241,6 +1703,12 @@ pub mod ifc {
     pub mod query_adapter_out {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_query_adapter_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Nested `query_adapter_param_block`.
@@ -1250,6 +1718,12 @@ pub mod ifc {
     pub mod query_adapter_param_block {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_query_adapter_param_block_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const IEEE_VENDOR_ID: Field = Field::new(200, 24);
         pub const VSD_VENDOR_ID: Field = Field::new(240, 16);
         pub const VSD: Array = Array::new(256, 208, 8);
@@ -1259,6 +1733,12 @@ pub mod ifc {
     pub mod query_special_contexts_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_special_contexts_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
     }
@@ -1266,6 +1746,12 @@ pub mod ifc {
     pub mod query_special_contexts_out {
         use super::*;
         pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_query_special_contexts_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const DUMP_FILL_MKEY: Field = Field::new(64, 32);
@@ -1278,6 +1764,12 @@ pub mod ifc {
     pub mod query_vport_state_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_vport_state_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -1287,6 +1779,12 @@ pub mod ifc {
     pub mod query_vport_state_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_vport_state_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const ADMIN_STATE: Field = Field::new(120, 4);
@@ -1296,6 +1794,12 @@ pub mod ifc {
     pub mod query_nic_vport_context_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_nic_vport_context_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -1306,6 +1810,12 @@ pub mod ifc {
     pub mod query_nic_vport_context_out {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_query_nic_vport_context_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Nested `nic_vport_context`.
@@ -1315,6 +1825,12 @@ pub mod ifc {
     pub mod nic_vport_context {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_nic_vport_context_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const MIN_WQE_INLINE_MODE: Field = Field::new(5, 3);
         pub const DISABLE_MC_LOCAL_LB: Field = Field::new(29, 1);
         pub const DISABLE_UC_LOCAL_LB: Field = Field::new(30, 1);
@@ -1348,6 +1864,12 @@ pub mod ifc {
     pub mod query_hca_vport_context_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_hca_vport_context_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -1358,6 +1880,12 @@ pub mod ifc {
     pub mod query_hca_vport_context_out {
         use super::*;
         pub const SIZE_BYTES: usize = 528;
+        /// `struct mlx5_ifc_query_hca_vport_context_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Nested `hca_vport_context`.
@@ -1367,6 +1895,12 @@ pub mod ifc {
     pub mod hca_vport_context {
         use super::*;
         pub const SIZE_BYTES: usize = 512;
+        /// `struct mlx5_ifc_hca_vport_context_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const FIELD_SELECT: Field = Field::new(0, 32);
         pub const SM_VIRT_AWARE: Field = Field::new(256, 1);
         pub const HAS_SMI: Field = Field::new(257, 1);
@@ -1397,6 +1931,12 @@ pub mod ifc {
     pub mod query_hca_vport_gid_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_hca_vport_gid_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -1408,6 +1948,12 @@ pub mod ifc {
     pub mod query_hca_vport_gid_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_hca_vport_gid_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const GIDS_NUM: Field = Field::new(96, 16);
@@ -1419,6 +1965,12 @@ pub mod ifc {
     pub mod create_srq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_srq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -1431,6 +1983,12 @@ pub mod ifc {
     pub mod create_srq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_srq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const SRQN: Field = Field::new(72, 24);
@@ -1439,6 +1997,12 @@ pub mod ifc {
     pub mod srqc {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_srqc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATE: Field = Field::new(0, 4);
         pub const LOG_SRQ_SIZE: Field = Field::new(4, 4);
         pub const WQ_SIGNATURE: Field = Field::new(32, 1);
@@ -1458,6 +2022,12 @@ pub mod ifc {
     pub mod create_rq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_rq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -1468,6 +2038,12 @@ pub mod ifc {
     pub mod create_rq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_rq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const RQN: Field = Field::new(72, 24);
@@ -1476,6 +2052,12 @@ pub mod ifc {
     pub mod rqc {
         use super::*;
         pub const SIZE_BYTES: usize = 240;
+        /// `struct mlx5_ifc_rqc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const RLKY: Field = Field::new(0, 1);
         pub const DELAY_DROP_EN: Field = Field::new(1, 1);
         pub const SCATTER_FCS: Field = Field::new(2, 1);
@@ -1501,6 +2083,12 @@ pub mod ifc {
     pub mod wq {
         use super::*;
         pub const SIZE_BYTES: usize = 192;
+        /// `struct mlx5_ifc_wq_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const WQ_TYPE: Field = Field::new(0, 4);
         pub const WQ_SIGNATURE: Field = Field::new(4, 1);
         pub const END_PADDING_MODE: Field = Field::new(5, 2);
@@ -1541,6 +2129,12 @@ pub mod ifc {
     pub mod create_sq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_sq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -1551,6 +2145,12 @@ pub mod ifc {
     pub mod create_sq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_sq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const SQN: Field = Field::new(72, 24);
@@ -1559,6 +2159,12 @@ pub mod ifc {
     pub mod sqc {
         use super::*;
         pub const SIZE_BYTES: usize = 240;
+        /// `struct mlx5_ifc_sqc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const RLKY: Field = Field::new(0, 1);
         pub const CD_MASTER: Field = Field::new(1, 1);
         pub const FRE: Field = Field::new(2, 1);
@@ -1587,6 +2193,12 @@ pub mod ifc {
     pub mod create_tis_in {
         use super::*;
         pub const SIZE_BYTES: usize = 192;
+        /// `struct mlx5_ifc_create_tis_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -1597,6 +2209,12 @@ pub mod ifc {
     pub mod create_tis_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_tis_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const TISN: Field = Field::new(72, 24);
@@ -1605,6 +2223,12 @@ pub mod ifc {
     pub mod tisc {
         use super::*;
         pub const SIZE_BYTES: usize = 160;
+        /// `struct mlx5_ifc_tisc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STRICT_LAG_TX_PORT_AFFINITY: Field = Field::new(0, 1);
         pub const TLS_EN: Field = Field::new(1, 1);
         pub const LAG_TX_PORT_AFFINITY: Field = Field::new(4, 4);
@@ -1617,6 +2241,12 @@ pub mod ifc {
     pub mod create_tir_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_tir_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -1627,6 +2257,12 @@ pub mod ifc {
     pub mod create_tir_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_tir_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const ICM_ADDRESS_63_40: Field = Field::new(8, 24);
         pub const SYNDROME: Field = Field::new(32, 32);
@@ -1638,6 +2274,12 @@ pub mod ifc {
     pub mod tirc {
         use super::*;
         pub const SIZE_BYTES: usize = 240;
+        /// `struct mlx5_ifc_tirc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const DISP_TYPE: Field = Field::new(32, 4);
         pub const TLS_EN: Field = Field::new(36, 1);
         pub const LRO_TIMEOUT_PERIOD_USECS: Field = Field::new(132, 16);
@@ -1660,6 +2302,12 @@ pub mod ifc {
     pub mod access_register_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_access_register_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const REGISTER_ID: Field = Field::new(80, 16);
@@ -1671,6 +2319,12 @@ pub mod ifc {
     pub mod access_register_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_access_register_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Flexible array: element `i` at `offset + i * elem_bits`.
@@ -1680,6 +2334,12 @@ pub mod ifc {
     pub mod pmtu_reg {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_pmtu_reg_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const LOCAL_PORT: Field = Field::new(8, 8);
         pub const MAX_MTU: Field = Field::new(32, 16);
         pub const ADMIN_MTU: Field = Field::new(64, 16);
@@ -1689,6 +2349,12 @@ pub mod ifc {
     pub mod paos_reg {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_paos_reg_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const SWID: Field = Field::new(0, 8);
         pub const LOCAL_PORT: Field = Field::new(8, 8);
         pub const ADMIN_STATUS: Field = Field::new(20, 4);
@@ -1701,6 +2367,12 @@ pub mod ifc {
     pub mod ptys_reg {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_ptys_reg_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const AN_DISABLE_ADMIN: Field = Field::new(1, 1);
         pub const AN_DISABLE_CAP: Field = Field::new(2, 1);
         pub const LOCAL_PORT: Field = Field::new(8, 8);
@@ -1727,6 +2399,12 @@ pub mod ifc {
     pub mod mbox_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_mbox_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -1735,6 +2413,12 @@ pub mod ifc {
     pub mod mbox_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_mbox_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -1742,6 +2426,12 @@ pub mod ifc {
     pub mod health_buffer {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_health_buffer_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const ASSERT_EXISTPTR: Field = Field::new(256, 32);
         pub const ASSERT_CALLRA: Field = Field::new(288, 32);
         pub const TIME: Field = Field::new(352, 32);
@@ -1758,6 +2448,12 @@ pub mod ifc {
     pub mod initial_seg {
         use super::*;
         pub const SIZE_BYTES: usize = 16396;
+        /// `struct mlx5_ifc_initial_seg_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const FW_REV_MINOR: Field = Field::new(0, 16);
         pub const FW_REV_MAJOR: Field = Field::new(16, 16);
         pub const CMD_INTERFACE_REV: Field = Field::new(32, 16);
@@ -1782,6 +2478,12 @@ pub mod ifc {
     pub mod eqe {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_eqe_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const EVENT_TYPE: Field = Field::new(8, 8);
         pub const EVENT_SUB_TYPE: Field = Field::new(24, 8);
         /// Nested `event_auto`.
@@ -1793,6 +2495,12 @@ pub mod ifc {
     pub mod cmd_pas {
         use super::*;
         pub const SIZE_BYTES: usize = 8;
+        /// `struct mlx5_ifc_cmd_pas_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const PA_H: Field = Field::new(0, 32);
         pub const PA_L: Field = Field::new(32, 20);
     }
@@ -1800,6 +2508,12 @@ pub mod ifc {
     pub mod set_driver_version_in {
         use super::*;
         pub const SIZE_BYTES: usize = 80;
+        /// `struct mlx5_ifc_set_driver_version_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const DRIVER_VERSION: Array = Array::new(128, 64, 8);
@@ -1808,6 +2522,12 @@ pub mod ifc {
     pub mod set_driver_version_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_set_driver_version_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -1815,6 +2535,12 @@ pub mod ifc {
     pub mod roce_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_roce_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const ROCE_APM: Field = Field::new(0, 1);
         pub const SW_R_ROCE_SRC_UDP_PORT: Field = Field::new(4, 1);
         pub const FL_RC_QP_WHEN_ROCE_DISABLED: Field = Field::new(5, 1);
@@ -1833,6 +2559,12 @@ pub mod ifc {
     pub mod atomic_caps {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_atomic_caps_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const ATOMIC_REQ_8B_ENDIANNESS_MODE: Field = Field::new(64, 2);
         pub const SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1: Field = Field::new(70, 1);
         pub const ATOMIC_OPERATIONS: Field = Field::new(144, 16);
@@ -1843,6 +2575,12 @@ pub mod ifc {
     pub mod odp_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_odp_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `odp_scheme_cap`.
         pub const TRANSPORT_PAGE_FAULT_SCHEME_CAP: Sub = Sub::new(0, 64);
         /// Nested `odp_scheme_cap`.
@@ -1853,6 +2591,12 @@ pub mod ifc {
     pub mod set_roce_address_in {
         use super::*;
         pub const SIZE_BYTES: usize = 48;
+        /// `struct mlx5_ifc_set_roce_address_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const ROCE_ADDRESS_INDEX: Field = Field::new(64, 16);
@@ -1864,6 +2608,12 @@ pub mod ifc {
     pub mod set_roce_address_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_set_roce_address_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -1871,6 +2621,12 @@ pub mod ifc {
     pub mod query_roce_address_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_roce_address_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const ROCE_ADDRESS_INDEX: Field = Field::new(64, 16);
@@ -1880,6 +2636,12 @@ pub mod ifc {
     pub mod query_roce_address_out {
         use super::*;
         pub const SIZE_BYTES: usize = 48;
+        /// `struct mlx5_ifc_query_roce_address_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Nested `roce_addr_layout`.
@@ -1889,6 +2651,12 @@ pub mod ifc {
     pub mod roce_addr_layout {
         use super::*;
         pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_roce_addr_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const SOURCE_L3_ADDRESS: Array = Array::new(0, 16, 8);
         pub const VLAN_VALID: Field = Field::new(131, 1);
         pub const VLAN_ID: Field = Field::new(132, 12);
@@ -1901,6 +2669,12 @@ pub mod ifc {
     pub mod alloc_q_counter_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_q_counter_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -1909,6 +2683,12 @@ pub mod ifc {
     pub mod alloc_q_counter_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_q_counter_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const COUNTER_SET_ID: Field = Field::new(88, 8);
@@ -1917,6 +2697,12 @@ pub mod ifc {
     pub mod dealloc_q_counter_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_q_counter_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const COUNTER_SET_ID: Field = Field::new(88, 8);
@@ -1925,6 +2711,12 @@ pub mod ifc {
     pub mod dealloc_q_counter_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_q_counter_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -1932,6 +2724,12 @@ pub mod ifc {
     pub mod query_q_counter_in {
         use super::*;
         pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_query_q_counter_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -1944,6 +2742,12 @@ pub mod ifc {
     pub mod query_q_counter_out {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_query_q_counter_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const RX_WRITE_REQUESTS: Field = Field::new(128, 32);
@@ -1987,6 +2791,12 @@ pub mod ifc {
     pub mod destroy_srq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_srq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -1996,6 +2806,12 @@ pub mod ifc {
     pub mod destroy_srq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_srq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2003,6 +2819,12 @@ pub mod ifc {
     pub mod query_srq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_srq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const SRQN: Field = Field::new(72, 24);
@@ -2011,6 +2833,12 @@ pub mod ifc {
     pub mod query_srq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_query_srq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Nested `srqc`.
@@ -2022,6 +2850,12 @@ pub mod ifc {
     pub mod arm_rq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_arm_rq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2032,6 +2866,12 @@ pub mod ifc {
     pub mod arm_rq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_arm_rq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2039,6 +2879,12 @@ pub mod ifc {
     pub mod create_rmp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_rmp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2049,6 +2895,12 @@ pub mod ifc {
     pub mod create_rmp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_rmp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const RMPN: Field = Field::new(72, 24);
@@ -2057,6 +2909,12 @@ pub mod ifc {
     pub mod rmpc {
         use super::*;
         pub const SIZE_BYTES: usize = 240;
+        /// `struct mlx5_ifc_rmpc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATE: Field = Field::new(8, 4);
         pub const BASIC_CYCLIC_RCV_WQE: Field = Field::new(32, 1);
         /// Nested `wq`.
@@ -2066,6 +2924,12 @@ pub mod ifc {
     pub mod modify_rmp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_modify_rmp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2080,6 +2944,12 @@ pub mod ifc {
     pub mod modify_rmp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_modify_rmp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2087,12 +2957,24 @@ pub mod ifc {
     pub mod rmp_bitmask {
         use super::*;
         pub const SIZE_BYTES: usize = 8;
+        /// `struct mlx5_ifc_rmp_bitmask_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const LWM: Field = Field::new(63, 1);
     }
     /// `struct mlx5_ifc_query_rmp_in_bits`: 16 bytes.
     pub mod query_rmp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_rmp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const RMPN: Field = Field::new(72, 24);
@@ -2101,6 +2983,12 @@ pub mod ifc {
     pub mod query_rmp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_query_rmp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Nested `rmpc`.
@@ -2110,6 +2998,12 @@ pub mod ifc {
     pub mod destroy_rmp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_rmp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2119,6 +3013,12 @@ pub mod ifc {
     pub mod destroy_rmp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_rmp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2126,6 +3026,12 @@ pub mod ifc {
     pub mod init2init_qp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_init2init_qp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2139,6 +3045,12 @@ pub mod ifc {
     pub mod init2init_qp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_init2init_qp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const ECE: Field = Field::new(96, 32);
@@ -2147,6 +3059,12 @@ pub mod ifc {
     pub mod sqerr2rts_qp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_sqerr2rts_qp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2159,6 +3077,12 @@ pub mod ifc {
     pub mod sqerr2rts_qp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_sqerr2rts_qp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2166,6 +3090,12 @@ pub mod ifc {
     pub mod sqd2rts_qp_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_sqd2rts_qp_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2178,6 +3108,12 @@ pub mod ifc {
     pub mod sqd2rts_qp_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_sqd2rts_qp_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2185,6 +3121,12 @@ pub mod ifc {
     pub mod alloc_xrcd_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_xrcd_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2193,6 +3135,12 @@ pub mod ifc {
     pub mod alloc_xrcd_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_xrcd_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const XRCD: Field = Field::new(72, 24);
@@ -2201,6 +3149,12 @@ pub mod ifc {
     pub mod dealloc_xrcd_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_xrcd_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2210,6 +3164,12 @@ pub mod ifc {
     pub mod dealloc_xrcd_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_xrcd_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2217,6 +3177,12 @@ pub mod ifc {
     pub mod create_xrc_srq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_xrc_srq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2230,6 +3196,12 @@ pub mod ifc {
     pub mod create_xrc_srq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_xrc_srq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const XRC_SRQN: Field = Field::new(72, 24);
@@ -2238,6 +3210,12 @@ pub mod ifc {
     pub mod xrc_srqc {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_xrc_srqc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATE: Field = Field::new(0, 4);
         pub const LOG_XRC_SRQ_SIZE: Field = Field::new(4, 4);
         pub const WQ_SIGNATURE: Field = Field::new(32, 1);
@@ -2262,6 +3240,12 @@ pub mod ifc {
     pub mod destroy_xrc_srq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_xrc_srq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2271,6 +3255,12 @@ pub mod ifc {
     pub mod destroy_xrc_srq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_xrc_srq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2278,6 +3268,12 @@ pub mod ifc {
     pub mod attach_to_mcg_in {
         use super::*;
         pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_attach_to_mcg_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2288,6 +3284,12 @@ pub mod ifc {
     pub mod attach_to_mcg_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_attach_to_mcg_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2295,6 +3297,12 @@ pub mod ifc {
     pub mod detach_from_mcg_in {
         use super::*;
         pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_detach_from_mcg_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2305,6 +3313,12 @@ pub mod ifc {
     pub mod detach_from_mcg_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_detach_from_mcg_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2312,6 +3326,12 @@ pub mod ifc {
     pub mod query_hca_vport_pkey_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_hca_vport_pkey_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -2323,6 +3343,12 @@ pub mod ifc {
     pub mod query_hca_vport_pkey_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_hca_vport_pkey_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Array of `pkey`.
@@ -2333,6 +3359,12 @@ pub mod ifc {
     pub mod modify_sq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_modify_sq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2346,6 +3378,12 @@ pub mod ifc {
     pub mod modify_sq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_modify_sq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2353,6 +3391,12 @@ pub mod ifc {
     pub mod modify_rq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_modify_rq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2366,6 +3410,12 @@ pub mod ifc {
     pub mod modify_rq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_modify_rq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2373,6 +3423,12 @@ pub mod ifc {
     pub mod destroy_sq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_sq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2382,6 +3438,12 @@ pub mod ifc {
     pub mod destroy_sq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_sq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2389,6 +3451,12 @@ pub mod ifc {
     pub mod destroy_rq_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_rq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2398,6 +3466,12 @@ pub mod ifc {
     pub mod destroy_rq_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_rq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2405,6 +3479,12 @@ pub mod ifc {
     pub mod destroy_tis_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_tis_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2414,6 +3494,12 @@ pub mod ifc {
     pub mod destroy_tis_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_tis_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2421,6 +3507,12 @@ pub mod ifc {
     pub mod destroy_tir_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_tir_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const UID: Field = Field::new(16, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
@@ -2430,6 +3522,12 @@ pub mod ifc {
     pub mod destroy_tir_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_tir_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2437,6 +3535,12 @@ pub mod ifc {
     pub mod create_flow_group_in {
         use super::*;
         pub const SIZE_BYTES: usize = 1024;
+        /// `struct mlx5_ifc_create_flow_group_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -2456,6 +3560,12 @@ pub mod ifc {
     pub mod create_flow_group_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_flow_group_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         pub const GROUP_ID: Field = Field::new(72, 24);
@@ -2464,6 +3574,12 @@ pub mod ifc {
     pub mod destroy_flow_group_in {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_destroy_flow_group_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -2476,6 +3592,12 @@ pub mod ifc {
     pub mod destroy_flow_group_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_flow_group_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2483,6 +3605,12 @@ pub mod ifc {
     pub mod set_fte_in {
         use super::*;
         pub const SIZE_BYTES: usize = 832;
+        /// `struct mlx5_ifc_set_fte_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -2499,6 +3627,12 @@ pub mod ifc {
     pub mod set_fte_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_set_fte_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2506,6 +3640,12 @@ pub mod ifc {
     pub mod flow_context {
         use super::*;
         pub const SIZE_BYTES: usize = 768;
+        /// `struct mlx5_ifc_flow_context_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `vlan`.
         pub const PUSH_VLAN: Sub = Sub::new(0, 4);
         pub const GROUP_ID: Field = Field::new(32, 32);
@@ -2534,6 +3674,12 @@ pub mod ifc {
     pub mod dest_format_struct {
         use super::*;
         pub const SIZE_BYTES: usize = 8;
+        /// `struct mlx5_ifc_dest_format_struct_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const DESTINATION_TYPE: Field = Field::new(0, 8);
         pub const DESTINATION_ID: Field = Field::new(8, 24);
         pub const DESTINATION_ESWITCH_OWNER_VHCA_ID_VALID: Field = Field::new(32, 1);
@@ -2545,6 +3691,12 @@ pub mod ifc {
     pub mod fte_match_param {
         use super::*;
         pub const SIZE_BYTES: usize = 512;
+        /// `struct mlx5_ifc_fte_match_param_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `fte_match_set_lyr_2_4`.
         pub const OUTER_HEADERS: Sub = Sub::new(0, 64);
         /// Nested `fte_match_set_misc`.
@@ -2564,6 +3716,12 @@ pub mod ifc {
     pub mod delete_fte_in {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_delete_fte_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -2576,6 +3734,12 @@ pub mod ifc {
     pub mod delete_fte_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_delete_fte_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2583,6 +3747,12 @@ pub mod ifc {
     pub mod modify_nic_vport_context_in {
         use super::*;
         pub const SIZE_BYTES: usize = 512;
+        /// `struct mlx5_ifc_modify_nic_vport_context_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const OTHER_VPORT: Field = Field::new(64, 1);
@@ -2596,6 +3766,12 @@ pub mod ifc {
     pub mod modify_nic_vport_context_out {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_modify_nic_vport_context_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
     }
@@ -2603,6 +3779,12 @@ pub mod ifc {
     pub mod query_mkey_in {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_mkey_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OPCODE: Field = Field::new(0, 16);
         pub const OP_MOD: Field = Field::new(48, 16);
         pub const MKEY_INDEX: Field = Field::new(72, 24);
@@ -2612,6 +3794,12 @@ pub mod ifc {
     pub mod query_mkey_out {
         use super::*;
         pub const SIZE_BYTES: usize = 304;
+        /// `struct mlx5_ifc_query_mkey_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const STATUS: Field = Field::new(0, 8);
         pub const SYNDROME: Field = Field::new(32, 32);
         /// Nested `mkc`.
@@ -2623,24 +3811,48 @@ pub mod ifc {
     pub mod array128_auto {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_array128_auto_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const ARRAY128_AUTO: Array = Array::new(0, 16, 8);
     }
     /// `struct mlx5_ifc_cmd_inter_comp_event_bits`: 28 bytes.
     pub mod cmd_inter_comp_event {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `struct mlx5_ifc_cmd_inter_comp_event_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const COMMAND_COMPLETION_VECTOR: Field = Field::new(0, 32);
     }
     /// `struct mlx5_ifc_comp_event_bits`: 28 bytes.
     pub mod comp_event {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `struct mlx5_ifc_comp_event_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const CQ_NUMBER: Field = Field::new(200, 24);
     }
     /// `struct mlx5_ifc_cq_error_bits`: 28 bytes.
     pub mod cq_error {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `struct mlx5_ifc_cq_error_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const CQN: Field = Field::new(8, 24);
         pub const SYNDROME: Field = Field::new(88, 8);
     }
@@ -2648,6 +3860,12 @@ pub mod ifc {
     pub mod cqe_error_syndrome {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_cqe_error_syndrome_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const HW_ERROR_SYNDROME: Field = Field::new(0, 8);
         pub const HW_SYNDROME_TYPE: Field = Field::new(8, 4);
         pub const VENDOR_ERROR_SYNDROME: Field = Field::new(16, 8);
@@ -2657,6 +3875,12 @@ pub mod ifc {
     pub mod crypto_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_crypto_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const SYNCHRONIZE_DEK: Field = Field::new(3, 1);
         pub const INT_KEK_MANUAL: Field = Field::new(4, 1);
         pub const INT_KEK_AUTO: Field = Field::new(5, 1);
@@ -2670,6 +3894,12 @@ pub mod ifc {
     pub mod db_bf_congestion_event {
         use super::*;
         pub const SIZE_BYTES: usize = 24;
+        /// `struct mlx5_ifc_db_bf_congestion_event_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const EVENT_SUBTYPE: Field = Field::new(0, 8);
         pub const CONGESTION_LEVEL: Field = Field::new(16, 8);
     }
@@ -2677,12 +3907,24 @@ pub mod ifc {
     pub mod dct_events {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `struct mlx5_ifc_dct_events_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const DCT_NUMBER: Field = Field::new(200, 24);
     }
     /// `struct mlx5_ifc_debug_cap_bits`: 256 bytes.
     pub mod debug_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_debug_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const CORE_DUMP_GENERAL: Field = Field::new(0, 1);
         pub const CORE_DUMP_QP: Field = Field::new(1, 1);
         pub const RESOURCE_DUMP: Field = Field::new(9, 1);
@@ -2692,6 +3934,12 @@ pub mod ifc {
     pub mod dest_format_flow_counter_list_auto {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `union mlx5_ifc_dest_format_flow_counter_list_auto_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `extended_dest_format`.
         pub const EXTENDED_DEST_FORMAT: Sub = Sub::new(0, 16);
         /// Nested `flow_counter_list`.
@@ -2701,6 +3949,12 @@ pub mod ifc {
     pub mod device_mem_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_device_mem_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const MEMIC: Field = Field::new(0, 1);
         pub const LOG_MIN_MEMIC_ALLOC_SIZE: Field = Field::new(43, 5);
         pub const LOG_MAX_MEMIC_ADDR_ALIGNMENT: Field = Field::new(56, 8);
@@ -2722,11 +3976,23 @@ pub mod ifc {
     pub mod dropped_packet_logged {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `struct mlx5_ifc_dropped_packet_logged_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
     }
     /// `struct mlx5_ifc_e_switch_cap_bits`: 256 bytes.
     pub mod e_switch_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_e_switch_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const VPORT_SVLAN_STRIP: Field = Field::new(0, 1);
         pub const VPORT_CVLAN_STRIP: Field = Field::new(1, 1);
         pub const VPORT_SVLAN_INSERT: Field = Field::new(2, 1);
@@ -2754,6 +4020,12 @@ pub mod ifc {
     pub mod esw_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_esw_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const MERGED_ESWITCH: Field = Field::new(29, 1);
         pub const ESW_MANAGER_VPORT_NUMBER_VALID: Field = Field::new(96, 1);
         pub const ESW_MANAGER_VPORT_NUMBER: Field = Field::new(112, 16);
@@ -2762,6 +4034,12 @@ pub mod ifc {
     pub mod event_auto {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `union mlx5_ifc_event_auto_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `comp_event`.
         pub const COMP_EVENT: Sub = Sub::new(0, 28);
         /// Nested `dct_events`.
@@ -2791,6 +4069,12 @@ pub mod ifc {
     pub mod exe_aso_ctrl {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `union mlx5_ifc_exe_aso_ctrl` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `exe_aso_ctrl_flow_meter`.
         pub const EXE_ASO_CTRL_FLOW_METER: Sub = Sub::new(0, 4);
     }
@@ -2798,6 +4082,12 @@ pub mod ifc {
     pub mod exe_aso_ctrl_flow_meter {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_exe_aso_ctrl_flow_meter_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const RETURN_REG_ID: Field = Field::new(0, 4);
         pub const ASO_TYPE: Field = Field::new(4, 4);
         pub const ACTION: Field = Field::new(28, 1);
@@ -2808,6 +4098,12 @@ pub mod ifc {
     pub mod execute_aso {
         use super::*;
         pub const SIZE_BYTES: usize = 8;
+        /// `struct mlx5_ifc_execute_aso_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const VALID: Field = Field::new(0, 1);
         pub const ASO_OBJECT_ID: Field = Field::new(8, 24);
         /// Nested `exe_aso_ctrl`.
@@ -2817,6 +4113,12 @@ pub mod ifc {
     pub mod extended_dest_format {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_extended_dest_format_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `dest_format_struct`.
         pub const DESTINATION_ENTRY: Sub = Sub::new(0, 8);
         pub const PACKET_REFORMAT_ID: Field = Field::new(64, 32);
@@ -2825,12 +4127,24 @@ pub mod ifc {
     pub mod flow_counter_list {
         use super::*;
         pub const SIZE_BYTES: usize = 8;
+        /// `struct mlx5_ifc_flow_counter_list_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const FLOW_COUNTER_ID: Field = Field::new(0, 32);
     }
     /// `struct mlx5_ifc_flow_table_eswitch_cap_bits`: 4096 bytes.
     pub mod flow_table_eswitch_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 4096;
+        /// `struct mlx5_ifc_flow_table_eswitch_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const FDB_TO_VPORT_REG_C_ID: Field = Field::new(0, 8);
         pub const FDB_UPLINK_HAIRPIN: Field = Field::new(13, 1);
         pub const FDB_MULTI_PATH_ANY_TABLE_LIMIT_REGC: Field = Field::new(14, 1);
@@ -2861,6 +4175,12 @@ pub mod ifc {
     pub mod flow_table_fields_supported {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_flow_table_fields_supported_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const OUTER_DMAC: Field = Field::new(0, 1);
         pub const OUTER_SMAC: Field = Field::new(1, 1);
         pub const OUTER_ETHER_TYPE: Field = Field::new(2, 1);
@@ -2934,6 +4254,12 @@ pub mod ifc {
     pub mod flow_table_fields_supported_2 {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_flow_table_fields_supported_2_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const INNER_L4_TYPE: Field = Field::new(2, 1);
         pub const OUTER_L4_TYPE: Field = Field::new(3, 1);
         pub const BTH_OPCODE: Field = Field::new(14, 1);
@@ -2943,6 +4269,12 @@ pub mod ifc {
     pub mod flow_table_nic_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 4096;
+        /// `struct mlx5_ifc_flow_table_nic_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const NIC_RX_MULTI_PATH_TIRS: Field = Field::new(0, 1);
         pub const NIC_RX_MULTI_PATH_TIRS_FTS: Field = Field::new(1, 1);
         pub const ALLOW_SNIFFER_AND_NIC_RX_SHARED_TIR: Field = Field::new(2, 1);
@@ -2976,6 +4308,12 @@ pub mod ifc {
     pub mod flow_table_prop_layout {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_flow_table_prop_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const FT_SUPPORT: Field = Field::new(0, 1);
         pub const FLOW_COUNTER: Field = Field::new(2, 1);
         pub const FLOW_MODIFY_EN: Field = Field::new(3, 1);
@@ -3037,6 +4375,12 @@ pub mod ifc {
     pub mod fpga_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_fpga_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const FPGA_ID: Field = Field::new(0, 8);
         pub const FPGA_DEVICE: Field = Field::new(8, 24);
         pub const REGISTER_FILE_VER: Field = Field::new(32, 32);
@@ -3064,6 +4408,12 @@ pub mod ifc {
     pub mod fpga_shell_caps {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_fpga_shell_caps_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const MAX_NUM_QPS: Field = Field::new(0, 16);
         pub const TOTAL_RCV_CREDITS: Field = Field::new(24, 8);
         pub const QP_TYPE: Field = Field::new(46, 2);
@@ -3081,6 +4431,12 @@ pub mod ifc {
     pub mod fte_match_mpls {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_fte_match_mpls_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const MPLS_LABEL: Field = Field::new(0, 20);
         pub const MPLS_EXP: Field = Field::new(20, 3);
         pub const MPLS_S_BOS: Field = Field::new(23, 1);
@@ -3090,6 +4446,12 @@ pub mod ifc {
     pub mod fte_match_set_lyr_2_4 {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_fte_match_set_lyr_2_4_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const SMAC_47_16: Field = Field::new(0, 32);
         pub const SMAC_15_0: Field = Field::new(32, 16);
         pub const ETHERTYPE: Field = Field::new(48, 16);
@@ -3122,6 +4484,12 @@ pub mod ifc {
     pub mod fte_match_set_misc {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_fte_match_set_misc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const GRE_C_PRESENT: Field = Field::new(0, 1);
         pub const GRE_K_PRESENT: Field = Field::new(2, 1);
         pub const GRE_S_PRESENT: Field = Field::new(3, 1);
@@ -3159,6 +4527,12 @@ pub mod ifc {
     pub mod fte_match_set_misc2 {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_fte_match_set_misc2_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `fte_match_mpls`.
         pub const OUTER_FIRST_MPLS: Sub = Sub::new(0, 4);
         /// Nested `fte_match_mpls`.
@@ -3183,6 +4557,12 @@ pub mod ifc {
     pub mod fte_match_set_misc3 {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_fte_match_set_misc3_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const INNER_TCP_SEQ_NUM: Field = Field::new(0, 32);
         pub const OUTER_TCP_SEQ_NUM: Field = Field::new(32, 32);
         pub const INNER_TCP_ACK_NUM: Field = Field::new(64, 32);
@@ -3208,6 +4588,12 @@ pub mod ifc {
     pub mod fte_match_set_misc4 {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_fte_match_set_misc4_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const PROG_SAMPLE_FIELD_VALUE_0: Field = Field::new(0, 32);
         pub const PROG_SAMPLE_FIELD_ID_0: Field = Field::new(32, 32);
         pub const PROG_SAMPLE_FIELD_VALUE_1: Field = Field::new(64, 32);
@@ -3221,6 +4607,12 @@ pub mod ifc {
     pub mod fte_match_set_misc5 {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_fte_match_set_misc5_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const MACSEC_TAG_0: Field = Field::new(0, 32);
         pub const MACSEC_TAG_1: Field = Field::new(32, 32);
         pub const MACSEC_TAG_2: Field = Field::new(64, 32);
@@ -3234,6 +4626,12 @@ pub mod ifc {
     pub mod gpio_event {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `struct mlx5_ifc_gpio_event_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const GPIO_EVENT_HI: Field = Field::new(96, 32);
         pub const GPIO_EVENT_LO: Field = Field::new(128, 32);
     }
@@ -3241,6 +4639,12 @@ pub mod ifc {
     pub mod gre_key {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `union mlx5_ifc_gre_key_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `nvgre_key`.
         pub const NVGRE: Sub = Sub::new(0, 4);
         pub const KEY: Field = Field::new(0, 32);
@@ -3249,6 +4653,12 @@ pub mod ifc {
     pub mod ipsec_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_ipsec_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const IPSEC_FULL_OFFLOAD: Field = Field::new(0, 1);
         pub const IPSEC_CRYPTO_OFFLOAD: Field = Field::new(1, 1);
         pub const IPSEC_ESN: Field = Field::new(2, 1);
@@ -3264,18 +4674,36 @@ pub mod ifc {
     pub mod ipv4_layout {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_ipv4_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const IPV4: Field = Field::new(96, 32);
     }
     /// `struct mlx5_ifc_ipv6_layout_bits`: 16 bytes.
     pub mod ipv6_layout {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_ipv6_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const IPV6: Array = Array::new(0, 16, 8);
     }
     /// `union mlx5_ifc_ipv6_layout_ipv4_layout_auto_bits`: 16 bytes.
     pub mod ipv6_layout_ipv4_layout_auto {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `union mlx5_ifc_ipv6_layout_ipv4_layout_auto_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `ipv6_simple_layout`.
         pub const IPV6_SIMPLE_LAYOUT: Sub = Sub::new(0, 16);
         /// Nested `ipv6_layout`.
@@ -3287,6 +4715,12 @@ pub mod ifc {
     pub mod ipv6_simple_layout {
         use super::*;
         pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_ipv6_simple_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const IPV6_127_96: Field = Field::new(0, 32);
         pub const IPV6_95_64: Field = Field::new(32, 32);
         pub const IPV6_63_32: Field = Field::new(64, 32);
@@ -3296,6 +4730,12 @@ pub mod ifc {
     pub mod mac_address_layout {
         use super::*;
         pub const SIZE_BYTES: usize = 8;
+        /// `struct mlx5_ifc_mac_address_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const MAC_ADDR_47_32: Field = Field::new(16, 16);
         pub const MAC_ADDR_31_0: Field = Field::new(32, 32);
     }
@@ -3303,6 +4743,12 @@ pub mod ifc {
     pub mod macsec_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_macsec_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const MACSEC_EPN: Field = Field::new(0, 1);
         pub const MACSEC_CRYPTO_ESP_AES_GCM_256_ENCRYPT: Field = Field::new(3, 1);
         pub const MACSEC_CRYPTO_ESP_AES_GCM_128_ENCRYPT: Field = Field::new(4, 1);
@@ -3316,12 +4762,24 @@ pub mod ifc {
     pub mod modify_field_select {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_modify_field_select_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const MODIFY_FIELD_SELECT: Field = Field::new(0, 32);
     }
     /// `union mlx5_ifc_modify_field_select_resize_field_select_auto_bits`: 4 bytes.
     pub mod modify_field_select_resize_field_select_auto {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `union mlx5_ifc_modify_field_select_resize_field_select_auto_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `modify_field_select`.
         pub const MODIFY_FIELD_SELECT: Sub = Sub::new(0, 4);
         /// Nested `resize_field_select`.
@@ -3331,6 +4789,12 @@ pub mod ifc {
     pub mod modify_nic_vport_field_select {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_modify_nic_vport_field_select_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const AFFILIATION: Field = Field::new(18, 1);
         pub const DISABLE_UC_LOCAL_LB: Field = Field::new(20, 1);
         pub const DISABLE_MC_LOCAL_LB: Field = Field::new(21, 1);
@@ -3348,6 +4812,12 @@ pub mod ifc {
     pub mod nvgre_key {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_nvgre_key_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const HI: Field = Field::new(0, 24);
         pub const LO: Field = Field::new(24, 8);
     }
@@ -3355,6 +4825,12 @@ pub mod ifc {
     pub mod odp_per_transport_service_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_odp_per_transport_service_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const SEND: Field = Field::new(0, 1);
         pub const RECEIVE: Field = Field::new(1, 1);
         pub const WRITE: Field = Field::new(2, 1);
@@ -3366,6 +4842,12 @@ pub mod ifc {
     pub mod odp_scheme_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_odp_scheme_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const SIG: Field = Field::new(64, 1);
         pub const PAGE_PREFETCH: Field = Field::new(69, 1);
         /// Nested `odp_per_transport_service_cap`.
@@ -3383,6 +4865,12 @@ pub mod ifc {
     pub mod per_protocol_networking_offload_caps {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_per_protocol_networking_offload_caps_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const CSUM_CAP: Field = Field::new(0, 1);
         pub const VLAN_CAP: Field = Field::new(1, 1);
         pub const LRO_CAP: Field = Field::new(2, 1);
@@ -3426,12 +4914,24 @@ pub mod ifc {
     pub mod pkey {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_pkey_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const PKEY: Field = Field::new(16, 16);
     }
     /// `struct mlx5_ifc_port_selection_cap_bits`: 4096 bytes.
     pub mod port_selection_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 4096;
+        /// `struct mlx5_ifc_port_selection_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const PORT_SELECT_FLOW_TABLE: Field = Field::new(16, 1);
         pub const PORT_SELECT_FLOW_TABLE_BYPASS: Field = Field::new(18, 1);
         /// Nested `flow_table_prop_layout`.
@@ -3443,12 +4943,24 @@ pub mod ifc {
     pub mod port_state_change_event {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `struct mlx5_ifc_port_state_change_event_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const PORT_NUM: Field = Field::new(64, 4);
     }
     /// `struct mlx5_ifc_qos_cap_bits`: 256 bytes.
     pub mod qos_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_qos_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const PACKET_PACING: Field = Field::new(0, 1);
         pub const ESW_SCHEDULING: Field = Field::new(1, 1);
         pub const ESW_BW_SHARE: Field = Field::new(2, 1);
@@ -3478,6 +4990,12 @@ pub mod ifc {
     pub mod qp_context_extension {
         use super::*;
         pub const SIZE_BYTES: usize = 192;
+        /// `struct mlx5_ifc_qp_context_extension_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `cqe_error_syndrome`.
         pub const ERROR_SYNDROME: Sub = Sub::new(12, 4);
     }
@@ -3485,6 +5003,12 @@ pub mod ifc {
     pub mod qp_events {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `struct mlx5_ifc_qp_events_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const TYPE: Field = Field::new(160, 8);
         pub const QPN_RQN_SQN: Field = Field::new(200, 24);
     }
@@ -3492,6 +5016,12 @@ pub mod ifc {
     pub mod qp_pas_list_in {
         use super::*;
         pub const SIZE_BYTES: usize = 0;
+        /// `struct mlx5_ifc_qp_pas_list_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Array of `cmd_pas`.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(0, 0, 64);
@@ -3500,6 +5030,12 @@ pub mod ifc {
     pub mod qp_pas_or_qpc_ext_and_pas {
         use super::*;
         pub const SIZE_BYTES: usize = 192;
+        /// `union mlx5_ifc_qp_pas_or_qpc_ext_and_pas_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `qp_pas_list_in`.
         pub const QP_PAS_LIST: Sub = Sub::new(0, 0);
         /// Nested `qpc_extension_and_pas_list_in`.
@@ -3509,6 +5045,12 @@ pub mod ifc {
     pub mod qpc_extension_and_pas_list_in {
         use super::*;
         pub const SIZE_BYTES: usize = 192;
+        /// `struct mlx5_ifc_qpc_extension_and_pas_list_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         /// Nested `qp_context_extension`.
         pub const QPC_DATA_EXTENSION: Sub = Sub::new(0, 192);
         /// Flexible array: element `i` at `offset + i * elem_bits`.
@@ -3518,6 +5060,12 @@ pub mod ifc {
     pub mod rdma_page_fault_event {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `struct mlx5_ifc_rdma_page_fault_event_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const BYTES_COMMITTED: Field = Field::new(0, 32);
         pub const R_KEY: Field = Field::new(32, 32);
         pub const PACKET_LEN: Field = Field::new(80, 16);
@@ -3532,12 +5080,24 @@ pub mod ifc {
     pub mod resize_field_select {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_resize_field_select_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const RESIZE_FIELD_SELECT: Field = Field::new(0, 32);
     }
     /// `struct mlx5_ifc_rx_hash_field_select_bits`: 4 bytes.
     pub mod rx_hash_field_select {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_rx_hash_field_select_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const L3_PROT_TYPE: Field = Field::new(0, 1);
         pub const L4_PROT_TYPE: Field = Field::new(1, 1);
         pub const SELECTED_FIELDS: Field = Field::new(2, 30);
@@ -3546,6 +5106,12 @@ pub mod ifc {
     pub mod stall_vl_event {
         use super::*;
         pub const SIZE_BYTES: usize = 24;
+        /// `struct mlx5_ifc_stall_vl_event_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const PORT_NUM: Field = Field::new(24, 1);
         pub const VL: Field = Field::new(28, 4);
     }
@@ -3553,6 +5119,12 @@ pub mod ifc {
     pub mod tls_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_tls_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const TLS_1_2_AES_GCM_128: Field = Field::new(0, 1);
         pub const TLS_1_3_AES_GCM_128: Field = Field::new(1, 1);
         pub const TLS_1_2_AES_GCM_256: Field = Field::new(2, 1);
@@ -3562,6 +5134,12 @@ pub mod ifc {
     pub mod virtio_emulation_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_virtio_emulation_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const DESC_TUNNEL_OFFLOAD_TYPE: Field = Field::new(0, 1);
         pub const ETH_FRAME_OFFLOAD_TYPE: Field = Field::new(1, 1);
         pub const VIRTIO_VERSION_1_0: Field = Field::new(2, 1);
@@ -3587,6 +5165,12 @@ pub mod ifc {
     pub mod vlan {
         use super::*;
         pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_vlan_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const ETHTYPE: Field = Field::new(0, 16);
         pub const PRIO: Field = Field::new(16, 3);
         pub const CFI: Field = Field::new(19, 1);
@@ -3596,6 +5180,12 @@ pub mod ifc {
     pub mod wqe_associated_page_fault_event {
         use super::*;
         pub const SIZE_BYTES: usize = 28;
+        /// `struct mlx5_ifc_wqe_associated_page_fault_event_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const BYTES_COMMITTED: Field = Field::new(0, 32);
         pub const WQE_INDEX: Field = Field::new(48, 16);
         pub const LEN: Field = Field::new(80, 16);
@@ -3608,6 +5198,12 @@ pub mod ifc {
     pub mod wqe_based_flow_table_cap {
         use super::*;
         pub const SIZE_BYTES: usize = 60;
+        /// `struct mlx5_ifc_wqe_based_flow_table_cap_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
         pub const LOG_MAX_NUM_STE: Field = Field::new(3, 5);
         pub const LOG_MAX_NUM_STC: Field = Field::new(11, 5);
         pub const LOG_MAX_NUM_RTC: Field = Field::new(19, 5);

@@ -15,6 +15,13 @@ pub mod generated;
 
 pub use generated::{c, consts, ifc, CmdStatus, DeliveryStatus, EventType, HealthSyndrome, Opcode};
 
+/// An `ifc` layout as a type (`ifc::<name>::Bits`, one per `mlx5_ifc_<name>_bits`), so a command names its input
+/// and output layouts and gets their sizes (`MLX5_ST_SZ_BYTES`) from them.
+pub trait Layout {
+    /// The layout's size in bytes.
+    const SIZE_BYTES: usize;
+}
+
 /// Formats a decoded code the way the kernel prints it: `NAME(0xN)`, or `UNKNOWN(0xN)` when the headers do not
 /// name the value. Build it from any generated enum: `Named(status.name(), status.raw().into())`.
 #[derive(Debug, Clone, Copy)]

@@ -32,15 +32,14 @@ pub struct CreateQp<'a> {
 }
 
 impl Command for CreateQp<'_> {
+    type In = ifc::create_qp_in::Bits;
+    type Out = ifc::create_qp_out::Bits;
     type Output = u32;
     fn opcode(&self) -> Opcode {
         Opcode::CreateQp
     }
     fn inlen(&self) -> usize {
         len_with_pas(ifc::create_qp_in::PAS, self.pas.len())
-    }
-    fn outlen(&self) -> usize {
-        ifc::create_qp_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         use ifc::qpc as q;
@@ -243,6 +242,8 @@ fn log2_ceil(v: u8) -> u32 {
 }
 
 impl Command for ModifyQp {
+    type In = ifc::mbox_in::Bits;
+    type Out = ifc::mbox_out::Bits;
     type Output = ();
     fn opcode(&self) -> Opcode {
         self.transition.opcode()
@@ -342,12 +343,11 @@ pub struct QueryQp {
 }
 
 impl Command for QueryQp {
+    type In = ifc::query_qp_in::Bits;
+    type Out = ifc::query_qp_out::Bits;
     type Output = QpQuery;
     fn opcode(&self) -> Opcode {
         Opcode::QueryQp
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_qp_in::SIZE_BYTES
     }
     fn outlen(&self) -> usize {
         ifc::query_qp_out::QP_PAS_OR_QPC_EXT_AND_PAS.off
