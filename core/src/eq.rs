@@ -27,9 +27,9 @@ pub struct CreateEq<'a> {
 }
 
 impl Command for CreateEq<'_> {
-    /// The EQ number.
     type In = ifc::create_eq_in::Bits;
     type Out = ifc::create_eq_out::Bits;
+    /// The EQ number.
     type Output = u8;
     fn opcode(&self) -> Opcode {
         Opcode::CreateEq
@@ -367,5 +367,71 @@ impl EqRing {
         let off = if arm { self.doorbell } else { self.doorbell + 2 * 4 };
         mmio.write32(off, eq_doorbell_value(self.eqn, self.cons_index));
         self.unpublished = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_kind_survives_emit_and_decode() {
+        let events = [
+            Event::Completion { cqn: 0x12_3456 },
+            Event::Command { vector: 0x8000_0001 },
+            Event::PageRequest { function_id: 7, ec_function: false, num_pages: 300 },
+            Event::PageRequest { function_id: 0, ec_function: false, num_pages: -12 },
+            Event::CqError { cqn: 0x99, syndrome: consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN as u8 },
+            Event::PortChange { port: 1, sub_type: consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE },
+            Event::InternalError,
+            Event::QpError { qpn: 0xab_cdef, kind: QpErrorKind::Catastrophic },
+            Event::QpError { qpn: 1, kind: QpErrorKind::InvalidRequest },
+            Event::QpError { qpn: 2, kind: QpErrorKind::AccessError },
+        ];
+        for e in events {
+            assert_eq!(Eqe::emit(&e).event(), e);
+        }
+    }
+
+    #[test]
+    fn eqe_type_byte_names_the_event() {
+        let eqe = Eqe::emit(&Event::PortChange { port: 1, sub_type: consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN });
+        assert_eq!(eqe.event_type(), EventType::PortChange);
+        assert_eq!(eqe.0[c::mlx5_eqe::TYPE.off], EventType::PortChange.raw());
+        assert_eq!(eqe.sub_type(), consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN);
+    }
+
+    #[test]
+    fn an_unknown_event_type_stays_raw() {
+        let mut e = [0u8; EQE_SIZE];
+        e[c::mlx5_eqe::TYPE.off] = 0xfe;
+        e[c::mlx5_eqe::SUB_TYPE.off] = 3;
+        assert_eq!(Eqe(e).event(), Event::Other { event_type: 0xfe, sub_type: 3 });
+    }
+
+    #[test]
+    fn eq_doorbell_puts_the_eqn_in_the_top_byte_and_wraps_the_index() {
+        assert_eq!(eq_doorbell_value(0x12, 5), 0x1200_0005);
+        assert_eq!(eq_doorbell_value(0xff, 0x0100_0001), 0xff00_0001);
+    }
+
+    #[test]
+    fn log_eq_size_adds_the_spare_entries_and_rounds_up() {
+        let spare = consts::MLX5_NUM_SPARE_EQE;
+        assert_eq!(1u32 << log_eq_size(256), (256 + spare).next_power_of_two());
+        assert_eq!(1u32 << log_eq_size(0), spare.next_power_of_two());
+        // Exactly a power of two stays; one more doubles.
+        let p = 1024 - spare;
+        assert_eq!(log_eq_size(p), 10);
+        assert_eq!(log_eq_size(p + 1), 11);
+    }
+
+    #[test]
+    fn event_bitmask_sets_one_bit_per_type_in_its_word() {
+        let m = event_bitmask(&[EventType::Comp, EventType::PageRequest, EventType::Cmd]);
+        let bit = |t: EventType| (m[t.raw() as usize / 64] >> (t.raw() % 64)) & 1;
+        assert_eq!((bit(EventType::Comp), bit(EventType::PageRequest), bit(EventType::Cmd)), (1, 1, 1));
+        assert_eq!(m.iter().map(|w| w.count_ones()).sum::<u32>(), 3);
+        assert_eq!(event_bitmask(&[]), [0; 4]);
     }
 }

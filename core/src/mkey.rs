@@ -70,9 +70,9 @@ impl CreateMkey<'_> {
 }
 
 impl Command for CreateMkey<'_> {
-    /// The key (`mkey_index << 8 | variant`).
     type In = ifc::create_mkey_in::Bits;
     type Out = ifc::create_mkey_out::Bits;
+    /// The key (`mkey_index << 8 | variant`).
     type Output = u32;
     fn opcode(&self) -> Opcode {
         Opcode::CreateMkey
@@ -144,4 +144,19 @@ pub struct Mr {
     pub pd: u32,
     /// Page size of the MTT (0 for an all-IOVA key).
     pub page_shift: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_rights_combine_and_unsupported_bits_are_isolated() {
+        let a = Access::LOCAL_WRITE | Access::REMOTE_READ;
+        assert!(a.contains(Access::LOCAL_WRITE) && a.contains(Access::REMOTE_READ));
+        assert!(!a.contains(Access::REMOTE_WRITE));
+        assert_eq!(a.unsupported(), 0);
+        assert_eq!(Access(Access::ALL.0 | 0x40).unsupported(), 0x40);
+        assert!(Access::ALL.contains(Access::REMOTE_ATOMIC | Access::REMOTE_WRITE));
+    }
 }

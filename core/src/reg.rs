@@ -18,9 +18,9 @@ fn data_len(arr: Array, n: usize) -> usize {
 }
 
 impl Command for AccessReg<'_> {
-    /// Bytes of register data firmware returned (the request's length).
     type In = ifc::access_register_in::Bits;
     type Out = ifc::access_register_out::Bits;
+    /// Bytes of register data firmware returned (the request's length).
     type Output = usize;
     fn opcode(&self) -> Opcode {
         Opcode::AccessReg

@@ -169,3 +169,36 @@ pub fn ib_mtu_bytes(e: u8) -> u32 {
 pub fn iboe_mtu(eth_mtu: u32) -> u8 {
     ib_mtu_enum(eth_mtu.saturating_sub(ROCE_HEADER_BYTES))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ib_mtu_enum_rounds_down_to_a_supported_size() {
+        assert_eq!(ib_mtu_enum(4096), consts::IB_MTU_4096 as u8);
+        assert_eq!(ib_mtu_enum(4095), consts::IB_MTU_2048 as u8);
+        assert_eq!(ib_mtu_enum(256), consts::IB_MTU_256 as u8);
+        assert_eq!(ib_mtu_enum(255), 0);
+        assert_eq!(ib_mtu_enum(u32::MAX), consts::IB_MTU_4096 as u8);
+    }
+
+    #[test]
+    fn ib_mtu_bytes_inverts_the_enum() {
+        for bytes in [256, 512, 1024, 2048, 4096] {
+            assert_eq!(ib_mtu_bytes(ib_mtu_enum(bytes)), bytes);
+        }
+        assert_eq!(ib_mtu_bytes(0), 0);
+        assert_eq!(ib_mtu_bytes(6), 0);
+    }
+
+    #[test]
+    fn iboe_mtu_takes_the_roce_headers_out_of_the_ethernet_mtu() {
+        // 1500-byte Ethernet leaves room for a 1024-byte RoCE path MTU; 9000 for 4096.
+        assert_eq!(iboe_mtu(1500), consts::IB_MTU_1024 as u8);
+        assert_eq!(iboe_mtu(9000), consts::IB_MTU_4096 as u8);
+        assert_eq!(iboe_mtu(2048 + ROCE_HEADER_BYTES), consts::IB_MTU_2048 as u8);
+        assert_eq!(iboe_mtu(2048 + ROCE_HEADER_BYTES - 1), consts::IB_MTU_1024 as u8);
+        assert_eq!(iboe_mtu(0), 0);
+    }
+}

@@ -224,3 +224,114 @@ impl CqeFields {
         Cqe(b)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields() -> CqeFields {
+        CqeFields {
+            opcode: consts::MLX5_CQE_RESP_SEND as u8,
+            owner: 1,
+            solicited: true,
+            wqe_opcode: 0x0a,
+            qpn: 0x12_3456,
+            wqe_counter: 0xbeef,
+            byte_cnt: 0x0102_0304,
+            imm_inval_pkey: 0xdead_beef,
+            flags_rqpn: 0x3a00_0077,
+            srqn: 0x00ab_cdef,
+            slid: 0x4321,
+            ml_path: 0x7f,
+            hds_ip_ext: 0x06,
+            l4_l3_hdr_type: 0x01,
+            vlan_info: 0x2abc,
+            syndrome: 0,
+            vendor_err: 0,
+        }
+    }
+
+    #[test]
+    fn emitted_fields_read_back_through_the_view() {
+        let f = fields();
+        let cqe = f.emit();
+        assert_eq!(cqe.opcode(), CqeOpcode::RespSend);
+        assert_eq!(cqe.owner(), 1);
+        assert!(cqe.solicited());
+        assert_eq!(cqe.wqe_opcode(), 0x0a);
+        assert_eq!(cqe.qpn(), 0x12_3456);
+        assert_eq!(cqe.wqe_counter(), 0xbeef);
+        assert_eq!(cqe.byte_cnt(), 0x0102_0304);
+        assert_eq!(cqe.imm_inval_pkey(), 0xdead_beef);
+        assert_eq!(cqe.flags_rqpn(), 0x3a00_0077);
+        assert_eq!(cqe.srqn(), 0x00ab_cdef);
+        assert_eq!(cqe.slid(), 0x4321);
+        assert_eq!(cqe.ml_path(), 0x7f);
+        assert_eq!(cqe.hds_ip_ext(), 0x06);
+        assert_eq!(cqe.l4_l3_hdr_type(), 0x01);
+        assert_eq!(cqe.vlan_info(), 0x2abc);
+    }
+
+    #[test]
+    fn multi_byte_fields_are_big_endian_in_the_image() {
+        let cqe = fields().emit();
+        let at = |m: crate::prm::Bytes| &cqe.0[m.off..m.off + m.len];
+        assert_eq!(at(field::BYTE_CNT), &[0x01, 0x02, 0x03, 0x04]);
+        assert_eq!(at(field::WQE_COUNTER), &[0xbe, 0xef]);
+        // The WQE opcode sits in the top byte of sop_drop_qpn, the QPN in the low 24 bits.
+        assert_eq!(at(field::SOP_DROP_QPN), &[0x0a, 0x12, 0x34, 0x56]);
+    }
+
+    #[test]
+    fn a_hand_written_image_decodes() {
+        let mut b = [0u8; CQE64_SIZE];
+        b[field::OP_OWN.off] = (consts::MLX5_CQE_REQ as u8) << 4;
+        b[field::SOP_DROP_QPN.off..field::SOP_DROP_QPN.off + 4].copy_from_slice(&[0x11, 0x00, 0x00, 0x2a]);
+        b[field::WQE_COUNTER.off..field::WQE_COUNTER.off + 2].copy_from_slice(&[0x00, 0x07]);
+        let cqe = Cqe(b);
+        assert_eq!(cqe.opcode(), CqeOpcode::Req);
+        assert_eq!(cqe.owner(), 0);
+        assert!(!cqe.solicited());
+        assert_eq!((cqe.wqe_opcode(), cqe.qpn(), cqe.wqe_counter()), (0x11, 0x2a, 7));
+    }
+
+    #[test]
+    fn op_own_packs_opcode_solicited_and_owner() {
+        let f = CqeFields { opcode: consts::MLX5_CQE_REQ_ERR as u8, solicited: true, owner: 3, ..CqeFields::default() };
+        let cqe = f.emit();
+        // The owner is one bit: 3 keeps only bit 0.
+        assert_eq!(cqe.op_own(), ((consts::MLX5_CQE_REQ_ERR as u8) << 4) | 0b10 | 1);
+        assert_eq!(cqe.owner(), 1);
+    }
+
+    #[test]
+    fn fresh_ring_entries_are_invalid_and_owned_by_the_device_on_lap_zero() {
+        let mut b = [0u8; CQE64_SIZE];
+        b[field::OP_OWN.off] = CQE_INIT_OP_OWN;
+        let cqe = Cqe(b);
+        assert_eq!(cqe.opcode(), CqeOpcode::Invalid);
+        assert_eq!(cqe.owner(), 1);
+        assert_eq!(CQE_INIT_OP_OWN, 0xf1);
+    }
+
+    #[test]
+    fn opcode_raw_round_trips_and_keeps_unknown_values() {
+        for v in 0u8..16 {
+            let op = CqeOpcode::from_raw(v);
+            assert_eq!(op.raw(), v, "{op:?}");
+        }
+        assert_eq!(CqeOpcode::from_raw(7), CqeOpcode::Unknown(7));
+        assert_eq!(CqeOpcode::from_raw(consts::MLX5_CQE_SIG_ERR as u8), CqeOpcode::SigErr);
+    }
+
+    #[test]
+    fn error_fields_are_written_only_for_error_opcodes() {
+        let ok =
+            CqeFields { opcode: consts::MLX5_CQE_REQ as u8, syndrome: 0x16, vendor_err: 0x81, ..CqeFields::default() };
+        assert_eq!((ok.emit().err_syndrome(), ok.emit().vendor_err()), (0, 0));
+        let err = CqeFields { opcode: consts::MLX5_CQE_RESP_ERR as u8, qpn: 0x99, ..ok };
+        let cqe = err.emit();
+        assert_eq!((cqe.err_syndrome(), cqe.vendor_err()), (0x16, 0x81));
+        assert_eq!(cqe.err_qpn(), 0x99);
+    }
+}

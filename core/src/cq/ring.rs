@@ -257,3 +257,25 @@ impl Cq {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arm_value_packs_sequence_command_and_index() {
+        let v = arm_value(1, Notify::NextComp, 0x12_3456);
+        assert_eq!(v >> 28, 1);
+        assert_eq!(v & 0xff_ffff, 0x12_3456);
+        assert_eq!(v & 0x0f00_0000, consts::MLX5_CQ_DB_REQ_NOT);
+    }
+
+    #[test]
+    fn arm_value_masks_sequence_to_two_bits_and_index_to_24() {
+        // The arm sequence number wraps at 4; the consumer counter wraps at 2^24 in the doorbell.
+        assert_eq!(arm_value(5, Notify::NextComp, 0), arm_value(1, Notify::NextComp, 0));
+        assert_eq!(arm_value(0, Notify::Solicited, 0x0100_0002), arm_value(0, Notify::Solicited, 2));
+        assert_ne!(arm_value(0, Notify::Solicited, 0), arm_value(0, Notify::NextComp, 0));
+        assert_eq!(arm_value(0, Notify::Solicited, 0) & 0x0f00_0000, consts::MLX5_CQ_DB_REQ_NOT_SOL);
+    }
+}

@@ -423,3 +423,151 @@ fn decode_resp(cqe: &Cqe, op: CqeOpcode, link: LinkLayer, wc: &mut WorkCompletio
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cq::cqe::CqeFields;
+
+    /// A work-request table that knows one QP and answers with fixed `wr_id`s, recording what was asked.
+    #[derive(Default)]
+    struct OneQp {
+        qpn: u32,
+        sends: u32,
+        recvs: u32,
+        last_counter: u16,
+    }
+
+    impl WrTable for OneQp {
+        fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
+            self.sends += 1;
+            self.last_counter = wqe_counter;
+            (qpn == self.qpn).then_some(0x5e0d)
+        }
+        fn recv_done(&mut self, qpn: u32, _srqn: u32, wqe_counter: u16) -> Option<u64> {
+            self.recvs += 1;
+            self.last_counter = wqe_counter;
+            (qpn == self.qpn).then_some(0x4ec7)
+        }
+        fn flush_one(&mut self, _cqn: u32, _dead: bool) -> Option<WorkCompletion> {
+            None
+        }
+    }
+
+    fn decode(f: CqeFields, link: LinkLayer, wq: &mut OneQp) -> Result<Option<WorkCompletion>, CqeError> {
+        decode_cqe(&f.emit(), 3, 9, link, wq)
+    }
+
+    fn req(wqe_opcode: u32) -> CqeFields {
+        CqeFields {
+            opcode: consts::MLX5_CQE_REQ as u8,
+            wqe_opcode: wqe_opcode as u8,
+            qpn: 0x42,
+            wqe_counter: 5,
+            byte_cnt: 100,
+            ..CqeFields::default()
+        }
+    }
+
+    #[test]
+    fn requester_send_completes_the_named_wqe() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let wc = decode(req(consts::MLX5_OPCODE_SEND), LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((wc.status, wc.opcode, wc.wr_id, wc.qp_num), (WcStatus::Success, WcOpcode::Send, 0x5e0d, 0x42));
+        assert_eq!((wq.sends, wq.recvs, wq.last_counter), (1, 0, 5));
+    }
+
+    #[test]
+    fn requester_byte_len_is_set_for_reads_and_atomics_only() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let read = decode(req(consts::MLX5_OPCODE_RDMA_READ), LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((read.opcode, read.byte_len), (WcOpcode::RdmaRead, 100));
+        let fa = decode(req(consts::MLX5_OPCODE_ATOMIC_FA), LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((fa.opcode, fa.byte_len), (WcOpcode::FetchAdd, 8));
+        let write = decode(req(consts::MLX5_OPCODE_RDMA_WRITE_IMM), LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((write.opcode, write.byte_len), (WcOpcode::RdmaWrite, 0));
+        assert!(write.wc_flags.contains(WcFlags::WITH_IMM));
+    }
+
+    #[test]
+    fn responder_send_with_immediate_reports_the_immediate_and_source() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let f = CqeFields {
+            opcode: consts::MLX5_CQE_RESP_SEND_IMM as u8,
+            qpn: 0x42,
+            byte_cnt: 64,
+            imm_inval_pkey: 0x1234_5678,
+            flags_rqpn: (2 << 28) | (5 << 24) | 0x77,
+            slid: 9,
+            ..CqeFields::default()
+        };
+        let wc = decode(f, LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((wc.opcode, wc.byte_len, wc.imm_data, wc.wr_id), (WcOpcode::Recv, 64, 0x1234_5678, 0x4ec7));
+        assert!(wc.wc_flags.contains(WcFlags::WITH_IMM) && wc.wc_flags.contains(WcFlags::GRH));
+        assert_eq!((wc.src_qp, wc.sl, wc.slid), (0x77, 5, 9));
+        assert_eq!(wq.recvs, 1);
+    }
+
+    #[test]
+    fn responder_on_ethernet_takes_the_vlan_only_when_tagged() {
+        let mut wq = OneQp { qpn: 1, ..OneQp::default() };
+        let base = CqeFields {
+            opcode: consts::MLX5_CQE_RESP_SEND as u8,
+            qpn: 1,
+            vlan_info: (3 << 13) | 0x123,
+            ..CqeFields::default()
+        };
+        let untagged = decode(base, LinkLayer::Ethernet, &mut wq).unwrap().unwrap();
+        assert!(!untagged.wc_flags.contains(WcFlags::WITH_VLAN));
+        assert_eq!(untagged.vlan_id, 0);
+        let tagged = decode(CqeFields { l4_l3_hdr_type: 1, ..base }, LinkLayer::Ethernet, &mut wq).unwrap().unwrap();
+        assert!(tagged.wc_flags.contains(WcFlags::WITH_VLAN));
+        assert_eq!((tagged.vlan_id, tagged.sl), (0x123, 3));
+    }
+
+    #[test]
+    fn error_cqe_maps_syndrome_and_keeps_vendor_error() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let f = CqeFields {
+            opcode: consts::MLX5_CQE_REQ_ERR as u8,
+            qpn: 0x42,
+            syndrome: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR as u8,
+            vendor_err: 0xf5,
+            ..CqeFields::default()
+        };
+        let wc = decode(f, LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((wc.status, wc.vendor_err, wc.qp_num, wc.wr_id), (WcStatus::WrFlushErr, 0xf5, 0x42, 0x5e0d));
+        assert_eq!((wq.sends, wq.recvs), (1, 0));
+    }
+
+    #[test]
+    fn syndromes_map_to_verbs_statuses_and_unknown_ones_are_general() {
+        assert_eq!(WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR as u8), WcStatus::LocLenErr);
+        assert_eq!(
+            WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR as u8),
+            WcStatus::RnrRetryExcErr
+        );
+        assert_eq!(WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR as u8), WcStatus::RemAccessErr);
+        assert_eq!(WcStatus::from_syndrome(0xee), WcStatus::GeneralErr);
+    }
+
+    #[test]
+    fn completions_of_unknown_qps_are_errors() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let f = CqeFields { qpn: 0x43, ..req(consts::MLX5_OPCODE_SEND) };
+        assert_eq!(decode(f, LinkLayer::InfiniBand, &mut wq), Err(CqeError::UnknownQp { cqn: 3, qpn: 0x43, index: 9 }));
+    }
+
+    #[test]
+    fn resize_markers_and_compressed_cqes_are_rejected_and_signature_errors_skipped() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let resize = CqeFields { opcode: consts::MLX5_CQE_RESIZE_CQ as u8, ..CqeFields::default() };
+        assert!(matches!(decode(resize, LinkLayer::InfiniBand, &mut wq), Err(CqeError::BadOpcode { index: 9, .. })));
+        let sig = CqeFields { opcode: consts::MLX5_CQE_SIG_ERR as u8, ..CqeFields::default() };
+        assert_eq!(decode(sig, LinkLayer::InfiniBand, &mut wq), Ok(None));
+        let mut compressed = req(consts::MLX5_OPCODE_SEND).emit();
+        compressed.0[crate::cq::cqe::field::OP_OWN.off] |= (consts::MLX5_COMPRESSED as u8) << 2;
+        assert!(decode_cqe(&compressed, 3, 9, LinkLayer::InfiniBand, &mut wq).is_err());
+        assert_eq!(wq.sends, 0, "nothing was retired");
+    }
+}

@@ -376,4 +376,55 @@ mod tests {
         }
         assert_eq!(b[28], 0x0a);
     }
+    #[test]
+    fn fields_at_dword_edges_do_not_bleed_into_neighbours() {
+        let mut b = [0u8; 12];
+        // The last bit of dword 0 and the first bit of dword 1 (PRM numbering: bit 0 is the MSB).
+        let last = Field::new(31, 1);
+        let first_next = Field::new(32, 1);
+        b.set(last, 1);
+        assert_eq!(&b[..8], &[0, 0, 0, 1, 0, 0, 0, 0]);
+        b.set(first_next, 1);
+        assert_eq!(&b[..8], &[0, 0, 0, 1, 0x80, 0, 0, 0]);
+        // A whole dword, then clearing the single bit again leaves the neighbours alone.
+        b.set(Field::new(64, 32), 0xa1b2_c3d4);
+        b.set(last, 0);
+        assert_eq!(b, [0, 0, 0, 0, 0x80, 0, 0, 0, 0xa1, 0xb2, 0xc3, 0xd4]);
+        assert_eq!((b.get(last), b.get(first_next), b.get(Field::new(64, 32))), (0, 1, 0xa1b2_c3d4));
+        // A field ending exactly at the dword edge.
+        b.set(Field::new(88, 8), 0x5a);
+        assert_eq!(b[11], 0x5a);
+        assert_eq!(b.get(Field::new(64, 24)), 0xa1_b2c3);
+    }
+
+    #[test]
+    fn array_elements_step_by_their_width() {
+        let pas = ifc::create_cq_in::PAS;
+        assert_eq!(pas.byte_off(), pas.elem(0).off as usize / 8);
+        assert_eq!(pas.elem(3).off - pas.elem(0).off, 3 * 64);
+        let mut b = [0u8; ifc::create_cq_in::SIZE_BYTES + 16];
+        b.set64(pas.elem(1), 0x0102_0304_0506_0708);
+        let at = pas.byte_off() + 8;
+        assert_eq!(&b[at..at + 8], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(b.get64(pas.elem(1)), 0x0102_0304_0506_0708);
+    }
+
+    #[test]
+    fn bytes_members_are_big_endian_at_their_base() {
+        let m = Bytes::new(2, 2);
+        let mut b = [0u8; 8];
+        m.put_be(&mut b, 4, 0xbeef);
+        assert_eq!(b, [0, 0, 0, 0, 0, 0, 0xbe, 0xef]);
+        assert_eq!(m.get_be(&b, 4), 0xbeef);
+        assert_eq!(m.end(), 4);
+        let w = Bytes::new(0, 4);
+        w.put_be(&mut b, 0, 0x1122_3344);
+        assert_eq!(&b[..4], &[0x11, 0x22, 0x33, 0x44]);
+    }
+
+    #[test]
+    fn layout_types_carry_the_layout_size() {
+        assert_eq!(<ifc::create_cq_in::Bits as Layout>::SIZE_BYTES, ifc::create_cq_in::SIZE_BYTES);
+        assert_eq!(<ifc::mbox_out::Bits as Layout>::SIZE_BYTES, 16);
+    }
 }

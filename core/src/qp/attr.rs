@@ -278,3 +278,90 @@ pub fn check_modify(ty: QpType, from: QpState, attr: &QpAttr, mask: QpAttrMask) 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use QpAttrMask as M;
+
+    fn to(state: QpState) -> QpAttr {
+        QpAttr { qp_state: state, port_num: 1, ..QpAttr::default() }
+    }
+
+    #[test]
+    fn qp_state_from_raw_knows_the_wire_values() {
+        assert_eq!(QpState::from_raw(consts::MLX5_QP_STATE_RST as u8), QpState::Reset);
+        assert_eq!(QpState::from_raw(consts::MLX5_QP_STATE_RTS as u8), QpState::Rts);
+        assert_eq!(QpState::from_raw(consts::MLX5_QP_STATE_ERR as u8), QpState::Err);
+        assert_eq!(QpState::from_raw(0xee), QpState::Unknown(0xee));
+    }
+
+    #[test]
+    fn rc_reset_to_init_needs_pkey_port_and_access() {
+        let req = required_attrs(QpType::Rc, QpState::Reset, QpState::Init).unwrap();
+        assert_eq!(req, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS);
+        let ud = required_attrs(QpType::Ud, QpState::Reset, QpState::Init).unwrap();
+        assert_eq!(ud, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY);
+        assert_eq!(check_modify(QpType::Rc, QpState::Reset, &to(QpState::Init), req), Ok(()));
+    }
+
+    #[test]
+    fn a_missing_required_attribute_is_named() {
+        let mask = M::STATE | M::PKEY_INDEX | M::PORT;
+        assert_eq!(
+            check_modify(QpType::Rc, QpState::Reset, &to(QpState::Init), mask),
+            Err(ModifyError::MissingAttr { missing: M::ACCESS_FLAGS.0 })
+        );
+    }
+
+    #[test]
+    fn an_attribute_the_transition_does_not_take_is_refused() {
+        let mask = M::STATE | M::SQ_PSN | M::QKEY | M::DEST_QPN;
+        assert_eq!(
+            check_modify(QpType::Ud, QpState::Rtr, &to(QpState::Rts), mask),
+            Err(ModifyError::ExtraAttr { extra: M::DEST_QPN.0 })
+        );
+    }
+
+    #[test]
+    fn transitions_outside_the_table_are_refused_and_reset_or_err_always_allowed() {
+        assert_eq!(
+            check_modify(QpType::Rc, QpState::Reset, &to(QpState::Rts), M::STATE),
+            Err(ModifyError::BadTransition { from: QpState::Reset, to: QpState::Rts })
+        );
+        assert_eq!(required_attrs(QpType::Rc, QpState::Init, QpState::Rts), None);
+        for from in [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Err] {
+            assert_eq!(check_modify(QpType::Rc, from, &to(QpState::Err), M::STATE), Ok(()));
+            assert_eq!(check_modify(QpType::Ud, from, &to(QpState::Reset), M::STATE), Ok(()));
+        }
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused() {
+        let rtr_to_rts = M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC;
+        let bad_retry = QpAttr { retry_cnt: 8, ..to(QpState::Rts) };
+        assert_eq!(
+            check_modify(QpType::Rc, QpState::Rtr, &bad_retry, rtr_to_rts),
+            Err(ModifyError::BadValue { what: "retry_cnt", value: 8 })
+        );
+        let bad_psn = QpAttr { sq_psn: 0x100_0000, ..to(QpState::Rts) };
+        assert_eq!(
+            check_modify(QpType::Rc, QpState::Rtr, &bad_psn, rtr_to_rts),
+            Err(ModifyError::BadValue { what: "sq_psn", value: 0x100_0000 })
+        );
+        let bad_port = QpAttr { port_num: 2, ..to(QpState::Init) };
+        let init = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
+        assert_eq!(
+            check_modify(QpType::Rc, QpState::Reset, &bad_port, init),
+            Err(ModifyError::BadValue { what: "port_num", value: 2 })
+        );
+    }
+
+    #[test]
+    fn attr_masks_combine_and_contain() {
+        let m = M::AV | M::PATH_MTU;
+        assert!(m.contains(M::AV) && m.contains(M::PATH_MTU) && !m.contains(M::STATE));
+        assert!(m.contains(M::empty()));
+        assert_eq!(Mtu::M4096.bytes(), 4096);
+    }
+}

@@ -599,3 +599,33 @@ impl WrTable for [&mut Qp] {
         self.iter_mut().find_map(|q| WrTable::flush_one(&mut **q, cqn, dead))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ctrl_seg_packs_index_opcode_qpn_and_ds_big_endian() {
+        use c::mlx5_wqe_ctrl_seg as s;
+        let b = ctrl_seg(0x1234, 0x0a, 0x00ab_cdef, 3, consts::MLX5_WQE_CTRL_CQ_UPDATE, 0xdead_beef);
+        assert_eq!(s::OPMOD_IDX_OPCODE.get_be(&b, 0), 0x0012_340a);
+        assert_eq!(&b[s::OPMOD_IDX_OPCODE.off..s::OPMOD_IDX_OPCODE.off + 4], &[0x00, 0x12, 0x34, 0x0a]);
+        assert_eq!(s::QPN_DS.get_be(&b, 0), 0xabcd_ef03);
+        assert_eq!(b[s::FM_CE_SE.off], consts::MLX5_WQE_CTRL_CQ_UPDATE);
+        assert_eq!(s::IMM.get_be(&b, 0), 0xdead_beef);
+    }
+
+    #[test]
+    fn ctrl_seg_keeps_qpn_to_24_bits_and_ds_to_6() {
+        use c::mlx5_wqe_ctrl_seg as s;
+        let b = ctrl_seg(0, 0, 0xff12_3456, 0xff, 0, 0);
+        assert_eq!(s::QPN_DS.get_be(&b, 0), 0x1234_563f);
+    }
+
+    #[test]
+    fn put64_writes_big_endian() {
+        let mut b = [0u8; 16];
+        put64(&mut b, Bytes::new(8, 8), 0x0102_0304_0506_0708);
+        assert_eq!(b, [0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+}

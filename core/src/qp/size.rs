@@ -111,3 +111,62 @@ pub fn qp_sizes(
         cap: granted,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap(send_wr: u32, recv_wr: u32, send_sge: u32, recv_sge: u32, inline: u32) -> QpCap {
+        QpCap {
+            max_send_wr: send_wr,
+            max_recv_wr: recv_wr,
+            max_send_sge: send_sge,
+            max_recv_sge: recv_sge,
+            max_inline_data: inline,
+        }
+    }
+
+    #[test]
+    fn rc_queues_round_to_basic_blocks_and_powers_of_two() {
+        let s = qp_sizes(QpType::Rc, &cap(100, 100, 1, 3, 0), 512, 512, 16).unwrap();
+        // Control + remote address + atomic segments and one data segment fill one 64-byte basic block.
+        assert_eq!(s.sq_wqe_size as usize, BB);
+        assert_eq!(s.sq_wqe_cnt, 128);
+        assert_eq!(s.sq_bytes(), 128 * BB);
+        assert_eq!((s.rq_wqe_cnt, s.rq_wqe_shift), (128, 6));
+        assert_eq!(s.rq_bytes(), 128 << 6);
+        assert_eq!(s.cap, cap(128, 128, 1, 4, (BB - CTRL - RADDR - ATOMIC - INL_HDR) as u32));
+    }
+
+    #[test]
+    fn ud_wqes_carry_the_datagram_segment() {
+        let s = qp_sizes(QpType::Ud, &cap(10, 1, 2, 1, 0), 512, 512, 16).unwrap();
+        assert_eq!(s.sq_wqe_size as usize, (CTRL + DGRAM + 2 * DATA).next_multiple_of(BB));
+        assert_eq!(s.cap.max_send_sge as usize, (s.sq_wqe_size as usize - CTRL - DGRAM) / DATA);
+        assert_eq!(s.cap.max_send_wr, s.sq_wqe_cnt / (s.sq_wqe_size as usize / BB) as u32);
+    }
+
+    #[test]
+    fn inline_data_can_set_the_wqe_size() {
+        let s = qp_sizes(QpType::Rc, &cap(1, 1, 1, 1, 100), 1024, 512, 16).unwrap();
+        assert_eq!(s.sq_wqe_size as usize, (CTRL + RADDR + ATOMIC + INL_HDR + 100).next_multiple_of(BB));
+        assert!(s.cap.max_inline_data >= 100);
+    }
+
+    #[test]
+    fn limits_are_reported() {
+        assert_eq!(qp_sizes(QpType::Rc, &cap(0, 1, 1, 1, 0), 512, 512, 16), Err(SizeError::NoSendQueue));
+        assert_eq!(
+            qp_sizes(QpType::Rc, &cap(1, 1, 20, 1, 0), 256, 512, 16),
+            Err(SizeError::SendWqeTooBig { bytes: 384, max: 256 })
+        );
+        assert_eq!(
+            qp_sizes(QpType::Rc, &cap(100, 1, 1, 1, 0), 512, 512, 6),
+            Err(SizeError::TooManyWqes { wqes: 128, max: 64 })
+        );
+        assert_eq!(
+            qp_sizes(QpType::Rc, &cap(1, 1, 1, 8, 0), 512, 64, 16),
+            Err(SizeError::RecvWqeTooBig { bytes: 128, max: 64 })
+        );
+    }
+}
