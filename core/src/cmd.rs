@@ -11,29 +11,39 @@ pub const FW_PAGE_SIZE: usize = consts::MLX5_ADAPTER_PAGE_SIZE as usize;
 /// A command made of its header, an optional input field, and an optional output field.
 #[derive(Debug, Clone, Copy)]
 pub struct Simple {
+    /// The command's opcode.
     pub opcode: Opcode,
+    /// The header's `op_mod`.
     pub op_mod: u16,
+    /// Input length in bytes.
     pub inlen: usize,
+    /// Output length in bytes.
     pub outlen: usize,
+    /// The input field and the value written into it, if any.
     pub arg: Option<(Field, u32)>,
+    /// The output field returned, if any.
     pub result: Option<Field>,
 }
 
 impl Simple {
+    /// A command of `inlen` / `outlen` bytes with only its header.
     pub const fn new(opcode: Opcode, inlen: usize, outlen: usize) -> Self {
         Self { opcode, op_mod: 0, inlen, outlen, arg: None, result: None }
     }
 
+    /// Sets `op_mod`.
     pub const fn op_mod(mut self, op_mod: u16) -> Self {
         self.op_mod = op_mod;
         self
     }
 
+    /// Writes `value` into input field `field`.
     pub const fn arg(mut self, field: Field, value: u32) -> Self {
         self.arg = Some((field, value));
         self
     }
 
+    /// Returns output field `field` as the result.
     pub const fn result(mut self, field: Field) -> Self {
         self.result = Some(field);
         self
@@ -72,13 +82,19 @@ pub enum Pas<'a> {
     /// Explicit addresses.
     List(&'a [u64]),
     /// `count` consecutive 4 KiB pages starting at `base` (a physically contiguous buffer).
-    Contiguous { base: u64, count: usize },
+    Contiguous {
+        /// First page.
+        base: u64,
+        /// Pages.
+        count: usize,
+    },
     /// Addresses produced on demand (pages reserved for firmware across several chunks).
     Source(&'a dyn PageSource),
 }
 
 /// Something that lists page addresses without storing them in one slice.
 pub trait PageSource {
+    /// Pages in the list.
     fn count(&self) -> usize;
     /// Calls `f(i, addr)` for every page, `i` counting from 0.
     fn each(&self, f: &mut dyn FnMut(usize, u64));
@@ -109,6 +125,7 @@ impl core::fmt::Debug for Pas<'_> {
 }
 
 impl Pas<'_> {
+    /// Number of pages.
     pub fn len(&self) -> usize {
         match self {
             Pas::List(l) => l.len(),
@@ -117,6 +134,7 @@ impl Pas<'_> {
         }
     }
 
+    /// Whether the list has no pages.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

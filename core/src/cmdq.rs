@@ -74,29 +74,87 @@ pub fn iseg_timeout_ms(raw: u32) -> u64 {
 pub enum CmdError {
     /// Firmware did not hand the entry back within the command timeout. The slot stays reserved until firmware
     /// releases it (Linux leaks the entry the same way).
-    Timeout { opcode: Opcode, waited_ms: u32 },
+    Timeout {
+        /// The command.
+        opcode: Opcode,
+        /// Milliseconds waited.
+        waited_ms: u32,
+    },
     /// Firmware rejected the entry itself (token, signature, block chain, lengths).
-    Delivery { opcode: Opcode, status: DeliveryStatus },
+    Delivery {
+        /// The command.
+        opcode: Opcode,
+        /// The delivery status firmware wrote.
+        status: DeliveryStatus,
+    },
     /// The command ran and failed: `status` and `syndrome` from the output header (`mlx5_cmd_check`).
-    Status { opcode: Opcode, op_mod: u16, status: CmdStatus, syndrome: u32 },
+    Status {
+        /// The command.
+        opcode: Opcode,
+        /// Its `op_mod`.
+        op_mod: u16,
+        /// The output status.
+        status: CmdStatus,
+        /// The output syndrome.
+        syndrome: u32,
+    },
     /// The output is too short for what the command (or the device's own counts) says it holds.
-    OutputTooShort { opcode: Opcode, needed: usize, got: usize },
+    OutputTooShort {
+        /// The command.
+        opcode: Opcode,
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes there.
+        got: usize,
+    },
     /// A value in the output is outside what the PRM allows (checked before it is used).
-    Malformed { opcode: Opcode, what: &'static str, value: u64 },
+    Malformed {
+        /// The command.
+        opcode: Opcode,
+        /// What was wrong.
+        what: &'static str,
+        /// The value found.
+        value: u64,
+    },
     /// The output signature is wrong (checksums on).
-    BadSignature { opcode: Opcode },
+    BadSignature {
+        /// The command.
+        opcode: Opcode,
+    },
     /// The slot still belongs to firmware (an earlier command timed out and has not come back).
-    SlotBusy { slot: u8 },
+    SlotBusy {
+        /// The slot.
+        slot: u8,
+    },
     /// The slot number is outside the queue.
-    BadSlot { slot: u8 },
+    BadSlot {
+        /// The slot.
+        slot: u8,
+    },
     /// The message does not fit a command (input or output shorter than its 8-byte header).
-    BadLength { inlen: usize, outlen: usize },
+    BadLength {
+        /// Input length.
+        inlen: usize,
+        /// Output length.
+        outlen: usize,
+    },
     /// The device speaks a different command interface revision.
-    CmdIfRev { found: u32 },
+    CmdIfRev {
+        /// The revision the device reports.
+        found: u32,
+    },
     /// The queue geometry in `cmdq_addr_l_sz` is impossible (slots or stride do not fit one page).
-    BadQueueGeometry { log_sz: u8, log_stride: u8 },
+    BadQueueGeometry {
+        /// log2 of the slot count.
+        log_sz: u8,
+        /// log2 of the slot stride.
+        log_stride: u8,
+    },
     /// The device is gone or in internal error; no command was sent.
-    DeviceDown { opcode: Opcode },
+    DeviceDown {
+        /// The command not sent.
+        opcode: Opcode,
+    },
     /// Mailbox memory could not be allocated.
     Dma(DmaError),
 }
@@ -157,6 +215,7 @@ pub trait Command {
     type In: Layout;
     /// The output layout (`ifc::<cmd>_out::Bits`); [`outlen`](Command::outlen) defaults to its size.
     type Out: Layout;
+    /// What [`decode`](Command::decode) returns.
     type Output;
     /// The opcode `encode` writes (it picks the slot before anything is encoded).
     fn opcode(&self) -> Opcode;
@@ -168,7 +227,9 @@ pub trait Command {
     fn outlen(&self) -> usize {
         Self::Out::SIZE_BYTES
     }
+    /// Writes the input message.
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B);
+    /// Reads the output message (its status already OK).
     fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<Self::Output, CmdError>;
 }
 
@@ -384,6 +445,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         })
     }
 
+    /// Number of command slots.
     pub fn num_slots(&self) -> usize {
         1 << self.log_sz
     }
@@ -401,10 +463,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         &self.mmio
     }
 
+    /// The DMA allocator.
     pub fn dma(&self) -> &D {
         &self.dma
     }
 
+    /// The command tracer.
     pub fn tracer(&mut self) -> &mut T {
         &mut self.trace
     }
@@ -424,6 +488,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         self.timeout_ms
     }
 
+    /// Sets the command timeout.
     pub fn set_timeout_ms(&mut self, ms: u32) {
         self.timeout_ms = ms.max(1);
     }
@@ -433,6 +498,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         self.down = down;
     }
 
+    /// Whether the device was found down.
     pub fn device_down(&self) -> bool {
         self.down
     }

@@ -10,19 +10,24 @@ use crate::prm::{c, consts, ifc, Bytes, EventType, MsgBuf, Opcode, SubBuf};
 pub struct EqContext {
     /// log2 of the number of 64-byte EQEs.
     pub log_eq_size: u8,
+    /// UAR page the EQ's doorbells use.
     pub uar_page: u32,
     /// MSI-X vector the EQ interrupts on.
     pub intr: u16,
     /// Page size of `pas[]` relative to 4 KiB (`page_shift - MLX5_ADAPTER_PAGE_SHIFT`).
     pub log_page_size: u8,
+    /// Offset of the ring in its first page.
     pub page_offset: u8,
 }
 
 /// `CREATE_EQ`: context, the four 64-bit event masks (bit `n` of word 0 = event type `n`) and the buffer pages.
 #[derive(Debug, Clone, Copy)]
 pub struct CreateEq<'a> {
+    /// The EQ context.
     pub ctx: EqContext,
+    /// Event types the EQ receives, one bit each.
     pub event_bitmask: [u64; 4],
+    /// The ring's pages.
     pub pas: Pas<'a>,
 }
 
@@ -91,23 +96,56 @@ fn put_be(buf: &mut [u8], base: usize, m: Bytes, v: u32) {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Event {
     /// A CQ has a new completion (`data.comp.cqn`, 24 bits).
-    Completion { cqn: u32 },
+    Completion {
+        /// The CQ number.
+        cqn: u32,
+    },
     /// Command slots completed (`data.cmd.vector`, one bit per slot).
-    Command { vector: u32 },
+    Command {
+        /// One bit per completed slot.
+        vector: u32,
+    },
     /// Firmware wants pages (`num_pages` > 0) or offers pages back (< 0) (`data.req_pages`).
-    PageRequest { function_id: u16, ec_function: bool, num_pages: i32 },
+    PageRequest {
+        /// The function.
+        function_id: u16,
+        /// Whether it is an embedded-CPU function.
+        ec_function: bool,
+        /// Pages wanted (> 0) or offered back (< 0).
+        num_pages: i32,
+    },
     /// A CQ overran or hit an error (`data.cq_err`).
-    CqError { cqn: u32, syndrome: u8 },
+    CqError {
+        /// The CQ number.
+        cqn: u32,
+        /// `MLX5_CQ_ERROR_SYNDROME_*`.
+        syndrome: u8,
+    },
     /// Port state changed (`data.port.port`, upper nibble; `sub_type` = `MLX5_PORT_CHANGE_SUBTYPE_*`).
-    PortChange { port: u8, sub_type: u8 },
+    PortChange {
+        /// The port.
+        port: u8,
+        /// `MLX5_PORT_CHANGE_SUBTYPE_*`.
+        sub_type: u8,
+    },
     /// Firmware reported an internal error.
     InternalError,
     /// A QP's work queue failed and the QP is in ERR (`data.qp_srq` with queue type QP): a catastrophic error,
     /// an invalid request or an access error (`MLX5_EVENT_TYPE_WQ_*_ERROR`; verbs `IBV_EVENT_QP_FATAL`,
     /// `_QP_REQ_ERR`, `_QP_ACCESS_ERR`).
-    QpError { qpn: u32, kind: QpErrorKind },
+    QpError {
+        /// The QP number.
+        qpn: u32,
+        /// Which error.
+        kind: QpErrorKind,
+    },
     /// Any other event type, undecoded.
-    Other { event_type: u8, sub_type: u8 },
+    Other {
+        /// The event type.
+        event_type: u8,
+        /// The sub-type.
+        sub_type: u8,
+    },
 }
 
 /// Which affiliated QP error an event reports.
@@ -134,14 +172,17 @@ impl QpErrorKind {
 }
 
 impl Eqe {
+    /// The event type byte.
     pub fn event_type(&self) -> EventType {
         EventType::from_raw(self.0[c::mlx5_eqe::TYPE.off])
     }
 
+    /// The event sub-type byte.
     pub fn sub_type(&self) -> u8 {
         self.0[c::mlx5_eqe::SUB_TYPE.off]
     }
 
+    /// The owner bit.
     pub fn owner(&self) -> u8 {
         self.0[c::mlx5_eqe::OWNER.off]
     }
@@ -269,7 +310,10 @@ pub fn event_bitmask(types: &[EventType]) -> [u64; 4] {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum EqError {
     /// `log_eq_size` outside what one DMA buffer of 4 KiB pages can describe here.
-    BadSize { log_eq_size: u8 },
+    BadSize {
+        /// The size asked for.
+        log_eq_size: u8,
+    },
 }
 
 /// The software side of an event queue: its buffer, consumer index and doorbell (Linux `struct mlx5_eq` with
@@ -319,14 +363,17 @@ impl EqRing {
         }
     }
 
+    /// The EQ number.
     pub fn eqn(&self) -> u8 {
         self.eqn
     }
 
+    /// Entries in the ring.
     pub fn nent(&self) -> u32 {
         1 << self.log_nent
     }
 
+    /// The consumer index (EQEs consumed so far).
     pub fn cons_index(&self) -> u32 {
         self.cons_index
     }

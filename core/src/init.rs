@@ -43,12 +43,14 @@ pub fn teardown_hca() -> Simple {
 /// What QUERY_ISSI reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Issi {
+    /// The ISSI in use.
     pub current: u16,
     /// Bit `n` set: ISSI `n` supported (first dword of the supported bitmap, which covers ISSI 0..31).
     pub supported: u32,
 }
 
 impl Issi {
+    /// Whether firmware supports `issi`.
     pub fn supports(&self, issi: u16) -> bool {
         issi < 32 && self.supported & (1 << issi) != 0
     }
@@ -80,16 +82,24 @@ impl Command for QueryIssi {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum CapType {
+    /// `MLX5_CAP_GENERAL`.
     General,
+    /// `MLX5_CAP_ETHERNET_OFFLOADS`.
     EthernetOffloads,
+    /// `MLX5_CAP_ODP`.
     Odp,
+    /// `MLX5_CAP_ATOMIC`.
     Atomic,
+    /// `MLX5_CAP_ROCE`.
     Roce,
+    /// `MLX5_CAP_GENERAL_2`.
     General2,
+    /// Any other capability type, by value.
     Other(u16),
 }
 
 impl CapType {
+    /// The `MLX5_CAP_*` value.
     pub const fn raw(self) -> u16 {
         match self {
             CapType::General => consts::MLX5_CAP_GENERAL as u16,
@@ -115,7 +125,9 @@ pub enum CapMode {
 /// `QUERY_HCA_CAP`: `op_mod = cap_type << 1 | mode` (`mlx5_core_get_caps_mode`). Output: the 4 KiB block.
 #[derive(Debug, Clone, Copy)]
 pub struct QueryHcaCap {
+    /// Which capability block.
     pub cap: CapType,
+    /// Maximum or current values.
     pub mode: CapMode,
 }
 
@@ -143,7 +155,9 @@ impl Command for QueryHcaCap {
 /// `SET_HCA_CAP`: `op_mod = cap_type << 1`, the whole 4 KiB block as it should become (`set_caps`).
 #[derive(Debug, Clone, Copy)]
 pub struct SetHcaCap<'a> {
+    /// Which capability block.
     pub cap: CapType,
+    /// The values to set.
     pub block: &'a CapBlock,
 }
 
@@ -166,6 +180,7 @@ impl Command for SetHcaCap<'_> {
 /// `SET_DRIVER_VERSION` (`mlx5_set_driver_version`): a string of at most 64 bytes, NUL padded.
 #[derive(Debug, Clone, Copy)]
 pub struct SetDriverVersion<'a> {
+    /// The driver version string.
     pub version: &'a str,
 }
 

@@ -4,6 +4,7 @@
 //! (in later layers) brings the HCA up and runs queues, all against the abstract [`hal`] traits so the same code
 //! runs in a Linux process over VFIO, in a unikernel, in SmartNIC firmware, or against `mlx5-sim`.
 #![no_std]
+#![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod buf;
@@ -13,6 +14,8 @@ pub mod cmdq;
 pub mod cq;
 pub mod dbr;
 pub mod eq;
+// The integrator reworks `hal` (DmaRegion accessors) in parallel; its docs come with that change.
+#[allow(missing_docs)]
 pub mod hal;
 pub mod hca;
 pub mod health;

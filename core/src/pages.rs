@@ -14,8 +14,11 @@ pub use crate::cmd::FW_PAGE_SIZE;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PageStage {
+    /// `MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES`: pages firmware needs to boot.
     Boot,
+    /// `MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES`: pages INIT_HCA needs.
     Init,
+    /// `MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES`: pages for regular operation.
     Regular,
 }
 
@@ -32,6 +35,7 @@ impl PageStage {
 /// Firmware's answer to QUERY_PAGES.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageRequest {
+    /// The function asked about (0 for the function itself).
     pub function_id: u16,
     /// Pages firmware wants (positive) or wants to return (negative).
     pub num_pages: i32,
@@ -40,6 +44,7 @@ pub struct PageRequest {
 /// `QUERY_PAGES` (`mlx5_cmd_query_pages`).
 #[derive(Debug, Clone, Copy)]
 pub struct QueryPages {
+    /// The stage asked about.
     pub stage: PageStage,
 }
 
@@ -64,7 +69,9 @@ impl Command for QueryPages {
 /// `MANAGE_PAGES` give (`MLX5_PAGES_GIVE`): hands `pages` (4 KiB-aligned bus addresses) to firmware.
 #[derive(Debug, Clone, Copy)]
 pub struct ManagePagesGive<'a> {
+    /// The function the pages are for.
     pub function_id: u16,
+    /// The pages given.
     pub pages: Pas<'a>,
 }
 
@@ -109,7 +116,9 @@ impl PageSink for [u64] {
 /// `MANAGE_PAGES` take (`MLX5_PAGES_TAKE`, `reclaim_pages_cmd`): asks for up to `pages.capacity()` pages back;
 /// the addresses firmware returns go to `pages` and their count is the output.
 pub struct ManagePagesTake<'a, S: PageSink + ?Sized = [u64]> {
+    /// The function the pages come from.
     pub function_id: u16,
+    /// Where the returned addresses go.
     pub pages: &'a mut S,
 }
 
@@ -178,7 +187,10 @@ pub enum PagesError {
     /// The DMA allocator refused a chunk.
     Dma(DmaError),
     /// Every chunk slot is in use: the pool was built for fewer pages than firmware wants.
-    Exhausted { capacity_pages: usize },
+    Exhausted {
+        /// Pages the pool holds.
+        capacity_pages: usize,
+    },
     /// A reservation is already pending (give it or cancel it first).
     Busy,
 }
@@ -260,6 +272,7 @@ impl<const N: usize> PageSource for FwPages<N> {
 }
 
 impl<const N: usize> FwPages<N> {
+    /// An empty pool.
     pub const fn new() -> Self {
         Self { chunks: [None; N], given: 0, pending: 0 }
     }
@@ -279,6 +292,7 @@ impl<const N: usize> FwPages<N> {
         self.chunks.iter().flatten().count()
     }
 
+    /// Pages the pool can hold.
     pub const fn capacity_pages() -> usize {
         N * CHUNK_PAGES
     }
@@ -386,9 +400,13 @@ impl<const N: usize> FwPages<N> {
 /// counted in `unknown`.
 #[derive(Debug)]
 pub struct Reclaim<'a, const N: usize> {
+    /// The pool the pages go back to.
     pub pool: &'a mut FwPages<N>,
+    /// Pages to ask back (the most the output may carry).
     pub capacity: usize,
+    /// Returned addresses the pool never gave.
     pub unknown: usize,
+    /// The first such address.
     pub first_unknown: Option<u64>,
 }
 

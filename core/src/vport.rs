@@ -9,10 +9,12 @@ use crate::prm::{consts, ifc, MsgBuf, Opcode};
 pub struct VportState {
     /// `MLX5_QUERY_VPORT_STATE_OUT_STATE_UP` (1) or `_DOWN` (0).
     pub state: u8,
+    /// Administrative state.
     pub admin_state: u8,
 }
 
 impl VportState {
+    /// Whether the operational state is up.
     pub fn is_up(&self) -> bool {
         u32::from(self.state) == consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_UP
     }
@@ -43,12 +45,17 @@ impl Command for QueryVportState {
 /// The parts of `nic_vport_context` the driver reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NicVportContext {
+    /// RoCE is enabled on the port.
     pub roce_en: bool,
     /// Port MTU in bytes (the Ethernet MTU the vport was configured with).
     pub mtu: u16,
+    /// System image GUID.
     pub system_image_guid: u64,
+    /// Port GUID.
     pub port_guid: u64,
+    /// Node GUID.
     pub node_guid: u64,
+    /// The port's MAC address.
     pub permanent_address: [u8; 6],
 }
 
@@ -89,24 +96,36 @@ impl Command for QueryNicVportContext {
 /// The parts of `hca_vport_context` the driver reads (InfiniBand ports).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HcaVportContext {
+    /// Physical port state.
     pub port_physical_state: u8,
     /// `IB_PORT_*` (4 = active).
     pub port_state: u8,
+    /// Virtual port state.
     pub vport_state: u8,
+    /// System image GUID.
     pub system_image_guid: u64,
+    /// Port GUID.
     pub port_guid: u64,
+    /// Node GUID.
     pub node_guid: u64,
+    /// `cap_mask1`: the port capability mask.
     pub cap_mask1: u32,
+    /// LID.
     pub lid: u16,
+    /// LID mask count.
     pub lmc: u8,
+    /// The subnet manager's LID.
     pub sm_lid: u16,
+    /// The subnet manager's SL.
     pub sm_sl: u8,
+    /// Subnet timeout.
     pub subnet_timeout: u8,
 }
 
 /// `QUERY_HCA_VPORT_CONTEXT` for `port_num` of the own vport (`mlx5_query_hca_vport_context`).
 #[derive(Debug, Clone, Copy)]
 pub struct QueryHcaVportContext {
+    /// The port (1).
     pub port_num: u8,
 }
 

@@ -9,12 +9,15 @@ use crate::prm::{consts, ifc, MsgBuf, Opcode, SubBuf};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum CqeSize {
+    /// 64-byte CQEs.
     #[default]
     B64,
+    /// 128-byte CQEs.
     B128,
 }
 
 impl CqeSize {
+    /// Bytes per CQE.
     pub const fn bytes(self) -> usize {
         match self {
             CqeSize::B64 => 64,
@@ -29,6 +32,7 @@ impl CqeSize {
         }
     }
 
+    /// The size from its `cqe_sz` value.
     pub const fn from_raw(v: u32) -> Option<Self> {
         match v {
             consts::CQE_STRIDE_64 => Some(CqeSize::B64),
@@ -41,14 +45,17 @@ impl CqeSize {
 /// The `cqc` fields the driver sets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CqContext {
+    /// CQE size.
     pub cqe_sz: CqeSize,
     /// log2 of the number of CQEs.
     pub log_cq_size: u8,
+    /// UAR page the CQ's doorbells use.
     pub uar_page: u32,
     /// The EQ completion events go to.
     pub c_eqn: u32,
     /// Page size of `pas[]` relative to 4 KiB.
     pub log_page_size: u8,
+    /// Offset of the ring in its first page (`page_offset`).
     pub page_offset: u8,
     /// Bus address of the CQ doorbell record.
     pub dbr_addr: u64,
@@ -59,7 +66,9 @@ pub struct CqContext {
 /// `CREATE_CQ`: context and buffer pages; the output is the 24-bit CQ number.
 #[derive(Debug, Clone, Copy)]
 pub struct CreateCq<'a> {
+    /// The CQ context.
     pub ctx: CqContext,
+    /// The ring's pages.
     pub pas: Pas<'a>,
 }
 
@@ -106,16 +115,27 @@ pub struct CqState {
     pub status: u8,
     /// `cqc.st`: armed (9), solicited-armed (6), fired (10), ...
     pub st: u8,
+    /// `cqe_sz`.
     pub cqe_sz: u8,
+    /// `oi`: overrun ignore.
     pub oi: bool,
+    /// `log_cq_size`.
     pub log_cq_size: u8,
+    /// `uar_page`.
     pub uar_page: u32,
+    /// `c_eqn`: the EQ that gets completion events.
     pub c_eqn: u32,
+    /// `log_page_size` (relative to 4 KiB).
     pub log_page_size: u8,
+    /// `cq_period`: moderation period in microseconds.
     pub cq_period: u16,
+    /// `cq_max_count`: moderation count.
     pub cq_max_count: u16,
+    /// `consumer_counter`.
     pub consumer_counter: u32,
+    /// `producer_counter`.
     pub producer_counter: u32,
+    /// `dbr_addr`: bus address of the doorbell record.
     pub dbr_addr: u64,
 }
 
@@ -129,6 +149,7 @@ impl CqState {
 /// `QUERY_CQ`.
 #[derive(Debug, Clone, Copy)]
 pub struct QueryCq {
+    /// The CQ number.
     pub cqn: u32,
 }
 
@@ -172,8 +193,11 @@ impl Command for QueryCq {
 /// `cq_period` microseconds, whichever comes first.
 #[derive(Debug, Clone, Copy)]
 pub struct ModifyCqModeration {
+    /// The CQ number.
     pub cqn: u32,
+    /// Moderation period in microseconds.
     pub cq_period: u16,
+    /// Completions before an event.
     pub cq_max_count: u16,
 }
 
@@ -204,12 +228,17 @@ impl Command for ModifyCqModeration {
 /// `MODIFY_CQ` with `MLX5_CQ_OPMOD_RESIZE` (`mlx5_ib_resize_cq`): a new ring size and buffer.
 #[derive(Debug, Clone, Copy)]
 pub struct ResizeCq<'a> {
+    /// The CQ number.
     pub cqn: u32,
     /// Unchanged by a resize, but sent again as mlx5_ib does.
     pub cqe_sz: CqeSize,
+    /// `log_cq_size` of the new ring.
     pub log_cq_size: u8,
+    /// `log_page_size` of the new ring.
     pub log_page_size: u8,
+    /// `page_offset` of the new ring.
     pub page_offset: u8,
+    /// The new ring's pages.
     pub pas: Pas<'a>,
 }
 

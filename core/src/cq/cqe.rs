@@ -8,20 +8,30 @@ use crate::prm::{c, consts};
 pub enum CqeOpcode {
     /// A send-queue WQE completed (`MLX5_CQE_REQ`).
     Req,
+    /// `MLX5_CQE_RESP_WR_IMM`: an RDMA WRITE with immediate arrived.
     RespWrImm,
+    /// `MLX5_CQE_RESP_SEND`: a SEND arrived.
     RespSend,
+    /// `MLX5_CQE_RESP_SEND_IMM`: a SEND with immediate arrived.
     RespSendImm,
+    /// `MLX5_CQE_RESP_SEND_INV`: a SEND with invalidate arrived.
     RespSendInv,
     /// Marks where a resized CQ switched buffers.
     Resize,
+    /// `MLX5_CQE_SIG_ERR`: a signature error on a memory key.
     SigErr,
+    /// `MLX5_CQE_REQ_ERR`: a send work request failed.
     ReqErr,
+    /// `MLX5_CQE_RESP_ERR`: a receive work request failed.
     RespErr,
+    /// `MLX5_CQE_INVALID`: not written by the device.
     Invalid,
+    /// An opcode the headers do not name.
     Unknown(u8),
 }
 
 impl CqeOpcode {
+    /// The opcode from the upper nibble of `op_own`.
     #[inline]
     pub const fn from_raw(v: u8) -> Self {
         match v as u32 {
@@ -39,6 +49,7 @@ impl CqeOpcode {
         }
     }
 
+    /// The 4-bit opcode value.
     pub const fn raw(self) -> u8 {
         (match self {
             CqeOpcode::Req => consts::MLX5_CQE_REQ,
@@ -88,14 +99,17 @@ impl Cqe {
         m.get_be(&self.0, 0)
     }
 
+    /// `op_own`: opcode, format, solicited and owner bits.
     #[inline]
     pub fn op_own(&self) -> u8 {
         self.0[field::OP_OWN.off]
     }
+    /// The CQE opcode.
     #[inline]
     pub fn opcode(&self) -> CqeOpcode {
         CqeOpcode::from_raw(self.op_own() >> 4)
     }
+    /// The owner bit.
     #[inline]
     pub fn owner(&self) -> u8 {
         self.op_own() & consts::MLX5_CQE_OWNER_MASK
@@ -115,14 +129,17 @@ impl Cqe {
     pub fn wqe_opcode(&self) -> u8 {
         (self.be(field::SOP_DROP_QPN) >> 24) as u8
     }
+    /// The QP number (24 bits of `sop_drop_qpn`).
     #[inline]
     pub fn qpn(&self) -> u32 {
         self.be(field::SOP_DROP_QPN) & 0xff_ffff
     }
+    /// `wqe_counter`: the index of the completed WQE.
     #[inline]
     pub fn wqe_counter(&self) -> u16 {
         self.be(field::WQE_COUNTER) as u16
     }
+    /// `byte_cnt`: bytes transferred.
     #[inline]
     pub fn byte_cnt(&self) -> u32 {
         self.be(field::BYTE_CNT)
@@ -132,30 +149,37 @@ impl Cqe {
     pub fn imm_inval_pkey(&self) -> u32 {
         self.be(field::IMMEDIATE)
     }
+    /// `flags_rqpn`: GRH type, SL and remote QPN.
     #[inline]
     pub fn flags_rqpn(&self) -> u32 {
         self.be(field::FLAGS_RQPN)
     }
+    /// `srqn` (24 bits).
     #[inline]
     pub fn srqn(&self) -> u32 {
         self.be(field::SRQN) & 0xff_ffff
     }
+    /// `slid`: the sender's LID.
     #[inline]
     pub fn slid(&self) -> u16 {
         self.be(field::SLID) as u16
     }
+    /// `ml_path`: the path bits of the destination LID.
     #[inline]
     pub fn ml_path(&self) -> u8 {
         self.0[field::ML_PATH.off]
     }
+    /// `hds_ip_ext`: L3/L4 checksum results.
     #[inline]
     pub fn hds_ip_ext(&self) -> u8 {
         self.0[field::HDS_IP_EXT.off]
     }
+    /// `l4_l3_hdr_type`: header types; bit 0 says a VLAN tag was stripped.
     #[inline]
     pub fn l4_l3_hdr_type(&self) -> u8 {
         self.0[field::L4_L3_HDR_TYPE.off]
     }
+    /// `vlan_info`: the stripped VLAN tag.
     #[inline]
     pub fn vlan_info(&self) -> u16 {
         self.be(field::VLAN_INFO) as u16
@@ -180,23 +204,39 @@ impl Cqe {
 /// Fields to build a CQE image from: what a device (the simulator) writes, and what tests feed the decoder.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CqeFields {
+    /// `MLX5_CQE_*` opcode.
     pub opcode: u8,
+    /// Owner bit.
     pub owner: u8,
+    /// Solicited event bit.
     pub solicited: bool,
+    /// `MLX5_OPCODE_*` of the completed send WQE.
     pub wqe_opcode: u8,
+    /// QP number.
     pub qpn: u32,
+    /// Index of the completed WQE.
     pub wqe_counter: u16,
+    /// Bytes transferred.
     pub byte_cnt: u32,
+    /// Immediate data, invalidated key or P_Key.
     pub imm_inval_pkey: u32,
+    /// GRH type, SL and remote QPN.
     pub flags_rqpn: u32,
+    /// SRQ number.
     pub srqn: u32,
+    /// Source LID.
     pub slid: u16,
+    /// Destination path bits.
     pub ml_path: u8,
+    /// L3/L4 checksum results.
     pub hds_ip_ext: u8,
+    /// Header types; bit 0 = VLAN stripped.
     pub l4_l3_hdr_type: u8,
+    /// The stripped VLAN tag.
     pub vlan_info: u16,
     /// For error CQEs (`mlx5_err_cqe`).
     pub syndrome: u8,
+    /// Vendor error syndrome.
     pub vendor_err: u8,
 }
 

@@ -74,6 +74,7 @@ impl Cq {
         Self { buf, dbrec, cqn, log_nent, cqe_size, cons_index: 0, doorbell: uar_off + CQ_DOORBELL, link }
     }
 
+    /// The CQ number.
     pub fn cqn(&self) -> u32 {
         self.cqn
     }
@@ -83,22 +84,27 @@ impl Cq {
         1 << self.log_nent
     }
 
+    /// log2 of the ring's entry count.
     pub fn log_nent(&self) -> u8 {
         self.log_nent
     }
 
+    /// CQE size.
     pub fn cqe_size(&self) -> CqeSize {
         self.cqe_size
     }
 
+    /// The consumer index (CQEs consumed so far).
     pub fn cons_index(&self) -> u32 {
         self.cons_index
     }
 
+    /// The doorbell record.
     pub fn dbrec(&self) -> &DbRec {
         &self.dbrec
     }
 
+    /// The ring buffer.
     pub fn buf(&self) -> &QueueBuf {
         &self.buf
     }

@@ -8,28 +8,50 @@ use crate::prm::consts;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum WcStatus {
+    /// `IB_WC_SUCCESS`.
     #[default]
     Success,
+    /// `IB_WC_LOC_LEN_ERR`: a message longer than the receive buffer.
     LocLenErr,
+    /// `IB_WC_LOC_QP_OP_ERR`.
     LocQpOpErr,
+    /// `IB_WC_LOC_EEC_OP_ERR`.
     LocEecOpErr,
+    /// `IB_WC_LOC_PROT_ERR`: a local key or access check failed.
     LocProtErr,
+    /// `IB_WC_WR_FLUSH_ERR`: flushed because the QP is in ERR.
     WrFlushErr,
+    /// `IB_WC_MW_BIND_ERR`.
     MwBindErr,
+    /// `IB_WC_BAD_RESP_ERR`.
     BadRespErr,
+    /// `IB_WC_LOC_ACCESS_ERR`.
     LocAccessErr,
+    /// `IB_WC_REM_INV_REQ_ERR`.
     RemInvReqErr,
+    /// `IB_WC_REM_ACCESS_ERR`: the remote key or access check failed.
     RemAccessErr,
+    /// `IB_WC_REM_OP_ERR`.
     RemOpErr,
+    /// `IB_WC_RETRY_EXC_ERR`: transport retries exhausted.
     RetryExcErr,
+    /// `IB_WC_RNR_RETRY_EXC_ERR`: receiver-not-ready retries exhausted.
     RnrRetryExcErr,
+    /// `IB_WC_LOC_RDD_VIOL_ERR`.
     LocRddViolErr,
+    /// `IB_WC_REM_INV_RD_REQ_ERR`.
     RemInvRdReqErr,
+    /// `IB_WC_REM_ABORT_ERR`.
     RemAbortErr,
+    /// `IB_WC_INV_EECN_ERR`.
     InvEecnErr,
+    /// `IB_WC_INV_EEC_STATE_ERR`.
     InvEecStateErr,
+    /// `IB_WC_FATAL_ERR`.
     FatalErr,
+    /// `IB_WC_RESP_TIMEOUT_ERR`.
     RespTimeoutErr,
+    /// `IB_WC_GENERAL_ERR`: any syndrome without a verbs status.
     GeneralErr,
 }
 
@@ -148,13 +170,20 @@ impl core::fmt::Display for WcStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum WcOpcode {
+    /// A SEND completed.
     #[default]
     Send,
+    /// An RDMA WRITE completed.
     RdmaWrite,
+    /// An RDMA READ completed.
     RdmaRead,
+    /// An atomic compare-and-swap completed.
     CompSwap,
+    /// An atomic fetch-and-add completed.
     FetchAdd,
+    /// A masked compare-and-swap completed.
     MaskedCompSwap,
+    /// A masked fetch-and-add completed.
     MaskedFetchAdd,
     /// A receive (SEND, SEND with immediate or with invalidate arrived).
     Recv,
@@ -170,12 +199,18 @@ pub enum WcOpcode {
 pub struct WcFlags(pub u32);
 
 impl WcFlags {
+    /// `IB_WC_GRH`: the receive buffer starts with a GRH.
     pub const GRH: WcFlags = WcFlags(consts::IB_WC_GRH);
+    /// `IB_WC_WITH_IMM`: `imm_data` is valid.
     pub const WITH_IMM: WcFlags = WcFlags(consts::IB_WC_WITH_IMM);
+    /// `IB_WC_WITH_INVALIDATE`: `invalidated_rkey` is valid.
     pub const WITH_INVALIDATE: WcFlags = WcFlags(consts::IB_WC_WITH_INVALIDATE);
+    /// `IB_WC_IP_CSUM_OK`: the device checked the IP and L4 checksums.
     pub const IP_CSUM_OK: WcFlags = WcFlags(consts::IB_WC_IP_CSUM_OK);
+    /// `IB_WC_WITH_VLAN`: `vlan_id` is valid.
     pub const WITH_VLAN: WcFlags = WcFlags(consts::IB_WC_WITH_VLAN);
 
+    /// Whether every flag of `o` is set.
     pub const fn contains(self, o: WcFlags) -> bool {
         self.0 & o.0 == o.0
     }
@@ -198,22 +233,33 @@ impl core::ops::BitOrAssign for WcFlags {
 /// `qp_num` are meaningful; the rest stay zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WorkCompletion {
+    /// The `wr_id` of the completed work request.
     pub wr_id: u64,
+    /// How it completed.
     pub status: WcStatus,
+    /// What completed.
     pub opcode: WcOpcode,
     /// The device's vendor syndrome of an error completion.
     pub vendor_err: u32,
+    /// Bytes transferred (receives, RDMA READ, atomics).
     pub byte_len: u32,
     /// Immediate data in host order (valid with [`WcFlags::WITH_IMM`]).
     pub imm_data: u32,
     /// The rkey the sender invalidated (valid with [`WcFlags::WITH_INVALIDATE`]).
     pub invalidated_rkey: u32,
+    /// The local QP.
     pub qp_num: u32,
+    /// The remote QP (UD receives).
     pub src_qp: u32,
+    /// Which optional fields are valid.
     pub wc_flags: WcFlags,
+    /// P_Key index (0 except on the GSI QP).
     pub pkey_index: u16,
+    /// Source LID (InfiniBand receives).
     pub slid: u16,
+    /// Service level.
     pub sl: u8,
+    /// Destination LID path bits.
     pub dlid_path_bits: u8,
     /// VLAN of a RoCE receive (valid with [`WcFlags::WITH_VLAN`]).
     pub vlan_id: u16,
@@ -223,7 +269,9 @@ pub struct WorkCompletion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum LinkLayer {
+    /// InfiniBand: LIDs and SLs in the CQE.
     InfiniBand,
+    /// Ethernet (RoCE): VLAN tags in the CQE.
     #[default]
     Ethernet,
 }
@@ -250,9 +298,23 @@ pub trait WrTable {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum CqeError {
     /// A CQE for a QP that has no queue on this CQ.
-    UnknownQp { cqn: u32, qpn: u32, index: u32 },
+    UnknownQp {
+        /// The CQ.
+        cqn: u32,
+        /// The QP the CQE names.
+        qpn: u32,
+        /// The CQE index.
+        index: u32,
+    },
     /// An opcode the driver never asked for (compressed CQEs, tag matching, a resize marker with no resize).
-    BadOpcode { cqn: u32, op_own: u8, index: u32 },
+    BadOpcode {
+        /// The CQ.
+        cqn: u32,
+        /// The `op_own` byte.
+        op_own: u8,
+        /// The CQE index.
+        index: u32,
+    },
 }
 
 impl core::fmt::Display for CqeError {

@@ -12,20 +12,35 @@ use crate::prm::Opcode;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Step {
+    /// Waiting for firmware before the command queue exists.
     PreInitializing,
+    /// Setting up the command queue.
     CmdqInit,
+    /// Waiting for firmware after the queue address is set.
     Initializing,
+    /// ENABLE_HCA.
     EnableHca,
+    /// QUERY_ISSI / SET_ISSI.
     SetIssi,
+    /// Boot pages (QUERY_PAGES, MANAGE_PAGES).
     BootPages,
+    /// ACCESS_REG(HOST_ENDIANNESS).
     HcaCtrl,
+    /// QUERY_HCA_CAP / SET_HCA_CAP.
     SetHcaCaps,
+    /// Init pages.
     InitPages,
+    /// INIT_HCA.
     InitHca,
+    /// SET_DRIVER_VERSION.
     DriverVersion,
+    /// QUERY_HCA_CAP (current values).
     QueryCaps,
+    /// ALLOC_UAR.
     AllocUar,
+    /// CREATE_EQ of the async EQ.
     CreateEq,
+    /// Regular pages.
     RegularPages,
 }
 
@@ -55,70 +70,95 @@ impl core::fmt::Display for Step {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Error {
+    /// A command failed.
     Cmd(CmdError),
+    /// A DMA allocation failed.
     Dma(DmaError),
+    /// The firmware page pool failed.
     Pages(PagesError),
+    /// An EQ could not be set up.
     Eq(EqError),
     /// `initializing` stayed set.
     FwInitTimeout {
+        /// Which wait (`pre-initializing` or `initializing`).
         state: &'static str,
+        /// Milliseconds waited.
         waited_ms: u32,
     },
     /// Health failed just now; the HCA moved to internal error.
     Health(HealthFailure),
     /// The HCA is in internal error (since `cause`); the command was not sent.
     InternalError {
+        /// The failure that moved the HCA to internal error.
         cause: HealthFailure,
+        /// The command that was not sent.
         opcode: Opcode,
     },
     /// Firmware supports neither ISSI 1 nor ISSI 0.
     NoIssi {
+        /// The ISSI bitmask firmware reported.
         supported: u32,
     },
     /// Firmware kept pages after teardown asked for all of them.
     PagesNotReturned {
+        /// Pages firmware still holds.
         pages: usize,
     },
+    /// The doorbell-record pool failed.
     Dbr(crate::dbr::DbrError),
     /// A size outside what the device supports (checked before any command is sent).
     BadSize {
+        /// What was sized.
         what: &'static str,
+        /// The size asked for.
         requested: u64,
+        /// The largest the device supports.
         max: u64,
     },
     /// The device lacks the capability this needs.
     NotSupported {
+        /// The missing capability.
         what: &'static str,
     },
     /// The completion-event table is full (the `C` parameter of [`Hca`](super::Hca)).
     TooManyCqs {
+        /// CQs the table holds.
         max: usize,
     },
     /// A CQ this HCA does not know.
     UnknownCq {
+        /// The CQ number.
         cqn: u32,
     },
     /// Completion events taken and not acknowledged.
     UnackedEvents {
+        /// The CQ number.
         cqn: u32,
+        /// Events not yet acknowledged.
         unacked: u32,
     },
     /// Memory registration of a range that is not inside one region of the DMA allocator.
     NotDmaMemory {
+        /// Start of the range.
         addr: usize,
+        /// Length of the range.
         len: usize,
     },
     /// The virtual and bus addresses of a memory region differ within 4 KiB, so no page size maps it.
     NoPageSize {
+        /// CPU address.
         addr: usize,
+        /// Bus address.
         iova: u64,
     },
     /// Remote write or atomic access without local write (`ib_check_mr_access`).
     BadAccess {
+        /// The access bits given.
         access: u32,
     },
     /// After MODIFY_CQ(resize) the old ring held no resize CQE.
     ResizeCqeMissing {
+        /// The CQ number.
         cqn: u32,
     },
     /// The requested QP capabilities exceed the device's.
@@ -195,7 +235,9 @@ impl core::error::Error for Error {}
 /// A failed bring-up: the step, the cause, and whether the cleanup that followed was itself clean.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BringupError {
+    /// The step that failed.
     pub step: Step,
+    /// Why it failed.
     pub error: Error,
     /// The first error the cleanup met (it carried on regardless, and returned all memory it could).
     pub cleanup: Option<Error>,

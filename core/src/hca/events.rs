@@ -19,12 +19,27 @@ use crate::eq::QpErrorKind;
 pub enum AsyncEvent {
     /// `IBV_EVENT_CQ_ERR`: the CQ overran (`MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN`) or hit an access error; the
     /// device writes no more completions to it.
-    CqError { cqn: u32, syndrome: u8 },
+    CqError {
+        /// The CQ number.
+        cqn: u32,
+        /// `MLX5_CQ_ERROR_SYNDROME_*`.
+        syndrome: u8,
+    },
     /// `IBV_EVENT_PORT_ACTIVE` / `_ERR` and friends (`MLX5_PORT_CHANGE_SUBTYPE_*`).
-    PortChange { port: u8, sub_type: u8 },
+    PortChange {
+        /// The port.
+        port: u8,
+        /// `MLX5_PORT_CHANGE_SUBTYPE_*`.
+        sub_type: u8,
+    },
     /// `IBV_EVENT_QP_FATAL` / `_QP_REQ_ERR` / `_QP_ACCESS_ERR`: the device moved the QP to ERR; it flushes the QP's
     /// outstanding work requests.
-    QpError { qpn: u32, kind: QpErrorKind },
+    QpError {
+        /// The QP number.
+        qpn: u32,
+        /// Which error.
+        kind: QpErrorKind,
+    },
     /// `IBV_EVENT_DEVICE_FATAL`.
     DeviceFatal,
 }

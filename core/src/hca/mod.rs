@@ -76,7 +76,9 @@ pub struct Config {
     pub cache_line_128: bool,
     /// Host page shift (`log_uar_page_sz = page_shift - 12`; `uar_4k` only when pages are bigger than 4 KiB).
     pub page_shift: u8,
+    /// Waiting for firmware before the command queue exists, in milliseconds.
     pub pre_init_timeout_ms: u32,
+    /// Health poll period in milliseconds of waiting.
     pub health_poll_interval_ms: u32,
 }
 
@@ -100,6 +102,7 @@ impl Default for Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum HcaState {
+    /// Working normally.
     Up,
     /// `MLX5_DEVICE_STATE_INTERNAL_ERROR`.
     InternalError(HealthFailure),
@@ -108,11 +111,15 @@ pub enum HcaState {
 /// Firmware page accounting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PageStats {
+    /// Pages given at boot.
     pub boot: usize,
+    /// Pages given at init.
     pub init: usize,
     /// Pages given in answer to page-request events.
     pub requested: usize,
+    /// Pages given in total.
     pub given: usize,
+    /// Pages firmware returned.
     pub reclaimed: usize,
     /// Pages freed without firmware returning them (internal error, or firmware kept them past DISABLE_HCA).
     pub abandoned: usize,
@@ -125,16 +132,23 @@ pub struct PageStats {
 /// Counts of the async events seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EventCounts {
+    /// Command completion events.
     pub command: u32,
+    /// Page-request events.
     pub page_request: u32,
+    /// Port change events.
     pub port_change: u32,
+    /// CQ error events.
     pub cq_error: u32,
     /// Affiliated QP errors (catastrophic, invalid request, access).
     pub qp_error: u32,
+    /// Internal error events.
     pub internal_error: u32,
+    /// Completion events.
     pub completion: u32,
     /// Completion events for a CQ number the driver does not have.
     pub bogus_completion: u32,
+    /// Events of other types.
     pub other: u32,
     /// The last port change: (port, `MLX5_PORT_CHANGE_SUBTYPE_*`).
     pub last_port_change: Option<(u8, u8)>,
@@ -147,7 +161,9 @@ pub struct EventCounts {
 /// What teardown did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TeardownReport {
+    /// Pages firmware returned.
     pub pages_reclaimed: usize,
+    /// Pages freed without firmware returning them.
     pub pages_abandoned: usize,
     /// Set when teardown could not talk to firmware (internal error): commands were treated as done.
     pub local_only: bool,
@@ -232,10 +248,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         self.cmdq.mmio()
     }
 
+    /// Where the HCA stands.
     pub fn state(&self) -> HcaState {
         self.state
     }
 
+    /// The device capabilities queried at bring-up.
     pub fn caps(&self) -> &DeviceCaps {
         &self.caps
     }
@@ -255,10 +273,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         self.uar
     }
 
+    /// The async EQ's number, once created.
     pub fn eqn(&self) -> Option<u8> {
         self.ctx.eq.as_ref().map(|e| e.ring.eqn())
     }
 
+    /// Firmware page accounting.
     pub fn page_stats(&self) -> PageStats {
         self.ctx.stats
     }
@@ -268,6 +288,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         self.ctx.pages.given()
     }
 
+    /// Counts of the events seen.
     pub fn events(&self) -> EventCounts {
         self.ctx.events
     }

@@ -46,7 +46,9 @@ impl Pd {
 /// to the caller instead of having its memory freed.
 #[derive(Debug)]
 pub struct DestroyError<T> {
+    /// The object, still alive on the device.
     pub obj: T,
+    /// Why the destroy failed.
     pub error: Error,
 }
 
@@ -63,10 +65,15 @@ pub struct PortAttr {
     pub state: u8,
     /// `ib_mtu` enum (1 = 256 ... 5 = 4096).
     pub max_mtu: u8,
+    /// The active MTU (`ib_mtu`).
     pub active_mtu: u8,
+    /// The port's LID (InfiniBand).
     pub lid: u16,
+    /// The subnet manager's LID (InfiniBand).
     pub sm_lid: u16,
+    /// InfiniBand or Ethernet.
     pub link_layer: LinkLayer,
+    /// GID table entries.
     pub gid_tbl_len: u16,
 }
 
@@ -88,7 +95,9 @@ pub fn mac_to_eui64(mac: [u8; 6]) -> u64 {
 /// What a new QP should be (`ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInitAttr {
+    /// RC or UD.
     pub qp_type: QpType,
+    /// The requested capabilities.
     pub cap: QpCap,
     /// Every send WQE is signaled (`sq_sig_all`).
     pub sq_sig_all: bool,
@@ -99,6 +108,7 @@ pub struct QpInitAttr {
 pub struct CqAttr {
     /// Completions the CQ must hold; the ring gets `(cqe + 1).next_power_of_two()` entries, as mlx5_ib sizes it.
     pub cqe: u32,
+    /// CQE size.
     pub cqe_size: CqeSize,
     /// Ask the device not to report overruns (`cqc.oi`); needs `cq_oi`.
     pub overrun_ignore: bool,

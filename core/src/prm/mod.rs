@@ -10,6 +10,7 @@
 //! Accessors work on any [`MsgBuf`]: a plain byte slice (golden tests, EQE/CQE copies) or a command message
 //! scattered over the command entry and its mailbox chain (the command queue), so commands are encoded in place.
 
+/// The layouts, enums and constants generated from the vendored PRM facts.
 #[rustfmt::skip]
 pub mod generated;
 
@@ -36,11 +37,14 @@ impl core::fmt::Display for Named {
 /// A scalar field: `off` bits from the start of its struct, `width` bits wide (1..=32, or 64 when 64-bit aligned).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Field {
+    /// Bit offset from the start of the struct (PRM numbering, bit 0 = MSB of dword 0).
     pub off: u32,
+    /// Width in bits.
     pub width: u32,
 }
 
 impl Field {
+    /// A field of `width` bits at bit `off`.
     pub const fn new(off: u32, width: u32) -> Self {
         Self { off, width }
     }
@@ -75,11 +79,14 @@ impl Field {
 /// A nested struct or union: `len` bytes at byte `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sub {
+    /// Byte offset.
     pub off: usize,
+    /// Length in bytes.
     pub len: usize,
 }
 
 impl Sub {
+    /// A nested struct of `len` bytes at byte `off`.
     pub const fn new(off: usize, len: usize) -> Self {
         Self { off, len }
     }
@@ -93,15 +100,19 @@ impl Sub {
 /// A byte range: a C struct member, or an `mlx5_ifc` field too wide for a scalar (GIDs, MACs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bytes {
+    /// Byte offset.
     pub off: usize,
+    /// Length in bytes.
     pub len: usize,
 }
 
 impl Bytes {
+    /// A member of `len` bytes at byte `off`.
     pub const fn new(off: usize, len: usize) -> Self {
         Self { off, len }
     }
 
+    /// The byte after the member.
     pub const fn end(self) -> usize {
         self.off + self.len
     }
@@ -139,12 +150,16 @@ impl Bytes {
 /// An array of `count` elements of `elem_bits` each (`count == 0` for flexible arrays such as `pas[]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Array {
+    /// Bit offset of element 0.
     pub off: u32,
+    /// Elements (0 for a flexible array).
     pub count: u32,
+    /// Bits per element.
     pub elem_bits: u32,
 }
 
 impl Array {
+    /// An array of `count` elements of `elem_bits` at bit `off`.
     pub const fn new(off: u32, count: u32, elem_bits: u32) -> Self {
         Self { off, count, elem_bits }
     }
@@ -173,6 +188,7 @@ pub trait MsgBuf {
     /// The contiguous bytes starting at `off` (at least one byte), writable.
     fn chunk_mut(&mut self, off: usize) -> &mut [u8];
 
+    /// Whether the message has no bytes.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -201,22 +217,26 @@ pub trait MsgBuf {
         }
     }
 
+    /// The big-endian dword at byte `off`.
     fn read_u32(&self, off: usize) -> u32 {
         let mut b = [0u8; 4];
         self.read_bytes(off, &mut b);
         u32::from_be_bytes(b)
     }
 
+    /// Writes a big-endian dword at byte `off`.
     fn write_u32(&mut self, off: usize, v: u32) {
         self.write_bytes(off, &v.to_be_bytes());
     }
 
+    /// The big-endian 64-bit word at byte `off`.
     fn read_u64(&self, off: usize) -> u64 {
         let mut b = [0u8; 8];
         self.read_bytes(off, &mut b);
         u64::from_be_bytes(b)
     }
 
+    /// Writes a big-endian 64-bit word at byte `off`.
     fn write_u64(&mut self, off: usize, v: u64) {
         self.write_bytes(off, &v.to_be_bytes());
     }
@@ -301,6 +321,7 @@ pub struct SubBuf<'a, B: MsgBuf + ?Sized> {
 }
 
 impl<'a, B: MsgBuf + ?Sized> SubBuf<'a, B> {
+    /// The part of `buf` that `sub` covers.
     pub fn new(buf: &'a mut B, sub: Sub) -> Self {
         assert!(sub.off + sub.len <= buf.len(), "nested struct outside its message");
         Self { buf, base: sub.off, len: sub.len }

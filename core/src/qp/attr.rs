@@ -27,17 +27,26 @@ impl QpType {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum QpState {
+    /// `IBV_QPS_RESET`: just created or reset; no work is processed.
     Reset,
+    /// `IBV_QPS_INIT`: receives may be posted, nothing is processed yet.
     Init,
+    /// `IBV_QPS_RTR`: ready to receive.
     Rtr,
+    /// `IBV_QPS_RTS`: ready to send.
     Rts,
+    /// `IBV_QPS_SQD`: send queue drained.
     Sqd,
+    /// `IBV_QPS_SQE`: send queue error.
     Sqe,
+    /// `IBV_QPS_ERR`: outstanding work is flushed with errors.
     Err,
+    /// A state value the headers do not name.
     Unknown(u8),
 }
 
 impl QpState {
+    /// The state from its `MLX5_QP_STATE_*` wire value.
     pub const fn from_raw(v: u8) -> Self {
         match v as u32 {
             consts::MLX5_QP_STATE_RST => QpState::Reset,
@@ -55,10 +64,15 @@ impl QpState {
 /// Requested capabilities (`ibv_qp_cap`); `Qp::cap` reports what was granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QpCap {
+    /// Outstanding send work requests.
     pub max_send_wr: u32,
+    /// Outstanding receive work requests.
     pub max_recv_wr: u32,
+    /// Scatter/gather entries per send work request.
     pub max_send_sge: u32,
+    /// Scatter/gather entries per receive work request.
     pub max_recv_sge: u32,
+    /// Bytes of inline data a send work request may carry.
     pub max_inline_data: u32,
 }
 
@@ -66,14 +80,20 @@ pub struct QpCap {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Mtu {
+    /// 256 bytes.
     M256 = 1,
+    /// 512 bytes.
     M512 = 2,
+    /// 1024 bytes.
     M1024 = 3,
+    /// 2048 bytes.
     M2048 = 4,
+    /// 4096 bytes.
     M4096 = 5,
 }
 
 impl Mtu {
+    /// The MTU in bytes.
     pub const fn bytes(self) -> u32 {
         128 << (self as u32)
     }
@@ -82,23 +102,34 @@ impl Mtu {
 /// Global routing header of an address (`ibv_global_route`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Grh {
+    /// Destination GID.
     pub dgid: [u8; 16],
+    /// IPv6 flow label (20 bits).
     pub flow_label: u32,
+    /// Index of the source GID in the port's GID table.
     pub sgid_index: u8,
+    /// Hop limit (IPv6) / TTL.
     pub hop_limit: u8,
+    /// Traffic class (IPv6) / DSCP and ECN.
     pub traffic_class: u8,
 }
 
 /// Where packets go (`ibv_ah_attr`): LID and SL on InfiniBand; GRH and destination MAC for RoCE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AhAttr {
+    /// Destination LID (InfiniBand).
     pub dlid: u16,
+    /// Service level.
     pub sl: u8,
+    /// Source path bits (the low LID bits of the source port).
     pub src_path_bits: u8,
+    /// Static rate limit (`ibv_rate`, 0 = port rate).
     pub static_rate: u8,
+    /// The global route header, required on RoCE and for routed InfiniBand traffic.
     pub grh: Option<Grh>,
     /// RoCE only: the next hop's MAC address.
     pub dmac: [u8; 6],
+    /// The local port (1).
     pub port_num: u8,
 }
 
@@ -107,26 +138,44 @@ pub struct AhAttr {
 pub struct QpAttrMask(pub u32);
 
 impl QpAttrMask {
+    /// `IBV_QP_STATE`: the new state.
     pub const STATE: QpAttrMask = QpAttrMask(1 << 0);
+    /// `IBV_QP_ACCESS_FLAGS`: remote access rights.
     pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(1 << 3);
+    /// `IBV_QP_PKEY_INDEX`.
     pub const PKEY_INDEX: QpAttrMask = QpAttrMask(1 << 4);
+    /// `IBV_QP_PORT`.
     pub const PORT: QpAttrMask = QpAttrMask(1 << 5);
+    /// `IBV_QP_QKEY` (UD).
     pub const QKEY: QpAttrMask = QpAttrMask(1 << 6);
+    /// `IBV_QP_AV`: the address vector of the remote side.
     pub const AV: QpAttrMask = QpAttrMask(1 << 7);
+    /// `IBV_QP_PATH_MTU`.
     pub const PATH_MTU: QpAttrMask = QpAttrMask(1 << 8);
+    /// `IBV_QP_TIMEOUT`: local ACK timeout.
     pub const TIMEOUT: QpAttrMask = QpAttrMask(1 << 9);
+    /// `IBV_QP_RETRY_CNT`.
     pub const RETRY_CNT: QpAttrMask = QpAttrMask(1 << 10);
+    /// `IBV_QP_RNR_RETRY`.
     pub const RNR_RETRY: QpAttrMask = QpAttrMask(1 << 11);
+    /// `IBV_QP_RQ_PSN`.
     pub const RQ_PSN: QpAttrMask = QpAttrMask(1 << 12);
+    /// `IBV_QP_MAX_QP_RD_ATOMIC`: outstanding RDMA reads and atomics as initiator.
     pub const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 13);
+    /// `IBV_QP_MIN_RNR_TIMER`.
     pub const MIN_RNR_TIMER: QpAttrMask = QpAttrMask(1 << 15);
+    /// `IBV_QP_SQ_PSN`.
     pub const SQ_PSN: QpAttrMask = QpAttrMask(1 << 16);
+    /// `IBV_QP_MAX_DEST_RD_ATOMIC`: outstanding RDMA reads and atomics as responder.
     pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 17);
+    /// `IBV_QP_DEST_QPN`.
     pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
 
+    /// No attributes.
     pub const fn empty() -> Self {
         QpAttrMask(0)
     }
+    /// Whether every bit of `o` is set.
     pub const fn contains(self, o: QpAttrMask) -> bool {
         self.0 & o.0 == o.0
     }
@@ -142,24 +191,37 @@ impl core::ops::BitOr for QpAttrMask {
 /// Attributes of a state transition (`ibv_qp_attr`); [`QpAttrMask`] says which are meant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpAttr {
+    /// The state to move to (with [`QpAttrMask::STATE`]).
     pub qp_state: QpState,
     /// Remote read / write / atomic rights of the responder.
     pub qp_access_flags: Access,
+    /// P_Key index.
     pub pkey_index: u16,
+    /// Local port (1).
     pub port_num: u8,
+    /// Q_Key (UD).
     pub qkey: u32,
+    /// Address of the remote side (RC).
     pub ah_attr: AhAttr,
+    /// Path MTU.
     pub path_mtu: Mtu,
     /// Local ACK timeout: 4.096 µs × 2^timeout.
     pub timeout: u8,
+    /// Transport retries before an error (0..=7).
     pub retry_cnt: u8,
     /// 7 means retry forever.
     pub rnr_retry: u8,
+    /// Receive packet sequence number (24 bits).
     pub rq_psn: u32,
+    /// Send packet sequence number (24 bits).
     pub sq_psn: u32,
+    /// Outstanding RDMA reads and atomics this QP initiates.
     pub max_rd_atomic: u8,
+    /// Outstanding RDMA reads and atomics this QP answers.
     pub max_dest_rd_atomic: u8,
+    /// Minimum RNR NAK timer (`ib_rnr_timeout` encoding, 0..=31).
     pub min_rnr_timer: u8,
+    /// Remote QP number (RC).
     pub dest_qp_num: u32,
 }
 
@@ -191,13 +253,29 @@ impl Default for QpAttr {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum ModifyError {
     /// Not a transition verbs allows (`ib_modify_qp_is_ok`).
-    BadTransition { from: QpState, to: QpState },
+    BadTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
     /// Attributes this transition requires are missing.
-    MissingAttr { missing: u32 },
+    MissingAttr {
+        /// The missing `QpAttrMask` bits.
+        missing: u32,
+    },
     /// Attributes this transition does not take.
-    ExtraAttr { extra: u32 },
+    ExtraAttr {
+        /// The `QpAttrMask` bits not taken.
+        extra: u32,
+    },
     /// A value out of range (port, rnr_retry, ...).
-    BadValue { what: &'static str, value: u32 },
+    BadValue {
+        /// The attribute.
+        what: &'static str,
+        /// Its value.
+        value: u32,
+    },
 }
 
 impl core::fmt::Display for ModifyError {

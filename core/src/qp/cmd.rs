@@ -10,24 +10,36 @@ use crate::prm::{consts, ifc, Field, MsgBuf, Opcode, Sub, SubBuf};
 /// The `qpc` of CREATE_QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpContext {
+    /// RC or UD.
     pub qp_type: QpType,
+    /// The protection domain.
     pub pd: u32,
+    /// UAR page the QP's doorbells use.
     pub uar_page: u32,
+    /// CQ of the send queue.
     pub cqn_snd: u32,
+    /// CQ of the receive queue.
     pub cqn_rcv: u32,
+    /// log2 of the send queue's WQE basic blocks.
     pub log_sq_size: u8,
+    /// log2 of the receive queue's WQEs.
     pub log_rq_size: u8,
     /// RQ WQE size is `16 << log_rq_stride`.
     pub log_rq_stride: u8,
+    /// The QP has no send queue.
     pub no_sq: bool,
+    /// `log_page_size` (relative to 4 KiB).
     pub log_page_size: u8,
+    /// Bus address of the doorbell record.
     pub dbr_addr: u64,
 }
 
 /// `CREATE_QP`; the output is the QP number.
 #[derive(Debug, Clone, Copy)]
 pub struct CreateQp<'a> {
+    /// The QP context.
     pub ctx: QpContext,
+    /// The buffer's pages.
     pub pas: Pas<'a>,
 }
 
@@ -79,12 +91,19 @@ pub fn destroy_qp(qpn: u32) -> crate::cmd::Simple {
 /// One firmware state-transition command (`mlx5_core_qp_modify`): which opcode, and where its fields are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
+    /// RST2INIT_QP.
     Rst2Init,
+    /// INIT2INIT_QP.
     Init2Init,
+    /// INIT2RTR_QP.
     Init2Rtr,
+    /// RTR2RTS_QP.
     Rtr2Rts,
+    /// RTS2RTS_QP.
     Rts2Rts,
+    /// 2ERR_QP.
     ToErr,
+    /// 2RST_QP.
     ToRst,
 }
 
@@ -165,11 +184,17 @@ impl Transition {
 /// A state-transition command with the qpc fields it carries (`__mlx5_ib_modify_qp` → `mlx5_core_qp_modify`).
 #[derive(Debug, Clone, Copy)]
 pub struct ModifyQp {
+    /// The QP number.
     pub qpn: u32,
+    /// RC or UD.
     pub qp_type: QpType,
+    /// The command to send.
     pub transition: Transition,
+    /// The attributes.
     pub attr: QpAttr,
+    /// Which attributes are set.
     pub mask: QpAttrMask,
+    /// The port's link layer (address paths differ).
     pub link: crate::cq::LinkLayer,
 }
 
@@ -326,19 +351,28 @@ impl Command for ModifyQp {
 /// What `QUERY_QP` reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpQuery {
+    /// The current state.
     pub state: QpState,
+    /// Remote QP number.
     pub remote_qpn: u32,
+    /// Next send PSN.
     pub next_send_psn: u32,
+    /// Next expected receive PSN.
     pub next_rcv_psn: u32,
+    /// Path MTU (`ib_mtu`).
     pub mtu: u8,
+    /// Q_Key.
     pub qkey: u32,
+    /// Send WQE basic blocks the device has consumed.
     pub hw_sq_wqebb_counter: u16,
+    /// Receive WQEs the device has consumed.
     pub hw_rq_counter: u32,
 }
 
 /// `QUERY_QP` (the context only).
 #[derive(Debug, Clone, Copy)]
 pub struct QueryQp {
+    /// The QP number.
     pub qpn: u32,
 }
 

@@ -116,12 +116,15 @@ impl Qp {
         }
     }
 
+    /// The QP number.
     pub fn qpn(&self) -> u32 {
         self.qpn
     }
+    /// RC or UD.
     pub fn qp_type(&self) -> QpType {
         self.ty
     }
+    /// The state the driver last moved the QP to.
     pub fn state(&self) -> QpState {
         self.state
     }
@@ -129,9 +132,11 @@ impl Qp {
     pub fn cap(&self) -> QpCap {
         self.sizes.cap
     }
+    /// The queue geometry.
     pub fn sizes(&self) -> &QpSizes {
         &self.sizes
     }
+    /// The doorbell record.
     pub fn dbrec(&self) -> &DbRec {
         &self.dbrec
     }
@@ -139,6 +144,7 @@ impl Qp {
     pub fn sq_outstanding(&self) -> u32 {
         self.sq_head.wrapping_sub(self.sq_tail)
     }
+    /// Receive work requests posted and not yet completed.
     pub fn rq_outstanding(&self) -> u32 {
         self.rq_head.wrapping_sub(self.rq_tail)
     }

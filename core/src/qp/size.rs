@@ -27,9 +27,11 @@ const fn sq_overhead(ty: QpType) -> usize {
 /// Queue geometry chosen for a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpSizes {
+    /// Send WQE basic blocks in the ring.
     pub sq_wqe_cnt: u32,
     /// Bytes of the largest send WQE (a multiple of 64).
     pub sq_wqe_size: u32,
+    /// Receive WQEs in the ring.
     pub rq_wqe_cnt: u32,
     /// log2 of the receive WQE size (at least 16 bytes).
     pub rq_wqe_shift: u8,
@@ -38,9 +40,11 @@ pub struct QpSizes {
 }
 
 impl QpSizes {
+    /// Bytes of the send queue.
     pub fn sq_bytes(&self) -> usize {
         self.sq_wqe_cnt as usize * BB
     }
+    /// Bytes of the receive queue.
     pub fn rq_bytes(&self) -> usize {
         (self.rq_wqe_cnt as usize) << self.rq_wqe_shift
     }
@@ -50,9 +54,28 @@ impl QpSizes {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum SizeError {
-    SendWqeTooBig { bytes: u32, max: u32 },
-    RecvWqeTooBig { bytes: u32, max: u32 },
-    TooManyWqes { wqes: u32, max: u32 },
+    /// The send WQE is larger than the device allows.
+    SendWqeTooBig {
+        /// Bytes needed.
+        bytes: u32,
+        /// Bytes allowed.
+        max: u32,
+    },
+    /// The receive WQE is larger than the device allows.
+    RecvWqeTooBig {
+        /// Bytes needed.
+        bytes: u32,
+        /// Bytes allowed.
+        max: u32,
+    },
+    /// More WQEs than a queue may have.
+    TooManyWqes {
+        /// WQEs needed.
+        wqes: u32,
+        /// WQEs allowed.
+        max: u32,
+    },
+    /// No send work requests were asked for.
     NoSendQueue,
 }
 

@@ -8,42 +8,65 @@ use crate::prm::{c, consts};
 /// A scatter/gather element (`ibv_sge`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {
+    /// Address of the buffer, as the memory key translates it.
     pub addr: u64,
+    /// Length in bytes.
     pub length: u32,
+    /// The local key of the memory.
     pub lkey: u32,
 }
 
 /// What a send work request does (`ibv_wr_opcode` with its operands).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {
+    /// `IBV_WR_SEND`.
     Send,
+    /// `IBV_WR_SEND_WITH_IMM`.
     SendImm {
+        /// Immediate data.
         imm: u32,
     },
+    /// `IBV_WR_RDMA_WRITE`.
     RdmaWrite {
+        /// Remote address.
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
     },
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`.
     RdmaWriteImm {
+        /// Remote address.
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
+        /// Immediate data.
         imm: u32,
     },
+    /// `IBV_WR_RDMA_READ`.
     RdmaRead {
+        /// Remote address.
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
     },
     /// 8-byte compare and swap; the original value lands in the SGE.
     AtomicCmpSwp {
+        /// Remote address (8-byte aligned).
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
+        /// Value compared with the remote one.
         compare: u64,
+        /// Value written when they match.
         swap: u64,
     },
     /// 8-byte fetch and add; the original value lands in the SGE.
     AtomicFetchAdd {
+        /// Remote address (8-byte aligned).
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
+        /// Value added.
         add: u64,
     },
 }
@@ -68,10 +91,14 @@ impl SendOp {
 pub struct SendFlags(pub u32);
 
 impl SendFlags {
+    /// `IBV_SEND_FENCE`: wait for earlier RDMA reads and atomics.
     pub const FENCE: SendFlags = SendFlags(1);
+    /// `IBV_SEND_SIGNALED`: generate a completion.
     pub const SIGNALED: SendFlags = SendFlags(2);
+    /// `IBV_SEND_SOLICITED`: raise a solicited event at the receiver.
     pub const SOLICITED: SendFlags = SendFlags(4);
 
+    /// Whether every flag of `o` is set.
     #[inline]
     pub const fn contains(self, o: SendFlags) -> bool {
         self.0 & o.0 == o.0
@@ -88,17 +115,24 @@ impl core::ops::BitOr for SendFlags {
 /// A UD destination: an address handle and the remote QP (`ibv_send_wr.wr.ud`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdDest<'a> {
+    /// The address handle.
     pub ah: &'a Ah,
+    /// Remote QP number.
     pub remote_qpn: u32,
+    /// Remote Q_Key.
     pub remote_qkey: u32,
 }
 
 /// A send work request (`ibv_send_wr`, one element of the list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendWr<'a> {
+    /// Returned in the work completion.
     pub wr_id: u64,
+    /// The operation.
     pub op: SendOp,
+    /// Local buffers.
     pub sg_list: &'a [Sge],
+    /// Send flags.
     pub flags: SendFlags,
     /// Bytes to carry inside the WQE instead of gathering `sg_list` (`IBV_SEND_INLINE`): the buffer is free
     /// again as soon as the post returns. `sg_list` must be empty then.
@@ -110,7 +144,9 @@ pub struct SendWr<'a> {
 /// A receive work request (`ibv_recv_wr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvWr<'a> {
+    /// Returned in the work completion.
     pub wr_id: u64,
+    /// Receive buffers.
     pub sg_list: &'a [Sge],
 }
 
@@ -161,22 +197,45 @@ impl Ah {
 pub struct PostError {
     /// Position of the first work request not posted (`bad_wr`).
     pub index: usize,
+    /// Why.
     pub kind: PostErrorKind,
 }
 
+/// Why a post failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PostErrorKind {
     /// The queue has no room (`ENOMEM`).
-    QueueFull { outstanding: u32, max: u32 },
+    QueueFull {
+        /// Work requests outstanding.
+        outstanding: u32,
+        /// Queue capacity.
+        max: u32,
+    },
     /// More SGEs than the queue was created for (`EINVAL`).
-    TooManySge { sge: usize, max: u32 },
+    TooManySge {
+        /// Entries given.
+        sge: usize,
+        /// Entries allowed.
+        max: u32,
+    },
     /// More inline bytes than the queue allows.
-    InlineTooLong { bytes: usize, max: u32 },
+    InlineTooLong {
+        /// Bytes given.
+        bytes: usize,
+        /// Bytes allowed.
+        max: u32,
+    },
     /// The QP is not in a state that accepts this queue's work (send needs RTS; receive needs INIT or later).
-    BadState { state: QpState },
+    BadState {
+        /// The QP state.
+        state: QpState,
+    },
     /// A UD send without a destination, an RC send with one, or an atomic without an 8-byte SGE.
-    BadRequest { what: &'static str },
+    BadRequest {
+        /// What is wrong.
+        what: &'static str,
+    },
     /// The device is in internal error (`EIO`).
     DeviceError,
 }
