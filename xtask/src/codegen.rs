@@ -275,7 +275,7 @@ fn gen_ifc(ifc: &Value, o: &mut String) -> Result<(), String> {
             let width = f["width_bits"].as_u64().unwrap();
             match f["kind"].as_str().unwrap_or("") {
                 "scalar" => {
-                    writeln!(o, "        /// `{fname}`: {width} bits at bit {off}.").unwrap();
+                    writeln!(o, "        /// `{fname}`: {} at bit {off}.", plural(width, "bit")).unwrap();
                     if width <= 32 {
                         if off / 32 != (off + width - 1) / 32 {
                             return Err(format!("{name}.{fname} crosses a dword"));
@@ -302,7 +302,17 @@ fn gen_ifc(ifc: &Value, o: &mut String) -> Result<(), String> {
                 "array" => {
                     let elem_bits = f["elem_width_bits"].as_u64().unwrap_or(0);
                     let count = f["count"].as_u64().unwrap_or(0);
-                    writeln!(o, "        /// `{fname}`: {count} elements of {elem_bits} bits at bit {off}.").unwrap();
+                    if count == 0 {
+                        writeln!(o, "        /// `{fname}`: flexible array of {elem_bits}-bit elements at bit {off}.")
+                            .unwrap();
+                    } else {
+                        writeln!(
+                            o,
+                            "        /// `{fname}`: {} of {elem_bits} bits at bit {off}.",
+                            plural(count, "element")
+                        )
+                        .unwrap();
+                    }
                     if let Some(elem) = f["elem_struct"].as_str() {
                         writeln!(o, "        /// Array of `{elem}`.").unwrap();
                     }
@@ -344,9 +354,9 @@ fn gen_c(c: &Value, o: &mut String) -> Result<(), String> {
             }
             writeln!(
                 o,
-                "        /// `{mname}` (`{}`): {} bytes at byte {}.",
+                "        /// `{mname}` (`{}`): {} at byte {}.",
                 m["type"].as_str().unwrap_or(""),
-                m["size"],
+                plural(m["size"].as_u64().unwrap_or(0), "byte"),
                 m["offset"]
             )
             .unwrap();
@@ -387,6 +397,15 @@ fn typed_const(name: &str) -> Option<(&'static str, &'static str)> {
         .filter(|(m, _, _)| if m.ends_with('_') { name.starts_with(m) } else { name == *m })
         .max_by_key(|(m, _, _)| m.len())
         .map(|&(_, ty, field)| (ty, field))
+}
+
+/// `1 bit`, `2 bits`.
+fn plural(n: u64, unit: &str) -> String {
+    if n == 1 {
+        format!("1 {unit}")
+    } else {
+        format!("{n} {unit}s")
+    }
 }
 
 fn const_value(v: &Value) -> Option<i128> {

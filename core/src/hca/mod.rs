@@ -38,8 +38,7 @@ use crate::pages::FwPages;
 use crate::prm::{consts, EventType};
 use crate::trace::CmdTrace;
 
-use events::AsyncEvents;
-use events::CqEvents;
+use events::{AsyncEvents, CqEvents};
 use wait::Watch;
 
 /// Doorbell-record pages an HCA can hold (each holds 64 records with 64-byte cache lines, 32 with 128).

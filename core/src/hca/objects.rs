@@ -11,7 +11,7 @@ use crate::prm::{consts, Opcode};
 use crate::trace::CmdTrace;
 
 use super::error::Error;
-use super::Hca;
+use super::{Hca, HcaState};
 use crate::buf::{page_sizes, DmaSeg, PageLayout, QueueBuf};
 use crate::cmd::Pas;
 use crate::cq::Cq;
@@ -405,7 +405,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         if n > 0 || wc.is_empty() {
             return Ok(n);
         }
-        let dead = !matches!(self.state(), crate::hca::HcaState::Up);
+        let dead = !matches!(self.state(), HcaState::Up);
         // The CQ-error lookup runs only once some CQ has failed, so an empty poll pays one compare for it.
         if !dead && (self.ctx.events.cq_error == 0 || !self.ctx.cqs.failed(cq.cqn())) {
             return Ok(0);
@@ -557,7 +557,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
 
     /// Posts send work requests and rings the doorbell once (`ibv_post_send`).
     pub fn post_send(&self, qp: &mut Qp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
-        if !matches!(self.state(), crate::hca::HcaState::Up) {
+        if !matches!(self.state(), HcaState::Up) {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError });
         }
         qp.post_send(self.cmdq.mmio(), wrs)
@@ -565,7 +565,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
 
     /// Posts receive work requests (`ibv_post_recv`).
     pub fn post_recv(&self, qp: &mut Qp, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        if !matches!(self.state(), crate::hca::HcaState::Up) {
+        if !matches!(self.state(), HcaState::Up) {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError });
         }
         qp.post_recv(self.cmdq.mmio(), wrs)

@@ -28,9 +28,9 @@ pub mod ifc {
         pub const OP_MOD: Field = Field::new(48, 16);
         /// `cq_context`: nested `cqc`, 64 bytes at byte 16.
         pub const CQ_CONTEXT: Sub = Sub::new(16, 64);
-        /// `cq_umem_valid`: 1 bits at bit 736.
+        /// `cq_umem_valid`: 1 bit at bit 736.
         pub const CQ_UMEM_VALID: Field = Field::new(736, 1);
-        /// `pas`: 0 elements of 64 bits at bit 2176.
+        /// `pas`: flexible array of 64-bit elements at bit 2176.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(2176, 0, 64);
     }
@@ -65,21 +65,21 @@ pub mod ifc {
         }
         /// `status`: 4 bits at bit 0.
         pub const STATUS: Field = Field::new(0, 4);
-        /// `dbr_umem_valid`: 1 bits at bit 6.
+        /// `dbr_umem_valid`: 1 bit at bit 6.
         pub const DBR_UMEM_VALID: Field = Field::new(6, 1);
-        /// `apu_cq`: 1 bits at bit 7.
+        /// `apu_cq`: 1 bit at bit 7.
         pub const APU_CQ: Field = Field::new(7, 1);
         /// `cqe_sz`: 3 bits at bit 8.
         pub const CQE_SZ: Field = Field::new(8, 3);
-        /// `cc`: 1 bits at bit 11.
+        /// `cc`: 1 bit at bit 11.
         pub const CC: Field = Field::new(11, 1);
-        /// `scqe_break_moderation_en`: 1 bits at bit 13.
+        /// `scqe_break_moderation_en`: 1 bit at bit 13.
         pub const SCQE_BREAK_MODERATION_EN: Field = Field::new(13, 1);
-        /// `oi`: 1 bits at bit 14.
+        /// `oi`: 1 bit at bit 14.
         pub const OI: Field = Field::new(14, 1);
         /// `cq_period_mode`: 2 bits at bit 15.
         pub const CQ_PERIOD_MODE: Field = Field::new(15, 2);
-        /// `cqe_comp_en`: 1 bits at bit 17.
+        /// `cqe_comp_en`: 1 bit at bit 17.
         pub const CQE_COMP_EN: Field = Field::new(17, 1);
         /// `mini_cqe_res_format`: 2 bits at bit 18.
         pub const MINI_CQE_RES_FORMAT: Field = Field::new(18, 2);
@@ -183,7 +183,7 @@ pub mod ifc {
         pub const SYNDROME: Field = Field::new(32, 32);
         /// `cq_context`: nested `cqc`, 64 bytes at byte 16.
         pub const CQ_CONTEXT: Sub = Sub::new(16, 64);
-        /// `pas`: 0 elements of 64 bits at bit 2176.
+        /// `pas`: flexible array of 64-bit elements at bit 2176.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(2176, 0, 64);
     }
@@ -210,9 +210,9 @@ pub mod ifc {
         pub const MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT: Sub = Sub::new(12, 4);
         /// `cq_context`: nested `cqc`, 64 bytes at byte 16.
         pub const CQ_CONTEXT: Sub = Sub::new(16, 64);
-        /// `cq_umem_valid`: 1 bits at bit 736.
+        /// `cq_umem_valid`: 1 bit at bit 736.
         pub const CQ_UMEM_VALID: Field = Field::new(736, 1);
-        /// `pas`: 0 elements of 64 bits at bit 2176.
+        /// `pas`: flexible array of 64-bit elements at bit 2176.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(2176, 0, 64);
     }
@@ -253,7 +253,7 @@ pub mod ifc {
         pub const EQ_CONTEXT_ENTRY: Sub = Sub::new(16, 64);
         /// `event_bitmask`: 4 elements of 64 bits at bit 704.
         pub const EVENT_BITMASK: Array = Array::new(704, 4, 64);
-        /// `pas`: 0 elements of 64 bits at bit 2176.
+        /// `pas`: flexible array of 64-bit elements at bit 2176.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(2176, 0, 64);
     }
@@ -288,9 +288,9 @@ pub mod ifc {
         }
         /// `status`: 4 bits at bit 0.
         pub const STATUS: Field = Field::new(0, 4);
-        /// `ec`: 1 bits at bit 13.
+        /// `ec`: 1 bit at bit 13.
         pub const EC: Field = Field::new(13, 1);
-        /// `oi`: 1 bits at bit 14.
+        /// `oi`: 1 bit at bit 14.
         pub const OI: Field = Field::new(14, 1);
         /// `st`: 4 bits at bit 20.
         pub const ST: Field = Field::new(20, 4);
@@ -380,7 +380,7 @@ pub mod ifc {
         pub const EQ_CONTEXT_ENTRY: Sub = Sub::new(16, 64);
         /// `event_bitmask`: 64 bits at bit 704.
         pub const EVENT_BITMASK: Field = Field::new(704, 64);
-        /// `pas`: 0 elements of 64 bits at bit 2176.
+        /// `pas`: flexible array of 64-bit elements at bit 2176.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(2176, 0, 64);
     }
@@ -401,7 +401,7 @@ pub mod ifc {
         pub const UID: Field = Field::new(16, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `qpc_ext`: 1 bits at bit 64.
+        /// `qpc_ext`: 1 bit at bit 64.
         pub const QPC_EXT: Field = Field::new(64, 1);
         /// `input_qpn`: 24 bits at bit 72.
         pub const INPUT_QPN: Field = Field::new(72, 24);
@@ -415,9 +415,9 @@ pub mod ifc {
         pub const WQ_UMEM_OFFSET: Field = Field::new(2048, 64);
         /// `wq_umem_id`: 32 bits at bit 2112.
         pub const WQ_UMEM_ID: Field = Field::new(2112, 32);
-        /// `wq_umem_valid`: 1 bits at bit 2144.
+        /// `wq_umem_valid`: 1 bit at bit 2144.
         pub const WQ_UMEM_VALID: Field = Field::new(2144, 1);
-        /// `pas`: 0 elements of 64 bits at bit 2176.
+        /// `pas`: flexible array of 64-bit elements at bit 2176.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(2176, 0, 64);
     }
@@ -458,7 +458,7 @@ pub mod ifc {
         pub const LAG_TX_PORT_AFFINITY: Field = Field::new(4, 4);
         /// `st`: 8 bits at bit 8.
         pub const ST: Field = Field::new(8, 8);
-        /// `isolate_vl_tc`: 1 bits at bit 18.
+        /// `isolate_vl_tc`: 1 bit at bit 18.
         pub const ISOLATE_VL_TC: Field = Field::new(18, 1);
         /// `pm_state`: 2 bits at bit 19.
         pub const PM_STATE: Field = Field::new(19, 2);
@@ -468,15 +468,15 @@ pub mod ifc {
         pub const OFFLOAD_TYPE: Field = Field::new(24, 4);
         /// `end_padding_mode`: 2 bits at bit 28.
         pub const END_PADDING_MODE: Field = Field::new(28, 2);
-        /// `wq_signature`: 1 bits at bit 32.
+        /// `wq_signature`: 1 bit at bit 32.
         pub const WQ_SIGNATURE: Field = Field::new(32, 1);
-        /// `block_lb_mc`: 1 bits at bit 33.
+        /// `block_lb_mc`: 1 bit at bit 33.
         pub const BLOCK_LB_MC: Field = Field::new(33, 1);
-        /// `atomic_like_write_en`: 1 bits at bit 34.
+        /// `atomic_like_write_en`: 1 bit at bit 34.
         pub const ATOMIC_LIKE_WRITE_EN: Field = Field::new(34, 1);
-        /// `latency_sensitive`: 1 bits at bit 35.
+        /// `latency_sensitive`: 1 bit at bit 35.
         pub const LATENCY_SENSITIVE: Field = Field::new(35, 1);
-        /// `drain_sigerr`: 1 bits at bit 37.
+        /// `drain_sigerr`: 1 bit at bit 37.
         pub const DRAIN_SIGERR: Field = Field::new(37, 1);
         /// `pd`: 24 bits at bit 40.
         pub const PD: Field = Field::new(40, 24);
@@ -488,7 +488,7 @@ pub mod ifc {
         pub const LOG_RQ_SIZE: Field = Field::new(73, 4);
         /// `log_rq_stride`: 3 bits at bit 77.
         pub const LOG_RQ_STRIDE: Field = Field::new(77, 3);
-        /// `no_sq`: 1 bits at bit 80.
+        /// `no_sq`: 1 bit at bit 80.
         pub const NO_SQ: Field = Field::new(80, 1);
         /// `log_sq_size`: 4 bits at bit 81.
         pub const LOG_SQ_SIZE: Field = Field::new(81, 4);
@@ -496,7 +496,7 @@ pub mod ifc {
         pub const RETRY_MODE: Field = Field::new(86, 2);
         /// `ts_format`: 2 bits at bit 88.
         pub const TS_FORMAT: Field = Field::new(88, 2);
-        /// `rlky`: 1 bits at bit 91.
+        /// `rlky`: 1 bit at bit 91.
         pub const RLKY: Field = Field::new(91, 1);
         /// `ulp_stateless_offload_mode`: 4 bits at bit 92.
         pub const ULP_STATELESS_OFFLOAD_MODE: Field = Field::new(92, 4);
@@ -522,7 +522,7 @@ pub mod ifc {
         pub const RETRY_COUNT: Field = Field::new(909, 3);
         /// `rnr_retry`: 3 bits at bit 912.
         pub const RNR_RETRY: Field = Field::new(912, 3);
-        /// `fre`: 1 bits at bit 916.
+        /// `fre`: 1 bit at bit 916.
         pub const FRE: Field = Field::new(916, 1);
         /// `cur_rnr_retry`: 3 bits at bit 917.
         pub const CUR_RNR_RETRY: Field = Field::new(917, 3);
@@ -546,19 +546,19 @@ pub mod ifc {
         pub const LOG_RRA_MAX: Field = Field::new(1160, 3);
         /// `atomic_mode`: 4 bits at bit 1164.
         pub const ATOMIC_MODE: Field = Field::new(1164, 4);
-        /// `rre`: 1 bits at bit 1168.
+        /// `rre`: 1 bit at bit 1168.
         pub const RRE: Field = Field::new(1168, 1);
-        /// `rwe`: 1 bits at bit 1169.
+        /// `rwe`: 1 bit at bit 1169.
         pub const RWE: Field = Field::new(1169, 1);
-        /// `rae`: 1 bits at bit 1170.
+        /// `rae`: 1 bit at bit 1170.
         pub const RAE: Field = Field::new(1170, 1);
         /// `page_offset`: 6 bits at bit 1172.
         pub const PAGE_OFFSET: Field = Field::new(1172, 6);
-        /// `cd_slave_receive`: 1 bits at bit 1181.
+        /// `cd_slave_receive`: 1 bit at bit 1181.
         pub const CD_SLAVE_RECEIVE: Field = Field::new(1181, 1);
-        /// `cd_slave_send`: 1 bits at bit 1182.
+        /// `cd_slave_send`: 1 bit at bit 1182.
         pub const CD_SLAVE_SEND: Field = Field::new(1182, 1);
-        /// `cd_master`: 1 bits at bit 1183.
+        /// `cd_master`: 1 bit at bit 1183.
         pub const CD_MASTER: Field = Field::new(1183, 1);
         /// `min_rnr_nak`: 5 bits at bit 1187.
         pub const MIN_RNR_NAK: Field = Field::new(1187, 5);
@@ -586,7 +586,7 @@ pub mod ifc {
         pub const HW_RQ_COUNTER: Field = Field::new(1472, 32);
         /// `sw_rq_counter`: 32 bits at bit 1504.
         pub const SW_RQ_COUNTER: Field = Field::new(1504, 32);
-        /// `cgs`: 1 bits at bit 1583.
+        /// `cgs`: 1 bit at bit 1583.
         pub const CGS: Field = Field::new(1583, 1);
         /// `cs_req`: 8 bits at bit 1584.
         pub const CS_REQ: Field = Field::new(1584, 8);
@@ -594,7 +594,7 @@ pub mod ifc {
         pub const CS_RES: Field = Field::new(1592, 8);
         /// `dc_access_key`: 64 bits at bit 1600.
         pub const DC_ACCESS_KEY: Field = Field::new(1600, 64);
-        /// `dbr_umem_valid`: 1 bits at bit 1667.
+        /// `dbr_umem_valid`: 1 bit at bit 1667.
         pub const DBR_UMEM_VALID: Field = Field::new(1667, 1);
     }
     /// `struct mlx5_ifc_ads_bits`: 44 bytes.
@@ -608,15 +608,15 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `fl`: 1 bits at bit 0.
+        /// `fl`: 1 bit at bit 0.
         pub const FL: Field = Field::new(0, 1);
-        /// `free_ar`: 1 bits at bit 1.
+        /// `free_ar`: 1 bit at bit 1.
         pub const FREE_AR: Field = Field::new(1, 1);
         /// `pkey_index`: 16 bits at bit 16.
         pub const PKEY_INDEX: Field = Field::new(16, 16);
         /// `plane_index`: 8 bits at bit 32.
         pub const PLANE_INDEX: Field = Field::new(32, 8);
-        /// `grh`: 1 bits at bit 40.
+        /// `grh`: 1 bit at bit 40.
         pub const GRH: Field = Field::new(40, 1);
         /// `mlid`: 7 bits at bit 41.
         pub const MLID: Field = Field::new(41, 7);
@@ -636,11 +636,11 @@ pub mod ifc {
         pub const FLOW_LABEL: Field = Field::new(108, 20);
         /// `rgid_rip`: 16 elements of 8 bits at bit 128.
         pub const RGID_RIP: Array = Array::new(128, 16, 8);
-        /// `f_dscp`: 1 bits at bit 260.
+        /// `f_dscp`: 1 bit at bit 260.
         pub const F_DSCP: Field = Field::new(260, 1);
-        /// `f_ecn`: 1 bits at bit 261.
+        /// `f_ecn`: 1 bit at bit 261.
         pub const F_ECN: Field = Field::new(261, 1);
-        /// `f_eth_prio`: 1 bits at bit 263.
+        /// `f_eth_prio`: 1 bit at bit 263.
         pub const F_ETH_PRIO: Field = Field::new(263, 1);
         /// `ecn`: 2 bits at bit 264.
         pub const ECN: Field = Field::new(264, 2);
@@ -648,7 +648,7 @@ pub mod ifc {
         pub const DSCP: Field = Field::new(266, 6);
         /// `udp_sport`: 16 bits at bit 272.
         pub const UDP_SPORT: Field = Field::new(272, 16);
-        /// `dei_cfi`: 1 bits at bit 288.
+        /// `dei_cfi`: 1 bit at bit 288.
         pub const DEI_CFI: Field = Field::new(288, 1);
         /// `eth_prio`: 3 bits at bit 289.
         pub const ETH_PRIO: Field = Field::new(289, 3);
@@ -960,7 +960,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `qpc_ext`: 1 bits at bit 64.
+        /// `qpc_ext`: 1 bit at bit 64.
         pub const QPC_EXT: Field = Field::new(64, 1);
         /// `qpn`: 24 bits at bit 72.
         pub const QPN: Field = Field::new(72, 24);
@@ -1006,17 +1006,17 @@ pub mod ifc {
         pub const UID: Field = Field::new(16, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `pg_access`: 1 bits at bit 96.
+        /// `pg_access`: 1 bit at bit 96.
         pub const PG_ACCESS: Field = Field::new(96, 1);
-        /// `mkey_umem_valid`: 1 bits at bit 97.
+        /// `mkey_umem_valid`: 1 bit at bit 97.
         pub const MKEY_UMEM_VALID: Field = Field::new(97, 1);
-        /// `data_direct`: 1 bits at bit 98.
+        /// `data_direct`: 1 bit at bit 98.
         pub const DATA_DIRECT: Field = Field::new(98, 1);
         /// `memory_key_mkey_entry`: nested `mkc`, 64 bytes at byte 16.
         pub const MEMORY_KEY_MKEY_ENTRY: Sub = Sub::new(16, 64);
         /// `translations_octword_actual_size`: 32 bits at bit 768.
         pub const TRANSLATIONS_OCTWORD_ACTUAL_SIZE: Field = Field::new(768, 32);
-        /// `klm_pas_mtt`: 0 elements of 32 bits at bit 2176.
+        /// `klm_pas_mtt`: flexible array of 32-bit elements at bit 2176.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const KLM_PAS_MTT: Array = Array::new(2176, 0, 32);
     }
@@ -1049,25 +1049,25 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `free`: 1 bits at bit 1.
+        /// `free`: 1 bit at bit 1.
         pub const FREE: Field = Field::new(1, 1);
         /// `access_mode_4_2`: 3 bits at bit 3.
         pub const ACCESS_MODE_4_2: Field = Field::new(3, 3);
-        /// `relaxed_ordering_write`: 1 bits at bit 13.
+        /// `relaxed_ordering_write`: 1 bit at bit 13.
         pub const RELAXED_ORDERING_WRITE: Field = Field::new(13, 1);
-        /// `small_fence_on_rdma_read_response`: 1 bits at bit 15.
+        /// `small_fence_on_rdma_read_response`: 1 bit at bit 15.
         pub const SMALL_FENCE_ON_RDMA_READ_RESPONSE: Field = Field::new(15, 1);
-        /// `umr_en`: 1 bits at bit 16.
+        /// `umr_en`: 1 bit at bit 16.
         pub const UMR_EN: Field = Field::new(16, 1);
-        /// `a`: 1 bits at bit 17.
+        /// `a`: 1 bit at bit 17.
         pub const A: Field = Field::new(17, 1);
-        /// `rw`: 1 bits at bit 18.
+        /// `rw`: 1 bit at bit 18.
         pub const RW: Field = Field::new(18, 1);
-        /// `rr`: 1 bits at bit 19.
+        /// `rr`: 1 bit at bit 19.
         pub const RR: Field = Field::new(19, 1);
-        /// `lw`: 1 bits at bit 20.
+        /// `lw`: 1 bit at bit 20.
         pub const LW: Field = Field::new(20, 1);
-        /// `lr`: 1 bits at bit 21.
+        /// `lr`: 1 bit at bit 21.
         pub const LR: Field = Field::new(21, 1);
         /// `access_mode_1_0`: 2 bits at bit 22.
         pub const ACCESS_MODE_1_0: Field = Field::new(22, 2);
@@ -1077,15 +1077,15 @@ pub mod ifc {
         pub const QPN: Field = Field::new(32, 24);
         /// `mkey_7_0`: 8 bits at bit 56.
         pub const MKEY_7_0: Field = Field::new(56, 8);
-        /// `length64`: 1 bits at bit 96.
+        /// `length64`: 1 bit at bit 96.
         pub const LENGTH64: Field = Field::new(96, 1);
-        /// `bsf_en`: 1 bits at bit 97.
+        /// `bsf_en`: 1 bit at bit 97.
         pub const BSF_EN: Field = Field::new(97, 1);
-        /// `sync_umr`: 1 bits at bit 98.
+        /// `sync_umr`: 1 bit at bit 98.
         pub const SYNC_UMR: Field = Field::new(98, 1);
-        /// `expected_sigerr_count`: 1 bits at bit 101.
+        /// `expected_sigerr_count`: 1 bit at bit 101.
         pub const EXPECTED_SIGERR_COUNT: Field = Field::new(101, 1);
-        /// `en_rinval`: 1 bits at bit 103.
+        /// `en_rinval`: 1 bit at bit 103.
         pub const EN_RINVAL: Field = Field::new(103, 1);
         /// `pd`: 24 bits at bit 104.
         pub const PD: Field = Field::new(104, 24);
@@ -1099,7 +1099,7 @@ pub mod ifc {
         pub const CROSSING_TARGET_VHCA_ID: Field = Field::new(384, 16);
         /// `translations_octword_size`: 32 bits at bit 416.
         pub const TRANSLATIONS_OCTWORD_SIZE: Field = Field::new(416, 32);
-        /// `relaxed_ordering_read`: 1 bits at bit 473.
+        /// `relaxed_ordering_read`: 1 bit at bit 473.
         pub const RELAXED_ORDERING_READ: Field = Field::new(473, 1);
         /// `log_page_size`: 6 bits at bit 474.
         pub const LOG_PAGE_SIZE: Field = Field::new(474, 6);
@@ -1371,7 +1371,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `embedded_cpu_function`: 1 bits at bit 64.
+        /// `embedded_cpu_function`: 1 bit at bit 64.
         pub const EMBEDDED_CPU_FUNCTION: Field = Field::new(64, 1);
         /// `function_id`: 16 bits at bit 80.
         pub const FUNCTION_ID: Field = Field::new(80, 16);
@@ -1407,7 +1407,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `embedded_cpu_function`: 1 bits at bit 64.
+        /// `embedded_cpu_function`: 1 bit at bit 64.
         pub const EMBEDDED_CPU_FUNCTION: Field = Field::new(64, 1);
         /// `function_id`: 16 bits at bit 80.
         pub const FUNCTION_ID: Field = Field::new(80, 16);
@@ -1513,7 +1513,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `embedded_cpu_function`: 1 bits at bit 64.
+        /// `embedded_cpu_function`: 1 bit at bit 64.
         pub const EMBEDDED_CPU_FUNCTION: Field = Field::new(64, 1);
         /// `function_id`: 16 bits at bit 80.
         pub const FUNCTION_ID: Field = Field::new(80, 16);
@@ -1533,7 +1533,7 @@ pub mod ifc {
         pub const STATUS: Field = Field::new(0, 8);
         /// `syndrome`: 32 bits at bit 32.
         pub const SYNDROME: Field = Field::new(32, 32);
-        /// `embedded_cpu_function`: 1 bits at bit 64.
+        /// `embedded_cpu_function`: 1 bit at bit 64.
         pub const EMBEDDED_CPU_FUNCTION: Field = Field::new(64, 1);
         /// `function_id`: 16 bits at bit 80.
         pub const FUNCTION_ID: Field = Field::new(80, 16);
@@ -1555,13 +1555,13 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `embedded_cpu_function`: 1 bits at bit 64.
+        /// `embedded_cpu_function`: 1 bit at bit 64.
         pub const EMBEDDED_CPU_FUNCTION: Field = Field::new(64, 1);
         /// `function_id`: 16 bits at bit 80.
         pub const FUNCTION_ID: Field = Field::new(80, 16);
         /// `input_num_entries`: 32 bits at bit 96.
         pub const INPUT_NUM_ENTRIES: Field = Field::new(96, 32);
-        /// `pas`: 0 elements of 64 bits at bit 128.
+        /// `pas`: flexible array of 64-bit elements at bit 128.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(128, 0, 64);
     }
@@ -1582,7 +1582,7 @@ pub mod ifc {
         pub const SYNDROME: Field = Field::new(32, 32);
         /// `output_num_entries`: 32 bits at bit 64.
         pub const OUTPUT_NUM_ENTRIES: Field = Field::new(64, 32);
-        /// `pas`: 0 elements of 64 bits at bit 128.
+        /// `pas`: flexible array of 64-bit elements at bit 128.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(128, 0, 64);
     }
@@ -1601,9 +1601,9 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_function`: 1 bits at bit 64.
+        /// `other_function`: 1 bit at bit 64.
         pub const OTHER_FUNCTION: Field = Field::new(64, 1);
-        /// `ec_vf_function`: 1 bits at bit 65.
+        /// `ec_vf_function`: 1 bit at bit 65.
         pub const EC_VF_FUNCTION: Field = Field::new(65, 1);
         /// `function_id`: 16 bits at bit 80.
         pub const FUNCTION_ID: Field = Field::new(80, 16);
@@ -1641,9 +1641,9 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_function`: 1 bits at bit 64.
+        /// `other_function`: 1 bit at bit 64.
         pub const OTHER_FUNCTION: Field = Field::new(64, 1);
-        /// `ec_vf_function`: 1 bits at bit 65.
+        /// `ec_vf_function`: 1 bit at bit 65.
         pub const EC_VF_FUNCTION: Field = Field::new(65, 1);
         /// `function_id`: 16 bits at bit 80.
         pub const FUNCTION_ID: Field = Field::new(80, 16);
@@ -1677,27 +1677,27 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `page_request_disable`: 1 bits at bit 6.
+        /// `page_request_disable`: 1 bit at bit 6.
         pub const PAGE_REQUEST_DISABLE: Field = Field::new(6, 1);
-        /// `shared_object_to_user_object_allowed`: 1 bits at bit 16.
+        /// `shared_object_to_user_object_allowed`: 1 bit at bit 16.
         pub const SHARED_OBJECT_TO_USER_OBJECT_ALLOWED: Field = Field::new(16, 1);
-        /// `vhca_resource_manager`: 1 bits at bit 31.
+        /// `vhca_resource_manager`: 1 bit at bit 31.
         pub const VHCA_RESOURCE_MANAGER: Field = Field::new(31, 1);
-        /// `hca_cap_2`: 1 bits at bit 32.
+        /// `hca_cap_2`: 1 bit at bit 32.
         pub const HCA_CAP_2: Field = Field::new(32, 1);
-        /// `create_lag_when_not_master_up`: 1 bits at bit 33.
+        /// `create_lag_when_not_master_up`: 1 bit at bit 33.
         pub const CREATE_LAG_WHEN_NOT_MASTER_UP: Field = Field::new(33, 1);
-        /// `dtor`: 1 bits at bit 34.
+        /// `dtor`: 1 bit at bit 34.
         pub const DTOR: Field = Field::new(34, 1);
-        /// `event_on_vhca_state_teardown_request`: 1 bits at bit 35.
+        /// `event_on_vhca_state_teardown_request`: 1 bit at bit 35.
         pub const EVENT_ON_VHCA_STATE_TEARDOWN_REQUEST: Field = Field::new(35, 1);
-        /// `event_on_vhca_state_in_use`: 1 bits at bit 36.
+        /// `event_on_vhca_state_in_use`: 1 bit at bit 36.
         pub const EVENT_ON_VHCA_STATE_IN_USE: Field = Field::new(36, 1);
-        /// `event_on_vhca_state_active`: 1 bits at bit 37.
+        /// `event_on_vhca_state_active`: 1 bit at bit 37.
         pub const EVENT_ON_VHCA_STATE_ACTIVE: Field = Field::new(37, 1);
-        /// `event_on_vhca_state_allocated`: 1 bits at bit 38.
+        /// `event_on_vhca_state_allocated`: 1 bit at bit 38.
         pub const EVENT_ON_VHCA_STATE_ALLOCATED: Field = Field::new(38, 1);
-        /// `event_on_vhca_state_invalid`: 1 bits at bit 39.
+        /// `event_on_vhca_state_invalid`: 1 bit at bit 39.
         pub const EVENT_ON_VHCA_STATE_INVALID: Field = Field::new(39, 1);
         /// `vhca_id`: 16 bits at bit 48.
         pub const VHCA_ID: Field = Field::new(48, 16);
@@ -1705,341 +1705,341 @@ pub mod ifc {
         pub const LOG_MAX_SRQ_SZ: Field = Field::new(128, 8);
         /// `log_max_qp_sz`: 8 bits at bit 136.
         pub const LOG_MAX_QP_SZ: Field = Field::new(136, 8);
-        /// `event_cap`: 1 bits at bit 144.
+        /// `event_cap`: 1 bit at bit 144.
         pub const EVENT_CAP: Field = Field::new(144, 1);
-        /// `isolate_vl_tc_new`: 1 bits at bit 147.
+        /// `isolate_vl_tc_new`: 1 bit at bit 147.
         pub const ISOLATE_VL_TC_NEW: Field = Field::new(147, 1);
-        /// `prio_tag_required`: 1 bits at bit 152.
+        /// `prio_tag_required`: 1 bit at bit 152.
         pub const PRIO_TAG_REQUIRED: Field = Field::new(152, 1);
         /// `log_max_qp`: 5 bits at bit 155.
         pub const LOG_MAX_QP: Field = Field::new(155, 5);
-        /// `ece_support`: 1 bits at bit 163.
+        /// `ece_support`: 1 bit at bit 163.
         pub const ECE_SUPPORT: Field = Field::new(163, 1);
-        /// `reg_c_preserve`: 1 bits at bit 169.
+        /// `reg_c_preserve`: 1 bit at bit 169.
         pub const REG_C_PRESERVE: Field = Field::new(169, 1);
         /// `log_max_srq`: 5 bits at bit 171.
         pub const LOG_MAX_SRQ: Field = Field::new(171, 5);
-        /// `uplink_follow`: 1 bits at bit 177.
+        /// `uplink_follow`: 1 bit at bit 177.
         pub const UPLINK_FOLLOW: Field = Field::new(177, 1);
-        /// `ts_cqe_to_dest_cqn`: 1 bits at bit 178.
+        /// `ts_cqe_to_dest_cqn`: 1 bit at bit 178.
         pub const TS_CQE_TO_DEST_CQN: Field = Field::new(178, 1);
-        /// `go_back_n`: 1 bits at bit 185.
+        /// `go_back_n`: 1 bit at bit 185.
         pub const GO_BACK_N: Field = Field::new(185, 1);
         /// `max_sgl_for_optimized_performance`: 8 bits at bit 192.
         pub const MAX_SGL_FOR_OPTIMIZED_PERFORMANCE: Field = Field::new(192, 8);
         /// `log_max_cq_sz`: 8 bits at bit 200.
         pub const LOG_MAX_CQ_SZ: Field = Field::new(200, 8);
-        /// `relaxed_ordering_write_umr`: 1 bits at bit 208.
+        /// `relaxed_ordering_write_umr`: 1 bit at bit 208.
         pub const RELAXED_ORDERING_WRITE_UMR: Field = Field::new(208, 1);
-        /// `relaxed_ordering_read_umr`: 1 bits at bit 209.
+        /// `relaxed_ordering_read_umr`: 1 bit at bit 209.
         pub const RELAXED_ORDERING_READ_UMR: Field = Field::new(209, 1);
-        /// `virtio_net_device_emualtion_manager`: 1 bits at bit 217.
+        /// `virtio_net_device_emualtion_manager`: 1 bit at bit 217.
         pub const VIRTIO_NET_DEVICE_EMUALTION_MANAGER: Field = Field::new(217, 1);
-        /// `virtio_blk_device_emualtion_manager`: 1 bits at bit 218.
+        /// `virtio_blk_device_emualtion_manager`: 1 bit at bit 218.
         pub const VIRTIO_BLK_DEVICE_EMUALTION_MANAGER: Field = Field::new(218, 1);
         /// `log_max_cq`: 5 bits at bit 219.
         pub const LOG_MAX_CQ: Field = Field::new(219, 5);
         /// `log_max_eq_sz`: 8 bits at bit 224.
         pub const LOG_MAX_EQ_SZ: Field = Field::new(224, 8);
-        /// `relaxed_ordering_write`: 1 bits at bit 232.
+        /// `relaxed_ordering_write`: 1 bit at bit 232.
         pub const RELAXED_ORDERING_WRITE: Field = Field::new(232, 1);
-        /// `relaxed_ordering_read_pci_enabled`: 1 bits at bit 233.
+        /// `relaxed_ordering_read_pci_enabled`: 1 bit at bit 233.
         pub const RELAXED_ORDERING_READ_PCI_ENABLED: Field = Field::new(233, 1);
         /// `log_max_mkey`: 6 bits at bit 234.
         pub const LOG_MAX_MKEY: Field = Field::new(234, 6);
-        /// `terminate_scatter_list_mkey`: 1 bits at bit 246.
+        /// `terminate_scatter_list_mkey`: 1 bit at bit 246.
         pub const TERMINATE_SCATTER_LIST_MKEY: Field = Field::new(246, 1);
-        /// `repeated_mkey`: 1 bits at bit 247.
+        /// `repeated_mkey`: 1 bit at bit 247.
         pub const REPEATED_MKEY: Field = Field::new(247, 1);
-        /// `dump_fill_mkey`: 1 bits at bit 248.
+        /// `dump_fill_mkey`: 1 bit at bit 248.
         pub const DUMP_FILL_MKEY: Field = Field::new(248, 1);
-        /// `fast_teardown`: 1 bits at bit 251.
+        /// `fast_teardown`: 1 bit at bit 251.
         pub const FAST_TEARDOWN: Field = Field::new(251, 1);
         /// `log_max_eq`: 4 bits at bit 252.
         pub const LOG_MAX_EQ: Field = Field::new(252, 4);
         /// `max_indirection`: 8 bits at bit 256.
         pub const MAX_INDIRECTION: Field = Field::new(256, 8);
-        /// `fixed_buffer_size`: 1 bits at bit 264.
+        /// `fixed_buffer_size`: 1 bit at bit 264.
         pub const FIXED_BUFFER_SIZE: Field = Field::new(264, 1);
         /// `log_max_mrw_sz`: 7 bits at bit 265.
         pub const LOG_MAX_MRW_SZ: Field = Field::new(265, 7);
-        /// `force_teardown`: 1 bits at bit 272.
+        /// `force_teardown`: 1 bit at bit 272.
         pub const FORCE_TEARDOWN: Field = Field::new(272, 1);
         /// `log_max_bsf_list_size`: 6 bits at bit 274.
         pub const LOG_MAX_BSF_LIST_SIZE: Field = Field::new(274, 6);
-        /// `umr_extended_translation_offset`: 1 bits at bit 280.
+        /// `umr_extended_translation_offset`: 1 bit at bit 280.
         pub const UMR_EXTENDED_TRANSLATION_OFFSET: Field = Field::new(280, 1);
-        /// `null_mkey`: 1 bits at bit 281.
+        /// `null_mkey`: 1 bit at bit 281.
         pub const NULL_MKEY: Field = Field::new(281, 1);
         /// `log_max_klm_list_size`: 6 bits at bit 282.
         pub const LOG_MAX_KLM_LIST_SIZE: Field = Field::new(282, 6);
-        /// `qpc_extension`: 1 bits at bit 290.
+        /// `qpc_extension`: 1 bit at bit 290.
         pub const QPC_EXTENSION: Field = Field::new(290, 1);
         /// `log_max_ra_req_dc`: 6 bits at bit 298.
         pub const LOG_MAX_RA_REQ_DC: Field = Field::new(298, 6);
-        /// `eth_wqe_too_small`: 1 bits at bit 306.
+        /// `eth_wqe_too_small`: 1 bit at bit 306.
         pub const ETH_WQE_TOO_SMALL: Field = Field::new(306, 1);
-        /// `vnic_env_cq_overrun`: 1 bits at bit 313.
+        /// `vnic_env_cq_overrun`: 1 bit at bit 313.
         pub const VNIC_ENV_CQ_OVERRUN: Field = Field::new(313, 1);
         /// `log_max_ra_res_dc`: 6 bits at bit 314.
         pub const LOG_MAX_RA_RES_DC: Field = Field::new(314, 6);
-        /// `release_all_pages`: 1 bits at bit 325.
+        /// `release_all_pages`: 1 bit at bit 325.
         pub const RELEASE_ALL_PAGES: Field = Field::new(325, 1);
-        /// `must_not_use`: 1 bits at bit 326.
+        /// `must_not_use`: 1 bit at bit 326.
         pub const MUST_NOT_USE: Field = Field::new(326, 1);
-        /// `roce_accl`: 1 bits at bit 329.
+        /// `roce_accl`: 1 bit at bit 329.
         pub const ROCE_ACCL: Field = Field::new(329, 1);
         /// `log_max_ra_req_qp`: 6 bits at bit 330.
         pub const LOG_MAX_RA_REQ_QP: Field = Field::new(330, 6);
         /// `log_max_ra_res_qp`: 6 bits at bit 346.
         pub const LOG_MAX_RA_RES_QP: Field = Field::new(346, 6);
-        /// `end_pad`: 1 bits at bit 352.
+        /// `end_pad`: 1 bit at bit 352.
         pub const END_PAD: Field = Field::new(352, 1);
-        /// `cc_query_allowed`: 1 bits at bit 353.
+        /// `cc_query_allowed`: 1 bit at bit 353.
         pub const CC_QUERY_ALLOWED: Field = Field::new(353, 1);
-        /// `cc_modify_allowed`: 1 bits at bit 354.
+        /// `cc_modify_allowed`: 1 bit at bit 354.
         pub const CC_MODIFY_ALLOWED: Field = Field::new(354, 1);
-        /// `start_pad`: 1 bits at bit 355.
+        /// `start_pad`: 1 bit at bit 355.
         pub const START_PAD: Field = Field::new(355, 1);
-        /// `cache_line_128byte`: 1 bits at bit 356.
+        /// `cache_line_128byte`: 1 bit at bit 356.
         pub const CACHE_LINE_128BYTE: Field = Field::new(356, 1);
-        /// `rts2rts_qp_counters_set_id`: 1 bits at bit 361.
+        /// `rts2rts_qp_counters_set_id`: 1 bit at bit 361.
         pub const RTS2RTS_QP_COUNTERS_SET_ID: Field = Field::new(361, 1);
-        /// `vnic_env_int_rq_oob`: 1 bits at bit 364.
+        /// `vnic_env_int_rq_oob`: 1 bit at bit 364.
         pub const VNIC_ENV_INT_RQ_OOB: Field = Field::new(364, 1);
-        /// `sbcam_reg`: 1 bits at bit 365.
+        /// `sbcam_reg`: 1 bit at bit 365.
         pub const SBCAM_REG: Field = Field::new(365, 1);
-        /// `qcam_reg`: 1 bits at bit 367.
+        /// `qcam_reg`: 1 bit at bit 367.
         pub const QCAM_REG: Field = Field::new(367, 1);
         /// `gid_table_size`: 16 bits at bit 368.
         pub const GID_TABLE_SIZE: Field = Field::new(368, 16);
-        /// `out_of_seq_cnt`: 1 bits at bit 384.
+        /// `out_of_seq_cnt`: 1 bit at bit 384.
         pub const OUT_OF_SEQ_CNT: Field = Field::new(384, 1);
-        /// `vport_counters`: 1 bits at bit 385.
+        /// `vport_counters`: 1 bit at bit 385.
         pub const VPORT_COUNTERS: Field = Field::new(385, 1);
-        /// `retransmission_q_counters`: 1 bits at bit 386.
+        /// `retransmission_q_counters`: 1 bit at bit 386.
         pub const RETRANSMISSION_Q_COUNTERS: Field = Field::new(386, 1);
-        /// `debug`: 1 bits at bit 387.
+        /// `debug`: 1 bit at bit 387.
         pub const DEBUG: Field = Field::new(387, 1);
-        /// `modify_rq_counter_set_id`: 1 bits at bit 388.
+        /// `modify_rq_counter_set_id`: 1 bit at bit 388.
         pub const MODIFY_RQ_COUNTER_SET_ID: Field = Field::new(388, 1);
-        /// `rq_delay_drop`: 1 bits at bit 389.
+        /// `rq_delay_drop`: 1 bit at bit 389.
         pub const RQ_DELAY_DROP: Field = Field::new(389, 1);
         /// `max_qp_cnt`: 10 bits at bit 390.
         pub const MAX_QP_CNT: Field = Field::new(390, 10);
         /// `pkey_table_size`: 16 bits at bit 400.
         pub const PKEY_TABLE_SIZE: Field = Field::new(400, 16);
-        /// `vport_group_manager`: 1 bits at bit 416.
+        /// `vport_group_manager`: 1 bit at bit 416.
         pub const VPORT_GROUP_MANAGER: Field = Field::new(416, 1);
-        /// `vhca_group_manager`: 1 bits at bit 417.
+        /// `vhca_group_manager`: 1 bit at bit 417.
         pub const VHCA_GROUP_MANAGER: Field = Field::new(417, 1);
-        /// `ib_virt`: 1 bits at bit 418.
+        /// `ib_virt`: 1 bit at bit 418.
         pub const IB_VIRT: Field = Field::new(418, 1);
-        /// `eth_virt`: 1 bits at bit 419.
+        /// `eth_virt`: 1 bit at bit 419.
         pub const ETH_VIRT: Field = Field::new(419, 1);
-        /// `vnic_env_queue_counters`: 1 bits at bit 420.
+        /// `vnic_env_queue_counters`: 1 bit at bit 420.
         pub const VNIC_ENV_QUEUE_COUNTERS: Field = Field::new(420, 1);
-        /// `ets`: 1 bits at bit 421.
+        /// `ets`: 1 bit at bit 421.
         pub const ETS: Field = Field::new(421, 1);
-        /// `nic_flow_table`: 1 bits at bit 422.
+        /// `nic_flow_table`: 1 bit at bit 422.
         pub const NIC_FLOW_TABLE: Field = Field::new(422, 1);
-        /// `eswitch_manager`: 1 bits at bit 423.
+        /// `eswitch_manager`: 1 bit at bit 423.
         pub const ESWITCH_MANAGER: Field = Field::new(423, 1);
-        /// `device_memory`: 1 bits at bit 424.
+        /// `device_memory`: 1 bit at bit 424.
         pub const DEVICE_MEMORY: Field = Field::new(424, 1);
-        /// `mcam_reg`: 1 bits at bit 425.
+        /// `mcam_reg`: 1 bit at bit 425.
         pub const MCAM_REG: Field = Field::new(425, 1);
-        /// `pcam_reg`: 1 bits at bit 426.
+        /// `pcam_reg`: 1 bit at bit 426.
         pub const PCAM_REG: Field = Field::new(426, 1);
         /// `local_ca_ack_delay`: 5 bits at bit 427.
         pub const LOCAL_CA_ACK_DELAY: Field = Field::new(427, 5);
-        /// `port_module_event`: 1 bits at bit 432.
+        /// `port_module_event`: 1 bit at bit 432.
         pub const PORT_MODULE_EVENT: Field = Field::new(432, 1);
-        /// `enhanced_error_q_counters`: 1 bits at bit 433.
+        /// `enhanced_error_q_counters`: 1 bit at bit 433.
         pub const ENHANCED_ERROR_Q_COUNTERS: Field = Field::new(433, 1);
-        /// `ports_check`: 1 bits at bit 434.
+        /// `ports_check`: 1 bit at bit 434.
         pub const PORTS_CHECK: Field = Field::new(434, 1);
-        /// `disable_link_up`: 1 bits at bit 436.
+        /// `disable_link_up`: 1 bit at bit 436.
         pub const DISABLE_LINK_UP: Field = Field::new(436, 1);
-        /// `beacon_led`: 1 bits at bit 437.
+        /// `beacon_led`: 1 bit at bit 437.
         pub const BEACON_LED: Field = Field::new(437, 1);
         /// `port_type`: 2 bits at bit 438.
         pub const PORT_TYPE: Field = Field::new(438, 2);
         /// `num_ports`: 8 bits at bit 440.
         pub const NUM_PORTS: Field = Field::new(440, 8);
-        /// `pps`: 1 bits at bit 449.
+        /// `pps`: 1 bit at bit 449.
         pub const PPS: Field = Field::new(449, 1);
-        /// `pps_modify`: 1 bits at bit 450.
+        /// `pps_modify`: 1 bit at bit 450.
         pub const PPS_MODIFY: Field = Field::new(450, 1);
         /// `log_max_msg`: 5 bits at bit 451.
         pub const LOG_MAX_MSG: Field = Field::new(451, 5);
         /// `max_tc`: 4 bits at bit 460.
         pub const MAX_TC: Field = Field::new(460, 4);
-        /// `temp_warn_event`: 1 bits at bit 464.
+        /// `temp_warn_event`: 1 bit at bit 464.
         pub const TEMP_WARN_EVENT: Field = Field::new(464, 1);
-        /// `dcbx`: 1 bits at bit 465.
+        /// `dcbx`: 1 bit at bit 465.
         pub const DCBX: Field = Field::new(465, 1);
-        /// `general_notification_event`: 1 bits at bit 466.
+        /// `general_notification_event`: 1 bit at bit 466.
         pub const GENERAL_NOTIFICATION_EVENT: Field = Field::new(466, 1);
-        /// `fpga`: 1 bits at bit 469.
+        /// `fpga`: 1 bit at bit 469.
         pub const FPGA: Field = Field::new(469, 1);
-        /// `rol_s`: 1 bits at bit 470.
+        /// `rol_s`: 1 bit at bit 470.
         pub const ROL_S: Field = Field::new(470, 1);
-        /// `rol_g`: 1 bits at bit 471.
+        /// `rol_g`: 1 bit at bit 471.
         pub const ROL_G: Field = Field::new(471, 1);
-        /// `wol_s`: 1 bits at bit 473.
+        /// `wol_s`: 1 bit at bit 473.
         pub const WOL_S: Field = Field::new(473, 1);
-        /// `wol_g`: 1 bits at bit 474.
+        /// `wol_g`: 1 bit at bit 474.
         pub const WOL_G: Field = Field::new(474, 1);
-        /// `wol_a`: 1 bits at bit 475.
+        /// `wol_a`: 1 bit at bit 475.
         pub const WOL_A: Field = Field::new(475, 1);
-        /// `wol_b`: 1 bits at bit 476.
+        /// `wol_b`: 1 bit at bit 476.
         pub const WOL_B: Field = Field::new(476, 1);
-        /// `wol_m`: 1 bits at bit 477.
+        /// `wol_m`: 1 bit at bit 477.
         pub const WOL_M: Field = Field::new(477, 1);
-        /// `wol_u`: 1 bits at bit 478.
+        /// `wol_u`: 1 bit at bit 478.
         pub const WOL_U: Field = Field::new(478, 1);
-        /// `wol_p`: 1 bits at bit 479.
+        /// `wol_p`: 1 bit at bit 479.
         pub const WOL_P: Field = Field::new(479, 1);
         /// `stat_rate_support`: 16 bits at bit 480.
         pub const STAT_RATE_SUPPORT: Field = Field::new(480, 16);
-        /// `pci_sync_for_fw_update_event`: 1 bits at bit 497.
+        /// `pci_sync_for_fw_update_event`: 1 bit at bit 497.
         pub const PCI_SYNC_FOR_FW_UPDATE_EVENT: Field = Field::new(497, 1);
-        /// `init2_lag_tx_port_affinity`: 1 bits at bit 504.
+        /// `init2_lag_tx_port_affinity`: 1 bit at bit 504.
         pub const INIT2_LAG_TX_PORT_AFFINITY: Field = Field::new(504, 1);
-        /// `wqe_based_flow_table_update_cap`: 1 bits at bit 507.
+        /// `wqe_based_flow_table_update_cap`: 1 bit at bit 507.
         pub const WQE_BASED_FLOW_TABLE_UPDATE_CAP: Field = Field::new(507, 1);
         /// `cqe_version`: 4 bits at bit 508.
         pub const CQE_VERSION: Field = Field::new(508, 4);
-        /// `compact_address_vector`: 1 bits at bit 512.
+        /// `compact_address_vector`: 1 bit at bit 512.
         pub const COMPACT_ADDRESS_VECTOR: Field = Field::new(512, 1);
-        /// `striding_rq`: 1 bits at bit 513.
+        /// `striding_rq`: 1 bit at bit 513.
         pub const STRIDING_RQ: Field = Field::new(513, 1);
-        /// `ipoib_enhanced_offloads`: 1 bits at bit 515.
+        /// `ipoib_enhanced_offloads`: 1 bit at bit 515.
         pub const IPOIB_ENHANCED_OFFLOADS: Field = Field::new(515, 1);
-        /// `ipoib_basic_offloads`: 1 bits at bit 516.
+        /// `ipoib_basic_offloads`: 1 bit at bit 516.
         pub const IPOIB_BASIC_OFFLOADS: Field = Field::new(516, 1);
-        /// `repeated_block_disabled`: 1 bits at bit 518.
+        /// `repeated_block_disabled`: 1 bit at bit 518.
         pub const REPEATED_BLOCK_DISABLED: Field = Field::new(518, 1);
-        /// `umr_modify_entity_size_disabled`: 1 bits at bit 519.
+        /// `umr_modify_entity_size_disabled`: 1 bit at bit 519.
         pub const UMR_MODIFY_ENTITY_SIZE_DISABLED: Field = Field::new(519, 1);
-        /// `umr_modify_atomic_disabled`: 1 bits at bit 520.
+        /// `umr_modify_atomic_disabled`: 1 bit at bit 520.
         pub const UMR_MODIFY_ATOMIC_DISABLED: Field = Field::new(520, 1);
-        /// `umr_indirect_mkey_disabled`: 1 bits at bit 521.
+        /// `umr_indirect_mkey_disabled`: 1 bit at bit 521.
         pub const UMR_INDIRECT_MKEY_DISABLED: Field = Field::new(521, 1);
         /// `umr_fence`: 2 bits at bit 522.
         pub const UMR_FENCE: Field = Field::new(522, 2);
-        /// `dc_req_scat_data_cqe`: 1 bits at bit 524.
+        /// `dc_req_scat_data_cqe`: 1 bit at bit 524.
         pub const DC_REQ_SCAT_DATA_CQE: Field = Field::new(524, 1);
-        /// `drain_sigerr`: 1 bits at bit 527.
+        /// `drain_sigerr`: 1 bit at bit 527.
         pub const DRAIN_SIGERR: Field = Field::new(527, 1);
         /// `cmdif_checksum`: 2 bits at bit 528.
         pub const CMDIF_CHECKSUM: Field = Field::new(528, 2);
-        /// `sigerr_cqe`: 1 bits at bit 530.
+        /// `sigerr_cqe`: 1 bit at bit 530.
         pub const SIGERR_CQE: Field = Field::new(530, 1);
-        /// `wq_signature`: 1 bits at bit 532.
+        /// `wq_signature`: 1 bit at bit 532.
         pub const WQ_SIGNATURE: Field = Field::new(532, 1);
-        /// `sctr_data_cqe`: 1 bits at bit 533.
+        /// `sctr_data_cqe`: 1 bit at bit 533.
         pub const SCTR_DATA_CQE: Field = Field::new(533, 1);
-        /// `sho`: 1 bits at bit 535.
+        /// `sho`: 1 bit at bit 535.
         pub const SHO: Field = Field::new(535, 1);
-        /// `tph`: 1 bits at bit 536.
+        /// `tph`: 1 bit at bit 536.
         pub const TPH: Field = Field::new(536, 1);
-        /// `rf`: 1 bits at bit 537.
+        /// `rf`: 1 bit at bit 537.
         pub const RF: Field = Field::new(537, 1);
-        /// `dct`: 1 bits at bit 538.
+        /// `dct`: 1 bit at bit 538.
         pub const DCT: Field = Field::new(538, 1);
-        /// `qos`: 1 bits at bit 539.
+        /// `qos`: 1 bit at bit 539.
         pub const QOS: Field = Field::new(539, 1);
-        /// `eth_net_offloads`: 1 bits at bit 540.
+        /// `eth_net_offloads`: 1 bit at bit 540.
         pub const ETH_NET_OFFLOADS: Field = Field::new(540, 1);
-        /// `roce`: 1 bits at bit 541.
+        /// `roce`: 1 bit at bit 541.
         pub const ROCE: Field = Field::new(541, 1);
-        /// `atomic`: 1 bits at bit 542.
+        /// `atomic`: 1 bit at bit 542.
         pub const ATOMIC: Field = Field::new(542, 1);
-        /// `cq_oi`: 1 bits at bit 544.
+        /// `cq_oi`: 1 bit at bit 544.
         pub const CQ_OI: Field = Field::new(544, 1);
-        /// `cq_resize`: 1 bits at bit 545.
+        /// `cq_resize`: 1 bit at bit 545.
         pub const CQ_RESIZE: Field = Field::new(545, 1);
-        /// `cq_moderation`: 1 bits at bit 546.
+        /// `cq_moderation`: 1 bit at bit 546.
         pub const CQ_MODERATION: Field = Field::new(546, 1);
-        /// `cq_period_mode_modify`: 1 bits at bit 547.
+        /// `cq_period_mode_modify`: 1 bit at bit 547.
         pub const CQ_PERIOD_MODE_MODIFY: Field = Field::new(547, 1);
-        /// `cq_eq_remap`: 1 bits at bit 550.
+        /// `cq_eq_remap`: 1 bit at bit 550.
         pub const CQ_EQ_REMAP: Field = Field::new(550, 1);
-        /// `pg`: 1 bits at bit 551.
+        /// `pg`: 1 bit at bit 551.
         pub const PG: Field = Field::new(551, 1);
-        /// `block_lb_mc`: 1 bits at bit 552.
+        /// `block_lb_mc`: 1 bit at bit 552.
         pub const BLOCK_LB_MC: Field = Field::new(552, 1);
-        /// `scqe_break_moderation`: 1 bits at bit 554.
+        /// `scqe_break_moderation`: 1 bit at bit 554.
         pub const SCQE_BREAK_MODERATION: Field = Field::new(554, 1);
-        /// `cq_period_start_from_cqe`: 1 bits at bit 555.
+        /// `cq_period_start_from_cqe`: 1 bit at bit 555.
         pub const CQ_PERIOD_START_FROM_CQE: Field = Field::new(555, 1);
-        /// `cd`: 1 bits at bit 556.
+        /// `cd`: 1 bit at bit 556.
         pub const CD: Field = Field::new(556, 1);
-        /// `apm`: 1 bits at bit 558.
+        /// `apm`: 1 bit at bit 558.
         pub const APM: Field = Field::new(558, 1);
-        /// `vector_calc`: 1 bits at bit 559.
+        /// `vector_calc`: 1 bit at bit 559.
         pub const VECTOR_CALC: Field = Field::new(559, 1);
-        /// `umr_ptr_rlky`: 1 bits at bit 560.
+        /// `umr_ptr_rlky`: 1 bit at bit 560.
         pub const UMR_PTR_RLKY: Field = Field::new(560, 1);
-        /// `imaicl`: 1 bits at bit 561.
+        /// `imaicl`: 1 bit at bit 561.
         pub const IMAICL: Field = Field::new(561, 1);
-        /// `qp_packet_based`: 1 bits at bit 562.
+        /// `qp_packet_based`: 1 bit at bit 562.
         pub const QP_PACKET_BASED: Field = Field::new(562, 1);
-        /// `qkv`: 1 bits at bit 566.
+        /// `qkv`: 1 bit at bit 566.
         pub const QKV: Field = Field::new(566, 1);
-        /// `pkv`: 1 bits at bit 567.
+        /// `pkv`: 1 bit at bit 567.
         pub const PKV: Field = Field::new(567, 1);
-        /// `set_deth_sqpn`: 1 bits at bit 568.
+        /// `set_deth_sqpn`: 1 bit at bit 568.
         pub const SET_DETH_SQPN: Field = Field::new(568, 1);
-        /// `xrc`: 1 bits at bit 572.
+        /// `xrc`: 1 bit at bit 572.
         pub const XRC: Field = Field::new(572, 1);
-        /// `ud`: 1 bits at bit 573.
+        /// `ud`: 1 bit at bit 573.
         pub const UD: Field = Field::new(573, 1);
-        /// `uc`: 1 bits at bit 574.
+        /// `uc`: 1 bit at bit 574.
         pub const UC: Field = Field::new(574, 1);
-        /// `rc`: 1 bits at bit 575.
+        /// `rc`: 1 bit at bit 575.
         pub const RC: Field = Field::new(575, 1);
-        /// `uar_4k`: 1 bits at bit 576.
+        /// `uar_4k`: 1 bit at bit 576.
         pub const UAR_4K: Field = Field::new(576, 1);
-        /// `fl_rc_qp_when_roce_disabled`: 1 bits at bit 584.
+        /// `fl_rc_qp_when_roce_disabled`: 1 bit at bit 584.
         pub const FL_RC_QP_WHEN_ROCE_DISABLED: Field = Field::new(584, 1);
-        /// `regexp_params`: 1 bits at bit 585.
+        /// `regexp_params`: 1 bit at bit 585.
         pub const REGEXP_PARAMS: Field = Field::new(585, 1);
         /// `uar_sz`: 6 bits at bit 586.
         pub const UAR_SZ: Field = Field::new(586, 6);
-        /// `port_selection_cap`: 1 bits at bit 592.
+        /// `port_selection_cap`: 1 bit at bit 592.
         pub const PORT_SELECTION_CAP: Field = Field::new(592, 1);
-        /// `umem_uid_0`: 1 bits at bit 594.
+        /// `umem_uid_0`: 1 bit at bit 594.
         pub const UMEM_UID_0: Field = Field::new(594, 1);
         /// `log_pg_sz`: 8 bits at bit 600.
         pub const LOG_PG_SZ: Field = Field::new(600, 8);
-        /// `bf`: 1 bits at bit 608.
+        /// `bf`: 1 bit at bit 608.
         pub const BF: Field = Field::new(608, 1);
-        /// `driver_version`: 1 bits at bit 609.
+        /// `driver_version`: 1 bit at bit 609.
         pub const DRIVER_VERSION: Field = Field::new(609, 1);
-        /// `pad_tx_eth_packet`: 1 bits at bit 610.
+        /// `pad_tx_eth_packet`: 1 bit at bit 610.
         pub const PAD_TX_ETH_PACKET: Field = Field::new(610, 1);
-        /// `mkey_by_name`: 1 bits at bit 614.
+        /// `mkey_by_name`: 1 bit at bit 614.
         pub const MKEY_BY_NAME: Field = Field::new(614, 1);
         /// `log_bf_reg_size`: 5 bits at bit 619.
         pub const LOG_BF_REG_SIZE: Field = Field::new(619, 5);
-        /// `qp_error_syndrome`: 1 bits at bit 627.
+        /// `qp_error_syndrome`: 1 bit at bit 627.
         pub const QP_ERROR_SYNDROME: Field = Field::new(627, 1);
         /// `lag_dct`: 2 bits at bit 630.
         pub const LAG_DCT: Field = Field::new(630, 2);
-        /// `lag_tx_port_affinity`: 1 bits at bit 632.
+        /// `lag_tx_port_affinity`: 1 bit at bit 632.
         pub const LAG_TX_PORT_AFFINITY: Field = Field::new(632, 1);
-        /// `lag_native_fdb_selection`: 1 bits at bit 633.
+        /// `lag_native_fdb_selection`: 1 bit at bit 633.
         pub const LAG_NATIVE_FDB_SELECTION: Field = Field::new(633, 1);
-        /// `lag_master`: 1 bits at bit 635.
+        /// `lag_master`: 1 bit at bit 635.
         pub const LAG_MASTER: Field = Field::new(635, 1);
         /// `num_lag_ports`: 4 bits at bit 636.
         pub const NUM_LAG_PORTS: Field = Field::new(636, 4);
         /// `max_wqe_sz_sq`: 16 bits at bit 656.
         pub const MAX_WQE_SZ_SQ: Field = Field::new(656, 16);
-        /// `shampo`: 1 bits at bit 683.
+        /// `shampo`: 1 bit at bit 683.
         pub const SHAMPO: Field = Field::new(683, 1);
         /// `max_wqe_sz_rq`: 16 bits at bit 688.
         pub const MAX_WQE_SZ_RQ: Field = Field::new(688, 16);
@@ -2055,35 +2055,35 @@ pub mod ifc {
         pub const LOG_MAX_MCG: Field = Field::new(792, 8);
         /// `log_max_transport_domain`: 5 bits at bit 803.
         pub const LOG_MAX_TRANSPORT_DOMAIN: Field = Field::new(803, 5);
-        /// `relaxed_ordering_read`: 1 bits at bit 810.
+        /// `relaxed_ordering_read`: 1 bit at bit 810.
         pub const RELAXED_ORDERING_READ: Field = Field::new(810, 1);
         /// `log_max_pd`: 5 bits at bit 811.
         pub const LOG_MAX_PD: Field = Field::new(811, 5);
-        /// `pcie_reset_using_hotreset_method`: 1 bits at bit 821.
+        /// `pcie_reset_using_hotreset_method`: 1 bit at bit 821.
         pub const PCIE_RESET_USING_HOTRESET_METHOD: Field = Field::new(821, 1);
-        /// `pci_sync_for_fw_update_with_driver_unload`: 1 bits at bit 822.
+        /// `pci_sync_for_fw_update_with_driver_unload`: 1 bit at bit 822.
         pub const PCI_SYNC_FOR_FW_UPDATE_WITH_DRIVER_UNLOAD: Field = Field::new(822, 1);
-        /// `vnic_env_cnt_steering_fail`: 1 bits at bit 823.
+        /// `vnic_env_cnt_steering_fail`: 1 bit at bit 823.
         pub const VNIC_ENV_CNT_STEERING_FAIL: Field = Field::new(823, 1);
-        /// `vport_counter_local_loopback`: 1 bits at bit 824.
+        /// `vport_counter_local_loopback`: 1 bit at bit 824.
         pub const VPORT_COUNTER_LOCAL_LOOPBACK: Field = Field::new(824, 1);
-        /// `q_counter_aggregation`: 1 bits at bit 825.
+        /// `q_counter_aggregation`: 1 bit at bit 825.
         pub const Q_COUNTER_AGGREGATION: Field = Field::new(825, 1);
-        /// `q_counter_other_vport`: 1 bits at bit 826.
+        /// `q_counter_other_vport`: 1 bit at bit 826.
         pub const Q_COUNTER_OTHER_VPORT: Field = Field::new(826, 1);
         /// `log_max_xrcd`: 5 bits at bit 827.
         pub const LOG_MAX_XRCD: Field = Field::new(827, 5);
-        /// `nic_receive_steering_discard`: 1 bits at bit 832.
+        /// `nic_receive_steering_discard`: 1 bit at bit 832.
         pub const NIC_RECEIVE_STEERING_DISCARD: Field = Field::new(832, 1);
-        /// `receive_discard_vport_down`: 1 bits at bit 833.
+        /// `receive_discard_vport_down`: 1 bit at bit 833.
         pub const RECEIVE_DISCARD_VPORT_DOWN: Field = Field::new(833, 1);
-        /// `transmit_discard_vport_down`: 1 bits at bit 834.
+        /// `transmit_discard_vport_down`: 1 bit at bit 834.
         pub const TRANSMIT_DISCARD_VPORT_DOWN: Field = Field::new(834, 1);
-        /// `eq_overrun_count`: 1 bits at bit 835.
+        /// `eq_overrun_count`: 1 bit at bit 835.
         pub const EQ_OVERRUN_COUNT: Field = Field::new(835, 1);
-        /// `invalid_command_count`: 1 bits at bit 837.
+        /// `invalid_command_count`: 1 bit at bit 837.
         pub const INVALID_COMMAND_COUNT: Field = Field::new(837, 1);
-        /// `quota_exceeded_count`: 1 bits at bit 838.
+        /// `quota_exceeded_count`: 1 bit at bit 838.
         pub const QUOTA_EXCEEDED_COUNT: Field = Field::new(838, 1);
         /// `log_max_flow_counter_bulk`: 8 bits at bit 840.
         pub const LOG_MAX_FLOW_COUNTER_BULK: Field = Field::new(840, 8);
@@ -2097,7 +2097,7 @@ pub mod ifc {
         pub const LOG_MAX_TIR: Field = Field::new(883, 5);
         /// `log_max_tis`: 5 bits at bit 891.
         pub const LOG_MAX_TIS: Field = Field::new(891, 5);
-        /// `basic_cyclic_rcv_wqe`: 1 bits at bit 896.
+        /// `basic_cyclic_rcv_wqe`: 1 bit at bit 896.
         pub const BASIC_CYCLIC_RCV_WQE: Field = Field::new(896, 1);
         /// `log_max_rmp`: 5 bits at bit 899.
         pub const LOG_MAX_RMP: Field = Field::new(899, 5);
@@ -2107,11 +2107,11 @@ pub mod ifc {
         pub const LOG_MAX_RQT_SIZE: Field = Field::new(915, 5);
         /// `log_max_tis_per_sq`: 5 bits at bit 923.
         pub const LOG_MAX_TIS_PER_SQ: Field = Field::new(923, 5);
-        /// `ext_stride_num_range`: 1 bits at bit 928.
+        /// `ext_stride_num_range`: 1 bit at bit 928.
         pub const EXT_STRIDE_NUM_RANGE: Field = Field::new(928, 1);
-        /// `roce_rw_supported`: 1 bits at bit 929.
+        /// `roce_rw_supported`: 1 bit at bit 929.
         pub const ROCE_RW_SUPPORTED: Field = Field::new(929, 1);
-        /// `log_max_current_uc_list_wr_supported`: 1 bits at bit 930.
+        /// `log_max_current_uc_list_wr_supported`: 1 bit at bit 930.
         pub const LOG_MAX_CURRENT_UC_LIST_WR_SUPPORTED: Field = Field::new(930, 1);
         /// `log_max_stride_sz_rq`: 5 bits at bit 931.
         pub const LOG_MAX_STRIDE_SZ_RQ: Field = Field::new(931, 5);
@@ -2121,7 +2121,7 @@ pub mod ifc {
         pub const LOG_MAX_STRIDE_SZ_SQ: Field = Field::new(947, 5);
         /// `log_min_stride_sz_sq`: 5 bits at bit 955.
         pub const LOG_MIN_STRIDE_SZ_SQ: Field = Field::new(955, 5);
-        /// `hairpin`: 1 bits at bit 960.
+        /// `hairpin`: 1 bit at bit 960.
         pub const HAIRPIN: Field = Field::new(960, 1);
         /// `log_max_hairpin_queues`: 5 bits at bit 963.
         pub const LOG_MAX_HAIRPIN_QUEUES: Field = Field::new(963, 5);
@@ -2131,17 +2131,17 @@ pub mod ifc {
         pub const LOG_MAX_HAIRPIN_NUM_PACKETS: Field = Field::new(979, 5);
         /// `log_max_wq_sz`: 5 bits at bit 987.
         pub const LOG_MAX_WQ_SZ: Field = Field::new(987, 5);
-        /// `nic_vport_change_event`: 1 bits at bit 992.
+        /// `nic_vport_change_event`: 1 bit at bit 992.
         pub const NIC_VPORT_CHANGE_EVENT: Field = Field::new(992, 1);
-        /// `disable_local_lb_uc`: 1 bits at bit 993.
+        /// `disable_local_lb_uc`: 1 bit at bit 993.
         pub const DISABLE_LOCAL_LB_UC: Field = Field::new(993, 1);
-        /// `disable_local_lb_mc`: 1 bits at bit 994.
+        /// `disable_local_lb_mc`: 1 bit at bit 994.
         pub const DISABLE_LOCAL_LB_MC: Field = Field::new(994, 1);
         /// `log_min_hairpin_wq_data_sz`: 5 bits at bit 995.
         pub const LOG_MIN_HAIRPIN_WQ_DATA_SZ: Field = Field::new(995, 5);
-        /// `silent_mode`: 1 bits at bit 1001.
+        /// `silent_mode`: 1 bit at bit 1001.
         pub const SILENT_MODE: Field = Field::new(1001, 1);
-        /// `vhca_state`: 1 bits at bit 1002.
+        /// `vhca_state`: 1 bit at bit 1002.
         pub const VHCA_STATE: Field = Field::new(1002, 1);
         /// `log_max_vlan_list`: 5 bits at bit 1003.
         pub const LOG_MAX_VLAN_LIST: Field = Field::new(1003, 5);
@@ -2159,23 +2159,23 @@ pub mod ifc {
         pub const STEERING_FORMAT_VERSION: Field = Field::new(1092, 4);
         /// `create_qp_start_hint`: 24 bits at bit 1096.
         pub const CREATE_QP_START_HINT: Field = Field::new(1096, 24);
-        /// `ats`: 1 bits at bit 1121.
+        /// `ats`: 1 bit at bit 1121.
         pub const ATS: Field = Field::new(1121, 1);
-        /// `cross_vhca_rqt`: 1 bits at bit 1122.
+        /// `cross_vhca_rqt`: 1 bit at bit 1122.
         pub const CROSS_VHCA_RQT: Field = Field::new(1122, 1);
         /// `log_max_uctx`: 5 bits at bit 1123.
         pub const LOG_MAX_UCTX: Field = Field::new(1123, 5);
-        /// `crypto`: 1 bits at bit 1129.
+        /// `crypto`: 1 bit at bit 1129.
         pub const CRYPTO: Field = Field::new(1129, 1);
-        /// `ipsec_offload`: 1 bits at bit 1130.
+        /// `ipsec_offload`: 1 bit at bit 1130.
         pub const IPSEC_OFFLOAD: Field = Field::new(1130, 1);
         /// `log_max_umem`: 5 bits at bit 1131.
         pub const LOG_MAX_UMEM: Field = Field::new(1131, 5);
         /// `max_num_eqs`: 16 bits at bit 1136.
         pub const MAX_NUM_EQS: Field = Field::new(1136, 16);
-        /// `tls_tx`: 1 bits at bit 1153.
+        /// `tls_tx`: 1 bit at bit 1153.
         pub const TLS_TX: Field = Field::new(1153, 1);
-        /// `tls_rx`: 1 bits at bit 1154.
+        /// `tls_rx`: 1 bit at bit 1154.
         pub const TLS_RX: Field = Field::new(1154, 1);
         /// `log_max_l2_table`: 5 bits at bit 1155.
         pub const LOG_MAX_L2_TABLE: Field = Field::new(1155, 5);
@@ -2193,25 +2193,25 @@ pub mod ifc {
         pub const MAX_GENEVE_TLV_OPTIONS: Field = Field::new(1376, 8);
         /// `max_geneve_tlv_option_data_len`: 5 bits at bit 1387.
         pub const MAX_GENEVE_TLV_OPTION_DATA_LEN: Field = Field::new(1387, 5);
-        /// `adv_virtualization`: 1 bits at bit 1401.
+        /// `adv_virtualization`: 1 bit at bit 1401.
         pub const ADV_VIRTUALIZATION: Field = Field::new(1401, 1);
         /// `log_max_dci_stream_channels`: 5 bits at bit 1419.
         pub const LOG_MAX_DCI_STREAM_CHANNELS: Field = Field::new(1419, 5);
         /// `log_max_dci_errored_streams`: 5 bits at bit 1427.
         pub const LOG_MAX_DCI_ERRORED_STREAMS: Field = Field::new(1427, 5);
-        /// `enhanced_cqe_compression`: 1 bits at bit 1456.
+        /// `enhanced_cqe_compression`: 1 bit at bit 1456.
         pub const ENHANCED_CQE_COMPRESSION: Field = Field::new(1456, 1);
-        /// `crossing_vhca_mkey`: 1 bits at bit 1458.
+        /// `crossing_vhca_mkey`: 1 bit at bit 1458.
         pub const CROSSING_VHCA_MKEY: Field = Field::new(1458, 1);
         /// `log_max_dek`: 5 bits at bit 1459.
         pub const LOG_MAX_DEK: Field = Field::new(1459, 5);
-        /// `mini_cqe_resp_stride_index`: 1 bits at bit 1468.
+        /// `mini_cqe_resp_stride_index`: 1 bit at bit 1468.
         pub const MINI_CQE_RESP_STRIDE_INDEX: Field = Field::new(1468, 1);
-        /// `cqe_128_always`: 1 bits at bit 1469.
+        /// `cqe_128_always`: 1 bit at bit 1469.
         pub const CQE_128_ALWAYS: Field = Field::new(1469, 1);
-        /// `cqe_compression_128`: 1 bits at bit 1470.
+        /// `cqe_compression_128`: 1 bit at bit 1470.
         pub const CQE_COMPRESSION_128: Field = Field::new(1470, 1);
-        /// `cqe_compression`: 1 bits at bit 1471.
+        /// `cqe_compression`: 1 bit at bit 1471.
         pub const CQE_COMPRESSION: Field = Field::new(1471, 1);
         /// `cqe_compression_timeout`: 16 bits at bit 1472.
         pub const CQE_COMPRESSION_TIMEOUT: Field = Field::new(1472, 16);
@@ -2219,11 +2219,11 @@ pub mod ifc {
         pub const CQE_COMPRESSION_MAX_NUM: Field = Field::new(1488, 16);
         /// `flex_parser_id_gtpu_dw_0`: 4 bits at bit 1512.
         pub const FLEX_PARSER_ID_GTPU_DW_0: Field = Field::new(1512, 4);
-        /// `tag_matching`: 1 bits at bit 1520.
+        /// `tag_matching`: 1 bit at bit 1520.
         pub const TAG_MATCHING: Field = Field::new(1520, 1);
-        /// `rndv_offload_rc`: 1 bits at bit 1521.
+        /// `rndv_offload_rc`: 1 bit at bit 1521.
         pub const RNDV_OFFLOAD_RC: Field = Field::new(1521, 1);
-        /// `rndv_offload_dc`: 1 bits at bit 1522.
+        /// `rndv_offload_dc`: 1 bit at bit 1522.
         pub const RNDV_OFFLOAD_DC: Field = Field::new(1522, 1);
         /// `log_tag_matching_list_sz`: 5 bits at bit 1523.
         pub const LOG_TAG_MATCHING_LIST_SZ: Field = Field::new(1523, 5);
@@ -2237,7 +2237,7 @@ pub mod ifc {
         pub const NUM_VHCA_PORTS: Field = Field::new(1552, 8);
         /// `flex_parser_id_gtpu_teid`: 4 bits at bit 1560.
         pub const FLEX_PARSER_ID_GTPU_TEID: Field = Field::new(1560, 4);
-        /// `sw_owner_id`: 1 bits at bit 1566.
+        /// `sw_owner_id`: 1 bit at bit 1566.
         pub const SW_OWNER_ID: Field = Field::new(1566, 1);
         /// `max_num_of_monitor_counters`: 16 bits at bit 1568.
         pub const MAX_NUM_OF_MONITOR_COUNTERS: Field = Field::new(1568, 16);
@@ -2247,15 +2247,15 @@ pub mod ifc {
         pub const MAX_NUM_SF: Field = Field::new(1600, 16);
         /// `num_q_monitor_counters`: 16 bits at bit 1616.
         pub const NUM_Q_MONITOR_COUNTERS: Field = Field::new(1616, 16);
-        /// `sf`: 1 bits at bit 1664.
+        /// `sf`: 1 bit at bit 1664.
         pub const SF: Field = Field::new(1664, 1);
-        /// `sf_set_partition`: 1 bits at bit 1665.
+        /// `sf_set_partition`: 1 bit at bit 1665.
         pub const SF_SET_PARTITION: Field = Field::new(1665, 1);
         /// `log_max_sf`: 5 bits at bit 1667.
         pub const LOG_MAX_SF: Field = Field::new(1667, 5);
-        /// `apu`: 1 bits at bit 1672.
+        /// `apu`: 1 bit at bit 1672.
         pub const APU: Field = Field::new(1672, 1);
-        /// `migration`: 1 bits at bit 1677.
+        /// `migration`: 1 bit at bit 1677.
         pub const MIGRATION: Field = Field::new(1677, 1);
         /// `log_min_sf_size`: 8 bits at bit 1680.
         pub const LOG_MIN_SF_SIZE: Field = Field::new(1680, 8);
@@ -2291,7 +2291,7 @@ pub mod ifc {
         pub const DYNAMIC_MSIX_TABLE_SIZE: Field = Field::new(1844, 12);
         /// `min_dynamic_vf_msix_table_size`: 4 bits at bit 1868.
         pub const MIN_DYNAMIC_VF_MSIX_TABLE_SIZE: Field = Field::new(1868, 4);
-        /// `data_direct`: 1 bits at bit 1874.
+        /// `data_direct`: 1 bit at bit 1874.
         pub const DATA_DIRECT: Field = Field::new(1874, 1);
         /// `max_dynamic_vf_msix_table_size`: 12 bits at bit 1876.
         pub const MAX_DYNAMIC_VF_MSIX_TABLE_SIZE: Field = Field::new(1876, 12);
@@ -2319,11 +2319,11 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `migratable`: 1 bits at bit 128.
+        /// `migratable`: 1 bit at bit 128.
         pub const MIGRATABLE: Field = Field::new(128, 1);
-        /// `query_vuid`: 1 bits at bit 146.
+        /// `query_vuid`: 1 bit at bit 146.
         pub const QUERY_VUID: Field = Field::new(146, 1);
-        /// `umr_log_entity_size_5`: 1 bits at bit 152.
+        /// `umr_log_entity_size_5`: 1 bit at bit 152.
         pub const UMR_LOG_ENTITY_SIZE_5: Field = Field::new(152, 1);
         /// `max_reformat_insert_size`: 8 bits at bit 160.
         pub const MAX_REFORMAT_INSERT_SIZE: Field = Field::new(160, 8);
@@ -2333,17 +2333,17 @@ pub mod ifc {
         pub const MAX_REFORMAT_REMOVE_SIZE: Field = Field::new(176, 8);
         /// `max_reformat_remove_offset`: 8 bits at bit 184.
         pub const MAX_REFORMAT_REMOVE_OFFSET: Field = Field::new(184, 8);
-        /// `migration_multi_load`: 1 bits at bit 200.
+        /// `migration_multi_load`: 1 bit at bit 200.
         pub const MIGRATION_MULTI_LOAD: Field = Field::new(200, 1);
-        /// `migration_tracking_state`: 1 bits at bit 201.
+        /// `migration_tracking_state`: 1 bit at bit 201.
         pub const MIGRATION_TRACKING_STATE: Field = Field::new(201, 1);
-        /// `multiplane_qp_ud`: 1 bits at bit 202.
+        /// `multiplane_qp_ud`: 1 bit at bit 202.
         pub const MULTIPLANE_QP_UD: Field = Field::new(202, 1);
-        /// `migration_in_chunks`: 1 bits at bit 208.
+        /// `migration_in_chunks`: 1 bit at bit 208.
         pub const MIGRATION_IN_CHUNKS: Field = Field::new(208, 1);
-        /// `sf_eq_usage`: 1 bits at bit 210.
+        /// `sf_eq_usage`: 1 bit at bit 210.
         pub const SF_EQ_USAGE: Field = Field::new(210, 1);
-        /// `multiplane`: 1 bits at bit 216.
+        /// `multiplane`: 1 bit at bit 216.
         pub const MULTIPLANE: Field = Field::new(216, 1);
         /// `cross_vhca_object_to_object_supported`: 32 bits at bit 224.
         pub const CROSS_VHCA_OBJECT_TO_OBJECT_SUPPORTED: Field = Field::new(224, 32);
@@ -2351,11 +2351,11 @@ pub mod ifc {
         pub const ALLOWED_OBJECT_FOR_OTHER_VHCA_ACCESS: Field = Field::new(256, 64);
         /// `flow_table_type_2_type`: 8 bits at bit 416.
         pub const FLOW_TABLE_TYPE_2_TYPE: Field = Field::new(416, 8);
-        /// `format_select_dw_8_6_ext`: 1 bits at bit 426.
+        /// `format_select_dw_8_6_ext`: 1 bit at bit 426.
         pub const FORMAT_SELECT_DW_8_6_EXT: Field = Field::new(426, 1);
         /// `log_min_mkey_entity_size`: 5 bits at bit 427.
         pub const LOG_MIN_MKEY_ENTITY_SIZE: Field = Field::new(427, 5);
-        /// `sw_vhca_id_valid`: 1 bits at bit 545.
+        /// `sw_vhca_id_valid`: 1 bit at bit 545.
         pub const SW_VHCA_ID_VALID: Field = Field::new(545, 1);
         /// `sw_vhca_id`: 14 bits at bit 546.
         pub const SW_VHCA_ID: Field = Field::new(546, 14);
@@ -2379,9 +2379,9 @@ pub mod ifc {
         pub const MAX_MKEY_LOG_ENTITY_SIZE_MTT: Field = Field::new(938, 6);
         /// `max_rqt_vhca_id`: 16 bits at bit 944.
         pub const MAX_RQT_VHCA_ID: Field = Field::new(944, 16);
-        /// `pcc_ifa2`: 1 bits at bit 1008.
+        /// `pcc_ifa2`: 1 bit at bit 1008.
         pub const PCC_IFA2: Field = Field::new(1008, 1);
-        /// `min_mkey_log_entity_size_fixed_buffer_valid`: 1 bits at bit 1025.
+        /// `min_mkey_log_entity_size_fixed_buffer_valid`: 1 bit at bit 1025.
         pub const MIN_MKEY_LOG_ENTITY_SIZE_FIXED_BUFFER_VALID: Field = Field::new(1025, 1);
         /// `return_reg_id`: 16 bits at bit 1040.
         pub const RETURN_REG_ID: Field = Field::new(1040, 16);
@@ -2513,7 +2513,7 @@ pub mod ifc {
         pub const STATUS: Field = Field::new(0, 8);
         /// `syndrome`: 32 bits at bit 32.
         pub const SYNDROME: Field = Field::new(32, 32);
-        /// `state`: 1 bits at bit 127.
+        /// `state`: 1 bit at bit 127.
         pub const STATE: Field = Field::new(127, 1);
     }
     /// `struct mlx5_ifc_query_adapter_in_bits`: 16 bytes.
@@ -2627,7 +2627,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `vport_number`: 16 bits at bit 80.
         pub const VPORT_NUMBER: Field = Field::new(80, 16);
@@ -2667,7 +2667,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `vport_number`: 16 bits at bit 80.
         pub const VPORT_NUMBER: Field = Field::new(80, 16);
@@ -2705,25 +2705,25 @@ pub mod ifc {
         }
         /// `min_wqe_inline_mode`: 3 bits at bit 5.
         pub const MIN_WQE_INLINE_MODE: Field = Field::new(5, 3);
-        /// `disable_mc_local_lb`: 1 bits at bit 29.
+        /// `disable_mc_local_lb`: 1 bit at bit 29.
         pub const DISABLE_MC_LOCAL_LB: Field = Field::new(29, 1);
-        /// `disable_uc_local_lb`: 1 bits at bit 30.
+        /// `disable_uc_local_lb`: 1 bit at bit 30.
         pub const DISABLE_UC_LOCAL_LB: Field = Field::new(30, 1);
-        /// `roce_en`: 1 bits at bit 31.
+        /// `roce_en`: 1 bit at bit 31.
         pub const ROCE_EN: Field = Field::new(31, 1);
-        /// `arm_change_event`: 1 bits at bit 32.
+        /// `arm_change_event`: 1 bit at bit 32.
         pub const ARM_CHANGE_EVENT: Field = Field::new(32, 1);
-        /// `event_on_mtu`: 1 bits at bit 59.
+        /// `event_on_mtu`: 1 bit at bit 59.
         pub const EVENT_ON_MTU: Field = Field::new(59, 1);
-        /// `event_on_promisc_change`: 1 bits at bit 60.
+        /// `event_on_promisc_change`: 1 bit at bit 60.
         pub const EVENT_ON_PROMISC_CHANGE: Field = Field::new(60, 1);
-        /// `event_on_vlan_change`: 1 bits at bit 61.
+        /// `event_on_vlan_change`: 1 bit at bit 61.
         pub const EVENT_ON_VLAN_CHANGE: Field = Field::new(61, 1);
-        /// `event_on_mc_address_change`: 1 bits at bit 62.
+        /// `event_on_mc_address_change`: 1 bit at bit 62.
         pub const EVENT_ON_MC_ADDRESS_CHANGE: Field = Field::new(62, 1);
-        /// `event_on_uc_address_change`: 1 bits at bit 63.
+        /// `event_on_uc_address_change`: 1 bit at bit 63.
         pub const EVENT_ON_UC_ADDRESS_CHANGE: Field = Field::new(63, 1);
-        /// `vhca_id_type`: 1 bits at bit 64.
+        /// `vhca_id_type`: 1 bit at bit 64.
         pub const VHCA_ID_TYPE: Field = Field::new(64, 1);
         /// `affiliation_criteria`: 4 bits at bit 76.
         pub const AFFILIATION_CRITERIA: Field = Field::new(76, 4);
@@ -2741,11 +2741,11 @@ pub mod ifc {
         pub const NODE_GUID: Field = Field::new(448, 64);
         /// `qkey_violation_counter`: 16 bits at bit 832.
         pub const QKEY_VIOLATION_COUNTER: Field = Field::new(832, 16);
-        /// `promisc_uc`: 1 bits at bit 1920.
+        /// `promisc_uc`: 1 bit at bit 1920.
         pub const PROMISC_UC: Field = Field::new(1920, 1);
-        /// `promisc_mc`: 1 bits at bit 1921.
+        /// `promisc_mc`: 1 bit at bit 1921.
         pub const PROMISC_MC: Field = Field::new(1921, 1);
-        /// `promisc_all`: 1 bits at bit 1922.
+        /// `promisc_all`: 1 bit at bit 1922.
         pub const PROMISC_ALL: Field = Field::new(1922, 1);
         /// `allowed_list_type`: 3 bits at bit 1925.
         pub const ALLOWED_LIST_TYPE: Field = Field::new(1925, 3);
@@ -2753,7 +2753,7 @@ pub mod ifc {
         pub const ALLOWED_LIST_SIZE: Field = Field::new(1940, 12);
         /// `permanent_address`: nested `mac_address_layout`, 8 bytes at byte 244.
         pub const PERMANENT_ADDRESS: Sub = Sub::new(244, 8);
-        /// `current_uc_mac_address`: 0 elements of 64 bits at bit 2048.
+        /// `current_uc_mac_address`: flexible array of 64-bit elements at bit 2048.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const CURRENT_UC_MAC_ADDRESS: Array = Array::new(2048, 0, 64);
     }
@@ -2772,7 +2772,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `port_num`: 4 bits at bit 76.
         pub const PORT_NUM: Field = Field::new(76, 4);
@@ -2810,13 +2810,13 @@ pub mod ifc {
         }
         /// `field_select`: 32 bits at bit 0.
         pub const FIELD_SELECT: Field = Field::new(0, 32);
-        /// `sm_virt_aware`: 1 bits at bit 256.
+        /// `sm_virt_aware`: 1 bit at bit 256.
         pub const SM_VIRT_AWARE: Field = Field::new(256, 1);
-        /// `has_smi`: 1 bits at bit 257.
+        /// `has_smi`: 1 bit at bit 257.
         pub const HAS_SMI: Field = Field::new(257, 1);
-        /// `has_raw`: 1 bits at bit 258.
+        /// `has_raw`: 1 bit at bit 258.
         pub const HAS_RAW: Field = Field::new(258, 1);
-        /// `grh_required`: 1 bits at bit 259.
+        /// `grh_required`: 1 bit at bit 259.
         pub const GRH_REQUIRED: Field = Field::new(259, 1);
         /// `num_port_plane`: 8 bits at bit 264.
         pub const NUM_PORT_PLANE: Field = Field::new(264, 8);
@@ -2874,7 +2874,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `port_num`: 4 bits at bit 76.
         pub const PORT_NUM: Field = Field::new(76, 4);
@@ -2900,7 +2900,7 @@ pub mod ifc {
         pub const SYNDROME: Field = Field::new(32, 32);
         /// `gids_num`: 16 bits at bit 96.
         pub const GIDS_NUM: Field = Field::new(96, 16);
-        /// `gid`: 0 elements of 128 bits at bit 128.
+        /// `gid`: flexible array of 128-bit elements at bit 128.
         /// Array of `array128_auto`.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const GID: Array = Array::new(128, 0, 128);
@@ -2924,7 +2924,7 @@ pub mod ifc {
         pub const OP_MOD: Field = Field::new(48, 16);
         /// `srq_context_entry`: nested `srqc`, 64 bytes at byte 16.
         pub const SRQ_CONTEXT_ENTRY: Sub = Sub::new(16, 64);
-        /// `pas`: 0 elements of 64 bits at bit 2176.
+        /// `pas`: flexible array of 64-bit elements at bit 2176.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(2176, 0, 64);
     }
@@ -2961,11 +2961,11 @@ pub mod ifc {
         pub const STATE: Field = Field::new(0, 4);
         /// `log_srq_size`: 4 bits at bit 4.
         pub const LOG_SRQ_SIZE: Field = Field::new(4, 4);
-        /// `wq_signature`: 1 bits at bit 32.
+        /// `wq_signature`: 1 bit at bit 32.
         pub const WQ_SIGNATURE: Field = Field::new(32, 1);
-        /// `cont_srq`: 1 bits at bit 33.
+        /// `cont_srq`: 1 bit at bit 33.
         pub const CONT_SRQ: Field = Field::new(33, 1);
-        /// `rlky`: 1 bits at bit 35.
+        /// `rlky`: 1 bit at bit 35.
         pub const RLKY: Field = Field::new(35, 1);
         /// `log_rq_stride`: 3 bits at bit 37.
         pub const LOG_RQ_STRIDE: Field = Field::new(37, 3);
@@ -3035,21 +3035,21 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `rlky`: 1 bits at bit 0.
+        /// `rlky`: 1 bit at bit 0.
         pub const RLKY: Field = Field::new(0, 1);
-        /// `delay_drop_en`: 1 bits at bit 1.
+        /// `delay_drop_en`: 1 bit at bit 1.
         pub const DELAY_DROP_EN: Field = Field::new(1, 1);
-        /// `scatter_fcs`: 1 bits at bit 2.
+        /// `scatter_fcs`: 1 bit at bit 2.
         pub const SCATTER_FCS: Field = Field::new(2, 1);
-        /// `vsd`: 1 bits at bit 3.
+        /// `vsd`: 1 bit at bit 3.
         pub const VSD: Field = Field::new(3, 1);
         /// `mem_rq_type`: 4 bits at bit 4.
         pub const MEM_RQ_TYPE: Field = Field::new(4, 4);
         /// `state`: 4 bits at bit 8.
         pub const STATE: Field = Field::new(8, 4);
-        /// `flush_in_error_en`: 1 bits at bit 13.
+        /// `flush_in_error_en`: 1 bit at bit 13.
         pub const FLUSH_IN_ERROR_EN: Field = Field::new(13, 1);
-        /// `hairpin`: 1 bits at bit 14.
+        /// `hairpin`: 1 bit at bit 14.
         pub const HAIRPIN: Field = Field::new(14, 1);
         /// `ts_format`: 2 bits at bit 26.
         pub const TS_FORMAT: Field = Field::new(26, 2);
@@ -3087,13 +3087,13 @@ pub mod ifc {
         }
         /// `wq_type`: 4 bits at bit 0.
         pub const WQ_TYPE: Field = Field::new(0, 4);
-        /// `wq_signature`: 1 bits at bit 4.
+        /// `wq_signature`: 1 bit at bit 4.
         pub const WQ_SIGNATURE: Field = Field::new(4, 1);
         /// `end_padding_mode`: 2 bits at bit 5.
         pub const END_PADDING_MODE: Field = Field::new(5, 2);
-        /// `cd_slave`: 1 bits at bit 7.
+        /// `cd_slave`: 1 bit at bit 7.
         pub const CD_SLAVE: Field = Field::new(7, 1);
-        /// `hds_skip_first_sge`: 1 bits at bit 32.
+        /// `hds_skip_first_sge`: 1 bit at bit 32.
         pub const HDS_SKIP_FIRST_SGE: Field = Field::new(32, 1);
         /// `log2_hds_buf_size`: 3 bits at bit 33.
         pub const LOG2_HDS_BUF_SIZE: Field = Field::new(33, 3);
@@ -3117,9 +3117,9 @@ pub mod ifc {
         pub const LOG_WQ_PG_SZ: Field = Field::new(275, 5);
         /// `log_wq_sz`: 5 bits at bit 283.
         pub const LOG_WQ_SZ: Field = Field::new(283, 5);
-        /// `dbr_umem_valid`: 1 bits at bit 288.
+        /// `dbr_umem_valid`: 1 bit at bit 288.
         pub const DBR_UMEM_VALID: Field = Field::new(288, 1);
-        /// `wq_umem_valid`: 1 bits at bit 289.
+        /// `wq_umem_valid`: 1 bit at bit 289.
         pub const WQ_UMEM_VALID: Field = Field::new(289, 1);
         /// `log_hairpin_num_packets`: 5 bits at bit 291.
         pub const LOG_HAIRPIN_NUM_PACKETS: Field = Field::new(291, 5);
@@ -3127,7 +3127,7 @@ pub mod ifc {
         pub const LOG_HAIRPIN_DATA_SZ: Field = Field::new(299, 5);
         /// `log_wqe_num_of_strides`: 4 bits at bit 308.
         pub const LOG_WQE_NUM_OF_STRIDES: Field = Field::new(308, 4);
-        /// `two_byte_shift_en`: 1 bits at bit 312.
+        /// `two_byte_shift_en`: 1 bit at bit 312.
         pub const TWO_BYTE_SHIFT_EN: Field = Field::new(312, 1);
         /// `log_wqe_stride_size`: 3 bits at bit 317.
         pub const LOG_WQE_STRIDE_SIZE: Field = Field::new(317, 3);
@@ -3139,7 +3139,7 @@ pub mod ifc {
         pub const WQ_UMEM_OFFSET: Field = Field::new(384, 64);
         /// `headers_mkey`: 32 bits at bit 448.
         pub const HEADERS_MKEY: Field = Field::new(448, 32);
-        /// `shampo_enable`: 1 bits at bit 480.
+        /// `shampo_enable`: 1 bit at bit 480.
         pub const SHAMPO_ENABLE: Field = Field::new(480, 1);
         /// `log_reservation_size`: 3 bits at bit 485.
         pub const LOG_RESERVATION_SIZE: Field = Field::new(485, 3);
@@ -3149,7 +3149,7 @@ pub mod ifc {
         pub const LOG_HEADERS_ENTRY_SIZE: Field = Field::new(502, 2);
         /// `log_headers_buffer_entry_num`: 4 bits at bit 508.
         pub const LOG_HEADERS_BUFFER_ENTRY_NUM: Field = Field::new(508, 4);
-        /// `pas`: 0 elements of 64 bits at bit 1536.
+        /// `pas`: flexible array of 64-bit elements at bit 1536.
         /// Array of `cmd_pas`.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(1536, 0, 64);
@@ -3203,27 +3203,27 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `rlky`: 1 bits at bit 0.
+        /// `rlky`: 1 bit at bit 0.
         pub const RLKY: Field = Field::new(0, 1);
-        /// `cd_master`: 1 bits at bit 1.
+        /// `cd_master`: 1 bit at bit 1.
         pub const CD_MASTER: Field = Field::new(1, 1);
-        /// `fre`: 1 bits at bit 2.
+        /// `fre`: 1 bit at bit 2.
         pub const FRE: Field = Field::new(2, 1);
-        /// `flush_in_error_en`: 1 bits at bit 3.
+        /// `flush_in_error_en`: 1 bit at bit 3.
         pub const FLUSH_IN_ERROR_EN: Field = Field::new(3, 1);
-        /// `allow_multi_pkt_send_wqe`: 1 bits at bit 4.
+        /// `allow_multi_pkt_send_wqe`: 1 bit at bit 4.
         pub const ALLOW_MULTI_PKT_SEND_WQE: Field = Field::new(4, 1);
         /// `min_wqe_inline_mode`: 3 bits at bit 5.
         pub const MIN_WQE_INLINE_MODE: Field = Field::new(5, 3);
         /// `state`: 4 bits at bit 8.
         pub const STATE: Field = Field::new(8, 4);
-        /// `reg_umr`: 1 bits at bit 12.
+        /// `reg_umr`: 1 bit at bit 12.
         pub const REG_UMR: Field = Field::new(12, 1);
-        /// `allow_swp`: 1 bits at bit 13.
+        /// `allow_swp`: 1 bit at bit 13.
         pub const ALLOW_SWP: Field = Field::new(13, 1);
-        /// `hairpin`: 1 bits at bit 14.
+        /// `hairpin`: 1 bit at bit 14.
         pub const HAIRPIN: Field = Field::new(14, 1);
-        /// `non_wire`: 1 bits at bit 15.
+        /// `non_wire`: 1 bit at bit 15.
         pub const NON_WIRE: Field = Field::new(15, 1);
         /// `ts_format`: 2 bits at bit 26.
         pub const TS_FORMAT: Field = Field::new(26, 2);
@@ -3297,9 +3297,9 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `strict_lag_tx_port_affinity`: 1 bits at bit 0.
+        /// `strict_lag_tx_port_affinity`: 1 bit at bit 0.
         pub const STRICT_LAG_TX_PORT_AFFINITY: Field = Field::new(0, 1);
-        /// `tls_en`: 1 bits at bit 1.
+        /// `tls_en`: 1 bit at bit 1.
         pub const TLS_EN: Field = Field::new(1, 1);
         /// `lag_tx_port_affinity`: 4 bits at bit 4.
         pub const LAG_TX_PORT_AFFINITY: Field = Field::new(4, 4);
@@ -3369,7 +3369,7 @@ pub mod ifc {
         }
         /// `disp_type`: 4 bits at bit 32.
         pub const DISP_TYPE: Field = Field::new(32, 4);
-        /// `tls_en`: 1 bits at bit 36.
+        /// `tls_en`: 1 bit at bit 36.
         pub const TLS_EN: Field = Field::new(36, 1);
         /// `lro_timeout_period_usecs`: 16 bits at bit 132.
         pub const LRO_TIMEOUT_PERIOD_USECS: Field = Field::new(132, 16);
@@ -3379,9 +3379,9 @@ pub mod ifc {
         pub const LRO_MAX_IP_PAYLOAD_SIZE: Field = Field::new(152, 8);
         /// `inline_rqn`: 24 bits at bit 232.
         pub const INLINE_RQN: Field = Field::new(232, 24);
-        /// `rx_hash_symmetric`: 1 bits at bit 256.
+        /// `rx_hash_symmetric`: 1 bit at bit 256.
         pub const RX_HASH_SYMMETRIC: Field = Field::new(256, 1);
-        /// `tunneled_offload_en`: 1 bits at bit 258.
+        /// `tunneled_offload_en`: 1 bit at bit 258.
         pub const TUNNELED_OFFLOAD_EN: Field = Field::new(258, 1);
         /// `indirect_table`: 24 bits at bit 264.
         pub const INDIRECT_TABLE: Field = Field::new(264, 24);
@@ -3417,7 +3417,7 @@ pub mod ifc {
         pub const REGISTER_ID: Field = Field::new(80, 16);
         /// `argument`: 32 bits at bit 96.
         pub const ARGUMENT: Field = Field::new(96, 32);
-        /// `register_data`: 0 elements of 32 bits at bit 128.
+        /// `register_data`: flexible array of 32-bit elements at bit 128.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const REGISTER_DATA: Array = Array::new(128, 0, 32);
     }
@@ -3436,7 +3436,7 @@ pub mod ifc {
         pub const STATUS: Field = Field::new(0, 8);
         /// `syndrome`: 32 bits at bit 32.
         pub const SYNDROME: Field = Field::new(32, 32);
-        /// `register_data`: 0 elements of 32 bits at bit 128.
+        /// `register_data`: flexible array of 32-bit elements at bit 128.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const REGISTER_DATA: Array = Array::new(128, 0, 32);
     }
@@ -3479,9 +3479,9 @@ pub mod ifc {
         pub const ADMIN_STATUS: Field = Field::new(20, 4);
         /// `oper_status`: 4 bits at bit 28.
         pub const OPER_STATUS: Field = Field::new(28, 4);
-        /// `ase`: 1 bits at bit 32.
+        /// `ase`: 1 bit at bit 32.
         pub const ASE: Field = Field::new(32, 1);
-        /// `ee`: 1 bits at bit 33.
+        /// `ee`: 1 bit at bit 33.
         pub const EE: Field = Field::new(33, 1);
         /// `e`: 2 bits at bit 62.
         pub const E: Field = Field::new(62, 2);
@@ -3497,9 +3497,9 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `an_disable_admin`: 1 bits at bit 1.
+        /// `an_disable_admin`: 1 bit at bit 1.
         pub const AN_DISABLE_ADMIN: Field = Field::new(1, 1);
-        /// `an_disable_cap`: 1 bits at bit 2.
+        /// `an_disable_cap`: 1 bit at bit 2.
         pub const AN_DISABLE_CAP: Field = Field::new(2, 1);
         /// `local_port`: 8 bits at bit 8.
         pub const LOCAL_PORT: Field = Field::new(8, 8);
@@ -3595,9 +3595,9 @@ pub mod ifc {
         pub const FW_VERSION: Field = Field::new(384, 32);
         /// `hw_id`: 32 bits at bit 416.
         pub const HW_ID: Field = Field::new(416, 32);
-        /// `rfr`: 1 bits at bit 448.
+        /// `rfr`: 1 bit at bit 448.
         pub const RFR: Field = Field::new(448, 1);
-        /// `valid`: 1 bits at bit 452.
+        /// `valid`: 1 bit at bit 452.
         pub const VALID: Field = Field::new(452, 1);
         /// `severity`: 3 bits at bit 453.
         pub const SEVERITY: Field = Field::new(453, 3);
@@ -3639,17 +3639,17 @@ pub mod ifc {
         pub const LOG_CMDQ_STRIDE: Field = Field::new(188, 4);
         /// `command_doorbell_vector`: 32 bits at bit 192.
         pub const COMMAND_DOORBELL_VECTOR: Field = Field::new(192, 32);
-        /// `initializing`: 1 bits at bit 4064.
+        /// `initializing`: 1 bit at bit 4064.
         pub const INITIALIZING: Field = Field::new(4064, 1);
         /// `nic_interface_supported`: 3 bits at bit 4069.
         pub const NIC_INTERFACE_SUPPORTED: Field = Field::new(4069, 3);
-        /// `embedded_cpu`: 1 bits at bit 4072.
+        /// `embedded_cpu`: 1 bit at bit 4072.
         pub const EMBEDDED_CPU: Field = Field::new(4072, 1);
         /// `health_buffer`: nested `health_buffer`, 64 bytes at byte 512.
         pub const HEALTH_BUFFER: Sub = Sub::new(512, 64);
         /// `no_dram_nic_offset`: 32 bits at bit 4608.
         pub const NO_DRAM_NIC_OFFSET: Field = Field::new(4608, 32);
-        /// `clear_int`: 1 bits at bit 32895.
+        /// `clear_int`: 1 bit at bit 32895.
         pub const CLEAR_INT: Field = Field::new(32895, 1);
         /// `health_syndrome`: 8 bits at bit 32896.
         pub const HEALTH_SYNDROME: Field = Field::new(32896, 8);
@@ -3675,7 +3675,7 @@ pub mod ifc {
         pub const EVENT_DATA: Sub = Sub::new(32, 28);
         /// `signature`: 8 bits at bit 496.
         pub const SIGNATURE: Field = Field::new(496, 8);
-        /// `owner`: 1 bits at bit 511.
+        /// `owner`: 1 bit at bit 511.
         pub const OWNER: Field = Field::new(511, 1);
     }
     /// `struct mlx5_ifc_cmd_pas_bits`: 8 bytes.
@@ -3739,17 +3739,17 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `roce_apm`: 1 bits at bit 0.
+        /// `roce_apm`: 1 bit at bit 0.
         pub const ROCE_APM: Field = Field::new(0, 1);
-        /// `sw_r_roce_src_udp_port`: 1 bits at bit 4.
+        /// `sw_r_roce_src_udp_port`: 1 bit at bit 4.
         pub const SW_R_ROCE_SRC_UDP_PORT: Field = Field::new(4, 1);
-        /// `fl_rc_qp_when_roce_disabled`: 1 bits at bit 5.
+        /// `fl_rc_qp_when_roce_disabled`: 1 bit at bit 5.
         pub const FL_RC_QP_WHEN_ROCE_DISABLED: Field = Field::new(5, 1);
-        /// `fl_rc_qp_when_roce_enabled`: 1 bits at bit 6.
+        /// `fl_rc_qp_when_roce_enabled`: 1 bit at bit 6.
         pub const FL_RC_QP_WHEN_ROCE_ENABLED: Field = Field::new(6, 1);
-        /// `roce_cc_general`: 1 bits at bit 7.
+        /// `roce_cc_general`: 1 bit at bit 7.
         pub const ROCE_CC_GENERAL: Field = Field::new(7, 1);
-        /// `qp_ooo_transmit_default`: 1 bits at bit 8.
+        /// `qp_ooo_transmit_default`: 1 bit at bit 8.
         pub const QP_OOO_TRANSMIT_DEFAULT: Field = Field::new(8, 1);
         /// `qp_ts_format`: 2 bits at bit 30.
         pub const QP_TS_FORMAT: Field = Field::new(30, 2);
@@ -3779,7 +3779,7 @@ pub mod ifc {
         }
         /// `atomic_req_8B_endianness_mode`: 2 bits at bit 64.
         pub const ATOMIC_REQ_8B_ENDIANNESS_MODE: Field = Field::new(64, 2);
-        /// `supported_atomic_req_8B_endianness_mode_1`: 1 bits at bit 70.
+        /// `supported_atomic_req_8B_endianness_mode_1`: 1 bit at bit 70.
         pub const SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1: Field = Field::new(70, 1);
         /// `atomic_operations`: 16 bits at bit 144.
         pub const ATOMIC_OPERATIONS: Field = Field::new(144, 16);
@@ -3803,7 +3803,7 @@ pub mod ifc {
         pub const TRANSPORT_PAGE_FAULT_SCHEME_CAP: Sub = Sub::new(0, 64);
         /// `memory_page_fault_scheme_cap`: nested `odp_scheme_cap`, 64 bytes at byte 64.
         pub const MEMORY_PAGE_FAULT_SCHEME_CAP: Sub = Sub::new(64, 64);
-        /// `mem_page_fault`: 1 bits at bit 1536.
+        /// `mem_page_fault`: 1 bit at bit 1536.
         pub const MEM_PAGE_FAULT: Field = Field::new(1536, 1);
     }
     /// `struct mlx5_ifc_set_roce_address_in_bits`: 48 bytes.
@@ -3895,7 +3895,7 @@ pub mod ifc {
         }
         /// `source_l3_address`: 16 elements of 8 bits at bit 0.
         pub const SOURCE_L3_ADDRESS: Array = Array::new(0, 16, 8);
-        /// `vlan_valid`: 1 bits at bit 131.
+        /// `vlan_valid`: 1 bit at bit 131.
         pub const VLAN_VALID: Field = Field::new(131, 1);
         /// `vlan_id`: 12 bits at bit 132.
         pub const VLAN_ID: Field = Field::new(132, 12);
@@ -3993,13 +3993,13 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `vport_number`: 16 bits at bit 80.
         pub const VPORT_NUMBER: Field = Field::new(80, 16);
-        /// `clear`: 1 bits at bit 192.
+        /// `clear`: 1 bit at bit 192.
         pub const CLEAR: Field = Field::new(192, 1);
-        /// `aggregate`: 1 bits at bit 193.
+        /// `aggregate`: 1 bit at bit 193.
         pub const AGGREGATE: Field = Field::new(193, 1);
         /// `counter_set_id`: 8 bits at bit 248.
         pub const COUNTER_SET_ID: Field = Field::new(248, 8);
@@ -4163,7 +4163,7 @@ pub mod ifc {
         pub const SYNDROME: Field = Field::new(32, 32);
         /// `srq_context_entry`: nested `srqc`, 64 bytes at byte 16.
         pub const SRQ_CONTEXT_ENTRY: Sub = Sub::new(16, 64);
-        /// `pas`: 0 elements of 64 bits at bit 2176.
+        /// `pas`: flexible array of 64-bit elements at bit 2176.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(2176, 0, 64);
     }
@@ -4256,7 +4256,7 @@ pub mod ifc {
         }
         /// `state`: 4 bits at bit 8.
         pub const STATE: Field = Field::new(8, 4);
-        /// `basic_cyclic_rcv_wqe`: 1 bits at bit 32.
+        /// `basic_cyclic_rcv_wqe`: 1 bit at bit 32.
         pub const BASIC_CYCLIC_RCV_WQE: Field = Field::new(32, 1);
         /// `wq`: nested `wq`, 192 bytes at byte 48.
         pub const WQ: Sub = Sub::new(48, 192);
@@ -4314,7 +4314,7 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `lwm`: 1 bits at bit 63.
+        /// `lwm`: 1 bit at bit 63.
         pub const LWM: Field = Field::new(63, 1);
     }
     /// `struct mlx5_ifc_query_rmp_in_bits`: 16 bytes.
@@ -4604,9 +4604,9 @@ pub mod ifc {
         pub const OP_MOD: Field = Field::new(48, 16);
         /// `xrc_srq_context_entry`: nested `xrc_srqc`, 64 bytes at byte 16.
         pub const XRC_SRQ_CONTEXT_ENTRY: Sub = Sub::new(16, 64);
-        /// `xrc_srq_umem_valid`: 1 bits at bit 736.
+        /// `xrc_srq_umem_valid`: 1 bit at bit 736.
         pub const XRC_SRQ_UMEM_VALID: Field = Field::new(736, 1);
-        /// `pas`: 0 elements of 64 bits at bit 2176.
+        /// `pas`: flexible array of 64-bit elements at bit 2176.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(2176, 0, 64);
     }
@@ -4643,13 +4643,13 @@ pub mod ifc {
         pub const STATE: Field = Field::new(0, 4);
         /// `log_xrc_srq_size`: 4 bits at bit 4.
         pub const LOG_XRC_SRQ_SIZE: Field = Field::new(4, 4);
-        /// `wq_signature`: 1 bits at bit 32.
+        /// `wq_signature`: 1 bit at bit 32.
         pub const WQ_SIGNATURE: Field = Field::new(32, 1);
-        /// `cont_srq`: 1 bits at bit 33.
+        /// `cont_srq`: 1 bit at bit 33.
         pub const CONT_SRQ: Field = Field::new(33, 1);
-        /// `rlky`: 1 bits at bit 35.
+        /// `rlky`: 1 bit at bit 35.
         pub const RLKY: Field = Field::new(35, 1);
-        /// `basic_cyclic_rcv_wqe`: 1 bits at bit 36.
+        /// `basic_cyclic_rcv_wqe`: 1 bit at bit 36.
         pub const BASIC_CYCLIC_RCV_WQE: Field = Field::new(36, 1);
         /// `log_rq_stride`: 3 bits at bit 37.
         pub const LOG_RQ_STRIDE: Field = Field::new(37, 3);
@@ -4657,11 +4657,11 @@ pub mod ifc {
         pub const XRCD: Field = Field::new(40, 24);
         /// `page_offset`: 6 bits at bit 64.
         pub const PAGE_OFFSET: Field = Field::new(64, 6);
-        /// `dbr_umem_valid`: 1 bits at bit 71.
+        /// `dbr_umem_valid`: 1 bit at bit 71.
         pub const DBR_UMEM_VALID: Field = Field::new(71, 1);
         /// `cqn`: 24 bits at bit 72.
         pub const CQN: Field = Field::new(72, 24);
-        /// `user_index_equal_xrc_srqn`: 1 bits at bit 128.
+        /// `user_index_equal_xrc_srqn`: 1 bit at bit 128.
         pub const USER_INDEX_EQUAL_XRC_SRQN: Field = Field::new(128, 1);
         /// `log_page_size`: 6 bits at bit 130.
         pub const LOG_PAGE_SIZE: Field = Field::new(130, 6);
@@ -4805,7 +4805,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `port_num`: 4 bits at bit 76.
         pub const PORT_NUM: Field = Field::new(76, 4);
@@ -4829,7 +4829,7 @@ pub mod ifc {
         pub const STATUS: Field = Field::new(0, 8);
         /// `syndrome`: 32 bits at bit 32.
         pub const SYNDROME: Field = Field::new(32, 32);
-        /// `pkey`: 0 elements of 32 bits at bit 128.
+        /// `pkey`: flexible array of 32-bit elements at bit 128.
         /// Array of `pkey`.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PKEY: Array = Array::new(128, 0, 32);
@@ -5077,7 +5077,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `vport_number`: 16 bits at bit 80.
         pub const VPORT_NUMBER: Field = Field::new(80, 16);
@@ -5087,7 +5087,7 @@ pub mod ifc {
         pub const GROUP_TYPE: Field = Field::new(140, 4);
         /// `table_id`: 24 bits at bit 168.
         pub const TABLE_ID: Field = Field::new(168, 24);
-        /// `source_eswitch_owner_vhca_id_valid`: 1 bits at bit 192.
+        /// `source_eswitch_owner_vhca_id_valid`: 1 bit at bit 192.
         pub const SOURCE_ESWITCH_OWNER_VHCA_ID_VALID: Field = Field::new(192, 1);
         /// `start_flow_index`: 32 bits at bit 224.
         pub const START_FLOW_INDEX: Field = Field::new(224, 32);
@@ -5133,7 +5133,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `vport_number`: 16 bits at bit 80.
         pub const VPORT_NUMBER: Field = Field::new(80, 16);
@@ -5175,7 +5175,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `vport_number`: 16 bits at bit 80.
         pub const VPORT_NUMBER: Field = Field::new(80, 16);
@@ -5183,7 +5183,7 @@ pub mod ifc {
         pub const TABLE_TYPE: Field = Field::new(128, 8);
         /// `table_id`: 24 bits at bit 168.
         pub const TABLE_ID: Field = Field::new(168, 24);
-        /// `ignore_flow_level`: 1 bits at bit 192.
+        /// `ignore_flow_level`: 1 bit at bit 192.
         pub const IGNORE_FLOW_LEVEL: Field = Field::new(192, 1);
         /// `modify_enable_mask`: 8 bits at bit 216.
         pub const MODIFY_ENABLE_MASK: Field = Field::new(216, 8);
@@ -5227,9 +5227,9 @@ pub mod ifc {
         pub const FLOW_TAG: Field = Field::new(72, 24);
         /// `action`: 16 bits at bit 112.
         pub const ACTION: Field = Field::new(112, 16);
-        /// `extended_destination`: 1 bits at bit 128.
+        /// `extended_destination`: 1 bit at bit 128.
         pub const EXTENDED_DESTINATION: Field = Field::new(128, 1);
-        /// `uplink_hairpin_en`: 1 bits at bit 129.
+        /// `uplink_hairpin_en`: 1 bit at bit 129.
         pub const UPLINK_HAIRPIN_EN: Field = Field::new(129, 1);
         /// `flow_source`: 2 bits at bit 130.
         pub const FLOW_SOURCE: Field = Field::new(130, 2);
@@ -5252,7 +5252,7 @@ pub mod ifc {
         /// `execute_aso`: 4 elements of 64 bits at bit 4608.
         /// Array of `execute_aso`.
         pub const EXECUTE_ASO: Array = Array::new(4608, 4, 64);
-        /// `destination`: 0 elements of 128 bits at bit 6144.
+        /// `destination`: flexible array of 128-bit elements at bit 6144.
         /// Array of `dest_format_flow_counter_list_auto`.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const DESTINATION: Array = Array::new(6144, 0, 128);
@@ -5272,9 +5272,9 @@ pub mod ifc {
         pub const DESTINATION_TYPE: Field = Field::new(0, 8);
         /// `destination_id`: 24 bits at bit 8.
         pub const DESTINATION_ID: Field = Field::new(8, 24);
-        /// `destination_eswitch_owner_vhca_id_valid`: 1 bits at bit 32.
+        /// `destination_eswitch_owner_vhca_id_valid`: 1 bit at bit 32.
         pub const DESTINATION_ESWITCH_OWNER_VHCA_ID_VALID: Field = Field::new(32, 1);
-        /// `packet_reformat`: 1 bits at bit 33.
+        /// `packet_reformat`: 1 bit at bit 33.
         pub const PACKET_REFORMAT: Field = Field::new(33, 1);
         /// `destination_table_type`: 8 bits at bit 40.
         pub const DESTINATION_TABLE_TYPE: Field = Field::new(40, 8);
@@ -5322,7 +5322,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `vport_number`: 16 bits at bit 80.
         pub const VPORT_NUMBER: Field = Field::new(80, 16);
@@ -5364,7 +5364,7 @@ pub mod ifc {
         pub const OPCODE: Field = Field::new(0, 16);
         /// `op_mod`: 16 bits at bit 48.
         pub const OP_MOD: Field = Field::new(48, 16);
-        /// `other_vport`: 1 bits at bit 64.
+        /// `other_vport`: 1 bit at bit 64.
         pub const OTHER_VPORT: Field = Field::new(64, 1);
         /// `vport_number`: 16 bits at bit 80.
         pub const VPORT_NUMBER: Field = Field::new(80, 16);
@@ -5406,7 +5406,7 @@ pub mod ifc {
         pub const OP_MOD: Field = Field::new(48, 16);
         /// `mkey_index`: 24 bits at bit 72.
         pub const MKEY_INDEX: Field = Field::new(72, 24);
-        /// `pg_access`: 1 bits at bit 96.
+        /// `pg_access`: 1 bit at bit 96.
         pub const PG_ACCESS: Field = Field::new(96, 1);
     }
     /// `struct mlx5_ifc_query_mkey_out_bits`: 304 bytes.
@@ -5520,11 +5520,11 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `synchronize_dek`: 1 bits at bit 3.
+        /// `synchronize_dek`: 1 bit at bit 3.
         pub const SYNCHRONIZE_DEK: Field = Field::new(3, 1);
-        /// `int_kek_manual`: 1 bits at bit 4.
+        /// `int_kek_manual`: 1 bit at bit 4.
         pub const INT_KEK_MANUAL: Field = Field::new(4, 1);
-        /// `int_kek_auto`: 1 bits at bit 5.
+        /// `int_kek_auto`: 1 bit at bit 5.
         pub const INT_KEK_AUTO: Field = Field::new(5, 1);
         /// `log_dek_max_alloc`: 5 bits at bit 35.
         pub const LOG_DEK_MAX_ALLOC: Field = Field::new(35, 5);
@@ -5578,13 +5578,13 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `core_dump_general`: 1 bits at bit 0.
+        /// `core_dump_general`: 1 bit at bit 0.
         pub const CORE_DUMP_GENERAL: Field = Field::new(0, 1);
-        /// `core_dump_qp`: 1 bits at bit 1.
+        /// `core_dump_qp`: 1 bit at bit 1.
         pub const CORE_DUMP_QP: Field = Field::new(1, 1);
-        /// `resource_dump`: 1 bits at bit 9.
+        /// `resource_dump`: 1 bit at bit 9.
         pub const RESOURCE_DUMP: Field = Field::new(9, 1);
-        /// `stall_detect`: 1 bits at bit 34.
+        /// `stall_detect`: 1 bit at bit 34.
         pub const STALL_DETECT: Field = Field::new(34, 1);
     }
     /// `union mlx5_ifc_dest_format_flow_counter_list_auto_bits`: 16 bytes.
@@ -5614,7 +5614,7 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `memic`: 1 bits at bit 0.
+        /// `memic`: 1 bit at bit 0.
         pub const MEMIC: Field = Field::new(0, 1);
         /// `log_min_memic_alloc_size`: 5 bits at bit 43.
         pub const LOG_MIN_MEMIC_ALLOC_SIZE: Field = Field::new(43, 5);
@@ -5670,39 +5670,39 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `vport_svlan_strip`: 1 bits at bit 0.
+        /// `vport_svlan_strip`: 1 bit at bit 0.
         pub const VPORT_SVLAN_STRIP: Field = Field::new(0, 1);
-        /// `vport_cvlan_strip`: 1 bits at bit 1.
+        /// `vport_cvlan_strip`: 1 bit at bit 1.
         pub const VPORT_CVLAN_STRIP: Field = Field::new(1, 1);
-        /// `vport_svlan_insert`: 1 bits at bit 2.
+        /// `vport_svlan_insert`: 1 bit at bit 2.
         pub const VPORT_SVLAN_INSERT: Field = Field::new(2, 1);
-        /// `vport_cvlan_insert_if_not_exist`: 1 bits at bit 3.
+        /// `vport_cvlan_insert_if_not_exist`: 1 bit at bit 3.
         pub const VPORT_CVLAN_INSERT_IF_NOT_EXIST: Field = Field::new(3, 1);
-        /// `vport_cvlan_insert_overwrite`: 1 bits at bit 4.
+        /// `vport_cvlan_insert_overwrite`: 1 bit at bit 4.
         pub const VPORT_CVLAN_INSERT_OVERWRITE: Field = Field::new(4, 1);
-        /// `vport_cvlan_insert_always`: 1 bits at bit 6.
+        /// `vport_cvlan_insert_always`: 1 bit at bit 6.
         pub const VPORT_CVLAN_INSERT_ALWAYS: Field = Field::new(6, 1);
-        /// `esw_shared_ingress_acl`: 1 bits at bit 7.
+        /// `esw_shared_ingress_acl`: 1 bit at bit 7.
         pub const ESW_SHARED_INGRESS_ACL: Field = Field::new(7, 1);
-        /// `esw_uplink_ingress_acl`: 1 bits at bit 8.
+        /// `esw_uplink_ingress_acl`: 1 bit at bit 8.
         pub const ESW_UPLINK_INGRESS_ACL: Field = Field::new(8, 1);
-        /// `root_ft_on_other_esw`: 1 bits at bit 9.
+        /// `root_ft_on_other_esw`: 1 bit at bit 9.
         pub const ROOT_FT_ON_OTHER_ESW: Field = Field::new(9, 1);
-        /// `esw_functions_changed`: 1 bits at bit 25.
+        /// `esw_functions_changed`: 1 bit at bit 25.
         pub const ESW_FUNCTIONS_CHANGED: Field = Field::new(25, 1);
-        /// `ecpf_vport_exists`: 1 bits at bit 27.
+        /// `ecpf_vport_exists`: 1 bit at bit 27.
         pub const ECPF_VPORT_EXISTS: Field = Field::new(27, 1);
-        /// `counter_eswitch_affinity`: 1 bits at bit 28.
+        /// `counter_eswitch_affinity`: 1 bit at bit 28.
         pub const COUNTER_ESWITCH_AFFINITY: Field = Field::new(28, 1);
-        /// `merged_eswitch`: 1 bits at bit 29.
+        /// `merged_eswitch`: 1 bit at bit 29.
         pub const MERGED_ESWITCH: Field = Field::new(29, 1);
-        /// `nic_vport_node_guid_modify`: 1 bits at bit 30.
+        /// `nic_vport_node_guid_modify`: 1 bit at bit 30.
         pub const NIC_VPORT_NODE_GUID_MODIFY: Field = Field::new(30, 1);
-        /// `nic_vport_port_guid_modify`: 1 bits at bit 31.
+        /// `nic_vport_port_guid_modify`: 1 bit at bit 31.
         pub const NIC_VPORT_PORT_GUID_MODIFY: Field = Field::new(31, 1);
-        /// `vxlan_encap_decap`: 1 bits at bit 32.
+        /// `vxlan_encap_decap`: 1 bit at bit 32.
         pub const VXLAN_ENCAP_DECAP: Field = Field::new(32, 1);
-        /// `nvgre_encap_decap`: 1 bits at bit 33.
+        /// `nvgre_encap_decap`: 1 bit at bit 33.
         pub const NVGRE_ENCAP_DECAP: Field = Field::new(33, 1);
         /// `log_max_fdb_encap_uplink`: 5 bits at bit 35.
         pub const LOG_MAX_FDB_ENCAP_UPLINK: Field = Field::new(35, 5);
@@ -5726,9 +5726,9 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `merged_eswitch`: 1 bits at bit 29.
+        /// `merged_eswitch`: 1 bit at bit 29.
         pub const MERGED_ESWITCH: Field = Field::new(29, 1);
-        /// `esw_manager_vport_number_valid`: 1 bits at bit 96.
+        /// `esw_manager_vport_number_valid`: 1 bit at bit 96.
         pub const ESW_MANAGER_VPORT_NUMBER_VALID: Field = Field::new(96, 1);
         /// `esw_manager_vport_number`: 16 bits at bit 112.
         pub const ESW_MANAGER_VPORT_NUMBER: Field = Field::new(112, 16);
@@ -5798,11 +5798,11 @@ pub mod ifc {
         pub const RETURN_REG_ID: Field = Field::new(0, 4);
         /// `aso_type`: 4 bits at bit 4.
         pub const ASO_TYPE: Field = Field::new(4, 4);
-        /// `action`: 1 bits at bit 28.
+        /// `action`: 1 bit at bit 28.
         pub const ACTION: Field = Field::new(28, 1);
         /// `init_color`: 2 bits at bit 29.
         pub const INIT_COLOR: Field = Field::new(29, 2);
-        /// `meter_id`: 1 bits at bit 31.
+        /// `meter_id`: 1 bit at bit 31.
         pub const METER_ID: Field = Field::new(31, 1);
     }
     /// `struct mlx5_ifc_execute_aso_bits`: 8 bytes.
@@ -5816,7 +5816,7 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `valid`: 1 bits at bit 0.
+        /// `valid`: 1 bit at bit 0.
         pub const VALID: Field = Field::new(0, 1);
         /// `aso_object_id`: 24 bits at bit 8.
         pub const ASO_OBJECT_ID: Field = Field::new(8, 24);
@@ -5866,25 +5866,25 @@ pub mod ifc {
         }
         /// `fdb_to_vport_reg_c_id`: 8 bits at bit 0.
         pub const FDB_TO_VPORT_REG_C_ID: Field = Field::new(0, 8);
-        /// `fdb_uplink_hairpin`: 1 bits at bit 13.
+        /// `fdb_uplink_hairpin`: 1 bit at bit 13.
         pub const FDB_UPLINK_HAIRPIN: Field = Field::new(13, 1);
-        /// `fdb_multi_path_any_table_limit_regc`: 1 bits at bit 14.
+        /// `fdb_multi_path_any_table_limit_regc`: 1 bit at bit 14.
         pub const FDB_MULTI_PATH_ANY_TABLE_LIMIT_REGC: Field = Field::new(14, 1);
-        /// `fdb_dynamic_tunnel`: 1 bits at bit 16.
+        /// `fdb_dynamic_tunnel`: 1 bit at bit 16.
         pub const FDB_DYNAMIC_TUNNEL: Field = Field::new(16, 1);
-        /// `fdb_multi_path_any_table`: 1 bits at bit 18.
+        /// `fdb_multi_path_any_table`: 1 bit at bit 18.
         pub const FDB_MULTI_PATH_ANY_TABLE: Field = Field::new(18, 1);
-        /// `fdb_modify_header_fwd_to_table`: 1 bits at bit 21.
+        /// `fdb_modify_header_fwd_to_table`: 1 bit at bit 21.
         pub const FDB_MODIFY_HEADER_FWD_TO_TABLE: Field = Field::new(21, 1);
-        /// `fdb_ipv4_ttl_modify`: 1 bits at bit 22.
+        /// `fdb_ipv4_ttl_modify`: 1 bit at bit 22.
         pub const FDB_IPV4_TTL_MODIFY: Field = Field::new(22, 1);
-        /// `flow_source`: 1 bits at bit 23.
+        /// `flow_source`: 1 bit at bit 23.
         pub const FLOW_SOURCE: Field = Field::new(23, 1);
-        /// `multi_fdb_encap`: 1 bits at bit 26.
+        /// `multi_fdb_encap`: 1 bit at bit 26.
         pub const MULTI_FDB_ENCAP: Field = Field::new(26, 1);
-        /// `egress_acl_forward_to_vport`: 1 bits at bit 27.
+        /// `egress_acl_forward_to_vport`: 1 bit at bit 27.
         pub const EGRESS_ACL_FORWARD_TO_VPORT: Field = Field::new(27, 1);
-        /// `fdb_multi_path_to_table`: 1 bits at bit 28.
+        /// `fdb_multi_path_to_table`: 1 bit at bit 28.
         pub const FDB_MULTI_PATH_TO_TABLE: Field = Field::new(28, 1);
         /// `flow_table_properties_nic_esw_fdb`: nested `flow_table_prop_layout`, 64 bytes at byte 64.
         pub const FLOW_TABLE_PROPERTIES_NIC_ESW_FDB: Sub = Sub::new(64, 64);
@@ -5916,113 +5916,113 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `outer_dmac`: 1 bits at bit 0.
+        /// `outer_dmac`: 1 bit at bit 0.
         pub const OUTER_DMAC: Field = Field::new(0, 1);
-        /// `outer_smac`: 1 bits at bit 1.
+        /// `outer_smac`: 1 bit at bit 1.
         pub const OUTER_SMAC: Field = Field::new(1, 1);
-        /// `outer_ether_type`: 1 bits at bit 2.
+        /// `outer_ether_type`: 1 bit at bit 2.
         pub const OUTER_ETHER_TYPE: Field = Field::new(2, 1);
-        /// `outer_ip_version`: 1 bits at bit 3.
+        /// `outer_ip_version`: 1 bit at bit 3.
         pub const OUTER_IP_VERSION: Field = Field::new(3, 1);
-        /// `outer_first_prio`: 1 bits at bit 4.
+        /// `outer_first_prio`: 1 bit at bit 4.
         pub const OUTER_FIRST_PRIO: Field = Field::new(4, 1);
-        /// `outer_first_cfi`: 1 bits at bit 5.
+        /// `outer_first_cfi`: 1 bit at bit 5.
         pub const OUTER_FIRST_CFI: Field = Field::new(5, 1);
-        /// `outer_first_vid`: 1 bits at bit 6.
+        /// `outer_first_vid`: 1 bit at bit 6.
         pub const OUTER_FIRST_VID: Field = Field::new(6, 1);
-        /// `outer_ipv4_ttl`: 1 bits at bit 7.
+        /// `outer_ipv4_ttl`: 1 bit at bit 7.
         pub const OUTER_IPV4_TTL: Field = Field::new(7, 1);
-        /// `outer_second_prio`: 1 bits at bit 8.
+        /// `outer_second_prio`: 1 bit at bit 8.
         pub const OUTER_SECOND_PRIO: Field = Field::new(8, 1);
-        /// `outer_second_cfi`: 1 bits at bit 9.
+        /// `outer_second_cfi`: 1 bit at bit 9.
         pub const OUTER_SECOND_CFI: Field = Field::new(9, 1);
-        /// `outer_second_vid`: 1 bits at bit 10.
+        /// `outer_second_vid`: 1 bit at bit 10.
         pub const OUTER_SECOND_VID: Field = Field::new(10, 1);
-        /// `outer_sip`: 1 bits at bit 12.
+        /// `outer_sip`: 1 bit at bit 12.
         pub const OUTER_SIP: Field = Field::new(12, 1);
-        /// `outer_dip`: 1 bits at bit 13.
+        /// `outer_dip`: 1 bit at bit 13.
         pub const OUTER_DIP: Field = Field::new(13, 1);
-        /// `outer_frag`: 1 bits at bit 14.
+        /// `outer_frag`: 1 bit at bit 14.
         pub const OUTER_FRAG: Field = Field::new(14, 1);
-        /// `outer_ip_protocol`: 1 bits at bit 15.
+        /// `outer_ip_protocol`: 1 bit at bit 15.
         pub const OUTER_IP_PROTOCOL: Field = Field::new(15, 1);
-        /// `outer_ip_ecn`: 1 bits at bit 16.
+        /// `outer_ip_ecn`: 1 bit at bit 16.
         pub const OUTER_IP_ECN: Field = Field::new(16, 1);
-        /// `outer_ip_dscp`: 1 bits at bit 17.
+        /// `outer_ip_dscp`: 1 bit at bit 17.
         pub const OUTER_IP_DSCP: Field = Field::new(17, 1);
-        /// `outer_udp_sport`: 1 bits at bit 18.
+        /// `outer_udp_sport`: 1 bit at bit 18.
         pub const OUTER_UDP_SPORT: Field = Field::new(18, 1);
-        /// `outer_udp_dport`: 1 bits at bit 19.
+        /// `outer_udp_dport`: 1 bit at bit 19.
         pub const OUTER_UDP_DPORT: Field = Field::new(19, 1);
-        /// `outer_tcp_sport`: 1 bits at bit 20.
+        /// `outer_tcp_sport`: 1 bit at bit 20.
         pub const OUTER_TCP_SPORT: Field = Field::new(20, 1);
-        /// `outer_tcp_dport`: 1 bits at bit 21.
+        /// `outer_tcp_dport`: 1 bit at bit 21.
         pub const OUTER_TCP_DPORT: Field = Field::new(21, 1);
-        /// `outer_tcp_flags`: 1 bits at bit 22.
+        /// `outer_tcp_flags`: 1 bit at bit 22.
         pub const OUTER_TCP_FLAGS: Field = Field::new(22, 1);
-        /// `outer_gre_protocol`: 1 bits at bit 23.
+        /// `outer_gre_protocol`: 1 bit at bit 23.
         pub const OUTER_GRE_PROTOCOL: Field = Field::new(23, 1);
-        /// `outer_gre_key`: 1 bits at bit 24.
+        /// `outer_gre_key`: 1 bit at bit 24.
         pub const OUTER_GRE_KEY: Field = Field::new(24, 1);
-        /// `outer_vxlan_vni`: 1 bits at bit 25.
+        /// `outer_vxlan_vni`: 1 bit at bit 25.
         pub const OUTER_VXLAN_VNI: Field = Field::new(25, 1);
-        /// `outer_geneve_vni`: 1 bits at bit 26.
+        /// `outer_geneve_vni`: 1 bit at bit 26.
         pub const OUTER_GENEVE_VNI: Field = Field::new(26, 1);
-        /// `outer_geneve_oam`: 1 bits at bit 27.
+        /// `outer_geneve_oam`: 1 bit at bit 27.
         pub const OUTER_GENEVE_OAM: Field = Field::new(27, 1);
-        /// `outer_geneve_protocol_type`: 1 bits at bit 28.
+        /// `outer_geneve_protocol_type`: 1 bit at bit 28.
         pub const OUTER_GENEVE_PROTOCOL_TYPE: Field = Field::new(28, 1);
-        /// `outer_geneve_opt_len`: 1 bits at bit 29.
+        /// `outer_geneve_opt_len`: 1 bit at bit 29.
         pub const OUTER_GENEVE_OPT_LEN: Field = Field::new(29, 1);
-        /// `source_vhca_port`: 1 bits at bit 30.
+        /// `source_vhca_port`: 1 bit at bit 30.
         pub const SOURCE_VHCA_PORT: Field = Field::new(30, 1);
-        /// `source_eswitch_port`: 1 bits at bit 31.
+        /// `source_eswitch_port`: 1 bit at bit 31.
         pub const SOURCE_ESWITCH_PORT: Field = Field::new(31, 1);
-        /// `inner_dmac`: 1 bits at bit 32.
+        /// `inner_dmac`: 1 bit at bit 32.
         pub const INNER_DMAC: Field = Field::new(32, 1);
-        /// `inner_smac`: 1 bits at bit 33.
+        /// `inner_smac`: 1 bit at bit 33.
         pub const INNER_SMAC: Field = Field::new(33, 1);
-        /// `inner_ether_type`: 1 bits at bit 34.
+        /// `inner_ether_type`: 1 bit at bit 34.
         pub const INNER_ETHER_TYPE: Field = Field::new(34, 1);
-        /// `inner_ip_version`: 1 bits at bit 35.
+        /// `inner_ip_version`: 1 bit at bit 35.
         pub const INNER_IP_VERSION: Field = Field::new(35, 1);
-        /// `inner_first_prio`: 1 bits at bit 36.
+        /// `inner_first_prio`: 1 bit at bit 36.
         pub const INNER_FIRST_PRIO: Field = Field::new(36, 1);
-        /// `inner_first_cfi`: 1 bits at bit 37.
+        /// `inner_first_cfi`: 1 bit at bit 37.
         pub const INNER_FIRST_CFI: Field = Field::new(37, 1);
-        /// `inner_first_vid`: 1 bits at bit 38.
+        /// `inner_first_vid`: 1 bit at bit 38.
         pub const INNER_FIRST_VID: Field = Field::new(38, 1);
-        /// `inner_second_prio`: 1 bits at bit 40.
+        /// `inner_second_prio`: 1 bit at bit 40.
         pub const INNER_SECOND_PRIO: Field = Field::new(40, 1);
-        /// `inner_second_cfi`: 1 bits at bit 41.
+        /// `inner_second_cfi`: 1 bit at bit 41.
         pub const INNER_SECOND_CFI: Field = Field::new(41, 1);
-        /// `inner_second_vid`: 1 bits at bit 42.
+        /// `inner_second_vid`: 1 bit at bit 42.
         pub const INNER_SECOND_VID: Field = Field::new(42, 1);
-        /// `inner_sip`: 1 bits at bit 44.
+        /// `inner_sip`: 1 bit at bit 44.
         pub const INNER_SIP: Field = Field::new(44, 1);
-        /// `inner_dip`: 1 bits at bit 45.
+        /// `inner_dip`: 1 bit at bit 45.
         pub const INNER_DIP: Field = Field::new(45, 1);
-        /// `inner_frag`: 1 bits at bit 46.
+        /// `inner_frag`: 1 bit at bit 46.
         pub const INNER_FRAG: Field = Field::new(46, 1);
-        /// `inner_ip_protocol`: 1 bits at bit 47.
+        /// `inner_ip_protocol`: 1 bit at bit 47.
         pub const INNER_IP_PROTOCOL: Field = Field::new(47, 1);
-        /// `inner_ip_ecn`: 1 bits at bit 48.
+        /// `inner_ip_ecn`: 1 bit at bit 48.
         pub const INNER_IP_ECN: Field = Field::new(48, 1);
-        /// `inner_ip_dscp`: 1 bits at bit 49.
+        /// `inner_ip_dscp`: 1 bit at bit 49.
         pub const INNER_IP_DSCP: Field = Field::new(49, 1);
-        /// `inner_udp_sport`: 1 bits at bit 50.
+        /// `inner_udp_sport`: 1 bit at bit 50.
         pub const INNER_UDP_SPORT: Field = Field::new(50, 1);
-        /// `inner_udp_dport`: 1 bits at bit 51.
+        /// `inner_udp_dport`: 1 bit at bit 51.
         pub const INNER_UDP_DPORT: Field = Field::new(51, 1);
-        /// `inner_tcp_sport`: 1 bits at bit 52.
+        /// `inner_tcp_sport`: 1 bit at bit 52.
         pub const INNER_TCP_SPORT: Field = Field::new(52, 1);
-        /// `inner_tcp_dport`: 1 bits at bit 53.
+        /// `inner_tcp_dport`: 1 bit at bit 53.
         pub const INNER_TCP_DPORT: Field = Field::new(53, 1);
-        /// `inner_tcp_flags`: 1 bits at bit 54.
+        /// `inner_tcp_flags`: 1 bit at bit 54.
         pub const INNER_TCP_FLAGS: Field = Field::new(54, 1);
-        /// `geneve_tlv_option_0_data`: 1 bits at bit 64.
+        /// `geneve_tlv_option_0_data`: 1 bit at bit 64.
         pub const GENEVE_TLV_OPTION_0_DATA: Field = Field::new(64, 1);
-        /// `geneve_tlv_option_0_exist`: 1 bits at bit 65.
+        /// `geneve_tlv_option_0_exist`: 1 bit at bit 65.
         pub const GENEVE_TLV_OPTION_0_EXIST: Field = Field::new(65, 1);
         /// `outer_first_mpls_over_udp`: 4 bits at bit 69.
         pub const OUTER_FIRST_MPLS_OVER_UDP: Field = Field::new(69, 4);
@@ -6032,25 +6032,25 @@ pub mod ifc {
         pub const INNER_FIRST_MPLS: Field = Field::new(77, 4);
         /// `outer_first_mpls`: 4 bits at bit 81.
         pub const OUTER_FIRST_MPLS: Field = Field::new(81, 4);
-        /// `outer_esp_spi`: 1 bits at bit 87.
+        /// `outer_esp_spi`: 1 bit at bit 87.
         pub const OUTER_ESP_SPI: Field = Field::new(87, 1);
-        /// `bth_dst_qp`: 1 bits at bit 90.
+        /// `bth_dst_qp`: 1 bit at bit 90.
         pub const BTH_DST_QP: Field = Field::new(90, 1);
-        /// `metadata_reg_c_7`: 1 bits at bit 120.
+        /// `metadata_reg_c_7`: 1 bit at bit 120.
         pub const METADATA_REG_C_7: Field = Field::new(120, 1);
-        /// `metadata_reg_c_6`: 1 bits at bit 121.
+        /// `metadata_reg_c_6`: 1 bit at bit 121.
         pub const METADATA_REG_C_6: Field = Field::new(121, 1);
-        /// `metadata_reg_c_5`: 1 bits at bit 122.
+        /// `metadata_reg_c_5`: 1 bit at bit 122.
         pub const METADATA_REG_C_5: Field = Field::new(122, 1);
-        /// `metadata_reg_c_4`: 1 bits at bit 123.
+        /// `metadata_reg_c_4`: 1 bit at bit 123.
         pub const METADATA_REG_C_4: Field = Field::new(123, 1);
-        /// `metadata_reg_c_3`: 1 bits at bit 124.
+        /// `metadata_reg_c_3`: 1 bit at bit 124.
         pub const METADATA_REG_C_3: Field = Field::new(124, 1);
-        /// `metadata_reg_c_2`: 1 bits at bit 125.
+        /// `metadata_reg_c_2`: 1 bit at bit 125.
         pub const METADATA_REG_C_2: Field = Field::new(125, 1);
-        /// `metadata_reg_c_1`: 1 bits at bit 126.
+        /// `metadata_reg_c_1`: 1 bit at bit 126.
         pub const METADATA_REG_C_1: Field = Field::new(126, 1);
-        /// `metadata_reg_c_0`: 1 bits at bit 127.
+        /// `metadata_reg_c_0`: 1 bit at bit 127.
         pub const METADATA_REG_C_0: Field = Field::new(127, 1);
     }
     /// `struct mlx5_ifc_flow_table_fields_supported_2_bits`: 16 bytes.
@@ -6064,13 +6064,13 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `inner_l4_type`: 1 bits at bit 2.
+        /// `inner_l4_type`: 1 bit at bit 2.
         pub const INNER_L4_TYPE: Field = Field::new(2, 1);
-        /// `outer_l4_type`: 1 bits at bit 3.
+        /// `outer_l4_type`: 1 bit at bit 3.
         pub const OUTER_L4_TYPE: Field = Field::new(3, 1);
-        /// `bth_opcode`: 1 bits at bit 14.
+        /// `bth_opcode`: 1 bit at bit 14.
         pub const BTH_OPCODE: Field = Field::new(14, 1);
-        /// `tunnel_header_0_1`: 1 bits at bit 16.
+        /// `tunnel_header_0_1`: 1 bit at bit 16.
         pub const TUNNEL_HEADER_0_1: Field = Field::new(16, 1);
     }
     /// `struct mlx5_ifc_flow_table_nic_cap_bits`: 4096 bytes.
@@ -6084,15 +6084,15 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `nic_rx_multi_path_tirs`: 1 bits at bit 0.
+        /// `nic_rx_multi_path_tirs`: 1 bit at bit 0.
         pub const NIC_RX_MULTI_PATH_TIRS: Field = Field::new(0, 1);
-        /// `nic_rx_multi_path_tirs_fts`: 1 bits at bit 1.
+        /// `nic_rx_multi_path_tirs_fts`: 1 bit at bit 1.
         pub const NIC_RX_MULTI_PATH_TIRS_FTS: Field = Field::new(1, 1);
-        /// `allow_sniffer_and_nic_rx_shared_tir`: 1 bits at bit 2.
+        /// `allow_sniffer_and_nic_rx_shared_tir`: 1 bit at bit 2.
         pub const ALLOW_SNIFFER_AND_NIC_RX_SHARED_TIR: Field = Field::new(2, 1);
-        /// `sw_owner_reformat_supported`: 1 bits at bit 7.
+        /// `sw_owner_reformat_supported`: 1 bit at bit 7.
         pub const SW_OWNER_REFORMAT_SUPPORTED: Field = Field::new(7, 1);
-        /// `encap_general_header`: 1 bits at bit 32.
+        /// `encap_general_header`: 1 bit at bit 32.
         pub const ENCAP_GENERAL_HEADER: Field = Field::new(32, 1);
         /// `log_max_packet_reformat_context`: 5 bits at bit 43.
         pub const LOG_MAX_PACKET_REFORMAT_CONTEXT: Field = Field::new(43, 5);
@@ -6134,57 +6134,57 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `ft_support`: 1 bits at bit 0.
+        /// `ft_support`: 1 bit at bit 0.
         pub const FT_SUPPORT: Field = Field::new(0, 1);
-        /// `flow_counter`: 1 bits at bit 2.
+        /// `flow_counter`: 1 bit at bit 2.
         pub const FLOW_COUNTER: Field = Field::new(2, 1);
-        /// `flow_modify_en`: 1 bits at bit 3.
+        /// `flow_modify_en`: 1 bit at bit 3.
         pub const FLOW_MODIFY_EN: Field = Field::new(3, 1);
-        /// `modify_root`: 1 bits at bit 4.
+        /// `modify_root`: 1 bit at bit 4.
         pub const MODIFY_ROOT: Field = Field::new(4, 1);
-        /// `identified_miss_table_mode`: 1 bits at bit 5.
+        /// `identified_miss_table_mode`: 1 bit at bit 5.
         pub const IDENTIFIED_MISS_TABLE_MODE: Field = Field::new(5, 1);
-        /// `flow_table_modify`: 1 bits at bit 6.
+        /// `flow_table_modify`: 1 bit at bit 6.
         pub const FLOW_TABLE_MODIFY: Field = Field::new(6, 1);
-        /// `reformat`: 1 bits at bit 7.
+        /// `reformat`: 1 bit at bit 7.
         pub const REFORMAT: Field = Field::new(7, 1);
-        /// `decap`: 1 bits at bit 8.
+        /// `decap`: 1 bit at bit 8.
         pub const DECAP: Field = Field::new(8, 1);
-        /// `reset_root_to_default`: 1 bits at bit 9.
+        /// `reset_root_to_default`: 1 bit at bit 9.
         pub const RESET_ROOT_TO_DEFAULT: Field = Field::new(9, 1);
-        /// `pop_vlan`: 1 bits at bit 10.
+        /// `pop_vlan`: 1 bit at bit 10.
         pub const POP_VLAN: Field = Field::new(10, 1);
-        /// `push_vlan`: 1 bits at bit 11.
+        /// `push_vlan`: 1 bit at bit 11.
         pub const PUSH_VLAN: Field = Field::new(11, 1);
-        /// `pop_vlan_2`: 1 bits at bit 13.
+        /// `pop_vlan_2`: 1 bit at bit 13.
         pub const POP_VLAN_2: Field = Field::new(13, 1);
-        /// `push_vlan_2`: 1 bits at bit 14.
+        /// `push_vlan_2`: 1 bit at bit 14.
         pub const PUSH_VLAN_2: Field = Field::new(14, 1);
-        /// `reformat_and_vlan_action`: 1 bits at bit 15.
+        /// `reformat_and_vlan_action`: 1 bit at bit 15.
         pub const REFORMAT_AND_VLAN_ACTION: Field = Field::new(15, 1);
-        /// `sw_owner`: 1 bits at bit 17.
+        /// `sw_owner`: 1 bit at bit 17.
         pub const SW_OWNER: Field = Field::new(17, 1);
-        /// `reformat_l3_tunnel_to_l2`: 1 bits at bit 18.
+        /// `reformat_l3_tunnel_to_l2`: 1 bit at bit 18.
         pub const REFORMAT_L3_TUNNEL_TO_L2: Field = Field::new(18, 1);
-        /// `reformat_l2_to_l3_tunnel`: 1 bits at bit 19.
+        /// `reformat_l2_to_l3_tunnel`: 1 bit at bit 19.
         pub const REFORMAT_L2_TO_L3_TUNNEL: Field = Field::new(19, 1);
-        /// `reformat_and_modify_action`: 1 bits at bit 20.
+        /// `reformat_and_modify_action`: 1 bit at bit 20.
         pub const REFORMAT_AND_MODIFY_ACTION: Field = Field::new(20, 1);
-        /// `ignore_flow_level`: 1 bits at bit 21.
+        /// `ignore_flow_level`: 1 bit at bit 21.
         pub const IGNORE_FLOW_LEVEL: Field = Field::new(21, 1);
-        /// `table_miss_action_domain`: 1 bits at bit 23.
+        /// `table_miss_action_domain`: 1 bit at bit 23.
         pub const TABLE_MISS_ACTION_DOMAIN: Field = Field::new(23, 1);
-        /// `termination_table`: 1 bits at bit 24.
+        /// `termination_table`: 1 bit at bit 24.
         pub const TERMINATION_TABLE: Field = Field::new(24, 1);
-        /// `reformat_and_fwd_to_table`: 1 bits at bit 25.
+        /// `reformat_and_fwd_to_table`: 1 bit at bit 25.
         pub const REFORMAT_AND_FWD_TO_TABLE: Field = Field::new(25, 1);
-        /// `ipsec_encrypt`: 1 bits at bit 28.
+        /// `ipsec_encrypt`: 1 bit at bit 28.
         pub const IPSEC_ENCRYPT: Field = Field::new(28, 1);
-        /// `ipsec_decrypt`: 1 bits at bit 29.
+        /// `ipsec_decrypt`: 1 bit at bit 29.
         pub const IPSEC_DECRYPT: Field = Field::new(29, 1);
-        /// `sw_owner_v2`: 1 bits at bit 30.
+        /// `sw_owner_v2`: 1 bit at bit 30.
         pub const SW_OWNER_V2: Field = Field::new(30, 1);
-        /// `termination_table_raw_traffic`: 1 bits at bit 32.
+        /// `termination_table_raw_traffic`: 1 bit at bit 32.
         pub const TERMINATION_TABLE_RAW_TRAFFIC: Field = Field::new(32, 1);
         /// `log_max_ft_size`: 6 bits at bit 34.
         pub const LOG_MAX_FT_SIZE: Field = Field::new(34, 6);
@@ -6194,41 +6194,41 @@ pub mod ifc {
         pub const MAX_MODIFY_HEADER_ACTIONS: Field = Field::new(48, 8);
         /// `max_ft_level`: 8 bits at bit 56.
         pub const MAX_FT_LEVEL: Field = Field::new(56, 8);
-        /// `reformat_add_esp_trasport`: 1 bits at bit 64.
+        /// `reformat_add_esp_trasport`: 1 bit at bit 64.
         pub const REFORMAT_ADD_ESP_TRASPORT: Field = Field::new(64, 1);
-        /// `reformat_l2_to_l3_esp_tunnel`: 1 bits at bit 65.
+        /// `reformat_l2_to_l3_esp_tunnel`: 1 bit at bit 65.
         pub const REFORMAT_L2_TO_L3_ESP_TUNNEL: Field = Field::new(65, 1);
-        /// `reformat_add_esp_transport_over_udp`: 1 bits at bit 66.
+        /// `reformat_add_esp_transport_over_udp`: 1 bit at bit 66.
         pub const REFORMAT_ADD_ESP_TRANSPORT_OVER_UDP: Field = Field::new(66, 1);
-        /// `reformat_del_esp_trasport`: 1 bits at bit 67.
+        /// `reformat_del_esp_trasport`: 1 bit at bit 67.
         pub const REFORMAT_DEL_ESP_TRASPORT: Field = Field::new(67, 1);
-        /// `reformat_l3_esp_tunnel_to_l2`: 1 bits at bit 68.
+        /// `reformat_l3_esp_tunnel_to_l2`: 1 bit at bit 68.
         pub const REFORMAT_L3_ESP_TUNNEL_TO_L2: Field = Field::new(68, 1);
-        /// `reformat_del_esp_transport_over_udp`: 1 bits at bit 69.
+        /// `reformat_del_esp_transport_over_udp`: 1 bit at bit 69.
         pub const REFORMAT_DEL_ESP_TRANSPORT_OVER_UDP: Field = Field::new(69, 1);
-        /// `execute_aso`: 1 bits at bit 70.
+        /// `execute_aso`: 1 bit at bit 70.
         pub const EXECUTE_ASO: Field = Field::new(70, 1);
-        /// `reformat_insert`: 1 bits at bit 98.
+        /// `reformat_insert`: 1 bit at bit 98.
         pub const REFORMAT_INSERT: Field = Field::new(98, 1);
-        /// `reformat_remove`: 1 bits at bit 99.
+        /// `reformat_remove`: 1 bit at bit 99.
         pub const REFORMAT_REMOVE: Field = Field::new(99, 1);
-        /// `macsec_encrypt`: 1 bits at bit 100.
+        /// `macsec_encrypt`: 1 bit at bit 100.
         pub const MACSEC_ENCRYPT: Field = Field::new(100, 1);
-        /// `macsec_decrypt`: 1 bits at bit 101.
+        /// `macsec_decrypt`: 1 bit at bit 101.
         pub const MACSEC_DECRYPT: Field = Field::new(101, 1);
-        /// `reformat_add_macsec`: 1 bits at bit 104.
+        /// `reformat_add_macsec`: 1 bit at bit 104.
         pub const REFORMAT_ADD_MACSEC: Field = Field::new(104, 1);
-        /// `reformat_remove_macsec`: 1 bits at bit 105.
+        /// `reformat_remove_macsec`: 1 bit at bit 105.
         pub const REFORMAT_REMOVE_MACSEC: Field = Field::new(105, 1);
-        /// `reparse`: 1 bits at bit 106.
+        /// `reparse`: 1 bit at bit 106.
         pub const REPARSE: Field = Field::new(106, 1);
-        /// `cross_vhca_object`: 1 bits at bit 108.
+        /// `cross_vhca_object`: 1 bit at bit 108.
         pub const CROSS_VHCA_OBJECT: Field = Field::new(108, 1);
-        /// `reformat_l2_to_l3_audp_tunnel`: 1 bits at bit 109.
+        /// `reformat_l2_to_l3_audp_tunnel`: 1 bit at bit 109.
         pub const REFORMAT_L2_TO_L3_AUDP_TUNNEL: Field = Field::new(109, 1);
-        /// `reformat_l3_audp_tunnel_to_l2`: 1 bits at bit 110.
+        /// `reformat_l3_audp_tunnel_to_l2`: 1 bit at bit 110.
         pub const REFORMAT_L3_AUDP_TUNNEL_TO_L2: Field = Field::new(110, 1);
-        /// `ignore_flow_level_rtc_valid`: 1 bits at bit 111.
+        /// `ignore_flow_level_rtc_valid`: 1 bit at bit 111.
         pub const IGNORE_FLOW_LEVEL_RTC_VALID: Field = Field::new(111, 1);
         /// `log_max_ft_num`: 8 bits at bit 120.
         pub const LOG_MAX_FT_NUM: Field = Field::new(120, 8);
@@ -6260,7 +6260,7 @@ pub mod ifc {
         pub const FPGA_DEVICE: Field = Field::new(8, 24);
         /// `register_file_ver`: 32 bits at bit 32.
         pub const REGISTER_FILE_VER: Field = Field::new(32, 32);
-        /// `fpga_ctrl_modify`: 1 bits at bit 64.
+        /// `fpga_ctrl_modify`: 1 bit at bit 64.
         pub const FPGA_CTRL_MODIFY: Field = Field::new(64, 1);
         /// `access_reg_query_mode`: 2 bits at bit 70.
         pub const ACCESS_REG_QUERY_MODE: Field = Field::new(70, 2);
@@ -6314,19 +6314,19 @@ pub mod ifc {
         pub const TOTAL_RCV_CREDITS: Field = Field::new(24, 8);
         /// `qp_type`: 2 bits at bit 46.
         pub const QP_TYPE: Field = Field::new(46, 2);
-        /// `rae`: 1 bits at bit 53.
+        /// `rae`: 1 bit at bit 53.
         pub const RAE: Field = Field::new(53, 1);
-        /// `rwe`: 1 bits at bit 54.
+        /// `rwe`: 1 bit at bit 54.
         pub const RWE: Field = Field::new(54, 1);
-        /// `rre`: 1 bits at bit 55.
+        /// `rre`: 1 bit at bit 55.
         pub const RRE: Field = Field::new(55, 1);
-        /// `dc`: 1 bits at bit 60.
+        /// `dc`: 1 bit at bit 60.
         pub const DC: Field = Field::new(60, 1);
-        /// `ud`: 1 bits at bit 61.
+        /// `ud`: 1 bit at bit 61.
         pub const UD: Field = Field::new(61, 1);
-        /// `uc`: 1 bits at bit 62.
+        /// `uc`: 1 bit at bit 62.
         pub const UC: Field = Field::new(62, 1);
-        /// `rc`: 1 bits at bit 63.
+        /// `rc`: 1 bit at bit 63.
         pub const RC: Field = Field::new(63, 1);
         /// `log_ddr_size`: 6 bits at bit 90.
         pub const LOG_DDR_SIZE: Field = Field::new(90, 6);
@@ -6348,7 +6348,7 @@ pub mod ifc {
         pub const MPLS_LABEL: Field = Field::new(0, 20);
         /// `mpls_exp`: 3 bits at bit 20.
         pub const MPLS_EXP: Field = Field::new(20, 3);
-        /// `mpls_s_bos`: 1 bits at bit 23.
+        /// `mpls_s_bos`: 1 bit at bit 23.
         pub const MPLS_S_BOS: Field = Field::new(23, 1);
         /// `mpls_ttl`: 8 bits at bit 24.
         pub const MPLS_TTL: Field = Field::new(24, 8);
@@ -6376,7 +6376,7 @@ pub mod ifc {
         pub const DMAC_15_0: Field = Field::new(96, 16);
         /// `first_prio`: 3 bits at bit 112.
         pub const FIRST_PRIO: Field = Field::new(112, 3);
-        /// `first_cfi`: 1 bits at bit 115.
+        /// `first_cfi`: 1 bit at bit 115.
         pub const FIRST_CFI: Field = Field::new(115, 1);
         /// `first_vid`: 12 bits at bit 116.
         pub const FIRST_VID: Field = Field::new(116, 12);
@@ -6386,11 +6386,11 @@ pub mod ifc {
         pub const IP_DSCP: Field = Field::new(136, 6);
         /// `ip_ecn`: 2 bits at bit 142.
         pub const IP_ECN: Field = Field::new(142, 2);
-        /// `cvlan_tag`: 1 bits at bit 144.
+        /// `cvlan_tag`: 1 bit at bit 144.
         pub const CVLAN_TAG: Field = Field::new(144, 1);
-        /// `svlan_tag`: 1 bits at bit 145.
+        /// `svlan_tag`: 1 bit at bit 145.
         pub const SVLAN_TAG: Field = Field::new(145, 1);
-        /// `frag`: 1 bits at bit 146.
+        /// `frag`: 1 bit at bit 146.
         pub const FRAG: Field = Field::new(146, 1);
         /// `ip_version`: 4 bits at bit 147.
         pub const IP_VERSION: Field = Field::new(147, 4);
@@ -6426,11 +6426,11 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `gre_c_present`: 1 bits at bit 0.
+        /// `gre_c_present`: 1 bit at bit 0.
         pub const GRE_C_PRESENT: Field = Field::new(0, 1);
-        /// `gre_k_present`: 1 bits at bit 2.
+        /// `gre_k_present`: 1 bit at bit 2.
         pub const GRE_K_PRESENT: Field = Field::new(2, 1);
-        /// `gre_s_present`: 1 bits at bit 3.
+        /// `gre_s_present`: 1 bit at bit 3.
         pub const GRE_S_PRESENT: Field = Field::new(3, 1);
         /// `source_vhca_port`: 4 bits at bit 4.
         pub const SOURCE_VHCA_PORT: Field = Field::new(4, 4);
@@ -6442,23 +6442,23 @@ pub mod ifc {
         pub const SOURCE_PORT: Field = Field::new(48, 16);
         /// `outer_second_prio`: 3 bits at bit 64.
         pub const OUTER_SECOND_PRIO: Field = Field::new(64, 3);
-        /// `outer_second_cfi`: 1 bits at bit 67.
+        /// `outer_second_cfi`: 1 bit at bit 67.
         pub const OUTER_SECOND_CFI: Field = Field::new(67, 1);
         /// `outer_second_vid`: 12 bits at bit 68.
         pub const OUTER_SECOND_VID: Field = Field::new(68, 12);
         /// `inner_second_prio`: 3 bits at bit 80.
         pub const INNER_SECOND_PRIO: Field = Field::new(80, 3);
-        /// `inner_second_cfi`: 1 bits at bit 83.
+        /// `inner_second_cfi`: 1 bit at bit 83.
         pub const INNER_SECOND_CFI: Field = Field::new(83, 1);
         /// `inner_second_vid`: 12 bits at bit 84.
         pub const INNER_SECOND_VID: Field = Field::new(84, 12);
-        /// `outer_second_cvlan_tag`: 1 bits at bit 96.
+        /// `outer_second_cvlan_tag`: 1 bit at bit 96.
         pub const OUTER_SECOND_CVLAN_TAG: Field = Field::new(96, 1);
-        /// `inner_second_cvlan_tag`: 1 bits at bit 97.
+        /// `inner_second_cvlan_tag`: 1 bit at bit 97.
         pub const INNER_SECOND_CVLAN_TAG: Field = Field::new(97, 1);
-        /// `outer_second_svlan_tag`: 1 bits at bit 98.
+        /// `outer_second_svlan_tag`: 1 bit at bit 98.
         pub const OUTER_SECOND_SVLAN_TAG: Field = Field::new(98, 1);
-        /// `inner_second_svlan_tag`: 1 bits at bit 99.
+        /// `inner_second_svlan_tag`: 1 bit at bit 99.
         pub const INNER_SECOND_SVLAN_TAG: Field = Field::new(99, 1);
         /// `gre_protocol`: 16 bits at bit 112.
         pub const GRE_PROTOCOL: Field = Field::new(112, 16);
@@ -6470,9 +6470,9 @@ pub mod ifc {
         pub const BTH_OPCODE: Field = Field::new(184, 8);
         /// `geneve_vni`: 24 bits at bit 192.
         pub const GENEVE_VNI: Field = Field::new(192, 24);
-        /// `geneve_tlv_option_0_exist`: 1 bits at bit 222.
+        /// `geneve_tlv_option_0_exist`: 1 bit at bit 222.
         pub const GENEVE_TLV_OPTION_0_EXIST: Field = Field::new(222, 1);
-        /// `geneve_oam`: 1 bits at bit 223.
+        /// `geneve_oam`: 1 bit at bit 223.
         pub const GENEVE_OAM: Field = Field::new(223, 1);
         /// `outer_ipv6_flow_label`: 20 bits at bit 236.
         pub const OUTER_IPV6_FLOW_LABEL: Field = Field::new(236, 20);
@@ -6682,19 +6682,19 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `ipsec_full_offload`: 1 bits at bit 0.
+        /// `ipsec_full_offload`: 1 bit at bit 0.
         pub const IPSEC_FULL_OFFLOAD: Field = Field::new(0, 1);
-        /// `ipsec_crypto_offload`: 1 bits at bit 1.
+        /// `ipsec_crypto_offload`: 1 bit at bit 1.
         pub const IPSEC_CRYPTO_OFFLOAD: Field = Field::new(1, 1);
-        /// `ipsec_esn`: 1 bits at bit 2.
+        /// `ipsec_esn`: 1 bit at bit 2.
         pub const IPSEC_ESN: Field = Field::new(2, 1);
-        /// `ipsec_crypto_esp_aes_gcm_256_encrypt`: 1 bits at bit 3.
+        /// `ipsec_crypto_esp_aes_gcm_256_encrypt`: 1 bit at bit 3.
         pub const IPSEC_CRYPTO_ESP_AES_GCM_256_ENCRYPT: Field = Field::new(3, 1);
-        /// `ipsec_crypto_esp_aes_gcm_128_encrypt`: 1 bits at bit 4.
+        /// `ipsec_crypto_esp_aes_gcm_128_encrypt`: 1 bit at bit 4.
         pub const IPSEC_CRYPTO_ESP_AES_GCM_128_ENCRYPT: Field = Field::new(4, 1);
-        /// `ipsec_crypto_esp_aes_gcm_256_decrypt`: 1 bits at bit 5.
+        /// `ipsec_crypto_esp_aes_gcm_256_decrypt`: 1 bit at bit 5.
         pub const IPSEC_CRYPTO_ESP_AES_GCM_256_DECRYPT: Field = Field::new(5, 1);
-        /// `ipsec_crypto_esp_aes_gcm_128_decrypt`: 1 bits at bit 6.
+        /// `ipsec_crypto_esp_aes_gcm_128_decrypt`: 1 bit at bit 6.
         pub const IPSEC_CRYPTO_ESP_AES_GCM_128_DECRYPT: Field = Field::new(6, 1);
         /// `log_max_ipsec_offload`: 5 bits at bit 11.
         pub const LOG_MAX_IPSEC_OFFLOAD: Field = Field::new(11, 5);
@@ -6796,15 +6796,15 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `macsec_epn`: 1 bits at bit 0.
+        /// `macsec_epn`: 1 bit at bit 0.
         pub const MACSEC_EPN: Field = Field::new(0, 1);
-        /// `macsec_crypto_esp_aes_gcm_256_encrypt`: 1 bits at bit 3.
+        /// `macsec_crypto_esp_aes_gcm_256_encrypt`: 1 bit at bit 3.
         pub const MACSEC_CRYPTO_ESP_AES_GCM_256_ENCRYPT: Field = Field::new(3, 1);
-        /// `macsec_crypto_esp_aes_gcm_128_encrypt`: 1 bits at bit 4.
+        /// `macsec_crypto_esp_aes_gcm_128_encrypt`: 1 bit at bit 4.
         pub const MACSEC_CRYPTO_ESP_AES_GCM_128_ENCRYPT: Field = Field::new(4, 1);
-        /// `macsec_crypto_esp_aes_gcm_256_decrypt`: 1 bits at bit 5.
+        /// `macsec_crypto_esp_aes_gcm_256_decrypt`: 1 bit at bit 5.
         pub const MACSEC_CRYPTO_ESP_AES_GCM_256_DECRYPT: Field = Field::new(5, 1);
-        /// `macsec_crypto_esp_aes_gcm_128_decrypt`: 1 bits at bit 6.
+        /// `macsec_crypto_esp_aes_gcm_128_decrypt`: 1 bit at bit 6.
         pub const MACSEC_CRYPTO_ESP_AES_GCM_128_DECRYPT: Field = Field::new(6, 1);
         /// `log_max_macsec_offload`: 5 bits at bit 11.
         pub const LOG_MAX_MACSEC_OFFLOAD: Field = Field::new(11, 5);
@@ -6854,29 +6854,29 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `affiliation`: 1 bits at bit 18.
+        /// `affiliation`: 1 bit at bit 18.
         pub const AFFILIATION: Field = Field::new(18, 1);
-        /// `disable_uc_local_lb`: 1 bits at bit 20.
+        /// `disable_uc_local_lb`: 1 bit at bit 20.
         pub const DISABLE_UC_LOCAL_LB: Field = Field::new(20, 1);
-        /// `disable_mc_local_lb`: 1 bits at bit 21.
+        /// `disable_mc_local_lb`: 1 bit at bit 21.
         pub const DISABLE_MC_LOCAL_LB: Field = Field::new(21, 1);
-        /// `node_guid`: 1 bits at bit 22.
+        /// `node_guid`: 1 bit at bit 22.
         pub const NODE_GUID: Field = Field::new(22, 1);
-        /// `port_guid`: 1 bits at bit 23.
+        /// `port_guid`: 1 bit at bit 23.
         pub const PORT_GUID: Field = Field::new(23, 1);
-        /// `min_inline`: 1 bits at bit 24.
+        /// `min_inline`: 1 bit at bit 24.
         pub const MIN_INLINE: Field = Field::new(24, 1);
-        /// `mtu`: 1 bits at bit 25.
+        /// `mtu`: 1 bit at bit 25.
         pub const MTU: Field = Field::new(25, 1);
-        /// `change_event`: 1 bits at bit 26.
+        /// `change_event`: 1 bit at bit 26.
         pub const CHANGE_EVENT: Field = Field::new(26, 1);
-        /// `promisc`: 1 bits at bit 27.
+        /// `promisc`: 1 bit at bit 27.
         pub const PROMISC: Field = Field::new(27, 1);
-        /// `permanent_address`: 1 bits at bit 28.
+        /// `permanent_address`: 1 bit at bit 28.
         pub const PERMANENT_ADDRESS: Field = Field::new(28, 1);
-        /// `addresses_list`: 1 bits at bit 29.
+        /// `addresses_list`: 1 bit at bit 29.
         pub const ADDRESSES_LIST: Field = Field::new(29, 1);
-        /// `roce_en`: 1 bits at bit 30.
+        /// `roce_en`: 1 bit at bit 30.
         pub const ROCE_EN: Field = Field::new(30, 1);
     }
     /// `struct mlx5_ifc_nvgre_key_bits`: 4 bytes.
@@ -6906,17 +6906,17 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `send`: 1 bits at bit 0.
+        /// `send`: 1 bit at bit 0.
         pub const SEND: Field = Field::new(0, 1);
-        /// `receive`: 1 bits at bit 1.
+        /// `receive`: 1 bit at bit 1.
         pub const RECEIVE: Field = Field::new(1, 1);
-        /// `write`: 1 bits at bit 2.
+        /// `write`: 1 bit at bit 2.
         pub const WRITE: Field = Field::new(2, 1);
-        /// `read`: 1 bits at bit 3.
+        /// `read`: 1 bit at bit 3.
         pub const READ: Field = Field::new(3, 1);
-        /// `atomic`: 1 bits at bit 4.
+        /// `atomic`: 1 bit at bit 4.
         pub const ATOMIC: Field = Field::new(4, 1);
-        /// `srq_receive`: 1 bits at bit 5.
+        /// `srq_receive`: 1 bit at bit 5.
         pub const SRQ_RECEIVE: Field = Field::new(5, 1);
     }
     /// `struct mlx5_ifc_odp_scheme_cap_bits`: 64 bytes.
@@ -6930,9 +6930,9 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `sig`: 1 bits at bit 64.
+        /// `sig`: 1 bit at bit 64.
         pub const SIG: Field = Field::new(64, 1);
-        /// `page_prefetch`: 1 bits at bit 69.
+        /// `page_prefetch`: 1 bit at bit 69.
         pub const PAGE_PREFETCH: Field = Field::new(69, 1);
         /// `rc_odp_caps`: nested `odp_per_transport_service_cap`, 4 bytes at byte 16.
         pub const RC_ODP_CAPS: Sub = Sub::new(16, 4);
@@ -6956,19 +6956,19 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `csum_cap`: 1 bits at bit 0.
+        /// `csum_cap`: 1 bit at bit 0.
         pub const CSUM_CAP: Field = Field::new(0, 1);
-        /// `vlan_cap`: 1 bits at bit 1.
+        /// `vlan_cap`: 1 bit at bit 1.
         pub const VLAN_CAP: Field = Field::new(1, 1);
-        /// `lro_cap`: 1 bits at bit 2.
+        /// `lro_cap`: 1 bit at bit 2.
         pub const LRO_CAP: Field = Field::new(2, 1);
-        /// `lro_psh_flag`: 1 bits at bit 3.
+        /// `lro_psh_flag`: 1 bit at bit 3.
         pub const LRO_PSH_FLAG: Field = Field::new(3, 1);
-        /// `lro_time_stamp`: 1 bits at bit 4.
+        /// `lro_time_stamp`: 1 bit at bit 4.
         pub const LRO_TIME_STAMP: Field = Field::new(4, 1);
-        /// `wqe_vlan_insert`: 1 bits at bit 7.
+        /// `wqe_vlan_insert`: 1 bit at bit 7.
         pub const WQE_VLAN_INSERT: Field = Field::new(7, 1);
-        /// `self_lb_en_modifiable`: 1 bits at bit 8.
+        /// `self_lb_en_modifiable`: 1 bit at bit 8.
         pub const SELF_LB_EN_MODIFIABLE: Field = Field::new(8, 1);
         /// `max_lso_cap`: 5 bits at bit 11.
         pub const MAX_LSO_CAP: Field = Field::new(11, 5);
@@ -6978,55 +6978,55 @@ pub mod ifc {
         pub const WQE_INLINE_MODE: Field = Field::new(18, 2);
         /// `rss_ind_tbl_cap`: 4 bits at bit 20.
         pub const RSS_IND_TBL_CAP: Field = Field::new(20, 4);
-        /// `reg_umr_sq`: 1 bits at bit 24.
+        /// `reg_umr_sq`: 1 bit at bit 24.
         pub const REG_UMR_SQ: Field = Field::new(24, 1);
-        /// `scatter_fcs`: 1 bits at bit 25.
+        /// `scatter_fcs`: 1 bit at bit 25.
         pub const SCATTER_FCS: Field = Field::new(25, 1);
-        /// `enhanced_multi_pkt_send_wqe`: 1 bits at bit 26.
+        /// `enhanced_multi_pkt_send_wqe`: 1 bit at bit 26.
         pub const ENHANCED_MULTI_PKT_SEND_WQE: Field = Field::new(26, 1);
-        /// `tunnel_lso_const_out_ip_id`: 1 bits at bit 27.
+        /// `tunnel_lso_const_out_ip_id`: 1 bit at bit 27.
         pub const TUNNEL_LSO_CONST_OUT_IP_ID: Field = Field::new(27, 1);
-        /// `tunnel_lro_gre`: 1 bits at bit 28.
+        /// `tunnel_lro_gre`: 1 bit at bit 28.
         pub const TUNNEL_LRO_GRE: Field = Field::new(28, 1);
-        /// `tunnel_lro_vxlan`: 1 bits at bit 29.
+        /// `tunnel_lro_vxlan`: 1 bit at bit 29.
         pub const TUNNEL_LRO_VXLAN: Field = Field::new(29, 1);
-        /// `tunnel_stateless_gre`: 1 bits at bit 30.
+        /// `tunnel_stateless_gre`: 1 bit at bit 30.
         pub const TUNNEL_STATELESS_GRE: Field = Field::new(30, 1);
-        /// `tunnel_stateless_vxlan`: 1 bits at bit 31.
+        /// `tunnel_stateless_vxlan`: 1 bit at bit 31.
         pub const TUNNEL_STATELESS_VXLAN: Field = Field::new(31, 1);
-        /// `swp`: 1 bits at bit 32.
+        /// `swp`: 1 bit at bit 32.
         pub const SWP: Field = Field::new(32, 1);
-        /// `swp_csum`: 1 bits at bit 33.
+        /// `swp_csum`: 1 bit at bit 33.
         pub const SWP_CSUM: Field = Field::new(33, 1);
-        /// `swp_lso`: 1 bits at bit 34.
+        /// `swp_lso`: 1 bit at bit 34.
         pub const SWP_LSO: Field = Field::new(34, 1);
-        /// `cqe_checksum_full`: 1 bits at bit 35.
+        /// `cqe_checksum_full`: 1 bit at bit 35.
         pub const CQE_CHECKSUM_FULL: Field = Field::new(35, 1);
-        /// `tunnel_stateless_geneve_tx`: 1 bits at bit 36.
+        /// `tunnel_stateless_geneve_tx`: 1 bit at bit 36.
         pub const TUNNEL_STATELESS_GENEVE_TX: Field = Field::new(36, 1);
-        /// `tunnel_stateless_mpls_over_udp`: 1 bits at bit 37.
+        /// `tunnel_stateless_mpls_over_udp`: 1 bit at bit 37.
         pub const TUNNEL_STATELESS_MPLS_OVER_UDP: Field = Field::new(37, 1);
-        /// `tunnel_stateless_mpls_over_gre`: 1 bits at bit 38.
+        /// `tunnel_stateless_mpls_over_gre`: 1 bit at bit 38.
         pub const TUNNEL_STATELESS_MPLS_OVER_GRE: Field = Field::new(38, 1);
-        /// `tunnel_stateless_vxlan_gpe`: 1 bits at bit 39.
+        /// `tunnel_stateless_vxlan_gpe`: 1 bit at bit 39.
         pub const TUNNEL_STATELESS_VXLAN_GPE: Field = Field::new(39, 1);
-        /// `tunnel_stateless_ipv4_over_vxlan`: 1 bits at bit 40.
+        /// `tunnel_stateless_ipv4_over_vxlan`: 1 bit at bit 40.
         pub const TUNNEL_STATELESS_IPV4_OVER_VXLAN: Field = Field::new(40, 1);
-        /// `tunnel_stateless_ip_over_ip`: 1 bits at bit 41.
+        /// `tunnel_stateless_ip_over_ip`: 1 bit at bit 41.
         pub const TUNNEL_STATELESS_IP_OVER_IP: Field = Field::new(41, 1);
-        /// `insert_trailer`: 1 bits at bit 42.
+        /// `insert_trailer`: 1 bit at bit 42.
         pub const INSERT_TRAILER: Field = Field::new(42, 1);
-        /// `tunnel_stateless_ip_over_ip_rx`: 1 bits at bit 44.
+        /// `tunnel_stateless_ip_over_ip_rx`: 1 bit at bit 44.
         pub const TUNNEL_STATELESS_IP_OVER_IP_RX: Field = Field::new(44, 1);
-        /// `tunnel_stateless_ip_over_ip_tx`: 1 bits at bit 45.
+        /// `tunnel_stateless_ip_over_ip_tx`: 1 bit at bit 45.
         pub const TUNNEL_STATELESS_IP_OVER_IP_TX: Field = Field::new(45, 1);
         /// `max_vxlan_udp_ports`: 8 bits at bit 48.
         pub const MAX_VXLAN_UDP_PORTS: Field = Field::new(48, 8);
-        /// `swp_csum_l4_partial`: 1 bits at bit 56.
+        /// `swp_csum_l4_partial`: 1 bit at bit 56.
         pub const SWP_CSUM_L4_PARTIAL: Field = Field::new(56, 1);
-        /// `max_geneve_opt_len`: 1 bits at bit 62.
+        /// `max_geneve_opt_len`: 1 bit at bit 62.
         pub const MAX_GENEVE_OPT_LEN: Field = Field::new(62, 1);
-        /// `tunnel_stateless_geneve_rx`: 1 bits at bit 63.
+        /// `tunnel_stateless_geneve_rx`: 1 bit at bit 63.
         pub const TUNNEL_STATELESS_GENEVE_RX: Field = Field::new(63, 1);
         /// `lro_min_mss_size`: 16 bits at bit 80.
         pub const LRO_MIN_MSS_SIZE: Field = Field::new(80, 16);
@@ -7058,9 +7058,9 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `port_select_flow_table`: 1 bits at bit 16.
+        /// `port_select_flow_table`: 1 bit at bit 16.
         pub const PORT_SELECT_FLOW_TABLE: Field = Field::new(16, 1);
-        /// `port_select_flow_table_bypass`: 1 bits at bit 18.
+        /// `port_select_flow_table_bypass`: 1 bit at bit 18.
         pub const PORT_SELECT_FLOW_TABLE_BYPASS: Field = Field::new(18, 1);
         /// `flow_table_properties_port_selection`: nested `flow_table_prop_layout`, 64 bytes at byte 64.
         pub const FLOW_TABLE_PROPERTIES_PORT_SELECTION: Sub = Sub::new(64, 64);
@@ -7092,25 +7092,25 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `packet_pacing`: 1 bits at bit 0.
+        /// `packet_pacing`: 1 bit at bit 0.
         pub const PACKET_PACING: Field = Field::new(0, 1);
-        /// `esw_scheduling`: 1 bits at bit 1.
+        /// `esw_scheduling`: 1 bit at bit 1.
         pub const ESW_SCHEDULING: Field = Field::new(1, 1);
-        /// `esw_bw_share`: 1 bits at bit 2.
+        /// `esw_bw_share`: 1 bit at bit 2.
         pub const ESW_BW_SHARE: Field = Field::new(2, 1);
-        /// `esw_rate_limit`: 1 bits at bit 3.
+        /// `esw_rate_limit`: 1 bit at bit 3.
         pub const ESW_RATE_LIMIT: Field = Field::new(3, 1);
-        /// `packet_pacing_burst_bound`: 1 bits at bit 5.
+        /// `packet_pacing_burst_bound`: 1 bit at bit 5.
         pub const PACKET_PACING_BURST_BOUND: Field = Field::new(5, 1);
-        /// `packet_pacing_typical_size`: 1 bits at bit 6.
+        /// `packet_pacing_typical_size`: 1 bit at bit 6.
         pub const PACKET_PACING_TYPICAL_SIZE: Field = Field::new(6, 1);
-        /// `nic_sq_scheduling`: 1 bits at bit 8.
+        /// `nic_sq_scheduling`: 1 bit at bit 8.
         pub const NIC_SQ_SCHEDULING: Field = Field::new(8, 1);
-        /// `nic_bw_share`: 1 bits at bit 9.
+        /// `nic_bw_share`: 1 bit at bit 9.
         pub const NIC_BW_SHARE: Field = Field::new(9, 1);
-        /// `nic_rate_limit`: 1 bits at bit 10.
+        /// `nic_rate_limit`: 1 bit at bit 10.
         pub const NIC_RATE_LIMIT: Field = Field::new(10, 1);
-        /// `packet_pacing_uid`: 1 bits at bit 11.
+        /// `packet_pacing_uid`: 1 bit at bit 11.
         pub const PACKET_PACING_UID: Field = Field::new(11, 1);
         /// `log_esw_max_sched_depth`: 4 bits at bit 12.
         pub const LOG_ESW_MAX_SCHED_DEPTH: Field = Field::new(12, 4);
@@ -7182,7 +7182,7 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `pas`: 0 elements of 64 bits at bit 0.
+        /// `pas`: flexible array of 64-bit elements at bit 0.
         /// Array of `cmd_pas`.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(0, 0, 64);
@@ -7216,7 +7216,7 @@ pub mod ifc {
         }
         /// `qpc_data_extension`: nested `qp_context_extension`, 192 bytes at byte 0.
         pub const QPC_DATA_EXTENSION: Sub = Sub::new(0, 192);
-        /// `pas`: 0 elements of 64 bits at bit 1536.
+        /// `pas`: flexible array of 64-bit elements at bit 1536.
         /// Flexible array: element `i` at `offset + i * elem_bits`.
         pub const PAS: Array = Array::new(1536, 0, 64);
     }
@@ -7241,11 +7241,11 @@ pub mod ifc {
         pub const RDMA_OP_LEN: Field = Field::new(96, 32);
         /// `rdma_va`: 64 bits at bit 128.
         pub const RDMA_VA: Field = Field::new(128, 64);
-        /// `rdma`: 1 bits at bit 197.
+        /// `rdma`: 1 bit at bit 197.
         pub const RDMA: Field = Field::new(197, 1);
-        /// `write`: 1 bits at bit 198.
+        /// `write`: 1 bit at bit 198.
         pub const WRITE: Field = Field::new(198, 1);
-        /// `requestor`: 1 bits at bit 199.
+        /// `requestor`: 1 bit at bit 199.
         pub const REQUESTOR: Field = Field::new(199, 1);
         /// `qp_number`: 24 bits at bit 200.
         pub const QP_NUMBER: Field = Field::new(200, 24);
@@ -7275,9 +7275,9 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `l3_prot_type`: 1 bits at bit 0.
+        /// `l3_prot_type`: 1 bit at bit 0.
         pub const L3_PROT_TYPE: Field = Field::new(0, 1);
-        /// `l4_prot_type`: 1 bits at bit 1.
+        /// `l4_prot_type`: 1 bit at bit 1.
         pub const L4_PROT_TYPE: Field = Field::new(1, 1);
         /// `selected_fields`: 30 bits at bit 2.
         pub const SELECTED_FIELDS: Field = Field::new(2, 30);
@@ -7293,7 +7293,7 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `port_num`: 1 bits at bit 24.
+        /// `port_num`: 1 bit at bit 24.
         pub const PORT_NUM: Field = Field::new(24, 1);
         /// `vl`: 4 bits at bit 28.
         pub const VL: Field = Field::new(28, 4);
@@ -7309,13 +7309,13 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `tls_1_2_aes_gcm_128`: 1 bits at bit 0.
+        /// `tls_1_2_aes_gcm_128`: 1 bit at bit 0.
         pub const TLS_1_2_AES_GCM_128: Field = Field::new(0, 1);
-        /// `tls_1_3_aes_gcm_128`: 1 bits at bit 1.
+        /// `tls_1_3_aes_gcm_128`: 1 bit at bit 1.
         pub const TLS_1_3_AES_GCM_128: Field = Field::new(1, 1);
-        /// `tls_1_2_aes_gcm_256`: 1 bits at bit 2.
+        /// `tls_1_2_aes_gcm_256`: 1 bit at bit 2.
         pub const TLS_1_2_AES_GCM_256: Field = Field::new(2, 1);
-        /// `tls_1_3_aes_gcm_256`: 1 bits at bit 3.
+        /// `tls_1_3_aes_gcm_256`: 1 bit at bit 3.
         pub const TLS_1_3_AES_GCM_256: Field = Field::new(3, 1);
     }
     /// `struct mlx5_ifc_virtio_emulation_cap_bits`: 256 bytes.
@@ -7329,11 +7329,11 @@ pub mod ifc {
         impl Layout for Bits {
             const SIZE_BYTES: usize = SIZE_BYTES;
         }
-        /// `desc_tunnel_offload_type`: 1 bits at bit 0.
+        /// `desc_tunnel_offload_type`: 1 bit at bit 0.
         pub const DESC_TUNNEL_OFFLOAD_TYPE: Field = Field::new(0, 1);
-        /// `eth_frame_offload_type`: 1 bits at bit 1.
+        /// `eth_frame_offload_type`: 1 bit at bit 1.
         pub const ETH_FRAME_OFFLOAD_TYPE: Field = Field::new(1, 1);
-        /// `virtio_version_1_0`: 1 bits at bit 2.
+        /// `virtio_version_1_0`: 1 bit at bit 2.
         pub const VIRTIO_VERSION_1_0: Field = Field::new(2, 1);
         /// `device_features_bits_mask`: 13 bits at bit 3.
         pub const DEVICE_FEATURES_BITS_MASK: Field = Field::new(3, 13);
@@ -7353,9 +7353,9 @@ pub mod ifc {
         pub const MAX_EMULATED_DEVICES: Field = Field::new(128, 8);
         /// `max_num_virtio_queues`: 24 bits at bit 136.
         pub const MAX_NUM_VIRTIO_QUEUES: Field = Field::new(136, 24);
-        /// `desc_group_mkey_supported`: 1 bits at bit 211.
+        /// `desc_group_mkey_supported`: 1 bit at bit 211.
         pub const DESC_GROUP_MKEY_SUPPORTED: Field = Field::new(211, 1);
-        /// `freeze_to_rdy_supported`: 1 bits at bit 212.
+        /// `freeze_to_rdy_supported`: 1 bit at bit 212.
         pub const FREEZE_TO_RDY_SUPPORTED: Field = Field::new(212, 1);
         /// `umem_1_buffer_param_a`: 32 bits at bit 256.
         pub const UMEM_1_BUFFER_PARAM_A: Field = Field::new(256, 32);
@@ -7385,7 +7385,7 @@ pub mod ifc {
         pub const ETHTYPE: Field = Field::new(0, 16);
         /// `prio`: 3 bits at bit 16.
         pub const PRIO: Field = Field::new(16, 3);
-        /// `cfi`: 1 bits at bit 19.
+        /// `cfi`: 1 bit at bit 19.
         pub const CFI: Field = Field::new(19, 1);
         /// `vid`: 12 bits at bit 20.
         pub const VID: Field = Field::new(20, 12);
@@ -7407,11 +7407,11 @@ pub mod ifc {
         pub const WQE_INDEX: Field = Field::new(48, 16);
         /// `len`: 16 bits at bit 80.
         pub const LEN: Field = Field::new(80, 16);
-        /// `rdma`: 1 bits at bit 197.
+        /// `rdma`: 1 bit at bit 197.
         pub const RDMA: Field = Field::new(197, 1);
-        /// `write_read`: 1 bits at bit 198.
+        /// `write_read`: 1 bit at bit 198.
         pub const WRITE_READ: Field = Field::new(198, 1);
-        /// `requestor`: 1 bits at bit 199.
+        /// `requestor`: 1 bit at bit 199.
         pub const REQUESTOR: Field = Field::new(199, 1);
         /// `qpn`: 24 bits at bit 200.
         pub const QPN: Field = Field::new(200, 24);
@@ -7435,9 +7435,9 @@ pub mod ifc {
         pub const LOG_MAX_NUM_RTC: Field = Field::new(19, 5);
         /// `log_max_num_header_modify_pattern`: 5 bits at bit 27.
         pub const LOG_MAX_NUM_HEADER_MODIFY_PATTERN: Field = Field::new(27, 5);
-        /// `rtc_hash_split_table`: 1 bits at bit 32.
+        /// `rtc_hash_split_table`: 1 bit at bit 32.
         pub const RTC_HASH_SPLIT_TABLE: Field = Field::new(32, 1);
-        /// `rtc_linear_lookup_table`: 1 bits at bit 33.
+        /// `rtc_linear_lookup_table`: 1 bit at bit 33.
         pub const RTC_LINEAR_LOOKUP_TABLE: Field = Field::new(33, 1);
         /// `stc_alloc_log_granularity`: 5 bits at bit 35.
         pub const STC_ALLOC_LOG_GRANULARITY: Field = Field::new(35, 5);
@@ -7471,7 +7471,7 @@ pub mod ifc {
         pub const STE_FORMAT_GEN_WQE: Field = Field::new(400, 16);
         /// `linear_match_definer_reg_c3`: 32 bits at bit 416.
         pub const LINEAR_MATCH_DEFINER_REG_C3: Field = Field::new(416, 32);
-        /// `fdb_jump_to_tir_stc`: 1 bits at bit 448.
+        /// `fdb_jump_to_tir_stc`: 1 bit at bit 448.
         pub const FDB_JUMP_TO_TIR_STC: Field = Field::new(448, 1);
     }
 }
@@ -7537,11 +7537,11 @@ pub mod c {
         pub const FW_VER: Bytes = Bytes::new(48, 4);
         /// `hw_id` (`__be32`): 4 bytes at byte 52.
         pub const HW_ID: Bytes = Bytes::new(52, 4);
-        /// `rfr_severity` (`u8`): 1 bytes at byte 56.
+        /// `rfr_severity` (`u8`): 1 byte at byte 56.
         pub const RFR_SEVERITY: Bytes = Bytes::new(56, 1);
-        /// `irisc_index` (`u8`): 1 bytes at byte 60.
+        /// `irisc_index` (`u8`): 1 byte at byte 60.
         pub const IRISC_INDEX: Bytes = Bytes::new(60, 1);
-        /// `synd` (`u8`): 1 bytes at byte 61.
+        /// `synd` (`u8`): 1 byte at byte 61.
         pub const SYND: Bytes = Bytes::new(61, 1);
         /// `ext_synd` (`__be16`): 2 bytes at byte 62.
         pub const EXT_SYND: Bytes = Bytes::new(62, 2);
@@ -7551,7 +7551,7 @@ pub mod c {
         use super::*;
         /// `sizeof` the structure, in bytes.
         pub const SIZE: usize = 64;
-        /// `type` (`u8`): 1 bytes at byte 0.
+        /// `type` (`u8`): 1 byte at byte 0.
         pub const TYPE: Bytes = Bytes::new(0, 1);
         /// `inlen` (`__be32`): 4 bytes at byte 4.
         pub const INLEN: Bytes = Bytes::new(4, 4);
@@ -7565,11 +7565,11 @@ pub mod c {
         pub const OUT_PTR: Bytes = Bytes::new(48, 8);
         /// `outlen` (`__be32`): 4 bytes at byte 56.
         pub const OUTLEN: Bytes = Bytes::new(56, 4);
-        /// `token` (`u8`): 1 bytes at byte 60.
+        /// `token` (`u8`): 1 byte at byte 60.
         pub const TOKEN: Bytes = Bytes::new(60, 1);
-        /// `sig` (`u8`): 1 bytes at byte 61.
+        /// `sig` (`u8`): 1 byte at byte 61.
         pub const SIG: Bytes = Bytes::new(61, 1);
-        /// `status_own` (`u8`): 1 bytes at byte 63.
+        /// `status_own` (`u8`): 1 byte at byte 63.
         pub const STATUS_OWN: Bytes = Bytes::new(63, 1);
     }
     /// `struct mlx5_cmd_prot_block`.
@@ -7583,11 +7583,11 @@ pub mod c {
         pub const NEXT: Bytes = Bytes::new(560, 8);
         /// `block_num` (`__be32`): 4 bytes at byte 568.
         pub const BLOCK_NUM: Bytes = Bytes::new(568, 4);
-        /// `token` (`u8`): 1 bytes at byte 573.
+        /// `token` (`u8`): 1 byte at byte 573.
         pub const TOKEN: Bytes = Bytes::new(573, 1);
-        /// `ctrl_sig` (`u8`): 1 bytes at byte 574.
+        /// `ctrl_sig` (`u8`): 1 byte at byte 574.
         pub const CTRL_SIG: Bytes = Bytes::new(574, 1);
-        /// `sig` (`u8`): 1 bytes at byte 575.
+        /// `sig` (`u8`): 1 byte at byte 575.
         pub const SIG: Bytes = Bytes::new(575, 1);
     }
     /// `struct mlx5_eqe`.
@@ -7595,15 +7595,15 @@ pub mod c {
         use super::*;
         /// `sizeof` the structure, in bytes.
         pub const SIZE: usize = 64;
-        /// `type` (`u8`): 1 bytes at byte 1.
+        /// `type` (`u8`): 1 byte at byte 1.
         pub const TYPE: Bytes = Bytes::new(1, 1);
-        /// `sub_type` (`u8`): 1 bytes at byte 3.
+        /// `sub_type` (`u8`): 1 byte at byte 3.
         pub const SUB_TYPE: Bytes = Bytes::new(3, 1);
         /// `data` (`union ev_data`): 28 bytes at byte 32.
         pub const DATA: Bytes = Bytes::new(32, 28);
-        /// `signature` (`u8`): 1 bytes at byte 62.
+        /// `signature` (`u8`): 1 byte at byte 62.
         pub const SIGNATURE: Bytes = Bytes::new(62, 1);
-        /// `owner` (`u8`): 1 bytes at byte 63.
+        /// `owner` (`u8`): 1 byte at byte 63.
         pub const OWNER: Bytes = Bytes::new(63, 1);
     }
     /// `struct mlx5_eqe_comp`.
@@ -7641,7 +7641,7 @@ pub mod c {
         pub const SIZE: usize = 12;
         /// `cqn` (`__be32`): 4 bytes at byte 0.
         pub const CQN: Bytes = Bytes::new(0, 4);
-        /// `syndrome` (`u8`): 1 bytes at byte 11.
+        /// `syndrome` (`u8`): 1 byte at byte 11.
         pub const SYNDROME: Bytes = Bytes::new(11, 1);
     }
     /// `struct mlx5_eqe_qp_srq`.
@@ -7649,7 +7649,7 @@ pub mod c {
         use super::*;
         /// `sizeof` the structure, in bytes.
         pub const SIZE: usize = 28;
-        /// `type` (`u8`): 1 bytes at byte 20.
+        /// `type` (`u8`): 1 byte at byte 20.
         pub const TYPE: Bytes = Bytes::new(20, 1);
         /// `qp_srq_n` (`__be32`): 4 bytes at byte 24.
         pub const QP_SRQ_N: Bytes = Bytes::new(24, 4);
@@ -7659,7 +7659,7 @@ pub mod c {
         use super::*;
         /// `sizeof` the structure, in bytes.
         pub const SIZE: usize = 9;
-        /// `port` (`u8`): 1 bytes at byte 8.
+        /// `port` (`u8`): 1 byte at byte 8.
         pub const PORT: Bytes = Bytes::new(8, 1);
     }
     /// `struct mlx5_cqe64`.
@@ -7667,13 +7667,13 @@ pub mod c {
         use super::*;
         /// `sizeof` the structure, in bytes.
         pub const SIZE: usize = 64;
-        /// `tls_outer_l3_tunneled` (`u8`): 1 bytes at byte 0.
+        /// `tls_outer_l3_tunneled` (`u8`): 1 byte at byte 0.
         pub const TLS_OUTER_L3_TUNNELED: Bytes = Bytes::new(0, 1);
         /// `wqe_id` (`__be16`): 2 bytes at byte 2.
         pub const WQE_ID: Bytes = Bytes::new(2, 2);
-        /// `tcppsh_abort_dupack` (`u8`): 1 bytes at byte 4.
+        /// `tcppsh_abort_dupack` (`u8`): 1 byte at byte 4.
         pub const TCPPSH_ABORT_DUPACK: Bytes = Bytes::new(4, 1);
-        /// `min_ttl` (`u8`): 1 bytes at byte 5.
+        /// `min_ttl` (`u8`): 1 byte at byte 5.
         pub const MIN_TTL: Bytes = Bytes::new(5, 1);
         /// `tcp_win` (`__be16`): 2 bytes at byte 6.
         pub const TCP_WIN: Bytes = Bytes::new(6, 2);
@@ -7681,7 +7681,7 @@ pub mod c {
         pub const ACK_SEQ_NUM: Bytes = Bytes::new(8, 4);
         /// `lro` (`}`): 8 bytes at byte 4.
         pub const LRO: Bytes = Bytes::new(4, 8);
-        /// `header_size` (`u8`): 1 bytes at byte 5.
+        /// `header_size` (`u8`): 1 byte at byte 5.
         pub const HEADER_SIZE: Bytes = Bytes::new(5, 1);
         /// `header_entry_index` (`__be16`): 2 bytes at byte 6.
         pub const HEADER_ENTRY_INDEX: Bytes = Bytes::new(6, 2);
@@ -7691,9 +7691,9 @@ pub mod c {
         pub const SHAMPO: Bytes = Bytes::new(4, 8);
         /// `rss_hash_result` (`__be32`): 4 bytes at byte 12.
         pub const RSS_HASH_RESULT: Bytes = Bytes::new(12, 4);
-        /// `rss_hash_type` (`u8`): 1 bytes at byte 16.
+        /// `rss_hash_type` (`u8`): 1 byte at byte 16.
         pub const RSS_HASH_TYPE: Bytes = Bytes::new(16, 1);
-        /// `ml_path` (`u8`): 1 bytes at byte 17.
+        /// `ml_path` (`u8`): 1 byte at byte 17.
         pub const ML_PATH: Bytes = Bytes::new(17, 1);
         /// `check_sum` (`__be16`): 2 bytes at byte 20.
         pub const CHECK_SUM: Bytes = Bytes::new(20, 2);
@@ -7701,9 +7701,9 @@ pub mod c {
         pub const SLID: Bytes = Bytes::new(22, 2);
         /// `flags_rqpn` (`__be32`): 4 bytes at byte 24.
         pub const FLAGS_RQPN: Bytes = Bytes::new(24, 4);
-        /// `hds_ip_ext` (`u8`): 1 bytes at byte 28.
+        /// `hds_ip_ext` (`u8`): 1 byte at byte 28.
         pub const HDS_IP_EXT: Bytes = Bytes::new(28, 1);
-        /// `l4_l3_hdr_type` (`u8`): 1 bytes at byte 29.
+        /// `l4_l3_hdr_type` (`u8`): 1 byte at byte 29.
         pub const L4_L3_HDR_TYPE: Bytes = Bytes::new(29, 1);
         /// `vlan_info` (`__be16`): 2 bytes at byte 30.
         pub const VLAN_INFO: Bytes = Bytes::new(30, 2);
@@ -7727,11 +7727,11 @@ pub mod c {
         pub const SOP_DROP_QPN: Bytes = Bytes::new(56, 4);
         /// `wqe_counter` (`__be16`): 2 bytes at byte 60.
         pub const WQE_COUNTER: Bytes = Bytes::new(60, 2);
-        /// `signature` (`u8`): 1 bytes at byte 62.
+        /// `signature` (`u8`): 1 byte at byte 62.
         pub const SIGNATURE: Bytes = Bytes::new(62, 1);
-        /// `validity_iteration_count` (`u8`): 1 bytes at byte 62.
+        /// `validity_iteration_count` (`u8`): 1 byte at byte 62.
         pub const VALIDITY_ITERATION_COUNT: Bytes = Bytes::new(62, 1);
-        /// `op_own` (`u8`): 1 bytes at byte 63.
+        /// `op_own` (`u8`): 1 byte at byte 63.
         pub const OP_OWN: Bytes = Bytes::new(63, 1);
     }
     /// `struct mlx5_cqe64`.
@@ -7741,15 +7741,15 @@ pub mod c {
         pub const SIZE: usize = 64;
         /// `wqe_id` (`__be16`): 2 bytes at byte 2.
         pub const WQE_ID: Bytes = Bytes::new(2, 2);
-        /// `ml_path` (`uint8_t`): 1 bytes at byte 17.
+        /// `ml_path` (`uint8_t`): 1 byte at byte 17.
         pub const ML_PATH: Bytes = Bytes::new(17, 1);
         /// `slid` (`__be16`): 2 bytes at byte 22.
         pub const SLID: Bytes = Bytes::new(22, 2);
         /// `flags_rqpn` (`__be32`): 4 bytes at byte 24.
         pub const FLAGS_RQPN: Bytes = Bytes::new(24, 4);
-        /// `hds_ip_ext` (`uint8_t`): 1 bytes at byte 28.
+        /// `hds_ip_ext` (`uint8_t`): 1 byte at byte 28.
         pub const HDS_IP_EXT: Bytes = Bytes::new(28, 1);
-        /// `l4_hdr_type_etc` (`uint8_t`): 1 bytes at byte 29.
+        /// `l4_hdr_type_etc` (`uint8_t`): 1 byte at byte 29.
         pub const L4_HDR_TYPE_ETC: Bytes = Bytes::new(29, 1);
         /// `vlan_info` (`__be16`): 2 bytes at byte 30.
         pub const VLAN_INFO: Bytes = Bytes::new(30, 2);
@@ -7761,9 +7761,9 @@ pub mod c {
         pub const SRQN_UIDX: Bytes = Bytes::new(32, 4);
         /// `imm_inval_pkey` (`__be32`): 4 bytes at byte 36.
         pub const IMM_INVAL_PKEY: Bytes = Bytes::new(36, 4);
-        /// `app` (`uint8_t`): 1 bytes at byte 40.
+        /// `app` (`uint8_t`): 1 byte at byte 40.
         pub const APP: Bytes = Bytes::new(40, 1);
-        /// `app_op` (`uint8_t`): 1 bytes at byte 41.
+        /// `app_op` (`uint8_t`): 1 byte at byte 41.
         pub const APP_OP: Bytes = Bytes::new(41, 1);
         /// `app_info` (`__be16`): 2 bytes at byte 42.
         pub const APP_INFO: Bytes = Bytes::new(42, 2);
@@ -7775,9 +7775,9 @@ pub mod c {
         pub const SOP_DROP_QPN: Bytes = Bytes::new(56, 4);
         /// `wqe_counter` (`__be16`): 2 bytes at byte 60.
         pub const WQE_COUNTER: Bytes = Bytes::new(60, 2);
-        /// `signature` (`uint8_t`): 1 bytes at byte 62.
+        /// `signature` (`uint8_t`): 1 byte at byte 62.
         pub const SIGNATURE: Bytes = Bytes::new(62, 1);
-        /// `op_own` (`uint8_t`): 1 bytes at byte 63.
+        /// `op_own` (`uint8_t`): 1 byte at byte 63.
         pub const OP_OWN: Bytes = Bytes::new(63, 1);
     }
     /// `struct mlx5_err_cqe`.
@@ -7787,17 +7787,17 @@ pub mod c {
         pub const SIZE: usize = 64;
         /// `srqn` (`__be32`): 4 bytes at byte 32.
         pub const SRQN: Bytes = Bytes::new(32, 4);
-        /// `vendor_err_synd` (`u8`): 1 bytes at byte 54.
+        /// `vendor_err_synd` (`u8`): 1 byte at byte 54.
         pub const VENDOR_ERR_SYND: Bytes = Bytes::new(54, 1);
-        /// `syndrome` (`u8`): 1 bytes at byte 55.
+        /// `syndrome` (`u8`): 1 byte at byte 55.
         pub const SYNDROME: Bytes = Bytes::new(55, 1);
         /// `s_wqe_opcode_qpn` (`__be32`): 4 bytes at byte 56.
         pub const S_WQE_OPCODE_QPN: Bytes = Bytes::new(56, 4);
         /// `wqe_counter` (`__be16`): 2 bytes at byte 60.
         pub const WQE_COUNTER: Bytes = Bytes::new(60, 2);
-        /// `signature` (`u8`): 1 bytes at byte 62.
+        /// `signature` (`u8`): 1 byte at byte 62.
         pub const SIGNATURE: Bytes = Bytes::new(62, 1);
-        /// `op_own` (`u8`): 1 bytes at byte 63.
+        /// `op_own` (`u8`): 1 byte at byte 63.
         pub const OP_OWN: Bytes = Bytes::new(63, 1);
     }
     /// `struct mlx5_wqe_ctrl_seg`.
@@ -7809,9 +7809,9 @@ pub mod c {
         pub const OPMOD_IDX_OPCODE: Bytes = Bytes::new(0, 4);
         /// `qpn_ds` (`__be32`): 4 bytes at byte 4.
         pub const QPN_DS: Bytes = Bytes::new(4, 4);
-        /// `signature` (`u8`): 1 bytes at byte 8.
+        /// `signature` (`u8`): 1 byte at byte 8.
         pub const SIGNATURE: Bytes = Bytes::new(8, 1);
-        /// `fm_ce_se` (`u8`): 1 bytes at byte 11.
+        /// `fm_ce_se` (`u8`): 1 byte at byte 11.
         pub const FM_CE_SE: Bytes = Bytes::new(11, 1);
         /// `general_id` (`__be32`): 4 bytes at byte 12.
         pub const GENERAL_ID: Bytes = Bytes::new(12, 4);
@@ -7833,11 +7833,11 @@ pub mod c {
         pub const OPMOD_IDX_OPCODE: Bytes = Bytes::new(0, 4);
         /// `qpn_ds` (`__be32`): 4 bytes at byte 4.
         pub const QPN_DS: Bytes = Bytes::new(4, 4);
-        /// `signature` (`uint8_t`): 1 bytes at byte 8.
+        /// `signature` (`uint8_t`): 1 byte at byte 8.
         pub const SIGNATURE: Bytes = Bytes::new(8, 1);
         /// `dci_stream_channel_id` (`__be16`): 2 bytes at byte 9.
         pub const DCI_STREAM_CHANNEL_ID: Bytes = Bytes::new(9, 2);
-        /// `fm_ce_se` (`uint8_t`): 1 bytes at byte 11.
+        /// `fm_ce_se` (`uint8_t`): 1 byte at byte 11.
         pub const FM_CE_SE: Bytes = Bytes::new(11, 1);
         /// `imm` (`__be32`): 4 bytes at byte 12.
         pub const IMM: Bytes = Bytes::new(12, 4);
@@ -7897,9 +7897,9 @@ pub mod c {
         pub const KEY: Bytes = Bytes::new(0, 8);
         /// `dqp_dct` (`__be32`): 4 bytes at byte 8.
         pub const DQP_DCT: Bytes = Bytes::new(8, 4);
-        /// `stat_rate_sl` (`u8`): 1 bytes at byte 12.
+        /// `stat_rate_sl` (`u8`): 1 byte at byte 12.
         pub const STAT_RATE_SL: Bytes = Bytes::new(12, 1);
-        /// `fl_mlid` (`u8`): 1 bytes at byte 13.
+        /// `fl_mlid` (`u8`): 1 byte at byte 13.
         pub const FL_MLID: Bytes = Bytes::new(13, 1);
         /// `rlid` (`__be16`): 2 bytes at byte 14.
         pub const RLID: Bytes = Bytes::new(14, 2);
@@ -7907,9 +7907,9 @@ pub mod c {
         pub const UDP_SPORT: Bytes = Bytes::new(14, 2);
         /// `rmac` (`u8`): 6 bytes at byte 20.
         pub const RMAC: Bytes = Bytes::new(20, 6);
-        /// `tclass` (`u8`): 1 bytes at byte 26.
+        /// `tclass` (`u8`): 1 byte at byte 26.
         pub const TCLASS: Bytes = Bytes::new(26, 1);
-        /// `hop_limit` (`u8`): 1 bytes at byte 27.
+        /// `hop_limit` (`u8`): 1 byte at byte 27.
         pub const HOP_LIMIT: Bytes = Bytes::new(27, 1);
         /// `grh_gid_fl` (`__be32`): 4 bytes at byte 28.
         pub const GRH_GID_FL: Bytes = Bytes::new(28, 4);
@@ -7929,7 +7929,7 @@ pub mod c {
         use super::*;
         /// `sizeof` the structure, in bytes.
         pub const SIZE: usize = 16;
-        /// `signature` (`u8`): 1 bytes at byte 4.
+        /// `signature` (`u8`): 1 byte at byte 4.
         pub const SIGNATURE: Bytes = Bytes::new(4, 1);
     }
     /// `struct mlx5_mtt`.
