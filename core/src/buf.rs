@@ -26,7 +26,9 @@ const MAX_FRAG_ALIGN: usize = 2 << 20;
 /// One device-contiguous piece of a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DmaSeg {
+    /// Bus address of the segment.
     pub iova: u64,
+    /// Length in bytes.
     pub len: u64,
 }
 
@@ -75,6 +77,7 @@ pub struct PageLayout {
     pub page_shift: u32,
     /// Offset of the buffer's first byte inside its first page.
     pub offset: u64,
+    /// Pages of that size the memory spans.
     pub npages: usize,
 }
 
@@ -94,6 +97,7 @@ impl PageLayout {
         (self.page_shift - ADAPTER_PAGE_SHIFT) as u8
     }
 
+    /// The page size in bytes.
     pub fn page_size(&self) -> u64 {
         1u64 << self.page_shift
     }
@@ -103,7 +107,9 @@ impl PageLayout {
 /// the pages from its start rounded down to its end rounded up, which [`best_page_shift`] guarantees do not overlap.
 #[derive(Debug, Clone, Copy)]
 pub struct PageList<'a> {
+    /// The memory's DMA segments, in order.
     pub segs: &'a [DmaSeg],
+    /// The page size and count the list uses.
     pub layout: PageLayout,
 }
 
@@ -131,6 +137,7 @@ impl PageSource for PageList<'_> {
 pub struct QueuePages {
     segs: [DmaSeg; MAX_FRAGS],
     n: usize,
+    /// The page size and count of the list.
     pub layout: PageLayout,
 }
 
@@ -200,14 +207,17 @@ impl QueueBuf {
         self.len
     }
 
+    /// Whether the buffer has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Number of DMA fragments.
     pub fn nfrags(&self) -> usize {
         self.nfrags
     }
 
+    /// Fragment `i`, if there is one.
     pub fn frag(&self, i: usize) -> Option<DmaView<'_>> {
         self.frags.get(i).and_then(Option::as_ref).map(DmaRegion::view)
     }

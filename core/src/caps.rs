@@ -7,61 +7,109 @@ use crate::prm::{consts, ifc, MsgBuf};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PortType {
+    /// `MLX5_CAP_PORT_TYPE_IB`.
     InfiniBand,
+    /// `MLX5_CAP_PORT_TYPE_ETH` (RoCE).
     Ethernet,
+    /// A port type the headers do not name.
     Unknown(u8),
 }
 
 /// The general device capabilities the driver uses (`cmd_hca_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GeneralCaps {
+    /// `port_type` (`MLX5_CAP_PORT_TYPE_*`).
     pub port_type: u8,
+    /// `num_ports`.
     pub num_ports: u8,
+    /// `log_max_qp`.
     pub log_max_qp: u8,
+    /// `log_max_qp_sz`: log2 of the largest WQE count per queue.
     pub log_max_qp_sz: u8,
+    /// `log_max_cq`.
     pub log_max_cq: u8,
+    /// `log_max_cq_sz`: log2 of the largest CQE count.
     pub log_max_cq_sz: u8,
+    /// `log_max_eq`.
     pub log_max_eq: u8,
+    /// `log_max_eq_sz`.
     pub log_max_eq_sz: u8,
+    /// `log_max_mkey`.
     pub log_max_mkey: u8,
+    /// `log_max_pd`.
     pub log_max_pd: u8,
+    /// `log_max_srq`.
     pub log_max_srq: u8,
+    /// `log_max_srq_sz`.
     pub log_max_srq_sz: u8,
+    /// `log_max_msg`: log2 of the largest message.
     pub log_max_msg: u8,
+    /// `log_max_mrw_sz`: log2 of the largest memory region or window.
     pub log_max_mrw_sz: u8,
+    /// `log_max_ra_req_qp`: outstanding RDMA reads and atomics per QP as initiator.
     pub log_max_ra_req_qp: u8,
+    /// `log_max_ra_res_qp`: outstanding RDMA reads and atomics per QP as responder.
     pub log_max_ra_res_qp: u8,
+    /// `max_wqe_sz_sq`: largest send WQE in bytes.
     pub max_wqe_sz_sq: u16,
+    /// `max_wqe_sz_rq`: largest receive WQE in bytes.
     pub max_wqe_sz_rq: u16,
+    /// `max_qp_mcg`.
     pub max_qp_mcg: u32,
+    /// `log_max_mcg`.
     pub log_max_mcg: u8,
+    /// `pkey_table_size` (encoded).
     pub pkey_table_size: u8,
+    /// `gid_table_size` (encoded).
     pub gid_table_size: u16,
+    /// `log_pg_sz`: log2 of the smallest page the device accepts.
     pub log_pg_sz: u8,
+    /// `log_bf_reg_size`: log2 of a BlueFlame register's size.
     pub log_bf_reg_size: u8,
+    /// `bf`: BlueFlame is supported.
     pub bf: bool,
+    /// `uar_4k`: 4 KiB UARs are supported.
     pub uar_4k: bool,
+    /// `roce`.
     pub roce: bool,
+    /// `atomic`.
     pub atomic: bool,
+    /// `pg`: on-demand paging.
     pub pg: bool,
+    /// `dct`.
     pub dct: bool,
+    /// `cq_resize`.
     pub cq_resize: bool,
+    /// `cq_moderation`.
     pub cq_moderation: bool,
+    /// `cq_oi`: CQs may ignore overruns.
     pub cq_oi: bool,
+    /// `cmdif_checksum`.
     pub cmdif_checksum: u8,
+    /// `driver_version`: SET_DRIVER_VERSION is supported.
     pub driver_version: bool,
+    /// `hca_cap_2`: the second general capability block exists.
     pub hca_cap_2: bool,
+    /// `eth_net_offloads`.
     pub eth_net_offloads: bool,
+    /// `ipoib_enhanced_offloads`.
     pub ipoib_enhanced_offloads: bool,
+    /// `nic_flow_table`.
     pub nic_flow_table: bool,
+    /// `ud`: UD transport.
     pub ud: bool,
+    /// `rc`: RC transport.
     pub rc: bool,
+    /// `xrc`: XRC transport.
     pub xrc: bool,
+    /// `vhca_id`.
     pub vhca_id: u16,
+    /// `device_frequency_khz`: the device clock.
     pub device_frequency_khz: u32,
 }
 
 impl GeneralCaps {
+    /// Reads the fields from a `cmd_hca_cap` block.
     pub fn parse(b: &CapBlock) -> Self {
         use ifc::cmd_hca_cap as g;
         let u8f = |f| b.get(f) as u8;
@@ -114,6 +162,7 @@ impl GeneralCaps {
         }
     }
 
+    /// The port type, decoded.
     pub fn port_type(&self) -> PortType {
         match u32::from(self.port_type) {
             consts::MLX5_CAP_PORT_TYPE_IB => PortType::InfiniBand,
@@ -156,6 +205,7 @@ impl GeneralCaps {
 /// Every capability the bring-up read, current values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DeviceCaps {
+    /// The general capabilities (current values).
     pub general: GeneralCaps,
     /// `atomic_caps.atomic_operations` (bit mask of supported atomic operations), when atomics are supported.
     pub atomic_operations: Option<u16>,
@@ -163,5 +213,6 @@ pub struct DeviceCaps {
     pub atomic_size_qp: Option<u16>,
     /// `roce_cap.roce_version`, when RoCE is supported.
     pub roce_version: Option<u8>,
+    /// `roce_address_table_size`, when the RoCE capabilities were queried.
     pub roce_address_table_size: Option<u16>,
 }

@@ -14,7 +14,7 @@
 use core::mem::ManuallyDrop;
 
 use crate::hal::{DelayNs, Dma, DmaError, DmaRegion, DmaView, Mmio};
-use crate::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, MsgBuf, Named, Opcode};
+use crate::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, Layout, MsgBuf, Named, Opcode};
 use crate::trace::{CmdOutcome, CmdRecord, CmdTrace};
 
 use c::mlx5_cmd_layout as lay;
@@ -29,10 +29,6 @@ pub const BLOCK_DATA: usize = consts::MLX5_CMD_DATA_BLOCK_SIZE as usize;
 pub const BLOCK_STRIDE: usize = blk::SIZE.next_power_of_two();
 /// The command interface revision this driver speaks (`CMD_IF_REV`).
 pub const CMD_IF_REV: u32 = 5;
-/// Command entry type for PCI transport (`MLX5_PCI_CMD_XPORT`).
-const PCI_CMD_XPORT: u8 = consts::MLX5_PCI_CMD_XPORT as u8;
-/// Ownership bit in `status_own` (`CMD_OWNER_HW`).
-const OWNER_HW: u8 = consts::CMD_OWNER_HW as u8;
 /// Linux's default command timeout when the init segment gives none (`tout_def_sw_val[MLX5_TO_CMD_MS]`).
 pub const DEFAULT_CMD_TIMEOUT_MS: u32 = 60_000;
 /// First wait between ownership polls; doubled each time up to [`POLL_MAX_US`].
@@ -80,29 +76,87 @@ pub fn iseg_timeout_ms(raw: u32) -> u64 {
 pub enum CmdError {
     /// Firmware did not hand the entry back within the command timeout. The slot stays reserved until firmware
     /// releases it (Linux leaks the entry the same way).
-    Timeout { opcode: Opcode, waited_ms: u32 },
+    Timeout {
+        /// The command.
+        opcode: Opcode,
+        /// Milliseconds waited.
+        waited_ms: u32,
+    },
     /// Firmware rejected the entry itself (token, signature, block chain, lengths).
-    Delivery { opcode: Opcode, status: DeliveryStatus },
+    Delivery {
+        /// The command.
+        opcode: Opcode,
+        /// The delivery status firmware wrote.
+        status: DeliveryStatus,
+    },
     /// The command ran and failed: `status` and `syndrome` from the output header (`mlx5_cmd_check`).
-    Status { opcode: Opcode, op_mod: u16, status: CmdStatus, syndrome: u32 },
+    Status {
+        /// The command.
+        opcode: Opcode,
+        /// Its `op_mod`.
+        op_mod: u16,
+        /// The output status.
+        status: CmdStatus,
+        /// The output syndrome.
+        syndrome: u32,
+    },
     /// The output is too short for what the command (or the device's own counts) says it holds.
-    OutputTooShort { opcode: Opcode, needed: usize, got: usize },
+    OutputTooShort {
+        /// The command.
+        opcode: Opcode,
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes there.
+        got: usize,
+    },
     /// A value in the output is outside what the PRM allows (checked before it is used).
-    Malformed { opcode: Opcode, what: &'static str, value: u64 },
+    Malformed {
+        /// The command.
+        opcode: Opcode,
+        /// What was wrong.
+        what: &'static str,
+        /// The value found.
+        value: u64,
+    },
     /// The output signature is wrong (checksums on).
-    BadSignature { opcode: Opcode },
+    BadSignature {
+        /// The command.
+        opcode: Opcode,
+    },
     /// The slot still belongs to firmware (an earlier command timed out and has not come back).
-    SlotBusy { slot: u8 },
+    SlotBusy {
+        /// The slot.
+        slot: u8,
+    },
     /// The slot number is outside the queue.
-    BadSlot { slot: u8 },
+    BadSlot {
+        /// The slot.
+        slot: u8,
+    },
     /// The message does not fit a command (input or output shorter than its 8-byte header).
-    BadLength { inlen: usize, outlen: usize },
+    BadLength {
+        /// Input length.
+        inlen: usize,
+        /// Output length.
+        outlen: usize,
+    },
     /// The device speaks a different command interface revision.
-    CmdIfRev { found: u32 },
+    CmdIfRev {
+        /// The revision the device reports.
+        found: u32,
+    },
     /// The queue geometry in `cmdq_addr_l_sz` is impossible (slots or stride do not fit one page).
-    BadQueueGeometry { log_sz: u8, log_stride: u8 },
+    BadQueueGeometry {
+        /// log2 of the slot count.
+        log_sz: u8,
+        /// log2 of the slot stride.
+        log_stride: u8,
+    },
     /// The device is gone or in internal error; no command was sent.
-    DeviceDown { opcode: Opcode },
+    DeviceDown {
+        /// The command not sent.
+        opcode: Opcode,
+    },
     /// Mailbox memory could not be allocated.
     Dma(DmaError),
 }
@@ -159,12 +213,25 @@ impl core::fmt::Display for CmdError {
 /// `decode` reads an output of `outlen()` bytes whose header status is already known to be OK; it must validate
 /// every device-provided count or index before using it.
 pub trait Command {
+    /// The input layout (`ifc::<cmd>_in::Bits`); [`inlen`](Command::inlen) defaults to its size.
+    type In: Layout;
+    /// The output layout (`ifc::<cmd>_out::Bits`); [`outlen`](Command::outlen) defaults to its size.
+    type Out: Layout;
+    /// What [`decode`](Command::decode) returns.
     type Output;
     /// The opcode `encode` writes (it picks the slot before anything is encoded).
     fn opcode(&self) -> Opcode;
-    fn inlen(&self) -> usize;
-    fn outlen(&self) -> usize;
+    /// Input message length; a command with a `pas[]` (or other variable) tail overrides it.
+    fn inlen(&self) -> usize {
+        Self::In::SIZE_BYTES
+    }
+    /// Output message length; a command that reads only part of its output overrides it.
+    fn outlen(&self) -> usize {
+        Self::Out::SIZE_BYTES
+    }
+    /// Writes the input message.
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B);
+    /// Reads the output message (its status already OK).
     fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<Self::Output, CmdError>;
 }
 
@@ -381,6 +448,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         })
     }
 
+    /// Number of command slots.
     pub fn num_slots(&self) -> usize {
         1 << self.log_sz
     }
@@ -398,10 +466,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         &self.mmio
     }
 
+    /// The DMA allocator.
     pub fn dma(&self) -> &D {
         &self.dma
     }
 
+    /// The command tracer.
     pub fn tracer(&mut self) -> &mut T {
         &mut self.trace
     }
@@ -421,6 +491,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         self.timeout_ms
     }
 
+    /// Sets the command timeout.
     pub fn set_timeout_ms(&mut self, ms: u32) {
         self.timeout_ms = ms.max(1);
     }
@@ -430,6 +501,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         self.down = down;
     }
 
+    /// Whether the device was found down.
     pub fn device_down(&self) -> bool {
         self.down
     }
@@ -534,7 +606,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
         let eoff = self.entry_off(slot);
         if self.slots[si].posted.is_some() {
             // A command that timed out may have come back since; only then is the slot free again.
-            if self.page.read_volatile_u8(eoff + lay::STATUS_OWN.off) & OWNER_HW != 0 {
+            if self.page.read_volatile_u8(eoff + lay::STATUS_OWN.off) & consts::CMD_OWNER_HW != 0 {
                 return Err(CmdError::SlotBusy { slot });
             }
             self.slots[si].posted = None;
@@ -561,7 +633,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
             return Err(CmdError::DeviceDown { opcode: Opcode::from_raw(opcode) });
         }
 
-        page.write_volatile_u8(eoff + lay::TYPE.off, PCI_CMD_XPORT);
+        page.write_volatile_u8(eoff + lay::TYPE.off, consts::MLX5_PCI_CMD_XPORT);
         Self::write_be(&page, eoff + lay::INLEN.off, &(inlen as u32).to_be_bytes());
         Self::write_be(&page, eoff + lay::OUTLEN.off, &(outlen as u32).to_be_bytes());
         if let Some(r) = in_mb.filter(|_| nin > 0) {
@@ -579,7 +651,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
                 Self::sign_blocks(&r, nout);
             }
         }
-        page.write_volatile_u8(eoff + lay::STATUS_OWN.off, OWNER_HW);
+        page.write_volatile_u8(eoff + lay::STATUS_OWN.off, consts::CMD_OWNER_HW);
         // `set_signature`: always, with `sig` still zero, so the XOR of the whole entry comes out 0xff.
         let sig = !xor8(&page, eoff, lay::SIZE);
         page.write_volatile_u8(eoff + lay::SIG.off, sig);
@@ -600,7 +672,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace> CmdQueue<M, D, T> {
             return false;
         }
         let own = self.page.read_volatile_u8(self.entry_off(slot) + lay::STATUS_OWN.off);
-        if own & OWNER_HW != 0 {
+        if own & consts::CMD_OWNER_HW != 0 {
             return false;
         }
         // Ownership came back: the output must be read only after this load.

@@ -59,6 +59,7 @@ impl DbRec {
 pub enum DbrError {
     /// Every page slot of the pool holds a full page.
     Full,
+    /// The page could not be allocated.
     Dma(DmaError),
     /// A record this pool did not hand out, or one freed twice.
     NotAllocated,
@@ -97,6 +98,7 @@ impl<const N: usize> DbrPool<N> {
         Self { pages: [const { None }; N], stride, per_page: (DBR_PAGE_SIZE / stride) as u32 }
     }
 
+    /// Bytes between records (the cache line size).
     pub fn stride(&self) -> usize {
         self.stride
     }

@@ -10,23 +10,30 @@ use crate::prm::{c, consts, ifc, Bytes, EventType, MsgBuf, Opcode, SubBuf};
 pub struct EqContext {
     /// log2 of the number of 64-byte EQEs.
     pub log_eq_size: u8,
+    /// UAR page the EQ's doorbells use.
     pub uar_page: u32,
     /// MSI-X vector the EQ interrupts on.
     pub intr: u16,
     /// Page size of `pas[]` relative to 4 KiB (`page_shift - MLX5_ADAPTER_PAGE_SHIFT`).
     pub log_page_size: u8,
+    /// Offset of the ring in its first page.
     pub page_offset: u8,
 }
 
 /// `CREATE_EQ`: context, the four 64-bit event masks (bit `n` of word 0 = event type `n`) and the buffer pages.
 #[derive(Debug, Clone, Copy)]
 pub struct CreateEq<'a> {
+    /// The EQ context.
     pub ctx: EqContext,
+    /// Event types the EQ receives, one bit each.
     pub event_bitmask: [u64; 4],
+    /// The ring's pages.
     pub pas: Pas<'a>,
 }
 
 impl Command for CreateEq<'_> {
+    type In = ifc::create_eq_in::Bits;
+    type Out = ifc::create_eq_out::Bits;
     /// The EQ number.
     type Output = u8;
     fn opcode(&self) -> Opcode {
@@ -34,9 +41,6 @@ impl Command for CreateEq<'_> {
     }
     fn inlen(&self) -> usize {
         len_with_pas(ifc::create_eq_in::PAS, self.pas.len())
-    }
-    fn outlen(&self) -> usize {
-        ifc::create_eq_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::CreateEq, 0);
@@ -92,23 +96,56 @@ fn put_be(buf: &mut [u8], base: usize, m: Bytes, v: u32) {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Event {
     /// A CQ has a new completion (`data.comp.cqn`, 24 bits).
-    Completion { cqn: u32 },
+    Completion {
+        /// The CQ number.
+        cqn: u32,
+    },
     /// Command slots completed (`data.cmd.vector`, one bit per slot).
-    Command { vector: u32 },
+    Command {
+        /// One bit per completed slot.
+        vector: u32,
+    },
     /// Firmware wants pages (`num_pages` > 0) or offers pages back (< 0) (`data.req_pages`).
-    PageRequest { function_id: u16, ec_function: bool, num_pages: i32 },
+    PageRequest {
+        /// The function.
+        function_id: u16,
+        /// Whether it is an embedded-CPU function.
+        ec_function: bool,
+        /// Pages wanted (> 0) or offered back (< 0).
+        num_pages: i32,
+    },
     /// A CQ overran or hit an error (`data.cq_err`).
-    CqError { cqn: u32, syndrome: u8 },
+    CqError {
+        /// The CQ number.
+        cqn: u32,
+        /// `MLX5_CQ_ERROR_SYNDROME_*`.
+        syndrome: u8,
+    },
     /// Port state changed (`data.port.port`, upper nibble; `sub_type` = `MLX5_PORT_CHANGE_SUBTYPE_*`).
-    PortChange { port: u8, sub_type: u8 },
+    PortChange {
+        /// The port.
+        port: u8,
+        /// `MLX5_PORT_CHANGE_SUBTYPE_*`.
+        sub_type: u8,
+    },
     /// Firmware reported an internal error.
     InternalError,
     /// A QP's work queue failed and the QP is in ERR (`data.qp_srq` with queue type QP): a catastrophic error,
     /// an invalid request or an access error (`MLX5_EVENT_TYPE_WQ_*_ERROR`; verbs `IBV_EVENT_QP_FATAL`,
     /// `_QP_REQ_ERR`, `_QP_ACCESS_ERR`).
-    QpError { qpn: u32, kind: QpErrorKind },
+    QpError {
+        /// The QP number.
+        qpn: u32,
+        /// Which error.
+        kind: QpErrorKind,
+    },
     /// Any other event type, undecoded.
-    Other { event_type: u8, sub_type: u8 },
+    Other {
+        /// The event type.
+        event_type: u8,
+        /// The sub-type.
+        sub_type: u8,
+    },
 }
 
 /// Which affiliated QP error an event reports.
@@ -135,14 +172,17 @@ impl QpErrorKind {
 }
 
 impl Eqe {
+    /// The event type byte.
     pub fn event_type(&self) -> EventType {
         EventType::from_raw(self.0[c::mlx5_eqe::TYPE.off])
     }
 
+    /// The event sub-type byte.
     pub fn sub_type(&self) -> u8 {
         self.0[c::mlx5_eqe::SUB_TYPE.off]
     }
 
+    /// The owner bit.
     pub fn owner(&self) -> u8 {
         self.0[c::mlx5_eqe::OWNER.off]
     }
@@ -174,7 +214,7 @@ impl Eqe {
             EventType::InternalError => Event::InternalError,
             t @ (EventType::WqCatasError | EventType::WqInvalReqError | EventType::WqAccessError) => {
                 // Only QP events name a QP; RQ, SQ and DCT events name objects this driver never creates.
-                if u32::from(b[d + c::mlx5_eqe_qp_srq::TYPE.off]) != consts::MLX5_EVENT_QUEUE_TYPE_QP {
+                if b[d + c::mlx5_eqe_qp_srq::TYPE.off] != consts::MLX5_EVENT_QUEUE_TYPE_QP {
                     return Event::Other { event_type: t.raw(), sub_type: self.sub_type() };
                 }
                 let kind = match t {
@@ -224,7 +264,7 @@ impl Eqe {
             }
             Event::InternalError => (EventType::InternalError.raw(), 0),
             Event::QpError { qpn, kind } => {
-                e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP as u8;
+                e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
                 put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, qpn & 0x00ff_ffff);
                 (kind.event_type().raw(), 0)
             }
@@ -233,7 +273,7 @@ impl Eqe {
                 // says); `Other` of such a type was another queue's, so the image names one (an RQ).
                 let t = EventType::from_raw(event_type);
                 if matches!(t, EventType::WqCatasError | EventType::WqInvalReqError | EventType::WqAccessError) {
-                    e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_RQ as u8;
+                    e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_RQ;
                 }
                 (event_type, sub_type)
             }
@@ -270,7 +310,10 @@ pub fn event_bitmask(types: &[EventType]) -> [u64; 4] {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum EqError {
     /// `log_eq_size` outside what one DMA buffer of 4 KiB pages can describe here.
-    BadSize { log_eq_size: u8 },
+    BadSize {
+        /// The size asked for.
+        log_eq_size: u8,
+    },
 }
 
 /// The software side of an event queue: its buffer, consumer index and doorbell (Linux `struct mlx5_eq` with
@@ -303,7 +346,7 @@ impl EqRing {
             return Err(EqError::BadSize { log_eq_size: log_nent });
         }
         for i in 0..(1usize << log_nent) {
-            buf.write_volatile_u8(i * EQE_SIZE + c::mlx5_eqe::OWNER.off, consts::MLX5_EQE_OWNER_INIT_VAL as u8);
+            buf.write_volatile_u8(i * EQE_SIZE + c::mlx5_eqe::OWNER.off, consts::MLX5_EQE_OWNER_INIT_VAL);
         }
         Ok(())
     }
@@ -320,14 +363,17 @@ impl EqRing {
         }
     }
 
+    /// The EQ number.
     pub fn eqn(&self) -> u8 {
         self.eqn
     }
 
+    /// Entries in the ring.
     pub fn nent(&self) -> u32 {
         1 << self.log_nent
     }
 
+    /// The consumer index (EQEs consumed so far).
     pub fn cons_index(&self) -> u32 {
         self.cons_index
     }
@@ -368,5 +414,71 @@ impl EqRing {
         let off = if arm { self.doorbell } else { self.doorbell + 2 * 4 };
         mmio.write32(off, eq_doorbell_value(self.eqn, self.cons_index));
         self.unpublished = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_kind_survives_emit_and_decode() {
+        let events = [
+            Event::Completion { cqn: 0x12_3456 },
+            Event::Command { vector: 0x8000_0001 },
+            Event::PageRequest { function_id: 7, ec_function: false, num_pages: 300 },
+            Event::PageRequest { function_id: 0, ec_function: false, num_pages: -12 },
+            Event::CqError { cqn: 0x99, syndrome: consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN as u8 },
+            Event::PortChange { port: 1, sub_type: consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE },
+            Event::InternalError,
+            Event::QpError { qpn: 0xab_cdef, kind: QpErrorKind::Catastrophic },
+            Event::QpError { qpn: 1, kind: QpErrorKind::InvalidRequest },
+            Event::QpError { qpn: 2, kind: QpErrorKind::AccessError },
+        ];
+        for e in events {
+            assert_eq!(Eqe::emit(&e).event(), e);
+        }
+    }
+
+    #[test]
+    fn eqe_type_byte_names_the_event() {
+        let eqe = Eqe::emit(&Event::PortChange { port: 1, sub_type: consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN });
+        assert_eq!(eqe.event_type(), EventType::PortChange);
+        assert_eq!(eqe.0[c::mlx5_eqe::TYPE.off], EventType::PortChange.raw());
+        assert_eq!(eqe.sub_type(), consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN);
+    }
+
+    #[test]
+    fn an_unknown_event_type_stays_raw() {
+        let mut e = [0u8; EQE_SIZE];
+        e[c::mlx5_eqe::TYPE.off] = 0xfe;
+        e[c::mlx5_eqe::SUB_TYPE.off] = 3;
+        assert_eq!(Eqe(e).event(), Event::Other { event_type: 0xfe, sub_type: 3 });
+    }
+
+    #[test]
+    fn eq_doorbell_puts_the_eqn_in_the_top_byte_and_wraps_the_index() {
+        assert_eq!(eq_doorbell_value(0x12, 5), 0x1200_0005);
+        assert_eq!(eq_doorbell_value(0xff, 0x0100_0001), 0xff00_0001);
+    }
+
+    #[test]
+    fn log_eq_size_adds_the_spare_entries_and_rounds_up() {
+        let spare = consts::MLX5_NUM_SPARE_EQE;
+        assert_eq!(1u32 << log_eq_size(256), (256 + spare).next_power_of_two());
+        assert_eq!(1u32 << log_eq_size(0), spare.next_power_of_two());
+        // Exactly a power of two stays; one more doubles.
+        let p = 1024 - spare;
+        assert_eq!(log_eq_size(p), 10);
+        assert_eq!(log_eq_size(p + 1), 11);
+    }
+
+    #[test]
+    fn event_bitmask_sets_one_bit_per_type_in_its_word() {
+        let m = event_bitmask(&[EventType::Comp, EventType::PageRequest, EventType::Cmd]);
+        let bit = |t: EventType| (m[t.raw() as usize / 64] >> (t.raw() % 64)) & 1;
+        assert_eq!((bit(EventType::Comp), bit(EventType::PageRequest), bit(EventType::Cmd)), (1, 1, 1));
+        assert_eq!(m.iter().map(|w| w.count_ones()).sum::<u32>(), 3);
+        assert_eq!(event_bitmask(&[]), [0; 4]);
     }
 }

@@ -19,9 +19,13 @@ pub use embedded_hal::delay::DelayNs;
 /// The barrier methods have per-architecture defaults from [`barrier`]; an implementation overrides them only
 /// when its transport needs something else (the simulator, for example, orders through its own lock).
 pub trait Mmio {
+    /// Reads the big-endian 32-bit register at byte `off`.
     fn read32(&self, off: usize) -> u32;
+    /// Writes the big-endian 32-bit register at byte `off`.
     fn write32(&self, off: usize, v: u32);
+    /// Reads the big-endian 64-bit register at byte `off` (one access).
     fn read64(&self, off: usize) -> u64;
+    /// Writes the big-endian 64-bit register at byte `off` as one access (a doorbell).
     fn write64(&self, off: usize, v: u64);
 
     /// Orders stores to DMA memory before a later store to DMA memory that the device polls (a doorbell record,
@@ -344,9 +348,15 @@ impl Span {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum DmaError {
     /// No memory (or IOVA space) left for `len` bytes.
-    NoMemory { len: usize },
+    NoMemory {
+        /// The bytes asked for.
+        len: usize,
+    },
     /// The allocator cannot provide this alignment.
-    BadAlignment { align: usize },
+    BadAlignment {
+        /// The alignment asked for.
+        align: usize,
+    },
     /// The platform refused to map the memory for the device.
     MapFailed,
 }
@@ -376,6 +386,7 @@ impl core::fmt::Display for DmaError {
 /// enforces: a region is consumed), and only after the device can no longer access them (the owning queue is
 /// destroyed, or the function is disabled or reset).
 pub unsafe trait Dma {
+    /// `len` zeroed bytes aligned to `align` (a power of two) at both addresses.
     fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion, DmaError>;
 
     /// The bus address of the `len` bytes at `cpu`, when they lie inside one live region this allocator returned.

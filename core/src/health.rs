@@ -29,9 +29,23 @@ pub enum HealthFailure {
     /// The NIC interface is in software reset (`MLX5_SENSOR_NIC_SW_RESET`).
     NicSwReset,
     /// Firmware reported a health syndrome.
-    Syndrome { synd: HealthSyndrome, ext_synd: u16, severity: u8, rfr: bool },
+    Syndrome {
+        /// The health syndrome.
+        synd: HealthSyndrome,
+        /// The extended syndrome.
+        ext_synd: u16,
+        /// Severity (valid when non-zero).
+        severity: u8,
+        /// Recovery flow required.
+        rfr: bool,
+    },
     /// The heartbeat counter stayed at `counter` for `misses` polls.
-    Stalled { counter: u32, misses: u32 },
+    Stalled {
+        /// The heartbeat value that stopped.
+        counter: u32,
+        /// Polls it stayed the same.
+        misses: u32,
+    },
     /// The driver gave up on firmware (a command timed out during bring-up or teardown).
     Unresponsive,
 }
@@ -61,18 +75,29 @@ impl core::error::Error for HealthFailure {}
 /// The health buffer as read from the device (`struct health_buffer`), for reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HealthBuffer {
+    /// `fw_ver`.
     pub fw_ver: u32,
+    /// `hw_id`.
     pub hw_id: u32,
+    /// `time`.
     pub time: u32,
+    /// `assert_exit_ptr`.
     pub assert_exit_ptr: u32,
+    /// `assert_callra`.
     pub assert_callra: u32,
+    /// `rfr`: recovery flow required.
     pub rfr: bool,
     /// Severity when `valid` (`MLX5_SEVERITY_MASK`), else 0.
     pub severity: u8,
+    /// Whether `severity` is valid.
     pub valid: bool,
+    /// `irisc_index`.
     pub irisc_index: u8,
+    /// `synd`: the health syndrome (0 = healthy).
     pub synd: u8,
+    /// `ext_synd`.
     pub ext_synd: u16,
+    /// `health_counter`: the firmware heartbeat.
     pub counter: u32,
 }
 
@@ -117,6 +142,7 @@ pub struct Health {
 }
 
 impl Health {
+    /// A health monitor with no polls yet.
     pub const fn new() -> Self {
         Self { prev: None, misses: 0, polls: 0 }
     }

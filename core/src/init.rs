@@ -43,12 +43,14 @@ pub fn teardown_hca() -> Simple {
 /// What QUERY_ISSI reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Issi {
+    /// The ISSI in use.
     pub current: u16,
     /// Bit `n` set: ISSI `n` supported (first dword of the supported bitmap, which covers ISSI 0..31).
     pub supported: u32,
 }
 
 impl Issi {
+    /// Whether firmware supports `issi`.
     pub fn supports(&self, issi: u16) -> bool {
         issi < 32 && self.supported & (1 << issi) != 0
     }
@@ -59,15 +61,11 @@ impl Issi {
 pub struct QueryIssi;
 
 impl Command for QueryIssi {
+    type In = ifc::query_issi_in::Bits;
+    type Out = ifc::query_issi_out::Bits;
     type Output = Issi;
     fn opcode(&self) -> Opcode {
         Opcode::QueryIssi
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_issi_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_issi_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::QueryIssi, 0);
@@ -84,16 +82,24 @@ impl Command for QueryIssi {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum CapType {
+    /// `MLX5_CAP_GENERAL`.
     General,
+    /// `MLX5_CAP_ETHERNET_OFFLOADS`.
     EthernetOffloads,
+    /// `MLX5_CAP_ODP`.
     Odp,
+    /// `MLX5_CAP_ATOMIC`.
     Atomic,
+    /// `MLX5_CAP_ROCE`.
     Roce,
+    /// `MLX5_CAP_GENERAL_2`.
     General2,
+    /// Any other capability type, by value.
     Other(u16),
 }
 
 impl CapType {
+    /// The `MLX5_CAP_*` value.
     pub const fn raw(self) -> u16 {
         match self {
             CapType::General => consts::MLX5_CAP_GENERAL as u16,
@@ -119,20 +125,18 @@ pub enum CapMode {
 /// `QUERY_HCA_CAP`: `op_mod = cap_type << 1 | mode` (`mlx5_core_get_caps_mode`). Output: the 4 KiB block.
 #[derive(Debug, Clone, Copy)]
 pub struct QueryHcaCap {
+    /// Which capability block.
     pub cap: CapType,
+    /// Maximum or current values.
     pub mode: CapMode,
 }
 
 impl Command for QueryHcaCap {
+    type In = ifc::query_hca_cap_in::Bits;
+    type Out = ifc::query_hca_cap_out::Bits;
     type Output = CapBlock;
     fn opcode(&self) -> Opcode {
         Opcode::QueryHcaCap
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_hca_cap_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_hca_cap_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         let mode = match self.mode {
@@ -151,20 +155,18 @@ impl Command for QueryHcaCap {
 /// `SET_HCA_CAP`: `op_mod = cap_type << 1`, the whole 4 KiB block as it should become (`set_caps`).
 #[derive(Debug, Clone, Copy)]
 pub struct SetHcaCap<'a> {
+    /// Which capability block.
     pub cap: CapType,
+    /// The values to set.
     pub block: &'a CapBlock,
 }
 
 impl Command for SetHcaCap<'_> {
+    type In = ifc::set_hca_cap_in::Bits;
+    type Out = ifc::set_hca_cap_out::Bits;
     type Output = ();
     fn opcode(&self) -> Opcode {
         Opcode::SetHcaCap
-    }
-    fn inlen(&self) -> usize {
-        ifc::set_hca_cap_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::set_hca_cap_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::SetHcaCap, self.cap.raw() << 1);
@@ -178,19 +180,16 @@ impl Command for SetHcaCap<'_> {
 /// `SET_DRIVER_VERSION` (`mlx5_set_driver_version`): a string of at most 64 bytes, NUL padded.
 #[derive(Debug, Clone, Copy)]
 pub struct SetDriverVersion<'a> {
+    /// The driver version string.
     pub version: &'a str,
 }
 
 impl Command for SetDriverVersion<'_> {
+    type In = ifc::set_driver_version_in::Bits;
+    type Out = ifc::set_driver_version_out::Bits;
     type Output = ();
     fn opcode(&self) -> Opcode {
         Opcode::SetDriverVersion
-    }
-    fn inlen(&self) -> usize {
-        ifc::set_driver_version_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::set_driver_version_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::SetDriverVersion, 0);

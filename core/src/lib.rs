@@ -4,6 +4,7 @@
 //! (in later layers) brings the HCA up and runs queues, all against the abstract [`hal`] traits so the same code
 //! runs in a Linux process over VFIO, in a unikernel, in SmartNIC firmware, or against `mlx5-sim`.
 #![no_std]
+#![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod buf;
@@ -25,5 +26,4 @@ pub mod qp;
 pub mod reg;
 pub mod trace;
 pub mod uar;
-pub mod verbs;
 pub mod vport;

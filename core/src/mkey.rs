@@ -14,13 +14,18 @@ use crate::prm::{c, consts, ifc, Field, MsgBuf, Opcode, SubBuf};
 pub struct Access(pub u32);
 
 impl Access {
+    /// `IB_ACCESS_LOCAL_WRITE`.
     pub const LOCAL_WRITE: Access = Access(1);
+    /// `IB_ACCESS_REMOTE_WRITE`.
     pub const REMOTE_WRITE: Access = Access(2);
+    /// `IB_ACCESS_REMOTE_READ`.
     pub const REMOTE_READ: Access = Access(4);
+    /// `IB_ACCESS_REMOTE_ATOMIC`.
     pub const REMOTE_ATOMIC: Access = Access(8);
     /// Every right this driver supports.
     pub const ALL: Access = Access(15);
 
+    /// Whether every right of `other` is granted.
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }
@@ -45,17 +50,29 @@ pub enum Translation<'a> {
     /// bus address (`mlx5_ib_get_dma_mr`).
     AllIova,
     /// An MTT for `len` bytes at virtual address `va`, laid out by `layout` over `segs`.
-    Mtt { va: u64, len: u64, segs: &'a [DmaSeg], layout: PageLayout },
+    Mtt {
+        /// First virtual address.
+        va: u64,
+        /// Length in bytes.
+        len: u64,
+        /// The memory's DMA segments.
+        segs: &'a [DmaSeg],
+        /// Page size and count of the MTT.
+        layout: PageLayout,
+    },
 }
 
 /// `CREATE_MKEY` input.
 #[derive(Debug, Clone, Copy)]
 pub struct CreateMkey<'a> {
+    /// The protection domain.
     pub pd: u32,
+    /// Access rights.
     pub access: Access,
     /// The low 8 bits of the key (`mkey_7_0`): varied per registration so a stale key from a freed region does not
     /// match a new one at the same index.
     pub variant: u8,
+    /// How the key translates addresses.
     pub translation: Translation<'a>,
 }
 
@@ -70,6 +87,8 @@ impl CreateMkey<'_> {
 }
 
 impl Command for CreateMkey<'_> {
+    type In = ifc::create_mkey_in::Bits;
+    type Out = ifc::create_mkey_out::Bits;
     /// The key (`mkey_index << 8 | variant`).
     type Output = u32;
     fn opcode(&self) -> Opcode {
@@ -77,9 +96,6 @@ impl Command for CreateMkey<'_> {
     }
     fn inlen(&self) -> usize {
         ifc::create_mkey_in::KLM_PAS_MTT.byte_off() + self.mtt_entries() * c::mlx5_mtt::SIZE
-    }
-    fn outlen(&self) -> usize {
-        ifc::create_mkey_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         use ifc::mkc;
@@ -135,14 +151,33 @@ pub fn destroy_mkey(key: u32) -> Simple {
 /// A registered memory region (`ibv_mr`): keys and the range they cover. Not `Copy`: deregistering consumes it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Mr {
+    /// Local key.
     pub lkey: u32,
+    /// Remote key.
     pub rkey: u32,
     /// First virtual address (the CPU address of the memory; 0 for an all-IOVA key).
     pub addr: u64,
     /// Bytes covered (`u64::MAX` for an all-IOVA key).
     pub length: u64,
+    /// Access rights.
     pub access: Access,
+    /// The protection domain.
     pub pd: u32,
     /// Page size of the MTT (0 for an all-IOVA key).
     pub page_shift: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_rights_combine_and_unsupported_bits_are_isolated() {
+        let a = Access::LOCAL_WRITE | Access::REMOTE_READ;
+        assert!(a.contains(Access::LOCAL_WRITE) && a.contains(Access::REMOTE_READ));
+        assert!(!a.contains(Access::REMOTE_WRITE));
+        assert_eq!(a.unsupported(), 0);
+        assert_eq!(Access(Access::ALL.0 | 0x40).unsupported(), 0x40);
+        assert!(Access::ALL.contains(Access::REMOTE_ATOMIC | Access::REMOTE_WRITE));
+    }
 }

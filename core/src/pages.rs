@@ -8,15 +8,17 @@ use crate::cmdq::{write_header, CmdError, Command};
 use crate::hal::{Dma, DmaError, DmaRegion};
 use crate::prm::{consts, ifc, MsgBuf, Opcode};
 
-/// Size of a firmware page (`MLX5_ADAPTER_PAGE_SIZE`).
-pub const FW_PAGE_SIZE: usize = consts::MLX5_ADAPTER_PAGE_SIZE as usize;
+pub use crate::cmd::FW_PAGE_SIZE;
 
 /// Which pages QUERY_PAGES asks about (`MLX5_QUERY_PAGES_IN_OP_MOD_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PageStage {
+    /// `MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES`: pages firmware needs to boot.
     Boot,
+    /// `MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES`: pages INIT_HCA needs.
     Init,
+    /// `MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES`: pages for regular operation.
     Regular,
 }
 
@@ -33,6 +35,7 @@ impl PageStage {
 /// Firmware's answer to QUERY_PAGES.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageRequest {
+    /// The function asked about (0 for the function itself).
     pub function_id: u16,
     /// Pages firmware wants (positive) or wants to return (negative).
     pub num_pages: i32,
@@ -41,19 +44,16 @@ pub struct PageRequest {
 /// `QUERY_PAGES` (`mlx5_cmd_query_pages`).
 #[derive(Debug, Clone, Copy)]
 pub struct QueryPages {
+    /// The stage asked about.
     pub stage: PageStage,
 }
 
 impl Command for QueryPages {
+    type In = ifc::query_pages_in::Bits;
+    type Out = ifc::query_pages_out::Bits;
     type Output = PageRequest;
     fn opcode(&self) -> Opcode {
         Opcode::QueryPages
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_pages_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_pages_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::QueryPages, self.stage.op_mod());
@@ -69,20 +69,21 @@ impl Command for QueryPages {
 /// `MANAGE_PAGES` give (`MLX5_PAGES_GIVE`): hands `pages` (4 KiB-aligned bus addresses) to firmware.
 #[derive(Debug, Clone, Copy)]
 pub struct ManagePagesGive<'a> {
+    /// The function the pages are for.
     pub function_id: u16,
+    /// The pages given.
     pub pages: Pas<'a>,
 }
 
 impl Command for ManagePagesGive<'_> {
+    type In = ifc::manage_pages_in::Bits;
+    type Out = ifc::manage_pages_out::Bits;
     type Output = ();
     fn opcode(&self) -> Opcode {
         Opcode::ManagePages
     }
     fn inlen(&self) -> usize {
         len_with_pas(ifc::manage_pages_in::PAS, self.pages.len())
-    }
-    fn outlen(&self) -> usize {
-        ifc::manage_pages_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::ManagePages, consts::MLX5_PAGES_GIVE as u16);
@@ -115,7 +116,9 @@ impl PageSink for [u64] {
 /// `MANAGE_PAGES` take (`MLX5_PAGES_TAKE`, `reclaim_pages_cmd`): asks for up to `pages.capacity()` pages back;
 /// the addresses firmware returns go to `pages` and their count is the output.
 pub struct ManagePagesTake<'a, S: PageSink + ?Sized = [u64]> {
+    /// The function the pages come from.
     pub function_id: u16,
+    /// Where the returned addresses go.
     pub pages: &'a mut S,
 }
 
@@ -129,12 +132,11 @@ impl<S: PageSink + ?Sized> core::fmt::Debug for ManagePagesTake<'_, S> {
 }
 
 impl<S: PageSink + ?Sized> Command for ManagePagesTake<'_, S> {
+    type In = ifc::manage_pages_in::Bits;
+    type Out = ifc::manage_pages_out::Bits;
     type Output = usize;
     fn opcode(&self) -> Opcode {
         Opcode::ManagePages
-    }
-    fn inlen(&self) -> usize {
-        ifc::manage_pages_in::SIZE_BYTES
     }
     fn outlen(&self) -> usize {
         len_with_pas(ifc::manage_pages_out::PAS, self.pages.capacity())
@@ -185,7 +187,10 @@ pub enum PagesError {
     /// The DMA allocator refused a chunk.
     Dma(DmaError),
     /// Every chunk slot is in use: the pool was built for fewer pages than firmware wants.
-    Exhausted { capacity_pages: usize },
+    Exhausted {
+        /// Pages the pool holds.
+        capacity_pages: usize,
+    },
     /// A reservation is already pending (give it or cancel it first).
     Busy,
 }
@@ -267,6 +272,7 @@ impl<const N: usize> PageSource for FwPages<N> {
 }
 
 impl<const N: usize> FwPages<N> {
+    /// An empty pool.
     pub const fn new() -> Self {
         Self { chunks: [const { None }; N], given: 0, pending: 0 }
     }
@@ -286,6 +292,7 @@ impl<const N: usize> FwPages<N> {
         self.chunks.iter().flatten().count()
     }
 
+    /// Pages the pool can hold.
     pub const fn capacity_pages() -> usize {
         N * CHUNK_PAGES
     }
@@ -392,9 +399,13 @@ impl<const N: usize> FwPages<N> {
 /// counted in `unknown`.
 #[derive(Debug)]
 pub struct Reclaim<'a, const N: usize> {
+    /// The pool the pages go back to.
     pub pool: &'a mut FwPages<N>,
+    /// Pages to ask back (the most the output may carry).
     pub capacity: usize,
+    /// Returned addresses the pool never gave.
     pub unknown: usize,
+    /// The first such address.
     pub first_unknown: Option<u64>,
 }
 

@@ -7,9 +7,13 @@ use crate::prm::{consts, ifc, Array, MsgBuf, Opcode};
 /// `op_mod` is 0 to write and 1 to read (`mlx5_core_access_reg` sets `op_mod = !write`).
 #[derive(Debug)]
 pub struct AccessReg<'a> {
+    /// `register_id` (`MLX5_REG_*`).
     pub register_id: u16,
+    /// `argument`.
     pub argument: u32,
+    /// Write (`true`) or read.
     pub write: bool,
+    /// The register's bytes: written from, or read into.
     pub data: &'a mut [u8],
 }
 
@@ -18,6 +22,8 @@ fn data_len(arr: Array, n: usize) -> usize {
 }
 
 impl Command for AccessReg<'_> {
+    type In = ifc::access_register_in::Bits;
+    type Out = ifc::access_register_out::Bits;
     /// Bytes of register data firmware returned (the request's length).
     type Output = usize;
     fn opcode(&self) -> Opcode {
@@ -64,8 +70,11 @@ pub fn host_endianness(data: &mut [u8; HOST_ENDIANNESS_LEN]) -> AccessReg<'_> {
 /// PMTU (`mlx5_query_port_mtu`): MTUs of a local port in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortMtu {
+    /// Largest MTU the port supports.
     pub max_mtu: u16,
+    /// MTU the administrator set.
     pub admin_mtu: u16,
+    /// MTU in use.
     pub oper_mtu: u16,
 }
 
@@ -77,6 +86,7 @@ pub fn pmtu_read(local_port: u8, data: &mut [u8; ifc::pmtu_reg::SIZE_BYTES]) -> 
 }
 
 impl PortMtu {
+    /// Reads the register bytes.
     pub fn parse(data: &[u8; ifc::pmtu_reg::SIZE_BYTES]) -> Self {
         Self {
             max_mtu: data.get(ifc::pmtu_reg::MAX_MTU) as u16,
@@ -91,6 +101,7 @@ impl PortMtu {
 pub struct PortStatus {
     /// `MLX5_PORT_UP` (1) or `MLX5_PORT_DOWN` (2).
     pub admin_status: u8,
+    /// `oper_status`: 1 up, 2 down.
     pub oper_status: u8,
 }
 
@@ -102,6 +113,7 @@ pub fn paos_read(local_port: u8, data: &mut [u8; ifc::paos_reg::SIZE_BYTES]) -> 
 }
 
 impl PortStatus {
+    /// Reads the register bytes.
     pub fn parse(data: &[u8; ifc::paos_reg::SIZE_BYTES]) -> Self {
         Self {
             admin_status: data.get(ifc::paos_reg::ADMIN_STATUS) as u8,

@@ -13,7 +13,12 @@ use crate::prm::{CmdStatus, DeliveryStatus, MsgBuf, Named, Opcode};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmdOutcome {
     /// Firmware ran it; `status` may still be an error.
-    Completed { status: CmdStatus, syndrome: u32 },
+    Completed {
+        /// The output status.
+        status: CmdStatus,
+        /// The output syndrome.
+        syndrome: u32,
+    },
     /// Firmware rejected the entry (delivery status in `status_own`).
     Delivery(DeliveryStatus),
     /// The output signature did not verify.
@@ -24,13 +29,19 @@ pub enum CmdOutcome {
 
 /// One command as the queue saw it. `input`/`output` are views of the message in place.
 pub struct CmdRecord<'a> {
+    /// The command slot.
     pub slot: u8,
+    /// The token written into the entry.
     pub token: u8,
+    /// The opcode.
     pub opcode: Opcode,
+    /// The header's `op_mod`.
     pub op_mod: u16,
+    /// The input message.
     pub input: &'a dyn MsgBuf,
     /// `None` when the command timed out (firmware still owns the output).
     pub output: Option<&'a dyn MsgBuf>,
+    /// How the command ended.
     pub outcome: CmdOutcome,
     /// Time spent waiting for firmware, in microseconds (as counted by the queue's backoff).
     pub waited_us: u64,
@@ -51,6 +62,7 @@ impl fmt::Debug for CmdRecord<'_> {
 
 /// Receives every command the queue finishes (or gives up on).
 pub trait CmdTrace {
+    /// Called once per finished (or timed-out) command.
     fn record(&mut self, rec: &CmdRecord<'_>);
 }
 

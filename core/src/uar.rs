@@ -25,6 +25,7 @@ pub const BFREGS_PER_UAR: usize = consts::MLX5_BFREGS_PER_UAR as usize;
 /// An allocated UAR page: where it is in the BAR and the BlueFlame registers it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Uar {
+    /// The UAR index.
     pub index: u32,
     /// `1 << cmd_hca_cap.log_bf_reg_size`: each register holds two alternating buffers of half this size.
     pub bf_reg_size: usize,
@@ -61,6 +62,7 @@ pub struct BfReg {
     /// Bytes per buffer (the most a BlueFlame copy may carry).
     pub buf_size: usize,
     which: u8,
+    /// Whether BlueFlame is available.
     pub bf: bool,
 }
 

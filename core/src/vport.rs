@@ -9,10 +9,12 @@ use crate::prm::{consts, ifc, MsgBuf, Opcode};
 pub struct VportState {
     /// `MLX5_QUERY_VPORT_STATE_OUT_STATE_UP` (1) or `_DOWN` (0).
     pub state: u8,
+    /// Administrative state.
     pub admin_state: u8,
 }
 
 impl VportState {
+    /// Whether the operational state is up.
     pub fn is_up(&self) -> bool {
         u32::from(self.state) == consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_UP
     }
@@ -23,15 +25,11 @@ impl VportState {
 pub struct QueryVportState;
 
 impl Command for QueryVportState {
+    type In = ifc::query_vport_state_in::Bits;
+    type Out = ifc::query_vport_state_out::Bits;
     type Output = VportState;
     fn opcode(&self) -> Opcode {
         Opcode::QueryVportState
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_vport_state_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_vport_state_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::QueryVportState, consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT as u16);
@@ -47,12 +45,17 @@ impl Command for QueryVportState {
 /// The parts of `nic_vport_context` the driver reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NicVportContext {
+    /// RoCE is enabled on the port.
     pub roce_en: bool,
     /// Port MTU in bytes (the Ethernet MTU the vport was configured with).
     pub mtu: u16,
+    /// System image GUID.
     pub system_image_guid: u64,
+    /// Port GUID.
     pub port_guid: u64,
+    /// Node GUID.
     pub node_guid: u64,
+    /// The port's MAC address.
     pub permanent_address: [u8; 6],
 }
 
@@ -61,15 +64,11 @@ pub struct NicVportContext {
 pub struct QueryNicVportContext;
 
 impl Command for QueryNicVportContext {
+    type In = ifc::query_nic_vport_context_in::Bits;
+    type Out = ifc::query_nic_vport_context_out::Bits;
     type Output = NicVportContext;
     fn opcode(&self) -> Opcode {
         Opcode::QueryNicVportContext
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_nic_vport_context_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_nic_vport_context_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::QueryNicVportContext, 0);
@@ -97,37 +96,45 @@ impl Command for QueryNicVportContext {
 /// The parts of `hca_vport_context` the driver reads (InfiniBand ports).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HcaVportContext {
+    /// Physical port state.
     pub port_physical_state: u8,
     /// `IB_PORT_*` (4 = active).
     pub port_state: u8,
+    /// Virtual port state.
     pub vport_state: u8,
+    /// System image GUID.
     pub system_image_guid: u64,
+    /// Port GUID.
     pub port_guid: u64,
+    /// Node GUID.
     pub node_guid: u64,
+    /// `cap_mask1`: the port capability mask.
     pub cap_mask1: u32,
+    /// LID.
     pub lid: u16,
+    /// LID mask count.
     pub lmc: u8,
+    /// The subnet manager's LID.
     pub sm_lid: u16,
+    /// The subnet manager's SL.
     pub sm_sl: u8,
+    /// Subnet timeout.
     pub subnet_timeout: u8,
 }
 
 /// `QUERY_HCA_VPORT_CONTEXT` for `port_num` of the own vport (`mlx5_query_hca_vport_context`).
 #[derive(Debug, Clone, Copy)]
 pub struct QueryHcaVportContext {
+    /// The port (1).
     pub port_num: u8,
 }
 
 impl Command for QueryHcaVportContext {
+    type In = ifc::query_hca_vport_context_in::Bits;
+    type Out = ifc::query_hca_vport_context_out::Bits;
     type Output = HcaVportContext;
     fn opcode(&self) -> Opcode {
         Opcode::QueryHcaVportContext
-    }
-    fn inlen(&self) -> usize {
-        ifc::query_hca_vport_context_in::SIZE_BYTES
-    }
-    fn outlen(&self) -> usize {
-        ifc::query_hca_vport_context_out::SIZE_BYTES
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::QueryHcaVportContext, 0);
@@ -180,4 +187,37 @@ pub fn ib_mtu_bytes(e: u8) -> u32 {
 /// The RoCE path MTU an Ethernet MTU allows (`iboe_get_mtu`).
 pub fn iboe_mtu(eth_mtu: u32) -> u8 {
     ib_mtu_enum(eth_mtu.saturating_sub(ROCE_HEADER_BYTES))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ib_mtu_enum_rounds_down_to_a_supported_size() {
+        assert_eq!(ib_mtu_enum(4096), consts::IB_MTU_4096 as u8);
+        assert_eq!(ib_mtu_enum(4095), consts::IB_MTU_2048 as u8);
+        assert_eq!(ib_mtu_enum(256), consts::IB_MTU_256 as u8);
+        assert_eq!(ib_mtu_enum(255), 0);
+        assert_eq!(ib_mtu_enum(u32::MAX), consts::IB_MTU_4096 as u8);
+    }
+
+    #[test]
+    fn ib_mtu_bytes_inverts_the_enum() {
+        for bytes in [256, 512, 1024, 2048, 4096] {
+            assert_eq!(ib_mtu_bytes(ib_mtu_enum(bytes)), bytes);
+        }
+        assert_eq!(ib_mtu_bytes(0), 0);
+        assert_eq!(ib_mtu_bytes(6), 0);
+    }
+
+    #[test]
+    fn iboe_mtu_takes_the_roce_headers_out_of_the_ethernet_mtu() {
+        // 1500-byte Ethernet leaves room for a 1024-byte RoCE path MTU; 9000 for 4096.
+        assert_eq!(iboe_mtu(1500), consts::IB_MTU_1024 as u8);
+        assert_eq!(iboe_mtu(9000), consts::IB_MTU_4096 as u8);
+        assert_eq!(iboe_mtu(2048 + ROCE_HEADER_BYTES), consts::IB_MTU_2048 as u8);
+        assert_eq!(iboe_mtu(2048 + ROCE_HEADER_BYTES - 1), consts::IB_MTU_1024 as u8);
+        assert_eq!(iboe_mtu(0), 0);
+    }
 }

@@ -14,9 +14,9 @@ use libfuzzer_sys::fuzz_target;
 use mlx5_core::cq::{CqeFields, Notify};
 use mlx5_core::eq::{eq_doorbell_value, EqError, EqRing, Eqe, Event, EQE_SIZE};
 use mlx5_core::hal::Dma;
+use mlx5_core::hca::{AsyncEvent, CqAttr};
 use mlx5_core::hca::{Config, Hca};
 use mlx5_core::prm::{c, consts, EventType};
-use mlx5_core::verbs::{AsyncEvent, CqAttr};
 use mlx5_fuzz::{bytes, flag, int, HeapDma, RegFile, Unstructured, Write, UAR_OFF};
 use mlx5_sim::{SimConfig, SimDevice, EQE_DATA_LEN};
 
@@ -58,10 +58,7 @@ fn image(e: &Eqe) {
         Event::InternalError => EventType::InternalError,
         Event::QpError { qpn, kind } => {
             assert!(qpn <= 0xff_ffff);
-            assert_eq!(
-                u32::from(e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off]),
-                consts::MLX5_EVENT_QUEUE_TYPE_QP
-            );
+            assert_eq!(e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off], consts::MLX5_EVENT_QUEUE_TYPE_QP);
             kind.event_type()
         }
         Event::Other { event_type, sub_type } => {
@@ -79,7 +76,7 @@ fn image(e: &Eqe) {
             let qp_events = [EventType::WqCatasError, EventType::WqInvalReqError, EventType::WqAccessError];
             if qp_events.iter().any(|t| t.raw() == ty) {
                 let queue_type = e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off];
-                assert_ne!(u32::from(queue_type), consts::MLX5_EVENT_QUEUE_TYPE_QP, "a QP error left undecoded");
+                assert_ne!(queue_type, consts::MLX5_EVENT_QUEUE_TYPE_QP, "a QP error left undecoded");
             }
             EventType::from_raw(ty)
         }

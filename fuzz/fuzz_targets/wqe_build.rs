@@ -18,13 +18,13 @@ use libfuzzer_sys::fuzz_target;
 use mlx5_core::cq::{Cq, LinkLayer, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::Dma;
 use mlx5_core::hca::{Config, Hca};
+use mlx5_core::hca::{CqAttr, QpInitAttr};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::{c, consts};
 use mlx5_core::qp::{
     Ah, AhAttr, Grh, Mtu, PostError, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags,
     SendOp, SendWr, Sge, UdDest,
 };
-use mlx5_core::verbs::{CqAttr, QpInitAttr};
 use mlx5_fuzz::{flag, int, Unstructured};
 use mlx5_sim::{SimConfig, SimDevice, SimEvent};
 
@@ -404,9 +404,9 @@ fn post_sends(
         assert_eq!((w1 & 0x3f) as usize, bytes / 16, "WQE size in 16-byte units");
         let signaled = sig_all || wr.flags.contains(SendFlags::SIGNALED);
         let fm = ctrl[c::mlx5_wqe_ctrl_seg::FM_CE_SE.off];
-        assert_eq!(fm & consts::MLX5_WQE_CTRL_CQ_UPDATE as u8 != 0, signaled, "completion requested");
-        assert_eq!(fm & consts::MLX5_WQE_CTRL_SOLICITED as u8 != 0, wr.flags.contains(SendFlags::SOLICITED));
-        assert_eq!(fm & consts::MLX5_WQE_CTRL_FENCE as u8 != 0, wr.flags.contains(SendFlags::FENCE));
+        assert_eq!(fm & consts::MLX5_WQE_CTRL_CQ_UPDATE != 0, signaled, "completion requested");
+        assert_eq!(fm & consts::MLX5_WQE_CTRL_SOLICITED != 0, wr.flags.contains(SendFlags::SOLICITED));
+        assert_eq!(fm & consts::MLX5_WQE_CTRL_FENCE != 0, wr.flags.contains(SendFlags::FENCE));
         assert_eq!(u32::from_be_bytes(ctrl[12..16].try_into().unwrap()), imm, "immediate");
         m.sends.push_back(Posted { seq: m.next_send, op: wr.op, signaled, bbs });
         m.next_send += 1;

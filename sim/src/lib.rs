@@ -649,7 +649,7 @@ mod tests {
     fn fatal_fault_kills_the_firmware() {
         let mut h = Harness::inline();
         h.bring_up();
-        let synd = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR as u8;
+        let synd = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR;
         h.dev.inject(Fault::Fatal { opcode: consts::MLX5_CMD_OP_ALLOC_PD as u16, synd });
         assert_eq!(health_buffer(&h.mmio), [0u8; c::health_buffer::SIZE]);
         let p = h.post(0, &input(consts::MLX5_CMD_OP_ALLOC_PD, 16), 16);
@@ -741,7 +741,7 @@ mod tests {
         // Writes (a doorbell included) are ignored, and the entry stays as the driver left it.
         h.ring(0);
         assert!(h.dev.events().contains(&SimEvent::WriteWhileGone { off: c::mlx5_init_seg::CMD_DBELL.off, val: 1 }));
-        assert_eq!(h.status_own(0), consts::CMD_OWNER_HW as u8);
+        assert_eq!(h.status_own(0), consts::CMD_OWNER_HW);
         h.dev.device_gone();
         assert_eq!(h.dev.events().iter().filter(|e| **e == SimEvent::DeviceGone).count(), 1);
         h.release(p);
@@ -758,7 +758,7 @@ mod tests {
         h.dev.inject(Fault::NeedPages { opcode: consts::MLX5_CMD_OP_ALLOC_PD as u16, pages: 1 });
         let p = h.post(0, &input(consts::MLX5_CMD_OP_ALLOC_PD, 16), 16);
         h.ring(0);
-        h.dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR as u8);
+        h.dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR);
         let inp = h.give_input(1);
         let g = h.post(31, &inp, 16);
         h.ring(31);

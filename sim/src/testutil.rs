@@ -133,7 +133,7 @@ impl Harness {
         let in_blocks = self.chain(nb(input.len()), token, Some(input));
         let out_blocks = self.chain(nb(outlen), token, None);
         let mut e = [0u8; l::SIZE];
-        e[l::TYPE.off] = consts::MLX5_PCI_CMD_XPORT as u8;
+        e[l::TYPE.off] = consts::MLX5_PCI_CMD_XPORT;
         e.write_u32(l::INLEN.off, input.len() as u32);
         e.write_u64(l::IN_PTR.off, in_blocks.first().map_or(0, |r| r.iova()));
         let n = input.len().min(INLINE);
@@ -141,7 +141,7 @@ impl Harness {
         e.write_u64(l::OUT_PTR.off, out_blocks.first().map_or(0, |r| r.iova()));
         e.write_u32(l::OUTLEN.off, outlen as u32);
         e[l::TOKEN.off] = token;
-        e[l::STATUS_OWN.off] = consts::CMD_OWNER_HW as u8;
+        e[l::STATUS_OWN.off] = consts::CMD_OWNER_HW;
         if self.checksum {
             e[l::SIG.off] = !xor8(&e);
         }
@@ -268,10 +268,7 @@ impl Harness {
         let bytes = (c::mlx5_eqe::SIZE * nent).next_multiple_of(4096);
         let buf = self.dma.alloc(bytes, 4096).unwrap();
         for k in 0..nent {
-            buf.write_volatile_u8(
-                k * c::mlx5_eqe::SIZE + c::mlx5_eqe::OWNER.off,
-                consts::MLX5_EQE_OWNER_INIT_VAL as u8,
-            );
+            buf.write_volatile_u8(k * c::mlx5_eqe::SIZE + c::mlx5_eqe::OWNER.off, consts::MLX5_EQE_OWNER_INIT_VAL);
         }
         let npages = bytes / 4096;
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * npages];
@@ -556,20 +553,14 @@ pub(crate) struct Wqe {
 
 impl Wqe {
     pub fn new(opcode: u32) -> Self {
-        Self {
-            opcode,
-            fm_ce_se: consts::MLX5_WQE_CTRL_CQ_UPDATE as u8,
-            imm: [0; 4],
-            segs: Vec::new(),
-            ds_override: None,
-        }
+        Self { opcode, fm_ce_se: consts::MLX5_WQE_CTRL_CQ_UPDATE, imm: [0; 4], segs: Vec::new(), ds_override: None }
     }
     pub fn unsignaled(mut self) -> Self {
-        self.fm_ce_se &= !(consts::MLX5_WQE_CTRL_CQ_UPDATE as u8);
+        self.fm_ce_se &= !consts::MLX5_WQE_CTRL_CQ_UPDATE;
         self
     }
     pub fn solicited(mut self) -> Self {
-        self.fm_ce_se |= consts::MLX5_WQE_CTRL_SOLICITED as u8;
+        self.fm_ce_se |= consts::MLX5_WQE_CTRL_SOLICITED;
         self
     }
     /// Immediate data, big endian in the WQE as verbs gives it.

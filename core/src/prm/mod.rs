@@ -10,10 +10,18 @@
 //! Accessors work on any [`MsgBuf`]: a plain byte slice (golden tests, EQE/CQE copies) or a command message
 //! scattered over the command entry and its mailbox chain (the command queue), so commands are encoded in place.
 
+/// The layouts, enums and constants generated from the vendored PRM facts.
 #[rustfmt::skip]
 pub mod generated;
 
 pub use generated::{c, consts, ifc, CmdStatus, DeliveryStatus, EventType, HealthSyndrome, Opcode};
+
+/// An `ifc` layout as a type (`ifc::<name>::Bits`, one per `mlx5_ifc_<name>_bits`), so a command names its input
+/// and output layouts and gets their sizes (`MLX5_ST_SZ_BYTES`) from them.
+pub trait Layout {
+    /// The layout's size in bytes.
+    const SIZE_BYTES: usize;
+}
 
 /// Formats a decoded code the way the kernel prints it: `NAME(0xN)`, or `UNKNOWN(0xN)` when the headers do not
 /// name the value. Build it from any generated enum: `Named(status.name(), status.raw().into())`.
@@ -29,11 +37,14 @@ impl core::fmt::Display for Named {
 /// A scalar field: `off` bits from the start of its struct, `width` bits wide (1..=32, or 64 when 64-bit aligned).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Field {
+    /// Bit offset from the start of the struct (PRM numbering, bit 0 = MSB of dword 0).
     pub off: u32,
+    /// Width in bits.
     pub width: u32,
 }
 
 impl Field {
+    /// A field of `width` bits at bit `off`.
     pub const fn new(off: u32, width: u32) -> Self {
         Self { off, width }
     }
@@ -68,11 +79,14 @@ impl Field {
 /// A nested struct or union: `len` bytes at byte `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sub {
+    /// Byte offset.
     pub off: usize,
+    /// Length in bytes.
     pub len: usize,
 }
 
 impl Sub {
+    /// A nested struct of `len` bytes at byte `off`.
     pub const fn new(off: usize, len: usize) -> Self {
         Self { off, len }
     }
@@ -86,15 +100,19 @@ impl Sub {
 /// A byte range: a C struct member, or an `mlx5_ifc` field too wide for a scalar (GIDs, MACs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bytes {
+    /// Byte offset.
     pub off: usize,
+    /// Length in bytes.
     pub len: usize,
 }
 
 impl Bytes {
+    /// A member of `len` bytes at byte `off`.
     pub const fn new(off: usize, len: usize) -> Self {
         Self { off, len }
     }
 
+    /// The byte after the member.
     pub const fn end(self) -> usize {
         self.off + self.len
     }
@@ -132,12 +150,16 @@ impl Bytes {
 /// An array of `count` elements of `elem_bits` each (`count == 0` for flexible arrays such as `pas[]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Array {
+    /// Bit offset of element 0.
     pub off: u32,
+    /// Elements (0 for a flexible array).
     pub count: u32,
+    /// Bits per element.
     pub elem_bits: u32,
 }
 
 impl Array {
+    /// An array of `count` elements of `elem_bits` at bit `off`.
     pub const fn new(off: u32, count: u32, elem_bits: u32) -> Self {
         Self { off, count, elem_bits }
     }
@@ -166,6 +188,7 @@ pub trait MsgBuf {
     /// The contiguous bytes starting at `off` (at least one byte), writable.
     fn chunk_mut(&mut self, off: usize) -> &mut [u8];
 
+    /// Whether the message has no bytes.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -194,22 +217,26 @@ pub trait MsgBuf {
         }
     }
 
+    /// The big-endian dword at byte `off`.
     fn read_u32(&self, off: usize) -> u32 {
         let mut b = [0u8; 4];
         self.read_bytes(off, &mut b);
         u32::from_be_bytes(b)
     }
 
+    /// Writes a big-endian dword at byte `off`.
     fn write_u32(&mut self, off: usize, v: u32) {
         self.write_bytes(off, &v.to_be_bytes());
     }
 
+    /// The big-endian 64-bit word at byte `off`.
     fn read_u64(&self, off: usize) -> u64 {
         let mut b = [0u8; 8];
         self.read_bytes(off, &mut b);
         u64::from_be_bytes(b)
     }
 
+    /// Writes a big-endian 64-bit word at byte `off`.
     fn write_u64(&mut self, off: usize, v: u64) {
         self.write_bytes(off, &v.to_be_bytes());
     }
@@ -294,6 +321,7 @@ pub struct SubBuf<'a, B: MsgBuf + ?Sized> {
 }
 
 impl<'a, B: MsgBuf + ?Sized> SubBuf<'a, B> {
+    /// The part of `buf` that `sub` covers.
     pub fn new(buf: &'a mut B, sub: Sub) -> Self {
         assert!(sub.off + sub.len <= buf.len(), "nested struct outside its message");
         Self { buf, base: sub.off, len: sub.len }
@@ -368,5 +396,56 @@ mod tests {
             assert_eq!(cqc.len(), ifc::cqc::SIZE_BYTES);
         }
         assert_eq!(b[28], 0x0a);
+    }
+    #[test]
+    fn fields_at_dword_edges_do_not_bleed_into_neighbours() {
+        let mut b = [0u8; 12];
+        // The last bit of dword 0 and the first bit of dword 1 (PRM numbering: bit 0 is the MSB).
+        let last = Field::new(31, 1);
+        let first_next = Field::new(32, 1);
+        b.set(last, 1);
+        assert_eq!(&b[..8], &[0, 0, 0, 1, 0, 0, 0, 0]);
+        b.set(first_next, 1);
+        assert_eq!(&b[..8], &[0, 0, 0, 1, 0x80, 0, 0, 0]);
+        // A whole dword, then clearing the single bit again leaves the neighbours alone.
+        b.set(Field::new(64, 32), 0xa1b2_c3d4);
+        b.set(last, 0);
+        assert_eq!(b, [0, 0, 0, 0, 0x80, 0, 0, 0, 0xa1, 0xb2, 0xc3, 0xd4]);
+        assert_eq!((b.get(last), b.get(first_next), b.get(Field::new(64, 32))), (0, 1, 0xa1b2_c3d4));
+        // A field ending exactly at the dword edge.
+        b.set(Field::new(88, 8), 0x5a);
+        assert_eq!(b[11], 0x5a);
+        assert_eq!(b.get(Field::new(64, 24)), 0xa1_b2c3);
+    }
+
+    #[test]
+    fn array_elements_step_by_their_width() {
+        let pas = ifc::create_cq_in::PAS;
+        assert_eq!(pas.byte_off(), pas.elem(0).off as usize / 8);
+        assert_eq!(pas.elem(3).off - pas.elem(0).off, 3 * 64);
+        let mut b = [0u8; ifc::create_cq_in::SIZE_BYTES + 16];
+        b.set64(pas.elem(1), 0x0102_0304_0506_0708);
+        let at = pas.byte_off() + 8;
+        assert_eq!(&b[at..at + 8], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(b.get64(pas.elem(1)), 0x0102_0304_0506_0708);
+    }
+
+    #[test]
+    fn bytes_members_are_big_endian_at_their_base() {
+        let m = Bytes::new(2, 2);
+        let mut b = [0u8; 8];
+        m.put_be(&mut b, 4, 0xbeef);
+        assert_eq!(b, [0, 0, 0, 0, 0, 0, 0xbe, 0xef]);
+        assert_eq!(m.get_be(&b, 4), 0xbeef);
+        assert_eq!(m.end(), 4);
+        let w = Bytes::new(0, 4);
+        w.put_be(&mut b, 0, 0x1122_3344);
+        assert_eq!(&b[..4], &[0x11, 0x22, 0x33, 0x44]);
+    }
+
+    #[test]
+    fn layout_types_carry_the_layout_size() {
+        assert_eq!(<ifc::create_cq_in::Bits as Layout>::SIZE_BYTES, ifc::create_cq_in::SIZE_BYTES);
+        assert_eq!(<ifc::mbox_out::Bits as Layout>::SIZE_BYTES, 16);
     }
 }

@@ -19,9 +19,9 @@ pub mod mmio;
 
 use mlx5_core::hal::{DelayNs, Dma, Mmio};
 use mlx5_core::hca::{BringupError, Config, Error, Hca};
+use mlx5_core::hca::{CqAttr, Pd, QpInitAttr};
 use mlx5_core::qp::{QpAttr, QpAttrMask, QpCap, QpState, QpType};
 use mlx5_core::trace::CmdTrace;
-use mlx5_core::verbs::{CqAttr, Pd, QpInitAttr};
 
 /// Firmware-page chunks the HCA may hold (64 pages of 4 KiB each; see `mlx5_core::pages::CHUNK_PAGES`). Sized for
 /// the arena, not for a ConnectX's appetite: a real adapter's QUERY_PAGES answer decides what a product needs.

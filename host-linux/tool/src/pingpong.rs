@@ -7,12 +7,12 @@ use std::time::Instant;
 use mlx5_core::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::{DelayNs, Dma, DmaRegion, Mmio};
 use mlx5_core::hca::Hca;
+use mlx5_core::hca::{CqAttr, Pd, QpInitAttr};
 use mlx5_core::mkey::{Access, Mr};
 use mlx5_core::qp::{
     AhAttr, Grh, Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
 };
 use mlx5_core::trace::CmdTrace;
-use mlx5_core::verbs::{CqAttr, Pd, QpInitAttr};
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]

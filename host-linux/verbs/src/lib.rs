@@ -108,14 +108,14 @@ use mlx5_core::cq::{Cq, WrTable};
 pub use mlx5_core::cq::{Notify, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, DmaView, Mmio};
 use mlx5_core::hca::{Config, Error as HcaError, Hca};
+pub use mlx5_core::hca::{CqAttr, PortAttr};
+use mlx5_core::hca::{Pd, QpInitAttr};
 pub use mlx5_core::mkey::Access;
 use mlx5_core::mkey::Mr;
 use mlx5_core::qp::{required_attrs, Qp, QpAttr, QpAttrMask};
 pub use mlx5_core::qp::{
     Ah, AhAttr, Grh, Mtu, PostError, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
 };
-pub use mlx5_core::verbs::{CqAttr, PortAttr};
-use mlx5_core::verbs::{Pd, QpInitAttr};
 #[cfg(feature = "sim")]
 use mlx5_sim::{SimConfig, SimDelay, SimDevice, SimDma, SimMmio};
 

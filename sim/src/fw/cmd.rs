@@ -26,7 +26,7 @@ const BLOCK_DATA: usize = consts::MLX5_CMD_DATA_BLOCK_SIZE as usize;
 const BLOCK_ALIGN: u64 = c::mlx5_cmd_prot_block::SIZE.next_power_of_two() as u64;
 
 /// The owner bit in `status_own` (`CMD_OWNER_HW`).
-const OWNER_HW: u8 = consts::CMD_OWNER_HW as u8;
+const OWNER_HW: u8 = consts::CMD_OWNER_HW;
 
 pub(super) fn xor8(b: &[u8]) -> u8 {
     b.iter().fold(0, |a, x| a ^ x)
@@ -74,7 +74,7 @@ impl State {
     /// Entry-level delivery checks and input gathering. Returns the input message and the output chain.
     fn deliver(&mut self, e: &[u8]) -> Result<(Vec<u8>, Chain), DeliveryStatus> {
         use c::mlx5_cmd_layout as l;
-        if u32::from(e[l::TYPE.off]) != consts::MLX5_PCI_CMD_XPORT {
+        if e[l::TYPE.off] != consts::MLX5_PCI_CMD_XPORT {
             return Err(DeliveryStatus::CmdDescr);
         }
         if self.cfg.checksum && xor8(e) != 0xff {

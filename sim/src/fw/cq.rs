@@ -19,7 +19,7 @@ use crate::State;
 pub(crate) const CQE64: usize = c::mlx5_cqe64::SIZE;
 /// `op_own`: opcode in bits 7:4, solicited event in bit 1, owner in bit 0 (c-layouts.md 4.4).
 pub(crate) const OP_OWN: usize = c::mlx5_cqe64::OP_OWN.off;
-pub(crate) const OWNER_MASK: u8 = consts::MLX5_CQE_OWNER_MASK as u8;
+pub(crate) const OWNER_MASK: u8 = consts::MLX5_CQE_OWNER_MASK;
 /// The solicited-event bit of `op_own` (`mlx5dv_get_cqe_se`: `(op_own >> 1) & 1`).
 pub(crate) const SOLICITED: u8 = 1 << 1;
 /// The CQE opcode is the high nibble of `op_own` (`get_cqe_opcode`).

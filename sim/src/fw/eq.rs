@@ -248,7 +248,7 @@ impl State {
             // Hardware never overwrites an entry the driver has not consumed; it reports a fatal error instead.
             eq.overruns += 1;
             self.events.push(SimEvent::EqOverrun { eqn: eqn8 });
-            self.fail(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN as u8);
+            self.fail(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN);
             return None;
         }
         let Some(iova) = eq.entry_iova(eq.pi & (eq.nent() - 1)) else {
@@ -404,7 +404,7 @@ mod tests {
         let (_, b, _bbuf) = h.create_eq(uar, 2, 1 << PORT);
         assert!(a < b);
         assert_eq!(h.dev.post_event(consts::MLX5_EVENT_TYPE_CQ_ERROR as u8, 0, marked(0)), None);
-        let sub = consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE as u8;
+        let sub = consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE;
         assert_eq!(h.dev.post_event(PORT, sub, marked(0)), Some(a));
         let e = Harness::eqe(&abuf, 0);
         assert_eq!((typ(&e), e[c::mlx5_eqe::SUB_TYPE.off]), (PORT, sub));
@@ -435,7 +435,7 @@ mod tests {
         assert_eq!(h.dev.post_event(PORT, sub, marked(8)), None);
         assert_eq!(Harness::eqe(&abuf, 0)[c::mlx5_eqe::DATA.off], 4);
         assert!(h.dev.events().contains(&SimEvent::EqOverrun { eqn: a }));
-        let synd = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN as u8;
+        let synd = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN;
         assert_eq!(h.dev.health(), Health::Failed { synd });
         let hb = c::mlx5_init_seg::HEALTH.off + c::health_buffer::SYND.off;
         assert_eq!(h.mmio.read32(hb & !3) >> (8 * (3 - (hb & 3))) & 0xff, u32::from(synd));

@@ -917,7 +917,7 @@ impl State {
         qp.state = QpState::Err;
         let q = c::mlx5_eqe_qp_srq::QP_SRQ_N;
         let mut data = [0u8; EQE_DATA_LEN];
-        data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP as u8;
+        data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
         data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
         // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
         let _ = self.post_eqe(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR as u8, 0, &data);

@@ -10,9 +10,9 @@
 use mlx5_core::cq::{Cq, LinkLayer};
 use mlx5_core::hal::{Dma, DmaRegion};
 use mlx5_core::hca::{Config, Hca, TeardownReport};
+use mlx5_core::hca::{CqAttr, Pd, QpInitAttr};
 use mlx5_core::mkey::{Access, Mr};
 use mlx5_core::qp::{required_attrs, AhAttr, Grh, Mtu, Qp, QpAttr, QpCap, QpState, QpType, Sge};
-use mlx5_core::verbs::{CqAttr, Pd, QpInitAttr};
 
 use crate::{SimConfig, SimDelay, SimDevice, SimDma, SimMmio};
 

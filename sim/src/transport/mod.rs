@@ -78,8 +78,8 @@ const DS_MASK: u32 = consts::MLX5_WQE_CTRL_DS_MASK;
 const QPN_SHIFT: u32 = consts::MLX5_WQE_CTRL_QPN_SHIFT;
 const IDX_SHIFT: u32 = consts::MLX5_WQE_CTRL_WQE_INDEX_SHIFT;
 const OPCODE_MASK: u32 = consts::MLX5_WQE_CTRL_OPCODE_MASK;
-const CQ_UPDATE: u8 = consts::MLX5_WQE_CTRL_CQ_UPDATE as u8;
-const SOLICITED: u8 = consts::MLX5_WQE_CTRL_SOLICITED as u8;
+const CQ_UPDATE: u8 = consts::MLX5_WQE_CTRL_CQ_UPDATE;
+const SOLICITED: u8 = consts::MLX5_WQE_CTRL_SOLICITED;
 const INVALID_LKEY: u32 = consts::MLX5_INVALID_LKEY;
 const EXTENDED_AV: u32 = consts::MLX5_EXTENDED_UD_AV;
 /// `grh_gid_fl` of an address vector (rdma-core `mlx5_create_ah`): GRH flag in bit 30, source GID index in bits

@@ -26,6 +26,7 @@ use embedded_hal::delay::DelayNs;
 use mlx5_core::cmdq::CmdError;
 use mlx5_core::cq::{Cq, LinkLayer, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::{Dma, DmaRegion, DmaView};
+use mlx5_core::hca::{AsyncEvent, CqAttr, Pd, QpInitAttr};
 use mlx5_core::hca::{Config, Error, Hca, HcaState};
 use mlx5_core::health::HealthFailure;
 use mlx5_core::mkey::{Access, Mr};
@@ -34,7 +35,6 @@ use mlx5_core::qp::{
     required_attrs, Ah, AhAttr, Grh, Mtu, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
     SendFlags, SendOp, SendWr, Sge, UdDest,
 };
-use mlx5_core::verbs::{AsyncEvent, CqAttr, Pd, QpInitAttr};
 use mlx5_sim::{Fault, PortType, SimConfig, SimDelay, SimDevice, SimDma, SimEvent, SimMmio};
 
 type SimHca = Hca<SimMmio, SimDma>;
@@ -1995,7 +1995,7 @@ impl<'r> Epoch<'r> {
             consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR,
             consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR,
             consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_DEAD_IRISC,
-        ]) as u8;
+        ]);
         let query = consts::MLX5_CMD_OP_QUERY_CQ as u16;
         let in_command = self.rng.one_in(3);
         let (kind, fault) = match (ending % 3, in_command) {

@@ -174,12 +174,9 @@ fn async_eq_is_armed_subscribed_and_drained() {
 
     // A port change and a CQ error are counted, and the EQ is armed again after the drain.
     let mut port = [0u8; EQE_DATA_LEN];
-    let img = Eqe::emit(&Event::PortChange { port: 1, sub_type: consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN as u8 });
+    let img = Eqe::emit(&Event::PortChange { port: 1, sub_type: consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN });
     port.copy_from_slice(&img.0[32..32 + EQE_DATA_LEN]);
-    assert_eq!(
-        dev.post_event(EventType::PortChange.raw(), consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN as u8, port),
-        Some(eqn)
-    );
+    assert_eq!(dev.post_event(EventType::PortChange.raw(), consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN, port), Some(eqn));
     let img = Eqe::emit(&Event::CqError { cqn: 0x1a, syndrome: 1 });
     let mut cqe = [0u8; EQE_DATA_LEN];
     cqe.copy_from_slice(&img.0[32..32 + EQE_DATA_LEN]);
@@ -188,7 +185,7 @@ fn async_eq_is_armed_subscribed_and_drained() {
     hca.process_events(&mut d).unwrap();
     let ev = hca.events();
     assert_eq!(ev.port_change, 1);
-    assert_eq!(ev.last_port_change, Some((1, consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN as u8)));
+    assert_eq!(ev.last_port_change, Some((1, consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN)));
     assert_eq!((ev.cq_error, ev.last_cq_error), (1, Some((0x1a, 1))));
     let info = dev.eq_info(eqn).unwrap();
     assert!(info.armed && info.ci == info.pi);

@@ -262,8 +262,8 @@ fn expected_failure(dev: &SimDevice, death: Death) -> HealthFailure {
 /// abandoning the pages firmware held.
 #[test]
 fn health_failure_mid_bring_up() {
-    let hw_fatal = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR as u8;
-    let fw_internal = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR as u8;
+    let hw_fatal = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR;
+    let fw_internal = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR;
     let cases: &[(u32, Death)] = &[
         (consts::MLX5_CMD_OP_QUERY_PAGES, Death::Fatal(hw_fatal)),
         (consts::MLX5_CMD_OP_SET_HCA_CAP, Death::Fatal(fw_internal)),
@@ -326,7 +326,7 @@ fn health_case(op: u32, death: Death) {
 /// returns every page and every allocation without firmware.
 #[test]
 fn failure_after_bring_up() {
-    let synd = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ICM_PAGE_ERR as u8;
+    let synd = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ICM_PAGE_ERR;
     for death in [Death::Fatal(synd), Death::Gone] {
         let case = format!("{death:?} after bring-up");
         let dev = SimDevice::default();

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mlx5_core::cq::{CqeFields, Notify};
+use mlx5_core::hca::CqAttr;
 use mlx5_core::hca::{Config, Hca};
 use mlx5_core::prm::consts;
-use mlx5_core::verbs::CqAttr;
 use mlx5_sim::SimDevice;
 use mlx5_vfio::irq::{wait_cq_event, Interrupts};
 use mlx5_vfio::sys::Sys;

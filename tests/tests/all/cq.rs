@@ -3,10 +3,10 @@
 use std::collections::HashMap;
 
 use mlx5_core::cq::{Cq, CqeFields, CqeSize, Notify, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrTable};
+use mlx5_core::hca::{AsyncEvent, CqAttr};
 use mlx5_core::hca::{Config, Error, Hca};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::consts;
-use mlx5_core::verbs::{AsyncEvent, CqAttr};
 use mlx5_sim::testkit::SimHca;
 use mlx5_sim::{MkeyAccess, MkeyFault, PortType, SimConfig, SimDelay, SimDevice, SimEvent};
 
@@ -759,7 +759,7 @@ fn teardown_with_a_live_cq_still_disables_and_a_dead_device_destroys_locally() {
     let (mut hca, mut d) = up(&dev);
     let pd = hca.alloc_pd(&mut d).unwrap();
     let cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
-    dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR as u8);
+    dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR);
     assert!(hca.poll_health().is_err());
     assert!(matches!(hca.create_cq(CqAttr::default(), &mut d), Err(Error::InternalError { .. })));
     hca.destroy_cq(cq, &mut d).unwrap();

@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use mlx5_core::cq::{Cq, LinkLayer, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::Dma;
 use mlx5_core::hca::{Config, Error, Hca};
+use mlx5_core::hca::{CqAttr, QpInitAttr};
 use mlx5_core::mkey::Access;
 use mlx5_core::qp::{
     Ah, AhAttr, Grh, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
     Sge, UdDest,
 };
-use mlx5_core::verbs::{CqAttr, QpInitAttr};
 use mlx5_sim::testkit::{Node, RcOpts};
 use mlx5_sim::{Mode, PortType, SimConfig, SimDevice};
 

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use embedded_hal::delay::DelayNs;
 use mlx5_core::cq::{Cq, WcStatus, WorkCompletion};
 use mlx5_core::eq::QpErrorKind;
+use mlx5_core::hca::{AsyncEvent, QpInitAttr};
 use mlx5_core::hca::{Error, HcaState};
 use mlx5_core::health::{HealthFailure, HEALTH_POLL_INTERVAL_MS};
 use mlx5_core::mkey::Access;
@@ -17,7 +18,6 @@ use mlx5_core::prm::{consts, CmdStatus};
 use mlx5_core::qp::{
     AhAttr, Grh, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
 };
-use mlx5_core::verbs::{AsyncEvent, QpInitAttr};
 use mlx5_sim::testkit::{Node, RcOpts};
 use mlx5_sim::SimConfig;
 
@@ -193,7 +193,7 @@ fn check_flushed_after_death(n: Node, mut s: Scene) {
 fn a_health_syndrome_flushes_every_outstanding_wr_once_in_order() {
     let mut n = node();
     let s = scene(&mut n);
-    n.dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR as u8);
+    n.dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR);
     // Before the HCA knows, nothing is flushed: the device might still complete the work.
     let mut wc = [WorkCompletion::default(); 16];
     let (mut cq, mut a, mut b) = (s.cq, s.a, s.b);
@@ -233,7 +233,7 @@ fn a_stalled_heartbeat_flushes_every_outstanding_wr_once_in_order() {
 fn a_command_that_finds_the_device_dead_also_starts_the_flush() {
     let mut n = node();
     let mut s = scene(&mut n);
-    n.dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR as u8);
+    n.dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR);
     // The command hangs on the dead firmware; its wait polls health and gives up with the failure.
     let e = n.hca.query_qp(&s.a, &mut n.d).unwrap_err();
     assert!(matches!(e, Error::Health(HealthFailure::Syndrome { .. })), "{e:?}");

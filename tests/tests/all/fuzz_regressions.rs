@@ -4,14 +4,14 @@
 use mlx5_core::cq::CqeSize;
 use mlx5_core::cq::LinkLayer;
 use mlx5_core::eq::{Eqe, Event};
+use mlx5_core::hca::CqAttr;
 use mlx5_core::hca::{Config, Hca};
+use mlx5_core::hca::{Pd, QpInitAttr};
 use mlx5_core::prm::{c, EventType};
 use mlx5_core::qp::{
     qp_sizes, Ah, AhAttr, Grh, PostError, PostErrorKind, Qp, QpAttr, QpAttrMask as M, QpCap, QpState, QpType,
 };
 use mlx5_core::qp::{SendFlags, SendOp, SendWr, UdDest};
-use mlx5_core::verbs::CqAttr;
-use mlx5_core::verbs::{Pd, QpInitAttr};
 use mlx5_sim::testkit::SimHca;
 use mlx5_sim::{SimConfig, SimDevice};
 

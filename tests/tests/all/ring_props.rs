@@ -16,13 +16,13 @@ use mlx5_core::dbr::DbrPool;
 use mlx5_core::eq::{eq_doorbell_value, EqRing, EQE_SIZE};
 use mlx5_core::hal::{Dma, DmaError, DmaRegion};
 use mlx5_core::hca::{Config, Hca};
+use mlx5_core::hca::{CqAttr, QpInitAttr};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::consts;
 use mlx5_core::qp::{
     required_attrs, AhAttr, Grh, Mtu, PostError, PostErrorKind, Qp, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags,
     SendOp, SendWr, Sge,
 };
-use mlx5_core::verbs::{CqAttr, QpInitAttr};
 use mlx5_sim::testkit::{HeapDma, RegFile};
 use mlx5_sim::{SimConfig, SimDevice};
 use proptest::prelude::*;
@@ -344,7 +344,7 @@ struct Loop {
     dev: SimDevice,
     d: mlx5_sim::SimDelay,
     hca: SimHca,
-    pd: mlx5_core::verbs::Pd,
+    pd: mlx5_core::hca::Pd,
     mem: DmaRegion,
     mr: mlx5_core::mkey::Mr,
     cq: Cq,

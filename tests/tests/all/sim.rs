@@ -22,6 +22,8 @@ struct Raw {
 }
 
 impl Command for Raw {
+    type In = ifc::mbox_in::Bits;
+    type Out = ifc::mbox_out::Bits;
     type Output = ();
     fn opcode(&self) -> Opcode {
         Opcode::from_raw(self.opcode)

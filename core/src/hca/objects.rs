@@ -1,32 +1,30 @@
-//! The verbs objects of an HCA: protection domains, memory regions and completion queues with their events
-//! (mlx5_ib `main.c` `mlx5_ib_alloc_pd`, `mr.c` `mlx5_ib_reg_user_mr` / `mlx5_ib_get_dma_mr`, `cq.c`
-//! `mlx5_ib_create_cq` / `mlx5_ib_resize_cq`; rdma-core `ibv_get_cq_event` / `ibv_ack_cq_events`).
+//! The verbs objects of an HCA: protection domains, memory regions, completion queues, queue pairs and port
+//! queries (mlx5_ib `main.c` `mlx5_ib_alloc_pd`, `mr.c` `mlx5_ib_reg_user_mr` / `mlx5_ib_get_dma_mr`, `cq.c`
+//! `mlx5_ib_create_cq` / `mlx5_ib_resize_cq`, `qp.c` `mlx5_ib_create_qp`).
 //!
 //! Objects are plain values owned by the caller; destroying one consumes it, and a destroy firmware did not
 //! confirm hands the object back ([`DestroyError`]) so its memory is never freed while the device may use it.
 
-use heapless::{Deque, Vec};
+use crate::cmdq::CmdError;
+use crate::hal::{DelayNs, Dma, Mmio};
+use crate::prm::{consts, Opcode};
+use crate::trace::CmdTrace;
 
+use super::error::Error;
+use super::{Hca, HcaState};
 use crate::buf::{page_sizes, DmaSeg, PageLayout, QueueBuf};
 use crate::cmd::Pas;
-use crate::cmdq::CmdError;
+use crate::cq::Cq;
 use crate::cq::{
-    destroy_cq, CqContext, CqState, CqeError, CqeSize, CreateCq, LinkLayer, ModifyCqModeration, Notify, QueryCq,
-    ResizeCq, WorkCompletion, WrTable,
+    destroy_cq, CqContext, CqState, CqeError, CqeSize, CreateCq, LinkLayer, ModifyCqModeration, QueryCq, ResizeCq,
+    WorkCompletion, WrTable,
 };
-use crate::eq::QpErrorKind;
-use crate::hal::{DelayNs, Dma, Mmio};
-use crate::hca::{Error, Hca};
 use crate::mkey::{destroy_mkey, Access, CreateMkey, Mr, Translation};
 use crate::pd::{alloc_pd, dealloc_pd};
-use crate::prm::{consts, Opcode};
 use crate::qp::{
     check_modify, destroy_qp, qp_sizes, CreateQp, ModifyQp, PostError, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap,
     QpContext, QpQuery, QpState, QpType, QueryQp, RecvWr, SendWr, Transition,
 };
-use crate::trace::CmdTrace;
-
-pub use crate::cq::Cq;
 
 /// Largest page size a memory region's MTT uses (1 GiB).
 pub const MR_MAX_PAGE_SHIFT: u32 = 30;
@@ -48,7 +46,9 @@ impl Pd {
 /// to the caller instead of having its memory freed.
 #[derive(Debug)]
 pub struct DestroyError<T> {
+    /// The object, still alive on the device.
     pub obj: T,
+    /// Why the destroy failed.
     pub error: Error,
 }
 
@@ -65,10 +65,15 @@ pub struct PortAttr {
     pub state: u8,
     /// `ib_mtu` enum (1 = 256 ... 5 = 4096).
     pub max_mtu: u8,
+    /// The active MTU (`ib_mtu`).
     pub active_mtu: u8,
+    /// The port's LID (InfiniBand).
     pub lid: u16,
+    /// The subnet manager's LID (InfiniBand).
     pub sm_lid: u16,
+    /// InfiniBand or Ethernet.
     pub link_layer: LinkLayer,
+    /// GID table entries.
     pub gid_tbl_len: u16,
 }
 
@@ -90,7 +95,9 @@ pub fn mac_to_eui64(mac: [u8; 6]) -> u64 {
 /// What a new QP should be (`ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInitAttr {
+    /// RC or UD.
     pub qp_type: QpType,
+    /// The requested capabilities.
     pub cap: QpCap,
     /// Every send WQE is signaled (`sq_sig_all`).
     pub sq_sig_all: bool,
@@ -101,6 +108,7 @@ pub struct QpInitAttr {
 pub struct CqAttr {
     /// Completions the CQ must hold; the ring gets `(cqe + 1).next_power_of_two()` entries, as mlx5_ib sizes it.
     pub cqe: u32,
+    /// CQE size.
     pub cqe_size: CqeSize,
     /// Ask the device not to report overruns (`cqc.oi`); needs `cq_oi`.
     pub overrun_ignore: bool,
@@ -109,131 +117,6 @@ pub struct CqAttr {
 impl Default for CqAttr {
     fn default() -> Self {
         Self { cqe: 255, cqe_size: CqeSize::B64, overrun_ignore: false }
-    }
-}
-
-/// An affiliated or unaffiliated asynchronous event (`ibv_async_event`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum AsyncEvent {
-    /// `IBV_EVENT_CQ_ERR`: the CQ overran (`MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN`) or hit an access error; the
-    /// device writes no more completions to it.
-    CqError { cqn: u32, syndrome: u8 },
-    /// `IBV_EVENT_PORT_ACTIVE` / `_ERR` and friends (`MLX5_PORT_CHANGE_SUBTYPE_*`).
-    PortChange { port: u8, sub_type: u8 },
-    /// `IBV_EVENT_QP_FATAL` / `_QP_REQ_ERR` / `_QP_ACCESS_ERR`: the device moved the QP to ERR; it flushes the QP's
-    /// outstanding work requests.
-    QpError { qpn: u32, kind: QpErrorKind },
-    /// `IBV_EVENT_DEVICE_FATAL`.
-    DeviceFatal,
-}
-
-/// Async events waiting for the caller. When more arrive than fit, the oldest are dropped and counted.
-#[derive(Debug, Default)]
-pub(crate) struct AsyncEvents {
-    q: Deque<AsyncEvent, 64>,
-    pub(crate) dropped: u32,
-}
-
-impl AsyncEvents {
-    pub(crate) fn new() -> Self {
-        Self::default()
-    }
-
-    pub(crate) fn push(&mut self, e: AsyncEvent) {
-        if self.q.is_full() {
-            self.q.pop_front();
-            self.dropped = self.dropped.saturating_add(1);
-        }
-        // Cannot fail: room was made above.
-        let _ = self.q.push_back(e);
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct CqEntry {
-    cqn: u32,
-    /// Completion events received (`cq->arm_sn`): goes into the next arm so the device can tell a stale arm.
-    arm_sn: u32,
-    /// Events not yet handed out by `get_cq_event`.
-    pending: u32,
-    /// Events handed out and not yet acknowledged.
-    unacked: u32,
-    /// The syndrome of a CQ error event, once one arrived.
-    error: Option<u8>,
-}
-
-/// Completion-event state of every CQ, and the order in which CQs have events to hand out. A CQ sits in `ready`
-/// at most once (its count says how many events), so `ready` cannot overflow.
-#[derive(Debug, Default)]
-pub(crate) struct CqEvents<const NCQ: usize> {
-    cqs: Vec<CqEntry, NCQ>,
-    ready: Deque<u32, NCQ>,
-}
-
-impl<const NCQ: usize> CqEvents<NCQ> {
-    pub(crate) fn new() -> Self {
-        Self { cqs: Vec::new(), ready: Deque::new() }
-    }
-
-    fn find(&mut self, cqn: u32) -> Option<&mut CqEntry> {
-        self.cqs.iter_mut().find(|e| e.cqn == cqn)
-    }
-
-    /// Whether a CQ error event arrived for `cqn`.
-    fn failed(&self, cqn: u32) -> bool {
-        self.cqs.iter().any(|e| e.cqn == cqn && e.error.is_some())
-    }
-
-    fn has_room(&self) -> bool {
-        !self.cqs.is_full()
-    }
-
-    fn register(&mut self, cqn: u32) -> bool {
-        self.cqs.push(CqEntry { cqn, arm_sn: 0, pending: 0, unacked: 0, error: None }).is_ok()
-    }
-
-    fn unregister(&mut self, cqn: u32) {
-        if let Some(i) = self.cqs.iter().position(|e| e.cqn == cqn) {
-            self.cqs.swap_remove(i);
-        }
-        let n = self.ready.len();
-        for _ in 0..n {
-            if let Some(c) = self.ready.pop_front() {
-                if c != cqn {
-                    let _ = self.ready.push_back(c);
-                }
-            }
-        }
-    }
-
-    /// A completion EQE for `cqn` (`mlx5_eq_comp_int`); `false` when no such CQ exists here.
-    pub(crate) fn on_completion(&mut self, cqn: u32) -> bool {
-        let Some(e) = self.find(cqn) else { return false };
-        e.arm_sn = e.arm_sn.wrapping_add(1);
-        e.pending = e.pending.saturating_add(1);
-        if e.pending == 1 {
-            // At most one entry per registered CQ, and the deque holds as many as there can be CQs.
-            let _ = self.ready.push_back(cqn);
-        }
-        true
-    }
-
-    pub(crate) fn on_error(&mut self, cqn: u32, syndrome: u8) {
-        if let Some(e) = self.find(cqn) {
-            e.error = Some(syndrome);
-        }
-    }
-
-    fn get(&mut self) -> Option<u32> {
-        let cqn = self.ready.pop_front()?;
-        let e = self.find(cqn)?;
-        e.pending -= 1;
-        e.unacked = e.unacked.saturating_add(1);
-        if e.pending > 0 {
-            let _ = self.ready.push_back(cqn);
-        }
-        Some(cqn)
     }
 }
 
@@ -520,7 +403,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         if n > 0 || wc.is_empty() {
             return Ok(n);
         }
-        let dead = !matches!(self.state(), crate::hca::HcaState::Up);
+        let dead = !matches!(self.state(), HcaState::Up);
         // The CQ-error lookup runs only once some CQ has failed, so an empty poll pays one compare for it.
         if !dead && (self.ctx.events.cq_error == 0 || !self.ctx.cqs.failed(cq.cqn())) {
             return Ok(0);
@@ -531,50 +414,6 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             n += 1;
         }
         Ok(n)
-    }
-
-    /// Requests a completion event (`ibv_req_notify_cq`): for the next completion, or the next solicited one.
-    pub fn req_notify_cq(&mut self, cq: &Cq, notify: Notify) -> Result<(), Error> {
-        let cqn = cq.cqn();
-        let sn = self.ctx.cqs.find(cqn).ok_or(Error::UnknownCq { cqn })?.arm_sn;
-        cq.arm(self.cmdq.mmio(), sn, notify);
-        Ok(())
-    }
-
-    /// The next completion event (`ibv_get_cq_event`): the CQ number whose armed notification fired. Drains the
-    /// EQs first when none is waiting. Each event must be acknowledged with [`Hca::ack_cq_events`].
-    pub fn get_cq_event(&mut self, delay: &mut impl DelayNs) -> Result<Option<u32>, Error> {
-        if let Some(cqn) = self.ctx.cqs.get() {
-            return Ok(Some(cqn));
-        }
-        self.process_events(delay)?;
-        Ok(self.ctx.cqs.get())
-    }
-
-    /// Acknowledges `n` events of `cq` taken with [`Hca::get_cq_event`] (`ibv_ack_cq_events`).
-    pub fn ack_cq_events(&mut self, cq: &Cq, n: u32) -> Result<(), Error> {
-        let cqn = cq.cqn();
-        let e = self.ctx.cqs.find(cqn).ok_or(Error::UnknownCq { cqn })?;
-        if n > e.unacked {
-            return Err(Error::BadSize { what: "events to acknowledge", requested: n.into(), max: e.unacked.into() });
-        }
-        e.unacked -= n;
-        Ok(())
-    }
-
-    /// The CQ error event's syndrome, once the device reported one for `cq` (it writes no more CQEs then).
-    pub fn cq_error(&mut self, cq: &Cq) -> Option<u8> {
-        self.ctx.cqs.find(cq.cqn()).and_then(|e| e.error)
-    }
-
-    /// The next asynchronous event (`ibv_get_async_event`); events arrive as the EQs are drained.
-    pub fn get_async_event(&mut self) -> Option<AsyncEvent> {
-        self.ctx.async_events.q.pop_front()
-    }
-
-    /// Async events dropped because the caller did not take them fast enough (the oldest go first).
-    pub fn async_events_dropped(&self) -> u32 {
-        self.ctx.async_events.dropped
     }
 
     // -- queue pairs -------------------------------------------------------------------------------------------
@@ -716,7 +555,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
 
     /// Posts send work requests and rings the doorbell once (`ibv_post_send`).
     pub fn post_send(&self, qp: &mut Qp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
-        if !matches!(self.state(), crate::hca::HcaState::Up) {
+        if !matches!(self.state(), HcaState::Up) {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError });
         }
         qp.post_send(self.cmdq.mmio(), wrs)
@@ -724,7 +563,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
 
     /// Posts receive work requests (`ibv_post_recv`).
     pub fn post_recv(&self, qp: &mut Qp, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        if !matches!(self.state(), crate::hca::HcaState::Up) {
+        if !matches!(self.state(), HcaState::Up) {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError });
         }
         qp.post_recv(self.cmdq.mmio(), wrs)

@@ -1,0 +1,287 @@
+//! The CQ ring ([`Cq`]): CQE ownership by the owner bit, the consumer index in the doorbell record, arming
+//! (`mlx5_cq_arm`) and polling.
+
+use super::cmd::CqeSize;
+use super::cqe::{field, Cqe, CqeOpcode, CQE64_SIZE, CQE_INIT_OP_OWN};
+use super::wc::{decode_into, CqeError, LinkLayer, WorkCompletion, WrTable};
+use crate::buf::QueueBuf;
+use crate::dbr::DbRec;
+use crate::hal::{DmaView, Mmio};
+use crate::prm::consts;
+
+/// Offset of the CQ doorbell in a UAR page (`MLX5_CQ_DOORBELL`).
+pub const CQ_DOORBELL: usize = consts::MLX5_CQ_DOORBELL as usize;
+
+/// Which completions raise the next event (`ib_cq_notify_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Notify {
+    /// The next completion of any kind (`MLX5_CQ_DB_REQ_NOT`).
+    NextComp,
+    /// The next solicited or error completion (`MLX5_CQ_DB_REQ_NOT_SOL`).
+    Solicited,
+}
+
+/// The arm doorbell value: `sn << 28 | cmd | ci` (`mlx5_cq_arm`).
+pub const fn arm_value(arm_sn: u32, notify: Notify, cons_index: u32) -> u32 {
+    let cmd = match notify {
+        Notify::NextComp => consts::MLX5_CQ_DB_REQ_NOT,
+        Notify::Solicited => consts::MLX5_CQ_DB_REQ_NOT_SOL,
+    };
+    ((arm_sn & 3) << 28) | cmd | (cons_index & 0xff_ffff)
+}
+
+/// Doorbell-record dwords (`set_ci_db`, `arm_db`).
+const DBR_SET_CI: usize = 0;
+const DBR_ARM: usize = 1;
+
+/// A created completion queue: its ring, doorbell record and consumer index.
+#[derive(Debug)]
+pub struct Cq {
+    pub(crate) buf: QueueBuf,
+    pub(crate) dbrec: DbRec,
+    cqn: u32,
+    log_nent: u8,
+    cqe_size: CqeSize,
+    cons_index: u32,
+    /// BAR offset of the CQ doorbell of the UAR page the CQ was created with.
+    doorbell: usize,
+    link: LinkLayer,
+}
+
+impl Cq {
+    /// Pre-sets every CQE of `buf` to invalid with owner 1 (`op_own` 0xF1), so nothing is software-owned until the
+    /// device writes it.
+    pub fn init_buf(buf: &QueueBuf, log_nent: u8, cqe_size: CqeSize) {
+        let stride = cqe_size.bytes();
+        let own = stride - CQE64_SIZE + field::OP_OWN.off;
+        for i in 0..(1usize << log_nent) {
+            let (r, o) = buf.locate(i * stride);
+            r.write_volatile_u8(o + own, CQE_INIT_OP_OWN);
+        }
+    }
+
+    /// A ring over an initialised buffer, for CQ `cqn` whose doorbell is in the UAR page at BAR offset `uar_off`.
+    pub fn new(
+        buf: QueueBuf,
+        dbrec: DbRec,
+        cqn: u32,
+        log_nent: u8,
+        cqe_size: CqeSize,
+        uar_off: usize,
+        link: LinkLayer,
+    ) -> Self {
+        Self { buf, dbrec, cqn, log_nent, cqe_size, cons_index: 0, doorbell: uar_off + CQ_DOORBELL, link }
+    }
+
+    /// The CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.cqn
+    }
+
+    /// CQEs in the ring.
+    pub fn nent(&self) -> u32 {
+        1 << self.log_nent
+    }
+
+    /// log2 of the ring's entry count.
+    pub fn log_nent(&self) -> u8 {
+        self.log_nent
+    }
+
+    /// CQE size.
+    pub fn cqe_size(&self) -> CqeSize {
+        self.cqe_size
+    }
+
+    /// The consumer index (CQEs consumed so far).
+    pub fn cons_index(&self) -> u32 {
+        self.cons_index
+    }
+
+    /// The doorbell record.
+    pub fn dbrec(&self) -> &DbRec {
+        &self.dbrec
+    }
+
+    /// The ring buffer.
+    pub fn buf(&self) -> &QueueBuf {
+        &self.buf
+    }
+
+    /// The ring as one region when the buffer is a single fragment (the usual case): an entry's address is then a
+    /// mask and an add. `None`: entries are found through the fragment table. It borrows only the buffer, so a
+    /// poll loop can advance the consumer index while it holds the view.
+    #[inline]
+    fn flat_of(buf: &QueueBuf, bytes: usize) -> Option<DmaView<'_>> {
+        buf.frag(0).filter(|r| buf.nfrags() == 1 && r.len() >= bytes)
+    }
+
+    /// The 64-byte CQE image of entry `n` (the second half of a 128-byte CQE); `flat` is [`Cq::flat_of`].
+    #[inline]
+    fn cqe_ptr(&self, flat: Option<&DmaView<'_>>, n: u32) -> *mut u8 {
+        let stride = self.cqe_size.bytes();
+        let off = ((n & (self.nent() - 1)) as usize) * stride + stride - CQE64_SIZE;
+        match flat {
+            // SAFETY: `off + 64 <= nent * stride <= r.len` (Cq::flat_of checked the length), inside a live fragment.
+            Some(r) => unsafe { r.cpu().as_ptr().add(off) },
+            None => self.buf.ptr(off, CQE64_SIZE),
+        }
+    }
+
+    /// Entry `n` if software owns it (`get_sw_cqe`), copied out after the read barrier.
+    #[inline]
+    fn sw_cqe<M: Mmio + ?Sized>(&self, mmio: &M, flat: Option<&DmaView<'_>>, n: u32) -> Option<Cqe> {
+        let p = self.cqe_ptr(flat, n);
+        // SAFETY: p points at 64 bytes inside a live fragment of the ring (QueueBuf::ptr checks the bounds).
+        // Volatile: the device writes the byte concurrently.
+        let op_own = unsafe { p.add(field::OP_OWN.off).read_volatile() };
+        let owner = (n >> self.log_nent) & 1;
+        if op_own >> 4 == consts::MLX5_CQE_INVALID as u8 || u32::from(op_own & 1) != owner {
+            return None;
+        }
+        // The ownership byte said the entry is ours: the rest must be loaded after it.
+        mmio.dma_rmb();
+        // Eight 8-byte volatile loads (a volatile byte array would be copied a byte at a time).
+        let mut img = [0u8; CQE64_SIZE];
+        let src = p.cast::<u64>().cast_const();
+        for (i, b) in img.chunks_exact_mut(8).enumerate() {
+            // SAFETY: as above. The entry is 8-byte aligned: fragments are at least 4 KiB aligned (the Dma contract
+            // for QueueBuf's requests) and entries sit at multiples of 64 bytes. The device does not write an entry
+            // software owns.
+            b.copy_from_slice(&unsafe { src.add(i).read_volatile() }.to_ne_bytes());
+        }
+        Some(Cqe(img))
+    }
+
+    /// Polls up to `wc.len()` completions, oldest first (`ibv_poll_cq`), and publishes the new consumer index.
+    /// A CQE the driver cannot accept is consumed and returned as an error on a call of its own, so completions
+    /// before it are never lost.
+    pub fn poll<M: Mmio + ?Sized>(
+        &mut self,
+        mmio: &M,
+        wq: &mut (impl WrTable + ?Sized),
+        wc: &mut [WorkCompletion],
+    ) -> Result<usize, CqeError> {
+        let mut n = 0;
+        let start = self.cons_index;
+        let mut result = Ok(());
+        let flat = Self::flat_of(&self.buf, self.cqe_size.bytes() << self.log_nent);
+        while n < wc.len() {
+            let Some(cqe) = self.sw_cqe(mmio, flat.as_ref(), self.cons_index) else { break };
+            match decode_into(&cqe, self.cqn, self.cons_index, self.link, wq, &mut wc[n]) {
+                Ok(true) => n += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    if n > 0 {
+                        // Leave it for the next call so these completions are returned first.
+                        break;
+                    }
+                    result = Err(e);
+                    self.cons_index = self.cons_index.wrapping_add(1);
+                    break;
+                }
+            }
+            self.cons_index = self.cons_index.wrapping_add(1);
+        }
+        if self.cons_index != start {
+            self.update_ci(mmio);
+        }
+        result.map(|()| n)
+    }
+
+    /// Publishes the consumer index in the doorbell record (`mlx5_cq_set_ci`).
+    fn update_ci<M: Mmio + ?Sized>(&self, mmio: &M) {
+        // The CQE loads must be complete before the store that lets the device reuse those entries.
+        mmio.dma_rmb();
+        self.dbrec.write_be32(DBR_SET_CI, self.cons_index & 0xff_ffff);
+    }
+
+    /// Requests an event for the next (or next solicited) completion (`mlx5_cq_arm`). This function owns the CQ
+    /// arm doorbell sequence; `arm_sn` counts the completion events received for this CQ.
+    pub fn arm<M: Mmio + ?Sized>(&self, mmio: &M, arm_sn: u32, notify: Notify) {
+        let v = arm_value(arm_sn, notify, self.cons_index);
+        self.dbrec.write_be32(DBR_ARM, v);
+        // The arm record must be in host memory before the doorbell that makes the device read it.
+        mmio.wmb();
+        // One 64-bit store: the device must never see the command without its CQ number.
+        mmio.write64(self.doorbell, u64::from(v) << 32 | u64::from(self.cqn));
+    }
+
+    /// After a resize: moves the CQEs not yet polled from the old ring to `new` (at indices one past their old
+    /// ones, as the device counts the resize CQE), skips the resize CQE and switches to `new`
+    /// (`mlx5_cq_resize_copy_cqes`). Returns the old buffer. `Err` with the old buffer when the resize CQE is not
+    /// within one ring of software-owned entries; the switch happens anyway since the device writes `new` now.
+    // The buffers are returned by value because the core has no heap to box them in.
+    #[allow(clippy::result_large_err)]
+    pub fn switch_buffers<M: Mmio + ?Sized>(
+        &mut self,
+        mmio: &M,
+        new: QueueBuf,
+        log_nent: u8,
+    ) -> Result<QueueBuf, QueueBuf> {
+        let stride = self.cqe_size.bytes();
+        let new_mask = (1u32 << log_nent) - 1;
+        let mut i = self.cons_index;
+        let mut found = false;
+        let flat = Self::flat_of(&self.buf, self.cqe_size.bytes() << self.log_nent);
+        for _ in 0..self.nent() {
+            let Some(cqe) = self.sw_cqe(mmio, flat.as_ref(), i) else { break };
+            if cqe.opcode() == CqeOpcode::Resize {
+                found = true;
+                break;
+            }
+            let dst = i.wrapping_add(1);
+            let owner = ((dst >> log_nent) & 1) as u8;
+            // The whole entry moves (a 128-byte CQE carries inline data in its first half).
+            let src_off = ((i & (self.nent() - 1)) as usize) * stride;
+            let dst_off = ((dst & new_mask) as usize) * stride;
+            let sp = self.buf.ptr(src_off, stride);
+            let dp = new.ptr(dst_off, stride);
+            for k in 0..stride {
+                // SAFETY: both spans are inside live fragments (QueueBuf::ptr checked them); the old entry is
+                // software-owned, and the new ring entry is not yet visible to software or written by the device
+                // (it writes from the resize index on).
+                unsafe {
+                    let mut b = sp.add(k).read_volatile();
+                    if k == stride - 1 {
+                        b = (b & !1) | owner;
+                    }
+                    dp.add(k).write_volatile(b);
+                }
+            }
+            i = i.wrapping_add(1);
+        }
+        let old = core::mem::replace(&mut self.buf, new);
+        self.log_nent = log_nent;
+        self.cons_index = self.cons_index.wrapping_add(1);
+        self.update_ci(mmio);
+        if found {
+            Ok(old)
+        } else {
+            Err(old)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arm_value_packs_sequence_command_and_index() {
+        let v = arm_value(1, Notify::NextComp, 0x12_3456);
+        assert_eq!(v >> 28, 1);
+        assert_eq!(v & 0xff_ffff, 0x12_3456);
+        assert_eq!(v & 0x0f00_0000, consts::MLX5_CQ_DB_REQ_NOT);
+    }
+
+    #[test]
+    fn arm_value_masks_sequence_to_two_bits_and_index_to_24() {
+        // The arm sequence number wraps at 4; the consumer counter wraps at 2^24 in the doorbell.
+        assert_eq!(arm_value(5, Notify::NextComp, 0), arm_value(1, Notify::NextComp, 0));
+        assert_eq!(arm_value(0, Notify::Solicited, 0x0100_0002), arm_value(0, Notify::Solicited, 2));
+        assert_ne!(arm_value(0, Notify::Solicited, 0), arm_value(0, Notify::NextComp, 0));
+        assert_eq!(arm_value(0, Notify::Solicited, 0) & 0x0f00_0000, consts::MLX5_CQ_DB_REQ_NOT_SOL);
+    }
+}

@@ -1,0 +1,635 @@
+//! Work completions (`ib_wc`, `ib_wc_status`): decoding a CQE into a [`WorkCompletion`] (mlx5_ib `mlx5_poll_one`,
+//! rdma-core `mlx5_parse_cqe`).
+
+use super::cqe::{Cqe, CqeOpcode};
+use crate::prm::consts;
+
+/// `ib_wc_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum WcStatus {
+    /// `IB_WC_SUCCESS`.
+    #[default]
+    Success,
+    /// `IB_WC_LOC_LEN_ERR`: a message longer than the receive buffer.
+    LocLenErr,
+    /// `IB_WC_LOC_QP_OP_ERR`.
+    LocQpOpErr,
+    /// `IB_WC_LOC_EEC_OP_ERR`.
+    LocEecOpErr,
+    /// `IB_WC_LOC_PROT_ERR`: a local key or access check failed.
+    LocProtErr,
+    /// `IB_WC_WR_FLUSH_ERR`: flushed because the QP is in ERR.
+    WrFlushErr,
+    /// `IB_WC_MW_BIND_ERR`.
+    MwBindErr,
+    /// `IB_WC_BAD_RESP_ERR`.
+    BadRespErr,
+    /// `IB_WC_LOC_ACCESS_ERR`.
+    LocAccessErr,
+    /// `IB_WC_REM_INV_REQ_ERR`.
+    RemInvReqErr,
+    /// `IB_WC_REM_ACCESS_ERR`: the remote key or access check failed.
+    RemAccessErr,
+    /// `IB_WC_REM_OP_ERR`.
+    RemOpErr,
+    /// `IB_WC_RETRY_EXC_ERR`: transport retries exhausted.
+    RetryExcErr,
+    /// `IB_WC_RNR_RETRY_EXC_ERR`: receiver-not-ready retries exhausted.
+    RnrRetryExcErr,
+    /// `IB_WC_LOC_RDD_VIOL_ERR`.
+    LocRddViolErr,
+    /// `IB_WC_REM_INV_RD_REQ_ERR`.
+    RemInvRdReqErr,
+    /// `IB_WC_REM_ABORT_ERR`.
+    RemAbortErr,
+    /// `IB_WC_INV_EECN_ERR`.
+    InvEecnErr,
+    /// `IB_WC_INV_EEC_STATE_ERR`.
+    InvEecStateErr,
+    /// `IB_WC_FATAL_ERR`.
+    FatalErr,
+    /// `IB_WC_RESP_TIMEOUT_ERR`.
+    RespTimeoutErr,
+    /// `IB_WC_GENERAL_ERR`: any syndrome without a verbs status.
+    GeneralErr,
+}
+
+impl WcStatus {
+    /// Every status, in `ib_wc_status` order.
+    pub const ALL: [WcStatus; 22] = [
+        WcStatus::Success,
+        WcStatus::LocLenErr,
+        WcStatus::LocQpOpErr,
+        WcStatus::LocEecOpErr,
+        WcStatus::LocProtErr,
+        WcStatus::WrFlushErr,
+        WcStatus::MwBindErr,
+        WcStatus::BadRespErr,
+        WcStatus::LocAccessErr,
+        WcStatus::RemInvReqErr,
+        WcStatus::RemAccessErr,
+        WcStatus::RemOpErr,
+        WcStatus::RetryExcErr,
+        WcStatus::RnrRetryExcErr,
+        WcStatus::LocRddViolErr,
+        WcStatus::RemInvRdReqErr,
+        WcStatus::RemAbortErr,
+        WcStatus::InvEecnErr,
+        WcStatus::InvEecStateErr,
+        WcStatus::FatalErr,
+        WcStatus::RespTimeoutErr,
+        WcStatus::GeneralErr,
+    ];
+
+    /// The `IB_WC_*` value.
+    pub const fn raw(self) -> u32 {
+        match self {
+            WcStatus::Success => consts::IB_WC_SUCCESS,
+            WcStatus::LocLenErr => consts::IB_WC_LOC_LEN_ERR,
+            WcStatus::LocQpOpErr => consts::IB_WC_LOC_QP_OP_ERR,
+            WcStatus::LocEecOpErr => consts::IB_WC_LOC_EEC_OP_ERR,
+            WcStatus::LocProtErr => consts::IB_WC_LOC_PROT_ERR,
+            WcStatus::WrFlushErr => consts::IB_WC_WR_FLUSH_ERR,
+            WcStatus::MwBindErr => consts::IB_WC_MW_BIND_ERR,
+            WcStatus::BadRespErr => consts::IB_WC_BAD_RESP_ERR,
+            WcStatus::LocAccessErr => consts::IB_WC_LOC_ACCESS_ERR,
+            WcStatus::RemInvReqErr => consts::IB_WC_REM_INV_REQ_ERR,
+            WcStatus::RemAccessErr => consts::IB_WC_REM_ACCESS_ERR,
+            WcStatus::RemOpErr => consts::IB_WC_REM_OP_ERR,
+            WcStatus::RetryExcErr => consts::IB_WC_RETRY_EXC_ERR,
+            WcStatus::RnrRetryExcErr => consts::IB_WC_RNR_RETRY_EXC_ERR,
+            WcStatus::LocRddViolErr => consts::IB_WC_LOC_RDD_VIOL_ERR,
+            WcStatus::RemInvRdReqErr => consts::IB_WC_REM_INV_RD_REQ_ERR,
+            WcStatus::RemAbortErr => consts::IB_WC_REM_ABORT_ERR,
+            WcStatus::InvEecnErr => consts::IB_WC_INV_EECN_ERR,
+            WcStatus::InvEecStateErr => consts::IB_WC_INV_EEC_STATE_ERR,
+            WcStatus::FatalErr => consts::IB_WC_FATAL_ERR,
+            WcStatus::RespTimeoutErr => consts::IB_WC_RESP_TIMEOUT_ERR,
+            WcStatus::GeneralErr => consts::IB_WC_GENERAL_ERR,
+        }
+    }
+
+    /// The status for an error CQE's syndrome (`mlx5_handle_error_cqe`); unknown syndromes are general errors.
+    #[inline]
+    pub const fn from_syndrome(syndrome: u8) -> Self {
+        match syndrome as u32 {
+            consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR => WcStatus::LocLenErr,
+            consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR => WcStatus::LocQpOpErr,
+            consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR => WcStatus::LocProtErr,
+            consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR => WcStatus::WrFlushErr,
+            consts::MLX5_CQE_SYNDROME_MW_BIND_ERR => WcStatus::MwBindErr,
+            consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR => WcStatus::BadRespErr,
+            consts::MLX5_CQE_SYNDROME_LOCAL_ACCESS_ERR => WcStatus::LocAccessErr,
+            consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR => WcStatus::RemInvReqErr,
+            consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR => WcStatus::RemAccessErr,
+            consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR => WcStatus::RemOpErr,
+            consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR => WcStatus::RetryExcErr,
+            consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR => WcStatus::RnrRetryExcErr,
+            consts::MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR => WcStatus::RemAbortErr,
+            _ => WcStatus::GeneralErr,
+        }
+    }
+
+    /// The verbs name (`ibv_wc_status_str` style).
+    pub const fn name(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocEecOpErr => "local EE context operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory bind operation error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::LocRddViolErr => "local RDD violation error",
+            WcStatus::RemInvRdReqErr => "remote invalid RD request",
+            WcStatus::RemAbortErr => "operation aborted",
+            WcStatus::InvEecnErr => "invalid EE context number",
+            WcStatus::InvEecStateErr => "invalid EE context state",
+            WcStatus::FatalErr => "fatal error",
+            WcStatus::RespTimeoutErr => "response timeout error",
+            WcStatus::GeneralErr => "general error",
+        }
+    }
+}
+
+impl core::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `ib_wc_opcode`: what the completed work request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum WcOpcode {
+    /// A SEND completed.
+    #[default]
+    Send,
+    /// An RDMA WRITE completed.
+    RdmaWrite,
+    /// An RDMA READ completed.
+    RdmaRead,
+    /// An atomic compare-and-swap completed.
+    CompSwap,
+    /// An atomic fetch-and-add completed.
+    FetchAdd,
+    /// A masked compare-and-swap completed.
+    MaskedCompSwap,
+    /// A masked fetch-and-add completed.
+    MaskedFetchAdd,
+    /// A receive (SEND, SEND with immediate or with invalidate arrived).
+    Recv,
+    /// An RDMA WRITE with immediate arrived (consumed a receive WQE).
+    RecvRdmaWithImm,
+    /// A requester completion for a WQE opcode this driver does not post (`MLX5_OPCODE_*` kept raw).
+    Unknown(u8),
+}
+
+/// `ib_wc_flags` (kernel values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct WcFlags(pub u32);
+
+impl WcFlags {
+    /// `IB_WC_GRH`: the receive buffer starts with a GRH.
+    pub const GRH: WcFlags = WcFlags(consts::IB_WC_GRH);
+    /// `IB_WC_WITH_IMM`: `imm_data` is valid.
+    pub const WITH_IMM: WcFlags = WcFlags(consts::IB_WC_WITH_IMM);
+    /// `IB_WC_WITH_INVALIDATE`: `invalidated_rkey` is valid.
+    pub const WITH_INVALIDATE: WcFlags = WcFlags(consts::IB_WC_WITH_INVALIDATE);
+    /// `IB_WC_IP_CSUM_OK`: the device checked the IP and L4 checksums.
+    pub const IP_CSUM_OK: WcFlags = WcFlags(consts::IB_WC_IP_CSUM_OK);
+    /// `IB_WC_WITH_VLAN`: `vlan_id` is valid.
+    pub const WITH_VLAN: WcFlags = WcFlags(consts::IB_WC_WITH_VLAN);
+
+    /// Whether every flag of `o` is set.
+    pub const fn contains(self, o: WcFlags) -> bool {
+        self.0 & o.0 == o.0
+    }
+}
+
+impl core::ops::BitOr for WcFlags {
+    type Output = WcFlags;
+    fn bitor(self, o: WcFlags) -> WcFlags {
+        WcFlags(self.0 | o.0)
+    }
+}
+
+impl core::ops::BitOrAssign for WcFlags {
+    fn bitor_assign(&mut self, o: WcFlags) {
+        self.0 |= o.0;
+    }
+}
+
+/// A work completion (`ib_wc` / `ibv_wc`). For an error completion only `wr_id`, `status`, `vendor_err` and
+/// `qp_num` are meaningful; the rest stay zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkCompletion {
+    /// The `wr_id` of the completed work request.
+    pub wr_id: u64,
+    /// How it completed.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// The device's vendor syndrome of an error completion.
+    pub vendor_err: u32,
+    /// Bytes transferred (receives, RDMA READ, atomics).
+    pub byte_len: u32,
+    /// Immediate data in host order (valid with [`WcFlags::WITH_IMM`]).
+    pub imm_data: u32,
+    /// The rkey the sender invalidated (valid with [`WcFlags::WITH_INVALIDATE`]).
+    pub invalidated_rkey: u32,
+    /// The local QP.
+    pub qp_num: u32,
+    /// The remote QP (UD receives).
+    pub src_qp: u32,
+    /// Which optional fields are valid.
+    pub wc_flags: WcFlags,
+    /// P_Key index (0 except on the GSI QP).
+    pub pkey_index: u16,
+    /// Source LID (InfiniBand receives).
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Destination LID path bits.
+    pub dlid_path_bits: u8,
+    /// VLAN of a RoCE receive (valid with [`WcFlags::WITH_VLAN`]).
+    pub vlan_id: u16,
+}
+
+/// The port's link layer decides how the address fields of a receive CQE read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum LinkLayer {
+    /// InfiniBand: LIDs and SLs in the CQE.
+    InfiniBand,
+    /// Ethernet (RoCE): VLAN tags in the CQE.
+    #[default]
+    Ethernet,
+}
+
+/// Maps a CQE back to the work request it completes. The queue pairs that feed a CQ implement it: a send CQE
+/// names the WQE by its counter (and retires every unsignaled WQE before it), a receive CQE completes the oldest
+/// posted receive (or WQE `wqe_counter` of an SRQ).
+pub trait WrTable {
+    /// `wr_id` of the send WQE `wqe_counter` of QP `qpn`; `None` when the QP is not known here.
+    fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64>;
+    /// `wr_id` of the receive completed on QP `qpn` (`srqn` non-zero for an SRQ); `None` when unknown.
+    fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64>;
+    /// The software completion ([`WcStatus::WrFlushErr`]) of the oldest work request still outstanding on a queue
+    /// that completes on CQ `cqn`, which is retired; `None` when there is none. Only asked for when the device
+    /// will write no more CQEs to `cqn`: with `dead` (the HCA is in internal error) every such queue is flushed,
+    /// otherwise (the CQ failed) only the queues of QPs the driver moved to ERR, whose work the device no longer
+    /// executes.
+    fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion>;
+}
+
+/// A CQE the driver cannot accept: the device wrote something it should not have. It is consumed (the ring moves
+/// on) and reported; completions before it were returned by the previous poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum CqeError {
+    /// A CQE for a QP that has no queue on this CQ.
+    UnknownQp {
+        /// The CQ.
+        cqn: u32,
+        /// The QP the CQE names.
+        qpn: u32,
+        /// The CQE index.
+        index: u32,
+    },
+    /// An opcode the driver never asked for (compressed CQEs, tag matching, a resize marker with no resize).
+    BadOpcode {
+        /// The CQ.
+        cqn: u32,
+        /// The `op_own` byte.
+        op_own: u8,
+        /// The CQE index.
+        index: u32,
+    },
+}
+
+impl core::fmt::Display for CqeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CqeError::UnknownQp { cqn, qpn, index } => {
+                write!(f, "CQE {index} of CQ {cqn:#x} names QP {qpn:#x}, which has no queue on it")
+            }
+            CqeError::BadOpcode { cqn, op_own, index } => {
+                write!(f, "CQE {index} of CQ {cqn:#x} has op_own {op_own:#04x}, which the driver never enabled")
+            }
+        }
+    }
+}
+
+/// Decodes a software-owned CQE into a work completion (`mlx5_poll_one`): `Ok(None)` for entries that are not
+/// completions (a signature error report, a resize marker).
+pub fn decode_cqe(
+    cqe: &Cqe,
+    cqn: u32,
+    index: u32,
+    link: LinkLayer,
+    wq: &mut (impl WrTable + ?Sized),
+) -> Result<Option<WorkCompletion>, CqeError> {
+    let mut wc = WorkCompletion::default();
+    Ok(decode_into(cqe, cqn, index, link, wq, &mut wc)?.then_some(wc))
+}
+
+/// [`decode_cqe`] into `out`: `Ok(true)` when `out` now holds the completion; `out` is untouched otherwise.
+#[inline]
+pub(super) fn decode_into(
+    cqe: &Cqe,
+    cqn: u32,
+    index: u32,
+    link: LinkLayer,
+    wq: &mut (impl WrTable + ?Sized),
+    out: &mut WorkCompletion,
+) -> Result<bool, CqeError> {
+    let bad = CqeError::BadOpcode { cqn, op_own: cqe.op_own(), index };
+    if u32::from(cqe.format()) == consts::MLX5_COMPRESSED {
+        return Err(bad);
+    }
+    let mut wc = WorkCompletion::default();
+    match cqe.opcode() {
+        CqeOpcode::Req => {
+            wc.qp_num = cqe.qpn();
+            wc.wr_id =
+                wq.send_done(wc.qp_num, cqe.wqe_counter()).ok_or(CqeError::UnknownQp { cqn, qpn: wc.qp_num, index })?;
+            decode_req(cqe, &mut wc);
+        }
+        op @ (CqeOpcode::RespWrImm | CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespSendInv) => {
+            wc.qp_num = cqe.qpn();
+            wc.wr_id = wq.recv_done(wc.qp_num, cqe.srqn(), cqe.wqe_counter()).ok_or(CqeError::UnknownQp {
+                cqn,
+                qpn: wc.qp_num,
+                index,
+            })?;
+            decode_resp(cqe, op, link, &mut wc);
+        }
+        op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {
+            wc.qp_num = cqe.err_qpn();
+            wc.status = WcStatus::from_syndrome(cqe.err_syndrome());
+            wc.vendor_err = cqe.vendor_err().into();
+            let id = if op == CqeOpcode::ReqErr {
+                wq.send_done(wc.qp_num, cqe.wqe_counter())
+            } else {
+                wq.recv_done(wc.qp_num, cqe.srqn(), cqe.wqe_counter())
+            };
+            wc.wr_id = id.ok_or(CqeError::UnknownQp { cqn, qpn: wc.qp_num, index })?;
+        }
+        // Signature errors report on a memory key, not a work request (the kernel records and re-polls).
+        CqeOpcode::SigErr => return Ok(false),
+        CqeOpcode::Resize | CqeOpcode::Invalid | CqeOpcode::Unknown(_) => return Err(bad),
+    }
+    *out = wc;
+    Ok(true)
+}
+
+/// Requester fields (`handle_good_req`).
+#[inline]
+fn decode_req(cqe: &Cqe, wc: &mut WorkCompletion) {
+    let op = cqe.wqe_opcode();
+    match u32::from(op) {
+        consts::MLX5_OPCODE_RDMA_WRITE_IMM => {
+            wc.wc_flags |= WcFlags::WITH_IMM;
+            wc.opcode = WcOpcode::RdmaWrite;
+        }
+        consts::MLX5_OPCODE_RDMA_WRITE => wc.opcode = WcOpcode::RdmaWrite,
+        consts::MLX5_OPCODE_SEND_IMM => {
+            wc.wc_flags |= WcFlags::WITH_IMM;
+            wc.opcode = WcOpcode::Send;
+        }
+        consts::MLX5_OPCODE_SEND | consts::MLX5_OPCODE_SEND_INVAL => wc.opcode = WcOpcode::Send,
+        consts::MLX5_OPCODE_RDMA_READ => {
+            wc.opcode = WcOpcode::RdmaRead;
+            wc.byte_len = cqe.byte_cnt();
+        }
+        consts::MLX5_OPCODE_ATOMIC_CS => {
+            wc.opcode = WcOpcode::CompSwap;
+            wc.byte_len = 8;
+        }
+        consts::MLX5_OPCODE_ATOMIC_FA => {
+            wc.opcode = WcOpcode::FetchAdd;
+            wc.byte_len = 8;
+        }
+        consts::MLX5_OPCODE_ATOMIC_MASKED_CS => {
+            wc.opcode = WcOpcode::MaskedCompSwap;
+            wc.byte_len = 8;
+        }
+        consts::MLX5_OPCODE_ATOMIC_MASKED_FA => {
+            wc.opcode = WcOpcode::MaskedFetchAdd;
+            wc.byte_len = 8;
+        }
+        _ => wc.opcode = WcOpcode::Unknown(op),
+    }
+}
+
+/// Bits of `hds_ip_ext` saying the device verified the L3 and L4 checksums (`CQE_L3_OK`, `CQE_L4_OK`).
+const CQE_L3_L4_OK: u8 = (consts::CQE_L3_OK | consts::CQE_L4_OK) as u8;
+
+/// Responder fields (`handle_responder`).
+#[inline]
+fn decode_resp(cqe: &Cqe, op: CqeOpcode, link: LinkLayer, wc: &mut WorkCompletion) {
+    wc.byte_len = cqe.byte_cnt();
+    match op {
+        CqeOpcode::RespWrImm => {
+            wc.opcode = WcOpcode::RecvRdmaWithImm;
+            wc.wc_flags = WcFlags::WITH_IMM;
+            wc.imm_data = cqe.imm_inval_pkey();
+        }
+        CqeOpcode::RespSend => {
+            wc.opcode = WcOpcode::Recv;
+            if cqe.hds_ip_ext() & CQE_L3_L4_OK == CQE_L3_L4_OK {
+                wc.wc_flags = WcFlags::IP_CSUM_OK;
+            }
+        }
+        CqeOpcode::RespSendImm => {
+            wc.opcode = WcOpcode::Recv;
+            wc.wc_flags = WcFlags::WITH_IMM;
+            wc.imm_data = cqe.imm_inval_pkey();
+        }
+        _ => {
+            wc.opcode = WcOpcode::Recv;
+            wc.wc_flags = WcFlags::WITH_INVALIDATE;
+            wc.invalidated_rkey = cqe.imm_inval_pkey();
+        }
+    }
+    let fr = cqe.flags_rqpn();
+    wc.src_qp = fr & 0xff_ffff;
+    wc.dlid_path_bits = cqe.ml_path();
+    if (fr >> 28) & 3 != 0 {
+        wc.wc_flags |= WcFlags::GRH;
+    }
+    // Only the GSI QP sees P_Keys per packet; every other QP has one (`pkey_index` 0).
+    wc.pkey_index = 0;
+    match link {
+        LinkLayer::InfiniBand => {
+            wc.slid = cqe.slid();
+            wc.sl = ((fr >> 24) & 0xf) as u8;
+        }
+        LinkLayer::Ethernet => {
+            if cqe.l4_l3_hdr_type() & 1 != 0 {
+                let v = cqe.vlan_info();
+                wc.vlan_id = v & 0xfff;
+                wc.sl = (v >> 13) as u8 & 7;
+                wc.wc_flags |= WcFlags::WITH_VLAN;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cq::cqe::CqeFields;
+
+    /// A work-request table that knows one QP and answers with fixed `wr_id`s, recording what was asked.
+    #[derive(Default)]
+    struct OneQp {
+        qpn: u32,
+        sends: u32,
+        recvs: u32,
+        last_counter: u16,
+    }
+
+    impl WrTable for OneQp {
+        fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
+            self.sends += 1;
+            self.last_counter = wqe_counter;
+            (qpn == self.qpn).then_some(0x5e0d)
+        }
+        fn recv_done(&mut self, qpn: u32, _srqn: u32, wqe_counter: u16) -> Option<u64> {
+            self.recvs += 1;
+            self.last_counter = wqe_counter;
+            (qpn == self.qpn).then_some(0x4ec7)
+        }
+        fn flush_one(&mut self, _cqn: u32, _dead: bool) -> Option<WorkCompletion> {
+            None
+        }
+    }
+
+    fn decode(f: CqeFields, link: LinkLayer, wq: &mut OneQp) -> Result<Option<WorkCompletion>, CqeError> {
+        decode_cqe(&f.emit(), 3, 9, link, wq)
+    }
+
+    fn req(wqe_opcode: u32) -> CqeFields {
+        CqeFields {
+            opcode: consts::MLX5_CQE_REQ as u8,
+            wqe_opcode: wqe_opcode as u8,
+            qpn: 0x42,
+            wqe_counter: 5,
+            byte_cnt: 100,
+            ..CqeFields::default()
+        }
+    }
+
+    #[test]
+    fn requester_send_completes_the_named_wqe() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let wc = decode(req(consts::MLX5_OPCODE_SEND), LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((wc.status, wc.opcode, wc.wr_id, wc.qp_num), (WcStatus::Success, WcOpcode::Send, 0x5e0d, 0x42));
+        assert_eq!((wq.sends, wq.recvs, wq.last_counter), (1, 0, 5));
+    }
+
+    #[test]
+    fn requester_byte_len_is_set_for_reads_and_atomics_only() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let read = decode(req(consts::MLX5_OPCODE_RDMA_READ), LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((read.opcode, read.byte_len), (WcOpcode::RdmaRead, 100));
+        let fa = decode(req(consts::MLX5_OPCODE_ATOMIC_FA), LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((fa.opcode, fa.byte_len), (WcOpcode::FetchAdd, 8));
+        let write = decode(req(consts::MLX5_OPCODE_RDMA_WRITE_IMM), LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((write.opcode, write.byte_len), (WcOpcode::RdmaWrite, 0));
+        assert!(write.wc_flags.contains(WcFlags::WITH_IMM));
+    }
+
+    #[test]
+    fn responder_send_with_immediate_reports_the_immediate_and_source() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let f = CqeFields {
+            opcode: consts::MLX5_CQE_RESP_SEND_IMM as u8,
+            qpn: 0x42,
+            byte_cnt: 64,
+            imm_inval_pkey: 0x1234_5678,
+            flags_rqpn: (2 << 28) | (5 << 24) | 0x77,
+            slid: 9,
+            ..CqeFields::default()
+        };
+        let wc = decode(f, LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((wc.opcode, wc.byte_len, wc.imm_data, wc.wr_id), (WcOpcode::Recv, 64, 0x1234_5678, 0x4ec7));
+        assert!(wc.wc_flags.contains(WcFlags::WITH_IMM) && wc.wc_flags.contains(WcFlags::GRH));
+        assert_eq!((wc.src_qp, wc.sl, wc.slid), (0x77, 5, 9));
+        assert_eq!(wq.recvs, 1);
+    }
+
+    #[test]
+    fn responder_on_ethernet_takes_the_vlan_only_when_tagged() {
+        let mut wq = OneQp { qpn: 1, ..OneQp::default() };
+        let base = CqeFields {
+            opcode: consts::MLX5_CQE_RESP_SEND as u8,
+            qpn: 1,
+            vlan_info: (3 << 13) | 0x123,
+            ..CqeFields::default()
+        };
+        let untagged = decode(base, LinkLayer::Ethernet, &mut wq).unwrap().unwrap();
+        assert!(!untagged.wc_flags.contains(WcFlags::WITH_VLAN));
+        assert_eq!(untagged.vlan_id, 0);
+        let tagged = decode(CqeFields { l4_l3_hdr_type: 1, ..base }, LinkLayer::Ethernet, &mut wq).unwrap().unwrap();
+        assert!(tagged.wc_flags.contains(WcFlags::WITH_VLAN));
+        assert_eq!((tagged.vlan_id, tagged.sl), (0x123, 3));
+    }
+
+    #[test]
+    fn error_cqe_maps_syndrome_and_keeps_vendor_error() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let f = CqeFields {
+            opcode: consts::MLX5_CQE_REQ_ERR as u8,
+            qpn: 0x42,
+            syndrome: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR as u8,
+            vendor_err: 0xf5,
+            ..CqeFields::default()
+        };
+        let wc = decode(f, LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
+        assert_eq!((wc.status, wc.vendor_err, wc.qp_num, wc.wr_id), (WcStatus::WrFlushErr, 0xf5, 0x42, 0x5e0d));
+        assert_eq!((wq.sends, wq.recvs), (1, 0));
+    }
+
+    #[test]
+    fn syndromes_map_to_verbs_statuses_and_unknown_ones_are_general() {
+        assert_eq!(WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR as u8), WcStatus::LocLenErr);
+        assert_eq!(
+            WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR as u8),
+            WcStatus::RnrRetryExcErr
+        );
+        assert_eq!(WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR as u8), WcStatus::RemAccessErr);
+        assert_eq!(WcStatus::from_syndrome(0xee), WcStatus::GeneralErr);
+    }
+
+    #[test]
+    fn completions_of_unknown_qps_are_errors() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let f = CqeFields { qpn: 0x43, ..req(consts::MLX5_OPCODE_SEND) };
+        assert_eq!(decode(f, LinkLayer::InfiniBand, &mut wq), Err(CqeError::UnknownQp { cqn: 3, qpn: 0x43, index: 9 }));
+    }
+
+    #[test]
+    fn resize_markers_and_compressed_cqes_are_rejected_and_signature_errors_skipped() {
+        let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
+        let resize = CqeFields { opcode: consts::MLX5_CQE_RESIZE_CQ as u8, ..CqeFields::default() };
+        assert!(matches!(decode(resize, LinkLayer::InfiniBand, &mut wq), Err(CqeError::BadOpcode { index: 9, .. })));
+        let sig = CqeFields { opcode: consts::MLX5_CQE_SIG_ERR as u8, ..CqeFields::default() };
+        assert_eq!(decode(sig, LinkLayer::InfiniBand, &mut wq), Ok(None));
+        let mut compressed = req(consts::MLX5_OPCODE_SEND).emit();
+        compressed.0[crate::cq::cqe::field::OP_OWN.off] |= (consts::MLX5_COMPRESSED as u8) << 2;
+        assert!(decode_cqe(&compressed, 3, 9, LinkLayer::InfiniBand, &mut wq).is_err());
+        assert_eq!(wq.sends, 0, "nothing was retired");
+    }
+}

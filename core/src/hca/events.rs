@@ -1,0 +1,272 @@
+//! Event bookkeeping of an HCA: async events waiting for the caller ([`AsyncEvent`], `ibv_get_async_event`), the
+//! completion-event state of every CQ (`ibv_get_cq_event` / `ibv_ack_cq_events`, `cq->arm_sn`) and where one EQ
+//! drain pass records what the EQEs say (Linux `eq.c` `mlx5_eq_async_int` / `mlx5_eq_comp_int`).
+
+use crate::eq::{EqRing, Event};
+use crate::hal::{DelayNs, Dma, Mmio};
+use crate::trace::CmdTrace;
+use heapless::{Deque, Vec};
+
+use super::error::Error;
+use super::{EventCounts, Hca, PageStats};
+use crate::cq::Cq;
+use crate::cq::Notify;
+use crate::eq::QpErrorKind;
+
+/// An affiliated or unaffiliated asynchronous event (`ibv_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_CQ_ERR`: the CQ overran (`MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN`) or hit an access error; the
+    /// device writes no more completions to it.
+    CqError {
+        /// The CQ number.
+        cqn: u32,
+        /// `MLX5_CQ_ERROR_SYNDROME_*`.
+        syndrome: u8,
+    },
+    /// `IBV_EVENT_PORT_ACTIVE` / `_ERR` and friends (`MLX5_PORT_CHANGE_SUBTYPE_*`).
+    PortChange {
+        /// The port.
+        port: u8,
+        /// `MLX5_PORT_CHANGE_SUBTYPE_*`.
+        sub_type: u8,
+    },
+    /// `IBV_EVENT_QP_FATAL` / `_QP_REQ_ERR` / `_QP_ACCESS_ERR`: the device moved the QP to ERR; it flushes the QP's
+    /// outstanding work requests.
+    QpError {
+        /// The QP number.
+        qpn: u32,
+        /// Which error.
+        kind: QpErrorKind,
+    },
+    /// `IBV_EVENT_DEVICE_FATAL`.
+    DeviceFatal,
+}
+
+/// Async events waiting for the caller. When more arrive than fit, the oldest are dropped and counted.
+#[derive(Debug, Default)]
+pub(crate) struct AsyncEvents {
+    q: Deque<AsyncEvent, 64>,
+    pub(crate) dropped: u32,
+}
+
+impl AsyncEvents {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn push(&mut self, e: AsyncEvent) {
+        if self.q.is_full() {
+            self.q.pop_front();
+            self.dropped = self.dropped.saturating_add(1);
+        }
+        // Cannot fail: room was made above.
+        let _ = self.q.push_back(e);
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CqEntry {
+    pub(super) cqn: u32,
+    /// Completion events received (`cq->arm_sn`): goes into the next arm so the device can tell a stale arm.
+    pub(super) arm_sn: u32,
+    /// Events not yet handed out by `get_cq_event`.
+    pub(super) pending: u32,
+    /// Events handed out and not yet acknowledged.
+    pub(super) unacked: u32,
+    /// The syndrome of a CQ error event, once one arrived.
+    pub(super) error: Option<u8>,
+}
+
+/// Completion-event state of every CQ, and the order in which CQs have events to hand out. A CQ sits in `ready`
+/// at most once (its count says how many events), so `ready` cannot overflow.
+#[derive(Debug, Default)]
+pub(crate) struct CqEvents<const NCQ: usize> {
+    cqs: Vec<CqEntry, NCQ>,
+    ready: Deque<u32, NCQ>,
+}
+
+impl<const NCQ: usize> CqEvents<NCQ> {
+    pub(crate) fn new() -> Self {
+        Self { cqs: Vec::new(), ready: Deque::new() }
+    }
+
+    pub(super) fn find(&mut self, cqn: u32) -> Option<&mut CqEntry> {
+        self.cqs.iter_mut().find(|e| e.cqn == cqn)
+    }
+
+    /// Whether a CQ error event arrived for `cqn`.
+    pub(super) fn failed(&self, cqn: u32) -> bool {
+        self.cqs.iter().any(|e| e.cqn == cqn && e.error.is_some())
+    }
+
+    pub(super) fn has_room(&self) -> bool {
+        !self.cqs.is_full()
+    }
+
+    pub(super) fn register(&mut self, cqn: u32) -> bool {
+        self.cqs.push(CqEntry { cqn, arm_sn: 0, pending: 0, unacked: 0, error: None }).is_ok()
+    }
+
+    pub(super) fn unregister(&mut self, cqn: u32) {
+        if let Some(i) = self.cqs.iter().position(|e| e.cqn == cqn) {
+            self.cqs.swap_remove(i);
+        }
+        let n = self.ready.len();
+        for _ in 0..n {
+            if let Some(c) = self.ready.pop_front() {
+                if c != cqn {
+                    let _ = self.ready.push_back(c);
+                }
+            }
+        }
+    }
+
+    /// A completion EQE for `cqn` (`mlx5_eq_comp_int`); `false` when no such CQ exists here.
+    pub(crate) fn on_completion(&mut self, cqn: u32) -> bool {
+        let Some(e) = self.find(cqn) else { return false };
+        e.arm_sn = e.arm_sn.wrapping_add(1);
+        e.pending = e.pending.saturating_add(1);
+        if e.pending == 1 {
+            // At most one entry per registered CQ, and the deque holds as many as there can be CQs.
+            let _ = self.ready.push_back(cqn);
+        }
+        true
+    }
+
+    pub(crate) fn on_error(&mut self, cqn: u32, syndrome: u8) {
+        if let Some(e) = self.find(cqn) {
+            e.error = Some(syndrome);
+        }
+    }
+
+    pub(super) fn get(&mut self) -> Option<u32> {
+        let cqn = self.ready.pop_front()?;
+        let e = self.find(cqn)?;
+        e.pending -= 1;
+        e.unacked = e.unacked.saturating_add(1);
+        if e.pending > 0 {
+            let _ = self.ready.push_back(cqn);
+        }
+        Some(cqn)
+    }
+}
+
+/// Where one drain pass puts what the EQEs say.
+pub(super) struct EventSink<'a, const NCQ: usize> {
+    pub(super) events: &'a mut EventCounts,
+    pub(super) stats: &'a mut PageStats,
+    pub(super) cqs: &'a mut CqEvents<NCQ>,
+    pub(super) async_events: &'a mut AsyncEvents,
+    pub(super) requests: &'a mut [Option<(u16, i32)>; 8],
+    pub(super) nreq: usize,
+}
+
+impl<const NCQ: usize> EventSink<'_, NCQ> {
+    /// Consumes the software-owned EQEs of one ring (at most one ring's worth) and re-arms it.
+    pub(super) fn drain_ring<M: Mmio + ?Sized>(&mut self, ring: &mut EqRing, mmio: &M) {
+        let mut n = 0u32;
+        for _ in 0..ring.nent() {
+            let Some(eqe) = ring.next(mmio) else { break };
+            n += 1;
+            self.handle(eqe.event());
+        }
+        if n > 0 {
+            ring.update_ci(mmio, true);
+            self.events.arms += 1;
+        }
+    }
+
+    fn handle(&mut self, event: Event) {
+        let ev = &mut *self.events;
+        match event {
+            Event::Command { .. } => ev.command += 1,
+            Event::PageRequest { function_id, num_pages, .. } => {
+                ev.page_request += 1;
+                self.stats.page_requests += 1;
+                let requests = &mut *self.requests;
+                if self.nreq < requests.len() {
+                    requests[self.nreq] = Some((function_id, num_pages));
+                    self.nreq += 1;
+                } else if let Some((_, total)) = requests[self.nreq - 1].as_mut() {
+                    // More requests than slots in one pass: fold them (same function in practice).
+                    *total = total.saturating_add(num_pages);
+                }
+            }
+            Event::PortChange { port, sub_type } => {
+                ev.port_change += 1;
+                ev.last_port_change = Some((port, sub_type));
+                self.async_events.push(AsyncEvent::PortChange { port, sub_type });
+            }
+            Event::CqError { cqn, syndrome } => {
+                ev.cq_error += 1;
+                ev.last_cq_error = Some((cqn, syndrome));
+                self.cqs.on_error(cqn, syndrome);
+                self.async_events.push(AsyncEvent::CqError { cqn, syndrome });
+            }
+            Event::InternalError => {
+                ev.internal_error += 1;
+                self.async_events.push(AsyncEvent::DeviceFatal);
+            }
+            Event::QpError { qpn, kind } => {
+                ev.qp_error += 1;
+                self.async_events.push(AsyncEvent::QpError { qpn, kind });
+            }
+            Event::Completion { cqn } => {
+                ev.completion += 1;
+                if !self.cqs.on_completion(cqn) {
+                    // `mlx5_eq_comp_int`: "Completion event for bogus CQ".
+                    ev.bogus_completion += 1;
+                }
+            }
+            Event::Other { .. } => ev.other += 1,
+        }
+    }
+}
+
+impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T, P, NCQ> {
+    /// Requests a completion event (`ibv_req_notify_cq`): for the next completion, or the next solicited one.
+    pub fn req_notify_cq(&mut self, cq: &Cq, notify: Notify) -> Result<(), Error> {
+        let cqn = cq.cqn();
+        let sn = self.ctx.cqs.find(cqn).ok_or(Error::UnknownCq { cqn })?.arm_sn;
+        cq.arm(self.cmdq.mmio(), sn, notify);
+        Ok(())
+    }
+
+    /// The next completion event (`ibv_get_cq_event`): the CQ number whose armed notification fired. Drains the
+    /// EQs first when none is waiting. Each event must be acknowledged with [`Hca::ack_cq_events`].
+    pub fn get_cq_event(&mut self, delay: &mut impl DelayNs) -> Result<Option<u32>, Error> {
+        if let Some(cqn) = self.ctx.cqs.get() {
+            return Ok(Some(cqn));
+        }
+        self.process_events(delay)?;
+        Ok(self.ctx.cqs.get())
+    }
+
+    /// Acknowledges `n` events of `cq` taken with [`Hca::get_cq_event`] (`ibv_ack_cq_events`).
+    pub fn ack_cq_events(&mut self, cq: &Cq, n: u32) -> Result<(), Error> {
+        let cqn = cq.cqn();
+        let e = self.ctx.cqs.find(cqn).ok_or(Error::UnknownCq { cqn })?;
+        if n > e.unacked {
+            return Err(Error::BadSize { what: "events to acknowledge", requested: n.into(), max: e.unacked.into() });
+        }
+        e.unacked -= n;
+        Ok(())
+    }
+
+    /// The CQ error event's syndrome, once the device reported one for `cq` (it writes no more CQEs then).
+    pub fn cq_error(&mut self, cq: &Cq) -> Option<u8> {
+        self.ctx.cqs.find(cq.cqn()).and_then(|e| e.error)
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`); events arrive as the EQs are drained.
+    pub fn get_async_event(&mut self) -> Option<AsyncEvent> {
+        self.ctx.async_events.q.pop_front()
+    }
+
+    /// Async events dropped because the caller did not take them fast enough (the oldest go first).
+    pub fn async_events_dropped(&self) -> u32 {
+        self.ctx.async_events.dropped
+    }
+}

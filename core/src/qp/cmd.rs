@@ -1,0 +1,407 @@
+//! QP firmware commands (PRM CREATE_QP, the modify transitions RST2INIT to 2RST, QUERY_QP, DESTROY_QP) and the
+//! `qpc` / address-path encoding.
+
+use super::attr::{AhAttr, QpAttr, QpAttrMask, QpState, QpType};
+use crate::cmd::{len_with_pas, write_pas, Pas};
+use crate::cmdq::{write_header, CmdError, Command};
+use crate::mkey::Access;
+use crate::prm::{consts, ifc, Field, MsgBuf, Opcode, Sub, SubBuf};
+
+/// The `qpc` of CREATE_QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpContext {
+    /// RC or UD.
+    pub qp_type: QpType,
+    /// The protection domain.
+    pub pd: u32,
+    /// UAR page the QP's doorbells use.
+    pub uar_page: u32,
+    /// CQ of the send queue.
+    pub cqn_snd: u32,
+    /// CQ of the receive queue.
+    pub cqn_rcv: u32,
+    /// log2 of the send queue's WQE basic blocks.
+    pub log_sq_size: u8,
+    /// log2 of the receive queue's WQEs.
+    pub log_rq_size: u8,
+    /// RQ WQE size is `16 << log_rq_stride`.
+    pub log_rq_stride: u8,
+    /// The QP has no send queue.
+    pub no_sq: bool,
+    /// `log_page_size` (relative to 4 KiB).
+    pub log_page_size: u8,
+    /// Bus address of the doorbell record.
+    pub dbr_addr: u64,
+}
+
+/// `CREATE_QP`; the output is the QP number.
+#[derive(Debug, Clone, Copy)]
+pub struct CreateQp<'a> {
+    /// The QP context.
+    pub ctx: QpContext,
+    /// The buffer's pages.
+    pub pas: Pas<'a>,
+}
+
+impl Command for CreateQp<'_> {
+    type In = ifc::create_qp_in::Bits;
+    type Out = ifc::create_qp_out::Bits;
+    type Output = u32;
+    fn opcode(&self) -> Opcode {
+        Opcode::CreateQp
+    }
+    fn inlen(&self) -> usize {
+        len_with_pas(ifc::create_qp_in::PAS, self.pas.len())
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        use ifc::qpc as q;
+        write_header(msg, Opcode::CreateQp, 0);
+        {
+            let mut c = SubBuf::new(msg, ifc::create_qp_in::QPC);
+            let x = &self.ctx;
+            c.set(q::ST, x.qp_type.st());
+            c.set(q::PM_STATE, consts::MLX5_QP_PM_MIGRATED);
+            c.set(q::PD, x.pd);
+            c.set(q::UAR_PAGE, x.uar_page);
+            c.set(q::LOG_PAGE_SIZE, x.log_page_size.into());
+            c.set(q::LOG_RQ_SIZE, x.log_rq_size.into());
+            c.set(q::LOG_RQ_STRIDE, x.log_rq_stride.into());
+            if x.no_sq {
+                c.set(q::NO_SQ, 1);
+            } else {
+                c.set(q::LOG_SQ_SIZE, x.log_sq_size.into());
+            }
+            c.set(q::CQN_SND, x.cqn_snd);
+            c.set(q::CQN_RCV, x.cqn_rcv);
+            c.set64(q::DBR_ADDR, x.dbr_addr);
+        }
+        write_pas(msg, ifc::create_qp_in::PAS, self.pas);
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<u32, CmdError> {
+        Ok(out.get(ifc::create_qp_out::QPN))
+    }
+}
+
+/// `DESTROY_QP`.
+pub fn destroy_qp(qpn: u32) -> crate::cmd::Simple {
+    crate::cmd::Simple::new(Opcode::DestroyQp, ifc::destroy_qp_in::SIZE_BYTES, ifc::destroy_qp_out::SIZE_BYTES)
+        .arg(ifc::destroy_qp_in::QPN, qpn)
+}
+
+/// One firmware state-transition command (`mlx5_core_qp_modify`): which opcode, and where its fields are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// RST2INIT_QP.
+    Rst2Init,
+    /// INIT2INIT_QP.
+    Init2Init,
+    /// INIT2RTR_QP.
+    Init2Rtr,
+    /// RTR2RTS_QP.
+    Rtr2Rts,
+    /// RTS2RTS_QP.
+    Rts2Rts,
+    /// 2ERR_QP.
+    ToErr,
+    /// 2RST_QP.
+    ToRst,
+}
+
+impl Transition {
+    /// The command for `from` → `to`, if there is one.
+    pub fn of(from: QpState, to: QpState) -> Option<Self> {
+        use QpState::*;
+        Some(match (from, to) {
+            (_, Reset) => Transition::ToRst,
+            (_, Err) => Transition::ToErr,
+            (Reset, Init) => Transition::Rst2Init,
+            (Init, Init) => Transition::Init2Init,
+            (Init, Rtr) => Transition::Init2Rtr,
+            (Rtr, Rts) => Transition::Rtr2Rts,
+            (Rts, Rts) => Transition::Rts2Rts,
+            _ => return None,
+        })
+    }
+
+    fn opcode(self) -> Opcode {
+        match self {
+            Transition::Rst2Init => Opcode::Rst2initQp,
+            Transition::Init2Init => Opcode::Init2initQp,
+            Transition::Init2Rtr => Opcode::Init2rtrQp,
+            Transition::Rtr2Rts => Opcode::Rtr2rtsQp,
+            Transition::Rts2Rts => Opcode::Rts2rtsQp,
+            Transition::ToErr => Opcode::X2errQp,
+            Transition::ToRst => Opcode::X2rstQp,
+        }
+    }
+
+    /// (inlen, outlen, qpn field, opt_param_mask field, qpc) of the command's layout.
+    fn layout(self) -> (usize, usize, Field, Option<Field>, Option<Sub>) {
+        use ifc::*;
+        match self {
+            Transition::Rst2Init => (
+                rst2init_qp_in::SIZE_BYTES,
+                rst2init_qp_out::SIZE_BYTES,
+                rst2init_qp_in::QPN,
+                Some(rst2init_qp_in::OPT_PARAM_MASK),
+                Some(rst2init_qp_in::QPC),
+            ),
+            // INIT2INIT shares RST2INIT's layout in mlx5_ifc.
+            Transition::Init2Init => (
+                rst2init_qp_in::SIZE_BYTES,
+                rst2init_qp_out::SIZE_BYTES,
+                rst2init_qp_in::QPN,
+                Some(rst2init_qp_in::OPT_PARAM_MASK),
+                Some(rst2init_qp_in::QPC),
+            ),
+            Transition::Init2Rtr => (
+                init2rtr_qp_in::SIZE_BYTES,
+                init2rtr_qp_out::SIZE_BYTES,
+                init2rtr_qp_in::QPN,
+                Some(init2rtr_qp_in::OPT_PARAM_MASK),
+                Some(init2rtr_qp_in::QPC),
+            ),
+            Transition::Rtr2Rts => (
+                rtr2rts_qp_in::SIZE_BYTES,
+                rtr2rts_qp_out::SIZE_BYTES,
+                rtr2rts_qp_in::QPN,
+                Some(rtr2rts_qp_in::OPT_PARAM_MASK),
+                Some(rtr2rts_qp_in::QPC),
+            ),
+            Transition::Rts2Rts => (
+                rts2rts_qp_in::SIZE_BYTES,
+                rts2rts_qp_out::SIZE_BYTES,
+                rts2rts_qp_in::QPN,
+                Some(rts2rts_qp_in::OPT_PARAM_MASK),
+                Some(rts2rts_qp_in::QPC),
+            ),
+            Transition::ToErr => (qp_2err_in::SIZE_BYTES, qp_2err_out::SIZE_BYTES, qp_2err_in::QPN, None, None),
+            Transition::ToRst => (qp_2rst_in::SIZE_BYTES, qp_2rst_out::SIZE_BYTES, qp_2rst_in::QPN, None, None),
+        }
+    }
+}
+
+/// A state-transition command with the qpc fields it carries (`__mlx5_ib_modify_qp` → `mlx5_core_qp_modify`).
+#[derive(Debug, Clone, Copy)]
+pub struct ModifyQp {
+    /// The QP number.
+    pub qpn: u32,
+    /// RC or UD.
+    pub qp_type: QpType,
+    /// The command to send.
+    pub transition: Transition,
+    /// The attributes.
+    pub attr: QpAttr,
+    /// Which attributes are set.
+    pub mask: QpAttrMask,
+    /// The port's link layer (address paths differ).
+    pub link: crate::cq::LinkLayer,
+}
+
+impl ModifyQp {
+    /// `opt_param_mask`: the optional fields this command changes (`MLX5_QP_OPTPAR_*`, from `ib_mask_to_mlx5_opt`).
+    fn opt_param_mask(&self) -> u32 {
+        let mut m = 0;
+        if self.mask.contains(QpAttrMask::ACCESS_FLAGS) && self.qp_type == QpType::Rc {
+            m |= consts::MLX5_QP_OPTPAR_RRE | consts::MLX5_QP_OPTPAR_RAE | consts::MLX5_QP_OPTPAR_RWE;
+        }
+        if self.mask.contains(QpAttrMask::PKEY_INDEX) {
+            m |= consts::MLX5_QP_OPTPAR_PKEY_INDEX;
+        }
+        if self.mask.contains(QpAttrMask::QKEY) {
+            m |= consts::MLX5_QP_OPTPAR_Q_KEY;
+        }
+        if self.mask.contains(QpAttrMask::MIN_RNR_TIMER) {
+            m |= consts::MLX5_QP_OPTPAR_RNR_TIMEOUT;
+        }
+        // Mandatory fields of the transition are not "optional parameters".
+        match self.transition {
+            Transition::Rst2Init => 0,
+            Transition::Init2Rtr | Transition::Init2Init => m & !consts::MLX5_QP_OPTPAR_RNR_TIMEOUT,
+            _ => m & !consts::MLX5_QP_OPTPAR_PKEY_INDEX,
+        }
+    }
+}
+
+/// Writes the address path (`mlx5_set_path` for the primary path).
+fn set_path<B: MsgBuf + ?Sized>(c: &mut SubBuf<'_, B>, base: Sub, ah: &AhAttr, link: crate::cq::LinkLayer) {
+    use ifc::ads as a;
+    let at = |f: Field| f.at(base);
+    match link {
+        crate::cq::LinkLayer::InfiniBand => {
+            c.set(at(a::RLID), ah.dlid.into());
+            c.set(at(a::SL), u32::from(ah.sl & 0xf));
+            c.set(at(a::MLID), u32::from(ah.src_path_bits & 0x7f));
+        }
+        crate::cq::LinkLayer::Ethernet => {
+            c.set(at(a::RMAC_47_32), u32::from(u16::from_be_bytes([ah.dmac[0], ah.dmac[1]])));
+            c.set(at(a::RMAC_31_0), u32::from_be_bytes([ah.dmac[2], ah.dmac[3], ah.dmac[4], ah.dmac[5]]));
+            c.set(at(a::ETH_PRIO), u32::from(ah.sl & 7));
+            c.set(at(a::UDP_SPORT), ROCE_UDP_SPORT_MIN);
+        }
+    }
+    if let Some(g) = ah.grh {
+        c.set(at(a::GRH), 1);
+        c.set(at(a::SRC_ADDR_INDEX), g.sgid_index.into());
+        c.set(at(a::HOP_LIMIT), g.hop_limit.into());
+        c.set(at(a::TCLASS), g.traffic_class.into());
+        c.set(at(a::FLOW_LABEL), g.flow_label & 0xf_ffff);
+        for (i, b) in g.dgid.iter().enumerate() {
+            c.set(a::RGID_RIP.elem(i as u32).at(base), u32::from(*b));
+        }
+    }
+    c.set(at(a::STAT_RATE), u32::from(ah.static_rate & 0xf));
+    c.set(at(a::VHCA_PORT_NUM), ah.port_num.max(1).into());
+}
+
+/// The lowest RoCE v2 UDP source port (`r_roce_min_src_udp_port` of the simulated and real ConnectX-5: 0xc000).
+pub const ROCE_UDP_SPORT_MIN: u32 = 0xc000;
+
+/// `log2` rounded up, for the `log_*_max` fields (`log_rra_max`, `log_sra_max`).
+fn log2_ceil(v: u8) -> u32 {
+    if v <= 1 {
+        0
+    } else {
+        32 - (u32::from(v) - 1).leading_zeros()
+    }
+}
+
+impl Command for ModifyQp {
+    type In = ifc::mbox_in::Bits;
+    type Out = ifc::mbox_out::Bits;
+    type Output = ();
+    fn opcode(&self) -> Opcode {
+        self.transition.opcode()
+    }
+    fn inlen(&self) -> usize {
+        self.transition.layout().0
+    }
+    fn outlen(&self) -> usize {
+        self.transition.layout().1
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        use ifc::qpc as q;
+        let (_, _, qpn, opt, qpc) = self.transition.layout();
+        write_header(msg, self.transition.opcode(), 0);
+        msg.set(qpn, self.qpn);
+        if let Some(f) = opt {
+            msg.set(f, self.opt_param_mask());
+        }
+        let Some(qpc) = qpc else { return };
+        let a = &self.attr;
+        let m = self.mask;
+        let mut c = SubBuf::new(msg, qpc);
+        let path = q::PRIMARY_ADDRESS_PATH;
+        if m.contains(QpAttrMask::PKEY_INDEX) {
+            c.set(ifc::ads::PKEY_INDEX.at(path), a.pkey_index.into());
+        }
+        if m.contains(QpAttrMask::PORT) || self.transition == Transition::Rst2Init {
+            c.set(ifc::ads::VHCA_PORT_NUM.at(path), a.port_num.max(1).into());
+        }
+        if m.contains(QpAttrMask::ACCESS_FLAGS) && self.qp_type == QpType::Rc {
+            let acc = a.qp_access_flags;
+            c.set(q::RRE, acc.contains(Access::REMOTE_READ).into());
+            c.set(q::RWE, acc.contains(Access::REMOTE_WRITE).into());
+            c.set(q::RAE, acc.contains(Access::REMOTE_ATOMIC).into());
+        }
+        if m.contains(QpAttrMask::QKEY) {
+            c.set(q::Q_KEY, a.qkey);
+        }
+        if m.contains(QpAttrMask::AV) {
+            set_path(&mut c, path, &a.ah_attr, self.link);
+        }
+        if m.contains(QpAttrMask::PATH_MTU) {
+            c.set(q::MTU, a.path_mtu as u32);
+            // Messages up to 2^30 bytes (`log_max_msg` of the device).
+            c.set(q::LOG_MSG_MAX, 30);
+        }
+        if m.contains(QpAttrMask::DEST_QPN) {
+            c.set(q::REMOTE_QPN, a.dest_qp_num & 0xff_ffff);
+        }
+        if m.contains(QpAttrMask::RQ_PSN) {
+            c.set(q::NEXT_RCV_PSN, a.rq_psn);
+        }
+        if m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            c.set(q::LOG_RRA_MAX, log2_ceil(a.max_dest_rd_atomic));
+        }
+        if m.contains(QpAttrMask::MIN_RNR_TIMER) {
+            c.set(q::MIN_RNR_NAK, a.min_rnr_timer.into());
+        }
+        if m.contains(QpAttrMask::TIMEOUT) {
+            c.set(ifc::ads::ACK_TIMEOUT.at(path), a.timeout.into());
+        }
+        if m.contains(QpAttrMask::RETRY_CNT) {
+            c.set(q::RETRY_COUNT, a.retry_cnt.into());
+        }
+        if m.contains(QpAttrMask::RNR_RETRY) {
+            c.set(q::RNR_RETRY, a.rnr_retry.into());
+        }
+        if m.contains(QpAttrMask::SQ_PSN) {
+            c.set(q::NEXT_SEND_PSN, a.sq_psn);
+        }
+        if m.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
+            c.set(q::LOG_SRA_MAX, log2_ceil(a.max_rd_atomic));
+        }
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, _out: &B) -> Result<(), CmdError> {
+        Ok(())
+    }
+}
+
+/// What `QUERY_QP` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpQuery {
+    /// The current state.
+    pub state: QpState,
+    /// Remote QP number.
+    pub remote_qpn: u32,
+    /// Next send PSN.
+    pub next_send_psn: u32,
+    /// Next expected receive PSN.
+    pub next_rcv_psn: u32,
+    /// Path MTU (`ib_mtu`).
+    pub mtu: u8,
+    /// Q_Key.
+    pub qkey: u32,
+    /// Send WQE basic blocks the device has consumed.
+    pub hw_sq_wqebb_counter: u16,
+    /// Receive WQEs the device has consumed.
+    pub hw_rq_counter: u32,
+}
+
+/// `QUERY_QP` (the context only).
+#[derive(Debug, Clone, Copy)]
+pub struct QueryQp {
+    /// The QP number.
+    pub qpn: u32,
+}
+
+impl Command for QueryQp {
+    type In = ifc::query_qp_in::Bits;
+    type Out = ifc::query_qp_out::Bits;
+    type Output = QpQuery;
+    fn opcode(&self) -> Opcode {
+        Opcode::QueryQp
+    }
+    fn outlen(&self) -> usize {
+        ifc::query_qp_out::QP_PAS_OR_QPC_EXT_AND_PAS.off
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        write_header(msg, Opcode::QueryQp, 0);
+        msg.set(ifc::query_qp_in::QPN, self.qpn);
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<QpQuery, CmdError> {
+        use ifc::qpc as q;
+        let at = |f: Field| out.get(f.at(ifc::query_qp_out::QPC));
+        Ok(QpQuery {
+            state: QpState::from_raw(at(q::STATE) as u8),
+            remote_qpn: at(q::REMOTE_QPN),
+            next_send_psn: at(q::NEXT_SEND_PSN),
+            next_rcv_psn: at(q::NEXT_RCV_PSN),
+            mtu: at(q::MTU) as u8,
+            qkey: at(q::Q_KEY),
+            hw_sq_wqebb_counter: at(q::HW_SQ_WQEBB_COUNTER) as u16,
+            hw_rq_counter: at(q::HW_RQ_COUNTER),
+        })
+    }
+}

@@ -1,0 +1,634 @@
+//! The QP itself ([`Qp`]): its buffer and host-only shadow bookkeeping, posting send and receive WQEs and ringing
+//! the doorbell (rdma-core `mlx5_post_send` / `mlx5_post_recv`), and the WQE control segment.
+
+use super::attr::{QpCap, QpState, QpType};
+use super::size::{QpSizes, ATOMIC, BB, CTRL, DATA, DGRAM, DS, INL_HDR, RADDR};
+use super::wr::{PostError, PostErrorKind, RecvWr, SendFlags, SendOp, SendWr};
+use crate::buf::QueueBuf;
+use crate::cq::{WcOpcode, WcStatus, WorkCompletion, WrTable};
+use crate::dbr::DbRec;
+use crate::hal::{DmaRegion, Mmio, Span};
+use crate::prm::{c, consts, Bytes};
+use crate::uar::BfReg;
+
+/// even if a device wrote over the array (it is DMA memory the device could reach).
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
+struct SqSlot {
+    wr_id: u64,
+    /// `head` after this WQE: a completion of it retires every WQE before it (`wqe_head`).
+    head_after: u32,
+    /// `cur_post` after this WQE: where the next WQE starts (`w_list[].next`), so a software flush can walk the
+    /// outstanding WQEs in order.
+    next: u32,
+}
+
+/// A created queue pair: its rings, doorbell record, BlueFlame register and work-request bookkeeping.
+#[derive(Debug)]
+pub struct Qp {
+    pub(crate) buf: QueueBuf,
+    pub(crate) dbrec: DbRec,
+    /// Host-only shadow: `sq_wqe_cnt` `SqSlot`s, then `rq_wqe_cnt` receive wr_ids.
+    pub(crate) shadow: DmaRegion,
+    qpn: u32,
+    ty: QpType,
+    pub(crate) state: QpState,
+    sizes: QpSizes,
+    sq_offset: usize,
+    /// SQ producer counter in BBs (`cur_post`); the low 16 bits go into WQEs and the doorbell record.
+    sq_cur_post: u32,
+    /// WQEs posted and retired (`sq.head`, `sq.tail`).
+    sq_head: u32,
+    sq_tail: u32,
+    /// `cur_post` of the oldest outstanding WQE (`sq.last_poll`).
+    sq_tail_bb: u32,
+    rq_head: u32,
+    rq_tail: u32,
+    /// The CQs the send and receive queues complete on.
+    cqn_snd: u32,
+    cqn_rcv: u32,
+    bf: BfReg,
+    sig_all: bool,
+    /// The SQ as one region when it lies inside one fragment of `buf` (the usual case): a WQE segment's address
+    /// is then a mask and an add instead of a fragment lookup. `None`: every access goes through `buf`.
+    sq_flat: Option<Span>,
+    /// The RQ likewise.
+    rq_flat: Option<Span>,
+}
+
+/// `len` bytes at `off` of `buf` as one span, when they lie inside one fragment. The QP keeps the span beside the
+/// buffer it owns, so the fragment lives as long as the span is used.
+fn flat_span(buf: &QueueBuf, off: usize, len: usize) -> Option<Span> {
+    if len == 0 || off.checked_add(len)? > buf.len() {
+        return None;
+    }
+    let (r, o) = buf.locate(off);
+    r.slice(o, len).map(Span::of)
+}
+
+impl Qp {
+    /// Bytes of the shadow array for `sizes`.
+    pub fn shadow_len(sizes: &QpSizes) -> usize {
+        sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>() + sizes.rq_wqe_cnt as usize * 8
+    }
+
+    /// A QP over its created objects. `shadow` is zeroed host memory of [`Qp::shadow_len`] bytes, 8-byte aligned;
+    /// `cqns` are the send and receive CQs it was created with.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        buf: QueueBuf,
+        dbrec: DbRec,
+        shadow: DmaRegion,
+        qpn: u32,
+        ty: QpType,
+        sizes: QpSizes,
+        bf: BfReg,
+        sig_all: bool,
+        cqns: (u32, u32),
+    ) -> Self {
+        let sq_offset = sizes.rq_bytes();
+        let sq_flat = flat_span(&buf, sq_offset, sizes.sq_bytes());
+        let rq_flat = flat_span(&buf, 0, sizes.rq_bytes());
+        Self {
+            buf,
+            dbrec,
+            shadow,
+            qpn,
+            ty,
+            state: QpState::Reset,
+            sizes,
+            sq_offset,
+            sq_cur_post: 0,
+            sq_head: 0,
+            sq_tail: 0,
+            sq_tail_bb: 0,
+            rq_head: 0,
+            rq_tail: 0,
+            cqn_snd: cqns.0,
+            cqn_rcv: cqns.1,
+            bf,
+            sig_all,
+            sq_flat,
+            rq_flat,
+        }
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    /// RC or UD.
+    pub fn qp_type(&self) -> QpType {
+        self.ty
+    }
+    /// The state the driver last moved the QP to.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    /// The capabilities granted.
+    pub fn cap(&self) -> QpCap {
+        self.sizes.cap
+    }
+    /// The queue geometry.
+    pub fn sizes(&self) -> &QpSizes {
+        &self.sizes
+    }
+    /// The doorbell record.
+    pub fn dbrec(&self) -> &DbRec {
+        &self.dbrec
+    }
+    /// Send WQEs posted and not yet completed (unsignaled ones count until a later signaled one completes).
+    pub fn sq_outstanding(&self) -> u32 {
+        self.sq_head.wrapping_sub(self.sq_tail)
+    }
+    /// Receive work requests posted and not yet completed.
+    pub fn rq_outstanding(&self) -> u32 {
+        self.rq_head.wrapping_sub(self.rq_tail)
+    }
+    /// The SQ producer counter in BBs.
+    pub fn sq_cur_post(&self) -> u32 {
+        self.sq_cur_post
+    }
+    /// The CQs the send and receive queues complete on.
+    pub fn cqns(&self) -> (u32, u32) {
+        (self.cqn_snd, self.cqn_rcv)
+    }
+
+    /// Completes the oldest outstanding work request of the queues on CQ `cqn` in software (sends first): retired
+    /// here, returned with [`WcStatus::WrFlushErr`]; `None` when nothing is outstanding. Only for work the device
+    /// will never complete (`Hca::poll_cq` decides when): a CQE the device wrote later
+    /// for it would be refused as naming nothing outstanding.
+    pub fn flush_next(&mut self, cqn: u32) -> Option<WorkCompletion> {
+        let mut wc = WorkCompletion {
+            status: WcStatus::WrFlushErr,
+            vendor_err: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR,
+            qp_num: self.qpn,
+            ..WorkCompletion::default()
+        };
+        if cqn == self.cqn_snd && self.sq_outstanding() > 0 {
+            // SAFETY: inside the live shadow region, aligned; only the driver touches it.
+            let slot = unsafe { self.sq_slot_ptr(self.sq_tail_bb).read() };
+            // One WQE per completion, whatever the slot says: the count stays exact even over a damaged shadow.
+            self.sq_tail = self.sq_tail.wrapping_add(1);
+            self.sq_tail_bb = slot.next;
+            wc.wr_id = slot.wr_id;
+            return Some(wc);
+        }
+        if cqn == self.cqn_rcv && self.rq_outstanding() > 0 {
+            // SAFETY: inside the live shadow region, aligned; only the driver touches it.
+            wc.wr_id = unsafe { self.rq_wrid_ptr(self.rq_tail).read() };
+            wc.opcode = WcOpcode::Recv;
+            self.rq_tail = self.rq_tail.wrapping_add(1);
+            return Some(wc);
+        }
+        None
+    }
+
+    /// Back to a fresh ring after a move to RESET (the device forgot its counters too).
+    pub(crate) fn reset_rings(&mut self) {
+        self.sq_cur_post = 0;
+        self.sq_head = 0;
+        self.sq_tail = 0;
+        self.sq_tail_bb = 0;
+        self.rq_head = 0;
+        self.rq_tail = 0;
+        self.dbrec.write_be32(consts::MLX5_RCV_DBR as usize, 0);
+        self.dbrec.write_be32(consts::MLX5_SND_DBR as usize, 0);
+    }
+
+    #[inline]
+    fn sq_slot_ptr(&self, idx: u32) -> *mut SqSlot {
+        let i = (idx & (self.sizes.sq_wqe_cnt - 1)) as usize;
+        let sz = core::mem::size_of::<SqSlot>();
+        self.shadow.ptr_at(i * sz, sz).cast::<SqSlot>()
+    }
+
+    #[inline]
+    fn rq_wrid_ptr(&self, idx: u32) -> *mut u64 {
+        let i = (idx & (self.sizes.rq_wqe_cnt - 1)) as usize;
+        let base = self.sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>();
+        self.shadow.ptr_at(base + i * 8, 8).cast::<u64>()
+    }
+
+    /// Writes `data` at byte `pos` of the SQ, wrapping at its end (a WQE continues at the start of the ring).
+    fn sq_write(&self, pos: usize, data: &[u8]) {
+        let sq = self.sizes.sq_bytes();
+        let mut done = 0;
+        while done < data.len() {
+            let p = (pos + done) & (sq - 1);
+            // Never cross the ring's end or a BB (fragments are whole numbers of BBs).
+            let n = (data.len() - done).min(sq - p).min(BB - p % BB);
+            let dst = self.buf.ptr(self.sq_offset + p, n);
+            // SAFETY: `dst..dst + n` is inside one live fragment of the ring (QueueBuf::ptr checked it); software
+            // owns SQ entries beyond the device's consumer counter, which the overflow check keeps us within.
+            unsafe { core::ptr::copy_nonoverlapping(data[done..].as_ptr(), dst, n) };
+            done += n;
+        }
+    }
+
+    /// Pointer to the 16 bytes (`DS`) at SQ byte `pos`, wrapping at the ring's end. Segments start on `DS`
+    /// boundaries; the mask also rounds any other `pos` down to one, so the span is always inside the SQ.
+    #[inline(always)]
+    fn sq_ds_ptr(&self, pos: usize) -> *mut u8 {
+        // The SQ is a power of two of at least one BB, so this mask keeps `p + DS <= sq_bytes`.
+        let p = pos & (self.sizes.sq_bytes() - DS);
+        match &self.sq_flat {
+            // SAFETY: `p + DS <= sq_bytes == r.len` (mask above), and `r` lies inside a fragment of `buf`, which this QP owns.
+            Some(r) => unsafe { r.cpu().as_ptr().add(p) },
+            None => self.buf.ptr(self.sq_offset + p, DS),
+        }
+    }
+
+    /// Writes whole 16-byte segments at SQ byte `pos` (a multiple of `DS`): one 16-byte store each, wrapping at
+    /// the ring's end between segments.
+    #[inline(always)]
+    fn sq_put<const N: usize>(&self, pos: usize, seg: &[u8; N]) {
+        const { assert!(N / DS * DS == N, "whole segments only") };
+        for k in 0..N / DS {
+            let dst = self.sq_ds_ptr(pos + k * DS);
+            let mut chunk = [0u8; DS];
+            chunk.copy_from_slice(&seg[k * DS..(k + 1) * DS]);
+            // SAFETY: `dst..dst + DS` is inside the SQ (sq_ds_ptr); software owns SQ entries beyond the device's
+            // consumer counter, which the overflow check keeps us within.
+            unsafe { dst.cast::<[u8; DS]>().write_unaligned(chunk) };
+        }
+    }
+
+    /// Reads the 16 bytes at SQ byte `pos` (see [`Qp::sq_ds_ptr`]).
+    #[inline(always)]
+    fn sq_get16(&self, pos: usize) -> [u8; DS] {
+        let src = self.sq_ds_ptr(pos);
+        // SAFETY: inside the SQ (sq_ds_ptr); these are bytes this driver wrote.
+        unsafe { src.cast::<[u8; DS]>().read_unaligned() }
+    }
+
+    /// Writes a 16-byte receive segment at RQ byte `pos` (a multiple of `DS` below the RQ size).
+    #[inline(always)]
+    fn rq_put(&self, pos: usize, seg: &[u8; DS]) {
+        let dst = match &self.rq_flat {
+            Some(r) => {
+                // The RQ is a power of two of at least one WQE of at least DS bytes: `p + DS <= rq_bytes`.
+                let p = pos & (r.len() - DS);
+                // SAFETY: `p + DS <= r.len` (mask above), and `r` lies inside a fragment of `buf`, which this QP owns.
+                unsafe { r.cpu().as_ptr().add(p) }
+            }
+            None => self.buf.ptr(pos, DS),
+        };
+        // SAFETY: inside one live fragment (a receive WQE never crosses one); software owns unposted RQ entries.
+        unsafe { dst.cast::<[u8; DS]>().write_unaligned(*seg) };
+    }
+
+    /// Copies the SQ bytes of the WQE that starts at basic block `wqe_index` (wrapping at the ring's end): what
+    /// the device reads, for diagnostics and tests.
+    pub fn read_sq(&self, wqe_index: u32, out: &mut [u8]) {
+        for (k, chunk) in out.chunks_mut(8).enumerate() {
+            let b = self.sq_read8(wqe_index as usize * BB + k * 8);
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+    }
+
+    /// Reads 8 bytes at SQ byte `pos` (for the BlueFlame copy).
+    fn sq_read8(&self, pos: usize) -> [u8; 8] {
+        let sq = self.sizes.sq_bytes();
+        let p = pos & (sq - 1);
+        let src = self.buf.ptr(self.sq_offset + p, 8);
+        // SAFETY: 8 bytes inside a BB of a live fragment; these are bytes this function's caller just wrote.
+        unsafe { src.cast::<[u8; 8]>().read() }
+    }
+
+    /// Posts send work requests (`mlx5_ib_post_send` / `_mlx5_post_send`) and rings the doorbell once.
+    pub fn post_send<M: Mmio + ?Sized>(&mut self, mmio: &M, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        let mut nreq = 0usize;
+        let mut last_ctrl = 0usize;
+        let mut last_size_ds = 0usize;
+        let mut result = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            match self.build_send(wr) {
+                Ok((pos, ds)) => {
+                    last_ctrl = pos;
+                    last_size_ds = ds;
+                    nreq += 1;
+                }
+                Err(kind) => {
+                    result = Err(PostError { index: i, kind });
+                    break;
+                }
+            }
+        }
+        if nreq > 0 {
+            self.ring_sq(mmio, last_ctrl, last_size_ds, nreq == 1);
+        }
+        result
+    }
+
+    /// Writes one send WQE at the producer counter. Returns (SQ byte offset of its ctrl segment, size in DS).
+    fn build_send(&mut self, wr: &SendWr<'_>) -> Result<(usize, usize), PostErrorKind> {
+        use PostErrorKind as K;
+        if self.state != QpState::Rts {
+            return Err(K::BadState { state: self.state });
+        }
+        let max_post = self.sizes.cap.max_send_wr;
+        if self.sq_outstanding() >= max_post {
+            return Err(K::QueueFull { outstanding: self.sq_outstanding(), max: max_post });
+        }
+        if wr.inline.is_some() && !wr.sg_list.is_empty() {
+            return Err(K::BadRequest { what: "inline data and a gather list in one work request" });
+        }
+        if wr.sg_list.len() > self.sizes.cap.max_send_sge as usize {
+            return Err(K::TooManySge { sge: wr.sg_list.len(), max: self.sizes.cap.max_send_sge });
+        }
+        let start = (self.sq_cur_post as usize) * BB;
+        let mut off = CTRL;
+        match (self.ty, &wr.ud) {
+            (QpType::Ud, Some(d)) => {
+                let mut seg = *d.ah.av();
+                c::mlx5_av::DQP_DCT.put_be(&mut seg, 0, (d.remote_qpn & 0xff_ffff) | consts::MLX5_EXTENDED_UD_AV);
+                c::mlx5_av::QKEY.put_be(&mut seg, 0, d.remote_qkey);
+                self.sq_put(start + off, &seg);
+                off += DGRAM;
+            }
+            (QpType::Ud, None) => return Err(K::BadRequest { what: "UD send without an address handle" }),
+            (QpType::Rc, Some(_)) => return Err(K::BadRequest { what: "RC send with a UD destination" }),
+            (QpType::Rc, None) => {}
+        }
+        let raddr = |addr: u64, rkey: u32| {
+            let mut s = [0u8; RADDR];
+            put64(&mut s, c::mlx5_wqe_raddr_seg::RADDR, addr);
+            c::mlx5_wqe_raddr_seg::RKEY.put_be(&mut s, 0, rkey);
+            s
+        };
+        let mut imm = 0u32;
+        match wr.op {
+            SendOp::Send => {}
+            SendOp::SendImm { imm: v } => imm = v,
+            SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaRead { remote_addr, rkey } => {
+                self.need_rc()?;
+                self.sq_put(start + off, &raddr(remote_addr, rkey));
+                off += RADDR;
+            }
+            SendOp::RdmaWriteImm { remote_addr, rkey, imm: v } => {
+                self.need_rc()?;
+                imm = v;
+                self.sq_put(start + off, &raddr(remote_addr, rkey));
+                off += RADDR;
+            }
+            SendOp::AtomicCmpSwp { remote_addr, rkey, compare, swap } => {
+                self.need_atomic(wr)?;
+                self.sq_put(start + off, &raddr(remote_addr, rkey));
+                off += RADDR;
+                let mut a = [0u8; ATOMIC];
+                put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, swap);
+                put64(&mut a, c::mlx5_wqe_atomic_seg::COMPARE, compare);
+                self.sq_put(start + off, &a);
+                off += ATOMIC;
+            }
+            SendOp::AtomicFetchAdd { remote_addr, rkey, add } => {
+                self.need_atomic(wr)?;
+                self.sq_put(start + off, &raddr(remote_addr, rkey));
+                off += RADDR;
+                let mut a = [0u8; ATOMIC];
+                put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, add);
+                self.sq_put(start + off, &a);
+                off += ATOMIC;
+            }
+        }
+        if let Some(data) = wr.inline {
+            if matches!(wr.op, SendOp::RdmaRead { .. } | SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. }) {
+                return Err(K::BadRequest { what: "inline data on a READ or atomic" });
+            }
+            let total = data.len();
+            if total > self.sizes.cap.max_inline_data as usize {
+                return Err(K::InlineTooLong { bytes: total, max: self.sizes.cap.max_inline_data });
+            }
+            // No segment for no data (`set_data_inl_seg`): an empty one would not fit a WQE sized for none.
+            if total > 0 {
+                let mut hdr = [0u8; INL_HDR];
+                c::mlx5_wqe_inline_seg::BYTE_COUNT.put_be(&mut hdr, 0, total as u32 | consts::MLX5_INLINE_SEG);
+                self.sq_write(start + off, &hdr);
+                self.sq_write(start + off + INL_HDR, data);
+                off = (off + INL_HDR + total).next_multiple_of(DS);
+            }
+        } else {
+            for s in wr.sg_list.iter().filter(|s| s.length > 0) {
+                let mut d = [0u8; DATA];
+                c::mlx5_wqe_data_seg::BYTE_COUNT.put_be(&mut d, 0, s.length);
+                c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, s.lkey);
+                put64(&mut d, c::mlx5_wqe_data_seg::ADDR, s.addr);
+                self.sq_put(start + off, &d);
+                off += DATA;
+            }
+        }
+        let ds = off / DS;
+        let bbs = off.div_ceil(BB);
+        let signaled = self.sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        let mut fm_ce_se = 0u8;
+        if signaled {
+            fm_ce_se |= consts::MLX5_WQE_CTRL_CQ_UPDATE;
+        }
+        if wr.flags.contains(SendFlags::SOLICITED) {
+            fm_ce_se |= consts::MLX5_WQE_CTRL_SOLICITED;
+        }
+        if wr.flags.contains(SendFlags::FENCE) {
+            fm_ce_se |= consts::MLX5_WQE_CTRL_FENCE;
+        }
+        let ctrl = ctrl_seg(self.sq_cur_post as u16, wr.op.mlx5_opcode() as u8, self.qpn, ds as u8, fm_ce_se, imm);
+        self.sq_put(start, &ctrl);
+        let idx = self.sq_cur_post;
+        let next = self.sq_cur_post.wrapping_add(bbs as u32);
+        let slot = SqSlot { wr_id: wr.wr_id, head_after: self.sq_head.wrapping_add(1), next };
+        // SAFETY: the shadow slot is inside the live shadow region (ptr_at) and aligned (8-byte aligned region,
+        // 16-byte slots); only the driver touches it.
+        unsafe { self.sq_slot_ptr(idx).write(slot) };
+        self.sq_cur_post = self.sq_cur_post.wrapping_add(bbs as u32);
+        self.sq_head = self.sq_head.wrapping_add(1);
+        Ok((start, ds))
+    }
+
+    fn need_rc(&self) -> Result<(), PostErrorKind> {
+        if self.ty != QpType::Rc {
+            return Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" });
+        }
+        Ok(())
+    }
+
+    fn need_atomic(&self, wr: &SendWr<'_>) -> Result<(), PostErrorKind> {
+        self.need_rc()?;
+        if wr.sg_list.len() != 1 || wr.sg_list[0].length != 8 {
+            return Err(PostErrorKind::BadRequest { what: "an atomic needs one 8-byte SGE for the result" });
+        }
+        Ok(())
+    }
+
+    /// The send doorbell (`mlx5r_ring_db` / rdma-core `post_send_db`). This function owns the SQ doorbell
+    /// sequence.
+    fn ring_sq<M: Mmio + ?Sized>(&mut self, mmio: &M, last_ctrl: usize, size_ds: usize, single: bool) {
+        // The WQEs must be visible in memory before the record that says they exist.
+        mmio.dma_wmb();
+        self.dbrec.write_be32(consts::MLX5_SND_DBR as usize, self.sq_cur_post & 0xffff);
+        // The record must be visible before the doorbell write, and the write-combining burst must not merge with
+        // anything earlier.
+        mmio.wc_start();
+        let reg = self.bf.next_offset();
+        let bytes = size_ds * DS;
+        if single && self.bf.bf && bytes <= self.bf.buf_size {
+            // BlueFlame: the whole WQE through the write-combining window, 64 bytes at a time, so the device can
+            // start without fetching it.
+            for at in (0..bytes.div_ceil(BB) * BB).step_by(DS) {
+                // Each 8-byte half as the big-endian value whose `write64` stores exactly those bytes.
+                let v = u128::from_be_bytes(self.sq_get16(last_ctrl + at));
+                mmio.write64(reg + at, (v >> 64) as u64);
+                mmio.write64(reg + at + 8, v as u64);
+            }
+        } else {
+            mmio.write64(reg, (u128::from_be_bytes(self.sq_get16(last_ctrl)) >> 64) as u64);
+        }
+        // Flush the write-combining buffer so the doorbell reaches the device now, as whole 64-byte chunks.
+        mmio.wc_flush();
+    }
+
+    /// Posts receive work requests (`mlx5_ib_post_recv`): scatter entries, terminated with the invalid lkey when
+    /// shorter than the queue's maximum, then the doorbell record.
+    pub fn post_recv<M: Mmio + ?Sized>(&mut self, mmio: &M, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        use PostErrorKind as K;
+        let mut nreq = 0u32;
+        let mut result = Ok(());
+        let max_gs = self.sizes.cap.max_recv_sge as usize;
+        for (i, wr) in wrs.iter().enumerate() {
+            if matches!(self.state, QpState::Reset) {
+                result = Err(PostError { index: i, kind: K::BadState { state: self.state } });
+                break;
+            }
+            let outstanding = self.rq_outstanding() + nreq;
+            if outstanding >= self.sizes.rq_wqe_cnt {
+                result = Err(PostError { index: i, kind: K::QueueFull { outstanding, max: self.sizes.rq_wqe_cnt } });
+                break;
+            }
+            if wr.sg_list.len() > max_gs {
+                result = Err(PostError { index: i, kind: K::TooManySge { sge: wr.sg_list.len(), max: max_gs as u32 } });
+                break;
+            }
+            let idx = self.rq_head.wrapping_add(nreq);
+            let base = ((idx & (self.sizes.rq_wqe_cnt - 1)) as usize) << self.sizes.rq_wqe_shift;
+            for (k, s) in wr.sg_list.iter().enumerate() {
+                let mut d = [0u8; DATA];
+                c::mlx5_wqe_data_seg::BYTE_COUNT.put_be(&mut d, 0, s.length);
+                c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, s.lkey);
+                put64(&mut d, c::mlx5_wqe_data_seg::ADDR, s.addr);
+                self.rq_put(base + k * DATA, &d);
+            }
+            if wr.sg_list.len() < max_gs {
+                let mut d = [0u8; DATA];
+                c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, consts::MLX5_INVALID_LKEY);
+                self.rq_put(base + wr.sg_list.len() * DATA, &d);
+            }
+            // SAFETY: the slot is inside the live shadow region and 8-byte aligned; only the driver touches it.
+            unsafe { self.rq_wrid_ptr(idx).write(wr.wr_id) };
+            nreq += 1;
+        }
+        if nreq > 0 {
+            self.rq_head = self.rq_head.wrapping_add(nreq);
+            // The receive WQEs must be visible before the record that hands them to the device.
+            mmio.dma_wmb();
+            self.dbrec.write_be32(consts::MLX5_RCV_DBR as usize, self.rq_head & 0xffff);
+        }
+        result
+    }
+}
+
+/// The 16-byte control segment (`mlx5_wqe_ctrl_seg`).
+#[inline]
+pub fn ctrl_seg(wqe_index: u16, opcode: u8, qpn: u32, ds: u8, fm_ce_se: u8, imm: u32) -> [u8; CTRL] {
+    use c::mlx5_wqe_ctrl_seg as s;
+    let mut b = [0u8; CTRL];
+    s::OPMOD_IDX_OPCODE.put_be(&mut b, 0, u32::from(wqe_index) << 8 | u32::from(opcode));
+    s::QPN_DS.put_be(&mut b, 0, (qpn & 0xff_ffff) << 8 | u32::from(ds & 0x3f));
+    b[s::FM_CE_SE.off] = fm_ce_se;
+    s::IMM.put_be(&mut b, 0, imm);
+    b
+}
+
+#[inline]
+fn put64(buf: &mut [u8], m: Bytes, v: u64) {
+    buf[m.off..m.off + 8].copy_from_slice(&v.to_be_bytes());
+}
+
+impl WrTable for Qp {
+    #[inline]
+    fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
+        if qpn != self.qpn {
+            return None;
+        }
+        // The counter names the WQE by its first BB (16 bits of `cur_post`).
+        // SAFETY: inside the live shadow region, aligned; only the driver touches it.
+        let slot = unsafe { self.sq_slot_ptr(wqe_counter.into()).read() };
+        // A completion for a slot with nothing outstanding is a device fault.
+        let retired = slot.head_after.wrapping_sub(self.sq_tail);
+        if retired == 0 || retired > self.sq_outstanding() {
+            return None;
+        }
+        self.sq_tail = slot.head_after;
+        self.sq_tail_bb = slot.next;
+        Some(slot.wr_id)
+    }
+
+    #[inline]
+    fn recv_done(&mut self, qpn: u32, _srqn: u32, _wqe_counter: u16) -> Option<u64> {
+        if qpn != self.qpn || self.rq_outstanding() == 0 {
+            return None;
+        }
+        // SAFETY: inside the live shadow region, aligned; only the driver touches it.
+        let id = unsafe { self.rq_wrid_ptr(self.rq_tail).read() };
+        self.rq_tail = self.rq_tail.wrapping_add(1);
+        Some(id)
+    }
+
+    fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
+        if !dead && self.state != QpState::Err {
+            return None;
+        }
+        self.flush_next(cqn)
+    }
+}
+
+/// Several QPs sharing a CQ: completions are routed by QP number.
+impl WrTable for [&mut Qp] {
+    fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
+        self.iter_mut().find(|q| q.qpn == qpn)?.send_done(qpn, wqe_counter)
+    }
+    fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
+        self.iter_mut().find(|q| q.qpn == qpn)?.recv_done(qpn, srqn, wqe_counter)
+    }
+    fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
+        self.iter_mut().find_map(|q| WrTable::flush_one(&mut **q, cqn, dead))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ctrl_seg_packs_index_opcode_qpn_and_ds_big_endian() {
+        use c::mlx5_wqe_ctrl_seg as s;
+        let b = ctrl_seg(0x1234, 0x0a, 0x00ab_cdef, 3, consts::MLX5_WQE_CTRL_CQ_UPDATE, 0xdead_beef);
+        assert_eq!(s::OPMOD_IDX_OPCODE.get_be(&b, 0), 0x0012_340a);
+        assert_eq!(&b[s::OPMOD_IDX_OPCODE.off..s::OPMOD_IDX_OPCODE.off + 4], &[0x00, 0x12, 0x34, 0x0a]);
+        assert_eq!(s::QPN_DS.get_be(&b, 0), 0xabcd_ef03);
+        assert_eq!(b[s::FM_CE_SE.off], consts::MLX5_WQE_CTRL_CQ_UPDATE);
+        assert_eq!(s::IMM.get_be(&b, 0), 0xdead_beef);
+    }
+
+    #[test]
+    fn ctrl_seg_keeps_qpn_to_24_bits_and_ds_to_6() {
+        use c::mlx5_wqe_ctrl_seg as s;
+        let b = ctrl_seg(0, 0, 0xff12_3456, 0xff, 0, 0);
+        assert_eq!(s::QPN_DS.get_be(&b, 0), 0x1234_563f);
+    }
+
+    #[test]
+    fn put64_writes_big_endian() {
+        let mut b = [0u8; 16];
+        put64(&mut b, Bytes::new(8, 8), 0x0102_0304_0506_0708);
+        assert_eq!(b, [0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+}

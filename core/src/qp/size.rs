@@ -1,0 +1,195 @@
+//! Queue sizing (rdma-core `mlx5_calc_sq_size` / `mlx5_calc_rq_size`): WQE basic blocks, segment sizes and
+//! [`qp_sizes`].
+
+use super::attr::{QpCap, QpType};
+use crate::prm::{c, consts};
+
+pub(super) const BB: usize = consts::MLX5_SEND_WQE_BB as usize;
+pub(super) const DS: usize = consts::MLX5_SEND_WQE_DS as usize;
+pub(super) const CTRL: usize = c::mlx5_wqe_ctrl_seg::SIZE;
+pub(super) const DATA: usize = c::mlx5_wqe_data_seg::SIZE;
+pub(super) const RADDR: usize = c::mlx5_wqe_raddr_seg::SIZE;
+pub(super) const ATOMIC: usize = c::mlx5_wqe_atomic_seg::SIZE;
+pub(super) const DGRAM: usize = c::mlx5_wqe_datagram_seg::SIZE;
+/// Bytes of the inline segment header (`byte_count`).
+pub(super) const INL_HDR: usize = c::mlx5_wqe_inline_seg::BYTE_COUNT.len;
+/// Most BBs one WQE may span (`MLX5_SEND_WQE_MAX_WQEBBS`).
+pub(super) const MAX_WQEBBS: usize = 16;
+
+/// The fixed part of a send WQE before its data (`sq_overhead`).
+const fn sq_overhead(ty: QpType) -> usize {
+    match ty {
+        QpType::Rc => CTRL + RADDR + ATOMIC,
+        QpType::Ud => CTRL + DGRAM,
+    }
+}
+
+/// Queue geometry chosen for a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpSizes {
+    /// Send WQE basic blocks in the ring.
+    pub sq_wqe_cnt: u32,
+    /// Bytes of the largest send WQE (a multiple of 64).
+    pub sq_wqe_size: u32,
+    /// Receive WQEs in the ring.
+    pub rq_wqe_cnt: u32,
+    /// log2 of the receive WQE size (at least 16 bytes).
+    pub rq_wqe_shift: u8,
+    /// What the caller gets.
+    pub cap: QpCap,
+}
+
+impl QpSizes {
+    /// Bytes of the send queue.
+    pub fn sq_bytes(&self) -> usize {
+        self.sq_wqe_cnt as usize * BB
+    }
+    /// Bytes of the receive queue.
+    pub fn rq_bytes(&self) -> usize {
+        (self.rq_wqe_cnt as usize) << self.rq_wqe_shift
+    }
+}
+
+/// Why a QP size cannot be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum SizeError {
+    /// The send WQE is larger than the device allows.
+    SendWqeTooBig {
+        /// Bytes needed.
+        bytes: u32,
+        /// Bytes allowed.
+        max: u32,
+    },
+    /// The receive WQE is larger than the device allows.
+    RecvWqeTooBig {
+        /// Bytes needed.
+        bytes: u32,
+        /// Bytes allowed.
+        max: u32,
+    },
+    /// More WQEs than a queue may have.
+    TooManyWqes {
+        /// WQEs needed.
+        wqes: u32,
+        /// WQEs allowed.
+        max: u32,
+    },
+    /// No send work requests were asked for.
+    NoSendQueue,
+}
+
+/// Sizes the queues for `cap` (rdma-core's calculation): the send WQE fits the overhead plus the larger of the
+/// SGEs and the inline data, rounded to BBs; both rings are powers of two; the granted capabilities are what those
+/// rings actually hold.
+pub fn qp_sizes(
+    ty: QpType,
+    cap: &QpCap,
+    max_wqe_sz_sq: u32,
+    max_wqe_sz_rq: u32,
+    log_max_qp_sz: u8,
+) -> Result<QpSizes, SizeError> {
+    let max_wqes = 1u32 << log_max_qp_sz;
+    // Send queue.
+    let inl = if cap.max_inline_data > 0 { INL_HDR + cap.max_inline_data as usize } else { 0 };
+    let data = (cap.max_send_sge as usize * DATA).max(inl);
+    let wqe_size = (sq_overhead(ty) + data).next_multiple_of(BB);
+    if wqe_size as u32 > max_wqe_sz_sq || wqe_size > MAX_WQEBBS * BB {
+        return Err(SizeError::SendWqeTooBig {
+            bytes: wqe_size as u32,
+            max: max_wqe_sz_sq.min((MAX_WQEBBS * BB) as u32),
+        });
+    }
+    if cap.max_send_wr == 0 {
+        return Err(SizeError::NoSendQueue);
+    }
+    let sq_bytes = (cap.max_send_wr as usize * wqe_size).next_power_of_two();
+    let sq_wqe_cnt = (sq_bytes / BB) as u32;
+    if sq_wqe_cnt > max_wqes {
+        return Err(SizeError::TooManyWqes { wqes: sq_wqe_cnt, max: max_wqes });
+    }
+    // Receive queue: a power-of-two array of data segments, at least one.
+    let rq_wqe_size = (cap.max_recv_sge.max(1) as usize).next_power_of_two() * DATA;
+    if rq_wqe_size as u32 > max_wqe_sz_rq {
+        return Err(SizeError::RecvWqeTooBig { bytes: rq_wqe_size as u32, max: max_wqe_sz_rq });
+    }
+    let rq_wqe_cnt = cap.max_recv_wr.max(1).next_power_of_two();
+    if rq_wqe_cnt > max_wqes {
+        return Err(SizeError::TooManyWqes { wqes: rq_wqe_cnt, max: max_wqes });
+    }
+    let overhead = sq_overhead(ty);
+    let granted = QpCap {
+        max_send_wr: sq_wqe_cnt / (wqe_size / BB) as u32,
+        max_recv_wr: rq_wqe_cnt,
+        max_send_sge: ((wqe_size - overhead) / DATA) as u32,
+        max_recv_sge: (rq_wqe_size / DATA) as u32,
+        // A WQE of only the fixed segments (UD with no SGEs and no inline data) has no room for an inline header.
+        max_inline_data: (wqe_size - overhead).saturating_sub(INL_HDR) as u32,
+    };
+    Ok(QpSizes {
+        sq_wqe_cnt,
+        sq_wqe_size: wqe_size as u32,
+        rq_wqe_cnt,
+        rq_wqe_shift: rq_wqe_size.trailing_zeros() as u8,
+        cap: granted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap(send_wr: u32, recv_wr: u32, send_sge: u32, recv_sge: u32, inline: u32) -> QpCap {
+        QpCap {
+            max_send_wr: send_wr,
+            max_recv_wr: recv_wr,
+            max_send_sge: send_sge,
+            max_recv_sge: recv_sge,
+            max_inline_data: inline,
+        }
+    }
+
+    #[test]
+    fn rc_queues_round_to_basic_blocks_and_powers_of_two() {
+        let s = qp_sizes(QpType::Rc, &cap(100, 100, 1, 3, 0), 512, 512, 16).unwrap();
+        // Control + remote address + atomic segments and one data segment fill one 64-byte basic block.
+        assert_eq!(s.sq_wqe_size as usize, BB);
+        assert_eq!(s.sq_wqe_cnt, 128);
+        assert_eq!(s.sq_bytes(), 128 * BB);
+        assert_eq!((s.rq_wqe_cnt, s.rq_wqe_shift), (128, 6));
+        assert_eq!(s.rq_bytes(), 128 << 6);
+        assert_eq!(s.cap, cap(128, 128, 1, 4, (BB - CTRL - RADDR - ATOMIC - INL_HDR) as u32));
+    }
+
+    #[test]
+    fn ud_wqes_carry_the_datagram_segment() {
+        let s = qp_sizes(QpType::Ud, &cap(10, 1, 2, 1, 0), 512, 512, 16).unwrap();
+        assert_eq!(s.sq_wqe_size as usize, (CTRL + DGRAM + 2 * DATA).next_multiple_of(BB));
+        assert_eq!(s.cap.max_send_sge as usize, (s.sq_wqe_size as usize - CTRL - DGRAM) / DATA);
+        assert_eq!(s.cap.max_send_wr, s.sq_wqe_cnt / (s.sq_wqe_size as usize / BB) as u32);
+    }
+
+    #[test]
+    fn inline_data_can_set_the_wqe_size() {
+        let s = qp_sizes(QpType::Rc, &cap(1, 1, 1, 1, 100), 1024, 512, 16).unwrap();
+        assert_eq!(s.sq_wqe_size as usize, (CTRL + RADDR + ATOMIC + INL_HDR + 100).next_multiple_of(BB));
+        assert!(s.cap.max_inline_data >= 100);
+    }
+
+    #[test]
+    fn limits_are_reported() {
+        assert_eq!(qp_sizes(QpType::Rc, &cap(0, 1, 1, 1, 0), 512, 512, 16), Err(SizeError::NoSendQueue));
+        assert_eq!(
+            qp_sizes(QpType::Rc, &cap(1, 1, 20, 1, 0), 256, 512, 16),
+            Err(SizeError::SendWqeTooBig { bytes: 384, max: 256 })
+        );
+        assert_eq!(
+            qp_sizes(QpType::Rc, &cap(100, 1, 1, 1, 0), 512, 512, 6),
+            Err(SizeError::TooManyWqes { wqes: 128, max: 64 })
+        );
+        assert_eq!(
+            qp_sizes(QpType::Rc, &cap(1, 1, 1, 8, 0), 512, 64, 16),
+            Err(SizeError::RecvWqeTooBig { bytes: 128, max: 64 })
+        );
+    }
+}
