@@ -374,4 +374,42 @@ mod tests {
         assert_eq!(page_sizes(12, 13), 0x3000);
         assert_eq!(page_sizes(12, 63), !0xfff);
     }
+
+    #[test]
+    fn a_queue_buffer_is_one_fragment_when_it_can_be_and_pieces_when_not() {
+        use crate::hal::tests::TestDma;
+        let dma = TestDma::default();
+        let mut one = QueueBuf::alloc(&dma, 5000).unwrap();
+        // Rounded up to a power of two, in one piece.
+        assert_eq!((one.len(), one.nfrags()), (8192, 1));
+        let (r, o) = one.locate(8192 + 100);
+        assert_eq!((r.iova(), o), (one.frag(0).unwrap().iova(), 100), "ring indices wrap at the length");
+        // SAFETY: never given to a device.
+        unsafe { one.free(&dma) };
+
+        let small = TestDma::limited(4096);
+        let frags = QueueBuf::alloc(&small, 16384).unwrap();
+        assert_eq!((frags.len(), frags.nfrags()), (16384, 4));
+        let (r, o) = frags.locate(3 * 4096 + 8);
+        assert_eq!((r.iova(), o), (frags.frag(3).unwrap().iova(), 8));
+        assert_eq!(frags.ptr(4096, 64) as usize, frags.frag(1).unwrap().cpu().as_ptr() as usize);
+        let pages = frags.pages();
+        assert_eq!(pages.layout.page_shift, 12, "4 KiB pieces describe themselves with 4 KiB pages");
+        // Giving up the buffer hands back every fragment exactly once.
+        let n = frags.into_frags().map(|r| {
+            // SAFETY: never given to a device; each fragment freed once.
+            unsafe { small.free(r) }
+        });
+        assert_eq!(n.count(), 4);
+        assert_eq!(small.live(), 0);
+    }
+
+    #[test]
+    fn a_failed_fragment_frees_the_ones_before_it() {
+        use crate::hal::tests::TestDma;
+        // Nothing of 4 KiB or more can be had: the whole allocation fails and nothing stays allocated.
+        let none = TestDma::limited(2048);
+        assert!(matches!(QueueBuf::alloc(&none, 8192), Err(DmaError::NoMemory { .. })));
+        assert_eq!(none.live(), 0);
+    }
 }

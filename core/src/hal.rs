@@ -523,3 +523,117 @@ pub mod barrier {
 }
 
 impl core::error::Error for DmaError {}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    extern crate std;
+
+    use core::cell::RefCell;
+    use std::alloc::{alloc_zeroed, dealloc, Layout};
+    use std::vec::Vec;
+
+    use super::*;
+
+    /// A heap allocator for the core's own unit tests: bus address = CPU address, an optional largest region (to
+    /// force fragmented queue buffers), a log of what is live. Regions still live when it is dropped are leaked,
+    /// as `Dma`'s contract asks.
+    #[derive(Debug, Default)]
+    pub(crate) struct TestDma {
+        live: RefCell<Vec<(usize, Layout)>>,
+        max_len: Option<usize>,
+    }
+
+    impl TestDma {
+        /// An allocator that refuses regions larger than `max_len`.
+        pub(crate) fn limited(max_len: usize) -> Self {
+            Self { max_len: Some(max_len), ..Self::default() }
+        }
+
+        pub(crate) fn live(&self) -> usize {
+            self.live.borrow().len()
+        }
+    }
+
+    // SAFETY: regions are fresh zeroed allocations with the asked alignment (so the bus address, the CPU address,
+    // is aligned too), distinct while live, deallocated only by `free`, and leaked if the allocator goes first.
+    unsafe impl Dma for TestDma {
+        fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion, DmaError> {
+            if self.max_len.is_some_and(|m| len > m) {
+                return Err(DmaError::NoMemory { len });
+            }
+            let layout = Layout::from_size_align(len.max(1), align).map_err(|_| DmaError::BadAlignment { align })?;
+            // SAFETY: the layout has a non-zero size.
+            let cpu = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(DmaError::NoMemory { len })?;
+            self.live.borrow_mut().push((cpu.as_ptr() as usize, layout));
+            // SAFETY: a fresh allocation of at least `len` bytes, freed only by `free`.
+            Ok(unsafe { DmaRegion::from_raw_parts(cpu, cpu.as_ptr() as u64, len) })
+        }
+
+        fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
+            let a = cpu as usize;
+            let live = self.live.borrow();
+            live.iter().any(|&(p, l)| a >= p && a + len <= p + l.size()).then_some(a as u64)
+        }
+
+        unsafe fn free(&self, region: DmaRegion) {
+            let a = region.cpu().as_ptr() as usize;
+            let mut live = self.live.borrow_mut();
+            let i = live.iter().position(|&(p, _)| p == a).expect("a region this allocator made");
+            let (_, layout) = live.swap_remove(i);
+            // SAFETY: allocated in `alloc` with this layout, and removed from `live` so freed once.
+            unsafe { dealloc(a as *mut u8, layout) };
+        }
+    }
+
+    #[test]
+    fn views_and_slices_stay_inside_their_region() {
+        let dma = TestDma::default();
+        let r = dma.alloc(256, 64).unwrap();
+        assert_eq!((r.len(), r.is_empty(), r.iova() % 64), (256, false, 0));
+        let v = r.view();
+        assert_eq!((v.cpu(), v.iova(), v.len()), (r.cpu(), r.iova(), 256));
+        let s = r.slice(64, 128).unwrap();
+        assert_eq!((s.iova(), s.len()), (r.iova() + 64, 128));
+        // A slice of a slice is relative to it, and nothing past the end is ever handed out.
+        assert_eq!(s.slice(120, 8).map(|t| t.iova()), Some(r.iova() + 184));
+        assert_eq!(s.slice(121, 8), None);
+        assert_eq!(r.slice(256, 0).map(|t| t.len()), Some(0));
+        assert_eq!(r.slice(200, 57), None);
+        assert_eq!(r.slice(usize::MAX, 2), None);
+        // SAFETY: from this allocator, freed once, never given to a device.
+        unsafe { dma.free(r) };
+        assert_eq!(dma.live(), 0);
+    }
+
+    #[test]
+    fn byte_accessors_write_where_they_say() {
+        let dma = TestDma::default();
+        let r = dma.alloc(64, 8).unwrap();
+        r.write_volatile_u8(63, 0xa5);
+        r.slice(32, 32).unwrap().write_volatile_u8(0, 0x5a);
+        assert_eq!((r.read_volatile_u8(63), r.read_volatile_u8(32)), (0xa5, 0x5a));
+        r.view().zero(32, 32);
+        assert_eq!((r.read_volatile_u8(63), r.read_volatile_u8(32), r.read_volatile_u8(31)), (0, 0, 0));
+        // SAFETY: as above.
+        unsafe { dma.free(r) };
+    }
+
+    #[test]
+    #[should_panic(expected = "DMA access outside its region")]
+    fn an_access_past_the_end_is_a_driver_bug_caught_before_memory_is_touched() {
+        let dma = TestDma::default();
+        let r = dma.alloc(16, 8).unwrap();
+        let _ = r.ptr_at(12, 8);
+    }
+
+    #[test]
+    fn a_span_remembers_its_view() {
+        let dma = TestDma::default();
+        let r = dma.alloc(128, 64).unwrap();
+        let s = Span::of(r.slice(64, 64).unwrap());
+        assert_eq!((s.iova(), s.len(), s.cpu().as_ptr() as usize), (r.iova() + 64, 64, r.iova() as usize + 64));
+        assert_eq!(s.ptr_at(8, 8) as usize, r.ptr_at(72, 8) as usize);
+        // SAFETY: as above; the span is not used after this.
+        unsafe { dma.free(r) };
+    }
+}
