@@ -131,7 +131,8 @@ impl Bytes {
         }
     }
 
-    /// Writes this big-endian member (at most 4 bytes) of a structure image that starts at `base` in `buf`.
+    /// Writes this big-endian member of a structure image that starts at `base` in `buf` (a member wider than 4
+    /// bytes gets the value in its low bytes and zeros above).
     #[inline]
     pub fn put_be(self, buf: &mut [u8], base: usize, v: u32) {
         let dst = &mut buf[base + self.off..base + self.off + self.len];
@@ -140,9 +141,10 @@ impl Bytes {
             let n = dst.len();
             dst.copy_from_slice(&v.to_be_bytes()[4 - n..]);
         } else {
-            for (i, b) in dst.iter_mut().rev().enumerate() {
-                *b = (v >> (8 * i)) as u8;
-            }
+            // A wider member holds the value in its last four bytes, big endian, with zeros above it.
+            let (high, low) = dst.split_at_mut(dst.len() - 4);
+            high.fill(0);
+            low.copy_from_slice(&v.to_be_bytes());
         }
     }
 }
@@ -447,5 +449,15 @@ mod tests {
     fn layout_types_carry_the_layout_size() {
         assert_eq!(<ifc::create_cq_in::Bits as Layout>::SIZE_BYTES, ifc::create_cq_in::SIZE_BYTES);
         assert_eq!(<ifc::mbox_out::Bits as Layout>::SIZE_BYTES, 16);
+    }
+
+    #[test]
+    fn a_wide_member_gets_the_value_in_its_low_bytes() {
+        let mut buf = [0xffu8; 12];
+        Bytes { off: 2, len: 8 }.put_be(&mut buf, 1, 0x0102_0304);
+        assert_eq!(buf, [0xff, 0xff, 0xff, 0, 0, 0, 0, 1, 2, 3, 4, 0xff]);
+        let mut two = [0u8; 2];
+        Bytes { off: 0, len: 2 }.put_be(&mut two, 0, 0xabcd_1234);
+        assert_eq!(two, [0x12, 0x34], "a narrow member keeps the low bytes");
     }
 }
