@@ -7,7 +7,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, MsgBuf};
 
-use super::reply::{err, rd, CmdErr};
+use super::reply::{err, rd, rd16, CmdErr};
 use super::Stalled;
 use crate::events::{ExecutedCmd, SimEvent};
 use crate::fault::Fault;
@@ -213,7 +213,7 @@ impl State {
             return None;
         }
         let head = &e[l::IN.off..l::IN.end()];
-        let opcode = rd(head, ifc::mbox_in::OPCODE) as u16;
+        let opcode = rd16(head, ifc::mbox_in::OPCODE);
         let op_mod = rd(head, ifc::mbox_in::OP_MOD) as u16;
         if first {
             let death = self.faults.iter().find_map(|f| match *f {

@@ -5,7 +5,7 @@
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf};
 
-use super::reply::{bad_param, err, rd, CmdErr};
+use super::reply::{bad_param, err, rd, rd16, CmdErr};
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 
@@ -30,13 +30,13 @@ pub(crate) const CTR_MASK: u32 = 0xff_ffff;
 pub(crate) const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
 /// MODIFY_CQ `op_mod` for moderation changes: Linux's `mlx5_core_modify_cq_moderation` leaves it 0, and only
 /// `MLX5_CQ_OPMOD_RESIZE` has a name.
-pub(crate) const OPMOD_MODIFY: u32 = 0;
+pub(crate) const OPMOD_MODIFY: u16 = 0;
 
-pub(crate) const STATUS_OK: u8 = consts::MLX5_CQC_STATUS_OK as u8;
-pub(crate) const STATUS_OVERFLOW: u8 = consts::MLX5_CQC_STATUS_CQ_OVERFLOW as u8;
-pub(crate) const STATUS_WRITE_FAIL: u8 = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
-pub(crate) const EVENT_COMP: u8 = consts::MLX5_EVENT_TYPE_COMP as u8;
-pub(crate) const EVENT_CQ_ERROR: u8 = consts::MLX5_EVENT_TYPE_CQ_ERROR as u8;
+pub(crate) const STATUS_OK: u8 = consts::MLX5_CQC_STATUS_OK;
+pub(crate) const STATUS_OVERFLOW: u8 = consts::MLX5_CQC_STATUS_CQ_OVERFLOW;
+pub(crate) const STATUS_WRITE_FAIL: u8 = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL;
+pub(crate) const EVENT_COMP: u8 = consts::MLX5_EVENT_TYPE_COMP;
+pub(crate) const EVENT_CQ_ERROR: u8 = consts::MLX5_EVENT_TYPE_CQ_ERROR;
 
 /// What the next CQE does to an armed CQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -368,7 +368,7 @@ impl CqTable {
             .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
         let resize_sel = ifc::modify_field_select_resize_field_select_auto::RESIZE_FIELD_SELECT
             .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
-        match rd(inp, ifc::mbox_in::OP_MOD) {
+        match rd16(inp, ifc::mbox_in::OP_MOD) {
             OPMOD_MODIFY => self.moderate(fw, cqn, inp, rd(inp, ifc::modify_field_select::MODIFY_FIELD_SELECT.at(sel))),
             consts::MLX5_CQ_OPMOD_RESIZE => {
                 let bits = rd(inp, ifc::resize_field_select::RESIZE_FIELD_SELECT.at(resize_sel));
@@ -459,7 +459,7 @@ impl CqTable {
             return Err(err(CmdStatus::BadResState, syndrome::CQ_FULL));
         }
         let mut resize = [0u8; CQE64];
-        resize[OP_OWN] = (consts::MLX5_CQE_RESIZE_CQ as u8) << OPCODE_SHIFT;
+        resize[OP_OWN] = consts::MLX5_CQE_RESIZE_CQ << OPCODE_SHIFT;
         cq.write_cqe(dma, cq.pi, &resize).map_err(|_| err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR))?;
         let pas = read_pas(inp, i::PAS, bytes, page_shift);
         let cq = self.map.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
@@ -520,10 +520,10 @@ mod tests {
     const DB_SN_SHIFT: u32 = 28;
     use mlx5_core::hal::{Dma, DmaError, DmaRegion, Mmio};
 
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
-    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8;
+    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
+    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR;
     /// The driver initialises every CQE with an invalid opcode (`init_cq_frag_buf`).
-    const INVALID_OP_OWN: u8 = (consts::MLX5_CQE_INVALID as u8) << OPCODE_SHIFT;
+    const INVALID_OP_OWN: u8 = consts::MLX5_CQE_INVALID << OPCODE_SHIFT;
     const WQE_COUNTER: mlx5_core::prm::Bytes = c::mlx5_cqe64::WQE_COUNTER;
 
     /// How a test CQ is laid out.
@@ -639,7 +639,7 @@ mod tests {
         let ctx = i::CQ_CONTEXT;
         let pas = buf.iovas();
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * pas.len()];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ.into());
         let cqe_sz = if spec.cqe_128 { consts::CQE_STRIDE_128 } else { consts::CQE_STRIDE_64 };
         inp.set(q::CQE_SZ.at(ctx), cqe_sz);
         inp.set(q::OI.at(ctx), spec.oi.into());
@@ -665,11 +665,11 @@ mod tests {
 
     /// A CQE image: `opcode`, the solicited bit, a marker in `wqe_counter`, and a wrong owner bit that the
     /// device must replace.
-    fn cqe(opcode: u32, solicited: bool, marker: u16) -> [u8; CQE64] {
+    fn cqe(opcode: u8, solicited: bool, marker: u16) -> [u8; CQE64] {
         let mut e = [0u8; CQE64];
         e[WQE_COUNTER.off..WQE_COUNTER.end()].copy_from_slice(&marker.to_be_bytes());
         e[c::mlx5_cqe64::BYTE_CNT.off] = 0xab;
-        e[OP_OWN] = (opcode as u8) << OPCODE_SHIFT | if solicited { SOLICITED } else { 0 } | 1;
+        e[OP_OWN] = opcode << OPCODE_SHIFT | if solicited { SOLICITED } else { 0 } | 1;
         e
     }
 
@@ -685,8 +685,8 @@ mod tests {
         e[OP_OWN] & OWNER_MASK
     }
 
-    fn opcode(e: &[u8; CQE64]) -> u32 {
-        u32::from(e[OP_OWN] >> OPCODE_SHIFT)
+    fn opcode(e: &[u8; CQE64]) -> u8 {
+        e[OP_OWN] >> OPCODE_SHIFT
     }
 
     /// The 64-bit CQ doorbell, as `mlx5_cq_arm` writes it.
@@ -749,7 +749,7 @@ mod tests {
         assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(4)), Err(PostCqeError::Overrun));
         // Nothing was overwritten.
         assert_eq!((marker(&cq.cqe(0)), owner(&cq.cqe(0))), (0, 0));
-        let status = consts::MLX5_CQC_STATUS_CQ_OVERFLOW as u8;
+        let status = consts::MLX5_CQC_STATUS_CQ_OVERFLOW;
         assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(5)), Err(PostCqeError::CqInError { status }));
         // Even after the driver catches up, the CQ stays in error.
         cq.set_ci(4);
@@ -763,7 +763,7 @@ mod tests {
         let d = c::mlx5_eqe::DATA.off;
         assert_eq!(e.read_u32(d + c::mlx5_eqe_cq_err::CQN.off), cq.cqn);
         let synd = e[d + c::mlx5_eqe_cq_err::SYNDROME.off];
-        assert_eq!(u32::from(synd), consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN);
+        assert_eq!(synd, consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN);
         let overruns = env.h.dev.events().iter().filter(|e| **e == SimEvent::CqOverrun { cqn: cq.cqn }).count();
         assert_eq!(overruns, 1);
         assert_eq!(env.h.dev.eq_info(env.comp).unwrap().pi, 0);
@@ -911,12 +911,12 @@ mod tests {
         assert!(
             matches!(env.h.dev.post_cqe(cq.cqn, plain(0)), Err(PostCqeError::DmaFault(DmaFault { iova, .. })) if iova == dbr_iova)
         );
-        let status = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
+        let status = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL;
         assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().status, status);
         assert!(env.h.dev.events().contains(&SimEvent::CqWriteFail { cqn: cq.cqn }));
         let e = Harness::eqe(&env.err_buf, 0);
         let synd = e[c::mlx5_eqe::DATA.off + c::mlx5_eqe_cq_err::SYNDROME.off];
-        assert_eq!(u32::from(synd), consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR);
+        assert_eq!(synd, consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR);
         assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(1)), Err(PostCqeError::CqInError { status }));
         env.h.dev.stall_health();
         assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(2)), Err(PostCqeError::Dead));
@@ -924,7 +924,7 @@ mod tests {
 
     fn query(h: &mut Harness, cqn: u32, npas: usize) -> (u8, u32, Vec<u8>) {
         let mut inp = vec![0u8; ifc::query_cq_in::SIZE_BYTES];
-        inp.set(ifc::query_cq_in::OPCODE, consts::MLX5_CMD_OP_QUERY_CQ);
+        inp.set(ifc::query_cq_in::OPCODE, consts::MLX5_CMD_OP_QUERY_CQ.into());
         inp.set(ifc::query_cq_in::CQN, cqn);
         h.cmd(&inp, ifc::query_cq_out::PAS.byte_off() + 8 * npas)
     }
@@ -952,7 +952,7 @@ mod tests {
         assert_eq!((s, syn), (0, 0));
         let ctx = ifc::query_cq_out::CQ_CONTEXT;
         let got = |f: Field| rd(&out, f.at(ctx));
-        assert_eq!(got(q::STATUS), consts::MLX5_CQC_STATUS_OK);
+        assert_eq!(got(q::STATUS), consts::MLX5_CQC_STATUS_OK.into());
         assert_eq!((got(q::CQE_SZ), got(q::OI), got(q::LOG_CQ_SIZE)), (consts::CQE_STRIDE_128, 1, 7));
         assert_eq!((got(q::UAR_PAGE), got(q::C_EQN_OR_APU_ELEMENT)), (env.uar, u32::from(env.comp)));
         assert_eq!((got(q::LOG_PAGE_SIZE), got(q::CQ_PERIOD), got(q::CQ_MAX_COUNT)), (1, 16, 32));
@@ -971,11 +971,11 @@ mod tests {
         assert_eq!(query(&mut env.h, cq.cqn + 1, 0).1, syndrome::CQ_INVALID);
     }
 
-    fn modify_in(cqn: u32, op_mod: u32, select: u32, npas: usize) -> Vec<u8> {
+    fn modify_in(cqn: u32, op_mod: u16, select: u32, npas: usize) -> Vec<u8> {
         use ifc::modify_cq_in as i;
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * npas];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_MODIFY_CQ);
-        inp.set(i::OP_MOD, op_mod);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_MODIFY_CQ.into());
+        inp.set(i::OP_MOD, op_mod.into());
         inp.set(i::CQN, cqn);
         let sel = ifc::modify_field_select_resize_field_select_auto::MODIFY_FIELD_SELECT
             .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);

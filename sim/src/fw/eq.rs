@@ -25,9 +25,9 @@ use crate::State;
 pub const EQE_DATA_LEN: usize = c::mlx5_eqe::DATA.len;
 
 /// Command-completion events.
-const EVENT_CMD: u8 = consts::MLX5_EVENT_TYPE_CMD as u8;
+const EVENT_CMD: u8 = consts::MLX5_EVENT_TYPE_CMD;
 /// Page requests.
-const EVENT_PAGE_REQUEST: u8 = consts::MLX5_EVENT_TYPE_PAGE_REQUEST as u8;
+const EVENT_PAGE_REQUEST: u8 = consts::MLX5_EVENT_TYPE_PAGE_REQUEST;
 
 /// The event data of a command-completion EQE for `slot`: `data.cmd.vector` = `1 << slot`.
 fn cmd_data(slot: u8) -> [u8; EQE_DATA_LEN] {
@@ -330,9 +330,9 @@ mod tests {
     /// Offset in a UAR page of the EQ doorbell that updates the consumer index and arms.
     const EQ_DB_ARM: usize = consts::MLX5_EQ_DOORBELL_OFFSET as usize;
 
-    const PORT: u8 = consts::MLX5_EVENT_TYPE_PORT_CHANGE as u8;
+    const PORT: u8 = consts::MLX5_EVENT_TYPE_PORT_CHANGE;
     const PAGE_REQ_MASK: u64 = 1 << consts::MLX5_EVENT_TYPE_PAGE_REQUEST;
-    const REGULAR: u32 = consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES;
+    const REGULAR: u16 = consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES;
 
     fn owner(buf: &DmaRegion, idx: usize) -> u8 {
         Harness::eqe(buf, idx)[c::mlx5_eqe::OWNER.off]
@@ -360,7 +360,7 @@ mod tests {
 
     fn alloc_pd_in() -> Vec<u8> {
         let mut inp = vec![0u8; ifc::alloc_pd_in::SIZE_BYTES];
-        inp.set(ifc::alloc_pd_in::OPCODE, consts::MLX5_CMD_OP_ALLOC_PD);
+        inp.set(ifc::alloc_pd_in::OPCODE, consts::MLX5_CMD_OP_ALLOC_PD.into());
         inp
     }
 
@@ -403,7 +403,7 @@ mod tests {
         let (_, a, abuf) = h.create_eq(uar, 2, 1 << PORT);
         let (_, b, _bbuf) = h.create_eq(uar, 2, 1 << PORT);
         assert!(a < b);
-        assert_eq!(h.dev.post_event(consts::MLX5_EVENT_TYPE_CQ_ERROR as u8, 0, marked(0)), None);
+        assert_eq!(h.dev.post_event(consts::MLX5_EVENT_TYPE_CQ_ERROR, 0, marked(0)), None);
         let sub = consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE;
         assert_eq!(h.dev.post_event(PORT, sub, marked(0)), Some(a));
         let e = Harness::eqe(&abuf, 0);
@@ -557,7 +557,7 @@ mod tests {
         let mut h = Harness::inline();
         h.bring_up();
         h.dev.request_pages(5);
-        h.dev.inject(Fault::PageRequest { opcode: consts::MLX5_CMD_OP_ALLOC_UAR as u16, num_pages: 2 });
+        h.dev.inject(Fault::PageRequest { opcode: consts::MLX5_CMD_OP_ALLOC_UAR, num_pages: 2 });
         let uar = h.alloc_uar();
         assert_eq!(h.query_pages(REGULAR), 4 + 5 + 2);
         let (_, eqn, buf) = h.create_eq(uar, 3, PAGE_REQ_MASK);
@@ -569,7 +569,7 @@ mod tests {
     fn page_requests_grow_and_shrink_the_need() {
         let mut h = Harness::inline();
         let (_, eqn, buf) = with_page_eq(&mut h);
-        h.dev.inject(Fault::PageRequest { opcode: consts::MLX5_CMD_OP_ALLOC_PD as u16, num_pages: 3 });
+        h.dev.inject(Fault::PageRequest { opcode: consts::MLX5_CMD_OP_ALLOC_PD, num_pages: 3 });
         assert_eq!(h.cmd(&alloc_pd_in(), 16).0, 0);
         assert_eq!(num_pages(&Harness::eqe(&buf, 1)), 3);
         assert_eq!(h.query_pages(REGULAR), 3);
@@ -601,7 +601,7 @@ mod tests {
     fn need_pages_stalls_until_the_pages_slot_gives_them_inline() {
         let mut h = Harness::inline();
         let (_, eqn, buf) = with_page_eq(&mut h);
-        let op = consts::MLX5_CMD_OP_ALLOC_PD as u16;
+        let op = consts::MLX5_CMD_OP_ALLOC_PD;
         h.dev.inject(Fault::NeedPages { opcode: op, pages: 3 });
         let done = h.dev.executed().len();
         let pd = h.post(0, &alloc_pd_in(), 16);
@@ -630,8 +630,8 @@ mod tests {
         assert_ne!(MsgBuf::get(&out[..], ifc::alloc_pd_out::PD), 0);
         h.release(pd);
         let ex: Vec<(u8, u16)> = h.dev.executed()[done..].iter().map(|e| (e.slot, e.opcode)).collect();
-        let mp = consts::MLX5_CMD_OP_MANAGE_PAGES as u16;
-        let qp = consts::MLX5_CMD_OP_QUERY_PAGES as u16;
+        let mp = consts::MLX5_CMD_OP_MANAGE_PAGES;
+        let qp = consts::MLX5_CMD_OP_QUERY_PAGES;
         assert_eq!(ex, vec![(30, qp), (31, mp), (31, mp), (0, op)]);
         assert_eq!(h.query_pages(REGULAR), 0);
         // The fault was for one command only; a need of zero pages does not stall.
@@ -644,7 +644,7 @@ mod tests {
     fn need_pages_stalls_until_the_pages_slot_gives_them_threaded() {
         let mut h = Harness::new(SimConfig { mode: Mode::Threaded, ..SimConfig::default() });
         let (_, eqn, buf) = with_page_eq(&mut h);
-        let op = consts::MLX5_CMD_OP_ALLOC_PD as u16;
+        let op = consts::MLX5_CMD_OP_ALLOC_PD;
         h.dev.inject(Fault::NeedPages { opcode: op, pages: 2 });
         let pd = h.post(0, &alloc_pd_in(), 16);
         h.ring(0);

@@ -387,8 +387,8 @@ mod tests {
     use crate::SimEvent;
     use mlx5_core::hal::Dma;
 
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
-    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8;
+    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
+    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR;
     const PAGE: u64 = 4096;
 
     /// A CREATE_MKEY request.
@@ -437,7 +437,7 @@ mod tests {
         use ifc::mkc as m;
         let ctx = i::MEMORY_KEY_MKEY_ENTRY;
         let mut inp = vec![0u8; i::KLM_PAS_MTT.byte_off() + MTT_BYTES * k.mtt.len()];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY.into());
         inp.set(i::PG_ACCESS, k.pg_access.into());
         inp.set(m::FREE.at(ctx), k.free.into());
         inp.set(m::ACCESS_MODE_1_0.at(ctx), k.mode & 3);
@@ -469,9 +469,9 @@ mod tests {
         rd(&out, ifc::alloc_pd_out::PD)
     }
 
-    fn destroy(h: &mut Harness, op: u32, f: mlx5_core::prm::Field, n: u32) -> (u8, u32) {
+    fn destroy(h: &mut Harness, op: u16, f: mlx5_core::prm::Field, n: u32) -> (u8, u32) {
         let mut inp = vec![0u8; 16];
-        inp.set(ifc::mbox_in::OPCODE, op);
+        inp.set(ifc::mbox_in::OPCODE, op.into());
         inp.set(f, n);
         let (s, syn, _) = h.cmd(&inp, 16);
         (s, syn)

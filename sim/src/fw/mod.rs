@@ -45,7 +45,7 @@ use mkey::{MkeyFw, MkeyTable};
 use pd::{PdTable, UarTable};
 use port::PortModel;
 use qp::{QpFw, QpTable};
-use reply::{bad_param, err, rd, CmdErr};
+use reply::{bad_param, err, rd, rd16, CmdErr};
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
 /// firmware syndromes are undocumented); each check has its own so a test can tell them apart.
@@ -346,7 +346,7 @@ impl Firmware {
     /// Input size, output size and accepted states of an opcode; `None` when not implemented.
     fn spec(opcode: u16) -> Option<(usize, usize, Gate)> {
         use ifc::*;
-        Some(match u32::from(opcode) {
+        Some(match opcode {
             consts::MLX5_CMD_OP_ENABLE_HCA => (enable_hca_in::SIZE_BYTES, enable_hca_out::SIZE_BYTES, Gate::Disabled),
             consts::MLX5_CMD_OP_DISABLE_HCA => (disable_hca_in::SIZE_BYTES, disable_hca_out::SIZE_BYTES, Gate::PreInit),
             consts::MLX5_CMD_OP_QUERY_ISSI => (query_issi_in::SIZE_BYTES, query_issi_out::SIZE_BYTES, Gate::Any),
@@ -454,7 +454,7 @@ impl Firmware {
         out: &mut [u8],
         outlen: usize,
     ) -> Result<(), CmdErr> {
-        let opcode = rd(inp, ifc::mbox_in::OPCODE) as u16;
+        let opcode = rd16(inp, ifc::mbox_in::OPCODE);
         let Some((in_size, out_size, gate)) = Self::spec(opcode) else {
             return Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE));
         };
@@ -465,11 +465,11 @@ impl Firmware {
             return Err(err(CmdStatus::BadOutpLen, syndrome::BAD_OUTPUT_LEN));
         }
         // The DISABLE_HCA / SET_ISSI "pre-init" gate differs only in which state error it reports.
-        if u32::from(opcode) == consts::MLX5_CMD_OP_DISABLE_HCA && self.state == HcaState::Initialized {
+        if opcode == consts::MLX5_CMD_OP_DISABLE_HCA && self.state == HcaState::Initialized {
             return Err(err(CmdStatus::BadSysState, syndrome::STILL_INITIALIZED));
         }
         self.check_gate(gate)?;
-        match u32::from(opcode) {
+        match opcode {
             consts::MLX5_CMD_OP_ENABLE_HCA => self.enable_hca(inp),
             consts::MLX5_CMD_OP_DISABLE_HCA => self.disable_hca(inp, events),
             consts::MLX5_CMD_OP_QUERY_ISSI => self.query_issi(out),
@@ -670,12 +670,12 @@ mod tests {
     use mlx5_core::prm::{c, DeliveryStatus, Field};
     use std::time::{Duration, Instant};
 
-    const BAD_SYS_STATE: u8 = consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR as u8;
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
+    const BAD_SYS_STATE: u8 = consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR;
+    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
 
     fn query_pages_in(op_mod: u32) -> Vec<u8> {
         let mut inp = vec![0u8; ifc::query_pages_in::SIZE_BYTES];
-        inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES);
+        inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES.into());
         inp.set(ifc::query_pages_in::OP_MOD, op_mod);
         inp
     }
@@ -687,7 +687,7 @@ mod tests {
         assert_eq!(h.dev.hca_state(), HcaState::Enabled);
         let ex = h.dev.executed();
         assert_eq!(ex.len(), 1);
-        assert_eq!((ex[0].opcode, ex[0].status, ex[0].delivery), (consts::MLX5_CMD_OP_ENABLE_HCA as u16, 0, 0));
+        assert_eq!((ex[0].opcode, ex[0].status, ex[0].delivery), (consts::MLX5_CMD_OP_ENABLE_HCA, 0, 0));
         // A second ENABLE_HCA is refused.
         assert_eq!(h.enable_hca(), BAD_SYS_STATE);
         assert_eq!(h.dev.executed()[1].syndrome, syndrome::ALREADY_ENABLED);
@@ -714,7 +714,7 @@ mod tests {
     fn unknown_opcode_is_bad_op() {
         let mut h = Harness::inline();
         let (s, syn, _) = h.simple(0x7777, 0, 16, 16);
-        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_OP_ERR as u8, syndrome::BAD_OPCODE));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_OP_ERR, syndrome::BAD_OPCODE));
         assert_eq!(h.dev.executed()[0].opcode, 0x7777);
     }
 
@@ -723,9 +723,9 @@ mod tests {
         let mut h = Harness::inline();
         h.enable_hca();
         let (s, _, _) = h.cmd(&query_pages_in(1)[..12], ifc::query_pages_out::SIZE_BYTES);
-        assert_eq!(s, consts::MLX5_CMD_STAT_BAD_INP_LEN_ERR as u8);
+        assert_eq!(s, consts::MLX5_CMD_STAT_BAD_INP_LEN_ERR);
         let (s, _, _) = h.cmd(&query_pages_in(1), 8);
-        assert_eq!(s, consts::MLX5_CMD_STAT_BAD_OUTP_LEN_ERR as u8);
+        assert_eq!(s, consts::MLX5_CMD_STAT_BAD_OUTP_LEN_ERR);
         let (d, _) = h.exec(&[0u8; 4], 16);
         assert_eq!(d, DeliveryStatus::InLength.raw());
     }
@@ -735,8 +735,8 @@ mod tests {
         let mut h = Harness::inline();
         h.enable_hca();
         let mut inp = vec![0u8; ifc::manage_pages_in::PAS.byte_off() + 8 * 100];
-        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
-        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE);
+        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES.into());
+        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE.into());
         let p = h.post(0, &inp, 16);
         let blk = &p.in_blocks[1];
         put(blk, c::mlx5_cmd_prot_block::TOKEN.off, &[h.token ^ 0x5a]);
@@ -791,8 +791,8 @@ mod tests {
         h2.enable_hca();
         let page = h2.dma.alloc(4096, 4096).unwrap();
         let mut inp = vec![0u8; ifc::manage_pages_in::PAS.byte_off() + 16];
-        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
-        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE);
+        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES.into());
+        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE.into());
         inp.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, 2);
         inp.set64(ifc::manage_pages_in::PAS.elem(0), page.iova());
         inp.set64(ifc::manage_pages_in::PAS.elem(1), page.iova());
@@ -805,7 +805,7 @@ mod tests {
         assert_eq!(h2.cmd(&inp, 16).1, syndrome::PAGE_MISALIGNED);
         // Declaring more entries than inlen holds is an input-length error.
         inp.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, 3);
-        assert_eq!(h2.cmd(&inp, 16).0, consts::MLX5_CMD_STAT_BAD_INP_LEN_ERR as u8);
+        assert_eq!(h2.cmd(&inp, 16).0, consts::MLX5_CMD_STAT_BAD_INP_LEN_ERR);
         assert_eq!(h2.dev.pages_owned(), 0);
     }
 
@@ -815,11 +815,11 @@ mod tests {
         h.enable_hca();
         h.give_pages(100);
         let mut inp = vec![0u8; ifc::manage_pages_in::SIZE_BYTES];
-        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
-        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_TAKE);
+        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES.into());
+        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_TAKE.into());
         inp.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, 64);
         let outlen = ifc::manage_pages_out::PAS.byte_off() + 64 * 8;
-        assert_eq!(h.cmd(&inp, outlen - 8).0, consts::MLX5_CMD_STAT_BAD_OUTP_LEN_ERR as u8);
+        assert_eq!(h.cmd(&inp, outlen - 8).0, consts::MLX5_CMD_STAT_BAD_OUTP_LEN_ERR);
         let (s, _, out) = h.cmd(&inp, outlen);
         assert_eq!(s, 0);
         assert_eq!(rd(&out, ifc::manage_pages_out::OUTPUT_NUM_ENTRIES), 64);
@@ -855,24 +855,24 @@ mod tests {
     #[test]
     fn hang_leaves_owner_bit_set() {
         let mut h = Harness::inline();
-        h.dev.inject(Fault::Hang { opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16 });
+        h.dev.inject(Fault::Hang { opcode: consts::MLX5_CMD_OP_ENABLE_HCA });
         let mut inp = vec![0u8; ifc::enable_hca_in::SIZE_BYTES];
-        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA);
+        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA.into());
         h.post(0, &inp, ifc::enable_hca_out::SIZE_BYTES);
         h.ring(0);
         h.dev.delay().delay_ms(120_000);
         assert_eq!(h.status_own(0) & 1, 1);
         assert!(h.dev.executed().is_empty());
         assert_eq!(h.dev.hca_state(), HcaState::Disabled);
-        assert!(h.dev.events().contains(&SimEvent::Hung { slot: 0, opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16 }));
+        assert!(h.dev.events().contains(&SimEvent::Hung { slot: 0, opcode: consts::MLX5_CMD_OP_ENABLE_HCA }));
     }
 
     #[test]
     fn delay_completes_only_after_virtual_time() {
         let mut h = Harness::inline();
-        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16, ms: 10 });
+        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA, ms: 10 });
         let mut inp = vec![0u8; ifc::enable_hca_in::SIZE_BYTES];
-        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA);
+        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA.into());
         h.post(3, &inp, ifc::enable_hca_out::SIZE_BYTES);
         h.ring(3);
         let mut d = h.dev.delay();
@@ -898,9 +898,9 @@ mod tests {
     #[test]
     fn threaded_mode_completes_asynchronously() {
         let mut h = Harness::new(SimConfig { mode: Mode::Threaded, ..SimConfig::default() });
-        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16, ms: 30 });
+        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA, ms: 30 });
         let mut inp = vec![0u8; ifc::enable_hca_in::SIZE_BYTES];
-        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA);
+        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA.into());
         h.post(1, &inp, ifc::enable_hca_out::SIZE_BYTES);
         h.ring(1);
         // The doorbell returned before the (delayed) completion.
@@ -921,7 +921,7 @@ mod tests {
         h.bring_up();
         // A big output over a mailbox chain comes back signed.
         let mut inp = vec![0u8; ifc::query_hca_cap_in::SIZE_BYTES];
-        inp.set(ifc::query_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_CAP);
+        inp.set(ifc::query_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_CAP.into());
         inp.set(ifc::query_hca_cap_in::OP_MOD, consts::HCA_CAP_OPMOD_GET_CUR);
         let p = h.post(0, &inp, ifc::query_hca_cap_out::SIZE_BYTES);
         h.ring(0);
@@ -982,7 +982,7 @@ mod tests {
     #[test]
     fn out_of_order_steps_are_bad_sys_state() {
         let mut h = Harness::inline();
-        let state_err = |h: &mut Harness, op: u32, inlen: usize, outlen: usize| {
+        let state_err = |h: &mut Harness, op: u16, inlen: usize, outlen: usize| {
             let (s, syn, _) = h.simple(op, 0, inlen, outlen);
             assert_eq!(s, BAD_SYS_STATE, "opcode {op:#x}");
             syn
@@ -1025,13 +1025,13 @@ mod tests {
         let mut h = Harness::inline();
         h.enable_hca();
         let mut q = vec![0u8; ifc::query_hca_cap_in::SIZE_BYTES];
-        q.set(ifc::query_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_CAP);
+        q.set(ifc::query_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_CAP.into());
         q.set(ifc::query_hca_cap_in::OP_MOD, consts::HCA_CAP_OPMOD_GET_CUR);
         let (s, _, out) = h.cmd(&q, ifc::query_hca_cap_out::SIZE_BYTES);
         assert_eq!(s, 0);
         let cap = ifc::query_hca_cap_out::CAPABILITY;
         let mut set = vec![0u8; ifc::set_hca_cap_in::SIZE_BYTES];
-        set.set(ifc::set_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_SET_HCA_CAP);
+        set.set(ifc::set_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_SET_HCA_CAP.into());
         let scap = ifc::set_hca_cap_in::CAPABILITY;
         set[scap.off..scap.off + scap.len].copy_from_slice(&out[cap.off..cap.off + cap.len]);
         set.set(ifc::cmd_hca_cap::LOG_MAX_QP.at(scap), 12);
@@ -1051,7 +1051,7 @@ mod tests {
         let buf = h.dma.alloc(bytes, 4096).unwrap();
         let npages = bytes / 4096;
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * npages];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_EQ);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_EQ.into());
         inp.set(ifc::eqc::LOG_EQ_SIZE.at(ctx), log_size);
         inp.set(ifc::eqc::UAR_PAGE.at(ctx), uar);
         for k in 0..npages {
@@ -1067,7 +1067,7 @@ mod tests {
         let buf = h.dma.alloc(4096 * 4, 4096).unwrap();
         let dbr = h.dma.alloc(64, 64).unwrap();
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * 4];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ.into());
         inp.set(ifc::cqc::LOG_CQ_SIZE.at(ctx), 8);
         inp.set(ifc::cqc::CQE_SZ.at(ctx), cqe_sz);
         inp.set(ifc::cqc::UAR_PAGE.at(ctx), uar);
@@ -1106,15 +1106,15 @@ mod tests {
         assert!(cqn > 0 && cqn < 1 << 24);
         assert_eq!(h.dev.object_counts(), (1, 1, 1, 1));
 
-        let destroy = |h: &mut Harness, op: u32, f: Field, n: u32| {
+        let destroy = |h: &mut Harness, op: u16, f: Field, n: u32| {
             let mut inp = vec![0u8; 16];
-            inp.set(ifc::mbox_in::OPCODE, op);
+            inp.set(ifc::mbox_in::OPCODE, op.into());
             inp.set(f, n);
             let (s, syn, _) = h.cmd(&inp, 16);
             (s, syn)
         };
         let eq_in_use = destroy(&mut h, consts::MLX5_CMD_OP_DESTROY_EQ, ifc::destroy_eq_in::EQ_NUMBER, eqn);
-        assert_eq!(eq_in_use, (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8, syndrome::IN_USE));
+        assert_eq!(eq_in_use, (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR, syndrome::IN_USE));
         let uar_in_use = destroy(&mut h, consts::MLX5_CMD_OP_DEALLOC_UAR, ifc::dealloc_uar_in::UAR, uar);
         assert_eq!(uar_in_use.1, syndrome::IN_USE);
         assert_eq!(destroy(&mut h, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cqn), (0, 0));
@@ -1130,7 +1130,7 @@ mod tests {
     #[test]
     fn injected_status_delivery_and_corruption() {
         let mut h = Harness::inline();
-        let op = consts::MLX5_CMD_OP_ENABLE_HCA as u16;
+        let op = consts::MLX5_CMD_OP_ENABLE_HCA;
         h.dev.inject(Fault::Status { opcode: op, status: 0x5, syndrome: 0x1234, times: 2 });
         assert_eq!(h.enable_hca(), 0x5);
         assert_eq!(h.enable_hca(), 0x5);
@@ -1156,8 +1156,8 @@ mod tests {
         h.enable_hca();
         let page = h.dma.alloc(4096, 4096).unwrap();
         let mut inp = vec![0u8; ifc::manage_pages_in::PAS.byte_off() + 8];
-        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
-        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE);
+        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES.into());
+        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE.into());
         inp.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, 1);
         inp.set64(ifc::manage_pages_in::PAS.elem(0), page.iova());
         assert_eq!(h.cmd(&inp, 16).0, 0);

@@ -24,7 +24,7 @@ use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 use super::caps::Caps;
 use super::eq::EQE_DATA_LEN;
 use super::port::GID_ENTRIES;
-use super::reply::{bad_param, err, rd, CmdErr};
+use super::reply::{bad_param, err, rd, rd8, CmdErr};
 use super::{alloc_id, syndrome, Firmware};
 use crate::config::PortType;
 use crate::dma::{DmaFault, DmaSpace};
@@ -64,7 +64,7 @@ pub enum QpState {
 
 impl QpState {
     /// The `qpc.state` encoding.
-    pub fn raw(self) -> u32 {
+    pub fn raw(self) -> u8 {
         match self {
             QpState::Rst => consts::MLX5_QP_STATE_RST,
             QpState::Init => consts::MLX5_QP_STATE_INIT,
@@ -303,7 +303,7 @@ pub(crate) struct Qp {
     path: Path,
     /// `path` decoded; every change of `path` updates it.
     pub(crate) route: PathFields,
-    pub(crate) mtu: u32,
+    pub(crate) mtu: u8,
     log_msg_max: u32,
     pub(crate) remote_qpn: u32,
     pub(crate) next_rcv_psn: u32,
@@ -474,7 +474,7 @@ enum Transition {
 }
 
 impl Transition {
-    fn from_opcode(op: u32) -> Option<Self> {
+    fn from_opcode(op: u16) -> Option<Self> {
         Some(match op {
             consts::MLX5_CMD_OP_RST2INIT_QP => Transition::Rst2Init,
             consts::MLX5_CMD_OP_INIT2RTR_QP => Transition::Init2Rtr,
@@ -685,7 +685,7 @@ impl QpTable {
     }
 
     /// 2ERR (any state but RST) and 2RST (any state).
-    pub(crate) fn move_to_err_or_rst(&mut self, opcode: u32, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn move_to_err_or_rst(&mut self, opcode: u16, inp: &[u8]) -> Result<(), CmdErr> {
         let qpn = if opcode == consts::MLX5_CMD_OP_2ERR_QP {
             rd(inp, ifc::qp_2err_in::QPN)
         } else {
@@ -723,7 +723,7 @@ impl QpTable {
     }
 
     /// RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS.
-    pub(crate) fn modify(&mut self, fw: &QpFw, opcode: u32, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn modify(&mut self, fw: &QpFw, opcode: u16, inp: &[u8]) -> Result<(), CmdErr> {
         use consts as k;
         use ifc::qpc as q;
         let t = Transition::from_opcode(opcode).ok_or(err(CmdStatus::BadOp, syndrome::BAD_OPCODE))?;
@@ -743,7 +743,7 @@ impl QpTable {
         match t {
             Transition::Rst2Init if path.port() != PORT => return Err(bad_param(syndrome::BAD_PORT)),
             Transition::Init2Rtr if rc => {
-                if !(k::IB_MTU_256..=k::IB_MTU_4096).contains(&get(q::MTU)) {
+                if !(k::IB_MTU_256..=k::IB_MTU_4096).contains(&rd8(inp, q::MTU.at(ctx))) {
                     return Err(bad_param(syndrome::QP_MTU));
                 }
                 if get(q::LOG_MSG_MAX) > cap(ifc::cmd_hca_cap::LOG_MAX_MSG)
@@ -790,7 +790,7 @@ impl QpTable {
                     // The port and pkey index stay what RST2INIT (or the optional pkey) set.
                     qp.path.put(ifc::ads::PKEY_INDEX, pkey);
                     qp.path.put(ifc::ads::VHCA_PORT_NUM, port);
-                    qp.mtu = get(q::MTU);
+                    qp.mtu = rd8(inp, q::MTU.at(ctx));
                     qp.log_msg_max = get(q::LOG_MSG_MAX);
                     qp.remote_qpn = get(q::REMOTE_QPN);
                     qp.next_rcv_psn = get(q::NEXT_RCV_PSN);
@@ -864,11 +864,11 @@ impl QpTable {
         let mut head = [0u8; 4];
         let rq_head = if dma.peek(qp.dbr, &mut head) { u32::from_be_bytes(head) & 0xffff } else { 0 };
         let fields = [
-            (q::STATE, qp.state.raw()),
+            (q::STATE, qp.state.raw().into()),
             (q::ST, qp.st.raw()),
             (q::PM_STATE, consts::MLX5_QP_PM_MIGRATED),
             (q::PD, qp.pd),
-            (q::MTU, qp.mtu),
+            (q::MTU, qp.mtu.into()),
             (q::LOG_MSG_MAX, qp.log_msg_max),
             (q::LOG_RQ_SIZE, qp.log_rq_size),
             (q::LOG_RQ_STRIDE, qp.log_rq_stride),
@@ -920,7 +920,7 @@ impl State {
         data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
         data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
         // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
-        let _ = self.post_eqe(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR as u8, 0, &data);
+        let _ = self.post_eqe(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR, 0, &data);
         true
     }
 }
@@ -932,18 +932,18 @@ mod tests {
     use crate::{SimConfig, SimDevice};
     use mlx5_core::hal::Dma;
 
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
-    const BAD_QP_STATE: u8 = consts::MLX5_CMD_STAT_BAD_QP_STATE_ERR as u8;
-    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8;
+    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
+    const BAD_QP_STATE: u8 = consts::MLX5_CMD_STAT_BAD_QP_STATE_ERR;
+    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR;
 
     fn create(r: &mut Rdma, inp: &[u8]) -> (u8, u32, u32) {
         let (s, syn, out) = r.h.cmd(inp, ifc::create_qp_out::SIZE_BYTES);
         (s, syn, rd(&out, ifc::create_qp_out::QPN))
     }
 
-    fn destroy(r: &mut Rdma, op: u32, f: Field, n: u32) -> (u8, u32) {
+    fn destroy(r: &mut Rdma, op: u16, f: Field, n: u32) -> (u8, u32) {
         let mut inp = vec![0u8; 16];
-        inp.set(ifc::mbox_in::OPCODE, op);
+        inp.set(ifc::mbox_in::OPCODE, op.into());
         inp.set(f, n);
         let (s, syn, _) = r.h.cmd(&inp, 16);
         (s, syn)
@@ -1071,7 +1071,7 @@ mod tests {
             }
         };
         // The qpc is prepared apart (filling a path needs the device) and copied into the command.
-        let fix = |r: &mut Rdma, op: u32, opt: u32, f: &dyn Fn(&Rdma, &mut Vec<u8>, Sub)| {
+        let fix = |r: &mut Rdma, op: u16, opt: u32, f: &dyn Fn(&Rdma, &mut Vec<u8>, Sub)| {
             let mut inp = vec![0u8; ifc::init2rtr_qp_in::SIZE_BYTES];
             f(r, &mut inp, ifc::init2rtr_qp_in::QPC);
             r.modify(op, n, opt, move |i, c| i[c.off..c.off + c.len].copy_from_slice(&inp[c.off..c.off + c.len]))
@@ -1110,7 +1110,7 @@ mod tests {
         assert_eq!(s, 0);
         let c = ifc::query_qp_out::QPC;
         let get = |f: Field| rd(&out, f.at(c));
-        assert_eq!((get(q::STATE), get(q::ST), get(q::PD)), (k::MLX5_QP_STATE_RTS, k::MLX5_QP_ST_RC, r.pd));
+        assert_eq!((get(q::STATE), get(q::ST), get(q::PD)), (k::MLX5_QP_STATE_RTS.into(), k::MLX5_QP_ST_RC, r.pd));
         assert_eq!((get(q::REMOTE_QPN), get(q::NEXT_SEND_PSN), get(q::NEXT_RCV_PSN)), (0x4242, 0x99, 0x77));
         assert_eq!((get(q::MTU), get(q::MIN_RNR_NAK), get(q::RRE), get(q::RWE)), (3, 20, 1, 0));
         assert_eq!((get(q::LOG_SQ_SIZE), get(q::LOG_RQ_SIZE), get(q::CQN_SND)), (6, 4, cq.cqn));
@@ -1127,7 +1127,7 @@ mod tests {
         assert_eq!(r.modify(k::MLX5_CMD_OP_2RST_QP, n, 0, |_, _| {}), (0, 0));
         assert_eq!(r.modify(k::MLX5_CMD_OP_2RST_QP, n, 0, |_, _| {}), (0, 0));
         assert_eq!(state(&r), QpState::Rst);
-        assert_eq!(rd(&r.query_qp(n).1, q::STATE.at(c)), k::MLX5_QP_STATE_RST);
+        assert_eq!(rd(&r.query_qp(n).1, q::STATE.at(c)), k::MLX5_QP_STATE_RST.into());
         // The whole way again after the reset.
         r.connect_rc(&qp, &me, Default::default());
         assert_eq!(state(&r), QpState::Rts);
@@ -1151,7 +1151,7 @@ mod tests {
         let rc = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
         let init = |i: &mut Vec<u8>, c: Sub| i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), 1);
         assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, rc.qpn, 0, init), (0, 0));
-        let no_lid = |i: &mut Vec<u8>, c: Sub| i.set(q::MTU.at(c), k::IB_MTU_2048);
+        let no_lid = |i: &mut Vec<u8>, c: Sub| i.set(q::MTU.at(c), k::IB_MTU_2048.into());
         assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, rc.qpn, 0, no_lid), (BAD_PARAM, syndrome::QP_PATH));
         let me = Remote { qpn: ud.qpn, lid: 7, gid: [0; 16], mac: [0; 6] };
         assert_eq!(r.h.dev.lid(), 7);
@@ -1159,7 +1159,7 @@ mod tests {
         r.path(&mut inp, ifc::init2rtr_qp_in::QPC, &me);
         let st = r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, rc.qpn, 0, |i, c| {
             i[c.off..c.off + c.len].copy_from_slice(&inp[c.off..c.off + c.len]);
-            i.set(q::MTU.at(c), k::IB_MTU_2048);
+            i.set(q::MTU.at(c), k::IB_MTU_2048.into());
         });
         assert_eq!(st, (0, 0));
         assert_eq!(r.h.dev.qp_info(rc.qpn).unwrap().state, QpState::Rtr);

@@ -22,16 +22,16 @@ use super::*;
 
 /// Whether a CQE satisfies a solicited-only arm: the solicited bit, or an error CQE.
 fn is_solicited(op_own: u8) -> bool {
-    let opcode = u32::from(op_own >> OPCODE_SHIFT);
+    let opcode = op_own >> OPCODE_SHIFT;
     op_own & SOLICITED != 0 || opcode == consts::MLX5_CQE_REQ_ERR || opcode == consts::MLX5_CQE_RESP_ERR
 }
 
 /// The event data of a CQ-error EQE (`struct mlx5_eqe_cq_err`).
-fn cq_err_data(cqn: u32, synd: u32) -> [u8; EQE_DATA_LEN] {
+fn cq_err_data(cqn: u32, synd: u8) -> [u8; EQE_DATA_LEN] {
     use c::mlx5_eqe_cq_err as e;
     let mut d = [0u8; EQE_DATA_LEN];
     d[e::CQN.off..e::CQN.end()].copy_from_slice(&cqn.to_be_bytes());
-    d[e::SYNDROME.off] = synd as u8;
+    d[e::SYNDROME.off] = synd;
     d
 }
 
@@ -117,7 +117,7 @@ impl State {
 /// A CQE to write.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct CqeOut {
-    pub(super) opcode: u32,
+    pub(super) opcode: u8,
     pub(super) solicited: bool,
     pub(super) wqe_opcode: u8,
     pub(super) qpn: u32,
@@ -147,7 +147,7 @@ impl CqeOut {
             f::FLAGS_RQPN.put_be(&mut b, 0, self.flags_rqpn);
             f::SLID.put_be(&mut b, 0, self.slid.into());
         }
-        b[f::OP_OWN.off] = (self.opcode as u8) << CQE_OPCODE_SHIFT | if self.solicited { CQE_SE } else { 0 };
+        b[f::OP_OWN.off] = self.opcode << CQE_OPCODE_SHIFT | if self.solicited { CQE_SE } else { 0 };
         b
     }
 }

@@ -110,16 +110,16 @@ const CQE_SL_SHIFT: u32 = 24;
 /// Every error CQE carries a non-zero vendor syndrome; the simulator's is its own syndrome with the high bit.
 const VENDOR_ERR_BIT: u8 = 0x80;
 
-const SYND_LOCAL_LENGTH: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR as u8;
-const SYND_LOCAL_QP_OP: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR as u8;
-const SYND_LOCAL_PROT: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR as u8;
-const SYND_FLUSH: u8 = consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR as u8;
-const SYND_BAD_RESP: u8 = consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR as u8;
-const SYND_REMOTE_INVAL: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR as u8;
-const SYND_REMOTE_ACCESS: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR as u8;
-const SYND_REMOTE_OP: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR as u8;
-const SYND_RETRY_EXC: u8 = consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR as u8;
-const SYND_RNR_EXC: u8 = consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR as u8;
+const SYND_LOCAL_LENGTH: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR;
+const SYND_LOCAL_QP_OP: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR;
+const SYND_LOCAL_PROT: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR;
+const SYND_FLUSH: u8 = consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR;
+const SYND_BAD_RESP: u8 = consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR;
+const SYND_REMOTE_INVAL: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR;
+const SYND_REMOTE_ACCESS: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR;
+const SYND_REMOTE_OP: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR;
+const SYND_RETRY_EXC: u8 = consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR;
+const SYND_RNR_EXC: u8 = consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR;
 
 /// The received GRH: 40 bytes, IPv6-shaped (IBA 8.3; RoCE v1 carries the same header).
 pub(crate) const GRH_BYTES: usize = 40;
@@ -149,7 +149,7 @@ fn ack_timeout_ns(ack_timeout: u8) -> u64 {
 }
 
 /// Packets a message of `len` bytes takes at path MTU `mtu` (`IB_MTU_*`); at least one.
-fn packets(len: u64, mtu: u32) -> u32 {
+fn packets(len: u64, mtu: u8) -> u32 {
     if !(consts::IB_MTU_256..=consts::IB_MTU_4096).contains(&mtu) {
         return 1;
     }
@@ -303,10 +303,6 @@ mod tests {
         MLX5_OPCODE_RDMA_WRITE as RDMA_WRITE, MLX5_OPCODE_RDMA_WRITE_IMM as RDMA_WRITE_IMM, MLX5_OPCODE_SEND as SEND,
         MLX5_OPCODE_SEND_IMM as SEND_IMM,
     };
-
-    fn synd(s: u8) -> u32 {
-        s.into()
-    }
 
     /// Two RC QPs of one device connected to each other (loopback), each with a send and a receive CQ, and one
     /// memory region both use.
@@ -543,7 +539,7 @@ mod tests {
         r.post_recv(&mut ub, &[(base + 3000, 50, key)]);
         r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x11)).data(64, key, base), Bell::Db);
         let e = r.poll(&mut rcq).unwrap();
-        assert_eq!((e.status(), e.wqe_counter(), e.qpn()), ((RESP_ERR, synd(SYND_LOCAL_LENGTH)), 2, ub.qpn));
+        assert_eq!((e.status(), e.wqe_counter(), e.qpn()), ((RESP_ERR, SYND_LOCAL_LENGTH), 2, ub.qpn));
         assert_ne!(e.vendor_err(), 0);
         assert_eq!(r.h.dev.qp_info(ub.qpn).unwrap().error, Some(SYND_LOCAL_LENGTH));
         assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
@@ -732,9 +728,9 @@ mod tests {
             p.r.h.dev.advance_ns(10_000);
         }
         let e = p.r.poll(&mut p.a_scq).unwrap();
-        assert_eq!((e.status(), e.wqe_counter(), e.wqe_opcode()), ((REQ_ERR, synd(SYND_RNR_EXC)), 0, SEND));
+        assert_eq!((e.status(), e.wqe_counter(), e.wqe_opcode()), ((REQ_ERR, SYND_RNR_EXC), 0, SEND));
         let e = p.r.poll(&mut p.a_scq).unwrap();
-        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, synd(SYND_FLUSH)), 1));
+        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, SYND_FLUSH), 1));
         assert!(p.r.poll(&mut p.a_scq).is_none());
         assert_eq!(count(&p.r, |e| matches!(e, SimEvent::RnrNak { .. })), 3);
         assert_eq!(count(&p.r, |e| matches!(e, SimEvent::Retry { kind: RetryKind::Rnr, .. })), 2);
@@ -757,7 +753,7 @@ mod tests {
 
     #[test]
     fn remote_and_local_failures_complete_with_the_right_syndrome() {
-        let req_err = |s: u8| (REQ_ERR, synd(s));
+        let req_err = |s: u8| (REQ_ERR, s);
         // A bad rkey.
         let (e, _, p) = one(RcParams::default(), |p| {
             Wqe::new(RDMA_WRITE).raddr(p.mr.addr(), p.mr.key + 0x100).data(8, p.mr.key, p.mr.addr())
@@ -819,9 +815,9 @@ mod tests {
         });
         assert_eq!(e.status(), req_err(SYND_REMOTE_INVAL));
         let resp = resp.unwrap();
-        assert_eq!((resp.status(), resp.wqe_counter(), resp.qpn()), ((RESP_ERR, synd(SYND_LOCAL_LENGTH)), 0, p.b.qpn));
+        assert_eq!((resp.status(), resp.wqe_counter(), resp.qpn()), ((RESP_ERR, SYND_LOCAL_LENGTH), 0, p.b.qpn));
         let flushed = p.r.poll(&mut p.b_rcq).unwrap();
-        assert_eq!((flushed.status(), flushed.wqe_counter()), ((RESP_ERR, synd(SYND_FLUSH)), 1));
+        assert_eq!((flushed.status(), flushed.wqe_counter()), ((RESP_ERR, SYND_FLUSH), 1));
         assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().error, Some(SYND_LOCAL_LENGTH));
         assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().error, Some(SYND_REMOTE_INVAL));
         // A bad lkey in the receive: local protection there, remote operational error at the requester.
@@ -829,7 +825,7 @@ mod tests {
             p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, 0x777)]);
             Wqe::new(SEND).data(20, p.mr.key, p.mr.addr())
         });
-        assert_eq!((e.status(), resp.unwrap().status()), (req_err(SYND_REMOTE_OP), (RESP_ERR, synd(SYND_LOCAL_PROT))));
+        assert_eq!((e.status(), resp.unwrap().status()), (req_err(SYND_REMOTE_OP), (RESP_ERR, SYND_LOCAL_PROT)));
     }
 
     #[test]
@@ -855,7 +851,7 @@ mod tests {
         r.h.dev.advance_ns(5_000_000);
         r.h.dev.advance_ns(5_000_000);
         let e = r.poll(&mut cq).unwrap();
-        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, synd(SYND_RETRY_EXC)), 0));
+        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, SYND_RETRY_EXC), 0));
         assert_eq!(count(&r, |e| *e == lost), 3);
         assert_eq!(r.h.dev.qp_info(a.qpn).unwrap().error, Some(SYND_RETRY_EXC));
         // A destination QP not yet ready (INIT) and an unknown GID are the same failure.
@@ -869,7 +865,7 @@ mod tests {
             let mut q = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
             r.connect_rc(&q, &remote, zero);
             r.post_send(&mut q, &Wqe::new(SEND).data(8, mr.key, mr.addr()), Bell::Db);
-            assert_eq!(r.poll(&mut cq).unwrap().status(), (REQ_ERR, synd(SYND_RETRY_EXC)));
+            assert_eq!(r.poll(&mut cq).unwrap().status(), (REQ_ERR, SYND_RETRY_EXC));
         }
         assert!(r.h.dev.events().contains(&SimEvent::Unreachable {
             qpn: a.qpn + 3,
@@ -899,7 +895,7 @@ mod tests {
         ];
         for (what, f) in cases {
             let (e, _, p) = one(RcParams::default(), f);
-            assert_eq!(e.status(), (REQ_ERR, synd(SYND_LOCAL_QP_OP)), "{what}");
+            assert_eq!(e.status(), (REQ_ERR, SYND_LOCAL_QP_OP), "{what}");
             assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().state, QpState::Err, "{what}");
         }
         // A control segment naming another QP, or another index.
@@ -912,7 +908,7 @@ mod tests {
             p.a.patch_sq(0, patch, &[0x55]);
             // The doorbell names the QP properly; the WQE in memory does not.
             p.r.h.mmio.write64(SimMmio::uar_offset(p.a.uar) + p.a.bf_off, u64::from_be_bytes(db));
-            assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ_ERR, synd(SYND_LOCAL_QP_OP)));
+            assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ_ERR, SYND_LOCAL_QP_OP));
         }
         // Garbage everywhere never panics: every WQE completes or fails, and the QP ends up somewhere valid.
         let mut seed = 0x1234_5678u32;
@@ -923,7 +919,7 @@ mod tests {
                 seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
                 *b = (seed >> 16) as u8;
             }
-            let mut w = Wqe::new(seed % 0x30);
+            let mut w = Wqe::new((seed % 0x30) as u8);
             w.segs = junk[16..64 * 4].to_vec();
             w.ds_override = Some(seed >> 8 & 0x3f);
             p.r.post_send(&mut p.a, &w, Bell::Db);
@@ -947,11 +943,11 @@ mod tests {
         assert!(p.r.poll(&mut p.a_scq).is_none());
         assert_eq!(p.r.modify(consts::MLX5_CMD_OP_2ERR_QP, p.a.qpn, 0, |_, _| {}), (0, 0));
         // Every WQE gets its flush CQE, signaled or not, in order.
-        let sends: Vec<(u32, u16, u32)> =
+        let sends: Vec<(u8, u16, u8)> =
             p.r.drain(&mut p.a_scq).iter().map(|e| (e.syndrome(), e.wqe_counter(), e.wqe_opcode())).collect();
-        let f = synd(SYND_FLUSH);
+        let f = SYND_FLUSH;
         assert_eq!(sends, [(f, 0, SEND), (f, 1, SEND), (f, 2, RDMA_WRITE)]);
-        let recvs: Vec<(u32, u16)> = p.r.drain(&mut p.a_rcq).iter().map(|e| (e.opcode(), e.wqe_counter())).collect();
+        let recvs: Vec<(u8, u16)> = p.r.drain(&mut p.a_rcq).iter().map(|e| (e.opcode(), e.wqe_counter())).collect();
         assert_eq!(recvs, [(RESP_ERR, 0), (RESP_ERR, 1)]);
         assert!(p.r.h.dev.events().contains(&SimEvent::Flushed { qpn: p.a.qpn, sq: 3, rq: 2 }));
         let info = p.r.h.dev.qp_info(p.a.qpn).unwrap();
@@ -988,7 +984,7 @@ mod tests {
         p.r.post_recv(&mut p.b, &[(base + 4096, 64, key)]);
         p.r.post_send(&mut p.a, &Wqe::new(SEND).data(64, key, base), Bell::Db);
         let e = p.r.poll(&mut p.a_scq).expect("requester CQE");
-        assert_eq!(e.status(), (REQ_ERR, synd(SYND_RETRY_EXC)));
+        assert_eq!(e.status(), (REQ_ERR, SYND_RETRY_EXC));
         let seq_err = SimEvent::PsnSequenceError { qpn: p.b.qpn, expected: 0x100, got: 0x300 };
         assert_eq!(count(&p.r, |e| *e == seq_err), 3, "the first attempt and two retries");
         assert_eq!(count(&p.r, |e| matches!(e, SimEvent::PsnSequenceNak { .. })), 3);

@@ -194,7 +194,7 @@ impl State {
             wqe
         };
         let mut at = CTRL;
-        let av = if st == QpType::Ud && opcode != consts::MLX5_OPCODE_NOP as u8 {
+        let av = if st == QpType::Ud && opcode != consts::MLX5_OPCODE_NOP {
             if at + DGRAM_SEG > bytes {
                 return Err(bad(nbb, opcode));
             }
@@ -212,14 +212,14 @@ impl State {
             Ok((be64(wqe, at + r::RADDR.off), be(r::RKEY, wqe, at)))
         };
         let rc = st == QpType::Rc;
-        let (kind, with_imm) = match u32::from(opcode) {
+        let (kind, with_imm) = match opcode {
             consts::MLX5_OPCODE_NOP => (Kind::Nop, false),
             consts::MLX5_OPCODE_SEND => (Kind::Send, false),
             consts::MLX5_OPCODE_SEND_IMM => (Kind::Send, true),
             consts::MLX5_OPCODE_RDMA_WRITE | consts::MLX5_OPCODE_RDMA_WRITE_IMM if rc => {
                 let (raddr, rkey) = raddr(at)?;
                 at += RADDR_SEG;
-                (Kind::Write { raddr, rkey }, u32::from(opcode) == consts::MLX5_OPCODE_RDMA_WRITE_IMM)
+                (Kind::Write { raddr, rkey }, opcode == consts::MLX5_OPCODE_RDMA_WRITE_IMM)
             }
             consts::MLX5_OPCODE_RDMA_READ if rc => {
                 let (raddr, rkey) = raddr(at)?;
@@ -236,7 +236,7 @@ impl State {
                 let swap_add = be64(wqe, at + a::SWAP_ADD.off);
                 let compare = be64(wqe, at + a::COMPARE.off);
                 at += ATOMIC_SEG;
-                let op = if u32::from(opcode) == consts::MLX5_OPCODE_ATOMIC_CS {
+                let op = if opcode == consts::MLX5_OPCODE_ATOMIC_CS {
                     AtomicOp::CmpSwap { compare, swap: swap_add }
                 } else {
                     AtomicOp::FetchAdd { add: swap_add }
