@@ -19,7 +19,6 @@ use crate::State;
 pub(crate) const CQE64: usize = c::mlx5_cqe64::SIZE;
 /// `op_own`: opcode in bits 7:4, solicited event in bit 1, owner in bit 0 (c-layouts.md 4.4).
 pub(crate) const OP_OWN: usize = c::mlx5_cqe64::OP_OWN.off;
-pub(crate) const OWNER_MASK: u8 = consts::MLX5_CQE_OWNER_MASK;
 /// The solicited-event bit of `op_own` (`mlx5dv_get_cqe_se`: `(op_own >> 1) & 1`).
 pub(crate) const SOLICITED: u8 = 1 << 1;
 /// The CQE opcode is the high nibble of `op_own` (`get_cqe_opcode`).
@@ -31,12 +30,6 @@ pub(crate) const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
 /// MODIFY_CQ `op_mod` for moderation changes: Linux's `mlx5_core_modify_cq_moderation` leaves it 0, and only
 /// `MLX5_CQ_OPMOD_RESIZE` has a name.
 pub(crate) const OPMOD_MODIFY: u16 = 0;
-
-pub(crate) const STATUS_OK: u8 = consts::MLX5_CQC_STATUS_OK;
-pub(crate) const STATUS_OVERFLOW: u8 = consts::MLX5_CQC_STATUS_CQ_OVERFLOW;
-pub(crate) const STATUS_WRITE_FAIL: u8 = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL;
-pub(crate) const EVENT_COMP: u8 = consts::MLX5_EVENT_TYPE_COMP;
-pub(crate) const EVENT_CQ_ERROR: u8 = consts::MLX5_EVENT_TYPE_CQ_ERROR;
 
 /// What the next CQE does to an armed CQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +160,7 @@ impl Cq {
         let owner = ((n >> self.log_nent) & 1) as u8;
         // The entry must be visible before the byte that hands it to the driver (store before store: a release
         // fence, as the device's write ordering).
-        dma.write_then_flag(iova, &cqe[..OP_OWN], (cqe[OP_OWN] & !OWNER_MASK) | owner)
+        dma.write_then_flag(iova, &cqe[..OP_OWN], (cqe[OP_OWN] & !consts::MLX5_CQE_OWNER_MASK) | owner)
     }
 
     /// The consumer index from the doorbell record (`db[0] = be32(cons_index & 0xffffff)`).
@@ -284,7 +277,7 @@ impl CqTable {
             oi,
             pi: 0,
             arm: Arm::None,
-            status: STATUS_OK,
+            status: consts::MLX5_CQC_STATUS_OK,
             period: rd(inp, q::CQ_PERIOD.at(ctx)),
             max_count: rd(inp, q::CQ_MAX_COUNT.at(ctx)),
             period_mode: rd(inp, q::CQ_PERIOD_MODE.at(ctx)),
@@ -445,7 +438,7 @@ impl CqTable {
         } else {
             cq.page_shift
         };
-        if cq.status != STATUS_OK {
+        if cq.status != consts::MLX5_CQC_STATUS_OK {
             return Err(err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR));
         }
         let bytes = (1u64 << log_size) * cqe_size;
@@ -520,8 +513,6 @@ mod tests {
     const DB_SN_SHIFT: u32 = 28;
     use mlx5_core::hal::{Dma, DmaError, DmaRegion, Mmio};
 
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
-    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR;
     /// The driver initialises every CQE with an invalid opcode (`init_cq_frag_buf`).
     const INVALID_OP_OWN: u8 = consts::MLX5_CQE_INVALID << OPCODE_SHIFT;
     const WQE_COUNTER: mlx5_core::prm::Bytes = c::mlx5_cqe64::WQE_COUNTER;
@@ -682,7 +673,7 @@ mod tests {
     }
 
     fn owner(e: &[u8; CQE64]) -> u8 {
-        e[OP_OWN] & OWNER_MASK
+        e[OP_OWN] & consts::MLX5_CQE_OWNER_MASK
     }
 
     fn opcode(e: &[u8; CQE64]) -> u8 {
@@ -759,7 +750,7 @@ mod tests {
         // Exactly one CQ-error EQE, on the EQ subscribed to CQ errors, naming the CQ and the overrun.
         assert_eq!(env.h.dev.eq_info(env.errq).unwrap().pi, 1);
         let e = Harness::eqe(&env.err_buf, 0);
-        assert_eq!(e[c::mlx5_eqe::TYPE.off], EVENT_CQ_ERROR);
+        assert_eq!(e[c::mlx5_eqe::TYPE.off], consts::MLX5_EVENT_TYPE_CQ_ERROR);
         let d = c::mlx5_eqe::DATA.off;
         assert_eq!(e.read_u32(d + c::mlx5_eqe_cq_err::CQN.off), cq.cqn);
         let synd = e[d + c::mlx5_eqe_cq_err::SYNDROME.off];
@@ -780,7 +771,7 @@ mod tests {
         assert_eq!((marker(&cq.cqe(4)), owner(&cq.cqe(4))), (4, 1));
         assert_eq!((marker(&cq.cqe(5)), owner(&cq.cqe(5))), (5, 1));
         let info = env.h.dev.cq_info(cq.cqn).unwrap();
-        assert_eq!((info.status, info.pi, info.overruns), (STATUS_OK, 6, 2));
+        assert_eq!((info.status, info.pi, info.overruns), (consts::MLX5_CQC_STATUS_OK, 6, 2));
         assert_eq!(env.h.dev.eq_info(env.errq).unwrap().pi, 0);
         assert!(!env.h.dev.events().iter().any(|e| matches!(e, SimEvent::CqOverrun { .. })));
     }
@@ -804,7 +795,7 @@ mod tests {
         // The completion EQE went to c_eqn although that EQ subscribes to nothing.
         assert_eq!(env.h.dev.eq_info(env.comp).unwrap().pi, 1);
         let e = Harness::eqe(&env.comp_buf, 0);
-        assert_eq!(e[c::mlx5_eqe::TYPE.off], EVENT_COMP);
+        assert_eq!(e[c::mlx5_eqe::TYPE.off], consts::MLX5_EVENT_TYPE_COMP);
         assert_eq!(e.read_u32(c::mlx5_eqe::DATA.off + c::mlx5_eqe_comp::CQN.off), cq.cqn);
         // Disarmed: the next CQE fires nothing.
         env.h.dev.post_cqe(cq.cqn, plain(2)).unwrap();
@@ -967,7 +958,7 @@ mod tests {
         // Linux's bare query (no room for pas[]) works too.
         let (s, _, out) = query(&mut env.h, cq.cqn, 0);
         assert_eq!((s, rd(&out, q::PRODUCER_COUNTER.at(ctx))), (0, 5));
-        assert_eq!(query(&mut env.h, cq.cqn + 1, 0).0, BAD_PARAM);
+        assert_eq!(query(&mut env.h, cq.cqn + 1, 0).0, consts::MLX5_CMD_STAT_BAD_PARAM_ERR);
         assert_eq!(query(&mut env.h, cq.cqn + 1, 0).1, syndrome::CQ_INVALID);
     }
 
@@ -1045,7 +1036,7 @@ mod tests {
         // Too small: three pending CQEs do not fit in two entries.
         let small = Buf::alloc(&env.h, 1, 64, 0, true);
         let (s, syn, _) = env.h.cmd(&resize_in(&cq, 1, &small), 16);
-        assert_eq!((s, syn), (BAD_PARAM, syndrome::CQ_TOO_SMALL));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::CQ_TOO_SMALL));
         let huge = resize_in(&cq, 23, &small);
         assert_eq!(env.h.cmd(&huge, 16).1, syndrome::LOG_SIZE);
         let mut no_log = resize_in(&cq, 3, &small);
@@ -1111,10 +1102,10 @@ mod tests {
         }
         let new = Buf::alloc(&env.h, 4, 64, 0, false);
         let (s, syn, _) = env.h.cmd(&resize_in(&cq, 4, &new), 16);
-        assert_eq!((s, syn), (BAD_RES_STATE, syndrome::CQ_FULL));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR, syndrome::CQ_FULL));
         assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(4)), Err(PostCqeError::Overrun));
         let (s, syn, _) = env.h.cmd(&resize_in(&cq, 4, &new), 16);
-        assert_eq!((s, syn), (BAD_RES_STATE, syndrome::CQ_IN_ERROR));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR, syndrome::CQ_IN_ERROR));
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //! its result in `mbox_out.status` / `mbox_out.syndrome`. Status choices:
 //! * unknown opcode: `BAD_OP`; input shorter than the command's layout (plus declared `pas[]` entries):
 //!   `BAD_INP_LEN`; output shorter than needed: `BAD_OUTP_LEN`;
-//! * a command not allowed in the current HCA state: `BAD_SYS_STATE`;
-//! * an invalid value, including an unknown handle on destroy/dealloc: `BAD_PARAM`;
+//! * a command not allowed in the current HCA state: `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`;
+//! * an invalid value, including an unknown handle on destroy/dealloc: `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`;
 //! * a limit reached (`log_max_*`, UAR pages): `NO_RES`;
 //! * destroying an object another one still uses: `BAD_RES_STATE`.
 //!
@@ -56,71 +56,71 @@ pub mod syndrome {
     pub const BAD_INPUT_LEN: u32 = 0x51a0_0002;
     /// `BAD_OUTP_LEN`: `outlen` is shorter than the command's output (with the `pas[]` it may return).
     pub const BAD_OUTPUT_LEN: u32 = 0x51a0_0003;
-    /// `BAD_SYS_STATE`: a command other than QUERY_ISSI / ENABLE_HCA before ENABLE_HCA.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: a command other than QUERY_ISSI / ENABLE_HCA before ENABLE_HCA.
     pub const NOT_ENABLED: u32 = 0x51a0_0010;
-    /// `BAD_SYS_STATE`: ENABLE_HCA on an enabled function.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: ENABLE_HCA on an enabled function.
     pub const ALREADY_ENABLED: u32 = 0x51a0_0011;
-    /// `BAD_SYS_STATE`: an object command or TEARDOWN_HCA before INIT_HCA.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: an object command or TEARDOWN_HCA before INIT_HCA.
     pub const NOT_INITIALIZED: u32 = 0x51a0_0012;
-    /// `BAD_SYS_STATE`: INIT_HCA, SET_ISSI or SET_HCA_CAP after INIT_HCA.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: INIT_HCA, SET_ISSI or SET_HCA_CAP after INIT_HCA.
     pub const ALREADY_INITIALIZED: u32 = 0x51a0_0013;
-    /// `BAD_SYS_STATE`: DISABLE_HCA before TEARDOWN_HCA.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: DISABLE_HCA before TEARDOWN_HCA.
     pub const STILL_INITIALIZED: u32 = 0x51a0_0014;
-    /// `BAD_SYS_STATE`: INIT_HCA before the boot and init pages were given.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: INIT_HCA before the boot and init pages were given.
     pub const PAGES_MISSING: u32 = 0x51a0_0015;
-    /// `BAD_PARAM`: an op_mod the command does not define.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an op_mod the command does not define.
     pub const BAD_OP_MOD: u32 = 0x51a0_0020;
-    /// `BAD_PARAM`: SET_ISSI with an ISSI other than 0 or 1.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_ISSI with an ISSI other than 0 or 1.
     pub const BAD_ISSI: u32 = 0x51a0_0021;
-    /// `BAD_PARAM`: a function other than our own (function_id, other_function, embedded_cpu_function).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a function other than our own (function_id, other_function, embedded_cpu_function).
     pub const BAD_FUNCTION: u32 = 0x51a0_0022;
-    /// `BAD_PARAM`: MODIFY_CQ with a field_select bit the simulator does not know, or a resize without
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: MODIFY_CQ with a field_select bit the simulator does not know, or a resize without
     /// `MLX5_MODIFY_CQ_MASK_LOG_SIZE`.
     pub const FIELD_SELECT: u32 = 0x51a0_0023;
-    /// `BAD_PARAM`: a MANAGE_PAGES page address not 4 KiB aligned.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a MANAGE_PAGES page address not 4 KiB aligned.
     pub const PAGE_MISALIGNED: u32 = 0x51a0_0030;
-    /// `BAD_PARAM`: a MANAGE_PAGES page not inside live DMA memory.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a MANAGE_PAGES page not inside live DMA memory.
     pub const PAGE_NOT_MAPPED: u32 = 0x51a0_0031;
-    /// `BAD_PARAM`: a MANAGE_PAGES page firmware already owns (or listed twice).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a MANAGE_PAGES page firmware already owns (or listed twice).
     pub const PAGE_ALREADY_OWNED: u32 = 0x51a0_0032;
-    /// `BAD_PARAM`: an unsupported capability type.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unsupported capability type.
     pub const CAP_TYPE: u32 = 0x51a0_0040;
-    /// `BAD_PARAM`: SET_HCA_CAP changes a field that is not settable.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_HCA_CAP changes a field that is not settable.
     pub const CAP_READ_ONLY: u32 = 0x51a0_0041;
-    /// `BAD_PARAM`: SET_HCA_CAP sets a value above the maximum capability.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_HCA_CAP sets a value above the maximum capability.
     pub const CAP_ABOVE_MAX: u32 = 0x51a0_0042;
-    /// `BAD_PARAM`: TEARDOWN_HCA with an unsupported profile.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: TEARDOWN_HCA with an unsupported profile.
     pub const BAD_PROFILE: u32 = 0x51a0_0043;
-    /// `BAD_PARAM`: unknown PD.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown PD.
     pub const PD_INVALID: u32 = 0x51a0_0050;
-    /// `BAD_PARAM`: unknown UAR page.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown UAR page.
     pub const UAR_INVALID: u32 = 0x51a0_0051;
-    /// `BAD_PARAM`: unknown EQ.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown EQ.
     pub const EQ_INVALID: u32 = 0x51a0_0052;
-    /// `BAD_PARAM`: unknown CQ.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown CQ.
     pub const CQ_INVALID: u32 = 0x51a0_0053;
-    /// `BAD_PARAM`: unknown memory key index.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown memory key index.
     pub const MKEY_INVALID: u32 = 0x51a0_0054;
-    /// `BAD_PARAM`: log_eq_size / log_cq_size above the `log_max_*_sz` capability.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: log_eq_size / log_cq_size above the `log_max_*_sz` capability.
     pub const LOG_SIZE: u32 = 0x51a0_0060;
-    /// `BAD_PARAM`: cqe_sz other than 64 or 128 bytes.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: cqe_sz other than 64 or 128 bytes.
     pub const CQE_SIZE: u32 = 0x51a0_0061;
-    /// `BAD_PARAM`: fewer `pas[]` entries than the queue needs (or, for CREATE_MKEY, fewer MTT entries than
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: fewer `pas[]` entries than the queue needs (or, for CREATE_MKEY, fewer MTT entries than
     /// the pages the key covers, in the input or in `translations_octword_size`).
     pub const PAS_TOO_FEW: u32 = 0x51a0_0062;
-    /// `BAD_PARAM`: a `pas[]` (or MTT) entry not aligned to the page size.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a `pas[]` (or MTT) entry not aligned to the page size.
     pub const PAS_MISALIGNED: u32 = 0x51a0_0063;
-    /// `BAD_PARAM`: a `pas[]` (or MTT) page not inside live DMA memory.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a `pas[]` (or MTT) page not inside live DMA memory.
     pub const PAS_NOT_MAPPED: u32 = 0x51a0_0064;
-    /// `BAD_PARAM`: a non-zero page_offset (not supported by the simulator).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a non-zero page_offset (not supported by the simulator).
     pub const PAGE_OFFSET: u32 = 0x51a0_0065;
-    /// `BAD_PARAM`: a CQ doorbell record not inside live DMA memory.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ doorbell record not inside live DMA memory.
     pub const DBR_NOT_MAPPED: u32 = 0x51a0_0066;
-    /// `BAD_PARAM`: a CQ bound to an APU element (not supported).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ bound to an APU element (not supported).
     pub const APU_CQ: u32 = 0x51a0_0067;
-    /// `BAD_PARAM`: MODIFY_CQ(resize) to fewer entries than the CQEs the driver has not consumed yet.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: MODIFY_CQ(resize) to fewer entries than the CQEs the driver has not consumed yet.
     pub const CQ_TOO_SMALL: u32 = 0x51a0_0068;
-    /// `BAD_PARAM`: a CQ feature the simulator does not model (a collapsed CQ, `cc`).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ feature the simulator does not model (a collapsed CQ, `cc`).
     pub const CQ_FEATURE: u32 = 0x51a0_0069;
     /// `NO_RES`: the object limit (`log_max_*`, UAR pages in the BAR) is reached.
     pub const NO_RESOURCES: u32 = 0x51a0_0070;
@@ -136,39 +136,39 @@ pub mod syndrome {
     pub const BAD_PORT: u32 = 0x51a0_0081;
     /// A command needing a capability firmware does not report (SET_DRIVER_VERSION without `driver_version`).
     pub const CAP_NOT_SET: u32 = 0x51a0_0082;
-    /// `BAD_PARAM`: CREATE_MKEY with an access mode other than PA or MTT.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY with an access mode other than PA or MTT.
     pub const MKEY_ACCESS_MODE: u32 = 0x51a0_0090;
-    /// `BAD_PARAM`: CREATE_MKEY with `qpn` other than 0xffffff (keys bound to a QP are not supported).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY with `qpn` other than 0xffffff (keys bound to a QP are not supported).
     pub const MKEY_QPN: u32 = 0x51a0_0091;
-    /// `BAD_PARAM`: CREATE_MKEY(MTT) with `log_page_size` below 12 or above 63.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY(MTT) with `log_page_size` below 12 or above 63.
     pub const MKEY_PAGE_SIZE: u32 = 0x51a0_0092;
-    /// `BAD_PARAM`: CREATE_MKEY whose range wraps around 2^64, or an MTT key with `length64`.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY whose range wraps around 2^64, or an MTT key with `length64`.
     pub const MKEY_LENGTH: u32 = 0x51a0_0093;
-    /// `BAD_PARAM`: CREATE_MKEY asking for what the simulator does not model (a free key, umem, BSF, crossing).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY asking for what the simulator does not model (a free key, umem, BSF, crossing).
     pub const MKEY_FEATURE: u32 = 0x51a0_0094;
-    /// `BAD_PARAM`: unknown QP.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown QP.
     pub const QP_INVALID: u32 = 0x51a0_00a0;
-    /// `BAD_PARAM`: CREATE_QP with a transport service other than RC or UD.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with a transport service other than RC or UD.
     pub const QP_TYPE: u32 = 0x51a0_00a1;
-    /// `BAD_PARAM`: CREATE_QP with `pm_state` other than `MLX5_QP_PM_MIGRATED`.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with `pm_state` other than `MLX5_QP_PM_MIGRATED`.
     pub const QP_PM_STATE: u32 = 0x51a0_00a2;
-    /// `BAD_PARAM`: CREATE_QP with an RQ type other than a regular or a zero-length RQ (no SRQ).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with an RQ type other than a regular or a zero-length RQ (no SRQ).
     pub const QP_RQ_TYPE: u32 = 0x51a0_00a3;
-    /// `BAD_PARAM`: an RQ WQE (`16 << log_rq_stride`) above `max_wqe_sz_rq`.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RQ WQE (`16 << log_rq_stride`) above `max_wqe_sz_rq`.
     pub const QP_WQE_SIZE: u32 = 0x51a0_00a4;
-    /// `BAD_PARAM`: CREATE_QP asking for what the simulator does not model (umem, XRC, SRQ, a chosen QPN,
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP asking for what the simulator does not model (umem, XRC, SRQ, a chosen QPN,
     /// the extended context).
     pub const QP_FEATURE: u32 = 0x51a0_00a5;
     /// `BAD_QP_STATE`: a transition from a state it does not start from (2ERR from RST included).
     pub const QP_STATE: u32 = 0x51a0_00a6;
-    /// `BAD_PARAM`: a pkey index beyond the pkey table.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a pkey index beyond the pkey table.
     pub const QP_PKEY_INDEX: u32 = 0x51a0_00a7;
-    /// `BAD_PARAM`: an address path the link layer cannot use (IB: no LID; RoCE: no GRH, GID or MAC; a source
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an address path the link layer cannot use (IB: no LID; RoCE: no GRH, GID or MAC; a source
     /// GID index beyond the table).
     pub const QP_PATH: u32 = 0x51a0_00a8;
-    /// `BAD_PARAM`: INIT2RTR (RC) with an MTU other than `IB_MTU_256..=IB_MTU_4096`.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR (RC) with an MTU other than `IB_MTU_256..=IB_MTU_4096`.
     pub const QP_MTU: u32 = 0x51a0_00a9;
-    /// `BAD_PARAM`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`).
     pub const QP_CONTEXT: u32 = 0x51a0_00aa;
     /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
     pub const HEALTH_EXT_SYND: u16 = 0x51a0;
@@ -670,9 +670,6 @@ mod tests {
     use mlx5_core::prm::{c, DeliveryStatus, Field};
     use std::time::{Duration, Instant};
 
-    const BAD_SYS_STATE: u8 = consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR;
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
-
     fn query_pages_in(op_mod: u32) -> Vec<u8> {
         let mut inp = vec![0u8; ifc::query_pages_in::SIZE_BYTES];
         inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES.into());
@@ -689,7 +686,7 @@ mod tests {
         assert_eq!(ex.len(), 1);
         assert_eq!((ex[0].opcode, ex[0].status, ex[0].delivery), (consts::MLX5_CMD_OP_ENABLE_HCA, 0, 0));
         // A second ENABLE_HCA is refused.
-        assert_eq!(h.enable_hca(), BAD_SYS_STATE);
+        assert_eq!(h.enable_hca(), consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR);
         assert_eq!(h.dev.executed()[1].syndrome, syndrome::ALREADY_ENABLED);
     }
 
@@ -697,7 +694,7 @@ mod tests {
     fn commands_before_enable_hca_fail_except_query_issi() {
         let mut h = Harness::inline();
         let (s, syn, _) = h.cmd(&query_pages_in(1), ifc::query_pages_out::SIZE_BYTES);
-        assert_eq!((s, syn), (BAD_SYS_STATE, syndrome::NOT_ENABLED));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR, syndrome::NOT_ENABLED));
         let (s, _, out) = h.simple(
             consts::MLX5_CMD_OP_QUERY_ISSI,
             0,
@@ -797,7 +794,7 @@ mod tests {
         inp.set64(ifc::manage_pages_in::PAS.elem(0), page.iova());
         inp.set64(ifc::manage_pages_in::PAS.elem(1), page.iova());
         let (s, syn, _) = h2.cmd(&inp, 16);
-        assert_eq!((s, syn), (BAD_PARAM, syndrome::PAGE_ALREADY_OWNED));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::PAGE_ALREADY_OWNED));
         // An unmapped or misaligned page is refused too, and nothing is taken.
         inp.set64(ifc::manage_pages_in::PAS.elem(1), page.iova() + 0x10_0000);
         assert_eq!(h2.cmd(&inp, 16).1, syndrome::PAGE_NOT_MAPPED);
@@ -955,9 +952,9 @@ mod tests {
         let mut h = Harness::inline();
         h.enable_hca();
         let (s, _, _) = h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
-        assert_eq!(s, BAD_SYS_STATE);
+        assert_eq!(s, consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR);
         let (s, syn, _) = h.simple(consts::MLX5_CMD_OP_INIT_HCA, 0, ifc::init_hca_in::SIZE_BYTES, 16);
-        assert_eq!((s, syn), (BAD_SYS_STATE, syndrome::PAGES_MISSING));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR, syndrome::PAGES_MISSING));
         assert_eq!(h.query_pages(consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES), 8);
         h.give_pages(8);
         assert_eq!(h.query_pages(consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES), 0);
@@ -969,7 +966,7 @@ mod tests {
         assert_eq!(h.query_pages(consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES), 4);
         // DISABLE_HCA needs TEARDOWN_HCA first.
         let (s, syn, _) = h.simple(consts::MLX5_CMD_OP_DISABLE_HCA, 0, 16, 12);
-        assert_eq!((s, syn), (BAD_SYS_STATE, syndrome::STILL_INITIALIZED));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR, syndrome::STILL_INITIALIZED));
         let (s, _, _) = h.simple(consts::MLX5_CMD_OP_TEARDOWN_HCA, 0, 16, 16);
         assert_eq!(s, 0);
         let (s, _, _) = h.simple(consts::MLX5_CMD_OP_DISABLE_HCA, 0, 16, 12);
@@ -984,7 +981,7 @@ mod tests {
         let mut h = Harness::inline();
         let state_err = |h: &mut Harness, op: u16, inlen: usize, outlen: usize| {
             let (s, syn, _) = h.simple(op, 0, inlen, outlen);
-            assert_eq!(s, BAD_SYS_STATE, "opcode {op:#x}");
+            assert_eq!(s, consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR, "opcode {op:#x}");
             syn
         };
         // Before ENABLE_HCA only QUERY_ISSI and ENABLE_HCA run.
@@ -1119,7 +1116,7 @@ mod tests {
         assert_eq!(uar_in_use.1, syndrome::IN_USE);
         assert_eq!(destroy(&mut h, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cqn), (0, 0));
         let again = destroy(&mut h, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cqn);
-        assert_eq!(again, (BAD_PARAM, syndrome::CQ_INVALID));
+        assert_eq!(again, (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::CQ_INVALID));
         assert_eq!(destroy(&mut h, consts::MLX5_CMD_OP_DESTROY_EQ, ifc::destroy_eq_in::EQ_NUMBER, eqn), (0, 0));
         assert_eq!(destroy(&mut h, consts::MLX5_CMD_OP_DEALLOC_UAR, ifc::dealloc_uar_in::UAR, uar), (0, 0));
         assert_eq!(destroy(&mut h, consts::MLX5_CMD_OP_DEALLOC_PD, ifc::dealloc_pd_in::PD, pd), (0, 0));

@@ -932,10 +932,6 @@ mod tests {
     use crate::{SimConfig, SimDevice};
     use mlx5_core::hal::Dma;
 
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
-    const BAD_QP_STATE: u8 = consts::MLX5_CMD_STAT_BAD_QP_STATE_ERR;
-    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR;
-
     fn create(r: &mut Rdma, inp: &[u8]) -> (u8, u32, u32) {
         let (s, syn, out) = r.h.cmd(inp, ifc::create_qp_out::SIZE_BYTES);
         (s, syn, rd(&out, ifc::create_qp_out::QPN))
@@ -964,26 +960,74 @@ mod tests {
         };
         type Edit = Box<dyn Fn(&mut Vec<u8>)>;
         let cases: Vec<(Edit, u8, u32)> = vec![
-            (Box::new(|i| i.set(ifc::qpc::ST.at(CTX), consts::MLX5_QP_ST_UC)), BAD_PARAM, syndrome::QP_TYPE),
+            (
+                Box::new(|i| i.set(ifc::qpc::ST.at(CTX), consts::MLX5_QP_ST_UC)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::QP_TYPE,
+            ),
             (
                 Box::new(|i| i.set(ifc::qpc::PM_STATE.at(CTX), consts::MLX5_QP_PM_ARMED)),
-                BAD_PARAM,
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
                 syndrome::QP_PM_STATE,
             ),
-            (Box::new(|i| i.set(ifc::qpc::PD.at(CTX), 999)), BAD_PARAM, syndrome::PD_INVALID),
-            (Box::new(|i| i.set(ifc::qpc::CQN_SND.at(CTX), 999)), BAD_PARAM, syndrome::CQ_INVALID),
-            (Box::new(|i| i.set(ifc::qpc::CQN_RCV.at(CTX), 999)), BAD_PARAM, syndrome::CQ_INVALID),
-            (Box::new(|i| i.set(ifc::qpc::UAR_PAGE.at(CTX), 999)), BAD_PARAM, syndrome::UAR_INVALID),
-            (Box::new(|i| i.set(ifc::qpc::LOG_SQ_SIZE.at(CTX), 13)), BAD_PARAM, syndrome::LOG_SIZE),
-            (Box::new(|i| i.set(ifc::qpc::LOG_RQ_SIZE.at(CTX), 13)), BAD_PARAM, syndrome::LOG_SIZE),
+            (Box::new(|i| i.set(ifc::qpc::PD.at(CTX), 999)), consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::PD_INVALID),
+            (
+                Box::new(|i| i.set(ifc::qpc::CQN_SND.at(CTX), 999)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::CQ_INVALID,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::CQN_RCV.at(CTX), 999)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::CQ_INVALID,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::UAR_PAGE.at(CTX), 999)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::UAR_INVALID,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::LOG_SQ_SIZE.at(CTX), 13)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::LOG_SIZE,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::LOG_RQ_SIZE.at(CTX), 13)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::LOG_SIZE,
+            ),
             // 16 << 6 = 1024 bytes per RQ WQE, above max_wqe_sz_rq (512).
-            (Box::new(|i| i.set(ifc::qpc::LOG_RQ_STRIDE.at(CTX), 6)), BAD_PARAM, syndrome::QP_WQE_SIZE),
-            (Box::new(|i| i.set(ifc::qpc::RQ_TYPE.at(CTX), consts::MLX5_SRQ_RQ)), BAD_PARAM, syndrome::QP_RQ_TYPE),
-            (Box::new(|i| i.set(ifc::qpc::PAGE_OFFSET.at(CTX), 1)), BAD_PARAM, syndrome::PAGE_OFFSET),
-            (Box::new(|i| i.set64(ifc::qpc::DBR_ADDR.at(CTX), 0x10)), BAD_PARAM, syndrome::DBR_NOT_MAPPED),
-            (Box::new(|i| i.set(ifc::create_qp_in::INPUT_QPN, 0x200)), BAD_PARAM, syndrome::QP_FEATURE),
-            (Box::new(|i| i.truncate(i.len() - 8)), BAD_PARAM, syndrome::PAS_TOO_FEW),
-            (Box::new(|i| i.set64(ifc::create_qp_in::PAS.elem(1), 0x7000)), BAD_PARAM, syndrome::PAS_NOT_MAPPED),
+            (
+                Box::new(|i| i.set(ifc::qpc::LOG_RQ_STRIDE.at(CTX), 6)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::QP_WQE_SIZE,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::RQ_TYPE.at(CTX), consts::MLX5_SRQ_RQ)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::QP_RQ_TYPE,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::PAGE_OFFSET.at(CTX), 1)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::PAGE_OFFSET,
+            ),
+            (
+                Box::new(|i| i.set64(ifc::qpc::DBR_ADDR.at(CTX), 0x10)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::DBR_NOT_MAPPED,
+            ),
+            (
+                Box::new(|i| i.set(ifc::create_qp_in::INPUT_QPN, 0x200)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::QP_FEATURE,
+            ),
+            (Box::new(|i| i.truncate(i.len() - 8)), consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::PAS_TOO_FEW),
+            (
+                Box::new(|i| i.set64(ifc::create_qp_in::PAS.elem(1), 0x7000)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::PAS_NOT_MAPPED,
+            ),
         ];
         for (k, (f, status, synd)) in cases.iter().enumerate() {
             let (s, syn, _) = try_with(&mut r, spec, f.as_ref());
@@ -1005,7 +1049,7 @@ mod tests {
         let rq_only = r.qp(QpSpec { no_sq: true, ..QpSpec::rc() }, 0, cq.cqn);
         assert_eq!(r.h.dev.qp_info(rq_only.qpn).unwrap().sq_wqebbs, 0);
         // The CQ, PD and UAR are in use while a QP refers to them.
-        let in_use = (BAD_RES_STATE, syndrome::IN_USE);
+        let in_use = (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR, syndrome::IN_USE);
         assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cq.cqn), in_use);
         let (pd, uar) = (r.pd, r.uar);
         assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DEALLOC_PD, ifc::dealloc_pd_in::PD, pd), in_use);
@@ -1014,7 +1058,7 @@ mod tests {
             assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_QP, ifc::destroy_qp_in::QPN, q), (0, 0));
         }
         let again = destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_QP, ifc::destroy_qp_in::QPN, qp.qpn);
-        assert_eq!(again, (BAD_PARAM, syndrome::QP_INVALID));
+        assert_eq!(again, (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_INVALID));
         assert_eq!(r.h.dev.qp_info(qp.qpn), None);
         assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cq.cqn), (0, 0));
     }
@@ -1027,7 +1071,7 @@ mod tests {
         let cq = r.cq(4);
         let qp = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
         let n = qp.qpn;
-        let wrong = (BAD_QP_STATE, syndrome::QP_STATE);
+        let wrong = (consts::MLX5_CMD_STAT_BAD_QP_STATE_ERR, syndrome::QP_STATE);
         let state = |r: &Rdma| r.h.dev.qp_info(n).unwrap().state;
         // From RST only RST2INIT (and 2RST) go.
         for op in
@@ -1035,16 +1079,25 @@ mod tests {
         {
             assert_eq!(r.modify(op, n, 0, |_, _| {}), wrong, "opcode {op:#x}");
         }
-        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n + 1, 0, |_, _| {}), (BAD_PARAM, syndrome::QP_INVALID));
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n + 1, 0, |_, _| {}),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_INVALID)
+        );
         // Port 2 does not exist; pkey index 200 is beyond the 128-entry table.
         let port =
             |p: u32| move |i: &mut Vec<u8>, c: Sub| i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), p);
-        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, port(2)), (BAD_PARAM, syndrome::BAD_PORT));
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, port(2)),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::BAD_PORT)
+        );
         let big_pkey = |i: &mut Vec<u8>, c: Sub| {
             port(1)(i, c);
             i.set(ifc::ads::PKEY_INDEX.at(q::PRIMARY_ADDRESS_PATH.at(c)), 200);
         };
-        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, big_pkey), (BAD_PARAM, syndrome::QP_PKEY_INDEX));
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, big_pkey),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_PKEY_INDEX)
+        );
         assert_eq!(state(&r), QpState::Rst);
         let access = |i: &mut Vec<u8>, c: Sub| {
             port(1)(i, c);
@@ -1076,10 +1129,19 @@ mod tests {
             f(r, &mut inp, ifc::init2rtr_qp_in::QPC);
             r.modify(op, n, opt, move |i, c| i[c.off..c.off + c.len].copy_from_slice(&inp[c.off..c.off + c.len]))
         };
-        assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(0, true, 2)), (BAD_PARAM, syndrome::QP_MTU));
-        assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, false, 2)), (BAD_PARAM, syndrome::QP_PATH));
+        assert_eq!(
+            fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(0, true, 2)),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_MTU)
+        );
+        assert_eq!(
+            fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, false, 2)),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_PATH)
+        );
         // log_max_ra_res_qp is 4.
-        assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, true, 5)), (BAD_PARAM, syndrome::QP_CONTEXT));
+        assert_eq!(
+            fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, true, 5)),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_CONTEXT)
+        );
         assert_eq!(state(&r), QpState::Init);
         assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, true, 2)), (0, 0));
         let info = r.h.dev.qp_info(n).unwrap();
@@ -1152,7 +1214,10 @@ mod tests {
         let init = |i: &mut Vec<u8>, c: Sub| i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), 1);
         assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, rc.qpn, 0, init), (0, 0));
         let no_lid = |i: &mut Vec<u8>, c: Sub| i.set(q::MTU.at(c), k::IB_MTU_2048.into());
-        assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, rc.qpn, 0, no_lid), (BAD_PARAM, syndrome::QP_PATH));
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, rc.qpn, 0, no_lid),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_PATH)
+        );
         let me = Remote { qpn: ud.qpn, lid: 7, gid: [0; 16], mac: [0; 6] };
         assert_eq!(r.h.dev.lid(), 7);
         let mut inp = vec![0u8; ifc::init2rtr_qp_in::SIZE_BYTES];

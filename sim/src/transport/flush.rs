@@ -22,7 +22,7 @@ impl State {
             wqe_opcode,
             qpn,
             wqe_counter,
-            syndrome: SYND_FLUSH,
+            syndrome: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR,
             ..CqeOut::default()
         };
         let mut cqes = Vec::new();

@@ -147,7 +147,11 @@ impl State {
     /// Reads and parses the send WQE at the SQ consumer counter into `w`.
     pub(super) fn fetch_wqe(&mut self, qpn: u32, w: &mut SendWqe) -> Result<(), BadWqe> {
         use c::mlx5_wqe_ctrl_seg as cs;
-        let bad = |nbb: u16, opcode: u8| BadWqe { nbb: nbb.max(1), opcode, syndrome: SYND_LOCAL_QP_OP };
+        let bad = |nbb: u16, opcode: u8| BadWqe {
+            nbb: nbb.max(1),
+            opcode,
+            syndrome: consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
+        };
         let qp = self.fw.qps.get(&qpn).ok_or(bad(1, 0))?;
         let (index, st, sq_bbs, max_wqe) = (qp.sq_ci, qp.st, qp.sq_bbs(), qp.max_wqe);
         let pending = qp.sq_pi.wrapping_sub(index);
@@ -278,7 +282,7 @@ impl State {
         w.index = index;
         w.nbb = nbb;
         w.opcode = opcode;
-        w.signaled = fm & CQ_UPDATE != 0;
+        w.signaled = fm & consts::MLX5_WQE_CTRL_CQ_UPDATE != 0;
         w.solicited = fm & SOLICITED != 0;
         w.imm = with_imm.then_some(imm);
         w.kind = kind;
