@@ -140,9 +140,9 @@ fn fill_cqes(cq: &Cq, qpn: u32, send_first: u32) {
         let owner = ((idx >> log) & 1) as u8;
         let f = if k % 2 == 0 {
             CqeFields {
-                opcode: consts::MLX5_CQE_REQ as u8,
+                opcode: consts::MLX5_CQE_REQ,
                 owner,
-                wqe_opcode: consts::MLX5_OPCODE_SEND as u8,
+                wqe_opcode: consts::MLX5_OPCODE_SEND,
                 qpn,
                 wqe_counter: send_first.wrapping_add(k / 2) as u16,
                 byte_cnt: 64,
@@ -150,7 +150,7 @@ fn fill_cqes(cq: &Cq, qpn: u32, send_first: u32) {
             }
         } else {
             CqeFields {
-                opcode: consts::MLX5_CQE_RESP_SEND as u8,
+                opcode: consts::MLX5_CQE_RESP_SEND,
                 owner,
                 qpn,
                 wqe_counter: (k / 2) as u16,

@@ -428,7 +428,7 @@ mod tests {
             Event::Command { vector: 0x8000_0001 },
             Event::PageRequest { function_id: 7, ec_function: false, num_pages: 300 },
             Event::PageRequest { function_id: 0, ec_function: false, num_pages: -12 },
-            Event::CqError { cqn: 0x99, syndrome: consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN as u8 },
+            Event::CqError { cqn: 0x99, syndrome: consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN },
             Event::PortChange { port: 1, sub_type: consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE },
             Event::InternalError,
             Event::QpError { qpn: 0xab_cdef, kind: QpErrorKind::Catastrophic },

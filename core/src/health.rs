@@ -115,7 +115,7 @@ impl HealthBuffer {
     pub fn read<M: Mmio + ?Sized>(mmio: &M) -> Self {
         use c::health_buffer as h;
         let rfr_sev = member(mmio, h::RFR_SEVERITY) as u8;
-        let valid = u32::from(rfr_sev) & consts::MLX5_SEVERITY_VALID_MASK != 0;
+        let valid = rfr_sev & consts::MLX5_SEVERITY_VALID_MASK != 0;
         Self {
             fw_ver: mmio.read32(FW_VER),
             hw_id: member(mmio, h::HW_ID),
@@ -123,7 +123,7 @@ impl HealthBuffer {
             assert_exit_ptr: member(mmio, h::ASSERT_EXIT_PTR),
             assert_callra: member(mmio, h::ASSERT_CALLRA),
             rfr: rfr_sev >> consts::MLX5_RFR_BIT_OFFSET != 0,
-            severity: if valid { (u32::from(rfr_sev) & consts::MLX5_SEVERITY_MASK) as u8 } else { 0 },
+            severity: if valid { rfr_sev & consts::MLX5_SEVERITY_MASK } else { 0 },
             valid,
             irisc_index: member(mmio, h::IRISC_INDEX) as u8,
             synd: member(mmio, h::SYND) as u8,

@@ -102,12 +102,12 @@ impl CapType {
     /// The `MLX5_CAP_*` value.
     pub const fn raw(self) -> u16 {
         match self {
-            CapType::General => consts::MLX5_CAP_GENERAL as u16,
-            CapType::EthernetOffloads => consts::MLX5_CAP_ETHERNET_OFFLOADS as u16,
-            CapType::Odp => consts::MLX5_CAP_ODP as u16,
-            CapType::Atomic => consts::MLX5_CAP_ATOMIC as u16,
-            CapType::Roce => consts::MLX5_CAP_ROCE as u16,
-            CapType::General2 => consts::MLX5_CAP_GENERAL_2 as u16,
+            CapType::General => consts::MLX5_CAP_GENERAL,
+            CapType::EthernetOffloads => consts::MLX5_CAP_ETHERNET_OFFLOADS,
+            CapType::Odp => consts::MLX5_CAP_ODP,
+            CapType::Atomic => consts::MLX5_CAP_ATOMIC,
+            CapType::Roce => consts::MLX5_CAP_ROCE,
+            CapType::General2 => consts::MLX5_CAP_GENERAL_2,
             CapType::Other(n) => n,
         }
     }

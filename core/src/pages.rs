@@ -24,11 +24,11 @@ pub enum PageStage {
 
 impl PageStage {
     const fn op_mod(self) -> u16 {
-        (match self {
+        match self {
             PageStage::Boot => consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES,
             PageStage::Init => consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES,
             PageStage::Regular => consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES,
-        }) as u16
+        }
     }
 }
 
@@ -86,7 +86,7 @@ impl Command for ManagePagesGive<'_> {
         len_with_pas(ifc::manage_pages_in::PAS, self.pages.len())
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
-        write_header(msg, Opcode::ManagePages, consts::MLX5_PAGES_GIVE as u16);
+        write_header(msg, Opcode::ManagePages, consts::MLX5_PAGES_GIVE);
         msg.set(ifc::manage_pages_in::FUNCTION_ID, self.function_id.into());
         msg.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, self.pages.len() as u32);
         write_pas(msg, ifc::manage_pages_in::PAS, self.pages);
@@ -142,7 +142,7 @@ impl<S: PageSink + ?Sized> Command for ManagePagesTake<'_, S> {
         len_with_pas(ifc::manage_pages_out::PAS, self.pages.capacity())
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
-        write_header(msg, Opcode::ManagePages, consts::MLX5_PAGES_TAKE as u16);
+        write_header(msg, Opcode::ManagePages, consts::MLX5_PAGES_TAKE);
         msg.set(ifc::manage_pages_in::FUNCTION_ID, self.function_id.into());
         msg.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, self.pages.capacity() as u32);
     }

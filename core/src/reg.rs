@@ -54,7 +54,7 @@ pub const HOST_ENDIANNESS_LEN: usize = 16;
 /// `#if __BYTE_ORDER`: 0 on a little-endian host, 0x80 on a big-endian one. The vendored constant is the
 /// little-endian value, so the big-endian one is written here.
 #[cfg(target_endian = "little")]
-pub const SET_HOST_ENDIANNESS: u8 = consts::MLX5_SET_HOST_ENDIANNESS as u8;
+pub const SET_HOST_ENDIANNESS: u8 = consts::MLX5_SET_HOST_ENDIANNESS;
 /// `MLX5_SET_HOST_ENDIANNESS` (device.h) on a big-endian host.
 #[cfg(target_endian = "big")]
 pub const SET_HOST_ENDIANNESS: u8 = 0x80;
@@ -64,7 +64,7 @@ pub fn host_endianness(data: &mut [u8; HOST_ENDIANNESS_LEN]) -> AccessReg<'_> {
     *data = [0; HOST_ENDIANNESS_LEN];
     // `he` is the struct's first member, so it sits at byte 0 (C places the first member at offset 0).
     data[0] = SET_HOST_ENDIANNESS;
-    AccessReg { register_id: consts::MLX5_REG_HOST_ENDIANNESS as u16, argument: 0, write: true, data }
+    AccessReg { register_id: consts::MLX5_REG_HOST_ENDIANNESS, argument: 0, write: true, data }
 }
 
 /// PMTU (`mlx5_query_port_mtu`): MTUs of a local port in bytes.
@@ -82,7 +82,7 @@ pub struct PortMtu {
 pub fn pmtu_read(local_port: u8, data: &mut [u8; ifc::pmtu_reg::SIZE_BYTES]) -> AccessReg<'_> {
     *data = [0; ifc::pmtu_reg::SIZE_BYTES];
     data.set(ifc::pmtu_reg::LOCAL_PORT, local_port.into());
-    AccessReg { register_id: consts::MLX5_REG_PMTU as u16, argument: 0, write: false, data }
+    AccessReg { register_id: consts::MLX5_REG_PMTU, argument: 0, write: false, data }
 }
 
 impl PortMtu {
@@ -109,7 +109,7 @@ pub struct PortStatus {
 pub fn paos_read(local_port: u8, data: &mut [u8; ifc::paos_reg::SIZE_BYTES]) -> AccessReg<'_> {
     *data = [0; ifc::paos_reg::SIZE_BYTES];
     data.set(ifc::paos_reg::LOCAL_PORT, local_port.into());
-    AccessReg { register_id: consts::MLX5_REG_PAOS as u16, argument: 0, write: false, data }
+    AccessReg { register_id: consts::MLX5_REG_PAOS, argument: 0, write: false, data }
 }
 
 impl PortStatus {

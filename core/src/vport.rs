@@ -32,7 +32,7 @@ impl Command for QueryVportState {
         Opcode::QueryVportState
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
-        write_header(msg, Opcode::QueryVportState, consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT as u16);
+        write_header(msg, Opcode::QueryVportState, consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT);
     }
     fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<VportState, CmdError> {
         Ok(VportState {
@@ -166,7 +166,7 @@ impl Command for QueryHcaVportContext {
 pub const ROCE_HEADER_BYTES: u32 = 40 + 8 + 12 + 4 + 28 + 4;
 
 /// IB MTU enum values and their sizes in bytes (`enum ib_mtu`).
-const IB_MTUS: [(u32, u32); 5] = [
+const IB_MTUS: [(u8, u32); 5] = [
     (consts::IB_MTU_256, 256),
     (consts::IB_MTU_512, 512),
     (consts::IB_MTU_1024, 1024),
@@ -176,12 +176,12 @@ const IB_MTUS: [(u32, u32); 5] = [
 
 /// The IB MTU enum (`IB_MTU_256` .. `IB_MTU_4096`) for a payload of `bytes`, rounding down; 0 if below 256.
 pub fn ib_mtu_enum(bytes: u32) -> u8 {
-    IB_MTUS.iter().rev().find(|&&(_, b)| bytes >= b).map_or(0, |&(e, _)| e as u8)
+    IB_MTUS.iter().rev().find(|&&(_, b)| bytes >= b).map_or(0, |&(e, _)| e)
 }
 
 /// Bytes of an IB MTU enum value (0 when not a valid value).
 pub fn ib_mtu_bytes(e: u8) -> u32 {
-    IB_MTUS.iter().find(|&&(v, _)| v == u32::from(e)).map_or(0, |&(_, b)| b)
+    IB_MTUS.iter().find(|&&(v, _)| v == e).map_or(0, |&(_, b)| b)
 }
 
 /// The RoCE path MTU an Ethernet MTU allows (`iboe_get_mtu`).
@@ -195,11 +195,11 @@ mod tests {
 
     #[test]
     fn ib_mtu_enum_rounds_down_to_a_supported_size() {
-        assert_eq!(ib_mtu_enum(4096), consts::IB_MTU_4096 as u8);
-        assert_eq!(ib_mtu_enum(4095), consts::IB_MTU_2048 as u8);
-        assert_eq!(ib_mtu_enum(256), consts::IB_MTU_256 as u8);
+        assert_eq!(ib_mtu_enum(4096), consts::IB_MTU_4096);
+        assert_eq!(ib_mtu_enum(4095), consts::IB_MTU_2048);
+        assert_eq!(ib_mtu_enum(256), consts::IB_MTU_256);
         assert_eq!(ib_mtu_enum(255), 0);
-        assert_eq!(ib_mtu_enum(u32::MAX), consts::IB_MTU_4096 as u8);
+        assert_eq!(ib_mtu_enum(u32::MAX), consts::IB_MTU_4096);
     }
 
     #[test]
@@ -214,10 +214,10 @@ mod tests {
     #[test]
     fn iboe_mtu_takes_the_roce_headers_out_of_the_ethernet_mtu() {
         // 1500-byte Ethernet leaves room for a 1024-byte RoCE path MTU; 9000 for 4096.
-        assert_eq!(iboe_mtu(1500), consts::IB_MTU_1024 as u8);
-        assert_eq!(iboe_mtu(9000), consts::IB_MTU_4096 as u8);
-        assert_eq!(iboe_mtu(2048 + ROCE_HEADER_BYTES), consts::IB_MTU_2048 as u8);
-        assert_eq!(iboe_mtu(2048 + ROCE_HEADER_BYTES - 1), consts::IB_MTU_1024 as u8);
+        assert_eq!(iboe_mtu(1500), consts::IB_MTU_1024);
+        assert_eq!(iboe_mtu(9000), consts::IB_MTU_4096);
+        assert_eq!(iboe_mtu(2048 + ROCE_HEADER_BYTES), consts::IB_MTU_2048);
+        assert_eq!(iboe_mtu(2048 + ROCE_HEADER_BYTES - 1), consts::IB_MTU_1024);
         assert_eq!(iboe_mtu(0), 0);
     }
 }

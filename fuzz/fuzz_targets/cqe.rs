@@ -69,7 +69,7 @@ fn check_decode(
     table: &Table,
     r: &Result<Option<WorkCompletion>, CqeError>,
 ) {
-    let compressed = u32::from(cqe.format()) == consts::MLX5_COMPRESSED;
+    let compressed = cqe.format() == consts::MLX5_COMPRESSED;
     let op = cqe.opcode();
     match *r {
         Err(CqeError::BadOpcode { cqn: c, op_own, index: i }) => {

@@ -238,7 +238,7 @@ fn hca_events(u: &mut Unstructured<'_>) {
             3 => {
                 // A real completion event: arm, then the device completes something on the CQ.
                 let _ = hca.req_notify_cq(&cq, Notify::NextComp);
-                let f = CqeFields { opcode: consts::MLX5_CQE_REQ as u8, qpn: 0x77, ..CqeFields::default() };
+                let f = CqeFields { opcode: consts::MLX5_CQE_REQ, qpn: 0x77, ..CqeFields::default() };
                 let _ = dev.post_cqe(cq.cqn(), f.emit().0);
             }
             _ => {

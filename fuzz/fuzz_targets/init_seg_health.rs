@@ -97,12 +97,12 @@ fn fatal(fw_ver: u32, l_sz: u32, h: &[u8; 64]) -> Option<HealthFailure> {
     }
     let synd = h[hb::SYND.off];
     (synd != 0).then(|| {
-        let rs = u32::from(h[hb::RFR_SEVERITY.off]);
+        let rs = h[hb::RFR_SEVERITY.off];
         let valid = rs & consts::MLX5_SEVERITY_VALID_MASK != 0;
         HealthFailure::Syndrome {
             synd: HealthSyndrome::from_raw(synd),
             ext_synd: u16::from_be_bytes([h[hb::EXT_SYND.off], h[hb::EXT_SYND.off + 1]]),
-            severity: if valid { (rs & consts::MLX5_SEVERITY_MASK) as u8 } else { 0 },
+            severity: if valid { rs & consts::MLX5_SEVERITY_MASK } else { 0 },
             rfr: rs >> consts::MLX5_RFR_BIT_OFFSET != 0,
         }
     })
@@ -139,7 +139,7 @@ fn health(u: &mut Unstructured<'_>, seg: Seg) {
         assert_eq!(r.ext_synd, u16::from_be_bytes([buf[hb::EXT_SYND.off], buf[hb::EXT_SYND.off + 1]]));
         assert_eq!(r.counter, counter);
         assert!(r.severity <= 7);
-        assert_eq!(r.valid, u32::from(buf[hb::RFR_SEVERITY.off]) & consts::MLX5_SEVERITY_VALID_MASK != 0);
+        assert_eq!(r.valid, buf[hb::RFR_SEVERITY.off] & consts::MLX5_SEVERITY_VALID_MASK != 0);
         if !r.valid {
             assert_eq!(r.severity, 0);
         }

@@ -123,7 +123,7 @@ fn wqe_bytes(wr: &SendWr<'_>, ty: QpType) -> usize {
     n
 }
 
-fn mlx5_opcode(op: &SendOp) -> (u32, u32) {
+fn mlx5_opcode(op: &SendOp) -> (u8, u32) {
     match *op {
         SendOp::Send => (consts::MLX5_OPCODE_SEND, 0),
         SendOp::SendImm { imm } => (consts::MLX5_OPCODE_SEND_IMM, imm),
@@ -398,7 +398,7 @@ fn post_sends(
         let (opcode, imm) = mlx5_opcode(&wr.op);
         let w0 = u32::from_be_bytes(ctrl[0..4].try_into().unwrap());
         let w1 = u32::from_be_bytes(ctrl[4..8].try_into().unwrap());
-        assert_eq!(w0 & 0xff, opcode, "opcode");
+        assert_eq!(w0 & 0xff, u32::from(opcode), "opcode");
         assert_eq!((w0 >> 8) & 0xffff, at & 0xffff, "WQE index");
         assert_eq!(w1 >> 8, qp.qpn(), "QP number");
         assert_eq!((w1 & 0x3f) as usize, bytes / 16, "WQE size in 16-byte units");

@@ -610,9 +610,9 @@ mod tests {
         hb
     }
 
-    fn input(opcode: u32, len: usize) -> Vec<u8> {
+    fn input(opcode: u16, len: usize) -> Vec<u8> {
         let mut inp = vec![0u8; len];
-        inp.set(ifc::mbox_in::OPCODE, opcode);
+        inp.set(ifc::mbox_in::OPCODE, opcode.into());
         inp
     }
 
@@ -650,7 +650,7 @@ mod tests {
         let mut h = Harness::inline();
         h.bring_up();
         let synd = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR;
-        h.dev.inject(Fault::Fatal { opcode: consts::MLX5_CMD_OP_ALLOC_PD as u16, synd });
+        h.dev.inject(Fault::Fatal { opcode: consts::MLX5_CMD_OP_ALLOC_PD, synd });
         assert_eq!(health_buffer(&h.mmio), [0u8; c::health_buffer::SIZE]);
         let p = h.post(0, &input(consts::MLX5_CMD_OP_ALLOC_PD, 16), 16);
         h.ring(0);
@@ -661,7 +661,7 @@ mod tests {
         assert_eq!(hb[c::health_buffer::SYND.off], synd);
         let ext = c::health_buffer::EXT_SYND.off;
         assert_eq!(u16::from_be_bytes([hb[ext], hb[ext + 1]]), syndrome::HEALTH_EXT_SYND);
-        let sev = u32::from(hb[c::health_buffer::RFR_SEVERITY.off]);
+        let sev = hb[c::health_buffer::RFR_SEVERITY.off];
         assert_ne!(sev & consts::MLX5_SEVERITY_VALID_MASK, 0);
         assert_eq!(sev & consts::MLX5_SEVERITY_MASK, 2);
         // The heartbeat is frozen.
@@ -674,7 +674,7 @@ mod tests {
         h.dev.advance_ns(120_000_000_000);
         assert_eq!((h.status_own(0) & 1, h.status_own(1) & 1), (1, 1));
         assert!(h.dev.events().contains(&SimEvent::DoorbellWhileDead { slot: 1 }));
-        assert_eq!(h.dev.executed().last().unwrap().opcode, consts::MLX5_CMD_OP_INIT_HCA as u16);
+        assert_eq!(h.dev.executed().last().unwrap().opcode, consts::MLX5_CMD_OP_INIT_HCA);
         // No more EQEs either, and another failure changes nothing.
         h.dev.request_pages(5);
         assert_eq!(h.dev.post_event(0, 0, [0; EQE_DATA_LEN]), None);
@@ -693,7 +693,7 @@ mod tests {
     #[test]
     fn stall_fault_only_freezes_the_heartbeat() {
         let mut h = Harness::inline();
-        h.dev.inject(Fault::Stall { opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16 });
+        h.dev.inject(Fault::Stall { opcode: consts::MLX5_CMD_OP_ENABLE_HCA });
         h.dev.advance_ns(3_000_000);
         let p = h.post(0, &input(consts::MLX5_CMD_OP_ENABLE_HCA, 16), 16);
         h.ring(0);
@@ -711,7 +711,7 @@ mod tests {
     #[test]
     fn commands_delayed_before_a_stall_never_complete() {
         let mut h = Harness::inline();
-        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16, ms: 10 });
+        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA, ms: 10 });
         let p = h.post(0, &input(consts::MLX5_CMD_OP_ENABLE_HCA, 16), 16);
         h.ring(0);
         h.dev.stall_health();
@@ -726,9 +726,9 @@ mod tests {
         let mut h = Harness::inline();
         assert_eq!(h.enable_hca(), 0);
         assert_eq!(h.give_pages(8), (0, 0));
-        h.dev.inject(Fault::DeviceGone { opcode: consts::MLX5_CMD_OP_QUERY_PAGES as u16 });
+        h.dev.inject(Fault::DeviceGone { opcode: consts::MLX5_CMD_OP_QUERY_PAGES });
         let mut inp = input(consts::MLX5_CMD_OP_QUERY_PAGES, ifc::query_pages_in::SIZE_BYTES);
-        inp.set(ifc::query_pages_in::OP_MOD, consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES);
+        inp.set(ifc::query_pages_in::OP_MOD, consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES.into());
         let p = h.post(0, &inp, ifc::query_pages_out::SIZE_BYTES);
         h.ring(0);
         assert_eq!(h.dev.health(), Health::Gone);
@@ -755,7 +755,7 @@ mod tests {
     fn stalled_command_is_never_released_by_a_dead_firmware() {
         let mut h = Harness::inline();
         h.bring_up();
-        h.dev.inject(Fault::NeedPages { opcode: consts::MLX5_CMD_OP_ALLOC_PD as u16, pages: 1 });
+        h.dev.inject(Fault::NeedPages { opcode: consts::MLX5_CMD_OP_ALLOC_PD, pages: 1 });
         let p = h.post(0, &input(consts::MLX5_CMD_OP_ALLOC_PD, 16), 16);
         h.ring(0);
         h.dev.fail_health(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR);

@@ -118,7 +118,7 @@ impl Regs {
         if synd != 0 {
             self.image[base + h::SYND.off] = synd;
             self.image.write_bytes(base + h::EXT_SYND.off, &ext_synd.to_be_bytes());
-            let sev = consts::MLX5_SEVERITY_VALID_MASK as u8 | (SEVERITY_CRIT & consts::MLX5_SEVERITY_MASK as u8);
+            let sev = consts::MLX5_SEVERITY_VALID_MASK | (SEVERITY_CRIT & consts::MLX5_SEVERITY_MASK);
             self.image[base + h::RFR_SEVERITY.off] = sev;
         }
     }

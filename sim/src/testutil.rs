@@ -223,8 +223,8 @@ impl Harness {
         use ifc::manage_pages_in as i;
         let pages = self.dma.alloc((n as usize * 4096).max(1), 4096).unwrap();
         let mut inp = vec![0u8; i::PAS.byte_off() + n as usize * 8];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
-        inp.set(i::OP_MOD, consts::MLX5_PAGES_GIVE);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES.into());
+        inp.set(i::OP_MOD, consts::MLX5_PAGES_GIVE.into());
         inp.set(i::INPUT_NUM_ENTRIES, n);
         for k in 0..n {
             inp.set64(i::PAS.elem(k), pages.iova() + u64::from(k) * 4096);
@@ -244,8 +244,8 @@ impl Harness {
     pub fn take_pages(&mut self, n: u32) -> (u8, Vec<u64>) {
         use ifc::manage_pages_in as i;
         let mut inp = vec![0u8; i::SIZE_BYTES];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
-        inp.set(i::OP_MOD, consts::MLX5_PAGES_TAKE);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES.into());
+        inp.set(i::OP_MOD, consts::MLX5_PAGES_TAKE.into());
         inp.set(i::INPUT_NUM_ENTRIES, n);
         let outlen = ifc::manage_pages_out::PAS.byte_off() + 8 * n as usize;
         let (s, _, out) = self.cmd(&inp, outlen);
@@ -272,7 +272,7 @@ impl Harness {
         }
         let npages = bytes / 4096;
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * npages];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_EQ);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_EQ.into());
         inp.set(ifc::eqc::LOG_EQ_SIZE.at(ctx), log_size);
         inp.set(ifc::eqc::UAR_PAGE.at(ctx), uar);
         inp.set64(i::EVENT_BITMASK.elem(0), mask);
@@ -297,10 +297,10 @@ impl Harness {
     }
 
     /// QUERY_PAGES on `slot`, without waiting for other slots (inline mode).
-    pub fn query_pages_on(&mut self, slot: u8, op_mod: u32) -> i32 {
+    pub fn query_pages_on(&mut self, slot: u8, op_mod: u16) -> i32 {
         let mut inp = vec![0u8; ifc::query_pages_in::SIZE_BYTES];
-        inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES);
-        inp.set(ifc::query_pages_in::OP_MOD, op_mod);
+        inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES.into());
+        inp.set(ifc::query_pages_in::OP_MOD, op_mod.into());
         let p = self.post(slot, &inp, ifc::query_pages_out::SIZE_BYTES);
         self.ring(slot);
         assert!(self.wait(slot), "QUERY_PAGES still owned by hardware");
@@ -309,20 +309,20 @@ impl Harness {
         MsgBuf::get(&out[..], ifc::query_pages_out::NUM_PAGES) as i32
     }
 
-    pub fn query_pages(&mut self, op_mod: u32) -> i32 {
+    pub fn query_pages(&mut self, op_mod: u16) -> i32 {
         let mut inp = vec![0u8; ifc::query_pages_in::SIZE_BYTES];
-        inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES);
-        inp.set(ifc::query_pages_in::OP_MOD, op_mod);
+        inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES.into());
+        inp.set(ifc::query_pages_in::OP_MOD, op_mod.into());
         let (s, _, out) = self.cmd(&inp, ifc::query_pages_out::SIZE_BYTES);
         assert_eq!(s, 0);
         MsgBuf::get(&out[..], ifc::query_pages_out::NUM_PAGES) as i32
     }
 
     /// A command with only a header: opcode and op_mod, `inlen`/`outlen` from the layouts.
-    pub fn simple(&mut self, opcode: u32, op_mod: u32, inlen: usize, outlen: usize) -> (u8, u32, Vec<u8>) {
+    pub fn simple(&mut self, opcode: u16, op_mod: u16, inlen: usize, outlen: usize) -> (u8, u32, Vec<u8>) {
         let mut inp = vec![0u8; inlen];
-        inp.set(ifc::mbox_in::OPCODE, opcode);
-        inp.set(ifc::mbox_in::OP_MOD, op_mod);
+        inp.set(ifc::mbox_in::OPCODE, opcode.into());
+        inp.set(ifc::mbox_in::OP_MOD, op_mod.into());
         self.cmd(&inp, outlen)
     }
 
@@ -372,8 +372,8 @@ impl Cqe {
     fn be(&self, m: mlx5_core::prm::Bytes) -> u32 {
         m.get_be(&self.0, 0)
     }
-    pub fn opcode(&self) -> u32 {
-        u32::from(self.0[c::mlx5_cqe64::OP_OWN.off] >> 4)
+    pub fn opcode(&self) -> u8 {
+        self.0[c::mlx5_cqe64::OP_OWN.off] >> 4
     }
     pub fn solicited(&self) -> bool {
         self.0[c::mlx5_cqe64::OP_OWN.off] & 2 != 0
@@ -381,8 +381,9 @@ impl Cqe {
     pub fn qpn(&self) -> u32 {
         self.be(c::mlx5_cqe64::SOP_DROP_QPN) & 0xff_ffff
     }
-    pub fn wqe_opcode(&self) -> u32 {
-        self.be(c::mlx5_cqe64::SOP_DROP_QPN) >> 24
+    pub fn wqe_opcode(&self) -> u8 {
+        // The top byte of the big-endian `sop_drop_qpn`.
+        self.0[c::mlx5_cqe64::SOP_DROP_QPN.off]
     }
     pub fn wqe_counter(&self) -> u16 {
         self.be(c::mlx5_cqe64::WQE_COUNTER) as u16
@@ -399,14 +400,14 @@ impl Cqe {
     pub fn slid(&self) -> u16 {
         self.be(c::mlx5_cqe64::SLID) as u16
     }
-    pub fn syndrome(&self) -> u32 {
-        self.0[c::mlx5_err_cqe::SYNDROME.off].into()
+    pub fn syndrome(&self) -> u8 {
+        self.0[c::mlx5_err_cqe::SYNDROME.off]
     }
     pub fn vendor_err(&self) -> u8 {
         self.0[c::mlx5_err_cqe::VENDOR_ERR_SYND.off]
     }
     /// (CQE opcode, syndrome) for a quick comparison; the syndrome is 0 for a good CQE.
-    pub fn status(&self) -> (u32, u32) {
+    pub fn status(&self) -> (u8, u8) {
         let err = matches!(self.opcode(), consts::MLX5_CQE_REQ_ERR | consts::MLX5_CQE_RESP_ERR);
         (self.opcode(), if err { self.syndrome() } else { 0 })
     }
@@ -543,7 +544,7 @@ impl TQp {
 /// A send WQE being built: everything after the control segment, in 16-byte units.
 #[derive(Debug, Clone)]
 pub(crate) struct Wqe {
-    pub opcode: u32,
+    pub opcode: u8,
     pub fm_ce_se: u8,
     pub imm: [u8; 4],
     pub segs: Vec<u8>,
@@ -552,7 +553,7 @@ pub(crate) struct Wqe {
 }
 
 impl Wqe {
-    pub fn new(opcode: u32) -> Self {
+    pub fn new(opcode: u8) -> Self {
         Self { opcode, fm_ce_se: consts::MLX5_WQE_CTRL_CQ_UPDATE, imm: [0; 4], segs: Vec::new(), ds_override: None }
     }
     pub fn unsignaled(mut self) -> Self {
@@ -721,11 +722,11 @@ impl Rdma {
         let bytes = (64usize << log_size).next_multiple_of(PAGE);
         let buf = self.h.dma.alloc(bytes, PAGE).unwrap();
         for n in 0..1usize << log_size {
-            put(&buf, n * 64 + c::mlx5_cqe64::OP_OWN.off, &[(consts::MLX5_CQE_INVALID as u8) << 4]);
+            put(&buf, n * 64 + c::mlx5_cqe64::OP_OWN.off, &[consts::MLX5_CQE_INVALID << 4]);
         }
         let dbr = self.h.dma.alloc(64, 64).unwrap();
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * (bytes / PAGE)];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ.into());
         inp.set(q::CQE_SZ.at(ctx), consts::CQE_STRIDE_64);
         inp.set(q::LOG_CQ_SIZE.at(ctx), log_size);
         inp.set(q::UAR_PAGE.at(ctx), self.uar);
@@ -745,7 +746,7 @@ impl Rdma {
         let off = (cq.ci & (nent - 1)) as usize * 64;
         let op_own = cq.buf.read_volatile_u8(off + c::mlx5_cqe64::OP_OWN.off);
         let owner = u32::from(op_own & 1);
-        if u32::from(op_own >> 4) == consts::MLX5_CQE_INVALID || owner != (cq.ci >> cq.log_size) & 1 {
+        if op_own >> 4 == consts::MLX5_CQE_INVALID || owner != (cq.ci >> cq.log_size) & 1 {
             return None;
         }
         self.h.mmio.dma_rmb();
@@ -783,7 +784,7 @@ impl Rdma {
         let region = self.h.dma.alloc(len, 64).unwrap();
         let ctx = i::MEMORY_KEY_MKEY_ENTRY;
         let mut inp = vec![0u8; i::KLM_PAS_MTT.byte_off()];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY.into());
         inp.set(m::ACCESS_MODE_1_0.at(ctx), consts::MLX5_MKC_ACCESS_MODE_PA & 3);
         inp.set(m::LR.at(ctx), 1);
         for (f, on) in [m::LW, m::RR, m::RW, m::A].into_iter().zip(rights) {
@@ -812,7 +813,7 @@ impl Rdma {
         let pages: Vec<DmaRegion> = (0..bytes.div_ceil(PAGE)).map(|_| self.h.dma.alloc(PAGE, PAGE).unwrap()).collect();
         let dbr = self.h.dma.alloc(64, 64).unwrap();
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * pages.len()];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_QP);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_QP.into());
         inp.set(q::ST.at(ctx), spec.st);
         inp.set(q::PM_STATE.at(ctx), consts::MLX5_QP_PM_MIGRATED);
         inp.set(q::PD.at(ctx), self.pd);
@@ -845,7 +846,7 @@ impl Rdma {
     /// syndrome).
     pub fn modify(
         &mut self,
-        op: u32,
+        op: u16,
         qpn: u32,
         opt: u32,
         f: impl FnOnce(&mut Vec<u8>, mlx5_core::prm::Sub),
@@ -853,7 +854,7 @@ impl Rdma {
         use ifc::rst2init_qp_in as i;
         let short = op == consts::MLX5_CMD_OP_2ERR_QP || op == consts::MLX5_CMD_OP_2RST_QP;
         let mut inp = vec![0u8; if short { ifc::qp_2err_in::SIZE_BYTES } else { i::SIZE_BYTES }];
-        inp.set(i::OPCODE, op);
+        inp.set(i::OPCODE, op.into());
         inp.set(i::QPN, qpn);
         if !short {
             inp.set(i::OPT_PARAM_MASK, opt);
@@ -866,7 +867,7 @@ impl Rdma {
     /// QUERY_QP's output.
     pub fn query_qp(&mut self, qpn: u32) -> (u8, Vec<u8>) {
         let mut inp = vec![0u8; ifc::query_qp_in::SIZE_BYTES];
-        inp.set(ifc::query_qp_in::OPCODE, consts::MLX5_CMD_OP_QUERY_QP);
+        inp.set(ifc::query_qp_in::OPCODE, consts::MLX5_CMD_OP_QUERY_QP.into());
         inp.set(ifc::query_qp_in::QPN, qpn);
         let (s, _, out) = self.h.cmd(&inp, ifc::query_qp_out::QP_PAS_OR_QPC_EXT_AND_PAS.off);
         (s, out)
@@ -913,7 +914,7 @@ impl Rdma {
         let st = self.modify(consts::MLX5_CMD_OP_INIT2RTR_QP, qp.qpn, 0, |inp, c| {
             let s = q::PRIMARY_ADDRESS_PATH.at(c);
             inp[s.off..s.off + s.len].copy_from_slice(&path[s.off..s.off + s.len]);
-            inp.set(q::MTU.at(c), consts::IB_MTU_1024);
+            inp.set(q::MTU.at(c), consts::IB_MTU_1024.into());
             inp.set(q::LOG_MSG_MAX.at(c), 30);
             inp.set(q::REMOTE_QPN.at(c), r.qpn);
             inp.set(q::NEXT_RCV_PSN.at(c), prm.rq_psn);
@@ -950,7 +951,7 @@ impl Rdma {
         use c::mlx5_wqe_ctrl_seg as cs;
         let index = qp.sq_pi;
         let mut bytes = vec![0u8; cs::SIZE];
-        cs::OPMOD_IDX_OPCODE.put_be(&mut bytes, 0, u32::from(index) << 8 | w.opcode);
+        cs::OPMOD_IDX_OPCODE.put_be(&mut bytes, 0, u32::from(index) << 8 | u32::from(w.opcode));
         cs::QPN_DS.put_be(&mut bytes, 0, qp.qpn << 8 | w.ds());
         bytes[cs::FM_CE_SE.off] = w.fm_ce_se;
         bytes[cs::IMM.off..cs::IMM.end()].copy_from_slice(&w.imm);

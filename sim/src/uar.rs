@@ -20,7 +20,7 @@
 use mlx5_core::prm::{c, consts, ifc, Bytes};
 
 use crate::events::SimEvent;
-use crate::fw::cq::{Arm, CTR_MASK, STATUS_OK};
+use crate::fw::cq::{Arm, CTR_MASK};
 use crate::fw::qp::{QpState, SEND_WQE_BB};
 use crate::mmio::PAGE;
 use crate::State;
@@ -184,7 +184,7 @@ impl State {
             Arm::Next => cq.unconsumed(ci) > 0,
             _ => cq.solicited_unconsumed(ci),
         };
-        if waiting && cq.status == STATUS_OK && !dead {
+        if waiting && cq.status == consts::MLX5_CQC_STATUS_OK && !dead {
             // Matching CQEs are already there: the event fires at once.
             self.fire_completion(cqn);
         }

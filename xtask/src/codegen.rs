@@ -368,35 +368,90 @@ fn gen_c(c: &Value, o: &mut String) -> Result<(), String> {
     Ok(())
 }
 
-/// Constant families typed by the field they are written into, so no user needs `X as u8`. The rule: a value that
-/// goes into a byte of a C structure the driver reads and writes as raw bytes (`mlx5_cqe64`, `mlx5_wqe_ctrl_seg`,
-/// `mlx5_eqe`, `mlx5_cmd_layout`, the health buffer) is `u8`. Values written through an `ifc` [`Field`] stay
-/// `u32`, the type `MsgBuf::set` / `get` take. The CQE / WQE opcode and CQE syndrome families also stay `u32` for
-/// now: the simulator models those fields as `u32` throughout. Each entry: a name prefix (an exact name when it has
-/// no trailing `_`), the Rust type, and the field that sets it. Every other constant is `u32` (`i64` when negative,
-/// `u64` when wider). A value that does not fit its family's type fails generation.
-const TYPED_CONSTS: &[(&str, &str, &str)] = &[
-    ("MLX5_CQE_OWNER_MASK", "u8", "`mlx5_cqe64.op_own`, bit 0 (1 byte)"),
-    ("MLX5_WQE_CTRL_CQ_UPDATE", "u8", "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)"),
-    ("MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE", "u8", "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)"),
-    ("MLX5_WQE_CTRL_SOLICITED", "u8", "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)"),
-    ("MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE", "u8", "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)"),
-    ("MLX5_WQE_CTRL_FENCE", "u8", "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)"),
-    ("MLX5_PCI_CMD_XPORT", "u8", "`mlx5_cmd_layout.type` (1 byte)"),
-    ("CMD_OWNER_HW", "u8", "`mlx5_cmd_layout.status_own` (1 byte)"),
-    ("MLX5_EQE_OWNER_INIT_VAL", "u8", "`mlx5_eqe.owner` (1 byte)"),
-    ("MLX5_PORT_CHANGE_SUBTYPE_", "u8", "`mlx5_eqe.sub_type` (1 byte)"),
-    ("MLX5_EVENT_QUEUE_TYPE_", "u8", "`mlx5_eqe_qp_srq.type` (1 byte)"),
-    ("MLX5_INITIAL_SEG_HEALTH_SYNDROME_", "u8", "`health_buffer.synd` (1 byte)"),
+/// Constant families typed by the field they are written into, so no user needs `X as u8` / `X as u16`. The rule:
+/// a family takes the type of the field its values go into: `u8` for a byte of a C structure the driver reads and
+/// writes as raw bytes (`mlx5_cqe64`, `mlx5_err_cqe`, `mlx5_wqe_ctrl_seg`, `mlx5_eqe`, `mlx5_cmd_layout`, the
+/// health buffer) and for the narrow `ifc` fields the driver models as a byte (command status, CQ / QP state, MTU);
+/// `u16` for 16-bit fields (`op_mod`, `opcode`, `register_id`). Every other constant is `u32`, the type
+/// `MsgBuf::set` / `get` take (`i64` when negative, `u64` when wider); a typed value written through `MsgBuf::set`
+/// is widened with `u32::from` at the call. Each entry: name patterns (a prefix when it ends in `_`, else an exact
+/// name), the Rust type, and the field the values go into; the longest matching pattern wins, so an entry typed
+/// `u32` carves a constant that is not a field value (a count, a bound) out of a wider family. A value that does
+/// not fit its family's type fails generation.
+const TYPED_CONSTS: &[(&[&str], &str, &str)] = &[
+    (
+        &[
+            "MLX5_CQE_REQ",
+            "MLX5_CQE_RESP_WR_IMM",
+            "MLX5_CQE_RESP_SEND",
+            "MLX5_CQE_RESP_SEND_IMM",
+            "MLX5_CQE_RESP_SEND_INV",
+            "MLX5_CQE_RESIZE_CQ",
+            "MLX5_CQE_SIG_ERR",
+            "MLX5_CQE_REQ_ERR",
+            "MLX5_CQE_RESP_ERR",
+            "MLX5_CQE_INVALID",
+        ],
+        "u8",
+        "`mlx5_cqe64.op_own`, bits 7:4 (1 byte)",
+    ),
+    (&["MLX5_COMPRESSED"], "u8", "`mlx5_cqe64.op_own`, bits 3:2 (1 byte)"),
+    (&["MLX5_CQE_OWNER_MASK"], "u8", "`mlx5_cqe64.op_own`, bit 0 (1 byte)"),
+    (&["MLX5_CQE_SYNDROME_"], "u8", "`mlx5_err_cqe.syndrome` (1 byte)"),
+    (&["MLX5_CQE_VENDOR_SYNDROME_"], "u8", "`mlx5_err_cqe.vendor_err_synd` (1 byte)"),
+    (
+        &["MLX5_OPCODE_"],
+        "u8",
+        "`mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24",
+    ),
+    (
+        &[
+            "MLX5_WQE_CTRL_CQ_UPDATE",
+            "MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE",
+            "MLX5_WQE_CTRL_SOLICITED",
+            "MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE",
+            "MLX5_WQE_CTRL_FENCE",
+        ],
+        "u8",
+        "`mlx5_wqe_ctrl_seg.fm_ce_se` (1 byte)",
+    ),
+    (&["MLX5_PCI_CMD_XPORT"], "u8", "`mlx5_cmd_layout.type` (1 byte)"),
+    (&["CMD_OWNER_"], "u8", "`mlx5_cmd_layout.status_own`, bit 0 (1 byte)"),
+    (&["MLX5_CMD_STAT_"], "u8", "`mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1"),
+    (&["MLX5_CMD_OP_"], "u16", "`mbox_in.opcode` (16 bits)"),
+    (&["MLX5_CMD_OP_MAX", "MLX5_CMD_OP_GENERAL_END"], "u32", "bounds of the opcode space, not opcodes"),
+    (&["MLX5_EVENT_TYPE_"], "u8", "`mlx5_eqe.type` (1 byte)"),
+    (&["MLX5_EVENT_TYPE_MAX"], "u32", "the number of event types (256), not an event type"),
+    (&["MLX5_EQE_OWNER_INIT_VAL"], "u8", "`mlx5_eqe.owner` (1 byte)"),
+    (&["MLX5_PORT_CHANGE_SUBTYPE_"], "u8", "`mlx5_eqe.sub_type` (1 byte)"),
+    (&["MLX5_EVENT_QUEUE_TYPE_"], "u8", "`mlx5_eqe_qp_srq.type` (1 byte)"),
+    (&["MLX5_CQ_ERROR_SYNDROME_"], "u8", "`mlx5_eqe_cq_err.syndrome` (1 byte)"),
+    (&["MLX5_INITIAL_SEG_HEALTH_SYNDROME_"], "u8", "`health_buffer.synd` (1 byte)"),
+    (&["MLX5_SEVERITY_"], "u8", "`health_buffer.rfr_severity` (1 byte)"),
+    (&["MLX5_CQC_STATUS_"], "u8", "`cqc.status` (4 bits)"),
+    (&["MLX5_QP_STATE_"], "u8", "`qpc.state` (4 bits)"),
+    (&["IB_MTU_"], "u8", "`qpc.mtu` (3 bits) and `pmtu_reg.*_mtu`"),
+    (&["MLX5_MAX_LOG_PKEY_TABLE"], "u8", "`cmd_hca_cap.pkey_table_size` (4 bits)"),
+    (&["MLX5_SET_HOST_ENDIANNESS"], "u8", "`host_endianness_reg.he` (8 bits)"),
+    (&["MLX5_CAP_"], "u16", "`query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)"),
+    (&["MLX5_CAP_PORT_TYPE_"], "u32", "`cmd_hca_cap.port_type`, written with `MsgBuf::set`"),
+    (&["MLX5_CAP_UMR_FENCE_"], "u32", "`cmd_hca_cap.umr_fence`, written with `MsgBuf::set`"),
+    (&["MLX5_CAP_NUM"], "u32", "the number of capability types, not an `op_mod`"),
+    (&["MLX5_PAGES_"], "u16", "`manage_pages_in.op_mod` (16 bits)"),
+    (&["MLX5_QUERY_PAGES_IN_OP_MOD_"], "u16", "`query_pages_in.op_mod` (16 bits)"),
+    (&["MLX5_CQ_OPMOD_"], "u16", "`modify_cq_in.op_mod` (16 bits)"),
+    (&["MLX5_VPORT_STATE_OP_MOD_"], "u16", "`query_vport_state_in.op_mod` (16 bits)"),
+    (&["MLX5_REG_"], "u16", "`access_register_in.register_id` (16 bits)"),
 ];
 
-/// The type [`TYPED_CONSTS`] gives `name` (the longest matching entry), if any.
+/// The type [`TYPED_CONSTS`] gives `name` and the field it goes into (the longest matching pattern), if any.
 fn typed_const(name: &str) -> Option<(&'static str, &'static str)> {
     TYPED_CONSTS
         .iter()
-        .filter(|(m, _, _)| if m.ends_with('_') { name.starts_with(m) } else { name == *m })
-        .max_by_key(|(m, _, _)| m.len())
-        .map(|&(_, ty, field)| (ty, field))
+        .flat_map(|&(pats, ty, field)| pats.iter().map(move |&p| (p, ty, field)))
+        .filter(|(p, _, _)| if p.ends_with('_') { name.starts_with(p) } else { name == *p })
+        .max_by_key(|(p, _, _)| p.len())
+        .map(|(_, ty, field)| (ty, field))
 }
 
 /// `1 bit`, `2 bits`.
@@ -487,16 +542,19 @@ fn gen_consts(consts: &Value, o: &mut String) -> Result<(), String> {
                 continue;
             }
             if let Some((ty, field)) = typed_const(k) {
-                let max: i128 = if ty == "u8" { u8::MAX.into() } else { u16::MAX.into() };
+                let max: i128 = match ty {
+                    "u8" => u8::MAX.into(),
+                    "u16" => u16::MAX.into(),
+                    "u32" => u32::MAX.into(),
+                    _ => return Err(format!("{k}: no range for type {ty}")),
+                };
                 if !(0..=max).contains(&val) {
                     return Err(format!("{k} = {val} does not fit {ty} ({field})"));
                 }
-                writeln!(
-                    o,
-                    "    /// {file}; `{ty}`: goes into {field}\n    pub const {}: {ty} = {val};",
-                    rust_ident_upper(k)
-                )
-                .unwrap();
+                // A `u32` entry carves a non-field constant out of a family; its text says what the value is.
+                let what = if ty == "u32" { field.to_string() } else { format!("goes into {field}") };
+                writeln!(o, "    /// {file}; `{ty}`: {what}\n    pub const {}: {ty} = {val};", rust_ident_upper(k))
+                    .unwrap();
                 continue;
             }
             let ty = if val < 0 {

@@ -142,7 +142,7 @@ pub struct CqState {
 impl CqState {
     /// Whether the device stopped the CQ because it overran.
     pub fn overflowed(&self) -> bool {
-        u32::from(self.status) == consts::MLX5_CQC_STATUS_CQ_OVERFLOW
+        self.status == consts::MLX5_CQC_STATUS_CQ_OVERFLOW
     }
 }
 
@@ -254,7 +254,7 @@ impl Command for ResizeCq<'_> {
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         use ifc::modify_cq_in as m;
-        write_header(msg, Opcode::ModifyCq, consts::MLX5_CQ_OPMOD_RESIZE as u16);
+        write_header(msg, Opcode::ModifyCq, consts::MLX5_CQ_OPMOD_RESIZE);
         msg.set(m::CQN, self.cqn);
         let select = ifc::resize_field_select::RESIZE_FIELD_SELECT.at(m::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
         msg.set(

@@ -34,7 +34,7 @@ impl CqeOpcode {
     /// The opcode from the upper nibble of `op_own`.
     #[inline]
     pub const fn from_raw(v: u8) -> Self {
-        match v as u32 {
+        match v {
             consts::MLX5_CQE_REQ => CqeOpcode::Req,
             consts::MLX5_CQE_RESP_WR_IMM => CqeOpcode::RespWrImm,
             consts::MLX5_CQE_RESP_SEND => CqeOpcode::RespSend,
@@ -51,7 +51,7 @@ impl CqeOpcode {
 
     /// The 4-bit opcode value.
     pub const fn raw(self) -> u8 {
-        (match self {
+        match self {
             CqeOpcode::Req => consts::MLX5_CQE_REQ,
             CqeOpcode::RespWrImm => consts::MLX5_CQE_RESP_WR_IMM,
             CqeOpcode::RespSend => consts::MLX5_CQE_RESP_SEND,
@@ -62,8 +62,8 @@ impl CqeOpcode {
             CqeOpcode::ReqErr => consts::MLX5_CQE_REQ_ERR,
             CqeOpcode::RespErr => consts::MLX5_CQE_RESP_ERR,
             CqeOpcode::Invalid => consts::MLX5_CQE_INVALID,
-            CqeOpcode::Unknown(v) => v as u32,
-        }) as u8
+            CqeOpcode::Unknown(v) => v,
+        }
     }
 }
 
@@ -71,7 +71,7 @@ impl CqeOpcode {
 pub const CQE64_SIZE: usize = c::mlx5_cqe64::SIZE;
 
 /// `op_own` of a CQE nobody wrote: invalid opcode, owner 1.
-pub const CQE_INIT_OP_OWN: u8 = ((consts::MLX5_CQE_INVALID as u8) << 4) | consts::MLX5_CQE_OWNER_MASK;
+pub const CQE_INIT_OP_OWN: u8 = (consts::MLX5_CQE_INVALID << 4) | consts::MLX5_CQE_OWNER_MASK;
 
 /// A CQE copied out of the ring (`struct mlx5_cqe64`; an error CQE reads the same bytes as `struct mlx5_err_cqe`).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -271,7 +271,7 @@ mod tests {
 
     fn fields() -> CqeFields {
         CqeFields {
-            opcode: consts::MLX5_CQE_RESP_SEND as u8,
+            opcode: consts::MLX5_CQE_RESP_SEND,
             owner: 1,
             solicited: true,
             wqe_opcode: 0x0a,
@@ -325,7 +325,7 @@ mod tests {
     #[test]
     fn a_hand_written_image_decodes() {
         let mut b = [0u8; CQE64_SIZE];
-        b[field::OP_OWN.off] = (consts::MLX5_CQE_REQ as u8) << 4;
+        b[field::OP_OWN.off] = consts::MLX5_CQE_REQ << 4;
         b[field::SOP_DROP_QPN.off..field::SOP_DROP_QPN.off + 4].copy_from_slice(&[0x11, 0x00, 0x00, 0x2a]);
         b[field::WQE_COUNTER.off..field::WQE_COUNTER.off + 2].copy_from_slice(&[0x00, 0x07]);
         let cqe = Cqe(b);
@@ -337,10 +337,10 @@ mod tests {
 
     #[test]
     fn op_own_packs_opcode_solicited_and_owner() {
-        let f = CqeFields { opcode: consts::MLX5_CQE_REQ_ERR as u8, solicited: true, owner: 3, ..CqeFields::default() };
+        let f = CqeFields { opcode: consts::MLX5_CQE_REQ_ERR, solicited: true, owner: 3, ..CqeFields::default() };
         let cqe = f.emit();
         // The owner is one bit: 3 keeps only bit 0.
-        assert_eq!(cqe.op_own(), ((consts::MLX5_CQE_REQ_ERR as u8) << 4) | 0b10 | 1);
+        assert_eq!(cqe.op_own(), (consts::MLX5_CQE_REQ_ERR << 4) | 0b10 | 1);
         assert_eq!(cqe.owner(), 1);
     }
 
@@ -361,15 +361,14 @@ mod tests {
             assert_eq!(op.raw(), v, "{op:?}");
         }
         assert_eq!(CqeOpcode::from_raw(7), CqeOpcode::Unknown(7));
-        assert_eq!(CqeOpcode::from_raw(consts::MLX5_CQE_SIG_ERR as u8), CqeOpcode::SigErr);
+        assert_eq!(CqeOpcode::from_raw(consts::MLX5_CQE_SIG_ERR), CqeOpcode::SigErr);
     }
 
     #[test]
     fn error_fields_are_written_only_for_error_opcodes() {
-        let ok =
-            CqeFields { opcode: consts::MLX5_CQE_REQ as u8, syndrome: 0x16, vendor_err: 0x81, ..CqeFields::default() };
+        let ok = CqeFields { opcode: consts::MLX5_CQE_REQ, syndrome: 0x16, vendor_err: 0x81, ..CqeFields::default() };
         assert_eq!((ok.emit().err_syndrome(), ok.emit().vendor_err()), (0, 0));
-        let err = CqeFields { opcode: consts::MLX5_CQE_RESP_ERR as u8, qpn: 0x99, ..ok };
+        let err = CqeFields { opcode: consts::MLX5_CQE_RESP_ERR, qpn: 0x99, ..ok };
         let cqe = err.emit();
         assert_eq!((cqe.err_syndrome(), cqe.vendor_err()), (0x16, 0x81));
         assert_eq!(cqe.err_qpn(), 0x99);

@@ -137,7 +137,7 @@ impl Cq {
         // Volatile: the device writes the byte concurrently.
         let op_own = unsafe { p.add(field::OP_OWN.off).read_volatile() };
         let owner = (n >> self.log_nent) & 1;
-        if op_own >> 4 == consts::MLX5_CQE_INVALID as u8 || u32::from(op_own & 1) != owner {
+        if op_own >> 4 == consts::MLX5_CQE_INVALID || u32::from(op_own & 1) != owner {
             return None;
         }
         // The ownership byte said the entry is ours: the rest must be loaded after it.

@@ -113,7 +113,7 @@ impl WcStatus {
     /// The status for an error CQE's syndrome (`mlx5_handle_error_cqe`); unknown syndromes are general errors.
     #[inline]
     pub const fn from_syndrome(syndrome: u8) -> Self {
-        match syndrome as u32 {
+        match syndrome {
             consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR => WcStatus::LocLenErr,
             consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR => WcStatus::LocQpOpErr,
             consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR => WcStatus::LocProtErr,
@@ -354,7 +354,7 @@ pub(super) fn decode_into(
     out: &mut WorkCompletion,
 ) -> Result<bool, CqeError> {
     let bad = CqeError::BadOpcode { cqn, op_own: cqe.op_own(), index };
-    if u32::from(cqe.format()) == consts::MLX5_COMPRESSED {
+    if cqe.format() == consts::MLX5_COMPRESSED {
         return Err(bad);
     }
     let mut wc = WorkCompletion::default();
@@ -397,7 +397,7 @@ pub(super) fn decode_into(
 #[inline]
 fn decode_req(cqe: &Cqe, wc: &mut WorkCompletion) {
     let op = cqe.wqe_opcode();
-    match u32::from(op) {
+    match op {
         consts::MLX5_OPCODE_RDMA_WRITE_IMM => {
             wc.wc_flags |= WcFlags::WITH_IMM;
             wc.opcode = WcOpcode::RdmaWrite;
@@ -520,10 +520,10 @@ mod tests {
         decode_cqe(&f.emit(), 3, 9, link, wq)
     }
 
-    fn req(wqe_opcode: u32) -> CqeFields {
+    fn req(wqe_opcode: u8) -> CqeFields {
         CqeFields {
-            opcode: consts::MLX5_CQE_REQ as u8,
-            wqe_opcode: wqe_opcode as u8,
+            opcode: consts::MLX5_CQE_REQ,
+            wqe_opcode,
             qpn: 0x42,
             wqe_counter: 5,
             byte_cnt: 100,
@@ -555,7 +555,7 @@ mod tests {
     fn responder_send_with_immediate_reports_the_immediate_and_source() {
         let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
         let f = CqeFields {
-            opcode: consts::MLX5_CQE_RESP_SEND_IMM as u8,
+            opcode: consts::MLX5_CQE_RESP_SEND_IMM,
             qpn: 0x42,
             byte_cnt: 64,
             imm_inval_pkey: 0x1234_5678,
@@ -574,7 +574,7 @@ mod tests {
     fn responder_on_ethernet_takes_the_vlan_only_when_tagged() {
         let mut wq = OneQp { qpn: 1, ..OneQp::default() };
         let base = CqeFields {
-            opcode: consts::MLX5_CQE_RESP_SEND as u8,
+            opcode: consts::MLX5_CQE_RESP_SEND,
             qpn: 1,
             vlan_info: (3 << 13) | 0x123,
             ..CqeFields::default()
@@ -591,9 +591,9 @@ mod tests {
     fn error_cqe_maps_syndrome_and_keeps_vendor_error() {
         let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
         let f = CqeFields {
-            opcode: consts::MLX5_CQE_REQ_ERR as u8,
+            opcode: consts::MLX5_CQE_REQ_ERR,
             qpn: 0x42,
-            syndrome: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR as u8,
+            syndrome: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR,
             vendor_err: 0xf5,
             ..CqeFields::default()
         };
@@ -604,12 +604,9 @@ mod tests {
 
     #[test]
     fn syndromes_map_to_verbs_statuses_and_unknown_ones_are_general() {
-        assert_eq!(WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR as u8), WcStatus::LocLenErr);
-        assert_eq!(
-            WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR as u8),
-            WcStatus::RnrRetryExcErr
-        );
-        assert_eq!(WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR as u8), WcStatus::RemAccessErr);
+        assert_eq!(WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR), WcStatus::LocLenErr);
+        assert_eq!(WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR), WcStatus::RnrRetryExcErr);
+        assert_eq!(WcStatus::from_syndrome(consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR), WcStatus::RemAccessErr);
         assert_eq!(WcStatus::from_syndrome(0xee), WcStatus::GeneralErr);
     }
 
@@ -623,12 +620,12 @@ mod tests {
     #[test]
     fn resize_markers_and_compressed_cqes_are_rejected_and_signature_errors_skipped() {
         let mut wq = OneQp { qpn: 0x42, ..OneQp::default() };
-        let resize = CqeFields { opcode: consts::MLX5_CQE_RESIZE_CQ as u8, ..CqeFields::default() };
+        let resize = CqeFields { opcode: consts::MLX5_CQE_RESIZE_CQ, ..CqeFields::default() };
         assert!(matches!(decode(resize, LinkLayer::InfiniBand, &mut wq), Err(CqeError::BadOpcode { index: 9, .. })));
-        let sig = CqeFields { opcode: consts::MLX5_CQE_SIG_ERR as u8, ..CqeFields::default() };
+        let sig = CqeFields { opcode: consts::MLX5_CQE_SIG_ERR, ..CqeFields::default() };
         assert_eq!(decode(sig, LinkLayer::InfiniBand, &mut wq), Ok(None));
         let mut compressed = req(consts::MLX5_OPCODE_SEND).emit();
-        compressed.0[crate::cq::cqe::field::OP_OWN.off] |= (consts::MLX5_COMPRESSED as u8) << 2;
+        compressed.0[crate::cq::cqe::field::OP_OWN.off] |= consts::MLX5_COMPRESSED << 2;
         assert!(decode_cqe(&compressed, 3, 9, LinkLayer::InfiniBand, &mut wq).is_err());
         assert_eq!(wq.sends, 0, "nothing was retired");
     }

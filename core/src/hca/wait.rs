@@ -205,7 +205,7 @@ impl<const P: usize, const NCQ: usize> Ctx<P, NCQ> {
                         ifc::manage_pages_in::SIZE_BYTES,
                         ifc::manage_pages_out::SIZE_BYTES,
                     )
-                    .op_mod(consts::MLX5_PAGES_CANT_GIVE as u16)
+                    .op_mod(consts::MLX5_PAGES_CANT_GIVE)
                     .arg(ifc::manage_pages_in::FUNCTION_ID, function_id.into());
                     self.exec_pages_cmd(q, d, clock, &mut cmd).map(|_| ())
                 }

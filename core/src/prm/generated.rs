@@ -9479,58 +9479,58 @@ impl HealthSyndrome {
 
 /// Every extracted `enum` / `#define` value, by name. Where two headers define one name, the first wins.
 pub mod consts {
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_COMPLETION_EVENTS: u32 = 0;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_PATH_MIGRATED_SUCCEEDED: u32 = 1;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_COMMUNICATION_ESTABLISHED: u32 = 2;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_SEND_QUEUE_DRAINED: u32 = 3;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_LAST_WQE_REACHED: u32 = 19;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_SRQ_LIMIT: u32 = 20;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_DCT_ALL_CONNECTIONS_CLOSED: u32 = 28;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_DCT_ACCESS_KEY_VIOLATION: u32 = 29;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_CQ_ERROR: u32 = 4;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_LOCAL_WQ_CATASTROPHIC_ERROR: u32 = 5;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_PATH_MIGRATION_FAILED: u32 = 7;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_PAGE_FAULT_EVENT: u32 = 12;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_INVALID_REQUEST_LOCAL_WQ_ERROR: u32 = 16;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_LOCAL_ACCESS_VIOLATION_WQ_ERROR: u32 = 17;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_LOCAL_SRQ_CATASTROPHIC_ERROR: u32 = 18;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_INTERNAL_ERROR: u32 = 8;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_PORT_STATE_CHANGE: u32 = 9;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_GPIO_EVENT: u32 = 21;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_REMOTE_CONFIGURATION_PROTOCOL_EVENT: u32 = 25;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_DOORBELL_BLUEFLAME_CONGESTION_EVENT: u32 = 26;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_STALL_VL_EVENT: u32 = 27;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_DROPPED_PACKET_LOGGED_EVENT: u32 = 31;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_COMMAND_INTERFACE_COMPLETION: u32 = 10;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_PAGE_REQUEST: u32 = 11;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_FPGA_ERROR: u32 = 32;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_EVENT_TYPE_CODING_FPGA_QP_ERROR: u32 = 33;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_COMPLETION_EVENTS: u8 = 0;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_PATH_MIGRATED_SUCCEEDED: u8 = 1;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_COMMUNICATION_ESTABLISHED: u8 = 2;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_SEND_QUEUE_DRAINED: u8 = 3;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_LAST_WQE_REACHED: u8 = 19;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_SRQ_LIMIT: u8 = 20;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_DCT_ALL_CONNECTIONS_CLOSED: u8 = 28;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_DCT_ACCESS_KEY_VIOLATION: u8 = 29;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_CQ_ERROR: u8 = 4;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_LOCAL_WQ_CATASTROPHIC_ERROR: u8 = 5;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_PATH_MIGRATION_FAILED: u8 = 7;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_PAGE_FAULT_EVENT: u8 = 12;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_INVALID_REQUEST_LOCAL_WQ_ERROR: u8 = 16;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_LOCAL_ACCESS_VIOLATION_WQ_ERROR: u8 = 17;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_LOCAL_SRQ_CATASTROPHIC_ERROR: u8 = 18;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_INTERNAL_ERROR: u8 = 8;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_PORT_STATE_CHANGE: u8 = 9;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_GPIO_EVENT: u8 = 21;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_REMOTE_CONFIGURATION_PROTOCOL_EVENT: u8 = 25;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_DOORBELL_BLUEFLAME_CONGESTION_EVENT: u8 = 26;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_STALL_VL_EVENT: u8 = 27;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_DROPPED_PACKET_LOGGED_EVENT: u8 = 31;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_COMMAND_INTERFACE_COMPLETION: u8 = 10;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_PAGE_REQUEST: u8 = 11;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_FPGA_ERROR: u8 = 32;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CODING_FPGA_QP_ERROR: u8 = 33;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_SET_HCA_CAP_OP_MOD_GENERAL_DEVICE: u32 = 0;
     /// include/linux/mlx5/mlx5_ifc.h
@@ -9611,418 +9611,418 @@ pub mod consts {
     pub const MLX5_GENERAL_OBJ_TYPES_CAP_HEADER_MODIFY_ARGUMENT: u64 = 34359738368;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_GENERAL_OBJ_TYPES_CAP_MACSEC_OFFLOAD: u64 = 549755813888;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_HCA_CAP: u32 = 256;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_ADAPTER: u32 = 257;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_INIT_HCA: u32 = 258;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_TEARDOWN_HCA: u32 = 259;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ENABLE_HCA: u32 = 260;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DISABLE_HCA: u32 = 261;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_PAGES: u32 = 263;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MANAGE_PAGES: u32 = 264;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_HCA_CAP: u32 = 265;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_ISSI: u32 = 266;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_ISSI: u32 = 267;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_DRIVER_VERSION: u32 = 269;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_SF_PARTITION: u32 = 273;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOC_SF: u32 = 275;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DEALLOC_SF: u32 = 276;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SUSPEND_VHCA: u32 = 277;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_RESUME_VHCA: u32 = 278;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_VHCA_MIGRATION_STATE: u32 = 279;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SAVE_VHCA_STATE: u32 = 280;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_LOAD_VHCA_STATE: u32 = 281;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_MKEY: u32 = 512;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_MKEY: u32 = 513;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_MKEY: u32 = 514;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS: u32 = 515;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_PAGE_FAULT_RESUME: u32 = 516;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOC_MEMIC: u32 = 517;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DEALLOC_MEMIC: u32 = 518;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_MEMIC: u32 = 519;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_EQ: u32 = 769;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_EQ: u32 = 770;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_EQ: u32 = 771;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_GEN_EQE: u32 = 772;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_CQ: u32 = 1024;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_CQ: u32 = 1025;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_CQ: u32 = 1026;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_CQ: u32 = 1027;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_QP: u32 = 1280;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_QP: u32 = 1281;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_RST2INIT_QP: u32 = 1282;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_INIT2RTR_QP: u32 = 1283;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_RTR2RTS_QP: u32 = 1284;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_RTS2RTS_QP: u32 = 1285;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SQERR2RTS_QP: u32 = 1286;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_2ERR_QP: u32 = 1287;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_2RST_QP: u32 = 1290;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_QP: u32 = 1291;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SQD_RTS_QP: u32 = 1292;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_INIT2INIT_QP: u32 = 1294;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_PSV: u32 = 1536;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_PSV: u32 = 1537;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_SRQ: u32 = 1792;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_SRQ: u32 = 1793;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_SRQ: u32 = 1794;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ARM_RQ: u32 = 1795;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_XRC_SRQ: u32 = 1797;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_XRC_SRQ: u32 = 1798;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_XRC_SRQ: u32 = 1799;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ARM_XRC_SRQ: u32 = 1800;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_DCT: u32 = 1808;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_DCT: u32 = 1809;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DRAIN_DCT: u32 = 1810;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_DCT: u32 = 1811;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ARM_DCT_FOR_KEY_VIOLATION: u32 = 1812;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_XRQ: u32 = 1815;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_XRQ: u32 = 1816;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_XRQ: u32 = 1817;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ARM_XRQ: u32 = 1818;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_XRQ_DC_PARAMS_ENTRY: u32 = 1829;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_XRQ_DC_PARAMS_ENTRY: u32 = 1830;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_XRQ_ERROR_PARAMS: u32 = 1831;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_RELEASE_XRQ_ERROR: u32 = 1833;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_XRQ: u32 = 1834;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_ESW_FUNCTIONS: u32 = 1856;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_VPORT_STATE: u32 = 1872;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_VPORT_STATE: u32 = 1873;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_ESW_VPORT_CONTEXT: u32 = 1874;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_ESW_VPORT_CONTEXT: u32 = 1875;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT: u32 = 1876;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT: u32 = 1877;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_ROCE_ADDRESS: u32 = 1888;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_ROCE_ADDRESS: u32 = 1889;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT: u32 = 1890;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT: u32 = 1891;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_HCA_VPORT_GID: u32 = 1892;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY: u32 = 1893;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_VNIC_ENV: u32 = 1903;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_VPORT_COUNTER: u32 = 1904;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOC_Q_COUNTER: u32 = 1905;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DEALLOC_Q_COUNTER: u32 = 1906;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_Q_COUNTER: u32 = 1907;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_MONITOR_COUNTER: u32 = 1908;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ARM_MONITOR_COUNTER: u32 = 1909;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_PP_RATE_LIMIT: u32 = 1920;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_RATE_LIMIT: u32 = 1921;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_SCHEDULING_ELEMENT: u32 = 1922;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_SCHEDULING_ELEMENT: u32 = 1923;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_SCHEDULING_ELEMENT: u32 = 1924;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_SCHEDULING_ELEMENT: u32 = 1925;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_QOS_PARA_VPORT: u32 = 1926;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_QOS_PARA_VPORT: u32 = 1927;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOC_PD: u32 = 2048;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DEALLOC_PD: u32 = 2049;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOC_UAR: u32 = 2050;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DEALLOC_UAR: u32 = 2051;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CONFIG_INT_MODERATION: u32 = 2052;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ACCESS_REG: u32 = 2053;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ATTACH_TO_MCG: u32 = 2054;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DETACH_FROM_MCG: u32 = 2055;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_GET_DROPPED_PACKET_LOG: u32 = 2058;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MAD_IFC: u32 = 1293;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_MAD_DEMUX: u32 = 2059;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_MAD_DEMUX: u32 = 2060;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_NOP: u32 = 2061;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOC_XRCD: u32 = 2062;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DEALLOC_XRCD: u32 = 2063;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN: u32 = 2070;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN: u32 = 2071;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_CONG_STATUS: u32 = 2082;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_CONG_STATUS: u32 = 2083;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_CONG_PARAMS: u32 = 2084;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_CONG_PARAMS: u32 = 2085;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_CONG_STATISTICS: u32 = 2086;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ADD_VXLAN_UDP_DPORT: u32 = 2087;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DELETE_VXLAN_UDP_DPORT: u32 = 2088;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_L2_TABLE_ENTRY: u32 = 2089;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_L2_TABLE_ENTRY: u32 = 2090;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DELETE_L2_TABLE_ENTRY: u32 = 2091;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_WOL_ROL: u32 = 2096;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_WOL_ROL: u32 = 2097;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_LAG: u32 = 2112;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_LAG: u32 = 2113;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_LAG: u32 = 2114;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_LAG: u32 = 2115;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_VPORT_LAG: u32 = 2116;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_VPORT_LAG: u32 = 2117;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_TIR: u32 = 2304;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_TIR: u32 = 2305;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_TIR: u32 = 2306;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_TIR: u32 = 2307;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_SQ: u32 = 2308;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_SQ: u32 = 2309;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_SQ: u32 = 2310;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_SQ: u32 = 2311;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_RQ: u32 = 2312;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_RQ: u32 = 2313;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_DELAY_DROP_PARAMS: u32 = 2320;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_RQ: u32 = 2314;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_RQ: u32 = 2315;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_RMP: u32 = 2316;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_RMP: u32 = 2317;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_RMP: u32 = 2318;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_RMP: u32 = 2319;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_TIS: u32 = 2322;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_TIS: u32 = 2323;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_TIS: u32 = 2324;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_TIS: u32 = 2325;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_RQT: u32 = 2326;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_RQT: u32 = 2327;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_RQT: u32 = 2328;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_RQT: u32 = 2329;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_FLOW_TABLE_ROOT: u32 = 2351;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_FLOW_TABLE: u32 = 2352;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_FLOW_TABLE: u32 = 2353;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_FLOW_TABLE: u32 = 2354;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_FLOW_GROUP: u32 = 2355;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_FLOW_GROUP: u32 = 2356;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_FLOW_GROUP: u32 = 2357;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY: u32 = 2358;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_FLOW_TABLE_ENTRY: u32 = 2359;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY: u32 = 2360;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOC_FLOW_COUNTER: u32 = 2361;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DEALLOC_FLOW_COUNTER: u32 = 2362;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_FLOW_COUNTER: u32 = 2363;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_FLOW_TABLE: u32 = 2364;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOC_PACKET_REFORMAT_CONTEXT: u32 = 2365;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DEALLOC_PACKET_REFORMAT_CONTEXT: u32 = 2366;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_PACKET_REFORMAT_CONTEXT: u32 = 2367;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOC_MODIFY_HEADER_CONTEXT: u32 = 2368;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DEALLOC_MODIFY_HEADER_CONTEXT: u32 = 2369;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_MODIFY_HEADER_CONTEXT: u32 = 2370;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_FPGA_CREATE_QP: u32 = 2400;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_FPGA_MODIFY_QP: u32 = 2401;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_FPGA_QUERY_QP: u32 = 2402;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_FPGA_DESTROY_QP: u32 = 2403;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_FPGA_QUERY_QP_COUNTERS: u32 = 2404;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_GENERAL_OBJECT: u32 = 2560;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_GENERAL_OBJECT: u32 = 2561;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_GENERAL_OBJECT: u32 = 2562;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_GENERAL_OBJECT: u32 = 2563;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_UCTX: u32 = 2564;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_UCTX: u32 = 2566;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_CREATE_UMEM: u32 = 2568;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_DESTROY_UMEM: u32 = 2570;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SYNC_STEERING: u32 = 2816;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_QUERY_VHCA_STATE: u32 = 2829;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MODIFY_VHCA_STATE: u32 = 2830;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_SYNC_CRYPTO: u32 = 2834;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_ALLOW_OTHER_VHCA_ACCESS: u32 = 2838;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_GENERATE_WQE: u32 = 2839;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_HCA_CAP: u16 = 256;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_ADAPTER: u16 = 257;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_INIT_HCA: u16 = 258;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_TEARDOWN_HCA: u16 = 259;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ENABLE_HCA: u16 = 260;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DISABLE_HCA: u16 = 261;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_PAGES: u16 = 263;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MANAGE_PAGES: u16 = 264;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_HCA_CAP: u16 = 265;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_ISSI: u16 = 266;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_ISSI: u16 = 267;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_DRIVER_VERSION: u16 = 269;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_SF_PARTITION: u16 = 273;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOC_SF: u16 = 275;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DEALLOC_SF: u16 = 276;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SUSPEND_VHCA: u16 = 277;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_RESUME_VHCA: u16 = 278;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_VHCA_MIGRATION_STATE: u16 = 279;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SAVE_VHCA_STATE: u16 = 280;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_LOAD_VHCA_STATE: u16 = 281;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_MKEY: u16 = 512;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_MKEY: u16 = 513;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_MKEY: u16 = 514;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS: u16 = 515;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_PAGE_FAULT_RESUME: u16 = 516;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOC_MEMIC: u16 = 517;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DEALLOC_MEMIC: u16 = 518;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_MEMIC: u16 = 519;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_EQ: u16 = 769;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_EQ: u16 = 770;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_EQ: u16 = 771;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_GEN_EQE: u16 = 772;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_CQ: u16 = 1024;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_CQ: u16 = 1025;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_CQ: u16 = 1026;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_CQ: u16 = 1027;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_QP: u16 = 1280;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_QP: u16 = 1281;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_RST2INIT_QP: u16 = 1282;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_INIT2RTR_QP: u16 = 1283;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_RTR2RTS_QP: u16 = 1284;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_RTS2RTS_QP: u16 = 1285;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SQERR2RTS_QP: u16 = 1286;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_2ERR_QP: u16 = 1287;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_2RST_QP: u16 = 1290;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_QP: u16 = 1291;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SQD_RTS_QP: u16 = 1292;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_INIT2INIT_QP: u16 = 1294;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_PSV: u16 = 1536;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_PSV: u16 = 1537;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_SRQ: u16 = 1792;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_SRQ: u16 = 1793;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_SRQ: u16 = 1794;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ARM_RQ: u16 = 1795;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_XRC_SRQ: u16 = 1797;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_XRC_SRQ: u16 = 1798;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_XRC_SRQ: u16 = 1799;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ARM_XRC_SRQ: u16 = 1800;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_DCT: u16 = 1808;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_DCT: u16 = 1809;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DRAIN_DCT: u16 = 1810;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_DCT: u16 = 1811;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ARM_DCT_FOR_KEY_VIOLATION: u16 = 1812;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_XRQ: u16 = 1815;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_XRQ: u16 = 1816;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_XRQ: u16 = 1817;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ARM_XRQ: u16 = 1818;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_XRQ_DC_PARAMS_ENTRY: u16 = 1829;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_XRQ_DC_PARAMS_ENTRY: u16 = 1830;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_XRQ_ERROR_PARAMS: u16 = 1831;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_RELEASE_XRQ_ERROR: u16 = 1833;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_XRQ: u16 = 1834;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_ESW_FUNCTIONS: u16 = 1856;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_VPORT_STATE: u16 = 1872;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_VPORT_STATE: u16 = 1873;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_ESW_VPORT_CONTEXT: u16 = 1874;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_ESW_VPORT_CONTEXT: u16 = 1875;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT: u16 = 1876;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT: u16 = 1877;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_ROCE_ADDRESS: u16 = 1888;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_ROCE_ADDRESS: u16 = 1889;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT: u16 = 1890;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT: u16 = 1891;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_HCA_VPORT_GID: u16 = 1892;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY: u16 = 1893;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_VNIC_ENV: u16 = 1903;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_VPORT_COUNTER: u16 = 1904;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOC_Q_COUNTER: u16 = 1905;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DEALLOC_Q_COUNTER: u16 = 1906;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_Q_COUNTER: u16 = 1907;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_MONITOR_COUNTER: u16 = 1908;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ARM_MONITOR_COUNTER: u16 = 1909;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_PP_RATE_LIMIT: u16 = 1920;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_RATE_LIMIT: u16 = 1921;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_SCHEDULING_ELEMENT: u16 = 1922;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_SCHEDULING_ELEMENT: u16 = 1923;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_SCHEDULING_ELEMENT: u16 = 1924;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_SCHEDULING_ELEMENT: u16 = 1925;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_QOS_PARA_VPORT: u16 = 1926;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_QOS_PARA_VPORT: u16 = 1927;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOC_PD: u16 = 2048;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DEALLOC_PD: u16 = 2049;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOC_UAR: u16 = 2050;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DEALLOC_UAR: u16 = 2051;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CONFIG_INT_MODERATION: u16 = 2052;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ACCESS_REG: u16 = 2053;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ATTACH_TO_MCG: u16 = 2054;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DETACH_FROM_MCG: u16 = 2055;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_GET_DROPPED_PACKET_LOG: u16 = 2058;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MAD_IFC: u16 = 1293;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_MAD_DEMUX: u16 = 2059;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_MAD_DEMUX: u16 = 2060;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_NOP: u16 = 2061;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOC_XRCD: u16 = 2062;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DEALLOC_XRCD: u16 = 2063;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN: u16 = 2070;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN: u16 = 2071;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_CONG_STATUS: u16 = 2082;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_CONG_STATUS: u16 = 2083;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_CONG_PARAMS: u16 = 2084;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_CONG_PARAMS: u16 = 2085;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_CONG_STATISTICS: u16 = 2086;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ADD_VXLAN_UDP_DPORT: u16 = 2087;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DELETE_VXLAN_UDP_DPORT: u16 = 2088;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_L2_TABLE_ENTRY: u16 = 2089;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_L2_TABLE_ENTRY: u16 = 2090;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DELETE_L2_TABLE_ENTRY: u16 = 2091;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_WOL_ROL: u16 = 2096;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_WOL_ROL: u16 = 2097;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_LAG: u16 = 2112;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_LAG: u16 = 2113;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_LAG: u16 = 2114;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_LAG: u16 = 2115;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_VPORT_LAG: u16 = 2116;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_VPORT_LAG: u16 = 2117;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_TIR: u16 = 2304;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_TIR: u16 = 2305;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_TIR: u16 = 2306;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_TIR: u16 = 2307;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_SQ: u16 = 2308;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_SQ: u16 = 2309;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_SQ: u16 = 2310;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_SQ: u16 = 2311;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_RQ: u16 = 2312;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_RQ: u16 = 2313;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_DELAY_DROP_PARAMS: u16 = 2320;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_RQ: u16 = 2314;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_RQ: u16 = 2315;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_RMP: u16 = 2316;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_RMP: u16 = 2317;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_RMP: u16 = 2318;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_RMP: u16 = 2319;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_TIS: u16 = 2322;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_TIS: u16 = 2323;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_TIS: u16 = 2324;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_TIS: u16 = 2325;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_RQT: u16 = 2326;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_RQT: u16 = 2327;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_RQT: u16 = 2328;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_RQT: u16 = 2329;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_FLOW_TABLE_ROOT: u16 = 2351;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_FLOW_TABLE: u16 = 2352;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_FLOW_TABLE: u16 = 2353;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_FLOW_TABLE: u16 = 2354;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_FLOW_GROUP: u16 = 2355;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_FLOW_GROUP: u16 = 2356;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_FLOW_GROUP: u16 = 2357;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY: u16 = 2358;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_FLOW_TABLE_ENTRY: u16 = 2359;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY: u16 = 2360;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOC_FLOW_COUNTER: u16 = 2361;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DEALLOC_FLOW_COUNTER: u16 = 2362;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_FLOW_COUNTER: u16 = 2363;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_FLOW_TABLE: u16 = 2364;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOC_PACKET_REFORMAT_CONTEXT: u16 = 2365;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DEALLOC_PACKET_REFORMAT_CONTEXT: u16 = 2366;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_PACKET_REFORMAT_CONTEXT: u16 = 2367;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOC_MODIFY_HEADER_CONTEXT: u16 = 2368;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DEALLOC_MODIFY_HEADER_CONTEXT: u16 = 2369;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_MODIFY_HEADER_CONTEXT: u16 = 2370;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_FPGA_CREATE_QP: u16 = 2400;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_FPGA_MODIFY_QP: u16 = 2401;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_FPGA_QUERY_QP: u16 = 2402;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_FPGA_DESTROY_QP: u16 = 2403;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_FPGA_QUERY_QP_COUNTERS: u16 = 2404;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_GENERAL_OBJECT: u16 = 2560;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_GENERAL_OBJECT: u16 = 2561;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_GENERAL_OBJECT: u16 = 2562;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_GENERAL_OBJECT: u16 = 2563;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_UCTX: u16 = 2564;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_UCTX: u16 = 2566;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_CREATE_UMEM: u16 = 2568;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_DESTROY_UMEM: u16 = 2570;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SYNC_STEERING: u16 = 2816;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_QUERY_VHCA_STATE: u16 = 2829;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MODIFY_VHCA_STATE: u16 = 2830;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_SYNC_CRYPTO: u16 = 2834;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_ALLOW_OTHER_VHCA_ACCESS: u16 = 2838;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_GENERATE_WQE: u16 = 2839;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_CMD_OPCODE_QUERY_VUID: u32 = 2850;
-    /// include/linux/mlx5/mlx5_ifc.h
+    /// include/linux/mlx5/mlx5_ifc.h; `u32`: bounds of the opcode space, not opcodes
     pub const MLX5_CMD_OP_MAX: u32 = 2851;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_GENERAL_START: u32 = 2816;
-    /// include/linux/mlx5/mlx5_ifc.h
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_GENERAL_START: u16 = 2816;
+    /// include/linux/mlx5/mlx5_ifc.h; `u32`: bounds of the opcode space, not opcodes
     pub const MLX5_CMD_OP_GENERAL_END: u32 = 3328;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_FT_NIC_RX_2_NIC_RX_RDMA: u32 = 1;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_FT_NIC_TX_RDMA_2_NIC_TX: u32 = 2;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CMD_OP_MOD_UPDATE_HEADER_MODIFY_ARGUMENT: u32 = 1;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `mbox_in.opcode` (16 bits)
+    pub const MLX5_CMD_OP_MOD_UPDATE_HEADER_MODIFY_ARGUMENT: u16 = 1;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_PACKET_L4_TYPE_NONE: u32 = 0;
     /// include/linux/mlx5/mlx5_ifc.h
@@ -10155,15 +10155,15 @@ pub mod consts {
     pub const MLX5_CMD_HCA_CAP_CMDIF_CHECKSUM_INITIAL_STATE: u32 = 1;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_CMD_HCA_CAP_CMDIF_CHECKSUM_ENABLED: u32 = 3;
-    /// include/linux/mlx5/mlx5_ifc.h
+    /// include/linux/mlx5/mlx5_ifc.h; `u32`: `cmd_hca_cap.port_type`, written with `MsgBuf::set`
     pub const MLX5_CAP_PORT_TYPE_IB: u32 = 0;
-    /// include/linux/mlx5/mlx5_ifc.h
+    /// include/linux/mlx5/mlx5_ifc.h; `u32`: `cmd_hca_cap.port_type`, written with `MsgBuf::set`
     pub const MLX5_CAP_PORT_TYPE_ETH: u32 = 1;
-    /// include/linux/mlx5/mlx5_ifc.h
+    /// include/linux/mlx5/mlx5_ifc.h; `u32`: `cmd_hca_cap.umr_fence`, written with `MsgBuf::set`
     pub const MLX5_CAP_UMR_FENCE_STRONG: u32 = 0;
-    /// include/linux/mlx5/mlx5_ifc.h
+    /// include/linux/mlx5/mlx5_ifc.h; `u32`: `cmd_hca_cap.umr_fence`, written with `MsgBuf::set`
     pub const MLX5_CAP_UMR_FENCE_SMALL: u32 = 1;
-    /// include/linux/mlx5/mlx5_ifc.h
+    /// include/linux/mlx5/mlx5_ifc.h; `u32`: `cmd_hca_cap.umr_fence`, written with `MsgBuf::set`
     pub const MLX5_CAP_UMR_FENCE_NONE: u32 = 2;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_FLEX_IPV4_OVER_VXLAN_ENABLED: u32 = 1;
@@ -10303,10 +10303,10 @@ pub mod consts {
     pub const MLX5_FIELD_SELECT_802_1QAU_RP_FIELD_SELECT_8021QAURP_RPG_MIN_DEC_FAC: u32 = 1024;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_FIELD_SELECT_802_1QAU_RP_FIELD_SELECT_8021QAURP_RPG_MIN_RATE: u32 = 2048;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN: u32 = 1;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR: u32 = 2;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe_cq_err.syndrome` (1 byte)
+    pub const MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN: u8 = 1;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `mlx5_eqe_cq_err.syndrome` (1 byte)
+    pub const MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR: u8 = 2;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_QPC_STATE_RST: u32 = 0;
     /// include/linux/mlx5/mlx5_ifc.h
@@ -10575,12 +10575,12 @@ pub mod consts {
     pub const MLX5_DCTC_MTU_2K_BYTES: u32 = 4;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_DCTC_MTU_4K_BYTES: u32 = 5;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CQC_STATUS_OK: u32 = 0;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CQC_STATUS_CQ_OVERFLOW: u32 = 9;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_CQC_STATUS_CQ_WRITE_FAIL: u32 = 10;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `cqc.status` (4 bits)
+    pub const MLX5_CQC_STATUS_OK: u8 = 0;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `cqc.status` (4 bits)
+    pub const MLX5_CQC_STATUS_CQ_OVERFLOW: u8 = 9;
+    /// include/linux/mlx5/mlx5_ifc.h; `u8`: goes into `cqc.status` (4 bits)
+    pub const MLX5_CQC_STATUS_CQ_WRITE_FAIL: u8 = 10;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_CQC_CQE_SZ_64_BYTES: u32 = 0;
     /// include/linux/mlx5/mlx5_ifc.h
@@ -10647,12 +10647,12 @@ pub mod consts {
     pub const MLX5_QUERY_VPORT_STATE_OUT_STATE_DOWN: u32 = 0;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_QUERY_VPORT_STATE_OUT_STATE_UP: u32 = 1;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT: u32 = 0;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_VPORT_STATE_OP_MOD_ESW_VPORT: u32 = 1;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_VPORT_STATE_OP_MOD_UPLINK: u32 = 2;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `query_vport_state_in.op_mod` (16 bits)
+    pub const MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT: u16 = 0;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `query_vport_state_in.op_mod` (16 bits)
+    pub const MLX5_VPORT_STATE_OP_MOD_ESW_VPORT: u16 = 1;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `query_vport_state_in.op_mod` (16 bits)
+    pub const MLX5_VPORT_STATE_OP_MOD_UPLINK: u16 = 2;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_QUERY_MONITOR_CNT_TYPE_PPCNT: u32 = 0;
     /// include/linux/mlx5/mlx5_ifc.h
@@ -10685,12 +10685,12 @@ pub mod consts {
     pub const SCHEDULING_HIERARCHY_E_SWITCH: u32 = 2;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const SCHEDULING_HIERARCHY_NIC: u32 = 3;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES: u32 = 1;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES: u32 = 2;
-    /// include/linux/mlx5/mlx5_ifc.h
-    pub const MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES: u32 = 3;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `query_pages_in.op_mod` (16 bits)
+    pub const MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES: u16 = 1;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `query_pages_in.op_mod` (16 bits)
+    pub const MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES: u16 = 2;
+    /// include/linux/mlx5/mlx5_ifc.h; `u16`: goes into `query_pages_in.op_mod` (16 bits)
+    pub const MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES: u16 = 3;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_HCA_VPORT_SEL_PORT_GUID: u32 = 1;
     /// include/linux/mlx5/mlx5_ifc.h
@@ -11151,8 +11151,8 @@ pub mod consts {
     pub const MLX5_MSEES_FAILURE_REASON_NET_SYNCHRONIZER_DEVICE_ERROR: u32 = 3;
     /// include/linux/mlx5/mlx5_ifc.h
     pub const MLX5_MSEES_FAILURE_REASON_LACK_OF_RESOURCES: u32 = 4;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_SET_HOST_ENDIANNESS: u32 = 0;
+    /// include/linux/mlx5/device.h; `u8`: goes into `host_endianness_reg.he` (8 bits)
+    pub const MLX5_SET_HOST_ENDIANNESS: u8 = 0;
     /// include/linux/mlx5/device.h
     pub const MLX5_INLINE_MODE_NONE: u32 = 0;
     /// include/linux/mlx5/device.h
@@ -11187,8 +11187,8 @@ pub mod consts {
     pub const MLX5_HW_START_PADDING: u32 = 2147483648;
     /// include/linux/mlx5/device.h
     pub const MLX5_MIN_PKEY_TABLE_SIZE: u32 = 128;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_MAX_LOG_PKEY_TABLE: u32 = 5;
+    /// include/linux/mlx5/device.h; `u8`: goes into `cmd_hca_cap.pkey_table_size` (4 bits)
+    pub const MLX5_MAX_LOG_PKEY_TABLE: u8 = 5;
     /// include/linux/mlx5/device.h
     pub const MLX5_MKEY_INBOX_PG_ACCESS: u32 = 2147483648;
     /// include/linux/mlx5/device.h
@@ -11305,81 +11305,81 @@ pub mod consts {
     pub const MLX5_EVENT_QUEUE_TYPE_SQ: u8 = 2;
     /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe_qp_srq.type` (1 byte)
     pub const MLX5_EVENT_QUEUE_TYPE_DCT: u8 = 6;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_NOTIFY_ANY: u32 = 0;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_COMP: u32 = 0;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_PATH_MIG: u32 = 1;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_COMM_EST: u32 = 2;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_SQ_DRAINED: u32 = 3;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_SRQ_LAST_WQE: u32 = 19;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_SRQ_RQ_LIMIT: u32 = 20;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_CQ_ERROR: u32 = 4;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_WQ_CATAS_ERROR: u32 = 5;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_PATH_MIG_FAILED: u32 = 7;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_WQ_INVAL_REQ_ERROR: u32 = 16;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_WQ_ACCESS_ERROR: u32 = 17;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_SRQ_CATAS_ERROR: u32 = 18;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_OBJECT_CHANGE: u32 = 39;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_INTERNAL_ERROR: u32 = 8;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_PORT_CHANGE: u32 = 9;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_GPIO_EVENT: u32 = 21;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_PORT_MODULE_EVENT: u32 = 22;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_TEMP_WARN_EVENT: u32 = 23;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_XRQ_ERROR: u32 = 24;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_REMOTE_CONFIG: u32 = 25;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_GENERAL_EVENT: u32 = 34;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_MONITOR_COUNTER: u32 = 36;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_PPS_EVENT: u32 = 37;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_DB_BF_CONGESTION: u32 = 26;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_STALL_EVENT: u32 = 27;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_CMD: u32 = 10;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_PAGE_REQUEST: u32 = 11;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_PAGE_FAULT: u32 = 12;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_NIC_VPORT_CHANGE: u32 = 13;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_ESW_FUNCTIONS_CHANGED: u32 = 14;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_VHCA_STATE_CHANGE: u32 = 15;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_DCT_DRAINED: u32 = 28;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_DCT_KEY_VIOLATION: u32 = 29;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_FPGA_ERROR: u32 = 32;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_FPGA_QP_ERROR: u32 = 33;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_EVENT_TYPE_DEVICE_TRACER: u32 = 38;
-    /// include/linux/mlx5/device.h
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_NOTIFY_ANY: u8 = 0;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_COMP: u8 = 0;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_PATH_MIG: u8 = 1;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_COMM_EST: u8 = 2;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_SQ_DRAINED: u8 = 3;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_SRQ_LAST_WQE: u8 = 19;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_SRQ_RQ_LIMIT: u8 = 20;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CQ_ERROR: u8 = 4;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_WQ_CATAS_ERROR: u8 = 5;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_PATH_MIG_FAILED: u8 = 7;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_WQ_INVAL_REQ_ERROR: u8 = 16;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_WQ_ACCESS_ERROR: u8 = 17;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_SRQ_CATAS_ERROR: u8 = 18;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_OBJECT_CHANGE: u8 = 39;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_INTERNAL_ERROR: u8 = 8;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_PORT_CHANGE: u8 = 9;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_GPIO_EVENT: u8 = 21;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_PORT_MODULE_EVENT: u8 = 22;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_TEMP_WARN_EVENT: u8 = 23;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_XRQ_ERROR: u8 = 24;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_REMOTE_CONFIG: u8 = 25;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_GENERAL_EVENT: u8 = 34;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_MONITOR_COUNTER: u8 = 36;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_PPS_EVENT: u8 = 37;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_DB_BF_CONGESTION: u8 = 26;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_STALL_EVENT: u8 = 27;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_CMD: u8 = 10;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_PAGE_REQUEST: u8 = 11;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_PAGE_FAULT: u8 = 12;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_NIC_VPORT_CHANGE: u8 = 13;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_ESW_FUNCTIONS_CHANGED: u8 = 14;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_VHCA_STATE_CHANGE: u8 = 15;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_DCT_DRAINED: u8 = 28;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_DCT_KEY_VIOLATION: u8 = 29;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_FPGA_ERROR: u8 = 32;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_FPGA_QP_ERROR: u8 = 33;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_eqe.type` (1 byte)
+    pub const MLX5_EVENT_TYPE_DEVICE_TRACER: u8 = 38;
+    /// include/linux/mlx5/device.h; `u32`: the number of event types (256), not an event type
     pub const MLX5_EVENT_TYPE_MAX: u32 = 256;
     /// include/linux/mlx5/device.h
     pub const MLX5_DRIVER_EVENT_TYPE_TRAP: u32 = 0;
@@ -11441,36 +11441,36 @@ pub mod consts {
     pub const MLX5_ROCE_L3_TYPE_IPV4_CAP: u32 = 2;
     /// include/linux/mlx5/device.h
     pub const MLX5_ROCE_L3_TYPE_IPV6_CAP: u32 = 4;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_NOP: u32 = 0;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_SEND_INVAL: u32 = 1;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_RDMA_WRITE: u32 = 8;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_RDMA_WRITE_IMM: u32 = 9;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_SEND: u32 = 10;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_SEND_IMM: u32 = 11;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_LSO: u32 = 14;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_RDMA_READ: u32 = 16;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_ATOMIC_CS: u32 = 17;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_ATOMIC_FA: u32 = 18;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_ATOMIC_MASKED_CS: u32 = 20;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_ATOMIC_MASKED_FA: u32 = 21;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_BIND_MW: u32 = 24;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_CONFIG_CMD: u32 = 31;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_ENHANCED_MPSW: u32 = 41;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_NOP: u8 = 0;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_SEND_INVAL: u8 = 1;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_RDMA_WRITE: u8 = 8;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_RDMA_WRITE_IMM: u8 = 9;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_SEND: u8 = 10;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_SEND_IMM: u8 = 11;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_LSO: u8 = 14;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_RDMA_READ: u8 = 16;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_ATOMIC_CS: u8 = 17;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_ATOMIC_FA: u8 = 18;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_ATOMIC_MASKED_CS: u8 = 20;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_ATOMIC_MASKED_FA: u8 = 21;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_BIND_MW: u8 = 24;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_CONFIG_CMD: u8 = 31;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_ENHANCED_MPSW: u8 = 41;
     /// include/linux/mlx5/device.h
     pub const MLX5_RECV_OPCODE_RDMA_WRITE_IMM: u32 = 0;
     /// include/linux/mlx5/device.h
@@ -11483,24 +11483,24 @@ pub mod consts {
     pub const MLX5_CQE_OPCODE_ERROR: u32 = 30;
     /// include/linux/mlx5/device.h
     pub const MLX5_CQE_OPCODE_RESIZE: u32 = 22;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_SET_PSV: u32 = 32;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_GET_PSV: u32 = 33;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_CHECK_PSV: u32 = 34;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_DUMP: u32 = 35;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_RGET_PSV: u32 = 38;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_RCHECK_PSV: u32 = 39;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_UMR: u32 = 37;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_FLOW_TBL_ACCESS: u32 = 44;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_OPCODE_ACCESS_ASO: u32 = 45;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_SET_PSV: u8 = 32;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_GET_PSV: u8 = 33;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_CHECK_PSV: u8 = 34;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_DUMP: u8 = 35;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_RGET_PSV: u8 = 38;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_RCHECK_PSV: u8 = 39;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_UMR: u8 = 37;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_FLOW_TBL_ACCESS: u8 = 44;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_ACCESS_ASO: u8 = 45;
     /// include/linux/mlx5/device.h
     pub const MLX5_OPC_MOD_TLS_TIS_STATIC_PARAMS: u32 = 1;
     /// include/linux/mlx5/device.h
@@ -11565,8 +11565,8 @@ pub mod consts {
     pub const MLX5_INLINE_DATA32_SEG: u32 = 1;
     /// include/linux/mlx5/device.h
     pub const MLX5_INLINE_DATA64_SEG: u32 = 2;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_COMPRESSED: u32 = 3;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 3:2 (1 byte)
+    pub const MLX5_COMPRESSED: u8 = 3;
     /// include/linux/mlx5/device.h
     pub const MLX5_CQE_FORMAT_CSUM: u32 = 1;
     /// include/linux/mlx5/device.h
@@ -11751,55 +11751,55 @@ pub mod consts {
     pub const HCA_CAP_OPMOD_GET_MAX: u32 = 0;
     /// include/linux/mlx5/device.h
     pub const HCA_CAP_OPMOD_GET_CUR: u32 = 1;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_GENERAL: u32 = 0;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_ETHERNET_OFFLOADS: u32 = 1;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_ODP: u32 = 2;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_ATOMIC: u32 = 3;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_ROCE: u32 = 4;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_IPOIB_OFFLOADS: u32 = 5;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_IPOIB_ENHANCED_OFFLOADS: u32 = 6;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_FLOW_TABLE: u32 = 7;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_ESWITCH_FLOW_TABLE: u32 = 8;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_ESWITCH: u32 = 9;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_QOS: u32 = 12;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_DEBUG: u32 = 13;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_RESERVED_14: u32 = 14;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_DEV_MEM: u32 = 15;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_RESERVED_16: u32 = 16;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_TLS: u32 = 17;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_VDPA_EMULATION: u32 = 19;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_DEV_EVENT: u32 = 20;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_IPSEC: u32 = 21;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_CRYPTO: u32 = 26;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_MACSEC: u32 = 31;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_GENERAL_2: u32 = 32;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_PORT_SELECTION: u32 = 37;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CAP_ADV_VIRTUALIZATION: u32 = 38;
-    /// include/linux/mlx5/device.h
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_GENERAL: u16 = 0;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_ETHERNET_OFFLOADS: u16 = 1;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_ODP: u16 = 2;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_ATOMIC: u16 = 3;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_ROCE: u16 = 4;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_IPOIB_OFFLOADS: u16 = 5;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_IPOIB_ENHANCED_OFFLOADS: u16 = 6;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_FLOW_TABLE: u16 = 7;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_ESWITCH_FLOW_TABLE: u16 = 8;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_ESWITCH: u16 = 9;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_QOS: u16 = 12;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_DEBUG: u16 = 13;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_RESERVED_14: u16 = 14;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_DEV_MEM: u16 = 15;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_RESERVED_16: u16 = 16;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_TLS: u16 = 17;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_VDPA_EMULATION: u16 = 19;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_DEV_EVENT: u16 = 20;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_IPSEC: u16 = 21;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_CRYPTO: u16 = 26;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_MACSEC: u16 = 31;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_GENERAL_2: u16 = 32;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_PORT_SELECTION: u16 = 37;
+    /// include/linux/mlx5/device.h; `u16`: goes into `query_hca_cap_in.op_mod` bits 15:1 / `set_hca_cap_in.op_mod` (16 bits)
+    pub const MLX5_CAP_ADV_VIRTUALIZATION: u16 = 38;
+    /// include/linux/mlx5/device.h; `u32`: the number of capability types, not an `op_mod`
     pub const MLX5_CAP_NUM: u32 = 39;
     /// include/linux/mlx5/device.h
     pub const MLX5_PCAM_REGS_5000_TO_507F: u32 = 0;
@@ -11819,40 +11819,40 @@ pub mod consts {
     pub const MLX5_QCAM_REGS_FIRST_128: u32 = 0;
     /// include/linux/mlx5/device.h
     pub const MLX5_QCAM_FEATURE_ENHANCED_FEATURES: u32 = 0;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_OK: u32 = 0;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_INT_ERR: u32 = 1;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_BAD_OP_ERR: u32 = 2;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_BAD_PARAM_ERR: u32 = 3;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_BAD_SYS_STATE_ERR: u32 = 4;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_BAD_RES_ERR: u32 = 5;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_RES_BUSY: u32 = 6;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_NOT_READY: u32 = 7;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_LIM_ERR: u32 = 8;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_BAD_RES_STATE_ERR: u32 = 9;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_IX_ERR: u32 = 10;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_NO_RES_ERR: u32 = 15;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_BAD_INP_LEN_ERR: u32 = 80;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_BAD_OUTP_LEN_ERR: u32 = 81;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_BAD_QP_STATE_ERR: u32 = 16;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_BAD_PKT_ERR: u32 = 48;
-    /// include/linux/mlx5/device.h
-    pub const MLX5_CMD_STAT_BAD_SIZE_OUTS_CQES_ERR: u32 = 64;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_OK: u8 = 0;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_INT_ERR: u8 = 1;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_BAD_OP_ERR: u8 = 2;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_BAD_PARAM_ERR: u8 = 3;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_BAD_SYS_STATE_ERR: u8 = 4;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_BAD_RES_ERR: u8 = 5;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_RES_BUSY: u8 = 6;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_NOT_READY: u8 = 7;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_LIM_ERR: u8 = 8;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_BAD_RES_STATE_ERR: u8 = 9;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_IX_ERR: u8 = 10;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_NO_RES_ERR: u8 = 15;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_BAD_INP_LEN_ERR: u8 = 80;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_BAD_OUTP_LEN_ERR: u8 = 81;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_BAD_QP_STATE_ERR: u8 = 16;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_BAD_PKT_ERR: u8 = 48;
+    /// include/linux/mlx5/device.h; `u8`: goes into `mbox_out.status` (8 bits) and `mlx5_cmd_layout.status_own` bits 7:1
+    pub const MLX5_CMD_STAT_BAD_SIZE_OUTS_CQES_ERR: u8 = 64;
     /// include/linux/mlx5/device.h
     pub const MLX5_IEEE_802_3_COUNTERS_GROUP: u32 = 0;
     /// include/linux/mlx5/device.h
@@ -11955,30 +11955,30 @@ pub mod consts {
     pub const MLX5_QP_OPTPAR_DC_KEY: u32 = 2097152;
     /// include/linux/mlx5/qp.h
     pub const MLX5_QP_OPTPAR_COUNTER_SET_ID: u32 = 33554432;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_QP_STATE_RST: u32 = 0;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_QP_STATE_INIT: u32 = 1;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_QP_STATE_RTR: u32 = 2;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_QP_STATE_RTS: u32 = 3;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_QP_STATE_SQER: u32 = 4;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_QP_STATE_SQD: u32 = 5;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_QP_STATE_ERR: u32 = 6;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_QP_STATE_SQ_DRAINING: u32 = 7;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_QP_STATE_SUSPENDED: u32 = 9;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `qpc.state` (4 bits)
+    pub const MLX5_QP_STATE_RST: u8 = 0;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `qpc.state` (4 bits)
+    pub const MLX5_QP_STATE_INIT: u8 = 1;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `qpc.state` (4 bits)
+    pub const MLX5_QP_STATE_RTR: u8 = 2;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `qpc.state` (4 bits)
+    pub const MLX5_QP_STATE_RTS: u8 = 3;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `qpc.state` (4 bits)
+    pub const MLX5_QP_STATE_SQER: u8 = 4;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `qpc.state` (4 bits)
+    pub const MLX5_QP_STATE_SQD: u8 = 5;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `qpc.state` (4 bits)
+    pub const MLX5_QP_STATE_ERR: u8 = 6;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `qpc.state` (4 bits)
+    pub const MLX5_QP_STATE_SQ_DRAINING: u8 = 7;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `qpc.state` (4 bits)
+    pub const MLX5_QP_STATE_SUSPENDED: u8 = 9;
     /// include/linux/mlx5/qp.h
     pub const MLX5_QP_NUM_STATE: u32 = 10;
     /// include/linux/mlx5/qp.h
     pub const MLX5_QP_STATE: u32 = 11;
-    /// include/linux/mlx5/qp.h
-    pub const MLX5_QP_STATE_BAD: u32 = 12;
+    /// include/linux/mlx5/qp.h; `u8`: goes into `qpc.state` (4 bits)
+    pub const MLX5_QP_STATE_BAD: u8 = 12;
     /// include/linux/mlx5/qp.h
     pub const MLX5_SQ_STATE_NA: u32 = 4;
     /// include/linux/mlx5/qp.h
@@ -12153,54 +12153,54 @@ pub mod consts {
     pub const MLX5_DIF_CRC: u32 = 1;
     /// include/linux/mlx5/qp.h
     pub const MLX5_DIF_IPCS: u32 = 2;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR: u32 = 1;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR: u32 = 2;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_LOCAL_PROT_ERR: u32 = 4;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_WR_FLUSH_ERR: u32 = 5;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_MW_BIND_ERR: u32 = 6;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_BAD_RESP_ERR: u32 = 16;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_LOCAL_ACCESS_ERR: u32 = 17;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR: u32 = 18;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR: u32 = 19;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_REMOTE_OP_ERR: u32 = 20;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR: u32 = 21;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR: u32 = 22;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR: u32 = 34;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR: u8 = 1;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR: u8 = 2;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_LOCAL_PROT_ERR: u8 = 4;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_WR_FLUSH_ERR: u8 = 5;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_MW_BIND_ERR: u8 = 6;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_BAD_RESP_ERR: u8 = 16;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_LOCAL_ACCESS_ERR: u8 = 17;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR: u8 = 18;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR: u8 = 19;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_REMOTE_OP_ERR: u8 = 20;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR: u8 = 21;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR: u8 = 22;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_err_cqe.syndrome` (1 byte)
+    pub const MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR: u8 = 34;
     /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bit 0 (1 byte)
     pub const MLX5_CQE_OWNER_MASK: u8 = 1;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_REQ: u32 = 0;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_RESP_WR_IMM: u32 = 1;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_RESP_SEND: u32 = 2;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_RESP_SEND_IMM: u32 = 3;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_RESP_SEND_INV: u32 = 4;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_RESIZE_CQ: u32 = 5;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_SIG_ERR: u32 = 12;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_REQ_ERR: u32 = 13;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_RESP_ERR: u32 = 14;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQE_INVALID: u32 = 15;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 7:4 (1 byte)
+    pub const MLX5_CQE_REQ: u8 = 0;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 7:4 (1 byte)
+    pub const MLX5_CQE_RESP_WR_IMM: u8 = 1;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 7:4 (1 byte)
+    pub const MLX5_CQE_RESP_SEND: u8 = 2;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 7:4 (1 byte)
+    pub const MLX5_CQE_RESP_SEND_IMM: u8 = 3;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 7:4 (1 byte)
+    pub const MLX5_CQE_RESP_SEND_INV: u8 = 4;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 7:4 (1 byte)
+    pub const MLX5_CQE_RESIZE_CQ: u8 = 5;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 7:4 (1 byte)
+    pub const MLX5_CQE_SIG_ERR: u8 = 12;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 7:4 (1 byte)
+    pub const MLX5_CQE_REQ_ERR: u8 = 13;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 7:4 (1 byte)
+    pub const MLX5_CQE_RESP_ERR: u8 = 14;
+    /// include/linux/mlx5/cq.h; `u8`: goes into `mlx5_cqe64.op_own`, bits 7:4 (1 byte)
+    pub const MLX5_CQE_INVALID: u8 = 15;
     /// include/linux/mlx5/cq.h
     pub const MLX5_CQ_MODIFY_PERIOD: u32 = 1;
     /// include/linux/mlx5/cq.h
@@ -12209,8 +12209,8 @@ pub mod consts {
     pub const MLX5_CQ_MODIFY_OVERRUN: u32 = 4;
     /// include/linux/mlx5/cq.h
     pub const MLX5_CQ_MODIFY_PERIOD_MODE: u32 = 16;
-    /// include/linux/mlx5/cq.h
-    pub const MLX5_CQ_OPMOD_RESIZE: u32 = 1;
+    /// include/linux/mlx5/cq.h; `u16`: goes into `modify_cq_in.op_mod` (16 bits)
+    pub const MLX5_CQ_OPMOD_RESIZE: u16 = 1;
     /// include/linux/mlx5/cq.h
     pub const MLX5_MODIFY_CQ_MASK_LOG_SIZE: u32 = 1;
     /// include/linux/mlx5/cq.h
@@ -12231,9 +12231,9 @@ pub mod consts {
     pub const MLX5_BOARD_ID_LEN: u32 = 64;
     /// include/linux/mlx5/driver.h
     pub const MLX5_CMD_WQ_MAX_NAME: u32 = 32;
-    /// include/linux/mlx5/driver.h
-    pub const CMD_OWNER_SW: u32 = 0;
-    /// include/linux/mlx5/driver.h; `u8`: goes into `mlx5_cmd_layout.status_own` (1 byte)
+    /// include/linux/mlx5/driver.h; `u8`: goes into `mlx5_cmd_layout.status_own`, bit 0 (1 byte)
+    pub const CMD_OWNER_SW: u8 = 0;
+    /// include/linux/mlx5/driver.h; `u8`: goes into `mlx5_cmd_layout.status_own`, bit 0 (1 byte)
     pub const CMD_OWNER_HW: u8 = 1;
     /// include/linux/mlx5/driver.h
     pub const CMD_STATUS_SUCCESS: u32 = 0;
@@ -12267,132 +12267,132 @@ pub mod consts {
     pub const MLX5_ATOMIC_MODE_128B: u32 = 7;
     /// include/linux/mlx5/driver.h
     pub const MLX5_ATOMIC_MODE_256B: u32 = 8;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_SBPR: u32 = 45057;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_SBCM: u32 = 45058;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_QPTS: u32 = 16386;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_QETCR: u32 = 16389;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_QTCT: u32 = 16394;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_QPDPM: u32 = 16403;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_QCAM: u32 = 16409;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_DCBX_PARAM: u32 = 16416;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_DCBX_APP: u32 = 16417;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_FPGA_CAP: u32 = 16418;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_FPGA_CTRL: u32 = 16419;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_FPGA_ACCESS_REG: u32 = 16420;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_CORE_DUMP: u32 = 16430;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PCAP: u32 = 20481;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PMTU: u32 = 20483;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PTYS: u32 = 20484;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PAOS: u32 = 20486;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PFCC: u32 = 20487;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PPCNT: u32 = 20488;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PPTB: u32 = 20491;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PBMC: u32 = 20492;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PMAOS: u32 = 20498;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PUDE: u32 = 20489;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PMPE: u32 = 20496;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PELC: u32 = 20494;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PVLC: u32 = 20495;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PCMR: u32 = 20545;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PDDR: u32 = 20529;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PMLP: u32 = 20482;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PPLM: u32 = 20515;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_PCAM: u32 = 20607;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_NODE_DESC: u32 = 24577;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_HOST_ENDIANNESS: u32 = 28676;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTCAP: u32 = 36873;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTMP: u32 = 36874;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MCIA: u32 = 36884;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MFRL: u32 = 36904;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MLCR: u32 = 36907;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MRTC: u32 = 36909;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTRC_CAP: u32 = 36928;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTRC_CONF: u32 = 36929;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTRC_STDB: u32 = 36930;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTRC_CTRL: u32 = 36931;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MPEIN: u32 = 36944;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MPCNT: u32 = 36945;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTPPS: u32 = 36947;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTPPSE: u32 = 36948;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTUTC: u32 = 36949;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MPEGC: u32 = 36950;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MPIR: u32 = 36953;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MCQS: u32 = 36960;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MCQI: u32 = 36961;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MCC: u32 = 36962;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MCDA: u32 = 36963;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MCAM: u32 = 36991;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MSECQ: u32 = 37205;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MSEES: u32 = 37206;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MIRC: u32 = 37218;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTPTM: u32 = 37248;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_MTCTR: u32 = 37249;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_SBCAM: u32 = 45087;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_RESOURCE_DUMP: u32 = 49152;
-    /// include/linux/mlx5/driver.h
-    pub const MLX5_REG_DTOR: u32 = 49166;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_SBPR: u16 = 45057;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_SBCM: u16 = 45058;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_QPTS: u16 = 16386;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_QETCR: u16 = 16389;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_QTCT: u16 = 16394;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_QPDPM: u16 = 16403;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_QCAM: u16 = 16409;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_DCBX_PARAM: u16 = 16416;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_DCBX_APP: u16 = 16417;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_FPGA_CAP: u16 = 16418;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_FPGA_CTRL: u16 = 16419;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_FPGA_ACCESS_REG: u16 = 16420;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_CORE_DUMP: u16 = 16430;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PCAP: u16 = 20481;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PMTU: u16 = 20483;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PTYS: u16 = 20484;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PAOS: u16 = 20486;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PFCC: u16 = 20487;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PPCNT: u16 = 20488;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PPTB: u16 = 20491;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PBMC: u16 = 20492;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PMAOS: u16 = 20498;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PUDE: u16 = 20489;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PMPE: u16 = 20496;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PELC: u16 = 20494;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PVLC: u16 = 20495;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PCMR: u16 = 20545;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PDDR: u16 = 20529;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PMLP: u16 = 20482;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PPLM: u16 = 20515;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_PCAM: u16 = 20607;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_NODE_DESC: u16 = 24577;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_HOST_ENDIANNESS: u16 = 28676;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTCAP: u16 = 36873;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTMP: u16 = 36874;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MCIA: u16 = 36884;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MFRL: u16 = 36904;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MLCR: u16 = 36907;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MRTC: u16 = 36909;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTRC_CAP: u16 = 36928;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTRC_CONF: u16 = 36929;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTRC_STDB: u16 = 36930;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTRC_CTRL: u16 = 36931;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MPEIN: u16 = 36944;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MPCNT: u16 = 36945;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTPPS: u16 = 36947;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTPPSE: u16 = 36948;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTUTC: u16 = 36949;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MPEGC: u16 = 36950;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MPIR: u16 = 36953;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MCQS: u16 = 36960;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MCQI: u16 = 36961;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MCC: u16 = 36962;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MCDA: u16 = 36963;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MCAM: u16 = 36991;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MSECQ: u16 = 37205;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MSEES: u16 = 37206;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MIRC: u16 = 37218;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTPTM: u16 = 37248;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_MTCTR: u16 = 37249;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_SBCAM: u16 = 45087;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_RESOURCE_DUMP: u16 = 49152;
+    /// include/linux/mlx5/driver.h; `u16`: goes into `access_register_in.register_id` (16 bits)
+    pub const MLX5_REG_DTOR: u16 = 49166;
     /// include/linux/mlx5/driver.h
     pub const MLX5_QPTS_TRUST_PCP: u32 = 1;
     /// include/linux/mlx5/driver.h
@@ -12775,12 +12775,12 @@ pub mod consts {
     pub const ASYNC_EQ_RECOVER: u32 = 1;
     /// drivers/net/ethernet/mellanox/mlx5/core/eq.c
     pub const MLX5_MAX_ASYNC_EQS: u32 = 3;
-    /// drivers/net/ethernet/mellanox/mlx5/core/pagealloc.c
-    pub const MLX5_PAGES_CANT_GIVE: u32 = 0;
-    /// drivers/net/ethernet/mellanox/mlx5/core/pagealloc.c
-    pub const MLX5_PAGES_GIVE: u32 = 1;
-    /// drivers/net/ethernet/mellanox/mlx5/core/pagealloc.c
-    pub const MLX5_PAGES_TAKE: u32 = 2;
+    /// drivers/net/ethernet/mellanox/mlx5/core/pagealloc.c; `u16`: goes into `manage_pages_in.op_mod` (16 bits)
+    pub const MLX5_PAGES_CANT_GIVE: u16 = 0;
+    /// drivers/net/ethernet/mellanox/mlx5/core/pagealloc.c; `u16`: goes into `manage_pages_in.op_mod` (16 bits)
+    pub const MLX5_PAGES_GIVE: u16 = 1;
+    /// drivers/net/ethernet/mellanox/mlx5/core/pagealloc.c; `u16`: goes into `manage_pages_in.op_mod` (16 bits)
+    pub const MLX5_PAGES_TAKE: u16 = 2;
     /// drivers/net/ethernet/mellanox/mlx5/core/pagealloc.c
     pub const MLX5_MAX_RECLAIM_TIME_MILI: u32 = 5000;
     /// drivers/net/ethernet/mellanox/mlx5/core/pagealloc.c
@@ -12807,10 +12807,10 @@ pub mod consts {
     pub const MLX5_SENSOR_NIC_SW_RESET: u32 = 4;
     /// drivers/net/ethernet/mellanox/mlx5/core/health.c
     pub const MLX5_SENSOR_FW_SYND_RFR: u32 = 5;
-    /// drivers/net/ethernet/mellanox/mlx5/core/health.c
-    pub const MLX5_SEVERITY_MASK: u32 = 7;
-    /// drivers/net/ethernet/mellanox/mlx5/core/health.c
-    pub const MLX5_SEVERITY_VALID_MASK: u32 = 8;
+    /// drivers/net/ethernet/mellanox/mlx5/core/health.c; `u8`: goes into `health_buffer.rfr_severity` (1 byte)
+    pub const MLX5_SEVERITY_MASK: u8 = 7;
+    /// drivers/net/ethernet/mellanox/mlx5/core/health.c; `u8`: goes into `health_buffer.rfr_severity` (1 byte)
+    pub const MLX5_SEVERITY_VALID_MASK: u8 = 8;
     /// drivers/net/ethernet/mellanox/mlx5/core/health.c
     pub const MLX5_FW_REPORTER_ECPF_GRACEFUL_PERIOD: u32 = 180000;
     /// drivers/net/ethernet/mellanox/mlx5/core/health.c
@@ -13183,16 +13183,16 @@ pub mod consts {
     pub const IB_TM_CAP_RNDV_RC: u32 = 1;
     /// include/rdma/ib_verbs.h
     pub const IB_CQ_MODERATE: u32 = 1;
-    /// include/rdma/ib_verbs.h
-    pub const IB_MTU_256: u32 = 1;
-    /// include/rdma/ib_verbs.h
-    pub const IB_MTU_512: u32 = 2;
-    /// include/rdma/ib_verbs.h
-    pub const IB_MTU_1024: u32 = 3;
-    /// include/rdma/ib_verbs.h
-    pub const IB_MTU_2048: u32 = 4;
-    /// include/rdma/ib_verbs.h
-    pub const IB_MTU_4096: u32 = 5;
+    /// include/rdma/ib_verbs.h; `u8`: goes into `qpc.mtu` (3 bits) and `pmtu_reg.*_mtu`
+    pub const IB_MTU_256: u8 = 1;
+    /// include/rdma/ib_verbs.h; `u8`: goes into `qpc.mtu` (3 bits) and `pmtu_reg.*_mtu`
+    pub const IB_MTU_512: u8 = 2;
+    /// include/rdma/ib_verbs.h; `u8`: goes into `qpc.mtu` (3 bits) and `pmtu_reg.*_mtu`
+    pub const IB_MTU_1024: u8 = 3;
+    /// include/rdma/ib_verbs.h; `u8`: goes into `qpc.mtu` (3 bits) and `pmtu_reg.*_mtu`
+    pub const IB_MTU_2048: u8 = 4;
+    /// include/rdma/ib_verbs.h; `u8`: goes into `qpc.mtu` (3 bits) and `pmtu_reg.*_mtu`
+    pub const IB_MTU_4096: u8 = 5;
     /// include/rdma/ib_verbs.h
     pub const OPA_MTU_8192: u32 = 6;
     /// include/rdma/ib_verbs.h
@@ -14155,22 +14155,22 @@ pub mod consts {
     pub const MLX5DV_OBJ_PD: u32 = 64;
     /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
     pub const MLX5DV_WQ_INIT_ATTR_MASK_STRIDING_RQ: u32 = 1;
-    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
-    pub const MLX5_OPCODE_TSO: u32 = 14;
-    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
-    pub const MLX5_OPCODE_FMR: u32 = 25;
-    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
-    pub const MLX5_OPCODE_LOCAL_INVAL: u32 = 27;
-    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
-    pub const MLX5_OPCODE_TAG_MATCHING: u32 = 40;
-    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
-    pub const MLX5_OPCODE_MMO: u32 = 47;
+    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h); `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_TSO: u8 = 14;
+    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h); `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_FMR: u8 = 25;
+    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h); `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_LOCAL_INVAL: u8 = 27;
+    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h); `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_TAG_MATCHING: u8 = 40;
+    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h); `u8`: goes into `mlx5_wqe_ctrl_seg.opmod_idx_opcode`, bits 7:0, and `mlx5_cqe64.sop_drop_qpn` bits 31:24
+    pub const MLX5_OPCODE_MMO: u8 = 47;
     /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
     pub const MLX5_INLINE_SCATTER_32: u32 = 4;
     /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
     pub const MLX5_INLINE_SCATTER_64: u32 = 8;
-    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
-    pub const MLX5_CQE_VENDOR_SYNDROME_ODP_PFAULT: u32 = 147;
+    /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h); `u8`: goes into `mlx5_err_cqe.vendor_err_synd` (1 byte)
+    pub const MLX5_CQE_VENDOR_SYNDROME_ODP_PFAULT: u8 = 147;
     /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)
     pub const MLX5_CQE_L2_OK: u32 = 1;
     /// rdma-core:providers/mlx5/mlx5dv.h (installed as infiniband/mlx5dv.h)

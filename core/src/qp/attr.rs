@@ -48,7 +48,7 @@ pub enum QpState {
 impl QpState {
     /// The state from its `MLX5_QP_STATE_*` wire value.
     pub const fn from_raw(v: u8) -> Self {
-        match v as u32 {
+        match v {
             consts::MLX5_QP_STATE_RST => QpState::Reset,
             consts::MLX5_QP_STATE_INIT => QpState::Init,
             consts::MLX5_QP_STATE_RTR => QpState::Rtr,
@@ -368,9 +368,9 @@ mod tests {
 
     #[test]
     fn qp_state_from_raw_knows_the_wire_values() {
-        assert_eq!(QpState::from_raw(consts::MLX5_QP_STATE_RST as u8), QpState::Reset);
-        assert_eq!(QpState::from_raw(consts::MLX5_QP_STATE_RTS as u8), QpState::Rts);
-        assert_eq!(QpState::from_raw(consts::MLX5_QP_STATE_ERR as u8), QpState::Err);
+        assert_eq!(QpState::from_raw(consts::MLX5_QP_STATE_RST), QpState::Reset);
+        assert_eq!(QpState::from_raw(consts::MLX5_QP_STATE_RTS), QpState::Rts);
+        assert_eq!(QpState::from_raw(consts::MLX5_QP_STATE_ERR), QpState::Err);
         assert_eq!(QpState::from_raw(0xee), QpState::Unknown(0xee));
     }
 

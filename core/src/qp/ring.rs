@@ -161,7 +161,7 @@ impl Qp {
     pub fn flush_next(&mut self, cqn: u32) -> Option<WorkCompletion> {
         let mut wc = WorkCompletion {
             status: WcStatus::WrFlushErr,
-            vendor_err: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR,
+            vendor_err: u32::from(consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR),
             qp_num: self.qpn,
             ..WorkCompletion::default()
         };
@@ -431,7 +431,7 @@ impl Qp {
         if wr.flags.contains(SendFlags::FENCE) {
             fm_ce_se |= consts::MLX5_WQE_CTRL_FENCE;
         }
-        let ctrl = ctrl_seg(self.sq_cur_post as u16, wr.op.mlx5_opcode() as u8, self.qpn, ds as u8, fm_ce_se, imm);
+        let ctrl = ctrl_seg(self.sq_cur_post as u16, wr.op.mlx5_opcode(), self.qpn, ds as u8, fm_ce_se, imm);
         self.sq_put(start, &ctrl);
         let idx = self.sq_cur_post;
         let next = self.sq_cur_post.wrapping_add(bbs as u32);

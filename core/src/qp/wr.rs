@@ -73,7 +73,7 @@ pub enum SendOp {
 
 impl SendOp {
     #[inline]
-    pub(super) const fn mlx5_opcode(&self) -> u32 {
+    pub(super) const fn mlx5_opcode(&self) -> u8 {
         match self {
             SendOp::Send => consts::MLX5_OPCODE_SEND,
             SendOp::SendImm { .. } => consts::MLX5_OPCODE_SEND_IMM,

@@ -421,15 +421,11 @@ pub fn bits(msg: &[u8], off: u64, width: u32) -> Option<u64> {
 fn union_member(l: &Layout, ctx: &Ctx<'_>) -> Option<&'static Member> {
     let want = match l.name {
         "hca_cap_union" => {
-            let ty = u32::from(ctx.op_mod >> 1);
+            let ty = ctx.op_mod >> 1;
             CAP_TYPES.iter().find(|(t, _)| *t == ty).map(|(_, name)| *name)
         }
         "modify_field_select_resize_field_select_auto" => {
-            Some(if u32::from(ctx.op_mod) == consts::MLX5_CQ_OPMOD_RESIZE {
-                "resize_field_select"
-            } else {
-                "modify_field_select"
-            })
+            Some(if ctx.op_mod == consts::MLX5_CQ_OPMOD_RESIZE { "resize_field_select" } else { "modify_field_select" })
         }
         _ => None,
     };
@@ -441,7 +437,7 @@ fn union_member(l: &Layout, ctx: &Ctx<'_>) -> Option<&'static Member> {
 }
 
 /// `mlx5_cap_type` → the member of `hca_cap_union` that type's capabilities fill.
-const CAP_TYPES: &[(u32, &str)] = &[
+const CAP_TYPES: &[(u16, &str)] = &[
     (consts::MLX5_CAP_GENERAL, "cmd_hca_cap"),
     (consts::MLX5_CAP_GENERAL_2, "cmd_hca_cap_2"),
     (consts::MLX5_CAP_ETHERNET_OFFLOADS, "per_protocol_networking_offload_caps"),
@@ -463,7 +459,7 @@ const CAP_TYPES: &[(u32, &str)] = &[
 ];
 
 /// Registers whose layouts are vendored, by `register_id`.
-const REGISTERS: &[(u32, &str)] =
+const REGISTERS: &[(u16, &str)] =
     &[(consts::MLX5_REG_PMTU, "pmtu_reg"), (consts::MLX5_REG_PAOS, "paos_reg"), (consts::MLX5_REG_PTYS, "ptys_reg")];
 
 /// ACCESS_REGISTER's `register_data` read as the register the input names, when its layout is known.
@@ -475,7 +471,7 @@ fn register_layout(parent: &Layout, m: &Member, ctx: &Ctx<'_>) -> Option<&'stati
         return None;
     }
     let id_field = names::layout("access_register_in")?.members.iter().find(|f| f.name == "register_id")?;
-    let id = bits(ctx.input, u64::from(id_field.off), id_field.width)? as u32;
+    let id = bits(ctx.input, u64::from(id_field.off), id_field.width)? as u16;
     REGISTERS.iter().find(|(r, _)| *r == id).and_then(|(_, name)| names::layout(name))
 }
 

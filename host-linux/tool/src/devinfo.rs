@@ -193,7 +193,7 @@ pub fn query<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
         max_srq: pow2(g.log_max_srq),
         max_srq_wr: pow2(g.log_max_srq_sz).saturating_sub(1),
         // `mlx5_to_sw_pkey_sz`: 128 entries shifted by the encoded size.
-        max_pkeys: consts::MLX5_MIN_PKEY_TABLE_SIZE << g.pkey_table_size.min(consts::MLX5_MAX_LOG_PKEY_TABLE as u8),
+        max_pkeys: consts::MLX5_MIN_PKEY_TABLE_SIZE << g.pkey_table_size.min(consts::MLX5_MAX_LOG_PKEY_TABLE),
         atomic: g.atomic,
         ports,
         pages: hca.page_stats(),
@@ -331,9 +331,9 @@ mod tests {
     #[test]
     fn roce_mtu_follows_iboe_get_mtu() {
         // 1500-byte Ethernet leaves 1404 bytes after RoCE headers: IB MTU 1024 (3).
-        assert_eq!(iboe_mtu(1500), consts::IB_MTU_1024 as u8);
-        assert_eq!(iboe_mtu(4200), consts::IB_MTU_4096 as u8);
-        assert_eq!(iboe_mtu(9000), consts::IB_MTU_4096 as u8);
+        assert_eq!(iboe_mtu(1500), consts::IB_MTU_1024);
+        assert_eq!(iboe_mtu(4200), consts::IB_MTU_4096);
+        assert_eq!(iboe_mtu(9000), consts::IB_MTU_4096);
         assert_eq!(iboe_mtu(100), 0);
     }
 }

@@ -111,13 +111,15 @@ struct Steps {
 
 impl Steps {
     fn next(&mut self, rec: &CmdRecord<'_>) -> Option<Step> {
-        let op_mod = u32::from(rec.op_mod);
+        let op_mod = rec.op_mod;
         let step = match rec.opcode {
             Opcode::EnableHca => Some(Step::EnableHca),
             Opcode::QueryIssi | Opcode::SetIssi => Some(Step::SetIssi),
             Opcode::QueryPages if op_mod == consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES => Some(Step::BootPages),
             Opcode::QueryPages if op_mod == consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES => Some(Step::InitPages),
-            Opcode::AccessReg if !self.init_hca_done && register_id(rec) == Some(consts::MLX5_REG_HOST_ENDIANNESS) => {
+            Opcode::AccessReg
+                if !self.init_hca_done && register_id(rec) == Some(u32::from(consts::MLX5_REG_HOST_ENDIANNESS)) =>
+            {
                 Some(Step::HcaCtrl)
             }
             Opcode::QueryHcaCap | Opcode::SetHcaCap if !self.init_hca_done => Some(Step::SetHcaCaps),

@@ -228,8 +228,8 @@ impl Caps {
     pub(crate) fn new(cfg: &SimConfig) -> Self {
         use ifc::hca_cap_union as u;
         let mut types = Vec::new();
-        let mut add = |cap_type: u32, sub: Sub, max: Vec<u8>, cur: Vec<u8>| {
-            types.push(CapType { cap_type: cap_type as u16, sub, max, cur });
+        let mut add = |cap_type: u16, sub: Sub, max: Vec<u8>, cur: Vec<u8>| {
+            types.push(CapType { cap_type, sub, max, cur });
         };
         let gmax = general(cfg);
         let mut gcur = gmax.clone();
@@ -266,7 +266,7 @@ impl Caps {
 
     /// A current general capability.
     pub(crate) fn gen(&self, f: Field) -> u32 {
-        self.query(consts::MLX5_CAP_GENERAL as u16, true)
+        self.query(consts::MLX5_CAP_GENERAL, true)
             .map(|img| MsgBuf::get(img, f.at(ifc::hca_cap_union::CMD_HCA_CAP)))
             .unwrap_or(0)
     }
@@ -274,7 +274,7 @@ impl Caps {
     /// Overwrites a current general capability, bypassing the SET_HCA_CAP rules (tests of capability checks).
     #[cfg(test)]
     pub(crate) fn force_gen(&mut self, f: Field, v: u32) {
-        if let Some(t) = self.types.iter_mut().find(|t| t.cap_type == consts::MLX5_CAP_GENERAL as u16) {
+        if let Some(t) = self.types.iter_mut().find(|t| t.cap_type == consts::MLX5_CAP_GENERAL) {
             t.cur[..].set(f.at(ifc::hca_cap_union::CMD_HCA_CAP), v);
         }
     }
@@ -284,7 +284,7 @@ impl Caps {
         let t = self.types.iter_mut().find(|t| t.cap_type == cap_type).ok_or(SetCapError::UnsupportedType)?;
         let r = t.sub.off..t.sub.off + t.sub.len;
         let new = img.get(r.clone()).ok_or(SetCapError::ReadOnlyField)?;
-        if cap_type == consts::MLX5_CAP_GENERAL as u16 {
+        if cap_type == consts::MLX5_CAP_GENERAL {
             // Bits outside the settable fields must be unchanged.
             let mut mask = vec![0xffu8; t.sub.len];
             for &(f, _) in SETTABLE_GENERAL {
@@ -313,7 +313,7 @@ mod tests {
     use super::*;
 
     fn general_cur(c: &Caps) -> Vec<u8> {
-        c.query(consts::MLX5_CAP_GENERAL as u16, true).unwrap().to_vec()
+        c.query(consts::MLX5_CAP_GENERAL, true).unwrap().to_vec()
     }
 
     #[test]
@@ -324,14 +324,14 @@ mod tests {
         assert_eq!(c.gen(ifc::cmd_hca_cap::PORT_TYPE), consts::MLX5_CAP_PORT_TYPE_ETH);
         assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_PG_SZ), 12);
         assert_eq!(c.gen(ifc::cmd_hca_cap::CMDIF_CHECKSUM), 0);
-        let max = c.query(consts::MLX5_CAP_GENERAL as u16, false).unwrap();
+        let max = c.query(consts::MLX5_CAP_GENERAL, false).unwrap();
         assert_eq!(MsgBuf::get(max, ifc::cmd_hca_cap::CMDIF_CHECKSUM), 3);
     }
 
     #[test]
     fn set_general_accepts_settable_and_rejects_others() {
         let mut c = Caps::new(&SimConfig::default());
-        let gen = consts::MLX5_CAP_GENERAL as u16;
+        let gen = consts::MLX5_CAP_GENERAL;
         let mut img = general_cur(&c);
         img[..].set(ifc::cmd_hca_cap::LOG_MAX_QP, 10);
         img[..].set(ifc::cmd_hca_cap::CMDIF_CHECKSUM, 0);
@@ -351,7 +351,7 @@ mod tests {
     #[test]
     fn set_other_types_is_subset_of_max() {
         let mut c = Caps::new(&SimConfig::default());
-        let at = consts::MLX5_CAP_ATOMIC as u16;
+        let at = consts::MLX5_CAP_ATOMIC;
         let mut img = c.query(at, true).unwrap().to_vec();
         img[..].set(ifc::atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE, 1);
         assert_eq!(c.set(at, &img), Ok(()));

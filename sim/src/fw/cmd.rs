@@ -7,7 +7,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, MsgBuf};
 
-use super::reply::{err, rd, CmdErr};
+use super::reply::{err, rd, rd16, CmdErr};
 use super::Stalled;
 use crate::events::{ExecutedCmd, SimEvent};
 use crate::fault::Fault;
@@ -24,9 +24,6 @@ const BLOCK_DATA: usize = consts::MLX5_CMD_DATA_BLOCK_SIZE as usize;
 
 /// Mailbox blocks are 1024-byte aligned (`roundup_pow_of_two(sizeof(block))`, c-layouts.md 2.2).
 const BLOCK_ALIGN: u64 = c::mlx5_cmd_prot_block::SIZE.next_power_of_two() as u64;
-
-/// The owner bit in `status_own` (`CMD_OWNER_HW`).
-const OWNER_HW: u8 = consts::CMD_OWNER_HW;
 
 pub(super) fn xor8(b: &[u8]) -> u8 {
     b.iter().fold(0, |a, x| a ^ x)
@@ -208,12 +205,12 @@ impl State {
             self.events.push(SimEvent::EntryUnreadable { slot, iova: entry_iova });
             return None;
         }
-        if e[l::STATUS_OWN.off] & OWNER_HW == 0 {
+        if e[l::STATUS_OWN.off] & consts::CMD_OWNER_HW == 0 {
             self.events.push(SimEvent::DoorbellNotOwned { slot });
             return None;
         }
         let head = &e[l::IN.off..l::IN.end()];
-        let opcode = rd(head, ifc::mbox_in::OPCODE) as u16;
+        let opcode = rd16(head, ifc::mbox_in::OPCODE);
         let op_mod = rd(head, ifc::mbox_in::OP_MOD) as u16;
         if first {
             let death = self.faults.iter().find_map(|f| match *f {

@@ -5,7 +5,7 @@
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf};
 
-use super::reply::{bad_param, err, rd, CmdErr};
+use super::reply::{bad_param, err, rd, rd16, CmdErr};
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 
@@ -19,7 +19,6 @@ use crate::State;
 pub(crate) const CQE64: usize = c::mlx5_cqe64::SIZE;
 /// `op_own`: opcode in bits 7:4, solicited event in bit 1, owner in bit 0 (c-layouts.md 4.4).
 pub(crate) const OP_OWN: usize = c::mlx5_cqe64::OP_OWN.off;
-pub(crate) const OWNER_MASK: u8 = consts::MLX5_CQE_OWNER_MASK;
 /// The solicited-event bit of `op_own` (`mlx5dv_get_cqe_se`: `(op_own >> 1) & 1`).
 pub(crate) const SOLICITED: u8 = 1 << 1;
 /// The CQE opcode is the high nibble of `op_own` (`get_cqe_opcode`).
@@ -30,13 +29,7 @@ pub(crate) const CTR_MASK: u32 = 0xff_ffff;
 pub(crate) const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
 /// MODIFY_CQ `op_mod` for moderation changes: Linux's `mlx5_core_modify_cq_moderation` leaves it 0, and only
 /// `MLX5_CQ_OPMOD_RESIZE` has a name.
-pub(crate) const OPMOD_MODIFY: u32 = 0;
-
-pub(crate) const STATUS_OK: u8 = consts::MLX5_CQC_STATUS_OK as u8;
-pub(crate) const STATUS_OVERFLOW: u8 = consts::MLX5_CQC_STATUS_CQ_OVERFLOW as u8;
-pub(crate) const STATUS_WRITE_FAIL: u8 = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
-pub(crate) const EVENT_COMP: u8 = consts::MLX5_EVENT_TYPE_COMP as u8;
-pub(crate) const EVENT_CQ_ERROR: u8 = consts::MLX5_EVENT_TYPE_CQ_ERROR as u8;
+pub(crate) const OPMOD_MODIFY: u16 = 0;
 
 /// What the next CQE does to an armed CQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +160,7 @@ impl Cq {
         let owner = ((n >> self.log_nent) & 1) as u8;
         // The entry must be visible before the byte that hands it to the driver (store before store: a release
         // fence, as the device's write ordering).
-        dma.write_then_flag(iova, &cqe[..OP_OWN], (cqe[OP_OWN] & !OWNER_MASK) | owner)
+        dma.write_then_flag(iova, &cqe[..OP_OWN], (cqe[OP_OWN] & !consts::MLX5_CQE_OWNER_MASK) | owner)
     }
 
     /// The consumer index from the doorbell record (`db[0] = be32(cons_index & 0xffffff)`).
@@ -284,7 +277,7 @@ impl CqTable {
             oi,
             pi: 0,
             arm: Arm::None,
-            status: STATUS_OK,
+            status: consts::MLX5_CQC_STATUS_OK,
             period: rd(inp, q::CQ_PERIOD.at(ctx)),
             max_count: rd(inp, q::CQ_MAX_COUNT.at(ctx)),
             period_mode: rd(inp, q::CQ_PERIOD_MODE.at(ctx)),
@@ -368,7 +361,7 @@ impl CqTable {
             .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
         let resize_sel = ifc::modify_field_select_resize_field_select_auto::RESIZE_FIELD_SELECT
             .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
-        match rd(inp, ifc::mbox_in::OP_MOD) {
+        match rd16(inp, ifc::mbox_in::OP_MOD) {
             OPMOD_MODIFY => self.moderate(fw, cqn, inp, rd(inp, ifc::modify_field_select::MODIFY_FIELD_SELECT.at(sel))),
             consts::MLX5_CQ_OPMOD_RESIZE => {
                 let bits = rd(inp, ifc::resize_field_select::RESIZE_FIELD_SELECT.at(resize_sel));
@@ -445,7 +438,7 @@ impl CqTable {
         } else {
             cq.page_shift
         };
-        if cq.status != STATUS_OK {
+        if cq.status != consts::MLX5_CQC_STATUS_OK {
             return Err(err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR));
         }
         let bytes = (1u64 << log_size) * cqe_size;
@@ -459,7 +452,7 @@ impl CqTable {
             return Err(err(CmdStatus::BadResState, syndrome::CQ_FULL));
         }
         let mut resize = [0u8; CQE64];
-        resize[OP_OWN] = (consts::MLX5_CQE_RESIZE_CQ as u8) << OPCODE_SHIFT;
+        resize[OP_OWN] = consts::MLX5_CQE_RESIZE_CQ << OPCODE_SHIFT;
         cq.write_cqe(dma, cq.pi, &resize).map_err(|_| err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR))?;
         let pas = read_pas(inp, i::PAS, bytes, page_shift);
         let cq = self.map.get_mut(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
@@ -520,10 +513,8 @@ mod tests {
     const DB_SN_SHIFT: u32 = 28;
     use mlx5_core::hal::{Dma, DmaError, DmaRegion, Mmio};
 
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
-    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8;
     /// The driver initialises every CQE with an invalid opcode (`init_cq_frag_buf`).
-    const INVALID_OP_OWN: u8 = (consts::MLX5_CQE_INVALID as u8) << OPCODE_SHIFT;
+    const INVALID_OP_OWN: u8 = consts::MLX5_CQE_INVALID << OPCODE_SHIFT;
     const WQE_COUNTER: mlx5_core::prm::Bytes = c::mlx5_cqe64::WQE_COUNTER;
 
     /// How a test CQ is laid out.
@@ -639,7 +630,7 @@ mod tests {
         let ctx = i::CQ_CONTEXT;
         let pas = buf.iovas();
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * pas.len()];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ.into());
         let cqe_sz = if spec.cqe_128 { consts::CQE_STRIDE_128 } else { consts::CQE_STRIDE_64 };
         inp.set(q::CQE_SZ.at(ctx), cqe_sz);
         inp.set(q::OI.at(ctx), spec.oi.into());
@@ -665,11 +656,11 @@ mod tests {
 
     /// A CQE image: `opcode`, the solicited bit, a marker in `wqe_counter`, and a wrong owner bit that the
     /// device must replace.
-    fn cqe(opcode: u32, solicited: bool, marker: u16) -> [u8; CQE64] {
+    fn cqe(opcode: u8, solicited: bool, marker: u16) -> [u8; CQE64] {
         let mut e = [0u8; CQE64];
         e[WQE_COUNTER.off..WQE_COUNTER.end()].copy_from_slice(&marker.to_be_bytes());
         e[c::mlx5_cqe64::BYTE_CNT.off] = 0xab;
-        e[OP_OWN] = (opcode as u8) << OPCODE_SHIFT | if solicited { SOLICITED } else { 0 } | 1;
+        e[OP_OWN] = opcode << OPCODE_SHIFT | if solicited { SOLICITED } else { 0 } | 1;
         e
     }
 
@@ -682,11 +673,11 @@ mod tests {
     }
 
     fn owner(e: &[u8; CQE64]) -> u8 {
-        e[OP_OWN] & OWNER_MASK
+        e[OP_OWN] & consts::MLX5_CQE_OWNER_MASK
     }
 
-    fn opcode(e: &[u8; CQE64]) -> u32 {
-        u32::from(e[OP_OWN] >> OPCODE_SHIFT)
+    fn opcode(e: &[u8; CQE64]) -> u8 {
+        e[OP_OWN] >> OPCODE_SHIFT
     }
 
     /// The 64-bit CQ doorbell, as `mlx5_cq_arm` writes it.
@@ -749,7 +740,7 @@ mod tests {
         assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(4)), Err(PostCqeError::Overrun));
         // Nothing was overwritten.
         assert_eq!((marker(&cq.cqe(0)), owner(&cq.cqe(0))), (0, 0));
-        let status = consts::MLX5_CQC_STATUS_CQ_OVERFLOW as u8;
+        let status = consts::MLX5_CQC_STATUS_CQ_OVERFLOW;
         assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(5)), Err(PostCqeError::CqInError { status }));
         // Even after the driver catches up, the CQ stays in error.
         cq.set_ci(4);
@@ -759,11 +750,11 @@ mod tests {
         // Exactly one CQ-error EQE, on the EQ subscribed to CQ errors, naming the CQ and the overrun.
         assert_eq!(env.h.dev.eq_info(env.errq).unwrap().pi, 1);
         let e = Harness::eqe(&env.err_buf, 0);
-        assert_eq!(e[c::mlx5_eqe::TYPE.off], EVENT_CQ_ERROR);
+        assert_eq!(e[c::mlx5_eqe::TYPE.off], consts::MLX5_EVENT_TYPE_CQ_ERROR);
         let d = c::mlx5_eqe::DATA.off;
         assert_eq!(e.read_u32(d + c::mlx5_eqe_cq_err::CQN.off), cq.cqn);
         let synd = e[d + c::mlx5_eqe_cq_err::SYNDROME.off];
-        assert_eq!(u32::from(synd), consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN);
+        assert_eq!(synd, consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN);
         let overruns = env.h.dev.events().iter().filter(|e| **e == SimEvent::CqOverrun { cqn: cq.cqn }).count();
         assert_eq!(overruns, 1);
         assert_eq!(env.h.dev.eq_info(env.comp).unwrap().pi, 0);
@@ -780,7 +771,7 @@ mod tests {
         assert_eq!((marker(&cq.cqe(4)), owner(&cq.cqe(4))), (4, 1));
         assert_eq!((marker(&cq.cqe(5)), owner(&cq.cqe(5))), (5, 1));
         let info = env.h.dev.cq_info(cq.cqn).unwrap();
-        assert_eq!((info.status, info.pi, info.overruns), (STATUS_OK, 6, 2));
+        assert_eq!((info.status, info.pi, info.overruns), (consts::MLX5_CQC_STATUS_OK, 6, 2));
         assert_eq!(env.h.dev.eq_info(env.errq).unwrap().pi, 0);
         assert!(!env.h.dev.events().iter().any(|e| matches!(e, SimEvent::CqOverrun { .. })));
     }
@@ -804,7 +795,7 @@ mod tests {
         // The completion EQE went to c_eqn although that EQ subscribes to nothing.
         assert_eq!(env.h.dev.eq_info(env.comp).unwrap().pi, 1);
         let e = Harness::eqe(&env.comp_buf, 0);
-        assert_eq!(e[c::mlx5_eqe::TYPE.off], EVENT_COMP);
+        assert_eq!(e[c::mlx5_eqe::TYPE.off], consts::MLX5_EVENT_TYPE_COMP);
         assert_eq!(e.read_u32(c::mlx5_eqe::DATA.off + c::mlx5_eqe_comp::CQN.off), cq.cqn);
         // Disarmed: the next CQE fires nothing.
         env.h.dev.post_cqe(cq.cqn, plain(2)).unwrap();
@@ -911,12 +902,12 @@ mod tests {
         assert!(
             matches!(env.h.dev.post_cqe(cq.cqn, plain(0)), Err(PostCqeError::DmaFault(DmaFault { iova, .. })) if iova == dbr_iova)
         );
-        let status = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL as u8;
+        let status = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL;
         assert_eq!(env.h.dev.cq_info(cq.cqn).unwrap().status, status);
         assert!(env.h.dev.events().contains(&SimEvent::CqWriteFail { cqn: cq.cqn }));
         let e = Harness::eqe(&env.err_buf, 0);
         let synd = e[c::mlx5_eqe::DATA.off + c::mlx5_eqe_cq_err::SYNDROME.off];
-        assert_eq!(u32::from(synd), consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR);
+        assert_eq!(synd, consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR);
         assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(1)), Err(PostCqeError::CqInError { status }));
         env.h.dev.stall_health();
         assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(2)), Err(PostCqeError::Dead));
@@ -924,7 +915,7 @@ mod tests {
 
     fn query(h: &mut Harness, cqn: u32, npas: usize) -> (u8, u32, Vec<u8>) {
         let mut inp = vec![0u8; ifc::query_cq_in::SIZE_BYTES];
-        inp.set(ifc::query_cq_in::OPCODE, consts::MLX5_CMD_OP_QUERY_CQ);
+        inp.set(ifc::query_cq_in::OPCODE, consts::MLX5_CMD_OP_QUERY_CQ.into());
         inp.set(ifc::query_cq_in::CQN, cqn);
         h.cmd(&inp, ifc::query_cq_out::PAS.byte_off() + 8 * npas)
     }
@@ -952,7 +943,7 @@ mod tests {
         assert_eq!((s, syn), (0, 0));
         let ctx = ifc::query_cq_out::CQ_CONTEXT;
         let got = |f: Field| rd(&out, f.at(ctx));
-        assert_eq!(got(q::STATUS), consts::MLX5_CQC_STATUS_OK);
+        assert_eq!(got(q::STATUS), consts::MLX5_CQC_STATUS_OK.into());
         assert_eq!((got(q::CQE_SZ), got(q::OI), got(q::LOG_CQ_SIZE)), (consts::CQE_STRIDE_128, 1, 7));
         assert_eq!((got(q::UAR_PAGE), got(q::C_EQN_OR_APU_ELEMENT)), (env.uar, u32::from(env.comp)));
         assert_eq!((got(q::LOG_PAGE_SIZE), got(q::CQ_PERIOD), got(q::CQ_MAX_COUNT)), (1, 16, 32));
@@ -967,15 +958,15 @@ mod tests {
         // Linux's bare query (no room for pas[]) works too.
         let (s, _, out) = query(&mut env.h, cq.cqn, 0);
         assert_eq!((s, rd(&out, q::PRODUCER_COUNTER.at(ctx))), (0, 5));
-        assert_eq!(query(&mut env.h, cq.cqn + 1, 0).0, BAD_PARAM);
+        assert_eq!(query(&mut env.h, cq.cqn + 1, 0).0, consts::MLX5_CMD_STAT_BAD_PARAM_ERR);
         assert_eq!(query(&mut env.h, cq.cqn + 1, 0).1, syndrome::CQ_INVALID);
     }
 
-    fn modify_in(cqn: u32, op_mod: u32, select: u32, npas: usize) -> Vec<u8> {
+    fn modify_in(cqn: u32, op_mod: u16, select: u32, npas: usize) -> Vec<u8> {
         use ifc::modify_cq_in as i;
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * npas];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_MODIFY_CQ);
-        inp.set(i::OP_MOD, op_mod);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_MODIFY_CQ.into());
+        inp.set(i::OP_MOD, op_mod.into());
         inp.set(i::CQN, cqn);
         let sel = ifc::modify_field_select_resize_field_select_auto::MODIFY_FIELD_SELECT
             .at(i::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT);
@@ -1045,7 +1036,7 @@ mod tests {
         // Too small: three pending CQEs do not fit in two entries.
         let small = Buf::alloc(&env.h, 1, 64, 0, true);
         let (s, syn, _) = env.h.cmd(&resize_in(&cq, 1, &small), 16);
-        assert_eq!((s, syn), (BAD_PARAM, syndrome::CQ_TOO_SMALL));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::CQ_TOO_SMALL));
         let huge = resize_in(&cq, 23, &small);
         assert_eq!(env.h.cmd(&huge, 16).1, syndrome::LOG_SIZE);
         let mut no_log = resize_in(&cq, 3, &small);
@@ -1111,10 +1102,10 @@ mod tests {
         }
         let new = Buf::alloc(&env.h, 4, 64, 0, false);
         let (s, syn, _) = env.h.cmd(&resize_in(&cq, 4, &new), 16);
-        assert_eq!((s, syn), (BAD_RES_STATE, syndrome::CQ_FULL));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR, syndrome::CQ_FULL));
         assert_eq!(env.h.dev.post_cqe(cq.cqn, plain(4)), Err(PostCqeError::Overrun));
         let (s, syn, _) = env.h.cmd(&resize_in(&cq, 4, &new), 16);
-        assert_eq!((s, syn), (BAD_RES_STATE, syndrome::CQ_IN_ERROR));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR, syndrome::CQ_IN_ERROR));
     }
 
     #[test]

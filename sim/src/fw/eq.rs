@@ -24,11 +24,6 @@ use crate::State;
 /// Bytes of event data in an EQE (`union ev_data`).
 pub const EQE_DATA_LEN: usize = c::mlx5_eqe::DATA.len;
 
-/// Command-completion events.
-const EVENT_CMD: u8 = consts::MLX5_EVENT_TYPE_CMD as u8;
-/// Page requests.
-const EVENT_PAGE_REQUEST: u8 = consts::MLX5_EVENT_TYPE_PAGE_REQUEST as u8;
-
 /// The event data of a command-completion EQE for `slot`: `data.cmd.vector` = `1 << slot`.
 fn cmd_data(slot: u8) -> [u8; EQE_DATA_LEN] {
     let mut d = [0u8; EQE_DATA_LEN];
@@ -285,7 +280,7 @@ impl State {
 
     /// Posts the command-completion EQE for `slot` when an EQ subscribes to command events.
     pub(crate) fn post_cmd_completion(&mut self, slot: u8) {
-        self.post_eqe(EVENT_CMD, 0, &cmd_data(slot));
+        self.post_eqe(consts::MLX5_EVENT_TYPE_CMD, 0, &cmd_data(slot));
     }
 
     /// Firmware asks for `num_pages` (negative: offers that many back). The accounting changes now; the EQE is
@@ -295,25 +290,28 @@ impl State {
             return;
         }
         self.fw.account_page_request(num_pages);
-        if self.fw.page_request_held || self.fw.eqs.subscriber(EVENT_PAGE_REQUEST).is_none() {
+        if self.fw.page_request_held || self.fw.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none() {
             // Folded into the held request, whose balance includes this one.
             self.fw.page_request_held = true;
             self.flush_page_requests();
         } else {
-            self.post_eqe(EVENT_PAGE_REQUEST, 0, &page_req_data(num_pages));
+            self.post_eqe(consts::MLX5_EVENT_TYPE_PAGE_REQUEST, 0, &page_req_data(num_pages));
         }
     }
 
     /// Posts the held page request, if any, once an EQ subscribes: one request for the balance then due (what
     /// QUERY_PAGES(regular) reports), which covers every request made while nobody listened.
     pub(crate) fn flush_page_requests(&mut self) {
-        if !self.fw.page_request_held || self.dead() || self.fw.eqs.subscriber(EVENT_PAGE_REQUEST).is_none() {
+        if !self.fw.page_request_held
+            || self.dead()
+            || self.fw.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none()
+        {
             return;
         }
         self.fw.page_request_held = false;
         let balance = self.fw.page_balance().clamp(i32::MIN.into(), i32::MAX.into()) as i32;
         if balance != 0 {
-            self.post_eqe(EVENT_PAGE_REQUEST, 0, &page_req_data(balance));
+            self.post_eqe(consts::MLX5_EVENT_TYPE_PAGE_REQUEST, 0, &page_req_data(balance));
         }
     }
 }
@@ -330,9 +328,8 @@ mod tests {
     /// Offset in a UAR page of the EQ doorbell that updates the consumer index and arms.
     const EQ_DB_ARM: usize = consts::MLX5_EQ_DOORBELL_OFFSET as usize;
 
-    const PORT: u8 = consts::MLX5_EVENT_TYPE_PORT_CHANGE as u8;
     const PAGE_REQ_MASK: u64 = 1 << consts::MLX5_EVENT_TYPE_PAGE_REQUEST;
-    const REGULAR: u32 = consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES;
+    const REGULAR: u16 = consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES;
 
     fn owner(buf: &DmaRegion, idx: usize) -> u8 {
         Harness::eqe(buf, idx)[c::mlx5_eqe::OWNER.off]
@@ -360,7 +357,7 @@ mod tests {
 
     fn alloc_pd_in() -> Vec<u8> {
         let mut inp = vec![0u8; ifc::alloc_pd_in::SIZE_BYTES];
-        inp.set(ifc::alloc_pd_in::OPCODE, consts::MLX5_CMD_OP_ALLOC_PD);
+        inp.set(ifc::alloc_pd_in::OPCODE, consts::MLX5_CMD_OP_ALLOC_PD.into());
         inp
     }
 
@@ -379,12 +376,10 @@ mod tests {
         assert_eq!(s, 0);
         wait_pi(h, eqn, 1);
         let e = Harness::eqe(&buf, 0);
-        assert_eq!((typ(&e), num_pages(&e), func_id(&e)), (PAGE_REQUEST, 4, 0));
+        assert_eq!((typ(&e), num_pages(&e), func_id(&e)), (consts::MLX5_EVENT_TYPE_PAGE_REQUEST, 4, 0));
         assert_eq!(h.give_pages(4), (0, 0));
         (uar, eqn, buf)
     }
-
-    const PAGE_REQUEST: u8 = EVENT_PAGE_REQUEST;
 
     /// Waits (threaded mode) until EQ `eqn` has `pi` EQEs.
     fn wait_pi(h: &Harness, eqn: u8, pi: u32) {
@@ -400,39 +395,43 @@ mod tests {
         let mut h = Harness::inline();
         h.bring_up();
         let uar = h.alloc_uar();
-        let (_, a, abuf) = h.create_eq(uar, 2, 1 << PORT);
-        let (_, b, _bbuf) = h.create_eq(uar, 2, 1 << PORT);
+        let (_, a, abuf) = h.create_eq(uar, 2, 1 << consts::MLX5_EVENT_TYPE_PORT_CHANGE);
+        let (_, b, _bbuf) = h.create_eq(uar, 2, 1 << consts::MLX5_EVENT_TYPE_PORT_CHANGE);
         assert!(a < b);
-        assert_eq!(h.dev.post_event(consts::MLX5_EVENT_TYPE_CQ_ERROR as u8, 0, marked(0)), None);
+        assert_eq!(h.dev.post_event(consts::MLX5_EVENT_TYPE_CQ_ERROR, 0, marked(0)), None);
         let sub = consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE;
-        assert_eq!(h.dev.post_event(PORT, sub, marked(0)), Some(a));
+        assert_eq!(h.dev.post_event(consts::MLX5_EVENT_TYPE_PORT_CHANGE, sub, marked(0)), Some(a));
         let e = Harness::eqe(&abuf, 0);
-        assert_eq!((typ(&e), e[c::mlx5_eqe::SUB_TYPE.off]), (PORT, sub));
+        assert_eq!((typ(&e), e[c::mlx5_eqe::SUB_TYPE.off]), (consts::MLX5_EVENT_TYPE_PORT_CHANGE, sub));
         assert_eq!(&e[c::mlx5_eqe::DATA.off..c::mlx5_eqe::DATA.end()], &marked(0));
         // First pass: hardware writes owner 0; untouched entries keep the driver's initial 1.
         assert_eq!((owner(&abuf, 0), owner(&abuf, 1)), (0, 1));
-        assert!(h.dev.events().contains(&SimEvent::Eqe { eqn: a, event_type: PORT, sub_type: sub }));
+        assert!(h.dev.events().contains(&SimEvent::Eqe {
+            eqn: a,
+            event_type: consts::MLX5_EVENT_TYPE_PORT_CHANGE,
+            sub_type: sub
+        }));
         // The EQ starts disarmed: no interrupt.
         assert!(!h.dev.events().iter().any(|e| matches!(e, SimEvent::EqInterrupt { .. })));
         for k in 1..4 {
-            assert_eq!(h.dev.post_event(PORT, sub, marked(k)), Some(a));
+            assert_eq!(h.dev.post_event(consts::MLX5_EVENT_TYPE_PORT_CHANGE, sub, marked(k)), Some(a));
             assert_eq!(owner(&abuf, k.into()), 0);
         }
         h.eq_doorbell(uar, a, 4, true);
         assert!(h.dev.events().contains(&SimEvent::EqDoorbell { eqn: a, ci: 4, arm: true }));
         // Second pass: owner 1, and the armed EQ interrupts once.
-        h.dev.post_event(PORT, sub, marked(4));
+        h.dev.post_event(consts::MLX5_EVENT_TYPE_PORT_CHANGE, sub, marked(4));
         assert_eq!(owner(&abuf, 0), 1);
         assert_eq!(Harness::eqe(&abuf, 0)[c::mlx5_eqe::DATA.off], 4);
         assert!(h.dev.events().contains(&SimEvent::EqInterrupt { eqn: a }));
         let info = h.dev.eq_info(a).unwrap();
         assert_eq!((info.pi, info.ci, info.armed, info.interrupts), (5, 4, false, 1));
         for k in 5..8 {
-            h.dev.post_event(PORT, sub, marked(k));
+            h.dev.post_event(consts::MLX5_EVENT_TYPE_PORT_CHANGE, sub, marked(k));
         }
         assert_eq!(h.dev.eq_info(a).unwrap().interrupts, 1);
         // Full: nothing is overwritten and the firmware dies with the overrun syndrome.
-        assert_eq!(h.dev.post_event(PORT, sub, marked(8)), None);
+        assert_eq!(h.dev.post_event(consts::MLX5_EVENT_TYPE_PORT_CHANGE, sub, marked(8)), None);
         assert_eq!(Harness::eqe(&abuf, 0)[c::mlx5_eqe::DATA.off], 4);
         assert!(h.dev.events().contains(&SimEvent::EqOverrun { eqn: a }));
         let synd = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN;
@@ -441,7 +440,7 @@ mod tests {
         assert_eq!(h.mmio.read32(hb & !3) >> (8 * (3 - (hb & 3))) & 0xff, u32::from(synd));
         assert_eq!(h.dev.eq_info(a).unwrap().overruns, 1);
         // A dead firmware posts nothing more, even to the other EQ.
-        assert_eq!(h.dev.post_event(PORT, sub, marked(9)), None);
+        assert_eq!(h.dev.post_event(consts::MLX5_EVENT_TYPE_PORT_CHANGE, sub, marked(9)), None);
         assert_eq!(h.dev.eq_info(b).unwrap().pi, 0);
     }
 
@@ -451,7 +450,7 @@ mod tests {
         h.bring_up();
         let uar = h.alloc_uar();
         let uar2 = h.alloc_uar();
-        let (_, eqn, _buf) = h.create_eq(uar, 3, 1 << PORT);
+        let (_, eqn, _buf) = h.create_eq(uar, 3, 1 << consts::MLX5_EVENT_TYPE_PORT_CHANGE);
         let bad = |h: &Harness, why: &str| {
             h.dev.events().iter().any(|e| matches!(e, SimEvent::BadEqDoorbell { why: w, .. } if *w == why))
         };
@@ -476,8 +475,8 @@ mod tests {
         assert!(h.dev.events().contains(&SimEvent::BadEqDoorbell { off: db, val: u32::from(eqn) << 24, why }));
         assert!(!h.dev.eq_info(eqn).unwrap().armed);
 
-        h.dev.post_event(PORT, 0, marked(0));
-        h.dev.post_event(PORT, 0, marked(1));
+        h.dev.post_event(consts::MLX5_EVENT_TYPE_PORT_CHANGE, 0, marked(0));
+        h.dev.post_event(consts::MLX5_EVENT_TYPE_PORT_CHANGE, 0, marked(1));
         h.eq_doorbell(uar, eqn, 1, false);
         assert!(h.dev.events().contains(&SimEvent::EqDoorbell { eqn, ci: 1, arm: false }));
         assert!(!h.dev.eq_info(eqn).unwrap().armed);
@@ -496,7 +495,7 @@ mod tests {
             interrupts: 1,
             overruns: 0,
             uar_page: uar,
-            event_bitmask: [1 << PORT, 0, 0, 0],
+            event_bitmask: [1 << consts::MLX5_EVENT_TYPE_PORT_CHANGE, 0, 0, 0],
         };
         assert_eq!(info, want);
         assert_eq!(h.dev.eq_info(eqn + 1), None);
@@ -507,14 +506,14 @@ mod tests {
         let mut h = Harness::inline();
         h.bring_up();
         let uar = h.alloc_uar();
-        let (_, eqn, buf) = h.create_eq(uar, 3, 1 << PORT);
+        let (_, eqn, buf) = h.create_eq(uar, 3, 1 << consts::MLX5_EVENT_TYPE_PORT_CHANGE);
         {
             let mut st = lock(&h.dev.shared);
             let eq = st.fw.eqs.get_mut(&u32::from(eqn)).unwrap();
             (eq.pi, eq.ci) = (0x00ff_fffe, 0x00ff_fffe);
         }
         for k in 0..3 {
-            h.dev.post_event(PORT, 0, marked(k));
+            h.dev.post_event(consts::MLX5_EVENT_TYPE_PORT_CHANGE, 0, marked(k));
         }
         // Entries 6, 7, 0; pass 0x1f_ffff is odd, pass 0x20_0000 even.
         assert_eq!((owner(&buf, 6), owner(&buf, 7), owner(&buf, 0)), (1, 1, 0));
@@ -533,13 +532,13 @@ mod tests {
         assert_eq!(s, 0);
         // CREATE_EQ completes after the EQ exists, so its own completion is the first EQE.
         let e = Harness::eqe(&buf, 0);
-        assert_eq!((typ(&e), vector(&e)), (EVENT_CMD, 1));
+        assert_eq!((typ(&e), vector(&e)), (consts::MLX5_EVENT_TYPE_CMD, 1));
         let p = h.post(5, &alloc_pd_in(), 16);
         h.ring(5);
         assert_eq!(h.status_own(5), 0);
         h.release(p);
         let e = Harness::eqe(&buf, 1);
-        assert_eq!((typ(&e), vector(&e), e[c::mlx5_eqe::OWNER.off]), (EVENT_CMD, 1 << 5, 0));
+        assert_eq!((typ(&e), vector(&e), e[c::mlx5_eqe::OWNER.off]), (consts::MLX5_EVENT_TYPE_CMD, 1 << 5, 0));
         assert_eq!(h.dev.eq_info(eqn).unwrap().pi, 2);
     }
 
@@ -557,7 +556,7 @@ mod tests {
         let mut h = Harness::inline();
         h.bring_up();
         h.dev.request_pages(5);
-        h.dev.inject(Fault::PageRequest { opcode: consts::MLX5_CMD_OP_ALLOC_UAR as u16, num_pages: 2 });
+        h.dev.inject(Fault::PageRequest { opcode: consts::MLX5_CMD_OP_ALLOC_UAR, num_pages: 2 });
         let uar = h.alloc_uar();
         assert_eq!(h.query_pages(REGULAR), 4 + 5 + 2);
         let (_, eqn, buf) = h.create_eq(uar, 3, PAGE_REQ_MASK);
@@ -569,7 +568,7 @@ mod tests {
     fn page_requests_grow_and_shrink_the_need() {
         let mut h = Harness::inline();
         let (_, eqn, buf) = with_page_eq(&mut h);
-        h.dev.inject(Fault::PageRequest { opcode: consts::MLX5_CMD_OP_ALLOC_PD as u16, num_pages: 3 });
+        h.dev.inject(Fault::PageRequest { opcode: consts::MLX5_CMD_OP_ALLOC_PD, num_pages: 3 });
         assert_eq!(h.cmd(&alloc_pd_in(), 16).0, 0);
         assert_eq!(num_pages(&Harness::eqe(&buf, 1)), 3);
         assert_eq!(h.query_pages(REGULAR), 3);
@@ -601,7 +600,7 @@ mod tests {
     fn need_pages_stalls_until_the_pages_slot_gives_them_inline() {
         let mut h = Harness::inline();
         let (_, eqn, buf) = with_page_eq(&mut h);
-        let op = consts::MLX5_CMD_OP_ALLOC_PD as u16;
+        let op = consts::MLX5_CMD_OP_ALLOC_PD;
         h.dev.inject(Fault::NeedPages { opcode: op, pages: 3 });
         let done = h.dev.executed().len();
         let pd = h.post(0, &alloc_pd_in(), 16);
@@ -630,8 +629,8 @@ mod tests {
         assert_ne!(MsgBuf::get(&out[..], ifc::alloc_pd_out::PD), 0);
         h.release(pd);
         let ex: Vec<(u8, u16)> = h.dev.executed()[done..].iter().map(|e| (e.slot, e.opcode)).collect();
-        let mp = consts::MLX5_CMD_OP_MANAGE_PAGES as u16;
-        let qp = consts::MLX5_CMD_OP_QUERY_PAGES as u16;
+        let mp = consts::MLX5_CMD_OP_MANAGE_PAGES;
+        let qp = consts::MLX5_CMD_OP_QUERY_PAGES;
         assert_eq!(ex, vec![(30, qp), (31, mp), (31, mp), (0, op)]);
         assert_eq!(h.query_pages(REGULAR), 0);
         // The fault was for one command only; a need of zero pages does not stall.
@@ -644,7 +643,7 @@ mod tests {
     fn need_pages_stalls_until_the_pages_slot_gives_them_threaded() {
         let mut h = Harness::new(SimConfig { mode: Mode::Threaded, ..SimConfig::default() });
         let (_, eqn, buf) = with_page_eq(&mut h);
-        let op = consts::MLX5_CMD_OP_ALLOC_PD as u16;
+        let op = consts::MLX5_CMD_OP_ALLOC_PD;
         h.dev.inject(Fault::NeedPages { opcode: op, pages: 2 });
         let pd = h.post(0, &alloc_pd_in(), 16);
         h.ring(0);

@@ -387,8 +387,6 @@ mod tests {
     use crate::SimEvent;
     use mlx5_core::hal::Dma;
 
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
-    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8;
     const PAGE: u64 = 4096;
 
     /// A CREATE_MKEY request.
@@ -437,7 +435,7 @@ mod tests {
         use ifc::mkc as m;
         let ctx = i::MEMORY_KEY_MKEY_ENTRY;
         let mut inp = vec![0u8; i::KLM_PAS_MTT.byte_off() + MTT_BYTES * k.mtt.len()];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY.into());
         inp.set(i::PG_ACCESS, k.pg_access.into());
         inp.set(m::FREE.at(ctx), k.free.into());
         inp.set(m::ACCESS_MODE_1_0.at(ctx), k.mode & 3);
@@ -469,9 +467,9 @@ mod tests {
         rd(&out, ifc::alloc_pd_out::PD)
     }
 
-    fn destroy(h: &mut Harness, op: u32, f: mlx5_core::prm::Field, n: u32) -> (u8, u32) {
+    fn destroy(h: &mut Harness, op: u16, f: mlx5_core::prm::Field, n: u32) -> (u8, u32) {
         let mut inp = vec![0u8; 16];
-        inp.set(ifc::mbox_in::OPCODE, op);
+        inp.set(ifc::mbox_in::OPCODE, op.into());
         inp.set(f, n);
         let (s, syn, _) = h.cmd(&inp, 16);
         (s, syn)
@@ -617,7 +615,7 @@ mod tests {
         ];
         for (what, k, want) in cases {
             let (s, syn, _) = create(&mut h, &k);
-            assert_eq!((s, syn), (BAD_PARAM, want), "{what}");
+            assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, want), "{what}");
         }
         assert_eq!(h.dev.mkey_count(), 0);
         assert_eq!(create(&mut h, &good).0, 0);
@@ -631,11 +629,14 @@ mod tests {
         let (s, _, index) = create(&mut h, &pa_key(pd));
         assert_eq!(s, 0);
         let dealloc = |h: &mut Harness| destroy(h, consts::MLX5_CMD_OP_DEALLOC_PD, ifc::dealloc_pd_in::PD, pd);
-        assert_eq!(dealloc(&mut h), (BAD_RES_STATE, syndrome::IN_USE));
+        assert_eq!(dealloc(&mut h), (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR, syndrome::IN_USE));
         let op = consts::MLX5_CMD_OP_DESTROY_MKEY;
         assert_eq!(destroy(&mut h, op, ifc::destroy_mkey_in::MKEY_INDEX, index), (0, 0));
         assert_eq!(h.dev.mkey_access(index << 8 | 0x5a, None, 0, 0, READ), Err(MkeyFault::UnknownKey));
-        assert_eq!(destroy(&mut h, op, ifc::destroy_mkey_in::MKEY_INDEX, index), (BAD_PARAM, syndrome::MKEY_INVALID));
+        assert_eq!(
+            destroy(&mut h, op, ifc::destroy_mkey_in::MKEY_INDEX, index),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::MKEY_INVALID)
+        );
         assert_eq!(dealloc(&mut h), (0, 0));
         // TEARDOWN_HCA destroys keys with everything else.
         let pd = alloc_pd(&mut h);

@@ -9,8 +9,8 @@
 //! its result in `mbox_out.status` / `mbox_out.syndrome`. Status choices:
 //! * unknown opcode: `BAD_OP`; input shorter than the command's layout (plus declared `pas[]` entries):
 //!   `BAD_INP_LEN`; output shorter than needed: `BAD_OUTP_LEN`;
-//! * a command not allowed in the current HCA state: `BAD_SYS_STATE`;
-//! * an invalid value, including an unknown handle on destroy/dealloc: `BAD_PARAM`;
+//! * a command not allowed in the current HCA state: `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`;
+//! * an invalid value, including an unknown handle on destroy/dealloc: `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`;
 //! * a limit reached (`log_max_*`, UAR pages): `NO_RES`;
 //! * destroying an object another one still uses: `BAD_RES_STATE`.
 //!
@@ -45,7 +45,7 @@ use mkey::{MkeyFw, MkeyTable};
 use pd::{PdTable, UarTable};
 use port::PortModel;
 use qp::{QpFw, QpTable};
-use reply::{bad_param, err, rd, CmdErr};
+use reply::{bad_param, err, rd, rd16, CmdErr};
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
 /// firmware syndromes are undocumented); each check has its own so a test can tell them apart.
@@ -56,71 +56,71 @@ pub mod syndrome {
     pub const BAD_INPUT_LEN: u32 = 0x51a0_0002;
     /// `BAD_OUTP_LEN`: `outlen` is shorter than the command's output (with the `pas[]` it may return).
     pub const BAD_OUTPUT_LEN: u32 = 0x51a0_0003;
-    /// `BAD_SYS_STATE`: a command other than QUERY_ISSI / ENABLE_HCA before ENABLE_HCA.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: a command other than QUERY_ISSI / ENABLE_HCA before ENABLE_HCA.
     pub const NOT_ENABLED: u32 = 0x51a0_0010;
-    /// `BAD_SYS_STATE`: ENABLE_HCA on an enabled function.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: ENABLE_HCA on an enabled function.
     pub const ALREADY_ENABLED: u32 = 0x51a0_0011;
-    /// `BAD_SYS_STATE`: an object command or TEARDOWN_HCA before INIT_HCA.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: an object command or TEARDOWN_HCA before INIT_HCA.
     pub const NOT_INITIALIZED: u32 = 0x51a0_0012;
-    /// `BAD_SYS_STATE`: INIT_HCA, SET_ISSI or SET_HCA_CAP after INIT_HCA.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: INIT_HCA, SET_ISSI or SET_HCA_CAP after INIT_HCA.
     pub const ALREADY_INITIALIZED: u32 = 0x51a0_0013;
-    /// `BAD_SYS_STATE`: DISABLE_HCA before TEARDOWN_HCA.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: DISABLE_HCA before TEARDOWN_HCA.
     pub const STILL_INITIALIZED: u32 = 0x51a0_0014;
-    /// `BAD_SYS_STATE`: INIT_HCA before the boot and init pages were given.
+    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: INIT_HCA before the boot and init pages were given.
     pub const PAGES_MISSING: u32 = 0x51a0_0015;
-    /// `BAD_PARAM`: an op_mod the command does not define.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an op_mod the command does not define.
     pub const BAD_OP_MOD: u32 = 0x51a0_0020;
-    /// `BAD_PARAM`: SET_ISSI with an ISSI other than 0 or 1.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_ISSI with an ISSI other than 0 or 1.
     pub const BAD_ISSI: u32 = 0x51a0_0021;
-    /// `BAD_PARAM`: a function other than our own (function_id, other_function, embedded_cpu_function).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a function other than our own (function_id, other_function, embedded_cpu_function).
     pub const BAD_FUNCTION: u32 = 0x51a0_0022;
-    /// `BAD_PARAM`: MODIFY_CQ with a field_select bit the simulator does not know, or a resize without
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: MODIFY_CQ with a field_select bit the simulator does not know, or a resize without
     /// `MLX5_MODIFY_CQ_MASK_LOG_SIZE`.
     pub const FIELD_SELECT: u32 = 0x51a0_0023;
-    /// `BAD_PARAM`: a MANAGE_PAGES page address not 4 KiB aligned.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a MANAGE_PAGES page address not 4 KiB aligned.
     pub const PAGE_MISALIGNED: u32 = 0x51a0_0030;
-    /// `BAD_PARAM`: a MANAGE_PAGES page not inside live DMA memory.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a MANAGE_PAGES page not inside live DMA memory.
     pub const PAGE_NOT_MAPPED: u32 = 0x51a0_0031;
-    /// `BAD_PARAM`: a MANAGE_PAGES page firmware already owns (or listed twice).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a MANAGE_PAGES page firmware already owns (or listed twice).
     pub const PAGE_ALREADY_OWNED: u32 = 0x51a0_0032;
-    /// `BAD_PARAM`: an unsupported capability type.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unsupported capability type.
     pub const CAP_TYPE: u32 = 0x51a0_0040;
-    /// `BAD_PARAM`: SET_HCA_CAP changes a field that is not settable.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_HCA_CAP changes a field that is not settable.
     pub const CAP_READ_ONLY: u32 = 0x51a0_0041;
-    /// `BAD_PARAM`: SET_HCA_CAP sets a value above the maximum capability.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_HCA_CAP sets a value above the maximum capability.
     pub const CAP_ABOVE_MAX: u32 = 0x51a0_0042;
-    /// `BAD_PARAM`: TEARDOWN_HCA with an unsupported profile.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: TEARDOWN_HCA with an unsupported profile.
     pub const BAD_PROFILE: u32 = 0x51a0_0043;
-    /// `BAD_PARAM`: unknown PD.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown PD.
     pub const PD_INVALID: u32 = 0x51a0_0050;
-    /// `BAD_PARAM`: unknown UAR page.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown UAR page.
     pub const UAR_INVALID: u32 = 0x51a0_0051;
-    /// `BAD_PARAM`: unknown EQ.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown EQ.
     pub const EQ_INVALID: u32 = 0x51a0_0052;
-    /// `BAD_PARAM`: unknown CQ.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown CQ.
     pub const CQ_INVALID: u32 = 0x51a0_0053;
-    /// `BAD_PARAM`: unknown memory key index.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown memory key index.
     pub const MKEY_INVALID: u32 = 0x51a0_0054;
-    /// `BAD_PARAM`: log_eq_size / log_cq_size above the `log_max_*_sz` capability.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: log_eq_size / log_cq_size above the `log_max_*_sz` capability.
     pub const LOG_SIZE: u32 = 0x51a0_0060;
-    /// `BAD_PARAM`: cqe_sz other than 64 or 128 bytes.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: cqe_sz other than 64 or 128 bytes.
     pub const CQE_SIZE: u32 = 0x51a0_0061;
-    /// `BAD_PARAM`: fewer `pas[]` entries than the queue needs (or, for CREATE_MKEY, fewer MTT entries than
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: fewer `pas[]` entries than the queue needs (or, for CREATE_MKEY, fewer MTT entries than
     /// the pages the key covers, in the input or in `translations_octword_size`).
     pub const PAS_TOO_FEW: u32 = 0x51a0_0062;
-    /// `BAD_PARAM`: a `pas[]` (or MTT) entry not aligned to the page size.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a `pas[]` (or MTT) entry not aligned to the page size.
     pub const PAS_MISALIGNED: u32 = 0x51a0_0063;
-    /// `BAD_PARAM`: a `pas[]` (or MTT) page not inside live DMA memory.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a `pas[]` (or MTT) page not inside live DMA memory.
     pub const PAS_NOT_MAPPED: u32 = 0x51a0_0064;
-    /// `BAD_PARAM`: a non-zero page_offset (not supported by the simulator).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a non-zero page_offset (not supported by the simulator).
     pub const PAGE_OFFSET: u32 = 0x51a0_0065;
-    /// `BAD_PARAM`: a CQ doorbell record not inside live DMA memory.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ doorbell record not inside live DMA memory.
     pub const DBR_NOT_MAPPED: u32 = 0x51a0_0066;
-    /// `BAD_PARAM`: a CQ bound to an APU element (not supported).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ bound to an APU element (not supported).
     pub const APU_CQ: u32 = 0x51a0_0067;
-    /// `BAD_PARAM`: MODIFY_CQ(resize) to fewer entries than the CQEs the driver has not consumed yet.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: MODIFY_CQ(resize) to fewer entries than the CQEs the driver has not consumed yet.
     pub const CQ_TOO_SMALL: u32 = 0x51a0_0068;
-    /// `BAD_PARAM`: a CQ feature the simulator does not model (a collapsed CQ, `cc`).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ feature the simulator does not model (a collapsed CQ, `cc`).
     pub const CQ_FEATURE: u32 = 0x51a0_0069;
     /// `NO_RES`: the object limit (`log_max_*`, UAR pages in the BAR) is reached.
     pub const NO_RESOURCES: u32 = 0x51a0_0070;
@@ -136,39 +136,39 @@ pub mod syndrome {
     pub const BAD_PORT: u32 = 0x51a0_0081;
     /// A command needing a capability firmware does not report (SET_DRIVER_VERSION without `driver_version`).
     pub const CAP_NOT_SET: u32 = 0x51a0_0082;
-    /// `BAD_PARAM`: CREATE_MKEY with an access mode other than PA or MTT.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY with an access mode other than PA or MTT.
     pub const MKEY_ACCESS_MODE: u32 = 0x51a0_0090;
-    /// `BAD_PARAM`: CREATE_MKEY with `qpn` other than 0xffffff (keys bound to a QP are not supported).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY with `qpn` other than 0xffffff (keys bound to a QP are not supported).
     pub const MKEY_QPN: u32 = 0x51a0_0091;
-    /// `BAD_PARAM`: CREATE_MKEY(MTT) with `log_page_size` below 12 or above 63.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY(MTT) with `log_page_size` below 12 or above 63.
     pub const MKEY_PAGE_SIZE: u32 = 0x51a0_0092;
-    /// `BAD_PARAM`: CREATE_MKEY whose range wraps around 2^64, or an MTT key with `length64`.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY whose range wraps around 2^64, or an MTT key with `length64`.
     pub const MKEY_LENGTH: u32 = 0x51a0_0093;
-    /// `BAD_PARAM`: CREATE_MKEY asking for what the simulator does not model (a free key, umem, BSF, crossing).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY asking for what the simulator does not model (a free key, umem, BSF, crossing).
     pub const MKEY_FEATURE: u32 = 0x51a0_0094;
-    /// `BAD_PARAM`: unknown QP.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown QP.
     pub const QP_INVALID: u32 = 0x51a0_00a0;
-    /// `BAD_PARAM`: CREATE_QP with a transport service other than RC or UD.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with a transport service other than RC or UD.
     pub const QP_TYPE: u32 = 0x51a0_00a1;
-    /// `BAD_PARAM`: CREATE_QP with `pm_state` other than `MLX5_QP_PM_MIGRATED`.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with `pm_state` other than `MLX5_QP_PM_MIGRATED`.
     pub const QP_PM_STATE: u32 = 0x51a0_00a2;
-    /// `BAD_PARAM`: CREATE_QP with an RQ type other than a regular or a zero-length RQ (no SRQ).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with an RQ type other than a regular or a zero-length RQ (no SRQ).
     pub const QP_RQ_TYPE: u32 = 0x51a0_00a3;
-    /// `BAD_PARAM`: an RQ WQE (`16 << log_rq_stride`) above `max_wqe_sz_rq`.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RQ WQE (`16 << log_rq_stride`) above `max_wqe_sz_rq`.
     pub const QP_WQE_SIZE: u32 = 0x51a0_00a4;
-    /// `BAD_PARAM`: CREATE_QP asking for what the simulator does not model (umem, XRC, SRQ, a chosen QPN,
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP asking for what the simulator does not model (umem, XRC, SRQ, a chosen QPN,
     /// the extended context).
     pub const QP_FEATURE: u32 = 0x51a0_00a5;
     /// `BAD_QP_STATE`: a transition from a state it does not start from (2ERR from RST included).
     pub const QP_STATE: u32 = 0x51a0_00a6;
-    /// `BAD_PARAM`: a pkey index beyond the pkey table.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a pkey index beyond the pkey table.
     pub const QP_PKEY_INDEX: u32 = 0x51a0_00a7;
-    /// `BAD_PARAM`: an address path the link layer cannot use (IB: no LID; RoCE: no GRH, GID or MAC; a source
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an address path the link layer cannot use (IB: no LID; RoCE: no GRH, GID or MAC; a source
     /// GID index beyond the table).
     pub const QP_PATH: u32 = 0x51a0_00a8;
-    /// `BAD_PARAM`: INIT2RTR (RC) with an MTU other than `IB_MTU_256..=IB_MTU_4096`.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR (RC) with an MTU other than `IB_MTU_256..=IB_MTU_4096`.
     pub const QP_MTU: u32 = 0x51a0_00a9;
-    /// `BAD_PARAM`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`).
     pub const QP_CONTEXT: u32 = 0x51a0_00aa;
     /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
     pub const HEALTH_EXT_SYND: u16 = 0x51a0;
@@ -346,7 +346,7 @@ impl Firmware {
     /// Input size, output size and accepted states of an opcode; `None` when not implemented.
     fn spec(opcode: u16) -> Option<(usize, usize, Gate)> {
         use ifc::*;
-        Some(match u32::from(opcode) {
+        Some(match opcode {
             consts::MLX5_CMD_OP_ENABLE_HCA => (enable_hca_in::SIZE_BYTES, enable_hca_out::SIZE_BYTES, Gate::Disabled),
             consts::MLX5_CMD_OP_DISABLE_HCA => (disable_hca_in::SIZE_BYTES, disable_hca_out::SIZE_BYTES, Gate::PreInit),
             consts::MLX5_CMD_OP_QUERY_ISSI => (query_issi_in::SIZE_BYTES, query_issi_out::SIZE_BYTES, Gate::Any),
@@ -454,7 +454,7 @@ impl Firmware {
         out: &mut [u8],
         outlen: usize,
     ) -> Result<(), CmdErr> {
-        let opcode = rd(inp, ifc::mbox_in::OPCODE) as u16;
+        let opcode = rd16(inp, ifc::mbox_in::OPCODE);
         let Some((in_size, out_size, gate)) = Self::spec(opcode) else {
             return Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE));
         };
@@ -465,11 +465,11 @@ impl Firmware {
             return Err(err(CmdStatus::BadOutpLen, syndrome::BAD_OUTPUT_LEN));
         }
         // The DISABLE_HCA / SET_ISSI "pre-init" gate differs only in which state error it reports.
-        if u32::from(opcode) == consts::MLX5_CMD_OP_DISABLE_HCA && self.state == HcaState::Initialized {
+        if opcode == consts::MLX5_CMD_OP_DISABLE_HCA && self.state == HcaState::Initialized {
             return Err(err(CmdStatus::BadSysState, syndrome::STILL_INITIALIZED));
         }
         self.check_gate(gate)?;
-        match u32::from(opcode) {
+        match opcode {
             consts::MLX5_CMD_OP_ENABLE_HCA => self.enable_hca(inp),
             consts::MLX5_CMD_OP_DISABLE_HCA => self.disable_hca(inp, events),
             consts::MLX5_CMD_OP_QUERY_ISSI => self.query_issi(out),
@@ -670,12 +670,9 @@ mod tests {
     use mlx5_core::prm::{c, DeliveryStatus, Field};
     use std::time::{Duration, Instant};
 
-    const BAD_SYS_STATE: u8 = consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR as u8;
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
-
     fn query_pages_in(op_mod: u32) -> Vec<u8> {
         let mut inp = vec![0u8; ifc::query_pages_in::SIZE_BYTES];
-        inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES);
+        inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES.into());
         inp.set(ifc::query_pages_in::OP_MOD, op_mod);
         inp
     }
@@ -687,9 +684,9 @@ mod tests {
         assert_eq!(h.dev.hca_state(), HcaState::Enabled);
         let ex = h.dev.executed();
         assert_eq!(ex.len(), 1);
-        assert_eq!((ex[0].opcode, ex[0].status, ex[0].delivery), (consts::MLX5_CMD_OP_ENABLE_HCA as u16, 0, 0));
+        assert_eq!((ex[0].opcode, ex[0].status, ex[0].delivery), (consts::MLX5_CMD_OP_ENABLE_HCA, 0, 0));
         // A second ENABLE_HCA is refused.
-        assert_eq!(h.enable_hca(), BAD_SYS_STATE);
+        assert_eq!(h.enable_hca(), consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR);
         assert_eq!(h.dev.executed()[1].syndrome, syndrome::ALREADY_ENABLED);
     }
 
@@ -697,7 +694,7 @@ mod tests {
     fn commands_before_enable_hca_fail_except_query_issi() {
         let mut h = Harness::inline();
         let (s, syn, _) = h.cmd(&query_pages_in(1), ifc::query_pages_out::SIZE_BYTES);
-        assert_eq!((s, syn), (BAD_SYS_STATE, syndrome::NOT_ENABLED));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR, syndrome::NOT_ENABLED));
         let (s, _, out) = h.simple(
             consts::MLX5_CMD_OP_QUERY_ISSI,
             0,
@@ -714,7 +711,7 @@ mod tests {
     fn unknown_opcode_is_bad_op() {
         let mut h = Harness::inline();
         let (s, syn, _) = h.simple(0x7777, 0, 16, 16);
-        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_OP_ERR as u8, syndrome::BAD_OPCODE));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_OP_ERR, syndrome::BAD_OPCODE));
         assert_eq!(h.dev.executed()[0].opcode, 0x7777);
     }
 
@@ -723,9 +720,9 @@ mod tests {
         let mut h = Harness::inline();
         h.enable_hca();
         let (s, _, _) = h.cmd(&query_pages_in(1)[..12], ifc::query_pages_out::SIZE_BYTES);
-        assert_eq!(s, consts::MLX5_CMD_STAT_BAD_INP_LEN_ERR as u8);
+        assert_eq!(s, consts::MLX5_CMD_STAT_BAD_INP_LEN_ERR);
         let (s, _, _) = h.cmd(&query_pages_in(1), 8);
-        assert_eq!(s, consts::MLX5_CMD_STAT_BAD_OUTP_LEN_ERR as u8);
+        assert_eq!(s, consts::MLX5_CMD_STAT_BAD_OUTP_LEN_ERR);
         let (d, _) = h.exec(&[0u8; 4], 16);
         assert_eq!(d, DeliveryStatus::InLength.raw());
     }
@@ -735,8 +732,8 @@ mod tests {
         let mut h = Harness::inline();
         h.enable_hca();
         let mut inp = vec![0u8; ifc::manage_pages_in::PAS.byte_off() + 8 * 100];
-        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
-        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE);
+        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES.into());
+        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE.into());
         let p = h.post(0, &inp, 16);
         let blk = &p.in_blocks[1];
         put(blk, c::mlx5_cmd_prot_block::TOKEN.off, &[h.token ^ 0x5a]);
@@ -791,13 +788,13 @@ mod tests {
         h2.enable_hca();
         let page = h2.dma.alloc(4096, 4096).unwrap();
         let mut inp = vec![0u8; ifc::manage_pages_in::PAS.byte_off() + 16];
-        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
-        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE);
+        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES.into());
+        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE.into());
         inp.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, 2);
         inp.set64(ifc::manage_pages_in::PAS.elem(0), page.iova());
         inp.set64(ifc::manage_pages_in::PAS.elem(1), page.iova());
         let (s, syn, _) = h2.cmd(&inp, 16);
-        assert_eq!((s, syn), (BAD_PARAM, syndrome::PAGE_ALREADY_OWNED));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::PAGE_ALREADY_OWNED));
         // An unmapped or misaligned page is refused too, and nothing is taken.
         inp.set64(ifc::manage_pages_in::PAS.elem(1), page.iova() + 0x10_0000);
         assert_eq!(h2.cmd(&inp, 16).1, syndrome::PAGE_NOT_MAPPED);
@@ -805,7 +802,7 @@ mod tests {
         assert_eq!(h2.cmd(&inp, 16).1, syndrome::PAGE_MISALIGNED);
         // Declaring more entries than inlen holds is an input-length error.
         inp.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, 3);
-        assert_eq!(h2.cmd(&inp, 16).0, consts::MLX5_CMD_STAT_BAD_INP_LEN_ERR as u8);
+        assert_eq!(h2.cmd(&inp, 16).0, consts::MLX5_CMD_STAT_BAD_INP_LEN_ERR);
         assert_eq!(h2.dev.pages_owned(), 0);
     }
 
@@ -815,11 +812,11 @@ mod tests {
         h.enable_hca();
         h.give_pages(100);
         let mut inp = vec![0u8; ifc::manage_pages_in::SIZE_BYTES];
-        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
-        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_TAKE);
+        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES.into());
+        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_TAKE.into());
         inp.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, 64);
         let outlen = ifc::manage_pages_out::PAS.byte_off() + 64 * 8;
-        assert_eq!(h.cmd(&inp, outlen - 8).0, consts::MLX5_CMD_STAT_BAD_OUTP_LEN_ERR as u8);
+        assert_eq!(h.cmd(&inp, outlen - 8).0, consts::MLX5_CMD_STAT_BAD_OUTP_LEN_ERR);
         let (s, _, out) = h.cmd(&inp, outlen);
         assert_eq!(s, 0);
         assert_eq!(rd(&out, ifc::manage_pages_out::OUTPUT_NUM_ENTRIES), 64);
@@ -855,24 +852,24 @@ mod tests {
     #[test]
     fn hang_leaves_owner_bit_set() {
         let mut h = Harness::inline();
-        h.dev.inject(Fault::Hang { opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16 });
+        h.dev.inject(Fault::Hang { opcode: consts::MLX5_CMD_OP_ENABLE_HCA });
         let mut inp = vec![0u8; ifc::enable_hca_in::SIZE_BYTES];
-        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA);
+        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA.into());
         h.post(0, &inp, ifc::enable_hca_out::SIZE_BYTES);
         h.ring(0);
         h.dev.delay().delay_ms(120_000);
         assert_eq!(h.status_own(0) & 1, 1);
         assert!(h.dev.executed().is_empty());
         assert_eq!(h.dev.hca_state(), HcaState::Disabled);
-        assert!(h.dev.events().contains(&SimEvent::Hung { slot: 0, opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16 }));
+        assert!(h.dev.events().contains(&SimEvent::Hung { slot: 0, opcode: consts::MLX5_CMD_OP_ENABLE_HCA }));
     }
 
     #[test]
     fn delay_completes_only_after_virtual_time() {
         let mut h = Harness::inline();
-        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16, ms: 10 });
+        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA, ms: 10 });
         let mut inp = vec![0u8; ifc::enable_hca_in::SIZE_BYTES];
-        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA);
+        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA.into());
         h.post(3, &inp, ifc::enable_hca_out::SIZE_BYTES);
         h.ring(3);
         let mut d = h.dev.delay();
@@ -898,9 +895,9 @@ mod tests {
     #[test]
     fn threaded_mode_completes_asynchronously() {
         let mut h = Harness::new(SimConfig { mode: Mode::Threaded, ..SimConfig::default() });
-        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA as u16, ms: 30 });
+        h.dev.inject(Fault::Delay { opcode: consts::MLX5_CMD_OP_ENABLE_HCA, ms: 30 });
         let mut inp = vec![0u8; ifc::enable_hca_in::SIZE_BYTES];
-        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA);
+        inp.set(ifc::enable_hca_in::OPCODE, consts::MLX5_CMD_OP_ENABLE_HCA.into());
         h.post(1, &inp, ifc::enable_hca_out::SIZE_BYTES);
         h.ring(1);
         // The doorbell returned before the (delayed) completion.
@@ -921,7 +918,7 @@ mod tests {
         h.bring_up();
         // A big output over a mailbox chain comes back signed.
         let mut inp = vec![0u8; ifc::query_hca_cap_in::SIZE_BYTES];
-        inp.set(ifc::query_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_CAP);
+        inp.set(ifc::query_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_CAP.into());
         inp.set(ifc::query_hca_cap_in::OP_MOD, consts::HCA_CAP_OPMOD_GET_CUR);
         let p = h.post(0, &inp, ifc::query_hca_cap_out::SIZE_BYTES);
         h.ring(0);
@@ -955,9 +952,9 @@ mod tests {
         let mut h = Harness::inline();
         h.enable_hca();
         let (s, _, _) = h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
-        assert_eq!(s, BAD_SYS_STATE);
+        assert_eq!(s, consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR);
         let (s, syn, _) = h.simple(consts::MLX5_CMD_OP_INIT_HCA, 0, ifc::init_hca_in::SIZE_BYTES, 16);
-        assert_eq!((s, syn), (BAD_SYS_STATE, syndrome::PAGES_MISSING));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR, syndrome::PAGES_MISSING));
         assert_eq!(h.query_pages(consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES), 8);
         h.give_pages(8);
         assert_eq!(h.query_pages(consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES), 0);
@@ -969,7 +966,7 @@ mod tests {
         assert_eq!(h.query_pages(consts::MLX5_QUERY_PAGES_IN_OP_MOD_REGULAR_PAGES), 4);
         // DISABLE_HCA needs TEARDOWN_HCA first.
         let (s, syn, _) = h.simple(consts::MLX5_CMD_OP_DISABLE_HCA, 0, 16, 12);
-        assert_eq!((s, syn), (BAD_SYS_STATE, syndrome::STILL_INITIALIZED));
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR, syndrome::STILL_INITIALIZED));
         let (s, _, _) = h.simple(consts::MLX5_CMD_OP_TEARDOWN_HCA, 0, 16, 16);
         assert_eq!(s, 0);
         let (s, _, _) = h.simple(consts::MLX5_CMD_OP_DISABLE_HCA, 0, 16, 12);
@@ -982,9 +979,9 @@ mod tests {
     #[test]
     fn out_of_order_steps_are_bad_sys_state() {
         let mut h = Harness::inline();
-        let state_err = |h: &mut Harness, op: u32, inlen: usize, outlen: usize| {
+        let state_err = |h: &mut Harness, op: u16, inlen: usize, outlen: usize| {
             let (s, syn, _) = h.simple(op, 0, inlen, outlen);
-            assert_eq!(s, BAD_SYS_STATE, "opcode {op:#x}");
+            assert_eq!(s, consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR, "opcode {op:#x}");
             syn
         };
         // Before ENABLE_HCA only QUERY_ISSI and ENABLE_HCA run.
@@ -1025,13 +1022,13 @@ mod tests {
         let mut h = Harness::inline();
         h.enable_hca();
         let mut q = vec![0u8; ifc::query_hca_cap_in::SIZE_BYTES];
-        q.set(ifc::query_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_CAP);
+        q.set(ifc::query_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_CAP.into());
         q.set(ifc::query_hca_cap_in::OP_MOD, consts::HCA_CAP_OPMOD_GET_CUR);
         let (s, _, out) = h.cmd(&q, ifc::query_hca_cap_out::SIZE_BYTES);
         assert_eq!(s, 0);
         let cap = ifc::query_hca_cap_out::CAPABILITY;
         let mut set = vec![0u8; ifc::set_hca_cap_in::SIZE_BYTES];
-        set.set(ifc::set_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_SET_HCA_CAP);
+        set.set(ifc::set_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_SET_HCA_CAP.into());
         let scap = ifc::set_hca_cap_in::CAPABILITY;
         set[scap.off..scap.off + scap.len].copy_from_slice(&out[cap.off..cap.off + cap.len]);
         set.set(ifc::cmd_hca_cap::LOG_MAX_QP.at(scap), 12);
@@ -1051,7 +1048,7 @@ mod tests {
         let buf = h.dma.alloc(bytes, 4096).unwrap();
         let npages = bytes / 4096;
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * npages];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_EQ);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_EQ.into());
         inp.set(ifc::eqc::LOG_EQ_SIZE.at(ctx), log_size);
         inp.set(ifc::eqc::UAR_PAGE.at(ctx), uar);
         for k in 0..npages {
@@ -1067,7 +1064,7 @@ mod tests {
         let buf = h.dma.alloc(4096 * 4, 4096).unwrap();
         let dbr = h.dma.alloc(64, 64).unwrap();
         let mut inp = vec![0u8; i::PAS.byte_off() + 8 * 4];
-        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ);
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_CQ.into());
         inp.set(ifc::cqc::LOG_CQ_SIZE.at(ctx), 8);
         inp.set(ifc::cqc::CQE_SZ.at(ctx), cqe_sz);
         inp.set(ifc::cqc::UAR_PAGE.at(ctx), uar);
@@ -1106,20 +1103,20 @@ mod tests {
         assert!(cqn > 0 && cqn < 1 << 24);
         assert_eq!(h.dev.object_counts(), (1, 1, 1, 1));
 
-        let destroy = |h: &mut Harness, op: u32, f: Field, n: u32| {
+        let destroy = |h: &mut Harness, op: u16, f: Field, n: u32| {
             let mut inp = vec![0u8; 16];
-            inp.set(ifc::mbox_in::OPCODE, op);
+            inp.set(ifc::mbox_in::OPCODE, op.into());
             inp.set(f, n);
             let (s, syn, _) = h.cmd(&inp, 16);
             (s, syn)
         };
         let eq_in_use = destroy(&mut h, consts::MLX5_CMD_OP_DESTROY_EQ, ifc::destroy_eq_in::EQ_NUMBER, eqn);
-        assert_eq!(eq_in_use, (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8, syndrome::IN_USE));
+        assert_eq!(eq_in_use, (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR, syndrome::IN_USE));
         let uar_in_use = destroy(&mut h, consts::MLX5_CMD_OP_DEALLOC_UAR, ifc::dealloc_uar_in::UAR, uar);
         assert_eq!(uar_in_use.1, syndrome::IN_USE);
         assert_eq!(destroy(&mut h, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cqn), (0, 0));
         let again = destroy(&mut h, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cqn);
-        assert_eq!(again, (BAD_PARAM, syndrome::CQ_INVALID));
+        assert_eq!(again, (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::CQ_INVALID));
         assert_eq!(destroy(&mut h, consts::MLX5_CMD_OP_DESTROY_EQ, ifc::destroy_eq_in::EQ_NUMBER, eqn), (0, 0));
         assert_eq!(destroy(&mut h, consts::MLX5_CMD_OP_DEALLOC_UAR, ifc::dealloc_uar_in::UAR, uar), (0, 0));
         assert_eq!(destroy(&mut h, consts::MLX5_CMD_OP_DEALLOC_PD, ifc::dealloc_pd_in::PD, pd), (0, 0));
@@ -1130,7 +1127,7 @@ mod tests {
     #[test]
     fn injected_status_delivery_and_corruption() {
         let mut h = Harness::inline();
-        let op = consts::MLX5_CMD_OP_ENABLE_HCA as u16;
+        let op = consts::MLX5_CMD_OP_ENABLE_HCA;
         h.dev.inject(Fault::Status { opcode: op, status: 0x5, syndrome: 0x1234, times: 2 });
         assert_eq!(h.enable_hca(), 0x5);
         assert_eq!(h.enable_hca(), 0x5);
@@ -1156,8 +1153,8 @@ mod tests {
         h.enable_hca();
         let page = h.dma.alloc(4096, 4096).unwrap();
         let mut inp = vec![0u8; ifc::manage_pages_in::PAS.byte_off() + 8];
-        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES);
-        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE);
+        inp.set(ifc::manage_pages_in::OPCODE, consts::MLX5_CMD_OP_MANAGE_PAGES.into());
+        inp.set(ifc::manage_pages_in::OP_MOD, consts::MLX5_PAGES_GIVE.into());
         inp.set(ifc::manage_pages_in::INPUT_NUM_ENTRIES, 1);
         inp.set64(ifc::manage_pages_in::PAS.elem(0), page.iova());
         assert_eq!(h.cmd(&inp, 16).0, 0);

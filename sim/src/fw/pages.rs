@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
 
-use super::reply::{bad_param, err, rd, CmdErr};
+use super::reply::{bad_param, err, rd, rd16, CmdErr};
 use super::{syndrome, Firmware, HcaState};
 use crate::dma::DmaSpace;
 
@@ -77,7 +77,7 @@ impl Firmware {
         let init = self.startup_pages();
         // Boot and init requests never go negative; the regular count does when firmware has pages to spare.
         // The init need is reported only once the boot pages are in: firmware cannot use init pages before.
-        let owed = match rd(inp, ifc::mbox_in::OP_MOD) {
+        let owed = match rd16(inp, ifc::mbox_in::OP_MOD) {
             consts::MLX5_QUERY_PAGES_IN_OP_MOD_BOOT_PAGES => (boot - owned).max(0),
             consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES if owned < boot => 0,
             consts::MLX5_QUERY_PAGES_IN_OP_MOD_INIT_PAGES => (init - owned).max(0),
@@ -104,7 +104,7 @@ impl Firmware {
         }
         let n = u64::from(rd(inp, i::INPUT_NUM_ENTRIES));
         let pas_bytes = n * u64::from(i::PAS.elem_bits / 8);
-        match rd(inp, ifc::mbox_in::OP_MOD) {
+        match rd16(inp, ifc::mbox_in::OP_MOD) {
             consts::MLX5_PAGES_CANT_GIVE => Ok(()),
             consts::MLX5_PAGES_GIVE => {
                 if (inp.len() as u64) < i::PAS.byte_off() as u64 + pas_bytes {

@@ -3,7 +3,7 @@
 
 use mlx5_core::prm::{consts, ifc, MsgBuf};
 
-use super::reply::{bad_param, rd, CmdErr};
+use super::reply::{bad_param, rd, rd16, CmdErr};
 use super::syndrome;
 use crate::config::{PortType, SimConfig};
 
@@ -49,7 +49,7 @@ impl PortModel {
     pub(crate) fn access_reg(&mut self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::access_register_in as i;
         let write = rd(inp, ifc::mbox_in::OP_MOD) == 0;
-        let id = rd(inp, i::REGISTER_ID);
+        let id = rd16(inp, i::REGISTER_ID);
         let data_off = i::REGISTER_DATA.byte_off();
         let data = &inp[data_off.min(inp.len())..];
         let out_off = ifc::access_register_out::REGISTER_DATA.byte_off();
@@ -105,7 +105,7 @@ impl PortModel {
         if rd(inp, ifc::query_vport_state_in::OTHER_VPORT) != 0 {
             return Err(bad_param(syndrome::BAD_FUNCTION));
         }
-        if rd(inp, ifc::mbox_in::OP_MOD) != consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT {
+        if rd16(inp, ifc::mbox_in::OP_MOD) != consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT {
             return Err(bad_param(syndrome::BAD_OP_MOD));
         }
         let up = if self.up {

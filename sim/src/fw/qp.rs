@@ -24,7 +24,7 @@ use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 use super::caps::Caps;
 use super::eq::EQE_DATA_LEN;
 use super::port::GID_ENTRIES;
-use super::reply::{bad_param, err, rd, CmdErr};
+use super::reply::{bad_param, err, rd, rd8, CmdErr};
 use super::{alloc_id, syndrome, Firmware};
 use crate::config::PortType;
 use crate::dma::{DmaFault, DmaSpace};
@@ -64,7 +64,7 @@ pub enum QpState {
 
 impl QpState {
     /// The `qpc.state` encoding.
-    pub fn raw(self) -> u32 {
+    pub fn raw(self) -> u8 {
         match self {
             QpState::Rst => consts::MLX5_QP_STATE_RST,
             QpState::Init => consts::MLX5_QP_STATE_INIT,
@@ -303,7 +303,7 @@ pub(crate) struct Qp {
     path: Path,
     /// `path` decoded; every change of `path` updates it.
     pub(crate) route: PathFields,
-    pub(crate) mtu: u32,
+    pub(crate) mtu: u8,
     log_msg_max: u32,
     pub(crate) remote_qpn: u32,
     pub(crate) next_rcv_psn: u32,
@@ -474,7 +474,7 @@ enum Transition {
 }
 
 impl Transition {
-    fn from_opcode(op: u32) -> Option<Self> {
+    fn from_opcode(op: u16) -> Option<Self> {
         Some(match op {
             consts::MLX5_CMD_OP_RST2INIT_QP => Transition::Rst2Init,
             consts::MLX5_CMD_OP_INIT2RTR_QP => Transition::Init2Rtr,
@@ -685,7 +685,7 @@ impl QpTable {
     }
 
     /// 2ERR (any state but RST) and 2RST (any state).
-    pub(crate) fn move_to_err_or_rst(&mut self, opcode: u32, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn move_to_err_or_rst(&mut self, opcode: u16, inp: &[u8]) -> Result<(), CmdErr> {
         let qpn = if opcode == consts::MLX5_CMD_OP_2ERR_QP {
             rd(inp, ifc::qp_2err_in::QPN)
         } else {
@@ -723,7 +723,7 @@ impl QpTable {
     }
 
     /// RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS.
-    pub(crate) fn modify(&mut self, fw: &QpFw, opcode: u32, inp: &[u8]) -> Result<(), CmdErr> {
+    pub(crate) fn modify(&mut self, fw: &QpFw, opcode: u16, inp: &[u8]) -> Result<(), CmdErr> {
         use consts as k;
         use ifc::qpc as q;
         let t = Transition::from_opcode(opcode).ok_or(err(CmdStatus::BadOp, syndrome::BAD_OPCODE))?;
@@ -743,7 +743,7 @@ impl QpTable {
         match t {
             Transition::Rst2Init if path.port() != PORT => return Err(bad_param(syndrome::BAD_PORT)),
             Transition::Init2Rtr if rc => {
-                if !(k::IB_MTU_256..=k::IB_MTU_4096).contains(&get(q::MTU)) {
+                if !(k::IB_MTU_256..=k::IB_MTU_4096).contains(&rd8(inp, q::MTU.at(ctx))) {
                     return Err(bad_param(syndrome::QP_MTU));
                 }
                 if get(q::LOG_MSG_MAX) > cap(ifc::cmd_hca_cap::LOG_MAX_MSG)
@@ -790,7 +790,7 @@ impl QpTable {
                     // The port and pkey index stay what RST2INIT (or the optional pkey) set.
                     qp.path.put(ifc::ads::PKEY_INDEX, pkey);
                     qp.path.put(ifc::ads::VHCA_PORT_NUM, port);
-                    qp.mtu = get(q::MTU);
+                    qp.mtu = rd8(inp, q::MTU.at(ctx));
                     qp.log_msg_max = get(q::LOG_MSG_MAX);
                     qp.remote_qpn = get(q::REMOTE_QPN);
                     qp.next_rcv_psn = get(q::NEXT_RCV_PSN);
@@ -864,11 +864,11 @@ impl QpTable {
         let mut head = [0u8; 4];
         let rq_head = if dma.peek(qp.dbr, &mut head) { u32::from_be_bytes(head) & 0xffff } else { 0 };
         let fields = [
-            (q::STATE, qp.state.raw()),
+            (q::STATE, qp.state.raw().into()),
             (q::ST, qp.st.raw()),
             (q::PM_STATE, consts::MLX5_QP_PM_MIGRATED),
             (q::PD, qp.pd),
-            (q::MTU, qp.mtu),
+            (q::MTU, qp.mtu.into()),
             (q::LOG_MSG_MAX, qp.log_msg_max),
             (q::LOG_RQ_SIZE, qp.log_rq_size),
             (q::LOG_RQ_STRIDE, qp.log_rq_stride),
@@ -920,7 +920,7 @@ impl State {
         data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
         data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
         // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
-        let _ = self.post_eqe(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR as u8, 0, &data);
+        let _ = self.post_eqe(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR, 0, &data);
         true
     }
 }
@@ -932,18 +932,14 @@ mod tests {
     use crate::{SimConfig, SimDevice};
     use mlx5_core::hal::Dma;
 
-    const BAD_PARAM: u8 = consts::MLX5_CMD_STAT_BAD_PARAM_ERR as u8;
-    const BAD_QP_STATE: u8 = consts::MLX5_CMD_STAT_BAD_QP_STATE_ERR as u8;
-    const BAD_RES_STATE: u8 = consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR as u8;
-
     fn create(r: &mut Rdma, inp: &[u8]) -> (u8, u32, u32) {
         let (s, syn, out) = r.h.cmd(inp, ifc::create_qp_out::SIZE_BYTES);
         (s, syn, rd(&out, ifc::create_qp_out::QPN))
     }
 
-    fn destroy(r: &mut Rdma, op: u32, f: Field, n: u32) -> (u8, u32) {
+    fn destroy(r: &mut Rdma, op: u16, f: Field, n: u32) -> (u8, u32) {
         let mut inp = vec![0u8; 16];
-        inp.set(ifc::mbox_in::OPCODE, op);
+        inp.set(ifc::mbox_in::OPCODE, op.into());
         inp.set(f, n);
         let (s, syn, _) = r.h.cmd(&inp, 16);
         (s, syn)
@@ -964,26 +960,74 @@ mod tests {
         };
         type Edit = Box<dyn Fn(&mut Vec<u8>)>;
         let cases: Vec<(Edit, u8, u32)> = vec![
-            (Box::new(|i| i.set(ifc::qpc::ST.at(CTX), consts::MLX5_QP_ST_UC)), BAD_PARAM, syndrome::QP_TYPE),
+            (
+                Box::new(|i| i.set(ifc::qpc::ST.at(CTX), consts::MLX5_QP_ST_UC)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::QP_TYPE,
+            ),
             (
                 Box::new(|i| i.set(ifc::qpc::PM_STATE.at(CTX), consts::MLX5_QP_PM_ARMED)),
-                BAD_PARAM,
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
                 syndrome::QP_PM_STATE,
             ),
-            (Box::new(|i| i.set(ifc::qpc::PD.at(CTX), 999)), BAD_PARAM, syndrome::PD_INVALID),
-            (Box::new(|i| i.set(ifc::qpc::CQN_SND.at(CTX), 999)), BAD_PARAM, syndrome::CQ_INVALID),
-            (Box::new(|i| i.set(ifc::qpc::CQN_RCV.at(CTX), 999)), BAD_PARAM, syndrome::CQ_INVALID),
-            (Box::new(|i| i.set(ifc::qpc::UAR_PAGE.at(CTX), 999)), BAD_PARAM, syndrome::UAR_INVALID),
-            (Box::new(|i| i.set(ifc::qpc::LOG_SQ_SIZE.at(CTX), 13)), BAD_PARAM, syndrome::LOG_SIZE),
-            (Box::new(|i| i.set(ifc::qpc::LOG_RQ_SIZE.at(CTX), 13)), BAD_PARAM, syndrome::LOG_SIZE),
+            (Box::new(|i| i.set(ifc::qpc::PD.at(CTX), 999)), consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::PD_INVALID),
+            (
+                Box::new(|i| i.set(ifc::qpc::CQN_SND.at(CTX), 999)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::CQ_INVALID,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::CQN_RCV.at(CTX), 999)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::CQ_INVALID,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::UAR_PAGE.at(CTX), 999)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::UAR_INVALID,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::LOG_SQ_SIZE.at(CTX), 13)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::LOG_SIZE,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::LOG_RQ_SIZE.at(CTX), 13)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::LOG_SIZE,
+            ),
             // 16 << 6 = 1024 bytes per RQ WQE, above max_wqe_sz_rq (512).
-            (Box::new(|i| i.set(ifc::qpc::LOG_RQ_STRIDE.at(CTX), 6)), BAD_PARAM, syndrome::QP_WQE_SIZE),
-            (Box::new(|i| i.set(ifc::qpc::RQ_TYPE.at(CTX), consts::MLX5_SRQ_RQ)), BAD_PARAM, syndrome::QP_RQ_TYPE),
-            (Box::new(|i| i.set(ifc::qpc::PAGE_OFFSET.at(CTX), 1)), BAD_PARAM, syndrome::PAGE_OFFSET),
-            (Box::new(|i| i.set64(ifc::qpc::DBR_ADDR.at(CTX), 0x10)), BAD_PARAM, syndrome::DBR_NOT_MAPPED),
-            (Box::new(|i| i.set(ifc::create_qp_in::INPUT_QPN, 0x200)), BAD_PARAM, syndrome::QP_FEATURE),
-            (Box::new(|i| i.truncate(i.len() - 8)), BAD_PARAM, syndrome::PAS_TOO_FEW),
-            (Box::new(|i| i.set64(ifc::create_qp_in::PAS.elem(1), 0x7000)), BAD_PARAM, syndrome::PAS_NOT_MAPPED),
+            (
+                Box::new(|i| i.set(ifc::qpc::LOG_RQ_STRIDE.at(CTX), 6)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::QP_WQE_SIZE,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::RQ_TYPE.at(CTX), consts::MLX5_SRQ_RQ)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::QP_RQ_TYPE,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::PAGE_OFFSET.at(CTX), 1)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::PAGE_OFFSET,
+            ),
+            (
+                Box::new(|i| i.set64(ifc::qpc::DBR_ADDR.at(CTX), 0x10)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::DBR_NOT_MAPPED,
+            ),
+            (
+                Box::new(|i| i.set(ifc::create_qp_in::INPUT_QPN, 0x200)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::QP_FEATURE,
+            ),
+            (Box::new(|i| i.truncate(i.len() - 8)), consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::PAS_TOO_FEW),
+            (
+                Box::new(|i| i.set64(ifc::create_qp_in::PAS.elem(1), 0x7000)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::PAS_NOT_MAPPED,
+            ),
         ];
         for (k, (f, status, synd)) in cases.iter().enumerate() {
             let (s, syn, _) = try_with(&mut r, spec, f.as_ref());
@@ -1005,7 +1049,7 @@ mod tests {
         let rq_only = r.qp(QpSpec { no_sq: true, ..QpSpec::rc() }, 0, cq.cqn);
         assert_eq!(r.h.dev.qp_info(rq_only.qpn).unwrap().sq_wqebbs, 0);
         // The CQ, PD and UAR are in use while a QP refers to them.
-        let in_use = (BAD_RES_STATE, syndrome::IN_USE);
+        let in_use = (consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR, syndrome::IN_USE);
         assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cq.cqn), in_use);
         let (pd, uar) = (r.pd, r.uar);
         assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DEALLOC_PD, ifc::dealloc_pd_in::PD, pd), in_use);
@@ -1014,7 +1058,7 @@ mod tests {
             assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_QP, ifc::destroy_qp_in::QPN, q), (0, 0));
         }
         let again = destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_QP, ifc::destroy_qp_in::QPN, qp.qpn);
-        assert_eq!(again, (BAD_PARAM, syndrome::QP_INVALID));
+        assert_eq!(again, (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_INVALID));
         assert_eq!(r.h.dev.qp_info(qp.qpn), None);
         assert_eq!(destroy(&mut r, consts::MLX5_CMD_OP_DESTROY_CQ, ifc::destroy_cq_in::CQN, cq.cqn), (0, 0));
     }
@@ -1027,7 +1071,7 @@ mod tests {
         let cq = r.cq(4);
         let qp = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
         let n = qp.qpn;
-        let wrong = (BAD_QP_STATE, syndrome::QP_STATE);
+        let wrong = (consts::MLX5_CMD_STAT_BAD_QP_STATE_ERR, syndrome::QP_STATE);
         let state = |r: &Rdma| r.h.dev.qp_info(n).unwrap().state;
         // From RST only RST2INIT (and 2RST) go.
         for op in
@@ -1035,16 +1079,25 @@ mod tests {
         {
             assert_eq!(r.modify(op, n, 0, |_, _| {}), wrong, "opcode {op:#x}");
         }
-        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n + 1, 0, |_, _| {}), (BAD_PARAM, syndrome::QP_INVALID));
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n + 1, 0, |_, _| {}),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_INVALID)
+        );
         // Port 2 does not exist; pkey index 200 is beyond the 128-entry table.
         let port =
             |p: u32| move |i: &mut Vec<u8>, c: Sub| i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), p);
-        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, port(2)), (BAD_PARAM, syndrome::BAD_PORT));
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, port(2)),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::BAD_PORT)
+        );
         let big_pkey = |i: &mut Vec<u8>, c: Sub| {
             port(1)(i, c);
             i.set(ifc::ads::PKEY_INDEX.at(q::PRIMARY_ADDRESS_PATH.at(c)), 200);
         };
-        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, big_pkey), (BAD_PARAM, syndrome::QP_PKEY_INDEX));
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, big_pkey),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_PKEY_INDEX)
+        );
         assert_eq!(state(&r), QpState::Rst);
         let access = |i: &mut Vec<u8>, c: Sub| {
             port(1)(i, c);
@@ -1071,15 +1124,24 @@ mod tests {
             }
         };
         // The qpc is prepared apart (filling a path needs the device) and copied into the command.
-        let fix = |r: &mut Rdma, op: u32, opt: u32, f: &dyn Fn(&Rdma, &mut Vec<u8>, Sub)| {
+        let fix = |r: &mut Rdma, op: u16, opt: u32, f: &dyn Fn(&Rdma, &mut Vec<u8>, Sub)| {
             let mut inp = vec![0u8; ifc::init2rtr_qp_in::SIZE_BYTES];
             f(r, &mut inp, ifc::init2rtr_qp_in::QPC);
             r.modify(op, n, opt, move |i, c| i[c.off..c.off + c.len].copy_from_slice(&inp[c.off..c.off + c.len]))
         };
-        assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(0, true, 2)), (BAD_PARAM, syndrome::QP_MTU));
-        assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, false, 2)), (BAD_PARAM, syndrome::QP_PATH));
+        assert_eq!(
+            fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(0, true, 2)),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_MTU)
+        );
+        assert_eq!(
+            fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, false, 2)),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_PATH)
+        );
         // log_max_ra_res_qp is 4.
-        assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, true, 5)), (BAD_PARAM, syndrome::QP_CONTEXT));
+        assert_eq!(
+            fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, true, 5)),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_CONTEXT)
+        );
         assert_eq!(state(&r), QpState::Init);
         assert_eq!(fix(&mut r, k::MLX5_CMD_OP_INIT2RTR_QP, 0, &rtr(3, true, 2)), (0, 0));
         let info = r.h.dev.qp_info(n).unwrap();
@@ -1110,7 +1172,7 @@ mod tests {
         assert_eq!(s, 0);
         let c = ifc::query_qp_out::QPC;
         let get = |f: Field| rd(&out, f.at(c));
-        assert_eq!((get(q::STATE), get(q::ST), get(q::PD)), (k::MLX5_QP_STATE_RTS, k::MLX5_QP_ST_RC, r.pd));
+        assert_eq!((get(q::STATE), get(q::ST), get(q::PD)), (k::MLX5_QP_STATE_RTS.into(), k::MLX5_QP_ST_RC, r.pd));
         assert_eq!((get(q::REMOTE_QPN), get(q::NEXT_SEND_PSN), get(q::NEXT_RCV_PSN)), (0x4242, 0x99, 0x77));
         assert_eq!((get(q::MTU), get(q::MIN_RNR_NAK), get(q::RRE), get(q::RWE)), (3, 20, 1, 0));
         assert_eq!((get(q::LOG_SQ_SIZE), get(q::LOG_RQ_SIZE), get(q::CQN_SND)), (6, 4, cq.cqn));
@@ -1127,7 +1189,7 @@ mod tests {
         assert_eq!(r.modify(k::MLX5_CMD_OP_2RST_QP, n, 0, |_, _| {}), (0, 0));
         assert_eq!(r.modify(k::MLX5_CMD_OP_2RST_QP, n, 0, |_, _| {}), (0, 0));
         assert_eq!(state(&r), QpState::Rst);
-        assert_eq!(rd(&r.query_qp(n).1, q::STATE.at(c)), k::MLX5_QP_STATE_RST);
+        assert_eq!(rd(&r.query_qp(n).1, q::STATE.at(c)), k::MLX5_QP_STATE_RST.into());
         // The whole way again after the reset.
         r.connect_rc(&qp, &me, Default::default());
         assert_eq!(state(&r), QpState::Rts);
@@ -1151,15 +1213,18 @@ mod tests {
         let rc = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
         let init = |i: &mut Vec<u8>, c: Sub| i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), 1);
         assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, rc.qpn, 0, init), (0, 0));
-        let no_lid = |i: &mut Vec<u8>, c: Sub| i.set(q::MTU.at(c), k::IB_MTU_2048);
-        assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, rc.qpn, 0, no_lid), (BAD_PARAM, syndrome::QP_PATH));
+        let no_lid = |i: &mut Vec<u8>, c: Sub| i.set(q::MTU.at(c), k::IB_MTU_2048.into());
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, rc.qpn, 0, no_lid),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_PATH)
+        );
         let me = Remote { qpn: ud.qpn, lid: 7, gid: [0; 16], mac: [0; 6] };
         assert_eq!(r.h.dev.lid(), 7);
         let mut inp = vec![0u8; ifc::init2rtr_qp_in::SIZE_BYTES];
         r.path(&mut inp, ifc::init2rtr_qp_in::QPC, &me);
         let st = r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, rc.qpn, 0, |i, c| {
             i[c.off..c.off + c.len].copy_from_slice(&inp[c.off..c.off + c.len]);
-            i.set(q::MTU.at(c), k::IB_MTU_2048);
+            i.set(q::MTU.at(c), k::IB_MTU_2048.into());
         });
         assert_eq!(st, (0, 0));
         assert_eq!(r.h.dev.qp_info(rc.qpn).unwrap().state, QpState::Rtr);

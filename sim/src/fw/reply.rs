@@ -7,6 +7,18 @@ pub(crate) fn rd(b: &[u8], f: Field) -> u32 {
     MsgBuf::get(b, f)
 }
 
+/// [`rd`] of a field of at most 16 bits (`opcode`, `op_mod`, `register_id`), as the `u16` its constants are.
+pub(crate) fn rd16(b: &[u8], f: Field) -> u16 {
+    debug_assert!(f.width <= 16, "rd16 of a {}-bit field", f.width);
+    rd(b, f) as u16
+}
+
+/// [`rd`] of a field of at most 8 bits (a state, an MTU), as the `u8` its constants are.
+pub(crate) fn rd8(b: &[u8], f: Field) -> u8 {
+    debug_assert!(f.width <= 8, "rd8 of a {}-bit field", f.width);
+    rd(b, f) as u8
+}
+
 /// A failing command: status and syndrome for `mbox_out`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CmdErr {

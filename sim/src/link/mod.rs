@@ -209,7 +209,7 @@ mod tests {
     use crate::{Mode, PortType, RetryKind, SimDevice, SimEvent};
     use mlx5_core::prm::consts;
 
-    const SEND: u32 = consts::MLX5_OPCODE_SEND;
+    const SEND: u8 = consts::MLX5_OPCODE_SEND;
 
     fn roce(mac_last: u8, mode: Mode) -> SimConfig {
         let mut mac = SimConfig::default().mac;

@@ -363,7 +363,7 @@ mod tests {
     use crate::{Mode, SimConfig};
     use mlx5_core::prm::consts;
 
-    const SEND: u32 = consts::MLX5_OPCODE_SEND;
+    const SEND: u8 = consts::MLX5_OPCODE_SEND;
     const WAIT: Duration = Duration::from_secs(5);
 
     fn cfg(n: u8) -> SimConfig {

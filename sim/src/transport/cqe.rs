@@ -11,10 +11,7 @@ use mlx5_core::prm::{c, consts};
 
 use crate::dma::DmaFault;
 use crate::events::SimEvent;
-use crate::fw::cq::{
-    Arm, PostCqeError, CQE64, EVENT_COMP, EVENT_CQ_ERROR, OPCODE_SHIFT, OP_OWN, SOLICITED, STATUS_OK, STATUS_OVERFLOW,
-    STATUS_WRITE_FAIL,
-};
+use crate::fw::cq::{Arm, PostCqeError, CQE64, OPCODE_SHIFT, OP_OWN, SOLICITED};
 use crate::fw::eq::EQE_DATA_LEN;
 use crate::State;
 
@@ -22,16 +19,16 @@ use super::*;
 
 /// Whether a CQE satisfies a solicited-only arm: the solicited bit, or an error CQE.
 fn is_solicited(op_own: u8) -> bool {
-    let opcode = u32::from(op_own >> OPCODE_SHIFT);
+    let opcode = op_own >> OPCODE_SHIFT;
     op_own & SOLICITED != 0 || opcode == consts::MLX5_CQE_REQ_ERR || opcode == consts::MLX5_CQE_RESP_ERR
 }
 
 /// The event data of a CQ-error EQE (`struct mlx5_eqe_cq_err`).
-fn cq_err_data(cqn: u32, synd: u32) -> [u8; EQE_DATA_LEN] {
+fn cq_err_data(cqn: u32, synd: u8) -> [u8; EQE_DATA_LEN] {
     use c::mlx5_eqe_cq_err as e;
     let mut d = [0u8; EQE_DATA_LEN];
     d[e::CQN.off..e::CQN.end()].copy_from_slice(&cqn.to_be_bytes());
-    d[e::SYNDROME.off] = synd as u8;
+    d[e::SYNDROME.off] = synd;
     d
 }
 
@@ -51,7 +48,7 @@ impl State {
             return Err(PostCqeError::Dead);
         }
         let cq = self.fw.cqs.get_mut(&cqn).ok_or(PostCqeError::UnknownCq)?;
-        if cq.status != STATUS_OK {
+        if cq.status != consts::MLX5_CQC_STATUS_OK {
             return Err(PostCqeError::CqInError { status: cq.status });
         }
         let ci = match cq.read_ci(&mut self.dma) {
@@ -62,9 +59,13 @@ impl State {
             cq.overruns += 1;
             if !cq.oi {
                 // Hardware never overwrites an unconsumed CQE of a CQ without `oi`: the CQ goes to error.
-                cq.status = STATUS_OVERFLOW;
+                cq.status = consts::MLX5_CQC_STATUS_CQ_OVERFLOW;
                 self.events.push(SimEvent::CqOverrun { cqn });
-                self.post_eqe(EVENT_CQ_ERROR, 0, &cq_err_data(cqn, consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN));
+                self.post_eqe(
+                    consts::MLX5_EVENT_TYPE_CQ_ERROR,
+                    0,
+                    &cq_err_data(cqn, consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN),
+                );
                 return Err(PostCqeError::Overrun);
             }
         }
@@ -91,11 +92,11 @@ impl State {
     /// The CQ could not reach its memory: it enters write-fail and a CQ-error EQE reports the access violation.
     fn cq_write_fail(&mut self, cqn: u32, fault: DmaFault) -> PostCqeError {
         if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
-            cq.status = STATUS_WRITE_FAIL;
+            cq.status = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL;
         }
         self.events.push(SimEvent::CqWriteFail { cqn });
         let synd = consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR;
-        self.post_eqe(EVENT_CQ_ERROR, 0, &cq_err_data(cqn, synd));
+        self.post_eqe(consts::MLX5_EVENT_TYPE_CQ_ERROR, 0, &cq_err_data(cqn, synd));
         PostCqeError::DmaFault(fault)
     }
 
@@ -105,7 +106,7 @@ impl State {
         cq.arm = Arm::None;
         cq.last_notified = cq.pi.wrapping_sub(1);
         let eqn = cq.eqn;
-        if self.post_eqe_to(eqn, EVENT_COMP, 0, &comp_data(cqn)).is_some() {
+        if self.post_eqe_to(eqn, consts::MLX5_EVENT_TYPE_COMP, 0, &comp_data(cqn)).is_some() {
             if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
                 cq.events_fired += 1;
             }
@@ -117,7 +118,7 @@ impl State {
 /// A CQE to write.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct CqeOut {
-    pub(super) opcode: u32,
+    pub(super) opcode: u8,
     pub(super) solicited: bool,
     pub(super) wqe_opcode: u8,
     pub(super) qpn: u32,
@@ -147,7 +148,7 @@ impl CqeOut {
             f::FLAGS_RQPN.put_be(&mut b, 0, self.flags_rqpn);
             f::SLID.put_be(&mut b, 0, self.slid.into());
         }
-        b[f::OP_OWN.off] = (self.opcode as u8) << CQE_OPCODE_SHIFT | if self.solicited { CQE_SE } else { 0 };
+        b[f::OP_OWN.off] = self.opcode << CQE_OPCODE_SHIFT | if self.solicited { CQE_SE } else { 0 };
         b
     }
 }

@@ -17,12 +17,12 @@ impl State {
         use c::mlx5_wqe_ctrl_seg as cs;
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
         let (cqn_snd, cqn_rcv) = (qp.cqn_snd, qp.cqn_rcv);
-        let flush = |opcode: u32, wqe_opcode: u8, wqe_counter: u16| CqeOut {
+        let flush = |opcode: u8, wqe_opcode: u8, wqe_counter: u16| CqeOut {
             opcode,
             wqe_opcode,
             qpn,
             wqe_counter,
-            syndrome: SYND_FLUSH,
+            syndrome: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR,
             ..CqeOut::default()
         };
         let mut cqes = Vec::new();

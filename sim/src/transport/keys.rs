@@ -83,7 +83,7 @@ impl State {
     pub(super) fn gather_payload(&mut self, pd: u32, max_msg: u64, w: &SendWqe) -> Result<Payload, u8> {
         let total = w.total_len();
         if total > max_msg {
-            return Err(SYND_LOCAL_LENGTH);
+            return Err(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
         }
         if total <= INLINE_PAYLOAD as u64 {
             let mut bytes = [0u8; INLINE_PAYLOAD];
@@ -104,14 +104,16 @@ impl State {
         for s in w.segs.iter() {
             match s.view() {
                 SegView::Inline { at: from, len } => {
-                    let src = self.dp.inline.get(from..from + len).ok_or(SYND_LOCAL_QP_OP)?;
-                    out.get_mut(at..at + len).ok_or(SYND_LOCAL_LENGTH)?.copy_from_slice(src);
+                    let src = self.dp.inline.get(from..from + len).ok_or(consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR)?;
+                    out.get_mut(at..at + len).ok_or(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR)?.copy_from_slice(src);
                     at += len;
                 }
                 SegView::Ptr(g) => {
-                    let n = usize::try_from(g.len).map_err(|_| SYND_LOCAL_LENGTH)?;
-                    let dst = out.get_mut(at..at.saturating_add(n)).ok_or(SYND_LOCAL_LENGTH)?;
-                    self.key_read_to(g.lkey, pd, g.addr, dst, MkeyAccess::LOCAL_READ).map_err(|_| SYND_LOCAL_PROT)?;
+                    let n = usize::try_from(g.len).map_err(|_| consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR)?;
+                    let dst =
+                        out.get_mut(at..at.saturating_add(n)).ok_or(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR)?;
+                    self.key_read_to(g.lkey, pd, g.addr, dst, MkeyAccess::LOCAL_READ)
+                        .map_err(|_| consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR)?;
                     at += n;
                 }
             }
@@ -123,7 +125,7 @@ impl State {
     pub(super) fn gather_into(&mut self, pd: u32, max_msg: u64, w: &SendWqe, data: &mut Vec<u8>) -> Result<(), u8> {
         let total = w.total_len();
         if total > max_msg {
-            return Err(SYND_LOCAL_LENGTH);
+            return Err(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
         }
         // Room for the usual message up front; a large one grows as its keys check out.
         data.reserve(usize::try_from(total).unwrap_or(0).min(GATHER_RESERVE));
@@ -132,7 +134,7 @@ impl State {
                 SegView::Inline { at, len } => data.extend_from_slice(&self.dp.inline[at..at + len]),
                 SegView::Ptr(g) => {
                     self.key_read_into(g.lkey, pd, g.addr, g.len, MkeyAccess::LOCAL_READ, data)
-                        .map_err(|_| SYND_LOCAL_PROT)?;
+                        .map_err(|_| consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR)?;
                 }
             }
         }
@@ -143,8 +145,9 @@ impl State {
     pub(super) fn check_scatter(&mut self, pd: u32, segs: &[Seg]) -> Result<u64, u8> {
         let mut total = 0u64;
         for s in segs {
-            let SegView::Ptr(g) = s.view() else { return Err(SYND_LOCAL_QP_OP) };
-            self.mkey_pieces(g.lkey, Some(pd), g.addr, g.len, MkeyAccess::LOCAL_WRITE).map_err(|_| SYND_LOCAL_PROT)?;
+            let SegView::Ptr(g) = s.view() else { return Err(consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR) };
+            self.mkey_pieces(g.lkey, Some(pd), g.addr, g.len, MkeyAccess::LOCAL_WRITE)
+                .map_err(|_| consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR)?;
             total = total.saturating_add(g.len);
         }
         Ok(total)
@@ -154,7 +157,7 @@ impl State {
     pub(super) fn scatter(&mut self, pd: u32, sges: &[Sge], data: &[u8]) -> Result<(), u8> {
         let capacity = sges.iter().fold(0u64, |a, g| a.saturating_add(g.len));
         if capacity < data.len() as u64 {
-            return Err(SYND_LOCAL_LENGTH);
+            return Err(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
         }
         let mut at = 0usize;
         for g in sges {
@@ -163,7 +166,7 @@ impl State {
             }
             let n = usize::try_from(g.len).unwrap_or(usize::MAX).min(data.len() - at);
             self.key_write(g.lkey, pd, g.addr, &data[at..at + n], MkeyAccess::LOCAL_WRITE)
-                .map_err(|_| SYND_LOCAL_PROT)?;
+                .map_err(|_| consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR)?;
             at += n;
         }
         Ok(())

@@ -78,7 +78,6 @@ const DS_MASK: u32 = consts::MLX5_WQE_CTRL_DS_MASK;
 const QPN_SHIFT: u32 = consts::MLX5_WQE_CTRL_QPN_SHIFT;
 const IDX_SHIFT: u32 = consts::MLX5_WQE_CTRL_WQE_INDEX_SHIFT;
 const OPCODE_MASK: u32 = consts::MLX5_WQE_CTRL_OPCODE_MASK;
-const CQ_UPDATE: u8 = consts::MLX5_WQE_CTRL_CQ_UPDATE;
 const SOLICITED: u8 = consts::MLX5_WQE_CTRL_SOLICITED;
 const INVALID_LKEY: u32 = consts::MLX5_INVALID_LKEY;
 const EXTENDED_AV: u32 = consts::MLX5_EXTENDED_UD_AV;
@@ -110,17 +109,6 @@ const CQE_SL_SHIFT: u32 = 24;
 /// Every error CQE carries a non-zero vendor syndrome; the simulator's is its own syndrome with the high bit.
 const VENDOR_ERR_BIT: u8 = 0x80;
 
-const SYND_LOCAL_LENGTH: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR as u8;
-const SYND_LOCAL_QP_OP: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR as u8;
-const SYND_LOCAL_PROT: u8 = consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR as u8;
-const SYND_FLUSH: u8 = consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR as u8;
-const SYND_BAD_RESP: u8 = consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR as u8;
-const SYND_REMOTE_INVAL: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR as u8;
-const SYND_REMOTE_ACCESS: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR as u8;
-const SYND_REMOTE_OP: u8 = consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR as u8;
-const SYND_RETRY_EXC: u8 = consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR as u8;
-const SYND_RNR_EXC: u8 = consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR as u8;
-
 /// The received GRH: 40 bytes, IPv6-shaped (IBA 8.3; RoCE v1 carries the same header).
 pub(crate) const GRH_BYTES: usize = 40;
 const GRH_IP_VERSION: u32 = 6;
@@ -149,7 +137,7 @@ fn ack_timeout_ns(ack_timeout: u8) -> u64 {
 }
 
 /// Packets a message of `len` bytes takes at path MTU `mtu` (`IB_MTU_*`); at least one.
-fn packets(len: u64, mtu: u32) -> u32 {
+fn packets(len: u64, mtu: u8) -> u32 {
     if !(consts::IB_MTU_256..=consts::IB_MTU_4096).contains(&mtu) {
         return 1;
     }
@@ -303,10 +291,6 @@ mod tests {
         MLX5_OPCODE_RDMA_WRITE as RDMA_WRITE, MLX5_OPCODE_RDMA_WRITE_IMM as RDMA_WRITE_IMM, MLX5_OPCODE_SEND as SEND,
         MLX5_OPCODE_SEND_IMM as SEND_IMM,
     };
-
-    fn synd(s: u8) -> u32 {
-        s.into()
-    }
 
     /// Two RC QPs of one device connected to each other (loopback), each with a send and a receive CQ, and one
     /// memory region both use.
@@ -543,9 +527,12 @@ mod tests {
         r.post_recv(&mut ub, &[(base + 3000, 50, key)]);
         r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x11)).data(64, key, base), Bell::Db);
         let e = r.poll(&mut rcq).unwrap();
-        assert_eq!((e.status(), e.wqe_counter(), e.qpn()), ((RESP_ERR, synd(SYND_LOCAL_LENGTH)), 2, ub.qpn));
+        assert_eq!(
+            (e.status(), e.wqe_counter(), e.qpn()),
+            ((RESP_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR), 2, ub.qpn)
+        );
         assert_ne!(e.vendor_err(), 0);
-        assert_eq!(r.h.dev.qp_info(ub.qpn).unwrap().error, Some(SYND_LOCAL_LENGTH));
+        assert_eq!(r.h.dev.qp_info(ub.qpn).unwrap().error, Some(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR));
         assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
         assert_eq!(r.h.dev.qp_info(ua.qpn).unwrap().state, QpState::Rts);
     }
@@ -732,15 +719,23 @@ mod tests {
             p.r.h.dev.advance_ns(10_000);
         }
         let e = p.r.poll(&mut p.a_scq).unwrap();
-        assert_eq!((e.status(), e.wqe_counter(), e.wqe_opcode()), ((REQ_ERR, synd(SYND_RNR_EXC)), 0, SEND));
+        assert_eq!(
+            (e.status(), e.wqe_counter(), e.wqe_opcode()),
+            ((REQ_ERR, consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR), 0, SEND)
+        );
         let e = p.r.poll(&mut p.a_scq).unwrap();
-        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, synd(SYND_FLUSH)), 1));
+        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR), 1));
         assert!(p.r.poll(&mut p.a_scq).is_none());
         assert_eq!(count(&p.r, |e| matches!(e, SimEvent::RnrNak { .. })), 3);
         assert_eq!(count(&p.r, |e| matches!(e, SimEvent::Retry { kind: RetryKind::Rnr, .. })), 2);
         let info = p.r.h.dev.qp_info(p.a.qpn).unwrap();
-        assert_eq!((info.state, info.error), (QpState::Err, Some(SYND_RNR_EXC)));
-        assert!(p.r.h.dev.events().contains(&SimEvent::QpError { qpn: p.a.qpn, syndrome: SYND_RNR_EXC }));
+        assert_eq!((info.state, info.error), (QpState::Err, Some(consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR)));
+        assert!(p
+            .r
+            .h
+            .dev
+            .events()
+            .contains(&SimEvent::QpError { qpn: p.a.qpn, syndrome: consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR }));
         assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().state, QpState::Rts);
     }
 
@@ -757,30 +752,33 @@ mod tests {
 
     #[test]
     fn remote_and_local_failures_complete_with_the_right_syndrome() {
-        let req_err = |s: u8| (REQ_ERR, synd(s));
+        let req_err = |s: u8| (REQ_ERR, s);
         // A bad rkey.
         let (e, _, p) = one(RcParams::default(), |p| {
             Wqe::new(RDMA_WRITE).raddr(p.mr.addr(), p.mr.key + 0x100).data(8, p.mr.key, p.mr.addr())
         });
-        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        assert_eq!(e.status(), req_err(consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
         let (ia, ib) = (p.r.h.dev.qp_info(p.a.qpn).unwrap(), p.r.h.dev.qp_info(p.b.qpn).unwrap());
-        assert_eq!((ia.state, ia.error, ib.state), (QpState::Err, Some(SYND_REMOTE_ACCESS), QpState::Rts));
+        assert_eq!(
+            (ia.state, ia.error, ib.state),
+            (QpState::Err, Some(consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR), QpState::Rts)
+        );
         // A key without remote write.
         let (e, _, _) = one(RcParams::default(), |p| {
             let ro = p.r.mr_in(p.r.pd, 64, [true, true, false, false]);
             Wqe::new(RDMA_WRITE).raddr(ro.addr(), ro.key).data(8, p.mr.key, p.mr.addr())
         });
-        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        assert_eq!(e.status(), req_err(consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
         // A READ past the key's end.
         let (e, _, _) = one(RcParams::default(), |p| {
             Wqe::new(RDMA_READ).raddr(p.mr.addr() + 65_530, p.mr.key).data(16, p.mr.key, p.mr.addr())
         });
-        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        assert_eq!(e.status(), req_err(consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
         // A responder QP without remote read.
         let no_rre = RcParams { access: [false, true, true], ..RcParams::default() };
         let (e, _, _) =
             one(no_rre, |p| Wqe::new(RDMA_READ).raddr(p.mr.addr(), p.mr.key).data(16, p.mr.key, p.mr.addr()));
-        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        assert_eq!(e.status(), req_err(consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
         // A key of another PD at the responder.
         let (e, _, _) = one(RcParams::default(), |p| {
             let (s, _, out) = p.r.h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
@@ -788,28 +786,28 @@ mod tests {
             let other = p.r.mr_in(crate::fw::reply::rd(&out, ifc::alloc_pd_out::PD), 64, [true; 4]);
             Wqe::new(RDMA_WRITE).raddr(other.addr(), other.key).data(8, p.mr.key, p.mr.addr())
         });
-        assert_eq!(e.status(), req_err(SYND_REMOTE_ACCESS));
+        assert_eq!(e.status(), req_err(consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
         // A misaligned atomic.
         let (e, _, _) = one(RcParams::default(), |p| {
             Wqe::new(ATOMIC_FA).raddr(p.mr.addr() + 4, p.mr.key).atomic(1, 0).data(8, p.mr.key, p.mr.addr() + 64)
         });
-        assert_eq!(e.status(), req_err(SYND_REMOTE_INVAL));
+        assert_eq!(e.status(), req_err(consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR));
         // A bad lkey: nothing leaves the requester.
         let (e, resp, p) = one(RcParams::default(), |p| {
             p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, p.mr.key)]);
             Wqe::new(SEND).data(8, 0x4242, p.mr.addr())
         });
-        assert_eq!((e.status(), resp), (req_err(SYND_LOCAL_PROT), None));
+        assert_eq!((e.status(), resp), (req_err(consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR), None));
         assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().rq_ci, 0);
         // An lkey whose bounds the gather exceeds.
         let (e, _, _) = one(RcParams::default(), |p| Wqe::new(SEND).data(100, p.mr.key, p.mr.addr() + 65_500));
-        assert_eq!(e.status(), req_err(SYND_LOCAL_PROT));
+        assert_eq!(e.status(), req_err(consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR));
         // A READ result into a key without local write.
         let (e, _, _) = one(RcParams::default(), |p| {
             let ro = p.r.mr_in(p.r.pd, 64, [false, true, true, true]);
             Wqe::new(RDMA_READ).raddr(p.mr.addr(), p.mr.key).data(16, ro.key, ro.addr())
         });
-        assert_eq!(e.status(), req_err(SYND_LOCAL_PROT));
+        assert_eq!(e.status(), req_err(consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR));
         // A receive too small: the responder's receive fails, then the requester; both QPs end in ERR and the
         // responder's other receive is flushed.
         let (e, resp, mut p) = one(RcParams::default(), |p| {
@@ -817,19 +815,25 @@ mod tests {
             p.r.post_recv(&mut p.b, &[(p.mr.addr() + 2000, 100, p.mr.key)]);
             Wqe::new(SEND).data(20, p.mr.key, p.mr.addr())
         });
-        assert_eq!(e.status(), req_err(SYND_REMOTE_INVAL));
+        assert_eq!(e.status(), req_err(consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR));
         let resp = resp.unwrap();
-        assert_eq!((resp.status(), resp.wqe_counter(), resp.qpn()), ((RESP_ERR, synd(SYND_LOCAL_LENGTH)), 0, p.b.qpn));
+        assert_eq!(
+            (resp.status(), resp.wqe_counter(), resp.qpn()),
+            ((RESP_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR), 0, p.b.qpn)
+        );
         let flushed = p.r.poll(&mut p.b_rcq).unwrap();
-        assert_eq!((flushed.status(), flushed.wqe_counter()), ((RESP_ERR, synd(SYND_FLUSH)), 1));
-        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().error, Some(SYND_LOCAL_LENGTH));
-        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().error, Some(SYND_REMOTE_INVAL));
+        assert_eq!((flushed.status(), flushed.wqe_counter()), ((RESP_ERR, consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR), 1));
+        assert_eq!(p.r.h.dev.qp_info(p.b.qpn).unwrap().error, Some(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR));
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().error, Some(consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR));
         // A bad lkey in the receive: local protection there, remote operational error at the requester.
         let (e, resp, _) = one(RcParams::default(), |p| {
             p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, 0x777)]);
             Wqe::new(SEND).data(20, p.mr.key, p.mr.addr())
         });
-        assert_eq!((e.status(), resp.unwrap().status()), (req_err(SYND_REMOTE_OP), (RESP_ERR, synd(SYND_LOCAL_PROT))));
+        assert_eq!(
+            (e.status(), resp.unwrap().status()),
+            (req_err(consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR), (RESP_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR))
+        );
     }
 
     #[test]
@@ -855,9 +859,9 @@ mod tests {
         r.h.dev.advance_ns(5_000_000);
         r.h.dev.advance_ns(5_000_000);
         let e = r.poll(&mut cq).unwrap();
-        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, synd(SYND_RETRY_EXC)), 0));
+        assert_eq!((e.status(), e.wqe_counter()), ((REQ_ERR, consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR), 0));
         assert_eq!(count(&r, |e| *e == lost), 3);
-        assert_eq!(r.h.dev.qp_info(a.qpn).unwrap().error, Some(SYND_RETRY_EXC));
+        assert_eq!(r.h.dev.qp_info(a.qpn).unwrap().error, Some(consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR));
         // A destination QP not yet ready (INIT) and an unknown GID are the same failure.
         let ready_later = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
         let st = r.modify(consts::MLX5_CMD_OP_RST2INIT_QP, ready_later.qpn, 0, |i, c| {
@@ -869,7 +873,7 @@ mod tests {
             let mut q = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
             r.connect_rc(&q, &remote, zero);
             r.post_send(&mut q, &Wqe::new(SEND).data(8, mr.key, mr.addr()), Bell::Db);
-            assert_eq!(r.poll(&mut cq).unwrap().status(), (REQ_ERR, synd(SYND_RETRY_EXC)));
+            assert_eq!(r.poll(&mut cq).unwrap().status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR));
         }
         assert!(r.h.dev.events().contains(&SimEvent::Unreachable {
             qpn: a.qpn + 3,
@@ -899,7 +903,7 @@ mod tests {
         ];
         for (what, f) in cases {
             let (e, _, p) = one(RcParams::default(), f);
-            assert_eq!(e.status(), (REQ_ERR, synd(SYND_LOCAL_QP_OP)), "{what}");
+            assert_eq!(e.status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR), "{what}");
             assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().state, QpState::Err, "{what}");
         }
         // A control segment naming another QP, or another index.
@@ -912,7 +916,7 @@ mod tests {
             p.a.patch_sq(0, patch, &[0x55]);
             // The doorbell names the QP properly; the WQE in memory does not.
             p.r.h.mmio.write64(SimMmio::uar_offset(p.a.uar) + p.a.bf_off, u64::from_be_bytes(db));
-            assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ_ERR, synd(SYND_LOCAL_QP_OP)));
+            assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR));
         }
         // Garbage everywhere never panics: every WQE completes or fails, and the QP ends up somewhere valid.
         let mut seed = 0x1234_5678u32;
@@ -923,7 +927,7 @@ mod tests {
                 seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
                 *b = (seed >> 16) as u8;
             }
-            let mut w = Wqe::new(seed % 0x30);
+            let mut w = Wqe::new((seed % 0x30) as u8);
             w.segs = junk[16..64 * 4].to_vec();
             w.ds_override = Some(seed >> 8 & 0x3f);
             p.r.post_send(&mut p.a, &w, Bell::Db);
@@ -947,11 +951,11 @@ mod tests {
         assert!(p.r.poll(&mut p.a_scq).is_none());
         assert_eq!(p.r.modify(consts::MLX5_CMD_OP_2ERR_QP, p.a.qpn, 0, |_, _| {}), (0, 0));
         // Every WQE gets its flush CQE, signaled or not, in order.
-        let sends: Vec<(u32, u16, u32)> =
+        let sends: Vec<(u8, u16, u8)> =
             p.r.drain(&mut p.a_scq).iter().map(|e| (e.syndrome(), e.wqe_counter(), e.wqe_opcode())).collect();
-        let f = synd(SYND_FLUSH);
+        let f = consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR;
         assert_eq!(sends, [(f, 0, SEND), (f, 1, SEND), (f, 2, RDMA_WRITE)]);
-        let recvs: Vec<(u32, u16)> = p.r.drain(&mut p.a_rcq).iter().map(|e| (e.opcode(), e.wqe_counter())).collect();
+        let recvs: Vec<(u8, u16)> = p.r.drain(&mut p.a_rcq).iter().map(|e| (e.opcode(), e.wqe_counter())).collect();
         assert_eq!(recvs, [(RESP_ERR, 0), (RESP_ERR, 1)]);
         assert!(p.r.h.dev.events().contains(&SimEvent::Flushed { qpn: p.a.qpn, sq: 3, rq: 2 }));
         let info = p.r.h.dev.qp_info(p.a.qpn).unwrap();
@@ -988,7 +992,7 @@ mod tests {
         p.r.post_recv(&mut p.b, &[(base + 4096, 64, key)]);
         p.r.post_send(&mut p.a, &Wqe::new(SEND).data(64, key, base), Bell::Db);
         let e = p.r.poll(&mut p.a_scq).expect("requester CQE");
-        assert_eq!(e.status(), (REQ_ERR, synd(SYND_RETRY_EXC)));
+        assert_eq!(e.status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR));
         let seq_err = SimEvent::PsnSequenceError { qpn: p.b.qpn, expected: 0x100, got: 0x300 };
         assert_eq!(count(&p.r, |e| *e == seq_err), 3, "the first attempt and two retries");
         assert_eq!(count(&p.r, |e| matches!(e, SimEvent::PsnSequenceNak { .. })), 3);

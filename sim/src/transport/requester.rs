@@ -27,7 +27,7 @@ impl State {
             },
             Kind::Atomic { raddr, rkey, op } => match self.check_scatter(pd, &w.segs) {
                 Ok(len) if len >= 8 => RcOp::Atomic { raddr, rkey, op },
-                Ok(_) => return fail(self, SYND_LOCAL_LENGTH),
+                Ok(_) => return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR),
                 Err(s) => return fail(self, s),
             },
             Kind::Nop => return self.complete_send(qpn, w.id(), 0),
@@ -38,7 +38,7 @@ impl State {
             RcOp::Atomic { .. } => 8,
         };
         if len > max_msg {
-            return fail(self, SYND_LOCAL_LENGTH);
+            return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
         }
         let seq = self.dp.next_seq;
         self.dp.next_seq += 1;
@@ -102,7 +102,7 @@ impl State {
                 let why = "no response before the ACK timeout";
                 self.events.push(SimEvent::Unreachable { qpn, wqe_counter: index, why });
                 if req.transport_left == 0 {
-                    self.send_error(qpn, index, opcode, nbb, SYND_RETRY_EXC);
+                    self.send_error(qpn, index, opcode, nbb, consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR);
                     return true;
                 }
                 req.transport_left -= 1;
@@ -147,7 +147,7 @@ impl State {
             Resp::RnrNak { timer } => {
                 self.events.push(SimEvent::RnrNak { qpn, wqe_counter: index, remote_qpn: src_qpn });
                 if req.rnr_left == 0 {
-                    Some(SYND_RNR_EXC)
+                    Some(consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR)
                 } else {
                     if rnr_retry != RNR_RETRY_INFINITE {
                         req.rnr_left -= 1;
@@ -159,7 +159,7 @@ impl State {
             Resp::Nak(Nak::PsnSequence) => {
                 self.events.push(SimEvent::PsnSequenceNak { qpn, wqe_counter: index, remote_qpn: src_qpn });
                 if req.transport_left == 0 {
-                    Some(SYND_RETRY_EXC)
+                    Some(consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR)
                 } else {
                     // Retransmitted at once (IBA 9.7.5.1.2); the retry counts like a timeout.
                     req.transport_left -= 1;
@@ -168,14 +168,14 @@ impl State {
                 }
             }
             Resp::Nak(n) => Some(match n {
-                Nak::RemoteAccess => SYND_REMOTE_ACCESS,
-                Nak::InvalidRequest => SYND_REMOTE_INVAL,
-                Nak::RemoteOp | Nak::PsnSequence => SYND_REMOTE_OP,
+                Nak::RemoteAccess => consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR,
+                Nak::InvalidRequest => consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR,
+                Nak::RemoteOp | Nak::PsnSequence => consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR,
             }),
             Resp::Lost(why) => {
                 self.events.push(SimEvent::Unreachable { qpn, wqe_counter: index, why });
                 if req.transport_left == 0 {
-                    Some(SYND_RETRY_EXC)
+                    Some(consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR)
                 } else {
                     req.transport_left -= 1;
                     let at_ns = now.saturating_add(ack_timeout_ns(ack_timeout));
@@ -198,7 +198,7 @@ impl State {
             (RcOp::Read { len, .. }, Resp::ReadData(d)) if d.len() as u64 == *len => self.scatter(pd, &req.sges, &d),
             (RcOp::Atomic { .. }, Resp::AtomicOrig(v)) => self.scatter(pd, &req.sges, &v.to_be_bytes()),
             (RcOp::Send { .. } | RcOp::Write { .. }, Resp::Ack) => Ok(()),
-            _ => Err(SYND_BAD_RESP),
+            _ => Err(consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR),
         };
         match result {
             Ok(()) => self.complete_send(qpn, w, req.len),

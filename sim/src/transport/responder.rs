@@ -68,7 +68,11 @@ impl State {
                     }
                     Err(s) => {
                         self.recv_error(dst, index, s);
-                        Resp::Nak(if s == SYND_LOCAL_LENGTH { Nak::InvalidRequest } else { Nak::RemoteOp })
+                        Resp::Nak(if s == consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR {
+                            Nak::InvalidRequest
+                        } else {
+                            Nak::RemoteOp
+                        })
                     }
                 },
             },

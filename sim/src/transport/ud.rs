@@ -28,7 +28,9 @@ impl State {
     pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, own_qkey, max_msg) = (qp.pd, qp.q_key, qp.max_msg);
-        let Some(av) = w.av else { return self.send_error(qpn, w.index, w.opcode, w.nbb, SYND_LOCAL_QP_OP) };
+        let Some(av) = w.av else {
+            return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+        };
         let data = match self.gather(pd, max_msg, w) {
             Ok(d) => d,
             Err(s) => return self.send_error(qpn, w.index, w.opcode, w.nbb, s),
@@ -36,7 +38,7 @@ impl State {
         let addr = self.wire.addr;
         let grh = if av.grh {
             let Some(sgid) = addr.gid(av.sgid_index) else {
-                return self.send_error(qpn, w.index, w.opcode, w.nbb, SYND_LOCAL_QP_OP);
+                return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
             };
             let (tclass, flow_label, hop_limit) = (av.tclass, av.flow_label, av.hop_limit);
             Some(Grh { sgid, dgid: av.rgid, tclass, flow_label, hop_limit })

@@ -147,7 +147,11 @@ impl State {
     /// Reads and parses the send WQE at the SQ consumer counter into `w`.
     pub(super) fn fetch_wqe(&mut self, qpn: u32, w: &mut SendWqe) -> Result<(), BadWqe> {
         use c::mlx5_wqe_ctrl_seg as cs;
-        let bad = |nbb: u16, opcode: u8| BadWqe { nbb: nbb.max(1), opcode, syndrome: SYND_LOCAL_QP_OP };
+        let bad = |nbb: u16, opcode: u8| BadWqe {
+            nbb: nbb.max(1),
+            opcode,
+            syndrome: consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
+        };
         let qp = self.fw.qps.get(&qpn).ok_or(bad(1, 0))?;
         let (index, st, sq_bbs, max_wqe) = (qp.sq_ci, qp.st, qp.sq_bbs(), qp.max_wqe);
         let pending = qp.sq_pi.wrapping_sub(index);
@@ -194,7 +198,7 @@ impl State {
             wqe
         };
         let mut at = CTRL;
-        let av = if st == QpType::Ud && opcode != consts::MLX5_OPCODE_NOP as u8 {
+        let av = if st == QpType::Ud && opcode != consts::MLX5_OPCODE_NOP {
             if at + DGRAM_SEG > bytes {
                 return Err(bad(nbb, opcode));
             }
@@ -212,14 +216,14 @@ impl State {
             Ok((be64(wqe, at + r::RADDR.off), be(r::RKEY, wqe, at)))
         };
         let rc = st == QpType::Rc;
-        let (kind, with_imm) = match u32::from(opcode) {
+        let (kind, with_imm) = match opcode {
             consts::MLX5_OPCODE_NOP => (Kind::Nop, false),
             consts::MLX5_OPCODE_SEND => (Kind::Send, false),
             consts::MLX5_OPCODE_SEND_IMM => (Kind::Send, true),
             consts::MLX5_OPCODE_RDMA_WRITE | consts::MLX5_OPCODE_RDMA_WRITE_IMM if rc => {
                 let (raddr, rkey) = raddr(at)?;
                 at += RADDR_SEG;
-                (Kind::Write { raddr, rkey }, u32::from(opcode) == consts::MLX5_OPCODE_RDMA_WRITE_IMM)
+                (Kind::Write { raddr, rkey }, opcode == consts::MLX5_OPCODE_RDMA_WRITE_IMM)
             }
             consts::MLX5_OPCODE_RDMA_READ if rc => {
                 let (raddr, rkey) = raddr(at)?;
@@ -236,7 +240,7 @@ impl State {
                 let swap_add = be64(wqe, at + a::SWAP_ADD.off);
                 let compare = be64(wqe, at + a::COMPARE.off);
                 at += ATOMIC_SEG;
-                let op = if u32::from(opcode) == consts::MLX5_OPCODE_ATOMIC_CS {
+                let op = if opcode == consts::MLX5_OPCODE_ATOMIC_CS {
                     AtomicOp::CmpSwap { compare, swap: swap_add }
                 } else {
                     AtomicOp::FetchAdd { add: swap_add }
@@ -278,7 +282,7 @@ impl State {
         w.index = index;
         w.nbb = nbb;
         w.opcode = opcode;
-        w.signaled = fm & CQ_UPDATE != 0;
+        w.signaled = fm & consts::MLX5_WQE_CTRL_CQ_UPDATE != 0;
         w.solicited = fm & SOLICITED != 0;
         w.imm = with_imm.then_some(imm);
         w.kind = kind;

@@ -1268,7 +1268,7 @@ impl<'r> Epoch<'r> {
             return;
         };
         Report::bump(&mut self.rep.completions, status_key(wc.status));
-        if wc.status == WcStatus::WrFlushErr && wc.vendor_err == consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR {
+        if wc.status == WcStatus::WrFlushErr && wc.vendor_err == u32::from(consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR) {
             self.rep.software_flushes += 1;
         }
         if wr.node != x || wr.qpn != wc.qp_num {
@@ -1515,7 +1515,7 @@ impl<'r> Epoch<'r> {
         let ops = kind.opcodes();
         let what = self.rng.below(10);
         let unanswered_ok = self.unanswered < MAX_UNANSWERED;
-        let creates: Vec<u32> = ops.iter().copied().filter(|&o| !is_destroy(o)).collect();
+        let creates: Vec<u16> = ops.iter().copied().filter(|&o| !is_destroy(o)).collect();
         let (name, fault, want): (&str, Fault, Want) = match what {
             0..=4 => {
                 let opcode = self.rng.pick(ops);
@@ -1527,12 +1527,12 @@ impl<'r> Epoch<'r> {
                     CmdStatus::Int,
                 ]);
                 let syndrome = self.rng.next_u64() as u32;
-                let f = Fault::Status { opcode: opcode as u16, status: status.raw(), syndrome, times: 1 };
+                let f = Fault::Status { opcode, status: status.raw(), syndrome, times: 1 };
                 ("cmd_status", f, Want::Status(syndrome))
             }
             5 if unanswered_ok => {
                 self.unanswered += 1;
-                ("cmd_timeout", Fault::Hang { opcode: self.rng.pick(&creates) as u16 }, Want::Timeout)
+                ("cmd_timeout", Fault::Hang { opcode: self.rng.pick(&creates) }, Want::Timeout)
             }
             6 if unanswered_ok => {
                 self.unanswered += 1;
@@ -1544,17 +1544,17 @@ impl<'r> Epoch<'r> {
                 ]);
                 (
                     "cmd_delivery",
-                    Fault::Delivery { opcode: self.rng.pick(&creates) as u16, status: status.raw() },
+                    Fault::Delivery { opcode: self.rng.pick(&creates), status: status.raw() },
                     Want::Delivery,
                 )
             }
             7 | 8 => {
                 let ms = self.rng.range(1, u64::from(CMD_TIMEOUT_MS) / 4) as u32;
-                ("cmd_delay", Fault::Delay { opcode: self.rng.pick(&creates) as u16, ms }, Want::Ok)
+                ("cmd_delay", Fault::Delay { opcode: self.rng.pick(&creates), ms }, Want::Ok)
             }
             _ => {
                 let pages = self.rng.range(1, 8) as u32;
-                ("need_pages", Fault::NeedPages { opcode: creates[0] as u16, pages }, Want::Ok)
+                ("need_pages", Fault::NeedPages { opcode: creates[0], pages }, Want::Ok)
             }
         };
         if self.nodes[x].dead || !self.scratch_possible(x, kind) {
@@ -1996,7 +1996,7 @@ impl<'r> Epoch<'r> {
             consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR,
             consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_DEAD_IRISC,
         ]);
-        let query = consts::MLX5_CMD_OP_QUERY_CQ as u16;
+        let query = consts::MLX5_CMD_OP_QUERY_CQ;
         let in_command = self.rng.one_in(3);
         let (kind, fault) = match (ending % 3, in_command) {
             (0, false) => ("health_failure", None),
@@ -2179,7 +2179,7 @@ enum Scratch {
 
 impl Scratch {
     /// The commands of its life, creates first.
-    fn opcodes(self) -> &'static [u32] {
+    fn opcodes(self) -> &'static [u16] {
         use consts::*;
         match self {
             Scratch::Pd => &[MLX5_CMD_OP_ALLOC_PD, MLX5_CMD_OP_DEALLOC_PD],
@@ -2201,7 +2201,7 @@ impl Scratch {
 
 /// Destroy-type commands: not hung or failed in delivery by the soak (an object whose destroy got no answer
 /// stays with the device until the function is disabled, and its memory with the caller).
-fn is_destroy(op: u32) -> bool {
+fn is_destroy(op: u16) -> bool {
     use consts::*;
     matches!(op, MLX5_CMD_OP_DEALLOC_PD | MLX5_CMD_OP_DESTROY_MKEY | MLX5_CMD_OP_DESTROY_CQ | MLX5_CMD_OP_DESTROY_QP)
 }

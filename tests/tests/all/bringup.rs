@@ -18,14 +18,14 @@ fn opcodes(cmds: &[ExecutedCmd]) -> Vec<(u16, u16)> {
 }
 
 /// `QUERY_HCA_CAP` op_mod: capability type << 1 | (1 = current, 0 = max).
-const fn cap(ty: u32, cur: bool) -> (u16, u16) {
-    (consts::MLX5_CMD_OP_QUERY_HCA_CAP as u16, ((ty << 1) | cur as u32) as u16)
+const fn cap(ty: u16, cur: bool) -> (u16, u16) {
+    (consts::MLX5_CMD_OP_QUERY_HCA_CAP, (ty << 1) | cur as u16)
 }
-const fn set_cap(ty: u32) -> (u16, u16) {
-    (consts::MLX5_CMD_OP_SET_HCA_CAP as u16, (ty << 1) as u16)
+const fn set_cap(ty: u16) -> (u16, u16) {
+    (consts::MLX5_CMD_OP_SET_HCA_CAP, ty << 1)
 }
-const fn op(o: u32, m: u32) -> (u16, u16) {
-    (o as u16, m as u16)
+const fn op(o: u16, m: u16) -> (u16, u16) {
+    (o, m)
 }
 
 /// Linux 6.12's bring-up for this device, function by function (main.c, fw.c, pagealloc.c, eq.c).
@@ -105,7 +105,7 @@ fn bring_up_follows_linux_order_and_accounts_pages_to_zero() {
         assert!(cmds.iter().all(|c| c.status == 0 && c.delivery == 0), "{port:?}: every command succeeded");
         // MANAGE_PAGES always on the reserved last slot, everything else on slot 0.
         for c in &cmds {
-            let want = if u32::from(c.opcode) == consts::MLX5_CMD_OP_MANAGE_PAGES { 31 } else { 0 };
+            let want = if c.opcode == consts::MLX5_CMD_OP_MANAGE_PAGES { 31 } else { 0 };
             assert_eq!(c.slot, want, "{port:?}: slot of {:#x}", c.opcode);
         }
         let st = hca.page_stats();

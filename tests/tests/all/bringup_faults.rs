@@ -29,7 +29,7 @@ const REGULAR_PAGES: usize = 4;
 const PAGES_SLOT: u8 = 31;
 
 /// Every opcode the bring-up sends, with the step that sends it first and the pages firmware holds by then.
-const STEPS: &[(u32, Step, usize)] = &[
+const STEPS: &[(u16, Step, usize)] = &[
     (consts::MLX5_CMD_OP_ENABLE_HCA, Step::EnableHca, 0),
     (consts::MLX5_CMD_OP_QUERY_ISSI, Step::SetIssi, 0),
     (consts::MLX5_CMD_OP_SET_ISSI, Step::SetIssi, 0),
@@ -46,10 +46,10 @@ const STEPS: &[(u32, Step, usize)] = &[
 
 /// Refusals Linux carries on after: QUERY_ISSI (firmware before ISSI: ISSI 0) and SET_DRIVER_VERSION
 /// (informational). Their timeouts still fail the bring-up.
-const TOLERATED: &[u32] = &[consts::MLX5_CMD_OP_QUERY_ISSI, consts::MLX5_CMD_OP_SET_DRIVER_VERSION];
+const TOLERATED: &[u16] = &[consts::MLX5_CMD_OP_QUERY_ISSI, consts::MLX5_CMD_OP_SET_DRIVER_VERSION];
 
 /// The statuses each step is failed with.
-const STATUSES: &[u32] = &[
+const STATUSES: &[u8] = &[
     consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
     consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR,
     consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR,
@@ -58,8 +58,8 @@ const STATUSES: &[u32] = &[
     consts::MLX5_CMD_STAT_INT_ERR,
 ];
 
-fn name(op: u32) -> &'static str {
-    Opcode::from_raw(op as u16).name().unwrap_or("UNKNOWN")
+fn name(op: u16) -> &'static str {
+    Opcode::from_raw(op).name().unwrap_or("UNKNOWN")
 }
 
 fn bring_up(dev: &SimDevice) -> Result<SimHca, BringupError> {
@@ -117,7 +117,7 @@ fn ops(cmds: &[ExecutedCmd]) -> Vec<Opcode> {
 }
 
 /// The first error the cleanup met: none, except where the hung opcode is one the cleanup itself needs.
-fn expect_hang_cleanup(op: u32) -> Option<Error> {
+fn expect_hang_cleanup(op: u16) -> Option<Error> {
     (op == consts::MLX5_CMD_OP_MANAGE_PAGES)
         .then_some(Error::Cmd(CmdError::Timeout { opcode: Opcode::ManagePages, waited_ms: CMD_TIMEOUT_MS }))
 }
@@ -131,18 +131,18 @@ fn timeout_at_each_step() {
     }
 }
 
-fn timeout_case(op: u32, step: Step) {
+fn timeout_case(op: u16, step: Step) {
     let case = format!("hang on {}", name(op));
     let dev = SimDevice::default();
-    dev.inject(Fault::Hang { opcode: op as u16 });
+    dev.inject(Fault::Hang { opcode: op });
     let err = bring_up_err(&dev, &case);
-    let opcode = Opcode::from_raw(op as u16);
+    let opcode = Opcode::from_raw(op);
     assert_eq!(err.step, step, "{case}: step");
     assert_eq!(err.error, Error::Cmd(CmdError::Timeout { opcode, waited_ms: CMD_TIMEOUT_MS }), "{case}: error");
     assert_eq!(err.cleanup, expect_hang_cleanup(op), "{case}: cleanup");
     let hung_slot = if op == consts::MLX5_CMD_OP_MANAGE_PAGES { PAGES_SLOT } else { 0 };
     assert!(
-        dev.events().contains(&SimEvent::Hung { slot: hung_slot, opcode: op as u16 }),
+        dev.events().contains(&SimEvent::Hung { slot: hung_slot, opcode: op }),
         "{case}: the command hung on slot {hung_slot}"
     );
     assert_eq!(dev.health(), Health::Ok, "{case}: firmware stays alive");
@@ -163,13 +163,13 @@ fn timeout_case(op: u32, step: Step) {
             // (the pages slot is still held) and hung as well; reclaiming stops there and DISABLE_HCA, on slot 1,
             // resets the function, after which the driver frees the pages as abandoned.
             assert!(
-                dev.events().contains(&SimEvent::Hung { slot: 0, opcode: op as u16 }),
+                dev.events().contains(&SimEvent::Hung { slot: 0, opcode: op }),
                 "{case}: the cleanup's take hung on slot 0"
             );
             assert_eq!(disabled_on, Some(1), "{case}: DISABLE_HCA went to the next free slot");
             assert_eq!(dev.pages_owned(), 0, "{case}: firmware never executed the give");
             assert_eq!(dev.hca_state(), SimState::Disabled, "{case}: the function was disabled");
-            assert!(!executed.iter().any(|c| c.opcode == op as u16), "{case}: no MANAGE_PAGES completed");
+            assert!(!executed.iter().any(|c| c.opcode == op), "{case}: no MANAGE_PAGES completed");
         }
         _ => {
             // Slot 0 stays with firmware; the cleanup ran on slot 1 (pages still on the pages slot).
@@ -194,12 +194,12 @@ fn error_status_at_each_step() {
             continue;
         }
         for &st in STATUSES {
-            let status = CmdStatus::from_raw(st as u8);
+            let status = CmdStatus::from_raw(st);
             let case = format!("{} failing with {status:?}", name(op));
             let dev = SimDevice::default();
-            dev.inject(Fault::Status { opcode: op as u16, status: st as u8, syndrome: SYNDROME, times: 1 });
+            dev.inject(Fault::Status { opcode: op, status: st, syndrome: SYNDROME, times: 1 });
             let err = bring_up_err(&dev, &case);
-            let opcode = Opcode::from_raw(op as u16);
+            let opcode = Opcode::from_raw(op);
             assert_eq!(err.step, step, "{case}: step");
             let Error::Cmd(CmdError::Status { opcode: got_op, op_mod, status: got_st, syndrome: got_syn }) = err.error
             else {
@@ -212,7 +212,7 @@ fn error_status_at_each_step() {
             assert_eq!(failed.len(), 1, "{case}: exactly one command failed: {failed:?}");
             assert_eq!(
                 (failed[0].opcode, failed[0].op_mod, failed[0].status, failed[0].syndrome),
-                (op as u16, op_mod, st as u8, SYNDROME),
+                (op, op_mod, st, SYNDROME),
                 "{case}: firmware's record"
             );
             // Kernel wording (`mlx5_cmd_out_err`), after the step.
@@ -264,7 +264,7 @@ fn expected_failure(dev: &SimDevice, death: Death) -> HealthFailure {
 fn health_failure_mid_bring_up() {
     let hw_fatal = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_HW_FATAL_ERR;
     let fw_internal = consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_FW_INTERNAL_ERR;
-    let cases: &[(u32, Death)] = &[
+    let cases: &[(u16, Death)] = &[
         (consts::MLX5_CMD_OP_QUERY_PAGES, Death::Fatal(hw_fatal)),
         (consts::MLX5_CMD_OP_SET_HCA_CAP, Death::Fatal(fw_internal)),
         (consts::MLX5_CMD_OP_INIT_HCA, Death::Fatal(hw_fatal)),
@@ -286,11 +286,11 @@ fn health_failure_mid_bring_up() {
     }
 }
 
-fn health_case(op: u32, death: Death) {
+fn health_case(op: u16, death: Death) {
     let case = format!("{death:?} on {}", name(op));
     let &(_, step, held) = STEPS.iter().find(|s| s.0 == op).unwrap();
     let dev = SimDevice::default();
-    let opcode = op as u16;
+    let opcode = op;
     dev.inject(match death {
         Death::Fatal(synd) => Fault::Fatal { opcode, synd },
         Death::Stall => Fault::Stall { opcode },
@@ -385,7 +385,7 @@ fn pages_while_slot0_waits(mode: Mode) {
     let before = hca.page_stats();
     let given = hca.pages_given();
     let n = dev.executed().len();
-    dev.inject(Fault::NeedPages { opcode: consts::MLX5_CMD_OP_ALLOC_PD as u16, pages: 5 });
+    dev.inject(Fault::NeedPages { opcode: consts::MLX5_CMD_OP_ALLOC_PD, pages: 5 });
     let pd = hca.exec(&mut alloc_pd(), &mut d).unwrap();
     assert!(
         dev.events().contains(&SimEvent::WaitingForPages { slot: 0, opcode: Opcode::AllocPd.raw(), pages: 5 }),
@@ -394,7 +394,7 @@ fn pages_while_slot0_waits(mode: Mode) {
     let cmds = executed_since(&dev, n);
     assert_eq!(ops(&cmds), [Opcode::ManagePages, Opcode::AllocPd], "{case}: {cmds:?}");
     let give = cmds[0];
-    assert_eq!((give.slot, give.op_mod, give.status), (PAGES_SLOT, consts::MLX5_PAGES_GIVE as u16, 0), "{case}");
+    assert_eq!((give.slot, give.op_mod, give.status), (PAGES_SLOT, consts::MLX5_PAGES_GIVE, 0), "{case}");
     assert_eq!((cmds[1].slot, cmds[1].status), (0, 0), "{case}: ALLOC_PD completed on slot 0 after the give");
     let after = hca.page_stats();
     assert_eq!(after.requested, before.requested + 5, "{case}: {after:?}");
@@ -408,7 +408,7 @@ fn pages_while_slot0_waits(mode: Mode) {
     hca.process_events(&mut d).unwrap();
     let cmds = executed_since(&dev, n);
     assert_eq!(ops(&cmds), [Opcode::ManagePages], "{case}: {cmds:?}");
-    assert_eq!((cmds[0].slot, cmds[0].op_mod, cmds[0].status), (PAGES_SLOT, consts::MLX5_PAGES_TAKE as u16, 0));
+    assert_eq!((cmds[0].slot, cmds[0].op_mod, cmds[0].status), (PAGES_SLOT, consts::MLX5_PAGES_TAKE, 0));
     assert_eq!(hca.pages_given(), given + 2, "{case}");
     assert_eq!(dev.pages_owned(), given + 2, "{case}");
     assert_eq!(hca.page_stats().reclaimed, before.reclaimed + 3, "{case}");
@@ -464,12 +464,12 @@ fn refusals_linux_tolerates_do_not_fail_the_bring_up() {
         for &st in STATUSES {
             let case = format!("{} refused with status {st:#x}", name(op));
             let dev = SimDevice::default();
-            dev.inject(Fault::Status { opcode: op as u16, status: st as u8, syndrome: SYNDROME, times: 1 });
+            dev.inject(Fault::Status { opcode: op, status: st, syndrome: SYNDROME, times: 1 });
             let hca = bring_up(&dev).unwrap_or_else(|e| panic!("{case}: {e}"));
             let sent: Vec<u16> = dev.executed().iter().map(|c| c.opcode).collect();
             if op == consts::MLX5_CMD_OP_QUERY_ISSI {
                 assert_eq!(hca.issi(), 0, "{case}: ISSI 0");
-                assert!(!sent.contains(&(consts::MLX5_CMD_OP_SET_ISSI as u16)), "{case}: no SET_ISSI");
+                assert!(!sent.contains(&{ consts::MLX5_CMD_OP_SET_ISSI }), "{case}: no SET_ISSI");
             } else {
                 assert_eq!(hca.issi(), 1, "{case}");
             }

@@ -36,8 +36,8 @@ fn a_waiter_sleeps_until_the_eq_interrupt_and_then_gets_the_cqn() {
     // Armed; the "device" completes a send on another thread and raises the EQ's vector.
     hca.req_notify_cq(&cq, Notify::NextComp).unwrap();
     let cqe = CqeFields {
-        opcode: consts::MLX5_CQE_REQ as u8,
-        wqe_opcode: consts::MLX5_OPCODE_SEND as u8,
+        opcode: consts::MLX5_CQE_REQ,
+        wqe_opcode: consts::MLX5_OPCODE_SEND,
         qpn: 0x42,
         ..CqeFields::default()
     }

@@ -56,8 +56,8 @@ impl WrTable for Wrs {
 
 fn send_cqe(counter: u16) -> [u8; 64] {
     CqeFields {
-        opcode: consts::MLX5_CQE_REQ as u8,
-        wqe_opcode: consts::MLX5_OPCODE_SEND as u8,
+        opcode: consts::MLX5_CQE_REQ,
+        wqe_opcode: consts::MLX5_OPCODE_SEND,
         qpn: QPN,
         wqe_counter: counter,
         ..CqeFields::default()
@@ -178,7 +178,7 @@ fn stream(cqe_size: CqeSize, max_contig: Option<usize>) {
                 send_cqe(posted as u16)
             } else {
                 CqeFields {
-                    opcode: consts::MLX5_CQE_RESP_SEND as u8,
+                    opcode: consts::MLX5_CQE_RESP_SEND,
                     qpn: QPN,
                     byte_cnt: posted,
                     flags_rqpn: 0x77,
@@ -225,7 +225,7 @@ fn ten_laps_lose_and_duplicate_nothing() {
 
 #[test]
 fn every_error_syndrome_maps_as_the_kernel_maps_it() {
-    let table: [(u32, WcStatus); 13] = [
+    let table: [(u8, WcStatus); 13] = [
         (consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR, WcStatus::LocLenErr),
         (consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR, WcStatus::LocQpOpErr),
         (consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR, WcStatus::LocProtErr),
@@ -240,7 +240,7 @@ fn every_error_syndrome_maps_as_the_kernel_maps_it() {
         (consts::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR, WcStatus::RnrRetryExcErr),
         (consts::MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR, WcStatus::RemAbortErr),
     ];
-    let known: HashMap<u8, WcStatus> = table.iter().map(|&(s, w)| (s as u8, w)).collect();
+    let known: HashMap<u8, WcStatus> = table.iter().map(|&(s, w)| (s, w)).collect();
     let dev = SimDevice::default();
     let (mut hca, mut d) = up(&dev);
     let mut cq = hca.create_cq(CqAttr { cqe: 1023, ..CqAttr::default() }, &mut d).unwrap();
@@ -248,7 +248,7 @@ fn every_error_syndrome_maps_as_the_kernel_maps_it() {
     for syndrome in 0..=255u8 {
         for (opcode, req) in [(consts::MLX5_CQE_REQ_ERR, true), (consts::MLX5_CQE_RESP_ERR, false)] {
             let f = CqeFields {
-                opcode: opcode as u8,
+                opcode,
                 qpn: QPN,
                 wqe_counter: 0x4242,
                 syndrome,
@@ -287,16 +287,16 @@ fn good_completions_carry_every_field() {
     let (mut hca, mut d) = up(&dev);
     let mut cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
     let mut wrs = Wrs::default();
-    let req = |wqe_opcode: u32, byte_cnt| CqeFields {
-        opcode: consts::MLX5_CQE_REQ as u8,
-        wqe_opcode: wqe_opcode as u8,
+    let req = |wqe_opcode: u8, byte_cnt| CqeFields {
+        opcode: consts::MLX5_CQE_REQ,
+        wqe_opcode,
         qpn: QPN,
         wqe_counter: 9,
         byte_cnt,
         ..CqeFields::default()
     };
-    let resp = |opcode: u32| CqeFields {
-        opcode: opcode as u8,
+    let resp = |opcode: u8| CqeFields {
+        opcode,
         qpn: QPN,
         byte_cnt: 1500,
         imm_inval_pkey: 0x1122_3344,
@@ -373,7 +373,7 @@ fn roce_receives_read_vlan_and_sl_from_the_vlan_tag() {
     let (mut hca, mut d) = up(&dev);
     let mut cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
     let f = CqeFields {
-        opcode: consts::MLX5_CQE_RESP_SEND as u8,
+        opcode: consts::MLX5_CQE_RESP_SEND,
         qpn: QPN,
         slid: 0x55,
         l4_l3_hdr_type: 1,
@@ -424,7 +424,7 @@ fn armed_cqs_raise_events_and_solicited_only_waits_for_a_solicited_one() {
     // Solicited only: a plain completion does not fire, a solicited one does.
     dev.post_cqe(cqn, send_cqe(3)).unwrap();
     assert_eq!(hca.get_cq_event(&mut d).unwrap(), None);
-    let mut sol = CqeFields { opcode: consts::MLX5_CQE_RESP_SEND as u8, qpn: QPN, ..CqeFields::default() };
+    let mut sol = CqeFields { opcode: consts::MLX5_CQE_RESP_SEND, qpn: QPN, ..CqeFields::default() };
     sol.solicited = true;
     dev.post_cqe(cqn, sol.emit().0).unwrap();
     assert_eq!(hca.get_cq_event(&mut d).unwrap(), Some(cqn));
@@ -432,7 +432,7 @@ fn armed_cqs_raise_events_and_solicited_only_waits_for_a_solicited_one() {
 
     // An error completion fires a solicited-only arm too.
     hca.req_notify_cq(&cq, Notify::Solicited).unwrap();
-    let err = CqeFields { opcode: consts::MLX5_CQE_REQ_ERR as u8, qpn: QPN, syndrome: 0x5, ..CqeFields::default() };
+    let err = CqeFields { opcode: consts::MLX5_CQE_REQ_ERR, qpn: QPN, syndrome: 0x5, ..CqeFields::default() };
     dev.post_cqe(cqn, err.emit().0).unwrap();
     assert_eq!(hca.get_cq_event(&mut d).unwrap(), Some(cqn));
 
@@ -493,7 +493,7 @@ fn an_overrun_is_reported_as_a_cq_error_event() {
     assert!(dev.post_cqe(cq.cqn(), send_cqe(4)).is_err());
     assert_eq!(hca.get_async_event(), None);
     hca.process_events(&mut d).unwrap();
-    let overrun = consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN as u8;
+    let overrun = consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN;
     assert_eq!(hca.get_async_event(), Some(AsyncEvent::CqError { cqn: cq.cqn(), syndrome: overrun }));
     assert_eq!(hca.cq_error(&cq), Some(overrun));
     let st = hca.query_cq(&cq, &mut d).unwrap();

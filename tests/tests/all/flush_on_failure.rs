@@ -164,7 +164,7 @@ fn check_flushed_after_death(n: Node, mut s: Scene) {
     assert!(wcs[..hw].iter().all(|w| w.status == WcStatus::Success));
     let flushed = &wcs[hw..];
     assert!(flushed.iter().all(|w| w.status == WcStatus::WrFlushErr), "{flushed:?}");
-    assert!(flushed.iter().all(|w| w.vendor_err == consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR));
+    assert!(flushed.iter().all(|w| w.vendor_err == u32::from(consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR)));
     let mut by_id: BTreeMap<u64, usize> = BTreeMap::new();
     for w in flushed {
         *by_id.entry(w.wr_id).or_default() += 1;
@@ -302,7 +302,7 @@ fn after_a_cq_overrun_the_qps_moved_to_err_are_flushed_in_software() {
     n.hca.post_send(&mut a, &[send(11, &buf, true), send(12, &buf, true), send(13, &buf, true)]).unwrap();
     let cqn = cq.cqn();
     n.hca.process_events(&mut n.d).unwrap();
-    let overrun = consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN as u8;
+    let overrun = consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN;
     assert_eq!(n.hca.get_async_event(), Some(AsyncEvent::CqError { cqn, syndrome: overrun }));
     // The two CQEs in the ring; then nothing, as a and b are still in RTS.
     let got = drain(&n, &mut cq, &mut [&mut a, &mut b, &mut c]);
@@ -329,7 +329,7 @@ fn a_refused_create_leaks_nothing_and_the_next_one_works() {
     let mut n = node();
     let before = n.dev.dma_outstanding();
     let status = CmdStatus::NoRes.raw();
-    n.dev.inject(Fault::Status { opcode: consts::MLX5_CMD_OP_CREATE_QP as u16, status, syndrome: 0x77, times: 1 });
+    n.dev.inject(Fault::Status { opcode: consts::MLX5_CMD_OP_CREATE_QP, status, syndrome: 0x77, times: 1 });
     let cq = n.cq(15);
     let after_cq = n.dev.dma_outstanding();
     let attr = QpInitAttr {

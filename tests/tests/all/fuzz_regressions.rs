@@ -166,8 +166,8 @@ fn refused_page_give_does_not_end_a_waiting_create() {
     let dev = SimDevice::new(SimConfig::default());
     let mut d = dev.delay();
     let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
-    dev.inject(Fault::NeedPages { opcode: consts::MLX5_CMD_OP_CREATE_CQ as u16, pages: 4 });
-    let mp = consts::MLX5_CMD_OP_MANAGE_PAGES as u16;
+    dev.inject(Fault::NeedPages { opcode: consts::MLX5_CMD_OP_CREATE_CQ, pages: 4 });
+    let mp = consts::MLX5_CMD_OP_MANAGE_PAGES;
     dev.inject(Fault::Status { opcode: mp, status: 0x03, syndrome: 0x1234, times: 1 });
     let r = hca.create_cq(CqAttr { cqe: 15, cqe_size: CqeSize::B64, overrun_ignore: false }, &mut d);
     match r {

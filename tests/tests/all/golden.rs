@@ -246,15 +246,15 @@ fn cqe_decodes_and_emits_byte_for_byte() {
     let bytes = golden("cqe64_req_rdma_write_ok");
     let cqe = Cqe(bytes.clone().try_into().unwrap());
     assert_eq!((cqe.opcode(), cqe.owner(), cqe.qpn(), cqe.wqe_counter()), (CqeOpcode::Req, 0, 0x123, 5));
-    assert_eq!(u32::from(cqe.wqe_opcode()), consts::MLX5_OPCODE_RDMA_WRITE);
+    assert_eq!(cqe.wqe_opcode(), consts::MLX5_OPCODE_RDMA_WRITE);
     let wc = decode_cqe(&cqe, 1, 0, LinkLayer::Ethernet, &mut Ids).unwrap().unwrap();
     assert_eq!(
         (wc.opcode, wc.status, wc.qp_num, wc.wr_id),
         (WcOpcode::RdmaWrite, WcStatus::Success, 0x123, 0x123_0005)
     );
     let emitted = CqeFields {
-        opcode: consts::MLX5_CQE_REQ as u8,
-        wqe_opcode: consts::MLX5_OPCODE_RDMA_WRITE as u8,
+        opcode: consts::MLX5_CQE_REQ,
+        wqe_opcode: consts::MLX5_OPCODE_RDMA_WRITE,
         qpn: 0x123,
         wqe_counter: 5,
         ..CqeFields::default()

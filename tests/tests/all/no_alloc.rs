@@ -143,14 +143,14 @@ fn post_send_post_recv_poll_cq_and_arm_allocate_nothing() {
     // The device's side, outside the counted window: the send completions, the receives, one CQE for a QP that has
     // no queue on this CQ.
     let req = |qpn, counter: u32| CqeFields {
-        opcode: consts::MLX5_CQE_REQ as u8,
-        wqe_opcode: consts::MLX5_OPCODE_SEND as u8,
+        opcode: consts::MLX5_CQE_REQ,
+        wqe_opcode: consts::MLX5_OPCODE_SEND,
         qpn,
         wqe_counter: counter as u16,
         ..CqeFields::default()
     };
     let resp = |k: u32| CqeFields {
-        opcode: consts::MLX5_CQE_RESP_SEND as u8,
+        opcode: consts::MLX5_CQE_RESP_SEND,
         qpn: qb,
         wqe_counter: k as u16,
         byte_cnt: 64,

@@ -102,7 +102,7 @@ impl CqRig {
     /// The device completes a receive: `byte_cnt` is the producer index, the owner bit that of its pass.
     fn produce(&mut self) {
         let f = CqeFields {
-            opcode: consts::MLX5_CQE_RESP_SEND as u8,
+            opcode: consts::MLX5_CQE_RESP_SEND,
             owner: ((self.pi >> self.cq.log_nent()) & 1) as u8,
             qpn: 7,
             wqe_counter: self.pi as u16,
@@ -302,7 +302,7 @@ fn cq_consumer_index_crosses_2_pow_24() {
     let nent = r.cq.nent();
     let ring = r.cq.buf().frag(0).unwrap().cpu();
     let target = (1u32 << 24) - 3 * nent / 2;
-    let sig = (consts::MLX5_CQE_SIG_ERR as u8) << 4;
+    let sig = consts::MLX5_CQE_SIG_ERR << 4;
     while r.pi < target {
         let owner = ((r.pi >> 12) & 1) as u8;
         for i in 0..nent {
