@@ -50,6 +50,8 @@ pub struct Entry {
     pub output: Option<Vec<u8>>,
     pub outcome: Outcome,
     pub waited_us: u64,
+    /// The device that ran it, in traces of runs with two devices (`"device": "mlx5_1"`).
+    pub device: Option<String>,
 }
 
 /// Reads and decodes the trace at `path`; the error is one line naming the file (and line) and the cause.
@@ -155,16 +157,24 @@ impl Entry {
             output,
             outcome,
             waited_us: uint(&v, "waited_us", u64::MAX)?.unwrap_or(0),
+            device: match v.get("device") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(d)) => Some(d.clone()),
+                Some(_) => return Err("`device` is not a string".into()),
+            },
         })
     }
 
     /// The header line and the fields of input and output.
     pub fn render(&self, index: usize, all: bool) -> String {
         let op = Opcode::from_raw(self.opcode);
-        let mut s = String::new();
+        let mut s = format!("#{index} ");
+        if let Some(d) = &self.device {
+            write!(s, "{}: ", d.escape_debug()).ok();
+        }
         match op.name() {
-            Some(name) => write!(s, "#{index} {name}(0x{:x})", self.opcode),
-            None => write!(s, "#{index} unknown opcode 0x{:x}", self.opcode),
+            Some(name) => write!(s, "{name}(0x{:x})", self.opcode),
+            None => write!(s, "unknown opcode 0x{:x}", self.opcode),
         }
         .ok();
         write!(s, " op_mod 0x{:x}", self.op_mod).ok();

@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use mlx5_sim::{Mode, SimConfig, SimDevice, WireError};
+use mlx5_sim::{Mode, PortType, SimConfig, SimDevice, WireError};
 
 use crate::pingpong::Report;
 use mlx5_verbs::{
@@ -76,9 +76,10 @@ pub struct Options {
 
 /// The simulated device for `role`, plugged into the simulated wire: the server's listens on `PORT + 1`, the
 /// client's connects there (retrying until `timeout`, as the server may still be starting). The two get
-/// different MACs, GUIDs and LIDs, as two hosts have. Threaded firmware, so retry timers run in real time.
-pub fn open_sim(role: &Role, timeout: Duration) -> Result<SimDevice, String> {
-    let base = SimConfig { mode: Mode::Threaded, ..SimConfig::default() };
+/// different MACs, GUIDs and LIDs, as two hosts have. Threaded firmware, so retry timers run in real time; the
+/// port is `port_type` (both sides must agree, as two ports on one cable do).
+pub fn open_sim(role: &Role, timeout: Duration, port_type: PortType) -> Result<SimDevice, String> {
+    let base = SimConfig { mode: Mode::Threaded, port_type, ..SimConfig::default() };
     let wire = role.wire_port()?;
     match role {
         Role::Server { .. } => {
