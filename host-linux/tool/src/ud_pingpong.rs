@@ -42,7 +42,7 @@ fn verbs(what: &str) -> impl Fn(mlx5_verbs::VerbsError) -> String + '_ {
 }
 
 /// The address of `r` as a sender on `ctx`'s port reaches it.
-fn route(ctx: &Context, r: &RemoteQp) -> AhAttr {
+pub fn route(ctx: &Context, r: &RemoteQp) -> AhAttr {
     match ctx.link_layer() {
         LinkLayer::Ethernet => AhAttr {
             grh: Some(Grh { dgid: r.gid, hop_limit: 1, ..Grh::default() }),

@@ -96,8 +96,16 @@ fn bad_two_process_arguments_are_one_line_errors() {
         (&["pingpong", "--client", "h:1", "--port", "2"][..], "--port goes with --server"),
         (&["pingpong", "--port", "2"][..], "--port goes with --server"),
         (&["pingpong", "--server", "--threaded"][..], "--threaded does not apply to --server / --client"),
-        (&["pingpong", "--server", "--ud"][..], "--ud runs on one device; --server / --client run RC only"),
-        (&["pingpong", "--client", "h:1", "--ud"][..], "--ud runs on one device"),
+    ] {
+        let out = mlx5().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want) && err.lines().count() == 1, "{args:?}: {err}");
+    }
+    // Refused before waiting for anyone.
+    let port = free_port_pair().to_string();
+    for (args, want) in [
+        (&["pingpong", "--server", "--port", &port, "--ud", "--size", "1025"][..], "larger than the port's active MTU"),
+        (&["pingpong", "--server", "--port", &port, "--iters", "0"][..], "at least 1"),
     ] {
         let out = mlx5().args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -108,6 +116,36 @@ fn bad_two_process_arguments_are_one_line_errors() {
     let out = mlx5().args(["pingpong", "--client", &format!("127.0.0.1:{port}"), "--timeout", "1"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("cannot reach the simulated wire at 127.0.0.1:"), "{err}");
+}
+
+#[test]
+fn a_ud_ping_pong_across_two_processes_verifies_every_byte() {
+    for link in ["eth", "ib"] {
+        let port = free_port_pair();
+        let server = mlx5()
+            .args(["--link", link, "pingpong", "--ud", "--server", "--port", &port.to_string(), "--iters", "100"])
+            .arg("--json")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let client = mlx5()
+            .args(["--link", link, "pingpong", "--ud", "--client", &format!("127.0.0.1:{port}"), "--iters", "100"])
+            .output()
+            .unwrap();
+        let server = server.wait_with_output().unwrap();
+        assert!(client.status.success(), "{link} client: {}", String::from_utf8_lossy(&client.stderr));
+        assert!(server.status.success(), "{link} server: {}", String::from_utf8_lossy(&server.stderr));
+        // ud_pingpong's 2048 bytes, or the simulated RoCE port's active MTU, 1024.
+        let size = if link == "eth" { 1024 } else { 2048 };
+        let r = json(&server.stdout);
+        assert_eq!(
+            (r["iters"].as_u64(), r["size"].as_u64(), r["verified"].as_bool()),
+            (Some(100), Some(size), Some(true))
+        );
+        let text = String::from_utf8_lossy(&client.stdout);
+        assert!(text.starts_with(&format!("{size} bytes in 100 iterations: ")) && text.ends_with("data verified\n"));
+    }
 }
 
 #[test]

@@ -46,7 +46,8 @@ commands:
              default 30: how long to wait for the peer and for each completion)
              --ud: a UD ping-pong between two UD QPs of the device instead, as ibv_ud_pingpong does it
              (address handles, Q_Key 0x11111111, 40 bytes of GRH room before each received payload;
-             --size default 2048 or the port's active MTU if smaller, at most the MTU); one device only
+             --size default 2048 or the port's active MTU if smaller, at most the MTU); with --server /
+             --client too
   bench TEST perftest-style benchmark between two RC QPs, data verified; TEST is send_bw, write_bw, read_bw,
              send_lat or write_lat. Two simulated devices on a simulated wire by default; both QPs on one
              device (loopback) with --device BDF, or --device sim. Options after TEST: --size BYTES (default
@@ -419,11 +420,8 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
     if args.threaded {
         return Err("--threaded does not apply to --server / --client (their simulated firmware is threaded)".into());
     }
-    if args.ud {
-        return Err("--ud runs on one device; --server / --client run RC only".into());
-    }
     let timeout = std::time::Duration::from_secs(args.timeout_s.unwrap_or(30).max(1));
-    let opts = rp::Options { size: args.size.unwrap_or(4096), iters: args.iters, timeout };
+    let opts = rp::Options { size: args.size, iters: args.iters, timeout, ud: args.ud };
     let trace = shared_trace(args)?;
     let tracer = || trace.as_ref().map(|t| Box::new(t.device(None)) as mlx5_verbs::Tracer);
     let (ctx, sim) = match &args.device {
@@ -436,6 +434,7 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
             (Context::open_vfio_with(bdf, tracer()).map_err(|e| e.to_string())?, None)
         }
     };
+    rp::message_size(&ctx, &opts)?;
     if let Role::Server { port } = &role {
         eprintln!("mlx5: waiting for a client on port {port}");
     }
