@@ -19,6 +19,8 @@ pub struct TraceSink {
     error: Option<std::io::Error>,
     count: usize,
     steps: Steps,
+    /// The bring-up steps of each named device (runs with two devices).
+    device_steps: Vec<(String, Steps)>,
 }
 
 /// Failed to write the command trace.
@@ -68,7 +70,20 @@ impl TraceSink {
         self.count += 1;
         if log::log_enabled!(log::Level::Debug) {
             let on = device.map(|d| format!("{d}: ")).unwrap_or_default();
-            if let Some(step) = self.steps.next(rec) {
+            let steps = match device {
+                None => &mut self.steps,
+                Some(d) => {
+                    let i = match self.device_steps.iter().position(|(n, _)| n == d) {
+                        Some(i) => i,
+                        None => {
+                            self.device_steps.push((d.to_string(), Steps::default()));
+                            self.device_steps.len() - 1
+                        }
+                    };
+                    &mut self.device_steps[i].1
+                }
+            };
+            if let Some(step) = steps.next(rec) {
                 log::debug!("{on}bring-up step: {step}");
             }
             log::debug!("{on}{}", summary(rec));

@@ -419,6 +419,11 @@ fn bench_traces_both_devices_into_one_file_each_line_naming_its_device() {
         }
     }
     assert!(ops.iter().all(|(d, _)| d.is_some()), "every line names its device");
+    // -vv logs every command of both devices, each by name.
+    let o = mlx5(&["-vv", "bench", "send_lat", "--iters", "5"]);
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(o.status.success() && err.contains("mlx5: debug: mlx5_1: bring-up step: enable hca"), "{err}");
+    assert!(err.lines().any(|l| l.starts_with("mlx5: debug: mlx5_0: cmd[") && l.contains("CREATE_QP(0x500)")));
     // The decoder shows the device in each header.
     let o = mlx5(&["trace", "decode", path.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

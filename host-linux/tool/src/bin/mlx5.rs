@@ -358,9 +358,11 @@ fn pingpong(args: &Args) -> Result<(), String> {
     print_pingpong(args, &report)
 }
 
-/// The trace shared by the devices of a verbs run, when `--trace` or `--hexdump` asks for one.
+/// The trace shared by the devices of a verbs run, when `--trace`, `--hexdump` or `-vv` (every command logged)
+/// asks for one.
 fn shared_trace(args: &Args) -> Result<Option<SharedTrace>, String> {
-    Ok((args.trace.is_some() || args.hexdump).then_some(SharedTrace::new(trace_sink(args)?)))
+    let wanted = args.trace.is_some() || args.hexdump || args.verbose >= 2;
+    Ok(if wanted { Some(SharedTrace::new(trace_sink(args)?)) } else { None })
 }
 
 /// A context on the device `args` name, its commands going to `trace`.
