@@ -557,6 +557,7 @@ mod tests {
             ("{\"input\":\"0104\",\"opcode_raw\":70000}", "opcode_raw"),
             ("{\"input\":\"0104\",\"output\":5}", "neither"),
             ("{\"input\":\"0104\",\"status_raw\":999}", "status_raw"),
+            ("{\"input\":\"0104\",\"device\":1}", "`device` is not a string"),
         ] {
             let e = Entry::parse(line).unwrap_err();
             assert!(e.contains(want), "{line}: {e}");
@@ -590,5 +591,15 @@ mod tests {
             assert!(!i.name.starts_with("mbox") && !o.name.starts_with("mbox"), "{op:?}");
         }
         assert_eq!(layouts_of(Opcode::Unknown(0x7777)).0.name, "mbox_in");
+    }
+
+    #[test]
+    fn a_line_naming_its_device_shows_it_in_the_header() {
+        let line = "{\"device\":\"mlx5_1\",\"opcode_raw\":260,\"input\":\"0104000000000000\",\"status_raw\":0}";
+        let e = Entry::parse(line).unwrap();
+        assert_eq!(e.device.as_deref(), Some("mlx5_1"));
+        assert!(e.render(7, false).starts_with("#7 mlx5_1: ENABLE_HCA(0x104) op_mod 0x0 status OK(0x0)"));
+        let e = Entry::parse("{\"opcode_raw\":260,\"input\":\"0104000000000000\"}").unwrap();
+        assert!(e.device.is_none() && e.render(0, false).starts_with("#0 ENABLE_HCA(0x104)"));
     }
 }

@@ -9,8 +9,9 @@
 //!      [--size N] [--iters N] [--json]
 //! mlx5 bind BDF | unbind BDF
 //! mlx5 trace decode FILE [--all] [--hexdump]
-//! mlx5 [--device BDF|sim] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] bench TEST [--size N | --all [--max-size N]] [--iters N | --duration S]
-//!      [--tx-depth N] [--cq-mod N] [--inline N] [--timeout S] [--json] [--progress]
+//! mlx5 [--device BDF|sim] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] bench TEST
+//!      [--size N | --all [--max-size N]] [--iters N | --duration S] [--tx-depth N] [--cq-mod N] [--inline N]
+//!      [--timeout S] [--json] [--progress]
 //! ```
 //!
 //! `-v` logs bring-up milestones (info), `-vv` also every firmware command and bring-up step (debug), on
