@@ -50,6 +50,8 @@ pub struct Entry {
     pub output: Option<Vec<u8>>,
     pub outcome: Outcome,
     pub waited_us: u64,
+    /// The device that ran it, in traces of runs with two devices (`"device": "mlx5_1"`).
+    pub device: Option<String>,
 }
 
 /// Reads and decodes the trace at `path`; the error is one line naming the file (and line) and the cause.
@@ -155,16 +157,24 @@ impl Entry {
             output,
             outcome,
             waited_us: uint(&v, "waited_us", u64::MAX)?.unwrap_or(0),
+            device: match v.get("device") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(d)) => Some(d.clone()),
+                Some(_) => return Err("`device` is not a string".into()),
+            },
         })
     }
 
     /// The header line and the fields of input and output.
     pub fn render(&self, index: usize, all: bool) -> String {
         let op = Opcode::from_raw(self.opcode);
-        let mut s = String::new();
+        let mut s = format!("#{index} ");
+        if let Some(d) = &self.device {
+            write!(s, "{}: ", d.escape_debug()).ok();
+        }
         match op.name() {
-            Some(name) => write!(s, "#{index} {name}(0x{:x})", self.opcode),
-            None => write!(s, "#{index} unknown opcode 0x{:x}", self.opcode),
+            Some(name) => write!(s, "{name}(0x{:x})", self.opcode),
+            None => write!(s, "unknown opcode 0x{:x}", self.opcode),
         }
         .ok();
         write!(s, " op_mod 0x{:x}", self.op_mod).ok();
@@ -547,6 +557,7 @@ mod tests {
             ("{\"input\":\"0104\",\"opcode_raw\":70000}", "opcode_raw"),
             ("{\"input\":\"0104\",\"output\":5}", "neither"),
             ("{\"input\":\"0104\",\"status_raw\":999}", "status_raw"),
+            ("{\"input\":\"0104\",\"device\":1}", "`device` is not a string"),
         ] {
             let e = Entry::parse(line).unwrap_err();
             assert!(e.contains(want), "{line}: {e}");
@@ -580,5 +591,15 @@ mod tests {
             assert!(!i.name.starts_with("mbox") && !o.name.starts_with("mbox"), "{op:?}");
         }
         assert_eq!(layouts_of(Opcode::Unknown(0x7777)).0.name, "mbox_in");
+    }
+
+    #[test]
+    fn a_line_naming_its_device_shows_it_in_the_header() {
+        let line = "{\"device\":\"mlx5_1\",\"opcode_raw\":260,\"input\":\"0104000000000000\",\"status_raw\":0}";
+        let e = Entry::parse(line).unwrap();
+        assert_eq!(e.device.as_deref(), Some("mlx5_1"));
+        assert!(e.render(7, false).starts_with("#7 mlx5_1: ENABLE_HCA(0x104) op_mod 0x0 status OK(0x0)"));
+        let e = Entry::parse("{\"opcode_raw\":260,\"input\":\"0104000000000000\"}").unwrap();
+        assert!(e.device.is_none() && e.render(0, false).starts_with("#0 ENABLE_HCA(0x104)"));
     }
 }

@@ -47,7 +47,9 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use mlx5_sim::{Mode, SimConfig, SimDevice};
+use mlx5_sim::{Mode, PortType, SimConfig, SimDevice};
+
+use crate::tracefile::SharedTrace;
 
 use mlx5_verbs::wr::{self, WrExt};
 use mlx5_verbs::{
@@ -246,6 +248,10 @@ pub struct Options {
     pub threaded: bool,
     /// The longest any wait may go without progress.
     pub timeout: Duration,
+    /// The simulated ports' link layer.
+    pub port_type: PortType,
+    /// Where every firmware command goes (`--trace`); with two devices each line names its device.
+    pub trace: Option<SharedTrace>,
 }
 
 fn number<T: std::str::FromStr>(opt: &str, v: Option<&str>, what: &str) -> Result<T> {
@@ -355,6 +361,8 @@ impl Options {
             device: None,
             threaded: false,
             timeout,
+            port_type: PortType::default(),
+            trace: None,
         })
     }
 
@@ -749,21 +757,30 @@ pub fn bar(fraction: f64, label: &str) -> String {
 /// Opens the endpoints `opts` names, runs the test, and writes the table (row by row) or the JSON object through
 /// `emit`.
 pub fn run(opts: &Options, emit: &mut dyn FnMut(&str) -> std::result::Result<(), String>) -> Result<Report> {
-    let cfg = SimConfig { mode: if opts.threaded { Mode::Threaded } else { Mode::Inline }, ..SimConfig::default() };
+    let cfg = SimConfig {
+        mode: if opts.threaded { Mode::Threaded } else { Mode::Inline },
+        port_type: opts.port_type,
+        ..SimConfig::default()
+    };
     let how = if opts.threaded { "threaded" } else { "in-line" };
+    let trace = |name| opts.trace.as_ref().map(|t| Box::new(t.device(name)) as mlx5_verbs::Tracer);
     match opts.device.as_deref() {
         None => {
-            let (a, b) = Context::open_sim_pair_with(cfg)?;
+            // Two devices: one trace, each line naming its device.
+            let (da, db) = (SimDevice::new(cfg.clone()), SimDevice::new(cfg.next_host()));
+            da.connect(&db);
+            let a = Context::open_sim_device_with(da, trace(Some("mlx5_0")))?;
+            let b = Context::open_sim_device_with(db, trace(Some("mlx5_1")))?;
             let about = format!("two simulated ConnectX-5 on a simulated wire, {how} firmware");
             bench(&a, &b, opts, "sim", &about, emit)
         }
         Some("sim") => {
-            let c = Context::open_sim_device(SimDevice::new(cfg))?;
+            let c = Context::open_sim_device_with(SimDevice::new(cfg), trace(None))?;
             let about = format!("one simulated ConnectX-5, loopback, {how} firmware");
             bench(&c, &c, opts, "sim-loopback", &about, emit)
         }
         Some(spec) => {
-            let c = Context::open(spec)?;
+            let c = Context::open_vfio_with(spec.parse().map_err(VerbsError::Vfio)?, trace(None))?;
             bench(&c, &c, opts, spec, "both QPs on this device, loopback", emit)
         }
     }

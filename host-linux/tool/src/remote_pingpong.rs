@@ -8,16 +8,21 @@
 //! ([`mlx5_sim::SimDevice::wire_listen`]): the server's device listens on the port after the exchange port
 //! (`PORT + 1`), the client's plugs into it. Each side starts at a random PSN, so PSNs that were exchanged wrong
 //! would fail the first SEND, as on hardware.
+//!
+//! With `ud` the QPs are UD, as `ibv_ud_pingpong` runs them: the same exchange, then every SEND goes through an
+//! address handle to the peer's GID (RoCE) or LID (InfiniBand) with its QPN and ud_pingpong's Q_Key, and lands
+//! behind 40 bytes of GRH room.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use mlx5_sim::{Mode, SimConfig, SimDevice, WireError};
+use mlx5_sim::{Mode, PortType, SimConfig, SimDevice, WireError};
 
 use crate::pingpong::Report;
+use crate::ud_pingpong::{self as ud, GRH, QKEY};
 use mlx5_verbs::{
-    wr, Access, CanRecv, Context, InitAttr, QpCap, QpType, QueuePair, RemoteQp, RtrAttr, RtsAttr, WcStatus,
+    wr, Access, CanRecv, Context, Init, InitAttr, QpCap, QpType, QueuePair, RemoteQp, RtrAttr, Rts, RtsAttr, WcStatus,
     WorkCompletion,
 };
 
@@ -67,18 +72,22 @@ impl Role {
 /// What to run.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
-    pub size: usize,
+    /// `None`: 4096 for RC; for UD 2048, or the port's MTU when smaller.
+    pub size: Option<usize>,
     pub iters: u32,
     /// How long to wait for the peer: the client for the server to be up, the server for a client, and each
     /// side for every completion.
     pub timeout: Duration,
+    /// UD queue pairs, as `ibv_ud_pingpong`, instead of RC.
+    pub ud: bool,
 }
 
 /// The simulated device for `role`, plugged into the simulated wire: the server's listens on `PORT + 1`, the
 /// client's connects there (retrying until `timeout`, as the server may still be starting). The two get
-/// different MACs, GUIDs and LIDs, as two hosts have. Threaded firmware, so retry timers run in real time.
-pub fn open_sim(role: &Role, timeout: Duration) -> Result<SimDevice, String> {
-    let base = SimConfig { mode: Mode::Threaded, ..SimConfig::default() };
+/// different MACs, GUIDs and LIDs, as two hosts have. Threaded firmware, so retry timers run in real time; the
+/// port is `port_type` (both sides must agree, as two ports on one cable do).
+pub fn open_sim(role: &Role, timeout: Duration, port_type: PortType) -> Result<SimDevice, String> {
+    let base = SimConfig { mode: Mode::Threaded, port_type, ..SimConfig::default() };
     let wire = role.wire_port()?;
     match role {
         Role::Server { .. } => {
@@ -239,25 +248,72 @@ impl<S: CanRecv> PostRecv for QueuePair<'_, S> {
     }
 }
 
+/// The message size `opts` ask for on `ctx`'s port (a UD message must fit its MTU), checked with the iteration
+/// count before anything is created or anyone waited for.
+pub fn message_size(ctx: &Context, opts: &Options) -> Result<usize, String> {
+    let n = match (opts.ud, opts.size) {
+        (true, size) => ud::message_size(size, ctx.query_port().map_err(verbs("query port"))?.active_mtu)?,
+        (false, size) => size.unwrap_or(4096),
+    };
+    if n == 0 || opts.iters == 0 {
+        return Err("size and iterations must be at least 1".into());
+    }
+    Ok(n)
+}
+
+/// The QP once it can receive: an RC one in INIT (connected after the exchange), a UD one already in RTS.
+enum Ready<'a> {
+    Rc(QueuePair<'a, Init>),
+    Ud(QueuePair<'a, Rts>),
+}
+
+impl<'a> Ready<'a> {
+    /// RTS: an RC QP connected to `peer` (starting at `psn`), a UD one as it is.
+    fn connect(self, peer: RemoteQp, psn: u32) -> Result<QueuePair<'a, Rts>, String> {
+        match self {
+            Ready::Rc(qp) => qp
+                .to_rtr(RtrAttr::rc(peer).max_dest_rd_atomic(1))
+                .map_err(|e| format!("move the QP to RTR: {}", e.error))?
+                .to_rts(RtsAttr::rc(psn).max_rd_atomic(1))
+                .map_err(|e| format!("move the QP to RTS: {}", e.error)),
+            Ready::Ud(qp) => Ok(qp),
+        }
+    }
+}
+
 /// Runs one side on an open context. The exchange socket is set up first (the server waits for its client
 /// here), then the QP is connected and the ping-pong runs.
 pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> {
-    if opts.size == 0 || opts.iters == 0 {
-        return Err("size and iterations must be at least 1".into());
-    }
-    let size = u32::try_from(opts.size).map_err(|_| "--size must fit in 32 bits".to_string())?;
+    let n = message_size(ctx, &opts)?;
+    let size = u32::try_from(n).map_err(|_| "--size must fit in 32 bits".to_string())?;
+    // UD receives carry the GRH room in front of the payload.
+    let grh = if opts.ud { GRH } else { 0 };
     let pd = ctx.alloc_pd().map_err(verbs("alloc PD"))?;
     let cq = ctx.create_cq(16).map_err(verbs("create CQ"))?;
-    // The message goes out from the first half of the buffer and lands in the second.
-    let mut buf = ctx.alloc_buffer(2 * opts.size).map_err(verbs("allocate the buffer"))?;
+    // The message goes out from the first part of the buffer and lands in the second (behind the GRH room).
+    let mut buf = ctx.alloc_buffer(2 * n + grh).map_err(verbs("allocate the buffer"))?;
     let mr = pd.register(&mut buf, Access::LOCAL_WRITE).map_err(verbs("register the buffer"))?;
     let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qp = pd.create_qp(QpType::Rc, &cq, &cq, cap).map_err(verbs("create QP"))?;
-    let qp = qp.to_init(InitAttr::rc(Access::default())).map_err(|e| format!("move the QP to INIT: {}", e.error))?;
-    let recv = |qp: &dyn PostRecv| qp.post_one(&[wr::recv(1, &[mr.sge(opts.size, size)])]);
+    let qp = pd.create_qp(if opts.ud { QpType::Ud } else { QpType::Rc }, &cq, &cq, cap).map_err(verbs("create QP"))?;
+    let ready = if opts.ud {
+        Ready::Ud(qp.activate_ud(QKEY).map_err(verbs("move the QP to RTS"))?)
+    } else {
+        Ready::Rc(qp.to_init(InitAttr::rc(Access::default())).map_err(|e| format!("move the QP to INIT: {}", e.error))?)
+    };
+    let recv_len = size + grh as u32;
+    let recv = |qp: &dyn PostRecv| qp.post_one(&[wr::recv(1, &[mr.sge(n, recv_len)])]);
     // A receive is up before the peer can learn our QPN, as rc_pingpong does.
-    recv(&qp)?;
-    let mut me = ctx.remote_qp(&qp).map_err(verbs("query port"))?;
+    let mut me = match &ready {
+        Ready::Rc(qp) => {
+            recv(qp)?;
+            ctx.remote_qp(qp)
+        }
+        Ready::Ud(qp) => {
+            recv(qp)?;
+            ctx.remote_qp(qp)
+        }
+    }
+    .map_err(verbs("query port"))?;
     me.psn = random_psn();
 
     let mut s = rendezvous(role, opts.timeout)?;
@@ -270,11 +326,13 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     };
     log::info!("local address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", me.lid, me.qpn, me.psn);
     log::info!("remote address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", peer.lid, peer.qpn, peer.psn);
-    let qp = qp
-        .to_rtr(RtrAttr::rc(peer).max_dest_rd_atomic(1))
-        .map_err(|e| format!("move the QP to RTR: {}", e.error))?
-        .to_rts(RtsAttr::rc(me.psn).max_rd_atomic(1))
-        .map_err(|e| format!("move the QP to RTS: {}", e.error))?;
+    let qp = ready.connect(peer, me.psn)?;
+    let ah = opts.ud.then(|| pd.create_ah(&ud::route(ctx, &peer)));
+    let sge = [mr.sge(0, size)];
+    let send = || match &ah {
+        Some(ah) => qp.post_send(&[wr::ud_send(2, &sge, ah.dest(peer.qpn, QKEY))]),
+        None => qp.post_send(&[wr::send(2, &sge)]),
+    };
     if server {
         write_msg(&mut s, &encode_dest(&me), "address")?;
         let done = read_msg(&mut s, DONE.len(), "go-ahead")?;
@@ -285,25 +343,26 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
         write_msg(&mut s, DONE, "go-ahead")?;
     }
 
-    let mut expect = vec![0u8; opts.size];
+    let mut expect = vec![0u8; n];
     let mut verified = true;
+    let at = n + grh;
     let start = Instant::now();
     for i in 0..opts.iters {
         ping(i, &mut expect);
         if server {
-            // The ping arrives in the second half; it must be ping i; it goes back from the first half.
+            // The ping arrives in the second part; it must be ping i; it goes back from the first part.
             complete(&cq, 1, opts.timeout)?;
-            verified &= mr.read_vec(opts.size, opts.size) == expect;
-            mr.write(0, &mr.read_vec(opts.size, opts.size)).map_err(verbs("copy the ping"))?;
+            verified &= mr.read_vec(at, n) == expect;
+            mr.write(0, &mr.read_vec(at, n)).map_err(verbs("copy the ping"))?;
             recv(&qp)?;
-            qp.post_send(&[wr::send(2, &[mr.sge(0, size)])]).map_err(verbs("post send"))?;
+            send().map_err(verbs("post send"))?;
             complete(&cq, 1, opts.timeout)?;
         } else {
             mr.write(0, &expect).map_err(verbs("write the ping"))?;
-            qp.post_send(&[wr::send(2, &[mr.sge(0, size)])]).map_err(verbs("post send"))?;
+            send().map_err(verbs("post send"))?;
             // The send's completion and the pong's, in either order.
             complete(&cq, 2, opts.timeout)?;
-            verified &= mr.read_vec(opts.size, opts.size) == expect;
+            verified &= mr.read_vec(at, n) == expect;
             recv(&qp)?;
         }
     }
@@ -313,7 +372,7 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     mr.destroy().map_err(verbs("deregister the buffer"))?;
     cq.destroy().map_err(verbs("destroy CQ"))?;
     pd.destroy().map_err(verbs("dealloc PD"))?;
-    Ok(Report::from_run(opts.iters, opts.size, secs, verified))
+    Ok(Report::from_run(opts.iters, n, secs, verified))
 }
 
 #[cfg(test)]

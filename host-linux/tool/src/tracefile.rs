@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use mlx5_core::hca::Step;
 use mlx5_core::prm::{consts, ifc, Named, Opcode};
@@ -18,6 +19,8 @@ pub struct TraceSink {
     error: Option<std::io::Error>,
     count: usize,
     steps: Steps,
+    /// The bring-up steps of each named device (runs with two devices).
+    device_steps: Vec<(String, Steps)>,
 }
 
 /// Failed to write the command trace.
@@ -56,17 +59,45 @@ impl TraceSink {
 
 impl CmdTrace for TraceSink {
     fn record(&mut self, rec: &CmdRecord<'_>) {
+        self.record_on(rec, None);
+    }
+}
+
+impl TraceSink {
+    /// Records `rec`; with `device` (a run with two devices) the JSON line names it first
+    /// (`{"device":"mlx5_1","slot":...`) and the debug log line starts with it.
+    pub fn record_on(&mut self, rec: &CmdRecord<'_>, device: Option<&str>) {
         self.count += 1;
         if log::log_enabled!(log::Level::Debug) {
-            if let Some(step) = self.steps.next(rec) {
-                log::debug!("bring-up step: {step}");
+            let on = device.map(|d| format!("{d}: ")).unwrap_or_default();
+            let steps = match device {
+                None => &mut self.steps,
+                Some(d) => {
+                    let i = match self.device_steps.iter().position(|(n, _)| n == d) {
+                        Some(i) => i,
+                        None => {
+                            self.device_steps.push((d.to_string(), Steps::default()));
+                            self.device_steps.len() - 1
+                        }
+                    };
+                    &mut self.device_steps[i].1
+                }
+            };
+            if let Some(step) = steps.next(rec) {
+                log::debug!("{on}bring-up step: {step}");
             }
-            log::debug!("{}", summary(rec));
+            log::debug!("{on}{}", summary(rec));
         }
         if let Some(w) = self.json.as_mut() {
             let mut line = String::new();
+            if let Some(d) = device {
+                // Device names are the tool's own (`mlx5_0`, `mlx5_1`): nothing to escape.
+                line.push_str(&format!("{{\"device\":\"{d}\","));
+            }
+            let mut rest = String::new();
             // Formatting into a String cannot fail.
-            let _ = rec.write_json(&mut line);
+            let _ = rec.write_json(&mut rest);
+            line.push_str(if device.is_some() { rest.strip_prefix('{').unwrap_or(&rest) } else { &rest });
             line.push('\n');
             if let Err(e) = w.write_all(line.as_bytes()) {
                 self.error.get_or_insert(e);
@@ -83,6 +114,49 @@ impl CmdTrace for TraceSink {
                 }
             }
         }
+    }
+}
+
+/// One trace file shared by the devices of a run: each device's [`DeviceTrace`] writes into it, and
+/// [`SharedTrace::finish`] flushes it once every device is closed.
+#[derive(Debug, Clone, Default)]
+pub struct SharedTrace(Arc<Mutex<TraceSink>>);
+
+impl PartialEq for SharedTrace {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl SharedTrace {
+    pub fn new(sink: TraceSink) -> Self {
+        Self(Arc::new(Mutex::new(sink)))
+    }
+
+    /// The tracer for one device: `Some(name)` puts `"device": name` on each of its lines (runs with two
+    /// devices), `None` leaves the lines as a one-device run writes them.
+    pub fn device(&self, name: Option<&'static str>) -> DeviceTrace {
+        DeviceTrace { shared: self.clone(), device: name }
+    }
+
+    /// Flushes the file and reports the first write error, if any; call it once the devices are closed (their
+    /// teardown commands are traced too).
+    pub fn finish(&self) -> Result<usize, TraceError> {
+        let sink = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        sink.finish()
+    }
+}
+
+/// One device's view of a [`SharedTrace`]; hand it to `mlx5_verbs::Context::open_*_with`.
+#[derive(Debug)]
+pub struct DeviceTrace {
+    shared: SharedTrace,
+    device: Option<&'static str>,
+}
+
+impl CmdTrace for DeviceTrace {
+    fn record(&mut self, rec: &CmdRecord<'_>) {
+        self.shared.0.lock().unwrap_or_else(|e| e.into_inner()).record_on(rec, self.device);
     }
 }
 

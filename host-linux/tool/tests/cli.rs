@@ -385,6 +385,118 @@ fn bench_bad_arguments_are_one_line_and_a_failing_exit() {
     one_line_error(&["bench", "atomic_bw"], "bench: unknown test \"atomic_bw\"");
     one_line_error(&["bench"], "bench: which test?");
     one_line_error(&["bench", "write_bw", "--server"], "bench: unknown option --server");
-    one_line_error(&["--trace", "t.jsonl", "bench", "write_bw"], "do not apply to bench");
+    one_line_error(&["--trace", "/nonexistent-dir/t.jsonl", "bench", "write_bw"], "failed to write the command trace");
     one_line_error(&["--device", "0000:7f:1f.7", "bench", "write_bw"], "no PCI device 0000:7f:1f.7");
+}
+
+/// The opcodes of a trace file, with the device each line names (if any).
+fn trace_opcodes(path: &std::path::Path) -> Vec<(Option<String>, String)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["device"].as_str().map(str::to_string), v["opcode"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+const QP_COMMANDS: [&str; 4] = ["CREATE_QP", "RST2INIT_QP", "INIT2RTR_QP", "RTR2RTS_QP"];
+
+#[test]
+fn bench_traces_both_devices_into_one_file_each_line_naming_its_device() {
+    let dir = scratch("bench-trace");
+    let path = dir.join("bench.jsonl");
+    let o = mlx5(&["--trace", path.to_str().unwrap(), "bench", "send_bw", "--iters", "50", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ops = trace_opcodes(&path);
+    for dev in ["mlx5_0", "mlx5_1"] {
+        let mine: Vec<&str> =
+            ops.iter().filter(|(d, _)| d.as_deref() == Some(dev)).map(|(_, op)| op.as_str()).collect();
+        assert_eq!(mine.first(), Some(&"ENABLE_HCA"), "{dev}");
+        assert_eq!(mine.last(), Some(&"DISABLE_HCA"), "{dev}");
+        for op in QP_COMMANDS {
+            assert!(mine.contains(&op), "{dev}: no {op}");
+        }
+    }
+    assert!(ops.iter().all(|(d, _)| d.is_some()), "every line names its device");
+    // -vv logs every command of both devices, each by name.
+    let o = mlx5(&["-vv", "bench", "send_lat", "--iters", "5"]);
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(o.status.success() && err.contains("mlx5: debug: mlx5_1: bring-up step: enable hca"), "{err}");
+    assert!(err.lines().any(|l| l.starts_with("mlx5: debug: mlx5_0: cmd[") && l.contains("CREATE_QP(0x500)")));
+    // The decoder shows the device in each header.
+    let o = mlx5(&["trace", "decode", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.starts_with("#0 mlx5_0: ENABLE_HCA(0x104)"), "{}", &text[..80]);
+    assert!(text.lines().any(|l| l.starts_with('#') && l.contains(" mlx5_1: INIT2RTR_QP(0x503)")));
+    // One device (loopback): the lines are a one-device trace, without the field.
+    let o = mlx5(&["--device", "sim", "--trace", path.to_str().unwrap(), "bench", "write_lat", "--iters", "20"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ops = trace_opcodes(&path);
+    assert!(ops.iter().all(|(d, _)| d.is_none()));
+    assert!(QP_COMMANDS.iter().all(|q| ops.iter().any(|(_, op)| op == q)));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn link_ib_makes_the_simulated_port_infiniband() {
+    let o = mlx5(&["--link", "ib", "devinfo"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8(o.stdout).unwrap().contains("link_layer:\t\tInfiniBand"));
+    let o = mlx5(&["--link", "ib", "devinfo", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ports"][0]["link_layer"], "InfiniBand");
+    let o = mlx5(&["--link", "eth", "devinfo", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ports"][0]["link_layer"], "Ethernet");
+    // Every subcommand on the simulator takes it, bench too (after TEST as well).
+    let o = mlx5(&["--link", "ib", "pingpong", "--iters", "20"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("data verified"));
+    let v = bench_json(&["send_lat", "--iters", "20", "--link", "ib"]);
+    assert_eq!(v["link_layer"], "IB");
+}
+
+#[test]
+fn ud_pingpong_verifies_data_in_text_and_json() {
+    let o = mlx5(&["pingpong", "--ud", "--iters", "30"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // RoCE at the simulated 1500-byte MTU: active MTU 1024, so the default 2048 becomes 1024.
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.starts_with("1024 bytes in 30 iterations: ") && text.ends_with("data verified\n"), "{text}");
+    let o = mlx5(&["--link", "ib", "pingpong", "--ud", "--iters", "30", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["iters"].as_u64(), v["size"].as_u64(), v["verified"].as_bool()), (Some(30), Some(2048), Some(true)));
+    assert!(v["avg_latency_us"].as_f64().unwrap() > 0.0 && v["bandwidth_mbps"].as_f64().unwrap() > 0.0);
+    let o = mlx5(&["--threaded", "pingpong", "--ud", "--size", "1", "--iters", "10"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("data verified"));
+    // Traced: the UD QPs' commands are in the file.
+    let dir = scratch("ud-trace");
+    let path = dir.join("ud.jsonl");
+    let o = mlx5(&["--trace", path.to_str().unwrap(), "pingpong", "--ud", "--iters", "5"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ops = trace_opcodes(&path);
+    assert!(QP_COMMANDS.iter().all(|q| ops.iter().any(|(_, op)| op == q)));
+    assert_eq!(ops.last().map(|(_, op)| op.as_str()), Some("DISABLE_HCA"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_link_and_ud_combinations_are_one_line_and_a_failing_exit() {
+    for (args, want) in [
+        (&["--device", "0000:03:00.0", "--link", "ib", "devinfo"][..], "with --device BDF the real port decides"),
+        (&["--link", "eth", "--device", "0000:03:00.0", "bench", "send_bw"][..], "the real port decides"),
+        (&["devinfo", "--ud"][..], "--ud goes with pingpong"),
+        (&["pingpong", "--ud", "--size", "1025"][..], "larger than the port's active MTU (1024 bytes)"),
+        (&["pingpong", "--ud", "--size", "0"][..], "at least 1"),
+    ] {
+        let o = mlx5(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want) && err.lines().count() == 1, "{args:?}: {err}");
+    }
+    // A link that is neither: a usage error.
+    let o = mlx5(&["--link", "fc", "devinfo"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).starts_with("mlx5: --link: \"fc\" is neither eth nor ib\n"));
 }

@@ -95,7 +95,17 @@ fn bad_two_process_arguments_are_one_line_errors() {
         (&["pingpong", "--client", "h:x"][..], "is not HOST:PORT"),
         (&["pingpong", "--client", "h:1", "--port", "2"][..], "--port goes with --server"),
         (&["pingpong", "--port", "2"][..], "--port goes with --server"),
-        (&["pingpong", "--server", "--trace", "t.jsonl"][..], "do not apply to --server / --client"),
+        (&["pingpong", "--server", "--threaded"][..], "--threaded does not apply to --server / --client"),
+    ] {
+        let out = mlx5().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want) && err.lines().count() == 1, "{args:?}: {err}");
+    }
+    // Refused before waiting for anyone.
+    let port = free_port_pair().to_string();
+    for (args, want) in [
+        (&["pingpong", "--server", "--port", &port, "--ud", "--size", "1025"][..], "larger than the port's active MTU"),
+        (&["pingpong", "--server", "--port", &port, "--iters", "0"][..], "at least 1"),
     ] {
         let out = mlx5().args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -106,4 +116,72 @@ fn bad_two_process_arguments_are_one_line_errors() {
     let out = mlx5().args(["pingpong", "--client", &format!("127.0.0.1:{port}"), "--timeout", "1"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("cannot reach the simulated wire at 127.0.0.1:"), "{err}");
+}
+
+#[test]
+fn a_ud_ping_pong_across_two_processes_verifies_every_byte() {
+    for link in ["eth", "ib"] {
+        let port = free_port_pair();
+        let server = mlx5()
+            .args(["--link", link, "pingpong", "--ud", "--server", "--port", &port.to_string(), "--iters", "100"])
+            .arg("--json")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let client = mlx5()
+            .args(["--link", link, "pingpong", "--ud", "--client", &format!("127.0.0.1:{port}"), "--iters", "100"])
+            .output()
+            .unwrap();
+        let server = server.wait_with_output().unwrap();
+        assert!(client.status.success(), "{link} client: {}", String::from_utf8_lossy(&client.stderr));
+        assert!(server.status.success(), "{link} server: {}", String::from_utf8_lossy(&server.stderr));
+        // ud_pingpong's 2048 bytes, or the simulated RoCE port's active MTU, 1024.
+        let size = if link == "eth" { 1024 } else { 2048 };
+        let r = json(&server.stdout);
+        assert_eq!(
+            (r["iters"].as_u64(), r["size"].as_u64(), r["verified"].as_bool()),
+            (Some(100), Some(size), Some(true))
+        );
+        let text = String::from_utf8_lossy(&client.stdout);
+        assert!(text.starts_with(&format!("{size} bytes in 100 iterations: ")) && text.ends_with("data verified\n"));
+    }
+}
+
+#[test]
+fn both_sides_trace_their_device_and_take_the_link_type() {
+    let dir = std::env::temp_dir().join(format!("mlx5-two-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (st, ct) = (dir.join("server.jsonl"), dir.join("client.jsonl"));
+    let port = free_port_pair();
+    let server = mlx5()
+        .args(["--link", "ib", "--trace", st.to_str().unwrap(), "pingpong", "--server", "--port", &port.to_string()])
+        .args(["--iters", "20", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = mlx5()
+        .args(["--link", "ib", "--trace", ct.to_str().unwrap(), "pingpong", "--client", &format!("127.0.0.1:{port}")])
+        .args(["--iters", "20", "--json"])
+        .output()
+        .unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert!(client.status.success(), "client: {}", String::from_utf8_lossy(&client.stderr));
+    assert!(server.status.success(), "server: {}", String::from_utf8_lossy(&server.stderr));
+    for out in [&client.stdout, &server.stdout] {
+        assert_eq!(json(out)["verified"].as_bool(), Some(true));
+    }
+    for path in [&st, &ct] {
+        let text = std::fs::read_to_string(path).unwrap();
+        let ops: Vec<String> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["opcode"].as_str().unwrap().to_string())
+            .collect();
+        for op in ["ENABLE_HCA", "CREATE_QP", "RST2INIT_QP", "INIT2RTR_QP", "RTR2RTS_QP", "DESTROY_QP"] {
+            assert!(ops.iter().any(|o| o == op), "{}: no {op}", path.display());
+        }
+        assert_eq!(ops.last().map(String::as_str), Some("DISABLE_HCA"), "{}", path.display());
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -116,6 +116,7 @@ use mlx5_core::qp::{required_attrs, Qp, QpAttr, QpAttrMask};
 pub use mlx5_core::qp::{
     Ah, AhAttr, Grh, Mtu, PostError, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
 };
+pub use mlx5_core::trace::{CmdRecord, CmdTrace};
 #[cfg(feature = "sim")]
 use mlx5_sim::{SimConfig, SimDelay, SimDevice, SimDma, SimMmio};
 
@@ -262,7 +263,23 @@ impl DelayNs for AnyDelay {
     }
 }
 
-type AnyHca = Hca<AnyMmio, AnyDma>;
+/// A command tracer a context hands every firmware command to (the `mlx5` tool's `--trace`), from bring-up to
+/// teardown.
+pub type Tracer = Box<dyn CmdTrace + Send>;
+
+/// The context's tracer, if any. Without one a firmware command costs one untaken branch; the datapath never
+/// reaches it.
+struct MaybeTrace(Option<Tracer>);
+
+impl CmdTrace for MaybeTrace {
+    fn record(&mut self, rec: &CmdRecord<'_>) {
+        if let Some(t) = &mut self.0 {
+            t.record(rec);
+        }
+    }
+}
+
+type AnyHca = Hca<AnyMmio, AnyDma, MaybeTrace>;
 
 /// The work-request tables of every QP of a context, looked up by QPN when a CQE names one.
 struct QpTable<'a>(&'a mut HashMap<u32, Qp>);
@@ -338,8 +355,30 @@ impl Context {
     /// Brings up a given simulated device (for a chosen configuration, or one wired to another).
     #[cfg(feature = "sim")]
     pub fn open_sim_device(dev: SimDevice) -> Result<Context> {
+        Self::open_sim_device_with(dev, None)
+    }
+
+    /// [`Context::open_sim_device`] handing every firmware command, bring-up and teardown included, to `trace`
+    /// when there is one.
+    ///
+    /// ```
+    /// use mlx5_verbs::{CmdRecord, CmdTrace, Context};
+    /// struct Count(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    /// impl CmdTrace for Count {
+    ///     fn record(&mut self, _: &CmdRecord<'_>) {
+    ///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ///     }
+    /// }
+    /// let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    /// let dev = mlx5_sim::SimDevice::new(mlx5_sim::SimConfig::default());
+    /// drop(Context::open_sim_device_with(dev, Some(Box::new(Count(n.clone()))))?);
+    /// assert!(n.load(std::sync::atomic::Ordering::Relaxed) > 30);
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    #[cfg(feature = "sim")]
+    pub fn open_sim_device_with(dev: SimDevice, trace: Option<Tracer>) -> Result<Context> {
         let delay = AnyDelay::Sim(dev.delay());
-        Self::bring_up(AnyMmio::Sim(dev.mmio()), AnyDma::Sim(dev.dma()), delay, DeviceKind::Sim(dev))
+        Self::bring_up(AnyMmio::Sim(dev.mmio()), AnyDma::Sim(dev.dma()), delay, DeviceKind::Sim(dev), trace)
     }
 
     /// Two simulated ConnectX-5s joined by a simulated wire, with distinct MACs / GUIDs / LIDs: two hosts on a
@@ -375,9 +414,14 @@ impl Context {
 
     /// Opens the ConnectX at `bdf` through VFIO (bound to vfio-pci) and brings it up.
     pub fn open_vfio(bdf: Bdf) -> Result<Context> {
+        Self::open_vfio_with(bdf, None)
+    }
+
+    /// [`Context::open_vfio`] handing every firmware command to `trace` when there is one.
+    pub fn open_vfio_with(bdf: Bdf, trace: Option<Tracer>) -> Result<Context> {
         let v = Arc::new(Vfio::open(bdf, VfioOptions::default())?);
         let delay = AnyDelay::Std(StdDelay);
-        Self::bring_up(AnyMmio::Vfio(v.clone()), AnyDma::Vfio(v.clone()), delay, DeviceKind::Vfio(v))
+        Self::bring_up(AnyMmio::Vfio(v.clone()), AnyDma::Vfio(v.clone()), delay, DeviceKind::Vfio(v), trace)
     }
 
     /// `"sim"` for the simulator, else a PCI address for VFIO. Without the `sim` feature `"sim"` is refused as
@@ -390,8 +434,14 @@ impl Context {
         Self::open_vfio(spec.parse()?)
     }
 
-    fn bring_up(mmio: AnyMmio, dma: AnyDma, mut delay: AnyDelay, kind: DeviceKind) -> Result<Context> {
-        let mut hca = Hca::bring_up(mmio, dma, (), &mut delay, Config::default())
+    fn bring_up(
+        mmio: AnyMmio,
+        dma: AnyDma,
+        mut delay: AnyDelay,
+        kind: DeviceKind,
+        trace: Option<Tracer>,
+    ) -> Result<Context> {
+        let mut hca = Hca::bring_up(mmio, dma, MaybeTrace(trace), &mut delay, Config::default())
             .map_err(|e| VerbsError::Bringup(e.to_string()))?;
         let link = match hca.query_port(&mut delay) {
             Ok(p) => p.link_layer,

@@ -1,14 +1,17 @@
 //! `mlx5`: the command-line tool. Runs on the simulated device unless told otherwise.
 //!
 //! ```text
-//! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] devinfo [--json]
-//! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] fw-tour
-//! mlx5 [--device BDF] [--trace FILE] [--hexdump] [--threaded] pingpong [--size N] [--iters N] [--json]
-//! mlx5 [--device BDF] pingpong --server [--port P] | --client HOST[:P] [--size N] [--iters N] [--json]
+//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] devinfo [--json]
+//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] fw-tour
+//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] pingpong [--ud] [--size N]
+//!      [--iters N] [--json]
+//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] pingpong --server [--port P] | --client HOST[:P]
+//!      [--size N] [--iters N] [--json]
 //! mlx5 bind BDF | unbind BDF
 //! mlx5 trace decode FILE [--all] [--hexdump]
-//! mlx5 [--device BDF|sim] [--threaded] bench TEST [--size N | --all [--max-size N]] [--iters N | --duration S]
-//!      [--tx-depth N] [--cq-mod N] [--inline N] [--timeout S] [--json] [--progress]
+//! mlx5 [--device BDF|sim] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] bench TEST
+//!      [--size N | --all [--max-size N]] [--iters N | --duration S] [--tx-depth N] [--cq-mod N] [--inline N]
+//!      [--timeout S] [--json] [--progress]
 //! ```
 //!
 //! `-v` logs bring-up milestones (info), `-vv` also every firmware command and bring-up step (debug), on
@@ -21,15 +24,17 @@ use std::sync::Arc;
 use mlx5_core::cmdq::CmdQueue;
 use mlx5_core::hal::{DelayNs, Dma, Mmio};
 use mlx5_core::hca::{Config, Hca};
-use mlx5_sim::{Mode, SimConfig, SimDevice};
+use mlx5_sim::{Mode, PortType, SimConfig, SimDevice};
 use mlx5_tool::devinfo::DevInfo;
 use mlx5_tool::pingpong::Report;
 use mlx5_tool::tour::{run_tour, TourReport};
-use mlx5_tool::tracefile::TraceSink;
+use mlx5_tool::tracefile::{SharedTrace, TraceSink};
 use mlx5_verbs::DeviceKind;
 use mlx5_vfio::{bind, Bdf, StdDelay, Vfio, VfioOptions};
 
-const USAGE: &str = "usage: mlx5 [-v|-vv] [--device BDF] [--trace FILE] [--hexdump] [--threaded] <command> [--json]
+const USAGE: &str =
+    "usage: mlx5 [-v|-vv] [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] <command>
+            [--json]
 
 commands:
   devinfo    bring the device up as Linux does and print what ibv_devinfo -v shows (--json: one JSON object)
@@ -40,6 +45,10 @@ commands:
              LID, QPN, PSN and GID over TCP port P (default 18515) as ibv_rc_pingpong does; on the
              simulator their devices are joined by a simulated wire over TCP port P + 1 (--timeout SECS,
              default 30: how long to wait for the peer and for each completion)
+             --ud: a UD ping-pong between two UD QPs of the device instead, as ibv_ud_pingpong does it
+             (address handles, Q_Key 0x11111111, 40 bytes of GRH room before each received payload;
+             --size default 2048 or the port's active MTU if smaller, at most the MTU); with --server /
+             --client too
   bench TEST perftest-style benchmark between two RC QPs, data verified; TEST is send_bw, write_bw, read_bw,
              send_lat or write_lat. Two simulated devices on a simulated wire by default; both QPs on one
              device (loopback) with --device BDF, or --device sim. Options after TEST: --size BYTES (default
@@ -57,7 +66,10 @@ commands:
 
 options:
   --device BDF   use the ConnectX at PCI address BDF through VFIO (e.g. 0000:03:00.0); default: simulated
-  --trace FILE   write every firmware command as a JSON line to FILE
+  --link eth|ib  the simulated port's link layer: Ethernet (RoCE, the default) or InfiniBand; refused with
+                 --device BDF (the real port decides)
+  --trace FILE   write every firmware command as a JSON line to FILE; when bench runs two simulated devices
+                 both go to FILE, each line naming its device (\"device\": \"mlx5_0\" or \"mlx5_1\")
   --hexdump      print every firmware command as the Linux mlx5 command hexdump
   --threaded     simulated firmware completes commands on its own thread (default: in line)
   -v, --verbose  log bring-up milestones to standard error; -vv also every firmware command";
@@ -68,7 +80,10 @@ struct Args {
     hexdump: bool,
     threaded: bool,
     json: bool,
-    size: usize,
+    /// `None`: the command's default (4096 for RC, 2048 or the MTU for UD).
+    size: Option<usize>,
+    link: Option<PortType>,
+    ud: bool,
     iters: u32,
     all: bool,
     verbose: u8,
@@ -87,7 +102,9 @@ fn parse() -> Result<Args, String> {
         hexdump: false,
         threaded: false,
         json: false,
-        size: 4096,
+        size: None,
+        link: None,
+        ud: false,
         iters: 1000,
         all: false,
         verbose: 0,
@@ -117,6 +134,15 @@ fn parse() -> Result<Args, String> {
                 args.port = Some(v.parse().map_err(|_| format!("--port: {v:?} is not a port number"))?);
             }
             "--threaded" => args.threaded = true,
+            "--ud" => args.ud = true,
+            "--link" => {
+                args.link = Some(match it.next().as_deref() {
+                    Some("eth") => PortType::Eth,
+                    Some("ib") => PortType::Ib,
+                    Some(v) => return Err(format!("--link: {v:?} is neither eth nor ib")),
+                    None => return Err("--link needs eth or ib".into()),
+                })
+            }
             "--json" => args.json = true,
             "--all" => args.all = true,
             "--verbose" => args.verbose = args.verbose.saturating_add(1),
@@ -125,7 +151,7 @@ fn parse() -> Result<Args, String> {
             }
             "--size" => {
                 let v = it.next().ok_or("--size needs a byte count")?;
-                args.size = v.parse().map_err(|_| format!("--size: {v:?} is not a byte count"))?;
+                args.size = Some(v.parse().map_err(|_| format!("--size: {v:?} is not a byte count"))?);
             }
             "--iters" => {
                 let v = it.next().ok_or("--iters needs a number")?;
@@ -147,15 +173,23 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
+/// Combinations of options no command takes: one error line, not the usage.
+fn check(args: &Args) -> Result<(), String> {
+    if args.link.is_some() && args.device.as_deref().is_some_and(|d| d != "sim") {
+        return Err("--link sets the simulated port; with --device BDF the real port decides".into());
+    }
+    if args.ud && args.command != "pingpong" {
+        return Err("--ud goes with pingpong".into());
+    }
+    Ok(())
+}
+
 /// The device a command runs on (the library's [`DeviceKind`]): the simulated ConnectX, or with `--device BDF`
 /// a real one through VFIO.
 fn open(args: &Args) -> Result<DeviceKind, String> {
     let Some(addr) = &args.device else {
         log::info!("device: simulated ConnectX-5 ({} firmware)", if args.threaded { "threaded" } else { "in-line" });
-        return Ok(DeviceKind::Sim(SimDevice::new(SimConfig {
-            mode: if args.threaded { Mode::Threaded } else { Mode::Inline },
-            ..SimConfig::default()
-        })));
+        return Ok(DeviceKind::Sim(SimDevice::new(sim_config(args))));
     };
     let bdf: Bdf = addr.parse().map_err(|e: mlx5_vfio::VfioError| e.to_string())?;
     let v = Vfio::open(bdf, VfioOptions::default()).map_err(|e| e.to_string())?;
@@ -165,6 +199,15 @@ fn open(args: &Args) -> Result<DeviceKind, String> {
     }
     log::info!("device: {bdf} through VFIO ({:04x}:{:04x})", ids.vendor, ids.device);
     Ok(DeviceKind::Vfio(Arc::new(v)))
+}
+
+/// The simulated device `args` ask for: firmware mode and port type.
+fn sim_config(args: &Args) -> SimConfig {
+    SimConfig {
+        mode: if args.threaded { Mode::Threaded } else { Mode::Inline },
+        port_type: args.link.unwrap_or_default(),
+        ..SimConfig::default()
+    }
 }
 
 fn pci_ids(dev: &DeviceKind) -> (u16, u16) {
@@ -299,14 +342,54 @@ fn pingpong(args: &Args) -> Result<(), String> {
     if args.port.is_some() {
         return Err("--port goes with --server (the client names the port in --client HOST:PORT)".into());
     }
+    if args.ud {
+        return ud_pingpong(args);
+    }
     let dev = open(args)?;
     let mut sink = trace_sink(args)?;
-    let opts = mlx5_tool::pingpong::Options { size: args.size, iters: args.iters };
+    let opts = mlx5_tool::pingpong::Options { size: args.size.unwrap_or(4096), iters: args.iters };
     let report = match &dev {
         DeviceKind::Sim(d) => pingpong_on(d.mmio(), &d.dma(), &mut d.delay(), &mut sink, opts),
         DeviceKind::Vfio(v) => pingpong_on(&v.bar, &&v.dma, &mut StdDelay, &mut sink, opts),
     };
     sink.finish().map_err(|e| e.to_string())?;
+    notice(&dev);
+    let report = report?;
+    check_released(&dev)?;
+    print_pingpong(args, &report)
+}
+
+/// The trace shared by the devices of a verbs run, when `--trace`, `--hexdump` or `-vv` (every command logged)
+/// asks for one.
+fn shared_trace(args: &Args) -> Result<Option<SharedTrace>, String> {
+    let wanted = args.trace.is_some() || args.hexdump || args.verbose >= 2;
+    Ok(if wanted { Some(SharedTrace::new(trace_sink(args)?)) } else { None })
+}
+
+/// A context on the device `args` name, its commands going to `trace`.
+fn open_context(args: &Args, trace: &Option<SharedTrace>) -> Result<mlx5_verbs::Context, String> {
+    let tracer = trace.as_ref().map(|t| Box::new(t.device(None)) as mlx5_verbs::Tracer);
+    match &args.device {
+        None => mlx5_verbs::Context::open_sim_device_with(SimDevice::new(sim_config(args)), tracer),
+        Some(bdf) => {
+            let bdf: Bdf = bdf.parse().map_err(|e: mlx5_vfio::VfioError| e.to_string())?;
+            mlx5_verbs::Context::open_vfio_with(bdf, tracer)
+        }
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// `pingpong --ud`: two UD QPs of one device, through the verbs API.
+fn ud_pingpong(args: &Args) -> Result<(), String> {
+    let trace = shared_trace(args)?;
+    let ctx = open_context(args, &trace)?;
+    let dev = ctx.device().clone();
+    let report = mlx5_tool::ud_pingpong::run(&ctx, args.size, args.iters);
+    // Closing the context tears the device down; the trace gets those commands too.
+    drop(ctx);
+    if let Some(t) = &trace {
+        t.finish().map_err(|e| e.to_string())?;
+    }
     notice(&dev);
     let report = report?;
     check_released(&dev)?;
@@ -337,23 +420,32 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
         (Some(c), false) => Role::client(c)?,
         (None, _) => Role::Server { port: args.port.unwrap_or(rp::DEFAULT_PORT) },
     };
-    if args.trace.is_some() || args.hexdump || args.threaded {
-        return Err("--trace, --hexdump and --threaded do not apply to --server / --client".into());
+    if args.threaded {
+        return Err("--threaded does not apply to --server / --client (their simulated firmware is threaded)".into());
     }
     let timeout = std::time::Duration::from_secs(args.timeout_s.unwrap_or(30).max(1));
-    let opts = rp::Options { size: args.size, iters: args.iters, timeout };
+    let opts = rp::Options { size: args.size, iters: args.iters, timeout, ud: args.ud };
+    let trace = shared_trace(args)?;
+    let tracer = || trace.as_ref().map(|t| Box::new(t.device(None)) as mlx5_verbs::Tracer);
     let (ctx, sim) = match &args.device {
         None => {
-            let dev = rp::open_sim(&role, timeout)?;
-            (Context::open_sim_device(dev.clone()).map_err(|e| e.to_string())?, Some(dev))
+            let dev = rp::open_sim(&role, timeout, args.link.unwrap_or_default())?;
+            (Context::open_sim_device_with(dev.clone(), tracer()).map_err(|e| e.to_string())?, Some(dev))
         }
-        Some(bdf) => (Context::open(bdf).map_err(|e| e.to_string())?, None),
+        Some(bdf) => {
+            let bdf: Bdf = bdf.parse().map_err(|e: mlx5_vfio::VfioError| e.to_string())?;
+            (Context::open_vfio_with(bdf, tracer()).map_err(|e| e.to_string())?, None)
+        }
     };
+    rp::message_size(&ctx, &opts)?;
     if let Role::Server { port } = &role {
         eprintln!("mlx5: waiting for a client on port {port}");
     }
     let report = rp::run(&ctx, &role, opts);
     drop(ctx);
+    if let Some(t) = &trace {
+        t.finish().map_err(|e| e.to_string())?;
+    }
     let report = report?;
     if let Some(dev) = sim {
         let (regions, bytes) = dev.dma_outstanding();
@@ -425,19 +517,22 @@ fn fw_tour(args: &Args) -> Result<(), String> {
 /// `mlx5 bench TEST [options]`: perftest-style bandwidth and latency tests through the verbs API.
 fn bench(args: &Args) -> Result<(), String> {
     use mlx5_tool::perftest;
-    if args.trace.is_some() || args.hexdump {
-        return Err("--trace and --hexdump do not apply to bench".into());
-    }
     let mut opts = perftest::Options::parse(&args.operands).map_err(|e| e.to_string())?;
     opts.json |= args.json;
     opts.device = args.device.clone();
     opts.threaded = args.threaded;
-    perftest::run(&opts, &mut |text: &str| out(text)).map(drop).map_err(|e| e.to_string())
+    opts.port_type = args.link.unwrap_or_default();
+    opts.trace = shared_trace(args)?;
+    let r = perftest::run(&opts, &mut |text: &str| out(text)).map(drop).map_err(|e| e.to_string());
+    if let Some(t) = &opts.trace {
+        t.finish().map_err(|e| e.to_string())?;
+    }
+    r
 }
 
 /// The options every command takes, wherever they stand.
 fn global_option(s: &str) -> bool {
-    matches!(s, "--device" | "-d" | "--trace" | "--hexdump" | "--threaded" | "--verbose" | "-h" | "--help")
+    matches!(s, "--device" | "-d" | "--link" | "--trace" | "--hexdump" | "--threaded" | "--verbose" | "-h" | "--help")
         || (s.len() > 1 && s.starts_with('-') && s[1..].bytes().all(|c| c == b'v'))
 }
 
@@ -530,7 +625,7 @@ fn main() -> ExitCode {
         }
     };
     init_logging(args.verbose);
-    let result = match args.command.as_str() {
+    let result = check(&args).and_then(|()| match args.command.as_str() {
         "devinfo" => devinfo(&args),
         "fw-tour" => fw_tour(&args),
         "pingpong" => pingpong(&args),
@@ -539,7 +634,7 @@ fn main() -> ExitCode {
         "unbind" => bind_cmd(&args, false),
         "trace" => trace_cmd(&args),
         other => Err(format!("unknown command {other:?}")),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
