@@ -102,6 +102,8 @@ pub struct GeneralCaps {
     pub rc: bool,
     /// `xrc`: XRC transport.
     pub xrc: bool,
+    /// `stat_rate_support`: bit `n` set when the `stat_rate` encoding `n` is supported.
+    pub stat_rate_support: u16,
     /// `vhca_id`.
     pub vhca_id: u16,
     /// `device_frequency_khz`: the device clock.
@@ -157,6 +159,7 @@ impl GeneralCaps {
             ud: flag(g::UD),
             rc: flag(g::RC),
             xrc: flag(g::XRC),
+            stat_rate_support: b.get(g::STAT_RATE_SUPPORT) as u16,
             vhca_id: b.get(g::VHCA_ID) as u16,
             device_frequency_khz: b.get(g::DEVICE_FREQUENCY_KHZ),
         }

@@ -22,8 +22,8 @@ use crate::cq::{
 use crate::mkey::{destroy_mkey, Access, CreateMkey, Mr, Translation};
 use crate::pd::{alloc_pd, dealloc_pd};
 use crate::qp::{
-    check_modify, destroy_qp, qp_sizes, CreateQp, ModifyQp, PostError, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap,
-    QpContext, QpQuery, QpState, QpType, QueryQp, RecvWr, SendWr, Transition,
+    check_modify, destroy_qp, ib_rate_to_mlx5, qp_sizes, CreateQp, ModifyError, ModifyQp, PostError, PostErrorKind, Qp,
+    QpAttr, QpAttrMask, QpCap, QpContext, QpQuery, QpState, QpType, QueryQp, RecvWr, SendWr, Transition,
 };
 
 /// Largest page size a memory region's MTT uses (1 GiB).
@@ -520,8 +520,23 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let to = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { from };
         let transition =
             Transition::of(from, to).ok_or(Error::Modify(crate::qp::ModifyError::BadTransition { from, to }))?;
-        let mut cmd =
-            ModifyQp { qpn: qp.qpn(), qp_type: qp.qp_type(), transition, attr: *attr, mask, link: self.link_layer() };
+        let stat_rate = if mask.contains(QpAttrMask::AV) {
+            let rate = attr.ah_attr.static_rate;
+            ib_rate_to_mlx5(rate, self.caps.general.stat_rate_support)
+                .ok_or(Error::Modify(ModifyError::BadValue { what: "static_rate", value: rate.into() }))?
+        } else {
+            0
+        };
+        let mut cmd = ModifyQp {
+            qpn: qp.qpn(),
+            qp_type: qp.qp_type(),
+            transition,
+            attr: *attr,
+            mask,
+            link: self.link_layer(),
+            log_max_msg: self.caps.general.log_max_msg,
+            stat_rate,
+        };
         self.exec(&mut cmd, delay)?;
         qp.state = to;
         if to == QpState::Reset {

@@ -196,6 +196,10 @@ pub struct ModifyQp {
     pub mask: QpAttrMask,
     /// The port's link layer (address paths differ).
     pub link: crate::cq::LinkLayer,
+    /// The device's `log_max_msg`, sent as `log_msg_max` with a path MTU (as `__mlx5_ib_modify_qp` does).
+    pub log_max_msg: u8,
+    /// The address's `static_rate` in the `ads.stat_rate` encoding ([`ib_rate_to_mlx5`]).
+    pub stat_rate: u8,
 }
 
 impl ModifyQp {
@@ -223,8 +227,49 @@ impl ModifyQp {
     }
 }
 
+/// The `ads.stat_rate` encoding of an `ib_rate` (`ib_to_mlx5_rate_map`).
+fn ib_to_mlx5_rate_map(rate: u8) -> u8 {
+    match u32::from(rate) {
+        consts::IB_RATE_PORT_CURRENT => 0,
+        consts::IB_RATE_56_GBPS => 1,
+        consts::IB_RATE_25_GBPS => 2,
+        consts::IB_RATE_100_GBPS => 3,
+        consts::IB_RATE_200_GBPS => 4,
+        consts::IB_RATE_50_GBPS => 5,
+        consts::IB_RATE_400_GBPS => 6,
+        _ => rate + consts::MLX5_STAT_RATE_OFFSET as u8,
+    }
+}
+
+/// An address's `static_rate` (`ib_rate`) as `ads.stat_rate` (`mlx5r_ib_rate`): 0 (the port's rate) for the port's
+/// current rate and for 800 Gb/s, otherwise the fastest rate the device supports (`stat_rate_support`) at or
+/// below the request; `None` for a value that is not an `ib_rate`.
+pub fn ib_rate_to_mlx5(rate: u8, stat_rate_support: u16) -> Option<u8> {
+    let r = u32::from(rate);
+    if r == consts::IB_RATE_PORT_CURRENT || r == consts::IB_RATE_800_GBPS {
+        return Some(0);
+    }
+    if !(consts::IB_RATE_2_5_GBPS..=consts::IB_RATE_800_GBPS).contains(&r) {
+        return None;
+    }
+    let mut rate = rate;
+    // Linux steps down through the enum's values, not through speeds; the loop ends at the port rate at worst.
+    while u32::from(rate) != consts::IB_RATE_PORT_CURRENT
+        && (1u32 << ib_to_mlx5_rate_map(rate)) & u32::from(stat_rate_support) == 0
+    {
+        rate -= 1;
+    }
+    Some(ib_to_mlx5_rate_map(rate))
+}
+
 /// Writes the address path (`mlx5_set_path` for the primary path).
-fn set_path<B: MsgBuf + ?Sized>(c: &mut SubBuf<'_, B>, base: Sub, ah: &AhAttr, link: crate::cq::LinkLayer) {
+fn set_path<B: MsgBuf + ?Sized>(
+    c: &mut SubBuf<'_, B>,
+    base: Sub,
+    ah: &AhAttr,
+    link: crate::cq::LinkLayer,
+    stat_rate: u8,
+) {
     use ifc::ads as a;
     let at = |f: Field| f.at(base);
     match link {
@@ -250,20 +295,17 @@ fn set_path<B: MsgBuf + ?Sized>(c: &mut SubBuf<'_, B>, base: Sub, ah: &AhAttr, l
             c.set(a::RGID_RIP.elem(i as u32).at(base), u32::from(*b));
         }
     }
-    c.set(at(a::STAT_RATE), u32::from(ah.static_rate & 0xf));
+    c.set(at(a::STAT_RATE), stat_rate.into());
     c.set(at(a::VHCA_PORT_NUM), ah.port_num.max(1).into());
 }
 
 /// The lowest RoCE v2 UDP source port (`r_roce_min_src_udp_port` of the simulated and real ConnectX-5: 0xc000).
 pub const ROCE_UDP_SPORT_MIN: u32 = 0xc000;
 
-/// `log2` rounded up, for the `log_*_max` fields (`log_rra_max`, `log_sra_max`).
-fn log2_ceil(v: u8) -> u32 {
-    if v <= 1 {
-        0
-    } else {
-        32 - (u32::from(v) - 1).leading_zeros()
-    }
+/// `fls(v - 1)`, what `__mlx5_ib_modify_qp` writes to `log_sra_max` / `log_rra_max` for `v` outstanding reads and
+/// atomics: log2 rounded up, so the device allows at least `v` (3 gives 2, that is 4).
+fn log_rd_atomic(v: u8) -> u32 {
+    32 - u32::from(v.saturating_sub(1)).leading_zeros()
 }
 
 impl Command for ModifyQp {
@@ -308,12 +350,11 @@ impl Command for ModifyQp {
             c.set(q::Q_KEY, a.qkey);
         }
         if m.contains(QpAttrMask::AV) {
-            set_path(&mut c, path, &a.ah_attr, self.link);
+            set_path(&mut c, path, &a.ah_attr, self.link, self.stat_rate);
         }
         if m.contains(QpAttrMask::PATH_MTU) {
             c.set(q::MTU, a.path_mtu as u32);
-            // Messages up to 2^30 bytes (`log_max_msg` of the device).
-            c.set(q::LOG_MSG_MAX, 30);
+            c.set(q::LOG_MSG_MAX, self.log_max_msg.into());
         }
         if m.contains(QpAttrMask::DEST_QPN) {
             c.set(q::REMOTE_QPN, a.dest_qp_num & 0xff_ffff);
@@ -321,8 +362,9 @@ impl Command for ModifyQp {
         if m.contains(QpAttrMask::RQ_PSN) {
             c.set(q::NEXT_RCV_PSN, a.rq_psn);
         }
+        // Linux leaves the field 0 for a count of 0, which is what `log_rd_atomic` gives.
         if m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            c.set(q::LOG_RRA_MAX, log2_ceil(a.max_dest_rd_atomic));
+            c.set(q::LOG_RRA_MAX, log_rd_atomic(a.max_dest_rd_atomic));
         }
         if m.contains(QpAttrMask::MIN_RNR_TIMER) {
             c.set(q::MIN_RNR_NAK, a.min_rnr_timer.into());
@@ -340,7 +382,7 @@ impl Command for ModifyQp {
             c.set(q::NEXT_SEND_PSN, a.sq_psn);
         }
         if m.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            c.set(q::LOG_SRA_MAX, log2_ceil(a.max_rd_atomic));
+            c.set(q::LOG_SRA_MAX, log_rd_atomic(a.max_rd_atomic));
         }
     }
     fn decode<B: MsgBuf + ?Sized>(&mut self, _out: &B) -> Result<(), CmdError> {
@@ -403,5 +445,33 @@ impl Command for QueryQp {
             hw_sq_wqebb_counter: at(q::HW_SQ_WQEBB_COUNTER) as u16,
             hw_rq_counter: at(q::HW_RQ_COUNTER),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outstanding_reads_round_up_as_fls() {
+        // fls(v - 1): 1 -> 0, 2 -> 1, 3 -> 2 (room for 4), 16 -> 4, 0 -> 0.
+        let got: [u32; 6] = [0, 1, 2, 3, 16, 17].map(log_rd_atomic);
+        assert_eq!(got, [0, 0, 1, 2, 4, 5]);
+    }
+
+    #[test]
+    fn static_rates_map_as_mlx5r_ib_rate() {
+        let all = 0xffff;
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_PORT_CURRENT as u8, all), Some(0));
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_800_GBPS as u8, all), Some(0));
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_10_GBPS as u8, all), Some(8));
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_25_GBPS as u8, all), Some(2));
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_100_GBPS as u8, all), Some(3));
+        assert_eq!(ib_rate_to_mlx5(1, all), None);
+        assert_eq!(ib_rate_to_mlx5(24, all), None);
+        // Without 40 Gb/s (encoding 12) the request steps down to the enum's previous value, 20 Gb/s (11).
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_40_GBPS as u8, all & !(1 << 12)), Some(11));
+        // Nothing supported: the port's rate.
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_40_GBPS as u8, 0), Some(0));
     }
 }

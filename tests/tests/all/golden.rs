@@ -295,6 +295,9 @@ fn init2rtr_matches_byte_for_byte() {
         attr,
         mask,
         link: LinkLayer::InfiniBand,
+        // The vector's log_msg_max (30) is the device's log_max_msg.
+        log_max_msg: 30,
+        stat_rate: 0,
     };
     assert_eq!(hex(&encode(&cmd)), hex(&golden("init2rtr_qp_in_ib")));
 }
