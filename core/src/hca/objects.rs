@@ -425,6 +425,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
     }
 
+    /// Whether the source GIDs are RoCE v2 entries. The driver keeps no per-entry GID type yet, so its entries
+    /// count as RoCE v2 when the device supports v2 (`roce_cap.roce_version`).
+    fn sgid_is_roce_v2(&self) -> bool {
+        self.caps.roce_version.is_some_and(|v| u32::from(v) & consts::MLX5_ROCE_VERSION_2_CAP != 0)
+    }
+
     /// Creates a QP (`mlx5_ib_create_qp` for a kernel consumer): queues sized from the requested capabilities
     /// and the device's limits, one buffer (receive queue first), a doorbell record, CREATE_QP in RESET.
     pub fn create_qp(
@@ -536,6 +542,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             link: self.link_layer(),
             log_max_msg: self.caps.general.log_max_msg,
             stat_rate,
+            roce_v2: self.link_layer() == LinkLayer::Ethernet && self.sgid_is_roce_v2(),
         };
         self.exec(&mut cmd, delay)?;
         qp.state = to;

@@ -200,6 +200,9 @@ pub struct ModifyQp {
     pub log_max_msg: u8,
     /// The address's `static_rate` in the `ads.stat_rate` encoding ([`ib_rate_to_mlx5`]).
     pub stat_rate: u8,
+    /// RoCE: the source GID is a RoCE v2 (UDP-encapsulated) entry, so the path gets a UDP source port (RC with a
+    /// remote QPN) and a DSCP (`sgid_attr->gid_type == IB_GID_TYPE_ROCE_UDP_ENCAP` in `mlx5_set_path`).
+    pub roce_v2: bool,
 }
 
 impl ModifyQp {
@@ -262,13 +265,38 @@ pub fn ib_rate_to_mlx5(rate: u8, stat_rate_support: u16) -> Option<u8> {
     Some(ib_to_mlx5_rate_map(rate))
 }
 
+/// The symmetric flow label of a connection from its two QPNs (`rdma_calc_flow_label`), for a GRH without one.
+pub fn calc_flow_label(lqpn: u32, rqpn: u32) -> u32 {
+    let mut v = u64::from(lqpn) * u64::from(rqpn);
+    v ^= v >> 20;
+    v ^= v >> 40;
+    (v as u32) & consts::IB_GRH_FLOWLABEL_MASK
+}
+
+/// The RoCE v2 UDP source port of a flow label (`rdma_flow_label_to_udp_sport`): the label folded to 14 bits in
+/// the range from `IB_ROCE_UDP_ENCAP_VALID_PORT_MIN` up.
+pub fn flow_label_to_udp_sport(fl: u32) -> u16 {
+    let (low, high) = (fl & 0x3fff, fl & 0xf_c000);
+    ((low ^ (high >> 14)) | consts::IB_ROCE_UDP_ENCAP_VALID_PORT_MIN) as u16
+}
+
+/// What the address path takes beyond the address itself.
+struct PathExtra {
+    /// `ads.stat_rate` (already mapped).
+    stat_rate: u8,
+    /// The source GID is RoCE v2.
+    roce_v2: bool,
+    /// The UDP source port, when `mlx5_set_path` sets one.
+    udp_sport: Option<u16>,
+}
+
 /// Writes the address path (`mlx5_set_path` for the primary path).
 fn set_path<B: MsgBuf + ?Sized>(
     c: &mut SubBuf<'_, B>,
     base: Sub,
     ah: &AhAttr,
     link: crate::cq::LinkLayer,
-    stat_rate: u8,
+    x: &PathExtra,
 ) {
     use ifc::ads as a;
     let at = |f: Field| f.at(base);
@@ -282,7 +310,13 @@ fn set_path<B: MsgBuf + ?Sized>(
             c.set(at(a::RMAC_47_32), u32::from(u16::from_be_bytes([ah.dmac[0], ah.dmac[1]])));
             c.set(at(a::RMAC_31_0), u32::from_be_bytes([ah.dmac[2], ah.dmac[3], ah.dmac[4], ah.dmac[5]]));
             c.set(at(a::ETH_PRIO), u32::from(ah.sl & 7));
-            c.set(at(a::UDP_SPORT), ROCE_UDP_SPORT_MIN);
+            if let Some(sport) = x.udp_sport {
+                c.set(at(a::UDP_SPORT), sport.into());
+            }
+            if x.roce_v2 {
+                let tclass = ah.grh.map_or(0, |g| g.traffic_class);
+                c.set(at(a::DSCP), u32::from(tclass >> 2));
+            }
         }
     }
     if let Some(g) = ah.grh {
@@ -295,7 +329,7 @@ fn set_path<B: MsgBuf + ?Sized>(
             c.set(a::RGID_RIP.elem(i as u32).at(base), u32::from(*b));
         }
     }
-    c.set(at(a::STAT_RATE), stat_rate.into());
+    c.set(at(a::STAT_RATE), x.stat_rate.into());
     c.set(at(a::VHCA_PORT_NUM), ah.port_num.max(1).into());
 }
 
@@ -350,7 +384,15 @@ impl Command for ModifyQp {
             c.set(q::Q_KEY, a.qkey);
         }
         if m.contains(QpAttrMask::AV) {
-            set_path(&mut c, path, &a.ah_attr, self.link, self.stat_rate);
+            // Linux derives the port for connected QPs only, and only with the remote QPN in the same modify.
+            let connected = self.qp_type == QpType::Rc && m.contains(QpAttrMask::DEST_QPN);
+            let udp_sport = (self.roce_v2 && connected).then(|| {
+                let fl = a.ah_attr.grh.map_or(0, |g| g.flow_label);
+                let fl = if fl == 0 { calc_flow_label(self.qpn, a.dest_qp_num) } else { fl };
+                flow_label_to_udp_sport(fl)
+            });
+            let x = PathExtra { stat_rate: self.stat_rate, roce_v2: self.roce_v2, udp_sport };
+            set_path(&mut c, path, &a.ah_attr, self.link, &x);
         }
         if m.contains(QpAttrMask::PATH_MTU) {
             c.set(q::MTU, a.path_mtu as u32);
@@ -457,6 +499,16 @@ mod tests {
         // fls(v - 1): 1 -> 0, 2 -> 1, 3 -> 2 (room for 4), 16 -> 4, 0 -> 0.
         let got: [u32; 6] = [0, 1, 2, 3, 16, 17].map(log_rd_atomic);
         assert_eq!(got, [0, 0, 1, 2, 4, 5]);
+    }
+
+    #[test]
+    fn udp_source_ports_fold_the_flow_label() {
+        assert_eq!(calc_flow_label(0x100, 0x101), 0x10100);
+        assert_eq!(calc_flow_label(0x101, 0x100), 0x10100);
+        assert_eq!(calc_flow_label(0xab_cdef, 0x12_3456), 0xac3e3);
+        assert_eq!(flow_label_to_udp_sport(0x10100), 0xc104);
+        assert_eq!(flow_label_to_udp_sport(0xac3e3), 0xc3c8);
+        assert_eq!(flow_label_to_udp_sport(0x12345), 0xe341);
     }
 
     #[test]

@@ -298,6 +298,7 @@ fn init2rtr_matches_byte_for_byte() {
         // The vector's log_msg_max (30) is the device's log_max_msg.
         log_max_msg: 30,
         stat_rate: 0,
+        roce_v2: false,
     };
     assert_eq!(hex(&encode(&cmd)), hex(&golden("init2rtr_qp_in_ib")));
 }
