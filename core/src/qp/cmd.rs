@@ -333,6 +333,9 @@ fn set_path<B: MsgBuf + ?Sized>(
     c.set(at(a::VHCA_PORT_NUM), ah.port_num.max(1).into());
 }
 
+/// `log_msg_max` of every UD modify: 4 KiB, one MTU (`__mlx5_ib_modify_qp`).
+pub const UD_LOG_MSG_MAX: u8 = 12;
+
 /// The lowest RoCE v2 UDP source port (`r_roce_min_src_udp_port` of the simulated and real ConnectX-5: 0xc000).
 pub const ROCE_UDP_SPORT_MIN: u32 = 0xc000;
 
@@ -368,6 +371,12 @@ impl Command for ModifyQp {
         let m = self.mask;
         let mut c = SubBuf::new(msg, qpc);
         let path = q::PRIMARY_ADDRESS_PATH;
+        c.set(q::ST, self.qp_type.st());
+        if self.qp_type == QpType::Ud {
+            // Every UD modify carries the largest MTU and 4 KiB messages, whatever the mask.
+            c.set(q::MTU, consts::IB_MTU_4096.into());
+            c.set(q::LOG_MSG_MAX, UD_LOG_MSG_MAX.into());
+        }
         if m.contains(QpAttrMask::PKEY_INDEX) {
             c.set(ifc::ads::PKEY_INDEX.at(path), a.pkey_index.into());
         }
@@ -394,7 +403,7 @@ impl Command for ModifyQp {
             let x = PathExtra { stat_rate: self.stat_rate, roce_v2: self.roce_v2, udp_sport };
             set_path(&mut c, path, &a.ah_attr, self.link, &x);
         }
-        if m.contains(QpAttrMask::PATH_MTU) {
+        if m.contains(QpAttrMask::PATH_MTU) && self.qp_type != QpType::Ud {
             c.set(q::MTU, a.path_mtu as u32);
             c.set(q::LOG_MSG_MAX, self.log_max_msg.into());
         }
