@@ -497,7 +497,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         match self.exec(&mut cmd, delay) {
             Ok(qpn) => {
                 let cqns = (send_cq.cqn(), recv_cq.cqn());
-                Ok(Qp::new(buf, dbrec, shadow, qpn, attr.qp_type, sizes, bf, attr.sq_sig_all, cqns))
+                let mut qp = Qp::new(buf, dbrec, shadow, qpn, attr.qp_type, sizes, bf, attr.sq_sig_all, cqns);
+                qp.pd = pd.pdn;
+                Ok(qp)
             }
             Err(e) => {
                 self.drop_queue_buf(buf, &e);
@@ -543,8 +545,21 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             log_max_msg: self.caps.general.log_max_msg,
             stat_rate,
             roce_v2: self.link_layer() == LinkLayer::Ethernet && self.sgid_is_roce_v2(),
+            pd: qp.pd,
+            cqn_snd: qp.cqns().0,
+            cqn_rcv: qp.cqns().1,
+            dbr_addr: (qp.sizes().rq_wqe_cnt > 0).then(|| qp.dbrec().iova()),
+            cur_access: qp.access,
+            cur_resp_depth: qp.resp_depth,
         };
         self.exec(&mut cmd, delay)?;
+        // Kept only once firmware took them, as `__mlx5_ib_modify_qp` does.
+        if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+            qp.access = attr.qp_access_flags;
+        }
+        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            qp.resp_depth = attr.max_dest_rd_atomic;
+        }
         qp.state = to;
         if to == QpState::Reset {
             qp.reset_rings();

@@ -203,30 +203,75 @@ pub struct ModifyQp {
     /// RoCE: the source GID is a RoCE v2 (UDP-encapsulated) entry, so the path gets a UDP source port (RC with a
     /// remote QPN) and a DSCP (`sgid_attr->gid_type == IB_GID_TYPE_ROCE_UDP_ENCAP` in `mlx5_set_path`).
     pub roce_v2: bool,
+    /// The QP's protection domain and CQs, sent with every modify.
+    pub pd: u32,
+    /// The send queue's CQ.
+    pub cqn_snd: u32,
+    /// The receive queue's CQ.
+    pub cqn_rcv: u32,
+    /// The doorbell record, sent with RST2INIT when the QP has a receive queue.
+    pub dbr_addr: Option<u64>,
+    /// The access rights the QP has now (what the last modify with [`QpAttrMask::ACCESS_FLAGS`] set).
+    pub cur_access: Access,
+    /// The responder depth the QP has now (what the last modify with [`QpAttrMask::MAX_DEST_RD_ATOMIC`] set).
+    pub cur_resp_depth: u8,
 }
 
 impl ModifyQp {
-    /// `opt_param_mask`: the optional fields this command changes (`MLX5_QP_OPTPAR_*`, from `ib_mask_to_mlx5_opt`).
+    /// `opt_param_mask` as `__mlx5_ib_modify_qp` computes it: every optional parameter the verbs mask names
+    /// (`ib_mask_to_mlx5_opt`), kept where the transition and service take it (`opt_mask`).
     fn opt_param_mask(&self) -> u32 {
-        let mut m = 0;
-        if self.mask.contains(QpAttrMask::ACCESS_FLAGS) && self.qp_type == QpType::Rc {
-            m |= consts::MLX5_QP_OPTPAR_RRE | consts::MLX5_QP_OPTPAR_RAE | consts::MLX5_QP_OPTPAR_RWE;
+        mask_to_optpar(self.mask) & allowed_optpar(self.transition, self.qp_type)
+    }
+}
+
+/// The `MLX5_QP_OPTPAR_*` bits each verbs attribute stands for (`ib_nr_to_mlx5_nr`).
+fn mask_to_optpar(mask: QpAttrMask) -> u32 {
+    use consts as k;
+    use QpAttrMask as M;
+    let table = [
+        (M::ACCESS_FLAGS, k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RAE),
+        (M::PKEY_INDEX, k::MLX5_QP_OPTPAR_PKEY_INDEX),
+        (M::PORT, k::MLX5_QP_OPTPAR_PRI_PORT),
+        (M::QKEY, k::MLX5_QP_OPTPAR_Q_KEY),
+        (M::AV, k::MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH | k::MLX5_QP_OPTPAR_PRI_PORT),
+        (M::TIMEOUT, k::MLX5_QP_OPTPAR_ACK_TIMEOUT),
+        (M::RETRY_CNT, k::MLX5_QP_OPTPAR_RETRY_COUNT),
+        (M::RNR_RETRY, k::MLX5_QP_OPTPAR_RNR_RETRY),
+        (M::MAX_QP_RD_ATOMIC, k::MLX5_QP_OPTPAR_SRA_MAX),
+        (M::MIN_RNR_TIMER, k::MLX5_QP_OPTPAR_RNR_TIMEOUT),
+        (
+            M::MAX_DEST_RD_ATOMIC,
+            k::MLX5_QP_OPTPAR_RRA_MAX | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RAE,
+        ),
+    ];
+    table.iter().filter(|(m, _)| mask.contains(*m)).fold(0, |acc, (_, bits)| acc | bits)
+}
+
+/// The optional parameters a transition takes for RC and UD (mlx5_ib's `opt_mask` table); RST2INIT, 2ERR and 2RST
+/// take none.
+fn allowed_optpar(t: Transition, ty: QpType) -> u32 {
+    use consts as k;
+    let access = k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RAE | k::MLX5_QP_OPTPAR_RWE;
+    match (t, ty) {
+        (Transition::Init2Init, QpType::Rc) => {
+            access | k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_PRI_PORT | k::MLX5_QP_OPTPAR_LAG_TX_AFF
         }
-        if self.mask.contains(QpAttrMask::PKEY_INDEX) {
-            m |= consts::MLX5_QP_OPTPAR_PKEY_INDEX;
+        (Transition::Init2Init, QpType::Ud) => {
+            k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_Q_KEY | k::MLX5_QP_OPTPAR_PRI_PORT
         }
-        if self.mask.contains(QpAttrMask::QKEY) {
-            m |= consts::MLX5_QP_OPTPAR_Q_KEY;
+        (Transition::Init2Rtr, QpType::Rc) => {
+            k::MLX5_QP_OPTPAR_ALT_ADDR_PATH | access | k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_LAG_TX_AFF
         }
-        if self.mask.contains(QpAttrMask::MIN_RNR_TIMER) {
-            m |= consts::MLX5_QP_OPTPAR_RNR_TIMEOUT;
+        (Transition::Init2Rtr, QpType::Ud) => k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_Q_KEY,
+        (Transition::Rtr2Rts, QpType::Rc) | (Transition::Rts2Rts, QpType::Rc) => {
+            k::MLX5_QP_OPTPAR_ALT_ADDR_PATH | access | k::MLX5_QP_OPTPAR_PM_STATE | k::MLX5_QP_OPTPAR_RNR_TIMEOUT
         }
-        // Mandatory fields of the transition are not "optional parameters".
-        match self.transition {
-            Transition::Rst2Init => 0,
-            Transition::Init2Rtr | Transition::Init2Init => m & !consts::MLX5_QP_OPTPAR_RNR_TIMEOUT,
-            _ => m & !consts::MLX5_QP_OPTPAR_PKEY_INDEX,
+        (Transition::Rtr2Rts, QpType::Ud) => k::MLX5_QP_OPTPAR_Q_KEY,
+        (Transition::Rts2Rts, QpType::Ud) => {
+            k::MLX5_QP_OPTPAR_Q_KEY | k::MLX5_QP_OPTPAR_SRQN | k::MLX5_QP_OPTPAR_CQN_RCV
         }
+        (Transition::Rst2Init | Transition::ToErr | Transition::ToRst, _) => 0,
     }
 }
 
@@ -345,6 +390,23 @@ fn log_rd_atomic(v: u8) -> u32 {
     32 - u32::from(v.saturating_sub(1)).leading_zeros()
 }
 
+impl ModifyQp {
+    /// `rre` / `rwe` / `rae` as `set_qpc_atomic_flags` writes them: from this modify's attributes or the QP's
+    /// stored ones, and without responder resources only remote write stays.
+    fn set_access<B: MsgBuf + ?Sized>(&self, c: &mut SubBuf<'_, B>) {
+        use ifc::qpc as q;
+        let (a, m) = (&self.attr, self.mask);
+        let depth = if m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) { a.max_dest_rd_atomic } else { self.cur_resp_depth };
+        let mut acc = if m.contains(QpAttrMask::ACCESS_FLAGS) { a.qp_access_flags } else { self.cur_access };
+        if depth == 0 {
+            acc = Access(acc.0 & Access::REMOTE_WRITE.0);
+        }
+        c.set(q::RRE, acc.contains(Access::REMOTE_READ).into());
+        c.set(q::RAE, acc.contains(Access::REMOTE_ATOMIC).into());
+        c.set(q::RWE, acc.contains(Access::REMOTE_WRITE).into());
+    }
+}
+
 impl Command for ModifyQp {
     type In = ifc::mbox_in::Bits;
     type Out = ifc::mbox_out::Bits;
@@ -383,11 +445,18 @@ impl Command for ModifyQp {
         if m.contains(QpAttrMask::PORT) || self.transition == Transition::Rst2Init {
             c.set(ifc::ads::VHCA_PORT_NUM.at(path), a.port_num.max(1).into());
         }
-        if m.contains(QpAttrMask::ACCESS_FLAGS) && self.qp_type == QpType::Rc {
-            let acc = a.qp_access_flags;
-            c.set(q::RRE, acc.contains(Access::REMOTE_READ).into());
-            c.set(q::RWE, acc.contains(Access::REMOTE_WRITE).into());
-            c.set(q::RAE, acc.contains(Access::REMOTE_ATOMIC).into());
+        if m.contains(QpAttrMask::ACCESS_FLAGS) || m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            self.set_access(&mut c);
+        }
+        c.set(q::PD, self.pd);
+        c.set(q::CQN_SND, self.cqn_snd);
+        c.set(q::CQN_RCV, self.cqn_rcv);
+        if self.transition == Transition::Rst2Init {
+            if let Some(dbr) = self.dbr_addr {
+                c.set64(q::DBR_ADDR, dbr);
+            }
+            // The driver is the kernel consumer: its QPs may use the reserved lkey.
+            c.set(q::RLKY, 1);
         }
         if m.contains(QpAttrMask::QKEY) {
             c.set(q::Q_KEY, a.qkey);
