@@ -552,6 +552,10 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             cur_access: qp.access,
             cur_resp_depth: qp.resp_depth,
         };
+        // Linux refuses remote atomics the device has no atomic mode for (`set_qpc_atomic_flags`).
+        if cmd.remote_access().is_some_and(|a| a.contains(Access::REMOTE_ATOMIC)) && self.caps.atomic_mode().is_none() {
+            return Err(Error::NotSupported { what: "remote atomic access (no atomic mode: get_atomic_mode)" });
+        }
         self.exec(&mut cmd, delay)?;
         // Kept only once firmware took them, as `__mlx5_ib_modify_qp` does.
         if mask.contains(QpAttrMask::ACCESS_FLAGS) {

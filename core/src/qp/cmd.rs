@@ -391,16 +391,22 @@ fn log_rd_atomic(v: u8) -> u32 {
 }
 
 impl ModifyQp {
-    /// `rre` / `rwe` / `rae` as `set_qpc_atomic_flags` writes them: from this modify's attributes or the QP's
-    /// stored ones, and without responder resources only remote write stays.
+    /// The remote access rights this modify writes (`set_qpc_atomic_flags`), `None` when it writes none: from
+    /// this modify's attributes or the QP's stored ones, and without responder resources only remote write stays.
+    pub fn remote_access(&self) -> Option<Access> {
+        let (a, m) = (&self.attr, self.mask);
+        if !m.contains(QpAttrMask::ACCESS_FLAGS) && !m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            return None;
+        }
+        let depth = if m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) { a.max_dest_rd_atomic } else { self.cur_resp_depth };
+        let acc = if m.contains(QpAttrMask::ACCESS_FLAGS) { a.qp_access_flags } else { self.cur_access };
+        Some(if depth == 0 { Access(acc.0 & Access::REMOTE_WRITE.0) } else { acc })
+    }
+
+    /// `rre` / `rwe` / `rae` as `set_qpc_atomic_flags` writes them.
     fn set_access<B: MsgBuf + ?Sized>(&self, c: &mut SubBuf<'_, B>) {
         use ifc::qpc as q;
-        let (a, m) = (&self.attr, self.mask);
-        let depth = if m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) { a.max_dest_rd_atomic } else { self.cur_resp_depth };
-        let mut acc = if m.contains(QpAttrMask::ACCESS_FLAGS) { a.qp_access_flags } else { self.cur_access };
-        if depth == 0 {
-            acc = Access(acc.0 & Access::REMOTE_WRITE.0);
-        }
+        let Some(acc) = self.remote_access() else { return };
         c.set(q::RRE, acc.contains(Access::REMOTE_READ).into());
         c.set(q::RAE, acc.contains(Access::REMOTE_ATOMIC).into());
         c.set(q::RWE, acc.contains(Access::REMOTE_WRITE).into());
@@ -445,9 +451,7 @@ impl Command for ModifyQp {
         if m.contains(QpAttrMask::PORT) || self.transition == Transition::Rst2Init {
             c.set(ifc::ads::VHCA_PORT_NUM.at(path), a.port_num.max(1).into());
         }
-        if m.contains(QpAttrMask::ACCESS_FLAGS) || m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            self.set_access(&mut c);
-        }
+        self.set_access(&mut c);
         c.set(q::PD, self.pd);
         c.set(q::CQN_SND, self.cqn_snd);
         c.set(q::CQN_RCV, self.cqn_rcv);

@@ -394,3 +394,14 @@ fn ud_modify_commands_match_linux_on_roce() {
 fn ud_modify_commands_match_linux_on_infiniband() {
     ud_parity(PortType::Ib);
 }
+
+/// The atomic mode Linux would send for the simulated device (the `atomic_mode` rows' value): compare-and-swap
+/// and fetch-and-add without the extended operations, still reported after bring-up's atomic SET_HCA_CAP.
+#[test]
+fn the_simulated_device_has_linux_ib_compatible_atomic_mode() {
+    let s = setup(SimConfig::default());
+    let c = s.hca.caps();
+    let ops = consts::MLX5_ATOMIC_OPS_CMP_SWAP | consts::MLX5_ATOMIC_OPS_FETCH_ADD;
+    assert_eq!(c.atomic_operations, Some(ops as u16));
+    assert_eq!(c.atomic_mode(), Some(consts::MLX5_ATOMIC_MODE_IB_COMP as u8));
+}
