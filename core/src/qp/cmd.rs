@@ -584,6 +584,26 @@ mod tests {
     }
 
     #[test]
+    fn optional_parameters_follow_opt_mask() {
+        use consts as k;
+        use QpAttrMask as M;
+        let opt = |t, ty, m: QpAttrMask| mask_to_optpar(m) & allowed_optpar(t, ty);
+        let access = k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE;
+        // INIT2INIT takes the port (PRI_PORT) and the pkey index; RST2INIT takes nothing.
+        let m = M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS;
+        let want = k::MLX5_QP_OPTPAR_PRI_PORT | k::MLX5_QP_OPTPAR_PKEY_INDEX | access;
+        assert_eq!(opt(Transition::Init2Init, QpType::Rc, m), want);
+        assert_eq!(opt(Transition::Rst2Init, QpType::Rc, m), 0);
+        let ud = k::MLX5_QP_OPTPAR_PRI_PORT | k::MLX5_QP_OPTPAR_Q_KEY;
+        assert_eq!(opt(Transition::Init2Init, QpType::Ud, M::PORT | M::QKEY), ud);
+        // MAX_DEST_RD_ATOMIC brings the access bits; RRA_MAX, the path and RNR_TIMEOUT are not INIT2RTR options.
+        let rtr = M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+        assert_eq!(opt(Transition::Init2Rtr, QpType::Rc, rtr), access);
+        let rts = M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC | M::MIN_RNR_TIMER;
+        assert_eq!(opt(Transition::Rtr2Rts, QpType::Rc, rts), k::MLX5_QP_OPTPAR_RNR_TIMEOUT);
+    }
+
+    #[test]
     fn udp_source_ports_fold_the_flow_label() {
         assert_eq!(calc_flow_label(0x100, 0x101), 0x10100);
         assert_eq!(calc_flow_label(0x101, 0x100), 0x10100);
