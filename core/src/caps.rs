@@ -102,6 +102,8 @@ pub struct GeneralCaps {
     pub rc: bool,
     /// `xrc`: XRC transport.
     pub xrc: bool,
+    /// `stat_rate_support`: bit `n` set when the `stat_rate` encoding `n` is supported.
+    pub stat_rate_support: u16,
     /// `vhca_id`.
     pub vhca_id: u16,
     /// `device_frequency_khz`: the device clock.
@@ -157,6 +159,7 @@ impl GeneralCaps {
             ud: flag(g::UD),
             rc: flag(g::RC),
             xrc: flag(g::XRC),
+            stat_rate_support: b.get(g::STAT_RATE_SUPPORT) as u16,
             vhca_id: b.get(g::VHCA_ID) as u16,
             device_frequency_khz: b.get(g::DEVICE_FREQUENCY_KHZ),
         }
@@ -215,4 +218,55 @@ pub struct DeviceCaps {
     pub roce_version: Option<u8>,
     /// `roce_address_table_size`, when the RoCE capabilities were queried.
     pub roce_address_table_size: Option<u16>,
+}
+
+impl DeviceCaps {
+    /// The `qpc.atomic_mode` of an RC QP with remote atomics (`get_atomic_mode` with `atomic_size_to_mode`): the
+    /// largest atomic size of `atomic_size_qp` (8 bytes at least) when the device has the extended operations,
+    /// otherwise `MLX5_ATOMIC_MODE_IB_COMP` when it has compare-and-swap and fetch-and-add; `None` without atomics.
+    pub fn atomic_mode(&self) -> Option<u8> {
+        if !self.general.atomic {
+            return None;
+        }
+        let ops = u32::from(self.atomic_operations.unwrap_or(0));
+        let extended = consts::MLX5_ATOMIC_OPS_EXTENDED_CMP_SWAP | consts::MLX5_ATOMIC_OPS_EXTENDED_FETCH_ADD;
+        if ops & extended != 0 {
+            // Sizes above 256 bytes are beyond what Linux translates.
+            let sizes = u32::from(self.atomic_size_qp.unwrap_or(0)) & 0x1ff;
+            if sizes != 0 {
+                let log_max = 31 - sizes.leading_zeros();
+                return Some(if log_max > 3 { log_max as u8 } else { consts::MLX5_ATOMIC_MODE_8B as u8 });
+            }
+        }
+        let basic = consts::MLX5_ATOMIC_OPS_CMP_SWAP | consts::MLX5_ATOMIC_OPS_FETCH_ADD;
+        (ops & basic == basic).then_some(consts::MLX5_ATOMIC_MODE_IB_COMP as u8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(ops: u32, sizes: u32) -> DeviceCaps {
+        DeviceCaps {
+            general: GeneralCaps { atomic: true, ..GeneralCaps::default() },
+            atomic_operations: Some(ops as u16),
+            atomic_size_qp: Some(sizes as u16),
+            ..DeviceCaps::default()
+        }
+    }
+
+    #[test]
+    fn atomic_mode_follows_get_atomic_mode() {
+        use consts as k;
+        let basic = k::MLX5_ATOMIC_OPS_CMP_SWAP | k::MLX5_ATOMIC_OPS_FETCH_ADD;
+        let ext = k::MLX5_ATOMIC_OPS_EXTENDED_CMP_SWAP;
+        assert_eq!(caps(basic, 8).atomic_mode(), Some(k::MLX5_ATOMIC_MODE_IB_COMP as u8));
+        assert_eq!(caps(basic | ext, 8).atomic_mode(), Some(k::MLX5_ATOMIC_MODE_8B as u8));
+        assert_eq!(caps(basic | ext, 8 | 16 | 32).atomic_mode(), Some(k::MLX5_ATOMIC_MODE_32B as u8));
+        // Extended operations without a size fall back to the basic ones.
+        assert_eq!(caps(basic | ext, 0).atomic_mode(), Some(k::MLX5_ATOMIC_MODE_IB_COMP as u8));
+        assert_eq!(caps(k::MLX5_ATOMIC_OPS_CMP_SWAP, 8).atomic_mode(), None);
+        assert_eq!(DeviceCaps::default().atomic_mode(), None);
+    }
 }

@@ -932,16 +932,26 @@ impl Rdma {
         assert_eq!(st, (0, 0), "RTR2RTS");
     }
 
-    /// RST2INIT (qkey), INIT2RTR, RTR2RTS for a UD QP.
+    /// RST2INIT (qkey), INIT2RTR, RTR2RTS for a UD QP, each with the MTU and message size mlx5_ib sends with every
+    /// UD modify.
     pub fn ready_ud(&mut self, qp: &TQp, qkey: u32) {
         use ifc::qpc as q;
+        let ud = |inp: &mut Vec<u8>, c: mlx5_core::prm::Sub| {
+            inp.set(q::ST.at(c), consts::MLX5_QP_ST_UD);
+            inp.set(q::MTU.at(c), consts::IB_MTU_4096.into());
+            inp.set(q::LOG_MSG_MAX.at(c), 12);
+        };
         let st = self.modify(consts::MLX5_CMD_OP_RST2INIT_QP, qp.qpn, 0, |inp, c| {
+            ud(inp, c);
             inp.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), 1);
             inp.set(q::Q_KEY.at(c), qkey);
         });
         assert_eq!(st, (0, 0), "RST2INIT");
-        assert_eq!(self.modify(consts::MLX5_CMD_OP_INIT2RTR_QP, qp.qpn, 0, |_, _| {}), (0, 0), "INIT2RTR");
-        let st = self.modify(consts::MLX5_CMD_OP_RTR2RTS_QP, qp.qpn, 0, |inp, c| inp.set(q::NEXT_SEND_PSN.at(c), 1));
+        assert_eq!(self.modify(consts::MLX5_CMD_OP_INIT2RTR_QP, qp.qpn, 0, ud), (0, 0), "INIT2RTR");
+        let st = self.modify(consts::MLX5_CMD_OP_RTR2RTS_QP, qp.qpn, 0, |inp, c| {
+            ud(inp, c);
+            inp.set(q::NEXT_SEND_PSN.at(c), 1);
+        });
         assert_eq!(st, (0, 0), "RTR2RTS");
     }
 

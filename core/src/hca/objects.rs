@@ -22,8 +22,8 @@ use crate::cq::{
 use crate::mkey::{destroy_mkey, Access, CreateMkey, Mr, Translation};
 use crate::pd::{alloc_pd, dealloc_pd};
 use crate::qp::{
-    check_modify, destroy_qp, qp_sizes, CreateQp, ModifyQp, PostError, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap,
-    QpContext, QpQuery, QpState, QpType, QueryQp, RecvWr, SendWr, Transition,
+    check_modify, destroy_qp, ib_rate_to_mlx5, qp_sizes, CreateQp, ModifyError, ModifyQp, PostError, PostErrorKind, Qp,
+    QpAttr, QpAttrMask, QpCap, QpContext, QpQuery, QpState, QpType, QueryQp, RecvWr, SendWr, Transition,
 };
 
 /// Largest page size a memory region's MTT uses (1 GiB).
@@ -425,6 +425,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
     }
 
+    /// Whether the source GIDs are RoCE v2 entries. The driver keeps no per-entry GID type yet, so its entries
+    /// count as RoCE v2 when the device supports v2 (`roce_cap.roce_version`).
+    fn sgid_is_roce_v2(&self) -> bool {
+        self.caps.roce_version.is_some_and(|v| u32::from(v) & consts::MLX5_ROCE_VERSION_2_CAP != 0)
+    }
+
     /// Creates a QP (`mlx5_ib_create_qp` for a kernel consumer): queues sized from the requested capabilities
     /// and the device's limits, one buffer (receive queue first), a doorbell record, CREATE_QP in RESET.
     pub fn create_qp(
@@ -491,7 +497,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         match self.exec(&mut cmd, delay) {
             Ok(qpn) => {
                 let cqns = (send_cq.cqn(), recv_cq.cqn());
-                Ok(Qp::new(buf, dbrec, shadow, qpn, attr.qp_type, sizes, bf, attr.sq_sig_all, cqns))
+                let mut qp = Qp::new(buf, dbrec, shadow, qpn, attr.qp_type, sizes, bf, attr.sq_sig_all, cqns);
+                qp.pd = pd.pdn;
+                Ok(qp)
             }
             Err(e) => {
                 self.drop_queue_buf(buf, &e);
@@ -520,9 +528,42 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let to = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { from };
         let transition =
             Transition::of(from, to).ok_or(Error::Modify(crate::qp::ModifyError::BadTransition { from, to }))?;
-        let mut cmd =
-            ModifyQp { qpn: qp.qpn(), qp_type: qp.qp_type(), transition, attr: *attr, mask, link: self.link_layer() };
+        let stat_rate = if mask.contains(QpAttrMask::AV) {
+            let rate = attr.ah_attr.static_rate;
+            ib_rate_to_mlx5(rate, self.caps.general.stat_rate_support)
+                .ok_or(Error::Modify(ModifyError::BadValue { what: "static_rate", value: rate.into() }))?
+        } else {
+            0
+        };
+        let mut cmd = ModifyQp {
+            qpn: qp.qpn(),
+            qp_type: qp.qp_type(),
+            transition,
+            attr: *attr,
+            mask,
+            link: self.link_layer(),
+            log_max_msg: self.caps.general.log_max_msg,
+            stat_rate,
+            roce_v2: self.link_layer() == LinkLayer::Ethernet && self.sgid_is_roce_v2(),
+            pd: qp.pd,
+            cqn_snd: qp.cqns().0,
+            cqn_rcv: qp.cqns().1,
+            dbr_addr: (qp.sizes().rq_wqe_cnt > 0).then(|| qp.dbrec().iova()),
+            cur_access: qp.access,
+            cur_resp_depth: qp.resp_depth,
+        };
+        // Linux refuses remote atomics the device has no atomic mode for (`set_qpc_atomic_flags`).
+        if cmd.remote_access().is_some_and(|a| a.contains(Access::REMOTE_ATOMIC)) && self.caps.atomic_mode().is_none() {
+            return Err(Error::NotSupported { what: "remote atomic access (no atomic mode: get_atomic_mode)" });
+        }
         self.exec(&mut cmd, delay)?;
+        // Kept only once firmware took them, as `__mlx5_ib_modify_qp` does.
+        if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+            qp.access = attr.qp_access_flags;
+        }
+        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            qp.resp_depth = attr.max_dest_rd_atomic;
+        }
         qp.state = to;
         if to == QpState::Reset {
             qp.reset_rings();

@@ -196,35 +196,153 @@ pub struct ModifyQp {
     pub mask: QpAttrMask,
     /// The port's link layer (address paths differ).
     pub link: crate::cq::LinkLayer,
+    /// The device's `log_max_msg`, sent as `log_msg_max` with a path MTU (as `__mlx5_ib_modify_qp` does).
+    pub log_max_msg: u8,
+    /// The address's `static_rate` in the `ads.stat_rate` encoding ([`ib_rate_to_mlx5`]).
+    pub stat_rate: u8,
+    /// RoCE: the source GID is a RoCE v2 (UDP-encapsulated) entry, so the path gets a UDP source port (RC with a
+    /// remote QPN) and a DSCP (`sgid_attr->gid_type == IB_GID_TYPE_ROCE_UDP_ENCAP` in `mlx5_set_path`).
+    pub roce_v2: bool,
+    /// The QP's protection domain and CQs, sent with every modify.
+    pub pd: u32,
+    /// The send queue's CQ.
+    pub cqn_snd: u32,
+    /// The receive queue's CQ.
+    pub cqn_rcv: u32,
+    /// The doorbell record, sent with RST2INIT when the QP has a receive queue.
+    pub dbr_addr: Option<u64>,
+    /// The access rights the QP has now (what the last modify with [`QpAttrMask::ACCESS_FLAGS`] set).
+    pub cur_access: Access,
+    /// The responder depth the QP has now (what the last modify with [`QpAttrMask::MAX_DEST_RD_ATOMIC`] set).
+    pub cur_resp_depth: u8,
 }
 
 impl ModifyQp {
-    /// `opt_param_mask`: the optional fields this command changes (`MLX5_QP_OPTPAR_*`, from `ib_mask_to_mlx5_opt`).
+    /// `opt_param_mask` as `__mlx5_ib_modify_qp` computes it: every optional parameter the verbs mask names
+    /// (`ib_mask_to_mlx5_opt`), kept where the transition and service take it (`opt_mask`).
     fn opt_param_mask(&self) -> u32 {
-        let mut m = 0;
-        if self.mask.contains(QpAttrMask::ACCESS_FLAGS) && self.qp_type == QpType::Rc {
-            m |= consts::MLX5_QP_OPTPAR_RRE | consts::MLX5_QP_OPTPAR_RAE | consts::MLX5_QP_OPTPAR_RWE;
-        }
-        if self.mask.contains(QpAttrMask::PKEY_INDEX) {
-            m |= consts::MLX5_QP_OPTPAR_PKEY_INDEX;
-        }
-        if self.mask.contains(QpAttrMask::QKEY) {
-            m |= consts::MLX5_QP_OPTPAR_Q_KEY;
-        }
-        if self.mask.contains(QpAttrMask::MIN_RNR_TIMER) {
-            m |= consts::MLX5_QP_OPTPAR_RNR_TIMEOUT;
-        }
-        // Mandatory fields of the transition are not "optional parameters".
-        match self.transition {
-            Transition::Rst2Init => 0,
-            Transition::Init2Rtr | Transition::Init2Init => m & !consts::MLX5_QP_OPTPAR_RNR_TIMEOUT,
-            _ => m & !consts::MLX5_QP_OPTPAR_PKEY_INDEX,
-        }
+        mask_to_optpar(self.mask) & allowed_optpar(self.transition, self.qp_type)
     }
 }
 
+/// The `MLX5_QP_OPTPAR_*` bits each verbs attribute stands for (`ib_nr_to_mlx5_nr`).
+fn mask_to_optpar(mask: QpAttrMask) -> u32 {
+    use consts as k;
+    use QpAttrMask as M;
+    let table = [
+        (M::ACCESS_FLAGS, k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RAE),
+        (M::PKEY_INDEX, k::MLX5_QP_OPTPAR_PKEY_INDEX),
+        (M::PORT, k::MLX5_QP_OPTPAR_PRI_PORT),
+        (M::QKEY, k::MLX5_QP_OPTPAR_Q_KEY),
+        (M::AV, k::MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH | k::MLX5_QP_OPTPAR_PRI_PORT),
+        (M::TIMEOUT, k::MLX5_QP_OPTPAR_ACK_TIMEOUT),
+        (M::RETRY_CNT, k::MLX5_QP_OPTPAR_RETRY_COUNT),
+        (M::RNR_RETRY, k::MLX5_QP_OPTPAR_RNR_RETRY),
+        (M::MAX_QP_RD_ATOMIC, k::MLX5_QP_OPTPAR_SRA_MAX),
+        (M::MIN_RNR_TIMER, k::MLX5_QP_OPTPAR_RNR_TIMEOUT),
+        (
+            M::MAX_DEST_RD_ATOMIC,
+            k::MLX5_QP_OPTPAR_RRA_MAX | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RAE,
+        ),
+    ];
+    table.iter().filter(|(m, _)| mask.contains(*m)).fold(0, |acc, (_, bits)| acc | bits)
+}
+
+/// The optional parameters a transition takes for RC and UD (mlx5_ib's `opt_mask` table); RST2INIT, 2ERR and 2RST
+/// take none.
+fn allowed_optpar(t: Transition, ty: QpType) -> u32 {
+    use consts as k;
+    let access = k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RAE | k::MLX5_QP_OPTPAR_RWE;
+    match (t, ty) {
+        (Transition::Init2Init, QpType::Rc) => {
+            access | k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_PRI_PORT | k::MLX5_QP_OPTPAR_LAG_TX_AFF
+        }
+        (Transition::Init2Init, QpType::Ud) => {
+            k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_Q_KEY | k::MLX5_QP_OPTPAR_PRI_PORT
+        }
+        (Transition::Init2Rtr, QpType::Rc) => {
+            k::MLX5_QP_OPTPAR_ALT_ADDR_PATH | access | k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_LAG_TX_AFF
+        }
+        (Transition::Init2Rtr, QpType::Ud) => k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_Q_KEY,
+        (Transition::Rtr2Rts, QpType::Rc) | (Transition::Rts2Rts, QpType::Rc) => {
+            k::MLX5_QP_OPTPAR_ALT_ADDR_PATH | access | k::MLX5_QP_OPTPAR_PM_STATE | k::MLX5_QP_OPTPAR_RNR_TIMEOUT
+        }
+        (Transition::Rtr2Rts, QpType::Ud) => k::MLX5_QP_OPTPAR_Q_KEY,
+        (Transition::Rts2Rts, QpType::Ud) => {
+            k::MLX5_QP_OPTPAR_Q_KEY | k::MLX5_QP_OPTPAR_SRQN | k::MLX5_QP_OPTPAR_CQN_RCV
+        }
+        (Transition::Rst2Init | Transition::ToErr | Transition::ToRst, _) => 0,
+    }
+}
+
+/// The `ads.stat_rate` encoding of an `ib_rate` (`ib_to_mlx5_rate_map`).
+fn ib_to_mlx5_rate_map(rate: u8) -> u8 {
+    match u32::from(rate) {
+        consts::IB_RATE_PORT_CURRENT => 0,
+        consts::IB_RATE_56_GBPS => 1,
+        consts::IB_RATE_25_GBPS => 2,
+        consts::IB_RATE_100_GBPS => 3,
+        consts::IB_RATE_200_GBPS => 4,
+        consts::IB_RATE_50_GBPS => 5,
+        consts::IB_RATE_400_GBPS => 6,
+        _ => rate + consts::MLX5_STAT_RATE_OFFSET as u8,
+    }
+}
+
+/// An address's `static_rate` (`ib_rate`) as `ads.stat_rate` (`mlx5r_ib_rate`): 0 (the port's rate) for the port's
+/// current rate and for 800 Gb/s, otherwise the fastest rate the device supports (`stat_rate_support`) at or
+/// below the request; `None` for a value that is not an `ib_rate`.
+pub fn ib_rate_to_mlx5(rate: u8, stat_rate_support: u16) -> Option<u8> {
+    let r = u32::from(rate);
+    if r == consts::IB_RATE_PORT_CURRENT || r == consts::IB_RATE_800_GBPS {
+        return Some(0);
+    }
+    if !(consts::IB_RATE_2_5_GBPS..=consts::IB_RATE_800_GBPS).contains(&r) {
+        return None;
+    }
+    let mut rate = rate;
+    // Linux steps down through the enum's values, not through speeds; the loop ends at the port rate at worst.
+    while u32::from(rate) != consts::IB_RATE_PORT_CURRENT
+        && (1u32 << ib_to_mlx5_rate_map(rate)) & u32::from(stat_rate_support) == 0
+    {
+        rate -= 1;
+    }
+    Some(ib_to_mlx5_rate_map(rate))
+}
+
+/// The symmetric flow label of a connection from its two QPNs (`rdma_calc_flow_label`), for a GRH without one.
+pub fn calc_flow_label(lqpn: u32, rqpn: u32) -> u32 {
+    let mut v = u64::from(lqpn) * u64::from(rqpn);
+    v ^= v >> 20;
+    v ^= v >> 40;
+    (v as u32) & consts::IB_GRH_FLOWLABEL_MASK
+}
+
+/// The RoCE v2 UDP source port of a flow label (`rdma_flow_label_to_udp_sport`): the label folded to 14 bits in
+/// the range from `IB_ROCE_UDP_ENCAP_VALID_PORT_MIN` up.
+pub fn flow_label_to_udp_sport(fl: u32) -> u16 {
+    let (low, high) = (fl & 0x3fff, fl & 0xf_c000);
+    ((low ^ (high >> 14)) | consts::IB_ROCE_UDP_ENCAP_VALID_PORT_MIN) as u16
+}
+
+/// What the address path takes beyond the address itself.
+struct PathExtra {
+    /// `ads.stat_rate` (already mapped).
+    stat_rate: u8,
+    /// The source GID is RoCE v2.
+    roce_v2: bool,
+    /// The UDP source port, when `mlx5_set_path` sets one.
+    udp_sport: Option<u16>,
+}
+
 /// Writes the address path (`mlx5_set_path` for the primary path).
-fn set_path<B: MsgBuf + ?Sized>(c: &mut SubBuf<'_, B>, base: Sub, ah: &AhAttr, link: crate::cq::LinkLayer) {
+fn set_path<B: MsgBuf + ?Sized>(
+    c: &mut SubBuf<'_, B>,
+    base: Sub,
+    ah: &AhAttr,
+    link: crate::cq::LinkLayer,
+    x: &PathExtra,
+) {
     use ifc::ads as a;
     let at = |f: Field| f.at(base);
     match link {
@@ -237,7 +355,13 @@ fn set_path<B: MsgBuf + ?Sized>(c: &mut SubBuf<'_, B>, base: Sub, ah: &AhAttr, l
             c.set(at(a::RMAC_47_32), u32::from(u16::from_be_bytes([ah.dmac[0], ah.dmac[1]])));
             c.set(at(a::RMAC_31_0), u32::from_be_bytes([ah.dmac[2], ah.dmac[3], ah.dmac[4], ah.dmac[5]]));
             c.set(at(a::ETH_PRIO), u32::from(ah.sl & 7));
-            c.set(at(a::UDP_SPORT), ROCE_UDP_SPORT_MIN);
+            if let Some(sport) = x.udp_sport {
+                c.set(at(a::UDP_SPORT), sport.into());
+            }
+            if x.roce_v2 {
+                let tclass = ah.grh.map_or(0, |g| g.traffic_class);
+                c.set(at(a::DSCP), u32::from(tclass >> 2));
+            }
         }
     }
     if let Some(g) = ah.grh {
@@ -250,19 +374,42 @@ fn set_path<B: MsgBuf + ?Sized>(c: &mut SubBuf<'_, B>, base: Sub, ah: &AhAttr, l
             c.set(a::RGID_RIP.elem(i as u32).at(base), u32::from(*b));
         }
     }
-    c.set(at(a::STAT_RATE), u32::from(ah.static_rate & 0xf));
+    c.set(at(a::STAT_RATE), x.stat_rate.into());
     c.set(at(a::VHCA_PORT_NUM), ah.port_num.max(1).into());
 }
+
+/// `log_msg_max` of every UD modify: 4 KiB, one MTU (`__mlx5_ib_modify_qp`).
+pub const UD_LOG_MSG_MAX: u8 = 12;
 
 /// The lowest RoCE v2 UDP source port (`r_roce_min_src_udp_port` of the simulated and real ConnectX-5: 0xc000).
 pub const ROCE_UDP_SPORT_MIN: u32 = 0xc000;
 
-/// `log2` rounded up, for the `log_*_max` fields (`log_rra_max`, `log_sra_max`).
-fn log2_ceil(v: u8) -> u32 {
-    if v <= 1 {
-        0
-    } else {
-        32 - (u32::from(v) - 1).leading_zeros()
+/// `fls(v - 1)`, what `__mlx5_ib_modify_qp` writes to `log_sra_max` / `log_rra_max` for `v` outstanding reads and
+/// atomics: log2 rounded up, so the device allows at least `v` (3 gives 2, that is 4).
+fn log_rd_atomic(v: u8) -> u32 {
+    32 - u32::from(v.saturating_sub(1)).leading_zeros()
+}
+
+impl ModifyQp {
+    /// The remote access rights this modify writes (`set_qpc_atomic_flags`), `None` when it writes none: from
+    /// this modify's attributes or the QP's stored ones, and without responder resources only remote write stays.
+    pub fn remote_access(&self) -> Option<Access> {
+        let (a, m) = (&self.attr, self.mask);
+        if !m.contains(QpAttrMask::ACCESS_FLAGS) && !m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            return None;
+        }
+        let depth = if m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) { a.max_dest_rd_atomic } else { self.cur_resp_depth };
+        let acc = if m.contains(QpAttrMask::ACCESS_FLAGS) { a.qp_access_flags } else { self.cur_access };
+        Some(if depth == 0 { Access(acc.0 & Access::REMOTE_WRITE.0) } else { acc })
+    }
+
+    /// `rre` / `rwe` / `rae` as `set_qpc_atomic_flags` writes them.
+    fn set_access<B: MsgBuf + ?Sized>(&self, c: &mut SubBuf<'_, B>) {
+        use ifc::qpc as q;
+        let Some(acc) = self.remote_access() else { return };
+        c.set(q::RRE, acc.contains(Access::REMOTE_READ).into());
+        c.set(q::RAE, acc.contains(Access::REMOTE_ATOMIC).into());
+        c.set(q::RWE, acc.contains(Access::REMOTE_WRITE).into());
     }
 }
 
@@ -292,28 +439,46 @@ impl Command for ModifyQp {
         let m = self.mask;
         let mut c = SubBuf::new(msg, qpc);
         let path = q::PRIMARY_ADDRESS_PATH;
+        c.set(q::ST, self.qp_type.st());
+        if self.qp_type == QpType::Ud {
+            // Every UD modify carries the largest MTU and 4 KiB messages, whatever the mask.
+            c.set(q::MTU, consts::IB_MTU_4096.into());
+            c.set(q::LOG_MSG_MAX, UD_LOG_MSG_MAX.into());
+        }
         if m.contains(QpAttrMask::PKEY_INDEX) {
             c.set(ifc::ads::PKEY_INDEX.at(path), a.pkey_index.into());
         }
         if m.contains(QpAttrMask::PORT) || self.transition == Transition::Rst2Init {
             c.set(ifc::ads::VHCA_PORT_NUM.at(path), a.port_num.max(1).into());
         }
-        if m.contains(QpAttrMask::ACCESS_FLAGS) && self.qp_type == QpType::Rc {
-            let acc = a.qp_access_flags;
-            c.set(q::RRE, acc.contains(Access::REMOTE_READ).into());
-            c.set(q::RWE, acc.contains(Access::REMOTE_WRITE).into());
-            c.set(q::RAE, acc.contains(Access::REMOTE_ATOMIC).into());
+        self.set_access(&mut c);
+        c.set(q::PD, self.pd);
+        c.set(q::CQN_SND, self.cqn_snd);
+        c.set(q::CQN_RCV, self.cqn_rcv);
+        if self.transition == Transition::Rst2Init {
+            if let Some(dbr) = self.dbr_addr {
+                c.set64(q::DBR_ADDR, dbr);
+            }
+            // The driver is the kernel consumer: its QPs may use the reserved lkey.
+            c.set(q::RLKY, 1);
         }
         if m.contains(QpAttrMask::QKEY) {
             c.set(q::Q_KEY, a.qkey);
         }
         if m.contains(QpAttrMask::AV) {
-            set_path(&mut c, path, &a.ah_attr, self.link);
+            // Linux derives the port for connected QPs only, and only with the remote QPN in the same modify.
+            let connected = self.qp_type == QpType::Rc && m.contains(QpAttrMask::DEST_QPN);
+            let udp_sport = (self.roce_v2 && connected).then(|| {
+                let fl = a.ah_attr.grh.map_or(0, |g| g.flow_label);
+                let fl = if fl == 0 { calc_flow_label(self.qpn, a.dest_qp_num) } else { fl };
+                flow_label_to_udp_sport(fl)
+            });
+            let x = PathExtra { stat_rate: self.stat_rate, roce_v2: self.roce_v2, udp_sport };
+            set_path(&mut c, path, &a.ah_attr, self.link, &x);
         }
-        if m.contains(QpAttrMask::PATH_MTU) {
+        if m.contains(QpAttrMask::PATH_MTU) && self.qp_type != QpType::Ud {
             c.set(q::MTU, a.path_mtu as u32);
-            // Messages up to 2^30 bytes (`log_max_msg` of the device).
-            c.set(q::LOG_MSG_MAX, 30);
+            c.set(q::LOG_MSG_MAX, self.log_max_msg.into());
         }
         if m.contains(QpAttrMask::DEST_QPN) {
             c.set(q::REMOTE_QPN, a.dest_qp_num & 0xff_ffff);
@@ -321,8 +486,9 @@ impl Command for ModifyQp {
         if m.contains(QpAttrMask::RQ_PSN) {
             c.set(q::NEXT_RCV_PSN, a.rq_psn);
         }
+        // Linux leaves the field 0 for a count of 0, which is what `log_rd_atomic` gives.
         if m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            c.set(q::LOG_RRA_MAX, log2_ceil(a.max_dest_rd_atomic));
+            c.set(q::LOG_RRA_MAX, log_rd_atomic(a.max_dest_rd_atomic));
         }
         if m.contains(QpAttrMask::MIN_RNR_TIMER) {
             c.set(q::MIN_RNR_NAK, a.min_rnr_timer.into());
@@ -340,7 +506,7 @@ impl Command for ModifyQp {
             c.set(q::NEXT_SEND_PSN, a.sq_psn);
         }
         if m.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            c.set(q::LOG_SRA_MAX, log2_ceil(a.max_rd_atomic));
+            c.set(q::LOG_SRA_MAX, log_rd_atomic(a.max_rd_atomic));
         }
     }
     fn decode<B: MsgBuf + ?Sized>(&mut self, _out: &B) -> Result<(), CmdError> {
@@ -403,5 +569,63 @@ impl Command for QueryQp {
             hw_sq_wqebb_counter: at(q::HW_SQ_WQEBB_COUNTER) as u16,
             hw_rq_counter: at(q::HW_RQ_COUNTER),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outstanding_reads_round_up_as_fls() {
+        // fls(v - 1): 1 -> 0, 2 -> 1, 3 -> 2 (room for 4), 16 -> 4, 0 -> 0.
+        let got: [u32; 6] = [0, 1, 2, 3, 16, 17].map(log_rd_atomic);
+        assert_eq!(got, [0, 0, 1, 2, 4, 5]);
+    }
+
+    #[test]
+    fn optional_parameters_follow_opt_mask() {
+        use consts as k;
+        use QpAttrMask as M;
+        let opt = |t, ty, m: QpAttrMask| mask_to_optpar(m) & allowed_optpar(t, ty);
+        let access = k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE;
+        // INIT2INIT takes the port (PRI_PORT) and the pkey index; RST2INIT takes nothing.
+        let m = M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS;
+        let want = k::MLX5_QP_OPTPAR_PRI_PORT | k::MLX5_QP_OPTPAR_PKEY_INDEX | access;
+        assert_eq!(opt(Transition::Init2Init, QpType::Rc, m), want);
+        assert_eq!(opt(Transition::Rst2Init, QpType::Rc, m), 0);
+        let ud = k::MLX5_QP_OPTPAR_PRI_PORT | k::MLX5_QP_OPTPAR_Q_KEY;
+        assert_eq!(opt(Transition::Init2Init, QpType::Ud, M::PORT | M::QKEY), ud);
+        // MAX_DEST_RD_ATOMIC brings the access bits; RRA_MAX, the path and RNR_TIMEOUT are not INIT2RTR options.
+        let rtr = M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+        assert_eq!(opt(Transition::Init2Rtr, QpType::Rc, rtr), access);
+        let rts = M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC | M::MIN_RNR_TIMER;
+        assert_eq!(opt(Transition::Rtr2Rts, QpType::Rc, rts), k::MLX5_QP_OPTPAR_RNR_TIMEOUT);
+    }
+
+    #[test]
+    fn udp_source_ports_fold_the_flow_label() {
+        assert_eq!(calc_flow_label(0x100, 0x101), 0x10100);
+        assert_eq!(calc_flow_label(0x101, 0x100), 0x10100);
+        assert_eq!(calc_flow_label(0xab_cdef, 0x12_3456), 0xac3e3);
+        assert_eq!(flow_label_to_udp_sport(0x10100), 0xc104);
+        assert_eq!(flow_label_to_udp_sport(0xac3e3), 0xc3c8);
+        assert_eq!(flow_label_to_udp_sport(0x12345), 0xe341);
+    }
+
+    #[test]
+    fn static_rates_map_as_mlx5r_ib_rate() {
+        let all = 0xffff;
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_PORT_CURRENT as u8, all), Some(0));
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_800_GBPS as u8, all), Some(0));
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_10_GBPS as u8, all), Some(8));
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_25_GBPS as u8, all), Some(2));
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_100_GBPS as u8, all), Some(3));
+        assert_eq!(ib_rate_to_mlx5(1, all), None);
+        assert_eq!(ib_rate_to_mlx5(24, all), None);
+        // Without 40 Gb/s (encoding 12) the request steps down to the enum's previous value, 20 Gb/s (11).
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_40_GBPS as u8, all & !(1 << 12)), Some(11));
+        // Nothing supported: the port's rate.
+        assert_eq!(ib_rate_to_mlx5(consts::IB_RATE_40_GBPS as u8, 0), Some(0));
     }
 }

@@ -47,6 +47,12 @@ pub struct Qp {
     /// The CQs the send and receive queues complete on.
     cqn_snd: u32,
     cqn_rcv: u32,
+    /// The protection domain, sent with every modify.
+    pub(crate) pd: u32,
+    /// The remote access rights and responder depth of the last modify that set them (`trans_qp.atomic_rd_en`,
+    /// `trans_qp.resp_depth`): a modify that sets only one of them sends the other as stored.
+    pub(crate) access: crate::mkey::Access,
+    pub(crate) resp_depth: u8,
     bf: BfReg,
     sig_all: bool,
     /// The SQ as one region when it lies inside one fragment of `buf` (the usual case): a WQE segment's address
@@ -106,6 +112,9 @@ impl Qp {
             rq_tail: 0,
             cqn_snd: cqns.0,
             cqn_rcv: cqns.1,
+            pd: 0,
+            access: crate::mkey::Access(0),
+            resp_depth: 0,
             bf,
             sig_all,
             sq_flat,

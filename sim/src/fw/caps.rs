@@ -302,6 +302,13 @@ impl Caps {
             }
         } else if new.iter().zip(&t.max[r.clone()]).any(|(n, m)| n & !m != 0) {
             return Err(SetCapError::AboveMax);
+        } else if cap_type == consts::MLX5_CAP_ATOMIC {
+            // Linux sends only the request mode (the rest of its image is zero); the operations and sizes the
+            // device supports are read-only and stay.
+            let f = ifc::atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE;
+            let v = MsgBuf::get(new, f);
+            t.cur[r].set(f, v);
+            return Ok(());
         }
         t.cur[r].copy_from_slice(new);
         Ok(())
@@ -358,5 +365,13 @@ mod tests {
         img[..].set(ifc::atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE, 2);
         assert_eq!(c.set(at, &img), Err(SetCapError::AboveMax));
         assert_eq!(c.set(0x7f, &img), Err(SetCapError::UnsupportedType));
+        // An image with only the request mode (as Linux sends it) keeps the read-only operations and sizes.
+        let mut only_mode = vec![0u8; img.len()];
+        only_mode[..].set(ifc::atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE, 1);
+        assert_eq!(c.set(at, &only_mode), Ok(()));
+        let cur = c.query(at, true).unwrap();
+        let ops = consts::MLX5_ATOMIC_OPS_CMP_SWAP | consts::MLX5_ATOMIC_OPS_FETCH_ADD;
+        assert_eq!(MsgBuf::get(cur, ifc::atomic_caps::ATOMIC_OPERATIONS), ops);
+        assert_eq!(MsgBuf::get(cur, ifc::atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE), 1);
     }
 }

@@ -166,7 +166,7 @@ pub mod syndrome {
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an address path the link layer cannot use (IB: no LID; RoCE: no GRH, GID or MAC; a source
     /// GID index beyond the table).
     pub const QP_PATH: u32 = 0x51a0_00a8;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR (RC) with an MTU other than `IB_MTU_256..=IB_MTU_4096`.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR (RC or UD) with an MTU other than `IB_MTU_256..=IB_MTU_4096`.
     pub const QP_MTU: u32 = 0x51a0_00a9;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`).
     pub const QP_CONTEXT: u32 = 0x51a0_00aa;

@@ -12,7 +12,8 @@
 //! index, the remote access rights (RC) or the qkey (UD); INIT2RTR (RC) the MTU, `log_msg_max`, the remote QPN,
 //! `next_rcv_psn`, `log_rra_max`, `min_rnr_nak` and the primary path (IB: `rlid`, `sl`, optional GRH; RoCE:
 //! `grh` with `rgid_rip`, `hop_limit`, `src_addr_index`, `rmac`, `udp_sport`); RTR2RTS (RC) `next_send_psn`,
-//! `retry_count`, `rnr_retry`, `log_sra_max` and the path's `ack_timeout` (UD: `next_send_psn`). Optional
+//! `retry_count`, `rnr_retry`, `log_sra_max` and the path's `ack_timeout` (UD: `next_send_psn`); a UD INIT2RTR
+//! needs an MTU (mlx5_ib sends `IB_MTU_4096` with every UD modify). Optional
 //! parameters (`opt_param_mask`, `MLX5_QP_OPTPAR_*`) are honoured where mlx5_ib sends them: access rights, pkey
 //! index, qkey, `min_rnr_nak`, the primary path, the ACK timeout and the retry counts.
 
@@ -742,6 +743,10 @@ impl QpTable {
         // Validate everything before changing anything.
         match t {
             Transition::Rst2Init if path.port() != PORT => return Err(bad_param(syndrome::BAD_PORT)),
+            // mlx5_ib sends IB_MTU_4096 with every UD modify; firmware refuses a UD QP without an MTU.
+            Transition::Init2Rtr if !rc && !(k::IB_MTU_256..=k::IB_MTU_4096).contains(&rd8(inp, q::MTU.at(ctx))) => {
+                return Err(bad_param(syndrome::QP_MTU));
+            }
             Transition::Init2Rtr if rc => {
                 if !(k::IB_MTU_256..=k::IB_MTU_4096).contains(&rd8(inp, q::MTU.at(ctx))) {
                     return Err(bad_param(syndrome::QP_MTU));
@@ -799,8 +804,12 @@ impl QpTable {
                     if has(k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE) {
                         access(qp);
                     }
-                } else if has(k::MLX5_QP_OPTPAR_Q_KEY) {
-                    qp.q_key = get(q::Q_KEY);
+                } else {
+                    qp.mtu = rd8(inp, q::MTU.at(ctx));
+                    qp.log_msg_max = get(q::LOG_MSG_MAX);
+                    if has(k::MLX5_QP_OPTPAR_Q_KEY) {
+                        qp.q_key = get(q::Q_KEY);
+                    }
                 }
             }
             Transition::Rtr2Rts => {
@@ -1201,8 +1210,20 @@ mod tests {
         use ifc::qpc as q;
         let mut r = Rdma::new(SimConfig { port_type: PortType::Ib, lid: 7, ..SimConfig::default() });
         let cq = r.cq(4);
+        // A UD INIT2RTR without an MTU is refused (mlx5_ib sends IB_MTU_4096 with every UD modify).
+        let bare = r.qp(QpSpec::ud(), cq.cqn, cq.cqn);
+        let init = |i: &mut Vec<u8>, c: Sub| i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), 1);
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, bare.qpn, 0, init), (0, 0));
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, bare.qpn, 0, |_, _| {}),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_MTU)
+        );
+        assert_eq!(r.h.dev.qp_info(bare.qpn).unwrap().state, QpState::Init);
         let ud = r.qp(QpSpec::ud(), cq.cqn, cq.cqn);
         r.ready_ud(&ud, 0x1111_2222);
+        let (_, out) = r.query_qp(ud.qpn);
+        let c = ifc::query_qp_out::QPC;
+        assert_eq!((rd(&out, q::MTU.at(c)), rd(&out, q::LOG_MSG_MAX.at(c))), (k::IB_MTU_4096.into(), 12));
         let info = r.h.dev.qp_info(ud.qpn).unwrap();
         assert_eq!((info.state, info.st, info.q_key, info.next_send_psn), (QpState::Rts, QpType::Ud, 0x1111_2222, 1));
         // A new qkey as an optional parameter of RTS2RTS.
@@ -1211,7 +1232,6 @@ mod tests {
         assert_eq!(r.h.dev.qp_info(ud.qpn).unwrap().q_key, 5);
         // IB RC paths need a LID.
         let rc = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
-        let init = |i: &mut Vec<u8>, c: Sub| i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), 1);
         assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, rc.qpn, 0, init), (0, 0));
         let no_lid = |i: &mut Vec<u8>, c: Sub| i.set(q::MTU.at(c), k::IB_MTU_2048.into());
         assert_eq!(

@@ -295,6 +295,17 @@ fn init2rtr_matches_byte_for_byte() {
         attr,
         mask,
         link: LinkLayer::InfiniBand,
+        // The vector's log_msg_max (30) is the device's log_max_msg.
+        log_max_msg: 30,
+        stat_rate: 0,
+        roce_v2: false,
+        // The vector's QP has PD 0 and CQ 0 (it sets neither field).
+        pd: 0,
+        cqn_snd: 0,
+        cqn_rcv: 0,
+        dbr_addr: None,
+        cur_access: Access::default(),
+        cur_resp_depth: 0,
     };
     assert_eq!(hex(&encode(&cmd)), hex(&golden("init2rtr_qp_in_ib")));
 }

@@ -15,6 +15,7 @@ mod fuzz_regressions;
 mod golden;
 mod no_alloc;
 mod pages;
+mod parity;
 mod qp_rules;
 mod ring_props;
 mod sim;
