@@ -454,6 +454,11 @@ impl SimDevice {
         lock(&self.shared).fw.port.host_endianness
     }
 
+    /// The `roce_addr_layout` image SET_ROCE_ADDRESS stored at `index` (all zeros when empty), if in range.
+    pub fn roce_address(&self, index: usize) -> Option<[u8; mlx5_core::prm::ifc::roce_addr_layout::SIZE_BYTES]> {
+        lock(&self.shared).fw.port.roce_table.get(index).copied()
+    }
+
     /// Live objects: (PDs, UARs, EQs, CQs).
     pub fn object_counts(&self) -> (usize, usize, usize, usize) {
         lock(&self.shared).fw.object_counts()

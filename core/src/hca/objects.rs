@@ -622,6 +622,27 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
     }
 
+    /// `SET_ROCE_ADDRESS` for port 1 (`mlx5_ib` `set_roce_addr`): programs GID table entry `index`, or deletes it
+    /// with an all-zero entry when `entry` is `None`.
+    pub fn set_roce_gid(
+        &mut self,
+        index: u16,
+        entry: Option<crate::vport::RoceGid>,
+        delay: &mut impl DelayNs,
+    ) -> Result<(), Error> {
+        self.exec(&mut crate::vport::SetRoceAddress { index, entry }, delay)?;
+        Ok(())
+    }
+
+    /// `QUERY_ROCE_ADDRESS` for port 1: GID table entry `index` with its RoCE version (`None` when empty).
+    pub fn query_roce_gid(
+        &mut self,
+        index: u16,
+        delay: &mut impl DelayNs,
+    ) -> Result<Option<crate::vport::RoceGid>, Error> {
+        self.exec(&mut crate::vport::QueryRoceAddress { index }, delay)
+    }
+
     /// The HCA's mapped UAR page (its doorbells and BlueFlame registers).
     pub fn uar_page(&self) -> Option<crate::uar::Uar> {
         let g = &self.caps.general;
