@@ -77,6 +77,37 @@ pub struct PortAttr {
     pub gid_tbl_len: u16,
 }
 
+/// A GID's type, as `ibv_query_gid_ex` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GidType {
+    /// InfiniBand.
+    Ib,
+    /// RoCE v1.
+    RoceV1,
+    /// RoCE v2.
+    RoceV2,
+}
+
+/// The RoCE GID table in Linux's order: the link-local GID of `mac` as v1 then v2, then for each IPv4 address
+/// (mapped as `::ffff:a.b.c.d`) and each IPv6 address a v1 and a v2 entry.
+pub fn gid_table<'a>(
+    mac: [u8; 6],
+    ipv4: &'a [[u8; 4]],
+    ipv6: &'a [[u8; 16]],
+) -> impl Iterator<Item = crate::vport::RoceGid> + 'a {
+    use crate::vport::{RoceGid, RoceVersion};
+    let mapped = ipv4.iter().map(|a| {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(a);
+        g
+    });
+    core::iter::once(link_local_gid(mac_to_eui64(mac))).chain(mapped).chain(ipv6.iter().copied()).flat_map(move |gid| {
+        [RoceVersion::V1, RoceVersion::V2].map(|version| RoceGid { gid, version, vlan: None, mac })
+    })
+}
+
 /// The default GID of a port: the link-local prefix fe80::/64 and an interface id, as InfiniBand (port GUID) and
 /// RoCE (the MAC as a modified EUI-64) define it.
 pub fn link_local_gid(interface_id: u64) -> [u8; 16] {
@@ -601,25 +632,56 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
     }
 
-    /// `ibv_query_gid` for port 1. Index 0 is the port's default GID (InfiniBand: fe80:: + port GUID; RoCE: the
-    /// link-local address of the port MAC); this driver programs no other entries.
+    /// `ibv_query_gid` for port 1. InfiniBand: index 0, fe80:: + port GUID. RoCE: any programmed entry of the GID
+    /// table (index 0 and 1 are the link-local address of the port MAC, v1 and v2).
     pub fn query_gid(&mut self, index: u16, delay: &mut impl DelayNs) -> Result<[u8; 16], Error> {
-        use crate::vport::{QueryHcaVportContext, QueryNicVportContext};
-        if index != 0 {
-            return Err(Error::BadSize {
-                what: "GID index (only the default GID is set)",
-                requested: index.into(),
-                max: 0,
-            });
-        }
+        Ok(self.query_gid_ex(index, delay)?.0)
+    }
+
+    /// `ibv_query_gid_ex` for port 1: the GID at `index` with its type.
+    pub fn query_gid_ex(&mut self, index: u16, delay: &mut impl DelayNs) -> Result<([u8; 16], GidType), Error> {
+        use crate::vport::{QueryHcaVportContext, RoceVersion};
         match self.link_layer() {
             LinkLayer::InfiniBand => {
-                Ok(link_local_gid(self.exec(&mut QueryHcaVportContext { port_num: 1 }, delay)?.port_guid))
+                if index != 0 {
+                    return Err(Error::BadSize {
+                        what: "GID index (InfiniBand: only the default GID)",
+                        requested: index.into(),
+                        max: 0,
+                    });
+                }
+                let guid = self.exec(&mut QueryHcaVportContext { port_num: 1 }, delay)?.port_guid;
+                Ok((link_local_gid(guid), GidType::Ib))
             }
-            LinkLayer::Ethernet => {
-                Ok(link_local_gid(mac_to_eui64(self.exec(&mut QueryNicVportContext, delay)?.permanent_address)))
-            }
+            LinkLayer::Ethernet => match self.query_roce_gid(index, delay)? {
+                Some(e) => Ok((
+                    e.gid,
+                    match e.version {
+                        RoceVersion::V1 => GidType::RoceV1,
+                        RoceVersion::V2 => GidType::RoceV2,
+                    },
+                )),
+                None => Err(Error::BadSize { what: "GID index (no entry there)", requested: index.into(), max: 0 }),
+            },
         }
+    }
+
+    /// Programs the RoCE GID table as Linux's GID cache fills it (`roce_gid_mgmt` then `mlx5_ib` `add_gid`): the
+    /// default link-local GID of the port MAC as v1 (index 0) and v2 (index 1), then each configured IPv4 and then
+    /// IPv6 address as a v1 and a v2 entry.
+    pub(crate) fn program_gid_table(&mut self, delay: &mut impl DelayNs) -> Result<(), Error> {
+        let mac = self.exec(&mut crate::vport::QueryNicVportContext, delay)?.permanent_address;
+        let max = self.caps.roce_address_table_size.unwrap_or(0);
+        let cfg = self.ctx.cfg;
+        for (index, entry) in gid_table(mac, cfg.ipv4_addrs, cfg.ipv6_addrs).enumerate() {
+            let index = u16::try_from(index).ok().filter(|&i| i < max).ok_or(Error::BadSize {
+                what: "GID table entries",
+                requested: index as u64,
+                max: max.into(),
+            })?;
+            self.set_roce_gid(index, Some(entry), delay)?;
+        }
+        Ok(())
     }
 
     /// `SET_ROCE_ADDRESS` for port 1 (`mlx5_ib` `set_roce_addr`): programs GID table entry `index`, or deletes it
