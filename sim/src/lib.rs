@@ -679,7 +679,8 @@ mod tests {
         h.dev.advance_ns(120_000_000_000);
         assert_eq!((h.status_own(0) & 1, h.status_own(1) & 1), (1, 1));
         assert!(h.dev.events().contains(&SimEvent::DoorbellWhileDead { slot: 1 }));
-        assert_eq!(h.dev.executed().last().unwrap().opcode, consts::MLX5_CMD_OP_INIT_HCA);
+        // The last command that ran is bring-up's last: SET_ROCE_ADDRESS of the default GID on this RoCE port.
+        assert_eq!(h.dev.executed().last().unwrap().opcode, consts::MLX5_CMD_OP_SET_ROCE_ADDRESS);
         // No more EQEs either, and another failure changes nothing.
         h.dev.request_pages(5);
         assert_eq!(h.dev.post_event(0, 0, [0; EQE_DATA_LEN]), None);

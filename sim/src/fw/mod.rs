@@ -174,6 +174,9 @@ pub mod syndrome {
     pub const QP_MTU: u32 = 0x51a0_00a9;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`).
     pub const QP_CONTEXT: u32 = 0x51a0_00aa;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR of a RoCE QP whose `src_addr_index` names a GID table entry
+    /// SET_ROCE_ADDRESS never programmed (or cleared).
+    pub const GID_NOT_SET: u32 = 0x51a0_00ab;
     /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
     pub const HEALTH_EXT_SYND: u16 = 0x51a0;
 }
@@ -298,6 +301,7 @@ macro_rules! qp_fw {
             pds: &$fw.pds,
             uars: &$fw.uars,
             cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
+            roce_gid_set: &|index| $fw.port.roce_gid_set(index),
         }
     };
 }

@@ -161,6 +161,20 @@ impl PortModel {
         Ok(())
     }
 
+    /// Whether RoCE GID table entry `index` holds an address.
+    pub(crate) fn roce_gid_set(&self, index: u32) -> bool {
+        self.roce_gid(index).is_some()
+    }
+
+    /// The GID of RoCE GID table entry `index`, when it holds one.
+    pub(crate) fn roce_gid(&self, index: u32) -> Option<[u8; 16]> {
+        let at = ifc::roce_addr_layout::SOURCE_L3_ADDRESS.byte_off();
+        let e = usize::try_from(index).ok().and_then(|i| self.roce_table.get(i))?;
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&e[at..at + 16]);
+        (gid != [0; 16]).then_some(gid)
+    }
+
     pub(crate) fn query_nic_vport_context(&self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::nic_vport_context as n;
         if rd(inp, ifc::query_nic_vport_context_in::OTHER_VPORT) != 0 {
