@@ -684,6 +684,49 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         Ok(())
     }
 
+    /// Adds a port address to the RoCE GID table as Linux's GID cache does when the netdev gains one: a v1 entry
+    /// in the first free index and a v2 entry in the next free one (free entries are found with
+    /// QUERY_ROCE_ADDRESS). `addr` is an IPv6 address or an IPv4 one mapped as `::ffff:a.b.c.d`. Returns the two
+    /// indices.
+    pub fn add_roce_address(&mut self, addr: [u8; 16], delay: &mut impl DelayNs) -> Result<[u16; 2], Error> {
+        use crate::vport::{RoceGid, RoceVersion};
+        let mac = self.exec(&mut crate::vport::QueryNicVportContext, delay)?.permanent_address;
+        let mut placed = [0u16; 2];
+        let mut next = 0u16;
+        for (slot, version) in placed.iter_mut().zip([RoceVersion::V1, RoceVersion::V2]) {
+            let index = self.free_gid_index(next, delay)?;
+            self.set_roce_gid(index, Some(RoceGid { gid: addr, version, vlan: None, mac }), delay)?;
+            *slot = index;
+            next = index + 1;
+        }
+        Ok(placed)
+    }
+
+    /// Removes a port address from the RoCE GID table: every entry holding it is cleared with an all-zero
+    /// SET_ROCE_ADDRESS, as Linux deletes a GID. Returns how many entries were cleared.
+    pub fn del_roce_address(&mut self, addr: [u8; 16], delay: &mut impl DelayNs) -> Result<usize, Error> {
+        let max = self.caps.roce_address_table_size.unwrap_or(0);
+        let mut cleared = 0;
+        for index in 0..max {
+            if self.query_roce_gid(index, delay)?.is_some_and(|e| e.gid == addr) {
+                self.set_roce_gid(index, None, delay)?;
+                cleared += 1;
+            }
+        }
+        Ok(cleared)
+    }
+
+    /// The first empty RoCE GID table index at or after `from`.
+    fn free_gid_index(&mut self, from: u16, delay: &mut impl DelayNs) -> Result<u16, Error> {
+        let max = self.caps.roce_address_table_size.unwrap_or(0);
+        for index in from..max {
+            if self.query_roce_gid(index, delay)?.is_none() {
+                return Ok(index);
+            }
+        }
+        Err(Error::BadSize { what: "GID table entries (table full)", requested: u64::from(max) + 1, max: max.into() })
+    }
+
     /// `SET_ROCE_ADDRESS` for port 1 (`mlx5_ib` `set_roce_addr`): programs GID table entry `index`, or deletes it
     /// with an all-zero entry when `entry` is `None`.
     pub fn set_roce_gid(

@@ -108,7 +108,7 @@ use mlx5_core::cq::{Cq, WrTable};
 pub use mlx5_core::cq::{Notify, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, DmaView, Mmio};
 use mlx5_core::hca::{Config, Error as HcaError, Hca};
-pub use mlx5_core::hca::{CqAttr, PortAttr};
+pub use mlx5_core::hca::{CqAttr, GidType, PortAttr};
 use mlx5_core::hca::{Pd, QpInitAttr};
 pub use mlx5_core::mkey::Access;
 use mlx5_core::mkey::Mr;
@@ -439,6 +439,40 @@ impl Context {
         let mut i = self.inner();
         let Inner { hca, delay, .. } = &mut *i;
         Ok(hca.as_mut().expect("HCA present").query_gid(index, delay)?)
+    }
+
+    /// `ibv_query_gid_ex`: the GID at `index` with its type (InfiniBand, RoCE v1 or v2).
+    pub fn query_gid_ex(&self, index: u16) -> Result<([u8; 16], GidType)> {
+        let mut i = self.inner();
+        let Inner { hca, delay, .. } = &mut *i;
+        Ok(hca.as_mut().expect("HCA present").query_gid_ex(index, delay)?)
+    }
+
+    /// Adds a port address (IPv6, or IPv4 mapped as `::ffff:a.b.c.d`) to the RoCE GID table as a v1 and a v2
+    /// entry in the first free indices, as Linux does when the netdev gains it. Returns the two indices.
+    ///
+    /// ```
+    /// use mlx5_verbs::{Context, GidType};
+    /// let ctx = Context::open_sim()?;
+    /// // Indices 0 and 1 hold the link-local GID (v1, v2); 192.168.1.10 goes after them.
+    /// let v4 = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 10];
+    /// assert_eq!(ctx.add_gid_address(v4)?, [2, 3]);
+    /// assert_eq!(ctx.query_gid_ex(3)?, (v4, GidType::RoceV2));
+    /// assert_eq!(ctx.del_gid_address(v4)?, 2);
+    /// assert!(ctx.query_gid(2).is_err());
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    pub fn add_gid_address(&self, addr: [u8; 16]) -> Result<[u16; 2]> {
+        let mut i = self.inner();
+        let Inner { hca, delay, .. } = &mut *i;
+        Ok(hca.as_mut().expect("HCA present").add_roce_address(addr, delay)?)
+    }
+
+    /// Removes a port address from the RoCE GID table (each entry holding it is cleared). Returns how many were.
+    pub fn del_gid_address(&self, addr: [u8; 16]) -> Result<usize> {
+        let mut i = self.inner();
+        let Inner { hca, delay, .. } = &mut *i;
+        Ok(hca.as_mut().expect("HCA present").del_roce_address(addr, delay)?)
     }
 
     /// What a peer needs to connect to `qp` on this device: QPN, LID, GID and (RoCE) MAC, as `rc_pingpong`
