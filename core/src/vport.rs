@@ -303,14 +303,17 @@ impl RoceGid {
     }
 }
 
-/// `SET_ROCE_ADDRESS` (`mlx5_core_roce_gid_set`): programs entry `index` of port 1's GID table, or clears it
-/// with an all-zero entry when `entry` is `None`.
+/// `SET_ROCE_ADDRESS` (`mlx5_core_roce_gid_set`): programs entry `index` of port 1's GID table, or deletes it
+/// when `entry` is `None`: Linux's delete zeroes the address and MAC but still names the deleted entry's type
+/// (`roce_version`, and `roce_l3_type` IPv6 for a v2 entry), from `deleted`.
 #[derive(Debug, Clone, Copy)]
 pub struct SetRoceAddress {
     /// The GID table index.
     pub index: u16,
     /// The entry, or `None` to delete.
     pub entry: Option<RoceGid>,
+    /// The type of the entry being deleted (read only when `entry` is `None`).
+    pub deleted: RoceVersion,
 }
 
 impl Command for SetRoceAddress {
@@ -323,8 +326,16 @@ impl Command for SetRoceAddress {
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::SetRoceAddress, 0);
         msg.set(ifc::set_roce_address_in::ROCE_ADDRESS_INDEX, self.index.into());
-        if let Some(e) = &self.entry {
-            e.encode(msg, ifc::set_roce_address_in::ROCE_ADDRESS);
+        let sub = ifc::set_roce_address_in::ROCE_ADDRESS;
+        match &self.entry {
+            Some(e) => e.encode(msg, sub),
+            None if self.deleted == RoceVersion::V2 => {
+                use ifc::roce_addr_layout as r;
+                msg.set(r::ROCE_VERSION.at(sub), consts::MLX5_ROCE_VERSION_2);
+                msg.set(r::ROCE_L3_TYPE.at(sub), consts::MLX5_ROCE_L3_TYPE_IPV6);
+            }
+            // A deleted v1 entry is all zeros (version 1 and L3 type IPv4 are both 0).
+            None => {}
         }
     }
     fn decode<B: MsgBuf + ?Sized>(&mut self, _out: &B) -> Result<(), CmdError> {

@@ -708,8 +708,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let max = self.caps.roce_address_table_size.unwrap_or(0);
         let mut cleared = 0;
         for index in 0..max {
-            if self.query_roce_gid(index, delay)?.is_some_and(|e| e.gid == addr) {
-                self.set_roce_gid(index, None, delay)?;
+            if let Some(e) = self.query_roce_gid(index, delay)?.filter(|e| e.gid == addr) {
+                self.del_roce_gid(index, e.version, delay)?;
                 cleared += 1;
             }
         }
@@ -727,15 +727,28 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         Err(Error::BadSize { what: "GID table entries (table full)", requested: u64::from(max) + 1, max: max.into() })
     }
 
-    /// `SET_ROCE_ADDRESS` for port 1 (`mlx5_ib` `set_roce_addr`): programs GID table entry `index`, or deletes it
-    /// with an all-zero entry when `entry` is `None`.
+    /// `SET_ROCE_ADDRESS` for port 1 (`mlx5_ib` `set_roce_addr`): programs GID table entry `index`, or deletes a
+    /// RoCE v1 entry (all zeros) when `entry` is `None`; [`del_roce_gid`](Self::del_roce_gid) deletes either type.
     pub fn set_roce_gid(
         &mut self,
         index: u16,
         entry: Option<crate::vport::RoceGid>,
         delay: &mut impl DelayNs,
     ) -> Result<(), Error> {
-        self.exec(&mut crate::vport::SetRoceAddress { index, entry }, delay)?;
+        let deleted = crate::vport::RoceVersion::V1;
+        self.exec(&mut crate::vport::SetRoceAddress { index, entry, deleted }, delay)?;
+        Ok(())
+    }
+
+    /// Deletes GID table entry `index` of type `version` as `mlx5_ib` `del_gid` does: address and MAC zeroed, the
+    /// entry's type still named.
+    pub fn del_roce_gid(
+        &mut self,
+        index: u16,
+        version: crate::vport::RoceVersion,
+        delay: &mut impl DelayNs,
+    ) -> Result<(), Error> {
+        self.exec(&mut crate::vport::SetRoceAddress { index, entry: None, deleted: version }, delay)?;
         Ok(())
     }
 

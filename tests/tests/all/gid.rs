@@ -65,9 +65,15 @@ fn set_query_and_delete_roce_gids() {
     assert_eq!(field(&dev.roce_address(5).unwrap(), r::ROCE_L3_TYPE), consts::MLX5_ROCE_L3_TYPE_IPV6);
     assert_eq!(hca.query_roce_gid(5, &mut d).unwrap(), Some(v6));
 
-    // Deleting writes an all-zero entry.
-    hca.set_roce_gid(3, None, &mut d).unwrap();
-    assert_eq!(dev.roce_address(3).unwrap(), [0; ifc::roce_addr_layout::SIZE_BYTES]);
+    // Deleting a v1 entry writes all zeros; a v2 one keeps its type (v2, IPv6) with address and MAC zeroed.
+    hca.set_roce_gid(2, None, &mut d).unwrap();
+    assert_eq!(dev.roce_address(2).unwrap(), [0; ifc::roce_addr_layout::SIZE_BYTES]);
+    assert_eq!(hca.query_roce_gid(2, &mut d).unwrap(), None);
+    hca.del_roce_gid(3, RoceVersion::V2, &mut d).unwrap();
+    let mut want = [0u8; ifc::roce_addr_layout::SIZE_BYTES];
+    want[..].set(r::ROCE_VERSION, consts::MLX5_ROCE_VERSION_2);
+    want[..].set(r::ROCE_L3_TYPE, consts::MLX5_ROCE_L3_TYPE_IPV6);
+    assert_eq!(dev.roce_address(3).unwrap(), want);
     assert_eq!(hca.query_roce_gid(3, &mut d).unwrap(), None);
 
     // An index past the table is refused with its syndrome.
@@ -125,14 +131,17 @@ fn bring_up_programs_every_entry_in_linux_order() {
 
     // Removing the IPv4 address clears its two entries; adding it back reprograms them.
     let before = dev.executed().len();
-    hca.set_roce_gid(2, None, &mut d).unwrap();
-    hca.set_roce_gid(3, None, &mut d).unwrap();
+    assert_eq!(hca.del_roce_address(V4_GID, &mut d).unwrap(), 2);
     assert!(hca.query_gid(2, &mut d).is_err() && hca.query_gid(3, &mut d).is_err());
+    assert_eq!(field(&dev.roce_address(3).unwrap(), r::ROCE_VERSION), consts::MLX5_ROCE_VERSION_2);
     let entries: Vec<RoceGid> = mlx5_core::hca::gid_table(cfg.mac, &V4, &[]).collect();
     hca.set_roce_gid(2, Some(entries[2]), &mut d).unwrap();
     hca.set_roce_gid(3, Some(entries[3]), &mut d).unwrap();
     let ops: Vec<u16> = dev.executed()[before..].iter().map(|c| c.opcode).collect();
     assert_eq!(ops.iter().filter(|&&o| o == consts::MLX5_CMD_OP_SET_ROCE_ADDRESS).count(), 4);
+    // The add API finds the same two free entries again after a delete.
+    assert_eq!(hca.del_roce_address(V4_GID, &mut d).unwrap(), 2);
+    assert_eq!(hca.add_roce_address(V4_GID, &mut d).unwrap(), [2, 3]);
     assert_eq!(hca.query_gid_ex(3, &mut d).unwrap(), (V4_GID, GidType::RoceV2));
     hca.teardown(&mut d).unwrap();
 }
