@@ -157,10 +157,14 @@ fn rtr_refuses_an_unprogrammed_source_gid_and_rc_runs_over_a_v2_ipv4_entry() {
     let mut a = n.qp(QpType::Rc, &cq, cap, false);
     let mut b = n.qp(QpType::Rc, &cq, cap, false);
 
-    // Index 3 is empty: INIT2RTR is refused with BAD_PARAM and its syndrome.
+    // The simulated host has 192.168.1.10, so bring-up programmed indices 0..4; index 4 is empty and INIT2RTR
+    // is refused with BAD_PARAM and its syndrome.
+    let ip = n.dev.config().ipv4_addrs[0];
+    let mapped = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, ip[0], ip[1], ip[2], ip[3]];
+    assert_eq!(n.hca.query_gid_ex(3, &mut n.d).unwrap(), (mapped, mlx5_core::hca::GidType::RoceV2));
     let mut ah = n.ah_attr();
     if let Some(g) = ah.grh.as_mut() {
-        g.sgid_index = 3;
+        g.sgid_index = 4;
     }
     let o = RcOpts::default();
     let attr = QpAttr {
@@ -183,10 +187,9 @@ fn rtr_refuses_an_unprogrammed_source_gid_and_rc_runs_over_a_v2_ipv4_entry() {
     n.hca.destroy_qp(a, &mut n.d).unwrap();
     let mut a = n.qp(QpType::Rc, &cq, cap, false);
 
-    // With 192.168.1.10 added (v1 at 2, v2 at 3), an RC ping-pong over the v2 entry works.
-    let mac = n.dev.config().mac;
-    for (i, e) in mlx5_core::hca::gid_table(mac, &V4, &[]).enumerate().skip(2) {
-        n.hca.set_roce_gid(i as u16, Some(e), &mut n.d).unwrap();
+    // An RC ping-pong over the v2 IPv4 entry (index 3) works.
+    if let Some(g) = ah.grh.as_mut() {
+        g.sgid_index = 3;
     }
     let (qa, qb) = (a.qpn(), b.qpn());
     n.connect_rc(&mut a, qb, ah, &o);
