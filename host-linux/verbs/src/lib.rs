@@ -339,7 +339,10 @@ impl Context {
     #[cfg(feature = "sim")]
     pub fn open_sim_device(dev: SimDevice) -> Result<Context> {
         let delay = AnyDelay::Sim(dev.delay());
-        Self::bring_up(AnyMmio::Sim(dev.mmio()), AnyDma::Sim(dev.dma()), delay, DeviceKind::Sim(dev))
+        // The simulated host's addresses become GID entries, as a Linux host's netdev addresses do.
+        let c = dev.config();
+        let cfg = Config { ipv4_addrs: c.ipv4_addrs, ipv6_addrs: c.ipv6_addrs, ..Config::default() };
+        Self::bring_up(AnyMmio::Sim(dev.mmio()), AnyDma::Sim(dev.dma()), delay, DeviceKind::Sim(dev), cfg)
     }
 
     /// Two simulated ConnectX-5s joined by a simulated wire, with distinct MACs / GUIDs / LIDs: two hosts on a
@@ -377,7 +380,7 @@ impl Context {
     pub fn open_vfio(bdf: Bdf) -> Result<Context> {
         let v = Arc::new(Vfio::open(bdf, VfioOptions::default())?);
         let delay = AnyDelay::Std(StdDelay);
-        Self::bring_up(AnyMmio::Vfio(v.clone()), AnyDma::Vfio(v.clone()), delay, DeviceKind::Vfio(v))
+        Self::bring_up(AnyMmio::Vfio(v.clone()), AnyDma::Vfio(v.clone()), delay, DeviceKind::Vfio(v), Config::default())
     }
 
     /// `"sim"` for the simulator, else a PCI address for VFIO. Without the `sim` feature `"sim"` is refused as
@@ -390,9 +393,8 @@ impl Context {
         Self::open_vfio(spec.parse()?)
     }
 
-    fn bring_up(mmio: AnyMmio, dma: AnyDma, mut delay: AnyDelay, kind: DeviceKind) -> Result<Context> {
-        let mut hca = Hca::bring_up(mmio, dma, (), &mut delay, Config::default())
-            .map_err(|e| VerbsError::Bringup(e.to_string()))?;
+    fn bring_up(mmio: AnyMmio, dma: AnyDma, mut delay: AnyDelay, kind: DeviceKind, cfg: Config) -> Result<Context> {
+        let mut hca = Hca::bring_up(mmio, dma, (), &mut delay, cfg).map_err(|e| VerbsError::Bringup(e.to_string()))?;
         let link = match hca.query_port(&mut delay) {
             Ok(p) => p.link_layer,
             Err(e) => {
@@ -454,12 +456,12 @@ impl Context {
     /// ```
     /// use mlx5_verbs::{Context, GidType};
     /// let ctx = Context::open_sim()?;
-    /// // Indices 0 and 1 hold the link-local GID (v1, v2); 192.168.1.10 goes after them.
-    /// let v4 = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 10];
-    /// assert_eq!(ctx.add_gid_address(v4)?, [2, 3]);
-    /// assert_eq!(ctx.query_gid_ex(3)?, (v4, GidType::RoceV2));
+    /// // 0 and 1 hold the link-local GID (v1, v2), 2 and 3 the simulated host's 192.168.1.10; 10.0.0.1 goes next.
+    /// let v4 = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1];
+    /// assert_eq!(ctx.add_gid_address(v4)?, [4, 5]);
+    /// assert_eq!(ctx.query_gid_ex(5)?, (v4, GidType::RoceV2));
     /// assert_eq!(ctx.del_gid_address(v4)?, 2);
-    /// assert!(ctx.query_gid(2).is_err());
+    /// assert!(ctx.query_gid(4).is_err());
     /// # Ok::<(), mlx5_verbs::VerbsError>(())
     /// ```
     pub fn add_gid_address(&self, addr: [u8; 16]) -> Result<[u16; 2]> {
