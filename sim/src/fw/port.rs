@@ -1,5 +1,6 @@
 //! The port side of the simulated HCA: access registers (host endianness, PMTU, PAOS), SET_DRIVER_VERSION, and
-//! the vport queries (QUERY_VPORT_STATE, QUERY_NIC_VPORT_CONTEXT, QUERY_HCA_VPORT_CONTEXT).
+//! the vport queries (QUERY_VPORT_STATE, QUERY_NIC_VPORT_CONTEXT, QUERY_HCA_VPORT_CONTEXT), and the RoCE GID
+//! table (SET_ROCE_ADDRESS, QUERY_ROCE_ADDRESS).
 
 use mlx5_core::prm::{consts, ifc, MsgBuf};
 
