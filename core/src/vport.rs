@@ -221,3 +221,147 @@ mod tests {
         assert_eq!(iboe_mtu(0), 0);
     }
 }
+
+/// The RoCE version of a GID table entry (`roce_version` of `roce_addr_layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoceVersion {
+    /// RoCE v1 (`MLX5_ROCE_VERSION_1`): the GRH rides directly on Ethernet.
+    V1,
+    /// RoCE v2 (`MLX5_ROCE_VERSION_2`): UDP/IP encapsulation.
+    V2,
+}
+
+/// One RoCE GID table entry (`roce_addr_layout`), as `mlx5_core_roce_gid_set` programs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoceGid {
+    /// The GID: an IPv6 address, or an IPv4 address mapped as `::ffff:a.b.c.d`.
+    pub gid: [u8; 16],
+    /// RoCE v1 or v2.
+    pub version: RoceVersion,
+    /// The VLAN the entry belongs to, if any.
+    pub vlan: Option<u16>,
+    /// The source MAC of the entry's netdev.
+    pub mac: [u8; 6],
+}
+
+impl RoceGid {
+    /// Whether the GID is an IPv4-mapped address (`::ffff:a.b.c.d`).
+    pub fn is_ipv4(&self) -> bool {
+        self.gid[..10] == [0; 10] && self.gid[10..12] == [0xff, 0xff]
+    }
+
+    /// `roce_l3_type`: Linux sets it for v2 entries only (IPv4 for a mapped address, IPv6 otherwise); v1 keeps 0.
+    pub fn l3_type(&self) -> u32 {
+        match self.version {
+            RoceVersion::V2 if !self.is_ipv4() => consts::MLX5_ROCE_L3_TYPE_IPV6,
+            _ => consts::MLX5_ROCE_L3_TYPE_IPV4,
+        }
+    }
+
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B, base: crate::prm::Sub) {
+        use ifc::roce_addr_layout as r;
+        msg.write_bytes(base.off + r::SOURCE_L3_ADDRESS.byte_off(), &self.gid);
+        if let Some(id) = self.vlan {
+            msg.set(r::VLAN_VALID.at(base), 1);
+            msg.set(r::VLAN_ID.at(base), id.into());
+        }
+        let m = self.mac;
+        msg.set(r::SOURCE_MAC_47_32.at(base), u16::from_be_bytes([m[0], m[1]]).into());
+        msg.set(r::SOURCE_MAC_31_0.at(base), u32::from_be_bytes([m[2], m[3], m[4], m[5]]));
+        msg.set(r::ROCE_L3_TYPE.at(base), self.l3_type());
+        let v = match self.version {
+            RoceVersion::V1 => consts::MLX5_ROCE_VERSION_1,
+            RoceVersion::V2 => consts::MLX5_ROCE_VERSION_2,
+        };
+        msg.set(r::ROCE_VERSION.at(base), v);
+    }
+
+    /// Reads an entry; `None` for an empty (all-zero) one. An unknown `roce_version` is a device error.
+    fn decode<B: MsgBuf + ?Sized>(out: &B, base: crate::prm::Sub) -> Result<Option<Self>, CmdError> {
+        use ifc::roce_addr_layout as r;
+        let mut gid = [0u8; 16];
+        out.read_bytes(base.off + r::SOURCE_L3_ADDRESS.byte_off(), &mut gid);
+        if gid == [0; 16] {
+            return Ok(None);
+        }
+        let version = match out.get(r::ROCE_VERSION.at(base)) {
+            consts::MLX5_ROCE_VERSION_1 => RoceVersion::V1,
+            consts::MLX5_ROCE_VERSION_2 => RoceVersion::V2,
+            v => {
+                return Err(CmdError::Malformed {
+                    opcode: Opcode::QueryRoceAddress,
+                    what: "roce_version",
+                    value: v.into(),
+                })
+            }
+        };
+        let vlan = (out.get(r::VLAN_VALID.at(base)) != 0).then(|| out.get(r::VLAN_ID.at(base)) as u16);
+        let hi = (out.get(r::SOURCE_MAC_47_32.at(base)) as u16).to_be_bytes();
+        let lo = out.get(r::SOURCE_MAC_31_0.at(base)).to_be_bytes();
+        let mac = [hi[0], hi[1], lo[0], lo[1], lo[2], lo[3]];
+        Ok(Some(Self { gid, version, vlan, mac }))
+    }
+}
+
+/// `SET_ROCE_ADDRESS` (`mlx5_core_roce_gid_set`): programs entry `index` of port 1's GID table, or deletes it
+/// when `entry` is `None`: Linux's delete zeroes the address and MAC but still names the deleted entry's type
+/// (`roce_version`, and `roce_l3_type` IPv6 for a v2 entry), from `deleted`.
+#[derive(Debug, Clone, Copy)]
+pub struct SetRoceAddress {
+    /// The GID table index.
+    pub index: u16,
+    /// The entry, or `None` to delete.
+    pub entry: Option<RoceGid>,
+    /// The type of the entry being deleted (read only when `entry` is `None`).
+    pub deleted: RoceVersion,
+}
+
+impl Command for SetRoceAddress {
+    type In = ifc::set_roce_address_in::Bits;
+    type Out = ifc::set_roce_address_out::Bits;
+    type Output = ();
+    fn opcode(&self) -> Opcode {
+        Opcode::SetRoceAddress
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        write_header(msg, Opcode::SetRoceAddress, 0);
+        msg.set(ifc::set_roce_address_in::ROCE_ADDRESS_INDEX, self.index.into());
+        let sub = ifc::set_roce_address_in::ROCE_ADDRESS;
+        match &self.entry {
+            Some(e) => e.encode(msg, sub),
+            None if self.deleted == RoceVersion::V2 => {
+                use ifc::roce_addr_layout as r;
+                msg.set(r::ROCE_VERSION.at(sub), consts::MLX5_ROCE_VERSION_2);
+                msg.set(r::ROCE_L3_TYPE.at(sub), consts::MLX5_ROCE_L3_TYPE_IPV6);
+            }
+            // A deleted v1 entry is all zeros (version 1 and L3 type IPv4 are both 0).
+            None => {}
+        }
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, _out: &B) -> Result<(), CmdError> {
+        Ok(())
+    }
+}
+
+/// `QUERY_ROCE_ADDRESS`: reads entry `index` of port 1's GID table (`None` when empty).
+#[derive(Debug, Clone, Copy)]
+pub struct QueryRoceAddress {
+    /// The GID table index.
+    pub index: u16,
+}
+
+impl Command for QueryRoceAddress {
+    type In = ifc::query_roce_address_in::Bits;
+    type Out = ifc::query_roce_address_out::Bits;
+    type Output = Option<RoceGid>;
+    fn opcode(&self) -> Opcode {
+        Opcode::QueryRoceAddress
+    }
+    fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
+        write_header(msg, Opcode::QueryRoceAddress, 0);
+        msg.set(ifc::query_roce_address_in::ROCE_ADDRESS_INDEX, self.index.into());
+    }
+    fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<Option<RoceGid>, CmdError> {
+        RoceGid::decode(out, ifc::query_roce_address_out::ROCE_ADDRESS)
+    }
+}

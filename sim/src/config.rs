@@ -73,7 +73,15 @@ pub struct SimConfig {
     /// The port LID on InfiniBand (ignored on Ethernet, where the LID is 0). Two IB devices joined by
     /// [`SimDevice::connect`](crate::SimDevice::connect) need different LIDs.
     pub lid: u16,
+    /// The IPv4 addresses of the port's netdev (only data: the driver turns them into GID entries; the simulator
+    /// sends no IP traffic). The default is one, 192.168.1.10; [`next_host`](Self::next_host) takes the next.
+    pub ipv4_addrs: &'static [[u8; 4]],
+    /// The IPv6 addresses of the port's netdev (none by default).
+    pub ipv6_addrs: &'static [[u8; 16]],
 }
+
+/// The default host's address and the next host's.
+static HOST_V4: [[u8; 4]; 2] = [[192, 168, 1, 10], [192, 168, 1, 11]];
 
 impl SimConfig {
     /// Another host's device on the same fabric: this configuration with the next node GUID, MAC and LID, so the
@@ -81,7 +89,15 @@ impl SimConfig {
     pub fn next_host(&self) -> SimConfig {
         let mut mac = self.mac;
         mac[5] = mac[5].wrapping_add(1);
-        SimConfig { node_guid: self.node_guid.wrapping_add(1), mac, lid: self.lid.wrapping_add(1), ..self.clone() }
+        // The default host's address becomes the next one's; any other list is kept.
+        let ipv4_addrs = if self.ipv4_addrs == &HOST_V4[..1] { &HOST_V4[1..] } else { self.ipv4_addrs };
+        SimConfig {
+            node_guid: self.node_guid.wrapping_add(1),
+            mac,
+            lid: self.lid.wrapping_add(1),
+            ipv4_addrs,
+            ..self.clone()
+        }
     }
 }
 
@@ -110,6 +126,8 @@ impl Default for SimConfig {
             dma_max_contig: None,
             log_max_cq_sz: 22,
             lid: 1,
+            ipv4_addrs: &HOST_V4[..1],
+            ipv6_addrs: &[],
         }
     }
 }

@@ -454,6 +454,11 @@ impl SimDevice {
         lock(&self.shared).fw.port.host_endianness
     }
 
+    /// The `roce_addr_layout` image SET_ROCE_ADDRESS stored at `index` (all zeros when empty), if in range.
+    pub fn roce_address(&self, index: usize) -> Option<[u8; mlx5_core::prm::ifc::roce_addr_layout::SIZE_BYTES]> {
+        lock(&self.shared).fw.port.roce_table.get(index).copied()
+    }
+
     /// Live objects: (PDs, UARs, EQs, CQs).
     pub fn object_counts(&self) -> (usize, usize, usize, usize) {
         lock(&self.shared).fw.object_counts()
@@ -674,7 +679,8 @@ mod tests {
         h.dev.advance_ns(120_000_000_000);
         assert_eq!((h.status_own(0) & 1, h.status_own(1) & 1), (1, 1));
         assert!(h.dev.events().contains(&SimEvent::DoorbellWhileDead { slot: 1 }));
-        assert_eq!(h.dev.executed().last().unwrap().opcode, consts::MLX5_CMD_OP_INIT_HCA);
+        // The last command that ran is bring-up's last: SET_ROCE_ADDRESS of the default GID on this RoCE port.
+        assert_eq!(h.dev.executed().last().unwrap().opcode, consts::MLX5_CMD_OP_SET_ROCE_ADDRESS);
         // No more EQEs either, and another failure changes nothing.
         h.dev.request_pages(5);
         assert_eq!(h.dev.post_event(0, 0, [0; EQE_DATA_LEN]), None);

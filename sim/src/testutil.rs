@@ -341,6 +341,28 @@ impl Harness {
         let (s, _, _) =
             self.simple(consts::MLX5_CMD_OP_INIT_HCA, 0, ifc::init_hca_in::SIZE_BYTES, ifc::init_hca_out::SIZE_BYTES);
         assert_eq!(s, 0);
+        if self.dev.config().port_type == crate::config::PortType::Eth {
+            // A RoCE driver programs the default GID (index 0) before any QP names it.
+            let gid = self.dev.gid(0).expect("default GID");
+            assert_eq!(self.set_roce_address(0, gid), (0, 0));
+        }
+    }
+
+    /// SET_ROCE_ADDRESS of a RoCE v1 entry for `gid` with the port MAC at `index`: (status, syndrome).
+    pub fn set_roce_address(&mut self, index: u16, gid: [u8; 16]) -> (u8, u32) {
+        use ifc::roce_addr_layout as r;
+        use ifc::set_roce_address_in as i;
+        let mut inp = vec![0u8; i::SIZE_BYTES];
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_SET_ROCE_ADDRESS.into());
+        inp.set(i::ROCE_ADDRESS_INDEX, index.into());
+        let at = i::ROCE_ADDRESS.off + r::SOURCE_L3_ADDRESS.byte_off();
+        inp[at..at + 16].copy_from_slice(&gid);
+        let m = self.dev.config().mac;
+        inp.set(r::SOURCE_MAC_47_32.at(i::ROCE_ADDRESS), u16::from_be_bytes([m[0], m[1]]).into());
+        inp.set(r::SOURCE_MAC_31_0.at(i::ROCE_ADDRESS), u32::from_be_bytes([m[2], m[3], m[4], m[5]]));
+        inp.set(r::ROCE_VERSION.at(i::ROCE_ADDRESS), consts::MLX5_ROCE_VERSION_1);
+        let (st, synd, _) = self.cmd(&inp, ifc::set_roce_address_out::SIZE_BYTES);
+        (st, synd)
     }
 }
 

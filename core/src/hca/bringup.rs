@@ -102,6 +102,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             uar: None,
             issi: 0,
             orphans: [const { None }; 8],
+            roce_v2_gids: [0; 4],
             caps: DeviceCaps::default(),
             fw_rev,
         };
@@ -180,6 +181,14 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         // Firmware asks for its regular pages through the EQ as soon as it can; serve them now.
         *step = Step::RegularPages;
         self.process_events(delay)?;
+
+        // mlx5_ib's add_gid for each entry the GID cache builds, on a RoCE port only.
+        if self.caps.general.port_type() != crate::caps::PortType::InfiniBand
+            && self.caps.roce_address_table_size.is_some()
+        {
+            *step = Step::GidTable;
+            self.program_gid_table(delay)?;
+        }
         Ok(())
     }
 

@@ -42,6 +42,8 @@ pub enum Step {
     CreateEq,
     /// Regular pages.
     RegularPages,
+    /// SET_ROCE_ADDRESS of each GID table entry (RoCE ports).
+    GidTable,
 }
 
 impl core::fmt::Display for Step {
@@ -62,6 +64,7 @@ impl core::fmt::Display for Step {
             Step::AllocUar => "alloc uar",
             Step::CreateEq => "create async eq",
             Step::RegularPages => "regular pages",
+            Step::GidTable => "program gid table",
         })
     }
 }

@@ -23,7 +23,9 @@ mod wait;
 
 pub use error::{BringupError, Error, Step};
 pub use events::AsyncEvent;
-pub use objects::{link_local_gid, mac_to_eui64, CqAttr, DestroyError, Pd, PortAttr, QpInitAttr, MR_MAX_PAGE_SHIFT};
+pub use objects::{
+    gid_table, link_local_gid, mac_to_eui64, CqAttr, DestroyError, GidType, Pd, PortAttr, QpInitAttr, MR_MAX_PAGE_SHIFT,
+};
 pub use wait::done_in_internal_error;
 
 use core::cell::Cell;
@@ -79,6 +81,11 @@ pub struct Config {
     pub pre_init_timeout_ms: u32,
     /// Health poll period in milliseconds of waiting.
     pub health_poll_interval_ms: u32,
+    /// The port's IPv4 addresses: each gets a RoCE v1 and a v2 GID entry (as `::ffff:a.b.c.d`) after the
+    /// link-local pair, in this order, as Linux's GID cache fills the table from the netdev's addresses.
+    pub ipv4_addrs: &'static [[u8; 4]],
+    /// The port's IPv6 addresses (after the IPv4 ones), each with a RoCE v1 and a v2 entry.
+    pub ipv6_addrs: &'static [[u8; 16]],
 }
 
 impl Default for Config {
@@ -93,6 +100,8 @@ impl Default for Config {
             page_shift: 12,
             pre_init_timeout_ms: FW_PRE_INIT_TIMEOUT_MS,
             health_poll_interval_ms: HEALTH_POLL_INTERVAL_MS,
+            ipv4_addrs: &[],
+            ipv6_addrs: &[],
         }
     }
 }
@@ -226,6 +235,9 @@ pub struct Hca<M: Mmio, D: Dma, T: CmdTrace = (), const P: usize = 256, const NC
     /// Device-visible buffers whose owner object may still exist in firmware (a CREATE that got no answer, a
     /// DESTROY that failed): freed once the function is disabled or dead, never before.
     orphans: [Option<DmaRegion>; 8],
+    /// Which RoCE GID entries this driver programmed as RoCE v2, one bit per index (the type Linux's GID cache
+    /// keeps, so a modify picks the UDP source port without asking firmware).
+    roce_v2_gids: [u64; 4],
     pub(crate) caps: DeviceCaps,
     fw_rev: (u16, u16, u16),
 }

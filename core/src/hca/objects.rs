@@ -77,6 +77,37 @@ pub struct PortAttr {
     pub gid_tbl_len: u16,
 }
 
+/// A GID's type, as `ibv_query_gid_ex` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GidType {
+    /// InfiniBand.
+    Ib,
+    /// RoCE v1.
+    RoceV1,
+    /// RoCE v2.
+    RoceV2,
+}
+
+/// The RoCE GID table in Linux's order: the link-local GID of `mac` as v1 then v2, then for each IPv4 address
+/// (mapped as `::ffff:a.b.c.d`) and each IPv6 address a v1 and a v2 entry.
+pub fn gid_table<'a>(
+    mac: [u8; 6],
+    ipv4: &'a [[u8; 4]],
+    ipv6: &'a [[u8; 16]],
+) -> impl Iterator<Item = crate::vport::RoceGid> + 'a {
+    use crate::vport::{RoceGid, RoceVersion};
+    let mapped = ipv4.iter().map(|a| {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(a);
+        g
+    });
+    core::iter::once(link_local_gid(mac_to_eui64(mac))).chain(mapped).chain(ipv6.iter().copied()).flat_map(move |gid| {
+        [RoceVersion::V1, RoceVersion::V2].map(|version| RoceGid { gid, version, vlan: None, mac })
+    })
+}
+
 /// The default GID of a port: the link-local prefix fe80::/64 and an interface id, as InfiniBand (port GUID) and
 /// RoCE (the MAC as a modified EUI-64) define it.
 pub fn link_local_gid(interface_id: u64) -> [u8; 16] {
@@ -427,8 +458,22 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
 
     /// Whether the source GIDs are RoCE v2 entries. The driver keeps no per-entry GID type yet, so its entries
     /// count as RoCE v2 when the device supports v2 (`roce_cap.roce_version`).
-    fn sgid_is_roce_v2(&self) -> bool {
-        self.caps.roce_version.is_some_and(|v| u32::from(v) & consts::MLX5_ROCE_VERSION_2_CAP != 0)
+    fn sgid_is_roce_v2(&self, sgid_index: u8) -> bool {
+        let i = usize::from(sgid_index);
+        self.roce_v2_gids[i / 64] >> (i % 64) & 1 != 0
+    }
+
+    /// Records the type of GID entry `index` after firmware took it.
+    fn note_gid_type(&mut self, index: u16, v2: bool) {
+        let i = usize::from(index);
+        if let Some(word) = self.roce_v2_gids.get_mut(i / 64) {
+            let bit = 1u64 << (i % 64);
+            if v2 {
+                *word |= bit;
+            } else {
+                *word &= !bit;
+            }
+        }
     }
 
     /// Creates a QP (`mlx5_ib_create_qp` for a kernel consumer): queues sized from the requested capabilities
@@ -544,7 +589,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             link: self.link_layer(),
             log_max_msg: self.caps.general.log_max_msg,
             stat_rate,
-            roce_v2: self.link_layer() == LinkLayer::Ethernet && self.sgid_is_roce_v2(),
+            roce_v2: self.link_layer() == LinkLayer::Ethernet
+                && attr.ah_attr.grh.is_some_and(|g| self.sgid_is_roce_v2(g.sgid_index)),
             pd: qp.pd,
             cqn_snd: qp.cqns().0,
             cqn_rcv: qp.cqns().1,
@@ -642,25 +688,135 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
     }
 
-    /// `ibv_query_gid` for port 1. Index 0 is the port's default GID (InfiniBand: fe80:: + port GUID; RoCE: the
-    /// link-local address of the port MAC); this driver programs no other entries.
+    /// `ibv_query_gid` for port 1. InfiniBand: index 0, fe80:: + port GUID. RoCE: any programmed entry of the GID
+    /// table (index 0 and 1 are the link-local address of the port MAC, v1 and v2).
     pub fn query_gid(&mut self, index: u16, delay: &mut impl DelayNs) -> Result<[u8; 16], Error> {
-        use crate::vport::{QueryHcaVportContext, QueryNicVportContext};
-        if index != 0 {
-            return Err(Error::BadSize {
-                what: "GID index (only the default GID is set)",
-                requested: index.into(),
-                max: 0,
-            });
-        }
+        Ok(self.query_gid_ex(index, delay)?.0)
+    }
+
+    /// `ibv_query_gid_ex` for port 1: the GID at `index` with its type.
+    pub fn query_gid_ex(&mut self, index: u16, delay: &mut impl DelayNs) -> Result<([u8; 16], GidType), Error> {
+        use crate::vport::{QueryHcaVportContext, RoceVersion};
         match self.link_layer() {
             LinkLayer::InfiniBand => {
-                Ok(link_local_gid(self.exec(&mut QueryHcaVportContext { port_num: 1 }, delay)?.port_guid))
+                if index != 0 {
+                    return Err(Error::BadSize {
+                        what: "GID index (InfiniBand: only the default GID)",
+                        requested: index.into(),
+                        max: 0,
+                    });
+                }
+                let guid = self.exec(&mut QueryHcaVportContext { port_num: 1 }, delay)?.port_guid;
+                Ok((link_local_gid(guid), GidType::Ib))
             }
-            LinkLayer::Ethernet => {
-                Ok(link_local_gid(mac_to_eui64(self.exec(&mut QueryNicVportContext, delay)?.permanent_address)))
+            LinkLayer::Ethernet => match self.query_roce_gid(index, delay)? {
+                Some(e) => Ok((
+                    e.gid,
+                    match e.version {
+                        RoceVersion::V1 => GidType::RoceV1,
+                        RoceVersion::V2 => GidType::RoceV2,
+                    },
+                )),
+                None => Err(Error::BadSize { what: "GID index (no entry there)", requested: index.into(), max: 0 }),
+            },
+        }
+    }
+
+    /// Programs the RoCE GID table as Linux's GID cache fills it (`roce_gid_mgmt` then `mlx5_ib` `add_gid`): the
+    /// default link-local GID of the port MAC as v1 (index 0) and v2 (index 1), then each configured IPv4 and then
+    /// IPv6 address as a v1 and a v2 entry.
+    pub(crate) fn program_gid_table(&mut self, delay: &mut impl DelayNs) -> Result<(), Error> {
+        let mac = self.exec(&mut crate::vport::QueryNicVportContext, delay)?.permanent_address;
+        let max = self.caps.roce_address_table_size.unwrap_or(0);
+        let cfg = self.ctx.cfg;
+        for (index, entry) in gid_table(mac, cfg.ipv4_addrs, cfg.ipv6_addrs).enumerate() {
+            let index = u16::try_from(index).ok().filter(|&i| i < max).ok_or(Error::BadSize {
+                what: "GID table entries",
+                requested: index as u64,
+                max: max.into(),
+            })?;
+            self.set_roce_gid(index, Some(entry), delay)?;
+        }
+        Ok(())
+    }
+
+    /// Adds a port address to the RoCE GID table as Linux's GID cache does when the netdev gains one: a v1 entry
+    /// in the first free index and a v2 entry in the next free one (free entries are found with
+    /// QUERY_ROCE_ADDRESS). `addr` is an IPv6 address or an IPv4 one mapped as `::ffff:a.b.c.d`. Returns the two
+    /// indices.
+    pub fn add_roce_address(&mut self, addr: [u8; 16], delay: &mut impl DelayNs) -> Result<[u16; 2], Error> {
+        use crate::vport::{RoceGid, RoceVersion};
+        let mac = self.exec(&mut crate::vport::QueryNicVportContext, delay)?.permanent_address;
+        let mut placed = [0u16; 2];
+        let mut next = 0u16;
+        for (slot, version) in placed.iter_mut().zip([RoceVersion::V1, RoceVersion::V2]) {
+            let index = self.free_gid_index(next, delay)?;
+            self.set_roce_gid(index, Some(RoceGid { gid: addr, version, vlan: None, mac }), delay)?;
+            *slot = index;
+            next = index + 1;
+        }
+        Ok(placed)
+    }
+
+    /// Removes a port address from the RoCE GID table: every entry holding it is cleared with an all-zero
+    /// SET_ROCE_ADDRESS, as Linux deletes a GID. Returns how many entries were cleared.
+    pub fn del_roce_address(&mut self, addr: [u8; 16], delay: &mut impl DelayNs) -> Result<usize, Error> {
+        let max = self.caps.roce_address_table_size.unwrap_or(0);
+        let mut cleared = 0;
+        for index in 0..max {
+            if let Some(e) = self.query_roce_gid(index, delay)?.filter(|e| e.gid == addr) {
+                self.del_roce_gid(index, e.version, delay)?;
+                cleared += 1;
             }
         }
+        Ok(cleared)
+    }
+
+    /// The first empty RoCE GID table index at or after `from`.
+    fn free_gid_index(&mut self, from: u16, delay: &mut impl DelayNs) -> Result<u16, Error> {
+        let max = self.caps.roce_address_table_size.unwrap_or(0);
+        for index in from..max {
+            if self.query_roce_gid(index, delay)?.is_none() {
+                return Ok(index);
+            }
+        }
+        Err(Error::BadSize { what: "GID table entries (table full)", requested: u64::from(max) + 1, max: max.into() })
+    }
+
+    /// `SET_ROCE_ADDRESS` for port 1 (`mlx5_ib` `set_roce_addr`): programs GID table entry `index`, or deletes a
+    /// RoCE v1 entry (all zeros) when `entry` is `None`; [`del_roce_gid`](Self::del_roce_gid) deletes either type.
+    pub fn set_roce_gid(
+        &mut self,
+        index: u16,
+        entry: Option<crate::vport::RoceGid>,
+        delay: &mut impl DelayNs,
+    ) -> Result<(), Error> {
+        let deleted = crate::vport::RoceVersion::V1;
+        self.exec(&mut crate::vport::SetRoceAddress { index, entry, deleted }, delay)?;
+        self.note_gid_type(index, entry.is_some_and(|e| e.version == crate::vport::RoceVersion::V2));
+        Ok(())
+    }
+
+    /// Deletes GID table entry `index` of type `version` as `mlx5_ib` `del_gid` does: address and MAC zeroed, the
+    /// entry's type still named.
+    pub fn del_roce_gid(
+        &mut self,
+        index: u16,
+        version: crate::vport::RoceVersion,
+        delay: &mut impl DelayNs,
+    ) -> Result<(), Error> {
+        self.exec(&mut crate::vport::SetRoceAddress { index, entry: None, deleted: version }, delay)?;
+        self.note_gid_type(index, false);
+        Ok(())
+    }
+
+    /// `QUERY_ROCE_ADDRESS` for port 1: GID table entry `index` with its RoCE version (`None` when empty).
+    pub fn query_roce_gid(
+        &mut self,
+        index: u16,
+        delay: &mut impl DelayNs,
+    ) -> Result<Option<crate::vport::RoceGid>, Error> {
+        self.exec(&mut crate::vport::QueryRoceAddress { index }, delay)
     }
 
     /// The HCA's mapped UAR page (its doorbells and BlueFlame registers).

@@ -108,7 +108,7 @@ use mlx5_core::cq::{Cq, WrTable};
 pub use mlx5_core::cq::{Notify, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, DmaView, Mmio};
 use mlx5_core::hca::{Config, Error as HcaError, Hca};
-pub use mlx5_core::hca::{CqAttr, PortAttr};
+pub use mlx5_core::hca::{CqAttr, GidType, PortAttr};
 use mlx5_core::hca::{Pd, QpInitAttr};
 pub use mlx5_core::mkey::Access;
 use mlx5_core::mkey::Mr;
@@ -378,7 +378,10 @@ impl Context {
     #[cfg(feature = "sim")]
     pub fn open_sim_device_with(dev: SimDevice, trace: Option<Tracer>) -> Result<Context> {
         let delay = AnyDelay::Sim(dev.delay());
-        Self::bring_up(AnyMmio::Sim(dev.mmio()), AnyDma::Sim(dev.dma()), delay, DeviceKind::Sim(dev), trace)
+        // The simulated host's addresses become GID entries, as a Linux host's netdev addresses do.
+        let c = dev.config();
+        let cfg = Config { ipv4_addrs: c.ipv4_addrs, ipv6_addrs: c.ipv6_addrs, ..Config::default() };
+        Self::bring_up(AnyMmio::Sim(dev.mmio()), AnyDma::Sim(dev.dma()), delay, DeviceKind::Sim(dev), trace, cfg)
     }
 
     /// Two simulated ConnectX-5s joined by a simulated wire, with distinct MACs / GUIDs / LIDs: two hosts on a
@@ -421,7 +424,14 @@ impl Context {
     pub fn open_vfio_with(bdf: Bdf, trace: Option<Tracer>) -> Result<Context> {
         let v = Arc::new(Vfio::open(bdf, VfioOptions::default())?);
         let delay = AnyDelay::Std(StdDelay);
-        Self::bring_up(AnyMmio::Vfio(v.clone()), AnyDma::Vfio(v.clone()), delay, DeviceKind::Vfio(v), trace)
+        Self::bring_up(
+            AnyMmio::Vfio(v.clone()),
+            AnyDma::Vfio(v.clone()),
+            delay,
+            DeviceKind::Vfio(v),
+            trace,
+            Config::default(),
+        )
     }
 
     /// `"sim"` for the simulator, else a PCI address for VFIO. Without the `sim` feature `"sim"` is refused as
@@ -440,8 +450,9 @@ impl Context {
         mut delay: AnyDelay,
         kind: DeviceKind,
         trace: Option<Tracer>,
+        cfg: Config,
     ) -> Result<Context> {
-        let mut hca = Hca::bring_up(mmio, dma, MaybeTrace(trace), &mut delay, Config::default())
+        let mut hca = Hca::bring_up(mmio, dma, MaybeTrace(trace), &mut delay, cfg)
             .map_err(|e| VerbsError::Bringup(e.to_string()))?;
         let link = match hca.query_port(&mut delay) {
             Ok(p) => p.link_layer,
@@ -489,6 +500,40 @@ impl Context {
         let mut i = self.inner();
         let Inner { hca, delay, .. } = &mut *i;
         Ok(hca.as_mut().expect("HCA present").query_gid(index, delay)?)
+    }
+
+    /// `ibv_query_gid_ex`: the GID at `index` with its type (InfiniBand, RoCE v1 or v2).
+    pub fn query_gid_ex(&self, index: u16) -> Result<([u8; 16], GidType)> {
+        let mut i = self.inner();
+        let Inner { hca, delay, .. } = &mut *i;
+        Ok(hca.as_mut().expect("HCA present").query_gid_ex(index, delay)?)
+    }
+
+    /// Adds a port address (IPv6, or IPv4 mapped as `::ffff:a.b.c.d`) to the RoCE GID table as a v1 and a v2
+    /// entry in the first free indices, as Linux does when the netdev gains it. Returns the two indices.
+    ///
+    /// ```
+    /// use mlx5_verbs::{Context, GidType};
+    /// let ctx = Context::open_sim()?;
+    /// // 0 and 1 hold the link-local GID (v1, v2), 2 and 3 the simulated host's 192.168.1.10; 10.0.0.1 goes next.
+    /// let v4 = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1];
+    /// assert_eq!(ctx.add_gid_address(v4)?, [4, 5]);
+    /// assert_eq!(ctx.query_gid_ex(5)?, (v4, GidType::RoceV2));
+    /// assert_eq!(ctx.del_gid_address(v4)?, 2);
+    /// assert!(ctx.query_gid(4).is_err());
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    pub fn add_gid_address(&self, addr: [u8; 16]) -> Result<[u16; 2]> {
+        let mut i = self.inner();
+        let Inner { hca, delay, .. } = &mut *i;
+        Ok(hca.as_mut().expect("HCA present").add_roce_address(addr, delay)?)
+    }
+
+    /// Removes a port address from the RoCE GID table (each entry holding it is cleared). Returns how many were.
+    pub fn del_gid_address(&self, addr: [u8; 16]) -> Result<usize> {
+        let mut i = self.inner();
+        let Inner { hca, delay, .. } = &mut *i;
+        Ok(hca.as_mut().expect("HCA present").del_roce_address(addr, delay)?)
     }
 
     /// What a peer needs to connect to `qp` on this device: QPN, LID, GID and (RoCE) MAC, as `rc_pingpong`

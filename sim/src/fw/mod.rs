@@ -134,6 +134,10 @@ pub mod syndrome {
     pub const REG_ACCESS: u32 = 0x51a0_0080;
     /// A port number the device does not have (it has port 1), or a query for the other link layer.
     pub const BAD_PORT: u32 = 0x51a0_0081;
+    /// SET_ROCE_ADDRESS or QUERY_ROCE_ADDRESS with an index at or past `roce_address_table_size`.
+    pub const GID_INDEX: u32 = 0x51a0_0083;
+    /// SET_ROCE_ADDRESS with a `roce_version` or `roce_l3_type` the PRM does not define.
+    pub const ROCE_ADDRESS: u32 = 0x51a0_0084;
     /// A command needing a capability firmware does not report (SET_DRIVER_VERSION without `driver_version`).
     pub const CAP_NOT_SET: u32 = 0x51a0_0082;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY with an access mode other than PA or MTT.
@@ -170,6 +174,9 @@ pub mod syndrome {
     pub const QP_MTU: u32 = 0x51a0_00a9;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`).
     pub const QP_CONTEXT: u32 = 0x51a0_00aa;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR of a RoCE QP whose `src_addr_index` names a GID table entry
+    /// SET_ROCE_ADDRESS never programmed (or cleared).
+    pub const GID_NOT_SET: u32 = 0x51a0_00ab;
     /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
     pub const HEALTH_EXT_SYND: u16 = 0x51a0;
 }
@@ -294,6 +301,7 @@ macro_rules! qp_fw {
             pds: &$fw.pds,
             uars: &$fw.uars,
             cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
+            roce_gid_set: &|index| $fw.port.roce_gid_set(index),
         }
     };
 }
@@ -395,6 +403,12 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_QUERY_VPORT_STATE => {
                 (query_vport_state_in::SIZE_BYTES, query_vport_state_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_SET_ROCE_ADDRESS => {
+                (set_roce_address_in::SIZE_BYTES, set_roce_address_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_QUERY_ROCE_ADDRESS => {
+                (query_roce_address_in::SIZE_BYTES, query_roce_address_out::SIZE_BYTES, Gate::Initialized)
             }
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => {
                 (query_nic_vport_context_in::SIZE_BYTES, query_nic_vport_context_out::SIZE_BYTES, Gate::Initialized)
@@ -511,6 +525,8 @@ impl Firmware {
                 self.port.set_driver_version(inp, supported)
             }
             consts::MLX5_CMD_OP_QUERY_VPORT_STATE => self.port.query_vport_state(inp, out),
+            consts::MLX5_CMD_OP_SET_ROCE_ADDRESS => self.port.set_roce_address(inp),
+            consts::MLX5_CMD_OP_QUERY_ROCE_ADDRESS => self.port.query_roce_address(inp, out),
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => self.port.query_nic_vport_context(inp, out),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => self.port.query_hca_vport_context(inp, out),
             consts::MLX5_CMD_OP_CREATE_QP => self.qps.create(&qp_fw!(self), dma, inp, out),

@@ -1,5 +1,6 @@
 //! The port side of the simulated HCA: access registers (host endianness, PMTU, PAOS), SET_DRIVER_VERSION, and
-//! the vport queries (QUERY_VPORT_STATE, QUERY_NIC_VPORT_CONTEXT, QUERY_HCA_VPORT_CONTEXT).
+//! the vport queries (QUERY_VPORT_STATE, QUERY_NIC_VPORT_CONTEXT, QUERY_HCA_VPORT_CONTEXT), and the RoCE GID
+//! table (SET_ROCE_ADDRESS, QUERY_ROCE_ADDRESS).
 
 use mlx5_core::prm::{consts, ifc, MsgBuf};
 
@@ -9,6 +10,12 @@ use crate::config::{PortType, SimConfig};
 
 /// Entries of the GID table (index 0, the default GID).
 pub(crate) const GID_ENTRIES: u32 = 1;
+
+/// Entries of the RoCE address table (`roce_address_table_size` in the RoCE caps).
+pub(crate) const ROCE_ADDRESS_ENTRIES: usize = 256;
+
+/// One `roce_addr_layout` image as SET_ROCE_ADDRESS wrote it (all zeros: empty).
+pub(crate) type RoceAddr = [u8; ifc::roce_addr_layout::SIZE_BYTES];
 
 /// What the port looks like from the host.
 #[derive(Debug, Clone)]
@@ -26,6 +33,8 @@ pub(crate) struct PortModel {
     pub(crate) driver_version: Option<String>,
     /// Whether the host-endianness register was written (`set_hca_ctrl`).
     pub(crate) host_endianness: Option<u8>,
+    /// The RoCE address (GID) table that SET_ROCE_ADDRESS programs.
+    pub(crate) roce_table: Vec<RoceAddr>,
 }
 
 impl PortModel {
@@ -42,6 +51,7 @@ impl PortModel {
             sm_lid: if ib { 1 } else { 0 },
             driver_version: None,
             host_endianness: None,
+            roce_table: vec![[0; ifc::roce_addr_layout::SIZE_BYTES]; ROCE_ADDRESS_ENTRIES],
         }
     }
 
@@ -116,6 +126,54 @@ impl PortModel {
         out.set(ifc::query_vport_state_out::STATE, up);
         out.set(ifc::query_vport_state_out::ADMIN_STATE, consts::MLX5_VPORT_ADMIN_STATE_AUTO);
         Ok(())
+    }
+
+    /// SET_ROCE_ADDRESS: stores (or, all zeros, clears) an entry after checking the port, index, version and L3 type.
+    pub(crate) fn set_roce_address(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+        use ifc::roce_addr_layout as r;
+        use ifc::set_roce_address_in as i;
+        if self.port_type != PortType::Eth || !matches!(rd(inp, i::VHCA_PORT_NUM), 0 | 1) {
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        let index = usize::from(rd16(inp, i::ROCE_ADDRESS_INDEX));
+        let sub = i::ROCE_ADDRESS;
+        let version = rd(inp, r::ROCE_VERSION.at(sub));
+        let l3 = rd(inp, r::ROCE_L3_TYPE.at(sub));
+        let version_ok = matches!(version, consts::MLX5_ROCE_VERSION_1 | consts::MLX5_ROCE_VERSION_2);
+        let l3_ok = matches!(l3, consts::MLX5_ROCE_L3_TYPE_IPV4 | consts::MLX5_ROCE_L3_TYPE_IPV6);
+        let slot = self.roce_table.get_mut(index).ok_or(bad_param(syndrome::GID_INDEX))?;
+        if !version_ok || !l3_ok {
+            return Err(bad_param(syndrome::ROCE_ADDRESS));
+        }
+        slot.copy_from_slice(&inp[sub.off..sub.off + sub.len]);
+        Ok(())
+    }
+
+    /// QUERY_ROCE_ADDRESS: returns an entry as it was stored (all zeros when empty).
+    pub(crate) fn query_roce_address(&self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::query_roce_address_in as i;
+        if self.port_type != PortType::Eth || !matches!(rd(inp, i::VHCA_PORT_NUM), 0 | 1) {
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        let index = usize::from(rd16(inp, i::ROCE_ADDRESS_INDEX));
+        let entry = self.roce_table.get(index).ok_or(bad_param(syndrome::GID_INDEX))?;
+        let sub = ifc::query_roce_address_out::ROCE_ADDRESS;
+        out[sub.off..sub.off + sub.len].copy_from_slice(entry);
+        Ok(())
+    }
+
+    /// Whether RoCE GID table entry `index` holds an address.
+    pub(crate) fn roce_gid_set(&self, index: u32) -> bool {
+        self.roce_gid(index).is_some()
+    }
+
+    /// The GID of RoCE GID table entry `index`, when it holds one.
+    pub(crate) fn roce_gid(&self, index: u32) -> Option<[u8; 16]> {
+        let at = ifc::roce_addr_layout::SOURCE_L3_ADDRESS.byte_off();
+        let e = usize::try_from(index).ok().and_then(|i| self.roce_table.get(i))?;
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&e[at..at + 16]);
+        (gid != [0; 16]).then_some(gid)
     }
 
     pub(crate) fn query_nic_vport_context(&self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {

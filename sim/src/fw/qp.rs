@@ -561,6 +561,8 @@ pub(crate) struct QpFw<'a> {
     pub(crate) uars: &'a BTreeSet<u32>,
     /// Whether a CQ exists.
     pub(crate) cq_exists: &'a dyn Fn(u32) -> bool,
+    /// Whether a RoCE GID table entry is programmed.
+    pub(crate) roce_gid_set: &'a dyn Fn(u32) -> bool,
 }
 
 impl QpTable {
@@ -711,7 +713,10 @@ impl QpTable {
         if p.port() != 0 && p.port() != PORT {
             return Err(bad_param(syndrome::BAD_PORT));
         }
-        let gid_ok = p.src_addr_index() < GID_ENTRIES;
+        if fw.port_type == PortType::Eth && !(fw.roce_gid_set)(p.src_addr_index()) {
+            return Err(bad_param(syndrome::GID_NOT_SET));
+        }
+        let gid_ok = p.src_addr_index() < GID_ENTRIES || fw.port_type == PortType::Eth;
         let ok = match fw.port_type {
             PortType::Ib => p.rlid() != 0 && (!p.grh() || gid_ok),
             PortType::Eth => p.grh() && gid_ok && p.rgid() != [0; 16] && p.rmac() != [0; 6],

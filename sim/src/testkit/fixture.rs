@@ -67,9 +67,11 @@ impl Node {
     /// Brings up a device of `cfg` and registers `mem_len` bytes. Panics on any failure (a fixture).
     #[inline]
     pub fn new(cfg: SimConfig, mem_len: usize) -> Self {
+        // The driver learns the port's addresses from its configuration, as a host learns them from its netdev.
+        let hcfg = Config { ipv4_addrs: cfg.ipv4_addrs, ipv6_addrs: cfg.ipv6_addrs, ..Config::default() };
         let dev = SimDevice::new(cfg);
         let mut d = dev.delay();
-        let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).expect("bring-up");
+        let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, hcfg).expect("bring-up");
         let pd = hca.alloc_pd(&mut d).expect("PD");
         let mem = dev.dma().alloc(mem_len, 4096).expect("buffer");
         let mr = hca.reg_mr(&pd, mem.cpu().as_ptr(), mem_len, Access::ALL, &mut d).expect("MR");

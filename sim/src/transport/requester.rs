@@ -6,6 +6,16 @@ use super::wqe::{Kind, SendWqe};
 use super::*;
 
 impl State {
+    /// The source GID a packet carries for GID table `index`: on RoCE the entry SET_ROCE_ADDRESS programmed, on
+    /// InfiniBand the port's default GID.
+    pub(super) fn source_gid(&self, index: u32) -> Option<[u8; 16]> {
+        if self.wire.addr.ib {
+            self.wire.addr.gid(index)
+        } else {
+            self.fw.port.roce_gid(index)
+        }
+    }
+
     pub(super) fn execute_rc(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, retry_count, rnr_retry, max_msg) = (qp.pd, qp.retry_count, qp.rnr_retry, qp.max_msg);
@@ -60,7 +70,7 @@ impl State {
         let path = &qp.route;
         let addr = &self.wire.addr;
         let me = self.wire.me_here();
-        let grh = (path.grh || !addr.ib).then(|| addr.gid(path.src_addr_index)).flatten().map(|sgid| Grh {
+        let grh = (path.grh || !addr.ib).then(|| self.source_gid(path.src_addr_index)).flatten().map(|sgid| Grh {
             sgid,
             dgid: path.rgid,
             tclass: path.tclass,

@@ -37,7 +37,7 @@ impl State {
         };
         let addr = self.wire.addr;
         let grh = if av.grh {
-            let Some(sgid) = addr.gid(av.sgid_index) else {
+            let Some(sgid) = self.source_gid(av.sgid_index) else {
                 return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
             };
             let (tclass, flow_label, hop_limit) = (av.tclass, av.flow_label, av.hop_limit);

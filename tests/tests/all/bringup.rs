@@ -79,6 +79,15 @@ fn linux_order(port: PortType) -> Vec<(u16, u16)> {
         op(MLX5_CMD_OP_CREATE_EQ, 0),
         op(MLX5_CMD_OP_MANAGE_PAGES, MLX5_PAGES_GIVE),
     ]);
+    if eth {
+        // mlx5_ib on a RoCE port: the port MAC, then add_gid -> set_roce_addr for the default GIDs (the
+        // link-local address as RoCE v1 at index 0 and v2 at index 1; the default config has no IP address).
+        v.extend([
+            op(MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT, 0),
+            op(MLX5_CMD_OP_SET_ROCE_ADDRESS, 0),
+            op(MLX5_CMD_OP_SET_ROCE_ADDRESS, 0),
+        ]);
+    }
     v
 }
 

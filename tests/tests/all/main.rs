@@ -12,6 +12,7 @@ mod cq;
 mod datapath;
 mod flush_on_failure;
 mod fuzz_regressions;
+mod gid;
 mod golden;
 mod no_alloc;
 mod pages;

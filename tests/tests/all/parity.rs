@@ -156,12 +156,15 @@ fn rc_parity(port: PortType) {
     let mut a = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
     let b = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
     let (pdn, cqn, dbr) = (pd.pdn(), cq.cqn(), a.dbrec().iova());
-    let dgid = s.hca.query_gid(0, &mut s.d).unwrap();
+    // On RoCE the source is GID entry 1, the RoCE v2 link-local entry (entry 0 is its v1 twin): v2 is what gives
+    // the path a UDP source port and a DSCP.
+    let sgid_index = if roce { 1 } else { 0 };
+    let dgid = s.hca.query_gid(sgid_index.into(), &mut s.d).unwrap();
     let ah = AhAttr {
         dlid: 7,
         sl: 3,
         static_rate: consts::IB_RATE_10_GBPS as u8,
-        grh: roce.then_some(Grh { dgid, hop_limit: 64, traffic_class: 0x68, ..Grh::default() }),
+        grh: roce.then_some(Grh { dgid, sgid_index, hop_limit: 64, traffic_class: 0x68, ..Grh::default() }),
         dmac: s.dev.config().mac,
         port_num: 1,
         ..AhAttr::default()
@@ -404,4 +407,48 @@ fn the_simulated_device_has_linux_ib_compatible_atomic_mode() {
     let ops = consts::MLX5_ATOMIC_OPS_CMP_SWAP | consts::MLX5_ATOMIC_OPS_FETCH_ADD;
     assert_eq!(c.atomic_operations, Some(ops as u16));
     assert_eq!(c.atomic_mode(), Some(consts::MLX5_ATOMIC_MODE_IB_COMP as u8));
+}
+
+/// A RoCE v1 source GID (entry 0) gives the path neither a UDP source port nor a DSCP: `mlx5_set_path` sets both
+/// only for a RoCE v2 (`IB_GID_TYPE_ROCE_UDP_ENCAP`) GID, whose type the driver remembers from programming the table.
+#[test]
+fn a_roce_v1_source_gid_has_no_udp_source_port() {
+    let mut s = setup(SimConfig { port_type: PortType::Eth, ..SimConfig::default() });
+    let pd = s.hca.alloc_pd(&mut s.d).unwrap();
+    let cq = s.hca.create_cq(CqAttr::default(), &mut s.d).unwrap();
+    let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let init = QpInitAttr { qp_type: QpType::Rc, cap, sq_sig_all: false };
+    let mut a = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
+    let b = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
+    let dgid = s.hca.query_gid(0, &mut s.d).unwrap();
+    let ah = AhAttr {
+        grh: Some(Grh { dgid, sgid_index: 0, hop_limit: 64, traffic_class: 0x68, ..Grh::default() }),
+        dmac: s.dev.config().mac,
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    let attr = QpAttr {
+        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        path_mtu: Mtu::M1024,
+        dest_qp_num: b.qpn(),
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ah_attr: ah,
+        ..QpAttr::default()
+    };
+    let m = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
+    s.hca.modify_qp(&mut a, &QpAttr { qp_state: QpState::Init, ..attr }, m, &mut s.d).unwrap();
+    let m = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+    s.hca.modify_qp(&mut a, &QpAttr { qp_state: QpState::Rtr, ..attr }, m, &mut s.d).unwrap();
+    let call = "ibv_modify_qp(RC INIT->RTR over RoCE v1 GID 0)";
+    check(
+        &s.rec.0.borrow(),
+        Opcode::Init2rtrQp,
+        &[
+            row(call, "ads.src_addr_index", At::Path(ifc::ads::SRC_ADDR_INDEX), 0, "mlx5_set_path"),
+            row(call, "ads.udp_sport", At::Path(ifc::ads::UDP_SPORT), 0, "mlx5_set_path (RoCE v2 only)"),
+            row(call, "ads.dscp", At::Path(ifc::ads::DSCP), 0, "mlx5_set_path (RoCE v2 only)"),
+            row(call, "ads.tclass", At::Path(ifc::ads::TCLASS), 0x68, "mlx5_set_path"),
+        ],
+    );
 }

@@ -166,7 +166,11 @@ fn query_port_and_default_gid_on_both_link_layers() {
     let gid = hca.query_gid(0, &mut d).unwrap();
     let m = cfg.mac;
     assert_eq!(gid, [0xfe, 0x80, 0, 0, 0, 0, 0, 0, m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
-    assert!(hca.query_gid(1, &mut d).is_err());
+    // Index 1 is the same link-local GID as RoCE v2; nothing is programmed past it without addresses.
+    use mlx5_core::hca::GidType;
+    assert_eq!(hca.query_gid_ex(0, &mut d).unwrap(), (gid, GidType::RoceV1));
+    assert_eq!(hca.query_gid_ex(1, &mut d).unwrap(), (gid, GidType::RoceV2));
+    assert!(hca.query_gid(2, &mut d).is_err());
     hca.teardown(&mut d).unwrap();
 
     let cfg = SimConfig { port_type: PortType::Ib, ..SimConfig::default() };
