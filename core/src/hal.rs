@@ -270,9 +270,7 @@ impl<'a> DmaView<'a> {
     /// catches a driver bug, never a device value.
     #[inline]
     pub fn ptr_at(&self, off: usize, len: usize) -> *mut u8 {
-        assert!(off.checked_add(len).is_some_and(|end| end <= self.len), "DMA access outside its region");
-        // SAFETY: off <= self.len (checked above) so the result stays inside the allocation.
-        unsafe { self.cpu.as_ptr().add(off) }
+        checked_ptr(self.cpu, self.len, off, len)
     }
 
     /// Reads one byte the device may be writing concurrently (an owner bit). Volatile, so it is re-read each time.
@@ -297,6 +295,17 @@ impl<'a> DmaView<'a> {
         // SAFETY: the range is inside the region (ptr_at), which stays valid while this borrow of it lives.
         unsafe { p.write_bytes(0, len) }
     }
+}
+
+/// The pointer to byte `off` of the `size` bytes at `cpu`, when `off..off + len` lies inside them.
+///
+/// # Panics
+/// When it does not: offsets are computed by the driver from its own layouts, so this catches a driver bug.
+#[inline]
+fn checked_ptr(cpu: NonNull<u8>, size: usize, off: usize, len: usize) -> *mut u8 {
+    assert!(off.checked_add(len).is_some_and(|end| end <= size), "DMA access outside its region");
+    // SAFETY: off <= size (checked above), so the result stays inside (or one past) the allocation.
+    unsafe { cpu.as_ptr().add(off) }
 }
 
 /// A part of a live region remembered by a structure that cannot borrow it: a doorbell record in a pool page, or
@@ -337,9 +346,7 @@ impl Span {
     /// Pointer to byte `off`, checked against the span's length (a driver bug panics, as in [`DmaView::ptr_at`]).
     #[inline]
     pub(crate) fn ptr_at(&self, off: usize, len: usize) -> *mut u8 {
-        assert!(off.checked_add(len).is_some_and(|end| end <= self.len), "DMA access outside its region");
-        // SAFETY: off <= self.len (checked above) so the result stays inside the allocation.
-        unsafe { self.cpu.as_ptr().add(off) }
+        checked_ptr(self.cpu, self.len, off, len)
     }
 }
 

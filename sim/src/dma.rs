@@ -286,16 +286,21 @@ impl Drop for DmaSpace {
     /// `DmaRegion` for them may still exist, and its contract promises the memory until `free`. They stay
     /// reachable from a process-wide list, so leak checkers see them as held, not lost.
     fn drop(&mut self) {
-        let kept = std::mem::take(&mut self.regions);
-        if !kept.is_empty() {
-            let mut list = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            list.extend(kept.into_values().map(|r| r.cpu.as_ptr() as usize));
-        }
+        keep_forever(std::mem::take(&mut self.regions).into_values().map(|r| r.cpu.as_ptr() as usize));
     }
 }
 
-/// Host addresses of regions still allocated when their device went away (see `DmaSpace`'s `Drop`).
+/// Host addresses of regions still allocated when their allocator went away (see `DmaSpace`'s `Drop`).
 static KEPT: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps the allocations at `addrs` for the rest of the process, reachable so leak checkers see them as held: a
+/// `DmaRegion` may still point at them, and its contract promises the memory until `free`.
+pub(crate) fn keep_forever(addrs: impl IntoIterator<Item = usize>) {
+    let mut addrs = addrs.into_iter().peekable();
+    if addrs.peek().is_some() {
+        KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(addrs);
+    }
+}
 
 // SAFETY: regions come from `alloc_zeroed` with the requested alignment (IOVAs aligned to at least the same),
 // are never handed out twice while live (fresh IOVAs, distinct allocations), stay valid until `free` (even if the

@@ -117,6 +117,12 @@ impl Cq {
         buf.frag(0).filter(|r| buf.nfrags() == 1 && r.len() >= bytes)
     }
 
+    /// Bytes of the ring: `nent` CQEs of the CQ's size.
+    #[inline]
+    fn ring_bytes(&self) -> usize {
+        self.cqe_size.bytes() << self.log_nent
+    }
+
     /// The 64-byte CQE image of entry `n` (the second half of a 128-byte CQE); `flat` is [`Cq::flat_of`].
     #[inline]
     fn cqe_ptr(&self, flat: Option<&DmaView<'_>>, n: u32) -> *mut u8 {
@@ -166,7 +172,7 @@ impl Cq {
         let mut n = 0;
         let start = self.cons_index;
         let mut result = Ok(());
-        let flat = Self::flat_of(&self.buf, self.cqe_size.bytes() << self.log_nent);
+        let flat = Self::flat_of(&self.buf, self.ring_bytes());
         while n < wc.len() {
             let Some(cqe) = self.sw_cqe(mmio, flat.as_ref(), self.cons_index) else { break };
             match decode_into(&cqe, self.cqn, self.cons_index, self.link, wq, &mut wc[n]) {
@@ -224,7 +230,7 @@ impl Cq {
         let new_mask = (1u32 << log_nent) - 1;
         let mut i = self.cons_index;
         let mut found = false;
-        let flat = Self::flat_of(&self.buf, self.cqe_size.bytes() << self.log_nent);
+        let flat = Self::flat_of(&self.buf, self.ring_bytes());
         for _ in 0..self.nent() {
             let Some(cqe) = self.sw_cqe(mmio, flat.as_ref(), i) else { break };
             if cqe.opcode() == CqeOpcode::Resize {

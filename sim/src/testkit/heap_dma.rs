@@ -251,14 +251,10 @@ impl Drop for HeapDma {
                 unsafe { std::alloc::dealloc(l.cpu as *mut u8, Layout::from_size_align_unchecked(l.len, l.align)) };
             }
         } else if !live.is_empty() {
-            let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            kept.extend(live.into_values().map(|l| l.cpu));
+            crate::dma::keep_forever(live.into_values().map(|l| l.cpu));
         }
     }
 }
-
-/// CPU addresses of regions still live when their [`HeapDma`] was dropped.
-static KEPT: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 #[cfg(test)]
 mod tests {

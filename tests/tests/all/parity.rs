@@ -7,10 +7,11 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use mlx5_core::hca::{Config, CqAttr, Hca, QpInitAttr};
+use mlx5_core::cq::Cq;
+use mlx5_core::hca::{Config, CqAttr, Hca, Pd, QpInitAttr};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::{consts, ifc, Field, MsgBuf, Opcode, Sub};
-use mlx5_core::qp::{AhAttr, Grh, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType};
+use mlx5_core::qp::{AhAttr, Grh, Mtu, Qp, QpAttr, QpAttrMask as M, QpCap, QpState, QpType};
 use mlx5_core::trace::{CmdRecord, CmdTrace};
 use mlx5_sim::{PortType, SimConfig, SimDevice, SimDma, SimMmio};
 
@@ -146,15 +147,21 @@ fn setup(cfg: SimConfig) -> Setup {
     Setup { dev, hca, d, rec }
 }
 
-fn rc_parity(port: PortType) {
-    let roce = port == PortType::Eth;
-    let mut s = setup(SimConfig { port_type: port, lid: 7, ..SimConfig::default() });
+/// A PD, a CQ and two RC QPs in RESET on it, as the RC rows start from.
+fn rc_qps(s: &mut Setup) -> (Pd, Cq, Qp, Qp) {
     let pd = s.hca.alloc_pd(&mut s.d).unwrap();
     let cq = s.hca.create_cq(CqAttr::default(), &mut s.d).unwrap();
     let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     let init = QpInitAttr { qp_type: QpType::Rc, cap, sq_sig_all: false };
-    let mut a = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
+    let a = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
     let b = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
+    (pd, cq, a, b)
+}
+
+fn rc_parity(port: PortType) {
+    let roce = port == PortType::Eth;
+    let mut s = setup(SimConfig { port_type: port, lid: 7, ..SimConfig::default() });
+    let (pd, cq, mut a, b) = rc_qps(&mut s);
     let (pdn, cqn, dbr) = (pd.pdn(), cq.cqn(), a.dbrec().iova());
     // On RoCE the source is GID entry 1, the RoCE v2 link-local entry (entry 0 is its v1 twin): v2 is what gives
     // the path a UDP source port and a DSCP.
@@ -414,12 +421,7 @@ fn the_simulated_device_has_linux_ib_compatible_atomic_mode() {
 #[test]
 fn a_roce_v1_source_gid_has_no_udp_source_port() {
     let mut s = setup(SimConfig { port_type: PortType::Eth, ..SimConfig::default() });
-    let pd = s.hca.alloc_pd(&mut s.d).unwrap();
-    let cq = s.hca.create_cq(CqAttr::default(), &mut s.d).unwrap();
-    let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let init = QpInitAttr { qp_type: QpType::Rc, cap, sq_sig_all: false };
-    let mut a = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
-    let b = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
+    let (_pd, _cq, mut a, b) = rc_qps(&mut s);
     let dgid = s.hca.query_gid(0, &mut s.d).unwrap();
     let ah = AhAttr {
         grh: Some(Grh { dgid, sgid_index: 0, hop_limit: 64, traffic_class: 0x68, ..Grh::default() }),
