@@ -108,6 +108,10 @@ pub struct GeneralCaps {
     pub vhca_id: u16,
     /// `device_frequency_khz`: the device clock.
     pub device_frequency_khz: u32,
+    /// `max_qp_cnt`: how many Q counter sets the function may allocate (0: none, as mlx5_ib then skips them).
+    pub max_qp_cnt: u16,
+    /// `log_max_uctx`: user contexts exist (non-zero), so shared objects carry `MLX5_SHARED_RESOURCE_UID`.
+    pub log_max_uctx: u8,
 }
 
 impl GeneralCaps {
@@ -162,6 +166,8 @@ impl GeneralCaps {
             stat_rate_support: b.get(g::STAT_RATE_SUPPORT) as u16,
             vhca_id: b.get(g::VHCA_ID) as u16,
             device_frequency_khz: b.get(g::DEVICE_FREQUENCY_KHZ),
+            max_qp_cnt: b.get(g::MAX_QP_CNT) as u16,
+            log_max_uctx: u8f(g::LOG_MAX_UCTX),
         }
     }
 

@@ -22,6 +22,7 @@ pub mod mkey;
 pub mod pages;
 pub mod pd;
 pub mod prm;
+pub mod qcounter;
 pub mod qp;
 pub mod reg;
 pub mod trace;

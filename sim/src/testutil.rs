@@ -910,7 +910,6 @@ impl Rdma {
             inp.set(a::RLID.at(p), r.lid.into());
             inp.set(a::SL.at(p), 3);
         } else {
-            inp.set(a::GRH.at(p), 1);
             inp.set(a::HOP_LIMIT.at(p), 64);
             inp.set(a::SRC_ADDR_INDEX.at(p), 0);
             inp.set(a::UDP_SPORT.at(p), 0xc000);
@@ -929,6 +928,9 @@ impl Rdma {
             inp.set(q::RRE.at(c), prm.access[0].into());
             inp.set(q::RWE.at(c), prm.access[1].into());
             inp.set(q::RAE.at(c), prm.access[2].into());
+            if prm.access[2] {
+                inp.set(q::ATOMIC_MODE.at(c), consts::MLX5_ATOMIC_MODE_IB_COMP);
+            }
         });
         assert_eq!(st, (0, 0), "RST2INIT");
         let mut path = vec![0u8; ifc::init2rtr_qp_in::SIZE_BYTES];

@@ -103,6 +103,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             issi: 0,
             orphans: [const { None }; 8],
             roce_v2_gids: [0; 4],
+            q_counter: None,
             caps: DeviceCaps::default(),
             fw_rev,
         };
@@ -181,6 +182,14 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         // Firmware asks for its regular pages through the EQ as soon as it can; serve them now.
         *step = Step::RegularPages;
         self.process_events(delay)?;
+
+        // mlx5_ib's counters stage (`mlx5_ib_alloc_counters`), before the device registers and its GID cache
+        // programs the table.
+        if self.caps.general.max_qp_cnt > 0 {
+            *step = Step::QCounter;
+            let shared = self.caps.general.log_max_uctx != 0;
+            self.q_counter = Some(self.exec(&mut crate::qcounter::alloc_q_counter(shared), delay)? as u8);
+        }
 
         // mlx5_ib's add_gid for each entry the GID cache builds, on a RoCE port only.
         if self.caps.general.port_type() != crate::caps::PortType::InfiniBand
@@ -414,6 +423,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let note = |rep: &mut TeardownReport, e: Error| {
             rep.first_error.get_or_insert(e);
         };
+        // mlx5_ib lets its counter set go before mlx5_core unloads (`mlx5_ib_dealloc_counters`).
+        if let Some(id) = self.q_counter.take() {
+            if let Err(e) = self.exec_destroy(crate::qcounter::dealloc_q_counter(id), delay) {
+                note(&mut rep, e);
+            }
+        }
         if let Some(ring) = self.ctx.comp_eq.take() {
             match self.exec_destroy(destroy_eq(ring.eqn()), delay) {
                 Ok(()) => {

@@ -42,6 +42,8 @@ pub enum Step {
     CreateEq,
     /// Regular pages.
     RegularPages,
+    /// ALLOC_Q_COUNTER of the port's counter set.
+    QCounter,
     /// SET_ROCE_ADDRESS of each GID table entry (RoCE ports).
     GidTable,
 }
@@ -64,6 +66,7 @@ impl core::fmt::Display for Step {
             Step::AllocUar => "alloc uar",
             Step::CreateEq => "create async eq",
             Step::RegularPages => "regular pages",
+            Step::QCounter => "alloc q counter",
             Step::GidTable => "program gid table",
         })
     }

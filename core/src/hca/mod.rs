@@ -238,6 +238,8 @@ pub struct Hca<M: Mmio, D: Dma, T: CmdTrace = (), const P: usize = 256, const NC
     /// Which RoCE GID entries this driver programmed as RoCE v2, one bit per index (the type Linux's GID cache
     /// keeps, so a modify picks the UDP source port without asking firmware).
     roce_v2_gids: [u64; 4],
+    /// The port's Q counter set (`counter_set_id` of every QP), when the device has counter sets.
+    pub(crate) q_counter: Option<u8>,
     pub(crate) caps: DeviceCaps,
     fw_rev: (u16, u16, u16),
 }
@@ -272,6 +274,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     /// Firmware version (major, minor, subminor) from the init segment.
     pub fn fw_rev(&self) -> (u16, u16, u16) {
         self.fw_rev
+    }
+
+    /// The port's Q counter set (`counter_set_id` of every QP; ALLOC_Q_COUNTER at bring-up), when the device has
+    /// counter sets.
+    pub fn q_counter(&self) -> Option<u8> {
+        self.q_counter
     }
 
     /// The interface step-sequence ID in use (1 unless firmware only knows 0).

@@ -597,6 +597,10 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             dbr_addr: (qp.sizes().rq_wqe_cnt > 0).then(|| qp.dbrec().iova()),
             cur_access: qp.access,
             cur_resp_depth: qp.resp_depth,
+            pm_state: ModifyQp::linux_defaults().0,
+            log_ack_req_freq: ModifyQp::linux_defaults().1,
+            atomic_mode: self.caps.atomic_mode().unwrap_or(0),
+            counter_set_id: self.q_counter,
         };
         // Linux refuses remote atomics the device has no atomic mode for (`set_qpc_atomic_flags`).
         if cmd.remote_access().is_some_and(|a| a.contains(Access::REMOTE_ATOMIC)) && self.caps.atomic_mode().is_none() {
@@ -615,6 +619,16 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             qp.reset_rings();
         }
         Ok(())
+    }
+
+    /// `QUERY_Q_COUNTER` of the port's counter set (`rdma statistic show`); `None` when the device has none.
+    pub fn query_q_counters(
+        &mut self,
+        clear: bool,
+        delay: &mut impl DelayNs,
+    ) -> Result<Option<crate::qcounter::QCounters>, Error> {
+        let Some(id) = self.q_counter else { return Ok(None) };
+        self.exec(&mut crate::qcounter::QueryQCounter { counter_set_id: id, clear }, delay).map(Some)
     }
 
     /// `QUERY_QP`.

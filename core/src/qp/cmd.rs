@@ -215,9 +215,27 @@ pub struct ModifyQp {
     pub cur_access: Access,
     /// The responder depth the QP has now (what the last modify with [`QpAttrMask::MAX_DEST_RD_ATOMIC`] set).
     pub cur_resp_depth: u8,
+    /// `qpc.pm_state`, written with every context: the driver has no alternate path, so Linux's
+    /// `MLX5_QP_PM_MIGRATED` ([`ModifyQp::linux_defaults`]).
+    pub pm_state: u8,
+    /// `qpc.log_ack_req_freq`, written with every context (Linux: [`MLX5_IB_ACK_REQ_FREQ`]).
+    pub log_ack_req_freq: u8,
+    /// `qpc.atomic_mode`, written together with `rae` (`set_qpc_atomic_flags`: the device's mode from
+    /// `get_atomic_mode`).
+    pub atomic_mode: u8,
+    /// `qpc.counter_set_id` of RST2INIT: the port's Q counter, when the device has one.
+    pub counter_set_id: Option<u8>,
 }
 
+/// What `__mlx5_ib_modify_qp` writes to `log_ack_req_freq` (an enum in mlx5_ib's `qp.c`, not in the PRM headers).
+pub const MLX5_IB_ACK_REQ_FREQ: u8 = 8;
+
 impl ModifyQp {
+    /// The QP-independent values Linux writes in every modify: `pm_state` MIGRATED and `log_ack_req_freq` 8.
+    pub const fn linux_defaults() -> (u8, u8) {
+        (consts::MLX5_QP_PM_MIGRATED as u8, MLX5_IB_ACK_REQ_FREQ)
+    }
+
     /// `opt_param_mask` as `__mlx5_ib_modify_qp` computes it: every optional parameter the verbs mask names
     /// (`ib_mask_to_mlx5_opt`), kept where the transition and service take it (`opt_mask`).
     fn opt_param_mask(&self) -> u32 {
@@ -350,6 +368,8 @@ fn set_path<B: MsgBuf + ?Sized>(
             c.set(at(a::RLID), ah.dlid.into());
             c.set(at(a::SL), u32::from(ah.sl & 0xf));
             c.set(at(a::MLID), u32::from(ah.src_path_bits & 0x7f));
+            // Only an InfiniBand path says whether a GRH follows; on RoCE every packet has one.
+            c.set(at(a::GRH), ah.grh.is_some().into());
         }
         crate::cq::LinkLayer::Ethernet => {
             c.set(at(a::RMAC_47_32), u32::from(u16::from_be_bytes([ah.dmac[0], ah.dmac[1]])));
@@ -365,7 +385,6 @@ fn set_path<B: MsgBuf + ?Sized>(
         }
     }
     if let Some(g) = ah.grh {
-        c.set(at(a::GRH), 1);
         c.set(at(a::SRC_ADDR_INDEX), g.sgid_index.into());
         c.set(at(a::HOP_LIMIT), g.hop_limit.into());
         c.set(at(a::TCLASS), g.traffic_class.into());
@@ -408,7 +427,10 @@ impl ModifyQp {
         use ifc::qpc as q;
         let Some(acc) = self.remote_access() else { return };
         c.set(q::RRE, acc.contains(Access::REMOTE_READ).into());
-        c.set(q::RAE, acc.contains(Access::REMOTE_ATOMIC).into());
+        if acc.contains(Access::REMOTE_ATOMIC) {
+            c.set(q::RAE, 1);
+            c.set(q::ATOMIC_MODE, self.atomic_mode.into());
+        }
         c.set(q::RWE, acc.contains(Access::REMOTE_WRITE).into());
     }
 }
@@ -440,6 +462,8 @@ impl Command for ModifyQp {
         let mut c = SubBuf::new(msg, qpc);
         let path = q::PRIMARY_ADDRESS_PATH;
         c.set(q::ST, self.qp_type.st());
+        c.set(q::PM_STATE, self.pm_state.into());
+        c.set(q::LOG_ACK_REQ_FREQ, self.log_ack_req_freq.into());
         if self.qp_type == QpType::Ud {
             // Every UD modify carries the largest MTU and 4 KiB messages, whatever the mask.
             c.set(q::MTU, consts::IB_MTU_4096.into());
@@ -458,6 +482,9 @@ impl Command for ModifyQp {
         if self.transition == Transition::Rst2Init {
             if let Some(dbr) = self.dbr_addr {
                 c.set64(q::DBR_ADDR, dbr);
+            }
+            if let Some(id) = self.counter_set_id {
+                c.set(q::COUNTER_SET_ID, id.into());
             }
             // The driver is the kernel consumer: its QPs may use the reserved lkey.
             c.set(q::RLKY, 1);

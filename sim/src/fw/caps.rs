@@ -271,6 +271,28 @@ impl Caps {
             .unwrap_or(0)
     }
 
+    /// The `qpc.atomic_mode` values a QP with remote atomics may name (`get_atomic_mode`): `MLX5_ATOMIC_MODE_IB_COMP`
+    /// with the basic operations, and 8 bytes up to the largest `atomic_size_qp` with the extended ones.
+    pub(crate) fn atomic_mode_ok(&self, mode: u32) -> bool {
+        use ifc::atomic_caps as a;
+        if self.gen(ifc::cmd_hca_cap::ATOMIC) == 0 {
+            return false;
+        }
+        let get = |f: Field| {
+            self.query(consts::MLX5_CAP_ATOMIC, true)
+                .map(|img| MsgBuf::get(img, f.at(ifc::hca_cap_union::ATOMIC_CAPS)))
+                .unwrap_or(0)
+        };
+        let ops = get(a::ATOMIC_OPERATIONS);
+        let basic = consts::MLX5_ATOMIC_OPS_CMP_SWAP | consts::MLX5_ATOMIC_OPS_FETCH_ADD;
+        let extended = consts::MLX5_ATOMIC_OPS_EXTENDED_CMP_SWAP | consts::MLX5_ATOMIC_OPS_EXTENDED_FETCH_ADD;
+        let sizes = get(a::ATOMIC_SIZE_QP) & 0x1ff;
+        if mode == consts::MLX5_ATOMIC_MODE_IB_COMP {
+            return ops & basic == basic;
+        }
+        ops & extended != 0 && sizes != 0 && (consts::MLX5_ATOMIC_MODE_8B..=31 - sizes.leading_zeros()).contains(&mode)
+    }
+
     /// Overwrites a current general capability, bypassing the SET_HCA_CAP rules (tests of capability checks).
     #[cfg(test)]
     pub(crate) fn force_gen(&mut self, f: Field, v: u32) {

@@ -35,6 +35,7 @@ pub(crate) mod mkey;
 mod pages;
 mod pd;
 pub(crate) mod port;
+pub(crate) mod qcounter;
 pub(crate) mod qp;
 pub(crate) mod reply;
 
@@ -44,6 +45,7 @@ use eq::{EqFw, EqTable};
 use mkey::{MkeyFw, MkeyTable};
 use pd::{PdTable, UarTable};
 use port::PortModel;
+use qcounter::QCounterTable;
 use qp::{QpFw, QpTable};
 use reply::{bad_param, err, rd, rd16, CmdErr};
 
@@ -177,6 +179,12 @@ pub mod syndrome {
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR of a RoCE QP whose `src_addr_index` names a GID table entry
     /// SET_ROCE_ADDRESS never programmed (or cleared).
     pub const GID_NOT_SET: u32 = 0x51a0_00ab;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a Q counter set id that is not allocated (DEALLOC/QUERY_Q_COUNTER, or a
+    /// QP's `counter_set_id` in RST2INIT).
+    pub const Q_COUNTER_INVALID: u32 = 0x51a0_00ac;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: remote atomics enabled (`rae`) with an `atomic_mode` the device does not
+    /// report (0, or a mode above the caps' `atomic_size_qp`), as `set_qpc_atomic_flags` never sends.
+    pub const QP_ATOMIC_MODE: u32 = 0x51a0_00ad;
     /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
     pub const HEALTH_EXT_SYND: u16 = 0x51a0;
 }
@@ -235,6 +243,7 @@ pub(crate) struct Firmware {
     pub(crate) cqs: CqTable,
     pub(crate) mkeys: MkeyTable,
     pub(crate) qps: QpTable,
+    pub(crate) q_counters: QCounterTable,
 }
 
 /// A table of objects by number, as [`alloc_id`] sees it.
@@ -302,6 +311,7 @@ macro_rules! qp_fw {
             uars: &$fw.uars,
             cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
             roce_gid_set: &|index| $fw.port.roce_gid_set(index),
+            q_counter_valid: &|id| $fw.q_counters.valid(id),
         }
     };
 }
@@ -340,6 +350,7 @@ impl Firmware {
             cqs: CqTable::new(),
             mkeys: MkeyTable::new(),
             qps: QpTable::new(),
+            q_counters: QCounterTable::new(),
         }
     }
 
@@ -435,6 +446,15 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_RTS2RTS_QP => {
                 (rts2rts_qp_in::SIZE_BYTES, rts2rts_qp_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_ALLOC_Q_COUNTER => {
+                (alloc_q_counter_in::SIZE_BYTES, alloc_q_counter_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DEALLOC_Q_COUNTER => {
+                (dealloc_q_counter_in::SIZE_BYTES, dealloc_q_counter_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_QUERY_Q_COUNTER => {
+                (query_q_counter_in::SIZE_BYTES, query_q_counter_out::SIZE_BYTES, Gate::Initialized)
             }
             consts::MLX5_CMD_OP_2ERR_QP => (qp_2err_in::SIZE_BYTES, qp_2err_out::SIZE_BYTES, Gate::Initialized),
             consts::MLX5_CMD_OP_2RST_QP => (qp_2rst_in::SIZE_BYTES, qp_2rst_out::SIZE_BYTES, Gate::Initialized),
@@ -537,6 +557,12 @@ impl Firmware {
             | consts::MLX5_CMD_OP_RTR2RTS_QP
             | consts::MLX5_CMD_OP_RTS2RTS_QP) => self.qps.modify(&qp_fw!(self), op, inp),
             op @ (consts::MLX5_CMD_OP_2ERR_QP | consts::MLX5_CMD_OP_2RST_QP) => self.qps.move_to_err_or_rst(op, inp),
+            consts::MLX5_CMD_OP_ALLOC_Q_COUNTER => self.q_counters.alloc(&self.caps, out),
+            consts::MLX5_CMD_OP_DEALLOC_Q_COUNTER => {
+                let qps = &self.qps;
+                self.q_counters.dealloc(&|id| qps.values().any(|q| q.counter_set_id == id), inp)
+            }
+            consts::MLX5_CMD_OP_QUERY_Q_COUNTER => self.q_counters.query(inp, out),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
     }

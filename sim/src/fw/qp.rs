@@ -326,6 +326,8 @@ pub(crate) struct Qp {
     /// The PSN and original value of the last atomic executed as a responder, for a duplicate of it.
     pub(crate) last_atomic: Option<(u32, u64)>,
     pub(crate) error: Option<u8>,
+    /// The Q counter set RST2INIT named (0: none).
+    pub(crate) counter_set_id: u8,
     /// The largest send WQE (`max_wqe_sz_sq`) and message (`1 << log_max_msg`) the device executes, read from the
     /// capabilities once here rather than per WQE: they are fixed once the HCA is initialized, before any QP.
     pub(crate) max_wqe: usize,
@@ -563,6 +565,8 @@ pub(crate) struct QpFw<'a> {
     pub(crate) cq_exists: &'a dyn Fn(u32) -> bool,
     /// Whether a RoCE GID table entry is programmed.
     pub(crate) roce_gid_set: &'a dyn Fn(u32) -> bool,
+    /// Whether a QP may name a Q counter set (0, or an allocated one).
+    pub(crate) q_counter_valid: &'a dyn Fn(u8) -> bool,
 }
 
 impl QpTable {
@@ -673,6 +677,7 @@ impl QpTable {
             req: None,
             last_atomic: None,
             error: None,
+            counter_set_id: 0,
             max_wqe: fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_SQ) as usize,
             max_msg: 1u64 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MSG).min(31),
         };
@@ -719,7 +724,8 @@ impl QpTable {
         let gid_ok = p.src_addr_index() < GID_ENTRIES || fw.port_type == PortType::Eth;
         let ok = match fw.port_type {
             PortType::Ib => p.rlid() != 0 && (!p.grh() || gid_ok),
-            PortType::Eth => p.grh() && gid_ok && p.rgid() != [0; 16] && p.rmac() != [0; 6],
+            // A RoCE path leaves `grh` 0 (mlx5_set_path sets it on InfiniBand only): every RoCE packet has one.
+            PortType::Eth => gid_ok && p.rgid() != [0; 16] && p.rmac() != [0; 6],
         };
         if ok {
             Ok(())
@@ -769,6 +775,17 @@ impl QpTable {
             Transition::Rts2Rts if opt & k::MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH != 0 && rc => Self::check_path(fw, &path)?,
             _ => {}
         }
+        // A context that sets the access bits (RST2INIT, or the RRE/RWE/RAE options) with `rae` must name an atomic
+        // mode the device has; `set_qpc_atomic_flags` always does.
+        let sets_access = (t == Transition::Rst2Init && rc)
+            || opt & (k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE) != 0;
+        if sets_access && get(q::RAE) != 0 && !fw.caps.atomic_mode_ok(get(q::ATOMIC_MODE)) {
+            return Err(bad_param(syndrome::QP_ATOMIC_MODE));
+        }
+        let counter_set_id = get(q::COUNTER_SET_ID) as u8;
+        if t == Transition::Rst2Init && !(fw.q_counter_valid)(counter_set_id) {
+            return Err(bad_param(syndrome::Q_COUNTER_INVALID));
+        }
         let pkey_entries = 128u32 << cap(ifc::cmd_hca_cap::PKEY_TABLE_SIZE).min(8);
         let sets_pkey = t == Transition::Rst2Init || opt & k::MLX5_QP_OPTPAR_PKEY_INDEX != 0;
         if sets_pkey && path.pkey_index() >= pkey_entries {
@@ -787,6 +804,7 @@ impl QpTable {
         match t {
             Transition::Rst2Init => {
                 qp.path.put(ifc::ads::VHCA_PORT_NUM, PORT);
+                qp.counter_set_id = counter_set_id;
                 if rc {
                     access(qp);
                 } else {
@@ -904,6 +922,7 @@ impl QpTable {
             (q::NEXT_RCV_PSN, qp.next_rcv_psn),
             (q::CQN_RCV, qp.cqn_rcv),
             (q::Q_KEY, qp.q_key),
+            (q::COUNTER_SET_ID, qp.counter_set_id.into()),
             (q::RQ_TYPE, if qp.has_rq { consts::MLX5_NON_ZERO_RQ } else { consts::MLX5_ZERO_LEN_RQ }),
             (q::HW_SQ_WQEBB_COUNTER, qp.sq_ci.into()),
             (q::SW_SQ_WQEBB_COUNTER, qp.sq_pi.into()),
@@ -1113,10 +1132,36 @@ mod tests {
             (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_PKEY_INDEX)
         );
         assert_eq!(state(&r), QpState::Rst);
-        let access = |i: &mut Vec<u8>, c: Sub| {
+        let no_mode = |i: &mut Vec<u8>, c: Sub| {
             port(1)(i, c);
             i.set(q::RRE.at(c), 1);
             i.set(q::RAE.at(c), 1);
+        };
+        // Remote atomics need an atomic mode the device has (it has IB-compatible 8-byte atomics only).
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, no_mode),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_ATOMIC_MODE)
+        );
+        let wide_mode = |i: &mut Vec<u8>, c: Sub| {
+            no_mode(i, c);
+            i.set(q::ATOMIC_MODE.at(c), k::MLX5_ATOMIC_MODE_16B);
+        };
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, wide_mode),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_ATOMIC_MODE)
+        );
+        // A counter set nobody allocated is refused too.
+        let stray_counter = |i: &mut Vec<u8>, c: Sub| {
+            port(1)(i, c);
+            i.set(q::COUNTER_SET_ID.at(c), 5);
+        };
+        assert_eq!(
+            r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, stray_counter),
+            (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::Q_COUNTER_INVALID)
+        );
+        let access = |i: &mut Vec<u8>, c: Sub| {
+            no_mode(i, c);
+            i.set(q::ATOMIC_MODE.at(c), k::MLX5_ATOMIC_MODE_IB_COMP);
         };
         assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, access), (0, 0));
         assert_eq!(r.h.dev.qp_info(n).unwrap().remote_access, (true, false, true));
@@ -1124,11 +1169,18 @@ mod tests {
         assert_eq!(r.modify(k::MLX5_CMD_OP_RTR2RTS_QP, n, 0, |_, _| {}), wrong);
         // INIT2RTR checks the MTU, the caps and the RoCE path.
         let me = r.me(0x4242);
-        let rtr = |mtu: u32, grh: bool, rra: u32| {
+        // `rgid`: whether the path names the remote GID (a RoCE path without one is refused; its `grh` bit is 0,
+        // as mlx5_set_path leaves it on RoCE).
+        let rtr = |mtu: u32, rgid: bool, rra: u32| {
             let path_r = me;
             move |r: &Rdma, i: &mut Vec<u8>, c: Sub| {
                 r.path(i, c, &path_r);
-                i.set(ifc::ads::GRH.at(q::PRIMARY_ADDRESS_PATH.at(c)), grh.into());
+                let p = q::PRIMARY_ADDRESS_PATH.at(c);
+                i.set(ifc::ads::GRH.at(p), 0);
+                if !rgid {
+                    let g = ifc::ads::RGID_RIP.byte_off() + p.off;
+                    i[g..g + 16].fill(0);
+                }
                 i.set(q::MTU.at(c), mtu);
                 i.set(q::LOG_MSG_MAX.at(c), 20);
                 i.set(q::REMOTE_QPN.at(c), path_r.qpn);
@@ -1191,7 +1243,8 @@ mod tests {
         assert_eq!((get(q::MTU), get(q::MIN_RNR_NAK), get(q::RRE), get(q::RWE)), (3, 20, 1, 0));
         assert_eq!((get(q::LOG_SQ_SIZE), get(q::LOG_RQ_SIZE), get(q::CQN_SND)), (6, 4, cq.cqn));
         let p = q::PRIMARY_ADDRESS_PATH.at(c);
-        assert_eq!((rd(&out, ifc::ads::GRH.at(p)), rd(&out, ifc::ads::ACK_TIMEOUT.at(p))), (1, 14));
+        // The path as INIT2RTR set it: a RoCE path's `grh` stays 0.
+        assert_eq!((rd(&out, ifc::ads::GRH.at(p)), rd(&out, ifc::ads::ACK_TIMEOUT.at(p))), (0, 14));
         assert_eq!(rd(&out, ifc::ads::VHCA_PORT_NUM.at(p)), 1);
         let g = p.off + ifc::ads::RGID_RIP.byte_off();
         assert_eq!(out[g..g + 16], r.h.dev.gid(0).unwrap());

@@ -31,14 +31,16 @@ impl State {
             return self.reply(p, Resp::Lost("no RC QP in RTR/RTS at the destination"));
         };
         let (pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
-        let (expected, last_atomic) = (qp.next_rcv_psn, qp.last_atomic);
+        let (expected, last_atomic, counters) = (qp.next_rcv_psn, qp.last_atomic, qp.counter_set_id);
         let ahead = psn.wrapping_sub(expected) & PSN_MASK;
         if ahead != 0 {
             let resp = if ahead < PSN_WINDOW {
                 self.events.push(SimEvent::PsnSequenceError { qpn: dst, expected, got: psn });
+                self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
                 Resp::Nak(Nak::PsnSequence)
             } else {
                 self.events.push(SimEvent::DuplicateRequest { qpn: dst, psn });
+                self.fw.q_counters.count(counters, |c| c.duplicate_request += 1);
                 self.duplicate(op, psn, pd, rre, last_atomic)
             };
             return self.reply(p, resp);
@@ -143,6 +145,14 @@ impl State {
                 }
             }
         };
+        // The port's counter set sees what the responder executed or refused for want of a receive WQE.
+        self.fw.q_counters.count(counters, |c| match (op, &resp) {
+            (_, Resp::RnrNak { .. }) => c.out_of_buffer += 1,
+            (RcOp::Write { .. }, Resp::Ack) => c.rx_write_requests += 1,
+            (RcOp::Read { .. }, Resp::ReadData(_)) => c.rx_read_requests += 1,
+            (RcOp::Atomic { .. }, Resp::AtomicOrig(_)) => c.rx_atomic_requests += 1,
+            _ => {}
+        });
         self.reply(p, resp);
     }
 

@@ -78,6 +78,8 @@ fn linux_order(port: PortType) -> Vec<(u16, u16)> {
         op(MLX5_CMD_OP_ALLOC_UAR, 0),
         op(MLX5_CMD_OP_CREATE_EQ, 0),
         op(MLX5_CMD_OP_MANAGE_PAGES, MLX5_PAGES_GIVE),
+        // mlx5_ib's counters stage: the port's Q counter set (the device reports max_qp_cnt).
+        op(MLX5_CMD_OP_ALLOC_Q_COUNTER, 0),
     ]);
     if eth {
         // mlx5_ib on a RoCE port: the port MAC, then add_gid -> set_roce_addr for the default GIDs (the
@@ -94,6 +96,8 @@ fn linux_order(port: PortType) -> Vec<(u16, u16)> {
 fn linux_teardown() -> Vec<(u16, u16)> {
     use consts::*;
     vec![
+        // mlx5_ib_dealloc_counters, before mlx5_core unloads.
+        op(MLX5_CMD_OP_DEALLOC_Q_COUNTER, 0),
         op(MLX5_CMD_OP_DESTROY_EQ, 0),
         op(MLX5_CMD_OP_DEALLOC_UAR, 0),
         op(MLX5_CMD_OP_TEARDOWN_HCA, 0),
