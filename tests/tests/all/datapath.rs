@@ -636,3 +636,36 @@ fn rdma_write_wqe_matches_the_golden_vector() {
     teardown_pair(&mut n, cq, a, b);
     n.finish();
 }
+
+/// The port's Q counter set (ALLOC_Q_COUNTER at bring-up, named by every QP in RST2INIT) counts what the
+/// responder saw: one SEND that found no receive WQE (out_of_buffer), one RDMA WRITE, one RDMA READ. Reading with
+/// `clear` zeroes it, as `rdma statistic` with a reset would.
+#[test]
+fn the_port_q_counter_counts_what_the_responder_executed() {
+    let mut n = Node::new(SimConfig::default(), MEM);
+    assert!(n.hca.q_counter().is_some());
+    let (mut cq, mut a, mut b) = rc_pair(&mut n, cap(8, 1, 0));
+    let (addr, rkey) = (n.addr(0x2000), n.mr.rkey);
+    let ok = [n.sge(0, 64)];
+    // The SEND arrives before its receive: RNR NAK (counted), then delivered once the receive is posted.
+    n.hca.post_send(&mut a, &[send(1, &ok, SendFlags::default())]).unwrap();
+    embedded_hal::delay::DelayNs::delay_us(&mut n.dev.delay(), 10);
+    n.hca.post_recv(&mut b, &[RecvWr { wr_id: 10, sg_list: &[n.sge(0x1000, 64)] }]).unwrap();
+    let wr = |wr_id, op| SendWr { wr_id, op, sg_list: &ok, flags: SendFlags::SIGNALED, inline: None, ud: None };
+    n.hca.post_send(&mut a, &[wr(2, SendOp::RdmaWrite { remote_addr: addr, rkey })]).unwrap();
+    n.hca.post_send(&mut a, &[wr(3, SendOp::RdmaRead { remote_addr: addr, rkey })]).unwrap();
+    let wcs = poll_n(&n, &mut cq, &mut [&mut a, &mut b], 4);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    let c = n.hca.query_q_counters(true, &mut n.d).unwrap().expect("a counter set");
+    assert!(c.out_of_buffer >= 1, "{c:?}");
+    assert_eq!((c.rx_write_requests, c.rx_read_requests, c.rx_atomic_requests), (1, 1, 0));
+    let c = n.hca.query_q_counters(false, &mut n.d).unwrap().unwrap();
+    assert_eq!(c, Default::default(), "cleared by the previous read");
+    // Firmware keeps a set its QPs name: DEALLOC_Q_COUNTER is refused while they exist.
+    let id = n.hca.q_counter().unwrap();
+    let e = n.hca.exec(&mut mlx5_core::qcounter::dealloc_q_counter(id), &mut n.d).unwrap_err();
+    let Error::Cmd(mlx5_core::cmdq::CmdError::Status { status, syndrome, .. }) = e else { panic!("{e}") };
+    assert_eq!((status, syndrome), (mlx5_core::prm::CmdStatus::BadResState, mlx5_sim::syndrome::IN_USE));
+    n.drop_pair(cq, a, b);
+    n.finish();
+}
