@@ -22,8 +22,9 @@ use crate::cq::{
 use crate::mkey::{destroy_mkey, Access, CreateMkey, Mr, Translation};
 use crate::pd::{alloc_pd, dealloc_pd};
 use crate::qp::{
-    check_modify, destroy_qp, ib_rate_to_mlx5, qp_sizes, CreateQp, ModifyError, ModifyQp, PostError, PostErrorKind, Qp,
-    QpAttr, QpAttrMask, QpCap, QpContext, QpQuery, QpState, QpType, QueryQp, RecvWr, SendWr, Transition,
+    check_modify, destroy_qp, ib_rate_to_mlx5, qp_sizes, Ah, AhAttr, CreateQp, ModifyError, ModifyQp, PostError,
+    PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpContext, QpQuery, QpState, QpType, QueryQp, RecvWr, SendWr,
+    Transition,
 };
 
 /// Largest page size a memory region's MTT uses (1 GiB).
@@ -456,8 +457,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
     }
 
-    /// Whether the source GIDs are RoCE v2 entries. The driver keeps no per-entry GID type yet, so its entries
-    /// count as RoCE v2 when the device supports v2 (`roce_cap.roce_version`).
+    /// Whether GID entry `sgid_index` was programmed as RoCE v2 (the type Linux's GID cache keeps per entry).
     fn sgid_is_roce_v2(&self, sgid_index: u8) -> bool {
         let i = usize::from(sgid_index);
         self.roce_v2_gids[i / 64] >> (i % 64) & 1 != 0
@@ -619,6 +619,21 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             qp.reset_rings();
         }
         Ok(())
+    }
+
+    /// `ibv_create_ah` (`create_ib_ah`): the address vector of a UD send, with the rate mapped for the device and,
+    /// on RoCE, the source GID entry's type deciding the UDP source port and the ECN bit.
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah, Error> {
+        let rate = attr.static_rate;
+        let stat_rate = ib_rate_to_mlx5(rate, self.caps.general.stat_rate_support)
+            .ok_or(Error::Modify(ModifyError::BadValue { what: "static_rate", value: rate.into() }))?;
+        let link = self.link_layer();
+        if link == LinkLayer::Ethernet && attr.grh.is_none() {
+            // A RoCE address is routed by GID: create_ah refuses one without a GRH.
+            return Err(Error::Modify(ModifyError::BadValue { what: "RoCE address without a GRH", value: 0 }));
+        }
+        let roce_v2 = link == LinkLayer::Ethernet && attr.grh.is_some_and(|g| self.sgid_is_roce_v2(g.sgid_index));
+        Ok(Ah::build(attr, crate::qp::AvParams { link, roce_v2, stat_rate }))
     }
 
     /// `QUERY_Q_COUNTER` of the port's counter set (`rdma statistic show`); `None` when the device has none.

@@ -156,23 +156,57 @@ pub struct Ah {
     av: [u8; c::mlx5_av::SIZE],
 }
 
+/// What an address vector needs beyond the verbs attributes: the port's link layer, the type of the source GID
+/// entry and the static rate already mapped for the device (`mlx5r_ib_rate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AvParams {
+    /// The port's link layer.
+    pub link: crate::cq::LinkLayer,
+    /// RoCE: the source GID entry is RoCE v2 (UDP-encapsulated).
+    pub roce_v2: bool,
+    /// `stat_rate` in the device's encoding ([`super::cmd::ib_rate_to_mlx5`]).
+    pub stat_rate: u8,
+}
+
+/// The ECN-capable bit `create_ib_ah` ORs into a RoCE v2 address's traffic class (`MLX5_ECN_ENABLED`, defined in
+/// mlx5_ib's `ah.c`, not in the PRM headers).
+pub const MLX5_ECN_ENABLED: u8 = 1 << 1;
+
 impl Ah {
-    /// Builds the address vector for `attr` on a port of `link` type (`create_ib_ah`).
+    /// Builds the address vector for `attr` on a port of `link` type, as a RoCE v1 / InfiniBand address with the
+    /// rate taken as already in the device's encoding. [`Ah::build`] is the whole of `create_ib_ah`
+    /// (`Hca::create_ah` calls it).
     pub fn new(attr: &AhAttr, link: crate::cq::LinkLayer) -> Self {
+        Self::build(attr, AvParams { link, roce_v2: false, stat_rate: attr.static_rate & 0xf })
+    }
+
+    /// The address vector of `create_ib_ah`: on RoCE the destination MAC, the priority, and for a v2 source the
+    /// UDP source port from the flow label (`mlx5_ah_get_udp_sport`: the port's minimum without one) and the
+    /// ECN-capable traffic class; on InfiniBand the LID, path bits and SL.
+    pub fn build(attr: &AhAttr, p: AvParams) -> Self {
         use c::mlx5_av as v;
         let mut av = [0u8; v::SIZE];
-        let mut stat_rate_sl = (attr.static_rate & 0xf) << 4;
+        let mut stat_rate_sl = (p.stat_rate & 0xf) << 4;
         if let Some(g) = attr.grh {
             av[v::RGID.off..v::RGID.end()].copy_from_slice(&g.dgid);
             v::GRH_GID_FL.put_be(&mut av, 0, (g.flow_label & 0xf_ffff) | (1 << 30) | u32::from(g.sgid_index) << 20);
             av[v::HOP_LIMIT.off] = g.hop_limit;
             av[v::TCLASS.off] = g.traffic_class;
         }
-        match link {
+        match p.link {
             crate::cq::LinkLayer::Ethernet => {
-                v::UDP_SPORT.put_be(&mut av, 0, ROCE_UDP_SPORT_MIN);
+                let fl = attr.grh.map_or(0, |g| g.flow_label & consts::IB_GRH_FLOWLABEL_MASK);
+                let sport = if p.roce_v2 && fl != 0 {
+                    u32::from(super::cmd::flow_label_to_udp_sport(fl))
+                } else {
+                    ROCE_UDP_SPORT_MIN
+                };
+                v::UDP_SPORT.put_be(&mut av, 0, sport);
                 av[v::RMAC.off..v::RMAC.end()].copy_from_slice(&attr.dmac);
                 stat_rate_sl |= (attr.sl & 7) << 1;
+                if p.roce_v2 {
+                    av[v::TCLASS.off] |= MLX5_ECN_ENABLED;
+                }
             }
             crate::cq::LinkLayer::InfiniBand => {
                 v::RLID.put_be(&mut av, 0, attr.dlid.into());
@@ -251,5 +285,31 @@ impl core::fmt::Display for PostError {
             PostErrorKind::BadRequest { what } => write!(f, "{what}"),
             PostErrorKind::DeviceError => write!(f, "device in internal error"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cq::LinkLayer;
+    use crate::qp::Grh;
+
+    fn av(fl: u32, roce_v2: bool) -> [u8; c::mlx5_av::SIZE] {
+        let grh = Grh { flow_label: fl, traffic_class: 0x60, sgid_index: 3, hop_limit: 64, ..Grh::default() };
+        let attr = AhAttr { sl: 2, grh: Some(grh), dmac: [2, 0, 0, 0, 0, 1], ..AhAttr::default() };
+        *Ah::build(&attr, AvParams { link: LinkLayer::Ethernet, roce_v2, stat_rate: 8 }).av()
+    }
+
+    #[test]
+    fn roce_v2_addresses_take_the_port_from_the_flow_label_and_set_ecn() {
+        use c::mlx5_av as v;
+        let sport = |a: &[u8; c::mlx5_av::SIZE]| u16::from_be_bytes([a[v::UDP_SPORT.off], a[v::UDP_SPORT.off + 1]]);
+        // mlx5_ah_get_udp_sport: the folded flow label for v2 with a label, else the port's minimum.
+        assert_eq!(sport(&av(0x12345, true)), 0xe341);
+        assert_eq!(sport(&av(0, true)), 0xc000);
+        assert_eq!(sport(&av(0x12345, false)), 0xc000);
+        // A v2 source makes the traffic class ECN-capable; the rate and SL share a byte.
+        assert_eq!((av(0, true)[v::TCLASS.off], av(0, false)[v::TCLASS.off]), (0x62, 0x60));
+        assert_eq!(av(0, true)[v::STAT_RATE_SL.off], 8 << 4 | 2 << 1);
     }
 }

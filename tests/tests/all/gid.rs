@@ -226,3 +226,27 @@ fn rtr_refuses_an_unprogrammed_source_gid_and_rc_runs_over_a_v2_ipv4_entry() {
     n.hca.destroy_cq(cq, &mut n.d).unwrap();
     n.finish();
 }
+
+/// `ibv_create_ah` on RoCE through the driver (`create_ib_ah`): a v2 source entry gives the address the UDP
+/// source port of its flow label and an ECN-capable traffic class, a v1 entry neither; the rate is mapped for the
+/// device (`mlx5r_ib_rate`) and a RoCE address without a GRH is refused.
+#[test]
+fn address_handles_follow_the_source_gid_type() {
+    use mlx5_core::prm::c::mlx5_av as v;
+    use mlx5_core::qp::{AhAttr, Grh};
+    let mut n = mlx5_sim::testkit::Node::new(mlx5_sim::SimConfig::default(), 4096);
+    let ah = |n: &mut mlx5_sim::testkit::Node, sgid_index: u8| {
+        let grh = Grh { flow_label: 0x12345, traffic_class: 0x60, sgid_index, hop_limit: 64, ..Grh::default() };
+        let attr = AhAttr { static_rate: 3, grh: Some(grh), dmac: n.dev.config().mac, ..AhAttr::default() };
+        *n.hca.create_ah(&attr).expect("create_ah").av()
+    };
+    // Entries 0 and 1 are the link-local GID as RoCE v1 and v2.
+    let (v1, v2) = (ah(&mut n, 0), ah(&mut n, 1));
+    let sport = |a: &[u8]| u16::from_be_bytes([a[v::UDP_SPORT.off], a[v::UDP_SPORT.off + 1]]);
+    assert_eq!((sport(&v1), sport(&v2)), (0xc000, 0xe341));
+    assert_eq!((v1[v::TCLASS.off], v2[v::TCLASS.off]), (0x60, 0x62));
+    // IB_RATE_10_GBPS (3 in the enum) is 8 in the device's encoding.
+    assert_eq!(v2[v::STAT_RATE_SL.off] >> 4, 8, "rate mapped as mlx5r_ib_rate");
+    assert!(n.hca.create_ah(&AhAttr { grh: None, ..AhAttr::default() }).is_err());
+    n.finish();
+}
