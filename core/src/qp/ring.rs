@@ -333,7 +333,9 @@ impl Qp {
     /// Writes one send WQE at the producer counter. Returns (SQ byte offset of its ctrl segment, size in DS).
     fn build_send(&mut self, wr: &SendWr<'_>) -> Result<(usize, usize), PostErrorKind> {
         use PostErrorKind as K;
-        if self.state != QpState::Rts {
+        // IBA 10.8.2: sends may be posted in RTS, SQD and SQE, and in ERR, where the device completes them with a
+        // flush error (as rdma-core's provider, the driver does not refuse them there).
+        if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err) {
             return Err(K::BadState { state: self.state });
         }
         let max_post = self.sizes.cap.max_send_wr;
@@ -518,17 +520,21 @@ impl Qp {
             }
             let idx = self.rq_head.wrapping_add(nreq);
             let base = ((idx & (self.sizes.rq_wqe_cnt - 1)) as usize) << self.sizes.rq_wqe_shift;
-            for (k, s) in wr.sg_list.iter().enumerate() {
+            // A zero-length entry is skipped, as rdma-core's `mlx5_post_recv` skips it: to the device a
+            // byte_count of 0 means 2 GiB.
+            let mut k = 0;
+            for s in wr.sg_list.iter().filter(|s| s.length != 0) {
                 let mut d = [0u8; DATA];
                 c::mlx5_wqe_data_seg::BYTE_COUNT.put_be(&mut d, 0, s.length);
                 c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, s.lkey);
                 put64(&mut d, c::mlx5_wqe_data_seg::ADDR, s.addr);
                 self.rq_put(base + k * DATA, &d);
+                k += 1;
             }
-            if wr.sg_list.len() < max_gs {
+            if k < max_gs {
                 let mut d = [0u8; DATA];
                 c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, consts::MLX5_INVALID_LKEY);
-                self.rq_put(base + wr.sg_list.len() * DATA, &d);
+                self.rq_put(base + k * DATA, &d);
             }
             // SAFETY: the slot is inside the live shadow region and 8-byte aligned; only the driver touches it.
             unsafe { self.rq_wrid_ptr(idx).write(wr.wr_id) };
