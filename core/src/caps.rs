@@ -110,6 +110,10 @@ pub struct GeneralCaps {
     pub device_frequency_khz: u32,
     /// `max_qp_cnt`: how many Q counter sets the function may allocate (0: none, as mlx5_ib then skips them).
     pub max_qp_cnt: u16,
+    /// `cqe_version`: 1 when CQEs carry a user index (QPs then name `MLX5_IB_DEFAULT_UIDX`).
+    pub cqe_version: u8,
+    /// `sq_ts_format`: the send queues' timestamp formats (`MLX5_TIMESTAMP_FORMAT_CAP_*`).
+    pub sq_ts_format: u8,
     /// `log_max_uctx`: user contexts exist (non-zero), so shared objects carry `MLX5_SHARED_RESOURCE_UID`.
     pub log_max_uctx: u8,
 }
@@ -168,6 +172,8 @@ impl GeneralCaps {
             device_frequency_khz: b.get(g::DEVICE_FREQUENCY_KHZ),
             max_qp_cnt: b.get(g::MAX_QP_CNT) as u16,
             log_max_uctx: u8f(g::LOG_MAX_UCTX),
+            cqe_version: u8f(g::CQE_VERSION),
+            sq_ts_format: u8f(g::SQ_TS_FORMAT),
         }
     }
 
@@ -224,9 +230,25 @@ pub struct DeviceCaps {
     pub roce_version: Option<u8>,
     /// `roce_address_table_size`, when the RoCE capabilities were queried.
     pub roce_address_table_size: Option<u16>,
+    /// `roce_cap.qp_ts_format`, when the RoCE capabilities were queried.
+    pub roce_qp_ts_format: Option<u8>,
 }
 
 impl DeviceCaps {
+    /// The `ts_format` of a QP (`mlx5_get_qp_default_ts`): `MLX5_TIMESTAMP_FORMAT_DEFAULT` when the device reports a
+    /// timestamp capability (RoCE's `qp_ts_format` with RoCE, else the general `sq_ts_format`), else free-running.
+    pub fn qp_default_ts(&self) -> u8 {
+        let cap = match self.roce_qp_ts_format {
+            Some(r) if self.general.port_type() != PortType::InfiniBand => r,
+            _ => self.general.sq_ts_format,
+        };
+        if cap != 0 {
+            consts::MLX5_TIMESTAMP_FORMAT_DEFAULT as u8
+        } else {
+            consts::MLX5_TIMESTAMP_FORMAT_FREE_RUNNING as u8
+        }
+    }
+
     /// The `qpc.atomic_mode` of an RC QP with remote atomics (`get_atomic_mode` with `atomic_size_to_mode`): the
     /// largest atomic size of `atomic_size_qp` (8 bytes at least) when the device has the extended operations,
     /// otherwise `MLX5_ATOMIC_MODE_IB_COMP` when it has compare-and-swap and fetch-and-add; `None` without atomics.

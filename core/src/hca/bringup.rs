@@ -333,6 +333,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             let r = self.exec(&mut cur(CapType::Roce), delay)?;
             self.caps.roce_version = Some(r.get(ifc::roce_cap::ROCE_VERSION) as u8);
             self.caps.roce_address_table_size = Some(r.get(ifc::roce_cap::ROCE_ADDRESS_TABLE_SIZE) as u16);
+            self.caps.roce_qp_ts_format = Some(r.get(ifc::roce_cap::QP_TS_FORMAT) as u8);
         }
         // Signatures follow what firmware now says.
         self.cmdq.set_checksum(g.cmdif_checksum != 0);

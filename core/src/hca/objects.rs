@@ -536,6 +536,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 no_sq: false,
                 log_page_size: layout.log_page_size(),
                 dbr_addr: dbrec.iova(),
+                ts_format: self.caps.qp_default_ts(),
+                user_index: (self.caps.general.cqe_version == 1).then_some(consts::MLX5_IB_DEFAULT_UIDX),
             },
             pas: Pas::Source(&list),
         };
@@ -571,6 +573,14 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let from = qp.state;
         check_modify(qp.qp_type(), from, attr, mask).map_err(Error::Modify)?;
         let to = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { from };
+        // RESET to RESET changes nothing: mlx5_ib_modify_qp sends no command for it.
+        if from == QpState::Reset && to == QpState::Reset {
+            return Ok(());
+        }
+        // A RoCE path is routed by GID (mlx5_set_path refuses one without a GRH).
+        if mask.contains(QpAttrMask::AV) && self.link_layer() == LinkLayer::Ethernet && attr.ah_attr.grh.is_none() {
+            return Err(Error::Modify(ModifyError::BadValue { what: "RoCE address without a GRH", value: 0 }));
+        }
         let transition =
             Transition::of(from, to).ok_or(Error::Modify(crate::qp::ModifyError::BadTransition { from, to }))?;
         let stat_rate = if mask.contains(QpAttrMask::AV) {
@@ -601,6 +611,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             log_ack_req_freq: ModifyQp::linux_defaults().1,
             atomic_mode: self.caps.atomic_mode().unwrap_or(0),
             counter_set_id: self.q_counter,
+            qp_port: qp.port,
         };
         // Linux refuses remote atomics the device has no atomic mode for (`set_qpc_atomic_flags`).
         if cmd.remote_access().is_some_and(|a| a.contains(Access::REMOTE_ATOMIC)) && self.caps.atomic_mode().is_none() {
@@ -613,6 +624,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
         if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
             qp.resp_depth = attr.max_dest_rd_atomic;
+        }
+        if mask.contains(QpAttrMask::PORT) {
+            qp.port = attr.port_num.max(1);
         }
         qp.state = to;
         if to == QpState::Reset {

@@ -32,6 +32,11 @@ pub struct QpContext {
     pub log_page_size: u8,
     /// Bus address of the doorbell record.
     pub dbr_addr: u64,
+    /// `ts_format`: the device's default timestamp format when it reports one (`mlx5_get_qp_default_ts`).
+    pub ts_format: u8,
+    /// `user_index`: `MLX5_IB_DEFAULT_UIDX` on a device with `cqe_version` 1 (CQEs then carry it, not a user
+    /// index), `None` on version 0.
+    pub user_index: Option<u32>,
 }
 
 /// `CREATE_QP`; the output is the QP number.
@@ -61,6 +66,13 @@ impl Command for CreateQp<'_> {
             let x = &self.ctx;
             c.set(q::ST, x.qp_type.st());
             c.set(q::PM_STATE, consts::MLX5_QP_PM_MIGRATED);
+            c.set(q::TS_FORMAT, x.ts_format.into());
+            // `_create_kernel_qp`: fast registration enabled and the reserved lkey allowed, for every kernel QP.
+            c.set(q::FRE, 1);
+            c.set(q::RLKY, 1);
+            if let Some(uidx) = x.user_index {
+                c.set(q::USER_INDEX, uidx);
+            }
             c.set(q::PD, x.pd);
             c.set(q::UAR_PAGE, x.uar_page);
             c.set(q::LOG_PAGE_SIZE, x.log_page_size.into());
@@ -225,6 +237,8 @@ pub struct ModifyQp {
     pub atomic_mode: u8,
     /// `qpc.counter_set_id` of RST2INIT: the port's Q counter, when the device has one.
     pub counter_set_id: Option<u8>,
+    /// The QP's port (`qp->port`), where a path goes when this modify names no port.
+    pub qp_port: u8,
 }
 
 /// What `__mlx5_ib_modify_qp` writes to `log_ack_req_freq` (an enum in mlx5_ib's `qp.c`, not in the PRM headers).
@@ -351,6 +365,8 @@ struct PathExtra {
     roce_v2: bool,
     /// The UDP source port, when `mlx5_set_path` sets one.
     udp_sport: Option<u16>,
+    /// `vhca_port_num`.
+    port: u8,
 }
 
 /// Writes the address path (`mlx5_set_path` for the primary path).
@@ -394,7 +410,7 @@ fn set_path<B: MsgBuf + ?Sized>(
         }
     }
     c.set(at(a::STAT_RATE), x.stat_rate.into());
-    c.set(at(a::VHCA_PORT_NUM), ah.port_num.max(1).into());
+    c.set(at(a::VHCA_PORT_NUM), x.port.max(1).into());
 }
 
 /// `log_msg_max` of every UD modify: 4 KiB, one MTU (`__mlx5_ib_modify_qp`).
@@ -500,7 +516,10 @@ impl Command for ModifyQp {
                 let fl = if fl == 0 { calc_flow_label(self.qpn, a.dest_qp_num) } else { fl };
                 flow_label_to_udp_sport(fl)
             });
-            let x = PathExtra { stat_rate: self.stat_rate, roce_v2: self.roce_v2, udp_sport };
+            // The path goes out on the port this modify names, else on the QP's (`__mlx5_ib_modify_qp`), whatever
+            // the address handle says.
+            let port = if m.contains(QpAttrMask::PORT) { a.port_num } else { self.qp_port };
+            let x = PathExtra { stat_rate: self.stat_rate, roce_v2: self.roce_v2, udp_sport, port };
             set_path(&mut c, path, &a.ah_attr, self.link, &x);
         }
         if m.contains(QpAttrMask::PATH_MTU) && self.qp_type != QpType::Ud {

@@ -53,6 +53,8 @@ pub struct Qp {
     /// `trans_qp.resp_depth`): a modify that sets only one of them sends the other as stored.
     pub(crate) access: crate::mkey::Access,
     pub(crate) resp_depth: u8,
+    /// The port the last modify with a port named (`qp->port`): every address path goes out on it.
+    pub(crate) port: u8,
     bf: BfReg,
     sig_all: bool,
     /// The SQ as one region when it lies inside one fragment of `buf` (the usual case): a WQE segment's address
@@ -115,6 +117,7 @@ impl Qp {
             pd: 0,
             access: crate::mkey::Access(0),
             resp_depth: 0,
+            port: 1,
             bf,
             sig_all,
             sq_flat,

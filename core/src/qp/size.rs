@@ -113,7 +113,8 @@ pub fn qp_sizes(
     if rq_wqe_size as u32 > max_wqe_sz_rq {
         return Err(SizeError::RecvWqeTooBig { bytes: rq_wqe_size as u32, max: max_wqe_sz_rq });
     }
-    let rq_wqe_cnt = cap.max_recv_wr.max(1).next_power_of_two();
+    // The queue is at least one send WQE basic block long (`set_rq_size`, rdma-core `mlx5_calc_rq_size`).
+    let rq_wqe_cnt = cap.max_recv_wr.max(1).next_power_of_two().max((BB / rq_wqe_size) as u32);
     if rq_wqe_cnt > max_wqes {
         return Err(SizeError::TooManyWqes { wqes: rq_wqe_cnt, max: max_wqes });
     }
@@ -159,6 +160,16 @@ mod tests {
         assert_eq!((s.rq_wqe_cnt, s.rq_wqe_shift), (128, 6));
         assert_eq!(s.rq_bytes(), 128 << 6);
         assert_eq!(s.cap, cap(128, 128, 1, 4, (BB - CTRL - RADDR - ATOMIC - INL_HDR) as u32));
+    }
+
+    #[test]
+    fn a_receive_queue_is_at_least_one_basic_block() {
+        // One 16-byte WQE would be a 16-byte queue: Linux and rdma-core make it 64 bytes, so four WQEs.
+        let s = qp_sizes(QpType::Rc, &cap(1, 1, 1, 1, 0), 512, 512, 16).unwrap();
+        assert_eq!((s.rq_wqe_cnt, s.rq_wqe_shift, s.cap.max_recv_wr), (4, 4, 4));
+        // Two 32-byte WQEs already fill it.
+        let s = qp_sizes(QpType::Rc, &cap(1, 2, 1, 2, 0), 512, 512, 16).unwrap();
+        assert_eq!((s.rq_wqe_cnt, s.rq_wqe_shift), (2, 5));
     }
 
     #[test]

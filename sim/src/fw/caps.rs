@@ -293,6 +293,13 @@ impl Caps {
         ops & extended != 0 && sizes != 0 && (consts::MLX5_ATOMIC_MODE_8B..=31 - sizes.leading_zeros()).contains(&mode)
     }
 
+    /// A current RoCE capability (0 when the device has none).
+    pub(crate) fn roce(&self, f: Field) -> u32 {
+        self.query(consts::MLX5_CAP_ROCE, true)
+            .map(|img| MsgBuf::get(img, f.at(ifc::hca_cap_union::ROCE_CAP)))
+            .unwrap_or(0)
+    }
+
     /// Overwrites a current general capability, bypassing the SET_HCA_CAP rules (tests of capability checks).
     #[cfg(test)]
     pub(crate) fn force_gen(&mut self, f: Field, v: u32) {

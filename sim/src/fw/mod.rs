@@ -185,6 +185,9 @@ pub mod syndrome {
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: remote atomics enabled (`rae`) with an `atomic_mode` the device does not
     /// report (0, or a mode above the caps' `atomic_size_qp`), as `set_qpc_atomic_flags` never sends.
     pub const QP_ATOMIC_MODE: u32 = 0x51a0_00ad;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with a `ts_format` the device's timestamp capability does not
+    /// include (free-running on a real-time-only device, real-time on a free-running one, or an undefined value).
+    pub const QP_TS_FORMAT: u32 = 0x51a0_00ae;
     /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
     pub const HEALTH_EXT_SYND: u16 = 0x51a0;
 }

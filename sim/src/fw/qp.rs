@@ -569,6 +569,46 @@ pub(crate) struct QpFw<'a> {
     pub(crate) q_counter_valid: &'a dyn Fn(u8) -> bool,
 }
 
+/// Whether a QP may use timestamp format `fmt` on a device whose capability is `cap`
+/// (`MLX5_TIMESTAMP_FORMAT_CAP_*`): the default always, free-running and real-time only where supported.
+fn ts_format_ok(cap: u32, fmt: u32) -> bool {
+    use consts as k;
+    match fmt {
+        k::MLX5_TIMESTAMP_FORMAT_DEFAULT => true,
+        k::MLX5_TIMESTAMP_FORMAT_FREE_RUNNING => cap != k::MLX5_TIMESTAMP_FORMAT_CAP_REAL_TIME,
+        k::MLX5_TIMESTAMP_FORMAT_REAL_TIME => cap != k::MLX5_TIMESTAMP_FORMAT_CAP_FREE_RUNNING,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn timestamp_formats_follow_the_capability() {
+    use consts as k;
+    let (fr, rt, both) = (
+        k::MLX5_TIMESTAMP_FORMAT_CAP_FREE_RUNNING,
+        k::MLX5_TIMESTAMP_FORMAT_CAP_REAL_TIME,
+        k::MLX5_TIMESTAMP_FORMAT_CAP_FREE_RUNNING_AND_REAL_TIME,
+    );
+    let (f_fr, f_def, f_rt) =
+        (k::MLX5_TIMESTAMP_FORMAT_FREE_RUNNING, k::MLX5_TIMESTAMP_FORMAT_DEFAULT, k::MLX5_TIMESTAMP_FORMAT_REAL_TIME);
+    let table: Vec<[bool; 3]> =
+        [fr, rt, both].iter().map(|&c| [f_fr, f_def, f_rt].map(|f| ts_format_ok(c, f))).collect();
+    assert_eq!(table, [[true, true, false], [false, true, true], [true, true, true]]);
+    assert!(!ts_format_ok(both, 3));
+}
+
+impl QpFw<'_> {
+    /// The QP timestamp formats the device has: RoCE's `qp_ts_format` on an Ethernet port, the general
+    /// `sq_ts_format` on InfiniBand (what `mlx5_get_qp_default_ts` reads).
+    fn ts_format_cap(&self) -> u32 {
+        match self.port_type {
+            PortType::Eth => self.caps.roce(ifc::roce_cap::QP_TS_FORMAT),
+            PortType::Ib => self.caps.gen(ifc::cmd_hca_cap::SQ_TS_FORMAT),
+        }
+    }
+}
+
 impl QpTable {
     pub(crate) fn create(&mut self, fw: &QpFw, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::create_qp_in as i;
@@ -591,6 +631,9 @@ impl QpTable {
         }
         if get(q::PM_STATE) != consts::MLX5_QP_PM_MIGRATED {
             return Err(bad_param(syndrome::QP_PM_STATE));
+        }
+        if !ts_format_ok(fw.ts_format_cap(), get(q::TS_FORMAT)) {
+            return Err(bad_param(syndrome::QP_TS_FORMAT));
         }
         let pd = get(q::PD);
         if !fw.pds.contains(&pd) {
@@ -1054,6 +1097,12 @@ mod tests {
                 Box::new(|i| i.set(ifc::create_qp_in::INPUT_QPN, 0x200)),
                 consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
                 syndrome::QP_FEATURE,
+            ),
+            // The device's RoCE timestamps are free-running only (qp_ts_format 0): real-time is refused.
+            (
+                Box::new(|i| i.set(ifc::qpc::TS_FORMAT.at(CTX), consts::MLX5_TIMESTAMP_FORMAT_REAL_TIME)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::QP_TS_FORMAT,
             ),
             (Box::new(|i| i.truncate(i.len() - 8)), consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::PAS_TOO_FEW),
             (

@@ -312,6 +312,7 @@ fn init2rtr_matches_byte_for_byte() {
         log_ack_req_freq: 0,
         atomic_mode: 0,
         counter_set_id: None,
+        qp_port: 1,
     };
     assert_eq!(hex(&encode(&cmd)), hex(&golden("init2rtr_qp_in_ib")));
 }

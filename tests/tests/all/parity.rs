@@ -44,7 +44,6 @@ enum At {
 
 /// What the row expects: Linux's value, or a deliberate difference.
 #[derive(Clone, Copy)]
-#[allow(dead_code)] // Used again once a row differs deliberately; see the CREATE_QP rows.
 enum Expect {
     Linux(u64),
     Differs { ours: u64, linux: &'static str, why: &'static str },
@@ -97,6 +96,7 @@ fn check(cmds: &[Sent], op: Opcode, rows: &[Row]) {
         Opcode::Init2rtrQp => ifc::init2rtr_qp_in::QPC,
         Opcode::Rtr2rtsQp => ifc::rtr2rts_qp_in::QPC,
         Opcode::Rts2rtsQp => ifc::rts2rts_qp_in::QPC,
+        Opcode::CreateQp => ifc::create_qp_in::QPC,
         _ => panic!("{op:?} has no qpc"),
     };
     let path = ifc::qpc::PRIMARY_ADDRESS_PATH.at(qpc);
@@ -424,4 +424,72 @@ fn a_roce_v1_source_gid_has_no_udp_source_port() {
             row(call, "ads.tclass", At::Path(ifc::ads::TCLASS), 0x68, "mlx5_set_path"),
         ],
     );
+}
+
+/// CREATE_QP of an RC and a UD QP against `create_kernel_qp` / `_create_kernel_qp` (the driver owns its queues as
+/// a kernel consumer does).
+#[test]
+fn create_qp_matches_linux() {
+    let mut s = setup(SimConfig::default());
+    let (pd, cq, a, _b) = rc_qps(&mut s);
+    let caps = s.hca.caps().general;
+    assert_eq!(caps.cqe_version, 1, "the simulated device reports CQE version 1, as CX-4 and later do");
+    let create = |call: &'static str, st: u32, dbr: u64| {
+        let mut rows = vec![
+            row(call, "qpc.st", At::Qpc(ifc::qpc::ST), st.into(), "create_kernel_qp (to_mlx5_st)"),
+            row(call, "qpc.pm_state", At::Qpc(ifc::qpc::PM_STATE), 3, "create_kernel_qp (MLX5_QP_PM_MIGRATED)"),
+            row(call, "qpc.pd", At::Qpc(ifc::qpc::PD), pd.pdn().into(), "create_kernel_qp"),
+            row(call, "qpc.cqn_snd", At::Qpc(ifc::qpc::CQN_SND), cq.cqn().into(), "create_kernel_qp"),
+            row(call, "qpc.cqn_rcv", At::Qpc(ifc::qpc::CQN_RCV), cq.cqn().into(), "create_kernel_qp"),
+            row(call, "qpc.dbr_addr", At::Qpc(ifc::qpc::DBR_ADDR), dbr, "create_kernel_qp"),
+            row(call, "qpc.rq_type", At::Qpc(ifc::qpc::RQ_TYPE), 0, "get_rx_type (MLX5_NON_ZERO_RQ: the QP has an RQ)"),
+            row(call, "qpc.ts_format", At::Qpc(ifc::qpc::TS_FORMAT), 0, "mlx5_get_qp_default_ts (no RT capability)"),
+            row(call, "qpc.fre", At::Qpc(ifc::qpc::FRE), 1, "_create_kernel_qp (every kernel QP)"),
+            row(call, "qpc.rlky", At::Qpc(ifc::qpc::RLKY), 1, "_create_kernel_qp"),
+            row(call, "qpc.user_index", At::Qpc(ifc::qpc::USER_INDEX), 0xff_ffff, "create_kernel_qp (cqe_version 1)"),
+        ];
+        for (field, f) in [("qpc.xrcd", ifc::qpc::XRCD), ("qpc.srqn_rmpn_xrqn", ifc::qpc::SRQN_RMPN_XRQN)] {
+            rows.push(Row {
+                call,
+                field,
+                at: At::Qpc(f),
+                expect: Expect::Differs {
+                    ours: 0,
+                    linux: "the device resources' xrcdn1 and dummy SRQ s1 (created on the first QP)",
+                    why: "firmware ignores them for a QP with its own RQ; mlx5_core's own kernel QPs \
+                          (dr_send.c, fpga/conn.c, vfio/pci/mlx5/cmd.c) leave them 0 too",
+                },
+                kernel: "create_kernel_qp",
+            });
+        }
+        rows
+    };
+    let cmds = s.rec.0.borrow().clone();
+    let rc_rows = create("ibv_create_qp(RC, 8/8 WRs, 1/1 SGE)", consts::MLX5_QP_ST_RC, a.dbrec().iova());
+    // The first CREATE_QP is `a`'s.
+    let first = cmds.iter().position(|(op, _)| *op == Opcode::CreateQp).unwrap();
+    check(&cmds[..=first], Opcode::CreateQp, &rc_rows);
+    let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let init = QpInitAttr { qp_type: QpType::Ud, cap, sq_sig_all: false };
+    let ud = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
+    let ud_rows = create("ibv_create_qp(UD, 4/4 WRs, 1/1 SGE)", consts::MLX5_QP_ST_UD, ud.dbrec().iova());
+    check(&s.rec.0.borrow(), Opcode::CreateQp, &ud_rows);
+}
+
+/// `mlx5_ib_modify_qp` sends nothing for RESET to RESET, and refuses a RoCE address without a GRH before any
+/// command (`mlx5_set_path`).
+#[test]
+fn reset_to_reset_sends_nothing_and_roce_paths_need_a_grh() {
+    let mut s = setup(SimConfig::default());
+    let (_pd, _cq, mut a, b) = rc_qps(&mut s);
+    let before = s.rec.0.borrow().len();
+    s.hca.modify_qp(&mut a, &QpAttr { qp_state: QpState::Reset, ..QpAttr::default() }, M::STATE, &mut s.d).unwrap();
+    assert_eq!(s.rec.0.borrow().len(), before, "no 2RST_QP for a QP already in RESET");
+    let init = QpAttr { qp_state: QpState::Init, port_num: 1, ..QpAttr::default() };
+    s.hca.modify_qp(&mut a, &init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, &mut s.d).unwrap();
+    let rtr = QpAttr { qp_state: QpState::Rtr, path_mtu: Mtu::M1024, dest_qp_num: b.qpn(), ..QpAttr::default() };
+    let m = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+    let sent = s.rec.0.borrow().len();
+    assert!(s.hca.modify_qp(&mut a, &rtr, m, &mut s.d).is_err());
+    assert_eq!(s.rec.0.borrow().len(), sent, "refused before INIT2RTR_QP is sent");
 }
