@@ -511,6 +511,19 @@ impl SimDevice {
         lock(&self.shared).post_eqe(event_type, sub_type, &data)
     }
 
+    /// The port's link goes down (`false`) or comes up (`true`), as a cable pulled or plugged: the port state the
+    /// queries report follows and firmware posts a PORT_CHANGE event (sub-type DOWN or ACTIVE). Returns the EQ
+    /// the event went to; `None` when the state did not change, no EQ subscribes, or the firmware is dead.
+    pub fn set_port_up(&self, up: bool) -> Option<u8> {
+        lock(&self.shared).set_port_up(up)
+    }
+
+    /// Firmware reports a port change of `sub_type` (`MLX5_PORT_CHANGE_SUBTYPE_LID`, `_PKEY`, `_GUID`,
+    /// `_CLIENT_REREG`, ...) on port 1, as a subnet manager's change makes it do. Returns the EQ it went to.
+    pub fn port_change(&self, sub_type: u8) -> Option<u8> {
+        lock(&self.shared).port_change(sub_type)
+    }
+
     /// Firmware asks for `num_pages` now (positive: its need grows; negative: that many pages become returnable
     /// to the next MANAGE_PAGES(take)). Posted at once if an EQ subscribes to page requests, else held.
     pub fn request_pages(&self, num_pages: i32) {

@@ -133,6 +133,40 @@ pub(crate) struct EqFw<'a> {
     pub(crate) in_use: &'a dyn Fn(u32) -> bool,
 }
 
+/// The event types this device can report, one bit each (bit `n` of word 0 = type `n`): completions, commands,
+/// page requests, internal errors, the affiliated and port events of `MLX5_ASYNC_EVENT_MASK`, and the types each
+/// capability adds (the ones `gather_async_events_mask` checks in Linux `eq.c`). CREATE_EQ refuses any other bit.
+pub(crate) fn supported_events(caps: &Caps) -> [u64; 4] {
+    use ifc::cmd_hca_cap as g;
+    let mut m = u64::from(consts::MLX5_ASYNC_EVENT_MASK);
+    for t in [
+        consts::MLX5_EVENT_TYPE_COMP,
+        consts::MLX5_EVENT_TYPE_CMD,
+        consts::MLX5_EVENT_TYPE_PAGE_REQUEST,
+        consts::MLX5_EVENT_TYPE_INTERNAL_ERROR,
+    ] {
+        m |= 1 << t;
+    }
+    let on = |f| caps.gen(f) != 0;
+    let eth = caps.gen(g::PORT_TYPE) == u32::from(consts::MLX5_CAP_PORT_TYPE_ETH);
+    for (yes, t) in [
+        (on(g::VPORT_GROUP_MANAGER) && eth, consts::MLX5_EVENT_TYPE_NIC_VPORT_CHANGE),
+        (on(g::GENERAL_NOTIFICATION_EVENT), consts::MLX5_EVENT_TYPE_GENERAL_EVENT),
+        (on(g::PORT_MODULE_EVENT), consts::MLX5_EVENT_TYPE_PORT_MODULE_EVENT),
+        (on(g::FPGA), consts::MLX5_EVENT_TYPE_FPGA_ERROR),
+        (on(g::FPGA), consts::MLX5_EVENT_TYPE_FPGA_QP_ERROR),
+        (caps.gen_max(g::DCT) != 0, consts::MLX5_EVENT_TYPE_DCT_DRAINED),
+        (on(g::TEMP_WARN_EVENT), consts::MLX5_EVENT_TYPE_TEMP_WARN_EVENT),
+        (on(g::MAX_NUM_OF_MONITOR_COUNTERS), consts::MLX5_EVENT_TYPE_MONITOR_COUNTER),
+        (caps.gen_max(g::VHCA_STATE) != 0, consts::MLX5_EVENT_TYPE_VHCA_STATE_CHANGE),
+    ] {
+        if yes {
+            m |= 1 << t;
+        }
+    }
+    [m, 0, 0, 0]
+}
+
 impl EqTable {
     /// The lowest-numbered EQ subscribed to `event_type`.
     pub(crate) fn subscriber(&self, event_type: u8) -> Option<u32> {
@@ -176,6 +210,11 @@ impl EqTable {
         let mut bitmask = [0u64; 4];
         for (k, w) in bitmask.iter_mut().enumerate() {
             *w = inp.get64(i::EVENT_BITMASK.elem(k as u32));
+        }
+        // Firmware refuses a subscription to an event it cannot report, as it refuses any bad field.
+        let supported = supported_events(fw.caps);
+        if bitmask.iter().zip(supported).any(|(&w, s)| w & !s != 0) {
+            return Err(bad_param(syndrome::EQ_EVENT_TYPE));
         }
         let max = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ).min(8);
         if self.map.len() as u32 >= max {
