@@ -379,8 +379,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     }
 
     /// The completion EQ of `vector` (`mlx5_comp_eqn_get` / `create_comp_eq`): no event mask, CQs name it in
-    /// `c_eqn`; created on first use, interrupting on MSI-X vector `vector + 1` (`MLX5_IRQ_VEC_COMP_BASE`, after
-    /// the control vector).
+    /// `c_eqn`; created on first use. It interrupts after the control vector (`MLX5_IRQ_VEC_COMP_BASE`, as
+    /// `mlx5_irq_request_vector` offsets it) when the host has more than one vector, else on the shared vector 0.
     pub(crate) fn comp_eqn(&mut self, vector: u16, delay: &mut impl DelayNs) -> Result<u8, Error> {
         let v = usize::from(vector);
         if vector >= self.ctx.eqs.num_comp || v >= MAX_COMP_VECTORS {
@@ -393,7 +393,11 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         if let Some(r) = &self.ctx.eqs.comp[v] {
             return Ok(r.eqn());
         }
-        let ring = self.create_eq_ring(self.ctx.cfg.comp_eq_nent, [0; 4], vector + 1, delay)?;
+        let intr = match self.ctx.cfg.num_irqs {
+            0 | 1 => 0,
+            n => 1 + vector % (n - 1),
+        };
+        let ring = self.create_eq_ring(self.ctx.cfg.comp_eq_nent, [0; 4], intr, delay)?;
         let eqn = ring.eqn();
         self.ctx.eqs.comp[v] = Some(ring);
         Ok(eqn)

@@ -74,6 +74,10 @@ pub struct Config {
     /// `min(this, EQs the device allows less the three async ones, MAX_COMP_VECTORS)`, at least 1; a VFIO host
     /// also caps it by its MSI-X vectors before passing it here.
     pub num_comp_vectors: u16,
+    /// Interrupt vectors (MSI-X) the host enabled for this function. With one, every EQ interrupts on vector 0
+    /// (as Linux shares its single vector); with more, the control EQs use vector 0 and completion vector `v`
+    /// uses `1 + v % (num_irqs - 1)` (`MLX5_IRQ_VEC_COMP_BASE`).
+    pub num_irqs: u16,
     /// Written with SET_DRIVER_VERSION when firmware supports it.
     pub driver_version: &'static str,
     /// `log_max_qp` to set; `None` means Linux's default profile (`min(18, max)`).
@@ -100,6 +104,7 @@ impl Default for Config {
             async_eq_nent: consts::MLX5_NUM_ASYNC_EQE,
             comp_eq_nent: consts::MLX5_COMP_EQ_SIZE,
             num_comp_vectors: 1,
+            num_irqs: 1,
             driver_version: concat!("Rust,mlx5-core,", env!("CARGO_PKG_VERSION")),
             log_max_qp: None,
             cache_line_128: false,
