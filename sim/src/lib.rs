@@ -682,6 +682,7 @@ mod tests {
         let sev = hb[c::health_buffer::RFR_SEVERITY.off];
         assert_ne!(sev & consts::MLX5_SEVERITY_VALID_MASK, 0);
         assert_eq!(sev & consts::MLX5_SEVERITY_MASK, 2);
+        assert_eq!(sev >> consts::MLX5_RFR_BIT_OFFSET, 1, "firmware asks for the recovery flow");
         // The heartbeat is frozen.
         let beat = h.mmio.read32(HEALTH_COUNTER);
         h.dev.advance_ns(50_000_000);

@@ -7,7 +7,9 @@ use core::cell::Cell;
 use crate::caps::{DeviceCaps, GeneralCaps};
 use crate::cmdq::{iseg_timeout_ms, CmdError, CmdQueue};
 use crate::dbr::DbrPool;
-use crate::eq::{async_event_mask, destroy_eq, event_bitmask, log_eq_size, AsyncEventCaps, CreateEq, EqContext, EqRing};
+use crate::eq::{
+    async_event_mask, destroy_eq, event_bitmask, log_eq_size, AsyncEventCaps, CreateEq, EqContext, EqRing,
+};
 use crate::hal::{DelayNs, Dma, DmaRegion, Mmio};
 use crate::health::{Health, HealthFailure};
 use crate::init::{
@@ -24,7 +26,7 @@ use super::events::{AsyncEvents, CqEvents};
 use super::wait::{Clock, GiveError, Watch};
 use super::{
     Config, Ctx, EqTable, EventCounts, Hca, HcaState, PageStats, TeardownReport, ATOMIC_REQ_MODE_HOST_ENDIANNESS,
-    MAX_ASYNC_EQS, MAX_COMP_VECTORS, FW_INIT_TIMEOUT_MS, FW_PRE_INIT_WAIT_MS, PROFILE_LOG_MAX_QP,
+    FW_INIT_TIMEOUT_MS, FW_PRE_INIT_WAIT_MS, MAX_ASYNC_EQS, MAX_COMP_VECTORS, PROFILE_LOG_MAX_QP,
 };
 
 /// Waits for `initializing` (bit 31 at 0x1fc) to clear (`wait_fw_init`). All-ones reads mean the device is gone.
@@ -367,7 +369,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     /// thread and drains every EQ while it does, so switching to command events would only move where the
     /// completion is noticed; the command EQ's events are drained and counted.
     fn create_async_eqs(&mut self, delay: &mut impl DelayNs) -> Result<(), Error> {
-        let cmd = self.create_eq_ring(consts::MLX5_NUM_CMD_EQE, event_bitmask(&[crate::prm::EventType::Cmd]), 0, delay)?;
+        let cmd =
+            self.create_eq_ring(consts::MLX5_NUM_CMD_EQE, event_bitmask(&[crate::prm::EventType::Cmd]), 0, delay)?;
         self.ctx.eqs.cmd = Some(cmd);
         let ring = self.create_eq_ring(self.ctx.cfg.async_eq_nent, self.ctx.async_mask, 0, delay)?;
         self.ctx.eqs.async_eq = Some(ring);

@@ -148,7 +148,7 @@ pub(crate) fn supported_events(caps: &Caps) -> [u64; 4] {
         m |= 1 << t;
     }
     let on = |f| caps.gen(f) != 0;
-    let eth = caps.gen(g::PORT_TYPE) == u32::from(consts::MLX5_CAP_PORT_TYPE_ETH);
+    let eth = caps.gen(g::PORT_TYPE) == consts::MLX5_CAP_PORT_TYPE_ETH;
     for (yes, t) in [
         (on(g::VPORT_GROUP_MANAGER) && eth, consts::MLX5_EVENT_TYPE_NIC_VPORT_CHANGE),
         (on(g::GENERAL_NOTIFICATION_EVENT), consts::MLX5_EVENT_TYPE_GENERAL_EVENT),

@@ -103,7 +103,8 @@ fn cq_sizes_from_one_to_the_cap_limit_with_both_cqe_sizes() {
         }
         // Beyond the limit: refused before any command is sent.
         let sent = dev.executed().len();
-        let e = hca.create_cq(CqAttr { cqe: 4096, cqe_size, overrun_ignore: false, comp_vector: 0 }, &mut d).unwrap_err();
+        let e =
+            hca.create_cq(CqAttr { cqe: 4096, cqe_size, overrun_ignore: false, comp_vector: 0 }, &mut d).unwrap_err();
         assert_eq!(e, Error::BadSize { what: "CQ entries", requested: 4096, max: 4095 });
         assert!(matches!(hca.create_cq(CqAttr { cqe: 0, ..CqAttr::default() }, &mut d), Err(Error::BadSize { .. })));
         assert_eq!(dev.executed().len(), sent);

@@ -47,7 +47,7 @@ fn bring_up_creates_the_command_async_and_pages_eqs_with_linux_sizes_and_masks()
     let cur = hca.exec(&mut QueryHcaCap { cap: CapType::General, mode: CapMode::Current }, &mut d).unwrap();
     use ifc::cmd_hca_cap as g;
     let on = |f| cur.get(f) != 0;
-    let eth = cur.get(g::PORT_TYPE) == u32::from(consts::MLX5_CAP_PORT_TYPE_ETH);
+    let eth = cur.get(g::PORT_TYPE) == consts::MLX5_CAP_PORT_TYPE_ETH;
     let mut want = 0u64;
     for t in 0..64u8 {
         let subscribed = match t {
@@ -142,7 +142,12 @@ fn a_cq_on_vector_1_raises_its_completion_event_on_the_eq_of_vector_1() {
     assert!(matches!(e, Error::BadSize { what: "completion vector", requested: 2, max: 1 }), "{e:?}");
 
     hca.req_notify_cq(&cq1, Notify::NextComp).unwrap();
-    let cqe = CqeFields { opcode: consts::MLX5_CQE_REQ, wqe_opcode: consts::MLX5_OPCODE_SEND, qpn: 0x42, ..CqeFields::default() };
+    let cqe = CqeFields {
+        opcode: consts::MLX5_CQE_REQ,
+        wqe_opcode: consts::MLX5_OPCODE_SEND,
+        qpn: 0x42,
+        ..CqeFields::default()
+    };
     let before = dev.events().len();
     dev.post_cqe(cq1.cqn(), cqe.emit().0).unwrap();
     let fired: Vec<SimEvent> =
