@@ -1,10 +1,12 @@
 //! HCA bring-up and teardown in Linux's order, firmware page requests, the async EQ and health (Linux `main.c`
 //! `mlx5_function_enable` / `mlx5_function_open` / `mlx5_load`, `pagealloc.c`, `eq.c`, `health.c`).
 //!
-//! [`Hca::bring_up`] takes a function from reset to a usable HCA with one async EQ; [`Hca::teardown`] undoes it
-//! and returns every firmware page and every DMA allocation. While a command waits, the waiting loop drains the EQ
-//! and answers page requests on the reserved last command slot (a physical function's slot-0 command cannot
-//! finish until its page request is served), and polls health every [`HEALTH_POLL_INTERVAL_MS`] of waiting.
+//! [`Hca::bring_up`] takes a function from reset to a usable HCA with Linux's EQs (command, async and pages EQ;
+//! a completion EQ per vector on first use); [`Hca::teardown`] undoes it and returns every firmware page and every
+//! DMA allocation. While a command waits, the waiting loop drains the EQs and answers page requests on the
+//! reserved last command slot (a physical function's slot-0 command cannot finish until its page request is
+//! served), and polls health every [`HEALTH_POLL_INTERVAL_MS`] of waiting; [`Hca::health_tick`] polls it on the
+//! caller's clock, independent of commands.
 //!
 //! A health failure (stalled heartbeat, health syndrome, all-ones reads) moves the HCA to the internal-error
 //! state: new commands fail at once with [`Error::InternalError`], destroy-type commands are treated as done
