@@ -394,7 +394,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     /// sensor or health syndrome, or a heartbeat that stayed the same for `MAX_MISSES` (3) polls, moves the HCA
     /// to internal error, queues [`AsyncEvent::DeviceFatal`](super::AsyncEvent::DeviceFatal) once, makes every
     /// post fail with `PostErrorKind::DeviceError` and lets [`Hca::poll_cq`] complete the outstanding work
-    /// requests with `WR_FLUSH_ERR`.
+    /// requests with `WR_FLUSH_ERR`. Only a tick that polls reports a failure; [`Hca::state`] says it at any time.
+    /// The heartbeat's miss count is shared with the polls made while commands wait.
     #[inline]
     pub fn health_tick(&mut self, now_ms: u64) -> Result<(), Error> {
         if now_ms.wrapping_sub(self.ctx.watch.tick_ms) < self.ctx.watch.tick_interval_ms {
