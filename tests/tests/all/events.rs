@@ -170,6 +170,28 @@ fn a_cq_on_vector_1_raises_its_completion_event_on_the_eq_of_vector_1() {
 }
 
 #[test]
+fn completion_eqs_interrupt_after_the_control_vector_when_the_host_has_more_than_one() {
+    for (num_irqs, want) in [(1u16, [0u16, 0, 0]), (3, [1, 2, 1])] {
+        let dev = SimDevice::default();
+        let mut hca = up_with(&dev, Config { num_comp_vectors: 3, num_irqs, ..Config::default() });
+        let mut d = dev.delay();
+        for eqn in [hca.cmd_eqn().unwrap(), hca.eqn().unwrap(), hca.pages_eqn().unwrap()] {
+            assert_eq!(dev.eq_info(eqn).unwrap().intr, 0, "control EQs share vector 0");
+        }
+        let mut cqs = Vec::new();
+        for v in 0..3u16 {
+            cqs.push(hca.create_cq(CqAttr { cqe: 1, comp_vector: v, ..CqAttr::default() }, &mut d).unwrap());
+        }
+        let got: Vec<u16> = (0..3).map(|v| dev.eq_info(hca.comp_eqn_of(v).unwrap()).unwrap().intr).collect();
+        assert_eq!(got, want, "{num_irqs} vectors");
+        for cq in cqs {
+            hca.destroy_cq(cq, &mut d).unwrap();
+        }
+        hca.teardown(&mut d).unwrap();
+    }
+}
+
+#[test]
 fn completion_vectors_are_capped_by_the_eqs_the_device_allows() {
     let dev = SimDevice::default();
     let mut hca = up_with(&dev, Config { num_comp_vectors: 100, ..Config::default() });
