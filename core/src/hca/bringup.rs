@@ -90,7 +90,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                     tick_ms: 0,
                     tick_interval_ms: u64::from(cfg.health_poll_interval_ms),
                 },
-                async_mask: [0; 4],
+                event_caps: AsyncEventCaps::default(),
                 page_request_disable: false,
                 eqs: EqTable::new(),
                 cqs: CqEvents::new(),
@@ -270,7 +270,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         self.exec(&mut SetHcaCap { cap: CapType::General, block: &set }, delay)?;
         self.caps.general = GeneralCaps::parse(&set);
         // `gather_async_events_mask` reads these two from the maximum capabilities.
-        self.ctx.async_mask[1] = u64::from(maxg.dct) | u64::from(max_of(g::VHCA_STATE) != 0) << 1;
+        self.ctx.event_caps.dct_max = maxg.dct;
+        self.ctx.event_caps.vhca_state_max = max_of(g::VHCA_STATE) != 0;
 
         // `handle_hca_cap_atomic`: the current general caps (as queried before the set) decide.
         if cur.atomic {
@@ -315,19 +316,17 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         {
             use ifc::cmd_hca_cap as f;
             let on = |fl| gen.get(fl) != 0;
-            let maxes = self.ctx.async_mask[1];
             let eth = g.port_type() == crate::caps::PortType::Ethernet;
-            self.ctx.async_mask = async_event_mask(&AsyncEventCaps {
+            self.ctx.event_caps = AsyncEventCaps {
                 // `MLX5_VPORT_MANAGER`: the physical function of an Ethernet port that manages the vport group.
                 vport_manager: on(f::VPORT_GROUP_MANAGER) && eth && self.ctx.cfg.function_id == 0,
                 general_notification_event: on(f::GENERAL_NOTIFICATION_EVENT),
                 port_module_event: on(f::PORT_MODULE_EVENT),
                 fpga: on(f::FPGA),
-                dct_max: maxes & 1 != 0,
                 temp_warn_event: on(f::TEMP_WARN_EVENT),
                 monitor_counters: on(f::MAX_NUM_OF_MONITOR_COUNTERS),
-                vhca_state_max: maxes & 2 != 0,
-            });
+                ..self.ctx.event_caps
+            };
             // `get_num_eqs`: the EQs the device allows (`max_num_eqs`, else `1 << log_max_eq`) less the async ones.
             let max_eqs = match gen.get(f::MAX_NUM_EQS) {
                 0 => 1u32 << g.log_max_eq.min(31),
@@ -372,7 +371,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let cmd =
             self.create_eq_ring(consts::MLX5_NUM_CMD_EQE, event_bitmask(&[crate::prm::EventType::Cmd]), 0, delay)?;
         self.ctx.eqs.cmd = Some(cmd);
-        let ring = self.create_eq_ring(self.ctx.cfg.async_eq_nent, self.ctx.async_mask, 0, delay)?;
+        let mask = async_event_mask(&self.ctx.event_caps);
+        let ring = self.create_eq_ring(self.ctx.cfg.async_eq_nent, mask, 0, delay)?;
         self.ctx.eqs.async_eq = Some(ring);
         if !self.ctx.page_request_disable {
             let pages = self.create_eq_ring(1, event_bitmask(&[crate::prm::EventType::PageRequest]), 0, delay)?;

@@ -230,8 +230,8 @@ pub(crate) struct Ctx<const P: usize, const NCQ: usize> {
     cfg: Config,
     pages: FwPages<P>,
     watch: Watch,
-    /// The async EQ's event mask, gathered from the capabilities (`gather_async_events_mask`).
-    async_mask: [u64; 4],
+    /// The capabilities the async EQ's event mask is gathered from (`gather_async_events_mask`).
+    event_caps: crate::eq::AsyncEventCaps,
     /// The device sends no page requests (`page_request_disable`): no pages EQ.
     page_request_disable: bool,
     pub(crate) eqs: EqTable,
@@ -329,7 +329,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
 
     /// The event mask the async EQ was created with.
     pub fn async_event_mask(&self) -> [u64; 4] {
-        self.ctx.async_mask
+        crate::eq::async_event_mask(&self.ctx.event_caps)
     }
 
     /// Completion vectors a CQ may name in [`CqAttr::comp_vector`] (`ibv_context.num_comp_vectors`).
