@@ -50,9 +50,9 @@
 //!   [`Fault::PageRequest`], [`Fault::NeedPages`] and [`SimDevice::request_pages`]. A request made while no EQ
 //!   subscribes to page requests is held; when one appears firmware posts one request for the balance then due
 //!   (what QUERY_PAGES(regular) reports);
-//! * PORT_CHANGE (port 1, sub-type DOWN or ACTIVE) when the link goes down or comes up
-//!   ([`SimDevice::set_port_up`]; the port state the queries report follows), and any other sub-type on request
-//!   ([`SimDevice::port_change`]);
+//! * PORT_CHANGE (port 1, sub-type DOWN or ACTIVE) when the link goes down or comes up: a TCP link's far end
+//!   going away or plugging in, or [`SimDevice::set_port_up`] (the port state the queries report follows); any
+//!   other sub-type on request ([`SimDevice::port_change`]);
 //! * COMM_EST (`data.qp_srq`: queue type QP, the QP number) when an RC QP in RTR receives its first packet, once
 //!   per entry into RTR; `WQ_CATAS_ERROR` from [`SimDevice::fail_qp`]. The device models neither alternate paths
 //!   nor the SQD state, so it never posts PATH_MIG, PATH_MIG_FAILED or SQ_DRAINED.
