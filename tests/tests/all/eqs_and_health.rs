@@ -405,3 +405,36 @@ fn the_health_tick_reads_no_register_until_it_is_due() {
     assert!(reads > 0, "due: the health buffer and counter are read");
     hca.teardown(&mut d).unwrap();
 }
+
+#[test]
+fn a_tcp_peer_going_away_is_port_err_and_coming_back_is_port_active() {
+    use std::time::{Duration, Instant};
+    let cfg = SimConfig::default();
+    let mut n = Node::new(cfg.clone(), 4096);
+    let at = n.dev.wire_listen("127.0.0.1:0").unwrap().to_string();
+    let wait = Duration::from_secs(20);
+    // Polls the EQs until an async event arrives (the link's reader runs on its own thread).
+    let until_event = |n: &mut Node| {
+        let end = Instant::now() + wait;
+        loop {
+            if let Some(e) = next_event(n) {
+                return e;
+            }
+            assert!(Instant::now() < end, "no async event");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    let peer = SimDevice::new(cfg.next_host());
+    peer.wire_connect(&at, wait).unwrap();
+    assert!(n.dev.wire_wait_peer(wait));
+    // The port was already up: plugging in changes nothing.
+    assert_eq!(next_event(&mut n), None);
+    drop(peer);
+    assert_eq!(until_event(&mut n), AsyncEvent::PortErr { port: 1 });
+    let peer = SimDevice::new(cfg.next_host());
+    peer.wire_connect(&at, wait).unwrap();
+    assert_eq!(until_event(&mut n), AsyncEvent::PortActive { port: 1 });
+    drop(peer);
+    assert_eq!(until_event(&mut n), AsyncEvent::PortErr { port: 1 });
+    n.finish();
+}
