@@ -139,6 +139,14 @@ pub enum Event {
         /// Which error.
         kind: QpErrorKind,
     },
+    /// A QP's affiliated event that is no error (`data.qp_srq` with queue type QP; `mlx5_ib_qp_event`): path
+    /// migration, communication established, send queue drained, path migration failed.
+    QpEvent {
+        /// The QP number.
+        qpn: u32,
+        /// Which event.
+        kind: QpEventKind,
+    },
     /// Any other event type, undecoded.
     Other {
         /// The event type.
@@ -158,6 +166,32 @@ pub enum QpErrorKind {
     InvalidRequest,
     /// `MLX5_EVENT_TYPE_WQ_ACCESS_ERROR`.
     AccessError,
+}
+
+/// Which affiliated QP event (not an error) an EQE reports; verbs' names in parentheses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum QpEventKind {
+    /// `MLX5_EVENT_TYPE_PATH_MIG` (`IBV_EVENT_PATH_MIG`): the QP migrated to its alternate path.
+    PathMigrated,
+    /// `MLX5_EVENT_TYPE_COMM_EST` (`IBV_EVENT_COMM_EST`): a QP in RTR received its first packet.
+    CommEst,
+    /// `MLX5_EVENT_TYPE_SQ_DRAINED` (`IBV_EVENT_SQ_DRAINED`): a QP in SQD has no outstanding send WQE.
+    SqDrained,
+    /// `MLX5_EVENT_TYPE_PATH_MIG_FAILED` (`IBV_EVENT_PATH_MIG_ERR`): migrating to the alternate path failed.
+    PathMigFailed,
+}
+
+impl QpEventKind {
+    /// The event type that carries this event.
+    pub const fn event_type(self) -> EventType {
+        match self {
+            QpEventKind::PathMigrated => EventType::PathMig,
+            QpEventKind::CommEst => EventType::CommEst,
+            QpEventKind::SqDrained => EventType::SqDrained,
+            QpEventKind::PathMigFailed => EventType::PathMigFailed,
+        }
+    }
 }
 
 impl QpErrorKind {
@@ -224,6 +258,19 @@ impl Eqe {
                 };
                 Event::QpError { qpn: be(b, d, c::mlx5_eqe_qp_srq::QP_SRQ_N) & 0x00ff_ffff, kind }
             }
+            // The resource number and its queue type, as `rsc_event_notifier` reads them; only QPs are known here.
+            t @ (EventType::PathMig | EventType::CommEst | EventType::SqDrained | EventType::PathMigFailed) => {
+                if b[d + c::mlx5_eqe_qp_srq::TYPE.off] != consts::MLX5_EVENT_QUEUE_TYPE_QP {
+                    return Event::Other { event_type: t.raw(), sub_type: self.sub_type() };
+                }
+                let kind = match t {
+                    EventType::PathMig => QpEventKind::PathMigrated,
+                    EventType::CommEst => QpEventKind::CommEst,
+                    EventType::SqDrained => QpEventKind::SqDrained,
+                    _ => QpEventKind::PathMigFailed,
+                };
+                Event::QpEvent { qpn: be(b, d, c::mlx5_eqe_qp_srq::QP_SRQ_N) & 0x00ff_ffff, kind }
+            }
             t => Event::Other { event_type: t.raw(), sub_type: self.sub_type() },
         }
     }
@@ -268,11 +315,25 @@ impl Eqe {
                 put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, qpn & 0x00ff_ffff);
                 (kind.event_type().raw(), 0)
             }
+            Event::QpEvent { qpn, kind } => {
+                e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
+                put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, qpn & 0x00ff_ffff);
+                (kind.event_type().raw(), 0)
+            }
             Event::Other { event_type, sub_type } => {
                 // A queue-error type decodes as `QpError` when the queue is a QP (type 0, what zeroed data
                 // says); `Other` of such a type was another queue's, so the image names one (an RQ).
                 let t = EventType::from_raw(event_type);
-                if matches!(t, EventType::WqCatasError | EventType::WqInvalReqError | EventType::WqAccessError) {
+                if matches!(
+                    t,
+                    EventType::WqCatasError
+                        | EventType::WqInvalReqError
+                        | EventType::WqAccessError
+                        | EventType::PathMig
+                        | EventType::CommEst
+                        | EventType::SqDrained
+                        | EventType::PathMigFailed
+                ) {
                     e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_RQ;
                 }
                 (event_type, sub_type)
@@ -303,6 +364,51 @@ pub fn event_bitmask(types: &[EventType]) -> [u64; 4] {
         m[n / 64] |= 1u64 << (n % 64);
     }
     m
+}
+
+/// The capabilities `gather_async_events_mask` (Linux `eq.c`) looks at, each adding one event type to the async
+/// EQ's mask. Capabilities from blocks this driver does not query (PPS, MCAM tracer registers, MACsec, IPsec, the
+/// eswitch and the `event_cap` user-event masks) are not represented: their events are never subscribed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AsyncEventCaps {
+    /// `MLX5_VPORT_MANAGER`: `vport_group_manager`, an Ethernet port and a physical function.
+    pub vport_manager: bool,
+    /// Current `general_notification_event`.
+    pub general_notification_event: bool,
+    /// Current `port_module_event`.
+    pub port_module_event: bool,
+    /// Current `fpga`.
+    pub fpga: bool,
+    /// Maximum `dct` (`MLX5_CAP_GEN_MAX`).
+    pub dct_max: bool,
+    /// Current `temp_warn_event`.
+    pub temp_warn_event: bool,
+    /// Current `max_num_of_monitor_counters` is non-zero.
+    pub monitor_counters: bool,
+    /// Maximum `vhca_state` (`MLX5_CAP_GEN_MAX`).
+    pub vhca_state_max: bool,
+}
+
+/// The async EQ's event mask as `gather_async_events_mask` builds it: `MLX5_ASYNC_EVENT_MASK` (path migration,
+/// COMM_EST, SQ_DRAINED, CQ and WQ errors, port change, the SRQ events) plus one type per capability. Internal
+/// errors are not in it: Linux learns of them from the health poll.
+pub fn async_event_mask(caps: &AsyncEventCaps) -> [u64; 4] {
+    let mut m = u64::from(consts::MLX5_ASYNC_EVENT_MASK);
+    let mut add = |on: bool, t: u8| {
+        if on {
+            m |= 1u64 << t;
+        }
+    };
+    add(caps.vport_manager, consts::MLX5_EVENT_TYPE_NIC_VPORT_CHANGE);
+    add(caps.general_notification_event, consts::MLX5_EVENT_TYPE_GENERAL_EVENT);
+    add(caps.port_module_event, consts::MLX5_EVENT_TYPE_PORT_MODULE_EVENT);
+    add(caps.fpga, consts::MLX5_EVENT_TYPE_FPGA_ERROR);
+    add(caps.fpga, consts::MLX5_EVENT_TYPE_FPGA_QP_ERROR);
+    add(caps.dct_max, consts::MLX5_EVENT_TYPE_DCT_DRAINED);
+    add(caps.temp_warn_event, consts::MLX5_EVENT_TYPE_TEMP_WARN_EVENT);
+    add(caps.monitor_counters, consts::MLX5_EVENT_TYPE_MONITOR_COUNTER);
+    add(caps.vhca_state_max, consts::MLX5_EVENT_TYPE_VHCA_STATE_CHANGE);
+    [m, 0, 0, 0]
 }
 
 /// Why an EQ ring could not be used.
@@ -434,6 +540,11 @@ mod tests {
             Event::QpError { qpn: 0xab_cdef, kind: QpErrorKind::Catastrophic },
             Event::QpError { qpn: 1, kind: QpErrorKind::InvalidRequest },
             Event::QpError { qpn: 2, kind: QpErrorKind::AccessError },
+            Event::QpEvent { qpn: 3, kind: QpEventKind::PathMigrated },
+            Event::QpEvent { qpn: 0xff_fffe, kind: QpEventKind::CommEst },
+            Event::QpEvent { qpn: 5, kind: QpEventKind::SqDrained },
+            Event::QpEvent { qpn: 6, kind: QpEventKind::PathMigFailed },
+            Event::Other { event_type: EventType::CommEst.raw(), sub_type: 0 },
         ];
         for e in events {
             assert_eq!(Eqe::emit(&e).event(), e);
@@ -480,5 +591,36 @@ mod tests {
         assert_eq!((bit(EventType::Comp), bit(EventType::PageRequest), bit(EventType::Cmd)), (1, 1, 1));
         assert_eq!(m.iter().map(|w| w.count_ones()).sum::<u32>(), 3);
         assert_eq!(event_bitmask(&[]), [0; 4]);
+    }
+
+    #[test]
+    fn async_mask_is_linux_base_mask_plus_one_type_per_capability() {
+        let bit = |m: [u64; 4], t: EventType| m[0] >> t.raw() & 1 == 1;
+        let base = async_event_mask(&AsyncEventCaps::default());
+        for t in [
+            EventType::PathMig,
+            EventType::CommEst,
+            EventType::SqDrained,
+            EventType::CqError,
+            EventType::WqCatasError,
+            EventType::PathMigFailed,
+            EventType::WqInvalReqError,
+            EventType::WqAccessError,
+            EventType::PortChange,
+            EventType::SrqCatasError,
+            EventType::SrqLastWqe,
+            EventType::SrqRqLimit,
+        ] {
+            assert!(bit(base, t), "{t:?} is in MLX5_ASYNC_EVENT_MASK");
+        }
+        // Completions, commands, pages and internal errors have EQs (or the health poll) of their own.
+        for t in [EventType::Comp, EventType::Cmd, EventType::PageRequest, EventType::InternalError] {
+            assert!(!bit(base, t), "{t:?} is not an async event");
+        }
+        assert_eq!(base[0].count_ones(), 12);
+        let dct = async_event_mask(&AsyncEventCaps { dct_max: true, ..AsyncEventCaps::default() });
+        assert_eq!(dct[0] & !base[0], 1 << consts::MLX5_EVENT_TYPE_DCT_DRAINED);
+        let fpga = async_event_mask(&AsyncEventCaps { fpga: true, ..AsyncEventCaps::default() });
+        assert_eq!((fpga[0] & !base[0]).count_ones(), 2);
     }
 }

@@ -166,8 +166,10 @@ impl Health {
         if nic == consts::MLX5_INITIAL_SEG_NIC_INTERFACE_SW_RESET {
             return Some(HealthFailure::NicSwReset);
         }
+        // `sensor_fw_synd_rfr`: a syndrome is fatal when firmware also asks for the recovery flow; one without
+        // `rfr` is only reported by Linux (its devlink health report), so it does not stop the HCA here either.
         let hb = HealthBuffer::read(mmio);
-        if hb.synd != 0 {
+        if hb.synd != 0 && hb.rfr {
             return Some(HealthFailure::Syndrome {
                 synd: HealthSyndrome::from_raw(hb.synd),
                 ext_synd: hb.ext_synd,

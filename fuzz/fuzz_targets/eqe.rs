@@ -61,6 +61,11 @@ fn image(e: &Eqe) {
             assert_eq!(e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off], consts::MLX5_EVENT_QUEUE_TYPE_QP);
             kind.event_type()
         }
+        Event::QpEvent { qpn, kind } => {
+            assert!(qpn <= 0xff_ffff);
+            assert_eq!(e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off], consts::MLX5_EVENT_QUEUE_TYPE_QP);
+            kind.event_type()
+        }
         Event::Other { event_type, sub_type } => {
             assert_eq!((event_type, sub_type), (ty, sub));
             let handled = [
@@ -73,7 +78,15 @@ fn image(e: &Eqe) {
             ];
             assert!(!handled.iter().any(|t| t.raw() == ty), "type {ty:#x} left undecoded");
             // QP error events of other queue types (RQ, SQ, DCT) name objects the driver never creates.
-            let qp_events = [EventType::WqCatasError, EventType::WqInvalReqError, EventType::WqAccessError];
+            let qp_events = [
+                EventType::WqCatasError,
+                EventType::WqInvalReqError,
+                EventType::WqAccessError,
+                EventType::PathMig,
+                EventType::CommEst,
+                EventType::SqDrained,
+                EventType::PathMigFailed,
+            ];
             if qp_events.iter().any(|t| t.raw() == ty) {
                 let queue_type = e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off];
                 assert_ne!(queue_type, consts::MLX5_EVENT_QUEUE_TYPE_QP, "a QP error left undecoded");
@@ -215,6 +228,8 @@ fn hca_events(u: &mut Unstructured<'_>) {
         EventType::PortChange.raw(),
         EventType::CqError.raw(),
         EventType::InternalError.raw(),
+        EventType::CommEst.raw(),
+        EventType::PathMig.raw(),
     ];
     let mut got_events = 0u32;
     for _ in 0..32 {
@@ -256,8 +271,17 @@ fn hca_events(u: &mut Unstructured<'_>) {
                 }
                 while let Some(ev) = hca.get_async_event() {
                     match ev {
-                        AsyncEvent::PortChange { port, .. } => assert!(port <= 0xf),
-                        AsyncEvent::QpError { qpn, .. } => assert!(qpn <= 0xff_ffff),
+                        AsyncEvent::PortActive { port }
+                        | AsyncEvent::PortErr { port }
+                        | AsyncEvent::LidChange { port }
+                        | AsyncEvent::PkeyChange { port }
+                        | AsyncEvent::GidChange { port }
+                        | AsyncEvent::ClientReregister { port } => assert!(port <= 0xf),
+                        AsyncEvent::QpError { qpn, .. }
+                        | AsyncEvent::CommEst { qpn }
+                        | AsyncEvent::SqDrained { qpn }
+                        | AsyncEvent::PathMig { qpn }
+                        | AsyncEvent::PathMigErr { qpn } => assert!(qpn <= 0xff_ffff),
                         _ => {}
                     }
                 }

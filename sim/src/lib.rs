@@ -34,8 +34,11 @@
 //! state fails with `BAD_SYS_STATE`, as real firmware answers.
 //!
 //! # Event queues
-//! An EQ created with CREATE_EQ really receives EQEs. An event of type `T` goes to the lowest-numbered EQ whose
-//! `event_bitmask` has bit `T` (bit `n` of word 0 = type `n`): the 64-byte `mlx5_eqe` is written at entry
+//! An EQ created with CREATE_EQ really receives EQEs. CREATE_EQ refuses (`BAD_PARAM`, [`syndrome::EQ_EVENT_TYPE`])
+//! a bitmask asking for a type the device cannot report: the types Linux subscribes to unconditionally, completion,
+//! command, page-request and internal-error events, and the capability-dependent ones its capabilities offer. An
+//! event of type `T` goes to the lowest-numbered EQ whose `event_bitmask` has bit `T` (bit `n` of word 0 = type
+//! `n`); a type no EQ subscribes to is dropped: the 64-byte `mlx5_eqe` is written at entry
 //! `pi & (nent - 1)`, then, after a fence, its owner byte `(pi >> log_nent) & 1` (hardware writes 0 on the first
 //! pass; the driver pre-sets 1). A full EQ is never overwritten: the firmware dies with the health syndrome
 //! `ASYNCHRONOUS_EQ_BUF_OVERRUN` instead. The EQ doorbell in the EQ's UAR page (`MLX5_EQ_DOORBELL_OFFSET`:
@@ -46,7 +49,13 @@
 //! * page requests (`MLX5_EVENT_TYPE_PAGE_REQUEST`): for the regular pages still needed after INIT_HCA, for
 //!   [`Fault::PageRequest`], [`Fault::NeedPages`] and [`SimDevice::request_pages`]. A request made while no EQ
 //!   subscribes to page requests is held; when one appears firmware posts one request for the balance then due
-//!   (what QUERY_PAGES(regular) reports).
+//!   (what QUERY_PAGES(regular) reports);
+//! * PORT_CHANGE (port 1, sub-type DOWN or ACTIVE) when the link goes down or comes up: a TCP link's far end
+//!   going away or plugging in, or [`SimDevice::set_port_up`] (the port state the queries report follows); any
+//!   other sub-type on request ([`SimDevice::port_change`]);
+//! * COMM_EST (`data.qp_srq`: queue type QP, the QP number) when an RC QP in RTR receives its first packet, once
+//!   per entry into RTR; `WQ_CATAS_ERROR` from [`SimDevice::fail_qp`]. The device models neither alternate paths
+//!   nor the SQD state, so it never posts PATH_MIG, PATH_MIG_FAILED or SQ_DRAINED.
 //!
 //! A command hit by [`Fault::NeedPages`] stays with hardware until the driver gives the pages on another slot
 //! (the driver uses the last one): the MANAGE_PAGES that covers the need completes first, then the stalled
@@ -91,7 +100,7 @@
 //! # Health and device loss
 //! The health buffer (`mlx5_init_seg.health`) and the heartbeat (`health_counter`, one tick per ms of device
 //! time) are live. [`Fault::Fatal`] / [`SimDevice::fail_health`] kill the firmware with a syndrome (health buffer
-//! `synd`, `ext_synd` and a valid severity); [`Fault::Stall`] / [`SimDevice::stall_health`] kill it silently
+//! `synd`, `ext_synd`, a valid severity and the recovery-flow bit); [`Fault::Stall`] / [`SimDevice::stall_health`] kill it silently
 //! (syndrome 0). A dead firmware freezes the heartbeat, never completes a command (the owner bit stays with
 //! hardware) and posts no EQE. [`Fault::DeviceGone`] / [`SimDevice::device_gone`] remove the device from the bus:
 //! every BAR read returns all ones, writes are ignored, DMA stops. In both states the driver can still free all
@@ -511,6 +520,19 @@ impl SimDevice {
         lock(&self.shared).post_eqe(event_type, sub_type, &data)
     }
 
+    /// The port's link goes down (`false`) or comes up (`true`), as a cable pulled or plugged: the port state the
+    /// queries report follows and firmware posts a PORT_CHANGE event (sub-type DOWN or ACTIVE). Returns the EQ
+    /// the event went to; `None` when the state did not change, no EQ subscribes, or the firmware is dead.
+    pub fn set_port_up(&self, up: bool) -> Option<u8> {
+        lock(&self.shared).set_port_up(up)
+    }
+
+    /// Firmware reports a port change of `sub_type` (`MLX5_PORT_CHANGE_SUBTYPE_LID`, `_PKEY`, `_GUID`,
+    /// `_CLIENT_REREG`, ...) on port 1, as a subnet manager's change makes it do. Returns the EQ it went to.
+    pub fn port_change(&self, sub_type: u8) -> Option<u8> {
+        lock(&self.shared).port_change(sub_type)
+    }
+
     /// Firmware asks for `num_pages` now (positive: its need grows; negative: that many pages become returnable
     /// to the next MANAGE_PAGES(take)). Posted at once if an EQ subscribes to page requests, else held.
     pub fn request_pages(&self, num_pages: i32) {
@@ -669,6 +691,7 @@ mod tests {
         let sev = hb[c::health_buffer::RFR_SEVERITY.off];
         assert_ne!(sev & consts::MLX5_SEVERITY_VALID_MASK, 0);
         assert_eq!(sev & consts::MLX5_SEVERITY_MASK, 2);
+        assert_eq!(sev >> consts::MLX5_RFR_BIT_OFFSET, 1, "firmware asks for the recovery flow");
         // The heartbeat is frozen.
         let beat = h.mmio.read32(HEALTH_COUNTER);
         h.dev.advance_ns(50_000_000);

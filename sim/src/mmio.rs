@@ -109,7 +109,8 @@ impl Regs {
     }
 
     /// The firmware dies at `now_ns`: the heartbeat freezes and, for a non-zero syndrome, the health buffer
-    /// reports it (with the extended syndrome `ext_synd`) and a valid severity.
+    /// reports it (with the extended syndrome `ext_synd`), a valid severity and the recovery-flow-required bit
+    /// (`rfr`), which is what makes Linux's `sensor_fw_synd_rfr` call it fatal.
     pub(crate) fn die(&mut self, synd: u8, ext_synd: u16, now_ns: u64) {
         use c::health_buffer as h;
         let base = c::mlx5_init_seg::HEALTH.off;
@@ -118,7 +119,9 @@ impl Regs {
         if synd != 0 {
             self.image[base + h::SYND.off] = synd;
             self.image.write_bytes(base + h::EXT_SYND.off, &ext_synd.to_be_bytes());
-            let sev = consts::MLX5_SEVERITY_VALID_MASK | (SEVERITY_CRIT & consts::MLX5_SEVERITY_MASK);
+            let sev = 1 << consts::MLX5_RFR_BIT_OFFSET
+                | consts::MLX5_SEVERITY_VALID_MASK
+                | (SEVERITY_CRIT & consts::MLX5_SEVERITY_MASK);
             self.image[base + h::RFR_SEVERITY.off] = sev;
         }
     }

@@ -7,7 +7,9 @@ use core::cell::Cell;
 use crate::caps::{DeviceCaps, GeneralCaps};
 use crate::cmdq::{iseg_timeout_ms, CmdError, CmdQueue};
 use crate::dbr::DbrPool;
-use crate::eq::{destroy_eq, event_bitmask, log_eq_size, CreateEq, EqContext, EqRing};
+use crate::eq::{
+    async_event_mask, destroy_eq, event_bitmask, log_eq_size, AsyncEventCaps, CreateEq, EqContext, EqRing,
+};
 use crate::hal::{DelayNs, Dma, DmaRegion, Mmio};
 use crate::health::{Health, HealthFailure};
 use crate::init::{
@@ -23,8 +25,8 @@ use super::error::{BringupError, Error, Step};
 use super::events::{AsyncEvents, CqEvents};
 use super::wait::{Clock, GiveError, Watch};
 use super::{
-    AsyncEq, Config, Ctx, EventCounts, Hca, HcaState, PageStats, TeardownReport, ASYNC_EVENTS,
-    ATOMIC_REQ_MODE_HOST_ENDIANNESS, FW_INIT_TIMEOUT_MS, FW_PRE_INIT_WAIT_MS, PROFILE_LOG_MAX_QP,
+    Config, Ctx, EqTable, EventCounts, Hca, HcaState, PageStats, TeardownReport, ATOMIC_REQ_MODE_HOST_ENDIANNESS,
+    FW_INIT_TIMEOUT_MS, FW_PRE_INIT_WAIT_MS, MAX_ASYNC_EQS, MAX_COMP_VECTORS, PROFILE_LOG_MAX_QP,
 };
 
 /// Waits for `initializing` (bit 31 at 0x1fc) to clear (`wait_fw_init`). All-ones reads mean the device is gone.
@@ -85,9 +87,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                     last_poll_us: 0,
                     interval_us: u64::from(cfg.health_poll_interval_ms) * 1000,
                     failure: None,
+                    tick_ms: 0,
+                    tick_interval_ms: u64::from(cfg.health_poll_interval_ms),
                 },
-                eq: None,
-                comp_eq: None,
+                event_caps: AsyncEventCaps::default(),
+                page_request_disable: false,
+                eqs: EqTable::new(),
                 cqs: CqEvents::new(),
                 async_events: AsyncEvents::new(),
                 stats: PageStats::default(),
@@ -177,7 +182,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         self.uar = Some(self.exec(&mut alloc_uar(), delay)?);
 
         *step = Step::CreateEq;
-        self.create_async_eq(delay)?;
+        self.create_async_eqs(delay)?;
 
         // Firmware asks for its regular pages through the EQ as soon as it can; serve them now.
         *step = Step::RegularPages;
@@ -273,6 +278,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
         self.exec(&mut SetHcaCap { cap: CapType::General, block: &set }, delay)?;
         self.caps.general = GeneralCaps::parse(&set);
+        // `gather_async_events_mask` reads these two from the maximum capabilities.
+        self.ctx.event_caps.dct_max = maxg.dct;
+        self.ctx.event_caps.vhca_state_max = max_of(g::VHCA_STATE) != 0;
 
         // `handle_hca_cap_atomic`: the current general caps (as queried before the set) decide.
         if cur.atomic {
@@ -314,6 +322,29 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let gen = self.exec(&mut QueryHcaCap { cap: CapType::General, mode: CapMode::Current }, delay)?;
         let g = GeneralCaps::parse(&gen);
         self.caps.general = g;
+        {
+            use ifc::cmd_hca_cap as f;
+            let on = |fl| gen.get(fl) != 0;
+            let eth = g.port_type() == crate::caps::PortType::Ethernet;
+            self.ctx.event_caps = AsyncEventCaps {
+                // `MLX5_VPORT_MANAGER`: the physical function of an Ethernet port that manages the vport group.
+                vport_manager: on(f::VPORT_GROUP_MANAGER) && eth && self.ctx.cfg.function_id == 0,
+                general_notification_event: on(f::GENERAL_NOTIFICATION_EVENT),
+                port_module_event: on(f::PORT_MODULE_EVENT),
+                fpga: on(f::FPGA),
+                temp_warn_event: on(f::TEMP_WARN_EVENT),
+                monitor_counters: on(f::MAX_NUM_OF_MONITOR_COUNTERS),
+                ..self.ctx.event_caps
+            };
+            // `get_num_eqs`: the EQs the device allows (`max_num_eqs`, else `1 << log_max_eq`) less the async ones.
+            let max_eqs = match gen.get(f::MAX_NUM_EQS) {
+                0 => 1u32 << g.log_max_eq.min(31),
+                n => n,
+            };
+            let avail = max_eqs.saturating_sub(MAX_ASYNC_EQS).min(MAX_COMP_VECTORS as u32);
+            self.ctx.eqs.num_comp = (u32::from(self.ctx.cfg.num_comp_vectors).min(avail).max(1)) as u16;
+            self.ctx.page_request_disable = on(f::PAGE_REQUEST_DISABLE);
+        }
         let cur = |cap| QueryHcaCap { cap, mode: CapMode::Current };
         if g.hca_cap_2 {
             self.exec(&mut cur(CapType::General2), delay)?;
@@ -340,29 +371,60 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         Ok(())
     }
 
-    /// One async EQ for page requests, command completions, port changes, CQ errors, the affiliated QP errors
-    /// and internal errors.
-    fn create_async_eq(&mut self, delay: &mut impl DelayNs) -> Result<(), Error> {
-        let mask = event_bitmask(&ASYNC_EVENTS);
-        let ring = self.create_eq_ring(self.ctx.cfg.async_eq_nent, mask, delay)?;
-        self.ctx.eq = Some(AsyncEq { ring });
+    /// `create_async_eqs`: the command EQ (`MLX5_NUM_CMD_EQE` entries, command completions only), the async EQ
+    /// (`Config::async_eq_nent`, the mask gathered from the capabilities) and, unless the device says it sends no
+    /// page requests (`page_request_disable`), the pages EQ (one entry, page requests only). All three use the
+    /// control interrupt, vector 0. Commands are still completed by polling their slot: the driver waits on one
+    /// thread and drains every EQ while it does, so switching to command events would only move where the
+    /// completion is noticed; the command EQ's events are drained and counted.
+    fn create_async_eqs(&mut self, delay: &mut impl DelayNs) -> Result<(), Error> {
+        let cmd =
+            self.create_eq_ring(consts::MLX5_NUM_CMD_EQE, event_bitmask(&[crate::prm::EventType::Cmd]), 0, delay)?;
+        self.ctx.eqs.cmd = Some(cmd);
+        let mask = async_event_mask(&self.ctx.event_caps);
+        let ring = self.create_eq_ring(self.ctx.cfg.async_eq_nent, mask, 0, delay)?;
+        self.ctx.eqs.async_eq = Some(ring);
+        if !self.ctx.page_request_disable {
+            let pages = self.create_eq_ring(1, event_bitmask(&[crate::prm::EventType::PageRequest]), 0, delay)?;
+            self.ctx.eqs.pages = Some(pages);
+        }
         Ok(())
     }
 
-    /// The completion EQ (`create_comp_eq`): no async events, CQs name it in `c_eqn`. Created on first use.
-    pub(crate) fn comp_eqn(&mut self, delay: &mut impl DelayNs) -> Result<u8, Error> {
-        if let Some(r) = &self.ctx.comp_eq {
+    /// The completion EQ of `vector` (`mlx5_comp_eqn_get` / `create_comp_eq`): no event mask, CQs name it in
+    /// `c_eqn`; created on first use. It interrupts after the control vector (`MLX5_IRQ_VEC_COMP_BASE`, as
+    /// `mlx5_irq_request_vector` offsets it) when the host has more than one vector, else on the shared vector 0.
+    pub(crate) fn comp_eqn(&mut self, vector: u16, delay: &mut impl DelayNs) -> Result<u8, Error> {
+        let v = usize::from(vector);
+        if vector >= self.ctx.eqs.num_comp || v >= MAX_COMP_VECTORS {
+            return Err(Error::BadSize {
+                what: "completion vector",
+                requested: vector.into(),
+                max: u64::from(self.ctx.eqs.num_comp) - 1,
+            });
+        }
+        if let Some(r) = &self.ctx.eqs.comp[v] {
             return Ok(r.eqn());
         }
-        let ring = self.create_eq_ring(self.ctx.cfg.comp_eq_nent, [0; 4], delay)?;
+        let intr = match self.ctx.cfg.num_irqs {
+            0 | 1 => 0,
+            n => 1 + vector % (n - 1),
+        };
+        let ring = self.create_eq_ring(self.ctx.cfg.comp_eq_nent, [0; 4], intr, delay)?;
         let eqn = ring.eqn();
-        self.ctx.comp_eq = Some(ring);
+        self.ctx.eqs.comp[v] = Some(ring);
         Ok(eqn)
     }
 
     /// An EQ of at least `nent` usable entries on the HCA's UAR: buffer with owner bits pre-set, CREATE_EQ, then
     /// armed.
-    fn create_eq_ring(&mut self, nent: u32, mask: [u64; 4], delay: &mut impl DelayNs) -> Result<EqRing, Error> {
+    fn create_eq_ring(
+        &mut self,
+        nent: u32,
+        mask: [u64; 4],
+        intr: u16,
+        delay: &mut impl DelayNs,
+    ) -> Result<EqRing, Error> {
         let uar = self.uar.unwrap_or(0);
         let log_nent = log_eq_size(nent);
         let len = EqRing::buf_len(log_nent);
@@ -375,7 +437,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
         let npages = len / crate::cmd::FW_PAGE_SIZE;
         let mut cmd = CreateEq {
-            ctx: EqContext { log_eq_size: log_nent, uar_page: uar, intr: 0, log_page_size: 0, page_offset: 0 },
+            ctx: EqContext { log_eq_size: log_nent, uar_page: uar, intr, log_page_size: 0, page_offset: 0 },
             event_bitmask: mask,
             pas: crate::cmd::Pas::Contiguous { base: buf.iova(), count: npages },
         };
@@ -430,29 +492,24 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 note(&mut rep, e);
             }
         }
-        if let Some(ring) = self.ctx.comp_eq.take() {
+        // `mlx5_eq_table_destroy`: the completion EQs by vector, then `destroy_async_eqs` (pages, async, command).
+        let mut order: [Option<EqRing>; MAX_COMP_VECTORS + 3] = [const { None }; MAX_COMP_VECTORS + 3];
+        for (slot, ring) in order.iter_mut().zip(self.ctx.eqs.comp.iter_mut()) {
+            *slot = ring.take();
+        }
+        order[MAX_COMP_VECTORS] = self.ctx.eqs.pages.take();
+        order[MAX_COMP_VECTORS + 1] = self.ctx.eqs.async_eq.take();
+        order[MAX_COMP_VECTORS + 2] = self.ctx.eqs.cmd.take();
+        for ring in order.into_iter().flatten() {
             match self.exec_destroy(destroy_eq(ring.eqn()), delay) {
                 Ok(()) => {
                     // SAFETY: the EQ is destroyed (or the device is dead), so the device no longer writes it.
                     unsafe { self.cmdq.dma().free(ring.into_buf()) };
                 }
                 Err(e) => {
-                    // CQs left alive still point at it: its buffer waits for DISABLE_HCA.
+                    // CQs left alive may still point at it: its buffer waits for DISABLE_HCA (or the dead device).
                     note(&mut rep, e);
                     self.orphan(ring.into_buf());
-                }
-            }
-        }
-        if let Some(eq) = self.ctx.eq.take() {
-            match self.exec_destroy(destroy_eq(eq.ring.eqn()), delay) {
-                Ok(()) => {
-                    // SAFETY: the EQ is destroyed (or the device is dead), so the device no longer writes it.
-                    unsafe { self.cmdq.dma().free(eq.ring.into_buf()) };
-                }
-                Err(e) => {
-                    note(&mut rep, e);
-                    // The EQ may still be live: its buffer waits for DISABLE_HCA (or the dead device).
-                    self.orphan(eq.ring.into_buf());
                 }
             }
         }

@@ -38,7 +38,7 @@ pub enum Step {
     QueryCaps,
     /// ALLOC_UAR.
     AllocUar,
-    /// CREATE_EQ of the async EQ.
+    /// CREATE_EQ of the command, async and pages EQs.
     CreateEq,
     /// Regular pages.
     RegularPages,
@@ -64,7 +64,7 @@ impl core::fmt::Display for Step {
             Step::DriverVersion => "set driver version",
             Step::QueryCaps => "query hca caps",
             Step::AllocUar => "alloc uar",
-            Step::CreateEq => "create async eq",
+            Step::CreateEq => "create async eqs",
             Step::RegularPages => "regular pages",
             Step::QCounter => "alloc q counter",
             Step::GidTable => "program gid table",

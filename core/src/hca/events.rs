@@ -11,9 +11,27 @@ use super::error::Error;
 use super::{EventCounts, Hca, PageStats};
 use crate::cq::Cq;
 use crate::cq::Notify;
-use crate::eq::QpErrorKind;
+use crate::eq::{QpErrorKind, QpEventKind};
+use crate::prm::consts;
 
-/// An affiliated or unaffiliated asynchronous event (`ibv_async_event`).
+/// The verbs event of a port change (`handle_port_change` in mlx5_ib); `None` for a sub-type verbs has no event
+/// for. Linux takes a RoCE port's up and down from its netdev instead; this driver has no netdev, and the port
+/// change event reports the same vport state, so it maps them on every link layer.
+pub fn port_event(port: u8, sub_type: u8) -> Option<AsyncEvent> {
+    Some(match sub_type {
+        consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE => AsyncEvent::PortActive { port },
+        consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN | consts::MLX5_PORT_CHANGE_SUBTYPE_INITIALIZED => {
+            AsyncEvent::PortErr { port }
+        }
+        consts::MLX5_PORT_CHANGE_SUBTYPE_LID => AsyncEvent::LidChange { port },
+        consts::MLX5_PORT_CHANGE_SUBTYPE_PKEY => AsyncEvent::PkeyChange { port },
+        consts::MLX5_PORT_CHANGE_SUBTYPE_GUID => AsyncEvent::GidChange { port },
+        consts::MLX5_PORT_CHANGE_SUBTYPE_CLIENT_REREG => AsyncEvent::ClientReregister { port },
+        _ => return None,
+    })
+}
+
+/// An affiliated or unaffiliated asynchronous event (`ibv_async_event`), each naming its object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum AsyncEvent {
@@ -25,13 +43,6 @@ pub enum AsyncEvent {
         /// `MLX5_CQ_ERROR_SYNDROME_*`.
         syndrome: u8,
     },
-    /// `IBV_EVENT_PORT_ACTIVE` / `_ERR` and friends (`MLX5_PORT_CHANGE_SUBTYPE_*`).
-    PortChange {
-        /// The port.
-        port: u8,
-        /// `MLX5_PORT_CHANGE_SUBTYPE_*`.
-        sub_type: u8,
-    },
     /// `IBV_EVENT_QP_FATAL` / `_QP_REQ_ERR` / `_QP_ACCESS_ERR`: the device moved the QP to ERR; it flushes the QP's
     /// outstanding work requests.
     QpError {
@@ -40,7 +51,57 @@ pub enum AsyncEvent {
         /// Which error.
         kind: QpErrorKind,
     },
-    /// `IBV_EVENT_DEVICE_FATAL`.
+    /// `IBV_EVENT_COMM_EST`: the RC QP, in RTR, received its first packet (`MLX5_EVENT_TYPE_COMM_EST`).
+    CommEst {
+        /// The QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_SQ_DRAINED`: the QP, in SQD, has no send WQE outstanding (`MLX5_EVENT_TYPE_SQ_DRAINED`).
+    SqDrained {
+        /// The QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_PATH_MIG`: the QP now uses its alternate path (`MLX5_EVENT_TYPE_PATH_MIG`).
+    PathMig {
+        /// The QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_PATH_MIG_ERR`: migrating to the alternate path failed (`MLX5_EVENT_TYPE_PATH_MIG_FAILED`).
+    PathMigErr {
+        /// The QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_PORT_ACTIVE`: the port came up (`MLX5_PORT_CHANGE_SUBTYPE_ACTIVE`).
+    PortActive {
+        /// The port.
+        port: u8,
+    },
+    /// `IBV_EVENT_PORT_ERR`: the port went down (`MLX5_PORT_CHANGE_SUBTYPE_DOWN` or `_INITIALIZED`).
+    PortErr {
+        /// The port.
+        port: u8,
+    },
+    /// `IBV_EVENT_LID_CHANGE` (`MLX5_PORT_CHANGE_SUBTYPE_LID`).
+    LidChange {
+        /// The port.
+        port: u8,
+    },
+    /// `IBV_EVENT_PKEY_CHANGE` (`MLX5_PORT_CHANGE_SUBTYPE_PKEY`).
+    PkeyChange {
+        /// The port.
+        port: u8,
+    },
+    /// `IBV_EVENT_GID_CHANGE` (`MLX5_PORT_CHANGE_SUBTYPE_GUID`).
+    GidChange {
+        /// The port.
+        port: u8,
+    },
+    /// `IBV_EVENT_CLIENT_REREGISTER` (`MLX5_PORT_CHANGE_SUBTYPE_CLIENT_REREG`).
+    ClientReregister {
+        /// The port.
+        port: u8,
+    },
+    /// `IBV_EVENT_DEVICE_FATAL`: the HCA moved to internal error (health failure, device gone); queued once.
     DeviceFatal,
 }
 
@@ -197,7 +258,9 @@ impl<const NCQ: usize> EventSink<'_, NCQ> {
             Event::PortChange { port, sub_type } => {
                 ev.port_change += 1;
                 ev.last_port_change = Some((port, sub_type));
-                self.async_events.push(AsyncEvent::PortChange { port, sub_type });
+                if let Some(e) = port_event(port, sub_type) {
+                    self.async_events.push(e);
+                }
             }
             Event::CqError { cqn, syndrome } => {
                 ev.cq_error += 1;
@@ -212,6 +275,16 @@ impl<const NCQ: usize> EventSink<'_, NCQ> {
             Event::QpError { qpn, kind } => {
                 ev.qp_error += 1;
                 self.async_events.push(AsyncEvent::QpError { qpn, kind });
+            }
+            // `mlx5_ib_qp_event`: each affiliated QP event becomes the verbs event of the same name.
+            Event::QpEvent { qpn, kind } => {
+                ev.qp_event += 1;
+                self.async_events.push(match kind {
+                    QpEventKind::PathMigrated => AsyncEvent::PathMig { qpn },
+                    QpEventKind::CommEst => AsyncEvent::CommEst { qpn },
+                    QpEventKind::SqDrained => AsyncEvent::SqDrained { qpn },
+                    QpEventKind::PathMigFailed => AsyncEvent::PathMigErr { qpn },
+                });
             }
             Event::Completion { cqn } => {
                 ev.completion += 1;

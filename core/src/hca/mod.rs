@@ -1,10 +1,12 @@
 //! HCA bring-up and teardown in Linux's order, firmware page requests, the async EQ and health (Linux `main.c`
 //! `mlx5_function_enable` / `mlx5_function_open` / `mlx5_load`, `pagealloc.c`, `eq.c`, `health.c`).
 //!
-//! [`Hca::bring_up`] takes a function from reset to a usable HCA with one async EQ; [`Hca::teardown`] undoes it
-//! and returns every firmware page and every DMA allocation. While a command waits, the waiting loop drains the EQ
-//! and answers page requests on the reserved last command slot (a physical function's slot-0 command cannot
-//! finish until its page request is served), and polls health every [`HEALTH_POLL_INTERVAL_MS`] of waiting.
+//! [`Hca::bring_up`] takes a function from reset to a usable HCA with Linux's EQs (command, async and pages EQ;
+//! a completion EQ per vector on first use); [`Hca::teardown`] undoes it and returns every firmware page and every
+//! DMA allocation. While a command waits, the waiting loop drains the EQs and answers page requests on the
+//! reserved last command slot (a physical function's slot-0 command cannot finish until its page request is
+//! served), and polls health every [`HEALTH_POLL_INTERVAL_MS`] of waiting; [`Hca::health_tick`] polls it on the
+//! caller's clock, independent of commands.
 //!
 //! A health failure (stalled heartbeat, health syndrome, all-ones reads) moves the HCA to the internal-error
 //! state: new commands fail at once with [`Error::InternalError`], destroy-type commands are treated as done
@@ -22,7 +24,7 @@ mod objects;
 mod wait;
 
 pub use error::{BringupError, Error, Step};
-pub use events::AsyncEvent;
+pub use events::{port_event, AsyncEvent};
 pub use objects::{
     gid_table, link_local_gid, mac_to_eui64, CqAttr, DestroyError, GidType, Pd, PortAttr, QpInitAttr, MR_MAX_PAGE_SHIFT,
 };
@@ -37,7 +39,7 @@ use crate::eq::EqRing;
 use crate::hal::{Dma, DmaRegion, Mmio};
 use crate::health::{HealthFailure, HEALTH_POLL_INTERVAL_MS};
 use crate::pages::FwPages;
-use crate::prm::{consts, EventType};
+use crate::prm::consts;
 use crate::trace::CmdTrace;
 
 use events::{AsyncEvents, CqEvents};
@@ -65,10 +67,19 @@ const ATOMIC_REQ_MODE_HOST_ENDIANNESS: u32 = 1;
 pub struct Config {
     /// This function's id (0 for the physical function itself).
     pub function_id: u16,
-    /// Usable entries in the async EQ; the ring gets `MLX5_NUM_SPARE_EQE` more, rounded up to a power of two.
+    /// Usable entries in the async EQ (`MLX5_NUM_ASYNC_EQE`); the ring gets `MLX5_NUM_SPARE_EQE` more, rounded
+    /// up to a power of two. The command EQ gets `MLX5_NUM_CMD_EQE` and the pages EQ one, as in Linux.
     pub async_eq_nent: u32,
-    /// Usable entries in the completion EQ (`MLX5_COMP_EQ_SIZE`).
+    /// Usable entries in each completion EQ (`MLX5_COMP_EQ_SIZE`).
     pub comp_eq_nent: u32,
+    /// Completion vectors wanted (one completion EQ each, created on first use). The HCA offers
+    /// `min(this, EQs the device allows less the three async ones, MAX_COMP_VECTORS)`, at least 1; a VFIO host
+    /// also caps it by its MSI-X vectors before passing it here.
+    pub num_comp_vectors: u16,
+    /// Interrupt vectors (MSI-X) the host enabled for this function. With one, every EQ interrupts on vector 0
+    /// (as Linux shares its single vector); with more, the control EQs use vector 0 and completion vector `v`
+    /// uses `1 + v % (num_irqs - 1)` (`MLX5_IRQ_VEC_COMP_BASE`).
+    pub num_irqs: u16,
     /// Written with SET_DRIVER_VERSION when firmware supports it.
     pub driver_version: &'static str,
     /// `log_max_qp` to set; `None` means Linux's default profile (`min(18, max)`).
@@ -92,8 +103,10 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             function_id: 0,
-            async_eq_nent: 256,
+            async_eq_nent: consts::MLX5_NUM_ASYNC_EQE,
             comp_eq_nent: consts::MLX5_COMP_EQ_SIZE,
+            num_comp_vectors: 1,
+            num_irqs: 1,
             driver_version: concat!("Rust,mlx5-core,", env!("CARGO_PKG_VERSION")),
             log_max_qp: None,
             cache_line_128: false,
@@ -150,6 +163,8 @@ pub struct EventCounts {
     pub cq_error: u32,
     /// Affiliated QP errors (catastrophic, invalid request, access).
     pub qp_error: u32,
+    /// Affiliated QP events that are no error (path migration, COMM_EST, SQ_DRAINED, path migration failed).
+    pub qp_event: u32,
     /// Internal error events.
     pub internal_error: u32,
     /// Completion events.
@@ -179,23 +194,34 @@ pub struct TeardownReport {
     pub first_error: Option<Error>,
 }
 
-/// The event types the async EQ subscribes to (Linux's async mask, less the path-migration, SRQ and DCT events
-/// of objects this driver never creates).
-pub const ASYNC_EVENTS: [EventType; 8] = [
-    EventType::PageRequest,
-    EventType::Cmd,
-    EventType::PortChange,
-    EventType::CqError,
-    EventType::WqCatasError,
-    EventType::WqInvalReqError,
-    EventType::WqAccessError,
-    EventType::InternalError,
-];
+/// Completion vectors an HCA can have (one completion EQ each).
+pub const MAX_COMP_VECTORS: usize = 32;
 
-/// The async EQ and its buffer.
+/// EQs Linux reserves for its async EQs when it sizes the completion vectors (`MLX5_MAX_ASYNC_EQS` without ODP:
+/// command, async, pages).
+pub const MAX_ASYNC_EQS: u32 = 3;
+
+/// The event queues, as Linux's `mlx5_eq_table` holds them: the command EQ, the async EQ, the pages EQ (created
+/// at bring-up, in that order) and one completion EQ per vector (created on first use, `mlx5_comp_eqn_get`).
 #[derive(Debug)]
-struct AsyncEq {
-    ring: EqRing,
+pub(crate) struct EqTable {
+    pub(crate) cmd: Option<EqRing>,
+    pub(crate) async_eq: Option<EqRing>,
+    pub(crate) pages: Option<EqRing>,
+    pub(crate) comp: [Option<EqRing>; MAX_COMP_VECTORS],
+    /// Completion vectors on offer.
+    pub(crate) num_comp: u16,
+}
+
+impl EqTable {
+    fn new() -> Self {
+        Self { cmd: None, async_eq: None, pages: None, comp: [const { None }; MAX_COMP_VECTORS], num_comp: 1 }
+    }
+
+    /// Every EQ that exists, the control EQs first.
+    pub(crate) fn rings_mut(&mut self) -> impl Iterator<Item = &mut EqRing> {
+        [&mut self.cmd, &mut self.async_eq, &mut self.pages].into_iter().flatten().chain(self.comp.iter_mut().flatten())
+    }
 }
 
 /// Everything besides the command queue, so a waiting command (which borrows the queue) can still reach it.
@@ -204,9 +230,11 @@ pub(crate) struct Ctx<const P: usize, const NCQ: usize> {
     cfg: Config,
     pages: FwPages<P>,
     watch: Watch,
-    eq: Option<AsyncEq>,
-    /// The completion EQ, created with the first CQ (as Linux 6.12 creates completion EQs on first use).
-    pub(crate) comp_eq: Option<EqRing>,
+    /// The capabilities the async EQ's event mask is gathered from (`gather_async_events_mask`).
+    event_caps: crate::eq::AsyncEventCaps,
+    /// The device sends no page requests (`page_request_disable`): no pages EQ.
+    page_request_disable: bool,
+    pub(crate) eqs: EqTable,
     /// Completion-event bookkeeping of every CQ (arm sequence numbers, events not yet taken or acknowledged).
     pub(crate) cqs: CqEvents<NCQ>,
     pub(crate) async_events: AsyncEvents,
@@ -294,7 +322,32 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
 
     /// The async EQ's number, once created.
     pub fn eqn(&self) -> Option<u8> {
-        self.ctx.eq.as_ref().map(|e| e.ring.eqn())
+        self.ctx.eqs.async_eq.as_ref().map(|r| r.eqn())
+    }
+
+    /// The command EQ's number (`MLX5_EVENT_TYPE_CMD` only), once created.
+    pub fn cmd_eqn(&self) -> Option<u8> {
+        self.ctx.eqs.cmd.as_ref().map(|r| r.eqn())
+    }
+
+    /// The pages EQ's number (`MLX5_EVENT_TYPE_PAGE_REQUEST` only), once created.
+    pub fn pages_eqn(&self) -> Option<u8> {
+        self.ctx.eqs.pages.as_ref().map(|r| r.eqn())
+    }
+
+    /// The event mask the async EQ was created with.
+    pub fn async_event_mask(&self) -> [u64; 4] {
+        crate::eq::async_event_mask(&self.ctx.event_caps)
+    }
+
+    /// Completion vectors a CQ may name in [`CqAttr::comp_vector`] (`ibv_context.num_comp_vectors`).
+    pub fn num_comp_vectors(&self) -> u16 {
+        self.ctx.eqs.num_comp
+    }
+
+    /// The completion EQ of `vector`, once a CQ on that vector created it.
+    pub fn comp_eqn_of(&self, vector: u16) -> Option<u8> {
+        self.ctx.eqs.comp.get(usize::from(vector))?.as_ref().map(|r| r.eqn())
     }
 
     /// Firmware page accounting.

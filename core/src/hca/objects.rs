@@ -144,11 +144,14 @@ pub struct CqAttr {
     pub cqe_size: CqeSize,
     /// Ask the device not to report overruns (`cqc.oi`); needs `cq_oi`.
     pub overrun_ignore: bool,
+    /// The completion vector whose EQ gets this CQ's completion events (`ibv_create_cq`'s `comp_vector`), below
+    /// [`Hca::num_comp_vectors`].
+    pub comp_vector: u16,
 }
 
 impl Default for CqAttr {
     fn default() -> Self {
-        Self { cqe: 255, cqe_size: CqeSize::B64, overrun_ignore: false }
+        Self { cqe: 255, cqe_size: CqeSize::B64, overrun_ignore: false, comp_vector: 0 }
     }
 }
 
@@ -259,7 +262,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
 
     /// Creates a completion queue (`mlx5_ib_create_cq` for a kernel consumer): ring buffer with every CQE invalid,
     /// a doorbell record, the page list at the largest page size the buffer allows, CREATE_CQ on the completion
-    /// EQ.
+    /// EQ of the CQ's completion vector.
     pub fn create_cq(&mut self, attr: CqAttr, delay: &mut impl DelayNs) -> Result<Cq, Error> {
         self.check_state(Opcode::CreateCq)?;
         let log_nent = self.cq_entries(attr.cqe)?;
@@ -270,7 +273,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             return Err(Error::TooManyCqs { max: NCQ });
         }
         let uar = self.uar.ok_or(Error::NotSupported { what: "CQ without a UAR" })?;
-        let c_eqn = self.comp_eqn(delay)?;
+        let c_eqn = self.comp_eqn(attr.comp_vector, delay)?;
         let buf = QueueBuf::alloc(self.cmdq.dma(), attr.cqe_size.bytes() << log_nent)?;
         Cq::init_buf(&buf, log_nent, attr.cqe_size);
         let dbrec = match self.dbr.alloc(self.cmdq.dma()) {
@@ -873,8 +876,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         (self.dbr.pages(), self.dbr.in_use())
     }
 
-    /// The completion EQ's number, once a CQ created it.
+    /// The completion EQ of vector 0, once a CQ created it.
     pub fn comp_eq(&self) -> Option<u8> {
-        self.ctx.comp_eq.as_ref().map(|r| r.eqn())
+        self.comp_eqn_of(0)
     }
 }

@@ -47,6 +47,10 @@ pub(super) struct Watch {
     pub(super) last_poll_us: u64,
     pub(super) interval_us: u64,
     pub(super) failure: Option<HealthFailure>,
+    /// The caller's clock (milliseconds) at the last [`Hca::health_tick`] that polled.
+    pub(super) tick_ms: u64,
+    /// [`Hca::health_tick`]'s period in milliseconds.
+    pub(super) tick_interval_ms: u64,
 }
 
 impl Watch {
@@ -154,7 +158,7 @@ impl<const P: usize, const NCQ: usize> Ctx<P, NCQ> {
         Ok(())
     }
 
-    /// One pass over the EQs (async, then completion): counts events, records completion and CQ-error events,
+    /// One pass over the EQs (command, async, pages, then the completion EQs by vector): counts events, records completion and CQ-error events,
     /// and collects page requests; re-arms an EQ when it consumed anything. Returns whether there are page
     /// requests to serve. Bounded by the ring sizes, so a device that keeps writing cannot trap the driver here.
     fn drain_pass<M: Mmio, D: Dma, T: CmdTrace>(
@@ -170,10 +174,7 @@ impl<const P: usize, const NCQ: usize> Ctx<P, NCQ> {
             requests,
             nreq: 0,
         };
-        if let Some(eq) = self.eq.as_mut() {
-            sink.drain_ring(&mut eq.ring, q.mmio());
-        }
-        if let Some(ring) = self.comp_eq.as_mut() {
+        for ring in self.eqs.rings_mut() {
             sink.drain_ring(ring, q.mmio());
         }
         sink.nreq > 0
@@ -327,12 +328,14 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
     }
 
-    /// `mlx5_enter_error_state`: no command reaches the device from now on.
+    /// `mlx5_enter_error_state`: no command reaches the device from now on, and the caller gets one
+    /// `DeviceFatal` async event (`MLX5_DEV_EVENT_SYS_ERROR`, which mlx5_ib dispatches as `IB_EVENT_DEVICE_FATAL`).
     pub(super) fn enter_internal_error(&mut self, cause: HealthFailure) {
         if self.state == HcaState::Up {
             self.state = HcaState::InternalError(cause);
             self.ctx.watch.failure.get_or_insert(cause);
             self.cmdq.set_device_down(true);
+            self.ctx.async_events.push(super::AsyncEvent::DeviceFatal);
         }
     }
 
@@ -382,6 +385,29 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let mut clk = Clock { inner: delay, us: clock };
         let ctx = &mut self.ctx;
         ctx.drain(&mut self.cmdq, &mut clk, clock).map_err(|e| self.cmd_error(e))
+    }
+
+    /// The health timer on the caller's clock (Linux's `poll_health` timer, independent of commands): `now_ms` is
+    /// any monotonic millisecond count. When less than the poll interval (2 s, `Config::health_poll_interval_ms`)
+    /// has passed since the last poll it costs one subtraction and one branch and touches no register, so the
+    /// datapath or a host timer can call it as often as it likes. When due it runs [`Hca::poll_health`]: a fatal
+    /// sensor or health syndrome, or a heartbeat that stayed the same for `MAX_MISSES` (3) polls, moves the HCA
+    /// to internal error, queues [`AsyncEvent::DeviceFatal`](super::AsyncEvent::DeviceFatal) once, makes every
+    /// post fail with `PostErrorKind::DeviceError` and lets [`Hca::poll_cq`] complete the outstanding work
+    /// requests with `WR_FLUSH_ERR`. Only a tick that polls reports a failure; [`Hca::state`] says it at any time.
+    /// The heartbeat's miss count is shared with the polls made while commands wait.
+    #[inline]
+    pub fn health_tick(&mut self, now_ms: u64) -> Result<(), Error> {
+        if now_ms.wrapping_sub(self.ctx.watch.tick_ms) < self.ctx.watch.tick_interval_ms {
+            return Ok(());
+        }
+        self.health_tick_due(now_ms)
+    }
+
+    #[cold]
+    fn health_tick_due(&mut self, now_ms: u64) -> Result<(), Error> {
+        self.ctx.watch.tick_ms = now_ms;
+        self.poll_health()
     }
 
     /// One tick of the health timer (call it every [`HEALTH_POLL_INTERVAL_MS`](crate::health::HEALTH_POLL_INTERVAL_MS)). A failure moves the HCA to

@@ -300,6 +300,13 @@ impl Caps {
             .unwrap_or(0)
     }
 
+    /// A maximum general capability (`MLX5_CAP_GEN_MAX`).
+    pub(crate) fn gen_max(&self, f: Field) -> u32 {
+        self.query(consts::MLX5_CAP_GENERAL, false)
+            .map(|img| MsgBuf::get(img, f.at(ifc::hca_cap_union::CMD_HCA_CAP)))
+            .unwrap_or(0)
+    }
+
     /// Overwrites a current general capability, bypassing the SET_HCA_CAP rules (tests of capability checks).
     #[cfg(test)]
     pub(crate) fn force_gen(&mut self, f: Field, v: u32) {

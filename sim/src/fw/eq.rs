@@ -60,6 +60,8 @@ pub struct EqInfo {
     pub uar_page: u32,
     /// The four `event_bitmask` words from CREATE_EQ.
     pub event_bitmask: [u64; 4],
+    /// `eqc.intr`: the interrupt vector the EQ signals.
+    pub intr: u16,
 }
 
 /// An event queue: its buffer, subscriptions and indices.
@@ -73,6 +75,8 @@ pub(crate) struct Eq {
     pub(crate) log_nent: u32,
     /// `event_bitmask[4]`: bit `n` of word 0 = event type `n`.
     pub(crate) bitmask: [u64; 4],
+    /// `eqc.intr`.
+    pub(crate) intr: u16,
     /// EQEs posted (wrapping).
     pub(crate) pi: u32,
     /// The consumer index the driver last wrote, extended to 32 bits.
@@ -133,6 +137,40 @@ pub(crate) struct EqFw<'a> {
     pub(crate) in_use: &'a dyn Fn(u32) -> bool,
 }
 
+/// The event types this device can report, one bit each (bit `n` of word 0 = type `n`): completions, commands,
+/// page requests, internal errors, the affiliated and port events of `MLX5_ASYNC_EVENT_MASK`, and the types each
+/// capability adds (the ones `gather_async_events_mask` checks in Linux `eq.c`). CREATE_EQ refuses any other bit.
+pub(crate) fn supported_events(caps: &Caps) -> [u64; 4] {
+    use ifc::cmd_hca_cap as g;
+    let mut m = u64::from(consts::MLX5_ASYNC_EVENT_MASK);
+    for t in [
+        consts::MLX5_EVENT_TYPE_COMP,
+        consts::MLX5_EVENT_TYPE_CMD,
+        consts::MLX5_EVENT_TYPE_PAGE_REQUEST,
+        consts::MLX5_EVENT_TYPE_INTERNAL_ERROR,
+    ] {
+        m |= 1 << t;
+    }
+    let on = |f| caps.gen(f) != 0;
+    let eth = caps.gen(g::PORT_TYPE) == consts::MLX5_CAP_PORT_TYPE_ETH;
+    for (yes, t) in [
+        (on(g::VPORT_GROUP_MANAGER) && eth, consts::MLX5_EVENT_TYPE_NIC_VPORT_CHANGE),
+        (on(g::GENERAL_NOTIFICATION_EVENT), consts::MLX5_EVENT_TYPE_GENERAL_EVENT),
+        (on(g::PORT_MODULE_EVENT), consts::MLX5_EVENT_TYPE_PORT_MODULE_EVENT),
+        (on(g::FPGA), consts::MLX5_EVENT_TYPE_FPGA_ERROR),
+        (on(g::FPGA), consts::MLX5_EVENT_TYPE_FPGA_QP_ERROR),
+        (caps.gen_max(g::DCT) != 0, consts::MLX5_EVENT_TYPE_DCT_DRAINED),
+        (on(g::TEMP_WARN_EVENT), consts::MLX5_EVENT_TYPE_TEMP_WARN_EVENT),
+        (on(g::MAX_NUM_OF_MONITOR_COUNTERS), consts::MLX5_EVENT_TYPE_MONITOR_COUNTER),
+        (caps.gen_max(g::VHCA_STATE) != 0, consts::MLX5_EVENT_TYPE_VHCA_STATE_CHANGE),
+    ] {
+        if yes {
+            m |= 1 << t;
+        }
+    }
+    [m, 0, 0, 0]
+}
+
 impl EqTable {
     /// The lowest-numbered EQ subscribed to `event_type`.
     pub(crate) fn subscriber(&self, event_type: u8) -> Option<u32> {
@@ -151,6 +189,7 @@ impl EqTable {
             overruns: eq.overruns,
             uar_page: eq.uar,
             event_bitmask: eq.bitmask,
+            intr: eq.intr,
         })
     }
 
@@ -177,6 +216,11 @@ impl EqTable {
         for (k, w) in bitmask.iter_mut().enumerate() {
             *w = inp.get64(i::EVENT_BITMASK.elem(k as u32));
         }
+        // Firmware refuses a subscription to an event it cannot report, as it refuses any bad field.
+        let supported = supported_events(fw.caps);
+        if bitmask.iter().zip(supported).any(|(&w, s)| w & !s != 0) {
+            return Err(bad_param(syndrome::EQ_EVENT_TYPE));
+        }
         let max = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_EQ).min(8);
         if self.map.len() as u32 >= max {
             return Err(err(CmdStatus::NoRes, syndrome::NO_RESOURCES));
@@ -190,6 +234,7 @@ impl EqTable {
             page_bytes,
             log_nent: log_size,
             bitmask,
+            intr: rd(inp, q::INTR.at(ctx)) as u16,
             pi: 0,
             ci: 0,
             armed: false,
@@ -496,6 +541,7 @@ mod tests {
             overruns: 0,
             uar_page: uar,
             event_bitmask: [1 << consts::MLX5_EVENT_TYPE_PORT_CHANGE, 0, 0, 0],
+            intr: 0,
         };
         assert_eq!(info, want);
         assert_eq!(h.dev.eq_info(eqn + 1), None);
@@ -521,6 +567,29 @@ mod tests {
         assert!(h.dev.events().contains(&SimEvent::EqDoorbell { eqn, ci: 0x0100_0001, arm: false }));
         h.eq_doorbell(uar, eqn, 0x0100_0002, false);
         assert!(matches!(h.dev.events().last(), Some(SimEvent::BadEqDoorbell { .. })));
+    }
+
+    #[test]
+    fn create_eq_refuses_event_types_the_device_cannot_report() {
+        let mut h = Harness::inline();
+        h.bring_up();
+        let uar = h.alloc_uar();
+        let before = h.dev.executed().len();
+        // The simulated device has no temperature sensor events (`temp_warn_event` 0) and no GPIO events.
+        for t in [consts::MLX5_EVENT_TYPE_TEMP_WARN_EVENT, consts::MLX5_EVENT_TYPE_GPIO_EVENT] {
+            let (s, _, _buf) = h.create_eq(uar, 3, 1 << consts::MLX5_EVENT_TYPE_PORT_CHANGE | 1 << t);
+            assert_eq!(s, consts::MLX5_CMD_STAT_BAD_PARAM_ERR, "type {t}");
+        }
+        let refused: Vec<(u8, u32)> = h.dev.executed()[before..].iter().map(|c| (c.status, c.syndrome)).collect();
+        let bad = (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::EQ_EVENT_TYPE);
+        assert_eq!(refused, vec![bad, bad]);
+        // Types the capabilities offer are taken: DCT_DRAINED (maximum `dct`), completions, internal errors.
+        let ok = 1 << consts::MLX5_EVENT_TYPE_DCT_DRAINED
+            | 1 << consts::MLX5_EVENT_TYPE_COMP
+            | 1 << consts::MLX5_EVENT_TYPE_INTERNAL_ERROR
+            | u64::from(consts::MLX5_ASYNC_EVENT_MASK);
+        let (s, eqn, _buf) = h.create_eq(uar, 3, ok);
+        assert_eq!((s, h.dev.eq_info(eqn).unwrap().event_bitmask), (0, [ok, 0, 0, 0]));
     }
 
     #[test]

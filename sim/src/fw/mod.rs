@@ -103,6 +103,9 @@ pub mod syndrome {
     pub const CQ_INVALID: u32 = 0x51a0_0053;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown memory key index.
     pub const MKEY_INVALID: u32 = 0x51a0_0054;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CREATE_EQ `event_bitmask` asks for an event type the device does
+    /// not report (one its capabilities do not offer).
+    pub const EQ_EVENT_TYPE: u32 = 0x51a0_0056;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: log_eq_size / log_cq_size above the `log_max_*_sz` capability.
     pub const LOG_SIZE: u32 = 0x51a0_0060;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: cqe_sz other than 64 or 128 bytes.

@@ -325,6 +325,8 @@ pub(crate) struct Qp {
     pub(crate) req: Option<Outstanding>,
     /// The PSN and original value of the last atomic executed as a responder, for a duplicate of it.
     pub(crate) last_atomic: Option<(u32, u64)>,
+    /// COMM_EST was posted since the QP last entered RTR.
+    pub(crate) comm_est: bool,
     pub(crate) error: Option<u8>,
     /// The Q counter set RST2INIT named (0: none).
     pub(crate) counter_set_id: u8,
@@ -719,6 +721,7 @@ impl QpTable {
             rq_ci: 0,
             req: None,
             last_atomic: None,
+            comm_est: false,
             error: None,
             counter_set_id: 0,
             max_wqe: fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_SQ) as usize,
@@ -855,6 +858,7 @@ impl QpTable {
                 }
             }
             Transition::Init2Rtr => {
+                qp.comm_est = false;
                 if rc {
                     let (pkey, port) = (qp.path.pkey_index(), qp.path.port());
                     qp.path = path;
@@ -991,13 +995,19 @@ impl State {
         }
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
         qp.state = QpState::Err;
+        // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
+        let _ = self.post_qp_event(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR, qpn);
+        true
+    }
+
+    /// Posts an affiliated QP event (`data.qp_srq`: queue type QP, the QP number) to the EQ subscribed to
+    /// `event_type`; returns that EQ when the EQE was written.
+    pub(crate) fn post_qp_event(&mut self, event_type: u8, qpn: u32) -> Option<u8> {
         let q = c::mlx5_eqe_qp_srq::QP_SRQ_N;
         let mut data = [0u8; EQE_DATA_LEN];
         data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
         data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
-        // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
-        let _ = self.post_eqe(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR, 0, &data);
-        true
+        self.post_eqe(event_type, 0, &data)
     }
 }
 

@@ -213,6 +213,8 @@ fn plug(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, we_connect: b
         let old = st.wire.remote_link();
         st.wire.plug_remote(DevRef { id, port: Port::Remote(link.clone()) }, theirs);
         st.events.push(SimEvent::LinkUp { peer });
+        // The cable is the port's link: plugged in, the port is active (a PORT_CHANGE if it was down).
+        let _ = st.set_port_up(true);
         drop(st);
         if let Some(old) = old {
             old.close();
@@ -283,6 +285,8 @@ fn read_loop(weak: Weak<Shared>, link: Arc<Link>, mut r: BufReader<TcpStream>) {
         st.wire.unplug_remote(link.id);
         if was_up {
             st.events.push(SimEvent::LinkDown { peer: link.peer, why });
+            // The far end is gone: the port's link is down, and firmware reports it (PORT_CHANGE, DOWN).
+            let _ = st.set_port_up(false);
         }
     }
 }
@@ -461,6 +465,7 @@ mod tests {
         drop(b);
         assert!(events_until(&a, |e| matches!(e, SimEvent::LinkDown { why: "the peer closed the link", .. })));
         assert_eq!(a.h.dev.wire_peer(), None);
+        assert!(!crate::lock(&a.h.dev.shared).fw.port.up, "the port's link went down with the cable");
         let ma = a.mr(64);
         a.post_send(&mut qa, &Wqe::new(SEND).data(8, ma.key, ma.addr()), Bell::Db);
         let e = a.wait_cqe(&mut a_cq).expect("error CQE");

@@ -32,6 +32,14 @@ impl State {
         };
         let (pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
         let (expected, last_atomic, counters) = (qp.next_rcv_psn, qp.last_atomic, qp.counter_set_id);
+        // IBA 11.6.3: a QP in RTR that receives its first packet reports communication established (an
+        // affiliated COMM_EST event), once per RTR.
+        if qp.state == QpState::Rtr && !qp.comm_est {
+            if let Some(q) = self.fw.qps.get_mut(&dst) {
+                q.comm_est = true;
+            }
+            let _ = self.post_qp_event(consts::MLX5_EVENT_TYPE_COMM_EST, dst);
+        }
         let ahead = psn.wrapping_sub(expected) & PSN_MASK;
         if ahead != 0 {
             let resp = if ahead < PSN_WINDOW {

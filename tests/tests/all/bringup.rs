@@ -74,8 +74,11 @@ fn linux_order(port: PortType) -> Vec<(u16, u16)> {
         v.push(cap(MLX5_CAP_ROCE, true));
     }
     v.extend([
-        // mlx5_load: mlx5_get_uars_page, then the async EQ; firmware then asks for its regular pages by event.
+        // mlx5_load: mlx5_get_uars_page, then create_async_eqs (command, async, pages EQ); firmware then asks for
+        // its regular pages on the pages EQ. Completion EQs come with the first CQ of each vector.
         op(MLX5_CMD_OP_ALLOC_UAR, 0),
+        op(MLX5_CMD_OP_CREATE_EQ, 0),
+        op(MLX5_CMD_OP_CREATE_EQ, 0),
         op(MLX5_CMD_OP_CREATE_EQ, 0),
         op(MLX5_CMD_OP_MANAGE_PAGES, MLX5_PAGES_GIVE),
         // mlx5_ib's counters stage: the port's Q counter set (the device reports max_qp_cnt).
@@ -98,6 +101,9 @@ fn linux_teardown() -> Vec<(u16, u16)> {
     vec![
         // mlx5_ib_dealloc_counters, before mlx5_core unloads.
         op(MLX5_CMD_OP_DEALLOC_Q_COUNTER, 0),
+        // destroy_async_eqs: pages, async, then command EQ.
+        op(MLX5_CMD_OP_DESTROY_EQ, 0),
+        op(MLX5_CMD_OP_DESTROY_EQ, 0),
         op(MLX5_CMD_OP_DESTROY_EQ, 0),
         op(MLX5_CMD_OP_DEALLOC_UAR, 0),
         op(MLX5_CMD_OP_TEARDOWN_HCA, 0),
@@ -165,25 +171,36 @@ fn async_eq_is_armed_subscribed_and_drained() {
     let mut hca = up(&dev);
     let eqn = hca.eqn().expect("an async EQ");
     let info = dev.eq_info(eqn).unwrap();
+    // MLX5_ASYNC_EVENT_MASK plus DCT_DRAINED, which the simulated device's maximum `dct` capability adds.
     let want = [
-        EventType::PageRequest,
-        EventType::Cmd,
-        EventType::PortChange,
+        EventType::PathMig,
+        EventType::CommEst,
+        EventType::SqDrained,
         EventType::CqError,
         EventType::WqCatasError,
+        EventType::PathMigFailed,
+        EventType::PortChange,
         EventType::WqInvalReqError,
         EventType::WqAccessError,
-        EventType::InternalError,
+        EventType::SrqCatasError,
+        EventType::SrqLastWqe,
+        EventType::SrqRqLimit,
+        EventType::DctDrained,
     ]
     .iter()
     .fold(0u64, |m, t| m | (1 << t.raw()));
-    assert_eq!(info.event_bitmask, [want, 0, 0, 0], "exactly the eight async event types");
-    // Default 256 usable entries plus MLX5_NUM_SPARE_EQE, rounded up.
-    assert_eq!(info.nent, 512);
+    assert_eq!(info.event_bitmask, [want, 0, 0, 0], "Linux's async mask for these capabilities");
+    // MLX5_NUM_ASYNC_EQE (4096) usable entries plus MLX5_NUM_SPARE_EQE, rounded up.
+    assert_eq!(info.nent, 8192);
     assert!(info.armed, "armed after the last drain");
     assert_eq!(info.ci, info.pi, "every EQE consumed");
-    assert!(info.pi > 0, "firmware posted command completions and the page request");
     assert_eq!(info.overruns, 0);
+    // Command completions and the page request went to EQs of their own, and were drained there.
+    for (eqn, what) in [(hca.cmd_eqn().unwrap(), "command"), (hca.pages_eqn().unwrap(), "pages")] {
+        let i = dev.eq_info(eqn).unwrap();
+        assert!(i.pi > 0 && i.ci == i.pi && i.armed, "{what} EQ: {i:?}");
+    }
+    assert!(hca.events().command > 0 && hca.events().page_request > 0);
 
     // A port change and a CQ error are counted, and the EQ is armed again after the drain.
     let mut port = [0u8; EQE_DATA_LEN];
@@ -200,6 +217,7 @@ fn async_eq_is_armed_subscribed_and_drained() {
     assert_eq!(ev.port_change, 1);
     assert_eq!(ev.last_port_change, Some((1, consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN)));
     assert_eq!((ev.cq_error, ev.last_cq_error), (1, Some((0x1a, 1))));
+    assert_eq!(hca.get_async_event(), Some(mlx5_core::hca::AsyncEvent::PortErr { port: 1 }));
     let info = dev.eq_info(eqn).unwrap();
     assert!(info.armed && info.ci == info.pi);
     hca.teardown(&mut d).unwrap();

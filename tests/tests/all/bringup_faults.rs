@@ -247,7 +247,7 @@ fn expected_failure(dev: &SimDevice, death: Death) -> HealthFailure {
             synd: HealthSyndrome::from_raw(synd),
             ext_synd: syndrome::HEALTH_EXT_SYND,
             severity: 2,
-            rfr: false,
+            rfr: true,
         },
         // The heartbeat froze when the firmware died and three polls saw it unchanged.
         Death::Stall => {

@@ -87,7 +87,7 @@ fn cq_sizes_from_one_to_the_cap_limit_with_both_cqe_sizes() {
         let mut cqes: Vec<u32> = (1..=12).map(|l| (1u32 << l) - 1).collect();
         cqes.extend([1, 2, 5, 100, 4000]);
         for cqe in cqes {
-            let cq = hca.create_cq(CqAttr { cqe, cqe_size, overrun_ignore: false }, &mut d).unwrap();
+            let cq = hca.create_cq(CqAttr { cqe, cqe_size, overrun_ignore: false, comp_vector: 0 }, &mut d).unwrap();
             let nent = (cqe + 1).next_power_of_two();
             assert_eq!(cq.nent(), nent, "cqe {cqe}");
             let info = dev.cq_info(cq.cqn()).unwrap();
@@ -103,7 +103,8 @@ fn cq_sizes_from_one_to_the_cap_limit_with_both_cqe_sizes() {
         }
         // Beyond the limit: refused before any command is sent.
         let sent = dev.executed().len();
-        let e = hca.create_cq(CqAttr { cqe: 4096, cqe_size, overrun_ignore: false }, &mut d).unwrap_err();
+        let e =
+            hca.create_cq(CqAttr { cqe: 4096, cqe_size, overrun_ignore: false, comp_vector: 0 }, &mut d).unwrap_err();
         assert_eq!(e, Error::BadSize { what: "CQ entries", requested: 4096, max: 4095 });
         assert!(matches!(hca.create_cq(CqAttr { cqe: 0, ..CqAttr::default() }, &mut d), Err(Error::BadSize { .. })));
         assert_eq!(dev.executed().len(), sent);
@@ -162,7 +163,7 @@ fn page_size_follows_the_dma_layout() {
 fn stream(cqe_size: CqeSize, max_contig: Option<usize>) {
     let dev = SimDevice::default();
     let (mut hca, mut d) = up_fragmented(&dev, max_contig);
-    let mut cq = hca.create_cq(CqAttr { cqe: 63, cqe_size, overrun_ignore: false }, &mut d).unwrap();
+    let mut cq = hca.create_cq(CqAttr { cqe: 63, cqe_size, overrun_ignore: false, comp_vector: 0 }, &mut d).unwrap();
     let nent = cq.nent();
     let total = 10 * nent + 7;
     let mut wrs = Wrs::default();

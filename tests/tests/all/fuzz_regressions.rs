@@ -25,7 +25,9 @@ fn refused_page_request_does_not_fail_the_command_that_completed() {
     let dev = SimDevice::new(SimConfig::default());
     let mut d = dev.delay();
     let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
-    let cq = hca.create_cq(CqAttr { cqe: 15, cqe_size: CqeSize::B64, overrun_ignore: false }, &mut d).unwrap();
+    let cq = hca
+        .create_cq(CqAttr { cqe: 15, cqe_size: CqeSize::B64, overrun_ignore: false, comp_vector: 0 }, &mut d)
+        .unwrap();
     // Firmware asks pages for function 0x4858 (the fuzz input's bytes), then refuses them (BAD_FUNCTION).
     let e = Eqe::emit(&Event::PageRequest { function_id: 0x4858, ec_function: false, num_pages: 0x2cf5 });
     let mut data = [0u8; mlx5_sim::EQE_DATA_LEN];
@@ -108,7 +110,9 @@ impl UdQp {
         let mut d = dev.delay();
         let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
         let pd = hca.alloc_pd(&mut d).unwrap();
-        let cq = hca.create_cq(CqAttr { cqe: 15, cqe_size: CqeSize::B64, overrun_ignore: false }, &mut d).unwrap();
+        let cq = hca
+            .create_cq(CqAttr { cqe: 15, cqe_size: CqeSize::B64, overrun_ignore: false, comp_vector: 0 }, &mut d)
+            .unwrap();
         let attr = QpInitAttr { qp_type: QpType::Ud, cap, sq_sig_all: false };
         let mut qp = hca.create_qp(&pd, &cq, &cq, attr, &mut d).unwrap();
         let a = QpAttr { qkey: 0x1111, ..QpAttr::default() };
@@ -169,7 +173,7 @@ fn refused_page_give_does_not_end_a_waiting_create() {
     dev.inject(Fault::NeedPages { opcode: consts::MLX5_CMD_OP_CREATE_CQ, pages: 4 });
     let mp = consts::MLX5_CMD_OP_MANAGE_PAGES;
     dev.inject(Fault::Status { opcode: mp, status: 0x03, syndrome: 0x1234, times: 1 });
-    let r = hca.create_cq(CqAttr { cqe: 15, cqe_size: CqeSize::B64, overrun_ignore: false }, &mut d);
+    let r = hca.create_cq(CqAttr { cqe: 15, cqe_size: CqeSize::B64, overrun_ignore: false, comp_vector: 0 }, &mut d);
     match r {
         Err(Error::Cmd(CmdError::Timeout { opcode: Opcode::CreateCq, .. })) => {}
         other => panic!("CREATE_CQ must keep waiting past the refused give, got {:?}", other.map(|c| c.cqn())),

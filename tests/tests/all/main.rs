@@ -10,6 +10,7 @@ mod cmdq;
 mod completion_channel;
 mod cq;
 mod datapath;
+mod eqs_and_health;
 mod flush_on_failure;
 mod fuzz_regressions;
 mod gid;
