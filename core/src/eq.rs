@@ -29,6 +29,9 @@ pub struct CreateEq<'a> {
     pub event_bitmask: [u64; 4],
     /// The ring's pages.
     pub pas: Pas<'a>,
+    /// `uid`: `MLX5_SHARED_RESOURCE_UID` for a completion EQ on a device with user contexts, so CQs of any
+    /// context may use it (`create_map_eq`), else 0.
+    pub uid: u16,
 }
 
 impl Command for CreateEq<'_> {
@@ -44,6 +47,7 @@ impl Command for CreateEq<'_> {
     }
     fn encode<B: MsgBuf + ?Sized>(&self, msg: &mut B) {
         write_header(msg, Opcode::CreateEq, 0);
+        msg.set(ifc::create_eq_in::UID, self.uid.into());
         {
             let mut eqc = SubBuf::new(msg, ifc::create_eq_in::EQ_CONTEXT_ENTRY);
             eqc.set(ifc::eqc::LOG_EQ_SIZE, self.ctx.log_eq_size.into());

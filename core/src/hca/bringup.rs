@@ -440,6 +440,13 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             ctx: EqContext { log_eq_size: log_nent, uar_page: uar, intr, log_page_size: 0, page_offset: 0 },
             event_bitmask: mask,
             pas: crate::cmd::Pas::Contiguous { base: buf.iova(), count: npages },
+            // A completion EQ (no event types in the first mask word) is shared with user contexts when the device
+            // has them (`create_map_eq`).
+            uid: if mask[0] == 0 && self.caps.general.log_max_uctx != 0 {
+                consts::MLX5_SHARED_RESOURCE_UID as u16
+            } else {
+                0
+            },
         };
         match self.exec(&mut cmd, delay) {
             Ok(eqn) => {

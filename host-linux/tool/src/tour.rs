@@ -156,6 +156,7 @@ fn tour<M: Mmio, D: Dma, T: CmdTrace>(
     let eq_pages = mem.pages("EQ buffer", 2)?;
     let mask = (1u64 << EventType::Cmd.raw()) | (1u64 << EventType::PageRequest.raw());
     let eq = CreateEq {
+        uid: 0,
         ctx: EqContext { log_eq_size: 7, uar_page: r.uar, ..EqContext::default() },
         event_bitmask: [mask, 0, 0, 0],
         pas: Pas::List(&eq_pages),

@@ -97,6 +97,7 @@ fn create_eq_asking_for_an_event_the_caps_do_not_offer_is_bad_param() {
     // The simulated device offers no temperature warnings (`temp_warn_event` 0).
     for t in [consts::MLX5_EVENT_TYPE_TEMP_WARN_EVENT, consts::MLX5_EVENT_TYPE_GPIO_EVENT] {
         let mut cmd = CreateEq {
+            uid: 0,
             ctx: EqContext { log_eq_size: 6, uar_page: hca.uar().unwrap(), ..EqContext::default() },
             event_bitmask: [bit(consts::MLX5_EVENT_TYPE_PORT_CHANGE) | bit(t), 0, 0, 0],
             pas: mlx5_core::cmd::Pas::Contiguous { base: buf.iova(), count: 1 },
@@ -110,6 +111,7 @@ fn create_eq_asking_for_an_event_the_caps_do_not_offer_is_bad_param() {
     }
     // A type in a word beyond the first is refused the same way.
     let mut cmd = CreateEq {
+        uid: 0,
         ctx: EqContext { log_eq_size: 6, uar_page: hca.uar().unwrap(), ..EqContext::default() },
         event_bitmask: [0, 1, 0, 0],
         pas: mlx5_core::cmd::Pas::Contiguous { base: buf.iova(), count: 1 },

@@ -99,6 +99,7 @@ fn command_inputs_match_byte_for_byte() {
         (
             "create_eq_in",
             encode(&CreateEq {
+                uid: 0,
                 ctx: EqContext { log_eq_size: 8, uar_page: 1, intr: 0, log_page_size: 0, page_offset: 0 },
                 event_bitmask: [1 << 0xa, 0, 0, 0],
                 pas: Pas::List(&pas_eq),
