@@ -146,6 +146,18 @@ pub enum Event {
         /// The sub-type.
         sub_type: u8,
     },
+    /// Fewer WQEs than the armed limit are posted on an SRQ (`MLX5_EVENT_TYPE_SRQ_RQ_LIMIT`, the SRQ number in
+    /// `data.qp_srq.qp_srq_n` as `srq_event_notifier` reads it; verbs `IBV_EVENT_SRQ_LIMIT_REACHED`).
+    SrqLimit {
+        /// The SRQ (or RMP) number.
+        srqn: u32,
+    },
+    /// A QP attached to an SRQ went to ERR and will take no more WQEs from it (`MLX5_EVENT_TYPE_SRQ_LAST_WQE`;
+    /// verbs `IBV_EVENT_QP_LAST_WQE_REACHED`).
+    SrqLastWqe {
+        /// The QP number.
+        qpn: u32,
+    },
 }
 
 /// Which affiliated QP error an event reports.
@@ -224,6 +236,11 @@ impl Eqe {
                 };
                 Event::QpError { qpn: be(b, d, c::mlx5_eqe_qp_srq::QP_SRQ_N) & 0x00ff_ffff, kind }
             }
+            EventType::SrqRqLimit => Event::SrqLimit { srqn: be(b, d, c::mlx5_eqe_qp_srq::QP_SRQ_N) & 0x00ff_ffff },
+            // A QP event: the queue type must name a QP (`rsc_event_notifier` keys the resource by it).
+            EventType::SrqLastWqe if b[d + c::mlx5_eqe_qp_srq::TYPE.off] == consts::MLX5_EVENT_QUEUE_TYPE_QP => {
+                Event::SrqLastWqe { qpn: be(b, d, c::mlx5_eqe_qp_srq::QP_SRQ_N) & 0x00ff_ffff }
+            }
             t => Event::Other { event_type: t.raw(), sub_type: self.sub_type() },
         }
     }
@@ -268,11 +285,23 @@ impl Eqe {
                 put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, qpn & 0x00ff_ffff);
                 (kind.event_type().raw(), 0)
             }
+            Event::SrqLimit { srqn } => {
+                put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, srqn & 0x00ff_ffff);
+                (EventType::SrqRqLimit.raw(), 0)
+            }
+            Event::SrqLastWqe { qpn } => {
+                e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
+                put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, qpn & 0x00ff_ffff);
+                (EventType::SrqLastWqe.raw(), 0)
+            }
             Event::Other { event_type, sub_type } => {
                 // A queue-error type decodes as `QpError` when the queue is a QP (type 0, what zeroed data
                 // says); `Other` of such a type was another queue's, so the image names one (an RQ).
                 let t = EventType::from_raw(event_type);
-                if matches!(t, EventType::WqCatasError | EventType::WqInvalReqError | EventType::WqAccessError) {
+                let qp_event = matches!(t, EventType::SrqLastWqe);
+                if qp_event
+                    || matches!(t, EventType::WqCatasError | EventType::WqInvalReqError | EventType::WqAccessError)
+                {
                     e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_RQ;
                 }
                 (event_type, sub_type)
@@ -434,6 +463,9 @@ mod tests {
             Event::QpError { qpn: 0xab_cdef, kind: QpErrorKind::Catastrophic },
             Event::QpError { qpn: 1, kind: QpErrorKind::InvalidRequest },
             Event::QpError { qpn: 2, kind: QpErrorKind::AccessError },
+            Event::SrqLimit { srqn: 0x12_3456 },
+            Event::SrqLastWqe { qpn: 0xab_cdef },
+            Event::Other { event_type: EventType::SrqLastWqe.raw(), sub_type: 0 },
         ];
         for e in events {
             assert_eq!(Eqe::emit(&e).event(), e);

@@ -24,6 +24,7 @@ pub mod pd;
 pub mod prm;
 pub mod qp;
 pub mod reg;
+pub mod srq;
 pub mod trace;
 pub mod uar;
 pub mod vport;

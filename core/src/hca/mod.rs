@@ -19,6 +19,7 @@ mod bringup;
 mod error;
 mod events;
 mod objects;
+mod srq;
 mod wait;
 
 pub use error::{BringupError, Error, Step};
@@ -26,6 +27,7 @@ pub use events::AsyncEvent;
 pub use objects::{
     gid_table, link_local_gid, mac_to_eui64, CqAttr, DestroyError, GidType, Pd, PortAttr, QpInitAttr, MR_MAX_PAGE_SHIFT,
 };
+pub use srq::SrqAttr;
 pub use wait::done_in_internal_error;
 
 use core::cell::Cell;
@@ -179,9 +181,9 @@ pub struct TeardownReport {
     pub first_error: Option<Error>,
 }
 
-/// The event types the async EQ subscribes to (Linux's async mask, less the path-migration, SRQ and DCT events
-/// of objects this driver never creates).
-pub const ASYNC_EVENTS: [EventType; 8] = [
+/// The event types the async EQ subscribes to (Linux's async mask, less the path-migration, SRQ error and DCT
+/// events this driver does not handle).
+pub const ASYNC_EVENTS: [EventType; 10] = [
     EventType::PageRequest,
     EventType::Cmd,
     EventType::PortChange,
@@ -190,6 +192,8 @@ pub const ASYNC_EVENTS: [EventType; 8] = [
     EventType::WqInvalReqError,
     EventType::WqAccessError,
     EventType::InternalError,
+    EventType::SrqLastWqe,
+    EventType::SrqRqLimit,
 ];
 
 /// The async EQ and its buffer.
