@@ -56,6 +56,7 @@ mod flush;
 mod keys;
 mod requester;
 mod responder;
+mod srq;
 mod ud;
 mod wqe;
 
