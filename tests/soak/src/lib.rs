@@ -1457,6 +1457,8 @@ impl<'r> Epoch<'r> {
             }
             AsyncEvent::DeviceFatal => {}
             AsyncEvent::PortChange { .. } => {}
+            // The soak makes no SRQs.
+            AsyncEvent::SrqLimitReached { .. } | AsyncEvent::LastWqeReached { .. } => {}
         }
     }
 

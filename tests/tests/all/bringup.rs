@@ -170,10 +170,12 @@ fn async_eq_is_armed_subscribed_and_drained() {
         EventType::WqInvalReqError,
         EventType::WqAccessError,
         EventType::InternalError,
+        EventType::SrqLastWqe,
+        EventType::SrqRqLimit,
     ]
     .iter()
     .fold(0u64, |m, t| m | (1 << t.raw()));
-    assert_eq!(info.event_bitmask, [want, 0, 0, 0], "exactly the eight async event types");
+    assert_eq!(info.event_bitmask, [want, 0, 0, 0], "exactly the ten async event types");
     // Default 256 usable entries plus MLX5_NUM_SPARE_EQE, rounded up.
     assert_eq!(info.nent, 512);
     assert!(info.armed, "armed after the last drain");
