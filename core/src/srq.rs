@@ -454,7 +454,18 @@ impl Srq {
     /// An SRQ over its created objects. `buf` went through [`Srq::init_buf`]; `shadow` is host memory of
     /// [`Srq::shadow_len`] bytes, 8-byte aligned.
     pub fn new(buf: QueueBuf, dbrec: DbRec, shadow: DmaRegion, srqn: u32, kind: SrqKind, sizes: SrqSizes) -> Self {
-        let srq = Self { buf, dbrec, shadow, srqn, kind, sizes, head: 0, tail: (sizes.max - 1) as u16, counter: 0, posted: 0 };
+        let srq = Self {
+            buf,
+            dbrec,
+            shadow,
+            srqn,
+            kind,
+            sizes,
+            head: 0,
+            tail: (sizes.max - 1) as u16,
+            counter: 0,
+            posted: 0,
+        };
         for i in 0..sizes.max {
             let slot = SrqSlot { next: ((i + 1) & (sizes.max - 1)) as u16, ..SrqSlot::default() };
             // SAFETY: inside the live shadow region, aligned; only the driver touches it.
@@ -526,7 +537,8 @@ impl Srq {
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
             if wr.sg_list.len() > self.sizes.max_gs as usize {
-                result = Err(PostError { index: i, kind: K::TooManySge { sge: wr.sg_list.len(), max: self.sizes.max_gs } });
+                result =
+                    Err(PostError { index: i, kind: K::TooManySge { sge: wr.sg_list.len(), max: self.sizes.max_gs } });
                 break;
             }
             let head = self.slot(self.head);
@@ -768,9 +780,9 @@ mod tests {
         let buf = QueueBuf::alloc(dma, sizes.buf_bytes()).unwrap();
         Srq::init_buf(&buf, &sizes);
         let shadow = dma.alloc(Srq::shadow_len(&sizes), 8).unwrap();
+        // The test allocator frees nothing on drop: the record stays valid after its pool goes.
         let mut pool = crate::dbr::DbrPool::<1>::new(64);
         let rec = pool.alloc(dma).unwrap();
-        core::mem::forget(pool);
         Srq::new(buf, rec, shadow, 0x42, SrqKind::Rmp, sizes)
     }
 

@@ -6,8 +6,8 @@ use crate::cmdq::CmdError;
 use crate::hal::{DelayNs, Dma, Mmio};
 use crate::qp::{PostError, PostErrorKind, Qp, RecvWr};
 use crate::srq::{
-    destroy_rmp, destroy_srq, ArmSrq, CreateRmp, CreateSrq, ModifyRmpLwm, QueryRmp, QuerySrq, Srq, SrqContext,
-    SrqKind, SrqSizes,
+    destroy_rmp, destroy_srq, ArmSrq, CreateRmp, CreateSrq, ModifyRmpLwm, QueryRmp, QuerySrq, Srq, SrqContext, SrqKind,
+    SrqSizes,
 };
 use crate::trace::CmdTrace;
 

@@ -386,3 +386,96 @@ impl SrqTable {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Rdma;
+    use mlx5_core::hal::Dma;
+
+    /// A CREATE_SRQ (ISSI 0) input for a 16-WQE ring of 32-byte WQEs in one page.
+    fn create_srq_in(r: &Rdma, page: u64, dbr: u64) -> Vec<u8> {
+        use ifc::srqc as q;
+        let c = ifc::create_srq_in::SRQ_CONTEXT_ENTRY;
+        let mut inp = vec![0u8; ifc::create_srq_in::SIZE_BYTES + 8];
+        inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_CREATE_SRQ.into());
+        inp.set(q::LOG_SRQ_SIZE.at(c), 4);
+        inp.set(q::LOG_RQ_STRIDE.at(c), 1);
+        inp.set(q::PD.at(c), r.pd);
+        inp.set64(q::DBR_ADDR.at(c), dbr);
+        inp.set64(ifc::create_srq_in::PAS.elem(0), page);
+        inp
+    }
+
+    fn arm(r: &mut Rdma, op_mod: u32, srqn: u32, lwm: u32) -> (u8, u32) {
+        let mut inp = vec![0u8; ifc::arm_rq_in::SIZE_BYTES];
+        inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_ARM_RQ.into());
+        inp.set(ifc::mbox_in::OP_MOD, op_mod);
+        inp.set(ifc::arm_rq_in::SRQ_NUMBER, srqn);
+        inp.set(ifc::arm_rq_in::LWM, lwm);
+        let (s, syn, _) = r.h.cmd(&inp, ifc::arm_rq_out::SIZE_BYTES);
+        (s, syn)
+    }
+
+    #[test]
+    fn srq_commands_check_their_family_context_limit_and_count() {
+        let mut r = Rdma::inline();
+        let page = r.h.dma.alloc(4096, 4096).unwrap();
+        let dbr = r.h.dma.alloc(64, 64).unwrap();
+        let bad = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
+        // The harness stays at ISSI 0: an RMP command is the other family's.
+        let mut rmp = vec![0u8; ifc::create_rmp_in::SIZE_BYTES + 8];
+        rmp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_CREATE_RMP.into());
+        let (s, syn, _) = r.h.cmd(&rmp, ifc::create_rmp_out::SIZE_BYTES);
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_OP_ERR, syndrome::SRQ_ISSI));
+        // An SRQ not created GOOD is refused.
+        let mut inp = create_srq_in(&r, page.iova(), dbr.iova());
+        inp.set(ifc::srqc::STATE.at(ifc::create_srq_in::SRQ_CONTEXT_ENTRY), consts::MLX5_SRQC_STATE_ERROR);
+        let (s, syn, _) = r.h.cmd(&inp, ifc::create_srq_out::SIZE_BYTES);
+        assert_eq!((s, syn), (bad, syndrome::SRQ_CONTEXT));
+        // Only one SRQ when log_max_srq is 0.
+        crate::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::LOG_MAX_SRQ, 0);
+        let inp = create_srq_in(&r, page.iova(), dbr.iova());
+        let (s, _, out) = r.h.cmd(&inp, ifc::create_srq_out::SIZE_BYTES);
+        assert_eq!(s, 0);
+        let srqn = rd(&out, ifc::create_srq_out::SRQN);
+        let (s, syn, _) = r.h.cmd(&inp, ifc::create_srq_out::SIZE_BYTES);
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_NO_RES_ERR, syndrome::NO_RESOURCES));
+        // ARM_RQ: op_mod SRQ only, a known SRQ, a limit below the ring.
+        assert_eq!(arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_XRQ, srqn, 1), (bad, syndrome::BAD_OP_MOD));
+        assert_eq!(arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn + 1, 1), (bad, syndrome::SRQ_INVALID));
+        assert_eq!(arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn, 16), (bad, syndrome::SRQ_LWM));
+        assert_eq!(arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn, 15), (0, 0));
+        assert_eq!(crate::lock(&r.h.dev.shared).fw.srqs.get(&srqn).map(|s| s.lwm), Some(15));
+        // At ISSI 1, MODIFY_RMP changes the limit only: another bitmask bit, or a state other than RDY, is refused.
+        crate::lock(&r.h.dev.shared).fw.issi = 1;
+        assert_eq!(
+            arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn, 1),
+            (consts::MLX5_CMD_STAT_BAD_OP_ERR, syndrome::SRQ_ISSI)
+        );
+        use ifc::modify_rmp_in as m;
+        let modify = |r: &mut Rdma, f: &dyn Fn(&mut Vec<u8>)| {
+            let mut inp = vec![0u8; m::SIZE_BYTES];
+            inp.set(m::OPCODE, consts::MLX5_CMD_OP_MODIFY_RMP.into());
+            inp.set(m::RMP_STATE, consts::MLX5_RMPC_STATE_RDY);
+            inp.set(ifc::rmpc::STATE.at(m::CTX), consts::MLX5_RMPC_STATE_RDY);
+            inp.set(ifc::rmp_bitmask::LWM.at(m::BITMASK), 1);
+            f(&mut inp);
+            let (s, syn, _) = r.h.cmd(&inp, ifc::modify_rmp_out::SIZE_BYTES);
+            (s, syn)
+        };
+        let whole = Field::new(0, (ifc::rmp_bitmask::SIZE_BYTES * 8) as u32).at(m::BITMASK);
+        let other_bit = |i: &mut Vec<u8>| i.set64(whole, u64::MAX);
+        assert_eq!(modify(&mut r, &other_bit), (bad, syndrome::FIELD_SELECT));
+        let err_state = |i: &mut Vec<u8>| i.set(m::RMP_STATE, consts::MLX5_RMPC_STATE_ERR);
+        assert_eq!(modify(&mut r, &err_state), (bad, syndrome::SRQ_CONTEXT));
+        // The SRQ made at ISSI 0 is not an RMP.
+        let this = |i: &mut Vec<u8>| i.set(m::RMPN, srqn);
+        assert_eq!(modify(&mut r, &this), (bad, syndrome::SRQ_INVALID));
+        // SAFETY: only the SRQ names them, and no QP receives through it, so the device never touches them again.
+        unsafe {
+            r.h.dma.free(page);
+            r.h.dma.free(dbr);
+        }
+    }
+}

@@ -7,14 +7,15 @@
 use mlx5_core::cmd::Pas;
 use mlx5_core::cmdq::CmdError;
 use mlx5_core::cq::{Cq, CqeError, CqeFields, WcOpcode, WcStatus, WorkCompletion};
-use mlx5_core::hca::{AsyncEvent, Config, Error, Hca, QpInitAttr, SrqAttr};
 use mlx5_core::hal::Dma;
+use mlx5_core::hca::{AsyncEvent, Config, Error, Hca, QpInitAttr, SrqAttr};
 use mlx5_core::mkey::Access;
 use mlx5_core::prm::{consts, CmdStatus, Opcode};
 use mlx5_core::qp::{PostError, PostErrorKind, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags};
 use mlx5_core::qp::{SendOp, SendWr};
 use mlx5_core::srq::{CreateRmp, ModifyRmpLwm, QueryRmp, Srq, SrqContext, SrqKind, WithSrqs};
-use mlx5_sim::testkit::{Node, RcOpts};
+use mlx5_sim::testkit::mocks::MemMmio;
+use mlx5_sim::testkit::{alloc_count, Node, RcOpts};
 use mlx5_sim::{syndrome, Fault, SimConfig, SimDevice};
 
 const MEM: usize = 1 << 16;
@@ -98,7 +99,12 @@ fn the_srq_object_follows_the_issi_as_create_srq_split_picks_it() {
         let want: &[u16] = if issi0 {
             &[k::MLX5_CMD_OP_CREATE_SRQ, k::MLX5_CMD_OP_ARM_RQ, k::MLX5_CMD_OP_QUERY_SRQ, k::MLX5_CMD_OP_DESTROY_SRQ]
         } else {
-            &[k::MLX5_CMD_OP_CREATE_RMP, k::MLX5_CMD_OP_MODIFY_RMP, k::MLX5_CMD_OP_QUERY_RMP, k::MLX5_CMD_OP_DESTROY_RMP]
+            &[
+                k::MLX5_CMD_OP_CREATE_RMP,
+                k::MLX5_CMD_OP_MODIFY_RMP,
+                k::MLX5_CMD_OP_QUERY_RMP,
+                k::MLX5_CMD_OP_DESTROY_RMP,
+            ]
         };
         assert_eq!(sent, want, "ISSI {}", u8::from(!issi0));
         n.finish();
@@ -190,7 +196,10 @@ struct One {
 }
 
 fn one(max_wr: u32, posts: u64) -> One {
-    let mut n = Node::new(SimConfig::default(), MEM);
+    one_on(Node::new(SimConfig::default(), MEM), max_wr, posts)
+}
+
+fn one_on(mut n: Node, max_wr: u32, posts: u64) -> One {
     let cq = n.cq(63);
     let mut s = srq(&mut n, max_wr, 1);
     let mut a = n.qp(QpType::Rc, &cq, cap(), true);
@@ -312,7 +321,10 @@ fn a_wqe_counter_the_srq_does_not_have_posted_is_a_typed_error() {
         let mut qps = [&mut o.a, &mut o.b];
         let mut table = WithSrqs { qps: &mut qps[..], srqs: &mut [&mut o.s] };
         let e = o.n.hca.poll_cq(&mut o.cq, &mut table, &mut wc).unwrap_err();
-        assert!(matches!(e, CqeError::BadSrqWqe { qpn: q, srqn: s, wqe_counter: w, .. } if q == qpn && s == srqn && w == wqe_counter), "{e:?}");
+        assert!(
+            matches!(e, CqeError::BadSrqWqe { qpn: q, srqn: s, wqe_counter: w, .. } if q == qpn && s == srqn && w == wqe_counter),
+            "{e:?}"
+        );
     }
     // The refused CQEs changed nothing: both posted WQEs are still there and complete normally.
     assert_eq!(o.s.outstanding(), 2);
@@ -379,4 +391,48 @@ fn firmware_refuses_bad_srq_commands_with_status_and_syndrome() {
         n.dev.dma().free(rec);
     }
     n.finish();
+}
+
+#[test]
+fn an_issi_0_srq_carries_messages_through_its_srqc() {
+    let mut o = one_on(node_issi0(), 3, 3);
+    assert_eq!(o.s.kind(), SrqKind::Srq);
+    let qpn = o.b.qpn();
+    for (m, want) in [(1u64, 0u64), (2, 1), (3, 2)] {
+        let wcs = o.message(m);
+        let recv = wcs.iter().find(|w| w.opcode == WcOpcode::Recv).expect("a receive");
+        assert_eq!((recv.wr_id, recv.qp_num, recv.status, recv.byte_len), (want, qpn, WcStatus::Success, 8));
+    }
+    o.finish();
+}
+
+/// Runs `f` with the counter armed on this thread; returns its result and the allocations it made.
+fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let before = alloc_count::count();
+    let armed = alloc_count::arm();
+    let r = f();
+    drop(armed);
+    (r, (alloc_count::count() - before) as usize)
+}
+
+#[test]
+fn posting_to_and_completing_from_an_srq_allocates_nothing() {
+    let mut o = one(7, 0);
+    // The SRQ's post writes memory only (no MMIO doorbell), so a plain-memory BAR keeps the simulator out of the
+    // counted calls.
+    let bar = MemMmio::new(o.n.dev.mmio().bar_size());
+    let sge = [o.n.sge(0x2000, 64)];
+    let wrs = [RecvWr { wr_id: 1, sg_list: &sge }, RecvWr { wr_id: 2, sg_list: &sge }];
+    let (r, allocs) = counted(|| o.s.post_srq_recv(&bar, &wrs));
+    assert_eq!((r, allocs), (Ok(()), 0));
+    send(&mut o.n, &mut o.a, 9, 0, 8);
+    let mut wc = [WorkCompletion::default(); 4];
+    let (got, allocs) = counted(|| {
+        let mut qps = [&mut o.a, &mut o.b];
+        let mut table = WithSrqs { qps: &mut qps[..], srqs: &mut [&mut o.s] };
+        o.cq.poll(&bar, &mut table, &mut wc)
+    });
+    assert_eq!((got, allocs), (Ok(2), 0));
+    assert!(wc[..2].iter().any(|w| w.wr_id == 1 && w.opcode == WcOpcode::Recv), "{wc:?}");
+    o.finish();
 }
