@@ -345,7 +345,8 @@ impl SrqSizes {
         if u64::from(max_wr) >= max_srq_wqes || max_sge > max_wqe_sz_rq / DATA as u32 {
             return None;
         }
-        let max = (max_wr + 1).checked_next_power_of_two()?;
+        // A completion names an SRQ WQE by a 16-bit `wqe_counter`: a larger ring could not be addressed.
+        let max = (max_wr + 1).checked_next_power_of_two().filter(|&m| m <= 1 << 16)?;
         let desc = (NEXT_SEG + max_sge as usize * DATA).next_power_of_two().max(MIN_WQE);
         Some(Self {
             max,
@@ -662,6 +663,9 @@ mod tests {
         assert_eq!(SrqSizes::new(1 << 4, 1, 4, 512), None);
         assert!(SrqSizes::new((1 << 4) - 1, 1, 4, 512).is_some());
         assert_eq!(SrqSizes::new(1, 33, 15, 512), None);
+        // WQE indices are 16 bits, whatever the device allows.
+        assert_eq!(SrqSizes::new(1 << 16, 1, 20, 512), None);
+        assert_eq!(SrqSizes::new((1 << 16) - 1, 1, 20, 512).map(|s| s.max), Some(1 << 16));
     }
 
     fn ctx() -> SrqContext {

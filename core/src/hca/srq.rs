@@ -47,7 +47,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 Error::BadSize {
                     what: "SRQ work requests",
                     requested: attr.max_wr.into(),
-                    max: (1u64 << g.log_max_srq_sz) - 1,
+                    // WQE indices are 16 bits (`SrqSizes::new`), whatever the device allows.
+                    max: ((1u64 << g.log_max_srq_sz) - 1).min(u64::from(u16::MAX)),
                 }
             },
         )?;
