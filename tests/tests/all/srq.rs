@@ -436,3 +436,22 @@ fn posting_to_and_completing_from_an_srq_allocates_nothing() {
     assert!(wc[..2].iter().any(|w| w.wr_id == 1 && w.opcode == WcOpcode::Recv), "{wc:?}");
     o.finish();
 }
+
+#[test]
+fn a_receive_error_names_its_srq_wqe_and_the_qp_reports_last_wqe() {
+    let mut o = one(7, 0);
+    let qpn = o.b.qpn();
+    // A receive buffer under a key that does not exist: the responder fails the receive with a protection error.
+    let bad = [mlx5_core::qp::Sge { addr: o.n.addr(0x2000), length: 64, lkey: 0x00ab_cd00 }];
+    let good = [o.n.sge(0x2100, 64)];
+    o.n.hca
+        .post_srq_recv(&mut o.s, &[RecvWr { wr_id: 50, sg_list: &bad }, RecvWr { wr_id: 51, sg_list: &good }])
+        .unwrap();
+    let wcs = o.message(1);
+    let recv = wcs.iter().find(|w| w.qp_num == qpn).expect("the receive completes in error");
+    assert_eq!((recv.wr_id, recv.status), (50, WcStatus::LocProtErr));
+    // The failed WQE went back on the free list; the other stays posted for the SRQ's other users.
+    assert_eq!(o.s.outstanding(), 1);
+    assert_eq!(o.events(), [AsyncEvent::LastWqeReached { qpn }]);
+    o.finish();
+}
