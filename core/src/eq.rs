@@ -158,6 +158,18 @@ pub enum Event {
         /// The sub-type.
         sub_type: u8,
     },
+    /// Fewer WQEs than the armed limit are posted on an SRQ (`MLX5_EVENT_TYPE_SRQ_RQ_LIMIT`, the SRQ number in
+    /// `data.qp_srq.qp_srq_n` as `srq_event_notifier` reads it; verbs `IBV_EVENT_SRQ_LIMIT_REACHED`).
+    SrqLimit {
+        /// The SRQ (or RMP) number.
+        srqn: u32,
+    },
+    /// A QP attached to an SRQ went to ERR and will take no more WQEs from it (`MLX5_EVENT_TYPE_SRQ_LAST_WQE`;
+    /// verbs `IBV_EVENT_QP_LAST_WQE_REACHED`).
+    SrqLastWqe {
+        /// The QP number.
+        qpn: u32,
+    },
 }
 
 /// Which affiliated QP error an event reports.
@@ -275,6 +287,11 @@ impl Eqe {
                 };
                 Event::QpEvent { qpn: be(b, d, c::mlx5_eqe_qp_srq::QP_SRQ_N) & 0x00ff_ffff, kind }
             }
+            EventType::SrqRqLimit => Event::SrqLimit { srqn: be(b, d, c::mlx5_eqe_qp_srq::QP_SRQ_N) & 0x00ff_ffff },
+            // A QP event: the queue type must name a QP (`rsc_event_notifier` keys the resource by it).
+            EventType::SrqLastWqe if b[d + c::mlx5_eqe_qp_srq::TYPE.off] == consts::MLX5_EVENT_QUEUE_TYPE_QP => {
+                Event::SrqLastWqe { qpn: be(b, d, c::mlx5_eqe_qp_srq::QP_SRQ_N) & 0x00ff_ffff }
+            }
             t => Event::Other { event_type: t.raw(), sub_type: self.sub_type() },
         }
     }
@@ -324,6 +341,15 @@ impl Eqe {
                 put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, qpn & 0x00ff_ffff);
                 (kind.event_type().raw(), 0)
             }
+            Event::SrqLimit { srqn } => {
+                put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, srqn & 0x00ff_ffff);
+                (EventType::SrqRqLimit.raw(), 0)
+            }
+            Event::SrqLastWqe { qpn } => {
+                e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
+                put_be(&mut e, d, c::mlx5_eqe_qp_srq::QP_SRQ_N, qpn & 0x00ff_ffff);
+                (EventType::SrqLastWqe.raw(), 0)
+            }
             Event::Other { event_type, sub_type } => {
                 // A queue-error type decodes as `QpError` when the queue is a QP (type 0, what zeroed data
                 // says); `Other` of such a type was another queue's, so the image names one (an RQ).
@@ -337,6 +363,7 @@ impl Eqe {
                         | EventType::CommEst
                         | EventType::SqDrained
                         | EventType::PathMigFailed
+                        | EventType::SrqLastWqe
                 ) {
                     e[d + c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_RQ;
                 }
@@ -549,6 +576,9 @@ mod tests {
             Event::QpEvent { qpn: 5, kind: QpEventKind::SqDrained },
             Event::QpEvent { qpn: 6, kind: QpEventKind::PathMigFailed },
             Event::Other { event_type: EventType::CommEst.raw(), sub_type: 0 },
+            Event::SrqLimit { srqn: 0x12_3456 },
+            Event::SrqLastWqe { qpn: 0xab_cdef },
+            Event::Other { event_type: EventType::SrqLastWqe.raw(), sub_type: 0 },
         ];
         for e in events {
             assert_eq!(Eqe::emit(&e).event(), e);

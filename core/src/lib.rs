@@ -25,6 +25,7 @@ pub mod prm;
 pub mod qcounter;
 pub mod qp;
 pub mod reg;
+pub mod srq;
 pub mod trace;
 pub mod uar;
 pub mod vport;

@@ -88,6 +88,8 @@ fn check_decode(
             assert_eq!((l.qpn, l.answer), (qpn, None));
             assert!(qpn <= 0xff_ffff);
         }
+        // The table names no SRQ for any QP, so no CQE can name an SRQ WQE it lacks.
+        Err(CqeError::BadSrqWqe { qpn, .. }) => panic!("QP {qpn:#x} has no SRQ here"),
         Ok(None) => {
             assert!(!compressed && op == CqeOpcode::SigErr, "{op:?} decoded to nothing");
             assert!(table.lookups.is_empty());
@@ -302,7 +304,9 @@ fn poll(u: &mut Unstructured<'_>, bar: &RegFile<'_>, cq: &mut Cq, table: &mut Ta
             assert!(answers.is_empty(), "an error poll retired work requests it did not return");
             assert!(consumed >= 1);
             let (c, i) = match e {
-                CqeError::UnknownQp { cqn, index, .. } | CqeError::BadOpcode { cqn, index, .. } => (cqn, index),
+                CqeError::UnknownQp { cqn, index, .. }
+                | CqeError::BadOpcode { cqn, index, .. }
+                | CqeError::BadSrqWqe { cqn, index, .. } => (cqn, index),
             };
             assert_eq!((c, i), (cq.cqn(), cq.cons_index().wrapping_sub(1)), "the error names the CQE consumed");
         }

@@ -66,6 +66,15 @@ fn image(e: &Eqe) {
             assert_eq!(e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off], consts::MLX5_EVENT_QUEUE_TYPE_QP);
             kind.event_type()
         }
+        Event::SrqLimit { srqn } => {
+            assert!(srqn <= 0xff_ffff);
+            EventType::SrqRqLimit
+        }
+        Event::SrqLastWqe { qpn } => {
+            assert!(qpn <= 0xff_ffff);
+            assert_eq!(e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off], consts::MLX5_EVENT_QUEUE_TYPE_QP);
+            EventType::SrqLastWqe
+        }
         Event::Other { event_type, sub_type } => {
             assert_eq!((event_type, sub_type), (ty, sub));
             let handled = [
@@ -75,9 +84,10 @@ fn image(e: &Eqe) {
                 EventType::CqError,
                 EventType::PortChange,
                 EventType::InternalError,
+                EventType::SrqRqLimit,
             ];
             assert!(!handled.iter().any(|t| t.raw() == ty), "type {ty:#x} left undecoded");
-            // QP error events of other queue types (RQ, SQ, DCT) name objects the driver never creates.
+            // QP events of other queue types (RQ, SQ, DCT) name objects the driver never creates.
             let qp_events = [
                 EventType::WqCatasError,
                 EventType::WqInvalReqError,
@@ -86,6 +96,7 @@ fn image(e: &Eqe) {
                 EventType::CommEst,
                 EventType::SqDrained,
                 EventType::PathMigFailed,
+                EventType::SrqLastWqe,
             ];
             if qp_events.iter().any(|t| t.raw() == ty) {
                 let queue_type = e.0[c::mlx5_eqe::DATA.off + c::mlx5_eqe_qp_srq::TYPE.off];

@@ -290,6 +290,11 @@ pub trait WrTable {
     /// otherwise (the CQ failed) only the queues of QPs the driver moved to ERR, whose work the device no longer
     /// executes.
     fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion>;
+    /// The SRQ QP `qpn` receives through, when it has one (its receive completions name SRQ WQEs); `None` for
+    /// a QP with its own receive queue or one not known here.
+    fn recv_srqn(&self, _qpn: u32) -> Option<u32> {
+        None
+    }
 }
 
 /// A CQE the driver cannot accept: the device wrote something it should not have. It is consumed (the ring moves
@@ -315,6 +320,19 @@ pub enum CqeError {
         /// The CQE index.
         index: u32,
     },
+    /// A receive CQE of a QP attached to an SRQ whose `wqe_counter` names no posted WQE of that SRQ.
+    BadSrqWqe {
+        /// The CQ.
+        cqn: u32,
+        /// The QP.
+        qpn: u32,
+        /// The SRQ the QP receives through.
+        srqn: u32,
+        /// The WQE index the CQE names.
+        wqe_counter: u16,
+        /// The CQE index.
+        index: u32,
+    },
 }
 
 impl core::fmt::Display for CqeError {
@@ -326,6 +344,10 @@ impl core::fmt::Display for CqeError {
             CqeError::BadOpcode { cqn, op_own, index } => {
                 write!(f, "CQE {index} of CQ {cqn:#x} has op_own {op_own:#04x}, which the driver never enabled")
             }
+            CqeError::BadSrqWqe { cqn, qpn, srqn, wqe_counter, index } => write!(
+                f,
+                "CQE {index} of CQ {cqn:#x} (QP {qpn:#x}) names WQE {wqe_counter} of SRQ {srqn:#x}, which is not posted"
+            ),
         }
     }
 }
@@ -367,23 +389,24 @@ pub(super) fn decode_into(
         }
         op @ (CqeOpcode::RespWrImm | CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespSendInv) => {
             wc.qp_num = cqe.qpn();
-            wc.wr_id = wq.recv_done(wc.qp_num, cqe.srqn(), cqe.wqe_counter()).ok_or(CqeError::UnknownQp {
-                cqn,
-                qpn: wc.qp_num,
-                index,
-            })?;
+            wc.wr_id = match wq.recv_done(wc.qp_num, cqe.srqn(), cqe.wqe_counter()) {
+                Some(id) => id,
+                None => return Err(recv_fault(wq, cqe, cqn, wc.qp_num, index)),
+            };
             decode_resp(cqe, op, link, &mut wc);
         }
         op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {
             wc.qp_num = cqe.err_qpn();
             wc.status = WcStatus::from_syndrome(cqe.err_syndrome());
             wc.vendor_err = cqe.vendor_err().into();
-            let id = if op == CqeOpcode::ReqErr {
-                wq.send_done(wc.qp_num, cqe.wqe_counter())
+            wc.wr_id = if op == CqeOpcode::ReqErr {
+                wq.send_done(wc.qp_num, cqe.wqe_counter()).ok_or(CqeError::UnknownQp { cqn, qpn: wc.qp_num, index })?
             } else {
-                wq.recv_done(wc.qp_num, cqe.srqn(), cqe.wqe_counter())
+                match wq.recv_done(wc.qp_num, cqe.srqn(), cqe.wqe_counter()) {
+                    Some(id) => id,
+                    None => return Err(recv_fault(wq, cqe, cqn, wc.qp_num, index)),
+                }
             };
-            wc.wr_id = id.ok_or(CqeError::UnknownQp { cqn, qpn: wc.qp_num, index })?;
         }
         // Signature errors report on a memory key, not a work request (the kernel records and re-polls).
         CqeOpcode::SigErr => return Ok(false),
@@ -391,6 +414,16 @@ pub(super) fn decode_into(
     }
     *out = wc;
     Ok(true)
+}
+
+/// Why a receive CQE names no work request: a WQE its QP's SRQ does not have posted, or a QP with no receive
+/// queue on this CQ.
+#[cold]
+fn recv_fault(wq: &(impl WrTable + ?Sized), cqe: &Cqe, cqn: u32, qpn: u32, index: u32) -> CqeError {
+    match wq.recv_srqn(qpn) {
+        Some(srqn) => CqeError::BadSrqWqe { cqn, qpn, srqn, wqe_counter: cqe.wqe_counter(), index },
+        None => CqeError::UnknownQp { cqn, qpn, index },
+    }
 }
 
 /// Requester fields (`handle_good_req`).

@@ -103,6 +103,17 @@ pub enum AsyncEvent {
     },
     /// `IBV_EVENT_DEVICE_FATAL`: the HCA moved to internal error (health failure, device gone); queued once.
     DeviceFatal,
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: fewer work requests than the limit set with
+    /// [`Hca::modify_srq`](super::Hca::modify_srq) are posted on the SRQ; the limit is 0 again until set anew.
+    SrqLimitReached {
+        /// The SRQ number.
+        srqn: u32,
+    },
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP attached to an SRQ is in ERR and takes no more WQEs from it.
+    LastWqeReached {
+        /// The QP number.
+        qpn: u32,
+    },
 }
 
 /// Async events waiting for the caller. When more arrive than fit, the oldest are dropped and counted.
@@ -294,6 +305,8 @@ impl<const NCQ: usize> EventSink<'_, NCQ> {
                 }
             }
             Event::Other { .. } => ev.other += 1,
+            Event::SrqLimit { srqn } => self.async_events.push(AsyncEvent::SrqLimitReached { srqn }),
+            Event::SrqLastWqe { qpn } => self.async_events.push(AsyncEvent::LastWqeReached { qpn }),
         }
     }
 }

@@ -21,6 +21,7 @@ mod bringup;
 mod error;
 mod events;
 mod objects;
+mod srq;
 mod wait;
 
 pub use error::{BringupError, Error, Step};
@@ -28,6 +29,7 @@ pub use events::{port_event, AsyncEvent};
 pub use objects::{
     gid_table, link_local_gid, mac_to_eui64, CqAttr, DestroyError, GidType, Pd, PortAttr, QpInitAttr, MR_MAX_PAGE_SHIFT,
 };
+pub use srq::SrqAttr;
 pub use wait::done_in_internal_error;
 
 use core::cell::Cell;

@@ -323,7 +323,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
 
     /// After a CREATE or resize failed: each fragment goes the way `release_unless_held` sends a buffer (freed
     /// after a status, otherwise kept until the function is disabled).
-    fn drop_queue_buf(&mut self, buf: QueueBuf, e: &Error) {
+    pub(super) fn drop_queue_buf(&mut self, buf: QueueBuf, e: &Error) {
         for r in buf.into_frags() {
             self.release_unless_held(r, e);
         }
@@ -489,6 +489,20 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         attr: QpInitAttr,
         delay: &mut impl DelayNs,
     ) -> Result<Qp, Error> {
+        self.create_qp_on(pd, send_cq, recv_cq, attr, None, delay)
+    }
+
+    /// [`Hca::create_qp`], receiving through SRQ `srqn` when it is given (no receive queue of its own, as
+    /// `set_rq_size` makes one for a QP with an SRQ).
+    pub(super) fn create_qp_on(
+        &mut self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        attr: QpInitAttr,
+        srqn: Option<u32>,
+        delay: &mut impl DelayNs,
+    ) -> Result<Qp, Error> {
         self.check_state(Opcode::CreateQp)?;
         let g = &self.caps.general;
         let supported = match attr.qp_type {
@@ -500,6 +514,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         }
         let sizes = qp_sizes(attr.qp_type, &attr.cap, g.max_wqe_sz_sq.into(), g.max_wqe_sz_rq.into(), g.log_max_qp_sz)
             .map_err(Error::QpSize)?;
+        let sizes = if srqn.is_some() { sizes.without_rq() } else { sizes };
         let uar = self.uar_page().ok_or(Error::NotSupported { what: "QP without a UAR" })?;
         let bf = uar.bfreg(0).ok_or(Error::NotSupported { what: "QP without a BlueFlame register" })?;
         let dma = self.cmdq.dma();
@@ -534,13 +549,14 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 cqn_snd: send_cq.cqn(),
                 cqn_rcv: recv_cq.cqn(),
                 log_sq_size: sizes.sq_wqe_cnt.trailing_zeros() as u8,
-                log_rq_size: sizes.rq_wqe_cnt.trailing_zeros() as u8,
+                log_rq_size: sizes.rq_wqe_cnt.max(1).trailing_zeros() as u8,
                 log_rq_stride: sizes.rq_wqe_shift - 4,
                 no_sq: false,
                 log_page_size: layout.log_page_size(),
                 dbr_addr: dbrec.iova(),
                 ts_format: self.caps.qp_default_ts(),
                 user_index: (self.caps.general.cqe_version == 1).then_some(consts::MLX5_IB_DEFAULT_UIDX),
+                srqn,
             },
             pas: Pas::Source(&list),
         };
@@ -549,6 +565,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 let cqns = (send_cq.cqn(), recv_cq.cqn());
                 let mut qp = Qp::new(buf, dbrec, shadow, qpn, attr.qp_type, sizes, bf, attr.sq_sig_all, cqns);
                 qp.pd = pd.pdn;
+                qp.srqn = srqn;
                 Ok(qp)
             }
             Err(e) => {

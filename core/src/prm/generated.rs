@@ -7940,6 +7940,16 @@ pub mod c {
         /// `ptag` (`__be64`): 8 bytes at byte 0.
         pub const PTAG: Bytes = Bytes::new(0, 8);
     }
+    /// `struct mlx5_wqe_srq_next_seg`.
+    pub mod mlx5_wqe_srq_next_seg {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 16;
+        /// `next_wqe_index` (`__be16`): 2 bytes at byte 2.
+        pub const NEXT_WQE_INDEX: Bytes = Bytes::new(2, 2);
+        /// `signature` (`u8`): 1 byte at byte 4.
+        pub const SIGNATURE: Bytes = Bytes::new(4, 1);
+    }
 }
 
 /// `MLX5_CMD_OP_*` (include/linux/mlx5/mlx5_ifc.h); values the table does not name decode to `Unknown(n)`.

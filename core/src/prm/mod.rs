@@ -175,6 +175,11 @@ impl Array {
     pub const fn byte_off(self) -> usize {
         (self.off / 8) as usize
     }
+
+    /// The same array inside a nested struct that starts at byte `base` (the `pas[]` of a `wq` in an `rmpc`).
+    pub const fn at(self, base: Sub) -> Self {
+        Self { off: self.off + base.off as u32 * 8, count: self.count, elem_bits: self.elem_bits }
+    }
 }
 
 /// A command message or a fixed-size device structure that fields can be read from and written to.

@@ -37,6 +37,9 @@ pub struct QpContext {
     /// `user_index`: `MLX5_IB_DEFAULT_UIDX` on a device with `cqe_version` 1 (CQEs then carry it, not a user
     /// index), `None` on version 0.
     pub user_index: Option<u32>,
+    /// The SRQ (or RMP) the QP receives through: `rq_type` SRQ and `srqn_rmpn_xrqn`, and no receive queue of its
+    /// own (`create_kernel_qp` with `init_attr->srq`).
+    pub srqn: Option<u32>,
 }
 
 /// `CREATE_QP`; the output is the QP number.
@@ -76,8 +79,17 @@ impl Command for CreateQp<'_> {
             c.set(q::PD, x.pd);
             c.set(q::UAR_PAGE, x.uar_page);
             c.set(q::LOG_PAGE_SIZE, x.log_page_size.into());
-            c.set(q::LOG_RQ_SIZE, x.log_rq_size.into());
-            c.set(q::LOG_RQ_STRIDE, x.log_rq_stride.into());
+            match x.srqn {
+                // mlx5_ib writes the RQ size only for a QP with its own RQ (`qp->rq.wqe_cnt`).
+                Some(srqn) => {
+                    c.set(q::RQ_TYPE, consts::MLX5_SRQ_RQ);
+                    c.set(q::SRQN_RMPN_XRQN, srqn);
+                }
+                None => {
+                    c.set(q::LOG_RQ_SIZE, x.log_rq_size.into());
+                    c.set(q::LOG_RQ_STRIDE, x.log_rq_stride.into());
+                }
+            }
             if x.no_sq {
                 c.set(q::NO_SQ, 1);
             } else {

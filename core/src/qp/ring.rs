@@ -62,6 +62,8 @@ pub struct Qp {
     sq_flat: Option<Span>,
     /// The RQ likewise.
     rq_flat: Option<Span>,
+    /// The SRQ the QP receives through (it then has no receive queue of its own).
+    pub(crate) srqn: Option<u32>,
 }
 
 /// `len` bytes at `off` of `buf` as one span, when they lie inside one fragment. The QP keeps the span beside the
@@ -122,7 +124,13 @@ impl Qp {
             sig_all,
             sq_flat,
             rq_flat,
+            srqn: None,
         }
+    }
+
+    /// The SRQ the QP receives through, if it was created attached to one.
+    pub fn srqn(&self) -> Option<u32> {
+        self.srqn
     }
 
     /// The QP number.
@@ -606,6 +614,14 @@ impl WrTable for Qp {
         }
         self.flush_next(cqn)
     }
+
+    fn recv_srqn(&self, qpn: u32) -> Option<u32> {
+        if qpn == self.qpn {
+            self.srqn
+        } else {
+            None
+        }
+    }
 }
 
 /// Several QPs sharing a CQ: completions are routed by QP number.
@@ -618,6 +634,9 @@ impl WrTable for [&mut Qp] {
     }
     fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
         self.iter_mut().find_map(|q| WrTable::flush_one(&mut **q, cqn, dead))
+    }
+    fn recv_srqn(&self, qpn: u32) -> Option<u32> {
+        self.iter().find(|q| q.qpn == qpn)?.srqn
     }
 }
 

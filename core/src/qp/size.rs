@@ -48,6 +48,15 @@ impl QpSizes {
     pub fn rq_bytes(&self) -> usize {
         (self.rq_wqe_cnt as usize) << self.rq_wqe_shift
     }
+
+    /// The same sizes without a receive queue, for a QP that receives through an SRQ (`set_rq_size` with no RQ:
+    /// no WQEs, and no receive capabilities granted).
+    pub fn without_rq(mut self) -> Self {
+        self.rq_wqe_cnt = 0;
+        self.cap.max_recv_wr = 0;
+        self.cap.max_recv_sge = 0;
+        self
+    }
 }
 
 /// Why a QP size cannot be had.

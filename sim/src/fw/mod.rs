@@ -1,7 +1,7 @@
 //! The firmware: [`Firmware`] (the HCA state machine, ISSI, capabilities, and one table per object type), the
 //! dispatch of a delivered command to its handler, and the `syndrome` of every refusal. Delivery is `cmd.rs`,
 //! pages `pages.rs`; each object type is a table in its own file (`pd.rs`: PD and UAR, `eq.rs`, `cq.rs`,
-//! `mkey.rs`, `qp.rs`) whose commands get a narrow view of the rest of the firmware (`CqFw`, `QpFw`, ...: the
+//! `mkey.rs`, `qp.rs`, `srq.rs`) whose commands get a narrow view of the rest of the firmware (`CqFw`, `QpFw`, ...: the
 //! capabilities and the other tables they check), built here per command; `port.rs` is the port model and
 //! `reply.rs` builds results. This is the firmware side of the kernel's `cmd.c` / `main.c`.
 //!
@@ -38,6 +38,7 @@ pub(crate) mod port;
 pub(crate) mod qcounter;
 pub(crate) mod qp;
 pub(crate) mod reply;
+pub(crate) mod srq;
 
 use caps::{Caps, SetCapError};
 use cq::{CqFw, CqTable};
@@ -48,6 +49,7 @@ use port::PortModel;
 use qcounter::QCounterTable;
 use qp::{QpFw, QpTable};
 use reply::{bad_param, err, rd, rd16, CmdErr};
+use srq::{Family, SrqFw, SrqTable};
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
 /// firmware syndromes are undocumented); each check has its own so a test can tell them apart.
@@ -161,11 +163,12 @@ pub mod syndrome {
     pub const QP_TYPE: u32 = 0x51a0_00a1;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with `pm_state` other than `MLX5_QP_PM_MIGRATED`.
     pub const QP_PM_STATE: u32 = 0x51a0_00a2;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with an RQ type other than a regular or a zero-length RQ (no SRQ).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with an RQ type other than a regular, a zero-length or an SRQ RQ.
     pub const QP_RQ_TYPE: u32 = 0x51a0_00a3;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RQ WQE (`16 << log_rq_stride`) above `max_wqe_sz_rq`.
     pub const QP_WQE_SIZE: u32 = 0x51a0_00a4;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP asking for what the simulator does not model (umem, XRC, SRQ, a chosen QPN,
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP asking for what the simulator does not model (umem, XRC, an SRQ number
+    /// without the SRQ RQ type, a chosen QPN,
     /// the extended context).
     pub const QP_FEATURE: u32 = 0x51a0_00a5;
     /// `BAD_QP_STATE`: a transition from a state it does not start from (2ERR from RST included).
@@ -191,6 +194,16 @@ pub mod syndrome {
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with a `ts_format` the device's timestamp capability does not
     /// include (free-running on a real-time-only device, real-time on a free-running one, or an undefined value).
     pub const QP_TS_FORMAT: u32 = 0x51a0_00ae;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown SRQ or RMP (or one of the other command family).
+    pub const SRQ_INVALID: u32 = 0x51a0_00b0;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an SRQ WQE stride below 32 bytes or above `max_wqe_sz_rq`.
+    pub const SRQ_STRIDE: u32 = 0x51a0_00b1;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an SRQ limit (`lwm`) not below the ring size.
+    pub const SRQ_LWM: u32 = 0x51a0_00b2;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RMP not RDY or whose `wq` is not a linked list, an SRQ not GOOD.
+    pub const SRQ_CONTEXT: u32 = 0x51a0_00b3;
+    /// `BAD_OP`: an RMP command at ISSI 0, or an SRQ command (CREATE_SRQ, ARM_RQ, ...) at ISSI 1.
+    pub const SRQ_ISSI: u32 = 0x51a0_00b4;
     /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
     pub const HEALTH_EXT_SYND: u16 = 0x51a0;
 }
@@ -250,6 +263,7 @@ pub(crate) struct Firmware {
     pub(crate) mkeys: MkeyTable,
     pub(crate) qps: QpTable,
     pub(crate) q_counters: QCounterTable,
+    pub(crate) srqs: SrqTable,
 }
 
 /// A table of objects by number, as [`alloc_id`] sees it.
@@ -318,6 +332,19 @@ macro_rules! qp_fw {
             cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
             roce_gid_set: &|index| $fw.port.roce_gid_set(index),
             q_counter_valid: &|id| $fw.q_counters.valid(id),
+            srq_exists: &|srqn| $fw.srqs.get(&srqn).is_some(),
+        }
+    };
+}
+
+/// The narrow view of the firmware an SRQ command gets (see [`SrqFw`]).
+macro_rules! srq_fw {
+    ($fw:ident) => {
+        SrqFw {
+            caps: &$fw.caps,
+            pds: &$fw.pds,
+            issi: $fw.issi,
+            in_use: &|srqn| $fw.qps.values().any(|q| q.srqn == Some(srqn)),
         }
     };
 }
@@ -357,6 +384,7 @@ impl Firmware {
             mkeys: MkeyTable::new(),
             qps: QpTable::new(),
             q_counters: QCounterTable::new(),
+            srqs: SrqTable::new(),
         }
     }
 
@@ -464,6 +492,24 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_2ERR_QP => (qp_2err_in::SIZE_BYTES, qp_2err_out::SIZE_BYTES, Gate::Initialized),
             consts::MLX5_CMD_OP_2RST_QP => (qp_2rst_in::SIZE_BYTES, qp_2rst_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_CREATE_RMP => {
+                (create_rmp_in::SIZE_BYTES, create_rmp_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_MODIFY_RMP => {
+                (modify_rmp_in::SIZE_BYTES, modify_rmp_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_QUERY_RMP => (query_rmp_in::SIZE_BYTES, query_rmp_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_DESTROY_RMP => {
+                (destroy_rmp_in::SIZE_BYTES, destroy_rmp_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_CREATE_SRQ => {
+                (create_srq_in::SIZE_BYTES, create_srq_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_ARM_RQ => (arm_rq_in::SIZE_BYTES, arm_rq_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_QUERY_SRQ => (query_srq_in::SIZE_BYTES, query_srq_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_DESTROY_SRQ => {
+                (destroy_srq_in::SIZE_BYTES, destroy_srq_out::SIZE_BYTES, Gate::Initialized)
+            }
             _ => return None,
         })
     }
@@ -523,7 +569,11 @@ impl Firmware {
             consts::MLX5_CMD_OP_ALLOC_PD => self.pds.alloc(&self.caps, out),
             consts::MLX5_CMD_OP_DEALLOC_PD => {
                 let (mkeys, qps) = (&self.mkeys, &self.qps);
-                let in_use = |pd| mkeys.values().any(|m| m.pd == pd) || qps.values().any(|q| q.pd == pd);
+                let srqs = &self.srqs;
+                let in_use = |pd| {
+                    let srq_uses = srqs.map.values().any(|s| s.pd == pd);
+                    srq_uses || mkeys.values().any(|m| m.pd == pd) || qps.values().any(|q| q.pd == pd)
+                };
                 self.pds.dealloc(&in_use, inp)
             }
             consts::MLX5_CMD_OP_ALLOC_UAR => self.uars.alloc(out),
@@ -569,6 +619,14 @@ impl Firmware {
                 self.q_counters.dealloc(&|id| qps.values().any(|q| q.counter_set_id == id), inp)
             }
             consts::MLX5_CMD_OP_QUERY_Q_COUNTER => self.q_counters.query(inp, out),
+            consts::MLX5_CMD_OP_CREATE_RMP => self.srqs.create_rmp(&srq_fw!(self), dma, inp, out),
+            consts::MLX5_CMD_OP_MODIFY_RMP => self.srqs.modify_rmp(&srq_fw!(self), inp),
+            consts::MLX5_CMD_OP_QUERY_RMP => self.srqs.query_rmp(&srq_fw!(self), inp, out),
+            consts::MLX5_CMD_OP_DESTROY_RMP => self.srqs.destroy(&srq_fw!(self), Family::Rmp, inp),
+            consts::MLX5_CMD_OP_CREATE_SRQ => self.srqs.create_srq(&srq_fw!(self), dma, inp, out),
+            consts::MLX5_CMD_OP_ARM_RQ => self.srqs.arm_rq(&srq_fw!(self), inp),
+            consts::MLX5_CMD_OP_QUERY_SRQ => self.srqs.query_srq(&srq_fw!(self), inp, out),
+            consts::MLX5_CMD_OP_DESTROY_SRQ => self.srqs.destroy(&srq_fw!(self), Family::Srq, inp),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
     }
@@ -661,7 +719,7 @@ impl Firmware {
             _ => return Err(bad_param(syndrome::BAD_PROFILE)),
         }
         let (pds, uars, eqs, cqs) = self.object_counts();
-        let objects = pds + uars + eqs + cqs + self.mkeys.len() + self.qps.len();
+        let objects = pds + uars + eqs + cqs + self.mkeys.len() + self.qps.len() + self.srqs.len();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
         }
@@ -671,6 +729,7 @@ impl Firmware {
         self.cqs.clear();
         self.mkeys.clear();
         self.qps.clear();
+        self.srqs.clear();
         self.state = HcaState::Enabled;
         // The needs grown while running end with it; a later INIT_HCA starts from the configured ones.
         (self.init_pages, self.regular_pages) = self.cfg_pages;

@@ -334,6 +334,10 @@ pub(crate) struct Qp {
     /// capabilities once here rather than per WQE: they are fixed once the HCA is initialized, before any QP.
     pub(crate) max_wqe: usize,
     pub(crate) max_msg: u64,
+    /// The SRQ the QP receives through (`rq_type` SRQ); it then has no RQ of its own.
+    pub(crate) srqn: Option<u32>,
+    /// The LAST_WQE_REACHED event went out for the QP's current stay in ERR.
+    pub(crate) last_wqe_sent: bool,
 }
 
 impl Qp {
@@ -437,6 +441,7 @@ impl Qp {
         self.rq_ci = 0;
         self.req = None;
         self.error = None;
+        self.last_wqe_sent = false;
     }
 
     pub(crate) fn info(&self) -> QpInfo {
@@ -569,6 +574,8 @@ pub(crate) struct QpFw<'a> {
     pub(crate) roce_gid_set: &'a dyn Fn(u32) -> bool,
     /// Whether a QP may name a Q counter set (0, or an allocated one).
     pub(crate) q_counter_valid: &'a dyn Fn(u8) -> bool,
+    /// Whether an SRQ (or RMP) exists.
+    pub(crate) srq_exists: &'a dyn Fn(u32) -> bool,
 }
 
 /// Whether a QP may use timestamp format `fmt` on a device whose capability is `cap`
@@ -627,7 +634,7 @@ impl QpTable {
             || rd(inp, i::WQ_UMEM_VALID) != 0
             || get(q::DBR_UMEM_VALID) != 0
             || get(q::XRCD) != 0
-            || get(q::SRQN_RMPN_XRQN) != 0;
+            || (get(q::SRQN_RMPN_XRQN) != 0 && get(q::RQ_TYPE) != consts::MLX5_SRQ_RQ);
         if unsupported {
             return Err(bad_param(syndrome::QP_FEATURE));
         }
@@ -641,14 +648,23 @@ impl QpTable {
         if !fw.pds.contains(&pd) {
             return Err(bad_param(syndrome::PD_INVALID));
         }
-        let has_rq = match get(q::RQ_TYPE) {
-            consts::MLX5_NON_ZERO_RQ => true,
-            consts::MLX5_ZERO_LEN_RQ => false,
+        let (has_rq, srqn) = match get(q::RQ_TYPE) {
+            consts::MLX5_NON_ZERO_RQ => (true, None),
+            consts::MLX5_ZERO_LEN_RQ => (false, None),
+            // Receives come from the SRQ, which must exist; the QP has no RQ of its own.
+            consts::MLX5_SRQ_RQ => {
+                let n = get(q::SRQN_RMPN_XRQN);
+                if !(fw.srq_exists)(n) {
+                    return Err(bad_param(syndrome::SRQ_INVALID));
+                }
+                (false, Some(n))
+            }
             _ => return Err(bad_param(syndrome::QP_RQ_TYPE)),
         };
         let has_sq = get(q::NO_SQ) == 0;
         let (cqn_snd, cqn_rcv) = (get(q::CQN_SND), get(q::CQN_RCV));
-        if (has_sq && !(fw.cq_exists)(cqn_snd)) || (has_rq && !(fw.cq_exists)(cqn_rcv)) {
+        let receives = has_rq || srqn.is_some();
+        if (has_sq && !(fw.cq_exists)(cqn_snd)) || (receives && !(fw.cq_exists)(cqn_rcv)) {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
         let uar = get(q::UAR_PAGE);
@@ -726,6 +742,8 @@ impl QpTable {
             counter_set_id: 0,
             max_wqe: fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_SQ) as usize,
             max_msg: 1u64 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MSG).min(31),
+            srqn,
+            last_wqe_sent: false,
         };
         self.map.insert(qpn, qp);
         out.set(ifc::create_qp_out::QPN, qpn);
@@ -970,7 +988,15 @@ impl QpTable {
             (q::CQN_RCV, qp.cqn_rcv),
             (q::Q_KEY, qp.q_key),
             (q::COUNTER_SET_ID, qp.counter_set_id.into()),
-            (q::RQ_TYPE, if qp.has_rq { consts::MLX5_NON_ZERO_RQ } else { consts::MLX5_ZERO_LEN_RQ }),
+            (
+                q::RQ_TYPE,
+                match (qp.has_rq, qp.srqn) {
+                    (_, Some(_)) => consts::MLX5_SRQ_RQ,
+                    (true, None) => consts::MLX5_NON_ZERO_RQ,
+                    (false, None) => consts::MLX5_ZERO_LEN_RQ,
+                },
+            ),
+            (q::SRQN_RMPN_XRQN, qp.srqn.unwrap_or(0)),
             (q::HW_SQ_WQEBB_COUNTER, qp.sq_ci.into()),
             (q::SW_SQ_WQEBB_COUNTER, qp.sq_pi.into()),
             (q::HW_RQ_COUNTER, qp.rq_ci.into()),
@@ -1089,9 +1115,23 @@ mod tests {
                 syndrome::QP_WQE_SIZE,
             ),
             (
-                Box::new(|i| i.set(ifc::qpc::RQ_TYPE.at(CTX), consts::MLX5_SRQ_RQ)),
+                Box::new(|i| i.set(ifc::qpc::RQ_TYPE.at(CTX), consts::MLX5_CRQ_RQ)),
                 consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
                 syndrome::QP_RQ_TYPE,
+            ),
+            // An SRQ RQ needs an SRQ that exists; an SRQ number needs the SRQ RQ type.
+            (
+                Box::new(|i| {
+                    i.set(ifc::qpc::RQ_TYPE.at(CTX), consts::MLX5_SRQ_RQ);
+                    i.set(ifc::qpc::SRQN_RMPN_XRQN.at(CTX), 0x77);
+                }),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::SRQ_INVALID,
+            ),
+            (
+                Box::new(|i| i.set(ifc::qpc::SRQN_RMPN_XRQN.at(CTX), 0x77)),
+                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
+                syndrome::QP_FEATURE,
             ),
             (
                 Box::new(|i| i.set(ifc::qpc::PAGE_OFFSET.at(CTX), 1)),

@@ -128,6 +128,8 @@ pub(super) struct CqeOut {
     pub(super) flags_rqpn: u32,
     pub(super) slid: u16,
     pub(super) syndrome: u8,
+    /// The SRQ a receive took its WQE from (0 for a QP's own RQ).
+    pub(super) srqn: u32,
 }
 
 impl CqeOut {
@@ -139,6 +141,8 @@ impl CqeOut {
         // `sop_drop_qpn` and the error CQE's `s_wqe_opcode_qpn` are the same dword.
         f::SOP_DROP_QPN.put_be(&mut b, 0, u32::from(self.wqe_opcode) << 24 | (self.qpn & QPN_MASK));
         f::WQE_COUNTER.put_be(&mut b, 0, self.wqe_counter.into());
+        // The error CQE has `srqn` at the same place.
+        f::SRQN.put_be(&mut b, 0, self.srqn & QPN_MASK);
         if error {
             b[e::SYNDROME.off] = self.syndrome;
             b[e::VENDOR_ERR_SYND.off] = VENDOR_ERR_BIT | self.syndrome;
@@ -207,21 +211,42 @@ impl State {
     /// A receive WQE consumed successfully.
     pub(super) fn recv_complete(&mut self, qpn: u32, index: u16, len: u64, mut cqe: CqeOut) {
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
-        qp.rq_ci = qp.rq_ci.wrapping_add(1);
+        let srqn = qp.srqn;
+        if srqn.is_none() {
+            qp.rq_ci = qp.rq_ci.wrapping_add(1);
+        }
         qp.next_rcv_psn = qp.next_rcv_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
         cqe.qpn = qpn;
         cqe.wqe_counter = index;
+        cqe.srqn = srqn.unwrap_or(0);
         let cqn = qp.cqn_rcv;
+        // The CQE names the SRQ WQE; the SRQ moves on (and may raise its limit event) after it.
         self.post(cqn, cqe);
+        if let Some(n) = srqn {
+            self.srq_take(n);
+        }
     }
 
     /// A receive WQE failed: an error CQE and the QP goes to ERR.
     pub(super) fn recv_error(&mut self, qpn: u32, index: u16, syndrome: u8) {
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
-        qp.rq_ci = qp.rq_ci.wrapping_add(1);
+        let srqn = qp.srqn;
+        if srqn.is_none() {
+            qp.rq_ci = qp.rq_ci.wrapping_add(1);
+        }
         let cqn = qp.cqn_rcv;
-        let cqe = CqeOut { opcode: consts::MLX5_CQE_RESP_ERR, qpn, wqe_counter: index, syndrome, ..CqeOut::default() };
+        let cqe = CqeOut {
+            opcode: consts::MLX5_CQE_RESP_ERR,
+            qpn,
+            wqe_counter: index,
+            syndrome,
+            srqn: srqn.unwrap_or(0),
+            ..CqeOut::default()
+        };
         self.post(cqn, cqe);
+        if let Some(n) = srqn {
+            self.srq_take(n);
+        }
         self.qp_error(qpn, syndrome);
     }
 }

@@ -12,9 +12,11 @@ impl State {
         self.events.push(SimEvent::QpError { qpn, syndrome });
     }
 
-    /// Flushes a QP in ERR: the outstanding WQE, the send WQEs up to the last doorbell, the posted receives.
+    /// Flushes a QP in ERR: the outstanding WQE, the send WQEs up to the last doorbell, the posted receives. A QP
+    /// receiving through an SRQ leaves the SRQ's WQEs alone and raises `SRQ_LAST_WQE` once.
     pub(super) fn flush(&mut self, qpn: u32) -> bool {
         use c::mlx5_wqe_ctrl_seg as cs;
+        let last_wqe = self.last_wqe_reached(qpn);
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
         let (cqn_snd, cqn_rcv) = (qp.cqn_snd, qp.cqn_rcv);
         let flush = |opcode: u8, wqe_opcode: u8, wqe_counter: u16| CqeOut {
@@ -62,6 +64,6 @@ impl State {
         if sq + rq > 0 {
             self.events.push(SimEvent::Flushed { qpn, sq: sq as u32, rq: rq as u32 });
         }
-        sq + rq > 0
+        sq + rq > 0 || last_wqe
     }
 }

@@ -1,7 +1,8 @@
 //! The transport: the device side of the datapath (c-layouts.md sections 4 and 5), what the ConnectX's send and
 //! receive engines do. `wqe.rs` parses send and receive WQEs, `keys.rs` reaches memory through memory keys,
 //! `requester.rs` and `responder.rs` are the two ends of RC, `ud.rs` is UD, `cqe.rs` writes CQEs, `flush.rs`
-//! errors a QP and flushes it. Packets are built and read through `wire` and travel by `link`.
+//! errors a QP and flushes it, `srq.rs` takes receives from a shared receive queue. Packets are built and read
+//! through `wire` and travel by `link`.
 //!
 //! A send doorbell reaches this module one way: `mmio.rs` (the BAR write) -> `uar.rs` (decodes it, records the
 //! SQ producer counter) -> [`State::run_datapath`] here (in line, or on the device thread), which runs every QP's
@@ -18,7 +19,7 @@
 //! Local: a malformed WQE or an unsupported opcode is `LOCAL_QP_OP_ERR`, a bad lkey `LOCAL_PROT_ERR`, a message
 //! above `log_max_msg` `LOCAL_LENGTH_ERR`. Remote: bad rkey/rights/bounds `REMOTE_ACCESS_ERR`; a receive too
 //! small `LOCAL_LENGTH_ERR` on that receive and `REMOTE_INVAL_REQ_ERR` at the requester; a bad lkey in the
-//! receive `LOCAL_PROT_ERR` there and `REMOTE_OP_ERR` at the requester. An empty RQ answers an RC SEND or
+//! receive `LOCAL_PROT_ERR` there and `REMOTE_OP_ERR` at the requester. An empty RQ (or SRQ) answers an RC SEND or
 //! WRITE_IMM with an RNR NAK: the requester waits the responder's `min_rnr_nak` timer (IB table, device time)
 //! and retries when the device next runs after it, `rnr_retry` times (7: forever), then `RNR_RETRY_EXC_ERR`. A
 //! request that reaches no RC QP in RTR/RTS is retried after the path's ACK timeout (`4.096 us << ack_timeout`)
@@ -56,6 +57,7 @@ mod flush;
 mod keys;
 mod requester;
 mod responder;
+mod srq;
 mod ud;
 mod wqe;
 

@@ -295,6 +295,9 @@ impl State {
     pub(super) fn next_recv(&mut self, qpn: u32, sges: &mut Sges) -> Option<u16> {
         use c::mlx5_wqe_data_seg as d;
         let qp = self.fw.qps.get(&qpn)?;
+        if let Some(srqn) = qp.srqn {
+            return self.next_srq_recv(qpn, srqn, sges);
+        }
         if qp.rq_wqes() == 0 {
             return None;
         }
