@@ -108,6 +108,12 @@ pub struct GeneralCaps {
     pub vhca_id: u16,
     /// `device_frequency_khz`: the device clock.
     pub device_frequency_khz: u32,
+    /// `relaxed_ordering_write`: memory keys may let the device reorder its writes.
+    pub relaxed_ordering_write: bool,
+    /// `relaxed_ordering_read`: memory keys may let the device reorder its reads.
+    pub relaxed_ordering_read: bool,
+    /// `relaxed_ordering_read_pci_enabled`: relaxed reads supported and enabled in PCI config space.
+    pub relaxed_ordering_read_pci_enabled: bool,
 }
 
 impl GeneralCaps {
@@ -162,6 +168,9 @@ impl GeneralCaps {
             stat_rate_support: b.get(g::STAT_RATE_SUPPORT) as u16,
             vhca_id: b.get(g::VHCA_ID) as u16,
             device_frequency_khz: b.get(g::DEVICE_FREQUENCY_KHZ),
+            relaxed_ordering_write: flag(g::RELAXED_ORDERING_WRITE),
+            relaxed_ordering_read: flag(g::RELAXED_ORDERING_READ),
+            relaxed_ordering_read_pci_enabled: flag(g::RELAXED_ORDERING_READ_PCI_ENABLED),
         }
     }
 
