@@ -20,6 +20,7 @@ mod parity;
 mod qp_rules;
 mod ring_props;
 mod sim;
+mod user_mr;
 
 /// The counting allocator `no_alloc` arms; unarmed threads allocate through it at the cost of one thread-local read.
 #[global_allocator]
