@@ -267,6 +267,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     /// says. Without UMR the key cannot be changed in place, so, as mlx5_ib does when it cannot use UMR, a new key
     /// is created and the old one destroyed: the returned region has new keys. The new key is made first, so a
     /// refused request leaves the old region registered (returned in the error).
+    // The old region comes back by value on failure because the core has no heap to box it in.
+    #[allow(clippy::result_large_err)]
     pub fn rereg_mr(&mut self, mr: Mr, req: Rereg<'_, '_>, delay: &mut impl DelayNs) -> Result<Mr, ReregError> {
         if req.translation.is_none() && req.pd.is_none() && req.access.is_none() {
             // `ib_uverbs_rereg_mr` refuses a request without flags.
