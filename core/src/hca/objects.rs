@@ -245,7 +245,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     }
 
     /// Registers the memory of `mem` (`ibv_reg_mr` / `ibv_reg_mr_iova` on process memory made reachable with
-    /// [`Dma::map_user`](crate::hal::Dma::map_user), or any other DMA view) at virtual address `iova`, by default
+    /// [`Dma::map_user`], or any other DMA view) at virtual address `iova`, by default
     /// its CPU address (mlx5_ib `mlx5_ib_reg_user_mr`). The key covers exactly `mem`; its MTT uses the largest page
     /// size the bus and virtual addresses allow (`mlx5_umem_mkc_find_best_pgsz`), so `iova` must agree with the
     /// bus address within 4 KiB.
