@@ -399,3 +399,48 @@ fn registrations_the_device_cannot_take_are_refused_before_any_command() {
     assert_eq!(dev.dma_outstanding(), (0, 0));
     drop(v);
 }
+
+#[test]
+fn rereg_failures_never_lose_a_live_key() {
+    use mlx5_core::prm::consts;
+    use mlx5_sim::Fault;
+    let (dev, mut hca, mut d) = up(SimConfig::default());
+    let pd = hca.alloc_pd(&mut d).unwrap();
+    let dma = dev.dma();
+    let (v, p) = heap(8192, 4096, 0);
+    let r = map(&dma, p, 8192);
+    let va = p.as_ptr() as u64;
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_READ;
+    let mr = hca.reg_user_mr(&pd, r.view(), None, rights, &mut d).unwrap();
+    let old = mr.lkey;
+    let bad = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
+    // Firmware refuses the new key: the old one is handed back, still live.
+    let refuse = |opcode: u16| Fault::Status { opcode, status: bad, syndrome: 0x1234, times: 1 };
+    dev.inject(refuse(consts::MLX5_CMD_OP_CREATE_MKEY));
+    let e = hca.rereg_mr(mr, Rereg { access: Some(Access::LOCAL_WRITE), ..Rereg::default() }, &mut d).unwrap_err();
+    assert!(e.new.is_none() && matches!(e.error, Error::Cmd(_)), "{}", e.error);
+    assert_eq!(e.mr.lkey, old);
+    assert!(dev.mkey_access(old, Some(pd.pdn()), va, 8192, MkeyAccess::REMOTE_READ).is_ok());
+    // Firmware refuses to destroy the old key: both come back, both live, and the old one can go later.
+    dev.inject(refuse(consts::MLX5_CMD_OP_DESTROY_MKEY));
+    let e = hca.rereg_mr(e.mr, Rereg { access: Some(Access::LOCAL_WRITE), ..Rereg::default() }, &mut d).unwrap_err();
+    let new = e.new.expect("the new key was made");
+    assert_eq!(e.mr.lkey, old);
+    assert_eq!(dev.mkey_count(), 2);
+    assert!(dev.mkey_access(new.lkey, Some(pd.pdn()), va, 8192, MkeyAccess::LOCAL_WRITE).is_ok());
+    hca.dereg_mr(e.mr, &mut d).map_err(|e| e.error).unwrap();
+    // An all-IOVA key stays one when only its access changes.
+    let all = hca.reg_dma_mr(&pd, Access::LOCAL_WRITE, &mut d).unwrap();
+    let all = hca.rereg_mr(all, Rereg { access: Some(rights), ..Rereg::default() }, &mut d).unwrap();
+    assert_eq!((all.addr, all.length, all.page_shift), (0, u64::MAX, 0));
+    assert_eq!(dev.mkey_access(all.lkey, None, r.iova(), 8, MkeyAccess::REMOTE_READ), Ok(vec![(r.iova(), 8)]));
+    for mr in [new, all] {
+        hca.dereg_mr(mr, &mut d).map_err(|e| e.error).unwrap();
+    }
+    // SAFETY: no key covers it; freed once.
+    unsafe { dma.free(r) };
+    hca.dealloc_pd(pd, &mut d).map_err(|e| e.error).unwrap();
+    hca.teardown(&mut d).unwrap();
+    assert_eq!(dev.dma_outstanding(), (0, 0));
+    drop(v);
+}
