@@ -366,6 +366,17 @@ pub enum DmaError {
     },
     /// The platform refused to map the memory for the device.
     MapFailed,
+    /// This allocator cannot make memory it did not allocate reachable by the device ([`Dma::map_user`]).
+    Unsupported,
+    /// The `len` bytes at `addr` cannot be made reachable by the device: an empty or wrapping range, memory
+    /// already reachable through another region, memory the platform cannot pin, or no bus address left for it
+    /// below the device's limit.
+    Unreachable {
+        /// The CPU address of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
 }
 
 impl core::fmt::Display for DmaError {
@@ -374,6 +385,10 @@ impl core::fmt::Display for DmaError {
             DmaError::NoMemory { len } => write!(f, "out of DMA memory allocating {len} bytes"),
             DmaError::BadAlignment { align } => write!(f, "DMA alignment {align} not supported"),
             DmaError::MapFailed => write!(f, "failed to map DMA memory for the device"),
+            DmaError::Unsupported => write!(f, "this DMA allocator cannot map process memory for the device"),
+            DmaError::Unreachable { addr, len } => {
+                write!(f, "{len} bytes at {addr:#x} cannot be made reachable by the device")
+            }
         }
     }
 }
@@ -388,6 +403,10 @@ impl core::fmt::Display for DmaError {
 /// * is zero-filled, aligned to `align` at both `cpu` and `iova`, and overlaps no other live region;
 /// * is coherent: CPU stores become visible to the device at `iova` (subject to the [`Mmio`] barriers) and device
 ///   writes become visible to the CPU without cache maintenance.
+///
+/// A region returned by [`Dma::map_user`] satisfies the same contract except that its memory is the caller's (not
+/// zeroed, aligned as the caller's address is), and that the device reaches it at `iova` until it is passed to
+/// [`Dma::free`], which makes it unreachable again before returning.
 ///
 /// Callers guarantee that they pass to `free` only regions this allocator returned (each once, which the type
 /// enforces: a region is consumed), and only after the device can no longer access them (the owning queue is
@@ -404,10 +423,36 @@ pub unsafe trait Dma {
         None
     }
 
-    /// Returns a region to the allocator.
+    /// Makes the `len` bytes of process memory at `ptr` reachable by the device (rdma-core's `mlx5_vfio_reg_mr`
+    /// maps user memory with `VFIO_IOMMU_MAP_DMA` the same way): the returned region describes exactly those bytes,
+    /// at a bus address the allocator chose. [`Dma::free`] makes them unreachable again; the memory itself stays
+    /// the caller's. Allocators that cannot do this return [`DmaError::Unsupported`] (the default).
+    ///
+    /// Mappings are made in whole pages (4 KiB, or the platform's IOMMU page): every byte of the pages covering
+    /// `ptr .. ptr + len` becomes reachable, not only the range. Implementations place the pages at a bus address
+    /// aligned as `ptr`'s page is (up to a limit they document), so large MTT pages stay usable.
     ///
     /// # Safety
-    /// `region` came from this allocator's `alloc`, is freed once, and the device no longer accesses it.
+    /// For implementers: the region returned satisfies [`DmaRegion::from_raw_parts`] for `ptr .. ptr + len` with
+    /// the bus address at which the device reaches those bytes; nothing outside the covering pages becomes
+    /// reachable; and [`Dma::free`] of the region removes the device's access before it returns (or, if the
+    /// platform refuses, keeps the bus addresses reserved so they are never handed out again).
+    ///
+    /// For callers: the bytes are valid for reads and writes and stay allocated until the region is passed to
+    /// [`Dma::free`]; the whole covering pages hold nothing the device must not see or must not be able to
+    /// overwrite, for as long as the region lives; and no other live region covers any of the bytes (register
+    /// overlapping memory keys over views of one mapping instead of mapping the same bytes twice).
+    unsafe fn map_user(&self, ptr: NonNull<u8>, len: usize) -> Result<DmaRegion, DmaError> {
+        let _ = (ptr, len);
+        Err(DmaError::Unsupported)
+    }
+
+    /// Returns a region to the allocator (or, for a region from [`Dma::map_user`], takes the device's access to it
+    /// away).
+    ///
+    /// # Safety
+    /// `region` came from this allocator's `alloc` or `map_user`, is freed once, and the device no longer accesses
+    /// it.
     unsafe fn free(&self, region: DmaRegion);
 }
 
@@ -418,6 +463,10 @@ unsafe impl<D: Dma + ?Sized> Dma for &D {
     }
     fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
         (**self).iova_of(cpu, len)
+    }
+    unsafe fn map_user(&self, ptr: NonNull<u8>, len: usize) -> Result<DmaRegion, DmaError> {
+        // SAFETY: the caller's duties are passed through unchanged.
+        unsafe { (**self).map_user(ptr, len) }
     }
     unsafe fn free(&self, region: DmaRegion) {
         // SAFETY: the caller's duties are passed through unchanged.
@@ -631,6 +680,20 @@ pub(crate) mod tests {
         let dma = TestDma::default();
         let r = dma.alloc(16, 8).unwrap();
         let _ = r.ptr_at(12, 8);
+    }
+
+    #[test]
+    fn an_allocator_without_map_user_refuses_process_memory() {
+        let dma = TestDma::default();
+        let mut buf = [0u8; 64];
+        let p = NonNull::new(buf.as_mut_ptr()).unwrap();
+        // SAFETY: the default implementation touches nothing.
+        assert_eq!(unsafe { dma.map_user(p, 64) }, Err(DmaError::Unsupported));
+        // Through the forwarding implementation for references too.
+        let r = &dma;
+        // SAFETY: as above.
+        assert_eq!(unsafe { Dma::map_user(&r, p, 64) }, Err(DmaError::Unsupported));
+        assert_eq!(dma.live(), 0);
     }
 
     #[test]

@@ -24,15 +24,19 @@ impl Access {
     pub const REMOTE_ATOMIC: Access = Access(8);
     /// Every right this driver supports.
     pub const ALL: Access = Access(15);
+    /// `IB_ACCESS_RELAXED_ORDERING` (`IB_ACCESS_OPTIONAL_FIRST`): the device may reorder its PCIe writes and reads
+    /// of the region. Optional: accepted always, and set in the key only as far as the device supports it
+    /// (mlx5_ib `set_mkc_access_pd_addr_fields`).
+    pub const RELAXED_ORDERING: Access = Access(1 << 20);
 
     /// Whether every right of `other` is granted.
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }
 
-    /// Rights outside [`Access::ALL`] (memory windows, on-demand paging, ...).
+    /// Bits outside [`Access::ALL`] and [`Access::RELAXED_ORDERING`] (memory windows, on-demand paging, ...).
     pub const fn unsupported(self) -> u32 {
-        self.0 & !Access::ALL.0
+        self.0 & !(Access::ALL.0 | Access::RELAXED_ORDERING.0)
     }
 }
 
@@ -74,6 +78,10 @@ pub struct CreateMkey<'a> {
     pub variant: u8,
     /// How the key translates addresses.
     pub translation: Translation<'a>,
+    /// `mkc.relaxed_ordering_write`: set only when the device reports `relaxed_ordering_write`.
+    pub relaxed_write: bool,
+    /// `mkc.relaxed_ordering_read`: set only when the device reports relaxed-ordering reads.
+    pub relaxed_read: bool,
 }
 
 impl CreateMkey<'_> {
@@ -114,6 +122,8 @@ impl Command for CreateMkey<'_> {
             c.set(mkc::RR, self.access.contains(Access::REMOTE_READ).into());
             c.set(mkc::LW, self.access.contains(Access::LOCAL_WRITE).into());
             c.set(mkc::LR, 1);
+            c.set(mkc::RELAXED_ORDERING_WRITE, self.relaxed_write.into());
+            c.set(mkc::RELAXED_ORDERING_READ, self.relaxed_read.into());
             // Not bound to a QP (`qpn` 0xffffff, as every mlx5_ib mkey).
             c.set(mkc::QPN, 0xff_ffff);
             c.set(mkc::MKEY_7_0, self.variant.into());
@@ -155,8 +165,11 @@ pub struct Mr {
     pub lkey: u32,
     /// Remote key.
     pub rkey: u32,
-    /// First virtual address (the CPU address of the memory; 0 for an all-IOVA key).
+    /// First virtual address (the `iova` of `ibv_reg_mr_iova`; by default the CPU address of the memory; 0 for an
+    /// all-IOVA key).
     pub addr: u64,
+    /// The bus address of the first byte (0 for an all-IOVA key): where the device reaches `addr`.
+    pub dma: u64,
     /// Bytes covered (`u64::MAX` for an all-IOVA key).
     pub length: u64,
     /// Access rights.
@@ -179,5 +192,37 @@ mod tests {
         assert_eq!(a.unsupported(), 0);
         assert_eq!(Access(Access::ALL.0 | 0x40).unsupported(), 0x40);
         assert!(Access::ALL.contains(Access::REMOTE_ATOMIC | Access::REMOTE_WRITE));
+        // Relaxed ordering is an optional flag, not an unsupported one.
+        assert_eq!((Access::ALL | Access::RELAXED_ORDERING).unsupported(), 0);
+        assert_eq!(Access::RELAXED_ORDERING.0, 1 << 20);
+    }
+
+    #[test]
+    fn relaxed_ordering_bits_are_written_only_when_asked() {
+        use crate::prm::MsgBuf;
+        let seg = [DmaSeg { iova: 0x1_0000_0000, len: 4096 }];
+        let layout = PageLayout { page_shift: 12, offset: 0, npages: 1 };
+        let mut cmd = CreateMkey {
+            pd: 1,
+            access: Access::LOCAL_WRITE,
+            variant: 3,
+            translation: Translation::Mtt { va: 0x1_0000_0000, len: 4096, segs: &seg, layout },
+            relaxed_write: true,
+            relaxed_read: false,
+        };
+        let ctx = ifc::create_mkey_in::MEMORY_KEY_MKEY_ENTRY;
+        let encode = |cmd: &CreateMkey<'_>| {
+            let mut buf = [0u8; 512];
+            cmd.encode(&mut buf[..cmd.inlen()]);
+            buf
+        };
+        let b = encode(&cmd);
+        let get = |b: &[u8], f: Field| MsgBuf::get(b, f.at(ctx));
+        assert_eq!((get(&b, ifc::mkc::RELAXED_ORDERING_WRITE), get(&b, ifc::mkc::RELAXED_ORDERING_READ)), (1, 0));
+        assert_eq!((get(&b, ifc::mkc::LW), get(&b, ifc::mkc::LOG_PAGE_SIZE)), (1, 12));
+        cmd.relaxed_write = false;
+        cmd.relaxed_read = true;
+        let b = encode(&cmd);
+        assert_eq!((get(&b, ifc::mkc::RELAXED_ORDERING_WRITE), get(&b, ifc::mkc::RELAXED_ORDERING_READ)), (0, 1));
     }
 }

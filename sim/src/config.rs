@@ -78,6 +78,10 @@ pub struct SimConfig {
     pub ipv4_addrs: &'static [[u8; 4]],
     /// The IPv6 addresses of the port's netdev (none by default).
     pub ipv6_addrs: &'static [[u8; 16]],
+    /// Report `relaxed_ordering_write` and `relaxed_ordering_read` in the general capabilities (off by default,
+    /// as on a function whose PCI config space has relaxed ordering disabled). Without them CREATE_MKEY refuses
+    /// the mkc relaxed-ordering bits.
+    pub relaxed_ordering: bool,
 }
 
 /// The default host's address and the next host's.
@@ -128,6 +132,7 @@ impl Default for SimConfig {
             lid: 1,
             ipv4_addrs: &HOST_V4[..1],
             ipv6_addrs: &[],
+            relaxed_ordering: false,
         }
     }
 }

@@ -1,5 +1,9 @@
 //! The simulated IOVA space: host allocations given fresh, never reused bus addresses, and the checked
 //! translation the device side uses for every DMA access.
+//!
+//! Process memory the driver did not allocate is made reachable with `Dma::map_user`: the pages covering it get
+//! a fresh IOVA range placed as the memory's own alignment allows (see [`DmaSpace::map_user`]), and freeing the
+//! region unmaps it, so a later device access to those IOVAs faults like any access to unmapped memory.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::Cell;
@@ -29,8 +33,14 @@ pub struct DmaFault {
 struct Region {
     cpu: NonNull<u8>,
     len: usize,
-    layout: Layout,
+    /// The allocation behind an allocated region; `None` for process memory mapped with `map_user`, which is the
+    /// caller's to free.
+    layout: Option<Layout>,
 }
+
+/// The largest alignment `map_user` preserves between a mapping's CPU and bus addresses (1 GiB, the largest MTT
+/// page the driver uses below `MR_MAX_PAGE_SHIFT`).
+pub(crate) const USER_MAP_MAX_ALIGN: u64 = 1 << 30;
 
 // SAFETY: a Region is the allocator's record of a heap block; it is only dereferenced under the device lock, and
 // the block itself is not tied to the thread that allocated it.
@@ -92,10 +102,52 @@ impl DmaSpace {
         let p = unsafe { alloc_zeroed(layout) };
         let cpu = NonNull::new(p).ok_or(DmaError::NoMemory { len })?;
         self.next_iova = next;
-        self.regions.insert(iova, Region { cpu, len, layout });
+        self.regions.insert(iova, Region { cpu, len, layout: Some(layout) });
         self.by_cpu.insert(cpu.as_ptr() as usize, iova);
         // SAFETY: `cpu` is a fresh zeroed allocation of at least `len` bytes that only `free` deallocates (a space
         // dropped with it outstanding keeps it), `iova` is a fresh address translated to it alone.
+        Ok(unsafe { DmaRegion::from_raw_parts(cpu, iova, len) })
+    }
+
+    /// Makes the `len` bytes of process memory at `cpu` reachable by the device (`Dma::map_user`).
+    ///
+    /// The IOVA range is fresh, and placed so that the bus address of the first covering page agrees with the CPU
+    /// address in exactly the bits its alignment has (up to [`USER_MAP_MAX_ALIGN`]) and differs in the next one: a
+    /// buffer whose page is 64 KiB aligned (and not 128 KiB) can use 64 KiB MTT pages and no larger, as if backed
+    /// by memory contiguous in such blocks. Only the `len` bytes themselves are translated, not the rest of their
+    /// pages: a real IOMMU would expose the whole pages, but here the rest may be other objects of the test
+    /// process, and a stray device access must fault instead of overwriting them.
+    ///
+    /// Refused with `Unreachable` (nothing mapped): an empty or wrapping range, one at page 0, or one overlapping
+    /// a live region (allocated or mapped).
+    pub(crate) fn map_user(&mut self, cpu: NonNull<u8>, len: usize) -> Result<DmaRegion, DmaError> {
+        let addr = cpu.as_ptr() as usize;
+        let refused = DmaError::Unreachable { addr, len };
+        let end = addr.checked_add(len).filter(|_| len > 0).ok_or(refused)?;
+        let page_base = (addr as u64) & !(IOVA_PAGE - 1);
+        if page_base == 0 {
+            return Err(refused);
+        }
+        // Regions never overlap, so the last one starting before `end` is the only one that can reach into the
+        // range.
+        if let Some((&base, &iova)) = self.by_cpu.range(..end).next_back() {
+            if self.regions.get(&iova).is_some_and(|r| base + r.len.max(1) > addr) {
+                return Err(refused);
+            }
+        }
+        let off = addr as u64 - page_base;
+        let span = (end as u64).checked_next_multiple_of(IOVA_PAGE).ok_or(refused)? - page_base;
+        let align = (1u64 << page_base.trailing_zeros()).min(USER_MAP_MAX_ALIGN);
+        // Aligned to twice the CPU page's alignment: the two agree below it and differ in its bit.
+        let base = self.next_iova.checked_next_multiple_of(2 * align).ok_or(refused)?;
+        let next = base.checked_add(span).and_then(|v| v.checked_add(IOVA_PAGE)).ok_or(refused)?;
+        self.next_iova = next;
+        let iova = base + off;
+        self.regions.insert(iova, Region { cpu, len, layout: None });
+        self.by_cpu.insert(addr, iova);
+        // SAFETY: the caller of `Dma::map_user` vouches that the bytes stay valid and are covered by no other
+        // region until this one is freed (the overlap check above catches the regions this space knows); `iova`
+        // is a fresh address translated to them alone.
         Ok(unsafe { DmaRegion::from_raw_parts(cpu, iova, len) })
     }
 
@@ -110,9 +162,12 @@ impl DmaSpace {
         for e in &self.recent {
             e.set(NO_ENTRY);
         }
-        // SAFETY: `r.cpu` was returned by `alloc_zeroed(r.layout)` in `alloc` and is removed from the map, so it
-        // is deallocated exactly once with the same layout.
-        unsafe { dealloc(r.cpu.as_ptr(), r.layout) };
+        if let Some(layout) = r.layout {
+            // SAFETY: `r.cpu` was returned by `alloc_zeroed(layout)` in `alloc` and is removed from the map, so it
+            // is deallocated exactly once with the same layout.
+            unsafe { dealloc(r.cpu.as_ptr(), layout) };
+        }
+        // A mapped region's memory is the caller's: removing the translation is all there is to undo.
         Ok(())
     }
 
@@ -286,7 +341,8 @@ impl Drop for DmaSpace {
     /// `DmaRegion` for them may still exist, and its contract promises the memory until `free`. They stay
     /// reachable from a process-wide list, so leak checkers see them as held, not lost.
     fn drop(&mut self) {
-        keep_forever(std::mem::take(&mut self.regions).into_values().map(|r| r.cpu.as_ptr() as usize));
+        let allocated = std::mem::take(&mut self.regions).into_values().filter(|r| r.layout.is_some());
+        keep_forever(allocated.map(|r| r.cpu.as_ptr() as usize));
     }
 }
 
@@ -313,6 +369,10 @@ unsafe impl Dma for SimDma {
 
     fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
         lock(&self.shared).dma.iova_of(cpu, len)
+    }
+
+    unsafe fn map_user(&self, ptr: NonNull<u8>, len: usize) -> Result<DmaRegion, DmaError> {
+        lock(&self.shared).dma.map_user(ptr, len)
     }
 
     unsafe fn free(&self, region: DmaRegion) {
@@ -355,6 +415,86 @@ mod tests {
         assert_eq!(d.iova_of(at(&a, 0), 1), None);
         assert_eq!(d.iova_of(at(&b, 0), 100), Some(b.iova()));
         d.free(&b).unwrap();
+    }
+
+    /// A heap buffer of `len` bytes whose start is aligned to exactly `align` (not to `2 * align`).
+    fn exactly_aligned(len: usize, align: usize) -> (Vec<u8>, usize) {
+        let v = vec![0u8; len + 3 * align];
+        let a = v.as_ptr() as usize;
+        let start = a.next_multiple_of(2 * align) + align;
+        (v, start - a)
+    }
+
+    #[test]
+    fn map_user_translates_the_bytes_until_freed() {
+        let mut d = DmaSpace::new(None);
+        let (mut v, off) = exactly_aligned(3 * 4096, 4096);
+        // Every access below goes through this one pointer, as the device's do.
+        let base = v.as_mut_ptr();
+        // An odd offset and length inside the buffer.
+        let at = off + 5;
+        let p = NonNull::new(base.wrapping_add(at)).unwrap();
+        let bytes = |o: usize, n: usize| {
+            // SAFETY: inside `v`, which outlives this test's accesses; nothing writes while the copy is made.
+            unsafe { std::slice::from_raw_parts(base.add(at + o), n).to_vec() }
+        };
+        let r = d.map_user(p, 9000).unwrap();
+        assert_eq!((r.cpu(), r.len()), (p, 9000));
+        // The bus address agrees with the CPU address within the page, and in no bit above 4 KiB's alignment.
+        assert_eq!(r.iova() % 4096, 5);
+        assert_eq!((r.iova() ^ p.as_ptr() as u64) & 0x1fff, 0x1000);
+        assert_eq!(d.iova_of(p.as_ptr(), 9000), Some(r.iova()));
+        // The device reads and writes the process memory.
+        assert!(d.write(r.iova() + 8, b"device").is_ok());
+        assert_eq!(bytes(8, 6), b"device");
+        // SAFETY: inside `v`; the device is not accessing it now.
+        unsafe { p.as_ptr().write(0x5a) };
+        let mut b = [0u8; 1];
+        assert!(d.read(r.iova(), &mut b).is_ok());
+        assert_eq!(b, [0x5a]);
+        // Only the mapped bytes: one past the end faults, as does the byte before the start.
+        assert!(d.read(r.iova() + 9000, &mut b).is_err());
+        assert!(d.read(r.iova() - 1, &mut b).is_err());
+        // Mapping the same bytes again, or part of them, is refused.
+        assert_eq!(d.map_user(p, 1), Err(DmaError::Unreachable { addr: p.as_ptr() as usize, len: 1 }));
+        let inside = NonNull::new(base.wrapping_add(at + 100)).unwrap();
+        assert!(d.map_user(inside, 10).is_err());
+        assert_eq!(d.outstanding(), (1, 9000));
+        let iova = r.iova();
+        d.free(&r).unwrap();
+        // Unmapped: the device can no longer reach the memory, which is still the process's.
+        assert!(d.write(iova + 8, b"late").is_err());
+        assert_eq!(bytes(8, 6), b"device");
+        assert_eq!(d.faults.last().map(|f| (f.iova, f.write)), Some((iova + 8, true)));
+        assert_eq!(d.outstanding(), (0, 0));
+        drop(v);
+    }
+
+    #[test]
+    fn map_user_keeps_the_alignment_the_memory_has() {
+        let mut d = DmaSpace::new(None);
+        for align in [4096usize, 1 << 16, 2 << 20] {
+            let (mut v, off) = exactly_aligned(align, align);
+            let p = NonNull::new(v.as_mut_ptr().wrapping_add(off)).unwrap();
+            let r = d.map_user(p, align).unwrap();
+            let diff = r.iova() ^ p.as_ptr() as u64;
+            assert_eq!(diff.trailing_zeros(), align.trailing_zeros(), "aligned to {align:#x}");
+            d.free(&r).unwrap();
+        }
+    }
+
+    #[test]
+    fn map_user_refuses_what_cannot_be_reached() {
+        let mut d = DmaSpace::new(None);
+        let mut v = vec![0u8; 64];
+        let p = NonNull::new(v.as_mut_ptr()).unwrap();
+        assert!(matches!(d.map_user(p, 0), Err(DmaError::Unreachable { len: 0, .. })));
+        assert!(d.map_user(p, usize::MAX).is_err());
+        // Memory the space allocated is already reachable: mapping it again is refused.
+        let a = d.alloc(4096, 4096).unwrap();
+        assert!(d.map_user(a.cpu(), 16).is_err());
+        d.free(&a).unwrap();
+        assert_eq!(d.outstanding(), (0, 0));
     }
 
     #[test]

@@ -157,6 +157,23 @@ pub enum Error {
         /// Bus address.
         iova: u64,
     },
+    /// A memory region's virtual address and bus address differ within 4 KiB, so no MTT page size maps it
+    /// (`ib_umem_find_best_pgsz` finds none; verbs requires the address and `iova` to agree within a page).
+    IovaMismatch {
+        /// The virtual address asked for.
+        iova: u64,
+        /// The bus address of the memory.
+        dma: u64,
+    },
+    /// A memory region whose last byte would lie past the end of the 64-bit address space.
+    IovaOverflow {
+        /// The virtual address asked for.
+        iova: u64,
+        /// The length.
+        len: u64,
+    },
+    /// A re-registration that names nothing to change.
+    NothingToRereg,
     /// Remote write or atomic access without local write (`ib_check_mr_access`).
     BadAccess {
         /// The access bits given.
@@ -226,6 +243,11 @@ impl core::fmt::Display for Error {
             Error::NoPageSize { addr, iova } => {
                 write!(f, "address {addr:#x} and bus address {iova:#x} differ within a 4 KiB page; cannot register")
             }
+            Error::IovaMismatch { iova, dma } => {
+                write!(f, "virtual address {iova:#x} and bus address {dma:#x} differ within a 4 KiB page")
+            }
+            Error::IovaOverflow { iova, len } => write!(f, "{len} bytes at {iova:#x} wrap past the address space"),
+            Error::NothingToRereg => write!(f, "re-registration with nothing to change"),
             Error::BadAccess { access } => {
                 write!(f, "access flags {access:#x}: remote write or atomic needs local write")
             }

@@ -6,13 +6,13 @@
 //! confirm hands the object back ([`DestroyError`]) so its memory is never freed while the device may use it.
 
 use crate::cmdq::CmdError;
-use crate::hal::{DelayNs, Dma, Mmio};
+use crate::hal::{DelayNs, Dma, DmaView, Mmio};
 use crate::prm::{consts, Opcode};
 use crate::trace::CmdTrace;
 
 use super::error::Error;
 use super::{Hca, HcaState};
-use crate::buf::{page_sizes, DmaSeg, PageLayout, QueueBuf};
+use crate::buf::{page_sizes, DmaSeg, PageLayout, QueueBuf, ADAPTER_PAGE_SHIFT};
 use crate::cmd::Pas;
 use crate::cq::Cq;
 use crate::cq::{
@@ -27,8 +27,9 @@ use crate::qp::{
     Transition,
 };
 
-/// Largest page size a memory region's MTT uses (1 GiB).
-pub const MR_MAX_PAGE_SHIFT: u32 = 30;
+/// Largest page size a memory region's MTT uses (2 GiB): mlx5_ib reads `mkc.log_page_size` as a 5-bit value
+/// unless the device reports `umr_log_entity_size_5` (`mlx5_umem_mkc_find_best_pgsz`), which is not read here.
+pub const MR_MAX_PAGE_SHIFT: u32 = 31;
 
 /// A protection domain (`ibv_pd`).
 #[derive(Debug, PartialEq, Eq)]
@@ -56,6 +57,39 @@ pub struct DestroyError<T> {
 impl<T> core::fmt::Display for DestroyError<T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "destroy failed, object kept: {}", self.error)
+    }
+}
+
+/// What [`Hca::rereg_mr`] changes (`ibv_rereg_mr`'s `IB_MR_REREG_TRANS`, `_PD` and `_ACCESS`): each `Some` is
+/// one flag, and at least one must be given.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rereg<'a, 'p> {
+    /// New memory and, optionally, the virtual address to register it at (its CPU address by default).
+    pub translation: Option<(DmaView<'a>, Option<u64>)>,
+    /// A new protection domain.
+    pub pd: Option<&'p Pd>,
+    /// New access rights.
+    pub access: Option<Access>,
+}
+
+/// A re-registration that did not complete. `mr` is the old region, still registered; `new` is the region made
+/// before the old one's DESTROY_MKEY failed (both are then live, and the old one should be deregistered again).
+#[derive(Debug)]
+pub struct ReregError {
+    /// The old region, still registered.
+    pub mr: Mr,
+    /// The new region, when it was made.
+    pub new: Option<Mr>,
+    /// Why the re-registration failed.
+    pub error: Error,
+}
+
+impl core::fmt::Display for ReregError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.new {
+            Some(_) => write!(f, "re-registration made the new key but the old one stayed: {}", self.error),
+            None => write!(f, "re-registration failed, old key kept: {}", self.error),
+        }
     }
 }
 
@@ -155,6 +189,21 @@ impl Default for CqAttr {
     }
 }
 
+/// The virtual range of a registration of `mem` at `iova` (its CPU address by default), checked: not empty, and
+/// not wrapping past the end of the 64-bit address space.
+fn check_mr_range(mem: DmaView<'_>, iova: Option<u64>) -> Result<(u64, u64), Error> {
+    let len = mem.len() as u64;
+    if len == 0 {
+        return Err(Error::BadSize { what: "memory region length", requested: 0, max: u64::MAX });
+    }
+    let va = iova.unwrap_or(mem.cpu().as_ptr() as usize as u64);
+    // The last byte, va + len - 1, must be addressable (`ib_umem_get` refuses ranges that wrap).
+    if va.checked_add(len - 1).is_none() || mem.iova().checked_add(len - 1).is_none() {
+        return Err(Error::IovaOverflow { iova: va, len });
+    }
+    Ok((va, len))
+}
+
 impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T, P, NCQ> {
     // -- protection domains ----------------------------------------------------------------------------------
 
@@ -191,19 +240,113 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             return Err(Error::BadSize { what: "memory region length", requested: 0, max: u64::MAX });
         }
         let iova = self.cmdq.dma().iova_of(addr, len).ok_or(Error::NotDmaMemory { addr: addr as usize, len })?;
-        let va = addr as u64;
+        let va = addr as usize as u64;
         let segs = [DmaSeg { iova, len: len as u64 }];
-        let layout = PageLayout::choose(&segs, va, page_sizes(12, MR_MAX_PAGE_SHIFT))
-            .ok_or(Error::NoPageSize { addr: addr as usize, iova })?;
+        if PageLayout::choose(&segs, va, page_sizes(ADAPTER_PAGE_SHIFT, MR_MAX_PAGE_SHIFT)).is_none() {
+            return Err(Error::NoPageSize { addr: addr as usize, iova });
+        }
+        self.mtt_mr(pd.pdn, va, iova, len as u64, access, delay)
+    }
+
+    /// Registers the memory of `mem` (`ibv_reg_mr` / `ibv_reg_mr_iova` on process memory made reachable with
+    /// [`Dma::map_user`], or any other DMA view) at virtual address `iova`, by default
+    /// its CPU address (mlx5_ib `mlx5_ib_reg_user_mr`). The key covers exactly `mem`; its MTT uses the largest page
+    /// size the bus and virtual addresses allow (`mlx5_umem_mkc_find_best_pgsz`), so `iova` must agree with the
+    /// bus address within 4 KiB.
+    pub fn reg_user_mr(
+        &mut self,
+        pd: &Pd,
+        mem: DmaView<'_>,
+        iova: Option<u64>,
+        access: Access,
+        delay: &mut impl DelayNs,
+    ) -> Result<Mr, Error> {
+        self.check_state(Opcode::CreateMkey)?;
+        self.check_access(access)?;
+        let (va, len) = check_mr_range(mem, iova)?;
+        self.mtt_mr(pd.pdn, va, mem.iova(), len, access, delay)
+    }
+
+    /// Re-registers `mr` (`ibv_rereg_mr`, mlx5_ib `mlx5_ib_rereg_user_mr`): new memory, PD or access, as `req`
+    /// says. Without UMR the key cannot be changed in place, so, as mlx5_ib does when it cannot use UMR, a new key
+    /// is created and the old one destroyed: the returned region has new keys. The new key is made first, so a
+    /// refused request leaves the old region registered (returned in the error).
+    // The old region comes back by value on failure because the core has no heap to box it in.
+    #[allow(clippy::result_large_err)]
+    pub fn rereg_mr(&mut self, mr: Mr, req: Rereg<'_, '_>, delay: &mut impl DelayNs) -> Result<Mr, ReregError> {
+        if req.translation.is_none() && req.pd.is_none() && req.access.is_none() {
+            // `ib_uverbs_rereg_mr` refuses a request without flags.
+            return Err(ReregError { mr, new: None, error: Error::NothingToRereg });
+        }
+        let access = req.access.unwrap_or(mr.access);
+        let pdn = req.pd.map_or(mr.pd, Pd::pdn);
+        let made = self.check_state(Opcode::CreateMkey).and_then(|()| self.check_access(access)).and_then(|()| {
+            match req.translation {
+                Some((mem, iova)) => {
+                    let (va, len) = check_mr_range(mem, iova)?;
+                    self.mtt_mr(pdn, va, mem.iova(), len, access, delay)
+                }
+                // The old translation, kept: an all-IOVA key stays one.
+                None if mr.page_shift == 0 => self.pa_mr(pdn, access, delay),
+                None => self.mtt_mr(pdn, mr.addr, mr.dma, mr.length, access, delay),
+            }
+        });
+        let new = match made {
+            Ok(new) => new,
+            Err(error) => return Err(ReregError { mr, new: None, error }),
+        };
+        match self.dereg_mr(mr, delay) {
+            Ok(()) => Ok(new),
+            Err(e) => Err(ReregError { mr: e.obj, new: Some(new), error: e.error }),
+        }
+    }
+
+    /// CREATE_MKEY of an MTT key for `len` bytes at virtual address `va`, reached by the device at bus address
+    /// `dma` (mlx5_ib `reg_create` with the PAS populated).
+    fn mtt_mr(
+        &mut self,
+        pdn: u32,
+        va: u64,
+        dma: u64,
+        len: u64,
+        access: Access,
+        delay: &mut impl DelayNs,
+    ) -> Result<Mr, Error> {
+        let segs = [DmaSeg { iova: dma, len }];
+        let layout = PageLayout::choose(&segs, va, page_sizes(ADAPTER_PAGE_SHIFT, MR_MAX_PAGE_SHIFT))
+            .ok_or(Error::IovaMismatch { iova: va, dma })?;
         let variant = self.next_mkey_variant();
+        let (relaxed_write, relaxed_read) = self.relaxed_ordering(access);
         let mut cmd = CreateMkey {
-            pd: pd.pdn,
+            pd: pdn,
             access,
             variant,
-            translation: Translation::Mtt { va, len: len as u64, segs: &segs, layout },
+            translation: Translation::Mtt { va, len, segs: &segs, layout },
+            relaxed_write,
+            relaxed_read,
         };
         let key = self.exec(&mut cmd, delay)?;
-        Ok(Mr { lkey: key, rkey: key, addr: va, length: len as u64, access, pd: pd.pdn, page_shift: layout.page_shift })
+        Ok(Mr { lkey: key, rkey: key, addr: va, dma, length: len, access, pd: pdn, page_shift: layout.page_shift })
+    }
+
+    /// CREATE_MKEY of a physical-address key over all of IOVA.
+    fn pa_mr(&mut self, pdn: u32, access: Access, delay: &mut impl DelayNs) -> Result<Mr, Error> {
+        let variant = self.next_mkey_variant();
+        let (relaxed_write, relaxed_read) = self.relaxed_ordering(access);
+        let mut cmd =
+            CreateMkey { pd: pdn, access, variant, translation: Translation::AllIova, relaxed_write, relaxed_read };
+        let key = self.exec(&mut cmd, delay)?;
+        Ok(Mr { lkey: key, rkey: key, addr: 0, dma: 0, length: u64::MAX, access, pd: pdn, page_shift: 0 })
+    }
+
+    /// The mkc relaxed-ordering bits for `access` (`set_mkc_access_pd_addr_fields`): write when the device reports
+    /// `relaxed_ordering_write`, read when it reports `relaxed_ordering_read` or `relaxed_ordering_read_pci_enabled`
+    /// (Linux also asks the PCI core whether relaxed ordering is enabled; firmware sets the latter capability
+    /// only when it is). Without the capabilities the flag is accepted and has no effect.
+    fn relaxed_ordering(&self, access: Access) -> (bool, bool) {
+        let g = &self.caps.general;
+        let ro = access.contains(Access::RELAXED_ORDERING);
+        (ro && g.relaxed_ordering_write, ro && (g.relaxed_ordering_read || g.relaxed_ordering_read_pci_enabled))
     }
 
     /// A key over all of IOVA in physical-address mode (`mlx5_ib_get_dma_mr`): virtual address = bus address.
@@ -211,10 +354,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     pub fn reg_dma_mr(&mut self, pd: &Pd, access: Access, delay: &mut impl DelayNs) -> Result<Mr, Error> {
         self.check_state(Opcode::CreateMkey)?;
         self.check_access(access)?;
-        let variant = self.next_mkey_variant();
-        let mut cmd = CreateMkey { pd: pd.pdn, access, variant, translation: Translation::AllIova };
-        let key = self.exec(&mut cmd, delay)?;
-        Ok(Mr { lkey: key, rkey: key, addr: 0, length: u64::MAX, access, pd: pd.pdn, page_shift: 0 })
+        self.pa_mr(pd.pdn, access, delay)
     }
 
     /// `DESTROY_MKEY` (`ibv_dereg_mr`).
@@ -230,7 +370,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     fn check_access(&self, access: Access) -> Result<(), Error> {
         if access.unsupported() != 0 {
             return Err(Error::NotSupported {
-                what: "memory region access flags beyond local/remote read/write/atomic",
+                what: "memory region access flags beyond local/remote read/write/atomic and relaxed ordering",
             });
         }
         let remote_w = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);

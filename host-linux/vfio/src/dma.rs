@@ -9,6 +9,11 @@
 //! A chunk is unmapped from the IOMMU before its memory is returned to the kernel, so the device can never reach
 //! memory the process no longer owns; freeing a region the device still uses is the caller's duty not to do
 //! ([`Dma::free`]).
+//!
+//! Process memory the allocator did not make (a memory region's buffer) is mapped with [`Dma::map_user`] as
+//! rdma-core's `mlx5_vfio_reg_mr` does: the pages covering it are pinned and mapped by `VFIO_IOMMU_MAP_DMA` at an
+//! IOVA from the same allocator, aligned as the memory is (so large MTT pages stay usable), and unmapped when the
+//! region is freed.
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
@@ -63,9 +68,29 @@ struct Chunk {
     used: usize,
 }
 
+/// Process memory mapped for the device by `map_user`.
+#[derive(Debug, Clone, Copy)]
+struct UserMap {
+    /// The region handed out: its length and bus address.
+    len: usize,
+    iova: u64,
+    /// The IOMMU mapping: the covering pages, at `map_iova`.
+    map_iova: u64,
+    map_len: u64,
+    /// IOVA reserved for it (whole chunks from `map_iova`).
+    hull_len: u64,
+}
+
+/// The largest alignment `map_user` keeps between a mapping's CPU and bus addresses (1 GiB, an IOMMU huge page).
+pub const USER_MAP_MAX_ALIGN: u64 = 1 << 30;
+
 #[derive(Debug, Default)]
 struct State {
     chunks: Vec<Chunk>,
+    /// Mapped process memory by CPU address.
+    users: BTreeMap<usize, UserMap>,
+    users_mapped: u64,
+    users_unmapped: u64,
     /// Live regions by CPU address: `(len, iova)`.
     live: BTreeMap<usize, (usize, u64)>,
     iova_free: Vec<(u64, u64)>,
@@ -105,10 +130,40 @@ impl VfioDma {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Live regions and their bytes: 0 / 0 after a clean teardown.
+    /// Live regions (allocated or mapped process memory) and their bytes: 0 / 0 after a clean teardown.
     pub fn outstanding(&self) -> (usize, usize) {
         let s = self.lock();
-        (s.live.len(), s.live.values().map(|v| v.0).sum())
+        let users = s.users.values().map(|u| u.len).sum::<usize>();
+        (s.live.len() + s.users.len(), s.live.values().map(|v| v.0).sum::<usize>() + users)
+    }
+
+    /// `(mapped, unmapped)` counts of process memory over the allocator's life.
+    pub fn user_map_counts(&self) -> (u64, u64) {
+        let s = self.lock();
+        (s.users_mapped, s.users_unmapped)
+    }
+
+    /// The IOMMU page: the smallest size the container maps (at least 4 KiB).
+    fn iommu_page(&self) -> u64 {
+        let p = self.container.iova_pgsizes;
+        if p == 0 {
+            4096
+        } else {
+            (1u64 << p.trailing_zeros()).max(4096)
+        }
+    }
+
+    /// Takes the device's access to mapped process memory away; the IOVA goes back only once the IOMMU confirmed
+    /// the unmap (otherwise it stays reserved, so it is never handed out while it may still translate).
+    fn unmap_user(&self, s: &mut State, u: UserMap) {
+        match self.container.unmap_dma(u.map_iova, u.map_len) {
+            Ok(n) if n == u.map_len => {
+                give_iova(&mut s.iova_free, u.map_iova, u.hull_len);
+                s.users_unmapped += 1;
+            }
+            Ok(n) => log::error!("IOMMU unmapped {n} of {} bytes at IOVA {:#x}; IOVA kept", u.map_len, u.map_iova),
+            Err(e) => log::error!("{e}; {} bytes of process memory stay mapped at IOVA {:#x}", u.map_len, u.map_iova),
+        }
     }
 
     /// Chunks currently mapped for the device.
@@ -217,11 +272,27 @@ fn usable_iova(ranges: &[IovaRange], min: u64, max: u64) -> Vec<(u64, u64)> {
 
 /// First fit of `len` bytes (a multiple of CHUNK) in the free IOVA list.
 fn take_iova(free: &mut Vec<(u64, u64)>, len: u64) -> Option<u64> {
-    let i = free.iter().position(|&(s, e)| e - s >= len)?;
-    let start = free[i].0;
-    free[i].0 += len;
-    if free[i].0 == free[i].1 {
-        free.remove(i);
+    take_iova_aligned(free, len, CHUNK as u64)
+}
+
+/// First fit of `len` bytes (a multiple of CHUNK) at a multiple of `align` (a power of two, at least CHUNK).
+fn take_iova_aligned(free: &mut Vec<(u64, u64)>, len: u64, align: u64) -> Option<u64> {
+    let (i, start) = free.iter().enumerate().find_map(|(i, &(s, e))| {
+        let start = s.checked_next_multiple_of(align)?;
+        (start.checked_add(len)? <= e).then_some((i, start))
+    })?;
+    let (s, e) = free[i];
+    let end = start + len;
+    match (start > s, end < e) {
+        (false, false) => {
+            free.remove(i);
+        }
+        (false, true) => free[i].0 = end,
+        (true, false) => free[i].1 = start,
+        (true, true) => {
+            free[i].1 = start;
+            free.insert(i + 1, (end, e));
+        }
     }
     Some(start)
 }
@@ -333,14 +404,81 @@ unsafe impl Dma for VfioDma {
     fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
         let a = cpu as usize;
         let s = self.lock();
-        let (&start, &(rlen, iova)) = s.live.range(..=a).next_back()?;
         let end = a.checked_add(len)?;
-        (end <= start + rlen).then_some(iova + (a - start) as u64)
+        let live = s.live.range(..=a).next_back().map(|(&start, &(rlen, iova))| (start, rlen, iova));
+        let user = s.users.range(..=a).next_back().map(|(&start, u)| (start, u.len, u.iova));
+        [live, user]
+            .into_iter()
+            .flatten()
+            .find(|&(start, rlen, _)| end <= start + rlen)
+            .map(|(start, _, iova)| iova + (a - start) as u64)
+    }
+
+    /// Pins and maps the pages covering `ptr .. ptr + len` (`mlx5_vfio_reg_mr`'s `mlx5_vfio_register_mem`). The
+    /// IOVA is reserved in whole chunks and aligned as the memory's first page is, up to [`USER_MAP_MAX_ALIGN`]
+    /// and the mapping's size. Refused with `Unreachable`, with nothing left mapped or reserved: an empty or
+    /// wrapping range, memory already mapped for the device, no IOVA room below the device's limit, or memory the
+    /// kernel cannot pin (EFAULT/EINVAL); the locked-memory limit (ENOMEM) is `NoMemory`.
+    unsafe fn map_user(&self, ptr: NonNull<u8>, len: usize) -> core::result::Result<DmaRegion, DmaError> {
+        let addr = ptr.as_ptr() as usize;
+        let refused = DmaError::Unreachable { addr, len };
+        let end = addr.checked_add(len).filter(|_| len > 0).ok_or(refused)?;
+        let page = self.iommu_page();
+        let vbase = addr as u64 & !(page - 1);
+        let vend = (end as u64).checked_next_multiple_of(page).ok_or(refused)?;
+        let map_len = vend - vbase;
+        if vbase == 0 {
+            return Err(refused);
+        }
+        let mut s = self.lock();
+        // Regions never overlap one another, so only the last one starting before `end` can reach into the range.
+        let hit_live = s.live.range(..end).next_back().is_some_and(|(&a, &(l, _))| a + l > addr);
+        let hit_user = s.users.range(..end).next_back().is_some_and(|(&a, u)| a + u.len > addr);
+        if hit_live || hit_user {
+            return Err(refused);
+        }
+        let hull_len = map_len.checked_next_multiple_of(CHUNK as u64).ok_or(refused)?;
+        let align = (1u64 << vbase.trailing_zeros())
+            .min(map_len.checked_next_power_of_two().unwrap_or(USER_MAP_MAX_ALIGN))
+            .clamp(CHUNK as u64, USER_MAP_MAX_ALIGN);
+        let map_iova = take_iova_aligned(&mut s.iova_free, hull_len, align).ok_or(refused)?;
+        // SAFETY: the caller of `map_user` keeps the memory allocated, and lets the device see the covering pages,
+        // until the region is freed; `free` unmaps it first.
+        if let Err(e) = unsafe { self.container.map_dma(vbase, map_iova, map_len) } {
+            give_iova(&mut s.iova_free, map_iova, hull_len);
+            log::warn!("mapping {len} bytes of process memory at {addr:#x} for the device failed: {e}");
+            return Err(match &e {
+                VfioError::Sys { source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
+                    DmaError::NoMemory { len }
+                }
+                VfioError::Sys { source, .. }
+                    if matches!(source.raw_os_error(), Some(libc::EFAULT) | Some(libc::EINVAL)) =>
+                {
+                    refused
+                }
+                _ => DmaError::MapFailed,
+            });
+        }
+        let iova = map_iova + (addr as u64 - vbase);
+        s.users.insert(addr, UserMap { len, iova, map_iova, map_len, hull_len });
+        s.users_mapped += 1;
+        // SAFETY: the caller vouches for the bytes (valid, no other region over them: the overlap check above
+        // catches this allocator's own); the IOMMU now translates `iova` to them.
+        Ok(unsafe { DmaRegion::from_raw_parts(ptr, iova, len) })
     }
 
     unsafe fn free(&self, region: DmaRegion) {
         let a = region.cpu().as_ptr() as usize;
         let mut s = self.lock();
+        if let Some(u) = s.users.get(&a).copied() {
+            if u.len != region.len() || u.iova != region.iova() {
+                log::error!("free of a region that does not match the mapping at cpu {a:#x}; ignored");
+                return;
+            }
+            s.users.remove(&a);
+            self.unmap_user(&mut s, u);
+            return;
+        }
         let Some((len, _)) = s.live.remove(&a) else {
             log::error!("free of DMA memory this allocator does not hold (cpu {a:#x}); ignored");
             return;
@@ -367,6 +505,10 @@ impl Drop for VfioDma {
                 s.live.len()
             );
             s.live.clear();
+        }
+        // Process memory goes back to being the process's alone.
+        for u in std::mem::take(&mut s.users).into_values() {
+            self.unmap_user(&mut s, u);
         }
         let chunks = std::mem::take(&mut s.chunks);
         for c in chunks {
@@ -395,6 +537,21 @@ mod tests {
         uncarve(&mut f, 0, 128);
         assert_eq!(f, vec![(0, 4096)]);
         assert_eq!(carve(&mut f, 8192, 64), None);
+    }
+
+    #[test]
+    fn aligned_iova_takes_from_the_middle_and_gives_back() {
+        let c = CHUNK as u64;
+        let mut f = vec![(c, 16 * c)];
+        // 4 MiB alignment skips the first chunk and splits the range.
+        assert_eq!(take_iova_aligned(&mut f, c, 2 * c), Some(2 * c));
+        assert_eq!(f, vec![(c, 2 * c), (3 * c, 16 * c)]);
+        assert_eq!(take_iova_aligned(&mut f, 8 * c, 8 * c), Some(8 * c));
+        assert_eq!(f, vec![(c, 2 * c), (3 * c, 8 * c)]);
+        assert_eq!(take_iova_aligned(&mut f, 8 * c, 8 * c), None);
+        give_iova(&mut f, 8 * c, 8 * c);
+        give_iova(&mut f, 2 * c, c);
+        assert_eq!(f, vec![(c, 16 * c)]);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::ptr::NonNull;
+
 use mlx5_core::hal::{Dma, DmaError, Mmio};
 
 use super::dma::{Backing, DmaOptions, VfioDma, CHUNK};
@@ -244,6 +246,134 @@ fn dma_respects_the_device_limit_and_cleans_up_failures() {
     unsafe { d.free(r) };
     assert_eq!(t.state().anon.len(), 1);
     t.state().fail.clear();
+}
+
+/// A heap buffer of `len` bytes starting `off` bytes past an `align`-aligned address, declared pinnable to the
+/// twin (the kernel pins any mapped memory; the twin only what it is told). Returns the buffer and the address.
+fn user_buf(t: &Arc<Twin>, len: usize, align: usize, off: usize) -> (Vec<u8>, NonNull<u8>) {
+    let mut v = vec![0u8; len + off + 2 * align];
+    let start = v.as_ptr() as usize;
+    let at = start.next_multiple_of(align) + off - start;
+    let lo = (start as u64) & !0xfff;
+    let hi = ((start + v.len()) as u64).next_multiple_of(4096);
+    t.state().pinnable.push((lo, hi - lo));
+    let p = NonNull::new(v.as_mut_ptr().wrapping_add(at)).unwrap();
+    (v, p)
+}
+
+#[test]
+fn map_user_pins_the_covering_pages_and_unmaps_them_on_free() {
+    let t = twin();
+    let (_dev, d) = dma(&t, DmaOptions::default());
+    // 5000 bytes from 0x123 into a page: two pages are mapped.
+    let (v, p) = user_buf(&t, 3 * 4096, 4096, 0x123);
+    // SAFETY: `v` outlives the mapping (freed below) and nothing else maps it.
+    let r = unsafe { d.map_user(p, 5000) }.unwrap();
+    assert_eq!((r.cpu(), r.len()), (p, 5000));
+    assert_eq!(r.iova() % 4096, 0x123, "the bus address keeps the offset in the page");
+    let page = p.as_ptr() as u64 & !0xfff;
+    let map_iova = r.iova() & !0xfff;
+    assert_eq!(t.state().maps.get(&map_iova).copied(), Some(twin::TwinMap { vaddr: page, size: 8192 }));
+    assert!(t.state().log.iter().any(|l| l.ends_with(&format!("{:#x}", abi::VFIO_IOMMU_MAP_DMA))));
+    assert_eq!(d.iova_of(p.as_ptr(), 5000), Some(r.iova()));
+    assert_eq!(d.iova_of(p.as_ptr(), 5001), None);
+    assert_eq!(d.outstanding(), (1, 5000));
+    // SAFETY: from `d`, freed once; no device uses it.
+    unsafe { d.free(r) };
+    assert!(t.state().maps.is_empty(), "unmapped from the IOMMU");
+    assert_eq!((d.user_map_counts(), d.outstanding()), ((1, 1), (0, 0)));
+    // The IOVA came back: the same memory maps at the same address again.
+    // SAFETY: as above.
+    let again = unsafe { d.map_user(p, 5000) }.unwrap();
+    assert_eq!(again.iova() & !0xfff, map_iova);
+    // Dropping the allocator takes the mapping away from the device too.
+    drop(d);
+    assert!(t.state().maps.is_empty());
+    drop(v);
+}
+
+#[test]
+fn map_user_aligns_the_bus_address_as_the_memory_is() {
+    let t = twin();
+    let (_dev, d) = dma(&t, DmaOptions::default());
+    let (v, p) = user_buf(&t, 4 << 20, 4 << 20, 0);
+    // SAFETY: `v` outlives the mapping, which nothing else covers.
+    let r = unsafe { d.map_user(p, 4 << 20) }.unwrap();
+    assert_eq!(r.iova() % (4 << 20), 0, "4 MiB aligned memory gets a 4 MiB aligned bus address");
+    // SAFETY: from `d`, freed once.
+    unsafe { d.free(r) };
+    drop(v);
+}
+
+#[test]
+fn map_user_refusals_leave_nothing_mapped() {
+    let t = twin();
+    // [2 MiB, 4 MiB): one chunk of IOVA below the device's limit.
+    let opts = DmaOptions { max_iova: (4 << 20) - 1, ..DmaOptions::default() };
+    let (_dev, d) = dma(&t, opts);
+    let (v, p) = user_buf(&t, 3 << 20, 4096, 0);
+    let nothing = |t: &Arc<Twin>, d: &VfioDma| t.state().maps.is_empty() && d.outstanding() == (0, 0);
+    let addr = p.as_ptr() as usize;
+    // Beyond the IOVA aperture: 3 MiB does not fit below 4 MiB.
+    // SAFETY: `v` outlives every mapping; a refused attempt maps and touches nothing.
+    assert_eq!(unsafe { d.map_user(p, 3 << 20) }, Err(DmaError::Unreachable { addr, len: 3 << 20 }));
+    assert!(nothing(&t, &d));
+    // Empty.
+    // SAFETY: `v` outlives every mapping; a refused attempt maps and touches nothing.
+    assert_eq!(unsafe { d.map_user(p, 0) }, Err(DmaError::Unreachable { addr, len: 0 }));
+    // The IOMMU refuses: nothing mapped, and the IOVA is given back.
+    t.state().fail.insert("MAP_DMA", libc::ENOSPC);
+    // SAFETY: `v` outlives every mapping; a refused attempt maps and touches nothing.
+    assert_eq!(unsafe { d.map_user(p, 4096) }, Err(DmaError::MapFailed));
+    assert!(nothing(&t, &d));
+    t.state().fail.clear();
+    // Over the locked-memory limit.
+    t.state().pin_limit = Some(4096);
+    // SAFETY: `v` outlives every mapping; a refused attempt maps and touches nothing.
+    assert_eq!(unsafe { d.map_user(p, 8192) }, Err(DmaError::NoMemory { len: 8192 }));
+    assert!(nothing(&t, &d));
+    t.state().pin_limit = None;
+    // Memory the kernel cannot pin.
+    let stray = NonNull::new(0x7000_0000_0000usize as *mut u8).unwrap();
+    // SAFETY: `v` outlives every mapping; a refused attempt maps and touches nothing.
+    assert!(matches!(unsafe { d.map_user(stray, 64) }, Err(DmaError::Unreachable { .. })));
+    assert!(nothing(&t, &d));
+    // Memory the allocator made is already reachable.
+    let a = d.alloc(4096, 4096).unwrap();
+    // SAFETY: `v` outlives every mapping; a refused attempt maps and touches nothing.
+    assert!(matches!(unsafe { d.map_user(a.cpu(), 16) }, Err(DmaError::Unreachable { .. })));
+    // SAFETY: from `d`, freed once, never given to a device.
+    unsafe { d.free(a) };
+    // After all that, the whole IOVA space is still free: a mapping gets its first chunk.
+    // SAFETY: `v` outlives every mapping; a refused attempt maps and touches nothing.
+    let r = unsafe { d.map_user(p, 4096) }.unwrap();
+    assert_eq!(r.iova(), CHUNK as u64);
+    // A failed unmap keeps the IOVA reserved: it may still translate.
+    t.state().fail.insert("UNMAP_DMA", libc::EINVAL);
+    // SAFETY: from `d`, freed once.
+    unsafe { d.free(r) };
+    t.state().fail.clear();
+    assert_eq!(t.state().maps.len(), 1);
+    // SAFETY: `v` outlives every mapping; a refused attempt maps and touches nothing.
+    assert!(matches!(unsafe { d.map_user(p, 4096) }, Err(DmaError::Unreachable { .. })), "no IOVA left");
+    drop(v);
+}
+
+#[test]
+fn the_twin_refuses_dma_ioctls_whose_argsz_is_short() {
+    let t = twin();
+    let (_dev, _d) = dma(&t, DmaOptions::default());
+    let container_fd = t.state().open_container().expect("a container is open");
+    for (req, len) in [
+        (abi::VFIO_IOMMU_MAP_DMA, std::mem::size_of::<abi::vfio_iommu_type1_dma_map>()),
+        (abi::VFIO_IOMMU_UNMAP_DMA, std::mem::size_of::<abi::vfio_iommu_type1_dma_unmap>()),
+    ] {
+        let mut b = with_argsz(len, len as u32 - 8);
+        // SAFETY: both requests take an argsz-led buffer; the twin touches no memory.
+        let e = unsafe { t.ioctl(container_fd, req, sys::Arg::Buf(&mut b)) }.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+    }
+    assert!(t.state().maps.is_empty());
 }
 
 /// Dropping the allocator with regions still live takes every mapping away from the device, but keeps the CPU

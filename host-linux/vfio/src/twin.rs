@@ -76,6 +76,13 @@ pub struct TwinState {
     pub attached: Vec<u32>,
     pub iommu_set: bool,
     pub maps: BTreeMap<u64, TwinMap>,
+    /// Process memory besides the twin's anonymous mappings that MAP_DMA can pin, as `(start, len)`: the kernel
+    /// pins any mapped memory of the process; the twin knows only what tests declare (anything else is EFAULT,
+    /// as `vfio_pin_pages_remote` fails on an unmapped address).
+    pub pinnable: Vec<(u64, u64)>,
+    /// Most bytes MAP_DMA keeps mapped at once (the locked-memory limit): a mapping beyond it fails with ENOMEM,
+    /// as the kernel's accounting of pinned pages does.
+    pub pin_limit: Option<u64>,
     /// Anonymous mappings: address → (layout, huge).
     pub anon: BTreeMap<usize, (usize, bool)>,
     pub log: Vec<String>,
@@ -117,6 +124,8 @@ impl Twin {
                 attached: Vec::new(),
                 iommu_set: false,
                 maps: BTreeMap::new(),
+                pinnable: Vec::new(),
+                pin_limit: None,
                 anon: BTreeMap::new(),
                 log: Vec::new(),
                 fds: HashMap::new(),
@@ -188,6 +197,11 @@ impl Twin {
 }
 
 impl TwinState {
+    /// The open container's file descriptor, if there is one.
+    pub fn open_container(&self) -> Option<RawFd> {
+        self.fds.iter().find_map(|(&fd, k)| matches!(k, TwinFd::Container).then_some(fd))
+    }
+
     fn check_fail(&self, op: &str) -> io::Result<()> {
         match self.fail.get(op) {
             Some(&e) => Err(errno(e)),
@@ -281,6 +295,10 @@ impl TwinState {
                 self.check_fail("MAP_DMA")?;
                 let Arg::Buf(b) = arg else { return Err(errno(libc::EFAULT)) };
                 let m = abi::vfio_iommu_type1_dma_map::read_from(b);
+                // `vfio_iommu_type1_ioctl`: argsz must reach past `size`.
+                if (m.argsz as usize) < std::mem::size_of::<abi::vfio_iommu_type1_dma_map>() {
+                    return Err(errno(libc::EINVAL));
+                }
                 if !self.iommu_set
                     || m.flags & !3 != 0
                     || m.flags == 0
@@ -300,9 +318,14 @@ impl TwinState {
                     .anon
                     .range(..=m.vaddr as usize)
                     .next_back()
-                    .is_some_and(|(&a, &(len, _))| m.vaddr as usize + m.size as usize <= a + len);
+                    .is_some_and(|(&a, &(len, _))| m.vaddr as usize + m.size as usize <= a + len)
+                    || self.pinnable.iter().any(|&(a, len)| m.vaddr >= a && m.vaddr - a + m.size <= len);
                 if !backed {
                     return Err(errno(libc::EFAULT));
+                }
+                let pinned: u64 = self.maps.values().map(|t| t.size).sum();
+                if self.pin_limit.is_some_and(|limit| pinned + m.size > limit) {
+                    return Err(errno(libc::ENOMEM));
                 }
                 self.maps.insert(m.iova, TwinMap { vaddr: m.vaddr, size: m.size });
                 Ok(0)
@@ -311,6 +334,9 @@ impl TwinState {
                 self.check_fail("UNMAP_DMA")?;
                 let Arg::Buf(b) = arg else { return Err(errno(libc::EFAULT)) };
                 let mut u = abi::vfio_iommu_type1_dma_unmap::read_from(b);
+                if (u.argsz as usize) < std::mem::size_of::<abi::vfio_iommu_type1_dma_unmap>() {
+                    return Err(errno(libc::EINVAL));
+                }
                 // type1v2: an unmap must cover whole mappings; splitting one is EINVAL.
                 let hit: Vec<u64> = self
                     .maps

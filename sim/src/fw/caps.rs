@@ -120,6 +120,8 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::ETH_NET_OFFLOADS, u32::from(eth)),
         (g::ROCE, u32::from(eth)),
         (g::ATOMIC, 1),
+        (g::RELAXED_ORDERING_WRITE, u32::from(cfg.relaxed_ordering)),
+        (g::RELAXED_ORDERING_READ, u32::from(cfg.relaxed_ordering)),
         (g::CQ_OI, 1),
         (g::CQ_RESIZE, 1),
         (g::CQ_MODERATION, 1),

@@ -4,6 +4,8 @@
 //! Two translations are modelled: PA (`MLX5_MKC_ACCESS_MODE_PA`, the identity; with `length64` it covers every
 //! IOVA) and MTT (`MLX5_MKC_ACCESS_MODE_MTT`: one page address per page of `start_addr .. start_addr + len`, the
 //! first entry mapping the page that contains `start_addr`). `mkc.log_page_size` is the absolute page shift.
+//! `start_addr` is the key's virtual address, unrelated to where the memory is on the bus; every access is checked
+//! against `start_addr .. start_addr + len` and translated through the MTT.
 
 use std::ops::{BitOr, BitOrAssign};
 
@@ -193,7 +195,13 @@ impl MkeyTable {
             || get(m::BSF_EN) != 0
             || rd(inp, i::MKEY_UMEM_VALID) != 0
             || get(m::CROSSING_TARGET_VHCA_ID) != 0;
-        if unsupported {
+        // Relaxed ordering only where the device reports it (mlx5_ib sets the bits only then).
+        let ro_refused = (get(m::RELAXED_ORDERING_WRITE) != 0
+            && fw.caps.gen(ifc::cmd_hca_cap::RELAXED_ORDERING_WRITE) == 0)
+            || (get(m::RELAXED_ORDERING_READ) != 0
+                && fw.caps.gen(ifc::cmd_hca_cap::RELAXED_ORDERING_READ) == 0
+                && fw.caps.gen(ifc::cmd_hca_cap::RELAXED_ORDERING_READ_PCI_ENABLED) == 0);
+        if unsupported || ro_refused {
             return Err(bad_param(syndrome::MKEY_FEATURE));
         }
         // The access mode is split over two fields: bits 1:0 and bits 4:2.
@@ -406,6 +414,8 @@ mod tests {
         qpn: u32,
         pg_access: bool,
         free: bool,
+        /// `relaxed_ordering_write`, `relaxed_ordering_read`.
+        ro: [bool; 2],
     }
 
     fn mtt_key(pd: u32, start: u64, len: u64, mtt: Vec<u64>) -> Key {
@@ -423,6 +433,7 @@ mod tests {
             qpn: QPN_NONE,
             pg_access: false,
             free: false,
+            ro: [false, false],
         }
     }
 
@@ -438,6 +449,8 @@ mod tests {
         inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY.into());
         inp.set(i::PG_ACCESS, k.pg_access.into());
         inp.set(m::FREE.at(ctx), k.free.into());
+        inp.set(m::RELAXED_ORDERING_WRITE.at(ctx), k.ro[0].into());
+        inp.set(m::RELAXED_ORDERING_READ.at(ctx), k.ro[1].into());
         inp.set(m::ACCESS_MODE_1_0.at(ctx), k.mode & 3);
         inp.set(m::ACCESS_MODE_4_2.at(ctx), k.mode >> 2);
         for (f, on) in [m::LW, m::RR, m::RW, m::A].into_iter().zip(k.rights) {
@@ -542,6 +555,36 @@ mod tests {
     }
 
     #[test]
+    fn a_key_over_mapped_process_memory_at_any_start_with_relaxed_ordering() {
+        let mut h = Harness::new(crate::SimConfig { relaxed_ordering: true, ..crate::SimConfig::default() });
+        h.bring_up();
+        let pd = alloc_pd(&mut h);
+        // Two pages of process memory, mapped from an odd offset for 5000 bytes.
+        let mut v = vec![0u8; 4 * PAGE as usize];
+        let at = (v.as_ptr() as usize).next_multiple_of(PAGE as usize) - v.as_ptr() as usize + 7;
+        let p = std::ptr::NonNull::new(v.as_mut_ptr().wrapping_add(at)).unwrap();
+        // SAFETY: `v` outlives the mapping (freed below), and nothing else maps it.
+        let r = unsafe { h.dma.map_user(p, 5000) }.unwrap();
+        // The key's start has nothing to do with the CPU or bus address, only the same offset in the page.
+        let start = 0x7777_0000_0007;
+        let base = r.iova() & !(PAGE - 1);
+        let mut k = mtt_key(pd, start, 5000, vec![base, base + PAGE]);
+        k.ro = [true, true];
+        let (s, _, index) = create(&mut h, &k);
+        assert_eq!(s, 0);
+        let key = index << 8 | 0x5a;
+        let lw = MkeyAccess::LOCAL_WRITE;
+        assert_eq!(h.dev.mkey_access(key, Some(pd), start, 5000, lw), Ok(vec![(r.iova(), 5000)]));
+        assert_eq!(h.dev.mkey_access(key, Some(pd), start + 4999, 2, lw), Err(MkeyFault::OutOfBounds));
+        // Unmapped under the key: accesses through it fail as for freed memory.
+        let iova = r.iova();
+        // SAFETY: from this allocator, freed once; the check below must report it, not touch it.
+        unsafe { h.dma.free(r) };
+        assert_eq!(h.dev.mkey_access(key, Some(pd), start, 8, lw), Err(MkeyFault::NotMapped { iova }));
+        drop(v);
+    }
+
+    #[test]
     fn pa_key_is_the_identity_over_every_iova() {
         let mut h = Harness::inline();
         h.bring_up();
@@ -611,6 +654,8 @@ mod tests {
             ("MTT with length64", Key { length64: true, ..good.clone() }, syndrome::MKEY_LENGTH),
             ("wrapping range", Key { start: u64::MAX - 10, ..good.clone() }, syndrome::MKEY_LENGTH),
             ("free key", Key { free: true, ..good.clone() }, syndrome::MKEY_FEATURE),
+            ("relaxed write without the cap", Key { ro: [true, false], ..good.clone() }, syndrome::MKEY_FEATURE),
+            ("relaxed read without the cap", Key { ro: [false, true], ..good.clone() }, syndrome::MKEY_FEATURE),
             ("wrapping PA", Key { length64: false, start: u64::MAX, len: 2, ..pa_key(pd) }, syndrome::MKEY_LENGTH),
         ];
         for (what, k, want) in cases {

@@ -22,6 +22,7 @@ mod qp_rules;
 mod ring_props;
 mod sim;
 mod srq;
+mod user_mr;
 
 /// The counting allocator `no_alloc` arms; unarmed threads allocate through it at the cost of one thread-local read.
 #[global_allocator]
