@@ -116,6 +116,8 @@ pub struct GeneralCaps {
     pub sq_ts_format: u8,
     /// `log_max_uctx`: user contexts exist (non-zero), so shared objects carry `MLX5_SHARED_RESOURCE_UID`.
     pub log_max_uctx: u8,
+    /// `ats`: the device translates addresses through the PCIe ATS (physical-address keys then say so).
+    pub ats: bool,
     /// `relaxed_ordering_write`: memory keys may let the device reorder its writes.
     pub relaxed_ordering_write: bool,
     /// `relaxed_ordering_read`: memory keys may let the device reorder its reads.
@@ -180,6 +182,7 @@ impl GeneralCaps {
             log_max_uctx: u8f(g::LOG_MAX_UCTX),
             cqe_version: u8f(g::CQE_VERSION),
             sq_ts_format: u8f(g::SQ_TS_FORMAT),
+            ats: flag(g::ATS),
             relaxed_ordering_write: flag(g::RELAXED_ORDERING_WRITE),
             relaxed_ordering_read: flag(g::RELAXED_ORDERING_READ),
             relaxed_ordering_read_pci_enabled: flag(g::RELAXED_ORDERING_READ_PCI_ENABLED),

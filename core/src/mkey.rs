@@ -82,6 +82,9 @@ pub struct CreateMkey<'a> {
     pub relaxed_write: bool,
     /// `mkc.relaxed_ordering_read`: set only when the device reports relaxed-ordering reads.
     pub relaxed_read: bool,
+    /// `mkc.ma_translation_mode`: 1 for a physical-address key on a device with ATS (`mlx5_ib_get_dma_mr`), so
+    /// its accesses go through address translation.
+    pub ma_translation_mode: u8,
 }
 
 impl CreateMkey<'_> {
@@ -128,9 +131,12 @@ impl Command for CreateMkey<'_> {
             c.set(mkc::QPN, 0xff_ffff);
             c.set(mkc::MKEY_7_0, self.variant.into());
             c.set(mkc::PD, self.pd);
+            c.set(mkc::MA_TRANSLATION_MODE, self.ma_translation_mode.into());
             match self.translation {
                 Translation::AllIova => c.set(mkc::LENGTH64, 1),
                 Translation::Mtt { va, len, layout, .. } => {
+                    // `reg_create` lets UMR reconfigure the key later, as every populated mlx5_ib key.
+                    c.set(mkc::UMR_EN, 1);
                     c.set64(mkc::START_ADDR, va);
                     c.set64(mkc::LEN, len);
                     c.set(mkc::LOG_PAGE_SIZE, layout.page_shift);
@@ -209,6 +215,7 @@ mod tests {
             translation: Translation::Mtt { va: 0x1_0000_0000, len: 4096, segs: &seg, layout },
             relaxed_write: true,
             relaxed_read: false,
+            ma_translation_mode: 0,
         };
         let ctx = ifc::create_mkey_in::MEMORY_KEY_MKEY_ENTRY;
         let encode = |cmd: &CreateMkey<'_>| {
@@ -224,5 +231,13 @@ mod tests {
         cmd.relaxed_read = true;
         let b = encode(&cmd);
         assert_eq!((get(&b, ifc::mkc::RELAXED_ORDERING_WRITE), get(&b, ifc::mkc::RELAXED_ORDERING_READ)), (0, 1));
+        // A populated MTT key may be reconfigured by UMR (`reg_create`); a physical-address key is not, and
+        // follows the device's ATS (`mlx5_ib_get_dma_mr`).
+        assert_eq!((get(&b, ifc::mkc::UMR_EN), get(&b, ifc::mkc::MA_TRANSLATION_MODE)), (1, 0));
+        cmd.translation = Translation::AllIova;
+        cmd.ma_translation_mode = 1;
+        let b = encode(&cmd);
+        assert_eq!((get(&b, ifc::mkc::UMR_EN), get(&b, ifc::mkc::MA_TRANSLATION_MODE)), (0, 1));
+        assert_eq!(get(&b, ifc::mkc::LENGTH64), 1);
     }
 }

@@ -324,6 +324,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             translation: Translation::Mtt { va, len, segs: &segs, layout },
             relaxed_write,
             relaxed_read,
+            ma_translation_mode: 0,
         };
         let key = self.exec(&mut cmd, delay)?;
         Ok(Mr { lkey: key, rkey: key, addr: va, dma, length: len, access, pd: pdn, page_shift: layout.page_shift })
@@ -332,9 +333,17 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     /// CREATE_MKEY of a physical-address key over all of IOVA.
     fn pa_mr(&mut self, pdn: u32, access: Access, delay: &mut impl DelayNs) -> Result<Mr, Error> {
         let variant = self.next_mkey_variant();
-        let (relaxed_write, relaxed_read) = self.relaxed_ordering(access);
-        let mut cmd =
-            CreateMkey { pd: pdn, access, variant, translation: Translation::AllIova, relaxed_write, relaxed_read };
+        // `mlx5_ib_get_dma_mr` always asks for relaxed ordering (the caps decide) and follows the device's ATS.
+        let (relaxed_write, relaxed_read) = self.relaxed_ordering(access | Access::RELAXED_ORDERING);
+        let mut cmd = CreateMkey {
+            pd: pdn,
+            access,
+            variant,
+            translation: Translation::AllIova,
+            relaxed_write,
+            relaxed_read,
+            ma_translation_mode: self.caps.general.ats.into(),
+        };
         let key = self.exec(&mut cmd, delay)?;
         Ok(Mr { lkey: key, rkey: key, addr: 0, dma: 0, length: u64::MAX, access, pd: pdn, page_shift: 0 })
     }
