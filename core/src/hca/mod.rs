@@ -24,7 +24,8 @@ mod wait;
 pub use error::{BringupError, Error, Step};
 pub use events::AsyncEvent;
 pub use objects::{
-    gid_table, link_local_gid, mac_to_eui64, CqAttr, DestroyError, GidType, Pd, PortAttr, QpInitAttr, MR_MAX_PAGE_SHIFT,
+    gid_table, link_local_gid, mac_to_eui64, poll_cq_with, CqAttr, DestroyError, GidType, Pd, PortAttr, QpInitAttr,
+    MR_MAX_PAGE_SHIFT,
 };
 pub use wait::done_in_internal_error;
 
