@@ -20,6 +20,9 @@ mod parity;
 mod qp_rules;
 mod ring_props;
 mod sim;
+mod verbs_devices;
+mod verbs_events;
+mod verbs_threads;
 
 /// The counting allocator `no_alloc` arms; unarmed threads allocate through it at the cost of one thread-local read.
 #[global_allocator]
