@@ -162,3 +162,60 @@ impl Drop for EventFd {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_os = "linux")]
+    fn readable(fd: i32) -> bool {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n == 1 && p.revents & libc::POLLIN != 0
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_descriptor_is_readable_exactly_while_events_wait() {
+        let q = EventQueue::new();
+        let fd = q.raw_fd().expect("eventfd");
+        assert!(!readable(fd));
+        q.push(AsyncEvent::DeviceFatal);
+        q.push(AsyncEvent::PortChange { port: 1, sub_type: 4 });
+        assert!(readable(fd));
+        assert_eq!(q.pop(Duration::ZERO, || {}), Some(AsyncEvent::DeviceFatal));
+        assert!(readable(fd), "one event still waits");
+        assert_eq!(q.pop(Duration::ZERO, || {}), Some(AsyncEvent::PortChange { port: 1, sub_type: 4 }));
+        assert!(!readable(fd));
+        assert_eq!(q.unacked(), 2);
+        q.ack().unwrap();
+        q.ack().unwrap();
+        assert!(q.ack().is_err(), "nothing left to acknowledge");
+    }
+
+    #[test]
+    fn a_wait_ends_at_its_timeout_or_when_the_refill_brings_an_event() {
+        let q = EventQueue::new();
+        assert_eq!(q.pop(Duration::from_millis(5), || {}), None);
+        let mut calls = 0;
+        let got = q.pop(Duration::from_secs(5), || {
+            calls += 1;
+            if calls == 3 {
+                q.push(AsyncEvent::CqError { cqn: 7, syndrome: 1 });
+            }
+        });
+        assert_eq!(got, Some(AsyncEvent::CqError { cqn: 7, syndrome: 1 }));
+        assert_eq!(calls, 3);
+    }
+
+    #[test]
+    fn a_full_queue_drops_the_oldest_and_counts_it() {
+        let q = EventQueue::new();
+        for cqn in 0..(MAX_QUEUED as u32 + 2) {
+            q.push(AsyncEvent::CqError { cqn, syndrome: 1 });
+        }
+        assert_eq!(q.dropped(), 2);
+        assert_eq!(q.pop(Duration::ZERO, || {}), Some(AsyncEvent::CqError { cqn: 2, syndrome: 1 }));
+    }
+}

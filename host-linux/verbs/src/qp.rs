@@ -444,3 +444,35 @@ impl<S: CanRecv> QueuePair<'_, S> {
         self.h.0.post_recv(wrs)
     }
 }
+
+#[cfg(all(test, feature = "sim"))]
+mod tests {
+    use super::*;
+    use crate::mr::MrObj;
+
+    /// The objects without borrows, as a C caller holds them: destroying a PD or CQ still in use is refused with
+    /// `Busy` (`EBUSY`) and works once its users are gone.
+    #[test]
+    fn destroying_a_pd_or_cq_in_use_is_busy() {
+        let ctx = Context::open_sim().unwrap();
+        let pd = PdObj::alloc(&ctx.shared).unwrap();
+        let cq = CqObj::create(&ctx.shared, mlx5_core::hca::CqAttr { cqe: 8, ..Default::default() }).unwrap();
+        let mut buf = ctx.alloc_buffer(4096).unwrap();
+        let mr = MrObj::reg(&pd, buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE).unwrap();
+        let attr = QpInitAttr {
+            qp_type: QpType::Rc,
+            cap: QpCap { max_send_wr: 1, max_recv_wr: 1, ..QpCap::default() },
+            sq_sig_all: false,
+        };
+        let qp = QpObj::create(&pd, &cq, &cq, attr).unwrap();
+        assert!(matches!(pd.dealloc(), Err(VerbsError::Busy { users: 2, .. })));
+        assert!(matches!(cq.destroy(), Err(VerbsError::Busy { users: 2, .. })), "send and receive side");
+        qp.destroy().unwrap();
+        qp.destroy().unwrap();
+        cq.destroy().unwrap();
+        assert!(matches!(pd.dealloc(), Err(VerbsError::Busy { users: 1, .. })));
+        mr.dereg().unwrap();
+        pd.dealloc().unwrap();
+        assert!(pd.dealloc().is_ok(), "a second dealloc finds nothing to do");
+    }
+}
