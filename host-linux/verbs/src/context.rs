@@ -22,6 +22,14 @@ pub(crate) struct ContextShared {
     pub(crate) events: Arc<EventQueue>,
 }
 
+impl Drop for ContextShared {
+    fn drop(&mut self) {
+        // Runs when the last object of the context lets go of it, never under the control mutex: objects release
+        // their context only after their own destroy returned.
+        self.dev.control().forget(self.id);
+    }
+}
+
 /// An open, brought-up device (`ibv_context`). `Send` and `Sync`: verbs may be called from any thread; objects
 /// made from it borrow it, so it outlives them.
 #[derive(Debug)]

@@ -85,6 +85,12 @@ impl Control {
         self.qp_routes.remove(&qpn);
     }
 
+    /// A context closed: its pending completion events go with it.
+    pub(crate) fn forget(&mut self, ctx: u64) {
+        self.cq_events.remove(&ctx);
+        self.listeners.retain(|(id, w)| *id != ctx && w.strong_count() > 0);
+    }
+
     pub(crate) fn listen(&mut self, ctx: u64, q: &Arc<EventQueue>) {
         self.listeners.retain(|(_, w)| w.strong_count() > 0);
         self.listeners.push((ctx, Arc::downgrade(q)));

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use mlx5_sim::{Mode, SimConfig, SimDevice};
+
 use mlx5_verbs::{
     wr, Access, CompletionQueue, Context, Device, DmaBuffer, MemoryRegion, ProtectionDomain, QpCap, QpType, QueuePair,
     Rts, WcStatus, WorkCompletion,
@@ -53,9 +55,18 @@ impl Ledger {
 
 #[test]
 fn threads_each_with_their_own_qp_share_one_cq_pair() {
+    threads_on_a_shared_cq_pair(Mode::Inline);
+}
+
+#[test]
+fn threads_share_a_cq_pair_with_firmware_on_its_own_thread() {
+    threads_on_a_shared_cq_pair(Mode::Threaded);
+}
+
+fn threads_on_a_shared_cq_pair(mode: Mode) {
     const THREADS: u64 = 4;
     const MSGS: u64 = 150;
-    let ctx = Context::open_sim().unwrap();
+    let ctx = Context::open_sim_device(SimDevice::new(SimConfig { mode, ..SimConfig::default() })).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let (scq, rcq) = (ctx.create_cq(1024).unwrap(), ctx.create_cq(1024).unwrap());
     let ledger = Ledger::default();
@@ -180,7 +191,7 @@ fn a_thread_polls_while_another_posts() {
 #[test]
 fn shared_device_serves_threads_of_two_contexts() {
     // One device from the process list, opened on two threads at once: one HCA, two working contexts.
-    let dev = Device::sim(mlx5_sim::SimConfig::default()).unwrap();
+    let dev = Device::sim(SimConfig::default()).unwrap();
     // Both contexts are open before either closes, so neither open can bring the device up afresh.
     let (opened, finished) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
     std::thread::scope(|s| {
