@@ -65,6 +65,17 @@ impl Context {
         self.dev().is_dead()
     }
 
+    /// The device's node GUID (`ibv_get_device_guid`, `ibv_query_device`'s `node_guid`), as firmware reports it.
+    ///
+    /// ```
+    /// let ctx = mlx5_verbs::Context::open_sim()?;
+    /// assert_eq!(ctx.node_guid()?, mlx5_sim::SimConfig::default().node_guid);
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    pub fn node_guid(&self) -> Result<u64> {
+        Ok(self.dev().node_guid()?)
+    }
+
     /// `ibv_query_port` for port 1.
     pub fn query_port(&self) -> Result<PortAttr> {
         let mut c = self.dev().control();

@@ -153,13 +153,14 @@ impl Device {
         &self.name
     }
 
-    /// `ibv_get_device_guid`: the node GUID. Simulated devices report the configured one; a VFIO device's GUID
-    /// needs firmware commands (a vport query after bring-up), so it is `None`, as listing brings nothing up.
+    /// `ibv_get_device_guid`: the node GUID. Simulated devices report the configured one. A VFIO device's GUID
+    /// needs a firmware command (a vport query after bring-up): it is known while the device is open in this
+    /// process ([`Context::node_guid`]) and `None` otherwise, as listing brings nothing up.
     pub fn guid(&self) -> Option<u64> {
         match &self.entry.source {
             #[cfg(feature = "sim")]
             Source::Sim(d) => Some(d.config().node_guid),
-            Source::Pci(_) => None,
+            Source::Pci(_) => lock(&self.entry.open).upgrade().and_then(|d| d.node_guid().ok()),
         }
     }
 

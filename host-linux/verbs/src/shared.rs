@@ -10,7 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use mlx5_core::cq::{Cq, LinkLayer};
 use mlx5_core::hca::{AsyncEvent, HcaState};
 use mlx5_core::health::HEALTH_POLL_INTERVAL_MS;
 use mlx5_core::qp::Qp;
+use mlx5_core::vport::{QueryHcaVportContext, QueryNicVportContext};
 
 use crate::backend::{AnyDelay, AnyHca, AnyMmio, DeviceKind};
 use crate::event::{lock, EventQueue};
@@ -155,6 +156,7 @@ impl Control {
                     self.broadcast(e);
                 }
             }
+            // Unaffiliated events, and events naming objects not routed here yet, reach every context.
             _ => self.broadcast(e),
         }
     }
@@ -171,7 +173,8 @@ impl Control {
             self.route(e);
         }
         if is_dead {
-            // Linux's `mlx5_enter_error_state` reports IB_EVENT_DEVICE_FATAL whatever found the failure.
+            // Whatever found the failure, Linux's `mlx5_enter_error_state` raises MLX5_DEV_EVENT_SYS_ERROR, which
+            // mlx5_ib's `mlx5_ib_handle_event` dispatches as IB_EVENT_DEVICE_FATAL.
             self.route(AsyncEvent::DeviceFatal);
         }
     }
@@ -187,6 +190,8 @@ pub(crate) struct DeviceShared {
     /// Set once the HCA is in internal error: posts fail and polls flush without asking the HCA.
     dead: AtomicBool,
     next_ctx: AtomicU64,
+    /// The node GUID, once asked for.
+    node_guid: OnceLock<u64>,
     service: Service,
 }
 
@@ -249,6 +254,7 @@ impl DeviceShared {
             link,
             dead: AtomicBool::new(false),
             next_ctx: AtomicU64::new(1),
+            node_guid: OnceLock::new(),
             service: Service::default(),
         });
         dev.service.spawn(Arc::downgrade(&dev));
@@ -263,6 +269,21 @@ impl DeviceShared {
     /// Whether the HCA is known to be in internal error (one load; the datapath's only look at device state).
     pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
+    }
+
+    /// The node GUID as mlx5_ib's `mlx5_query_node_guid` reads it: from the HCA vport context on InfiniBand, the
+    /// NIC vport context on Ethernet. One command the first time, remembered after.
+    pub(crate) fn node_guid(&self) -> Result<u64, mlx5_core::hca::Error> {
+        if let Some(g) = self.node_guid.get() {
+            return Ok(*g);
+        }
+        let mut c = self.control();
+        let (hca, delay) = c.parts();
+        let guid = match self.link {
+            LinkLayer::InfiniBand => hca.exec(&mut QueryHcaVportContext { port_num: 1 }, delay)?.node_guid,
+            LinkLayer::Ethernet => hca.exec(&mut QueryNicVportContext, delay)?.node_guid,
+        };
+        Ok(*self.node_guid.get_or_init(|| guid))
     }
 
     pub(crate) fn new_context_id(&self) -> u64 {

@@ -62,6 +62,9 @@ fn devices_are_named_sims_first_then_pci_sorted_and_stable() {
     assert_eq!(list[0].guid(), Some(base));
     assert_eq!(list[1].guid(), Some(base + 1), "host=1 is the next simulated host");
     assert_eq!(list[1].sim_device().unwrap().config().port_type, mlx5_sim::PortType::Ib);
+    let ib = list[1].open().unwrap();
+    assert_eq!(ib.node_guid().unwrap(), base + 1, "from the HCA vport context on InfiniBand");
+    drop(ib);
     assert_eq!(list[2].guid(), None, "a VFIO device's GUID needs bring-up");
     // A second listing names the same devices the same way.
     let again: Vec<(String, Option<u64>)> = reg.devices().iter().map(|d| (d.name().into(), d.guid())).collect();
@@ -96,6 +99,7 @@ fn two_contexts_share_one_hca_ping_pong_and_the_last_close_tears_down() {
     let server = dev.open().unwrap();
     let client = reg.devices()[0].open().unwrap();
     assert_eq!(enables(), 1, "the second open shares the HCA");
+    assert_eq!(client.node_guid().unwrap(), dev.guid().unwrap(), "firmware reports the listed GUID");
     assert!(dev.is_open());
 
     let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };
