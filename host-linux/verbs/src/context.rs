@@ -140,7 +140,8 @@ impl Context {
             match self.device() {
                 DeviceKind::Vfio(v) => match &v.irqs {
                     Some(irqs) => {
-                        irqs.wait(0, left)?;
+                        // Bounded: another context's thread may take the interrupt and route this context's event.
+                        irqs.wait(0, left.min(Duration::from_millis(10)))?;
                     }
                     None => std::thread::sleep(left.min(Duration::from_micros(50))),
                 },
