@@ -127,3 +127,16 @@ fn a_dead_device_reports_device_fatal_fails_posts_and_flushes() {
     drop((ctx, other));
     assert!(!dev.is_open());
 }
+
+#[test]
+fn a_device_gone_from_the_bus_is_reported_fatal_to_a_waiting_poll() {
+    let ctx = Context::open_sim().unwrap();
+    let fd = ctx.async_fd().expect("an eventfd on Linux");
+    let mlx5_verbs::DeviceKind::Sim(sim) = ctx.device() else { unreachable!("a simulated device") };
+    sim.device_gone();
+    // Nobody calls into the context: the service thread's health tick reads all ones and wakes the descriptor.
+    assert!(readable(fd, 6_000), "DEVICE_FATAL reaches the event descriptor");
+    assert_eq!(ctx.get_async_event(Duration::ZERO), Some(AsyncEvent::DeviceFatal));
+    assert!(ctx.is_dead());
+    assert!(ctx.alloc_pd().is_err(), "no command reaches a dead device");
+}
