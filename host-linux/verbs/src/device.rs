@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use mlx5_core::hca::{Config, Hca};
 #[cfg(feature = "sim")]
-use mlx5_sim::{PortType, SimConfig, SimDevice};
+use mlx5_sim::{Mode, PortType, SimConfig, SimDevice};
 use mlx5_vfio::{Bdf, Vfio, VfioOptions};
 
 use crate::backend::{DeviceKind, MaybeTrace, Tracer};
@@ -35,14 +35,19 @@ pub const DEVICES_ENV: &str = "MLX5_RS_DEVICES";
 /// One entry of a device configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSpec {
-    /// `sim[:link=eth|ib][:host=N]`: a simulated ConnectX-5 (RoCE unless `link=ib`); `host=N` gives it the
-    /// addresses of the N-th simulated host (N times [`SimConfig::next_host`] from the default; 0 is the default).
+    /// `sim[:link=eth|ib][:host=N][:wire=listen:ADDR:PORT|wire=connect:HOST:PORT]`: a simulated ConnectX-5
+    /// (RoCE unless `link=ib`); `host=N` gives it the addresses of the N-th simulated host (N times
+    /// [`SimConfig::next_host`] from the default; 0 is the default); `wire=` joins its port to a simulated device
+    /// of another process over TCP when it is first opened (the device's firmware then runs on its own thread, so
+    /// its retry timers run in real time).
     #[cfg(feature = "sim")]
     Sim {
         /// InfiniBand or Ethernet.
         link: PortType,
         /// Which simulated host's addresses.
         host: u32,
+        /// The simulated wire to another process, if any.
+        wire: Option<WireSpec>,
     },
     /// A PCI address (`0000:03:00.0` or `03:00.0`): that function through VFIO.
     Pci(Bdf),
@@ -67,22 +72,32 @@ impl DeviceSpec {
     /// Parses one spec.
     pub fn parse(s: &str) -> Result<DeviceSpec> {
         let bad = |why: &str| VerbsError::Invalid(format!("device spec {s:?}: {why}"));
-        let mut parts = s.split(':');
-        match parts.next() {
+        match s.split(':').next() {
             Some("vfio") if s == "vfio" => Ok(DeviceSpec::AllVfio),
             #[cfg(feature = "sim")]
             Some("sim") => {
+                // The wire's address holds colons itself, so it is the last option and takes the rest.
+                let (opts, wire) = match s.split_once(":wire=") {
+                    Some((opts, w)) => {
+                        let wire = match w.split_once(':') {
+                            Some(("listen", at)) if !at.is_empty() => WireSpec::Listen(at.to_string()),
+                            Some(("connect", at)) if !at.is_empty() => WireSpec::Connect(at.to_string()),
+                            _ => return Err(bad("wire=listen:ADDR:PORT or wire=connect:HOST:PORT")),
+                        };
+                        (opts, Some(wire))
+                    }
+                    None => (s, None),
+                };
                 let (mut link, mut host) = (PortType::Eth, 0);
-                for opt in parts {
+                for opt in opts.split(':').skip(1) {
                     match opt.split_once('=') {
                         Some(("link", "eth")) => link = PortType::Eth,
                         Some(("link", "ib")) => link = PortType::Ib,
                         Some(("host", n)) => host = n.parse().map_err(|_| bad("host is not a number"))?,
-                        Some(("wire", _)) => return Err(bad("wire= is not supported yet")),
-                        _ => return Err(bad("unknown option (link=eth|ib, host=N)")),
+                        _ => return Err(bad("unknown option (link=eth|ib, host=N, wire=...)")),
                     }
                 }
-                Ok(DeviceSpec::Sim { link, host })
+                Ok(DeviceSpec::Sim { link, host, wire })
             }
             _ => s.parse::<Bdf>().map(DeviceSpec::Pci).map_err(|_| bad("neither sim, vfio nor a PCI address")),
         }
@@ -90,14 +105,29 @@ impl DeviceSpec {
 
     /// The simulated device's configuration.
     #[cfg(feature = "sim")]
-    fn sim_config(link: PortType, host: u32) -> SimConfig {
-        let mut cfg = SimConfig { port_type: link, ..SimConfig::default() };
+    fn sim_config(link: PortType, host: u32, wired: bool) -> SimConfig {
+        let mode = if wired { Mode::Threaded } else { Mode::Inline };
+        let mut cfg = SimConfig { port_type: link, mode, ..SimConfig::default() };
         for _ in 0..host {
             cfg = cfg.next_host();
         }
         cfg
     }
 }
+
+/// How a simulated device's port reaches another process's (`wire=` of a [`DeviceSpec`]).
+#[cfg(feature = "sim")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireSpec {
+    /// Listen on `ADDR:PORT` (port 0 picks one; [`Device::wire_addr`] tells which).
+    Listen(String),
+    /// Connect to the device listening at `HOST:PORT`.
+    Connect(String),
+}
+
+/// How long a first open waits for the listening device of a `wire=connect` spec.
+#[cfg(feature = "sim")]
+const WIRE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The ConnectX functions bound to vfio-pci under a sysfs tree (`/sys` on a live system): the entries of
 /// `bus/pci/drivers/vfio-pci` that are PCI addresses whose `vendor` reads 0x15b3, sorted. A missing driver
@@ -126,17 +156,49 @@ enum Source {
     Pci(Bdf),
 }
 
+/// A simulated device's wire: what to do at the first open, and the address it listens on once done.
+#[cfg(feature = "sim")]
+#[derive(Debug)]
+struct Wire {
+    spec: WireSpec,
+    /// Set once the first open plugged the wire in (`Some(addr)` for a listener, `None` for a connector).
+    done: Option<Option<std::net::SocketAddr>>,
+}
+
 /// A listed device: the same entry for every listing, so an open made through one is shared with the next.
 #[derive(Debug)]
 struct Entry {
     source: Source,
     /// The opened HCA while any context or object holds it.
     open: Mutex<Weak<DeviceShared>>,
+    #[cfg(feature = "sim")]
+    wire: Mutex<Option<Wire>>,
 }
 
 impl Entry {
     fn new(source: Source) -> Arc<Entry> {
-        Arc::new(Entry { source, open: Mutex::new(Weak::new()) })
+        Arc::new(Entry {
+            source,
+            open: Mutex::new(Weak::new()),
+            #[cfg(feature = "sim")]
+            wire: Mutex::new(None),
+        })
+    }
+
+    /// Plugs a simulated device's wire in, once (the device keeps it across bring-ups).
+    #[cfg(feature = "sim")]
+    fn plug(&self, dev: &SimDevice) -> Result<()> {
+        let mut w = lock(&self.wire);
+        let Some(wire) = w.as_mut().filter(|w| w.done.is_none()) else { return Ok(()) };
+        let failed = |e: mlx5_sim::WireError| VerbsError::Invalid(format!("simulated wire: {e}"));
+        wire.done = Some(match &wire.spec {
+            WireSpec::Listen(at) => Some(dev.wire_listen(at).map_err(failed)?),
+            WireSpec::Connect(at) => {
+                dev.wire_connect(at, WIRE_CONNECT_TIMEOUT).map_err(failed)?;
+                None
+            }
+        });
+        Ok(())
     }
 }
 
@@ -182,6 +244,12 @@ impl Device {
         }
     }
 
+    /// The address a `wire=listen` simulated device listens on, once opened.
+    #[cfg(feature = "sim")]
+    pub fn wire_addr(&self) -> Option<std::net::SocketAddr> {
+        lock(&self.entry.wire).as_ref().and_then(|w| w.done.flatten())
+    }
+
     /// Whether a context or object of this process holds the device open.
     pub fn is_open(&self) -> bool {
         lock(&self.entry.open).strong_count() > 0
@@ -202,7 +270,10 @@ impl Device {
         }
         let dev = match &self.entry.source {
             #[cfg(feature = "sim")]
-            Source::Sim(d) => bring_up_sim(d.clone(), trace)?,
+            Source::Sim(d) => {
+                self.entry.plug(d)?;
+                bring_up_sim(d.clone(), trace)?
+            }
             Source::Pci(bdf) => bring_up_vfio(*bdf, trace)?,
         };
         *slot = Arc::downgrade(&dev);
@@ -261,8 +332,11 @@ impl DeviceRegistry {
         for s in specs {
             match s {
                 #[cfg(feature = "sim")]
-                DeviceSpec::Sim { link, host } => {
-                    reg.sims.push(Entry::new(Source::Sim(SimDevice::new(DeviceSpec::sim_config(*link, *host)))));
+                DeviceSpec::Sim { link, host, wire } => {
+                    let cfg = DeviceSpec::sim_config(*link, *host, wire.is_some());
+                    let entry = Entry::new(Source::Sim(SimDevice::new(cfg)));
+                    *lock(&entry.wire) = wire.clone().map(|spec| Wire { spec, done: None });
+                    reg.sims.push(entry);
                 }
                 DeviceSpec::Pci(b) => reg.named.push(*b),
                 DeviceSpec::AllVfio => reg.scan = true,

@@ -118,6 +118,8 @@ pub mod wr;
 pub use backend::{AnyDelay, AnyDma, AnyMmio, DeviceKind, Tracer};
 pub use context::{mac_of_gid, Context};
 pub use cq::CompletionQueue;
+#[cfg(feature = "sim")]
+pub use device::WireSpec;
 pub use device::{devices, scan_vfio_pci, Device, DeviceRegistry, DeviceSpec, DEVICES_ENV, MELLANOX_VENDOR_ID};
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;

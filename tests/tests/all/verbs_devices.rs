@@ -6,8 +6,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use mlx5_core::prm::Opcode;
-use mlx5_sim::{HcaState, SimConfig};
-use mlx5_verbs::{scan_vfio_pci, wr, Access, DeviceRegistry, DeviceSpec, QpCap, QpType, WcStatus, WorkCompletion};
+use mlx5_sim::{HcaState, PortType, SimConfig};
+use mlx5_verbs::{
+    scan_vfio_pci, wr, Access, DeviceRegistry, DeviceSpec, QpCap, QpType, WcStatus, WireSpec, WorkCompletion,
+};
 
 /// A fresh directory under the system's temporary one (tests run in parallel threads of one process).
 fn temp_dir(what: &str) -> PathBuf {
@@ -61,7 +63,7 @@ fn devices_are_named_sims_first_then_pci_sorted_and_stable() {
     let base = SimConfig::default().node_guid;
     assert_eq!(list[0].guid(), Some(base));
     assert_eq!(list[1].guid(), Some(base + 1), "host=1 is the next simulated host");
-    assert_eq!(list[1].sim_device().unwrap().config().port_type, mlx5_sim::PortType::Ib);
+    assert_eq!(list[1].sim_device().unwrap().config().port_type, PortType::Ib);
     let ib = list[1].open().unwrap();
     assert_eq!(ib.node_guid().unwrap(), base + 1, "from the HCA vport context on InfiniBand");
     drop(ib);
@@ -74,9 +76,14 @@ fn devices_are_named_sims_first_then_pci_sorted_and_stable() {
 
 #[test]
 fn bad_device_specs_are_refused() {
-    for bad in ["sim:link=fc", "sim:host=x", "sim:wire=listen:127.0.0.1:1", "mlx5_zero", "0000:03:00.9"] {
+    for bad in
+        ["sim:link=fc", "sim:host=x", "sim:wire=shout:127.0.0.1:1", "sim:wire=listen:", "mlx5_zero", "0000:03:00.9"]
+    {
         assert!(DeviceSpec::parse(bad).is_err(), "{bad}");
     }
+    let wired = DeviceSpec::parse("sim:link=ib:host=2:wire=connect:127.0.0.1:18516").unwrap();
+    let want = DeviceSpec::Sim { link: PortType::Ib, host: 2, wire: Some(WireSpec::Connect("127.0.0.1:18516".into())) };
+    assert_eq!(wired, want);
 }
 
 #[test]
@@ -161,4 +168,38 @@ fn two_contexts_share_one_hca_ping_pong_and_the_last_close_tears_down() {
     let again = dev.open().unwrap();
     assert_eq!(enables(), 2);
     drop(again);
+}
+
+#[test]
+fn wired_specs_join_two_registries_devices_over_the_simulated_wire() {
+    // Two processes' device lists, here two registries of one process, over 127.0.0.1.
+    let a = DeviceRegistry::new(&[DeviceSpec::parse("sim:wire=listen:127.0.0.1:0").unwrap()], temp_dir("wa"));
+    let da = a.devices().remove(0);
+    assert_eq!(da.wire_addr(), None, "the wire is plugged in at the first open");
+    let ca = da.open().unwrap();
+    let at = da.wire_addr().expect("listening after the open");
+    let spec = format!("sim:host=1:wire=connect:{at}");
+    let b = DeviceRegistry::new(&[DeviceSpec::parse(&spec).unwrap()], temp_dir("wb"));
+    let cb = b.devices()[0].open().unwrap();
+    assert!(da.sim_device().unwrap().wire_wait_peer(Duration::from_secs(10)));
+
+    let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let (qa_cq, qb_cq) = (ca.create_cq(8).unwrap(), cb.create_cq(8).unwrap());
+    let qa = pa.create_qp(QpType::Rc, &qa_cq, &qa_cq, cap).unwrap();
+    let qb = pb.create_qp(QpType::Rc, &qb_cq, &qb_cq, cap).unwrap();
+    let (ra, rb) = (ca.remote_qp(&qa).unwrap(), cb.remote_qp(&qb).unwrap());
+    assert_ne!(ra.gid, rb.gid, "two hosts");
+    let qa = qa.connect_rc(rb, Access::default()).unwrap();
+    let qb = qb.connect_rc(ra, Access::default()).unwrap();
+    let mut buf = cb.alloc_buffer(64).unwrap();
+    let mr = pb.register(&mut buf, Access::LOCAL_WRITE).unwrap();
+    qb.post_recv(&[wr::recv(1, &[mr.sge(0, 64)])]).unwrap();
+    qa.post_send(&[wr::send_inline(2, b"over the wire")]).unwrap();
+    let mut wc = [WorkCompletion::default(); 1];
+    assert_eq!(qb_cq.poll_until(&mut wc, 1, Duration::from_secs(10)).unwrap(), 1);
+    assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::Success));
+    assert_eq!(qa_cq.poll_until(&mut wc, 1, Duration::from_secs(10)).unwrap(), 1);
+    assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::Success));
+    assert_eq!(mr.read_vec(0, 13), b"over the wire");
 }
