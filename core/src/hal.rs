@@ -318,6 +318,11 @@ pub(crate) struct Span {
     len: usize,
 }
 
+// SAFETY: a span is an address and a length and gives no access by itself: every access through it is an unsafe
+// operation whose holder shows the region outlives it and the bytes are its own (a queue's fragment, one doorbell
+// record of a pool page). Neither depends on the thread, so a queue holding spans may move to another thread.
+unsafe impl Send for Span {}
+
 impl Span {
     /// Remembers `view` beyond its borrow; the holder keeps the region alive for as long as it uses the span.
     #[inline]

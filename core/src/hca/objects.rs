@@ -581,23 +581,13 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         wq: &mut (impl WrTable + ?Sized),
         wc: &mut [WorkCompletion],
     ) -> Result<usize, CqeError> {
-        let mut n = cq.poll(self.cmdq.mmio(), wq, wc)?;
-        // Software completions only on a poll that found the ring empty: `Cq::poll` returns 0 only then (an entry
-        // it cannot decode is an error of its own), so no completion the device wrote is passed over or repeated.
-        if n > 0 || wc.is_empty() {
-            return Ok(n);
-        }
-        let dead = !matches!(self.state(), HcaState::Up);
-        // The CQ-error lookup runs only once some CQ has failed, so an empty poll pays one compare for it.
-        if !dead && (self.ctx.events.cq_error == 0 || !self.ctx.cqs.failed(cq.cqn())) {
-            return Ok(0);
-        }
-        while n < wc.len() {
-            let Some(w) = wq.flush_one(cq.cqn(), dead) else { break };
-            wc[n] = w;
-            n += 1;
-        }
-        Ok(n)
+        let cqn = cq.cqn();
+        poll_cq_with(self.cmdq.mmio(), cq, wq, wc, || {
+            let dead = !matches!(self.state(), HcaState::Up);
+            // The CQ-error lookup runs only once some CQ has failed, so an empty poll pays one compare for it.
+            let failed = self.ctx.events.cq_error != 0 && self.ctx.cqs.failed(cqn);
+            (dead || failed).then_some(dead)
+        })
     }
 
     // -- queue pairs -------------------------------------------------------------------------------------------
@@ -1046,4 +1036,30 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     pub fn comp_eq(&self) -> Option<u8> {
         self.comp_eqn_of(0)
     }
+}
+
+/// [`Hca::poll_cq`] for a caller that keeps a CQ apart from its HCA (behind a lock of its own, polled on another
+/// thread than the one running commands). `stopped` is asked only on a poll that found the ring empty: `None`
+/// while the device still writes this CQ, `Some(dead)` once it does not (`dead`: the HCA is in internal error;
+/// otherwise the CQ failed), and the outstanding work requests are then completed as [`Hca::poll_cq`] does.
+pub fn poll_cq_with<M: Mmio + ?Sized>(
+    mmio: &M,
+    cq: &mut Cq,
+    wq: &mut (impl WrTable + ?Sized),
+    wc: &mut [WorkCompletion],
+    stopped: impl FnOnce() -> Option<bool>,
+) -> Result<usize, CqeError> {
+    let mut n = cq.poll(mmio, wq, wc)?;
+    // Software completions only on a poll that found the ring empty: `Cq::poll` returns 0 only then (an entry it
+    // cannot decode is an error of its own), so no completion the device wrote is passed over or repeated.
+    if n > 0 || wc.is_empty() {
+        return Ok(n);
+    }
+    let Some(dead) = stopped() else { return Ok(0) };
+    while n < wc.len() {
+        let Some(w) = wq.flush_one(cq.cqn(), dead) else { break };
+        wc[n] = w;
+        n += 1;
+    }
+    Ok(n)
 }

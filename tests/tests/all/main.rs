@@ -23,6 +23,9 @@ mod ring_props;
 mod sim;
 mod srq;
 mod user_mr;
+mod verbs_devices;
+mod verbs_events;
+mod verbs_threads;
 
 /// The counting allocator `no_alloc` arms; unarmed threads allocate through it at the cost of one thread-local read.
 #[global_allocator]

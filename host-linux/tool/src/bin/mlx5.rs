@@ -7,6 +7,7 @@
 //!      [--iters N] [--json]
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] pingpong --server [--port P] | --client HOST[:P]
 //!      [--size N] [--iters N] [--json]
+//! mlx5 devices
 //! mlx5 bind BDF | unbind BDF
 //! mlx5 trace decode FILE [--all] [--hexdump]
 //! mlx5 [--device BDF|sim] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] bench TEST
@@ -37,6 +38,8 @@ const USAGE: &str =
             [--json]
 
 commands:
+  devices    list the devices as ibv_devices does (name, node GUID, where), without bringing any up;
+             MLX5_RS_DEVICES sets the list (default: one simulated device and every ConnectX on vfio-pci)
   devinfo    bring the device up as Linux does and print what ibv_devinfo -v shows (--json: one JSON object)
   fw-tour    run every implemented firmware command on the device, in driver order, and report
   pingpong   RC ping-pong between two QPs of the device: SEND/RECV both ways, data verified; latency and
@@ -605,6 +608,19 @@ fn init_logging(verbose: u8) {
 }
 
 /// Prints to standard output; a closed pipe (`mlx5 ... | head`) ends the output quietly.
+/// `ibv_devices`: the verbs device list, nothing brought up.
+fn devices() -> Result<(), String> {
+    let list = mlx5_verbs::devices().map_err(|e| e.to_string())?;
+    let mut text = format!("    {:<16}\t{:<16}\t{}\n", "device", "node GUID", "where");
+    text.push_str(&format!("    {:<16}\t{:<16}\t{}\n", "------", "---------", "-----"));
+    for d in &list {
+        let guid = d.guid().map_or_else(|| "(after open)".to_string(), |g| format!("{g:016x}"));
+        let at = d.pci_address().map_or_else(|| "simulated".to_string(), |b| format!("{b} (VFIO)"));
+        text.push_str(&format!("    {:<16}\t{guid:<16}\t{at}\n", d.name()));
+    }
+    out(&text)
+}
+
 fn out(text: &str) -> Result<(), String> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {
@@ -626,6 +642,7 @@ fn main() -> ExitCode {
     };
     init_logging(args.verbose);
     let result = check(&args).and_then(|()| match args.command.as_str() {
+        "devices" => devices(),
         "devinfo" => devinfo(&args),
         "fw-tour" => fw_tour(&args),
         "pingpong" => pingpong(&args),

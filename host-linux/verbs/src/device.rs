@@ -1,0 +1,533 @@
+//! The device list (`ibv_get_device_list`, `ibv_get_device_name`, `ibv_get_device_guid`) and opening a device
+//! (`ibv_open_device`).
+//!
+//! A process's devices are its simulated ConnectX devices, in the order configured, then every PCI function
+//! given by address or found bound to vfio-pci with the Mellanox vendor id (0x15b3), in address order; they are
+//! named `mlx5_0`, `mlx5_1`, ... in that order. The configuration is the environment variable `MLX5_RS_DEVICES`,
+//! a comma list of specs (see [`DeviceSpec`]); unset, it is `sim,vfio`. Listing reads sysfs only: no device is
+//! brought up, no command is sent.
+//!
+//! Opening a device that is already open in this process shares its HCA: every [`Context`] and object holds it,
+//! and it is torn down when the last of them goes (rdma-core's tests open server and client as two contexts on
+//! one device).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use mlx5_core::hca::{Config, Hca};
+#[cfg(feature = "sim")]
+use mlx5_sim::{Mode, PortType, SimConfig, SimDevice};
+use mlx5_vfio::{Bdf, Vfio, VfioOptions};
+
+use crate::backend::{DeviceKind, MaybeTrace, Tracer};
+use crate::context::Context;
+use crate::error::{Result, VerbsError};
+use crate::event::lock;
+use crate::shared::DeviceShared;
+
+/// The PCI vendor id of Mellanox / NVIDIA networking.
+pub const MELLANOX_VENDOR_ID: u16 = 0x15b3;
+
+/// The environment variable naming the process's devices.
+pub const DEVICES_ENV: &str = "MLX5_RS_DEVICES";
+
+/// One entry of a device configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// `sim[:link=eth|ib][:host=N][:wire=listen:ADDR:PORT|wire=connect:HOST:PORT]`: a simulated ConnectX-5
+    /// (RoCE unless `link=ib`); `host=N` gives it the addresses of the N-th simulated host (N times
+    /// [`SimConfig::next_host`] from the default; 0 is the default); `wire=` joins its port to a simulated device
+    /// of another process over TCP when it is first opened (the device's firmware then runs on its own thread, so
+    /// its retry timers run in real time).
+    #[cfg(feature = "sim")]
+    Sim {
+        /// InfiniBand or Ethernet.
+        link: PortType,
+        /// Which simulated host's addresses.
+        host: u32,
+        /// The simulated wire to another process, if any.
+        wire: Option<WireSpec>,
+    },
+    /// A PCI address (`0000:03:00.0` or `03:00.0`): that function through VFIO.
+    Pci(Bdf),
+    /// `vfio`: every ConnectX function bound to vfio-pci.
+    AllVfio,
+}
+
+impl DeviceSpec {
+    /// Parses a comma list of specs, as `MLX5_RS_DEVICES` holds them.
+    ///
+    /// ```
+    /// use mlx5_verbs::DeviceSpec;
+    /// let specs = DeviceSpec::parse_list("sim,sim:link=ib:host=1,0000:03:00.0,vfio")?;
+    /// assert_eq!(specs.len(), 4);
+    /// assert!(DeviceSpec::parse_list("sim:colour=blue").is_err());
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    pub fn parse_list(s: &str) -> Result<Vec<DeviceSpec>> {
+        s.split(',').map(str::trim).filter(|t| !t.is_empty()).map(DeviceSpec::parse).collect()
+    }
+
+    /// Parses one spec.
+    pub fn parse(s: &str) -> Result<DeviceSpec> {
+        let bad = |why: &str| VerbsError::Invalid(format!("device spec {s:?}: {why}"));
+        match s.split(':').next() {
+            Some("vfio") if s == "vfio" => Ok(DeviceSpec::AllVfio),
+            #[cfg(feature = "sim")]
+            Some("sim") => {
+                // The wire's address holds colons itself, so it is the last option and takes the rest.
+                let (opts, wire) = match s.split_once(":wire=") {
+                    Some((opts, w)) => {
+                        let wire = match w.split_once(':') {
+                            Some(("listen", at)) if !at.is_empty() => WireSpec::Listen(at.to_string()),
+                            Some(("connect", at)) if !at.is_empty() => WireSpec::Connect(at.to_string()),
+                            _ => return Err(bad("wire=listen:ADDR:PORT or wire=connect:HOST:PORT")),
+                        };
+                        (opts, Some(wire))
+                    }
+                    None => (s, None),
+                };
+                let (mut link, mut host) = (PortType::Eth, 0);
+                for opt in opts.split(':').skip(1) {
+                    match opt.split_once('=') {
+                        Some(("link", "eth")) => link = PortType::Eth,
+                        Some(("link", "ib")) => link = PortType::Ib,
+                        Some(("host", n)) => host = n.parse().map_err(|_| bad("host is not a number"))?,
+                        _ => return Err(bad("unknown option (link=eth|ib, host=N, wire=...)")),
+                    }
+                }
+                Ok(DeviceSpec::Sim { link, host, wire })
+            }
+            _ => s.parse::<Bdf>().map(DeviceSpec::Pci).map_err(|_| bad("neither sim, vfio nor a PCI address")),
+        }
+    }
+
+    /// The simulated device's configuration.
+    #[cfg(feature = "sim")]
+    fn sim_config(link: PortType, host: u32, wired: bool) -> SimConfig {
+        let mode = if wired { Mode::Threaded } else { Mode::Inline };
+        let mut cfg = SimConfig { port_type: link, mode, ..SimConfig::default() };
+        for _ in 0..host {
+            cfg = cfg.next_host();
+        }
+        cfg
+    }
+}
+
+/// How a simulated device's port reaches another process's (`wire=` of a [`DeviceSpec`]).
+#[cfg(feature = "sim")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireSpec {
+    /// Listen on `ADDR:PORT` (port 0 picks one; [`Device::wire_addr`] tells which).
+    Listen(String),
+    /// Connect to the device listening at `HOST:PORT`.
+    Connect(String),
+}
+
+/// How long a first open waits for the listening device of a `wire=connect` spec.
+#[cfg(feature = "sim")]
+const WIRE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The ConnectX functions bound to vfio-pci under a sysfs tree (`/sys` on a live system): the entries of
+/// `bus/pci/drivers/vfio-pci` that are PCI addresses whose `vendor` reads 0x15b3, sorted. A missing driver
+/// directory (vfio-pci not loaded) is an empty list.
+pub fn scan_vfio_pci(sysfs: &Path) -> Vec<Bdf> {
+    let drv = sysfs.join("bus/pci/drivers/vfio-pci");
+    let Ok(dir) = std::fs::read_dir(&drv) else { return Vec::new() };
+    let mut found: Vec<Bdf> = dir
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let bdf: Bdf = e.file_name().to_str()?.parse().ok()?;
+            let vendor = std::fs::read_to_string(e.path().join("vendor")).ok()?;
+            let vendor = u16::from_str_radix(vendor.trim().trim_start_matches("0x"), 16).ok()?;
+            (vendor == MELLANOX_VENDOR_ID).then_some(bdf)
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Where a listed device comes from.
+#[derive(Debug)]
+enum Source {
+    #[cfg(feature = "sim")]
+    Sim(SimDevice),
+    Pci(Bdf),
+}
+
+/// A simulated device's wire: what to do at the first open, and the address it listens on once done.
+#[cfg(feature = "sim")]
+#[derive(Debug)]
+struct Wire {
+    spec: WireSpec,
+    /// Set once the first open plugged the wire in (`Some(addr)` for a listener, `None` for a connector).
+    done: Option<Option<std::net::SocketAddr>>,
+}
+
+/// A listed device: the same entry for every listing, so an open made through one is shared with the next.
+#[derive(Debug)]
+struct Entry {
+    source: Source,
+    /// The opened HCA while any context or object holds it.
+    open: Mutex<Weak<DeviceShared>>,
+    #[cfg(feature = "sim")]
+    wire: Mutex<Option<Wire>>,
+}
+
+impl Entry {
+    fn new(source: Source) -> Arc<Entry> {
+        Arc::new(Entry {
+            source,
+            open: Mutex::new(Weak::new()),
+            #[cfg(feature = "sim")]
+            wire: Mutex::new(None),
+        })
+    }
+
+    /// Plugs a simulated device's wire in, once (the device keeps it across bring-ups).
+    #[cfg(feature = "sim")]
+    fn plug(&self, dev: &SimDevice) -> Result<()> {
+        let mut w = lock(&self.wire);
+        let Some(wire) = w.as_mut().filter(|w| w.done.is_none()) else { return Ok(()) };
+        let failed = |e: mlx5_sim::WireError| VerbsError::Invalid(format!("simulated wire: {e}"));
+        wire.done = Some(match &wire.spec {
+            WireSpec::Listen(at) => Some(dev.wire_listen(at).map_err(failed)?),
+            WireSpec::Connect(at) => {
+                dev.wire_connect(at, WIRE_CONNECT_TIMEOUT).map_err(failed)?;
+                None
+            }
+        });
+        Ok(())
+    }
+}
+
+/// A device of the list (`ibv_device`). Cheap to clone; opening it never brings it up twice in one process.
+#[derive(Debug, Clone)]
+pub struct Device {
+    name: String,
+    entry: Arc<Entry>,
+}
+
+impl Device {
+    /// `ibv_get_device_name`: `mlx5_0`, `mlx5_1`, ... in list order.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ibv_get_device_guid`: the node GUID. Simulated devices report the configured one. A VFIO device's GUID
+    /// needs a firmware command (a vport query after bring-up): it is known while the device is open in this
+    /// process ([`Context::node_guid`]) and `None` otherwise, as listing brings nothing up.
+    pub fn guid(&self) -> Option<u64> {
+        match &self.entry.source {
+            #[cfg(feature = "sim")]
+            Source::Sim(d) => Some(d.config().node_guid),
+            Source::Pci(_) => lock(&self.entry.open).upgrade().and_then(|d| d.node_guid().ok()),
+        }
+    }
+
+    /// The PCI address of a VFIO device.
+    pub fn pci_address(&self) -> Option<Bdf> {
+        match &self.entry.source {
+            #[cfg(feature = "sim")]
+            Source::Sim(_) => None,
+            Source::Pci(b) => Some(*b),
+        }
+    }
+
+    /// The simulated device behind this entry (its counters and fault injection), if it is one.
+    #[cfg(feature = "sim")]
+    pub fn sim_device(&self) -> Option<&SimDevice> {
+        match &self.entry.source {
+            Source::Sim(d) => Some(d),
+            Source::Pci(_) => None,
+        }
+    }
+
+    /// The address a `wire=listen` simulated device listens on, once opened.
+    #[cfg(feature = "sim")]
+    pub fn wire_addr(&self) -> Option<std::net::SocketAddr> {
+        lock(&self.entry.wire).as_ref().and_then(|w| w.done.flatten())
+    }
+
+    /// Whether a context or object of this process holds the device open.
+    pub fn is_open(&self) -> bool {
+        lock(&self.entry.open).strong_count() > 0
+    }
+
+    /// `ibv_open_device`: a new context. The first open brings the device up; while anything made from a context
+    /// of it lives, further opens share that HCA.
+    pub fn open(&self) -> Result<Context> {
+        self.open_with(None)
+    }
+
+    /// [`Device::open`] handing every firmware command to `trace` when this open brings the device up (a shared
+    /// HCA keeps the tracer it was brought up with).
+    pub fn open_with(&self, trace: Option<Tracer>) -> Result<Context> {
+        let mut slot = lock(&self.entry.open);
+        if let Some(dev) = slot.upgrade() {
+            return Ok(Context::attach(dev));
+        }
+        let dev = match &self.entry.source {
+            #[cfg(feature = "sim")]
+            Source::Sim(d) => {
+                self.entry.plug(d)?;
+                bring_up_sim(d.clone(), trace)?
+            }
+            Source::Pci(bdf) => bring_up_vfio(*bdf, trace)?,
+        };
+        *slot = Arc::downgrade(&dev);
+        Ok(Context::attach(dev))
+    }
+
+    /// Adds a simulated device configured as `cfg` to this process's list (after the others) and returns it.
+    #[cfg(feature = "sim")]
+    pub fn sim(cfg: SimConfig) -> Result<Device> {
+        Self::register_sim(SimDevice::new(cfg))
+    }
+
+    /// Adds a given simulated device (e.g. one wired to another) to this process's list and returns it.
+    #[cfg(feature = "sim")]
+    pub fn register_sim(dev: SimDevice) -> Result<Device> {
+        Ok(DeviceRegistry::global()?.add_sim(dev))
+    }
+}
+
+/// `ibv_get_device_list`: this process's devices (see the module documentation). Lists without bringing
+/// anything up.
+///
+/// ```
+/// let devs = mlx5_verbs::devices()?;
+/// assert!(devs.iter().any(|d| d.name() == "mlx5_0"));
+/// # Ok::<(), mlx5_verbs::VerbsError>(())
+/// ```
+pub fn devices() -> Result<Vec<Device>> {
+    Ok(DeviceRegistry::global()?.devices())
+}
+
+#[derive(Debug)]
+struct Registered {
+    sims: Vec<Arc<Entry>>,
+    /// Every PCI function listed so far, so an open survives a new listing.
+    pci: BTreeMap<Bdf, Arc<Entry>>,
+    /// PCI functions named in the configuration.
+    named: Vec<Bdf>,
+    /// Whether the configuration asks for every ConnectX bound to vfio-pci.
+    scan: bool,
+}
+
+/// A set of devices: the process's own ([`DeviceRegistry::global`], from `MLX5_RS_DEVICES`), or one built from
+/// given specs and a sysfs tree (tests use a fake tree in a temporary directory).
+#[derive(Debug)]
+pub struct DeviceRegistry {
+    sysfs: PathBuf,
+    reg: Mutex<Registered>,
+}
+
+impl DeviceRegistry {
+    /// Devices as `specs` name them, PCI functions looked up under `sysfs`. Simulated devices are made (not
+    /// brought up) now.
+    pub fn new(specs: &[DeviceSpec], sysfs: impl Into<PathBuf>) -> DeviceRegistry {
+        let mut reg = Registered { sims: Vec::new(), pci: BTreeMap::new(), named: Vec::new(), scan: false };
+        for s in specs {
+            match s {
+                #[cfg(feature = "sim")]
+                DeviceSpec::Sim { link, host, wire } => {
+                    let cfg = DeviceSpec::sim_config(*link, *host, wire.is_some());
+                    let entry = Entry::new(Source::Sim(SimDevice::new(cfg)));
+                    *lock(&entry.wire) = wire.clone().map(|spec| Wire { spec, done: None });
+                    reg.sims.push(entry);
+                }
+                DeviceSpec::Pci(b) => reg.named.push(*b),
+                DeviceSpec::AllVfio => reg.scan = true,
+            }
+        }
+        DeviceRegistry { sysfs: sysfs.into(), reg: Mutex::new(reg) }
+    }
+
+    /// The process's devices, configured by `MLX5_RS_DEVICES` (read once) and found under `/sys`.
+    pub fn global() -> Result<&'static DeviceRegistry> {
+        static GLOBAL: OnceLock<std::result::Result<DeviceRegistry, String>> = OnceLock::new();
+        let r = GLOBAL.get_or_init(|| {
+            let specs = match std::env::var(DEVICES_ENV) {
+                Ok(s) => DeviceSpec::parse_list(&s).map_err(|e| format!("{DEVICES_ENV}: {e}"))?,
+                Err(_) => DeviceSpec::parse_list(default_specs()).map_err(|e| e.to_string())?,
+            };
+            Ok(DeviceRegistry::new(&specs, "/sys"))
+        });
+        r.as_ref().map_err(|e| VerbsError::Invalid(e.clone()))
+    }
+
+    /// The devices, named in list order: simulated ones first, then PCI functions by address.
+    pub fn devices(&self) -> Vec<Device> {
+        let mut reg = lock(&self.reg);
+        let mut pci: Vec<Bdf> = reg.named.clone();
+        if reg.scan {
+            pci.extend(scan_vfio_pci(&self.sysfs));
+        }
+        pci.sort();
+        pci.dedup();
+        let mut entries: Vec<Arc<Entry>> = reg.sims.clone();
+        for b in pci {
+            entries.push(reg.pci.entry(b).or_insert_with(|| Entry::new(Source::Pci(b))).clone());
+        }
+        entries.into_iter().enumerate().map(|(i, entry)| Device { name: format!("mlx5_{i}"), entry }).collect()
+    }
+
+    /// Adds a simulated device after the others.
+    #[cfg(feature = "sim")]
+    pub fn add_sim(&self, dev: SimDevice) -> Device {
+        let mut reg = lock(&self.reg);
+        let entry = Entry::new(Source::Sim(dev));
+        reg.sims.push(entry.clone());
+        Device { name: format!("mlx5_{}", reg.sims.len() - 1), entry }
+    }
+
+    /// The entry of a PCI function, listed or not (opening by address shares an HCA opened from the list).
+    fn pci(&self, bdf: Bdf) -> Device {
+        let list = self.devices();
+        if let Some(d) = list.iter().find(|d| d.pci_address() == Some(bdf)) {
+            return d.clone();
+        }
+        let entry = lock(&self.reg).pci.entry(bdf).or_insert_with(|| Entry::new(Source::Pci(bdf))).clone();
+        Device { name: bdf.to_string(), entry }
+    }
+}
+
+/// The configuration when `MLX5_RS_DEVICES` is unset: one simulated device (with the `sim` feature) and every
+/// ConnectX bound to vfio-pci.
+fn default_specs() -> &'static str {
+    if cfg!(feature = "sim") {
+        "sim,vfio"
+    } else {
+        "vfio"
+    }
+}
+
+/// Brings a device up and starts its shared state.
+fn bring_up(kind: DeviceKind, trace: Option<Tracer>, cfg: Config) -> Result<Arc<DeviceShared>> {
+    let mut delay = kind.delay();
+    let mut hca = Hca::bring_up(kind.mmio(), kind.dma(), MaybeTrace(trace), &mut delay, cfg)
+        .map_err(|e| VerbsError::Bringup(e.to_string()))?;
+    let link = match hca.query_port(&mut delay) {
+        Ok(p) => p.link_layer,
+        Err(e) => {
+            let _ = hca.teardown(&mut delay);
+            return Err(e.into());
+        }
+    };
+    Ok(DeviceShared::start(hca, delay, kind, link))
+}
+
+#[cfg(feature = "sim")]
+fn bring_up_sim(dev: SimDevice, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
+    // The simulated host's addresses become GID entries, as a Linux host's netdev addresses do.
+    let c = dev.config();
+    let cfg = Config { ipv4_addrs: c.ipv4_addrs, ipv6_addrs: c.ipv6_addrs, ..Config::default() };
+    bring_up(DeviceKind::Sim(dev), trace, cfg)
+}
+
+fn bring_up_vfio(bdf: Bdf, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
+    let v = Arc::new(Vfio::open(bdf, VfioOptions::default())?);
+    bring_up(DeviceKind::Vfio(v), trace, Config::default())
+}
+
+impl Context {
+    /// Opens a new simulated ConnectX-5 (RoCE, in-line firmware) of its own and brings it up. It is not in the
+    /// device list; [`Device::sim`] adds one that is.
+    ///
+    /// ```
+    /// let ctx = mlx5_verbs::Context::open_sim()?;
+    /// assert_eq!(ctx.query_port()?.state, 4); // IB_PORT_ACTIVE
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    #[cfg(feature = "sim")]
+    pub fn open_sim() -> Result<Context> {
+        Self::open_sim_device(SimDevice::new(SimConfig::default()))
+    }
+
+    /// Brings up a given simulated device (for a chosen configuration, or one wired to another). Each call brings
+    /// it up anew: open a device twice through [`Device::open`] to share one HCA.
+    #[cfg(feature = "sim")]
+    pub fn open_sim_device(dev: SimDevice) -> Result<Context> {
+        Self::open_sim_device_with(dev, None)
+    }
+
+    /// [`Context::open_sim_device`] handing every firmware command, bring-up and teardown included, to `trace`
+    /// when there is one.
+    ///
+    /// ```
+    /// use mlx5_verbs::{CmdRecord, CmdTrace, Context};
+    /// struct Count(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    /// impl CmdTrace for Count {
+    ///     fn record(&mut self, _: &CmdRecord<'_>) {
+    ///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ///     }
+    /// }
+    /// let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    /// let dev = mlx5_sim::SimDevice::new(mlx5_sim::SimConfig::default());
+    /// drop(Context::open_sim_device_with(dev, Some(Box::new(Count(n.clone()))))?);
+    /// assert!(n.load(std::sync::atomic::Ordering::Relaxed) > 30);
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    #[cfg(feature = "sim")]
+    pub fn open_sim_device_with(dev: SimDevice, trace: Option<Tracer>) -> Result<Context> {
+        Ok(Context::attach(bring_up_sim(dev, trace)?))
+    }
+
+    /// Two simulated ConnectX-5s joined by a simulated wire, with distinct MACs / GUIDs / LIDs: two hosts on a
+    /// laptop.
+    ///
+    /// ```
+    /// let (a, b) = mlx5_verbs::Context::open_sim_pair()?;
+    /// assert_ne!(a.query_gid(0)?, b.query_gid(0)?);
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    #[cfg(feature = "sim")]
+    pub fn open_sim_pair() -> Result<(Context, Context)> {
+        Self::open_sim_pair_with(SimConfig::default())
+    }
+
+    /// [`Context::open_sim_pair`] with both devices configured as `base` (e.g. threaded firmware); the second
+    /// gets the next GUID, MAC and LID.
+    ///
+    /// ```
+    /// use mlx5_sim::{Mode, SimConfig};
+    /// let threaded = SimConfig { mode: Mode::Threaded, ..SimConfig::default() };
+    /// let (a, b) = mlx5_verbs::Context::open_sim_pair_with(threaded)?;
+    /// assert_ne!(a.query_gid(0)?, b.query_gid(0)?);
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    #[cfg(feature = "sim")]
+    pub fn open_sim_pair_with(base: SimConfig) -> Result<(Context, Context)> {
+        let second = base.next_host();
+        let (da, db) = (SimDevice::new(base), SimDevice::new(second));
+        da.connect(&db);
+        Ok((Self::open_sim_device(da)?, Self::open_sim_device(db)?))
+    }
+
+    /// Opens the ConnectX at `bdf` through VFIO (bound to vfio-pci); shares the HCA when this process has it
+    /// open already.
+    pub fn open_vfio(bdf: Bdf) -> Result<Context> {
+        Self::open_vfio_with(bdf, None)
+    }
+
+    /// [`Context::open_vfio`] handing every firmware command to `trace` when this open brings the device up.
+    pub fn open_vfio_with(bdf: Bdf, trace: Option<Tracer>) -> Result<Context> {
+        DeviceRegistry::global()?.pci(bdf).open_with(trace)
+    }
+
+    /// `"sim"` for a new simulated device, a device name of the list (`mlx5_0`, ...), else a PCI address for
+    /// VFIO. Without the `sim` feature `"sim"` is refused as not being a PCI address.
+    pub fn open(spec: &str) -> Result<Context> {
+        #[cfg(feature = "sim")]
+        if spec == "sim" {
+            return Self::open_sim();
+        }
+        if spec.starts_with("mlx5_") {
+            let d = devices()?.into_iter().find(|d| d.name() == spec);
+            return d.ok_or_else(|| VerbsError::Invalid(format!("no device {spec}")))?.open();
+        }
+        Self::open_vfio(spec.parse()?)
+    }
+}

@@ -1,0 +1,380 @@
+//! The state one opened device shares between its contexts and objects: the HCA behind the control-path mutex,
+//! the register window the datapath uses without it, the dead-device flag, event routing, and the service thread
+//! that ticks health (Linux's `poll_health` timer) and drains the async EQ while nobody else does.
+//!
+//! Locking (see ARCHITECTURE.md): the control mutex guards the [`Hca`](mlx5_core::hca::Hca), the waiting delay
+//! and the routing tables; each CQ and each QP has its own mutex over its ring. Locks are taken in the order
+//! control → CQ (two CQs by ascending CQN) → QP, never the other way; the datapath (post, poll) takes only its
+//! object's lock (and, polling, the locks of the QPs its CQEs name), never the control mutex.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mlx5_core::cq::{Cq, LinkLayer};
+use mlx5_core::hca::{AsyncEvent, HcaState};
+use mlx5_core::health::HEALTH_POLL_INTERVAL_MS;
+use mlx5_core::qp::Qp;
+use mlx5_core::vport::{QueryHcaVportContext, QueryNicVportContext};
+
+use crate::backend::{AnyDelay, AnyHca, AnyMmio, DeviceKind};
+use crate::event::{lock, EventQueue};
+
+/// How often the service thread drains the async EQ, so events reach a waiting `poll` on the event descriptor
+/// without the application calling in.
+const EVENT_POLL: Duration = Duration::from_millis(50);
+
+/// What routes an event naming a CQ.
+#[derive(Debug)]
+struct CqRoute {
+    ctx: u64,
+    /// The CQ's failed flag, set by a CQ error event; its poll then completes what the device will not.
+    failed: Arc<AtomicBool>,
+}
+
+/// Everything the control path changes, behind one mutex.
+pub(crate) struct Control {
+    /// The HCA; `None` only once torn down.
+    pub(crate) hca: Option<AnyHca>,
+    pub(crate) delay: AnyDelay,
+    /// Each context's event queue, by context id.
+    listeners: Vec<(u64, Weak<EventQueue>)>,
+    cq_routes: HashMap<u32, CqRoute>,
+    qp_routes: HashMap<u32, u64>,
+    /// Completion events taken from the HCA for each context's CQs and not handed out yet.
+    cq_events: HashMap<u64, VecDeque<u32>>,
+    /// Objects firmware did not confirm destroying: kept (never freed) until the function is disabled.
+    pub(crate) orphan_cqs: Vec<Cq>,
+    pub(crate) orphan_qps: Vec<Qp>,
+    fatal_sent: bool,
+    /// A simulated device in in-line mode, whose clock (and so its heartbeat) moves only when the driver waits:
+    /// the service thread moves it by the host time that passed, as a real device's would.
+    #[cfg(feature = "sim")]
+    sim_clock: Option<(mlx5_sim::SimDevice, Instant)>,
+}
+
+impl Control {
+    /// The HCA, present from bring-up until the last context and object are gone.
+    pub(crate) fn hca(&mut self) -> &mut AnyHca {
+        self.hca.as_mut().expect("the HCA lives as long as any context or object")
+    }
+
+    /// The HCA and the delay its commands wait with.
+    pub(crate) fn parts(&mut self) -> (&mut AnyHca, &mut AnyDelay) {
+        (self.hca.as_mut().expect("the HCA lives as long as any context or object"), &mut self.delay)
+    }
+
+    pub(crate) fn route_cq(&mut self, cqn: u32, ctx: u64, failed: Arc<AtomicBool>) {
+        self.cq_routes.insert(cqn, CqRoute { ctx, failed });
+    }
+
+    pub(crate) fn unroute_cq(&mut self, cqn: u32) {
+        self.cq_routes.remove(&cqn);
+        for q in self.cq_events.values_mut() {
+            q.retain(|&c| c != cqn);
+        }
+    }
+
+    pub(crate) fn route_qp(&mut self, qpn: u32, ctx: u64) {
+        self.qp_routes.insert(qpn, ctx);
+    }
+
+    pub(crate) fn unroute_qp(&mut self, qpn: u32) {
+        self.qp_routes.remove(&qpn);
+    }
+
+    /// A context closed: its pending completion events go with it.
+    pub(crate) fn forget(&mut self, ctx: u64) {
+        self.cq_events.remove(&ctx);
+        self.listeners.retain(|(id, w)| *id != ctx && w.strong_count() > 0);
+    }
+
+    pub(crate) fn listen(&mut self, ctx: u64, q: &Arc<EventQueue>) {
+        self.listeners.retain(|(_, w)| w.strong_count() > 0);
+        self.listeners.push((ctx, Arc::downgrade(q)));
+    }
+
+    /// Moves the HCA's pending completion events to their contexts and takes the oldest of context `ctx`.
+    pub(crate) fn next_cq_event(&mut self, ctx: u64) -> Result<Option<u32>, mlx5_core::hca::Error> {
+        let mut failure = None;
+        loop {
+            let (hca, delay) = self.parts();
+            match hca.get_cq_event(delay) {
+                Ok(Some(cqn)) => {
+                    if let Some(owner) = self.cq_routes.get(&cqn).map(|r| r.ctx) {
+                        self.cq_events.entry(owner).or_default().push_back(cqn);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        match (self.cq_events.get_mut(&ctx).and_then(VecDeque::pop_front), failure) {
+            (Some(cqn), _) => Ok(Some(cqn)),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(None),
+        }
+    }
+
+    fn send_to(&self, ctx: u64, e: AsyncEvent) {
+        if let Some(q) = self.listeners.iter().find(|(id, _)| *id == ctx).and_then(|(_, w)| w.upgrade()) {
+            q.push(e);
+        }
+    }
+
+    fn broadcast(&self, e: AsyncEvent) {
+        for q in self.listeners.iter().filter_map(|(_, w)| w.upgrade()) {
+            q.push(e);
+        }
+    }
+
+    /// Sends one event where the kernel's uverbs would: to the owner of the CQ or QP it names, else to every
+    /// context of the device.
+    fn route(&mut self, e: AsyncEvent) {
+        match e {
+            AsyncEvent::CqError { cqn, .. } => {
+                if let Some(r) = self.cq_routes.get(&cqn) {
+                    r.failed.store(true, Ordering::Release);
+                    self.send_to(r.ctx, e);
+                }
+            }
+            AsyncEvent::QpError { qpn, .. } => {
+                if let Some(&ctx) = self.qp_routes.get(&qpn) {
+                    self.send_to(ctx, e);
+                }
+            }
+            AsyncEvent::DeviceFatal => {
+                // A fatal error reaches the user once, whether firmware reported it or the health check found it.
+                if !self.fatal_sent {
+                    self.fatal_sent = true;
+                    self.broadcast(e);
+                }
+            }
+            // Unaffiliated events, and events naming objects not routed here yet, reach every context.
+            _ => self.broadcast(e),
+        }
+    }
+
+    /// After every use of the HCA: publishes a dead HCA to the datapath (before the event that says so) and routes
+    /// the async events the HCA collected.
+    fn settle(&mut self, dead: &AtomicBool) {
+        let Some(hca) = self.hca.as_mut() else { return };
+        let is_dead = !matches!(hca.state(), HcaState::Up);
+        if is_dead {
+            dead.store(true, Ordering::Release);
+        }
+        while let Some(e) = self.hca.as_mut().and_then(|h| h.get_async_event()) {
+            self.route(e);
+        }
+        if is_dead {
+            // Whatever found the failure, Linux's `mlx5_enter_error_state` raises MLX5_DEV_EVENT_SYS_ERROR, which
+            // mlx5_ib's `mlx5_ib_handle_event` dispatches as IB_EVENT_DEVICE_FATAL.
+            self.route(AsyncEvent::DeviceFatal);
+        }
+    }
+}
+
+/// One opened device (an HCA), shared by its contexts and objects through `Arc` and torn down when the last goes.
+pub(crate) struct DeviceShared {
+    control: Mutex<Control>,
+    /// The register window for the datapath (doorbells, CQ polling), used without the control mutex.
+    pub(crate) mmio: AnyMmio,
+    pub(crate) kind: DeviceKind,
+    pub(crate) link: LinkLayer,
+    /// Set once the HCA is in internal error: posts fail and polls flush without asking the HCA.
+    dead: AtomicBool,
+    next_ctx: AtomicU64,
+    /// The node GUID, once asked for.
+    node_guid: OnceLock<u64>,
+    service: Service,
+}
+
+impl std::fmt::Debug for DeviceShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceShared").field("kind", &self.kind).field("link", &self.link).finish_non_exhaustive()
+    }
+}
+
+/// The control mutex held: settles the HCA's state and events when released.
+pub(crate) struct ControlGuard<'a> {
+    g: MutexGuard<'a, Control>,
+    dead: &'a AtomicBool,
+}
+
+impl Deref for ControlGuard<'_> {
+    type Target = Control;
+    fn deref(&self) -> &Control {
+        &self.g
+    }
+}
+
+impl DerefMut for ControlGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Control {
+        &mut self.g
+    }
+}
+
+impl Drop for ControlGuard<'_> {
+    fn drop(&mut self) {
+        self.g.settle(self.dead);
+    }
+}
+
+impl DeviceShared {
+    /// Wraps a brought-up HCA and starts its service thread.
+    pub(crate) fn start(hca: AnyHca, delay: AnyDelay, kind: DeviceKind, link: LinkLayer) -> Arc<DeviceShared> {
+        #[cfg(feature = "sim")]
+        let sim_clock = match &kind {
+            DeviceKind::Sim(d) if d.config().mode == mlx5_sim::Mode::Inline => Some((d.clone(), Instant::now())),
+            _ => None,
+        };
+        let control = Control {
+            hca: Some(hca),
+            delay,
+            listeners: Vec::new(),
+            cq_routes: HashMap::new(),
+            qp_routes: HashMap::new(),
+            cq_events: HashMap::new(),
+            orphan_cqs: Vec::new(),
+            orphan_qps: Vec::new(),
+            fatal_sent: false,
+            #[cfg(feature = "sim")]
+            sim_clock,
+        };
+        let dev = Arc::new(DeviceShared {
+            control: Mutex::new(control),
+            mmio: kind.mmio(),
+            kind,
+            link,
+            dead: AtomicBool::new(false),
+            next_ctx: AtomicU64::new(1),
+            node_guid: OnceLock::new(),
+            service: Service::default(),
+        });
+        dev.service.spawn(Arc::downgrade(&dev));
+        dev
+    }
+
+    /// The control path: the HCA and what goes with it.
+    pub(crate) fn control(&self) -> ControlGuard<'_> {
+        ControlGuard { g: lock(&self.control), dead: &self.dead }
+    }
+
+    /// Whether the HCA is known to be in internal error (one load; the datapath's only look at device state).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// The node GUID as mlx5_ib's `mlx5_query_node_guid` reads it: from the HCA vport context on InfiniBand, the
+    /// NIC vport context on Ethernet. One command the first time, remembered after.
+    pub(crate) fn node_guid(&self) -> Result<u64, mlx5_core::hca::Error> {
+        if let Some(g) = self.node_guid.get() {
+            return Ok(*g);
+        }
+        let mut c = self.control();
+        let (hca, delay) = c.parts();
+        let guid = match self.link {
+            LinkLayer::InfiniBand => hca.exec(&mut QueryHcaVportContext { port_num: 1 }, delay)?.node_guid,
+            LinkLayer::Ethernet => hca.exec(&mut QueryNicVportContext, delay)?.node_guid,
+        };
+        Ok(*self.node_guid.get_or_init(|| guid))
+    }
+
+    pub(crate) fn new_context_id(&self) -> u64 {
+        self.next_ctx.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// One wake-up of the service thread: health when `health` (every [`HEALTH_POLL_INTERVAL_MS`]), and the
+    /// async EQ drained either way.
+    fn service_tick(&self, health: bool) {
+        let mut c = self.control();
+        #[cfg(feature = "sim")]
+        if let Some((dev, last)) = &mut c.sim_clock {
+            let now = Instant::now();
+            dev.advance_ns(u64::try_from((now - *last).as_nanos()).unwrap_or(u64::MAX));
+            *last = now;
+        }
+        let (hca, delay) = c.parts();
+        if health {
+            health_tick(hca);
+        }
+        // A dead HCA refuses to drain; its state is what the guard publishes.
+        let _ = hca.process_events(delay);
+    }
+}
+
+/// The one call site of the health check (Linux's `poll_health` timer callback). A failure moves the HCA to
+/// internal error, which the control guard then publishes.
+fn health_tick(hca: &mut AnyHca) {
+    let _ = hca.poll_health();
+}
+
+impl Drop for DeviceShared {
+    fn drop(&mut self) {
+        self.service.stop();
+        let c = self.control.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(hca) = c.hca.take() else { return };
+        // Teardown disables the function, so the queues still held (orphans) can no longer be reached by the
+        // device; their memory is released with it.
+        if let Err(e) = hca.teardown(&mut c.delay) {
+            log::error!("teardown: {e}");
+        }
+        c.orphan_cqs.clear();
+        c.orphan_qps.clear();
+    }
+}
+
+/// The service thread of one device and how to stop it.
+#[derive(Debug, Default)]
+struct Service {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Service {
+    fn spawn(&self, dev: Weak<DeviceShared>) {
+        let stop = self.stop.clone();
+        let t = std::thread::Builder::new().name("mlx5-verbs-svc".into()).spawn(move || {
+            let health_every = Duration::from_millis(HEALTH_POLL_INTERVAL_MS.into());
+            let mut next_health = Instant::now() + health_every;
+            loop {
+                {
+                    let (m, cv) = &*stop;
+                    let g = lock(m);
+                    let (g, _) = cv.wait_timeout(g, EVENT_POLL).unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if *g {
+                        return;
+                    }
+                }
+                // Held only for the tick: the device goes when its last user does, not when this thread lets go.
+                let Some(d) = dev.upgrade() else { return };
+                let health = Instant::now() >= next_health;
+                if health {
+                    next_health += health_every;
+                }
+                d.service_tick(health);
+            }
+        });
+        match t {
+            Ok(t) => *lock(&self.thread) = Some(t),
+            Err(e) => log::error!("no service thread (health is then checked only while commands wait): {e}"),
+        }
+    }
+
+    fn stop(&self) {
+        *lock(&self.stop.0) = true;
+        self.stop.1.notify_all();
+        if let Some(t) = lock(&self.thread).take() {
+            // The last user may be the service thread itself (it held the device for a tick): it ends on its own.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
