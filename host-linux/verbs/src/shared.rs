@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use mlx5_core::cq::{Cq, LinkLayer};
 use mlx5_core::hca::{AsyncEvent, HcaState};
-use mlx5_core::health::HEALTH_POLL_INTERVAL_MS;
 use mlx5_core::qp::Qp;
 use mlx5_core::vport::{QueryHcaVportContext, QueryNicVportContext};
 
@@ -290,9 +289,9 @@ impl DeviceShared {
         self.next_ctx.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// One wake-up of the service thread: health when `health` (every [`HEALTH_POLL_INTERVAL_MS`]), and the
-    /// async EQ drained either way.
-    fn service_tick(&self, health: bool) {
+    /// One wake-up of the service thread: the health timer on the thread's clock (the core polls when its 2 s
+    /// interval has passed, [`HEALTH_POLL_INTERVAL_MS`](mlx5_core::health::HEALTH_POLL_INTERVAL_MS)), and the async EQ drained.
+    fn service_tick(&self, now_ms: u64) {
         let mut c = self.control();
         #[cfg(feature = "sim")]
         if let Some((dev, last)) = &mut c.sim_clock {
@@ -301,18 +300,11 @@ impl DeviceShared {
             *last = now;
         }
         let (hca, delay) = c.parts();
-        if health {
-            health_tick(hca);
-        }
+        // A failure moves the HCA to internal error, which the control guard then publishes.
+        let _ = hca.health_tick(now_ms);
         // A dead HCA refuses to drain; its state is what the guard publishes.
         let _ = hca.process_events(delay);
     }
-}
-
-/// The one call site of the health check (Linux's `poll_health` timer callback). A failure moves the HCA to
-/// internal error, which the control guard then publishes.
-fn health_tick(hca: &mut AnyHca) {
-    let _ = hca.poll_health();
 }
 
 impl Drop for DeviceShared {
@@ -341,8 +333,7 @@ impl Service {
     fn spawn(&self, dev: Weak<DeviceShared>) {
         let stop = self.stop.clone();
         let t = std::thread::Builder::new().name("mlx5-verbs-svc".into()).spawn(move || {
-            let health_every = Duration::from_millis(HEALTH_POLL_INTERVAL_MS.into());
-            let mut next_health = Instant::now() + health_every;
+            let start = Instant::now();
             loop {
                 {
                     let (m, cv) = &*stop;
@@ -354,11 +345,7 @@ impl Service {
                 }
                 // Held only for the tick: the device goes when its last user does, not when this thread lets go.
                 let Some(d) = dev.upgrade() else { return };
-                let health = Instant::now() >= next_health;
-                if health {
-                    next_health += health_every;
-                }
-                d.service_tick(health);
+                d.service_tick(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
             }
         });
         match t {
