@@ -327,7 +327,11 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     log::info!("local address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", me.lid, me.qpn, me.psn);
     log::info!("remote address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", peer.lid, peer.qpn, peer.psn);
     let qp = ready.connect(peer, me.psn)?;
-    let ah = opts.ud.then(|| pd.create_ah(&ud::route(ctx, &peer)));
+    let ah = if opts.ud {
+        Some(pd.create_ah(&ud::route(ctx, &peer)).map_err(verbs("create address handle"))?)
+    } else {
+        None
+    };
     let sge = [mr.sge(0, size)];
     let send = || match &ah {
         Some(ah) => qp.post_send(&[wr::ud_send(2, &sge, ah.dest(peer.qpn, QKEY))]),

@@ -91,7 +91,8 @@ pub fn run(ctx: &Context, size: Option<usize>, iters: u32) -> Result<Report, Str
     };
     let (qc, qs) = (ud(&cq_c)?, ud(&cq_s)?);
     let (rc, rs) = (ctx.remote_qp(&qc).map_err(verbs("query port"))?, ctx.remote_qp(&qs).map_err(verbs("query port"))?);
-    let (ah_to_s, ah_to_c) = (pd.create_ah(&route(ctx, &rs)), pd.create_ah(&route(ctx, &rc)));
+    let ah_to_s = pd.create_ah(&route(ctx, &rs)).map_err(verbs("create address handle"))?;
+    let ah_to_c = pd.create_ah(&route(ctx, &rc)).map_err(verbs("create address handle"))?;
     let recv_len = len + GRH as u32;
     let post_recv = |qp: &mlx5_verbs::QueuePair<'_, mlx5_verbs::Rts>, mr: &mlx5_verbs::MemoryRegion<'_>| {
         qp.post_recv(&[wr::recv(1, &[mr.sge(size, recv_len)])]).map_err(verbs("post receive"))

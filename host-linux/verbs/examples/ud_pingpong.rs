@@ -46,7 +46,7 @@ fn main() -> Result<(), VerbsError> {
         },
         LinkLayer::InfiniBand => AhAttr { dlid: r.lid, port_num: 1, ..AhAttr::default() },
     };
-    let (ah_to_b, ah_to_a) = (pd_a.create_ah(&route(&rb, a)), pd_b.create_ah(&route(&ra, b)));
+    let (ah_to_b, ah_to_a) = (pd_a.create_ah(&route(&rb, a))?, pd_b.create_ah(&route(&ra, b))?);
     let mut wc = [WorkCompletion::default(); 4];
     let recv_len = (size + GRH) as u32;
     let start = Instant::now();

@@ -72,9 +72,13 @@ impl<'ctx> ProtectionDomain<'ctx> {
         self.ctx
     }
 
-    /// `ibv_create_ah` for UD sends.
-    pub fn create_ah(&self, attr: &AhAttr) -> AddressHandle<'_> {
-        AddressHandle { ah: Ah::new(attr, self.ctx.link_layer()), _pd: PhantomData }
+    /// `ibv_create_ah` for UD sends, as mlx5_ib's `create_ib_ah` builds it: the rate mapped for the device and, on
+    /// RoCE, the source GID entry's type choosing the UDP source port and the ECN bit. A RoCE address without a
+    /// GRH, or a rate that is not an `ibv_rate`, is refused (`EINVAL`).
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle<'_>> {
+        let mut c = self.obj.ctx.dev.control();
+        let ah = c.hca().create_ah(attr)?;
+        Ok(AddressHandle { ah, _pd: PhantomData })
     }
 
     /// `ibv_dealloc_pd`, returning firmware's error.
