@@ -428,8 +428,49 @@ fn bring_up_sim(dev: SimDevice, trace: Option<Tracer>) -> Result<Arc<DeviceShare
 }
 
 fn bring_up_vfio(bdf: Bdf, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
+    let (ipv4_addrs, ipv6_addrs) = vfio_port_addrs()?;
     let v = Arc::new(Vfio::open(bdf, VfioOptions::default())?);
-    bring_up(DeviceKind::Vfio(v), trace, Config::default())
+    bring_up(DeviceKind::Vfio(v), trace, Config { ipv4_addrs, ipv6_addrs, ..Config::default() })
+}
+
+/// The IP addresses of a VFIO device's port. A ConnectX on vfio-pci has no netdev whose addresses Linux's GID
+/// cache would turn into RoCE GID entries, so they are configuration: `MLX5_RS_ADDRS`, a comma list of IPv4 and
+/// IPv6 addresses (read once per process; the link-local entries are always made).
+fn vfio_port_addrs() -> Result<(&'static [[u8; 4]], &'static [[u8; 16]])> {
+    static ADDRS: std::sync::OnceLock<std::result::Result<(Vec<[u8; 4]>, Vec<[u8; 16]>), String>> =
+        std::sync::OnceLock::new();
+    let parsed = ADDRS.get_or_init(|| parse_port_addrs(&std::env::var("MLX5_RS_ADDRS").unwrap_or_default()));
+    match parsed {
+        Ok((v4, v6)) => Ok((v4.as_slice(), v6.as_slice())),
+        Err(e) => Err(VerbsError::Invalid(e.clone())),
+    }
+}
+
+/// `MLX5_RS_ADDRS`: a comma list of IP addresses, IPv4 and IPv6 apart in the order given.
+fn parse_port_addrs(list: &str) -> std::result::Result<(Vec<[u8; 4]>, Vec<[u8; 16]>), String> {
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for a in list.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        match a.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(ip)) => v4.push(ip.octets()),
+            Ok(std::net::IpAddr::V6(ip)) => v6.push(ip.octets()),
+            Err(_) => return Err(format!("MLX5_RS_ADDRS: {a:?} is not an IPv4 or IPv6 address")),
+        }
+    }
+    Ok((v4, v6))
+}
+
+#[cfg(test)]
+mod addr_tests {
+    #[test]
+    fn port_addresses_parse_as_a_comma_list_and_refuse_garbage() {
+        let (v4, v6) = super::parse_port_addrs("192.168.1.5, fe80::1,10.0.0.2").unwrap();
+        assert_eq!(v4, [[192, 168, 1, 5], [10, 0, 0, 2]]);
+        assert_eq!(v6.len(), 1);
+        assert_eq!(v6[0][0..2], [0xfe, 0x80]);
+        assert_eq!(super::parse_port_addrs("").unwrap(), (vec![], vec![]));
+        let e = super::parse_port_addrs("192.168.1.5,not-an-ip").unwrap_err();
+        assert!(e.contains("not-an-ip"), "{e}");
+    }
 }
 
 impl Context {
