@@ -436,9 +436,8 @@ fn bring_up_vfio(bdf: Bdf, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
 /// The IP addresses of a VFIO device's port. A ConnectX on vfio-pci has no netdev whose addresses Linux's GID
 /// cache would turn into RoCE GID entries, so they are configuration: `MLX5_RS_ADDRS`, a comma list of IPv4 and
 /// IPv6 addresses (read once per process; the link-local entries are always made).
-fn vfio_port_addrs() -> Result<(&'static [[u8; 4]], &'static [[u8; 16]])> {
-    static ADDRS: std::sync::OnceLock<std::result::Result<(Vec<[u8; 4]>, Vec<[u8; 16]>), String>> =
-        std::sync::OnceLock::new();
+fn vfio_port_addrs() -> Result<(&'static [[u8; 4]], &'static PortV6)> {
+    static ADDRS: std::sync::OnceLock<std::result::Result<PortAddrs, String>> = std::sync::OnceLock::new();
     let parsed = ADDRS.get_or_init(|| parse_port_addrs(&std::env::var("MLX5_RS_ADDRS").unwrap_or_default()));
     match parsed {
         Ok((v4, v6)) => Ok((v4.as_slice(), v6.as_slice())),
@@ -446,8 +445,14 @@ fn vfio_port_addrs() -> Result<(&'static [[u8; 4]], &'static [[u8; 16]])> {
     }
 }
 
+/// A port's IPv4 and IPv6 addresses, each list in the order configured.
+type PortAddrs = (Vec<[u8; 4]>, Vec<[u8; 16]>);
+
+/// A port's IPv6 addresses.
+type PortV6 = [[u8; 16]];
+
 /// `MLX5_RS_ADDRS`: a comma list of IP addresses, IPv4 and IPv6 apart in the order given.
-fn parse_port_addrs(list: &str) -> std::result::Result<(Vec<[u8; 4]>, Vec<[u8; 16]>), String> {
+fn parse_port_addrs(list: &str) -> std::result::Result<PortAddrs, String> {
     let (mut v4, mut v6) = (Vec::new(), Vec::new());
     for a in list.split(',').map(str::trim).filter(|a| !a.is_empty()) {
         match a.parse::<std::net::IpAddr>() {
@@ -457,20 +462,6 @@ fn parse_port_addrs(list: &str) -> std::result::Result<(Vec<[u8; 4]>, Vec<[u8; 1
         }
     }
     Ok((v4, v6))
-}
-
-#[cfg(test)]
-mod addr_tests {
-    #[test]
-    fn port_addresses_parse_as_a_comma_list_and_refuse_garbage() {
-        let (v4, v6) = super::parse_port_addrs("192.168.1.5, fe80::1,10.0.0.2").unwrap();
-        assert_eq!(v4, [[192, 168, 1, 5], [10, 0, 0, 2]]);
-        assert_eq!(v6.len(), 1);
-        assert_eq!(v6[0][0..2], [0xfe, 0x80]);
-        assert_eq!(super::parse_port_addrs("").unwrap(), (vec![], vec![]));
-        let e = super::parse_port_addrs("192.168.1.5,not-an-ip").unwrap_err();
-        assert!(e.contains("not-an-ip"), "{e}");
-    }
 }
 
 impl Context {
@@ -570,5 +561,19 @@ impl Context {
             return d.ok_or_else(|| VerbsError::Invalid(format!("no device {spec}")))?.open();
         }
         Self::open_vfio(spec.parse()?)
+    }
+}
+
+#[cfg(test)]
+mod addr_tests {
+    #[test]
+    fn port_addresses_parse_as_a_comma_list_and_refuse_garbage() {
+        let (v4, v6) = super::parse_port_addrs("192.168.1.5, fe80::1,10.0.0.2").unwrap();
+        assert_eq!(v4, [[192, 168, 1, 5], [10, 0, 0, 2]]);
+        assert_eq!(v6.len(), 1);
+        assert_eq!(v6[0][0..2], [0xfe, 0x80]);
+        assert_eq!(super::parse_port_addrs("").unwrap(), (vec![], vec![]));
+        let e = super::parse_port_addrs("192.168.1.5,not-an-ip").unwrap_err();
+        assert!(e.contains("not-an-ip"), "{e}");
     }
 }
