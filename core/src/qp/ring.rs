@@ -561,7 +561,8 @@ impl Qp {
     }
 }
 
-/// The 16-byte control segment (`mlx5_wqe_ctrl_seg`).
+/// The 16-byte control segment (`mlx5_wqe_ctrl_seg`). `imm` is in network byte order (`__be32`, as
+/// `ibv_send_wr.imm_data`): its bytes go into the segment unchanged, as rdma-core's `mlx5_post_send` copies them.
 #[inline]
 pub fn ctrl_seg(wqe_index: u16, opcode: u8, qpn: u32, ds: u8, fm_ce_se: u8, imm: u32) -> [u8; CTRL] {
     use c::mlx5_wqe_ctrl_seg as s;
@@ -569,7 +570,7 @@ pub fn ctrl_seg(wqe_index: u16, opcode: u8, qpn: u32, ds: u8, fm_ce_se: u8, imm:
     s::OPMOD_IDX_OPCODE.put_be(&mut b, 0, u32::from(wqe_index) << 8 | u32::from(opcode));
     s::QPN_DS.put_be(&mut b, 0, (qpn & 0xff_ffff) << 8 | u32::from(ds & 0x3f));
     b[s::FM_CE_SE.off] = fm_ce_se;
-    s::IMM.put_be(&mut b, 0, imm);
+    b[s::IMM.off..s::IMM.off + 4].copy_from_slice(&imm.to_ne_bytes());
     b
 }
 
@@ -647,7 +648,7 @@ mod tests {
     #[test]
     fn ctrl_seg_packs_index_opcode_qpn_and_ds_big_endian() {
         use c::mlx5_wqe_ctrl_seg as s;
-        let b = ctrl_seg(0x1234, 0x0a, 0x00ab_cdef, 3, consts::MLX5_WQE_CTRL_CQ_UPDATE, 0xdead_beef);
+        let b = ctrl_seg(0x1234, 0x0a, 0x00ab_cdef, 3, consts::MLX5_WQE_CTRL_CQ_UPDATE, 0xdead_beef_u32.to_be());
         assert_eq!(s::OPMOD_IDX_OPCODE.get_be(&b, 0), 0x0012_340a);
         assert_eq!(&b[s::OPMOD_IDX_OPCODE.off..s::OPMOD_IDX_OPCODE.off + 4], &[0x00, 0x12, 0x34, 0x0a]);
         assert_eq!(s::QPN_DS.get_be(&b, 0), 0xabcd_ef03);
