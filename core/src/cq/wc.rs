@@ -610,7 +610,10 @@ mod tests {
         let wc = decode(f, LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
         // ibv_wc.imm_data is __be32: its bytes in memory are the wire's.
         assert_eq!(wc.imm_data.to_ne_bytes(), [0x12, 0x34, 0x56, 0x78]);
-        assert_eq!((wc.opcode, wc.byte_len, u32::from_be(wc.imm_data), wc.wr_id), (WcOpcode::Recv, 64, 0x1234_5678, 0x4ec7));
+        assert_eq!(
+            (wc.opcode, wc.byte_len, u32::from_be(wc.imm_data), wc.wr_id),
+            (WcOpcode::Recv, 64, 0x1234_5678, 0x4ec7)
+        );
         assert!(wc.wc_flags.contains(WcFlags::WITH_IMM) && wc.wc_flags.contains(WcFlags::GRH));
         assert_eq!((wc.src_qp, wc.sl, wc.slid), (0x77, 5, 9));
         assert_eq!(wq.recvs, 1);

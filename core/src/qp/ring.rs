@@ -137,9 +137,13 @@ impl Qp {
     pub fn qpn(&self) -> u32 {
         self.qpn
     }
-    /// RC or UD.
+    /// RC, UC or UD.
     pub fn qp_type(&self) -> QpType {
         self.ty
+    }
+    /// Every send WQE is signaled (`sq_sig_all` at creation).
+    pub fn sq_sig_all(&self) -> bool {
+        self.sig_all
     }
     /// The state the driver last moved the QP to.
     pub fn state(&self) -> QpState {
@@ -370,8 +374,10 @@ impl Qp {
                 off += DGRAM;
             }
             (QpType::Ud, None) => return Err(K::BadRequest { what: "UD send without an address handle" }),
-            (QpType::Rc, Some(_)) => return Err(K::BadRequest { what: "RC send with a UD destination" }),
-            (QpType::Rc, None) => {}
+            (QpType::Rc | QpType::Uc, Some(_)) => {
+                return Err(K::BadRequest { what: "connected-QP send with a UD destination" })
+            }
+            (QpType::Rc | QpType::Uc, None) => {}
         }
         let raddr = |addr: u64, rkey: u32| {
             let mut s = [0u8; RADDR];
@@ -383,13 +389,18 @@ impl Qp {
         match wr.op {
             SendOp::Send => {}
             SendOp::SendImm { imm: v } => imm = v,
-            SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaRead { remote_addr, rkey } => {
+            SendOp::RdmaWrite { remote_addr, rkey } => {
+                self.need_connected()?;
+                self.sq_put(start + off, &raddr(remote_addr, rkey));
+                off += RADDR;
+            }
+            SendOp::RdmaRead { remote_addr, rkey } => {
                 self.need_rc()?;
                 self.sq_put(start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
             }
             SendOp::RdmaWriteImm { remote_addr, rkey, imm: v } => {
-                self.need_rc()?;
+                self.need_connected()?;
                 imm = v;
                 self.sq_put(start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
@@ -466,8 +477,19 @@ impl Qp {
         Ok((start, ds))
     }
 
+    /// RDMA READ and atomics: RC only. rdma-core's `_mlx5_post_send` builds no remote-address segment for them on
+    /// a UC QP and leaves the device to fail the WQE; the driver refuses them here instead.
     fn need_rc(&self) -> Result<(), PostErrorKind> {
-        if self.ty != QpType::Rc {
+        match self.ty {
+            QpType::Rc => Ok(()),
+            QpType::Uc => Err(PostErrorKind::BadRequest { what: "RDMA READ or atomic on a UC QP" }),
+            QpType::Ud => Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" }),
+        }
+    }
+
+    /// RDMA WRITE (with or without immediate): RC and UC.
+    fn need_connected(&self) -> Result<(), PostErrorKind> {
+        if self.ty == QpType::Ud {
             return Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" });
         }
         Ok(())
