@@ -100,6 +100,8 @@ pub struct GeneralCaps {
     pub ud: bool,
     /// `rc`: RC transport.
     pub rc: bool,
+    /// `uc`: UC transport.
+    pub uc: bool,
     /// `xrc`: XRC transport.
     pub xrc: bool,
     /// `stat_rate_support`: bit `n` set when the `stat_rate` encoding `n` is supported.
@@ -174,6 +176,7 @@ impl GeneralCaps {
             nic_flow_table: flag(g::NIC_FLOW_TABLE),
             ud: flag(g::UD),
             rc: flag(g::RC),
+            uc: flag(g::UC),
             xrc: flag(g::XRC),
             stat_rate_support: b.get(g::STAT_RATE_SUPPORT) as u16,
             vhca_id: b.get(g::VHCA_ID) as u16,

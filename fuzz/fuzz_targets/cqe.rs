@@ -192,6 +192,7 @@ fn good_cqe(u: &mut Unstructured<'_>, tag: u16, owner: u8) -> Cqe {
         vlan_info: int(u, 0u16..=u16::MAX),
         syndrome: int(u, 0u8..=u8::MAX),
         vendor_err: int(u, 0u8..=u8::MAX),
+        timestamp: int(u, 0u64..=u64::MAX),
     };
     f.emit()
 }

@@ -121,6 +121,9 @@ pub enum SimEvent {
     Retry { qpn: u32, wqe_counter: u16, kind: RetryKind },
     /// A UD message from QP `qpn` to QP `dqpn` was dropped (noticed by the device recording this event).
     UdDropped { qpn: u32, dqpn: u32, why: &'static str },
+    /// A UC message was dropped silently: at the requester (no route; `qpn` the remote QP) or at the responder
+    /// `qpn` (not ready, no receive WQE, remote write refused). The requester completed it successfully.
+    UcDropped { qpn: u32, why: &'static str },
     /// QP `qpn` moved to ERR after a completion with `syndrome` (`MLX5_CQE_SYNDROME_*`).
     QpError { qpn: u32, syndrome: u8 },
     /// QP `qpn` (in ERR) completed `sq` send and `rq` receive WQEs with `WR_FLUSH_ERR`.

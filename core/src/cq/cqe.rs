@@ -149,6 +149,19 @@ impl Cqe {
     pub fn imm_inval_pkey(&self) -> u32 {
         self.be(field::IMMEDIATE)
     }
+    /// The immediate data as `ibv_wc.imm_data` holds it (`__be32`): the field's bytes unchanged, as rdma-core's
+    /// mlx5 provider copies them (`handle_responder`).
+    #[inline]
+    pub fn imm_data_be(&self) -> u32 {
+        let m = field::IMMEDIATE;
+        u32::from_ne_bytes([self.0[m.off], self.0[m.off + 1], self.0[m.off + 2], self.0[m.off + 3]])
+    }
+    /// `timestamp_h:timestamp_l`: the device clock when the CQE was written (raw ticks of `device_frequency_khz`,
+    /// what rdma-core's `mlx5_cq_read_wc_completion_ts` returns).
+    #[inline]
+    pub fn timestamp(&self) -> u64 {
+        u64::from(self.be(field::TIMESTAMP_H)) << 32 | u64::from(self.be(field::TIMESTAMP_L))
+    }
     /// `flags_rqpn`: GRH type, SL and remote QPN.
     #[inline]
     pub fn flags_rqpn(&self) -> u32 {
@@ -238,6 +251,8 @@ pub struct CqeFields {
     pub syndrome: u8,
     /// Vendor error syndrome.
     pub vendor_err: u8,
+    /// The device clock when the CQE is written (not in an error CQE, whose syndromes take those bytes).
+    pub timestamp: u64,
 }
 
 impl CqeFields {
@@ -256,6 +271,11 @@ impl CqeFields {
         b[field::ML_PATH.off] = self.ml_path;
         b[field::HDS_IP_EXT.off] = self.hds_ip_ext;
         b[field::L4_L3_HDR_TYPE.off] = self.l4_l3_hdr_type;
+        if !matches!(CqeOpcode::from_raw(self.opcode), CqeOpcode::ReqErr | CqeOpcode::RespErr) {
+            // An error CQE (`mlx5_err_cqe`) has its syndromes where the timestamp would be.
+            put(&mut b, field::TIMESTAMP_H, (self.timestamp >> 32) as u32);
+            put(&mut b, field::TIMESTAMP_L, self.timestamp as u32);
+        }
         if matches!(CqeOpcode::from_raw(self.opcode), CqeOpcode::ReqErr | CqeOpcode::RespErr) {
             b[field::ERR_SYNDROME.off] = self.syndrome;
             b[field::VENDOR_ERR_SYND.off] = self.vendor_err;
@@ -288,6 +308,7 @@ mod tests {
             vlan_info: 0x2abc,
             syndrome: 0,
             vendor_err: 0,
+            timestamp: 0x0123_4567_89ab_cdef,
         }
     }
 
@@ -310,6 +331,8 @@ mod tests {
         assert_eq!(cqe.hds_ip_ext(), 0x06);
         assert_eq!(cqe.l4_l3_hdr_type(), 0x01);
         assert_eq!(cqe.vlan_info(), 0x2abc);
+        assert_eq!(cqe.timestamp(), 0x0123_4567_89ab_cdef);
+        assert_eq!(cqe.imm_data_be().to_ne_bytes(), [0xde, 0xad, 0xbe, 0xef]);
     }
 
     #[test]

@@ -193,22 +193,27 @@ pub enum WcOpcode {
     Unknown(u8),
 }
 
-/// `ib_wc_flags` (kernel values).
+/// `ibv_wc_flags`: the bits libibverbs defines for `ibv_wc.wc_flags` (rdma-core `libibverbs/verbs.h`; the PRM
+/// headers carry only the kernel's `ib_wc_flags`, whose values differ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct WcFlags(pub u32);
 
 impl WcFlags {
-    /// `IB_WC_GRH`: the receive buffer starts with a GRH.
-    pub const GRH: WcFlags = WcFlags(consts::IB_WC_GRH);
-    /// `IB_WC_WITH_IMM`: `imm_data` is valid.
-    pub const WITH_IMM: WcFlags = WcFlags(consts::IB_WC_WITH_IMM);
-    /// `IB_WC_WITH_INVALIDATE`: `invalidated_rkey` is valid.
-    pub const WITH_INVALIDATE: WcFlags = WcFlags(consts::IB_WC_WITH_INVALIDATE);
-    /// `IB_WC_IP_CSUM_OK`: the device checked the IP and L4 checksums.
-    pub const IP_CSUM_OK: WcFlags = WcFlags(consts::IB_WC_IP_CSUM_OK);
-    /// `IB_WC_WITH_VLAN`: `vlan_id` is valid.
-    pub const WITH_VLAN: WcFlags = WcFlags(consts::IB_WC_WITH_VLAN);
+    /// `IBV_WC_GRH` (1 << 0): the receive buffer starts with a GRH.
+    pub const GRH: WcFlags = WcFlags(1 << 0);
+    /// `IBV_WC_WITH_IMM` (1 << 1): `imm_data` is valid.
+    pub const WITH_IMM: WcFlags = WcFlags(1 << 1);
+    /// `IBV_WC_IP_CSUM_OK` (1 << `IBV_WC_IP_CSUM_OK_SHIFT`, 2): the device checked the IP and L4 checksums.
+    pub const IP_CSUM_OK: WcFlags = WcFlags(1 << 2);
+    /// `IBV_WC_WITH_INV` (1 << 3): `invalidated_rkey` is valid.
+    pub const WITH_INV: WcFlags = WcFlags(1 << 3);
+    /// `IBV_WC_TM_SYNC_REQ` (1 << 4): tag matching asked for a sync (never set: no tag matching here).
+    pub const TM_SYNC_REQ: WcFlags = WcFlags(1 << 4);
+    /// `IBV_WC_TM_MATCH` (1 << 5): a tag-matching completion matched (never set here).
+    pub const TM_MATCH: WcFlags = WcFlags(1 << 5);
+    /// `IBV_WC_TM_DATA_VALID` (1 << 6): tag-matching data is valid (never set here).
+    pub const TM_DATA_VALID: WcFlags = WcFlags(1 << 6);
 
     /// Whether every flag of `o` is set.
     pub const fn contains(self, o: WcFlags) -> bool {
@@ -243,9 +248,11 @@ pub struct WorkCompletion {
     pub vendor_err: u32,
     /// Bytes transferred (receives, RDMA READ, atomics).
     pub byte_len: u32,
-    /// Immediate data in host order (valid with [`WcFlags::WITH_IMM`]).
+    /// Immediate data in network byte order, as `ibv_wc.imm_data` (`__be32`): the value whose in-memory bytes
+    /// are the four bytes on the wire, so `u32::from_be(imm_data)` is the number the sender meant (valid with
+    /// [`WcFlags::WITH_IMM`]). rdma-core's mlx5 provider copies the CQE's big-endian field unchanged.
     pub imm_data: u32,
-    /// The rkey the sender invalidated (valid with [`WcFlags::WITH_INVALIDATE`]).
+    /// The rkey the sender invalidated (valid with [`WcFlags::WITH_INV`]).
     pub invalidated_rkey: u32,
     /// The local QP.
     pub qp_num: u32,
@@ -261,8 +268,11 @@ pub struct WorkCompletion {
     pub sl: u8,
     /// Destination LID path bits.
     pub dlid_path_bits: u8,
-    /// VLAN of a RoCE receive (valid with [`WcFlags::WITH_VLAN`]).
-    pub vlan_id: u16,
+    /// The device clock when the CQE was written (`timestamp` of the CQE, raw ticks at `device_frequency_khz`;
+    /// 0 for an error CQE, whose syndromes take those bytes, and for a software flush).
+    pub timestamp: u64,
+    /// VLAN of a tagged RoCE receive (verbs has no `wc_flags` bit for it: `ibv_wc_read_cvlan` of an extended CQ).
+    pub vlan_id: Option<u16>,
 }
 
 /// The port's link layer decides how the address fields of a receive CQE read.
@@ -386,6 +396,7 @@ pub(super) fn decode_into(
             wc.wr_id =
                 wq.send_done(wc.qp_num, cqe.wqe_counter()).ok_or(CqeError::UnknownQp { cqn, qpn: wc.qp_num, index })?;
             decode_req(cqe, &mut wc);
+            wc.timestamp = cqe.timestamp();
         }
         op @ (CqeOpcode::RespWrImm | CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespSendInv) => {
             wc.qp_num = cqe.qpn();
@@ -394,6 +405,7 @@ pub(super) fn decode_into(
                 None => return Err(recv_fault(wq, cqe, cqn, wc.qp_num, index)),
             };
             decode_resp(cqe, op, link, &mut wc);
+            wc.timestamp = cqe.timestamp();
         }
         op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {
             wc.qp_num = cqe.err_qpn();
@@ -476,7 +488,7 @@ fn decode_resp(cqe: &Cqe, op: CqeOpcode, link: LinkLayer, wc: &mut WorkCompletio
         CqeOpcode::RespWrImm => {
             wc.opcode = WcOpcode::RecvRdmaWithImm;
             wc.wc_flags = WcFlags::WITH_IMM;
-            wc.imm_data = cqe.imm_inval_pkey();
+            wc.imm_data = cqe.imm_data_be();
         }
         CqeOpcode::RespSend => {
             wc.opcode = WcOpcode::Recv;
@@ -487,11 +499,11 @@ fn decode_resp(cqe: &Cqe, op: CqeOpcode, link: LinkLayer, wc: &mut WorkCompletio
         CqeOpcode::RespSendImm => {
             wc.opcode = WcOpcode::Recv;
             wc.wc_flags = WcFlags::WITH_IMM;
-            wc.imm_data = cqe.imm_inval_pkey();
+            wc.imm_data = cqe.imm_data_be();
         }
         _ => {
             wc.opcode = WcOpcode::Recv;
-            wc.wc_flags = WcFlags::WITH_INVALIDATE;
+            wc.wc_flags = WcFlags::WITH_INV;
             wc.invalidated_rkey = cqe.imm_inval_pkey();
         }
     }
@@ -511,9 +523,8 @@ fn decode_resp(cqe: &Cqe, op: CqeOpcode, link: LinkLayer, wc: &mut WorkCompletio
         LinkLayer::Ethernet => {
             if cqe.l4_l3_hdr_type() & 1 != 0 {
                 let v = cqe.vlan_info();
-                wc.vlan_id = v & 0xfff;
+                wc.vlan_id = Some(v & 0xfff);
                 wc.sl = (v >> 13) as u8 & 7;
-                wc.wc_flags |= WcFlags::WITH_VLAN;
             }
         }
     }
@@ -597,7 +608,12 @@ mod tests {
             ..CqeFields::default()
         };
         let wc = decode(f, LinkLayer::InfiniBand, &mut wq).unwrap().unwrap();
-        assert_eq!((wc.opcode, wc.byte_len, wc.imm_data, wc.wr_id), (WcOpcode::Recv, 64, 0x1234_5678, 0x4ec7));
+        // ibv_wc.imm_data is __be32: its bytes in memory are the wire's.
+        assert_eq!(wc.imm_data.to_ne_bytes(), [0x12, 0x34, 0x56, 0x78]);
+        assert_eq!(
+            (wc.opcode, wc.byte_len, u32::from_be(wc.imm_data), wc.wr_id),
+            (WcOpcode::Recv, 64, 0x1234_5678, 0x4ec7)
+        );
         assert!(wc.wc_flags.contains(WcFlags::WITH_IMM) && wc.wc_flags.contains(WcFlags::GRH));
         assert_eq!((wc.src_qp, wc.sl, wc.slid), (0x77, 5, 9));
         assert_eq!(wq.recvs, 1);
@@ -613,11 +629,17 @@ mod tests {
             ..CqeFields::default()
         };
         let untagged = decode(base, LinkLayer::Ethernet, &mut wq).unwrap().unwrap();
-        assert!(!untagged.wc_flags.contains(WcFlags::WITH_VLAN));
-        assert_eq!(untagged.vlan_id, 0);
+        assert_eq!(untagged.vlan_id, None);
         let tagged = decode(CqeFields { l4_l3_hdr_type: 1, ..base }, LinkLayer::Ethernet, &mut wq).unwrap().unwrap();
-        assert!(tagged.wc_flags.contains(WcFlags::WITH_VLAN));
-        assert_eq!((tagged.vlan_id, tagged.sl), (0x123, 3));
+        assert_eq!((tagged.vlan_id, tagged.sl), (Some(0x123), 3));
+    }
+
+    #[test]
+    fn wc_flags_have_the_ibv_wc_values_of_verbs_h() {
+        // libibverbs verbs.h `enum ibv_wc_flags`.
+        let bits = [WcFlags::GRH, WcFlags::WITH_IMM, WcFlags::IP_CSUM_OK, WcFlags::WITH_INV, WcFlags::TM_SYNC_REQ];
+        assert_eq!(bits.map(|f| f.0), [1, 2, 4, 8, 16]);
+        assert_eq!((WcFlags::TM_MATCH.0, WcFlags::TM_DATA_VALID.0), (32, 64));
     }
 
     #[test]

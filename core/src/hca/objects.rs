@@ -646,6 +646,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let g = &self.caps.general;
         let supported = match attr.qp_type {
             QpType::Rc => g.rc,
+            QpType::Uc => g.uc,
             QpType::Ud => g.ud,
         };
         if !supported {
@@ -822,6 +823,13 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     /// `QUERY_QP`.
     pub fn query_qp(&mut self, qp: &Qp, delay: &mut impl DelayNs) -> Result<QpQuery, Error> {
         self.exec(&mut QueryQp { qpn: qp.qpn() }, delay)
+    }
+
+    /// `ibv_query_qp`: every attribute verbs returns, from QUERY_QP as `mlx5_ib_query_qp` decodes it and the
+    /// driver's queue sizes.
+    pub fn query_qp_attr(&mut self, qp: &Qp, delay: &mut impl DelayNs) -> Result<crate::qp::QpQueryAttr, Error> {
+        let q = self.query_qp(qp, delay)?;
+        Ok(crate::qp::QpQueryAttr::decode(&q, qp.qp_type(), qp.cap(), qp.sq_sig_all(), self.link_layer()))
     }
 
     /// `DESTROY_QP`, then its buffer, record and bookkeeping are freed.

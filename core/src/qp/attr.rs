@@ -10,6 +10,9 @@ use crate::prm::consts;
 pub enum QpType {
     /// Reliable connected.
     Rc,
+    /// Unreliable connected (`IBV_QPT_UC`): SEND and RDMA WRITE (with or without immediate) only, no
+    /// acknowledgements, a lost or damaged message is dropped at the responder.
+    Uc,
     /// Unreliable datagram.
     Ud,
 }
@@ -18,6 +21,7 @@ impl QpType {
     pub(super) const fn st(self) -> u32 {
         match self {
             QpType::Rc => consts::MLX5_QP_ST_RC,
+            QpType::Uc => consts::MLX5_QP_ST_UC,
             QpType::Ud => consts::MLX5_QP_ST_UD,
         }
     }
@@ -289,12 +293,25 @@ impl core::fmt::Display for ModifyError {
     }
 }
 
-/// Required and optional attributes of each transition (verbs' `qp_state_table`, for RC and UD).
+/// Required and optional attributes of each transition (verbs' `qp_state_table`, for RC, UC and UD; the
+/// alternate path, `CUR_STATE` and `PATH_MIG_STATE` are not offered, so they are left out).
 fn transition_masks(ty: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
     use QpAttrMask as M;
     use QpState::*;
     let rc = ty == QpType::Rc;
     let none = M::empty();
+    if ty == QpType::Uc {
+        // `qp_state_table[...].req_param[IB_QPT_UC]` / `.opt_param[IB_QPT_UC]`.
+        return Some(match (from, to) {
+            (_, Reset) | (_, Err) if !matches!(from, Unknown(_)) => (none, none),
+            (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
+            (Init, Init) => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+            (Init, Rtr) => (M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN, M::ACCESS_FLAGS | M::PKEY_INDEX),
+            (Rtr, Rts) => (M::SQ_PSN, M::ACCESS_FLAGS),
+            (Rts, Rts) => (none, M::ACCESS_FLAGS),
+            _ => return None,
+        });
+    }
     Some(match (from, to) {
         (_, Reset) | (_, Err) if !matches!(from, Unknown(_)) => (none, none),
         (Reset, Init) if rc => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
@@ -433,6 +450,24 @@ mod tests {
             check_modify(QpType::Rc, QpState::Reset, &bad_port, init),
             Err(ModifyError::BadValue { what: "port_num", value: 2 })
         );
+    }
+
+    #[test]
+    fn uc_transitions_follow_the_uc_column_of_qp_state_table() {
+        // ib_modify_qp_is_ok: UC needs no responder resources, RNR timer, timeouts or retries.
+        let rtr = required_attrs(QpType::Uc, QpState::Init, QpState::Rtr).unwrap();
+        assert_eq!(rtr, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN);
+        let rts = required_attrs(QpType::Uc, QpState::Rtr, QpState::Rts).unwrap();
+        assert_eq!(rts, M::STATE | M::SQ_PSN);
+        let init = required_attrs(QpType::Uc, QpState::Reset, QpState::Init).unwrap();
+        assert_eq!(init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS);
+        // An RC-only attribute is refused on UC.
+        assert_eq!(
+            check_modify(QpType::Uc, QpState::Rtr, &to(QpState::Rts), rts | M::RETRY_CNT),
+            Err(ModifyError::ExtraAttr { extra: M::RETRY_CNT.0 })
+        );
+        assert_eq!(check_modify(QpType::Uc, QpState::Rtr, &to(QpState::Rts), rts | M::ACCESS_FLAGS), Ok(()));
+        assert_eq!(QpType::Uc.st(), consts::MLX5_QP_ST_UC);
     }
 
     #[test]

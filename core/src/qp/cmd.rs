@@ -292,8 +292,8 @@ fn mask_to_optpar(mask: QpAttrMask) -> u32 {
     table.iter().filter(|(m, _)| mask.contains(*m)).fold(0, |acc, (_, bits)| acc | bits)
 }
 
-/// The optional parameters a transition takes for RC and UD (mlx5_ib's `opt_mask` table); RST2INIT, 2ERR and 2RST
-/// take none.
+/// The optional parameters a transition takes for RC, UC and UD (mlx5_ib's `opt_mask` table); RST2INIT, 2ERR and
+/// 2RST take none.
 fn allowed_optpar(t: Transition, ty: QpType) -> u32 {
     use consts as k;
     let access = k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RAE | k::MLX5_QP_OPTPAR_RWE;
@@ -314,6 +314,22 @@ fn allowed_optpar(t: Transition, ty: QpType) -> u32 {
         (Transition::Rtr2Rts, QpType::Ud) => k::MLX5_QP_OPTPAR_Q_KEY,
         (Transition::Rts2Rts, QpType::Ud) => {
             k::MLX5_QP_OPTPAR_Q_KEY | k::MLX5_QP_OPTPAR_SRQN | k::MLX5_QP_OPTPAR_CQN_RCV
+        }
+        // UC: remote write is its only remote access (`opt_mask[...][MLX5_QP_ST_UC]`).
+        (Transition::Init2Init, QpType::Uc) => {
+            k::MLX5_QP_OPTPAR_RWE
+                | k::MLX5_QP_OPTPAR_PKEY_INDEX
+                | k::MLX5_QP_OPTPAR_PRI_PORT
+                | k::MLX5_QP_OPTPAR_LAG_TX_AFF
+        }
+        (Transition::Init2Rtr, QpType::Uc) => {
+            k::MLX5_QP_OPTPAR_ALT_ADDR_PATH
+                | k::MLX5_QP_OPTPAR_RWE
+                | k::MLX5_QP_OPTPAR_PKEY_INDEX
+                | k::MLX5_QP_OPTPAR_LAG_TX_AFF
+        }
+        (Transition::Rtr2Rts, QpType::Uc) | (Transition::Rts2Rts, QpType::Uc) => {
+            k::MLX5_QP_OPTPAR_ALT_ADDR_PATH | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_PM_STATE
         }
         (Transition::Rst2Init | Transition::ToErr | Transition::ToRst, _) => 0,
     }
@@ -522,7 +538,7 @@ impl Command for ModifyQp {
         }
         if m.contains(QpAttrMask::AV) {
             // Linux derives the port for connected QPs only, and only with the remote QPN in the same modify.
-            let connected = self.qp_type == QpType::Rc && m.contains(QpAttrMask::DEST_QPN);
+            let connected = matches!(self.qp_type, QpType::Rc | QpType::Uc) && m.contains(QpAttrMask::DEST_QPN);
             let udp_sport = (self.roce_v2 && connected).then(|| {
                 let fl = a.ah_attr.grh.map_or(0, |g| g.flow_label);
                 let fl = if fl == 0 { calc_flow_label(self.qpn, a.dest_qp_num) } else { fl };
@@ -572,11 +588,79 @@ impl Command for ModifyQp {
     }
 }
 
+/// The primary address path as `QUERY_QP` reports it (`ads`, the fields `to_rdma_ah_attr` reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PathQuery {
+    /// `grh`: the path carries a GRH (InfiniBand; RoCE paths always do).
+    pub grh: bool,
+    /// `rlid`.
+    pub rlid: u16,
+    /// `mlid`: the source path bits.
+    pub mlid: u8,
+    /// `sl`.
+    pub sl: u8,
+    /// `stat_rate` in the device's encoding.
+    pub stat_rate: u8,
+    /// `src_addr_index`: the source GID index.
+    pub src_addr_index: u8,
+    /// `hop_limit`.
+    pub hop_limit: u8,
+    /// `tclass`.
+    pub tclass: u8,
+    /// `flow_label`.
+    pub flow_label: u32,
+    /// `rgid_rip`: the destination GID.
+    pub rgid: [u8; 16],
+    /// `rmac_47_32:rmac_31_0`: the next hop's MAC (RoCE).
+    pub rmac: [u8; 6],
+    /// `pkey_index`.
+    pub pkey_index: u16,
+    /// `vhca_port_num`.
+    pub port: u8,
+    /// `ack_timeout`.
+    pub ack_timeout: u8,
+}
+
+/// The `ib_rate` of an `ads.stat_rate` (mlx5_ib `mlx5_to_ib_rate_map`, the inverse of `ib_to_mlx5_rate_map`).
+pub fn mlx5_to_ib_rate_map(rate: u8) -> u8 {
+    const RATES: [u32; 7] = [
+        consts::IB_RATE_PORT_CURRENT,
+        consts::IB_RATE_56_GBPS,
+        consts::IB_RATE_25_GBPS,
+        consts::IB_RATE_100_GBPS,
+        consts::IB_RATE_200_GBPS,
+        consts::IB_RATE_50_GBPS,
+        consts::IB_RATE_400_GBPS,
+    ];
+    match RATES.get(usize::from(rate)) {
+        Some(&r) => r as u8,
+        None => rate.wrapping_sub(consts::MLX5_STAT_RATE_OFFSET as u8),
+    }
+}
+
 /// What `QUERY_QP` reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpQuery {
     /// The current state.
     pub state: QpState,
+    /// `state` was `MLX5_QP_STATE_SQ_DRAINING` (reported as [`QpState::Sqd`] with `sq_draining`).
+    pub sq_draining: bool,
+    /// `pm_state` (`MLX5_QP_PM_*`).
+    pub pm_state: u8,
+    /// `rre`, `rwe`, `rae`.
+    pub remote_access: Access,
+    /// `log_sra_max`.
+    pub log_sra_max: u8,
+    /// `log_rra_max`.
+    pub log_rra_max: u8,
+    /// `min_rnr_nak`.
+    pub min_rnr_nak: u8,
+    /// `retry_count`.
+    pub retry_count: u8,
+    /// `rnr_retry`.
+    pub rnr_retry: u8,
+    /// The primary address path.
+    pub path: PathQuery,
     /// Remote QP number.
     pub remote_qpn: u32,
     /// Next send PSN.
@@ -591,6 +675,148 @@ pub struct QpQuery {
     pub hw_sq_wqebb_counter: u16,
     /// Receive WQEs the device has consumed.
     pub hw_rq_counter: u32,
+}
+
+/// Path migration state (`ibv_mig_state`, from `qpc.pm_state` as `to_ib_mig_state` maps it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum MigState {
+    /// `IBV_MIG_MIGRATED`.
+    Migrated,
+    /// `IBV_MIG_REARM`.
+    Rearm,
+    /// `IBV_MIG_ARMED`.
+    Armed,
+    /// A `pm_state` the headers do not name.
+    Unknown(u8),
+}
+
+impl MigState {
+    /// `to_ib_mig_state`.
+    pub const fn from_pm_state(pm: u8) -> Self {
+        match pm as u32 {
+            consts::MLX5_QP_PM_MIGRATED => MigState::Migrated,
+            consts::MLX5_QP_PM_REARM => MigState::Rearm,
+            consts::MLX5_QP_PM_ARMED => MigState::Armed,
+            _ => MigState::Unknown(pm),
+        }
+    }
+}
+
+/// Every attribute `ibv_query_qp` returns (`ibv_qp_attr` without the alternate path, which the driver never sets,
+/// and the QP's init attributes that matter), decoded from QUERY_QP as `query_qp_attr` / `mlx5_ib_query_qp` do;
+/// the capabilities are the driver's own sizes (rdma-core's `mlx5_query_qp` reports them from the queues).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpQueryAttr {
+    /// `qp_state`.
+    pub qp_state: QpState,
+    /// `cur_qp_state` (the same, as mlx5_ib reports it).
+    pub cur_qp_state: QpState,
+    /// `path_mtu` as `ib_mtu` (0 before INIT2RTR; 5 on UD, which always runs at 4096).
+    pub path_mtu: u8,
+    /// `path_mig_state`.
+    pub path_mig_state: MigState,
+    /// `qkey`.
+    pub qkey: u32,
+    /// `rq_psn`: the next PSN the responder expects.
+    pub rq_psn: u32,
+    /// `sq_psn`: the next PSN the requester sends.
+    pub sq_psn: u32,
+    /// `dest_qp_num`.
+    pub dest_qp_num: u32,
+    /// `qp_access_flags` from `rre` / `rwe` / `rae`.
+    pub qp_access_flags: Access,
+    /// `cap`: what the driver's queues hold.
+    pub cap: super::attr::QpCap,
+    /// `ah_attr`: the primary path of a connected QP (`to_rdma_ah_attr`; all zero for UD, or a path with no port).
+    pub ah_attr: AhAttr,
+    /// `pkey_index`.
+    pub pkey_index: u16,
+    /// `en_sqd_async_notify` (mlx5_ib leaves it 0).
+    pub en_sqd_async_notify: bool,
+    /// `sq_draining`: the device reported `SQ_DRAINING`.
+    pub sq_draining: bool,
+    /// `max_rd_atomic`: `1 << log_sra_max`.
+    pub max_rd_atomic: u8,
+    /// `max_dest_rd_atomic`: `1 << log_rra_max`.
+    pub max_dest_rd_atomic: u8,
+    /// `min_rnr_timer`.
+    pub min_rnr_timer: u8,
+    /// `port_num`.
+    pub port_num: u8,
+    /// `timeout`: the path's ACK timeout.
+    pub timeout: u8,
+    /// `retry_cnt`.
+    pub retry_cnt: u8,
+    /// `rnr_retry`.
+    pub rnr_retry: u8,
+    /// `qp_init_attr.qp_type`.
+    pub qp_type: QpType,
+    /// `qp_init_attr.sq_sig_all`.
+    pub sq_sig_all: bool,
+}
+
+impl QpQueryAttr {
+    /// The verbs attributes of a QP of `qp_type` from its QUERY_QP output (`query_qp_attr`, `to_rdma_ah_attr`)
+    /// on a port of `link` type; `cap` and `sq_sig_all` are the driver's.
+    pub fn decode(
+        q: &QpQuery,
+        qp_type: QpType,
+        cap: super::attr::QpCap,
+        sq_sig_all: bool,
+        link: crate::cq::LinkLayer,
+    ) -> Self {
+        let p = &q.path;
+        let connected = matches!(qp_type, QpType::Rc | QpType::Uc);
+        // The device has one port: a path naming another (or none) gives an empty address, as Linux's check
+        // against `num_ports` does.
+        let ah_attr = if connected && p.port == 1 {
+            let roce = link == crate::cq::LinkLayer::Ethernet;
+            AhAttr {
+                dlid: p.rlid,
+                sl: p.sl,
+                src_path_bits: p.mlid,
+                static_rate: mlx5_to_ib_rate_map(p.stat_rate),
+                grh: (p.grh || roce).then_some(super::attr::Grh {
+                    dgid: p.rgid,
+                    flow_label: p.flow_label,
+                    sgid_index: p.src_addr_index,
+                    hop_limit: p.hop_limit,
+                    traffic_class: p.tclass,
+                }),
+                // Not part of Linux's decode (it has no field for it); the device holds it, so it is kept.
+                dmac: if roce { p.rmac } else { [0; 6] },
+                port_num: p.port,
+            }
+        } else {
+            AhAttr::default()
+        };
+        Self {
+            qp_state: q.state,
+            cur_qp_state: q.state,
+            path_mtu: q.mtu,
+            path_mig_state: MigState::from_pm_state(q.pm_state),
+            qkey: q.qkey,
+            rq_psn: q.next_rcv_psn,
+            sq_psn: q.next_send_psn,
+            dest_qp_num: q.remote_qpn,
+            qp_access_flags: q.remote_access,
+            cap,
+            ah_attr,
+            pkey_index: p.pkey_index,
+            en_sqd_async_notify: false,
+            sq_draining: q.sq_draining,
+            max_rd_atomic: 1u8.checked_shl(q.log_sra_max.into()).unwrap_or(0),
+            max_dest_rd_atomic: 1u8.checked_shl(q.log_rra_max.into()).unwrap_or(0),
+            min_rnr_timer: q.min_rnr_nak,
+            port_num: p.port,
+            timeout: p.ack_timeout,
+            retry_cnt: q.retry_count,
+            rnr_retry: q.rnr_retry,
+            qp_type,
+            sq_sig_all,
+        }
+    }
 }
 
 /// `QUERY_QP` (the context only).
@@ -617,8 +843,50 @@ impl Command for QueryQp {
     fn decode<B: MsgBuf + ?Sized>(&mut self, out: &B) -> Result<QpQuery, CmdError> {
         use ifc::qpc as q;
         let at = |f: Field| out.get(f.at(ifc::query_qp_out::QPC));
+        let path = q::PRIMARY_ADDRESS_PATH.at(ifc::query_qp_out::QPC);
+        let ads = |f: Field| out.get(f.at(path));
+        let raw_state = at(q::STATE) as u8;
+        // `to_ib_qp_state`: a draining SQ is SQD.
+        let sq_draining = raw_state == consts::MLX5_QP_STATE_SQ_DRAINING;
+        let state = if sq_draining { QpState::Sqd } else { QpState::from_raw(raw_state) };
+        let mut rgid = [0u8; 16];
+        for (i, b) in rgid.iter_mut().enumerate() {
+            *b = ads(ifc::ads::RGID_RIP.elem(i as u32)) as u8;
+        }
+        let (mac_hi, mac_lo) =
+            ((ads(ifc::ads::RMAC_47_32) as u16).to_be_bytes(), ads(ifc::ads::RMAC_31_0).to_be_bytes());
+        let mut remote_access = Access::default();
+        for (f, a) in [(q::RRE, Access::REMOTE_READ), (q::RWE, Access::REMOTE_WRITE), (q::RAE, Access::REMOTE_ATOMIC)] {
+            if at(f) != 0 {
+                remote_access = Access(remote_access.0 | a.0);
+            }
+        }
         Ok(QpQuery {
-            state: QpState::from_raw(at(q::STATE) as u8),
+            state,
+            sq_draining,
+            pm_state: at(q::PM_STATE) as u8,
+            remote_access,
+            log_sra_max: at(q::LOG_SRA_MAX) as u8,
+            log_rra_max: at(q::LOG_RRA_MAX) as u8,
+            min_rnr_nak: at(q::MIN_RNR_NAK) as u8,
+            retry_count: at(q::RETRY_COUNT) as u8,
+            rnr_retry: at(q::RNR_RETRY) as u8,
+            path: PathQuery {
+                grh: ads(ifc::ads::GRH) != 0,
+                rlid: ads(ifc::ads::RLID) as u16,
+                mlid: ads(ifc::ads::MLID) as u8,
+                sl: ads(ifc::ads::SL) as u8,
+                stat_rate: ads(ifc::ads::STAT_RATE) as u8,
+                src_addr_index: ads(ifc::ads::SRC_ADDR_INDEX) as u8,
+                hop_limit: ads(ifc::ads::HOP_LIMIT) as u8,
+                tclass: ads(ifc::ads::TCLASS) as u8,
+                flow_label: ads(ifc::ads::FLOW_LABEL),
+                rgid,
+                rmac: [mac_hi[0], mac_hi[1], mac_lo[0], mac_lo[1], mac_lo[2], mac_lo[3]],
+                pkey_index: ads(ifc::ads::PKEY_INDEX) as u16,
+                port: ads(ifc::ads::VHCA_PORT_NUM) as u8,
+                ack_timeout: ads(ifc::ads::ACK_TIMEOUT) as u8,
+            },
             remote_qpn: at(q::REMOTE_QPN),
             next_send_psn: at(q::NEXT_SEND_PSN),
             next_rcv_psn: at(q::NEXT_RCV_PSN),
@@ -659,6 +927,21 @@ mod tests {
         assert_eq!(opt(Transition::Init2Rtr, QpType::Rc, rtr), access);
         let rts = M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC | M::MIN_RNR_TIMER;
         assert_eq!(opt(Transition::Rtr2Rts, QpType::Rc, rts), k::MLX5_QP_OPTPAR_RNR_TIMEOUT);
+        // UC takes only the remote-write bit of the access flags.
+        assert_eq!(opt(Transition::Rtr2Rts, QpType::Uc, M::SQ_PSN | M::ACCESS_FLAGS), k::MLX5_QP_OPTPAR_RWE);
+        let uc_init = k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_PRI_PORT;
+        assert_eq!(opt(Transition::Init2Init, QpType::Uc, M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS), uc_init);
+    }
+
+    #[test]
+    fn stat_rates_map_back_as_mlx5_to_ib_rate_map() {
+        let all = 0xffff;
+        for r in
+            [consts::IB_RATE_PORT_CURRENT, consts::IB_RATE_10_GBPS, consts::IB_RATE_25_GBPS, consts::IB_RATE_400_GBPS]
+        {
+            let r = r as u8;
+            assert_eq!(mlx5_to_ib_rate_map(ib_rate_to_mlx5(r, all).unwrap()), r);
+        }
     }
 
     #[test]

@@ -137,9 +137,13 @@ impl Qp {
     pub fn qpn(&self) -> u32 {
         self.qpn
     }
-    /// RC or UD.
+    /// RC, UC or UD.
     pub fn qp_type(&self) -> QpType {
         self.ty
+    }
+    /// Every send WQE is signaled (`sq_sig_all` at creation).
+    pub fn sq_sig_all(&self) -> bool {
+        self.sig_all
     }
     /// The state the driver last moved the QP to.
     pub fn state(&self) -> QpState {
@@ -370,8 +374,10 @@ impl Qp {
                 off += DGRAM;
             }
             (QpType::Ud, None) => return Err(K::BadRequest { what: "UD send without an address handle" }),
-            (QpType::Rc, Some(_)) => return Err(K::BadRequest { what: "RC send with a UD destination" }),
-            (QpType::Rc, None) => {}
+            (QpType::Rc | QpType::Uc, Some(_)) => {
+                return Err(K::BadRequest { what: "connected-QP send with a UD destination" })
+            }
+            (QpType::Rc | QpType::Uc, None) => {}
         }
         let raddr = |addr: u64, rkey: u32| {
             let mut s = [0u8; RADDR];
@@ -383,13 +389,18 @@ impl Qp {
         match wr.op {
             SendOp::Send => {}
             SendOp::SendImm { imm: v } => imm = v,
-            SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaRead { remote_addr, rkey } => {
+            SendOp::RdmaWrite { remote_addr, rkey } => {
+                self.need_connected()?;
+                self.sq_put(start + off, &raddr(remote_addr, rkey));
+                off += RADDR;
+            }
+            SendOp::RdmaRead { remote_addr, rkey } => {
                 self.need_rc()?;
                 self.sq_put(start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
             }
             SendOp::RdmaWriteImm { remote_addr, rkey, imm: v } => {
-                self.need_rc()?;
+                self.need_connected()?;
                 imm = v;
                 self.sq_put(start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
@@ -466,8 +477,19 @@ impl Qp {
         Ok((start, ds))
     }
 
+    /// RDMA READ and atomics: RC only. rdma-core's `_mlx5_post_send` builds no remote-address segment for them on
+    /// a UC QP and leaves the device to fail the WQE; the driver refuses them here instead.
     fn need_rc(&self) -> Result<(), PostErrorKind> {
-        if self.ty != QpType::Rc {
+        match self.ty {
+            QpType::Rc => Ok(()),
+            QpType::Uc => Err(PostErrorKind::BadRequest { what: "RDMA READ or atomic on a UC QP" }),
+            QpType::Ud => Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" }),
+        }
+    }
+
+    /// RDMA WRITE (with or without immediate): RC and UC.
+    fn need_connected(&self) -> Result<(), PostErrorKind> {
+        if self.ty == QpType::Ud {
             return Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" });
         }
         Ok(())
@@ -561,7 +583,8 @@ impl Qp {
     }
 }
 
-/// The 16-byte control segment (`mlx5_wqe_ctrl_seg`).
+/// The 16-byte control segment (`mlx5_wqe_ctrl_seg`). `imm` is in network byte order (`__be32`, as
+/// `ibv_send_wr.imm_data`): its bytes go into the segment unchanged, as rdma-core's `mlx5_post_send` copies them.
 #[inline]
 pub fn ctrl_seg(wqe_index: u16, opcode: u8, qpn: u32, ds: u8, fm_ce_se: u8, imm: u32) -> [u8; CTRL] {
     use c::mlx5_wqe_ctrl_seg as s;
@@ -569,7 +592,7 @@ pub fn ctrl_seg(wqe_index: u16, opcode: u8, qpn: u32, ds: u8, fm_ce_se: u8, imm:
     s::OPMOD_IDX_OPCODE.put_be(&mut b, 0, u32::from(wqe_index) << 8 | u32::from(opcode));
     s::QPN_DS.put_be(&mut b, 0, (qpn & 0xff_ffff) << 8 | u32::from(ds & 0x3f));
     b[s::FM_CE_SE.off] = fm_ce_se;
-    s::IMM.put_be(&mut b, 0, imm);
+    b[s::IMM.off..s::IMM.off + 4].copy_from_slice(&imm.to_ne_bytes());
     b
 }
 
@@ -647,7 +670,7 @@ mod tests {
     #[test]
     fn ctrl_seg_packs_index_opcode_qpn_and_ds_big_endian() {
         use c::mlx5_wqe_ctrl_seg as s;
-        let b = ctrl_seg(0x1234, 0x0a, 0x00ab_cdef, 3, consts::MLX5_WQE_CTRL_CQ_UPDATE, 0xdead_beef);
+        let b = ctrl_seg(0x1234, 0x0a, 0x00ab_cdef, 3, consts::MLX5_WQE_CTRL_CQ_UPDATE, 0xdead_beef_u32.to_be());
         assert_eq!(s::OPMOD_IDX_OPCODE.get_be(&b, 0), 0x0012_340a);
         assert_eq!(&b[s::OPMOD_IDX_OPCODE.off..s::OPMOD_IDX_OPCODE.off + 4], &[0x00, 0x12, 0x34, 0x0a]);
         assert_eq!(s::QPN_DS.get_be(&b, 0), 0xabcd_ef03);

@@ -20,6 +20,8 @@ pub(super) const MAX_WQEBBS: usize = 16;
 const fn sq_overhead(ty: QpType) -> usize {
     match ty {
         QpType::Rc => CTRL + RADDR + ATOMIC,
+        // rdma-core `sq_overhead` for IBV_QPT_UC: a control and a remote address segment, no atomic segment.
+        QpType::Uc => CTRL + RADDR,
         QpType::Ud => CTRL + DGRAM,
     }
 }
@@ -187,6 +189,14 @@ mod tests {
         assert_eq!(s.sq_wqe_size as usize, (CTRL + DGRAM + 2 * DATA).next_multiple_of(BB));
         assert_eq!(s.cap.max_send_sge as usize, (s.sq_wqe_size as usize - CTRL - DGRAM) / DATA);
         assert_eq!(s.cap.max_send_wr, s.sq_wqe_cnt / (s.sq_wqe_size as usize / BB) as u32);
+    }
+
+    #[test]
+    fn uc_wqes_have_room_for_a_remote_address_but_no_atomic_segment() {
+        let s = qp_sizes(QpType::Uc, &cap(8, 1, 2, 1, 0), 512, 512, 16).unwrap();
+        assert_eq!(s.sq_wqe_size as usize, (CTRL + RADDR + 2 * DATA).next_multiple_of(BB));
+        assert_eq!(s.cap.max_send_sge as usize, (s.sq_wqe_size as usize - CTRL - RADDR) / DATA);
+        assert_eq!(s.cap.max_inline_data as usize, s.sq_wqe_size as usize - CTRL - RADDR - INL_HDR);
     }
 
     #[test]

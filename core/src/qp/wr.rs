@@ -23,7 +23,8 @@ pub enum SendOp {
     Send,
     /// `IBV_WR_SEND_WITH_IMM`.
     SendImm {
-        /// Immediate data.
+        /// Immediate data in network byte order (`ibv_send_wr.imm_data`, `__be32`): `x.to_be()` sends the number
+        /// `x`, and the receiver's `WorkCompletion::imm_data` holds the same value.
         imm: u32,
     },
     /// `IBV_WR_RDMA_WRITE`.
@@ -39,7 +40,7 @@ pub enum SendOp {
         remote_addr: u64,
         /// Remote key.
         rkey: u32,
-        /// Immediate data.
+        /// Immediate data in network byte order, as for [`SendOp::SendImm`].
         imm: u32,
     },
     /// `IBV_WR_RDMA_READ`.

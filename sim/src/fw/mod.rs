@@ -159,7 +159,7 @@ pub mod syndrome {
     pub const MKEY_FEATURE: u32 = 0x51a0_0094;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown QP.
     pub const QP_INVALID: u32 = 0x51a0_00a0;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with a transport service other than RC or UD.
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with a transport service other than RC, UD or (where `uc` is reported) UC.
     pub const QP_TYPE: u32 = 0x51a0_00a1;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with `pm_state` other than `MLX5_QP_PM_MIGRATED`.
     pub const QP_PM_STATE: u32 = 0x51a0_00a2;
@@ -180,7 +180,8 @@ pub mod syndrome {
     pub const QP_PATH: u32 = 0x51a0_00a8;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR (RC or UD) with an MTU other than `IB_MTU_256..=IB_MTU_4096`.
     pub const QP_MTU: u32 = 0x51a0_00a9;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`).
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`), or a UC
+    /// modify with an option or a remote right UC does not take (read, atomic, RNR, ACK and retry parameters, qkey).
     pub const QP_CONTEXT: u32 = 0x51a0_00aa;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR of a RoCE QP whose `src_addr_index` names a GID table entry
     /// SET_ROCE_ADDRESS never programmed (or cleared).

@@ -76,10 +76,11 @@ impl QpState {
     }
 }
 
-/// Transport service of a QP (`qpc.st`); the simulator models RC and UD.
+/// Transport service of a QP (`qpc.st`); the simulator models RC, UC and UD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QpType {
     Rc,
+    Uc,
     Ud,
 }
 
@@ -87,6 +88,7 @@ impl QpType {
     pub fn raw(self) -> u32 {
         match self {
             QpType::Rc => consts::MLX5_QP_ST_RC,
+            QpType::Uc => consts::MLX5_QP_ST_UC,
             QpType::Ud => consts::MLX5_QP_ST_UD,
         }
     }
@@ -627,6 +629,8 @@ impl QpTable {
         let st = match get(q::ST) {
             consts::MLX5_QP_ST_RC => QpType::Rc,
             consts::MLX5_QP_ST_UD => QpType::Ud,
+            // UC only on a device that reports the transport (`cmd_hca_cap.uc`).
+            consts::MLX5_QP_ST_UC if fw.caps.gen(ifc::cmd_hca_cap::UC) != 0 => QpType::Uc,
             _ => return Err(bad_param(syndrome::QP_TYPE)),
         };
         let unsupported = rd(inp, i::QPC_EXT) != 0
@@ -813,21 +817,40 @@ impl QpTable {
             return Err(qp_state_err());
         }
         let rc = qp.st == QpType::Rc;
+        // RC and UC are connected: a path, a remote QPN and PSNs; UC has no responder resources, ACK timer or
+        // retries, and no remote read or atomics.
+        let connected = qp.st != QpType::Ud;
+        let uc = qp.st == QpType::Uc;
         let path = Path::from_ctx(inp, ctx);
         let cap = |f: Field| fw.caps.gen(f);
         // Validate everything before changing anything.
+        // A UC context takes remote write only (the UC column of mlx5_ib's `opt_mask`): firmware refuses the
+        // options UC has no use for, and remote read or atomic rights.
+        let uc_refused = k::MLX5_QP_OPTPAR_RRE
+            | k::MLX5_QP_OPTPAR_RAE
+            | k::MLX5_QP_OPTPAR_RNR_TIMEOUT
+            | k::MLX5_QP_OPTPAR_ACK_TIMEOUT
+            | k::MLX5_QP_OPTPAR_RETRY_COUNT
+            | k::MLX5_QP_OPTPAR_RNR_RETRY
+            | k::MLX5_QP_OPTPAR_SRA_MAX
+            | k::MLX5_QP_OPTPAR_RRA_MAX
+            | k::MLX5_QP_OPTPAR_Q_KEY;
+        let uc_sets_access = t == Transition::Rst2Init || opt & k::MLX5_QP_OPTPAR_RWE != 0;
+        if uc && (opt & uc_refused != 0 || (uc_sets_access && (get(q::RRE) != 0 || get(q::RAE) != 0))) {
+            return Err(bad_param(syndrome::QP_CONTEXT));
+        }
         match t {
             Transition::Rst2Init if path.port() != PORT => return Err(bad_param(syndrome::BAD_PORT)),
             // mlx5_ib sends IB_MTU_4096 with every UD modify; firmware refuses a UD QP without an MTU.
             Transition::Init2Rtr if !rc && !(k::IB_MTU_256..=k::IB_MTU_4096).contains(&rd8(inp, q::MTU.at(ctx))) => {
                 return Err(bad_param(syndrome::QP_MTU));
             }
-            Transition::Init2Rtr if rc => {
+            Transition::Init2Rtr if connected => {
                 if !(k::IB_MTU_256..=k::IB_MTU_4096).contains(&rd8(inp, q::MTU.at(ctx))) {
                     return Err(bad_param(syndrome::QP_MTU));
                 }
                 if get(q::LOG_MSG_MAX) > cap(ifc::cmd_hca_cap::LOG_MAX_MSG)
-                    || get(q::LOG_RRA_MAX) > cap(ifc::cmd_hca_cap::LOG_MAX_RA_RES_QP)
+                    || (rc && get(q::LOG_RRA_MAX) > cap(ifc::cmd_hca_cap::LOG_MAX_RA_RES_QP))
                 {
                     return Err(bad_param(syndrome::QP_CONTEXT));
                 }
@@ -841,7 +864,7 @@ impl QpTable {
         }
         // A context that sets the access bits (RST2INIT, or the RRE/RWE/RAE options) with `rae` must name an atomic
         // mode the device has; `set_qpc_atomic_flags` always does.
-        let sets_access = (t == Transition::Rst2Init && rc)
+        let sets_access = (t == Transition::Rst2Init && connected)
             || opt & (k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE) != 0;
         if sets_access && get(q::RAE) != 0 && !fw.caps.atomic_mode_ok(get(q::ATOMIC_MODE)) {
             return Err(bad_param(syndrome::QP_ATOMIC_MODE));
@@ -869,7 +892,7 @@ impl QpTable {
             Transition::Rst2Init => {
                 qp.path.put(ifc::ads::VHCA_PORT_NUM, PORT);
                 qp.counter_set_id = counter_set_id;
-                if rc {
+                if connected {
                     access(qp);
                 } else {
                     qp.q_key = get(q::Q_KEY);
@@ -877,7 +900,7 @@ impl QpTable {
             }
             Transition::Init2Rtr => {
                 qp.comm_est = false;
-                if rc {
+                if connected {
                     let (pkey, port) = (qp.path.pkey_index(), qp.path.port());
                     qp.path = path;
                     // The port and pkey index stay what RST2INIT (or the optional pkey) set.
@@ -887,8 +910,10 @@ impl QpTable {
                     qp.log_msg_max = get(q::LOG_MSG_MAX);
                     qp.remote_qpn = get(q::REMOTE_QPN);
                     qp.next_rcv_psn = get(q::NEXT_RCV_PSN);
-                    qp.log_rra_max = get(q::LOG_RRA_MAX);
-                    qp.min_rnr_nak = get(q::MIN_RNR_NAK) as u8;
+                    if rc {
+                        qp.log_rra_max = get(q::LOG_RRA_MAX);
+                        qp.min_rnr_nak = get(q::MIN_RNR_NAK) as u8;
+                    }
                     if has(k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE) {
                         access(qp);
                     }
@@ -902,7 +927,11 @@ impl QpTable {
             }
             Transition::Rtr2Rts => {
                 qp.next_send_psn = get(q::NEXT_SEND_PSN);
-                if rc {
+                if uc {
+                    if has(k::MLX5_QP_OPTPAR_RWE) {
+                        access(qp);
+                    }
+                } else if rc {
                     qp.retry_count = get(q::RETRY_COUNT) as u8;
                     qp.rnr_retry = get(q::RNR_RETRY) as u8;
                     qp.log_sra_max = get(q::LOG_SRA_MAX);
@@ -918,7 +947,11 @@ impl QpTable {
                 }
             }
             Transition::Rts2Rts => {
-                if rc {
+                if uc {
+                    if has(k::MLX5_QP_OPTPAR_RWE) {
+                        access(qp);
+                    }
+                } else if rc {
                     if has(k::MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH) {
                         let (pkey, port, ack) = (qp.path.pkey_index(), qp.path.port(), qp.path.ack_timeout());
                         qp.path = path;
@@ -1058,6 +1091,37 @@ mod tests {
     }
 
     #[test]
+    fn uc_qps_take_remote_write_only_and_exist_only_where_the_caps_say_uc() {
+        use consts as k;
+        use ifc::qpc as q;
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        let uc = QpSpec { st: k::MLX5_QP_ST_UC, ..QpSpec::rc() };
+        let n = r.qp(uc, cq.cqn, cq.cqn).qpn;
+        assert_eq!(r.h.dev.qp_info(n).unwrap().st, QpType::Uc);
+        let port = |i: &mut Vec<u8>, c: Sub| i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), PORT);
+        // Remote read (or atomic) rights on a UC QP: firmware refuses the context.
+        let read = |i: &mut Vec<u8>, c: Sub| {
+            port(i, c);
+            i.set(q::RRE.at(c), 1);
+        };
+        let refused = (k::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_CONTEXT);
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, read), refused);
+        let write = |i: &mut Vec<u8>, c: Sub| {
+            port(i, c);
+            i.set(q::RWE.at(c), 1);
+        };
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, write), (0, 0));
+        assert_eq!(r.h.dev.qp_info(n).unwrap().remote_access, (false, true, false));
+        // An RC-only option (the RNR timer) on a UC modify is refused as well.
+        assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, n, k::MLX5_QP_OPTPAR_RNR_TIMEOUT, |_, _| {}), refused);
+        // A device without `uc` has no UC QPs.
+        crate::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::UC, 0);
+        let (inp, _, _) = r.create_qp_in(uc, cq.cqn, cq.cqn);
+        assert_eq!(create(&mut r, &inp).0, k::MLX5_CMD_STAT_BAD_PARAM_ERR);
+    }
+
+    #[test]
     fn create_qp_validates_its_context() {
         let mut r = Rdma::inline();
         let cq = r.cq(4);
@@ -1073,7 +1137,7 @@ mod tests {
         type Edit = Box<dyn Fn(&mut Vec<u8>)>;
         let cases: Vec<(Edit, u8, u32)> = vec![
             (
-                Box::new(|i| i.set(ifc::qpc::ST.at(CTX), consts::MLX5_QP_ST_UC)),
+                Box::new(|i| i.set(ifc::qpc::ST.at(CTX), consts::MLX5_QP_ST_XRC)),
                 consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
                 syndrome::QP_TYPE,
             ),

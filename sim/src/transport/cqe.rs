@@ -130,6 +130,8 @@ pub(super) struct CqeOut {
     pub(super) syndrome: u8,
     /// The SRQ a receive took its WQE from (0 for a QP's own RQ).
     pub(super) srqn: u32,
+    /// The device clock in ticks of `device_frequency_khz` (`timestamp_h:timestamp_l`, every CQE).
+    pub(super) timestamp: u64,
 }
 
 impl CqeOut {
@@ -151,6 +153,9 @@ impl CqeOut {
             b[f::IMMEDIATE.off..f::IMMEDIATE.end()].copy_from_slice(&self.imm);
             f::FLAGS_RQPN.put_be(&mut b, 0, self.flags_rqpn);
             f::SLID.put_be(&mut b, 0, self.slid.into());
+            // An error CQE's syndromes sit where the timestamp is.
+            f::TIMESTAMP_H.put_be(&mut b, 0, (self.timestamp >> 32) as u32);
+            f::TIMESTAMP_L.put_be(&mut b, 0, self.timestamp as u32);
         }
         b[f::OP_OWN.off] = self.opcode << CQE_OPCODE_SHIFT | if self.solicited { CQE_SE } else { 0 };
         b
@@ -165,9 +170,17 @@ pub(super) fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
 }
 
 impl State {
-    pub(super) fn post(&mut self, cqn: u32, cqe: CqeOut) {
+    pub(super) fn post(&mut self, cqn: u32, mut cqe: CqeOut) {
+        cqe.timestamp = self.device_clock();
         // A CQ that cannot take the CQE reports it itself (overrun, write failure); the WQE is done either way.
         let _ = self.post_cqe(cqn, &cqe.image());
+    }
+
+    /// The free-running device clock: the virtual time in ticks of the `device_frequency_khz` the capabilities
+    /// report (what a ConnectX stamps into its CQEs).
+    pub(crate) fn device_clock(&self) -> u64 {
+        let khz = u128::from(self.fw.caps.gen(mlx5_core::prm::ifc::cmd_hca_cap::DEVICE_FREQUENCY_KHZ));
+        (u128::from(self.now_ns()) * khz / 1_000_000) as u64
     }
 
     /// A send WQE completed: the consumer counter moves past it, and a signaled WQE gets its CQE.

@@ -1,6 +1,6 @@
 //! The transport: the device side of the datapath (c-layouts.md sections 4 and 5), what the ConnectX's send and
 //! receive engines do. `wqe.rs` parses send and receive WQEs, `keys.rs` reaches memory through memory keys,
-//! `requester.rs` and `responder.rs` are the two ends of RC, `ud.rs` is UD, `cqe.rs` writes CQEs, `flush.rs`
+//! `requester.rs` and `responder.rs` are the two ends of RC, `uc.rs` is UC, `ud.rs` is UD, `cqe.rs` writes CQEs, `flush.rs`
 //! errors a QP and flushes it, `srq.rs` takes receives from a shared receive queue. Packets are built and read
 //! through `wire` and travel by `link`.
 //!
@@ -58,6 +58,7 @@ mod keys;
 mod requester;
 mod responder;
 mod srq;
+mod uc;
 mod ud;
 mod wqe;
 
@@ -228,6 +229,7 @@ impl State {
         match p.body {
             Body::Rc { .. } => self.rc_request(p),
             Body::Ud { .. } => self.ud_receive(p),
+            Body::Uc { .. } => self.uc_request(p),
             Body::Resp { seq, resp } => self.rc_response(p.dst_qpn, seq, resp, p.src_qpn),
         }
     }
@@ -273,6 +275,7 @@ impl State {
             (Kind::Nop, _) => self.complete_send(qpn, w.id(), 0),
             (_, QpType::Ud) => self.execute_ud(qpn, w),
             (_, QpType::Rc) => self.execute_rc(qpn, w),
+            (_, QpType::Uc) => self.execute_uc(qpn, w),
         }
     }
 }

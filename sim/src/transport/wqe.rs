@@ -216,11 +216,13 @@ impl State {
             Ok((be64(wqe, at + r::RADDR.off), be(r::RKEY, wqe, at)))
         };
         let rc = st == QpType::Rc;
+        // RDMA WRITE is RC's and UC's; READ and atomics are RC's alone.
+        let connected = st != QpType::Ud;
         let (kind, with_imm) = match opcode {
             consts::MLX5_OPCODE_NOP => (Kind::Nop, false),
             consts::MLX5_OPCODE_SEND => (Kind::Send, false),
             consts::MLX5_OPCODE_SEND_IMM => (Kind::Send, true),
-            consts::MLX5_OPCODE_RDMA_WRITE | consts::MLX5_OPCODE_RDMA_WRITE_IMM if rc => {
+            consts::MLX5_OPCODE_RDMA_WRITE | consts::MLX5_OPCODE_RDMA_WRITE_IMM if connected => {
                 let (raddr, rkey) = raddr(at)?;
                 at += RADDR_SEG;
                 (Kind::Write { raddr, rkey }, opcode == consts::MLX5_OPCODE_RDMA_WRITE_IMM)

@@ -52,7 +52,7 @@ macro_rules! code {
 
 code! {
     /// What a packet carries (the byte after the GRH).
-    BodyKind { Rc = 1, Ud = 2, Resp = 3, }
+    BodyKind { Rc = 1, Ud = 2, Resp = 3, Uc = 4, }
 }
 
 code! {
@@ -223,6 +223,71 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
     }
 }
 
+/// Writes an RC or UC operation (its kind, then its fields).
+fn emit_op(e: &mut Enc, op: &RcOp) {
+    match op {
+        RcOp::Send { data, imm } => {
+            e.u8(RcKind::Send.into());
+            e.imm(imm);
+            e.data(data);
+        }
+        RcOp::Write { raddr, rkey, data, imm } => {
+            e.u8(RcKind::Write.into());
+            e.u64(*raddr);
+            e.u32(*rkey);
+            e.imm(imm);
+            e.data(data);
+        }
+        RcOp::Read { raddr, rkey, len } => {
+            e.u8(RcKind::Read.into());
+            e.u64(*raddr);
+            e.u32(*rkey);
+            e.u64(*len);
+        }
+        RcOp::Atomic { raddr, rkey, op } => {
+            e.u8(RcKind::Atomic.into());
+            e.u64(*raddr);
+            e.u32(*rkey);
+            match *op {
+                AtomicOp::CmpSwap { compare, swap } => {
+                    e.u8(AtomicKind::CmpSwap.into());
+                    e.u64(compare);
+                    e.u64(swap);
+                }
+                AtomicOp::FetchAdd { add } => {
+                    e.u8(AtomicKind::FetchAdd.into());
+                    e.u64(add);
+                }
+            }
+        }
+    }
+}
+
+/// Reads what [`emit_op`] wrote, every length checked against the frame.
+fn parse_op(d: &mut Dec<'_>) -> Result<RcOp, &'static str> {
+    Ok(match RcKind::from(d.u8()?) {
+        RcKind::Send => {
+            let imm = d.imm()?;
+            RcOp::Send { data: d.data()?.into(), imm }
+        }
+        RcKind::Write => {
+            let (raddr, rkey, imm) = (d.u64()?, d.u32()?, d.imm()?);
+            RcOp::Write { raddr, rkey, data: d.data()?.into(), imm }
+        }
+        RcKind::Read => RcOp::Read { raddr: d.u64()?, rkey: d.u32()?, len: d.u64()? },
+        RcKind::Atomic => {
+            let (raddr, rkey) = (d.u64()?, d.u32()?);
+            let op = match AtomicKind::from(d.u8()?) {
+                AtomicKind::CmpSwap => AtomicOp::CmpSwap { compare: d.u64()?, swap: d.u64()? },
+                AtomicKind::FetchAdd => AtomicOp::FetchAdd { add: d.u64()? },
+                AtomicKind::Unknown(_) => return Err("bad atomic kind in a link frame"),
+            };
+            RcOp::Atomic { raddr, rkey, op }
+        }
+        RcKind::Unknown(_) => return Err("bad RC operation in a link frame"),
+    })
+}
+
 impl<D> Packet<D> {
     /// The bytes of the fixed header and the GRH this packet's frame has.
     fn header_len(&self) -> usize {
@@ -233,7 +298,8 @@ impl<D> Packet<D> {
     /// link is them.
     pub(crate) fn emit(&self) -> Vec<u8> {
         let payload = match &self.body {
-            Body::Rc { op: RcOp::Send { data, .. } | RcOp::Write { data, .. }, .. } => data.len(),
+            Body::Rc { op: RcOp::Send { data, .. } | RcOp::Write { data, .. }, .. }
+            | Body::Uc { op: RcOp::Send { data, .. } | RcOp::Write { data, .. }, .. } => data.len(),
             Body::Ud { data, .. } => data.len(),
             Body::Resp { resp: Resp::ReadData(d), .. } => d.len(),
             _ => 0,
@@ -260,42 +326,13 @@ impl<D> Packet<D> {
                 e.u64(*seq);
                 e.u32(*psn);
                 e.u8((*solicited).into());
-                match op {
-                    RcOp::Send { data, imm } => {
-                        e.u8(RcKind::Send.into());
-                        e.imm(imm);
-                        e.data(data);
-                    }
-                    RcOp::Write { raddr, rkey, data, imm } => {
-                        e.u8(RcKind::Write.into());
-                        e.u64(*raddr);
-                        e.u32(*rkey);
-                        e.imm(imm);
-                        e.data(data);
-                    }
-                    RcOp::Read { raddr, rkey, len } => {
-                        e.u8(RcKind::Read.into());
-                        e.u64(*raddr);
-                        e.u32(*rkey);
-                        e.u64(*len);
-                    }
-                    RcOp::Atomic { raddr, rkey, op } => {
-                        e.u8(RcKind::Atomic.into());
-                        e.u64(*raddr);
-                        e.u32(*rkey);
-                        match *op {
-                            AtomicOp::CmpSwap { compare, swap } => {
-                                e.u8(AtomicKind::CmpSwap.into());
-                                e.u64(compare);
-                                e.u64(swap);
-                            }
-                            AtomicOp::FetchAdd { add } => {
-                                e.u8(AtomicKind::FetchAdd.into());
-                                e.u64(add);
-                            }
-                        }
-                    }
-                }
+                emit_op(e, op);
+            }
+            Body::Uc { psn, op, solicited } => {
+                e.u8(BodyKind::Uc.into());
+                e.u32(*psn);
+                e.u8((*solicited).into());
+                emit_op(e, op);
             }
             Body::Ud { qkey, data, imm, solicited } => {
                 e.u8(BodyKind::Ud.into());
@@ -343,28 +380,13 @@ impl<D: Clone> Packet<D> {
         let body = match BodyKind::from(d.u8()?) {
             BodyKind::Rc => {
                 let (seq, psn, solicited) = (d.u64()?, d.u32()?, d.bool()?);
-                let op = match RcKind::from(d.u8()?) {
-                    RcKind::Send => {
-                        let imm = d.imm()?;
-                        RcOp::Send { data: d.data()?.into(), imm }
-                    }
-                    RcKind::Write => {
-                        let (raddr, rkey, imm) = (d.u64()?, d.u32()?, d.imm()?);
-                        RcOp::Write { raddr, rkey, data: d.data()?.into(), imm }
-                    }
-                    RcKind::Read => RcOp::Read { raddr: d.u64()?, rkey: d.u32()?, len: d.u64()? },
-                    RcKind::Atomic => {
-                        let (raddr, rkey) = (d.u64()?, d.u32()?);
-                        let op = match AtomicKind::from(d.u8()?) {
-                            AtomicKind::CmpSwap => AtomicOp::CmpSwap { compare: d.u64()?, swap: d.u64()? },
-                            AtomicKind::FetchAdd => AtomicOp::FetchAdd { add: d.u64()? },
-                            AtomicKind::Unknown(_) => return Err("bad atomic kind in a link frame"),
-                        };
-                        RcOp::Atomic { raddr, rkey, op }
-                    }
-                    RcKind::Unknown(_) => return Err("bad RC operation in a link frame"),
-                };
+                let op = parse_op(&mut d)?;
                 Body::Rc { seq, psn, op, solicited }
+            }
+            BodyKind::Uc => {
+                let (psn, solicited) = (d.u32()?, d.bool()?);
+                let op = parse_op(&mut d)?;
+                Body::Uc { psn, op, solicited }
             }
             BodyKind::Ud => {
                 let (qkey, solicited, imm) = (d.u32()?, d.bool()?, d.imm()?);
@@ -580,6 +602,16 @@ mod tests {
                 solicited: true,
             },
             Body::Ud { qkey: 0x1111, data: vec![1, 2, 3], imm: Some([9; 4]), solicited: true },
+            Body::Uc {
+                psn: 0xab_cdef,
+                op: RcOp::Send { data: (&[3u8; 4][..]).into(), imm: Some([1; 4]) },
+                solicited: true,
+            },
+            Body::Uc {
+                psn: 1,
+                op: RcOp::Write { raddr: 0x1000, rkey: 7, data: (&[5u8; 70][..]).into(), imm: None },
+                solicited: false,
+            },
             Body::Resp { seq: 5, resp: Resp::Ack },
             Body::Resp { seq: 5, resp: Resp::ReadData(vec![4; 5]) },
             Body::Resp { seq: 5, resp: Resp::AtomicOrig(u64::MAX) },

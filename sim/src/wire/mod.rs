@@ -132,6 +132,10 @@ pub(crate) enum Body {
     /// is the requester's send PSN for the message (the same on every attempt): the responder executes a message
     /// once, at the PSN it expects, and answers a duplicate without executing it again.
     Rc { seq: u64, psn: u32, op: RcOp, solicited: bool },
+    /// A UC message (SEND or WRITE, with or without immediate): no sequence number, as nothing answers it; the
+    /// responder takes the message whatever its PSN (a UC responder starts a new message at any First or Only
+    /// packet) and drops it silently when it cannot execute it.
+    Uc { psn: u32, op: RcOp, solicited: bool },
     /// A UD send.
     Ud { qkey: u32, data: Vec<u8>, imm: Option<[u8; 4]>, solicited: bool },
     /// A response to the RC request `seq`.

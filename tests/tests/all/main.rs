@@ -23,6 +23,7 @@ mod ring_props;
 mod sim;
 mod srq;
 mod user_mr;
+mod verbs_complete;
 mod verbs_devices;
 mod verbs_events;
 mod verbs_threads;

@@ -148,7 +148,9 @@ fn address_vectors_for_both_link_layers() {
 
 #[test]
 fn control_segment_layout() {
-    let s = ctrl_seg(0x1234, consts::MLX5_OPCODE_SEND_IMM, 0xabcdef, 4, consts::MLX5_WQE_CTRL_CQ_UPDATE, 0xdead_beef);
+    // The immediate is network order (ibv_send_wr.imm_data, __be32): its bytes are copied as they are.
+    let imm = 0xdead_beef_u32.to_be();
+    let s = ctrl_seg(0x1234, consts::MLX5_OPCODE_SEND_IMM, 0xabcdef, 4, consts::MLX5_WQE_CTRL_CQ_UPDATE, imm);
     assert_eq!(s, [0x00, 0x12, 0x34, 0x0b, 0xab, 0xcd, 0xef, 0x04, 0, 0, 0, 0x08, 0xde, 0xad, 0xbe, 0xef]);
 }
 
