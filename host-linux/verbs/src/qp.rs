@@ -631,4 +631,32 @@ mod tests {
         pd.dealloc().unwrap();
         assert!(pd.dealloc().is_ok(), "a second dealloc finds nothing to do");
     }
+
+    /// As `ibv_destroy_srq`: an SRQ with QPs attached is `Busy` (and its PD too); once they are gone it goes.
+    #[test]
+    fn destroying_an_srq_with_qps_attached_is_busy() {
+        let ctx = Context::open_sim().unwrap();
+        let pd = PdObj::alloc(&ctx.shared).unwrap();
+        let cq = CqObj::create(&ctx.shared, mlx5_core::hca::CqAttr { cqe: 8, ..Default::default() }, 0, None).unwrap();
+        let srq = SrqObj::create(&pd, mlx5_core::hca::SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
+        let attr = CoreQpInitAttr {
+            qp_type: QpType::Rc,
+            cap: QpCap { max_send_wr: 1, ..QpCap::default() },
+            sq_sig_all: false,
+        };
+        let a = QpObj::create(&pd, &cq, &cq, attr, Some(&srq), 1).unwrap();
+        let b = QpObj::create(&pd, &cq, &cq, attr, Some(&srq), 2).unwrap();
+        assert_eq!(lock(&cq.ring).srqs.get(&srq.srqn()).map(|e| e.1), Some(2), "one table entry for both QPs");
+        assert!(matches!(srq.destroy(), Err(VerbsError::Busy { what: "shared receive queue", users: 2 })));
+        assert!(matches!(pd.dealloc(), Err(VerbsError::Busy { users: 3, .. })), "two QPs and the SRQ");
+        a.destroy().unwrap();
+        assert!(matches!(srq.destroy(), Err(VerbsError::Busy { users: 1, .. })));
+        b.destroy().unwrap();
+        assert!(lock(&cq.ring).srqs.is_empty(), "the CQ forgets the SRQ with its last QP");
+        srq.destroy().unwrap();
+        srq.destroy().unwrap();
+        assert!(matches!(srq.post_recv(&[]), Err(VerbsError::Destroyed { .. })));
+        cq.destroy(true).unwrap();
+        pd.dealloc().unwrap();
+    }
 }
