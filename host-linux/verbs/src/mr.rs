@@ -142,7 +142,14 @@ impl<'ctx> ProtectionDomain<'ctx> {
     pub fn register<'a>(&'a self, buf: &'a mut DmaBuffer<'ctx>, access: Access) -> Result<MemoryRegion<'a>> {
         let base = buf.region.cpu();
         let obj = MrObj::reg(&self.obj, base.as_ptr(), buf.len, access)?;
-        Ok(MemoryRegion { obj, base: Span(base), len: buf.len, leaked: Some(&mut buf.leaked), _borrows: PhantomData })
+        Ok(MemoryRegion {
+            obj,
+            base: Span(base),
+            len: buf.len,
+            leaked: Some(&mut buf.leaked),
+            writable: true,
+            _borrows: PhantomData,
+        })
     }
 
     /// `ibv_reg_mr` over ordinary process memory (a `Vec`, a `Box`, the stack, any offset and length), registered
@@ -181,7 +188,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
         // by other code until it is deregistered (its drop); the pages around them are the process's own memory,
         // as with any `ibv_reg_mr`.
         let obj = unsafe { MrObj::reg_user(&self.obj, ptr, len, iova, access) }?;
-        Ok(MemoryRegion { obj, base: Span(ptr), len, leaked: None, _borrows: PhantomData })
+        Ok(MemoryRegion { obj, base: Span(ptr), len, leaked: None, writable: true, _borrows: PhantomData })
     }
 
     /// `ibv_reg_mr` over memory the device only reads (a send source, or a buffer peers read remotely), borrowed
@@ -209,7 +216,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
         // SAFETY: the region borrows `mem` for its whole life, so the bytes stay allocated until it is
         // deregistered; without write rights the device never stores to them, so the shared borrow holds.
         let obj = unsafe { MrObj::reg_user(&self.obj, ptr, len, None, access) }?;
-        Ok(MemoryRegion { obj, base: Span(ptr), len, leaked: None, _borrows: PhantomData })
+        Ok(MemoryRegion { obj, base: Span(ptr), len, leaked: None, writable: false, _borrows: PhantomData })
     }
 
     /// `ibv_reg_mr_iova` over raw memory, for callers that manage its life themselves (a C library). Regions over
@@ -230,7 +237,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
         let ptr = NonNull::new(addr).ok_or(VerbsError::Invalid("null memory".into()))?;
         // SAFETY: the caller's duties.
         let obj = unsafe { MrObj::reg_user(&self.obj, ptr, len, iova, access) }?;
-        Ok(MemoryRegion { obj, base: Span(ptr), len, leaked: None, _borrows: PhantomData })
+        Ok(MemoryRegion { obj, base: Span(ptr), len, leaked: None, writable: true, _borrows: PhantomData })
     }
 }
 
@@ -309,6 +316,8 @@ pub struct MemoryRegion<'a> {
     /// touched nor freed) for as long as the region lives, and lets a failed deregistration keep the memory
     /// forever. Process memory is borrowed through `_borrows` and unmapped whatever happens.
     leaked: Option<&'a mut bool>,
+    /// False for memory borrowed shared ([`ProtectionDomain::reg_mr_readonly`]): `write` is refused.
+    writable: bool,
     _borrows: PhantomData<(&'a ProtectionDomain<'a>, &'a mut [u8])>,
 }
 
@@ -372,8 +381,12 @@ impl<'a> MemoryRegion<'a> {
         unsafe { AtomicU8::from_ptr(self.base.0.as_ptr().add(offset)) }
     }
 
-    /// Copies `data` into the region at `offset`. The device may read it concurrently.
+    /// Copies `data` into the region at `offset`. The device may read it concurrently. Refused for memory
+    /// registered read-only ([`ProtectionDomain::reg_mr_readonly`]), which the caller borrowed shared.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        if !self.writable {
+            return Err(VerbsError::Invalid("the region's memory is borrowed read-only".into()));
+        }
         self.check(offset, data.len())?;
         for (i, b) in data.iter().enumerate() {
             self.byte(offset + i).store(*b, Ordering::Relaxed);
@@ -421,7 +434,8 @@ impl<'a> MemoryRegion<'a> {
     /// `ibv_rereg_mr`: changes the region's memory (`IBV_REREG_MR_CHANGE_TRANSLATION`, process memory at its
     /// address or `iova`), protection domain (`_CHANGE_PD`) and access (`_CHANGE_ACCESS`), as `req` says. A new
     /// key is made and the old one destroyed, so both keys change. On failure the old region comes back,
-    /// still registered as it was.
+    /// still registered as it was. The new region keeps the old one's borrows (one lifetime covers the PD and the
+    /// memory), so old memory is given back to the caller when the new region goes.
     ///
     /// ```
     /// use mlx5_verbs::{Access, Context, Rereg};
@@ -442,15 +456,21 @@ impl<'a> MemoryRegion<'a> {
         'a: 'b,
     {
         let new_mem = req.memory.as_ref().map(|(m, _)| (m.as_ptr().cast_mut(), m.len()));
+        let writes = Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0;
+        if !self.writable && new_mem.is_none() && req.access.is_some_and(|a| a.0 & writes != 0) {
+            // Write rights over memory borrowed shared would let the device store to it.
+            let error = VerbsError::Invalid("write access to memory borrowed read-only".into());
+            return Err(ReregFailure { mr: self, error });
+        }
         match self.rereg_inner(req) {
             Ok(obj) => {
-                let (base, len, leaked) = match new_mem {
+                let (base, len, leaked, writable) = match new_mem {
                     // New memory: the old buffer (if any) is covered by no key any more and may go.
-                    Some((p, len)) => (Span(NonNull::new(p).unwrap_or(NonNull::dangling())), len, None),
-                    None => (Span(self.base.0), self.len, self.leaked.take()),
+                    Some((p, len)) => (Span(NonNull::new(p).unwrap_or(NonNull::dangling())), len, None, true),
+                    None => (Span(self.base.0), self.len, self.leaked.take(), self.writable),
                 };
                 // `self` holds no key any more: dropping it deregisters nothing.
-                Ok(MemoryRegion { obj, base, len, leaked, _borrows: PhantomData })
+                Ok(MemoryRegion { obj, base, len, leaked, writable, _borrows: PhantomData })
             }
             Err(error) => Err(ReregFailure { mr: self, error }),
         }

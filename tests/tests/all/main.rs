@@ -25,6 +25,7 @@ mod srq;
 mod user_mr;
 mod verbs_devices;
 mod verbs_events;
+mod verbs_mr;
 mod verbs_srq;
 mod verbs_threads;
 
