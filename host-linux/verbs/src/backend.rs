@@ -1,9 +1,11 @@
 //! The device behind a context: register access, DMA memory and waiting for either a simulated ConnectX or one
 //! through VFIO, and the command tracer.
 
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
-use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
+use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, DmaView, Mmio};
 use mlx5_core::hca::Hca;
 use mlx5_core::trace::{CmdRecord, CmdTrace};
 #[cfg(feature = "sim")]
@@ -86,6 +88,16 @@ unsafe impl Dma for AnyDma {
             #[cfg(feature = "sim")]
             AnyDma::Sim(d) => d.iova_of(cpu, len),
             AnyDma::Vfio(v) => v.dma.iova_of(cpu, len),
+        }
+    }
+    unsafe fn map_user(&self, ptr: NonNull<u8>, len: usize) -> std::result::Result<DmaRegion, DmaError> {
+        // SAFETY: the caller's duties pass through unchanged.
+        unsafe {
+            match self {
+                #[cfg(feature = "sim")]
+                AnyDma::Sim(d) => d.map_user(ptr, len),
+                AnyDma::Vfio(v) => v.dma.map_user(ptr, len),
+            }
         }
     }
     unsafe fn free(&self, region: DmaRegion) {
@@ -177,5 +189,89 @@ impl DeviceKind {
             DeviceKind::Sim(d) => AnyDelay::Sim(d.delay()),
             DeviceKind::Vfio(_) => AnyDelay::Std(StdDelay),
         }
+    }
+}
+
+/// One mapping of process memory for the device and how many memory regions use it.
+#[derive(Debug)]
+struct UserMap {
+    region: DmaRegion,
+    refs: usize,
+}
+
+/// Process memory mapped for the device ([`Dma::map_user`]), by first CPU address. The allocators refuse to map
+/// the same bytes twice, so memory regions over overlapping memory share one mapping: a region inside a live
+/// mapping takes a reference to it, and the mapping goes when its last region does. Guarded by the control mutex.
+#[derive(Debug, Default)]
+pub(crate) struct UserMaps {
+    maps: BTreeMap<usize, UserMap>,
+}
+
+/// A memory region's share of a mapping: the mapping's first CPU address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MapKey(usize);
+
+impl UserMaps {
+    /// A share of a mapping covering the `len` bytes at `ptr`: an existing one holding them all, else a new one.
+    /// Bytes partly inside a live mapping cannot get a contiguous bus range of their own and are refused.
+    ///
+    /// # Safety
+    /// The bytes stay allocated, and the whole pages covering them hold nothing the device must not reach,
+    /// until the share is released.
+    pub(crate) unsafe fn acquire(
+        &mut self,
+        dma: &AnyDma,
+        ptr: NonNull<u8>,
+        len: usize,
+    ) -> Result<MapKey, crate::error::VerbsError> {
+        let a = ptr.as_ptr() as usize;
+        let end = a.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
+            crate::error::VerbsError::Invalid(format!("{len} bytes at {a:#x} are not a memory range"))
+        })?;
+        // Mappings never overlap one another, so only the last one starting before `end` can reach into the range.
+        if let Some((&start, m)) = self.maps.range_mut(..end).next_back() {
+            let m_end = start + m.region.len();
+            if start <= a && end <= m_end {
+                m.refs += 1;
+                return Ok(MapKey(start));
+            }
+            if m_end > a {
+                return Err(crate::error::VerbsError::Invalid(format!(
+                    "{len} bytes at {a:#x} overlap registered memory ({:#x} bytes at {start:#x}) without lying inside it",
+                    m.region.len()
+                )));
+            }
+        }
+        // SAFETY: the caller keeps the bytes allocated and their pages fit for the device until the share is
+        // released, and no mapping of this table covers any of them (checked above); `release` frees the region.
+        let region = unsafe { dma.map_user(ptr, len) }.map_err(crate::error::VerbsError::Dma)?;
+        self.maps.insert(a, UserMap { region, refs: 1 });
+        Ok(MapKey(a))
+    }
+
+    /// The `len` bytes at `ptr` inside the mapping `key` (which `acquire` returned for them).
+    pub(crate) fn view(&self, key: MapKey, ptr: NonNull<u8>, len: usize) -> Option<DmaView<'_>> {
+        let m = self.maps.get(&key.0)?;
+        m.region.slice((ptr.as_ptr() as usize).checked_sub(key.0)?, len)
+    }
+
+    /// Gives a share back; the last one unmaps the memory, so the device can no longer reach it.
+    pub(crate) fn release(&mut self, dma: &AnyDma, key: MapKey) {
+        let Some(m) = self.maps.get_mut(&key.0) else { return };
+        m.refs -= 1;
+        if m.refs == 0 {
+            if let Some(m) = self.maps.remove(&key.0) {
+                // SAFETY: the region came from `map_user` of this device's allocator and is freed once (it left
+                // the table). For memory from `map_user`, `free` itself takes the device's access away before it
+                // returns (the IOMMU unmap), which is what makes giving the memory back to its owner safe even when
+                // a key over it could not be destroyed.
+                unsafe { dma.free(m.region) };
+            }
+        }
+    }
+
+    /// Live mappings (tests).
+    pub(crate) fn len(&self) -> usize {
+        self.maps.len()
     }
 }

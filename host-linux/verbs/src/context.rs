@@ -3,7 +3,7 @@
 //! completion events.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mlx5_core::cq::LinkLayer;
 use mlx5_core::hca::{GidType, PortAttr};
@@ -122,33 +122,6 @@ impl Context {
         let mut c = self.dev().control();
         let (hca, delay) = c.parts();
         Ok(hca.del_roce_address(addr, delay)?)
-    }
-
-    /// The completion channel (`ibv_get_cq_event`): waits up to `timeout` for a completion event of an armed CQ
-    /// of this context and returns its CQN. On VFIO it sleeps on the EQ's interrupt; on the simulator it polls
-    /// the EQ.
-    pub fn get_cq_event(&self, timeout: Duration) -> Result<Option<u32>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(cqn) = self.dev().control().next_cq_event(self.shared.id)? {
-                return Ok(Some(cqn));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            match self.device() {
-                DeviceKind::Vfio(v) => match &v.irqs {
-                    Some(irqs) => {
-                        // Bounded: another context's thread may take the interrupt and route this context's event.
-                        irqs.wait(0, left.min(Duration::from_millis(10)))?;
-                    }
-                    None => std::thread::sleep(left.min(Duration::from_micros(50))),
-                },
-                #[cfg(feature = "sim")]
-                DeviceKind::Sim(_) => std::thread::sleep(left.min(Duration::from_micros(50))),
-            }
-        }
     }
 
     /// `ibv_get_async_event`: the next asynchronous event of this context (an error of one of its CQs or QPs, or

@@ -3,41 +3,75 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use mlx5_core::cq::{Cq, Notify, WorkCompletion, WrTable};
+use mlx5_core::cq::{Cq, CqeError, Notify, WorkCompletion, WrTable};
 use mlx5_core::hca::{poll_cq_with, CqAttr};
 use mlx5_core::qp::Qp;
+use mlx5_core::srq::Srq;
 
+use crate::backend::{AnyHca, DeviceKind};
 use crate::context::{Context, ContextShared};
 use crate::error::{Result, VerbsError};
-use crate::event::lock;
+use crate::event::{lock, ChannelShared};
+use crate::shared::{CqEventTarget, CqRoute, DeviceShared};
 
 /// A QP's ring behind its own mutex, shared by the QP and the CQs it completes on; `None` once destroyed.
 pub(crate) type QpCell = Arc<Mutex<Option<Qp>>>;
 
-/// What a CQ's mutex guards: the ring and the QPs completing on it, by QPN.
+/// An SRQ's ring behind its own mutex, shared by the SRQ and the CQs its QPs complete receives on.
+pub(crate) type SrqCell = Arc<Mutex<Option<Srq>>>;
+
+/// A QP completing on a CQ: its ring and, when it receives through an SRQ, that SRQ's number.
+#[derive(Debug)]
+pub(crate) struct QpEntry {
+    pub(crate) cell: QpCell,
+    pub(crate) srqn: Option<u32>,
+}
+
+/// Bad CQEs one poll steps over (reporting the first on the next call) before it returns: bounds a poll on a
+/// device that writes nothing but bad entries.
+const MAX_BAD_PER_POLL: u32 = 64;
+
+/// What a CQ's mutex guards: the ring, the QPs completing on it by QPN, and the SRQs those QPs receive through.
 #[derive(Debug)]
 pub(crate) struct CqRing {
     /// The CQ until destroyed.
     pub(crate) cq: Option<Cq>,
-    pub(crate) qps: HashMap<u32, QpCell>,
+    pub(crate) qps: HashMap<u32, QpEntry>,
+    /// By SRQN, with the number of this CQ's QPs attached to each.
+    pub(crate) srqs: HashMap<u32, (SrqCell, usize)>,
+    /// A bad CQE met after good completions: reported by the next poll, so a poll returning fewer completions
+    /// than asked still means the CQ is empty.
+    pending: Option<CqeError>,
 }
 
-/// The work-request tables of a CQ's QPs, looked up by QPN when a CQE names one. The CQ's lock is held; each QP's
-/// is taken for one lookup (lock order CQ then QP).
-struct QpTable<'a>(&'a HashMap<u32, QpCell>);
+/// The work-request tables of a CQ's QPs and SRQs, looked up by QPN when a CQE names one. The CQ's lock is held;
+/// a QP's is taken for one lookup, an SRQ's for one `srq_done` (lock order CQ → QP → SRQ; the QP's SRQ is known
+/// from the CQ's table, so an SRQ receive takes no QP lock).
+struct QpTable<'a> {
+    qps: &'a HashMap<u32, QpEntry>,
+    srqs: &'a HashMap<u32, (SrqCell, usize)>,
+}
 
 impl WrTable for QpTable<'_> {
     fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
-        lock(self.0.get(&qpn)?).as_mut()?.send_done(qpn, wqe_counter)
+        lock(&self.qps.get(&qpn)?.cell).as_mut()?.send_done(qpn, wqe_counter)
     }
     fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
-        lock(self.0.get(&qpn)?).as_mut()?.recv_done(qpn, srqn, wqe_counter)
+        let q = self.qps.get(&qpn)?;
+        match q.srqn {
+            // As the core's `WithSrqs`: the CQE's WQE counter names a WQE of the QP's SRQ.
+            Some(s) => lock(&self.srqs.get(&s)?.0).as_mut()?.srq_done(wqe_counter).ok(),
+            None => lock(&q.cell).as_mut()?.recv_done(qpn, srqn, wqe_counter),
+        }
     }
     fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
-        self.0.values().find_map(|q| lock(q).as_mut().and_then(|q| WrTable::flush_one(q, cqn, dead)))
+        self.qps.values().find_map(|q| lock(&q.cell).as_mut().and_then(|q| WrTable::flush_one(q, cqn, dead)))
+    }
+    fn recv_srqn(&self, qpn: u32) -> Option<u32> {
+        self.qps.get(&qpn)?.srqn
     }
 }
 
@@ -46,64 +80,136 @@ impl WrTable for QpTable<'_> {
 pub(crate) struct CqObj {
     pub(crate) ctx: Arc<ContextShared>,
     cqn: u32,
+    cq_context: u64,
     pub(crate) ring: Mutex<CqRing>,
     /// Set by a CQ error event: the device writes no more CQEs here.
     failed: Arc<AtomicBool>,
     pub(crate) users: AtomicUsize,
+    /// Completion events handed out and not acknowledged; `acked` is notified when it falls.
+    unacked: Mutex<u32>,
+    acked: Condvar,
+    /// The channel it reports to, kept open while the CQ lives.
+    _channel: Option<Arc<ChannelShared>>,
 }
 
 impl CqObj {
-    pub(crate) fn create(ctx: &Arc<ContextShared>, attr: CqAttr) -> Result<Arc<CqObj>> {
+    pub(crate) fn create(
+        ctx: &Arc<ContextShared>,
+        attr: CqAttr,
+        cq_context: u64,
+        channel: Option<(u64, Option<Arc<ChannelShared>>)>,
+    ) -> Result<Arc<CqObj>> {
         let mut c = ctx.dev.control();
         let (hca, delay) = c.parts();
         let cq = hca.create_cq(attr, delay)?;
         let cqn = cq.cqn();
         let failed = Arc::new(AtomicBool::new(false));
-        c.route_cq(cqn, ctx.id, failed.clone());
-        Ok(Arc::new(CqObj {
+        let (channel_id, channel) = match channel {
+            Some((id, ch)) => (Some(id), ch),
+            None => (None, None),
+        };
+        let obj = Arc::new(CqObj {
             ctx: ctx.clone(),
             cqn,
-            ring: Mutex::new(CqRing { cq: Some(cq), qps: HashMap::new() }),
-            failed,
+            cq_context,
+            ring: Mutex::new(CqRing { cq: Some(cq), qps: HashMap::new(), srqs: HashMap::new(), pending: None }),
+            failed: failed.clone(),
             users: AtomicUsize::new(0),
-        }))
+            unacked: Mutex::new(0),
+            acked: Condvar::new(),
+            _channel: channel,
+        });
+        let target: Arc<dyn CqEventTarget> = obj.clone();
+        let weak: Weak<dyn CqEventTarget> = Arc::downgrade(&target);
+        c.route_cq(cqn, CqRoute { ctx: ctx.id, failed, channel: channel_id, obj: weak });
+        Ok(obj)
     }
 
     pub(crate) fn cqn(&self) -> u32 {
         self.cqn
     }
 
-    /// `ibv_poll_cq`. Takes this CQ's lock and the locks of the QPs its CQEs name, never the control mutex; the
-    /// device state it needs is two atomic loads, made only when the ring is empty.
+    /// `ibv_poll_cq`. Takes this CQ's lock and the locks of the QPs and SRQs its CQEs name, never the control
+    /// mutex; the device state it needs is two atomic loads, made only when the ring is empty.
+    ///
+    /// Fewer completions than `wc` holds means the CQ is empty: a bad CQE met after good completions is stepped
+    /// over and reported by the next call, and the software flush of a dead device or failed CQ is asked for
+    /// within the same call once the ring is drained.
     pub(crate) fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let dev = &self.ctx.dev;
         let mut r = lock(&self.ring);
-        let CqRing { cq, qps } = &mut *r;
-        let cq = cq.as_mut().ok_or_else(|| VerbsError::Invalid("CQ destroyed".into()))?;
+        let CqRing { cq, qps, srqs, pending } = &mut *r;
+        if let Some(e) = pending.take() {
+            return Err(VerbsError::Cqe(e));
+        }
+        let cq = cq.as_mut().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
+        let mut table = QpTable { qps, srqs };
         // Once the device is dead or the CQ failed, outstanding work requests complete here as flushed.
-        poll_cq_with(&dev.mmio, cq, &mut QpTable(qps), wc, || {
+        let stopped = || {
             let dead = dev.is_dead();
             (dead || self.failed.load(Ordering::Acquire)).then_some(dead)
-        })
-        .map_err(|e| VerbsError::Cqe(e.to_string()))
+        };
+        let (mut n, mut bad) = (0, 0);
+        while n < wc.len() {
+            match poll_cq_with(&dev.mmio, cq, &mut table, &mut wc[n..], stopped) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                // Nothing returned yet: the error is this call's result.
+                Err(e) if n == 0 && bad == 0 => return Err(VerbsError::Cqe(e)),
+                Err(e) => {
+                    // The completions already taken go back now; the first bad entry is reported next.
+                    pending.get_or_insert(e);
+                    bad += 1;
+                    if bad >= MAX_BAD_PER_POLL {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(n)
     }
 
     pub(crate) fn req_notify(&self, notify: Notify) -> Result<()> {
         let mut c = self.ctx.dev.control();
         let r = lock(&self.ring);
-        let cq = r.cq.as_ref().ok_or_else(|| VerbsError::Invalid("CQ destroyed".into()))?;
+        let cq = r.cq.as_ref().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
         Ok(c.hca().req_notify_cq(cq, notify)?)
     }
 
     pub(crate) fn ack_events(&self, n: u32) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
         let mut c = self.ctx.dev.control();
         let r = lock(&self.ring);
-        let cq = r.cq.as_ref().ok_or_else(|| VerbsError::Invalid("CQ destroyed".into()))?;
-        Ok(c.hca().ack_cq_events(cq, n)?)
+        let mut unacked = lock(&self.unacked);
+        if n > *unacked {
+            return Err(VerbsError::Invalid(format!("{n} completion events to acknowledge, {} taken", *unacked)));
+        }
+        if let Some(cq) = r.cq.as_ref() {
+            c.hca().ack_cq_events(cq, n)?;
+        }
+        *unacked -= n;
+        drop(unacked);
+        self.acked.notify_all();
+        Ok(())
     }
 
-    /// `ibv_destroy_cq`: refused with [`VerbsError::Busy`] while QPs complete on it.
-    pub(crate) fn destroy(&self) -> Result<()> {
+    /// Completion events taken and not acknowledged yet.
+    pub(crate) fn unacked_events(&self) -> u32 {
+        *lock(&self.unacked)
+    }
+
+    /// `ibv_destroy_cq`: refused with [`VerbsError::Busy`] while QPs complete on it. With `wait`, first waits
+    /// until every completion event taken for it is acknowledged, as libibverbs' `ibv_destroy_cq` does;
+    /// without, acknowledges them (the drop path: a destructor must not block on another thread's progress).
+    pub(crate) fn destroy(&self, wait: bool) -> Result<()> {
+        if wait {
+            let mut u = lock(&self.unacked);
+            while *u > 0 {
+                u = self.acked.wait(u).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
         let mut c = self.ctx.dev.control();
         let users = self.users.load(Ordering::Acquire);
         if users > 0 {
@@ -112,11 +218,201 @@ impl CqObj {
         let Some(cq) = lock(&self.ring).cq.take() else { return Ok(()) };
         c.unroute_cq(self.cqn);
         let (hca, delay) = c.parts();
+        let mut u = lock(&self.unacked);
+        if *u > 0 {
+            // The core refuses to destroy a CQ with events outstanding; the drop path gives them back.
+            let _ = hca.ack_cq_events(&cq, *u);
+            *u = 0;
+        }
+        drop(u);
+        self.acked.notify_all();
         if let Err(e) = hca.destroy_cq(cq, delay) {
             c.orphan_cqs.push(e.obj);
             return Err(VerbsError::Destroy(e.error));
         }
         Ok(())
+    }
+}
+
+impl CqEventTarget for CqObj {
+    fn cqn(&self) -> u32 {
+        self.cqn
+    }
+    fn cq_context(&self) -> u64 {
+        self.cq_context
+    }
+    fn event_taken(&self) {
+        *lock(&self.unacked) += 1;
+    }
+    fn ack_dropped(&self, hca: &mut AnyHca) {
+        if let Some(cq) = lock(&self.ring).cq.as_ref() {
+            let _ = hca.ack_cq_events(cq, 1);
+        }
+    }
+    fn ack(&self, n: u32) -> Result<()> {
+        self.ack_events(n)
+    }
+}
+
+/// Waits up to `timeout` for the next completion event of channel `ch` of `dev`. On VFIO it sleeps on the EQ's
+/// interrupt; on the simulator it polls the EQ.
+pub(crate) fn wait_cq_event(dev: &DeviceShared, ch: u64, timeout: Duration) -> Result<Option<Arc<dyn CqEventTarget>>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(t) = dev.control().next_cq_event(ch)? {
+            return Ok(Some(t));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        match &dev.kind {
+            DeviceKind::Vfio(v) => match &v.irqs {
+                Some(irqs) => {
+                    // Bounded: another context's thread may take the interrupt and route this channel's event.
+                    irqs.wait(0, left.min(Duration::from_millis(10)))?;
+                }
+                None => std::thread::sleep(left.min(Duration::from_micros(50))),
+            },
+            #[cfg(feature = "sim")]
+            DeviceKind::Sim(_) => std::thread::sleep(left.min(Duration::from_micros(50))),
+        }
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): CQs created on it report their completion events here, and its
+/// descriptor ([`CompChannel::fd`]) is readable while one waits. A context may have several; each also has a
+/// default channel of its own ([`Context::get_cq_event`]), which [`Context::create_cq`] uses.
+#[derive(Debug)]
+pub struct CompChannel<'ctx> {
+    ctx: &'ctx Context,
+    shared: Arc<ChannelShared>,
+}
+
+/// One completion event (`ibv_get_cq_event`): the CQ it is for and the `cq_context` the CQ was created with.
+/// Acknowledge it with [`CqEvent::ack`] or [`CompletionQueue::ack_events`]; `ibv_destroy_cq` waits for that.
+#[derive(Debug)]
+pub struct CqEvent {
+    target: Arc<dyn CqEventTarget>,
+}
+
+impl CqEvent {
+    /// The CQ's number.
+    pub fn cqn(&self) -> u32 {
+        self.target.cqn()
+    }
+
+    /// The value given as `cq_context` when the CQ was created.
+    pub fn cq_context(&self) -> u64 {
+        self.target.cq_context()
+    }
+
+    /// Acknowledges this event (`ibv_ack_cq_events` with 1). Fails only when it was acknowledged already
+    /// through the CQ.
+    pub fn ack(self) -> Result<()> {
+        self.target.ack(1)
+    }
+}
+
+impl Context {
+    /// `ibv_create_comp_channel`: a new completion channel of this context.
+    pub fn create_comp_channel(&self) -> Result<CompChannel<'_>> {
+        let shared = Arc::new(ChannelShared::new(self.dev().new_context_id()));
+        self.dev().control().add_channel(&shared);
+        Ok(CompChannel { ctx: self, shared })
+    }
+
+    /// `ibv_create_cq` for at least `cqe` completions, with 64-byte CQEs, on completion vector 0, reporting to the
+    /// context's default channel ([`Context::get_cq_event`]).
+    pub fn create_cq(&self, cqe: u32) -> Result<CompletionQueue<'_>> {
+        self.create_cq_with(CqAttr { cqe, ..CqAttr::default() })
+    }
+
+    /// [`Context::create_cq`] with the core's attributes (CQE size, overrun, completion vector).
+    pub fn create_cq_with(&self, attr: CqAttr) -> Result<CompletionQueue<'_>> {
+        let ch = Some((self.shared.id, None));
+        Ok(CompletionQueue { _ctx: self, obj: CqObj::create(&self.shared, attr, 0, ch)? })
+    }
+
+    /// `ibv_create_cq(context, cqe, cq_context, channel, comp_vector)`: a CQ for at least `cqe` completions whose
+    /// completion events go to `channel` (none: the CQ raises no events) carrying `cq_context`, on the completion
+    /// EQ of `comp_vector` (below [`Context::num_comp_vectors`], else `EINVAL`).
+    ///
+    /// ```
+    /// use mlx5_verbs::Context;
+    /// let ctx = Context::open_sim()?;
+    /// let ch = ctx.create_comp_channel()?;
+    /// let last = ctx.num_comp_vectors()? - 1;
+    /// let cq = ctx.create_cq_on(16, 0xfeed, Some(&ch), last)?;
+    /// assert_eq!(cq.cq_context(), 0xfeed);
+    /// assert!(ctx.create_cq_on(16, 0, None, last + 1).is_err());
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    pub fn create_cq_on(
+        &self,
+        cqe: u32,
+        cq_context: u64,
+        channel: Option<&CompChannel<'_>>,
+        comp_vector: u16,
+    ) -> Result<CompletionQueue<'_>> {
+        if let Some(ch) = channel {
+            if !Arc::ptr_eq(&ch.ctx.shared, &self.shared) {
+                return Err(VerbsError::Invalid("the completion channel belongs to another context".into()));
+            }
+        }
+        let vectors = self.num_comp_vectors()?;
+        if comp_vector >= vectors {
+            return Err(VerbsError::Invalid(format!("completion vector {comp_vector} of {vectors}")));
+        }
+        let attr = CqAttr { cqe, comp_vector, ..CqAttr::default() };
+        let ch = channel.map(|c| (c.shared.id, Some(c.shared.clone())));
+        Ok(CompletionQueue { _ctx: self, obj: CqObj::create(&self.shared, attr, cq_context, ch)? })
+    }
+
+    /// The context's default completion channel (`ibv_get_cq_event`): waits up to `timeout` for a completion
+    /// event of an armed CQ made with [`Context::create_cq`] and returns its CQN. Acknowledge it with
+    /// [`CompletionQueue::ack_events`].
+    pub fn get_cq_event(&self, timeout: Duration) -> Result<Option<u32>> {
+        Ok(wait_cq_event(self.dev(), self.shared.id, timeout)?.map(|t| t.cqn()))
+    }
+
+    /// `ibv_context.num_comp_vectors`: completion vectors a CQ may name (one completion EQ each).
+    pub fn num_comp_vectors(&self) -> Result<u16> {
+        Ok(self.dev().control().hca().num_comp_vectors().max(1))
+    }
+}
+
+impl CompChannel<'_> {
+    /// The channel's descriptor (`ibv_comp_channel.fd`, an `eventfd`): readable while a completion event waits,
+    /// for `poll`/`epoll`. The device's service thread moves events to it without any call.
+    pub fn fd(&self) -> Option<i32> {
+        self.shared.raw_fd()
+    }
+
+    /// `ibv_get_cq_event`: waits up to `timeout` for the next completion event of a CQ on this channel.
+    pub fn get_cq_event(&self, timeout: Duration) -> Result<Option<CqEvent>> {
+        Ok(wait_cq_event(self.ctx.dev(), self.shared.id, timeout)?.map(|target| CqEvent { target }))
+    }
+
+    /// `ibv_destroy_comp_channel`: refused with [`VerbsError::Busy`] while CQs report to it.
+    pub fn destroy(self) -> Result<()> {
+        let mut c = self.ctx.dev().control();
+        let users = c.channel_users(self.shared.id);
+        if users > 0 {
+            return Err(VerbsError::Busy { what: "completion channel", users });
+        }
+        c.remove_channel(self.shared.id);
+        Ok(())
+    }
+}
+
+impl Drop for CompChannel<'_> {
+    fn drop(&mut self) {
+        // CQs still on the channel keep its descriptor; their events stay queued under its id until they go.
+        let mut c = self.ctx.dev().control();
+        if c.channel_users(self.shared.id) == 0 {
+            c.remove_channel(self.shared.id);
+        }
     }
 }
 
@@ -128,24 +424,25 @@ pub struct CompletionQueue<'ctx> {
     pub(crate) obj: Arc<CqObj>,
 }
 
-impl Context {
-    /// `ibv_create_cq` for at least `cqe` completions, with 64-byte CQEs.
-    pub fn create_cq(&self, cqe: u32) -> Result<CompletionQueue<'_>> {
-        self.create_cq_with(CqAttr { cqe, ..CqAttr::default() })
-    }
-
-    pub fn create_cq_with(&self, attr: CqAttr) -> Result<CompletionQueue<'_>> {
-        Ok(CompletionQueue { _ctx: self, obj: CqObj::create(&self.shared, attr)? })
-    }
-}
-
 impl CompletionQueue<'_> {
     pub fn cqn(&self) -> u32 {
         self.obj.cqn()
     }
 
-    /// `ibv_poll_cq`: fills the front of `wc` with completions, returns how many. Allocates nothing and takes no
-    /// lock but the CQ's (and, for each CQE, its QP's).
+    /// The value given as `cq_context` at creation (0 for [`Context::create_cq`]).
+    pub fn cq_context(&self) -> u64 {
+        self.obj.cq_context
+    }
+
+    /// Completion events taken for this CQ and not acknowledged yet.
+    pub fn unacked_events(&self) -> u32 {
+        self.obj.unacked_events()
+    }
+
+    /// `ibv_poll_cq`: fills the front of `wc` with completions, returns how many. Fewer than `wc.len()` means the
+    /// CQ is empty (a bad CQE found after good completions is returned as [`VerbsError::Cqe`] by the next call; the
+    /// software flush of a dead device or failed CQ follows the last CQE in the same call). Allocates nothing and
+    /// takes no lock but the CQ's (and, for each CQE, its QP's or SRQ's).
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         self.obj.poll(wc)
     }
@@ -173,20 +470,22 @@ impl CompletionQueue<'_> {
         self.obj.req_notify(if solicited_only { Notify::Solicited } else { Notify::NextComp })
     }
 
-    /// `ibv_ack_cq_events`.
+    /// `ibv_ack_cq_events`: `n` events taken for this CQ are handled.
     pub fn ack_events(&self, n: u32) -> Result<()> {
         self.obj.ack_events(n)
     }
 
-    /// `ibv_destroy_cq`, returning firmware's error.
+    /// `ibv_destroy_cq`, returning firmware's error. As libibverbs, it first waits until every completion event
+    /// taken for the CQ is acknowledged (by another thread's [`CqEvent::ack`]); dropping the CQ instead
+    /// acknowledges them and destroys it at once.
     pub fn destroy(self) -> Result<()> {
-        self.obj.destroy()
+        self.obj.destroy(true)
     }
 }
 
 impl Drop for CompletionQueue<'_> {
     fn drop(&mut self) {
-        if let Err(e) = self.obj.destroy() {
+        if let Err(e) = self.obj.destroy(false) {
             log::error!("destroy CQ {:#x}: {e}", self.obj.cqn());
         }
     }

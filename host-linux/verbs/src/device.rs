@@ -419,18 +419,52 @@ fn bring_up(kind: DeviceKind, trace: Option<Tracer>, cfg: Config) -> Result<Arc<
     Ok(DeviceShared::start(hca, delay, kind, link))
 }
 
+/// The CPU's cache line in bytes, as Linux reports it under a sysfs tree (`/sys` on a live system):
+/// `devices/system/cpu/cpu0/cache/index0/coherency_line_size`; 64 when it cannot be read (no such file, not a
+/// number, or not a power of two).
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("mlx5-cl-doc-{}", std::process::id()));
+/// let idx = dir.join("devices/system/cpu/cpu0/cache/index0");
+/// std::fs::create_dir_all(&idx).unwrap();
+/// std::fs::write(idx.join("coherency_line_size"), "128\n").unwrap();
+/// assert_eq!(mlx5_verbs::cache_line_size(&dir), 128);
+/// std::fs::remove_dir_all(&dir).unwrap();
+/// assert_eq!(mlx5_verbs::cache_line_size(&dir), 64);
+/// ```
+pub fn cache_line_size(sysfs: &Path) -> usize {
+    let f = sysfs.join("devices/system/cpu/cpu0/cache/index0/coherency_line_size");
+    std::fs::read_to_string(f)
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .filter(|n| n.is_power_of_two() && *n >= 16)
+        .unwrap_or(64)
+}
+
+/// The host's part of the configuration: the doorbell records spaced by the CPU's cache line (and
+/// `cache_line_128byte` set when it is 128 bytes, as Linux's `cache_line_size()` decides), and one completion
+/// vector per CPU, as Linux makes one completion EQ per online CPU (the core caps it at the device's EQs).
+pub fn host_config(sysfs: &Path) -> Config {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Config {
+        cache_line_128: cache_line_size(sysfs) >= 128,
+        num_comp_vectors: u16::try_from(cpus).unwrap_or(u16::MAX),
+        ..Config::default()
+    }
+}
+
 #[cfg(feature = "sim")]
 fn bring_up_sim(dev: SimDevice, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
     // The simulated host's addresses become GID entries, as a Linux host's netdev addresses do.
     let c = dev.config();
-    let cfg = Config { ipv4_addrs: c.ipv4_addrs, ipv6_addrs: c.ipv6_addrs, ..Config::default() };
+    let cfg = Config { ipv4_addrs: c.ipv4_addrs, ipv6_addrs: c.ipv6_addrs, ..host_config(Path::new("/sys")) };
     bring_up(DeviceKind::Sim(dev), trace, cfg)
 }
 
 fn bring_up_vfio(bdf: Bdf, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
     let (ipv4_addrs, ipv6_addrs) = vfio_port_addrs()?;
     let v = Arc::new(Vfio::open(bdf, VfioOptions::default())?);
-    bring_up(DeviceKind::Vfio(v), trace, Config { ipv4_addrs, ipv6_addrs, ..Config::default() })
+    bring_up(DeviceKind::Vfio(v), trace, Config { ipv4_addrs, ipv6_addrs, ..host_config(Path::new("/sys")) })
 }
 
 /// The IP addresses of a VFIO device's port. A ConnectX on vfio-pci has no netdev whose addresses Linux's GID

@@ -1,5 +1,6 @@
 //! What a verbs call can fail with.
 
+use mlx5_core::cq::CqeError;
 use mlx5_core::hal::DmaError;
 use mlx5_core::hca::Error as HcaError;
 use mlx5_core::qp::PostError;
@@ -19,8 +20,15 @@ pub enum VerbsError {
     Vfio(#[from] VfioError),
     #[error("out of DMA memory: {0}")]
     Dma(DmaError),
+    /// The device wrote a completion entry the driver cannot accept (it is consumed; polling goes on after it).
     #[error("bad completion queue entry: {0}")]
-    Cqe(String),
+    Cqe(CqeError),
+    /// The object was destroyed already (its handle outlived it, as a C caller's may).
+    #[error("{what} already destroyed")]
+    Destroyed {
+        /// Which kind of object.
+        what: &'static str,
+    },
     #[error("{0}")]
     Invalid(String),
     #[error("destroy failed, object kept: {0}")]

@@ -117,6 +117,36 @@ impl EventQueue {
     }
 }
 
+/// What the control path knows of a completion channel: its id and its descriptor, readable while a completion
+/// event waits on it.
+#[derive(Debug)]
+pub(crate) struct ChannelShared {
+    pub(crate) id: u64,
+    fd: Option<EventFd>,
+}
+
+impl ChannelShared {
+    pub(crate) fn new(id: u64) -> Self {
+        ChannelShared { id, fd: EventFd::new() }
+    }
+
+    pub(crate) fn signal(&self) {
+        if let Some(fd) = &self.fd {
+            fd.signal();
+        }
+    }
+
+    pub(crate) fn clear(&self) {
+        if let Some(fd) = &self.fd {
+            fd.clear();
+        }
+    }
+
+    pub(crate) fn raw_fd(&self) -> Option<i32> {
+        self.fd.as_ref().map(|f| f.0)
+    }
+}
+
 /// A non-blocking `eventfd`: readable while the queue holds events.
 #[derive(Debug)]
 struct EventFd(i32);

@@ -113,27 +113,34 @@ mod mr;
 mod pd;
 mod qp;
 mod shared;
+mod srq;
 pub mod wr;
 
 pub use backend::{AnyDelay, AnyDma, AnyMmio, DeviceKind, Tracer};
 pub use context::{mac_of_gid, Context};
-pub use cq::CompletionQueue;
+pub use cq::{CompChannel, CompletionQueue, CqEvent};
 #[cfg(feature = "sim")]
 pub use device::WireSpec;
-pub use device::{devices, scan_vfio_pci, Device, DeviceRegistry, DeviceSpec, DEVICES_ENV, MELLANOX_VENDOR_ID};
+pub use device::{
+    cache_line_size, devices, host_config, scan_vfio_pci, Device, DeviceRegistry, DeviceSpec, DEVICES_ENV,
+    MELLANOX_VENDOR_ID,
+};
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
+pub use mlx5_core::cq::CqeError;
 pub use mlx5_core::cq::{LinkLayer, Notify, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use mlx5_core::eq::QpErrorKind;
-pub use mlx5_core::hca::{CqAttr, GidType, PortAttr};
+pub use mlx5_core::hca::{CqAttr, GidType, PortAttr, SrqAttr};
 pub use mlx5_core::mkey::Access;
 pub use mlx5_core::qp::{
     Ah, AhAttr, Grh, Mtu, PostError, PostErrorKind, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
     UdDest,
 };
 pub use mlx5_core::trace::{CmdRecord, CmdTrace};
-pub use mr::{DmaBuffer, MemoryRegion, RemoteBuf};
+pub use mr::{DmaBuffer, MemoryRegion, RemoteBuf, Rereg, ReregFailure};
 pub use pd::{AddressHandle, ProtectionDomain};
 pub use qp::{
-    CanRecv, ErrState, Init, InitAttr, QueuePair, RemoteQp, Reset, Rtr, RtrAttr, Rts, RtsAttr, TransitionError,
+    CanRecv, CanSend, ErrState, Init, InitAttr, QpInitAttr, QueuePair, RemoteQp, Reset, Rtr, RtrAttr, Rts, RtsAttr,
+    TransitionError,
 };
+pub use srq::{SharedReceiveQueue, SrqAttrMask, SrqInitAttr};

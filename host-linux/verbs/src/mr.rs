@@ -8,14 +8,16 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mlx5_core::hal::{Dma, DmaRegion};
+use mlx5_core::hca::Rereg as CoreRereg;
 use mlx5_core::mkey::{Access, Mr};
 use mlx5_core::qp::Sge;
 
-use crate::backend::AnyDma;
+use crate::backend::{AnyDma, MapKey};
 use crate::context::Context;
 use crate::error::{Result, VerbsError};
 use crate::event::lock;
 use crate::pd::{PdObj, ProtectionDomain};
+use crate::shared::Control;
 
 /// A memory region without borrows: it keeps its PD counted as used until deregistered.
 #[derive(Debug)]
@@ -23,6 +25,8 @@ pub(crate) struct MrObj {
     pd: Arc<PdObj>,
     /// The key until deregistered.
     mr: Mutex<Option<Mr>>,
+    /// The mapping of process memory it uses, if it covers process memory rather than a [`DmaBuffer`].
+    map: Option<MapKey>,
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
     pub(crate) addr: u64,
@@ -33,26 +37,82 @@ impl MrObj {
     pub(crate) fn reg(pd: &Arc<PdObj>, addr: *const u8, len: usize, access: Access) -> Result<MrObj> {
         let mut c = pd.ctx.dev.control();
         let guard = lock(&pd.pd);
-        let p = guard.as_ref().ok_or_else(|| VerbsError::Invalid("protection domain deallocated".into()))?;
+        let p = guard.as_ref().ok_or(VerbsError::Destroyed { what: "protection domain" })?;
         let (hca, delay) = c.parts();
         let mr = hca.reg_mr(p, addr, len, access, delay)?;
         pd.users.fetch_add(1, Ordering::AcqRel);
-        let (lkey, rkey, addr) = (mr.lkey, mr.rkey, mr.addr);
-        Ok(MrObj { pd: pd.clone(), mr: Mutex::new(Some(mr)), lkey, rkey, addr })
+        Ok(MrObj::made(pd, mr, None))
     }
 
-    /// `ibv_dereg_mr`. On failure the key may still exist: the PD stays in use and the memory must be kept.
+    fn made(pd: &Arc<PdObj>, mr: Mr, map: Option<MapKey>) -> MrObj {
+        let (lkey, rkey, addr) = (mr.lkey, mr.rkey, mr.addr);
+        MrObj { pd: pd.clone(), mr: Mutex::new(Some(mr)), map, lkey, rkey, addr }
+    }
+
+    /// `ibv_reg_mr_iova` over `len` bytes of process memory at `ptr`, mapped for the device (or sharing the
+    /// mapping that already holds them), at `iova` (the address by default).
+    ///
+    /// # Safety
+    /// The bytes stay allocated, and their whole pages hold nothing the device must not reach, until the region
+    /// is deregistered.
+    pub(crate) unsafe fn reg_user(
+        pd: &Arc<PdObj>,
+        ptr: NonNull<u8>,
+        len: usize,
+        iova: Option<u64>,
+        access: Access,
+    ) -> Result<MrObj> {
+        if len == 0 {
+            return Err(VerbsError::Invalid("a memory region covers at least one byte".into()));
+        }
+        let dev = &pd.ctx.dev;
+        let dma = dev.kind.dma();
+        let mut c = dev.control();
+        let guard = lock(&pd.pd);
+        let p = guard.as_ref().ok_or(VerbsError::Destroyed { what: "protection domain" })?;
+        // SAFETY: the caller's duties are `acquire`'s.
+        let key = unsafe { c.maps.acquire(&dma, ptr, len) }?;
+        let Control { hca, delay, maps, .. } = &mut *c;
+        let hca = hca.as_mut().ok_or(VerbsError::Destroyed { what: "device" })?;
+        let made = match maps.view(key, ptr, len) {
+            Some(view) => hca.reg_user_mr(p, view, iova, access, delay).map_err(VerbsError::from),
+            None => Err(VerbsError::Invalid("memory outside its mapping".into())),
+        };
+        match made {
+            Ok(mr) => {
+                pd.users.fetch_add(1, Ordering::AcqRel);
+                Ok(MrObj::made(pd, mr, Some(key)))
+            }
+            Err(e) => {
+                maps.release(&dma, key);
+                Err(e)
+            }
+        }
+    }
+
+    /// `ibv_dereg_mr`. On failure the key may still exist: the PD stays in use and a DMA buffer must be kept;
+    /// process memory is unmapped all the same (its owner gets it back), so the device can no longer reach it.
     pub(crate) fn dereg(&self) -> Result<()> {
         let mut c = self.pd.ctx.dev.control();
         let Some(mr) = lock(&self.mr).take() else { return Ok(()) };
         let (hca, delay) = c.parts();
-        hca.dereg_mr(mr, delay).map_err(|e| VerbsError::Destroy(e.error))?;
+        let res = hca.dereg_mr(mr, delay).map_err(|e| VerbsError::Destroy(e.error));
+        if let Some(key) = self.map {
+            let dma = self.pd.ctx.dev.kind.dma();
+            c.maps.release(&dma, key);
+        }
+        res?;
         self.pd.users.fetch_sub(1, Ordering::AcqRel);
         Ok(())
     }
 }
 
 impl Context {
+    /// Ranges of process memory mapped for the device now (memory regions over overlapping memory share one).
+    pub fn user_mappings(&self) -> usize {
+        self.dev().control().maps.len()
+    }
+
     /// DMA memory the device can reach, zero-filled, page aligned. Registered with [`ProtectionDomain::register`]
     /// it becomes a memory region.
     pub fn alloc_buffer(&self, len: usize) -> Result<DmaBuffer<'_>> {
@@ -82,7 +142,102 @@ impl<'ctx> ProtectionDomain<'ctx> {
     pub fn register<'a>(&'a self, buf: &'a mut DmaBuffer<'ctx>, access: Access) -> Result<MemoryRegion<'a>> {
         let base = buf.region.cpu();
         let obj = MrObj::reg(&self.obj, base.as_ptr(), buf.len, access)?;
-        Ok(MemoryRegion { obj, base: Span(base), len: buf.len, leaked: &mut buf.leaked, _pd: PhantomData })
+        Ok(MemoryRegion {
+            obj,
+            base: Span(base),
+            len: buf.len,
+            leaked: Some(&mut buf.leaked),
+            writable: true,
+            _borrows: PhantomData,
+        })
+    }
+
+    /// `ibv_reg_mr` over ordinary process memory (a `Vec`, a `Box`, the stack, any offset and length), registered
+    /// at its own address (`iova` = the address, as `ibv_reg_mr`). The memory is mapped for the device (on VFIO
+    /// pinned and entered into the IOMMU, as rdma-core's mlx5_vfio does) and stays borrowed while the region
+    /// lives; its bytes are reached through the region's [`read`](MemoryRegion::read) /
+    /// [`write`](MemoryRegion::write). Memory the device cannot reach is [`VerbsError::Dma`] naming the range.
+    ///
+    /// ```
+    /// use mlx5_verbs::{Access, Context};
+    /// let ctx = Context::open_sim()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let mut mem = vec![0u8; 10_000];
+    /// let mr = pd.reg_mr(&mut mem[3..9_000], Access::LOCAL_WRITE | Access::RELAXED_ORDERING)?;
+    /// assert_eq!(mr.len(), 8_997);
+    /// mr.write(0, b"hi")?;
+    /// drop(mr);
+    /// assert_eq!(&mem[3..5], b"hi");
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    pub fn reg_mr<'a>(&'a self, mem: &'a mut [u8], access: Access) -> Result<MemoryRegion<'a>> {
+        self.reg_mr_at(mem, None, access)
+    }
+
+    /// `ibv_reg_mr_iova`: as [`ProtectionDomain::reg_mr`], with the region starting at virtual address `iova`
+    /// (what work requests and peers name) instead of the memory's address. `iova` must agree with the memory's
+    /// address within a 4 KiB page, as the MTT pages are chosen from both.
+    pub fn reg_mr_iova<'a>(&'a self, mem: &'a mut [u8], iova: u64, access: Access) -> Result<MemoryRegion<'a>> {
+        self.reg_mr_at(mem, Some(iova), access)
+    }
+
+    fn reg_mr_at<'a>(&'a self, mem: &'a mut [u8], iova: Option<u64>, access: Access) -> Result<MemoryRegion<'a>> {
+        let len = mem.len();
+        let ptr = NonNull::new(mem.as_mut_ptr()).ok_or(VerbsError::Invalid("null memory".into()))?;
+        // SAFETY: the region borrows `mem` mutably for its whole life, so the bytes stay allocated and untouched
+        // by other code until it is deregistered (its drop); the pages around them are the process's own memory,
+        // as with any `ibv_reg_mr`.
+        let obj = unsafe { MrObj::reg_user(&self.obj, ptr, len, iova, access) }?;
+        Ok(MemoryRegion { obj, base: Span(ptr), len, leaked: None, writable: true, _borrows: PhantomData })
+    }
+
+    /// `ibv_reg_mr` over memory the device only reads (a send source, or a buffer peers read remotely), borrowed
+    /// shared: several such regions may cover the same bytes, sharing one mapping. Write rights (local write,
+    /// remote write, remote atomic) are refused (`EINVAL`), since the memory is borrowed read-only.
+    ///
+    /// ```
+    /// use mlx5_verbs::{Access, Context};
+    /// let ctx = Context::open_sim()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let data = vec![7u8; 8192];
+    /// let a = pd.reg_mr_readonly(&data, Access::REMOTE_READ)?;
+    /// let b = pd.reg_mr_readonly(&data[100..200], Access::default())?;
+    /// assert_ne!(a.lkey(), b.lkey());
+    /// assert!(pd.reg_mr_readonly(&data, Access::LOCAL_WRITE).is_err());
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    pub fn reg_mr_readonly<'a>(&'a self, mem: &'a [u8], access: Access) -> Result<MemoryRegion<'a>> {
+        let writes = Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0;
+        if access.0 & writes != 0 {
+            return Err(VerbsError::Invalid("write access to memory borrowed read-only".into()));
+        }
+        let len = mem.len();
+        let ptr = NonNull::new(mem.as_ptr().cast_mut()).ok_or(VerbsError::Invalid("null memory".into()))?;
+        // SAFETY: the region borrows `mem` for its whole life, so the bytes stay allocated until it is
+        // deregistered; without write rights the device never stores to them, so the shared borrow holds.
+        let obj = unsafe { MrObj::reg_user(&self.obj, ptr, len, None, access) }?;
+        Ok(MemoryRegion { obj, base: Span(ptr), len, leaked: None, writable: false, _borrows: PhantomData })
+    }
+
+    /// `ibv_reg_mr_iova` over raw memory, for callers that manage its life themselves (a C library). Regions over
+    /// overlapping memory share one mapping; memory partly inside another region's mapping is refused.
+    ///
+    /// # Safety
+    /// The `len` bytes at `addr` stay allocated until the region is deregistered (dropped or destroyed), and
+    /// nothing in the process relies on them keeping their value while the region grants the device write rights
+    /// (the device and peers may write them at any time); the whole pages covering them hold nothing the device
+    /// must not reach.
+    pub unsafe fn reg_mr_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        iova: Option<u64>,
+        access: Access,
+    ) -> Result<MemoryRegion<'_>> {
+        let ptr = NonNull::new(addr).ok_or(VerbsError::Invalid("null memory".into()))?;
+        // SAFETY: the caller's duties.
+        let obj = unsafe { MrObj::reg_user(&self.obj, ptr, len, iova, access) }?;
+        Ok(MemoryRegion { obj, base: Span(ptr), len, leaked: None, writable: true, _borrows: PhantomData })
     }
 }
 
@@ -157,10 +312,13 @@ pub struct MemoryRegion<'a> {
     obj: MrObj,
     base: Span,
     len: usize,
-    /// The buffer's `leaked` flag: borrowing it mutably keeps the whole buffer borrowed (so neither touched nor
-    /// freed) for as long as the region lives, and lets a failed deregistration keep the memory forever.
-    leaked: &'a mut bool,
-    _pd: PhantomData<&'a ProtectionDomain<'a>>,
+    /// For a [`DmaBuffer`], its `leaked` flag: borrowing it mutably keeps the whole buffer borrowed (so neither
+    /// touched nor freed) for as long as the region lives, and lets a failed deregistration keep the memory
+    /// forever. Process memory is borrowed through `_borrows` and unmapped whatever happens.
+    leaked: Option<&'a mut bool>,
+    /// False for memory borrowed shared ([`ProtectionDomain::reg_mr_readonly`]): `write` is refused.
+    writable: bool,
+    _borrows: PhantomData<(&'a ProtectionDomain<'a>, &'a mut [u8])>,
 }
 
 impl std::fmt::Debug for MemoryRegion<'_> {
@@ -169,7 +327,7 @@ impl std::fmt::Debug for MemoryRegion<'_> {
     }
 }
 
-impl MemoryRegion<'_> {
+impl<'a> MemoryRegion<'a> {
     pub fn lkey(&self) -> u32 {
         self.obj.lkey
     }
@@ -223,8 +381,12 @@ impl MemoryRegion<'_> {
         unsafe { AtomicU8::from_ptr(self.base.0.as_ptr().add(offset)) }
     }
 
-    /// Copies `data` into the region at `offset`. The device may read it concurrently.
+    /// Copies `data` into the region at `offset`. The device may read it concurrently. Refused for memory
+    /// registered read-only ([`ProtectionDomain::reg_mr_readonly`]), which the caller borrowed shared.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        if !self.writable {
+            return Err(VerbsError::Invalid("the region's memory is borrowed read-only".into()));
+        }
         self.check(offset, data.len())?;
         for (i, b) in data.iter().enumerate() {
             self.byte(offset + i).store(*b, Ordering::Relaxed);
@@ -257,8 +419,149 @@ impl MemoryRegion<'_> {
     }
 
     fn dereg(&mut self) -> Result<()> {
-        self.obj.dereg().inspect_err(|_| *self.leaked = true)
+        self.obj.dereg().inspect_err(|_| {
+            if let Some(l) = self.leaked.as_deref_mut() {
+                *l = true;
+            }
+        })
     }
+
+    /// The access rights granted.
+    pub fn access(&self) -> Access {
+        lock(&self.obj.mr).as_ref().map_or(Access::default(), |m| m.access)
+    }
+
+    /// `ibv_rereg_mr`: changes the region's memory (`IBV_REREG_MR_CHANGE_TRANSLATION`, process memory at its
+    /// address or `iova`), protection domain (`_CHANGE_PD`) and access (`_CHANGE_ACCESS`), as `req` says. A new
+    /// key is made and the old one destroyed, so both keys change. On failure the old region comes back,
+    /// still registered as it was. The new region keeps the old one's borrows (one lifetime covers the PD and the
+    /// memory), so old memory is given back to the caller when the new region goes.
+    ///
+    /// ```
+    /// use mlx5_verbs::{Access, Context, Rereg};
+    /// let ctx = Context::open_sim()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let mut a = vec![0u8; 4096];
+    /// let mut b = vec![0u8; 100];
+    /// let mr = pd.reg_mr(&mut a, Access::LOCAL_WRITE)?;
+    /// let mr = mr.rereg(Rereg { access: Some(Access::LOCAL_WRITE | Access::REMOTE_READ), ..Rereg::default() })
+    ///     .map_err(|e| e.error)?;
+    /// assert!(mr.access().contains(Access::REMOTE_READ));
+    /// let mr = mr.rereg(Rereg { memory: Some((&mut b, None)), ..Rereg::default() }).map_err(|e| e.error)?;
+    /// assert_eq!(mr.len(), 100);
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    pub fn rereg<'b>(mut self, req: Rereg<'b>) -> std::result::Result<MemoryRegion<'b>, ReregFailure<'a>>
+    where
+        'a: 'b,
+    {
+        let new_mem = req.memory.as_ref().map(|(m, _)| (m.as_ptr().cast_mut(), m.len()));
+        let writes = Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0;
+        if !self.writable && new_mem.is_none() && req.access.is_some_and(|a| a.0 & writes != 0) {
+            // Write rights over memory borrowed shared would let the device store to it.
+            let error = VerbsError::Invalid("write access to memory borrowed read-only".into());
+            return Err(ReregFailure { mr: self, error });
+        }
+        match self.rereg_inner(req) {
+            Ok(obj) => {
+                let (base, len, leaked, writable) = match new_mem {
+                    // New memory: the old buffer (if any) is covered by no key any more and may go.
+                    Some((p, len)) => (Span(NonNull::new(p).unwrap_or(NonNull::dangling())), len, None, true),
+                    None => (Span(self.base.0), self.len, self.leaked.take(), self.writable),
+                };
+                // `self` holds no key any more: dropping it deregisters nothing.
+                Ok(MemoryRegion { obj, base, len, leaked, writable, _borrows: PhantomData })
+            }
+            Err(error) => Err(ReregFailure { mr: self, error }),
+        }
+    }
+
+    fn rereg_inner(&self, req: Rereg<'_>) -> Result<MrObj> {
+        let old_pd = &self.obj.pd;
+        let new_pd = req.pd.map_or_else(|| old_pd.clone(), |p| p.obj.clone());
+        if !Arc::ptr_eq(&new_pd.ctx.dev, &old_pd.ctx.dev) {
+            return Err(VerbsError::Invalid("the protection domain is another device's".into()));
+        }
+        let dev = &old_pd.ctx.dev;
+        let dma = dev.kind.dma();
+        let mut c = dev.control();
+        let mut slot = lock(&self.obj.mr);
+        let mr = slot.take().ok_or(VerbsError::Destroyed { what: "memory region" })?;
+        let mem = match &req.memory {
+            Some((m, iova)) => {
+                let ptr = NonNull::new(m.as_ptr().cast_mut()).ok_or(VerbsError::Invalid("null memory".into()));
+                // SAFETY: the new region borrows the memory mutably for its whole life ('b), as `reg_mr` does.
+                match ptr.and_then(|p| unsafe { c.maps.acquire(&dma, p, m.len()) }.map(|k| (p, m.len(), k, *iova))) {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        *slot = Some(mr);
+                        return Err(e);
+                    }
+                }
+            }
+            None => None,
+        };
+        let pd_guard = lock(&new_pd.pd);
+        let Control { hca, delay, maps, .. } = &mut *c;
+        let hca = hca.as_mut().ok_or(VerbsError::Destroyed { what: "device" })?;
+        let Some(p) = pd_guard.as_ref() else {
+            *slot = Some(mr);
+            if let Some((_, _, k, _)) = mem {
+                maps.release(&dma, k);
+            }
+            return Err(VerbsError::Destroyed { what: "protection domain" });
+        };
+        let view = mem.and_then(|(ptr, len, k, iova)| Some((maps.view(k, ptr, len)?, iova)));
+        let core_req = CoreRereg { translation: view, pd: req.pd.map(|_| p), access: req.access };
+        match hca.rereg_mr(mr, core_req, delay) {
+            Ok(new) => {
+                // The old key is gone: its mapping share (when the memory changed) and its PD count go with it.
+                let map = match mem {
+                    Some((_, _, k, _)) => {
+                        if let Some(old) = self.obj.map {
+                            maps.release(&dma, old);
+                        }
+                        Some(k)
+                    }
+                    None => self.obj.map,
+                };
+                new_pd.users.fetch_add(1, Ordering::AcqRel);
+                old_pd.users.fetch_sub(1, Ordering::AcqRel);
+                Ok(MrObj::made(&new_pd, new, map))
+            }
+            Err(e) => {
+                *slot = Some(e.mr);
+                if let Some(n) = e.new {
+                    // Both keys live: the old one stays (as the caller had it), the new one goes.
+                    if let Err(d) = hca.dereg_mr(n, delay) {
+                        log::error!("re-registration: the new key {:#x} could not be destroyed", d.obj.lkey);
+                    }
+                }
+                if let Some((_, _, k, _)) = mem {
+                    maps.release(&dma, k);
+                }
+                Err(e.error.into())
+            }
+        }
+    }
+}
+
+/// What [`MemoryRegion::rereg`] asks to change; `None` keeps the old value. At least one must be given.
+#[derive(Debug, Default)]
+pub struct Rereg<'b> {
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`: new process memory, at its address or at the given `iova`.
+    pub memory: Option<(&'b mut [u8], Option<u64>)>,
+    /// `IBV_REREG_MR_CHANGE_PD`.
+    pub pd: Option<&'b ProtectionDomain<'b>>,
+    /// `IBV_REREG_MR_CHANGE_ACCESS`.
+    pub access: Option<Access>,
+}
+
+/// A refused [`MemoryRegion::rereg`]: the region, registered as before, and why.
+#[derive(Debug)]
+pub struct ReregFailure<'a> {
+    pub mr: MemoryRegion<'a>,
+    pub error: VerbsError,
 }
 
 impl Drop for MemoryRegion<'_> {

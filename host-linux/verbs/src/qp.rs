@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use mlx5_core::cq::LinkLayer;
-use mlx5_core::hca::QpInitAttr;
+use mlx5_core::hca::QpInitAttr as CoreQpInitAttr;
 use mlx5_core::mkey::Access;
 use mlx5_core::qp::{
     required_attrs, AhAttr, Grh, Mtu, PostError, PostErrorKind, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
@@ -13,10 +13,11 @@ use mlx5_core::qp::{
 };
 
 use crate::context::Context;
-use crate::cq::{CompletionQueue, CqObj, QpCell};
+use crate::cq::{CompletionQueue, CqObj, QpCell, QpEntry};
 use crate::error::{Result, VerbsError};
 use crate::event::lock;
 use crate::pd::{PdObj, ProtectionDomain};
+use crate::srq::{SharedReceiveQueue, SrqObj};
 
 /// QP states as types: a QP can post sends only in [`Rts`], receives from [`Init`] on.
 #[derive(Debug)]
@@ -37,6 +38,7 @@ pub trait CanRecv {}
 impl CanRecv for Init {}
 impl CanRecv for Rtr {}
 impl CanRecv for Rts {}
+impl CanRecv for ErrState {}
 
 /// What the peer of an RC QP (or the target of an exchange) is: QPN, first PSN, and its address on the fabric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -46,6 +48,12 @@ pub struct RemoteQp {
     pub lid: u16,
     pub gid: [u8; 16],
     pub mac: [u8; 6],
+}
+
+/// Whether an InfiniBand peer's GID lies in another subnet than ours (its 64-bit prefix differs; a zero GID
+/// says nothing), which needs a GRH to be routed.
+fn crosses_subnet(mine: &[u8; 16], peer: &[u8; 16]) -> bool {
+    peer != &[0; 16] && mine[..8] != peer[..8]
 }
 
 /// The mask verbs requires for a transition of this API's typed path (every such transition is in the table).
@@ -81,6 +89,10 @@ pub struct RtrAttr {
     mask: QpAttrMask,
     /// Filled from the context's link layer when the transition runs (GRH for RoCE, LID for InfiniBand).
     remote: Option<RemoteQp>,
+    /// The GRH's hop limit and source GID index, and whether the caller asked for a GRH on InfiniBand.
+    hop_limit: u8,
+    sgid_index: u8,
+    global: bool,
 }
 
 impl RtrAttr {
@@ -95,13 +107,46 @@ impl RtrAttr {
             min_rnr_timer: 12,
             ..QpAttr::default()
         };
-        RtrAttr { attr, mask: required(QpType::Rc, QpState::Init, QpState::Rtr), remote: Some(remote) }
+        RtrAttr {
+            attr,
+            mask: required(QpType::Rc, QpState::Init, QpState::Rtr),
+            remote: Some(remote),
+            hop_limit: 64,
+            sgid_index: 0,
+            global: false,
+        }
+    }
+
+    /// The GRH's hop limit (`ah_attr.grh.hop_limit`; 64 unless set).
+    pub fn hop_limit(mut self, hop_limit: u8) -> Self {
+        self.hop_limit = hop_limit;
+        self
+    }
+
+    /// The source GID index for the GRH (`ah_attr.grh.sgid_index`; 0 unless set).
+    pub fn sgid_index(mut self, index: u8) -> Self {
+        self.sgid_index = index;
+        self
+    }
+
+    /// On InfiniBand, address the peer by its GID with a GRH (`ah_attr.is_global`, as rc_pingpong does when given
+    /// a GID index). Without it a GRH is used only when the peer's GID is in another subnet. RoCE always has one.
+    pub fn global(mut self) -> Self {
+        self.global = true;
+        self
     }
 
     /// A UD QP: nothing but the state.
     pub fn ud() -> Self {
         let attr = QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() };
-        RtrAttr { attr, mask: required(QpType::Ud, QpState::Init, QpState::Rtr), remote: None }
+        RtrAttr {
+            attr,
+            mask: required(QpType::Ud, QpState::Init, QpState::Rtr),
+            remote: None,
+            hop_limit: 64,
+            sgid_index: 0,
+            global: false,
+        }
     }
 
     pub fn mtu(mut self, mtu: Mtu) -> Self {
@@ -155,8 +200,11 @@ pub(crate) struct QpObj {
     pd: Arc<PdObj>,
     send_cq: Arc<CqObj>,
     recv_cq: Arc<CqObj>,
+    /// The SRQ it receives through, if any.
+    srq: Option<Arc<SrqObj>>,
     qpn: u32,
     cap: QpCap,
+    qp_context: u64,
     ring: QpCell,
 }
 
@@ -167,15 +215,19 @@ impl QpObj {
         pd: &Arc<PdObj>,
         send_cq: &Arc<CqObj>,
         recv_cq: &Arc<CqObj>,
-        attr: QpInitAttr,
+        attr: CoreQpInitAttr,
+        srq: Option<&Arc<SrqObj>>,
+        qp_context: u64,
     ) -> Result<QpObj> {
         let mut c = pd.ctx.dev.control();
         let (first, second) = if send_cq.cqn() <= recv_cq.cqn() { (send_cq, recv_cq) } else { (recv_cq, send_cq) };
         let mut g1 = lock(&first.ring);
         let mut g2 = (!Arc::ptr_eq(first, second)).then(|| lock(&second.ring));
         let pd_guard = lock(&pd.pd);
-        let p = pd_guard.as_ref().ok_or_else(|| VerbsError::Invalid("protection domain deallocated".into()))?;
-        let destroyed = || VerbsError::Invalid("CQ already destroyed".into());
+        let p = pd_guard.as_ref().ok_or(VerbsError::Destroyed { what: "protection domain" })?;
+        let destroyed = || VerbsError::Destroyed { what: "completion queue" };
+        // Control → CQs → SRQ: the SRQ's lock is taken last and no QP lock is held.
+        let srq_guard = srq.map(|s| lock(&s.ring));
         let qp = {
             let c1 = g1.cq.as_ref().ok_or_else(destroyed)?;
             let c2 = match &g2 {
@@ -184,26 +236,49 @@ impl QpObj {
             };
             let (s, r) = if Arc::ptr_eq(first, send_cq) { (c1, c2) } else { (c2, c1) };
             let (hca, delay) = c.parts();
-            hca.create_qp(p, s, r, attr, delay)?
+            match &srq_guard {
+                Some(g) => {
+                    let sq = g.as_ref().ok_or(VerbsError::Destroyed { what: "shared receive queue" })?;
+                    hca.create_qp_with_srq(p, s, r, attr, sq, delay)?
+                }
+                None => hca.create_qp(p, s, r, attr, delay)?,
+            }
         };
+        drop(srq_guard);
         let (qpn, cap) = (qp.qpn(), qp.cap());
+        let srqn = srq.map(|s| s.srqn());
         let ring: QpCell = Arc::new(Mutex::new(Some(qp)));
-        g1.qps.insert(qpn, ring.clone());
+        g1.qps.insert(qpn, QpEntry { cell: ring.clone(), srqn });
         if let Some(g) = &mut g2 {
-            g.qps.insert(qpn, ring.clone());
+            g.qps.insert(qpn, QpEntry { cell: ring.clone(), srqn });
+        }
+        if let Some(s) = srq {
+            // Receive completions arrive on the receive CQ, which resolves them through the SRQ.
+            let g = if Arc::ptr_eq(first, recv_cq) { &mut *g1 } else { g2.as_deref_mut().unwrap_or(&mut *g1) };
+            g.srqs.entry(s.srqn()).or_insert_with(|| (s.ring.clone(), 0)).1 += 1;
+            s.users.fetch_add(1, Ordering::AcqRel);
         }
         pd.users.fetch_add(1, Ordering::AcqRel);
         send_cq.users.fetch_add(1, Ordering::AcqRel);
         recv_cq.users.fetch_add(1, Ordering::AcqRel);
         c.route_qp(qpn, pd.ctx.id);
-        Ok(QpObj { pd: pd.clone(), send_cq: send_cq.clone(), recv_cq: recv_cq.clone(), qpn, cap, ring })
+        Ok(QpObj {
+            pd: pd.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            srq: srq.cloned(),
+            qpn,
+            cap,
+            qp_context,
+            ring,
+        })
     }
 
     /// `ibv_modify_qp`.
     pub(crate) fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let mut c = self.pd.ctx.dev.control();
         let mut g = lock(&self.ring);
-        let qp = g.as_mut().ok_or_else(|| VerbsError::Invalid("QP destroyed".into()))?;
+        let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
         let (hca, delay) = c.parts();
         Ok(hca.modify_qp(qp, attr, mask, delay)?)
     }
@@ -212,7 +287,7 @@ impl QpObj {
     pub(crate) fn query_state(&self) -> Result<QpState> {
         let mut c = self.pd.ctx.dev.control();
         let g = lock(&self.ring);
-        let qp = g.as_ref().ok_or_else(|| VerbsError::Invalid("QP destroyed".into()))?;
+        let qp = g.as_ref().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
         let (hca, delay) = c.parts();
         Ok(hca.query_qp(qp, delay)?.state)
     }
@@ -220,7 +295,7 @@ impl QpObj {
     /// `ibv_post_send`: the QP's lock only. A dead device fails the post as `Hca::post_send` does.
     pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut g = lock(&self.ring);
-        let qp = g.as_mut().ok_or_else(|| VerbsError::Invalid("QP destroyed".into()))?;
+        let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
@@ -231,7 +306,7 @@ impl QpObj {
     /// `ibv_post_recv`: the QP's lock only.
     pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let mut g = lock(&self.ring);
-        let qp = g.as_mut().ok_or_else(|| VerbsError::Invalid("QP destroyed".into()))?;
+        let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
@@ -254,6 +329,15 @@ impl QpObj {
         if let Some(g) = &mut g2 {
             g.qps.remove(&self.qpn);
         }
+        if let Some(s) = &self.srq {
+            let g = if Arc::ptr_eq(first, &self.recv_cq) { &mut *g1 } else { g2.as_deref_mut().unwrap_or(&mut *g1) };
+            if let Some(e) = g.srqs.get_mut(&s.srqn()) {
+                e.1 -= 1;
+                if e.1 == 0 {
+                    g.srqs.remove(&s.srqn());
+                }
+            }
+        }
         drop((g1, g2));
         c.unroute_qp(self.qpn);
         let (hca, delay) = c.parts();
@@ -265,6 +349,9 @@ impl QpObj {
         self.pd.users.fetch_sub(1, Ordering::AcqRel);
         self.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+        if let Some(s) = &self.srq {
+            s.users.fetch_sub(1, Ordering::AcqRel);
+        }
         Ok(())
     }
 }
@@ -298,6 +385,35 @@ pub struct QueuePair<'a, S> {
     _borrows: PhantomData<(&'a ProtectionDomain<'a>, &'a CompletionQueue<'a>, S)>,
 }
 
+/// What `ibv_create_qp` takes (`ibv_qp_init_attr`): the CQs, an SRQ to receive through, the queue sizes,
+/// whether every send is signaled, and the caller's `qp_context`.
+#[derive(Debug, Clone, Copy)]
+pub struct QpInitAttr<'a, 'ctx> {
+    pub qp_type: QpType,
+    pub send_cq: &'a CompletionQueue<'ctx>,
+    pub recv_cq: &'a CompletionQueue<'ctx>,
+    /// Receive through this SRQ (`init_attr.srq`): the QP has no receive queue of its own (`max_recv_wr` and
+    /// `max_recv_sge` are granted as 0) and its receive completions name the SRQ's work requests.
+    pub srq: Option<&'a SharedReceiveQueue<'a>>,
+    pub cap: QpCap,
+    /// `sq_sig_all`: every send completes, whatever its `SIGNALED` flag.
+    pub sq_sig_all: bool,
+    /// Returned by [`QueuePair::qp_context`].
+    pub qp_context: u64,
+}
+
+impl<'a, 'ctx> QpInitAttr<'a, 'ctx> {
+    /// A QP of `qp_type` on these CQs with `cap`, no SRQ, sends signaled as their flags say, context 0.
+    pub fn new(
+        qp_type: QpType,
+        send_cq: &'a CompletionQueue<'ctx>,
+        recv_cq: &'a CompletionQueue<'ctx>,
+        cap: QpCap,
+    ) -> Self {
+        QpInitAttr { qp_type, send_cq, recv_cq, srq: None, cap, sq_sig_all: false, qp_context: 0 }
+    }
+}
+
 impl<'ctx> ProtectionDomain<'ctx> {
     /// `ibv_create_qp`: a QP in RESET completing sends on `send_cq` and receives on `recv_cq`.
     pub fn create_qp<'a>(
@@ -307,9 +423,28 @@ impl<'ctx> ProtectionDomain<'ctx> {
         recv_cq: &'a CompletionQueue<'ctx>,
         cap: QpCap,
     ) -> Result<QueuePair<'a, Reset>> {
-        let attr = QpInitAttr { qp_type, cap, sq_sig_all: false };
-        let obj = QpObj::create(&self.obj, &send_cq.obj, &recv_cq.obj, attr)?;
-        Ok(QueuePair { ctx: self.context(), h: QpHandle(Arc::new(obj)), qp_type, _borrows: PhantomData })
+        self.create_qp_with(QpInitAttr::new(qp_type, send_cq, recv_cq, cap))
+    }
+
+    /// `ibv_create_qp` with every attribute of [`QpInitAttr`] (an SRQ, `sq_sig_all`, `qp_context`).
+    ///
+    /// ```
+    /// use mlx5_verbs::{Context, QpCap, QpInitAttr, QpType, SrqInitAttr};
+    /// let ctx = Context::open_sim()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let cq = ctx.create_cq(16)?;
+    /// let srq = pd.create_srq(SrqInitAttr { max_wr: 16, max_sge: 1, srq_limit: 0 })?;
+    /// let cap = QpCap { max_send_wr: 4, max_send_sge: 1, ..QpCap::default() };
+    /// let attr = QpInitAttr { srq: Some(&srq), sq_sig_all: true, qp_context: 42, ..QpInitAttr::new(QpType::Rc, &cq, &cq, cap) };
+    /// let qp = pd.create_qp_with(attr)?;
+    /// assert_eq!((qp.qp_context(), qp.cap().max_recv_wr, qp.srqn()), (42, 0, Some(srq.srqn())));
+    /// # Ok::<(), mlx5_verbs::VerbsError>(())
+    /// ```
+    pub fn create_qp_with<'a>(&'a self, a: QpInitAttr<'a, 'ctx>) -> Result<QueuePair<'a, Reset>> {
+        let attr = CoreQpInitAttr { qp_type: a.qp_type, cap: a.cap, sq_sig_all: a.sq_sig_all };
+        let srq = a.srq.map(|s| &s.obj);
+        let obj = QpObj::create(&self.obj, &a.send_cq.obj, &a.recv_cq.obj, attr, srq, a.qp_context)?;
+        Ok(QueuePair { ctx: self.context(), h: QpHandle(Arc::new(obj)), qp_type: a.qp_type, _borrows: PhantomData })
     }
 }
 
@@ -335,6 +470,16 @@ impl<'a, S> QueuePair<'a, S> {
     /// The capabilities granted (at least those requested).
     pub fn cap(&self) -> QpCap {
         self.h.0.cap
+    }
+
+    /// The `qp_context` given at creation.
+    pub fn qp_context(&self) -> u64 {
+        self.h.0.qp_context
+    }
+
+    /// The SRQ it receives through, if any.
+    pub fn srqn(&self) -> Option<u32> {
+        self.h.0.srq.as_ref().map(|s| s.srqn())
     }
 
     /// The state firmware reports (`ibv_query_qp`); differs from `S` when the device moved the QP to an error
@@ -409,14 +554,18 @@ impl<'a> QueuePair<'a, Init> {
     pub fn to_rtr(self, a: RtrAttr) -> std::result::Result<QueuePair<'a, Rtr>, TransitionError<'a, Init>> {
         let mut attr = a.attr;
         if let Some(r) = a.remote {
+            let grh = Grh { dgid: r.gid, hop_limit: a.hop_limit, sgid_index: a.sgid_index, ..Grh::default() };
             attr.ah_attr = match self.ctx.link_layer() {
-                LinkLayer::Ethernet => AhAttr {
-                    grh: Some(Grh { dgid: r.gid, hop_limit: 64, ..Grh::default() }),
-                    dmac: r.mac,
-                    port_num: 1,
-                    ..AhAttr::default()
-                },
-                LinkLayer::InfiniBand => AhAttr { dlid: r.lid, port_num: 1, ..AhAttr::default() },
+                // RoCE is routed by GID: always a GRH.
+                LinkLayer::Ethernet => AhAttr { grh: Some(grh), dmac: r.mac, port_num: 1, ..AhAttr::default() },
+                LinkLayer::InfiniBand => {
+                    let across = match self.ctx.query_gid(a.sgid_index.into()) {
+                        Ok(mine) => crosses_subnet(&mine, &r.gid),
+                        Err(error) => return Err(TransitionError { qp: self, error }),
+                    };
+                    let grh = (a.global || across).then_some(grh);
+                    AhAttr { dlid: r.lid, grh, port_num: 1, ..AhAttr::default() }
+                }
             };
         }
         self.modify(&attr, a.mask)
@@ -430,16 +579,23 @@ impl<'a> QueuePair<'a, Rtr> {
     }
 }
 
-impl QueuePair<'_, Rts> {
+/// States in which sends may be posted: RTS, and ERR, where (as the IB spec says) they are accepted and
+/// complete with `WR_FLUSH_ERR`.
+pub trait CanSend {}
+impl CanSend for Rts {}
+impl CanSend for ErrState {}
+
+impl<S: CanSend> QueuePair<'_, S> {
     /// `ibv_post_send`: posts every request and rings the doorbell once. Allocates nothing and takes only the
-    /// QP's lock. On error, the requests before `PostError::index` are posted.
+    /// QP's lock. On error, the requests before `PostError::index` are posted. In ERR the requests are flushed.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.h.0.post_send(wrs)
     }
 }
 
 impl<S: CanRecv> QueuePair<'_, S> {
-    /// `ibv_post_recv`. Allocates nothing and takes only the QP's lock.
+    /// `ibv_post_recv`. Allocates nothing and takes only the QP's lock. In ERR the requests are flushed; a QP
+    /// on an SRQ has no receive queue (post to the SRQ).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.h.0.post_recv(wrs)
     }
@@ -456,23 +612,51 @@ mod tests {
     fn destroying_a_pd_or_cq_in_use_is_busy() {
         let ctx = Context::open_sim().unwrap();
         let pd = PdObj::alloc(&ctx.shared).unwrap();
-        let cq = CqObj::create(&ctx.shared, mlx5_core::hca::CqAttr { cqe: 8, ..Default::default() }).unwrap();
+        let cq = CqObj::create(&ctx.shared, mlx5_core::hca::CqAttr { cqe: 8, ..Default::default() }, 0, None).unwrap();
         let mut buf = ctx.alloc_buffer(4096).unwrap();
         let mr = MrObj::reg(&pd, buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE).unwrap();
-        let attr = QpInitAttr {
+        let attr = CoreQpInitAttr {
             qp_type: QpType::Rc,
             cap: QpCap { max_send_wr: 1, max_recv_wr: 1, ..QpCap::default() },
             sq_sig_all: false,
         };
-        let qp = QpObj::create(&pd, &cq, &cq, attr).unwrap();
+        let qp = QpObj::create(&pd, &cq, &cq, attr, None, 0).unwrap();
         assert!(matches!(pd.dealloc(), Err(VerbsError::Busy { users: 2, .. })));
-        assert!(matches!(cq.destroy(), Err(VerbsError::Busy { users: 2, .. })), "send and receive side");
+        assert!(matches!(cq.destroy(false), Err(VerbsError::Busy { users: 2, .. })), "send and receive side");
         qp.destroy().unwrap();
         qp.destroy().unwrap();
-        cq.destroy().unwrap();
+        cq.destroy(true).unwrap();
         assert!(matches!(pd.dealloc(), Err(VerbsError::Busy { users: 1, .. })));
         mr.dereg().unwrap();
         pd.dealloc().unwrap();
         assert!(pd.dealloc().is_ok(), "a second dealloc finds nothing to do");
+    }
+
+    /// As `ibv_destroy_srq`: an SRQ with QPs attached is `Busy` (and its PD too); once they are gone it goes.
+    #[test]
+    fn destroying_an_srq_with_qps_attached_is_busy() {
+        let ctx = Context::open_sim().unwrap();
+        let pd = PdObj::alloc(&ctx.shared).unwrap();
+        let cq = CqObj::create(&ctx.shared, mlx5_core::hca::CqAttr { cqe: 8, ..Default::default() }, 0, None).unwrap();
+        let srq = SrqObj::create(&pd, mlx5_core::hca::SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
+        let attr = CoreQpInitAttr {
+            qp_type: QpType::Rc,
+            cap: QpCap { max_send_wr: 1, ..QpCap::default() },
+            sq_sig_all: false,
+        };
+        let a = QpObj::create(&pd, &cq, &cq, attr, Some(&srq), 1).unwrap();
+        let b = QpObj::create(&pd, &cq, &cq, attr, Some(&srq), 2).unwrap();
+        assert_eq!(lock(&cq.ring).srqs.get(&srq.srqn()).map(|e| e.1), Some(2), "one table entry for both QPs");
+        assert!(matches!(srq.destroy(), Err(VerbsError::Busy { what: "shared receive queue", users: 2 })));
+        assert!(matches!(pd.dealloc(), Err(VerbsError::Busy { users: 3, .. })), "two QPs and the SRQ");
+        a.destroy().unwrap();
+        assert!(matches!(srq.destroy(), Err(VerbsError::Busy { users: 1, .. })));
+        b.destroy().unwrap();
+        assert!(lock(&cq.ring).srqs.is_empty(), "the CQ forgets the SRQ with its last QP");
+        srq.destroy().unwrap();
+        srq.destroy().unwrap();
+        assert!(matches!(srq.post_recv(&[]), Err(VerbsError::Destroyed { .. })));
+        cq.destroy(true).unwrap();
+        pd.dealloc().unwrap();
     }
 }

@@ -3,9 +3,9 @@
 //! that ticks health (Linux's `poll_health` timer) and drains the async EQ while nobody else does.
 //!
 //! Locking (see ARCHITECTURE.md): the control mutex guards the [`Hca`](mlx5_core::hca::Hca), the waiting delay
-//! and the routing tables; each CQ and each QP has its own mutex over its ring. Locks are taken in the order
-//! control → CQ (two CQs by ascending CQN) → QP, never the other way; the datapath (post, poll) takes only its
-//! object's lock (and, polling, the locks of the QPs its CQEs name), never the control mutex.
+//! and the routing tables; each CQ, QP and SRQ has its own mutex over its ring. Locks are taken in the order
+//! control → CQ (two CQs by ascending CQN) → QP → SRQ, never the other way; the datapath (post, poll) takes only
+//! its object's lock (and, polling, the locks of the QPs and SRQs its CQEs name), never the control mutex.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::{Deref, DerefMut};
@@ -20,7 +20,7 @@ use mlx5_core::qp::Qp;
 use mlx5_core::vport::{QueryHcaVportContext, QueryNicVportContext};
 
 use crate::backend::{AnyDelay, AnyHca, AnyMmio, DeviceKind};
-use crate::event::{lock, EventQueue};
+use crate::event::{lock, ChannelShared, EventQueue};
 
 /// How often the service thread drains the async EQ, so events reach a waiting `poll` on the event descriptor
 /// without the application calling in.
@@ -28,10 +28,30 @@ const EVENT_POLL: Duration = Duration::from_millis(50);
 
 /// What routes an event naming a CQ.
 #[derive(Debug)]
-struct CqRoute {
-    ctx: u64,
+pub(crate) struct CqRoute {
+    pub(crate) ctx: u64,
     /// The CQ's failed flag, set by a CQ error event; its poll then completes what the device will not.
-    failed: Arc<AtomicBool>,
+    pub(crate) failed: Arc<AtomicBool>,
+    /// The completion channel its completion events go to (`None`: the CQ was made without one and its events
+    /// are dropped, as a CQ without a channel has nowhere to report them).
+    pub(crate) channel: Option<u64>,
+    /// The CQ, to count the events handed out for it.
+    pub(crate) obj: Weak<dyn CqEventTarget>,
+}
+
+/// What a completion event names: a CQ counting the events handed out for it (`ibv_ack_cq_events` balances
+/// them; `ibv_destroy_cq` waits for that).
+pub(crate) trait CqEventTarget: Send + Sync + std::fmt::Debug {
+    /// The CQ's number.
+    fn cqn(&self) -> u32;
+    /// The caller's value given at creation (`cq_context`).
+    fn cq_context(&self) -> u64;
+    /// One event of this CQ was handed out.
+    fn event_taken(&self);
+    /// An event nobody can take (the CQ has no channel): acknowledged at once, under the control mutex.
+    fn ack_dropped(&self, hca: &mut AnyHca);
+    /// `ibv_ack_cq_events`.
+    fn ack(&self, n: u32) -> Result<(), crate::error::VerbsError>;
 }
 
 /// Everything the control path changes, behind one mutex.
@@ -43,8 +63,13 @@ pub(crate) struct Control {
     listeners: Vec<(u64, Weak<EventQueue>)>,
     cq_routes: HashMap<u32, CqRoute>,
     qp_routes: HashMap<u32, u64>,
-    /// Completion events taken from the HCA for each context's CQs and not handed out yet.
+    srq_routes: HashMap<u32, u64>,
+    /// Completion events taken from the HCA for each completion channel's CQs and not handed out yet.
     cq_events: HashMap<u64, VecDeque<u32>>,
+    /// Each completion channel's descriptor, to wake a `poll` on it when an event is queued.
+    channels: HashMap<u64, Weak<ChannelShared>>,
+    /// Process memory mapped for the device, shared by the memory regions over it.
+    pub(crate) maps: crate::backend::UserMaps,
     /// Objects firmware did not confirm destroying: kept (never freed) until the function is disabled.
     pub(crate) orphan_cqs: Vec<Cq>,
     pub(crate) orphan_qps: Vec<Qp>,
@@ -66,8 +91,8 @@ impl Control {
         (self.hca.as_mut().expect("the HCA lives as long as any context or object"), &mut self.delay)
     }
 
-    pub(crate) fn route_cq(&mut self, cqn: u32, ctx: u64, failed: Arc<AtomicBool>) {
-        self.cq_routes.insert(cqn, CqRoute { ctx, failed });
+    pub(crate) fn route_cq(&mut self, cqn: u32, route: CqRoute) {
+        self.cq_routes.insert(cqn, route);
     }
 
     pub(crate) fn unroute_cq(&mut self, cqn: u32) {
@@ -85,10 +110,53 @@ impl Control {
         self.qp_routes.remove(&qpn);
     }
 
-    /// A context closed: its pending completion events go with it.
+    pub(crate) fn route_srq(&mut self, srqn: u32, ctx: u64) {
+        self.srq_routes.insert(srqn, ctx);
+    }
+
+    pub(crate) fn unroute_srq(&mut self, srqn: u32) {
+        self.srq_routes.remove(&srqn);
+    }
+
+    /// A context closed: its pending completion events (of its default channel) go with it.
     pub(crate) fn forget(&mut self, ctx: u64) {
         self.cq_events.remove(&ctx);
         self.listeners.retain(|(id, w)| *id != ctx && w.strong_count() > 0);
+    }
+
+    pub(crate) fn add_channel(&mut self, ch: &Arc<ChannelShared>) {
+        self.channels.retain(|_, w| w.strong_count() > 0);
+        self.channels.insert(ch.id, Arc::downgrade(ch));
+    }
+
+    /// A completion channel closed: its pending events go with it.
+    pub(crate) fn remove_channel(&mut self, id: u64) {
+        self.channels.remove(&id);
+        self.cq_events.remove(&id);
+    }
+
+    /// Whether a completion channel has CQs routed to it (`ibv_destroy_comp_channel` refuses with EBUSY then).
+    pub(crate) fn channel_users(&self, id: u64) -> usize {
+        self.cq_routes.values().filter(|r| r.channel == Some(id)).count()
+    }
+
+    /// Moves the HCA's pending completion events to the channels of their CQs, waking a `poll` on each.
+    pub(crate) fn dispatch_cq_events(&mut self) -> Result<(), mlx5_core::hca::Error> {
+        loop {
+            let (hca, delay) = self.parts();
+            let Some(cqn) = hca.get_cq_event(delay)? else { return Ok(()) };
+            let Some(ch) = self.cq_routes.get(&cqn).and_then(|r| r.channel) else {
+                // Without a channel nobody can take the event: it is acknowledged here so the CQ stays balanced.
+                if let Some(obj) = self.cq_routes.get(&cqn).and_then(|r| r.obj.upgrade()) {
+                    obj.ack_dropped(self.hca());
+                }
+                continue;
+            };
+            self.cq_events.entry(ch).or_default().push_back(cqn);
+            if let Some(c) = self.channels.get(&ch).and_then(Weak::upgrade) {
+                c.signal();
+            }
+        }
     }
 
     pub(crate) fn listen(&mut self, ctx: u64, q: &Arc<EventQueue>) {
@@ -96,28 +164,27 @@ impl Control {
         self.listeners.push((ctx, Arc::downgrade(q)));
     }
 
-    /// Moves the HCA's pending completion events to their contexts and takes the oldest of context `ctx`.
-    pub(crate) fn next_cq_event(&mut self, ctx: u64) -> Result<Option<u32>, mlx5_core::hca::Error> {
-        let mut failure = None;
+    /// Moves the HCA's pending completion events to their channels and takes the oldest of channel `ch` (a
+    /// context's id is its default channel), with its CQ, whose count of unacknowledged events it raises.
+    pub(crate) fn next_cq_event(&mut self, ch: u64) -> Result<Option<Arc<dyn CqEventTarget>>, mlx5_core::hca::Error> {
+        let failure = self.dispatch_cq_events().err();
         loop {
-            let (hca, delay) = self.parts();
-            match hca.get_cq_event(delay) {
-                Ok(Some(cqn)) => {
-                    if let Some(owner) = self.cq_routes.get(&cqn).map(|r| r.ctx) {
-                        self.cq_events.entry(owner).or_default().push_back(cqn);
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    failure = Some(e);
-                    break;
+            let Some(q) = self.cq_events.get_mut(&ch) else { break };
+            let Some(cqn) = q.pop_front() else { break };
+            if q.is_empty() {
+                if let Some(c) = self.channels.get(&ch).and_then(Weak::upgrade) {
+                    c.clear();
                 }
             }
+            // A CQ destroyed since its event was queued took the event with it.
+            if let Some(obj) = self.cq_routes.get(&cqn).and_then(|r| r.obj.upgrade()) {
+                obj.event_taken();
+                return Ok(Some(obj));
+            }
         }
-        match (self.cq_events.get_mut(&ctx).and_then(VecDeque::pop_front), failure) {
-            (Some(cqn), _) => Ok(Some(cqn)),
-            (None, Some(e)) => Err(e),
-            (None, None) => Ok(None),
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(None),
         }
     }
 
@@ -143,8 +210,18 @@ impl Control {
                     self.send_to(r.ctx, e);
                 }
             }
-            AsyncEvent::QpError { qpn, .. } => {
+            AsyncEvent::QpError { qpn, .. }
+            | AsyncEvent::CommEst { qpn }
+            | AsyncEvent::SqDrained { qpn }
+            | AsyncEvent::PathMig { qpn }
+            | AsyncEvent::PathMigErr { qpn }
+            | AsyncEvent::LastWqeReached { qpn } => {
                 if let Some(&ctx) = self.qp_routes.get(&qpn) {
+                    self.send_to(ctx, e);
+                }
+            }
+            AsyncEvent::SrqLimitReached { srqn } => {
+                if let Some(&ctx) = self.srq_routes.get(&srqn) {
                     self.send_to(ctx, e);
                 }
             }
@@ -239,7 +316,10 @@ impl DeviceShared {
             listeners: Vec::new(),
             cq_routes: HashMap::new(),
             qp_routes: HashMap::new(),
+            srq_routes: HashMap::new(),
             cq_events: HashMap::new(),
+            channels: HashMap::new(),
+            maps: crate::backend::UserMaps::default(),
             orphan_cqs: Vec::new(),
             orphan_qps: Vec::new(),
             fatal_sent: false,
@@ -304,6 +384,8 @@ impl DeviceShared {
         let _ = hca.health_tick(now_ms);
         // A dead HCA refuses to drain; its state is what the guard publishes.
         let _ = hca.process_events(delay);
+        // Completion events reach their channels' descriptors without any call, as the async events do.
+        let _ = c.dispatch_cq_events();
     }
 }
 

@@ -26,6 +26,8 @@ mod user_mr;
 mod verbs_complete;
 mod verbs_devices;
 mod verbs_events;
+mod verbs_mr;
+mod verbs_srq;
 mod verbs_threads;
 
 /// The counting allocator `no_alloc` arms; unarmed threads allocate through it at the cost of one thread-local read.
