@@ -128,22 +128,49 @@ pub fn encode_dest(d: &RemoteQp) -> [u8; MSG_LEN] {
     msg
 }
 
-/// The peer's half; anything malformed is an error naming what was wrong. The MAC (RoCE) is the one in the
-/// GID's modified EUI-64, as for a link-local GID.
-pub fn decode_dest(msg: &[u8]) -> Result<RemoteQp, String> {
+/// Why a peer's exchange message was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DestError {
+    /// Not `MSG_LEN` bytes.
+    #[error("the peer's address message is {0} bytes, not {MSG_LEN}")]
+    Length(usize),
+    /// Not `LLLL:QQQQQQ:PPPPPP:GID` in hex digits, NUL-terminated; the text is shown escaped.
+    #[error("the peer sent {0}, not LID:QPN:PSN:GID in hexadecimal")]
+    Malformed(String),
+}
+
+impl From<DestError> for String {
+    fn from(e: DestError) -> String {
+        e.to_string()
+    }
+}
+
+/// Exactly `digits` hex digits (no sign, blank or prefix, which `from_str_radix` would take).
+fn hex_field(f: &[u8], digits: usize) -> Option<u32> {
+    if f.len() != digits || !f.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    f.iter().try_fold(0u32, |acc, &c| Some(acc << 4 | (c as char).to_digit(16)?))
+}
+
+/// The peer's half; anything malformed is an error naming what was wrong, whatever the bytes (the message
+/// comes from the network). The MAC (RoCE) is the one in the GID's modified EUI-64, as for a link-local GID.
+pub fn decode_dest(msg: &[u8]) -> Result<RemoteQp, DestError> {
+    if msg.len() != MSG_LEN {
+        return Err(DestError::Length(msg.len()));
+    }
     let text = msg.split(|&b| b == 0).next().unwrap_or_default();
-    let text = std::str::from_utf8(text).map_err(|_| "the peer's address message is not text".to_string())?;
-    let bad = || format!("the peer sent {text:?}, not LID:QPN:PSN:GID");
-    let mut it = text.split(':');
-    let mut field = |digits: usize| -> Result<u32, String> {
-        let f = it.next().filter(|f| f.len() == digits).ok_or_else(bad)?;
-        u32::from_str_radix(f, 16).map_err(|_| bad())
-    };
-    let (lid, qpn, psn) = (field(4)?, field(6)?, field(6)?);
-    let g = it.next().filter(|g| g.len() == 32 && it.next().is_none()).ok_or_else(bad)?;
+    // The text as shown in the error: escaped, so control characters and invalid UTF-8 print as one line.
+    let bad = || DestError::Malformed(format!("\"{}\"", text.escape_ascii()));
+    let parts: Vec<&[u8]> = text.split(|&b| b == b':').collect();
+    let [lid, qpn, psn, g] = parts.as_slice() else { return Err(bad()) };
+    let (lid, qpn, psn) = (hex_field(lid, 4).ok_or_else(bad)?, hex_field(qpn, 6).ok_or_else(bad)?, hex_field(psn, 6).ok_or_else(bad)?);
+    if g.len() != 32 {
+        return Err(bad());
+    }
     let mut gid = [0u8; 16];
-    for (k, b) in gid.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&g[2 * k..2 * k + 2], 16).map_err(|_| bad())?;
+    for (b, pair) in gid.iter_mut().zip(g.chunks(2)) {
+        *b = hex_field(pair, 2).ok_or_else(bad)? as u8;
     }
     Ok(RemoteQp { qpn, psn, lid: lid as u16, gid, mac: mlx5_verbs::mac_of_gid(&gid) })
 }
@@ -405,7 +432,18 @@ mod tests {
         }
         assert!(decode_dest(b"0000:000000:000000:zz800000000000000000000000000000\0").is_err());
         assert!(decode_dest(b"0000:000000:000000:00000000000000000000000000000000:1").is_err());
-        assert!(decode_dest(&[0xff; MSG_LEN]).unwrap_err().contains("not text"));
+        assert!(matches!(decode_dest(&[0xff; MSG_LEN]), Err(DestError::Malformed(_))));
+        assert_eq!(decode_dest(b"short"), Err(DestError::Length(5)));
+        assert!(decode_dest(b"+000:000000:000000:00000000000000000000000000000000\0").is_err());
+    }
+
+    #[test]
+    fn a_gid_that_is_not_ascii_is_an_error_not_a_panic() {
+        // Issue 21's remote panic: the GID field's 32 bytes hold multi-byte characters.
+        let text = format!("0000:000000:000000:a{}a\0", "\u{e9}".repeat(15));
+        assert_eq!(text.len(), MSG_LEN);
+        let e = decode_dest(text.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("not LID:QPN:PSN:GID") && !e.contains('\n'), "{e}");
     }
 
     #[test]
