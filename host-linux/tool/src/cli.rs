@@ -37,6 +37,8 @@ pub struct Args {
     pub server: bool,
     pub client: Option<String>,
     pub port: Option<u16>,
+    /// `--bind ADDR`: the server's listening address (default: every address).
+    pub bind: Option<std::net::IpAddr>,
     pub timeout: Option<Duration>,
 }
 
@@ -45,7 +47,7 @@ const COMMANDS: &[(&str, &[&str])] = &[
     ("devices", &[]),
     ("devinfo", &["--json"]),
     ("fw-tour", &[]),
-    ("pingpong", &["--ud", "--size", "--iters", "--json", "--server", "--client", "--port", "--timeout"]),
+    ("pingpong", &["--ud", "--size", "--iters", "--json", "--server", "--client", "--port", "--bind", "--timeout"]),
     ("bench", &[]),
     ("bind", &[]),
     ("unbind", &[]),
@@ -142,6 +144,14 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
                 a.port = Some(argv.number("--port", 1, u16::MAX - 1)?);
                 "--port"
             }
+            "--bind" => {
+                let v = argv.value("--bind", "an IP address")?;
+                a.bind = Some(v.parse().map_err(|_| ArgError::Invalid {
+                    option: "--bind".into(),
+                    why: format!("{v:?} is not an IP address"),
+                })?);
+                "--bind"
+            }
             "--ud" => {
                 a.ud = true;
                 "--ud"
@@ -215,6 +225,9 @@ fn check(a: &Args) -> Result<(), ArgError> {
             let remote = a.server || a.client.is_some();
             if a.server && a.client.is_some() {
                 return other("--server and --client exclude each other");
+            }
+            if a.bind.is_some() && !a.server {
+                return other("--bind goes with --server");
             }
             if a.port.is_some() && !a.server {
                 return other("--port goes with --server (the client names the port in --client HOST:PORT)");

@@ -119,7 +119,9 @@ impl Link {
     }
 }
 
-/// Listens on `addr` for a peer; returns the bound address. A new peer replaces the one plugged in before.
+/// Listens on `addr` for a peer; returns the bound address. While a peer is plugged in, another is turned away
+/// (closed before the hello, and recorded), so it cannot cut a running session's cable; once the first is gone a
+/// new one may plug in.
 pub(crate) fn listen(shared: &Arc<Shared>, addr: &str) -> Result<SocketAddr, WireError> {
     let err = |source| WireError::Listen { addr: addr.to_string(), source };
     let listener = TcpListener::bind(addr).map_err(err)?;
@@ -138,6 +140,11 @@ fn accept_loop(weak: Weak<Shared>, listener: TcpListener) {
         match listener.accept() {
             Ok((stream, peer)) => {
                 let Some(shared) = weak.upgrade() else { return };
+                if lock(&shared).wire.remote_link().is_some_and(|l| l.is_up()) {
+                    let _ = stream.shutdown(Shutdown::Both);
+                    lock(&shared).events.push(SimEvent::LinkDown { peer, why: "a peer is plugged in already" });
+                    continue;
+                }
                 // A peer that fails the handshake is turned away (and recorded); the listener keeps listening.
                 let plugged = match stream.set_nonblocking(false) {
                     Ok(()) => plug(&shared, stream, peer, false),

@@ -304,7 +304,7 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
     use mlx5_verbs::Context;
     let role = match &args.client {
         Some(c) => Role::client(c)?,
-        None => Role::Server { port: args.port.unwrap_or(rp::DEFAULT_PORT) },
+        None => Role::Server { port: args.port.unwrap_or(rp::DEFAULT_PORT), bind: args.bind },
     };
     let timeout = args.timeout.unwrap_or(std::time::Duration::from_secs(30));
     let opts = rp::Options { size: args.size, iters: args.iters.unwrap_or(1000), timeout, ud: args.ud };
@@ -321,7 +321,7 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
         }
     };
     rp::message_size(&ctx, &opts)?;
-    if let Role::Server { port } = &role {
+    if let Role::Server { port, .. } = &role {
         eprintln!("mlx5: waiting for a client on port {port}");
     }
     let report = rp::run(&ctx, &role, opts);
