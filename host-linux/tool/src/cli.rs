@@ -8,7 +8,8 @@ use std::time::Duration;
 use mlx5_args::{applies, is_help, ArgError, Argv};
 use mlx5_sim::PortType;
 
-/// The largest `--size` of a ping-pong: rdma-core's largest message (`max_msg_sz`, 2^31 on ConnectX).
+/// The largest `--size` of a ping-pong: the largest message verbs allows (`max_msg_sz` is at most 2^31); the
+/// device's own limit (2^30 on ConnectX) is checked once it is open, before any buffer is allocated.
 pub const MAX_MESSAGE: usize = 1 << 31;
 /// The longest `--timeout`, a day: long enough for anything, short enough that no deadline overflows.
 pub const MAX_TIMEOUT_S: u64 = 86_400;
