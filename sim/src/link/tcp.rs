@@ -323,7 +323,7 @@ fn write_frame(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
 
 /// One frame; a length above [`MAX_FRAME`] is `InvalidData`. The buffer grows as bytes arrive, so a length that
 /// lies costs nothing until the bytes come.
-fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
+pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_be_bytes(len) as usize;
@@ -338,7 +338,7 @@ fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
     Ok(body)
 }
 
-fn encode_hello(a: &PortAddr) -> Vec<u8> {
+pub(crate) fn encode_hello(a: &PortAddr) -> Vec<u8> {
     let mut e = Enc(Vec::with_capacity(40));
     e.u8(FRAME_HELLO);
     e.bytes(MAGIC);
@@ -350,7 +350,7 @@ fn encode_hello(a: &PortAddr) -> Vec<u8> {
     e.0
 }
 
-fn decode_hello(frame: &[u8]) -> Result<PortAddr, &'static str> {
+pub(crate) fn decode_hello(frame: &[u8]) -> Result<PortAddr, &'static str> {
     let mut d = Dec(frame);
     if d.u8()? != FRAME_HELLO || d.take(MAGIC.len())? != MAGIC {
         return Err("the peer is not a simulated mlx5 wire");
