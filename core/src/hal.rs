@@ -600,14 +600,27 @@ pub(crate) mod tests {
     /// as `Dma`'s contract asks.
     #[derive(Debug, Default)]
     pub(crate) struct TestDma {
-        live: RefCell<Vec<(usize, Layout)>>,
+        /// Live regions by their pointer (kept as a pointer, so its provenance is kept for `dealloc`).
+        live: RefCell<Vec<(NonNull<u8>, Layout)>>,
         max_len: Option<usize>,
+    }
+
+    /// Frees what is still live, so Miri's leak check sees tests that hand their objects' memory back with the
+    /// allocator. Every test declares its allocator before the objects using it, which are dropped first.
+    impl Drop for TestDma {
+        fn drop(&mut self) {
+            for (p, layout) in self.live.get_mut().drain(..) {
+                // SAFETY: allocated in `alloc` with this layout and not freed (it is still in `live`); nothing uses
+                // it any more (see above).
+                unsafe { dealloc(p.as_ptr(), layout) };
+            }
+        }
     }
 
     impl TestDma {
         /// An allocator that refuses regions larger than `max_len`.
         pub(crate) fn limited(max_len: usize) -> Self {
-            Self { max_len: Some(max_len), ..Self::default() }
+            Self { live: RefCell::default(), max_len: Some(max_len) }
         }
 
         pub(crate) fn live(&self) -> usize {
@@ -616,7 +629,7 @@ pub(crate) mod tests {
     }
 
     // SAFETY: regions are fresh zeroed allocations with the asked alignment (so the bus address, the CPU address,
-    // is aligned too), distinct while live, deallocated only by `free`, and leaked if the allocator goes first.
+    // is aligned too), distinct while live, deallocated by `free` or when the allocator goes, after its users.
     unsafe impl Dma for TestDma {
         fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion, DmaError> {
             if self.max_len.is_some_and(|m| len > m) {
@@ -625,7 +638,7 @@ pub(crate) mod tests {
             let layout = Layout::from_size_align(len.max(1), align).map_err(|_| DmaError::BadAlignment { align })?;
             // SAFETY: the layout has a non-zero size.
             let cpu = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(DmaError::NoMemory { len })?;
-            self.live.borrow_mut().push((cpu.as_ptr() as usize, layout));
+            self.live.borrow_mut().push((cpu, layout));
             // SAFETY: a fresh allocation of at least `len` bytes, freed only by `free`.
             Ok(unsafe { DmaRegion::from_raw_parts(cpu, cpu.as_ptr() as u64, len) })
         }
@@ -633,16 +646,16 @@ pub(crate) mod tests {
         fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
             let a = cpu as usize;
             let live = self.live.borrow();
-            live.iter().any(|&(p, l)| a >= p && a + len <= p + l.size()).then_some(a as u64)
+            live.iter().any(|&(p, l)| a >= p.as_ptr() as usize && a + len <= p.as_ptr() as usize + l.size()).then_some(a as u64)
         }
 
         unsafe fn free(&self, region: DmaRegion) {
-            let a = region.cpu().as_ptr() as usize;
+            let a = region.cpu();
             let mut live = self.live.borrow_mut();
             let i = live.iter().position(|&(p, _)| p == a).expect("a region this allocator made");
-            let (_, layout) = live.swap_remove(i);
+            let (p, layout) = live.swap_remove(i);
             // SAFETY: allocated in `alloc` with this layout, and removed from `live` so freed once.
-            unsafe { dealloc(a as *mut u8, layout) };
+            unsafe { dealloc(p.as_ptr(), layout) };
         }
     }
 

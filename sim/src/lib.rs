@@ -583,7 +583,7 @@ impl SimDevice {
 
     /// Listens on `addr` (e.g. `"0.0.0.0:18516"`; port 0 picks one) for a simulated device in another process
     /// to plug into this device's port, as [`SimDevice::connect`] joins two devices of one process. Returns the
-    /// address bound. A peer that connects later replaces the one before (one port, one cable); one whose port
+    /// address bound. While a peer is plugged in, another is turned away (one port, one cable); one whose port
     /// address equals this device's is turned away ([`SimEvent::LinkDown`]). Use [`Mode::Threaded`] for a
     /// linked device, so its retry timers run in real time.
     pub fn wire_listen(&self, addr: &str) -> Result<std::net::SocketAddr, WireError> {

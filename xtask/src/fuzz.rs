@@ -123,7 +123,12 @@ pub fn run_fuzz(root: &Path, args: &[String]) -> Result<(), String> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--seconds" => {
-                seconds = it.next().and_then(|v| v.parse().ok()).ok_or("--seconds takes a number of seconds")?;
+                // libFuzzer reads 0 as "no limit": a run must end.
+                seconds = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|s| (1..=86_400).contains(s))
+                    .ok_or("--seconds takes a number of seconds from 1 to 86400")?;
             }
             "--target" => only = Some(it.next().ok_or("--target takes a target name")?.clone()),
             other => return Err(format!("fuzz: unknown argument `{other}`")),

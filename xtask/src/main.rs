@@ -9,6 +9,7 @@
 //! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
 //! * `fuzz [--seconds N] [--target NAME]`: the cargo-fuzz targets in `fuzz/`, N seconds each (default 30), then
 //!   their corpus replayed; see FUZZING.md.
+//! * `miri`: the core's tests and the simulator's unsafe-heavy parts under Miri (nightly); see ARCHITECTURE.md.
 //! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
 //! * `soak [--ops N] [--seed S] [--json]`: random traffic between two simulated devices under injected faults,
 //!   with its invariants checked; see SOAK.md.
@@ -16,6 +17,7 @@
 mod bench;
 mod codegen;
 mod fuzz;
+mod miri;
 mod modcheck;
 mod soak;
 mod vfio_test;
@@ -103,25 +105,107 @@ fn ci(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let root = root();
-    let result = match args.first().map(String::as_str) {
-        Some("vendor") => codegen::run_vendor(&root),
-        Some("codegen") => codegen::run_codegen(&root, args.iter().any(|a| a == "--check")),
-        Some("ci") => ci(&root),
-        Some("vfio-test") => vfio_test::run_vfio_test(&root),
-        Some("bench") => bench::run(&root, args.iter().any(|a| a == "--json")),
-        Some("fuzz") => fuzz::run_fuzz(&root, &args[1..]),
-        Some("soak") => soak::run(&root, &args[1..]),
-        Some("modcheck") => {
-            // `--root DIR` checks another checkout (a worktree) with this build of the checker.
-            let other = args.iter().position(|a| a == "--root").and_then(|i| args.get(i + 1)).map(PathBuf::from);
-            modcheck::run(other.as_deref().unwrap_or(&root), args.iter().any(|a| a == "--graph"))
+const USAGE: &str = "usage: cargo xtask <command> [options]
+
+commands:
+  vendor                         copy PRM facts from ../shared/prm into core/prm/
+  codegen [--check]              regenerate core/src/prm/generated.rs (--check: fail if it is stale)
+  ci                             everything CI runs
+  vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
+  bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
+  fuzz [--seconds N] [--target NAME]
+                                 every fuzz target N seconds (1..86400, default 30), then the corpus replayed
+  miri                           the core's tests and the simulator's unsafe-heavy parts under Miri
+  modcheck [--graph] [--root DIR]
+                                 no import cycle between sibling modules of mlx5-core and mlx5-sim
+  soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire]
+                                 the fault-injection soak (options go to mlx5-soak)";
+
+/// One xtask command and its options, checked before anything runs.
+enum Task {
+    Vendor,
+    Codegen { check: bool },
+    Ci,
+    VfioTest,
+    Bench { json: bool },
+    Fuzz(Vec<String>),
+    Miri,
+    Modcheck { graph: bool, root: Option<PathBuf> },
+    Soak(Vec<String>),
+}
+
+fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
+    use mlx5_args::ArgError;
+    let command = match argv.next() {
+        Some(c) => c?,
+        None => return Err(ArgError::Other("no command given".into())),
+    };
+    if mlx5_args::is_help(&command) {
+        return Err(ArgError::Help);
+    }
+    let mut task = match command.as_str() {
+        "vendor" => Task::Vendor,
+        "codegen" => Task::Codegen { check: false },
+        "ci" => Task::Ci,
+        "vfio-test" => Task::VfioTest,
+        "bench" => Task::Bench { json: false },
+        "fuzz" => Task::Fuzz(Vec::new()),
+        "miri" => Task::Miri,
+        "modcheck" => Task::Modcheck { graph: false, root: None },
+        "soak" => Task::Soak(Vec::new()),
+        other => return Err(ArgError::Other(format!("unknown command {other:?}"))),
+    };
+    while let Some(a) = argv.next() {
+        let a = a?;
+        if mlx5_args::is_help(&a) {
+            return Err(ArgError::Help);
         }
-        _ => Err("usage: cargo xtask <vendor | codegen [--check] | ci | vfio-test | bench [--json] \
-                  | fuzz [--seconds N] [--target NAME] | modcheck [--graph] [--root DIR] | soak [--ops N] [--seed S] [--json]>"
-            .to_string()),
+        match (&mut task, a.as_str()) {
+            (Task::Codegen { check }, "--check") => *check = true,
+            (Task::Bench { json }, "--json") => *json = true,
+            (Task::Fuzz(v), "--seconds") => {
+                // libFuzzer reads 0 as "no limit": a run must end.
+                let n: u32 = argv.number("--seconds", 1, 86_400)?;
+                v.extend(["--seconds".to_string(), n.to_string()]);
+            }
+            (Task::Fuzz(v), "--target") => {
+                let t = argv.value("--target", "a target name")?;
+                if !fuzz::TARGETS.contains(&t.as_str()) {
+                    let why = format!("no fuzz target {t:?} (targets: {})", fuzz::TARGETS.join(", "));
+                    return Err(ArgError::Invalid { option: "--target".into(), why });
+                }
+                v.extend(["--target".to_string(), t]);
+            }
+            (Task::Modcheck { graph, .. }, "--graph") => *graph = true,
+            (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
+            // The soak binary parses and checks its own options.
+            (Task::Soak(v), _) => v.push(a),
+            (_, o) if o.starts_with('-') => {
+                return Err(ArgError::NotApplicable { option: o.to_string(), command: format!("xtask {command}") })
+            }
+            (_, o) => return Err(ArgError::Other(format!("unexpected argument {o:?}"))),
+        }
+    }
+    Ok(task)
+}
+
+fn main() -> ExitCode {
+    let task = match parse(mlx5_args::Argv::from_env()) {
+        Ok(t) => t,
+        Err(e) => return mlx5_args::usage_exit("xtask", &e, USAGE),
+    };
+    let root = root();
+    let result = match task {
+        Task::Vendor => codegen::run_vendor(&root),
+        Task::Codegen { check } => codegen::run_codegen(&root, check),
+        Task::Ci => ci(&root),
+        Task::VfioTest => vfio_test::run_vfio_test(&root),
+        Task::Bench { json } => bench::run(&root, json),
+        Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
+        Task::Miri => miri::run(&root),
+        Task::Soak(args) => soak::run(&root, &args),
+        // `--root DIR` checks another checkout (a worktree) with this build of the checker.
+        Task::Modcheck { graph, root: other } => modcheck::run(other.as_deref().unwrap_or(&root), graph),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

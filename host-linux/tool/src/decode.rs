@@ -54,26 +54,100 @@ pub struct Entry {
     pub device: Option<String>,
 }
 
-/// Reads and decodes the trace at `path`; the error is one line naming the file (and line) and the cause.
-pub fn decode_file(path: &Path, opts: Options) -> Result<String, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
-    let text = String::from_utf8(bytes).map_err(|_| format!("{}: not a trace (not UTF-8 text)", path.display()))?;
-    let entries = parse_trace(&text).map_err(|(line, why)| format!("{}:{line}: {why}", path.display()))?;
-    if entries.is_empty() {
-        return Err(format!("{}: no commands in the trace", path.display()));
+/// The longest trace line read: a command's input and output mailboxes in hex are far below it (the largest
+/// command, with 4,096-byte mailbox blocks of page addresses, is a few MiB), and it bounds the memory a line
+/// without an end (`/dev/zero`) can take.
+pub const MAX_LINE: usize = 64 << 20;
+
+/// Why `trace decode` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The trace cannot be opened or read.
+    #[error("cannot read trace {file}: {why}")]
+    Read { file: String, why: String },
+    /// A line is not a trace line.
+    #[error("{file}:{line}: {why}")]
+    Line { file: String, line: usize, why: String },
+    /// Nothing but blank lines.
+    #[error("{file}: no commands in the trace")]
+    Empty { file: String },
+    /// Standard output failed.
+    #[error("failed to write output: {0}")]
+    Output(std::io::Error),
+}
+
+/// Decodes the trace at `path` (`-`: standard input) onto `out`, line by line in bounded memory.
+pub fn decode_path(path: &Path, opts: Options, out: &mut impl std::io::Write) -> Result<usize, DecodeError> {
+    if path.as_os_str() == "-" {
+        return decode_stream(std::io::stdin().lock(), "<stdin>", opts, out);
     }
-    let mut out = String::new();
-    for (i, e) in entries.iter().enumerate() {
-        if opts.hexdump {
-            out.push_str(&e.hexdump());
-        } else {
-            if i > 0 {
-                out.push('\n');
-            }
-            out.push_str(&e.render(i, opts.all));
+    let file = path.display().to_string();
+    let f = std::fs::File::open(path).map_err(|e| DecodeError::Read { file: file.clone(), why: io_why(&e) })?;
+    decode_stream(std::io::BufReader::new(f), &file, opts, out)
+}
+
+/// An I/O error in words, without the OS's errno text where a plainer one exists.
+fn io_why(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::NotFound => "no such file".into(),
+        K::PermissionDenied => "permission denied".into(),
+        K::IsADirectory => "it is a directory".into(),
+        K::UnexpectedEof => "it ended early".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// Decodes a trace read from `r` (named `file` in errors) onto `out`, one line at a time: memory stays bounded
+/// by [`MAX_LINE`] whatever the input's size. Returns the number of commands.
+pub fn decode_stream(
+    mut r: impl std::io::BufRead,
+    file: &str,
+    opts: Options,
+    out: &mut impl std::io::Write,
+) -> Result<usize, DecodeError> {
+    use std::io::{BufRead as _, Read as _};
+    let mut line = Vec::new();
+    let mut count = 0;
+    for number in 1.. {
+        line.clear();
+        let read = (&mut r)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| DecodeError::Read { file: file.into(), why: io_why(&e) })?;
+        if read == 0 {
+            break;
         }
+        let bad = |why: String| DecodeError::Line { file: file.into(), line: number, why };
+        if line.len() > MAX_LINE {
+            return Err(bad(format!("longer than {MAX_LINE} bytes: not a trace line")));
+        }
+        let text = std::str::from_utf8(&line).map_err(|_| bad("not UTF-8 text".into()))?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let e = Entry::parse(text).map_err(bad)?;
+        let text = if opts.hexdump {
+            e.hexdump()
+        } else {
+            let sep = if count > 0 { "\n" } else { "" };
+            format!("{sep}{}", e.render(count, opts.all))
+        };
+        out.write_all(text.as_bytes()).map_err(DecodeError::Output)?;
+        count += 1;
     }
-    Ok(out)
+    if count == 0 {
+        return Err(DecodeError::Empty { file: file.into() });
+    }
+    out.flush().map_err(DecodeError::Output)?;
+    Ok(count)
+}
+
+/// Reads and decodes the trace at `path` into a string; the error is one line naming the file (and line).
+pub fn decode_file(path: &Path, opts: Options) -> Result<String, String> {
+    let mut out = Vec::new();
+    decode_path(path, opts, &mut out).map_err(|e| e.to_string())?;
+    String::from_utf8(out).map_err(|_| "decoded text is not UTF-8".to_string())
 }
 
 /// Parses every non-blank line; the error is the 1-based line number and what is wrong with it.
@@ -88,11 +162,23 @@ pub fn parse_trace(text: &str) -> Result<Vec<Entry>, (usize, String)> {
     Ok(v)
 }
 
+/// Strict hex: an even number of hex digits, nothing else (no sign, blank or prefix).
 fn hex_bytes(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.is_ascii() {
+    let b = s.as_bytes();
+    if !b.len().is_multiple_of(2) || !b.iter().all(u8::is_ascii_hexdigit) {
         return None;
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
+    let nib = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    b.chunks(2).map(|p| Some(nib(p[0])? << 4 | nib(p[1])?)).collect()
+}
+
+/// A string field: absent is `None`; any other type is an error, not a default.
+fn text<'v>(v: &'v Value, key: &str) -> Result<Option<&'v str>, String> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(x) => Err(format!("`{key}` is not a string: {x}")),
+    }
 }
 
 fn uint(v: &Value, key: &str, max: u64) -> Result<Option<u64>, String> {
@@ -132,12 +218,11 @@ impl Entry {
             None if input.len() >= 8 => u16::from_be_bytes([input[6], input[7]]),
             None => 0,
         };
-        let delivery = v.get("delivery").and_then(Value::as_str).unwrap_or("OK");
+        let delivery = text(&v, "delivery")?.unwrap_or("OK");
         let outcome = match delivery {
             "OK" => {
-                let raw = v.get("status_raw").and_then(Value::as_i64);
-                let status = match raw {
-                    Some(n) => u8::try_from(n).map_err(|_| format!("`status_raw` {n} is not a status"))?,
+                let status = match uint(&v, "status_raw", 0xff)? {
+                    Some(n) => n as u8,
                     // Older lines without status_raw: the output's first byte is the status.
                     None => output.as_ref().and_then(|o| o.first().copied()).unwrap_or(0),
                 };

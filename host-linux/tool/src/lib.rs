@@ -6,6 +6,7 @@
 //! It is not a library for applications: programs use `mlx5-verbs` (or the core directly); this crate's API is
 //! whatever the tool and the workspace's tests need.
 
+pub mod cli;
 pub mod decode;
 pub mod devinfo;
 pub mod perftest;

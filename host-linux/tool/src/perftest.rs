@@ -254,18 +254,23 @@ pub struct Options {
     pub trace: Option<SharedTrace>,
 }
 
-fn number<T: std::str::FromStr>(opt: &str, v: Option<&str>, what: &str) -> Result<T> {
+/// A number as the workspace's argument layer reads it: digits only (no sign or blank); a value past the type's
+/// range is refused by the caller's range check as "must be between".
+fn number<T: mlx5_args::Number>(opt: &str, v: Option<&str>, what: &str) -> Result<T> {
     let v = v.ok_or_else(|| BenchError::Usage(format!("{opt} needs {what}")))?;
-    v.parse().map_err(|_| BenchError::Usage(format!("{opt}: {v:?} is not {what}")))
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(BenchError::Usage(format!("{opt}: {v:?} is not {what}")));
+    }
+    v.parse().map_err(|_| BenchError::Usage(format!("{opt}: {v:?} is too large")))
 }
 
-/// A positive number of seconds, at most a day.
+/// The shortest `--duration` / `--timeout`: long enough to time at least one message.
+const MIN_SECONDS: f64 = 0.001;
+
+/// A plain decimal number of seconds (no exponent, `inf` or `nan`), from a millisecond to a day.
 fn seconds(opt: &str, v: Option<&str>) -> Result<Duration> {
-    let secs = number::<f64>(opt, v, "a number of seconds")?;
-    if !(secs > 0.0 && secs <= 86400.0) {
-        return Err(BenchError::Usage(format!("{opt} must be more than 0 and at most 86400 seconds, not {secs}")));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    let v = v.ok_or_else(|| BenchError::Usage(format!("{opt} needs a number of seconds")))?;
+    mlx5_args::seconds(opt, v, MIN_SECONDS, 86400.0).map_err(|e| BenchError::Usage(e.to_string()))
 }
 
 fn in_range<T: PartialOrd + std::fmt::Display>(opt: &str, v: T, lo: T, hi: T) -> Result<T> {
@@ -1111,7 +1116,8 @@ fn run_bw(p: &Pair<'_>, size: usize, tick: &mut dyn FnMut(f64)) -> Result<BwRow>
         if let Some(d) = duration {
             if target == u64::MAX && start.elapsed() >= d {
                 // Time is up: stop after the next signaled request, so nothing is left unretired.
-                target = if posted.is_multiple_of(cq_mod) { posted } else { posted + 1 };
+                // At least one request: a run that measured nothing would report nothing as verified.
+                target = if posted.is_multiple_of(cq_mod) { posted } else { posted + 1 }.max(1);
             }
         }
         if completed == target && (!send || recv_done == target) {

@@ -95,6 +95,11 @@ pub fn run<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
     if opts.size == 0 || opts.iters == 0 {
         return Err("size and iterations must be at least 1".into());
     }
+    // Refused before any buffer is allocated: the device's largest message (`max_msg_sz`).
+    let max = 1u64 << hca.caps().general.log_max_msg.min(63);
+    if opts.size as u64 > max {
+        return Err(format!("--size {} is too large for this device: its largest message is {max} bytes", opts.size));
+    }
     let pd = hca.alloc_pd(delay).map_err(|e| err("alloc PD", e))?;
     let mut a = side(hca, dma, &pd, delay, opts.size)?;
     let mut b = side(hca, dma, &pd, delay, opts.size)?;
@@ -120,8 +125,10 @@ fn side<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
     delay: &mut impl DelayNs,
     size: usize,
 ) -> Result<Side, String> {
-    let send_buf = dma.alloc(size, 4096).map_err(|e| err("allocate the send buffer", e))?;
-    let recv_buf = dma.alloc(size, 4096).map_err(|e| err("allocate the receive buffer", e))?;
+    // Aligned to the size's power of two up to 2 MiB, so the MTT uses pages that large and fits one command.
+    let align = size.checked_next_power_of_two().unwrap_or(usize::MAX).clamp(4096, 2 << 20);
+    let send_buf = dma.alloc(size, align).map_err(|e| err("allocate the send buffer", e))?;
+    let recv_buf = dma.alloc(size, align).map_err(|e| err("allocate the receive buffer", e))?;
     let send_mr = hca
         .reg_mr(pd, send_buf.cpu().as_ptr(), size, Access::LOCAL_WRITE, delay)
         .map_err(|e| err("register the send buffer", e))?;

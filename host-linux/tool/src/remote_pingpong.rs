@@ -14,7 +14,7 @@
 //! behind 40 bytes of GRH room.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use mlx5_sim::{Mode, PortType, SimConfig, SimDevice, WireError};
@@ -37,8 +37,8 @@ const DONE: &[u8; 5] = b"done\0";
 /// Which side this process is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
-    /// Listens for one client on `port` (all addresses).
-    Server { port: u16 },
+    /// Listens for one client on `port` at `bind` (default: every address, IPv6 and IPv4).
+    Server { port: u16, bind: Option<IpAddr> },
     /// Connects to the server at `host:port`.
     Client { host: String, port: u16 },
 }
@@ -59,7 +59,7 @@ impl Role {
 
     fn port(&self) -> u16 {
         match self {
-            Role::Server { port } | Role::Client { port, .. } => *port,
+            Role::Server { port, .. } | Role::Client { port, .. } => *port,
         }
     }
 
@@ -90,9 +90,14 @@ pub fn open_sim(role: &Role, timeout: Duration, port_type: PortType) -> Result<S
     let base = SimConfig { mode: Mode::Threaded, port_type, ..SimConfig::default() };
     let wire = role.wire_port()?;
     match role {
-        Role::Server { .. } => {
+        Role::Server { bind, .. } => {
             let dev = SimDevice::new(base);
-            let at = dev.wire_listen(&format!("0.0.0.0:{wire}")).map_err(|e| e.to_string())?;
+            let at = listen_addrs(*bind, wire)
+                .into_iter()
+                .map(|a| dev.wire_listen(&a.to_string()))
+                .reduce(|first, next| first.or(next))
+                .unwrap_or_else(|| unreachable!("listen_addrs gives at least one address"))
+                .map_err(|e| e.to_string())?;
             log::info!("simulated wire: listening on {at}");
             Ok(dev)
         }
@@ -106,6 +111,12 @@ pub fn open_sim(role: &Role, timeout: Duration, port_type: PortType) -> Result<S
                     Err(e @ WireError::Connect { .. }) if Instant::now() < end => {
                         log::debug!("{e}; retrying");
                         std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Err(WireError::Handshake { .. }) => {
+                        return Err(format!(
+                            "the server at {at} turned the simulated wire away: it has a client already \
+                             (or it is not an mlx5 simulated wire)"
+                        ))
                     }
                     Err(e) => return Err(e.to_string()),
                 }
@@ -128,22 +139,49 @@ pub fn encode_dest(d: &RemoteQp) -> [u8; MSG_LEN] {
     msg
 }
 
-/// The peer's half; anything malformed is an error naming what was wrong. The MAC (RoCE) is the one in the
-/// GID's modified EUI-64, as for a link-local GID.
-pub fn decode_dest(msg: &[u8]) -> Result<RemoteQp, String> {
+/// Why a peer's exchange message was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DestError {
+    /// Not `MSG_LEN` bytes.
+    #[error("the peer's address message is {0} bytes, not {MSG_LEN}")]
+    Length(usize),
+    /// Not `LLLL:QQQQQQ:PPPPPP:GID` in hex digits, NUL-terminated; the text is shown escaped.
+    #[error("the peer sent {0}, not LID:QPN:PSN:GID in hexadecimal")]
+    Malformed(String),
+}
+
+impl From<DestError> for String {
+    fn from(e: DestError) -> String {
+        e.to_string()
+    }
+}
+
+/// Exactly `digits` hex digits (no sign, blank or prefix, which `from_str_radix` would take).
+fn hex_field(f: &[u8], digits: usize) -> Option<u32> {
+    if f.len() != digits || !f.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    f.iter().try_fold(0u32, |acc, &c| Some(acc << 4 | (c as char).to_digit(16)?))
+}
+
+/// The peer's half; anything malformed is an error naming what was wrong, whatever the bytes (the message
+/// comes from the network). The MAC (RoCE) is the one in the GID's modified EUI-64, as for a link-local GID.
+pub fn decode_dest(msg: &[u8]) -> Result<RemoteQp, DestError> {
+    if msg.len() != MSG_LEN {
+        return Err(DestError::Length(msg.len()));
+    }
     let text = msg.split(|&b| b == 0).next().unwrap_or_default();
-    let text = std::str::from_utf8(text).map_err(|_| "the peer's address message is not text".to_string())?;
-    let bad = || format!("the peer sent {text:?}, not LID:QPN:PSN:GID");
-    let mut it = text.split(':');
-    let mut field = |digits: usize| -> Result<u32, String> {
-        let f = it.next().filter(|f| f.len() == digits).ok_or_else(bad)?;
-        u32::from_str_radix(f, 16).map_err(|_| bad())
-    };
-    let (lid, qpn, psn) = (field(4)?, field(6)?, field(6)?);
-    let g = it.next().filter(|g| g.len() == 32 && it.next().is_none()).ok_or_else(bad)?;
+    // The text as shown in the error: escaped, so control characters and invalid UTF-8 print as one line.
+    let bad = || DestError::Malformed(format!("\"{}\"", text.escape_ascii()));
+    let parts: Vec<&[u8]> = text.split(|&b| b == b':').collect();
+    let [lid, qpn, psn, g] = parts.as_slice() else { return Err(bad()) };
+    let (lid, qpn, psn) = (hex_field(lid, 4).ok_or_else(bad)?, hex_field(qpn, 6).ok_or_else(bad)?, hex_field(psn, 6).ok_or_else(bad)?);
+    if g.len() != 32 {
+        return Err(bad());
+    }
     let mut gid = [0u8; 16];
-    for (k, b) in gid.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&g[2 * k..2 * k + 2], 16).map_err(|_| bad())?;
+    for (b, pair) in gid.iter_mut().zip(g.chunks(2)) {
+        *b = hex_field(pair, 2).ok_or_else(bad)? as u8;
     }
     Ok(RemoteQp { qpn, psn, lid: lid as u16, gid, mac: mlx5_verbs::mac_of_gid(&gid) })
 }
@@ -163,19 +201,54 @@ fn ping(i: u32, out: &mut [u8]) {
     }
 }
 
-/// Connects the exchange socket: the server accepts one client, the client retries until `timeout` (the server
-/// may still be starting).
+/// Where a server listens: `bind`, or every address, IPv6 (which on Linux takes IPv4 too) then IPv4 alone for a
+/// host without IPv6.
+fn listen_addrs(bind: Option<IpAddr>, port: u16) -> Vec<SocketAddr> {
+    match bind {
+        Some(ip) => vec![SocketAddr::new(ip, port)],
+        None => vec![
+            SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port),
+            SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port),
+        ],
+    }
+}
+
+/// How often a wait with nothing to do looks again: it sleeps in between, so a wait costs no CPU.
+const WAIT_POLL: Duration = Duration::from_millis(10);
+
+/// Connects the exchange socket: the server accepts one client within `timeout` (later ones are refused: the
+/// listener is closed once it has one), the client retries until `timeout` (the server may still be starting).
 fn rendezvous(role: &Role, timeout: Duration) -> Result<TcpStream, String> {
+    let end = Instant::now() + timeout;
     let stream = match role {
-        Role::Server { port } => {
-            let l = TcpListener::bind(("0.0.0.0", *port)).map_err(|e| format!("cannot listen on port {port}: {e}"))?;
-            let (s, _) = l.accept().map_err(|e| format!("accepting the client failed: {e}"))?;
-            s
+        Role::Server { port, bind } => {
+            let l = listen_addrs(*bind, *port)
+                .into_iter()
+                .map(TcpListener::bind)
+                .reduce(|first, next| first.or(next))
+                .unwrap_or_else(|| unreachable!("listen_addrs gives at least one address"))
+                .map_err(|e| format!("cannot listen on port {port}: {e}"))?;
+            l.set_nonblocking(true).map_err(|e| format!("cannot listen on port {port}: {e}"))?;
+            loop {
+                match l.accept() {
+                    Ok((s, at)) => {
+                        log::info!("client {at} connected");
+                        s.set_nonblocking(false).map_err(|e| format!("socket setup failed: {e}"))?;
+                        break s;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() >= end {
+                            return Err(format!("no client connected within {}", secs(timeout)));
+                        }
+                        std::thread::sleep(WAIT_POLL);
+                    }
+                    Err(e) => return Err(format!("accepting the client failed: {e}")),
+                }
+            }
         }
         Role::Client { host, port } => {
             let addrs: Vec<_> =
                 (host.as_str(), *port).to_socket_addrs().map_err(|e| format!("cannot resolve {host}: {e}"))?.collect();
-            let end = Instant::now() + timeout;
             loop {
                 let mut last = None;
                 for a in &addrs {
@@ -185,7 +258,7 @@ fn rendezvous(role: &Role, timeout: Duration) -> Result<TcpStream, String> {
                     }
                 }
                 if Instant::now() >= end {
-                    let why = last.map_or("no address".to_string(), |e| e.to_string());
+                    let why = last.map_or("no address".to_string(), |e| io_why(&e));
                     return Err(format!("couldn't connect to {host}:{port}: {why}"));
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -193,6 +266,23 @@ fn rendezvous(role: &Role, timeout: Duration) -> Result<TcpStream, String> {
         }
     };
     finish(stream, timeout)
+}
+
+/// `timeout` as `--timeout` says it.
+fn secs(d: Duration) -> String {
+    format!("{} s (--timeout)", d.as_secs())
+}
+
+/// A socket error in plain words rather than errno text.
+fn io_why(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::WouldBlock | K::TimedOut => "the peer sent nothing within the timeout".into(),
+        K::UnexpectedEof => "the peer closed the connection".into(),
+        K::ConnectionRefused => "connection refused (nobody listening)".into(),
+        K::ConnectionReset | K::BrokenPipe => "the peer closed the connection".into(),
+        _ => e.to_string(),
+    }
 }
 
 fn finish(s: TcpStream, timeout: Duration) -> Result<TcpStream, String> {
@@ -203,27 +293,37 @@ fn finish(s: TcpStream, timeout: Duration) -> Result<TcpStream, String> {
 
 fn read_msg(s: &mut TcpStream, len: usize, what: &str) -> Result<Vec<u8>, String> {
     let mut buf = vec![0u8; len];
-    s.read_exact(&mut buf).map_err(|e| format!("reading the peer's {what} failed: {e}"))?;
+    s.read_exact(&mut buf).map_err(|e| format!("reading the peer's {what} failed: {}", io_why(&e)))?;
     Ok(buf)
 }
 
 fn write_msg(s: &mut TcpStream, msg: &[u8], what: &str) -> Result<(), String> {
-    s.write_all(msg).map_err(|e| format!("sending our {what} failed: {e}"))
+    s.write_all(msg).map_err(|e| format!("sending our {what} failed: {}", io_why(&e)))
 }
 
 fn verbs(what: &str) -> impl Fn(mlx5_verbs::VerbsError) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 
-/// Waits for `want` successful completions; any other status is an error naming the work request.
-fn complete(cq: &mlx5_verbs::CompletionQueue<'_>, want: usize, timeout: Duration) -> Result<(), String> {
+/// How long after the port went down a wait still expects completions: the QP's whole retry budget (`RtsAttr::rc`:
+/// 7 retries of a 67 ms ACK timeout, 8 tries in all, 0.54 s) and as much again, so an outstanding request ends
+/// with its own completion (`transport retry counter exceeded`) before the wait gives up on the link.
+pub const LINK_DOWN_GRACE: Duration = Duration::from_millis(2 * 8 * 68);
+
+/// Waits for `want` successful completions within `timeout` in all (one deadline, not one per completion); any
+/// other status is an error naming the work request. It polls without pause for a millisecond (a ping-pong's
+/// answer comes in microseconds), then sleeps between polls, so a wait for a peer that is gone costs no CPU.
+/// The port going down (the peer's cable pulled: `IBV_EVENT_PORT_ERR`) ends the wait after [`LINK_DOWN_GRACE`]:
+/// a receive waits for nobody then.
+fn complete(ctx: &Context, cq: &mlx5_verbs::CompletionQueue<'_>, want: usize, timeout: Duration) -> Result<(), String> {
     let mut wc = [WorkCompletion::default(); 4];
     let mut got = 0;
+    let start = Instant::now();
+    let mut end = start + timeout;
+    let mut link_down = false;
     while got < want {
-        let n = cq.poll_until(&mut wc[..want - got], want - got, timeout).map_err(verbs("poll CQ"))?;
-        if n == 0 {
-            return Err(format!("timed out after {timeout:?} waiting for a completion (is the peer still there?)"));
-        }
+        let room = (want - got).min(wc.len());
+        let n = cq.poll(&mut wc[..room]).map_err(verbs("poll CQ"))?;
         for w in &wc[..n] {
             if w.status != WcStatus::Success {
                 return Err(format!(
@@ -233,6 +333,32 @@ fn complete(cq: &mlx5_verbs::CompletionQueue<'_>, want: usize, timeout: Duration
             }
         }
         got += n;
+        if n == 0 {
+            let now = Instant::now();
+            if !link_down && now - start >= Duration::from_millis(1) {
+                while let Some(ev) = ctx.get_async_event(Duration::ZERO) {
+                    let _ = ctx.ack_async_event(&ev);
+                    if matches!(ev, mlx5_verbs::AsyncEvent::PortErr { .. }) {
+                        link_down = true;
+                        end = end.min(now + LINK_DOWN_GRACE);
+                    }
+                }
+            }
+            if now >= end && link_down {
+                return Err("the link to the peer went down (port error event): the peer is gone".into());
+            }
+            if now >= end {
+                return Err(format!(
+                    "timed out after {} waiting for a completion (is the peer still there?)",
+                    secs(timeout)
+                ));
+            }
+            if now - start < Duration::from_millis(1) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(200).min(end - now));
+            }
+        }
     }
     Ok(())
 }
@@ -355,17 +481,17 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
         ping(i, &mut expect);
         if server {
             // The ping arrives in the second part; it must be ping i; it goes back from the first part.
-            complete(&cq, 1, opts.timeout)?;
+            complete(ctx, &cq, 1, opts.timeout)?;
             verified &= mr.read_vec(at, n) == expect;
             mr.write(0, &mr.read_vec(at, n)).map_err(verbs("copy the ping"))?;
             recv(&qp)?;
             send().map_err(verbs("post send"))?;
-            complete(&cq, 1, opts.timeout)?;
+            complete(ctx, &cq, 1, opts.timeout)?;
         } else {
             mr.write(0, &expect).map_err(verbs("write the ping"))?;
             send().map_err(verbs("post send"))?;
             // The send's completion and the pong's, in either order.
-            complete(&cq, 2, opts.timeout)?;
+            complete(ctx, &cq, 2, opts.timeout)?;
             verified &= mr.read_vec(at, n) == expect;
             recv(&qp)?;
         }
@@ -405,7 +531,18 @@ mod tests {
         }
         assert!(decode_dest(b"0000:000000:000000:zz800000000000000000000000000000\0").is_err());
         assert!(decode_dest(b"0000:000000:000000:00000000000000000000000000000000:1").is_err());
-        assert!(decode_dest(&[0xff; MSG_LEN]).unwrap_err().contains("not text"));
+        assert!(matches!(decode_dest(&[0xff; MSG_LEN]), Err(DestError::Malformed(_))));
+        assert_eq!(decode_dest(b"short"), Err(DestError::Length(5)));
+        assert!(decode_dest(b"+000:000000:000000:00000000000000000000000000000000\0").is_err());
+    }
+
+    #[test]
+    fn a_gid_that_is_not_ascii_is_an_error_not_a_panic() {
+        // Issue 21's remote panic: the GID field's 32 bytes hold multi-byte characters.
+        let text = format!("0000:000000:000000:a{}a\0", "\u{e9}".repeat(15));
+        assert_eq!(text.len(), MSG_LEN);
+        let e = decode_dest(text.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("not LID:QPN:PSN:GID") && !e.contains('\n'), "{e}");
     }
 
     #[test]
@@ -416,6 +553,6 @@ mod tests {
         assert_eq!(Role::client("[::1]:7"), c("::1", 7));
         assert!(Role::client("host:port").is_err());
         assert!(Role::client(":1").is_err());
-        assert!(Role::Server { port: u16::MAX }.wire_port().is_err());
+        assert!(Role::Server { port: u16::MAX, bind: None }.wire_port().is_err());
     }
 }

@@ -114,10 +114,12 @@ impl Context {
     }
 
     /// DMA memory the device can reach, zero-filled, page aligned. Registered with [`ProtectionDomain::register`]
-    /// it becomes a memory region.
+    /// it becomes a memory region. A large buffer is aligned to its size's power of two, up to 2 MiB, so its
+    /// region's MTT can use pages that large and still fit one command (a 1 GiB region: 512 entries, not 262,144).
     pub fn alloc_buffer(&self, len: usize) -> Result<DmaBuffer<'_>> {
         let dma = self.dma();
-        let region = dma.alloc(len.max(1), 4096).map_err(VerbsError::Dma)?;
+        let align = len.checked_next_power_of_two().unwrap_or(usize::MAX).clamp(4096, 2 << 20);
+        let region = dma.alloc(len.max(1), align).map_err(VerbsError::Dma)?;
         Ok(DmaBuffer { dma, region: ManuallyDrop::new(region), len, leaked: false, _ctx: PhantomData })
     }
 }

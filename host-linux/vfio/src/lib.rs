@@ -56,12 +56,17 @@ impl FromStr for Bdf {
             [b, v] => ("0", *b, *v),
             _ => return Err(bad()),
         };
-        let hex = |t: &str, max: u32| u32::from_str_radix(t, 16).ok().filter(|&v| v <= max && !t.is_empty());
+        // At most as many hex digits as the field has (no sign, which `from_str_radix` would take, and no
+        // five-digit domain), and a value in the field's range.
+        let hex = |t: &str, digits: usize, max: u32| {
+            let plain = !t.is_empty() && t.len() <= digits && t.bytes().all(|b| b.is_ascii_hexdigit());
+            u32::from_str_radix(t, 16).ok().filter(|&v| plain && v <= max)
+        };
         Ok(Bdf {
-            domain: hex(domain, 0xffff).ok_or_else(bad)? as u16,
-            bus: hex(bus, 0xff).ok_or_else(bad)? as u8,
-            device: hex(device, 0x1f).ok_or_else(bad)? as u8,
-            function: hex(function, 7).ok_or_else(bad)? as u8,
+            domain: hex(domain, 4, 0xffff).ok_or_else(bad)? as u16,
+            bus: hex(bus, 2, 0xff).ok_or_else(bad)? as u8,
+            device: hex(device, 2, 0x1f).ok_or_else(bad)? as u8,
+            function: hex(function, 1, 7).ok_or_else(bad)? as u8,
         })
     }
 }

@@ -35,7 +35,7 @@ fn bdf_parses_long_and_short_forms() {
     assert_eq!(bdf("0000:03:00.0"), Bdf { domain: 0, bus: 3, device: 0, function: 0 });
     assert_eq!(bdf("af:1f.7").to_string(), "0000:af:1f.7");
     assert_eq!(bdf("10000:00:00.0".trim_start_matches('1')).domain, 0);
-    for bad in ["", "03:00", "0000:03:20.0", "0000:03:00.8", "zz:00.0", "0000:0300.0", "1:2:3:4.0", "0000:03:00."] {
+    for bad in ["", "03:00", "0000:03:20.0", "0000:03:00.8", "zz:00.0", "0000:0300.0", "1:2:3:4.0", "0000:03:00.", "00000:03:00.0", "0000:003:00.0", "+000:03:00.0", "0000:03:00.+1"] {
         assert!(matches!(bad.parse::<Bdf>(), Err(VfioError::BadAddress(_))), "{bad} accepted");
     }
 }

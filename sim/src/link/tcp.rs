@@ -119,7 +119,9 @@ impl Link {
     }
 }
 
-/// Listens on `addr` for a peer; returns the bound address. A new peer replaces the one plugged in before.
+/// Listens on `addr` for a peer; returns the bound address. While a peer is plugged in, another is turned away
+/// (closed before the hello, and recorded), so it cannot cut a running session's cable; once the first is gone a
+/// new one may plug in.
 pub(crate) fn listen(shared: &Arc<Shared>, addr: &str) -> Result<SocketAddr, WireError> {
     let err = |source| WireError::Listen { addr: addr.to_string(), source };
     let listener = TcpListener::bind(addr).map_err(err)?;
@@ -138,6 +140,11 @@ fn accept_loop(weak: Weak<Shared>, listener: TcpListener) {
         match listener.accept() {
             Ok((stream, peer)) => {
                 let Some(shared) = weak.upgrade() else { return };
+                if lock(&shared).wire.remote_link().is_some_and(|l| l.is_up()) {
+                    let _ = stream.shutdown(Shutdown::Both);
+                    lock(&shared).events.push(SimEvent::LinkDown { peer, why: "a peer is plugged in already" });
+                    continue;
+                }
                 // A peer that fails the handshake is turned away (and recorded); the listener keeps listening.
                 let plugged = match stream.set_nonblocking(false) {
                     Ok(()) => plug(&shared, stream, peer, false),
@@ -316,7 +323,7 @@ fn write_frame(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
 
 /// One frame; a length above [`MAX_FRAME`] is `InvalidData`. The buffer grows as bytes arrive, so a length that
 /// lies costs nothing until the bytes come.
-fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
+pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_be_bytes(len) as usize;
@@ -331,7 +338,7 @@ fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
     Ok(body)
 }
 
-fn encode_hello(a: &PortAddr) -> Vec<u8> {
+pub(crate) fn encode_hello(a: &PortAddr) -> Vec<u8> {
     let mut e = Enc(Vec::with_capacity(40));
     e.u8(FRAME_HELLO);
     e.bytes(MAGIC);
@@ -343,7 +350,7 @@ fn encode_hello(a: &PortAddr) -> Vec<u8> {
     e.0
 }
 
-fn decode_hello(frame: &[u8]) -> Result<PortAddr, &'static str> {
+pub(crate) fn decode_hello(frame: &[u8]) -> Result<PortAddr, &'static str> {
     let mut d = Dec(frame);
     if d.u8()? != FRAME_HELLO || d.take(MAGIC.len())? != MAGIC {
         return Err("the peer is not a simulated mlx5 wire");

@@ -16,7 +16,9 @@ mod fixture;
 mod heap_dma;
 pub mod mocks;
 mod regfile;
+mod wire;
 
 pub use fixture::{Node, RcOpts, RcPair, SimHca};
 pub use heap_dma::{HeapDma, Iovas};
 pub use regfile::{RegFile, Write, BAR_LEN, UAR_OFF};
+pub use wire::{wire_stream, WireStats};

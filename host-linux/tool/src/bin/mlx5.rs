@@ -18,14 +18,14 @@
 //! `-v` logs bring-up milestones (info), `-vv` also every firmware command and bring-up step (debug), on
 //! standard error through the `log` crate. Without it errors stay one line.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use mlx5_core::cmdq::CmdQueue;
 use mlx5_core::hal::{DelayNs, Dma, Mmio};
 use mlx5_core::hca::{Config, Hca};
-use mlx5_sim::{Mode, PortType, SimConfig, SimDevice};
+use mlx5_sim::{Mode, SimConfig, SimDevice};
+use mlx5_tool::cli::Args;
 use mlx5_tool::devinfo::DevInfo;
 use mlx5_tool::pingpong::Report;
 use mlx5_tool::tour::{run_tour, TourReport};
@@ -76,116 +76,6 @@ options:
   --hexdump      print every firmware command as the Linux mlx5 command hexdump
   --threaded     simulated firmware completes commands on its own thread (default: in line)
   -v, --verbose  log bring-up milestones to standard error; -vv also every firmware command";
-
-struct Args {
-    device: Option<String>,
-    trace: Option<PathBuf>,
-    hexdump: bool,
-    threaded: bool,
-    json: bool,
-    /// `None`: the command's default (4096 for RC, 2048 or the MTU for UD).
-    size: Option<usize>,
-    link: Option<PortType>,
-    ud: bool,
-    iters: u32,
-    all: bool,
-    verbose: u8,
-    command: String,
-    operands: Vec<String>,
-    server: bool,
-    client: Option<String>,
-    port: Option<u16>,
-    timeout_s: Option<u64>,
-}
-
-fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        device: None,
-        trace: None,
-        hexdump: false,
-        threaded: false,
-        json: false,
-        size: None,
-        link: None,
-        ud: false,
-        iters: 1000,
-        all: false,
-        verbose: 0,
-        command: String::new(),
-        operands: Vec::new(),
-        server: false,
-        client: None,
-        port: None,
-        timeout_s: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            // What follows `bench` is the benchmark's, but for the global options (perftest parses it).
-            s if args.command == "bench" && !global_option(s) => args.operands.push(s.to_string()),
-            "--device" | "-d" => args.device = Some(it.next().ok_or("--device needs a PCI address")?),
-            "--trace" => args.trace = Some(it.next().ok_or("--trace needs a file name")?.into()),
-            "--hexdump" => args.hexdump = true,
-            "--server" => args.server = true,
-            "--client" => args.client = Some(it.next().ok_or("--client needs HOST[:PORT]")?),
-            "--timeout" => {
-                let v = it.next().ok_or("--timeout needs a number of seconds")?;
-                args.timeout_s = Some(v.parse().map_err(|_| format!("--timeout: {v:?} is not a number of seconds"))?);
-            }
-            "--port" => {
-                let v = it.next().ok_or("--port needs a port number")?;
-                args.port = Some(v.parse().map_err(|_| format!("--port: {v:?} is not a port number"))?);
-            }
-            "--threaded" => args.threaded = true,
-            "--ud" => args.ud = true,
-            "--link" => {
-                args.link = Some(match it.next().as_deref() {
-                    Some("eth") => PortType::Eth,
-                    Some("ib") => PortType::Ib,
-                    Some(v) => return Err(format!("--link: {v:?} is neither eth nor ib")),
-                    None => return Err("--link needs eth or ib".into()),
-                })
-            }
-            "--json" => args.json = true,
-            "--all" => args.all = true,
-            "--verbose" => args.verbose = args.verbose.saturating_add(1),
-            s if s.len() > 1 && s.starts_with('-') && s[1..].bytes().all(|c| c == b'v') => {
-                args.verbose = args.verbose.saturating_add((s.len() - 1) as u8)
-            }
-            "--size" => {
-                let v = it.next().ok_or("--size needs a byte count")?;
-                args.size = Some(v.parse().map_err(|_| format!("--size: {v:?} is not a byte count"))?);
-            }
-            "--iters" => {
-                let v = it.next().ok_or("--iters needs a number")?;
-                args.iters = v.parse().map_err(|_| format!("--iters: {v:?} is not a number"))?;
-            }
-            "-h" | "--help" => return Err(String::new()),
-            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
-            s if args.command.is_empty() => args.command = s.to_string(),
-            s if args.operands.is_empty() && matches!(args.command.as_str(), "bind" | "unbind") => {
-                args.operands.push(s.to_string())
-            }
-            s if args.operands.len() < 2 && args.command == "trace" => args.operands.push(s.to_string()),
-            s => return Err(format!("unexpected argument {s}")),
-        }
-    }
-    if args.command.is_empty() {
-        return Err("no command given".into());
-    }
-    Ok(args)
-}
-
-/// Combinations of options no command takes: one error line, not the usage.
-fn check(args: &Args) -> Result<(), String> {
-    if args.link.is_some() && args.device.as_deref().is_some_and(|d| d != "sim") {
-        return Err("--link sets the simulated port; with --device BDF the real port decides".into());
-    }
-    if args.ud && args.command != "pingpong" {
-        return Err("--ud goes with pingpong".into());
-    }
-    Ok(())
-}
 
 /// The device a command runs on (the library's [`DeviceKind`]): the simulated ConnectX, or with `--device BDF`
 /// a real one through VFIO.
@@ -342,15 +232,12 @@ fn pingpong(args: &Args) -> Result<(), String> {
     if args.server || args.client.is_some() {
         return remote_pingpong(args);
     }
-    if args.port.is_some() {
-        return Err("--port goes with --server (the client names the port in --client HOST:PORT)".into());
-    }
     if args.ud {
         return ud_pingpong(args);
     }
     let dev = open(args)?;
     let mut sink = trace_sink(args)?;
-    let opts = mlx5_tool::pingpong::Options { size: args.size.unwrap_or(4096), iters: args.iters };
+    let opts = mlx5_tool::pingpong::Options { size: args.size.unwrap_or(4096), iters: args.iters.unwrap_or(1000) };
     let report = match &dev {
         DeviceKind::Sim(d) => pingpong_on(d.mmio(), &d.dma(), &mut d.delay(), &mut sink, opts),
         DeviceKind::Vfio(v) => pingpong_on(&v.bar, &&v.dma, &mut StdDelay, &mut sink, opts),
@@ -387,7 +274,7 @@ fn ud_pingpong(args: &Args) -> Result<(), String> {
     let trace = shared_trace(args)?;
     let ctx = open_context(args, &trace)?;
     let dev = ctx.device().clone();
-    let report = mlx5_tool::ud_pingpong::run(&ctx, args.size, args.iters);
+    let report = mlx5_tool::ud_pingpong::run(&ctx, args.size, args.iters.unwrap_or(1000));
     // Closing the context tears the device down; the trace gets those commands too.
     drop(ctx);
     if let Some(t) = &trace {
@@ -415,19 +302,12 @@ fn print_pingpong(args: &Args, report: &Report) -> Result<(), String> {
 fn remote_pingpong(args: &Args) -> Result<(), String> {
     use mlx5_tool::remote_pingpong::{self as rp, Role};
     use mlx5_verbs::Context;
-    let role = match (&args.client, args.server) {
-        (Some(_), true) => return Err("--server and --client exclude each other".into()),
-        (Some(c), false) if args.port.is_some() => {
-            return Err(format!("--port goes with --server; the client names the port in --client {c}:PORT"))
-        }
-        (Some(c), false) => Role::client(c)?,
-        (None, _) => Role::Server { port: args.port.unwrap_or(rp::DEFAULT_PORT) },
+    let role = match &args.client {
+        Some(c) => Role::client(c)?,
+        None => Role::Server { port: args.port.unwrap_or(rp::DEFAULT_PORT), bind: args.bind },
     };
-    if args.threaded {
-        return Err("--threaded does not apply to --server / --client (their simulated firmware is threaded)".into());
-    }
-    let timeout = std::time::Duration::from_secs(args.timeout_s.unwrap_or(30).max(1));
-    let opts = rp::Options { size: args.size, iters: args.iters, timeout, ud: args.ud };
+    let timeout = args.timeout.unwrap_or(std::time::Duration::from_secs(30));
+    let opts = rp::Options { size: args.size, iters: args.iters.unwrap_or(1000), timeout, ud: args.ud };
     let trace = shared_trace(args)?;
     let tracer = || trace.as_ref().map(|t| Box::new(t.device(None)) as mlx5_verbs::Tracer);
     let (ctx, sim) = match &args.device {
@@ -441,7 +321,7 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
         }
     };
     rp::message_size(&ctx, &opts)?;
-    if let Role::Server { port } = &role {
+    if let Role::Server { port, .. } = &role {
         eprintln!("mlx5: waiting for a client on port {port}");
     }
     let report = rp::run(&ctx, &role, opts);
@@ -533,12 +413,6 @@ fn bench(args: &Args) -> Result<(), String> {
     r
 }
 
-/// The options every command takes, wherever they stand.
-fn global_option(s: &str) -> bool {
-    matches!(s, "--device" | "-d" | "--link" | "--trace" | "--hexdump" | "--threaded" | "--verbose" | "-h" | "--help")
-        || (s.len() > 1 && s.starts_with('-') && s[1..].bytes().all(|c| c == b'v'))
-}
-
 /// `mlx5 bind BDF` / `mlx5 unbind BDF`.
 fn bind_cmd(args: &Args, bind_it: bool) -> Result<(), String> {
     let addr =
@@ -556,20 +430,17 @@ fn bind_cmd(args: &Args, bind_it: bool) -> Result<(), String> {
     }
 }
 
-/// `mlx5 trace decode FILE`: the trace read back, command by command.
+/// `mlx5 trace decode FILE`: the trace read back, command by command, streamed (`-` reads standard input).
 fn trace_cmd(args: &Args) -> Result<(), String> {
-    let (sub, file) = match args.operands.as_slice() {
-        [] => return Err("trace needs a subcommand: trace decode FILE".into()),
-        [sub] | [sub, _] if sub != "decode" => {
-            return Err(format!("unknown trace subcommand {sub:?} (expected decode)"))
-        }
-        [_] => return Err("trace decode needs a file name".into()),
-        [sub, file] => (sub, file),
-        _ => unreachable!("parse keeps at most two operands"),
-    };
-    log::info!("trace {sub}: reading {file}");
+    let file = args.file.as_deref().ok_or("trace decode needs a file name (- for standard input)")?;
+    log::info!("trace decode: reading {}", file.display());
     let opts = mlx5_tool::decode::Options { all: args.all, hexdump: args.hexdump };
-    out(&mlx5_tool::decode::decode_file(std::path::Path::new(file), opts)?)
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    match mlx5_tool::decode::decode_path(file, opts, &mut w) {
+        Err(mlx5_tool::decode::DecodeError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map(drop).map_err(|e| e.to_string()),
+    }
 }
 
 /// The `-v` logger: one line per record on standard error, `mlx5: LEVEL: message`.
@@ -630,18 +501,18 @@ fn out(text: &str) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse() {
+    let args = match mlx5_tool::cli::parse(mlx5_args::Argv::from_env()) {
         Ok(a) => a,
-        Err(e) if e.is_empty() => {
-            return if out(&format!("{USAGE}\n")).is_ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
-        }
-        Err(e) => {
-            eprintln!("mlx5: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return mlx5_args::usage_exit("mlx5", &e, USAGE),
     };
+    // bench's own options are usage too: checked before anything runs.
+    if args.command == "bench" {
+        if let Err(e) = mlx5_tool::perftest::Options::parse(&args.operands) {
+            return mlx5_args::usage_exit("mlx5", &mlx5_args::ArgError::Other(e.to_string()), USAGE);
+        }
+    }
     init_logging(args.verbose);
-    let result = check(&args).and_then(|()| match args.command.as_str() {
+    let result = match args.command.as_str() {
         "devices" => devices(),
         "devinfo" => devinfo(&args),
         "fw-tour" => fw_tour(&args),
@@ -651,7 +522,7 @@ fn main() -> ExitCode {
         "unbind" => bind_cmd(&args, false),
         "trace" => trace_cmd(&args),
         other => Err(format!("unknown command {other:?}")),
-    });
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
