@@ -150,6 +150,7 @@ pub use fw::{syndrome, HcaState};
 pub use link::tcp::{WireError, MAX_FRAME};
 pub use mmio::Health;
 pub use mmio::SimMmio;
+pub use wire::roce;
 
 use dma::DmaSpace;
 use fw::Firmware;
