@@ -46,6 +46,7 @@ pub mod frame;
 pub mod ib;
 pub mod icrc;
 pub mod ip;
+pub mod rc;
 pub mod udp;
 
 /// Why bytes are not a well-formed header.
