@@ -148,8 +148,10 @@ pub use fw::mkey::{MkeyAccess, MkeyFault};
 pub use fw::qp::{QpInfo, QpState, QpType};
 pub use fw::{syndrome, HcaState};
 pub use link::tcp::{WireError, MAX_FRAME};
+pub use link::{pcap, stream};
 pub use mmio::Health;
 pub use mmio::SimMmio;
+pub use wire::roce;
 
 use dma::DmaSpace;
 use fw::Firmware;

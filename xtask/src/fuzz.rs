@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 /// Every target, in the order they run.
-pub const TARGETS: &[&str] = &["cqe", "eqe", "cmd_output", "init_seg_health", "wqe_build"];
+pub const TARGETS: &[&str] = &["cqe", "eqe", "cmd_output", "init_seg_health", "wqe_build", "roce_frame"];
 
 /// libFuzzer's own limit on one input, in seconds: far above any legitimate run, so only a real hang trips it.
 const PER_INPUT_TIMEOUT_S: u32 = 60;
@@ -271,12 +271,13 @@ type Seeds = Vec<(String, Vec<u8>)>;
 /// Writes `fuzz/corpus/<target>/seed-<name>` for every target, replacing the previous seeds.
 pub fn write_seeds(root: &Path) -> Result<(), String> {
     let v = vectors(root)?;
-    let sets: [(&str, Seeds); 5] = [
+    let sets: [(&str, Seeds); 6] = [
         ("cqe", seeds_cqe(&v)?),
         ("eqe", seeds_eqe(&v)?),
         ("cmd_output", seeds_cmd_output(&v)?),
         ("init_seg_health", seeds_init_seg()),
         ("wqe_build", seeds_wqe(&v)?),
+        ("roce_frame", seeds_roce()),
     ];
     let mut total = 0;
     for (target, seeds) in sets {
@@ -296,6 +297,21 @@ pub fn write_seeds(root: &Path) -> Result<(), String> {
     }
     println!("xtask fuzz: {total} seed inputs written to fuzz/corpus/");
     Ok(())
+}
+
+// --- roce_frame: bare Ethernet frames (fuzz_targets/roce_frame.rs) ---
+
+/// An RC SEND ONLY over IPv4 (the ICRC fixture of sim/src/wire/roce/icrc.rs behind an Ethernet header) and an ARP
+/// request: frames that pass every check, for the fuzzer to mutate.
+fn seeds_roce() -> Seeds {
+    let send_only = "525400000001020000000002080045000030000140004011\
+                     26ba0a0000020a000001c12112b7001c00000400ffff0000001180123456cafebabe5132190a";
+    let arp = "ffffffffffff5254000000010806000108000604000152540000000\
+               10a0000010000000000000a000002";
+    [("send_only", send_only), ("arp_request", arp)]
+        .into_iter()
+        .map(|(n, h)| (n.to_string(), unhex(&h.split_whitespace().collect::<String>())))
+        .collect()
 }
 
 // --- cqe: images, then a ring and its operations (fuzz_targets/cqe.rs) ---

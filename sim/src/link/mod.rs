@@ -25,6 +25,8 @@ use crate::wire::{self, Dest, GID_LEN};
 use crate::Shared;
 
 mod local;
+pub mod pcap;
+pub mod stream;
 pub(crate) mod tcp;
 
 pub(crate) use local::{carry, connect, pump};

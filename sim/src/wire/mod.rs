@@ -11,6 +11,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 pub(crate) mod frame;
+pub mod roce;
 
 /// Bytes of a GID.
 pub(crate) const GID_LEN: usize = 16;

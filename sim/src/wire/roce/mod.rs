@@ -1,0 +1,61 @@
+//! RoCEv2 on the wire: the frames a RoCE port exchanges, as zero-copy typed views over bytes with `parse`/`emit`
+//! pairs (smoltcp's `wire` style). Ethernet II ([`ether`]), ARP ([`arp`]), IPv4 and IPv6 ([`ip`]), UDP to port
+//! 4791 ([`udp`]), the InfiniBand transport headers BTH, RETH, AETH, AtomicETH, AtomicAckETH, DETH, ImmDt and IETH
+//! ([`ib`]), the invariant CRC ([`icrc`]), and a whole frame ([`frame`]: every check, a typed drop reason, the
+//! counters). Facts come from the IBTA RoCEv2 annex as Linux's `rdma_rxe` implements it.
+//!
+//! Each view has `new_unchecked` (for buffers this side sized) and `new_checked` (lengths verified, so accessors
+//! stay in bounds); a value this side does not know parses as `Unknown(n)`. Nothing here panics on input bytes or
+//! allocates.
+
+/// A 16-bit code with named values; any other value is kept as `Unknown(n)`.
+macro_rules! code16 {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $val:literal,)+ }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[allow(missing_docs)]
+        pub enum $name {
+            $($(#[$vm])* $var,)+
+            /// A value this side does not know.
+            Unknown(u16),
+        }
+
+        impl From<u16> for $name {
+            fn from(v: u16) -> Self {
+                match v {
+                    $($val => $name::$var,)+
+                    other => $name::Unknown(other),
+                }
+            }
+        }
+
+        impl From<$name> for u16 {
+            fn from(c: $name) -> u16 {
+                match c {
+                    $($name::$var => $val,)+
+                    $name::Unknown(other) => other,
+                }
+            }
+        }
+    };
+}
+
+pub mod arp;
+pub mod ether;
+pub mod frame;
+pub mod ib;
+pub mod icrc;
+pub mod ip;
+pub mod rc;
+pub mod udp;
+
+/// Why bytes are not a well-formed header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Error {
+    /// Shorter than the header (or than the length the header announces).
+    Truncated,
+    /// A field holds a value the format forbids.
+    Malformed,
+    /// A checksum or CRC does not match.
+    Checksum,
+}
