@@ -85,10 +85,11 @@ impl Argv {
         let index = self.next + 1;
         let a = self.items.get(self.next)?;
         self.next += 1;
-        Some(a.to_str().map(str::to_string).ok_or_else(|| ArgError::NotUtf8 {
-            index,
-            lossy: a.to_string_lossy().into_owned(),
-        }))
+        Some(
+            a.to_str()
+                .map(str::to_string)
+                .ok_or_else(|| ArgError::NotUtf8 { index, lossy: a.to_string_lossy().into_owned() }),
+        )
     }
 
     /// The next argument as text, before taking it.
@@ -163,7 +164,10 @@ pub fn seconds(option: &str, text: &str, lo: f64, hi: f64) -> Result<Duration, A
         return Err(ArgError::Invalid { option: option.into(), why: format!("{text:?} is not a number of seconds") });
     }
     if !(lo..=hi).contains(&secs) {
-        return Err(ArgError::Invalid { option: option.into(), why: format!("{text:?} is not between {lo} and {hi} seconds") });
+        return Err(ArgError::Invalid {
+            option: option.into(),
+            why: format!("{text:?} is not between {lo} and {hi} seconds"),
+        });
     }
     Ok(Duration::from_secs_f64(secs))
 }

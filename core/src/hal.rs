@@ -646,7 +646,9 @@ pub(crate) mod tests {
         fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
             let a = cpu as usize;
             let live = self.live.borrow();
-            live.iter().any(|&(p, l)| a >= p.as_ptr() as usize && a + len <= p.as_ptr() as usize + l.size()).then_some(a as u64)
+            live.iter()
+                .any(|&(p, l)| a >= p.as_ptr() as usize && a + len <= p.as_ptr() as usize + l.size())
+                .then_some(a as u64)
         }
 
         unsafe fn free(&self, region: DmaRegion) {

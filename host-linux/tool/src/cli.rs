@@ -116,7 +116,12 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
                 a.link = Some(match argv.value("--link", "eth or ib")?.as_str() {
                     "eth" => PortType::Eth,
                     "ib" => PortType::Ib,
-                    v => return Err(ArgError::Invalid { option: "--link".into(), why: format!("{v:?} is neither eth nor ib") }),
+                    v => {
+                        return Err(ArgError::Invalid {
+                            option: "--link".into(),
+                            why: format!("{v:?} is neither eth nor ib"),
+                        })
+                    }
                 });
                 "--link"
             }
@@ -237,7 +242,9 @@ fn check(a: &Args) -> Result<(), ArgError> {
                 return other("--timeout goes with --server / --client");
             }
             if remote && a.threaded {
-                return other("--threaded does not apply to --server / --client (their simulated firmware is threaded)");
+                return other(
+                    "--threaded does not apply to --server / --client (their simulated firmware is threaded)",
+                );
             }
         }
         "trace" if a.operands.is_empty() => return other("trace needs a subcommand: trace decode FILE"),

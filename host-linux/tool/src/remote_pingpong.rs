@@ -175,7 +175,8 @@ pub fn decode_dest(msg: &[u8]) -> Result<RemoteQp, DestError> {
     let bad = || DestError::Malformed(format!("\"{}\"", text.escape_ascii()));
     let parts: Vec<&[u8]> = text.split(|&b| b == b':').collect();
     let [lid, qpn, psn, g] = parts.as_slice() else { return Err(bad()) };
-    let (lid, qpn, psn) = (hex_field(lid, 4).ok_or_else(bad)?, hex_field(qpn, 6).ok_or_else(bad)?, hex_field(psn, 6).ok_or_else(bad)?);
+    let (lid, qpn, psn) =
+        (hex_field(lid, 4).ok_or_else(bad)?, hex_field(qpn, 6).ok_or_else(bad)?, hex_field(psn, 6).ok_or_else(bad)?);
     if g.len() != 32 {
         return Err(bad());
     }

@@ -39,7 +39,11 @@ fn refused<S: AsRef<OsStr> + std::fmt::Debug>(args: &[S], code: i32, want: &str)
 #[test]
 fn numbers_out_of_range_are_usage_errors_not_overflows() {
     let max = "18446744073709551615";
-    refused(&["pingpong", "--client", "127.0.0.1:9", "--timeout", max], 2, "--timeout: \"18446744073709551615\" is not between 1 and 86400");
+    refused(
+        &["pingpong", "--client", "127.0.0.1:9", "--timeout", max],
+        2,
+        "--timeout: \"18446744073709551615\" is not between 1 and 86400",
+    );
     refused(&["pingpong", "--server", "--timeout", max], 2, "is not between 1 and 86400");
     refused(&["pingpong", "--server", "--timeout", "0"], 2, "--timeout: \"0\" is not between 1 and 86400");
     refused(&["pingpong", "--server", "--port", "0"], 2, "--port: \"0\" is not between 1 and 65534");
@@ -92,7 +96,11 @@ fn arguments_are_checked_before_waiting_for_anyone() {
 #[test]
 fn a_size_too_large_for_the_device_is_refused_before_any_allocation() {
     // 2^30 + 1: one byte above the device's largest message. Refused before 4 GiB of buffers are allocated.
-    refused(&["pingpong", "--size", "1073741825", "--iters", "1"], 1, "too large for this device: its largest message is 1073741824 bytes");
+    refused(
+        &["pingpong", "--size", "1073741825", "--iters", "1"],
+        1,
+        "too large for this device: its largest message is 1073741824 bytes",
+    );
 }
 
 /// A big message works: its buffers are aligned so the MTT takes 2 MiB pages and fits one command (it failed with
@@ -132,7 +140,8 @@ fn trace_decode_is_strict_and_names_the_file_and_line() {
 
 #[test]
 fn trace_decode_reads_standard_input_with_a_dash() {
-    let line = r#"{"opcode_raw":260,"input":"01040000000000000000000000000000","output":"0000000000000000","status_raw":0}"#;
+    let line =
+        r#"{"opcode_raw":260,"input":"01040000000000000000000000000000","output":"0000000000000000","status_raw":0}"#;
     let mut child = Command::new(env!("CARGO_BIN_EXE_mlx5"))
         .args(["trace", "decode", "-"])
         .stdin(Stdio::piped())

@@ -37,7 +37,19 @@ fn json(out: &[u8]) -> serde_json::Value {
 fn server_and_client_ping_pong_across_two_processes() {
     let port = free_port_pair();
     let server = mlx5()
-        .args(["pingpong", "--server", "--bind", "127.0.0.1", "--port", &port.to_string(), "--size", "1000", "--iters", "300", "--json"])
+        .args([
+            "pingpong",
+            "--server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--size",
+            "1000",
+            "--iters",
+            "300",
+            "--json",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -111,7 +123,10 @@ fn bad_two_process_arguments_are_one_line_errors() {
     // Refused before waiting for anyone.
     let port = free_port_pair().to_string();
     for (args, want) in [
-        (&["pingpong", "--server", "--bind", "127.0.0.1", "--port", &port, "--ud", "--size", "1025"][..], "larger than the port's active MTU"),
+        (
+            &["pingpong", "--server", "--bind", "127.0.0.1", "--port", &port, "--ud", "--size", "1025"][..],
+            "larger than the port's active MTU",
+        ),
         (&["pingpong", "--server", "--bind", "127.0.0.1", "--port", &port, "--iters", "0"][..], "is not between 1 and"),
     ] {
         let out = mlx5().args(args).output().unwrap();
@@ -130,7 +145,19 @@ fn a_ud_ping_pong_across_two_processes_verifies_every_byte() {
     for link in ["eth", "ib"] {
         let port = free_port_pair();
         let server = mlx5()
-            .args(["--link", link, "pingpong", "--ud", "--server", "--bind", "127.0.0.1", "--port", &port.to_string(), "--iters", "100"])
+            .args([
+                "--link",
+                link,
+                "pingpong",
+                "--ud",
+                "--server",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--iters",
+                "100",
+            ])
             .arg("--json")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -162,7 +189,18 @@ fn both_sides_trace_their_device_and_take_the_link_type() {
     let (st, ct) = (dir.join("server.jsonl"), dir.join("client.jsonl"));
     let port = free_port_pair();
     let server = mlx5()
-        .args(["--link", "ib", "--trace", st.to_str().unwrap(), "pingpong", "--server", "--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args([
+            "--link",
+            "ib",
+            "--trace",
+            st.to_str().unwrap(),
+            "pingpong",
+            "--server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
         .args(["--iters", "20", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -198,7 +236,10 @@ fn both_sides_trace_their_device_and_take_the_link_type() {
 fn a_server_without_a_client_gives_up_after_its_timeout() {
     let port = free_port_pair().to_string();
     let start = Instant::now();
-    let out = mlx5().args(["pingpong", "--server", "--bind", "127.0.0.1", "--port", &port, "--timeout", "1"]).output().unwrap();
+    let out = mlx5()
+        .args(["pingpong", "--server", "--bind", "127.0.0.1", "--port", &port, "--timeout", "1"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(start.elapsed() < Duration::from_secs(15), "{:?}", start.elapsed());

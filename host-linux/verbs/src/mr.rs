@@ -453,7 +453,7 @@ impl<'a> MemoryRegion<'a> {
     /// assert_eq!(mr.len(), 100);
     /// # Ok::<(), mlx5_verbs::VerbsError>(())
     /// ```
-    pub fn rereg<'b>(mut self, req: Rereg<'b>) -> std::result::Result<MemoryRegion<'b>, ReregFailure<'a>>
+    pub fn rereg<'b>(mut self, req: Rereg<'b>) -> std::result::Result<MemoryRegion<'b>, Box<ReregFailure<'a>>>
     where
         'a: 'b,
     {
@@ -462,7 +462,7 @@ impl<'a> MemoryRegion<'a> {
         if !self.writable && new_mem.is_none() && req.access.is_some_and(|a| a.0 & writes != 0) {
             // Write rights over memory borrowed shared would let the device store to it.
             let error = VerbsError::Invalid("write access to memory borrowed read-only".into());
-            return Err(ReregFailure { mr: self, error });
+            return Err(Box::new(ReregFailure { mr: self, error }));
         }
         match self.rereg_inner(req) {
             Ok(obj) => {
@@ -474,7 +474,7 @@ impl<'a> MemoryRegion<'a> {
                 // `self` holds no key any more: dropping it deregisters nothing.
                 Ok(MemoryRegion { obj, base, len, leaked, writable, _borrows: PhantomData })
             }
-            Err(error) => Err(ReregFailure { mr: self, error }),
+            Err(error) => Err(Box::new(ReregFailure { mr: self, error })),
         }
     }
 

@@ -168,8 +168,7 @@ impl Control {
     /// context's id is its default channel), with its CQ, whose count of unacknowledged events it raises.
     pub(crate) fn next_cq_event(&mut self, ch: u64) -> Result<Option<Arc<dyn CqEventTarget>>, mlx5_core::hca::Error> {
         let failure = self.dispatch_cq_events().err();
-        loop {
-            let Some(q) = self.cq_events.get_mut(&ch) else { break };
+        while let Some(q) = self.cq_events.get_mut(&ch) {
             let Some(cqn) = q.pop_front() else { break };
             if q.is_empty() {
                 if let Some(c) = self.channels.get(&ch).and_then(Weak::upgrade) {

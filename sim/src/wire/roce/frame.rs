@@ -1,5 +1,5 @@
-//! A whole frame on a RoCE port: Ethernet II carrying either ARP or IPv4/IPv6 + UDP 4791 + BTH + extended headers
-//! + payload + pad + ICRC. [`parse`] runs every check and names the first that failed as a [`DropReason`];
+//! A whole frame on a RoCE port: Ethernet II carrying either ARP or IPv4/IPv6, UDP 4791, BTH, extended headers,
+//! payload, pad and ICRC. [`parse`] runs every check and names the first that failed as a [`DropReason`];
 //! [`DropCounters`] counts them (a frame that fails is dropped and counted, never a panic). [`RoceRepr::emit`]
 //! writes a frame with the IPv4 checksum, zero UDP checksum, pad and ICRC filled in. Neither allocates.
 
