@@ -134,7 +134,7 @@ fn check_decode(
                     }
                     let with_imm = matches!(op, CqeOpcode::RespWrImm | CqeOpcode::RespSendImm);
                     assert_eq!(wc.wc_flags.contains(WcFlags::WITH_IMM), with_imm);
-                    assert_eq!(wc.wc_flags.contains(WcFlags::WITH_INVALIDATE), op == CqeOpcode::RespSendInv);
+                    assert_eq!(wc.wc_flags.contains(WcFlags::WITH_INV), op == CqeOpcode::RespSendInv);
                 }
                 CqeOpcode::ReqErr | CqeOpcode::RespErr => {
                     assert_eq!(l.send, op == CqeOpcode::ReqErr);

@@ -249,6 +249,11 @@ fn connect(hca: &mut SimHca, d: &mut mlx5_sim::SimDelay, qp: &mut Qp, ty: QpType
             ),
             (QpState::Rts, M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC),
         ],
+        QpType::Uc => vec![
+            (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+            (QpState::Rtr, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN),
+            (QpState::Rts, M::STATE | M::SQ_PSN),
+        ],
         QpType::Ud => vec![
             (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY),
             (QpState::Rtr, M::STATE),
