@@ -96,8 +96,9 @@ fn fatal(fw_ver: u32, l_sz: u32, h: &[u8; 64]) -> Option<HealthFailure> {
         _ => {}
     }
     let synd = h[hb::SYND.off];
-    (synd != 0).then(|| {
-        let rs = h[hb::RFR_SEVERITY.off];
+    let rs = h[hb::RFR_SEVERITY.off];
+    // `sensor_fw_synd_rfr`: a syndrome is fatal only when firmware also asks for the recovery flow.
+    (synd != 0 && rs >> consts::MLX5_RFR_BIT_OFFSET != 0).then(|| {
         let valid = rs & consts::MLX5_SEVERITY_VALID_MASK != 0;
         HealthFailure::Syndrome {
             synd: HealthSyndrome::from_raw(synd),

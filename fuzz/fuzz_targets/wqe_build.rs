@@ -412,7 +412,8 @@ fn post_sends(
         assert_eq!(fm & consts::MLX5_WQE_CTRL_CQ_UPDATE != 0, signaled, "completion requested");
         assert_eq!(fm & consts::MLX5_WQE_CTRL_SOLICITED != 0, wr.flags.contains(SendFlags::SOLICITED));
         assert_eq!(fm & consts::MLX5_WQE_CTRL_FENCE != 0, wr.flags.contains(SendFlags::FENCE));
-        assert_eq!(u32::from_be_bytes(ctrl[12..16].try_into().unwrap()), imm, "immediate");
+        // `imm_data` is `__be32` as verbs defines it: its bytes go to the WQE as they lie in memory.
+        assert_eq!(ctrl[12..16], imm.to_ne_bytes(), "immediate");
         m.sends.push_back(Posted { seq: m.next_send, op: wr.op, signaled, bbs });
         m.next_send += 1;
         at = at.wrapping_add(bbs);

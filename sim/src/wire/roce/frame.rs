@@ -198,11 +198,16 @@ pub fn parse(frame: &[u8]) -> Result<Parsed<'_>, DropReason> {
         IpRepr::V4(r) => r.pseudo_sum(u.len()),
         IpRepr::V6(r) => r.pseudo_sum(u.len()),
     };
+    // RoCE puts nothing after the ICRC: an IP packet longer than its UDP datagram would carry bytes the ICRC
+    // covers (through the IP length) yet no header describes, and could not be re-emitted as it came.
+    if usize::from(u.len()) != ip_payload.len() {
+        return Err(DropReason::Udp);
+    }
     let udp_repr = UdpRepr::parse(&u, pseudo).map_err(|_| DropReason::UdpChecksum)?;
     if udp_repr.dst_port != ROCE_PORT {
         return Err(DropReason::NotRoce);
     }
-    // The IB packet is the rest of the UDP datagram; the IP packet ends where UDP ends.
+    // The IB packet is the rest of the UDP datagram.
     let ib = &ip_payload[udp::HEADER_LEN..usize::from(u.len())];
     let l3 = &l3[..l3_len.min(ip.header_len() + usize::from(u.len()))];
     if ib.len() < BTH_LEN + ICRC_LEN {
