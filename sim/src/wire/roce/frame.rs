@@ -438,6 +438,22 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn an_ip_packet_longer_than_its_udp_datagram_is_dropped() {
+        // Found by the roce_frame fuzz target: the IPv4 total length claimed 4 bytes past the UDP datagram, the
+        // ICRC (which covers the IP length) still matched, and the frame could not be re-emitted as it came.
+        let good = send_only_frame();
+        let mut f = [0u8; 66];
+        f[..62].copy_from_slice(&good);
+        let total = u16::from_be_bytes([f[16], f[17]]) + 4;
+        f[16..18].copy_from_slice(&total.to_be_bytes());
+        f[24..26].fill(0);
+        let c = super::super::ip::fold(super::super::ip::sum(0, &f[14..34]));
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(parse(&f).unwrap_err(), DropReason::Udp);
+        assert!(matches!(parse(&good), Ok(Parsed::Roce(_))));
+    }
+
+    #[test]
     fn roundtrip_nak_with_pad_and_ipv6() {
         let mut r = send_only();
         r.bth.opcode = Opcode::RcAck;
