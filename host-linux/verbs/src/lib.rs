@@ -103,6 +103,7 @@
 //! # Ok::<(), mlx5_verbs::VerbsError>(())
 //! ```
 
+mod ah;
 mod backend;
 mod context;
 mod cq;
@@ -116,6 +117,7 @@ mod shared;
 mod srq;
 pub mod wr;
 
+pub use ah::AddressHandle;
 pub use backend::{AnyDelay, AnyDma, AnyMmio, DeviceKind, Tracer};
 pub use context::{mac_of_gid, Context};
 pub use cq::{CompChannel, CompletionQueue, CqEvent};
@@ -127,6 +129,7 @@ pub use device::{
 };
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
+pub use mlx5_core::ah::{AhFromWcError, GRH_BYTES};
 pub use mlx5_core::cq::CqeError;
 pub use mlx5_core::cq::{LinkLayer, Notify, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use mlx5_core::eq::QpErrorKind;
@@ -138,7 +141,7 @@ pub use mlx5_core::qp::{
 };
 pub use mlx5_core::trace::{CmdRecord, CmdTrace};
 pub use mr::{DmaBuffer, MemoryRegion, RemoteBuf, Rereg, ReregFailure};
-pub use pd::{AddressHandle, ProtectionDomain};
+pub use pd::ProtectionDomain;
 pub use qp::{
     CanRecv, CanSend, ErrState, Init, InitAttr, QpInitAttr, QueuePair, RemoteQp, Reset, Rtr, RtrAttr, Rts, RtsAttr,
     TransitionError,

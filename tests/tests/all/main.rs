@@ -27,6 +27,7 @@ mod verbs_complete;
 mod verbs_devices;
 mod verbs_events;
 mod verbs_mr;
+mod verbs_port_ah;
 mod verbs_srq;
 mod verbs_threads;
 
