@@ -61,6 +61,11 @@ impl AddressHandle<'_> {
         UdDest { ah: &self.obj.ah, remote_qpn, remote_qkey }
     }
 
+    /// The address vector UD sends carry (what an extended QP's `wr_set_ud_addr` copies).
+    pub fn av(&self) -> &Ah {
+        &self.obj.ah
+    }
+
     /// The attributes the handle was made from.
     pub fn attr(&self) -> AhAttr {
         self.obj.attr

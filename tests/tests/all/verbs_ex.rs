@@ -157,3 +157,48 @@ fn create_ex_refuses_what_the_driver_cannot_do() {
     let rc = QpInitAttr::new(QpType::Rc, &cq, &cq, cap);
     assert!(pd.create_qp_ex(rc, SendOpsFlags::BIND_MW).is_err(), "no memory windows");
 }
+
+#[test]
+fn ud_qp_ex_sends_through_wr_set_ud_addr() {
+    use mlx5_verbs::{AhAttr, Grh, GRH_BYTES};
+    const QKEY: u32 = 0x1111_1111;
+    let ctx = Context::open_sim().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq_ex(CqInitAttrEx::new(16, WcExFlags::STANDARD)).unwrap();
+    let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };
+    let a = pd.create_qp_ex(QpInitAttr::new(QpType::Ud, &cq, &cq, cap), SendOpsFlags::SEND_WITH_IMM).unwrap();
+    let b = pd.create_qp(QpType::Ud, &cq, &cq, cap).unwrap();
+    let (a, b) = (a.activate_ud(QKEY).unwrap(), b.activate_ud(QKEY).unwrap());
+    let gid = ctx.query_gid(0).unwrap();
+    let attr = AhAttr {
+        grh: Some(Grh { dgid: gid, hop_limit: 64, ..Grh::default() }),
+        dmac: mlx5_verbs::mac_of_gid(&gid),
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    let ah = pd.create_ah(&attr).unwrap();
+    let mut mem = vec![0u8; 1024];
+    let mr = pd.reg_mr(&mut mem, Access::LOCAL_WRITE).unwrap();
+    b.post_recv(&[wr::recv(7, &[mr.sge(512, (GRH_BYTES + 32) as u32)])]).unwrap();
+    let mut batch = a.wr_start().unwrap();
+    batch.wr_id = 5;
+    batch.wr_flags = SendFlags::SIGNALED;
+    batch.wr_send_imm(42u32.to_be());
+    batch.wr_set_inline_data(b"datagram through the builder");
+    batch.wr_set_ud_addr(ah.av(), b.qpn(), QKEY);
+    batch.wr_complete().unwrap();
+    // The address handle was copied into the batch: it may go now.
+    ah.destroy();
+    let got = drain(&cq, 2);
+    let recv = got.iter().find(|r| r.wr_id == 7).expect("the datagram arrived");
+    assert_eq!(
+        (recv.opcode, recv.byte_len, recv.imm, recv.src_qp),
+        (WcOpcode::Recv, Some((GRH_BYTES + 28) as u32), Some(42u32.to_be()), Some(a.qpn()))
+    );
+    assert!(got.iter().any(|r| r.wr_id == 5 && r.status == WcStatus::Success), "{got:?}");
+    assert_eq!(mr.read_vec(512 + GRH_BYTES, 28), b"datagram through the builder");
+    // A UD QP made for sends only has no RDMA WRITE in its builder.
+    let mut batch = a.wr_start().unwrap();
+    batch.wr_rdma_write(1, 2);
+    assert!(batch.wr_complete().is_err());
+}
