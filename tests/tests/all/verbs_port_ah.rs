@@ -14,10 +14,28 @@ use mlx5_verbs::{
 };
 
 fn query(cfg: SimConfig) -> mlx5_core::hca::PortAttr {
+    let ib = cfg.port_type == PortType::Ib;
     let dev = SimDevice::new(cfg);
     let mut d = dev.delay();
     let mut hca: Hca<_, _> = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
+    let before = dev.executed().len();
     let p = hca.query_port(&mut d).unwrap();
+    // The commands mlx5_ib sends for ibv_query_port, in its order (ACCESS_REG reads have op_mod 1): PTYS, then
+    // the NIC vport context (and here the vport state and PMTU in place of the netdev) on Ethernet; the HCA vport
+    // context, PTYS and PMTU on InfiniBand.
+    let sent: Vec<(u16, u16)> = dev.executed()[before..].iter().map(|c| (c.opcode, c.op_mod)).collect();
+    let reg = (consts::MLX5_CMD_OP_ACCESS_REG, 1);
+    let want = if ib {
+        vec![(consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT, 0), reg, reg]
+    } else {
+        vec![
+            reg,
+            (consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT, 0),
+            (consts::MLX5_CMD_OP_QUERY_VPORT_STATE, consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT as u16),
+            reg,
+        ]
+    };
+    assert_eq!(sent, want);
     hca.teardown(&mut d).unwrap();
     p
 }
