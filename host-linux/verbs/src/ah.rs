@@ -75,6 +75,12 @@ impl AddressHandle<'_> {
     pub fn destroy(self) {}
 }
 
+impl Drop for AddressHandle<'_> {
+    /// The PD's count falls when the last reference to the handle's object goes. Having a `Drop` makes the borrow
+    /// checker keep the PD borrowed until the handle is dropped, so `ProtectionDomain::destroy` cannot meet it.
+    fn drop(&mut self) {}
+}
+
 impl<'ctx> ProtectionDomain<'ctx> {
     /// `ibv_create_ah`.
     ///

@@ -31,7 +31,7 @@ fn query(cfg: SimConfig) -> mlx5_core::hca::PortAttr {
         vec![
             reg,
             (consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT, 0),
-            (consts::MLX5_CMD_OP_QUERY_VPORT_STATE, consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT as u16),
+            (consts::MLX5_CMD_OP_QUERY_VPORT_STATE, consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT),
             reg,
         ]
     };
