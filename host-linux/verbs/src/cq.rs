@@ -136,13 +136,9 @@ impl CqObj {
     /// over and reported by the next call, and the software flush of a dead device or failed CQ is asked for
     /// within the same call once the ring is drained.
     pub(crate) fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
-        self.poll_ring(&mut lock(&self.ring), wc)
-    }
-
-    /// [`CqObj::poll`] with the CQ's lock already held (an extended CQ holds it from `start_poll` to `end_poll`).
-    pub(crate) fn poll_ring(&self, r: &mut CqRing, wc: &mut [WorkCompletion]) -> Result<usize> {
         let dev = &self.ctx.dev;
-        let CqRing { cq, qps, srqs, pending } = r;
+        let mut r = lock(&self.ring);
+        let CqRing { cq, qps, srqs, pending } = &mut *r;
         if let Some(e) = pending.take() {
             return Err(VerbsError::Cqe(e));
         }

@@ -1,6 +1,7 @@
 //! Extended completion queues (`ibv_create_cq_ex`, `ibv_cq_ex`): completions read field by field between
-//! `start_poll` and `end_poll`, over the core's [`CqEx`] model. The CQ's lock is held from `start_poll` to
-//! `end_poll`, as rdma-core's mlx5 provider holds its CQ lock.
+//! `start_poll` and `end_poll`, over the core's [`CqEx`] model. Each completion is taken under the CQ's lock as
+//! `poll` takes it; the cursor is the caller's own, so nothing is held between the calls (rdma-core's mlx5 holds
+//! its CQ lock from `start_poll` to `end_poll`; here another verbs call on the CQ in between cannot deadlock).
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -72,16 +73,15 @@ impl CompletionQueueEx<'_> {
     }
 
     /// `ibv_start_poll`: `None` when the CQ is empty (`ENOENT`), else a cursor on the oldest completion whose
-    /// `next_poll` moves on and whose `end_poll` (or drop) releases the CQ. A CQE the device should not have
-    /// written is this call's (or `next_poll`'s) error, as with `poll`.
+    /// `next_poll` moves on; `end_poll` (or a drop) ends it. A CQE the device should not have written is this
+    /// call's (or `next_poll`'s) error, as with `poll`. Allocates nothing.
     pub fn start_poll(&self) -> Result<Option<ExPoll<impl ExPoller + '_>>> {
         let obj: &Arc<_> = &self.cq.obj;
-        let mut ring = lock(&obj.ring);
-        if ring.cq.is_none() {
+        if lock(&obj.ring).cq.is_none() {
             return Err(VerbsError::Destroyed { what: "completion queue" });
         }
         let poll = move |wc: &mut [WorkCompletion]| -> std::result::Result<usize, CqeError> {
-            match obj.poll_ring(&mut ring, wc) {
+            match obj.poll(wc) {
                 Ok(n) => Ok(n),
                 Err(VerbsError::Cqe(e)) => Err(e),
                 // The CQ cannot be destroyed while this borrow of it lives: nothing else can fail.

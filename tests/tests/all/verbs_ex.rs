@@ -140,6 +140,28 @@ fn qp_ex_builder_posts_a_batch_and_cq_ex_reads_it_field_by_field() {
     assert_eq!(mr.read_vec(1024, 256), vec![0xab; 256]);
     // Drained: ENOENT.
     assert!(rcq.start_poll().unwrap().is_none());
+    // Between start_poll and end_poll the CQ is not held: an ordinary poll (here of the next completion) neither
+    // hangs nor takes what the cursor already has.
+    b.post_recv(&[wr::recv(102, &[mr.sge(2048, 128)]), wr::recv(103, &[mr.sge(2048 + 128, 128)])]).unwrap();
+    let mut batch = a.wr_start().unwrap();
+    for id in [4, 5] {
+        batch.wr_id = id;
+        batch.wr_send();
+        batch.wr_set_inline_data(b"x");
+    }
+    batch.wr_complete().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let p = loop {
+        if let Some(p) = rcq.start_poll().unwrap() {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no receive");
+    };
+    assert_eq!(p.wr_id(), 102);
+    let mut wc = [mlx5_verbs::WorkCompletion::default(); 1];
+    assert_eq!(rcq.poll_until(&mut wc, 1, Duration::from_secs(5)).unwrap(), 1);
+    assert_eq!(wc[0].wr_id, 103);
+    p.end_poll();
 }
 
 #[test]
