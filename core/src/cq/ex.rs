@@ -155,7 +155,7 @@ impl<P: ExPoller> ExPoll<P> {
         Ok(true)
     }
 
-    /// `ibv_end_poll`: ends the poll (a host's poller releases the CQ's lock as it is dropped).
+    /// `ibv_end_poll`: ends the poll (the poller is dropped with it).
     pub fn end_poll(self) {}
 
     /// Ends the poll and gives the poller back.
