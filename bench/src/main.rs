@@ -13,7 +13,10 @@
 //! * `sim_sends_per_s`: loopback RC SENDs per second through the core and the simulator, in-line and threaded.
 //! * `bringup_ms`: `Hca::bring_up` on the simulator until ready.
 //! * `datapath_allocs`: heap allocations seen during every timed datapath call above (a counting allocator).
+//!
+//! `mlx5-bench --cg OP CALLS` runs one datapath operation untimed for callgrind (`cargo xtask bench --peer`).
 
+mod cg;
 mod e2e;
 mod env;
 mod micro;
@@ -34,7 +37,7 @@ use mlx5_sim::testkit::alloc_count;
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 /// WQEs (and CQEs) per timed window: the ring depth, so a window fills the ring once.
-const DEPTH: u32 = 1024;
+pub(crate) const DEPTH: u32 = 1024;
 const SEND_BATCHES: [usize; 3] = [1, 16, 64];
 /// The batch the headline figures use.
 const HEADLINE_BATCH: usize = 16;
@@ -65,6 +68,17 @@ fn main() {
             "--json" => as_json = true,
             "--quick" => quick = true,
             "--only" => only = it.next().cloned(),
+            "--cg" => {
+                let op = it.next().cloned().unwrap_or_default();
+                let calls = it.next().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
+                if calls == 0 || !cg::run(&op, calls) {
+                    eprintln!(
+                        "mlx5-bench: --cg OP CALLS (OP: post_send_1, post_send_16, post_send_64, post_recv, poll_cq)"
+                    );
+                    std::process::exit(2);
+                }
+                return;
+            }
             _ => {
                 eprintln!("mlx5-bench: unknown argument {a}\nusage: mlx5-bench [--json] [--quick] [--only SECTION]");
                 std::process::exit(2);
