@@ -278,12 +278,22 @@ impl Qp {
         }
     }
 
-    /// Reads the 16 bytes at SQ byte `pos` (see [`Qp::sq_ds_ptr`]).
+    /// The basic block that holds SQ byte `pos` (wrapping at the ring's end), as the eight words it holds in
+    /// memory order: what a BlueFlame copy sends.
     #[inline(always)]
-    fn sq_get16(&self, pos: usize) -> [u8; DS] {
-        let src = self.sq_ds_ptr(pos);
-        // SAFETY: inside the SQ (sq_ds_ptr); these are bytes this driver wrote.
-        unsafe { src.cast::<[u8; DS]>().read_unaligned() }
+    fn sq_bb(&self, pos: usize) -> &[u64; 8] {
+        // The SQ is a power of two of at least one BB, so this mask keeps `p + BB <= sq_bytes`.
+        let p = pos & (self.sizes.sq_bytes() - BB);
+        let src = match &self.sq_flat {
+            // SAFETY: `p + BB <= sq_bytes == r.len` (mask above), and `r` lies inside a fragment of `buf`, which
+            // this QP owns.
+            Some(r) => unsafe { r.cpu().as_ptr().add(p) },
+            None => self.buf.ptr(self.sq_offset + p, BB),
+        };
+        // SAFETY: 64 bytes inside one live fragment of the SQ (a fragment is a whole number of BBs), 8-byte aligned
+        // (fragments are at least 4 KiB aligned, BBs sit at multiples of 64 bytes). They are bytes this driver
+        // wrote; the device only reads the SQ, and nothing writes them while the borrow of `self` lives.
+        unsafe { &*src.cast::<[u64; 8]>() }
     }
 
     /// Writes a 16-byte receive segment at RQ byte `pos` (a multiple of `DS` below the RQ size).
@@ -346,6 +356,9 @@ impl Qp {
     }
 
     /// Writes one send WQE at the producer counter. Returns (SQ byte offset of its ctrl segment, size in DS).
+    // Inlined into the generic `post_send`: a call per WQE, with its result through memory, cost more than the
+    // checks it makes.
+    #[inline(always)]
     fn build_send(&mut self, wr: &SendWr<'_>) -> Result<(usize, usize), PostErrorKind> {
         use PostErrorKind as K;
         // IBA 10.8.2: sends may be posted in RTS, SQD and SQE, and in ERR, where the device completes them with a
@@ -515,16 +528,14 @@ impl Qp {
         let reg = self.bf.next_offset();
         let bytes = size_ds * DS;
         if single && self.bf.bf && bytes <= self.bf.buf_size {
-            // BlueFlame: the whole WQE through the write-combining window, 64 bytes at a time, so the device can
-            // start without fetching it.
-            for at in (0..bytes.div_ceil(BB) * BB).step_by(DS) {
-                // Each 8-byte half as the big-endian value whose `write64` stores exactly those bytes.
-                let v = u128::from_be_bytes(self.sq_get16(last_ctrl + at));
-                mmio.write64(reg + at, (v >> 64) as u64);
-                mmio.write64(reg + at + 8, v as u64);
+            // BlueFlame: the whole WQE through the write-combining window, one 64-byte chunk per basic block, so
+            // the device can start without fetching it.
+            for k in 0..bytes.div_ceil(BB) {
+                mmio.write_bf64(reg + k * BB, self.sq_bb(last_ctrl + k * BB));
             }
         } else {
-            mmio.write64(reg, (u128::from_be_bytes(self.sq_get16(last_ctrl)) >> 64) as u64);
+            // The first 8 bytes of the last control segment, as the value whose big-endian store writes them.
+            mmio.write64(reg, u64::from_be(self.sq_bb(last_ctrl)[0]));
         }
         // Flush the write-combining buffer so the doorbell reaches the device now, as whole 64-byte chunks.
         mmio.wc_flush();
