@@ -104,6 +104,11 @@ pub(crate) trait CqeRead {
     fn be(&self, m: crate::prm::Bytes) -> u32;
     /// The four bytes of `m` unchanged, as a value whose in-memory bytes are theirs (`__be32`).
     fn raw32(&self, m: crate::prm::Bytes) -> u32;
+    /// Two adjacent big-endian 32-bit members `hi` then `lo` as one 64-bit value.
+    #[inline]
+    fn be64(&self, hi: crate::prm::Bytes, lo: crate::prm::Bytes) -> u64 {
+        u64::from(self.be(hi)) << 32 | u64::from(self.be(lo))
+    }
 }
 
 impl CqeRead for Cqe {
@@ -181,6 +186,15 @@ impl CqeRead for CqeRef {
     fn raw32(&self, m: crate::prm::Bytes) -> u32 {
         self.load(m.off, 4).to_be()
     }
+    #[inline]
+    fn be64(&self, hi: crate::prm::Bytes, lo: crate::prm::Bytes) -> u64 {
+        if hi.len == 4 && lo.len == 4 && lo.off == hi.off + 4 && hi.off.is_multiple_of(8) && hi.off + 8 <= CQE64_SIZE {
+            // SAFETY: `hi.off + 8 <= 64` and 8-byte aligned (checked above) inside the entry `new`'s contract
+            // keeps readable and 8-byte aligned. One load for the two members (volatile, as in `load`).
+            return u64::from_be(unsafe { self.p.add(hi.off).cast::<u64>().read_volatile() });
+        }
+        u64::from(self.be(hi)) << 32 | u64::from(self.be(lo))
+    }
 }
 
 /// The CQE fields the decoder reads, over either view (the [`Cqe`] methods of the same names call these).
@@ -218,7 +232,7 @@ pub(crate) trait CqeFieldsRead: CqeRead {
     /// The device clock when the CQE was written.
     #[inline]
     fn timestamp(&self) -> u64 {
-        u64::from(self.be(field::TIMESTAMP_H)) << 32 | u64::from(self.be(field::TIMESTAMP_L))
+        self.be64(field::TIMESTAMP_H, field::TIMESTAMP_L)
     }
     /// `flags_rqpn`.
     #[inline]

@@ -305,6 +305,11 @@ pub trait WrTable {
     fn recv_srqn(&self, _qpn: u32) -> Option<u32> {
         None
     }
+    /// Whether [`WrTable::recv_done`] reads its `srqn` and `wqe_counter`. A table that completes receives in
+    /// posting order (a QP with its own receive queue) says no, and the poll then does not load them.
+    fn recv_needs_index(&self) -> bool {
+        true
+    }
 }
 
 /// A CQE the driver cannot accept: the device wrote something it should not have. It is consumed (the ring moves
@@ -402,12 +407,13 @@ pub(super) fn decode_into<C: CqeFieldsRead + ?Sized>(
         }
         op @ (CqeOpcode::RespWrImm | CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespSendInv) => {
             let qpn = cqe.sop_drop_qpn() & 0xff_ffff;
-            let wr_id = match wq.recv_done(qpn, cqe.srqn(), cqe.wqe_counter()) {
+            let (srqn, counter) = if wq.recv_needs_index() { (cqe.srqn(), cqe.wqe_counter()) } else { (0, 0) };
+            let wr_id = match wq.recv_done(qpn, srqn, counter) {
                 Some(id) => id,
                 None => return Err(recv_fault(wq, cqe, cqn, qpn, index)),
             };
             *out = WorkCompletion { wr_id, qp_num: qpn, timestamp: cqe.timestamp(), ..WorkCompletion::default() };
-            decode_resp(cqe, op, link, out);
+            decode_resp(cqe, op.raw(), link, out);
         }
         op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {
             let qpn = cqe.err_qpn();
@@ -491,23 +497,23 @@ fn decode_req<C: CqeFieldsRead + ?Sized>(cqe: &C, op: u8, wc: &mut WorkCompletio
 /// Bits of `hds_ip_ext` saying the device verified the L3 and L4 checksums (`CQE_L3_OK`, `CQE_L4_OK`).
 const CQE_L3_L4_OK: u8 = (consts::CQE_L3_OK | consts::CQE_L4_OK) as u8;
 
-/// Responder fields (`handle_responder`).
+/// Responder fields (`handle_responder`); `op` is the CQE opcode (one of the `MLX5_CQE_RESP_*` receives).
 #[inline]
-fn decode_resp<C: CqeFieldsRead + ?Sized>(cqe: &C, op: CqeOpcode, link: LinkLayer, wc: &mut WorkCompletion) {
+fn decode_resp<C: CqeFieldsRead + ?Sized>(cqe: &C, op: u8, link: LinkLayer, wc: &mut WorkCompletion) {
     wc.byte_len = cqe.byte_cnt();
     match op {
-        CqeOpcode::RespWrImm => {
+        consts::MLX5_CQE_RESP_WR_IMM => {
             wc.opcode = WcOpcode::RecvRdmaWithImm;
             wc.wc_flags = WcFlags::WITH_IMM;
             wc.imm_data = cqe.imm_data_be();
         }
-        CqeOpcode::RespSend => {
+        consts::MLX5_CQE_RESP_SEND => {
             wc.opcode = WcOpcode::Recv;
             if cqe.hds_ip_ext() & CQE_L3_L4_OK == CQE_L3_L4_OK {
                 wc.wc_flags = WcFlags::IP_CSUM_OK;
             }
         }
-        CqeOpcode::RespSendImm => {
+        consts::MLX5_CQE_RESP_SEND_IMM => {
             wc.opcode = WcOpcode::Recv;
             wc.wc_flags = WcFlags::WITH_IMM;
             wc.imm_data = cqe.imm_data_be();

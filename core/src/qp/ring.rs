@@ -684,6 +684,12 @@ impl WrTable for Qp {
         Some(id)
     }
 
+    #[inline]
+    fn recv_needs_index(&self) -> bool {
+        // Receives complete in posting order (`recv_done` takes the oldest).
+        false
+    }
+
     fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
         if !dead && self.state != QpState::Err {
             return None;
@@ -713,6 +719,9 @@ impl WrTable for [&mut Qp] {
     }
     fn recv_srqn(&self, qpn: u32) -> Option<u32> {
         self.iter().find(|q| q.qpn == qpn)?.srqn
+    }
+    fn recv_needs_index(&self) -> bool {
+        false
     }
 }
 
