@@ -407,10 +407,7 @@ impl Qp {
         let mut off = CTRL;
         match (self.ty, &wr.ud) {
             (QpType::Ud, Some(d)) => {
-                let mut seg = *d.ah.av();
-                c::mlx5_av::DQP_DCT.put_be(&mut seg, 0, (d.remote_qpn & 0xff_ffff) | consts::MLX5_EXTENDED_UD_AV);
-                c::mlx5_av::QKEY.put_be(&mut seg, 0, d.remote_qkey);
-                self.sq_put(w, start + off, &seg);
+                self.put_av(w, start + off, d);
                 off += DGRAM;
             }
             (QpType::Ud, None) => return Err(K::BadRequest { what: "UD send without an address handle" }),
@@ -447,40 +444,17 @@ impl Qp {
             }
             SendOp::AtomicCmpSwp { remote_addr, rkey, compare, swap } => {
                 self.need_atomic(wr)?;
-                self.sq_put(w, start + off, &raddr(remote_addr, rkey));
-                off += RADDR;
-                let mut a = [0u8; ATOMIC];
-                put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, swap);
-                put64(&mut a, c::mlx5_wqe_atomic_seg::COMPARE, compare);
-                self.sq_put(w, start + off, &a);
-                off += ATOMIC;
+                self.put_atomic(w, start + off, raddr(remote_addr, rkey), swap, Some(compare));
+                off += RADDR + ATOMIC;
             }
             SendOp::AtomicFetchAdd { remote_addr, rkey, add } => {
                 self.need_atomic(wr)?;
-                self.sq_put(w, start + off, &raddr(remote_addr, rkey));
-                off += RADDR;
-                let mut a = [0u8; ATOMIC];
-                put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, add);
-                self.sq_put(w, start + off, &a);
-                off += ATOMIC;
+                self.put_atomic(w, start + off, raddr(remote_addr, rkey), add, None);
+                off += RADDR + ATOMIC;
             }
         }
         if let Some(data) = wr.inline {
-            if matches!(wr.op, SendOp::RdmaRead { .. } | SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. }) {
-                return Err(K::BadRequest { what: "inline data on a READ or atomic" });
-            }
-            let total = data.len();
-            if total > self.sizes.cap.max_inline_data as usize {
-                return Err(K::InlineTooLong { bytes: total, max: self.sizes.cap.max_inline_data });
-            }
-            // No segment for no data (`set_data_inl_seg`): an empty one would not fit a WQE sized for none.
-            if total > 0 {
-                let mut hdr = [0u8; INL_HDR];
-                c::mlx5_wqe_inline_seg::BYTE_COUNT.put_be(&mut hdr, 0, total as u32 | consts::MLX5_INLINE_SEG);
-                self.sq_write(start + off, &hdr);
-                self.sq_write(start + off + INL_HDR, data);
-                off = (off + INL_HDR + total).next_multiple_of(DS);
-            }
+            off = self.put_inline(wr, start, off, data)?;
         } else {
             for s in wr.sg_list.iter().filter(|s| s.length > 0) {
                 self.sq_put(w, start + off, &data_seg(s.length, s.lkey, s.addr));
@@ -511,6 +485,50 @@ impl Qp {
         self.sq_cur_post = self.sq_cur_post.wrapping_add(bbs as u32);
         self.sq_head = self.sq_head.wrapping_add(1);
         Ok((start, ds))
+    }
+
+    /// The UD address vector with its remote QPN and Q_Key (`set_datagram_seg`). Out of line, as the other
+    /// rarer segments below: the connected-QP path keeps its registers.
+    #[inline(never)]
+    fn put_av(&self, w: &SqWin, pos: usize, d: &super::wr::UdDest<'_>) {
+        let mut seg = *d.ah.av();
+        c::mlx5_av::DQP_DCT.put_be(&mut seg, 0, (d.remote_qpn & 0xff_ffff) | consts::MLX5_EXTENDED_UD_AV);
+        c::mlx5_av::QKEY.put_be(&mut seg, 0, d.remote_qkey);
+        self.sq_put(w, pos, &seg);
+    }
+
+    /// The remote address and atomic segments of an atomic (`set_atomic_seg`): `compare` for compare-and-swap.
+    #[inline(never)]
+    fn put_atomic(&self, w: &SqWin, pos: usize, raddr: [u8; RADDR], swap_add: u64, compare: Option<u64>) {
+        self.sq_put(w, pos, &raddr);
+        let mut a = [0u8; ATOMIC];
+        put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, swap_add);
+        if let Some(cmp) = compare {
+            put64(&mut a, c::mlx5_wqe_atomic_seg::COMPARE, cmp);
+        }
+        self.sq_put(w, pos + RADDR, &a);
+    }
+
+    /// The inline data segment at `off` of the WQE at `start` (`set_data_inl_seg`); returns the offset after it.
+    #[inline(never)]
+    fn put_inline(&self, wr: &SendWr<'_>, start: usize, off: usize, data: &[u8]) -> Result<usize, PostErrorKind> {
+        use PostErrorKind as K;
+        if matches!(wr.op, SendOp::RdmaRead { .. } | SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. }) {
+            return Err(K::BadRequest { what: "inline data on a READ or atomic" });
+        }
+        let total = data.len();
+        if total > self.sizes.cap.max_inline_data as usize {
+            return Err(K::InlineTooLong { bytes: total, max: self.sizes.cap.max_inline_data });
+        }
+        // No segment for no data (`set_data_inl_seg`): an empty one would not fit a WQE sized for none.
+        if total == 0 {
+            return Ok(off);
+        }
+        let mut hdr = [0u8; INL_HDR];
+        c::mlx5_wqe_inline_seg::BYTE_COUNT.put_be(&mut hdr, 0, total as u32 | consts::MLX5_INLINE_SEG);
+        self.sq_write(start + off, &hdr);
+        self.sq_write(start + off + INL_HDR, data);
+        Ok((off + INL_HDR + total).next_multiple_of(DS))
     }
 
     /// RDMA READ and atomics: RC only. rdma-core's `_mlx5_post_send` builds no remote-address segment for them on
