@@ -167,6 +167,10 @@ impl Qp {
     pub fn sizes(&self) -> &QpSizes {
         &self.sizes
     }
+    /// The BlueFlame register the QP rings.
+    pub fn bfreg(&self) -> &BfReg {
+        &self.bf
+    }
     /// The doorbell record.
     pub fn dbrec(&self) -> &DbRec {
         &self.dbrec
