@@ -13,6 +13,8 @@
 //! * `sim_sends_per_s`: loopback RC SENDs per second through the core and the simulator, in-line and threaded.
 //! * `bringup_ms`: `Hca::bring_up` on the simulator until ready.
 //! * `datapath_allocs`: heap allocations seen during every timed datapath call above (a counting allocator).
+//! * `threads_2_speedup` (`--only threads`, not in the default run): completions per second with one QP and CQ per
+//!   thread, 2 threads over 1.
 //!
 //! `mlx5-bench --cg OP CALLS` runs one datapath operation untimed for callgrind (`cargo xtask bench --peer`).
 
@@ -21,6 +23,7 @@ mod e2e;
 mod env;
 mod micro;
 mod stats;
+mod threads;
 
 use std::io::Write;
 
@@ -55,7 +58,7 @@ fn progress(what: &str) {
 }
 
 /// The sections, in the order they run; `--only NAME` runs one (for profiling).
-const SECTIONS: [&str; 5] = ["datapath", "encode", "sim", "sim-threaded", "bringup"];
+const SECTIONS: [&str; 6] = ["datapath", "encode", "sim", "sim-threaded", "bringup", "threads"];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -131,6 +134,22 @@ fn main() {
         lines.push(format!(
             "bring-up on the simulator: {:.3} ms in-line, {:.3} ms threaded",
             inline.median, threaded.median
+        ));
+    }
+    if only.as_deref() == Some("threads") {
+        progress("datapath threads (one QP and CQ each)");
+        let windows = scale(200);
+        let reps = scale(9).max(3);
+        let one = threads::run(1, windows, reps);
+        let two = threads::run(2, windows, reps);
+        out.insert("threads_1_completions_per_s".into(), json!(one.round()));
+        out.insert("threads_2_completions_per_s".into(), json!(two.round()));
+        out.insert("threads_2_speedup".into(), json!(round(two / one)));
+        lines.push(format!(
+            "datapath, one QP and CQ per thread: 1 thread {:.1} M completions/s, 2 threads {:.1} M/s ({:.2}x)",
+            one / 1e6,
+            two / 1e6,
+            two / one
         ));
     }
     out.insert(

@@ -176,7 +176,7 @@ pub fn ready_ring(cq: &mut Cq, qp: &mut Qp, bar: &MemMmio, sge: &[Sge]) {
     ready_ring_with(cq, qp, bar, &sends, &recvs);
 }
 
-fn ready_ring_with(cq: &mut Cq, qp: &mut Qp, bar: &MemMmio, sends: &[SendWr<'_>], recvs: &[RecvWr<'_>]) {
+pub fn ready_ring_with(cq: &mut Cq, qp: &mut Qp, bar: &MemMmio, sends: &[SendWr<'_>], recvs: &[RecvWr<'_>]) {
     let half = cq.nent() as usize / 2;
     let first = qp.sq_cur_post();
     for _ in 0..half / sends.len() {

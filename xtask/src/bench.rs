@@ -498,7 +498,7 @@ pub fn run_peer(root: &Path, as_json: bool) -> Result<(), String> {
     if as_json {
         println!("{}", Value::Object(r));
     } else {
-        for (k, v) in r.iter().filter(|(k, _)| k.ends_with("_ratio")) {
+        for (k, v) in r.iter().filter(|(k, _)| k.ends_with("_ratio") || k.ends_with("_speedup")) {
             println!("{k:<32} {v}");
         }
     }

@@ -605,11 +605,14 @@ impl Qp {
         // to `cnt - 1`, so every access is inside.
         let base = self.sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>();
         let wrids = self.shadow.ptr_at(base, cnt as usize * 8).cast::<u64>();
+        // Room left in the ring; `cnt` is a power of two (or 0 without a receive queue: no room).
+        let room = cnt.saturating_sub(start_outstanding);
+        let mask = cnt.wrapping_sub(1);
         let mut nreq = 0u32;
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            let outstanding = start_outstanding.wrapping_add(nreq);
-            if outstanding >= cnt {
+            if nreq >= room {
+                let outstanding = start_outstanding.wrapping_add(nreq);
                 result = Err(PostError { index: i, kind: K::QueueFull { outstanding, max: cnt } });
                 break;
             }
@@ -617,8 +620,8 @@ impl Qp {
                 result = Err(PostError { index: i, kind: K::TooManySge { sge: wr.sg_list.len(), max: max_gs as u32 } });
                 break;
             }
-            // `cnt` is a power of two above `outstanding` (checked above), so it is at least 1 here.
-            let slot = self.rq_head.wrapping_add(nreq) & (cnt - 1);
+            // There is room, so `cnt` is at least 1 and `mask` its index mask.
+            let slot = self.rq_head.wrapping_add(nreq) & mask;
             let at = (slot as usize) << shift;
             // A zero-length entry is skipped, as rdma-core's `mlx5_post_recv` skips it: to the device a
             // byte_count of 0 means 2 GiB.

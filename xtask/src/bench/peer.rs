@@ -344,6 +344,45 @@ fn instructions(root: &Path, peer: &Path, bench: &Path) -> Result<Map<String, Va
     Ok(m)
 }
 
+/// One figure of `mlx5-bench --only SECTION --json [--quick]`.
+fn bench_figure(bench: &Path, section: &str, quick: bool, key: &str) -> Result<f64, String> {
+    let mut c = Command::new(bench);
+    c.args(["--only", section, "--json"]);
+    if quick {
+        c.arg("--quick");
+    }
+    f(&json_line(&run_ok(&mut c, "mlx5-bench")?, "mlx5-bench")?, key)
+}
+
+/// The threads bench (2 threads over 1, each with its own QP and CQ) and the threaded simulator's rate over the
+/// in-line one, each the median of `ROUNDS` runs (the simulator's two modes run in turn).
+fn scaling(bench: &Path) -> Result<Map<String, Value>, String> {
+    let mut speedup = Vec::new();
+    let mut sim = Vec::new();
+    for round in 0..ROUNDS {
+        eprintln!("xtask bench --peer: threads and simulator modes, round {}/{ROUNDS}", round + 1);
+        speedup.push(bench_figure(bench, "threads", true, "threads_2_speedup")?);
+        let inline = bench_figure(bench, "sim", true, "sim_sends_per_s")?;
+        let threaded = bench_figure(bench, "sim-threaded", true, "sim_sends_per_s_threaded")?;
+        sim.push(threaded / inline);
+    }
+    let range = |v: &[f64]| (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max));
+    let (s_lo, s_hi) = range(&speedup);
+    let (m_lo, m_hi) = range(&sim);
+    let mut m = Map::new();
+    m.insert("threads_2_speedup".into(), json!(round3(median(&mut speedup))));
+    m.insert("threads_2_speedup_range".into(), json!([round3(s_lo), round3(s_hi)]));
+    m.insert("sim_threaded_ratio".into(), json!(round3(median(&mut sim))));
+    m.insert("sim_threaded_ratio_range".into(), json!([round3(m_lo), round3(m_hi)]));
+    m.insert("load_average".into(), json!(load_average()));
+    Ok(m)
+}
+
+/// The 1-minute load average, to say how busy the shared machine was.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
 /// Runs the comparison; returns the figures (the `peer_*` keys the issue names and the details behind them).
 pub fn run(root: &Path) -> Result<Map<String, Value>, String> {
     let (peer, nofence, bench) = build_peer(root)?;
@@ -363,6 +402,7 @@ pub fn run(root: &Path) -> Result<Map<String, Value>, String> {
     out.insert("peer_poll_cq_nofence_ratio".into(), json!(round3(med("rust_poll_cq") / med("c_nofence_poll_cq"))));
     out.insert("peer_times".into(), Value::Object(detail));
     out.insert("peer_instructions".into(), Value::Object(instructions(root, &peer, &bench)?));
+    out.extend(scaling(&bench)?);
     out.insert(
         "peer_params".into(),
         json!({ "rounds": ROUNDS, "windows_per_round": REPS, "rdma_core": "ibverbs-sys 0.3.2 (rdma-core 55.0)",
@@ -430,6 +470,19 @@ pub fn markdown(r: &Map<String, Value>) -> String {
         cell("c_nofence_poll_cq"),
         cell("rust_poll_cq"),
         r["peer_poll_cq_nofence_ratio"].as_f64().unwrap_or(f64::NAN)
+    ));
+    s.push_str(&format!(
+        "Threads (`mlx5-bench --only threads`: one QP and CQ per thread, each posting and polling a ring of \
+         completions against plain memory, every QP on its own BlueFlame register): 2 threads do **{:.2}×** the \
+         completions per second of 1 (runs: {:.2}–{:.2}). The threaded simulator runs **{:.2}×** the in-line \
+         one's loopback SENDs per second (runs: {:.2}–{:.2}). Load average during the run: {}.\n\n",
+        r["threads_2_speedup"].as_f64().unwrap_or(f64::NAN),
+        r["threads_2_speedup_range"][0].as_f64().unwrap_or(f64::NAN),
+        r["threads_2_speedup_range"][1].as_f64().unwrap_or(f64::NAN),
+        r["sim_threaded_ratio"].as_f64().unwrap_or(f64::NAN),
+        r["sim_threaded_ratio_range"][0].as_f64().unwrap_or(f64::NAN),
+        r["sim_threaded_ratio_range"][1].as_f64().unwrap_or(f64::NAN),
+        r["load_average"].as_f64().map_or("unknown".to_string(), |l| format!("{l:.1} (2 CPUs)")),
     ));
     s.push_str(
         "The harness takes the provider's real paths: before timing, `mlx5-peer` checks that a single WQE's 64 bytes \
