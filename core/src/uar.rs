@@ -129,37 +129,41 @@ impl BfregPool {
         self.pages.iter().any(Option::is_none)
     }
 
-    /// Takes a free register of the pages held, lowest page first: its page and its number in the page.
+    /// Takes a free register of the pages held, lowest page first: its page and the register.
     pub fn take(&mut self, proto: &Uar) -> Option<(Uar, BfReg)> {
+        let valid = Self::valid(proto);
         for (slot, used) in self.pages.iter().zip(self.used.iter_mut()) {
-            let Some(index) = *slot else { continue };
-            let page = Uar { index, ..*proto };
-            for n in 0..BFREGS_PER_UAR {
-                if *used & (1 << n) == 0 {
-                    if let Some(reg) = page.bfreg(n) {
-                        *used |= 1 << n;
-                        return Some((page, reg));
-                    }
-                }
+            let free = !*used & valid;
+            if let (Some(index), true) = (*slot, free != 0) {
+                let n = free.trailing_zeros() as usize;
+                let page = Uar { index, ..*proto };
+                let reg = page.bfreg(n)?;
+                *used |= 1 << n;
+                return Some((page, reg));
             }
         }
         None
     }
 
+    /// The registers a page of `proto`'s geometry has, one bit each.
+    fn valid(proto: &Uar) -> u8 {
+        (0..BFREGS_PER_UAR).filter(|&n| proto.bfreg(n).is_some()).fold(0, |m, n| m | 1 << n)
+    }
+
     /// Gives a dedicated register back (a shared one, or one not from this pool, is ignored).
     pub fn give(&mut self, reg: &BfReg, proto: &Uar) {
-        if reg.is_shared() {
+        let in_page = reg.offset % UAR_PAGE_SIZE;
+        let index = (reg.offset / UAR_PAGE_SIZE) as u32;
+        let first = consts::MLX5_BF_OFFSET as usize;
+        if reg.is_shared() || in_page < first || proto.bf_reg_size == 0 {
             return;
         }
-        for (slot, used) in self.pages.iter().zip(self.used.iter_mut()) {
-            let Some(index) = *slot else { continue };
-            let page = Uar { index, ..*proto };
-            for n in 0..BFREGS_PER_UAR {
-                if page.bfreg(n).is_some_and(|r| r.offset == reg.offset) {
-                    *used &= !(1 << n);
-                    return;
-                }
-            }
+        let n = (in_page - first) / proto.bf_reg_size;
+        if n >= BFREGS_PER_UAR || first + n * proto.bf_reg_size != in_page {
+            return;
+        }
+        if let Some(i) = self.pages.iter().position(|p| *p == Some(index)) {
+            self.used[i] &= !(1 << n);
         }
     }
 
