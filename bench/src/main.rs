@@ -140,16 +140,19 @@ fn main() {
         progress("datapath threads (one QP and CQ each)");
         let windows = scale(200);
         let reps = scale(9).max(3);
-        let one = threads::run(1, windows, reps);
-        let two = threads::run(2, windows, reps);
+        let (one, one_cpu) = threads::run(1, windows, reps);
+        let (two, two_cpu) = threads::run(2, windows, reps);
         out.insert("threads_1_completions_per_s".into(), json!(one.round()));
         out.insert("threads_2_completions_per_s".into(), json!(two.round()));
         out.insert("threads_2_speedup".into(), json!(round(two / one)));
+        out.insert("threads_2_speedup_cpu".into(), json!(round(two_cpu / one_cpu)));
         lines.push(format!(
-            "datapath, one QP and CQ per thread: 1 thread {:.1} M completions/s, 2 threads {:.1} M/s ({:.2}x)",
+            "datapath, one QP and CQ per thread: 1 thread {:.1} M completions/s, 2 threads {:.1} M/s ({:.2}x; \
+             by CPU time {:.2}x)",
             one / 1e6,
             two / 1e6,
-            two / one
+            two / one,
+            two_cpu / one_cpu
         ));
     }
     out.insert(
