@@ -106,3 +106,50 @@ fn qps_of_all_types_take_registers_from_the_pool() {
     assert_eq!(n.hca.bfreg_usage().0, 0);
     n.finish();
 }
+
+#[test]
+fn a_blueflame_copy_through_a_memory_bar_is_the_wqe_byte_for_byte() {
+    use mlx5_core::hal::Mmio;
+    use mlx5_sim::testkit::mocks::{MemMmio, MmioAccess, RecordingMmio};
+    let mut n = Node::new(SimConfig::default(), 1 << 20);
+    let (cq, mut a, b) = n.rc_pair(CAP, 63, &RcOpts::default());
+    let sge = [n.sge(0, 64)];
+    let wr =
+        |wr_id| SendWr { wr_id, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, inline: None, ud: None };
+    // `MemMmio::write_bf64` (one bounds check, eight stores) against the trait's default (eight `write64`s, seen
+    // through the recording wrapper): the same bytes at the same register.
+    let bar = MemMmio::new(n.dev.mmio().bar_size());
+    let rec = RecordingMmio::new(MemMmio::new(n.dev.mmio().bar_size()));
+    let reg = a.bfreg().offset;
+    let first = a.sq_cur_post();
+    a.post_send(&bar, &[wr(1)]).unwrap();
+    let mut wqe = [0u8; 64];
+    a.read_sq(first, &mut wqe);
+    let mut got = [0u8; 64];
+    for (k, chunk) in got.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&bar.read64(reg + 8 * k).to_be_bytes());
+    }
+    assert_eq!(got, wqe, "the register holds the WQE");
+    // The next post alternates to the other buffer; the default path writes it as eight 64-bit stores.
+    let second = a.sq_cur_post();
+    a.post_send(&rec, &[wr(2)]).unwrap();
+    a.read_sq(second, &mut wqe);
+    let writes: Vec<_> = rec.log().into_iter().filter(|e| matches!(e, MmioAccess::Write64 { .. })).collect();
+    let half = a.bfreg().buf_size;
+    let want: Vec<_> = (0..8)
+        .map(|k| MmioAccess::Write64 {
+            off: reg + half + 8 * k,
+            val: u64::from_be_bytes(wqe[8 * k..8 * k + 8].try_into().unwrap()),
+        })
+        .collect();
+    assert_eq!(writes, want);
+    for k in 0..8 {
+        assert_eq!(rec.inner().read64(reg + half + 8 * k).to_be_bytes(), wqe[8 * k..8 * k + 8]);
+    }
+    // Both WQEs are outstanding: the completion of the second retires both.
+    assert_eq!(a.sq_outstanding(), 2);
+    let qpn = a.qpn();
+    assert_eq!(mlx5_core::cq::WrTable::send_done(&mut a, qpn, second as u16), Some(2));
+    n.drop_pair(cq, a, b);
+    n.finish();
+}
