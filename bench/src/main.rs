@@ -13,11 +13,17 @@
 //! * `sim_sends_per_s`: loopback RC SENDs per second through the core and the simulator, in-line and threaded.
 //! * `bringup_ms`: `Hca::bring_up` on the simulator until ready.
 //! * `datapath_allocs`: heap allocations seen during every timed datapath call above (a counting allocator).
+//! * `threads_2_speedup` (`--only threads`, not in the default run): completions per second with one QP and CQ per
+//!   thread, 2 threads over 1.
+//!
+//! `mlx5-bench --cg OP CALLS` runs one datapath operation untimed for callgrind (`cargo xtask bench --peer`).
 
+mod cg;
 mod e2e;
 mod env;
 mod micro;
 mod stats;
+mod threads;
 
 use std::io::Write;
 
@@ -34,7 +40,7 @@ use mlx5_sim::testkit::alloc_count;
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 /// WQEs (and CQEs) per timed window: the ring depth, so a window fills the ring once.
-const DEPTH: u32 = 1024;
+pub(crate) const DEPTH: u32 = 1024;
 const SEND_BATCHES: [usize; 3] = [1, 16, 64];
 /// The batch the headline figures use.
 const HEADLINE_BATCH: usize = 16;
@@ -52,7 +58,7 @@ fn progress(what: &str) {
 }
 
 /// The sections, in the order they run; `--only NAME` runs one (for profiling).
-const SECTIONS: [&str; 5] = ["datapath", "encode", "sim", "sim-threaded", "bringup"];
+const SECTIONS: [&str; 6] = ["datapath", "encode", "sim", "sim-threaded", "bringup", "threads"];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -65,6 +71,17 @@ fn main() {
             "--json" => as_json = true,
             "--quick" => quick = true,
             "--only" => only = it.next().cloned(),
+            "--cg" => {
+                let op = it.next().cloned().unwrap_or_default();
+                let calls = it.next().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
+                if calls == 0 || !cg::run(&op, calls) {
+                    eprintln!(
+                        "mlx5-bench: --cg OP CALLS (OP: post_send_1, post_send_16, post_send_64, post_recv, poll_cq)"
+                    );
+                    std::process::exit(2);
+                }
+                return;
+            }
             _ => {
                 eprintln!("mlx5-bench: unknown argument {a}\nusage: mlx5-bench [--json] [--quick] [--only SECTION]");
                 std::process::exit(2);
@@ -117,6 +134,25 @@ fn main() {
         lines.push(format!(
             "bring-up on the simulator: {:.3} ms in-line, {:.3} ms threaded",
             inline.median, threaded.median
+        ));
+    }
+    if only.as_deref() == Some("threads") {
+        progress("datapath threads (one QP and CQ each)");
+        let windows = scale(200);
+        let reps = scale(9).max(3);
+        let (one, one_cpu) = threads::run(1, windows, reps);
+        let (two, two_cpu) = threads::run(2, windows, reps);
+        out.insert("threads_1_completions_per_s".into(), json!(one.round()));
+        out.insert("threads_2_completions_per_s".into(), json!(two.round()));
+        out.insert("threads_2_speedup".into(), json!(round(two / one)));
+        out.insert("threads_2_speedup_cpu".into(), json!(round(two_cpu / one_cpu)));
+        lines.push(format!(
+            "datapath, one QP and CQ per thread: 1 thread {:.1} M completions/s, 2 threads {:.1} M/s ({:.2}x; \
+             by CPU time {:.2}x)",
+            one / 1e6,
+            two / 1e6,
+            two / one,
+            two_cpu / one_cpu
         ));
     }
     out.insert(

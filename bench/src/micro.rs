@@ -167,6 +167,25 @@ fn fill_cqes(cq: &Cq, qpn: u32, send_first: u32) {
     }
 }
 
+/// Posts the work requests a full ring of completions names (half sends, all signaled, in calls of 64; half
+/// receives), then writes the ring's CQEs (untimed setup of a `poll_cq` window).
+pub fn ready_ring(cq: &mut Cq, qp: &mut Qp, bar: &MemMmio, sge: &[Sge]) {
+    let half = cq.nent() as usize / 2;
+    let sends = sends(sge, 64.min(half), true);
+    let recvs: Vec<RecvWr> = (0..half).map(|i| RecvWr { wr_id: i as u64, sg_list: sge }).collect();
+    ready_ring_with(cq, qp, bar, &sends, &recvs);
+}
+
+pub fn ready_ring_with(cq: &mut Cq, qp: &mut Qp, bar: &MemMmio, sends: &[SendWr<'_>], recvs: &[RecvWr<'_>]) {
+    let half = cq.nent() as usize / 2;
+    let first = qp.sq_cur_post();
+    for _ in 0..half / sends.len() {
+        qp.post_send(bar, sends).expect("post_send");
+    }
+    qp.post_recv(bar, recvs).expect("post_recv");
+    fill_cqes(cq, qp.qpn(), first);
+}
+
 /// `Cq::poll` of a CQ full of ready CQEs (half send, half receive completions, routed through the QP's
 /// `WrTable`), `batch` work completions per call, and its baseline: 64-byte volatile loads over the same ring.
 pub fn poll_cq(cq: &mut Cq, qp: &mut Qp, bar: &MemMmio, sge: &[Sge], batch: usize, plan: Plan) -> (Stat, Stat) {
@@ -178,12 +197,7 @@ pub fn poll_cq(cq: &mut Cq, qp: &mut Qp, bar: &MemMmio, sge: &[Sge], batch: usiz
     let mut wc = vec![WorkCompletion::default(); batch];
     let core = measure(plan, || {
         // Untimed: the WRs the completions name, then the CQEs.
-        let first = qp.sq_cur_post();
-        for _ in 0..half / sends.len() {
-            qp.post_send(bar, &sends).expect("post_send");
-        }
-        qp.post_recv(bar, &recvs).expect("post_recv");
-        fill_cqes(cq, qpn, first);
+        ready_ring_with(cq, qp, bar, &sends, &recvs);
         let armed = alloc_count::arm();
         let t = Instant::now();
         let mut got = 0;

@@ -28,6 +28,18 @@ pub trait Mmio {
     /// Writes the big-endian 64-bit register at byte `off` as one access (a doorbell).
     fn write64(&self, off: usize, v: u64);
 
+    /// Copies one 64-byte chunk of a BlueFlame write into the write-combining window at byte `off` (64-byte
+    /// aligned): eight 8-byte stores in address order, each storing the bytes of its word of `chunk` as they lie in
+    /// memory. The default is eight [`Mmio::write64`]s; a mapping of the BAR overrides it with one bounds check
+    /// and straight-line stores.
+    #[inline]
+    fn write_bf64(&self, off: usize, chunk: &[u64; 8]) {
+        for (i, w) in chunk.iter().enumerate() {
+            // `write64` stores its value big-endian: this value's big-endian bytes are `w`'s bytes in memory.
+            self.write64(off + 8 * i, u64::from_be(*w));
+        }
+    }
+
     /// Orders stores to DMA memory before a later store to DMA memory that the device polls (a doorbell record,
     /// an owner bit): the WQEs must be visible before the record that says they exist.
     fn dma_wmb(&self) {
@@ -76,6 +88,10 @@ impl<M: Mmio + ?Sized> Mmio for &M {
     }
     fn write64(&self, off: usize, v: u64) {
         (**self).write64(off, v)
+    }
+    #[inline]
+    fn write_bf64(&self, off: usize, chunk: &[u64; 8]) {
+        (**self).write_bf64(off, chunk)
     }
     fn dma_wmb(&self) {
         (**self).dma_wmb()

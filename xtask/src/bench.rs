@@ -2,6 +2,9 @@
 //! `mlx5-core` for the embedded target, and regenerates `BENCHMARKS.md` with the figures, their targets and the
 //! machine they were measured on. `--json` prints one JSON object on stdout (progress goes to stderr).
 //!
+//! `cargo xtask bench --peer [--json]` instead compares the datapath calls with rdma-core's mlx5 provider
+//! (`bench/peer.rs`) and rewrites only its own section of `BENCHMARKS.md`.
+//!
 //! The size is read straight from the release rlib: an `ar` archive whose object members are ELF32 files; the
 //! `.text*` section sizes of every member are summed. No external tool is involved.
 
@@ -11,6 +14,8 @@ use std::process::{Command, Stdio};
 use serde_json::{json, Map, Value};
 
 use crate::EMBEDDED_TARGET;
+
+mod peer;
 
 /// Everything below this line in `BENCHMARKS.md` is hand-written analysis, kept when the file is regenerated.
 const KEEP_MARKER: &str = "<!-- Analysis: everything below this line is kept by `cargo xtask bench`. -->";
@@ -468,6 +473,34 @@ pub fn run(root: &Path, as_json: bool) -> Result<(), String> {
         println!("{r}");
     } else {
         print!("{}", text_summary(&r));
+    }
+    Ok(())
+}
+
+/// `--peer`: the comparison with rdma-core; its section of BENCHMARKS.md (in the kept analysis) is replaced, or
+/// added right after the analysis marker.
+pub fn run_peer(root: &Path, as_json: bool) -> Result<(), String> {
+    let r = peer::run(root)?;
+    let path = root.join("BENCHMARKS.md");
+    let old = std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let section = peer::markdown(&r);
+    let new = match (old.find(peer::PEER_BEGIN), old.find(peer::PEER_END)) {
+        (Some(a), Some(b)) if b > a => {
+            format!("{}{}{}", &old[..a], section.trim_end(), &old[b + peer::PEER_END.len()..])
+        }
+        _ => match old.split_once(KEEP_MARKER) {
+            Some((head, kept)) => format!("{head}{KEEP_MARKER}\n\n{section}{kept}"),
+            None => format!("{old}\n{section}"),
+        },
+    };
+    std::fs::write(&path, new).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    eprintln!("xtask bench --peer: wrote its section of {}", path.display());
+    if as_json {
+        println!("{}", Value::Object(r));
+    } else {
+        for (k, v) in r.iter().filter(|(k, _)| k.ends_with("_ratio") || k.ends_with("_speedup")) {
+            println!("{k:<32} {v}");
+        }
     }
     Ok(())
 }

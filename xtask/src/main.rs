@@ -7,6 +7,7 @@
 //! * `vfio-test`: the host crate's VFIO layer against the real Linux VFIO stack, in a QEMU guest with QEMU's
 //!   `edu` device behind an emulated IOMMU.
 //! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
+//!   `--peer`: the datapath calls against rdma-core's mlx5 provider, built from its source (`xtask/peer/`).
 //! * `fuzz [--seconds N] [--target NAME]`: the cargo-fuzz targets in `fuzz/`, N seconds each (default 30), then
 //!   their corpus replayed; see FUZZING.md.
 //! * `miri`: the core's tests and the simulator's unsafe-heavy parts under Miri (nightly); see ARCHITECTURE.md.
@@ -113,6 +114,7 @@ commands:
   ci                             everything CI runs
   vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
+  bench --peer [--json]          the datapath against rdma-core's mlx5 provider; rewrites its BENCHMARKS.md section
   fuzz [--seconds N] [--target NAME]
                                  every fuzz target N seconds (1..86400, default 30), then the corpus replayed
   miri                           the core's tests and the simulator's unsafe-heavy parts under Miri
@@ -127,7 +129,7 @@ enum Task {
     Codegen { check: bool },
     Ci,
     VfioTest,
-    Bench { json: bool },
+    Bench { json: bool, peer: bool },
     Fuzz(Vec<String>),
     Miri,
     Modcheck { graph: bool, root: Option<PathBuf> },
@@ -148,7 +150,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "codegen" => Task::Codegen { check: false },
         "ci" => Task::Ci,
         "vfio-test" => Task::VfioTest,
-        "bench" => Task::Bench { json: false },
+        "bench" => Task::Bench { json: false, peer: false },
         "fuzz" => Task::Fuzz(Vec::new()),
         "miri" => Task::Miri,
         "modcheck" => Task::Modcheck { graph: false, root: None },
@@ -162,7 +164,8 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         }
         match (&mut task, a.as_str()) {
             (Task::Codegen { check }, "--check") => *check = true,
-            (Task::Bench { json }, "--json") => *json = true,
+            (Task::Bench { json, .. }, "--json") => *json = true,
+            (Task::Bench { peer, .. }, "--peer") => *peer = true,
             (Task::Fuzz(v), "--seconds") => {
                 // libFuzzer reads 0 as "no limit": a run must end.
                 let n: u32 = argv.number("--seconds", 1, 86_400)?;
@@ -200,7 +203,8 @@ fn main() -> ExitCode {
         Task::Codegen { check } => codegen::run_codegen(&root, check),
         Task::Ci => ci(&root),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
-        Task::Bench { json } => bench::run(&root, json),
+        Task::Bench { json, peer: false } => bench::run(&root, json),
+        Task::Bench { json, peer: true } => bench::run_peer(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
         Task::Miri => miri::run(&root),
         Task::Soak(args) => soak::run(&root, &args),

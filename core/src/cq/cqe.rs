@@ -93,6 +93,201 @@ pub(super) mod field {
     pub use crate::prm::c::mlx5_err_cqe::{SYNDROME as ERR_SYNDROME, S_WQE_OPCODE_QPN, VENDOR_ERR_SYND};
 }
 
+/// Reads the fields of a 64-byte CQE, from a copy ([`Cqe`]) or in place in the ring ([`CqeRef`]): the decoder is
+/// written once over this.
+pub(crate) trait CqeRead {
+    /// The `op_own` byte.
+    fn op_own(&self) -> u8;
+    /// The byte at `off` (below 64).
+    fn byte(&self, off: usize) -> u8;
+    /// A big-endian member of at most 4 bytes (a PRM field of `mlx5_cqe64` / `mlx5_err_cqe`).
+    fn be(&self, m: crate::prm::Bytes) -> u32;
+    /// The four bytes of `m` unchanged, as a value whose in-memory bytes are theirs (`__be32`).
+    fn raw32(&self, m: crate::prm::Bytes) -> u32;
+    /// Two adjacent big-endian 32-bit members `hi` then `lo` as one 64-bit value.
+    #[inline]
+    fn be64(&self, hi: crate::prm::Bytes, lo: crate::prm::Bytes) -> u64 {
+        u64::from(self.be(hi)) << 32 | u64::from(self.be(lo))
+    }
+}
+
+impl CqeRead for Cqe {
+    #[inline]
+    fn op_own(&self) -> u8 {
+        self.0[field::OP_OWN.off]
+    }
+    #[inline]
+    fn byte(&self, off: usize) -> u8 {
+        self.0[off]
+    }
+    #[inline]
+    fn be(&self, m: crate::prm::Bytes) -> u32 {
+        m.get_be(&self.0, 0)
+    }
+    #[inline]
+    fn raw32(&self, m: crate::prm::Bytes) -> u32 {
+        u32::from_ne_bytes([self.0[m.off], self.0[m.off + 1], self.0[m.off + 2], self.0[m.off + 3]])
+    }
+}
+
+/// A software-owned CQE read where it lies in the ring, after the ownership check and its read barrier: each
+/// field is one volatile load of its own width (so a poll copies nothing), and `op_own` is the byte the ownership
+/// check read. Made only by the CQ's poll, which keeps the entry software's while the view lives.
+pub(crate) struct CqeRef {
+    /// The entry's 64 bytes, inside a live fragment of the ring, 8-byte aligned.
+    p: *const u8,
+    op_own: u8,
+}
+
+impl CqeRef {
+    /// A view of the 64-byte entry at `p`, whose `op_own` byte read `op_own`.
+    ///
+    /// # Safety
+    /// `p` points at 64 readable bytes, 8-byte aligned, that stay allocated while the view lives.
+    #[inline]
+    pub(crate) unsafe fn new(p: *const u8, op_own: u8) -> Self {
+        Self { p, op_own }
+    }
+
+    /// `len` (1, 2 or 4) bytes at `off`, as a native value of their bytes; 0 for a member outside the 64 bytes.
+    #[inline(always)]
+    fn load(&self, off: usize, len: usize) -> u32 {
+        if off + len > CQE64_SIZE {
+            return 0;
+        }
+        // SAFETY: in every arm, `off + len <= 64` (checked above), inside the entry `new`'s contract keeps
+        // readable; the offset is a multiple of the width (checked per arm) and the entry is 8-byte aligned, so
+        // each load is aligned. Volatile: ring memory the device owns again once the consumer index passes it.
+        unsafe {
+            match len {
+                1 => u32::from(self.p.add(off).read_volatile()),
+                2 if off.is_multiple_of(2) => u32::from(u16::from_be(self.p.add(off).cast::<u16>().read_volatile())),
+                4 if off.is_multiple_of(4) => u32::from_be(self.p.add(off).cast::<u32>().read_volatile()),
+                _ => (0..len).fold(0, |a, k| (a << 8) | u32::from(self.p.add(off + k).read_volatile())),
+            }
+        }
+    }
+}
+
+impl CqeRead for CqeRef {
+    #[inline]
+    fn op_own(&self) -> u8 {
+        self.op_own
+    }
+    #[inline]
+    fn byte(&self, off: usize) -> u8 {
+        self.load(off, 1) as u8
+    }
+    #[inline]
+    fn be(&self, m: crate::prm::Bytes) -> u32 {
+        self.load(m.off, m.len)
+    }
+    #[inline]
+    fn raw32(&self, m: crate::prm::Bytes) -> u32 {
+        self.load(m.off, 4).to_be()
+    }
+    #[inline]
+    fn be64(&self, hi: crate::prm::Bytes, lo: crate::prm::Bytes) -> u64 {
+        if hi.len == 4 && lo.len == 4 && lo.off == hi.off + 4 && hi.off.is_multiple_of(8) && hi.off + 8 <= CQE64_SIZE {
+            // SAFETY: `hi.off + 8 <= 64` and 8-byte aligned (checked above) inside the entry `new`'s contract
+            // keeps readable and 8-byte aligned. One load for the two members (volatile, as in `load`).
+            return u64::from_be(unsafe { self.p.add(hi.off).cast::<u64>().read_volatile() });
+        }
+        u64::from(self.be(hi)) << 32 | u64::from(self.be(lo))
+    }
+}
+
+/// The CQE fields the decoder reads, over either view (the [`Cqe`] methods of the same names call these).
+pub(crate) trait CqeFieldsRead: CqeRead {
+    /// The CQE opcode.
+    #[inline]
+    fn opcode(&self) -> CqeOpcode {
+        CqeOpcode::from_raw(self.op_own() >> 4)
+    }
+    /// `sop_drop_qpn`: the WQE opcode of a requester CQE in the top byte, the QP number below.
+    #[inline]
+    fn sop_drop_qpn(&self) -> u32 {
+        self.be(field::SOP_DROP_QPN)
+    }
+    /// `wqe_counter`.
+    #[inline]
+    fn wqe_counter(&self) -> u16 {
+        self.be(field::WQE_COUNTER) as u16
+    }
+    /// `byte_cnt`.
+    #[inline]
+    fn byte_cnt(&self) -> u32 {
+        self.be(field::BYTE_CNT)
+    }
+    /// Immediate data, invalidated rkey or pkey.
+    #[inline]
+    fn imm_inval_pkey(&self) -> u32 {
+        self.be(field::IMMEDIATE)
+    }
+    /// The immediate data unchanged (`__be32`).
+    #[inline]
+    fn imm_data_be(&self) -> u32 {
+        self.raw32(field::IMMEDIATE)
+    }
+    /// The device clock when the CQE was written.
+    #[inline]
+    fn timestamp(&self) -> u64 {
+        self.be64(field::TIMESTAMP_H, field::TIMESTAMP_L)
+    }
+    /// `flags_rqpn`.
+    #[inline]
+    fn flags_rqpn(&self) -> u32 {
+        self.be(field::FLAGS_RQPN)
+    }
+    /// `srqn` (24 bits).
+    #[inline]
+    fn srqn(&self) -> u32 {
+        self.be(field::SRQN) & 0xff_ffff
+    }
+    /// `slid`.
+    #[inline]
+    fn slid(&self) -> u16 {
+        self.be(field::SLID) as u16
+    }
+    /// `ml_path`.
+    #[inline]
+    fn ml_path(&self) -> u8 {
+        self.byte(field::ML_PATH.off)
+    }
+    /// `hds_ip_ext`.
+    #[inline]
+    fn hds_ip_ext(&self) -> u8 {
+        self.byte(field::HDS_IP_EXT.off)
+    }
+    /// `l4_l3_hdr_type`.
+    #[inline]
+    fn l4_l3_hdr_type(&self) -> u8 {
+        self.byte(field::L4_L3_HDR_TYPE.off)
+    }
+    /// `vlan_info`.
+    #[inline]
+    fn vlan_info(&self) -> u16 {
+        self.be(field::VLAN_INFO) as u16
+    }
+    /// `mlx5_err_cqe.syndrome`.
+    #[inline]
+    fn err_syndrome(&self) -> u8 {
+        self.byte(field::ERR_SYNDROME.off)
+    }
+    /// `mlx5_err_cqe.vendor_err_synd`.
+    #[inline]
+    fn vendor_err(&self) -> u8 {
+        self.byte(field::VENDOR_ERR_SYND.off)
+    }
+    /// The QP of an error CQE (`s_wqe_opcode_qpn`, low 24 bits).
+    #[inline]
+    fn err_qpn(&self) -> u32 {
+        self.be(field::S_WQE_OPCODE_QPN) & 0xff_ffff
+    }
+}
+
+impl<T: CqeRead + ?Sized> CqeFieldsRead for T {}
+
 impl Cqe {
     #[inline]
     fn be(&self, m: crate::prm::Bytes) -> u32 {

@@ -2,7 +2,7 @@
 //! (`mlx5_cq_arm`) and polling.
 
 use super::cmd::CqeSize;
-use super::cqe::{field, Cqe, CqeOpcode, CQE64_SIZE, CQE_INIT_OP_OWN};
+use super::cqe::{field, CqeFieldsRead, CqeOpcode, CqeRef, CQE64_SIZE, CQE_INIT_OP_OWN};
 use super::wc::{decode_into, CqeError, LinkLayer, WorkCompletion, WrTable};
 use crate::buf::QueueBuf;
 use crate::dbr::DbRec;
@@ -34,6 +34,17 @@ pub const fn arm_value(arm_sn: u32, notify: Notify, cons_index: u32) -> u32 {
 /// Doorbell-record dwords (`set_ci_db`, `arm_db`).
 const DBR_SET_CI: usize = 0;
 const DBR_ARM: usize = 1;
+
+/// See [`Cq::walk_of`].
+struct Walk<'a> {
+    flat: Option<DmaView<'a>>,
+    mask: u32,
+    log_nent: u8,
+    /// log2 of the entry size.
+    shift: u32,
+    /// Offset of the 64-byte image in an entry.
+    image: usize,
+}
 
 /// A created completion queue: its ring, doorbell record and consumer index.
 #[derive(Debug)]
@@ -109,55 +120,51 @@ impl Cq {
         &self.buf
     }
 
-    /// The ring as one region when the buffer is a single fragment (the usual case): an entry's address is then a
-    /// mask and an add. `None`: entries are found through the fragment table. It borrows only the buffer, so a
-    /// poll loop can advance the consumer index while it holds the view.
+    /// The ring's geometry for a walk over its entries, computed once per call: the ring as one region when the
+    /// buffer is a single fragment (the usual case; an entry's address is then a mask, a shift and an add; `None`:
+    /// entries are found through the fragment table), the index mask and the entry size. It borrows only the
+    /// buffer, so a poll loop can advance the consumer index while it holds it.
     #[inline]
-    fn flat_of(buf: &QueueBuf, bytes: usize) -> Option<DmaView<'_>> {
-        buf.frag(0).filter(|r| buf.nfrags() == 1 && r.len() >= bytes)
+    fn walk_of(buf: &QueueBuf, log_nent: u8, cqe_size: CqeSize) -> Walk<'_> {
+        let stride = cqe_size.bytes();
+        let bytes = stride << log_nent;
+        Walk {
+            flat: buf.frag(0).filter(|r| buf.nfrags() == 1 && r.len() >= bytes),
+            mask: (1u32 << log_nent) - 1,
+            log_nent,
+            shift: stride.trailing_zeros(),
+            image: stride - CQE64_SIZE,
+        }
     }
 
-    /// Bytes of the ring: `nent` CQEs of the CQ's size.
-    #[inline]
-    fn ring_bytes(&self) -> usize {
-        self.cqe_size.bytes() << self.log_nent
-    }
-
-    /// The 64-byte CQE image of entry `n` (the second half of a 128-byte CQE); `flat` is [`Cq::flat_of`].
-    #[inline]
-    fn cqe_ptr(&self, flat: Option<&DmaView<'_>>, n: u32) -> *mut u8 {
-        let stride = self.cqe_size.bytes();
-        let off = ((n & (self.nent() - 1)) as usize) * stride + stride - CQE64_SIZE;
-        match flat {
-            // SAFETY: `off + 64 <= nent * stride <= r.len` (Cq::flat_of checked the length), inside a live fragment.
+    /// The 64-byte CQE image of entry `n` (the second half of a 128-byte CQE).
+    #[inline(always)]
+    fn cqe_ptr(&self, w: &Walk<'_>, n: u32) -> *mut u8 {
+        let off = (((n & w.mask) as usize) << w.shift) + w.image;
+        match &w.flat {
+            // SAFETY: `off + 64 <= nent * stride <= r.len` (Cq::walk_of checked the length), inside a live fragment.
             Some(r) => unsafe { r.cpu().as_ptr().add(off) },
             None => self.buf.ptr(off, CQE64_SIZE),
         }
     }
 
-    /// Entry `n` if software owns it (`get_sw_cqe`), copied out after the read barrier.
+    /// Entry `n` if software owns it (`get_sw_cqe`): a view that reads it in place, after the read barrier.
     #[inline]
-    fn sw_cqe<M: Mmio + ?Sized>(&self, mmio: &M, flat: Option<&DmaView<'_>>, n: u32) -> Option<Cqe> {
-        let p = self.cqe_ptr(flat, n);
+    fn sw_cqe<M: Mmio + ?Sized>(&self, mmio: &M, w: &Walk<'_>, n: u32) -> Option<CqeRef> {
+        let p = self.cqe_ptr(w, n);
         // SAFETY: p points at 64 bytes inside a live fragment of the ring (QueueBuf::ptr checks the bounds).
         // Volatile: the device writes the byte concurrently.
         let op_own = unsafe { p.add(field::OP_OWN.off).read_volatile() };
-        let owner = (n >> self.log_nent) & 1;
+        let owner = (n >> w.log_nent) & 1;
         if op_own >> 4 == consts::MLX5_CQE_INVALID || u32::from(op_own & 1) != owner {
             return None;
         }
         // The ownership byte said the entry is ours: the rest must be loaded after it.
         mmio.dma_rmb();
-        // Eight 8-byte volatile loads (a volatile byte array would be copied a byte at a time).
-        let mut img = [0u8; CQE64_SIZE];
-        let src = p.cast::<u64>().cast_const();
-        for (i, b) in img.chunks_exact_mut(8).enumerate() {
-            // SAFETY: as above. The entry is 8-byte aligned: fragments are at least 4 KiB aligned (the Dma contract
-            // for QueueBuf's requests) and entries sit at multiples of 64 bytes. The device does not write an entry
-            // software owns.
-            b.copy_from_slice(&unsafe { src.add(i).read_volatile() }.to_ne_bytes());
-        }
-        Some(Cqe(img))
+        // SAFETY: 64 bytes inside a live fragment of the ring, which `self` owns and keeps while the view (used
+        // only inside this poll) lives; 8-byte aligned, as fragments are at least 4 KiB aligned and entries sit at
+        // multiples of 64 bytes. The device does not write an entry software owns.
+        Some(unsafe { CqeRef::new(p, op_own) })
     }
 
     /// Polls up to `wc.len()` completions, oldest first (`ibv_poll_cq`), and publishes the new consumer index.
@@ -171,11 +178,14 @@ impl Cq {
     ) -> Result<usize, CqeError> {
         let mut n = 0;
         let start = self.cons_index;
+        // The consumer index moves in a local and is stored once: the loop then writes nothing of `self`, so
+        // the ring's geometry stays in registers.
+        let mut ci = start;
         let mut result = Ok(());
-        let flat = Self::flat_of(&self.buf, self.ring_bytes());
+        let walk = Self::walk_of(&self.buf, self.log_nent, self.cqe_size);
         while n < wc.len() {
-            let Some(cqe) = self.sw_cqe(mmio, flat.as_ref(), self.cons_index) else { break };
-            match decode_into(&cqe, self.cqn, self.cons_index, self.link, wq, &mut wc[n]) {
+            let Some(cqe) = self.sw_cqe(mmio, &walk, ci) else { break };
+            match decode_into(&cqe, self.cqn, ci, self.link, wq, &mut wc[n]) {
                 Ok(true) => n += 1,
                 Ok(false) => {}
                 Err(e) => {
@@ -184,13 +194,14 @@ impl Cq {
                         break;
                     }
                     result = Err(e);
-                    self.cons_index = self.cons_index.wrapping_add(1);
+                    ci = ci.wrapping_add(1);
                     break;
                 }
             }
-            self.cons_index = self.cons_index.wrapping_add(1);
+            ci = ci.wrapping_add(1);
         }
-        if self.cons_index != start {
+        if ci != start {
+            self.cons_index = ci;
             self.update_ci(mmio);
         }
         result.map(|()| n)
@@ -230,9 +241,9 @@ impl Cq {
         let new_mask = (1u32 << log_nent) - 1;
         let mut i = self.cons_index;
         let mut found = false;
-        let flat = Self::flat_of(&self.buf, self.ring_bytes());
+        let walk = Self::walk_of(&self.buf, self.log_nent, self.cqe_size);
         for _ in 0..self.nent() {
-            let Some(cqe) = self.sw_cqe(mmio, flat.as_ref(), i) else { break };
+            let Some(cqe) = self.sw_cqe(mmio, &walk, i) else { break };
             if cqe.opcode() == CqeOpcode::Resize {
                 found = true;
                 break;

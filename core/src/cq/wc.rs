@@ -1,7 +1,7 @@
 //! Work completions (`ib_wc`, `ib_wc_status`): decoding a CQE into a [`WorkCompletion`] (mlx5_ib `mlx5_poll_one`,
 //! rdma-core `mlx5_parse_cqe`).
 
-use super::cqe::{Cqe, CqeOpcode};
+use super::cqe::{Cqe, CqeFieldsRead, CqeOpcode};
 use crate::prm::consts;
 
 /// `ib_wc_status`.
@@ -305,6 +305,11 @@ pub trait WrTable {
     fn recv_srqn(&self, _qpn: u32) -> Option<u32> {
         None
     }
+    /// Whether [`WrTable::recv_done`] reads its `srqn` and `wqe_counter`. A table that completes receives in
+    /// posting order (a QP with its own receive queue) says no, and the poll then does not load them.
+    fn recv_needs_index(&self) -> bool {
+        true
+    }
 }
 
 /// A CQE the driver cannot accept: the device wrote something it should not have. It is consumed (the ring moves
@@ -376,72 +381,84 @@ pub fn decode_cqe(
 }
 
 /// [`decode_cqe`] into `out`: `Ok(true)` when `out` now holds the completion; `out` is untouched otherwise.
+/// `cqe` is a copy ([`Cqe`]) or the entry in place ([`CqeRef`](super::cqe::CqeRef)); each field is read once.
 #[inline]
-pub(super) fn decode_into(
-    cqe: &Cqe,
+pub(super) fn decode_into<C: CqeFieldsRead + ?Sized>(
+    cqe: &C,
     cqn: u32,
     index: u32,
     link: LinkLayer,
     wq: &mut (impl WrTable + ?Sized),
     out: &mut WorkCompletion,
 ) -> Result<bool, CqeError> {
-    let bad = CqeError::BadOpcode { cqn, op_own: cqe.op_own(), index };
-    if cqe.format() == consts::MLX5_COMPRESSED {
-        return Err(bad);
+    let op_own = cqe.op_own();
+    let bad = || CqeError::BadOpcode { cqn, op_own, index };
+    if (op_own >> 2) & 3 == consts::MLX5_COMPRESSED {
+        return Err(bad());
     }
-    let mut wc = WorkCompletion::default();
-    match cqe.opcode() {
+    match CqeOpcode::from_raw(op_own >> 4) {
         CqeOpcode::Req => {
-            wc.qp_num = cqe.qpn();
-            wc.wr_id =
-                wq.send_done(wc.qp_num, cqe.wqe_counter()).ok_or(CqeError::UnknownQp { cqn, qpn: wc.qp_num, index })?;
-            decode_req(cqe, &mut wc);
-            wc.timestamp = cqe.timestamp();
+            let sop_drop_qpn = cqe.sop_drop_qpn();
+            let qpn = sop_drop_qpn & 0xff_ffff;
+            let wr_id = wq.send_done(qpn, cqe.wqe_counter()).ok_or(CqeError::UnknownQp { cqn, qpn, index })?;
+            // Written in place: every field, the ones a requester completion does not carry as zero.
+            *out = WorkCompletion { wr_id, qp_num: qpn, timestamp: cqe.timestamp(), ..WorkCompletion::default() };
+            decode_req(cqe, (sop_drop_qpn >> 24) as u8, out);
         }
         op @ (CqeOpcode::RespWrImm | CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespSendInv) => {
-            wc.qp_num = cqe.qpn();
-            wc.wr_id = match wq.recv_done(wc.qp_num, cqe.srqn(), cqe.wqe_counter()) {
+            let qpn = cqe.sop_drop_qpn() & 0xff_ffff;
+            let (srqn, counter) = if wq.recv_needs_index() { (cqe.srqn(), cqe.wqe_counter()) } else { (0, 0) };
+            let wr_id = match wq.recv_done(qpn, srqn, counter) {
                 Some(id) => id,
-                None => return Err(recv_fault(wq, cqe, cqn, wc.qp_num, index)),
+                None => return Err(recv_fault(wq, cqe, cqn, qpn, index)),
             };
-            decode_resp(cqe, op, link, &mut wc);
-            wc.timestamp = cqe.timestamp();
+            *out = WorkCompletion { wr_id, qp_num: qpn, timestamp: cqe.timestamp(), ..WorkCompletion::default() };
+            decode_resp(cqe, op.raw(), link, out);
         }
         op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {
-            wc.qp_num = cqe.err_qpn();
-            wc.status = WcStatus::from_syndrome(cqe.err_syndrome());
-            wc.vendor_err = cqe.vendor_err().into();
-            wc.wr_id = if op == CqeOpcode::ReqErr {
-                wq.send_done(wc.qp_num, cqe.wqe_counter()).ok_or(CqeError::UnknownQp { cqn, qpn: wc.qp_num, index })?
+            let qpn = cqe.err_qpn();
+            let wr_id = if op == CqeOpcode::ReqErr {
+                wq.send_done(qpn, cqe.wqe_counter()).ok_or(CqeError::UnknownQp { cqn, qpn, index })?
             } else {
-                match wq.recv_done(wc.qp_num, cqe.srqn(), cqe.wqe_counter()) {
+                match wq.recv_done(qpn, cqe.srqn(), cqe.wqe_counter()) {
                     Some(id) => id,
-                    None => return Err(recv_fault(wq, cqe, cqn, wc.qp_num, index)),
+                    None => return Err(recv_fault(wq, cqe, cqn, qpn, index)),
                 }
+            };
+            *out = WorkCompletion {
+                wr_id,
+                qp_num: qpn,
+                status: WcStatus::from_syndrome(cqe.err_syndrome()),
+                vendor_err: cqe.vendor_err().into(),
+                ..WorkCompletion::default()
             };
         }
         // Signature errors report on a memory key, not a work request (the kernel records and re-polls).
         CqeOpcode::SigErr => return Ok(false),
-        CqeOpcode::Resize | CqeOpcode::Invalid | CqeOpcode::Unknown(_) => return Err(bad),
+        CqeOpcode::Resize | CqeOpcode::Invalid | CqeOpcode::Unknown(_) => return Err(bad()),
     }
-    *out = wc;
     Ok(true)
 }
 
 /// Why a receive CQE names no work request: a WQE its QP's SRQ does not have posted, or a QP with no receive
 /// queue on this CQ.
 #[cold]
-fn recv_fault(wq: &(impl WrTable + ?Sized), cqe: &Cqe, cqn: u32, qpn: u32, index: u32) -> CqeError {
+fn recv_fault<C: CqeFieldsRead + ?Sized>(
+    wq: &(impl WrTable + ?Sized),
+    cqe: &C,
+    cqn: u32,
+    qpn: u32,
+    index: u32,
+) -> CqeError {
     match wq.recv_srqn(qpn) {
         Some(srqn) => CqeError::BadSrqWqe { cqn, qpn, srqn, wqe_counter: cqe.wqe_counter(), index },
         None => CqeError::UnknownQp { cqn, qpn, index },
     }
 }
 
-/// Requester fields (`handle_good_req`).
+/// Requester fields (`handle_good_req`); `op` is the completed WQE's opcode (`sop_drop_qpn >> 24`).
 #[inline]
-fn decode_req(cqe: &Cqe, wc: &mut WorkCompletion) {
-    let op = cqe.wqe_opcode();
+fn decode_req<C: CqeFieldsRead + ?Sized>(cqe: &C, op: u8, wc: &mut WorkCompletion) {
     match op {
         consts::MLX5_OPCODE_RDMA_WRITE_IMM => {
             wc.wc_flags |= WcFlags::WITH_IMM;
@@ -480,23 +497,23 @@ fn decode_req(cqe: &Cqe, wc: &mut WorkCompletion) {
 /// Bits of `hds_ip_ext` saying the device verified the L3 and L4 checksums (`CQE_L3_OK`, `CQE_L4_OK`).
 const CQE_L3_L4_OK: u8 = (consts::CQE_L3_OK | consts::CQE_L4_OK) as u8;
 
-/// Responder fields (`handle_responder`).
+/// Responder fields (`handle_responder`); `op` is the CQE opcode (one of the `MLX5_CQE_RESP_*` receives).
 #[inline]
-fn decode_resp(cqe: &Cqe, op: CqeOpcode, link: LinkLayer, wc: &mut WorkCompletion) {
+fn decode_resp<C: CqeFieldsRead + ?Sized>(cqe: &C, op: u8, link: LinkLayer, wc: &mut WorkCompletion) {
     wc.byte_len = cqe.byte_cnt();
     match op {
-        CqeOpcode::RespWrImm => {
+        consts::MLX5_CQE_RESP_WR_IMM => {
             wc.opcode = WcOpcode::RecvRdmaWithImm;
             wc.wc_flags = WcFlags::WITH_IMM;
             wc.imm_data = cqe.imm_data_be();
         }
-        CqeOpcode::RespSend => {
+        consts::MLX5_CQE_RESP_SEND => {
             wc.opcode = WcOpcode::Recv;
             if cqe.hds_ip_ext() & CQE_L3_L4_OK == CQE_L3_L4_OK {
                 wc.wc_flags = WcFlags::IP_CSUM_OK;
             }
         }
-        CqeOpcode::RespSendImm => {
+        consts::MLX5_CQE_RESP_SEND_IMM => {
             wc.opcode = WcOpcode::Recv;
             wc.wc_flags = WcFlags::WITH_IMM;
             wc.imm_data = cqe.imm_data_be();

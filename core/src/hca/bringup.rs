@@ -105,6 +105,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             enabled: false,
             initialized: false,
             uar: None,
+            bfregs: crate::uar::BfregPool::default(),
             issi: 0,
             orphans: [const { None }; 8],
             roce_v2_gids: [0; 4],
@@ -179,7 +180,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         self.query_hca_caps(delay)?;
 
         *step = Step::AllocUar;
-        self.uar = Some(self.exec(&mut alloc_uar(), delay)?);
+        let uar = self.exec(&mut alloc_uar(), delay)?;
+        self.uar = Some(uar);
+        self.bfregs.add_page(uar);
 
         *step = Step::CreateEq;
         self.create_async_eqs(delay)?;
@@ -520,7 +523,12 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 }
             }
         }
-        if let Some(uar) = self.uar.take() {
+        // The pages QPs' BlueFlame registers needed beyond the bring-up page, then that page.
+        let mut extra = [None; crate::uar::MAX_BF_PAGES];
+        for (slot, uar) in extra.iter_mut().zip(self.bfregs.drain_extra()) {
+            *slot = Some(uar);
+        }
+        for uar in extra.into_iter().flatten().chain(self.uar.take()) {
             if let Err(e) = self.exec_destroy(dealloc_uar(uar), delay) {
                 note(&mut rep, e);
             }

@@ -261,6 +261,8 @@ pub struct Hca<M: Mmio, D: Dma, T: CmdTrace = (), const P: usize = 256, const NC
     enabled: bool,
     initialized: bool,
     pub(crate) uar: Option<u32>,
+    /// The QPs' BlueFlame registers: the bring-up page's, then pages allocated as QPs need them.
+    pub(crate) bfregs: crate::uar::BfregPool,
     /// The interface step-sequence ID agreed on (0 or 1).
     issi: u16,
     /// Device-visible buffers whose owner object may still exist in firmware (a CREATE that got no answer, a

@@ -688,8 +688,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let sizes = qp_sizes(attr.qp_type, &attr.cap, g.max_wqe_sz_sq.into(), g.max_wqe_sz_rq.into(), g.log_max_qp_sz)
             .map_err(Error::QpSize)?;
         let sizes = if srqn.is_some() { sizes.without_rq() } else { sizes };
-        let uar = self.uar_page().ok_or(Error::NotSupported { what: "QP without a UAR" })?;
-        let bf = uar.bfreg(0).ok_or(Error::NotSupported { what: "QP without a BlueFlame register" })?;
+        let (uar, bf) = self.take_bfreg(delay)?;
         let dma = self.cmdq.dma();
         let mut buf = QueueBuf::alloc(dma, sizes.rq_bytes() + sizes.sq_bytes())?;
         let shadow = match dma.alloc(Qp::shadow_len(&sizes), 8) {
@@ -870,6 +869,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     pub fn destroy_qp(&mut self, mut qp: Qp, delay: &mut impl DelayNs) -> Result<(), DestroyError<Qp>> {
         match self.exec_destroy(destroy_qp(qp.qpn()), delay) {
             Ok(()) => {
+                if let Some(proto) = self.uar_page() {
+                    self.bfregs.give(qp.bfreg(), &proto);
+                }
                 // SAFETY: the QP is destroyed (or the device dead): the device no longer touches its rings or
                 // record; the shadow array was never the device's.
                 unsafe {
@@ -1134,6 +1136,36 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         delay: &mut impl DelayNs,
     ) -> Result<Option<crate::vport::RoceGid>, Error> {
         self.exec(&mut crate::vport::QueryRoceAddress { index }, delay)
+    }
+
+    /// A BlueFlame register for a new QP and the UAR page it is in ([`crate::uar::BfregPool`]): a free dedicated
+    /// one, one of a newly allocated page (ALLOC_UAR) when the pages held are full, or a shared one (8-byte
+    /// doorbells only) when the pool holds all the pages it can or firmware has no UAR left.
+    fn take_bfreg(&mut self, delay: &mut impl DelayNs) -> Result<(crate::uar::Uar, crate::uar::BfReg), Error> {
+        let proto = self.uar_page().ok_or(Error::NotSupported { what: "QP without a UAR" })?;
+        if let Some(t) = self.bfregs.take(&proto) {
+            return Ok(t);
+        }
+        if self.bfregs.has_room() {
+            match self.exec(&mut crate::uar::alloc_uar(), delay) {
+                Ok(index) => {
+                    self.bfregs.add_page(index);
+                    if let Some(t) = self.bfregs.take(&proto) {
+                        return Ok(t);
+                    }
+                }
+                // Firmware refused (no UAR left): share a register below.
+                Err(Error::Cmd(crate::cmdq::CmdError::Status { .. })) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let shared = proto.bfreg(0).ok_or(Error::NotSupported { what: "QP without a BlueFlame register" })?;
+        Ok((proto, shared.shared()))
+    }
+
+    /// QPs' BlueFlame registers: (dedicated ones in use, UAR pages held for them).
+    pub fn bfreg_usage(&self) -> (usize, usize) {
+        (self.bfregs.in_use(), self.bfregs.pages())
     }
 
     /// The HCA's mapped UAR page (its doorbells and BlueFlame registers).

@@ -23,6 +23,16 @@ struct SqSlot {
     next: u32,
 }
 
+/// See [`Qp::sq_win`]. Lives only inside one `post_send` call, while the QP is borrowed.
+struct SqWin {
+    flat: Option<core::ptr::NonNull<u8>>,
+    ds_mask: usize,
+    slots: *mut SqSlot,
+    slot_mask: u32,
+    max_send_wr: u32,
+    max_send_sge: u32,
+}
+
 /// A created queue pair: its rings, doorbell record, BlueFlame register and work-request bookkeeping.
 #[derive(Debug)]
 pub struct Qp {
@@ -157,6 +167,10 @@ impl Qp {
     pub fn sizes(&self) -> &QpSizes {
         &self.sizes
     }
+    /// The BlueFlame register the QP rings.
+    pub fn bfreg(&self) -> &BfReg {
+        &self.bf
+    }
     /// The doorbell record.
     pub fn dbrec(&self) -> &DbRec {
         &self.dbrec
@@ -250,15 +264,31 @@ impl Qp {
         }
     }
 
+    /// What `post_send` reads of the QP on every WQE, read once per call (the loop then keeps it in registers):
+    /// the SQ's address when it is one region, its mask, the shadow slots (bounds-checked once) and the limits.
+    #[inline(always)]
+    fn sq_win(&self) -> SqWin {
+        let cnt = self.sizes.sq_wqe_cnt;
+        SqWin {
+            flat: self.sq_flat.map(|r| r.cpu()),
+            ds_mask: self.sizes.sq_bytes() - DS,
+            slots: self.shadow.ptr_at(0, cnt as usize * core::mem::size_of::<SqSlot>()).cast::<SqSlot>(),
+            slot_mask: cnt.wrapping_sub(1),
+            max_send_wr: self.sizes.cap.max_send_wr,
+            max_send_sge: self.sizes.cap.max_send_sge,
+        }
+    }
+
     /// Pointer to the 16 bytes (`DS`) at SQ byte `pos`, wrapping at the ring's end. Segments start on `DS`
     /// boundaries; the mask also rounds any other `pos` down to one, so the span is always inside the SQ.
     #[inline(always)]
-    fn sq_ds_ptr(&self, pos: usize) -> *mut u8 {
+    fn sq_ds_ptr(&self, w: &SqWin, pos: usize) -> *mut u8 {
         // The SQ is a power of two of at least one BB, so this mask keeps `p + DS <= sq_bytes`.
-        let p = pos & (self.sizes.sq_bytes() - DS);
-        match &self.sq_flat {
-            // SAFETY: `p + DS <= sq_bytes == r.len` (mask above), and `r` lies inside a fragment of `buf`, which this QP owns.
-            Some(r) => unsafe { r.cpu().as_ptr().add(p) },
+        let p = pos & w.ds_mask;
+        match w.flat {
+            // SAFETY: `p + DS <= sq_bytes`, the length of the one-fragment span `sq_win` took this address from
+            // (mask above); the span lies inside a fragment of `buf`, which this QP owns.
+            Some(base) => unsafe { base.as_ptr().add(p) },
             None => self.buf.ptr(self.sq_offset + p, DS),
         }
     }
@@ -266,10 +296,10 @@ impl Qp {
     /// Writes whole 16-byte segments at SQ byte `pos` (a multiple of `DS`): one 16-byte store each, wrapping at
     /// the ring's end between segments.
     #[inline(always)]
-    fn sq_put<const N: usize>(&self, pos: usize, seg: &[u8; N]) {
+    fn sq_put<const N: usize>(&self, w: &SqWin, pos: usize, seg: &[u8; N]) {
         const { assert!(N / DS * DS == N, "whole segments only") };
         for k in 0..N / DS {
-            let dst = self.sq_ds_ptr(pos + k * DS);
+            let dst = self.sq_ds_ptr(w, pos + k * DS);
             let mut chunk = [0u8; DS];
             chunk.copy_from_slice(&seg[k * DS..(k + 1) * DS]);
             // SAFETY: `dst..dst + DS` is inside the SQ (sq_ds_ptr); software owns SQ entries beyond the device's
@@ -278,12 +308,22 @@ impl Qp {
         }
     }
 
-    /// Reads the 16 bytes at SQ byte `pos` (see [`Qp::sq_ds_ptr`]).
+    /// The basic block that holds SQ byte `pos` (wrapping at the ring's end), as the eight words it holds in
+    /// memory order: what a BlueFlame copy sends.
     #[inline(always)]
-    fn sq_get16(&self, pos: usize) -> [u8; DS] {
-        let src = self.sq_ds_ptr(pos);
-        // SAFETY: inside the SQ (sq_ds_ptr); these are bytes this driver wrote.
-        unsafe { src.cast::<[u8; DS]>().read_unaligned() }
+    fn sq_bb(&self, pos: usize) -> &[u64; 8] {
+        // The SQ is a power of two of at least one BB, so this mask keeps `p + BB <= sq_bytes`.
+        let p = pos & (self.sizes.sq_bytes() - BB);
+        let src = match &self.sq_flat {
+            // SAFETY: `p + BB <= sq_bytes == r.len` (mask above), and `r` lies inside a fragment of `buf`, which
+            // this QP owns.
+            Some(r) => unsafe { r.cpu().as_ptr().add(p) },
+            None => self.buf.ptr(self.sq_offset + p, BB),
+        };
+        // SAFETY: 64 bytes inside one live fragment of the SQ (a fragment is a whole number of BBs), 8-byte aligned
+        // (fragments are at least 4 KiB aligned, BBs sit at multiples of 64 bytes). They are bytes this driver
+        // wrote; the device only reads the SQ, and nothing writes them while the borrow of `self` lives.
+        unsafe { &*src.cast::<[u64; 8]>() }
     }
 
     /// Writes a 16-byte receive segment at RQ byte `pos` (a multiple of `DS` below the RQ size).
@@ -322,12 +362,13 @@ impl Qp {
 
     /// Posts send work requests (`mlx5_ib_post_send` / `_mlx5_post_send`) and rings the doorbell once.
     pub fn post_send<M: Mmio + ?Sized>(&mut self, mmio: &M, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        let w = self.sq_win();
         let mut nreq = 0usize;
         let mut last_ctrl = 0usize;
         let mut last_size_ds = 0usize;
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            match self.build_send(wr) {
+            match self.build_send(&w, wr) {
                 Ok((pos, ds)) => {
                     last_ctrl = pos;
                     last_size_ds = ds;
@@ -346,31 +387,31 @@ impl Qp {
     }
 
     /// Writes one send WQE at the producer counter. Returns (SQ byte offset of its ctrl segment, size in DS).
-    fn build_send(&mut self, wr: &SendWr<'_>) -> Result<(usize, usize), PostErrorKind> {
+    // Inlined into the generic `post_send`: a call per WQE, with its result through memory, cost more than the
+    // checks it makes.
+    #[inline(always)]
+    fn build_send(&mut self, w: &SqWin, wr: &SendWr<'_>) -> Result<(usize, usize), PostErrorKind> {
         use PostErrorKind as K;
         // IBA 10.8.2: sends may be posted in RTS, SQD and SQE, and in ERR, where the device completes them with a
         // flush error (as rdma-core's provider, the driver does not refuse them there).
         if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err) {
             return Err(K::BadState { state: self.state });
         }
-        let max_post = self.sizes.cap.max_send_wr;
+        let max_post = w.max_send_wr;
         if self.sq_outstanding() >= max_post {
             return Err(K::QueueFull { outstanding: self.sq_outstanding(), max: max_post });
         }
         if wr.inline.is_some() && !wr.sg_list.is_empty() {
             return Err(K::BadRequest { what: "inline data and a gather list in one work request" });
         }
-        if wr.sg_list.len() > self.sizes.cap.max_send_sge as usize {
-            return Err(K::TooManySge { sge: wr.sg_list.len(), max: self.sizes.cap.max_send_sge });
+        if wr.sg_list.len() > w.max_send_sge as usize {
+            return Err(K::TooManySge { sge: wr.sg_list.len(), max: w.max_send_sge });
         }
         let start = (self.sq_cur_post as usize) * BB;
         let mut off = CTRL;
         match (self.ty, &wr.ud) {
             (QpType::Ud, Some(d)) => {
-                let mut seg = *d.ah.av();
-                c::mlx5_av::DQP_DCT.put_be(&mut seg, 0, (d.remote_qpn & 0xff_ffff) | consts::MLX5_EXTENDED_UD_AV);
-                c::mlx5_av::QKEY.put_be(&mut seg, 0, d.remote_qkey);
-                self.sq_put(start + off, &seg);
+                self.put_av(w, start + off, d);
                 off += DGRAM;
             }
             (QpType::Ud, None) => return Err(K::BadRequest { what: "UD send without an address handle" }),
@@ -391,63 +432,36 @@ impl Qp {
             SendOp::SendImm { imm: v } => imm = v,
             SendOp::RdmaWrite { remote_addr, rkey } => {
                 self.need_connected()?;
-                self.sq_put(start + off, &raddr(remote_addr, rkey));
+                self.sq_put(w, start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
             }
             SendOp::RdmaRead { remote_addr, rkey } => {
                 self.need_rc()?;
-                self.sq_put(start + off, &raddr(remote_addr, rkey));
+                self.sq_put(w, start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
             }
             SendOp::RdmaWriteImm { remote_addr, rkey, imm: v } => {
                 self.need_connected()?;
                 imm = v;
-                self.sq_put(start + off, &raddr(remote_addr, rkey));
+                self.sq_put(w, start + off, &raddr(remote_addr, rkey));
                 off += RADDR;
             }
             SendOp::AtomicCmpSwp { remote_addr, rkey, compare, swap } => {
                 self.need_atomic(wr)?;
-                self.sq_put(start + off, &raddr(remote_addr, rkey));
-                off += RADDR;
-                let mut a = [0u8; ATOMIC];
-                put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, swap);
-                put64(&mut a, c::mlx5_wqe_atomic_seg::COMPARE, compare);
-                self.sq_put(start + off, &a);
-                off += ATOMIC;
+                self.put_atomic(w, start + off, raddr(remote_addr, rkey), swap, Some(compare));
+                off += RADDR + ATOMIC;
             }
             SendOp::AtomicFetchAdd { remote_addr, rkey, add } => {
                 self.need_atomic(wr)?;
-                self.sq_put(start + off, &raddr(remote_addr, rkey));
-                off += RADDR;
-                let mut a = [0u8; ATOMIC];
-                put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, add);
-                self.sq_put(start + off, &a);
-                off += ATOMIC;
+                self.put_atomic(w, start + off, raddr(remote_addr, rkey), add, None);
+                off += RADDR + ATOMIC;
             }
         }
         if let Some(data) = wr.inline {
-            if matches!(wr.op, SendOp::RdmaRead { .. } | SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. }) {
-                return Err(K::BadRequest { what: "inline data on a READ or atomic" });
-            }
-            let total = data.len();
-            if total > self.sizes.cap.max_inline_data as usize {
-                return Err(K::InlineTooLong { bytes: total, max: self.sizes.cap.max_inline_data });
-            }
-            // No segment for no data (`set_data_inl_seg`): an empty one would not fit a WQE sized for none.
-            if total > 0 {
-                let mut hdr = [0u8; INL_HDR];
-                c::mlx5_wqe_inline_seg::BYTE_COUNT.put_be(&mut hdr, 0, total as u32 | consts::MLX5_INLINE_SEG);
-                self.sq_write(start + off, &hdr);
-                self.sq_write(start + off + INL_HDR, data);
-                off = (off + INL_HDR + total).next_multiple_of(DS);
-            }
+            off = self.put_inline(wr, start, off, data)?;
         } else {
             for s in wr.sg_list.iter().filter(|s| s.length > 0) {
-                let mut d = [0u8; DATA];
-                c::mlx5_wqe_data_seg::BYTE_COUNT.put_be(&mut d, 0, s.length);
-                c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, s.lkey);
-                put64(&mut d, c::mlx5_wqe_data_seg::ADDR, s.addr);
-                self.sq_put(start + off, &d);
+                self.sq_put(w, start + off, &data_seg(s.length, s.lkey, s.addr));
                 off += DATA;
             }
         }
@@ -465,16 +479,60 @@ impl Qp {
             fm_ce_se |= consts::MLX5_WQE_CTRL_FENCE;
         }
         let ctrl = ctrl_seg(self.sq_cur_post as u16, wr.op.mlx5_opcode(), self.qpn, ds as u8, fm_ce_se, imm);
-        self.sq_put(start, &ctrl);
+        self.sq_put(w, start, &ctrl);
         let idx = self.sq_cur_post;
         let next = self.sq_cur_post.wrapping_add(bbs as u32);
         let slot = SqSlot { wr_id: wr.wr_id, head_after: self.sq_head.wrapping_add(1), next };
-        // SAFETY: the shadow slot is inside the live shadow region (ptr_at) and aligned (8-byte aligned region,
-        // 16-byte slots); only the driver touches it.
-        unsafe { self.sq_slot_ptr(idx).write(slot) };
+        // SAFETY: the slot index is masked to `sq_wqe_cnt - 1`, inside the slots `sq_win` bounds-checked; aligned
+        // (8-byte aligned region, 16-byte slots); only the driver touches it.
+        unsafe { w.slots.add((idx & w.slot_mask) as usize).write(slot) };
         self.sq_cur_post = self.sq_cur_post.wrapping_add(bbs as u32);
         self.sq_head = self.sq_head.wrapping_add(1);
         Ok((start, ds))
+    }
+
+    /// The UD address vector with its remote QPN and Q_Key (`set_datagram_seg`). Out of line, as the other
+    /// rarer segments below: the connected-QP path keeps its registers.
+    #[inline(never)]
+    fn put_av(&self, w: &SqWin, pos: usize, d: &super::wr::UdDest<'_>) {
+        let mut seg = *d.ah.av();
+        c::mlx5_av::DQP_DCT.put_be(&mut seg, 0, (d.remote_qpn & 0xff_ffff) | consts::MLX5_EXTENDED_UD_AV);
+        c::mlx5_av::QKEY.put_be(&mut seg, 0, d.remote_qkey);
+        self.sq_put(w, pos, &seg);
+    }
+
+    /// The remote address and atomic segments of an atomic (`set_atomic_seg`): `compare` for compare-and-swap.
+    #[inline(never)]
+    fn put_atomic(&self, w: &SqWin, pos: usize, raddr: [u8; RADDR], swap_add: u64, compare: Option<u64>) {
+        self.sq_put(w, pos, &raddr);
+        let mut a = [0u8; ATOMIC];
+        put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, swap_add);
+        if let Some(cmp) = compare {
+            put64(&mut a, c::mlx5_wqe_atomic_seg::COMPARE, cmp);
+        }
+        self.sq_put(w, pos + RADDR, &a);
+    }
+
+    /// The inline data segment at `off` of the WQE at `start` (`set_data_inl_seg`); returns the offset after it.
+    #[inline(never)]
+    fn put_inline(&self, wr: &SendWr<'_>, start: usize, off: usize, data: &[u8]) -> Result<usize, PostErrorKind> {
+        use PostErrorKind as K;
+        if matches!(wr.op, SendOp::RdmaRead { .. } | SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. }) {
+            return Err(K::BadRequest { what: "inline data on a READ or atomic" });
+        }
+        let total = data.len();
+        if total > self.sizes.cap.max_inline_data as usize {
+            return Err(K::InlineTooLong { bytes: total, max: self.sizes.cap.max_inline_data });
+        }
+        // No segment for no data (`set_data_inl_seg`): an empty one would not fit a WQE sized for none.
+        if total == 0 {
+            return Ok(off);
+        }
+        let mut hdr = [0u8; INL_HDR];
+        c::mlx5_wqe_inline_seg::BYTE_COUNT.put_be(&mut hdr, 0, total as u32 | consts::MLX5_INLINE_SEG);
+        self.sq_write(start + off, &hdr);
+        self.sq_write(start + off + INL_HDR, data);
+        Ok((off + INL_HDR + total).next_multiple_of(DS))
     }
 
     /// RDMA READ and atomics: RC only. rdma-core's `_mlx5_post_send` builds no remote-address segment for them on
@@ -515,16 +573,14 @@ impl Qp {
         let reg = self.bf.next_offset();
         let bytes = size_ds * DS;
         if single && self.bf.bf && bytes <= self.bf.buf_size {
-            // BlueFlame: the whole WQE through the write-combining window, 64 bytes at a time, so the device can
-            // start without fetching it.
-            for at in (0..bytes.div_ceil(BB) * BB).step_by(DS) {
-                // Each 8-byte half as the big-endian value whose `write64` stores exactly those bytes.
-                let v = u128::from_be_bytes(self.sq_get16(last_ctrl + at));
-                mmio.write64(reg + at, (v >> 64) as u64);
-                mmio.write64(reg + at + 8, v as u64);
+            // BlueFlame: the whole WQE through the write-combining window, one 64-byte chunk per basic block, so
+            // the device can start without fetching it.
+            for k in 0..bytes.div_ceil(BB) {
+                mmio.write_bf64(reg + k * BB, self.sq_bb(last_ctrl + k * BB));
             }
         } else {
-            mmio.write64(reg, (u128::from_be_bytes(self.sq_get16(last_ctrl)) >> 64) as u64);
+            // The first 8 bytes of the last control segment, as the value whose big-endian store writes them.
+            mmio.write64(reg, u64::from_be(self.sq_bb(last_ctrl)[0]));
         }
         // Flush the write-combining buffer so the doorbell reaches the device now, as whole 64-byte chunks.
         mmio.wc_flush();
@@ -534,43 +590,54 @@ impl Qp {
     /// shorter than the queue's maximum, then the doorbell record.
     pub fn post_recv<M: Mmio + ?Sized>(&mut self, mmio: &M, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         use PostErrorKind as K;
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        // The state cannot change during a call: checked once.
+        if matches!(self.state, QpState::Reset) {
+            return Err(PostError { index: 0, kind: K::BadState { state: self.state } });
+        }
+        let cnt = self.sizes.rq_wqe_cnt;
+        let shift = self.sizes.rq_wqe_shift;
+        let max_gs = self.sizes.cap.max_recv_sge as usize;
+        let start_outstanding = self.rq_outstanding();
+        // The receive wr_ids of the shadow, bounds-checked once for the whole call; a slot index below is masked
+        // to `cnt - 1`, so every access is inside.
+        let base = self.sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>();
+        let wrids = self.shadow.ptr_at(base, cnt as usize * 8).cast::<u64>();
+        // Room left in the ring; `cnt` is a power of two (or 0 without a receive queue: no room).
+        let room = cnt.saturating_sub(start_outstanding);
+        let mask = cnt.wrapping_sub(1);
         let mut nreq = 0u32;
         let mut result = Ok(());
-        let max_gs = self.sizes.cap.max_recv_sge as usize;
         for (i, wr) in wrs.iter().enumerate() {
-            if matches!(self.state, QpState::Reset) {
-                result = Err(PostError { index: i, kind: K::BadState { state: self.state } });
-                break;
-            }
-            let outstanding = self.rq_outstanding() + nreq;
-            if outstanding >= self.sizes.rq_wqe_cnt {
-                result = Err(PostError { index: i, kind: K::QueueFull { outstanding, max: self.sizes.rq_wqe_cnt } });
+            if nreq >= room {
+                let outstanding = start_outstanding.wrapping_add(nreq);
+                result = Err(PostError { index: i, kind: K::QueueFull { outstanding, max: cnt } });
                 break;
             }
             if wr.sg_list.len() > max_gs {
                 result = Err(PostError { index: i, kind: K::TooManySge { sge: wr.sg_list.len(), max: max_gs as u32 } });
                 break;
             }
-            let idx = self.rq_head.wrapping_add(nreq);
-            let base = ((idx & (self.sizes.rq_wqe_cnt - 1)) as usize) << self.sizes.rq_wqe_shift;
+            // There is room, so `cnt` is at least 1 and `mask` its index mask.
+            let slot = self.rq_head.wrapping_add(nreq) & mask;
+            let at = (slot as usize) << shift;
             // A zero-length entry is skipped, as rdma-core's `mlx5_post_recv` skips it: to the device a
             // byte_count of 0 means 2 GiB.
             let mut k = 0;
-            for s in wr.sg_list.iter().filter(|s| s.length != 0) {
-                let mut d = [0u8; DATA];
-                c::mlx5_wqe_data_seg::BYTE_COUNT.put_be(&mut d, 0, s.length);
-                c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, s.lkey);
-                put64(&mut d, c::mlx5_wqe_data_seg::ADDR, s.addr);
-                self.rq_put(base + k * DATA, &d);
-                k += 1;
+            for s in wr.sg_list {
+                if s.length != 0 {
+                    self.rq_put(at + k * DATA, &data_seg(s.length, s.lkey, s.addr));
+                    k += 1;
+                }
             }
             if k < max_gs {
-                let mut d = [0u8; DATA];
-                c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, consts::MLX5_INVALID_LKEY);
-                self.rq_put(base + k * DATA, &d);
+                self.rq_put(at + k * DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
             }
-            // SAFETY: the slot is inside the live shadow region and 8-byte aligned; only the driver touches it.
-            unsafe { self.rq_wrid_ptr(idx).write(wr.wr_id) };
+            // SAFETY: `slot < cnt` (masked above), inside the `cnt` wr_ids `ptr_at` checked, 8-byte aligned (the
+            // shadow region is 8-byte aligned and its send slots are 16 bytes each); only the driver touches it.
+            unsafe { wrids.add(slot as usize).write(wr.wr_id) };
             nreq += 1;
         }
         if nreq > 0 {
@@ -581,6 +648,17 @@ impl Qp {
         }
         result
     }
+}
+
+/// A data segment (`mlx5_wqe_data_seg`: byte count, lkey, address, each big-endian) as its 16 bytes, built in
+/// registers and written with one store.
+#[inline(always)]
+fn data_seg(length: u32, lkey: u32, addr: u64) -> [u8; DATA] {
+    let mut d = [0u8; DATA];
+    c::mlx5_wqe_data_seg::BYTE_COUNT.put_be(&mut d, 0, length);
+    c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, lkey);
+    put64(&mut d, c::mlx5_wqe_data_seg::ADDR, addr);
+    d
 }
 
 /// The 16-byte control segment (`mlx5_wqe_ctrl_seg`). `imm` is in network byte order (`__be32`, as
@@ -631,6 +709,12 @@ impl WrTable for Qp {
         Some(id)
     }
 
+    #[inline]
+    fn recv_needs_index(&self) -> bool {
+        // Receives complete in posting order (`recv_done` takes the oldest).
+        false
+    }
+
     fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
         if !dead && self.state != QpState::Err {
             return None;
@@ -660,6 +744,9 @@ impl WrTable for [&mut Qp] {
     }
     fn recv_srqn(&self, qpn: u32) -> Option<u32> {
         self.iter().find(|q| q.qpn == qpn)?.srqn
+    }
+    fn recv_needs_index(&self) -> bool {
+        false
     }
 }
 

@@ -186,6 +186,15 @@ impl Mmio for MemMmio {
         // SAFETY: as in read64; one 64-bit store, as the doorbell contract requires.
         unsafe { self.at(off, 8).cast::<u64>().write_volatile(v.to_be()) }
     }
+    #[inline]
+    fn write_bf64(&self, off: usize, chunk: &[u64; 8]) {
+        // One bounds check for the whole chunk, then eight stores in address order.
+        let dst = self.at(off, 64).cast::<u64>();
+        for (i, w) in chunk.iter().enumerate() {
+            // SAFETY: `off..off + 64` is inside the array and 64-byte aligned (`at`), so word i is too.
+            unsafe { dst.add(i).write_volatile(*w) };
+        }
+    }
 }
 
 /// One allocator call.

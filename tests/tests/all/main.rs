@@ -4,6 +4,7 @@
 //! state: the counting global allocator below counts per thread (armed only by `no_alloc`'s tests, around the
 //! calls they check), no test sets environment variables, and none binds a fixed port.
 
+mod bfregs;
 mod bringup;
 mod bringup_faults;
 mod cmdq;
