@@ -46,6 +46,9 @@ impl Mmio for AnyMmio {
     fn write64(&self, off: usize, v: u64) {
         each_mmio!(self, m => m.write64(off, v))
     }
+    fn write_bf64(&self, off: usize, chunk: &[u64; 8]) {
+        each_mmio!(self, m => m.write_bf64(off, chunk))
+    }
     fn dma_wmb(&self) {
         each_mmio!(self, m => m.dma_wmb())
     }

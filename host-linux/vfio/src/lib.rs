@@ -611,6 +611,17 @@ impl Mmio for Bar {
         // SAFETY: reg() checked bounds and 8-byte alignment inside the live mapping; one 64-bit volatile store.
         unsafe { self.reg(off, 8).cast::<u64>().write_volatile(v.to_be()) }
     }
+
+    fn write_bf64(&self, off: usize, chunk: &[u64; 8]) {
+        // One bounds and alignment check for the whole 64-byte chunk, then eight stores in address order, so the
+        // write-combining buffer fills in one burst.
+        let dst = self.reg(off, 64).cast::<u64>();
+        for (i, w) in chunk.iter().enumerate() {
+            // SAFETY: reg() checked that off..off + 64 is inside the live mapping and 64-byte aligned, so word i is
+            // in bounds and aligned; the chunk holds the bytes in memory order already.
+            unsafe { dst.add(i).write_volatile(*w) };
+        }
+    }
 }
 
 /// A delay for the core on Linux: sleeps (the command queue's backoff starts at 10 µs, so sleeping is fine).

@@ -76,6 +76,13 @@ fn open_maps_bar_and_reads_the_iommu_ranges() {
     assert_eq!(t.bar_word(MLX, 0x800).to_ne_bytes(), [1, 2, 3, 4]);
     assert_eq!(t.bar_word(MLX, 0x804).to_ne_bytes(), [5, 6, 7, 8]);
     assert_eq!(bar.read64(0x800), 0x0102_0304_0506_0708);
+    // A BlueFlame chunk lands as the bytes it holds in memory, in address order.
+    let chunk: [u64; 8] = core::array::from_fn(|i| u64::from_ne_bytes([i as u8; 8]));
+    bar.write_bf64(0x900, &chunk);
+    for i in 0..8 {
+        assert_eq!(t.bar_word(MLX, 0x900 + 8 * i).to_ne_bytes(), [i as u8; 4], "word {i}");
+        assert_eq!(t.bar_word(MLX, 0x904 + 8 * i).to_ne_bytes(), [i as u8; 4], "word {i}");
+    }
 
     // Bus master: vfio-pci leaves it off; set and clear it through config space.
     assert!(!dev.bus_master().unwrap());
