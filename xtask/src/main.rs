@@ -13,13 +13,17 @@
 //! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
 //! * `soak [--ops N] [--seed S] [--json]`: random traffic between two simulated devices under injected faults,
 //!   with its invariants checked; see SOAK.md.
+//! * `uml`: a User-Mode Linux kernel with NVIDIA's mlx5 drivers and virt-pci (cached under `target/uml/`).
+//! * `linux-drives-sim`: that kernel's `mlx5_core` probes the simulator through `mlx5-uml-bridge`.
 
 mod bench;
 mod codegen;
 mod fuzz;
+mod linux_drives_sim;
 mod miri;
 mod modcheck;
 mod soak;
+mod uml;
 mod vfio_test;
 
 use std::path::{Path, PathBuf};
@@ -119,7 +123,9 @@ commands:
   modcheck [--graph] [--root DIR]
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
   soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire]
-                                 the fault-injection soak (options go to mlx5-soak)";
+                                 the fault-injection soak (options go to mlx5-soak)
+  uml                            build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
+  linux-drives-sim               boot it with the simulator as its PCI device; mlx5_core must probe cleanly";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
@@ -132,6 +138,8 @@ enum Task {
     Miri,
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
+    Uml,
+    LinuxDrivesSim,
 }
 
 fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
@@ -153,6 +161,8 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "miri" => Task::Miri,
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
+        "uml" => Task::Uml,
+        "linux-drives-sim" => Task::LinuxDrivesSim,
         other => return Err(ArgError::Other(format!("unknown command {other:?}"))),
     };
     while let Some(a) = argv.next() {
@@ -204,6 +214,8 @@ fn main() -> ExitCode {
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
         Task::Miri => miri::run(&root),
         Task::Soak(args) => soak::run(&root, &args),
+        Task::Uml => uml::run_uml(&root),
+        Task::LinuxDrivesSim => linux_drives_sim::run(&root),
         // `--root DIR` checks another checkout (a worktree) with this build of the checker.
         Task::Modcheck { graph, root: other } => modcheck::run(other.as_deref().unwrap_or(&root), graph),
     };

@@ -1,0 +1,211 @@
+//! `cargo xtask linux-drives-sim`: NVIDIA's own `mlx5_core` (and `mlx5_ib`) drive the simulator.
+//!
+//! Boots the UML kernel of `cargo xtask uml` with a busybox initramfs and `virtio_uml.device=<socket>:1234`; the
+//! socket is served by `mlx5-uml-bridge`, which presents the simulated ConnectX as PCI device 0000:00:00.0. The
+//! guest's `/init` prints what the probe left behind (PCI binding, RDMA devices, dmesg) and powers off. Kept in
+//! `target/linux-drives-sim/`: `dmesg.txt` (the guest's kernel log), `trace.jsonl` (every firmware command the
+//! simulator completed), `console.txt` and `bridge.log`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::vfio_test::Cpio;
+
+/// `CONFIG_UML_PCI_OVER_VIRTIO_DEVICE_ID` in `xtask/uml/config.fragment`.
+const VIRTIO_DEVICE_ID: u32 = 1234;
+/// The whole boot takes about a second; this bounds a hang.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+const DMESG_BEGIN: &str = "=== dmesg begin ===";
+const DMESG_END: &str = "=== dmesg end ===";
+const DONE: &str = "=== linux-drives-sim done ===";
+
+/// Kernel log lines that mean the driver and the device disagreed (case-insensitive substrings).
+const BAD: &[&str] =
+    &["mlx5", "infiniband", "virt-pci", "virtio", "warning", "bug:", "call trace", "oops", "panic", "genirq"];
+const BAD_WORDS: &[&str] = &["fail", "error", "err ", "timeout", "invalid", "unable", "can't", "cannot", "bad "];
+
+fn init_script() -> String {
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mkdir -p /proc /sys /dev /tmp
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+for d in /sys/bus/pci/devices/*; do
+  [ -e "$d/vendor" ] || continue
+  drv=none
+  [ -e "$d/driver" ] && drv=$(basename $(readlink $d/driver))
+  echo "pci: $(basename $d) vendor=$(cat $d/vendor) device=$(cat $d/device) class=$(cat $d/class) driver=$drv"
+done
+for i in /sys/class/infiniband/*; do [ -e "$i" ] && echo "rdma: $(basename $i) fw=$(cat $i/fw_ver 2>/dev/null) node_guid=$(cat $i/node_guid 2>/dev/null)"; done
+echo "{DMESG_BEGIN}"
+dmesg
+echo "{DMESG_END}"
+echo "{DONE}"
+poweroff -f
+"#
+    )
+}
+
+fn initramfs(work: &Path) -> Result<PathBuf, String> {
+    let busybox = std::fs::read("/bin/busybox").map_err(|e| format!("/bin/busybox (busybox-static): {e}"))?;
+    let mut c = Cpio::default();
+    for d in ["bin", "dev", "proc", "sys", "tmp"] {
+        c.dir(d);
+    }
+    c.file("bin/busybox", true, &busybox);
+    c.symlink("bin/sh", "busybox");
+    c.file("init", true, init_script().as_bytes());
+    let p = work.join("initramfs.cpio");
+    std::fs::write(&p, c.finish()).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(p)
+}
+
+fn build_bridge(root: &Path) -> Result<PathBuf, String> {
+    crate::cargo(root, &["build", "-q", "-p", "mlx5-uml-bridge"])?;
+    Ok(root.join("target/debug/mlx5-uml-bridge"))
+}
+
+/// Kills a child we started (by its own handle) unless it already exited.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// The dmesg lines that report a disagreement.
+pub(crate) fn bad_lines(dmesg: &str) -> Vec<&str> {
+    dmesg
+        .lines()
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            let about_us = BAD.iter().any(|k| l.contains(k));
+            let bad = BAD_WORDS.iter().any(|w| l.contains(w)) || l.contains("warning") || l.contains("call trace");
+            about_us && bad
+        })
+        .collect()
+}
+
+pub fn run(root: &Path) -> Result<(), String> {
+    let started = Instant::now();
+    let linux = crate::uml::build(root)?;
+    let bridge = build_bridge(root)?;
+    let work = root.join("target/linux-drives-sim");
+    std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
+    let initrd = initramfs(&work)?;
+    let sock = work.join("mlx5.sock");
+    let _ = std::fs::remove_file(&sock);
+    let trace = work.join("trace.jsonl");
+    let bridge_log = std::fs::File::create(work.join("bridge.log")).map_err(|e| e.to_string())?;
+    let _bridge = Reap(
+        Command::new(&bridge)
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--trace")
+            .arg(&trace)
+            .stderr(bridge_log)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", bridge.display()))?,
+    );
+    let t0 = Instant::now();
+    while !sock.exists() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return Err("mlx5-uml-bridge did not create its socket".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let boot = Instant::now();
+    let mut uml = Reap(
+        Command::new(&linux)
+            .arg("mem=256M")
+            .arg(format!("initrd={}", initrd.display()))
+            .arg("con0=fd:0,fd:1")
+            .arg("con=null")
+            .arg(format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", sock.display()))
+            .arg("virt_pci.max_delay_us=2000000")
+            .env("TMPDIR", &work)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", linux.display()))?,
+    );
+    // Read the console on a thread so a hung guest is cut off by the timeout below.
+    let mut out = uml.0.stdout.take().ok_or("no console pipe")?;
+    let reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    loop {
+        if uml.0.try_wait().map_err(|e| e.to_string())?.is_some() {
+            break;
+        }
+        if boot.elapsed() > BOOT_TIMEOUT {
+            let _ = uml.0.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let boot_time = boot.elapsed();
+    drop(uml);
+    let console = reader.join().map_err(|_| "console reader panicked")?;
+    std::fs::write(work.join("console.txt"), &console).map_err(|e| e.to_string())?;
+    let dmesg = match (console.find(DMESG_BEGIN), console.find(DMESG_END)) {
+        (Some(a), Some(b)) if a < b => console[a + DMESG_BEGIN.len()..b].trim_start_matches(['\r', '\n']).to_string(),
+        _ => console.clone(),
+    };
+    std::fs::write(work.join("dmesg.txt"), &dmesg).map_err(|e| e.to_string())?;
+    let commands = std::fs::read_to_string(&trace).map(|t| t.lines().count()).unwrap_or(0);
+    println!(
+        "linux-drives-sim: guest ran {:.2} s, {commands} firmware commands; total {:.1} s; logs in {}",
+        boot_time.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        work.display()
+    );
+    let mut problems = Vec::new();
+    if !console.contains(DONE) {
+        problems.push(format!("the guest did not finish its init script within {} s", BOOT_TIMEOUT.as_secs()));
+    }
+    for l in console.lines().filter(|l| l.starts_with("pci: ") || l.starts_with("rdma: ")) {
+        println!("  {l}");
+    }
+    if !console.lines().any(|l| l.starts_with("pci: 0000:00:00.0 vendor=0x15b3") && l.ends_with("driver=mlx5_core")) {
+        problems.push("0000:00:00.0 is not bound to mlx5_core".into());
+    }
+    let bad = bad_lines(&dmesg);
+    for l in &bad {
+        problems.push(format!("dmesg: {}", l.trim()));
+    }
+    if problems.is_empty() {
+        println!("linux-drives-sim: mlx5_core probed the simulator with no error in dmesg");
+        Ok(())
+    } else {
+        Err(format!("linux-drives-sim: {} problem(s):\n  {}", problems.len(), problems.join("\n  ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dmesg_error_lines_are_found_and_benign_ones_kept() {
+        let d = "[    0.3] mlx5_core 0000:00:00.0: firmware version: 16.35.2000\n\
+                 [    0.4] mlx5_core 0000:00:00.0: mlx5_cmd_out_err:838: QUERY_ADAPTER(0x101) op_mod(0x0) failed, status bad operation(0x2)\n\
+                 [    0.5] Run /init as init process\n\
+                 [    0.6] WARNING: CPU: 0 PID: 1 at drivers/infiniband/core/device.c:100\n";
+        let bad = bad_lines(d);
+        assert_eq!(bad.len(), 2);
+        assert!(bad[0].contains("QUERY_ADAPTER"));
+        assert!(bad[1].contains("WARNING"));
+    }
+}
