@@ -27,6 +27,7 @@ use crate::mmio::INIT_SEG_PAGES;
 use crate::small::IdMap;
 use crate::Stalled;
 
+mod adapter;
 pub(crate) mod caps;
 mod cmd;
 pub(crate) mod cq;
@@ -404,6 +405,9 @@ impl Firmware {
             consts::MLX5_CMD_OP_ENABLE_HCA => (enable_hca_in::SIZE_BYTES, enable_hca_out::SIZE_BYTES, Gate::Disabled),
             consts::MLX5_CMD_OP_DISABLE_HCA => (disable_hca_in::SIZE_BYTES, disable_hca_out::SIZE_BYTES, Gate::PreInit),
             consts::MLX5_CMD_OP_QUERY_ISSI => (query_issi_in::SIZE_BYTES, query_issi_out::SIZE_BYTES, Gate::Any),
+            consts::MLX5_CMD_OP_QUERY_ADAPTER => {
+                (query_adapter_in::SIZE_BYTES, query_adapter_out::SIZE_BYTES, Gate::Enabled)
+            }
             consts::MLX5_CMD_OP_SET_ISSI => (set_issi_in::SIZE_BYTES, set_issi_out::SIZE_BYTES, Gate::PreInit),
             consts::MLX5_CMD_OP_QUERY_PAGES => (query_pages_in::SIZE_BYTES, query_pages_out::SIZE_BYTES, Gate::Enabled),
             consts::MLX5_CMD_OP_MANAGE_PAGES => {
@@ -560,6 +564,7 @@ impl Firmware {
             consts::MLX5_CMD_OP_ENABLE_HCA => self.enable_hca(inp),
             consts::MLX5_CMD_OP_DISABLE_HCA => self.disable_hca(inp, events),
             consts::MLX5_CMD_OP_QUERY_ISSI => self.query_issi(out),
+            consts::MLX5_CMD_OP_QUERY_ADAPTER => adapter::query_adapter(out),
             consts::MLX5_CMD_OP_SET_ISSI => self.set_issi(inp),
             consts::MLX5_CMD_OP_QUERY_PAGES => self.query_pages(inp, out),
             consts::MLX5_CMD_OP_MANAGE_PAGES => self.manage_pages(dma, inp, out, outlen),
