@@ -121,7 +121,7 @@ impl Server {
     /// One pass of device work: requests, time, interrupts, the trace.
     fn serve(&mut self) -> io::Result<()> {
         let mut served = false;
-        if !self.mem.regions().is_empty() && self.rings[CMD_VQ].num != 0 {
+        if !self.mem.regions().is_empty() && self.rings[CMD_VQ].is_ready() {
             loop {
                 let chain = match self.rings[CMD_VQ].pop(&self.mem) {
                     Ok(Some(c)) => c,
@@ -153,7 +153,7 @@ impl Server {
     fn deliver(&mut self) -> io::Result<()> {
         let mut sent = false;
         while let Some(&data) = self.pending_msi.front() {
-            if self.rings[IRQ_VQ].num == 0 || self.mem.regions().is_empty() {
+            if !self.rings[IRQ_VQ].is_ready() || self.mem.regions().is_empty() {
                 break;
             }
             let chain = match self.rings[IRQ_VQ].pop(&self.mem) {

@@ -78,6 +78,11 @@ pub struct Vring {
 }
 
 impl Vring {
+    /// Whether size and all three addresses have been set (the front end sets them one message at a time).
+    pub fn is_ready(&self) -> bool {
+        self.ready().is_ok()
+    }
+
     fn ready(&self) -> Result<(), RingError> {
         if self.num == 0 || !self.num.is_power_of_two() || self.desc == 0 || self.avail == 0 || self.used == 0 {
             return Err(RingError::NotReady);
