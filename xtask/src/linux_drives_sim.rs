@@ -6,7 +6,6 @@
 //! `target/linux-drives-sim/`: `dmesg.txt` (the guest's kernel log), `trace.jsonl` (every firmware command the
 //! simulator completed), `console.txt` and `bridge.log`.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,7 +15,7 @@ use crate::vfio_test::Cpio;
 /// `CONFIG_UML_PCI_OVER_VIRTIO_DEVICE_ID` in `xtask/uml/config.fragment`.
 const VIRTIO_DEVICE_ID: u32 = 1234;
 /// The whole boot takes about a second; this bounds a hang.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+const BOOT_TIMEOUT: Duration = Duration::from_secs(100);
 const DMESG_BEGIN: &str = "=== dmesg begin ===";
 const DMESG_END: &str = "=== dmesg end ===";
 const DONE: &str = "=== linux-drives-sim done ===";
@@ -122,6 +121,8 @@ pub fn run(root: &Path) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let console_path = work.join("console.txt");
+    let console_file = std::fs::File::create(&console_path).map_err(|e| e.to_string())?;
     let boot = Instant::now();
     let mut uml = Reap(
         Command::new(&linux)
@@ -133,18 +134,12 @@ pub fn run(root: &Path) -> Result<(), String> {
             .arg("virt_pci.max_delay_us=2000000")
             .env("TMPDIR", &work)
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stdout(Stdio::from(console_file.try_clone().map_err(|e| e.to_string())?))
+            // UML's kernel messages go to its stderr console.
+            .stderr(Stdio::from(console_file))
             .spawn()
             .map_err(|e| format!("{}: {e}", linux.display()))?,
     );
-    // Read the console on a thread so a hung guest is cut off by the timeout below.
-    let mut out = uml.0.stdout.take().ok_or("no console pipe")?;
-    let reader = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = out.read_to_end(&mut s);
-        String::from_utf8_lossy(&s).into_owned()
-    });
     loop {
         if uml.0.try_wait().map_err(|e| e.to_string())?.is_some() {
             break;
@@ -157,8 +152,7 @@ pub fn run(root: &Path) -> Result<(), String> {
     }
     let boot_time = boot.elapsed();
     drop(uml);
-    let console = reader.join().map_err(|_| "console reader panicked")?;
-    std::fs::write(work.join("console.txt"), &console).map_err(|e| e.to_string())?;
+    let console = String::from_utf8_lossy(&std::fs::read(&console_path).map_err(|e| e.to_string())?).into_owned();
     let dmesg = match (console.find(DMESG_BEGIN), console.find(DMESG_END)) {
         (Some(a), Some(b)) if a < b => console[a + DMESG_BEGIN.len()..b].trim_start_matches(['\r', '\n']).to_string(),
         _ => console.clone(),

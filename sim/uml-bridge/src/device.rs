@@ -60,6 +60,8 @@ pub struct Stats {
     /// BAR writes narrower than the device's 32-bit registers (the simulator cannot take them).
     pub narrow_writes: u64,
     pub msis: u64,
+    /// EQ interrupts the simulator fired (each becomes an MSI now or when its vector is unmasked).
+    pub interrupts: u64,
 }
 
 /// The device behind the virtqueues.
@@ -70,6 +72,8 @@ pub struct Device {
     pub pci: PciFunction,
     pub stats: Stats,
     irq_cursor: usize,
+    /// Log every BAR write to stderr.
+    pub verbose: bool,
 }
 
 impl Device {
@@ -81,6 +85,7 @@ impl Device {
             pci: PciFunction::new(vendor, device, class),
             stats: Stats::default(),
             irq_cursor: 0,
+            verbose: false,
         }
     }
 
@@ -175,6 +180,9 @@ impl Device {
 
     /// A BAR0 write: 64-bit aligned pieces as one 64-bit access (doorbells), 32-bit ones as registers.
     pub fn bar_write(&mut self, off: u64, data: &[u8]) -> Vec<u32> {
+        if self.verbose {
+            eprintln!("bar write 0x{off:x} {data:02x?}");
+        }
         if PciFunction::is_msix(off, data.len()) {
             return self.pci.msix_write(off, data);
         }
@@ -212,6 +220,7 @@ impl Device {
     /// pending by the function model).
     pub fn take_msis(&mut self) -> Vec<u32> {
         let vectors = self.sim.interrupts_since(&mut self.irq_cursor);
+        self.stats.interrupts += vectors.len() as u64;
         let out: Vec<u32> = vectors.into_iter().filter_map(|v| self.pci.signal(v)).collect();
         self.stats.msis += out.len() as u64;
         out

@@ -72,12 +72,14 @@ fn run(
     };
     let sim = SimDevice::new(SimConfig { port_type: port, ..SimConfig::default() });
     let trace = trace.map(File::create).transpose()?;
-    let mut server = Server::new(conn, Device::new(sim, class), trace, verbose);
+    let mut dev = Device::new(sim, class);
+    dev.verbose = verbose;
+    let mut server = Server::new(conn, dev, trace, verbose);
     let r = server.run();
     let s = server.dev.stats;
     eprintln!(
-        "mlx5-uml-bridge: done: {} cfg reads, {} cfg writes, {} BAR reads, {} BAR writes, {} MSIs, {} rejected, {} narrow writes",
-        s.cfg_reads, s.cfg_writes, s.mmio_reads, s.mmio_writes, s.msis, s.rejected, s.narrow_writes
+        "mlx5-uml-bridge: done: {} cfg reads, {} cfg writes, {} BAR reads, {} BAR writes, {} EQ interrupts, {} MSIs, {} rejected, {} narrow writes",
+        s.cfg_reads, s.cfg_writes, s.mmio_reads, s.mmio_writes, s.interrupts, s.msis, s.rejected, s.narrow_writes
     );
     r
 }

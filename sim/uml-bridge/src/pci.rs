@@ -7,10 +7,16 @@
 pub const BAR0_SIZE: u64 = 32 << 20;
 /// MSI-X vectors the function offers (UML's virt-pci handles at most 32 in all, `virt-pci.c` `MAX_MSI_VECTORS`).
 pub const MSIX_VECTORS: usize = 32;
-/// BAR0 offset of the MSI-X table: the last two pages of the BAR, far above the init segment and UAR pages.
-pub const MSIX_TABLE: u64 = BAR0_SIZE - 0x2000;
+/// BAR0 offset of the MSI-X table: far above the init segment and UAR pages, and below 16 MiB. UML's
+/// `lib/logic_iomem.c` encodes an ioremap cookie as area index << 24 plus the offset from the start of the BAR, so
+/// an access 16 MiB or more into a BAR lands in another area and is dropped with "Invalid writeql" (measured: the
+/// table first sat in the BAR's last pages and MSI-X vector 31 was never reachable).
+pub const MSIX_TABLE: u64 = 0x80_0000;
 /// BAR0 offset of the pending-bit array.
-pub const MSIX_PBA: u64 = BAR0_SIZE - 0x1000;
+pub const MSIX_PBA: u64 = MSIX_TABLE + 0x1000;
+/// The end of the MSI-X structures.
+const MSIX_END: u64 = MSIX_PBA + 0x1000;
+const _: () = assert!(MSIX_END <= 1 << 24 && MSIX_END <= BAR0_SIZE);
 /// Bytes of one MSI-X table entry: address low, address high, data, vector control.
 const MSIX_ENTRY: usize = 16;
 /// Bytes of config space (PCI Express has 4 KiB).
@@ -146,7 +152,7 @@ impl PciFunction {
 
     /// Whether `off..off + len` of BAR0 is the MSI-X table or PBA (which this module serves, not the device).
     pub fn is_msix(off: u64, len: usize) -> bool {
-        off >= MSIX_TABLE && off.saturating_add(len as u64) <= BAR0_SIZE
+        off >= MSIX_TABLE && off.saturating_add(len as u64) <= MSIX_END
     }
 
     /// A read of the MSI-X table or PBA.
@@ -170,7 +176,7 @@ impl PciFunction {
     pub fn msix_write(&mut self, off: u64, data: &[u8]) -> Vec<u32> {
         for (i, &b) in data.iter().enumerate() {
             let a = off + i as u64;
-            if a >= MSIX_PBA {
+            if a >= MSIX_PBA || a >= MSIX_END {
                 break;
             }
             let t = (a - MSIX_TABLE) as usize;
