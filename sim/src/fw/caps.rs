@@ -112,6 +112,7 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::LOG_MAX_MSG, 30),
         (g::MAX_TC, 8),
         (g::STAT_RATE_SUPPORT, 0xffff),
+        (g::IB_VIRT, u32::from(!eth)),
         (g::CQE_VERSION, 1),
         (g::CMDIF_CHECKSUM, 3),
         (g::SIGERR_CQE, 1),

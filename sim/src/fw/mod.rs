@@ -32,6 +32,7 @@ pub(crate) mod caps;
 mod cmd;
 pub(crate) mod cq;
 pub(crate) mod eq;
+mod ib_vport;
 pub(crate) mod mkey;
 mod pages;
 mod pd;
@@ -463,6 +464,12 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => {
                 (query_nic_vport_context_in::SIZE_BYTES, query_nic_vport_context_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_QUERY_HCA_VPORT_GID => {
+                (query_hca_vport_gid_in::SIZE_BYTES, query_hca_vport_gid_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY => {
+                (query_hca_vport_pkey_in::SIZE_BYTES, query_hca_vport_pkey_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => {
                 (query_hca_vport_context_in::SIZE_BYTES, query_hca_vport_context_out::SIZE_BYTES, Gate::Initialized)
             }
@@ -601,7 +608,12 @@ impl Firmware {
                 self.mkeys.create(&MkeyFw { caps: &self.caps, pds: &self.pds }, dma, inp, out)
             }
             consts::MLX5_CMD_OP_DESTROY_MKEY => self.mkeys.destroy(inp),
-            consts::MLX5_CMD_OP_ACCESS_REG => self.port.access_reg(inp, out),
+            consts::MLX5_CMD_OP_ACCESS_REG => match ib_vport::access_reg(&self.port, inp, out) {
+                Some(r) => r,
+                None => self.port.access_reg(inp, out),
+            },
+            consts::MLX5_CMD_OP_QUERY_HCA_VPORT_GID => ib_vport::query_hca_vport_gid(&self.port, inp, out, outlen),
+            consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY => ib_vport::query_hca_vport_pkey(&self.port, inp, out, outlen),
             consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
                 let supported = self.caps.gen(ifc::cmd_hca_cap::DRIVER_VERSION) != 0;
                 self.port.set_driver_version(inp, supported)

@@ -225,7 +225,7 @@ impl PortModel {
         if rd(inp, ifc::query_hca_vport_context_in::OTHER_VPORT) != 0 {
             return Err(bad_param(syndrome::BAD_FUNCTION));
         }
-        if rd(inp, ifc::query_hca_vport_context_in::PORT_NUM) != 1 {
+        if !super::ib_vport::own_port(rd(inp, ifc::query_hca_vport_context_in::PORT_NUM)) {
             return Err(bad_param(syndrome::BAD_PORT));
         }
         let base = ifc::query_hca_vport_context_out::HCA_VPORT_CONTEXT;
