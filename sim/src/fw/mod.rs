@@ -41,6 +41,7 @@ pub(crate) mod qcounter;
 pub(crate) mod qp;
 pub(crate) mod reply;
 pub(crate) mod srq;
+mod xrcd;
 
 use caps::{Caps, SetCapError};
 use cq::{CqFw, CqTable};
@@ -52,6 +53,7 @@ use qcounter::QCounterTable;
 use qp::{QpFw, QpTable};
 use reply::{bad_param, err, rd, rd16, CmdErr};
 use srq::{Family, SrqFw, SrqTable};
+use xrcd::XrcdTable;
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
 /// firmware syndromes are undocumented); each check has its own so a test can tell them apart.
@@ -99,6 +101,8 @@ pub mod syndrome {
     pub const BAD_PROFILE: u32 = 0x51a0_0043;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown PD.
     pub const PD_INVALID: u32 = 0x51a0_0050;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown XRC domain.
+    pub const XRCD_INVALID: u32 = 0x51a0_0057;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown UAR page.
     pub const UAR_INVALID: u32 = 0x51a0_0051;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown EQ.
@@ -260,6 +264,7 @@ pub(crate) struct Firmware {
     pub(crate) caps: Caps,
     pub(crate) port: PortModel,
     pub(crate) pds: PdTable,
+    pub(crate) xrcds: XrcdTable,
     pub(crate) uars: UarTable,
     pub(crate) eqs: EqTable,
     pub(crate) cqs: CqTable,
@@ -381,6 +386,7 @@ impl Firmware {
             caps: Caps::new(cfg),
             port: PortModel::new(cfg),
             pds: PdTable::new(),
+            xrcds: XrcdTable::new(),
             uars: UarTable::new(INIT_SEG_PAGES as u32, cfg.num_uars),
             eqs: EqTable::new(),
             cqs: CqTable::new(),
@@ -427,6 +433,12 @@ impl Firmware {
                 (dealloc_pd_in::SIZE_BYTES, dealloc_pd_out::SIZE_BYTES, Gate::Initialized)
             }
             consts::MLX5_CMD_OP_ALLOC_UAR => (alloc_uar_in::SIZE_BYTES, alloc_uar_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_ALLOC_XRCD => {
+                (alloc_xrcd_in::SIZE_BYTES, alloc_xrcd_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DEALLOC_XRCD => {
+                (dealloc_xrcd_in::SIZE_BYTES, dealloc_xrcd_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_DEALLOC_UAR => {
                 (dealloc_uar_in::SIZE_BYTES, dealloc_uar_out::SIZE_BYTES, Gate::Initialized)
             }
@@ -590,6 +602,8 @@ impl Firmware {
                 self.pds.dealloc(&in_use, inp)
             }
             consts::MLX5_CMD_OP_ALLOC_UAR => self.uars.alloc(out),
+            consts::MLX5_CMD_OP_ALLOC_XRCD => self.xrcds.alloc(&self.caps, out),
+            consts::MLX5_CMD_OP_DEALLOC_XRCD => self.xrcds.dealloc(inp),
             consts::MLX5_CMD_OP_DEALLOC_UAR => {
                 let (qps, eqs, cqs) = (&self.qps, &self.eqs, &self.cqs);
                 let in_use = |uar| {
@@ -737,11 +751,12 @@ impl Firmware {
             _ => return Err(bad_param(syndrome::BAD_PROFILE)),
         }
         let (pds, uars, eqs, cqs) = self.object_counts();
-        let objects = pds + uars + eqs + cqs + self.mkeys.len() + self.qps.len() + self.srqs.len();
+        let objects = pds + uars + eqs + cqs + self.mkeys.len() + self.qps.len() + self.srqs.len() + self.xrcds.len();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
         }
         self.pds.clear();
+        self.xrcds.clear();
         self.uars.clear();
         self.eqs.clear();
         self.cqs.clear();
