@@ -125,7 +125,8 @@ commands:
   soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire]
                                  the fault-injection soak (options go to mlx5-soak)
   uml                            build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
-  linux-drives-sim               boot it with the simulator as its PCI device; mlx5_core must probe cleanly";
+  linux-drives-sim [--strict]    boot it with the simulator as its PCI device; mlx5_core must probe cleanly
+                                 (--strict: the known gaps fail too and mlx5_ib must register)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
@@ -139,7 +140,7 @@ enum Task {
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
     Uml,
-    LinuxDrivesSim,
+    LinuxDrivesSim { strict: bool },
 }
 
 fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
@@ -162,7 +163,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
         "uml" => Task::Uml,
-        "linux-drives-sim" => Task::LinuxDrivesSim,
+        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false },
         other => return Err(ArgError::Other(format!("unknown command {other:?}"))),
     };
     while let Some(a) = argv.next() {
@@ -187,6 +188,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
                 v.extend(["--target".to_string(), t]);
             }
             (Task::Modcheck { graph, .. }, "--graph") => *graph = true,
+            (Task::LinuxDrivesSim { strict }, "--strict") => *strict = true,
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
             (Task::Soak(v), _) => v.push(a),
@@ -215,7 +217,7 @@ fn main() -> ExitCode {
         Task::Miri => miri::run(&root),
         Task::Soak(args) => soak::run(&root, &args),
         Task::Uml => uml::run_uml(&root),
-        Task::LinuxDrivesSim => linux_drives_sim::run(&root),
+        Task::LinuxDrivesSim { strict } => linux_drives_sim::run(&root, strict),
         // `--root DIR` checks another checkout (a worktree) with this build of the checker.
         Task::Modcheck { graph, root: other } => modcheck::run(other.as_deref().unwrap_or(&root), graph),
     };
