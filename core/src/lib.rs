@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod ah;
 pub mod buf;
 pub mod caps;
 pub mod cmd;
@@ -21,6 +22,7 @@ pub mod init;
 pub mod mkey;
 pub mod pages;
 pub mod pd;
+pub mod port;
 pub mod prm;
 pub mod qcounter;
 pub mod qp;

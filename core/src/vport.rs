@@ -57,6 +57,8 @@ pub struct NicVportContext {
     pub node_guid: u64,
     /// The port's MAC address.
     pub permanent_address: [u8; 6],
+    /// Q_Key violations counted on the vport (`mlx5_query_nic_vport_qkey_viol_cntr`).
+    pub qkey_violation_counter: u16,
 }
 
 /// `QUERY_NIC_VPORT_CONTEXT` for the own vport (`mlx5_query_nic_vport_context`).
@@ -89,6 +91,7 @@ impl Command for QueryNicVportContext {
             port_guid: out.get64(n::PORT_GUID.at(base)),
             node_guid: out.get64(n::NODE_GUID.at(base)),
             permanent_address: mac,
+            qkey_violation_counter: out.get(n::QKEY_VIOLATION_COUNTER.at(base)) as u16,
         })
     }
 }
@@ -120,6 +123,16 @@ pub struct HcaVportContext {
     pub sm_sl: u8,
     /// Subnet timeout.
     pub subnet_timeout: u8,
+    /// `cap_mask2`: the second capability mask (valid when `cap_mask1` has `IsCapabilityMask2Supported`).
+    pub cap_mask2: u32,
+    /// `init_type_reply` (PortInfo:InitTypeReply).
+    pub init_type_reply: u8,
+    /// Q_Key violations counted on the port.
+    pub qkey_violation_counter: u16,
+    /// P_Key violations counted on the port.
+    pub pkey_violation_counter: u16,
+    /// The subnet requires a GRH on every packet (`grh_required`).
+    pub grh_required: bool,
 }
 
 /// `QUERY_HCA_VPORT_CONTEXT` for `port_num` of the own vport (`mlx5_query_hca_vport_context`).
@@ -157,6 +170,11 @@ impl Command for QueryHcaVportContext {
             sm_lid: g(h::SM_LID) as u16,
             sm_sl: g(h::SM_SL) as u8,
             subnet_timeout: g(h::SUBNET_TIMEOUT) as u8,
+            cap_mask2: g(h::CAP_MASK2),
+            init_type_reply: g(h::INIT_TYPE_REPLY) as u8,
+            qkey_violation_counter: g(h::QKEY_VIOLATION_COUNTER) as u16,
+            pkey_violation_counter: g(h::PKEY_VIOLATION_COUNTER) as u16,
+            grh_required: g(h::GRH_REQUIRED) != 0,
         })
     }
 }

@@ -1,4 +1,5 @@
-//! RoCEv2 frames as a port receives them: `roce::frame::parse` on arbitrary bytes (a bare Ethernet frame).
+//! RoCEv2 frames as a port receives them: `roce::frame::parse` on arbitrary bytes (a bare Ethernet frame), and
+//! the first 40 bytes as the GRH room of a UD receive (`init_ah_from_wc`).
 //!
 //! Asserted: no panic; a frame that fails is named by one drop reason and counted once; a RoCE frame that parses
 //! re-emits (into a buffer of exactly `frame_len` bytes, no longer than the input) to a frame that parses to the
@@ -6,9 +7,19 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use mlx5_core::ah::{init_ah_from_wc, GRH_BYTES};
+use mlx5_core::cq::{WcFlags, WorkCompletion};
 use mlx5_sim::roce::frame::{emit_arp, parse, parse_counted, DropCounters, Parsed};
 
 fuzz_target!(|data: &[u8]| {
+    // The 40 bytes of GRH room a UD receive gets from its peer: `init_ah_from_wc` answers or refuses, never panics,
+    // and an answer always routes by GID.
+    if let Some(grh) = data.get(..GRH_BYTES).and_then(|g| <&[u8; GRH_BYTES]>::try_from(g).ok()) {
+        let wc = WorkCompletion { wc_flags: WcFlags::GRH, ..WorkCompletion::default() };
+        if let Ok(ah) = init_ah_from_wc(&wc, Some(grh), 1, |gid, _| Some(gid[15])) {
+            assert!(ah.grh.is_some());
+        }
+    }
     let mut counters = DropCounters::default();
     let first = parse_counted(data, &mut counters);
     assert_eq!(counters.total(), u64::from(first.is_none()));
@@ -26,7 +37,10 @@ fuzz_target!(|data: &[u8]| {
             match parse(&buf) {
                 Ok(Parsed::Roce(again)) => {
                     assert_eq!(again.payload, r.payload);
-                    assert_eq!((again.bth, again.ext, again.udp, again.ip, again.eth), (r.bth, r.ext, r.udp, r.ip, r.eth));
+                    assert_eq!(
+                        (again.bth, again.ext, again.udp, again.ip, again.eth),
+                        (r.bth, r.ext, r.udp, r.ip, r.eth)
+                    );
                 }
                 other => panic!("re-emitted frame does not parse: {other:?}"),
             }

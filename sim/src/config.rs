@@ -82,6 +82,55 @@ pub struct SimConfig {
     /// as on a function whose PCI config space has relaxed ordering disabled). Without them CREATE_MKEY refuses
     /// the mkc relaxed-ordering bits.
     pub relaxed_ordering: bool,
+    /// What the port reports beyond its type, MTU and addresses (PTYS, the InfiniBand vport context).
+    pub port_info: PortInfo,
+}
+
+/// The port facts `ibv_query_port` reads: PTYS's operational protocols and the InfiniBand PortInfo fields the
+/// subnet manager would have set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortInfo {
+    /// PTYS `eth_proto_oper` (one `MLX5E_PROT_MASK` bit; default 100GBASE-CR4, a ConnectX-5's 100 GbE).
+    pub eth_proto_oper: u32,
+    /// PTYS `ib_link_width_oper` (`MLX5_PTYS_WIDTH_*`; default 4X).
+    pub ib_link_width_oper: u16,
+    /// PTYS `ib_proto_oper` (one `IB_SPEED_*` bit; default EDR).
+    pub ib_proto_oper: u16,
+    /// `cap_mask1` (PortInfo:CapabilityMask).
+    pub cap_mask1: u32,
+    /// `cap_mask2` (PortInfo:CapabilityMask2).
+    pub cap_mask2: u32,
+    /// LID mask count.
+    pub lmc: u8,
+    /// The subnet manager's SL.
+    pub sm_sl: u8,
+    /// Subnet timeout.
+    pub subnet_timeout: u8,
+    /// PortInfo:InitTypeReply.
+    pub init_type_reply: u8,
+    /// The subnet requires a GRH.
+    pub grh_required: bool,
+}
+
+impl Default for PortInfo {
+    fn default() -> Self {
+        use mlx5_core::prm::consts;
+        Self {
+            eth_proto_oper: 1 << consts::MLX5E_100GBASE_CR4,
+            ib_link_width_oper: consts::MLX5_PTYS_WIDTH_4X as u16,
+            ib_proto_oper: consts::IB_SPEED_EDR as u16,
+            // Trap, automatic migration, CapabilityMask2 and CM supported (IBTA PortInfo:CapabilityMask bits 3,
+            // 5, 15, 16), so the second mask is reported.
+            cap_mask1: (1 << 3) | (1 << 5) | (1 << 15) | (1 << 16),
+            // A distinct value, so tests see it passed through.
+            cap_mask2: 1 << 5,
+            lmc: 0,
+            sm_sl: 0,
+            subnet_timeout: 18,
+            init_type_reply: 0,
+            grh_required: false,
+        }
+    }
 }
 
 /// The default host's address and the next host's.
@@ -133,6 +182,7 @@ impl Default for SimConfig {
             ipv4_addrs: &HOST_V4[..1],
             ipv6_addrs: &[],
             relaxed_ordering: false,
+            port_info: PortInfo::default(),
         }
     }
 }

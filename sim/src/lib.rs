@@ -137,7 +137,7 @@ use std::time::{Duration, Instant};
 
 use mlx5_core::prm::c::mlx5_cqe64 as c_cqe;
 
-pub use config::{Mode, PortType, SimConfig};
+pub use config::{Mode, PortInfo, PortType, SimConfig};
 pub use delay::SimDelay;
 pub use dma::{DmaFault, SimDma};
 pub use events::{ExecutedCmd, RetryKind, SimEvent};

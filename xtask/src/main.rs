@@ -98,7 +98,7 @@ fn ci(root: &Path) -> Result<(), String> {
     cargo(root, &["build", "--release", "-p", "mlx5-firmware-example", "--target", EMBEDDED_TARGET])?;
     cargo(root, &["clippy", "-p", "mlx5-firmware-example", "--target", EMBEDDED_TARGET, "--", "-D", "warnings"])?;
     // The examples run on the simulator, each verifying its data (doctests ran with `cargo test`).
-    for example in ["rc_pingpong", "ud_pingpong", "rdma_write_read", "event_driven"] {
+    for example in ["rc_pingpong", "ud_pingpong", "rdma_write_read", "event_driven", "srq_pingpong"] {
         cargo(root, &["run", "--release", "-q", "-p", "mlx5-verbs", "--example", example])?;
     }
     // The fault-injection soak at CI size: every invariant must hold.

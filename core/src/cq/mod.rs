@@ -9,10 +9,12 @@
 
 mod cmd;
 mod cqe;
+mod ex;
 mod ring;
 mod wc;
 
 pub use cmd::*;
 pub use cqe::*;
+pub use ex::*;
 pub use ring::*;
 pub use wc::*;

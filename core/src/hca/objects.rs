@@ -93,7 +93,8 @@ impl core::fmt::Display for ReregError {
     }
 }
 
-/// Port attributes (`ibv_port_attr`, the fields this driver knows).
+/// Port attributes: every field of `ibv_port_attr`, as mlx5_ib fills them (`mlx5_query_hca_port` on
+/// InfiniBand, `mlx5_query_port_roce` on Ethernet) and uverbs passes them on (`copy_port_attr_to_resp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortAttr {
     /// `IB_PORT_*`: 1 down, 4 active.
@@ -102,14 +103,46 @@ pub struct PortAttr {
     pub max_mtu: u8,
     /// The active MTU (`ib_mtu`).
     pub active_mtu: u8,
+    /// GID table entries.
+    pub gid_tbl_len: u16,
+    /// `IB_PORT_*` capability bits (`port_cap_flags`, with `IP_BASED_GIDS` on RoCE as uverbs adds it).
+    pub port_cap_flags: u32,
+    /// The largest message in bytes.
+    pub max_msg_sz: u32,
+    /// P_Key violations counted.
+    pub bad_pkey_cntr: u32,
+    /// Q_Key violations counted.
+    pub qkey_viol_cntr: u32,
+    /// P_Key table entries.
+    pub pkey_tbl_len: u16,
     /// The port's LID (InfiniBand).
     pub lid: u16,
     /// The subnet manager's LID (InfiniBand).
     pub sm_lid: u16,
+    /// LID mask count.
+    pub lmc: u8,
+    /// Virtual lanes (`IB_VL_*` count). 0: this driver does not read PVLC (not among the vendored PRM facts).
+    pub max_vl_num: u8,
+    /// The subnet manager's SL.
+    pub sm_sl: u8,
+    /// Subnet timeout.
+    pub subnet_timeout: u8,
+    /// PortInfo:InitTypeReply.
+    pub init_type_reply: u8,
+    /// `IB_WIDTH_*`.
+    pub active_width: u8,
+    /// `IB_SPEED_*` as one byte (what `ibv_port_attr.active_speed` holds; 0 for speeds above 255).
+    pub active_speed: u8,
+    /// `IB_PORT_PHYS_STATE_*`.
+    pub phys_state: u8,
     /// InfiniBand or Ethernet.
     pub link_layer: LinkLayer,
-    /// GID table entries.
-    pub gid_tbl_len: u16,
+    /// `IBV_QPF_*` (`QPF_GRH_REQUIRED`).
+    pub flags: u8,
+    /// `cap_mask2` when `port_cap_flags` says it is supported, else 0.
+    pub port_cap_flags2: u16,
+    /// `IB_SPEED_*` at full width (`active_speed_ex`, XDR included).
+    pub active_speed_ex: u32,
 }
 
 /// A GID's type, as `ibv_query_gid_ex` reports it.
@@ -868,32 +901,106 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
 
     // -- ports -----------------------------------------------------------------------------------------------
 
-    /// `ibv_query_port` for port 1: from the HCA vport context on InfiniBand, from the vport state and NIC vport
-    /// context (MTU less the RoCE headers) on Ethernet.
+    /// `ibv_query_port` for port 1, from the commands mlx5_ib uses. InfiniBand (`mlx5_query_hca_port`):
+    /// QUERY_HCA_VPORT_CONTEXT, PTYS (width and speed), PMTU (MTUs). Ethernet (`mlx5_query_port_roce`): PTYS,
+    /// QUERY_NIC_VPORT_CONTEXT (RoCE enabled, Q_Key violations), QUERY_VPORT_STATE (where Linux asks the netdev
+    /// whether it is up) and PMTU's operational MTU less mlx5e's L2 overhead (where Linux reads the netdev MTU).
     pub fn query_port(&mut self, delay: &mut impl DelayNs) -> Result<PortAttr, Error> {
+        use crate::port::{self as p, PortTypeSpeed};
+        use crate::reg::{pmtu_read, PortMtu};
         use crate::vport::{iboe_mtu, QueryHcaVportContext, QueryNicVportContext, QueryVportState};
         let link = self.link_layer();
-        let gid_tbl_len = self.caps.general.gid_table_size;
+        let max_msg_sz = 1u32.checked_shl(self.caps.general.log_max_msg.into()).unwrap_or(0);
+        let mut ptys = [0u8; crate::prm::ifc::ptys_reg::SIZE_BYTES];
+        let mut pmtu = [0u8; crate::prm::ifc::pmtu_reg::SIZE_BYTES];
+        let bad = |what, value: u64| {
+            Error::Cmd(crate::cmdq::CmdError::Malformed { opcode: crate::prm::Opcode::AccessReg, what, value })
+        };
         match link {
             LinkLayer::InfiniBand => {
                 let h = self.exec(&mut QueryHcaVportContext { port_num: 1 }, delay)?;
-                let mtu = crate::qp::Mtu::M4096 as u8;
+                self.exec(&mut p::ptys_read(1, consts::MLX5_PTYS_IB as u8, &mut ptys), delay)?;
+                let speed = PortTypeSpeed::parse(&ptys);
+                let active_width = p::ib_active_width(speed.ib_link_width_oper)
+                    .ok_or(bad("PTYS ib_link_width_oper", speed.ib_link_width_oper.into()))?;
+                self.exec(&mut pmtu_read(1, &mut pmtu), delay)?;
+                let mtu = PortMtu::parse(&pmtu);
+                let max_mtu = p::mtu_to_ib_mtu(mtu.max_mtu).ok_or(bad("PMTU max_mtu", mtu.max_mtu.into()))?;
+                let active_mtu = p::mtu_to_ib_mtu(mtu.oper_mtu).ok_or(bad("PMTU oper_mtu", mtu.oper_mtu.into()))?;
+                let g = &self.caps.general;
                 Ok(PortAttr {
-                    state: h.port_state,
-                    max_mtu: mtu,
-                    active_mtu: mtu,
+                    state: h.vport_state,
+                    max_mtu,
+                    active_mtu,
+                    gid_tbl_len: p::gid_table_len(g.gid_table_size),
+                    port_cap_flags: h.cap_mask1,
+                    max_msg_sz,
+                    bad_pkey_cntr: h.pkey_violation_counter.into(),
+                    qkey_viol_cntr: h.qkey_violation_counter.into(),
+                    pkey_tbl_len: p::pkey_table_len(g.pkey_table_size),
                     lid: h.lid,
                     sm_lid: h.sm_lid,
+                    lmc: h.lmc,
+                    max_vl_num: 0,
+                    sm_sl: h.sm_sl,
+                    subnet_timeout: h.subnet_timeout,
+                    init_type_reply: h.init_type_reply,
+                    active_width,
+                    active_speed: u8::try_from(speed.ib_proto_oper).unwrap_or(0),
+                    phys_state: h.port_physical_state,
                     link_layer: link,
-                    gid_tbl_len,
+                    flags: if h.grh_required { p::QPF_GRH_REQUIRED } else { 0 },
+                    port_cap_flags2: if h.cap_mask1 & p::PORT_CAP_MASK2_SUP != 0 { h.cap_mask2 as u16 } else { 0 },
+                    active_speed_ex: speed.ib_proto_oper.into(),
                 })
             }
             LinkLayer::Ethernet => {
-                let up = self.exec(&mut QueryVportState, delay)?.is_up();
+                self.exec(&mut p::ptys_read(1, consts::MLX5_PTYS_EN as u8, &mut ptys), delay)?;
+                let (speed, active_width) = PortTypeSpeed::parse(&ptys).eth_speed_width();
                 let nic = self.exec(&mut QueryNicVportContext, delay)?;
-                let state = if up { consts::IB_PORT_ACTIVE } else { consts::IB_PORT_DOWN } as u8;
-                let mtu = iboe_mtu(nic.mtu.into());
-                Ok(PortAttr { state, max_mtu: mtu, active_mtu: mtu, lid: 0, sm_lid: 0, link_layer: link, gid_tbl_len })
+                let up = self.exec(&mut QueryVportState, delay)?.is_up();
+                self.exec(&mut pmtu_read(1, &mut pmtu), delay)?;
+                let netdev_mtu = PortMtu::parse(&pmtu).oper_mtu.saturating_sub(p::ETH_HW_MTU_OVERHEAD);
+                let max_mtu = consts::IB_MTU_4096;
+                let (port_cap_flags, gid_tbl_len, qkey_viol) = if nic.roce_en {
+                    (
+                        p::PORT_CAP_CM_SUP | p::PORT_CAP_IP_BASED_GIDS,
+                        self.caps.roce_address_table_size.unwrap_or(0),
+                        nic.qkey_violation_counter,
+                    )
+                } else {
+                    (0, 0, 0)
+                };
+                let (state, phys_state) = if up {
+                    (consts::IB_PORT_ACTIVE, consts::IB_PORT_PHYS_STATE_LINK_UP)
+                } else {
+                    (consts::IB_PORT_DOWN, consts::IB_PORT_PHYS_STATE_DISABLED)
+                };
+                Ok(PortAttr {
+                    state: state as u8,
+                    max_mtu,
+                    active_mtu: iboe_mtu(netdev_mtu.into()).min(max_mtu),
+                    gid_tbl_len,
+                    port_cap_flags,
+                    max_msg_sz,
+                    bad_pkey_cntr: 0,
+                    qkey_viol_cntr: qkey_viol.into(),
+                    pkey_tbl_len: 1,
+                    lid: 0,
+                    sm_lid: 0,
+                    lmc: 0,
+                    max_vl_num: 0,
+                    sm_sl: 0,
+                    subnet_timeout: 0,
+                    init_type_reply: 0,
+                    active_width,
+                    active_speed: u8::try_from(speed).unwrap_or(0),
+                    phys_state: phys_state as u8,
+                    link_layer: link,
+                    flags: 0,
+                    port_cap_flags2: 0,
+                    active_speed_ex: speed.into(),
+                })
             }
         }
     }

@@ -9,12 +9,14 @@
 
 mod attr;
 mod cmd;
+mod ex;
 mod ring;
 mod size;
 mod wr;
 
 pub use attr::*;
 pub use cmd::*;
+pub use ex::*;
 pub use ring::*;
 pub use size::*;
 pub use wr::*;

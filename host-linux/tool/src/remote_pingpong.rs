@@ -502,6 +502,8 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     qp.destroy().map_err(verbs("destroy QP"))?;
     mr.destroy().map_err(verbs("deregister the buffer"))?;
     cq.destroy().map_err(verbs("destroy CQ"))?;
+    // The address handle belongs to the PD: it goes before it (ibv_destroy_ah before ibv_dealloc_pd).
+    drop(ah);
     pd.destroy().map_err(verbs("dealloc PD"))?;
     Ok(Report::from_run(opts.iters, n, secs, verified))
 }

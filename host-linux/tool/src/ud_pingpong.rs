@@ -123,6 +123,8 @@ pub fn run(ctx: &Context, size: Option<usize>, iters: u32) -> Result<Report, Str
         post_recv(&qc, &mr_c)?;
     }
     let secs = start.elapsed().as_secs_f64();
+    // Address handles belong to the PD: they go before it (ibv_destroy_ah before ibv_dealloc_pd).
+    drop((ah_to_s, ah_to_c));
     // The last receives posted are still outstanding; destroying the QPs flushes them.
     qc.destroy().map_err(verbs("destroy QP"))?;
     qs.destroy().map_err(verbs("destroy QP"))?;

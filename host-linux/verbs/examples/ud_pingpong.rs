@@ -1,11 +1,15 @@
 //! UD ping-pong in the manner of `ibv_ud_pingpong`: datagrams through address handles, each receive carrying the
-//! 40-byte GRH in front of the payload (RoCE). Two simulated ConnectX-5s on a simulated wire by default.
+//! 40-byte GRH in front of the payload (RoCE). Two simulated ConnectX-5s on a simulated wire by default. A knows
+//! B's address; B answers through an address handle built from A's first datagram (`ibv_create_ah_from_wc`: the
+//! completion and the GRH in front of the data), as a UD server replies to clients it has not been told of.
 //!
 //! `cargo run -p mlx5-verbs --example ud_pingpong -- [--device BDF] [--size N] [--iters N]`
 
 use std::time::{Duration, Instant};
 
-use mlx5_verbs::{wr, Access, AhAttr, Context, Grh, LinkLayer, QpCap, QpType, VerbsError, WcStatus, WorkCompletion};
+use mlx5_verbs::{
+    wr, Access, AhAttr, Context, Grh, LinkLayer, QpCap, QpType, VerbsError, WcFlags, WcStatus, WorkCompletion,
+};
 
 const QKEY: u32 = 0x1111_1111;
 const GRH: usize = 40;
@@ -36,7 +40,7 @@ fn main() -> Result<(), VerbsError> {
     let mr_b = pd_b.register(&mut buf_b, Access::LOCAL_WRITE)?;
     let qa = pd_a.create_qp(QpType::Ud, &cq_a, &cq_a, cap)?.activate_ud(QKEY)?;
     let qb = pd_b.create_qp(QpType::Ud, &cq_b, &cq_b, cap)?.activate_ud(QKEY)?;
-    let (ra, rb) = (a.remote_qp(&qa)?, b.remote_qp(&qb)?);
+    let rb = b.remote_qp(&qb)?;
     let route = |r: &mlx5_verbs::RemoteQp, ctx: &Context| match ctx.link_layer() {
         LinkLayer::Ethernet => AhAttr {
             grh: Some(Grh { dgid: r.gid, hop_limit: 64, ..Grh::default() }),
@@ -46,7 +50,9 @@ fn main() -> Result<(), VerbsError> {
         },
         LinkLayer::InfiniBand => AhAttr { dlid: r.lid, port_num: 1, ..AhAttr::default() },
     };
-    let (ah_to_b, ah_to_a) = (pd_a.create_ah(&route(&rb, a))?, pd_b.create_ah(&route(&ra, b))?);
+    let ah_to_b = pd_a.create_ah(&route(&rb, a))?;
+    // B's way back to A, learnt from A's first datagram.
+    let mut reply = None;
     let mut wc = [WorkCompletion::default(); 4];
     let recv_len = (size + GRH) as u32;
     let start = Instant::now();
@@ -60,8 +66,14 @@ fn main() -> Result<(), VerbsError> {
         if n != 1 || wc[0].status != WcStatus::Success || mr_b.read_vec(size + GRH, size) != ping {
             return Err(VerbsError::Invalid(format!("iteration {i}: ping lost or corrupted: {:?}", &wc[..n])));
         }
+        if reply.is_none() {
+            let grh: [u8; GRH] = mr_b.read_vec(size, GRH).try_into().expect("40 bytes");
+            let has_grh = wc[0].wc_flags.contains(WcFlags::GRH);
+            reply = Some((pd_b.create_ah_from_wc(&wc[0], has_grh.then_some(&grh), 1)?, wc[0].src_qp));
+        }
+        let (ah_to_a, a_qpn) = reply.as_ref().expect("set above");
         mr_b.write(0, &ping)?;
-        qb.post_send(&[wr::ud_send(2, &[mr_b.sge(0, size as u32)], ah_to_a.dest(ra.qpn, QKEY))])?;
+        qb.post_send(&[wr::ud_send(2, &[mr_b.sge(0, size as u32)], ah_to_a.dest(*a_qpn, QKEY))])?;
         let n = cq_a.poll_until(&mut wc, 2, Duration::from_secs(10))?;
         let got = cq_b.poll_until(&mut wc[n..], 1, Duration::from_secs(10))?;
         if n != 2 || got != 1 || mr_a.read_vec(size + GRH, size) != ping {

@@ -103,22 +103,27 @@
 //! # Ok::<(), mlx5_verbs::VerbsError>(())
 //! ```
 
+mod ah;
 mod backend;
 mod context;
 mod cq;
+mod cq_ex;
 mod device;
 mod error;
 mod event;
 mod mr;
 mod pd;
 mod qp;
+mod qp_ex;
 mod shared;
 mod srq;
 pub mod wr;
 
+pub use ah::AddressHandle;
 pub use backend::{AnyDelay, AnyDma, AnyMmio, DeviceKind, Tracer};
 pub use context::{mac_of_gid, Context};
 pub use cq::{CompChannel, CompletionQueue, CqEvent};
+pub use cq_ex::{CompletionQueueEx, CqInitAttrEx};
 #[cfg(feature = "sim")]
 pub use device::WireSpec;
 pub use device::{
@@ -127,7 +132,9 @@ pub use device::{
 };
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
+pub use mlx5_core::ah::{AhFromWcError, GRH_BYTES};
 pub use mlx5_core::cq::CqeError;
+pub use mlx5_core::cq::{CqEx, ExPoll, ExPoller, WcExFlags};
 pub use mlx5_core::cq::{LinkLayer, Notify, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use mlx5_core::eq::QpErrorKind;
 pub use mlx5_core::hca::{CqAttr, GidType, PortAttr, SrqAttr};
@@ -136,11 +143,13 @@ pub use mlx5_core::qp::{
     Ah, AhAttr, Grh, Mtu, PostError, PostErrorKind, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
     UdDest,
 };
+pub use mlx5_core::qp::{QpEx, QpExError, SendOpsFlags, WrBatch};
 pub use mlx5_core::trace::{CmdRecord, CmdTrace};
 pub use mr::{DmaBuffer, MemoryRegion, RemoteBuf, Rereg, ReregFailure};
-pub use pd::{AddressHandle, ProtectionDomain};
+pub use pd::ProtectionDomain;
 pub use qp::{
     CanRecv, CanSend, ErrState, Init, InitAttr, QpInitAttr, QueuePair, RemoteQp, Reset, Rtr, RtrAttr, Rts, RtsAttr,
     TransitionError,
 };
+pub use qp_ex::QpWrBatch;
 pub use srq::{SharedReceiveQueue, SrqAttrMask, SrqInitAttr};

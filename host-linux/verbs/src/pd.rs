@@ -1,11 +1,9 @@
-//! Protection domains (`ibv_pd`) and address handles (`ibv_ah`).
+//! Protection domains (`ibv_pd`).
 
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mlx5_core::hca::Pd;
-use mlx5_core::qp::{Ah, AhAttr, UdDest};
 
 use crate::context::{Context, ContextShared};
 use crate::error::{Result, VerbsError};
@@ -72,15 +70,6 @@ impl<'ctx> ProtectionDomain<'ctx> {
         self.ctx
     }
 
-    /// `ibv_create_ah` for UD sends, as mlx5_ib's `create_ib_ah` builds it: the rate mapped for the device and, on
-    /// RoCE, the source GID entry's type choosing the UDP source port and the ECN bit. A RoCE address without a
-    /// GRH, or a rate that is not an `ibv_rate`, is refused (`EINVAL`).
-    pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle<'_>> {
-        let mut c = self.obj.ctx.dev.control();
-        let ah = c.hca().create_ah(attr)?;
-        Ok(AddressHandle { ah, _pd: PhantomData })
-    }
-
     /// `ibv_dealloc_pd`, returning firmware's error.
     pub fn destroy(self) -> Result<()> {
         self.obj.dealloc()
@@ -92,19 +81,5 @@ impl Drop for ProtectionDomain<'_> {
         if let Err(e) = self.obj.dealloc() {
             log::error!("dealloc PD: {e}");
         }
-    }
-}
-
-/// An address handle for UD sends (`ibv_ah`).
-#[derive(Debug)]
-pub struct AddressHandle<'pd> {
-    ah: Ah,
-    _pd: PhantomData<&'pd ()>,
-}
-
-impl AddressHandle<'_> {
-    /// A UD destination through this handle.
-    pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest<'_> {
-        UdDest { ah: &self.ah, remote_qpn, remote_qkey }
     }
 }

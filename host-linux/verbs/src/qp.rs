@@ -206,6 +206,8 @@ pub(crate) struct QpObj {
     cap: QpCap,
     qp_context: u64,
     ring: QpCell,
+    /// The builder model of a QP made by `create_qp_ex` (`send_ops_flags`); unset for `create_qp`.
+    pub(crate) ex: std::sync::OnceLock<mlx5_core::qp::QpEx>,
 }
 
 impl QpObj {
@@ -271,6 +273,7 @@ impl QpObj {
             cap,
             qp_context,
             ring,
+            ex: std::sync::OnceLock::new(),
         })
     }
 
@@ -459,6 +462,11 @@ impl Context {
 }
 
 impl<'a, S> QueuePair<'a, S> {
+    /// The QP without borrows (what the extended builder posts through).
+    pub(crate) fn obj(&self) -> &Arc<QpObj> {
+        &self.h.0
+    }
+
     pub fn qpn(&self) -> u32 {
         self.h.0.qpn
     }

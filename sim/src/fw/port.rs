@@ -1,4 +1,4 @@
-//! The port side of the simulated HCA: access registers (host endianness, PMTU, PAOS), SET_DRIVER_VERSION, and
+//! The port side of the simulated HCA: access registers (host endianness, PMTU, PAOS, PTYS), SET_DRIVER_VERSION, and
 //! the vport queries (QUERY_VPORT_STATE, QUERY_NIC_VPORT_CONTEXT, QUERY_HCA_VPORT_CONTEXT), and the RoCE GID
 //! table (SET_ROCE_ADDRESS, QUERY_ROCE_ADDRESS).
 
@@ -6,7 +6,7 @@ use mlx5_core::prm::{consts, ifc, MsgBuf};
 
 use super::reply::{bad_param, rd, rd16, CmdErr};
 use super::syndrome;
-use crate::config::{PortType, SimConfig};
+use crate::config::{PortInfo, PortType, SimConfig};
 
 /// Entries of the GID table (index 0, the default GID).
 pub(crate) const GID_ENTRIES: u32 = 1;
@@ -51,6 +51,10 @@ pub(crate) struct PortModel {
     pub(crate) mac: [u8; 6],
     pub(crate) lid: u16,
     pub(crate) sm_lid: u16,
+    /// PTYS and PortInfo facts from the configuration.
+    pub(crate) info: PortInfo,
+    /// Q_Key violations: UD packets dropped for a wrong Q_Key (IBA 10.2.4, the port's counter).
+    pub(crate) qkey_viol_cntr: u16,
     /// What SET_DRIVER_VERSION wrote.
     pub(crate) driver_version: Option<String>,
     /// Whether the host-endianness register was written (`set_hca_ctrl`).
@@ -66,11 +70,14 @@ impl PortModel {
             port_type: cfg.port_type,
             up: cfg.port_up,
             max_mtu: if ib { 4096 } else { 9216 },
-            oper_mtu: cfg.port_mtu,
+            // An InfiniBand port runs one of the IB MTU sizes; a configured size that is not one means 4096.
+            oper_mtu: if ib && mlx5_core::port::mtu_to_ib_mtu(cfg.port_mtu).is_none() { 4096 } else { cfg.port_mtu },
             node_guid: cfg.node_guid,
             mac: cfg.mac,
             lid: if ib { cfg.lid } else { 0 },
             sm_lid: if ib { 1 } else { 0 },
+            info: cfg.port_info,
+            qkey_viol_cntr: 0,
             driver_version: None,
             host_endianness: None,
             roce_table: vec![[0; ifc::roce_addr_layout::SIZE_BYTES]; ROCE_ADDRESS_ENTRIES],
@@ -115,6 +122,37 @@ impl PortModel {
                     let st = if self.up { consts::MLX5_PORT_UP } else { consts::MLX5_PORT_DOWN };
                     reg.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP);
                     reg.set(ifc::paos_reg::OPER_STATUS, st);
+                }
+                Ok(())
+            }
+            consts::MLX5_REG_PTYS => {
+                use ifc::ptys_reg as p;
+                let len = p::SIZE_BYTES;
+                if write || data.len() < len || out.len() < out_off + len {
+                    return Err(bad_param(syndrome::REG_ACCESS));
+                }
+                if rd(data, p::LOCAL_PORT) != 1 {
+                    return Err(bad_param(syndrome::BAD_PORT));
+                }
+                let ib = self.port_type == PortType::Ib;
+                // The protocol asked for must be the port's own (`MLX5_PTYS_IB` or `MLX5_PTYS_EN`).
+                let want = if ib { consts::MLX5_PTYS_IB } else { consts::MLX5_PTYS_EN };
+                if rd(data, p::PROTO_MASK) != want {
+                    return Err(bad_param(syndrome::REG_ACCESS));
+                }
+                let reg = &mut out[out_off..out_off + len];
+                reg.copy_from_slice(&data[..len]);
+                let up = self.up;
+                if ib {
+                    reg.set(p::IB_LINK_WIDTH_CAPABILITY, self.info.ib_link_width_oper.into());
+                    reg.set(p::IB_PROTO_CAPABILITY, self.info.ib_proto_oper.into());
+                    reg.set(p::IB_LINK_WIDTH_OPER, if up { self.info.ib_link_width_oper.into() } else { 0 });
+                    reg.set(p::IB_PROTO_OPER, if up { self.info.ib_proto_oper.into() } else { 0 });
+                } else {
+                    // A ConnectX-5 reports the legacy protocol list only (no extended capability).
+                    reg.set(p::ETH_PROTO_CAPABILITY, self.info.eth_proto_oper);
+                    reg.set(p::ETH_PROTO_ADMIN, self.info.eth_proto_oper);
+                    reg.set(p::ETH_PROTO_OPER, if up { self.info.eth_proto_oper } else { 0 });
                 }
                 Ok(())
             }
@@ -206,6 +244,7 @@ impl PortModel {
         let base = ifc::query_nic_vport_context_out::NIC_VPORT_CONTEXT;
         out.set(n::ROCE_EN.at(base), u32::from(self.port_type == PortType::Eth));
         out.set(n::MTU.at(base), self.oper_mtu.into());
+        out.set(n::QKEY_VIOLATION_COUNTER.at(base), self.qkey_viol_cntr.into());
         out.set64(n::SYSTEM_IMAGE_GUID.at(base), self.node_guid);
         out.set64(n::PORT_GUID.at(base), self.node_guid);
         out.set64(n::NODE_GUID.at(base), self.node_guid);
@@ -242,6 +281,15 @@ impl PortModel {
         out.set64(h::NODE_GUID.at(base), self.node_guid);
         out.set(h::LID.at(base), self.lid.into());
         out.set(h::SM_LID.at(base), self.sm_lid.into());
+        let i = &self.info;
+        out.set(h::CAP_MASK1.at(base), i.cap_mask1);
+        out.set(h::CAP_MASK2.at(base), i.cap_mask2);
+        out.set(h::LMC.at(base), i.lmc.into());
+        out.set(h::SM_SL.at(base), i.sm_sl.into());
+        out.set(h::SUBNET_TIMEOUT.at(base), i.subnet_timeout.into());
+        out.set(h::INIT_TYPE_REPLY.at(base), i.init_type_reply.into());
+        out.set(h::GRH_REQUIRED.at(base), u32::from(i.grh_required));
+        out.set(h::QKEY_VIOLATION_COUNTER.at(base), self.qkey_viol_cntr.into());
         Ok(())
     }
 }

@@ -77,6 +77,7 @@ impl State {
             self.fw.qps.get(&dst).filter(|q| q.st == QpType::Ud && matches!(q.state, QpState::Rtr | QpState::Rts));
         let Some(qp) = ready else { return drop(self, "no UD QP in RTR/RTS at the destination") };
         if qp.q_key != *qkey {
+            self.fw.port.qkey_viol_cntr = self.fw.port.qkey_viol_cntr.saturating_add(1);
             return drop(self, "qkey mismatch");
         }
         let pd = qp.pd;

@@ -26,7 +26,9 @@ mod user_mr;
 mod verbs_complete;
 mod verbs_devices;
 mod verbs_events;
+mod verbs_ex;
 mod verbs_mr;
+mod verbs_port_ah;
 mod verbs_srq;
 mod verbs_threads;
 

@@ -201,3 +201,103 @@ fn post_send_post_recv_poll_cq_and_arm_allocate_nothing() {
     // Frees the MR, PD and buffer, tears down, and checks that every DMA allocation came back.
     node.finish();
 }
+
+/// The extended QP's builder (`wr_start` .. `wr_complete`, inline data copied) and the extended CQ's cursor
+/// (`start_poll` / `next_poll` / `read_*` / `end_poll`) allocate nothing either.
+#[test]
+fn extended_qp_builder_and_cq_cursor_allocate_nothing() {
+    use mlx5_core::cq::{CqEx, WcExFlags};
+    use mlx5_core::qp::{QpEx, SendOpsFlags};
+    let mut node = Node::new(SimConfig::default(), 1 << 16);
+    let cq = node.cq(63);
+    let cap = QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 };
+    let mut a = node.qp(QpType::Rc, &cq, cap, false);
+    let mut b = node.qp(QpType::Rc, &cq, cap, false);
+    let port = node.hca.query_port(&mut node.d).unwrap();
+    let gid = node.hca.query_gid(0, &mut node.d).unwrap();
+    let ah_attr = AhAttr {
+        grh: Some(Grh { dgid: gid, hop_limit: 64, ..Grh::default() }),
+        dmac: node.dev.config().mac,
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    let (qa, qb) = (a.qpn(), b.qpn());
+    ready(&mut node.hca, &mut node.d, &mut a, qb, ah_attr);
+    ready(&mut node.hca, &mut node.d, &mut b, qa, ah_attr);
+    assert_eq!(port.link_layer, LinkLayer::Ethernet);
+    let bar = MemMmio::new(node.dev.mmio().bar_size());
+    let (base, lkey, rkey) = (node.addr(0), node.mr.lkey, node.mr.rkey);
+    let qpx = QpEx::new(QpType::Rc, SendOpsFlags::SEND | SendOpsFlags::RDMA_WRITE_WITH_IMM).unwrap();
+    let cqx = CqEx::new(WcExFlags::STANDARD | WcExFlags::COMPLETION_TIMESTAMP).unwrap();
+    let payload = [0x5au8; 48];
+
+    let (posted, n) = counted(|| {
+        let mut batch = qpx.wr_start();
+        batch.wr_id = 1;
+        batch.wr_send();
+        batch.wr_set_inline_data(&payload);
+        batch.wr_id = 2;
+        batch.wr_flags = SendFlags::SIGNALED;
+        batch.wr_rdma_write_imm(rkey, base + 4096, 7u32.to_be());
+        batch.wr_set_sge(lkey, base, 64);
+        let r = batch.wr_complete(&mut a, &bar);
+        // The write (control, remote address and one data segment: one 64-byte block) is the last WQE.
+        (r, a.sq_cur_post().wrapping_sub(1))
+    });
+    assert_eq!(n, 0, "the builder allocated {n} times");
+    let (res, at) = posted;
+    res.unwrap();
+    assert_eq!(a.sq_outstanding(), 2);
+
+    // The device's side: the signaled request's completion (retiring both) and a receive-with-immediate on b.
+    let req = CqeFields {
+        opcode: consts::MLX5_CQE_REQ,
+        wqe_opcode: consts::MLX5_OPCODE_RDMA_WRITE_IMM,
+        qpn: qa,
+        wqe_counter: at as u16,
+        ..CqeFields::default()
+    };
+    let b_recv = [Sge { addr: base, length: 64, lkey }];
+    b.post_recv(&bar, &[RecvWr { wr_id: 50, sg_list: &b_recv }]).unwrap();
+    let resp = CqeFields {
+        opcode: consts::MLX5_CQE_RESP_WR_IMM,
+        qpn: qb,
+        byte_cnt: 64,
+        flags_rqpn: qa,
+        imm_inval_pkey: 7,
+        timestamp: 0x1234,
+        ..CqeFields::default()
+    };
+    put_cqe(&cq, 0, req);
+    put_cqe(&cq, 1, resp);
+    let mut cq = cq;
+    let (polled, n) = counted(|| {
+        let mut qps = [&mut a, &mut b];
+        let mut seen = [(0u64, WcOpcode::Send, None, None, None); 2];
+        let mut k = 0;
+        if let Ok(Some(mut p)) = cqx.start_poll_cq(&mut cq, &bar, &mut qps[..]) {
+            loop {
+                seen[k] = (p.wr_id(), p.read_opcode(), p.read_byte_len(), p.read_src_qp(), p.read_completion_ts());
+                k += 1;
+                if k == 2 || !p.next_poll().unwrap_or(false) {
+                    break;
+                }
+            }
+            p.end_poll();
+        }
+        (k, seen)
+    });
+    assert_eq!(n, 0, "the cursor allocated {n} times");
+    let (k, seen) = polled;
+    assert_eq!(k, 2);
+    assert_eq!(seen[0].0, 2, "the signaled write completes");
+    assert_eq!(
+        seen[1],
+        (50, WcOpcode::RecvRdmaWithImm, Some(64), Some(qa), Some(0x1234)),
+        "the receive, read field by field"
+    );
+    for q in [a, b] {
+        node.hca.destroy_qp(q, &mut node.d).unwrap();
+    }
+    node.hca.destroy_cq(cq, &mut node.d).unwrap();
+}
