@@ -23,14 +23,15 @@ const DONE: &str = "=== linux-drives-sim done ===";
 /// Lines the check reports but does not fail on, each with why. Harness limits, not driver/device disagreements:
 /// UML's virt-pci bus has no root port (link speed, PTM) and the function models no vendor-specific capability.
 /// And, until the PVLC register can be served (its layout is not among the PRM facts in `core/prm`), the stage
-/// where `mlx5_ib` queries the IB port: PTYS/PVLC through ACCESS_REG fail and `mlx5_ib` does not register.
+/// where `mlx5_ib` queries the IB port (`mlx5_query_hca_port`: vport context, PTYS, PMTU twice, then PVLC): the
+/// PVLC read fails and `mlx5_ib` does not register.
 const KNOWN: &[(&str, &str)] = &[
     ("Failed to get valid vendor specific ID", "no vendor-specific (VSC) capability modelled"),
     ("PTM is not supported", "no PCIe root port under UML's virt-pci"),
     ("Gb/s available PCIe bandwidth", "no PCIe root port under UML's virt-pci"),
-    ("ACCESS_REG(0x805) op_mod(0x1) failed", "mlx5_ib's IB port query: PTYS/PVLC not served yet"),
-    ("Couldn't create per-port data", "mlx5_ib's IB port query: PTYS/PVLC not served yet"),
-    ("probe with driver mlx5_ib.rdma failed", "mlx5_ib's IB port query: PTYS/PVLC not served yet"),
+    ("ACCESS_REG(0x805) op_mod(0x1) failed", "mlx5_ib's IB port query: the PVLC register is not served yet"),
+    ("Couldn't create per-port data", "mlx5_ib's IB port query: the PVLC register is not served yet"),
+    ("probe with driver mlx5_ib.rdma failed", "mlx5_ib's IB port query: the PVLC register is not served yet"),
 ];
 
 /// Kernel log lines that mean the driver and the device disagreed (case-insensitive substrings).

@@ -124,7 +124,8 @@ commands:
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
   soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire]
                                  the fault-injection soak (options go to mlx5-soak)
-  uml                            build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
+  uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
+                                 (--check: only that the patches and config fragment still apply)
   linux-drives-sim [--strict]    boot it with the simulator as its PCI device; mlx5_core must probe cleanly
                                  (--strict: the known gaps fail too and mlx5_ib must register)";
 
@@ -139,7 +140,7 @@ enum Task {
     Miri,
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
-    Uml,
+    Uml { check: bool },
     LinuxDrivesSim { strict: bool },
 }
 
@@ -162,7 +163,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "miri" => Task::Miri,
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
-        "uml" => Task::Uml,
+        "uml" => Task::Uml { check: false },
         "linux-drives-sim" => Task::LinuxDrivesSim { strict: false },
         other => return Err(ArgError::Other(format!("unknown command {other:?}"))),
     };
@@ -189,6 +190,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             }
             (Task::Modcheck { graph, .. }, "--graph") => *graph = true,
             (Task::LinuxDrivesSim { strict }, "--strict") => *strict = true,
+            (Task::Uml { check }, "--check") => *check = true,
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
             (Task::Soak(v), _) => v.push(a),
@@ -216,7 +218,8 @@ fn main() -> ExitCode {
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
         Task::Miri => miri::run(&root),
         Task::Soak(args) => soak::run(&root, &args),
-        Task::Uml => uml::run_uml(&root),
+        Task::Uml { check: false } => uml::run_uml(&root),
+        Task::Uml { check: true } => uml::check_recipe(&root),
         Task::LinuxDrivesSim { strict } => linux_drives_sim::run(&root, strict),
         // `--root DIR` checks another checkout (a worktree) with this build of the checker.
         Task::Modcheck { graph, root: other } => modcheck::run(other.as_deref().unwrap_or(&root), graph),

@@ -118,30 +118,7 @@ pub(crate) fn build(root: &Path) -> Result<PathBuf, String> {
     let stamp = tree.join(".xtask-recipe");
     if std::fs::read_to_string(&stamp).ok().as_deref() != Some(key.as_str()) {
         // A different recipe: start again from pristine source.
-        println!("uml: preparing {} from {}", tree.display(), deb.display());
-        let _ = std::fs::remove_dir_all(&tree);
-        let x = base.join("dl/x");
-        let _ = std::fs::remove_dir_all(&x);
-        run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&x))?;
-        let tarball = x.join(format!("usr/src/{SOURCE_PKG}.tar.xz"));
-        run(Command::new("tar").arg("xf").arg(&tarball).arg("-C").arg(&base))?;
-        let _ = std::fs::remove_dir_all(&x);
-        std::fs::rename(base.join(SOURCE_PKG), &tree).map_err(|e| format!("renaming the source tree: {e}"))?;
-        for p in &patches {
-            println!("uml: applying {}", p.display());
-            run(Command::new("patch").args(["-p1", "--forward", "-i"]).arg(p).current_dir(&tree))?;
-        }
-        make(&tree, &["defconfig"])?;
-        let mut config = std::fs::read_to_string(tree.join(".config")).map_err(|e| e.to_string())?;
-        config.push_str(&std::fs::read_to_string(&fragment).map_err(|e| format!("{}: {e}", fragment.display()))?);
-        std::fs::write(tree.join(".config"), config).map_err(|e| e.to_string())?;
-        make(&tree, &["olddefconfig"])?;
-        let config = std::fs::read_to_string(tree.join(".config")).map_err(|e| e.to_string())?;
-        for want in ["CONFIG_UML_PCI_OVER_VIRTIO=y", "CONFIG_MLX5_CORE=y", "CONFIG_MLX5_INFINIBAND=y"] {
-            if !config.lines().any(|l| l == want) {
-                return Err(format!("the configured kernel lacks {want} (a patch or the fragment no longer applies)"));
-            }
-        }
+        prepare(&base, &tree, &deb, &patches, &fragment)?;
         std::fs::write(&stamp, &key).map_err(|e| e.to_string())?;
     }
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -155,6 +132,54 @@ pub(crate) fn build(root: &Path) -> Result<PathBuf, String> {
     }
     println!("uml: kernel {}", out.display());
     Ok(out)
+}
+
+/// A configured source tree at `tree` from the package, our patches and the fragment (no compilation).
+fn prepare(base: &Path, tree: &Path, deb: &Path, patches: &[PathBuf], fragment: &Path) -> Result<(), String> {
+    println!("uml: preparing {} from {}", tree.display(), deb.display());
+    let _ = std::fs::remove_dir_all(tree);
+    let x = base.join("dl/x");
+    let _ = std::fs::remove_dir_all(&x);
+    run(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&x))?;
+    let tarball = x.join(format!("usr/src/{SOURCE_PKG}.tar.xz"));
+    let unpack = base.join("unpack");
+    let _ = std::fs::remove_dir_all(&unpack);
+    std::fs::create_dir_all(&unpack).map_err(|e| e.to_string())?;
+    run(Command::new("tar").arg("xf").arg(&tarball).arg("-C").arg(&unpack))?;
+    let _ = std::fs::remove_dir_all(&x);
+    std::fs::rename(unpack.join(SOURCE_PKG), tree).map_err(|e| format!("renaming the source tree: {e}"))?;
+    let _ = std::fs::remove_dir_all(&unpack);
+    for p in patches {
+        println!("uml: applying {}", p.display());
+        run(Command::new("patch").args(["-p1", "--forward", "-i"]).arg(p).current_dir(tree))?;
+    }
+    make(tree, &["defconfig"])?;
+    let mut config = std::fs::read_to_string(tree.join(".config")).map_err(|e| e.to_string())?;
+    config.push_str(&std::fs::read_to_string(fragment).map_err(|e| format!("{}: {e}", fragment.display()))?);
+    std::fs::write(tree.join(".config"), config).map_err(|e| e.to_string())?;
+    make(tree, &["olddefconfig"])?;
+    let config = std::fs::read_to_string(tree.join(".config")).map_err(|e| e.to_string())?;
+    for want in ["CONFIG_UML_PCI_OVER_VIRTIO=y", "CONFIG_MLX5_CORE=y", "CONFIG_MLX5_INFINIBAND=y"] {
+        if !config.lines().any(|l| l == want) {
+            return Err(format!("the configured kernel lacks {want} (a patch or the fragment no longer applies)"));
+        }
+    }
+    Ok(())
+}
+
+/// `uml --check`: the recipe still applies to the source package (extract, patch, configure in a scratch tree,
+/// then remove it); a minute or two, no compilation.
+pub fn check_recipe(root: &Path) -> Result<(), String> {
+    ensure_host_packages()?;
+    let base = root.join("target/uml");
+    let deb = source_deb(&base.join("dl"))?;
+    let (patches, fragment) = recipe(root)?;
+    let scratch = base.join("check");
+    let r = prepare(&base, &scratch, &deb, &patches, &fragment);
+    let _ = std::fs::remove_dir_all(&scratch);
+    r?;
+    println!("uml: the patches and the config fragment apply to {}", deb.display());
+    Ok(())
 }
 
 pub fn run_uml(root: &Path) -> Result<(), String> {
