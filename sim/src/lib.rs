@@ -45,7 +45,8 @@
 //! update the consumer index and arm; 8 bytes further: update only) takes `(ci & 0xffffff) | eqn << 24`. An armed
 //! EQ "interrupts" once on its next EQE (recorded as [`SimEvent::EqInterrupt`] and counted in
 //! [`SimDevice::eq_info`]); arming with unconsumed EQEs interrupts at once. Firmware posts:
-//! * a command-completion EQE (`MLX5_EVENT_TYPE_CMD`, `data.cmd.vector = 1 << slot`) after every completion;
+//! * a command-completion EQE (`MLX5_EVENT_TYPE_CMD`, `data.cmd.vector = 1 << slot`) after every completion of a
+//!   command that ran while an EQ subscribed to command events (not for the CREATE_EQ that makes the first one);
 //! * page requests (`MLX5_EVENT_TYPE_PAGE_REQUEST`): for the regular pages still needed after INIT_HCA, for
 //!   [`Fault::PageRequest`], [`Fault::NeedPages`] and [`SimDevice::request_pages`]. A request made while no EQ
 //!   subscribes to page requests is held; when one appears firmware posts one request for the balance then due
