@@ -97,9 +97,10 @@ pub(super) fn query_hca_vport_pkey(port: &PortModel, inp: &[u8], out: &mut [u8],
 }
 
 /// ACCESS_REGISTER of the registers this module owns (NODE_DESC, read only); `None` for any other register.
-pub(super) fn access_reg(port: &PortModel, inp: &[u8], out: &mut [u8]) -> Option<Result<(), CmdErr>> {
+pub(super) fn access_reg(inp: &[u8], out: &mut [u8]) -> Option<Result<(), CmdErr>> {
     let id = rd16(inp, ifc::access_register_in::REGISTER_ID);
-    if id != consts::MLX5_REG_NODE_DESC || port.port_type != PortType::Ib {
+    // mlx5_ib reads it on either link layer (`mlx5_query_node_desc` at its init stage); only MAD_IFC replaces it.
+    if id != consts::MLX5_REG_NODE_DESC {
         return None;
     }
     let off = ifc::access_register_out::REGISTER_DATA.byte_off();
@@ -183,19 +184,23 @@ mod tests {
     }
 
     #[test]
-    fn node_desc_register_reads_the_firmware_default() {
-        let mut h = ib();
-        let data = ifc::access_register_in::REGISTER_DATA.byte_off();
-        let mut inp = vec![0u8; data + NODE_DESC_LEN];
-        inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_ACCESS_REG.into());
-        inp.set(ifc::mbox_in::OP_MOD, consts::MLX5_ACCESS_REGISTER_IN_OP_MOD_READ);
-        inp.set(ifc::access_register_in::REGISTER_ID, consts::MLX5_REG_NODE_DESC.into());
-        let out_data = ifc::access_register_out::REGISTER_DATA.byte_off();
-        let (status, _, out) = h.cmd(&inp, out_data + NODE_DESC_LEN);
-        assert_eq!(status, 0);
-        assert_eq!(&out[out_data..out_data + NODE_DESC.len()], NODE_DESC);
-        // Writing it is not supported.
-        inp.set(ifc::mbox_in::OP_MOD, consts::MLX5_ACCESS_REGISTER_IN_OP_MOD_WRITE);
-        assert_eq!(h.cmd(&inp, out_data + NODE_DESC_LEN).1, syndrome::REG_ACCESS);
+    fn node_desc_register_reads_the_firmware_default_on_both_link_layers() {
+        // On a RoCE port mlx5_ib's first command was this read, refused by the simulator (found under UML).
+        let mut eth = Harness::inline();
+        eth.bring_up();
+        for mut h in [ib(), eth] {
+            let data = ifc::access_register_in::REGISTER_DATA.byte_off();
+            let mut inp = vec![0u8; data + NODE_DESC_LEN];
+            inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_ACCESS_REG.into());
+            inp.set(ifc::mbox_in::OP_MOD, consts::MLX5_ACCESS_REGISTER_IN_OP_MOD_READ);
+            inp.set(ifc::access_register_in::REGISTER_ID, consts::MLX5_REG_NODE_DESC.into());
+            let out_data = ifc::access_register_out::REGISTER_DATA.byte_off();
+            let (status, _, out) = h.cmd(&inp, out_data + NODE_DESC_LEN);
+            assert_eq!(status, 0);
+            assert_eq!(&out[out_data..out_data + NODE_DESC.len()], NODE_DESC);
+            // Writing it is not supported.
+            inp.set(ifc::mbox_in::OP_MOD, consts::MLX5_ACCESS_REGISTER_IN_OP_MOD_WRITE);
+            assert_eq!(h.cmd(&inp, out_data + NODE_DESC_LEN).1, syndrome::REG_ACCESS);
+        }
     }
 }

@@ -622,7 +622,7 @@ impl Firmware {
                 self.mkeys.create(&MkeyFw { caps: &self.caps, pds: &self.pds }, dma, inp, out)
             }
             consts::MLX5_CMD_OP_DESTROY_MKEY => self.mkeys.destroy(inp),
-            consts::MLX5_CMD_OP_ACCESS_REG => match ib_vport::access_reg(&self.port, inp, out) {
+            consts::MLX5_CMD_OP_ACCESS_REG => match ib_vport::access_reg(inp, out) {
                 Some(r) => r,
                 None => self.port.access_reg(inp, out),
             },
