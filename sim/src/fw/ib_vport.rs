@@ -1,5 +1,5 @@
-//! The InfiniBand port as `mlx5_ib` queries it on a function with `ib_virt` (the HCA vport access method):
-//! QUERY_HCA_VPORT_GID, QUERY_HCA_VPORT_PKEY and the NODE_DESC register.
+//! The port as `mlx5_ib` queries it on a function with `ib_virt` (the HCA vport access method):
+//! QUERY_HCA_VPORT_GID (InfiniBand), QUERY_HCA_VPORT_PKEY and the NODE_DESC register (both link layers).
 //!
 //! Port numbers: on a single-port function Linux leaves `port_num` at 0 (`vport.c` sets it only when
 //! `num_ports == 2`), and firmware takes 0 as the function's own port; 1 names the same port.
@@ -30,8 +30,9 @@ pub(crate) fn own_port(port_num: u32) -> bool {
     port_num <= 1
 }
 
-fn check(port: &PortModel, inp: &[u8], other_vport: Field, port_num: Field) -> Result<(), CmdErr> {
-    if port.port_type != PortType::Ib {
+/// `ib_only`: the query exists on InfiniBand ports only (GIDs; a RoCE port's GIDs are the RoCE address table).
+fn check(port: &PortModel, inp: &[u8], other_vport: Field, port_num: Field, ib_only: bool) -> Result<(), CmdErr> {
+    if ib_only && port.port_type != PortType::Ib {
         return Err(bad_param(syndrome::BAD_PORT));
     }
     if rd(inp, other_vport) != 0 {
@@ -57,7 +58,7 @@ pub(crate) fn gid(port: &PortModel, index: usize) -> [u8; 16] {
 pub(super) fn query_hca_vport_gid(port: &PortModel, inp: &[u8], out: &mut [u8], outlen: usize) -> Result<(), CmdErr> {
     use ifc::query_hca_vport_gid_in as i;
     use ifc::query_hca_vport_gid_out as o;
-    check(port, inp, i::OTHER_VPORT, i::PORT_NUM)?;
+    check(port, inp, i::OTHER_VPORT, i::PORT_NUM, true)?;
     let index = rd16(inp, i::GID_INDEX);
     let (first, n) = match index {
         ALL => (0, GID_ENTRIES),
@@ -78,7 +79,8 @@ pub(super) fn query_hca_vport_gid(port: &PortModel, inp: &[u8], out: &mut [u8], 
 pub(super) fn query_hca_vport_pkey(port: &PortModel, inp: &[u8], out: &mut [u8], outlen: usize) -> Result<(), CmdErr> {
     use ifc::query_hca_vport_pkey_in as i;
     use ifc::query_hca_vport_pkey_out as o;
-    check(port, inp, i::OTHER_VPORT, i::PORT_NUM)?;
+    // mlx5_ib reads the P_Key table this way on RoCE ports too (`mlx5_query_hca_nic_pkey`).
+    check(port, inp, i::OTHER_VPORT, i::PORT_NUM, false)?;
     let index = rd16(inp, i::PKEY_INDEX);
     let (first, n) = match index {
         ALL => (0, PKEY_ENTRIES),
@@ -169,18 +171,25 @@ mod tests {
     }
 
     #[test]
-    fn pkey_table_holds_the_default_pkey_at_index_zero() {
-        let mut h = ib();
-        let mut inp = vec![0u8; ifc::query_hca_vport_pkey_in::SIZE_BYTES];
-        inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY.into());
-        inp.set(ifc::query_hca_vport_pkey_in::PKEY_INDEX, 0xffff);
-        let base = ifc::query_hca_vport_pkey_out::PKEY.byte_off();
-        let (status, _, out) = h.cmd(&inp, base + ifc::pkey::SIZE_BYTES * PKEY_ENTRIES);
-        assert_eq!(status, 0);
-        let pkey = |k: usize| {
-            MsgBuf::get(&out[..], ifc::pkey::PKEY.at(Sub::new(base + ifc::pkey::SIZE_BYTES * k, ifc::pkey::SIZE_BYTES)))
-        };
-        assert_eq!((pkey(0), pkey(1), pkey(PKEY_ENTRIES - 1)), (0xffff, 0, 0));
+    fn pkey_table_holds_the_default_pkey_at_index_zero_on_both_link_layers() {
+        // On a RoCE port the IB core's P_Key cache setup failed on this query (found under UML).
+        let mut eth = Harness::inline();
+        eth.bring_up();
+        for mut h in [ib(), eth] {
+            let mut inp = vec![0u8; ifc::query_hca_vport_pkey_in::SIZE_BYTES];
+            inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY.into());
+            inp.set(ifc::query_hca_vport_pkey_in::PKEY_INDEX, 0xffff);
+            let base = ifc::query_hca_vport_pkey_out::PKEY.byte_off();
+            let (status, _, out) = h.cmd(&inp, base + ifc::pkey::SIZE_BYTES * PKEY_ENTRIES);
+            assert_eq!(status, 0);
+            let pkey = |k: usize| {
+                MsgBuf::get(
+                    &out[..],
+                    ifc::pkey::PKEY.at(Sub::new(base + ifc::pkey::SIZE_BYTES * k, ifc::pkey::SIZE_BYTES)),
+                )
+            };
+            assert_eq!((pkey(0), pkey(1), pkey(PKEY_ENTRIES - 1)), (0xffff, 0, 0));
+        }
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub(crate) mod cq;
 pub(crate) mod eq;
 mod ib_vport;
 pub(crate) mod mkey;
+mod nic_vport;
 mod pages;
 mod pd;
 pub(crate) mod port;
@@ -103,6 +104,8 @@ pub mod syndrome {
     pub const PD_INVALID: u32 = 0x51a0_0050;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown XRC domain.
     pub const XRCD_INVALID: u32 = 0x51a0_0057;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: MODIFY_NIC_VPORT_CONTEXT selects a field the device does not modify.
+    pub const NIC_VPORT_FIELD: u32 = 0x51a0_0085;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown UAR page.
     pub const UAR_INVALID: u32 = 0x51a0_0051;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown EQ.
@@ -476,6 +479,9 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => {
                 (query_nic_vport_context_in::SIZE_BYTES, query_nic_vport_context_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT => {
+                (modify_nic_vport_context_in::SIZE_BYTES, modify_nic_vport_context_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_GID => {
                 (query_hca_vport_gid_in::SIZE_BYTES, query_hca_vport_gid_out::SIZE_BYTES, Gate::Initialized)
             }
@@ -626,6 +632,7 @@ impl Firmware {
                 Some(r) => r,
                 None => self.port.access_reg(inp, out),
             },
+            consts::MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT => nic_vport::modify_nic_vport_context(&mut self.port, inp),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_GID => ib_vport::query_hca_vport_gid(&self.port, inp, out, outlen),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY => ib_vport::query_hca_vport_pkey(&self.port, inp, out, outlen),
             consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
