@@ -408,6 +408,12 @@ impl Firmware {
         self.mkeys.len()
     }
 
+    /// Whether the firmware implements `opcode` (capability audits in tests).
+    #[cfg(test)]
+    pub(crate) fn implements(opcode: u16) -> bool {
+        Self::spec(opcode).is_some()
+    }
+
     /// Input size, output size and accepted states of an opcode; `None` when not implemented.
     fn spec(opcode: u16) -> Option<(usize, usize, Gate)> {
         use ifc::*;
