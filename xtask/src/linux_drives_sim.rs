@@ -32,6 +32,15 @@ const KNOWN: &[(&str, &str)] = &[
     ("ACCESS_REG(0x805) op_mod(0x1) failed", "mlx5_ib's IB port query: the PVLC register is not served yet"),
     ("Couldn't create per-port data", "mlx5_ib's IB port query: the PVLC register is not served yet"),
     ("probe with driver mlx5_ib.rdma failed", "mlx5_ib's IB port query: the PVLC register is not served yet"),
+    // Ethernet (`--port eth`): mlx5e does not probe (no nic_flow_table); mlx5_ib registers mlx5_0, but its device
+    // resources need an XRC SRQ and its mkey cache free (UMR) mkeys, neither modelled yet.
+    ("Missing nic_flow_table capability", "no flow steering modelled, so no mlx5e netdev"),
+    ("CREATE_XRC_SRQ(0x705)", "XRC SRQs are not modelled"),
+    ("Couldn't create SRQ 0 for res init", "XRC SRQs are not modelled"),
+    ("Couldn't create ib_mad QP1", "needs the XRC SRQ of mlx5_ib's device resources"),
+    ("Couldn't open port 1", "needs the XRC SRQ of mlx5_ib's device resources"),
+    ("async reg mr failed", "the mkey cache's free (UMR) mkeys are not modelled"),
+    ("CREATE_MKEY(0x200) op_mod(0x0) failed", "the mkey cache's free (UMR) mkeys are not modelled"),
 ];
 
 /// Kernel log lines that mean the driver and the device disagreed (case-insensitive substrings).
@@ -108,7 +117,7 @@ pub(crate) fn bad_lines(dmesg: &str) -> Vec<&str> {
 }
 
 /// Boots, checks, keeps the logs. `strict`: the known gaps in [`KNOWN`] fail too, and `mlx5_ib` must register.
-pub fn run(root: &Path, strict: bool) -> Result<(), String> {
+pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
     let started = Instant::now();
     let linux = crate::uml::build(root)?;
     let bridge = build_bridge(root)?;
@@ -125,6 +134,7 @@ pub fn run(root: &Path, strict: bool) -> Result<(), String> {
             .arg(&sock)
             .arg("--trace")
             .arg(&trace)
+            .args(["--port", if eth { "eth" } else { "ib" }])
             .stderr(bridge_log)
             .spawn()
             .map_err(|e| format!("{}: {e}", bridge.display()))?,

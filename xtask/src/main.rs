@@ -126,8 +126,10 @@ commands:
                                  the fault-injection soak (options go to mlx5-soak)
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
                                  (--check: only that the patches and config fragment still apply)
-  linux-drives-sim [--strict]    boot it with the simulator as its PCI device; mlx5_core must probe cleanly
-                                 (--strict: the known gaps fail too and mlx5_ib must register)";
+  linux-drives-sim [--strict] [--eth]
+                                 boot it with the simulator as its PCI device; mlx5_core must probe cleanly
+                                 (--strict: the known gaps fail too and mlx5_ib must register; --eth: an
+                                 Ethernet port instead of InfiniBand)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
@@ -141,7 +143,7 @@ enum Task {
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
     Uml { check: bool },
-    LinuxDrivesSim { strict: bool },
+    LinuxDrivesSim { strict: bool, eth: bool },
 }
 
 fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
@@ -164,7 +166,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
         "uml" => Task::Uml { check: false },
-        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false },
+        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false },
         other => return Err(ArgError::Other(format!("unknown command {other:?}"))),
     };
     while let Some(a) = argv.next() {
@@ -189,7 +191,8 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
                 v.extend(["--target".to_string(), t]);
             }
             (Task::Modcheck { graph, .. }, "--graph") => *graph = true,
-            (Task::LinuxDrivesSim { strict }, "--strict") => *strict = true,
+            (Task::LinuxDrivesSim { strict, .. }, "--strict") => *strict = true,
+            (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
             (Task::Uml { check }, "--check") => *check = true,
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
@@ -220,7 +223,7 @@ fn main() -> ExitCode {
         Task::Soak(args) => soak::run(&root, &args),
         Task::Uml { check: false } => uml::run_uml(&root),
         Task::Uml { check: true } => uml::check_recipe(&root),
-        Task::LinuxDrivesSim { strict } => linux_drives_sim::run(&root, strict),
+        Task::LinuxDrivesSim { strict, eth } => linux_drives_sim::run(&root, strict, eth),
         // `--root DIR` checks another checkout (a worktree) with this build of the checker.
         Task::Modcheck { graph, root: other } => modcheck::run(other.as_deref().unwrap_or(&root), graph),
     };
