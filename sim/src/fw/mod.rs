@@ -356,6 +356,8 @@ macro_rules! srq_fw {
             pds: &$fw.pds,
             issi: $fw.issi,
             in_use: &|srqn| $fw.qps.values().any(|q| q.srqn == Some(srqn)),
+            xrcd_exists: &|x| $fw.xrcds.contains(x),
+            cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
         }
     };
 }
@@ -541,6 +543,12 @@ impl Firmware {
             consts::MLX5_CMD_OP_CREATE_SRQ => {
                 (create_srq_in::SIZE_BYTES, create_srq_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_CREATE_XRC_SRQ => {
+                (create_xrc_srq_in::SIZE_BYTES, create_xrc_srq_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_XRC_SRQ => {
+                (destroy_xrc_srq_in::SIZE_BYTES, destroy_xrc_srq_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_ARM_RQ => (arm_rq_in::SIZE_BYTES, arm_rq_out::SIZE_BYTES, Gate::Initialized),
             consts::MLX5_CMD_OP_QUERY_SRQ => (query_srq_in::SIZE_BYTES, query_srq_out::SIZE_BYTES, Gate::Initialized),
             consts::MLX5_CMD_OP_DESTROY_SRQ => {
@@ -672,6 +680,8 @@ impl Firmware {
             consts::MLX5_CMD_OP_ARM_RQ => self.srqs.arm_rq(&srq_fw!(self), inp),
             consts::MLX5_CMD_OP_QUERY_SRQ => self.srqs.query_srq(&srq_fw!(self), inp, out),
             consts::MLX5_CMD_OP_DESTROY_SRQ => self.srqs.destroy(&srq_fw!(self), Family::Srq, inp),
+            consts::MLX5_CMD_OP_CREATE_XRC_SRQ => self.srqs.create_xrc_srq(&srq_fw!(self), dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_XRC_SRQ => self.srqs.destroy(&srq_fw!(self), Family::XrcSrq, inp),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
     }

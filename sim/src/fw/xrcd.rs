@@ -1,7 +1,7 @@
 //! XRC domains: ALLOC_XRCD / DEALLOC_XRCD. The general capability `xrc` advertises them, and `mlx5_ib` allocates
 //! two at probe (its device-resources stage) whenever it is set; the simulator advertised `xrc` without the
-//! commands, which failed Linux's probe (found under UML). No XRC SRQ or QP exists here yet, so a domain is never
-//! in use.
+//! commands, which failed Linux's probe (found under UML). XRC SRQs name a domain (fw/srq.rs); destroying a
+//! domain one still names is not refused yet.
 
 use std::collections::BTreeSet;
 
@@ -26,6 +26,10 @@ impl XrcdTable {
 
     pub(crate) fn len(&self) -> usize {
         self.set.len()
+    }
+
+    pub(crate) fn contains(&self, x: u32) -> bool {
+        self.set.contains(&x)
     }
 
     pub(crate) fn clear(&mut self) {
