@@ -32,13 +32,14 @@ const KNOWN: &[(&str, &str)] = &[
     ("ACCESS_REG(0x805) op_mod(0x1) failed", "mlx5_ib's IB port query: the PVLC register is not served yet"),
     ("Couldn't create per-port data", "mlx5_ib's IB port query: the PVLC register is not served yet"),
     ("probe with driver mlx5_ib.rdma failed", "mlx5_ib's IB port query: the PVLC register is not served yet"),
-    // Ethernet (`--port eth`): mlx5e does not probe (no nic_flow_table); mlx5_ib registers mlx5_0, but its device
-    // resources need an XRC SRQ and its mkey cache free (UMR) mkeys, neither modelled yet.
+    // Ethernet (`--eth`): mlx5e does not probe (no nic_flow_table); mlx5_ib registers mlx5_0, but the hardware
+    // GSI QP (QP1) and the mkey cache's free (UMR) mkeys are not modelled, so port 1 does not open.
     ("Missing nic_flow_table capability", "no flow steering modelled, so no mlx5e netdev"),
-    ("CREATE_XRC_SRQ(0x705)", "XRC SRQs are not modelled"),
-    ("Couldn't create SRQ 0 for res init", "XRC SRQs are not modelled"),
-    ("Couldn't create ib_mad QP1", "needs the XRC SRQ of mlx5_ib's device resources"),
-    ("Couldn't open port 1", "needs the XRC SRQ of mlx5_ib's device resources"),
+    ("CREATE_QP(0x500) op_mod(0x0) failed", "the GSI QP (QP1) is not modelled"),
+    ("Create QP type", "the GSI QP (QP1) is not modelled"),
+    ("unable to create hardware GSI QP", "the GSI QP (QP1) is not modelled"),
+    ("Couldn't create ib_mad QP1", "the GSI QP (QP1) is not modelled"),
+    ("Couldn't open port 1", "the GSI QP (QP1) is not modelled"),
     ("async reg mr failed", "the mkey cache's free (UMR) mkeys are not modelled"),
     ("CREATE_MKEY(0x200) op_mod(0x0) failed", "the mkey cache's free (UMR) mkeys are not modelled"),
 ];

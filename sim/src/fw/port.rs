@@ -267,7 +267,8 @@ impl PortModel {
         if rd(inp, ifc::query_hca_vport_context_in::OTHER_VPORT) != 0 {
             return Err(bad_param(syndrome::BAD_FUNCTION));
         }
-        if !super::ib_vport::own_port(rd(inp, ifc::query_hca_vport_context_in::PORT_NUM)) {
+        // A single-port function takes 0 (what Linux sends unless num_ports == 2) or 1 for its port.
+        if !matches!(rd(inp, ifc::query_hca_vport_context_in::PORT_NUM), 0 | 1) {
             return Err(bad_param(syndrome::BAD_PORT));
         }
         let base = ifc::query_hca_vport_context_out::HCA_VPORT_CONTEXT;
