@@ -228,8 +228,8 @@ impl Server {
                 let (i, num) = parse_vring_state(msg.request, &msg.payload).map_err(bad)?;
                 let num = u16::try_from(num)
                     .ok()
-                    .filter(|n| n.is_power_of_two())
-                    .ok_or_else(|| bad(ProtoError::Short { request: num, len: 0 }))?;
+                    .filter(|n| n.is_power_of_two() && *n <= 1 << 15)
+                    .ok_or_else(|| bad(ProtoError::BadRingSize(num)))?;
                 self.rings[ring(i)?].num = num;
             }
             SET_VRING_BASE => {

@@ -57,10 +57,15 @@ pub struct Msg {
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum ProtoError {
-    Short { request: u32, len: usize },
+    Short {
+        request: u32,
+        len: usize,
+    },
     TooLarge(usize),
     BadVersion(u32),
     TooManyRegions(u32),
+    /// A ring size that is zero, not a power of two, or above 32768 (virtio 1.x, 2.7).
+    BadRingSize(u32),
 }
 
 impl std::fmt::Display for ProtoError {
