@@ -19,6 +19,11 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(100);
 const DMESG_BEGIN: &str = "=== dmesg begin ===";
 const DMESG_END: &str = "=== dmesg end ===";
 const DONE: &str = "=== linux-drives-sim done ===";
+/// The host file behind user mappings of the BAR window (`xtask/uml/0002-um-virt-pci-bar-file.patch`): a marker
+/// the guest must read through a mapping of BAR0, and the offset where the guest stores a value we must find.
+const BAR_MARK: [u8; 4] = *b"UMLB";
+const BAR_STORE_OFF: u64 = 0x10;
+const BAR_STORE_VAL: u32 = 0x5a5a_a5a5;
 
 /// Lines the check reports but does not fail on, each with why. Harness limits, not driver/device disagreements:
 /// UML's virt-pci bus has no root port (link speed, PTM) and the function models no vendor-specific capability.
@@ -63,6 +68,9 @@ for d in /sys/bus/pci/devices/*; do
   [ -e "$d/driver" ] && drv=$(basename $(readlink $d/driver))
   echo "pci: $(basename $d) vendor=$(cat $d/vendor) device=$(cat $d/device) class=$(cat $d/class) driver=$drv"
 done
+bar=$(head -n 1 /sys/bus/pci/devices/0000:00:00.0/resource | cut -d' ' -f1)
+echo "barfile: read $(devmem $bar 32)"
+devmem $((bar + {BAR_STORE_OFF})) 32 {BAR_STORE_VAL}
 for i in /sys/class/infiniband/*; do [ -e "$i" ] && echo "rdma: $(basename $i) fw=$(cat $i/fw_ver 2>/dev/null) node_guid=$(cat $i/node_guid 2>/dev/null)"; done
 echo "{DMESG_BEGIN}"
 dmesg
@@ -149,6 +157,13 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
     }
     let console_path = work.join("console.txt");
     let console_file = std::fs::File::create(&console_path).map_err(|e| e.to_string())?;
+    // The BAR file: sparse, BAR-sized, with the marker at offset 0.
+    let bar_file = work.join("bar0.file");
+    {
+        let f = std::fs::File::create(&bar_file).map_err(|e| e.to_string())?;
+        f.set_len(32 << 20).map_err(|e| e.to_string())?;
+        std::os::unix::fs::FileExt::write_all_at(&f, &BAR_MARK, 0).map_err(|e| e.to_string())?;
+    }
     let boot = Instant::now();
     let mut uml = Reap(
         Command::new(&linux)
@@ -158,6 +173,7 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
             .arg("con=null")
             .arg(format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", sock.display()))
             .arg("virt_pci.max_delay_us=2000000")
+            .arg(format!("virt_pci_bar_file={}", bar_file.display()))
             .env("TMPDIR", &work)
             .stdin(Stdio::null())
             .stdout(Stdio::from(console_file.try_clone().map_err(|e| e.to_string())?))
@@ -200,6 +216,19 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
     }
     if !console.lines().any(|l| l.starts_with("pci: 0000:00:00.0 vendor=0x15b3") && l.ends_with("driver=mlx5_core")) {
         problems.push("0000:00:00.0 is not bound to mlx5_core".into());
+    }
+    // A user process mapped BAR0 (devmem) and reached the host file both ways: the BAR-file patch works.
+    let mark = u32::from_le_bytes(BAR_MARK);
+    if !console.contains(&format!("barfile: read 0x{mark:08X}")) {
+        problems.push(format!("a user mapping of BAR0 did not read the BAR file's marker 0x{mark:08X}"));
+    }
+    let mut stored = [0u8; 4];
+    let f = std::fs::File::open(&bar_file).map_err(|e| e.to_string())?;
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut stored, BAR_STORE_OFF).map_err(|e| e.to_string())?;
+    if u32::from_le_bytes(stored) != BAR_STORE_VAL {
+        problems.push(format!("a user store to BAR0+0x{BAR_STORE_OFF:x} did not reach the BAR file"));
+    } else {
+        println!("linux-drives-sim: a user mapping of BAR0 reads and writes the shared BAR file");
     }
     let bad = bad_lines(&dmesg);
     let mut known = Vec::new();
