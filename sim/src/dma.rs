@@ -151,6 +151,27 @@ impl DmaSpace {
         Ok(unsafe { DmaRegion::from_raw_parts(cpu, iova, len) })
     }
 
+    /// Makes the `len` bytes at `cpu` reachable by the device at the bus address `iova` chosen by the caller: the
+    /// memory of another system (a UML guest's RAM shared over vhost-user) whose driver uses its own physical
+    /// addresses as bus addresses. Refused with `Unreachable` (nothing mapped) when empty, wrapping, or
+    /// overlapping a live region by bus address.
+    pub(crate) fn map_fixed(&mut self, iova: u64, cpu: NonNull<u8>, len: usize) -> Result<DmaRegion, DmaError> {
+        let refused = DmaError::Unreachable { addr: cpu.as_ptr() as usize, len };
+        let end = iova.checked_add(len as u64).filter(|_| len > 0).ok_or(refused)?;
+        if let Some((&base, r)) = self.regions.range(..end).next_back() {
+            if base + r.len.max(1) as u64 > iova {
+                return Err(refused);
+            }
+        }
+        // Later allocations stay above the guest's memory.
+        self.next_iova = self.next_iova.max(end.checked_next_multiple_of(IOVA_PAGE).ok_or(refused)? + IOVA_PAGE);
+        self.regions.insert(iova, Region { cpu, len, layout: None });
+        self.by_cpu.insert(cpu.as_ptr() as usize, iova);
+        // SAFETY: the caller of `SimDevice::map_guest_memory` vouches that the bytes stay valid for the device's
+        // life; the bus range overlaps no live region (checked above).
+        Ok(unsafe { DmaRegion::from_raw_parts(cpu, iova, len) })
+    }
+
     /// Releases a region; `Err` when it is not a live region with this exact description (nothing is freed then).
     pub(crate) fn free(&mut self, region: &DmaRegion) -> Result<(), ()> {
         match self.regions.get(&region.iova()) {
@@ -495,6 +516,32 @@ mod tests {
         assert!(d.map_user(a.cpu(), 16).is_err());
         d.free(&a).unwrap();
         assert_eq!(d.outstanding(), (0, 0));
+    }
+
+    #[test]
+    fn map_fixed_translates_guest_physical_addresses() {
+        let mut d = DmaSpace::new(None);
+        let mut guest = vec![0u8; 0x3000];
+        let p = NonNull::new(guest.as_mut_ptr()).unwrap();
+        // A guest RAM region at physical 0x2a09_6000, as UML shares it.
+        let r = d.map_fixed(0x2a09_6000, p, guest.len()).unwrap();
+        assert_eq!(r.iova(), 0x2a09_6000);
+        d.write(0x2a09_7000, &[1, 2, 3]).unwrap();
+        let mut b = [0u8; 3];
+        d.read(0x2a09_7000, &mut b).unwrap();
+        assert_eq!(b, [1, 2, 3]);
+        // One byte past the region faults; an overlapping or empty mapping is refused.
+        assert!(d.read(0x2a09_8fff, &mut b).is_err());
+        assert!(d.map_fixed(0x2a09_8000, p, 16).is_err());
+        assert!(d.map_fixed(0x2a09_5ff0, p, 0x20).is_err());
+        assert!(d.map_fixed(0x1000, p, 0).is_err());
+        assert!(d.map_fixed(u64::MAX - 4, p, 16).is_err());
+        // Later allocations land above the guest's memory.
+        let a = d.alloc(16, 16).unwrap();
+        assert!(a.iova() >= 0x2a09_9000);
+        d.free(&a).unwrap();
+        drop(guest);
+        d.free(&r).unwrap();
     }
 
     #[test]

@@ -45,7 +45,8 @@
 //! update the consumer index and arm; 8 bytes further: update only) takes `(ci & 0xffffff) | eqn << 24`. An armed
 //! EQ "interrupts" once on its next EQE (recorded as [`SimEvent::EqInterrupt`] and counted in
 //! [`SimDevice::eq_info`]); arming with unconsumed EQEs interrupts at once. Firmware posts:
-//! * a command-completion EQE (`MLX5_EVENT_TYPE_CMD`, `data.cmd.vector = 1 << slot`) after every completion;
+//! * a command-completion EQE (`MLX5_EVENT_TYPE_CMD`, `data.cmd.vector = 1 << slot`) after every completion of a
+//!   command that ran while an EQ subscribed to command events (not for the CREATE_EQ that makes the first one);
 //! * page requests (`MLX5_EVENT_TYPE_PAGE_REQUEST`): for the regular pages still needed after INIT_HCA, for
 //!   [`Fault::PageRequest`], [`Fault::NeedPages`] and [`SimDevice::request_pages`]. A request made while no EQ
 //!   subscribes to page requests is held; when one appears firmware posts one request for the balance then due
@@ -478,6 +479,44 @@ impl SimDevice {
     /// The state of EQ `eqn`, if it exists.
     pub fn eq_info(&self, eqn: u8) -> Option<EqInfo> {
         lock(&self.shared).fw.eqs.info(eqn)
+    }
+
+    /// Makes `len` bytes of memory shared with another system (a UML guest's RAM, see `mlx5-uml-bridge`)
+    /// reachable by device DMA at bus address `iova`: that system's driver hands the device its own physical
+    /// addresses. `Err(Unreachable)` when the range is empty or overlaps mapped memory.
+    ///
+    /// # Safety
+    /// `cpu..cpu + len` must stay mapped, readable and writable for as long as the device exists.
+    pub unsafe fn map_guest_memory(
+        &self,
+        iova: u64,
+        cpu: std::ptr::NonNull<u8>,
+        len: usize,
+    ) -> Result<(), mlx5_core::hal::DmaError> {
+        lock(&self.shared).dma.map_fixed(iova, cpu, len).map(|_| ())
+    }
+
+    /// The MSI-X vectors (`eqc.intr`) of the EQ interrupts fired since `*cursor`, an index into the event log the
+    /// caller keeps (start at 0); advances it. An interrupt of an EQ destroyed since is dropped.
+    pub fn interrupts_since(&self, cursor: &mut usize) -> Vec<u16> {
+        let st = lock(&self.shared);
+        let from = (*cursor).min(st.events.len());
+        *cursor = st.events.len();
+        st.events[from..]
+            .iter()
+            .filter_map(|e| match e {
+                SimEvent::EqInterrupt { eqn } => st.fw.eqs.info(*eqn).map(|i| i.intr),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The commands completed since `*cursor` (an index into the completion log the caller keeps); advances it.
+    pub fn executed_since(&self, cursor: &mut usize) -> Vec<ExecutedCmd> {
+        let st = lock(&self.shared);
+        let from = (*cursor).min(st.executed.len());
+        *cursor = st.executed.len();
+        st.executed[from..].to_vec()
     }
 
     /// Live memory keys.

@@ -14,13 +14,17 @@
 //! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
 //! * `soak [--ops N] [--seed S] [--json]`: random traffic between two simulated devices under injected faults,
 //!   with its invariants checked; see SOAK.md.
+//! * `uml`: a User-Mode Linux kernel with NVIDIA's mlx5 drivers and virt-pci (cached under `target/uml/`).
+//! * `linux-drives-sim`: that kernel's `mlx5_core` probes the simulator through `mlx5-uml-bridge`.
 
 mod bench;
 mod codegen;
 mod fuzz;
+mod linux_drives_sim;
 mod miri;
 mod modcheck;
 mod soak;
+mod uml;
 mod vfio_test;
 
 use std::path::{Path, PathBuf};
@@ -121,7 +125,13 @@ commands:
   modcheck [--graph] [--root DIR]
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
   soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire]
-                                 the fault-injection soak (options go to mlx5-soak)";
+                                 the fault-injection soak (options go to mlx5-soak)
+  uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
+                                 (--check: only that the patches and config fragment still apply)
+  linux-drives-sim [--strict] [--eth]
+                                 boot it with the simulator as its PCI device; mlx5_core must probe cleanly
+                                 (--strict: the known gaps fail too and mlx5_ib must register; --eth: an
+                                 Ethernet port instead of InfiniBand)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
@@ -134,6 +144,8 @@ enum Task {
     Miri,
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
+    Uml { check: bool },
+    LinuxDrivesSim { strict: bool, eth: bool },
 }
 
 fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
@@ -155,6 +167,8 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "miri" => Task::Miri,
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
+        "uml" => Task::Uml { check: false },
+        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false },
         other => return Err(ArgError::Other(format!("unknown command {other:?}"))),
     };
     while let Some(a) = argv.next() {
@@ -180,6 +194,9 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
                 v.extend(["--target".to_string(), t]);
             }
             (Task::Modcheck { graph, .. }, "--graph") => *graph = true,
+            (Task::LinuxDrivesSim { strict, .. }, "--strict") => *strict = true,
+            (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
+            (Task::Uml { check }, "--check") => *check = true,
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
             (Task::Soak(v), _) => v.push(a),
@@ -208,6 +225,9 @@ fn main() -> ExitCode {
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
         Task::Miri => miri::run(&root),
         Task::Soak(args) => soak::run(&root, &args),
+        Task::Uml { check: false } => uml::run_uml(&root),
+        Task::Uml { check: true } => uml::check_recipe(&root),
+        Task::LinuxDrivesSim { strict, eth } => linux_drives_sim::run(&root, strict, eth),
         // `--root DIR` checks another checkout (a worktree) with this build of the checker.
         Task::Modcheck { graph, root: other } => modcheck::run(other.as_deref().unwrap_or(&root), graph),
     };

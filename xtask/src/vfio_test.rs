@@ -20,7 +20,7 @@ const MODULES: &[&str] = &["irqbypass", "vfio", "vfio_virqfd", "vfio_iommu_type1
 const GUEST_TARGET: &str = "x86_64-unknown-linux-gnu";
 const BOOT_TIMEOUT: Duration = Duration::from_secs(420);
 
-fn run(cmd: &mut Command) -> Result<String, String> {
+pub(crate) fn run(cmd: &mut Command) -> Result<String, String> {
     let out = cmd.output().map_err(|e| format!("failed to run {cmd:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
@@ -38,8 +38,8 @@ fn have(program: &str) -> bool {
 }
 
 /// apt-get install, running `apt-get update` once if the first attempt cannot find the packages.
-fn apt_install(pkgs: &[&str]) -> Result<(), String> {
-    println!("vfio-test: installing {}", pkgs.join(" "));
+pub(crate) fn apt_install(pkgs: &[&str]) -> Result<(), String> {
+    println!("xtask: installing {}", pkgs.join(" "));
     let install = || {
         Command::new("apt-get")
             .args(["install", "-y", "-q", "--no-install-recommends"])
@@ -176,7 +176,7 @@ fn module_bytes(p: &Path) -> Result<Vec<u8>, String> {
 
 /// A `newc` cpio archive, the format the kernel unpacks as its initramfs.
 #[derive(Default)]
-struct Cpio {
+pub(crate) struct Cpio {
     buf: Vec<u8>,
     ino: u32,
 }
@@ -200,16 +200,16 @@ impl Cpio {
             self.buf.push(0);
         }
     }
-    fn dir(&mut self, name: &str) {
+    pub(crate) fn dir(&mut self, name: &str) {
         self.entry(name, 0o040755, &[]);
     }
-    fn file(&mut self, name: &str, exec: bool, data: &[u8]) {
+    pub(crate) fn file(&mut self, name: &str, exec: bool, data: &[u8]) {
         self.entry(name, if exec { 0o100755 } else { 0o100644 }, data);
     }
-    fn symlink(&mut self, name: &str, target: &str) {
+    pub(crate) fn symlink(&mut self, name: &str, target: &str) {
         self.entry(name, 0o120777, target.as_bytes());
     }
-    fn finish(mut self) -> Vec<u8> {
+    pub(crate) fn finish(mut self) -> Vec<u8> {
         self.entry("TRAILER!!!", 0, &[]);
         self.buf
     }

@@ -97,8 +97,9 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::LOG_MAX_RA_RES_DC, 4),
         (g::LOG_MAX_RA_REQ_QP, 4),
         (g::LOG_MAX_RA_RES_QP, 4),
-        (g::CC_QUERY_ALLOWED, 1),
-        (g::CC_MODIFY_ALLOWED, 1),
+        // No congestion control is modelled (no QUERY_CONG_STATISTICS / *_CONG_PARAMS), so cc_query_allowed and
+        // cc_modify_allowed stay 0: with them mlx5_ib queries congestion statistics when it registers on a RoCE port,
+        // and its probe failed on the refusal (found under UML).
         // gid_table_size encodes 8 << n entries; 4 = 128.
         (g::GID_TABLE_SIZE, 4),
         (g::OUT_OF_SEQ_CNT, 1),
@@ -112,6 +113,7 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::LOG_MAX_MSG, 30),
         (g::MAX_TC, 8),
         (g::STAT_RATE_SUPPORT, 0xffff),
+        (g::IB_VIRT, u32::from(!eth)),
         (g::CQE_VERSION, 1),
         (g::CMDIF_CHECKSUM, 3),
         (g::SIGERR_CQE, 1),
@@ -130,6 +132,8 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::BLOCK_LB_MC, 1),
         (g::CD, 1),
         (g::APM, 1),
+        // Linux 6.12's mlx5_ib requires `xrc` (`mlx5_ib_dev_res_init` returns -EOPNOTSUPP without it) and then
+        // allocates two XRC domains and an XRC SRQ; CREATE_XRC_SRQ is not modelled yet (found under UML).
         (g::XRC, 1),
         (g::UD, 1),
         (g::UC, 1),
@@ -371,6 +375,19 @@ mod tests {
         assert_eq!(c.gen(ifc::cmd_hca_cap::CMDIF_CHECKSUM), 0);
         let max = c.query(consts::MLX5_CAP_GENERAL, false).unwrap();
         assert_eq!(MsgBuf::get(max, ifc::cmd_hca_cap::CMDIF_CHECKSUM), 3);
+    }
+
+    #[test]
+    fn no_capability_promises_an_unimplemented_command() {
+        // Each of these made Linux's mlx5_ib send a command the firmware refused with BAD_OP (under UML).
+        let c = Caps::new(&SimConfig::default());
+        assert_eq!(c.gen(ifc::cmd_hca_cap::CC_QUERY_ALLOWED), 0);
+        assert_eq!(c.gen(ifc::cmd_hca_cap::CC_MODIFY_ALLOWED), 0);
+        // xrc stays on (mlx5_ib cannot load without it); its domains are implemented.
+        for op in [consts::MLX5_CMD_OP_ALLOC_XRCD, consts::MLX5_CMD_OP_DEALLOC_XRCD] {
+            assert!(super::super::Firmware::implements(op), "xrc is advertised: opcode {op:#x}");
+        }
+        assert_eq!(c.gen(ifc::cmd_hca_cap::XRC), 1);
     }
 
     #[test]

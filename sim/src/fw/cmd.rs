@@ -261,6 +261,11 @@ impl State {
             None => self.deliver(&e),
         };
         let given_before = self.fw.given;
+        // The completion event goes to an EQ that subscribed to command events when the command ran: the CREATE_EQ
+        // that makes the command EQ completes without an EQE in it. Linux polls that command and registers its
+        // command-event handler only afterwards (`create_async_eqs`, `mlx5_cmd_use_events`); a late interrupt for
+        // such an EQE completed its next command early and then underflowed its refcount (seen under UML).
+        let cmd_eq_before = self.fw.eqs.subscriber(consts::MLX5_EVENT_TYPE_CMD).is_some();
         match delivered {
             Err(d) => {
                 rec.delivery = d.raw();
@@ -293,15 +298,17 @@ impl State {
         }
         self.executed.push(rec);
         let given = self.fw.given - given_before;
-        self.after_completion(slot, opcode, given);
+        self.after_completion(slot, opcode, given, cmd_eq_before);
         None
     }
 
     /// What firmware does once a command has completed: the command-completion EQE, page requests the command
     /// triggered (or that waited for an EQ it created), and the commands that were waiting for the pages a
     /// MANAGE_PAGES(give) just brought (`given`).
-    fn after_completion(&mut self, slot: u8, opcode: u16, given: u64) {
-        self.post_cmd_completion(slot);
+    fn after_completion(&mut self, slot: u8, opcode: u16, given: u64, event: bool) {
+        if event {
+            self.post_cmd_completion(slot);
+        }
         let requests: Vec<i32> = self
             .faults
             .iter()

@@ -599,16 +599,18 @@ mod tests {
         let uar = h.alloc_uar();
         let (s, eqn, buf) = h.create_eq(uar, 3, 1 << consts::MLX5_EVENT_TYPE_CMD);
         assert_eq!(s, 0);
-        // CREATE_EQ completes after the EQ exists, so its own completion is the first EQE.
-        let e = Harness::eqe(&buf, 0);
-        assert_eq!((typ(&e), vector(&e)), (consts::MLX5_EVENT_TYPE_CMD, 1));
+        // The CREATE_EQ that made the command EQ ran before any EQ took command events: no EQE for it. Linux polls
+        // that command and only then listens for command events; under UML a late interrupt for such an EQE
+        // completed the next command early, then "Command completion arrived after timeout" and a refcount
+        // underflow followed.
+        assert_eq!(h.dev.eq_info(eqn).unwrap().pi, 0);
         let p = h.post(5, &alloc_pd_in(), 16);
         h.ring(5);
         assert_eq!(h.status_own(5), 0);
         h.release(p);
-        let e = Harness::eqe(&buf, 1);
+        let e = Harness::eqe(&buf, 0);
         assert_eq!((typ(&e), vector(&e), e[c::mlx5_eqe::OWNER.off]), (consts::MLX5_EVENT_TYPE_CMD, 1 << 5, 0));
-        assert_eq!(h.dev.eq_info(eqn).unwrap().pi, 2);
+        assert_eq!(h.dev.eq_info(eqn).unwrap().pi, 1);
     }
 
     #[test]

@@ -27,11 +27,14 @@ use crate::mmio::INIT_SEG_PAGES;
 use crate::small::IdMap;
 use crate::Stalled;
 
+mod adapter;
 pub(crate) mod caps;
 mod cmd;
 pub(crate) mod cq;
 pub(crate) mod eq;
+mod ib_vport;
 pub(crate) mod mkey;
+mod nic_vport;
 mod pages;
 mod pd;
 pub(crate) mod port;
@@ -39,6 +42,7 @@ pub(crate) mod qcounter;
 pub(crate) mod qp;
 pub(crate) mod reply;
 pub(crate) mod srq;
+mod xrcd;
 
 use caps::{Caps, SetCapError};
 use cq::{CqFw, CqTable};
@@ -50,6 +54,7 @@ use qcounter::QCounterTable;
 use qp::{QpFw, QpTable};
 use reply::{bad_param, err, rd, rd16, CmdErr};
 use srq::{Family, SrqFw, SrqTable};
+use xrcd::XrcdTable;
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
 /// firmware syndromes are undocumented); each check has its own so a test can tell them apart.
@@ -97,6 +102,10 @@ pub mod syndrome {
     pub const BAD_PROFILE: u32 = 0x51a0_0043;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown PD.
     pub const PD_INVALID: u32 = 0x51a0_0050;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown XRC domain.
+    pub const XRCD_INVALID: u32 = 0x51a0_0057;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: MODIFY_NIC_VPORT_CONTEXT selects a field the device does not modify.
+    pub const NIC_VPORT_FIELD: u32 = 0x51a0_0085;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown UAR page.
     pub const UAR_INVALID: u32 = 0x51a0_0051;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown EQ.
@@ -258,6 +267,7 @@ pub(crate) struct Firmware {
     pub(crate) caps: Caps,
     pub(crate) port: PortModel,
     pub(crate) pds: PdTable,
+    pub(crate) xrcds: XrcdTable,
     pub(crate) uars: UarTable,
     pub(crate) eqs: EqTable,
     pub(crate) cqs: CqTable,
@@ -346,6 +356,8 @@ macro_rules! srq_fw {
             pds: &$fw.pds,
             issi: $fw.issi,
             in_use: &|srqn| $fw.qps.values().any(|q| q.srqn == Some(srqn)),
+            xrcd_exists: &|x| $fw.xrcds.contains(x),
+            cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
         }
     };
 }
@@ -379,6 +391,7 @@ impl Firmware {
             caps: Caps::new(cfg),
             port: PortModel::new(cfg),
             pds: PdTable::new(),
+            xrcds: XrcdTable::new(),
             uars: UarTable::new(INIT_SEG_PAGES as u32, cfg.num_uars),
             eqs: EqTable::new(),
             cqs: CqTable::new(),
@@ -397,6 +410,12 @@ impl Firmware {
         self.mkeys.len()
     }
 
+    /// Whether the firmware implements `opcode` (capability audits in tests).
+    #[cfg(test)]
+    pub(crate) fn implements(opcode: u16) -> bool {
+        Self::spec(opcode).is_some()
+    }
+
     /// Input size, output size and accepted states of an opcode; `None` when not implemented.
     fn spec(opcode: u16) -> Option<(usize, usize, Gate)> {
         use ifc::*;
@@ -404,6 +423,9 @@ impl Firmware {
             consts::MLX5_CMD_OP_ENABLE_HCA => (enable_hca_in::SIZE_BYTES, enable_hca_out::SIZE_BYTES, Gate::Disabled),
             consts::MLX5_CMD_OP_DISABLE_HCA => (disable_hca_in::SIZE_BYTES, disable_hca_out::SIZE_BYTES, Gate::PreInit),
             consts::MLX5_CMD_OP_QUERY_ISSI => (query_issi_in::SIZE_BYTES, query_issi_out::SIZE_BYTES, Gate::Any),
+            consts::MLX5_CMD_OP_QUERY_ADAPTER => {
+                (query_adapter_in::SIZE_BYTES, query_adapter_out::SIZE_BYTES, Gate::Enabled)
+            }
             consts::MLX5_CMD_OP_SET_ISSI => (set_issi_in::SIZE_BYTES, set_issi_out::SIZE_BYTES, Gate::PreInit),
             consts::MLX5_CMD_OP_QUERY_PAGES => (query_pages_in::SIZE_BYTES, query_pages_out::SIZE_BYTES, Gate::Enabled),
             consts::MLX5_CMD_OP_MANAGE_PAGES => {
@@ -422,6 +444,12 @@ impl Firmware {
                 (dealloc_pd_in::SIZE_BYTES, dealloc_pd_out::SIZE_BYTES, Gate::Initialized)
             }
             consts::MLX5_CMD_OP_ALLOC_UAR => (alloc_uar_in::SIZE_BYTES, alloc_uar_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_ALLOC_XRCD => {
+                (alloc_xrcd_in::SIZE_BYTES, alloc_xrcd_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DEALLOC_XRCD => {
+                (dealloc_xrcd_in::SIZE_BYTES, dealloc_xrcd_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_DEALLOC_UAR => {
                 (dealloc_uar_in::SIZE_BYTES, dealloc_uar_out::SIZE_BYTES, Gate::Initialized)
             }
@@ -458,6 +486,15 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => {
                 (query_nic_vport_context_in::SIZE_BYTES, query_nic_vport_context_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT => {
+                (modify_nic_vport_context_in::SIZE_BYTES, modify_nic_vport_context_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_QUERY_HCA_VPORT_GID => {
+                (query_hca_vport_gid_in::SIZE_BYTES, query_hca_vport_gid_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY => {
+                (query_hca_vport_pkey_in::SIZE_BYTES, query_hca_vport_pkey_out::SIZE_BYTES, Gate::Initialized)
             }
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => {
                 (query_hca_vport_context_in::SIZE_BYTES, query_hca_vport_context_out::SIZE_BYTES, Gate::Initialized)
@@ -505,6 +542,12 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_CREATE_SRQ => {
                 (create_srq_in::SIZE_BYTES, create_srq_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_CREATE_XRC_SRQ => {
+                (create_xrc_srq_in::SIZE_BYTES, create_xrc_srq_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_XRC_SRQ => {
+                (destroy_xrc_srq_in::SIZE_BYTES, destroy_xrc_srq_out::SIZE_BYTES, Gate::Initialized)
             }
             consts::MLX5_CMD_OP_ARM_RQ => (arm_rq_in::SIZE_BYTES, arm_rq_out::SIZE_BYTES, Gate::Initialized),
             consts::MLX5_CMD_OP_QUERY_SRQ => (query_srq_in::SIZE_BYTES, query_srq_out::SIZE_BYTES, Gate::Initialized),
@@ -560,6 +603,7 @@ impl Firmware {
             consts::MLX5_CMD_OP_ENABLE_HCA => self.enable_hca(inp),
             consts::MLX5_CMD_OP_DISABLE_HCA => self.disable_hca(inp, events),
             consts::MLX5_CMD_OP_QUERY_ISSI => self.query_issi(out),
+            consts::MLX5_CMD_OP_QUERY_ADAPTER => adapter::query_adapter(out),
             consts::MLX5_CMD_OP_SET_ISSI => self.set_issi(inp),
             consts::MLX5_CMD_OP_QUERY_PAGES => self.query_pages(inp, out),
             consts::MLX5_CMD_OP_MANAGE_PAGES => self.manage_pages(dma, inp, out, outlen),
@@ -578,6 +622,8 @@ impl Firmware {
                 self.pds.dealloc(&in_use, inp)
             }
             consts::MLX5_CMD_OP_ALLOC_UAR => self.uars.alloc(out),
+            consts::MLX5_CMD_OP_ALLOC_XRCD => self.xrcds.alloc(&self.caps, out),
+            consts::MLX5_CMD_OP_DEALLOC_XRCD => self.xrcds.dealloc(inp),
             consts::MLX5_CMD_OP_DEALLOC_UAR => {
                 let (qps, eqs, cqs) = (&self.qps, &self.eqs, &self.cqs);
                 let in_use = |uar| {
@@ -596,7 +642,13 @@ impl Firmware {
                 self.mkeys.create(&MkeyFw { caps: &self.caps, pds: &self.pds }, dma, inp, out)
             }
             consts::MLX5_CMD_OP_DESTROY_MKEY => self.mkeys.destroy(inp),
-            consts::MLX5_CMD_OP_ACCESS_REG => self.port.access_reg(inp, out),
+            consts::MLX5_CMD_OP_ACCESS_REG => match ib_vport::access_reg(inp, out) {
+                Some(r) => r,
+                None => self.port.access_reg(inp, out),
+            },
+            consts::MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT => nic_vport::modify_nic_vport_context(&mut self.port, inp),
+            consts::MLX5_CMD_OP_QUERY_HCA_VPORT_GID => ib_vport::query_hca_vport_gid(&self.port, inp, out, outlen),
+            consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY => ib_vport::query_hca_vport_pkey(&self.port, inp, out, outlen),
             consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
                 let supported = self.caps.gen(ifc::cmd_hca_cap::DRIVER_VERSION) != 0;
                 self.port.set_driver_version(inp, supported)
@@ -628,6 +680,8 @@ impl Firmware {
             consts::MLX5_CMD_OP_ARM_RQ => self.srqs.arm_rq(&srq_fw!(self), inp),
             consts::MLX5_CMD_OP_QUERY_SRQ => self.srqs.query_srq(&srq_fw!(self), inp, out),
             consts::MLX5_CMD_OP_DESTROY_SRQ => self.srqs.destroy(&srq_fw!(self), Family::Srq, inp),
+            consts::MLX5_CMD_OP_CREATE_XRC_SRQ => self.srqs.create_xrc_srq(&srq_fw!(self), dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_XRC_SRQ => self.srqs.destroy(&srq_fw!(self), Family::XrcSrq, inp),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
     }
@@ -720,11 +774,12 @@ impl Firmware {
             _ => return Err(bad_param(syndrome::BAD_PROFILE)),
         }
         let (pds, uars, eqs, cqs) = self.object_counts();
-        let objects = pds + uars + eqs + cqs + self.mkeys.len() + self.qps.len() + self.srqs.len();
+        let objects = pds + uars + eqs + cqs + self.mkeys.len() + self.qps.len() + self.srqs.len() + self.xrcds.len();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
         }
         self.pds.clear();
+        self.xrcds.clear();
         self.uars.clear();
         self.eqs.clear();
         self.cqs.clear();

@@ -59,6 +59,8 @@ pub(crate) struct PortModel {
     pub(crate) driver_version: Option<String>,
     /// Whether the host-endianness register was written (`set_hca_ctrl`).
     pub(crate) host_endianness: Option<u8>,
+    /// NIC vport `roce_en` (MODIFY_NIC_VPORT_CONTEXT, `fw/nic_vport.rs`); on from the start on Ethernet.
+    pub(crate) roce_en: bool,
     /// The RoCE address (GID) table that SET_ROCE_ADDRESS programs.
     pub(crate) roce_table: Vec<RoceAddr>,
 }
@@ -80,6 +82,7 @@ impl PortModel {
             qkey_viol_cntr: 0,
             driver_version: None,
             host_endianness: None,
+            roce_en: cfg.port_type == PortType::Eth,
             roce_table: vec![[0; ifc::roce_addr_layout::SIZE_BYTES]; ROCE_ADDRESS_ENTRIES],
         }
     }
@@ -242,7 +245,7 @@ impl PortModel {
             return Err(bad_param(syndrome::BAD_FUNCTION));
         }
         let base = ifc::query_nic_vport_context_out::NIC_VPORT_CONTEXT;
-        out.set(n::ROCE_EN.at(base), u32::from(self.port_type == PortType::Eth));
+        out.set(n::ROCE_EN.at(base), u32::from(self.roce_en));
         out.set(n::MTU.at(base), self.oper_mtu.into());
         out.set(n::QKEY_VIOLATION_COUNTER.at(base), self.qkey_viol_cntr.into());
         out.set64(n::SYSTEM_IMAGE_GUID.at(base), self.node_guid);
@@ -264,7 +267,8 @@ impl PortModel {
         if rd(inp, ifc::query_hca_vport_context_in::OTHER_VPORT) != 0 {
             return Err(bad_param(syndrome::BAD_FUNCTION));
         }
-        if rd(inp, ifc::query_hca_vport_context_in::PORT_NUM) != 1 {
+        // A single-port function takes 0 (what Linux sends unless num_ports == 2) or 1 for its port.
+        if !matches!(rd(inp, ifc::query_hca_vport_context_in::PORT_NUM), 0 | 1) {
             return Err(bad_param(syndrome::BAD_PORT));
         }
         let base = ifc::query_hca_vport_context_out::HCA_VPORT_CONTEXT;

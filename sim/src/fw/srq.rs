@@ -45,6 +45,9 @@ const CTR16: u32 = 0xffff;
 pub(crate) enum Family {
     Rmp,
     Srq,
+    /// An XRC SRQ (CREATE/DESTROY_XRC_SRQ, either ISSI). Linux's mlx5_ib creates one at probe for its device
+    /// resources; no XRC target QP exists to receive through it.
+    XrcSrq,
 }
 
 /// A shared receive queue.
@@ -131,6 +134,9 @@ pub(crate) struct SrqFw<'a> {
     pub(crate) issi: u16,
     /// Whether a QP receives through the SRQ.
     pub(crate) in_use: &'a dyn Fn(u32) -> bool,
+    /// Whether an XRC domain / a CQ exists (an XRC SRQ names both).
+    pub(crate) xrcd_exists: &'a dyn Fn(u32) -> bool,
+    pub(crate) cq_exists: &'a dyn Fn(u32) -> bool,
 }
 
 /// The context of a create, decoded from either family's layout.
@@ -173,6 +179,7 @@ impl SrqTable {
         match (family, fw.issi) {
             (Family::Srq, 0) => Ok(()),
             (Family::Rmp, 1..) => Ok(()),
+            (Family::XrcSrq, _) => Ok(()),
             _ => Err(family_err()),
         }
     }
@@ -211,7 +218,7 @@ impl SrqTable {
         }
         let log_max = match family {
             Family::Rmp => fw.caps.gen(g::LOG_MAX_RMP),
-            Family::Srq => fw.caps.gen(g::LOG_MAX_SRQ),
+            Family::Srq | Family::XrcSrq => fw.caps.gen(g::LOG_MAX_SRQ),
         };
         if self.map.len() >= 1usize << log_max.min(24) {
             return Err(err(CmdStatus::NoRes, syndrome::NO_RESOURCES));
@@ -282,6 +289,44 @@ impl SrqTable {
         };
         let srqn = self.create(fw, dma, inp, ifc::create_srq_in::PAS, Family::Srq, x)?;
         out.set(ifc::create_srq_out::SRQN, srqn);
+        Ok(())
+    }
+
+    /// CREATE_XRC_SRQ (`create_xrc_srq_cmd`): an SRQ in an XRC domain, completing to `cqn`.
+    pub(crate) fn create_xrc_srq(
+        &mut self,
+        fw: &SrqFw,
+        dma: &DmaSpace,
+        inp: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), CmdErr> {
+        use ifc::xrc_srqc as q;
+        Self::check_family(fw, Family::XrcSrq)?;
+        let ctx = ifc::create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY;
+        let get = |f: Field| rd(inp, f.at(ctx));
+        if get(q::STATE) != consts::MLX5_SRQC_STATE_GOOD || get(q::DBR_UMEM_VALID) != 0 {
+            return Err(bad_param(syndrome::SRQ_CONTEXT));
+        }
+        if !(fw.xrcd_exists)(get(q::XRCD)) {
+            return Err(bad_param(syndrome::XRCD_INVALID));
+        }
+        if !(fw.cq_exists)(get(q::CQN)) {
+            return Err(bad_param(syndrome::CQ_INVALID));
+        }
+        // The doorbell record address: bits 63:32, then bits 31:2.
+        let dbr_lo_shift = 32 - q::DB_RECORD_ADDR_L.width;
+        let dbr = (u64::from(get(q::DB_RECORD_ADDR_H)) << 32) | (u64::from(get(q::DB_RECORD_ADDR_L)) << dbr_lo_shift);
+        let x = NewSrq {
+            log_size: get(q::LOG_XRC_SRQ_SIZE),
+            log_stride: get(q::LOG_RQ_STRIDE) + SRQC_STRIDE_SHIFT,
+            log_page_size: get(q::LOG_PAGE_SIZE),
+            page_offset: get(q::PAGE_OFFSET),
+            lwm: get(q::LWM),
+            pd: get(q::PD),
+            dbr,
+        };
+        let n = self.create(fw, dma, inp, ifc::create_xrc_srq_in::PAS, Family::XrcSrq, x)?;
+        out.set(ifc::create_xrc_srq_out::XRC_SRQN, n);
         Ok(())
     }
 
@@ -377,6 +422,7 @@ impl SrqTable {
         let n = match family {
             Family::Rmp => rd(inp, ifc::destroy_rmp_in::RMPN),
             Family::Srq => rd(inp, ifc::destroy_srq_in::SRQN),
+            Family::XrcSrq => rd(inp, ifc::destroy_xrc_srq_in::XRC_SRQN),
         };
         self.find(n, family)?;
         if (fw.in_use)(n) {
@@ -415,6 +461,55 @@ mod tests {
         inp.set(ifc::arm_rq_in::LWM, lwm);
         let (s, syn, _) = r.h.cmd(&inp, ifc::arm_rq_out::SIZE_BYTES);
         (s, syn)
+    }
+
+    #[test]
+    fn xrc_srq_needs_its_domain_and_cq_and_is_destroyed_once() {
+        // mlx5_ib creates one at probe (mlx5_ib_dev_res_srq_init); the simulator lacked the command (found under UML).
+        use ifc::xrc_srqc as q;
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        let (s, _, out) = r.h.simple(
+            consts::MLX5_CMD_OP_ALLOC_XRCD,
+            0,
+            ifc::alloc_xrcd_in::SIZE_BYTES,
+            ifc::alloc_xrcd_out::SIZE_BYTES,
+        );
+        assert_eq!(s, 0);
+        let xrcd = rd(&out, ifc::alloc_xrcd_out::XRCD);
+        let page = r.h.dma.alloc(4096, 4096).unwrap();
+        let dbr = r.h.dma.alloc(64, 64).unwrap();
+        let c = ifc::create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY;
+        let make = |xrcd: u32, cqn: u32| {
+            let mut inp = vec![0u8; ifc::create_xrc_srq_in::SIZE_BYTES + 8];
+            inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_CREATE_XRC_SRQ.into());
+            inp.set(q::LOG_XRC_SRQ_SIZE.at(c), 4);
+            inp.set(q::LOG_RQ_STRIDE.at(c), 1);
+            inp.set(q::PD.at(c), r.pd);
+            inp.set(q::XRCD.at(c), xrcd);
+            inp.set(q::CQN.at(c), cqn);
+            inp.set(q::DB_RECORD_ADDR_H.at(c), (dbr.iova() >> 32) as u32);
+            inp.set(q::DB_RECORD_ADDR_L.at(c), (dbr.iova() as u32) >> 2);
+            inp.set64(ifc::create_xrc_srq_in::PAS.elem(0), page.iova());
+            inp
+        };
+        let outlen = ifc::create_xrc_srq_out::SIZE_BYTES;
+        let bad = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
+        assert_eq!(r.h.cmd(&make(xrcd + 1, cq.cqn), outlen).1, syndrome::XRCD_INVALID);
+        assert_eq!(r.h.cmd(&make(xrcd, cq.cqn + 1), outlen).1, syndrome::CQ_INVALID);
+        let (s, syn, out) = r.h.cmd(&make(xrcd, cq.cqn), outlen);
+        assert_eq!((s, syn), (0, 0));
+        let n = rd(&out, ifc::create_xrc_srq_out::XRC_SRQN);
+        assert_eq!(
+            crate::lock(&r.h.dev.shared).fw.srqs.get(&n).map(|s| (s.family, s.dbr)),
+            Some((Family::XrcSrq, dbr.iova()))
+        );
+        let mut d = vec![0u8; ifc::destroy_xrc_srq_in::SIZE_BYTES];
+        d.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_DESTROY_XRC_SRQ.into());
+        d.set(ifc::destroy_xrc_srq_in::XRC_SRQN, n);
+        assert_eq!(r.h.cmd(&d, ifc::destroy_xrc_srq_out::SIZE_BYTES).0, 0);
+        let (s, syn, _) = r.h.cmd(&d, ifc::destroy_xrc_srq_out::SIZE_BYTES);
+        assert_eq!((s, syn), (bad, syndrome::SRQ_INVALID));
     }
 
     #[test]

@@ -1,0 +1,85 @@
+//! `mlx5-uml-bridge --socket PATH [--port ib|eth] [--trace FILE] [--verbose]`: listens on PATH, serves one UML
+//! instance started with `virtio_uml.device=PATH:1234`, and exits when it disconnects.
+
+use std::fs::File;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use mlx5_sim::{PortType, SimConfig, SimDevice};
+use mlx5_uml_bridge::device::Device;
+use mlx5_uml_bridge::server::Server;
+
+const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--trace FILE] [--verbose]";
+
+fn main() -> ExitCode {
+    let mut argv = mlx5_args::Argv::from_env();
+    let mut socket: Option<PathBuf> = None;
+    let mut port = PortType::Ib;
+    let mut trace: Option<PathBuf> = None;
+    let mut verbose = false;
+    while let Some(a) = argv.next() {
+        let r = a.and_then(|a| {
+            match a.as_str() {
+                "--socket" => socket = Some(argv.path("--socket")?),
+                "--trace" => trace = Some(argv.path("--trace")?),
+                "--verbose" => verbose = true,
+                "--port" => {
+                    port = match argv.value("--port", "ib or eth")?.as_str() {
+                        "ib" => PortType::Ib,
+                        "eth" => PortType::Eth,
+                        o => return Err(mlx5_args::ArgError::Other(format!("--port: {o:?} is neither ib nor eth"))),
+                    }
+                }
+                a if mlx5_args::is_help(a) => return Err(mlx5_args::ArgError::Help),
+                o => return Err(mlx5_args::ArgError::Other(format!("unexpected argument {o:?}"))),
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            return mlx5_args::usage_exit("mlx5-uml-bridge", &e, USAGE);
+        }
+    }
+    let Some(socket) = socket else {
+        return mlx5_args::usage_exit(
+            "mlx5-uml-bridge",
+            &mlx5_args::ArgError::Other("--socket is required".into()),
+            USAGE,
+        );
+    };
+    match run(&socket, port, trace.as_deref(), verbose) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mlx5-uml-bridge: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(
+    socket: &std::path::Path,
+    port: PortType,
+    trace: Option<&std::path::Path>,
+    verbose: bool,
+) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(socket);
+    let listener = UnixListener::bind(socket)?;
+    eprintln!("mlx5-uml-bridge: listening on {}", socket.display());
+    let (conn, _) = listener.accept()?;
+    let class = match port {
+        PortType::Ib => 0x02_07_00,
+        PortType::Eth => 0x02_00_00,
+    };
+    let sim = SimDevice::new(SimConfig { port_type: port, ..SimConfig::default() });
+    let trace = trace.map(File::create).transpose()?;
+    let mut dev = Device::new(sim, class);
+    dev.verbose = verbose;
+    let mut server = Server::new(conn, dev, trace, verbose);
+    let r = server.run();
+    let s = server.dev.stats;
+    eprintln!(
+        "mlx5-uml-bridge: done: {} cfg reads, {} cfg writes, {} BAR reads, {} BAR writes, {} EQ interrupts, {} MSIs, {} rejected, {} narrow writes",
+        s.cfg_reads, s.cfg_writes, s.mmio_reads, s.mmio_writes, s.interrupts, s.msis, s.rejected, s.narrow_writes
+    );
+    r
+}

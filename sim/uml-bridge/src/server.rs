@@ -1,0 +1,316 @@
+//! The bridge's event loop: one vhost-user connection from UML, its two virtqueues, and the device.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::ptr::NonNull;
+use std::time::Instant;
+
+use mlx5_core::prm::{CmdStatus, Opcode};
+
+use crate::device::{msi_message, Device};
+use crate::guest::{GuestMem, MappedMem, Region};
+use crate::vhost::{self, Msg};
+use crate::vring::Vring;
+
+/// Queue 0 carries virt-pci's requests, queue 1 the device's interrupt messages.
+const CMD_VQ: usize = 0;
+const IRQ_VQ: usize = 1;
+
+/// One mapping of a shared memory fd, unmapped on drop.
+#[derive(Debug)]
+struct Mapping {
+    ptr: NonNull<libc::c_void>,
+    len: usize,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr..ptr + len` is a mapping made by `mmap` in `set_mem_table` and unmapped only here. The
+        // simulator may still hold a translation to it, but the device is dropped before the server's mappings
+        // (field order in `Server`), and nothing touches it after.
+        unsafe { libc::munmap(self.ptr.as_ptr(), self.len) };
+    }
+}
+
+/// The bridge for one UML instance.
+#[derive(Debug)]
+pub struct Server {
+    sock: UnixStream,
+    pub dev: Device,
+    mem: MappedMem,
+    rings: [Vring; 2],
+    kick: [Option<File>; 2],
+    call: [Option<File>; 2],
+    _slave: Option<OwnedFd>,
+    pending_msi: VecDeque<u32>,
+    start: Instant,
+    trace: Option<File>,
+    trace_cursor: usize,
+    verbose: bool,
+    // Last, so the device and memory view are gone before the mappings are.
+    maps: Vec<Mapping>,
+}
+
+impl Server {
+    pub fn new(sock: UnixStream, dev: Device, trace: Option<File>, verbose: bool) -> Self {
+        Self {
+            sock,
+            dev,
+            // SAFETY: no regions yet.
+            mem: unsafe { MappedMem::new(Vec::new()) },
+            rings: [Vring::default(), Vring::default()],
+            kick: [None, None],
+            call: [None, None],
+            _slave: None,
+            pending_msi: VecDeque::new(),
+            start: Instant::now(),
+            trace,
+            trace_cursor: 0,
+            verbose,
+            maps: Vec::new(),
+        }
+    }
+
+    /// Serves until UML closes the connection.
+    pub fn run(&mut self) -> io::Result<()> {
+        loop {
+            let mut fds = [
+                libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd {
+                    fd: self.kick[0].as_ref().map_or(-1, |f| f.as_raw_fd()),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.kick[1].as_ref().map_or(-1, |f| f.as_raw_fd()),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is a valid array of pollfd for the call; negative fds are ignored by poll.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            if fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+                match vhost::recv(&self.sock)? {
+                    Some(msg) => self.message(msg)?,
+                    None => break,
+                }
+            }
+            for (i, f) in fds[1..].iter().enumerate() {
+                if f.revents & libc::POLLIN != 0 {
+                    if let Some(k) = &mut self.kick[i] {
+                        let mut b = [0u8; 8];
+                        let _ = k.read(&mut b);
+                    }
+                }
+            }
+            self.serve()?;
+        }
+        self.write_trace();
+        Ok(())
+    }
+
+    /// One pass of device work: requests, time, interrupts, the trace.
+    fn serve(&mut self) -> io::Result<()> {
+        let mut served = false;
+        if !self.mem.regions().is_empty() && self.rings[CMD_VQ].is_ready() {
+            loop {
+                let chain = match self.rings[CMD_VQ].pop(&self.mem) {
+                    Ok(Some(c)) => c,
+                    Ok(None) => break,
+                    Err(e) => return Err(io::Error::other(format!("cmd queue: {e:?}"))),
+                };
+                let (resp, msis) = self.dev.handle(&chain.out);
+                let written = Vring::fill(&self.mem, &chain, &resp).map_err(|e| io::Error::other(format!("{e:?}")))?;
+                self.rings[CMD_VQ]
+                    .push_used(&self.mem, chain.head, written)
+                    .map_err(|e| io::Error::other(format!("{e:?}")))?;
+                self.pending_msi.extend(msis);
+                served = true;
+            }
+        }
+        if served {
+            self.notify(CMD_VQ);
+        }
+        let now = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.dev.tick(now);
+        let msis = self.dev.take_msis();
+        self.pending_msi.extend(msis);
+        self.deliver()?;
+        self.write_trace();
+        Ok(())
+    }
+
+    /// Sends pending MSIs through the buffers the guest posted on the irq queue.
+    fn deliver(&mut self) -> io::Result<()> {
+        let mut sent = false;
+        while let Some(&data) = self.pending_msi.front() {
+            if !self.rings[IRQ_VQ].is_ready() || self.mem.regions().is_empty() {
+                break;
+            }
+            let chain = match self.rings[IRQ_VQ].pop(&self.mem) {
+                Ok(Some(c)) => c,
+                // No buffer posted: the message waits for the next pass.
+                Ok(None) => break,
+                Err(e) => return Err(io::Error::other(format!("irq queue: {e:?}"))),
+            };
+            let m = msi_message(data);
+            let written = Vring::fill(&self.mem, &chain, &m).map_err(|e| io::Error::other(format!("{e:?}")))?;
+            self.rings[IRQ_VQ]
+                .push_used(&self.mem, chain.head, written)
+                .map_err(|e| io::Error::other(format!("{e:?}")))?;
+            self.pending_msi.pop_front();
+            sent = true;
+        }
+        if sent {
+            self.notify(IRQ_VQ);
+        }
+        Ok(())
+    }
+
+    fn notify(&mut self, q: usize) {
+        if let Some(c) = &mut self.call[q] {
+            let _ = c.write(&1u64.to_ne_bytes());
+        }
+    }
+
+    fn write_trace(&mut self) {
+        let Some(t) = &mut self.trace else { return };
+        for c in self.dev.sim.executed_since(&mut self.trace_cursor) {
+            let op = Opcode::from_raw(c.opcode);
+            let st = CmdStatus::from_raw(c.status);
+            let _ = writeln!(
+                t,
+                "{{\"t_ms\":{},\"slot\":{},\"opcode\":\"0x{:x}\",\"name\":\"{}\",\"op_mod\":{},\"status\":\"{}\",\"syndrome\":\"0x{:x}\",\"delivery\":{}}}",
+                self.start.elapsed().as_millis(),
+                c.slot,
+                c.opcode,
+                op.name().unwrap_or("UNKNOWN"),
+                c.op_mod,
+                st.name().unwrap_or("UNKNOWN"),
+                c.syndrome,
+                c.delivery
+            );
+        }
+    }
+
+    fn message(&mut self, msg: Msg) -> io::Result<()> {
+        use vhost::*;
+        let bad = |e: ProtoError| io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+        if self.verbose {
+            eprintln!("vhost-user: request {} size {} fds {}", msg.request, msg.payload.len(), msg.fds.len());
+        }
+        let ring = |i: u32| -> io::Result<usize> {
+            usize::try_from(i)
+                .ok()
+                .filter(|&i| i < 2)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("vring {i}")))
+        };
+        match msg.request {
+            GET_FEATURES => reply(&self.sock, msg.request, &(F_VERSION_1 | F_PROTOCOL_FEATURES).to_ne_bytes())?,
+            GET_PROTOCOL_FEATURES => reply(&self.sock, msg.request, &PROTOCOL_F_SLAVE_REQ.to_ne_bytes())?,
+            GET_QUEUE_NUM => reply(&self.sock, msg.request, &2u64.to_ne_bytes())?,
+            SET_FEATURES | SET_PROTOCOL_FEATURES => {
+                parse_u64(msg.request, &msg.payload).map_err(bad)?;
+            }
+            SET_OWNER | RESET_OWNER => {}
+            SET_SLAVE_REQ_FD => self._slave = msg.fds.into_iter().next(),
+            SET_MEM_TABLE => self.set_mem_table(&msg)?,
+            SET_VRING_NUM => {
+                let (i, num) = parse_vring_state(msg.request, &msg.payload).map_err(bad)?;
+                let num = u16::try_from(num)
+                    .ok()
+                    .filter(|n| n.is_power_of_two() && *n <= 1 << 15)
+                    .ok_or_else(|| bad(ProtoError::BadRingSize(num)))?;
+                self.rings[ring(i)?].num = num;
+            }
+            SET_VRING_BASE => {
+                let (i, base) = parse_vring_state(msg.request, &msg.payload).map_err(bad)?;
+                let r = &mut self.rings[ring(i)?];
+                r.last_avail = base as u16;
+                r.used_idx = base as u16;
+            }
+            GET_VRING_BASE => {
+                let (i, _) = parse_vring_state(msg.request, &msg.payload).map_err(bad)?;
+                let r = &mut self.rings[ring(i)?];
+                let mut p = [0u8; 8];
+                p[..4].copy_from_slice(&i.to_ne_bytes());
+                p[4..].copy_from_slice(&u32::from(r.last_avail).to_ne_bytes());
+                // The ring stops.
+                *r = Vring::default();
+                reply(&self.sock, msg.request, &p)?;
+            }
+            SET_VRING_ADDR => {
+                let (i, desc, used, avail) = parse_vring_addr(&msg.payload).map_err(bad)?;
+                let r = &mut self.rings[ring(i)?];
+                r.desc = desc;
+                r.used = used;
+                r.avail = avail;
+            }
+            SET_VRING_KICK | SET_VRING_CALL => {
+                let (i, has_fd) = parse_vring_fd(msg.request, &msg.payload).map_err(bad)?;
+                let f = if has_fd { msg.fds.into_iter().next().map(File::from) } else { None };
+                let slot = if msg.request == SET_VRING_KICK { &mut self.kick } else { &mut self.call };
+                slot[ring(i)?] = f;
+            }
+            SET_VRING_ERR | SET_VRING_ENABLE => {}
+            other => eprintln!("mlx5-uml-bridge: vhost-user request {other} not handled"),
+        }
+        Ok(())
+    }
+
+    fn set_mem_table(&mut self, msg: &Msg) -> io::Result<()> {
+        let regions = vhost::parse_mem_table(&msg.payload)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        if regions.len() != msg.fds.len() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "memory table: one fd per region expected"));
+        }
+        if !self.maps.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "a second memory table"));
+        }
+        let mut view = Vec::new();
+        for (r, fd) in regions.iter().zip(&msg.fds) {
+            let len = usize::try_from(r.size).map_err(|_| io::Error::other("region size"))?;
+            let off = libc::off_t::try_from(r.mmap_offset).map_err(|_| io::Error::other("region offset"))?;
+            // SAFETY: a fresh shared mapping of the fd UML passed; failure is checked below.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    off,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            let ptr = NonNull::new(p).ok_or_else(|| io::Error::other("mmap returned null"))?;
+            self.maps.push(Mapping { ptr, len });
+            let host = ptr.cast::<u8>();
+            // UML gives guest and user addresses equal (its physical addresses); rings use the latter.
+            view.push(Region { guest_addr: r.user_addr, len, host });
+            // SAFETY: the mapping lives in `self.maps` until the server drops, after the device.
+            unsafe { self.dev.sim.map_guest_memory(r.guest_addr, host, len) }
+                .map_err(|e| io::Error::other(format!("mapping guest memory for DMA: {e:?}")))?;
+            eprintln!("mlx5-uml-bridge: guest memory 0x{:x}..0x{:x} shared", r.guest_addr, r.guest_addr + r.size);
+        }
+        // SAFETY: each region is a live mapping kept in `self.maps` for the server's life.
+        self.mem = unsafe { MappedMem::new(view) };
+        Ok(())
+    }
+
+    /// Guest memory as the rings see it (for diagnostics).
+    pub fn guest(&self) -> &dyn GuestMem {
+        &self.mem
+    }
+}
