@@ -82,6 +82,8 @@ pub struct SimConfig {
     /// as on a function whose PCI config space has relaxed ordering disabled). Without them CREATE_MKEY refuses
     /// the mkc relaxed-ordering bits.
     pub relaxed_ordering: bool,
+    /// Write every frame the port sends and receives, as RoCEv2 (Ethernet ports only), to this capture.
+    pub pcap: Option<crate::pcap::PcapSink>,
 }
 
 /// The default host's address and the next host's.
@@ -133,6 +135,7 @@ impl Default for SimConfig {
             ipv4_addrs: &HOST_V4[..1],
             ipv6_addrs: &[],
             relaxed_ordering: false,
+            pcap: None,
         }
     }
 }

@@ -19,6 +19,8 @@ pub const MAX_TIMEOUT_S: u64 = 86_400;
 pub struct Args {
     pub device: Option<String>,
     pub trace: Option<PathBuf>,
+    /// `--pcap FILE`: every frame the simulated ports send and receive, as RoCEv2, in a pcap file.
+    pub pcap: Option<PathBuf>,
     pub hexdump: bool,
     pub threaded: bool,
     pub json: bool,
@@ -59,7 +61,7 @@ const COMMANDS: &[(&str, &[&str])] = &[
 fn global_applies(option: &str, command: &str) -> bool {
     match option {
         "--device" => !matches!(command, "devices" | "bind" | "unbind" | "trace"),
-        "--link" | "--trace" | "--threaded" => !matches!(command, "devices" | "bind" | "unbind" | "trace"),
+        "--link" | "--trace" | "--threaded" | "--pcap" => !matches!(command, "devices" | "bind" | "unbind" | "trace"),
         "--hexdump" => !matches!(command, "devices" | "bind" | "unbind"),
         _ => true,
     }
@@ -103,6 +105,10 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
             "--trace" => {
                 a.trace = Some(argv.path("--trace")?);
                 "--trace"
+            }
+            "--pcap" => {
+                a.pcap = Some(argv.path("--pcap")?);
+                "--pcap"
             }
             "--hexdump" => {
                 a.hexdump = true;
@@ -217,7 +223,8 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
 
 /// The options every command takes, wherever they stand.
 fn is_global(s: &str) -> bool {
-    matches!(s, "--device" | "-d" | "--link" | "--trace" | "--hexdump" | "--threaded" | "--verbose") || is_verbose(s)
+    matches!(s, "--device" | "-d" | "--link" | "--trace" | "--pcap" | "--hexdump" | "--threaded" | "--verbose")
+        || is_verbose(s)
 }
 
 /// Combinations no command takes.
@@ -225,6 +232,9 @@ fn check(a: &Args) -> Result<(), ArgError> {
     let other = |s: &str| Err(ArgError::Other(s.to_string()));
     if a.link.is_some() && a.device.as_deref().is_some_and(|d| d != "sim") {
         return other("--link sets the simulated port; with --device BDF the real port decides");
+    }
+    if a.pcap.is_some() && a.device.as_deref().is_some_and(|d| d != "sim") {
+        return other("--pcap records the simulated ports; a real port's frames are not visible to the driver");
     }
     match a.command.as_str() {
         "pingpong" => {
@@ -270,6 +280,11 @@ mod tests {
             (&["devinfo", "--size", "5"], "--size does not apply to devinfo"),
             (&["trace", "decode", "f", "--json"], "--json does not apply to trace decode"),
             (&["devices", "--trace", "t"], "--trace does not apply to devices"),
+            (&["devices", "--pcap", "p"], "--pcap does not apply to devices"),
+            (
+                &["--device", "0000:03:00.0", "--pcap", "p", "devinfo"],
+                "--pcap records the simulated ports; a real port's frames are not visible to the driver",
+            ),
         ] {
             assert_eq!(p(args).unwrap_err().to_string(), want);
         }

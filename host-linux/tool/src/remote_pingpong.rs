@@ -85,9 +85,14 @@ pub struct Options {
 /// The simulated device for `role`, plugged into the simulated wire: the server's listens on `PORT + 1`, the
 /// client's connects there (retrying until `timeout`, as the server may still be starting). The two get
 /// different MACs, GUIDs and LIDs, as two hosts have. Threaded firmware, so retry timers run in real time; the
-/// port is `port_type` (both sides must agree, as two ports on one cable do).
-pub fn open_sim(role: &Role, timeout: Duration, port_type: PortType) -> Result<SimDevice, String> {
-    let base = SimConfig { mode: Mode::Threaded, port_type, ..SimConfig::default() };
+/// port is `port_type` (both sides must agree, as two ports on one cable do); `pcap` records its frames.
+pub fn open_sim(
+    role: &Role,
+    timeout: Duration,
+    port_type: PortType,
+    pcap: Option<mlx5_sim::pcap::PcapSink>,
+) -> Result<SimDevice, String> {
+    let base = SimConfig { mode: Mode::Threaded, port_type, pcap, ..SimConfig::default() };
     let wire = role.wire_port()?;
     match role {
         Role::Server { bind, .. } => {

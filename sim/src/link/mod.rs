@@ -21,7 +21,7 @@ use std::sync::{Arc, Weak};
 
 use crate::config::{PortType, SimConfig};
 use crate::fw::port::GID_ENTRIES;
-use crate::wire::{self, Dest, GID_LEN};
+use crate::wire::{self, roce_map, Dest, GID_LEN};
 use crate::Shared;
 
 mod local;
@@ -30,6 +30,7 @@ pub mod stream;
 pub(crate) mod tcp;
 
 pub(crate) use local::{carry, connect, pump};
+use pcap::PcapSink;
 
 use tcp::Link;
 
@@ -118,6 +119,8 @@ pub(crate) struct Wire {
     pub(crate) inbox: VecDeque<Packet>,
     /// Packets for other devices, for the pump.
     pub(crate) outbox: Vec<Packet>,
+    /// Where the port records its frames (`SimConfig::pcap`).
+    pub(crate) pcap: Option<PcapSink>,
 }
 
 impl Wire {
@@ -128,7 +131,29 @@ impl Wire {
             peers: Vec::new(),
             inbox: VecDeque::new(),
             outbox: Vec::new(),
+            // An InfiniBand port's packets have no Ethernet form to record.
+            pcap: if cfg.port_type == PortType::Eth { cfg.pcap.clone() } else { None },
         }
+    }
+
+    /// The MAC of the port a device is plugged in with (this port's own for loopback).
+    fn mac_of(&self, id: u64) -> [u8; 6] {
+        if id == self.me.id {
+            return self.addr.mac;
+        }
+        self.peers.iter().find(|p| p.dev.id == id).map_or([0; 6], |p| p.addr.mac)
+    }
+
+    /// Records the frames of a packet this port sends (or receives, when `received`) in its capture, if any. A
+    /// packet with no frame form (the simulator's "lost" marker) is not recorded.
+    #[cold]
+    pub(crate) fn capture(&self, p: &Packet, received: bool) {
+        let Some(sink) = &self.pcap else { return };
+        let (src, dst) =
+            if received { (self.mac_of(p.src.id), self.addr.mac) } else { (self.addr.mac, self.mac_of(p.dst.id)) };
+        sink.record(|buf, out| {
+            let _ = roce_map::emit_frames(p, src, dst, buf, out);
+        });
     }
 
     /// This device as the address of a packet that stays in it (loopback). Its handle is empty, so cloning and
@@ -158,6 +183,9 @@ impl Wire {
     /// bytes) is copied once, into the queue, rather than again on the way in.
     #[inline]
     pub(crate) fn send(&mut self, mut p: Packet) {
+        if self.pcap.is_some() {
+            self.capture(&p, false);
+        }
         if p.dst.id == self.me.id {
             self.inbox.push_back(p);
         } else {

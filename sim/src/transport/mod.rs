@@ -49,7 +49,7 @@ use crate::fw::mkey::MkeyAccess;
 use crate::fw::qp::{Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, PSN_MASK, SEND_WQE_BB};
 use crate::link::Packet;
 use crate::small::Small;
-use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, INLINE_PAYLOAD};
+use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, RoceInfo, INLINE_PAYLOAD};
 use crate::State;
 
 pub(crate) mod cqe;
@@ -191,6 +191,10 @@ impl State {
                 self.wire.send(r);
             }
             return;
+        }
+        // A packet from another process is recorded on arrival (one from this process was, by its sender).
+        if self.wire.pcap.is_some() && matches!(p.src.port, crate::link::Port::Remote(_)) {
+            self.wire.capture(&p, true);
         }
         self.wire.inbox.push_back(p);
     }
@@ -1036,6 +1040,7 @@ mod tests {
                 sl: 0,
                 grh: None,
                 body,
+                roce: RoceInfo::default(),
             };
             st.receive(pk);
             let out = st.run_datapath();

@@ -3,9 +3,9 @@
 //! ```text
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] devinfo [--json]
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] fw-tour
-//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] pingpong [--ud] [--size N]
-//!      [--iters N] [--json]
-//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] pingpong --server [--port P] | --client HOST[:P]
+//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] [--threaded] pingpong [--ud]
+//!      [--size N] [--iters N] [--json]
+//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] pingpong --server [--port P] | --client HOST[:P]
 //!      [--size N] [--iters N] [--json]
 //! mlx5 devices
 //! mlx5 bind BDF | unbind BDF
@@ -19,11 +19,12 @@
 //! standard error through the `log` crate. Without it errors stay one line.
 
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use mlx5_core::cmdq::CmdQueue;
 use mlx5_core::hal::{DelayNs, Dma, Mmio};
 use mlx5_core::hca::{Config, Hca};
+use mlx5_sim::pcap::PcapSink;
 use mlx5_sim::{Mode, SimConfig, SimDevice};
 use mlx5_tool::cli::Args;
 use mlx5_tool::devinfo::DevInfo;
@@ -34,8 +35,8 @@ use mlx5_verbs::DeviceKind;
 use mlx5_vfio::{bind, Bdf, StdDelay, Vfio, VfioOptions};
 
 const USAGE: &str =
-    "usage: mlx5 [-v|-vv] [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] <command>
-            [--json]
+    "usage: mlx5 [-v|-vv] [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] [--threaded]
+            <command> [--json]
 
 commands:
   devices    list the devices as ibv_devices does (name, node GUID, where), without bringing any up;
@@ -73,6 +74,8 @@ options:
                  --device BDF (the real port decides)
   --trace FILE   write every firmware command as a JSON line to FILE; when bench runs two simulated devices
                  both go to FILE, each line naming its device (\"device\": \"mlx5_0\" or \"mlx5_1\")
+  --pcap FILE    write every frame the simulated ports send and receive to FILE as a pcap, in RoCEv2 form
+                 (Ethernet ports; tshark/Wireshark decode it); refused with --device BDF
   --hexdump      print every firmware command as the Linux mlx5 command hexdump
   --threaded     simulated firmware completes commands on its own thread (default: in line)
   -v, --verbose  log bring-up milestones to standard error; -vv also every firmware command";
@@ -99,7 +102,28 @@ fn sim_config(args: &Args) -> SimConfig {
     SimConfig {
         mode: if args.threaded { Mode::Threaded } else { Mode::Inline },
         port_type: args.link.unwrap_or_default(),
+        pcap: PCAP.get().cloned(),
         ..SimConfig::default()
+    }
+}
+
+/// The capture `--pcap FILE` opened, shared by every simulated device of the run.
+static PCAP: OnceLock<PcapSink> = OnceLock::new();
+
+/// Opens the `--pcap` file before any device exists.
+fn open_pcap(args: &Args) -> Result<(), String> {
+    let Some(path) = &args.pcap else { return Ok(()) };
+    let sink = PcapSink::create(path).map_err(|e| format!("--pcap {}: {e}", path.display()))?;
+    log::info!("capturing every simulated frame to {}", path.display());
+    let _ = PCAP.set(sink);
+    Ok(())
+}
+
+/// Whether the capture was written whole.
+fn check_pcap() -> Result<(), String> {
+    match PCAP.get().and_then(|s| s.error()) {
+        Some(e) => Err(format!("--pcap: writing the capture failed ({e})")),
+        None => Ok(()),
     }
 }
 
@@ -312,7 +336,7 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
     let tracer = || trace.as_ref().map(|t| Box::new(t.device(None)) as mlx5_verbs::Tracer);
     let (ctx, sim) = match &args.device {
         None => {
-            let dev = rp::open_sim(&role, timeout, args.link.unwrap_or_default())?;
+            let dev = rp::open_sim(&role, timeout, args.link.unwrap_or_default(), PCAP.get().cloned())?;
             (Context::open_sim_device_with(dev.clone(), tracer()).map_err(|e| e.to_string())?, Some(dev))
         }
         Some(bdf) => {
@@ -406,6 +430,7 @@ fn bench(args: &Args) -> Result<(), String> {
     opts.threaded = args.threaded;
     opts.port_type = args.link.unwrap_or_default();
     opts.trace = shared_trace(args)?;
+    opts.pcap = PCAP.get().cloned();
     let r = perftest::run(&opts, &mut |text: &str| out(text)).map(drop).map_err(|e| e.to_string());
     if let Some(t) = &opts.trace {
         t.finish().map_err(|e| e.to_string())?;
@@ -512,17 +537,19 @@ fn main() -> ExitCode {
         }
     }
     init_logging(args.verbose);
-    let result = match args.command.as_str() {
-        "devices" => devices(),
-        "devinfo" => devinfo(&args),
-        "fw-tour" => fw_tour(&args),
-        "pingpong" => pingpong(&args),
-        "bench" => bench(&args),
-        "bind" => bind_cmd(&args, true),
-        "unbind" => bind_cmd(&args, false),
-        "trace" => trace_cmd(&args),
-        other => Err(format!("unknown command {other:?}")),
-    };
+    let result = open_pcap(&args)
+        .and_then(|()| match args.command.as_str() {
+            "devices" => devices(),
+            "devinfo" => devinfo(&args),
+            "fw-tour" => fw_tour(&args),
+            "pingpong" => pingpong(&args),
+            "bench" => bench(&args),
+            "bind" => bind_cmd(&args, true),
+            "unbind" => bind_cmd(&args, false),
+            "trace" => trace_cmd(&args),
+            other => Err(format!("unknown command {other:?}")),
+        })
+        .and_then(|()| check_pcap());
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
