@@ -58,6 +58,10 @@ pub(crate) fn carry(mut queue: VecDeque<Packet>) {
                 Ok(()) => continue,
                 Err(why) => why,
             },
+            Port::Guest(link) => match link.transmit(&p) {
+                Ok(()) => continue,
+                Err(why) => why,
+            },
         };
         // The destination is unreachable: for an RC request the requester's timer starts.
         queue.extend(p.reply(Resp::Lost(gone)));

@@ -24,11 +24,13 @@ use crate::fw::port::GID_ENTRIES;
 use crate::wire::{self, roce_map, Dest, GID_LEN};
 use crate::Shared;
 
+pub(crate) mod guest;
 mod local;
 pub mod pcap;
 pub mod stream;
 pub(crate) mod tcp;
 
+use crate::wire::roce::frame::DropCounters;
 pub(crate) use local::{carry, connect, pump};
 use pcap::PcapSink;
 
@@ -50,6 +52,8 @@ pub(crate) fn next_device_id() -> u64 {
 pub(crate) enum Port {
     Local(Weak<Shared>),
     Remote(Arc<Link>),
+    /// A QEMU guest's NIC (`guest.rs`): RoCEv2 frames on a UNIX socket.
+    Guest(Arc<guest::GuestLink>),
 }
 
 /// A device on the wire: its id and where it is.
@@ -107,6 +111,8 @@ impl PortAddr {
 struct Peer {
     dev: DevRef,
     addr: PortAddr,
+    /// Every destination this port does not own goes to this peer (a guest NIC, whose addresses are not known).
+    default: bool,
 }
 
 /// A device's side of the wire: its own address, its peers, and the packets waiting to be handled or carried.
@@ -121,6 +127,8 @@ pub(crate) struct Wire {
     pub(crate) outbox: Vec<Packet>,
     /// Where the port records its frames (`SimConfig::pcap`).
     pub(crate) pcap: Option<PcapSink>,
+    /// Frames from links that failed a check.
+    pub(crate) drops: DropCounters,
 }
 
 impl Wire {
@@ -133,6 +141,7 @@ impl Wire {
             outbox: Vec::new(),
             // An InfiniBand port's packets have no Ethernet form to record.
             pcap: if cfg.port_type == PortType::Eth { cfg.pcap.clone() } else { None },
+            drops: DropCounters::default(),
         }
     }
 
@@ -141,7 +150,19 @@ impl Wire {
         if id == self.me.id {
             return self.addr.mac;
         }
-        self.peers.iter().find(|p| p.dev.id == id).map_or([0; 6], |p| p.addr.mac)
+        match self.peers.iter().find(|p| p.dev.id == id) {
+            Some(Peer { dev: DevRef { port: Port::Guest(l), .. }, .. }) => l.peer_mac().unwrap_or([0xff; 6]),
+            Some(p) => p.addr.mac,
+            None => [0; 6],
+        }
+    }
+
+    /// Records a frame as it is.
+    #[cold]
+    pub(crate) fn capture_raw(&self, frame: &[u8]) {
+        if let Some(sink) = &self.pcap {
+            sink.record(|_, out| out(frame));
+        }
     }
 
     /// Records the frames of a packet this port sends (or receives, when `received`) in its capture, if any. A
@@ -171,6 +192,9 @@ impl Wire {
         if let Some(p) = self.peers.iter().find(|p| p.addr.matches(d)) {
             return Ok(p.dev.clone());
         }
+        if let Some(p) = self.peers.iter().find(|p| p.default && !self.addr.ib) {
+            return Ok(p.dev.clone());
+        }
         // A known GID behind another MAC: the frame goes to a port that does not own the GID.
         let gid_known = |a: &PortAddr| matches!(d, Dest::Gid { gid, .. } if !a.ib && *gid == a.gid);
         if gid_known(&self.addr) || self.peers.iter().any(|p| gid_known(&p.addr)) {
@@ -183,7 +207,8 @@ impl Wire {
     /// bytes) is copied once, into the queue, rather than again on the way in.
     #[inline]
     pub(crate) fn send(&mut self, mut p: Packet) {
-        if self.pcap.is_some() {
+        // A guest link records the frames it writes itself (they depend on what ARP resolved).
+        if self.pcap.is_some() && !matches!(p.dst.port, Port::Guest(_)) {
             self.capture(&p, false);
         }
         if p.dst.id == self.me.id {
@@ -199,7 +224,7 @@ impl Wire {
 
     fn add_peer(&mut self, dev: DevRef, addr: PortAddr) {
         if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
-            self.peers.push(Peer { dev, addr });
+            self.peers.push(Peer { dev, addr, default: false });
         }
     }
 
@@ -209,11 +234,26 @@ impl Wire {
         self.add_peer(dev, addr);
     }
 
+    /// Plugs a guest NIC in, replacing the one plugged in before.
+    pub(crate) fn plug_guest(&mut self, dev: DevRef) {
+        self.peers.retain(|p| !p.default);
+        let addr = PortAddr { ib: false, lid: 0, gid: [0; GID_LEN], mac: [0; 6] };
+        self.peers.push(Peer { dev, addr, default: true });
+    }
+
+    /// The link to a guest NIC, if one is plugged in.
+    pub(crate) fn guest_link(&self) -> Option<Arc<guest::GuestLink>> {
+        self.peers.iter().find_map(|p| match &p.dev.port {
+            Port::Guest(l) => Some(l.clone()),
+            _ => None,
+        })
+    }
+
     /// The link to another process, if one is plugged in.
     pub(crate) fn remote_link(&self) -> Option<Arc<Link>> {
         self.peers.iter().find_map(|p| match &p.dev.port {
             Port::Remote(l) => Some(l.clone()),
-            Port::Local(_) => None,
+            Port::Local(_) | Port::Guest(_) => None,
         })
     }
 
@@ -227,6 +267,9 @@ impl Drop for Wire {
     /// A device that goes away unplugs its link: the far end sees the connection close.
     fn drop(&mut self) {
         if let Some(l) = self.remote_link() {
+            l.close();
+        }
+        if let Some(l) = self.guest_link() {
             l.close();
         }
     }

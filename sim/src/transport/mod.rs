@@ -57,6 +57,7 @@ mod flush;
 mod keys;
 mod requester;
 mod responder;
+pub(crate) mod roce_rx;
 mod srq;
 mod uc;
 mod ud;
@@ -178,6 +179,8 @@ pub(crate) struct DpState {
     scratch: Vec<u8>,
     /// The inline bytes of the WQE being executed (reused, as `scratch`).
     inline: Vec<u8>,
+    /// Messages in reassembly and ARP neighbours of a RoCE port fed frames.
+    pub(crate) rx: roce_rx::RoceRx,
 }
 
 impl State {
