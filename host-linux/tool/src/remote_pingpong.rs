@@ -80,6 +80,28 @@ pub struct Options {
     pub timeout: Duration,
     /// UD queue pairs, as `ibv_ud_pingpong`, instead of RC.
     pub ud: bool,
+    /// The GID table entry advertised and sent from (rc_pingpong's `-g`; 0 by default).
+    pub gid_index: u8,
+}
+
+/// A simulated device whose port is plugged into a QEMU guest's NIC: QEMU listens on the UNIX socket `sock`
+/// (`-netdev stream,server=on,addr.type=unix,addr.path=SOCK`) and the device connects, retrying until `timeout`.
+/// RoCEv2 frames cross it (`mlx5_sim::SimDevice::guest_connect`); `ipv4` is the port's address (a RoCE v2 GID
+/// entry, answered in ARP), so a Linux RoCE stack in the guest (rdma_rxe) can reach it.
+pub fn open_sim_guest(
+    sock: &std::path::Path,
+    ipv4: Option<Ipv4Addr>,
+    timeout: Duration,
+    pcap: Option<mlx5_sim::pcap::PcapSink>,
+) -> Result<SimDevice, String> {
+    let mut cfg = SimConfig { mode: Mode::Threaded, port_type: PortType::Eth, pcap, ..SimConfig::default() };
+    if let Some(ip) = ipv4 {
+        // The configuration holds static address lists; one process opens one such device.
+        cfg.ipv4_addrs = Box::leak(Box::new([ip.octets()]));
+    }
+    let dev = SimDevice::new(cfg);
+    dev.guest_connect(sock, timeout).map_err(|e| format!("cannot reach the guest NIC at {}: {e}", sock.display()))?;
+    Ok(dev)
 }
 
 /// The simulated device for `role`, plugged into the simulated wire: the server's listens on `PORT + 1`, the
@@ -401,10 +423,10 @@ enum Ready<'a> {
 
 impl<'a> Ready<'a> {
     /// RTS: an RC QP connected to `peer` (starting at `psn`), a UD one as it is.
-    fn connect(self, peer: RemoteQp, psn: u32) -> Result<QueuePair<'a, Rts>, String> {
+    fn connect(self, peer: RemoteQp, psn: u32, gid_index: u8) -> Result<QueuePair<'a, Rts>, String> {
         match self {
             Ready::Rc(qp) => qp
-                .to_rtr(RtrAttr::rc(peer).max_dest_rd_atomic(1))
+                .to_rtr(RtrAttr::rc(peer).max_dest_rd_atomic(1).sgid_index(gid_index))
                 .map_err(|e| format!("move the QP to RTR: {}", e.error))?
                 .to_rts(RtsAttr::rc(psn).max_rd_atomic(1))
                 .map_err(|e| format!("move the QP to RTS: {}", e.error)),
@@ -447,6 +469,9 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     }
     .map_err(verbs("query port"))?;
     me.psn = random_psn();
+    if opts.gid_index != 0 {
+        me.gid = ctx.query_gid(opts.gid_index.into()).map_err(verbs("query GID"))?;
+    }
 
     let mut s = rendezvous(role, opts.timeout)?;
     let server = matches!(role, Role::Server { .. });
@@ -458,7 +483,7 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     };
     log::info!("local address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", me.lid, me.qpn, me.psn);
     log::info!("remote address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", peer.lid, peer.qpn, peer.psn);
-    let qp = ready.connect(peer, me.psn)?;
+    let qp = ready.connect(peer, me.psn, opts.gid_index)?;
     let ah = if opts.ud {
         Some(pd.create_ah(&ud::route(ctx, &peer)).map_err(verbs("create address handle"))?)
     } else {

@@ -6,7 +6,7 @@
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] [--threaded] pingpong [--ud]
 //!      [--size N] [--iters N] [--json]
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] pingpong --server [--port P] | --client HOST[:P]
-//!      [--size N] [--iters N] [--json]
+//!      [--size N] [--iters N] [--json] [--gid-idx N] [--qemu-sock PATH] [--ipv4 ADDR]
 //! mlx5 devices
 //! mlx5 bind BDF | unbind BDF
 //! mlx5 trace decode FILE [--all] [--hexdump]
@@ -48,7 +48,10 @@ commands:
              --server [--port P] / --client HOST[:P]: the two sides in two processes (or hosts), which swap
              LID, QPN, PSN and GID over TCP port P (default 18515) as ibv_rc_pingpong does; on the
              simulator their devices are joined by a simulated wire over TCP port P + 1 (--timeout SECS,
-             default 30: how long to wait for the peer and for each completion)
+             default 30: how long to wait for the peer and for each completion; --gid-idx N: the GID entry
+             advertised and sent from, rc_pingpong's -g; --qemu-sock PATH: the simulated port is plugged into a
+             QEMU guest NIC listening there (-netdev stream,server=on) instead, RoCEv2 frames on the socket,
+             e.g. to reach ibv_rc_pingpong over rdma_rxe; --ipv4 ADDR: the simulated port's IPv4 address)
              --ud: a UD ping-pong between two UD QPs of the device instead, as ibv_ud_pingpong does it
              (address handles, Q_Key 0x11111111, 40 bytes of GRH room before each received payload;
              --size default 2048 or the port's active MTU if smaller, at most the MTU); with --server /
@@ -331,10 +334,21 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
         None => Role::Server { port: args.port.unwrap_or(rp::DEFAULT_PORT), bind: args.bind },
     };
     let timeout = args.timeout.unwrap_or(std::time::Duration::from_secs(30));
-    let opts = rp::Options { size: args.size, iters: args.iters.unwrap_or(1000), timeout, ud: args.ud };
+    let opts = rp::Options {
+        size: args.size,
+        iters: args.iters.unwrap_or(1000),
+        timeout,
+        ud: args.ud,
+        gid_index: args.gid_index.unwrap_or(0),
+    };
     let trace = shared_trace(args)?;
     let tracer = || trace.as_ref().map(|t| Box::new(t.device(None)) as mlx5_verbs::Tracer);
     let (ctx, sim) = match &args.device {
+        None if args.qemu_sock.is_some() => {
+            let sock = args.qemu_sock.as_deref().unwrap_or(std::path::Path::new(""));
+            let dev = rp::open_sim_guest(sock, args.ipv4, timeout, PCAP.get().cloned())?;
+            (Context::open_sim_device_with(dev.clone(), tracer()).map_err(|e| e.to_string())?, Some(dev))
+        }
         None => {
             let dev = rp::open_sim(&role, timeout, args.link.unwrap_or_default(), PCAP.get().cloned())?;
             (Context::open_sim_device_with(dev.clone(), tracer()).map_err(|e| e.to_string())?, Some(dev))
