@@ -19,6 +19,7 @@ mod codegen;
 mod fuzz;
 mod miri;
 mod modcheck;
+mod rxe;
 mod soak;
 mod vfio_test;
 
@@ -112,6 +113,7 @@ commands:
   codegen [--check]              regenerate core/src/prm/generated.rs (--check: fail if it is stale)
   ci                             everything CI runs
   vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
+  rxe-interop                    mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
   fuzz [--seconds N] [--target NAME]
                                  every fuzz target N seconds (1..86400, default 30), then the corpus replayed
@@ -127,6 +129,7 @@ enum Task {
     Codegen { check: bool },
     Ci,
     VfioTest,
+    RxeInterop,
     Bench { json: bool },
     Fuzz(Vec<String>),
     Miri,
@@ -148,6 +151,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "codegen" => Task::Codegen { check: false },
         "ci" => Task::Ci,
         "vfio-test" => Task::VfioTest,
+        "rxe-interop" => Task::RxeInterop,
         "bench" => Task::Bench { json: false },
         "fuzz" => Task::Fuzz(Vec::new()),
         "miri" => Task::Miri,
@@ -200,6 +204,7 @@ fn main() -> ExitCode {
         Task::Codegen { check } => codegen::run_codegen(&root, check),
         Task::Ci => ci(&root),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
+        Task::RxeInterop => rxe::run_rxe_interop(&root),
         Task::Bench { json } => bench::run(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
         Task::Miri => miri::run(&root),

@@ -20,7 +20,7 @@ const MODULES: &[&str] = &["irqbypass", "vfio", "vfio_virqfd", "vfio_iommu_type1
 const GUEST_TARGET: &str = "x86_64-unknown-linux-gnu";
 const BOOT_TIMEOUT: Duration = Duration::from_secs(420);
 
-fn run(cmd: &mut Command) -> Result<String, String> {
+pub(crate) fn run(cmd: &mut Command) -> Result<String, String> {
     let out = cmd.output().map_err(|e| format!("failed to run {cmd:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
@@ -28,7 +28,7 @@ fn run(cmd: &mut Command) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn have(program: &str) -> bool {
+pub(crate) fn have(program: &str) -> bool {
     Command::new("sh")
         .arg("-c")
         .arg(format!("command -v {program}"))
@@ -38,7 +38,7 @@ fn have(program: &str) -> bool {
 }
 
 /// apt-get install, running `apt-get update` once if the first attempt cannot find the packages.
-fn apt_install(pkgs: &[&str]) -> Result<(), String> {
+pub(crate) fn apt_install(pkgs: &[&str]) -> Result<(), String> {
     println!("vfio-test: installing {}", pkgs.join(" "));
     let install = || {
         Command::new("apt-get")
@@ -78,7 +78,7 @@ fn ensure_packages() -> Result<(), String> {
 }
 
 /// Downloads and unpacks the kernel package `linux-image-amd64` depends on; returns (vmlinuz, modules dir).
-fn ensure_kernel(work: &Path) -> Result<(PathBuf, PathBuf), String> {
+pub(crate) fn ensure_kernel(work: &Path) -> Result<(PathBuf, PathBuf), String> {
     let root = work.join("kernel");
     if !root.join("boot").exists() {
         let deps = run(Command::new("apt-cache").args(["depends", "linux-image-amd64"]))?;
@@ -135,7 +135,7 @@ fn ensure_kernel(work: &Path) -> Result<(PathBuf, PathBuf), String> {
     Ok((vmlinuz, ver))
 }
 
-fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
+pub(crate) fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
     for e in std::fs::read_dir(dir).ok()?.flatten() {
         let p = e.path();
         if p.is_dir() {
@@ -153,7 +153,7 @@ fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
 }
 
 /// A module's bytes, decompressed when the package ships it compressed (busybox insmod wants plain ELF).
-fn module_bytes(p: &Path) -> Result<Vec<u8>, String> {
+pub(crate) fn module_bytes(p: &Path) -> Result<Vec<u8>, String> {
     let name = p.to_string_lossy();
     let tool = if name.ends_with(".xz") {
         Some("xz")
@@ -176,13 +176,13 @@ fn module_bytes(p: &Path) -> Result<Vec<u8>, String> {
 
 /// A `newc` cpio archive, the format the kernel unpacks as its initramfs.
 #[derive(Default)]
-struct Cpio {
+pub(crate) struct Cpio {
     buf: Vec<u8>,
     ino: u32,
 }
 
 impl Cpio {
-    fn entry(&mut self, name: &str, mode: u32, data: &[u8]) {
+    pub(crate) fn entry(&mut self, name: &str, mode: u32, data: &[u8]) {
         self.ino += 1;
         let fields = [self.ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, 0, 0, name.len() as u32 + 1, 0];
         self.buf.extend_from_slice(b"070701");
@@ -200,16 +200,16 @@ impl Cpio {
             self.buf.push(0);
         }
     }
-    fn dir(&mut self, name: &str) {
+    pub(crate) fn dir(&mut self, name: &str) {
         self.entry(name, 0o040755, &[]);
     }
-    fn file(&mut self, name: &str, exec: bool, data: &[u8]) {
+    pub(crate) fn file(&mut self, name: &str, exec: bool, data: &[u8]) {
         self.entry(name, if exec { 0o100755 } else { 0o100644 }, data);
     }
-    fn symlink(&mut self, name: &str, target: &str) {
+    pub(crate) fn symlink(&mut self, name: &str, target: &str) {
         self.entry(name, 0o120777, target.as_bytes());
     }
-    fn finish(mut self) -> Vec<u8> {
+    pub(crate) fn finish(mut self) -> Vec<u8> {
         self.entry("TRAILER!!!", 0, &[]);
         self.buf
     }

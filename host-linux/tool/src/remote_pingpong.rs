@@ -82,7 +82,14 @@ pub struct Options {
     pub ud: bool,
     /// The GID table entry advertised and sent from (rc_pingpong's `-g`; 0 by default).
     pub gid_index: u8,
+    /// Every message is `ibv_rc_pingpong -c`'s buffer (0x7b, with a zero byte at each 4 KiB page offset) rather
+    /// than the per-iteration pattern, so the peer may be rdma-core's own ping-pong.
+    pub rc_pingpong_data: bool,
 }
+
+/// rc_pingpong's buffer fill, and the zero its `-c` check expects at each page offset.
+const RC_PINGPONG_FILL: u8 = 0x7b;
+const RC_PINGPONG_PAGE: usize = 4096;
 
 /// A simulated device whose port is plugged into a QEMU guest's NIC: QEMU listens on the UNIX socket `sock`
 /// (`-netdev stream,server=on,addr.type=unix,addr.path=SOCK`) and the device connects, retrying until `timeout`.
@@ -509,7 +516,13 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     let at = n + grh;
     let start = Instant::now();
     for i in 0..opts.iters {
-        ping(i, &mut expect);
+        if opts.rc_pingpong_data {
+            for (k, b) in expect.iter_mut().enumerate() {
+                *b = if k % RC_PINGPONG_PAGE == 0 { 0 } else { RC_PINGPONG_FILL };
+            }
+        } else {
+            ping(i, &mut expect);
+        }
         if server {
             // The ping arrives in the second part; it must be ping i; it goes back from the first part.
             complete(ctx, &cq, 1, opts.timeout)?;

@@ -51,7 +51,8 @@ commands:
              default 30: how long to wait for the peer and for each completion; --gid-idx N: the GID entry
              advertised and sent from, rc_pingpong's -g; --qemu-sock PATH: the simulated port is plugged into a
              QEMU guest NIC listening there (-netdev stream,server=on) instead, RoCEv2 frames on the socket,
-             e.g. to reach ibv_rc_pingpong over rdma_rxe; --ipv4 ADDR: the simulated port's IPv4 address)
+             e.g. to reach ibv_rc_pingpong over rdma_rxe, whose -c buffer the messages then are; --ipv4 ADDR:
+             the simulated port's IPv4 address)
              --ud: a UD ping-pong between two UD QPs of the device instead, as ibv_ud_pingpong does it
              (address handles, Q_Key 0x11111111, 40 bytes of GRH room before each received payload;
              --size default 2048 or the port's active MTU if smaller, at most the MTU); with --server /
@@ -340,6 +341,7 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
         timeout,
         ud: args.ud,
         gid_index: args.gid_index.unwrap_or(0),
+        rc_pingpong_data: args.qemu_sock.is_some(),
     };
     let trace = shared_trace(args)?;
     let tracer = || trace.as_ref().map(|t| Box::new(t.device(None)) as mlx5_verbs::Tracer);
