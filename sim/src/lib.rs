@@ -624,6 +624,13 @@ impl SimDevice {
         l.map(|l| l.drop_frame(n)).is_some()
     }
 
+    /// Makes the guest link lose the `n`-th RoCE frame it receives from now on (1: the next one), before the port
+    /// sees it. Returns false when no guest link is plugged in.
+    pub fn guest_drop_frame_in(&self, n: u64) -> bool {
+        let l = lock(&self.shared).wire.guest_link();
+        l.map(|l| l.drop_frame_in(n)).is_some()
+    }
+
     /// Frames the RoCE port dropped from its links, per reason.
     pub fn frame_drops(&self) -> roce::frame::DropCounters {
         lock(&self.shared).wire.drops

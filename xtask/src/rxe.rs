@@ -307,6 +307,15 @@ fn wait_child(child: &mut Child, end: Instant, what: &str) -> Result<std::proces
     }
 }
 
+/// A lost-frame run: the simulated port's link loses one chosen RoCE frame (`MLX5_SIM_DROP_OUT` /
+/// `MLX5_SIM_DROP_IN`), and the rxe counter that shows the recovery must have moved.
+struct Loss {
+    env: &'static str,
+    nth: u32,
+    /// An rxe hw_counter that must be non-zero afterwards.
+    counter: &'static str,
+}
+
 /// One ping-pong: the guest as `mode` ("server" or "client"), ours the other side. Returns the seconds it took.
 fn run_one(
     work: &Path,
@@ -314,10 +323,10 @@ fn run_one(
     initrd: &Path,
     mlx5: &Path,
     mode: &str,
-    size: usize,
-    iters: u32,
+    (size, iters): (usize, u32),
+    loss: Option<&Loss>,
 ) -> Result<f64, String> {
-    let tag = format!("{mode}-{size}");
+    let tag = format!("{mode}-{size}{}", if loss.is_some() { "-loss" } else { "" });
     let sock = work.join(format!("roce-{tag}.sock"));
     let pcap = work.join(format!("mlx5-{tag}.pcap"));
     let guest_pcap = work.join(format!("guest-{tag}.pcap"));
@@ -382,6 +391,9 @@ fn run_one(
         "--iters",
         &iters.to_string(),
     ]);
+    if let Some(l) = loss {
+        m.env(l.env, l.nth.to_string());
+    }
     let mut ours_child = m.spawn().map_err(|e| format!("failed to start mlx5: {e}"))?;
     let ours_status = wait_child(&mut ours_child, end, "mlx5 pingpong");
     let qemu_status = wait_child(&mut qemu, end, "the guest");
@@ -391,6 +403,15 @@ fn run_one(
     println!("rxe-interop: {tag}: mlx5 {ours_status}, guest {qemu_status}, {secs:.1} s");
     if !ours_status.success() || qemu_status.code() != Some(3) {
         return Err(format!("{tag}: ping-pong failed (mlx5 {ours_status}, guest {qemu_status})"));
+    }
+    if let Some(l) = loss {
+        // The console reader ends with QEMU; what it has not handed over yet is the run's end.
+        let counters: Vec<String> = lines.iter().filter(|s| s.starts_with("rxe-counter: ")).collect();
+        let moved = counters.iter().any(|s| s.split_whitespace().nth(1) == Some(l.counter));
+        if !moved {
+            return Err(format!("{tag}: rxe's {} did not move: {counters:?}", l.counter));
+        }
+        println!("rxe-interop: {tag}: one frame lost ({}={}), recovered; rxe {}", l.env, l.nth, l.counter);
     }
     check_pcap(&pcap)?;
     Ok(secs)
@@ -430,12 +451,21 @@ pub fn run_rxe_interop(root: &Path) -> Result<(), String> {
     let mlx5 = build_tool(root)?;
     let mut times = Vec::new();
     for mode in ["server", "client"] {
-        for &(size, iters) in RUNS {
-            times.push((mode, size, iters, run_one(&work, &vmlinuz, &initrd, &mlx5, mode, size, iters)?));
+        for &run in RUNS {
+            times.push((mode, run, "", run_one(&work, &vmlinuz, &initrd, &mlx5, mode, run, None)?));
         }
     }
-    for (mode, size, iters, secs) in &times {
-        println!("rxe-interop: guest {mode:6} {iters:3} x {size:6} B: {secs:5.1} s boot to poweroff");
+    // A frame we send is lost (rxe NAKs the sequence gap, we send again), then one rxe sends (we NAK, rxe sends
+    // again).
+    let ours_lost = Loss { env: "MLX5_SIM_DROP_OUT", nth: 2, counter: "out_of_seq_request" };
+    let theirs_lost = Loss { env: "MLX5_SIM_DROP_IN", nth: 2, counter: "rcvd_seq_err" };
+    for (mode, loss) in [("server", &ours_lost), ("client", &theirs_lost)] {
+        let run = (4096, 5);
+        let secs = run_one(&work, &vmlinuz, &initrd, &mlx5, mode, run, Some(loss))?;
+        times.push((mode, run, " (one frame lost)", secs));
+    }
+    for (mode, (size, iters), what, secs) in &times {
+        println!("rxe-interop: guest {mode:6} {iters:3} x {size:6} B{what}: {secs:5.1} s boot to poweroff");
     }
     println!("rxe-interop: passed");
     Ok(())

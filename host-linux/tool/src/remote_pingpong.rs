@@ -91,6 +91,11 @@ pub struct Options {
 const RC_PINGPONG_FILL: u8 = 0x7b;
 const RC_PINGPONG_PAGE: usize = 4096;
 
+/// With `--qemu-sock`: the link loses the N-th RoCE frame it sends (a test of the peer's recovery).
+pub const DROP_OUT_ENV: &str = "MLX5_SIM_DROP_OUT";
+/// With `--qemu-sock`: the link loses the N-th RoCE frame it receives.
+pub const DROP_IN_ENV: &str = "MLX5_SIM_DROP_IN";
+
 /// A simulated device whose port is plugged into a QEMU guest's NIC: QEMU listens on the UNIX socket `sock`
 /// (`-netdev stream,server=on,addr.type=unix,addr.path=SOCK`) and the device connects, retrying until `timeout`.
 /// RoCEv2 frames cross it (`mlx5_sim::SimDevice::guest_connect`); `ipv4` is the port's address (a RoCE v2 GID
@@ -108,6 +113,14 @@ pub fn open_sim_guest(
     }
     let dev = SimDevice::new(cfg);
     dev.guest_connect(sock, timeout).map_err(|e| format!("cannot reach the guest NIC at {}: {e}", sock.display()))?;
+    // Lost-frame tests (`cargo xtask rxe-interop`): the link loses the N-th RoCE frame it sends or receives.
+    let nth = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok()).filter(|&n| n > 0);
+    if let Some(n) = nth(DROP_OUT_ENV) {
+        dev.guest_drop_frame(n);
+    }
+    if let Some(n) = nth(DROP_IN_ENV) {
+        dev.guest_drop_frame_in(n);
+    }
     Ok(dev)
 }
 

@@ -45,6 +45,19 @@ pub(crate) struct GuestLink {
     /// RoCE frames sent so far, and the one (1-based) to drop on purpose (0: none), for lost-frame tests.
     sent: AtomicU64,
     drop_nth: AtomicU64,
+    /// The same for RoCE frames received.
+    received: AtomicU64,
+    drop_in_nth: AtomicU64,
+}
+
+/// Whether a frame is UDP to the RoCEv2 port (IPv4 without options, or IPv6), by its headers alone.
+fn is_roce(f: &[u8]) -> bool {
+    let udp_dport = |at: usize| f.get(at + 2..at + 4) == Some(&4791u16.to_be_bytes()[..]);
+    match f.get(12..14) {
+        Some([0x08, 0x00]) => f.get(14) == Some(&0x45) && f.get(23) == Some(&17) && udp_dport(34),
+        Some([0x86, 0xdd]) => f.get(20) == Some(&17) && udp_dport(54),
+        _ => false,
+    }
 }
 
 /// The IPv4 address in an IPv4-mapped GID.
@@ -77,6 +90,18 @@ impl GuestLink {
     pub(crate) fn drop_frame(&self, n: u64) {
         let base = self.sent.load(Ordering::Acquire);
         self.drop_nth.store(base + n, Ordering::Release);
+    }
+
+    /// Drops the `n`-th RoCE frame received from now on (1 is the next one).
+    pub(crate) fn drop_frame_in(&self, n: u64) {
+        let base = self.received.load(Ordering::Acquire);
+        self.drop_in_nth.store(base + n, Ordering::Release);
+    }
+
+    /// Counts a received RoCE frame; true when it is the one to drop. Other frames (ARP, the guest's IPv6
+    /// neighbour discovery) are neither counted nor dropped.
+    fn lose_incoming(&self, frame: &[u8]) -> bool {
+        is_roce(frame) && self.received.fetch_add(1, Ordering::AcqRel) + 1 == self.drop_in_nth.load(Ordering::Acquire)
     }
 
     fn learn(&self, mac: [u8; 6]) {
@@ -181,6 +206,8 @@ fn plug(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
         pcap,
         sent: AtomicU64::new(0),
         drop_nth: AtomicU64::new(0),
+        received: AtomicU64::new(0),
+        drop_in_nth: AtomicU64::new(0),
     });
     let reader = stream.try_clone()?;
     {
@@ -216,6 +243,9 @@ fn read_loop(weak: Weak<Shared>, link: Arc<GuestLink>, mut r: UnixStream) {
     while let Ok(Some(n)) = read_frame(&mut r, &mut buf) {
         let Some(shared) = weak.upgrade() else { break };
         let frame = &buf[..n];
+        if link.lose_incoming(frame) {
+            continue;
+        }
         // The far end's MAC is the source of what it sends (not a broadcast or one of ours).
         if n >= 12 {
             let mut mac = [0u8; 6];
@@ -379,7 +409,17 @@ mod tests {
         assert_eq!(b.wait_cqe(&mut b_cq).expect("receive CQE").byte_cnt(), 100);
         assert!(b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
         assert!(b.poll(&mut b_cq).is_none(), "the duplicate consumed no receive");
-        assert_eq!(b.h.dev.qp_info(qb.qpn).unwrap().rq_ci, 2);
+        // B loses A's FIRST packet on the way in: MIDDLE is ahead of what B expects, B NAKs, A sends it all again.
+        let naks = |r: &Rdma| r.h.dev.events().iter().filter(|e| matches!(e, SimEvent::PsnSequenceNak { .. })).count();
+        let before = naks(&a);
+        assert!(b.h.dev.guest_drop_frame_in(1));
+        b.post_recv(&mut qb, &[(mb.addr() + 8192, 4096, mb.key)]);
+        a.post_send(&mut qa, &Wqe::new(SEND).data(3000, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.wait_cqe(&mut a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        assert_eq!(b.wait_cqe(&mut b_cq).expect("receive CQE").byte_cnt(), 3000);
+        assert!(mb.read(8192, 3000) == msg);
+        assert!(naks(&a) > before);
+        assert_eq!(b.h.dev.qp_info(qb.qpn).unwrap().rq_ci, 3);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! How packets travel between devices: port addresses, routing (loopback or a connected peer), and the pump
 //! that carries packets between devices in this process; `tcp.rs` is the link to a device in another process.
 //!
-//! A packet (module `wire`) is a whole message (one request or one response); segmentation into MTU-sized packets
-//! is not modelled. Routing is by the sender's path or address vector: the IB destination LID, or the RoCE
+//! A packet (module `wire`) is a whole message (one request or one response) between devices of this process; a
+//! link to another process or a QEMU guest (`guest.rs`) carries it as RoCEv2 frames on an Ethernet port. Routing is by the sender's path or address vector: the IB destination LID, or the RoCE
 //! destination GID together with the destination MAC. The device's own address is loopback (the packet goes to its
 //! own inbox and is handled under the same lock); an address of a peer joined by [`crate::SimDevice::connect`]
 //! goes out on the wire; anything else is unreachable.

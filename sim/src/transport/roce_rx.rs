@@ -24,6 +24,8 @@ pub(crate) struct Partial {
     next_psn: u32,
     kind: PartialKind,
     data: Vec<u8>,
+    /// A sequence NAK went out for the gap at `next_psn` (one per gap, as a responder sends).
+    nak_sent: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +233,10 @@ impl State {
                 }
                 let data = r.payload.to_vec();
                 // A new FIRST replaces a message that never finished (its requester started again).
-                self.dp.rx.requests.insert(qpn, Partial { first_psn: psn, next_psn: psn_add(psn, 1), kind, data });
+                self.dp
+                    .rx
+                    .requests
+                    .insert(qpn, Partial { first_psn: psn, next_psn: psn_add(psn, 1), kind, data, nak_sent: false });
             }
             Position::Middle | Position::Last => {
                 let fits = |p: &Partial| {
@@ -244,6 +249,7 @@ impl State {
                     Some(p) if fits(p) => {
                         p.data.extend_from_slice(r.payload);
                         p.next_psn = psn_add(psn, 1);
+                        p.nak_sent = false;
                         if pos == Position::Last {
                             let Some(p) = self.dp.rx.requests.remove(&qpn) else { return };
                             let op = finish(p.kind, p.data);
@@ -254,6 +260,19 @@ impl State {
                             };
                             self.rx_deliver(from, remote, r, body, mtu);
                         }
+                    }
+                    Some(p) if !uc && psn_diff(psn, p.next_psn) > 0 => {
+                        // A packet of this message was lost: NAK the PSN expected next and keep what arrived, so
+                        // the requester resends from there (IBA 9.7.5.2.2). An RC responder sends one such NAK
+                        // per gap; the packets after it are dropped until the expected one comes.
+                        if !p.nak_sent {
+                            p.nak_sent = true;
+                            let expected = p.next_psn;
+                            self.rx_nak_sequence(qpn, expected, psn, r, from);
+                        }
+                    }
+                    Some(p) if psn_diff(psn, p.next_psn) < 0 && psn_diff(psn, p.first_psn) >= 0 => {
+                        // A packet of this message arrived again (the requester went back): already taken.
                     }
                     _ => {
                         // Out of sequence: the message is lost. On RC the responder still judges the PSN (a
@@ -274,6 +293,27 @@ impl State {
                 }
             }
         }
+    }
+
+    /// NAKs a sequence gap inside a message at responder QP `qpn`: `expected` is the PSN of the packet missing.
+    fn rx_nak_sequence(&mut self, qpn: u32, expected: u32, got: u32, r: &RoceRepr<'_>, from: &DevRef) {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let (remote, msn, mtu, counters) = (qp.remote_qpn, qp.msn, qp.mtu, qp.counter_set_id);
+        self.events.push(SimEvent::PsnSequenceError { qpn, expected, got });
+        self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
+        let me = self.wire.me.clone();
+        let nak = Packet {
+            src: me,
+            dst: from.clone(),
+            src_qpn: qpn,
+            dst_qpn: remote,
+            slid: 0,
+            sl: 0,
+            grh: Some(ext_grh(r).reversed()),
+            body: Body::Resp { seq: 0, resp: Resp::Nak(Nak::PsnSequence) },
+            roce: RoceInfo { mtu, udp_sport: r.udp.src_port, psn: expected, msn },
+        };
+        self.wire.send(nak);
     }
 
     /// A response packet for the requester QP `qpn`: matched to its outstanding request by PSN.
@@ -321,6 +361,7 @@ impl State {
                             next_psn: psn_add(psn, 1),
                             kind: PartialKind::ReadResponse,
                             data: r.payload.to_vec(),
+                            nak_sent: false,
                         };
                         self.dp.rx.reads.insert(qpn, p);
                         return;

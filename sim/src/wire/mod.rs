@@ -1,7 +1,7 @@
-//! The packet format between devices: what one QP sends another. Today it is the simulator's own format (a whole
-//! message per packet, no segmentation): in process a packet is the Rust value [`Packet`], and between processes
-//! `frame.rs` gives its byte encoding. A later change replaces it with the real RoCEv2 headers (IBA BTH/RETH/AETH
-//! over UDP); transport builds and reads packets only through this module, so that change stays here.
+//! The packet format between devices: what one QP sends another. In process a packet is the Rust value [`Packet`],
+//! a whole message. On a link it takes a byte form: between Ethernet ports the RoCEv2 frames `roce_map.rs` makes
+//! from it (cut at the path MTU, one PSN per packet; `roce/` holds the frame views) and the port's receive side
+//! (`transport/roce_rx.rs`) puts back together; between IB ports the simulator's own encoding (`frame.rs`).
 //!
 //! A packet is generic over `D`, the handle naming its source and destination device: the wire format does not
 //! know how packets travel (that is `link`).
