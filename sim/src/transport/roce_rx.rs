@@ -392,3 +392,155 @@ impl State {
         self.rc_response(qpn, seq, resp, remote);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::Port;
+    use crate::testutil::{QpSpec, RcParams, Rdma, Remote};
+    use crate::wire::roce::ib::{Aeth, BthRepr, Ext, DEFAULT_PKEY};
+    use crate::wire::roce::ip::{Ipv6Repr, PROTO_UDP};
+    use crate::wire::roce::udp::{UdpRepr, ROCE_PORT};
+    use crate::SimConfig;
+    use std::sync::Weak;
+
+    const FAR_QPN: u32 = 0x77;
+    const FAR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
+    const FAR_GID: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xfe, 0, 0, 9];
+
+    /// A device with an RC QP in RTS connected to a QP nobody runs, and an RC QP left in RESET: frames are fed to its port by
+    /// hand, as a hostile or broken peer would send them.
+    struct Port1 {
+        r: Rdma,
+        rc: u32,
+        idle: u32,
+        mac: [u8; 6],
+        gid: [u8; 16],
+        mr: crate::testutil::Mr,
+    }
+
+    fn port() -> Port1 {
+        let mut r = Rdma::new(SimConfig::default());
+        let cq = r.cq(6);
+        let mut rc = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        let far = Remote { qpn: FAR_QPN, lid: 0, gid: FAR_GID, mac: FAR_MAC };
+        r.connect_rc(&rc, &far, RcParams::default());
+        let idle = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        let mr = r.mr(1 << 16);
+        r.post_recv(&mut rc, &[(mr.addr(), 8192, mr.key)]);
+        let me = r.me(rc.qpn);
+        Port1 { rc: rc.qpn, idle: idle.qpn, mac: me.mac, gid: me.gid, mr, r }
+    }
+
+    fn frame(p: &Port1, opcode: Opcode, qpn: u32, psn: u32, ext: Ext, payload: &[u8]) -> Vec<u8> {
+        let repr = RoceRepr {
+            eth: EthernetRepr { dst: p.mac, src: FAR_MAC, ethertype: crate::wire::roce::ether::EtherType::Ipv6 },
+            ip: IpRepr::V6(Ipv6Repr {
+                src: FAR_GID,
+                dst: p.gid,
+                next_header: PROTO_UDP,
+                payload_len: 0,
+                traffic_class: 0,
+                flow_label: 0,
+                hop_limit: 64,
+            }),
+            udp: UdpRepr { src_port: 0xc000, dst_port: ROCE_PORT, payload_len: 0 },
+            bth: BthRepr {
+                opcode,
+                solicited: false,
+                migreq: false,
+                pad_count: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qpn: qpn,
+                ack_req: false,
+                psn,
+            },
+            ext,
+            payload,
+        };
+        let mut buf = vec![0u8; repr.frame_len()];
+        repr.emit(&mut buf).unwrap();
+        buf
+    }
+
+    /// Feeds one frame; returns the packets the port sent back and the drop events it recorded.
+    fn feed(p: &Port1, f: &[u8]) -> (Vec<crate::link::Packet>, Vec<&'static str>) {
+        let from = DevRef { id: u64::MAX, port: Port::Local(Weak::new()) };
+        let mut st = crate::lock(&p.r.h.dev.shared);
+        let before = st.events.len();
+        let _ = st.receive_frame(f, &from);
+        let out = st.run_datapath();
+        let drops = st.events[before..]
+            .iter()
+            .filter_map(|e| if let SimEvent::FrameDropped { why } = e { Some(*why) } else { None })
+            .collect();
+        (out, drops)
+    }
+
+    fn nak_psn(out: &[crate::link::Packet]) -> Option<u32> {
+        out.iter()
+            .find_map(|p| matches!(p.body, Body::Resp { resp: Resp::Nak(Nak::PsnSequence), .. }).then_some(p.roce.psn))
+    }
+
+    #[test]
+    fn a_message_in_packets_is_put_together_and_acknowledged() {
+        let p = port();
+        let expected = p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn;
+        let data: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
+        let (f, m, l) = (&data[..1024], &data[1024..2048], &data[2048..]);
+        assert!(feed(&p, &frame(&p, Opcode::RcSendFirst, p.rc, expected, Ext::default(), f)).0.is_empty());
+        assert!(feed(&p, &frame(&p, Opcode::RcSendMiddle, p.rc, expected + 1, Ext::default(), m)).0.is_empty());
+        let (out, drops) = feed(&p, &frame(&p, Opcode::RcSendLast, p.rc, expected + 2, Ext::default(), l));
+        assert!(drops.is_empty(), "{drops:?}");
+        let ack = out.iter().find(|q| matches!(q.body, Body::Resp { resp: Resp::Ack, .. })).expect("an ACK");
+        // The ACK names the last PSN, with MSN 1, to the QP the RC QP is connected to.
+        assert_eq!((ack.roce.psn, ack.roce.msn, ack.dst_qpn), (expected + 2, 1, FAR_QPN));
+        assert!(p.mr.read(0, 2500) == data);
+        assert_eq!(p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn, expected + 3);
+    }
+
+    #[test]
+    fn hostile_frames_are_dropped_or_naked_never_executed() {
+        let p = port();
+        let e = p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn;
+        let kb = [7u8; 1024];
+        // A MIDDLE with no message begun, PSN ahead: a sequence NAK naming the expected PSN.
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcSendMiddle, p.rc, e + 5, Ext::default(), &kb));
+        assert_eq!(nak_psn(&out), Some(e));
+        // A LAST at the expected PSN with no FIRST: dropped.
+        let (out, drops) = feed(&p, &frame(&p, Opcode::RcSendLast, p.rc, e, Ext::default(), &kb[..10]));
+        assert!(out.is_empty() && drops == ["packet out of sequence in a message"], "{drops:?}");
+        // A gap inside a message: one NAK naming the missing PSN, then silence until it comes.
+        feed(&p, &frame(&p, Opcode::RcSendFirst, p.rc, e, Ext::default(), &kb));
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcSendMiddle, p.rc, e + 2, Ext::default(), &kb));
+        assert_eq!(nak_psn(&out), Some(e + 1));
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcSendLast, p.rc, e + 3, Ext::default(), &kb[..1]));
+        assert!(out.is_empty());
+        // Wrong transport, unknown QP, responses with nothing outstanding, another port's MAC, garbage.
+        let (_, drops) = feed(&p, &frame(&p, Opcode::UcSendOnly, p.rc, e, Ext::default(), b"x"));
+        assert_eq!(drops, ["request for a QP of another transport"]);
+        let (_, drops) = feed(&p, &frame(&p, Opcode::RcSendOnly, 0xabcd, e, Ext::default(), b"x"));
+        assert_eq!(drops, ["no such QP"]);
+        let ack = Ext { aeth: Some(Aeth { syndrome: Syndrome::Ack { credit: 0x1f }, msn: 1 }), ..Ext::default() };
+        let (_, drops) = feed(&p, &frame(&p, Opcode::RcAck, p.rc, 0, ack, &[]));
+        assert_eq!(drops, ["response with no request outstanding"]);
+        let (_, drops) = feed(&p, &frame(&p, Opcode::RcReadResponseOnly, p.idle, 0, ack, b"data"));
+        assert_eq!(drops, ["response with no request outstanding"]);
+        let mut other = frame(&p, Opcode::RcSendOnly, p.rc, e, Ext::default(), b"x");
+        other[0] ^= 0x02;
+        assert_eq!(feed(&p, &other).1, ["not for this port's MAC"]);
+        let mut bad = frame(&p, Opcode::RcSendOnly, p.rc, e, Ext::default(), b"x");
+        let n = bad.len();
+        bad[n - 1] ^= 1;
+        assert_eq!(feed(&p, &bad).1, ["bad ICRC"]);
+        for cut in 0..bad.len() {
+            let _ = feed(&p, &bad[..cut]);
+        }
+        // Nothing was executed: the receive is still posted and the expected PSN has not moved.
+        let info = p.r.h.dev.qp_info(p.rc).unwrap();
+        assert_eq!((info.rq_ci, info.next_rcv_psn), (0, e));
+        assert!(p.r.h.dev.frame_drops().total() > 0);
+    }
+}
