@@ -631,6 +631,12 @@ impl SimDevice {
         l.map(|l| l.drop_frame_in(n)).is_some()
     }
 
+    /// Frames the RoCE port received and accepted (every check passed), from links and from devices of this
+    /// process.
+    pub fn frames_received(&self) -> u64 {
+        lock(&self.shared).wire.frames_in
+    }
+
     /// Frames the RoCE port dropped from its links, per reason.
     pub fn frame_drops(&self) -> roce::frame::DropCounters {
         lock(&self.shared).wire.drops

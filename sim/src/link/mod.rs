@@ -1,8 +1,9 @@
 //! How packets travel between devices: port addresses, routing (loopback or a connected peer), and the pump
 //! that carries packets between devices in this process; `tcp.rs` is the link to a device in another process.
 //!
-//! A packet (module `wire`) is a whole message (one request or one response) between devices of this process; a
-//! link to another process or a QEMU guest (`guest.rs`) carries it as RoCEv2 frames on an Ethernet port. Routing is by the sender's path or address vector: the IB destination LID, or the RoCE
+//! A packet (module `wire`) is a whole message (one request or one response); between Ethernet ports, of this
+//! process (`local.rs`), of another process (`tcp.rs`) or a QEMU guest (`guest.rs`), it crosses as the RoCEv2
+//! frames it stands for. Routing is by the sender's path or address vector: the IB destination LID, or the RoCE
 //! destination GID together with the destination MAC. The device's own address is loopback (the packet goes to its
 //! own inbox and is handled under the same lock); an address of a peer joined by [`crate::SimDevice::connect`]
 //! goes out on the wire; anything else is unreachable.
@@ -127,8 +128,9 @@ pub(crate) struct Wire {
     pub(crate) outbox: Vec<Packet>,
     /// Where the port records its frames (`SimConfig::pcap`).
     pub(crate) pcap: Option<PcapSink>,
-    /// Frames from links that failed a check.
+    /// Frames from links that failed a check, and those that passed.
     pub(crate) drops: DropCounters,
+    pub(crate) frames_in: u64,
 }
 
 impl Wire {
@@ -142,11 +144,12 @@ impl Wire {
             // An InfiniBand port's packets have no Ethernet form to record.
             pcap: if cfg.port_type == PortType::Eth { cfg.pcap.clone() } else { None },
             drops: DropCounters::default(),
+            frames_in: 0,
         }
     }
 
     /// The MAC of the port a device is plugged in with (this port's own for loopback).
-    fn mac_of(&self, id: u64) -> [u8; 6] {
+    pub(crate) fn mac_of(&self, id: u64) -> [u8; 6] {
         if id == self.me.id {
             return self.addr.mac;
         }
@@ -336,6 +339,8 @@ mod tests {
         let grh = mb.read(0, 40);
         assert_eq!((&grh[8..24], &grh[24..40]), (&a.h.dev.gid(0).unwrap()[..], &dst.gid[..]));
         assert_eq!(mb.read(40, 15), b"across the wire");
+        // Between two Ethernet ports of one process the datagram crossed as one RoCEv2 frame.
+        assert_eq!((b.h.dev.frames_received(), b.h.dev.frame_drops().total()), (1, 0));
         // The right GID with the wrong MAC goes nowhere.
         let mut wrong = av;
         wrong.rmac[0] ^= 0x10;

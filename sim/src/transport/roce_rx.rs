@@ -15,7 +15,7 @@ use crate::wire::roce::ether::{EthernetRepr, BROADCAST};
 use crate::wire::roce::frame::{emit_arp, parse, IpRepr, Parsed, RoceRepr};
 use crate::wire::roce::ib::{NakCode, Opcode, Syndrome};
 use crate::wire::roce::rc::{psn_add, psn_diff, Position};
-use crate::wire::roce_map::psn_count;
+use crate::wire::roce_map::{self, psn_count};
 
 /// A message whose packets are arriving.
 #[derive(Debug)]
@@ -68,6 +68,40 @@ fn ext_grh(r: &RoceRepr<'_>) -> Grh {
 }
 
 impl State {
+    /// A packet from another device of this process: on an Ethernet port it crosses as the RoCEv2 frames it
+    /// stands for and goes through the port's receive side, as on a real cable. What has no frame form (the
+    /// simulator's "lost" marker), or reaches a dead device or an IB port, is handed over as the packet; so is a
+    /// request for a QP that cannot take it, so that its requester learns at once, as in-process tests expect,
+    /// what a requester across a real link learns from its ACK timer.
+    pub(crate) fn receive_over_wire(&mut self, p: Packet) {
+        let ready = |st: QpType| {
+            self.fw.qps.get(&p.dst_qpn).is_some_and(|q| q.st == st && matches!(q.state, QpState::Rtr | QpState::Rts))
+        };
+        let takes = match p.body {
+            Body::Rc { .. } => ready(QpType::Rc),
+            Body::Uc { .. } => ready(QpType::Uc),
+            Body::Ud { .. } | Body::Resp { .. } => true,
+        };
+        if !takes || self.dead() || self.wire.addr.ib || p.grh.is_none() {
+            return self.receive(p);
+        }
+        let (src, dst) = (self.wire.mac_of(p.src.id), self.wire.addr.mac);
+        let mut buf = std::mem::take(&mut self.dp.frame_buf);
+        let mut frames = std::mem::take(&mut self.dp.frames);
+        frames.clear();
+        let made = roce_map::emit_frames(&p, src, dst, &mut buf, &mut |f| frames.push(f.to_vec()));
+        self.dp.frame_buf = buf;
+        match made {
+            Ok(_) => {
+                for f in &frames {
+                    let _ = self.receive_frame(f, &p.src);
+                }
+            }
+            Err(_) => self.receive(p),
+        }
+        self.dp.frames = frames;
+    }
+
     /// A bare Ethernet frame arrived from the link `from`. Returns frames to send straight back (ARP replies).
     pub(crate) fn receive_frame(&mut self, frame: &[u8], from: &DevRef) -> Option<Vec<u8>> {
         if self.dead() || self.wire.addr.ib {
@@ -81,7 +115,9 @@ impl State {
                 return None;
             }
         };
-        if self.wire.pcap.is_some() {
+        self.wire.frames_in += 1;
+        // A frame from this process was recorded by its sender.
+        if self.wire.pcap.is_some() && !matches!(from.port, crate::link::Port::Local(_)) {
             self.wire.capture_raw(frame);
         }
         match parsed {
