@@ -1,5 +1,6 @@
 //! `cargo xtask rxe-interop`: the simulated ConnectX's RoCEv2 wire against Linux's software RoCE (`rdma_rxe`) in a
-//! QEMU guest, `mlx5 pingpong` on one side and rdma-core's `ibv_rc_pingpong` on the other, both directions.
+//! QEMU guest, `mlx5 pingpong` on one side and rdma-core's `ibv_rc_pingpong` (and `ibv_ud_pingpong`) on the
+//! other, both directions.
 //!
 //! The recipe is ../shared/notes/rdma-rxe-in-qemu.md. The xtask
 //! 1. installs what it needs from Debian (qemu-system-x86, busybox-static, ibverbs-utils, ibverbs-providers,
@@ -44,7 +45,7 @@ const MODULES: &[&str] = &[
     "rdma_rxe",
 ];
 /// What runs in the guest, with the libraries `ldd` finds for them.
-const GUEST_BINARIES: &[&str] = &["ibv_rc_pingpong", "ibv_devinfo", "rdma"];
+const GUEST_BINARIES: &[&str] = &["ibv_rc_pingpong", "ibv_ud_pingpong", "ibv_devinfo", "rdma"];
 const LIBDIR: &str = "usr/lib/x86_64-linux-gnu";
 /// The guest's RoCE address and ours (a RoCE v2 GID each, `::ffff:a.b.c.d`).
 const GUEST_IP: &str = "10.0.0.1";
@@ -135,18 +136,20 @@ for n in 0 1 2 3 4 5 6 7; do
   if [ "$g" = "0000:0000:0000:0000:0000:ffff:0a00:0001" ] && [ "$t" = "RoCE v2" ]; then G=$n; break; fi
 done
 echo "rxe-interop: guest GID index $G"
+PP=ibv_rc_pingpong
+[ "$rxe_ud" = 1 ] && PP=ibv_ud_pingpong
 if [ "$rxe_mode" = server ]; then
-  ibv_rc_pingpong -d rxe0 -g $G -s $rxe_size -n $rxe_iters -c &
+  $PP -d rxe0 -g $G -s $rxe_size -n $rxe_iters -c &
   pid=$!
   while ! grep -q ':4853 0000' /proc/net/tcp /proc/net/tcp6 2>/dev/null; do sleep 0.2; done
   echo "rxe-interop: server listening"
   wait $pid
   rc=$?
 else
-  ibv_rc_pingpong -d rxe0 -g $G -s $rxe_size -n $rxe_iters -c {HOST_ALIAS}
+  $PP -d rxe0 -g $G -s $rxe_size -n $rxe_iters -c {HOST_ALIAS}
   rc=$?
 fi
-echo "rxe-interop: ibv_rc_pingpong exit $rc"
+echo "rxe-interop: $PP exit $rc"
 for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
   v=$(cat $f)
   [ "$v" != 0 ] && echo "rxe-counter: ${{f##*/}} $v"
@@ -319,16 +322,24 @@ struct Loss {
 }
 
 /// One ping-pong: the guest as `mode` ("server" or "client"), ours the other side. Returns the seconds it took.
+/// What every run uses: the work directory, the guest's kernel and initramfs, the `mlx5` binary.
+struct Setup {
+    work: PathBuf,
+    kernel: PathBuf,
+    initrd: PathBuf,
+    mlx5: PathBuf,
+}
+
 fn run_one(
-    work: &Path,
-    kernel: &Path,
-    initrd: &Path,
-    mlx5: &Path,
+    setup: &Setup,
     mode: &str,
     (size, iters): (usize, u32),
     loss: Option<&Loss>,
+    ud: bool,
 ) -> Result<f64, String> {
-    let tag = format!("{mode}-{size}{}", if loss.is_some() { "-loss" } else { "" });
+    let (work, kernel, initrd, mlx5) = (&setup.work, &setup.kernel, &setup.initrd, &setup.mlx5);
+    let kind = if ud { "-ud" } else { "" };
+    let tag = format!("{mode}-{size}{kind}{}", if loss.is_some() { "-loss" } else { "" });
     let sock = work.join(format!("roce-{tag}.sock"));
     let pcap = work.join(format!("mlx5-{tag}.pcap"));
     let guest_pcap = work.join(format!("guest-{tag}.pcap"));
@@ -350,7 +361,10 @@ fn run_one(
         .arg("-initrd")
         .arg(initrd)
         .arg("-append")
-        .arg(format!("console=ttyS0 panic=-1 quiet rxe_mode={mode} rxe_size={size} rxe_iters={iters}"))
+        .arg(format!(
+            "console=ttyS0 panic=-1 quiet rxe_mode={mode} rxe_size={size} rxe_iters={iters} rxe_ud={}",
+            u8::from(ud)
+        ))
         .arg("-netdev")
         .arg(format!("stream,id=n0,server=on,addr.type=unix,addr.path={}", sock.display()))
         .args(["-device", "virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01"])
@@ -362,7 +376,8 @@ fn run_one(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    println!("rxe-interop: {tag}: guest runs ibv_rc_pingpong as {mode}, {iters} x {size} B");
+    let pp = if ud { "ibv_ud_pingpong" } else { "ibv_rc_pingpong" };
+    println!("rxe-interop: {tag}: guest runs {pp} as {mode}, {iters} x {size} B");
     let start = Instant::now();
     let end = start + RUN_TIMEOUT;
     let mut qemu = q.spawn().map_err(|e| format!("failed to start qemu: {e}"))?;
@@ -395,6 +410,9 @@ fn run_one(
     ]);
     if let Some(l) = loss {
         m.env(l.env, l.nth.to_string());
+    }
+    if ud {
+        m.arg("--ud");
     }
     let mut ours_child = m.spawn().map_err(|e| format!("failed to start mlx5: {e}"))?;
     let ours_status = wait_child(&mut ours_child, end, "mlx5 pingpong");
@@ -506,10 +524,11 @@ pub fn run_rxe_interop(root: &Path) -> Result<(), String> {
     let (vmlinuz, modules) = ensure_kernel(&kernel_work.canonicalize().map_err(|e| e.to_string())?)?;
     let initrd = build_initramfs(&work, &modules)?;
     let mlx5 = build_tool(root)?;
+    let setup = Setup { work, kernel: vmlinuz, initrd, mlx5 };
     let mut times = Vec::new();
     for mode in ["server", "client"] {
         for &run in RUNS {
-            times.push((mode, run, "", run_one(&work, &vmlinuz, &initrd, &mlx5, mode, run, None)?));
+            times.push((mode, run, "", run_one(&setup, mode, run, None, false)?));
         }
     }
     // A frame we send is lost (rxe NAKs the sequence gap, we send again), then one rxe sends (we NAK, rxe sends
@@ -518,8 +537,13 @@ pub fn run_rxe_interop(root: &Path) -> Result<(), String> {
     let theirs_lost = Loss { env: "MLX5_SIM_DROP_IN", nth: 2, counter: "rcvd_seq_err" };
     for (mode, loss) in [("server", &ours_lost), ("client", &theirs_lost)] {
         let run = (4096, 5);
-        let secs = run_one(&work, &vmlinuz, &initrd, &mlx5, mode, run, Some(loss))?;
+        let secs = run_one(&setup, mode, run, Some(loss), false)?;
         times.push((mode, run, " (one frame lost)", secs));
+    }
+    // UD: ibv_ud_pingpong, datagrams with DETH and its Q_Key, one MTU at most.
+    for mode in ["server", "client"] {
+        let run = (512, 20);
+        times.push((mode, run, " UD", run_one(&setup, mode, run, None, true)?));
     }
     for (mode, (size, iters), what, secs) in &times {
         println!("rxe-interop: guest {mode:6} {iters:3} x {size:6} B{what}: {secs:5.1} s boot to poweroff");

@@ -505,7 +505,7 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     log::info!("remote address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", peer.lid, peer.qpn, peer.psn);
     let qp = ready.connect(peer, me.psn, opts.gid_index)?;
     let ah = if opts.ud {
-        Some(pd.create_ah(&ud::route(ctx, &peer)).map_err(verbs("create address handle"))?)
+        Some(pd.create_ah(&ud::route(ctx, &peer, opts.gid_index)).map_err(verbs("create address handle"))?)
     } else {
         None
     };
