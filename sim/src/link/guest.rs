@@ -423,6 +423,36 @@ mod tests {
     }
 
     #[test]
+    fn rnr_and_remote_access_naks_cross_as_frames() {
+        let (mut a, mut b) = joined("nak");
+        let (mut a_cq, mut b_cq) = (a.cq(5), b.cq(5));
+        let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let mut qb = b.qp(QpSpec::rc(), b_cq.cqn, b_cq.cqn);
+        let (ra, rb) = (a.me(qa.qpn), b.me(qb.qpn));
+        // B's RNR timer code 1 (10 us); A retries RNR forever.
+        a.connect_rc(&qa, &rb, RcParams { rnr_retry: 7, ..RcParams::default() });
+        b.connect_rc(&qb, &ra, RcParams { min_rnr_nak: 1, ..RcParams::default() });
+        let (ma, mb) = (a.mr(1 << 12), b.mr(1 << 12));
+        ma.write(0, b"not yet");
+        // No receive at B: RNR NAK; A waits the timer and sends again until B posts one.
+        a.post_send(&mut qa, &Wqe::new(SEND).data(7, ma.key, ma.addr()), Bell::Db);
+        let end = Instant::now() + WAIT;
+        while !a.h.dev.events().iter().any(|e| matches!(e, SimEvent::RnrNak { .. })) {
+            assert!(Instant::now() < end, "an RNR NAK came back");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        b.post_recv(&mut qb, &[(mb.addr(), 64, mb.key)]);
+        assert_eq!(a.wait_cqe(&mut a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        assert_eq!(b.wait_cqe(&mut b_cq).expect("receive CQE").byte_cnt(), 7);
+        assert_eq!(mb.read(0, 7), b"not yet");
+        // A WRITE with a key B does not have: a remote access NAK, and A's QP fails with REMOTE_ACCESS_ERR.
+        let w = Wqe::new(consts::MLX5_OPCODE_RDMA_WRITE).raddr(mb.addr(), mb.key ^ 0x100).data(7, ma.key, ma.addr());
+        a.post_send(&mut qa, &w, Bell::Db);
+        let e = a.wait_cqe(&mut a_cq).expect("error CQE");
+        assert_eq!(e.status(), (consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
+    }
+
+    #[test]
     fn arp_is_answered_for_the_port_address_and_bad_frames_are_counted() {
         let a = Rdma::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 2]], ..cfg(1) });
         let path = sock("arp");
