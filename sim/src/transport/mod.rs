@@ -181,8 +181,7 @@ pub(crate) struct DpState {
     inline: Vec<u8>,
     /// Messages in reassembly and ARP neighbours of a RoCE port fed frames.
     pub(crate) rx: roce_rx::RoceRx,
-    /// Frames of a packet from another device of this process, and where they are built (reused).
-    frames: Vec<Vec<u8>>,
+    /// Where the frames of a packet from another device of this process are built (reused).
     frame_buf: Vec<u8>,
 }
 

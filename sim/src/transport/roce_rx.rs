@@ -86,20 +86,16 @@ impl State {
             return self.receive(p);
         }
         let (src, dst) = (self.wire.mac_of(p.src.id), self.wire.addr.mac);
+        // Each frame is taken in as soon as it is built, in the one reused buffer.
         let mut buf = std::mem::take(&mut self.dp.frame_buf);
-        let mut frames = std::mem::take(&mut self.dp.frames);
-        frames.clear();
-        let made = roce_map::emit_frames(&p, src, dst, &mut buf, &mut |f| frames.push(f.to_vec()));
+        let made = roce_map::emit_frames(&p, src, dst, &mut buf, &mut |f| {
+            let _ = self.receive_frame(f, &p.src);
+        });
         self.dp.frame_buf = buf;
-        match made {
-            Ok(_) => {
-                for f in &frames {
-                    let _ = self.receive_frame(f, &p.src);
-                }
-            }
-            Err(_) => self.receive(p),
+        if made.is_err() {
+            // Nothing was built (the packet has no frame form): it goes as it is.
+            self.receive(p);
         }
-        self.dp.frames = frames;
     }
 
     /// A bare Ethernet frame arrived from the link `from`. Returns frames to send straight back (ARP replies).
