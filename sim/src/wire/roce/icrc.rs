@@ -2,7 +2,7 @@
 //! header, UDP header, BTH, extended headers, payload and pad, with the fields a router may change masked to ones,
 //! preceded by eight 0xFF bytes standing for the masked LRH of native InfiniBand. Masked: IPv4 type of service, TTL
 //! and header checksum; IPv6 traffic class, flow label and hop limit; the UDP checksum; the BTH's `resv8a` byte
-//! (FECN, BECN). The CRC goes on the wire least significant byte first. Verified against `rdma_rxe` frames
+//! (FECN, BECN). The CRC (`crc32fast`) goes on the wire least significant byte first. Verified against `rdma_rxe` frames
 //! (`../shared/notes/rdma-rxe-in-qemu.md`).
 
 use super::ib::BTH_LEN;
@@ -13,80 +13,21 @@ use super::Error;
 /// Bytes of the ICRC.
 pub const ICRC_LEN: usize = 4;
 
-const fn table() -> [u32; 256] {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-}
-
-static TABLE: [u32; 256] = table();
-
-/// Slicing-by-8 tables: `SLICES[k][b]` is the CRC of byte `b` followed by `k` zero bytes, so eight bytes are
-/// folded per step (every payload byte of every frame is checked twice, on emit and on receive).
-static SLICES: [[u32; 256]; 8] = slices();
-
-const fn slices() -> [[u32; 256]; 8] {
-    let mut s = [[0u32; 256]; 8];
-    s[0] = table();
-    let mut k = 1;
-    while k < 8 {
-        let mut i = 0;
-        while i < 256 {
-            let prev = s[k - 1][i];
-            s[k][i] = (prev >> 8) ^ s[0][(prev & 0xff) as usize];
-            i += 1;
-        }
-        k += 1;
-    }
-    s
-}
-
-/// A running CRC-32 (reflected, polynomial 0x04C11DB7, initial value and final XOR all ones).
-#[derive(Debug, Clone, Copy)]
-pub struct Crc32(u32);
-
-impl Default for Crc32 {
-    fn default() -> Self {
-        Crc32(!0)
-    }
-}
+/// A running CRC-32 (reflected, polynomial 0x04C11DB7, initial value and final XOR all ones): `crc32fast`, which
+/// folds with carry-less multiplication where the CPU has it (every payload byte of every frame is checked twice,
+/// on emit and on receive).
+#[derive(Debug, Clone, Default)]
+pub struct Crc32(crc32fast::Hasher);
 
 impl Crc32 {
     /// Adds bytes.
     pub fn update(&mut self, data: &[u8]) {
-        let mut c = self.0;
-        let mut chunks = data.chunks_exact(8);
-        for w in &mut chunks {
-            let lo = c ^ u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            let t = &SLICES;
-            c = t[7][(lo & 0xff) as usize]
-                ^ t[6][((lo >> 8) & 0xff) as usize]
-                ^ t[5][((lo >> 16) & 0xff) as usize]
-                ^ t[4][(lo >> 24) as usize]
-                ^ t[3][usize::from(w[4])]
-                ^ t[2][usize::from(w[5])]
-                ^ t[1][usize::from(w[6])]
-                ^ t[0][usize::from(w[7])];
-        }
-        for &b in chunks.remainder() {
-            c = TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
-        }
-        self.0 = c;
+        self.0.update(data);
     }
 
     /// The CRC of the bytes added.
     pub fn finish(self) -> u32 {
-        !self.0
+        self.0.finalize()
     }
 }
 
@@ -133,16 +74,20 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn eight_bytes_at_a_time_equal_one_at_a_time() {
+    fn the_crc_equals_the_bitwise_definition_at_every_length_and_split() {
         let data: Vec<u8> = (0..300u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         for len in 0..data.len() {
             for split in [0, len / 3, len] {
                 let mut sliced = Crc32::default();
                 sliced.update(&data[..split]);
                 sliced.update(&data[split..len]);
+                // The CRC bit by bit, as the polynomial defines it.
                 let mut c = !0u32;
                 for &b in &data[..len] {
-                    c = TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
+                    c ^= u32::from(b);
+                    for _ in 0..8 {
+                        c = if c & 1 != 0 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
+                    }
                 }
                 assert_eq!(sliced.finish(), !c, "length {len}, split {split}");
             }
