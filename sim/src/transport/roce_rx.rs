@@ -440,8 +440,8 @@ mod tests {
     const FAR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
     const FAR_GID: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xfe, 0, 0, 9];
 
-    /// A device with an RC QP in RTS connected to a QP nobody runs, and an RC QP left in RESET: frames are fed to its port by
-    /// hand, as a hostile or broken peer would send them.
+    /// A device with an RC QP in RTS connected to a QP nobody runs, and an RC QP left in RESET: frames are fed to
+    /// its port by hand, as a hostile or broken peer would send them.
     struct Port1 {
         r: Rdma,
         rc: u32,

@@ -5,8 +5,9 @@
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] fw-tour
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] [--threaded] pingpong [--ud]
 //!      [--size N] [--iters N] [--json]
-//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] pingpong --server [--port P] | --client HOST[:P]
-//!      [--size N] [--iters N] [--json] [--gid-idx N] [--qemu-sock PATH] [--ipv4 ADDR]
+//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] pingpong
+//!      --server [--port P] | --client HOST[:P] [--size N] [--iters N] [--json] [--gid-idx N] [--qemu-sock PATH]
+//!      [--ipv4 ADDR]
 //! mlx5 devices
 //! mlx5 bind BDF | unbind BDF
 //! mlx5 trace decode FILE [--all] [--hexdump]

@@ -2,8 +2,8 @@
 //! header, UDP header, BTH, extended headers, payload and pad, with the fields a router may change masked to ones,
 //! preceded by eight 0xFF bytes standing for the masked LRH of native InfiniBand. Masked: IPv4 type of service, TTL
 //! and header checksum; IPv6 traffic class, flow label and hop limit; the UDP checksum; the BTH's `resv8a` byte
-//! (FECN, BECN). The CRC (`crc32fast`) goes on the wire least significant byte first. Verified against `rdma_rxe` frames
-//! (`../shared/notes/rdma-rxe-in-qemu.md`).
+//! (FECN, BECN). The CRC (`crc32fast`) goes on the wire least significant byte first. Verified against `rdma_rxe`
+//! frames (`../shared/notes/rdma-rxe-in-qemu.md`).
 
 use super::ib::BTH_LEN;
 use super::ip::{IPV4_HEADER_LEN, IPV6_HEADER_LEN};
