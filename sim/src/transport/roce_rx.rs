@@ -282,6 +282,11 @@ impl State {
                         p.data.extend_from_slice(r.payload);
                         p.next_psn = psn_add(psn, 1);
                         p.nak_sent = false;
+                        if pos == Position::Middle && r.bth.ack_req && !uc {
+                            // The requester asks for an ACK inside the message (rxe does every 64 packets).
+                            self.rx_reply(qpn, Resp::Ack, psn, r, from);
+                            return;
+                        }
                         if pos == Position::Last {
                             let Some(p) = self.dp.rx.requests.remove(&qpn) else { return };
                             let op = finish(p.kind, p.data);
@@ -300,7 +305,10 @@ impl State {
                         if !p.nak_sent {
                             p.nak_sent = true;
                             let expected = p.next_psn;
-                            self.rx_nak_sequence(qpn, expected, psn, r, from);
+                            self.events.push(SimEvent::PsnSequenceError { qpn, expected, got: psn });
+                            let counters = self.fw.qps.get(&qpn).map_or(0, |q| q.counter_set_id);
+                            self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
+                            self.rx_reply(qpn, Resp::Nak(Nak::PsnSequence), expected, r, from);
                         }
                     }
                     Some(p) if psn_diff(psn, p.next_psn) < 0 && psn_diff(psn, p.first_psn) >= 0 => {
@@ -327,14 +335,13 @@ impl State {
         }
     }
 
-    /// NAKs a sequence gap inside a message at responder QP `qpn`: `expected` is the PSN of the packet missing.
-    fn rx_nak_sequence(&mut self, qpn: u32, expected: u32, got: u32, r: &RoceRepr<'_>, from: &DevRef) {
+    /// Answers from inside a message at responder QP `qpn`: an ACK of the packet at `psn`, or the NAK of a
+    /// sequence gap whose missing packet is at `psn`.
+    fn rx_reply(&mut self, qpn: u32, resp: Resp, psn: u32, r: &RoceRepr<'_>, from: &DevRef) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
-        let (remote, msn, mtu, counters) = (qp.remote_qpn, qp.msn, qp.mtu, qp.counter_set_id);
-        self.events.push(SimEvent::PsnSequenceError { qpn, expected, got });
-        self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
+        let (remote, msn, mtu) = (qp.remote_qpn, qp.msn, qp.mtu);
         let me = self.wire.me.clone();
-        let nak = Packet {
+        let reply = Packet {
             src: me,
             dst: from.clone(),
             src_qpn: qpn,
@@ -342,10 +349,10 @@ impl State {
             slid: 0,
             sl: 0,
             grh: Some(ext_grh(r).reversed()),
-            body: Body::Resp { seq: 0, resp: Resp::Nak(Nak::PsnSequence) },
-            roce: RoceInfo { mtu, udp_sport: r.udp.src_port, psn: expected, msn },
+            body: Body::Resp { seq: 0, resp },
+            roce: RoceInfo { mtu, udp_sport: r.udp.src_port, psn, msn },
         };
-        self.wire.send(nak);
+        self.wire.send(reply);
     }
 
     /// A response packet for the requester QP `qpn`: matched to its outstanding request by PSN.
@@ -465,6 +472,10 @@ mod tests {
     }
 
     fn frame(p: &Port1, opcode: Opcode, qpn: u32, psn: u32, ext: Ext, payload: &[u8]) -> Vec<u8> {
+        frame_ack(p, opcode, qpn, psn, ext, payload, false)
+    }
+
+    fn frame_ack(p: &Port1, opcode: Opcode, qpn: u32, psn: u32, ext: Ext, payload: &[u8], ack_req: bool) -> Vec<u8> {
         let repr = RoceRepr {
             eth: EthernetRepr { dst: p.mac, src: FAR_MAC, ethertype: crate::wire::roce::ether::EtherType::Ipv6 },
             ip: IpRepr::V6(Ipv6Repr {
@@ -486,7 +497,7 @@ mod tests {
                 fecn: false,
                 becn: false,
                 dest_qpn: qpn,
-                ack_req: false,
+                ack_req,
                 psn,
             },
             ext,
@@ -523,7 +534,10 @@ mod tests {
         let data: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
         let (f, m, l) = (&data[..1024], &data[1024..2048], &data[2048..]);
         assert!(feed(&p, &frame(&p, Opcode::RcSendFirst, p.rc, expected, Ext::default(), f)).0.is_empty());
-        assert!(feed(&p, &frame(&p, Opcode::RcSendMiddle, p.rc, expected + 1, Ext::default(), m)).0.is_empty());
+        // AckReq inside the message (rxe sets it every 64 packets): an ACK of that PSN, nothing completed.
+        let (out, _) = feed(&p, &frame_ack(&p, Opcode::RcSendMiddle, p.rc, expected + 1, Ext::default(), m, true));
+        let acks: Vec<_> = out.iter().filter(|q| matches!(q.body, Body::Resp { resp: Resp::Ack, .. })).collect();
+        assert_eq!(acks.iter().map(|q| (q.roce.psn, q.roce.msn)).collect::<Vec<_>>(), [(expected + 1, 0)]);
         let (out, drops) = feed(&p, &frame(&p, Opcode::RcSendLast, p.rc, expected + 2, Ext::default(), l));
         assert!(drops.is_empty(), "{drops:?}");
         let ack = out.iter().find(|q| matches!(q.body, Body::Resp { resp: Resp::Ack, .. })).expect("an ACK");
