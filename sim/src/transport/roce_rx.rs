@@ -198,8 +198,16 @@ impl State {
     /// A request packet at the responder QP `qpn`.
     fn rx_request(&mut self, qpn: u32, r: &RoceRepr<'_>, from: &DevRef) {
         use Opcode::*;
-        let Some(qp) = self.fw.qps.get(&qpn) else { return self.rx_drop("no such QP") };
+        let Some(qp) = self.fw.qps.get(&qpn) else {
+            self.dp.rx.requests.remove(&qpn);
+            return self.rx_drop("no such QP");
+        };
         let (st, remote, mtu, max_msg, expected) = (qp.st, qp.remote_qpn, qp.mtu, qp.max_msg, qp.next_rcv_psn);
+        if !matches!(qp.state, QpState::Rtr | QpState::Rts) {
+            // A QP that cannot receive keeps nothing of a message (nor what an earlier QP of its number left).
+            self.dp.rx.requests.remove(&qpn);
+            return self.rx_drop("request for a QP not ready to receive");
+        }
         let op = r.bth.opcode;
         let uc = (u8::from(op) >> 5) == 1;
         if st != if uc { QpType::Uc } else { QpType::Rc } {
@@ -569,6 +577,8 @@ mod tests {
         assert_eq!(drops, ["request for a QP of another transport"]);
         let (_, drops) = feed(&p, &frame(&p, Opcode::RcSendOnly, 0xabcd, e, Ext::default(), b"x"));
         assert_eq!(drops, ["no such QP"]);
+        let (_, drops) = feed(&p, &frame(&p, Opcode::RcSendOnly, p.idle, 0, Ext::default(), b"x"));
+        assert_eq!(drops, ["request for a QP not ready to receive"]);
         let ack = Ext { aeth: Some(Aeth { syndrome: Syndrome::Ack { credit: 0x1f }, msn: 1 }), ..Ext::default() };
         let (_, drops) = feed(&p, &frame(&p, Opcode::RcAck, p.rc, 0, ack, &[]));
         assert_eq!(drops, ["response with no request outstanding"]);
