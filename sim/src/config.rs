@@ -84,6 +84,8 @@ pub struct SimConfig {
     pub relaxed_ordering: bool,
     /// What the port reports beyond its type, MTU and addresses (PTYS, the InfiniBand vport context).
     pub port_info: PortInfo,
+    /// Write every frame the port sends and receives, as RoCEv2 (Ethernet ports only), to this capture.
+    pub pcap: Option<crate::pcap::PcapSink>,
 }
 
 /// The port facts `ibv_query_port` reads: PTYS's operational protocols and the InfiniBand PortInfo fields the
@@ -183,6 +185,7 @@ impl Default for SimConfig {
             ipv6_addrs: &[],
             relaxed_ordering: false,
             port_info: PortInfo::default(),
+            pcap: None,
         }
     }
 }

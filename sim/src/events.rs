@@ -124,6 +124,8 @@ pub enum SimEvent {
     /// A UC message was dropped silently: at the requester (no route; `qpn` the remote QP) or at the responder
     /// `qpn` (not ready, no receive WQE, remote write refused). The requester completed it successfully.
     UcDropped { qpn: u32, why: &'static str },
+    /// A frame from a link was dropped by the RoCE port (a failed check, or nothing to deliver it to).
+    FrameDropped { why: &'static str },
     /// QP `qpn` moved to ERR after a completion with `syndrome` (`MLX5_CQE_SYNDROME_*`).
     QpError { qpn: u32, syndrome: u8 },
     /// QP `qpn` (in ERR) completed `sq` send and `rq` receive WQEs with `WR_FLUSH_ERR`.

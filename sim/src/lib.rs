@@ -638,6 +638,49 @@ impl SimDevice {
         link::tcp::connect(&self.shared, addr, timeout)
     }
 
+    /// Listens on the UNIX socket `path` for a QEMU guest NIC (`-netdev stream,server=off,addr.type=unix,
+    /// addr.path=PATH`) and plugs the first connection into this device's port: RoCEv2 frames in QEMU's stream
+    /// framing, ARP answered for [`SimConfig::ipv4_addrs`]. Returns once listening. Use [`Mode::Threaded`].
+    pub fn guest_listen(&self, path: &std::path::Path) -> std::io::Result<()> {
+        link::guest::listen(&self.shared, path)
+    }
+
+    /// Plugs this device's port into the guest NIC listening on the UNIX socket `path` (QEMU `server=on`),
+    /// retrying for up to `timeout`.
+    pub fn guest_connect(&self, path: &std::path::Path, timeout: Duration) -> std::io::Result<()> {
+        link::guest::connect(&self.shared, path, timeout)
+    }
+
+    /// Whether a guest NIC is plugged in and its link is up.
+    pub fn guest_plugged(&self) -> bool {
+        lock(&self.shared).wire.guest_link().is_some_and(|l| l.is_up())
+    }
+
+    /// Makes the guest link drop the `n`-th RoCE frame it sends from now on (1: the next one): a lost frame,
+    /// for retransmission tests. Returns false when no guest link is plugged in.
+    pub fn guest_drop_frame(&self, n: u64) -> bool {
+        let l = lock(&self.shared).wire.guest_link();
+        l.map(|l| l.drop_frame(n)).is_some()
+    }
+
+    /// Makes the guest link lose the `n`-th RoCE frame it receives from now on (1: the next one), before the port
+    /// sees it. Returns false when no guest link is plugged in.
+    pub fn guest_drop_frame_in(&self, n: u64) -> bool {
+        let l = lock(&self.shared).wire.guest_link();
+        l.map(|l| l.drop_frame_in(n)).is_some()
+    }
+
+    /// Frames the RoCE port received and accepted (every check passed), from links and from devices of this
+    /// process.
+    pub fn frames_received(&self) -> u64 {
+        lock(&self.shared).wire.frames_in
+    }
+
+    /// Frames the RoCE port dropped from its links, per reason.
+    pub fn frame_drops(&self) -> roce::frame::DropCounters {
+        lock(&self.shared).wire.drops
+    }
+
     /// Waits until a peer in another process is plugged in (true) or `timeout` passes (false).
     pub fn wire_wait_peer(&self, timeout: Duration) -> bool {
         link::tcp::wait_peer(&self.shared, timeout)

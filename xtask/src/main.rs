@@ -23,6 +23,7 @@ mod fuzz;
 mod linux_drives_sim;
 mod miri;
 mod modcheck;
+mod rxe;
 mod soak;
 mod uml;
 mod vfio_test;
@@ -117,6 +118,7 @@ commands:
   codegen [--check]              regenerate core/src/prm/generated.rs (--check: fail if it is stale)
   ci                             everything CI runs
   vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
+  rxe-interop                    mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
   bench --peer [--json]          the datapath against rdma-core's mlx5 provider; rewrites its BENCHMARKS.md section
   fuzz [--seconds N] [--target NAME]
@@ -139,6 +141,7 @@ enum Task {
     Codegen { check: bool },
     Ci,
     VfioTest,
+    RxeInterop,
     Bench { json: bool, peer: bool },
     Fuzz(Vec<String>),
     Miri,
@@ -162,6 +165,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "codegen" => Task::Codegen { check: false },
         "ci" => Task::Ci,
         "vfio-test" => Task::VfioTest,
+        "rxe-interop" => Task::RxeInterop,
         "bench" => Task::Bench { json: false, peer: false },
         "fuzz" => Task::Fuzz(Vec::new()),
         "miri" => Task::Miri,
@@ -220,6 +224,7 @@ fn main() -> ExitCode {
         Task::Codegen { check } => codegen::run_codegen(&root, check),
         Task::Ci => ci(&root),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
+        Task::RxeInterop => rxe::run_rxe_interop(&root),
         Task::Bench { json, peer: false } => bench::run(&root, json),
         Task::Bench { json, peer: true } => bench::run_peer(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),

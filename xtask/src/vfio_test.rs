@@ -28,7 +28,7 @@ pub(crate) fn run(cmd: &mut Command) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn have(program: &str) -> bool {
+pub(crate) fn have(program: &str) -> bool {
     Command::new("sh")
         .arg("-c")
         .arg(format!("command -v {program}"))
@@ -78,7 +78,7 @@ fn ensure_packages() -> Result<(), String> {
 }
 
 /// Downloads and unpacks the kernel package `linux-image-amd64` depends on; returns (vmlinuz, modules dir).
-fn ensure_kernel(work: &Path) -> Result<(PathBuf, PathBuf), String> {
+pub(crate) fn ensure_kernel(work: &Path) -> Result<(PathBuf, PathBuf), String> {
     let root = work.join("kernel");
     if !root.join("boot").exists() {
         let deps = run(Command::new("apt-cache").args(["depends", "linux-image-amd64"]))?;
@@ -135,7 +135,7 @@ fn ensure_kernel(work: &Path) -> Result<(PathBuf, PathBuf), String> {
     Ok((vmlinuz, ver))
 }
 
-fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
+pub(crate) fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
     for e in std::fs::read_dir(dir).ok()?.flatten() {
         let p = e.path();
         if p.is_dir() {
@@ -153,7 +153,7 @@ fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
 }
 
 /// A module's bytes, decompressed when the package ships it compressed (busybox insmod wants plain ELF).
-fn module_bytes(p: &Path) -> Result<Vec<u8>, String> {
+pub(crate) fn module_bytes(p: &Path) -> Result<Vec<u8>, String> {
     let name = p.to_string_lossy();
     let tool = if name.ends_with(".xz") {
         Some("xz")
@@ -182,7 +182,7 @@ pub(crate) struct Cpio {
 }
 
 impl Cpio {
-    fn entry(&mut self, name: &str, mode: u32, data: &[u8]) {
+    pub(crate) fn entry(&mut self, name: &str, mode: u32, data: &[u8]) {
         self.ino += 1;
         let fields = [self.ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, 0, 0, name.len() as u32 + 1, 0];
         self.buf.extend_from_slice(b"070701");

@@ -19,6 +19,8 @@ pub const MAX_TIMEOUT_S: u64 = 86_400;
 pub struct Args {
     pub device: Option<String>,
     pub trace: Option<PathBuf>,
+    /// `--pcap FILE`: every frame the simulated ports send and receive, as RoCEv2, in a pcap file.
+    pub pcap: Option<PathBuf>,
     pub hexdump: bool,
     pub threaded: bool,
     pub json: bool,
@@ -41,6 +43,12 @@ pub struct Args {
     /// `--bind ADDR`: the server's listening address (default: every address).
     pub bind: Option<std::net::IpAddr>,
     pub timeout: Option<Duration>,
+    /// `--gid-idx N`: the GID table entry the QP advertises and sends from (rc_pingpong's `-g`).
+    pub gid_index: Option<u8>,
+    /// `--qemu-sock PATH`: plug the simulated port into a QEMU guest NIC (`-netdev stream`, `server=on`).
+    pub qemu_sock: Option<PathBuf>,
+    /// `--ipv4 ADDR`: the simulated port's IPv4 address (a RoCE v2 GID entry; answered in ARP).
+    pub ipv4: Option<std::net::Ipv4Addr>,
 }
 
 /// The commands and the options each takes besides the global ones.
@@ -48,7 +56,23 @@ const COMMANDS: &[(&str, &[&str])] = &[
     ("devices", &[]),
     ("devinfo", &["--json"]),
     ("fw-tour", &[]),
-    ("pingpong", &["--ud", "--size", "--iters", "--json", "--server", "--client", "--port", "--bind", "--timeout"]),
+    (
+        "pingpong",
+        &[
+            "--ud",
+            "--size",
+            "--iters",
+            "--json",
+            "--server",
+            "--client",
+            "--port",
+            "--bind",
+            "--timeout",
+            "--gid-idx",
+            "--qemu-sock",
+            "--ipv4",
+        ],
+    ),
     ("bench", &[]),
     ("bind", &[]),
     ("unbind", &[]),
@@ -59,7 +83,7 @@ const COMMANDS: &[(&str, &[&str])] = &[
 fn global_applies(option: &str, command: &str) -> bool {
     match option {
         "--device" => !matches!(command, "devices" | "bind" | "unbind" | "trace"),
-        "--link" | "--trace" | "--threaded" => !matches!(command, "devices" | "bind" | "unbind" | "trace"),
+        "--link" | "--trace" | "--threaded" | "--pcap" => !matches!(command, "devices" | "bind" | "unbind" | "trace"),
         "--hexdump" => !matches!(command, "devices" | "bind" | "unbind"),
         _ => true,
     }
@@ -103,6 +127,10 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
             "--trace" => {
                 a.trace = Some(argv.path("--trace")?);
                 "--trace"
+            }
+            "--pcap" => {
+                a.pcap = Some(argv.path("--pcap")?);
+                "--pcap"
             }
             "--hexdump" => {
                 a.hexdump = true;
@@ -162,6 +190,22 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
                 a.ud = true;
                 "--ud"
             }
+            "--gid-idx" => {
+                a.gid_index = Some(argv.number("--gid-idx", 0, u8::MAX)?);
+                "--gid-idx"
+            }
+            "--qemu-sock" => {
+                a.qemu_sock = Some(argv.path("--qemu-sock")?);
+                "--qemu-sock"
+            }
+            "--ipv4" => {
+                let v = argv.value("--ipv4", "an IPv4 address")?;
+                a.ipv4 = Some(v.parse().map_err(|_| ArgError::Invalid {
+                    option: "--ipv4".into(),
+                    why: format!("{v:?} is not an IPv4 address"),
+                })?);
+                "--ipv4"
+            }
             "--json" => {
                 a.json = true;
                 "--json"
@@ -217,7 +261,8 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
 
 /// The options every command takes, wherever they stand.
 fn is_global(s: &str) -> bool {
-    matches!(s, "--device" | "-d" | "--link" | "--trace" | "--hexdump" | "--threaded" | "--verbose") || is_verbose(s)
+    matches!(s, "--device" | "-d" | "--link" | "--trace" | "--pcap" | "--hexdump" | "--threaded" | "--verbose")
+        || is_verbose(s)
 }
 
 /// Combinations no command takes.
@@ -225,6 +270,9 @@ fn check(a: &Args) -> Result<(), ArgError> {
     let other = |s: &str| Err(ArgError::Other(s.to_string()));
     if a.link.is_some() && a.device.as_deref().is_some_and(|d| d != "sim") {
         return other("--link sets the simulated port; with --device BDF the real port decides");
+    }
+    if a.pcap.is_some() && a.device.as_deref().is_some_and(|d| d != "sim") {
+        return other("--pcap records the simulated ports; a real port's frames are not visible to the driver");
     }
     match a.command.as_str() {
         "pingpong" => {
@@ -240,6 +288,17 @@ fn check(a: &Args) -> Result<(), ArgError> {
             }
             if a.timeout.is_some() && !remote {
                 return other("--timeout goes with --server / --client");
+            }
+            if (a.gid_index.is_some() || a.qemu_sock.is_some()) && !remote {
+                return other("--gid-idx and --qemu-sock go with --server / --client");
+            }
+            if (a.qemu_sock.is_some() || a.ipv4.is_some()) && a.device.as_deref().is_some_and(|d| d != "sim") {
+                return other(
+                    "--qemu-sock and --ipv4 set up the simulated port; with --device BDF the real port decides",
+                );
+            }
+            if a.qemu_sock.is_some() && a.link == Some(PortType::Ib) {
+                return other("--qemu-sock joins an Ethernet port (RoCE) to a guest NIC");
             }
             if remote && a.threaded {
                 return other(
@@ -270,6 +329,15 @@ mod tests {
             (&["devinfo", "--size", "5"], "--size does not apply to devinfo"),
             (&["trace", "decode", "f", "--json"], "--json does not apply to trace decode"),
             (&["devices", "--trace", "t"], "--trace does not apply to devices"),
+            (&["devices", "--pcap", "p"], "--pcap does not apply to devices"),
+            (&["pingpong", "--qemu-sock", "s"], "--gid-idx and --qemu-sock go with --server / --client"),
+            (&["pingpong", "--server", "--ipv4", "10.0.0"], "--ipv4: \"10.0.0\" is not an IPv4 address"),
+            (&["pingpong", "--server", "--gid-idx", "256"], "--gid-idx: \"256\" is not between 0 and 255"),
+            (&["devinfo", "--gid-idx", "1"], "--gid-idx does not apply to devinfo"),
+            (
+                &["--device", "0000:03:00.0", "--pcap", "p", "devinfo"],
+                "--pcap records the simulated ports; a real port's frames are not visible to the driver",
+            ),
         ] {
             assert_eq!(p(args).unwrap_err().to_string(), want);
         }

@@ -252,6 +252,8 @@ pub struct Options {
     pub port_type: PortType,
     /// Where every firmware command goes (`--trace`); with two devices each line names its device.
     pub trace: Option<SharedTrace>,
+    /// The capture simulated ports write their frames to (`--pcap`).
+    pub pcap: Option<mlx5_sim::pcap::PcapSink>,
 }
 
 /// A number as the workspace's argument layer reads it: digits only (no sign or blank); a value past the type's
@@ -368,6 +370,7 @@ impl Options {
             timeout,
             port_type: PortType::default(),
             trace: None,
+            pcap: None,
         })
     }
 
@@ -765,6 +768,7 @@ pub fn run(opts: &Options, emit: &mut dyn FnMut(&str) -> std::result::Result<(),
     let cfg = SimConfig {
         mode: if opts.threaded { Mode::Threaded } else { Mode::Inline },
         port_type: opts.port_type,
+        pcap: opts.pcap.clone(),
         ..SimConfig::default()
     };
     let how = if opts.threaded { "threaded" } else { "in-line" };

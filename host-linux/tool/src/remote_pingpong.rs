@@ -80,14 +80,61 @@ pub struct Options {
     pub timeout: Duration,
     /// UD queue pairs, as `ibv_ud_pingpong`, instead of RC.
     pub ud: bool,
+    /// The GID table entry advertised and sent from (rc_pingpong's `-g`; 0 by default).
+    pub gid_index: u8,
+    /// Every message is `ibv_rc_pingpong -c`'s buffer (0x7b, with a zero byte at each 4 KiB page offset) rather
+    /// than the per-iteration pattern, so the peer may be rdma-core's own ping-pong.
+    pub rc_pingpong_data: bool,
+}
+
+/// rc_pingpong's buffer fill, and the zero its `-c` check expects at each page offset.
+const RC_PINGPONG_FILL: u8 = 0x7b;
+const RC_PINGPONG_PAGE: usize = 4096;
+
+/// With `--qemu-sock`: the link loses the N-th RoCE frame it sends (a test of the peer's recovery).
+pub const DROP_OUT_ENV: &str = "MLX5_SIM_DROP_OUT";
+/// With `--qemu-sock`: the link loses the N-th RoCE frame it receives.
+pub const DROP_IN_ENV: &str = "MLX5_SIM_DROP_IN";
+
+/// A simulated device whose port is plugged into a QEMU guest's NIC: QEMU listens on the UNIX socket `sock`
+/// (`-netdev stream,server=on,addr.type=unix,addr.path=SOCK`) and the device connects, retrying until `timeout`.
+/// RoCEv2 frames cross it (`mlx5_sim::SimDevice::guest_connect`); `ipv4` is the port's address (a RoCE v2 GID
+/// entry, answered in ARP), so a Linux RoCE stack in the guest (rdma_rxe) can reach it.
+pub fn open_sim_guest(
+    sock: &std::path::Path,
+    ipv4: Option<Ipv4Addr>,
+    timeout: Duration,
+    pcap: Option<mlx5_sim::pcap::PcapSink>,
+) -> Result<SimDevice, String> {
+    let mut cfg = SimConfig { mode: Mode::Threaded, port_type: PortType::Eth, pcap, ..SimConfig::default() };
+    if let Some(ip) = ipv4 {
+        // The configuration holds static address lists; one process opens one such device.
+        cfg.ipv4_addrs = Box::leak(Box::new([ip.octets()]));
+    }
+    let dev = SimDevice::new(cfg);
+    dev.guest_connect(sock, timeout).map_err(|e| format!("cannot reach the guest NIC at {}: {e}", sock.display()))?;
+    // Lost-frame tests (`cargo xtask rxe-interop`): the link loses the N-th RoCE frame it sends or receives.
+    let nth = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok()).filter(|&n| n > 0);
+    if let Some(n) = nth(DROP_OUT_ENV) {
+        dev.guest_drop_frame(n);
+    }
+    if let Some(n) = nth(DROP_IN_ENV) {
+        dev.guest_drop_frame_in(n);
+    }
+    Ok(dev)
 }
 
 /// The simulated device for `role`, plugged into the simulated wire: the server's listens on `PORT + 1`, the
 /// client's connects there (retrying until `timeout`, as the server may still be starting). The two get
 /// different MACs, GUIDs and LIDs, as two hosts have. Threaded firmware, so retry timers run in real time; the
-/// port is `port_type` (both sides must agree, as two ports on one cable do).
-pub fn open_sim(role: &Role, timeout: Duration, port_type: PortType) -> Result<SimDevice, String> {
-    let base = SimConfig { mode: Mode::Threaded, port_type, ..SimConfig::default() };
+/// port is `port_type` (both sides must agree, as two ports on one cable do); `pcap` records its frames.
+pub fn open_sim(
+    role: &Role,
+    timeout: Duration,
+    port_type: PortType,
+    pcap: Option<mlx5_sim::pcap::PcapSink>,
+) -> Result<SimDevice, String> {
+    let base = SimConfig { mode: Mode::Threaded, port_type, pcap, ..SimConfig::default() };
     let wire = role.wire_port()?;
     match role {
         Role::Server { bind, .. } => {
@@ -396,10 +443,10 @@ enum Ready<'a> {
 
 impl<'a> Ready<'a> {
     /// RTS: an RC QP connected to `peer` (starting at `psn`), a UD one as it is.
-    fn connect(self, peer: RemoteQp, psn: u32) -> Result<QueuePair<'a, Rts>, String> {
+    fn connect(self, peer: RemoteQp, psn: u32, gid_index: u8) -> Result<QueuePair<'a, Rts>, String> {
         match self {
             Ready::Rc(qp) => qp
-                .to_rtr(RtrAttr::rc(peer).max_dest_rd_atomic(1))
+                .to_rtr(RtrAttr::rc(peer).max_dest_rd_atomic(1).sgid_index(gid_index))
                 .map_err(|e| format!("move the QP to RTR: {}", e.error))?
                 .to_rts(RtsAttr::rc(psn).max_rd_atomic(1))
                 .map_err(|e| format!("move the QP to RTS: {}", e.error)),
@@ -442,6 +489,9 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     }
     .map_err(verbs("query port"))?;
     me.psn = random_psn();
+    if opts.gid_index != 0 {
+        me.gid = ctx.query_gid(opts.gid_index.into()).map_err(verbs("query GID"))?;
+    }
 
     let mut s = rendezvous(role, opts.timeout)?;
     let server = matches!(role, Role::Server { .. });
@@ -453,9 +503,9 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     };
     log::info!("local address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", me.lid, me.qpn, me.psn);
     log::info!("remote address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", peer.lid, peer.qpn, peer.psn);
-    let qp = ready.connect(peer, me.psn)?;
+    let qp = ready.connect(peer, me.psn, opts.gid_index)?;
     let ah = if opts.ud {
-        Some(pd.create_ah(&ud::route(ctx, &peer)).map_err(verbs("create address handle"))?)
+        Some(pd.create_ah(&ud::route(ctx, &peer, opts.gid_index)).map_err(verbs("create address handle"))?)
     } else {
         None
     };
@@ -479,7 +529,13 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     let at = n + grh;
     let start = Instant::now();
     for i in 0..opts.iters {
-        ping(i, &mut expect);
+        if opts.rc_pingpong_data {
+            for (k, b) in expect.iter_mut().enumerate() {
+                *b = if k % RC_PINGPONG_PAGE == 0 { 0 } else { RC_PINGPONG_FILL };
+            }
+        } else {
+            ping(i, &mut expect);
+        }
         if server {
             // The ping arrives in the second part; it must be ping i; it goes back from the first part.
             complete(ctx, &cq, 1, opts.timeout)?;

@@ -41,11 +41,11 @@ fn verbs(what: &str) -> impl Fn(mlx5_verbs::VerbsError) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 
-/// The address of `r` as a sender on `ctx`'s port reaches it.
-pub fn route(ctx: &Context, r: &RemoteQp) -> AhAttr {
+/// The address of `r` as a sender on `ctx`'s port reaches it, from GID table entry `sgid_index` (RoCE).
+pub fn route(ctx: &Context, r: &RemoteQp, sgid_index: u8) -> AhAttr {
     match ctx.link_layer() {
         LinkLayer::Ethernet => AhAttr {
-            grh: Some(Grh { dgid: r.gid, hop_limit: 1, ..Grh::default() }),
+            grh: Some(Grh { dgid: r.gid, hop_limit: 1, sgid_index, ..Grh::default() }),
             dmac: r.mac,
             port_num: 1,
             ..AhAttr::default()
@@ -91,8 +91,8 @@ pub fn run(ctx: &Context, size: Option<usize>, iters: u32) -> Result<Report, Str
     };
     let (qc, qs) = (ud(&cq_c)?, ud(&cq_s)?);
     let (rc, rs) = (ctx.remote_qp(&qc).map_err(verbs("query port"))?, ctx.remote_qp(&qs).map_err(verbs("query port"))?);
-    let ah_to_s = pd.create_ah(&route(ctx, &rs)).map_err(verbs("create address handle"))?;
-    let ah_to_c = pd.create_ah(&route(ctx, &rc)).map_err(verbs("create address handle"))?;
+    let ah_to_s = pd.create_ah(&route(ctx, &rs, 0)).map_err(verbs("create address handle"))?;
+    let ah_to_c = pd.create_ah(&route(ctx, &rc, 0)).map_err(verbs("create address handle"))?;
     let recv_len = len + GRH as u32;
     let post_recv = |qp: &mlx5_verbs::QueuePair<'_, mlx5_verbs::Rts>, mr: &mlx5_verbs::MemoryRegion<'_>| {
         qp.post_recv(&[wr::recv(1, &[mr.sge(size, recv_len)])]).map_err(verbs("post receive"))

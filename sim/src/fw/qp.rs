@@ -182,6 +182,9 @@ impl Path {
     pub(crate) fn ack_timeout(&self) -> u8 {
         self.get(ifc::ads::ACK_TIMEOUT) as u8
     }
+    pub(crate) fn udp_sport(&self) -> u16 {
+        self.get(ifc::ads::UDP_SPORT) as u16
+    }
     fn port(&self) -> u32 {
         self.get(ifc::ads::VHCA_PORT_NUM)
     }
@@ -215,6 +218,8 @@ pub(crate) struct PathFields {
     pub(crate) ack_timeout: u8,
     pub(crate) rgid: [u8; 16],
     pub(crate) rmac: [u8; 6],
+    /// The RoCEv2 UDP source port (mlx5_ib: `rdma_get_udp_sport`; 0 when the driver left it).
+    pub(crate) udp_sport: u16,
 }
 
 impl Path {
@@ -230,6 +235,7 @@ impl Path {
             ack_timeout: self.ack_timeout(),
             rgid: self.rgid(),
             rmac: self.rmac(),
+            udp_sport: self.udp_sport(),
         }
     }
 }
@@ -311,6 +317,8 @@ pub(crate) struct Qp {
     pub(crate) remote_qpn: u32,
     pub(crate) next_rcv_psn: u32,
     pub(crate) next_send_psn: u32,
+    /// The responder's message sequence number: messages executed (IBA 9.7.6.1.1), 24 bits.
+    pub(crate) msn: u32,
     log_rra_max: u32,
     log_sra_max: u32,
     pub(crate) min_rnr_nak: u8,
@@ -727,6 +735,7 @@ impl QpTable {
             remote_qpn: 0,
             next_rcv_psn: 0,
             next_send_psn: 0,
+            msn: 0,
             log_rra_max: 0,
             log_sra_max: 0,
             min_rnr_nak: 0,

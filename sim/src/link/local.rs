@@ -1,6 +1,7 @@
 //! Packets between devices of this process: joining two devices ([`connect`]), and the pump that runs a device's
 //! datapath and carries what it sends to the destination devices, one device lock at a time ([`pump`],
-//! [`carry`]); a packet for a device in another process is handed to its link.
+//! [`carry`]); a packet for a device in another process is handed to its link. Between Ethernet ports a packet
+//! reaches the other device as RoCEv2 frames (`State::receive_over_wire`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, Ordering};
@@ -46,7 +47,7 @@ pub(crate) fn carry(mut queue: VecDeque<Packet>) {
                 Some(dev) => {
                     let out = {
                         let mut st = lock(&dev);
-                        st.receive(p);
+                        st.receive_over_wire(p);
                         st.run_datapath()
                     };
                     queue.extend(out);
@@ -55,6 +56,10 @@ pub(crate) fn carry(mut queue: VecDeque<Packet>) {
                 None => "destination device gone",
             },
             Port::Remote(link) => match link.transmit(&p) {
+                Ok(()) => continue,
+                Err(why) => why,
+            },
+            Port::Guest(link) => match link.transmit(&p) {
                 Ok(()) => continue,
                 Err(why) => why,
             },

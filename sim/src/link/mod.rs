@@ -1,8 +1,9 @@
 //! How packets travel between devices: port addresses, routing (loopback or a connected peer), and the pump
 //! that carries packets between devices in this process; `tcp.rs` is the link to a device in another process.
 //!
-//! A packet (module `wire`) is a whole message (one request or one response); segmentation into MTU-sized packets
-//! is not modelled. Routing is by the sender's path or address vector: the IB destination LID, or the RoCE
+//! A packet (module `wire`) is a whole message (one request or one response); between Ethernet ports, of this
+//! process (`local.rs`), of another process (`tcp.rs`) or a QEMU guest (`guest.rs`), it crosses as the RoCEv2
+//! frames it stands for. Routing is by the sender's path or address vector: the IB destination LID, or the RoCE
 //! destination GID together with the destination MAC. The device's own address is loopback (the packet goes to its
 //! own inbox and is handled under the same lock); an address of a peer joined by [`crate::SimDevice::connect`]
 //! goes out on the wire; anything else is unreachable.
@@ -21,15 +22,18 @@ use std::sync::{Arc, Weak};
 
 use crate::config::{PortType, SimConfig};
 use crate::fw::port::GID_ENTRIES;
-use crate::wire::{self, Dest, GID_LEN};
+use crate::wire::{self, roce_map, Dest, GID_LEN};
 use crate::Shared;
 
+pub(crate) mod guest;
 mod local;
 pub mod pcap;
 pub mod stream;
 pub(crate) mod tcp;
 
+use crate::wire::roce::frame::DropCounters;
 pub(crate) use local::{carry, connect, pump};
+use pcap::PcapSink;
 
 use tcp::Link;
 
@@ -49,6 +53,8 @@ pub(crate) fn next_device_id() -> u64 {
 pub(crate) enum Port {
     Local(Weak<Shared>),
     Remote(Arc<Link>),
+    /// A QEMU guest's NIC (`guest.rs`): RoCEv2 frames on a UNIX socket.
+    Guest(Arc<guest::GuestLink>),
 }
 
 /// A device on the wire: its id and where it is.
@@ -106,6 +112,8 @@ impl PortAddr {
 struct Peer {
     dev: DevRef,
     addr: PortAddr,
+    /// Every destination this port does not own goes to this peer (a guest NIC, whose addresses are not known).
+    default: bool,
 }
 
 /// A device's side of the wire: its own address, its peers, and the packets waiting to be handled or carried.
@@ -118,6 +126,11 @@ pub(crate) struct Wire {
     pub(crate) inbox: VecDeque<Packet>,
     /// Packets for other devices, for the pump.
     pub(crate) outbox: Vec<Packet>,
+    /// Where the port records its frames (`SimConfig::pcap`).
+    pub(crate) pcap: Option<PcapSink>,
+    /// Frames from links that failed a check, and those that passed.
+    pub(crate) drops: DropCounters,
+    pub(crate) frames_in: u64,
 }
 
 impl Wire {
@@ -128,7 +141,43 @@ impl Wire {
             peers: Vec::new(),
             inbox: VecDeque::new(),
             outbox: Vec::new(),
+            // An InfiniBand port's packets have no Ethernet form to record.
+            pcap: if cfg.port_type == PortType::Eth { cfg.pcap.clone() } else { None },
+            drops: DropCounters::default(),
+            frames_in: 0,
         }
+    }
+
+    /// The MAC of the port a device is plugged in with (this port's own for loopback).
+    pub(crate) fn mac_of(&self, id: u64) -> [u8; 6] {
+        if id == self.me.id {
+            return self.addr.mac;
+        }
+        match self.peers.iter().find(|p| p.dev.id == id) {
+            Some(Peer { dev: DevRef { port: Port::Guest(l), .. }, .. }) => l.peer_mac().unwrap_or([0xff; 6]),
+            Some(p) => p.addr.mac,
+            None => [0; 6],
+        }
+    }
+
+    /// Records a frame as it is.
+    #[cold]
+    pub(crate) fn capture_raw(&self, frame: &[u8]) {
+        if let Some(sink) = &self.pcap {
+            sink.record(|_, out| out(frame));
+        }
+    }
+
+    /// Records the frames of a packet this port sends (or receives, when `received`) in its capture, if any. A
+    /// packet with no frame form (the simulator's "lost" marker) is not recorded.
+    #[cold]
+    pub(crate) fn capture(&self, p: &Packet, received: bool) {
+        let Some(sink) = &self.pcap else { return };
+        let (src, dst) =
+            if received { (self.mac_of(p.src.id), self.addr.mac) } else { (self.addr.mac, self.mac_of(p.dst.id)) };
+        sink.record(|buf, out| {
+            let _ = roce_map::emit_frames(p, src, dst, buf, out);
+        });
     }
 
     /// This device as the address of a packet that stays in it (loopback). Its handle is empty, so cloning and
@@ -146,6 +195,9 @@ impl Wire {
         if let Some(p) = self.peers.iter().find(|p| p.addr.matches(d)) {
             return Ok(p.dev.clone());
         }
+        if let Some(p) = self.peers.iter().find(|p| p.default && !self.addr.ib) {
+            return Ok(p.dev.clone());
+        }
         // A known GID behind another MAC: the frame goes to a port that does not own the GID.
         let gid_known = |a: &PortAddr| matches!(d, Dest::Gid { gid, .. } if !a.ib && *gid == a.gid);
         if gid_known(&self.addr) || self.peers.iter().any(|p| gid_known(&p.addr)) {
@@ -158,6 +210,10 @@ impl Wire {
     /// bytes) is copied once, into the queue, rather than again on the way in.
     #[inline]
     pub(crate) fn send(&mut self, mut p: Packet) {
+        // A guest link records the frames it writes itself (they depend on what ARP resolved).
+        if self.pcap.is_some() && !matches!(p.dst.port, Port::Guest(_)) {
+            self.capture(&p, false);
+        }
         if p.dst.id == self.me.id {
             self.inbox.push_back(p);
         } else {
@@ -171,7 +227,7 @@ impl Wire {
 
     fn add_peer(&mut self, dev: DevRef, addr: PortAddr) {
         if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
-            self.peers.push(Peer { dev, addr });
+            self.peers.push(Peer { dev, addr, default: false });
         }
     }
 
@@ -181,11 +237,26 @@ impl Wire {
         self.add_peer(dev, addr);
     }
 
+    /// Plugs a guest NIC in, replacing the one plugged in before.
+    pub(crate) fn plug_guest(&mut self, dev: DevRef) {
+        self.peers.retain(|p| !p.default);
+        let addr = PortAddr { ib: false, lid: 0, gid: [0; GID_LEN], mac: [0; 6] };
+        self.peers.push(Peer { dev, addr, default: true });
+    }
+
+    /// The link to a guest NIC, if one is plugged in.
+    pub(crate) fn guest_link(&self) -> Option<Arc<guest::GuestLink>> {
+        self.peers.iter().find_map(|p| match &p.dev.port {
+            Port::Guest(l) => Some(l.clone()),
+            _ => None,
+        })
+    }
+
     /// The link to another process, if one is plugged in.
     pub(crate) fn remote_link(&self) -> Option<Arc<Link>> {
         self.peers.iter().find_map(|p| match &p.dev.port {
             Port::Remote(l) => Some(l.clone()),
-            Port::Local(_) => None,
+            Port::Local(_) | Port::Guest(_) => None,
         })
     }
 
@@ -199,6 +270,9 @@ impl Drop for Wire {
     /// A device that goes away unplugs its link: the far end sees the connection close.
     fn drop(&mut self) {
         if let Some(l) = self.remote_link() {
+            l.close();
+        }
+        if let Some(l) = self.guest_link() {
             l.close();
         }
     }
@@ -265,6 +339,8 @@ mod tests {
         let grh = mb.read(0, 40);
         assert_eq!((&grh[8..24], &grh[24..40]), (&a.h.dev.gid(0).unwrap()[..], &dst.gid[..]));
         assert_eq!(mb.read(40, 15), b"across the wire");
+        // Between two Ethernet ports of one process the datagram crossed as one RoCEv2 frame.
+        assert_eq!((b.h.dev.frames_received(), b.h.dev.frame_drops().total()), (1, 0));
         // The right GID with the wrong MAC goes nowhere.
         let mut wrong = av;
         wrong.rmac[0] ^= 0x10;

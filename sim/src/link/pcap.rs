@@ -1,7 +1,10 @@
 //! A pcap capture file (the classic libpcap format, microsecond timestamps, link type 1 = Ethernet) of the frames
 //! a simulated port sends and receives, for Wireshark/tshark (which decode UDP port 4791 as RoCEv2).
 
-use std::io::{self, Write};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The pcap magic number (microsecond timestamps), written in the file's byte order (little endian here).
@@ -71,6 +74,75 @@ impl<W: Write> PcapWriter<W> {
     pub fn into_inner(mut self) -> io::Result<W> {
         self.out.flush()?;
         Ok(self.out)
+    }
+}
+
+/// A capture file shared by the simulated ports that write to it ([`SimConfig::pcap`](crate::SimConfig::pcap)):
+/// each port records the RoCEv2 frames it sends, and those it receives from another process; frames between
+/// ports of one process are recorded once, by the sender. Every packet is flushed as it is written, so the file is
+/// complete whenever the process stops.
+#[derive(Clone)]
+pub struct PcapSink(Arc<Mutex<Capture>>);
+
+struct Capture {
+    writer: PcapWriter<BufWriter<File>>,
+    /// Where frames are built (reused).
+    scratch: Vec<u8>,
+    /// The first write error; nothing more is written after it.
+    error: Option<io::ErrorKind>,
+}
+
+impl std::fmt::Debug for PcapSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let frames = self.0.lock().map_or(0, |c| c.writer.frames());
+        f.debug_struct("PcapSink").field("frames", &frames).finish()
+    }
+}
+
+/// Two sinks are equal when they write the same capture.
+impl PartialEq for PcapSink {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl PcapSink {
+    /// Creates (or truncates) the file at `path` and writes the pcap header.
+    pub fn create(path: impl AsRef<Path>) -> io::Result<PcapSink> {
+        let mut writer = PcapWriter::new(BufWriter::new(File::create(path)?))?;
+        writer.flush()?;
+        Ok(PcapSink(Arc::new(Mutex::new(Capture { writer, scratch: Vec::new(), error: None }))))
+    }
+
+    /// Frames written so far.
+    pub fn frames(&self) -> u64 {
+        self.0.lock().map_or(0, |c| c.writer.frames())
+    }
+
+    /// The first write error, if writing failed (the capture stops there; the simulation goes on).
+    pub fn error(&self) -> Option<io::ErrorKind> {
+        self.0.lock().ok().and_then(|c| c.error)
+    }
+
+    /// Builds frames with `emit` (given the reusable buffer and a function that records one frame) and flushes.
+    pub(crate) fn record(&self, emit: impl FnOnce(&mut Vec<u8>, &mut dyn FnMut(&[u8]))) {
+        let Ok(mut c) = self.0.lock() else { return };
+        if c.error.is_some() {
+            return;
+        }
+        let Capture { writer, scratch, error } = &mut *c;
+        emit(scratch, &mut |f| {
+            if error.is_none() {
+                if let Err(e) = writer.write_frame(f) {
+                    *error = Some(e.kind());
+                }
+            }
+        });
+        if error.is_none() {
+            if let Err(e) = writer.flush() {
+                *error = Some(e.kind());
+            }
+        }
     }
 }
 

@@ -229,6 +229,7 @@ impl State {
             qp.rq_ci = qp.rq_ci.wrapping_add(1);
         }
         qp.next_rcv_psn = qp.next_rcv_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
         cqe.qpn = qpn;
         cqe.wqe_counter = index;
         cqe.srqn = srqn.unwrap_or(0);

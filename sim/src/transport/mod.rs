@@ -49,7 +49,7 @@ use crate::fw::mkey::MkeyAccess;
 use crate::fw::qp::{Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, PSN_MASK, SEND_WQE_BB};
 use crate::link::Packet;
 use crate::small::Small;
-use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, INLINE_PAYLOAD};
+use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, RoceInfo, INLINE_PAYLOAD};
 use crate::State;
 
 pub(crate) mod cqe;
@@ -57,6 +57,7 @@ mod flush;
 mod keys;
 mod requester;
 mod responder;
+pub(crate) mod roce_rx;
 mod srq;
 mod uc;
 mod ud;
@@ -178,6 +179,10 @@ pub(crate) struct DpState {
     scratch: Vec<u8>,
     /// The inline bytes of the WQE being executed (reused, as `scratch`).
     inline: Vec<u8>,
+    /// Messages in reassembly and ARP neighbours of a RoCE port fed frames.
+    pub(crate) rx: roce_rx::RoceRx,
+    /// Where the frames of a packet from another device of this process are built (reused).
+    frame_buf: Vec<u8>,
 }
 
 impl State {
@@ -191,6 +196,10 @@ impl State {
                 self.wire.send(r);
             }
             return;
+        }
+        // A packet from another process is recorded on arrival (one from this process was, by its sender).
+        if self.wire.pcap.is_some() && matches!(p.src.port, crate::link::Port::Remote(_)) {
+            self.wire.capture(&p, true);
         }
         self.wire.inbox.push_back(p);
     }
@@ -1036,6 +1045,7 @@ mod tests {
                 sl: 0,
                 grh: None,
                 body,
+                roce: RoceInfo::default(),
             };
             st.receive(pk);
             let out = st.run_datapath();

@@ -81,8 +81,11 @@ impl State {
         let psn = qp.next_send_psn;
         let body = Body::Rc { seq: req.seq, psn, op: req.op.clone(), solicited: req.solicited };
         let (remote, seq) = (qp.remote_qpn, req.seq);
+        let roce = RoceInfo { mtu: qp.mtu, udp_sport: path.udp_sport, ..RoceInfo::default() };
         let p = match self.wire.route(&dest) {
-            Ok(dst) => Packet { src: me, dst, src_qpn: qpn, dst_qpn: remote, slid: addr.lid, sl: path.sl, grh, body },
+            Ok(dst) => {
+                Packet { src: me, dst, src_qpn: qpn, dst_qpn: remote, slid: addr.lid, sl: path.sl, grh, body, roce }
+            }
             // Nothing answers: the ACK timer runs out.
             Err(why) => Packet {
                 src: me.clone(),
@@ -93,6 +96,7 @@ impl State {
                 sl: 0,
                 grh: None,
                 body: Body::Resp { seq, resp: Resp::Lost(why) },
+                roce: RoceInfo::default(),
             },
         };
         self.wire.send(p);

@@ -7,14 +7,30 @@ use super::*;
 
 impl State {
     pub(super) fn reply(&mut self, p: Packet, resp: Resp) {
+        // The responder's MSN goes in the AETH; a PSN sequence NAK names the PSN it expects (IBA 9.7.5.2.2).
+        let (msn, expected) = self.fw.qps.get(&p.dst_qpn).map_or((0, 0), |q| (q.msn, q.next_rcv_psn));
+        let nak_seq = matches!(resp, Resp::Nak(Nak::PsnSequence));
+        let fill = |r: &mut Packet| {
+            r.roce.msn = msn;
+            if nak_seq {
+                r.roce.psn = expected;
+            }
+        };
         // The response to a request of this device, with no other packet waiting, would be the next one the run
         // handles: it is handled now, the same order without the trip through the inbox.
         if p.src.id == self.wire.me.id && self.wire.inbox.is_empty() {
             if let Body::Rc { seq, .. } = p.body {
+                if self.wire.pcap.is_some() {
+                    if let Some(mut r) = p.reply(resp.clone()) {
+                        fill(&mut r);
+                        self.wire.capture(&r, false);
+                    }
+                }
                 return self.rc_response(p.src_qpn, seq, resp, p.dst_qpn);
             }
         }
-        if let Some(r) = p.into_reply(resp) {
+        if let Some(mut r) = p.into_reply(resp) {
+            fill(&mut r);
             self.wire.send(r);
         }
     }
@@ -197,6 +213,7 @@ impl State {
     pub(super) fn bump_rcv_psn(&mut self, qpn: u32, len: u64) {
         if let Some(qp) = self.fw.qps.get_mut(&qpn) {
             qp.next_rcv_psn = qp.next_rcv_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+            qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
         }
     }
 

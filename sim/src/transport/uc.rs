@@ -29,7 +29,7 @@ impl State {
             _ => RcOp::Send { data, imm: w.imm },
         };
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
-        let path = qp.route;
+        let (path, mtu) = (qp.route, qp.mtu);
         let addr = self.wire.addr;
         let grh = (path.grh || !addr.ib).then(|| self.source_gid(path.src_addr_index)).flatten().map(|sgid| Grh {
             sgid,
@@ -43,7 +43,9 @@ impl State {
             Ok(dst) => {
                 let me = self.wire.me_here();
                 let body = Body::Uc { psn, op, solicited: w.solicited };
-                let p = Packet { src: me, dst, src_qpn: qpn, dst_qpn: remote, slid: addr.lid, sl: path.sl, grh, body };
+                let roce = RoceInfo { mtu, udp_sport: path.udp_sport, ..RoceInfo::default() };
+                let (src_qpn, dst_qpn, slid, sl) = (qpn, remote, addr.lid, path.sl);
+                let p = Packet { src: me, dst, src_qpn, dst_qpn, slid, sl, grh, body, roce };
                 self.wire.send(p);
             }
             Err(why) => self.events.push(SimEvent::UcDropped { qpn: remote, why }),

@@ -27,7 +27,7 @@ pub(super) fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool) -> [u8; GR
 impl State {
     pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
-        let (pd, own_qkey, max_msg) = (qp.pd, qp.q_key, qp.max_msg);
+        let (pd, own_qkey, max_msg, psn) = (qp.pd, qp.q_key, qp.max_msg, qp.next_send_psn);
         let Some(av) = w.av else {
             return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
         };
@@ -59,7 +59,8 @@ impl State {
                 let body = Body::Ud { qkey, data, imm: w.imm, solicited: w.solicited };
                 let sl = if addr.ib { av.sl } else { 0 };
                 let me = self.wire.me_here();
-                let p = Packet { src: me, dst, src_qpn: qpn, dst_qpn: av.dqpn, slid: addr.lid, sl, grh, body };
+                let roce = RoceInfo { psn, ..RoceInfo::default() };
+                let p = Packet { src: me, dst, src_qpn: qpn, dst_qpn: av.dqpn, slid: addr.lid, sl, grh, body, roce };
                 self.wire.send(p);
             }
             Err(why) => self.events.push(SimEvent::UdDropped { qpn, dqpn: av.dqpn, why }),

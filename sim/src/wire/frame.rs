@@ -5,7 +5,7 @@
 //! packet and back, each the other's inverse. A code this side does not know parses as `Unknown(n)` and is refused;
 //! a frame that does not parse is an error, never a panic.
 
-use super::{AtomicOp, Body, Grh, Nak, Packet, RcOp, Resp};
+use super::{AtomicOp, Body, Grh, Nak, Packet, RcOp, Resp, RoceInfo};
 
 /// The frame type of a packet (the link's hello is type 1).
 pub(crate) const FRAME_PACKET: u8 = 2;
@@ -316,6 +316,11 @@ impl<D> Packet<D> {
         f.set_grh(self.grh.as_ref());
         let mut e = Enc(buf);
         self.emit_body(&mut e);
+        // What the RoCE form of the packet needs (captures on the far side), after the body.
+        e.u8(self.roce.mtu);
+        e.u16(self.roce.udp_sport);
+        e.u32(self.roce.psn);
+        e.u32(self.roce.msn);
         e.0
     }
 
@@ -407,6 +412,7 @@ impl<D: Clone> Packet<D> {
             }
             BodyKind::Unknown(_) => return Err("bad packet kind in a link frame"),
         };
+        let roce = RoceInfo { mtu: d.u8()?, udp_sport: d.u16()?, psn: d.u32()?, msn: d.u32()? };
         d.end()?;
         Ok(Packet {
             src: nobody.clone(),
@@ -417,6 +423,7 @@ impl<D: Clone> Packet<D> {
             sl: f.sl(),
             grh: f.grh(),
             body,
+            roce,
         })
     }
 }
@@ -563,6 +570,7 @@ mod tests {
                 op: RcOp::Write { raddr: 0x1000, rkey: 0x99, data: (&b"xy"[..]).into(), imm: Some([1, 2, 3, 4]) },
                 solicited: true,
             },
+            roce: RoceInfo { mtu: 3, udp_sport: 0xc001, psn: 0xabcdef, msn: 7 },
         }
     }
 
@@ -575,12 +583,14 @@ mod tests {
         want.extend([4, 0, 5, 0x67, 0x89, 64]);
         want.extend([1, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0, 0xab, 0xcd, 0xef, 1]);
         want.extend([2, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0x99, 1, 1, 2, 3, 4, 0, 0, 0, 2, b'x', b'y']);
+        // The RoCE facts: MTU code, UDP source port, PSN, MSN.
+        want.extend([3, 0xc0, 0x01, 0, 0xab, 0xcd, 0xef, 0, 0, 0, 7]);
         assert_eq!(f, want);
         let p = decode_packet(&want[1..], ()).unwrap();
         let s = sample();
         assert_eq!(
-            (p.src_qpn, p.dst_qpn, p.slid, p.sl, p.grh, &p.body),
-            (s.src_qpn, s.dst_qpn, s.slid, s.sl, s.grh, &s.body)
+            (p.src_qpn, p.dst_qpn, p.slid, p.sl, p.grh, &p.body, p.roce),
+            (s.src_qpn, s.dst_qpn, s.slid, s.sl, s.grh, &s.body, s.roce)
         );
     }
 
@@ -638,7 +648,9 @@ mod tests {
             body: Body::Resp { seq: 1, resp: Resp::Lost("link down") },
             ..sample()
         });
-        *f.last_mut().unwrap() = 200;
+        // The reason code is the last byte before the 11 bytes of RoCE facts.
+        let at = f.len() - 12;
+        f[at] = 200;
         assert_eq!(decode_packet(&f[1..], ()).unwrap().body, Body::Resp { seq: 1, resp: Resp::Lost(LOST_OTHER) });
     }
 

@@ -1,7 +1,7 @@
-//! The packet format between devices: what one QP sends another. Today it is the simulator's own format (a whole
-//! message per packet, no segmentation): in process a packet is the Rust value [`Packet`], and between processes
-//! `frame.rs` gives its byte encoding. A later change replaces it with the real RoCEv2 headers (IBA BTH/RETH/AETH
-//! over UDP); transport builds and reads packets only through this module, so that change stays here.
+//! The packet format between devices: what one QP sends another. In process a packet is the Rust value [`Packet`],
+//! a whole message. On a link it takes a byte form: between Ethernet ports the RoCEv2 frames `roce_map.rs` makes
+//! from it (cut at the path MTU, one PSN per packet; `roce/` holds the frame views) and the port's receive side
+//! (`transport/roce_rx.rs`) puts back together; between IB ports the simulator's own encoding (`frame.rs`).
 //!
 //! A packet is generic over `D`, the handle naming its source and destination device: the wire format does not
 //! know how packets travel (that is `link`).
@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 pub(crate) mod frame;
 pub mod roce;
+pub(crate) mod roce_map;
 
 /// Bytes of a GID.
 pub(crate) const GID_LEN: usize = 16;
@@ -143,6 +144,21 @@ pub(crate) enum Body {
     Resp { seq: u64, resp: Resp },
 }
 
+/// What a RoCEv2 encoding of a packet needs beyond the message (`roce_map.rs`): the path MTU it is cut at, the
+/// UDP source port, the BTH PSN of its first frame when the body has none (UD, responses) and the responder's MSN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct RoceInfo {
+    /// The path MTU as an `IB_MTU_*` code (0: one frame per message).
+    pub(crate) mtu: u8,
+    /// The UDP source port (0: derived from the QPNs as Linux's `rdma_get_udp_sport` does).
+    pub(crate) udp_sport: u16,
+    /// A response's first PSN (an ACK names the last PSN of the request; a PSN sequence NAK the expected one);
+    /// a UD send's PSN.
+    pub(crate) psn: u32,
+    /// The responder's message sequence number (24 bits) after the request.
+    pub(crate) msn: u32,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Packet<D> {
     pub(crate) src: D,
@@ -154,12 +170,14 @@ pub(crate) struct Packet<D> {
     pub(crate) sl: u8,
     pub(crate) grh: Option<Grh>,
     pub(crate) body: Body,
+    pub(crate) roce: RoceInfo,
 }
 
 impl<D: Clone> Packet<D> {
     /// [`Packet::reply`] consuming the request: its addresses move into the response instead of being cloned.
     pub(crate) fn into_reply(self, resp: Resp) -> Option<Packet<D>> {
         let Body::Rc { seq, .. } = self.body else { return None };
+        let (grh, roce) = (self.grh.map(|g| g.reversed()), self.reply_info(&resp));
         Some(Packet {
             src: self.dst,
             dst: self.src,
@@ -167,14 +185,16 @@ impl<D: Clone> Packet<D> {
             dst_qpn: self.src_qpn,
             slid: 0,
             sl: 0,
-            grh: None,
+            grh,
             body: Body::Resp { seq, resp },
+            roce,
         })
     }
 
     /// The response `resp` to this packet, addressed back to its sender; `None` unless it is an RC request.
     pub(crate) fn reply(&self, resp: Resp) -> Option<Packet<D>> {
         let Body::Rc { seq, .. } = self.body else { return None };
+        let roce = self.reply_info(&resp);
         Some(Packet {
             src: self.dst.clone(),
             dst: self.src.clone(),
@@ -182,9 +202,30 @@ impl<D: Clone> Packet<D> {
             dst_qpn: self.src_qpn,
             slid: 0,
             sl: 0,
-            grh: None,
+            grh: self.grh.map(|g| g.reversed()),
             body: Body::Resp { seq, resp },
+            roce,
         })
+    }
+
+    /// The RoCE facts of a response to this request: an ACK names the request's last PSN, everything else its
+    /// first (IBA 9.7.5.1); the MSN is the responder's to fill in.
+    fn reply_info(&self, resp: &Resp) -> RoceInfo {
+        let Body::Rc { psn, op, .. } = &self.body else { return RoceInfo::default() };
+        let last = match (resp, op) {
+            (Resp::Ack, RcOp::Send { data, .. } | RcOp::Write { data, .. }) => {
+                roce_map::psn_count(data.len() as u64, self.roce.mtu) - 1
+            }
+            _ => 0,
+        };
+        RoceInfo { psn: psn.wrapping_add(last) & roce::rc::PSN_MASK, ..self.roce }
+    }
+}
+
+impl Grh {
+    /// The GRH of a packet going back the way this one came.
+    pub(crate) fn reversed(self) -> Grh {
+        Grh { sgid: self.dgid, dgid: self.sgid, ..self }
     }
 }
 

@@ -19,6 +19,7 @@ mod golden;
 mod no_alloc;
 mod pages;
 mod parity;
+mod pcap;
 mod qp_rules;
 mod ring_props;
 mod sim;

@@ -3,10 +3,11 @@
 //! ```text
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] devinfo [--json]
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] fw-tour
-//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] pingpong [--ud] [--size N]
-//!      [--iters N] [--json]
-//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] pingpong --server [--port P] | --client HOST[:P]
+//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] [--threaded] pingpong [--ud]
 //!      [--size N] [--iters N] [--json]
+//! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] pingpong
+//!      --server [--port P] | --client HOST[:P] [--size N] [--iters N] [--json] [--gid-idx N] [--qemu-sock PATH]
+//!      [--ipv4 ADDR]
 //! mlx5 devices
 //! mlx5 bind BDF | unbind BDF
 //! mlx5 trace decode FILE [--all] [--hexdump]
@@ -19,11 +20,12 @@
 //! standard error through the `log` crate. Without it errors stay one line.
 
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use mlx5_core::cmdq::CmdQueue;
 use mlx5_core::hal::{DelayNs, Dma, Mmio};
 use mlx5_core::hca::{Config, Hca};
+use mlx5_sim::pcap::PcapSink;
 use mlx5_sim::{Mode, SimConfig, SimDevice};
 use mlx5_tool::cli::Args;
 use mlx5_tool::devinfo::DevInfo;
@@ -34,8 +36,8 @@ use mlx5_verbs::DeviceKind;
 use mlx5_vfio::{bind, Bdf, StdDelay, Vfio, VfioOptions};
 
 const USAGE: &str =
-    "usage: mlx5 [-v|-vv] [--device BDF] [--link eth|ib] [--trace FILE] [--hexdump] [--threaded] <command>
-            [--json]
+    "usage: mlx5 [-v|-vv] [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] [--threaded]
+            <command> [--json]
 
 commands:
   devices    list the devices as ibv_devices does (name, node GUID, where), without bringing any up;
@@ -47,7 +49,11 @@ commands:
              --server [--port P] / --client HOST[:P]: the two sides in two processes (or hosts), which swap
              LID, QPN, PSN and GID over TCP port P (default 18515) as ibv_rc_pingpong does; on the
              simulator their devices are joined by a simulated wire over TCP port P + 1 (--timeout SECS,
-             default 30: how long to wait for the peer and for each completion)
+             default 30: how long to wait for the peer and for each completion; --gid-idx N: the GID entry
+             advertised and sent from, rc_pingpong's -g; --qemu-sock PATH: the simulated port is plugged into a
+             QEMU guest NIC listening there (-netdev stream,server=on) instead, RoCEv2 frames on the socket,
+             e.g. to reach ibv_rc_pingpong over rdma_rxe, whose -c buffer the messages then are; --ipv4 ADDR:
+             the simulated port's IPv4 address)
              --ud: a UD ping-pong between two UD QPs of the device instead, as ibv_ud_pingpong does it
              (address handles, Q_Key 0x11111111, 40 bytes of GRH room before each received payload;
              --size default 2048 or the port's active MTU if smaller, at most the MTU); with --server /
@@ -73,6 +79,8 @@ options:
                  --device BDF (the real port decides)
   --trace FILE   write every firmware command as a JSON line to FILE; when bench runs two simulated devices
                  both go to FILE, each line naming its device (\"device\": \"mlx5_0\" or \"mlx5_1\")
+  --pcap FILE    write every frame the simulated ports send and receive to FILE as a pcap, in RoCEv2 form
+                 (Ethernet ports; tshark/Wireshark decode it); refused with --device BDF
   --hexdump      print every firmware command as the Linux mlx5 command hexdump
   --threaded     simulated firmware completes commands on its own thread (default: in line)
   -v, --verbose  log bring-up milestones to standard error; -vv also every firmware command";
@@ -99,7 +107,28 @@ fn sim_config(args: &Args) -> SimConfig {
     SimConfig {
         mode: if args.threaded { Mode::Threaded } else { Mode::Inline },
         port_type: args.link.unwrap_or_default(),
+        pcap: PCAP.get().cloned(),
         ..SimConfig::default()
+    }
+}
+
+/// The capture `--pcap FILE` opened, shared by every simulated device of the run.
+static PCAP: OnceLock<PcapSink> = OnceLock::new();
+
+/// Opens the `--pcap` file before any device exists.
+fn open_pcap(args: &Args) -> Result<(), String> {
+    let Some(path) = &args.pcap else { return Ok(()) };
+    let sink = PcapSink::create(path).map_err(|e| format!("--pcap {}: {e}", path.display()))?;
+    log::info!("capturing every simulated frame to {}", path.display());
+    let _ = PCAP.set(sink);
+    Ok(())
+}
+
+/// Whether the capture was written whole.
+fn check_pcap() -> Result<(), String> {
+    match PCAP.get().and_then(|s| s.error()) {
+        Some(e) => Err(format!("--pcap: writing the capture failed ({e})")),
+        None => Ok(()),
     }
 }
 
@@ -307,12 +336,24 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
         None => Role::Server { port: args.port.unwrap_or(rp::DEFAULT_PORT), bind: args.bind },
     };
     let timeout = args.timeout.unwrap_or(std::time::Duration::from_secs(30));
-    let opts = rp::Options { size: args.size, iters: args.iters.unwrap_or(1000), timeout, ud: args.ud };
+    let opts = rp::Options {
+        size: args.size,
+        iters: args.iters.unwrap_or(1000),
+        timeout,
+        ud: args.ud,
+        gid_index: args.gid_index.unwrap_or(0),
+        rc_pingpong_data: args.qemu_sock.is_some(),
+    };
     let trace = shared_trace(args)?;
     let tracer = || trace.as_ref().map(|t| Box::new(t.device(None)) as mlx5_verbs::Tracer);
     let (ctx, sim) = match &args.device {
+        None if args.qemu_sock.is_some() => {
+            let sock = args.qemu_sock.as_deref().unwrap_or(std::path::Path::new(""));
+            let dev = rp::open_sim_guest(sock, args.ipv4, timeout, PCAP.get().cloned())?;
+            (Context::open_sim_device_with(dev.clone(), tracer()).map_err(|e| e.to_string())?, Some(dev))
+        }
         None => {
-            let dev = rp::open_sim(&role, timeout, args.link.unwrap_or_default())?;
+            let dev = rp::open_sim(&role, timeout, args.link.unwrap_or_default(), PCAP.get().cloned())?;
             (Context::open_sim_device_with(dev.clone(), tracer()).map_err(|e| e.to_string())?, Some(dev))
         }
         Some(bdf) => {
@@ -406,6 +447,7 @@ fn bench(args: &Args) -> Result<(), String> {
     opts.threaded = args.threaded;
     opts.port_type = args.link.unwrap_or_default();
     opts.trace = shared_trace(args)?;
+    opts.pcap = PCAP.get().cloned();
     let r = perftest::run(&opts, &mut |text: &str| out(text)).map(drop).map_err(|e| e.to_string());
     if let Some(t) = &opts.trace {
         t.finish().map_err(|e| e.to_string())?;
@@ -512,17 +554,19 @@ fn main() -> ExitCode {
         }
     }
     init_logging(args.verbose);
-    let result = match args.command.as_str() {
-        "devices" => devices(),
-        "devinfo" => devinfo(&args),
-        "fw-tour" => fw_tour(&args),
-        "pingpong" => pingpong(&args),
-        "bench" => bench(&args),
-        "bind" => bind_cmd(&args, true),
-        "unbind" => bind_cmd(&args, false),
-        "trace" => trace_cmd(&args),
-        other => Err(format!("unknown command {other:?}")),
-    };
+    let result = open_pcap(&args)
+        .and_then(|()| match args.command.as_str() {
+            "devices" => devices(),
+            "devinfo" => devinfo(&args),
+            "fw-tour" => fw_tour(&args),
+            "pingpong" => pingpong(&args),
+            "bench" => bench(&args),
+            "bind" => bind_cmd(&args, true),
+            "unbind" => bind_cmd(&args, false),
+            "trace" => trace_cmd(&args),
+            other => Err(format!("unknown command {other:?}")),
+        })
+        .and_then(|()| check_pcap());
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -69,6 +69,27 @@ impl DropReason {
     fn index(self) -> usize {
         self as usize
     }
+
+    /// A short description, for events and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::Ethernet => "frame shorter than an Ethernet header",
+            DropReason::EtherType => "EtherType neither IPv4, IPv6 nor ARP",
+            DropReason::Arp => "malformed ARP",
+            DropReason::Ipv4 => "bad IPv4 header",
+            DropReason::Ipv4Checksum => "bad IPv4 header checksum",
+            DropReason::Ipv6 => "bad IPv6 header",
+            DropReason::NotUdp => "IP payload is not UDP",
+            DropReason::Udp => "bad UDP header",
+            DropReason::UdpChecksum => "bad UDP checksum",
+            DropReason::NotRoce => "UDP port is not 4791",
+            DropReason::Bth => "bad BTH",
+            DropReason::Opcode => "unsupported opcode",
+            DropReason::Headers => "extended headers cut short",
+            DropReason::Payload => "bad pad or payload",
+            DropReason::Icrc => "bad ICRC",
+        }
+    }
 }
 
 /// Frames dropped, per reason.

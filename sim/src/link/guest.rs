@@ -1,0 +1,494 @@
+//! The link to a QEMU guest's NIC (or any peer speaking QEMU's `-netdev stream` framing) over a UNIX socket:
+//! bare Ethernet frames, each after a 4-byte big-endian length (`stream.rs`). The port's packets cross it as the
+//! RoCEv2 frames `wire::roce_map` makes; frames from the guest go through the port's receive side
+//! (`transport/roce_rx.rs`: ARP answered, RoCE reassembled and matched).
+//!
+//! There is no handshake: the far end's MAC is learned from the frames it sends. Before it is known, a packet to an
+//! IPv4 GID makes the port send an ARP request instead (the packet is lost and the requester's timer sends it
+//! again, as a NIC waiting on neighbour resolution would drop it); a link-local IPv6 GID carries its MAC. Every
+//! destination the port does not own goes out on this cable (one port, one cable), so the guest's addresses need
+//! not be configured.
+//!
+//! QEMU 7.2 in client mode (`server=off`) connects once at start and never retries, so listen first
+//! ([`listen`]) or let QEMU listen (`server=on`) and [`connect`] with retries.
+
+use std::collections::VecDeque;
+use std::io::{self, BufWriter, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use super::pcap::PcapSink;
+use super::stream::{read_frame, write_frame, MAX_STREAM_FRAME};
+use super::{carry, DevRef, Packet, Port};
+use crate::wire::roce::arp::{ArpRepr, Operation};
+use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
+use crate::wire::roce::frame::emit_arp;
+use crate::wire::roce_map;
+use crate::{lock, Shared, SimEvent};
+
+/// The link to a guest NIC.
+#[derive(Debug)]
+pub(crate) struct GuestLink {
+    /// The far end's id on this side's wire.
+    pub(crate) id: u64,
+    tx: mpsc::Sender<Vec<u8>>,
+    up: AtomicBool,
+    stream: UnixStream,
+    mine: [u8; 6],
+    /// The guest NIC's MAC, once a frame from it arrived.
+    theirs: Mutex<Option<[u8; 6]>>,
+    /// Where the frames this link writes are recorded (the port's capture).
+    pcap: Option<PcapSink>,
+    /// RoCE frames sent so far, and the one (1-based) to drop on purpose (0: none), for lost-frame tests.
+    sent: AtomicU64,
+    drop_nth: AtomicU64,
+    /// The same for RoCE frames received.
+    received: AtomicU64,
+    drop_in_nth: AtomicU64,
+}
+
+/// Whether a frame is UDP to the RoCEv2 port (IPv4 without options, or IPv6), by its headers alone.
+fn is_roce(f: &[u8]) -> bool {
+    let udp_dport = |at: usize| f.get(at + 2..at + 4) == Some(&4791u16.to_be_bytes()[..]);
+    match f.get(12..14) {
+        Some([0x08, 0x00]) => f.get(14) == Some(&0x45) && f.get(23) == Some(&17) && udp_dport(34),
+        Some([0x86, 0xdd]) => f.get(20) == Some(&17) && udp_dport(54),
+        _ => false,
+    }
+}
+
+/// The IPv4 address in an IPv4-mapped GID.
+fn v4(gid: &[u8; 16]) -> Option<[u8; 4]> {
+    (gid[..10] == [0; 10] && gid[10..12] == [0xff, 0xff]).then(|| [gid[12], gid[13], gid[14], gid[15]])
+}
+
+/// The MAC in a link-local GID (modified EUI-64).
+fn link_local_mac(gid: &[u8; 16]) -> Option<[u8; 6]> {
+    (gid[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0] && gid[11] == 0xff && gid[12] == 0xfe)
+        .then(|| [gid[8] ^ 2, gid[9], gid[10], gid[13], gid[14], gid[15]])
+}
+
+impl GuestLink {
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn close(&self) {
+        self.up.store(false, Ordering::Release);
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// The guest NIC's MAC, if known.
+    pub(crate) fn peer_mac(&self) -> Option<[u8; 6]> {
+        self.theirs.lock().ok().and_then(|m| *m)
+    }
+
+    /// Drops the `n`-th RoCE frame sent from now on (1 is the next one).
+    pub(crate) fn drop_frame(&self, n: u64) {
+        let base = self.sent.load(Ordering::Acquire);
+        self.drop_nth.store(base + n, Ordering::Release);
+    }
+
+    /// Drops the `n`-th RoCE frame received from now on (1 is the next one).
+    pub(crate) fn drop_frame_in(&self, n: u64) {
+        let base = self.received.load(Ordering::Acquire);
+        self.drop_in_nth.store(base + n, Ordering::Release);
+    }
+
+    /// Counts a received RoCE frame; true when it is the one to drop. Other frames (ARP, the guest's IPv6
+    /// neighbour discovery) are neither counted nor dropped.
+    fn lose_incoming(&self, frame: &[u8]) -> bool {
+        is_roce(frame) && self.received.fetch_add(1, Ordering::AcqRel) + 1 == self.drop_in_nth.load(Ordering::Acquire)
+    }
+
+    fn learn(&self, mac: [u8; 6]) {
+        if let Ok(mut m) = self.theirs.lock() {
+            *m = Some(mac);
+        }
+    }
+
+    fn send_raw(&self, frame: &[u8]) -> Result<(), &'static str> {
+        if let Some(s) = &self.pcap {
+            s.record(|_, out| out(frame));
+        }
+        self.tx.send(frame.to_vec()).map_err(|_| "link down")
+    }
+
+    /// Puts `p` on the cable as RoCEv2 frames. Never blocks on the socket.
+    pub(crate) fn transmit(&self, p: &Packet) -> Result<(), &'static str> {
+        if !self.is_up() {
+            return Err("link down");
+        }
+        let grh = p.grh.ok_or("no GRH: not a RoCE packet")?;
+        let dst = match self.peer_mac().or_else(|| link_local_mac(&grh.dgid)) {
+            Some(m) => m,
+            None => return self.resolve(&grh.sgid, &grh.dgid),
+        };
+        let mut buf = Vec::new();
+        let mut result = Ok(());
+        roce_map::emit_frames(p, self.mine, dst, &mut buf, &mut |f| {
+            let n = self.sent.fetch_add(1, Ordering::AcqRel) + 1;
+            if n == self.drop_nth.load(Ordering::Acquire) {
+                return;
+            }
+            if let Err(e) = self.send_raw(f) {
+                result = Err(e);
+            }
+        })?;
+        result
+    }
+
+    /// Asks the cable who has the IPv4 address in `dgid` (ARP, from the one in `sgid`); the packet that needed it
+    /// is lost, as on a NIC whose neighbour entry is not resolved yet.
+    fn resolve(&self, sgid: &[u8; 16], dgid: &[u8; 16]) -> Result<(), &'static str> {
+        let (Some(sender_ip), Some(target_ip)) = (v4(sgid), v4(dgid)) else {
+            return Err("no MAC for the destination GID");
+        };
+        let arp =
+            ArpRepr { operation: Operation::Request, sender_mac: self.mine, sender_ip, target_mac: [0; 6], target_ip };
+        let eth = EthernetRepr { dst: BROADCAST, src: self.mine, ethertype: EtherType::Arp };
+        let mut buf = [0u8; 64];
+        let n = emit_arp(&eth, &arp, &mut buf).map_err(|_| "ARP request does not fit")?;
+        self.send_raw(&buf[..n])
+    }
+}
+
+/// Listens on the UNIX socket `path` (replacing a stale socket file) for the guest NIC (QEMU with
+/// `server=off`); the first connection is plugged in.
+pub(crate) fn listen(shared: &Arc<Shared>, path: &Path) -> io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    let weak = Arc::downgrade(shared);
+    std::thread::Builder::new().name("mlx5-sim-guest-listen".into()).spawn(move || {
+        if let Ok((stream, _)) = listener.accept() {
+            if let Some(shared) = weak.upgrade() {
+                if let Err(e) = plug(&shared, stream) {
+                    log_down(&shared, e.kind());
+                }
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// Connects to the guest NIC listening on `path` (QEMU with `server=on`), retrying until `timeout`.
+pub(crate) fn connect(shared: &Arc<Shared>, path: &Path, timeout: Duration) -> io::Result<()> {
+    let end = Instant::now() + timeout;
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return plug(shared, s),
+            Err(e) if Instant::now() >= end => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn log_down(shared: &Shared, _kind: io::ErrorKind) {
+    lock(shared).events.push(SimEvent::FrameDropped { why: "the guest link could not be set up" });
+}
+
+fn plug(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
+    let (tx, rx) = mpsc::channel();
+    let (mine, pcap, id) = {
+        let st = lock(shared);
+        (st.wire.addr.mac, st.wire.pcap.clone(), super::next_device_id())
+    };
+    let link = Arc::new(GuestLink {
+        id,
+        tx,
+        up: AtomicBool::new(true),
+        stream: stream.try_clone()?,
+        mine,
+        theirs: Mutex::new(None),
+        pcap,
+        sent: AtomicU64::new(0),
+        drop_nth: AtomicU64::new(0),
+        received: AtomicU64::new(0),
+        drop_in_nth: AtomicU64::new(0),
+    });
+    let reader = stream.try_clone()?;
+    {
+        let mut st = lock(shared);
+        st.wire.plug_guest(DevRef { id, port: Port::Guest(link.clone()) });
+        let _ = st.set_port_up(true);
+    }
+    let writer = link.clone();
+    std::thread::Builder::new().name("mlx5-sim-guest-tx".into()).spawn(move || write_loop(&writer, stream, rx))?;
+    let weak = Arc::downgrade(shared);
+    std::thread::Builder::new().name("mlx5-sim-guest-rx".into()).spawn(move || read_loop(weak, link, reader))?;
+    Ok(())
+}
+
+fn write_loop(link: &GuestLink, stream: UnixStream, rx: mpsc::Receiver<Vec<u8>>) {
+    let mut w = BufWriter::new(stream);
+    while let Ok(frame) = rx.recv() {
+        let mut ok = write_frame(&mut w, &frame).is_ok();
+        while let Ok(more) = rx.try_recv() {
+            ok &= write_frame(&mut w, &more).is_ok();
+        }
+        if !ok || w.flush().is_err() {
+            break;
+        }
+    }
+    link.close();
+}
+
+fn read_loop(weak: Weak<Shared>, link: Arc<GuestLink>, mut r: UnixStream) {
+    let mut buf = vec![0u8; MAX_STREAM_FRAME];
+    let src = DevRef { id: link.id, port: Port::Guest(link.clone()) };
+    // A clean end of stream or a bad length (not QEMU's framing) ends the link.
+    while let Ok(Some(n)) = read_frame(&mut r, &mut buf) {
+        let Some(shared) = weak.upgrade() else { break };
+        let frame = &buf[..n];
+        if link.lose_incoming(frame) {
+            continue;
+        }
+        // The far end's MAC is the source of what it sends (not a broadcast or one of ours).
+        if n >= 12 {
+            let mut mac = [0u8; 6];
+            mac.copy_from_slice(&frame[6..12]);
+            if mac != link.mine && mac[0] & 1 == 0 {
+                link.learn(mac);
+            }
+        }
+        let (back, out) = {
+            let mut st = lock(&shared);
+            let back = st.receive_frame(frame, &src);
+            (back, st.run_datapath())
+        };
+        if let Some(b) = back {
+            let _ = link.send_raw_unrecorded(&b);
+        }
+        carry(VecDeque::from(out));
+    }
+    link.close();
+    if let Some(shared) = weak.upgrade() {
+        let mut st = lock(&shared);
+        st.wire.unplug_remote(link.id);
+        let _ = st.set_port_up(false);
+    }
+}
+
+impl GuestLink {
+    /// Sends a frame the port already recorded (its ARP replies).
+    fn send_raw_unrecorded(&self, frame: &[u8]) -> Result<(), &'static str> {
+        self.tx.send(frame.to_vec()).map_err(|_| "link down")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
+    use crate::wire::roce::frame::{parse, Parsed};
+    use crate::{Mode, SimConfig};
+    use mlx5_core::prm::consts;
+
+    const SEND: u8 = consts::MLX5_OPCODE_SEND;
+    const WAIT: Duration = Duration::from_secs(5);
+
+    fn cfg(n: u8) -> SimConfig {
+        let mut mac = SimConfig::default().mac;
+        mac[5] = n;
+        SimConfig { mac, node_guid: 0x4000 + u64::from(n), mode: Mode::Threaded, ..SimConfig::default() }
+    }
+
+    fn sock(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("mlx5-guest-{}-{name}.sock", std::process::id()))
+    }
+
+    /// Two devices joined the way a device and a QEMU guest NIC are: A listens on a UNIX socket, B connects.
+    fn joined(name: &str) -> (Rdma, Rdma) {
+        let (a, b) = (Rdma::new(cfg(1)), Rdma::new(cfg(2)));
+        let path = sock(name);
+        a.h.dev.guest_listen(&path).unwrap();
+        b.h.dev.guest_connect(&path, WAIT).unwrap();
+        let end = Instant::now() + WAIT;
+        while !(a.h.dev.guest_plugged() && b.h.dev.guest_plugged()) {
+            assert!(Instant::now() < end, "both ends plugged in");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let _ = std::fs::remove_file(&path);
+        (a, b)
+    }
+
+    fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    #[test]
+    fn rc_and_ud_over_stream_framing_as_roce() {
+        let (mut a, mut b) = joined("rc");
+        let (mut a_cq, mut b_cq) = (a.cq(5), b.cq(5));
+        let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let mut qb = b.qp(QpSpec::rc(), b_cq.cqn, b_cq.cqn);
+        let (ra, rb) = (a.me(qa.qpn), b.me(qb.qpn));
+        a.connect_rc(&qa, &rb, RcParams::default());
+        b.connect_rc(&qb, &ra, RcParams::default());
+        let (ma, mb) = (a.mr(1 << 16), b.mr(1 << 16));
+        // Three packets at the 1024-byte MTU, each way.
+        let msg = pattern(3000, 1);
+        ma.write(0, &msg);
+        b.post_recv(&mut qb, &[(mb.addr(), 4096, mb.key)]);
+        a.post_send(&mut qa, &Wqe::new(SEND).data(3000, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.wait_cqe(&mut a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        let e = b.wait_cqe(&mut b_cq).expect("receive CQE");
+        assert_eq!((e.opcode(), e.byte_cnt()), (consts::MLX5_CQE_RESP_SEND, 3000));
+        assert!(mb.read(0, 3000) == msg);
+        // A READ of three response packets, and an atomic.
+        let remote = pattern(2500, 9);
+        mb.write(8192, &remote);
+        mb.write(16384, &41u64.to_be_bytes());
+        let rd = Wqe::new(consts::MLX5_OPCODE_RDMA_READ).raddr(mb.addr() + 8192, mb.key).data(
+            2500,
+            ma.key,
+            ma.addr() + 8192,
+        );
+        a.post_send(&mut qa, &rd, Bell::Db);
+        let fa = Wqe::new(consts::MLX5_OPCODE_ATOMIC_FA).raddr(mb.addr() + 16384, mb.key).atomic(1, 0).data(
+            8,
+            ma.key,
+            ma.addr() + 16384,
+        );
+        a.post_send(&mut qa, &fa, Bell::Db);
+        for _ in 0..2 {
+            assert_eq!(a.wait_cqe(&mut a_cq).expect("CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        }
+        assert!(ma.read(8192, 2500) == remote);
+        assert_eq!(
+            (ma.read(16384, 8), mb.read(16384, 8)),
+            (41u64.to_be_bytes().to_vec(), 42u64.to_be_bytes().to_vec())
+        );
+        // UD from B to A.
+        let (mut ua, mut ub) = (a.qp(QpSpec::ud(), a_cq.cqn, a_cq.cqn), b.qp(QpSpec::ud(), b_cq.cqn, b_cq.cqn));
+        a.ready_ud(&ua, 0x11);
+        b.ready_ud(&ub, 0x11);
+        a.post_recv(&mut ua, &[(ma.addr() + 32768, 256, ma.key)]);
+        mb.write(32768, b"datagram");
+        let dst = a.me(ua.qpn);
+        let av =
+            TAv { dqpn: ua.qpn, qkey: 0x11, grh: true, hop_limit: 1, rgid: dst.gid, rmac: dst.mac, ..TAv::default() };
+        b.post_send(&mut ub, &Wqe::new(SEND).av(&av).data(8, mb.key, mb.addr() + 32768), Bell::Db);
+        assert_eq!(b.wait_cqe(&mut b_cq).expect("UD send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        let e = a.wait_cqe(&mut a_cq).expect("UD receive CQE");
+        assert_eq!((e.byte_cnt(), e.flags_rqpn() & 0xff_ffff), (48, ub.qpn));
+        assert_eq!(ma.read(32768 + 40, 8), b"datagram");
+        assert_eq!(a.h.dev.frame_drops().total() + b.h.dev.frame_drops().total(), 0);
+    }
+
+    #[test]
+    fn a_lost_middle_packet_draws_a_sequence_nak_and_a_lost_ack_a_retransmission() {
+        let (mut a, mut b) = joined("loss");
+        let (mut a_cq, mut b_cq) = (a.cq(5), b.cq(5));
+        let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let mut qb = b.qp(QpSpec::rc(), b_cq.cqn, b_cq.cqn);
+        let (ra, rb) = (a.me(qa.qpn), b.me(qb.qpn));
+        a.connect_rc(&qa, &rb, RcParams { ack_timeout: 12, ..RcParams::default() });
+        b.connect_rc(&qb, &ra, RcParams::default());
+        let (ma, mb) = (a.mr(1 << 14), b.mr(1 << 14));
+        let msg = pattern(3000, 3);
+        ma.write(0, &msg);
+        // The MIDDLE packet of A's SEND is lost: B sees LAST out of sequence and NAKs; A sends it all again.
+        assert!(a.h.dev.guest_drop_frame(2));
+        b.post_recv(&mut qb, &[(mb.addr(), 4096, mb.key)]);
+        a.post_send(&mut qa, &Wqe::new(SEND).data(3000, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.wait_cqe(&mut a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        let e = b.wait_cqe(&mut b_cq).expect("receive CQE");
+        assert_eq!(e.byte_cnt(), 3000);
+        assert!(mb.read(0, 3000) == msg);
+        assert!(a.h.dev.events().iter().any(|e| matches!(e, SimEvent::PsnSequenceNak { .. })));
+        // B's ACK of the next SEND is lost: A's ACK timer resends, B answers the duplicate without a second
+        // receive.
+        assert!(b.h.dev.guest_drop_frame(1));
+        b.post_recv(&mut qb, &[(mb.addr() + 4096, 4096, mb.key)]);
+        a.post_send(&mut qa, &Wqe::new(SEND).data(100, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.wait_cqe(&mut a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        assert_eq!(b.wait_cqe(&mut b_cq).expect("receive CQE").byte_cnt(), 100);
+        assert!(b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
+        assert!(b.poll(&mut b_cq).is_none(), "the duplicate consumed no receive");
+        // B loses A's FIRST packet on the way in: MIDDLE is ahead of what B expects, B NAKs, A sends it all again.
+        let naks = |r: &Rdma| r.h.dev.events().iter().filter(|e| matches!(e, SimEvent::PsnSequenceNak { .. })).count();
+        let before = naks(&a);
+        assert!(b.h.dev.guest_drop_frame_in(1));
+        b.post_recv(&mut qb, &[(mb.addr() + 8192, 4096, mb.key)]);
+        a.post_send(&mut qa, &Wqe::new(SEND).data(3000, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.wait_cqe(&mut a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        assert_eq!(b.wait_cqe(&mut b_cq).expect("receive CQE").byte_cnt(), 3000);
+        assert!(mb.read(8192, 3000) == msg);
+        assert!(naks(&a) > before);
+        assert_eq!(b.h.dev.qp_info(qb.qpn).unwrap().rq_ci, 3);
+    }
+
+    #[test]
+    fn rnr_and_remote_access_naks_cross_as_frames() {
+        let (mut a, mut b) = joined("nak");
+        let (mut a_cq, mut b_cq) = (a.cq(5), b.cq(5));
+        let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let mut qb = b.qp(QpSpec::rc(), b_cq.cqn, b_cq.cqn);
+        let (ra, rb) = (a.me(qa.qpn), b.me(qb.qpn));
+        // B's RNR timer code 1 (10 us); A retries RNR forever.
+        a.connect_rc(&qa, &rb, RcParams { rnr_retry: 7, ..RcParams::default() });
+        b.connect_rc(&qb, &ra, RcParams { min_rnr_nak: 1, ..RcParams::default() });
+        let (ma, mb) = (a.mr(1 << 12), b.mr(1 << 12));
+        ma.write(0, b"not yet");
+        // No receive at B: RNR NAK; A waits the timer and sends again until B posts one.
+        a.post_send(&mut qa, &Wqe::new(SEND).data(7, ma.key, ma.addr()), Bell::Db);
+        let end = Instant::now() + WAIT;
+        while !a.h.dev.events().iter().any(|e| matches!(e, SimEvent::RnrNak { .. })) {
+            assert!(Instant::now() < end, "an RNR NAK came back");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        b.post_recv(&mut qb, &[(mb.addr(), 64, mb.key)]);
+        assert_eq!(a.wait_cqe(&mut a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        assert_eq!(b.wait_cqe(&mut b_cq).expect("receive CQE").byte_cnt(), 7);
+        assert_eq!(mb.read(0, 7), b"not yet");
+        // A WRITE with a key B does not have: a remote access NAK, and A's QP fails with REMOTE_ACCESS_ERR.
+        let w = Wqe::new(consts::MLX5_OPCODE_RDMA_WRITE).raddr(mb.addr(), mb.key ^ 0x100).data(7, ma.key, ma.addr());
+        a.post_send(&mut qa, &w, Bell::Db);
+        let e = a.wait_cqe(&mut a_cq).expect("error CQE");
+        assert_eq!(e.status(), (consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
+    }
+
+    #[test]
+    fn arp_is_answered_for_the_port_address_and_bad_frames_are_counted() {
+        let a = Rdma::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 2]], ..cfg(1) });
+        let path = sock("arp");
+        a.h.dev.guest_listen(&path).unwrap();
+        let mut s = UnixStream::connect(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let guest = [0x52, 0x54, 0, 0, 0, 1];
+        let ask = |target: [u8; 4]| {
+            let arp = ArpRepr {
+                operation: Operation::Request,
+                sender_mac: guest,
+                sender_ip: [10, 0, 0, 1],
+                target_mac: [0; 6],
+                target_ip: target,
+            };
+            let mut buf = [0u8; 64];
+            let n = emit_arp(&EthernetRepr { dst: BROADCAST, src: guest, ethertype: EtherType::Arp }, &arp, &mut buf)
+                .unwrap();
+            buf[..n].to_vec()
+        };
+        // Not ours: no answer. Ours: a reply from the port's MAC. A frame with a bad ICRC is dropped and counted.
+        write_frame(&mut s, &ask([10, 0, 0, 9])).unwrap();
+        let mut bad = vec![0u8; 80];
+        bad[12] = 0x08;
+        write_frame(&mut s, &bad).unwrap();
+        write_frame(&mut s, &ask([10, 0, 0, 2])).unwrap();
+        let mut buf = vec![0u8; MAX_STREAM_FRAME];
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let n = read_frame(&mut s, &mut buf).unwrap().expect("an ARP reply");
+        let Ok(Parsed::Arp(eth, arp)) = parse(&buf[..n]) else { panic!("not ARP: {:?}", parse(&buf[..n])) };
+        let mine = a.h.dev.config().mac;
+        assert_eq!((eth.dst, eth.src), (guest, mine));
+        assert_eq!(
+            (arp.operation, arp.sender_mac, arp.sender_ip, arp.target_ip),
+            (Operation::Reply, mine, [10, 0, 0, 2], [10, 0, 0, 1])
+        );
+        assert_eq!(a.h.dev.frame_drops().total(), 1);
+    }
+}

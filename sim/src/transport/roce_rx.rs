@@ -1,0 +1,686 @@
+//! The receive side of a RoCE port: a bare Ethernet frame from a link becomes what the transport handles. ARP is
+//! answered for the port's IPv4 addresses and teaches the port its neighbours' MACs; a RoCEv2 frame that passes
+//! every check (`wire::roce::frame`, ICRC included) is taken apart by opcode: UD sends go to their QP with the
+//! DETH's Q_Key and source QP; RC and UC request packets are put back together at their QP (FIRST, MIDDLE..,
+//! LAST in PSN order; RETH from the first) into one message at the first packet's PSN, which the responder then
+//! checks as it checks any request (execute, answer a duplicate, NAK a sequence error); responses are matched to
+//! the QP's outstanding request by PSN (an ACK must name its last PSN, READ responses come one PSN per packet from
+//! the first, an atomic ACK names the request's PSN). A frame that fails a check is dropped and recorded as
+//! [`SimEvent::FrameDropped`], never a panic.
+
+use super::*;
+use crate::link::DevRef;
+use crate::wire::roce::arp::{ArpRepr, Operation};
+use crate::wire::roce::ether::{EthernetRepr, BROADCAST};
+use crate::wire::roce::frame::{emit_arp, parse, IpRepr, Parsed, RoceRepr};
+use crate::wire::roce::ib::{NakCode, Opcode, Syndrome};
+use crate::wire::roce::rc::{psn_add, psn_diff, Position};
+use crate::wire::roce_map::{self, psn_count};
+
+/// A message whose packets are arriving.
+#[derive(Debug)]
+pub(crate) struct Partial {
+    first_psn: u32,
+    next_psn: u32,
+    kind: PartialKind,
+    data: Vec<u8>,
+    /// A sequence NAK went out for the gap at `next_psn` (one per gap, as a responder sends).
+    nak_sent: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PartialKind {
+    Send { uc: bool },
+    Write { uc: bool, raddr: u64, rkey: u32 },
+    ReadResponse,
+}
+
+/// Where the port keeps messages in reassembly and what it learned from ARP.
+#[derive(Debug, Default)]
+pub(crate) struct RoceRx {
+    /// Requests being reassembled, by responder QP.
+    requests: BTreeMap<u32, Partial>,
+    /// READ responses being reassembled, by requester QP.
+    reads: BTreeMap<u32, Partial>,
+    /// IPv4 neighbours (ARP): address and MAC.
+    pub(crate) neighbours: Vec<([u8; 4], [u8; 6])>,
+}
+
+/// The most neighbours remembered (the oldest is forgotten first).
+const MAX_NEIGHBOURS: usize = 64;
+
+impl RoceRx {
+    fn learn(&mut self, ip: [u8; 4], mac: [u8; 6]) {
+        self.neighbours.retain(|(a, _)| *a != ip);
+        if self.neighbours.len() == MAX_NEIGHBOURS {
+            self.neighbours.remove(0);
+        }
+        self.neighbours.push((ip, mac));
+    }
+}
+
+fn ext_grh(r: &RoceRepr<'_>) -> Grh {
+    let (tclass, flow_label, hop_limit) = match r.ip {
+        IpRepr::V4(v) => (v.tos, 0, v.ttl),
+        IpRepr::V6(v) => (v.traffic_class, v.flow_label, v.hop_limit),
+    };
+    Grh { sgid: r.ip.src_gid(), dgid: r.ip.dst_gid(), tclass, flow_label, hop_limit }
+}
+
+impl State {
+    /// A packet from another device of this process: on an Ethernet port it crosses as the RoCEv2 frames it
+    /// stands for and goes through the port's receive side, as on a real cable. What has no frame form (the
+    /// simulator's "lost" marker), or reaches a dead device or an IB port, is handed over as the packet; so is a
+    /// request for a QP that cannot take it, so that its requester learns at once, as in-process tests expect,
+    /// what a requester across a real link learns from its ACK timer.
+    pub(crate) fn receive_over_wire(&mut self, p: Packet) {
+        let ready = |st: QpType| {
+            self.fw.qps.get(&p.dst_qpn).is_some_and(|q| q.st == st && matches!(q.state, QpState::Rtr | QpState::Rts))
+        };
+        let takes = match p.body {
+            Body::Rc { .. } => ready(QpType::Rc),
+            Body::Uc { .. } => ready(QpType::Uc),
+            Body::Ud { .. } | Body::Resp { .. } => true,
+        };
+        if !takes || self.dead() || self.wire.addr.ib || p.grh.is_none() {
+            return self.receive(p);
+        }
+        let (src, dst) = (self.wire.mac_of(p.src.id), self.wire.addr.mac);
+        // Each frame is taken in as soon as it is built, in the one reused buffer.
+        let mut buf = std::mem::take(&mut self.dp.frame_buf);
+        let made = roce_map::emit_frames(&p, src, dst, &mut buf, &mut |f| {
+            let _ = self.receive_frame(f, &p.src);
+        });
+        self.dp.frame_buf = buf;
+        if made.is_err() {
+            // Nothing was built (the packet has no frame form): it goes as it is.
+            self.receive(p);
+        }
+    }
+
+    /// A bare Ethernet frame arrived from the link `from`. Returns frames to send straight back (ARP replies).
+    pub(crate) fn receive_frame(&mut self, frame: &[u8], from: &DevRef) -> Option<Vec<u8>> {
+        if self.dead() || self.wire.addr.ib {
+            return None;
+        }
+        let parsed = match parse(frame) {
+            Ok(p) => p,
+            Err(why) => {
+                self.wire.drops.count(why);
+                self.events.push(SimEvent::FrameDropped { why: why.name() });
+                return None;
+            }
+        };
+        self.wire.frames_in += 1;
+        // A frame from this process was recorded by its sender.
+        if self.wire.pcap.is_some() && !matches!(from.port, crate::link::Port::Local(_)) {
+            self.wire.capture_raw(frame);
+        }
+        match parsed {
+            Parsed::Arp(eth, arp) => self.rx_arp(&eth, &arp),
+            Parsed::Roce(r) => {
+                if r.eth.dst != self.wire.addr.mac {
+                    self.events.push(SimEvent::FrameDropped { why: "not for this port's MAC" });
+                } else {
+                    self.rx_roce(&r, from);
+                }
+                None
+            }
+        }
+    }
+
+    /// ARP: remember the sender; answer a request for one of the port's IPv4 addresses.
+    fn rx_arp(&mut self, eth: &EthernetRepr, arp: &ArpRepr) -> Option<Vec<u8>> {
+        self.dp.rx.learn(arp.sender_ip, arp.sender_mac);
+        let mine = self.cfg.ipv4_addrs.contains(&arp.target_ip);
+        if arp.operation != Operation::Request || !mine || (eth.dst != BROADCAST && eth.dst != self.wire.addr.mac) {
+            return None;
+        }
+        let me = self.wire.addr.mac;
+        let reply = ArpRepr {
+            operation: Operation::Reply,
+            sender_mac: me,
+            sender_ip: arp.target_ip,
+            target_mac: arp.sender_mac,
+            target_ip: arp.sender_ip,
+        };
+        let mut buf = [0u8; 64];
+        let eth = EthernetRepr { dst: arp.sender_mac, src: me, ethertype: eth.ethertype };
+        let n = emit_arp(&eth, &reply, &mut buf).ok()?;
+        if self.wire.pcap.is_some() {
+            self.wire.capture_raw(&buf[..n]);
+        }
+        Some(buf[..n].to_vec())
+    }
+
+    fn rx_drop(&mut self, why: &'static str) {
+        self.events.push(SimEvent::FrameDropped { why });
+    }
+
+    fn rx_deliver(&mut self, from: &DevRef, src_qpn: u32, r: &RoceRepr<'_>, body: Body, mtu: u8) {
+        let roce = RoceInfo { mtu, udp_sport: r.udp.src_port, psn: r.bth.psn, msn: 0 };
+        let dst = self.wire.me.clone();
+        let p = Packet {
+            src: from.clone(),
+            dst,
+            src_qpn,
+            dst_qpn: r.bth.dest_qpn,
+            slid: 0,
+            sl: 0,
+            grh: Some(ext_grh(r)),
+            body,
+            roce,
+        };
+        self.wire.inbox.push_back(p);
+    }
+
+    fn rx_roce(&mut self, r: &RoceRepr<'_>, from: &DevRef) {
+        use Opcode::*;
+        let qpn = r.bth.dest_qpn;
+        match r.bth.opcode {
+            UdSendOnly | UdSendOnlyImm => {
+                let Some(deth) = r.ext.deth else { return self.rx_drop("UD send without a DETH") };
+                let body = Body::Ud {
+                    qkey: deth.qkey,
+                    data: r.payload.to_vec(),
+                    imm: r.ext.immdt,
+                    solicited: r.bth.solicited,
+                };
+                self.rx_deliver(from, deth.src_qpn, r, body, 0);
+            }
+            RcAck | RcAtomicAck | RcReadResponseFirst | RcReadResponseMiddle | RcReadResponseLast
+            | RcReadResponseOnly => self.rx_response(qpn, r),
+            RcSendLastInv | RcSendOnlyInv => self.rx_drop("SEND with invalidate is not supported"),
+            _ => self.rx_request(qpn, r, from),
+        }
+    }
+
+    /// A request packet at the responder QP `qpn`.
+    fn rx_request(&mut self, qpn: u32, r: &RoceRepr<'_>, from: &DevRef) {
+        use Opcode::*;
+        let Some(qp) = self.fw.qps.get(&qpn) else {
+            self.dp.rx.requests.remove(&qpn);
+            return self.rx_drop("no such QP");
+        };
+        let (st, remote, mtu, max_msg, expected) = (qp.st, qp.remote_qpn, qp.mtu, qp.max_msg, qp.next_rcv_psn);
+        if !matches!(qp.state, QpState::Rtr | QpState::Rts) {
+            // A QP that cannot receive keeps nothing of a message (nor what an earlier QP of its number left).
+            self.dp.rx.requests.remove(&qpn);
+            return self.rx_drop("request for a QP not ready to receive");
+        }
+        let op = r.bth.opcode;
+        let uc = (u8::from(op) >> 5) == 1;
+        if st != if uc { QpType::Uc } else { QpType::Rc } {
+            return self.rx_drop("request for a QP of another transport");
+        }
+        let (psn, solicited) = (r.bth.psn, r.bth.solicited);
+        let whole =
+            |op: RcOp| if uc { Body::Uc { psn, op, solicited } } else { Body::Rc { seq: 0, psn, op, solicited } };
+        match op {
+            RcReadRequest => {
+                let Some(reth) = r.ext.reth else { return self.rx_drop("READ without a RETH") };
+                let op = RcOp::Read { raddr: reth.va, rkey: reth.rkey, len: u64::from(reth.dma_len) };
+                return self.rx_deliver(from, remote, r, whole(op), mtu);
+            }
+            RcCompareSwap | RcFetchAdd => {
+                let Some(a) = r.ext.atomic_eth else { return self.rx_drop("atomic without an AtomicETH") };
+                let aop = if op == RcCompareSwap {
+                    AtomicOp::CmpSwap { compare: a.compare, swap: a.swap_add }
+                } else {
+                    AtomicOp::FetchAdd { add: a.swap_add }
+                };
+                let op = RcOp::Atomic { raddr: a.va, rkey: a.rkey, op: aop };
+                return self.rx_deliver(from, remote, r, whole(op), mtu);
+            }
+            _ => {}
+        }
+        let Some(pos) = op.position() else { return self.rx_drop("not a request opcode") };
+        let write = matches!(
+            op,
+            RcWriteFirst
+                | RcWriteMiddle
+                | RcWriteLast
+                | RcWriteLastImm
+                | RcWriteOnly
+                | RcWriteOnlyImm
+                | UcWriteFirst
+                | UcWriteMiddle
+                | UcWriteLast
+                | UcWriteLastImm
+                | UcWriteOnly
+                | UcWriteOnlyImm
+        );
+        let kind_of = |reth: Option<crate::wire::roce::ib::Reth>| match (write, reth) {
+            (true, Some(h)) => Some(PartialKind::Write { uc, raddr: h.va, rkey: h.rkey }),
+            (true, None) => None,
+            (false, _) => Some(PartialKind::Send { uc }),
+        };
+        let imm = r.ext.immdt;
+        let finish = |kind: PartialKind, data: Vec<u8>| -> RcOp {
+            let data = Payload::from(&data[..]);
+            match kind {
+                PartialKind::Write { raddr, rkey, .. } => RcOp::Write { raddr, rkey, data, imm },
+                _ => RcOp::Send { data, imm },
+            }
+        };
+        match pos {
+            Position::Only | Position::First => {
+                let Some(kind) = kind_of(r.ext.reth) else { return self.rx_drop("WRITE without a RETH") };
+                if pos == Position::Only {
+                    self.dp.rx.requests.remove(&qpn);
+                    let op = finish(kind, r.payload.to_vec());
+                    return self.rx_deliver(from, remote, r, whole(op), mtu);
+                }
+                let data = r.payload.to_vec();
+                // A new FIRST replaces a message that never finished (its requester started again).
+                self.dp
+                    .rx
+                    .requests
+                    .insert(qpn, Partial { first_psn: psn, next_psn: psn_add(psn, 1), kind, data, nak_sent: false });
+            }
+            Position::Middle | Position::Last => {
+                let fits = |p: &Partial| {
+                    p.next_psn == psn
+                        && kind_of(None).is_none_or(|k| k == p.kind)
+                        && matches!(p.kind, PartialKind::Write { .. }) == write
+                        && (p.data.len() + r.payload.len()) as u64 <= max_msg
+                };
+                match self.dp.rx.requests.get_mut(&qpn) {
+                    Some(p) if fits(p) => {
+                        p.data.extend_from_slice(r.payload);
+                        p.next_psn = psn_add(psn, 1);
+                        p.nak_sent = false;
+                        if pos == Position::Middle && r.bth.ack_req && !uc {
+                            // The requester asks for an ACK inside the message (rxe does every 64 packets).
+                            self.rx_reply(qpn, Resp::Ack, psn, r, from);
+                            return;
+                        }
+                        if pos == Position::Last {
+                            let Some(p) = self.dp.rx.requests.remove(&qpn) else { return };
+                            let op = finish(p.kind, p.data);
+                            let body = if uc {
+                                Body::Uc { psn: p.first_psn, op, solicited }
+                            } else {
+                                Body::Rc { seq: 0, psn: p.first_psn, op, solicited }
+                            };
+                            self.rx_deliver(from, remote, r, body, mtu);
+                        }
+                    }
+                    Some(p) if !uc && psn_diff(psn, p.next_psn) > 0 => {
+                        // A packet of this message was lost: NAK the PSN expected next and keep what arrived, so
+                        // the requester resends from there (IBA 9.7.5.2.2). An RC responder sends one such NAK
+                        // per gap; the packets after it are dropped until the expected one comes.
+                        if !p.nak_sent {
+                            p.nak_sent = true;
+                            let expected = p.next_psn;
+                            self.events.push(SimEvent::PsnSequenceError { qpn, expected, got: psn });
+                            let counters = self.fw.qps.get(&qpn).map_or(0, |q| q.counter_set_id);
+                            self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
+                            self.rx_reply(qpn, Resp::Nak(Nak::PsnSequence), expected, r, from);
+                        }
+                    }
+                    Some(p) if psn_diff(psn, p.next_psn) < 0 && psn_diff(psn, p.first_psn) >= 0 => {
+                        // A packet of this message arrived again (the requester went back): already taken.
+                    }
+                    _ => {
+                        // Out of sequence: the message is lost. On RC the responder still judges the PSN (a
+                        // duplicate is acknowledged again, a PSN ahead draws a sequence NAK); the expected PSN
+                        // cannot be a middle or last packet, so it is only dropped.
+                        self.dp.rx.requests.remove(&qpn);
+                        if uc || psn == expected {
+                            return self.rx_drop("packet out of sequence in a message");
+                        }
+                        let probe = Body::Rc {
+                            seq: 0,
+                            psn,
+                            op: RcOp::Send { data: Payload::from(&[][..]), imm: None },
+                            solicited: false,
+                        };
+                        self.rx_deliver(from, remote, r, probe, mtu);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers from inside a message at responder QP `qpn`: an ACK of the packet at `psn`, or the NAK of a
+    /// sequence gap whose missing packet is at `psn`.
+    fn rx_reply(&mut self, qpn: u32, resp: Resp, psn: u32, r: &RoceRepr<'_>, from: &DevRef) {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let (remote, msn, mtu) = (qp.remote_qpn, qp.msn, qp.mtu);
+        let me = self.wire.me.clone();
+        let reply = Packet {
+            src: me,
+            dst: from.clone(),
+            src_qpn: qpn,
+            dst_qpn: remote,
+            slid: 0,
+            sl: 0,
+            grh: Some(ext_grh(r).reversed()),
+            body: Body::Resp { seq: 0, resp },
+            roce: RoceInfo { mtu, udp_sport: r.udp.src_port, psn, msn },
+        };
+        self.wire.send(reply);
+    }
+
+    /// A response packet for the requester QP `qpn`: matched to its outstanding request by PSN.
+    fn rx_response(&mut self, qpn: u32, r: &RoceRepr<'_>) {
+        use Opcode::*;
+        let Some(qp) = self.fw.qps.get(&qpn) else { return self.rx_drop("no such QP") };
+        let Some(req) = qp.req.as_ref().filter(|_| qp.st == QpType::Rc) else {
+            return self.rx_drop("response with no request outstanding");
+        };
+        let (first, seq, remote) = (qp.next_send_psn, req.seq, qp.remote_qpn);
+        let n = psn_count(req.len, qp.mtu);
+        let last = psn_add(first, n - 1);
+        let psn = r.bth.psn;
+        let in_range = (0..i64::from(n)).contains(&i64::from(psn_diff(psn, first)));
+        let (is_read, is_atomic) = (matches!(req.op, RcOp::Read { .. }), matches!(req.op, RcOp::Atomic { .. }));
+        let syndrome = r.ext.aeth.map(|a| a.syndrome);
+        let resp = match r.bth.opcode {
+            RcAck => match syndrome {
+                Some(Syndrome::Ack { .. }) if psn == last && !is_read && !is_atomic => Resp::Ack,
+                // An ACK of earlier packets, or of a message already done: nothing to complete.
+                Some(Syndrome::Ack { .. }) => return,
+                Some(Syndrome::RnrNak { timer }) if in_range => Resp::RnrNak { timer },
+                Some(Syndrome::Nak(NakCode::PsnSequence)) => Resp::Nak(Nak::PsnSequence),
+                Some(Syndrome::Nak(c)) if in_range => Resp::Nak(match c {
+                    NakCode::RemoteAccess => Nak::RemoteAccess,
+                    NakCode::RemoteOperational => Nak::RemoteOp,
+                    _ => Nak::InvalidRequest,
+                }),
+                _ => return self.rx_drop("ACK that names no outstanding PSN"),
+            },
+            RcAtomicAck => match r.ext.atomic_ack {
+                Some(v) if is_atomic && psn == first => Resp::AtomicOrig(v),
+                _ => return self.rx_drop("atomic ACK for no outstanding atomic"),
+            },
+            op => {
+                if !is_read {
+                    return self.rx_drop("READ response for no outstanding READ");
+                }
+                let pos = op.position().unwrap_or(Position::Only);
+                let data = match pos {
+                    Position::Only if psn == first => r.payload.to_vec(),
+                    Position::First if psn == first => {
+                        let p = Partial {
+                            first_psn: psn,
+                            next_psn: psn_add(psn, 1),
+                            kind: PartialKind::ReadResponse,
+                            data: r.payload.to_vec(),
+                            nak_sent: false,
+                        };
+                        self.dp.rx.reads.insert(qpn, p);
+                        return;
+                    }
+                    Position::Middle | Position::Last => match self.dp.rx.reads.get_mut(&qpn) {
+                        Some(p) if p.next_psn == psn && (p.data.len() + r.payload.len()) as u64 <= req.len => {
+                            p.data.extend_from_slice(r.payload);
+                            p.next_psn = psn_add(psn, 1);
+                            if pos == Position::Middle {
+                                return;
+                            }
+                            match self.dp.rx.reads.remove(&qpn) {
+                                Some(p) if p.first_psn == first => p.data,
+                                _ => return,
+                            }
+                        }
+                        _ => {
+                            // A lost response packet: the READ is retried when its ACK timer runs out.
+                            self.dp.rx.reads.remove(&qpn);
+                            return self.rx_drop("READ response out of sequence");
+                        }
+                    },
+                    _ => return self.rx_drop("READ response at the wrong PSN"),
+                };
+                Resp::ReadData(data)
+            }
+        };
+        self.rc_response(qpn, seq, resp, remote);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::Port;
+    use crate::testutil::{QpSpec, RcParams, Rdma, Remote};
+    use crate::wire::roce::ib::{Aeth, BthRepr, Ext, DEFAULT_PKEY};
+    use crate::wire::roce::ip::{Ipv6Repr, PROTO_UDP};
+    use crate::wire::roce::udp::{UdpRepr, ROCE_PORT};
+    use crate::SimConfig;
+    use std::sync::Weak;
+
+    const FAR_QPN: u32 = 0x77;
+    const FAR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
+    const FAR_GID: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xfe, 0, 0, 9];
+
+    /// A device with an RC QP in RTS connected to a QP nobody runs, and an RC QP left in RESET: frames are fed to
+    /// its port by hand, as a hostile or broken peer would send them.
+    struct Port1 {
+        r: Rdma,
+        rc: u32,
+        idle: u32,
+        mac: [u8; 6],
+        gid: [u8; 16],
+        mr: crate::testutil::Mr,
+        rc_qp: crate::testutil::TQp,
+    }
+
+    fn port() -> Port1 {
+        let mut r = Rdma::new(SimConfig::default());
+        let cq = r.cq(6);
+        let mut rc = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        let far = Remote { qpn: FAR_QPN, lid: 0, gid: FAR_GID, mac: FAR_MAC };
+        r.connect_rc(&rc, &far, RcParams::default());
+        let idle = r.qp(QpSpec::rc(), cq.cqn, cq.cqn);
+        let mr = r.mr(1 << 16);
+        r.post_recv(&mut rc, &[(mr.addr(), 8192, mr.key)]);
+        let me = r.me(rc.qpn);
+        Port1 { rc: rc.qpn, idle: idle.qpn, mac: me.mac, gid: me.gid, mr, r, rc_qp: rc }
+    }
+
+    fn frame(p: &Port1, opcode: Opcode, qpn: u32, psn: u32, ext: Ext, payload: &[u8]) -> Vec<u8> {
+        frame_ack(p, opcode, qpn, psn, ext, payload, false)
+    }
+
+    fn frame_ack(p: &Port1, opcode: Opcode, qpn: u32, psn: u32, ext: Ext, payload: &[u8], ack_req: bool) -> Vec<u8> {
+        let repr = RoceRepr {
+            eth: EthernetRepr { dst: p.mac, src: FAR_MAC, ethertype: crate::wire::roce::ether::EtherType::Ipv6 },
+            ip: IpRepr::V6(Ipv6Repr {
+                src: FAR_GID,
+                dst: p.gid,
+                next_header: PROTO_UDP,
+                payload_len: 0,
+                traffic_class: 0,
+                flow_label: 0,
+                hop_limit: 64,
+            }),
+            udp: UdpRepr { src_port: 0xc000, dst_port: ROCE_PORT, payload_len: 0 },
+            bth: BthRepr {
+                opcode,
+                solicited: false,
+                migreq: false,
+                pad_count: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qpn: qpn,
+                ack_req,
+                psn,
+            },
+            ext,
+            payload,
+        };
+        let mut buf = vec![0u8; repr.frame_len()];
+        repr.emit(&mut buf).unwrap();
+        buf
+    }
+
+    /// Feeds one frame; returns the packets the port sent back and the drop events it recorded.
+    fn feed(p: &Port1, f: &[u8]) -> (Vec<crate::link::Packet>, Vec<&'static str>) {
+        let from = DevRef { id: u64::MAX, port: Port::Local(Weak::new()) };
+        let mut st = crate::lock(&p.r.h.dev.shared);
+        let before = st.events.len();
+        let _ = st.receive_frame(f, &from);
+        let out = st.run_datapath();
+        let drops = st.events[before..]
+            .iter()
+            .filter_map(|e| if let SimEvent::FrameDropped { why } = e { Some(*why) } else { None })
+            .collect();
+        (out, drops)
+    }
+
+    fn nak_psn(out: &[crate::link::Packet]) -> Option<u32> {
+        out.iter()
+            .find_map(|p| matches!(p.body, Body::Resp { resp: Resp::Nak(Nak::PsnSequence), .. }).then_some(p.roce.psn))
+    }
+
+    #[test]
+    fn a_message_in_packets_is_put_together_and_acknowledged() {
+        let p = port();
+        let expected = p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn;
+        let data: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
+        let (f, m, l) = (&data[..1024], &data[1024..2048], &data[2048..]);
+        assert!(feed(&p, &frame(&p, Opcode::RcSendFirst, p.rc, expected, Ext::default(), f)).0.is_empty());
+        // AckReq inside the message (rxe sets it every 64 packets): an ACK of that PSN, nothing completed.
+        let (out, _) = feed(&p, &frame_ack(&p, Opcode::RcSendMiddle, p.rc, expected + 1, Ext::default(), m, true));
+        let acks: Vec<_> = out.iter().filter(|q| matches!(q.body, Body::Resp { resp: Resp::Ack, .. })).collect();
+        assert_eq!(acks.iter().map(|q| (q.roce.psn, q.roce.msn)).collect::<Vec<_>>(), [(expected + 1, 0)]);
+        let (out, drops) = feed(&p, &frame(&p, Opcode::RcSendLast, p.rc, expected + 2, Ext::default(), l));
+        assert!(drops.is_empty(), "{drops:?}");
+        let ack = out.iter().find(|q| matches!(q.body, Body::Resp { resp: Resp::Ack, .. })).expect("an ACK");
+        // The ACK names the last PSN, with MSN 1, to the QP the RC QP is connected to.
+        assert_eq!((ack.roce.psn, ack.roce.msn, ack.dst_qpn), (expected + 2, 1, FAR_QPN));
+        assert!(p.mr.read(0, 2500) == data);
+        assert_eq!(p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn, expected + 3);
+    }
+
+    #[test]
+    fn hostile_frames_are_dropped_or_naked_never_executed() {
+        let p = port();
+        let e = p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn;
+        let kb = [7u8; 1024];
+        // A MIDDLE with no message begun, PSN ahead: a sequence NAK naming the expected PSN.
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcSendMiddle, p.rc, e + 5, Ext::default(), &kb));
+        assert_eq!(nak_psn(&out), Some(e));
+        // A LAST at the expected PSN with no FIRST: dropped.
+        let (out, drops) = feed(&p, &frame(&p, Opcode::RcSendLast, p.rc, e, Ext::default(), &kb[..10]));
+        assert!(out.is_empty() && drops == ["packet out of sequence in a message"], "{drops:?}");
+        // A gap inside a message: one NAK naming the missing PSN, then silence until it comes.
+        feed(&p, &frame(&p, Opcode::RcSendFirst, p.rc, e, Ext::default(), &kb));
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcSendMiddle, p.rc, e + 2, Ext::default(), &kb));
+        assert_eq!(nak_psn(&out), Some(e + 1));
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcSendLast, p.rc, e + 3, Ext::default(), &kb[..1]));
+        assert!(out.is_empty());
+        // Wrong transport, unknown QP, responses with nothing outstanding, another port's MAC, garbage.
+        let (_, drops) = feed(&p, &frame(&p, Opcode::UcSendOnly, p.rc, e, Ext::default(), b"x"));
+        assert_eq!(drops, ["request for a QP of another transport"]);
+        let (_, drops) = feed(&p, &frame(&p, Opcode::RcSendOnly, 0xabcd, e, Ext::default(), b"x"));
+        assert_eq!(drops, ["no such QP"]);
+        let (_, drops) = feed(&p, &frame(&p, Opcode::RcSendOnly, p.idle, 0, Ext::default(), b"x"));
+        assert_eq!(drops, ["request for a QP not ready to receive"]);
+        let ack = Ext { aeth: Some(Aeth { syndrome: Syndrome::Ack { credit: 0x1f }, msn: 1 }), ..Ext::default() };
+        let (_, drops) = feed(&p, &frame(&p, Opcode::RcAck, p.rc, 0, ack, &[]));
+        assert_eq!(drops, ["response with no request outstanding"]);
+        let (_, drops) = feed(&p, &frame(&p, Opcode::RcReadResponseOnly, p.idle, 0, ack, b"data"));
+        assert_eq!(drops, ["response with no request outstanding"]);
+        let mut other = frame(&p, Opcode::RcSendOnly, p.rc, e, Ext::default(), b"x");
+        other[0] ^= 0x02;
+        assert_eq!(feed(&p, &other).1, ["not for this port's MAC"]);
+        let mut bad = frame(&p, Opcode::RcSendOnly, p.rc, e, Ext::default(), b"x");
+        let n = bad.len();
+        bad[n - 1] ^= 1;
+        assert_eq!(feed(&p, &bad).1, ["bad ICRC"]);
+        for cut in 0..bad.len() {
+            let _ = feed(&p, &bad[..cut]);
+        }
+        // Nothing was executed: the receive is still posted and the expected PSN has not moved.
+        let info = p.r.h.dev.qp_info(p.rc).unwrap();
+        assert_eq!((info.rq_ci, info.next_rcv_psn), (0, e));
+        assert!(p.r.h.dev.frame_drops().total() > 0);
+    }
+
+    /// A small deterministic generator (xorshift), so the sequence below is the same on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    #[test]
+    fn thousands_of_well_formed_but_arbitrary_frames_leave_the_port_working() {
+        use crate::wire::roce::ib::{AtomicEth, Deth, Reth};
+        let mut p = port();
+        let ops = [
+            Opcode::RcSendFirst,
+            Opcode::RcSendMiddle,
+            Opcode::RcSendLast,
+            Opcode::RcSendLastImm,
+            Opcode::RcSendOnly,
+            Opcode::RcWriteFirst,
+            Opcode::RcWriteMiddle,
+            Opcode::RcWriteLast,
+            Opcode::RcWriteOnlyImm,
+            Opcode::RcReadRequest,
+            Opcode::RcReadResponseFirst,
+            Opcode::RcReadResponseMiddle,
+            Opcode::RcReadResponseLast,
+            Opcode::RcReadResponseOnly,
+            Opcode::RcAck,
+            Opcode::RcAtomicAck,
+            Opcode::RcCompareSwap,
+            Opcode::RcFetchAdd,
+            Opcode::UcSendFirst,
+            Opcode::UcWriteOnly,
+            Opcode::UdSendOnly,
+        ];
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let base = p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn;
+        let payload = [0x5au8; 2048];
+        for _ in 0..3000 {
+            let r = rng.next();
+            let op = ops[(r % ops.len() as u64) as usize];
+            let qpn = [p.rc, p.idle, 0x4242][((r >> 8) % 3) as usize];
+            let psn = base.wrapping_add(((r >> 16) % 9) as u32).wrapping_sub(4) & 0xff_ffff;
+            let h = op.headers().unwrap();
+            let ext = Ext {
+                deth: h.deth.then_some(Deth { qkey: (r >> 20) as u32, src_qpn: 9 }),
+                reth: h.reth.then_some(Reth {
+                    va: p.mr.addr().wrapping_add((r >> 24) % 0x2_0000),
+                    rkey: if r & 1 == 0 { p.mr.key } else { (r >> 32) as u32 },
+                    dma_len: ((r >> 40) % 5000) as u32,
+                }),
+                atomic_eth: h.atomic_eth.then_some(AtomicEth {
+                    va: p.mr.addr() + ((r >> 24) % 64) * 8,
+                    rkey: p.mr.key,
+                    swap_add: r,
+                    compare: 0,
+                }),
+                aeth: h.aeth.then_some(Aeth { syndrome: Syndrome::from((r >> 48) as u8), msn: 1 }),
+                atomic_ack: h.atomic_ack_eth.then_some(r),
+                immdt: h.immdt.then_some([1, 2, 3, 4]),
+                ieth: None,
+            };
+            let len = if h.payload { ((r >> 52) % 1100) as usize } else { 0 };
+            let _ = feed(&p, &frame_ack(&p, op, qpn, psn, ext, &payload[..len], r >> 63 == 1));
+        }
+        // Every frame passed the frame checks; the port judged each one by its transport rules.
+        assert_eq!(p.r.h.dev.frames_received(), 3000);
+        let dropped = p.r.h.dev.events().iter().filter(|e| matches!(e, SimEvent::FrameDropped { .. })).count();
+        assert!(dropped > 100 && dropped < 3000, "{dropped} of 3000 dropped");
+        // The port still takes a message: whatever the RC QP expects now, a SEND ONLY at that PSN (with a receive
+        // posted) is executed and acknowledged.
+        let e = p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn;
+        p.r.post_recv(&mut p.rc_qp, &[(p.mr.addr() + 0x8000, 64, p.mr.key)]);
+        let (out, drops) = feed(&p, &frame(&p, Opcode::RcSendOnly, p.rc, e, Ext::default(), b"still here"));
+        assert!(drops.is_empty(), "{drops:?}");
+        assert!(out.iter().any(|q| matches!(q.body, Body::Resp { resp: Resp::Ack, .. }) && q.roce.psn == e));
+        assert_eq!(p.mr.read(0x8000, 10), b"still here");
+    }
+}

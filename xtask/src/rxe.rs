@@ -1,0 +1,605 @@
+//! `cargo xtask rxe-interop`: the simulated ConnectX's RoCEv2 wire against Linux's software RoCE (`rdma_rxe`) in a
+//! QEMU guest, `mlx5 pingpong` on one side and rdma-core's `ibv_rc_pingpong` (and `ibv_ud_pingpong`) on the
+//! other, both directions.
+//!
+//! The recipe is ../shared/notes/rdma-rxe-in-qemu.md. The xtask
+//! 1. installs what it needs from Debian (qemu-system-x86, busybox-static, ibverbs-utils, ibverbs-providers,
+//!    iproute2) and unpacks a Debian kernel (shared with `vfio-test`);
+//! 2. packs an initramfs: busybox, the RDMA modules in load order, `ibv_rc_pingpong`, `rdma`, the rxe provider and
+//!    the library closure `ldd` names, and an `/init` that brings up rxe0 on the RoCE NIC and runs the ping-pong;
+//! 3. builds the `mlx5` tool and, for each direction and size, boots the guest under TCG with two NICs: the RoCE
+//!    NIC is `-netdev stream` on a UNIX socket that the simulated port plugs into (`mlx5 pingpong --qemu-sock`),
+//!    the exchange NIC is QEMU user networking with `restrict=on` (host -> guest: a `hostfwd` bound to 127.0.0.1;
+//!    guest -> host: a `guestfwd` to a relay here on 127.0.0.1). Nothing leaves the machine.
+//! 4. passes when both ping-pongs report success: ours checks every byte of every message, rc_pingpong runs with
+//!    `-c`; the guest's verdict comes back through `isa-debug-exit`. Each run's pcap (our side, `--pcap`) is then
+//!    decoded by tshark when it is installed (none malformed), and every RoCE frame QEMU saw on the cable (its
+//!    `filter-dump`) has the ICRC an independent computation here gives. Two more runs lose one chosen frame,
+//!    one each way, and rxe's counters must show the recovery.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::vfio_test::{apt_install, ensure_kernel, find_module, have, module_bytes, run, Cpio};
+
+/// The modules rdma_rxe needs, in load order (crc32_generic is not a declared dependency but rxe's ICRC needs
+/// it; without it `rdma link add` fails).
+const MODULES: &[&str] = &[
+    "virtio_ring",
+    "virtio",
+    "virtio_pci_modern_dev",
+    "virtio_pci_legacy_dev",
+    "virtio_pci",
+    "failover",
+    "net_failover",
+    "virtio_net",
+    "crc32_generic",
+    "ib_core",
+    "ib_uverbs",
+    "udp_tunnel",
+    "ip6_udp_tunnel",
+    "rdma_rxe",
+];
+/// What runs in the guest, with the libraries `ldd` finds for them.
+const GUEST_BINARIES: &[&str] = &["ibv_rc_pingpong", "ibv_ud_pingpong", "ibv_devinfo", "rdma"];
+const LIBDIR: &str = "usr/lib/x86_64-linux-gnu";
+/// The guest's RoCE address and ours (a RoCE v2 GID each, `::ffff:a.b.c.d`).
+const GUEST_IP: &str = "10.0.0.1";
+const SIM_IP: &str = "10.0.0.2";
+/// The simulated port's GID table in Linux's order: v1 and v2 link-local, then v1 and v2 of the IPv4 address.
+const SIM_GID_INDEX: &str = "3";
+/// rc_pingpong's exchange port in the guest; the guest reaches the host's at this address (guestfwd).
+const GUEST_PORT: u16 = 18515;
+const HOST_ALIAS: &str = "10.0.2.100";
+/// (message size, iterations): one packet, four packets and 64 at the guest's 1024-byte path MTU.
+const RUNS: &[(usize, u32)] = &[(64, 50), (4096, 20), (65536, 5)];
+const RUN_TIMEOUT: Duration = Duration::from_secs(300);
+
+fn ensure_packages() -> Result<(), String> {
+    let mut need = Vec::new();
+    if !have("qemu-system-x86_64") {
+        need.push("qemu-system-x86");
+    }
+    if !Path::new("/bin/busybox").exists() {
+        need.push("busybox-static");
+    }
+    if !have("ibv_rc_pingpong") {
+        need.push("ibverbs-utils");
+    }
+    if rxe_provider().is_none() {
+        need.push("ibverbs-providers");
+    }
+    if !have("rdma") {
+        need.push("iproute2");
+    }
+    if !need.is_empty() {
+        apt_install(&need)?;
+    }
+    Ok(())
+}
+
+fn rxe_provider() -> Option<PathBuf> {
+    let dir = Path::new("/").join(LIBDIR).join("libibverbs");
+    std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).find(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("librxe-rdmav") && n.to_string_lossy().ends_with(".so"))
+    })
+}
+
+fn which(program: &str) -> Result<PathBuf, String> {
+    let out = run(Command::new("sh").arg("-c").arg(format!("command -v {program}")))?;
+    Ok(PathBuf::from(out.trim()))
+}
+
+/// `ldd`'s answer for `bin`: (name the loader looks for, file on this host); the interpreter is named by its path.
+fn ldd(bin: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    let out = run(Command::new("ldd").arg(bin))?;
+    let mut libs = Vec::new();
+    for line in out.lines().map(str::trim) {
+        if let Some((name, rest)) = line.split_once(" => ") {
+            if let Some(path) = rest.split_whitespace().next().filter(|p| p.starts_with('/')) {
+                libs.push((name.to_string(), PathBuf::from(path)));
+            }
+        } else if let Some(path) = line.split_whitespace().next().filter(|p| p.starts_with('/')) {
+            libs.push((path.to_string(), PathBuf::from(path)));
+        }
+    }
+    Ok(libs)
+}
+
+/// The guest's `/init`: modules, addresses, rxe0 on eth0, then rc_pingpong as the kernel command line says
+/// (`rxe_mode=server|client rxe_size=N rxe_iters=N`), the verdict through isa-debug-exit.
+fn init_script() -> String {
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/usr/bin LD_LIBRARY_PATH=/{LIBDIR}
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in $(cat /modules/order); do insmod /modules/$m.ko || echo "init: insmod $m failed"; done
+for kv in $(cat /proc/cmdline); do case "$kv" in rxe_*=*) export "$kv";; esac; done
+ip link set lo up
+ip link set eth0 up
+ip addr add {GUEST_IP}/24 dev eth0
+ip link set eth1 up
+ip addr add 10.0.2.15/24 dev eth1
+rdma link add rxe0 type rxe netdev eth0 || echo "init: rdma link add failed"
+G=
+for n in 0 1 2 3 4 5 6 7; do
+  g=$(cat /sys/class/infiniband/rxe0/ports/1/gids/$n 2>/dev/null)
+  t=$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n 2>/dev/null)
+  if [ "$g" = "0000:0000:0000:0000:0000:ffff:0a00:0001" ] && [ "$t" = "RoCE v2" ]; then G=$n; break; fi
+done
+echo "rxe-interop: guest GID index $G"
+PP=ibv_rc_pingpong
+[ "$rxe_ud" = 1 ] && PP=ibv_ud_pingpong
+if [ "$rxe_mode" = server ]; then
+  $PP -d rxe0 -g $G -s $rxe_size -n $rxe_iters -c &
+  pid=$!
+  while ! grep -q ':4853 0000' /proc/net/tcp /proc/net/tcp6 2>/dev/null; do sleep 0.2; done
+  echo "rxe-interop: server listening"
+  wait $pid
+  rc=$?
+else
+  $PP -d rxe0 -g $G -s $rxe_size -n $rxe_iters -c {HOST_ALIAS}
+  rc=$?
+fi
+echo "rxe-interop: $PP exit $rc"
+for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
+  v=$(cat $f)
+  [ "$v" != 0 ] && echo "rxe-counter: ${{f##*/}} $v"
+done
+if [ $rc -eq 0 ]; then v='\001'; else v='\002'; fi
+printf "$v" | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
+poweroff -f
+"#
+    )
+}
+
+fn build_initramfs(work: &Path, modules_dir: &Path) -> Result<PathBuf, String> {
+    let mut c = Cpio::default();
+    for d in [
+        "bin",
+        "sbin",
+        "dev",
+        "proc",
+        "sys",
+        "tmp",
+        "run",
+        "modules",
+        "etc",
+        "etc/libibverbs.d",
+        "usr",
+        "usr/bin",
+        "usr/lib",
+        LIBDIR,
+        &format!("{LIBDIR}/libibverbs"),
+        "usr/lib64",
+    ] {
+        c.dir(d);
+    }
+    c.symlink("lib", "usr/lib");
+    c.symlink("lib64", "usr/lib64");
+    let busybox = std::fs::read("/bin/busybox").map_err(|e| format!("/bin/busybox: {e}"))?;
+    c.file("bin/busybox", true, &busybox);
+    c.symlink("bin/sh", "busybox");
+    // Modules: every one found, in order; one the kernel has built in is skipped.
+    let builtin = std::fs::read_to_string(modules_dir.join("modules.builtin")).unwrap_or_default();
+    let mut order = String::new();
+    for m in MODULES {
+        match find_module(modules_dir, m) {
+            Some(p) => {
+                c.file(&format!("modules/{m}.ko"), false, &module_bytes(&p)?);
+                order.push_str(m);
+                order.push('\n');
+            }
+            None if builtin.lines().any(|l| l.ends_with(&format!("/{m}.ko"))) => {}
+            None => return Err(format!("module {m} not found under {}", modules_dir.display())),
+        }
+    }
+    c.file("modules/order", false, order.as_bytes());
+    // Binaries, the provider (dlopen'ed, so no binary's ldd names it) and their library closure.
+    let provider = rxe_provider().ok_or("no rxe provider (ibverbs-providers)")?;
+    let mut libs: Vec<(String, PathBuf)> = Vec::new();
+    for b in GUEST_BINARIES {
+        let path = which(b)?;
+        c.file(&format!("usr/bin/{b}"), true, &std::fs::read(&path).map_err(|e| e.to_string())?);
+        libs.extend(ldd(&path)?);
+    }
+    libs.extend(ldd(&provider)?);
+    let pname = provider.file_name().ok_or("provider path")?.to_string_lossy().into_owned();
+    c.file(&format!("{LIBDIR}/libibverbs/{pname}"), false, &std::fs::read(&provider).map_err(|e| e.to_string())?);
+    c.file("etc/libibverbs.d/rxe.driver", false, b"driver rxe\n");
+    libs.sort();
+    libs.dedup_by(|a, b| a.0 == b.0);
+    for (name, path) in &libs {
+        let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if name.starts_with('/') {
+            let file = Path::new(name).file_name().ok_or("interpreter path")?.to_string_lossy().into_owned();
+            c.file(&format!("usr/lib64/{file}"), true, &data);
+        } else {
+            c.file(&format!("{LIBDIR}/{name}"), true, &data);
+        }
+    }
+    c.file("init", true, init_script().as_bytes());
+    let out = work.join("initramfs.cpio");
+    std::fs::write(&out, c.finish()).map_err(|e| e.to_string())?;
+    println!("rxe-interop: initramfs with {} modules and {} libraries", order.lines().count(), libs.len());
+    Ok(out)
+}
+
+fn build_tool(root: &Path) -> Result<PathBuf, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-q", "-p", "mlx5-tool", "--bin", "mlx5"])
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("failed to run cargo: {e}"))?;
+    if !status.success() {
+        return Err("building mlx5 failed".into());
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    Ok(target.join("debug/mlx5"))
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Copies bytes both ways between QEMU's guestfwd connection (accepted on `l`) and the ping-pong server at
+/// 127.0.0.1:`to` (connected with retries, as it may still be starting).
+fn relay(l: TcpListener, to: u16) {
+    std::thread::spawn(move || {
+        let Ok((guest, _)) = l.accept() else { return };
+        let end = Instant::now() + RUN_TIMEOUT;
+        let host = loop {
+            match TcpStream::connect(("127.0.0.1", to)) {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(50)),
+                Err(_) => return,
+            }
+        };
+        let pipe = |mut a: TcpStream, mut b: TcpStream| {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = a.read(&mut buf) {
+                    if n == 0 || b.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = b.shutdown(std::net::Shutdown::Write);
+            })
+        };
+        if let (Ok(g2), Ok(h2)) = (guest.try_clone(), host.try_clone()) {
+            pipe(guest, h2);
+            pipe(host, g2);
+        }
+    });
+}
+
+/// Echoes the guest console with a prefix and forwards each line.
+fn console(child: &mut Child) -> Result<mpsc::Receiver<String>, String> {
+    let stdout = child.stdout.take().ok_or("no qemu stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).split(b'\n').map_while(Result::ok) {
+            let l = String::from_utf8_lossy(&line).trim_end_matches('\r').to_string();
+            println!("guest| {l}");
+            let _ = std::io::stdout().flush();
+            let _ = tx.send(l);
+        }
+    });
+    Ok(rx)
+}
+
+fn wait_child(child: &mut Child, end: Instant, what: &str) -> Result<std::process::ExitStatus, String> {
+    loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            return Ok(s);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{what} did not finish within {} s", RUN_TIMEOUT.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A lost-frame run: the simulated port's link loses one chosen RoCE frame (`MLX5_SIM_DROP_OUT` /
+/// `MLX5_SIM_DROP_IN`), and the rxe counter that shows the recovery must have moved.
+struct Loss {
+    env: &'static str,
+    nth: u32,
+    /// An rxe hw_counter that must be non-zero afterwards.
+    counter: &'static str,
+}
+
+/// One ping-pong: the guest as `mode` ("server" or "client"), ours the other side. Returns the seconds it took.
+/// What every run uses: the work directory, the guest's kernel and initramfs, the `mlx5` binary.
+struct Setup {
+    work: PathBuf,
+    kernel: PathBuf,
+    initrd: PathBuf,
+    mlx5: PathBuf,
+}
+
+fn run_one(
+    setup: &Setup,
+    mode: &str,
+    (size, iters): (usize, u32),
+    loss: Option<&Loss>,
+    ud: bool,
+) -> Result<f64, String> {
+    let (work, kernel, initrd, mlx5) = (&setup.work, &setup.kernel, &setup.initrd, &setup.mlx5);
+    let kind = if ud { "-ud" } else { "" };
+    let tag = format!("{mode}-{size}{kind}{}", if loss.is_some() { "-loss" } else { "" });
+    let sock = work.join(format!("roce-{tag}.sock"));
+    let pcap = work.join(format!("mlx5-{tag}.pcap"));
+    let guest_pcap = work.join(format!("guest-{tag}.pcap"));
+    let _ = std::fs::remove_file(&sock);
+    let host_port = free_port()?;
+    let mut user = format!("user,id=n1,restrict=on,hostfwd=tcp:127.0.0.1:{host_port}-10.0.2.15:{GUEST_PORT}");
+    let ours = free_port()?;
+    if mode == "client" {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        let relay_port = l.local_addr().map_err(|e| e.to_string())?.port();
+        relay(l, ours);
+        user.push_str(&format!(",guestfwd=tcp:{HOST_ALIAS}:{GUEST_PORT}-tcp:127.0.0.1:{relay_port}"));
+    }
+    let mut q = Command::new("qemu-system-x86_64");
+    q.args(["-accel", "tcg", "-cpu", "max", "-m", "1G", "-smp", "2", "-nographic", "-no-reboot", "-nodefaults"])
+        .args(["-serial", "stdio", "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 panic=-1 quiet rxe_mode={mode} rxe_size={size} rxe_iters={iters} rxe_ud={}",
+            u8::from(ud)
+        ))
+        .arg("-netdev")
+        .arg(format!("stream,id=n0,server=on,addr.type=unix,addr.path={}", sock.display()))
+        .args(["-device", "virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01"])
+        .arg("-object")
+        .arg(format!("filter-dump,id=f0,netdev=n0,file={},maxlen=2000", guest_pcap.display()))
+        .arg("-netdev")
+        .arg(user)
+        .args(["-device", "virtio-net-pci,netdev=n1,mac=52:54:00:00:00:11"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let pp = if ud { "ibv_ud_pingpong" } else { "ibv_rc_pingpong" };
+    println!("rxe-interop: {tag}: guest runs {pp} as {mode}, {iters} x {size} B");
+    let start = Instant::now();
+    let end = start + RUN_TIMEOUT;
+    let mut qemu = q.spawn().map_err(|e| format!("failed to start qemu: {e}"))?;
+    let lines = console(&mut qemu)?;
+    let mut m = Command::new(mlx5);
+    m.arg("--pcap").arg(&pcap).arg("pingpong");
+    if mode == "server" {
+        // Our client starts once the guest's server listens (slirp accepts and then drops a connection nobody in
+        // the guest takes).
+        loop {
+            match lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(l) if l.contains("rxe-interop: server listening") => break,
+                Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(format!("{tag}: the guest stopped early")),
+            }
+            if Instant::now() > end {
+                let _ = qemu.kill();
+                return Err(format!("{tag}: the guest's server never listened"));
+            }
+        }
+        m.arg("--client").arg(format!("127.0.0.1:{host_port}"));
+    } else {
+        m.args(["--server", "--bind", "127.0.0.1", "--port"]).arg(ours.to_string());
+    }
+    m.arg("--qemu-sock").arg(&sock).args(["--ipv4", SIM_IP, "--gid-idx", SIM_GID_INDEX, "--timeout", "120"]).args([
+        "--size",
+        &size.to_string(),
+        "--iters",
+        &iters.to_string(),
+    ]);
+    if let Some(l) = loss {
+        m.env(l.env, l.nth.to_string());
+    }
+    if ud {
+        m.arg("--ud");
+    }
+    let mut ours_child = m.spawn().map_err(|e| format!("failed to start mlx5: {e}"))?;
+    let ours_status = wait_child(&mut ours_child, end, "mlx5 pingpong");
+    let qemu_status = wait_child(&mut qemu, end, "the guest");
+    let secs = start.elapsed().as_secs_f64();
+    let (ours_status, qemu_status) = (ours_status?, qemu_status?);
+    // isa-debug-exit: the guest wrote 1 (rc_pingpong passed) -> 3.
+    println!("rxe-interop: {tag}: mlx5 {ours_status}, guest {qemu_status}, {secs:.1} s");
+    if !ours_status.success() || qemu_status.code() != Some(3) {
+        return Err(format!("{tag}: ping-pong failed (mlx5 {ours_status}, guest {qemu_status})"));
+    }
+    if let Some(l) = loss {
+        // The console reader ends with QEMU; what it has not handed over yet is the run's end.
+        let counters: Vec<String> = lines.iter().filter(|s| s.starts_with("rxe-counter: ")).collect();
+        let moved = counters.iter().any(|s| s.split_whitespace().nth(1) == Some(l.counter));
+        if !moved {
+            return Err(format!("{tag}: rxe's {} did not move: {counters:?}", l.counter));
+        }
+        println!("rxe-interop: {tag}: one frame lost ({}={}), recovered; rxe {}", l.env, l.nth, l.counter);
+    }
+    check_pcap(&pcap)?;
+    // Every RoCE frame on the cable, ours and rxe's, has the ICRC an independent computation gives: rxe accepted
+    // ours (it drops a bad one silently) and ours accepted rxe's.
+    let n = check_icrc(&guest_pcap)?;
+    println!("rxe-interop: {tag}: {n} RoCE frames on the cable, every ICRC right");
+    Ok(secs)
+}
+
+/// CRC-32 (the Ethernet/zlib polynomial, reflected), bit by bit: the xtask checks a few hundred frames.
+fn crc32(data: impl Iterator<Item = u8>) -> u32 {
+    let mut c = !0u32;
+    for b in data {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 { (c >> 1) ^ 0xedb8_8320 } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+/// Checks the ICRC of every IPv4 RoCEv2 frame in a pcap (QEMU's capture of the guest NIC, so both directions as
+/// they crossed the cable), computed independently of the simulator: eight 0xff bytes for the masked LRH, then IP,
+/// UDP and the IB packet with TOS, TTL, the IP and UDP checksums and the BTH's resv8a masked to ones. Returns the
+/// frames checked.
+fn check_icrc(pcap: &Path) -> Result<usize, String> {
+    let bytes = std::fs::read(pcap).map_err(|e| format!("{}: {e}", pcap.display()))?;
+    let mut at = 24;
+    let mut checked = 0;
+    while at + 16 <= bytes.len() {
+        let incl = u32::from_le_bytes([bytes[at + 8], bytes[at + 9], bytes[at + 10], bytes[at + 11]]) as usize;
+        let f = bytes.get(at + 16..at + 16 + incl).ok_or("a pcap record is cut short")?;
+        at += 16 + incl;
+        // IPv4 without options, UDP to 4791.
+        if f.len() < 42 + 12 + 4
+            || f[12..14] != [0x08, 0x00]
+            || f[14] != 0x45
+            || f[23] != 17
+            || f[36..38] != [0x12, 0xb7]
+        {
+            continue;
+        }
+        let total = usize::from(u16::from_be_bytes([f[16], f[17]]));
+        let l3 = f.get(14..14 + total).ok_or("an IP packet longer than its frame")?;
+        let body = &l3[..l3.len() - 4];
+        let mut masked = body.to_vec();
+        masked[1] = 0xff;
+        masked[8] = 0xff;
+        masked[10..12].copy_from_slice(&[0xff, 0xff]);
+        masked[26..28].copy_from_slice(&[0xff, 0xff]);
+        masked[28 + 4] = 0xff;
+        let want = crc32([0xffu8; 8].into_iter().chain(masked));
+        if want.to_le_bytes() != l3[l3.len() - 4..] {
+            return Err(format!("{}: frame with a wrong ICRC (record ending at byte {at})", pcap.display()));
+        }
+        checked += 1;
+    }
+    Ok(checked)
+}
+
+/// tshark over our side's capture: frames decode as RoCE (or ARP), none malformed. Skipped with a reason when
+/// tshark is missing.
+fn check_pcap(pcap: &Path) -> Result<(), String> {
+    if !have("tshark") {
+        println!("rxe-interop: pcap check skipped: tshark is not installed (apt-get install tshark)");
+        return Ok(());
+    }
+    let out = run(Command::new("tshark").arg("-r").arg(pcap).args(["-o", "udp.check_checksum:TRUE", "-V"]))?;
+    if out.contains("Malformed") || out.contains("[Checksum Status: Bad]") {
+        return Err(format!("tshark finds a malformed frame or a bad checksum in {}", pcap.display()));
+    }
+    let frames = out.lines().filter(|l| l.starts_with("Frame ")).count();
+    let roce = out.lines().filter(|l| l.starts_with("InfiniBand")).count();
+    println!("rxe-interop: {}: {frames} frames, {roce} RoCE, none malformed", pcap.display());
+    if roce == 0 {
+        return Err(format!("no RoCE frame in {}", pcap.display()));
+    }
+    Ok(())
+}
+
+pub fn run_rxe_interop(root: &Path) -> Result<(), String> {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let work = target.join("rxe-interop");
+    std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
+    let work = work.canonicalize().map_err(|e| e.to_string())?;
+    ensure_packages()?;
+    // The kernel is the one vfio-test unpacks (a Debian kernel with rdma_rxe as a module).
+    let kernel_work = target.join("vfio-test");
+    std::fs::create_dir_all(&kernel_work).map_err(|e| e.to_string())?;
+    let (vmlinuz, modules) = ensure_kernel(&kernel_work.canonicalize().map_err(|e| e.to_string())?)?;
+    let initrd = build_initramfs(&work, &modules)?;
+    let mlx5 = build_tool(root)?;
+    let setup = Setup { work, kernel: vmlinuz, initrd, mlx5 };
+    let mut times = Vec::new();
+    for mode in ["server", "client"] {
+        for &run in RUNS {
+            times.push((mode, run, "", run_one(&setup, mode, run, None, false)?));
+        }
+    }
+    // A frame we send is lost (rxe NAKs the sequence gap, we send again), then one rxe sends (we NAK, rxe sends
+    // again).
+    let ours_lost = Loss { env: "MLX5_SIM_DROP_OUT", nth: 2, counter: "out_of_seq_request" };
+    let theirs_lost = Loss { env: "MLX5_SIM_DROP_IN", nth: 2, counter: "rcvd_seq_err" };
+    for (mode, loss) in [("server", &ours_lost), ("client", &theirs_lost)] {
+        let run = (4096, 5);
+        let secs = run_one(&setup, mode, run, Some(loss), false)?;
+        times.push((mode, run, " (one frame lost)", secs));
+    }
+    // UD: ibv_ud_pingpong, datagrams with DETH and its Q_Key, one MTU at most.
+    for mode in ["server", "client"] {
+        let run = (512, 20);
+        times.push((mode, run, " UD", run_one(&setup, mode, run, None, true)?));
+    }
+    for (mode, (size, iters), what, secs) in &times {
+        println!("rxe-interop: guest {mode:6} {iters:3} x {size:6} B{what}: {secs:5.1} s boot to poweroff");
+    }
+    println!("rxe-interop: passed");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32_is_the_ethernet_crc() {
+        assert_eq!(crc32(b"123456789".iter().copied()), 0xcbf4_3926);
+    }
+
+    /// A pcap of one IPv4 RoCEv2 frame (BTH and 4 payload bytes) whose ICRC is `icrc`.
+    fn pcap_of(icrc: Option<[u8; 4]>) -> Vec<u8> {
+        let mut f = vec![0u8; 14];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        let ib_len = 12 + 4 + 4;
+        let total = 20 + 8 + ib_len;
+        let mut ip =
+            vec![0x45, 0, (total >> 8) as u8, total as u8, 0, 1, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 2, 10, 0, 0, 1];
+        ip.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7, 0, (8 + ib_len) as u8, 0, 0]);
+        ip.extend_from_slice(&[4, 0x40, 0xff, 0xff, 0, 0, 0, 0x11, 0x80, 0, 0, 1, 1, 2, 3, 4]);
+        let mut masked = ip.clone();
+        masked[1] = 0xff;
+        masked[8] = 0xff;
+        masked[10..12].copy_from_slice(&[0xff, 0xff]);
+        masked[26..28].copy_from_slice(&[0xff, 0xff]);
+        masked[32] = 0xff;
+        let right = crc32([0xffu8; 8].into_iter().chain(masked)).to_le_bytes();
+        ip.extend_from_slice(&icrc.unwrap_or(right));
+        f.extend_from_slice(&ip);
+        let mut p = vec![0u8; 24];
+        let mut rec = vec![0u8; 16];
+        rec[8..12].copy_from_slice(&(f.len() as u32).to_le_bytes());
+        rec[12..16].copy_from_slice(&(f.len() as u32).to_le_bytes());
+        p.extend_from_slice(&rec);
+        p.extend_from_slice(&f);
+        p
+    }
+
+    #[test]
+    fn the_icrc_check_takes_a_right_frame_and_refuses_a_wrong_one() {
+        let dir = std::env::temp_dir();
+        let (good, bad) = (
+            dir.join(format!("xtask-icrc-{}-good.pcap", std::process::id())),
+            dir.join(format!("xtask-icrc-{}-bad.pcap", std::process::id())),
+        );
+        std::fs::write(&good, pcap_of(None)).unwrap();
+        std::fs::write(&bad, pcap_of(Some([1, 2, 3, 4]))).unwrap();
+        assert_eq!(check_icrc(&good), Ok(1));
+        assert!(check_icrc(&bad).is_err());
+        let _ = (std::fs::remove_file(good), std::fs::remove_file(bad));
+    }
+}
