@@ -257,17 +257,49 @@ impl Control {
 
 /// One opened device (an HCA), shared by its contexts and objects through `Arc` and torn down when the last goes.
 pub(crate) struct DeviceShared {
-    control: Mutex<Control>,
+    core: Arc<DevCore>,
     /// The register window for the datapath (doorbells, CQ polling), used without the control mutex.
     pub(crate) mmio: AnyMmio,
     pub(crate) kind: DeviceKind,
     pub(crate) link: LinkLayer,
-    /// Set once the HCA is in internal error: posts fail and polls flush without asking the HCA.
-    dead: AtomicBool,
     next_ctx: AtomicU64,
     /// The node GUID, once asked for.
     node_guid: OnceLock<u64>,
     service: Service,
+}
+
+/// What the service thread shares with the device: the control path and the dead flag. The thread holds this, not
+/// the device, so the last context to close is always the one that tears the device down, before its close returns.
+struct DevCore {
+    control: Mutex<Control>,
+    /// Set once the HCA is in internal error: posts fail and polls flush without asking the HCA.
+    dead: AtomicBool,
+}
+
+impl DevCore {
+    fn control(&self) -> ControlGuard<'_> {
+        ControlGuard { g: lock(&self.control), dead: &self.dead }
+    }
+
+    /// One wake-up of the service thread: the health timer on the thread's clock (the core polls when its 2 s
+    /// interval has passed, [`HEALTH_POLL_INTERVAL_MS`](mlx5_core::health::HEALTH_POLL_INTERVAL_MS)), and the async EQ drained.
+    fn service_tick(&self, now_ms: u64) {
+        let mut c = self.control();
+        #[cfg(feature = "sim")]
+        if let Some((dev, last)) = &mut c.sim_clock {
+            let now = Instant::now();
+            dev.advance_ns(u64::try_from((now - *last).as_nanos()).unwrap_or(u64::MAX));
+            *last = now;
+        }
+        let Some(hca) = c.hca.as_mut() else { return };
+        // A failure moves the HCA to internal error, which the control guard then publishes.
+        let _ = hca.health_tick(now_ms);
+        let (hca, delay) = c.parts();
+        // A dead HCA refuses to drain; its state is what the guard publishes.
+        let _ = hca.process_events(delay);
+        // Completion events reach their channels' descriptors without any call, as the async events do.
+        let _ = c.dispatch_cq_events();
+    }
 }
 
 impl std::fmt::Debug for DeviceShared {
@@ -325,28 +357,28 @@ impl DeviceShared {
             #[cfg(feature = "sim")]
             sim_clock,
         };
+        let core = Arc::new(DevCore { control: Mutex::new(control), dead: AtomicBool::new(false) });
         let dev = Arc::new(DeviceShared {
-            control: Mutex::new(control),
+            core: core.clone(),
             mmio: kind.mmio(),
             kind,
             link,
-            dead: AtomicBool::new(false),
             next_ctx: AtomicU64::new(1),
             node_guid: OnceLock::new(),
             service: Service::default(),
         });
-        dev.service.spawn(Arc::downgrade(&dev));
+        dev.service.spawn(core);
         dev
     }
 
     /// The control path: the HCA and what goes with it.
     pub(crate) fn control(&self) -> ControlGuard<'_> {
-        ControlGuard { g: lock(&self.control), dead: &self.dead }
+        self.core.control()
     }
 
     /// Whether the HCA is known to be in internal error (one load; the datapath's only look at device state).
     pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::Acquire)
+        self.core.dead.load(Ordering::Acquire)
     }
 
     /// The node GUID as mlx5_ib's `mlx5_query_node_guid` reads it: from the HCA vport context on InfiniBand, the
@@ -367,31 +399,13 @@ impl DeviceShared {
     pub(crate) fn new_context_id(&self) -> u64 {
         self.next_ctx.fetch_add(1, Ordering::Relaxed)
     }
-
-    /// One wake-up of the service thread: the health timer on the thread's clock (the core polls when its 2 s
-    /// interval has passed, [`HEALTH_POLL_INTERVAL_MS`](mlx5_core::health::HEALTH_POLL_INTERVAL_MS)), and the async EQ drained.
-    fn service_tick(&self, now_ms: u64) {
-        let mut c = self.control();
-        #[cfg(feature = "sim")]
-        if let Some((dev, last)) = &mut c.sim_clock {
-            let now = Instant::now();
-            dev.advance_ns(u64::try_from((now - *last).as_nanos()).unwrap_or(u64::MAX));
-            *last = now;
-        }
-        let (hca, delay) = c.parts();
-        // A failure moves the HCA to internal error, which the control guard then publishes.
-        let _ = hca.health_tick(now_ms);
-        // A dead HCA refuses to drain; its state is what the guard publishes.
-        let _ = hca.process_events(delay);
-        // Completion events reach their channels' descriptors without any call, as the async events do.
-        let _ = c.dispatch_cq_events();
-    }
 }
 
 impl Drop for DeviceShared {
     fn drop(&mut self) {
         self.service.stop();
-        let c = self.control.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The service thread has stopped (joined above), so nothing else holds the control mutex.
+        let mut c = lock(&self.core.control);
         let Some(hca) = c.hca.take() else { return };
         // Teardown disables the function, so the queues still held (orphans) can no longer be reached by the
         // device; their memory is released with it.
@@ -411,7 +425,7 @@ struct Service {
 }
 
 impl Service {
-    fn spawn(&self, dev: Weak<DeviceShared>) {
+    fn spawn(&self, dev: Arc<DevCore>) {
         let stop = self.stop.clone();
         let t = std::thread::Builder::new().name("mlx5-verbs-svc".into()).spawn(move || {
             let start = Instant::now();
@@ -424,9 +438,7 @@ impl Service {
                         return;
                     }
                 }
-                // Held only for the tick: the device goes when its last user does, not when this thread lets go.
-                let Some(d) = dev.upgrade() else { return };
-                d.service_tick(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+                dev.service_tick(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
             }
         });
         match t {
@@ -439,7 +451,7 @@ impl Service {
         *lock(&self.stop.0) = true;
         self.stop.1.notify_all();
         if let Some(t) = lock(&self.thread).take() {
-            // The last user may be the service thread itself (it held the device for a tick): it ends on its own.
+            // A thread never joins itself: were the last context dropped on the service thread, it ends on its own.
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();
             }
