@@ -11,12 +11,15 @@
 //!   their corpus replayed; see FUZZING.md.
 //! * `miri`: the core's tests and the simulator's unsafe-heavy parts under Miri (nightly); see ARCHITECTURE.md.
 //! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
+//! * `libibverbs [--debug]`: the drop-in `target/libibverbs/libibverbs.so.1` (`host-linux/ibverbs`), its exports
+//!   checked against rdma-core 44's. `verbs-apps [--debug]`: Debian's verbs programs run on it.
 //! * `soak [--ops N] [--seed S] [--json]`: random traffic between two simulated devices under injected faults,
 //!   with its invariants checked; see SOAK.md.
 
 mod bench;
 mod codegen;
 mod fuzz;
+mod libibverbs;
 mod miri;
 mod modcheck;
 mod soak;
@@ -118,6 +121,8 @@ commands:
   miri                           the core's tests and the simulator's unsafe-heavy parts under Miri
   modcheck [--graph] [--root DIR]
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
+  libibverbs [--debug]           link target/libibverbs/libibverbs.so.1 and check its exports
+  verbs-apps [--debug]           run Debian's ibv_devinfo / ibv_rc_pingpong on it
   soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire]
                                  the fault-injection soak (options go to mlx5-soak)";
 
@@ -132,6 +137,8 @@ enum Task {
     Miri,
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
+    Libibverbs(Vec<String>),
+    VerbsApps(Vec<String>),
 }
 
 fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
@@ -153,6 +160,8 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "miri" => Task::Miri,
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
+        "libibverbs" => Task::Libibverbs(Vec::new()),
+        "verbs-apps" => Task::VerbsApps(Vec::new()),
         other => return Err(ArgError::Other(format!("unknown command {other:?}"))),
     };
     while let Some(a) = argv.next() {
@@ -180,6 +189,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
             (Task::Soak(v), _) => v.push(a),
+            (Task::Libibverbs(v) | Task::VerbsApps(v), "--debug") => v.push(a),
             (_, o) if o.starts_with('-') => {
                 return Err(ArgError::NotApplicable { option: o.to_string(), command: format!("xtask {command}") })
             }
@@ -204,6 +214,8 @@ fn main() -> ExitCode {
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
         Task::Miri => miri::run(&root),
         Task::Soak(args) => soak::run(&root, &args),
+        Task::Libibverbs(args) => libibverbs::run_libibverbs(&root, &args),
+        Task::VerbsApps(args) => libibverbs::run_verbs_apps(&root, &args),
         // `--root DIR` checks another checkout (a worktree) with this build of the checker.
         Task::Modcheck { graph, root: other } => modcheck::run(other.as_deref().unwrap_or(&root), graph),
     };

@@ -112,6 +112,7 @@ mod event;
 mod mr;
 mod pd;
 mod qp;
+pub mod raw;
 mod shared;
 mod srq;
 pub mod wr;

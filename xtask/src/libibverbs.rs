@@ -1,0 +1,292 @@
+//! `cargo xtask libibverbs`: links `mlx5-ibverbs` into `target/libibverbs/libibverbs.so.1` with rdma-core 44's
+//! version nodes and checks its exports. `cargo xtask verbs-apps`: runs Debian's unmodified verbs programs on it
+//! (two processes joined by the simulated wire on 127.0.0.1) and checks what they print.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Every default-version export of Debian bookworm's libibverbs (`name VERSION` a line).
+const SYMBOLS: &str = include_str!("../../host-linux/ibverbs/symbols.txt");
+
+/// The version nodes in order; the public ones each inherit from the one before, as in rdma-core's
+/// `libibverbs.map.in`.
+const VERSIONS: &[&str] = &[
+    "IBVERBS_1.0",
+    "IBVERBS_1.1",
+    "IBVERBS_1.5",
+    "IBVERBS_1.6",
+    "IBVERBS_1.7",
+    "IBVERBS_1.8",
+    "IBVERBS_1.9",
+    "IBVERBS_1.10",
+    "IBVERBS_1.11",
+    "IBVERBS_1.12",
+    "IBVERBS_1.13",
+    "IBVERBS_1.14",
+    "IBVERBS_PRIVATE_34",
+];
+
+/// The Debian packages the programs and headers come from.
+const DEBS: &[&str] = &["ibverbs-utils", "libibverbs1", "libibverbs-dev"];
+
+fn symbols() -> BTreeSet<(String, String)> {
+    SYMBOLS.lines().filter_map(|l| l.split_once(' ')).map(|(n, v)| (n.to_string(), v.to_string())).collect()
+}
+
+/// The linker version script: one node per version, everything not listed local.
+fn version_script() -> String {
+    let syms = symbols();
+    let mut out = String::new();
+    for (i, v) in VERSIONS.iter().enumerate() {
+        out.push_str(&format!("{v} {{\n  global:\n"));
+        for (n, _) in syms.iter().filter(|(_, sv)| sv == v) {
+            out.push_str(&format!("    {n};\n"));
+        }
+        if i == 0 {
+            out.push_str("  local: *;\n");
+        }
+        match i {
+            0 => out.push_str("};\n"),
+            _ if v.starts_with("IBVERBS_PRIVATE") => out.push_str("};\n"),
+            _ => out.push_str(&format!("}} {};\n", VERSIONS[i - 1])),
+        }
+    }
+    out
+}
+
+fn run(cmd: &mut Command) -> Result<Output, String> {
+    let out = cmd.output().map_err(|e| format!("failed to run {cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(out)
+}
+
+/// The default-version dynamic exports of an ELF shared object, as `readelf` lists them.
+fn exports(lib: &Path) -> Result<BTreeSet<(String, String)>, String> {
+    let out = run(Command::new("readelf").args(["--dyn-syms", "-W"]).arg(lib))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut set = BTreeSet::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // Num: Value Size Type Bind Vis Ndx Name
+        if f.len() < 8 || f[6] == "UND" || f[6] == "ABS" || f[4] != "GLOBAL" {
+            continue;
+        }
+        if let Some((name, ver)) = f[7].split_once("@@") {
+            set.insert((name.to_string(), ver.to_string()));
+        } else if !f[7].contains('@') {
+            set.insert((f[7].to_string(), String::new()));
+        }
+    }
+    Ok(set)
+}
+
+/// Builds the static library and links `libibverbs.so.1`; returns its directory.
+pub fn build(root: &Path, release: bool) -> Result<PathBuf, String> {
+    let mut args = vec!["build", "-p", "mlx5-ibverbs", "--lib"];
+    if release {
+        args.push("--release");
+    }
+    println!("$ cargo {}", args.join(" "));
+    let status = Command::new("cargo").args(&args).current_dir(root).status().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err("building mlx5-ibverbs failed".into());
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let archive = target.join(if release { "release" } else { "debug" }).join("libmlx5_ibverbs.a");
+    let dir = target.join("libibverbs");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let map = dir.join("libibverbs.map");
+    std::fs::write(&map, version_script()).map_err(|e| e.to_string())?;
+    let lib = dir.join("libibverbs.so.1");
+    let mut cc = Command::new("cc");
+    cc.arg("-shared")
+        .arg("-o")
+        .arg(&lib)
+        .arg("-Wl,--whole-archive")
+        .arg(&archive)
+        .arg("-Wl,--no-whole-archive")
+        .arg(format!("-Wl,--version-script={}", map.display()))
+        .args(["-Wl,-soname,libibverbs.so.1", "-Wl,-z,now", "-lgcc_s", "-lpthread", "-ldl", "-lm", "-lc"]);
+    println!("$ {cc:?}");
+    run(&mut cc)?;
+    let link = dir.join("libibverbs.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("libibverbs.so.1", &link).map_err(|e| e.to_string())?;
+    check_exports(&lib)?;
+    Ok(dir)
+}
+
+/// The library's exports are exactly [`SYMBOLS`] (and the real library's, when it is installed).
+fn check_exports(lib: &Path) -> Result<(), String> {
+    let ours = exports(lib)?;
+    let want = symbols();
+    let extra: Vec<_> = ours.difference(&want).collect();
+    let missing: Vec<_> = want.difference(&ours).collect();
+    if !extra.is_empty() || !missing.is_empty() {
+        return Err(format!("exports differ from rdma-core 44's: extra {extra:?}, missing {missing:?}"));
+    }
+    println!("exports: {} names, each at rdma-core 44's version node", ours.len());
+    let system = Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
+    if system.exists() {
+        let real = exports(system)?;
+        if real != want {
+            return Err(format!(
+                "the installed {} differs from the recorded table: {:?}",
+                system.display(),
+                real.symmetric_difference(&want).collect::<Vec<_>>()
+            ));
+        }
+        println!("exports: identical to the installed {}", system.display());
+    }
+    Ok(())
+}
+
+/// `cargo xtask libibverbs [--debug]`.
+pub fn run_libibverbs(root: &Path, args: &[String]) -> Result<(), String> {
+    let release = !args.iter().any(|a| a == "--debug");
+    let dir = build(root, release)?;
+    println!(
+        "built {}/libibverbs.so.1\n\nuse it with:\n  LD_LIBRARY_PATH={} ibv_devinfo -v\n\
+         two processes over the simulated wire:\n  \
+         MLX5_RS_DEVICES=sim:wire=listen:127.0.0.1:18600 LD_LIBRARY_PATH={0} ibv_rc_pingpong -g 0\n  \
+         MLX5_RS_DEVICES=sim:host=1:wire=connect:127.0.0.1:18600 LD_LIBRARY_PATH={0} ibv_rc_pingpong -g 0 127.0.0.1",
+        dir.display(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Where Debian's programs are: `/usr/bin` when ibverbs-utils is installed, else the packages downloaded with
+/// `apt-get download` and unpacked (not installed) under `target/libibverbs/debs`.
+fn programs(dir: &Path) -> Result<PathBuf, String> {
+    if Path::new("/usr/bin/ibv_rc_pingpong").exists() {
+        return Ok(PathBuf::from("/usr/bin"));
+    }
+    let debs = dir.join("debs");
+    let bin = debs.join("root/usr/bin");
+    if bin.join("ibv_rc_pingpong").exists() {
+        return Ok(bin);
+    }
+    std::fs::create_dir_all(&debs).map_err(|e| e.to_string())?;
+    println!("$ apt-get download {}", DEBS.join(" "));
+    run(Command::new("apt-get").arg("download").args(DEBS).current_dir(&debs))?;
+    for e in std::fs::read_dir(&debs).map_err(|e| e.to_string())? {
+        let p = e.map_err(|e| e.to_string())?.path();
+        if p.extension().is_some_and(|x| x == "deb") {
+            run(Command::new("dpkg").arg("-x").arg(&p).arg(debs.join("root")))?;
+        }
+    }
+    Ok(bin)
+}
+
+/// A program run with the library and a device configuration.
+fn app(bin: &Path, lib: &Path, name: &str, devices: &str) -> Command {
+    let mut c = Command::new(bin.join(name));
+    c.env("LD_LIBRARY_PATH", lib).env("MLX5_RS_DEVICES", devices).env_remove("LD_PRELOAD");
+    c
+}
+
+/// Waits for a child with a deadline, killing it when the deadline passes.
+fn wait(mut child: Child, limit: Duration, what: &str) -> Result<Output, String> {
+    let start = Instant::now();
+    loop {
+        match child.try_wait().map_err(|e| e.to_string())? {
+            Some(_) => return child.wait_with_output().map_err(|e| e.to_string()),
+            None if start.elapsed() > limit => {
+                let _ = child.kill();
+                let out = child.wait_with_output().map_err(|e| e.to_string())?;
+                return Err(format!(
+                    "{what}: no exit after {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn expect(out: &Output, what: &str, needles: &[&str]) -> Result<(), String> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("{what} failed ({}):\nstdout:\n{text}\nstderr:\n{err}", out.status));
+    }
+    if err.contains("no version information") {
+        return Err(format!("{what}: the loader complained about versioning:\n{err}"));
+    }
+    for n in needles {
+        if !text.contains(n) {
+            return Err(format!("{what}: expected {n:?} in its output:\n{text}\nstderr:\n{err}"));
+        }
+    }
+    println!("{what}: ok");
+    Ok(())
+}
+
+/// A server and a client of one of the pingpong programs, each with its own simulated device, joined by the
+/// simulated wire; `port` is the programs' own TCP port, `wire` the wire's.
+fn pingpong(bin: &Path, lib: &Path, prog: &str, args: &[&str], port: u16, wire: u16) -> Result<(), String> {
+    let what = format!("{prog} {}", args.join(" "));
+    let p = port.to_string();
+    let server = app(bin, lib, prog, &format!("sim:wire=listen:127.0.0.1:{wire}"))
+        .args(args)
+        .args(["-p", &p])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    // The server opens its device (and the wire's listener) before it listens on its own port.
+    std::thread::sleep(Duration::from_millis(700));
+    let client = app(bin, lib, prog, &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"))
+        .args(args)
+        .args(["-p", &p, "127.0.0.1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let limit = Duration::from_secs(120);
+    let c = wait(client, limit, &format!("{what} (client)"));
+    let s = wait(server, limit, &format!("{what} (server)"));
+    let (c, s) = (c?, s?);
+    expect(&s, &format!("{what} (server)"), &["bytes in", "iters in"])?;
+    expect(&c, &format!("{what} (client)"), &["bytes in", "iters in"])?;
+    Ok(())
+}
+
+/// `cargo xtask verbs-apps [--debug]`: Debian's programs on the library.
+pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
+    let release = !args.iter().any(|a| a == "--debug");
+    let lib = build(root, release)?;
+    let bin = programs(&lib)?;
+    println!("programs from {}", bin.display());
+    let out = app(&bin, &lib, "ibv_devices", "sim").output().map_err(|e| e.to_string())?;
+    expect(&out, "ibv_devices", &["mlx5_0", "b8cef603"])?;
+    let out = app(&bin, &lib, "ibv_devinfo", "sim").arg("-v").output().map_err(|e| e.to_string())?;
+    expect(
+        &out,
+        "ibv_devinfo -v",
+        &[
+            "hca_id:\tmlx5_0",
+            "transport:\t\t\tInfiniBand (0)",
+            "PORT_ACTIVE (4)",
+            "link_layer:\t\tEthernet",
+            "GID[  0]:",
+        ],
+    )?;
+    let out = app(&bin, &lib, "ibv_devinfo", "sim:link=ib").output().map_err(|e| e.to_string())?;
+    expect(&out, "ibv_devinfo (InfiniBand)", &["link_layer:\t\tInfiniBand", "PORT_ACTIVE (4)"])?;
+    pingpong(&bin, &lib, "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-c"], 18515, 18600)?;
+    pingpong(&bin, &lib, "ibv_rc_pingpong", &["-g", "0", "-n", "200", "-s", "65536", "-e"], 18516, 18601)?;
+    println!("verbs-apps: all programs ran");
+    Ok(())
+}
