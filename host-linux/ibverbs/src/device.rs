@@ -647,20 +647,12 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
             set_errno(libc::EINVAL);
             return -1;
         }
-        // A non-blocking async_fd makes the call non-blocking, as a read on uverbs' event file is.
-        let fd = ctx.vc.context.async_fd;
-        // SAFETY: fcntl F_GETFL on a descriptor this context owns.
-        let nonblock = fd >= 0 && unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+        // As ibv_get_cq_event: the eventfd is non-blocking from birth, so the call always waits.
         loop {
-            let wait = if nonblock { Duration::ZERO } else { Duration::from_secs(3600) };
-            if let Some(e) = ctx.ctx.get_async_event(wait) {
+            if let Some(e) = ctx.ctx.get_async_event(Duration::from_secs(3600)) {
                 // SAFETY: the caller's event is writable.
                 unsafe { event.write(event_of(ctx, e)) };
                 return 0;
-            }
-            if nonblock {
-                set_errno(libc::EAGAIN);
-                return -1;
             }
         }
     })

@@ -337,12 +337,11 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             set_errno(libc::EINVAL);
             return -1;
         };
-        // A non-blocking channel fd makes the call non-blocking, as a read on uverbs' event file is.
-        // SAFETY: fcntl F_GETFL on the channel's own descriptor.
-        let nonblock = ch.c.fd >= 0 && unsafe { libc::fcntl(ch.c.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+        // The channel's eventfd is non-blocking from birth (the driver drains it without blocking), so a
+        // program's O_NONBLOCK cannot be told apart: the call always waits, as on a blocking channel. Programs
+        // that poll the descriptor first find the event ready.
         loop {
-            let wait = if nonblock { Duration::ZERO } else { Duration::from_secs(3600) };
-            match ch.raw.get_cq_event(wait) {
+            match ch.raw.get_cq_event(Duration::from_secs(3600)) {
                 Ok(Some(ev)) => {
                     let p = ev.cq_context() as *mut Cq;
                     // SAFETY: the event's cq_context is the Cq box this library registered; the CQ cannot be
@@ -359,12 +358,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                     }
                     return 0;
                 }
-                Ok(None) if nonblock => {
-                    set_errno(libc::EAGAIN);
-                    return -1;
-                }
                 Ok(None) => {}
                 Err(e) => {
+                    log::warn!("get_cq_event: {e}");
                     set_errno(errno_of(&e));
                     return -1;
                 }
