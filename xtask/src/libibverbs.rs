@@ -235,10 +235,11 @@ fn expect(out: &Output, what: &str, needles: &[&str]) -> Result<(), String> {
 
 /// A server and a client of one of the pingpong programs, each with its own simulated device, joined by the
 /// simulated wire; `port` is the programs' own TCP port, `wire` the wire's.
-fn pingpong(bin: &Path, lib: &Path, prog: &str, args: &[&str], port: u16, wire: u16) -> Result<(), String> {
-    let what = format!("{prog} {}", args.join(" "));
+fn pingpong(bin: &Path, lib: &Path, link: &str, prog: &str, args: &[&str], port: u16) -> Result<(), String> {
+    let what = format!("{prog} {} (sim{link})", args.join(" "));
     let p = port.to_string();
-    let server = app(bin, lib, prog, &format!("sim:wire=listen:127.0.0.1:{wire}"))
+    let wire = port + 100;
+    let server = app(bin, lib, prog, &format!("sim{link}:wire=listen:127.0.0.1:{wire}"))
         .args(args)
         .args(["-p", &p])
         .stdout(Stdio::piped())
@@ -247,7 +248,7 @@ fn pingpong(bin: &Path, lib: &Path, prog: &str, args: &[&str], port: u16, wire: 
         .map_err(|e| e.to_string())?;
     // The server opens its device (and the wire's listener) before it listens on its own port.
     std::thread::sleep(Duration::from_millis(700));
-    let client = app(bin, lib, prog, &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"))
+    let client = app(bin, lib, prog, &format!("sim{link}:host=1:wire=connect:127.0.0.1:{wire}"))
         .args(args)
         .args(["-p", &p, "127.0.0.1"])
         .stdout(Stdio::piped())
@@ -285,8 +286,22 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     )?;
     let out = app(&bin, &lib, "ibv_devinfo", "sim:link=ib").output().map_err(|e| e.to_string())?;
     expect(&out, "ibv_devinfo (InfiniBand)", &["link_layer:\t\tInfiniBand", "PORT_ACTIVE (4)"])?;
-    pingpong(&bin, &lib, "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-c"], 18515, 18600)?;
-    pingpong(&bin, &lib, "ibv_rc_pingpong", &["-g", "0", "-n", "200", "-s", "65536", "-e"], 18516, 18601)?;
+    // (link, program, arguments): RoCE needs `-g` (a GRH), InfiniBand addresses by LID.
+    let runs: &[(&str, &str, &[&str])] = &[
+        ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-c"]),
+        ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-s", "1", "-c"]),
+        ("", "ibv_rc_pingpong", &["-g", "0", "-n", "200", "-s", "65536", "-e", "-c"]),
+        ("", "ibv_rc_pingpong", &["-g", "1", "-n", "200", "-N", "-c"]),
+        (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-c"]),
+        (":link=ib", "ibv_rc_pingpong", &["-n", "200", "-s", "65536", "-e"]),
+        ("", "ibv_ud_pingpong", &["-g", "0", "-n", "500", "-c"]),
+        (":link=ib", "ibv_ud_pingpong", &["-n", "500", "-c", "-e"]),
+        ("", "ibv_srq_pingpong", &["-g", "0", "-n", "500", "-c"]),
+        ("", "ibv_srq_pingpong", &["-g", "0", "-n", "200", "-e"]),
+    ];
+    for (i, (link, prog, args)) in runs.iter().enumerate() {
+        pingpong(&bin, &lib, link, prog, args, 18515 + i as u16)?;
+    }
     println!("verbs-apps: all programs ran");
     Ok(())
 }
