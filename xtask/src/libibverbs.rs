@@ -28,8 +28,24 @@ const VERSIONS: &[&str] = &[
     "IBVERBS_PRIVATE_34",
 ];
 
-/// The Debian packages the programs and headers come from.
-const DEBS: &[&str] = &["ibverbs-utils", "libibverbs1", "libibverbs-dev"];
+/// The Debian packages the programs come from, with the libraries perftest needs (downloaded and unpacked,
+/// never installed; the unpacked real libibverbs comes after ours in the search path).
+const DEBS: &[&str] = &[
+    "ibverbs-utils",
+    "perftest",
+    "ibverbs-providers",
+    "librdmacm1",
+    "libpci3",
+    "libibumad3",
+    "libnl-3-200",
+    "libnl-route-3-200",
+];
+
+/// The programs' directory and the library search path to run them with.
+struct Programs {
+    bin: PathBuf,
+    path: String,
+}
 
 fn symbols() -> BTreeSet<(String, String)> {
     SYMBOLS.lines().filter_map(|l| l.split_once(' ')).map(|(n, v)| (n.to_string(), v.to_string())).collect()
@@ -165,16 +181,20 @@ pub fn run_libibverbs(root: &Path, args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Where Debian's programs are: `/usr/bin` when ibverbs-utils is installed, else the packages downloaded with
-/// `apt-get download` and unpacked (not installed) under `target/libibverbs/debs`.
-fn programs(dir: &Path) -> Result<PathBuf, String> {
-    if Path::new("/usr/bin/ibv_rc_pingpong").exists() {
-        return Ok(PathBuf::from("/usr/bin"));
+/// Where Debian's programs are: `/usr/bin` when ibverbs-utils and perftest are installed, else the packages
+/// downloaded with `apt-get download` and unpacked under `target/libibverbs/debs`.
+fn programs(lib: &Path) -> Result<Programs, String> {
+    let installed = ["ibv_rc_pingpong", "ib_write_bw"].iter().all(|p| Path::new("/usr/bin").join(p).exists());
+    if installed {
+        return Ok(Programs { bin: PathBuf::from("/usr/bin"), path: lib.display().to_string() });
     }
-    let debs = dir.join("debs");
-    let bin = debs.join("root/usr/bin");
-    if bin.join("ibv_rc_pingpong").exists() {
-        return Ok(bin);
+    let debs = lib.join("debs");
+    let root = debs.join("root");
+    let libs = root.join("usr/lib/x86_64-linux-gnu");
+    let path = format!("{}:{}", lib.display(), libs.display());
+    let bin = root.join("usr/bin");
+    if bin.join("ib_write_bw").exists() && bin.join("ibv_rc_pingpong").exists() {
+        return Ok(Programs { bin, path });
     }
     std::fs::create_dir_all(&debs).map_err(|e| e.to_string())?;
     println!("$ apt-get download {}", DEBS.join(" "));
@@ -182,16 +202,16 @@ fn programs(dir: &Path) -> Result<PathBuf, String> {
     for e in std::fs::read_dir(&debs).map_err(|e| e.to_string())? {
         let p = e.map_err(|e| e.to_string())?.path();
         if p.extension().is_some_and(|x| x == "deb") {
-            run(Command::new("dpkg").arg("-x").arg(&p).arg(debs.join("root")))?;
+            run(Command::new("dpkg").arg("-x").arg(&p).arg(&root))?;
         }
     }
-    Ok(bin)
+    Ok(Programs { bin, path })
 }
 
 /// A program run with the library and a device configuration.
-fn app(bin: &Path, lib: &Path, name: &str, devices: &str) -> Command {
-    let mut c = Command::new(bin.join(name));
-    c.env("LD_LIBRARY_PATH", lib).env("MLX5_RS_DEVICES", devices).env_remove("LD_PRELOAD");
+fn app(p: &Programs, name: &str, devices: &str) -> Command {
+    let mut c = Command::new(p.bin.join(name));
+    c.env("LD_LIBRARY_PATH", &p.path).env("MLX5_RS_DEVICES", devices).env_remove("LD_PRELOAD");
     c
 }
 
@@ -215,8 +235,11 @@ fn wait(mut child: Child, limit: Duration, what: &str) -> Result<Output, String>
     }
 }
 
+/// The program succeeded, the loader did not complain, and its output holds each needle (compared with runs of
+/// white space collapsed to one space).
 fn expect(out: &Output, what: &str, needles: &[&str]) -> Result<(), String> {
     let text = String::from_utf8_lossy(&out.stdout);
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
     let err = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         return Err(format!("{what} failed ({}):\nstdout:\n{text}\nstderr:\n{err}", out.status));
@@ -225,7 +248,7 @@ fn expect(out: &Output, what: &str, needles: &[&str]) -> Result<(), String> {
         return Err(format!("{what}: the loader complained about versioning:\n{err}"));
     }
     for n in needles {
-        if !text.contains(n) {
+        if !flat.contains(n) {
             return Err(format!("{what}: expected {n:?} in its output:\n{text}\nstderr:\n{err}"));
         }
     }
@@ -235,22 +258,22 @@ fn expect(out: &Output, what: &str, needles: &[&str]) -> Result<(), String> {
 
 /// A server and a client of one of the pingpong programs, each with its own simulated device, joined by the
 /// simulated wire; `port` is the programs' own TCP port, `wire` the wire's.
-fn pingpong(bin: &Path, lib: &Path, link: &str, prog: &str, args: &[&str], port: u16) -> Result<(), String> {
+fn pingpong(p: &Programs, link: &str, prog: &str, args: &[&str], port: u16, done: [&[&str]; 2]) -> Result<(), String> {
     let what = format!("{prog} {} (sim{link})", args.join(" "));
-    let p = port.to_string();
+    let port_s = port.to_string();
     let wire = port + 100;
-    let server = app(bin, lib, prog, &format!("sim{link}:wire=listen:127.0.0.1:{wire}"))
+    let server = app(p, prog, &format!("sim{link}:wire=listen:127.0.0.1:{wire}"))
         .args(args)
-        .args(["-p", &p])
+        .args(["-p", &port_s])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| e.to_string())?;
     // The server opens its device (and the wire's listener) before it listens on its own port.
     std::thread::sleep(Duration::from_millis(700));
-    let client = app(bin, lib, prog, &format!("sim{link}:host=1:wire=connect:127.0.0.1:{wire}"))
+    let client = app(p, prog, &format!("sim{link}:host=1:wire=connect:127.0.0.1:{wire}"))
         .args(args)
-        .args(["-p", &p, "127.0.0.1"])
+        .args(["-p", &port_s, "127.0.0.1"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -259,8 +282,8 @@ fn pingpong(bin: &Path, lib: &Path, link: &str, prog: &str, args: &[&str], port:
     let c = wait(client, limit, &format!("{what} (client)"));
     let s = wait(server, limit, &format!("{what} (server)"));
     let (c, s) = (c?, s?);
-    expect(&s, &format!("{what} (server)"), &["bytes in", "iters in"])?;
-    expect(&c, &format!("{what} (client)"), &["bytes in", "iters in"])?;
+    expect(&s, &format!("{what} (server)"), done[0])?;
+    expect(&c, &format!("{what} (client)"), done[1])?;
     Ok(())
 }
 
@@ -268,24 +291,29 @@ fn pingpong(bin: &Path, lib: &Path, link: &str, prog: &str, args: &[&str], port:
 pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     let release = !args.iter().any(|a| a == "--debug");
     let lib = build(root, release)?;
-    let bin = programs(&lib)?;
-    println!("programs from {}", bin.display());
-    let out = app(&bin, &lib, "ibv_devices", "sim").output().map_err(|e| e.to_string())?;
-    expect(&out, "ibv_devices", &["mlx5_0", "b8cef603"])?;
-    let out = app(&bin, &lib, "ibv_devinfo", "sim").arg("-v").output().map_err(|e| e.to_string())?;
+    let p = programs(&lib)?;
+    println!("programs from {}", p.bin.display());
+    let out = app(&p, "ibv_devices", "sim").output().map_err(|e| e.to_string())?;
+    expect(&out, "ibv_devices", &["mlx5_0 b8cef603"])?;
+    let out = app(&p, "ibv_devinfo", "sim").arg("-v").output().map_err(|e| e.to_string())?;
     expect(
         &out,
         "ibv_devinfo -v",
         &[
-            "hca_id:\tmlx5_0",
-            "transport:\t\t\tInfiniBand (0)",
-            "PORT_ACTIVE (4)",
-            "link_layer:\t\tEthernet",
-            "GID[  0]:",
+            "hca_id: mlx5_0",
+            "transport: InfiniBand (0)",
+            "fw_ver: 16.35.2000",
+            "vendor_part_id: 4119",
+            "state: PORT_ACTIVE (4)",
+            "active_mtu: 1024 (3)",
+            "link_layer: Ethernet",
+            "GID[ 0]: fe80:0000:0000:0000:bace:f6ff:fe12:3456, RoCE v1",
+            "GID[ 1]: fe80::bace:f6ff:fe12:3456, RoCE v2",
+            "GID[ 3]: ::ffff:192.168.1.10, RoCE v2",
         ],
     )?;
-    let out = app(&bin, &lib, "ibv_devinfo", "sim:link=ib").output().map_err(|e| e.to_string())?;
-    expect(&out, "ibv_devinfo (InfiniBand)", &["link_layer:\t\tInfiniBand", "PORT_ACTIVE (4)"])?;
+    let out = app(&p, "ibv_devinfo", "sim:link=ib").output().map_err(|e| e.to_string())?;
+    expect(&out, "ibv_devinfo (InfiniBand)", &["link_layer: InfiniBand", "state: PORT_ACTIVE (4)", "port_lid: 1"])?;
     // (link, program, arguments): RoCE needs `-g` (a GRH), InfiniBand addresses by LID.
     let runs: &[(&str, &str, &[&str])] = &[
         ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-c"]),
@@ -299,8 +327,27 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
         ("", "ibv_srq_pingpong", &["-g", "0", "-n", "500", "-c"]),
         ("", "ibv_srq_pingpong", &["-g", "0", "-n", "200", "-e"]),
     ];
+    let done: &[&str] = &["bytes in", "iters in"];
     for (i, (link, prog, args)) in runs.iter().enumerate() {
-        pingpong(&bin, &lib, link, prog, args, 18515 + i as u16)?;
+        pingpong(&p, link, prog, args, 18515 + i as u16, [done, done])?;
+    }
+    // perftest: `-x 1` takes the RoCE v2 link-local GID (the simulated wire routes by a port's link-local
+    // address; perftest would pick the IPv4 one). ConnectX-5's part id turns its ibv_wr_* API on.
+    let perf: &[(&str, &[&str], &str)] = &[
+        ("ib_write_bw", &["-x", "1", "-n", "200"], "65536 200"),
+        ("ib_write_bw", &["-x", "1", "-n", "200", "--use_old_post_send"], "65536 200"),
+        ("ib_read_bw", &["-x", "1", "-n", "200"], "65536 200"),
+        ("ib_send_bw", &["-x", "1", "-n", "200"], "65536 200"),
+        ("ib_atomic_bw", &["-x", "1", "-n", "200"], "8 200"),
+        ("ib_send_lat", &["-x", "1", "-n", "200"], "2 200"),
+        ("ib_write_lat", &["-x", "1", "-n", "200"], "2 200"),
+        ("ib_read_lat", &["-x", "1", "-n", "200"], "2 200"),
+        ("ib_write_lat", &["-x", "1", "-n", "10", "-a"], "8388608 10"),
+        ("ib_read_bw", &["-x", "1", "-n", "10", "-a", "--use_old_post_send"], "8388608 10"),
+    ];
+    for (i, (prog, args, row)) in perf.iter().enumerate() {
+        // The client prints the result table (`#bytes #iterations ...` rows); the server only has to succeed.
+        pingpong(&p, "", prog, args, 18540 + i as u16, [&[], &["#bytes", row]])?;
     }
     println!("verbs-apps: all programs ran");
     Ok(())

@@ -396,7 +396,7 @@ fn port_attr(ctx: &Ctx, port: u8) -> Result<ibv_port_attr, c_int> {
     a.lid = p.lid;
     a.sm_lid = p.sm_lid;
     a.lmc = p.lmc;
-    a.max_vl_num = if eth { 0 } else { 4 };
+    a.max_vl_num = 4; // IBV_VL_0_7, as mlx5_ib reports for both link layers
     a.active_width = 2; // IBV_WIDTH_4X
     a.active_speed = 32; // EDR: 4X EDR, 100 Gb/s
     a.phys_state = p.phys_state;

@@ -603,8 +603,28 @@ fn mtu(m: c_int) -> Result<Mtu, c_int> {
     })
 }
 
-/// An address vector from `ibv_ah_attr`. On RoCE the destination MAC comes from the GID: a link-local GID
-/// carries it (EUI-64); for other GIDs the simulated wire, a point-to-point link, needs none.
+/// The MAC of a RoCE destination GID, as the kernel's neighbour resolution (`ib_resolve_eth_dmac`) would find
+/// it: a link-local GID carries it (EUI-64); an IPv4-mapped GID is looked up among the simulated fabric's hosts
+/// (`SimConfig::next_host`'s addresses), which is where every peer of a simulated device lives. Anything else
+/// stays unresolved (zero), and firmware refuses the path, as a kernel without a neighbour entry would.
+fn resolve_dmac(dgid: &[u8; 16]) -> [u8; 6] {
+    if dgid[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0] {
+        return mlx5_verbs::mac_of_gid(dgid);
+    }
+    if dgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+        let ip = [dgid[12], dgid[13], dgid[14], dgid[15]];
+        let mut cfg = mlx5_sim::SimConfig::default();
+        for _ in 0..64 {
+            if cfg.ipv4_addrs.contains(&ip) {
+                return cfg.mac;
+            }
+            cfg = cfg.next_host();
+        }
+    }
+    [0; 6]
+}
+
+/// An address vector from `ibv_ah_attr`; on RoCE the destination MAC is resolved from the GID.
 pub(crate) fn ah_attr(a: &ibv_ah_attr, link: LinkLayer) -> AhAttr {
     let grh = (a.is_global != 0).then_some(Grh {
         dgid: a.grh.dgid.raw,
@@ -614,9 +634,7 @@ pub(crate) fn ah_attr(a: &ibv_ah_attr, link: LinkLayer) -> AhAttr {
         traffic_class: a.grh.traffic_class,
     });
     let dmac = match (&grh, link) {
-        (Some(g), LinkLayer::Ethernet) if g.dgid[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0] => {
-            mlx5_verbs::mac_of_gid(&g.dgid)
-        }
+        (Some(g), LinkLayer::Ethernet) => resolve_dmac(&g.dgid),
         _ => [0; 6],
     };
     AhAttr {
