@@ -22,6 +22,8 @@ mod objects;
 mod post;
 mod strings;
 mod stubs;
+#[cfg(test)]
+mod tests;
 
 /// Every default-version export of Debian bookworm's `libibverbs.so.1.14.44.0`, one `name VERSION` a line
 /// (from `objdump -T`). `cargo xtask libibverbs` makes the version script from it and checks the linked
