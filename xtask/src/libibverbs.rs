@@ -287,6 +287,39 @@ fn pingpong(p: &Programs, link: &str, prog: &str, args: &[&str], port: u16, done
     Ok(())
 }
 
+/// `MLX5_RS_FAULTS`: the server's device leaves the bus 2.5 s into a long ping-pong; the program must see its
+/// outstanding work requests flushed (and exit with its error), as it would on hardware.
+fn fault_injection(p: &Programs) -> Result<(), String> {
+    let (port, wire) = ("18580", 18680);
+    let args = ["-g", "0", "-n", "100000000", "-p", port];
+    let server = app(p, "ibv_rc_pingpong", &format!("sim:wire=listen:127.0.0.1:{wire}"))
+        .env("MLX5_RS_FAULTS", "device_gone@2500")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(700));
+    let mut client = app(p, "ibv_rc_pingpong", &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"))
+        .args(args)
+        .arg("127.0.0.1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let s = wait(server, Duration::from_secs(60), "ibv_rc_pingpong with device_gone (server)");
+    // The client waits for a peer that is gone, as it would on hardware: it is stopped here.
+    let _ = client.kill();
+    let _ = client.wait();
+    let s = s?;
+    let err = String::from_utf8_lossy(&s.stderr);
+    if s.status.success() || !err.contains("Work Request Flushed Error (5)") {
+        return Err(format!("device_gone: expected a flushed completion and a failed exit, got {}:\n{err}", s.status));
+    }
+    println!("ibv_rc_pingpong with MLX5_RS_FAULTS=device_gone@2500: flushed completion reported: ok");
+    Ok(())
+}
+
 /// `cargo xtask verbs-apps [--debug]`: Debian's programs on the library.
 pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     let release = !args.iter().any(|a| a == "--debug");
@@ -349,6 +382,7 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
         // The client prints the result table (`#bytes #iterations ...` rows); the server only has to succeed.
         pingpong(&p, "", prog, args, 18540 + i as u16, [&[], &["#bytes", row]])?;
     }
+    fault_injection(&p)?;
     println!("verbs-apps: all programs ran");
     Ok(())
 }

@@ -29,6 +29,8 @@ pub(crate) struct Dev {
     pub(crate) vd: verbs_device,
     pub(crate) dev: Device,
     pub(crate) index: usize,
+    /// Whether `MLX5_RS_FAULTS` was armed for this device (once, at its first open).
+    armed: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the C part holds only NULL pointers and bytes written once at creation; the Rust part is Sync.
@@ -67,7 +69,7 @@ fn devices() -> Result<&'static [&'static Dev], c_int> {
                 copy_str(&mut d.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{index}"));
                 copy_str(&mut d.ibdev_path, &format!("/sys/class/infiniband/{}", dev.name()));
                 vd.refcount = 1;
-                &*Box::leak(Box::new(Dev { vd, dev, index }))
+                &*Box::leak(Box::new(Dev { vd, dev, index, armed: Default::default() }))
             })
             .collect())
     });
@@ -212,6 +214,15 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
             set_errno(libc::ENODEV);
             return ptr::null_mut();
         };
+        let faults = match std::env::var(crate::faults::FAULTS_ENV).map(|s| crate::faults::parse(&s)) {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => {
+                eprintln!("libibverbs(mlx5-rs): {}: {e}", crate::faults::FAULTS_ENV);
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            }
+            Err(_) => Vec::new(),
+        };
         let ctx = match dev.dev.open_with(tracer(dev.dev.name())) {
             Ok(c) => c,
             Err(e) => {
@@ -220,6 +231,11 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
                 return ptr::null_mut();
             }
         };
+        if let Some(sim) = dev.dev.sim_device() {
+            if !faults.is_empty() && !dev.armed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                crate::faults::arm(sim, &faults);
+            }
+        }
         let vectors = ctx.num_comp_vectors().unwrap_or(1);
         // SAFETY: opens /dev/null: a descriptor with no kernel meaning, standing for uverbs' command fd.
         let cmd_fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };

@@ -6,7 +6,8 @@
 //! - Devices: `MLX5_RS_DEVICES` (a comma list of `mlx5-verbs` device specs, default `sim`); see
 //!   [`mlx5_verbs::DeviceSpec`]. `sim:wire=listen:ADDR:PORT` / `sim:wire=connect:HOST:PORT` join two processes'
 //!   simulated ports. `MLX5_RS_LOG=info|debug` logs to stderr; `MLX5_RS_TRACE=FILE` writes the firmware-command
-//!   trace as JSON lines.
+//!   trace as JSON lines. `MLX5_RS_FAULTS=KIND@MS,...` (`device_gone`, `health_failure`, `health_stall`) injects
+//!   faults into a simulated device that many milliseconds after its first open.
 //! - Every export of the real library exists with its version node ([`SYMBOLS`]); what is not implemented
 //!   fails with `EOPNOTSUPP` (NULL + errno, or the positive error), never a NULL function pointer a program calls.
 //! - Objects are the C structure followed by the Rust state (`#[repr(C)]`, C part first), so the pointer a
@@ -18,6 +19,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod abi;
 mod device;
+mod faults;
 mod objects;
 mod post;
 mod strings;

@@ -88,14 +88,39 @@ pub(crate) struct Mr {
     pub(crate) raw: RawMr,
 }
 
-/// Access flags this library honours: local write, remote write/read/atomic, relaxed ordering (ignored by the
-/// device, as on hardware without it); anything else is `EINVAL`.
+/// The access flags of a registration: local write, remote write/read/atomic and relaxed ordering go to the
+/// device; `IBV_ACCESS_MW_BIND` is accepted (no memory window can be allocated here, so none binds) and
+/// `IBV_ACCESS_HUGETLB` is a hint; the other optional flags (`IBV_ACCESS_OPTIONAL_RANGE`, bits 20..29) are
+/// dropped, as libibverbs lets a provider do; zero-based, on-demand paging and flush are `EOPNOTSUPP`; anything
+/// else `EINVAL`.
 fn access(flags: c_int) -> Result<Access, c_int> {
-    let a = Access(flags as u32);
+    const MW_BIND: u32 = 1 << 4;
+    const ZERO_BASED: u32 = 1 << 5;
+    const ON_DEMAND: u32 = 1 << 6;
+    const HUGETLB: u32 = 1 << 7;
+    const FLUSH: u32 = (1 << 8) | (1 << 9);
+    const OPTIONAL_RANGE: u32 = 0x3ff << 20;
+    let f = flags as u32;
+    if f & (ZERO_BASED | ON_DEMAND | FLUSH) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let optional = f & OPTIONAL_RANGE & !Access::RELAXED_ORDERING.0;
+    let a = Access(f & !(MW_BIND | HUGETLB | optional));
     if a.unsupported() != 0 {
         return Err(libc::EINVAL);
     }
     Ok(a)
+}
+
+/// libmlx5's `MLX_CQ_ALLOC_TYPE` / `MLX_QP_ALLOC_TYPE` / `MLX_SRQ_ALLOC_TYPE` set to `HUGE` ask for the queue
+/// buffer on huge pages, else failure: this driver's queue buffers come from its DMA allocator, never from
+/// huge pages, so such a create fails (`ENOMEM`). `PREFER_HUGE` and the others fall back, as libmlx5's do.
+fn refuse_huge(var: &str) -> Result<(), c_int> {
+    if std::env::var(var).is_ok_and(|v| v == "HUGE") {
+        log::info!("{var}=HUGE, and queue buffers are never on huge pages here");
+        return Err(libc::ENOMEM);
+    }
+    Ok(())
 }
 
 /// `ibv_reg_mr_iova2`: registers process memory at `iova` (the address when `None`).
@@ -235,6 +260,7 @@ fn make_cq(
 ) -> Result<*mut Cq, c_int> {
     // SAFETY: the caller passes an open context.
     let c = unsafe { ctx(context) }.ok_or(libc::EINVAL)?;
+    refuse_huge("MLX_CQ_ALLOC_TYPE")?;
     let cqe = u32::try_from(cqe).ok().filter(|n| *n > 0).ok_or(libc::EINVAL)?;
     let comp_vector = u16::try_from(comp_vector).map_err(|_| libc::EINVAL)?;
     // SAFETY: the channel, when given, is a live channel of this library.
@@ -450,6 +476,7 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
     // SAFETY: as above.
     let srq = unsafe { r.srq.cast::<Srq>().as_ref() };
     let ty = qp_type(r.qp_type)?;
+    refuse_huge("MLX_QP_ALLOC_TYPE")?;
     // SAFETY: the PD's context is open.
     let c = unsafe { ctx(pd.c.context) }.ok_or(libc::EINVAL)?;
     let cap = QpCap {
@@ -829,6 +856,9 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
         };
         // SAFETY: the PD's context is open.
         let Some(c) = (unsafe { ctx(p.c.context) }) else { return fail(libc::EINVAL) };
+        if let Err(e) = refuse_huge("MLX_SRQ_ALLOC_TYPE") {
+            return fail(e);
+        }
         let sa = SrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: a.attr.srq_limit };
         match p.raw.create_srq(sa) {
             Ok(raw) => {
