@@ -45,6 +45,9 @@ const DEBS: &[&str] = &[
 struct Programs {
     bin: PathBuf,
     path: String,
+    /// pyverbs' `dist-packages` and rdma-core's Python tests (`.../tests`, some files gzip-compressed).
+    pyverbs: PathBuf,
+    tests: PathBuf,
 }
 
 fn symbols() -> BTreeSet<(String, String)> {
@@ -184,28 +187,37 @@ pub fn run_libibverbs(root: &Path, args: &[String]) -> Result<(), String> {
 /// Where Debian's programs are: `/usr/bin` when ibverbs-utils and perftest are installed, else the packages
 /// downloaded with `apt-get download` and unpacked under `target/libibverbs/debs`.
 fn programs(lib: &Path) -> Result<Programs, String> {
-    let installed = ["ibv_rc_pingpong", "ib_write_bw"].iter().all(|p| Path::new("/usr/bin").join(p).exists());
-    if installed {
-        return Ok(Programs { bin: PathBuf::from("/usr/bin"), path: lib.display().to_string() });
+    let system = Path::new("/");
+    let have = |root: &Path| {
+        ["usr/bin/ibv_rc_pingpong", "usr/bin/ib_write_bw", "usr/share/doc/rdma-core/tests/run_tests.py"]
+            .iter()
+            .all(|p| root.join(p).exists())
+            && root.join("usr/lib/python3/dist-packages/pyverbs").exists()
+    };
+    let at = |root: &Path, path: String| Programs {
+        bin: root.join("usr/bin"),
+        path,
+        pyverbs: root.join("usr/lib/python3/dist-packages"),
+        tests: root.join("usr/share/doc/rdma-core/tests"),
+    };
+    if have(system) {
+        return Ok(at(system, lib.display().to_string()));
     }
     let debs = lib.join("debs");
     let root = debs.join("root");
-    let libs = root.join("usr/lib/x86_64-linux-gnu");
-    let path = format!("{}:{}", lib.display(), libs.display());
-    let bin = root.join("usr/bin");
-    if bin.join("ib_write_bw").exists() && bin.join("ibv_rc_pingpong").exists() {
-        return Ok(Programs { bin, path });
-    }
-    std::fs::create_dir_all(&debs).map_err(|e| e.to_string())?;
-    println!("$ apt-get download {}", DEBS.join(" "));
-    run(Command::new("apt-get").arg("download").args(DEBS).current_dir(&debs))?;
-    for e in std::fs::read_dir(&debs).map_err(|e| e.to_string())? {
-        let p = e.map_err(|e| e.to_string())?.path();
-        if p.extension().is_some_and(|x| x == "deb") {
-            run(Command::new("dpkg").arg("-x").arg(&p).arg(&root))?;
+    let path = format!("{}:{}", lib.display(), root.join("usr/lib/x86_64-linux-gnu").display());
+    if !have(&root) {
+        std::fs::create_dir_all(&debs).map_err(|e| e.to_string())?;
+        println!("$ apt-get download {}", DEBS.join(" "));
+        run(Command::new("apt-get").arg("download").args(DEBS).current_dir(&debs))?;
+        for e in std::fs::read_dir(&debs).map_err(|e| e.to_string())? {
+            let p = e.map_err(|e| e.to_string())?.path();
+            if p.extension().is_some_and(|x| x == "deb") {
+                run(Command::new("dpkg").arg("-x").arg(&p).arg(&root))?;
+            }
         }
     }
-    Ok(Programs { bin, path })
+    Ok(at(&root, path))
 }
 
 /// A program run with the library and a device configuration.
@@ -256,6 +268,28 @@ fn expect(out: &Output, what: &str, needles: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
+/// Waits until a TCP socket listens on `port` (read from `/proc/net/tcp` and `tcp6`, so nothing connects to
+/// it), or `limit` passes.
+fn wait_listening(port: u16, limit: Duration) {
+    let start = Instant::now();
+    let needle = format!(":{port:04X} ");
+    while start.elapsed() < limit {
+        let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+            std::fs::read_to_string(f).is_ok_and(|t| {
+                // local_address rem_address st: LISTEN is 0A.
+                t.lines().any(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 3 && format!("{} ", f[1]).ends_with(&needle) && f[3] == "0A"
+                })
+            })
+        });
+        if listening {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A server and a client of one of the pingpong programs, each with its own simulated device, joined by the
 /// simulated wire; `port` is the programs' own TCP port, `wire` the wire's.
 fn pingpong(p: &Programs, link: &str, prog: &str, args: &[&str], port: u16, done: [&[&str]; 2]) -> Result<(), String> {
@@ -269,8 +303,9 @@ fn pingpong(p: &Programs, link: &str, prog: &str, args: &[&str], port: u16, done
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| e.to_string())?;
-    // The server opens its device (and the wire's listener) before it listens on its own port.
-    std::thread::sleep(Duration::from_millis(700));
+    // The server opens its device (and the wire's listener) before it listens on its own port; the client
+    // connects once, so it starts only when the server listens.
+    wait_listening(port, Duration::from_secs(60));
     let client = app(p, prog, &format!("sim{link}:host=1:wire=connect:127.0.0.1:{wire}"))
         .args(args)
         .args(["-p", &port_s, "127.0.0.1"])
@@ -280,10 +315,17 @@ fn pingpong(p: &Programs, link: &str, prog: &str, args: &[&str], port: u16, done
         .map_err(|e| e.to_string())?;
     let limit = Duration::from_secs(120);
     let c = wait(client, limit, &format!("{what} (client)"));
-    let s = wait(server, limit, &format!("{what} (server)"));
-    let (c, s) = (c?, s?);
-    expect(&s, &format!("{what} (server)"), done[0])?;
+    // A failed client leaves the server waiting for a peer: stop it and report the client.
+    let s = match &c {
+        Ok(out) if !out.status.success() => {
+            wait(server, Duration::from_secs(5), &format!("{what} (server)")).map_err(|_| "killed".to_string())
+        }
+        _ => wait(server, limit, &format!("{what} (server)")),
+    };
+    let c = c?;
     expect(&c, &format!("{what} (client)"), done[1])?;
+    let s = s?;
+    expect(&s, &format!("{what} (server)"), done[0])?;
     Ok(())
 }
 
@@ -299,7 +341,7 @@ fn fault_injection(p: &Programs) -> Result<(), String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| e.to_string())?;
-    std::thread::sleep(Duration::from_millis(700));
+    wait_listening(18580, Duration::from_secs(60));
     let mut client = app(p, "ibv_rc_pingpong", &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"))
         .args(args)
         .arg("127.0.0.1")
@@ -317,6 +359,39 @@ fn fault_injection(p: &Programs) -> Result<(), String> {
         return Err(format!("device_gone: expected a flushed completion and a failed exit, got {}:\n{err}", s.status));
     }
     println!("ibv_rc_pingpong with MLX5_RS_FAULTS=device_gone@2500: flushed completion reported: ok");
+    Ok(())
+}
+
+/// rdma-core's Python tests as Debian ships them, with the system python3, on one simulated device: every
+/// test passes or skips (a feature the library reports unsupported); none fails or errors.
+fn python_suite(p: &Programs, lib: &Path) -> Result<(), String> {
+    // A copy, decompressed: the shipped directory holds some modules gzip-compressed.
+    let dir = lib.join("pytests");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    run(Command::new("cp").arg("-r").arg(&p.tests).arg(&dir))?;
+    run(Command::new("sh").arg("-c").arg("gunzip -f tests/*.gz").current_dir(&dir))?;
+    let child = Command::new("/usr/bin/python3")
+        .args(["tests/run_tests.py", "--dev", "mlx5_0", "-v"])
+        .current_dir(&dir)
+        .env("PYTHONPATH", &p.pyverbs)
+        .env("LD_LIBRARY_PATH", &p.path)
+        .env("MLX5_RS_DEVICES", "sim")
+        .env_remove("LD_PRELOAD")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("python3: {e}"))?;
+    let out = wait(child, Duration::from_secs(900), "rdma-core Python tests")?;
+    // unittest reports on stderr.
+    let err = String::from_utf8_lossy(&out.stderr);
+    let ran = err.lines().find(|l| l.starts_with("Ran ")).unwrap_or("Ran ? tests");
+    let verdict = err.lines().rev().find(|l| l.starts_with("OK") || l.starts_with("FAILED")).unwrap_or("?");
+    if !out.status.success() || !verdict.starts_with("OK") {
+        let bad: Vec<&str> = err.lines().filter(|l| l.starts_with("ERROR:") || l.starts_with("FAIL:")).collect();
+        return Err(format!("rdma-core Python tests: {ran}, {verdict}\n{}", bad.join("\n")));
+    }
+    println!("rdma-core Python tests: {ran}, {verdict}: ok");
     Ok(())
 }
 
@@ -383,6 +458,7 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
         pingpong(&p, "", prog, args, 18540 + i as u16, [&[], &["#bytes", row]])?;
     }
     fault_injection(&p)?;
+    python_suite(&p, &lib)?;
     println!("verbs-apps: all programs ran");
     Ok(())
 }

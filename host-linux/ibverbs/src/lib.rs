@@ -109,6 +109,7 @@ fn hca_errno(h: &mlx5_core::hca::Error) -> c_int {
     match h {
         H::Dma(_) | H::Pages(_) | H::Dbr(_) => libc::ENOMEM,
         H::Health(_) | H::InternalError { .. } => libc::EIO,
+        H::NotSupported { .. } => libc::EOPNOTSUPP,
         H::Cmd(CmdError::Status { status, .. }) => status_errno(status.raw()),
         H::Cmd(_) => libc::EIO,
         _ => libc::EINVAL,

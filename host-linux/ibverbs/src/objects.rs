@@ -410,8 +410,22 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
-    let _ = (cq, cqe);
-    libc::EOPNOTSUPP
+    guard("ibv_resize_cq", libc::EIO, || {
+        // SAFETY: the caller passes a live CQ.
+        let Some((_, raw)) = (unsafe { cq_of(cq) }) else { return libc::EINVAL };
+        let Some(n) = u32::try_from(cqe).ok().filter(|n| *n > 0) else { return libc::EINVAL };
+        match raw.resize(n) {
+            Ok(()) => {
+                // SAFETY: the C part's cqe is libibverbs' mirror of the ring's size.
+                unsafe { (*cq).cqe = c_int::try_from(raw.nent().saturating_sub(1)).unwrap_or(c_int::MAX) };
+                0
+            }
+            Err(e) => {
+                log::info!("resize_cq: {e}");
+                errno_of(&e)
+            }
+        }
+    })
 }
 
 /// A QP: `ibv_qp_ex` (whose prefix is `ibv_qp`), the handle, and the work request being built through the
@@ -561,8 +575,16 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         // SAFETY: the caller passes its attributes.
         let Some(a) = (unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
         const PD: u32 = 1 << 0;
+        const CREATE_FLAGS: u32 = 1 << 2;
+        const MAX_TSO_HEADER: u32 = 1 << 3;
         const SEND_OPS_FLAGS: u32 = 1 << 6;
-        if a.comp_mask & !(PD | SEND_OPS_FLAGS) != 0 || a.comp_mask & PD == 0 || a.create_flags != 0 {
+        // Create flags and a TSO header size are accepted when they ask for nothing.
+        let asks = |bit: u32, v: u64| a.comp_mask & bit != 0 && v != 0;
+        if a.comp_mask & !(PD | CREATE_FLAGS | MAX_TSO_HEADER | SEND_OPS_FLAGS) != 0
+            || a.comp_mask & PD == 0
+            || asks(CREATE_FLAGS, a.create_flags.into())
+            || asks(MAX_TSO_HEADER, a.max_tso_header.into())
+        {
             return fail(libc::EOPNOTSUPP);
         }
         let send_ops = if a.comp_mask & SEND_OPS_FLAGS != 0 { a.send_ops_flags } else { 0 };

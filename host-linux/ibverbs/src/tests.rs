@@ -99,6 +99,13 @@ fn errors_follow_the_verbs_conventions() {
         };
         assert!(ibv_create_qp(pd, &mut attr).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
+        // A resize keeps the CQ usable and reports the new size.
+        let rc = ibv_resize_cq(cq, 100);
+        assert!(rc == 0 || rc == libc::EOPNOTSUPP, "resize: {rc}");
+        if rc == 0 {
+            assert!((*cq).cqe >= 100);
+        }
+        assert_eq!(ibv_resize_cq(cq, 0), libc::EINVAL);
         // A CQ in use by nothing goes; a PD goes.
         assert_eq!(ibv_destroy_cq(cq), 0);
         assert_eq!(ibv_dealloc_pd(pd), 0);

@@ -202,6 +202,15 @@ impl RawCq {
         lock(&self.0.ring).cq.as_ref().map_or(0, |c| c.nent())
     }
 
+    /// `ibv_resize_cq`: at least `cqe` entries (the completions not yet polled move to the new ring).
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        let mut c = self.0.ctx.dev.control();
+        let mut r = lock(&self.0.ring);
+        let cq = r.cq.as_mut().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
+        let (hca, delay) = c.parts();
+        Ok(hca.resize_cq(cq, cqe, delay)?)
+    }
+
     /// `ibv_poll_cq`.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         self.0.poll(wc)
