@@ -395,6 +395,38 @@ fn python_suite(p: &Programs, lib: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The struct-layout test of `mlx5-ibverbs` against `<infiniband/verbs.h>`: the system's when libibverbs-dev is
+/// installed, else Debian's package unpacked next to the library.
+fn abi_test(root: &Path, lib: &Path) -> Result<(), String> {
+    let include = if Path::new("/usr/include/infiniband/verbs.h").exists() {
+        PathBuf::from("/usr/include")
+    } else {
+        let dev = lib.join("debs/dev");
+        if !dev.join("usr/include/infiniband/verbs.h").exists() {
+            std::fs::create_dir_all(&dev).map_err(|e| e.to_string())?;
+            println!("$ apt-get download libibverbs-dev");
+            run(Command::new("apt-get").args(["download", "libibverbs-dev"]).current_dir(&dev))?;
+            for e in std::fs::read_dir(&dev).map_err(|e| e.to_string())? {
+                let p = e.map_err(|e| e.to_string())?.path();
+                if p.extension().is_some_and(|x| x == "deb") {
+                    run(Command::new("dpkg").arg("-x").arg(&p).arg(&dev))?;
+                }
+            }
+        }
+        dev.join("usr/include")
+    };
+    let args = ["test", "-p", "mlx5-ibverbs", "--lib", "abi::tests::abi_matches_the_verbs_header"];
+    println!("$ MLX5_IBVERBS_INCLUDE={} cargo {}", include.display(), args.join(" "));
+    let out = run(Command::new("cargo").args(args).env("MLX5_IBVERBS_INCLUDE", &include).current_dir(root))?;
+    if String::from_utf8_lossy(&out.stdout).contains("SKIPPED")
+        || String::from_utf8_lossy(&out.stderr).contains("SKIPPED")
+    {
+        return Err("the layout test did not find <infiniband/verbs.h>".into());
+    }
+    println!("struct layouts against {}/infiniband/verbs.h: ok", include.display());
+    Ok(())
+}
+
 /// `cargo xtask verbs-apps [--debug]`: Debian's programs on the library.
 pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     let release = !args.iter().any(|a| a == "--debug");
@@ -426,10 +458,10 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     let runs: &[(&str, &str, &[&str])] = &[
         ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-c"]),
         ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-s", "1", "-c"]),
-        ("", "ibv_rc_pingpong", &["-g", "0", "-n", "200", "-s", "65536", "-e", "-c"]),
+        ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-s", "65536", "-e", "-c"]),
         ("", "ibv_rc_pingpong", &["-g", "1", "-n", "200", "-N", "-c"]),
         (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-c"]),
-        (":link=ib", "ibv_rc_pingpong", &["-n", "200", "-s", "65536", "-e"]),
+        (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-s", "65536", "-e", "-c"]),
         ("", "ibv_ud_pingpong", &["-g", "0", "-n", "500", "-c"]),
         (":link=ib", "ibv_ud_pingpong", &["-n", "500", "-c", "-e"]),
         ("", "ibv_srq_pingpong", &["-g", "0", "-n", "500", "-c"]),
@@ -440,18 +472,19 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
         pingpong(&p, link, prog, args, 18515 + i as u16, [done, done])?;
     }
     // perftest: `-x 1` takes the RoCE v2 link-local GID (the simulated wire routes by a port's link-local
-    // address; perftest would pick the IPv4 one). ConnectX-5's part id turns its ibv_wr_* API on.
+    // address; perftest would pick the IPv4 one). ConnectX-5's part id turns its ibv_wr_* API on. `-u 20` (4 s
+    // ACK timeout instead of 67 ms) keeps a simulated wire on a loaded machine from exhausting RC retries.
     let perf: &[(&str, &[&str], &str)] = &[
-        ("ib_write_bw", &["-x", "1", "-n", "200"], "65536 200"),
-        ("ib_write_bw", &["-x", "1", "-n", "200", "--use_old_post_send"], "65536 200"),
-        ("ib_read_bw", &["-x", "1", "-n", "200"], "65536 200"),
-        ("ib_send_bw", &["-x", "1", "-n", "200"], "65536 200"),
-        ("ib_atomic_bw", &["-x", "1", "-n", "200"], "8 200"),
-        ("ib_send_lat", &["-x", "1", "-n", "200"], "2 200"),
-        ("ib_write_lat", &["-x", "1", "-n", "200"], "2 200"),
-        ("ib_read_lat", &["-x", "1", "-n", "200"], "2 200"),
-        ("ib_write_lat", &["-x", "1", "-n", "10", "-a"], "8388608 10"),
-        ("ib_read_bw", &["-x", "1", "-n", "10", "-a", "--use_old_post_send"], "8388608 10"),
+        ("ib_write_bw", &["-x", "1", "-u", "20", "-n", "200"], "65536 200"),
+        ("ib_write_bw", &["-x", "1", "-u", "20", "-n", "200", "--use_old_post_send"], "65536 200"),
+        ("ib_read_bw", &["-x", "1", "-u", "20", "-n", "200"], "65536 200"),
+        ("ib_send_bw", &["-x", "1", "-u", "20", "-n", "200"], "65536 200"),
+        ("ib_atomic_bw", &["-x", "1", "-u", "20", "-n", "200"], "8 200"),
+        ("ib_send_lat", &["-x", "1", "-u", "20", "-n", "200"], "2 200"),
+        ("ib_write_lat", &["-x", "1", "-u", "20", "-n", "200"], "2 200"),
+        ("ib_read_lat", &["-x", "1", "-u", "20", "-n", "200"], "2 200"),
+        ("ib_write_lat", &["-x", "1", "-u", "20", "-n", "10", "-a"], "8388608 10"),
+        ("ib_read_bw", &["-x", "1", "-u", "20", "-n", "10", "-a", "--use_old_post_send"], "8388608 10"),
     ];
     for (i, (prog, args, row)) in perf.iter().enumerate() {
         // The client prints the result table (`#bytes #iterations ...` rows); the server only has to succeed.
@@ -459,6 +492,7 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     }
     fault_injection(&p)?;
     python_suite(&p, &lib)?;
+    abi_test(root, &lib)?;
     println!("verbs-apps: all programs ran");
     Ok(())
 }

@@ -2,8 +2,8 @@
 //!
 //! * `vendor`: copy PRM facts from `../shared/prm` into the repository.
 //! * `codegen [--check]`: generate `core/src/prm/generated.rs` from the vendored facts, or check it is current.
-//! * `ci`: everything CI runs: format, lints, codegen freshness, tests, the `no_std` firmware build, the VFIO
-//!   test in a QEMU guest.
+//! * `ci`: everything CI runs: format, lints, codegen freshness, tests, the `no_std` firmware build, Debian's
+//!   verbs programs on the drop-in libibverbs, the VFIO test in a QEMU guest.
 //! * `vfio-test`: the host crate's VFIO layer against the real Linux VFIO stack, in a QEMU guest with QEMU's
 //!   `edu` device behind an emulated IOMMU.
 //! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
@@ -102,6 +102,8 @@ fn ci(root: &Path) -> Result<(), String> {
     }
     // The fault-injection soak at CI size: every invariant must hold.
     soak::run(root, &soak::CI_ARGS.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
+    // Debian's verbs programs on the drop-in libibverbs.so.1 (downloads the packages when not installed).
+    libibverbs::run_verbs_apps(root, &[])?;
     vfio_test::run_vfio_test(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), "20".to_string()])?;
     println!("xtask ci: all steps passed");
@@ -122,7 +124,7 @@ commands:
   modcheck [--graph] [--root DIR]
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
   libibverbs [--debug]           link target/libibverbs/libibverbs.so.1 and check its exports
-  verbs-apps [--debug]           run Debian's ibv_devinfo / ibv_rc_pingpong on it
+  verbs-apps [--debug]           Debian's ibverbs-utils, perftest and rdma-core Python tests on it
   soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire]
                                  the fault-injection soak (options go to mlx5-soak)";
 
