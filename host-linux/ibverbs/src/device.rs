@@ -89,6 +89,8 @@ pub(crate) struct Ctx {
     pub(crate) ctx: Context,
     /// The C objects of this context by number, for async events (`element.cq` / `qp` / `srq`).
     pub(crate) objs: Mutex<ObjMap>,
+    /// The port's GID table length, read once (GID loops would otherwise query the port per entry).
+    gid_tbl_len: OnceLock<c_int>,
 }
 
 #[derive(Default)]
@@ -254,7 +256,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         c.async_fd = async_fd;
         c.num_comp_vectors = c_int::from(vectors);
         c.abi_compat = usize::MAX as *mut c_void;
-        let b = Box::new(Ctx { vc, dev, ctx, objs: Mutex::new(ObjMap::default()) });
+        let b = Box::new(Ctx { vc, dev, ctx, objs: Mutex::new(ObjMap::default()), gid_tbl_len: OnceLock::new() });
         let p = Box::into_raw(b);
         crate::objects::lock(&OPEN).push(p as usize);
         // SAFETY: just made from a live box.
@@ -453,7 +455,7 @@ fn gid(ctx: &Ctx, port: u8, index: c_int) -> Result<Option<([u8; 16], GidType)>,
     match ctx.ctx.query_gid_ex(index) {
         Ok(g) => Ok(Some(g)),
         Err(_) => {
-            let len = port_attr(ctx, port)?.gid_tbl_len;
+            let len = *ctx.gid_tbl_len.get_or_init(|| port_attr(ctx, port).map_or(0, |a| a.gid_tbl_len));
             if c_int::from(index) < len {
                 Ok(None)
             } else {
