@@ -33,6 +33,7 @@ const VERSIONS: &[&str] = &[
 const DEBS: &[&str] = &[
     "ibverbs-utils",
     "perftest",
+    "python3-pyverbs",
     "ibverbs-providers",
     "librdmacm1",
     "libpci3",
@@ -293,6 +294,25 @@ fn wait_listening(port: u16, limit: Duration) {
 /// A server and a client of one of the pingpong programs, each with its own simulated device, joined by the
 /// simulated wire; `port` is the programs' own TCP port, `wire` the wire's.
 fn pingpong(p: &Programs, link: &str, prog: &str, args: &[&str], port: u16, done: [&[&str]; 2]) -> Result<(), String> {
+    match pingpong_once(p, link, prog, args, port, done) {
+        // RC retries run on real time: on a heavily loaded host a simulated peer can be starved past the
+        // program's ACK timeout (rc_pingpong's is fixed at 67 ms x 7). Such a run is repeated once, and said so.
+        Err(e) if e.contains("retry counter exceeded") || e.contains("Failed status 12") => {
+            println!("{prog}: RC retries exhausted (loaded host?); running it again once");
+            pingpong_once(p, link, prog, args, port + 200, done)
+        }
+        r => r,
+    }
+}
+
+fn pingpong_once(
+    p: &Programs,
+    link: &str,
+    prog: &str,
+    args: &[&str],
+    port: u16,
+    done: [&[&str]; 2],
+) -> Result<(), String> {
     let what = format!("{prog} {} (sim{link})", args.join(" "));
     let port_s = port.to_string();
     let wire = port + 100;

@@ -147,8 +147,10 @@ fn tracer(name: &str) -> Option<mlx5_verbs::Tracer> {
             }
         }
     });
-    let name: &'static str = Box::leak(name.to_string().into_boxed_str());
-    t.as_ref().map(|t| Box::new(t.device(Some(name))) as mlx5_verbs::Tracer)
+    // Lines name their device only when the process has several, as `mlx5 --trace` writes them.
+    let several = devices().is_ok_and(|l| l.len() > 1);
+    let name: Option<&'static str> = several.then(|| &*Box::leak(name.to_string().into_boxed_str()));
+    t.as_ref().map(|t| Box::new(t.device(name)) as mlx5_verbs::Tracer)
 }
 
 static TRACE_FLUSH: OnceLock<Option<SharedTrace>> = OnceLock::new();
