@@ -447,6 +447,72 @@ fn abi_test(root: &Path, lib: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The Debian packages the `ibverbs` crate's build needs (its `ibverbs-sys` configures rdma-core 55 with cmake
+/// and runs bindgen on its headers).
+const CRATE_BUILD_DEBS: &[&str] = &["cmake", "libclang-dev", "libnl-3-dev", "libnl-route-3-dev", "pkg-config"];
+
+/// A Rust program written against the `ibverbs` crate (`host-linux/ibverbs/rust-app`, not a workspace member)
+/// links this libibverbs and runs its ping-pong on RoCE and on InfiniBand.
+fn ibverbs_crate(root: &Path, lib: &Path) -> Result<(), String> {
+    if Command::new("cmake").arg("--version").output().is_err()
+        || !Path::new("/usr/include/netlink/netlink.h").exists() && !Path::new("/usr/include/libnl3").exists()
+        || !Path::new("/usr/lib/llvm-14/lib/libclang.so").exists() && Command::new("llvm-config").output().is_err()
+    {
+        println!("$ apt-get install -y {}", CRATE_BUILD_DEBS.join(" "));
+        run(Command::new("apt-get").args(["install", "-y", "-q"]).args(CRATE_BUILD_DEBS))?;
+    }
+    let app = root.join("host-linux/ibverbs/rust-app");
+    let target = lib.join("rust-app");
+    let build = |extra: Option<&Path>| {
+        let mut c = Command::new("cargo");
+        c.args(["build", "--release", "--manifest-path"])
+            .arg(app.join("Cargo.toml"))
+            .env("CARGO_TARGET_DIR", &target)
+            // Link against this library (ibverbs-sys points the linker at a build directory it does not fill).
+            .env("RUSTFLAGS", format!("-L {}", lib.display()));
+        if let Some(inc) = extra {
+            // ibverbs-sys looks for rdma-core's generated headers one directory off; give bindgen the right one.
+            c.env("BINDGEN_EXTRA_CLANG_ARGS", format!("-I{}", inc.display()));
+        }
+        c.output().map_err(|e| e.to_string())
+    };
+    println!("$ cargo build --release --manifest-path {}", app.join("Cargo.toml").display());
+    let mut out = build(None)?;
+    if !out.status.success() {
+        let inc = find_file(&target.join("release/build"), "verbs_api.h")
+            .and_then(|p| p.parent()?.parent().map(Path::to_path_buf))
+            .ok_or_else(|| format!("building the ibverbs crate failed:\n{}", String::from_utf8_lossy(&out.stderr)))?;
+        out = build(Some(&inc))?;
+    }
+    if !out.status.success() {
+        return Err(format!("building the ibverbs crate failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let exe = target.join("release/ibverbs-crate-pingpong");
+    for devices in ["sim", "sim:link=ib"] {
+        let mut c = Command::new(&exe);
+        c.env("LD_LIBRARY_PATH", lib).env("MLX5_RS_DEVICES", devices).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let child = c.spawn().map_err(|e| e.to_string())?;
+        let out = wait(child, Duration::from_secs(120), "ibverbs crate ping-pong")?;
+        expect(&out, &format!("ibverbs crate ping-pong ({devices})"), &["1000 ping-pongs", "every payload checked"])?;
+    }
+    Ok(())
+}
+
+/// The first file named `name` under `dir` (depth-first).
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if let Some(f) = find_file(&p, name) {
+                return Some(f);
+            }
+        } else if p.file_name().is_some_and(|n| n == name) {
+            return Some(p);
+        }
+    }
+    None
+}
+
 /// `cargo xtask verbs-apps [--debug]`: Debian's programs on the library.
 pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     let release = !args.iter().any(|a| a == "--debug");
@@ -513,6 +579,7 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     fault_injection(&p)?;
     python_suite(&p, &lib)?;
     abi_test(root, &lib)?;
+    ibverbs_crate(root, &lib)?;
     println!("verbs-apps: all programs ran");
     Ok(())
 }
