@@ -12,7 +12,7 @@
 //!   fails with `EOPNOTSUPP` (NULL + errno, or the positive error), never a NULL function pointer a program calls.
 //! - Objects are the C structure followed by the Rust state (`#[repr(C)]`, C part first), so the pointer a
 //!   program holds is the object's address. No panic crosses the C boundary: every entry runs under
-//!   [`guard`].
+//!   an internal guard (`catch_unwind`).
 
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
