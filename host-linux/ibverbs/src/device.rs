@@ -91,6 +91,9 @@ pub(crate) struct Ctx {
     pub(crate) objs: Mutex<ObjMap>,
     /// The port's GID table length, read once (GID loops would otherwise query the port per entry).
     gid_tbl_len: OnceLock<c_int>,
+    /// Objects made in this context and not destroyed, and whether the program closed it: a context closed with
+    /// objects alive (a program error) is freed when the last of them goes, so they never reach freed memory.
+    life: Mutex<(usize, bool)>,
 }
 
 #[derive(Default)]
@@ -102,6 +105,10 @@ pub(crate) struct ObjMap {
 
 /// Open contexts, for `ibv_ack_async_event` of device events (the event does not name its context).
 static OPEN: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// Held by every open and by the close that may tear a device down: the last context's close brings the HCA
+/// down, and an open right after it must bring it up again only once that is finished, not race it.
+static OPENING: Mutex<()> = Mutex::new(());
 
 /// The [`Ctx`] of a program's `ibv_context` pointer.
 ///
@@ -214,6 +221,7 @@ pub extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
 #[no_mangle]
 pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     guard("ibv_open_device", ptr::null_mut(), || {
+        let _serial = crate::objects::lock(&OPENING);
         let Some(dev) = dev_of(device) else {
             set_errno(libc::ENODEV);
             return ptr::null_mut();
@@ -258,7 +266,14 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         c.async_fd = async_fd;
         c.num_comp_vectors = c_int::from(vectors);
         c.abi_compat = usize::MAX as *mut c_void;
-        let b = Box::new(Ctx { vc, dev, ctx, objs: Mutex::new(ObjMap::default()), gid_tbl_len: OnceLock::new() });
+        let b = Box::new(Ctx {
+            vc,
+            dev,
+            ctx,
+            objs: Mutex::new(ObjMap::default()),
+            gid_tbl_len: OnceLock::new(),
+            life: Mutex::new((0, false)),
+        });
         let p = Box::into_raw(b);
         crate::objects::lock(&OPEN).push(p as usize);
         // SAFETY: just made from a live box.
@@ -273,15 +288,55 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         let Some(ctx) = (unsafe { ctx_of(context) }) else { return libc::EINVAL };
         let p = std::ptr::from_ref(ctx).cast_mut();
         crate::objects::lock(&OPEN).retain(|&x| x != p as usize);
-        // SAFETY: the Ctx was boxed by ibv_open_device and the caller closes it once.
-        let b = unsafe { Box::from_raw(p) };
-        if b.vc.context.cmd_fd >= 0 {
-            // SAFETY: the descriptor was opened by ibv_open_device and is closed once.
-            unsafe { libc::close(b.vc.context.cmd_fd) };
+        let mut life = crate::objects::lock(&ctx.life);
+        life.1 = true;
+        if life.0 > 0 {
+            log::warn!("ibv_close_device with {} objects alive: the context is freed when they are destroyed", life.0);
+            return 0;
         }
-        drop(b);
+        drop(life);
+        // SAFETY: the Ctx was boxed by ibv_open_device, is closed and no object refers to it.
+        unsafe { free_ctx(p) };
         0
     })
+}
+
+/// Frees a closed context with no objects.
+///
+/// # Safety
+/// `p` came from `ibv_open_device`, is closed, and nothing refers to it any more.
+unsafe fn free_ctx(p: *mut Ctx) {
+    let _serial = crate::objects::lock(&OPENING);
+    // SAFETY: the caller's duty.
+    let b = unsafe { Box::from_raw(p) };
+    if b.vc.context.cmd_fd >= 0 {
+        // SAFETY: the descriptor was opened by ibv_open_device and is closed once.
+        unsafe { libc::close(b.vc.context.cmd_fd) };
+    }
+    // The last context of a device tears its HCA down here, under the lock.
+    drop(b);
+}
+
+/// Counts an object made in `context`.
+pub(crate) fn hold(context: *mut ibv_context) {
+    // SAFETY: objects are made in open contexts of this library.
+    if let Some(c) = unsafe { ctx_of(context) } {
+        crate::objects::lock(&c.life).0 += 1;
+    }
+}
+
+/// An object of `context` was destroyed and freed (so a closed context now holds the device's last
+/// reference if any): frees the context when the program closed it and this was the last object.
+pub(crate) fn release(context: *mut ibv_context) {
+    // SAFETY: a context with objects is never freed, closed or not.
+    let Some(c) = (unsafe { ctx_of(context) }) else { return };
+    let mut life = crate::objects::lock(&c.life);
+    life.0 = life.0.saturating_sub(1);
+    if life.0 == 0 && life.1 {
+        drop(life);
+        // SAFETY: closed, and its last object just went.
+        unsafe { free_ctx(std::ptr::from_ref(c).cast_mut()) };
+    }
 }
 
 /// What `ibv_query_device` and `ibv_query_port` show, read from the HCA as `mlx5 devinfo` reads it.

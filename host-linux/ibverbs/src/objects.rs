@@ -14,7 +14,7 @@ use mlx5_verbs::raw::{self, RawChannel, RawCq, RawMr, RawPd, RawQp, RawSrq};
 use mlx5_verbs::SrqAttrMask;
 
 use crate::abi::*;
-use crate::device::{ctx_of, link, Ctx};
+use crate::device::{ctx_of, hold, link, release, Ctx};
 use crate::{errno_of, guard, set_errno};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -59,6 +59,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
         match raw::alloc_pd(&c.ctx) {
             Ok(raw) => {
                 let handle = raw.pdn();
+                hold(context);
                 Box::into_raw(Box::new(Pd { c: ibv_pd { context, handle }, raw })).cast()
             }
             Err(e) => fail(errno_of(&e)),
@@ -73,8 +74,10 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         let Some(p) = (unsafe { pd_of(pd) }) else { return libc::EINVAL };
         match p.raw.dealloc() {
             Ok(()) => {
+                let context = p.c.context;
                 // SAFETY: boxed by ibv_alloc_pd; deallocated once.
                 drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
+                release(context);
                 0
             }
             Err(e) => errno_of(&e),
@@ -144,6 +147,7 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: Option<u64>,
                 lkey: raw.lkey(),
                 rkey: raw.rkey(),
             };
+            hold(c.context);
             Box::into_raw(Box::new(Mr { c, raw })).cast()
         }
         Err(e) => {
@@ -190,8 +194,10 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return libc::EINVAL };
         match m.raw.dereg() {
             Ok(()) => {
+                let context = m.c.context;
                 // SAFETY: boxed by ibv_reg_mr; deregistered once.
                 drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
+                release(context);
                 0
             }
             Err(e) => errno_of(&e),
@@ -212,6 +218,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *
         let Some(c) = (unsafe { ctx(context) }) else { return fail(libc::EINVAL) };
         let raw = raw::create_comp_channel(&c.ctx);
         let fd = raw.fd().unwrap_or(-1);
+        hold(context);
         Box::into_raw(Box::new(Channel { c: ibv_comp_channel { context, fd, refcnt: 0 }, raw })).cast()
     })
 }
@@ -223,8 +230,10 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else { return libc::EINVAL };
         match ch.raw.destroy() {
             Ok(()) => {
+                let context = ch.c.context;
                 // SAFETY: boxed by ibv_create_comp_channel; destroyed once.
                 drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+                release(context);
                 0
             }
             Err(e) => errno_of(&e),
@@ -239,6 +248,8 @@ pub(crate) struct Cq {
     pub(crate) raw: Option<RawCq>,
     pub(crate) ctx: *const Ctx,
     pub(crate) ex: Mutex<crate::post::ExPoll>,
+    /// An error met by a poll that had already returned completions: the next poll reports it.
+    pub(crate) pending: Mutex<Option<c_int>>,
 }
 
 /// The [`Cq`] of a program's `ibv_cq` (or `ibv_cq_ex`).
@@ -271,7 +282,13 @@ fn make_cq(
     cx.cq.channel = channel;
     cx.cq.cq_context = cq_context;
     crate::post::fill_cq_ex(&mut cx);
-    let p = Box::into_raw(Box::new(Cq { c: cx, raw: None, ctx: c, ex: Mutex::new(Default::default()) }));
+    let p = Box::into_raw(Box::new(Cq {
+        c: cx,
+        raw: None,
+        ctx: c,
+        ex: Mutex::new(Default::default()),
+        pending: Mutex::new(None),
+    }));
     let attr = CqAttr { cqe, cqe_size: CqeSize::default(), overrun_ignore: false, comp_vector };
     match raw::create_cq(&c.ctx, attr, p as u64, ch.map(|ch| &ch.raw)) {
         Ok(raw) => {
@@ -281,6 +298,7 @@ fn make_cq(
             b.c.cq.cqe = c_int::try_from(raw.nent().saturating_sub(1)).unwrap_or(c_int::MAX);
             lock(&c.objs).cqs.insert(raw.cqn(), p as usize);
             b.raw = Some(raw);
+            hold(context);
             if let Some(ch) = ch {
                 // SAFETY: the channel is live; refcnt is informational.
                 unsafe { (*channel).refcnt = ch.c.refcnt + 1 };
@@ -342,8 +360,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             Ok(()) => {
                 // SAFETY: the context outlives its objects (verbs' rule).
                 lock(&unsafe { &*c.ctx }.objs).cqs.remove(&raw.cqn());
+                let context = c.c.cq.context;
                 // SAFETY: boxed by ibv_create_cq; destroyed once.
                 drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
+                release(context);
                 0
             }
             Err(e) => errno_of(&e),
@@ -539,6 +559,7 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
     // SAFETY: p is the live box made above, not yet shared.
     crate::post::set_ops(unsafe { &*p }, r.send_ops);
     lock(&c.objs).qps.insert(qpn, p as usize);
+    hold(pd.c.context);
     Ok(p)
 }
 
@@ -853,8 +874,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             Ok(()) => {
                 // SAFETY: the context outlives its objects.
                 lock(&unsafe { &*q.ctx }.objs).qps.remove(&q.raw.qpn());
+                let context = q.c.qp_base.context;
                 // SAFETY: boxed by ibv_create_qp; destroyed once.
                 drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+                release(context);
                 0
             }
             Err(e) => errno_of(&e),
@@ -897,6 +920,7 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
                 let srqn = raw.srqn();
                 let b = Box::into_raw(Box::new(Srq { c: cs, raw, ctx: c }));
                 lock(&c.objs).srqs.insert(srqn, b as usize);
+                hold(p.c.context);
                 b.cast()
             }
             Err(e) => fail(errno_of(&e)),
@@ -945,8 +969,10 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             Ok(()) => {
                 // SAFETY: the context outlives its objects.
                 lock(&unsafe { &*s.ctx }.objs).srqs.remove(&s.raw.srqn());
+                let context = s.c.context;
                 // SAFETY: boxed by ibv_create_srq; destroyed once.
                 drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
+                release(context);
                 0
             }
             Err(e) => errno_of(&e),
@@ -975,7 +1001,10 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             return fail(libc::EINVAL);
         }
         match p.raw.create_ah(&ah_attr(a, l)) {
-            Ok(ah) => Box::into_raw(Box::new(Ah { c: ibv_ah { context: p.c.context, pd, handle: 0 }, ah })).cast(),
+            Ok(ah) => {
+                hold(p.c.context);
+                Box::into_raw(Box::new(Ah { c: ibv_ah { context: p.c.context, pd, handle: 0 }, ah })).cast()
+            }
             Err(e) => fail(errno_of(&e)),
         }
     })
@@ -987,7 +1016,10 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: boxed by ibv_create_ah; destroyed once (an AH has no firmware object: mlx5 AVs live in the WQE).
-    drop(unsafe { Box::from_raw(ah.cast::<Ah>()) });
+    let b = unsafe { Box::from_raw(ah.cast::<Ah>()) };
+    let context = b.c.context;
+    drop(b);
+    release(context);
     0
 }
 

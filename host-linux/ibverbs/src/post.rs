@@ -78,8 +78,11 @@ fn to_c(w: &WorkCompletion) -> ibv_wc {
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
     guard("ibv_poll_cq", -libc::EIO, || {
         // SAFETY: the caller passes a live CQ.
-        let Some((_, raw)) = (unsafe { cq_of(cq) }) else { return -libc::EINVAL };
+        let Some((c, raw)) = (unsafe { cq_of(cq) }) else { return -libc::EINVAL };
         let Ok(want) = usize::try_from(num) else { return -libc::EINVAL };
+        if let Some(e) = lock(&c.pending).take() {
+            return -e;
+        }
         if want > 0 && wc.is_null() {
             return -libc::EINVAL;
         }
@@ -89,8 +92,11 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_
             let k = (want - done).min(buf.len());
             let n = match raw.poll(&mut buf[..k]) {
                 Ok(n) => n,
-                // Completions already returned count; the error comes back on the next poll.
-                Err(_) if done > 0 => break,
+                // Completions already taken are returned now; the error comes back on the next poll.
+                Err(e) if done > 0 => {
+                    *lock(&c.pending) = Some(errno_of(&e));
+                    break;
+                }
                 Err(e) => {
                     log::warn!("poll_cq: {e}");
                     return -errno_of(&e);

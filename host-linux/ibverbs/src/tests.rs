@@ -261,3 +261,18 @@ fn loopback_send_and_rdma_write_through_the_ops() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+#[test]
+fn a_context_closed_with_objects_alive_stays_until_they_go() {
+    let ctx = open();
+    // SAFETY: the objects are this library's; the program error (closing first) is what is tested.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        assert!(!pd.is_null() && !cq.is_null());
+        assert_eq!(ibv_close_device(ctx), 0);
+        // The objects still reach their (closed) context.
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+    }
+}
