@@ -366,7 +366,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                 release(context);
                 0
             }
-            Err(e) => errno_of(&e),
+            Err(e) => {
+                log::info!("destroy_cq: {e}");
+                errno_of(&e)
+            }
         }
     })
 }

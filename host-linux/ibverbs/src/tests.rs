@@ -276,3 +276,57 @@ fn a_context_closed_with_objects_alive_stays_until_they_go() {
         assert_eq!(ibv_dealloc_pd(pd), 0);
     }
 }
+
+#[test]
+fn a_cq_with_an_event_never_taken_is_destroyed() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 64];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let ch = ibv_create_comp_channel(ctx);
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ch, 0);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(pd, &mut init);
+        connect(ctx, qp, (*qp).qp_num);
+        // An armed CQ completes a write: its event reaches the channel, and the program never takes it.
+        assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), 0);
+        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
+        let mut bad = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        let mut wc = [ibv_wc::default(); 1];
+        let mut n = 0;
+        for _ in 0..10_000 {
+            n = ops.poll_cq.unwrap()(cq, 1, wc.as_mut_ptr());
+            if n != 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        assert_eq!((n, wc[0].status), (1, 0));
+        // The device's service thread moves the event to the channel within its 50 ms period.
+        let mut fds = libc::pollfd { fd: (*ch).fd, events: libc::POLLIN, revents: 0 };
+        assert_eq!(libc::poll(&mut fds, 1, 2000), 1, "the channel's descriptor becomes readable");
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
