@@ -91,6 +91,8 @@ pub(crate) struct Ctx {
     pub(crate) objs: Mutex<ObjMap>,
     /// The port's GID table length, read once (GID loops would otherwise query the port per entry).
     gid_tbl_len: OnceLock<c_int>,
+    /// `max_qp_wr` and `max_sge`, read once, which QP capabilities are checked against.
+    qp_limits: OnceLock<(u32, u32)>,
     /// Objects made in this context and not destroyed, and whether the program closed it: a context closed with
     /// objects alive (a program error) is freed when the last of them goes, so they never reach freed memory.
     life: Mutex<(usize, bool)>,
@@ -272,6 +274,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
             ctx,
             objs: Mutex::new(ObjMap::default()),
             gid_tbl_len: OnceLock::new(),
+            qp_limits: OnceLock::new(),
             life: Mutex::new((0, false)),
         });
         let p = Box::into_raw(b);
@@ -799,6 +802,15 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
         }
         n as c_int
     })
+}
+
+/// `max_qp_wr` and `max_sge` of the context's device (as `ibv_query_device` reports them).
+pub(crate) fn qp_limits(ctx: &Ctx) -> Result<(u32, u32), c_int> {
+    if let Some(l) = ctx.qp_limits.get() {
+        return Ok(*l);
+    }
+    let i = info(ctx)?;
+    Ok(*ctx.qp_limits.get_or_init(|| (i.max_qp_wr, i.max_sge)))
 }
 
 /// The link layer of a context's port.

@@ -14,7 +14,7 @@ use mlx5_verbs::raw::{self, RawChannel, RawCq, RawMr, RawPd, RawQp, RawSrq};
 use mlx5_verbs::SrqAttrMask;
 
 use crate::abi::*;
-use crate::device::{ctx_of, hold, link, release, Ctx};
+use crate::device::{ctx_of, hold, link, qp_limits, release, Ctx};
 use crate::{errno_of, guard, set_errno};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -516,6 +516,13 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
     refuse_huge("MLX_QP_ALLOC_TYPE")?;
     // SAFETY: the PD's context is open.
     let c = unsafe { ctx(pd.c.context) }.ok_or(libc::EINVAL)?;
+    // As libmlx5 checks before sizing the queues: no more work requests or SGEs than the device has.
+    let (max_wr, max_sge) = qp_limits(c)?;
+    let k = &r.cap;
+    let recv_too_big = srq.is_none() && (k.max_recv_wr > max_wr || k.max_recv_sge > max_sge);
+    if k.max_send_wr > max_wr || k.max_send_sge > max_sge || recv_too_big {
+        return Err(libc::EINVAL);
+    }
     let cap = QpCap {
         max_send_wr: r.cap.max_send_wr,
         max_recv_wr: if srq.is_some() { 0 } else { r.cap.max_recv_wr },

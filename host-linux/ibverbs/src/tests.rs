@@ -99,6 +99,11 @@ fn errors_follow_the_verbs_conventions() {
         };
         assert!(ibv_create_qp(pd, &mut attr).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
+        // More work requests than the device has: refused before any queue is sized.
+        attr.qp_type = 4;
+        attr.cap.max_recv_wr = u32::MAX;
+        assert!(ibv_create_qp(pd, &mut attr).is_null());
+        assert_eq!(errno(), libc::EINVAL);
         // A resize keeps the CQ usable and reports the new size.
         let rc = ibv_resize_cq(cq, 100);
         assert!(rc == 0 || rc == libc::EOPNOTSUPP, "resize: {rc}");
