@@ -2,8 +2,8 @@
 //!
 //! * `vendor`: copy PRM facts from `../shared/prm` into the repository.
 //! * `codegen [--check]`: generate `core/src/prm/generated.rs` from the vendored facts, or check it is current.
-//! * `ci`: everything CI runs: format, lints, codegen freshness, tests, the `no_std` firmware build, the VFIO
-//!   test in a QEMU guest.
+//! * `ci`: everything CI runs: format, lints, codegen freshness, tests, the `no_std` firmware build, Debian's
+//!   verbs programs on the drop-in libibverbs, the VFIO test in a QEMU guest.
 //! * `vfio-test`: the host crate's VFIO layer against the real Linux VFIO stack, in a QEMU guest with QEMU's
 //!   `edu` device behind an emulated IOMMU.
 //! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
@@ -12,6 +12,8 @@
 //!   their corpus replayed; see FUZZING.md.
 //! * `miri`: the core's tests and the simulator's unsafe-heavy parts under Miri (nightly); see ARCHITECTURE.md.
 //! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
+//! * `libibverbs [--debug]`: the drop-in `target/libibverbs/libibverbs.so.1` (`host-linux/ibverbs`), its exports
+//!   checked against rdma-core 44's. `verbs-apps [--debug]`: Debian's verbs programs run on it.
 //! * `soak [--ops N] [--seed S] [--json]`: random traffic between two simulated devices under injected faults,
 //!   with its invariants checked; see SOAK.md.
 //! * `uml`: a User-Mode Linux kernel with NVIDIA's mlx5 drivers and virt-pci (cached under `target/uml/`).
@@ -21,6 +23,7 @@ mod bench;
 mod codegen;
 mod fuzz;
 mod linux_drives_sim;
+mod libibverbs;
 mod miri;
 mod modcheck;
 mod rxe;
@@ -105,6 +108,8 @@ fn ci(root: &Path) -> Result<(), String> {
     }
     // The fault-injection soak at CI size: every invariant must hold.
     soak::run(root, &soak::CI_ARGS.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
+    // Debian's verbs programs on the drop-in libibverbs.so.1 (downloads the packages when not installed).
+    libibverbs::run_verbs_apps(root, &[])?;
     vfio_test::run_vfio_test(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), "20".to_string()])?;
     println!("xtask ci: all steps passed");
@@ -126,6 +131,8 @@ commands:
   miri                           the core's tests and the simulator's unsafe-heavy parts under Miri
   modcheck [--graph] [--root DIR]
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
+  libibverbs [--debug]           link target/libibverbs/libibverbs.so.1 and check its exports
+  verbs-apps [--debug]           Debian's ibverbs-utils, perftest and rdma-core Python tests on it
   soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire]
                                  the fault-injection soak (options go to mlx5-soak)
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
@@ -149,6 +156,8 @@ enum Task {
     Soak(Vec<String>),
     Uml { check: bool },
     LinuxDrivesSim { strict: bool, eth: bool },
+    Libibverbs(Vec<String>),
+    VerbsApps(Vec<String>),
 }
 
 fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
@@ -173,6 +182,8 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "soak" => Task::Soak(Vec::new()),
         "uml" => Task::Uml { check: false },
         "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false },
+        "libibverbs" => Task::Libibverbs(Vec::new()),
+        "verbs-apps" => Task::VerbsApps(Vec::new()),
         other => return Err(ArgError::Other(format!("unknown command {other:?}"))),
     };
     while let Some(a) = argv.next() {
@@ -204,6 +215,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
             (Task::Soak(v), _) => v.push(a),
+            (Task::Libibverbs(v) | Task::VerbsApps(v), "--debug") => v.push(a),
             (_, o) if o.starts_with('-') => {
                 return Err(ArgError::NotApplicable { option: o.to_string(), command: format!("xtask {command}") })
             }
@@ -233,6 +245,8 @@ fn main() -> ExitCode {
         Task::Uml { check: false } => uml::run_uml(&root),
         Task::Uml { check: true } => uml::check_recipe(&root),
         Task::LinuxDrivesSim { strict, eth } => linux_drives_sim::run(&root, strict, eth),
+        Task::Libibverbs(args) => libibverbs::run_libibverbs(&root, &args),
+        Task::VerbsApps(args) => libibverbs::run_verbs_apps(&root, &args),
         // `--root DIR` checks another checkout (a worktree) with this build of the checker.
         Task::Modcheck { graph, root: other } => modcheck::run(other.as_deref().unwrap_or(&root), graph),
     };

@@ -216,12 +216,13 @@ impl CqObj {
             return Err(VerbsError::Busy { what: "completion queue", users });
         }
         let Some(cq) = lock(&self.ring).cq.take() else { return Ok(()) };
-        c.unroute_cq(self.cqn);
+        let queued = c.unroute_cq(self.cqn);
         let (hca, delay) = c.parts();
         let mut u = lock(&self.unacked);
-        if *u > 0 {
-            // The core refuses to destroy a CQ with events outstanding; the drop path gives them back.
-            let _ = hca.ack_cq_events(&cq, *u);
+        if *u + queued > 0 {
+            // The core refuses to destroy a CQ with events outstanding; the drop path gives them back, and so
+            // are the events that arrived after the caller's last ibv_get_cq_event and were never handed out.
+            let _ = hca.ack_cq_events(&cq, *u + queued);
             *u = 0;
         }
         drop(u);

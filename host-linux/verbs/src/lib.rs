@@ -115,6 +115,7 @@ mod mr;
 mod pd;
 mod qp;
 mod qp_ex;
+pub mod raw;
 mod shared;
 mod srq;
 pub mod wr;

@@ -295,6 +295,23 @@ impl QpObj {
         Ok(hca.query_qp(qp, delay)?.state)
     }
 
+    pub(crate) fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub(crate) fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    /// `ibv_query_qp`: every attribute.
+    pub(crate) fn query_attr(&self) -> Result<mlx5_core::qp::QpQueryAttr> {
+        let mut c = self.pd.ctx.dev.control();
+        let g = lock(&self.ring);
+        let qp = g.as_ref().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
+        let (hca, delay) = c.parts();
+        Ok(hca.query_qp_attr(qp, delay)?)
+    }
+
     /// `ibv_post_send`: the QP's lock only. A dead device fails the post as `Hca::post_send` does.
     pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut g = lock(&self.ring);

@@ -95,11 +95,17 @@ impl Control {
         self.cq_routes.insert(cqn, route);
     }
 
-    pub(crate) fn unroute_cq(&mut self, cqn: u32) {
+    /// Forgets a CQ being destroyed. Returns how many of its completion events were queued for a channel and
+    /// not handed out: taken from the HCA, they still count there as unacknowledged.
+    pub(crate) fn unroute_cq(&mut self, cqn: u32) -> u32 {
         self.cq_routes.remove(&cqn);
+        let mut queued = 0;
         for q in self.cq_events.values_mut() {
+            let before = q.len();
             q.retain(|&c| c != cqn);
+            queued += (before - q.len()) as u32;
         }
+        queued
     }
 
     pub(crate) fn route_qp(&mut self, qpn: u32, ctx: u64) {

@@ -1,0 +1,1110 @@
+//! Verbs objects: protection domains, memory regions, completion channels, CQs, QPs, SRQs and address
+//! handles. Each is its C structure followed by the Rust handle, boxed; the pointer a program holds is the box.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::ptr::{self, NonNull};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use mlx5_core::cq::{CqeSize, LinkLayer};
+use mlx5_core::hca::{CqAttr, QpInitAttr as CoreQpInitAttr, SrqAttr};
+use mlx5_core::mkey::Access;
+use mlx5_core::qp::{AhAttr, Grh, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
+use mlx5_verbs::raw::{self, RawChannel, RawCq, RawMr, RawPd, RawQp, RawSrq};
+use mlx5_verbs::SrqAttrMask;
+
+use crate::abi::*;
+use crate::device::{ctx_of, hold, link, qp_limits, release, Ctx};
+use crate::{errno_of, guard, set_errno};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// NULL with errno, the verbs way for pointer-returning calls.
+fn fail<T>(e: c_int) -> *mut T {
+    set_errno(e);
+    ptr::null_mut()
+}
+
+#[repr(C)]
+pub(crate) struct Pd {
+    pub(crate) c: ibv_pd,
+    pub(crate) raw: RawPd,
+}
+
+/// The [`Pd`] of a program's `ibv_pd`.
+///
+/// # Safety
+/// `p` is NULL or a PD this library returned and not yet deallocated.
+pub(crate) unsafe fn pd_of<'a>(p: *mut ibv_pd) -> Option<&'a Pd> {
+    // SAFETY: `c` is the first field of a boxed Pd (caller).
+    unsafe { p.cast::<Pd>().as_ref() }
+}
+
+/// The context of an object's `context` field.
+///
+/// # Safety
+/// `c` is NULL or an open context of this library.
+unsafe fn ctx<'a>(c: *mut ibv_context) -> Option<&'a Ctx> {
+    // SAFETY: the caller's duty.
+    unsafe { ctx_of(c) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    guard("ibv_alloc_pd", ptr::null_mut(), || {
+        // SAFETY: the caller passes an open context.
+        let Some(c) = (unsafe { ctx(context) }) else { return fail(libc::EINVAL) };
+        match raw::alloc_pd(&c.ctx) {
+            Ok(raw) => {
+                let handle = raw.pdn();
+                hold(context);
+                Box::into_raw(Box::new(Pd { c: ibv_pd { context, handle }, raw })).cast()
+            }
+            Err(e) => fail(errno_of(&e)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    guard("ibv_dealloc_pd", libc::EIO, || {
+        // SAFETY: the caller passes a live PD.
+        let Some(p) = (unsafe { pd_of(pd) }) else { return libc::EINVAL };
+        match p.raw.dealloc() {
+            Ok(()) => {
+                let context = p.c.context;
+                // SAFETY: boxed by ibv_alloc_pd; deallocated once.
+                drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
+                release(context);
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+#[repr(C)]
+pub(crate) struct Mr {
+    pub(crate) c: ibv_mr,
+    pub(crate) raw: RawMr,
+}
+
+/// The access flags of a registration: local write, remote write/read/atomic and relaxed ordering go to the
+/// device; `IBV_ACCESS_MW_BIND` is accepted (no memory window can be allocated here, so none binds) and
+/// `IBV_ACCESS_HUGETLB` is a hint; the other optional flags (`IBV_ACCESS_OPTIONAL_RANGE`, bits 20..29) are
+/// dropped, as libibverbs lets a provider do; zero-based, on-demand paging and flush are `EOPNOTSUPP`; anything
+/// else `EINVAL`.
+fn access(flags: c_int) -> Result<Access, c_int> {
+    const MW_BIND: u32 = 1 << 4;
+    const ZERO_BASED: u32 = 1 << 5;
+    const ON_DEMAND: u32 = 1 << 6;
+    const HUGETLB: u32 = 1 << 7;
+    const FLUSH: u32 = (1 << 8) | (1 << 9);
+    const OPTIONAL_RANGE: u32 = 0x3ff << 20;
+    let f = flags as u32;
+    if f & (ZERO_BASED | ON_DEMAND | FLUSH) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let optional = f & OPTIONAL_RANGE & !Access::RELAXED_ORDERING.0;
+    let a = Access(f & !(MW_BIND | HUGETLB | optional));
+    if a.unsupported() != 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok(a)
+}
+
+/// libmlx5's `MLX_CQ_ALLOC_TYPE` / `MLX_QP_ALLOC_TYPE` / `MLX_SRQ_ALLOC_TYPE` set to `HUGE` ask for the queue
+/// buffer on huge pages, else failure: this driver's queue buffers come from its DMA allocator, never from
+/// huge pages, so such a create fails (`ENOMEM`). `PREFER_HUGE` and the others fall back, as libmlx5's do.
+fn refuse_huge(var: &str) -> Result<(), c_int> {
+    if std::env::var(var).is_ok_and(|v| v == "HUGE") {
+        log::info!("{var}=HUGE, and queue buffers are never on huge pages here");
+        return Err(libc::ENOMEM);
+    }
+    Ok(())
+}
+
+/// `ibv_reg_mr_iova2`: registers process memory at `iova` (the address when `None`).
+unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: Option<u64>, flags: c_int) -> *mut ibv_mr {
+    // SAFETY: the caller passes a live PD.
+    let Some(p) = (unsafe { pd_of(pd) }) else { return fail(libc::EINVAL) };
+    let a = match access(flags) {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let Some(ptr) = NonNull::new(addr.cast::<u8>()) else { return fail(libc::EINVAL) };
+    // SAFETY: verbs' contract: the program keeps the memory until ibv_dereg_mr.
+    match unsafe { p.raw.reg_mr(ptr, len, iova, a) } {
+        Ok(raw) => {
+            let c = ibv_mr {
+                context: p.c.context,
+                pd,
+                addr,
+                length: len,
+                handle: raw.lkey(),
+                lkey: raw.lkey(),
+                rkey: raw.rkey(),
+            };
+            hold(c.context);
+            Box::into_raw(Box::new(Mr { c, raw })).cast()
+        }
+        Err(e) => {
+            log::info!("reg_mr: {e}");
+            fail(errno_of(&e))
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, flags: c_int) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    guard("ibv_reg_mr", ptr::null_mut(), || unsafe { reg(pd, addr, len, None, flags) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    flags: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    guard("ibv_reg_mr_iova", ptr::null_mut(), || unsafe { reg(pd, addr, len, Some(iova), flags) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    flags: c_uint,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    guard("ibv_reg_mr_iova2", ptr::null_mut(), || unsafe { reg(pd, addr, len, Some(iova), flags as c_int) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    guard("ibv_dereg_mr", libc::EIO, || {
+        // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
+        let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return libc::EINVAL };
+        match m.raw.dereg() {
+            Ok(()) => {
+                let context = m.c.context;
+                // SAFETY: boxed by ibv_reg_mr; deregistered once.
+                drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
+                release(context);
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+#[repr(C)]
+pub(crate) struct Channel {
+    pub(crate) c: ibv_comp_channel,
+    pub(crate) raw: RawChannel,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    guard("ibv_create_comp_channel", ptr::null_mut(), || {
+        // SAFETY: the caller passes an open context.
+        let Some(c) = (unsafe { ctx(context) }) else { return fail(libc::EINVAL) };
+        let raw = raw::create_comp_channel(&c.ctx);
+        let fd = raw.fd().unwrap_or(-1);
+        hold(context);
+        Box::into_raw(Box::new(Channel { c: ibv_comp_channel { context, fd, refcnt: 0 }, raw })).cast()
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    guard("ibv_destroy_comp_channel", libc::EIO, || {
+        // SAFETY: the caller passes a live channel.
+        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else { return libc::EINVAL };
+        match ch.raw.destroy() {
+            Ok(()) => {
+                let context = ch.c.context;
+                // SAFETY: boxed by ibv_create_comp_channel; destroyed once.
+                drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+                release(context);
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+/// A CQ: `ibv_cq_ex` (whose prefix is `ibv_cq`), the handle, and the state of an extended poll.
+#[repr(C)]
+pub(crate) struct Cq {
+    pub(crate) c: ibv_cq_ex,
+    pub(crate) raw: Option<RawCq>,
+    pub(crate) ctx: *const Ctx,
+    pub(crate) ex: Mutex<crate::post::ExPoll>,
+    /// An error met by a poll that had already returned completions: the next poll reports it.
+    pub(crate) pending: Mutex<Option<c_int>>,
+}
+
+/// The [`Cq`] of a program's `ibv_cq` (or `ibv_cq_ex`).
+///
+/// # Safety
+/// `cq` is NULL or a CQ this library returned and not yet destroyed.
+pub(crate) unsafe fn cq_of<'a>(cq: *mut ibv_cq) -> Option<(&'a Cq, &'a RawCq)> {
+    // SAFETY: `c.cq` is the first field of a boxed Cq (caller).
+    let c = unsafe { cq.cast::<Cq>().as_ref() }?;
+    Some((c, c.raw.as_ref()?))
+}
+
+fn make_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut Cq, c_int> {
+    // SAFETY: the caller passes an open context.
+    let c = unsafe { ctx(context) }.ok_or(libc::EINVAL)?;
+    refuse_huge("MLX_CQ_ALLOC_TYPE")?;
+    let cqe = u32::try_from(cqe).ok().filter(|n| *n > 0).ok_or(libc::EINVAL)?;
+    let comp_vector = u16::try_from(comp_vector).map_err(|_| libc::EINVAL)?;
+    // SAFETY: the channel, when given, is a live channel of this library.
+    let ch = unsafe { channel.cast::<Channel>().as_ref() };
+    // SAFETY: every field of ibv_cq_ex is an integer, array, Option<fn> or raw pointer: zero is valid.
+    let mut cx: ibv_cq_ex = unsafe { std::mem::zeroed() };
+    cx.cq.context = context;
+    cx.cq.channel = channel;
+    cx.cq.cq_context = cq_context;
+    crate::post::fill_cq_ex(&mut cx);
+    let p = Box::into_raw(Box::new(Cq {
+        c: cx,
+        raw: None,
+        ctx: c,
+        ex: Mutex::new(Default::default()),
+        pending: Mutex::new(None),
+    }));
+    let attr = CqAttr { cqe, cqe_size: CqeSize::default(), overrun_ignore: false, comp_vector };
+    match raw::create_cq(&c.ctx, attr, p as u64, ch.map(|ch| &ch.raw)) {
+        Ok(raw) => {
+            // SAFETY: p is the live box made above, not yet shared.
+            let b = unsafe { &mut *p };
+            b.c.cq.handle = raw.cqn();
+            b.c.cq.cqe = c_int::try_from(raw.nent().saturating_sub(1)).unwrap_or(c_int::MAX);
+            lock(&c.objs).cqs.insert(raw.cqn(), p as usize);
+            b.raw = Some(raw);
+            hold(context);
+            if let Some(ch) = ch {
+                // SAFETY: the channel is live; refcnt is informational.
+                unsafe { (*channel).refcnt = ch.c.refcnt + 1 };
+            }
+            Ok(p)
+        }
+        Err(e) => {
+            // SAFETY: p is the box made above, never shared.
+            drop(unsafe { Box::from_raw(p) });
+            log::info!("create_cq: {e}");
+            Err(errno_of(&e))
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    guard("ibv_create_cq", ptr::null_mut(), || match make_cq(context, cqe, cq_context, channel, comp_vector) {
+        Ok(p) => p.cast(),
+        Err(e) => fail(e),
+    })
+}
+
+/// `verbs_context.create_cq_ex`: the work completion fields `ibv_wc` has are readable; a timestamp, flow tag
+/// or other extra is `EOPNOTSUPP`.
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    guard("ibv_create_cq_ex", ptr::null_mut(), || {
+        // SAFETY: the caller passes its attributes.
+        let Some(a) = (unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
+        // IBV_WC_EX_WITH_BYTE_LEN | IMM | QP_NUM | SRC_QP | SLID | SL | DLID_PATH_BITS.
+        const SUPPORTED_WC: u64 = 0x7f;
+        if a.wc_flags & !SUPPORTED_WC != 0 || a.comp_mask & !1 != 0 || a.flags != 0 {
+            return fail(libc::EOPNOTSUPP);
+        }
+        let Ok(cqe) = c_int::try_from(a.cqe) else { return fail(libc::EINVAL) };
+        let vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
+        match make_cq(context, cqe, a.cq_context, a.channel, vector) {
+            Ok(p) => p.cast(),
+            Err(e) => fail(e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    guard("ibv_destroy_cq", libc::EIO, || {
+        // SAFETY: the caller passes a live CQ.
+        let Some((c, raw)) = (unsafe { cq_of(cq) }) else { return libc::EINVAL };
+        match raw.destroy() {
+            Ok(()) => {
+                // SAFETY: the context outlives its objects (verbs' rule).
+                lock(&unsafe { &*c.ctx }.objs).cqs.remove(&raw.cqn());
+                let context = c.c.cq.context;
+                // SAFETY: boxed by ibv_create_cq; destroyed once.
+                drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
+                release(context);
+                0
+            }
+            Err(e) => {
+                log::info!("destroy_cq: {e}");
+                errno_of(&e)
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    guard("ibv_get_cq_event", -1, || {
+        // SAFETY: the caller passes a live channel.
+        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        // The channel's eventfd is non-blocking from birth (the driver drains it without blocking), so a
+        // program's O_NONBLOCK cannot be told apart: the call always waits, as on a blocking channel. Programs
+        // that poll the descriptor first find the event ready.
+        loop {
+            match ch.raw.get_cq_event(Duration::from_secs(3600)) {
+                Ok(Some(ev)) => {
+                    let p = ev.cq_context() as *mut Cq;
+                    // SAFETY: the event's cq_context is the Cq box this library registered; the CQ cannot be
+                    // destroyed while the event is unacknowledged.
+                    let user = unsafe { (*p).c.cq.cq_context };
+                    // SAFETY: the caller's out pointers are writable.
+                    unsafe {
+                        if !cq.is_null() {
+                            *cq = p.cast();
+                        }
+                        if !cq_context.is_null() {
+                            *cq_context = user;
+                        }
+                    }
+                    return 0;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    log::warn!("get_cq_event: {e}");
+                    set_errno(errno_of(&e));
+                    return -1;
+                }
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+    guard("ibv_ack_cq_events", (), || {
+        // SAFETY: the caller passes a live CQ.
+        if let Some((c, raw)) = unsafe { cq_of(cq) } {
+            if raw.ack_events(nevents).is_ok() {
+                // SAFETY: the C part is the program's to read; this is libibverbs' own counter.
+                unsafe { (*cq).comp_events_completed = c.c.cq.comp_events_completed.wrapping_add(nevents) };
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    guard("ibv_resize_cq", libc::EIO, || {
+        // SAFETY: the caller passes a live CQ.
+        let Some((_, raw)) = (unsafe { cq_of(cq) }) else { return libc::EINVAL };
+        let Some(n) = u32::try_from(cqe).ok().filter(|n| *n > 0) else { return libc::EINVAL };
+        match raw.resize(n) {
+            Ok(()) => {
+                // SAFETY: the C part's cqe is libibverbs' mirror of the ring's size.
+                unsafe { (*cq).cqe = c_int::try_from(raw.nent().saturating_sub(1)).unwrap_or(c_int::MAX) };
+                0
+            }
+            Err(e) => {
+                log::info!("resize_cq: {e}");
+                errno_of(&e)
+            }
+        }
+    })
+}
+
+/// A QP: `ibv_qp_ex` (whose prefix is `ibv_qp`), the handle, and the work request being built through the
+/// `ibv_wr_*` API.
+#[repr(C)]
+pub(crate) struct Qp {
+    pub(crate) c: ibv_qp_ex,
+    pub(crate) raw: RawQp,
+    pub(crate) qp_type: QpType,
+    pub(crate) link: LinkLayer,
+    pub(crate) ctx: *const Ctx,
+    pub(crate) wr: Mutex<crate::post::WrBatch>,
+}
+
+/// The [`Qp`] of a program's `ibv_qp` (or `ibv_qp_ex`).
+///
+/// # Safety
+/// `qp` is NULL or a QP this library returned and not yet destroyed.
+pub(crate) unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+    // SAFETY: `c.qp_base` is the first field of a boxed Qp (caller).
+    unsafe { qp.cast::<Qp>().as_ref() }
+}
+
+/// IBV_QPT_RC (2), UC (3), UD (4).
+fn qp_type(t: c_int) -> Result<QpType, c_int> {
+    match t {
+        2 => Ok(QpType::Rc),
+        3 => Ok(QpType::Uc),
+        4 => Ok(QpType::Ud),
+        _ => Err(libc::EOPNOTSUPP),
+    }
+}
+
+fn qp_type_num(t: QpType) -> c_int {
+    match t {
+        QpType::Rc => 2,
+        QpType::Uc => 3,
+        QpType::Ud => 4,
+    }
+}
+
+/// The send operations `ibv_wr_*` supports here (`IBV_QP_EX_WITH_*`): RDMA_WRITE(_WITH_IMM), SEND(_WITH_IMM),
+/// RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD.
+const SEND_OPS: u64 = 0b111_1111;
+
+struct QpReq<'a> {
+    pd: *mut ibv_pd,
+    qp_context: *mut c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    cap: &'a mut ibv_qp_cap,
+    qp_type: c_int,
+    sq_sig_all: c_int,
+    send_ops: u64,
+}
+
+fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
+    // SAFETY: the caller passes live objects of this library (or NULL).
+    let (pd, send, recv) = unsafe { (pd_of(r.pd), cq_of(r.send_cq), cq_of(r.recv_cq)) };
+    let (pd, (_, send), (_, recv)) = (pd.ok_or(libc::EINVAL)?, send.ok_or(libc::EINVAL)?, recv.ok_or(libc::EINVAL)?);
+    // SAFETY: as above.
+    let srq = unsafe { r.srq.cast::<Srq>().as_ref() };
+    let ty = qp_type(r.qp_type)?;
+    refuse_huge("MLX_QP_ALLOC_TYPE")?;
+    // SAFETY: the PD's context is open.
+    let c = unsafe { ctx(pd.c.context) }.ok_or(libc::EINVAL)?;
+    // As libmlx5 checks before sizing the queues: no more work requests or SGEs than the device has.
+    let (max_wr, max_sge) = qp_limits(c)?;
+    let k = &r.cap;
+    let recv_too_big = srq.is_none() && (k.max_recv_wr > max_wr || k.max_recv_sge > max_sge);
+    if k.max_send_wr > max_wr || k.max_send_sge > max_sge || recv_too_big {
+        return Err(libc::EINVAL);
+    }
+    let cap = QpCap {
+        max_send_wr: r.cap.max_send_wr,
+        max_recv_wr: if srq.is_some() { 0 } else { r.cap.max_recv_wr },
+        max_send_sge: r.cap.max_send_sge,
+        max_recv_sge: if srq.is_some() { 0 } else { r.cap.max_recv_sge },
+        max_inline_data: r.cap.max_inline_data,
+    };
+    let attr = CoreQpInitAttr { qp_type: ty, cap, sq_sig_all: r.sq_sig_all != 0 };
+    let raw = pd.raw.create_qp(send, recv, attr, srq.map(|s| &s.raw), r.qp_context as u64).map_err(|e| {
+        log::info!("create_qp: {e}");
+        errno_of(&e)
+    })?;
+    let got = raw.cap();
+    *r.cap = ibv_qp_cap {
+        max_send_wr: got.max_send_wr,
+        max_recv_wr: got.max_recv_wr,
+        max_send_sge: got.max_send_sge,
+        max_recv_sge: got.max_recv_sge,
+        max_inline_data: got.max_inline_data,
+    };
+    // SAFETY: every field of ibv_qp_ex is an integer, array, Option<fn> or raw pointer: zero is valid.
+    let mut qx: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let b = &mut qx.qp_base;
+    b.context = pd.c.context;
+    b.qp_context = r.qp_context;
+    b.pd = r.pd;
+    b.send_cq = r.send_cq;
+    b.recv_cq = r.recv_cq;
+    b.srq = r.srq;
+    b.handle = raw.qpn();
+    b.qp_num = raw.qpn();
+    b.state = 0;
+    b.qp_type = qp_type_num(ty);
+    crate::post::fill_qp_ex(&mut qx, r.send_ops);
+    let qpn = raw.qpn();
+    let p = Box::into_raw(Box::new(Qp {
+        c: qx,
+        raw,
+        qp_type: ty,
+        link: link(c),
+        ctx: c,
+        wr: Mutex::new(Default::default()),
+    }));
+    // SAFETY: p is the live box made above, not yet shared.
+    crate::post::set_ops(unsafe { &*p }, r.send_ops);
+    lock(&c.objs).qps.insert(qpn, p as usize);
+    hold(pd.c.context);
+    Ok(p)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    guard("ibv_create_qp", ptr::null_mut(), || {
+        // SAFETY: the caller passes its attributes.
+        let Some(a) = (unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
+        let req = QpReq {
+            pd,
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: &mut a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+            send_ops: 0,
+        };
+        match make_qp(req) {
+            Ok(p) => p.cast(),
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `verbs_context.create_qp_ex`: a PD, and the `ibv_wr_*` send operations this library builds; anything else
+/// (XRC, RSS, TSO, create flags, source QPN) is `EOPNOTSUPP`.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    _context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard("ibv_create_qp_ex", ptr::null_mut(), || {
+        // SAFETY: the caller passes its attributes.
+        let Some(a) = (unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
+        const PD: u32 = 1 << 0;
+        const CREATE_FLAGS: u32 = 1 << 2;
+        const MAX_TSO_HEADER: u32 = 1 << 3;
+        const SEND_OPS_FLAGS: u32 = 1 << 6;
+        // Create flags and a TSO header size are accepted when they ask for nothing.
+        let asks = |bit: u32, v: u64| a.comp_mask & bit != 0 && v != 0;
+        if a.comp_mask & !(PD | CREATE_FLAGS | MAX_TSO_HEADER | SEND_OPS_FLAGS) != 0
+            || a.comp_mask & PD == 0
+            || asks(CREATE_FLAGS, a.create_flags.into())
+            || asks(MAX_TSO_HEADER, a.max_tso_header.into())
+        {
+            return fail(libc::EOPNOTSUPP);
+        }
+        let send_ops = if a.comp_mask & SEND_OPS_FLAGS != 0 { a.send_ops_flags } else { 0 };
+        if send_ops & !SEND_OPS != 0 {
+            return fail(libc::EOPNOTSUPP);
+        }
+        let req = QpReq {
+            pd: a.pd,
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: &mut a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+            send_ops,
+        };
+        match make_qp(req) {
+            Ok(p) => p.cast(),
+            Err(e) => fail(e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // Every QP of this library is an ibv_qp_ex; a QP made without send_ops_flags has every wr_* set to a
+    // function that fails the batch.
+    qp.cast()
+}
+
+fn qp_state(s: c_int) -> Result<QpState, c_int> {
+    Ok(match s {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Err,
+        _ => return Err(libc::EINVAL),
+    })
+}
+
+fn qp_state_num(s: QpState) -> c_int {
+    match s {
+        QpState::Reset => 0,
+        QpState::Init => 1,
+        QpState::Rtr => 2,
+        QpState::Rts => 3,
+        QpState::Sqd => 4,
+        QpState::Sqe => 5,
+        QpState::Err | QpState::Unknown(_) => 6,
+    }
+}
+
+fn mtu(m: c_int) -> Result<Mtu, c_int> {
+    Ok(match m {
+        1 => Mtu::M256,
+        2 => Mtu::M512,
+        3 => Mtu::M1024,
+        4 => Mtu::M2048,
+        5 => Mtu::M4096,
+        _ => return Err(libc::EINVAL),
+    })
+}
+
+/// The MAC of a RoCE destination GID, as the kernel's neighbour resolution (`ib_resolve_eth_dmac`) would find
+/// it: a link-local GID carries it (EUI-64); an IPv4-mapped GID is looked up among the simulated fabric's hosts
+/// (`SimConfig::next_host`'s addresses), which is where every peer of a simulated device lives. Anything else
+/// stays unresolved (zero), and firmware refuses the path, as a kernel without a neighbour entry would.
+fn resolve_dmac(dgid: &[u8; 16]) -> [u8; 6] {
+    if dgid[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0] {
+        return mlx5_verbs::mac_of_gid(dgid);
+    }
+    if dgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+        let ip = [dgid[12], dgid[13], dgid[14], dgid[15]];
+        let mut cfg = mlx5_sim::SimConfig::default();
+        for _ in 0..64 {
+            if cfg.ipv4_addrs.contains(&ip) {
+                return cfg.mac;
+            }
+            cfg = cfg.next_host();
+        }
+    }
+    [0; 6]
+}
+
+/// An address vector from `ibv_ah_attr`; on RoCE the destination MAC is resolved from the GID.
+pub(crate) fn ah_attr(a: &ibv_ah_attr, link: LinkLayer) -> AhAttr {
+    let grh = (a.is_global != 0).then_some(Grh {
+        dgid: a.grh.dgid.raw,
+        flow_label: a.grh.flow_label,
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+    });
+    let dmac = match (&grh, link) {
+        (Some(g), LinkLayer::Ethernet) => resolve_dmac(&g.dgid),
+        _ => [0; 6],
+    };
+    AhAttr {
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        grh,
+        dmac,
+        port_num: a.port_num.max(1),
+    }
+}
+
+fn ah_attr_c(a: &AhAttr) -> ibv_ah_attr {
+    let mut c = ibv_ah_attr {
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        port_num: a.port_num,
+        ..Default::default()
+    };
+    if let Some(g) = a.grh {
+        c.is_global = 1;
+        c.grh = ibv_global_route {
+            dgid: ibv_gid { raw: g.dgid },
+            flow_label: g.flow_label,
+            sgid_index: g.sgid_index,
+            hop_limit: g.hop_limit,
+            traffic_class: g.traffic_class,
+        };
+    }
+    c
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    guard("ibv_modify_qp", libc::EIO, || {
+        // SAFETY: the caller passes a live QP and its attributes.
+        let (Some(q), Some(a)) = (unsafe { qp_of(qp) }, unsafe { attr.as_ref() }) else { return libc::EINVAL };
+        let mask = QpAttrMask(mask as u32);
+        let mut m = QpAttr::default();
+        let has = |bit: QpAttrMask| mask.contains(bit);
+        if has(QpAttrMask::STATE) {
+            m.qp_state = match qp_state(a.qp_state) {
+                Ok(s) => s,
+                Err(e) => return e,
+            };
+        }
+        if has(QpAttrMask::PATH_MTU) {
+            m.path_mtu = match mtu(a.path_mtu) {
+                Ok(v) => v,
+                Err(e) => return e,
+            };
+        }
+        m.qp_access_flags = Access(a.qp_access_flags);
+        m.pkey_index = a.pkey_index;
+        m.port_num = a.port_num;
+        m.qkey = a.qkey;
+        m.ah_attr = ah_attr(&a.ah_attr, q.link);
+        m.timeout = a.timeout;
+        m.retry_cnt = a.retry_cnt;
+        m.rnr_retry = a.rnr_retry;
+        m.rq_psn = a.rq_psn;
+        m.sq_psn = a.sq_psn;
+        m.max_rd_atomic = a.max_rd_atomic;
+        m.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        m.min_rnr_timer = a.min_rnr_timer;
+        m.dest_qp_num = a.dest_qp_num;
+        match q.raw.modify(&m, mask) {
+            Ok(()) => {
+                if has(QpAttrMask::STATE) {
+                    // SAFETY: the C part's state is libibverbs' mirror of the QP's state.
+                    unsafe { (*qp).state = a.qp_state };
+                }
+                0
+            }
+            Err(e) => {
+                log::info!("modify_qp {:#x}: {e}", q.raw.qpn());
+                errno_of(&e)
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard("ibv_query_qp", libc::EIO, || {
+        // SAFETY: the caller passes a live QP.
+        let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        let r = match q.raw.query() {
+            Ok(r) => r,
+            Err(e) => return errno_of(&e),
+        };
+        let cap = ibv_qp_cap {
+            max_send_wr: r.cap.max_send_wr,
+            max_recv_wr: r.cap.max_recv_wr,
+            max_send_sge: r.cap.max_send_sge,
+            max_recv_sge: r.cap.max_recv_sge,
+            max_inline_data: r.cap.max_inline_data,
+        };
+        let a = ibv_qp_attr {
+            qp_state: qp_state_num(r.qp_state),
+            cur_qp_state: qp_state_num(r.cur_qp_state),
+            path_mtu: c_int::from(r.path_mtu),
+            path_mig_state: match r.path_mig_state {
+                mlx5_core::qp::MigState::Migrated => 0,
+                mlx5_core::qp::MigState::Rearm => 1,
+                _ => 2,
+            },
+            qkey: r.qkey,
+            rq_psn: r.rq_psn,
+            sq_psn: r.sq_psn,
+            dest_qp_num: r.dest_qp_num,
+            qp_access_flags: r.qp_access_flags.0,
+            cap,
+            ah_attr: ah_attr_c(&r.ah_attr),
+            alt_ah_attr: ibv_ah_attr::default(),
+            pkey_index: r.pkey_index,
+            alt_pkey_index: 0,
+            en_sqd_async_notify: u8::from(r.en_sqd_async_notify),
+            sq_draining: u8::from(r.sq_draining),
+            max_rd_atomic: r.max_rd_atomic,
+            max_dest_rd_atomic: r.max_dest_rd_atomic,
+            min_rnr_timer: r.min_rnr_timer,
+            port_num: r.port_num,
+            timeout: r.timeout,
+            retry_cnt: r.retry_cnt,
+            rnr_retry: r.rnr_retry,
+            alt_port_num: 0,
+            alt_timeout: 0,
+            rate_limit: 0,
+        };
+        // SAFETY: the caller's attr is writable.
+        unsafe { attr.write(a) };
+        // SAFETY: the caller's init is NULL or writable; the QP's C part is readable.
+        if let Some(i) = unsafe { init.as_mut() } {
+            let b = &q.c.qp_base;
+            i.qp_context = b.qp_context;
+            i.send_cq = b.send_cq;
+            i.recv_cq = b.recv_cq;
+            i.srq = b.srq;
+            i.cap = cap;
+            i.qp_type = b.qp_type;
+            i.sq_sig_all = c_int::from(r.sq_sig_all);
+        }
+        // SAFETY: as in ibv_modify_qp.
+        unsafe { (*qp).state = qp_state_num(r.qp_state) };
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard("ibv_destroy_qp", libc::EIO, || {
+        // SAFETY: the caller passes a live QP.
+        let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
+        match q.raw.destroy() {
+            Ok(()) => {
+                // SAFETY: the context outlives its objects.
+                lock(&unsafe { &*q.ctx }.objs).qps.remove(&q.raw.qpn());
+                let context = q.c.qp_base.context;
+                // SAFETY: boxed by ibv_create_qp; destroyed once.
+                drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+                release(context);
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+#[repr(C)]
+pub(crate) struct Srq {
+    pub(crate) c: ibv_srq,
+    pub(crate) raw: RawSrq,
+    pub(crate) ctx: *const Ctx,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    guard("ibv_create_srq", ptr::null_mut(), || {
+        // SAFETY: the caller passes a live PD and its attributes.
+        let (Some(p), Some(a)) = (unsafe { pd_of(pd) }, unsafe { attr.as_mut() }) else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: the PD's context is open.
+        let Some(c) = (unsafe { ctx(p.c.context) }) else { return fail(libc::EINVAL) };
+        if let Err(e) = refuse_huge("MLX_SRQ_ALLOC_TYPE") {
+            return fail(e);
+        }
+        let sa = SrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: a.attr.srq_limit };
+        match p.raw.create_srq(sa) {
+            Ok(raw) => {
+                if let Ok(q) = raw.query() {
+                    a.attr.max_wr = q.max_wr;
+                    a.attr.max_sge = q.max_sge;
+                }
+                // SAFETY: every field of ibv_srq is an integer, array or raw pointer: zero is valid.
+                let mut cs: ibv_srq = unsafe { std::mem::zeroed() };
+                cs.context = p.c.context;
+                cs.srq_context = a.srq_context;
+                cs.pd = pd;
+                cs.handle = raw.srqn();
+                let srqn = raw.srqn();
+                let b = Box::into_raw(Box::new(Srq { c: cs, raw, ctx: c }));
+                lock(&c.objs).srqs.insert(srqn, b as usize);
+                hold(p.c.context);
+                b.cast()
+            }
+            Err(e) => fail(errno_of(&e)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    guard("ibv_modify_srq", libc::EIO, || {
+        // SAFETY: the caller passes a live SRQ and its attributes.
+        let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe { attr.as_ref() }) else {
+            return libc::EINVAL;
+        };
+        let sa = SrqAttr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit };
+        match s.raw.modify(sa, SrqAttrMask(mask as u32)) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    guard("ibv_query_srq", libc::EIO, || {
+        // SAFETY: the caller passes a live SRQ and a writable attribute.
+        let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe { attr.as_mut() }) else {
+            return libc::EINVAL;
+        };
+        match s.raw.query() {
+            Ok(q) => {
+                *a = ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit };
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard("ibv_destroy_srq", libc::EIO, || {
+        // SAFETY: the caller passes a live SRQ.
+        let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else { return libc::EINVAL };
+        match s.raw.destroy() {
+            Ok(()) => {
+                // SAFETY: the context outlives its objects.
+                lock(&unsafe { &*s.ctx }.objs).srqs.remove(&s.raw.srqn());
+                let context = s.c.context;
+                // SAFETY: boxed by ibv_create_srq; destroyed once.
+                drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
+                release(context);
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+#[repr(C)]
+pub(crate) struct Ah {
+    pub(crate) c: ibv_ah,
+    pub(crate) ah: mlx5_core::qp::Ah,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    guard("ibv_create_ah", ptr::null_mut(), || {
+        // SAFETY: the caller passes a live PD and its attributes.
+        let (Some(p), Some(a)) = (unsafe { pd_of(pd) }, unsafe { attr.as_ref() }) else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: the PD's context is open.
+        let Some(c) = (unsafe { ctx(p.c.context) }) else { return fail(libc::EINVAL) };
+        let l = link(c);
+        if l == LinkLayer::Ethernet && a.is_global == 0 {
+            // RoCE addresses need a GRH (mlx5_ib refuses without one).
+            return fail(libc::EINVAL);
+        }
+        match p.raw.create_ah(&ah_attr(a, l)) {
+            Ok(ah) => {
+                hold(p.c.context);
+                Box::into_raw(Box::new(Ah { c: ibv_ah { context: p.c.context, pd, handle: 0 }, ah })).cast()
+            }
+            Err(e) => fail(errno_of(&e)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    if ah.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: boxed by ibv_create_ah; destroyed once (an AH has no firmware object: mlx5 AVs live in the WQE).
+    let b = unsafe { Box::from_raw(ah.cast::<Ah>()) };
+    let context = b.c.context;
+    drop(b);
+    release(context);
+    0
+}
+
+/// `ibv_init_ah_from_wc`: the reply address of a received UD datagram. On RoCE (and InfiniBand with a GRH) it
+/// swaps the GRH's addresses found in the receive buffer's first 40 bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut c_void,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    guard("ibv_init_ah_from_wc", -1, || {
+        // SAFETY: the caller passes a completion and a writable attribute.
+        let (Some(w), Some(out)) = (unsafe { wc.as_ref() }, unsafe { ah_attr.as_mut() }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        // SAFETY: the caller passes an open context.
+        let Some(c) = (unsafe { ctx(context) }) else { return -1 };
+        *out = ibv_ah_attr { dlid: w.slid, sl: w.sl, src_path_bits: w.dlid_path_bits, port_num, ..Default::default() };
+        let global = w.wc_flags & 1 != 0 || link(c) == LinkLayer::Ethernet;
+        if global {
+            if grh.is_null() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: the caller's receive buffer starts with the 40-byte GRH.
+            let g = unsafe { std::slice::from_raw_parts(grh.cast::<u8>(), 40) };
+            let sgid: [u8; 16] = g[8..24].try_into().unwrap_or([0; 16]);
+            let dgid: [u8; 16] = g[24..40].try_into().unwrap_or([0; 16]);
+            // The reply leaves from the GID the datagram was sent to.
+            let mut index = 0u8;
+            for i in 0..=255u8 {
+                match c.ctx.query_gid(u16::from(i)) {
+                    Ok(x) if x == dgid => {
+                        index = i;
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(_) if i > 16 => break,
+                    Err(_) => {}
+                }
+            }
+            let flow = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
+            out.is_global = 1;
+            out.grh = ibv_global_route {
+                dgid: ibv_gid { raw: sgid },
+                flow_label: flow & 0xfffff,
+                sgid_index: index,
+                hop_limit: 0xff,
+                traffic_class: ((flow >> 20) & 0xff) as u8,
+            };
+        }
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut c_void,
+    port_num: u8,
+) -> *mut ibv_ah {
+    guard("ibv_create_ah_from_wc", ptr::null_mut(), || {
+        // SAFETY: the caller passes a live PD.
+        let Some(p) = (unsafe { pd_of(pd) }) else { return fail(libc::EINVAL) };
+        let mut a = ibv_ah_attr::default();
+        // SAFETY: forwarded contract.
+        if unsafe { ibv_init_ah_from_wc(p.c.context, port_num, wc, grh, &mut a) } != 0 {
+            return ptr::null_mut();
+        }
+        // SAFETY: forwarded contract.
+        unsafe { ibv_create_ah(pd, &mut a) }
+    })
+}

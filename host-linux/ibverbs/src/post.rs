@@ -1,0 +1,653 @@
+//! The datapath programs reach through function pointers: `ibv_context_ops` (post_send, post_recv,
+//! post_srq_recv, poll_cq, req_notify_cq), the `ibv_cq_ex` poll functions and the `ibv_qp_ex` work-request
+//! builders (`ibv_wr_*`).
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::ptr;
+
+use mlx5_core::cq::{Notify, WcFlags, WcOpcode, WorkCompletion};
+use mlx5_core::qp::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+
+use crate::abi::*;
+use crate::errno_of;
+use crate::guard;
+use crate::objects::{cq_of, lock, qp_of, Ah, Qp, Srq};
+
+/// SGEs one work request may carry here (mlx5's largest WQE holds fewer).
+const MAX_SGE: usize = 64;
+/// Inline bytes one send may carry here (mlx5's largest inline segment is smaller).
+const MAX_INLINE: usize = 1024;
+/// `IBV_SEND_INLINE`.
+const SEND_INLINE: c_uint = 1 << 3;
+
+unsafe extern "C" fn eopnotsupp_bind_mw(_: *mut ibv_qp, _: *mut c_void, _: *mut c_void) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+unsafe extern "C" fn eopnotsupp_dealloc_mw(_: *mut c_void) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+/// The context's ops: the datapath entries, memory windows as unsupported (`alloc_mw` NULL makes
+/// `ibv_alloc_mw` fail with EOPNOTSUPP, as libibverbs documents).
+pub(crate) fn context_ops() -> ibv_context_ops {
+    // SAFETY: every field is an Option of a function pointer: all None is valid.
+    let mut o: ibv_context_ops = unsafe { std::mem::zeroed() };
+    o.bind_mw = Some(eopnotsupp_bind_mw);
+    o.dealloc_mw = Some(eopnotsupp_dealloc_mw);
+    o.poll_cq = Some(poll_cq);
+    o.req_notify_cq = Some(req_notify_cq);
+    o.post_srq_recv = Some(post_srq_recv);
+    o.post_send = Some(post_send);
+    o.post_recv = Some(post_recv);
+    o
+}
+
+/// `ibv_wc_opcode` of a completion.
+fn wc_opcode(o: WcOpcode) -> c_int {
+    match o {
+        WcOpcode::Send => 0,
+        WcOpcode::RdmaWrite => 1,
+        WcOpcode::RdmaRead => 2,
+        WcOpcode::CompSwap | WcOpcode::MaskedCompSwap => 3,
+        WcOpcode::FetchAdd | WcOpcode::MaskedFetchAdd => 4,
+        WcOpcode::Recv => 128,
+        WcOpcode::RecvRdmaWithImm => 129,
+        WcOpcode::Unknown(n) => c_int::from(n),
+    }
+}
+
+fn to_c(w: &WorkCompletion) -> ibv_wc {
+    ibv_wc {
+        wr_id: w.wr_id,
+        status: w.status as c_int,
+        opcode: wc_opcode(w.opcode),
+        vendor_err: w.vendor_err,
+        byte_len: w.byte_len,
+        imm_data: if w.wc_flags.contains(WcFlags::WITH_INV) { w.invalidated_rkey } else { w.imm_data },
+        qp_num: w.qp_num,
+        src_qp: w.src_qp,
+        wc_flags: w.wc_flags.0,
+        pkey_index: w.pkey_index,
+        slid: w.slid,
+        sl: w.sl,
+        dlid_path_bits: w.dlid_path_bits,
+    }
+}
+
+unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
+    guard("ibv_poll_cq", -libc::EIO, || {
+        // SAFETY: the caller passes a live CQ.
+        let Some((c, raw)) = (unsafe { cq_of(cq) }) else { return -libc::EINVAL };
+        let Ok(want) = usize::try_from(num) else { return -libc::EINVAL };
+        if let Some(e) = lock(&c.pending).take() {
+            return -e;
+        }
+        if want > 0 && wc.is_null() {
+            return -libc::EINVAL;
+        }
+        let mut buf = [WorkCompletion::default(); 16];
+        let mut done = 0usize;
+        while done < want {
+            let k = (want - done).min(buf.len());
+            let n = match raw.poll(&mut buf[..k]) {
+                Ok(n) => n,
+                // Completions already taken are returned now; the error comes back on the next poll.
+                Err(e) if done > 0 => {
+                    *lock(&c.pending) = Some(errno_of(&e));
+                    break;
+                }
+                Err(e) => {
+                    log::warn!("poll_cq: {e}");
+                    return -errno_of(&e);
+                }
+            };
+            for (i, w) in buf[..n].iter().enumerate() {
+                // SAFETY: the caller's array holds `num` entries and done + i < num.
+                unsafe { wc.add(done + i).write(to_c(w)) };
+            }
+            done += n;
+            if n < k {
+                break;
+            }
+        }
+        done as c_int
+    })
+}
+
+unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    guard("ibv_req_notify_cq", libc::EIO, || {
+        // SAFETY: the caller passes a live CQ.
+        let Some((_, raw)) = (unsafe { cq_of(cq) }) else { return libc::EINVAL };
+        let n = if solicited_only != 0 { Notify::Solicited } else { Notify::NextComp };
+        match raw.req_notify(n) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+/// Copies a C scatter list into `out`; `EINVAL` beyond [`MAX_SGE`].
+///
+/// # Safety
+/// `sg` holds `n` entries when `n > 0`.
+unsafe fn sges(sg: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Result<&[Sge], c_int> {
+    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
+    if n > MAX_SGE || (n > 0 && sg.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    for (i, o) in out.iter_mut().take(n).enumerate() {
+        // SAFETY: i < n entries (caller).
+        let s = unsafe { *sg.add(i) };
+        *o = Sge { addr: s.addr, length: s.length, lkey: s.lkey };
+    }
+    Ok(&out[..n])
+}
+
+/// Gathers the bytes an inline send carries from the program's memory.
+///
+/// # Safety
+/// Each SGE's `addr` is readable for `length` bytes (verbs' contract for inline sends).
+unsafe fn gather<'a>(sg: &[Sge], buf: &'a mut [u8; MAX_INLINE]) -> Result<&'a [u8], c_int> {
+    let mut n = 0usize;
+    for s in sg {
+        let len = s.length as usize;
+        if n + len > MAX_INLINE {
+            return Err(libc::EINVAL);
+        }
+        if len > 0 {
+            // SAFETY: the caller vouches for the source; the destination has room (checked above).
+            unsafe { ptr::copy_nonoverlapping(s.addr as usize as *const u8, buf.as_mut_ptr().add(n), len) };
+        }
+        n += len;
+    }
+    Ok(&buf[..n])
+}
+
+/// One `ibv_send_wr` as the core's operation.
+///
+/// # Safety
+/// `w` is a valid work request; its UD address handle, if any, is one of this library's.
+unsafe fn send_op(w: &ibv_send_wr) -> Result<(SendOp, Option<*const Ah>), c_int> {
+    // SAFETY: the union is read as the member the opcode selects.
+    let (rdma, atomic, ud) = unsafe { (w.wr.rdma, w.wr.atomic, w.wr.ud) };
+    let op = match w.opcode {
+        0 => SendOp::RdmaWrite { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
+        1 => SendOp::RdmaWriteImm { remote_addr: rdma.remote_addr, rkey: rdma.rkey, imm: w.imm_data },
+        2 => SendOp::Send,
+        3 => SendOp::SendImm { imm: w.imm_data },
+        4 => SendOp::RdmaRead { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
+        5 => SendOp::AtomicCmpSwp {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        6 => SendOp::AtomicFetchAdd { remote_addr: atomic.remote_addr, rkey: atomic.rkey, add: atomic.compare_add },
+        _ => return Err(libc::EINVAL),
+    };
+    let ah = matches!(w.opcode, 2 | 3).then_some(ud.ah.cast_const().cast::<Ah>());
+    Ok((op, ah))
+}
+
+/// Posts one send work request.
+///
+/// # Safety
+/// `w` and what it points to are valid, as verbs requires of `ibv_post_send`.
+unsafe fn post_one_send(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
+    let mut sgb = [Sge::default(); MAX_SGE];
+    // SAFETY: the program's scatter list (caller).
+    let sg = unsafe { sges(w.sg_list, w.num_sge, &mut sgb) }?;
+    // SAFETY: as above.
+    let (op, ah) = unsafe { send_op(w) }?;
+    let mut inline_buf = [0u8; MAX_INLINE];
+    let inline = if w.send_flags & SEND_INLINE != 0 {
+        // SAFETY: inline data is read from the program's memory now (caller).
+        Some(unsafe { gather(sg, &mut inline_buf) }?)
+    } else {
+        None
+    };
+    let ud = match (q.qp_type, ah) {
+        (mlx5_core::qp::QpType::Ud, Some(ah)) => {
+            // SAFETY: a UD work request names an address handle of this library (caller).
+            let ah = unsafe { ah.as_ref() }.ok_or(libc::EINVAL)?;
+            // SAFETY: the union's ud member, for a UD QP.
+            let u = unsafe { w.wr.ud };
+            Some(UdDest { ah: &ah.ah, remote_qpn: u.remote_qpn, remote_qkey: u.remote_qkey })
+        }
+        (mlx5_core::qp::QpType::Ud, None) => return Err(libc::EINVAL),
+        _ => None,
+    };
+    let wr = SendWr {
+        wr_id: w.wr_id,
+        op,
+        sg_list: if inline.is_some() { &[] } else { sg },
+        flags: SendFlags(w.send_flags & 7),
+        inline,
+        ud,
+    };
+    q.raw.post_send(&[wr]).map_err(|e| {
+        log::debug!("post_send: {e}");
+        errno_of(&e)
+    })
+}
+
+unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+    guard("ibv_post_send", libc::EIO, || {
+        // SAFETY: the caller passes a live QP.
+        let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
+        let mut w = wr;
+        while !w.is_null() {
+            // SAFETY: the program's list of work requests.
+            let r = unsafe { &*w };
+            // SAFETY: as above.
+            if let Err(e) = unsafe { post_one_send(q, r) } {
+                if !bad.is_null() {
+                    // SAFETY: the caller's out pointer.
+                    unsafe { *bad = w };
+                }
+                return e;
+            }
+            w = r.next;
+        }
+        0
+    })
+}
+
+/// Walks a receive list, posting each through `post`.
+///
+/// # Safety
+/// The list is valid, as verbs requires of `ibv_post_recv`.
+unsafe fn post_recvs(
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    post: impl Fn(&RecvWr<'_>) -> mlx5_verbs::Result<()>,
+) -> c_int {
+    let mut w = wr;
+    while !w.is_null() {
+        // SAFETY: the program's list of work requests.
+        let r = unsafe { &*w };
+        let mut sgb = [Sge::default(); MAX_SGE];
+        // SAFETY: its scatter list.
+        let res = unsafe { sges(r.sg_list, r.num_sge, &mut sgb) }
+            .and_then(|sg| post(&RecvWr { wr_id: r.wr_id, sg_list: sg }).map_err(|e| errno_of(&e)));
+        if let Err(e) = res {
+            if !bad.is_null() {
+                // SAFETY: the caller's out pointer.
+                unsafe { *bad = w };
+            }
+            return e;
+        }
+        w = r.next;
+    }
+    0
+}
+
+unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+    guard("ibv_post_recv", libc::EIO, || {
+        // SAFETY: the caller passes a live QP.
+        let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
+        if !q.c.qp_base.srq.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: the caller's list.
+        unsafe { post_recvs(wr, bad, |r| q.raw.post_recv(std::slice::from_ref(r))) }
+    })
+}
+
+unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+    guard("ibv_post_srq_recv", libc::EIO, || {
+        // SAFETY: the caller passes a live SRQ.
+        let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else { return libc::EINVAL };
+        // SAFETY: the caller's list.
+        unsafe { post_recvs(wr, bad, |r| s.raw.post_recv(std::slice::from_ref(r))) }
+    })
+}
+
+/// The completion an extended poll is on.
+#[derive(Debug, Default)]
+pub(crate) struct ExPoll {
+    cur: WorkCompletion,
+}
+
+/// The Cq behind an `ibv_cq_ex`.
+///
+/// # Safety
+/// `cq` is a live CQ of this library.
+unsafe fn ex_cur(cq: *mut ibv_cq_ex) -> WorkCompletion {
+    // SAFETY: the caller's duty.
+    match unsafe { cq_of(cq.cast()) } {
+        Some((c, _)) => lock(&c.ex).cur,
+        None => WorkCompletion::default(),
+    }
+}
+
+/// Polls one completion into the extended CQ's public fields: 0, ENOENT when empty, or an errno.
+///
+/// # Safety
+/// `cq` is a live CQ of this library.
+unsafe fn ex_poll(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: the caller's duty.
+    let Some((c, raw)) = (unsafe { cq_of(cq.cast()) }) else { return libc::EINVAL };
+    let mut w = [WorkCompletion::default()];
+    match raw.poll(&mut w) {
+        Ok(0) => libc::ENOENT,
+        Ok(_) => {
+            lock(&c.ex).cur = w[0];
+            // SAFETY: the public fields of the program's ibv_cq_ex.
+            unsafe {
+                (*cq).status = w[0].status as c_int;
+                (*cq).wr_id = w[0].wr_id;
+            }
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, _attr: *mut c_void) -> c_int {
+    // SAFETY: forwarded.
+    guard("ibv_start_poll", libc::EIO, || unsafe { ex_poll(cq) })
+}
+unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: forwarded.
+    guard("ibv_next_poll", libc::EIO, || unsafe { ex_poll(cq) })
+}
+unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
+
+macro_rules! cq_read {
+    ($name:ident, $t:ty, |$w:ident| $e:expr) => {
+        unsafe extern "C" fn $name(cq: *mut ibv_cq_ex) -> $t {
+            // SAFETY: the program passes the CQ it polls.
+            let $w = unsafe { ex_cur(cq) };
+            $e
+        }
+    };
+}
+
+cq_read!(read_opcode, c_int, |w| wc_opcode(w.opcode));
+cq_read!(read_vendor_err, u32, |w| w.vendor_err);
+cq_read!(read_byte_len, u32, |w| w.byte_len);
+cq_read!(read_imm_data, u32, |w| if w.wc_flags.contains(WcFlags::WITH_INV) { w.invalidated_rkey } else { w.imm_data });
+cq_read!(read_qp_num, u32, |w| w.qp_num);
+cq_read!(read_src_qp, u32, |w| w.src_qp);
+cq_read!(read_wc_flags, c_uint, |w| w.wc_flags.0);
+cq_read!(read_slid, u32, |w| u32::from(w.slid));
+cq_read!(read_sl, u8, |w| w.sl);
+cq_read!(read_dlid_path_bits, u8, |w| w.dlid_path_bits);
+cq_read!(read_completion_ts, u64, |w| w.timestamp);
+cq_read!(read_cvlan, u16, |w| w.vlan_id.unwrap_or(0));
+cq_read!(read_flow_tag, u32, |_w| 0);
+cq_read!(read_wallclock, u64, |_w| 0);
+
+unsafe extern "C" fn read_tm_info(_cq: *mut ibv_cq_ex, info: *mut c_void) {
+    if !info.is_null() {
+        // SAFETY: struct ibv_wc_tm_info is 16 bytes (tag, priv); no tag matching here, so zero.
+        unsafe { ptr::write_bytes(info.cast::<u8>(), 0, 16) };
+    }
+}
+
+pub(crate) fn fill_cq_ex(c: &mut ibv_cq_ex) {
+    c.start_poll = Some(start_poll);
+    c.next_poll = Some(next_poll);
+    c.end_poll = Some(end_poll);
+    c.read_opcode = Some(read_opcode);
+    c.read_vendor_err = Some(read_vendor_err);
+    c.read_byte_len = Some(read_byte_len);
+    c.read_imm_data = Some(read_imm_data);
+    c.read_qp_num = Some(read_qp_num);
+    c.read_src_qp = Some(read_src_qp);
+    c.read_wc_flags = Some(read_wc_flags);
+    c.read_slid = Some(read_slid);
+    c.read_sl = Some(read_sl);
+    c.read_dlid_path_bits = Some(read_dlid_path_bits);
+    c.read_completion_ts = Some(read_completion_ts);
+    c.read_cvlan = Some(read_cvlan);
+    c.read_flow_tag = Some(read_flow_tag);
+    c.read_tm_info = Some(read_tm_info);
+    c.read_completion_wallclock_ns = Some(read_wallclock);
+}
+
+/// One work request built through `ibv_wr_*`.
+#[derive(Debug)]
+struct PendingWr {
+    wr_id: u64,
+    flags: c_uint,
+    op: SendOp,
+    sg: Vec<Sge>,
+    inline: Option<Vec<u8>>,
+    ud: Option<(*const Ah, u32, u32)>,
+}
+
+/// The work requests between `ibv_wr_start` and `ibv_wr_complete`, and the first error met building them
+/// (the builders return nothing; `ibv_wr_complete` reports it).
+#[derive(Debug, Default)]
+pub(crate) struct WrBatch {
+    wrs: Vec<PendingWr>,
+    err: c_int,
+    /// The `IBV_QP_EX_WITH_*` operations the QP was created with.
+    ops: u64,
+}
+
+// SAFETY: the AH pointers are the program's, used only under the QP's batch lock by the thread posting.
+unsafe impl Send for WrBatch {}
+
+/// The QP and its batch.
+///
+/// # Safety
+/// `qp` is a live QP of this library.
+unsafe fn batch<'a>(qp: *mut ibv_qp_ex) -> Option<(&'a Qp, std::sync::MutexGuard<'a, WrBatch>)> {
+    // SAFETY: the caller's duty.
+    let q = unsafe { qp_of(qp.cast()) }?;
+    Some((q, lock(&q.wr)))
+}
+
+/// Starts a new work request of `op` (allowed by `need`, an `IBV_QP_EX_WITH_*` bit).
+///
+/// # Safety
+/// `qp` is a live QP of this library.
+unsafe fn wr_op(qp: *mut ibv_qp_ex, need: u64, op: SendOp) {
+    // SAFETY: the caller's duty.
+    let Some((q, mut b)) = (unsafe { batch(qp) }) else { return };
+    if b.ops & need == 0 {
+        b.err = libc::EOPNOTSUPP;
+        return;
+    }
+    let (wr_id, flags) = (q.c.wr_id, q.c.wr_flags);
+    b.wrs.push(PendingWr { wr_id, flags, op, sg: Vec::new(), inline: None, ud: None });
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    // SAFETY: the program passes its QP.
+    if let Some((_, mut b)) = unsafe { batch(qp) } {
+        b.wrs.clear();
+        b.err = 0;
+    }
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    // SAFETY: as wr_start.
+    unsafe { wr_start(qp) }
+}
+
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    guard("ibv_wr_complete", libc::EIO, || {
+        // SAFETY: the program passes its QP.
+        let Some((q, mut b)) = (unsafe { batch(qp) }) else { return libc::EINVAL };
+        let wrs = std::mem::take(&mut b.wrs);
+        let err = std::mem::take(&mut b.err);
+        drop(b);
+        if err != 0 {
+            return err;
+        }
+        for p in &wrs {
+            let ud = match (q.qp_type, p.ud) {
+                (mlx5_core::qp::QpType::Ud, Some((ah, qpn, qkey))) => {
+                    // SAFETY: the program's address handle, created by this library.
+                    let Some(ah) = (unsafe { ah.as_ref() }) else { return libc::EINVAL };
+                    Some(UdDest { ah: &ah.ah, remote_qpn: qpn, remote_qkey: qkey })
+                }
+                (mlx5_core::qp::QpType::Ud, None) => return libc::EINVAL,
+                _ => None,
+            };
+            let wr = SendWr {
+                wr_id: p.wr_id,
+                op: p.op,
+                sg_list: if p.inline.is_some() { &[] } else { &p.sg },
+                flags: SendFlags(p.flags & 7),
+                inline: p.inline.as_deref(),
+                ud,
+            };
+            if let Err(e) = q.raw.post_send(&[wr]) {
+                return errno_of(&e);
+            }
+        }
+        0
+    })
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    // SAFETY: the program passes its QP.
+    unsafe { wr_op(qp, 1 << 2, SendOp::Send) }
+}
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
+    // SAFETY: as wr_send.
+    unsafe { wr_op(qp, 1 << 3, SendOp::SendImm { imm }) }
+}
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    // SAFETY: as wr_send.
+    unsafe { wr_op(qp, 1 << 0, SendOp::RdmaWrite { remote_addr, rkey }) }
+}
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
+    // SAFETY: as wr_send.
+    unsafe { wr_op(qp, 1 << 1, SendOp::RdmaWriteImm { remote_addr, rkey, imm }) }
+}
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    // SAFETY: as wr_send.
+    unsafe { wr_op(qp, 1 << 4, SendOp::RdmaRead { remote_addr, rkey }) }
+}
+unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
+    // SAFETY: as wr_send.
+    unsafe { wr_op(qp, 1 << 5, SendOp::AtomicCmpSwp { remote_addr, rkey, compare, swap }) }
+}
+unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
+    // SAFETY: as wr_send.
+    unsafe { wr_op(qp, 1 << 6, SendOp::AtomicFetchAdd { remote_addr, rkey, add }) }
+}
+
+/// Marks the batch failed: an operation this library does not build.
+unsafe fn wr_unsupported(qp: *mut ibv_qp_ex) {
+    // SAFETY: the program passes its QP.
+    if let Some((_, mut b)) = unsafe { batch(qp) } {
+        b.err = libc::EOPNOTSUPP;
+    }
+}
+unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, _: *mut c_void, _: u32, _: *const c_void) {
+    // SAFETY: as wr_unsupported.
+    unsafe { wr_unsupported(qp) }
+}
+unsafe extern "C" fn wr_u32_unsupported(qp: *mut ibv_qp_ex, _: u32) {
+    // SAFETY: as wr_unsupported.
+    unsafe { wr_unsupported(qp) }
+}
+unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _: *mut c_void, _: u16, _: u16) {
+    // SAFETY: as wr_unsupported.
+    unsafe { wr_unsupported(qp) }
+}
+unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _: u32, _: u64, _: *const c_void) {
+    // SAFETY: as wr_unsupported.
+    unsafe { wr_unsupported(qp) }
+}
+
+/// Applies `f` to the last work request of the batch (a setter without one fails the batch).
+///
+/// # Safety
+/// `qp` is a live QP of this library.
+unsafe fn with_last(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut PendingWr)) {
+    // SAFETY: the caller's duty.
+    let Some((_, mut b)) = (unsafe { batch(qp) }) else { return };
+    match b.wrs.last_mut() {
+        Some(w) => f(w),
+        None => {
+            if b.err == 0 {
+                b.err = libc::EINVAL;
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
+    // SAFETY: the program passes its QP.
+    unsafe { with_last(qp, |w| w.ud = Some((ah.cast_const().cast(), qpn, qkey))) }
+}
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    // SAFETY: the program passes its QP.
+    unsafe { with_last(qp, |w| w.sg = vec![Sge { addr, length, lkey }]) }
+}
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
+    let sg: Vec<Sge> = (0..if list.is_null() { 0 } else { n })
+        .map(|i| {
+            // SAFETY: the program's list holds n entries.
+            let s = unsafe { *list.add(i) };
+            Sge { addr: s.addr, length: s.length, lkey: s.lkey }
+        })
+        .collect();
+    // SAFETY: the program passes its QP.
+    unsafe { with_last(qp, |w| w.sg = sg) }
+}
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, len: usize) {
+    let data = if addr.is_null() || len == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the program's buffer holds len bytes; inline data is copied now, as verbs specifies.
+        unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec()
+    };
+    // SAFETY: the program passes its QP.
+    unsafe { with_last(qp, |w| w.inline = Some(data)) }
+}
+unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
+    let mut data = Vec::new();
+    for i in 0..if list.is_null() { 0 } else { n } {
+        // SAFETY: the program's list holds n buffers, each readable for its length.
+        let b = unsafe { *list.add(i) };
+        if !b.addr.is_null() {
+            // SAFETY: as above.
+            data.extend_from_slice(unsafe { std::slice::from_raw_parts(b.addr.cast::<u8>(), b.length) });
+        }
+    }
+    // SAFETY: the program passes its QP.
+    unsafe { with_last(qp, |w| w.inline = Some(data)) }
+}
+
+/// Fills the `ibv_wr_*` table: every pointer is a function (an operation not in `ops` fails the batch with
+/// EOPNOTSUPP at `ibv_wr_complete`).
+pub(crate) fn fill_qp_ex(q: &mut ibv_qp_ex, ops: u64) {
+    q.comp_mask = 0;
+    q.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    q.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    q.wr_bind_mw = Some(wr_bind_mw);
+    q.wr_local_inv = Some(wr_u32_unsupported);
+    q.wr_rdma_read = Some(wr_rdma_read);
+    q.wr_rdma_write = Some(wr_rdma_write);
+    q.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    q.wr_send = Some(wr_send);
+    q.wr_send_imm = Some(wr_send_imm);
+    q.wr_send_inv = Some(wr_u32_unsupported);
+    q.wr_send_tso = Some(wr_send_tso);
+    q.wr_set_ud_addr = Some(wr_set_ud_addr);
+    q.wr_set_xrc_srqn = Some(wr_u32_unsupported);
+    q.wr_set_inline_data = Some(wr_set_inline_data);
+    q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    q.wr_set_sge = Some(wr_set_sge);
+    q.wr_set_sge_list = Some(wr_set_sge_list);
+    q.wr_start = Some(wr_start);
+    q.wr_complete = Some(wr_complete);
+    q.wr_abort = Some(wr_abort);
+    q.wr_atomic_write = Some(wr_atomic_write);
+    let _ = ops;
+}
+
+/// Records the operations a QP's batches may use (called once the QP is boxed).
+pub(crate) fn set_ops(q: &Qp, ops: u64) {
+    lock(&q.wr).ops = ops;
+}

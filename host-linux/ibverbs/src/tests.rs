@@ -1,0 +1,337 @@
+//! The C API called as a C program calls it, in process, on the default simulated device (`mlx5_0`): a
+//! loopback RC exchange through the `ibv_context_ops` pointers, the extended ops, and the error conventions.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::ptr;
+
+use crate::abi::*;
+use crate::device::*;
+use crate::objects::*;
+use crate::strings::ibv_wc_status_str;
+
+fn errno() -> c_int {
+    // SAFETY: the calling thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Opens `mlx5_0`.
+fn open() -> *mut ibv_context {
+    let mut n = 0;
+    let list = ibv_get_device_list(&mut n);
+    assert!(!list.is_null() && n >= 1);
+    // SAFETY: the list holds n devices and a NULL.
+    let dev = unsafe { *list };
+    // SAFETY: a device of the list.
+    let name = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) };
+    assert_eq!(name.to_str().unwrap(), "mlx5_0");
+    let ctx = ibv_open_device(dev);
+    ibv_free_device_list(list);
+    assert!(!ctx.is_null());
+    ctx
+}
+
+/// The `verbs_context` around a context.
+fn vctx(ctx: *mut ibv_context) -> &'static verbs_context {
+    // SAFETY: contexts of this library sit at the end of a verbs_context.
+    unsafe { &*ctx.cast::<u8>().sub(std::mem::offset_of!(verbs_context, context)).cast::<verbs_context>() }
+}
+
+#[test]
+fn context_is_an_extended_verbs_context() {
+    let ctx = open();
+    let v = vctx(ctx);
+    // SAFETY: the context is open.
+    let c = unsafe { &*ctx };
+    assert_eq!(c.abi_compat as usize, usize::MAX);
+    assert_eq!(v.sz, std::mem::size_of::<verbs_context>());
+    assert!(c.async_fd >= 0 && c.cmd_fd >= 0 && c.num_comp_vectors >= 1);
+    assert!(c.ops.poll_cq.is_some() && c.ops.post_send.is_some() && c.ops.alloc_mw.is_none());
+    // The port as the inline ibv_query_port reaches it, with a caller larger than this library's struct: the
+    // tail is zeroed.
+    let mut big = [0xffu8; 64];
+    let qp = v.query_port.unwrap();
+    // SAFETY: a 64-byte buffer for a 52-byte struct.
+    assert_eq!(unsafe { qp(ctx, 1, big.as_mut_ptr().cast(), big.len()) }, 0);
+    assert_eq!(big[0], 4, "PORT_ACTIVE");
+    assert!(big[std::mem::size_of::<ibv_port_attr>()..].iter().all(|b| *b == 0));
+    // SAFETY: port 2 does not exist.
+    assert_eq!(unsafe { qp(ctx, 2, big.as_mut_ptr().cast(), big.len()) }, libc::EINVAL);
+    let mut gid = ibv_gid::default();
+    // SAFETY: open context, writable GID.
+    assert_eq!(unsafe { ibv_query_gid(ctx, 1, 0, &mut gid) }, 0);
+    assert_eq!(&gid.raw[..2], &[0xfe, 0x80]);
+    // SAFETY: as above; 100000 is past the table.
+    assert_eq!(unsafe { ibv_query_gid(ctx, 1, 100_000, &mut gid) }, -1);
+    // SAFETY: the context is open and closed once.
+    assert_eq!(unsafe { ibv_close_device(ctx) }, 0);
+}
+
+#[test]
+fn errors_follow_the_verbs_conventions() {
+    // SAFETY: NULL arguments are refused, not dereferenced.
+    unsafe {
+        assert!(ibv_alloc_pd(ptr::null_mut()).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(ibv_dealloc_pd(ptr::null_mut()), libc::EINVAL);
+        assert!(ibv_create_cq(ptr::null_mut(), 1, ptr::null_mut(), ptr::null_mut(), 0).is_null());
+    }
+    let ctx = open();
+    // SAFETY: an open context; bad sizes and flags are refused.
+    unsafe {
+        assert!(ibv_create_cq(ctx, 0, ptr::null_mut(), ptr::null_mut(), 0).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert!(ibv_create_cq(ctx, 16, ptr::null_mut(), ptr::null_mut(), 999).is_null());
+        let pd = ibv_alloc_pd(ctx);
+        assert!(!pd.is_null());
+        let mut buf = vec![0u8; 64];
+        assert!(ibv_reg_mr(pd, buf.as_mut_ptr().cast(), buf.len(), 1 << 30).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        // XRC is not offered: EOPNOTSUPP, which test suites turn into a skip.
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut attr = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 9,
+            sq_sig_all: 0,
+        };
+        assert!(ibv_create_qp(pd, &mut attr).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        // More work requests than the device has: refused before any queue is sized.
+        attr.qp_type = 4;
+        attr.cap.max_recv_wr = u32::MAX;
+        assert!(ibv_create_qp(pd, &mut attr).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        // A resize keeps the CQ usable and reports the new size.
+        let rc = ibv_resize_cq(cq, 100);
+        assert!(rc == 0 || rc == libc::EOPNOTSUPP, "resize: {rc}");
+        if rc == 0 {
+            assert!((*cq).cqe >= 100);
+        }
+        assert_eq!(ibv_resize_cq(cq, 0), libc::EINVAL);
+        // A CQ in use by nothing goes; a PD goes.
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(CStr::from_ptr(ibv_wc_status_str(12)).to_str().unwrap(), "transport retry counter exceeded");
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+/// Moves a QP through RESET → INIT → RTR → RTS towards `dest` on RoCE (GRH to our own link-local GID).
+///
+/// # Safety
+/// `qp` is a live QP of `ctx`.
+unsafe fn connect(ctx: *mut ibv_context, qp: *mut ibv_qp, dest: u32) {
+    let mut gid = ibv_gid::default();
+    // SAFETY: open context.
+    assert_eq!(unsafe { ibv_query_gid(ctx, 1, 0, &mut gid) }, 0);
+    // SAFETY: ibv_qp_attr is plain data.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = 1;
+    a.port_num = 1;
+    a.qp_access_flags = 0b111;
+    // IBV_QP_STATE | PKEY_INDEX | PORT | ACCESS_FLAGS.
+    // SAFETY: live QP, attributes on the stack.
+    assert_eq!(unsafe { ibv_modify_qp(qp, &mut a, 1 | 16 | 32 | 8) }, 0);
+    a.qp_state = 2;
+    a.path_mtu = 3;
+    a.dest_qp_num = dest;
+    a.rq_psn = 0;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = gid;
+    a.ah_attr.grh.hop_limit = 1;
+    a.ah_attr.port_num = 1;
+    // STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER.
+    // SAFETY: as above.
+    assert_eq!(unsafe { ibv_modify_qp(qp, &mut a, 1 | 128 | 256 | (1 << 20) | (1 << 12) | (1 << 17) | (1 << 15)) }, 0);
+    a.qp_state = 3;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.sq_psn = 0;
+    a.max_rd_atomic = 1;
+    // STATE | TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN | MAX_QP_RD_ATOMIC.
+    // SAFETY: as above.
+    assert_eq!(unsafe { ibv_modify_qp(qp, &mut a, 1 | 512 | 1024 | 2048 | (1 << 16) | (1 << 13)) }, 0);
+    // SAFETY: the C part mirrors the state.
+    assert_eq!(unsafe { (*qp).state }, 3);
+}
+
+#[test]
+fn loopback_send_and_rdma_write_through_the_ops() {
+    let ctx = open();
+    // SAFETY: every pointer below is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 8192];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        assert!(!mr.is_null());
+        assert_eq!((*mr).addr, mem.as_mut_ptr().cast::<c_void>());
+        let ch = ibv_create_comp_channel(ctx);
+        assert!((*ch).fd >= 0);
+        let user = 0x5a5a as *mut c_void;
+        let cq = ibv_create_cq(ctx, 16, user, ch, 0);
+        assert!((*cq).cqe >= 16);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 },
+            qp_type: 2,
+            sq_sig_all: 0,
+        };
+        let a = ibv_create_qp(pd, &mut init);
+        let b = ibv_create_qp(pd, &mut init);
+        assert!(!a.is_null() && !b.is_null());
+        assert!(init.cap.max_send_wr >= 4 && init.cap.max_inline_data >= 64);
+        connect(ctx, a, (*b).qp_num);
+        connect(ctx, b, (*a).qp_num);
+
+        // B receives into the second half; A sends "hello" inline, then RDMA-writes 4 bytes at offset 4096 + 100.
+        let base = mem.as_mut_ptr() as u64;
+        let mut rsge = ibv_sge { addr: base + 4096, length: 64, lkey: (*mr).lkey };
+        let mut rwr = ibv_recv_wr { wr_id: 7, next: ptr::null_mut(), sg_list: &mut rsge, num_sge: 1 };
+        let mut bad_r = ptr::null_mut();
+        assert_eq!(ops.post_recv.unwrap()(b, &mut rwr, &mut bad_r), 0);
+        mem[..5].copy_from_slice(b"hello");
+        mem[8..12].copy_from_slice(b"RDMA");
+        let mut s1 = ibv_sge { addr: base, length: 5, lkey: (*mr).lkey };
+        let mut s2 = ibv_sge { addr: base + 8, length: 4, lkey: (*mr).lkey };
+        let mut w2: ibv_send_wr = std::mem::zeroed();
+        w2.wr_id = 2;
+        w2.sg_list = &mut s2;
+        w2.num_sge = 1;
+        w2.opcode = 0; // IBV_WR_RDMA_WRITE
+        w2.send_flags = 2; // SIGNALED
+        w2.wr.rdma = wr_rdma { remote_addr: base + 4096 + 100, rkey: (*mr).rkey };
+        let mut w1: ibv_send_wr = std::mem::zeroed();
+        w1.wr_id = 1;
+        w1.next = &mut w2;
+        w1.sg_list = &mut s1;
+        w1.num_sge = 1;
+        w1.opcode = 2; // IBV_WR_SEND
+        w1.send_flags = 2 | 8; // SIGNALED | INLINE
+        assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), 0);
+        let mut bad = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(a, &mut w1, &mut bad), 0);
+
+        // One completion event names the CQ and its context.
+        let (mut ev_cq, mut ev_ctx) = (ptr::null_mut(), ptr::null_mut());
+        assert_eq!(ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), 0);
+        assert_eq!((ev_cq, ev_ctx), (cq, user));
+        ibv_ack_cq_events(cq, 1);
+
+        let mut wc = [ibv_wc::default(); 8];
+        let mut got = Vec::new();
+        for _ in 0..10_000 {
+            let n = ops.poll_cq.unwrap()(cq, wc.len() as c_int, wc.as_mut_ptr());
+            assert!(n >= 0);
+            got.extend_from_slice(&wc[..n as usize]);
+            if got.len() == 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got.iter().all(|w| w.status == 0));
+        let recv = got.iter().find(|w| w.opcode == 128).expect("a receive");
+        assert_eq!((recv.wr_id, recv.byte_len, recv.qp_num), (7, 5, (*b).qp_num));
+        assert_eq!(&mem[4096..4101], b"hello");
+        assert_eq!(&mem[4196..4200], b"RDMA");
+        let mut sent: Vec<u64> = got.iter().filter(|w| w.opcode != 128).map(|w| w.wr_id).collect();
+        sent.sort();
+        assert_eq!(sent, [1, 2]);
+
+        // query_qp reports what was set.
+        let mut qa: ibv_qp_attr = std::mem::zeroed();
+        let mut qi: ibv_qp_init_attr = std::mem::zeroed();
+        assert_eq!(ibv_query_qp(a, &mut qa, 0, &mut qi), 0);
+        assert_eq!((qa.qp_state, qa.dest_qp_num, qa.path_mtu, qi.qp_type), (3, (*b).qp_num, 3, 2));
+
+        // A CQ with QPs on it, or a PD with objects, stays (EBUSY); then everything goes.
+        assert_eq!(ibv_destroy_cq(cq), libc::EBUSY);
+        assert_eq!(ibv_dealloc_pd(pd), libc::EBUSY);
+        assert_eq!(ibv_destroy_qp(a), 0);
+        assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn a_context_closed_with_objects_alive_stays_until_they_go() {
+    let ctx = open();
+    // SAFETY: the objects are this library's; the program error (closing first) is what is tested.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        assert!(!pd.is_null() && !cq.is_null());
+        assert_eq!(ibv_close_device(ctx), 0);
+        // The objects still reach their (closed) context.
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+    }
+}
+
+#[test]
+fn a_cq_with_an_event_never_taken_is_destroyed() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 64];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let ch = ibv_create_comp_channel(ctx);
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ch, 0);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(pd, &mut init);
+        connect(ctx, qp, (*qp).qp_num);
+        // An armed CQ completes a write: its event reaches the channel, and the program never takes it.
+        assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), 0);
+        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
+        let mut bad = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        let mut wc = [ibv_wc::default(); 1];
+        let mut n = 0;
+        for _ in 0..10_000 {
+            n = ops.poll_cq.unwrap()(cq, 1, wc.as_mut_ptr());
+            if n != 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        assert_eq!((n, wc[0].status), (1, 0));
+        // The device's service thread moves the event to the channel within its 50 ms period.
+        let mut fds = libc::pollfd { fd: (*ch).fd, events: libc::POLLIN, revents: 0 };
+        assert_eq!(libc::poll(&mut fds, 1, 2000), 1, "the channel's descriptor becomes readable");
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}

@@ -1,0 +1,303 @@
+//! Borrow-free handles for a C ABI (the drop-in `libibverbs.so.1`, crate `mlx5-ibverbs`): the same objects as
+//! the safe API, but their lifetime is the caller's. Nothing is destroyed on drop; the caller calls `destroy`
+//! (or `dealloc`/`dereg`) as a C program calls `ibv_destroy_*`, and a handle dropped without it leaves the object
+//! to the device's teardown. Every call checks that its object still exists, so a handle used after its destroy
+//! fails with [`VerbsError::Destroyed`] instead of reaching freed state.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mlx5_core::cq::{LinkLayer, Notify, WorkCompletion};
+use mlx5_core::hca::{CqAttr, Hca, QpInitAttr as CoreQpInitAttr, SrqAttr};
+use mlx5_core::mkey::Access;
+use mlx5_core::qp::{Ah, AhAttr, QpAttr, QpAttrMask, QpCap, QpQueryAttr, RecvWr, SendWr};
+use mlx5_core::trace::CmdTrace;
+
+use crate::backend::{AnyDelay, AnyDma, AnyMmio};
+use crate::context::Context;
+use crate::cq::{wait_cq_event, CqObj};
+use crate::error::{Result, VerbsError};
+use crate::event::{lock, ChannelShared};
+use crate::mr::MrObj;
+use crate::pd::PdObj;
+use crate::qp::QpObj;
+use crate::shared::CqEventTarget;
+use crate::srq::{SrqAttrMask, SrqObj};
+
+/// Work on the context's HCA under the control mutex (queries the handles do not cover, such as
+/// `ibv_query_device`'s capabilities). The HCA's tracer type stays private, hence the generic method.
+pub trait HcaVisitor {
+    /// What the visit returns.
+    type Out;
+    /// Called once with the HCA and its delay.
+    fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T>, delay: &mut AnyDelay) -> Self::Out;
+}
+
+/// Runs `v` on `ctx`'s HCA under the control mutex.
+pub fn with_hca<V: HcaVisitor>(ctx: &Context, v: V) -> V::Out {
+    let mut c = ctx.dev().control();
+    let (hca, delay) = c.parts();
+    v.visit(hca, delay)
+}
+
+/// The link layer of the context's port.
+pub fn link_layer(ctx: &Context) -> LinkLayer {
+    ctx.link_layer()
+}
+
+/// A protection domain (`ibv_pd`).
+#[derive(Debug)]
+pub struct RawPd(Arc<PdObj>);
+
+/// `ibv_alloc_pd`.
+pub fn alloc_pd(ctx: &Context) -> Result<RawPd> {
+    Ok(RawPd(PdObj::alloc(&ctx.shared)?))
+}
+
+impl RawPd {
+    pub fn pdn(&self) -> u32 {
+        self.0.pdn()
+    }
+
+    /// `ibv_dealloc_pd`: `EBUSY` while memory regions, QPs or SRQs use it.
+    pub fn dealloc(&self) -> Result<()> {
+        self.0.dealloc()
+    }
+
+    /// `ibv_reg_mr_iova2` over process memory (`iova` defaults to the address).
+    ///
+    /// # Safety
+    /// The `len` bytes at `ptr` stay allocated, and their whole pages hold nothing the device must not reach,
+    /// until the region is deregistered.
+    pub unsafe fn reg_mr(&self, ptr: NonNull<u8>, len: usize, iova: Option<u64>, access: Access) -> Result<RawMr> {
+        // SAFETY: the caller's duties are `reg_user`'s.
+        Ok(RawMr(unsafe { MrObj::reg_user(&self.0, ptr, len, iova, access) }?))
+    }
+
+    /// `ibv_create_ah`: the address vector a UD send names (mlx5_ib's `create_ib_ah`).
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah> {
+        if lock(&self.0.pd).is_none() {
+            return Err(VerbsError::Destroyed { what: "protection domain" });
+        }
+        let mut c = self.0.ctx.dev.control();
+        Ok(c.hca().create_ah(attr)?)
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&self, attr: SrqAttr) -> Result<RawSrq> {
+        Ok(RawSrq(SrqObj::create(&self.0, attr)?))
+    }
+
+    /// `ibv_create_qp`: a QP in RESET on these CQs, receiving through `srq` if given.
+    pub fn create_qp(
+        &self,
+        send_cq: &RawCq,
+        recv_cq: &RawCq,
+        attr: CoreQpInitAttr,
+        srq: Option<&RawSrq>,
+        qp_context: u64,
+    ) -> Result<RawQp> {
+        Ok(RawQp(QpObj::create(&self.0, &send_cq.0, &recv_cq.0, attr, srq.map(|s| &s.0), qp_context)?))
+    }
+}
+
+/// A memory region (`ibv_mr`).
+#[derive(Debug)]
+pub struct RawMr(MrObj);
+
+impl RawMr {
+    pub fn lkey(&self) -> u32 {
+        self.0.lkey
+    }
+    pub fn rkey(&self) -> u32 {
+        self.0.rkey
+    }
+    /// The region's start address as the device sees it (its `iova`).
+    pub fn addr(&self) -> u64 {
+        self.0.addr
+    }
+    /// `ibv_dereg_mr`.
+    pub fn dereg(&self) -> Result<()> {
+        self.0.dereg()
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`).
+#[derive(Debug)]
+pub struct RawChannel {
+    ctx: Context,
+    shared: Arc<ChannelShared>,
+}
+
+/// `ibv_create_comp_channel`.
+pub fn create_comp_channel(ctx: &Context) -> RawChannel {
+    let shared = Arc::new(ChannelShared::new(ctx.dev().new_context_id()));
+    ctx.dev().control().add_channel(&shared);
+    RawChannel { ctx: Context { shared: ctx.shared.clone() }, shared }
+}
+
+/// A completion event taken from a channel: the CQ's `cq_context` (the value given at creation).
+#[derive(Debug)]
+pub struct RawCqEvent(Arc<dyn CqEventTarget>);
+
+impl RawCqEvent {
+    pub fn cq_context(&self) -> u64 {
+        self.0.cq_context()
+    }
+    pub fn cqn(&self) -> u32 {
+        self.0.cqn()
+    }
+}
+
+impl RawChannel {
+    /// The eventfd, readable while an event waits.
+    pub fn fd(&self) -> Option<i32> {
+        self.shared.raw_fd()
+    }
+
+    /// `ibv_get_cq_event`, waiting up to `timeout`.
+    pub fn get_cq_event(&self, timeout: Duration) -> Result<Option<RawCqEvent>> {
+        Ok(wait_cq_event(self.ctx.dev(), self.shared.id, timeout)?.map(RawCqEvent))
+    }
+
+    /// `ibv_destroy_comp_channel`: `EBUSY` while CQs report to it.
+    pub fn destroy(&self) -> Result<()> {
+        let mut c = self.ctx.dev().control();
+        let users = c.channel_users(self.shared.id);
+        if users > 0 {
+            return Err(VerbsError::Busy { what: "completion channel", users });
+        }
+        c.remove_channel(self.shared.id);
+        Ok(())
+    }
+}
+
+/// A completion queue (`ibv_cq`).
+#[derive(Debug)]
+pub struct RawCq(Arc<CqObj>);
+
+/// `ibv_create_cq`: events go to `channel` (none: no events) carrying `cq_context`.
+pub fn create_cq(ctx: &Context, attr: CqAttr, cq_context: u64, channel: Option<&RawChannel>) -> Result<RawCq> {
+    if let Some(ch) = channel {
+        if !Arc::ptr_eq(&ch.ctx.shared, &ctx.shared) {
+            return Err(VerbsError::Invalid("the completion channel belongs to another context".into()));
+        }
+    }
+    let vectors = ctx.num_comp_vectors()?;
+    if attr.comp_vector >= vectors {
+        return Err(VerbsError::Invalid(format!("completion vector {} of {vectors}", attr.comp_vector)));
+    }
+    let ch = channel.map(|c| (c.shared.id, Some(c.shared.clone())));
+    Ok(RawCq(CqObj::create(&ctx.shared, attr, cq_context, ch)?))
+}
+
+impl RawCq {
+    pub fn cqn(&self) -> u32 {
+        self.0.cqn()
+    }
+
+    /// Entries the ring holds (`ibv_cq.cqe`: one less, as mlx5 reports it).
+    pub fn nent(&self) -> u32 {
+        lock(&self.0.ring).cq.as_ref().map_or(0, |c| c.nent())
+    }
+
+    /// `ibv_resize_cq`: at least `cqe` entries (the completions not yet polled move to the new ring).
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        let mut c = self.0.ctx.dev.control();
+        let mut r = lock(&self.0.ring);
+        let cq = r.cq.as_mut().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
+        let (hca, delay) = c.parts();
+        Ok(hca.resize_cq(cq, cqe, delay)?)
+    }
+
+    /// `ibv_poll_cq`.
+    pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        self.0.poll(wc)
+    }
+
+    /// `ibv_req_notify_cq`.
+    pub fn req_notify(&self, notify: Notify) -> Result<()> {
+        self.0.req_notify(notify)
+    }
+
+    /// `ibv_ack_cq_events`.
+    pub fn ack_events(&self, n: u32) -> Result<()> {
+        self.0.ack_events(n)
+    }
+
+    /// `ibv_destroy_cq`, first waiting until every event taken for it is acknowledged.
+    pub fn destroy(&self) -> Result<()> {
+        self.0.destroy(true)
+    }
+}
+
+/// A queue pair (`ibv_qp`).
+#[derive(Debug)]
+pub struct RawQp(QpObj);
+
+impl RawQp {
+    pub fn qpn(&self) -> u32 {
+        self.0.qpn()
+    }
+
+    /// The queues' sizes as granted.
+    pub fn cap(&self) -> QpCap {
+        self.0.cap()
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.0.modify(attr, mask)
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> Result<QpQueryAttr> {
+        self.0.query_attr()
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.0.post_send(wrs)
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.0.post_recv(wrs)
+    }
+
+    /// `ibv_destroy_qp`.
+    pub fn destroy(&self) -> Result<()> {
+        self.0.destroy()
+    }
+}
+
+/// A shared receive queue (`ibv_srq`).
+#[derive(Debug)]
+pub struct RawSrq(Arc<SrqObj>);
+
+impl RawSrq {
+    pub fn srqn(&self) -> u32 {
+        self.0.srqn()
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.0.post_recv(wrs)
+    }
+
+    /// `ibv_modify_srq`.
+    pub fn modify(&self, attr: SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        self.0.modify(attr, mask)
+    }
+
+    /// `ibv_query_srq`.
+    pub fn query(&self) -> Result<SrqAttr> {
+        self.0.query()
+    }
+
+    /// `ibv_destroy_srq`.
+    pub fn destroy(&self) -> Result<()> {
+        self.0.destroy()
+    }
+}

@@ -1,0 +1,585 @@
+//! `cargo xtask libibverbs`: links `mlx5-ibverbs` into `target/libibverbs/libibverbs.so.1` with rdma-core 44's
+//! version nodes and checks its exports. `cargo xtask verbs-apps`: runs Debian's unmodified verbs programs on it
+//! (two processes joined by the simulated wire on 127.0.0.1) and checks what they print.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Every default-version export of Debian bookworm's libibverbs (`name VERSION` a line).
+const SYMBOLS: &str = include_str!("../../host-linux/ibverbs/symbols.txt");
+
+/// The version nodes in order; the public ones each inherit from the one before, as in rdma-core's
+/// `libibverbs.map.in`.
+const VERSIONS: &[&str] = &[
+    "IBVERBS_1.0",
+    "IBVERBS_1.1",
+    "IBVERBS_1.5",
+    "IBVERBS_1.6",
+    "IBVERBS_1.7",
+    "IBVERBS_1.8",
+    "IBVERBS_1.9",
+    "IBVERBS_1.10",
+    "IBVERBS_1.11",
+    "IBVERBS_1.12",
+    "IBVERBS_1.13",
+    "IBVERBS_1.14",
+    "IBVERBS_PRIVATE_34",
+];
+
+/// The Debian packages the programs come from, with the libraries perftest needs (downloaded and unpacked,
+/// never installed; the unpacked real libibverbs comes after ours in the search path).
+const DEBS: &[&str] = &[
+    "ibverbs-utils",
+    "perftest",
+    "python3-pyverbs",
+    "ibverbs-providers",
+    "librdmacm1",
+    "libpci3",
+    "libibumad3",
+    "libnl-3-200",
+    "libnl-route-3-200",
+];
+
+/// The programs' directory and the library search path to run them with.
+struct Programs {
+    bin: PathBuf,
+    path: String,
+    /// pyverbs' `dist-packages` and rdma-core's Python tests (`.../tests`, some files gzip-compressed).
+    pyverbs: PathBuf,
+    tests: PathBuf,
+}
+
+fn symbols() -> BTreeSet<(String, String)> {
+    SYMBOLS.lines().filter_map(|l| l.split_once(' ')).map(|(n, v)| (n.to_string(), v.to_string())).collect()
+}
+
+/// The linker version script: one node per version, everything not listed local.
+fn version_script() -> String {
+    let syms = symbols();
+    let mut out = String::new();
+    for (i, v) in VERSIONS.iter().enumerate() {
+        out.push_str(&format!("{v} {{\n  global:\n"));
+        for (n, _) in syms.iter().filter(|(_, sv)| sv == v) {
+            out.push_str(&format!("    {n};\n"));
+        }
+        if i == 0 {
+            out.push_str("  local: *;\n");
+        }
+        match i {
+            0 => out.push_str("};\n"),
+            _ if v.starts_with("IBVERBS_PRIVATE") => out.push_str("};\n"),
+            _ => out.push_str(&format!("}} {};\n", VERSIONS[i - 1])),
+        }
+    }
+    out
+}
+
+fn run(cmd: &mut Command) -> Result<Output, String> {
+    let out = cmd.output().map_err(|e| format!("failed to run {cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(out)
+}
+
+/// The default-version dynamic exports of an ELF shared object, as `readelf` lists them.
+fn exports(lib: &Path) -> Result<BTreeSet<(String, String)>, String> {
+    let out = run(Command::new("readelf").args(["--dyn-syms", "-W"]).arg(lib))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut set = BTreeSet::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // Num: Value Size Type Bind Vis Ndx Name
+        if f.len() < 8 || f[6] == "UND" || f[6] == "ABS" || f[4] != "GLOBAL" {
+            continue;
+        }
+        if let Some((name, ver)) = f[7].split_once("@@") {
+            set.insert((name.to_string(), ver.to_string()));
+        } else if !f[7].contains('@') {
+            set.insert((f[7].to_string(), String::new()));
+        }
+    }
+    Ok(set)
+}
+
+/// Builds the static library and links `libibverbs.so.1`; returns its directory.
+pub fn build(root: &Path, release: bool) -> Result<PathBuf, String> {
+    let mut args = vec!["build", "-p", "mlx5-ibverbs", "--lib"];
+    if release {
+        args.push("--release");
+    }
+    println!("$ cargo {}", args.join(" "));
+    let status = Command::new("cargo").args(&args).current_dir(root).status().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err("building mlx5-ibverbs failed".into());
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let archive = target.join(if release { "release" } else { "debug" }).join("libmlx5_ibverbs.a");
+    let dir = target.join("libibverbs");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let map = dir.join("libibverbs.map");
+    std::fs::write(&map, version_script()).map_err(|e| e.to_string())?;
+    let lib = dir.join("libibverbs.so.1");
+    let mut cc = Command::new("cc");
+    cc.arg("-shared")
+        .arg("-o")
+        .arg(&lib)
+        .arg("-Wl,--whole-archive")
+        .arg(&archive)
+        .arg("-Wl,--no-whole-archive")
+        .arg(format!("-Wl,--version-script={}", map.display()))
+        .args(["-Wl,-soname,libibverbs.so.1", "-Wl,-z,now", "-lgcc_s", "-lpthread", "-ldl", "-lm", "-lc"]);
+    println!("$ {cc:?}");
+    run(&mut cc)?;
+    let link = dir.join("libibverbs.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("libibverbs.so.1", &link).map_err(|e| e.to_string())?;
+    check_exports(&lib)?;
+    Ok(dir)
+}
+
+/// The library's exports are exactly [`SYMBOLS`] (and the real library's, when it is installed).
+fn check_exports(lib: &Path) -> Result<(), String> {
+    let ours = exports(lib)?;
+    let want = symbols();
+    let extra: Vec<_> = ours.difference(&want).collect();
+    let missing: Vec<_> = want.difference(&ours).collect();
+    if !extra.is_empty() || !missing.is_empty() {
+        return Err(format!("exports differ from rdma-core 44's: extra {extra:?}, missing {missing:?}"));
+    }
+    println!("exports: {} names, each at rdma-core 44's version node", ours.len());
+    let system = Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
+    if system.exists() {
+        let real = exports(system)?;
+        if real != want {
+            return Err(format!(
+                "the installed {} differs from the recorded table: {:?}",
+                system.display(),
+                real.symmetric_difference(&want).collect::<Vec<_>>()
+            ));
+        }
+        println!("exports: identical to the installed {}", system.display());
+    }
+    Ok(())
+}
+
+/// `cargo xtask libibverbs [--debug]`.
+pub fn run_libibverbs(root: &Path, args: &[String]) -> Result<(), String> {
+    let release = !args.iter().any(|a| a == "--debug");
+    let dir = build(root, release)?;
+    println!(
+        "built {}/libibverbs.so.1\n\nuse it with:\n  LD_LIBRARY_PATH={} ibv_devinfo -v\n\
+         two processes over the simulated wire:\n  \
+         MLX5_RS_DEVICES=sim:wire=listen:127.0.0.1:18600 LD_LIBRARY_PATH={0} ibv_rc_pingpong -g 0\n  \
+         MLX5_RS_DEVICES=sim:host=1:wire=connect:127.0.0.1:18600 LD_LIBRARY_PATH={0} ibv_rc_pingpong -g 0 127.0.0.1",
+        dir.display(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Where Debian's programs are: `/usr/bin` when ibverbs-utils and perftest are installed, else the packages
+/// downloaded with `apt-get download` and unpacked under `target/libibverbs/debs`.
+fn programs(lib: &Path) -> Result<Programs, String> {
+    let system = Path::new("/");
+    let have = |root: &Path| {
+        ["usr/bin/ibv_rc_pingpong", "usr/bin/ib_write_bw", "usr/share/doc/rdma-core/tests/run_tests.py"]
+            .iter()
+            .all(|p| root.join(p).exists())
+            && root.join("usr/lib/python3/dist-packages/pyverbs").exists()
+    };
+    let at = |root: &Path, path: String| Programs {
+        bin: root.join("usr/bin"),
+        path,
+        pyverbs: root.join("usr/lib/python3/dist-packages"),
+        tests: root.join("usr/share/doc/rdma-core/tests"),
+    };
+    if have(system) {
+        return Ok(at(system, lib.display().to_string()));
+    }
+    let debs = lib.join("debs");
+    let root = debs.join("root");
+    let path = format!("{}:{}", lib.display(), root.join("usr/lib/x86_64-linux-gnu").display());
+    if !have(&root) {
+        std::fs::create_dir_all(&debs).map_err(|e| e.to_string())?;
+        println!("$ apt-get download {}", DEBS.join(" "));
+        run(Command::new("apt-get").arg("download").args(DEBS).current_dir(&debs))?;
+        for e in std::fs::read_dir(&debs).map_err(|e| e.to_string())? {
+            let p = e.map_err(|e| e.to_string())?.path();
+            if p.extension().is_some_and(|x| x == "deb") {
+                run(Command::new("dpkg").arg("-x").arg(&p).arg(&root))?;
+            }
+        }
+    }
+    Ok(at(&root, path))
+}
+
+/// A program run with the library and a device configuration.
+fn app(p: &Programs, name: &str, devices: &str) -> Command {
+    let mut c = Command::new(p.bin.join(name));
+    c.env("LD_LIBRARY_PATH", &p.path).env("MLX5_RS_DEVICES", devices).env_remove("LD_PRELOAD");
+    c
+}
+
+/// Waits for a child with a deadline, killing it when the deadline passes.
+fn wait(mut child: Child, limit: Duration, what: &str) -> Result<Output, String> {
+    let start = Instant::now();
+    loop {
+        match child.try_wait().map_err(|e| e.to_string())? {
+            Some(_) => return child.wait_with_output().map_err(|e| e.to_string()),
+            None if start.elapsed() > limit => {
+                let _ = child.kill();
+                let out = child.wait_with_output().map_err(|e| e.to_string())?;
+                return Err(format!(
+                    "{what}: no exit after {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// The program succeeded, the loader did not complain, and its output holds each needle (compared with runs of
+/// white space collapsed to one space).
+fn expect(out: &Output, what: &str, needles: &[&str]) -> Result<(), String> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("{what} failed ({}):\nstdout:\n{text}\nstderr:\n{err}", out.status));
+    }
+    if err.contains("no version information") {
+        return Err(format!("{what}: the loader complained about versioning:\n{err}"));
+    }
+    for n in needles {
+        if !flat.contains(n) {
+            return Err(format!("{what}: expected {n:?} in its output:\n{text}\nstderr:\n{err}"));
+        }
+    }
+    println!("{what}: ok");
+    Ok(())
+}
+
+/// Waits until a TCP socket listens on `port` (read from `/proc/net/tcp` and `tcp6`, so nothing connects to
+/// it), or `limit` passes.
+fn wait_listening(port: u16, limit: Duration) {
+    let start = Instant::now();
+    let needle = format!(":{port:04X} ");
+    while start.elapsed() < limit {
+        let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+            std::fs::read_to_string(f).is_ok_and(|t| {
+                // local_address rem_address st: LISTEN is 0A.
+                t.lines().any(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 3 && format!("{} ", f[1]).ends_with(&needle) && f[3] == "0A"
+                })
+            })
+        });
+        if listening {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A server and a client of one of the pingpong programs, each with its own simulated device, joined by the
+/// simulated wire; `port` is the programs' own TCP port, `wire` the wire's.
+fn pingpong(p: &Programs, link: &str, prog: &str, args: &[&str], port: u16, done: [&[&str]; 2]) -> Result<(), String> {
+    match pingpong_once(p, link, prog, args, port, done) {
+        // RC retries run on real time: on a heavily loaded host a simulated peer can be starved past the
+        // program's ACK timeout (rc_pingpong's is fixed at 67 ms x 7). Such a run is repeated once, and said so.
+        Err(e) if e.contains("retry counter exceeded") || e.contains("Failed status 12") => {
+            println!("{prog}: RC retries exhausted (loaded host?); running it again once");
+            pingpong_once(p, link, prog, args, port + 200, done)
+        }
+        r => r,
+    }
+}
+
+fn pingpong_once(
+    p: &Programs,
+    link: &str,
+    prog: &str,
+    args: &[&str],
+    port: u16,
+    done: [&[&str]; 2],
+) -> Result<(), String> {
+    let what = format!("{prog} {} (sim{link})", args.join(" "));
+    let port_s = port.to_string();
+    let wire = port + 100;
+    let server = app(p, prog, &format!("sim{link}:wire=listen:127.0.0.1:{wire}"))
+        .args(args)
+        .args(["-p", &port_s])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    // The server opens its device (and the wire's listener) before it listens on its own port; the client
+    // connects once, so it starts only when the server listens.
+    wait_listening(port, Duration::from_secs(60));
+    let client = app(p, prog, &format!("sim{link}:host=1:wire=connect:127.0.0.1:{wire}"))
+        .args(args)
+        .args(["-p", &port_s, "127.0.0.1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let limit = Duration::from_secs(120);
+    let c = wait(client, limit, &format!("{what} (client)"));
+    // A failed client leaves the server waiting for a peer: stop it and report the client.
+    let s = match &c {
+        Ok(out) if !out.status.success() => {
+            wait(server, Duration::from_secs(5), &format!("{what} (server)")).map_err(|_| "killed".to_string())
+        }
+        _ => wait(server, limit, &format!("{what} (server)")),
+    };
+    let c = c?;
+    expect(&c, &format!("{what} (client)"), done[1])?;
+    let s = s?;
+    expect(&s, &format!("{what} (server)"), done[0])?;
+    Ok(())
+}
+
+/// `MLX5_RS_FAULTS`: the server's device leaves the bus 2.5 s into a long ping-pong; the program must see its
+/// outstanding work requests flushed (and exit with its error), as it would on hardware.
+fn fault_injection(p: &Programs) -> Result<(), String> {
+    let (port, wire) = ("18580", 18680);
+    let args = ["-g", "0", "-n", "100000000", "-p", port];
+    let server = app(p, "ibv_rc_pingpong", &format!("sim:wire=listen:127.0.0.1:{wire}"))
+        .env("MLX5_RS_FAULTS", "device_gone@2500")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    wait_listening(18580, Duration::from_secs(60));
+    let mut client = app(p, "ibv_rc_pingpong", &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"))
+        .args(args)
+        .arg("127.0.0.1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let s = wait(server, Duration::from_secs(60), "ibv_rc_pingpong with device_gone (server)");
+    // The client waits for a peer that is gone, as it would on hardware: it is stopped here.
+    let _ = client.kill();
+    let _ = client.wait();
+    let s = s?;
+    let err = String::from_utf8_lossy(&s.stderr);
+    if s.status.success() || !err.contains("Work Request Flushed Error (5)") {
+        return Err(format!("device_gone: expected a flushed completion and a failed exit, got {}:\n{err}", s.status));
+    }
+    println!("ibv_rc_pingpong with MLX5_RS_FAULTS=device_gone@2500: flushed completion reported: ok");
+    Ok(())
+}
+
+/// rdma-core's Python tests as Debian ships them, with the system python3, on one simulated device: every
+/// test passes or skips (a feature the library reports unsupported); none fails or errors.
+fn python_suite(p: &Programs, lib: &Path) -> Result<(), String> {
+    // A copy, decompressed: the shipped directory holds some modules gzip-compressed.
+    let dir = lib.join("pytests");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    run(Command::new("cp").arg("-r").arg(&p.tests).arg(&dir))?;
+    run(Command::new("sh").arg("-c").arg("gunzip -f tests/*.gz").current_dir(&dir))?;
+    let child = Command::new("/usr/bin/python3")
+        .args(["tests/run_tests.py", "--dev", "mlx5_0", "-v"])
+        .current_dir(&dir)
+        .env("PYTHONPATH", &p.pyverbs)
+        .env("LD_LIBRARY_PATH", &p.path)
+        .env("MLX5_RS_DEVICES", "sim")
+        .env_remove("LD_PRELOAD")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("python3: {e}"))?;
+    let out = wait(child, Duration::from_secs(900), "rdma-core Python tests")?;
+    // unittest reports on stderr.
+    let err = String::from_utf8_lossy(&out.stderr);
+    let ran = err.lines().find(|l| l.starts_with("Ran ")).unwrap_or("Ran ? tests");
+    let verdict = err.lines().rev().find(|l| l.starts_with("OK") || l.starts_with("FAILED")).unwrap_or("?");
+    if !out.status.success() || !verdict.starts_with("OK") {
+        let bad: Vec<&str> = err.lines().filter(|l| l.starts_with("ERROR:") || l.starts_with("FAIL:")).collect();
+        return Err(format!("rdma-core Python tests: {ran}, {verdict}\n{}", bad.join("\n")));
+    }
+    println!("rdma-core Python tests: {ran}, {verdict}: ok");
+    Ok(())
+}
+
+/// The struct-layout test of `mlx5-ibverbs` against `<infiniband/verbs.h>`: the system's when libibverbs-dev is
+/// installed, else Debian's package unpacked next to the library.
+fn abi_test(root: &Path, lib: &Path) -> Result<(), String> {
+    let include = if Path::new("/usr/include/infiniband/verbs.h").exists() {
+        PathBuf::from("/usr/include")
+    } else {
+        let dev = lib.join("debs/dev");
+        if !dev.join("usr/include/infiniband/verbs.h").exists() {
+            std::fs::create_dir_all(&dev).map_err(|e| e.to_string())?;
+            println!("$ apt-get download libibverbs-dev");
+            run(Command::new("apt-get").args(["download", "libibverbs-dev"]).current_dir(&dev))?;
+            for e in std::fs::read_dir(&dev).map_err(|e| e.to_string())? {
+                let p = e.map_err(|e| e.to_string())?.path();
+                if p.extension().is_some_and(|x| x == "deb") {
+                    run(Command::new("dpkg").arg("-x").arg(&p).arg(&dev))?;
+                }
+            }
+        }
+        dev.join("usr/include")
+    };
+    let args = ["test", "-p", "mlx5-ibverbs", "--lib", "abi::tests::abi_matches_the_verbs_header"];
+    println!("$ MLX5_IBVERBS_INCLUDE={} cargo {}", include.display(), args.join(" "));
+    let out = run(Command::new("cargo").args(args).env("MLX5_IBVERBS_INCLUDE", &include).current_dir(root))?;
+    if String::from_utf8_lossy(&out.stdout).contains("SKIPPED")
+        || String::from_utf8_lossy(&out.stderr).contains("SKIPPED")
+    {
+        return Err("the layout test did not find <infiniband/verbs.h>".into());
+    }
+    println!("struct layouts against {}/infiniband/verbs.h: ok", include.display());
+    Ok(())
+}
+
+/// The Debian packages the `ibverbs` crate's build needs (its `ibverbs-sys` configures rdma-core 55 with cmake
+/// and runs bindgen on its headers).
+const CRATE_BUILD_DEBS: &[&str] = &["cmake", "libclang-dev", "libnl-3-dev", "libnl-route-3-dev", "pkg-config"];
+
+/// A Rust program written against the `ibverbs` crate (`host-linux/ibverbs/rust-app`, not a workspace member)
+/// links this libibverbs and runs its ping-pong on RoCE and on InfiniBand.
+fn ibverbs_crate(root: &Path, lib: &Path) -> Result<(), String> {
+    if Command::new("cmake").arg("--version").output().is_err()
+        || !Path::new("/usr/include/netlink/netlink.h").exists() && !Path::new("/usr/include/libnl3").exists()
+        || !Path::new("/usr/lib/llvm-14/lib/libclang.so").exists() && Command::new("llvm-config").output().is_err()
+    {
+        println!("$ apt-get install -y {}", CRATE_BUILD_DEBS.join(" "));
+        run(Command::new("apt-get").args(["install", "-y", "-q"]).args(CRATE_BUILD_DEBS))?;
+    }
+    let app = root.join("host-linux/ibverbs/rust-app");
+    let target = lib.join("rust-app");
+    let build = |extra: Option<&Path>| {
+        let mut c = Command::new("cargo");
+        c.args(["build", "--release", "--manifest-path"])
+            .arg(app.join("Cargo.toml"))
+            .env("CARGO_TARGET_DIR", &target)
+            // Link against this library (ibverbs-sys points the linker at a build directory it does not fill).
+            .env("RUSTFLAGS", format!("-L {}", lib.display()));
+        if let Some(inc) = extra {
+            // ibverbs-sys looks for rdma-core's generated headers one directory off; give bindgen the right one.
+            c.env("BINDGEN_EXTRA_CLANG_ARGS", format!("-I{}", inc.display()));
+        }
+        c.output().map_err(|e| e.to_string())
+    };
+    println!("$ cargo build --release --manifest-path {}", app.join("Cargo.toml").display());
+    let mut out = build(None)?;
+    if !out.status.success() {
+        let inc = find_file(&target.join("release/build"), "verbs_api.h")
+            .and_then(|p| p.parent()?.parent().map(Path::to_path_buf))
+            .ok_or_else(|| format!("building the ibverbs crate failed:\n{}", String::from_utf8_lossy(&out.stderr)))?;
+        out = build(Some(&inc))?;
+    }
+    if !out.status.success() {
+        return Err(format!("building the ibverbs crate failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let exe = target.join("release/ibverbs-crate-pingpong");
+    for devices in ["sim", "sim:link=ib"] {
+        let mut c = Command::new(&exe);
+        c.env("LD_LIBRARY_PATH", lib).env("MLX5_RS_DEVICES", devices).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let child = c.spawn().map_err(|e| e.to_string())?;
+        let out = wait(child, Duration::from_secs(120), "ibverbs crate ping-pong")?;
+        expect(&out, &format!("ibverbs crate ping-pong ({devices})"), &["1000 ping-pongs", "every payload checked"])?;
+    }
+    Ok(())
+}
+
+/// The first file named `name` under `dir` (depth-first).
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if let Some(f) = find_file(&p, name) {
+                return Some(f);
+            }
+        } else if p.file_name().is_some_and(|n| n == name) {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// `cargo xtask verbs-apps [--debug]`: Debian's programs on the library.
+pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
+    let release = !args.iter().any(|a| a == "--debug");
+    let lib = build(root, release)?;
+    let p = programs(&lib)?;
+    println!("programs from {}", p.bin.display());
+    let out = app(&p, "ibv_devices", "sim").output().map_err(|e| e.to_string())?;
+    expect(&out, "ibv_devices", &["mlx5_0 b8cef603"])?;
+    let out = app(&p, "ibv_devinfo", "sim").arg("-v").output().map_err(|e| e.to_string())?;
+    expect(
+        &out,
+        "ibv_devinfo -v",
+        &[
+            "hca_id: mlx5_0",
+            "transport: InfiniBand (0)",
+            "fw_ver: 16.35.2000",
+            "vendor_part_id: 4119",
+            "state: PORT_ACTIVE (4)",
+            "active_mtu: 1024 (3)",
+            "link_layer: Ethernet",
+            "GID[ 0]: fe80:0000:0000:0000:bace:f6ff:fe12:3456, RoCE v1",
+            "GID[ 1]: fe80::bace:f6ff:fe12:3456, RoCE v2",
+            "GID[ 3]: ::ffff:192.168.1.10, RoCE v2",
+        ],
+    )?;
+    let out = app(&p, "ibv_devinfo", "sim:link=ib").output().map_err(|e| e.to_string())?;
+    expect(&out, "ibv_devinfo (InfiniBand)", &["link_layer: InfiniBand", "state: PORT_ACTIVE (4)", "port_lid: 1"])?;
+    // (link, program, arguments): RoCE needs `-g` (a GRH), InfiniBand addresses by LID.
+    let runs: &[(&str, &str, &[&str])] = &[
+        ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-c"]),
+        ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-s", "1", "-c"]),
+        ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-s", "65536", "-e", "-c"]),
+        ("", "ibv_rc_pingpong", &["-g", "1", "-n", "200", "-N", "-c"]),
+        (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-c"]),
+        (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-s", "65536", "-e", "-c"]),
+        ("", "ibv_ud_pingpong", &["-g", "0", "-n", "500", "-c"]),
+        (":link=ib", "ibv_ud_pingpong", &["-n", "500", "-c", "-e"]),
+        ("", "ibv_srq_pingpong", &["-g", "0", "-n", "500", "-c"]),
+        ("", "ibv_srq_pingpong", &["-g", "0", "-n", "200", "-e"]),
+    ];
+    let done: &[&str] = &["bytes in", "iters in"];
+    for (i, (link, prog, args)) in runs.iter().enumerate() {
+        pingpong(&p, link, prog, args, 18515 + i as u16, [done, done])?;
+    }
+    // perftest: `-x 1` takes the RoCE v2 link-local GID (the simulated wire routes by a port's link-local
+    // address; perftest would pick the IPv4 one). ConnectX-5's part id turns its ibv_wr_* API on. `-u 20` (4 s
+    // ACK timeout instead of 67 ms) keeps a simulated wire on a loaded machine from exhausting RC retries.
+    let perf: &[(&str, &[&str], &str)] = &[
+        ("ib_write_bw", &["-x", "1", "-u", "20", "-n", "200"], "65536 200"),
+        ("ib_write_bw", &["-x", "1", "-u", "20", "-n", "200", "--use_old_post_send"], "65536 200"),
+        ("ib_read_bw", &["-x", "1", "-u", "20", "-n", "200"], "65536 200"),
+        ("ib_send_bw", &["-x", "1", "-u", "20", "-n", "200"], "65536 200"),
+        ("ib_atomic_bw", &["-x", "1", "-u", "20", "-n", "200"], "8 200"),
+        ("ib_send_lat", &["-x", "1", "-u", "20", "-n", "200"], "2 200"),
+        ("ib_write_lat", &["-x", "1", "-u", "20", "-n", "200"], "2 200"),
+        ("ib_read_lat", &["-x", "1", "-u", "20", "-n", "200"], "2 200"),
+        ("ib_write_lat", &["-x", "1", "-u", "20", "-n", "10", "-a"], "8388608 10"),
+        ("ib_read_bw", &["-x", "1", "-u", "20", "-n", "10", "-a", "--use_old_post_send"], "8388608 10"),
+    ];
+    for (i, (prog, args, row)) in perf.iter().enumerate() {
+        // The client prints the result table (`#bytes #iterations ...` rows); the server only has to succeed.
+        pingpong(&p, "", prog, args, 18540 + i as u16, [&[], &["#bytes", row]])?;
+    }
+    fault_injection(&p)?;
+    python_suite(&p, &lib)?;
+    abi_test(root, &lib)?;
+    ibverbs_crate(root, &lib)?;
+    println!("verbs-apps: all programs ran");
+    Ok(())
+}
