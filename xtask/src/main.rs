@@ -22,8 +22,8 @@
 mod bench;
 mod codegen;
 mod fuzz;
-mod linux_drives_sim;
 mod libibverbs;
+mod linux_drives_sim;
 mod miri;
 mod modcheck;
 mod rxe;

@@ -101,34 +101,40 @@ pub fn qp_sizes(
     log_max_qp_sz: u8,
 ) -> Result<QpSizes, SizeError> {
     let max_wqes = 1u32 << log_max_qp_sz;
+    // The arithmetic runs in u64: every request is a u32 (a caller's, or a C program's through the drop-in
+    // library), so no product or power of two below can overflow, and anything too large is an error, not a wrap.
+    let sat = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
     // Send queue.
-    let inl = if cap.max_inline_data > 0 { INL_HDR + cap.max_inline_data as usize } else { 0 };
-    let data = (cap.max_send_sge as usize * DATA).max(inl);
-    let wqe_size = (sq_overhead(ty) + data).next_multiple_of(BB);
-    if wqe_size as u32 > max_wqe_sz_sq || wqe_size > MAX_WQEBBS * BB {
+    let inl = if cap.max_inline_data > 0 { INL_HDR as u64 + u64::from(cap.max_inline_data) } else { 0 };
+    let data = (u64::from(cap.max_send_sge) * DATA as u64).max(inl);
+    let wqe_bytes = (sq_overhead(ty) as u64 + data).next_multiple_of(BB as u64);
+    if wqe_bytes > u64::from(max_wqe_sz_sq) || wqe_bytes > (MAX_WQEBBS * BB) as u64 {
         return Err(SizeError::SendWqeTooBig {
-            bytes: wqe_size as u32,
+            bytes: sat(wqe_bytes),
             max: max_wqe_sz_sq.min((MAX_WQEBBS * BB) as u32),
         });
     }
+    let wqe_size = wqe_bytes as usize;
     if cap.max_send_wr == 0 {
         return Err(SizeError::NoSendQueue);
     }
-    let sq_bytes = (cap.max_send_wr as usize * wqe_size).next_power_of_two();
-    let sq_wqe_cnt = (sq_bytes / BB) as u32;
-    if sq_wqe_cnt > max_wqes {
-        return Err(SizeError::TooManyWqes { wqes: sq_wqe_cnt, max: max_wqes });
+    let sq_wqe_cnt = (u64::from(cap.max_send_wr) * wqe_bytes).next_power_of_two() / BB as u64;
+    if sq_wqe_cnt > u64::from(max_wqes) {
+        return Err(SizeError::TooManyWqes { wqes: sat(sq_wqe_cnt), max: max_wqes });
     }
+    let sq_wqe_cnt = sq_wqe_cnt as u32;
     // Receive queue: a power-of-two array of data segments, at least one.
-    let rq_wqe_size = (cap.max_recv_sge.max(1) as usize).next_power_of_two() * DATA;
-    if rq_wqe_size as u32 > max_wqe_sz_rq {
-        return Err(SizeError::RecvWqeTooBig { bytes: rq_wqe_size as u32, max: max_wqe_sz_rq });
+    let rq_bytes = u64::from(cap.max_recv_sge.max(1)).next_power_of_two() * DATA as u64;
+    if rq_bytes > u64::from(max_wqe_sz_rq) {
+        return Err(SizeError::RecvWqeTooBig { bytes: sat(rq_bytes), max: max_wqe_sz_rq });
     }
+    let rq_wqe_size = rq_bytes as usize;
     // The queue is at least one send WQE basic block long (`set_rq_size`, rdma-core `mlx5_calc_rq_size`).
-    let rq_wqe_cnt = cap.max_recv_wr.max(1).next_power_of_two().max((BB / rq_wqe_size) as u32);
-    if rq_wqe_cnt > max_wqes {
-        return Err(SizeError::TooManyWqes { wqes: rq_wqe_cnt, max: max_wqes });
+    let rq_wqe_cnt = u64::from(cap.max_recv_wr.max(1)).next_power_of_two().max((BB / rq_wqe_size) as u64);
+    if rq_wqe_cnt > u64::from(max_wqes) {
+        return Err(SizeError::TooManyWqes { wqes: sat(rq_wqe_cnt), max: max_wqes });
     }
+    let rq_wqe_cnt = rq_wqe_cnt as u32;
     let overhead = sq_overhead(ty);
     let granted = QpCap {
         max_send_wr: sq_wqe_cnt / (wqe_size / BB) as u32,
@@ -149,6 +155,22 @@ pub fn qp_sizes(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn requests_near_u32_max_are_errors_not_overflows() {
+        // Found by the drop-in library: `max_recv_wr = 0xffffffff` overflowed `next_power_of_two`.
+        let huge =
+            QpCap { max_send_wr: 16, max_recv_wr: u32::MAX, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        assert!(matches!(qp_sizes(QpType::Rc, &huge, 512, 512, 15), Err(SizeError::TooManyWqes { .. })));
+        let huge = QpCap { max_send_wr: u32::MAX, ..huge };
+        assert!(matches!(qp_sizes(QpType::Rc, &huge, 512, 512, 15), Err(SizeError::TooManyWqes { .. })));
+        let huge = QpCap { max_send_wr: 16, max_recv_wr: 16, max_recv_sge: u32::MAX, ..huge };
+        assert!(matches!(qp_sizes(QpType::Rc, &huge, 512, 512, 15), Err(SizeError::RecvWqeTooBig { .. })));
+        let huge = QpCap { max_recv_sge: 1, max_send_sge: u32::MAX, ..huge };
+        assert!(matches!(qp_sizes(QpType::Rc, &huge, 512, 512, 15), Err(SizeError::SendWqeTooBig { .. })));
+        let huge = QpCap { max_send_sge: 1, max_inline_data: u32::MAX, ..huge };
+        assert!(matches!(qp_sizes(QpType::Rc, &huge, 512, 512, 15), Err(SizeError::SendWqeTooBig { .. })));
+    }
+
     use super::*;
 
     fn cap(send_wr: u32, recv_wr: u32, send_sge: u32, recv_sge: u32, inline: u32) -> QpCap {
