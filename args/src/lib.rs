@@ -35,16 +35,34 @@ pub enum ArgError {
 
 impl fmt::Display for ArgError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Arguments are echoed with their control characters escaped, so every error is one line whatever was typed.
+        let l = one_line;
         match self {
             ArgError::Help => write!(f, "help requested"),
             ArgError::NotUtf8 { index, lossy } => write!(f, "argument {index} ({lossy:?}) is not UTF-8 text"),
-            ArgError::Unknown(o) => write!(f, "unknown option {o}"),
-            ArgError::NotApplicable { option, command } => write!(f, "{option} does not apply to {command}"),
-            ArgError::Missing { option, what } => write!(f, "{option} needs {what}"),
-            ArgError::Invalid { option, why } => write!(f, "{option}: {why}"),
-            ArgError::Other(s) => f.write_str(s),
+            ArgError::Unknown(o) => write!(f, "unknown option {}", l(o)),
+            ArgError::NotApplicable { option, command } => write!(f, "{} does not apply to {}", l(option), l(command)),
+            ArgError::Missing { option, what } => write!(f, "{} needs {}", l(option), l(what)),
+            ArgError::Invalid { option, why } => write!(f, "{}: {}", l(option), l(why)),
+            ArgError::Other(s) => f.write_str(&l(s)),
         }
     }
+}
+
+/// `s` with its control characters (newlines, escapes, ...) written as Rust escapes, so it prints on one line.
+pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 impl std::error::Error for ArgError {}
@@ -202,6 +220,16 @@ pub fn usage_exit(program: &str, err: &ArgError, usage: &str) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_error_is_one_line_whatever_was_typed() {
+        // Found by the `args` fuzz target: an option with a newline in it printed a two-line error.
+        let e = ArgError::Unknown("--lin\nib".into()).to_string();
+        assert_eq!(e, "unknown option --lin\\nib");
+        let e = ArgError::NotApplicable { option: "--x\r\x1b[2J".into(), command: "c\n".into() }.to_string();
+        assert!(!e.contains(['\n', '\r', '\x1b']), "{e}");
+        assert_eq!(one_line("plain \"text\""), "plain \"text\"");
+    }
 
     #[test]
     fn numbers_are_digits_in_range() {

@@ -100,7 +100,7 @@ fn ci(root: &Path) -> Result<(), String> {
     // The fault-injection soak at CI size: every invariant must hold.
     soak::run(root, &soak::CI_ARGS.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
     vfio_test::run_vfio_test(root)?;
-    fuzz::run_fuzz(root, &["--seconds".to_string(), "20".to_string()])?;
+    fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
     Ok(())
 }

@@ -30,7 +30,7 @@ use mlx5_verbs::{
 pub const DEFAULT_PORT: u16 = 18515;
 
 /// Bytes of the exchange message, rc_pingpong's `sizeof "0000:000000:000000:" + 32 GID digits` with its NUL.
-const MSG_LEN: usize = 52;
+pub const MSG_LEN: usize = 52;
 /// What the client writes once it has connected its QP, so the server knows it may start.
 const DONE: &[u8; 5] = b"done\0";
 

@@ -78,6 +78,14 @@ fn unknown_commands_and_options_share_one_exit_code() {
 }
 
 #[test]
+fn an_argument_with_control_characters_is_still_a_one_line_error() {
+    // Found by the `args` fuzz target: the option was echoed as typed, newline and all.
+    refused(&["--lin\nib", "devinfo"], 2, "unknown option --lin\\nib");
+    refused(&["bench", "send_bw", "--x\r\x1b[2J"], 2, "unknown option --x\\r\\u{1b}[2J");
+    refused(&["bench", "send_bw", "a\nb"], 2, "unexpected argument \"a\\nb\"");
+}
+
+#[test]
 fn options_that_do_not_apply_are_refused() {
     refused(&["fw-tour", "--json"], 2, "--json does not apply to fw-tour");
     refused(&["devinfo", "--size", "5"], 2, "--size does not apply to devinfo");

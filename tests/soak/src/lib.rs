@@ -17,6 +17,8 @@
 //! (`hangs`); after teardown no DMA allocation and no firmware page outstanding; the device never touched memory
 //! that was not live and the driver never freed memory firmware owned.
 
+pub mod wire;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
