@@ -11,8 +11,9 @@
 //!   their corpus replayed; see FUZZING.md.
 //! * `miri`: the core's tests and the simulator's unsafe-heavy parts under Miri (nightly); see ARCHITECTURE.md.
 //! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
-//! * `soak [--ops N] [--seed S] [--json]`: random traffic between two simulated devices under injected faults,
-//!   with its invariants checked; see SOAK.md.
+//! * `soak [--ops N] [--seed S] [--json] [--threaded] [--wire [--kills K]]`: random traffic between two simulated
+//!   devices under injected faults, with its invariants checked (threaded, or across two processes with the peer
+//!   killed); see SOAK.md.
 
 mod bench;
 mod codegen;
@@ -97,8 +98,13 @@ fn ci(root: &Path) -> Result<(), String> {
     for example in ["rc_pingpong", "ud_pingpong", "rdma_write_read", "event_driven"] {
         cargo(root, &["run", "--release", "-q", "-p", "mlx5-verbs", "--example", example])?;
     }
-    // The fault-injection soak at CI size: every invariant must hold.
+    // The unsafe code under Miri (the core's tests, the simulator's DMA space and test kit; xtask/src/miri.rs).
+    miri::run(root)?;
+    // The fault-injection soak at CI size, then threaded and across two processes: every invariant must hold.
     soak::run(root, &soak::CI_ARGS.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
+    for args in soak::CI_WIDER_ARGS {
+        soak::run(root, &args.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
+    }
     vfio_test::run_vfio_test(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
@@ -118,7 +124,7 @@ commands:
   miri                           the core's tests and the simulator's unsafe-heavy parts under Miri
   modcheck [--graph] [--root DIR]
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
-  soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire]
+  soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire [--kills K]]
                                  the fault-injection soak (options go to mlx5-soak)";
 
 /// One xtask command and its options, checked before anything runs.

@@ -1,5 +1,6 @@
-//! `soak [--ops N] [--seed S] [--json] [--progress N] [--wire [--kills K]]`: the fault-injection soak (see the
-//! `mlx5_soak` library), or with `--wire` the two-process wire soak (`mlx5_soak::wire`). Prints the report (one
+//! `soak [--ops N] [--seed S] [--json] [--progress N] [--threaded] [--wire [--kills K]]`: the fault-injection soak
+//! (see the `mlx5_soak` library; `--threaded`: on threaded simulated devices), or with `--wire` the two-process
+//! wire soak (`mlx5_soak::wire`). Prints the report (one
 //! JSON object with `--json`) and exits 1 when an invariant failed, 2 on a usage error. `--wire-peer ADDR` is
 //! the peer process the wire soak starts (this binary again).
 
@@ -9,12 +10,13 @@ use mlx5_args::{ArgError, Argv};
 use mlx5_soak::wire::{peer_main, run_wire, WireOptions};
 use mlx5_soak::{run, Options};
 
-const USAGE: &str = "usage: soak [--ops N] [--seed S] [--json] [--progress N] [--wire [--kills K]]
+const USAGE: &str = "usage: soak [--ops N] [--seed S] [--json] [--progress N] [--threaded] [--wire [--kills K]]
 
   --ops N        work requests to post in total (default 100000; 1e6, 10^6 and 1_000_000 read as a million)
   --seed S       the seed everything derives from (default 1)
   --json         the report as one JSON object
   --progress N   a progress line on standard error every N work requests (in-process soak)
+  --threaded     the in-process soak on threaded simulated devices (worker threads, real time)
   --wire         the two-process wire soak: RC traffic to a peer process that is killed and restarted
   --kills K      peers killed during a --wire run (default 4)";
 
@@ -51,7 +53,7 @@ enum Role {
 }
 
 fn parse(mut argv: Argv) -> Result<Role, ArgError> {
-    let mut opts = Options { ops: 100_000, seed: 1, progress_every: 0 };
+    let mut opts = Options { ops: 100_000, seed: 1, progress_every: 0, threaded: false };
     let (mut json, mut wire, mut kills, mut peer) = (false, false, None, None);
     while let Some(a) = argv.next() {
         let a = a?;
@@ -62,6 +64,7 @@ fn parse(mut argv: Argv) -> Result<Role, ArgError> {
             "--progress" => opts.progress_every = parse_count("--progress", &argv.value("--progress", "a count")?)?,
             "--json" => json = true,
             "--wire" => wire = true,
+            "--threaded" => opts.threaded = true,
             "--kills" => kills = Some(argv.number("--kills", 0u32, 10_000)?),
             "--wire-peer" => peer = Some(argv.value("--wire-peer", "the wire's address")?),
             o if o.starts_with('-') => return Err(ArgError::Unknown(o.into())),
@@ -80,8 +83,10 @@ fn parse(mut argv: Argv) -> Result<Role, ArgError> {
         }
         return Ok(Role::Soak { opts, json });
     }
-    if opts.progress_every != 0 {
-        return Err(ArgError::NotApplicable { option: "--progress".into(), command: "--wire".into() });
+    if opts.progress_every != 0 || opts.threaded {
+        let option = if opts.threaded { "--threaded" } else { "--progress" };
+        // The wire soak's devices are always threaded (their link runs in real time).
+        return Err(ArgError::NotApplicable { option: option.into(), command: "--wire".into() });
     }
     Ok(Role::Wire { opts: WireOptions { ops: opts.ops, seed: opts.seed, kills: kills.unwrap_or(4) }, json })
 }
@@ -136,6 +141,8 @@ mod tests {
         let p = |a: &[&str]| parse(Argv::new(a.iter().copied()));
         assert!(matches!(p(&["--kills", "2"]), Err(ArgError::NotApplicable { .. })));
         assert!(matches!(p(&["--wire", "--progress", "5"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["--wire", "--threaded"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["--threaded"]), Ok(Role::Soak { opts: Options { threaded: true, .. }, .. })));
         assert!(matches!(p(&["--ops", "0"]), Err(ArgError::Invalid { .. })));
         assert!(matches!(p(&["--frob"]), Err(ArgError::Unknown(_))));
         assert!(matches!(p(&["--wire", "--kills", "3"]), Ok(Role::Wire { opts: WireOptions { kills: 3, .. }, .. })));

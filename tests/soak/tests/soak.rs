@@ -6,7 +6,7 @@ use mlx5_soak::{run, Options};
 
 #[test]
 fn a_short_soak_holds_every_invariant_and_accounts_for_every_work_request() {
-    let rep = run(Options { ops: 30_000, seed: 0x5eed, progress_every: 0 });
+    let rep = run(Options { ops: 30_000, seed: 0x5eed, progress_every: 0, threaded: false });
     assert!(rep.ok(), "{}", rep.render());
     assert!(rep.ops >= 30_000);
     assert_eq!(rep.sends + rep.recvs, rep.ops);
@@ -29,18 +29,18 @@ fn a_short_soak_holds_every_invariant_and_accounts_for_every_work_request() {
 
 #[test]
 fn a_soak_repeats_exactly_from_its_seed() {
-    let a = run(Options { ops: 5_000, seed: 77, progress_every: 0 });
-    let b = run(Options { ops: 5_000, seed: 77, progress_every: 0 });
+    let a = run(Options { ops: 5_000, seed: 77, progress_every: 0, threaded: false });
+    let b = run(Options { ops: 5_000, seed: 77, progress_every: 0, threaded: false });
     assert!(a.ok() && b.ok(), "{}\n{}", a.render(), b.render());
     assert_eq!((a.ops, &a.opcodes, &a.faults, &a.completions), (b.ops, &b.opcodes, &b.faults, &b.completions));
-    let c = run(Options { ops: 5_000, seed: 78, progress_every: 0 });
+    let c = run(Options { ops: 5_000, seed: 78, progress_every: 0, threaded: false });
     assert_ne!(a.opcodes, c.opcodes, "another seed, another run");
 }
 
 #[test]
 fn the_terminal_faults_drain_with_flushes_made_by_the_driver() {
     // Enough epochs that some end with the device dying under traffic.
-    let rep = run(Options { ops: 60_000, seed: 3, progress_every: 0 });
+    let rep = run(Options { ops: 60_000, seed: 3, progress_every: 0, threaded: false });
     assert!(rep.ok(), "{}", rep.render());
     let terminal: u64 = rep
         .faults
