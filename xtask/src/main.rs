@@ -221,3 +221,40 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx5_args::{ArgError, Argv};
+
+    fn p(a: &[&str]) -> Result<Task, ArgError> {
+        parse(Argv::new(a.iter().copied()))
+    }
+
+    /// Issue 21: `bench --quick` rewrote BENCHMARKS.md, `fuzz --seconds 0` fuzzed forever, `--help` exited 1.
+    #[test]
+    fn unknown_flags_and_endless_runs_are_refused_before_anything_runs() {
+        assert!(matches!(p(&["bench", "--quick"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["ci", "--frob"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["miri", "--all"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["fuzz", "--seconds", "0"]), Err(ArgError::Invalid { .. })));
+        assert!(matches!(p(&["fuzz", "--target", "nope"]), Err(ArgError::Invalid { .. })));
+        assert!(matches!(p(&["frob"]), Err(ArgError::Other(_))));
+        assert_eq!(p(&["--help"]).err(), Some(ArgError::Help));
+        assert_eq!(p(&["fuzz", "-h"]).err(), Some(ArgError::Help));
+        assert!(matches!(p(&["fuzz", "--target", "args", "--seconds", "5"]), Ok(Task::Fuzz(_))));
+        assert!(matches!(p(&["miri"]), Ok(Task::Miri)));
+    }
+
+    #[test]
+    fn every_fuzz_target_has_a_binary_and_seeds() {
+        let root = root();
+        let manifest = std::fs::read_to_string(root.join("fuzz/Cargo.toml")).unwrap();
+        for t in fuzz::TARGETS {
+            assert!(manifest.contains(&format!("name = \"{t}\"")), "{t} is not a bin of fuzz/Cargo.toml");
+            assert!(root.join(format!("fuzz/fuzz_targets/{t}.rs")).is_file(), "{t} has no source");
+        }
+        // Ten targets at CI_SECONDS each stay within the three minutes of fuzzing CI allows.
+        assert!(fuzz::TARGETS.len() as u32 * fuzz::CI_SECONDS <= 180);
+    }
+}
