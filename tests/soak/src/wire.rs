@@ -407,7 +407,8 @@ fn survivor(
     let mut wc = vec![WorkCompletion::default(); 32];
     for session in 0..sessions {
         let last = session + 1 == sessions;
-        let quota = (opts.ops - rep.ops) / (sessions - session);
+        // A WRITE and its READ post together, so the count may pass the total by one.
+        let quota = opts.ops.saturating_sub(rep.ops) / (sessions - session);
         // The kill lands somewhere in the session's second half, with work outstanding.
         let kill_at = if last { u64::MAX } else { quota / 2 + rng.below(quota / 2 + 1) };
         let (mut peer, lines) = Peer::spawn(exe, &at, opts.seed)?;
