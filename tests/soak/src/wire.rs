@@ -69,6 +69,8 @@ pub struct WireReport {
     pub over_budget: u64,
     /// The longest drain after a kill, in ms, and the budget.
     pub max_drain_ms: u64,
+    /// Every drain after a kill, in ms (for the median and the 99th percentile).
+    pub drains_ms: Vec<u64>,
     pub budget_ms: u64,
     /// Peers that failed on their own (a data mismatch they saw, an error, a non-zero exit at a clean end).
     pub peer_failures: u64,
@@ -117,6 +119,8 @@ impl WireReport {
             "unexpected": self.unexpected,
             "over_budget": self.over_budget,
             "max_drain_ms": self.max_drain_ms,
+            "drain_ms_p50": self.drain_percentile(50),
+            "drain_ms_p99": self.drain_percentile(99),
             "budget_ms": self.budget_ms,
             "peer_failures": self.peer_failures,
             "hangs": self.hangs,
@@ -128,13 +132,20 @@ impl WireReport {
         })
     }
 
+    /// The `p`th percentile of the drains after a kill, in ms (0 without kills).
+    pub fn drain_percentile(&self, p: usize) -> u64 {
+        let mut d = self.drains_ms.clone();
+        d.sort_unstable();
+        d.get((d.len() * p / 100).min(d.len().saturating_sub(1))).copied().unwrap_or(0)
+    }
+
     pub fn render(&self) -> String {
         let mut completions: Vec<_> = self.completions.iter().map(|(k, v)| format!("{k} {v}")).collect();
         completions.sort();
         let mut s = format!(
             "wire soak, seed {}: {} ops in {} sessions ({} peers killed) in {:.1} s\n\
              completions: {}\n\
-             drain after a kill: longest {} ms (budget {} ms)\n\
+             drain after a kill: median {} ms, 99th percentile {} ms, longest {} ms (budget {} ms)\n\
              lost {}, duplicated {}, data mismatches {}, unexpected {}, over budget {}, peer failures {}, hangs {}, \
              leaked DMA {} regions / {} bytes\n",
             self.seed,
@@ -143,6 +154,8 @@ impl WireReport {
             self.kills,
             self.elapsed_s,
             completions.join(", "),
+            self.drain_percentile(50),
+            self.drain_percentile(99),
             self.max_drain_ms,
             self.budget_ms,
             self.lost,
@@ -533,6 +546,7 @@ fn survivor(
                 if ledger.is_empty() {
                     let took = t.elapsed();
                     rep.max_drain_ms = rep.max_drain_ms.max(took.as_millis() as u64);
+                    rep.drains_ms.push(took.as_millis() as u64);
                     if took > budget + BUDGET_SLACK {
                         rep.over_budget += 1;
                         rep.problem(format!("session {session}: the drain after the kill took {took:?}"));
