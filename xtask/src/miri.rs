@@ -1,8 +1,9 @@
-//! `cargo xtask miri`: the unsafe code under Miri on the nightly toolchain, sized to fit CI. Measured on the
-//! 2-CPU development machine while five other builds shared it (load average 11), Miri's standard library already
-//! built: 337 s in all, the core's 102 tests running 13.5 s and the simulator's 25 running 189 s (about 50 s on an
-//! idle machine: `testkit::fixture` 29 s, `fw::mkey` 12 s, the rest about 1 s each); a fresh machine adds a minute
-//! or two for `cargo miri setup`.
+//! `cargo xtask miri`: the unsafe code under Miri on the nightly toolchain, sized to fit CI. Measured wall time on
+//! the 2-CPU development machine, Miri's standard library already built, the simulator compiled for Miri within
+//! it: 166 s with one fuzzer running beside it, 337 s when five other builds shared the machine (load average 11).
+//! Test by test: `testkit::fixture` about 30 s, `fw::mkey` about 10 s, the rest a second or two each (the "finished
+//! in" figures the test harness prints under Miri are Miri's virtual clock, not wall time). A fresh machine adds a
+//! minute or two for `cargo miri setup`.
 //!
 //! What runs, and why:
 //! * every library test of `mlx5-core`: the heap-backed test HAL, `MsgBuf` over DMA memory, the doorbell record
