@@ -769,7 +769,9 @@ impl<'r> Epoch<'r> {
                     ah_attr: ah,
                     rnr_retry,
                     retry_cnt: 2,
-                    timeout: 8,
+                    // About 1 ms in virtual time; in real time (threaded) a thread descheduled for 3 ms would run a
+                    // healthy QP out of retries, so there 67 ms.
+                    timeout: if self.threaded { 14 } else { 8 },
                     min_rnr_timer: 1,
                     max_dest_rd_atomic: 4,
                     max_rd_atomic: 4,
