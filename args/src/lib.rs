@@ -35,16 +35,34 @@ pub enum ArgError {
 
 impl fmt::Display for ArgError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Arguments are echoed with their control characters escaped, so every error is one line whatever was typed.
+        let l = one_line;
         match self {
             ArgError::Help => write!(f, "help requested"),
             ArgError::NotUtf8 { index, lossy } => write!(f, "argument {index} ({lossy:?}) is not UTF-8 text"),
-            ArgError::Unknown(o) => write!(f, "unknown option {o}"),
-            ArgError::NotApplicable { option, command } => write!(f, "{option} does not apply to {command}"),
-            ArgError::Missing { option, what } => write!(f, "{option} needs {what}"),
-            ArgError::Invalid { option, why } => write!(f, "{option}: {why}"),
-            ArgError::Other(s) => f.write_str(s),
+            ArgError::Unknown(o) => write!(f, "unknown option {}", l(o)),
+            ArgError::NotApplicable { option, command } => write!(f, "{} does not apply to {}", l(option), l(command)),
+            ArgError::Missing { option, what } => write!(f, "{} needs {}", l(option), l(what)),
+            ArgError::Invalid { option, why } => write!(f, "{}: {}", l(option), l(why)),
+            ArgError::Other(s) => f.write_str(&l(s)),
         }
     }
+}
+
+/// `s` with its control characters (newlines, escapes, ...) written as Rust escapes, so it prints on one line.
+pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 impl std::error::Error for ArgError {}
@@ -199,9 +217,100 @@ pub fn usage_exit(program: &str, err: &ArgError, usage: &str) -> ExitCode {
     ExitCode::from(USAGE_EXIT)
 }
 
+/// What an option of a small program ([`Opts`]) takes.
+#[derive(Debug, Clone, Copy)]
+pub enum Takes {
+    /// Text, described for the error when it is missing (e.g. "a PCI address").
+    Text(&'static str),
+    /// A number in `lo..=hi`.
+    Number(u64, u64),
+}
+
+/// The options of a small program (the verbs examples): `--NAME VALUE` pairs it declares, each at most once,
+/// numbers checked against their range, and `-h` / `--help`; anything else is refused.
+#[derive(Debug, Clone, Default)]
+pub struct Opts {
+    given: Vec<(String, String)>,
+}
+
+impl Opts {
+    /// Reads `argv` against `spec` (each option and what it takes).
+    pub fn parse(mut argv: Argv, spec: &[(&str, Takes)]) -> Result<Self, ArgError> {
+        let mut given: Vec<(String, String)> = Vec::new();
+        while let Some(a) = argv.next() {
+            let a = a?;
+            if is_help(&a) {
+                return Err(ArgError::Help);
+            }
+            let Some(&(name, takes)) = spec.iter().find(|(n, _)| *n == a) else {
+                return Err(if a.starts_with('-') {
+                    ArgError::Unknown(a)
+                } else {
+                    ArgError::Other(format!("unexpected argument {a:?}"))
+                });
+            };
+            if given.iter().any(|(n, _)| n == name) {
+                return Err(ArgError::Other(format!("{name} given twice")));
+            }
+            let v = match takes {
+                Takes::Text(what) => argv.value(name, what)?,
+                Takes::Number(lo, hi) => argv.number(name, lo, hi)?.to_string(),
+            };
+            given.push((name.to_string(), v));
+        }
+        Ok(Opts { given })
+    }
+
+    /// The process's options, or the end of the process on a usage error ([`usage_exit`]'s output and code).
+    pub fn from_env_or_exit(program: &str, usage: &str, spec: &[(&str, Takes)]) -> Self {
+        match Self::parse(Argv::from_env(), spec) {
+            Ok(o) => o,
+            Err(e) => {
+                let code = if e == ArgError::Help { 0 } else { i32::from(USAGE_EXIT) };
+                let _ = usage_exit(program, &e, usage);
+                std::process::exit(code)
+            }
+        }
+    }
+
+    /// The text given for `option`.
+    pub fn text(&self, option: &str) -> Option<&str> {
+        self.given.iter().find(|(n, _)| n == option).map(|(_, v)| v.as_str())
+    }
+
+    /// The number given for `option` (already checked against its range), or `default`.
+    pub fn number(&self, option: &str, default: u64) -> u64 {
+        self.text(option).and_then(|v| v.parse().ok()).unwrap_or(default)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_error_is_one_line_whatever_was_typed() {
+        // Found by the `args` fuzz target: an option with a newline in it printed a two-line error.
+        let e = ArgError::Unknown("--lin\nib".into()).to_string();
+        assert_eq!(e, "unknown option --lin\\nib");
+        let e = ArgError::NotApplicable { option: "--x\r\x1b[2J".into(), command: "c\n".into() }.to_string();
+        assert!(!e.contains(['\n', '\r', '\x1b']), "{e}");
+        assert_eq!(one_line("plain \"text\""), "plain \"text\"");
+    }
+
+    #[test]
+    fn small_programs_take_only_what_they_declare() {
+        let spec = [("--size", Takes::Number(1, 100)), ("--device", Takes::Text("a PCI address"))];
+        let p = |a: &[&str]| Opts::parse(Argv::new(a.iter().copied()), &spec);
+        let o = p(&["--size", "7", "--device", "sim"]).unwrap();
+        assert_eq!((o.number("--size", 1), o.text("--device"), o.number("--iters", 9)), (7, Some("sim"), 9));
+        assert!(matches!(p(&["--size", "0"]), Err(ArgError::Invalid { .. })));
+        assert!(matches!(p(&["--size"]), Err(ArgError::Missing { .. })));
+        assert!(matches!(p(&["--frob"]), Err(ArgError::Unknown(_))));
+        assert!(matches!(p(&["frob"]), Err(ArgError::Other(_))));
+        assert!(matches!(p(&["--size", "1", "--size", "2"]), Err(ArgError::Other(_))));
+        assert_eq!(p(&["--help"]).unwrap_err(), ArgError::Help);
+    }
 
     #[test]
     fn numbers_are_digits_in_range() {

@@ -46,11 +46,16 @@ pub(crate) const USER_MAP_MAX_ALIGN: u64 = 1 << 30;
 // the block itself is not tied to the thread that allocated it.
 unsafe impl Send for Region {}
 
-/// A translation cache entry: (IOVA page number it was filled for, region IOVA, region length, host address).
-type Recent = (u64, u64, usize, usize);
+/// A translation cache entry: (IOVA page number it was filled for, region IOVA, region length, host address). The
+/// host address is a pointer, not an integer, so what `translate` returns keeps the allocation's provenance.
+#[derive(Debug, Clone, Copy)]
+struct Recent(u64, u64, usize, *mut u8);
+
+// SAFETY: an entry is a copy of a live region's description, used only under the device lock like the region.
+unsafe impl Send for Recent {}
 
 /// An entry that matches nothing (no IOVA page has this number).
-const NO_ENTRY: Recent = (u64::MAX, 0, 0, 0);
+const NO_ENTRY: Recent = Recent(u64::MAX, 0, 0, ptr::null_mut());
 
 /// Entries of the translation cache, indexed by the low bits of the IOVA page number: the datapath touches a
 /// handful of regions (queue buffers, doorbell records, a CQ ring, registered memory) over and over.
@@ -198,12 +203,12 @@ impl DmaSpace {
         // The region last found for this IOVA page first: the same answer as the lookup below (an entry is a live
         // region, and the same bounds check applies), without walking the tree.
         let page = iova / IOVA_PAGE;
-        let (tag, base, rlen, cpu) = self.recent[page as usize % RECENT].get();
+        let Recent(tag, base, rlen, cpu) = self.recent[page as usize % RECENT].get();
         let off = iova.wrapping_sub(base);
         if tag == page && iova >= base && off < rlen as u64 && len as u64 <= rlen as u64 - off {
             // SAFETY: `off + len <= rlen`, the length of a live allocation at `cpu` (entries are cleared when any
             // region is freed), so the offset stays inside it.
-            return Some(unsafe { (cpu as *mut u8).add(off as usize) });
+            return Some(unsafe { cpu.add(off as usize) });
         }
         self.translate_slow(iova, len)
     }
@@ -217,7 +222,7 @@ impl DmaSpace {
             return None;
         }
         let page = iova / IOVA_PAGE;
-        self.recent[page as usize % RECENT].set((page, base, r.len, r.cpu.as_ptr() as usize));
+        self.recent[page as usize % RECENT].set(Recent(page, base, r.len, r.cpu.as_ptr()));
         // SAFETY: `off + len <= r.len` (checked above), so the offset stays inside the allocation.
         Some(unsafe { r.cpu.as_ptr().add(off as usize) })
     }
@@ -363,19 +368,25 @@ impl Drop for DmaSpace {
     /// reachable from a process-wide list, so leak checkers see them as held, not lost.
     fn drop(&mut self) {
         let allocated = std::mem::take(&mut self.regions).into_values().filter(|r| r.layout.is_some());
-        keep_forever(allocated.map(|r| r.cpu.as_ptr() as usize));
+        keep_forever(allocated.map(|r| r.cpu));
     }
 }
 
-/// Host addresses of regions still allocated when their allocator went away (see `DmaSpace`'s `Drop`).
-static KEPT: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+/// A kept allocation: a pointer (not an address), so Miri's leak check, like LeakSanitizer, sees it as held.
+struct Kept(#[allow(dead_code)] NonNull<u8>);
 
-/// Keeps the allocations at `addrs` for the rest of the process, reachable so leak checkers see them as held: a
+// SAFETY: the pointer is never dereferenced; it only keeps the allocation reachable.
+unsafe impl Send for Kept {}
+
+/// Regions still allocated when their allocator went away (see `DmaSpace`'s `Drop`).
+static KEPT: std::sync::Mutex<Vec<Kept>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps the allocations at `ptrs` for the rest of the process, reachable so leak checkers see them as held: a
 /// `DmaRegion` may still point at them, and its contract promises the memory until `free`.
-pub(crate) fn keep_forever(addrs: impl IntoIterator<Item = usize>) {
-    let mut addrs = addrs.into_iter().peekable();
-    if addrs.peek().is_some() {
-        KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(addrs);
+pub(crate) fn keep_forever(ptrs: impl IntoIterator<Item = NonNull<u8>>) {
+    let mut ptrs = ptrs.into_iter().map(Kept).peekable();
+    if ptrs.peek().is_some() {
+        KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(ptrs);
     }
 }
 

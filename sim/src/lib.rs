@@ -181,6 +181,8 @@ pub(crate) struct State {
     pub(crate) fw: Firmware,
     pub(crate) regs: Regs,
     pub(crate) events: Vec<SimEvent>,
+    /// Events dropped from the front of `events` to keep it bounded ([`EVENT_LOG_MAX`]).
+    events_dropped: u64,
     pub(crate) executed: Vec<ExecutedCmd>,
     pub(crate) faults: Vec<Fault>,
     pending: Vec<Pending>,
@@ -191,7 +193,21 @@ pub(crate) struct State {
     pub(crate) dp: DpState,
 }
 
+/// The most recent events a device keeps: a long-lived device (a ping-pong server, the wire soak's survivor) logs
+/// events per completion and would otherwise grow without bound (about 300 bytes per work request were measured).
+pub const EVENT_LOG_MAX: usize = 1 << 16;
+
 impl State {
+    /// Drops the oldest events once the log holds twice [`EVENT_LOG_MAX`], keeping the most recent
+    /// `EVENT_LOG_MAX` (amortized: one move per `EVENT_LOG_MAX` events).
+    fn trim_logs(&mut self) {
+        if self.events.len() > 2 * EVENT_LOG_MAX {
+            let n = self.events.len() - EVENT_LOG_MAX;
+            self.events.drain(..n);
+            self.events_dropped += n as u64;
+        }
+    }
+
     /// Device time: virtual in inline mode, wall time since creation in threaded mode.
     pub(crate) fn now_ns(&self) -> u64 {
         match self.cfg.mode {
@@ -301,6 +317,7 @@ impl Shared {
     /// flushes, and the work a send doorbell brought, when `kick`); threaded mode hands a send doorbell to the
     /// device thread, which also runs on its own every [`WORKER_TICK`].
     pub(crate) fn run(self: &Arc<Self>, kick: bool) {
+        lock(self).trim_logs();
         match &self.tx {
             Some(tx) => {
                 if kick {
@@ -338,6 +355,7 @@ fn worker(weak: Weak<Shared>, rx: mpsc::Receiver<Work>) {
         }
         // Every wake-up runs the datapath: send doorbells, commands that changed QP states, timers.
         link::pump(&shared);
+        lock(&shared).trim_logs();
     }
 }
 
@@ -361,6 +379,7 @@ impl SimDevice {
             fw: Firmware::new(&cfg),
             dma: DmaSpace::new(cfg.dma_max_contig),
             events: Vec::new(),
+            events_dropped: 0,
             executed: Vec::new(),
             faults: Vec::new(),
             pending: Vec::new(),
@@ -422,9 +441,15 @@ impl SimDevice {
         lock(&self.shared).executed.clone()
     }
 
-    /// Everything else the device noticed, in order.
+    /// Everything else the device noticed, in order: the most recent ones once there were more than
+    /// [`EVENT_LOG_MAX`] (see [`SimDevice::events_dropped`]).
     pub fn events(&self) -> Vec<SimEvent> {
         lock(&self.shared).events.clone()
+    }
+
+    /// Events dropped from the front of the log to keep it bounded.
+    pub fn events_dropped(&self) -> u64 {
+        lock(&self.shared).events_dropped
     }
 
     /// Device accesses outside live DMA memory, in order.
@@ -801,6 +826,22 @@ mod tests {
         assert_eq!(h.dev.pages_abandoned(), 8 + 16);
         assert_eq!(h.dev.pages_owned(), 0);
         assert!(!h.dev.events().iter().any(|e| matches!(e, SimEvent::FreedDeviceOwned { .. })));
+    }
+
+    #[test]
+    fn the_event_log_keeps_the_most_recent_events_only() {
+        let dev = SimDevice::new(SimConfig::default());
+        let m = dev.mmio();
+        // A UAR write before bring-up is ignored and logged: one event per write.
+        let other = SimMmio::uar_offset(0) + consts::MLX5_BF_OFFSET as usize;
+        let writes = 2 * EVENT_LOG_MAX + 100;
+        for i in 0..writes {
+            m.write32(other, i as u32);
+        }
+        let ev = dev.events();
+        assert!(ev.len() <= 2 * EVENT_LOG_MAX && dev.events_dropped() > 0, "{} kept", ev.len());
+        assert_eq!(ev.len() as u64 + dev.events_dropped(), writes as u64, "one event per write, none lost silently");
+        assert_eq!(ev.last(), Some(&SimEvent::IgnoredWrite { off: other, val: (writes - 1) as u32 }));
     }
 
     #[test]

@@ -17,7 +17,22 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 /// Every target, in the order they run.
-pub const TARGETS: &[&str] = &["cqe", "eqe", "cmd_output", "init_seg_health", "wqe_build", "roce_frame"];
+pub const TARGETS: &[&str] = &[
+    "cqe",
+    "eqe",
+    "cmd_output",
+    "init_seg_health",
+    "wqe_build",
+    "roce_frame",
+    "exchange",
+    "wire",
+    "trace_line",
+    "args",
+];
+
+/// Seconds per target in `cargo xtask ci`: ten targets at 12 s, plus builds and replays, keep the CI fuzz step
+/// near three minutes on two CPUs (FUZZING.md).
+pub const CI_SECONDS: u32 = 12;
 
 /// libFuzzer's own limit on one input, in seconds: far above any legitimate run, so only a real hang trips it.
 const PER_INPUT_TIMEOUT_S: u32 = 60;
@@ -271,13 +286,17 @@ type Seeds = Vec<(String, Vec<u8>)>;
 /// Writes `fuzz/corpus/<target>/seed-<name>` for every target, replacing the previous seeds.
 pub fn write_seeds(root: &Path) -> Result<(), String> {
     let v = vectors(root)?;
-    let sets: [(&str, Seeds); 6] = [
+    let sets: [(&str, Seeds); 10] = [
         ("cqe", seeds_cqe(&v)?),
         ("eqe", seeds_eqe(&v)?),
         ("cmd_output", seeds_cmd_output(&v)?),
         ("init_seg_health", seeds_init_seg()),
         ("wqe_build", seeds_wqe(&v)?),
         ("roce_frame", seeds_roce()),
+        ("exchange", seeds_exchange()),
+        ("wire", seeds_wire()),
+        ("trace_line", seeds_trace_line(&v)?),
+        ("args", seeds_args()),
     ];
     let mut total = 0;
     for (target, seeds) in sets {
@@ -297,6 +316,125 @@ pub fn write_seeds(root: &Path) -> Result<(), String> {
     }
     println!("xtask fuzz: {total} seed inputs written to fuzz/corpus/");
     Ok(())
+}
+
+// --- exchange: rc_pingpong's 52-byte message (fuzz_targets/exchange.rs) ---
+
+/// `text` NUL-padded to the message's 52 bytes (cut when longer).
+fn exchange_msg(text: &[u8]) -> Vec<u8> {
+    let mut m = text.to_vec();
+    m.resize(52, 0);
+    m
+}
+
+/// A message as rc_pingpong writes it, one in upper case, the remote-panic input of issue 21 (non-ASCII in the
+/// GID), a sign in a field, a field one digit short, no NUL, and the wrong length.
+fn seeds_exchange() -> Seeds {
+    let good = b"0000:000123:abcdef:fe800000000000000200000000000001";
+    let mut panic = b"0000:000000:000000:a".to_vec();
+    for _ in 0..15 {
+        panic.extend_from_slice("\u{e9}".as_bytes());
+    }
+    panic.extend_from_slice(b"a\0");
+    vec![
+        ("rc_pingpong".into(), exchange_msg(good)),
+        ("upper_case".into(), exchange_msg(&good.to_ascii_uppercase())),
+        ("gid_not_ascii".into(), panic),
+        ("signed_field".into(), exchange_msg(b"+000:000123:abcdef:fe800000000000000200000000000001")),
+        ("short_field".into(), exchange_msg(b"000:000123:abcdef:fe800000000000000200000000000001")),
+        ("no_nul".into(), vec![b'0'; 52]),
+        ("short".into(), good[..20].to_vec()),
+    ]
+}
+
+// --- wire: the TCP link's byte stream (fuzz_targets/wire.rs) ---
+
+/// `body` behind its 4-byte big-endian length, as the link frames it.
+fn framed(body: &[u8]) -> Vec<u8> {
+    let mut v = (body.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+/// The hello a simulated port sends when the cable is plugged in (frame type 1, magic, version 1, IB flag, LID,
+/// GID, MAC), one for each link layer, a hello of another version, and a stream of a hello, a frame of another
+/// type, a truncated frame.
+fn seeds_wire() -> Seeds {
+    let hello = |version: u8, ib: u8| {
+        let mut h = vec![1u8];
+        h.extend_from_slice(b"MLX5SIMW");
+        h.extend_from_slice(&[version, ib, 0x00, 0x07]);
+        h.extend_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0xff, 0xfe, 0, 0, 0x01]);
+        h.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+        h
+    };
+    let mut stream = framed(&hello(1, 0));
+    stream.extend(framed(&[2, 0, 1, 2, 3]));
+    stream.extend_from_slice(&[0, 0, 0, 40, 1, 2]);
+    vec![
+        ("hello_eth".into(), framed(&hello(1, 0))),
+        ("hello_ib".into(), framed(&hello(1, 1))),
+        ("hello_v2".into(), framed(&hello(2, 0))),
+        ("stream".into(), stream),
+    ]
+}
+
+// --- trace_line: a --trace file (fuzz_targets/trace_line.rs) ---
+
+/// Trace lines as `CmdRecord::write_json` writes them, from the golden CREATE_CQ and QUERY_PAGES vectors, and the
+/// lines issue 21 found accepted or crashing: a hex field with signs, a field of the wrong type, a blank line, a
+/// device name, a timeout. The first byte picks the rendering (fields, all fields, hexdump).
+fn seeds_trace_line(v: &std::collections::BTreeMap<String, Vec<u8>>) -> Result<Seeds, String> {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let line = |input: &[u8], output: &[u8], extra: &str| {
+        format!(
+            r#"{{"slot":0,"token":1,"input":"{}","output":"{}","status_raw":0,"syndrome":0{extra}}}"#,
+            hex(input),
+            hex(output)
+        )
+    };
+    let cq = line(vector(v, "create_cq_in")?, vector(v, "create_cq_out_ok")?, "");
+    let pages = line(&[0x01, 0x07, 0, 0, 0, 0, 0, 1], vector(v, "query_pages_out_boot")?, r#","device":"mlx5_0""#);
+    let two = format!("{cq}\n\n{pages}\n");
+    let mut seeds = Vec::new();
+    for (mode, name) in [(0u8, "fields"), (1, "all"), (2, "hexdump")] {
+        let mut b = vec![mode];
+        b.extend_from_slice(two.as_bytes());
+        seeds.push((format!("two_commands_{name}"), b));
+    }
+    for (name, text) in [
+        ("signed_hex", r#"{"input":"+1+4"}"#.to_string()),
+        ("wrong_type", r#"{"input":"0107","status_raw":"0"}"#.to_string()),
+        ("timeout", r#"{"input":"0107000000000001","output":null,"delivery":"TIMEOUT","waited_us":60000000}"#.into()),
+        ("not_json", "0107 0000".to_string()),
+    ] {
+        let mut b = vec![0u8];
+        b.extend_from_slice(text.as_bytes());
+        seeds.push((name.to_string(), b));
+    }
+    Ok(seeds)
+}
+
+// --- args: the mlx5 tool's command line, arguments split at NUL bytes (fuzz_targets/args.rs) ---
+
+/// Command lines of every command, with the issue 21 defects among them: a timeout past `Instant`'s range, port
+/// 0, an argument that is not UTF-8, options that do not apply.
+fn seeds_args() -> Seeds {
+    let lines: &[(&str, &[&[u8]])] = &[
+        ("pingpong", &[b"pingpong", b"--size", b"4096", b"--iters", b"10", b"--json"]),
+        ("server", &[b"pingpong", b"--server", b"--port", b"18515", b"--bind", b"::1", b"--timeout", b"5"]),
+        ("client", &[b"-vv", b"pingpong", b"--client", b"localhost:18515", b"--ud"]),
+        ("bench", &[b"--link", b"ib", b"bench", b"write_bw", b"--all", b"--max-size", b"4096", b"--duration", b"0.5"]),
+        ("trace", &[b"trace", b"decode", b"-", b"--all", b"--hexdump"]),
+        ("timeout_overflow", &[b"pingpong", b"--client", b"h", b"--timeout", b"18446744073709551615"]),
+        ("port_zero", &[b"pingpong", b"--server", b"--port", b"0"]),
+        ("not_utf8", &[b"trace", b"decode", b"\xff\xfe"]),
+        ("not_applicable", &[b"fw-tour", b"--json"]),
+        ("device", &[b"--device", b"0000:03:00.0", b"devinfo", b"--json"]),
+        // The fuzzer's first find: an option with a newline in it made a two-line error.
+        ("newline_in_option", &[b"--lin\nib<", b"40965"]),
+    ];
+    lines.iter().map(|(n, args)| (n.to_string(), args.join(&0u8))).collect()
 }
 
 // --- roce_frame: bare Ethernet frames (fuzz_targets/roce_frame.rs) ---

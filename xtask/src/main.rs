@@ -14,8 +14,9 @@
 //! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
 //! * `libibverbs [--debug]`: the drop-in `target/libibverbs/libibverbs.so.1` (`host-linux/ibverbs`), its exports
 //!   checked against rdma-core 44's. `verbs-apps [--debug]`: Debian's verbs programs run on it.
-//! * `soak [--ops N] [--seed S] [--json]`: random traffic between two simulated devices under injected faults,
-//!   with its invariants checked; see SOAK.md.
+//! * `soak [--ops N] [--seed S] [--json] [--threaded] [--wire [--kills K]]`: random traffic between two simulated
+//!   devices under injected faults, with its invariants checked (threaded, or across two processes with the peer
+//!   killed); see SOAK.md.
 //! * `uml`: a User-Mode Linux kernel with NVIDIA's mlx5 drivers and virt-pci (cached under `target/uml/`).
 //! * `linux-drives-sim`: that kernel's `mlx5_core` probes the simulator through `mlx5-uml-bridge`.
 
@@ -106,12 +107,17 @@ fn ci(root: &Path) -> Result<(), String> {
     for example in ["rc_pingpong", "ud_pingpong", "rdma_write_read", "event_driven", "srq_pingpong"] {
         cargo(root, &["run", "--release", "-q", "-p", "mlx5-verbs", "--example", example])?;
     }
-    // The fault-injection soak at CI size: every invariant must hold.
+    // The unsafe code under Miri (the core's tests, the simulator's DMA space and test kit; xtask/src/miri.rs).
+    miri::run(root)?;
+    // The fault-injection soak at CI size, then threaded and across two processes: every invariant must hold.
     soak::run(root, &soak::CI_ARGS.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
+    for args in soak::CI_WIDER_ARGS {
+        soak::run(root, &args.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
+    }
     // Debian's verbs programs on the drop-in libibverbs.so.1 (downloads the packages when not installed).
     libibverbs::run_verbs_apps(root, &[])?;
     vfio_test::run_vfio_test(root)?;
-    fuzz::run_fuzz(root, &["--seconds".to_string(), "20".to_string()])?;
+    fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
     Ok(())
 }
@@ -133,7 +139,7 @@ commands:
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
   libibverbs [--debug]           link target/libibverbs/libibverbs.so.1 and check its exports
   verbs-apps [--debug]           Debian's ibverbs-utils, perftest and rdma-core Python tests on it
-  soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire]
+  soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire [--kills K]]
                                  the fault-injection soak (options go to mlx5-soak)
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
                                  (--check: only that the patches and config fragment still apply)
@@ -256,5 +262,42 @@ fn main() -> ExitCode {
             eprintln!("xtask: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx5_args::{ArgError, Argv};
+
+    fn p(a: &[&str]) -> Result<Task, ArgError> {
+        parse(Argv::new(a.iter().copied()))
+    }
+
+    /// Issue 21: `bench --quick` rewrote BENCHMARKS.md, `fuzz --seconds 0` fuzzed forever, `--help` exited 1.
+    #[test]
+    fn unknown_flags_and_endless_runs_are_refused_before_anything_runs() {
+        assert!(matches!(p(&["bench", "--quick"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["ci", "--frob"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["miri", "--all"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["fuzz", "--seconds", "0"]), Err(ArgError::Invalid { .. })));
+        assert!(matches!(p(&["fuzz", "--target", "nope"]), Err(ArgError::Invalid { .. })));
+        assert!(matches!(p(&["frob"]), Err(ArgError::Other(_))));
+        assert_eq!(p(&["--help"]).err(), Some(ArgError::Help));
+        assert_eq!(p(&["fuzz", "-h"]).err(), Some(ArgError::Help));
+        assert!(matches!(p(&["fuzz", "--target", "args", "--seconds", "5"]), Ok(Task::Fuzz(_))));
+        assert!(matches!(p(&["miri"]), Ok(Task::Miri)));
+    }
+
+    #[test]
+    fn every_fuzz_target_has_a_binary_and_seeds() {
+        let root = root();
+        let manifest = std::fs::read_to_string(root.join("fuzz/Cargo.toml")).unwrap();
+        for t in fuzz::TARGETS {
+            assert!(manifest.contains(&format!("name = \"{t}\"")), "{t} is not a bin of fuzz/Cargo.toml");
+            assert!(root.join(format!("fuzz/fuzz_targets/{t}.rs")).is_file(), "{t} has no source");
+        }
+        // Ten targets at CI_SECONDS each stay within the three minutes of fuzzing CI allows.
+        assert!(fuzz::TARGETS.len() as u32 * fuzz::CI_SECONDS <= 180);
     }
 }

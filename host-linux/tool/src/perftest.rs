@@ -318,9 +318,11 @@ impl Options {
                 "--timeout" => timeout = seconds(a, it.next())?,
                 "--json" => json = true,
                 "--progress" => progress = true,
-                s if s.starts_with('-') => return Err(BenchError::Usage(format!("unknown option {s}"))),
+                s if s.starts_with('-') => {
+                    return Err(BenchError::Usage(format!("unknown option {}", mlx5_args::one_line(s))))
+                }
                 s if test.is_none() => test = Some(s.parse::<Test>()?),
-                s => return Err(BenchError::Usage(format!("unexpected argument {s}"))),
+                s => return Err(BenchError::Usage(format!("unexpected argument {s:?}"))),
             }
         }
         let test = test

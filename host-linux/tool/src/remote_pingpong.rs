@@ -30,7 +30,7 @@ use mlx5_verbs::{
 pub const DEFAULT_PORT: u16 = 18515;
 
 /// Bytes of the exchange message, rc_pingpong's `sizeof "0000:000000:000000:" + 32 GID digits` with its NUL.
-const MSG_LEN: usize = 52;
+pub const MSG_LEN: usize = 52;
 /// What the client writes once it has connected its QP, so the server knows it may start.
 const DONE: &[u8; 5] = b"done\0";
 
@@ -153,11 +153,22 @@ pub fn open_sim(
             let at = format!("{host}:{wire}");
             let end = Instant::now() + timeout;
             loop {
-                match dev.wire_connect(&at, Duration::from_secs(1)) {
+                // Each attempt ends by the deadline, so the whole wait is `--timeout`, not more.
+                let left = end
+                    .saturating_duration_since(Instant::now())
+                    .clamp(Duration::from_millis(10), Duration::from_secs(1));
+                match dev.wire_connect(&at, left) {
                     Ok(()) => break,
-                    Err(e @ WireError::Connect { .. }) if Instant::now() < end => {
+                    Err(e @ WireError::Connect { .. }) if Instant::now() + Duration::from_millis(50) < end => {
                         log::debug!("{e}; retrying");
                         std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Err(WireError::Connect { addr, source }) => {
+                        return Err(format!(
+                            "cannot reach the server's simulated wire at {addr} within {}: {}",
+                            secs(timeout),
+                            io_why(&source)
+                        ))
                     }
                     Err(WireError::Handshake { .. }) => {
                         return Err(format!(

@@ -29,9 +29,19 @@ pub struct TraceSink {
 pub struct TraceError(#[source] pub std::io::Error);
 
 impl TraceSink {
-    /// A sink writing JSON lines to `path` (created or truncated).
-    pub fn json_file(path: &Path) -> Result<Self, TraceError> {
-        Ok(Self { json: Some(BufWriter::new(File::create(path).map_err(TraceError)?)), ..Self::default() })
+    /// A sink writing JSON lines to `path` (created or truncated); the error names the file in words.
+    pub fn json_file(path: &Path) -> Result<Self, String> {
+        let f = File::create(path).map_err(|e| {
+            use std::io::ErrorKind as K;
+            let why = match e.kind() {
+                K::NotFound => "its directory does not exist".to_string(),
+                K::PermissionDenied => "permission denied".to_string(),
+                K::IsADirectory => "it is a directory".to_string(),
+                _ => e.to_string(),
+            };
+            format!("cannot create the trace file {}: {why}", path.display())
+        })?;
+        Ok(Self { json: Some(BufWriter::new(f)), ..Self::default() })
     }
 
     /// Also print every command as the kernel's hexdump on standard output.

@@ -73,7 +73,7 @@ fn errors_are_one_line_and_a_failing_exit() {
     assert!(!o.status.success());
     let err = String::from_utf8(o.stderr).unwrap();
     assert_eq!(error_lines(&err), 1, "{err}");
-    assert!(err.contains("failed to write the command trace"), "{err}");
+    assert!(err.contains("cannot create the trace file"), "{err}");
 }
 
 #[test]
@@ -390,7 +390,7 @@ fn bench_bad_arguments_are_one_line_and_a_failing_exit() {
     one_line_error(&["bench", "atomic_bw"], "bench: unknown test \"atomic_bw\"");
     one_line_error(&["bench"], "bench: which test?");
     one_line_error(&["bench", "write_bw", "--server"], "bench: unknown option --server");
-    one_line_error(&["--trace", "/nonexistent-dir/t.jsonl", "bench", "write_bw"], "failed to write the command trace");
+    one_line_error(&["--trace", "/nonexistent-dir/t.jsonl", "bench", "write_bw"], "cannot create the trace file");
     one_line_error(&["--device", "0000:7f:1f.7", "bench", "write_bw"], "no PCI device 0000:7f:1f.7");
 }
 

@@ -78,6 +78,28 @@ fn unknown_commands_and_options_share_one_exit_code() {
 }
 
 #[test]
+fn an_argument_with_control_characters_is_still_a_one_line_error() {
+    // Found by the `args` fuzz target: the option was echoed as typed, newline and all.
+    refused(&["--lin\nib", "devinfo"], 2, "unknown option --lin\\nib");
+    refused(&["bench", "send_bw", "--x\r\x1b[2J"], 2, "unknown option --x\\r\\u{1b}[2J");
+    refused(&["bench", "send_bw", "a\nb"], 2, "unexpected argument \"a\\nb\"");
+}
+
+#[test]
+fn errors_are_in_words_and_a_client_keeps_to_its_timeout() {
+    // Raw errno text ("No such file or directory (os error 2)", "Connection refused (os error 111)") is gone.
+    refused(
+        &["--trace", "/nonexistent-dir/t.jsonl", "devinfo"],
+        1,
+        "cannot create the trace file /nonexistent-dir/t.jsonl: its directory does not exist",
+    );
+    // Port 1 on loopback has no server: refused connections until the deadline, then one line, within --timeout.
+    let start = Instant::now();
+    refused(&["pingpong", "--client", "127.0.0.1:1", "--timeout", "1"], 1, "connection refused (nobody listening)");
+    assert!(start.elapsed() < Duration::from_millis(1900), "took {:?} for --timeout 1", start.elapsed());
+}
+
+#[test]
 fn options_that_do_not_apply_are_refused() {
     refused(&["fw-tour", "--json"], 2, "--json does not apply to fw-tour");
     refused(&["devinfo", "--size", "5"], 2, "--size does not apply to devinfo");

@@ -137,7 +137,7 @@ fn bad_two_process_arguments_are_one_line_errors() {
     let port = free_port_pair();
     let out = mlx5().args(["pingpong", "--client", &format!("127.0.0.1:{port}"), "--timeout", "1"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("cannot reach the simulated wire at 127.0.0.1:"), "{err}");
+    assert!(!out.status.success() && err.contains("cannot reach the server's simulated wire at 127.0.0.1:"), "{err}");
 }
 
 #[test]

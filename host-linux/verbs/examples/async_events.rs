@@ -9,9 +9,24 @@
 
 use std::time::Duration;
 
+use mlx5_args::Opts;
 use mlx5_verbs::{wr, Access, AsyncEvent, Context, QpCap, QpType, VerbsError, WcStatus, WorkCompletion};
 
-fn main() -> Result<(), VerbsError> {
+const USAGE: &str = "usage: async_events";
+
+fn main() -> std::process::ExitCode {
+    // No options: anything given is refused with the usage.
+    Opts::from_env_or_exit("async_events", USAGE, &[]);
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("async_events: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), VerbsError> {
     let ctx = Context::open_sim()?;
     let pd = ctx.alloc_pd()?;
     let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };

@@ -5,14 +5,28 @@
 
 use std::time::Duration;
 
+use mlx5_args::{Opts, Takes};
 use mlx5_verbs::{wr, Access, Context, QpCap, QpType, VerbsError, WcStatus, WorkCompletion};
 
-fn main() -> Result<(), VerbsError> {
-    let args: Vec<String> = std::env::args().collect();
-    let opt =
-        |n: &str, d: &str| args.iter().position(|a| a == n).and_then(|i| args.get(i + 1)).cloned().unwrap_or(d.into());
-    let iters: u32 = opt("--iters", "100").parse().map_err(|_| VerbsError::Invalid("--iters".into()))?;
-    let ctx = Context::open(&opt("--device", "sim"))?;
+const USAGE: &str = "usage: event_driven [--device BDF|sim] [--iters N]";
+
+fn main() -> std::process::ExitCode {
+    let o = Opts::from_env_or_exit(
+        "event_driven",
+        USAGE,
+        &[("--device", Takes::Text("a PCI address, or sim")), ("--iters", Takes::Number(1, 1 << 31))],
+    );
+    match run(o.text("--device").unwrap_or("sim"), o.number("--iters", 100) as u32) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("event_driven: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(device: &str, iters: u32) -> Result<(), VerbsError> {
+    let ctx = Context::open(device)?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(16)?;
     let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };

@@ -6,17 +6,32 @@
 
 use std::time::{Duration, Instant};
 
+use mlx5_args::{Opts, Takes};
 use mlx5_verbs::{wr, Access, Context, QpCap, QpType, VerbsError, WcStatus, WorkCompletion};
 
-fn arg(name: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.into())
+const USAGE: &str = "usage: rc_pingpong [--device BDF|sim] [--size BYTES] [--iters N]";
+
+fn main() -> std::process::ExitCode {
+    let o = Opts::from_env_or_exit(
+        "rc_pingpong",
+        USAGE,
+        &[
+            ("--device", Takes::Text("a PCI address, or sim")),
+            ("--size", Takes::Number(1, 1 << 30)),
+            ("--iters", Takes::Number(1, 1 << 31)),
+        ],
+    );
+    match run(o.text("--device").unwrap_or("sim"), o.number("--size", 4096) as usize, o.number("--iters", 1000) as u32)
+    {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rc_pingpong: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
-fn main() -> Result<(), VerbsError> {
-    let size: usize = arg("--size", "4096").parse().map_err(|_| VerbsError::Invalid("--size".into()))?;
-    let iters: u32 = arg("--iters", "1000").parse().map_err(|_| VerbsError::Invalid("--iters".into()))?;
-    let device = arg("--device", "sim");
+fn run(device: &str, size: usize, iters: u32) -> Result<(), VerbsError> {
     let (ctx_a, ctx_b_owned);
     let ctx_b: &Context;
     if device == "sim" {
@@ -25,7 +40,7 @@ fn main() -> Result<(), VerbsError> {
         ctx_b_owned = Some(b);
         ctx_b = ctx_b_owned.as_ref().unwrap();
     } else {
-        ctx_a = Context::open(&device)?;
+        ctx_a = Context::open(device)?;
         ctx_b_owned = None;
         let _ = &ctx_b_owned;
         ctx_b = &ctx_a;

@@ -6,22 +6,36 @@
 
 use std::time::Duration;
 
+use mlx5_args::{Opts, Takes};
 use mlx5_verbs::{wr, Access, Context, QpCap, QpType, VerbsError, WcOpcode, WcStatus, WorkCompletion};
 
-fn main() -> Result<(), VerbsError> {
-    let args: Vec<String> = std::env::args().collect();
-    let opt = |n: &str| args.iter().position(|a| a == n).and_then(|i| args.get(i + 1)).cloned();
-    let size: usize =
-        opt("--size").unwrap_or_else(|| "65536".into()).parse().map_err(|_| VerbsError::Invalid("--size".into()))?;
+const USAGE: &str = "usage: rdma_write_read [--device BDF] [--size BYTES]";
+
+fn main() -> std::process::ExitCode {
+    let o = Opts::from_env_or_exit(
+        "rdma_write_read",
+        USAGE,
+        &[("--device", Takes::Text("a PCI address")), ("--size", Takes::Number(8, 1 << 30))],
+    );
+    match run(o.text("--device"), o.number("--size", 65536) as usize) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rdma_write_read: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(device: Option<&str>, size: usize) -> Result<(), VerbsError> {
     let pair;
     let single;
-    let (a, b): (&Context, &Context) = match opt("--device") {
+    let (a, b): (&Context, &Context) = match device {
         None => {
             pair = Context::open_sim_pair()?;
             (&pair.0, &pair.1)
         }
         Some(d) => {
-            single = Context::open(&d)?;
+            single = Context::open(d)?;
             (&single, &single)
         }
     };

@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use mlx5_args::{Opts, Takes};
 use mlx5_verbs::{
     wr, Access, AhAttr, Context, Grh, LinkLayer, QpCap, QpType, VerbsError, WcFlags, WcStatus, WorkCompletion,
 };
@@ -14,15 +15,31 @@ use mlx5_verbs::{
 const QKEY: u32 = 0x1111_1111;
 const GRH: usize = 40;
 
-fn main() -> Result<(), VerbsError> {
-    let args: Vec<String> = std::env::args().collect();
-    let opt =
-        |n: &str, d: &str| args.iter().position(|a| a == n).and_then(|i| args.get(i + 1)).cloned().unwrap_or(d.into());
-    let size: usize = opt("--size", "1024").parse().map_err(|_| VerbsError::Invalid("--size".into()))?;
-    let iters: u32 = opt("--iters", "500").parse().map_err(|_| VerbsError::Invalid("--iters".into()))?;
+const USAGE: &str = "usage: ud_pingpong [--device BDF|sim] [--size BYTES] [--iters N]";
+
+fn main() -> std::process::ExitCode {
+    let o = Opts::from_env_or_exit(
+        "ud_pingpong",
+        USAGE,
+        &[
+            ("--device", Takes::Text("a PCI address, or sim")),
+            ("--size", Takes::Number(1, 4096)),
+            ("--iters", Takes::Number(1, 1 << 31)),
+        ],
+    );
+    match run(o.text("--device").unwrap_or("sim"), o.number("--size", 1024) as usize, o.number("--iters", 500) as u32) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ud_pingpong: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(device: &str, size: usize, iters: u32) -> Result<(), VerbsError> {
     let pair;
     let single;
-    let (a, b): (&Context, &Context) = match opt("--device", "sim").as_str() {
+    let (a, b): (&Context, &Context) = match device {
         "sim" => {
             pair = Context::open_sim_pair()?;
             (&pair.0, &pair.1)

@@ -23,13 +23,18 @@ pub enum Iovas {
 /// The page size of [`Iovas::Guarded`] and [`Iovas::Identity`].
 const PAGE: usize = 4096;
 
-/// One live region: the layout it was allocated with and its CPU address.
+/// One live region: the layout it was allocated with and its CPU address (a pointer, so addresses derived from
+/// it keep the allocation's provenance, as Miri checks).
 #[derive(Debug, Clone, Copy)]
 struct Live {
     len: usize,
     align: usize,
-    cpu: usize,
+    cpu: NonNull<u8>,
 }
+
+// SAFETY: `Live` records a heap block owned by the `HeapDma`, used only under its lock; the block is not tied to a
+// thread.
+unsafe impl Send for Live {}
 
 #[derive(Debug, Default)]
 struct State {
@@ -113,7 +118,7 @@ impl HeapDma {
         let st = self.lock();
         let (&base, l) = st.live.range(..=iova).next_back()?;
         let off = usize::try_from(iova - base).ok()?;
-        (off.checked_add(len)? <= l.len).then_some((l.cpu + off) as *mut u8)
+        (off.checked_add(len)? <= l.len).then_some(l.cpu.as_ptr().wrapping_add(off))
     }
 
     /// Writes `data` at bus address `iova` as the device would; `false` (nothing written) outside live memory.
@@ -219,22 +224,24 @@ unsafe impl Dma for HeapDma {
         let cpu = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or(DmaError::NoMemory { len })?;
         let addr = cpu.as_ptr() as usize;
         let iova = self.next_iova(&mut st, addr, len, align);
-        st.live.insert(iova, Live { len: layout.size(), align: layout.align(), cpu: addr });
+        st.live.insert(iova, Live { len: layout.size(), align: layout.align(), cpu });
         // SAFETY: a fresh zeroed allocation of `layout.size() >= len` bytes, recorded in `live` just above.
         Ok(unsafe { region(cpu, iova, len) })
     }
 
     fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
-        let p = cpu as usize;
+        // Only addresses are compared; nothing is dereferenced.
+        let p = cpu.addr();
         self.lock().live.iter().find_map(|(&iova, l)| {
-            (p >= l.cpu && p.checked_add(len)? <= l.cpu + l.len).then(|| iova + (p - l.cpu) as u64)
+            let base = l.cpu.as_ptr().addr();
+            (p >= base && p.checked_add(len)? <= base + l.len).then(|| iova + (p - base) as u64)
         })
     }
 
     unsafe fn free(&self, region: DmaRegion) {
         let l = self.lock().live.remove(&region.iova()).expect("DMA region freed twice");
         // SAFETY: allocated in `alloc` with exactly this layout and freed once (removed from `live`).
-        unsafe { std::alloc::dealloc(l.cpu as *mut u8, Layout::from_size_align_unchecked(l.len, l.align)) };
+        unsafe { std::alloc::dealloc(l.cpu.as_ptr(), Layout::from_size_align_unchecked(l.len, l.align)) };
     }
 }
 
@@ -248,7 +255,7 @@ impl Drop for HeapDma {
             for l in live.into_values() {
                 // SAFETY: allocated in `alloc` with this layout and still live; `for_fuzzing`'s caller guarantees
                 // no region of this pool is used after it is dropped.
-                unsafe { std::alloc::dealloc(l.cpu as *mut u8, Layout::from_size_align_unchecked(l.len, l.align)) };
+                unsafe { std::alloc::dealloc(l.cpu.as_ptr(), Layout::from_size_align_unchecked(l.len, l.align)) };
             }
         } else if !live.is_empty() {
             crate::dma::keep_forever(live.into_values().map(|l| l.cpu));

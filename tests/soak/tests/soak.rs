@@ -6,7 +6,7 @@ use mlx5_soak::{run, Options};
 
 #[test]
 fn a_short_soak_holds_every_invariant_and_accounts_for_every_work_request() {
-    let rep = run(Options { ops: 30_000, seed: 0x5eed, progress_every: 0 });
+    let rep = run(Options { ops: 30_000, seed: 0x5eed, progress_every: 0, threaded: false });
     assert!(rep.ok(), "{}", rep.render());
     assert!(rep.ops >= 30_000);
     assert_eq!(rep.sends + rep.recvs, rep.ops);
@@ -29,18 +29,18 @@ fn a_short_soak_holds_every_invariant_and_accounts_for_every_work_request() {
 
 #[test]
 fn a_soak_repeats_exactly_from_its_seed() {
-    let a = run(Options { ops: 5_000, seed: 77, progress_every: 0 });
-    let b = run(Options { ops: 5_000, seed: 77, progress_every: 0 });
+    let a = run(Options { ops: 5_000, seed: 77, progress_every: 0, threaded: false });
+    let b = run(Options { ops: 5_000, seed: 77, progress_every: 0, threaded: false });
     assert!(a.ok() && b.ok(), "{}\n{}", a.render(), b.render());
     assert_eq!((a.ops, &a.opcodes, &a.faults, &a.completions), (b.ops, &b.opcodes, &b.faults, &b.completions));
-    let c = run(Options { ops: 5_000, seed: 78, progress_every: 0 });
+    let c = run(Options { ops: 5_000, seed: 78, progress_every: 0, threaded: false });
     assert_ne!(a.opcodes, c.opcodes, "another seed, another run");
 }
 
 #[test]
 fn the_terminal_faults_drain_with_flushes_made_by_the_driver() {
     // Enough epochs that some end with the device dying under traffic.
-    let rep = run(Options { ops: 60_000, seed: 3, progress_every: 0 });
+    let rep = run(Options { ops: 60_000, seed: 3, progress_every: 0, threaded: false });
     assert!(rep.ok(), "{}", rep.render());
     let terminal: u64 = rep
         .faults
@@ -50,4 +50,29 @@ fn the_terminal_faults_drain_with_flushes_made_by_the_driver() {
         .sum();
     assert!(terminal > 0, "{:?}", rep.faults);
     assert!(rep.software_flushes > 0, "the dead devices' work was completed by the driver");
+}
+
+/// The wider soak, small: threaded devices (RC only, SOAK.md) hold every invariant.
+#[test]
+fn a_short_threaded_soak_holds_every_invariant() {
+    let rep = run(Options { ops: 3_000, seed: 11, progress_every: 0, threaded: true });
+    assert!(rep.ok(), "{}", rep.render());
+    let completed: u64 = rep.completions.values().sum();
+    assert_eq!(completed, rep.ops, "one completion per work request: {:?}", rep.completions);
+    assert!(!rep.opcodes.keys().any(|k| k.starts_with("ud_")), "UD ran threaded: {:?}", rep.opcodes);
+}
+
+/// Two processes: the peer (this package's `soak` binary) is killed twice with work outstanding; each kill ends
+/// in exactly one request out of retries and the rest flushed, within the retry budget, nothing lost or leaked.
+#[test]
+fn a_killed_peer_gives_retry_exceeded_and_flushes_within_the_budget() {
+    use mlx5_soak::wire::{run_wire, WireOptions};
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_soak"));
+    let rep = run_wire(&WireOptions { ops: 3_000, seed: 7, kills: 2 }, exe);
+    assert!(rep.ok(), "{}", rep.render());
+    assert_eq!((rep.sessions, rep.kills), (3, 2));
+    assert_eq!(rep.completions.get("retry_exc_err"), Some(&2), "{:?}", rep.completions);
+    let completed: u64 = rep.completions.values().sum();
+    assert_eq!(completed, rep.ops, "one completion per work request: {:?}", rep.completions);
+    assert!(rep.max_drain_ms > 0 && rep.budget_ms == 536);
 }

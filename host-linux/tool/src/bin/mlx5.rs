@@ -167,7 +167,7 @@ fn trace_sink(args: &Args) -> Result<TraceSink, String> {
     Ok(match &args.trace {
         Some(p) => {
             log::info!("tracing every firmware command to {}", p.display());
-            TraceSink::json_file(p).map_err(|e| e.to_string())?
+            TraceSink::json_file(p)?
         }
         None => TraceSink::default(),
     }
