@@ -20,59 +20,29 @@ pub(crate) const LOST: [&str; 5] = [
 ];
 pub(crate) const LOST_OTHER: &str = "lost at the far end of the link";
 
-/// A one-byte code with named values; any other value is kept as `Unknown(n)`, which a parser refuses.
-macro_rules! code {
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $val:literal,)+ }) => {
-        $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub(crate) enum $name {
-            $($(#[$vm])* $var,)+
-            Unknown(u8),
-        }
-
-        impl From<u8> for $name {
-            fn from(v: u8) -> Self {
-                match v {
-                    $($val => $name::$var,)+
-                    other => $name::Unknown(other),
-                }
-            }
-        }
-
-        impl From<$name> for u8 {
-            fn from(c: $name) -> u8 {
-                match c {
-                    $($name::$var => $val,)+
-                    $name::Unknown(other) => other,
-                }
-            }
-        }
-    };
-}
-
-code! {
+wire_code! {
     /// What a packet carries (the byte after the GRH).
-    BodyKind { Rc = 1, Ud = 2, Resp = 3, Uc = 4, }
+    pub(crate) BodyKind: u8 { Rc = 1, Ud = 2, Resp = 3, Uc = 4, }
 }
 
-code! {
+wire_code! {
     /// The operation of an RC request.
-    RcKind { Send = 1, Write = 2, Read = 3, Atomic = 4, }
+    pub(crate) RcKind: u8 { Send = 1, Write = 2, Read = 3, Atomic = 4, }
 }
 
-code! {
+wire_code! {
     /// The operation of an atomic request.
-    AtomicKind { CmpSwap = 1, FetchAdd = 2, }
+    pub(crate) AtomicKind: u8 { CmpSwap = 1, FetchAdd = 2, }
 }
 
-code! {
+wire_code! {
     /// The kind of an RC response.
-    RespKind { Ack = 1, ReadData = 2, AtomicOrig = 3, RnrNak = 4, Nak = 5, Lost = 6, }
+    pub(crate) RespKind: u8 { Ack = 1, ReadData = 2, AtomicOrig = 3, RnrNak = 4, Nak = 5, Lost = 6, }
 }
 
-code! {
+wire_code! {
     /// The code of a NAK.
-    NakCode { RemoteAccess = 1, InvalidRequest = 2, RemoteOp = 3, PsnSequence = 4, }
+    pub(crate) NakCode: u8 { RemoteAccess = 1, InvalidRequest = 2, RemoteOp = 3, PsnSequence = 4, }
 }
 
 /// Byte ranges of the fixed part of a packet frame (after the frame type byte), then of the GRH that follows it

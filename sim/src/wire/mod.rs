@@ -10,6 +10,40 @@ use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 
+/// A code of one integer width with named values; any other value is kept as `Unknown(n)`, so reading one never
+/// fails and the parser that meets it decides whether to refuse it. One definition for the simulator's own frame
+/// format (`frame.rs`) and the RoCEv2 views (`roce/`).
+macro_rules! wire_code {
+    ($(#[$m:meta])* $vis:vis $name:ident: $ty:ty { $($(#[$vm:meta])* $var:ident = $val:literal,)+ }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[allow(missing_docs)]
+        $vis enum $name {
+            $($(#[$vm])* $var,)+
+            /// A value this side does not know.
+            Unknown($ty),
+        }
+
+        impl From<$ty> for $name {
+            fn from(v: $ty) -> Self {
+                match v {
+                    $($val => $name::$var,)+
+                    other => $name::Unknown(other),
+                }
+            }
+        }
+
+        impl From<$name> for $ty {
+            fn from(c: $name) -> $ty {
+                match c {
+                    $($name::$var => $val,)+
+                    $name::Unknown(other) => other,
+                }
+            }
+        }
+    };
+}
+
 pub(crate) mod frame;
 pub mod roce;
 pub(crate) mod roce_map;

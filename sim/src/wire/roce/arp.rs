@@ -4,9 +4,9 @@
 use super::ether::{mac, Mac};
 use super::Error;
 
-code16! {
+wire_code! {
     /// The ARP operation.
-    Operation { Request = 1, Reply = 2, }
+    pub Operation: u16 { Request = 1, Reply = 2, }
 }
 
 mod field {

@@ -9,9 +9,9 @@ pub type Mac = [u8; 6];
 /// The broadcast MAC.
 pub const BROADCAST: Mac = [0xff; 6];
 
-code16! {
+wire_code! {
     /// The EtherType of an Ethernet II frame.
-    EtherType { Ipv4 = 0x0800, Arp = 0x0806, Ipv6 = 0x86dd, }
+    pub EtherType: u16 { Ipv4 = 0x0800, Arp = 0x0806, Ipv6 = 0x86dd, }
 }
 
 mod field {

@@ -5,41 +5,9 @@
 
 use super::Error;
 
-/// A one-byte code with named values; any other value is kept as `Unknown(n)`.
-macro_rules! code8 {
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $val:literal,)+ }) => {
-        $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        #[allow(missing_docs)]
-        pub enum $name {
-            $($(#[$vm])* $var,)+
-            /// A value this side does not know.
-            Unknown(u8),
-        }
-
-        impl From<u8> for $name {
-            fn from(v: u8) -> Self {
-                match v {
-                    $($val => $name::$var,)+
-                    other => $name::Unknown(other),
-                }
-            }
-        }
-
-        impl From<$name> for u8 {
-            fn from(c: $name) -> u8 {
-                match c {
-                    $($name::$var => $val,)+
-                    $name::Unknown(other) => other,
-                }
-            }
-        }
-    };
-}
-
-code8! {
+wire_code! {
     /// The BTH opcode: transport in the upper three bits (RC 000, UC 001, UD 011), operation in the lower five.
-    Opcode {
+    pub Opcode: u8 {
         RcSendFirst = 0x00, RcSendMiddle = 0x01, RcSendLast = 0x02, RcSendLastImm = 0x03, RcSendOnly = 0x04,
         RcSendOnlyImm = 0x05, RcWriteFirst = 0x06, RcWriteMiddle = 0x07, RcWriteLast = 0x08,
         RcWriteLastImm = 0x09, RcWriteOnly = 0x0a, RcWriteOnlyImm = 0x0b, RcReadRequest = 0x0c,
@@ -344,9 +312,9 @@ impl Reth {
     }
 }
 
-code8! {
+wire_code! {
     /// The code of a NAK (the AETH syndrome's low five bits when its type is NAK).
-    NakCode { PsnSequence = 0, InvalidRequest = 1, RemoteAccess = 2, RemoteOperational = 3, InvalidRdRequest = 4, }
+    pub NakCode: u8 { PsnSequence = 0, InvalidRequest = 1, RemoteAccess = 2, RemoteOperational = 3, InvalidRdRequest = 4, }
 }
 
 /// The AETH syndrome: bit 7 reserved, bits 6..5 the type, bits 4..0 its value.

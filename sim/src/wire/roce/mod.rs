@@ -8,38 +8,6 @@
 //! stay in bounds); a value this side does not know parses as `Unknown(n)`. Nothing here panics on input bytes or
 //! allocates.
 
-/// A 16-bit code with named values; any other value is kept as `Unknown(n)`.
-macro_rules! code16 {
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $val:literal,)+ }) => {
-        $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        #[allow(missing_docs)]
-        pub enum $name {
-            $($(#[$vm])* $var,)+
-            /// A value this side does not know.
-            Unknown(u16),
-        }
-
-        impl From<u16> for $name {
-            fn from(v: u16) -> Self {
-                match v {
-                    $($val => $name::$var,)+
-                    other => $name::Unknown(other),
-                }
-            }
-        }
-
-        impl From<$name> for u16 {
-            fn from(c: $name) -> u16 {
-                match c {
-                    $($name::$var => $val,)+
-                    $name::Unknown(other) => other,
-                }
-            }
-        }
-    };
-}
-
 pub mod arp;
 pub mod ether;
 pub mod frame;
