@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::pcap::PcapSink;
 use super::stream::{read_frame, write_frame, MAX_STREAM_FRAME};
-use super::{carry, DevRef, Packet, Port};
+use super::{carry, DevRef, Packet, Port, TxCount};
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
 use crate::wire::roce::frame::emit_arp;
@@ -48,6 +48,8 @@ pub(crate) struct GuestLink {
     /// The same for RoCE frames received.
     received: AtomicU64,
     drop_in_nth: AtomicU64,
+    /// Frames given to the writer thread and written.
+    count: TxCount,
 }
 
 /// Whether a frame is UDP to the RoCEv2 port (IPv4 without options, or IPv6), by its headers alone.
@@ -79,6 +81,17 @@ impl GuestLink {
     pub(crate) fn close(&self) {
         self.up.store(false, Ordering::Release);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Waits (at most `timeout`) until every frame queued is written to the socket.
+    pub(crate) fn drain(&self, timeout: Duration) -> bool {
+        self.count.drain(|| self.is_up(), timeout)
+    }
+
+    /// Hands a frame to the writer thread.
+    fn queue(&self, frame: &[u8]) -> Result<(), &'static str> {
+        self.count.queued();
+        self.tx.send(frame.to_vec()).map_err(|_| "link down")
     }
 
     /// The guest NIC's MAC, if known.
@@ -114,7 +127,7 @@ impl GuestLink {
         if let Some(s) = &self.pcap {
             s.record(|_, out| out(frame));
         }
-        self.tx.send(frame.to_vec()).map_err(|_| "link down")
+        self.queue(frame)
     }
 
     /// Puts `p` on the cable as RoCEv2 frames. Never blocks on the socket.
@@ -208,6 +221,7 @@ fn plug(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
         drop_nth: AtomicU64::new(0),
         received: AtomicU64::new(0),
         drop_in_nth: AtomicU64::new(0),
+        count: TxCount::default(),
     });
     let reader = stream.try_clone()?;
     {
@@ -226,12 +240,15 @@ fn write_loop(link: &GuestLink, stream: UnixStream, rx: mpsc::Receiver<Vec<u8>>)
     let mut w = BufWriter::new(stream);
     while let Ok(frame) = rx.recv() {
         let mut ok = write_frame(&mut w, &frame).is_ok();
+        let mut n = 1;
         while let Ok(more) = rx.try_recv() {
             ok &= write_frame(&mut w, &more).is_ok();
+            n += 1;
         }
         if !ok || w.flush().is_err() {
             break;
         }
+        link.count.written(n);
     }
     link.close();
 }
@@ -275,7 +292,7 @@ fn read_loop(weak: Weak<Shared>, link: Arc<GuestLink>, mut r: UnixStream) {
 impl GuestLink {
     /// Sends a frame the port already recorded (its ARP replies).
     fn send_raw_unrecorded(&self, frame: &[u8]) -> Result<(), &'static str> {
-        self.tx.send(frame.to_vec()).map_err(|_| "link down")
+        self.queue(frame)
     }
 }
 
@@ -452,6 +469,72 @@ mod tests {
         assert_eq!(e.status(), (consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
     }
 
+    fn arp_request(guest: [u8; 6], target: [u8; 4]) -> Vec<u8> {
+        let arp = ArpRepr {
+            operation: Operation::Request,
+            sender_mac: guest,
+            sender_ip: [10, 0, 0, 1],
+            target_mac: [0; 6],
+            target_ip: target,
+        };
+        let mut buf = [0u8; 64];
+        let n =
+            emit_arp(&EthernetRepr { dst: BROADCAST, src: guest, ethertype: EtherType::Arp }, &arp, &mut buf).unwrap();
+        buf[..n].to_vec()
+    }
+
+    #[test]
+    fn a_device_that_goes_away_lets_its_queued_frames_out_first() {
+        // The rxe-interop hang: our last ACK was still queued for the writer when the process dropped its
+        // device, the socket was shut at once, and rdma_rxe retransmitted its last SEND forever.
+        let dev = crate::SimDevice::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 2]], ..cfg(1) });
+        let path = sock("drain");
+        dev.guest_listen(&path).unwrap();
+        let mut s = UnixStream::connect(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let guest = [0x52, 0x54, 0, 0, 0, 1];
+        // More answers than the socket buffers hold, so most are still queued for the writer at the end.
+        const N: u64 = 20_000;
+        let ask = arp_request(guest, [10, 0, 0, 2]);
+        let mut w = std::io::BufWriter::new(s.try_clone().unwrap());
+        for _ in 0..N {
+            write_frame(&mut w, &ask).unwrap();
+        }
+        w.flush().unwrap();
+        let end = Instant::now() + WAIT;
+        while dev.frames_received() < N {
+            assert!(Instant::now() < end, "the device took every request");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let reader = std::thread::spawn(move || {
+            s.set_read_timeout(Some(WAIT)).unwrap();
+            let mut buf = vec![0u8; MAX_STREAM_FRAME];
+            let mut replies = 0u64;
+            while let Ok(Some(n)) = read_frame(&mut s, &mut buf) {
+                assert!(matches!(parse(&buf[..n]), Ok(Parsed::Arp(_, a)) if a.operation == Operation::Reply));
+                replies += 1;
+            }
+            replies
+        });
+        // Gone as soon as the last request is taken, its answers mostly still queued.
+        drop(dev);
+        let replies = reader.join().unwrap();
+        assert_eq!(replies, N, "every reply was written before the link closed");
+    }
+
+    #[test]
+    fn the_writer_count_tells_when_everything_queued_is_written() {
+        let c = TxCount::default();
+        assert!(c.drain(|| true, Duration::ZERO));
+        c.queued();
+        c.queued();
+        c.written(1);
+        assert!(!c.drain(|| true, Duration::from_millis(5)), "one frame is still queued");
+        assert!(!c.drain(|| false, WAIT), "a link that is down ends the wait at once");
+        c.written(1);
+        assert!(c.drain(|| true, Duration::ZERO));
+    }
+
     #[test]
     fn arp_is_answered_for_the_port_address_and_bad_frames_are_counted() {
         let a = Rdma::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 2]], ..cfg(1) });
@@ -460,19 +543,7 @@ mod tests {
         let mut s = UnixStream::connect(&path).unwrap();
         let _ = std::fs::remove_file(&path);
         let guest = [0x52, 0x54, 0, 0, 0, 1];
-        let ask = |target: [u8; 4]| {
-            let arp = ArpRepr {
-                operation: Operation::Request,
-                sender_mac: guest,
-                sender_ip: [10, 0, 0, 1],
-                target_mac: [0; 6],
-                target_ip: target,
-            };
-            let mut buf = [0u8; 64];
-            let n = emit_arp(&EthernetRepr { dst: BROADCAST, src: guest, ethertype: EtherType::Arp }, &arp, &mut buf)
-                .unwrap();
-            buf[..n].to_vec()
-        };
+        let ask = |target: [u8; 4]| arp_request(guest, target);
         // Not ours: no answer. Ours: a reply from the port's MAC. A frame with a bad ICRC is dropped and counted.
         write_frame(&mut s, &ask([10, 0, 0, 9])).unwrap();
         let mut bad = vec![0u8; 80];

@@ -47,6 +47,45 @@ pub(crate) fn next_device_id() -> u64 {
     NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed)
 }
 
+/// How long a device going away waits for its link's writer to put what is queued on the socket.
+pub(crate) const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Frames a link's writer thread was given and those it wrote, so a device that goes away can let the last ones
+/// out first: the ACK of a peer's final message is often queued at that moment, and a peer that never gets it
+/// retransmits to nobody (rdma_rxe forever, as it reads retry_cnt 7 as unlimited).
+#[derive(Debug, Default)]
+pub(crate) struct TxCount {
+    queued: AtomicU64,
+    written: AtomicU64,
+}
+
+impl TxCount {
+    /// One frame handed to the writer.
+    pub(crate) fn queued(&self) {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// `n` frames written and flushed to the socket.
+    pub(crate) fn written(&self, n: u64) {
+        self.written.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Waits until the writer wrote everything queued, the link went down (`up` false) or `timeout` passed.
+    /// Returns whether everything was written.
+    pub(crate) fn drain(&self, up: impl Fn() -> bool, timeout: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            if self.written.load(Ordering::Acquire) >= self.queued.load(Ordering::Acquire) {
+                return true;
+            }
+            if !up() || std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
 /// Where a device on the wire is: in this process (a handle that does not keep it alive), or at the far end of
 /// a link to another process.
 #[derive(Debug, Clone)]
@@ -267,12 +306,15 @@ impl Wire {
 }
 
 impl Drop for Wire {
-    /// A device that goes away unplugs its link: the far end sees the connection close.
+    /// A device that goes away unplugs its link once what it queued is on the socket: the far end gets those
+    /// frames, then sees the connection close.
     fn drop(&mut self) {
         if let Some(l) = self.remote_link() {
+            l.drain(DRAIN_TIMEOUT);
             l.close();
         }
         if let Some(l) = self.guest_link() {
+            l.drain(DRAIN_TIMEOUT);
             l.close();
         }
     }

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::{carry, DevRef, Packet, Port, PortAddr};
+use super::{carry, DevRef, Packet, Port, PortAddr, TxCount};
 use crate::wire::frame::{decode_packet, encode_packet, Dec, Enc, FRAME_PACKET};
 use crate::wire::{roce_map, GID_LEN};
 use crate::{lock, Shared, SimEvent};
@@ -98,6 +98,8 @@ pub(crate) struct Link {
     stream: TcpStream,
     /// Between two Ethernet ports: this port's MAC and the far one's. Packets then cross as RoCEv2 frames.
     macs: Option<([u8; 6], [u8; 6])>,
+    /// Frames given to the writer thread and written.
+    count: TxCount,
 }
 
 impl Link {
@@ -119,7 +121,7 @@ impl Link {
             });
             if made.is_ok() {
                 for f in frames {
-                    self.tx.send(f).map_err(|_| "link down")?;
+                    self.queue(f)?;
                 }
                 return Ok(());
             }
@@ -128,7 +130,7 @@ impl Link {
         if frame.len() > MAX_FRAME {
             return Err("message too large for the simulated link");
         }
-        self.tx.send(frame).map_err(|_| "link down")
+        self.queue(frame)
     }
 
     /// Queues a bare Ethernet frame (an ARP reply) for the far end.
@@ -139,7 +141,18 @@ impl Link {
         let mut v = Vec::with_capacity(1 + frame.len());
         v.push(FRAME_ETHERNET);
         v.extend_from_slice(frame);
-        self.tx.send(v).map_err(|_| "link down")
+        self.queue(v)
+    }
+
+    /// Hands a frame to the writer thread.
+    fn queue(&self, frame: Vec<u8>) -> Result<(), &'static str> {
+        self.count.queued();
+        self.tx.send(frame).map_err(|_| "link down")
+    }
+
+    /// Waits (at most `timeout`) until every frame queued is written to the socket.
+    pub(crate) fn drain(&self, timeout: Duration) -> bool {
+        self.count.drain(|| self.is_up(), timeout)
     }
 
     pub(crate) fn is_up(&self) -> bool {
@@ -249,7 +262,7 @@ fn plug(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, we_connect: b
     stream.set_read_timeout(None).map_err(|_| hs("socket setup failed"))?;
     let (tx, rx) = mpsc::channel();
     let macs = (!mine.ib && !theirs.ib).then_some((mine.mac, theirs.mac));
-    let link = Arc::new(Link { id, peer, tx, up: AtomicBool::new(true), stream, macs });
+    let link = Arc::new(Link { id, peer, tx, up: AtomicBool::new(true), stream, macs, count: TxCount::default() });
     {
         let mut st = lock(shared);
         let old = st.wire.remote_link();
@@ -282,13 +295,15 @@ fn write_loop(link: Arc<Link>, stream: TcpStream, rx: mpsc::Receiver<Vec<u8>>) {
             break;
         }
         // Everything queued goes out together; the socket is flushed once the queue is empty.
-        let mut ok = true;
+        let (mut ok, mut n) = (true, 1);
         while let Ok(more) = rx.try_recv() {
             ok &= write_frame(&mut w, &more).is_ok();
+            n += 1;
         }
         if !ok || w.flush().is_err() {
             break;
         }
+        link.count.written(n);
     }
     link.close();
 }
