@@ -695,6 +695,12 @@ impl SimDevice {
         l.map(|l| l.drop_frame_in(n)).is_some()
     }
 
+    /// RoCE frames the guest link put on the cable (counting one dropped on purpose) and took from it (counting
+    /// one lost on purpose); `None` when no guest link is plugged in.
+    pub fn guest_frames(&self) -> Option<(u64, u64)> {
+        lock(&self.shared).wire.guest_link().map(|l| l.frames())
+    }
+
     /// Frames the RoCE port received and accepted (every check passed), from links and from devices of this
     /// process.
     pub fn frames_received(&self) -> u64 {

@@ -287,6 +287,9 @@ pub(crate) struct Outstanding {
     pub(crate) phase: Phase,
     pub(crate) transport_left: u8,
     pub(crate) rnr_left: u8,
+    /// Packets of the message the responder has (acknowledged, or implied by a sequence NAK naming a later
+    /// PSN) or, for a READ, response packets taken: a retransmission starts after them (RoCE only).
+    pub(crate) resume: u32,
 }
 
 /// A queue pair.

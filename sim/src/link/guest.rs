@@ -99,6 +99,11 @@ impl GuestLink {
         self.theirs.lock().ok().and_then(|m| *m)
     }
 
+    /// RoCE frames sent and received so far (each counting the one lost on purpose).
+    pub(crate) fn frames(&self) -> (u64, u64) {
+        (self.sent.load(Ordering::Acquire), self.received.load(Ordering::Acquire))
+    }
+
     /// Drops the `n`-th RoCE frame sent from now on (1 is the next one).
     pub(crate) fn drop_frame(&self, n: u64) {
         let base = self.sent.load(Ordering::Acquire);
@@ -437,6 +442,89 @@ mod tests {
         assert!(mb.read(8192, 3000) == msg);
         assert!(naks(&a) > before);
         assert_eq!(b.h.dev.qp_info(qb.qpn).unwrap().rq_ci, 3);
+    }
+
+    /// Two RC QPs connected across the guest link, A's ACK timer `ack_timeout`, a 64 KiB region each.
+    struct Rc {
+        a: Rdma,
+        b: Rdma,
+        qa: crate::testutil::TQp,
+        qb: crate::testutil::TQp,
+        a_cq: crate::testutil::TCq,
+        b_cq: crate::testutil::TCq,
+        ma: crate::testutil::Mr,
+        mb: crate::testutil::Mr,
+    }
+
+    fn rc_joined(name: &str, ack_timeout: u32) -> Rc {
+        let (mut a, mut b) = joined(name);
+        let (a_cq, b_cq) = (a.cq(5), b.cq(5));
+        let qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let qb = b.qp(QpSpec::rc(), b_cq.cqn, b_cq.cqn);
+        let (ra, rb) = (a.me(qa.qpn), b.me(qb.qpn));
+        a.connect_rc(&qa, &rb, RcParams { ack_timeout, ..RcParams::default() });
+        b.connect_rc(&qb, &ra, RcParams::default());
+        let (ma, mb) = (a.mr(1 << 16), b.mr(1 << 16));
+        Rc { a, b, qa, qb, a_cq, b_cq, ma, mb }
+    }
+
+    /// Frames each side put on the cable since `before`.
+    fn sent_since(r: &Rdma, before: (u64, u64)) -> u64 {
+        r.h.dev.guest_frames().unwrap().0 - before.0
+    }
+
+    #[test]
+    fn a_nak_inside_a_message_resends_only_the_packets_from_its_psn() {
+        // The ACK timer is long (4.096 us << 20, 4.3 s): only the NAK can bring the retransmission in time.
+        let mut t = rc_joined("resume-send", 20);
+        for (op, what) in [(SEND, "SEND"), (consts::MLX5_OPCODE_RDMA_WRITE, "WRITE")] {
+            // Five packets at the 1024-byte MTU; the third (PSN + 2) is lost. B NAKs PSN + 2 when PSN + 3 comes;
+            // A sends PSN + 2, + 3 and + 4 again: 5 + 3 frames, not 5 + 5.
+            let msg = pattern(4500, what.len() as u8);
+            t.ma.write(0, &msg);
+            t.mb.write(8192, &[0; 4500]);
+            let (a0, b0) = (t.a.h.dev.guest_frames().unwrap(), t.b.h.dev.guest_frames().unwrap());
+            assert!(t.a.h.dev.guest_drop_frame(3));
+            let w = if op == SEND {
+                t.b.post_recv(&mut t.qb, &[(t.mb.addr() + 8192, 8192, t.mb.key)]);
+                Wqe::new(SEND).data(4500, t.ma.key, t.ma.addr())
+            } else {
+                Wqe::new(op).raddr(t.mb.addr() + 8192, t.mb.key).data(4500, t.ma.key, t.ma.addr())
+            };
+            let started = Instant::now();
+            t.a.post_send(&mut t.qa, &w, Bell::Db);
+            assert_eq!(t.a.wait_cqe(&mut t.a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0), "{what}");
+            assert!(started.elapsed() < Duration::from_secs(4), "{what}: recovered by the NAK, not the timer");
+            if op == SEND {
+                assert_eq!(t.b.wait_cqe(&mut t.b_cq).expect("receive CQE").byte_cnt(), 4500);
+            }
+            assert!(t.mb.read(8192, 4500) == msg, "{what}: every byte at its offset");
+            assert_eq!(sent_since(&t.a, a0), 8, "{what}: only the missing suffix went again");
+            // B: one sequence NAK and one ACK.
+            assert_eq!(sent_since(&t.b, b0), 2, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_lost_read_response_is_asked_again_from_its_psn() {
+        let mut t = rc_joined("resume-read", 20);
+        // Four response packets (3500 B at 1024); B's second is lost. A sees the third out of sequence and asks
+        // again from PSN + 1 for the last 2476 bytes: B answers with three packets, not four.
+        let remote = pattern(3500, 77);
+        t.mb.write(0, &remote);
+        let (a0, b0) = (t.a.h.dev.guest_frames().unwrap(), t.b.h.dev.guest_frames().unwrap());
+        assert!(t.b.h.dev.guest_drop_frame(2));
+        let rd = Wqe::new(consts::MLX5_OPCODE_RDMA_READ).raddr(t.mb.addr(), t.mb.key).data(3500, t.ma.key, t.ma.addr());
+        let started = Instant::now();
+        t.a.post_send(&mut t.qa, &rd, Bell::Db);
+        assert_eq!(t.a.wait_cqe(&mut t.a_cq).expect("READ CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        assert!(started.elapsed() < Duration::from_secs(4), "asked again at the gap, not at the timer");
+        assert!(t.ma.read(0, 3500) == remote);
+        assert_eq!(sent_since(&t.a, a0), 2, "the READ request, then one from the missing PSN");
+        assert_eq!(sent_since(&t.b, b0), 4 + 3);
+        // The second request was a duplicate at B, answered from the adjusted RETH, not run as a new READ.
+        assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
+        let _ = &t.b_cq;
     }
 
     #[test]

@@ -58,7 +58,19 @@ impl State {
         if let Some(qp) = self.fw.qps.get_mut(&qpn) {
             let phase = Phase::InFlight { sent_ns };
             let (transport_left, rnr_left) = (retry_count, rnr_retry);
-            qp.req = Some(Outstanding { wqe: w.id(), sges, op, len, seq, phase, transport_left, rnr_left, solicited });
+            let resume = 0;
+            qp.req = Some(Outstanding {
+                wqe: w.id(),
+                sges,
+                op,
+                len,
+                seq,
+                phase,
+                transport_left,
+                rnr_left,
+                solicited,
+                resume,
+            });
         }
         self.transmit(qpn);
     }
@@ -81,7 +93,9 @@ impl State {
         let psn = qp.next_send_psn;
         let body = Body::Rc { seq: req.seq, psn, op: req.op.clone(), solicited: req.solicited };
         let (remote, seq) = (qp.remote_qpn, req.seq);
-        let roce = RoceInfo { mtu: qp.mtu, udp_sport: path.udp_sport, ..RoceInfo::default() };
+        // Only frames can start inside a message; an IB port's packet is the whole message.
+        let resume = if addr.ib { 0 } else { req.resume };
+        let roce = RoceInfo { mtu: qp.mtu, udp_sport: path.udp_sport, resume, ..RoceInfo::default() };
         let p = match self.wire.route(&dest) {
             Ok(dst) => {
                 Packet { src: me, dst, src_qpn: qpn, dst_qpn: remote, slid: addr.lid, sl: path.sl, grh, body, roce }
@@ -106,6 +120,8 @@ impl State {
     /// timer of a request nothing answered.
     pub(super) fn retry_due(&mut self, qpn: u32, now: u64) -> bool {
         let seq = self.dp.next_seq;
+        // A READ is asked again after the response packets already taken.
+        let read_taken = self.fw.qps.get(&qpn).map_or(0, |q| self.read_taken(qpn, q.next_send_psn));
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
         let ack_ns = ack_timeout_ns(qp.route.ack_timeout);
         let Some(req) = qp.req.as_mut() else { return false };
@@ -126,6 +142,9 @@ impl State {
         };
         req.seq = seq;
         req.phase = Phase::InFlight { sent_ns: now };
+        if matches!(req.op, RcOp::Read { .. }) {
+            req.resume = read_taken;
+        }
         let wqe_counter = req.wqe.index;
         self.dp.next_seq += 1;
         self.events.push(SimEvent::Retry { qpn, wqe_counter, kind });

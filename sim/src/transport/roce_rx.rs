@@ -158,7 +158,7 @@ impl State {
     }
 
     fn rx_deliver(&mut self, from: &DevRef, src_qpn: u32, r: &RoceRepr<'_>, body: Body, mtu: u8) {
-        let roce = RoceInfo { mtu, udp_sport: r.udp.src_port, psn: r.bth.psn, msn: 0 };
+        let roce = RoceInfo { mtu, udp_sport: r.udp.src_port, psn: r.bth.psn, msn: 0, resume: 0 };
         let dst = self.wire.me.clone();
         let p = Packet {
             src: from.clone(),
@@ -358,7 +358,7 @@ impl State {
             sl: 0,
             grh: Some(ext_grh(r).reversed()),
             body: Body::Resp { seq: 0, resp },
-            roce: RoceInfo { mtu, udp_sport: r.udp.src_port, psn, msn },
+            roce: RoceInfo { mtu, udp_sport: r.udp.src_port, psn, msn, resume: 0 },
         };
         self.wire.send(reply);
     }
@@ -370,20 +370,33 @@ impl State {
         let Some(req) = qp.req.as_ref().filter(|_| qp.st == QpType::Rc) else {
             return self.rx_drop("response with no request outstanding");
         };
-        let (first, seq, remote) = (qp.next_send_psn, req.seq, qp.remote_qpn);
-        let n = psn_count(req.len, qp.mtu);
+        let (first, seq, remote, resume, len) = (qp.next_send_psn, req.seq, qp.remote_qpn, req.resume, req.len);
+        let n = psn_count(len, qp.mtu);
         let last = psn_add(first, n - 1);
         let psn = r.bth.psn;
-        let in_range = (0..i64::from(n)).contains(&i64::from(psn_diff(psn, first)));
+        // Where `psn` falls in the request's PSNs (0 is the first), if it does.
+        let at = u32::try_from(psn_diff(psn, first)).ok().filter(|&k| k < n);
+        let in_range = at.is_some();
         let (is_read, is_atomic) = (matches!(req.op, RcOp::Read { .. }), matches!(req.op, RcOp::Atomic { .. }));
         let syndrome = r.ext.aeth.map(|a| a.syndrome);
         let resp = match r.bth.opcode {
             RcAck => match syndrome {
                 Some(Syndrome::Ack { .. }) if psn == last && !is_read && !is_atomic => Resp::Ack,
-                // An ACK of earlier packets, or of a message already done: nothing to complete.
-                Some(Syndrome::Ack { .. }) => return,
+                Some(Syndrome::Ack { .. }) => {
+                    // An ACK of some packets of this SEND or WRITE (coalesced, or asked for inside it): a
+                    // retransmission starts after them. One of a message already done completes nothing.
+                    if let (Some(k), false, false) = (at, is_read, is_atomic) {
+                        self.set_resume(qpn, k + 1);
+                    }
+                    return;
+                }
                 Some(Syndrome::RnrNak { timer }) if in_range => Resp::RnrNak { timer },
-                Some(Syndrome::Nak(NakCode::PsnSequence)) => Resp::Nak(Nak::PsnSequence),
+                Some(Syndrome::Nak(NakCode::PsnSequence)) => {
+                    // The responder has every packet before the one it names: the retransmission starts there
+                    // (a READ is asked again from there). A PSN outside the request resends all of it.
+                    self.set_resume(qpn, at.unwrap_or(0));
+                    Resp::Nak(Nak::PsnSequence)
+                }
                 Some(Syndrome::Nak(c)) if in_range => Resp::Nak(match c {
                     NakCode::RemoteAccess => Nak::RemoteAccess,
                     NakCode::RemoteOperational => Nak::RemoteOp,
@@ -400,43 +413,79 @@ impl State {
                     return self.rx_drop("READ response for no outstanding READ");
                 }
                 let pos = op.position().unwrap_or(Position::Only);
-                let data = match pos {
-                    Position::Only if psn == first => r.payload.to_vec(),
-                    Position::First if psn == first => {
-                        let p = Partial {
-                            first_psn: psn,
-                            next_psn: psn_add(psn, 1),
-                            kind: PartialKind::ReadResponse,
-                            data: r.payload.to_vec(),
-                            nak_sent: false,
+                // The responses of a READ asked again from packet `resume` start there, after the data taken.
+                let start = psn_add(first, resume);
+                let taken = |p: &Partial| p.first_psn == first && p.next_psn == psn;
+                let resp = match pos {
+                    Position::Only | Position::First if psn == start => {
+                        let mut data = match self.dp.rx.reads.remove(&qpn) {
+                            Some(p) if resume > 0 && taken(&p) => p.data,
+                            _ if resume == 0 => Vec::new(),
+                            _ => return self.rx_drop("READ response at the wrong PSN"),
                         };
-                        self.dp.rx.reads.insert(qpn, p);
-                        return;
+                        data.extend_from_slice(r.payload);
+                        if (data.len() as u64) > len {
+                            return self.rx_drop("READ response longer than the request");
+                        }
+                        if pos == Position::First {
+                            let p = Partial {
+                                first_psn: first,
+                                next_psn: psn_add(psn, 1),
+                                kind: PartialKind::ReadResponse,
+                                data,
+                                nak_sent: false,
+                            };
+                            self.dp.rx.reads.insert(qpn, p);
+                            return;
+                        }
+                        Resp::ReadData(data)
                     }
                     Position::Middle | Position::Last => match self.dp.rx.reads.get_mut(&qpn) {
-                        Some(p) if p.next_psn == psn && (p.data.len() + r.payload.len()) as u64 <= req.len => {
+                        Some(p) if taken(p) && (p.data.len() + r.payload.len()) as u64 <= len => {
                             p.data.extend_from_slice(r.payload);
                             p.next_psn = psn_add(psn, 1);
+                            p.nak_sent = false;
                             if pos == Position::Middle {
                                 return;
                             }
                             match self.dp.rx.reads.remove(&qpn) {
-                                Some(p) if p.first_psn == first => p.data,
-                                _ => return,
+                                Some(p) => Resp::ReadData(p.data),
+                                None => return,
                             }
                         }
-                        _ => {
-                            // A lost response packet: the READ is retried when its ACK timer runs out.
-                            self.dp.rx.reads.remove(&qpn);
-                            return self.rx_drop("READ response out of sequence");
+                        Some(p) if p.first_psn == first && in_range && psn_diff(psn, p.next_psn) > 0 => {
+                            // A response packet was lost: what arrived is kept, and the READ is asked again at
+                            // once from the missing PSN, as for a sequence NAK (once per gap; the packets after
+                            // it are dropped).
+                            let (got, asked) = (psn_diff(p.next_psn, first), p.nak_sent);
+                            p.nak_sent = true;
+                            self.rx_drop("READ response out of sequence");
+                            if asked {
+                                return;
+                            }
+                            self.set_resume(qpn, got as u32);
+                            Resp::Nak(Nak::PsnSequence)
                         }
+                        _ => return self.rx_drop("READ response out of sequence"),
                     },
                     _ => return self.rx_drop("READ response at the wrong PSN"),
                 };
-                Resp::ReadData(data)
+                resp
             }
         };
         self.rc_response(qpn, seq, resp, remote);
+    }
+
+    /// The outstanding request of `qpn` is retransmitted from its packet `k` on.
+    fn set_resume(&mut self, qpn: u32, k: u32) {
+        if let Some(req) = self.fw.qps.get_mut(&qpn).and_then(|q| q.req.as_mut()) {
+            req.resume = k;
+        }
+    }
+
+    /// Response packets of the outstanding READ of `qpn` (first PSN `first`) taken so far.
+    pub(super) fn read_taken(&self, qpn: u32, first: u32) -> u32 {
+        self.dp.rx.reads.get(&qpn).filter(|p| p.first_psn == first).map_or(0, |p| psn_diff(p.next_psn, first) as u32)
     }
 }
 

@@ -191,6 +191,10 @@ pub(crate) struct RoceInfo {
     pub(crate) psn: u32,
     /// The responder's message sequence number (24 bits) after the request.
     pub(crate) msn: u32,
+    /// An RC request's first packet to put on the wire: a retransmission resumes at the PSN the responder NAKed
+    /// (or the oldest one not acknowledged), the packets before it are not sent again; a READ is asked again
+    /// from that response PSN, its RETH moved on as far. 0: the whole message.
+    pub(crate) resume: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -252,7 +256,7 @@ impl<D: Clone> Packet<D> {
             }
             _ => 0,
         };
-        RoceInfo { psn: psn.wrapping_add(last) & roce::rc::PSN_MASK, ..self.roce }
+        RoceInfo { psn: psn.wrapping_add(last) & roce::rc::PSN_MASK, resume: 0, ..self.roce }
     }
 }
 

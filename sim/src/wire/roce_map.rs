@@ -165,9 +165,20 @@ pub(crate) fn emit_frames<D>(
                 RcOp::Send { data, imm } => (&data[..], MsgKind::Send { imm: imm.is_some() }, *imm),
                 RcOp::Write { data, imm, .. } => (&data[..], MsgKind::Write { imm: imm.is_some() }, *imm),
                 RcOp::Read { raddr, rkey, len } => {
-                    let dma_len = u32::try_from(*len).map_err(|_| "READ longer than a RETH says")?;
-                    let reth = Reth { va: *raddr, rkey: *rkey, dma_len };
-                    let mut pc = piece(Opcode::RcReadRequest, *psn, Ext { reth: Some(reth), ..Ext::default() });
+                    // Asked again from response packet `resume`: the PSN, address and length move on as far.
+                    let skip = match mtu {
+                        Some(size) if u64::from(p.roce.resume) * (size as u64) < *len => {
+                            u64::from(p.roce.resume) * size as u64
+                        }
+                        _ => 0,
+                    };
+                    let dma_len = u32::try_from(*len - skip).map_err(|_| "READ longer than a RETH says")?;
+                    let reth = Reth { va: raddr.wrapping_add(skip), rkey: *rkey, dma_len };
+                    let at = match mtu {
+                        Some(size) => psn.wrapping_add((skip / size as u64) as u32),
+                        None => *psn,
+                    };
+                    let mut pc = piece(Opcode::RcReadRequest, at, Ext { reth: Some(reth), ..Ext::default() });
                     pc.ack_req = true;
                     put(pc)?;
                     return Ok(frames);
@@ -196,7 +207,9 @@ pub(crate) fn emit_frames<D>(
             };
             let segs = Segmenter::new(kind, uc, data.len(), size, *psn);
             let count = Segmenter::count(&segs);
-            for (i, s) in segs.enumerate() {
+            // A retransmission resumes at packet `resume` (the whole message when that is past its end).
+            let resume = if p.roce.resume < count { p.roce.resume } else { 0 };
+            for (i, s) in segs.enumerate().skip(resume as usize) {
                 let (first, last) = (i == 0, i as u32 + 1 == count);
                 let ext = Ext {
                     reth: if first { reth } else { None },
@@ -343,6 +356,31 @@ mod tests {
             f.iter().map(|x| (x.0, x.2)).collect::<Vec<_>>(),
             [(Opcode::UcWriteFirst, false), (Opcode::UcWriteMiddle, false), (Opcode::UcWriteLast, false)]
         );
+    }
+
+    #[test]
+    fn a_retransmission_resumes_at_its_packet_with_the_read_reth_moved_on() {
+        let data: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+        let resume = RoceInfo { mtu: MTU_1024, resume: 1, ..RoceInfo::default() };
+        // A WRITE from its second packet: MIDDLE (no RETH: the responder has it from FIRST) and LAST.
+        let op = RcOp::Write { raddr: 0x1000, rkey: 0x42, data: Payload::from(&data[..]), imm: None };
+        let f = frames(&packet(Body::Rc { seq: 2, psn: 10, op, solicited: false }, resume));
+        let got: Vec<_> = f.iter().map(|x| (x.0, x.1, x.2, x.3.reth, x.4)).collect();
+        assert_eq!(got, [(Opcode::RcWriteMiddle, 11, false, None, 1024), (Opcode::RcWriteLast, 12, true, None, 952)]);
+        // A READ asked again from its second response: PSN, address and length move on by one MTU.
+        let op = RcOp::Read { raddr: 0x8000, rkey: 9, len: 3000 };
+        let f = frames(&packet(Body::Rc { seq: 2, psn: 100, op: op.clone(), solicited: false }, resume));
+        let reth = Reth { va: 0x8000 + 1024, rkey: 9, dma_len: 3000 - 1024 };
+        assert_eq!(
+            f.iter().map(|x| (x.0, x.1, x.3.reth)).collect::<Vec<_>>(),
+            [(Opcode::RcReadRequest, 101, Some(reth))]
+        );
+        // A resume point past the end is the whole message again.
+        let past = RoceInfo { resume: 3, ..resume };
+        let f = frames(&packet(Body::Rc { seq: 2, psn: 100, op, solicited: false }, past));
+        assert_eq!((f[0].1, f[0].3.reth.map(|r| r.dma_len)), (100, Some(3000)));
+        let op = RcOp::Send { data: Payload::from(&data[..]), imm: None };
+        assert_eq!(frames(&packet(Body::Rc { seq: 2, psn: 5, op, solicited: false }, past)).len(), 3);
     }
 
     #[test]
