@@ -242,7 +242,7 @@ fn main() -> ExitCode {
         Task::Codegen { check } => codegen::run_codegen(&root, check),
         Task::Ci => ci(&root),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
-        Task::RxeInterop => rxe::run_rxe_interop(&root),
+        Task::RxeInterop => rxe::ci_step(&root),
         Task::Bench { json, peer: false } => bench::run(&root, json),
         Task::Bench { json, peer: true } => bench::run_peer(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
