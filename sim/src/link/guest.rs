@@ -324,7 +324,11 @@ mod tests {
 
     /// Two devices joined the way a device and a QEMU guest NIC are: A listens on a UNIX socket, B connects.
     fn joined(name: &str) -> (Rdma, Rdma) {
-        let (a, b) = (Rdma::new(cfg(1)), Rdma::new(cfg(2)));
+        joined_with(name, cfg(1), cfg(2))
+    }
+
+    fn joined_with(name: &str, ca: SimConfig, cb: SimConfig) -> (Rdma, Rdma) {
+        let (a, b) = (Rdma::new(ca), Rdma::new(cb));
         let path = sock(name);
         a.h.dev.guest_listen(&path).unwrap();
         b.h.dev.guest_connect(&path, WAIT).unwrap();
@@ -525,6 +529,77 @@ mod tests {
         // The second request was a duplicate at B, answered from the adjusted RETH, not run as a new READ.
         assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
         let _ = &t.b_cq;
+    }
+
+    #[test]
+    fn a_ud_receive_over_roce_v2_ipv4_gets_the_ipv4_header_as_a_connectx_writes_it() {
+        use mlx5_core::ah::{init_ah_from_wc, SgidType};
+        use mlx5_core::cq::{WcFlags, WorkCompletion};
+        // The ports answer ARP for their addresses: A's first datagram asks for B's MAC and is lost, as on a
+        // NIC whose neighbour entry is not resolved yet.
+        let (mut a, mut b) = joined_with(
+            "ud-v4",
+            SimConfig { ipv4_addrs: &[[10, 0, 0, 1]], ..cfg(1) },
+            SimConfig { ipv4_addrs: &[[10, 0, 0, 2]], ..cfg(2) },
+        );
+        let v4 = crate::wire::roce::frame::mapped;
+        // Each port's GID entry 1 is its IPv4 address (RoCE v2 puts it in an IPv4 header).
+        assert_eq!(a.h.set_roce_address(1, v4([10, 0, 0, 1])), (0, 0));
+        assert_eq!(b.h.set_roce_address(1, v4([10, 0, 0, 2])), (0, 0));
+        let (mut a_cq, mut b_cq) = (a.cq(5), b.cq(5));
+        let ua = a.qp(QpSpec::ud(), a_cq.cqn, a_cq.cqn);
+        let mut ub = b.qp(QpSpec::ud(), b_cq.cqn, b_cq.cqn);
+        a.ready_ud(&ua, 0x11);
+        b.ready_ud(&ub, 0x11);
+        let (ma, mb) = (a.mr(4096), b.mr(4096));
+        ma.write(0, b"over IPv4");
+        b.post_recv(&mut ub, &[(mb.addr(), 256, mb.key)]);
+        let av = TAv {
+            dqpn: ub.qpn,
+            qkey: 0x11,
+            grh: true,
+            sgid_index: 1,
+            hop_limit: 61,
+            tclass: 0x68,
+            rgid: v4([10, 0, 0, 2]),
+            rmac: b.h.dev.config().mac,
+            ..TAv::default()
+        };
+        let mut ua = ua;
+        let mut got = None;
+        for _ in 0..3 {
+            a.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(9, ma.key, ma.addr()), Bell::Db);
+            assert_eq!(a.wait_cqe(&mut a_cq).expect("UD send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+            let end = Instant::now() + Duration::from_millis(500);
+            while got.is_none() && Instant::now() < end {
+                got = b.poll(&mut b_cq);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if got.is_some() {
+                break;
+            }
+        }
+        let e = got.expect("UD receive CQE");
+        assert_eq!(e.byte_cnt(), 40 + 9);
+        // GRH present, L3 header type IPv4 (bits 25:24), the sender's QPN.
+        let l3 = consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4;
+        assert_eq!(e.flags_rqpn(), ua.qpn | 1 << 28 | l3 << 24);
+        let grh: [u8; 40] = mb.read(0, 40).try_into().unwrap();
+        assert_eq!(grh[..20], [0; 20], "the IPv4 header is in the last 20 bytes");
+        let ip = &grh[20..];
+        let total = 20 + 8 + 12 + 8 + 9 + 4;
+        assert_eq!((ip[0], ip[1], u16::from_be_bytes([ip[2], ip[3]]), ip[8], ip[9]), (0x45, 0x68, total, 61, 17));
+        assert_eq!((&ip[12..16], &ip[16..20]), (&[10, 0, 0, 1][..], &[10, 0, 0, 2][..]));
+        assert_eq!(mlx5_core::ah::ipv4_checksum(ip), u16::from_be_bytes([ip[10], ip[11]]));
+        assert_eq!(mb.read(40, 9), b"over IPv4");
+        // rdma-core's reading of it, in the core: the reply goes to the sender's IPv4 GID from our v2 entry.
+        let wc = WorkCompletion { wc_flags: WcFlags::GRH, src_qp: ua.qpn, ..WorkCompletion::default() };
+        let ah = init_ah_from_wc(&wc, Some(&grh), 1, |gid, ty| {
+            (*gid == v4([10, 0, 0, 2]) && ty == SgidType::RoceV2).then_some(1)
+        })
+        .unwrap();
+        let g = ah.grh.expect("a routed reply");
+        assert_eq!((g.dgid, g.sgid_index, g.hop_limit, g.traffic_class), (v4([10, 0, 0, 1]), 1, 61, 0x68));
     }
 
     #[test]

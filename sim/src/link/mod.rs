@@ -376,7 +376,12 @@ mod tests {
         a.post_send(&mut qa, &w, Bell::Db);
         assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
         let e = b.poll(&mut b_cq).expect("delivered over the wire");
-        assert_eq!((e.opcode(), e.byte_cnt(), e.flags_rqpn()), (consts::MLX5_CQE_RESP_SEND, 55, qa.qpn | 1 << 28));
+        // GRH present, RoCE v2 over IPv6 (the L3 header type in bits 25:24).
+        let ipv6 = consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6 << 24;
+        assert_eq!(
+            (e.opcode(), e.byte_cnt(), e.flags_rqpn()),
+            (consts::MLX5_CQE_RESP_SEND, 55, qa.qpn | 1 << 28 | ipv6)
+        );
         // The GRH names A as the source and B as the destination.
         let grh = mb.read(0, 40);
         assert_eq!((&grh[8..24], &grh[24..40]), (&a.h.dev.gid(0).unwrap()[..], &dst.gid[..]));

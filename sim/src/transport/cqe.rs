@@ -13,6 +13,8 @@ use crate::dma::DmaFault;
 use crate::events::SimEvent;
 use crate::fw::cq::{Arm, PostCqeError, CQE64, OPCODE_SHIFT, OP_OWN, SOLICITED};
 use crate::fw::eq::EQE_DATA_LEN;
+use crate::wire::roce::frame::IpRepr;
+use crate::wire::roce_map;
 use crate::State;
 
 use super::*;
@@ -162,10 +164,18 @@ impl CqeOut {
     }
 }
 
-/// `flags_rqpn` of a responder CQE.
+/// `flags_rqpn` of a responder CQE: on InfiniBand the SL in bits 27:24, on a RoCE port the packet's L3 header
+/// type in bits 25:24 (mlx5_ib `handle_responder`: IPv4 or IPv6, as RoCE v2 travels on the simulated wire).
 pub(super) fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
     let grh = u32::from(p.grh.is_some()) << CQE_GRH_SHIFT;
-    let sl = if ib { u32::from(p.sl & AV_SL_MASK) << CQE_SL_SHIFT } else { 0 };
+    let sl = match &p.grh {
+        _ if ib => u32::from(p.sl & AV_SL_MASK),
+        Some(g) => match roce_map::ip_header(&g.sgid, &g.dgid, g.tclass, g.hop_limit, g.flow_label) {
+            IpRepr::V4(_) => consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4,
+            IpRepr::V6(_) => consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6,
+        },
+        None => 0,
+    } << CQE_SL_SHIFT;
     (p.src_qpn & QPN_MASK) | grh | sl
 }
 

@@ -359,8 +359,9 @@ mod tests {
             (e.opcode(), e.byte_cnt(), e.imm(), e.qpn(), e.wqe_counter()),
             (RESP_SEND_IMM, 100, 0xdead_beef, p.b.qpn, 0)
         );
-        // RoCE always carries a GRH; the source QP is the requester.
-        assert_eq!(e.flags_rqpn(), p.a.qpn | 1 << 28);
+        // RoCE always carries a GRH (here RoCE v2 over IPv6, the L3 header type in bits 25:24); the source QP is
+        // the requester.
+        assert_eq!(e.flags_rqpn(), p.a.qpn | 1 << 28 | consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6 << 24);
         assert!(e.solicited());
         let got = [p.mr.read(4096, 50), p.mr.read(8192, 50)].concat();
         assert_eq!(got, [&src[..30], &src[100..170]].concat());
@@ -495,12 +496,14 @@ mod tests {
         assert_eq!((e.status(), e.wqe_opcode(), e.qpn()), ((REQ, 0), SEND_IMM, ua.qpn));
         let e = r.poll(&mut rcq).unwrap();
         assert_eq!((e.opcode(), e.byte_cnt(), e.imm(), e.qpn()), (RESP_SEND_IMM, 104, 7, ub.qpn));
-        assert_eq!(e.flags_rqpn(), ua.qpn | 1 << 28);
+        // GRH present; RoCE v2 over IPv6 (L3 header type IPv6 in bits 25:24).
+        let l3 = consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6;
+        assert_eq!(e.flags_rqpn(), ua.qpn | 1 << 28 | l3 << 24);
         let grh = mr.read(1000, GRH_BYTES);
         let w0 = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
         assert_eq!((w0 >> 28, (w0 >> 20) & 0xff, w0 & 0xf_ffff), (6, 0x20, 0x1_2345));
-        // Payload length: BTH + DETH + ImmDt + 64 + ICRC.
-        assert_eq!((u16::from_be_bytes([grh[4], grh[5]]), grh[6], grh[7]), (12 + 8 + 4 + 64 + 4, 0x1b, 64));
+        // The IPv6 header: payload length UDP + BTH + DETH + ImmDt + 64 + ICRC, next header UDP.
+        assert_eq!((u16::from_be_bytes([grh[4], grh[5]]), grh[6], grh[7]), (8 + 12 + 8 + 4 + 64 + 4, 17, 64));
         let gid = r.h.dev.gid(0).unwrap();
         assert_eq!((&grh[8..24], &grh[24..40]), (&gid[..], &gid[..]));
         assert_eq!(mr.read(1040, 64), payload);

@@ -4,19 +4,37 @@
 use super::cqe::{flags_rqpn, CqeOut};
 use super::wqe::SendWqe;
 use super::*;
+use crate::wire::roce::frame::IpRepr;
+use crate::wire::roce::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN};
+use crate::wire::roce_map;
 
-/// The 40 bytes a UD receive gets before the payload.
-pub(super) fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool) -> [u8; GRH_BYTES] {
+/// The UDP header of a RoCE v2 packet.
+const UDP_BYTES: usize = 8;
+
+/// The 40 bytes a UD receive gets before the payload, as a ConnectX writes them: on InfiniBand the GRH; on a
+/// RoCE port (RoCE v2 on the simulated wire) the IPv6 header, next header UDP, or for IPv4 the IPv4 header in
+/// the last 20 bytes and zeros before it (mlx5 CQE l3 header type IPv4; rdma-core's `ibv_init_ah_from_wc` and
+/// Linux's `ib_init_ah_attr_from_wc` read it there).
+pub(super) fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool, ib: bool) -> [u8; GRH_BYTES] {
     let mut g = [0u8; GRH_BYTES];
     let Some(h) = grh else {
         // No GRH on the wire (IB): zeros with a valid IP version, as the brief allows.
         g[0] = (GRH_IP_VERSION as u8) << 4;
         return g;
     };
+    let ib_len = BTH_BYTES + DETH_BYTES + if imm { IMMDT_BYTES } else { 0 } + payload + ICRC_BYTES;
+    if !ib {
+        // Lengths past what an IPv4 header holds are cut (a UD message is one MTU at most).
+        let udp_len = u16::try_from(UDP_BYTES + ib_len).unwrap_or(u16::MAX).min(u16::MAX - IPV4_HEADER_LEN as u16);
+        match roce_map::ip_header(&h.sgid, &h.dgid, h.tclass, h.hop_limit, h.flow_label) {
+            IpRepr::V4(r) => Ipv4Repr { payload_len: udp_len, ..r }.emit(&mut g[GRH_BYTES - IPV4_HEADER_LEN..]),
+            IpRepr::V6(r) => Ipv6Repr { payload_len: udp_len, ..r }.emit(&mut g),
+        }
+        return g;
+    }
     let w0 = GRH_IP_VERSION << 28 | u32::from(h.tclass) << 20 | (h.flow_label & FLOW_LABEL_MASK);
     g[0..4].copy_from_slice(&w0.to_be_bytes());
-    let paylen = BTH_BYTES + DETH_BYTES + if imm { IMMDT_BYTES } else { 0 } + payload + ICRC_BYTES;
-    g[4..6].copy_from_slice(&u16::try_from(paylen).unwrap_or(u16::MAX).to_be_bytes());
+    g[4..6].copy_from_slice(&u16::try_from(ib_len).unwrap_or(u16::MAX).to_be_bytes());
     g[6] = GRH_NEXT_BTH;
     g[7] = h.hop_limit;
     g[8..24].copy_from_slice(&h.sgid);
@@ -85,7 +103,7 @@ impl State {
         let mut sges = Sges::new();
         let Some(index) = self.next_recv(dst, &mut sges) else { return drop(self, "receive queue empty") };
         let mut msg = Vec::with_capacity(GRH_BYTES + data.len());
-        msg.extend_from_slice(&grh_image(p.grh.as_ref(), data.len(), imm.is_some()));
+        msg.extend_from_slice(&grh_image(p.grh.as_ref(), data.len(), imm.is_some(), self.wire.addr.ib));
         msg.extend_from_slice(data);
         match self.scatter(pd, &sges, &msg) {
             Ok(()) => {

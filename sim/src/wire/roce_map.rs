@@ -53,7 +53,13 @@ pub(crate) fn udp_sport(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
 }
 
 /// The IP header between two GIDs: IPv4 when both are IPv4-mapped, else IPv6.
-fn ip_header(sgid: &[u8; GID_LEN], dgid: &[u8; GID_LEN], tclass: u8, hop_limit: u8, flow_label: u32) -> IpRepr {
+pub(crate) fn ip_header(
+    sgid: &[u8; GID_LEN],
+    dgid: &[u8; GID_LEN],
+    tclass: u8,
+    hop_limit: u8,
+    flow_label: u32,
+) -> IpRepr {
     if sgid[..12] == V4_MAPPED && dgid[..12] == V4_MAPPED {
         let (mut src, mut dst) = ([0u8; 4], [0u8; 4]);
         src.copy_from_slice(&sgid[12..]);
