@@ -85,6 +85,9 @@ pub struct Options {
     /// Every message is `ibv_rc_pingpong -c`'s buffer (0x7b, with a zero byte at each 4 KiB page offset) rather
     /// than the per-iteration pattern, so the peer may be rdma-core's own ping-pong.
     pub rc_pingpong_data: bool,
+    /// The RC QP's local ACK timeout (4.096 us << it; rc_pingpong's 14 by default). A peer in a TCG guest can
+    /// stall for longer than 7 retries of 67 ms.
+    pub ack_timeout: u8,
 }
 
 /// rc_pingpong's buffer fill, and the zero its `-c` check expects at each page offset.
@@ -454,12 +457,12 @@ enum Ready<'a> {
 
 impl<'a> Ready<'a> {
     /// RTS: an RC QP connected to `peer` (starting at `psn`), a UD one as it is.
-    fn connect(self, peer: RemoteQp, psn: u32, gid_index: u8) -> Result<QueuePair<'a, Rts>, String> {
+    fn connect(self, peer: RemoteQp, psn: u32, opts: &Options) -> Result<QueuePair<'a, Rts>, String> {
         match self {
             Ready::Rc(qp) => qp
-                .to_rtr(RtrAttr::rc(peer).max_dest_rd_atomic(1).sgid_index(gid_index))
+                .to_rtr(RtrAttr::rc(peer).max_dest_rd_atomic(1).sgid_index(opts.gid_index))
                 .map_err(|e| format!("move the QP to RTR: {}", e.error))?
-                .to_rts(RtsAttr::rc(psn).max_rd_atomic(1))
+                .to_rts(RtsAttr::rc(psn).max_rd_atomic(1).timeout(opts.ack_timeout))
                 .map_err(|e| format!("move the QP to RTS: {}", e.error)),
             Ready::Ud(qp) => Ok(qp),
         }
@@ -514,7 +517,7 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
     };
     log::info!("local address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", me.lid, me.qpn, me.psn);
     log::info!("remote address: LID {:#06x}, QPN {:#08x}, PSN {:#08x}", peer.lid, peer.qpn, peer.psn);
-    let qp = ready.connect(peer, me.psn, opts.gid_index)?;
+    let qp = ready.connect(peer, me.psn, &opts)?;
     let ah = if opts.ud {
         Some(pd.create_ah(&ud::route(ctx, &peer, opts.gid_index)).map_err(verbs("create address handle"))?)
     } else {

@@ -186,6 +186,12 @@ impl RtsAttr {
         self
     }
 
+    /// The local ACK timeout, 4.096 us << `timeout` (14 by default).
+    pub fn timeout(mut self, timeout: u8) -> Self {
+        self.attr.timeout = timeout;
+        self
+    }
+
     /// Reads / atomics this QP may have outstanding.
     pub fn max_rd_atomic(mut self, n: u8) -> Self {
         self.attr.max_rd_atomic = n;
