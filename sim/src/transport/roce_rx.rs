@@ -12,7 +12,7 @@ use super::*;
 use crate::link::DevRef;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EthernetRepr, BROADCAST};
-use crate::wire::roce::frame::{emit_arp, parse, IpRepr, Parsed, RoceRepr};
+use crate::wire::roce::frame::{emit_arp, parse_with, Integrity, IpRepr, Parsed, RoceRepr};
 use crate::wire::roce::ib::{NakCode, Opcode, Syndrome};
 use crate::wire::roce::rc::{psn_add, psn_diff, Position};
 use crate::wire::roce_map::{self, psn_count};
@@ -44,12 +44,34 @@ pub(crate) struct RoceRx {
     reads: BTreeMap<u32, Partial>,
     /// IPv4 neighbours (ARP): address and MAC.
     pub(crate) neighbours: Vec<([u8; 4], [u8; 6])>,
+    /// Reassembly buffers of finished messages, for the next ones.
+    spare: Vec<Vec<u8>>,
 }
 
 /// The most neighbours remembered (the oldest is forgotten first).
 const MAX_NEIGHBOURS: usize = 64;
+/// Reassembly buffers kept for the next messages, and the largest kept (a bigger one is freed).
+const SPARE_BUFFERS: usize = 4;
+const SPARE_BYTES: usize = 1 << 20;
 
 impl RoceRx {
+    /// A reassembly buffer holding `first`, with room for `whole` bytes when that is known (and not huge): a
+    /// spare one when there is one, so a stream of messages does not allocate and grow a buffer each.
+    fn buffer(&mut self, first: &[u8], whole: u64) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.reserve(usize::try_from(whole).unwrap_or(0).min(SPARE_BYTES));
+        b.extend_from_slice(first);
+        b
+    }
+
+    /// Takes back a buffer whose message is done.
+    fn recycle(&mut self, mut b: Vec<u8>) {
+        if self.spare.len() < SPARE_BUFFERS && b.capacity() <= SPARE_BYTES {
+            b.clear();
+            self.spare.push(b);
+        }
+    }
+
     fn learn(&mut self, ip: [u8; 4], mac: [u8; 6]) {
         self.neighbours.retain(|(a, _)| *a != ip);
         if self.neighbours.len() == MAX_NEIGHBOURS {
@@ -89,7 +111,7 @@ impl State {
         // Each frame is taken in as soon as it is built, in the one reused buffer.
         let mut buf = std::mem::take(&mut self.dp.frame_buf);
         let made = roce_map::emit_frames(&p, src, dst, &mut buf, &mut |f| {
-            let _ = self.receive_frame(f, &p.src);
+            let _ = self.receive_frame_with(f, &p.src, Integrity::Trusted);
         });
         self.dp.frame_buf = buf;
         if made.is_err() {
@@ -100,10 +122,15 @@ impl State {
 
     /// A bare Ethernet frame arrived from the link `from`. Returns frames to send straight back (ARP replies).
     pub(crate) fn receive_frame(&mut self, frame: &[u8], from: &DevRef) -> Option<Vec<u8>> {
+        self.receive_frame_with(frame, from, Integrity::Check)
+    }
+
+    /// [`State::receive_frame`], checking the frame's sums as `integrity` says.
+    fn receive_frame_with(&mut self, frame: &[u8], from: &DevRef, integrity: Integrity) -> Option<Vec<u8>> {
         if self.dead() || self.wire.addr.ib {
             return None;
         }
-        let parsed = match parse(frame) {
+        let parsed = match parse_with(frame, integrity) {
             Ok(p) => p,
             Err(why) => {
                 self.wire.drops.count(why);
@@ -256,8 +283,8 @@ impl State {
             (false, _) => Some(PartialKind::Send { uc }),
         };
         let imm = r.ext.immdt;
-        let finish = |kind: PartialKind, data: Vec<u8>| -> RcOp {
-            let data = Payload::from(&data[..]);
+        let finish = |kind: PartialKind, data: &[u8]| -> RcOp {
+            let data = Payload::from(data);
             match kind {
                 PartialKind::Write { raddr, rkey, .. } => RcOp::Write { raddr, rkey, data, imm },
                 _ => RcOp::Send { data, imm },
@@ -268,15 +295,17 @@ impl State {
                 let Some(kind) = kind_of(r.ext.reth) else { return self.rx_drop("WRITE without a RETH") };
                 if pos == Position::Only {
                     self.dp.rx.requests.remove(&qpn);
-                    let op = finish(kind, r.payload.to_vec());
+                    let op = finish(kind, r.payload);
                     return self.rx_deliver(from, remote, r, whole(op), mtu);
                 }
-                let data = r.payload.to_vec();
+                // A WRITE says its length: the buffer is sized once (within the message limit).
+                let whole = r.ext.reth.map_or(0, |h| u64::from(h.dma_len).min(max_msg));
+                let data = self.dp.rx.buffer(r.payload, whole);
                 // A new FIRST replaces a message that never finished (its requester started again).
-                self.dp
-                    .rx
-                    .requests
-                    .insert(qpn, Partial { first_psn: psn, next_psn: psn_add(psn, 1), kind, data, nak_sent: false });
+                let p = Partial { first_psn: psn, next_psn: psn_add(psn, 1), kind, data, nak_sent: false };
+                if let Some(old) = self.dp.rx.requests.insert(qpn, p) {
+                    self.dp.rx.recycle(old.data);
+                }
             }
             Position::Middle | Position::Last => {
                 let fits = |p: &Partial| {
@@ -297,7 +326,8 @@ impl State {
                         }
                         if pos == Position::Last {
                             let Some(p) = self.dp.rx.requests.remove(&qpn) else { return };
-                            let op = finish(p.kind, p.data);
+                            let op = finish(p.kind, &p.data);
+                            self.dp.rx.recycle(p.data);
                             let body = if uc {
                                 Body::Uc { psn: p.first_psn, op, solicited }
                             } else {
@@ -420,7 +450,7 @@ impl State {
                     Position::Only | Position::First if psn == start => {
                         let mut data = match self.dp.rx.reads.remove(&qpn) {
                             Some(p) if resume > 0 && taken(&p) => p.data,
-                            _ if resume == 0 => Vec::new(),
+                            _ if resume == 0 => self.dp.rx.buffer(&[], len),
                             _ => return self.rx_drop("READ response at the wrong PSN"),
                         };
                         data.extend_from_slice(r.payload);

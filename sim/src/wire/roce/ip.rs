@@ -11,16 +11,28 @@ pub const IPV4_HEADER_LEN: usize = 20;
 /// Bytes of the IPv6 fixed header.
 pub const IPV6_HEADER_LEN: usize = 40;
 
-/// Adds `data` to a ones-complement running sum (odd lengths padded with a zero byte).
-pub fn sum(mut acc: u32, data: &[u8]) -> u32 {
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        acc += u32::from(u16::from_be_bytes([c[0], c[1]]));
+/// Adds `data` to a ones-complement running sum (odd lengths padded with a zero byte). The result is folded to
+/// 16 bits, so a caller may add a few more 16-bit values before [`fold`].
+pub fn sum(acc: u32, data: &[u8]) -> u32 {
+    // Eight bytes at a time: the ones-complement sum of the 32-bit big-endian words, in a 64-bit accumulator
+    // that cannot overflow (a frame is far below 2^32 words), folds to that of the 16-bit words.
+    let mut wide = u64::from(acc);
+    let mut words = data.chunks_exact(8);
+    for w in &mut words {
+        let v = u64::from_be_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        wide += (v >> 32) + (v & 0xffff_ffff);
     }
-    if let [last] = chunks.remainder() {
-        acc += u32::from(*last) << 8;
+    let mut pairs = words.remainder().chunks_exact(2);
+    for c in &mut pairs {
+        wide += u64::from(u16::from_be_bytes([c[0], c[1]]));
     }
-    acc
+    if let [last] = pairs.remainder() {
+        wide += u64::from(*last) << 8;
+    }
+    while wide > 0xffff {
+        wide = (wide & 0xffff) + (wide >> 16);
+    }
+    wide as u32
 }
 
 /// Folds a running sum into the 16-bit ones-complement checksum.
@@ -370,6 +382,33 @@ mod tests {
             ident: 0x1234,
             dont_frag: true,
         }
+    }
+
+    #[test]
+    fn the_wide_sum_is_the_sum_of_16_bit_words() {
+        // The plain definition: 16-bit big-endian words, an odd byte padded with zero.
+        fn words(acc: u32, d: &[u8]) -> u32 {
+            let mut a = acc;
+            for c in d.chunks(2) {
+                a += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+            }
+            a
+        }
+        let mut x = 0x1234_5678u32;
+        let data: Vec<u8> = (0..3000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        for len in [0, 1, 2, 7, 8, 9, 15, 16, 17, 1023, 1024, 2999, 3000] {
+            for acc in [0, 1, 0xffff, 0x1_2345] {
+                assert_eq!(fold(sum(acc, &data[..len])), fold(words(acc, &data[..len])), "len {len}, acc {acc:#x}");
+            }
+        }
+        assert_eq!(fold(sum(0, &[0xff; 64])), 0, "all ones sum to negative zero");
     }
 
     #[test]
