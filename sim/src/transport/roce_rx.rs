@@ -110,7 +110,8 @@ impl State {
         let (src, dst) = (self.wire.mac_of(p.src.id), self.wire.addr.mac);
         // Each frame is taken in as soon as it is built, in the one reused buffer.
         let mut buf = std::mem::take(&mut self.dp.frame_buf);
-        let made = roce_map::emit_frames(&p, src, dst, &mut buf, &mut |f| {
+        // Built and taken without their sums: they cross no cable (a capture computes them).
+        let made = roce_map::emit_frames_with(&p, src, dst, &mut buf, Integrity::Trusted, &mut |f| {
             let _ = self.receive_frame_with(f, &p.src, Integrity::Trusted);
         });
         self.dp.frame_buf = buf;

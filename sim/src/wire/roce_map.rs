@@ -11,7 +11,7 @@
 //! "lost" marker) is refused with a reason.
 
 use super::roce::ether::{self, EtherType, EthernetRepr, Mac};
-use super::roce::frame::{IpRepr, RoceRepr};
+use super::roce::frame::{Integrity, IpRepr, RoceRepr};
 use super::roce::ib::{Aeth, AtomicEth, BthRepr, Deth, Ext, NakCode, Opcode, Reth, Syndrome, DEFAULT_PKEY};
 use super::roce::ip::{fold, sum, Ipv4Repr, Ipv6Repr, IPV6_HEADER_LEN, PROTO_UDP};
 use super::roce::rc::{mtu_bytes, MsgKind, Segmenter, PSN_MASK};
@@ -114,6 +114,19 @@ pub(crate) fn emit_frames<D>(
     buf: &mut Vec<u8>,
     out: &mut dyn FnMut(&[u8]),
 ) -> Result<u32, &'static str> {
+    emit_frames_with(p, src, dst, buf, Integrity::Check, out)
+}
+
+/// [`emit_frames`]; with [`Integrity::Trusted`] the UDP checksum and ICRC are not computed (zero): frames for
+/// another device of this process, which takes them trusted, as they cross no cable.
+pub(crate) fn emit_frames_with<D>(
+    p: &Packet<D>,
+    src: Mac,
+    dst: Mac,
+    buf: &mut Vec<u8>,
+    integrity: Integrity,
+    out: &mut dyn FnMut(&[u8]),
+) -> Result<u32, &'static str> {
     let grh = p.grh.ok_or("no GRH: not a RoCE packet")?;
     let ip = ip_header(&grh.sgid, &grh.dgid, grh.tclass, grh.hop_limit, grh.flow_label);
     let sport = match p.roce.udp_sport {
@@ -147,10 +160,10 @@ pub(crate) fn emit_frames<D>(
         if buf.len() < len {
             buf.resize(len, 0);
         }
-        let n = repr.emit(buf).map_err(|_| "message larger than one frame carries")?;
+        let n = repr.emit_with(buf, integrity).map_err(|_| "message larger than one frame carries")?;
         // IPv6 forbids a zero UDP checksum (RFC 8200), so over IPv6 it is computed, as Linux does; the ICRC
         // masks it either way.
-        if let IpRepr::V6(r) = repr.ip {
+        if let (IpRepr::V6(r), Integrity::Check) = (repr.ip, integrity) {
             let at = ether::HEADER_LEN + IPV6_HEADER_LEN;
             let udp_len = u16::try_from(n - at).map_err(|_| "message larger than one frame carries")?;
             let c = match fold(sum(r.pseudo_sum(udp_len), &buf[at..n])) {
@@ -362,6 +375,37 @@ mod tests {
             f.iter().map(|x| (x.0, x.2)).collect::<Vec<_>>(),
             [(Opcode::UcWriteFirst, false), (Opcode::UcWriteMiddle, false), (Opcode::UcWriteLast, false)]
         );
+    }
+
+    #[test]
+    fn frames_between_devices_of_one_process_skip_only_their_sums() {
+        use super::super::roce::frame::{parse_with, DropReason};
+        let data = vec![9u8; 1500];
+        let op = RcOp::Send { data: Payload::from(&data[..]), imm: None };
+        let p = packet(
+            Body::Rc { seq: 1, psn: 3, op, solicited: false },
+            RoceInfo { mtu: MTU_1024, ..RoceInfo::default() },
+        );
+        let (mut checked, mut trusted) = (Vec::new(), Vec::new());
+        let mut buf = Vec::new();
+        let (src, dst) = ([2, 0, 0, 0, 0, 2], [0x52, 0x54, 0, 0, 0, 1]);
+        emit_frames(&p, src, dst, &mut buf, &mut |f| checked.push(f.to_vec())).unwrap();
+        emit_frames_with(&p, src, dst, &mut buf, Integrity::Trusted, &mut |f| trusted.push(f.to_vec())).unwrap();
+        assert_eq!(trusted.len(), 2);
+        for (c, t) in checked.iter().zip(&trusted) {
+            // The same frame but for the ICRC, which only a cable needs; a port checking it refuses the frame.
+            let n = c.len();
+            assert_eq!((&c[..n - 4], &t[n - 4..]), (&t[..n - 4], &[0u8; 4][..]));
+            assert_eq!(parse(t).err(), Some(DropReason::Icrc));
+            let (Ok(Parsed::Roce(a)), Ok(Parsed::Roce(b))) = (parse(c), parse_with(t, Integrity::Trusted)) else {
+                panic!("both parse")
+            };
+            assert_eq!((a.bth, a.payload), (b.bth, b.payload));
+        }
+        // Every other check still applies to a trusted frame.
+        let mut cut = trusted[0].clone();
+        cut.truncate(cut.len() - 10);
+        assert!(parse_with(&cut, Integrity::Trusted).is_err());
     }
 
     #[test]

@@ -316,6 +316,12 @@ impl RoceRepr<'_> {
     /// [`frame_len`](Self::frame_len) or `Malformed` if the lengths do not fit the IP and UDP length fields. The
     /// EtherType follows `ip`, the lengths and pad count follow the contents; checksums and the ICRC are computed.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
+        self.emit_with(buf, Integrity::Check)
+    }
+
+    /// [`emit`](Self::emit); with [`Integrity::Trusted`] the ICRC is left zero (a frame for another device of
+    /// this process, which parses it trusted).
+    pub fn emit_with(&self, buf: &mut [u8], integrity: Integrity) -> Result<usize, Error> {
         let len = self.frame_len();
         let buf = buf.get_mut(..len).ok_or(Error::Truncated)?;
         let udp_payload = u16::try_from(self.ib_len()).map_err(|_| Error::Malformed)?;
@@ -348,7 +354,10 @@ impl RoceRepr<'_> {
         at += self.payload.len();
         buf[at..at + self.pad()].fill(0);
         at += self.pad();
-        let crc = icrc::compute(&buf[ether::HEADER_LEN..at], matches!(self.ip, IpRepr::V6(_)))?;
+        let crc = match integrity {
+            Integrity::Check => icrc::compute(&buf[ether::HEADER_LEN..at], matches!(self.ip, IpRepr::V6(_)))?,
+            Integrity::Trusted => 0,
+        };
         buf[at..at + ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
         Ok(len)
     }
