@@ -340,15 +340,32 @@ struct Setup {
     mlx5: PathBuf,
 }
 
+/// Our side of a run: the `mlx5` tool, or rdma-core's own `ibv_rc_pingpong` on this host over the drop-in
+/// `libibverbs.so.1` in the given directory (as a client only: its server would listen on every address).
+enum Ours<'a> {
+    Tool,
+    HostRcPingpong(&'a Path),
+}
+
 fn run_one(
     setup: &Setup,
     mode: &str,
     (size, iters): (usize, u32),
     loss: Option<&Loss>,
     ud: bool,
+    ours_is: &Ours<'_>,
 ) -> Result<f64, String> {
     let (work, kernel, initrd, mlx5) = (&setup.work, &setup.kernel, &setup.initrd, &setup.mlx5);
-    let kind = if ud { "-ud" } else { "" };
+    let host_lib = match ours_is {
+        Ours::HostRcPingpong(lib) if mode == "server" && !ud && loss.is_none() => Some(*lib),
+        Ours::HostRcPingpong(_) => return Err("the host's ibv_rc_pingpong runs only as an RC client".into()),
+        Ours::Tool => None,
+    };
+    let kind = match (ud, host_lib) {
+        (true, _) => "-ud",
+        (false, Some(_)) => "-host-rc_pingpong",
+        (false, None) => "",
+    };
     let tag = format!("{mode}-{size}{kind}{}", if loss.is_some() { "-loss" } else { "" });
     let sock = work.join(format!("roce-{tag}.sock"));
     let pcap = work.join(format!("mlx5-{tag}.pcap"));
@@ -396,6 +413,14 @@ fn run_one(
     let lines = console(&mut qemu)?;
     let mut m = Command::new(mlx5);
     m.arg("--pcap").arg(&pcap).arg("pingpong");
+    if let Some(lib) = host_lib {
+        // rdma-core's program, unmodified, on the simulated device the drop-in library opens, its port plugged
+        // into the guest NIC's socket with the simulator's IPv4 address (GID index 3, as for `mlx5 pingpong`).
+        m = Command::new("ibv_rc_pingpong");
+        m.env("LD_LIBRARY_PATH", lib)
+            .env("MLX5_RS_DEVICES", format!("sim:wire=qemu:{SIM_IP}:{}", sock.display()))
+            .env_remove("LD_PRELOAD");
+    }
     if mode == "server" {
         // Our client starts once the guest's server listens (slirp accepts and then drops a connection nobody in
         // the guest takes).
@@ -410,16 +435,22 @@ fn run_one(
                 return Err(format!("{tag}: the guest's server never listened"));
             }
         }
-        m.arg("--client").arg(format!("127.0.0.1:{host_port}"));
+        if host_lib.is_none() {
+            m.arg("--client").arg(format!("127.0.0.1:{host_port}"));
+        }
     } else {
         m.args(["--server", "--bind", "127.0.0.1", "--port"]).arg(ours.to_string());
     }
-    m.arg("--qemu-sock").arg(&sock).args(["--ipv4", SIM_IP, "--gid-idx", SIM_GID_INDEX, "--timeout", "120"]).args([
-        "--size",
-        &size.to_string(),
-        "--iters",
-        &iters.to_string(),
-    ]);
+    if host_lib.is_some() {
+        m.args(["-d", "mlx5_0", "-g", SIM_GID_INDEX, "-s", &size.to_string(), "-n", &iters.to_string(), "-c", "-p"])
+            .arg(host_port.to_string())
+            .arg("127.0.0.1");
+    } else {
+        m.arg("--qemu-sock")
+            .arg(&sock)
+            .args(["--ipv4", SIM_IP, "--gid-idx", SIM_GID_INDEX, "--timeout", "120"])
+            .args(["--size", &size.to_string(), "--iters", &iters.to_string()]);
+    }
     if let Some(l) = loss {
         m.env(l.env, l.nth.to_string());
     }
@@ -445,7 +476,10 @@ fn run_one(
         }
         println!("rxe-interop: {tag}: one frame lost ({}={}), recovered; rxe {}", l.env, l.nth, l.counter);
     }
-    check_pcap(&pcap)?;
+    // The drop-in library writes no capture; QEMU's below covers that run.
+    if host_lib.is_none() {
+        check_pcap(&pcap)?;
+    }
     // Every RoCE frame on the cable, ours and rxe's, has the ICRC an independent computation gives: rxe accepted
     // ours (it drops a bad one silently) and ours accepted rxe's.
     let n = check_icrc(&guest_pcap)?;
@@ -552,7 +586,7 @@ pub fn run_rxe_interop(root: &Path) -> Result<(), String> {
     let mut times = Vec::new();
     for mode in ["server", "client"] {
         for &run in RUNS {
-            times.push((mode, run, "", run_one(&setup, mode, run, None, false)?));
+            times.push((mode, run, "", run_one(&setup, mode, run, None, false, &Ours::Tool)?));
         }
     }
     // A frame we send is lost (rxe NAKs the sequence gap, we send again), then one rxe sends (we NAK, rxe sends
@@ -561,13 +595,20 @@ pub fn run_rxe_interop(root: &Path) -> Result<(), String> {
     let theirs_lost = Loss { env: "MLX5_SIM_DROP_IN", nth: 2, counter: "rcvd_seq_err" };
     for (mode, loss) in [("server", &ours_lost), ("client", &theirs_lost)] {
         let run = (4096, 5);
-        let secs = run_one(&setup, mode, run, Some(loss), false)?;
+        let secs = run_one(&setup, mode, run, Some(loss), false, &Ours::Tool)?;
         times.push((mode, run, " (one frame lost)", secs));
     }
     // UD: ibv_ud_pingpong, datagrams with DETH and its Q_Key, one MTU at most.
     for mode in ["server", "client"] {
         let run = (512, 20);
-        times.push((mode, run, " UD", run_one(&setup, mode, run, None, true)?));
+        times.push((mode, run, " UD", run_one(&setup, mode, run, None, true, &Ours::Tool)?));
+    }
+    // rdma-core's unmodified ibv_rc_pingpong on this host, over the drop-in libibverbs.so.1 and a simulated
+    // device plugged into the guest NIC, against the guest's (multi-packet messages).
+    let lib = crate::libibverbs::build(root, false)?;
+    for run in [(64, 50), (4096, 20)] {
+        let secs = run_one(&setup, "server", run, None, false, &Ours::HostRcPingpong(&lib))?;
+        times.push(("server", run, " (host ibv_rc_pingpong)", secs));
     }
     for (mode, (size, iters), what, secs) in &times {
         println!("rxe-interop: guest {mode:6} {iters:3} x {size:6} B{what}: {secs:5.1} s boot to poweroff");

@@ -82,7 +82,18 @@ impl DeviceSpec {
                         let wire = match w.split_once(':') {
                             Some(("listen", at)) if !at.is_empty() => WireSpec::Listen(at.to_string()),
                             Some(("connect", at)) if !at.is_empty() => WireSpec::Connect(at.to_string()),
-                            _ => return Err(bad("wire=listen:ADDR:PORT or wire=connect:HOST:PORT")),
+                            Some(("qemu", rest)) => match rest.split_once(':') {
+                                Some((ip, path)) if !path.is_empty() => WireSpec::Qemu {
+                                    ipv4: ip.parse::<std::net::Ipv4Addr>().map_err(|_| bad("wire=qemu: bad IPv4"))?,
+                                    path: path.into(),
+                                },
+                                _ => return Err(bad("wire=qemu:IPV4:SOCKET")),
+                            },
+                            _ => {
+                                return Err(bad(
+                                    "wire=listen:ADDR:PORT, wire=connect:HOST:PORT or wire=qemu:IPV4:SOCKET",
+                                ))
+                            }
                         };
                         (opts, Some(wire))
                     }
@@ -123,6 +134,15 @@ pub enum WireSpec {
     Listen(String),
     /// Connect to the device listening at `HOST:PORT`.
     Connect(String),
+    /// `wire=qemu:IPV4:SOCKET`: plug into a QEMU guest NIC listening on the UNIX socket `SOCKET`
+    /// (`-netdev stream,server=on,addr.type=unix`), the port's address `IPV4` (answered in ARP, a RoCE v2 GID):
+    /// RoCEv2 frames to a RoCE stack in the guest such as rdma_rxe.
+    Qemu {
+        /// The simulated port's IPv4 address.
+        ipv4: std::net::Ipv4Addr,
+        /// The socket QEMU listens on.
+        path: PathBuf,
+    },
 }
 
 /// How long a first open waits for the listening device of a `wire=connect` spec.
@@ -195,6 +215,11 @@ impl Entry {
             WireSpec::Listen(at) => Some(dev.wire_listen(at).map_err(failed)?),
             WireSpec::Connect(at) => {
                 dev.wire_connect(at, WIRE_CONNECT_TIMEOUT).map_err(failed)?;
+                None
+            }
+            WireSpec::Qemu { path, .. } => {
+                dev.guest_connect(path, WIRE_CONNECT_TIMEOUT)
+                    .map_err(|e| VerbsError::Invalid(format!("the guest NIC at {}: {e}", path.display())))?;
                 None
             }
         });
@@ -333,7 +358,11 @@ impl DeviceRegistry {
             match s {
                 #[cfg(feature = "sim")]
                 DeviceSpec::Sim { link, host, wire } => {
-                    let cfg = DeviceSpec::sim_config(*link, *host, wire.is_some());
+                    let mut cfg = DeviceSpec::sim_config(*link, *host, wire.is_some());
+                    if let Some(WireSpec::Qemu { ipv4, .. }) = wire {
+                        // The configuration holds a static list: one leaked address per such device.
+                        cfg.ipv4_addrs = Box::leak(Box::new([ipv4.octets()]));
+                    }
                     let entry = Entry::new(Source::Sim(SimDevice::new(cfg)));
                     *lock(&entry.wire) = wire.clone().map(|spec| Wire { spec, done: None });
                     reg.sims.push(entry);
@@ -609,5 +638,20 @@ mod addr_tests {
         assert_eq!(super::parse_port_addrs("").unwrap(), (vec![], vec![]));
         let e = super::parse_port_addrs("192.168.1.5,not-an-ip").unwrap_err();
         assert!(e.contains("not-an-ip"), "{e}");
+    }
+}
+
+#[cfg(all(test, feature = "sim"))]
+mod qemu_spec_tests {
+    use super::{DeviceSpec, WireSpec};
+
+    #[test]
+    fn a_qemu_wire_names_the_port_address_and_the_socket() {
+        let s = DeviceSpec::parse("sim:wire=qemu:10.0.0.2:/tmp/roce.sock").unwrap();
+        let DeviceSpec::Sim { wire: Some(WireSpec::Qemu { ipv4, path }), .. } = s else { panic!("{s:?}") };
+        assert_eq!((ipv4.octets(), path.to_str()), ([10, 0, 0, 2], Some("/tmp/roce.sock")));
+        for bad in ["sim:wire=qemu:10.0.0.2", "sim:wire=qemu:10.0.0.2:", "sim:wire=qemu:10.0.0:/s", "sim:wire=qemu"] {
+            assert!(DeviceSpec::parse(bad).is_err(), "{bad}");
+        }
     }
 }
