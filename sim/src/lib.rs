@@ -152,6 +152,7 @@ pub use link::tcp::{WireError, MAX_FRAME};
 pub use link::{pcap, stream};
 pub use mmio::Health;
 pub use mmio::SimMmio;
+pub use transport::roce_rx::arp_neighbour;
 pub use wire::roce;
 
 use dma::DmaSpace;

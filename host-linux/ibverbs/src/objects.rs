@@ -685,7 +685,8 @@ fn mtu(m: c_int) -> Result<Mtu, c_int> {
 
 /// The MAC of a RoCE destination GID, as the kernel's neighbour resolution (`ib_resolve_eth_dmac`) would find
 /// it: a link-local GID carries it (EUI-64); an IPv4-mapped GID is looked up among the simulated fabric's hosts
-/// (`SimConfig::next_host`'s addresses), which is where every peer of a simulated device lives. Anything else
+/// (`SimConfig::next_host`'s addresses), which is where every peer of a simulated device lives, then among the
+/// neighbours a simulated port learned from ARP (a guest on a `wire=qemu` port). Anything else
 /// stays unresolved (zero), and firmware refuses the path, as a kernel without a neighbour entry would.
 fn resolve_dmac(dgid: &[u8; 16]) -> [u8; 6] {
     if dgid[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0] {
@@ -699,6 +700,10 @@ fn resolve_dmac(dgid: &[u8; 16]) -> [u8; 6] {
                 return cfg.mac;
             }
             cfg = cfg.next_host();
+        }
+        // A host outside the simulated fabric (a QEMU guest on a `wire=qemu` port) is known once ARP named it.
+        if let Some(mac) = mlx5_sim::arp_neighbour(ip) {
+            return mac;
         }
     }
     [0; 6]

@@ -724,5 +724,8 @@ mod tests {
             (Operation::Reply, mine, [10, 0, 0, 2], [10, 0, 0, 1])
         );
         assert_eq!(a.h.dev.frame_drops().total(), 1);
+        // The asker is now a neighbour of the process, as in a host's neighbour table (the drop-in library
+        // resolves a RoCE destination MAC there).
+        assert_eq!(crate::arp_neighbour([10, 0, 0, 1]), Some(guest));
     }
 }

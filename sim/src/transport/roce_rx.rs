@@ -73,12 +73,29 @@ impl RoceRx {
     }
 
     fn learn(&mut self, ip: [u8; 4], mac: [u8; 6]) {
-        self.neighbours.retain(|(a, _)| *a != ip);
-        if self.neighbours.len() == MAX_NEIGHBOURS {
-            self.neighbours.remove(0);
+        remember(&mut self.neighbours, ip, mac);
+        // The process's table too, as a host's neighbour table serves its every port.
+        if let Ok(mut t) = PROCESS_NEIGHBOURS.lock() {
+            remember(&mut t, ip, mac);
         }
-        self.neighbours.push((ip, mac));
     }
+}
+
+/// IPv4 neighbours any simulated port of this process learned from ARP: what a host's neighbour table holds,
+/// for a driver resolving a RoCE destination MAC as the kernel's `ib_resolve_eth_dmac` does.
+static PROCESS_NEIGHBOURS: std::sync::Mutex<Vec<([u8; 4], [u8; 6])>> = std::sync::Mutex::new(Vec::new());
+
+fn remember(table: &mut Vec<([u8; 4], [u8; 6])>, ip: [u8; 4], mac: [u8; 6]) {
+    table.retain(|(a, _)| *a != ip);
+    if table.len() == MAX_NEIGHBOURS {
+        table.remove(0);
+    }
+    table.push((ip, mac));
+}
+
+/// The MAC a simulated port of this process learned from ARP for `ip`, if any.
+pub fn arp_neighbour(ip: [u8; 4]) -> Option<[u8; 6]> {
+    PROCESS_NEIGHBOURS.lock().ok()?.iter().find(|(a, _)| *a == ip).map(|(_, m)| *m)
 }
 
 fn ext_grh(r: &RoceRepr<'_>) -> Grh {
