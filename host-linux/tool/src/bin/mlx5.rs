@@ -372,6 +372,21 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
     if let Some(t) = &trace {
         t.finish().map_err(|e| e.to_string())?;
     }
+    if let (Err(_), Some(dev), true) = (&report, &sim, args.qemu_sock.is_some()) {
+        // What crossed the guest link, so a failed interop run shows whether the peer's frames arrived.
+        let (sent, received) = dev.guest_frames().unwrap_or((0, 0));
+        let drops = dev.frame_drops();
+        let why: Vec<String> = mlx5_sim::roce::frame::DropReason::ALL
+            .iter()
+            .filter(|r| drops.get(**r) != 0)
+            .map(|r| format!("{} {}", r.name(), drops.get(*r)))
+            .collect();
+        eprintln!(
+            "mlx5: guest link: {sent} RoCE frames sent, {received} received, {} accepted; dropped: {}",
+            dev.frames_received(),
+            if why.is_empty() { "none".to_string() } else { why.join(", ") }
+        );
+    }
     let report = report?;
     if let Some(dev) = sim {
         let (regions, bytes) = dev.dma_outstanding();
