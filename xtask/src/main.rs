@@ -117,6 +117,8 @@ fn ci(root: &Path) -> Result<(), String> {
     // Debian's verbs programs on the drop-in libibverbs.so.1 (downloads the packages when not installed).
     libibverbs::run_verbs_apps(root, &[])?;
     vfio_test::run_vfio_test(root)?;
+    // Linux's rdma_rxe in a TCG guest answering our RoCEv2 frames (reuses vfio-test's Debian kernel).
+    rxe::ci_step(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
     Ok(())
