@@ -88,7 +88,8 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 #[repr(C)]
 pub(crate) struct Mr {
     pub(crate) c: ibv_mr,
-    pub(crate) raw: RawMr,
+    /// Replaced by `ibv_rereg_mr`, which makes new keys.
+    pub(crate) raw: Mutex<RawMr>,
 }
 
 /// The access flags of a registration: local write, remote write/read/atomic and relaxed ordering go to the
@@ -148,7 +149,7 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: Option<u64>,
                 rkey: raw.rkey(),
             };
             hold(c.context);
-            Box::into_raw(Box::new(Mr { c, raw })).cast()
+            Box::into_raw(Box::new(Mr { c, raw: Mutex::new(raw) })).cast()
         }
         Err(e) => {
             log::info!("reg_mr: {e}");
@@ -192,7 +193,8 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard("ibv_dereg_mr", libc::EIO, || {
         // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
         let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return libc::EINVAL };
-        match m.raw.dereg() {
+        let res = lock(&m.raw).dereg();
+        match res {
             Ok(()) => {
                 let context = m.c.context;
                 // SAFETY: boxed by ibv_reg_mr; deregistered once.
@@ -201,6 +203,102 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
                 0
             }
             Err(e) => errno_of(&e),
+        }
+    })
+}
+
+/// `ibv_rereg_mr`'s failures: bad arguments (`IBV_REREG_MR_ERR_INPUT`) or the device refused
+/// (`IBV_REREG_MR_ERR_CMD`), each with errno set.
+const REREG_ERR_INPUT: c_int = -1;
+const REREG_ERR_CMD: c_int = -4;
+
+/// `ibv_rereg_mr`: new memory (`IBV_REREG_MR_CHANGE_TRANSLATION`), protection domain (`_CHANGE_PD`) and access
+/// (`_CHANGE_ACCESS`). As with mlx5_ib re-creating the mkey, the region gets new keys, which `lkey`/`rkey` then
+/// hold; `pd`, `addr` and `length` follow what changed. On failure the region stays as it was.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access_flags: c_int,
+) -> c_int {
+    const TRANSLATION: c_int = 1;
+    const CHANGE_PD: c_int = 2;
+    const ACCESS: c_int = 4;
+    const KEEP_VALID: c_int = 8;
+    let input = |e| {
+        set_errno(e);
+        REREG_ERR_INPUT
+    };
+    let cmd = |e| {
+        set_errno(e);
+        REREG_ERR_CMD
+    };
+    guard("ibv_rereg_mr", REREG_ERR_CMD, || {
+        // libibverbs' own checks, before the provider sees the call.
+        if flags & !(TRANSLATION | CHANGE_PD | ACCESS | KEEP_VALID) != 0
+            || flags & TRANSLATION != 0 && (length == 0 || addr.is_null())
+            || access_flags != 0 && flags & ACCESS == 0
+        {
+            return input(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
+        let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return input(libc::EINVAL) };
+        // libmlx5 refuses to keep the old key valid; the kernel refuses an empty request.
+        if flags & KEEP_VALID != 0 {
+            return cmd(libc::EOPNOTSUPP);
+        }
+        if flags == 0 {
+            return cmd(libc::EINVAL);
+        }
+        let new_pd = if flags & CHANGE_PD != 0 {
+            // SAFETY: the caller passes a live PD.
+            match unsafe { pd_of(pd) } {
+                Some(p) if p.c.context == m.c.context => Some(p),
+                _ => return cmd(libc::EINVAL),
+            }
+        } else {
+            None
+        };
+        let new_access = if flags & ACCESS != 0 {
+            match access(access_flags) {
+                Ok(a) => Some(a),
+                Err(e) => return cmd(e),
+            }
+        } else {
+            None
+        };
+        let memory = match NonNull::new(addr.cast::<u8>()) {
+            Some(p) if flags & TRANSLATION != 0 => Some((p, length, None)),
+            _ => None,
+        };
+        let mut raw = lock(&m.raw);
+        // SAFETY: verbs' contract: the program keeps the new memory until ibv_dereg_mr.
+        match unsafe { raw.rereg(memory, new_pd.map(|p| &p.raw), new_access) } {
+            Ok(new) => {
+                // SAFETY: the C part is the program's view of the region, which libibverbs updates in place
+                // as here (the program does not use the region while re-registering it).
+                unsafe {
+                    (*mr).lkey = new.lkey();
+                    (*mr).rkey = new.rkey();
+                    (*mr).handle = new.lkey();
+                    if new_pd.is_some() {
+                        (*mr).pd = pd;
+                    }
+                    if memory.is_some() {
+                        (*mr).addr = addr;
+                        (*mr).length = length;
+                    }
+                }
+                *raw = new;
+                0
+            }
+            Err(e) => {
+                log::info!("rereg_mr: {e}");
+                cmd(errno_of(&e))
+            }
         }
     })
 }
@@ -597,7 +695,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
 }
 
 /// `verbs_context.create_qp_ex`: a PD, and the `ibv_wr_*` send operations this library builds; anything else
-/// (XRC, RSS, TSO, create flags, source QPN) is `EOPNOTSUPP`.
+/// (XRC, RSS, TSO, create flags other than the two that ask nothing here, source QPN) is `EOPNOTSUPP`.
 pub(crate) unsafe extern "C" fn create_qp_ex(
     _context: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
@@ -609,11 +707,14 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         const CREATE_FLAGS: u32 = 1 << 2;
         const MAX_TSO_HEADER: u32 = 1 << 3;
         const SEND_OPS_FLAGS: u32 = 1 << 6;
-        // Create flags and a TSO header size are accepted when they ask for nothing.
+        // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB holds trivially (no multicast is delivered here, so none loops
+        // back); IBV_QP_CREATE_SCATTER_FCS is dropped as mlx5_ib drops it where it does not apply.
+        const HARMLESS_FLAGS: u32 = (1 << 1) | (1 << 8);
+        // Other create flags and a TSO header size are accepted when they ask for nothing.
         let asks = |bit: u32, v: u64| a.comp_mask & bit != 0 && v != 0;
         if a.comp_mask & !(PD | CREATE_FLAGS | MAX_TSO_HEADER | SEND_OPS_FLAGS) != 0
             || a.comp_mask & PD == 0
-            || asks(CREATE_FLAGS, a.create_flags.into())
+            || asks(CREATE_FLAGS, (a.create_flags & !HARMLESS_FLAGS).into())
             || asks(MAX_TSO_HEADER, a.max_tso_header.into())
         {
             return fail(libc::EOPNOTSUPP);
