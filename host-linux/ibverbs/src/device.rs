@@ -725,12 +725,19 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
             set_errno(libc::EINVAL);
             return -1;
         }
-        // As ibv_get_cq_event: the eventfd is non-blocking from birth, so the call always waits.
+        // As ibv_get_cq_event: a descriptor the program made non-blocking gets one look, then EAGAIN.
+        // SAFETY: the context is open.
+        let nonblocking = crate::is_nonblocking(unsafe { (*context).async_fd });
+        let wait = if nonblocking { Duration::ZERO } else { Duration::from_secs(3600) };
         loop {
-            if let Some(e) = ctx.ctx.get_async_event(Duration::from_secs(3600)) {
+            if let Some(e) = ctx.ctx.get_async_event(wait) {
                 // SAFETY: the caller's event is writable.
                 unsafe { event.write(event_of(ctx, e)) };
                 return 0;
+            }
+            if nonblocking {
+                set_errno(libc::EAGAIN);
+                return -1;
             }
         }
     })

@@ -484,11 +484,11 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             set_errno(libc::EINVAL);
             return -1;
         };
-        // The channel's eventfd is non-blocking from birth (the driver drains it without blocking), so a
-        // program's O_NONBLOCK cannot be told apart: the call always waits, as on a blocking channel. Programs
-        // that poll the descriptor first find the event ready.
+        // A descriptor the program made non-blocking: one look, then EAGAIN.
+        let nonblocking = crate::is_nonblocking(ch.c.fd);
+        let wait = if nonblocking { Duration::ZERO } else { Duration::from_secs(3600) };
         loop {
-            match ch.raw.get_cq_event(Duration::from_secs(3600)) {
+            match ch.raw.get_cq_event(wait) {
                 Ok(Some(ev)) => {
                     let p = ev.cq_context() as *mut Cq;
                     // SAFETY: the event's cq_context is the Cq box this library registered; the CQ cannot be
@@ -504,6 +504,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                         }
                     }
                     return 0;
+                }
+                Ok(None) if nonblocking => {
+                    set_errno(libc::EAGAIN);
+                    return -1;
                 }
                 Ok(None) => {}
                 Err(e) => {

@@ -426,3 +426,84 @@ fn rereg_mr_changes_memory_access_and_pd_with_new_keys() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+/// Sets `O_NONBLOCK` on a descriptor, as a program does with `fcntl`.
+fn set_nonblocking(fd: c_int) {
+    // SAFETY: F_GETFL / F_SETFL take no pointers.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        assert!(flags >= 0);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK), 0);
+    }
+}
+
+#[test]
+fn non_blocking_descriptors_give_eagain_when_nothing_waits() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let ch = ibv_create_comp_channel(ctx);
+        // Made blocking: the flag is the program's to set.
+        assert_eq!(libc::fcntl((*ch).fd, libc::F_GETFL) & libc::O_NONBLOCK, 0);
+        assert_eq!(libc::fcntl((*ctx).async_fd, libc::F_GETFL) & libc::O_NONBLOCK, 0);
+        set_nonblocking((*ch).fd);
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ch, 0);
+        let (mut ev_cq, mut ev_ctx) = (ptr::null_mut(), ptr::null_mut());
+        assert_eq!((ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), errno()), (-1, libc::EAGAIN));
+
+        // An armed CQ completes a write: the descriptor becomes readable and the event is taken at once.
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 64];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(pd, &mut init);
+        connect(ctx, qp, (*qp).qp_num);
+        assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), 0);
+        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
+        let mut bad = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(0));
+        let mut fds = libc::pollfd { fd: (*ch).fd, events: libc::POLLIN, revents: 0 };
+        assert_eq!(libc::poll(&mut fds, 1, 2000), 1, "the channel's descriptor becomes readable");
+        assert_eq!(ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), 0);
+        assert_eq!(ev_cq, cq);
+        ibv_ack_cq_events(cq, 1);
+        assert_eq!((ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), errno()), (-1, libc::EAGAIN));
+
+        // The async descriptor: whatever the device reported at open is taken, then EAGAIN.
+        set_nonblocking((*ctx).async_fd);
+        let mut ev: ibv_async_event = std::mem::zeroed();
+        let mut again = false;
+        for _ in 0..64 {
+            if ibv_get_async_event(ctx, &mut ev) == 0 {
+                ibv_ack_async_event(&mut ev);
+            } else {
+                assert_eq!(errno(), libc::EAGAIN);
+                again = true;
+                break;
+            }
+        }
+        assert!(again, "EAGAIN once no async event waits");
+
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
