@@ -379,7 +379,34 @@ fn fault_injection(p: &Programs) -> Result<(), String> {
         return Err(format!("device_gone: expected a flushed completion and a failed exit, got {}:\n{err}", s.status));
     }
     println!("ibv_rc_pingpong with MLX5_RS_FAULTS=device_gone@2500: flushed completion reported: ok");
-    Ok(())
+    port_events(p)
+}
+
+/// `MLX5_RS_FAULTS=port_down@..,port_up@..`: `ibv_asyncwatch` (which prints async events until killed) sees the
+/// link go down and come back, as a pulled and replugged cable shows on hardware.
+fn port_events(p: &Programs) -> Result<(), String> {
+    let mut c = app(p, "ibv_asyncwatch", "sim")
+        .env("MLX5_RS_FAULTS", "port_down@300,port_up@600")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = c.kill();
+    let out = c.wait_with_output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let want = ["event_type IBV_EVENT_PORT_ERR (10), port 1", "event_type IBV_EVENT_PORT_ACTIVE (9), port 1"];
+    let at: Vec<Option<usize>> = want.iter().map(|w| text.find(w)).collect();
+    match at[..] {
+        [Some(down), Some(up)] if down < up => {
+            println!("ibv_asyncwatch with MLX5_RS_FAULTS=port_down@300,port_up@600: PORT_ERR then PORT_ACTIVE: ok");
+            Ok(())
+        }
+        _ => Err(format!(
+            "ibv_asyncwatch: expected PORT_ERR then PORT_ACTIVE:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )),
+    }
 }
 
 /// rdma-core's Python tests as Debian ships them, with the system python3, on one simulated device: every

@@ -77,7 +77,7 @@ fn devices() -> Result<&'static [&'static Dev], c_int> {
 }
 
 /// The listed device behind a C device pointer, if it is one of ours.
-fn dev_of(device: *mut ibv_device) -> Option<&'static Dev> {
+pub(crate) fn dev_of(device: *mut ibv_device) -> Option<&'static Dev> {
     devices().ok()?.iter().copied().find(|d| ptr::eq(&d.vd.device, device))
 }
 

@@ -507,3 +507,37 @@ fn non_blocking_descriptors_give_eagain_when_nothing_waits() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+#[test]
+fn an_injected_cq_overrun_is_an_async_cq_error_for_that_cq() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once.
+    unsafe {
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        assert!(!cq.is_null());
+        let sim = dev_of((*ctx).device).and_then(|d| d.dev.sim_device()).expect("a simulated device");
+        // Only this CQ: other tests share the device.
+        crate::faults::fire(sim, crate::faults::Kind::CqOverrun(Some((*cq).handle)));
+        // The device's service thread moves the event to the context within its period; other events (port
+        // changes other tests make) may come first.
+        let mut ev: ibv_async_event = std::mem::zeroed();
+        let mut found = false;
+        for _ in 0..32 {
+            let mut fds = libc::pollfd { fd: (*ctx).async_fd, events: libc::POLLIN, revents: 0 };
+            if libc::poll(&mut fds, 1, 2000) != 1 {
+                break;
+            }
+            assert_eq!(ibv_get_async_event(ctx, &mut ev), 0);
+            ibv_ack_async_event(&mut ev);
+            if ev.event_type == 0 {
+                // IBV_EVENT_CQ_ERR names the CQ.
+                assert_eq!(ev.element, cq.cast::<c_void>());
+                found = true;
+                break;
+            }
+        }
+        assert!(found, "IBV_EVENT_CQ_ERR reached the context");
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
