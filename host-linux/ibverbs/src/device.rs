@@ -713,7 +713,47 @@ fn event_of(ctx: &Ctx, e: AsyncEvent) -> ibv_async_event {
         AsyncEvent::SrqLimitReached { srqn } => (obj(&objs.srqs, srqn), 15),
         AsyncEvent::LastWqeReached { qpn } => (obj(&objs.qps, qpn), 16),
     };
+    // The object the event names counts it as handed out, under the map lock its destroy retires it under.
+    // SAFETY: `element` came from the object map just now, under its lock, so the object is live.
+    if let Some(count) = unsafe { async_count(element, event_type) } {
+        count.handed_out();
+    }
     ibv_async_event { element, event_type }
+}
+
+/// What an async event names: a CQ (IBV_EVENT_CQ_ERR), an SRQ (SRQ_ERR, SRQ_LIMIT_REACHED), a QP (the other
+/// QP events), or nothing (port and device events).
+enum Element {
+    Cq,
+    Qp,
+    Srq,
+}
+
+fn element_kind(event_type: c_int) -> Option<Element> {
+    match event_type {
+        0 => Some(Element::Cq),
+        1..=7 | 16 => Some(Element::Qp),
+        14 | 15 => Some(Element::Srq),
+        _ => None,
+    }
+}
+
+/// The event count of the object an event names, if it names one.
+///
+/// # Safety
+/// `element` is NULL or, for an object event, a live object of this library of the kind the type says.
+unsafe fn async_count<'a>(element: *mut c_void, event_type: c_int) -> Option<&'a crate::objects::AsyncCount> {
+    if element.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's promise; each object's C struct is the first field of its box.
+    unsafe {
+        Some(match element_kind(event_type)? {
+            Element::Cq => &(*element.cast::<crate::objects::Cq>()).async_events,
+            Element::Qp => &(*element.cast::<crate::objects::Qp>()).async_events,
+            Element::Srq => &(*element.cast::<crate::objects::Srq>()).async_events,
+        })
+    }
 }
 
 #[no_mangle]
@@ -746,9 +786,44 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
     guard("ibv_ack_async_event", (), || {
-        // The event does not name its context: acknowledge on the first open context with one outstanding.
+        // SAFETY: the caller passes the event ibv_get_async_event filled.
+        let Some(ev) = (unsafe { event.as_ref() }) else { return };
+        // An event naming an object: acknowledged on the object's context and counted on the object (its
+        // destroy waits for that), with the program-visible counter libibverbs keeps.
+        // SAFETY: an object named by an unacknowledged event is live (its destroy waits for this call).
+        if let Some(count) = unsafe { async_count(ev.element, ev.event_type) } {
+            let (el, kind) = (ev.element, element_kind(ev.event_type));
+            // SAFETY: as above; the C parts are the first fields of their boxes.
+            let ctx = unsafe {
+                match kind {
+                    Some(Element::Cq) => (*el.cast::<crate::objects::Cq>()).ctx,
+                    Some(Element::Qp) => (*el.cast::<crate::objects::Qp>()).ctx,
+                    Some(Element::Srq) => (*el.cast::<crate::objects::Srq>()).ctx,
+                    None => ptr::null(),
+                }
+            };
+            // The context first: once the object's count is acknowledged, its destroy may free the object and
+            // (closed with it as its last object) the context.
+            // SAFETY: the context outlives its objects.
+            if let Some(ctx) = unsafe { ctx.as_ref() } {
+                let _ = ctx.ctx.ack_async_event(&AsyncEvent::DeviceFatal);
+            }
+            count.ack(|done| {
+                // SAFETY: the object is live while its count is held (its destroy waits on it).
+                unsafe {
+                    match kind {
+                        Some(Element::Cq) => (*el.cast::<crate::objects::Cq>()).c.cq.async_events_completed = done,
+                        Some(Element::Qp) => (*el.cast::<crate::objects::Qp>()).c.qp_base.events_completed = done,
+                        Some(Element::Srq) => (*el.cast::<crate::objects::Srq>()).c.events_completed = done,
+                        None => {}
+                    }
+                }
+            });
+            return;
+        }
+        // A port or device event does not name its context: acknowledged on the first open context with one
+        // outstanding.
         let open = crate::objects::lock(&OPEN).clone();
-        let _ = event;
         for p in open {
             // SAFETY: contexts in OPEN are live (removed before they are freed).
             let ctx = unsafe { &*(p as *const Ctx) };

@@ -3,7 +3,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::{self, NonNull};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use mlx5_core::cq::{CqeSize, LinkLayer};
@@ -19,6 +19,53 @@ use crate::{errno_of, guard, set_errno};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The async events handed out for one CQ, QP or SRQ and those acknowledged (libibverbs' `events_completed`,
+/// mirrored in the C struct). Destroying the object waits until every event handed out is acknowledged, so no
+/// event a program holds names a freed object.
+#[derive(Debug, Default)]
+pub(crate) struct AsyncCount {
+    /// (handed out, acknowledged).
+    n: Mutex<(u32, u32)>,
+    acked: Condvar,
+}
+
+impl AsyncCount {
+    /// An event naming the object is handed out (under the context's object map lock).
+    pub(crate) fn handed_out(&self) {
+        let mut n = lock(&self.n);
+        n.0 = n.0.wrapping_add(1);
+    }
+
+    /// One event is acknowledged; `mirror` gets the acknowledged count while the object cannot go yet (its
+    /// destroy may free it as soon as this returns). An acknowledgement with none outstanding is a program
+    /// error and counts nothing.
+    pub(crate) fn ack(&self, mirror: impl FnOnce(u32)) {
+        let mut n = lock(&self.n);
+        if n.1 != n.0 {
+            n.1 = n.1.wrapping_add(1);
+        }
+        mirror(n.1);
+        drop(n);
+        self.acked.notify_all();
+    }
+
+    /// Waits until every event handed out is acknowledged, then runs `remove` under the map lock `objs`, so
+    /// no event naming the object can be handed out after it.
+    pub(crate) fn retire<M>(&self, objs: &Mutex<M>, remove: impl FnOnce(&mut M)) {
+        loop {
+            let mut m = lock(objs);
+            let n = lock(&self.n);
+            if n.0 == n.1 {
+                remove(&mut m);
+                return;
+            }
+            drop(m);
+            // Bounded waits: the map lock is retaken each time.
+            drop(self.acked.wait_timeout(n, Duration::from_millis(50)).unwrap_or_else(PoisonError::into_inner));
+        }
+    }
 }
 
 /// NULL with errno, the verbs way for pointer-returning calls.
@@ -348,6 +395,7 @@ pub(crate) struct Cq {
     pub(crate) ex: Mutex<crate::post::ExPoll>,
     /// An error met by a poll that had already returned completions: the next poll reports it.
     pub(crate) pending: Mutex<Option<c_int>>,
+    pub(crate) async_events: AsyncCount,
 }
 
 /// The [`Cq`] of a program's `ibv_cq` (or `ibv_cq_ex`).
@@ -386,6 +434,7 @@ fn make_cq(
         ctx: c,
         ex: Mutex::new(Default::default()),
         pending: Mutex::new(None),
+        async_events: AsyncCount::default(),
     }));
     let attr = CqAttr { cqe, cqe_size: CqeSize::default(), overrun_ignore: false, comp_vector };
     match raw::create_cq(&c.ctx, attr, p as u64, ch.map(|ch| &ch.raw)) {
@@ -456,8 +505,11 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let Some((c, raw)) = (unsafe { cq_of(cq) }) else { return libc::EINVAL };
         match raw.destroy() {
             Ok(()) => {
+                // Completion events were waited for by the destroy; async events naming the CQ are here.
                 // SAFETY: the context outlives its objects (verbs' rule).
-                lock(&unsafe { &*c.ctx }.objs).cqs.remove(&raw.cqn());
+                c.async_events.retire(&unsafe { &*c.ctx }.objs, |o| {
+                    o.cqs.remove(&raw.cqn());
+                });
                 let context = c.c.cq.context;
                 // SAFETY: boxed by ibv_create_cq; destroyed once.
                 drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
@@ -563,6 +615,7 @@ pub(crate) struct Qp {
     pub(crate) link: LinkLayer,
     pub(crate) ctx: *const Ctx,
     pub(crate) wr: Mutex<crate::post::WrBatch>,
+    pub(crate) async_events: AsyncCount,
 }
 
 /// The [`Qp`] of a program's `ibv_qp` (or `ibv_qp_ex`).
@@ -667,6 +720,7 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
         link: link(c),
         ctx: c,
         wr: Mutex::new(Default::default()),
+        async_events: AsyncCount::default(),
     }));
     // SAFETY: p is the live box made above, not yet shared.
     crate::post::set_ops(unsafe { &*p }, r.send_ops);
@@ -988,7 +1042,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         match q.raw.destroy() {
             Ok(()) => {
                 // SAFETY: the context outlives its objects.
-                lock(&unsafe { &*q.ctx }.objs).qps.remove(&q.raw.qpn());
+                q.async_events.retire(&unsafe { &*q.ctx }.objs, |o| {
+                    o.qps.remove(&q.raw.qpn());
+                });
                 let context = q.c.qp_base.context;
                 // SAFETY: boxed by ibv_create_qp; destroyed once.
                 drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
@@ -1005,6 +1061,7 @@ pub(crate) struct Srq {
     pub(crate) c: ibv_srq,
     pub(crate) raw: RawSrq,
     pub(crate) ctx: *const Ctx,
+    pub(crate) async_events: AsyncCount,
 }
 
 #[no_mangle]
@@ -1033,7 +1090,7 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
                 cs.pd = pd;
                 cs.handle = raw.srqn();
                 let srqn = raw.srqn();
-                let b = Box::into_raw(Box::new(Srq { c: cs, raw, ctx: c }));
+                let b = Box::into_raw(Box::new(Srq { c: cs, raw, ctx: c, async_events: AsyncCount::default() }));
                 lock(&c.objs).srqs.insert(srqn, b as usize);
                 hold(p.c.context);
                 b.cast()
@@ -1083,7 +1140,9 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         match s.raw.destroy() {
             Ok(()) => {
                 // SAFETY: the context outlives its objects.
-                lock(&unsafe { &*s.ctx }.objs).srqs.remove(&s.raw.srqn());
+                s.async_events.retire(&unsafe { &*s.ctx }.objs, |o| {
+                    o.srqs.remove(&s.raw.srqn());
+                });
                 let context = s.c.context;
                 // SAFETY: boxed by ibv_create_srq; destroyed once.
                 drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });

@@ -508,36 +508,62 @@ fn non_blocking_descriptors_give_eagain_when_nothing_waits() {
     }
 }
 
+/// Waits (up to 2 s per event) for the async event of `event_type` naming `element`, taking every other
+/// event that comes first (other tests share the device) and acknowledging those. Returns the event, not
+/// acknowledged, or `None`.
+///
+/// # Safety
+/// `ctx` is an open context.
+unsafe fn wait_async(ctx: *mut ibv_context, event_type: c_int, element: *mut c_void) -> Option<ibv_async_event> {
+    for _ in 0..32 {
+        // SAFETY: the caller's open context; one pollfd and one event on the stack.
+        unsafe {
+            let mut fds = libc::pollfd { fd: (*ctx).async_fd, events: libc::POLLIN, revents: 0 };
+            if libc::poll(&mut fds, 1, 2000) != 1 {
+                return None;
+            }
+            let mut ev: ibv_async_event = std::mem::zeroed();
+            assert_eq!(ibv_get_async_event(ctx, &mut ev), 0);
+            if ev.event_type == event_type && ev.element == element {
+                return Some(ev);
+            }
+            ibv_ack_async_event(&mut ev);
+        }
+    }
+    None
+}
+
 #[test]
-fn an_injected_cq_overrun_is_an_async_cq_error_for_that_cq() {
+fn an_injected_cq_overrun_is_an_async_cq_error_and_destroy_waits_for_its_ack() {
     let ctx = open();
     // SAFETY: every pointer is made by this library from this context and destroyed once.
     unsafe {
-        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
-        assert!(!cq.is_null());
+        let a = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        let b = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        assert!(!a.is_null() && !b.is_null());
         let sim = dev_of((*ctx).device).and_then(|d| d.dev.sim_device()).expect("a simulated device");
-        // Only this CQ: other tests share the device.
-        crate::faults::fire(sim, crate::faults::Kind::CqOverrun(Some((*cq).handle)));
-        // The device's service thread moves the event to the context within its period; other events (port
-        // changes other tests make) may come first.
-        let mut ev: ibv_async_event = std::mem::zeroed();
-        let mut found = false;
-        for _ in 0..32 {
-            let mut fds = libc::pollfd { fd: (*ctx).async_fd, events: libc::POLLIN, revents: 0 };
-            if libc::poll(&mut fds, 1, 2000) != 1 {
-                break;
-            }
-            assert_eq!(ibv_get_async_event(ctx, &mut ev), 0);
-            ibv_ack_async_event(&mut ev);
-            if ev.event_type == 0 {
-                // IBV_EVENT_CQ_ERR names the CQ.
-                assert_eq!(ev.element, cq.cast::<c_void>());
-                found = true;
-                break;
-            }
-        }
-        assert!(found, "IBV_EVENT_CQ_ERR reached the context");
-        assert_eq!(ibv_destroy_cq(cq), 0);
+        // Only these CQs: other tests share the device. IBV_EVENT_CQ_ERR (0) names the CQ.
+        crate::faults::fire(sim, crate::faults::Kind::CqOverrun(Some((*a).handle)));
+        let mut ev = wait_async(ctx, 0, a.cast()).expect("IBV_EVENT_CQ_ERR for the first CQ");
+        ibv_ack_async_event(&mut ev);
+        assert_eq!((*a).async_events_completed, 1, "libibverbs' counter");
+        assert_eq!(ibv_destroy_cq(a), 0);
+
+        // An event not yet acknowledged holds the destroy of the CQ it names, as libibverbs documents.
+        crate::faults::fire(sim, crate::faults::Kind::CqOverrun(Some((*b).handle)));
+        let mut ev = wait_async(ctx, 0, b.cast()).expect("IBV_EVENT_CQ_ERR for the second CQ");
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (d, cq) = (done.clone(), b as usize);
+        let destroyer = std::thread::spawn(move || {
+            // The CQ is live; this thread destroys it once (inside the test's unsafe block).
+            let rc = ibv_destroy_cq(cq as *mut ibv_cq);
+            d.store(true, std::sync::atomic::Ordering::SeqCst);
+            rc
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!done.load(std::sync::atomic::Ordering::SeqCst), "destroy waits for the acknowledgement");
+        ibv_ack_async_event(&mut ev);
+        assert_eq!(destroyer.join().unwrap(), 0);
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
