@@ -135,8 +135,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 #[repr(C)]
 pub(crate) struct Mr {
     pub(crate) c: ibv_mr,
-    /// Replaced by `ibv_rereg_mr`, which makes new keys.
-    pub(crate) raw: Mutex<RawMr>,
+    pub(crate) raw: RawMr,
 }
 
 /// The access flags of a registration: local write, remote write/read/atomic and relaxed ordering go to the
@@ -196,7 +195,7 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: Option<u64>,
                 rkey: raw.rkey(),
             };
             hold(c.context);
-            Box::into_raw(Box::new(Mr { c, raw: Mutex::new(raw) })).cast()
+            Box::into_raw(Box::new(Mr { c, raw })).cast()
         }
         Err(e) => {
             log::info!("reg_mr: {e}");
@@ -240,8 +239,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard("ibv_dereg_mr", libc::EIO, || {
         // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
         let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return libc::EINVAL };
-        let res = lock(&m.raw).dereg();
-        match res {
+        match m.raw.dereg() {
             Ok(()) => {
                 let context = m.c.context;
                 // SAFETY: boxed by ibv_reg_mr; deregistered once.
@@ -259,9 +257,11 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
 const REREG_ERR_INPUT: c_int = -1;
 const REREG_ERR_CMD: c_int = -4;
 
-/// `ibv_rereg_mr`: new memory (`IBV_REREG_MR_CHANGE_TRANSLATION`), protection domain (`_CHANGE_PD`) and access
-/// (`_CHANGE_ACCESS`). As with mlx5_ib re-creating the mkey, the region gets new keys, which `lkey`/`rkey` then
-/// hold; `pd`, `addr` and `length` follow what changed. On failure the region stays as it was.
+/// `ibv_rereg_mr`: libibverbs' argument checks, then `EOPNOTSUPP` (`IBV_REREG_MR_ERR_CMD`), the region left as it
+/// was. mlx5_ib changes a region's access, PD or memory in place with a UMR work request, so its keys stay valid
+/// and programs (rdma-core's tests among them) keep using the rkey they sent their peer; this driver can only
+/// re-create the mkey (`mlx5-verbs`' `MemoryRegion::rereg`: new keys), which would fail such a peer's accesses
+/// with remote access errors instead of an error at the call.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,
@@ -293,60 +293,25 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         }
         // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
         let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return input(libc::EINVAL) };
-        // libmlx5 refuses to keep the old key valid; the kernel refuses an empty request.
-        if flags & KEEP_VALID != 0 {
-            return cmd(libc::EOPNOTSUPP);
-        }
+        // What the kernel refuses before trying: an empty request, a PD of no context of this region, access
+        // flags registration refuses.
         if flags == 0 {
             return cmd(libc::EINVAL);
         }
-        let new_pd = if flags & CHANGE_PD != 0 {
-            // SAFETY: the caller passes a live PD.
+        if flags & CHANGE_PD != 0 {
+            // SAFETY: the caller passes a live PD (or NULL).
             match unsafe { pd_of(pd) } {
-                Some(p) if p.c.context == m.c.context => Some(p),
+                Some(p) if p.c.context == m.c.context => {}
                 _ => return cmd(libc::EINVAL),
             }
-        } else {
-            None
-        };
-        let new_access = if flags & ACCESS != 0 {
-            match access(access_flags) {
-                Ok(a) => Some(a),
-                Err(e) => return cmd(e),
-            }
-        } else {
-            None
-        };
-        let memory = match NonNull::new(addr.cast::<u8>()) {
-            Some(p) if flags & TRANSLATION != 0 => Some((p, length, None)),
-            _ => None,
-        };
-        let mut raw = lock(&m.raw);
-        // SAFETY: verbs' contract: the program keeps the new memory until ibv_dereg_mr.
-        match unsafe { raw.rereg(memory, new_pd.map(|p| &p.raw), new_access) } {
-            Ok(new) => {
-                // SAFETY: the C part is the program's view of the region, which libibverbs updates in place
-                // as here (the program does not use the region while re-registering it).
-                unsafe {
-                    (*mr).lkey = new.lkey();
-                    (*mr).rkey = new.rkey();
-                    (*mr).handle = new.lkey();
-                    if new_pd.is_some() {
-                        (*mr).pd = pd;
-                    }
-                    if memory.is_some() {
-                        (*mr).addr = addr;
-                        (*mr).length = length;
-                    }
-                }
-                *raw = new;
-                0
-            }
-            Err(e) => {
-                log::info!("rereg_mr: {e}");
-                cmd(errno_of(&e))
+        }
+        if flags & ACCESS != 0 {
+            if let Err(e) = access(access_flags) {
+                return cmd(e);
             }
         }
+        log::info!("rereg_mr: keys cannot be kept across a re-registration here");
+        cmd(libc::EOPNOTSUPP)
     })
 }
 

@@ -121,23 +121,6 @@ impl RawMr {
     pub fn dereg(&self) -> Result<()> {
         self.0.dereg()
     }
-
-    /// `ibv_rereg_mr`: new process memory (`memory`: address, length, `iova` or the address), protection domain
-    /// and access, each when given. The region gets new keys; on success this handle holds none any more (use
-    /// the returned one), on failure it keeps its key as it was.
-    ///
-    /// # Safety
-    /// New memory stays allocated, and its whole pages hold nothing the device must not reach, until the
-    /// returned region is deregistered.
-    pub unsafe fn rereg(
-        &self,
-        memory: Option<(NonNull<u8>, usize, Option<u64>)>,
-        pd: Option<&RawPd>,
-        access: Option<Access>,
-    ) -> Result<RawMr> {
-        // SAFETY: the caller's duties are `MrObj::rereg`'s.
-        Ok(RawMr(unsafe { self.0.rereg(memory, pd.map(|p| &p.0), access) }?))
-    }
 }
 
 /// A completion channel (`ibv_comp_channel`).
