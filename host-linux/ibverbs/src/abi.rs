@@ -98,8 +98,14 @@ pub struct ibv_context {
 #[derive(Debug)]
 pub struct verbs_context {
     pub query_port: Option<unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int>,
-    /// advise_mr .. query_rt_values: not provided (NULL: the inline wrappers return EOPNOTSUPP).
-    pub unsupported_a: [Fp; 23],
+    /// advise_mr .. modify_qp_rate_limit: not provided (NULL: the inline wrappers return EOPNOTSUPP).
+    pub unsupported_a: [Fp; 13],
+    pub alloc_parent_domain:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd>,
+    pub dealloc_td: Option<unsafe extern "C" fn(*mut ibv_td) -> c_int>,
+    pub alloc_td: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
+    /// modify_cq .. create_wq: not provided.
+    pub unsupported_a2: [Fp; 7],
     pub query_rt_values: Fp,
     pub create_cq_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex>,
     pub priv_: *mut c_void,
@@ -122,6 +128,30 @@ pub struct verbs_context {
 pub struct ibv_pd {
     pub context: *mut ibv_context,
     pub handle: u32,
+}
+
+/// A thread domain.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_td {
+    pub context: *mut ibv_context,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_td_init_attr {
+    pub comp_mask: u32,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut ibv_td,
+    pub comp_mask: u32,
+    pub alloc: Fp,
+    pub free: Fp,
+    pub pd_context: *mut c_void,
 }
 
 #[repr(C)]
@@ -614,6 +644,16 @@ pub const LAYOUT: &[(&str, &str, usize)] = &{
         ("ibv_context", "abi_compat", o!(ibv_context, abi_compat)),
         ("verbs_context", "query_port", o!(verbs_context, query_port)),
         ("verbs_context", "advise_mr", o!(verbs_context, unsupported_a)),
+        ("verbs_context", "alloc_parent_domain", o!(verbs_context, alloc_parent_domain)),
+        ("verbs_context", "dealloc_td", o!(verbs_context, dealloc_td)),
+        ("verbs_context", "alloc_td", o!(verbs_context, alloc_td)),
+        ("verbs_context", "modify_cq", o!(verbs_context, unsupported_a2)),
+        ("ibv_parent_domain_init_attr", "pd", o!(ibv_parent_domain_init_attr, pd)),
+        ("ibv_parent_domain_init_attr", "td", o!(ibv_parent_domain_init_attr, td)),
+        ("ibv_parent_domain_init_attr", "comp_mask", o!(ibv_parent_domain_init_attr, comp_mask)),
+        ("ibv_parent_domain_init_attr", "alloc", o!(ibv_parent_domain_init_attr, alloc)),
+        ("ibv_parent_domain_init_attr", "free", o!(ibv_parent_domain_init_attr, free)),
+        ("ibv_parent_domain_init_attr", "pd_context", o!(ibv_parent_domain_init_attr, pd_context)),
         ("verbs_context", "query_rt_values", o!(verbs_context, query_rt_values)),
         ("verbs_context", "create_cq_ex", o!(verbs_context, create_cq_ex)),
         ("verbs_context", "priv", o!(verbs_context, priv_)),
@@ -757,6 +797,9 @@ pub const SIZES: &[(&str, usize)] = &{
     use std::mem::size_of as s;
     [
         ("ibv_device", s::<ibv_device>()),
+        ("ibv_td", s::<ibv_td>()),
+        ("ibv_td_init_attr", s::<ibv_td_init_attr>()),
+        ("ibv_parent_domain_init_attr", s::<ibv_parent_domain_init_attr>()),
         ("ibv_context_ops", s::<ibv_context_ops>()),
         ("ibv_context", s::<ibv_context>()),
         ("verbs_context", s::<verbs_context>()),

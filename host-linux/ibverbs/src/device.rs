@@ -255,6 +255,9 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         vc.query_device_ex = Some(query_device_ex);
         vc.create_cq_ex = Some(crate::objects::create_cq_ex);
         vc.create_qp_ex = Some(crate::objects::create_qp_ex);
+        vc.alloc_parent_domain = Some(crate::objects::alloc_parent_domain);
+        vc.alloc_td = Some(crate::objects::alloc_td);
+        vc.dealloc_td = Some(crate::objects::dealloc_td);
         vc.sz = std::mem::size_of::<verbs_context>();
         let c = &mut vc.context;
         c.device = device;

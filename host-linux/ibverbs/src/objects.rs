@@ -3,6 +3,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -78,6 +79,124 @@ fn fail<T>(e: c_int) -> *mut T {
 pub(crate) struct Pd {
     pub(crate) c: ibv_pd,
     pub(crate) raw: RawPd,
+    /// For a parent domain: the protection domain it is made on (whose PD objects made through it use), and its
+    /// thread domain; NULL for a protection domain.
+    pub(crate) protecting: *mut ibv_pd,
+    pub(crate) td: *mut ibv_td,
+    /// Parent domains on a protection domain; objects made through a parent domain: either keeps it from
+    /// being deallocated (`EBUSY`), as libmlx5's reference counts do.
+    pub(crate) users: AtomicU32,
+    /// `IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT`.
+    pub(crate) pd_context: *mut c_void,
+}
+
+impl Pd {
+    fn protection(c: ibv_pd, raw: RawPd) -> Pd {
+        Pd {
+            c,
+            raw,
+            protecting: ptr::null_mut(),
+            td: ptr::null_mut(),
+            users: AtomicU32::new(0),
+            pd_context: ptr::null_mut(),
+        }
+    }
+}
+
+/// Counts an object made through `pd` when it is a parent domain (`delta` +1 at creation, -1 at destroy); a
+/// protection domain counts its objects in `mlx5-verbs`.
+///
+/// # Safety
+/// `pd` is NULL or a live PD or parent domain of this library.
+pub(crate) unsafe fn count_on_parent(pd: *mut ibv_pd, made: bool) {
+    // SAFETY: the caller's duty.
+    if let Some(p) = unsafe { pd_of(pd) }.filter(|p| !p.protecting.is_null()) {
+        if made {
+            p.users.fetch_add(1, Ordering::AcqRel);
+        } else {
+            p.users.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A thread domain: the promise that the objects made through its parent domains are used by one thread at
+/// a time. Nothing here is shared between QPs to begin with (each QP has its own doorbell register), so there is
+/// no lock for it to spare.
+#[repr(C)]
+pub(crate) struct Td {
+    pub(crate) c: ibv_td,
+    /// Parent domains using it.
+    users: AtomicU32,
+}
+
+/// `verbs_context.alloc_td`.
+pub(crate) unsafe extern "C" fn alloc_td(context: *mut ibv_context, attr: *mut ibv_td_init_attr) -> *mut ibv_td {
+    guard("ibv_alloc_td", ptr::null_mut(), || {
+        // SAFETY: the caller passes an open context and its attributes.
+        let (Some(_), Some(a)) = (unsafe { ctx(context) }, unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
+        if a.comp_mask != 0 {
+            return fail(libc::EINVAL);
+        }
+        hold(context);
+        Box::into_raw(Box::new(Td { c: ibv_td { context }, users: AtomicU32::new(0) })).cast()
+    })
+}
+
+/// `verbs_context.dealloc_td`: `EBUSY` while a parent domain uses it.
+pub(crate) unsafe extern "C" fn dealloc_td(td: *mut ibv_td) -> c_int {
+    guard("ibv_dealloc_td", libc::EIO, || {
+        // SAFETY: the caller passes a live TD (its C part is the first field of a boxed Td).
+        let Some(t) = (unsafe { td.cast::<Td>().as_ref() }) else { return libc::EINVAL };
+        if t.users.load(Ordering::Acquire) > 0 {
+            return libc::EBUSY;
+        }
+        let context = t.c.context;
+        // SAFETY: boxed by alloc_td; deallocated once.
+        drop(unsafe { Box::from_raw(td.cast::<Td>()) });
+        release(context);
+        0
+    })
+}
+
+/// `verbs_context.alloc_parent_domain`: a PD that stands for its protection domain wherever a PD is taken, with
+/// an optional thread domain and `pd_context`. Custom allocators (`IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`) are
+/// `EOPNOTSUPP`: queue buffers come from the driver's DMA memory, never from the program's allocator.
+pub(crate) unsafe extern "C" fn alloc_parent_domain(
+    context: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    const ALLOCATORS: u32 = 1 << 0;
+    const PD_CONTEXT: u32 = 1 << 1;
+    guard("ibv_alloc_parent_domain", ptr::null_mut(), || {
+        // SAFETY: the caller passes an open context and its attributes.
+        let (Some(_), Some(a)) = (unsafe { ctx(context) }, unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
+        if a.comp_mask & !(ALLOCATORS | PD_CONTEXT) != 0 {
+            return fail(libc::EINVAL);
+        }
+        if a.comp_mask & ALLOCATORS != 0 {
+            log::info!("alloc_parent_domain: custom allocators are not supported");
+            return fail(libc::EOPNOTSUPP);
+        }
+        // SAFETY: the caller passes a live PD.
+        let Some(p) = (unsafe { pd_of(a.pd) }) else { return fail(libc::EINVAL) };
+        if !p.protecting.is_null() || p.c.context != context {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a live TD, or NULL.
+        let td = unsafe { a.td.cast::<Td>().as_ref() };
+        if td.is_some_and(|t| t.c.context != context) {
+            return fail(libc::EINVAL);
+        }
+        if let Some(t) = td {
+            t.users.fetch_add(1, Ordering::AcqRel);
+        }
+        p.users.fetch_add(1, Ordering::AcqRel);
+        hold(context);
+        let pd_context = if a.comp_mask & PD_CONTEXT != 0 { a.pd_context } else { ptr::null_mut() };
+        let c = ibv_pd { context, handle: p.c.handle };
+        let b = Pd { c, raw: p.raw.share(), protecting: a.pd, td: a.td, users: AtomicU32::new(0), pd_context };
+        Box::into_raw(Box::new(b)).cast()
+    })
 }
 
 /// The [`Pd`] of a program's `ibv_pd`.
@@ -107,7 +226,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
             Ok(raw) => {
                 let handle = raw.pdn();
                 hold(context);
-                Box::into_raw(Box::new(Pd { c: ibv_pd { context, handle }, raw })).cast()
+                Box::into_raw(Box::new(Pd::protection(ibv_pd { context, handle }, raw))).cast()
             }
             Err(e) => fail(errno_of(&e)),
         }
@@ -119,6 +238,26 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard("ibv_dealloc_pd", libc::EIO, || {
         // SAFETY: the caller passes a live PD.
         let Some(p) = (unsafe { pd_of(pd) }) else { return libc::EINVAL };
+        if p.users.load(Ordering::Acquire) > 0 {
+            return libc::EBUSY;
+        }
+        if !p.protecting.is_null() {
+            // A parent domain: its protection domain and thread domain are used by one fewer.
+            // SAFETY: a parent domain keeps its protection and thread domains (EBUSY above on theirs).
+            unsafe {
+                if let Some(prot) = pd_of(p.protecting) {
+                    prot.users.fetch_sub(1, Ordering::AcqRel);
+                }
+                if let Some(t) = p.td.cast::<Td>().as_ref() {
+                    t.users.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            let context = p.c.context;
+            // SAFETY: boxed by alloc_parent_domain; deallocated once.
+            drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
+            release(context);
+            return 0;
+        }
         match p.raw.dealloc() {
             Ok(()) => {
                 let context = p.c.context;
@@ -195,6 +334,8 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: Option<u64>,
                 rkey: raw.rkey(),
             };
             hold(c.context);
+            // SAFETY: the caller's live PD.
+            unsafe { count_on_parent(pd, true) };
             Box::into_raw(Box::new(Mr { c, raw })).cast()
         }
         Err(e) => {
@@ -242,6 +383,8 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         match m.raw.dereg() {
             Ok(()) => {
                 let context = m.c.context;
+                // SAFETY: the region's PD outlives it (EBUSY otherwise).
+                unsafe { count_on_parent(m.c.pd, false) };
                 // SAFETY: boxed by ibv_reg_mr; deregistered once.
                 drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
                 release(context);
@@ -361,6 +504,8 @@ pub(crate) struct Cq {
     /// An error met by a poll that had already returned completions: the next poll reports it.
     pub(crate) pending: Mutex<Option<c_int>>,
     pub(crate) async_events: AsyncCount,
+    /// The parent domain an extended CQ was made on (`IBV_CQ_INIT_ATTR_MASK_PD`), counted on it; else NULL.
+    pub(crate) parent_domain: *mut ibv_pd,
 }
 
 /// The [`Cq`] of a program's `ibv_cq` (or `ibv_cq_ex`).
@@ -400,6 +545,7 @@ fn make_cq(
         ex: Mutex::new(Default::default()),
         pending: Mutex::new(None),
         async_events: AsyncCount::default(),
+        parent_domain: ptr::null_mut(),
     }));
     let attr = CqAttr { cqe, cqe_size: CqeSize::default(), overrun_ignore: false, comp_vector };
     match raw::create_cq(&c.ctx, attr, p as u64, ch.map(|ch| &ch.raw)) {
@@ -451,13 +597,31 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         let Some(a) = (unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
         // IBV_WC_EX_WITH_BYTE_LEN | IMM | QP_NUM | SRC_QP | SLID | SL | DLID_PATH_BITS.
         const SUPPORTED_WC: u64 = 0x7f;
-        if a.wc_flags & !SUPPORTED_WC != 0 || a.comp_mask & !1 != 0 || a.flags != 0 {
+        // IBV_CQ_INIT_ATTR_MASK_FLAGS (no flag supported) and _PD (a parent domain of this context).
+        const MASK_PD: u32 = 1 << 1;
+        if a.wc_flags & !SUPPORTED_WC != 0 || a.comp_mask & !(1 | MASK_PD) != 0 || a.flags != 0 {
             return fail(libc::EOPNOTSUPP);
         }
+        let parent = if a.comp_mask & MASK_PD != 0 {
+            // SAFETY: the caller passes a live PD (or NULL).
+            match unsafe { pd_of(a.parent_domain) } {
+                Some(p) if !p.protecting.is_null() && p.c.context == context => a.parent_domain,
+                _ => return fail(libc::EINVAL),
+            }
+        } else {
+            ptr::null_mut()
+        };
         let Ok(cqe) = c_int::try_from(a.cqe) else { return fail(libc::EINVAL) };
         let vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
         match make_cq(context, cqe, a.cq_context, a.channel, vector) {
-            Ok(p) => p.cast(),
+            Ok(p) => {
+                // SAFETY: the CQ was made just now and is not yet the program's; the parent domain is live.
+                unsafe {
+                    (*p).parent_domain = parent;
+                    count_on_parent(parent, true);
+                }
+                p.cast()
+            }
             Err(e) => fail(e),
         }
     })
@@ -475,6 +639,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                 c.async_events.retire(&unsafe { &*c.ctx }.objs, |o| {
                     o.cqs.remove(&raw.cqn());
                 });
+                // SAFETY: a CQ's parent domain outlives it (EBUSY otherwise).
+                unsafe { count_on_parent(c.parent_domain, false) };
                 let context = c.c.cq.context;
                 // SAFETY: boxed by ibv_create_cq; destroyed once.
                 drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
@@ -691,6 +857,8 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
     crate::post::set_ops(unsafe { &*p }, r.send_ops);
     lock(&c.objs).qps.insert(qpn, p as usize);
     hold(pd.c.context);
+    // SAFETY: the caller's live PD.
+    unsafe { count_on_parent(r.pd, true) };
     Ok(p)
 }
 
@@ -1011,6 +1179,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                     o.qps.remove(&q.raw.qpn());
                 });
                 let context = q.c.qp_base.context;
+                // SAFETY: the QP's PD outlives it.
+                unsafe { count_on_parent(q.c.qp_base.pd, false) };
                 // SAFETY: boxed by ibv_create_qp; destroyed once.
                 drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
                 release(context);
@@ -1058,6 +1228,8 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
                 let b = Box::into_raw(Box::new(Srq { c: cs, raw, ctx: c, async_events: AsyncCount::default() }));
                 lock(&c.objs).srqs.insert(srqn, b as usize);
                 hold(p.c.context);
+                // SAFETY: the caller's live PD.
+                unsafe { count_on_parent(pd, true) };
                 b.cast()
             }
             Err(e) => fail(errno_of(&e)),
@@ -1109,6 +1281,8 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
                     o.srqs.remove(&s.raw.srqn());
                 });
                 let context = s.c.context;
+                // SAFETY: the SRQ's PD outlives it.
+                unsafe { count_on_parent(s.c.pd, false) };
                 // SAFETY: boxed by ibv_create_srq; destroyed once.
                 drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
                 release(context);
@@ -1142,6 +1316,8 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         match p.raw.create_ah(&ah_attr(a, l)) {
             Ok(ah) => {
                 hold(p.c.context);
+                // SAFETY: the caller's live PD.
+                unsafe { count_on_parent(pd, true) };
                 Box::into_raw(Box::new(Ah { c: ibv_ah { context: p.c.context, pd, handle: 0 }, ah })).cast()
             }
             Err(e) => fail(errno_of(&e)),
@@ -1157,6 +1333,8 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     // SAFETY: boxed by ibv_create_ah; destroyed once (an AH has no firmware object: mlx5 AVs live in the WQE).
     let b = unsafe { Box::from_raw(ah.cast::<Ah>()) };
     let context = b.c.context;
+    // SAFETY: the AH's PD outlives it.
+    unsafe { count_on_parent(b.c.pd, false) };
     drop(b);
     release(context);
     0

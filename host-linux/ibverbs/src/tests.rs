@@ -527,3 +527,91 @@ fn an_injected_cq_overrun_is_an_async_cq_error_and_destroy_waits_for_its_ack() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+#[test]
+fn parent_domains_stand_for_their_pd_with_a_thread_domain_and_refuse_custom_allocators() {
+    let ctx = open();
+    let v = vctx(ctx);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let (alloc_pd, alloc_td, dealloc_td) =
+            (v.alloc_parent_domain.unwrap(), v.alloc_td.unwrap(), v.dealloc_td.unwrap());
+        let pd = ibv_alloc_pd(ctx);
+        let mut tia = ibv_td_init_attr { comp_mask: 0 };
+        let td = alloc_td(ctx, &mut tia);
+        assert!(!td.is_null());
+        let user = 0x77 as *mut c_void;
+        let mut a = ibv_parent_domain_init_attr {
+            pd,
+            td,
+            comp_mask: 1, // ALLOCATORS
+            alloc: None,
+            free: None,
+            pd_context: user,
+        };
+        assert!(alloc_pd(ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP, "custom allocators");
+        a.comp_mask = 4;
+        assert!(alloc_pd(ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EINVAL, "an unknown comp_mask bit");
+        a.comp_mask = 2; // PD_CONTEXT
+        let parent = alloc_pd(ctx, &mut a);
+        assert!(!parent.is_null());
+        assert_eq!(((*parent).context, (*parent).handle), (ctx, (*pd).handle));
+        // A parent domain is not a protection domain for another one.
+        a.pd = parent;
+        assert!(alloc_pd(ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+
+        // Objects made through the parent domain: an MR, an extended CQ on it, a QP; a loopback RDMA write.
+        let mut mem = vec![0u8; 64];
+        let mr = ibv_reg_mr(parent, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        assert!(!mr.is_null());
+        let mut cia: ibv_cq_init_attr_ex = std::mem::zeroed();
+        cia.cqe = 4;
+        cia.wc_flags = 1; // BYTE_LEN
+        cia.comp_mask = 2; // IBV_CQ_INIT_ATTR_MASK_PD
+        cia.parent_domain = pd;
+        assert!(v.create_cq_ex.unwrap()(ctx, &mut cia).is_null(), "a protection domain is no parent domain");
+        assert_eq!(errno(), libc::EINVAL);
+        cia.parent_domain = parent;
+        let cq = v.create_cq_ex.unwrap()(ctx, &mut cia).cast::<ibv_cq>();
+        assert!(!cq.is_null());
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(parent, &mut init);
+        assert!(!qp.is_null());
+        connect(ctx, qp, (*qp).qp_num);
+        mem[..4].copy_from_slice(b"pdom");
+        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 4, lkey: (*mr).lkey };
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
+        let mut bad = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(0));
+        assert_eq!(&mem[32..36], b"pdom");
+
+        // Each keeps what it is made on: EBUSY until they go, children first.
+        assert_eq!(ibv_dealloc_pd(parent), libc::EBUSY);
+        assert_eq!(ibv_dealloc_pd(pd), libc::EBUSY);
+        assert_eq!(dealloc_td(td), libc::EBUSY);
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(parent), 0);
+        assert_eq!(dealloc_td(td), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}

@@ -60,6 +60,12 @@ impl RawPd {
         self.0.pdn()
     }
 
+    /// Another handle on the same PD (a parent domain's): objects made through it count on the PD; only the
+    /// PD's own handle should deallocate it.
+    pub fn share(&self) -> RawPd {
+        RawPd(self.0.clone())
+    }
+
     /// `ibv_dealloc_pd`: `EBUSY` while memory regions, QPs or SRQs use it.
     pub fn dealloc(&self) -> Result<()> {
         self.0.dealloc()
