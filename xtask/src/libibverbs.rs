@@ -609,6 +609,7 @@ fn pingpongs(p: &Programs) -> Result<(), String> {
         ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-s", "1", "-c"]),
         ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-s", "65536", "-e", "-c"]),
         ("", "ibv_rc_pingpong", &["-g", "1", "-n", "200", "-N", "-c"]),
+        ("", "ibv_rc_pingpong", &["-g", "0", "-n", "200", "-t", "-c"]),
         (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-c"]),
         (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-s", "65536", "-e", "-c"]),
         ("", "ibv_ud_pingpong", &["-g", "0", "-n", "500", "-c"]),

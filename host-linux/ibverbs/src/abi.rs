@@ -594,8 +594,13 @@ pub struct ibv_device_attr {
 pub struct ibv_device_attr_ex {
     pub orig_attr: ibv_device_attr,
     pub comp_mask: u32,
-    /// odp_caps .. max_dm_size, pci_atomic_caps and xrc_odp_caps, all zero.
-    pub ext: [u64; 19],
+    /// odp_caps, all zero.
+    pub odp_caps: [u64; 3],
+    pub completion_timestamp_mask: u64,
+    /// kHz.
+    pub hca_core_clock: u64,
+    /// device_cap_flags_ex .. max_dm_size and pci_atomic_caps, all zero.
+    pub ext: [u64; 14],
     pub xrc_odp_caps: u32,
     pub phys_port_cnt_ex: u32,
 }
@@ -643,6 +648,10 @@ pub const LAYOUT: &[(&str, &str, usize)] = &{
         ("ibv_context", "mutex", o!(ibv_context, mutex)),
         ("ibv_context", "abi_compat", o!(ibv_context, abi_compat)),
         ("verbs_context", "query_port", o!(verbs_context, query_port)),
+        ("ibv_device_attr_ex", "odp_caps", o!(ibv_device_attr_ex, odp_caps)),
+        ("ibv_device_attr_ex", "completion_timestamp_mask", o!(ibv_device_attr_ex, completion_timestamp_mask)),
+        ("ibv_device_attr_ex", "hca_core_clock", o!(ibv_device_attr_ex, hca_core_clock)),
+        ("ibv_device_attr_ex", "device_cap_flags_ex", o!(ibv_device_attr_ex, ext)),
         ("verbs_context", "advise_mr", o!(verbs_context, unsupported_a)),
         ("verbs_context", "alloc_parent_domain", o!(verbs_context, alloc_parent_domain)),
         ("verbs_context", "dealloc_td", o!(verbs_context, dealloc_td)),
@@ -783,7 +792,6 @@ pub const LAYOUT: &[(&str, &str, usize)] = &{
         ("ibv_device_attr", "max_pkeys", o!(ibv_device_attr, max_pkeys)),
         ("ibv_device_attr", "phys_port_cnt", o!(ibv_device_attr, phys_port_cnt)),
         ("ibv_device_attr_ex", "comp_mask", o!(ibv_device_attr_ex, comp_mask)),
-        ("ibv_device_attr_ex", "odp_caps", o!(ibv_device_attr_ex, ext)),
         ("ibv_device_attr_ex", "phys_port_cnt_ex", o!(ibv_device_attr_ex, phys_port_cnt_ex)),
         ("ibv_gid_entry", "gid_index", o!(ibv_gid_entry, gid_index)),
         ("ibv_gid_entry", "gid_type", o!(ibv_gid_entry, gid_type)),

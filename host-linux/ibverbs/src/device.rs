@@ -350,6 +350,16 @@ impl HcaVisitor for QueryInfo<'_> {
     }
 }
 
+/// The device clock's frequency in kHz (`device_frequency_khz`), which stamps every CQE.
+struct CoreClock;
+
+impl HcaVisitor for CoreClock {
+    type Out = u32;
+    fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T>, _delay: &mut AnyDelay) -> u32 {
+        hca.caps().general.device_frequency_khz
+    }
+}
+
 fn info(ctx: &Ctx) -> Result<DevInfo, c_int> {
     raw::with_hca(&ctx.ctx, QueryInfo(ctx.dev.dev.name())).map(|(i, _)| i).map_err(|e| {
         log::warn!("query: {e}");
@@ -448,6 +458,13 @@ unsafe extern "C" fn query_device_ex(
         let mut a: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         a.orig_attr = device_attr(&i);
         a.phys_port_cnt_ex = u32::from(i.phys_port_cnt);
+        // Completion timestamps: the CQE's raw device clock, as mlx5_ib reports it (a 63-bit counter at
+        // device_frequency_khz); none without a clock.
+        let khz = raw::with_hca(&ctx.ctx, CoreClock);
+        if khz != 0 {
+            a.completion_timestamp_mask = (1 << 63) - 1;
+            a.hca_core_clock = u64::from(khz);
+        }
         // SAFETY: the caller's buffer holds attr_size bytes.
         unsafe { write_sized(attr.cast(), attr_size, &a) };
         0

@@ -586,8 +586,8 @@ pub unsafe extern "C" fn ibv_create_cq(
     })
 }
 
-/// `verbs_context.create_cq_ex`: the work completion fields `ibv_wc` has are readable; a timestamp, flow tag
-/// or other extra is `EOPNOTSUPP`.
+/// `verbs_context.create_cq_ex`: the work completion fields `ibv_wc` has and the completion timestamp (raw
+/// device clock) are readable; a wall-clock timestamp, flow tag or other extra is `EOPNOTSUPP`.
 pub(crate) unsafe extern "C" fn create_cq_ex(
     context: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -595,8 +595,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     guard("ibv_create_cq_ex", ptr::null_mut(), || {
         // SAFETY: the caller passes its attributes.
         let Some(a) = (unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
-        // IBV_WC_EX_WITH_BYTE_LEN | IMM | QP_NUM | SRC_QP | SLID | SL | DLID_PATH_BITS.
-        const SUPPORTED_WC: u64 = 0x7f;
+        // IBV_WC_EX_WITH_BYTE_LEN | IMM | QP_NUM | SRC_QP | SLID | SL | DLID_PATH_BITS, and
+        // COMPLETION_TIMESTAMP (the CQE's raw device clock).
+        const SUPPORTED_WC: u64 = 0x7f | (1 << 7);
         // IBV_CQ_INIT_ATTR_MASK_FLAGS (no flag supported) and _PD (a parent domain of this context).
         const MASK_PD: u32 = 1 << 1;
         if a.wc_flags & !SUPPORTED_WC != 0 || a.comp_mask & !(1 | MASK_PD) != 0 || a.flags != 0 {

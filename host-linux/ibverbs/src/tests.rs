@@ -615,3 +615,67 @@ fn parent_domains_stand_for_their_pd_with_a_thread_domain_and_refuse_custom_allo
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+#[test]
+fn completions_carry_the_device_clock_when_asked() {
+    let ctx = open();
+    let v = vctx(ctx);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let mut attr: ibv_device_attr_ex = std::mem::zeroed();
+        let size = std::mem::size_of::<ibv_device_attr_ex>();
+        assert_eq!(v.query_device_ex.unwrap()(ctx, ptr::null(), &mut attr, size), 0);
+        assert_eq!(attr.completion_timestamp_mask, (1 << 63) - 1);
+        assert!(attr.hca_core_clock > 0, "the device clock's kHz");
+        let mut cia: ibv_cq_init_attr_ex = std::mem::zeroed();
+        cia.cqe = 4;
+        cia.wc_flags = 1 | (1 << 7); // BYTE_LEN | COMPLETION_TIMESTAMP
+        let cqx = v.create_cq_ex.unwrap()(ctx, &mut cia);
+        assert!(!cqx.is_null());
+        let cq = cqx.cast::<ibv_cq>();
+        cia.wc_flags |= 1 << 11; // COMPLETION_TIMESTAMP_WALLCLOCK: no real-time clock here
+        assert!(v.create_cq_ex.unwrap()(ctx, &mut cia).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 64];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(pd, &mut init);
+        connect(ctx, qp, (*qp).qp_num);
+        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
+        let mut bad = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        let mut got = None;
+        for _ in 0..10_000 {
+            if (*cqx).start_poll.unwrap()(cqx, ptr::null_mut()) == 0 {
+                got = Some(((*cqx).status, (*cqx).read_completion_ts.unwrap()(cqx)));
+                (*cqx).end_poll.unwrap()(cqx);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        let (status, ts) = got.expect("a completion");
+        assert_eq!(status, 0);
+        assert!(ts > 0, "the device clock when the CQE was written");
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
