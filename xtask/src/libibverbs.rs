@@ -612,6 +612,8 @@ fn pingpongs(p: &Programs) -> Result<(), String> {
         ("", "ibv_rc_pingpong", &["-g", "0", "-n", "200", "-t", "-c"]),
         (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-c"]),
         (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-s", "65536", "-e", "-c"]),
+        ("", "ibv_uc_pingpong", &["-g", "0", "-n", "500", "-c"]),
+        (":link=ib", "ibv_uc_pingpong", &["-n", "500", "-c", "-e"]),
         ("", "ibv_ud_pingpong", &["-g", "0", "-n", "500", "-c"]),
         (":link=ib", "ibv_ud_pingpong", &["-n", "500", "-c", "-e"]),
         ("", "ibv_srq_pingpong", &["-g", "0", "-n", "500", "-c"]),
