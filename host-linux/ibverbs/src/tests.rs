@@ -679,3 +679,64 @@ fn completions_carry_the_device_clock_when_asked() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+#[test]
+fn a_move_to_reset_takes_the_qps_unpolled_completions_out_of_its_cq() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 256];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 4, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let (a, b) = (ibv_create_qp(pd, &mut init), ibv_create_qp(pd, &mut init));
+        connect(ctx, a, (*a).qp_num);
+        connect(ctx, b, (*b).qp_num);
+        // A, B, A: three writes, each completing on the one CQ; nobody polls yet.
+        mem[..8].copy_from_slice(b"complete");
+        let base = mem.as_ptr() as u64;
+        for (i, qp) in [a, b, a].into_iter().enumerate() {
+            let mut sge = ibv_sge { addr: base, length: 8, lkey: (*mr).lkey };
+            let mut w: ibv_send_wr = std::mem::zeroed();
+            w.wr_id = i as u64;
+            w.sg_list = &mut sge;
+            w.num_sge = 1;
+            w.opcode = 0;
+            w.wr.rdma = wr_rdma { remote_addr: base + 64 + 8 * i as u64, rkey: (*mr).rkey };
+            let mut bad = ptr::null_mut();
+            assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        }
+        // The device writes all three CQEs; the third write is in memory once they are.
+        for _ in 0..2000 {
+            if mem[80..88] == mem[..8] && mem[64..72] == mem[..8] {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // A moves to RESET: its two completions go, B's stays.
+        let mut attr: ibv_qp_attr = std::mem::zeroed();
+        attr.qp_state = 0;
+        assert_eq!(ibv_modify_qp(a, &mut attr, 1), 0);
+        let wc = poll_one(ctx, cq).expect("B's completion");
+        assert_eq!((wc.wr_id, wc.qp_num, wc.status), (1, (*b).qp_num, 0));
+        let mut more = [ibv_wc::default(); 4];
+        assert_eq!(ops.poll_cq.unwrap()(cq, 4, more.as_mut_ptr()), 0, "nothing of A's is left");
+        assert_eq!(ibv_destroy_qp(a), 0);
+        assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
