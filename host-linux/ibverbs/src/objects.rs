@@ -274,7 +274,8 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 #[repr(C)]
 pub(crate) struct Mr {
     pub(crate) c: ibv_mr,
-    pub(crate) raw: RawMr,
+    /// Replaced by an `ibv_rereg_mr` that changes the memory (new keys).
+    pub(crate) raw: Mutex<RawMr>,
 }
 
 /// The access flags of a registration: local write, remote write/read/atomic and relaxed ordering go to the
@@ -336,7 +337,7 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: Option<u64>,
             hold(c.context);
             // SAFETY: the caller's live PD.
             unsafe { count_on_parent(pd, true) };
-            Box::into_raw(Box::new(Mr { c, raw })).cast()
+            Box::into_raw(Box::new(Mr { c, raw: Mutex::new(raw) })).cast()
         }
         Err(e) => {
             log::info!("reg_mr: {e}");
@@ -380,7 +381,8 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard("ibv_dereg_mr", libc::EIO, || {
         // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
         let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return libc::EINVAL };
-        match m.raw.dereg() {
+        let res = lock(&m.raw).dereg();
+        match res {
             Ok(()) => {
                 let context = m.c.context;
                 // SAFETY: the region's PD outlives it (EBUSY otherwise).
@@ -400,11 +402,12 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
 const REREG_ERR_INPUT: c_int = -1;
 const REREG_ERR_CMD: c_int = -4;
 
-/// `ibv_rereg_mr`: libibverbs' argument checks, then `EOPNOTSUPP` (`IBV_REREG_MR_ERR_CMD`), the region left as it
-/// was. mlx5_ib changes a region's access, PD or memory in place with a UMR work request, so its keys stay valid
-/// and programs (rdma-core's tests among them) keep using the rkey they sent their peer; this driver can only
-/// re-create the mkey (`mlx5-verbs`' `MemoryRegion::rereg`: new keys), which would fail such a peer's accesses
-/// with remote access errors instead of an error at the call.
+/// `ibv_rereg_mr`. New memory (`IBV_REREG_MR_CHANGE_TRANSLATION`, with or without a new PD or access) re-creates
+/// the mkey, as mlx5_ib does when it cannot update the key in place: the region gets new keys (which `lkey` /
+/// `rkey` then hold), and `pd`, `addr`, `length` follow. A change of PD or access alone is `EOPNOTSUPP`
+/// (`IBV_REREG_MR_ERR_CMD`): mlx5_ib makes it in place with a UMR work request, keeping the keys, and programs
+/// (rdma-core's tests among them) keep using the rkey their peer has; re-creating the key would fail those
+/// peers' accesses instead. On failure the region stays as it was.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,
@@ -437,24 +440,61 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
         let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return input(libc::EINVAL) };
         // What the kernel refuses before trying: an empty request, a PD of no context of this region, access
-        // flags registration refuses.
+        // flags registration refuses; libmlx5 refuses to keep the old key valid.
         if flags == 0 {
             return cmd(libc::EINVAL);
         }
-        if flags & CHANGE_PD != 0 {
+        if flags & KEEP_VALID != 0 {
+            return cmd(libc::EOPNOTSUPP);
+        }
+        let new_pd = if flags & CHANGE_PD != 0 {
             // SAFETY: the caller passes a live PD (or NULL).
             match unsafe { pd_of(pd) } {
-                Some(p) if p.c.context == m.c.context => {}
+                Some(p) if p.c.context == m.c.context => Some(p),
                 _ => return cmd(libc::EINVAL),
             }
-        }
-        if flags & ACCESS != 0 {
-            if let Err(e) = access(access_flags) {
-                return cmd(e);
+        } else {
+            None
+        };
+        let new_access = if flags & ACCESS != 0 {
+            match access(access_flags) {
+                Ok(a) => Some(a),
+                Err(e) => return cmd(e),
+            }
+        } else {
+            None
+        };
+        let Some(ptr) = NonNull::new(addr.cast::<u8>()).filter(|_| flags & TRANSLATION != 0) else {
+            log::info!("rereg_mr: a change of PD or access alone would need the key kept (UMR)");
+            return cmd(libc::EOPNOTSUPP);
+        };
+        let mut raw = lock(&m.raw);
+        // SAFETY: verbs' contract: the program keeps the new memory until ibv_dereg_mr.
+        match unsafe { raw.rereg(Some((ptr, length, None)), new_pd.map(|p| &p.raw), new_access) } {
+            Ok(new) => {
+                // SAFETY: the C part is the program's view of the region, which libibverbs updates in place as
+                // here (the program does not use the region while re-registering it).
+                unsafe {
+                    (*mr).lkey = new.lkey();
+                    (*mr).rkey = new.rkey();
+                    (*mr).handle = new.lkey();
+                    if new_pd.is_some() {
+                        // A parent domain counts the regions made through it.
+                        count_on_parent((*mr).pd, false);
+                        count_on_parent(pd, true);
+                        (*mr).pd = pd;
+                    }
+                    (*mr).addr = addr;
+                    (*mr).length = length;
+                }
+                *raw = new;
+                0
+            }
+            Err(e) => {
+                log::info!("rereg_mr: {e}");
+                cmd(errno_of(&e))
             }
         }
-        log::info!("rereg_mr: keys cannot be kept across a re-registration here");
-        cmd(libc::EOPNOTSUPP)
     })
 }
 

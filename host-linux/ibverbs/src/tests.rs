@@ -355,10 +355,11 @@ unsafe fn poll_one(ctx: *mut ibv_context, cq: *mut ibv_cq) -> Option<ibv_wc> {
 }
 
 #[test]
-fn rereg_mr_checks_its_arguments_then_refuses_and_leaves_the_region_as_it_was() {
+fn rereg_mr_moves_a_region_to_new_memory_with_new_keys_and_refuses_in_place_changes() {
     let ctx = open();
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
+        let ops = (*ctx).ops;
         let pd = ibv_alloc_pd(ctx);
         let pd2 = ibv_alloc_pd(ctx);
         let mut a = vec![0u8; 4096];
@@ -372,17 +373,56 @@ fn rereg_mr_checks_its_arguments_then_refuses_and_leaves_the_region_as_it_was() 
         assert_eq!((rereg(1, ptr::null_mut(), b.as_mut_ptr().cast(), 0, 0), errno()), (-1, libc::EINVAL));
         assert_eq!((rereg(2, pd2, ptr::null_mut(), 0, 1), errno()), (-1, libc::EINVAL));
         // What the kernel refuses (IBV_REREG_MR_ERR_CMD, -4): nothing asked, no PD, an access bit verbs does
-        // not define.
+        // not define; and what mlx5_ib changes in place, keeping the keys (access or PD alone): EOPNOTSUPP.
         assert_eq!((rereg(0, ptr::null_mut(), ptr::null_mut(), 0, 0), errno()), (-4, libc::EINVAL));
         assert_eq!((rereg(2, ptr::null_mut(), ptr::null_mut(), 0, 0), errno()), (-4, libc::EINVAL));
         assert_eq!((rereg(4, ptr::null_mut(), ptr::null_mut(), 0, 1 << 30), errno()), (-4, libc::EINVAL));
-        // A well-formed request: EOPNOTSUPP (keys cannot be kept), which test suites turn into a skip.
-        assert_eq!((rereg(1 | 4, ptr::null_mut(), b.as_mut_ptr().cast(), b.len(), 3), errno()), (-4, libc::EOPNOTSUPP));
+        assert_eq!((rereg(4, ptr::null_mut(), ptr::null_mut(), 0, 3), errno()), (-4, libc::EOPNOTSUPP));
         assert_eq!((rereg(2, pd2, ptr::null_mut(), 0, 0), errno()), (-4, libc::EOPNOTSUPP));
-        assert_eq!(((*mr).lkey, (*mr).rkey, (*mr).pd, (*mr).addr), (lkey, rkey, pd, a.as_mut_ptr().cast::<c_void>()));
+        assert_eq!(((*mr).lkey, (*mr).rkey, (*mr).pd), (lkey, rkey, pd), "the region is as it was");
+
+        // New memory and remote write: the key is re-created, the C struct follows.
+        assert_eq!(rereg(1 | 4, ptr::null_mut(), b.as_mut_ptr().cast(), b.len(), 3), 0);
+        assert_ne!((*mr).lkey, lkey);
+        assert_eq!(((*mr).addr, (*mr).length, (*mr).pd), (b.as_mut_ptr().cast::<c_void>(), b.len(), pd));
+        // An RDMA write (loopback) with the new rkey lands in the new memory; one with the old rkey fails.
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 2, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(pd, &mut init);
+        connect(ctx, qp, (*qp).qp_num);
+        b[..6].copy_from_slice(b"rereg!");
+        let base = b.as_ptr() as u64;
+        let mut sge = ibv_sge { addr: base, length: 6, lkey: (*mr).lkey };
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.wr.rdma = wr_rdma { remote_addr: base + 4096, rkey: (*mr).rkey };
+        let mut bad_wr = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad_wr), 0);
+        assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(0));
+        assert_eq!(&b[4096..4102], b"rereg!");
+        w.wr.rdma.rkey = rkey;
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad_wr), 0);
+        assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(10), "IBV_WC_REM_ACCESS_ERR with the old rkey");
+
+        // New memory on another PD: the region counts on that one now.
+        assert_eq!(rereg(1 | 2, pd2, a.as_mut_ptr().cast(), a.len(), 0), 0);
+        assert_eq!(((*mr).pd, (*mr).addr), (pd2, a.as_mut_ptr().cast::<c_void>()));
+        assert_eq!(ibv_dealloc_pd(pd2), libc::EBUSY);
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
         assert_eq!(ibv_dereg_mr(mr), 0);
         assert_eq!(ibv_dealloc_pd(pd2), 0);
-        assert_eq!(ibv_dealloc_pd(pd), 0);
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }

@@ -127,6 +127,23 @@ impl RawMr {
     pub fn dereg(&self) -> Result<()> {
         self.0.dereg()
     }
+
+    /// `ibv_rereg_mr` by re-creating the key: new process memory (`memory`: address, length, `iova` or the
+    /// address), protection domain and access, each when given. On success this handle holds no key any more
+    /// (the returned one does, with new keys); on failure it keeps its key as it was.
+    ///
+    /// # Safety
+    /// New memory stays allocated, and its whole pages hold nothing the device must not reach, until the
+    /// returned region is deregistered.
+    pub unsafe fn rereg(
+        &self,
+        memory: Option<(NonNull<u8>, usize, Option<u64>)>,
+        pd: Option<&RawPd>,
+        access: Option<Access>,
+    ) -> Result<RawMr> {
+        // SAFETY: the caller's duties are `MrObj::rereg`'s.
+        Ok(RawMr(unsafe { self.0.rereg(memory, pd.map(|p| &p.0), access) }?))
+    }
 }
 
 /// A completion channel (`ibv_comp_channel`).
