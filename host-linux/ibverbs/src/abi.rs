@@ -149,10 +149,16 @@ pub struct ibv_parent_domain_init_attr {
     pub pd: *mut ibv_pd,
     pub td: *mut ibv_td,
     pub comp_mask: u32,
-    pub alloc: Fp,
-    pub free: Fp,
+    pub alloc: Option<PdAllocFn>,
+    pub free: Option<PdFreeFn>,
     pub pd_context: *mut c_void,
 }
+
+/// A parent domain's allocator: (pd, pd_context, size, alignment, resource_type) -> memory, NULL or
+/// `IBV_ALLOCATOR_USE_DEFAULT`.
+pub type PdAllocFn = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, usize, u64) -> *mut c_void;
+/// Its free: (pd, pd_context, memory, resource_type).
+pub type PdFreeFn = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, *mut c_void, u64);
 
 #[repr(C)]
 #[derive(Debug)]

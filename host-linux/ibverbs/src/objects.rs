@@ -88,6 +88,8 @@ pub(crate) struct Pd {
     pub(crate) users: AtomicU32,
     /// `IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT`.
     pub(crate) pd_context: *mut c_void,
+    /// `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS` (used when both are given, as libmlx5 does).
+    pub(crate) allocators: Option<(PdAllocFn, PdFreeFn)>,
 }
 
 impl Pd {
@@ -99,6 +101,7 @@ impl Pd {
             td: ptr::null_mut(),
             users: AtomicU32::new(0),
             pd_context: ptr::null_mut(),
+            allocators: None,
         }
     }
 }
@@ -117,6 +120,45 @@ pub(crate) unsafe fn count_on_parent(pd: *mut ibv_pd, made: bool) {
             p.users.fetch_sub(1, Ordering::AcqRel);
         }
     }
+}
+
+/// libmlx5's resource types for a parent domain's allocator (`MLX5DV_RES_TYPE_*`: `RDMA_DRIVER_MLX5 << 32 | n`).
+const RES_TYPE_QP: u64 = 1 << 32 | 1;
+const RES_TYPE_DBR: u64 = 1 << 32 | 3;
+const RES_TYPE_SRQ: u64 = 1 << 32 | 4;
+const RES_TYPE_CQ: u64 = 1 << 32 | 5;
+/// The alignment libmlx5 asks for queue buffers: the page size.
+const PAGE: usize = 4096;
+
+/// Asks the custom allocator of parent domain `pd` (if it is one, with allocators) for an object's buffers,
+/// `(bytes, alignment, resource type)` each, as libmlx5 asks for a QP's, SRQ's or CQ's ring and its doorbell
+/// record. Queue memory here always comes from the driver's DMA allocator, so only
+/// `IBV_ALLOCATOR_USE_DEFAULT` can be honoured: NULL is `ENOMEM` (as libmlx5), memory is given back to the
+/// program's `free` and the creation is `EOPNOTSUPP`. The object exists by then (its sizes are known only
+/// once made), and the caller destroys it on an error.
+///
+/// # Safety
+/// `pd` is NULL or a live PD or parent domain of this library.
+unsafe fn ask_allocator(pd: *mut ibv_pd, buffers: &[(usize, usize, u64)]) -> Result<(), c_int> {
+    // SAFETY: the caller's duty.
+    let Some(p) = (unsafe { pd_of(pd) }) else { return Ok(()) };
+    let Some((alloc, free)) = p.allocators else { return Ok(()) };
+    const USE_DEFAULT: *mut c_void = usize::MAX as *mut c_void;
+    for &(bytes, align, ty) in buffers {
+        // SAFETY: the program's allocator, called as libmlx5 calls it.
+        let mem = unsafe { alloc(pd, p.pd_context, bytes, align, ty) };
+        if mem == USE_DEFAULT {
+            continue;
+        }
+        if mem.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        log::info!("parent domain allocator: program memory for queues is not supported");
+        // SAFETY: memory this allocator just gave, returned once.
+        unsafe { free(pd, p.pd_context, mem, ty) };
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(())
 }
 
 /// A thread domain: the promise that the objects made through its parent domains are used by one thread at
@@ -160,7 +202,8 @@ pub(crate) unsafe extern "C" fn dealloc_td(td: *mut ibv_td) -> c_int {
 
 /// `verbs_context.alloc_parent_domain`: a PD that stands for its protection domain wherever a PD is taken, with
 /// an optional thread domain and `pd_context`. Custom allocators (`IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`) are
-/// `EOPNOTSUPP`: queue buffers come from the driver's DMA memory, never from the program's allocator.
+/// asked for each queue made through it ([`ask_allocator`]); only their `IBV_ALLOCATOR_USE_DEFAULT` answer can
+/// be honoured, since queue buffers come from the driver's DMA memory.
 pub(crate) unsafe extern "C" fn alloc_parent_domain(
     context: *mut ibv_context,
     attr: *mut ibv_parent_domain_init_attr,
@@ -172,10 +215,6 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
         let (Some(_), Some(a)) = (unsafe { ctx(context) }, unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
         if a.comp_mask & !(ALLOCATORS | PD_CONTEXT) != 0 {
             return fail(libc::EINVAL);
-        }
-        if a.comp_mask & ALLOCATORS != 0 {
-            log::info!("alloc_parent_domain: custom allocators are not supported");
-            return fail(libc::EOPNOTSUPP);
         }
         // SAFETY: the caller passes a live PD.
         let Some(p) = (unsafe { pd_of(a.pd) }) else { return fail(libc::EINVAL) };
@@ -194,7 +233,12 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
         hold(context);
         let pd_context = if a.comp_mask & PD_CONTEXT != 0 { a.pd_context } else { ptr::null_mut() };
         let c = ibv_pd { context, handle: p.c.handle };
-        let b = Pd { c, raw: p.raw.share(), protecting: a.pd, td: a.td, users: AtomicU32::new(0), pd_context };
+        let allocators = match (a.comp_mask & ALLOCATORS != 0, a.alloc, a.free) {
+            (true, Some(alloc), Some(free)) => Some((alloc, free)),
+            _ => None,
+        };
+        let b =
+            Pd { c, raw: p.raw.share(), protecting: a.pd, td: a.td, users: AtomicU32::new(0), pd_context, allocators };
         Box::into_raw(Box::new(b)).cast()
     })
 }
@@ -658,6 +702,13 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             Ok(p) => {
                 // SAFETY: the CQ was made just now and is not yet the program's; the parent domain is live.
                 unsafe {
+                    let bytes = (*p).raw.as_ref().map_or(0, RawCq::buf_bytes);
+                    if let Err(e) = ask_allocator(parent, &[(bytes, PAGE, RES_TYPE_CQ), (8, 8, RES_TYPE_DBR)]) {
+                        if ibv_destroy_cq(p.cast()) != 0 {
+                            log::error!("create_cq_ex: the CQ refused by the allocator could not be destroyed");
+                        }
+                        return fail(e);
+                    }
                     (*p).parent_domain = parent;
                     count_on_parent(parent, true);
                 }
@@ -862,6 +913,13 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
         log::info!("create_qp: {e}");
         errno_of(&e)
     })?;
+    // SAFETY: the caller's live PD (a parent domain's allocator is asked for the rings and doorbell record).
+    if let Err(e) = unsafe { ask_allocator(r.pd, &[(raw.buf_bytes(), PAGE, RES_TYPE_QP), (8, 8, RES_TYPE_DBR)]) } {
+        if let Err(d) = raw.destroy() {
+            log::error!("create_qp: the QP refused by the allocator could not be destroyed: {d}");
+        }
+        return Err(e);
+    }
     let got = raw.cap();
     *r.cap = ibv_qp_cap {
         max_send_wr: got.max_send_wr,
@@ -1255,6 +1313,15 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
         let sa = SrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: a.attr.srq_limit };
         match p.raw.create_srq(sa) {
             Ok(raw) => {
+                // SAFETY: the caller's live PD.
+                let asked =
+                    unsafe { ask_allocator(pd, &[(raw.buf_bytes(), PAGE, RES_TYPE_SRQ), (8, 8, RES_TYPE_DBR)]) };
+                if let Err(e) = asked {
+                    if let Err(d) = raw.destroy() {
+                        log::error!("create_srq: the SRQ refused by the allocator could not be destroyed: {d}");
+                    }
+                    return fail(e);
+                }
                 if let Ok(q) = raw.query() {
                     a.attr.max_wr = q.max_wr;
                     a.attr.max_sge = q.max_sge;

@@ -568,8 +568,92 @@ fn an_injected_cq_overrun_is_an_async_cq_error_and_destroy_waits_for_its_ack() {
     }
 }
 
+/// Allocator calls seen by the test allocators: (size, alignment, resource type), and frees.
+static ALLOC_CALLS: std::sync::Mutex<Vec<(usize, usize, u64)>> = std::sync::Mutex::new(Vec::new());
+static FREES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Answers `IBV_ALLOCATOR_USE_DEFAULT`, and records the call.
+unsafe extern "C" fn default_alloc(
+    _pd: *mut ibv_pd,
+    ctx: *mut c_void,
+    size: usize,
+    align: usize,
+    ty: u64,
+) -> *mut c_void {
+    assert_eq!(ctx as usize, 0x77, "the parent domain's pd_context");
+    ALLOC_CALLS.lock().unwrap().push((size, align, ty));
+    usize::MAX as *mut c_void
+}
+
+/// Gives memory of its own (which the library must give back).
+unsafe extern "C" fn memory_alloc(
+    _pd: *mut ibv_pd,
+    _ctx: *mut c_void,
+    size: usize,
+    _align: usize,
+    _ty: u64,
+) -> *mut c_void {
+    // SAFETY: malloc of a positive size; freed by `memory_free`.
+    unsafe { libc::malloc(size.max(1)) }
+}
+
+unsafe extern "C" fn memory_free(_pd: *mut ibv_pd, _ctx: *mut c_void, p: *mut c_void, _ty: u64) {
+    FREES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: memory `memory_alloc` gave.
+    unsafe { libc::free(p) };
+}
+
 #[test]
-fn parent_domains_stand_for_their_pd_with_a_thread_domain_and_refuse_custom_allocators() {
+fn parent_domain_allocators_are_asked_and_only_their_default_answer_is_taken() {
+    let ctx = open();
+    let v = vctx(ctx);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut a = ibv_parent_domain_init_attr {
+            pd,
+            td: ptr::null_mut(),
+            comp_mask: 1 | 2, // ALLOCATORS | PD_CONTEXT
+            alloc: Some(default_alloc),
+            free: Some(memory_free),
+            pd_context: 0x77 as *mut c_void,
+        };
+        let parent = v.alloc_parent_domain.unwrap()(ctx, &mut a);
+        assert!(!parent.is_null());
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(parent, &mut init);
+        assert!(!qp.is_null(), "USE_DEFAULT: the driver's own memory");
+        let calls = ALLOC_CALLS.lock().unwrap().clone();
+        // libmlx5's MLX5DV_RES_TYPE_QP and _DBR: the rings (page aligned) and the doorbell record.
+        assert_eq!(calls.len(), 2);
+        assert!(calls[0].0 >= 64 && calls[0].1 == 4096 && calls[0].2 == (1 << 32 | 1), "{calls:?}");
+        assert_eq!(calls[1], (8, 8, 1 << 32 | 3));
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_dealloc_pd(parent), 0);
+        // An allocator that gives memory: it is given back and the creation is EOPNOTSUPP.
+        a.alloc = Some(memory_alloc);
+        let parent = v.alloc_parent_domain.unwrap()(ctx, &mut a);
+        assert!(ibv_create_qp(parent, &mut init).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert_eq!(FREES.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(ibv_dealloc_pd(parent), 0, "nothing stays counted on it");
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn parent_domains_stand_for_their_pd_with_a_thread_domain() {
     let ctx = open();
     let v = vctx(ctx);
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
@@ -582,17 +666,7 @@ fn parent_domains_stand_for_their_pd_with_a_thread_domain_and_refuse_custom_allo
         let td = alloc_td(ctx, &mut tia);
         assert!(!td.is_null());
         let user = 0x77 as *mut c_void;
-        let mut a = ibv_parent_domain_init_attr {
-            pd,
-            td,
-            comp_mask: 1, // ALLOCATORS
-            alloc: None,
-            free: None,
-            pd_context: user,
-        };
-        assert!(alloc_pd(ctx, &mut a).is_null());
-        assert_eq!(errno(), libc::EOPNOTSUPP, "custom allocators");
-        a.comp_mask = 4;
+        let mut a = ibv_parent_domain_init_attr { pd, td, comp_mask: 4, alloc: None, free: None, pd_context: user };
         assert!(alloc_pd(ctx, &mut a).is_null());
         assert_eq!(errno(), libc::EINVAL, "an unknown comp_mask bit");
         a.comp_mask = 2; // PD_CONTEXT

@@ -331,6 +331,11 @@ impl QpObj {
         self.qpn
     }
 
+    /// Bytes of the send and receive rings (0 once destroyed).
+    pub(crate) fn buf_bytes(&self) -> usize {
+        lock(&self.ring).as_ref().map_or(0, |q| q.sizes().sq_bytes() + q.sizes().rq_bytes())
+    }
+
     pub(crate) fn cap(&self) -> QpCap {
         self.cap
     }

@@ -216,6 +216,11 @@ pub fn create_cq(ctx: &Context, attr: CqAttr, cq_context: u64, channel: Option<&
 }
 
 impl RawCq {
+    /// Bytes of the CQ's ring (0 once destroyed): what a provider asks a parent domain's allocator for.
+    pub fn buf_bytes(&self) -> usize {
+        lock(&self.0.ring).cq.as_ref().map_or(0, |c| c.buf().len())
+    }
+
     pub fn cqn(&self) -> u32 {
         self.0.cqn()
     }
@@ -260,6 +265,11 @@ impl RawCq {
 pub struct RawQp(QpObj);
 
 impl RawQp {
+    /// Bytes of the QP's send and receive rings (0 once destroyed).
+    pub fn buf_bytes(&self) -> usize {
+        self.0.buf_bytes()
+    }
+
     pub fn qpn(&self) -> u32 {
         self.0.qpn()
     }
@@ -300,6 +310,11 @@ impl RawQp {
 pub struct RawSrq(Arc<SrqObj>);
 
 impl RawSrq {
+    /// Bytes of the SRQ's ring (0 once destroyed).
+    pub fn buf_bytes(&self) -> usize {
+        lock(&self.0.ring).as_ref().map_or(0, |s| s.sizes().buf_bytes())
+    }
+
     pub fn srqn(&self) -> u32 {
         self.0.srqn()
     }
