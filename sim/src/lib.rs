@@ -568,6 +568,21 @@ impl SimDevice {
         lock(&self.shared).post_cqe(cqn, &cqe)
     }
 
+    /// CQ `cqn` overruns now, as when a whole ring of completions arrives that its consumer has not polled: the CQ
+    /// enters overflow (it takes no more CQEs) and a CQ-error event reports it. Returns whether it did (the CQ
+    /// exists, was healthy, and the firmware is alive).
+    pub fn overrun_cq(&self, cqn: u32) -> bool {
+        let mut st = lock(&self.shared);
+        !st.dead() && st.cq_overflow(cqn)
+    }
+
+    /// The numbers of the CQs that exist, lowest first.
+    pub fn cq_numbers(&self) -> Vec<u32> {
+        let mut cqns: Vec<u32> = lock(&self.shared).fw.cqs.iter().map(|(cqn, _)| cqn).collect();
+        cqns.sort_unstable();
+        cqns
+    }
+
     /// Checks an access of `len` bytes at `va` through memory key `key` (from a PD `pd`, when the access comes
     /// from a QP), and returns the IOVA pieces it covers, split where the translation is not contiguous.
     pub fn mkey_access(
@@ -928,5 +943,23 @@ mod tests {
         h.release(g);
         free_all(&mut h);
         assert_eq!(h.dev.dma_outstanding(), (0, 0));
+    }
+
+    #[test]
+    fn an_injected_overrun_puts_the_cq_in_overflow_and_reports_it_once() {
+        let mut r = crate::testutil::Rdma::inline();
+        let (a, b) = (r.cq(4), r.cq(4));
+        assert_eq!(r.h.dev.cq_numbers(), [a.cqn, b.cqn]);
+        assert!(r.h.dev.overrun_cq(b.cqn));
+        let info = r.h.dev.cq_info(b.cqn).unwrap();
+        assert_eq!(info.status, consts::MLX5_CQC_STATUS_CQ_OVERFLOW);
+        assert_eq!(r.h.dev.cq_info(a.cqn).unwrap().status, consts::MLX5_CQC_STATUS_OK);
+        // (The CQ-error EQE goes to an EQ that subscribes; this harness has none, the verbs tests see it.)
+        let overruns = |ev: Vec<SimEvent>| ev.iter().filter(|e| matches!(e, SimEvent::CqOverrun { .. })).count();
+        assert_eq!(overruns(r.h.dev.events()), 1);
+        // Already in error, or no such CQ: nothing more happens.
+        assert!(!r.h.dev.overrun_cq(b.cqn));
+        assert!(!r.h.dev.overrun_cq(0xff_ffff));
+        assert_eq!(overruns(r.h.dev.events()), 1);
     }
 }

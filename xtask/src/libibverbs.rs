@@ -379,7 +379,34 @@ fn fault_injection(p: &Programs) -> Result<(), String> {
         return Err(format!("device_gone: expected a flushed completion and a failed exit, got {}:\n{err}", s.status));
     }
     println!("ibv_rc_pingpong with MLX5_RS_FAULTS=device_gone@2500: flushed completion reported: ok");
-    Ok(())
+    port_events(p)
+}
+
+/// `MLX5_RS_FAULTS=port_down@..,port_up@..`: `ibv_asyncwatch` (which prints async events until killed) sees the
+/// link go down and come back, as a pulled and replugged cable shows on hardware.
+fn port_events(p: &Programs) -> Result<(), String> {
+    let mut c = app(p, "ibv_asyncwatch", "sim")
+        .env("MLX5_RS_FAULTS", "port_down@300,port_up@600")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = c.kill();
+    let out = c.wait_with_output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let want = ["event_type IBV_EVENT_PORT_ERR (10), port 1", "event_type IBV_EVENT_PORT_ACTIVE (9), port 1"];
+    let at: Vec<Option<usize>> = want.iter().map(|w| text.find(w)).collect();
+    match at[..] {
+        [Some(down), Some(up)] if down < up => {
+            println!("ibv_asyncwatch with MLX5_RS_FAULTS=port_down@300,port_up@600: PORT_ERR then PORT_ACTIVE: ok");
+            Ok(())
+        }
+        _ => Err(format!(
+            "ibv_asyncwatch: expected PORT_ERR then PORT_ACTIVE:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )),
+    }
 }
 
 /// rdma-core's Python tests as Debian ships them, with the system python3, on one simulated device: every
@@ -513,15 +540,47 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
     None
 }
 
-/// `cargo xtask verbs-apps [--debug]`: Debian's programs on the library.
+/// The parts of `verbs-apps`, in the order they run; `--only PART` runs one.
+pub const PARTS: &[&str] = &["devinfo", "pingpong", "perftest", "faults", "python", "abi", "crate"];
+
+/// `cargo xtask verbs-apps [--debug] [--only PART]`: Debian's programs on the library.
 pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     let release = !args.iter().any(|a| a == "--debug");
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1));
+    let part = |name: &str| only.is_none_or(|o| o == name);
     let lib = build(root, release)?;
     let p = programs(&lib)?;
     println!("programs from {}", p.bin.display());
-    let out = app(&p, "ibv_devices", "sim").output().map_err(|e| e.to_string())?;
+    if part("devinfo") {
+        devinfo(&p)?;
+    }
+    if part("pingpong") {
+        pingpongs(&p)?;
+    }
+    if part("perftest") {
+        perftest(&p)?;
+    }
+    if part("faults") {
+        fault_injection(&p)?;
+    }
+    if part("python") {
+        python_suite(&p, &lib)?;
+    }
+    if part("abi") {
+        abi_test(root, &lib)?;
+    }
+    if part("crate") {
+        ibverbs_crate(root, &lib)?;
+    }
+    println!("verbs-apps: {}", only.map_or("all programs ran".to_string(), |o| format!("{o} ran")));
+    Ok(())
+}
+
+/// `ibv_devices` and `ibv_devinfo` on RoCE and InfiniBand.
+fn devinfo(p: &Programs) -> Result<(), String> {
+    let out = app(p, "ibv_devices", "sim").output().map_err(|e| e.to_string())?;
     expect(&out, "ibv_devices", &["mlx5_0 b8cef603"])?;
-    let out = app(&p, "ibv_devinfo", "sim").arg("-v").output().map_err(|e| e.to_string())?;
+    let out = app(p, "ibv_devinfo", "sim").arg("-v").output().map_err(|e| e.to_string())?;
     expect(
         &out,
         "ibv_devinfo -v",
@@ -538,16 +597,23 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
             "GID[ 3]: ::ffff:192.168.1.10, RoCE v2",
         ],
     )?;
-    let out = app(&p, "ibv_devinfo", "sim:link=ib").output().map_err(|e| e.to_string())?;
-    expect(&out, "ibv_devinfo (InfiniBand)", &["link_layer: InfiniBand", "state: PORT_ACTIVE (4)", "port_lid: 1"])?;
+    let out = app(p, "ibv_devinfo", "sim:link=ib").output().map_err(|e| e.to_string())?;
+    expect(&out, "ibv_devinfo (InfiniBand)", &["link_layer: InfiniBand", "state: PORT_ACTIVE (4)", "port_lid: 1"])
+}
+
+/// rdma-core's ping-pong programs, RoCE and InfiniBand.
+fn pingpongs(p: &Programs) -> Result<(), String> {
     // (link, program, arguments): RoCE needs `-g` (a GRH), InfiniBand addresses by LID.
     let runs: &[(&str, &str, &[&str])] = &[
         ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-c"]),
         ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-s", "1", "-c"]),
         ("", "ibv_rc_pingpong", &["-g", "0", "-n", "1000", "-s", "65536", "-e", "-c"]),
         ("", "ibv_rc_pingpong", &["-g", "1", "-n", "200", "-N", "-c"]),
+        ("", "ibv_rc_pingpong", &["-g", "0", "-n", "200", "-t", "-c"]),
         (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-c"]),
         (":link=ib", "ibv_rc_pingpong", &["-n", "1000", "-s", "65536", "-e", "-c"]),
+        ("", "ibv_uc_pingpong", &["-g", "0", "-n", "500", "-c"]),
+        (":link=ib", "ibv_uc_pingpong", &["-n", "500", "-c", "-e"]),
         ("", "ibv_ud_pingpong", &["-g", "0", "-n", "500", "-c"]),
         (":link=ib", "ibv_ud_pingpong", &["-n", "500", "-c", "-e"]),
         ("", "ibv_srq_pingpong", &["-g", "0", "-n", "500", "-c"]),
@@ -555,31 +621,33 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     ];
     let done: &[&str] = &["bytes in", "iters in"];
     for (i, (link, prog, args)) in runs.iter().enumerate() {
-        pingpong(&p, link, prog, args, 18515 + i as u16, [done, done])?;
+        pingpong(p, link, prog, args, 18515 + i as u16, [done, done])?;
     }
-    // perftest: `-x 1` takes the RoCE v2 link-local GID (the simulated wire routes by a port's link-local
-    // address; perftest would pick the IPv4 one). ConnectX-5's part id turns its ibv_wr_* API on. `-u 20` (4 s
-    // ACK timeout instead of 67 ms) keeps a simulated wire on a loaded machine from exhausting RC retries.
-    let perf: &[(&str, &[&str], &str)] = &[
-        ("ib_write_bw", &["-x", "1", "-u", "20", "-n", "200"], "65536 200"),
-        ("ib_write_bw", &["-x", "1", "-u", "20", "-n", "200", "--use_old_post_send"], "65536 200"),
-        ("ib_read_bw", &["-x", "1", "-u", "20", "-n", "200"], "65536 200"),
-        ("ib_send_bw", &["-x", "1", "-u", "20", "-n", "200"], "65536 200"),
-        ("ib_atomic_bw", &["-x", "1", "-u", "20", "-n", "200"], "8 200"),
-        ("ib_send_lat", &["-x", "1", "-u", "20", "-n", "200"], "2 200"),
-        ("ib_write_lat", &["-x", "1", "-u", "20", "-n", "200"], "2 200"),
-        ("ib_read_lat", &["-x", "1", "-u", "20", "-n", "200"], "2 200"),
-        ("ib_write_lat", &["-x", "1", "-u", "20", "-n", "10", "-a"], "8388608 10"),
-        ("ib_read_bw", &["-x", "1", "-u", "20", "-n", "10", "-a", "--use_old_post_send"], "8388608 10"),
+    Ok(())
+}
+
+/// perftest's bandwidth and latency tests.
+fn perftest(p: &Programs) -> Result<(), String> {
+    // perftest picks its GID itself: the IPv4-mapped RoCE v2 one (index 3), which the simulated wire delivers
+    // to the port that holds it; one run names the RoCE v2 link-local GID with `-x 1` instead. ConnectX-5's part
+    // id turns its ibv_wr_* API on. `-u 20` (4 s ACK timeout instead of 67 ms) keeps a simulated wire on a loaded
+    // machine from exhausting RC retries.
+    let perf: &[(&str, &[&str], &str, &str)] = &[
+        ("ib_write_bw", &["-u", "20", "-n", "200"], "65536 200", "GID index : 3"),
+        ("ib_write_bw", &["-x", "1", "-u", "20", "-n", "200"], "65536 200", "GID index : 1"),
+        ("ib_write_bw", &["-u", "20", "-n", "200", "--use_old_post_send"], "65536 200", "GID index : 3"),
+        ("ib_read_bw", &["-u", "20", "-n", "200"], "65536 200", "GID index : 3"),
+        ("ib_send_bw", &["-u", "20", "-n", "200"], "65536 200", "GID index : 3"),
+        ("ib_atomic_bw", &["-u", "20", "-n", "200"], "8 200", "GID index : 3"),
+        ("ib_send_lat", &["-u", "20", "-n", "200"], "2 200", "GID index : 3"),
+        ("ib_write_lat", &["-u", "20", "-n", "200"], "2 200", "GID index : 3"),
+        ("ib_read_lat", &["-u", "20", "-n", "200"], "2 200", "GID index : 3"),
+        ("ib_write_lat", &["-u", "20", "-n", "10", "-a"], "8388608 10", "GID index : 3"),
+        ("ib_read_bw", &["-u", "20", "-n", "10", "-a", "--use_old_post_send"], "8388608 10", "GID index : 3"),
     ];
-    for (i, (prog, args, row)) in perf.iter().enumerate() {
+    for (i, (prog, args, row, gid)) in perf.iter().enumerate() {
         // The client prints the result table (`#bytes #iterations ...` rows); the server only has to succeed.
-        pingpong(&p, "", prog, args, 18540 + i as u16, [&[], &["#bytes", row]])?;
+        pingpong(p, "", prog, args, 18540 + i as u16, [&[], &["#bytes", row, gid]])?;
     }
-    fault_injection(&p)?;
-    python_suite(&p, &lib)?;
-    abi_test(root, &lib)?;
-    ibverbs_crate(root, &lib)?;
-    println!("verbs-apps: all programs ran");
     Ok(())
 }

@@ -13,7 +13,7 @@
 //! * `miri`: the core's tests and the simulator's unsafe-heavy parts under Miri (nightly); see ARCHITECTURE.md.
 //! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
 //! * `libibverbs [--debug]`: the drop-in `target/libibverbs/libibverbs.so.1` (`host-linux/ibverbs`), its exports
-//!   checked against rdma-core 44's. `verbs-apps [--debug]`: Debian's verbs programs run on it.
+//!   checked against rdma-core 44's. `verbs-apps [--debug] [--only PART]`: Debian's verbs programs run on it.
 //! * `soak [--ops N] [--seed S] [--json] [--threaded] [--wire [--kills K]]`: random traffic between two simulated
 //!   devices under injected faults, with its invariants checked (threaded, or across two processes with the peer
 //!   killed); see SOAK.md.
@@ -140,7 +140,9 @@ commands:
   modcheck [--graph] [--root DIR]
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
   libibverbs [--debug]           link target/libibverbs/libibverbs.so.1 and check its exports
-  verbs-apps [--debug]           Debian's ibverbs-utils, perftest and rdma-core Python tests on it
+  verbs-apps [--debug] [--only PART]
+                                 Debian's ibverbs-utils, perftest and rdma-core Python tests on it (PART: one
+                                 of devinfo, pingpong, perftest, faults, python, abi, crate)
   soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire [--kills K]]
                                  the fault-injection soak (options go to mlx5-soak)
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
@@ -224,6 +226,14 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             // The soak binary parses and checks its own options.
             (Task::Soak(v), _) => v.push(a),
             (Task::Libibverbs(v) | Task::VerbsApps(v), "--debug") => v.push(a),
+            (Task::VerbsApps(v), "--only") => {
+                let part = argv.value("--only", "a part name")?;
+                if !libibverbs::PARTS.contains(&part.as_str()) {
+                    let why = format!("no part {part:?} (parts: {})", libibverbs::PARTS.join(", "));
+                    return Err(ArgError::Invalid { option: "--only".into(), why });
+                }
+                v.extend(["--only".to_string(), part]);
+            }
             (_, o) if o.starts_with('-') => {
                 return Err(ArgError::NotApplicable { option: o.to_string(), command: format!("xtask {command}") })
             }

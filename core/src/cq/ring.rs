@@ -2,7 +2,7 @@
 //! (`mlx5_cq_arm`) and polling.
 
 use super::cmd::CqeSize;
-use super::cqe::{field, CqeFieldsRead, CqeOpcode, CqeRef, CQE64_SIZE, CQE_INIT_OP_OWN};
+use super::cqe::{field, CqeFieldsRead, CqeOpcode, CqeRead, CqeRef, CQE64_SIZE, CQE_INIT_OP_OWN};
 use super::wc::{decode_into, CqeError, LinkLayer, WorkCompletion, WrTable};
 use crate::buf::QueueBuf;
 use crate::dbr::DbRec;
@@ -223,6 +223,65 @@ impl Cq {
         mmio.wmb();
         // One 64-bit store: the device must never see the command without its CQ number.
         mmio.write64(self.doorbell, u64::from(v) << 32 | u64::from(self.cqn));
+    }
+
+    /// Removes the software-owned, unpolled CQEs of QP `qpn`, moving later ones down over them (libmlx5's
+    /// `__mlx5_cq_clean`, run when a QP moves to RESET: its old completions must never reach the reset QP, whose
+    /// work request tables start over). `on_recv` gets the WQE counter of each removed receive completion (a QP
+    /// on an SRQ gives those WQEs back). Returns how many were removed.
+    pub fn clean<M: Mmio + ?Sized>(&mut self, mmio: &M, qpn: u32, mut on_recv: impl FnMut(u16)) -> u32 {
+        let walk = Self::walk_of(&self.buf, self.log_nent, self.cqe_size);
+        let (nent, stride, start) = (self.nent(), self.cqe_size.bytes(), self.cons_index);
+        // The entries software owns from the consumer on (at most a ring of them), as they are now.
+        let mut owned = 0;
+        while owned < nent && self.sw_cqe(mmio, &walk, start.wrapping_add(owned)).is_some() {
+            owned += 1;
+        }
+        let mut freed = 0u32;
+        // Newest first, so every kept entry moves once, by the number of removed entries before it.
+        for k in (0..owned).rev() {
+            let i = start.wrapping_add(k);
+            let Some(cqe) = self.sw_cqe(mmio, &walk, i) else { continue };
+            if cqe.sop_drop_qpn() & 0xff_ffff == qpn {
+                let op = cqe.op_own() >> 4;
+                let recv = matches!(
+                    op,
+                    consts::MLX5_CQE_RESP_WR_IMM
+                        | consts::MLX5_CQE_RESP_SEND
+                        | consts::MLX5_CQE_RESP_SEND_IMM
+                        | consts::MLX5_CQE_RESP_SEND_INV
+                        | consts::MLX5_CQE_RESP_ERR
+                );
+                if recv {
+                    on_recv(cqe.wqe_counter());
+                }
+                freed += 1;
+            } else if freed > 0 {
+                let dst = i.wrapping_add(freed);
+                let sp = self.buf.ptr(((i & (nent - 1)) as usize) * stride, stride);
+                let dp = self.buf.ptr(((dst & (nent - 1)) as usize) * stride, stride);
+                // SAFETY: both spans are whole entries inside live fragments (QueueBuf::ptr checked them), and
+                // both are software-owned (below the producer seen above), so the device writes neither. The
+                // destination keeps its own owner bit, which matches its index's pass over the ring.
+                unsafe {
+                    let owner = dp.add(stride - 1).read_volatile() & 1;
+                    for b in 0..stride {
+                        let mut v = sp.add(b).read_volatile();
+                        if b == stride - 1 {
+                            v = (v & !1) | owner;
+                        }
+                        dp.add(b).write_volatile(v);
+                    }
+                }
+            }
+        }
+        if freed > 0 {
+            self.cons_index = start.wrapping_add(freed);
+            // The moves must be in memory before the consumer index gives the freed entries back.
+            mmio.wmb();
+            self.update_ci(mmio);
+        }
+        freed
     }
 
     /// After a resize: moves the CQEs not yet polled from the old ring to `new` (at indices one past their old

@@ -98,8 +98,14 @@ pub struct ibv_context {
 #[derive(Debug)]
 pub struct verbs_context {
     pub query_port: Option<unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int>,
-    /// advise_mr .. query_rt_values: not provided (NULL: the inline wrappers return EOPNOTSUPP).
-    pub unsupported_a: [Fp; 23],
+    /// advise_mr .. modify_qp_rate_limit: not provided (NULL: the inline wrappers return EOPNOTSUPP).
+    pub unsupported_a: [Fp; 13],
+    pub alloc_parent_domain:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd>,
+    pub dealloc_td: Option<unsafe extern "C" fn(*mut ibv_td) -> c_int>,
+    pub alloc_td: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
+    /// modify_cq .. create_wq: not provided.
+    pub unsupported_a2: [Fp; 7],
     pub query_rt_values: Fp,
     pub create_cq_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex>,
     pub priv_: *mut c_void,
@@ -123,6 +129,36 @@ pub struct ibv_pd {
     pub context: *mut ibv_context,
     pub handle: u32,
 }
+
+/// A thread domain.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_td {
+    pub context: *mut ibv_context,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_td_init_attr {
+    pub comp_mask: u32,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut ibv_td,
+    pub comp_mask: u32,
+    pub alloc: Option<PdAllocFn>,
+    pub free: Option<PdFreeFn>,
+    pub pd_context: *mut c_void,
+}
+
+/// A parent domain's allocator: (pd, pd_context, size, alignment, resource_type) -> memory, NULL or
+/// `IBV_ALLOCATOR_USE_DEFAULT`.
+pub type PdAllocFn = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, usize, u64) -> *mut c_void;
+/// Its free: (pd, pd_context, memory, resource_type).
+pub type PdFreeFn = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, *mut c_void, u64);
 
 #[repr(C)]
 #[derive(Debug)]
@@ -564,8 +600,13 @@ pub struct ibv_device_attr {
 pub struct ibv_device_attr_ex {
     pub orig_attr: ibv_device_attr,
     pub comp_mask: u32,
-    /// odp_caps .. max_dm_size, pci_atomic_caps and xrc_odp_caps, all zero.
-    pub ext: [u64; 19],
+    /// odp_caps, all zero.
+    pub odp_caps: [u64; 3],
+    pub completion_timestamp_mask: u64,
+    /// kHz.
+    pub hca_core_clock: u64,
+    /// device_cap_flags_ex .. max_dm_size and pci_atomic_caps, all zero.
+    pub ext: [u64; 14],
     pub xrc_odp_caps: u32,
     pub phys_port_cnt_ex: u32,
 }
@@ -613,7 +654,21 @@ pub const LAYOUT: &[(&str, &str, usize)] = &{
         ("ibv_context", "mutex", o!(ibv_context, mutex)),
         ("ibv_context", "abi_compat", o!(ibv_context, abi_compat)),
         ("verbs_context", "query_port", o!(verbs_context, query_port)),
+        ("ibv_device_attr_ex", "odp_caps", o!(ibv_device_attr_ex, odp_caps)),
+        ("ibv_device_attr_ex", "completion_timestamp_mask", o!(ibv_device_attr_ex, completion_timestamp_mask)),
+        ("ibv_device_attr_ex", "hca_core_clock", o!(ibv_device_attr_ex, hca_core_clock)),
+        ("ibv_device_attr_ex", "device_cap_flags_ex", o!(ibv_device_attr_ex, ext)),
         ("verbs_context", "advise_mr", o!(verbs_context, unsupported_a)),
+        ("verbs_context", "alloc_parent_domain", o!(verbs_context, alloc_parent_domain)),
+        ("verbs_context", "dealloc_td", o!(verbs_context, dealloc_td)),
+        ("verbs_context", "alloc_td", o!(verbs_context, alloc_td)),
+        ("verbs_context", "modify_cq", o!(verbs_context, unsupported_a2)),
+        ("ibv_parent_domain_init_attr", "pd", o!(ibv_parent_domain_init_attr, pd)),
+        ("ibv_parent_domain_init_attr", "td", o!(ibv_parent_domain_init_attr, td)),
+        ("ibv_parent_domain_init_attr", "comp_mask", o!(ibv_parent_domain_init_attr, comp_mask)),
+        ("ibv_parent_domain_init_attr", "alloc", o!(ibv_parent_domain_init_attr, alloc)),
+        ("ibv_parent_domain_init_attr", "free", o!(ibv_parent_domain_init_attr, free)),
+        ("ibv_parent_domain_init_attr", "pd_context", o!(ibv_parent_domain_init_attr, pd_context)),
         ("verbs_context", "query_rt_values", o!(verbs_context, query_rt_values)),
         ("verbs_context", "create_cq_ex", o!(verbs_context, create_cq_ex)),
         ("verbs_context", "priv", o!(verbs_context, priv_)),
@@ -743,7 +798,6 @@ pub const LAYOUT: &[(&str, &str, usize)] = &{
         ("ibv_device_attr", "max_pkeys", o!(ibv_device_attr, max_pkeys)),
         ("ibv_device_attr", "phys_port_cnt", o!(ibv_device_attr, phys_port_cnt)),
         ("ibv_device_attr_ex", "comp_mask", o!(ibv_device_attr_ex, comp_mask)),
-        ("ibv_device_attr_ex", "odp_caps", o!(ibv_device_attr_ex, ext)),
         ("ibv_device_attr_ex", "phys_port_cnt_ex", o!(ibv_device_attr_ex, phys_port_cnt_ex)),
         ("ibv_gid_entry", "gid_index", o!(ibv_gid_entry, gid_index)),
         ("ibv_gid_entry", "gid_type", o!(ibv_gid_entry, gid_type)),
@@ -757,6 +811,9 @@ pub const SIZES: &[(&str, usize)] = &{
     use std::mem::size_of as s;
     [
         ("ibv_device", s::<ibv_device>()),
+        ("ibv_td", s::<ibv_td>()),
+        ("ibv_td_init_attr", s::<ibv_td_init_attr>()),
+        ("ibv_parent_domain_init_attr", s::<ibv_parent_domain_init_attr>()),
         ("ibv_context_ops", s::<ibv_context_ops>()),
         ("ibv_context", s::<ibv_context>()),
         ("verbs_context", s::<verbs_context>()),

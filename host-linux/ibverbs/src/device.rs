@@ -77,7 +77,7 @@ fn devices() -> Result<&'static [&'static Dev], c_int> {
 }
 
 /// The listed device behind a C device pointer, if it is one of ours.
-fn dev_of(device: *mut ibv_device) -> Option<&'static Dev> {
+pub(crate) fn dev_of(device: *mut ibv_device) -> Option<&'static Dev> {
     devices().ok()?.iter().copied().find(|d| ptr::eq(&d.vd.device, device))
 }
 
@@ -107,10 +107,6 @@ pub(crate) struct ObjMap {
 
 /// Open contexts, for `ibv_ack_async_event` of device events (the event does not name its context).
 static OPEN: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-
-/// Held by every open and by the close that may tear a device down: the last context's close brings the HCA
-/// down, and an open right after it must bring it up again only once that is finished, not race it.
-static OPENING: Mutex<()> = Mutex::new(());
 
 /// The [`Ctx`] of a program's `ibv_context` pointer.
 ///
@@ -223,7 +219,6 @@ pub extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
 #[no_mangle]
 pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     guard("ibv_open_device", ptr::null_mut(), || {
-        let _serial = crate::objects::lock(&OPENING);
         let Some(dev) = dev_of(device) else {
             set_errno(libc::ENODEV);
             return ptr::null_mut();
@@ -260,6 +255,9 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         vc.query_device_ex = Some(query_device_ex);
         vc.create_cq_ex = Some(crate::objects::create_cq_ex);
         vc.create_qp_ex = Some(crate::objects::create_qp_ex);
+        vc.alloc_parent_domain = Some(crate::objects::alloc_parent_domain);
+        vc.alloc_td = Some(crate::objects::alloc_td);
+        vc.dealloc_td = Some(crate::objects::dealloc_td);
         vc.sz = std::mem::size_of::<verbs_context>();
         let c = &mut vc.context;
         c.device = device;
@@ -309,14 +307,13 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
 /// # Safety
 /// `p` came from `ibv_open_device`, is closed, and nothing refers to it any more.
 unsafe fn free_ctx(p: *mut Ctx) {
-    let _serial = crate::objects::lock(&OPENING);
     // SAFETY: the caller's duty.
     let b = unsafe { Box::from_raw(p) };
     if b.vc.context.cmd_fd >= 0 {
         // SAFETY: the descriptor was opened by ibv_open_device and is closed once.
         unsafe { libc::close(b.vc.context.cmd_fd) };
     }
-    // The last context of a device tears its HCA down here, under the lock.
+    // The last context of a device tears its HCA down here (an open racing it waits for that in mlx5-verbs).
     drop(b);
 }
 
@@ -350,6 +347,16 @@ impl HcaVisitor for QueryInfo<'_> {
     fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T>, delay: &mut AnyDelay) -> Self::Out {
         let info = devinfo::query(hca, delay, self.0, PCI_IDS)?;
         Ok((info, hca.caps().general.log_max_msg))
+    }
+}
+
+/// The device clock's frequency in kHz (`device_frequency_khz`), which stamps every CQE.
+struct CoreClock;
+
+impl HcaVisitor for CoreClock {
+    type Out = u32;
+    fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T>, _delay: &mut AnyDelay) -> u32 {
+        hca.caps().general.device_frequency_khz
     }
 }
 
@@ -451,6 +458,13 @@ unsafe extern "C" fn query_device_ex(
         let mut a: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         a.orig_attr = device_attr(&i);
         a.phys_port_cnt_ex = u32::from(i.phys_port_cnt);
+        // Completion timestamps: the CQE's raw device clock, as mlx5_ib reports it (a 63-bit counter at
+        // device_frequency_khz); none without a clock.
+        let khz = raw::with_hca(&ctx.ctx, CoreClock);
+        if khz != 0 {
+            a.completion_timestamp_mask = (1 << 63) - 1;
+            a.hca_core_clock = u64::from(khz);
+        }
         // SAFETY: the caller's buffer holds attr_size bytes.
         unsafe { write_sized(attr.cast(), attr_size, &a) };
         0
@@ -713,7 +727,47 @@ fn event_of(ctx: &Ctx, e: AsyncEvent) -> ibv_async_event {
         AsyncEvent::SrqLimitReached { srqn } => (obj(&objs.srqs, srqn), 15),
         AsyncEvent::LastWqeReached { qpn } => (obj(&objs.qps, qpn), 16),
     };
+    // The object the event names counts it as handed out, under the map lock its destroy retires it under.
+    // SAFETY: `element` came from the object map just now, under its lock, so the object is live.
+    if let Some(count) = unsafe { async_count(element, event_type) } {
+        count.handed_out();
+    }
     ibv_async_event { element, event_type }
+}
+
+/// What an async event names: a CQ (IBV_EVENT_CQ_ERR), an SRQ (SRQ_ERR, SRQ_LIMIT_REACHED), a QP (the other
+/// QP events), or nothing (port and device events).
+enum Element {
+    Cq,
+    Qp,
+    Srq,
+}
+
+fn element_kind(event_type: c_int) -> Option<Element> {
+    match event_type {
+        0 => Some(Element::Cq),
+        1..=7 | 16 => Some(Element::Qp),
+        14 | 15 => Some(Element::Srq),
+        _ => None,
+    }
+}
+
+/// The event count of the object an event names, if it names one.
+///
+/// # Safety
+/// `element` is NULL or, for an object event, a live object of this library of the kind the type says.
+unsafe fn async_count<'a>(element: *mut c_void, event_type: c_int) -> Option<&'a crate::objects::AsyncCount> {
+    if element.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's promise; each object's C struct is the first field of its box.
+    unsafe {
+        Some(match element_kind(event_type)? {
+            Element::Cq => &(*element.cast::<crate::objects::Cq>()).async_events,
+            Element::Qp => &(*element.cast::<crate::objects::Qp>()).async_events,
+            Element::Srq => &(*element.cast::<crate::objects::Srq>()).async_events,
+        })
+    }
 }
 
 #[no_mangle]
@@ -725,12 +779,19 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
             set_errno(libc::EINVAL);
             return -1;
         }
-        // As ibv_get_cq_event: the eventfd is non-blocking from birth, so the call always waits.
+        // As ibv_get_cq_event: a descriptor the program made non-blocking gets one look, then EAGAIN.
+        // SAFETY: the context is open.
+        let nonblocking = crate::is_nonblocking(unsafe { (*context).async_fd });
+        let wait = if nonblocking { Duration::ZERO } else { Duration::from_secs(3600) };
         loop {
-            if let Some(e) = ctx.ctx.get_async_event(Duration::from_secs(3600)) {
+            if let Some(e) = ctx.ctx.get_async_event(wait) {
                 // SAFETY: the caller's event is writable.
                 unsafe { event.write(event_of(ctx, e)) };
                 return 0;
+            }
+            if nonblocking {
+                set_errno(libc::EAGAIN);
+                return -1;
             }
         }
     })
@@ -739,9 +800,44 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
     guard("ibv_ack_async_event", (), || {
-        // The event does not name its context: acknowledge on the first open context with one outstanding.
+        // SAFETY: the caller passes the event ibv_get_async_event filled.
+        let Some(ev) = (unsafe { event.as_ref() }) else { return };
+        // An event naming an object: acknowledged on the object's context and counted on the object (its
+        // destroy waits for that), with the program-visible counter libibverbs keeps.
+        // SAFETY: an object named by an unacknowledged event is live (its destroy waits for this call).
+        if let Some(count) = unsafe { async_count(ev.element, ev.event_type) } {
+            let (el, kind) = (ev.element, element_kind(ev.event_type));
+            // SAFETY: as above; the C parts are the first fields of their boxes.
+            let ctx = unsafe {
+                match kind {
+                    Some(Element::Cq) => (*el.cast::<crate::objects::Cq>()).ctx,
+                    Some(Element::Qp) => (*el.cast::<crate::objects::Qp>()).ctx,
+                    Some(Element::Srq) => (*el.cast::<crate::objects::Srq>()).ctx,
+                    None => ptr::null(),
+                }
+            };
+            // The context first: once the object's count is acknowledged, its destroy may free the object and
+            // (closed with it as its last object) the context.
+            // SAFETY: the context outlives its objects.
+            if let Some(ctx) = unsafe { ctx.as_ref() } {
+                let _ = ctx.ctx.ack_async_event(&AsyncEvent::DeviceFatal);
+            }
+            count.ack(|done| {
+                // SAFETY: the object is live while its count is held (its destroy waits on it).
+                unsafe {
+                    match kind {
+                        Some(Element::Cq) => (*el.cast::<crate::objects::Cq>()).c.cq.async_events_completed = done,
+                        Some(Element::Qp) => (*el.cast::<crate::objects::Qp>()).c.qp_base.events_completed = done,
+                        Some(Element::Srq) => (*el.cast::<crate::objects::Srq>()).c.events_completed = done,
+                        None => {}
+                    }
+                }
+            });
+            return;
+        }
+        // A port or device event does not name its context: acknowledged on the first open context with one
+        // outstanding.
         let open = crate::objects::lock(&OPEN).clone();
-        let _ = event;
         for p in open {
             // SAFETY: contexts in OPEN are live (removed before they are freed).
             let ctx = unsafe { &*(p as *const Ctx) };

@@ -38,6 +38,15 @@ pub(crate) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// Whether the program made descriptor `fd` non-blocking (`O_NONBLOCK`, with `fcntl`): a call that waits on
+/// it (`ibv_get_cq_event`, `ibv_get_async_event`) then returns -1 with `EAGAIN` when nothing is pending, as
+/// libibverbs' read of the descriptor would.
+pub(crate) fn is_nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL takes no pointer; a closed descriptor gives -1.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
 /// Runs an exported function's body: a panic is caught, logged, and turned into `on_panic` with errno `EIO`,
 /// so no unwinding crosses into C.
 pub(crate) fn guard<R>(name: &str, on_panic: R, f: impl FnOnce() -> R) -> R {

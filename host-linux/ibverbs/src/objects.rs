@@ -3,7 +3,8 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::{self, NonNull};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use mlx5_core::cq::{CqeSize, LinkLayer};
@@ -21,6 +22,53 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The async events handed out for one CQ, QP or SRQ and those acknowledged (libibverbs' `events_completed`,
+/// mirrored in the C struct). Destroying the object waits until every event handed out is acknowledged, so no
+/// event a program holds names a freed object.
+#[derive(Debug, Default)]
+pub(crate) struct AsyncCount {
+    /// (handed out, acknowledged).
+    n: Mutex<(u32, u32)>,
+    acked: Condvar,
+}
+
+impl AsyncCount {
+    /// An event naming the object is handed out (under the context's object map lock).
+    pub(crate) fn handed_out(&self) {
+        let mut n = lock(&self.n);
+        n.0 = n.0.wrapping_add(1);
+    }
+
+    /// One event is acknowledged; `mirror` gets the acknowledged count while the object cannot go yet (its
+    /// destroy may free it as soon as this returns). An acknowledgement with none outstanding is a program
+    /// error and counts nothing.
+    pub(crate) fn ack(&self, mirror: impl FnOnce(u32)) {
+        let mut n = lock(&self.n);
+        if n.1 != n.0 {
+            n.1 = n.1.wrapping_add(1);
+        }
+        mirror(n.1);
+        drop(n);
+        self.acked.notify_all();
+    }
+
+    /// Waits until every event handed out is acknowledged, then runs `remove` under the map lock `objs`, so
+    /// no event naming the object can be handed out after it.
+    pub(crate) fn retire<M>(&self, objs: &Mutex<M>, remove: impl FnOnce(&mut M)) {
+        loop {
+            let mut m = lock(objs);
+            let n = lock(&self.n);
+            if n.0 == n.1 {
+                remove(&mut m);
+                return;
+            }
+            drop(m);
+            // Bounded waits: the map lock is retaken each time.
+            drop(self.acked.wait_timeout(n, Duration::from_millis(50)).unwrap_or_else(PoisonError::into_inner));
+        }
+    }
+}
+
 /// NULL with errno, the verbs way for pointer-returning calls.
 fn fail<T>(e: c_int) -> *mut T {
     set_errno(e);
@@ -31,6 +79,168 @@ fn fail<T>(e: c_int) -> *mut T {
 pub(crate) struct Pd {
     pub(crate) c: ibv_pd,
     pub(crate) raw: RawPd,
+    /// For a parent domain: the protection domain it is made on (whose PD objects made through it use), and its
+    /// thread domain; NULL for a protection domain.
+    pub(crate) protecting: *mut ibv_pd,
+    pub(crate) td: *mut ibv_td,
+    /// Parent domains on a protection domain; objects made through a parent domain: either keeps it from
+    /// being deallocated (`EBUSY`), as libmlx5's reference counts do.
+    pub(crate) users: AtomicU32,
+    /// `IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT`.
+    pub(crate) pd_context: *mut c_void,
+    /// `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS` (used when both are given, as libmlx5 does).
+    pub(crate) allocators: Option<(PdAllocFn, PdFreeFn)>,
+}
+
+impl Pd {
+    fn protection(c: ibv_pd, raw: RawPd) -> Pd {
+        Pd {
+            c,
+            raw,
+            protecting: ptr::null_mut(),
+            td: ptr::null_mut(),
+            users: AtomicU32::new(0),
+            pd_context: ptr::null_mut(),
+            allocators: None,
+        }
+    }
+}
+
+/// Counts an object made through `pd` when it is a parent domain (`delta` +1 at creation, -1 at destroy); a
+/// protection domain counts its objects in `mlx5-verbs`.
+///
+/// # Safety
+/// `pd` is NULL or a live PD or parent domain of this library.
+pub(crate) unsafe fn count_on_parent(pd: *mut ibv_pd, made: bool) {
+    // SAFETY: the caller's duty.
+    if let Some(p) = unsafe { pd_of(pd) }.filter(|p| !p.protecting.is_null()) {
+        if made {
+            p.users.fetch_add(1, Ordering::AcqRel);
+        } else {
+            p.users.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// libmlx5's resource types for a parent domain's allocator (`MLX5DV_RES_TYPE_*`: `RDMA_DRIVER_MLX5 << 32 | n`).
+const RES_TYPE_QP: u64 = 1 << 32 | 1;
+const RES_TYPE_DBR: u64 = 1 << 32 | 3;
+const RES_TYPE_SRQ: u64 = 1 << 32 | 4;
+const RES_TYPE_CQ: u64 = 1 << 32 | 5;
+/// The alignment libmlx5 asks for queue buffers: the page size.
+const PAGE: usize = 4096;
+
+/// Asks the custom allocator of parent domain `pd` (if it is one, with allocators) for an object's buffers,
+/// `(bytes, alignment, resource type)` each, as libmlx5 asks for a QP's, SRQ's or CQ's ring and its doorbell
+/// record. Queue memory here always comes from the driver's DMA allocator, so only
+/// `IBV_ALLOCATOR_USE_DEFAULT` can be honoured: NULL is `ENOMEM` (as libmlx5), memory is given back to the
+/// program's `free` and the creation is `EOPNOTSUPP`. The object exists by then (its sizes are known only
+/// once made), and the caller destroys it on an error.
+///
+/// # Safety
+/// `pd` is NULL or a live PD or parent domain of this library.
+unsafe fn ask_allocator(pd: *mut ibv_pd, buffers: &[(usize, usize, u64)]) -> Result<(), c_int> {
+    // SAFETY: the caller's duty.
+    let Some(p) = (unsafe { pd_of(pd) }) else { return Ok(()) };
+    let Some((alloc, free)) = p.allocators else { return Ok(()) };
+    const USE_DEFAULT: *mut c_void = usize::MAX as *mut c_void;
+    for &(bytes, align, ty) in buffers {
+        // SAFETY: the program's allocator, called as libmlx5 calls it.
+        let mem = unsafe { alloc(pd, p.pd_context, bytes, align, ty) };
+        if mem == USE_DEFAULT {
+            continue;
+        }
+        if mem.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        log::info!("parent domain allocator: program memory for queues is not supported");
+        // SAFETY: memory this allocator just gave, returned once.
+        unsafe { free(pd, p.pd_context, mem, ty) };
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+/// A thread domain: the promise that the objects made through its parent domains are used by one thread at
+/// a time. Nothing here is shared between QPs to begin with (each QP has its own doorbell register), so there is
+/// no lock for it to spare.
+#[repr(C)]
+pub(crate) struct Td {
+    pub(crate) c: ibv_td,
+    /// Parent domains using it.
+    users: AtomicU32,
+}
+
+/// `verbs_context.alloc_td`.
+pub(crate) unsafe extern "C" fn alloc_td(context: *mut ibv_context, attr: *mut ibv_td_init_attr) -> *mut ibv_td {
+    guard("ibv_alloc_td", ptr::null_mut(), || {
+        // SAFETY: the caller passes an open context and its attributes.
+        let (Some(_), Some(a)) = (unsafe { ctx(context) }, unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
+        if a.comp_mask != 0 {
+            return fail(libc::EINVAL);
+        }
+        hold(context);
+        Box::into_raw(Box::new(Td { c: ibv_td { context }, users: AtomicU32::new(0) })).cast()
+    })
+}
+
+/// `verbs_context.dealloc_td`: `EBUSY` while a parent domain uses it.
+pub(crate) unsafe extern "C" fn dealloc_td(td: *mut ibv_td) -> c_int {
+    guard("ibv_dealloc_td", libc::EIO, || {
+        // SAFETY: the caller passes a live TD (its C part is the first field of a boxed Td).
+        let Some(t) = (unsafe { td.cast::<Td>().as_ref() }) else { return libc::EINVAL };
+        if t.users.load(Ordering::Acquire) > 0 {
+            return libc::EBUSY;
+        }
+        let context = t.c.context;
+        // SAFETY: boxed by alloc_td; deallocated once.
+        drop(unsafe { Box::from_raw(td.cast::<Td>()) });
+        release(context);
+        0
+    })
+}
+
+/// `verbs_context.alloc_parent_domain`: a PD that stands for its protection domain wherever a PD is taken, with
+/// an optional thread domain and `pd_context`. Custom allocators (`IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`) are
+/// asked for each queue made through it ([`ask_allocator`]); only their `IBV_ALLOCATOR_USE_DEFAULT` answer can
+/// be honoured, since queue buffers come from the driver's DMA memory.
+pub(crate) unsafe extern "C" fn alloc_parent_domain(
+    context: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    const ALLOCATORS: u32 = 1 << 0;
+    const PD_CONTEXT: u32 = 1 << 1;
+    guard("ibv_alloc_parent_domain", ptr::null_mut(), || {
+        // SAFETY: the caller passes an open context and its attributes.
+        let (Some(_), Some(a)) = (unsafe { ctx(context) }, unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
+        if a.comp_mask & !(ALLOCATORS | PD_CONTEXT) != 0 {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a live PD.
+        let Some(p) = (unsafe { pd_of(a.pd) }) else { return fail(libc::EINVAL) };
+        if !p.protecting.is_null() || p.c.context != context {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a live TD, or NULL.
+        let td = unsafe { a.td.cast::<Td>().as_ref() };
+        if td.is_some_and(|t| t.c.context != context) {
+            return fail(libc::EINVAL);
+        }
+        if let Some(t) = td {
+            t.users.fetch_add(1, Ordering::AcqRel);
+        }
+        p.users.fetch_add(1, Ordering::AcqRel);
+        hold(context);
+        let pd_context = if a.comp_mask & PD_CONTEXT != 0 { a.pd_context } else { ptr::null_mut() };
+        let c = ibv_pd { context, handle: p.c.handle };
+        let allocators = match (a.comp_mask & ALLOCATORS != 0, a.alloc, a.free) {
+            (true, Some(alloc), Some(free)) => Some((alloc, free)),
+            _ => None,
+        };
+        let b =
+            Pd { c, raw: p.raw.share(), protecting: a.pd, td: a.td, users: AtomicU32::new(0), pd_context, allocators };
+        Box::into_raw(Box::new(b)).cast()
+    })
 }
 
 /// The [`Pd`] of a program's `ibv_pd`.
@@ -60,7 +270,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
             Ok(raw) => {
                 let handle = raw.pdn();
                 hold(context);
-                Box::into_raw(Box::new(Pd { c: ibv_pd { context, handle }, raw })).cast()
+                Box::into_raw(Box::new(Pd::protection(ibv_pd { context, handle }, raw))).cast()
             }
             Err(e) => fail(errno_of(&e)),
         }
@@ -72,6 +282,26 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard("ibv_dealloc_pd", libc::EIO, || {
         // SAFETY: the caller passes a live PD.
         let Some(p) = (unsafe { pd_of(pd) }) else { return libc::EINVAL };
+        if p.users.load(Ordering::Acquire) > 0 {
+            return libc::EBUSY;
+        }
+        if !p.protecting.is_null() {
+            // A parent domain: its protection domain and thread domain are used by one fewer.
+            // SAFETY: a parent domain keeps its protection and thread domains (EBUSY above on theirs).
+            unsafe {
+                if let Some(prot) = pd_of(p.protecting) {
+                    prot.users.fetch_sub(1, Ordering::AcqRel);
+                }
+                if let Some(t) = p.td.cast::<Td>().as_ref() {
+                    t.users.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            let context = p.c.context;
+            // SAFETY: boxed by alloc_parent_domain; deallocated once.
+            drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
+            release(context);
+            return 0;
+        }
         match p.raw.dealloc() {
             Ok(()) => {
                 let context = p.c.context;
@@ -88,7 +318,8 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 #[repr(C)]
 pub(crate) struct Mr {
     pub(crate) c: ibv_mr,
-    pub(crate) raw: RawMr,
+    /// Replaced by an `ibv_rereg_mr` that changes the memory (new keys).
+    pub(crate) raw: Mutex<RawMr>,
 }
 
 /// The access flags of a registration: local write, remote write/read/atomic and relaxed ordering go to the
@@ -148,7 +379,9 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: Option<u64>,
                 rkey: raw.rkey(),
             };
             hold(c.context);
-            Box::into_raw(Box::new(Mr { c, raw })).cast()
+            // SAFETY: the caller's live PD.
+            unsafe { count_on_parent(pd, true) };
+            Box::into_raw(Box::new(Mr { c, raw: Mutex::new(raw) })).cast()
         }
         Err(e) => {
             log::info!("reg_mr: {e}");
@@ -192,15 +425,119 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard("ibv_dereg_mr", libc::EIO, || {
         // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
         let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return libc::EINVAL };
-        match m.raw.dereg() {
+        let res = lock(&m.raw).dereg();
+        match res {
             Ok(()) => {
                 let context = m.c.context;
+                // SAFETY: the region's PD outlives it (EBUSY otherwise).
+                unsafe { count_on_parent(m.c.pd, false) };
                 // SAFETY: boxed by ibv_reg_mr; deregistered once.
                 drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
                 release(context);
                 0
             }
             Err(e) => errno_of(&e),
+        }
+    })
+}
+
+/// `ibv_rereg_mr`'s failures: bad arguments (`IBV_REREG_MR_ERR_INPUT`) or the device refused
+/// (`IBV_REREG_MR_ERR_CMD`), each with errno set.
+const REREG_ERR_INPUT: c_int = -1;
+const REREG_ERR_CMD: c_int = -4;
+
+/// `ibv_rereg_mr`. New memory (`IBV_REREG_MR_CHANGE_TRANSLATION`, with or without a new PD or access) re-creates
+/// the mkey, as mlx5_ib does when it cannot update the key in place: the region gets new keys (which `lkey` /
+/// `rkey` then hold), and `pd`, `addr`, `length` follow. A change of PD or access alone is `EOPNOTSUPP`
+/// (`IBV_REREG_MR_ERR_CMD`): mlx5_ib makes it in place with a UMR work request, keeping the keys, and programs
+/// (rdma-core's tests among them) keep using the rkey their peer has; re-creating the key would fail those
+/// peers' accesses instead. On failure the region stays as it was.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access_flags: c_int,
+) -> c_int {
+    const TRANSLATION: c_int = 1;
+    const CHANGE_PD: c_int = 2;
+    const ACCESS: c_int = 4;
+    const KEEP_VALID: c_int = 8;
+    let input = |e| {
+        set_errno(e);
+        REREG_ERR_INPUT
+    };
+    let cmd = |e| {
+        set_errno(e);
+        REREG_ERR_CMD
+    };
+    guard("ibv_rereg_mr", REREG_ERR_CMD, || {
+        // libibverbs' own checks, before the provider sees the call.
+        if flags & !(TRANSLATION | CHANGE_PD | ACCESS | KEEP_VALID) != 0
+            || flags & TRANSLATION != 0 && (length == 0 || addr.is_null())
+            || access_flags != 0 && flags & ACCESS == 0
+        {
+            return input(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
+        let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return input(libc::EINVAL) };
+        // What the kernel refuses before trying: an empty request, a PD of no context of this region, access
+        // flags registration refuses; libmlx5 refuses to keep the old key valid.
+        if flags == 0 {
+            return cmd(libc::EINVAL);
+        }
+        if flags & KEEP_VALID != 0 {
+            return cmd(libc::EOPNOTSUPP);
+        }
+        let new_pd = if flags & CHANGE_PD != 0 {
+            // SAFETY: the caller passes a live PD (or NULL).
+            match unsafe { pd_of(pd) } {
+                Some(p) if p.c.context == m.c.context => Some(p),
+                _ => return cmd(libc::EINVAL),
+            }
+        } else {
+            None
+        };
+        let new_access = if flags & ACCESS != 0 {
+            match access(access_flags) {
+                Ok(a) => Some(a),
+                Err(e) => return cmd(e),
+            }
+        } else {
+            None
+        };
+        let Some(ptr) = NonNull::new(addr.cast::<u8>()).filter(|_| flags & TRANSLATION != 0) else {
+            log::info!("rereg_mr: a change of PD or access alone would need the key kept (UMR)");
+            return cmd(libc::EOPNOTSUPP);
+        };
+        let mut raw = lock(&m.raw);
+        // SAFETY: verbs' contract: the program keeps the new memory until ibv_dereg_mr.
+        match unsafe { raw.rereg(Some((ptr, length, None)), new_pd.map(|p| &p.raw), new_access) } {
+            Ok(new) => {
+                // SAFETY: the C part is the program's view of the region, which libibverbs updates in place as
+                // here (the program does not use the region while re-registering it).
+                unsafe {
+                    (*mr).lkey = new.lkey();
+                    (*mr).rkey = new.rkey();
+                    (*mr).handle = new.lkey();
+                    if new_pd.is_some() {
+                        // A parent domain counts the regions made through it.
+                        count_on_parent((*mr).pd, false);
+                        count_on_parent(pd, true);
+                        (*mr).pd = pd;
+                    }
+                    (*mr).addr = addr;
+                    (*mr).length = length;
+                }
+                *raw = new;
+                0
+            }
+            Err(e) => {
+                log::info!("rereg_mr: {e}");
+                cmd(errno_of(&e))
+            }
         }
     })
 }
@@ -250,6 +587,9 @@ pub(crate) struct Cq {
     pub(crate) ex: Mutex<crate::post::ExPoll>,
     /// An error met by a poll that had already returned completions: the next poll reports it.
     pub(crate) pending: Mutex<Option<c_int>>,
+    pub(crate) async_events: AsyncCount,
+    /// The parent domain an extended CQ was made on (`IBV_CQ_INIT_ATTR_MASK_PD`), counted on it; else NULL.
+    pub(crate) parent_domain: *mut ibv_pd,
 }
 
 /// The [`Cq`] of a program's `ibv_cq` (or `ibv_cq_ex`).
@@ -288,6 +628,8 @@ fn make_cq(
         ctx: c,
         ex: Mutex::new(Default::default()),
         pending: Mutex::new(None),
+        async_events: AsyncCount::default(),
+        parent_domain: ptr::null_mut(),
     }));
     let attr = CqAttr { cqe, cqe_size: CqeSize::default(), overrun_ignore: false, comp_vector };
     match raw::create_cq(&c.ctx, attr, p as u64, ch.map(|ch| &ch.raw)) {
@@ -328,8 +670,8 @@ pub unsafe extern "C" fn ibv_create_cq(
     })
 }
 
-/// `verbs_context.create_cq_ex`: the work completion fields `ibv_wc` has are readable; a timestamp, flow tag
-/// or other extra is `EOPNOTSUPP`.
+/// `verbs_context.create_cq_ex`: the work completion fields `ibv_wc` has and the completion timestamp (raw
+/// device clock) are readable; a wall-clock timestamp, flow tag or other extra is `EOPNOTSUPP`.
 pub(crate) unsafe extern "C" fn create_cq_ex(
     context: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -337,15 +679,41 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     guard("ibv_create_cq_ex", ptr::null_mut(), || {
         // SAFETY: the caller passes its attributes.
         let Some(a) = (unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
-        // IBV_WC_EX_WITH_BYTE_LEN | IMM | QP_NUM | SRC_QP | SLID | SL | DLID_PATH_BITS.
-        const SUPPORTED_WC: u64 = 0x7f;
-        if a.wc_flags & !SUPPORTED_WC != 0 || a.comp_mask & !1 != 0 || a.flags != 0 {
+        // IBV_WC_EX_WITH_BYTE_LEN | IMM | QP_NUM | SRC_QP | SLID | SL | DLID_PATH_BITS, and
+        // COMPLETION_TIMESTAMP (the CQE's raw device clock).
+        const SUPPORTED_WC: u64 = 0x7f | (1 << 7);
+        // IBV_CQ_INIT_ATTR_MASK_FLAGS (no flag supported) and _PD (a parent domain of this context).
+        const MASK_PD: u32 = 1 << 1;
+        if a.wc_flags & !SUPPORTED_WC != 0 || a.comp_mask & !(1 | MASK_PD) != 0 || a.flags != 0 {
             return fail(libc::EOPNOTSUPP);
         }
+        let parent = if a.comp_mask & MASK_PD != 0 {
+            // SAFETY: the caller passes a live PD (or NULL).
+            match unsafe { pd_of(a.parent_domain) } {
+                Some(p) if !p.protecting.is_null() && p.c.context == context => a.parent_domain,
+                _ => return fail(libc::EINVAL),
+            }
+        } else {
+            ptr::null_mut()
+        };
         let Ok(cqe) = c_int::try_from(a.cqe) else { return fail(libc::EINVAL) };
         let vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
         match make_cq(context, cqe, a.cq_context, a.channel, vector) {
-            Ok(p) => p.cast(),
+            Ok(p) => {
+                // SAFETY: the CQ was made just now and is not yet the program's; the parent domain is live.
+                unsafe {
+                    let bytes = (*p).raw.as_ref().map_or(0, RawCq::buf_bytes);
+                    if let Err(e) = ask_allocator(parent, &[(bytes, PAGE, RES_TYPE_CQ), (8, 8, RES_TYPE_DBR)]) {
+                        if ibv_destroy_cq(p.cast()) != 0 {
+                            log::error!("create_cq_ex: the CQ refused by the allocator could not be destroyed");
+                        }
+                        return fail(e);
+                    }
+                    (*p).parent_domain = parent;
+                    count_on_parent(parent, true);
+                }
+                p.cast()
+            }
             Err(e) => fail(e),
         }
     })
@@ -358,8 +726,13 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let Some((c, raw)) = (unsafe { cq_of(cq) }) else { return libc::EINVAL };
         match raw.destroy() {
             Ok(()) => {
+                // Completion events were waited for by the destroy; async events naming the CQ are here.
                 // SAFETY: the context outlives its objects (verbs' rule).
-                lock(&unsafe { &*c.ctx }.objs).cqs.remove(&raw.cqn());
+                c.async_events.retire(&unsafe { &*c.ctx }.objs, |o| {
+                    o.cqs.remove(&raw.cqn());
+                });
+                // SAFETY: a CQ's parent domain outlives it (EBUSY otherwise).
+                unsafe { count_on_parent(c.parent_domain, false) };
                 let context = c.c.cq.context;
                 // SAFETY: boxed by ibv_create_cq; destroyed once.
                 drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
@@ -386,11 +759,11 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             set_errno(libc::EINVAL);
             return -1;
         };
-        // The channel's eventfd is non-blocking from birth (the driver drains it without blocking), so a
-        // program's O_NONBLOCK cannot be told apart: the call always waits, as on a blocking channel. Programs
-        // that poll the descriptor first find the event ready.
+        // A descriptor the program made non-blocking: one look, then EAGAIN.
+        let nonblocking = crate::is_nonblocking(ch.c.fd);
+        let wait = if nonblocking { Duration::ZERO } else { Duration::from_secs(3600) };
         loop {
-            match ch.raw.get_cq_event(Duration::from_secs(3600)) {
+            match ch.raw.get_cq_event(wait) {
                 Ok(Some(ev)) => {
                     let p = ev.cq_context() as *mut Cq;
                     // SAFETY: the event's cq_context is the Cq box this library registered; the CQ cannot be
@@ -406,6 +779,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                         }
                     }
                     return 0;
+                }
+                Ok(None) if nonblocking => {
+                    set_errno(libc::EAGAIN);
+                    return -1;
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -461,6 +838,7 @@ pub(crate) struct Qp {
     pub(crate) link: LinkLayer,
     pub(crate) ctx: *const Ctx,
     pub(crate) wr: Mutex<crate::post::WrBatch>,
+    pub(crate) async_events: AsyncCount,
 }
 
 /// The [`Qp`] of a program's `ibv_qp` (or `ibv_qp_ex`).
@@ -535,6 +913,13 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
         log::info!("create_qp: {e}");
         errno_of(&e)
     })?;
+    // SAFETY: the caller's live PD (a parent domain's allocator is asked for the rings and doorbell record).
+    if let Err(e) = unsafe { ask_allocator(r.pd, &[(raw.buf_bytes(), PAGE, RES_TYPE_QP), (8, 8, RES_TYPE_DBR)]) } {
+        if let Err(d) = raw.destroy() {
+            log::error!("create_qp: the QP refused by the allocator could not be destroyed: {d}");
+        }
+        return Err(e);
+    }
     let got = raw.cap();
     *r.cap = ibv_qp_cap {
         max_send_wr: got.max_send_wr,
@@ -565,11 +950,14 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
         link: link(c),
         ctx: c,
         wr: Mutex::new(Default::default()),
+        async_events: AsyncCount::default(),
     }));
     // SAFETY: p is the live box made above, not yet shared.
     crate::post::set_ops(unsafe { &*p }, r.send_ops);
     lock(&c.objs).qps.insert(qpn, p as usize);
     hold(pd.c.context);
+    // SAFETY: the caller's live PD.
+    unsafe { count_on_parent(r.pd, true) };
     Ok(p)
 }
 
@@ -597,7 +985,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
 }
 
 /// `verbs_context.create_qp_ex`: a PD, and the `ibv_wr_*` send operations this library builds; anything else
-/// (XRC, RSS, TSO, create flags, source QPN) is `EOPNOTSUPP`.
+/// (XRC, RSS, TSO, create flags other than the two that ask nothing here, source QPN) is `EOPNOTSUPP`.
 pub(crate) unsafe extern "C" fn create_qp_ex(
     _context: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
@@ -609,11 +997,14 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         const CREATE_FLAGS: u32 = 1 << 2;
         const MAX_TSO_HEADER: u32 = 1 << 3;
         const SEND_OPS_FLAGS: u32 = 1 << 6;
-        // Create flags and a TSO header size are accepted when they ask for nothing.
+        // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB holds trivially (no multicast is delivered here, so none loops
+        // back); IBV_QP_CREATE_SCATTER_FCS is dropped as mlx5_ib drops it where it does not apply.
+        const HARMLESS_FLAGS: u32 = (1 << 1) | (1 << 8);
+        // Other create flags and a TSO header size are accepted when they ask for nothing.
         let asks = |bit: u32, v: u64| a.comp_mask & bit != 0 && v != 0;
         if a.comp_mask & !(PD | CREATE_FLAGS | MAX_TSO_HEADER | SEND_OPS_FLAGS) != 0
             || a.comp_mask & PD == 0
-            || asks(CREATE_FLAGS, a.create_flags.into())
+            || asks(CREATE_FLAGS, (a.create_flags & !HARMLESS_FLAGS).into())
             || asks(MAX_TSO_HEADER, a.max_tso_header.into())
         {
             return fail(libc::EOPNOTSUPP);
@@ -888,8 +1279,12 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         match q.raw.destroy() {
             Ok(()) => {
                 // SAFETY: the context outlives its objects.
-                lock(&unsafe { &*q.ctx }.objs).qps.remove(&q.raw.qpn());
+                q.async_events.retire(&unsafe { &*q.ctx }.objs, |o| {
+                    o.qps.remove(&q.raw.qpn());
+                });
                 let context = q.c.qp_base.context;
+                // SAFETY: the QP's PD outlives it.
+                unsafe { count_on_parent(q.c.qp_base.pd, false) };
                 // SAFETY: boxed by ibv_create_qp; destroyed once.
                 drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
                 release(context);
@@ -905,6 +1300,7 @@ pub(crate) struct Srq {
     pub(crate) c: ibv_srq,
     pub(crate) raw: RawSrq,
     pub(crate) ctx: *const Ctx,
+    pub(crate) async_events: AsyncCount,
 }
 
 #[no_mangle]
@@ -922,6 +1318,15 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
         let sa = SrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: a.attr.srq_limit };
         match p.raw.create_srq(sa) {
             Ok(raw) => {
+                // SAFETY: the caller's live PD.
+                let asked =
+                    unsafe { ask_allocator(pd, &[(raw.buf_bytes(), PAGE, RES_TYPE_SRQ), (8, 8, RES_TYPE_DBR)]) };
+                if let Err(e) = asked {
+                    if let Err(d) = raw.destroy() {
+                        log::error!("create_srq: the SRQ refused by the allocator could not be destroyed: {d}");
+                    }
+                    return fail(e);
+                }
                 if let Ok(q) = raw.query() {
                     a.attr.max_wr = q.max_wr;
                     a.attr.max_sge = q.max_sge;
@@ -933,9 +1338,11 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
                 cs.pd = pd;
                 cs.handle = raw.srqn();
                 let srqn = raw.srqn();
-                let b = Box::into_raw(Box::new(Srq { c: cs, raw, ctx: c }));
+                let b = Box::into_raw(Box::new(Srq { c: cs, raw, ctx: c, async_events: AsyncCount::default() }));
                 lock(&c.objs).srqs.insert(srqn, b as usize);
                 hold(p.c.context);
+                // SAFETY: the caller's live PD.
+                unsafe { count_on_parent(pd, true) };
                 b.cast()
             }
             Err(e) => fail(errno_of(&e)),
@@ -983,8 +1390,12 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         match s.raw.destroy() {
             Ok(()) => {
                 // SAFETY: the context outlives its objects.
-                lock(&unsafe { &*s.ctx }.objs).srqs.remove(&s.raw.srqn());
+                s.async_events.retire(&unsafe { &*s.ctx }.objs, |o| {
+                    o.srqs.remove(&s.raw.srqn());
+                });
                 let context = s.c.context;
+                // SAFETY: the SRQ's PD outlives it.
+                unsafe { count_on_parent(s.c.pd, false) };
                 // SAFETY: boxed by ibv_create_srq; destroyed once.
                 drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
                 release(context);
@@ -1018,6 +1429,8 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         match p.raw.create_ah(&ah_attr(a, l)) {
             Ok(ah) => {
                 hold(p.c.context);
+                // SAFETY: the caller's live PD.
+                unsafe { count_on_parent(pd, true) };
                 Box::into_raw(Box::new(Ah { c: ibv_ah { context: p.c.context, pd, handle: 0 }, ah })).cast()
             }
             Err(e) => fail(errno_of(&e)),
@@ -1033,6 +1446,8 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     // SAFETY: boxed by ibv_create_ah; destroyed once (an AH has no firmware object: mlx5 AVs live in the WQE).
     let b = unsafe { Box::from_raw(ah.cast::<Ah>()) };
     let context = b.c.context;
+    // SAFETY: the AH's PD outlives it.
+    unsafe { count_on_parent(b.c.pd, false) };
     drop(b);
     release(context);
     0

@@ -171,13 +171,6 @@ pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut c_void, _op: c_int, _flag
     0
 }
 
-/// `IBV_REREG_MR_ERR_INPUT` with errno EOPNOTSUPP: re-registration is not offered through the C ABI yet.
-#[no_mangle]
-pub extern "C" fn ibv_rereg_mr() -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    -1
-}
-
 /// Providers read their sysfs attributes with it; there is no kernel device here.
 #[no_mangle]
 pub extern "C" fn ibv_read_ibdev_sysfs_file() -> c_int {

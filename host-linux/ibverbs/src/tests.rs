@@ -335,3 +335,522 @@ fn a_cq_with_an_event_never_taken_is_destroyed() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+/// Polls `cq` until one completion arrives (or 10,000 tries pass).
+///
+/// # Safety
+/// `cq` is a live CQ of `ctx`.
+unsafe fn poll_one(ctx: *mut ibv_context, cq: *mut ibv_cq) -> Option<ibv_wc> {
+    let mut wc = [ibv_wc::default(); 1];
+    for _ in 0..10_000 {
+        // SAFETY: the caller's CQ, one entry.
+        let n = unsafe { (*ctx).ops.poll_cq.unwrap()(cq, 1, wc.as_mut_ptr()) };
+        assert!(n >= 0);
+        if n == 1 {
+            return Some(wc[0]);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+    None
+}
+
+#[test]
+fn rereg_mr_moves_a_region_to_new_memory_with_new_keys_and_refuses_in_place_changes() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let pd = ibv_alloc_pd(ctx);
+        let pd2 = ibv_alloc_pd(ctx);
+        let mut a = vec![0u8; 4096];
+        let mut b = vec![0u8; 8192];
+        let mr = ibv_reg_mr(pd, a.as_mut_ptr().cast(), a.len(), 1);
+        assert!(!mr.is_null());
+        let (lkey, rkey) = ((*mr).lkey, (*mr).rkey);
+        let rereg = |flags, pd, addr: *mut c_void, len, access| ibv_rereg_mr(mr, flags, pd, addr, len, access);
+        // libibverbs' input checks (IBV_REREG_MR_ERR_INPUT, -1).
+        assert_eq!((rereg(16, ptr::null_mut(), ptr::null_mut(), 0, 0), errno()), (-1, libc::EINVAL));
+        assert_eq!((rereg(1, ptr::null_mut(), b.as_mut_ptr().cast(), 0, 0), errno()), (-1, libc::EINVAL));
+        assert_eq!((rereg(2, pd2, ptr::null_mut(), 0, 1), errno()), (-1, libc::EINVAL));
+        // What the kernel refuses (IBV_REREG_MR_ERR_CMD, -4): nothing asked, no PD, an access bit verbs does
+        // not define; and what mlx5_ib changes in place, keeping the keys (access or PD alone): EOPNOTSUPP.
+        assert_eq!((rereg(0, ptr::null_mut(), ptr::null_mut(), 0, 0), errno()), (-4, libc::EINVAL));
+        assert_eq!((rereg(2, ptr::null_mut(), ptr::null_mut(), 0, 0), errno()), (-4, libc::EINVAL));
+        assert_eq!((rereg(4, ptr::null_mut(), ptr::null_mut(), 0, 1 << 30), errno()), (-4, libc::EINVAL));
+        assert_eq!((rereg(4, ptr::null_mut(), ptr::null_mut(), 0, 3), errno()), (-4, libc::EOPNOTSUPP));
+        assert_eq!((rereg(2, pd2, ptr::null_mut(), 0, 0), errno()), (-4, libc::EOPNOTSUPP));
+        assert_eq!(((*mr).lkey, (*mr).rkey, (*mr).pd), (lkey, rkey, pd), "the region is as it was");
+
+        // New memory and remote write: the key is re-created, the C struct follows.
+        assert_eq!(rereg(1 | 4, ptr::null_mut(), b.as_mut_ptr().cast(), b.len(), 3), 0);
+        assert_ne!((*mr).lkey, lkey);
+        assert_eq!(((*mr).addr, (*mr).length, (*mr).pd), (b.as_mut_ptr().cast::<c_void>(), b.len(), pd));
+        // An RDMA write (loopback) with the new rkey lands in the new memory; one with the old rkey fails.
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 2, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(pd, &mut init);
+        connect(ctx, qp, (*qp).qp_num);
+        b[..6].copy_from_slice(b"rereg!");
+        let base = b.as_ptr() as u64;
+        let mut sge = ibv_sge { addr: base, length: 6, lkey: (*mr).lkey };
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.wr.rdma = wr_rdma { remote_addr: base + 4096, rkey: (*mr).rkey };
+        let mut bad_wr = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad_wr), 0);
+        assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(0));
+        assert_eq!(&b[4096..4102], b"rereg!");
+        w.wr.rdma.rkey = rkey;
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad_wr), 0);
+        assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(10), "IBV_WC_REM_ACCESS_ERR with the old rkey");
+
+        // New memory on another PD: the region counts on that one now.
+        assert_eq!(rereg(1 | 2, pd2, a.as_mut_ptr().cast(), a.len(), 0), 0);
+        assert_eq!(((*mr).pd, (*mr).addr), (pd2, a.as_mut_ptr().cast::<c_void>()));
+        assert_eq!(ibv_dealloc_pd(pd2), libc::EBUSY);
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd2), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+/// Sets `O_NONBLOCK` on a descriptor, as a program does with `fcntl`.
+fn set_nonblocking(fd: c_int) {
+    // SAFETY: F_GETFL / F_SETFL take no pointers.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        assert!(flags >= 0);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK), 0);
+    }
+}
+
+#[test]
+fn non_blocking_descriptors_give_eagain_when_nothing_waits() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let ch = ibv_create_comp_channel(ctx);
+        // Made blocking: the flag is the program's to set.
+        assert_eq!(libc::fcntl((*ch).fd, libc::F_GETFL) & libc::O_NONBLOCK, 0);
+        assert_eq!(libc::fcntl((*ctx).async_fd, libc::F_GETFL) & libc::O_NONBLOCK, 0);
+        set_nonblocking((*ch).fd);
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ch, 0);
+        let (mut ev_cq, mut ev_ctx) = (ptr::null_mut(), ptr::null_mut());
+        assert_eq!((ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), errno()), (-1, libc::EAGAIN));
+
+        // An armed CQ completes a write: the descriptor becomes readable and the event is taken at once.
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 64];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(pd, &mut init);
+        connect(ctx, qp, (*qp).qp_num);
+        assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), 0);
+        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
+        let mut bad = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(0));
+        let mut fds = libc::pollfd { fd: (*ch).fd, events: libc::POLLIN, revents: 0 };
+        assert_eq!(libc::poll(&mut fds, 1, 2000), 1, "the channel's descriptor becomes readable");
+        assert_eq!(ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), 0);
+        assert_eq!(ev_cq, cq);
+        ibv_ack_cq_events(cq, 1);
+        assert_eq!((ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), errno()), (-1, libc::EAGAIN));
+
+        // The async descriptor: whatever the device reported at open is taken, then EAGAIN.
+        set_nonblocking((*ctx).async_fd);
+        let mut ev: ibv_async_event = std::mem::zeroed();
+        let mut again = false;
+        for _ in 0..64 {
+            if ibv_get_async_event(ctx, &mut ev) == 0 {
+                ibv_ack_async_event(&mut ev);
+            } else {
+                assert_eq!(errno(), libc::EAGAIN);
+                again = true;
+                break;
+            }
+        }
+        assert!(again, "EAGAIN once no async event waits");
+
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+/// Waits (up to 2 s per event) for the async event of `event_type` naming `element`, taking every other
+/// event that comes first (other tests share the device) and acknowledging those. Returns the event, not
+/// acknowledged, or `None`.
+///
+/// # Safety
+/// `ctx` is an open context.
+unsafe fn wait_async(ctx: *mut ibv_context, event_type: c_int, element: *mut c_void) -> Option<ibv_async_event> {
+    for _ in 0..32 {
+        // SAFETY: the caller's open context; one pollfd and one event on the stack.
+        unsafe {
+            let mut fds = libc::pollfd { fd: (*ctx).async_fd, events: libc::POLLIN, revents: 0 };
+            if libc::poll(&mut fds, 1, 2000) != 1 {
+                return None;
+            }
+            let mut ev: ibv_async_event = std::mem::zeroed();
+            assert_eq!(ibv_get_async_event(ctx, &mut ev), 0);
+            if ev.event_type == event_type && ev.element == element {
+                return Some(ev);
+            }
+            ibv_ack_async_event(&mut ev);
+        }
+    }
+    None
+}
+
+#[test]
+fn an_injected_cq_overrun_is_an_async_cq_error_and_destroy_waits_for_its_ack() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once.
+    unsafe {
+        let a = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        let b = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        assert!(!a.is_null() && !b.is_null());
+        let sim = dev_of((*ctx).device).and_then(|d| d.dev.sim_device()).expect("a simulated device");
+        // Only these CQs: other tests share the device. IBV_EVENT_CQ_ERR (0) names the CQ.
+        crate::faults::fire(sim, crate::faults::Kind::CqOverrun(Some((*a).handle)));
+        let mut ev = wait_async(ctx, 0, a.cast()).expect("IBV_EVENT_CQ_ERR for the first CQ");
+        ibv_ack_async_event(&mut ev);
+        assert_eq!((*a).async_events_completed, 1, "libibverbs' counter");
+        assert_eq!(ibv_destroy_cq(a), 0);
+
+        // An event not yet acknowledged holds the destroy of the CQ it names, as libibverbs documents.
+        crate::faults::fire(sim, crate::faults::Kind::CqOverrun(Some((*b).handle)));
+        let mut ev = wait_async(ctx, 0, b.cast()).expect("IBV_EVENT_CQ_ERR for the second CQ");
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (d, cq) = (done.clone(), b as usize);
+        let destroyer = std::thread::spawn(move || {
+            // The CQ is live; this thread destroys it once (inside the test's unsafe block).
+            let rc = ibv_destroy_cq(cq as *mut ibv_cq);
+            d.store(true, std::sync::atomic::Ordering::SeqCst);
+            rc
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!done.load(std::sync::atomic::Ordering::SeqCst), "destroy waits for the acknowledgement");
+        ibv_ack_async_event(&mut ev);
+        assert_eq!(destroyer.join().unwrap(), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+/// Allocator calls seen by the test allocators: (size, alignment, resource type), and frees.
+static ALLOC_CALLS: std::sync::Mutex<Vec<(usize, usize, u64)>> = std::sync::Mutex::new(Vec::new());
+static FREES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Answers `IBV_ALLOCATOR_USE_DEFAULT`, and records the call.
+unsafe extern "C" fn default_alloc(
+    _pd: *mut ibv_pd,
+    ctx: *mut c_void,
+    size: usize,
+    align: usize,
+    ty: u64,
+) -> *mut c_void {
+    assert_eq!(ctx as usize, 0x77, "the parent domain's pd_context");
+    ALLOC_CALLS.lock().unwrap().push((size, align, ty));
+    usize::MAX as *mut c_void
+}
+
+/// Gives memory of its own (which the library must give back).
+unsafe extern "C" fn memory_alloc(
+    _pd: *mut ibv_pd,
+    _ctx: *mut c_void,
+    size: usize,
+    _align: usize,
+    _ty: u64,
+) -> *mut c_void {
+    // SAFETY: malloc of a positive size; freed by `memory_free`.
+    unsafe { libc::malloc(size.max(1)) }
+}
+
+unsafe extern "C" fn memory_free(_pd: *mut ibv_pd, _ctx: *mut c_void, p: *mut c_void, _ty: u64) {
+    FREES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: memory `memory_alloc` gave.
+    unsafe { libc::free(p) };
+}
+
+#[test]
+fn parent_domain_allocators_are_asked_and_only_their_default_answer_is_taken() {
+    let ctx = open();
+    let v = vctx(ctx);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut a = ibv_parent_domain_init_attr {
+            pd,
+            td: ptr::null_mut(),
+            comp_mask: 1 | 2, // ALLOCATORS | PD_CONTEXT
+            alloc: Some(default_alloc),
+            free: Some(memory_free),
+            pd_context: 0x77 as *mut c_void,
+        };
+        let parent = v.alloc_parent_domain.unwrap()(ctx, &mut a);
+        assert!(!parent.is_null());
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(parent, &mut init);
+        assert!(!qp.is_null(), "USE_DEFAULT: the driver's own memory");
+        let calls = ALLOC_CALLS.lock().unwrap().clone();
+        // libmlx5's MLX5DV_RES_TYPE_QP and _DBR: the rings (page aligned) and the doorbell record.
+        assert_eq!(calls.len(), 2);
+        assert!(calls[0].0 >= 64 && calls[0].1 == 4096 && calls[0].2 == (1 << 32 | 1), "{calls:?}");
+        assert_eq!(calls[1], (8, 8, 1 << 32 | 3));
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_dealloc_pd(parent), 0);
+        // An allocator that gives memory: it is given back and the creation is EOPNOTSUPP.
+        a.alloc = Some(memory_alloc);
+        let parent = v.alloc_parent_domain.unwrap()(ctx, &mut a);
+        assert!(ibv_create_qp(parent, &mut init).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert_eq!(FREES.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(ibv_dealloc_pd(parent), 0, "nothing stays counted on it");
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn parent_domains_stand_for_their_pd_with_a_thread_domain() {
+    let ctx = open();
+    let v = vctx(ctx);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let (alloc_pd, alloc_td, dealloc_td) =
+            (v.alloc_parent_domain.unwrap(), v.alloc_td.unwrap(), v.dealloc_td.unwrap());
+        let pd = ibv_alloc_pd(ctx);
+        let mut tia = ibv_td_init_attr { comp_mask: 0 };
+        let td = alloc_td(ctx, &mut tia);
+        assert!(!td.is_null());
+        let user = 0x77 as *mut c_void;
+        let mut a = ibv_parent_domain_init_attr { pd, td, comp_mask: 4, alloc: None, free: None, pd_context: user };
+        assert!(alloc_pd(ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EINVAL, "an unknown comp_mask bit");
+        a.comp_mask = 2; // PD_CONTEXT
+        let parent = alloc_pd(ctx, &mut a);
+        assert!(!parent.is_null());
+        assert_eq!(((*parent).context, (*parent).handle), (ctx, (*pd).handle));
+        // A parent domain is not a protection domain for another one.
+        a.pd = parent;
+        assert!(alloc_pd(ctx, &mut a).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+
+        // Objects made through the parent domain: an MR, an extended CQ on it, a QP; a loopback RDMA write.
+        let mut mem = vec![0u8; 64];
+        let mr = ibv_reg_mr(parent, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        assert!(!mr.is_null());
+        let mut cia: ibv_cq_init_attr_ex = std::mem::zeroed();
+        cia.cqe = 4;
+        cia.wc_flags = 1; // BYTE_LEN
+        cia.comp_mask = 2; // IBV_CQ_INIT_ATTR_MASK_PD
+        cia.parent_domain = pd;
+        assert!(v.create_cq_ex.unwrap()(ctx, &mut cia).is_null(), "a protection domain is no parent domain");
+        assert_eq!(errno(), libc::EINVAL);
+        cia.parent_domain = parent;
+        let cq = v.create_cq_ex.unwrap()(ctx, &mut cia).cast::<ibv_cq>();
+        assert!(!cq.is_null());
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(parent, &mut init);
+        assert!(!qp.is_null());
+        connect(ctx, qp, (*qp).qp_num);
+        mem[..4].copy_from_slice(b"pdom");
+        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 4, lkey: (*mr).lkey };
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
+        let mut bad = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(0));
+        assert_eq!(&mem[32..36], b"pdom");
+
+        // Each keeps what it is made on: EBUSY until they go, children first.
+        assert_eq!(ibv_dealloc_pd(parent), libc::EBUSY);
+        assert_eq!(ibv_dealloc_pd(pd), libc::EBUSY);
+        assert_eq!(dealloc_td(td), libc::EBUSY);
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(parent), 0);
+        assert_eq!(dealloc_td(td), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn completions_carry_the_device_clock_when_asked() {
+    let ctx = open();
+    let v = vctx(ctx);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let mut attr: ibv_device_attr_ex = std::mem::zeroed();
+        let size = std::mem::size_of::<ibv_device_attr_ex>();
+        assert_eq!(v.query_device_ex.unwrap()(ctx, ptr::null(), &mut attr, size), 0);
+        assert_eq!(attr.completion_timestamp_mask, (1 << 63) - 1);
+        assert!(attr.hca_core_clock > 0, "the device clock's kHz");
+        let mut cia: ibv_cq_init_attr_ex = std::mem::zeroed();
+        cia.cqe = 4;
+        cia.wc_flags = 1 | (1 << 7); // BYTE_LEN | COMPLETION_TIMESTAMP
+        let cqx = v.create_cq_ex.unwrap()(ctx, &mut cia);
+        assert!(!cqx.is_null());
+        let cq = cqx.cast::<ibv_cq>();
+        cia.wc_flags |= 1 << 11; // COMPLETION_TIMESTAMP_WALLCLOCK: no real-time clock here
+        assert!(v.create_cq_ex.unwrap()(ctx, &mut cia).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 64];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = ibv_create_qp(pd, &mut init);
+        connect(ctx, qp, (*qp).qp_num);
+        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
+        let mut bad = ptr::null_mut();
+        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        let mut got = None;
+        for _ in 0..10_000 {
+            if (*cqx).start_poll.unwrap()(cqx, ptr::null_mut()) == 0 {
+                got = Some(((*cqx).status, (*cqx).read_completion_ts.unwrap()(cqx)));
+                (*cqx).end_poll.unwrap()(cqx);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        let (status, ts) = got.expect("a completion");
+        assert_eq!(status, 0);
+        assert!(ts > 0, "the device clock when the CQE was written");
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn a_move_to_reset_takes_the_qps_unpolled_completions_out_of_its_cq() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let ops = (*ctx).ops;
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 256];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 4, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let (a, b) = (ibv_create_qp(pd, &mut init), ibv_create_qp(pd, &mut init));
+        connect(ctx, a, (*a).qp_num);
+        connect(ctx, b, (*b).qp_num);
+        // A, B, A: three writes, each completing on the one CQ; nobody polls yet.
+        mem[..8].copy_from_slice(b"complete");
+        let base = mem.as_ptr() as u64;
+        for (i, qp) in [a, b, a].into_iter().enumerate() {
+            let mut sge = ibv_sge { addr: base, length: 8, lkey: (*mr).lkey };
+            let mut w: ibv_send_wr = std::mem::zeroed();
+            w.wr_id = i as u64;
+            w.sg_list = &mut sge;
+            w.num_sge = 1;
+            w.opcode = 0;
+            w.wr.rdma = wr_rdma { remote_addr: base + 64 + 8 * i as u64, rkey: (*mr).rkey };
+            let mut bad = ptr::null_mut();
+            assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        }
+        // The device writes all three CQEs; the third write is in memory once they are.
+        for _ in 0..2000 {
+            if mem[80..88] == mem[..8] && mem[64..72] == mem[..8] {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // A moves to RESET: its two completions go, B's stays.
+        let mut attr: ibv_qp_attr = std::mem::zeroed();
+        attr.qp_state = 0;
+        assert_eq!(ibv_modify_qp(a, &mut attr, 1), 0);
+        let wc = poll_one(ctx, cq).expect("B's completion");
+        assert_eq!((wc.wr_id, wc.qp_num, wc.status), (1, (*b).qp_num, 0));
+        let mut more = [ibv_wc::default(); 4];
+        assert_eq!(ops.poll_cq.unwrap()(cq, 4, more.as_mut_ptr()), 0, "nothing of A's is left");
+        assert_eq!(ibv_destroy_qp(a), 0);
+        assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}

@@ -24,7 +24,7 @@ use crate::backend::{DeviceKind, MaybeTrace, Tracer};
 use crate::context::Context;
 use crate::error::{Result, VerbsError};
 use crate::event::lock;
-use crate::shared::DeviceShared;
+use crate::shared::{DeviceShared, UpGate};
 
 /// The PCI vendor id of Mellanox / NVIDIA networking.
 pub const MELLANOX_VENDOR_ID: u16 = 0x15b3;
@@ -191,6 +191,8 @@ struct Entry {
     source: Source,
     /// The opened HCA while any context or object holds it.
     open: Mutex<Weak<DeviceShared>>,
+    /// Up from a bring-up until that HCA's teardown has finished.
+    gate: Arc<UpGate>,
     #[cfg(feature = "sim")]
     wire: Mutex<Option<Wire>>,
 }
@@ -200,6 +202,7 @@ impl Entry {
         Arc::new(Entry {
             source,
             open: Mutex::new(Weak::new()),
+            gate: Arc::default(),
             #[cfg(feature = "sim")]
             wire: Mutex::new(None),
         })
@@ -293,6 +296,8 @@ impl Device {
         if let Some(dev) = slot.upgrade() {
             return Ok(Context::attach(dev));
         }
+        // The last context may be dropping right now on another thread: its teardown finishes first.
+        self.entry.gate.wait_down();
         let dev = match &self.entry.source {
             #[cfg(feature = "sim")]
             Source::Sim(d) => {
@@ -301,6 +306,7 @@ impl Device {
             }
             Source::Pci(bdf) => bring_up_vfio(*bdf, trace)?,
         };
+        dev.hold_up(&self.entry.gate);
         *slot = Arc::downgrade(&dev);
         Ok(Context::attach(dev))
     }

@@ -147,7 +147,8 @@ impl ChannelShared {
     }
 }
 
-/// A non-blocking `eventfd`: readable while the queue holds events.
+/// An `eventfd`: readable while the queue holds events. It is made blocking, so the `O_NONBLOCK` flag is the
+/// program's alone to set (`fcntl`), as on the kernel's uverbs descriptors; the driver's own reads never block.
 #[derive(Debug)]
 struct EventFd(i32);
 
@@ -155,7 +156,7 @@ struct EventFd(i32);
 impl EventFd {
     fn new() -> Option<Self> {
         // SAFETY: eventfd takes no pointers; the returned descriptor is owned by the value made from it.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         (fd >= 0).then_some(EventFd(fd))
     }
 
@@ -167,9 +168,15 @@ impl EventFd {
     }
 
     fn clear(&self) {
+        // Read only a non-zero counter: the descriptor may be blocking. Its owner's lock is held, so nothing
+        // else of the driver reads it between the check and the read.
+        let mut p = libc::pollfd { fd: self.0, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        if unsafe { libc::poll(&mut p, 1, 0) } != 1 || p.revents & libc::POLLIN == 0 {
+            return;
+        }
         let mut buf = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live local buffer from a descriptor this value owns; a counter
-        // already at zero gives EAGAIN (non-blocking), which leaves it as wanted.
+        // SAFETY: reads at most 8 bytes into a live local buffer from a descriptor this value owns.
         let _ = unsafe { libc::read(self.0, buf.as_mut_ptr().cast(), buf.len()) };
     }
 }

@@ -479,28 +479,55 @@ impl<'a> MemoryRegion<'a> {
     }
 
     fn rereg_inner(&self, req: Rereg<'_>) -> Result<MrObj> {
-        let old_pd = &self.obj.pd;
-        let new_pd = req.pd.map_or_else(|| old_pd.clone(), |p| p.obj.clone());
+        let memory = match &req.memory {
+            Some((m, iova)) => {
+                let p = NonNull::new(m.as_ptr().cast_mut()).ok_or(VerbsError::Invalid("null memory".into()))?;
+                Some((p, m.len(), *iova))
+            }
+            None => None,
+        };
+        // SAFETY: the new region borrows the memory mutably for its whole life ('b), as `reg_mr` does.
+        unsafe { self.obj.rereg(memory, req.pd.map(|p| &p.obj), req.access) }
+    }
+}
+
+impl MrObj {
+    /// `ibv_rereg_mr` on the key this object holds: new process memory (`memory`: address, length, `iova`),
+    /// protection domain and access, each when given. A new key is made and the old one destroyed; on success
+    /// this object holds no key any more and the returned one does; on failure this object keeps its key as it
+    /// was.
+    ///
+    /// # Safety
+    /// New memory stays allocated, and its whole pages hold nothing the device must not reach, until the
+    /// returned region is deregistered.
+    pub(crate) unsafe fn rereg(
+        &self,
+        memory: Option<(NonNull<u8>, usize, Option<u64>)>,
+        pd: Option<&Arc<PdObj>>,
+        access: Option<Access>,
+    ) -> Result<MrObj> {
+        let old_pd = &self.pd;
+        let new_pd = pd.map_or_else(|| old_pd.clone(), Arc::clone);
         if !Arc::ptr_eq(&new_pd.ctx.dev, &old_pd.ctx.dev) {
             return Err(VerbsError::Invalid("the protection domain is another device's".into()));
+        }
+        if memory.is_some_and(|(_, len, _)| len == 0) {
+            return Err(VerbsError::Invalid("a memory region covers at least one byte".into()));
         }
         let dev = &old_pd.ctx.dev;
         let dma = dev.kind.dma();
         let mut c = dev.control();
-        let mut slot = lock(&self.obj.mr);
+        let mut slot = lock(&self.mr);
         let mr = slot.take().ok_or(VerbsError::Destroyed { what: "memory region" })?;
-        let mem = match &req.memory {
-            Some((m, iova)) => {
-                let ptr = NonNull::new(m.as_ptr().cast_mut()).ok_or(VerbsError::Invalid("null memory".into()));
-                // SAFETY: the new region borrows the memory mutably for its whole life ('b), as `reg_mr` does.
-                match ptr.and_then(|p| unsafe { c.maps.acquire(&dma, p, m.len()) }.map(|k| (p, m.len(), k, *iova))) {
-                    Ok(v) => Some(v),
-                    Err(e) => {
-                        *slot = Some(mr);
-                        return Err(e);
-                    }
+        let mem = match memory {
+            // SAFETY: the caller keeps the memory as `acquire` requires.
+            Some((p, len, iova)) => match unsafe { c.maps.acquire(&dma, p, len) } {
+                Ok(k) => Some((p, len, k, iova)),
+                Err(e) => {
+                    *slot = Some(mr);
+                    return Err(e);
                 }
-            }
+            },
             None => None,
         };
         let pd_guard = lock(&new_pd.pd);
@@ -514,18 +541,18 @@ impl<'a> MemoryRegion<'a> {
             return Err(VerbsError::Destroyed { what: "protection domain" });
         };
         let view = mem.and_then(|(ptr, len, k, iova)| Some((maps.view(k, ptr, len)?, iova)));
-        let core_req = CoreRereg { translation: view, pd: req.pd.map(|_| p), access: req.access };
+        let core_req = CoreRereg { translation: view, pd: pd.map(|_| p), access };
         match hca.rereg_mr(mr, core_req, delay) {
             Ok(new) => {
                 // The old key is gone: its mapping share (when the memory changed) and its PD count go with it.
                 let map = match mem {
                     Some((_, _, k, _)) => {
-                        if let Some(old) = self.obj.map {
+                        if let Some(old) = self.map {
                             maps.release(&dma, old);
                         }
                         Some(k)
                     }
-                    None => self.obj.map,
+                    None => self.map,
                 };
                 new_pd.users.fetch_add(1, Ordering::AcqRel);
                 old_pd.users.fetch_sub(1, Ordering::AcqRel);

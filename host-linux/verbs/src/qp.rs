@@ -283,13 +283,45 @@ impl QpObj {
         })
     }
 
-    /// `ibv_modify_qp`.
+    /// `ibv_modify_qp`. A move to RESET also takes the QP's unpolled completions out of its CQs, as libmlx5
+    /// does (`mlx5_cq_clean`): the reset QP's work request tables start over, so an old completion would name
+    /// the wrong work request.
     pub(crate) fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let mut c = self.pd.ctx.dev.control();
-        let mut g = lock(&self.ring);
-        let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
-        let (hca, delay) = c.parts();
-        Ok(hca.modify_qp(qp, attr, mask, delay)?)
+        {
+            let mut g = lock(&self.ring);
+            let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
+            let (hca, delay) = c.parts();
+            hca.modify_qp(qp, attr, mask, delay)?;
+        }
+        if mask.0 & QpAttrMask::STATE.0 != 0 && attr.qp_state == QpState::Reset {
+            // The QP's lock is released first: a poll holds a CQ's lock, then its QPs'.
+            self.clean_cqs();
+        }
+        Ok(())
+    }
+
+    /// Removes this QP's unpolled completions from its CQs (each once, in ascending CQN order as `create`
+    /// locks them); receives through an SRQ give their WQEs back to it.
+    fn clean_cqs(&self) {
+        let mmio = &self.pd.ctx.dev.mmio;
+        let mut cqs = [&self.send_cq, &self.recv_cq];
+        cqs.sort_by_key(|c| c.cqn());
+        for (k, cq) in cqs.iter().enumerate() {
+            if k == 1 && Arc::ptr_eq(cqs[0], cq) {
+                break;
+            }
+            let mut r = lock(&cq.ring);
+            let Some(ring) = r.cq.as_mut() else { continue };
+            let srq = self.srq.as_ref();
+            ring.clean(mmio, self.qpn, |wqe_counter| {
+                if let Some(s) = srq {
+                    if let Some(s) = lock(&s.ring).as_mut() {
+                        let _ = s.srq_done(wqe_counter);
+                    }
+                }
+            });
+        }
     }
 
     /// `ibv_query_qp`'s state.
@@ -303,6 +335,11 @@ impl QpObj {
 
     pub(crate) fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    /// Bytes of the send and receive rings (0 once destroyed).
+    pub(crate) fn buf_bytes(&self) -> usize {
+        lock(&self.ring).as_ref().map_or(0, |q| q.sizes().sq_bytes() + q.sizes().rq_bytes())
     }
 
     pub(crate) fn cap(&self) -> QpCap {
@@ -372,6 +409,8 @@ impl QpObj {
             c.orphan_qps.push(e.obj);
             return Err(VerbsError::Destroy(e.error));
         }
+        // Its completions not yet polled name a QP that is gone (libmlx5 cleans them at destroy too).
+        self.clean_cqs();
         self.pd.users.fetch_sub(1, Ordering::AcqRel);
         self.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.recv_cq.users.fetch_sub(1, Ordering::AcqRel);

@@ -60,6 +60,12 @@ impl RawPd {
         self.0.pdn()
     }
 
+    /// Another handle on the same PD (a parent domain's): objects made through it count on the PD; only the
+    /// PD's own handle should deallocate it.
+    pub fn share(&self) -> RawPd {
+        RawPd(self.0.clone())
+    }
+
     /// `ibv_dealloc_pd`: `EBUSY` while memory regions, QPs or SRQs use it.
     pub fn dealloc(&self) -> Result<()> {
         self.0.dealloc()
@@ -120,6 +126,23 @@ impl RawMr {
     /// `ibv_dereg_mr`.
     pub fn dereg(&self) -> Result<()> {
         self.0.dereg()
+    }
+
+    /// `ibv_rereg_mr` by re-creating the key: new process memory (`memory`: address, length, `iova` or the
+    /// address), protection domain and access, each when given. On success this handle holds no key any more
+    /// (the returned one does, with new keys); on failure it keeps its key as it was.
+    ///
+    /// # Safety
+    /// New memory stays allocated, and its whole pages hold nothing the device must not reach, until the
+    /// returned region is deregistered.
+    pub unsafe fn rereg(
+        &self,
+        memory: Option<(NonNull<u8>, usize, Option<u64>)>,
+        pd: Option<&RawPd>,
+        access: Option<Access>,
+    ) -> Result<RawMr> {
+        // SAFETY: the caller's duties are `MrObj::rereg`'s.
+        Ok(RawMr(unsafe { self.0.rereg(memory, pd.map(|p| &p.0), access) }?))
     }
 }
 
@@ -193,6 +216,11 @@ pub fn create_cq(ctx: &Context, attr: CqAttr, cq_context: u64, channel: Option<&
 }
 
 impl RawCq {
+    /// Bytes of the CQ's ring (0 once destroyed): what a provider asks a parent domain's allocator for.
+    pub fn buf_bytes(&self) -> usize {
+        lock(&self.0.ring).cq.as_ref().map_or(0, |c| c.buf().len())
+    }
+
     pub fn cqn(&self) -> u32 {
         self.0.cqn()
     }
@@ -237,6 +265,11 @@ impl RawCq {
 pub struct RawQp(QpObj);
 
 impl RawQp {
+    /// Bytes of the QP's send and receive rings (0 once destroyed).
+    pub fn buf_bytes(&self) -> usize {
+        self.0.buf_bytes()
+    }
+
     pub fn qpn(&self) -> u32 {
         self.0.qpn()
     }
@@ -277,6 +310,11 @@ impl RawQp {
 pub struct RawSrq(Arc<SrqObj>);
 
 impl RawSrq {
+    /// Bytes of the SRQ's ring (0 once destroyed).
+    pub fn buf_bytes(&self) -> usize {
+        lock(&self.0.ring).as_ref().map_or(0, |s| s.sizes().buf_bytes())
+    }
+
     pub fn srqn(&self) -> u32 {
         self.0.srqn()
     }

@@ -272,6 +272,39 @@ pub(crate) struct DeviceShared {
     /// The node GUID, once asked for.
     node_guid: OnceLock<u64>,
     service: Service,
+    /// The device entry's gate, held up while this HCA lives; dropped after [`Drop for DeviceShared`]'s teardown
+    /// (fields drop after the body, unwinding too), which lets the next open of the device bring it up.
+    up: OnceLock<UpToken>,
+}
+
+/// Whether a device's HCA is up, from its bring-up until its teardown has finished. An open that finds no live
+/// HCA waits here first: the last context's drop may still be tearing the previous one down (its weak handle
+/// no longer upgrades), and a bring-up meeting that half-done teardown would fail (ENABLE_HCA in a bad state).
+#[derive(Debug, Default)]
+pub(crate) struct UpGate {
+    up: Mutex<bool>,
+    down: Condvar,
+}
+
+impl UpGate {
+    /// Waits until no HCA of the device is up.
+    pub(crate) fn wait_down(&self) {
+        let mut up = lock(&self.up);
+        while *up {
+            up = self.down.wait(up).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+/// Holds an [`UpGate`] up; lowers it when dropped.
+#[derive(Debug)]
+struct UpToken(Arc<UpGate>);
+
+impl Drop for UpToken {
+    fn drop(&mut self) {
+        *lock(&self.0.up) = false;
+        self.0.down.notify_all();
+    }
 }
 
 /// What the service thread shares with the device: the control path and the dead flag. The thread holds this, not
@@ -372,6 +405,7 @@ impl DeviceShared {
             next_ctx: AtomicU64::new(1),
             node_guid: OnceLock::new(),
             service: Service::default(),
+            up: OnceLock::new(),
         });
         dev.service.spawn(core);
         dev
@@ -400,6 +434,14 @@ impl DeviceShared {
             LinkLayer::Ethernet => hca.exec(&mut QueryNicVportContext, delay)?.node_guid,
         };
         Ok(*self.node_guid.get_or_init(|| guid))
+    }
+
+    /// Holds `gate` up until this HCA's teardown has finished.
+    pub(crate) fn hold_up(&self, gate: &Arc<UpGate>) {
+        *lock(&gate.up) = true;
+        if self.up.set(UpToken(gate.clone())).is_err() {
+            log::error!("an HCA held its device's gate twice");
+        }
     }
 
     pub(crate) fn new_context_id(&self) -> u64 {

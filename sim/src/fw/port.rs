@@ -239,6 +239,12 @@ impl PortModel {
         (gid != [0; 16]).then_some(gid)
     }
 
+    /// Whether some RoCE GID table entry holds `gid` (a link-local, IPv4-mapped or other IPv6 address).
+    pub(crate) fn holds_roce_gid(&self, gid: &[u8; 16]) -> bool {
+        let at = ifc::roce_addr_layout::SOURCE_L3_ADDRESS.byte_off();
+        *gid != [0; 16] && self.roce_table.iter().any(|e| e[at..at + 16] == gid[..])
+    }
+
     pub(crate) fn query_nic_vport_context(&self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::nic_vport_context as n;
         if rd(inp, ifc::query_nic_vport_context_in::OTHER_VPORT) != 0 {

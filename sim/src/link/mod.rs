@@ -3,10 +3,12 @@
 //!
 //! A packet (module `wire`) is a whole message (one request or one response); between Ethernet ports, of this
 //! process (`local.rs`), of another process (`tcp.rs`) or a QEMU guest (`guest.rs`), it crosses as the RoCEv2
-//! frames it stands for. Routing is by the sender's path or address vector: the IB destination LID, or the RoCE
-//! destination GID together with the destination MAC. The device's own address is loopback (the packet goes to its
-//! own inbox and is handled under the same lock); an address of a peer joined by [`crate::SimDevice::connect`]
-//! goes out on the wire; anything else is unreachable.
+//! frames it stands for. Routing is by the sender's path or address vector: the IB destination LID, or on
+//! Ethernet the destination MAC, as an Ethernet segment delivers; the receiving port then takes a RoCE packet only
+//! for one of its own GIDs (its link-local GID or any entry of its GID table, IPv4-mapped ones included:
+//! `State::owns_gid`). The device's own address is loopback (the packet goes to its own inbox and is handled
+//! under the same lock); an address of a peer joined by [`crate::SimDevice::connect`] goes out on the wire;
+//! anything else is unreachable.
 //!
 //! A peer in another process is reached through a [`tcp::Link`]: a TCP connection that carries serialized
 //! packets (see `tcp.rs`); to the routing here it is just another peer.
@@ -22,6 +24,7 @@ use std::sync::{Arc, Weak};
 
 use crate::config::{PortType, SimConfig};
 use crate::fw::port::GID_ENTRIES;
+use crate::wire::roce::frame::mapped;
 use crate::wire::{self, roce_map, Dest, GID_LEN};
 use crate::Shared;
 
@@ -141,7 +144,8 @@ impl PortAddr {
     fn matches(&self, d: &Dest) -> bool {
         match *d {
             Dest::Lid(lid) => self.ib && lid != 0 && lid == self.lid,
-            Dest::Gid { gid, mac } => !self.ib && gid == self.gid && mac == self.mac,
+            // By MAC: which of its GIDs the packet names is the receiving port's to check.
+            Dest::Gid { mac, .. } => !self.ib && mac == self.mac,
         }
     }
 }
@@ -170,6 +174,9 @@ pub(crate) struct Wire {
     /// Frames from links that failed a check, and those that passed.
     pub(crate) drops: DropCounters,
     pub(crate) frames_in: u64,
+    /// The port's IP addresses (`SimConfig::ipv4_addrs`, `ipv6_addrs`), from which a driver builds its GID table.
+    ipv4: &'static [[u8; 4]],
+    ipv6: &'static [[u8; GID_LEN]],
 }
 
 impl Wire {
@@ -184,7 +191,14 @@ impl Wire {
             pcap: if cfg.port_type == PortType::Eth { cfg.pcap.clone() } else { None },
             drops: DropCounters::default(),
             frames_in: 0,
+            ipv4: cfg.ipv4_addrs,
+            ipv6: cfg.ipv6_addrs,
         }
+    }
+
+    /// Whether `gid` is an address of this port: its link-local GID or one of its IP addresses (IPv4-mapped).
+    pub(crate) fn owns(&self, gid: &[u8; GID_LEN]) -> bool {
+        *gid == self.addr.gid || self.ipv4.iter().any(|a| mapped(*a) == *gid) || self.ipv6.contains(gid)
     }
 
     /// The MAC of the port a device is plugged in with (this port's own for loopback).
@@ -228,7 +242,8 @@ impl Wire {
     /// The device a destination address names.
     #[inline]
     pub(crate) fn route(&self, d: &Dest) -> Result<DevRef, &'static str> {
-        if self.addr.matches(d) {
+        // Loopback: the sender is the receiving port and checks the GID itself.
+        if self.addr.matches(d) && !matches!(d, Dest::Gid { gid, .. } if !self.owns(gid)) {
             return Ok(self.me_here());
         }
         if let Some(p) = self.peers.iter().find(|p| p.addr.matches(d)) {
@@ -394,17 +409,107 @@ mod tests {
         a.post_send(&mut qa, &Wqe::new(SEND).av(&wrong).data(15, ma.key, ma.addr()), Bell::Db);
         let dropped = SimEvent::UdDropped { qpn: qa.qpn, dqpn: qb.qpn, why: "destination MAC is not the GID's port" };
         assert!(a.h.dev.events().contains(&dropped));
-        // A GID nobody on the wire owns.
+        // A GID nobody on the wire owns, behind B's MAC: the wire delivers it, B's port drops it.
         let mut nobody = av;
         nobody.rgid[9] ^= 0x40;
+        a.post_send(&mut qa, &Wqe::new(SEND).av(&nobody).data(15, ma.key, ma.addr()), Bell::Db);
+        let not_b = SimEvent::FrameDropped { why: "destination GID is not in the port's GID table" };
+        assert!(b.h.dev.events().contains(&not_b));
+        // Behind a MAC nobody has.
+        nobody.rmac[5] ^= 0x40;
         a.post_send(&mut qa, &Wqe::new(SEND).av(&nobody).data(15, ma.key, ma.addr()), Bell::Db);
         assert!(a.h.dev.events().contains(&SimEvent::UdDropped {
             qpn: qa.qpn,
             dqpn: qb.qpn,
             why: "unknown destination"
         }));
-        assert_eq!(a.drain(&mut a_cq).len(), 2);
+        assert_eq!(a.drain(&mut a_cq).len(), 3);
         assert!(b.poll(&mut b_cq).is_none());
+    }
+
+    #[test]
+    fn roce_reaches_every_gid_of_the_receiving_port() {
+        use crate::wire::roce::frame::mapped;
+        let mut a = Rdma::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 1]], ..roce(0x01, Mode::Inline) });
+        let mut b = Rdma::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 2]], ..roce(0x02, Mode::Inline) });
+        a.h.dev.connect(&b.h.dev);
+        // A's IPv4 GID at index 1; B's table holds, besides its default GID, an address only its driver gave it.
+        assert_eq!(a.h.set_roce_address(1, mapped([10, 0, 0, 1])), (0, 0));
+        assert_eq!(b.h.set_roce_address(1, mapped([10, 0, 0, 2])), (0, 0));
+        assert_eq!(b.h.set_roce_address(2, mapped([10, 9, 9, 9])), (0, 0));
+        let (mut a_cq, mut b_cq) = (a.cq(8), b.cq(8));
+        let mut qa = a.qp(QpSpec::ud(), a_cq.cqn, a_cq.cqn);
+        let mut qb = b.qp(QpSpec::ud(), b_cq.cqn, b_cq.cqn);
+        a.ready_ud(&qa, 0x77);
+        b.ready_ud(&qb, 0x77);
+        let (ma, mb) = (a.mr(4096), b.mr(4096));
+        ma.write(0, b"to any address");
+        let (b_mac, b_qpn) = (b.me(qb.qpn).mac, qb.qpn);
+        let av = |sgid_index, rgid| TAv {
+            dqpn: b_qpn,
+            qkey: 0x77,
+            grh: true,
+            hop_limit: 64,
+            sgid_index,
+            rgid,
+            rmac: b_mac,
+            ..TAv::default()
+        };
+        // The link-local GID (IPv6 frames), the IPv4 address (IPv4 frames), a GID only in B's table: delivered.
+        let to = [(0, b.me(qb.qpn).gid), (1, mapped([10, 0, 0, 2])), (1, mapped([10, 9, 9, 9]))];
+        for (i, (sgid_index, rgid)) in to.into_iter().enumerate() {
+            let at = 256 * i;
+            b.post_recv(&mut qb, &[(mb.addr() + at as u64, 100, mb.key)]);
+            a.post_send(&mut qa, &Wqe::new(SEND).av(&av(sgid_index, rgid)).data(14, ma.key, ma.addr()), Bell::Db);
+            assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+            let e = b.poll(&mut b_cq).unwrap_or_else(|| panic!("not delivered to {rgid:x?}"));
+            assert_eq!((e.opcode(), e.byte_cnt()), (consts::MLX5_CQE_RESP_SEND, 40 + 14));
+            // The GRH names the address the frame was sent to.
+            assert_eq!(mb.read(at + 24, 16), rgid);
+            assert_eq!(mb.read(at + 40, 14), b"to any address");
+        }
+        assert_eq!(b.h.dev.frame_drops().total(), 0);
+        // An IPv4 address B does not hold, behind B's MAC: dropped by B's port.
+        b.post_recv(&mut qb, &[(mb.addr() + 1024, 100, mb.key)]);
+        a.post_send(&mut qa, &Wqe::new(SEND).av(&av(1, mapped([10, 0, 0, 3]))).data(14, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        assert!(b.poll(&mut b_cq).is_none());
+        let dropped = SimEvent::FrameDropped { why: "destination GID is not in the port's GID table" };
+        assert!(b.h.dev.events().contains(&dropped));
+        // RC between the two IPv4 addresses: a SEND and its ACK cross as IPv4 frames.
+        let (mut a_rc, mut b_rc) = (a.cq(4), b.cq(4));
+        let mut ra = a.qp(QpSpec::rc(), a_rc.cqn, a_rc.cqn);
+        let mut rb = b.qp(QpSpec::rc(), b_rc.cqn, b_rc.cqn);
+        let to_b = crate::testutil::Remote { gid: mapped([10, 0, 0, 2]), ..b.me(rb.qpn) };
+        let to_a = crate::testutil::Remote { gid: mapped([10, 0, 0, 1]), ..a.me(ra.qpn) };
+        a.connect_rc(&ra, &to_b, RcParams::default());
+        b.connect_rc(&rb, &to_a, RcParams::default());
+        b.post_recv(&mut rb, &[(mb.addr() + 2048, 64, mb.key)]);
+        a.post_send(&mut ra, &Wqe::new(SEND).data(14, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.poll(&mut a_rc).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        assert_eq!(b.poll(&mut b_rc).unwrap().byte_cnt(), 14);
+        assert_eq!(mb.read(2048, 14), b"to any address");
+    }
+
+    #[test]
+    fn loopback_to_the_ports_own_ipv4_gid() {
+        use crate::wire::roce::frame::mapped;
+        let mut r = Rdma::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 7]], ..roce(0x07, Mode::Inline) });
+        let cq = r.cq(4);
+        let (mut a, mut b) = (r.qp(QpSpec::rc(), cq.cqn, cq.cqn), r.qp(QpSpec::rc(), cq.cqn, cq.cqn));
+        let me = |q: &crate::testutil::TQp| crate::testutil::Remote { gid: mapped([10, 0, 0, 7]), ..r.me(q.qpn) };
+        let (to_b, to_a) = (me(&b), me(&a));
+        r.connect_rc(&a, &to_b, RcParams::default());
+        r.connect_rc(&b, &to_a, RcParams::default());
+        let m = r.mr(4096);
+        m.write(0, b"self");
+        r.post_recv(&mut b, &[(m.addr() + 512, 64, m.key)]);
+        r.post_send(&mut a, &Wqe::new(SEND).data(4, m.key, m.addr()), Bell::Db);
+        let mut cq = cq;
+        // The receive completes before the ACK reaches the sender.
+        let st: Vec<_> = r.drain(&mut cq).iter().map(|e| e.status()).collect();
+        assert_eq!(st, [(consts::MLX5_CQE_RESP_SEND, 0), (consts::MLX5_CQE_REQ, 0)]);
+        assert_eq!(m.read(512, 4), b"self");
     }
 
     /// An RC QP on each of two devices, connected to each other.

@@ -61,13 +61,7 @@ impl State {
             cq.overruns += 1;
             if !cq.oi {
                 // Hardware never overwrites an unconsumed CQE of a CQ without `oi`: the CQ goes to error.
-                cq.status = consts::MLX5_CQC_STATUS_CQ_OVERFLOW;
-                self.events.push(SimEvent::CqOverrun { cqn });
-                self.post_eqe(
-                    consts::MLX5_EVENT_TYPE_CQ_ERROR,
-                    0,
-                    &cq_err_data(cqn, consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN),
-                );
+                self.cq_overflow(cqn);
                 return Err(PostCqeError::Overrun);
             }
         }
@@ -89,6 +83,20 @@ impl State {
             self.fire_completion(cqn);
         }
         Ok(n)
+    }
+
+    /// CQ `cqn` enters overflow: its status says so and a CQ-error EQE reports the overrun (the CQ takes no
+    /// more CQEs). Returns whether the CQ existed and was not in error already.
+    pub(crate) fn cq_overflow(&mut self, cqn: u32) -> bool {
+        let Some(cq) = self.fw.cqs.get_mut(&cqn) else { return false };
+        if cq.status != consts::MLX5_CQC_STATUS_OK {
+            return false;
+        }
+        cq.status = consts::MLX5_CQC_STATUS_CQ_OVERFLOW;
+        self.events.push(SimEvent::CqOverrun { cqn });
+        let synd = consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN;
+        self.post_eqe(consts::MLX5_EVENT_TYPE_CQ_ERROR, 0, &cq_err_data(cqn, synd));
+        true
     }
 
     /// The CQ could not reach its memory: it enters write-fail and a CQ-error EQE reports the access violation.

@@ -48,6 +48,9 @@ pub(crate) struct RoceRx {
     spare: Vec<Vec<u8>>,
 }
 
+/// Why a RoCE packet delivered to this port's MAC is dropped when it names another port's GID.
+const NOT_OUR_GID: &str = "destination GID is not in the port's GID table";
+
 /// The most neighbours remembered (the oldest is forgotten first).
 const MAX_NEIGHBOURS: usize = 64;
 /// Reassembly buffers kept for the next messages, and the largest kept (a bigger one is freed).
@@ -113,6 +116,12 @@ impl State {
     /// request for a QP that cannot take it, so that its requester learns at once, as in-process tests expect,
     /// what a requester across a real link learns from its ACK timer.
     pub(crate) fn receive_over_wire(&mut self, p: Packet) {
+        // A request for a GID this port does not hold goes no further, whichever form it crosses in.
+        if let (Some(g), false) = (&p.grh, matches!(p.body, Body::Resp { .. })) {
+            if !self.wire.addr.ib && !self.dead() && !self.owns_gid(&g.dgid) {
+                return self.rx_drop(NOT_OUR_GID);
+            }
+        }
         let ready = |st: QpType| {
             self.fw.qps.get(&p.dst_qpn).is_some_and(|q| q.st == st && matches!(q.state, QpState::Rtr | QpState::Rts))
         };
@@ -219,8 +228,17 @@ impl State {
         self.wire.inbox.push_back(p);
     }
 
+    /// Whether `gid` is one of this port's addresses: its link-local GID or IP addresses (`Wire::owns`), or an
+    /// entry of the RoCE GID table the driver programmed (SET_ROCE_ADDRESS).
+    pub(crate) fn owns_gid(&self, gid: &[u8; 16]) -> bool {
+        self.wire.owns(gid) || self.fw.port.holds_roce_gid(gid)
+    }
+
     fn rx_roce(&mut self, r: &RoceRepr<'_>, from: &DevRef) {
         use Opcode::*;
+        if !self.owns_gid(&r.ip.dst_gid()) {
+            return self.rx_drop(NOT_OUR_GID);
+        }
         let qpn = r.bth.dest_qpn;
         match r.bth.opcode {
             UdSendOnly | UdSendOnlyImm => {

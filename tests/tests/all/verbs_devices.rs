@@ -171,6 +171,32 @@ fn two_contexts_share_one_hca_ping_pong_and_the_last_close_tears_down() {
 }
 
 #[test]
+fn opens_racing_the_last_close_wait_for_its_teardown() {
+    // Threads open and close one device over and over: an open that finds the HCA gone while the last close's
+    // teardown still runs waits for it, then brings the device up again (never ENABLE_HCA on a half-torn-down
+    // function).
+    let reg = DeviceRegistry::new(&[DeviceSpec::parse("sim").unwrap()], temp_dir("race"));
+    let dev = reg.devices().remove(0);
+    let sim = dev.sim_device().unwrap().clone();
+    std::thread::scope(|s| {
+        for t in 0..6 {
+            let dev = &dev;
+            s.spawn(move || {
+                for i in 0..40 {
+                    let ctx = dev.open().unwrap_or_else(|e| panic!("thread {t}, open {i}: {e}"));
+                    let pd = ctx.alloc_pd().unwrap();
+                    drop(pd);
+                    drop(ctx);
+                }
+            });
+        }
+    });
+    assert!(!dev.is_open());
+    assert_eq!(sim.hca_state(), HcaState::Disabled);
+    assert_eq!(sim.dma_outstanding(), (0, 0));
+}
+
+#[test]
 fn wired_specs_join_two_registries_devices_over_the_simulated_wire() {
     // Two processes' device lists, here two registries of one process, over 127.0.0.1.
     let a = DeviceRegistry::new(&[DeviceSpec::parse("sim:wire=listen:127.0.0.1:0").unwrap()], temp_dir("wa"));
