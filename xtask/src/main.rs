@@ -25,6 +25,7 @@ mod codegen;
 mod fuzz;
 mod libibverbs;
 mod linux_drives_sim;
+mod linux_ifc;
 mod miri;
 mod modcheck;
 mod rxe;
@@ -125,7 +126,8 @@ fn ci(root: &Path) -> Result<(), String> {
 const USAGE: &str = "usage: cargo xtask <command> [options]
 
 commands:
-  vendor                         copy PRM facts from ../shared/prm into core/prm/
+  vendor [--linux-extra]         copy PRM facts from ../shared/prm into core/prm/ (--linux-extra: extract the
+                                 layouts ../shared/prm lacks from Linux 6.12's mlx5_ifc.h, checked by the C compiler)
   codegen [--check]              regenerate core/src/prm/generated.rs (--check: fail if it is stale)
   ci                             everything CI runs
   vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
@@ -150,7 +152,7 @@ commands:
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
-    Vendor,
+    Vendor { linux_extra: bool },
     Codegen { check: bool },
     Ci,
     VfioTest,
@@ -176,7 +178,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         return Err(ArgError::Help);
     }
     let mut task = match command.as_str() {
-        "vendor" => Task::Vendor,
+        "vendor" => Task::Vendor { linux_extra: false },
         "codegen" => Task::Codegen { check: false },
         "ci" => Task::Ci,
         "vfio-test" => Task::VfioTest,
@@ -199,6 +201,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         }
         match (&mut task, a.as_str()) {
             (Task::Codegen { check }, "--check") => *check = true,
+            (Task::Vendor { linux_extra }, "--linux-extra") => *linux_extra = true,
             (Task::Bench { json, .. }, "--json") => *json = true,
             (Task::Bench { peer, .. }, "--peer") => *peer = true,
             (Task::Fuzz(v), "--seconds") => {
@@ -238,7 +241,8 @@ fn main() -> ExitCode {
     };
     let root = root();
     let result = match task {
-        Task::Vendor => codegen::run_vendor(&root),
+        Task::Vendor { linux_extra: false } => codegen::run_vendor(&root),
+        Task::Vendor { linux_extra: true } => linux_ifc::run_vendor_extra(&root),
         Task::Codegen { check } => codegen::run_codegen(&root, check),
         Task::Ci => ci(&root),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
