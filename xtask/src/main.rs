@@ -31,6 +31,7 @@ mod modcheck;
 mod rxe;
 mod soak;
 mod uml;
+mod verbs_guest;
 mod vfio_test;
 
 use std::path::{Path, PathBuf};

@@ -60,6 +60,8 @@ pub struct Stats {
     /// BAR writes narrower than the device's 32-bit registers (the simulator cannot take them).
     pub narrow_writes: u64,
     pub msis: u64,
+    /// Doorbells user processes wrote into the BAR file (`barfile.rs`), replayed as BAR writes.
+    pub user_doorbells: u64,
     /// EQ interrupts the simulator fired (each becomes an MSI now or when its vector is unmasked).
     pub interrupts: u64,
 }

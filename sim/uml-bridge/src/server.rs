@@ -50,6 +50,8 @@ pub struct Server {
     trace: Option<File>,
     trace_cursor: usize,
     verbose: bool,
+    /// The BAR file user doorbells land in (`--bar-file`), watched on every pass.
+    pub bar_file: Option<crate::barfile::BarFile>,
     // Last, so the device and memory view are gone before the mappings are.
     maps: Vec<Mapping>,
 }
@@ -70,6 +72,7 @@ impl Server {
             trace,
             trace_cursor: 0,
             verbose,
+            bar_file: None,
             maps: Vec::new(),
         }
     }
@@ -139,6 +142,14 @@ impl Server {
         }
         if served {
             self.notify(CMD_VQ);
+        }
+        // Doorbells user processes wrote into their mapped UAR pages since the last pass.
+        if let Some(bar) = &mut self.bar_file {
+            for (off, bytes) in bar.changed() {
+                self.dev.stats.user_doorbells += 1;
+                let msis = self.dev.bar_write(off, &bytes);
+                self.pending_msi.extend(msis);
+            }
         }
         let now = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.dev.tick(now);
