@@ -72,7 +72,7 @@ impl BarFile {
 
     /// One aligned 64-bit register, read as a single access (a store in progress is seen whole or not at all).
     fn read(&self, off: usize) -> [u8; 8] {
-        debug_assert!(off % 8 == 0 && off + 8 <= self.len);
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.len);
         // SAFETY: `off + 8 <= len` (the offsets are built below `len`), the address is 8-byte aligned (page
         // aligned mapping, offsets multiples of 8), and the mapping lives as long as `self`; volatile because the
         // guest writes it concurrently.
