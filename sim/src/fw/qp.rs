@@ -94,12 +94,35 @@ impl QpType {
     }
 }
 
+/// A QP of a special transport service that firmware handles as a datagram QP (`qpc.st` QP0, QP1 or REG_UMR):
+/// Linux's mlx5_ib creates the SMI (QP0) and hardware GSI (QP1) QPs of an InfiniBand port when it registers, and
+/// its UMR QP on the first user memory registration, and modifies all three as it modifies UD QPs (an MTU, a
+/// port, a Q_Key). The datapath treats them as UD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecialQp {
+    Qp0,
+    Qp1,
+    RegUmr,
+}
+
+impl SpecialQp {
+    pub fn raw(self) -> u32 {
+        match self {
+            SpecialQp::Qp0 => consts::MLX5_QP_ST_QP0,
+            SpecialQp::Qp1 => consts::MLX5_QP_ST_QP1,
+            SpecialQp::RegUmr => consts::MLX5_QP_ST_REG_UMR,
+        }
+    }
+}
+
 /// The state of one QP, as [`crate::SimDevice::qp_info`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInfo {
     pub qpn: u32,
     pub state: QpState,
     pub st: QpType,
+    /// The special service `qpc.st` named, when it is one (`st` is then [`QpType::Ud`]).
+    pub special: Option<SpecialQp>,
     pub pd: u32,
     pub uar: u32,
     pub cqn_snd: u32,
@@ -294,6 +317,7 @@ pub(crate) struct Outstanding {
 pub(crate) struct Qp {
     pub(crate) qpn: u32,
     pub(crate) st: QpType,
+    pub(crate) special: Option<SpecialQp>,
     pub(crate) state: QpState,
     pub(crate) pd: u32,
     pub(crate) uar: u32,
@@ -459,6 +483,7 @@ impl Qp {
             qpn: self.qpn,
             state: self.state,
             st: self.st,
+            special: self.special,
             pd: self.pd,
             uar: self.uar,
             cqn_snd: self.cqn_snd,
@@ -634,13 +659,23 @@ impl QpTable {
         use ifc::qpc as q;
         let ctx = i::QPC;
         let get = |f: Field| rd(inp, f.at(ctx));
-        let st = match get(q::ST) {
-            consts::MLX5_QP_ST_RC => QpType::Rc,
-            consts::MLX5_QP_ST_UD => QpType::Ud,
+        let ib = fw.port_type == PortType::Ib;
+        let (st, special) = match get(q::ST) {
+            consts::MLX5_QP_ST_RC => (QpType::Rc, None),
+            consts::MLX5_QP_ST_UD => (QpType::Ud, None),
             // UC only on a device that reports the transport (`cmd_hca_cap.uc`).
-            consts::MLX5_QP_ST_UC if fw.caps.gen(ifc::cmd_hca_cap::UC) != 0 => QpType::Uc,
+            consts::MLX5_QP_ST_UC if fw.caps.gen(ifc::cmd_hca_cap::UC) != 0 => (QpType::Uc, None),
+            // The subnet management QP exists on InfiniBand ports only; one per port, as the GSI QP.
+            consts::MLX5_QP_ST_QP0 if ib => (QpType::Ud, Some(SpecialQp::Qp0)),
+            consts::MLX5_QP_ST_QP1 if ib => (QpType::Ud, Some(SpecialQp::Qp1)),
+            consts::MLX5_QP_ST_REG_UMR => (QpType::Ud, Some(SpecialQp::RegUmr)),
             _ => return Err(bad_param(syndrome::QP_TYPE)),
         };
+        if let Some(sp) = special.filter(|s| *s != SpecialQp::RegUmr) {
+            if self.map.values().any(|q| q.special == Some(sp)) {
+                return Err(bad_param(syndrome::QP_TYPE));
+            }
+        }
         let unsupported = rd(inp, i::QPC_EXT) != 0
             || rd(inp, i::INPUT_QPN) != 0
             || rd(inp, i::WQ_UMEM_VALID) != 0
@@ -715,6 +750,7 @@ impl QpTable {
         let qp = Qp {
             qpn,
             st,
+            special,
             state: QpState::Rst,
             pd,
             uar,
@@ -1004,7 +1040,7 @@ impl QpTable {
         let rq_head = if dma.peek(qp.dbr, &mut head) { u32::from_be_bytes(head) & 0xffff } else { 0 };
         let fields = [
             (q::STATE, qp.state.raw().into()),
-            (q::ST, qp.st.raw()),
+            (q::ST, qp.special.map_or(qp.st.raw(), SpecialQp::raw)),
             (q::PM_STATE, consts::MLX5_QP_PM_MIGRATED),
             (q::PD, qp.pd),
             (q::MTU, qp.mtu.into()),
@@ -1128,6 +1164,48 @@ mod tests {
         crate::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::UC, 0);
         let (inp, _, _) = r.create_qp_in(uc, cq.cqn, cq.cqn);
         assert_eq!(create(&mut r, &inp).0, k::MLX5_CMD_STAT_BAD_PARAM_ERR);
+    }
+
+    #[test]
+    fn special_qps_of_an_ib_port_are_created_and_modified_as_mlx5_ib_does() {
+        // Found under UML: mlx5_ib's IB port registration creates QP0 (SMI) and the hardware GSI QP (QP1), and
+        // the first user memory registration its UMR QP (st REG_UMR); the simulator refused all three as QP_TYPE.
+        use consts as k;
+        use ifc::qpc as q;
+        let mut r = Rdma::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
+        let cq = r.cq(4);
+        for (st, special) in [
+            (k::MLX5_QP_ST_QP0, SpecialQp::Qp0),
+            (k::MLX5_QP_ST_QP1, SpecialQp::Qp1),
+            (k::MLX5_QP_ST_REG_UMR, SpecialQp::RegUmr),
+        ] {
+            let n = r.qp(QpSpec { st, ..QpSpec::ud() }, cq.cqn, cq.cqn).qpn;
+            let info = r.h.dev.qp_info(n).unwrap();
+            assert_eq!((info.st, info.special), (QpType::Ud, Some(special)));
+            // __mlx5_ib_modify_qp for these: the port, then MTU 256 (QP0/QP1) or 4096 (UMR), a Q_Key.
+            let init = |i: &mut Vec<u8>, c: Sub| {
+                i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), PORT);
+                i.set(q::Q_KEY.at(c), 0x8001_0000);
+            };
+            assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, init), (0, 0));
+            let mtu = if special == SpecialQp::RegUmr { k::IB_MTU_4096 } else { k::IB_MTU_256 };
+            assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, n, 0, |i, c| i.set(q::MTU.at(c), mtu.into())), (0, 0));
+            assert_eq!(r.modify(k::MLX5_CMD_OP_RTR2RTS_QP, n, 0, |_, _| {}), (0, 0));
+            let mut inp = vec![0u8; ifc::query_qp_in::SIZE_BYTES];
+            inp.set(ifc::mbox_in::OPCODE, k::MLX5_CMD_OP_QUERY_QP.into());
+            inp.set(ifc::query_qp_in::QPN, n);
+            let (s, _, out) = r.h.cmd(&inp, ifc::query_qp_out::SIZE_BYTES);
+            assert_eq!(s, 0);
+            assert_eq!(rd(&out, q::ST.at(ifc::query_qp_out::QPC)), st, "QUERY_QP reports the service created");
+        }
+        // One SMI and one GSI QP per port.
+        let (inp, _, _) = r.create_qp_in(QpSpec { st: k::MLX5_QP_ST_QP1, ..QpSpec::ud() }, cq.cqn, cq.cqn);
+        assert_eq!(create(&mut r, &inp), (k::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_TYPE, 0));
+        // An Ethernet port has no subnet management QP.
+        let mut e = Rdma::inline();
+        let cq = e.cq(4);
+        let (inp, _, _) = e.create_qp_in(QpSpec { st: k::MLX5_QP_ST_QP0, ..QpSpec::ud() }, cq.cqn, cq.cqn);
+        assert_eq!(create(&mut e, &inp).1, syndrome::QP_TYPE);
     }
 
     #[test]
