@@ -77,7 +77,7 @@ echo "=== ibv_devinfo exit $? ==="
                 r#"timeout {PROGRAM_TIMEOUT_S} {prog} -d mlx5_0 -s {size} -n {iters} -c > /tmp/server.txt 2>&1 &
 spid=$!
 n=0
-while ! grep -q ':{PINGPONG_PORT_HEX} ' /proc/net/tcp 2>/dev/null && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done
+while ! grep -q ':{PINGPONG_PORT_HEX} ' /proc/net/tcp /proc/net/tcp6 2>/dev/null && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done
 timeout {PROGRAM_TIMEOUT_S} {prog} -d mlx5_0 -s {size} -n {iters} -c 127.0.0.1 > /tmp/client.txt 2>&1
 crc=$?
 wait $spid
@@ -184,7 +184,6 @@ fn check_devinfo(console: &str, problems: &mut Vec<String>) {
     let want: &[(&str, &str)] = &[
         ("hca_id:", "mlx5_0"),
         ("transport:", "InfiniBand (0)"),
-        ("vendor_id:", "0x02c9"),
         ("state:", "PORT_ACTIVE (4)"),
         ("max_mtu:", "4096 (5)"),
         ("link_layer:", "InfiniBand"),
