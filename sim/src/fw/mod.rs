@@ -349,6 +349,7 @@ macro_rules! qp_fw {
             roce_gid_set: &|index| $fw.port.roce_gid_set(index),
             q_counter_valid: &|id| $fw.q_counters.valid(id),
             srq_exists: &|srqn| $fw.srqs.get(&srqn).is_some(),
+            xrcd_exists: &|x| $fw.xrcds.contains(x),
         }
     };
 }

@@ -611,6 +611,8 @@ pub(crate) struct QpFw<'a> {
     pub(crate) q_counter_valid: &'a dyn Fn(u8) -> bool,
     /// Whether an SRQ (or RMP) exists.
     pub(crate) srq_exists: &'a dyn Fn(u32) -> bool,
+    /// Whether an XRC domain exists.
+    pub(crate) xrcd_exists: &'a dyn Fn(u32) -> bool,
 }
 
 /// Whether a QP may use timestamp format `fmt` on a device whose capability is `cap`
@@ -679,11 +681,16 @@ impl QpTable {
         let unsupported = rd(inp, i::QPC_EXT) != 0
             || rd(inp, i::INPUT_QPN) != 0
             || rd(inp, i::WQ_UMEM_VALID) != 0
-            || get(q::DBR_UMEM_VALID) != 0
-            || get(q::XRCD) != 0
-            || (get(q::SRQN_RMPN_XRQN) != 0 && get(q::RQ_TYPE) != consts::MLX5_SRQ_RQ);
+            || get(q::DBR_UMEM_VALID) != 0;
         if unsupported {
             return Err(bad_param(syndrome::QP_FEATURE));
+        }
+        // mlx5_ib names one of its default XRC domains (and its default SRQ, whatever the RQ type) in every QP it
+        // creates; the domain must exist, and both are unused unless the QP is XRC or receives from the SRQ
+        // (found under UML: the simulator refused them, so no QP0, GSI or UMR QP).
+        let xrcd = get(q::XRCD);
+        if xrcd != 0 && !(fw.xrcd_exists)(xrcd) {
+            return Err(bad_param(syndrome::XRCD_INVALID));
         }
         if get(q::PM_STATE) != consts::MLX5_QP_PM_MIGRATED {
             return Err(bad_param(syndrome::QP_PM_STATE));
@@ -1209,6 +1216,29 @@ mod tests {
     }
 
     #[test]
+    fn a_qp_naming_mlx5_ibs_default_xrc_domain_and_srq_is_created() {
+        // mlx5_ib sets qpc.xrcd to one of its two XRC domains and srqn_rmpn_xrqn to its default SRQ in every
+        // non-XRC QP, with a non-zero RQ (create_kernel_qp, create_user_qp); firmware uses neither then.
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        let (s, syn, out) = r.h.simple(
+            consts::MLX5_CMD_OP_ALLOC_XRCD,
+            0,
+            ifc::alloc_xrcd_in::SIZE_BYTES,
+            ifc::alloc_xrcd_out::SIZE_BYTES,
+        );
+        assert_eq!((s, syn), (0, 0));
+        let xrcd = rd(&out, ifc::alloc_xrcd_out::XRCD);
+        let (mut inp, _, _) = r.create_qp_in(QpSpec::rc(), cq.cqn, cq.cqn);
+        inp.set(ifc::qpc::XRCD.at(ifc::create_qp_in::QPC), xrcd);
+        inp.set(ifc::qpc::SRQN_RMPN_XRQN.at(ifc::create_qp_in::QPC), 0x77);
+        let (s, syn, n) = create(&mut r, &inp);
+        assert_eq!((s, syn), (0, 0));
+        // The QP receives into its own RQ, not from the SRQ it named.
+        assert_eq!(r.h.dev.qp_info(n).unwrap().rq_wqes, 1 << QpSpec::rc().log_rq);
+    }
+
+    #[test]
     fn create_qp_validates_its_context() {
         let mut r = Rdma::inline();
         let cq = r.cq(4);
@@ -1270,7 +1300,7 @@ mod tests {
                 consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
                 syndrome::QP_RQ_TYPE,
             ),
-            // An SRQ RQ needs an SRQ that exists; an SRQ number needs the SRQ RQ type.
+            // An SRQ RQ needs an SRQ that exists; an XRC domain named must exist.
             (
                 Box::new(|i| {
                     i.set(ifc::qpc::RQ_TYPE.at(CTX), consts::MLX5_SRQ_RQ);
@@ -1280,9 +1310,9 @@ mod tests {
                 syndrome::SRQ_INVALID,
             ),
             (
-                Box::new(|i| i.set(ifc::qpc::SRQN_RMPN_XRQN.at(CTX), 0x77)),
+                Box::new(|i| i.set(ifc::qpc::XRCD.at(CTX), 0x77)),
                 consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
-                syndrome::QP_FEATURE,
+                syndrome::XRCD_INVALID,
             ),
             (
                 Box::new(|i| i.set(ifc::qpc::PAGE_OFFSET.at(CTX), 1)),
