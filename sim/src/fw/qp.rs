@@ -699,7 +699,10 @@ impl QpTable {
             return Err(bad_param(syndrome::QP_TS_FORMAT));
         }
         let pd = get(q::PD);
-        if !fw.pds.contains(&pd) {
+        // mlx5_ib creates its UMR QP with no PD (pd 0, `latency_sensitive` instead; create_kernel_qp): the
+        // simulator refused it as PD_INVALID, so no user memory could be registered (found under UML).
+        let umr_without_pd = special == Some(SpecialQp::RegUmr) && pd == 0;
+        if !fw.pds.contains(&pd) && !umr_without_pd {
             return Err(bad_param(syndrome::PD_INVALID));
         }
         let (has_rq, srqn) = match get(q::RQ_TYPE) {
@@ -1189,6 +1192,12 @@ mod tests {
             let n = r.qp(QpSpec { st, ..QpSpec::ud() }, cq.cqn, cq.cqn).qpn;
             let info = r.h.dev.qp_info(n).unwrap();
             assert_eq!((info.st, info.special), (QpType::Ud, Some(special)));
+            if special == SpecialQp::RegUmr {
+                // mlx5_ib's UMR QP names no PD.
+                let (mut inp, _, _) = r.create_qp_in(QpSpec { st, ..QpSpec::ud() }, cq.cqn, cq.cqn);
+                inp.set(q::PD.at(ifc::create_qp_in::QPC), 0);
+                assert_eq!(create(&mut r, &inp).1, 0);
+            }
             // __mlx5_ib_modify_qp for these: the port, then MTU 256 (QP0/QP1) or 4096 (UMR), a Q_Key.
             let init = |i: &mut Vec<u8>, c: Sub| {
                 i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), PORT);
