@@ -210,7 +210,8 @@ fn check_pingpongs(console: &str, problems: &mut Vec<String>) {
         if line != "0 client=0 ===" {
             problems.push(format!("{prog}: exit server={line}"));
         }
-        let bytes = format!("{} bytes in", u64::from(*size) * u64::from(*iters));
+        // The programs count both directions.
+        let bytes = format!("{} bytes in", 2 * u64::from(*size) * u64::from(*iters));
         let client = format!("{prog} client: ");
         let report = console.lines().filter(|l| l.starts_with(&client)).find(|l| l.contains(&bytes));
         match report {

@@ -667,9 +667,9 @@ impl QpTable {
             consts::MLX5_QP_ST_UD => (QpType::Ud, None),
             // UC only on a device that reports the transport (`cmd_hca_cap.uc`).
             consts::MLX5_QP_ST_UC if fw.caps.gen(ifc::cmd_hca_cap::UC) != 0 => (QpType::Uc, None),
-            // The subnet management QP exists on InfiniBand ports only; one per port, as the GSI QP.
+            // The subnet management QP exists on InfiniBand ports only, the GSI QP on RoCE too; one each per port.
             consts::MLX5_QP_ST_QP0 if ib => (QpType::Ud, Some(SpecialQp::Qp0)),
-            consts::MLX5_QP_ST_QP1 if ib => (QpType::Ud, Some(SpecialQp::Qp1)),
+            consts::MLX5_QP_ST_QP1 => (QpType::Ud, Some(SpecialQp::Qp1)),
             consts::MLX5_QP_ST_REG_UMR => (QpType::Ud, Some(SpecialQp::RegUmr)),
             _ => return Err(bad_param(syndrome::QP_TYPE)),
         };
