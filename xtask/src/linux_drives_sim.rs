@@ -45,7 +45,8 @@ const BAD: &[&str] =
     &["mlx5", "infiniband", "virt-pci", "virtio", "warning", "bug:", "call trace", "oops", "panic", "genirq"];
 const BAD_WORDS: &[&str] = &["fail", "error", "err ", "timeout", "invalid", "unable", "can't", "cannot", "bad "];
 
-/// rc_pingpong's exchange port (18515) as `/proc/net/tcp` prints it.
+/// rc_pingpong's exchange port (18515) as `/proc/net/tcp` prints it; the server is up when a socket on it is in
+/// LISTEN (`0A`, remote address all zeros), not when the previous run's connection lingers in TIME_WAIT.
 const PINGPONG_PORT_HEX: &str = "4853";
 /// Each verbs program is bounded in the guest (busybox `timeout`).
 const PROGRAM_TIMEOUT_S: u32 = 120;
@@ -76,7 +77,7 @@ echo "=== ibv_devinfo exit $? ==="
                 r#"timeout {PROGRAM_TIMEOUT_S} {prog} -d mlx5_0 -s {size} -n {iters} -c{opts} > /tmp/server.txt 2>&1 &
 spid=$!
 n=0
-while ! grep -q ':{PINGPONG_PORT_HEX} ' /proc/net/tcp /proc/net/tcp6 2>/dev/null && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done
+while ! grep -Eq ':{PINGPONG_PORT_HEX} 0+:0000 0A' /proc/net/tcp /proc/net/tcp6 2>/dev/null && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done
 timeout {PROGRAM_TIMEOUT_S} {prog} -d mlx5_0 -s {size} -n {iters} -c{opts} 127.0.0.1 > /tmp/client.txt 2>&1
 crc=$?
 wait $spid
