@@ -131,7 +131,13 @@ impl Server {
                     Ok(None) => break,
                     Err(e) => return Err(io::Error::other(format!("cmd queue: {e:?}"))),
                 };
+                let rejected = self.dev.stats.rejected;
                 let (resp, msis) = self.dev.handle(&chain.out);
+                if self.dev.stats.rejected != rejected {
+                    // Which shape the refused chain had (a header-only write with a device-writable part is a
+                    // read whose header was overwritten in the guest: see ARCHITECTURE, "Linux's driver as judge").
+                    eprintln!("mlx5-uml-bridge: the rejected chain has {} device-writable bytes", chain.in_len());
+                }
                 let written = Vring::fill(&self.mem, &chain, &resp).map_err(|e| io::Error::other(format!("{e:?}")))?;
                 self.rings[CMD_VQ]
                     .push_used(&self.mem, chain.head, written)
