@@ -135,4 +135,28 @@ mod tests {
         assert!(BarFile::open(&t, 0, 8 * PAGE, 512).is_err());
         std::fs::remove_file(&tiny).unwrap();
     }
+
+    #[test]
+    fn a_doorbell_in_the_file_reaches_the_simulators_uar_decoder_as_the_process_wrote_it() {
+        use crate::device::Device;
+        use mlx5_sim::{SimConfig, SimDevice, SimEvent};
+        let path = std::env::temp_dir().join(format!("mlx5-barfile-dev-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.set_len(8 * PAGE as u64).unwrap();
+        let mut dev = Device::new(SimDevice::new(SimConfig::default()), 0x020000);
+        // The simulator's initialization segment takes three pages; its UAR pages follow.
+        let first = mlx5_core::prm::c::mlx5_init_seg::SIZE.div_ceil(PAGE);
+        let mut w = BarFile::open(&f, first, 8 * PAGE, 512).unwrap();
+        // mlx5_cq_arm as rdma-core stores it: the big-endian 64-bit (sn, cmd, ci) word and CQ number 7.
+        let bell = (0x1000_0005u64 << 32 | 7).to_be_bytes();
+        let off = (first + 1) * PAGE + CQ_DB;
+        f.write_all_at(&bell, off as u64).unwrap();
+        for (at, bytes) in w.changed() {
+            dev.bar_write(at, &bytes);
+        }
+        // No UAR page is allocated on a device not brought up: the decoder says so, with the value as written.
+        let want = SimEvent::BadCqDoorbell { off, val: u64::from_be_bytes(bell), why: "UAR page not allocated" };
+        assert!(dev.sim.events().contains(&want), "{:?}", dev.sim.events());
+        std::fs::remove_file(&path).unwrap();
+    }
 }
