@@ -247,7 +247,7 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
         std::os::unix::fs::FileExt::write_all_at(&f, &BAR_MARK, 0).map_err(|e| e.to_string())?;
     }
     let bridge_log = std::fs::File::create(work.join("bridge.log")).map_err(|e| e.to_string())?;
-    let _bridge = Reap(
+    let mut bridge_proc = Reap(
         Command::new(&bridge)
             .arg("--socket")
             .arg(&sock)
@@ -301,6 +301,12 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
     }
     let boot_time = boot.elapsed();
     drop(uml);
+    // The bridge ends when UML disconnects and then logs its counters; give it a moment.
+    let t0 = Instant::now();
+    while matches!(bridge_proc.0.try_wait(), Ok(None)) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(bridge_proc);
     let console = String::from_utf8_lossy(&std::fs::read(&console_path).map_err(|e| e.to_string())?).into_owned();
     let mut dmesg = between(&console, DMESG_BEGIN, DMESG_END)
         .map_or(console.clone(), |d| d.trim_start_matches(['\r', '\n']).to_string());
@@ -340,6 +346,13 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
         problems.push(format!("a user store to BAR0+0x{BAR_STORE_OFF:x} did not reach the BAR file"));
     } else {
         println!("linux-drives-sim: a user mapping of BAR0 reads and writes the shared BAR file");
+    }
+    // Every virt-pci request was well formed (a refused one is logged with its bytes).
+    let bridge_log = std::fs::read_to_string(work.join("bridge.log")).unwrap_or_default();
+    match bridge_log.lines().find(|l| l.contains("mlx5-uml-bridge: done:")) {
+        Some(l) if l.contains(" 0 rejected,") => {}
+        Some(l) => problems.push(format!("the bridge refused virt-pci requests: {}", l.trim())),
+        None => problems.push("the bridge did not finish cleanly (no summary in bridge.log)".into()),
     }
     let mut known = Vec::new();
     for l in bad_lines(&dmesg) {
