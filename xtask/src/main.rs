@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's automation (the cargo xtask pattern).
 //!
-//! * `vendor`: copy PRM facts from `../shared/prm` into the repository.
+//! * `vendor`: copy PRM facts from `../shared/prm` into the repository; `--linux-extra`: extract the layouts
+//!   those lack from Linux 6.12's `mlx5_ifc.h`, checked by the C compiler.
 //! * `codegen [--check]`: generate `core/src/prm/generated.rs` from the vendored facts, or check it is current.
 //! * `ci`: everything CI runs: format, lints, codegen freshness, tests, the `no_std` firmware build, Debian's
 //!   verbs programs on the drop-in libibverbs, the VFIO test in a QEMU guest.
@@ -18,7 +19,8 @@
 //!   devices under injected faults, with its invariants checked (threaded, or across two processes with the peer
 //!   killed); see SOAK.md.
 //! * `uml`: a User-Mode Linux kernel with NVIDIA's mlx5 drivers and virt-pci (cached under `target/uml/`).
-//! * `linux-drives-sim`: that kernel's `mlx5_core` probes the simulator through `mlx5-uml-bridge`.
+//! * `linux-drives-sim`: that kernel's `mlx5_core` and `mlx5_ib`, and Debian's rdma-core, drive the simulator
+//!   through `mlx5-uml-bridge`.
 
 mod bench;
 mod codegen;
@@ -147,9 +149,9 @@ commands:
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
                                  (--check: only that the patches and config fragment still apply)
   linux-drives-sim [--strict] [--eth]
-                                 boot it with the simulator as its PCI device; mlx5_core must probe cleanly
-                                 (--strict: the known gaps fail too and mlx5_ib must register; --eth: an
-                                 Ethernet port instead of InfiniBand)";
+                                 boot it with the simulator as its PCI device: mlx5_core and mlx5_ib probe
+                                 cleanly, ibv_devinfo, rc/ud pingpong (rdma-core) and a clean poweroff (--eth:
+                                 an Ethernet port, probe only; --strict: its known gap fails too)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
