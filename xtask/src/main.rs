@@ -294,6 +294,8 @@ mod tests {
         assert_eq!(p(&["fuzz", "-h"]).err(), Some(ArgError::Help));
         assert!(matches!(p(&["fuzz", "--target", "args", "--seconds", "5"]), Ok(Task::Fuzz(_))));
         assert!(matches!(p(&["miri"]), Ok(Task::Miri)));
+        assert!(matches!(p(&["vendor", "--linux-extra"]), Ok(Task::Vendor { linux_extra: true })));
+        assert!(matches!(p(&["codegen", "--linux-extra"]), Err(ArgError::NotApplicable { .. })));
     }
 
     #[test]
