@@ -62,19 +62,19 @@ const PINGPONGS: &[(&str, u32, u32, &str)] = &[
 /// What goes into the guest from Debian's rdma-core.
 const GUEST_BINARIES: &[&str] = &["ibv_devinfo", "ibv_rc_pingpong", "ibv_ud_pingpong"];
 
-fn init_script(verbs: bool) -> String {
+/// The guest's `/init`; `pingpongs`: run the ping-pongs after `ibv_devinfo` (an InfiniBand port).
+fn init_script(pingpongs: bool) -> String {
     let mut pp = String::new();
-    if verbs {
-        pp.push_str(&format!(
-            r#"ip link set lo up
+    pp.push_str(&format!(
+        r#"ip link set lo up
 echo "=== ibv_devinfo begin ==="
 timeout {PROGRAM_TIMEOUT_S} ibv_devinfo -v
 echo "=== ibv_devinfo exit $? ==="
 "#
-        ));
-        for (prog, size, iters, opts) in PINGPONGS {
-            pp.push_str(&format!(
-                r#"timeout {PROGRAM_TIMEOUT_S} {prog} -d mlx5_0 -s {size} -n {iters} -c{opts} > /tmp/server.txt 2>&1 &
+    ));
+    for (prog, size, iters, opts) in PINGPONGS.iter().filter(|_| pingpongs) {
+        pp.push_str(&format!(
+            r#"timeout {PROGRAM_TIMEOUT_S} {prog} -d mlx5_0 -s {size} -n {iters} -c{opts} > /tmp/server.txt 2>&1 &
 spid=$!
 n=0
 while ! grep -Eq ':{PINGPONG_PORT_HEX} 0+:0000 0A' /proc/net/tcp /proc/net/tcp6 2>/dev/null && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done
@@ -86,8 +86,7 @@ sed 's/^/{prog} -n {iters}{opts} server: /' /tmp/server.txt
 sed 's/^/{prog} -n {iters}{opts} client: /' /tmp/client.txt
 echo "=== {prog} -n {iters}{opts} exit server=$src client=$crc ==="
 "#
-            ));
-        }
+        ));
     }
     format!(
         r#"#!/bin/busybox sh
@@ -116,7 +115,7 @@ poweroff -f
     )
 }
 
-fn initramfs(work: &Path, verbs: bool) -> Result<PathBuf, String> {
+fn initramfs(work: &Path, pingpongs: bool) -> Result<PathBuf, String> {
     let busybox = std::fs::read("/bin/busybox").map_err(|e| format!("/bin/busybox (busybox-static): {e}"))?;
     let mut c = Cpio::default();
     for d in ["bin", "dev", "proc", "sys", "tmp"] {
@@ -124,11 +123,9 @@ fn initramfs(work: &Path, verbs: bool) -> Result<PathBuf, String> {
     }
     c.file("bin/busybox", true, &busybox);
     c.symlink("bin/sh", "busybox");
-    if verbs {
-        verbs_guest::ensure_packages(&["mlx5"])?;
-        verbs_guest::add_userspace(&mut c, GUEST_BINARIES, &["mlx5"])?;
-    }
-    c.file("init", true, init_script(verbs).as_bytes());
+    verbs_guest::ensure_packages(&["mlx5"])?;
+    verbs_guest::add_userspace(&mut c, GUEST_BINARIES, &["mlx5"])?;
+    c.file("init", true, init_script(pingpongs).as_bytes());
     let p = work.join("initramfs.cpio");
     std::fs::write(&p, c.finish()).map_err(|e| format!("{}: {e}", p.display()))?;
     Ok(p)
@@ -172,7 +169,7 @@ fn between<'a>(s: &'a str, begin: &str, end: &str) -> Option<&'a str> {
 }
 
 /// What `ibv_devinfo -v` must show of the simulated port (`ibv_devinfo`'s own spelling).
-fn check_devinfo(console: &str, problems: &mut Vec<String>) {
+fn check_devinfo(console: &str, eth: bool, problems: &mut Vec<String>) {
     let Some(out) = between(console, "=== ibv_devinfo begin ===", "=== ibv_devinfo exit") else {
         problems.push("ibv_devinfo did not run".into());
         return;
@@ -181,14 +178,24 @@ fn check_devinfo(console: &str, problems: &mut Vec<String>) {
     if exit != Some("0") {
         problems.push(format!("ibv_devinfo -v exited {}", exit.unwrap_or("?")));
     }
-    let want: &[(&str, &str)] = &[
-        ("hca_id:", "mlx5_0"),
-        ("transport:", "InfiniBand (0)"),
-        ("state:", "PORT_ACTIVE (4)"),
-        ("max_mtu:", "4096 (5)"),
-        ("link_layer:", "InfiniBand"),
-        ("max_vl_num:", "8 (4)"),
-    ];
+    let want: &[(&str, &str)] = if eth {
+        // RoCE: no netdev (mlx5e does not load), so only what the device itself says.
+        &[
+            ("hca_id:", "mlx5_0"),
+            ("transport:", "InfiniBand (0)"),
+            ("max_mtu:", "4096 (5)"),
+            ("link_layer:", "Ethernet"),
+        ]
+    } else {
+        &[
+            ("hca_id:", "mlx5_0"),
+            ("transport:", "InfiniBand (0)"),
+            ("state:", "PORT_ACTIVE (4)"),
+            ("max_mtu:", "4096 (5)"),
+            ("link_layer:", "InfiniBand"),
+            ("max_vl_num:", "8 (4)"),
+        ]
+    };
     for (key, val) in want {
         let ok = out.lines().any(|l| l.trim_start().starts_with(key) && l.trim_end().ends_with(val));
         if !ok {
@@ -370,8 +377,8 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
     if (strict || verbs) && !ib {
         problems.push("mlx5_ib registered no RDMA device".into());
     }
+    check_devinfo(&console, eth, &mut problems);
     if verbs {
-        check_devinfo(&console, &mut problems);
         check_pingpongs(&console, &mut problems);
     }
     // The poweroff reached the firmware: the function was torn down and disabled, both accepted.

@@ -151,7 +151,7 @@ commands:
   linux-drives-sim [--strict] [--eth]
                                  boot it with the simulator as its PCI device: mlx5_core and mlx5_ib probe
                                  cleanly, ibv_devinfo, rc/ud pingpong (rdma-core) and a clean poweroff (--eth:
-                                 an Ethernet port, probe only; --strict: its known gap fails too)";
+                                 an Ethernet port, probe and ibv_devinfo only; --strict: its known gap fails too)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
