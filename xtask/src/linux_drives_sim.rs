@@ -234,7 +234,7 @@ fn check_pingpongs(console: &str, problems: &mut Vec<String>) {
 /// Boots, checks, keeps the logs. On an InfiniBand port (the default), every check: `mlx5_core` and `mlx5_ib`
 /// probe with no unexplained dmesg line, `ibv_devinfo -v` shows the device, `ibv_rc_pingpong` and
 /// `ibv_ud_pingpong` run between two processes over 127.0.0.1, and the poweroff tears the function down cleanly.
-/// `eth`: an Ethernet port, probe only, its known gaps ([`ETH_GAPS`]) reported; `strict` fails on those too.
+/// `eth`: an Ethernet port, probe and `ibv_devinfo` only, its known gaps ([`ETH_GAPS`]) reported; `strict` fails on those too.
 pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
     let started = Instant::now();
     let linux = crate::uml::build(root)?;
