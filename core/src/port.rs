@@ -1,5 +1,5 @@
-//! Port attributes as verbs reports them (`ibv_query_port`): the PTYS register and the translations mlx5_ib
-//! applies to what the device reports (`translate_active_width`, `translate_eth_*_proto_oper`,
+//! Port attributes as verbs reports them (`ibv_query_port`): the PTYS and PVLC registers and the translations
+//! mlx5_ib applies to what the device reports (`translate_active_width`, `translate_max_vl_num`, `translate_eth_*_proto_oper`,
 //! `mlx5_mtu_to_ib_mtu`, `mlx5_to_sw_pkey_sz`, `mlx5_get_gid_table_len`). Pure functions over register bytes.
 
 use crate::prm::{consts, ifc, MsgBuf};
@@ -22,6 +22,27 @@ pub fn ptys_read(local_port: u8, proto_mask: u8, data: &mut [u8; ifc::ptys_reg::
     data.set(ifc::ptys_reg::LOCAL_PORT, local_port.into());
     data.set(ifc::ptys_reg::PROTO_MASK, proto_mask.into());
     AccessReg { register_id: consts::MLX5_REG_PTYS, argument: 0, write: false, data }
+}
+
+/// A read of PVLC (the port's virtual lanes) for `local_port`, as `mlx5_query_port_pvlc` reads it.
+pub fn pvlc_read(local_port: u8, data: &mut [u8; ifc::pvlc_reg::SIZE_BYTES]) -> AccessReg<'_> {
+    *data = [0; ifc::pvlc_reg::SIZE_BYTES];
+    data.set(ifc::pvlc_reg::LOCAL_PORT, local_port.into());
+    AccessReg { register_id: consts::MLX5_REG_PVLC, argument: 0, write: false, data }
+}
+
+/// `ibv_port_attr.max_vl_num` (IBA PortInfo:VLCap: 1 = VL0, 2 = VL0-1, 3 = VL0-3, 4 = VL0-7, 5 = VL0-14) from PVLC
+/// `vl_hw_cap`, which counts data VLs (1, 2, 4, 8 or 15), as mlx5_ib's `translate_max_vl_num` maps it. `None` for
+/// any other count (mlx5_ib fails the port query with -EINVAL).
+pub fn max_vl_num(data: &[u8; ifc::pvlc_reg::SIZE_BYTES]) -> Option<u8> {
+    match data.get(ifc::pvlc_reg::VL_HW_CAP) {
+        1 => Some(1),
+        2 => Some(2),
+        4 => Some(3),
+        8 => Some(4),
+        15 => Some(5),
+        _ => None,
+    }
 }
 
 /// The operational parts of PTYS.
@@ -179,6 +200,23 @@ pub const ETH_HW_MTU_OVERHEAD: u16 = 14 + 4 + 4;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pvlc_read_names_the_port_and_vl_counts_map_to_vlcap() {
+        let mut d = [0xffu8; ifc::pvlc_reg::SIZE_BYTES];
+        let r = pvlc_read(1, &mut d);
+        assert_eq!((r.register_id, r.write), (consts::MLX5_REG_PVLC, false));
+        assert_eq!(MsgBuf::get(&r.data[..], ifc::pvlc_reg::LOCAL_PORT), 1);
+        assert_eq!(MsgBuf::get(&r.data[..], ifc::pvlc_reg::VL_HW_CAP), 0);
+        let with = |n: u32| {
+            let mut d = [0u8; ifc::pvlc_reg::SIZE_BYTES];
+            d.set(ifc::pvlc_reg::VL_HW_CAP, n);
+            max_vl_num(&d)
+        };
+        assert_eq!([1, 2, 4, 8, 15].map(with), [Some(1), Some(2), Some(3), Some(4), Some(5)]);
+        // Counts between the VLCap steps, and 0, are not reported by mlx5_ib either.
+        assert_eq!([0, 3, 5, 7, 14].map(with), [None; 5]);
+    }
 
     #[test]
     fn eth_speeds_follow_mlx5_ib_tables() {

@@ -146,7 +146,7 @@ pub use fault::Fault;
 pub use fw::cq::{CqInfo, PostCqeError};
 pub use fw::eq::{EqInfo, EQE_DATA_LEN};
 pub use fw::mkey::{MkeyAccess, MkeyFault};
-pub use fw::qp::{QpInfo, QpState, QpType};
+pub use fw::qp::{QpInfo, QpState, QpType, SpecialQp};
 pub use fw::{syndrome, HcaState};
 pub use link::tcp::{WireError, MAX_FRAME};
 pub use link::{pcap, stream};

@@ -65,7 +65,7 @@ const ENUM_SKIP: &[&str] = &[
     "MLX5_EVENT_TYPE_MAX",
 ];
 
-fn read_json(path: &Path) -> Result<Value, String> {
+pub(crate) fn read_json(path: &Path) -> Result<Value, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| format!("parsing {}: {e}", path.display()))
 }
@@ -221,7 +221,8 @@ fn camel(name: &str) -> String {
 
 /// Generates `core/src/prm/generated.rs` from the vendored files under `root`.
 pub fn generate(root: &Path) -> Result<String, String> {
-    let ifc = read_json(&root.join(VENDORED_IFC))?;
+    let mut ifc = read_json(&root.join(VENDORED_IFC))?;
+    merge_linux_extra(root, &mut ifc)?;
     let c = read_json(&root.join(VENDORED_C))?;
     let consts = read_json(&root.join(VENDORED_CONSTS))?;
     let mut o = String::new();
@@ -237,6 +238,26 @@ pub fn generate(root: &Path) -> Result<String, String> {
     gen_consts(&consts, &mut o)?;
     gen_names(&ifc, &mut o)?;
     Ok(o)
+}
+
+/// Adds the layouts of `core/prm/linux-extra-layouts.json` (`cargo xtask vendor --linux-extra`) to the vendored
+/// ones; a name in both is refused, so the two sources can never disagree silently.
+fn merge_linux_extra(root: &Path, ifc: &mut Value) -> Result<(), String> {
+    let path = root.join(crate::linux_ifc::VENDORED_EXTRA);
+    if !path.exists() {
+        return Ok(());
+    }
+    let extra = read_json(&path)?;
+    let base = ifc.as_object_mut().ok_or("ifc layouts not an object")?;
+    for (name, ty) in extra.as_object().ok_or("linux-extra layouts not an object")? {
+        if name == "_meta" {
+            continue;
+        }
+        if base.insert(name.clone(), ty.clone()).is_some() {
+            return Err(format!("{name} is in both {VENDORED_IFC} and {}", crate::linux_ifc::VENDORED_EXTRA));
+        }
+    }
+    Ok(())
 }
 
 fn gen_ifc(ifc: &Value, o: &mut String) -> Result<(), String> {

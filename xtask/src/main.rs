@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's automation (the cargo xtask pattern).
 //!
-//! * `vendor`: copy PRM facts from `../shared/prm` into the repository.
+//! * `vendor`: copy PRM facts from `../shared/prm` into the repository; `--linux-extra`: extract the layouts
+//!   those lack from Linux 6.12's `mlx5_ifc.h`, checked by the C compiler.
 //! * `codegen [--check]`: generate `core/src/prm/generated.rs` from the vendored facts, or check it is current.
 //! * `ci`: everything CI runs: format, lints, codegen freshness, tests, the `no_std` firmware build, Debian's
 //!   verbs programs on the drop-in libibverbs, the VFIO test in a QEMU guest.
@@ -18,18 +19,21 @@
 //!   devices under injected faults, with its invariants checked (threaded, or across two processes with the peer
 //!   killed); see SOAK.md.
 //! * `uml`: a User-Mode Linux kernel with NVIDIA's mlx5 drivers and virt-pci (cached under `target/uml/`).
-//! * `linux-drives-sim`: that kernel's `mlx5_core` probes the simulator through `mlx5-uml-bridge`.
+//! * `linux-drives-sim`: that kernel's `mlx5_core` and `mlx5_ib`, and Debian's rdma-core, drive the simulator
+//!   through `mlx5-uml-bridge`.
 
 mod bench;
 mod codegen;
 mod fuzz;
 mod libibverbs;
 mod linux_drives_sim;
+mod linux_ifc;
 mod miri;
 mod modcheck;
 mod rxe;
 mod soak;
 mod uml;
+mod verbs_guest;
 mod vfio_test;
 
 use std::path::{Path, PathBuf};
@@ -127,7 +131,8 @@ fn ci(root: &Path) -> Result<(), String> {
 const USAGE: &str = "usage: cargo xtask <command> [options]
 
 commands:
-  vendor                         copy PRM facts from ../shared/prm into core/prm/
+  vendor [--linux-extra]         copy PRM facts from ../shared/prm into core/prm/ (--linux-extra: extract the
+                                 layouts ../shared/prm lacks from Linux 6.12's mlx5_ifc.h, checked by the C compiler)
   codegen [--check]              regenerate core/src/prm/generated.rs (--check: fail if it is stale)
   ci                             everything CI runs
   vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
@@ -148,13 +153,13 @@ commands:
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
                                  (--check: only that the patches and config fragment still apply)
   linux-drives-sim [--strict] [--eth]
-                                 boot it with the simulator as its PCI device; mlx5_core must probe cleanly
-                                 (--strict: the known gaps fail too and mlx5_ib must register; --eth: an
-                                 Ethernet port instead of InfiniBand)";
+                                 boot it with the simulator as its PCI device: mlx5_core and mlx5_ib probe
+                                 cleanly, ibv_devinfo, rc/ud pingpong (rdma-core) and a clean poweroff (--eth:
+                                 an Ethernet port, probe and ibv_devinfo only; --strict: its known gap fails too)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
-    Vendor,
+    Vendor { linux_extra: bool },
     Codegen { check: bool },
     Ci,
     VfioTest,
@@ -180,7 +185,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         return Err(ArgError::Help);
     }
     let mut task = match command.as_str() {
-        "vendor" => Task::Vendor,
+        "vendor" => Task::Vendor { linux_extra: false },
         "codegen" => Task::Codegen { check: false },
         "ci" => Task::Ci,
         "vfio-test" => Task::VfioTest,
@@ -203,6 +208,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         }
         match (&mut task, a.as_str()) {
             (Task::Codegen { check }, "--check") => *check = true,
+            (Task::Vendor { linux_extra }, "--linux-extra") => *linux_extra = true,
             (Task::Bench { json, .. }, "--json") => *json = true,
             (Task::Bench { peer, .. }, "--peer") => *peer = true,
             (Task::Fuzz(v), "--seconds") => {
@@ -250,7 +256,8 @@ fn main() -> ExitCode {
     };
     let root = root();
     let result = match task {
-        Task::Vendor => codegen::run_vendor(&root),
+        Task::Vendor { linux_extra: false } => codegen::run_vendor(&root),
+        Task::Vendor { linux_extra: true } => linux_ifc::run_vendor_extra(&root),
         Task::Codegen { check } => codegen::run_codegen(&root, check),
         Task::Ci => ci(&root),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
@@ -299,6 +306,8 @@ mod tests {
         assert_eq!(p(&["fuzz", "-h"]).err(), Some(ArgError::Help));
         assert!(matches!(p(&["fuzz", "--target", "args", "--seconds", "5"]), Ok(Task::Fuzz(_))));
         assert!(matches!(p(&["miri"]), Ok(Task::Miri)));
+        assert!(matches!(p(&["vendor", "--linux-extra"]), Ok(Task::Vendor { linux_extra: true })));
+        assert!(matches!(p(&["codegen", "--linux-extra"]), Err(ArgError::NotApplicable { .. })));
     }
 
     #[test]

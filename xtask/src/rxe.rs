@@ -24,6 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::verbs_guest::{self, LIBDIR};
 use crate::vfio_test::{apt_install, ensure_kernel, find_module, have, module_bytes, run, Cpio};
 
 /// The modules rdma_rxe needs, in load order (crc32_generic is not a declared dependency but rxe's ICRC needs
@@ -46,7 +47,6 @@ const MODULES: &[&str] = &[
 ];
 /// What runs in the guest, with the libraries `ldd` finds for them.
 const GUEST_BINARIES: &[&str] = &["ibv_rc_pingpong", "ibv_ud_pingpong", "ibv_devinfo", "rdma"];
-const LIBDIR: &str = "usr/lib/x86_64-linux-gnu";
 /// The guest's RoCE address and ours (a RoCE v2 GID each, `::ffff:a.b.c.d`).
 const GUEST_IP: &str = "10.0.0.1";
 const SIM_IP: &str = "10.0.0.2";
@@ -63,18 +63,10 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 const GUEST_DEADLINE_S: u32 = 150;
 
 fn ensure_packages() -> Result<(), String> {
+    verbs_guest::ensure_packages(&["rxe"])?;
     let mut need = Vec::new();
     if !have("qemu-system-x86_64") {
         need.push("qemu-system-x86");
-    }
-    if !Path::new("/bin/busybox").exists() {
-        need.push("busybox-static");
-    }
-    if !have("ibv_rc_pingpong") {
-        need.push("ibverbs-utils");
-    }
-    if rxe_provider().is_none() {
-        need.push("ibverbs-providers");
     }
     if !have("rdma") {
         need.push("iproute2");
@@ -83,35 +75,6 @@ fn ensure_packages() -> Result<(), String> {
         apt_install(&need)?;
     }
     Ok(())
-}
-
-fn rxe_provider() -> Option<PathBuf> {
-    let dir = Path::new("/").join(LIBDIR).join("libibverbs");
-    std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).find(|p| {
-        p.file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("librxe-rdmav") && n.to_string_lossy().ends_with(".so"))
-    })
-}
-
-fn which(program: &str) -> Result<PathBuf, String> {
-    let out = run(Command::new("sh").arg("-c").arg(format!("command -v {program}")))?;
-    Ok(PathBuf::from(out.trim()))
-}
-
-/// `ldd`'s answer for `bin`: (name the loader looks for, file on this host); the interpreter is named by its path.
-fn ldd(bin: &Path) -> Result<Vec<(String, PathBuf)>, String> {
-    let out = run(Command::new("ldd").arg(bin))?;
-    let mut libs = Vec::new();
-    for line in out.lines().map(str::trim) {
-        if let Some((name, rest)) = line.split_once(" => ") {
-            if let Some(path) = rest.split_whitespace().next().filter(|p| p.starts_with('/')) {
-                libs.push((name.to_string(), PathBuf::from(path)));
-            }
-        } else if let Some(path) = line.split_whitespace().next().filter(|p| p.starts_with('/')) {
-            libs.push((path.to_string(), PathBuf::from(path)));
-        }
-    }
-    Ok(libs)
 }
 
 /// The guest's `/init`: modules, addresses, rxe0 on eth0, then rc_pingpong as the kernel command line says
@@ -173,28 +136,9 @@ poweroff -f
 
 fn build_initramfs(work: &Path, modules_dir: &Path) -> Result<PathBuf, String> {
     let mut c = Cpio::default();
-    for d in [
-        "bin",
-        "sbin",
-        "dev",
-        "proc",
-        "sys",
-        "tmp",
-        "run",
-        "modules",
-        "etc",
-        "etc/libibverbs.d",
-        "usr",
-        "usr/bin",
-        "usr/lib",
-        LIBDIR,
-        &format!("{LIBDIR}/libibverbs"),
-        "usr/lib64",
-    ] {
+    for d in ["bin", "sbin", "dev", "proc", "sys", "tmp", "run", "modules"] {
         c.dir(d);
     }
-    c.symlink("lib", "usr/lib");
-    c.symlink("lib64", "usr/lib64");
     let busybox = std::fs::read("/bin/busybox").map_err(|e| format!("/bin/busybox: {e}"))?;
     c.file("bin/busybox", true, &busybox);
     c.symlink("bin/sh", "busybox");
@@ -213,33 +157,11 @@ fn build_initramfs(work: &Path, modules_dir: &Path) -> Result<PathBuf, String> {
         }
     }
     c.file("modules/order", false, order.as_bytes());
-    // Binaries, the provider (dlopen'ed, so no binary's ldd names it) and their library closure.
-    let provider = rxe_provider().ok_or("no rxe provider (ibverbs-providers)")?;
-    let mut libs: Vec<(String, PathBuf)> = Vec::new();
-    for b in GUEST_BINARIES {
-        let path = which(b)?;
-        c.file(&format!("usr/bin/{b}"), true, &std::fs::read(&path).map_err(|e| e.to_string())?);
-        libs.extend(ldd(&path)?);
-    }
-    libs.extend(ldd(&provider)?);
-    let pname = provider.file_name().ok_or("provider path")?.to_string_lossy().into_owned();
-    c.file(&format!("{LIBDIR}/libibverbs/{pname}"), false, &std::fs::read(&provider).map_err(|e| e.to_string())?);
-    c.file("etc/libibverbs.d/rxe.driver", false, b"driver rxe\n");
-    libs.sort();
-    libs.dedup_by(|a, b| a.0 == b.0);
-    for (name, path) in &libs {
-        let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        if name.starts_with('/') {
-            let file = Path::new(name).file_name().ok_or("interpreter path")?.to_string_lossy().into_owned();
-            c.file(&format!("usr/lib64/{file}"), true, &data);
-        } else {
-            c.file(&format!("{LIBDIR}/{name}"), true, &data);
-        }
-    }
+    let libs = verbs_guest::add_userspace(&mut c, GUEST_BINARIES, &["rxe"])?;
     c.file("init", true, init_script().as_bytes());
     let out = work.join("initramfs.cpio");
     std::fs::write(&out, c.finish()).map_err(|e| e.to_string())?;
-    println!("rxe-interop: initramfs with {} modules and {} libraries", order.lines().count(), libs.len());
+    println!("rxe-interop: initramfs with {} modules and {libs} libraries", order.lines().count());
     Ok(out)
 }
 

@@ -11,7 +11,7 @@ use std::process::Command;
 use crate::vfio_test::{apt_install, run};
 
 /// The Debian source package.
-const SOURCE_PKG: &str = "linux-source-6.12";
+pub(crate) const SOURCE_PKG: &str = "linux-source-6.12";
 /// Host packages the kernel build needs (`busybox-static` is for the initramfs of `linux-drives-sim`).
 const HOST_PKGS: &[&str] =
     &["build-essential", "flex", "bison", "bc", "libelf-dev", "libssl-dev", "cpio", "busybox-static", "xz-utils"];
@@ -42,7 +42,7 @@ pub(crate) fn ensure_host_packages() -> Result<(), String> {
 
 /// The source package: `target/uml/dl/linux-source-6.12_*.deb`, downloaded with `apt-get download` when absent
 /// (or copied from `$UML_SOURCE_DEB`, a cached copy).
-fn source_deb(dl: &Path) -> Result<PathBuf, String> {
+pub(crate) fn source_deb(dl: &Path) -> Result<PathBuf, String> {
     std::fs::create_dir_all(dl).map_err(|e| format!("{}: {e}", dl.display()))?;
     let find = || -> Option<PathBuf> {
         let mut debs: Vec<PathBuf> = std::fs::read_dir(dl)

@@ -121,7 +121,7 @@ pub struct PortAttr {
     pub sm_lid: u16,
     /// LID mask count.
     pub lmc: u8,
-    /// Virtual lanes (`IB_VL_*` count). 0: this driver does not read PVLC (not among the vendored PRM facts).
+    /// Virtual lanes (IBA VLCap: 4 = VL0-7), from PVLC on InfiniBand; 0 on Ethernet, as mlx5_ib leaves it.
     pub max_vl_num: u8,
     /// The subnet manager's SL.
     pub sm_sl: u8,
@@ -904,7 +904,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
     // -- ports -----------------------------------------------------------------------------------------------
 
     /// `ibv_query_port` for port 1, from the commands mlx5_ib uses. InfiniBand (`mlx5_query_hca_port`):
-    /// QUERY_HCA_VPORT_CONTEXT, PTYS (width and speed), PMTU (MTUs). Ethernet (`mlx5_query_port_roce`): PTYS,
+    /// QUERY_HCA_VPORT_CONTEXT, PTYS (width and speed), PMTU (MTUs), PVLC (virtual lanes). Ethernet (`mlx5_query_port_roce`): PTYS,
     /// QUERY_NIC_VPORT_CONTEXT (RoCE enabled, Q_Key violations), QUERY_VPORT_STATE (where Linux asks the netdev
     /// whether it is up) and PMTU's operational MTU less mlx5e's L2 overhead (where Linux reads the netdev MTU).
     pub fn query_port(&mut self, delay: &mut impl DelayNs) -> Result<PortAttr, Error> {
@@ -915,6 +915,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let max_msg_sz = 1u32.checked_shl(self.caps.general.log_max_msg.into()).unwrap_or(0);
         let mut ptys = [0u8; crate::prm::ifc::ptys_reg::SIZE_BYTES];
         let mut pmtu = [0u8; crate::prm::ifc::pmtu_reg::SIZE_BYTES];
+        let mut pvlc = [0u8; crate::prm::ifc::pvlc_reg::SIZE_BYTES];
         let bad = |what, value: u64| {
             Error::Cmd(crate::cmdq::CmdError::Malformed { opcode: crate::prm::Opcode::AccessReg, what, value })
         };
@@ -929,6 +930,9 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 let mtu = PortMtu::parse(&pmtu);
                 let max_mtu = p::mtu_to_ib_mtu(mtu.max_mtu).ok_or(bad("PMTU max_mtu", mtu.max_mtu.into()))?;
                 let active_mtu = p::mtu_to_ib_mtu(mtu.oper_mtu).ok_or(bad("PMTU oper_mtu", mtu.oper_mtu.into()))?;
+                self.exec(&mut p::pvlc_read(1, &mut pvlc), delay)?;
+                let vl_hw_cap = crate::prm::MsgBuf::get(&pvlc[..], crate::prm::ifc::pvlc_reg::VL_HW_CAP).into();
+                let max_vl_num = p::max_vl_num(&pvlc).ok_or(bad("PVLC vl_hw_cap", vl_hw_cap))?;
                 let g = &self.caps.general;
                 Ok(PortAttr {
                     state: h.vport_state,
@@ -943,7 +947,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                     lid: h.lid,
                     sm_lid: h.sm_lid,
                     lmc: h.lmc,
-                    max_vl_num: 0,
+                    max_vl_num,
                     sm_sl: h.sm_sl,
                     subnet_timeout: h.subnet_timeout,
                     init_type_reply: h.init_type_reply,

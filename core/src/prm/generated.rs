@@ -7474,6 +7474,26 @@ pub mod ifc {
         /// `fdb_jump_to_tir_stc`: 1 bit at bit 448.
         pub const FDB_JUMP_TO_TIR_STC: Field = Field::new(448, 1);
     }
+    /// `struct mlx5_ifc_pvlc_reg_bits`: 16 bytes.
+    pub mod pvlc_reg {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(pvlc_reg)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_pvlc_reg_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `local_port`: 8 bits at bit 8.
+        pub const LOCAL_PORT: Field = Field::new(8, 8);
+        /// `vl_hw_cap`: 4 bits at bit 60.
+        pub const VL_HW_CAP: Field = Field::new(60, 4);
+        /// `vl_admin`: 4 bits at bit 92.
+        pub const VL_ADMIN: Field = Field::new(92, 4);
+        /// `vl_operational`: 4 bits at bit 124.
+        pub const VL_OPERATIONAL: Field = Field::new(124, 4);
+    }
 }
 
 /// C-level structures (byte offsets as gcc lays them out; all multi-byte members big endian).
@@ -16710,6 +16730,12 @@ pub mod names {
                 s("connector_type", 380, 4),
                 s("eth_proto_lp_advertise", 384, 32),
             ],
+        },
+        Layout {
+            name: "pvlc_reg",
+            size_bytes: 16,
+            union: false,
+            members: &[s("local_port", 8, 8), s("vl_hw_cap", 60, 4), s("vl_admin", 92, 4), s("vl_operational", 124, 4)],
         },
         Layout {
             name: "qos_cap",

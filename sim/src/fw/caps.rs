@@ -135,6 +135,10 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         // Linux 6.12's mlx5_ib requires `xrc` (`mlx5_ib_dev_res_init` returns -EOPNOTSUPP without it) and then
         // allocates two XRC domains and an XRC SRQ; CREATE_XRC_SRQ is not modelled yet (found under UML).
         (g::XRC, 1),
+        // No UMR WQE is executed, so the device says UMR cannot load translation entries: mlx5_ib then registers
+        // user memory with CREATE_MKEY and a PAS list, and keeps no cache of free (UMR-only) mkeys, which the
+        // simulator refuses (`mlx5r_umr_can_load_pas`; found under UML: "async reg mr failed").
+        (g::UMR_MODIFY_ENTITY_SIZE_DISABLED, 1),
         (g::UD, 1),
         (g::UC, 1),
         (g::RC, 1),
@@ -153,7 +157,10 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::LOG_MAX_PD, 24),
         (g::LOG_MAX_XRCD, 24),
         (g::LOG_MAX_RQ, 23),
-        (g::LOG_MAX_SQ, 23),
+        // No SQ object (CREATE_SQ) is modelled: with log_max_sq set, mlx5_core's write-combining test
+        // (`mlx5_wc_support_get`) created one for every user context and logged its failure (found under UML).
+        // Without it BlueFlame is not offered to user space (bf_reg_size 0): doorbells only.
+        (g::LOG_MAX_SQ, 0),
         (g::LOG_MAX_TIR, 23),
         (g::LOG_MAX_TIS, 23),
         (g::LOG_MAX_RMP, 23),

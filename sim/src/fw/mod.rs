@@ -42,6 +42,7 @@ pub(crate) mod qcounter;
 pub(crate) mod qp;
 pub(crate) mod reply;
 pub(crate) mod srq;
+mod td;
 mod xrcd;
 
 use caps::{Caps, SetCapError};
@@ -54,6 +55,7 @@ use qcounter::QCounterTable;
 use qp::{QpFw, QpTable};
 use reply::{bad_param, err, rd, rd16, CmdErr};
 use srq::{Family, SrqFw, SrqTable};
+use td::TdTable;
 use xrcd::XrcdTable;
 
 /// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
@@ -104,6 +106,8 @@ pub mod syndrome {
     pub const PD_INVALID: u32 = 0x51a0_0050;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown XRC domain.
     pub const XRCD_INVALID: u32 = 0x51a0_0057;
+    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown transport domain.
+    pub const TD_INVALID: u32 = 0x51a0_0058;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: MODIFY_NIC_VPORT_CONTEXT selects a field the device does not modify.
     pub const NIC_VPORT_FIELD: u32 = 0x51a0_0085;
     /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown UAR page.
@@ -268,6 +272,7 @@ pub(crate) struct Firmware {
     pub(crate) port: PortModel,
     pub(crate) pds: PdTable,
     pub(crate) xrcds: XrcdTable,
+    pub(crate) tds: TdTable,
     pub(crate) uars: UarTable,
     pub(crate) eqs: EqTable,
     pub(crate) cqs: CqTable,
@@ -344,6 +349,7 @@ macro_rules! qp_fw {
             roce_gid_set: &|index| $fw.port.roce_gid_set(index),
             q_counter_valid: &|id| $fw.q_counters.valid(id),
             srq_exists: &|srqn| $fw.srqs.get(&srqn).is_some(),
+            xrcd_exists: &|x| $fw.xrcds.contains(x),
         }
     };
 }
@@ -392,6 +398,7 @@ impl Firmware {
             port: PortModel::new(cfg),
             pds: PdTable::new(),
             xrcds: XrcdTable::new(),
+            tds: TdTable::new(),
             uars: UarTable::new(INIT_SEG_PAGES as u32, cfg.num_uars),
             eqs: EqTable::new(),
             cqs: CqTable::new(),
@@ -449,6 +456,12 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_DEALLOC_XRCD => {
                 (dealloc_xrcd_in::SIZE_BYTES, dealloc_xrcd_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN => {
+                (alloc_transport_domain_in::SIZE_BYTES, alloc_transport_domain_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN => {
+                (dealloc_transport_domain_in::SIZE_BYTES, dealloc_transport_domain_out::SIZE_BYTES, Gate::Initialized)
             }
             consts::MLX5_CMD_OP_DEALLOC_UAR => {
                 (dealloc_uar_in::SIZE_BYTES, dealloc_uar_out::SIZE_BYTES, Gate::Initialized)
@@ -624,6 +637,8 @@ impl Firmware {
             consts::MLX5_CMD_OP_ALLOC_UAR => self.uars.alloc(out),
             consts::MLX5_CMD_OP_ALLOC_XRCD => self.xrcds.alloc(&self.caps, out),
             consts::MLX5_CMD_OP_DEALLOC_XRCD => self.xrcds.dealloc(inp),
+            consts::MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN => self.tds.alloc(&self.caps, out),
+            consts::MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN => self.tds.dealloc(inp),
             consts::MLX5_CMD_OP_DEALLOC_UAR => {
                 let (qps, eqs, cqs) = (&self.qps, &self.eqs, &self.cqs);
                 let in_use = |uar| {
@@ -774,12 +789,21 @@ impl Firmware {
             _ => return Err(bad_param(syndrome::BAD_PROFILE)),
         }
         let (pds, uars, eqs, cqs) = self.object_counts();
-        let objects = pds + uars + eqs + cqs + self.mkeys.len() + self.qps.len() + self.srqs.len() + self.xrcds.len();
+        let objects = pds
+            + uars
+            + eqs
+            + cqs
+            + self.mkeys.len()
+            + self.qps.len()
+            + self.srqs.len()
+            + self.xrcds.len()
+            + self.tds.len();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
         }
         self.pds.clear();
         self.xrcds.clear();
+        self.tds.clear();
         self.uars.clear();
         self.eqs.clear();
         self.cqs.clear();

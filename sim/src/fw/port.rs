@@ -1,4 +1,4 @@
-//! The port side of the simulated HCA: access registers (host endianness, PMTU, PAOS, PTYS), SET_DRIVER_VERSION, and
+//! The port side of the simulated HCA: access registers (host endianness, PMTU, PAOS, PTYS, PVLC), SET_DRIVER_VERSION, and
 //! the vport queries (QUERY_VPORT_STATE, QUERY_NIC_VPORT_CONTEXT, QUERY_HCA_VPORT_CONTEXT), and the RoCE GID
 //! table (SET_ROCE_ADDRESS, QUERY_ROCE_ADDRESS).
 
@@ -13,6 +13,10 @@ pub(crate) const GID_ENTRIES: u32 = 1;
 
 /// Entries of the RoCE address table (`roce_address_table_size` in the RoCE caps).
 pub(crate) const ROCE_ADDRESS_ENTRIES: usize = 256;
+
+/// PVLC `vl_hw_cap` (and `vl_admin`, `vl_operational`) of the IB port: the PRM counts data VLs, so 8 is VL0-VL7,
+/// what a ConnectX-5 port offers.
+pub(crate) const PVLC_VL_0_7: u32 = 8;
 
 /// One `roce_addr_layout` image as SET_ROCE_ADDRESS wrote it (all zeros: empty).
 pub(crate) type RoceAddr = [u8; ifc::roce_addr_layout::SIZE_BYTES];
@@ -87,7 +91,7 @@ impl PortModel {
         }
     }
 
-    /// `ACCESS_REGISTER`: host endianness (write), PMTU and PAOS (read) for local port 1.
+    /// `ACCESS_REGISTER`: host endianness (write), PMTU, PAOS, PTYS and PVLC (read) for local port 1.
     pub(crate) fn access_reg(&mut self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::access_register_in as i;
         let write = rd(inp, ifc::mbox_in::OP_MOD) == 0;
@@ -126,6 +130,23 @@ impl PortModel {
                     reg.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP);
                     reg.set(ifc::paos_reg::OPER_STATUS, st);
                 }
+                Ok(())
+            }
+            consts::MLX5_REG_PVLC => {
+                // Virtual lanes exist on InfiniBand ports only; a ConnectX-5 IB port has data VLs 0-7.
+                use ifc::pvlc_reg as v;
+                let len = v::SIZE_BYTES;
+                if write || self.port_type != PortType::Ib || data.len() < len || out.len() < out_off + len {
+                    return Err(bad_param(syndrome::REG_ACCESS));
+                }
+                if rd(data, v::LOCAL_PORT) != 1 {
+                    return Err(bad_param(syndrome::BAD_PORT));
+                }
+                let reg = &mut out[out_off..out_off + len];
+                reg.copy_from_slice(&data[..len]);
+                reg.set(v::VL_HW_CAP, PVLC_VL_0_7);
+                reg.set(v::VL_ADMIN, PVLC_VL_0_7);
+                reg.set(v::VL_OPERATIONAL, PVLC_VL_0_7);
                 Ok(())
             }
             consts::MLX5_REG_PTYS => {
@@ -301,5 +322,37 @@ impl PortModel {
         out.set(h::GRH_REQUIRED.at(base), u32::from(i.grh_required));
         out.set(h::QKEY_VIOLATION_COUNTER.at(base), self.qkey_viol_cntr.into());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Harness;
+
+    fn pvlc(h: &mut Harness, local_port: u32) -> (u8, u32, u32) {
+        use ifc::access_register_in as i;
+        let len = ifc::pvlc_reg::SIZE_BYTES;
+        let data = i::REGISTER_DATA.byte_off();
+        let mut inp = vec![0u8; data + len];
+        inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_ACCESS_REG.into());
+        inp.set(ifc::mbox_in::OP_MOD, consts::MLX5_ACCESS_REGISTER_IN_OP_MOD_READ);
+        inp.set(i::REGISTER_ID, consts::MLX5_REG_PVLC.into());
+        inp[data..].set(ifc::pvlc_reg::LOCAL_PORT, local_port);
+        let out_data = ifc::access_register_out::REGISTER_DATA.byte_off();
+        let (status, syndrome, out) = h.cmd(&inp, out_data + len);
+        (status, syndrome, rd(&out[out_data..], ifc::pvlc_reg::VL_HW_CAP))
+    }
+
+    #[test]
+    fn pvlc_reports_vl0_to_vl7_on_the_ib_port_only() {
+        // mlx5_ib's IB port query (mlx5_query_hca_port) ends with PVLC; unserved, the probe failed under UML.
+        let mut h = Harness::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
+        h.bring_up();
+        assert_eq!(pvlc(&mut h, 1), (0, 0, PVLC_VL_0_7));
+        assert_eq!(pvlc(&mut h, 2).1, syndrome::BAD_PORT);
+        let mut e = Harness::new(SimConfig { port_type: PortType::Eth, ..SimConfig::default() });
+        e.bring_up();
+        assert_eq!(pvlc(&mut e, 1).1, syndrome::REG_ACCESS);
     }
 }

@@ -43,6 +43,8 @@ const RQ_STRIDE_SHIFT: u32 = 4;
 /// Send WQE basic block.
 pub(crate) const SEND_WQE_BB: u64 = consts::MLX5_SEND_WQE_BB as u64;
 const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
+/// `qpc.page_offset` counts 1/64ths of a page (the `scale` mlx5_ib quantizes with).
+const PAGE_OFFSET_QUANTA: u32 = 64;
 /// The only port.
 const PORT: u32 = 1;
 /// The doorbell record: RQ head then SQ producer counter, one be32 each.
@@ -94,12 +96,35 @@ impl QpType {
     }
 }
 
+/// A QP of a special transport service that firmware handles as a datagram QP (`qpc.st` QP0, QP1 or REG_UMR):
+/// Linux's mlx5_ib creates the SMI (QP0) and hardware GSI (QP1) QPs of an InfiniBand port when it registers, and
+/// its UMR QP on the first user memory registration, and modifies all three as it modifies UD QPs (an MTU, a
+/// port, a Q_Key). The datapath treats them as UD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecialQp {
+    Qp0,
+    Qp1,
+    RegUmr,
+}
+
+impl SpecialQp {
+    pub fn raw(self) -> u32 {
+        match self {
+            SpecialQp::Qp0 => consts::MLX5_QP_ST_QP0,
+            SpecialQp::Qp1 => consts::MLX5_QP_ST_QP1,
+            SpecialQp::RegUmr => consts::MLX5_QP_ST_REG_UMR,
+        }
+    }
+}
+
 /// The state of one QP, as [`crate::SimDevice::qp_info`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInfo {
     pub qpn: u32,
     pub state: QpState,
     pub st: QpType,
+    /// The special service `qpc.st` named, when it is one (`st` is then [`QpType::Ud`]).
+    pub special: Option<SpecialQp>,
     pub pd: u32,
     pub uar: u32,
     pub cqn_snd: u32,
@@ -297,12 +322,16 @@ pub(crate) struct Outstanding {
 pub(crate) struct Qp {
     pub(crate) qpn: u32,
     pub(crate) st: QpType,
+    pub(crate) special: Option<SpecialQp>,
     pub(crate) state: QpState,
     pub(crate) pd: u32,
     pub(crate) uar: u32,
     pub(crate) cqn_snd: u32,
     pub(crate) cqn_rcv: u32,
     pub(crate) dbr: u64,
+    /// Where the WQ buffer starts in the first page (`qpc.page_offset`, in quanta of 1/64 page): user buffers
+    /// need not start on a page.
+    buf_off: u64,
     /// Bus addresses of the buffer pages, `1 << page_shift` bytes each.
     pas: Vec<u64>,
     page_shift: u32,
@@ -388,7 +417,7 @@ impl Qp {
         let mut done = 0usize;
         // Bounded: each step consumes at least one byte.
         while done < out.len() {
-            let at = off + done as u64;
+            let at = self.buf_off + off + done as u64;
             let in_page = at & (page - 1);
             let n = ((page - in_page) as usize).min(out.len() - done);
             let pa = usize::try_from(at >> self.page_shift).ok().and_then(|k| self.pas.get(k)).ok_or(DmaFault {
@@ -426,7 +455,7 @@ impl Qp {
         if size == 0 {
             return false;
         }
-        let off = self.rq_bytes() + u64::from(index) * SEND_WQE_BB % size;
+        let off = self.buf_off + self.rq_bytes() + u64::from(index) * SEND_WQE_BB % size;
         let page = 1u64 << self.page_shift;
         let in_page = off & (page - 1);
         let pa = usize::try_from(off >> self.page_shift).ok().and_then(|k| self.pas.get(k));
@@ -462,6 +491,7 @@ impl Qp {
             qpn: self.qpn,
             state: self.state,
             st: self.st,
+            special: self.special,
             pd: self.pd,
             uar: self.uar,
             cqn_snd: self.cqn_snd,
@@ -589,6 +619,8 @@ pub(crate) struct QpFw<'a> {
     pub(crate) q_counter_valid: &'a dyn Fn(u8) -> bool,
     /// Whether an SRQ (or RMP) exists.
     pub(crate) srq_exists: &'a dyn Fn(u32) -> bool,
+    /// Whether an XRC domain exists.
+    pub(crate) xrcd_exists: &'a dyn Fn(u32) -> bool,
 }
 
 /// Whether a QP may use timestamp format `fmt` on a device whose capability is `cap`
@@ -637,21 +669,36 @@ impl QpTable {
         use ifc::qpc as q;
         let ctx = i::QPC;
         let get = |f: Field| rd(inp, f.at(ctx));
-        let st = match get(q::ST) {
-            consts::MLX5_QP_ST_RC => QpType::Rc,
-            consts::MLX5_QP_ST_UD => QpType::Ud,
+        let ib = fw.port_type == PortType::Ib;
+        let (st, special) = match get(q::ST) {
+            consts::MLX5_QP_ST_RC => (QpType::Rc, None),
+            consts::MLX5_QP_ST_UD => (QpType::Ud, None),
             // UC only on a device that reports the transport (`cmd_hca_cap.uc`).
-            consts::MLX5_QP_ST_UC if fw.caps.gen(ifc::cmd_hca_cap::UC) != 0 => QpType::Uc,
+            consts::MLX5_QP_ST_UC if fw.caps.gen(ifc::cmd_hca_cap::UC) != 0 => (QpType::Uc, None),
+            // The subnet management QP exists on InfiniBand ports only, the GSI QP on RoCE too; one each per port.
+            consts::MLX5_QP_ST_QP0 if ib => (QpType::Ud, Some(SpecialQp::Qp0)),
+            consts::MLX5_QP_ST_QP1 => (QpType::Ud, Some(SpecialQp::Qp1)),
+            consts::MLX5_QP_ST_REG_UMR => (QpType::Ud, Some(SpecialQp::RegUmr)),
             _ => return Err(bad_param(syndrome::QP_TYPE)),
         };
+        if let Some(sp) = special.filter(|s| *s != SpecialQp::RegUmr) {
+            if self.map.values().any(|q| q.special == Some(sp)) {
+                return Err(bad_param(syndrome::QP_TYPE));
+            }
+        }
         let unsupported = rd(inp, i::QPC_EXT) != 0
             || rd(inp, i::INPUT_QPN) != 0
             || rd(inp, i::WQ_UMEM_VALID) != 0
-            || get(q::DBR_UMEM_VALID) != 0
-            || get(q::XRCD) != 0
-            || (get(q::SRQN_RMPN_XRQN) != 0 && get(q::RQ_TYPE) != consts::MLX5_SRQ_RQ);
+            || get(q::DBR_UMEM_VALID) != 0;
         if unsupported {
             return Err(bad_param(syndrome::QP_FEATURE));
+        }
+        // mlx5_ib names one of its default XRC domains (and its default SRQ, whatever the RQ type) in every QP it
+        // creates; the domain must exist, and both are unused unless the QP is XRC or receives from the SRQ
+        // (found under UML: the simulator refused them, so no QP0, GSI or UMR QP).
+        let xrcd = get(q::XRCD);
+        if xrcd != 0 && !(fw.xrcd_exists)(xrcd) {
+            return Err(bad_param(syndrome::XRCD_INVALID));
         }
         if get(q::PM_STATE) != consts::MLX5_QP_PM_MIGRATED {
             return Err(bad_param(syndrome::QP_PM_STATE));
@@ -660,7 +707,10 @@ impl QpTable {
             return Err(bad_param(syndrome::QP_TS_FORMAT));
         }
         let pd = get(q::PD);
-        if !fw.pds.contains(&pd) {
+        // mlx5_ib creates its UMR QP with no PD (pd 0, `latency_sensitive` instead; create_kernel_qp): the
+        // simulator refused it as PD_INVALID, so no user memory could be registered (found under UML).
+        let umr_without_pd = special == Some(SpecialQp::RegUmr) && pd == 0;
+        if !fw.pds.contains(&pd) && !umr_without_pd {
             return Err(bad_param(syndrome::PD_INVALID));
         }
         let (has_rq, srqn) = match get(q::RQ_TYPE) {
@@ -696,13 +746,16 @@ impl QpTable {
         if has_rq && rq_stride > u64::from(fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_RQ)) {
             return Err(bad_param(syndrome::QP_WQE_SIZE));
         }
-        if get(q::PAGE_OFFSET) != 0 {
-            return Err(bad_param(syndrome::PAGE_OFFSET));
-        }
         let page_shift = ADAPTER_PAGE_SHIFT + get(q::LOG_PAGE_SIZE);
+        // mlx5_ib sends the offset of a user buffer in its first page (mlx5_umem_find_best_quantized_pgoff, 64
+        // quanta a page); the simulator refused any, so a user QP whose buffer did not start on a page failed
+        // (found under UML, 1 run in 4).
+        let page_offset = get(q::PAGE_OFFSET);
+        let buf_off = u64::from(page_offset) << page_shift >> PAGE_OFFSET_QUANTA.trailing_zeros();
         let rq_bytes = if has_rq { rq_stride << log_rq_size } else { 0 };
         let sq_bytes = if has_sq { SEND_WQE_BB << log_sq_size } else { 0 };
-        let bytes = rq_bytes + sq_bytes;
+        // The pages cover the offset too.
+        let bytes = buf_off + rq_bytes + sq_bytes;
         Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         let dbr = inp.get64(q::DBR_ADDR.at(ctx));
         if !dma.is_mapped(dbr, DBR_BYTES) {
@@ -718,6 +771,7 @@ impl QpTable {
         let qp = Qp {
             qpn,
             st,
+            special,
             state: QpState::Rst,
             pd,
             uar,
@@ -726,6 +780,7 @@ impl QpTable {
             dbr,
             pas,
             page_shift,
+            buf_off,
             log_rq_size,
             log_rq_stride,
             has_rq,
@@ -1007,7 +1062,7 @@ impl QpTable {
         let rq_head = if dma.peek(qp.dbr, &mut head) { u32::from_be_bytes(head) & 0xffff } else { 0 };
         let fields = [
             (q::STATE, qp.state.raw().into()),
-            (q::ST, qp.st.raw()),
+            (q::ST, qp.special.map_or(qp.st.raw(), SpecialQp::raw)),
             (q::PM_STATE, consts::MLX5_QP_PM_MIGRATED),
             (q::PD, qp.pd),
             (q::MTU, qp.mtu.into()),
@@ -1018,6 +1073,7 @@ impl QpTable {
             (q::LOG_SQ_SIZE, qp.log_sq_size),
             (q::UAR_PAGE, qp.uar),
             (q::LOG_PAGE_SIZE, qp.page_shift - ADAPTER_PAGE_SHIFT),
+            (q::PAGE_OFFSET, (qp.buf_off >> (qp.page_shift - PAGE_OFFSET_QUANTA.trailing_zeros())) as u32),
             (q::REMOTE_QPN, qp.remote_qpn),
             (q::LOG_SRA_MAX, qp.log_sra_max),
             (q::RETRY_COUNT, qp.retry_count.into()),
@@ -1134,6 +1190,99 @@ mod tests {
     }
 
     #[test]
+    fn special_qps_of_an_ib_port_are_created_and_modified_as_mlx5_ib_does() {
+        // Found under UML: mlx5_ib's IB port registration creates QP0 (SMI) and the hardware GSI QP (QP1), and
+        // the first user memory registration its UMR QP (st REG_UMR); the simulator refused all three as QP_TYPE.
+        use consts as k;
+        use ifc::qpc as q;
+        let mut r = Rdma::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
+        let cq = r.cq(4);
+        for (st, special) in [
+            (k::MLX5_QP_ST_QP0, SpecialQp::Qp0),
+            (k::MLX5_QP_ST_QP1, SpecialQp::Qp1),
+            (k::MLX5_QP_ST_REG_UMR, SpecialQp::RegUmr),
+        ] {
+            let n = r.qp(QpSpec { st, ..QpSpec::ud() }, cq.cqn, cq.cqn).qpn;
+            let info = r.h.dev.qp_info(n).unwrap();
+            assert_eq!((info.st, info.special), (QpType::Ud, Some(special)));
+            if special == SpecialQp::RegUmr {
+                // mlx5_ib's UMR QP names no PD.
+                let (mut inp, _, _) = r.create_qp_in(QpSpec { st, ..QpSpec::ud() }, cq.cqn, cq.cqn);
+                inp.set(q::PD.at(ifc::create_qp_in::QPC), 0);
+                assert_eq!(create(&mut r, &inp).1, 0);
+            }
+            // __mlx5_ib_modify_qp for these: the port, then MTU 256 (QP0/QP1) or 4096 (UMR), a Q_Key.
+            let init = |i: &mut Vec<u8>, c: Sub| {
+                i.set(ifc::ads::VHCA_PORT_NUM.at(q::PRIMARY_ADDRESS_PATH.at(c)), PORT);
+                i.set(q::Q_KEY.at(c), 0x8001_0000);
+            };
+            assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, init), (0, 0));
+            let mtu = if special == SpecialQp::RegUmr { k::IB_MTU_4096 } else { k::IB_MTU_256 };
+            assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, n, 0, |i, c| i.set(q::MTU.at(c), mtu.into())), (0, 0));
+            assert_eq!(r.modify(k::MLX5_CMD_OP_RTR2RTS_QP, n, 0, |_, _| {}), (0, 0));
+            let mut inp = vec![0u8; ifc::query_qp_in::SIZE_BYTES];
+            inp.set(ifc::mbox_in::OPCODE, k::MLX5_CMD_OP_QUERY_QP.into());
+            inp.set(ifc::query_qp_in::QPN, n);
+            let (s, _, out) = r.h.cmd(&inp, ifc::query_qp_out::SIZE_BYTES);
+            assert_eq!(s, 0);
+            assert_eq!(rd(&out, q::ST.at(ifc::query_qp_out::QPC)), st, "QUERY_QP reports the service created");
+        }
+        // One SMI and one GSI QP per port.
+        let (inp, _, _) = r.create_qp_in(QpSpec { st: k::MLX5_QP_ST_QP1, ..QpSpec::ud() }, cq.cqn, cq.cqn);
+        assert_eq!(create(&mut r, &inp), (k::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_TYPE, 0));
+        // An Ethernet port has no subnet management QP.
+        let mut e = Rdma::inline();
+        let cq = e.cq(4);
+        let (inp, _, _) = e.create_qp_in(QpSpec { st: k::MLX5_QP_ST_QP0, ..QpSpec::ud() }, cq.cqn, cq.cqn);
+        assert_eq!(create(&mut e, &inp).1, syndrome::QP_TYPE);
+    }
+
+    #[test]
+    fn a_qp_naming_mlx5_ibs_default_xrc_domain_and_srq_is_created() {
+        // mlx5_ib sets qpc.xrcd to one of its two XRC domains and srqn_rmpn_xrqn to its default SRQ in every
+        // non-XRC QP, with a non-zero RQ (create_kernel_qp, create_user_qp); firmware uses neither then.
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        let (s, syn, out) = r.h.simple(
+            consts::MLX5_CMD_OP_ALLOC_XRCD,
+            0,
+            ifc::alloc_xrcd_in::SIZE_BYTES,
+            ifc::alloc_xrcd_out::SIZE_BYTES,
+        );
+        assert_eq!((s, syn), (0, 0));
+        let xrcd = rd(&out, ifc::alloc_xrcd_out::XRCD);
+        let (mut inp, _, _) = r.create_qp_in(QpSpec::rc(), cq.cqn, cq.cqn);
+        inp.set(ifc::qpc::XRCD.at(ifc::create_qp_in::QPC), xrcd);
+        inp.set(ifc::qpc::SRQN_RMPN_XRQN.at(ifc::create_qp_in::QPC), 0x77);
+        let (s, syn, n) = create(&mut r, &inp);
+        assert_eq!((s, syn), (0, 0));
+        // The QP receives into its own RQ, not from the SRQ it named.
+        assert_eq!(r.h.dev.qp_info(n).unwrap().rq_wqes, 1 << QpSpec::rc().log_rq);
+    }
+
+    #[test]
+    fn a_user_buffer_may_start_inside_its_first_page() {
+        // qpc.page_offset counts 1/64ths of a page: the WQ starts there, and the pages must cover it.
+        use ifc::qpc as q;
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        // 16 x 64-byte receives and 16 send basic blocks: 2 KiB, one page.
+        let spec = QpSpec { log_rq: 4, log_sq: 4, ..QpSpec::rc() };
+        let (mut inp, _, _) = r.create_qp_in(spec, cq.cqn, cq.cqn);
+        inp.set(q::PAGE_OFFSET.at(ifc::create_qp_in::QPC), 1);
+        let (s, syn, n) = create(&mut r, &inp);
+        assert_eq!((s, syn), (0, 0));
+        let mut qin = vec![0u8; ifc::query_qp_in::SIZE_BYTES];
+        qin.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_QUERY_QP.into());
+        qin.set(ifc::query_qp_in::QPN, n);
+        let (_, _, out) = r.h.cmd(&qin, ifc::query_qp_out::SIZE_BYTES);
+        assert_eq!(rd(&out, q::PAGE_OFFSET.at(ifc::query_qp_out::QPC)), 1);
+        // 63/64 of a page in, the 2 KiB no longer fit the one page given.
+        inp.set(q::PAGE_OFFSET.at(ifc::create_qp_in::QPC), 63);
+        assert_eq!(create(&mut r, &inp).1, syndrome::PAS_TOO_FEW);
+    }
+
+    #[test]
     fn create_qp_validates_its_context() {
         let mut r = Rdma::inline();
         let cq = r.cq(4);
@@ -1195,7 +1344,7 @@ mod tests {
                 consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
                 syndrome::QP_RQ_TYPE,
             ),
-            // An SRQ RQ needs an SRQ that exists; an SRQ number needs the SRQ RQ type.
+            // An SRQ RQ needs an SRQ that exists; an XRC domain named must exist.
             (
                 Box::new(|i| {
                     i.set(ifc::qpc::RQ_TYPE.at(CTX), consts::MLX5_SRQ_RQ);
@@ -1205,14 +1354,9 @@ mod tests {
                 syndrome::SRQ_INVALID,
             ),
             (
-                Box::new(|i| i.set(ifc::qpc::SRQN_RMPN_XRQN.at(CTX), 0x77)),
+                Box::new(|i| i.set(ifc::qpc::XRCD.at(CTX), 0x77)),
                 consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
-                syndrome::QP_FEATURE,
-            ),
-            (
-                Box::new(|i| i.set(ifc::qpc::PAGE_OFFSET.at(CTX), 1)),
-                consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
-                syndrome::PAGE_OFFSET,
+                syndrome::XRCD_INVALID,
             ),
             (
                 Box::new(|i| i.set64(ifc::qpc::DBR_ADDR.at(CTX), 0x10)),

@@ -580,6 +580,42 @@ mod tests {
     }
 
     #[test]
+    fn the_gsi_qp_is_qpn_1_on_the_wire_both_ways() {
+        // mlx5_ib's hardware GSI QP gets an ordinary QPN from CREATE_QP (st QP1); MADs address it as QP1 and it
+        // sends as QP1 (IBA 3.5.4). Before, a packet to QPN 1 was dropped and its sends carried the device QPN.
+        let cfg = SimConfig { port_type: crate::PortType::Ib, lid: 5, ..SimConfig::default() };
+        let mut r = Rdma::new(cfg);
+        let (mut scq, mut rcq) = (r.cq(5), r.cq(5));
+        let mut ua = r.qp(QpSpec::ud(), scq.cqn, rcq.cqn);
+        let mut gsi = r.qp(QpSpec { st: consts::MLX5_QP_ST_QP1, ..QpSpec::ud() }, scq.cqn, rcq.cqn);
+        const QP1_QKEY: u32 = 0x8001_0000;
+        // The high bit of a send's Q_Key means "the QP's own" (a controlled Q_Key): the sender holds QP1's.
+        r.ready_ud(&ua, QP1_QKEY);
+        r.ready_ud(&gsi, QP1_QKEY);
+        let mr = r.mr(16 * 1024);
+        let (key, base) = (mr.key, mr.addr());
+        mr.write(0, &pattern(256, 3));
+        r.post_recv(&mut gsi, &[(base + 4096, 512, key)]);
+        let to_qp1 = TAv { dqpn: 1, qkey: QP1_QKEY, rlid: 5, ..TAv::default() };
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&to_qp1).data(256, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.qpn(), e.flags_rqpn() & 0xff_ffff, e.byte_cnt()), (gsi.qpn, ua.qpn, 40 + 256));
+        // The GSI QP answers: the receiver sees source QPN 1.
+        r.post_recv(&mut ua, &[(base + 8192, 512, key)]);
+        let back = TAv { dqpn: ua.qpn, ..to_qp1 };
+        r.post_send(&mut gsi, &Wqe::new(SEND).av(&back).data(256, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.qpn(), e.flags_rqpn() & 0xff_ffff), (ua.qpn, 1));
+        // No SMI QP on this device: a packet to QP0 is dropped.
+        let to_qp0 = TAv { dqpn: 0, ..to_qp1 };
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&to_qp0).data(256, key, base), Bell::Db);
+        let why = "no SMI/GSI QP at the destination";
+        assert!(r.h.dev.events().contains(&SimEvent::UdDropped { qpn: ua.qpn, dqpn: 0, why }));
+    }
+
+    #[test]
     fn the_rings_wrap_with_wqes_straddling_the_end_of_the_sq() {
         // 8 basic blocks of SQ, 4 receives, CQs of 8 entries: everything wraps several times.
         let spec = QpSpec { log_sq: 3, log_rq: 2, ..QpSpec::rc() };

@@ -7,6 +7,7 @@ use super::*;
 use crate::wire::roce::frame::IpRepr;
 use crate::wire::roce::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN};
 use crate::wire::roce_map;
+use crate::fw::qp::SpecialQp;
 
 /// The UDP header of a RoCE v2 packet.
 const UDP_BYTES: usize = 8;
@@ -46,6 +47,12 @@ impl State {
     pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, own_qkey, max_msg, psn) = (qp.pd, qp.q_key, qp.max_msg, qp.next_send_psn);
+        // The SMI and GSI QPs send as QP0 and QP1 (IBA 3.5.4): that is the source QPN a receiver sees.
+        let src_qpn = match qp.special {
+            Some(SpecialQp::Qp0) => 0,
+            Some(SpecialQp::Qp1) => 1,
+            _ => qpn,
+        };
         let Some(av) = w.av else {
             return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
         };
@@ -78,7 +85,7 @@ impl State {
                 let sl = if addr.ib { av.sl } else { 0 };
                 let me = self.wire.me_here();
                 let roce = RoceInfo { psn, ..RoceInfo::default() };
-                let p = Packet { src: me, dst, src_qpn: qpn, dst_qpn: av.dqpn, slid: addr.lid, sl, grh, body, roce };
+                let p = Packet { src: me, dst, src_qpn, dst_qpn: av.dqpn, slid: addr.lid, sl, grh, body, roce };
                 self.wire.send(p);
             }
             Err(why) => self.events.push(SimEvent::UdDropped { qpn, dqpn: av.dqpn, why }),
@@ -90,12 +97,32 @@ impl State {
     /// A UD packet arrives: checked, then scattered with its 40-byte GRH into the next receive.
     pub(super) fn ud_receive(&mut self, p: Packet) {
         let Body::Ud { qkey, data, imm, solicited } = &p.body else { return };
-        let dst = p.dst_qpn;
-        let drop = |st: &mut State, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: dst, why });
-        let ready =
-            self.fw.qps.get(&dst).filter(|q| q.st == QpType::Ud && matches!(q.state, QpState::Rtr | QpState::Rts));
+        let drop = |st: &mut State, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
+        // QPNs 0 and 1 name the port's SMI and GSI QPs, whatever their QPNs in the device.
+        let special = match p.dst_qpn {
+            0 => Some(SpecialQp::Qp0),
+            1 => Some(SpecialQp::Qp1),
+            _ => None,
+        };
+        let dst = match special {
+            Some(sp) => {
+                let found = self.fw.qps.iter().find(|(_, q)| q.special == Some(sp)).map(|(n, _)| n);
+                match found {
+                    Some(n) => n,
+                    None => return drop(self, "no SMI/GSI QP at the destination"),
+                }
+            }
+            None => p.dst_qpn,
+        };
+        let ready = self
+            .fw
+            .qps
+            .get(&dst)
+            .filter(|q| q.st == QpType::Ud && q.special != Some(SpecialQp::RegUmr))
+            .filter(|q| matches!(q.state, QpState::Rtr | QpState::Rts));
         let Some(qp) = ready else { return drop(self, "no UD QP in RTR/RTS at the destination") };
-        if qp.q_key != *qkey {
+        // Subnet management packets carry no Q_Key check (IBA 10.2.4: QP0 ignores it).
+        if qp.special != Some(SpecialQp::Qp0) && qp.q_key != *qkey {
             self.fw.port.qkey_viol_cntr = self.fw.port.qkey_viol_cntr.saturating_add(1);
             return drop(self, "qkey mismatch");
         }

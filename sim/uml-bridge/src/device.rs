@@ -60,6 +60,8 @@ pub struct Stats {
     /// BAR writes narrower than the device's 32-bit registers (the simulator cannot take them).
     pub narrow_writes: u64,
     pub msis: u64,
+    /// Doorbells user processes wrote into the BAR file (`barfile.rs`), replayed as BAR writes.
+    pub user_doorbells: u64,
     /// EQ interrupts the simulator fired (each becomes an MSI now or when its vector is unmasked).
     pub interrupts: u64,
 }
@@ -89,11 +91,21 @@ impl Device {
         }
     }
 
+    /// Counts a request that could not be served and says which (rare: each one is worth a look).
+    fn reject(&mut self, req: Option<Request>, out: &[u8]) {
+        self.stats.rejected += 1;
+        eprintln!(
+            "mlx5-uml-bridge: rejected request {req:?} ({} bytes: {:02x?})",
+            out.len(),
+            &out[..out.len().min(64)]
+        );
+    }
+
     /// Serves one request chain's driver bytes; returns the bytes for its device-writable part (empty for
     /// writes) and the MSI data words a write made deliverable.
     pub fn handle(&mut self, out: &[u8]) -> (Vec<u8>, Vec<u32>) {
         let Some(req) = Request::parse(out) else {
-            self.stats.rejected += 1;
+            self.reject(None, out);
             return (Vec::new(), Vec::new());
         };
         let data = &out[HDR..];
@@ -102,7 +114,7 @@ impl Device {
             OP_CFG_READ => {
                 self.stats.cfg_reads += 1;
                 if !matches!(size, 1 | 2 | 4 | 8) {
-                    self.stats.rejected += 1;
+                    self.reject(Some(req), out);
                     return (vec![0xff; 8], Vec::new());
                 }
                 (self.pci.cfg_read(req.addr, size).to_le_bytes()[..size].to_vec(), Vec::new())
@@ -114,7 +126,7 @@ impl Device {
             OP_CFG_WRITE => {
                 self.stats.cfg_writes += 1;
                 if !matches!(size, 1 | 2 | 4 | 8) || data.len() < size {
-                    self.stats.rejected += 1;
+                    self.reject(Some(req), out);
                     return (Vec::new(), Vec::new());
                 }
                 let mut v = [0u8; 8];
@@ -127,20 +139,20 @@ impl Device {
                 if req.bar == 0 && size <= MAX_ACCESS {
                     self.bar_read(req.addr, &mut buf);
                 } else {
-                    self.stats.rejected += 1;
+                    self.reject(Some(req), out);
                 }
                 (buf, Vec::new())
             }
             OP_MMIO_WRITE => {
                 self.stats.mmio_writes += 1;
                 if req.bar != 0 || data.len() < size || size > MAX_ACCESS {
-                    self.stats.rejected += 1;
+                    self.reject(Some(req), out);
                     return (Vec::new(), Vec::new());
                 }
                 (Vec::new(), self.bar_write(req.addr, &data[..size]))
             }
             _ => {
-                self.stats.rejected += 1;
+                self.reject(Some(req), out);
                 (Vec::new(), Vec::new())
             }
         }
@@ -150,7 +162,7 @@ impl Device {
         self.stats.mmio_writes += 1;
         let size = req.size as usize;
         if req.bar != 0 || size > MAX_ACCESS {
-            self.stats.rejected += 1;
+            self.reject(Some(req), &[]);
             return Vec::new();
         }
         self.bar_write(req.addr, &vec![byte; size])

@@ -7,8 +7,10 @@
 //! the shared mapping ([`mlx5_sim::SimDevice::map_guest_memory`]).
 //!
 //! Layers: `guest` (bounds-checked guest memory), `vring` (split virtqueues), `vhost` (the socket protocol), `pci`
-//! (config space, BAR sizing, MSI-X), `device` (requests to the simulator), `server` (the event loop).
+//! (config space, BAR sizing, MSI-X), `device` (requests to the simulator), `barfile` (user doorbells through the
+//! BAR file), `server` (the event loop).
 
+pub mod barfile;
 pub mod device;
 pub mod guest;
 pub mod pci;

@@ -1,5 +1,6 @@
-//! `mlx5-uml-bridge --socket PATH [--port ib|eth] [--trace FILE] [--verbose]`: listens on PATH, serves one UML
-//! instance started with `virtio_uml.device=PATH:1234`, and exits when it disconnects.
+//! `mlx5-uml-bridge --socket PATH [--port ib|eth] [--trace FILE] [--bar-file FILE] [--verbose]`: listens on PATH,
+//! serves one UML instance started with `virtio_uml.device=PATH:1234`, and exits when it disconnects. With
+//! `--bar-file`, the file UML was given as `virt_pci_bar_file=` is watched for user doorbells.
 
 use std::fs::File;
 use std::os::unix::net::UnixListener;
@@ -7,10 +8,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mlx5_sim::{PortType, SimConfig, SimDevice};
+use mlx5_uml_bridge::barfile::BarFile;
 use mlx5_uml_bridge::device::Device;
 use mlx5_uml_bridge::server::Server;
 
-const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--trace FILE] [--verbose]";
+const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--trace FILE] [--bar-file FILE] [--verbose]";
+/// UAR pages: enough for mlx5_core, mlx5_ib's kernel UARs and a few user contexts (rdma-core allocates its own).
+const NUM_UARS: u32 = 256;
 
 fn main() -> ExitCode {
     let mut argv = mlx5_args::Argv::from_env();
@@ -18,11 +22,13 @@ fn main() -> ExitCode {
     let mut port = PortType::Ib;
     let mut trace: Option<PathBuf> = None;
     let mut verbose = false;
+    let mut bar_file: Option<PathBuf> = None;
     while let Some(a) = argv.next() {
         let r = a.and_then(|a| {
             match a.as_str() {
                 "--socket" => socket = Some(argv.path("--socket")?),
                 "--trace" => trace = Some(argv.path("--trace")?),
+                "--bar-file" => bar_file = Some(argv.path("--bar-file")?),
                 "--verbose" => verbose = true,
                 "--port" => {
                     port = match argv.value("--port", "ib or eth")?.as_str() {
@@ -47,7 +53,7 @@ fn main() -> ExitCode {
             USAGE,
         );
     };
-    match run(&socket, port, trace.as_deref(), verbose) {
+    match run(&socket, port, trace.as_deref(), bar_file.as_deref(), verbose) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mlx5-uml-bridge: {e}");
@@ -60,6 +66,7 @@ fn run(
     socket: &std::path::Path,
     port: PortType,
     trace: Option<&std::path::Path>,
+    bar_file: Option<&std::path::Path>,
     verbose: bool,
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(socket);
@@ -70,16 +77,25 @@ fn run(
         PortType::Ib => 0x02_07_00,
         PortType::Eth => 0x02_00_00,
     };
-    let sim = SimDevice::new(SimConfig { port_type: port, ..SimConfig::default() });
+    let sim = SimDevice::new(SimConfig { port_type: port, num_uars: NUM_UARS, ..SimConfig::default() });
+    let bar_size = sim.mmio().bar_size();
     let trace = trace.map(File::create).transpose()?;
     let mut dev = Device::new(sim, class);
     dev.verbose = verbose;
     let mut server = Server::new(conn, dev, trace, verbose);
+    if let Some(p) = bar_file {
+        let f = std::fs::OpenOptions::new().read(true).open(p)?;
+        // The initialization segment comes first (three pages in the simulator's BAR); UAR pages follow.
+        // BlueFlame registers are 512 bytes (`log_bf_reg_size` 9 in the simulator's capabilities).
+        let first_uar_page = mlx5_core::prm::c::mlx5_init_seg::SIZE.div_ceil(4096);
+        server.bar_file = Some(BarFile::open(&f, first_uar_page, bar_size, 512)?);
+    }
     let r = server.run();
     let s = server.dev.stats;
     eprintln!(
-        "mlx5-uml-bridge: done: {} cfg reads, {} cfg writes, {} BAR reads, {} BAR writes, {} EQ interrupts, {} MSIs, {} rejected, {} narrow writes",
-        s.cfg_reads, s.cfg_writes, s.mmio_reads, s.mmio_writes, s.interrupts, s.msis, s.rejected, s.narrow_writes
+        "mlx5-uml-bridge: done: {} cfg reads, {} cfg writes, {} BAR reads, {} BAR writes, {} EQ interrupts, {} MSIs, {} rejected, {} narrow writes, {} user doorbells",
+        s.cfg_reads, s.cfg_writes, s.mmio_reads, s.mmio_writes, s.interrupts, s.msis, s.rejected, s.narrow_writes,
+        s.user_doorbells
     );
     r
 }

@@ -1,5 +1,5 @@
 //! `ibv_query_port` with every field of `ibv_port_attr`, from the commands mlx5_ib uses (QUERY_HCA_VPORT_CONTEXT,
-//! PTYS and PMTU on InfiniBand; PTYS, QUERY_NIC_VPORT_CONTEXT, QUERY_VPORT_STATE and PMTU on Ethernet), and
+//! PTYS, PMTU and PVLC on InfiniBand; PTYS, QUERY_NIC_VPORT_CONTEXT, QUERY_VPORT_STATE and PMTU on Ethernet), and
 //! address handles as objects: `ibv_create_ah`, `ibv_init_ah_from_wc` / `ibv_create_ah_from_wc` answering a UD
 //! sender as `ibv_ud_pingpong`'s server does.
 
@@ -22,11 +22,11 @@ fn query(cfg: SimConfig) -> mlx5_core::hca::PortAttr {
     let p = hca.query_port(&mut d).unwrap();
     // The commands mlx5_ib sends for ibv_query_port, in its order (ACCESS_REG reads have op_mod 1): PTYS, then
     // the NIC vport context (and here the vport state and PMTU in place of the netdev) on Ethernet; the HCA vport
-    // context, PTYS and PMTU on InfiniBand.
+    // context, PTYS, PMTU and PVLC on InfiniBand.
     let sent: Vec<(u16, u16)> = dev.executed()[before..].iter().map(|c| (c.opcode, c.op_mod)).collect();
     let reg = (consts::MLX5_CMD_OP_ACCESS_REG, 1);
     let want = if ib {
-        vec![(consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT, 0), reg, reg]
+        vec![(consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT, 0), reg, reg, reg]
     } else {
         vec![
             reg,
@@ -97,6 +97,8 @@ fn query_port_on_infiniband_follows_mlx5_query_hca_port() {
     // gid_table_size 4 encodes 128 entries, pkey_table_size 0 encodes 128 (mlx5_get_gid_table_len,
     // mlx5_to_sw_pkey_sz).
     assert_eq!((p.gid_tbl_len, p.pkey_tbl_len, p.max_msg_sz), (128, 128, 1 << 30));
+    // PVLC's vl_hw_cap 8 (data VLs 0-7) is VLCap 4, IBV_VL_0_7.
+    assert_eq!(p.max_vl_num, 4);
 
     let no_mask2 = PortInfo { cap_mask1: PORT_CAP_CM_SUP, ..info };
     let p = query(SimConfig { port_info: no_mask2, ..cfg.clone() });

@@ -1,0 +1,162 @@
+//! User doorbells through the BAR file. Our UML patch (`xtask/uml/0002-um-virt-pci-bar-file.patch`) backs user
+//! mappings of the BAR window with a host file, so the UAR and BlueFlame pages rdma-core maps are pages of that
+//! file: a process's stores land there and are not trapped. The bridge maps the same file and, on each pass of its
+//! event loop (a 1 ms sleeping poll), compares the doorbell registers of every UAR page with what it saw last:
+//! the first 8 bytes of each BlueFlame buffer (the send doorbell) and the CQ doorbell. A changed register is
+//! replayed to the simulator as the 64-bit BAR write the process made.
+//!
+//! Each send doorbell carries the WQE index, so consecutive ones differ; one overwritten before a pass is not
+//! lost, because the device reads the producer counter from the doorbell record (`MLX5_SND_DBR`), which covers
+//! the earlier WQEs too. Kernel writes to the BAR never reach the file (they travel as virt-pci messages).
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+
+use mlx5_core::prm::consts;
+
+/// The page size of UAR pages.
+const PAGE: usize = 4096;
+/// BlueFlame registers start here in a UAR page.
+const BF_OFFSET: usize = consts::MLX5_BF_OFFSET as usize;
+const BFREGS_PER_UAR: usize = consts::MLX5_BFREGS_PER_UAR as usize;
+/// The CQ arm doorbell (one 64-bit register).
+const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
+
+/// A shared, read-only mapping of the BAR file and the doorbell registers last seen in it.
+#[derive(Debug)]
+pub struct BarFile {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// BAR offsets of the watched registers, and their last values (bytes in BAR order).
+    regs: Vec<(usize, [u8; 8])>,
+}
+
+// SAFETY: the mapping is owned by this value and only read; any thread may read shared memory.
+unsafe impl Send for BarFile {}
+
+impl BarFile {
+    /// Maps `file` and watches the UAR pages from `first_uar_page` up to `bar_size` bytes (within the file),
+    /// with BlueFlame registers of `bf_reg_size` bytes (two buffers each).
+    pub fn open(file: &File, first_uar_page: usize, bar_size: usize, bf_reg_size: usize) -> std::io::Result<Self> {
+        let file_len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+        let len = bar_size.min(file_len) / PAGE * PAGE;
+        if len == 0 {
+            return Err(std::io::Error::other("the BAR file is smaller than a page"));
+        }
+        // SAFETY: a fresh shared read-only mapping of an open file; the kernel picks the address, and the result
+        // is checked before use.
+        let p =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        let mut offs = Vec::new();
+        let half = (bf_reg_size / 2).max(8);
+        for page in first_uar_page..len / PAGE {
+            let base = page * PAGE;
+            offs.push(base + CQ_DB);
+            for b in 0..BFREGS_PER_UAR * 2 {
+                let at = BF_OFFSET + b * half;
+                if at + 8 <= PAGE {
+                    offs.push(base + at);
+                }
+            }
+        }
+        let mut me = Self { ptr, len, regs: offs.into_iter().map(|o| (o, [0u8; 8])).collect() };
+        // Whatever the file holds before the guest runs is not a doorbell.
+        let _ = me.changed();
+        Ok(me)
+    }
+
+    /// One aligned 64-bit register, read as a single access (a store in progress is seen whole or not at all).
+    fn read(&self, off: usize) -> [u8; 8] {
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.len);
+        // SAFETY: `off + 8 <= len` (the offsets are built below `len`), the address is 8-byte aligned (page
+        // aligned mapping, offsets multiples of 8), and the mapping lives as long as `self`; volatile because the
+        // guest writes it concurrently.
+        let v = unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(off).cast::<u64>()) };
+        v.to_ne_bytes()
+    }
+
+    /// The registers written since the last call, as (BAR offset, the 8 bytes in BAR order), in BAR order.
+    pub fn changed(&mut self) -> Vec<(u64, [u8; 8])> {
+        let mut out = Vec::new();
+        for i in 0..self.regs.len() {
+            let (off, last) = self.regs[i];
+            let now = self.read(off);
+            if now != last {
+                self.regs[i].1 = now;
+                out.push((off as u64, now));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for BarFile {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `open`, which nothing else refers to.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn a_store_to_a_doorbell_register_is_reported_once_and_others_are_not() {
+        let path = std::env::temp_dir().join(format!("mlx5-barfile-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.set_len(8 * PAGE as u64).unwrap();
+        // Something in the file before the watch starts is not a doorbell.
+        f.write_all_at(&[1; 8], (2 * PAGE + BF_OFFSET) as u64).unwrap();
+        let mut w = BarFile::open(&f, 2, 8 * PAGE, 512).unwrap();
+        assert!(w.changed().is_empty());
+        // A send doorbell in the second buffer of UAR page 3 and a CQ arm on page 4.
+        let bell = [0, 0, 0x10, 0x0a, 0, 0, 0x12, 0x34];
+        f.write_all_at(&bell, (3 * PAGE + BF_OFFSET + 256) as u64).unwrap();
+        f.write_all_at(&[9; 8], (4 * PAGE + CQ_DB) as u64).unwrap();
+        // A BlueFlame copy word and a store to the init segment are not doorbells.
+        f.write_all_at(&[7; 8], (3 * PAGE + BF_OFFSET + 8) as u64).unwrap();
+        f.write_all_at(&[7; 8], 0x18).unwrap();
+        let got = w.changed();
+        assert_eq!(got, vec![((3 * PAGE + BF_OFFSET + 256) as u64, bell), ((4 * PAGE + CQ_DB) as u64, [9; 8])]);
+        assert!(w.changed().is_empty());
+        std::fs::remove_file(&path).unwrap();
+        // A file too small to hold a page is refused, not mapped.
+        let tiny = std::env::temp_dir().join(format!("mlx5-barfile-tiny-{}", std::process::id()));
+        let t = File::create(&tiny).unwrap();
+        assert!(BarFile::open(&t, 0, 8 * PAGE, 512).is_err());
+        std::fs::remove_file(&tiny).unwrap();
+    }
+
+    #[test]
+    fn a_doorbell_in_the_file_reaches_the_simulators_uar_decoder_as_the_process_wrote_it() {
+        use crate::device::Device;
+        use mlx5_sim::{SimConfig, SimDevice, SimEvent};
+        let path = std::env::temp_dir().join(format!("mlx5-barfile-dev-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.set_len(8 * PAGE as u64).unwrap();
+        let mut dev = Device::new(SimDevice::new(SimConfig::default()), 0x020000);
+        // The simulator's initialization segment takes three pages; its UAR pages follow.
+        let first = mlx5_core::prm::c::mlx5_init_seg::SIZE.div_ceil(PAGE);
+        let mut w = BarFile::open(&f, first, 8 * PAGE, 512).unwrap();
+        // mlx5_cq_arm as rdma-core stores it: the big-endian 64-bit (sn, cmd, ci) word and CQ number 7.
+        let bell = (0x1000_0005u64 << 32 | 7).to_be_bytes();
+        let off = (first + 1) * PAGE + CQ_DB;
+        f.write_all_at(&bell, off as u64).unwrap();
+        for (at, bytes) in w.changed() {
+            dev.bar_write(at, &bytes);
+        }
+        // No UAR page is allocated on a device not brought up: the decoder says so, with the value as written.
+        let want = SimEvent::BadCqDoorbell { off, val: u64::from_be_bytes(bell), why: "UAR page not allocated" };
+        assert!(dev.sim.events().contains(&want), "{:?}", dev.sim.events());
+        std::fs::remove_file(&path).unwrap();
+    }
+}

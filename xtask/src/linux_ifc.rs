@@ -1,0 +1,562 @@
+//! `cargo xtask vendor --linux-extra`: `mlx5_ifc_<name>_bits` layouts that Linux's driver uses and that
+//! `../shared/prm` does not carry, extracted mechanically from Linux 6.12's `include/linux/mlx5/mlx5_ifc.h`.
+//!
+//! The header comes from the same Debian source package `cargo xtask uml` builds from. Each requested struct (and
+//! every struct it nests) is parsed from the header, its bit offsets and widths computed, and then every member is
+//! checked against the C compiler: a generated C file includes the real header and asserts `offsetof`/`sizeof` on
+//! the `_bits` struct, where each `u8` is one bit. As a check of the parser itself, every layout already vendored
+//! in `core/prm/ifc_layouts.json` that the header defines is recomputed and must match. The result,
+//! `core/prm/linux-extra-layouts.json` (with the kernel version and the header's sha256), has the shape the codegen
+//! consumes; `codegen --check` keeps the generated code fresh. CI has no kernel source, so this runs only when asked.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Map, Value};
+
+use crate::vfio_test::run;
+
+/// The vendored file, relative to the workspace root.
+pub const VENDORED_EXTRA: &str = "core/prm/linux-extra-layouts.json";
+
+/// The layouts to extract, by `<name>` of `mlx5_ifc_<name>_bits`, each with why the simulator needs it.
+const EXTRA: &[(&str, &str)] = &[("pvlc_reg", "ACCESS_REG PVLC (0x500f): mlx5_ib's IB port query reads vl_hw_cap")];
+
+/// The headers, relative to the source tree.
+const HEADERS: &[&str] = &["include/linux/mlx5/mlx5_ifc.h", "include/linux/mlx5/mlx5_ifc_fpga.h"];
+
+#[derive(Debug, Clone)]
+enum Tok {
+    Ident(String),
+    Num(u64),
+    Punct(char),
+}
+
+fn tokenize(src: &str) -> Result<Vec<Tok>, String> {
+    // Comments and preprocessor lines carry no layout.
+    let mut text = String::with_capacity(src.len());
+    let mut rest = src;
+    while let Some(i) = rest.find("/*") {
+        text.push_str(&rest[..i]);
+        let end = rest[i..].find("*/").ok_or("an unterminated comment")?;
+        rest = &rest[i + end + 2..];
+    }
+    text.push_str(rest);
+    let mut toks = Vec::new();
+    for line in text.lines() {
+        let line = line.split("//").next().unwrap_or("");
+        if line.trim_start().starts_with('#') {
+            continue;
+        }
+        let b = line.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            let c = b[i] as char;
+            if c.is_ascii_whitespace() {
+                i += 1;
+            } else if c.is_ascii_alphabetic() || c == '_' {
+                let s = i;
+                while i < b.len() && ((b[i] as char).is_ascii_alphanumeric() || b[i] == b'_') {
+                    i += 1;
+                }
+                toks.push(Tok::Ident(line[s..i].to_string()));
+            } else if c.is_ascii_digit() {
+                let s = i;
+                while i < b.len() && (b[i] as char).is_ascii_alphanumeric() {
+                    i += 1;
+                }
+                let lit = line[s..i].trim_end_matches(['u', 'U', 'l', 'L']);
+                let n = match lit.strip_prefix("0x").or_else(|| lit.strip_prefix("0X")) {
+                    Some(h) => u64::from_str_radix(h, 16),
+                    None => lit.parse(),
+                };
+                // Numbers outside struct bodies (enum values in other spellings) are not needed: keep a marker.
+                toks.push(n.map_or(Tok::Punct('?'), Tok::Num));
+            } else {
+                toks.push(Tok::Punct(c));
+                i += 1;
+            }
+        }
+    }
+    Ok(toks)
+}
+
+/// One member of a `_bits` struct or union as written in the header.
+#[derive(Debug, Clone)]
+enum Member {
+    /// `u8 name[d0][d1]...;` (an empty or zero dimension is flexible, stored as 0).
+    Bits { name: String, dims: Vec<u64> },
+    /// `struct|union mlx5_ifc_<ty>_bits name[dims];`
+    Ref { name: String, ty: String, union: bool, dims: Vec<u64> },
+    /// An inline `struct { ... }` / `union { ... }`, anonymous when `name` is `None`.
+    Inline { union: bool, members: Vec<Member>, name: Option<String> },
+}
+
+#[derive(Debug, Clone)]
+struct Def {
+    /// The C tag, `mlx5_ifc_<name>_bits` (one union lacks the suffix).
+    tag: String,
+    union: bool,
+    members: Vec<Member>,
+}
+
+struct Parser<'a> {
+    t: &'a [Tok],
+    i: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<&Tok> {
+        self.t.get(self.i)
+    }
+    fn next(&mut self) -> Option<Tok> {
+        let t = self.t.get(self.i).cloned();
+        self.i += 1;
+        t
+    }
+    fn punct(&mut self, c: char) -> Result<(), String> {
+        match self.next() {
+            Some(Tok::Punct(p)) if p == c => Ok(()),
+            t => Err(format!("expected {c:?}, found {t:?}")),
+        }
+    }
+    fn ident(&mut self) -> Result<String, String> {
+        match self.next() {
+            Some(Tok::Ident(s)) => Ok(s),
+            t => Err(format!("expected a name, found {t:?}")),
+        }
+    }
+    fn dims(&mut self) -> Result<Vec<u64>, String> {
+        let mut d = Vec::new();
+        while matches!(self.peek(), Some(Tok::Punct('['))) {
+            self.next();
+            match self.next() {
+                Some(Tok::Num(n)) => {
+                    d.push(n);
+                    self.punct(']')?;
+                }
+                Some(Tok::Punct(']')) => d.push(0),
+                t => return Err(format!("expected a dimension, found {t:?}")),
+            }
+        }
+        Ok(d)
+    }
+    /// `<name>` of `mlx5_ifc_<name>_bits`; the header spells one union `mlx5_ifc_exe_aso_ctrl`, without `_bits`.
+    fn bits_name(ty: &str) -> Result<String, String> {
+        ty.strip_prefix("mlx5_ifc_")
+            .map(|s| s.strip_suffix("_bits").unwrap_or(s).to_string())
+            .ok_or_else(|| format!("member type {ty} is not an mlx5_ifc_*_bits type"))
+    }
+    /// Members up to the closing brace (consumed).
+    fn members(&mut self) -> Result<Vec<Member>, String> {
+        let mut out = Vec::new();
+        loop {
+            match self.next() {
+                Some(Tok::Punct('}')) => return Ok(out),
+                Some(Tok::Ident(k)) if k == "u8" => {
+                    let name = self.ident()?;
+                    let dims = self.dims()?;
+                    self.punct(';')?;
+                    out.push(Member::Bits { name, dims });
+                }
+                Some(Tok::Ident(k)) if k == "struct" || k == "union" => {
+                    let union = k == "union";
+                    if matches!(self.peek(), Some(Tok::Punct('{'))) {
+                        self.next();
+                        let members = self.members()?;
+                        let name = match self.peek() {
+                            Some(Tok::Ident(_)) => Some(self.ident()?),
+                            _ => None,
+                        };
+                        self.punct(';')?;
+                        out.push(Member::Inline { union, members, name });
+                    } else {
+                        let ty = Self::bits_name(&self.ident()?)?;
+                        let name = self.ident()?;
+                        let dims = self.dims()?;
+                        self.punct(';')?;
+                        out.push(Member::Ref { name, ty, union, dims });
+                    }
+                }
+                Some(Tok::Ident(k)) if k == "DECLARE_FLEX_ARRAY" => {
+                    self.punct('(')?;
+                    let kw = self.ident()?;
+                    let ty = Self::bits_name(&self.ident()?)?;
+                    self.punct(',')?;
+                    let name = self.ident()?;
+                    self.punct(')')?;
+                    self.punct(';')?;
+                    out.push(Member::Ref { name, ty, union: kw == "union", dims: vec![0] });
+                }
+                t => return Err(format!("unsupported member starting with {t:?}")),
+            }
+        }
+    }
+}
+
+/// The header's `_bits` types: the ones parsed, and the ones this parser cannot lay out (with why).
+#[derive(Default)]
+struct Defs {
+    ok: BTreeMap<String, Def>,
+    broken: BTreeMap<String, String>,
+}
+
+/// Every top-level `struct|union mlx5_ifc_<name>_bits { ... };` of the header, by `<name>`. A body this parser
+/// cannot read (a dimension spelled as a macro, say) is recorded, and refused only if a requested layout needs it.
+fn parse_defs(src: &str) -> Result<Defs, String> {
+    let toks = tokenize(src)?;
+    let mut defs = Defs::default();
+    let mut p = Parser { t: &toks, i: 0 };
+    while p.i + 2 < toks.len() {
+        let here = (&toks[p.i], &toks[p.i + 1], &toks[p.i + 2]);
+        if let (Tok::Ident(k), Tok::Ident(ty), Tok::Punct('{')) = here {
+            if (k == "struct" || k == "union") && ty.starts_with("mlx5_ifc_") {
+                let union = k == "union";
+                let tag = ty.clone();
+                let name = Parser::bits_name(ty)?;
+                let body = p.i + 3;
+                p.i = body;
+                match p.members() {
+                    Ok(members) => {
+                        defs.ok.insert(name, Def { tag, union, members });
+                    }
+                    Err(e) => {
+                        defs.broken.insert(name, e);
+                        // Resynchronise after the body's closing brace.
+                        let mut depth = 1usize;
+                        p.i = body;
+                        while depth > 0 {
+                            match p.next() {
+                                Some(Tok::Punct('{')) => depth += 1,
+                                Some(Tok::Punct('}')) => depth -= 1,
+                                Some(_) => {}
+                                None => return Err(format!("{tag}: no closing brace")),
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+        }
+        p.i += 1;
+    }
+    Ok(defs)
+}
+
+/// Computes layouts (sizes and the JSON field lists), memoised.
+struct Layouts<'a> {
+    defs: &'a Defs,
+    sizes: BTreeMap<String, u64>,
+}
+
+impl Layouts<'_> {
+    fn def(&self, name: &str) -> Result<Def, String> {
+        if let Some(why) = self.defs.broken.get(name) {
+            return Err(format!("mlx5_ifc_{name}_bits: {why}"));
+        }
+        self.defs.ok.get(name).cloned().ok_or_else(|| format!("the header defines no mlx5_ifc_{name}_bits"))
+    }
+    fn size(&mut self, name: &str) -> Result<u64, String> {
+        if let Some(s) = self.sizes.get(name) {
+            return Ok(*s);
+        }
+        let def = self.def(name)?;
+        let s = self.members_size(def.union, &def.members)?;
+        self.sizes.insert(name.to_string(), s);
+        Ok(s)
+    }
+    fn member_size(&mut self, m: &Member) -> Result<u64, String> {
+        Ok(match m {
+            Member::Bits { dims, .. } => dims.iter().product(),
+            Member::Ref { ty, dims, .. } => self.size(ty)? * dims.iter().product::<u64>(),
+            Member::Inline { union, members, .. } => self.members_size(*union, members)?,
+        })
+    }
+    fn members_size(&mut self, union: bool, members: &[Member]) -> Result<u64, String> {
+        let mut s = 0;
+        for m in members {
+            let w = self.member_size(m)?;
+            s = if union { s.max(w) } else { s + w };
+        }
+        Ok(s)
+    }
+    /// The JSON fields of `members` starting at bit `base`; anonymous inline members are promoted.
+    fn fields(&mut self, union: bool, members: &[Member], base: u64, out: &mut Vec<Value>) -> Result<(), String> {
+        let mut off = base;
+        for m in members {
+            let at = if union { base } else { off };
+            match m {
+                Member::Bits { name, dims } => match dims.as_slice() {
+                    [w] => out.push(json!({"name": name, "offset_bits": at, "width_bits": w, "kind": "scalar"})),
+                    [n, w] => {
+                        let mut f = json!({"name": name, "offset_bits": at, "width_bits": n * w, "kind": "array",
+                                           "count": n, "elem_width_bits": w});
+                        if *n == 0 {
+                            f["flexible"] = json!(true);
+                        }
+                        out.push(f);
+                    }
+                    _ => return Err(format!("{name}: {} dimensions", dims.len())),
+                },
+                Member::Ref { name, ty, union: u, dims } => {
+                    let w = self.size(ty)?;
+                    match dims.as_slice() {
+                        [] => {
+                            let mut f = json!({"name": name, "offset_bits": at, "width_bits": w, "kind": "struct",
+                                               "elem_struct": ty});
+                            if *u {
+                                f["union"] = json!(true);
+                            }
+                            out.push(f);
+                        }
+                        [n] => {
+                            let mut f = json!({"name": name, "offset_bits": at, "width_bits": n * w, "kind": "array",
+                                               "count": n, "elem_width_bits": w, "elem_struct": ty});
+                            if *u {
+                                f["union"] = json!(true);
+                            }
+                            if *n == 0 {
+                                f["flexible"] = json!(true);
+                            }
+                            out.push(f);
+                        }
+                        _ => return Err(format!("{name}: a multi-dimensional array of structs")),
+                    }
+                }
+                Member::Inline { union: u, members, name: None } => self.fields(*u, members, at, out)?,
+                Member::Inline { name: Some(n), .. } => {
+                    return Err(format!("the inline named member {n} has no mlx5_ifc_*_bits type of its own"))
+                }
+            }
+            off += self.member_size(m)?;
+        }
+        Ok(())
+    }
+    fn layout(&mut self, name: &str) -> Result<Value, String> {
+        let def = self.def(name)?;
+        let mut fields = Vec::new();
+        self.fields(def.union, &def.members, 0, &mut fields).map_err(|e| format!("mlx5_ifc_{name}_bits: {e}"))?;
+        let kw = if def.union { "union" } else { "struct" };
+        Ok(json!({"size_bits": self.size(name)?, "c_type": format!("{kw} {}", def.tag), "fields": fields}))
+    }
+}
+
+/// The `_Static_assert`s that pin `layout` (named `name`) to what the C compiler makes of the header.
+fn c_asserts(name: &str, layout: &Value, out: &mut String) {
+    use std::fmt::Write as _;
+    let ty = layout["c_type"].as_str().unwrap_or_default();
+    let size = layout["size_bits"].as_u64().unwrap_or_default();
+    writeln!(out, "_Static_assert(sizeof({ty}) == {size}, \"{name}: size\");").unwrap();
+    for f in layout["fields"].as_array().into_iter().flatten() {
+        let m = f["name"].as_str().unwrap_or_default();
+        let off = f["offset_bits"].as_u64().unwrap_or_default();
+        let w = f["width_bits"].as_u64().unwrap_or_default();
+        writeln!(out, "_Static_assert(offsetof({ty}, {m}) == {off}, \"{name}.{m}: offset\");").unwrap();
+        if f["flexible"].as_bool() != Some(true) {
+            writeln!(out, "_Static_assert(sizeof((({ty} *)0)->{m}) == {w}, \"{name}.{m}: width\");").unwrap();
+        }
+    }
+}
+
+/// Compiles `asserts` against the real header in `include_dir` (each `u8` one bit, so `offsetof` is in bits).
+fn c_check(work: &Path, include_dir: &Path, asserts: &str) -> Result<(), String> {
+    let src = format!(
+        "#include <stddef.h>\n\
+         typedef unsigned char u8;\n\
+         typedef unsigned short u16;\n\
+         typedef unsigned int u32;\n\
+         typedef unsigned long long u64;\n\
+         typedef u16 __be16;\n\
+         typedef u32 __be32;\n\
+         typedef u64 __be64;\n\
+         #define BIT(n) (1UL << (n))\n\
+         #define BIT_ULL(n) (1ULL << (n))\n\
+         #define DECLARE_FLEX_ARRAY(T, n) struct {{ struct {{ }} __empty_##n; T n[]; }}\n\
+         #include \"mlx5_ifc.h\"\n{asserts}"
+    );
+    let c = work.join("ifc_check.c");
+    std::fs::write(&c, src).map_err(|e| format!("{}: {e}", c.display()))?;
+    let out = Command::new("cc")
+        .args(["-std=gnu11", "-fsyntax-only", "-I"])
+        .arg(include_dir)
+        .arg(&c)
+        .output()
+        .map_err(|e| format!("cc: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the C compiler disagrees with the extracted layouts:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+fn sha256(p: &Path) -> Result<String, String> {
+    let out = Command::new("sha256sum").arg(p).output().map_err(|e| format!("sha256sum: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| format!("sha256sum {} printed nothing", p.display()))
+}
+
+/// The headers from the source package, extracted once into `target/uml/ifc/<package file name>/`.
+fn headers(root: &Path) -> Result<(PathBuf, String), String> {
+    let base = root.join("target/uml");
+    let deb = crate::uml::source_deb(&base.join("dl"))?;
+    let deb_name = deb.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+    let dir = base.join("ifc").join(&deb_name);
+    let inc = dir.join("include/linux/mlx5");
+    if !HEADERS.iter().all(|h| dir.join(h).exists()) {
+        let x = dir.join("x");
+        let _ = std::fs::remove_dir_all(&x);
+        std::fs::create_dir_all(&x).map_err(|e| format!("{}: {e}", x.display()))?;
+        run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&x))?;
+        let tarball = x.join(format!("usr/src/{}.tar.xz", crate::uml::SOURCE_PKG));
+        let mut tar = Command::new("tar");
+        tar.arg("xf").arg(&tarball).arg("-C").arg(&dir).arg("--strip-components=1");
+        for h in HEADERS {
+            tar.arg(format!("{}/{h}", crate::uml::SOURCE_PKG));
+        }
+        run(&mut tar)?;
+        let _ = std::fs::remove_dir_all(&x);
+    }
+    Ok((inc, deb_name))
+}
+
+/// `cargo xtask vendor --linux-extra`.
+pub fn run_vendor_extra(root: &Path) -> Result<(), String> {
+    let (inc, deb_name) = headers(root)?;
+    let mut src = String::new();
+    for h in HEADERS {
+        let p = inc.join(Path::new(h).file_name().unwrap_or_default());
+        src.push_str(&std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?);
+    }
+    let defs = parse_defs(&src)?;
+    let mut lay = Layouts { defs: &defs, sizes: BTreeMap::new() };
+
+    // The parser against the layouts vendored from ../shared/prm (an independent extraction).
+    let known = crate::codegen::read_json(&root.join(crate::codegen::VENDORED_IFC))?;
+    let (mut same, mut differ) = (0, Vec::new());
+    for (name, v) in known.as_object().ok_or("ifc_layouts.json is not an object")? {
+        if name == "_meta" || !defs.ok.contains_key(name) {
+            continue;
+        }
+        let ours = lay.layout(name)?;
+        if ours["size_bits"] == v["size_bits"] && ours["fields"] == v["fields"] {
+            same += 1;
+        } else {
+            let (a, b) = (ours["fields"].as_array(), v["fields"].as_array());
+            let first = a.into_iter().flatten().zip(b.into_iter().flatten()).find(|(x, y)| x != y);
+            differ.push(format!("{name} (first difference: {first:?})"));
+        }
+    }
+    if !differ.is_empty() {
+        return Err(format!("the extractor disagrees with core/prm/ifc_layouts.json on: {}", differ.join(", ")));
+    }
+
+    // The requested layouts and everything they nest.
+    let mut out = Map::new();
+    let mut todo: Vec<String> = EXTRA.iter().map(|(n, _)| (*n).to_string()).collect();
+    while let Some(name) = todo.pop() {
+        if out.contains_key(&name) || known.get(&name).is_some() {
+            continue;
+        }
+        let l = lay.layout(&name)?;
+        for f in l["fields"].as_array().into_iter().flatten() {
+            if let Some(e) = f["elem_struct"].as_str() {
+                todo.push(e.to_string());
+            }
+        }
+        out.insert(name, l);
+    }
+    let mut asserts = String::new();
+    for (name, l) in &out {
+        c_asserts(name, l, &mut asserts);
+    }
+    for name in known.as_object().into_iter().flatten().map(|(k, _)| k).filter(|k| defs.ok.contains_key(*k)) {
+        c_asserts(name, &lay.layout(name)?, &mut asserts);
+    }
+    let work = root.join("target/uml/ifc");
+    c_check(&work, &inc, &asserts)?;
+
+    let mut sha = Map::new();
+    for h in HEADERS {
+        let p = inc.join(Path::new(h).file_name().unwrap_or_default());
+        sha.insert((*h).to_string(), json!(sha256(&p)?));
+    }
+    let version = deb_name.split('_').nth(1).unwrap_or("?").to_string();
+    let mut doc = Map::new();
+    doc.insert(
+        "_meta".into(),
+        json!({
+            "source": format!("Linux {} (Debian {deb_name}): include/linux/mlx5/mlx5_ifc.h", version.split('-').next().unwrap_or("?")),
+            "sha256": sha,
+            "extracted_by": "cargo xtask vendor --linux-extra (xtask/src/linux_ifc.rs)",
+            "checked": "every member's offsetof/sizeof asserted by the C compiler on the header's _bits structs (one u8 = one bit); the same extractor reproduces every layout of ifc_layouts.json the header defines",
+            "why": EXTRA.iter().map(|(n, w)| (n.to_string(), json!(w))).collect::<Map<_, _>>(),
+            "convention": known["_meta"]["convention"],
+        }),
+    );
+    let mut names: Vec<_> = out.keys().cloned().collect();
+    names.sort();
+    for n in names {
+        doc.insert(n.clone(), out[&n].clone());
+    }
+    let path = root.join(VENDORED_EXTRA);
+    let mut text = serde_json::to_string_pretty(&Value::Object(doc)).map_err(|e| e.to_string())?;
+    text.push('\n');
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!(
+        "vendor --linux-extra: {} layout(s) into {VENDORED_EXTRA}; the extractor reproduces {same} vendored layouts; \
+         the C compiler agrees on every member",
+        out.len()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_unions_arrays_and_flexible_members_are_laid_out_like_c() {
+        let h = "struct mlx5_ifc_a_bits { u8 x[0x8]; u8 y[0x18]; };\n\
+                 union mlx5_ifc_u_bits { struct mlx5_ifc_a_bits a; u8 raw[0x40]; };\n\
+                 struct mlx5_ifc_t_bits {\n\
+                   u8 op[0x10]; /* a comment */\n\
+                   u8 reserved_at_10[0x10];\n\
+                   union { struct { u8 p[0x20]; }; u8 q[0x20]; };\n\
+                   union mlx5_ifc_u_bits u;\n\
+                   u8 gid[2][0x8];\n\
+                   struct mlx5_ifc_a_bits pas[];\n\
+                 };";
+        let defs = parse_defs(h).unwrap();
+        assert!(defs.broken.is_empty());
+        let mut l = Layouts { defs: &defs, sizes: BTreeMap::new() };
+        let t = l.layout("t").unwrap();
+        assert_eq!(t["size_bits"], 0x10 + 0x10 + 0x20 + 0x40 + 0x10);
+        let f = t["fields"].as_array().unwrap();
+        let at = |n: &str| f.iter().find(|x| x["name"] == n).unwrap().clone();
+        assert_eq!(at("p")["offset_bits"], 0x20);
+        assert_eq!(at("q")["offset_bits"], 0x20);
+        assert_eq!(at("u")["offset_bits"], 0x40);
+        assert_eq!(at("u")["union"], true);
+        assert_eq!(at("gid")["count"], 2);
+        assert_eq!(at("gid")["offset_bits"], 0x80);
+        assert_eq!(at("pas")["flexible"], true);
+        assert_eq!(at("pas")["elem_width_bits"], 0x20);
+        assert_eq!(at("pas")["offset_bits"], 0x90);
+    }
+
+    #[test]
+    fn constructs_it_cannot_lay_out_are_refused() {
+        let defs = parse_defs("struct mlx5_ifc_b_bits { int x; }; struct mlx5_ifc_d_bits { u8 y[0x8]; };").unwrap();
+        assert!(defs.broken.contains_key("b"));
+        assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("b").is_err());
+        assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("d").is_ok());
+        let defs = parse_defs("struct mlx5_ifc_c_bits { struct { u8 x[0x8]; } named; };").unwrap();
+        assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("c").is_err());
+    }
+}
