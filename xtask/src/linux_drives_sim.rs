@@ -402,7 +402,6 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
 
 /// The step for `cargo xtask ci`: the default (InfiniBand) run, every check. The first run builds the UML kernel
 /// (cached by recipe hash under `target/uml/`).
-#[allow(dead_code)] // For `ci()`: the lead decides when CI runs it.
 pub fn ci_step(root: &Path) -> Result<(), String> {
     run(root, false, false)
 }

@@ -123,6 +123,9 @@ fn ci(root: &Path) -> Result<(), String> {
     vfio_test::run_vfio_test(root)?;
     // Linux's rdma_rxe in a TCG guest answering our RoCEv2 frames (reuses vfio-test's Debian kernel).
     rxe::ci_step(root)?;
+    // Linux's own mlx5_core and mlx5_ib drive the simulator in User-Mode Linux, rdma-core's programs on top
+    // (the UML kernel is built once, then cached under target/uml/).
+    linux_drives_sim::ci_step(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
     Ok(())

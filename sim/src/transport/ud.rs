@@ -4,10 +4,10 @@
 use super::cqe::{flags_rqpn, CqeOut};
 use super::wqe::SendWqe;
 use super::*;
+use crate::fw::qp::SpecialQp;
 use crate::wire::roce::frame::IpRepr;
 use crate::wire::roce::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN};
 use crate::wire::roce_map;
-use crate::fw::qp::SpecialQp;
 
 /// The UDP header of a RoCE v2 packet.
 const UDP_BYTES: usize = 8;
