@@ -350,6 +350,9 @@ impl Handoff {
 #[derive(Debug)]
 pub(crate) struct Shared {
     state: Mutex<State>,
+    /// Held while this device's datapath runs and its packets are handed on, so they leave in the order they
+    /// were produced (`link::pump`). Never held by a thread holding the device lock.
+    pub(crate) send: Mutex<()>,
     /// Work for the device thread (threaded mode only).
     worker: Option<Handoff>,
 }
@@ -496,10 +499,16 @@ impl SimDevice {
             cfg,
         };
         let dev = match mode {
-            Mode::Inline => Self { shared: Arc::new(Shared { state: Mutex::new(state), worker: None }) },
+            Mode::Inline => {
+                Self { shared: Arc::new(Shared { state: Mutex::new(state), send: Mutex::new(()), worker: None }) }
+            }
             Mode::Threaded => {
                 let uar = state.regs.uar_range();
-                let shared = Arc::new(Shared { state: Mutex::new(state), worker: Some(Handoff::new(uar)) });
+                let shared = Arc::new(Shared {
+                    state: Mutex::new(state),
+                    send: Mutex::new(()),
+                    worker: Some(Handoff::new(uar)),
+                });
                 let weak = Arc::downgrade(&shared);
                 let handle = std::thread::Builder::new()
                     .name("mlx5-sim-fw".into())
