@@ -9,9 +9,9 @@
 //!
 //! # Inline and threaded modes
 //! In [`Mode::Inline`] (the default) a write to `cmd_dbell` executes the rung commands synchronously inside
-//! `write32`, so a test is deterministic and single threaded. In [`Mode::Threaded`] a worker thread receives the
-//! doorbells through atomic pending words (woken only when parked) and completes the commands asynchronously, as real firmware does; it exercises the
-//! driver's polling and ordering.
+//! `write32`, so a test is deterministic and single threaded. In [`Mode::Threaded`] a worker thread takes the
+//! doorbells as posted writes, in order (it is woken only when parked), and completes the commands
+//! asynchronously, as real firmware does; it exercises the driver's polling and ordering.
 //!
 //! # Virtual time
 //! In inline mode nothing really sleeps: [`SimDelay`] advances a virtual clock and runs device work that became
@@ -422,8 +422,14 @@ fn worker(weak: Weak<Shared>) {
                 for bell in bells.drain(..) {
                     match bell {
                         Bell::Cmd(mask) => later.extend(st.ring(mask)),
-                        // A device that left the bus takes no doorbells.
-                        _ if st.regs.health == Health::Gone => {}
+                        // A device that left the bus takes no doorbells (as `SimMmio` records a write to it).
+                        Bell::Uar32(off, val) if st.regs.health == Health::Gone => {
+                            st.events.push(SimEvent::WriteWhileGone { off, val });
+                        }
+                        Bell::Uar64(off, v) if st.regs.health == Health::Gone => {
+                            st.events.push(SimEvent::WriteWhileGone { off, val: (v >> 32) as u32 });
+                            st.events.push(SimEvent::WriteWhileGone { off: off.saturating_add(4), val: v as u32 });
+                        }
                         Bell::Uar32(off, v) => st.uar_write32(off, v),
                         Bell::Uar64(off, v) => {
                             st.uar_write64(off, v);
