@@ -11,7 +11,7 @@ use super::{Packet, Port};
 use crate::wire::Resp;
 use crate::{lock, Shared};
 
-/// The most packets one pump carries: a bound against a simulator bug ping-ponging forever.
+/// The most device runs one pump makes: a bound against a simulator bug ping-ponging forever.
 const PUMP_BUDGET: usize = 1 << 20;
 
 /// Joins two devices with a wire, both directions.
