@@ -37,8 +37,15 @@ struct SqWin {
 /// from two threads never share one.
 pub const SHADOW_ALIGN: usize = 64;
 
+// `Qp` and `Cq` are aligned to the same line by `repr(align(64))`, which takes only a literal.
+const _: () = assert!(core::mem::align_of::<Qp>() == SHADOW_ALIGN);
+
 /// A created queue pair: its rings, doorbell record, BlueFlame register and work-request bookkeeping.
+///
+/// Aligned to a cache line ([`SHADOW_ALIGN`]), so its counters never share a line with another object, wherever
+/// the caller keeps it (two QPs side by side in a `Vec`, each posted from its own thread).
 #[derive(Debug)]
+#[repr(align(64))]
 pub struct Qp {
     pub(crate) buf: QueueBuf,
     pub(crate) dbrec: DbRec,

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use mlx5_core::cq::{WcOpcode, WcStatus, WorkCompletion};
+use mlx5_core::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::qp::{Qp, QpCap, QpType, RecvWr, SendFlags, SendOp, SendWr};
 use mlx5_core::uar::BFREGS_PER_UAR;
 use mlx5_sim::testkit::{Node, RcOpts};
@@ -155,7 +155,7 @@ fn a_blueflame_copy_through_a_memory_bar_is_the_wqe_byte_for_byte() {
 }
 
 /// Queues used from different threads share no cache line: each QP's shadow array (wr_ids and send slots), each
-/// QP's and CQ's doorbell record, and each QP's BlueFlame register lie on 64-byte lines of their own. Small
+/// QP's and CQ's doorbell record and object, and each QP's BlueFlame register lie on 64-byte lines of their own. Small
 /// queues make the shadows small, where adjacent heap blocks would otherwise meet inside one line.
 #[test]
 fn queues_share_no_cache_line() {
@@ -185,6 +185,17 @@ fn queues_share_no_cache_line() {
     for (i, cq) in cqs.iter().enumerate() {
         let rec = cq.dbrec().ptr() as usize;
         host.push((format!("CQ {i} dbrec"), lines(rec..rec + 8)));
+    }
+    // The QP and CQ objects themselves (their counters), kept side by side in a `Vec` as a program may.
+    let whole = |p: usize, len: usize| {
+        assert_eq!((p % LINE, len % LINE), (0, 0), "an object on whole lines");
+        lines(p..p + len)
+    };
+    for (i, qp) in qps.iter().enumerate() {
+        host.push((format!("QP {i} object"), whole(qp as *const Qp as usize, std::mem::size_of::<Qp>())));
+    }
+    for (i, cq) in cqs.iter().enumerate() {
+        host.push((format!("CQ {i} object"), whole(cq as *const Cq as usize, std::mem::size_of::<Cq>())));
     }
     for (i, (a, la)) in host.iter().enumerate() {
         for (b, lb) in &host[i + 1..] {
