@@ -295,7 +295,8 @@ pub(crate) enum Bell {
 /// comes after the other side's store: either the worker sees `kick` and does not park, or the producer sees
 /// `sleeping` and unparks. An unpark that lands between the worker's check and its `park` leaves the thread's
 /// token set, so that `park` returns at once. The worker clears `kick` before it takes `bells`, so a bell pushed
-/// after the take has its `kick` seen on the next pass.
+/// after the take has its `kick` seen on the next pass. (Were a wake-up lost anyway, the work would wait for the thread's
+/// next [`WORKER_TICK`], not forever: it parks with that timeout.)
 #[derive(Debug)]
 pub(crate) struct Handoff {
     bells: Mutex<Vec<Bell>>,
