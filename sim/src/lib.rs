@@ -275,6 +275,47 @@ impl State {
 /// How often the device thread runs the datapath on its own (timers: retries, flushes of late receives).
 const WORKER_TICK: Duration = Duration::from_millis(1);
 
+/// How long the device thread polls for the next doorbell after a run that had work, before it parks, when such
+/// polls have been finding work ([`SpinPolicy`]).
+const WORKER_SPIN: Duration = Duration::from_micros(20);
+
+/// Whether to poll before parking: only while recent polls found the next doorbell in time. A driver that posts
+/// again right after its completions (a ping-pong, a bench) then costs no wake-up; on a machine so loaded that
+/// the driver's thread is off its CPU when the poll runs, polling only burns the device thread's share and costs
+/// it the scheduler's preference for a woken sleeper, so it stops, probing again every [`SpinPolicy::PROBE`] parks
+/// (BENCHMARKS.md has both measurements).
+#[derive(Debug)]
+struct SpinPolicy {
+    /// Recent success, a moving average in 1/256ths.
+    hits: u32,
+    /// Parks without a poll since the last one.
+    skipped: u32,
+}
+
+impl SpinPolicy {
+    const PROBE: u32 = 32;
+
+    fn new() -> Self {
+        Self { hits: 256, skipped: 0 }
+    }
+
+    fn should(&mut self) -> bool {
+        if self.hits >= 128 {
+            return true;
+        }
+        self.skipped += 1;
+        if self.skipped >= Self::PROBE {
+            self.skipped = 0;
+            return true;
+        }
+        false
+    }
+
+    fn record(&mut self, hit: bool) {
+        self.hits = self.hits - self.hits / 8 + if hit { 32 } else { 0 };
+    }
+}
+
 /// A doorbell the device thread has still to take, in the order the driver wrote them (threaded mode).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Bell {
@@ -404,9 +445,13 @@ impl Shared {
 
 /// Runs doorbells in threaded mode. Holds only a weak reference while parked, so dropping the last handle
 /// stops it. Each wake-up drains all posted doorbells in order, runs the datapath, and looks again; with nothing
-/// left it parks until the next doorbell or [`WORKER_TICK`].
+/// left it polls briefly when that has been paying ([`SpinPolicy`]), then parks until the next doorbell or
+/// [`WORKER_TICK`].
 fn worker(weak: Weak<Shared>) {
     let mut last_run = Instant::now();
+    let mut spin = SpinPolicy::new();
+    // The last run had doorbells to take (not only timers): the driver is active, so the next may come soon.
+    let mut after_work = false;
     // The bells taken per pass; swapped with the posted list, so neither allocates once grown.
     let mut bells: Vec<Bell> = Vec::with_capacity(64);
     loop {
@@ -414,6 +459,7 @@ fn worker(weak: Weak<Shared>) {
         let Some(w) = shared.worker.as_ref() else { break };
         let kick = w.kick.swap(false, Ordering::SeqCst);
         if kick || last_run.elapsed() >= WORKER_TICK {
+            after_work = kick;
             std::mem::swap(&mut *w.bells.lock().unwrap_or_else(|e| e.into_inner()), &mut bells);
             // Order the driver's stores (entry, mailboxes, WQEs) before our reads, as the doorbell write does.
             fence(Ordering::SeqCst);
@@ -454,9 +500,23 @@ fn worker(weak: Weak<Shared>) {
             last_run = Instant::now();
             continue;
         }
-        // Nothing pending: park at once. Polling for work before parking (20 to 100 us) measured slower on this
-        // shared 2-CPU machine: a spinning thread uses up its share and loses the scheduler's wake-up preference,
-        // so the next doorbell waits for its turn instead of waking it (BENCHMARKS.md).
+        // Nothing pending: poll for the next doorbell a little while, if that has been finding it.
+        if std::mem::take(&mut after_work) && spin.should() {
+            let t = Instant::now();
+            let mut n = 0u32;
+            while !w.pending() {
+                std::hint::spin_loop();
+                n = n.wrapping_add(1);
+                if n.is_multiple_of(32) && t.elapsed() >= WORKER_SPIN {
+                    break;
+                }
+            }
+            let hit = w.pending();
+            spin.record(hit);
+            if hit {
+                continue;
+            }
+        }
         let wait = WORKER_TICK.saturating_sub(last_run.elapsed());
         w.sleeping.store(true, Ordering::SeqCst);
         if w.pending() || wait.is_zero() {
