@@ -919,6 +919,39 @@ mod tests {
     use mlx5_core::hal::{Dma, Mmio};
     use mlx5_core::prm::{c, consts, ifc, MsgBuf};
 
+    /// The device thread polls before parking while polls find work, stops after a run of misses, then polls
+    /// only once every `PROBE` parks until hits bring it back.
+    #[test]
+    fn spin_policy_stops_polling_when_it_misses_and_comes_back_when_it_hits() {
+        let mut p = SpinPolicy::new();
+        assert!(p.should());
+        p.record(true);
+        assert!(p.should());
+        let mut misses = 0;
+        while p.should() {
+            p.record(false);
+            misses += 1;
+            assert!(misses < 100, "polling never stops");
+        }
+        assert!(misses >= 3, "one miss does not stop it: {misses}");
+        // Stopped: one probe in PROBE parks.
+        let polls = (0..4 * SpinPolicy::PROBE).filter(|_| p.should()).count();
+        assert_eq!(polls, 4);
+        // Probes that hit bring polling back.
+        let mut parks = 0;
+        loop {
+            if p.should() {
+                p.record(true);
+                if p.hits >= 128 {
+                    break;
+                }
+            }
+            parks += 1;
+            assert!(parks < 64 * SpinPolicy::PROBE, "hits never bring polling back");
+        }
+        assert!(p.should());
+    }
+
     // Not under `mmio::`: Miri runs that module's tests, and this one needs the device thread and real time.
     /// In threaded mode a UAR doorbell is a posted write: it returns while the device is busy (its lock held),
     /// and the device thread takes it afterwards, in order.
