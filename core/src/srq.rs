@@ -431,7 +431,7 @@ pub struct Srq {
 impl Srq {
     /// Bytes of the shadow array for `sizes`.
     pub fn shadow_len(sizes: &SrqSizes) -> usize {
-        sizes.max as usize * core::mem::size_of::<SrqSlot>()
+        (sizes.max as usize * core::mem::size_of::<SrqSlot>()).next_multiple_of(crate::qp::SHADOW_ALIGN)
     }
 
     /// Links every WQE of a new ring to the next (`create_srq_kernel`), before the device sees it.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use mlx5_core::hal::Mmio;
 use mlx5_core::prm::{c, consts, ifc, Field, MsgBuf};
 
-use crate::{lock, Shared, SimConfig, SimEvent};
+use crate::{lock, Bell, Shared, SimConfig, SimEvent};
 
 /// Bytes in one BAR page (the UAR granule, `MLX5_ADAPTER_PAGE_SIZE`).
 pub(crate) const PAGE: usize = consts::MLX5_ADAPTER_PAGE_SIZE as usize;
@@ -161,6 +161,11 @@ impl Regs {
     }
 
     /// Whether `off..off + len` lies inside one of the UAR pages (after the initialization segment, in the BAR).
+    /// The UAR pages' part of the BAR.
+    pub(crate) fn uar_range(&self) -> std::ops::Range<usize> {
+        self.image.len()..self.bar_size
+    }
+
     fn in_uar(&self, off: usize, len: usize) -> bool {
         off >= self.image.len() && off.checked_add(len).is_some_and(|e| e <= self.bar_size)
     }
@@ -222,6 +227,11 @@ impl Mmio for SimMmio {
     }
 
     fn write32(&self, off: usize, v: u32) {
+        // Threaded: a UAR write is posted to the device thread without the device lock.
+        if let Some(w) = self.shared.worker.as_ref().filter(|w| w.in_uar(off, 4)) {
+            w.post(Bell::Uar32(off, v));
+            return;
+        }
         let bell = {
             let mut guard = lock(&self.shared);
             let st = &mut *guard;
@@ -252,6 +262,11 @@ impl Mmio for SimMmio {
     }
 
     fn write64(&self, off: usize, v: u64) {
+        // Threaded: a UAR doorbell is posted to the device thread without the device lock.
+        if let Some(w) = self.shared.worker.as_ref().filter(|w| w.in_uar(off, 8)) {
+            w.post(Bell::Uar64(off, v));
+            return;
+        }
         let kick = {
             let mut st = lock(&self.shared);
             // UAR doorbells (CQ, send/BlueFlame) are 64-bit registers and must be seen as one access; the

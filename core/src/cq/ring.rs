@@ -47,7 +47,11 @@ struct Walk<'a> {
 }
 
 /// A created completion queue: its ring, doorbell record and consumer index.
+///
+/// Aligned to a cache line (`qp::SHADOW_ALIGN`), so its consumer index never shares a line with another object,
+/// wherever the caller keeps it.
 #[derive(Debug)]
+#[repr(align(64))]
 pub struct Cq {
     pub(crate) buf: QueueBuf,
     pub(crate) dbrec: DbRec,
@@ -339,6 +343,9 @@ impl Cq {
         }
     }
 }
+
+// The line `repr(align(64))` names as a literal.
+const _: () = assert!(core::mem::align_of::<Cq>() == crate::qp::SHADOW_ALIGN);
 
 #[cfg(test)]
 mod tests {

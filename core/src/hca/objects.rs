@@ -691,7 +691,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let (uar, bf) = self.take_bfreg(delay)?;
         let dma = self.cmdq.dma();
         let mut buf = QueueBuf::alloc(dma, sizes.rq_bytes() + sizes.sq_bytes())?;
-        let shadow = match dma.alloc(Qp::shadow_len(&sizes), 8) {
+        let shadow = match dma.alloc(Qp::shadow_len(&sizes), crate::qp::SHADOW_ALIGN) {
             Ok(r) => r,
             Err(e) => {
                 // SAFETY: never shown to the device.

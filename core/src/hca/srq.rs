@@ -60,7 +60,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
         let dma = self.cmdq.dma();
         let mut buf = QueueBuf::alloc(dma, sizes.buf_bytes())?;
         Srq::init_buf(&buf, &sizes);
-        let shadow = match dma.alloc(Srq::shadow_len(&sizes), 8) {
+        let shadow = match dma.alloc(Srq::shadow_len(&sizes), crate::qp::SHADOW_ALIGN) {
             Ok(r) => r,
             Err(e) => {
                 // SAFETY: never shown to the device.

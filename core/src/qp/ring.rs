@@ -33,8 +33,19 @@ struct SqWin {
     max_send_sge: u32,
 }
 
+/// Alignment and length granule of a queue's shadow array: a CPU cache line, so the shadows of two queues used
+/// from two threads never share one.
+pub const SHADOW_ALIGN: usize = 64;
+
+// `Qp` and `Cq` are aligned to the same line by `repr(align(64))`, which takes only a literal.
+const _: () = assert!(core::mem::align_of::<Qp>() == SHADOW_ALIGN);
+
 /// A created queue pair: its rings, doorbell record, BlueFlame register and work-request bookkeeping.
+///
+/// Aligned to a cache line ([`SHADOW_ALIGN`]), so its counters never share a line with another object, wherever
+/// the caller keeps it (two QPs side by side in a `Vec`, each posted from its own thread).
 #[derive(Debug)]
+#[repr(align(64))]
 pub struct Qp {
     pub(crate) buf: QueueBuf,
     pub(crate) dbrec: DbRec,
@@ -87,12 +98,14 @@ fn flat_span(buf: &QueueBuf, off: usize, len: usize) -> Option<Span> {
 }
 
 impl Qp {
-    /// Bytes of the shadow array for `sizes`.
+    /// Bytes of the shadow array for `sizes`, rounded up to whole cache lines ([`SHADOW_ALIGN`]).
     pub fn shadow_len(sizes: &QpSizes) -> usize {
-        sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>() + sizes.rq_wqe_cnt as usize * 8
+        let len = sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>() + sizes.rq_wqe_cnt as usize * 8;
+        len.next_multiple_of(SHADOW_ALIGN)
     }
 
-    /// A QP over its created objects. `shadow` is zeroed host memory of [`Qp::shadow_len`] bytes, 8-byte aligned;
+    /// A QP over its created objects. `shadow` is zeroed host memory of [`Qp::shadow_len`] bytes, at least 8-byte aligned
+    /// ([`SHADOW_ALIGN`] keeps it off other queues' cache lines);
     /// `cqns` are the send and receive CQs it was created with.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -170,6 +183,11 @@ impl Qp {
     /// The BlueFlame register the QP rings.
     pub fn bfreg(&self) -> &BfReg {
         &self.bf
+    }
+    /// The CPU addresses of the host-only shadow array (wr_ids and send slots), for layout checks.
+    pub fn shadow_bytes(&self) -> core::ops::Range<usize> {
+        let start = self.shadow.cpu().as_ptr() as usize;
+        start..start + self.shadow.len()
     }
     /// The doorbell record.
     pub fn dbrec(&self) -> &DbRec {

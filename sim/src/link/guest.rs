@@ -12,7 +12,6 @@
 //! QEMU 7.2 in client mode (`server=off`) connects once at start and never retries, so listen first
 //! ([`listen`]) or let QEMU listen (`server=on`) and [`connect`] with retries.
 
-use std::collections::VecDeque;
 use std::io::{self, BufWriter, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
@@ -22,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::pcap::PcapSink;
 use super::stream::{read_frame, write_frame, MAX_STREAM_FRAME};
-use super::{carry, DevRef, Packet, Port, TxCount};
+use super::{pump, DevRef, Packet, Port, TxCount};
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
 use crate::wire::roce::frame::emit_arp;
@@ -276,15 +275,11 @@ fn read_loop(weak: Weak<Shared>, link: Arc<GuestLink>, mut r: UnixStream) {
                 link.learn(mac);
             }
         }
-        let (back, out) = {
-            let mut st = lock(&shared);
-            let back = st.receive_frame(frame, &src);
-            (back, st.run_datapath())
-        };
+        let back = lock(&shared).receive_frame(frame, &src);
         if let Some(b) = back {
             let _ = link.send_raw_unrecorded(&b);
         }
-        carry(VecDeque::from(out));
+        pump(&shared);
     }
     link.close();
     if let Some(shared) = weak.upgrade() {

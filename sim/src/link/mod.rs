@@ -35,7 +35,7 @@ pub mod stream;
 pub(crate) mod tcp;
 
 use crate::wire::roce::frame::DropCounters;
-pub(crate) use local::{carry, connect, pump};
+pub(crate) use local::{connect, pump};
 use pcap::PcapSink;
 
 use tcp::Link;

@@ -14,14 +14,13 @@
 //! trusted no more than a cable: a frame that does not parse ends the link ([`crate::SimEvent::LinkDown`]), and
 //! requests it carried time out at the requester like any lost packet.
 
-use std::collections::VecDeque;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::{carry, DevRef, Packet, Port, PortAddr, TxCount};
+use super::{pump, DevRef, Packet, Port, PortAddr, TxCount};
 use crate::wire::frame::{decode_packet, encode_packet, Dec, Enc, FRAME_PACKET};
 use crate::wire::{roce_map, GID_LEN};
 use crate::{lock, Shared, SimEvent};
@@ -319,15 +318,11 @@ fn read_loop(weak: Weak<Shared>, link: Arc<Link>, mut r: BufReader<TcpStream>) {
         let Some(shared) = weak.upgrade() else { return link.close() };
         if let Some((&FRAME_ETHERNET, eth)) = frame.split_first() {
             let src = DevRef { id: link.id, port: Port::Remote(link.clone()) };
-            let (back, out) = {
-                let mut st = lock(&shared);
-                let back = st.receive_frame(eth, &src);
-                (back, st.run_datapath())
-            };
+            let back = lock(&shared).receive_frame(eth, &src);
             if let Some(b) = back {
                 let _ = link.transmit_frame(&b);
             }
-            carry(VecDeque::from(out));
+            pump(&shared);
             continue;
         }
         let p = match frame.split_first() {
@@ -339,14 +334,13 @@ fn read_loop(weak: Weak<Shared>, link: Arc<Link>, mut r: BufReader<TcpStream>) {
             }
             _ => break "unexpected frame type",
         };
-        let out = {
+        {
             let mut st = lock(&shared);
             let me = st.wire.me.clone();
             let src = DevRef { id: link.id, port: Port::Remote(link.clone()) };
             st.receive(Packet { src, dst: me, ..p });
-            st.run_datapath()
-        };
-        carry(VecDeque::from(out));
+        }
+        pump(&shared);
     };
     let was_up = link.is_up();
     link.close();

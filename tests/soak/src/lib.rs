@@ -906,11 +906,7 @@ impl<'r> Epoch<'r> {
     fn traffic(&mut self) {
         let x = self.rng.below(2) as usize;
         let i = self.rng.below(NSLOTS as u64) as usize;
-        // No UD traffic on threaded devices: two threads may run one device's datapath at once (its worker, and a
-        // peer's worker carrying a packet to it) and carry what each took in either order, so two datagrams of one
-        // UD QP can arrive swapped, which the in-order receive check reads as a mismatch (SOAK.md, "Threaded").
-        // `SOAK_THREADED_UD=1` puts it back, to reproduce.
-        if !self.usable(x, i) || (self.threaded && i == UD_SLOT && std::env::var_os("SOAK_THREADED_UD").is_none()) {
+        if !self.usable(x, i) {
             return;
         }
         if self.rng.below(100) < 35 {
@@ -1816,11 +1812,7 @@ impl<'r> Epoch<'r> {
     fn fault_qp_fatal(&mut self) {
         let x = self.rng.below(2) as usize;
         let i = self.rng.below(NSLOTS as u64) as usize;
-        // No UD traffic on threaded devices: two threads may run one device's datapath at once (its worker, and a
-        // peer's worker carrying a packet to it) and carry what each took in either order, so two datagrams of one
-        // UD QP can arrive swapped, which the in-order receive check reads as a mismatch (SOAK.md, "Threaded").
-        // `SOAK_THREADED_UD=1` puts it back, to reproduce.
-        if !self.usable(x, i) || (self.threaded && i == UD_SLOT && std::env::var_os("SOAK_THREADED_UD").is_none()) {
+        if !self.usable(x, i) {
             return;
         }
         let Some(qpn) = self.nodes[x].qps[i].qp.as_ref().map(Qp::qpn) else { return };

@@ -72,6 +72,10 @@ pub struct WireReport {
     /// Every drain after a kill, in ms (for the median and the 99th percentile).
     pub drains_ms: Vec<u64>,
     pub budget_ms: u64,
+    /// What the longest drain waited for: its session, the time from the kill to the first error completion
+    /// (the device's retries running out), the time to the last completion, and the longest gap between two
+    /// polls of the survivor's loop (its own thread descheduled or stalled), all in ms.
+    pub longest_drain: Option<serde_json::Value>,
     /// Peers that failed on their own (a data mismatch they saw, an error, a non-zero exit at a clean end).
     pub peer_failures: u64,
     pub hangs: u64,
@@ -122,6 +126,7 @@ impl WireReport {
             "drain_ms_p50": self.drain_percentile(50),
             "drain_ms_p99": self.drain_percentile(99),
             "budget_ms": self.budget_ms,
+            "longest_drain": self.longest_drain,
             "peer_failures": self.peer_failures,
             "hangs": self.hangs,
             "leaked_dma_regions": self.leaked_dma_regions,
@@ -466,6 +471,10 @@ fn survivor(
         let mut posted = 0u64;
         let mut killed_at: Option<Instant> = None;
         let mut idle_since = Instant::now();
+        // The drain's timeline: the first error completion after the kill, and the longest gap between polls.
+        let mut first_error: Option<Duration> = None;
+        let mut max_gap = Duration::ZERO;
+        let mut last_poll = Instant::now();
         loop {
             let draining = killed_at.is_some() || posted >= quota;
             // Fill the queue each round, so a kill finds up to `DEPTH` requests outstanding.
@@ -512,6 +521,10 @@ fn survivor(
                 rep.kills += 1;
             }
             let n = cq.poll(&mut wc).map_err(v("poll"))?;
+            if killed_at.is_some() {
+                max_gap = max_gap.max(last_poll.elapsed());
+            }
+            last_poll = Instant::now();
             for c in &wc[..n] {
                 *rep.completions.entry(status_name(c.status)).or_default() += 1;
                 let Some(what) = ledger.remove(&c.wr_id) else {
@@ -532,7 +545,9 @@ fn survivor(
                             }
                         }
                     }
-                    (WcStatus::RetryExcErr | WcStatus::WrFlushErr, Some(_)) => {}
+                    (WcStatus::RetryExcErr | WcStatus::WrFlushErr, Some(t)) => {
+                        first_error.get_or_insert_with(|| t.elapsed());
+                    }
                     (s, _) => {
                         rep.unexpected += 1;
                         rep.problem(format!("session {session}: {what:?} {} completed with {s:?}", c.wr_id));
@@ -545,11 +560,22 @@ fn survivor(
             if let Some(t) = killed_at {
                 if ledger.is_empty() {
                     let took = t.elapsed();
+                    if rep.longest_drain.is_none() || took.as_millis() as u64 > rep.max_drain_ms {
+                        rep.longest_drain = Some(serde_json::json!({
+                            "session": session,
+                            "drain_ms": took.as_millis() as u64,
+                            "first_error_ms": first_error.map(|d| d.as_millis() as u64),
+                            "max_poll_gap_ms": max_gap.as_millis() as u64,
+                        }));
+                    }
                     rep.max_drain_ms = rep.max_drain_ms.max(took.as_millis() as u64);
                     rep.drains_ms.push(took.as_millis() as u64);
                     if took > budget + BUDGET_SLACK {
                         rep.over_budget += 1;
-                        rep.problem(format!("session {session}: the drain after the kill took {took:?}"));
+                        rep.problem(format!(
+                            "session {session}: the drain after the kill took {took:?} (first error after {first_error:?}, \
+                             longest gap between polls {max_gap:?})"
+                        ));
                     }
                     break;
                 }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use mlx5_core::cq::{WcOpcode, WcStatus, WorkCompletion};
+use mlx5_core::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::qp::{Qp, QpCap, QpType, RecvWr, SendFlags, SendOp, SendWr};
 use mlx5_core::uar::BFREGS_PER_UAR;
 use mlx5_sim::testkit::{Node, RcOpts};
@@ -151,5 +151,70 @@ fn a_blueflame_copy_through_a_memory_bar_is_the_wqe_byte_for_byte() {
     let qpn = a.qpn();
     assert_eq!(mlx5_core::cq::WrTable::send_done(&mut a, qpn, second as u16), Some(2));
     n.drop_pair(cq, a, b);
+    n.finish();
+}
+
+/// Queues used from different threads share no cache line: each QP's shadow array (wr_ids and send slots), each
+/// QP's and CQ's doorbell record and object, and each QP's BlueFlame register lie on 64-byte lines of their own. Small
+/// queues make the shadows small, where adjacent heap blocks would otherwise meet inside one line.
+#[test]
+fn queues_share_no_cache_line() {
+    const LINE: usize = 64;
+    let tiny = QpCap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let mut n = Node::new(SimConfig::default(), 1 << 20);
+    let mut cqs = Vec::new();
+    let mut qps = Vec::new();
+    for _ in 0..4 {
+        let cq = n.cq(1);
+        for _ in 0..2 {
+            qps.push(n.qp(QpType::Rc, &cq, tiny, false));
+        }
+        cqs.push(cq);
+    }
+    let lines = |r: std::ops::Range<usize>| (r.start / LINE..r.end.div_ceil(LINE)).collect::<BTreeSet<_>>();
+    let mut host: Vec<(String, BTreeSet<usize>)> = Vec::new();
+    for (i, qp) in qps.iter().enumerate() {
+        let shadow = qp.shadow_bytes();
+        assert!(!shadow.is_empty());
+        // Whole lines: what keeps the shadow off its neighbours whatever the allocator places beside it.
+        assert_eq!((shadow.start % LINE, shadow.len() % LINE), (0, 0), "QP {i} shadow {shadow:x?}");
+        host.push((format!("QP {i} shadow"), lines(shadow)));
+        let rec = qp.dbrec().ptr() as usize;
+        host.push((format!("QP {i} dbrec"), lines(rec..rec + 8)));
+    }
+    for (i, cq) in cqs.iter().enumerate() {
+        let rec = cq.dbrec().ptr() as usize;
+        host.push((format!("CQ {i} dbrec"), lines(rec..rec + 8)));
+    }
+    // The QP and CQ objects themselves (their counters), kept side by side in a `Vec` as a program may.
+    let whole = |p: usize, len: usize| {
+        assert_eq!((p % LINE, len % LINE), (0, 0), "an object on whole lines");
+        lines(p..p + len)
+    };
+    for (i, qp) in qps.iter().enumerate() {
+        host.push((format!("QP {i} object"), whole(qp as *const Qp as usize, std::mem::size_of::<Qp>())));
+    }
+    for (i, cq) in cqs.iter().enumerate() {
+        host.push((format!("CQ {i} object"), whole(cq as *const Cq as usize, std::mem::size_of::<Cq>())));
+    }
+    for (i, (a, la)) in host.iter().enumerate() {
+        for (b, lb) in &host[i + 1..] {
+            assert!(la.is_disjoint(lb), "{a} and {b} share a cache line");
+        }
+    }
+    // BlueFlame registers: BAR addresses, one register (both buffers) per QP, on lines of its own.
+    let regs: Vec<BTreeSet<usize>> =
+        qps.iter().map(|q| lines(q.bfreg().offset..q.bfreg().offset + 2 * q.bfreg().buf_size)).collect();
+    for (i, a) in regs.iter().enumerate() {
+        for b in &regs[i + 1..] {
+            assert!(a.is_disjoint(b), "two QPs' BlueFlame registers share a line");
+        }
+    }
+    for qp in qps {
+        n.hca.destroy_qp(qp, &mut n.d).map_err(|e| e.error).expect("destroy QP");
+    }
+    for cq in cqs {
+        n.hca.destroy_cq(cq, &mut n.d).map_err(|e| e.error).expect("destroy CQ");
+    }
     n.finish();
 }
