@@ -510,6 +510,72 @@ mod tests {
     }
 
     #[test]
+    fn a_packet_lost_inside_a_pipelined_window_goes_back_to_it_and_completes_each_wqe_once() {
+        // The ACK timer is long (4.096 us << 20, 4.3 s): only the NAK can bring the retransmission in time.
+        let mut t = rc_joined("pipeline", 20);
+        let src = pattern(8192, 21);
+        t.ma.write(0, &src);
+        for k in 0..8u64 {
+            t.b.post_recv(&mut t.qb, &[(t.mb.addr() + k * 4096, 4096, t.mb.key)]);
+        }
+        // Eight SENDs of three packets behind one doorbell; the eighth frame (the third's MIDDLE) is lost.
+        let (a0, b0) = (t.a.h.dev.guest_frames().unwrap(), t.b.h.dev.guest_frames().unwrap());
+        assert!(t.a.h.dev.guest_drop_frame(8));
+        let started = Instant::now();
+        for i in 0..8u64 {
+            let w = Wqe::new(SEND).data(3000, t.ma.key, t.ma.addr() + i * 512);
+            t.a.post_send(&mut t.qa, &w, if i == 7 { Bell::Db } else { Bell::None });
+        }
+        let mut sends = Vec::new();
+        for _ in 0..8 {
+            let e = t.a.wait_cqe(&mut t.a_cq).expect("send CQE");
+            sends.push((e.status(), e.wqe_counter()));
+        }
+        assert_eq!(sends, (0..8u16).map(|i| ((consts::MLX5_CQE_REQ, 0), i)).collect::<Vec<_>>(), "once each, in order");
+        assert!(started.elapsed() < Duration::from_secs(4), "recovered by the NAK, not the timer");
+        for k in 0..8u16 {
+            let e = t.b.wait_cqe(&mut t.b_cq).expect("receive CQE");
+            assert_eq!((e.wqe_counter(), e.byte_cnt()), (k, 3000));
+            let at = usize::from(k) * 512;
+            assert!(t.mb.read(usize::from(k) * 4096, 3000) == src[at..at + 3000], "SEND {k}: every byte");
+        }
+        // At least: all 24 frames, then the third from its lost packet on (2) and the five after it (15); B two
+        // ACKs, the NAK of the gap and six ACKs. More when the retransmission overtakes frames still being
+        // carried from the first run (two threads write to the link): the messages it overtook arrive as
+        // duplicates or draw another go-back, and each WQE still completes once.
+        assert!(sent_since(&t.a, a0) >= 24 + 2 + 15);
+        assert!(sent_since(&t.b, b0) >= 2 + 1 + 6);
+        let retry =
+            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 2, kind: crate::RetryKind::Transport, .. });
+        assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the third");
+        assert!(t.a.poll(&mut t.a_cq).is_none() && t.b.poll(&mut t.b_cq).is_none());
+        assert_eq!(t.a.h.dev.qp_info(t.qa.qpn).unwrap().in_flight, 0);
+
+        // B's ACK of the first of four SENDs is lost: the ACK of the second acknowledges both (cumulative), so
+        // nothing is sent again.
+        for k in 0..4u64 {
+            t.b.post_recv(&mut t.qb, &[(t.mb.addr() + 40960 + k * 256, 256, t.mb.key)]);
+        }
+        let (a0, b0) = (t.a.h.dev.guest_frames().unwrap(), t.b.h.dev.guest_frames().unwrap());
+        assert!(t.b.h.dev.guest_drop_frame(1));
+        for i in 0..4u64 {
+            let w = Wqe::new(SEND).data(100, t.ma.key, t.ma.addr() + i * 100);
+            t.a.post_send(&mut t.qa, &w, if i == 3 { Bell::Db } else { Bell::None });
+        }
+        for i in 8..12u16 {
+            let e = t.a.wait_cqe(&mut t.a_cq).expect("send CQE");
+            assert_eq!((e.status(), e.wqe_counter()), ((consts::MLX5_CQE_REQ, 0), i));
+        }
+        for k in 0..4usize {
+            assert_eq!(t.b.wait_cqe(&mut t.b_cq).expect("receive CQE").byte_cnt(), 100);
+            assert!(t.mb.read(40960 + k * 256, 100) == src[k * 100..k * 100 + 100]);
+        }
+        // (B may answer a late duplicate from the first part as well.)
+        assert!(sent_since(&t.a, a0) == 4 && sent_since(&t.b, b0) >= 4);
+        assert!(!t.a.h.dev.events().iter().any(|e| matches!(e, SimEvent::Retry { wqe_counter: 8.., .. })));
+    }
+
+    #[test]
     fn a_lost_read_response_is_asked_again_from_its_psn() {
         let mut t = rc_joined("resume-read", 20);
         // Four response packets (3500 B at 1024); B's second is lost. A sees the third out of sequence and asks

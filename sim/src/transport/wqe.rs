@@ -153,7 +153,7 @@ impl State {
             syndrome: consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
         };
         let qp = self.fw.qps.get(&qpn).ok_or(bad(1, 0))?;
-        let (index, st, sq_bbs, max_wqe) = (qp.sq_ci, qp.st, qp.sq_bbs(), qp.max_wqe);
+        let (index, st, sq_bbs, max_wqe) = (qp.sq_next, qp.st, qp.sq_bbs(), qp.max_wqe);
         let pending = qp.sq_pi.wrapping_sub(index);
         // The first basic block holds the control segment and, for a small WQE, all of it: one read. When that
         // read cannot be made, the WQE is read as it always was (the control segment, then the whole WQE), so a
