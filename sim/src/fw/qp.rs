@@ -303,6 +303,16 @@ pub(crate) struct Outstanding {
     pub(crate) resume: u32,
 }
 
+impl Outstanding {
+    /// Payload bytes the request keeps for a retransmission (a READ or an atomic keeps none).
+    pub(crate) fn len_held(&self) -> u64 {
+        match self.op {
+            RcOp::Send { .. } | RcOp::Write { .. } => self.len,
+            RcOp::Read { .. } | RcOp::Atomic { .. } => 0,
+        }
+    }
+}
+
 /// A queue pair.
 #[derive(Debug)]
 pub(crate) struct Qp {
@@ -373,6 +383,12 @@ pub(crate) struct Qp {
 }
 
 impl Qp {
+    /// READs and atomics the QP may have in flight as a requester: `1 << log_sra_max`, at least one, within the
+    /// window.
+    pub(crate) fn sra_limit(&self) -> usize {
+        (1usize << self.log_sra_max.min(MAX_IN_FLIGHT.trailing_zeros())).min(MAX_IN_FLIGHT)
+    }
+
     pub(crate) fn rq_wqes(&self) -> u32 {
         if self.has_rq {
             1 << self.log_rq_size

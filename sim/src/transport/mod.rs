@@ -10,9 +10,10 @@
 //!
 //! # Execution
 //! The SQ of a QP in RTS runs in order. A UD send (and a NOP) completes as soon as it is handed to the wire. An
-//! RC WQE is in flight until a response acknowledges it: up to `MAX_IN_FLIGHT` SENDs and WRITEs at once, a READ
-//! or an atomic alone (`requester.rs`), so fences and ordering rules are met without more state; the QP's
-//! `sq_next` is the next WQE to execute and `sq_ci` the next to complete. Every device access by key goes through [`State::mkey_access`]: local SGEs with the QP's PD
+//! RC WQE is in flight until a response acknowledges it: up to `MAX_IN_FLIGHT` at once, READs up to the
+//! initiator depth, a fenced WQE only once no READ or atomic is in flight, an atomic alone (`requester.rs`);
+//! the QP's `sq_next` is the next WQE to execute and `sq_ci` the next to complete, so completions stay in
+//! order (a WQE that fails locally, or a NOP, waits for those in flight). Every device access by key goes through [`State::mkey_access`]: local SGEs with the QP's PD
 //! (`LOCAL_READ` to gather, `LOCAL_WRITE` for READ and atomic results), remote ones with the target QP's PD, its
 //! `rre`/`rwe`/`rae` and `REMOTE_*` rights. Atomics run under the target device's lock.
 //!
@@ -86,6 +87,8 @@ const QPN_SHIFT: u32 = consts::MLX5_WQE_CTRL_QPN_SHIFT;
 const IDX_SHIFT: u32 = consts::MLX5_WQE_CTRL_WQE_INDEX_SHIFT;
 const OPCODE_MASK: u32 = consts::MLX5_WQE_CTRL_OPCODE_MASK;
 const SOLICITED: u8 = consts::MLX5_WQE_CTRL_SOLICITED;
+/// `fm_ce_se` bits 7:5: the fence mode (`MLX5_FENCE_MODE_*`, already shifted into place).
+const FENCE_MODE_MASK: u8 = 0xe0;
 const INVALID_LKEY: u32 = consts::MLX5_INVALID_LKEY;
 const EXTENDED_AV: u32 = consts::MLX5_EXTENDED_UD_AV;
 /// `grh_gid_fl` of an address vector (rdma-core `mlx5_create_ah`): GRH flag in bit 30, source GID index in bits
@@ -274,9 +277,7 @@ impl State {
             }
             let (index, idle) = (qp.sq_next, qp.reqs.is_empty());
             match self.fetch_wqe(qpn, &mut w) {
-                // Only SENDs and WRITEs join messages in flight: a READ or an atomic waits for them and they
-                // for it, and a NOP completes in order after them.
-                Ok(()) if !idle && !matches!(w.kind, Kind::Send | Kind::Write { .. }) => break,
+                Ok(()) if !self.admits(qpn, &w) => break,
                 Ok(()) => {
                     if let Some(qp) = self.fw.qps.get_mut(&qpn) {
                         qp.sq_next = index.wrapping_add(w.nbb);
@@ -298,15 +299,33 @@ impl State {
         any
     }
 
-    /// Whether `qpn` may start another WQE now: nothing in flight, or a window of SENDs and WRITEs with room
-    /// (messages and bytes, `fw::qp::MAX_IN_FLIGHT`).
+    /// Whether `qpn` may start another WQE now: nothing in flight, or a window with room (`MAX_IN_FLIGHT`)
+    /// and no atomic in it (an atomic is alone in flight).
     fn window_open(&self, qpn: u32) -> bool {
         let Some(qp) = self.fw.qps.get(&qpn) else { return false };
-        let Some(last) = qp.reqs.back() else { return true };
-        let bytes: u64 = qp.reqs.iter().map(|r| r.len).sum();
-        matches!(last.op, RcOp::Send { .. } | RcOp::Write { .. })
-            && qp.reqs.len() < MAX_IN_FLIGHT
-            && bytes < MAX_IN_FLIGHT_BYTES
+        qp.reqs.is_empty()
+            || (qp.reqs.len() < MAX_IN_FLIGHT && !qp.reqs.iter().any(|r| matches!(r.op, RcOp::Atomic { .. })))
+    }
+
+    /// Whether WQE `w` of `qpn` may start behind the requests in flight: a SEND or WRITE while they hold less
+    /// than `MAX_IN_FLIGHT_BYTES`, a READ while fewer READs than the QP's initiator depth (`log_sra_max`) are
+    /// in flight; a fenced one only once no READ or atomic is. An atomic or a NOP waits for all of them (so a
+    /// responder replays a duplicate atomic from its last one, and a NOP completes in order).
+    fn admits(&self, qpn: u32, w: &SendWqe) -> bool {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return false };
+        if qp.reqs.is_empty() {
+            return true;
+        }
+        let reads = qp.reqs.iter().filter(|r| matches!(r.op, RcOp::Read { .. })).count();
+        let atomics = qp.reqs.iter().any(|r| matches!(r.op, RcOp::Atomic { .. }));
+        if !self.window_open(qpn) || (w.fence && (reads > 0 || atomics)) {
+            return false;
+        }
+        match w.kind {
+            Kind::Send | Kind::Write { .. } => qp.reqs.iter().map(|r| r.len_held()).sum::<u64>() < MAX_IN_FLIGHT_BYTES,
+            Kind::Read { .. } => reads < qp.sra_limit(),
+            Kind::Atomic { .. } | Kind::Nop => false,
+        }
     }
 
     /// Executes one WQE; false when it would fail locally while RC messages are in flight (it is left for later).
@@ -888,16 +907,8 @@ mod tests {
 
     #[test]
     fn sends_and_writes_are_in_flight_together_and_complete_in_order() {
-        use crate::wire::roce::frame::{parse, Parsed};
         use crate::wire::roce::ib::Opcode;
-        let path = std::env::temp_dir().join(format!("mlx5-sim-pipeline-{}.pcap", std::process::id()));
-        let sink = crate::link::pcap::PcapSink::create(&path).unwrap();
-        let mut p = pair_with(
-            SimConfig { pcap: Some(sink), ..SimConfig::default() },
-            QpSpec::rc(),
-            RcParams::default(),
-            RcParams::default(),
-        );
+        let (mut p, path) = captured_pair("pipeline", RcParams::default());
         let (key, base) = (p.mr.key, p.mr.addr());
         let src = pattern(8192, 9);
         p.mr.write(0, &src);
@@ -929,16 +940,7 @@ mod tests {
         let info = p.r.h.dev.qp_info(p.a.qpn).unwrap();
         assert_eq!((info.in_flight, info.sq_ci, info.next_send_psn), (0, 8, 0x100 + 24));
         // The capture shows every request packet on the wire before the first ACK came back.
-        let bytes = std::fs::read(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
-        let frames = crate::link::pcap::read_frames(&bytes).unwrap();
-        let ops: Vec<Opcode> = frames
-            .iter()
-            .filter_map(|(_, f)| match parse(f) {
-                Ok(Parsed::Roce(r)) => Some(r.bth.opcode),
-                _ => None,
-            })
-            .collect();
+        let ops = captured(&path);
         let before_ack = ops.iter().take_while(|o| **o != Opcode::RcAck).count();
         assert_eq!(before_ack, 24, "{ops:?}");
         assert_eq!(ops.iter().filter(|o| **o == Opcode::RcAck).count(), 8);
@@ -982,23 +984,113 @@ mod tests {
         assert!(p.r.poll(&mut p.a_scq).is_none() && p.r.poll(&mut p.b_rcq).is_none());
     }
 
+    /// The BTH opcodes of every RoCE frame in the capture at `path` (removed after reading).
+    fn captured(path: &std::path::Path) -> Vec<crate::wire::roce::ib::Opcode> {
+        use crate::wire::roce::frame::{parse, Parsed};
+        let bytes = std::fs::read(path).unwrap();
+        let _ = std::fs::remove_file(path);
+        let frames = crate::link::pcap::read_frames(&bytes).unwrap();
+        frames
+            .iter()
+            .filter_map(|(_, f)| match parse(f) {
+                Ok(Parsed::Roce(r)) => Some(r.bth.opcode),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A loopback pair whose frames are captured to a fresh file, and the file.
+    fn captured_pair(name: &str, pa: RcParams) -> (Pair, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!("mlx5-sim-{name}-{}.pcap", std::process::id()));
+        let sink = crate::link::pcap::PcapSink::create(&path).unwrap();
+        let cfg = SimConfig { pcap: Some(sink), ..SimConfig::default() };
+        (pair_with(cfg, QpSpec::rc(), pa, RcParams::default()), path)
+    }
+
     #[test]
-    fn a_read_waits_for_the_writes_before_it_and_a_bad_wqe_fails_after_them() {
-        let mut p = pair();
+    fn reads_are_pipelined_up_to_the_initiator_depth_behind_writes() {
+        use crate::wire::roce::ib::Opcode::*;
+        // log_sra_max 1: two READs in flight at most.
+        let (mut p, path) = captured_pair("reads", RcParams { log_sra_max: 1, ..RcParams::default() });
         let (key, base) = (p.mr.key, p.mr.addr());
-        p.mr.write(0, &pattern(64, 1));
-        // Two WRITEs, a READ of what the second wrote, then a WQE with a bad lkey: the READ sees the data, and
-        // the error completes after every WQE before it.
+        p.mr.write(0, &pattern(256, 1));
+        p.r.post_recv(&mut p.b, &[(base + 12288, 64, key)]);
+        // A WRITE, three READs of what it and the bytes after it hold, then a SEND, behind one doorbell.
+        p.r.post_send(&mut p.a, &Wqe::new(RDMA_WRITE).raddr(base + 4096, key).data(64, key, base), Bell::None);
+        for k in 0..3u64 {
+            let read = Wqe::new(RDMA_READ).raddr(base + 4096 + k * 32, key).data(64, key, base + 8192 + k * 64);
+            p.r.post_send(&mut p.a, &read, Bell::None);
+        }
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(16, key, base + 128), Bell::Db);
+        let done: Vec<_> = p.r.drain(&mut p.a_scq).iter().map(|e| (e.status(), e.wqe_counter())).collect();
+        assert_eq!(done, (0..5u16).map(|i| ((REQ, 0), i)).collect::<Vec<_>>(), "once each, in order");
+        let src = pattern(256, 1);
+        // Each READ saw the WRITE before it (the last one reads 32 bytes the WRITE never touched: zeros).
+        assert_eq!(p.mr.read(8192, 64), src[..64]);
+        assert_eq!(p.mr.read(8192 + 64, 64), [&src[32..64], &[0u8; 32][..]].concat());
+        assert_eq!(p.mr.read(8192 + 128, 64), vec![0u8; 64]);
+        assert_eq!(p.r.poll(&mut p.b_rcq).map(|e| e.byte_cnt()), Some(16));
+        let ops = captured(&path);
+        // The WRITE and two READs went before any response; the third READ only after the first READ's data.
+        let first_response = ops.iter().position(|o| matches!(o, RcAck | RcReadResponseOnly)).unwrap();
+        assert_eq!(ops[..first_response], [RcWriteOnly, RcReadRequest, RcReadRequest], "{ops:?}");
+        let third = ops.iter().enumerate().filter(|(_, o)| **o == RcReadRequest).nth(2).unwrap().0;
+        assert!(ops[..third].contains(&RcReadResponseOnly), "{ops:?}");
+        let _ = (&p.a_rcq, &p.b_scq);
+    }
+
+    #[test]
+    fn a_fenced_wqe_waits_for_the_reads_before_it() {
+        use crate::wire::roce::ib::Opcode::*;
+        for fenced in [false, true] {
+            let (mut p, path) = captured_pair(if fenced { "fenced" } else { "unfenced" }, RcParams::default());
+            let (key, base) = (p.mr.key, p.mr.addr());
+            p.mr.write(0, &pattern(64, 3));
+            p.r.post_recv(&mut p.b, &[(base + 12288, 64, key)]);
+            p.r.post_recv(&mut p.b, &[(base + 12288 + 64, 64, key)]);
+            let read = Wqe::new(RDMA_READ).raddr(base, key).data(64, key, base + 8192);
+            p.r.post_send(&mut p.a, &read, Bell::None);
+            let send = Wqe::new(SEND).data(64, key, base + 8192);
+            p.r.post_send(&mut p.a, &if fenced { send.fence() } else { send }, Bell::None);
+            p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, key, base), Bell::Db);
+            let done: Vec<_> = p.r.drain(&mut p.a_scq).iter().map(|e| (e.status(), e.wqe_counter())).collect();
+            assert_eq!(done, [((REQ, 0), 0), ((REQ, 0), 1), ((REQ, 0), 2)]);
+            let ops = captured(&path);
+            if fenced {
+                // The fenced SEND (and the one after it) left only once the READ's data was back, so it sent
+                // the bytes the READ brought.
+                assert_eq!(ops[..3], [RcReadRequest, RcReadResponseOnly, RcSendOnly], "{ops:?}");
+                assert_eq!(p.mr.read(12288, 64), pattern(64, 3));
+            } else {
+                assert_eq!(ops[..3], [RcReadRequest, RcSendOnly, RcSendOnly], "{ops:?}");
+            }
+            let _ = (&p.a_rcq, &p.b_scq, &p.b_rcq);
+        }
+    }
+
+    #[test]
+    fn an_atomic_is_alone_in_flight_and_a_bad_wqe_fails_after_those_before_it() {
+        use crate::wire::roce::ib::Opcode::*;
+        let (mut p, path) = captured_pair("atomic", RcParams::default());
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(1024, &5u64.to_be_bytes());
+        // WRITE, atomic, WRITE, then a WQE with a bad lkey: the atomic waits for the first WRITE, the second
+        // WRITE for the atomic, and the error completes after every WQE before it.
         p.r.post_send(&mut p.a, &Wqe::new(RDMA_WRITE).raddr(base + 4096, key).data(32, key, base), Bell::None);
-        p.r.post_send(&mut p.a, &Wqe::new(RDMA_WRITE).raddr(base + 4128, key).data(32, key, base + 32), Bell::None);
-        let read = Wqe::new(RDMA_READ).raddr(base + 4096, key).data(64, key, base + 8192);
-        p.r.post_send(&mut p.a, &read, Bell::None);
+        let fa = Wqe::new(ATOMIC_FA).raddr(base + 1024, key).atomic(2, 0).data(8, key, base + 2048);
+        p.r.post_send(&mut p.a, &fa, Bell::None);
+        p.r.post_send(&mut p.a, &Wqe::new(RDMA_WRITE).raddr(base + 4128, key).data(32, key, base), Bell::None);
         p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, 0x4242, base), Bell::Db);
         let e: Vec<_> = p.r.drain(&mut p.a_scq).iter().map(|e| (e.status(), e.wqe_counter())).collect();
         let prot = (REQ_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
-        assert_eq!(e[..3], [((REQ, 0), 0), ((REQ, 0), 1), ((REQ, 0), 2)]);
-        assert_eq!(e[3], (prot, 3));
-        assert_eq!(p.mr.read(8192, 64), pattern(64, 1));
+        assert_eq!(e, [((REQ, 0), 0), ((REQ, 0), 1), ((REQ, 0), 2), (prot, 3)]);
+        assert_eq!(
+            (p.mr.read(1024, 8), p.mr.read(2048, 8)),
+            (7u64.to_be_bytes().to_vec(), 5u64.to_be_bytes().to_vec())
+        );
+        let ops = captured(&path);
+        assert_eq!(ops, [RcWriteOnly, RcAck, RcFetchAdd, RcAtomicAck, RcWriteOnly, RcAck], "{ops:?}");
+        let _ = (&p.a_rcq, &p.b_scq, &p.b_rcq);
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! The RC requester: a send WQE becomes a request in flight (its PSNs, the ACK and RNR timers, retries and
 //! their counts) until a response (ACK, READ data, atomic original value, NAK) completes it (IBA 9.7, the
-//! requester side). SENDs and WRITEs are pipelined: up to `MAX_IN_FLIGHT` of them are sent before the first
-//! is acknowledged; responses complete them in order (an ACK acknowledges every message before the one it
-//! names), and a sequence NAK, an RNR NAK or a timeout sends every one not acknowledged again (go-back-N). A
-//! READ or an atomic is alone in flight: it waits for the messages before it and the ones after it wait for
-//! it, so the fence bit, the initiator depth (`log_sra_max` >= 1 READ or atomic) and a responder's atomic
-//! replay (one atomic, its last) hold without more bookkeeping.
+//! requester side). Requests are pipelined: up to `MAX_IN_FLIGHT` messages are sent before the first is
+//! acknowledged (SENDs and WRITEs while they hold less than `MAX_IN_FLIGHT_BYTES`, READs up to the QP's
+//! initiator depth `1 << log_sra_max`); responses complete them in order (an ACK, a NAK or a READ response
+//! acknowledges every SEND and WRITE before the PSN it names; a READ only its own data completes), and a
+//! sequence NAK, an RNR NAK, a gap in READ responses or a timeout sends every one not acknowledged again
+//! (go-back-N), the oldest from its first missing packet. A fenced WQE waits until no READ or atomic is in
+//! flight. An atomic is alone in flight (it waits for the requests before it, those after it wait for it), so
+//! a go-back never resends an atomic other than the responder's last one, the one it can replay.
 
 use super::wqe::{Kind, SendWqe};
 use super::*;
@@ -178,12 +180,15 @@ impl State {
     }
 
     /// The `i` oldest requests in flight of `qpn` completed, acknowledged by a response to a later one (IBA
-    /// 9.7.5.1.2: an ACK or NAK acknowledges every packet before the PSN it names). Returns how many.
+    /// 9.7.5.1.2: an ACK, a NAK or a READ response acknowledges every packet before the PSN it names). Stops at
+    /// a READ or an atomic, which only its own response completes. Returns how many.
     pub(super) fn ack_before(&mut self, qpn: u32, i: usize) -> usize {
         let mut done = 0;
         while done < i {
             let Some(qp) = self.fw.qps.get_mut(&qpn) else { break };
-            if qp.state != QpState::Rts {
+            if qp.state != QpState::Rts
+                || qp.reqs.front().is_none_or(|r| !matches!(r.op, RcOp::Send { .. } | RcOp::Write { .. }))
+            {
                 break;
             }
             let Some(req) = qp.reqs.pop_front() else { break };

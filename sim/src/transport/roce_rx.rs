@@ -425,9 +425,10 @@ impl State {
         self.wire.send(reply);
     }
 
-    /// A response packet for the requester QP `qpn`: matched by PSN to its requests in flight. An ACK or NAK
-    /// acknowledges every message before the PSN it names; READ responses and atomic ACKs belong to the oldest
-    /// request (a READ or an atomic is alone in flight).
+    /// A response packet for the requester QP `qpn`: matched by PSN to its requests in flight. An ACK, a NAK or
+    /// a READ response acknowledges every SEND and WRITE before the PSN it names; a READ before it that lacks
+    /// response packets is asked again from the first one missing (with everything after it). READ responses
+    /// are taken for the oldest request, once those before it are done.
     fn rx_response(&mut self, qpn: u32, r: &RoceRepr<'_>) {
         use Opcode::*;
         let Some(qp) = self.fw.qps.get(&qpn) else { return self.rx_drop("no such QP") };
@@ -455,17 +456,29 @@ impl State {
         });
         let (is_read, is_atomic) = (matches!(req.op, RcOp::Read { .. }), matches!(req.op, RcOp::Atomic { .. }));
         let syndrome = r.ext.aeth.map(|a| a.syndrome);
+        let read_response = matches!(
+            r.bth.opcode,
+            RcReadResponseFirst | RcReadResponseMiddle | RcReadResponseLast | RcReadResponseOnly
+        );
+        if let Some((i, ..)) = found.filter(|f| f.0 > 0 && (read_response || r.bth.opcode == RcAck)) {
+            // A response to a later request: the SENDs and WRITEs before it are done (for a READ response, it
+            // is then the oldest, taken below); a READ before it lost response packets.
+            if self.ack_before(qpn, i) < i {
+                return self.read_gap(qpn, remote);
+            }
+            if read_response {
+                return self.rx_response(qpn, r);
+            }
+        }
         let resp = match r.bth.opcode {
             RcAck => match (syndrome, found) {
-                (Some(Syndrome::Ack { .. }), Some((i, k, n, seq, true))) => {
+                (Some(Syndrome::Ack { .. }), Some((_, k, n, seq, true))) => {
                     if k + 1 == n {
                         return self.rc_response(qpn, seq, Resp::Ack, remote);
                     }
                     // An ACK of some packets of this SEND or WRITE (coalesced, or asked for inside it): the ones
                     // before it are done, and a retransmission of it starts after them.
-                    if self.ack_before(qpn, i) == i {
-                        self.set_resume(qpn, k + 1);
-                    }
+                    self.set_resume(qpn, k + 1);
                     return;
                 }
                 // An ACK inside a READ or an atomic completes nothing, nor one of a message already done (a
@@ -480,16 +493,15 @@ impl State {
                     // and the retransmission starts there (a READ is asked again from there). The PSN after
                     // every message sent acknowledges them all; any other PSN outside them resends them all.
                     let seq = match found {
-                        Some((i, k, _, _, _)) => {
-                            if self.ack_before(qpn, i) < i {
-                                return;
-                            }
+                        Some((_, k, _, _, _)) => {
                             self.set_resume(qpn, k);
                             self.fw.qps.get(&qpn).and_then(|q| q.reqs.front()).map_or(seq, |q| q.seq)
                         }
                         None if psn == end => {
                             let all = self.fw.qps.get(&qpn).map_or(0, |q| q.reqs.len());
-                            self.ack_before(qpn, all);
+                            if self.ack_before(qpn, all) < all {
+                                self.read_gap(qpn, remote);
+                            }
                             return;
                         }
                         None => {
@@ -587,6 +599,20 @@ impl State {
             }
         };
         self.rc_response(qpn, seq, resp, remote);
+    }
+
+    /// A response names a request after the oldest one in flight of `qpn`, a READ that still lacks response
+    /// packets: they were lost, so it is asked again from the first one missing and the requests after it are
+    /// sent again, as after a sequence NAK (and, as then, once until something is acknowledged).
+    fn read_gap(&mut self, qpn: u32, remote: u32) {
+        let Some(head) = self.fw.qps.get(&qpn).filter(|q| !q.retrying).and_then(|q| q.reqs.front()) else { return };
+        if !matches!(head.op, RcOp::Read { .. }) {
+            return;
+        }
+        let (first, seq) = (head.psn, head.seq);
+        let taken = self.read_taken(qpn, first);
+        self.set_resume(qpn, taken);
+        self.rc_response(qpn, seq, Resp::Nak(Nak::PsnSequence), remote);
     }
 
     /// The oldest request in flight of `qpn` is retransmitted from its packet `k` on.

@@ -108,6 +108,8 @@ pub(super) struct SendWqe {
     pub(super) opcode: u8,
     pub(super) signaled: bool,
     pub(super) solicited: bool,
+    /// A fence mode is set: the WQE waits until the READs and atomics before it complete.
+    pub(super) fence: bool,
     pub(super) imm: Option<[u8; 4]>,
     pub(super) kind: Kind,
     pub(super) av: Option<Av>,
@@ -286,6 +288,7 @@ impl State {
         w.opcode = opcode;
         w.signaled = fm & consts::MLX5_WQE_CTRL_CQ_UPDATE != 0;
         w.solicited = fm & SOLICITED != 0;
+        w.fence = fm & FENCE_MODE_MASK != 0;
         w.imm = with_imm.then_some(imm);
         w.kind = kind;
         w.av = av;
