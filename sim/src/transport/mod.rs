@@ -303,8 +303,11 @@ impl State {
     /// and no atomic in it (an atomic is alone in flight).
     fn window_open(&self, qpn: u32) -> bool {
         let Some(qp) = self.fw.qps.get(&qpn) else { return false };
-        qp.reqs.is_empty()
-            || (qp.reqs.len() < MAX_IN_FLIGHT && !qp.reqs.iter().any(|r| matches!(r.op, RcOp::Atomic { .. })))
+        // An atomic in flight is the only one, so the first.
+        match qp.reqs.front() {
+            None => true,
+            Some(r) => qp.reqs.len() < MAX_IN_FLIGHT && !matches!(r.op, RcOp::Atomic { .. }),
+        }
     }
 
     /// Whether WQE `w` of `qpn` may start behind the requests in flight: a SEND or WRITE while they hold less
@@ -316,15 +319,20 @@ impl State {
         if qp.reqs.is_empty() {
             return true;
         }
-        let reads = qp.reqs.iter().filter(|r| matches!(r.op, RcOp::Read { .. })).count();
-        let atomics = qp.reqs.iter().any(|r| matches!(r.op, RcOp::Atomic { .. }));
-        if !self.window_open(qpn) || (w.fence && (reads > 0 || atomics)) {
+        if !self.window_open(qpn) || matches!(w.kind, Kind::Atomic { .. } | Kind::Nop) {
+            return false;
+        }
+        // One pass: the READs (no atomic is in flight here) and the payload bytes held.
+        let (reads, bytes) = qp
+            .reqs
+            .iter()
+            .fold((0usize, 0u64), |(n, b), r| (n + usize::from(matches!(r.op, RcOp::Read { .. })), b + r.len_held()));
+        if w.fence && reads > 0 {
             return false;
         }
         match w.kind {
-            Kind::Send | Kind::Write { .. } => qp.reqs.iter().map(|r| r.len_held()).sum::<u64>() < MAX_IN_FLIGHT_BYTES,
             Kind::Read { .. } => reads < qp.sra_limit(),
-            Kind::Atomic { .. } | Kind::Nop => false,
+            _ => bytes < MAX_IN_FLIGHT_BYTES,
         }
     }
 

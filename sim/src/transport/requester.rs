@@ -139,6 +139,15 @@ impl State {
     /// the ACK timer of a request nothing answered): go-back-N, every one of them is sent again, the oldest from
     /// the packet the responder is known to lack.
     pub(super) fn retry_due(&mut self, qpn: u32, now: u64) -> bool {
+        // Most runs find the oldest request in flight and its ACK timer running: nothing to look up.
+        if let Some(qp) = self.fw.qps.get(&qpn) {
+            let ack_ns = ack_timeout_ns(qp.route.ack_timeout);
+            if let Some(Phase::InFlight { sent_ns }) = qp.reqs.front().map(|r| r.phase) {
+                if now.saturating_sub(sent_ns) < ack_ns {
+                    return false;
+                }
+            }
+        }
         // A READ is asked again after the response packets already taken.
         let read_taken = self.fw.qps.get(&qpn).and_then(|q| q.reqs.front()).map_or(0, |r| self.read_taken(qpn, r.psn));
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
@@ -230,9 +239,19 @@ impl State {
         }
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
         if matches!(resp, Resp::Ack | Resp::ReadData(_) | Resp::AtomicOrig(_)) {
-            let Some(req) = qp.reqs.pop_front() else { return };
             qp.retrying = false;
-            self.finish_rc(qpn, req, resp);
+            let data = qp.reqs.front().filter(|r| matches!(r.op, RcOp::Send { .. } | RcOp::Write { .. }));
+            match (data.map(|r| (r.wqe, r.len)), resp) {
+                // A SEND or WRITE acknowledged: done, without moving the request out first.
+                (Some((wqe, len)), Resp::Ack) => {
+                    qp.reqs.pop_front();
+                    self.complete_send(qpn, wqe, len);
+                }
+                (_, resp) => {
+                    let Some(req) = qp.reqs.pop_front() else { return };
+                    self.finish_rc(qpn, req, resp);
+                }
+            }
             // Progress restarts the ACK timer of the oldest one left.
             if let Some(r) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
                 if let Phase::InFlight { sent_ns } = &mut r.phase {
