@@ -280,6 +280,9 @@ pub(crate) enum Phase {
 /// retransmission, so the window is counted in messages (and bytes, [`MAX_IN_FLIGHT_BYTES`]) rather than PSNs:
 /// what bounds it is the memory held, not the 2^23 PSNs the sequence space allows.
 pub(crate) const MAX_IN_FLIGHT: usize = 16;
+/// Atomic results a responder keeps for duplicates: as many as a requester of this simulator has in flight (a
+/// ConnectX keeps `rra_max`).
+pub(crate) const ATOMIC_REPLAY: usize = MAX_IN_FLIGHT;
 /// A message joins a non-empty window only while the messages in it hold less than this many bytes.
 pub(crate) const MAX_IN_FLIGHT_BYTES: u64 = 1 << 20;
 
@@ -365,8 +368,9 @@ pub(crate) struct Qp {
     /// sequence NAKs in frames (the responder's answers to packets sent before it went back, which name no
     /// attempt) start no other one. A packet's response names its attempt, so a stale one is simply unmatched.
     pub(crate) retrying: bool,
-    /// The PSN and original value of the last atomic executed as a responder, for a duplicate of it.
-    pub(crate) last_atomic: Option<(u32, u64)>,
+    /// The PSNs and original values of the last atomics executed as a responder (at most
+    /// [`ATOMIC_REPLAY`]), oldest first: a duplicate of one is answered with the value it returned.
+    pub(crate) atomic_results: VecDeque<(u32, u64)>,
     /// COMM_EST was posted since the QP last entered RTR.
     pub(crate) comm_est: bool,
     pub(crate) error: Option<u8>,
@@ -792,7 +796,7 @@ impl QpTable {
             rq_ci: 0,
             reqs: VecDeque::new(),
             retrying: false,
-            last_atomic: None,
+            atomic_results: VecDeque::new(),
             comm_est: false,
             error: None,
             counter_set_id: 0,

@@ -616,6 +616,40 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_atomic_ack_inside_a_pipelined_window_is_answered_again_from_the_responders_results() {
+        // The ACK timer is long (4.3 s): only the next atomic's ACK can bring the recovery in time.
+        let mut t = rc_joined("pipeline-atomic", 20);
+        t.mb.write(0, &100u64.to_be_bytes());
+        // Four fetch-and-adds of 1 in flight together (log_sra_max 2); B's second atomic ACK is lost. The third's
+        // ACK shows it: A sends the second, third and fourth again, and B answers each from the results it kept
+        // without adding again.
+        assert!(t.b.h.dev.guest_drop_frame(2));
+        let started = Instant::now();
+        for k in 0..4u64 {
+            let fa = Wqe::new(consts::MLX5_OPCODE_ATOMIC_FA).raddr(t.mb.addr(), t.mb.key).atomic(1, 0).data(
+                8,
+                t.ma.key,
+                t.ma.addr() + k * 8,
+            );
+            t.a.post_send(&mut t.qa, &fa, if k == 3 { Bell::Db } else { Bell::None });
+        }
+        for k in 0..4u16 {
+            let e = t.a.wait_cqe(&mut t.a_cq).expect("atomic CQE");
+            assert_eq!((e.status(), e.wqe_counter()), ((consts::MLX5_CQE_REQ, 0), k), "once each, in order");
+        }
+        assert!(started.elapsed() < Duration::from_secs(4), "recovered by the next ACK, not the timer");
+        let originals: Vec<_> = (0..4).map(|k| t.ma.read(k * 8, 8)).collect();
+        assert_eq!(originals, [100u64, 101, 102, 103].map(|v| v.to_be_bytes().to_vec()));
+        assert_eq!(t.mb.read(0, 8), 104u64.to_be_bytes(), "each atomic executed once");
+        assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
+        let retry =
+            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::RetryKind::Transport, .. });
+        assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the second");
+        assert!(t.a.poll(&mut t.a_cq).is_none());
+        let _ = &t.b_cq;
+    }
+
+    #[test]
     fn a_lost_read_response_is_asked_again_from_its_psn() {
         let mut t = rc_joined("resume-read", 20);
         // Four response packets (3500 B at 1024); B's second is lost. A sees the third out of sequence and asks

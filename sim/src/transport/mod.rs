@@ -10,8 +10,8 @@
 //!
 //! # Execution
 //! The SQ of a QP in RTS runs in order. A UD send (and a NOP) completes as soon as it is handed to the wire. An
-//! RC WQE is in flight until a response acknowledges it: up to `MAX_IN_FLIGHT` at once, READs up to the
-//! initiator depth, a fenced WQE only once no READ or atomic is in flight, an atomic alone (`requester.rs`);
+//! RC WQE is in flight until a response acknowledges it: up to `MAX_IN_FLIGHT` at once, READs and atomics up
+//! to the initiator depth, a fenced WQE only once no READ or atomic is in flight (`requester.rs`);
 //! the QP's `sq_next` is the next WQE to execute and `sq_ci` the next to complete, so completions stay in
 //! order (a WQE that fails locally, or a NOP, waits for those in flight). Every device access by key goes through [`State::mkey_access`]: local SGEs with the QP's PD
 //! (`LOCAL_READ` to gather, `LOCAL_WRITE` for READ and atomic results), remote ones with the target QP's PD, its
@@ -33,7 +33,8 @@
 //! An RC request carries the requester's send PSN for its message. The responder executes a request at the PSN
 //! it expects (`next_rcv_psn`, which moves past the message's packets) and nothing else: a PSN behind it is a
 //! duplicate of a message already executed (a retransmission whose response was lost), answered again without
-//! executing it a second time (a READ is read again; an atomic returns the original value it returned before); a
+//! executing it a second time (a READ is read again; an atomic returns the original value it returned before,
+//! kept for the last `ATOMIC_REPLAY` atomics); a
 //! PSN ahead of it is a PSN sequence error NAK, which the requester retransmits until its retry count runs out
 //! (`TRANSPORT_RETRY_EXC_ERR`). So two QPs connected with PSNs that do not match fail as they do on hardware.
 //!
@@ -299,39 +300,32 @@ impl State {
         any
     }
 
-    /// Whether `qpn` may start another WQE now: nothing in flight, or a window with room (`MAX_IN_FLIGHT`)
-    /// and no atomic in it (an atomic is alone in flight).
+    /// Whether `qpn` may start another WQE now: the window has room (`MAX_IN_FLIGHT`).
     fn window_open(&self, qpn: u32) -> bool {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return false };
-        // An atomic in flight is the only one, so the first.
-        match qp.reqs.front() {
-            None => true,
-            Some(r) => qp.reqs.len() < MAX_IN_FLIGHT && !matches!(r.op, RcOp::Atomic { .. }),
-        }
+        self.fw.qps.get(&qpn).is_some_and(|qp| qp.reqs.len() < MAX_IN_FLIGHT)
     }
 
     /// Whether WQE `w` of `qpn` may start behind the requests in flight: a SEND or WRITE while they hold less
-    /// than `MAX_IN_FLIGHT_BYTES`, a READ while fewer READs than the QP's initiator depth (`log_sra_max`) are
-    /// in flight; a fenced one only once no READ or atomic is. An atomic or a NOP waits for all of them (so a
-    /// responder replays a duplicate atomic from its last one, and a NOP completes in order).
+    /// than `MAX_IN_FLIGHT_BYTES`, a READ or an atomic while fewer of them than the QP's initiator depth
+    /// (`log_sra_max`) are in flight; a fenced one only once no READ or atomic is. A NOP waits for all of them,
+    /// so it completes in order.
     fn admits(&self, qpn: u32, w: &SendWqe) -> bool {
         let Some(qp) = self.fw.qps.get(&qpn) else { return false };
         if qp.reqs.is_empty() {
             return true;
         }
-        if !self.window_open(qpn) || matches!(w.kind, Kind::Atomic { .. } | Kind::Nop) {
+        if !self.window_open(qpn) || matches!(w.kind, Kind::Nop) {
             return false;
         }
-        // One pass: the READs (no atomic is in flight here) and the payload bytes held.
-        let (reads, bytes) = qp
-            .reqs
-            .iter()
-            .fold((0usize, 0u64), |(n, b), r| (n + usize::from(matches!(r.op, RcOp::Read { .. })), b + r.len_held()));
-        if w.fence && reads > 0 {
+        // One pass: the READs and atomics, and the payload bytes held.
+        let (ordered, bytes) = qp.reqs.iter().fold((0usize, 0u64), |(n, b), r| {
+            (n + usize::from(matches!(r.op, RcOp::Read { .. } | RcOp::Atomic { .. })), b + r.len_held())
+        });
+        if w.fence && ordered > 0 {
             return false;
         }
         match w.kind {
-            Kind::Read { .. } => reads < qp.sra_limit(),
+            Kind::Read { .. } | Kind::Atomic { .. } => ordered < qp.sra_limit(),
             _ => bytes < MAX_IN_FLIGHT_BYTES,
         }
     }
@@ -1077,27 +1071,32 @@ mod tests {
     }
 
     #[test]
-    fn an_atomic_is_alone_in_flight_and_a_bad_wqe_fails_after_those_before_it() {
+    fn atomics_are_pipelined_up_to_the_initiator_depth_and_a_bad_wqe_fails_after_those_before_it() {
         use crate::wire::roce::ib::Opcode::*;
-        let (mut p, path) = captured_pair("atomic", RcParams::default());
+        // log_sra_max 1: two READs or atomics in flight at most.
+        let (mut p, path) = captured_pair("atomic", RcParams { log_sra_max: 1, ..RcParams::default() });
         let (key, base) = (p.mr.key, p.mr.addr());
         p.mr.write(1024, &5u64.to_be_bytes());
-        // WRITE, atomic, WRITE, then a WQE with a bad lkey: the atomic waits for the first WRITE, the second
-        // WRITE for the atomic, and the error completes after every WQE before it.
+        // A WRITE, three fetch-and-adds of 2, then a WQE with a bad lkey, behind one doorbell: the error completes
+        // after every WQE before it.
         p.r.post_send(&mut p.a, &Wqe::new(RDMA_WRITE).raddr(base + 4096, key).data(32, key, base), Bell::None);
-        let fa = Wqe::new(ATOMIC_FA).raddr(base + 1024, key).atomic(2, 0).data(8, key, base + 2048);
-        p.r.post_send(&mut p.a, &fa, Bell::None);
-        p.r.post_send(&mut p.a, &Wqe::new(RDMA_WRITE).raddr(base + 4128, key).data(32, key, base), Bell::None);
+        for k in 0..3u64 {
+            let fa = Wqe::new(ATOMIC_FA).raddr(base + 1024, key).atomic(2, 0).data(8, key, base + 2048 + k * 8);
+            p.r.post_send(&mut p.a, &fa, Bell::None);
+        }
         p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, 0x4242, base), Bell::Db);
         let e: Vec<_> = p.r.drain(&mut p.a_scq).iter().map(|e| (e.status(), e.wqe_counter())).collect();
         let prot = (REQ_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
-        assert_eq!(e, [((REQ, 0), 0), ((REQ, 0), 1), ((REQ, 0), 2), (prot, 3)]);
-        assert_eq!(
-            (p.mr.read(1024, 8), p.mr.read(2048, 8)),
-            (7u64.to_be_bytes().to_vec(), 5u64.to_be_bytes().to_vec())
-        );
+        assert_eq!(e, [((REQ, 0), 0), ((REQ, 0), 1), ((REQ, 0), 2), ((REQ, 0), 3), (prot, 4)]);
+        // Each atomic ran once, in order: the originals 5, 7, 9, and 11 left.
+        let originals: Vec<_> = (0..3).map(|k| p.mr.read(2048 + k * 8, 8)).collect();
+        assert_eq!(originals, [5u64, 7, 9].map(|v| v.to_be_bytes().to_vec()));
+        assert_eq!(p.mr.read(1024, 8), 11u64.to_be_bytes());
         let ops = captured(&path);
-        assert_eq!(ops, [RcWriteOnly, RcAck, RcFetchAdd, RcAtomicAck, RcWriteOnly, RcAck], "{ops:?}");
+        let first_response = ops.iter().position(|o| matches!(o, RcAck | RcAtomicAck)).unwrap();
+        assert_eq!(ops[..first_response], [RcWriteOnly, RcFetchAdd, RcFetchAdd], "{ops:?}");
+        let third = ops.iter().enumerate().filter(|(_, o)| **o == RcFetchAdd).nth(2).unwrap().0;
+        assert!(ops[..third].contains(&RcAtomicAck), "{ops:?}");
         let _ = (&p.a_rcq, &p.b_scq, &p.b_rcq);
     }
 

@@ -1,13 +1,13 @@
 //! The RC requester: a send WQE becomes a request in flight (its PSNs, the ACK and RNR timers, retries and
 //! their counts) until a response (ACK, READ data, atomic original value, NAK) completes it (IBA 9.7, the
 //! requester side). Requests are pipelined: up to `MAX_IN_FLIGHT` messages are sent before the first is
-//! acknowledged (SENDs and WRITEs while they hold less than `MAX_IN_FLIGHT_BYTES`, READs up to the QP's
-//! initiator depth `1 << log_sra_max`); responses complete them in order (an ACK, a NAK or a READ response
-//! acknowledges every SEND and WRITE before the PSN it names; a READ only its own data completes), and a
-//! sequence NAK, an RNR NAK, a gap in READ responses or a timeout sends every one not acknowledged again
-//! (go-back-N), the oldest from its first missing packet. A fenced WQE waits until no READ or atomic is in
-//! flight. An atomic is alone in flight (it waits for the requests before it, those after it wait for it), so
-//! a go-back never resends an atomic other than the responder's last one, the one it can replay.
+//! acknowledged (SENDs and WRITEs while they hold less than `MAX_IN_FLIGHT_BYTES`, READs and atomics up to the
+//! QP's initiator depth `1 << log_sra_max`); responses complete them in order (an ACK, a NAK, a READ response
+//! or an atomic ACK acknowledges every SEND and WRITE before the PSN it names; a READ or an atomic only its own
+//! response completes), and a sequence NAK, an RNR NAK, a lost READ response or atomic ACK, or a timeout sends
+//! every one not acknowledged again (go-back-N), the oldest from its first missing packet; the responder
+//! answers a resent atomic from the results it keeps (`ATOMIC_REPLAY`). A fenced WQE waits until no READ or
+//! atomic is in flight.
 
 use super::wqe::{Kind, SendWqe};
 use super::*;

@@ -460,13 +460,15 @@ impl State {
             r.bth.opcode,
             RcReadResponseFirst | RcReadResponseMiddle | RcReadResponseLast | RcReadResponseOnly
         );
-        if let Some((i, ..)) = found.filter(|f| f.0 > 0 && (read_response || r.bth.opcode == RcAck)) {
-            // A response to a later request: the SENDs and WRITEs before it are done (for a READ response, it
-            // is then the oldest, taken below); a READ before it lost response packets.
+        let own_response = read_response || r.bth.opcode == RcAtomicAck;
+        if let Some((i, ..)) = found.filter(|f| f.0 > 0 && (own_response || r.bth.opcode == RcAck)) {
+            // A response to a later request: the SENDs and WRITEs before it are done (for a READ response or
+            // an atomic ACK, it is then the oldest, taken below); a READ or an atomic before it lost its
+            // response.
             if self.ack_before(qpn, i) < i {
                 return self.read_gap(qpn, remote);
             }
-            if read_response {
+            if own_response {
                 return self.rx_response(qpn, r);
             }
         }
@@ -602,15 +604,16 @@ impl State {
     }
 
     /// A response names a request after the oldest one in flight of `qpn`, a READ that still lacks response
-    /// packets: they were lost, so it is asked again from the first one missing and the requests after it are
-    /// sent again, as after a sequence NAK (and, as then, once until something is acknowledged).
+    /// packets or an atomic without its ACK: they were lost, so the READ is asked again from the first one
+    /// missing (the atomic sent again, which the responder answers from its results) and the requests after it
+    /// are sent again, as after a sequence NAK (and, as then, once until something is acknowledged).
     fn read_gap(&mut self, qpn: u32, remote: u32) {
         let Some(head) = self.fw.qps.get(&qpn).filter(|q| !q.retrying).and_then(|q| q.reqs.front()) else { return };
-        if !matches!(head.op, RcOp::Read { .. }) {
+        if !matches!(head.op, RcOp::Read { .. } | RcOp::Atomic { .. }) {
             return;
         }
         let (first, seq) = (head.psn, head.seq);
-        let taken = self.read_taken(qpn, first);
+        let taken = if matches!(head.op, RcOp::Read { .. }) { self.read_taken(qpn, first) } else { 0 };
         self.set_resume(qpn, taken);
         self.rc_response(qpn, seq, Resp::Nak(Nak::PsnSequence), remote);
     }
