@@ -650,6 +650,36 @@ mod tests {
     }
 
     #[test]
+    fn a_read_response_acknowledges_the_write_before_it_whose_ack_was_lost() {
+        let mut t = rc_joined("implicit-ack", 20);
+        let (local, remote) = (pattern(64, 8), pattern(64, 9));
+        t.ma.write(0, &local);
+        t.mb.write(4096, &remote);
+        // B's ACK of the WRITE is lost; the READ's response after it acknowledges the WRITE (IBA 9.7.5.1.2), so
+        // both complete in order with nothing sent again.
+        assert!(t.b.h.dev.guest_drop_frame(1));
+        let started = Instant::now();
+        let write =
+            Wqe::new(consts::MLX5_OPCODE_RDMA_WRITE).raddr(t.mb.addr(), t.mb.key).data(64, t.ma.key, t.ma.addr());
+        t.a.post_send(&mut t.qa, &write, Bell::None);
+        let read = Wqe::new(consts::MLX5_OPCODE_RDMA_READ).raddr(t.mb.addr() + 4096, t.mb.key).data(
+            64,
+            t.ma.key,
+            t.ma.addr() + 4096,
+        );
+        t.a.post_send(&mut t.qa, &read, Bell::Db);
+        for (k, op) in [consts::MLX5_OPCODE_RDMA_WRITE, consts::MLX5_OPCODE_RDMA_READ].into_iter().enumerate() {
+            let e = t.a.wait_cqe(&mut t.a_cq).expect("CQE");
+            assert_eq!((e.status(), e.wqe_counter(), e.wqe_opcode()), ((consts::MLX5_CQE_REQ, 0), k as u16, op));
+        }
+        assert!(started.elapsed() < Duration::from_secs(4), "not left to the ACK timer");
+        assert!(t.mb.read(0, 64) == local && t.ma.read(4096, 64) == remote);
+        assert!(!t.a.h.dev.events().iter().any(|e| matches!(e, SimEvent::Retry { .. })), "nothing sent again");
+        assert!(t.a.poll(&mut t.a_cq).is_none());
+        let _ = &t.b_cq;
+    }
+
+    #[test]
     fn a_lost_read_response_is_asked_again_from_its_psn() {
         let mut t = rc_joined("resume-read", 20);
         // Four response packets (3500 B at 1024); B's second is lost. A sees the third out of sequence and asks
