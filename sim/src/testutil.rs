@@ -586,6 +586,11 @@ impl Wqe {
         self.fm_ce_se |= consts::MLX5_WQE_CTRL_SOLICITED;
         self
     }
+    /// The small initiator fence, as rdma-core's mlx5 provider sets it for `IBV_SEND_FENCE`.
+    pub fn fence(mut self) -> Self {
+        self.fm_ce_se |= consts::MLX5_FENCE_MODE_INITIATOR_SMALL as u8;
+        self
+    }
     /// Immediate data, big endian in the WQE as verbs gives it.
     pub fn imm(mut self, v: u32) -> Self {
         self.imm = v.to_be_bytes();
@@ -695,6 +700,8 @@ pub(crate) struct RcParams {
     /// two QPs connected with the defaults match).
     pub sq_psn: u32,
     pub rq_psn: u32,
+    /// `log_sra_max`: the READs and atomics the requester may have in flight, as a power of two.
+    pub log_sra_max: u32,
 }
 
 impl Default for RcParams {
@@ -707,6 +714,7 @@ impl Default for RcParams {
             access: [true; 3],
             sq_psn: 0x100,
             rq_psn: 0x100,
+            log_sra_max: 2,
         }
     }
 }
@@ -950,7 +958,7 @@ impl Rdma {
             inp.set(q::NEXT_SEND_PSN.at(c), prm.sq_psn);
             inp.set(q::RETRY_COUNT.at(c), prm.retry_count);
             inp.set(q::RNR_RETRY.at(c), prm.rnr_retry);
-            inp.set(q::LOG_SRA_MAX.at(c), 2);
+            inp.set(q::LOG_SRA_MAX.at(c), prm.log_sra_max);
             inp.set(ifc::ads::ACK_TIMEOUT.at(q::PRIMARY_ADDRESS_PATH.at(c)), prm.ack_timeout);
         });
         assert_eq!(st, (0, 0), "RTR2RTS");

@@ -17,7 +17,7 @@
 //! parameters (`opt_param_mask`, `MLX5_QP_OPTPAR_*`) are honoured where mlx5_ib sends them: access rights, pkey
 //! index, qkey, `min_rnr_nak`, the primary path, the ACK timeout and the retry counts.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::ops::{Deref, DerefMut};
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
@@ -155,6 +155,8 @@ pub struct QpInfo {
     pub error: Option<u8>,
     /// A send WQE is outstanding (RC: waiting for its response or for a retry).
     pub outstanding: bool,
+    /// RC messages sent and not yet acknowledged (at most 16).
+    pub in_flight: u32,
 }
 
 /// The primary address path, as the image the driver wrote (`ads`).
@@ -299,10 +301,22 @@ pub(crate) enum Phase {
     Wait { at_ns: u64, kind: RetryKind },
 }
 
+/// The most RC messages a QP has sent and not yet seen acknowledged. Each keeps its payload for a
+/// retransmission, so the window is counted in messages (and bytes, [`MAX_IN_FLIGHT_BYTES`]) rather than PSNs:
+/// what bounds it is the memory held, not the 2^23 PSNs the sequence space allows.
+pub(crate) const MAX_IN_FLIGHT: usize = 16;
+/// Atomic results a responder keeps for duplicates: as many as a requester of this simulator has in flight (a
+/// ConnectX keeps `rra_max`).
+pub(crate) const ATOMIC_REPLAY: usize = MAX_IN_FLIGHT;
+/// A message joins a non-empty window only while the messages in it hold less than this many bytes.
+pub(crate) const MAX_IN_FLIGHT_BYTES: u64 = 1 << 20;
+
 /// An RC send WQE between its request and its response.
 #[derive(Debug, Clone)]
 pub(crate) struct Outstanding {
     pub(crate) wqe: WqeId,
+    /// The message's first PSN.
+    pub(crate) psn: u32,
     pub(crate) solicited: bool,
     /// Where a READ's data or an atomic's original value lands (empty for SEND and WRITE).
     pub(crate) sges: Sges,
@@ -315,6 +329,16 @@ pub(crate) struct Outstanding {
     /// Packets of the message the responder has (acknowledged, or implied by a sequence NAK naming a later
     /// PSN) or, for a READ, response packets taken: a retransmission starts after them (RoCE only).
     pub(crate) resume: u32,
+}
+
+impl Outstanding {
+    /// Payload bytes the request keeps for a retransmission (a READ or an atomic keeps none).
+    pub(crate) fn len_held(&self) -> u64 {
+        match self.op {
+            RcOp::Send { .. } | RcOp::Write { .. } => self.len,
+            RcOp::Read { .. } | RcOp::Atomic { .. } => 0,
+        }
+    }
 }
 
 /// A queue pair.
@@ -362,11 +386,20 @@ pub(crate) struct Qp {
     pub(crate) q_key: u32,
     // Datapath.
     pub(crate) sq_ci: u16,
+    /// The next send WQE to execute: the RC WQEs between `sq_ci` and here are in `reqs`, sent and not yet
+    /// completed.
+    pub(crate) sq_next: u16,
     pub(crate) sq_pi: u16,
     pub(crate) rq_ci: u16,
-    pub(crate) req: Option<Outstanding>,
-    /// The PSN and original value of the last atomic executed as a responder, for a duplicate of it.
-    pub(crate) last_atomic: Option<(u32, u64)>,
+    /// RC requests sent and not yet completed, oldest first (at most [`MAX_IN_FLIGHT`]).
+    pub(crate) reqs: VecDeque<Outstanding>,
+    /// A retransmission after a PSN sequence NAK is under way and nothing was acknowledged since: further
+    /// sequence NAKs in frames (the responder's answers to packets sent before it went back, which name no
+    /// attempt) start no other one. A packet's response names its attempt, so a stale one is simply unmatched.
+    pub(crate) retrying: bool,
+    /// The PSNs and original values of the last atomics executed as a responder (at most
+    /// [`ATOMIC_REPLAY`]), oldest first: a duplicate of one is answered with the value it returned.
+    pub(crate) atomic_results: VecDeque<(u32, u64)>,
     /// COMM_EST was posted since the QP last entered RTR.
     pub(crate) comm_est: bool,
     pub(crate) error: Option<u8>,
@@ -383,6 +416,12 @@ pub(crate) struct Qp {
 }
 
 impl Qp {
+    /// READs and atomics the QP may have in flight as a requester: `1 << log_sra_max`, at least one, within the
+    /// window.
+    pub(crate) fn sra_limit(&self) -> usize {
+        (1usize << self.log_sra_max.min(MAX_IN_FLIGHT.trailing_zeros())).min(MAX_IN_FLIGHT)
+    }
+
     pub(crate) fn rq_wqes(&self) -> u32 {
         if self.has_rq {
             1 << self.log_rq_size
@@ -479,9 +518,11 @@ impl Qp {
     fn reset(&mut self) {
         self.state = QpState::Rst;
         self.sq_ci = 0;
+        self.sq_next = 0;
         self.sq_pi = 0;
         self.rq_ci = 0;
-        self.req = None;
+        self.reqs.clear();
+        self.retrying = false;
         self.error = None;
         self.last_wqe_sent = false;
     }
@@ -512,7 +553,8 @@ impl Qp {
             ack_timeout: self.path.ack_timeout(),
             remote_access: (self.rre, self.rwe, self.rae),
             error: self.error,
-            outstanding: self.req.is_some(),
+            outstanding: !self.reqs.is_empty(),
+            in_flight: self.reqs.len() as u32,
         }
     }
 }
@@ -804,10 +846,12 @@ impl QpTable {
             rae: false,
             q_key: 0,
             sq_ci: 0,
+            sq_next: 0,
             sq_pi: 0,
             rq_ci: 0,
-            req: None,
-            last_atomic: None,
+            reqs: VecDeque::new(),
+            retrying: false,
+            atomic_results: VecDeque::new(),
             comm_est: false,
             error: None,
             counter_set_id: 0,

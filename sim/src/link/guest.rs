@@ -505,6 +505,176 @@ mod tests {
     }
 
     #[test]
+    fn a_packet_lost_inside_a_pipelined_window_goes_back_to_it_and_completes_each_wqe_once() {
+        // The ACK timer is long (4.096 us << 20, 4.3 s): only the NAK can bring the retransmission in time.
+        let mut t = rc_joined("pipeline", 20);
+        let src = pattern(8192, 21);
+        t.ma.write(0, &src);
+        for k in 0..8u64 {
+            t.b.post_recv(&mut t.qb, &[(t.mb.addr() + k * 4096, 4096, t.mb.key)]);
+        }
+        // Eight SENDs of three packets behind one doorbell; the eighth frame (the third's MIDDLE) is lost.
+        assert!(t.a.h.dev.guest_drop_frame(8));
+        let started = Instant::now();
+        for i in 0..8u64 {
+            let w = Wqe::new(SEND).data(3000, t.ma.key, t.ma.addr() + i * 512);
+            t.a.post_send(&mut t.qa, &w, if i == 7 { Bell::Db } else { Bell::None });
+        }
+        let mut sends = Vec::new();
+        for _ in 0..8 {
+            let e = t.a.wait_cqe(&mut t.a_cq).expect("send CQE");
+            sends.push((e.status(), e.wqe_counter()));
+        }
+        assert_eq!(sends, (0..8u16).map(|i| ((consts::MLX5_CQE_REQ, 0), i)).collect::<Vec<_>>(), "once each, in order");
+        assert!(started.elapsed() < Duration::from_secs(4), "recovered by the NAK, not the timer");
+        for k in 0..8u16 {
+            let e = t.b.wait_cqe(&mut t.b_cq).expect("receive CQE");
+            assert_eq!((e.wqe_counter(), e.byte_cnt()), (k, 3000));
+            let at = usize::from(k) * 512;
+            assert!(t.mb.read(usize::from(k) * 4096, 3000) == src[at..at + 3000], "SEND {k}: every byte");
+        }
+        // B saw the gap. (How many frames crossed is not fixed: two threads carry A's frames, the doorbell's and
+        // the one that took the NAK, so the retransmission may overtake frames of the first run, which then
+        // arrive as duplicates.)
+        assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::PsnSequenceError { .. })));
+        let retry =
+            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 2, kind: crate::RetryKind::Transport, .. });
+        assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the third");
+        assert!(t.a.poll(&mut t.a_cq).is_none() && t.b.poll(&mut t.b_cq).is_none());
+        assert_eq!(t.a.h.dev.qp_info(t.qa.qpn).unwrap().in_flight, 0);
+
+        // B's ACK of the first of four SENDs is lost: the ACK of the second acknowledges both (cumulative), so
+        // nothing is sent again.
+        for k in 0..4u64 {
+            t.b.post_recv(&mut t.qb, &[(t.mb.addr() + 40960 + k * 256, 256, t.mb.key)]);
+        }
+        assert!(t.b.h.dev.guest_drop_frame(1));
+        let started = Instant::now();
+        for i in 0..4u64 {
+            let w = Wqe::new(SEND).data(100, t.ma.key, t.ma.addr() + i * 100);
+            t.a.post_send(&mut t.qa, &w, if i == 3 { Bell::Db } else { Bell::None });
+        }
+        for i in 8..12u16 {
+            let e = t.a.wait_cqe(&mut t.a_cq).expect("send CQE");
+            assert_eq!((e.status(), e.wqe_counter()), ((consts::MLX5_CQE_REQ, 0), i));
+        }
+        for k in 0..4usize {
+            assert_eq!(t.b.wait_cqe(&mut t.b_cq).expect("receive CQE").byte_cnt(), 100);
+            assert!(t.mb.read(40960 + k * 256, 100) == src[k * 100..k * 100 + 100]);
+        }
+        assert!(started.elapsed() < Duration::from_secs(4), "not left to the ACK timer");
+        assert!(!t.a.h.dev.events().iter().any(|e| matches!(e, SimEvent::Retry { wqe_counter: 8.., .. })));
+    }
+
+    #[test]
+    fn a_read_response_lost_inside_a_pipelined_window_asks_again_and_completes_each_wqe_once() {
+        // The ACK timer is long (4.3 s): only the gap in the READ's responses can bring the recovery in time.
+        let mut t = rc_joined("pipeline-read", 20);
+        let local = pattern(3000, 5);
+        let remote = pattern(4096, 6);
+        t.ma.write(0, &local);
+        t.mb.write(8192, &remote);
+        t.b.post_recv(&mut t.qb, &[(t.mb.addr() + 16384, 256, t.mb.key)]);
+        // A WRITE of three packets, a READ of three response packets, a READ of one, a SEND: all in flight
+        // together. B's third frame (the first READ's MIDDLE response) is lost.
+        assert!(t.b.h.dev.guest_drop_frame(3));
+        let (ma, mb) = (t.ma.addr(), t.mb.addr());
+        let started = Instant::now();
+        let write = Wqe::new(consts::MLX5_OPCODE_RDMA_WRITE).raddr(mb + 32768, t.mb.key).data(3000, t.ma.key, ma);
+        t.a.post_send(&mut t.qa, &write, Bell::None);
+        let read1 = Wqe::new(consts::MLX5_OPCODE_RDMA_READ).raddr(mb + 8192, t.mb.key).data(3000, t.ma.key, ma + 8192);
+        t.a.post_send(&mut t.qa, &read1, Bell::None);
+        let read2 = Wqe::new(consts::MLX5_OPCODE_RDMA_READ).raddr(mb + 12000, t.mb.key).data(96, t.ma.key, ma + 12288);
+        t.a.post_send(&mut t.qa, &read2, Bell::None);
+        t.a.post_send(&mut t.qa, &Wqe::new(SEND).data(100, t.ma.key, ma + 100), Bell::Db);
+        let mut done = Vec::new();
+        for _ in 0..4 {
+            let e = t.a.wait_cqe(&mut t.a_cq).expect("CQE");
+            done.push((e.status(), e.wqe_counter(), e.wqe_opcode()));
+        }
+        let ok = (consts::MLX5_CQE_REQ, 0);
+        let ops = [consts::MLX5_OPCODE_RDMA_WRITE, consts::MLX5_OPCODE_RDMA_READ, consts::MLX5_OPCODE_RDMA_READ, SEND];
+        assert_eq!(done, (0..4u16).map(|i| (ok, i, ops[usize::from(i)])).collect::<Vec<_>>(), "once each, in order");
+        assert!(started.elapsed() < Duration::from_secs(4), "recovered at the gap, not by the timer");
+        assert!(t.ma.read(8192, 3000) == remote[..3000], "the first READ, every byte");
+        assert!(t.ma.read(12288, 96) == remote[12000 - 8192..12000 - 8192 + 96], "the second READ");
+        assert!(t.mb.read(32768, 3000) == local, "the WRITE");
+        assert_eq!(t.b.wait_cqe(&mut t.b_cq).expect("receive CQE").byte_cnt(), 100);
+        assert!(t.mb.read(16384, 100) == local[100..200]);
+        // The SEND went twice (behind the READ asked again) and was executed once.
+        assert!(t.b.poll(&mut t.b_cq).is_none() && t.a.poll(&mut t.a_cq).is_none());
+        assert_eq!(t.b.h.dev.qp_info(t.qb.qpn).unwrap().rq_ci, 1);
+        assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
+        let retry =
+            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::RetryKind::Transport, .. });
+        assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the first READ");
+    }
+
+    #[test]
+    fn a_lost_atomic_ack_inside_a_pipelined_window_is_answered_again_from_the_responders_results() {
+        // The ACK timer is long (4.3 s): only the next atomic's ACK can bring the recovery in time.
+        let mut t = rc_joined("pipeline-atomic", 20);
+        t.mb.write(0, &100u64.to_be_bytes());
+        // Four fetch-and-adds of 1 in flight together (log_sra_max 2); B's second atomic ACK is lost. The third's
+        // ACK shows it: A sends the second, third and fourth again, and B answers each from the results it kept
+        // without adding again.
+        assert!(t.b.h.dev.guest_drop_frame(2));
+        let started = Instant::now();
+        for k in 0..4u64 {
+            let fa = Wqe::new(consts::MLX5_OPCODE_ATOMIC_FA).raddr(t.mb.addr(), t.mb.key).atomic(1, 0).data(
+                8,
+                t.ma.key,
+                t.ma.addr() + k * 8,
+            );
+            t.a.post_send(&mut t.qa, &fa, if k == 3 { Bell::Db } else { Bell::None });
+        }
+        for k in 0..4u16 {
+            let e = t.a.wait_cqe(&mut t.a_cq).expect("atomic CQE");
+            assert_eq!((e.status(), e.wqe_counter()), ((consts::MLX5_CQE_REQ, 0), k), "once each, in order");
+        }
+        assert!(started.elapsed() < Duration::from_secs(4), "recovered by the next ACK, not the timer");
+        let originals: Vec<_> = (0..4).map(|k| t.ma.read(k * 8, 8)).collect();
+        assert_eq!(originals, [100u64, 101, 102, 103].map(|v| v.to_be_bytes().to_vec()));
+        assert_eq!(t.mb.read(0, 8), 104u64.to_be_bytes(), "each atomic executed once");
+        assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
+        let retry =
+            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::RetryKind::Transport, .. });
+        assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the second");
+        assert!(t.a.poll(&mut t.a_cq).is_none());
+        let _ = &t.b_cq;
+    }
+
+    #[test]
+    fn a_read_response_acknowledges_the_write_before_it_whose_ack_was_lost() {
+        let mut t = rc_joined("implicit-ack", 20);
+        let (local, remote) = (pattern(64, 8), pattern(64, 9));
+        t.ma.write(0, &local);
+        t.mb.write(4096, &remote);
+        // B's ACK of the WRITE is lost; the READ's response after it acknowledges the WRITE (IBA 9.7.5.1.2), so
+        // both complete in order with nothing sent again.
+        assert!(t.b.h.dev.guest_drop_frame(1));
+        let started = Instant::now();
+        let write =
+            Wqe::new(consts::MLX5_OPCODE_RDMA_WRITE).raddr(t.mb.addr(), t.mb.key).data(64, t.ma.key, t.ma.addr());
+        t.a.post_send(&mut t.qa, &write, Bell::None);
+        let read = Wqe::new(consts::MLX5_OPCODE_RDMA_READ).raddr(t.mb.addr() + 4096, t.mb.key).data(
+            64,
+            t.ma.key,
+            t.ma.addr() + 4096,
+        );
+        t.a.post_send(&mut t.qa, &read, Bell::Db);
+        for (k, op) in [consts::MLX5_OPCODE_RDMA_WRITE, consts::MLX5_OPCODE_RDMA_READ].into_iter().enumerate() {
+            let e = t.a.wait_cqe(&mut t.a_cq).expect("CQE");
+            assert_eq!((e.status(), e.wqe_counter(), e.wqe_opcode()), ((consts::MLX5_CQE_REQ, 0), k as u16, op));
+        }
+        assert!(started.elapsed() < Duration::from_secs(4), "not left to the ACK timer");
+        assert!(t.mb.read(0, 64) == local && t.ma.read(4096, 64) == remote);
+        assert!(!t.a.h.dev.events().iter().any(|e| matches!(e, SimEvent::Retry { .. })), "nothing sent again");
+        assert!(t.a.poll(&mut t.a_cq).is_none());
+        let _ = &t.b_cq;
+    }
+
+    #[test]
     fn a_lost_read_response_is_asked_again_from_its_psn() {
         let mut t = rc_joined("resume-read", 20);
         // Four response packets (3500 B at 1024); B's second is lost. A sees the third out of sequence and asks

@@ -201,11 +201,14 @@ impl State {
         (u128::from(self.now_ns()) * khz / 1_000_000) as u64
     }
 
-    /// A send WQE completed: the consumer counter moves past it, and a signaled WQE gets its CQE.
+    /// A send WQE completed: the consumer counter moves past it, and a signaled WQE gets its CQE. A UC or UD
+    /// message moves the send PSN on here; an RC message moved it when it was sent, and a NOP sends nothing.
     pub(super) fn complete_send(&mut self, qpn: u32, w: WqeId, len: u64) {
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
         qp.sq_ci = qp.sq_ci.wrapping_add(w.nbb);
-        qp.next_send_psn = qp.next_send_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        if qp.st != QpType::Rc {
+            qp.next_send_psn = qp.next_send_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        }
         let cqn = qp.cqn_snd;
         if w.signaled {
             let byte_cnt = u32::try_from(len).unwrap_or(u32::MAX);
@@ -225,7 +228,13 @@ impl State {
     pub(super) fn send_error(&mut self, qpn: u32, index: u16, opcode: u8, nbb: u16, syndrome: u8) {
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
         qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
-        qp.req = None;
+        // The WQE that failed is the oldest; the flush completes the ones sent after it from the ring.
+        if qp.reqs.front().is_some_and(|r| r.wqe.index == index) {
+            qp.reqs.pop_front();
+        }
+        if qp.reqs.is_empty() {
+            qp.sq_next = qp.sq_ci;
+        }
         let cqn = qp.cqn_snd;
         let cqe = CqeOut {
             opcode: consts::MLX5_CQE_REQ_ERR,

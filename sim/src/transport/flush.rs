@@ -28,10 +28,12 @@ impl State {
             ..CqeOut::default()
         };
         let mut cqes = Vec::new();
-        if let Some(req) = qp.req.take() {
+        // The requests sent and not completed first, oldest first; then the WQEs not yet executed.
+        while let Some(req) = qp.reqs.pop_front() {
             qp.sq_ci = qp.sq_ci.wrapping_add(req.wqe.nbb);
             cqes.push((cqn_snd, flush(consts::MLX5_CQE_REQ_ERR, req.wqe.opcode, req.wqe.index)));
         }
+        qp.retrying = false;
         // Bounded: the doorbell never lets the producer run more than the SQ size ahead.
         while qp.sq_pi != qp.sq_ci {
             let pending = qp.sq_pi.wrapping_sub(qp.sq_ci);
@@ -44,6 +46,7 @@ impl State {
             cqes.push((cqn_snd, flush(consts::MLX5_CQE_REQ_ERR, opcode, qp.sq_ci)));
             qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
         }
+        qp.sq_next = qp.sq_ci;
         let sq = cqes.len();
         if qp.rq_wqes() > 0 {
             let mut rec = [0u8; 4];

@@ -10,8 +10,10 @@
 //!
 //! # Execution
 //! The SQ of a QP in RTS runs in order. A UD send (and a NOP) completes as soon as it is handed to the wire. An
-//! RC WQE is outstanding until its response arrives: one at a time per QP, so fences and ordering rules are met
-//! trivially. Every device access by key goes through [`State::mkey_access`]: local SGEs with the QP's PD
+//! RC WQE is in flight until a response acknowledges it: up to `MAX_IN_FLIGHT` at once, READs and atomics up
+//! to the initiator depth, a fenced WQE only once no READ or atomic is in flight (`requester.rs`);
+//! the QP's `sq_next` is the next WQE to execute and `sq_ci` the next to complete, so completions stay in
+//! order (a WQE that fails locally, or a NOP, waits for those in flight). Every device access by key goes through [`State::mkey_access`]: local SGEs with the QP's PD
 //! (`LOCAL_READ` to gather, `LOCAL_WRITE` for READ and atomic results), remote ones with the target QP's PD, its
 //! `rre`/`rwe`/`rae` and `REMOTE_*` rights. Atomics run under the target device's lock.
 //!
@@ -31,7 +33,8 @@
 //! An RC request carries the requester's send PSN for its message. The responder executes a request at the PSN
 //! it expects (`next_rcv_psn`, which moves past the message's packets) and nothing else: a PSN behind it is a
 //! duplicate of a message already executed (a retransmission whose response was lost), answered again without
-//! executing it a second time (a READ is read again; an atomic returns the original value it returned before); a
+//! executing it a second time (a READ is read again; an atomic returns the original value it returned before,
+//! kept for the last `ATOMIC_REPLAY` atomics); a
 //! PSN ahead of it is a PSN sequence error NAK, which the requester retransmits until its retry count runs out
 //! (`TRANSPORT_RETRY_EXC_ERR`). So two QPs connected with PSNs that do not match fail as they do on hardware.
 //!
@@ -46,7 +49,9 @@ use mlx5_core::prm::{c, consts, Bytes};
 
 use crate::events::{RetryKind, SimEvent};
 use crate::fw::mkey::MkeyAccess;
-use crate::fw::qp::{Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, PSN_MASK, SEND_WQE_BB};
+use crate::fw::qp::{
+    Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, PSN_MASK, SEND_WQE_BB,
+};
 use crate::link::Packet;
 use crate::small::Small;
 use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, RoceInfo, INLINE_PAYLOAD};
@@ -83,6 +88,8 @@ const QPN_SHIFT: u32 = consts::MLX5_WQE_CTRL_QPN_SHIFT;
 const IDX_SHIFT: u32 = consts::MLX5_WQE_CTRL_WQE_INDEX_SHIFT;
 const OPCODE_MASK: u32 = consts::MLX5_WQE_CTRL_OPCODE_MASK;
 const SOLICITED: u8 = consts::MLX5_WQE_CTRL_SOLICITED;
+/// `fm_ce_se` bits 7:5: the fence mode (`MLX5_FENCE_MODE_*`, already shifted into place).
+const FENCE_MODE_MASK: u8 = 0xe0;
 const INVALID_LKEY: u32 = consts::MLX5_INVALID_LKEY;
 const EXTENDED_AV: u32 = consts::MLX5_EXTENDED_UD_AV;
 /// `grh_gid_fl` of an address vector (rdma-core `mlx5_create_ah`): GRH flag in bit 30, source GID index in bits
@@ -248,44 +255,91 @@ impl State {
         match qp.state {
             QpState::Err => self.flush(qpn),
             QpState::Rts => {
-                // Only an outstanding request has timers.
-                let retried = qp.req.is_some() && self.retry_due(qpn, now);
+                // Only outstanding requests have timers.
+                let retried = !qp.reqs.is_empty() && self.retry_due(qpn, now);
                 self.sq_progress(qpn) || retried
             }
             _ => false,
         }
     }
 
-    /// Executes send WQEs of a QP in RTS until the SQ is empty, an RC WQE is outstanding or the QP fails.
+    /// Executes send WQEs of a QP in RTS until the SQ is empty, the RC window is full, a WQE must wait for the
+    /// ones in flight, or the QP fails.
     fn sq_progress(&mut self, qpn: u32) -> bool {
         let mut any = false;
         // One WQE, parsed in place: a WQE built apart and then moved is copied right after its fields were
         // written, and the CPU stalls on such a copy (the store buffer cannot forward it), more than the parse.
         let mut w = SendWqe::default();
-        // Bounded: every step moves the consumer counter, makes a WQE outstanding or fails the QP.
+        // Bounded: every step moves the execution counter, or fails the QP, or stops.
         for _ in 0..=u16::MAX {
             let Some(qp) = self.fw.qps.get(&qpn) else { break };
-            if qp.state != QpState::Rts || qp.req.is_some() || qp.sq_ci == qp.sq_pi {
+            if qp.state != QpState::Rts || qp.sq_next == qp.sq_pi || !self.window_open(qpn) {
                 break;
             }
-            let index = qp.sq_ci;
-            any = true;
+            let (index, idle) = (qp.sq_next, qp.reqs.is_empty());
             match self.fetch_wqe(qpn, &mut w) {
-                Ok(()) => self.execute(qpn, &w),
+                Ok(()) if !self.admits(qpn, &w) => break,
+                Ok(()) => {
+                    if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+                        qp.sq_next = index.wrapping_add(w.nbb);
+                    }
+                    if !self.execute(qpn, &w) {
+                        // It fails locally: its error CQE waits until those in flight complete.
+                        if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+                            qp.sq_next = index;
+                        }
+                        break;
+                    }
+                }
+                // A malformed WQE fails in order too: after the ones in flight.
+                Err(_) if !idle => break,
                 Err(b) => self.send_error(qpn, index, b.opcode, b.nbb, b.syndrome),
             }
+            any = true;
         }
         any
     }
 
-    fn execute(&mut self, qpn: u32, w: &SendWqe) {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+    /// Whether `qpn` may start another WQE now: the window has room (`MAX_IN_FLIGHT`).
+    fn window_open(&self, qpn: u32) -> bool {
+        self.fw.qps.get(&qpn).is_some_and(|qp| qp.reqs.len() < MAX_IN_FLIGHT)
+    }
+
+    /// Whether WQE `w` of `qpn` may start behind the requests in flight: a SEND or WRITE while they hold less
+    /// than `MAX_IN_FLIGHT_BYTES`, a READ or an atomic while fewer of them than the QP's initiator depth
+    /// (`log_sra_max`) are in flight; a fenced one only once no READ or atomic is. A NOP waits for all of them,
+    /// so it completes in order.
+    fn admits(&self, qpn: u32, w: &SendWqe) -> bool {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return false };
+        if qp.reqs.is_empty() {
+            return true;
+        }
+        if !self.window_open(qpn) || matches!(w.kind, Kind::Nop) {
+            return false;
+        }
+        // One pass: the READs and atomics, and the payload bytes held.
+        let (ordered, bytes) = qp.reqs.iter().fold((0usize, 0u64), |(n, b), r| {
+            (n + usize::from(matches!(r.op, RcOp::Read { .. } | RcOp::Atomic { .. })), b + r.len_held())
+        });
+        if w.fence && ordered > 0 {
+            return false;
+        }
+        match w.kind {
+            Kind::Read { .. } | Kind::Atomic { .. } => ordered < qp.sra_limit(),
+            _ => bytes < MAX_IN_FLIGHT_BYTES,
+        }
+    }
+
+    /// Executes one WQE; false when it would fail locally while RC messages are in flight (it is left for later).
+    fn execute(&mut self, qpn: u32, w: &SendWqe) -> bool {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return true };
         match (w.kind, qp.st) {
             (Kind::Nop, _) => self.complete_send(qpn, w.id(), 0),
             (_, QpType::Ud) => self.execute_ud(qpn, w),
-            (_, QpType::Rc) => self.execute_rc(qpn, w),
+            (_, QpType::Rc) => return self.execute_rc(qpn, w),
             (_, QpType::Uc) => self.execute_uc(qpn, w),
         }
+        true
     }
 }
 
@@ -887,6 +941,199 @@ mod tests {
             (e.status(), resp.unwrap().status()),
             (req_err(consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR), (RESP_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR))
         );
+    }
+
+    #[test]
+    fn sends_and_writes_are_in_flight_together_and_complete_in_order() {
+        use crate::wire::roce::ib::Opcode;
+        let (mut p, path) = captured_pair("pipeline", RcParams::default());
+        let (key, base) = (p.mr.key, p.mr.addr());
+        let src = pattern(8192, 9);
+        p.mr.write(0, &src);
+        for k in 0..4u64 {
+            p.r.post_recv(&mut p.b, &[(base + 16384 + k * 4096, 4096, key)]);
+        }
+        // Eight messages of three packets at the 1024-byte MTU, SENDs and WRITEs in turn, behind one doorbell.
+        for i in 0..8u64 {
+            let (off, dst) = (base + i * 512, base + 32768 + (i / 2) * 4096);
+            let w = if i % 2 == 0 {
+                Wqe::new(SEND).data(3000, key, off)
+            } else {
+                Wqe::new(RDMA_WRITE).raddr(dst, key).data(3000, key, off)
+            };
+            p.r.post_send(&mut p.a, &w, if i == 7 { Bell::Db } else { Bell::None });
+        }
+        let sends: Vec<_> =
+            p.r.drain(&mut p.a_scq).iter().map(|e| (e.status(), e.wqe_counter(), e.wqe_opcode())).collect();
+        let expect: Vec<_> = (0..8u16).map(|i| ((REQ, 0), i, if i % 2 == 0 { SEND } else { RDMA_WRITE })).collect();
+        assert_eq!(sends, expect, "each WQE completed once, in order");
+        let recvs: Vec<_> =
+            p.r.drain(&mut p.b_rcq).iter().map(|e| (e.opcode(), e.wqe_counter(), e.byte_cnt())).collect();
+        assert_eq!(recvs, (0..4u16).map(|k| (RESP_SEND, k, 3000)).collect::<Vec<_>>());
+        for k in 0..4usize {
+            let (send, write) = (2 * k * 512, (2 * k + 1) * 512);
+            assert!(p.mr.read(16384 + k * 4096, 3000) == src[send..send + 3000], "SEND {k}");
+            assert!(p.mr.read(32768 + k * 4096, 3000) == src[write..write + 3000], "WRITE {k}");
+        }
+        let info = p.r.h.dev.qp_info(p.a.qpn).unwrap();
+        assert_eq!((info.in_flight, info.sq_ci, info.next_send_psn), (0, 8, 0x100 + 24));
+        // The capture shows every request packet on the wire before the first ACK came back.
+        let ops = captured(&path);
+        let before_ack = ops.iter().take_while(|o| **o != Opcode::RcAck).count();
+        assert_eq!(before_ack, 24, "{ops:?}");
+        assert_eq!(ops.iter().filter(|o| **o == Opcode::RcAck).count(), 8);
+        let _ = (&p.a_rcq, &p.b_scq);
+    }
+
+    #[test]
+    fn an_rnr_nak_inside_the_window_goes_back_and_completes_each_wqe_once() {
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        let src = pattern(1000, 4);
+        p.mr.write(0, &src);
+        // Two receives for five SENDs: the third draws an RNR NAK, the two after it sequence NAKs.
+        for k in 0..2u64 {
+            p.r.post_recv(&mut p.b, &[(base + 8192 + k * 256, 256, key)]);
+        }
+        for i in 0..5u64 {
+            let w = Wqe::new(SEND).data(100, key, base + i * 100);
+            p.r.post_send(&mut p.a, &w, if i == 4 { Bell::Db } else { Bell::None });
+        }
+        let done: Vec<u16> = p.r.drain(&mut p.a_scq).iter().map(|e| e.wqe_counter()).collect();
+        assert_eq!(done, [0, 1]);
+        assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().in_flight, 3);
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::RnrNak { wqe_counter: 2, .. })), 1);
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::PsnSequenceError { .. })), 2);
+        for k in 2..5u64 {
+            p.r.post_recv(&mut p.b, &[(base + 8192 + k * 256, 256, key)]);
+        }
+        // After the RNR timer the three are sent again, from the one NAKed.
+        p.r.h.dev.advance_ns(1_000_000_000);
+        let e: Vec<_> = p.r.drain(&mut p.a_scq).iter().map(|e| (e.status(), e.wqe_counter())).collect();
+        assert_eq!(e, [((REQ, 0), 2), ((REQ, 0), 3), ((REQ, 0), 4)]);
+        assert_eq!(count(&p.r, |e| matches!(e, SimEvent::Retry { wqe_counter: 2, kind: RetryKind::Rnr, .. })), 1);
+        let recvs: Vec<_> = p.r.drain(&mut p.b_rcq).iter().map(|e| (e.wqe_counter(), e.byte_cnt())).collect();
+        assert_eq!(recvs, (0..5u16).map(|k| (k, 100)).collect::<Vec<_>>());
+        for k in 0..5usize {
+            assert!(p.mr.read(8192 + k * 256, 100) == src[k * 100..k * 100 + 100], "SEND {k}");
+        }
+        let (ia, ib) = (p.r.h.dev.qp_info(p.a.qpn).unwrap(), p.r.h.dev.qp_info(p.b.qpn).unwrap());
+        assert_eq!((ia.in_flight, ia.next_send_psn, ib.next_rcv_psn, ib.rq_ci), (0, 0x105, 0x105, 5));
+        assert!(p.r.poll(&mut p.a_scq).is_none() && p.r.poll(&mut p.b_rcq).is_none());
+    }
+
+    /// The BTH opcodes of every RoCE frame in the capture at `path` (removed after reading).
+    fn captured(path: &std::path::Path) -> Vec<crate::wire::roce::ib::Opcode> {
+        use crate::wire::roce::frame::{parse, Parsed};
+        let bytes = std::fs::read(path).unwrap();
+        let _ = std::fs::remove_file(path);
+        let frames = crate::link::pcap::read_frames(&bytes).unwrap();
+        frames
+            .iter()
+            .filter_map(|(_, f)| match parse(f) {
+                Ok(Parsed::Roce(r)) => Some(r.bth.opcode),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A loopback pair whose frames are captured to a fresh file, and the file.
+    fn captured_pair(name: &str, pa: RcParams) -> (Pair, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!("mlx5-sim-{name}-{}.pcap", std::process::id()));
+        let sink = crate::link::pcap::PcapSink::create(&path).unwrap();
+        let cfg = SimConfig { pcap: Some(sink), ..SimConfig::default() };
+        (pair_with(cfg, QpSpec::rc(), pa, RcParams::default()), path)
+    }
+
+    #[test]
+    fn reads_are_pipelined_up_to_the_initiator_depth_behind_writes() {
+        use crate::wire::roce::ib::Opcode::*;
+        // log_sra_max 1: two READs in flight at most.
+        let (mut p, path) = captured_pair("reads", RcParams { log_sra_max: 1, ..RcParams::default() });
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(0, &pattern(256, 1));
+        p.r.post_recv(&mut p.b, &[(base + 12288, 64, key)]);
+        // A WRITE, three READs of what it and the bytes after it hold, then a SEND, behind one doorbell.
+        p.r.post_send(&mut p.a, &Wqe::new(RDMA_WRITE).raddr(base + 4096, key).data(64, key, base), Bell::None);
+        for k in 0..3u64 {
+            let read = Wqe::new(RDMA_READ).raddr(base + 4096 + k * 32, key).data(64, key, base + 8192 + k * 64);
+            p.r.post_send(&mut p.a, &read, Bell::None);
+        }
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(16, key, base + 128), Bell::Db);
+        let done: Vec<_> = p.r.drain(&mut p.a_scq).iter().map(|e| (e.status(), e.wqe_counter())).collect();
+        assert_eq!(done, (0..5u16).map(|i| ((REQ, 0), i)).collect::<Vec<_>>(), "once each, in order");
+        let src = pattern(256, 1);
+        // Each READ saw the WRITE before it (the last one reads 32 bytes the WRITE never touched: zeros).
+        assert_eq!(p.mr.read(8192, 64), src[..64]);
+        assert_eq!(p.mr.read(8192 + 64, 64), [&src[32..64], &[0u8; 32][..]].concat());
+        assert_eq!(p.mr.read(8192 + 128, 64), vec![0u8; 64]);
+        assert_eq!(p.r.poll(&mut p.b_rcq).map(|e| e.byte_cnt()), Some(16));
+        let ops = captured(&path);
+        // The WRITE and two READs went before any response; the third READ only after the first READ's data.
+        let first_response = ops.iter().position(|o| matches!(o, RcAck | RcReadResponseOnly)).unwrap();
+        assert_eq!(ops[..first_response], [RcWriteOnly, RcReadRequest, RcReadRequest], "{ops:?}");
+        let third = ops.iter().enumerate().filter(|(_, o)| **o == RcReadRequest).nth(2).unwrap().0;
+        assert!(ops[..third].contains(&RcReadResponseOnly), "{ops:?}");
+        let _ = (&p.a_rcq, &p.b_scq);
+    }
+
+    #[test]
+    fn a_fenced_wqe_waits_for_the_reads_before_it() {
+        use crate::wire::roce::ib::Opcode::*;
+        for fenced in [false, true] {
+            let (mut p, path) = captured_pair(if fenced { "fenced" } else { "unfenced" }, RcParams::default());
+            let (key, base) = (p.mr.key, p.mr.addr());
+            p.mr.write(0, &pattern(64, 3));
+            p.r.post_recv(&mut p.b, &[(base + 12288, 64, key)]);
+            p.r.post_recv(&mut p.b, &[(base + 12288 + 64, 64, key)]);
+            let read = Wqe::new(RDMA_READ).raddr(base, key).data(64, key, base + 8192);
+            p.r.post_send(&mut p.a, &read, Bell::None);
+            let send = Wqe::new(SEND).data(64, key, base + 8192);
+            p.r.post_send(&mut p.a, &if fenced { send.fence() } else { send }, Bell::None);
+            p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, key, base), Bell::Db);
+            let done: Vec<_> = p.r.drain(&mut p.a_scq).iter().map(|e| (e.status(), e.wqe_counter())).collect();
+            assert_eq!(done, [((REQ, 0), 0), ((REQ, 0), 1), ((REQ, 0), 2)]);
+            let ops = captured(&path);
+            if fenced {
+                // The fenced SEND (and the one after it) left only once the READ's data was back, so it sent
+                // the bytes the READ brought.
+                assert_eq!(ops[..3], [RcReadRequest, RcReadResponseOnly, RcSendOnly], "{ops:?}");
+                assert_eq!(p.mr.read(12288, 64), pattern(64, 3));
+            } else {
+                assert_eq!(ops[..3], [RcReadRequest, RcSendOnly, RcSendOnly], "{ops:?}");
+            }
+            let _ = (&p.a_rcq, &p.b_scq, &p.b_rcq);
+        }
+    }
+
+    #[test]
+    fn atomics_are_pipelined_up_to_the_initiator_depth_and_a_bad_wqe_fails_after_those_before_it() {
+        use crate::wire::roce::ib::Opcode::*;
+        // log_sra_max 1: two READs or atomics in flight at most.
+        let (mut p, path) = captured_pair("atomic", RcParams { log_sra_max: 1, ..RcParams::default() });
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.mr.write(1024, &5u64.to_be_bytes());
+        // A WRITE, three fetch-and-adds of 2, then a WQE with a bad lkey, behind one doorbell: the error completes
+        // after every WQE before it.
+        p.r.post_send(&mut p.a, &Wqe::new(RDMA_WRITE).raddr(base + 4096, key).data(32, key, base), Bell::None);
+        for k in 0..3u64 {
+            let fa = Wqe::new(ATOMIC_FA).raddr(base + 1024, key).atomic(2, 0).data(8, key, base + 2048 + k * 8);
+            p.r.post_send(&mut p.a, &fa, Bell::None);
+        }
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, 0x4242, base), Bell::Db);
+        let e: Vec<_> = p.r.drain(&mut p.a_scq).iter().map(|e| (e.status(), e.wqe_counter())).collect();
+        let prot = (REQ_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
+        assert_eq!(e, [((REQ, 0), 0), ((REQ, 0), 1), ((REQ, 0), 2), ((REQ, 0), 3), (prot, 4)]);
+        // Each atomic ran once, in order: the originals 5, 7, 9, and 11 left.
+        let originals: Vec<_> = (0..3).map(|k| p.mr.read(2048 + k * 8, 8)).collect();
+        assert_eq!(originals, [5u64, 7, 9].map(|v| v.to_be_bytes().to_vec()));
+        assert_eq!(p.mr.read(1024, 8), 11u64.to_be_bytes());
+        let ops = captured(&path);
+        let first_response = ops.iter().position(|o| matches!(o, RcAck | RcAtomicAck)).unwrap();
+        assert_eq!(ops[..first_response], [RcWriteOnly, RcFetchAdd, RcFetchAdd], "{ops:?}");
+        let third = ops.iter().enumerate().filter(|(_, o)| **o == RcFetchAdd).nth(2).unwrap().0;
+        assert!(ops[..third].contains(&RcAtomicAck), "{ops:?}");
+        let _ = (&p.a_rcq, &p.b_scq, &p.b_rcq);
     }
 
     #[test]

@@ -1,6 +1,13 @@
-//! The RC requester: a send WQE becomes one outstanding request (its PSN, the ACK and RNR timers, retries and
-//! their counts) until its response (ACK, READ data, atomic original value, NAK) completes it (IBA 9.7, the
-//! requester side).
+//! The RC requester: a send WQE becomes a request in flight (its PSNs, the ACK and RNR timers, retries and
+//! their counts) until a response (ACK, READ data, atomic original value, NAK) completes it (IBA 9.7, the
+//! requester side). Requests are pipelined: up to `MAX_IN_FLIGHT` messages are sent before the first is
+//! acknowledged (SENDs and WRITEs while they hold less than `MAX_IN_FLIGHT_BYTES`, READs and atomics up to the
+//! QP's initiator depth `1 << log_sra_max`); responses complete them in order (an ACK, a NAK, a READ response
+//! or an atomic ACK acknowledges every SEND and WRITE before the PSN it names; a READ or an atomic only its own
+//! response completes), and a sequence NAK, an RNR NAK, a lost READ response or atomic ACK, or a timeout sends
+//! every one not acknowledged again (go-back-N), the oldest from its first missing packet; the responder
+//! answers a resent atomic from the results it keeps (`ATOMIC_REPLAY`). A fenced WQE waits until no READ or
+//! atomic is in flight.
 
 use super::wqe::{Kind, SendWqe};
 use super::*;
@@ -16,10 +23,18 @@ impl State {
         }
     }
 
-    pub(super) fn execute_rc(&mut self, qpn: u32, w: &SendWqe) {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return };
-        let (pd, retry_count, rnr_retry, max_msg) = (qp.pd, qp.retry_count, qp.rnr_retry, qp.max_msg);
-        let fail = |st: &mut State, s: u8| st.send_error(qpn, w.index, w.opcode, w.nbb, s);
+    /// Sends an RC WQE as a new request in flight. False (nothing done) when it would fail locally while other
+    /// requests are in flight: its error CQE must come after their completions, so it waits for them.
+    pub(super) fn execute_rc(&mut self, qpn: u32, w: &SendWqe) -> bool {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return true };
+        let (pd, retry_count, rnr_retry, max_msg, idle) =
+            (qp.pd, qp.retry_count, qp.rnr_retry, qp.max_msg, qp.reqs.is_empty());
+        let fail = |st: &mut State, s: u8| {
+            if idle {
+                st.send_error(qpn, w.index, w.opcode, w.nbb, s);
+            }
+            idle
+        };
         let op = match w.kind {
             Kind::Send | Kind::Write { .. } => {
                 let data = match self.gather_payload(pd, max_msg, w) {
@@ -40,7 +55,10 @@ impl State {
                 Ok(_) => return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR),
                 Err(s) => return fail(self, s),
             },
-            Kind::Nop => return self.complete_send(qpn, w.id(), 0),
+            Kind::Nop => {
+                self.complete_send(qpn, w.id(), 0);
+                return true;
+            }
         };
         let len = match &op {
             RcOp::Send { data, .. } | RcOp::Write { data, .. } => data.len() as u64,
@@ -55,30 +73,32 @@ impl State {
         let sent_ns = self.now_ns();
         let sges = if matches!(w.kind, Kind::Read { .. } | Kind::Atomic { .. }) { w.sges() } else { Sges::new() };
         let solicited = w.solicited;
-        if let Some(qp) = self.fw.qps.get_mut(&qpn) {
-            let phase = Phase::InFlight { sent_ns };
-            let (transport_left, rnr_left) = (retry_count, rnr_retry);
-            let resume = 0;
-            qp.req = Some(Outstanding {
-                wqe: w.id(),
-                sges,
-                op,
-                len,
-                seq,
-                phase,
-                transport_left,
-                rnr_left,
-                solicited,
-                resume,
-            });
-        }
-        self.transmit(qpn);
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return true };
+        // The message takes its PSNs now: the next one sent starts after them.
+        let psn = qp.next_send_psn;
+        qp.next_send_psn = psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
+        qp.reqs.push_back(Outstanding {
+            wqe: w.id(),
+            psn,
+            sges,
+            op,
+            len,
+            seq,
+            phase: Phase::InFlight { sent_ns },
+            transport_left: retry_count,
+            rnr_left: rnr_retry,
+            solicited,
+            resume: 0,
+        });
+        let last = qp.reqs.len() - 1;
+        self.transmit(qpn, last);
+        true
     }
 
-    /// Puts the outstanding request of `qpn` on the wire, along the QP's primary path.
-    pub(super) fn transmit(&mut self, qpn: u32) {
+    /// Puts request `j` in flight of `qpn` (0 is the oldest) on the wire, along the QP's primary path.
+    pub(super) fn transmit(&mut self, qpn: u32, j: usize) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
-        let Some(req) = &qp.req else { return };
+        let Some(req) = qp.reqs.get(j) else { return };
         let path = &qp.route;
         let addr = &self.wire.addr;
         let me = self.wire.me_here();
@@ -90,8 +110,7 @@ impl State {
             hop_limit: path.hop_limit,
         });
         let dest = if addr.ib { Dest::Lid(path.rlid) } else { Dest::Gid { gid: path.rgid, mac: path.rmac } };
-        let psn = qp.next_send_psn;
-        let body = Body::Rc { seq: req.seq, psn, op: req.op.clone(), solicited: req.solicited };
+        let body = Body::Rc { seq: req.seq, psn: req.psn, op: req.op.clone(), solicited: req.solicited };
         let (remote, seq) = (qp.remote_qpn, req.seq);
         // Only frames can start inside a message; an IB port's packet is the whole message.
         let resume = if addr.ib { 0 } else { req.resume };
@@ -116,15 +135,24 @@ impl State {
         self.wire.send(p);
     }
 
-    /// Retries the outstanding request of `qpn` if its timer has expired: the RNR or retry wait, or the ACK
-    /// timer of a request nothing answered.
+    /// Retries the requests in flight of `qpn` if the oldest one's timer has expired (the RNR or retry wait, or
+    /// the ACK timer of a request nothing answered): go-back-N, every one of them is sent again, the oldest from
+    /// the packet the responder is known to lack.
     pub(super) fn retry_due(&mut self, qpn: u32, now: u64) -> bool {
-        let seq = self.dp.next_seq;
+        // Most runs find the oldest request in flight and its ACK timer running: nothing to look up.
+        if let Some(qp) = self.fw.qps.get(&qpn) {
+            let ack_ns = ack_timeout_ns(qp.route.ack_timeout);
+            if let Some(Phase::InFlight { sent_ns }) = qp.reqs.front().map(|r| r.phase) {
+                if now.saturating_sub(sent_ns) < ack_ns {
+                    return false;
+                }
+            }
+        }
         // A READ is asked again after the response packets already taken.
-        let read_taken = self.fw.qps.get(&qpn).map_or(0, |q| self.read_taken(qpn, q.next_send_psn));
+        let read_taken = self.fw.qps.get(&qpn).and_then(|q| q.reqs.front()).map_or(0, |r| self.read_taken(qpn, r.psn));
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
         let ack_ns = ack_timeout_ns(qp.route.ack_timeout);
-        let Some(req) = qp.req.as_mut() else { return false };
+        let Some(req) = qp.reqs.front_mut() else { return false };
         let kind = match req.phase {
             Phase::Wait { at_ns, kind } if at_ns <= now => kind,
             Phase::InFlight { sent_ns } if now.saturating_sub(sent_ns) >= ack_ns => {
@@ -136,47 +164,106 @@ impl State {
                     return true;
                 }
                 req.transport_left -= 1;
+                // After a timeout, a sequence NAK may start a retransmission again.
+                qp.retrying = false;
                 RetryKind::Transport
             }
             _ => return false,
         };
-        req.seq = seq;
-        req.phase = Phase::InFlight { sent_ns: now };
+        let Some(req) = qp.reqs.front_mut() else { return false };
         if matches!(req.op, RcOp::Read { .. }) {
             req.resume = read_taken;
         }
         let wqe_counter = req.wqe.index;
-        self.dp.next_seq += 1;
+        let n = qp.reqs.len();
+        for r in qp.reqs.iter_mut() {
+            r.seq = self.dp.next_seq;
+            r.phase = Phase::InFlight { sent_ns: now };
+            self.dp.next_seq += 1;
+        }
         self.events.push(SimEvent::Retry { qpn, wqe_counter, kind });
-        self.transmit(qpn);
+        for j in 0..n {
+            self.transmit(qpn, j);
+        }
         true
     }
 
-    /// A response for the outstanding request `seq` of `qpn` (from `src_qpn`).
+    /// The `i` oldest requests in flight of `qpn` completed, acknowledged by a response to a later one (IBA
+    /// 9.7.5.1.2: an ACK, a NAK or a READ response acknowledges every packet before the PSN it names). Stops at
+    /// a READ or an atomic, which only its own response completes. Returns how many.
+    pub(super) fn ack_before(&mut self, qpn: u32, i: usize) -> usize {
+        let mut done = 0;
+        while done < i {
+            let Some(qp) = self.fw.qps.get_mut(&qpn) else { break };
+            if qp.state != QpState::Rts
+                || qp.reqs.front().is_none_or(|r| !matches!(r.op, RcOp::Send { .. } | RcOp::Write { .. }))
+            {
+                break;
+            }
+            let Some(req) = qp.reqs.pop_front() else { break };
+            qp.retrying = false;
+            self.finish_rc(qpn, req, Resp::Ack);
+            done += 1;
+        }
+        if done > 0 {
+            // Progress restarts the ACK timer of the oldest one left (as rdma_rxe's completer does).
+            let now = self.now_ns();
+            if let Some(r) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
+                if let Phase::InFlight { sent_ns } = &mut r.phase {
+                    *sent_ns = now.max(*sent_ns);
+                }
+            }
+        }
+        done
+    }
+
+    /// A response for the request in flight `seq` of `qpn` (from `src_qpn`).
     pub(super) fn rc_response(&mut self, qpn: u32, seq: u64, resp: Resp, src_qpn: u32) {
         let now = self.now_ns();
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
         if qp.st != QpType::Rc || qp.state != QpState::Rts {
-            // Reset, or in error: the flush takes care of the WQE.
+            // Reset, or in error: the flush takes care of the WQEs.
             return;
         }
+        // While the oldest waits for its retry, every request after it is sent again with it: nothing from
+        // their earlier attempts counts.
+        if !matches!(qp.reqs.front().map(|r| r.phase), Some(Phase::InFlight { .. })) {
+            return;
+        }
+        let Some(i) = qp.reqs.iter().position(|r| r.seq == seq) else { return };
         let (rnr_retry, ack_timeout) = (qp.rnr_retry, qp.route.ack_timeout);
-        let Some(req) = qp.req.as_mut() else { return };
-        if req.seq != seq || !matches!(req.phase, Phase::InFlight { .. }) {
+        // Every response but a sequence NAK names a request the responder reached in order: the ones before it
+        // were executed. (A sequence NAK of a frame names its PSN; `roce_rx` acknowledged what it implies.)
+        if !matches!(resp, Resp::Nak(Nak::PsnSequence) | Resp::Lost(_)) && i > 0 && self.ack_before(qpn, i) < i {
             return;
         }
+        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        if matches!(resp, Resp::Ack | Resp::ReadData(_) | Resp::AtomicOrig(_)) {
+            qp.retrying = false;
+            let data = qp.reqs.front().filter(|r| matches!(r.op, RcOp::Send { .. } | RcOp::Write { .. }));
+            match (data.map(|r| (r.wqe, r.len)), resp) {
+                // A SEND or WRITE acknowledged: done, without moving the request out first.
+                (Some((wqe, len)), Resp::Ack) => {
+                    qp.reqs.pop_front();
+                    self.complete_send(qpn, wqe, len);
+                }
+                (_, resp) => {
+                    let Some(req) = qp.reqs.pop_front() else { return };
+                    self.finish_rc(qpn, req, resp);
+                }
+            }
+            // Progress restarts the ACK timer of the oldest one left.
+            if let Some(r) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
+                if let Phase::InFlight { sent_ns } = &mut r.phase {
+                    *sent_ns = now.max(*sent_ns);
+                }
+            }
+            return;
+        }
+        let Some(req) = qp.reqs.front_mut() else { return };
         let (index, opcode, nbb) = (req.wqe.index, req.wqe.opcode, req.wqe.nbb);
         let failure = match resp {
-            // A SEND or WRITE acknowledged: done, without moving the request out first.
-            Resp::Ack if matches!(req.op, RcOp::Send { .. } | RcOp::Write { .. }) => {
-                let (wqe, len) = (req.wqe, req.len);
-                qp.req = None;
-                return self.complete_send(qpn, wqe, len);
-            }
-            Resp::Ack | Resp::ReadData(_) | Resp::AtomicOrig(_) => {
-                let Some(req) = qp.req.take() else { return };
-                return self.finish_rc(qpn, req, resp);
-            }
+            Resp::Ack | Resp::ReadData(_) | Resp::AtomicOrig(_) => None,
             Resp::RnrNak { timer } => {
                 self.events.push(SimEvent::RnrNak { qpn, wqe_counter: index, remote_qpn: src_qpn });
                 if req.rnr_left == 0 {
@@ -197,6 +284,9 @@ impl State {
                     // Retransmitted at once (IBA 9.7.5.1.2); the retry counts like a timeout.
                     req.transport_left -= 1;
                     req.phase = Phase::Wait { at_ns: now, kind: RetryKind::Transport };
+                    if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+                        qp.retrying = true;
+                    }
                     None
                 }
             }

@@ -47,7 +47,8 @@ impl State {
             return self.reply(p, Resp::Lost("no RC QP in RTR/RTS at the destination"));
         };
         let (pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
-        let (expected, last_atomic, counters) = (qp.next_rcv_psn, qp.last_atomic, qp.counter_set_id);
+        let (expected, counters) = (qp.next_rcv_psn, qp.counter_set_id);
+        let replay = qp.atomic_results.iter().find(|(p, _)| *p == psn).map(|(_, v)| *v);
         // IBA 11.6.3: a QP in RTR that receives its first packet reports communication established (an
         // affiliated COMM_EST event), once per RTR.
         if qp.state == QpState::Rtr && !qp.comm_est {
@@ -65,7 +66,7 @@ impl State {
             } else {
                 self.events.push(SimEvent::DuplicateRequest { qpn: dst, psn });
                 self.fw.q_counters.count(counters, |c| c.duplicate_request += 1);
-                self.duplicate(op, psn, pd, rre, last_atomic)
+                self.duplicate(op, pd, rre, replay)
             };
             return self.reply(p, resp);
         }
@@ -159,7 +160,10 @@ impl State {
                     match self.atomic(pd, *raddr, *rkey, *op) {
                         Ok(orig) => {
                             if let Some(qp) = self.fw.qps.get_mut(&dst) {
-                                qp.last_atomic = Some((psn, orig));
+                                if qp.atomic_results.len() == crate::fw::qp::ATOMIC_REPLAY {
+                                    qp.atomic_results.pop_front();
+                                }
+                                qp.atomic_results.push_back((psn, orig));
                             }
                             self.bump_rcv_psn(dst, 8);
                             Resp::AtomicOrig(orig)
@@ -183,14 +187,7 @@ impl State {
     /// The answer to a duplicate request (its PSN is behind the expected one): the message was executed, so a
     /// SEND or WRITE is acknowledged again, a READ is read again, and an atomic returns the original value it
     /// returned the first time (the responder keeps the last one; an older atomic cannot be answered).
-    pub(super) fn duplicate(
-        &mut self,
-        op: &RcOp,
-        psn: u32,
-        pd: u32,
-        rre: bool,
-        last_atomic: Option<(u32, u64)>,
-    ) -> Resp {
+    pub(super) fn duplicate(&mut self, op: &RcOp, pd: u32, rre: bool, replay: Option<u64>) -> Resp {
         match op {
             RcOp::Send { .. } | RcOp::Write { .. } => Resp::Ack,
             RcOp::Read { raddr, rkey, len } => {
@@ -203,10 +200,7 @@ impl State {
                 };
                 data.map_or(Resp::Nak(Nak::RemoteAccess), Resp::ReadData)
             }
-            RcOp::Atomic { .. } => match last_atomic {
-                Some((p, orig)) if p == psn => Resp::AtomicOrig(orig),
-                _ => Resp::Nak(Nak::InvalidRequest),
-            },
+            RcOp::Atomic { .. } => replay.map_or(Resp::Nak(Nak::InvalidRequest), Resp::AtomicOrig),
         }
     }
 

@@ -329,6 +329,20 @@ impl State {
         match pos {
             Position::Only | Position::First => {
                 let Some(kind) = kind_of(r.ext.reth) else { return self.rx_drop("WRITE without a RETH") };
+                // The next message of a pipelined requester while this one lacks a packet: it is ahead of the
+                // gap, so the message in reassembly is kept and the gap NAKed (once), as for a packet of it.
+                let current = |p: &&mut Partial| !uc && p.first_psn == expected && psn_diff(psn, p.next_psn) > 0;
+                if let Some(p) = self.dp.rx.requests.get_mut(&qpn).filter(current) {
+                    if !p.nak_sent {
+                        p.nak_sent = true;
+                        let expected = p.next_psn;
+                        self.events.push(SimEvent::PsnSequenceError { qpn, expected, got: psn });
+                        let counters = self.fw.qps.get(&qpn).map_or(0, |q| q.counter_set_id);
+                        self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
+                        self.rx_reply(qpn, Resp::Nak(Nak::PsnSequence), expected, r, from);
+                    }
+                    return self.rx_drop("message ahead of a gap in the one before");
+                }
                 if pos == Position::Only {
                     self.dp.rx.requests.remove(&qpn);
                     let op = finish(kind, r.payload);
@@ -429,45 +443,110 @@ impl State {
         self.wire.send(reply);
     }
 
-    /// A response packet for the requester QP `qpn`: matched to its outstanding request by PSN.
+    /// A response packet for the requester QP `qpn`: matched by PSN to its requests in flight. An ACK, a NAK or
+    /// a READ response acknowledges every SEND and WRITE before the PSN it names; a READ before it that lacks
+    /// response packets is asked again from the first one missing (with everything after it). READ responses
+    /// are taken for the oldest request, once those before it are done.
     fn rx_response(&mut self, qpn: u32, r: &RoceRepr<'_>) {
         use Opcode::*;
         let Some(qp) = self.fw.qps.get(&qpn) else { return self.rx_drop("no such QP") };
-        let Some(req) = qp.req.as_ref().filter(|_| qp.st == QpType::Rc) else {
+        let Some(req) = qp.reqs.front().filter(|_| qp.st == QpType::Rc) else {
             return self.rx_drop("response with no request outstanding");
         };
-        let (first, seq, remote, resume, len) = (qp.next_send_psn, req.seq, qp.remote_qpn, req.resume, req.len);
+        if !matches!(req.phase, Phase::InFlight { .. }) {
+            // The requests wait for their retry: whatever answers their earlier attempt counts for nothing.
+            return;
+        }
+        let (first, seq, remote, resume, len, end) =
+            (req.psn, req.seq, qp.remote_qpn, req.resume, req.len, qp.next_send_psn);
         let n = psn_count(len, qp.mtu);
-        let last = psn_add(first, n - 1);
         let psn = r.bth.psn;
-        // Where `psn` falls in the request's PSNs (0 is the first), if it does.
+        // Where `psn` falls in the oldest request's PSNs (0 is the first), if it does.
         let at = u32::try_from(psn_diff(psn, first)).ok().filter(|&k| k < n);
         let in_range = at.is_some();
+        // Which request in flight holds `psn`, its packet there, its sequence number and whether it is a SEND or
+        // WRITE.
+        let mtu = qp.mtu;
+        let found = qp.reqs.iter().enumerate().find_map(|(i, q)| {
+            let k = u32::try_from(psn_diff(psn, q.psn)).ok().filter(|&k| k < psn_count(q.len, mtu))?;
+            let data = matches!(q.op, RcOp::Send { .. } | RcOp::Write { .. });
+            Some((i, k, psn_count(q.len, mtu), q.seq, data))
+        });
         let (is_read, is_atomic) = (matches!(req.op, RcOp::Read { .. }), matches!(req.op, RcOp::Atomic { .. }));
         let syndrome = r.ext.aeth.map(|a| a.syndrome);
+        let read_response = matches!(
+            r.bth.opcode,
+            RcReadResponseFirst | RcReadResponseMiddle | RcReadResponseLast | RcReadResponseOnly
+        );
+        let own_response = read_response || r.bth.opcode == RcAtomicAck;
+        if let Some((i, ..)) = found.filter(|f| f.0 > 0 && (own_response || r.bth.opcode == RcAck)) {
+            // A response to a later request: the SENDs and WRITEs before it are done (for a READ response or
+            // an atomic ACK, it is then the oldest, taken below); a READ or an atomic before it lost its
+            // response.
+            if self.ack_before(qpn, i) < i {
+                return self.read_gap(qpn, remote);
+            }
+            if own_response {
+                return self.rx_response(qpn, r);
+            }
+        }
         let resp = match r.bth.opcode {
-            RcAck => match syndrome {
-                Some(Syndrome::Ack { .. }) if psn == last && !is_read && !is_atomic => Resp::Ack,
-                Some(Syndrome::Ack { .. }) => {
-                    // An ACK of some packets of this SEND or WRITE (coalesced, or asked for inside it): a
-                    // retransmission starts after them. One of a message already done completes nothing.
-                    if let (Some(k), false, false) = (at, is_read, is_atomic) {
-                        self.set_resume(qpn, k + 1);
+            RcAck => match (syndrome, found) {
+                (Some(Syndrome::Ack { .. }), Some((_, k, n, seq, true))) => {
+                    if k + 1 == n {
+                        return self.rc_response(qpn, seq, Resp::Ack, remote);
                     }
+                    // An ACK of some packets of this SEND or WRITE (coalesced, or asked for inside it): the ones
+                    // before it are done, and a retransmission of it starts after them.
+                    self.set_resume(qpn, k + 1);
                     return;
                 }
-                Some(Syndrome::RnrNak { timer }) if in_range => Resp::RnrNak { timer },
-                Some(Syndrome::Nak(NakCode::PsnSequence)) => {
-                    // The responder has every packet before the one it names: the retransmission starts there
-                    // (a READ is asked again from there). A PSN outside the request resends all of it.
-                    self.set_resume(qpn, at.unwrap_or(0));
-                    Resp::Nak(Nak::PsnSequence)
+                // An ACK inside a READ or an atomic completes nothing, nor one of a message already done (a
+                // duplicate, or one an ACK after it covered).
+                (Some(Syndrome::Ack { .. }), Some(_)) => return,
+                (Some(Syndrome::Ack { .. }), None) if psn_diff(psn, first) < 0 => return,
+                (Some(Syndrome::RnrNak { timer }), Some((_, _, _, seq, _))) => {
+                    return self.rc_response(qpn, seq, Resp::RnrNak { timer }, remote);
                 }
-                Some(Syndrome::Nak(c)) if in_range => Resp::Nak(match c {
-                    NakCode::RemoteAccess => Nak::RemoteAccess,
-                    NakCode::RemoteOperational => Nak::RemoteOp,
-                    _ => Nak::InvalidRequest,
-                }),
+                (Some(Syndrome::Nak(NakCode::PsnSequence)), found) => {
+                    // The responder has every packet before the one it names: the messages before it are done
+                    // and the retransmission starts there (a READ is asked again from there). The PSN after
+                    // every message sent acknowledges them all; any other PSN outside them resends them all.
+                    let seq = match found {
+                        Some((_, k, _, _, _)) => {
+                            self.set_resume(qpn, k);
+                            self.fw.qps.get(&qpn).and_then(|q| q.reqs.front()).map_or(seq, |q| q.seq)
+                        }
+                        None if psn == end => {
+                            let all = self.fw.qps.get(&qpn).map_or(0, |q| q.reqs.len());
+                            if self.ack_before(qpn, all) < all {
+                                self.read_gap(qpn, remote);
+                            }
+                            return;
+                        }
+                        None => {
+                            self.set_resume(qpn, 0);
+                            seq
+                        }
+                    };
+                    if let Some(q) = self.fw.qps.get(&qpn).filter(|q| q.retrying) {
+                        // The responder's answer to a packet sent before we went back (nothing was acknowledged
+                        // since): the retransmission under way, or the ACK timer, takes care of it (rdma_rxe's
+                        // completer does the same).
+                        let wqe_counter = q.reqs.front().map_or(0, |r| r.wqe.index);
+                        self.events.push(SimEvent::PsnSequenceNak { qpn, wqe_counter, remote_qpn: remote });
+                        return;
+                    }
+                    return self.rc_response(qpn, seq, Resp::Nak(Nak::PsnSequence), remote);
+                }
+                (Some(Syndrome::Nak(c)), Some((_, _, _, seq, _))) => {
+                    let nak = match c {
+                        NakCode::RemoteAccess => Nak::RemoteAccess,
+                        NakCode::RemoteOperational => Nak::RemoteOp,
+                        _ => Nak::InvalidRequest,
+                    };
+                    return self.rc_response(qpn, seq, Resp::Nak(nak), remote);
+                }
                 _ => return self.rx_drop("ACK that names no outstanding PSN"),
             },
             RcAtomicAck => match r.ext.atomic_ack {
@@ -542,9 +621,24 @@ impl State {
         self.rc_response(qpn, seq, resp, remote);
     }
 
-    /// The outstanding request of `qpn` is retransmitted from its packet `k` on.
+    /// A response names a request after the oldest one in flight of `qpn`, a READ that still lacks response
+    /// packets or an atomic without its ACK: they were lost, so the READ is asked again from the first one
+    /// missing (the atomic sent again, which the responder answers from its results) and the requests after it
+    /// are sent again, as after a sequence NAK (and, as then, once until something is acknowledged).
+    fn read_gap(&mut self, qpn: u32, remote: u32) {
+        let Some(head) = self.fw.qps.get(&qpn).filter(|q| !q.retrying).and_then(|q| q.reqs.front()) else { return };
+        if !matches!(head.op, RcOp::Read { .. } | RcOp::Atomic { .. }) {
+            return;
+        }
+        let (first, seq) = (head.psn, head.seq);
+        let taken = if matches!(head.op, RcOp::Read { .. }) { self.read_taken(qpn, first) } else { 0 };
+        self.set_resume(qpn, taken);
+        self.rc_response(qpn, seq, Resp::Nak(Nak::PsnSequence), remote);
+    }
+
+    /// The oldest request in flight of `qpn` is retransmitted from its packet `k` on.
     fn set_resume(&mut self, qpn: u32, k: u32) {
-        if let Some(req) = self.fw.qps.get_mut(&qpn).and_then(|q| q.req.as_mut()) {
+        if let Some(req) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
             req.resume = k;
         }
     }

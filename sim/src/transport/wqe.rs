@@ -108,6 +108,8 @@ pub(super) struct SendWqe {
     pub(super) opcode: u8,
     pub(super) signaled: bool,
     pub(super) solicited: bool,
+    /// A fence mode is set: the WQE waits until the READs and atomics before it complete.
+    pub(super) fence: bool,
     pub(super) imm: Option<[u8; 4]>,
     pub(super) kind: Kind,
     pub(super) av: Option<Av>,
@@ -153,7 +155,7 @@ impl State {
             syndrome: consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
         };
         let qp = self.fw.qps.get(&qpn).ok_or(bad(1, 0))?;
-        let (index, st, sq_bbs, max_wqe) = (qp.sq_ci, qp.st, qp.sq_bbs(), qp.max_wqe);
+        let (index, st, sq_bbs, max_wqe) = (qp.sq_next, qp.st, qp.sq_bbs(), qp.max_wqe);
         let pending = qp.sq_pi.wrapping_sub(index);
         // The first basic block holds the control segment and, for a small WQE, all of it: one read. When that
         // read cannot be made, the WQE is read as it always was (the control segment, then the whole WQE), so a
@@ -286,6 +288,7 @@ impl State {
         w.opcode = opcode;
         w.signaled = fm & consts::MLX5_WQE_CTRL_CQ_UPDATE != 0;
         w.solicited = fm & SOLICITED != 0;
+        w.fence = fm & FENCE_MODE_MASK != 0;
         w.imm = with_imm.then_some(imm);
         w.kind = kind;
         w.av = av;
