@@ -20,6 +20,9 @@ pub const MAX_QUEUE_PAGE_SHIFT: u32 = ADAPTER_PAGE_SHIFT + 31;
 /// with `NoMemory`; the array lives inline because the core does not allocate.
 pub const MAX_FRAGS: usize = 64;
 
+/// A CPU cache line: the granule that keeps per-queue state of two queues (used from two threads) apart.
+pub const CACHE_LINE: usize = 64;
+
 /// Largest alignment asked of the DMA allocator for a fragment: enough for 2 MiB pages.
 const MAX_FRAG_ALIGN: usize = 2 << 20;
 

@@ -48,7 +48,7 @@ struct Walk<'a> {
 
 /// A created completion queue: its ring, doorbell record and consumer index.
 ///
-/// Aligned to a cache line (`qp::SHADOW_ALIGN`), so its consumer index never shares a line with another object,
+/// Aligned to a cache line ([`CACHE_LINE`](crate::buf::CACHE_LINE)), so its consumer index never shares a line with another object,
 /// wherever the caller keeps it.
 #[derive(Debug)]
 #[repr(align(64))]
@@ -345,7 +345,7 @@ impl Cq {
 }
 
 // The line `repr(align(64))` names as a literal.
-const _: () = assert!(core::mem::align_of::<Cq>() == crate::qp::SHADOW_ALIGN);
+const _: () = assert!(core::mem::align_of::<Cq>() == crate::buf::CACHE_LINE);
 
 #[cfg(test)]
 mod tests {

@@ -35,7 +35,7 @@ struct SqWin {
 
 /// Alignment and length granule of a queue's shadow array: a CPU cache line, so the shadows of two queues used
 /// from two threads never share one.
-pub const SHADOW_ALIGN: usize = 64;
+pub const SHADOW_ALIGN: usize = crate::buf::CACHE_LINE;
 
 // `Qp` and `Cq` are aligned to the same line by `repr(align(64))`, which takes only a literal.
 const _: () = assert!(core::mem::align_of::<Qp>() == SHADOW_ALIGN);
