@@ -65,6 +65,18 @@ impl CqeOpcode {
             CqeOpcode::Unknown(v) => v,
         }
     }
+
+    /// Whether the CQE completes a receive WQE (a responder completion, or a failed receive).
+    pub const fn is_receive(self) -> bool {
+        matches!(
+            self,
+            CqeOpcode::RespWrImm
+                | CqeOpcode::RespSend
+                | CqeOpcode::RespSendImm
+                | CqeOpcode::RespSendInv
+                | CqeOpcode::RespErr
+        )
+    }
 }
 
 /// Bytes of the 64-byte CQE image (`struct mlx5_cqe64`).

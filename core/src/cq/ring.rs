@@ -247,16 +247,7 @@ impl Cq {
             let i = start.wrapping_add(k);
             let Some(cqe) = self.sw_cqe(mmio, &walk, i) else { continue };
             if cqe.sop_drop_qpn() & 0xff_ffff == qpn {
-                let op = cqe.op_own() >> 4;
-                let recv = matches!(
-                    op,
-                    consts::MLX5_CQE_RESP_WR_IMM
-                        | consts::MLX5_CQE_RESP_SEND
-                        | consts::MLX5_CQE_RESP_SEND_IMM
-                        | consts::MLX5_CQE_RESP_SEND_INV
-                        | consts::MLX5_CQE_RESP_ERR
-                );
-                if recv {
+                if CqeOpcode::from_raw(cqe.op_own() >> 4).is_receive() {
                     on_recv(cqe.wqe_counter());
                 }
                 freed += 1;
