@@ -1,7 +1,9 @@
 //! The two-process wire soak (`soak --wire`): this process (the survivor) drives RC traffic over the verbs API to
 //! a simulated device in a child process (the peer, `soak --wire-peer ADDR`), the two devices joined by the
 //! simulated wire over TCP on 127.0.0.1, both with threaded firmware (retry timers in real time). Mid-run the
-//! peer is killed (SIGKILL) with work outstanding, then a new peer is started and a new QP connected to it.
+//! peer is killed (SIGKILL) with work outstanding, then a new peer is started and a new QP connected to it. The
+//! peer may have answered everything outstanding before the signal lands, so one SEND is posted once it is
+//! reaped: every kill leaves work that only the QP's retry budget can end.
 //!
 //! Checked, per session: every posted wr_id completes exactly once (a ledger); before the kill every completion
 //! is a success and every RDMA READ returns what the WRITE before it put there; after the kill the survivor's
@@ -58,6 +60,9 @@ pub struct WireReport {
     pub seed: u64,
     pub sessions: u32,
     pub kills: u32,
+    /// Kills that found every outstanding request answered already, so the SEND posted after the kill was the
+    /// one to fail with retry-exceeded.
+    pub answered_at_kill: u32,
     pub ops: u64,
     pub completions: HashMap<&'static str, u64>,
     pub lost: u64,
@@ -115,6 +120,7 @@ impl WireReport {
             "ok": self.ok(),
             "sessions": self.sessions,
             "kills": self.kills,
+            "answered_at_kill": self.answered_at_kill,
             "ops": self.ops,
             "completions": completions.into_iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect::<serde_json::Map<_, _>>(),
             "lost": self.lost,
@@ -148,7 +154,7 @@ impl WireReport {
         let mut completions: Vec<_> = self.completions.iter().map(|(k, v)| format!("{k} {v}")).collect();
         completions.sort();
         let mut s = format!(
-            "wire soak, seed {}: {} ops in {} sessions ({} peers killed) in {:.1} s\n\
+            "wire soak, seed {}: {} ops in {} sessions ({} peers killed, {} with everything answered) in {:.1} s\n\
              completions: {}\n\
              drain after a kill: median {} ms, 99th percentile {} ms, longest {} ms (budget {} ms)\n\
              lost {}, duplicated {}, data mismatches {}, unexpected {}, over budget {}, peer failures {}, hangs {}, \
@@ -157,6 +163,7 @@ impl WireReport {
             self.ops,
             self.sessions,
             self.kills,
+            self.answered_at_kill,
             self.elapsed_s,
             completions.join(", "),
             self.drain_percentile(50),
@@ -470,6 +477,8 @@ fn survivor(
         let mut slot_of: HashMap<u64, usize> = HashMap::new();
         let mut posted = 0u64;
         let mut killed_at: Option<Instant> = None;
+        // The SEND posted after the kill.
+        let mut after_kill: Option<u64> = None;
         let mut idle_since = Instant::now();
         // The drain's timeline: the first error completion after the kill, and the longest gap between polls.
         let mut first_error: Option<Duration> = None;
@@ -519,6 +528,22 @@ fn survivor(
                 peer.child.kill().map_err(|e| format!("cannot kill the peer: {e}"))?;
                 killed_at = Some(Instant::now());
                 rep.kills += 1;
+                // What is outstanding here may all have been answered before the signal landed (a loaded machine
+                // shows it). One SEND posted once the peer is reaped cannot have been, so every kill leaves work
+                // only the retry budget can end: the oldest unanswered request fails with retry-exceeded.
+                peer.child.wait().map_err(|e| format!("cannot reap the killed peer: {e}"))?;
+                let slot = (0..SLOTS).find(|&s| !busy[s]).ok_or("no free slot for the request after the kill")?;
+                let (id, imm) = (next_wr, next_wr as u32);
+                next_wr += 2;
+                let len = send_len(opts.seed, imm);
+                mr.write(slot * SLOT, &payload(opts.seed, imm, len)).map_err(v("write"))?;
+                qp.post_send(&[wr::send_imm(id, &[mr.sge(slot * SLOT, len as u32)], imm.to_be())])
+                    .map_err(v("post SEND after the kill"))?;
+                ledger.insert(id, Posted::Send);
+                slot_of.insert(id, slot);
+                busy[slot] = true;
+                after_kill = Some(id);
+                rep.ops += 1;
             }
             let n = cq.poll(&mut wc).map_err(v("poll"))?;
             if killed_at.is_some() {
@@ -546,6 +571,9 @@ fn survivor(
                         }
                     }
                     (WcStatus::RetryExcErr | WcStatus::WrFlushErr, Some(t)) => {
+                        if first_error.is_none() && c.status == WcStatus::RetryExcErr && after_kill == Some(c.wr_id) {
+                            rep.answered_at_kill += 1;
+                        }
                         first_error.get_or_insert_with(|| t.elapsed());
                     }
                     (s, _) => {
