@@ -85,9 +85,14 @@ const MEM: usize = NSLOTS * PART;
 /// health polls, 2 s apart), short enough that a hung command costs little.
 const CMD_TIMEOUT_MS: u32 = 20_000;
 /// The command timeout in threaded mode, where it is real time: long enough for any answer a loaded machine gives
-/// (commands complete in microseconds), short enough that an unanswered command costs little of the run.
-/// Above the 2 s after which a waiting command polls health, so a command that finds the firmware dead reports it.
-const THREADED_CMD_TIMEOUT_MS: u32 = 2_500;
+/// (commands complete in microseconds), short enough that an unanswered command costs little of the run (each
+/// hang waits this long, and the threaded soak is bound by such waits, not by CPU). Well above the three health
+/// polls ([`THREADED_HEALTH_POLL_MS`] apart) that notice a frozen heartbeat, so a command that finds the firmware
+/// dead reports that rather than a timeout.
+const THREADED_CMD_TIMEOUT_MS: u32 = 500;
+/// The health poll period of a waiting command in threaded mode (Linux's 2 s in virtual time). The heartbeat is
+/// read from the device's clock, so a short period cannot see a live device as stalled.
+const THREADED_HEALTH_POLL_MS: u32 = 50;
 /// Commands that get no answer (hang, delivery failure) per epoch: each may leave a buffer with the HCA until
 /// the function is disabled, and the HCA keeps eight.
 const MAX_UNANSWERED: u32 = 2;
@@ -164,6 +169,9 @@ pub struct Report {
     pub opcodes: BTreeMap<String, u64>,
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, u64>,
+    /// Wall-clock milliseconds spent from each kind of fault's injection to the check of its outcome (in threaded
+    /// mode, where the waits are real: what bounds the run's speed).
+    pub fault_ms: BTreeMap<String, u64>,
     /// Completions by status (`ib_wc_status` names).
     pub completions: BTreeMap<String, u64>,
     /// Flush completions the driver made itself (the device was dead or the CQ had failed). They carry the
@@ -269,6 +277,7 @@ impl Report {
             "recoveries": self.recoveries,
             "opcodes": self.opcodes,
             "faults": self.faults,
+            "fault_ms": self.fault_ms,
             "completions": self.completions,
             "software_flushes": self.software_flushes,
             "lost": self.lost,
@@ -310,6 +319,7 @@ impl Report {
         };
         table(&mut s, "work requests by opcode", &self.opcodes);
         table(&mut s, "faults injected", &self.faults);
+        table(&mut s, "time in each kind of fault (ms)", &self.fault_ms);
         table(&mut s, "completions by status", &self.completions);
         let _ = writeln!(s, "    {:<28} {}", "(of the flushes, by the driver)", self.software_flushes);
         let _ = writeln!(s, "  invariants:");
@@ -575,7 +585,7 @@ impl Node {
 
 struct Epoch<'r> {
     seed: u64,
-    /// Threaded devices (real time): command timeouts and delays are shorter, heartbeat stalls are not injected.
+    /// Threaded devices (real time): command timeouts, health polls and delays are shorter.
     threaded: bool,
     rng: Rng,
     rep: &'r mut Report,
@@ -584,6 +594,8 @@ struct Epoch<'r> {
     next_wr: u64,
     /// Commands left unanswered this epoch (hangs and delivery failures).
     unanswered: u32,
+    /// The kind of the fault injected last (for `Report::fault_ms`).
+    last_fault: Option<String>,
     scratch: Vec<u8>,
     wcs: Vec<WorkCompletion>,
 }
@@ -637,6 +649,7 @@ impl<'r> Epoch<'r> {
             ledger: HashMap::new(),
             next_wr,
             unanswered: 0,
+            last_fault: None,
             scratch: vec![0u8; MAX_RC_MSG + GRH_BYTES],
             wcs: vec![WorkCompletion::default(); 16],
         };
@@ -646,8 +659,13 @@ impl<'r> Epoch<'r> {
 
     fn bring_up(dev: SimDevice, rng: &mut Rng, threaded: bool) -> Result<Node, String> {
         let mut d = dev.delay();
-        let mut hca: SimHca = Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default())
-            .map_err(|e| format!("bring-up: {e}"))?;
+        let cfg = if threaded {
+            Config { health_poll_interval_ms: THREADED_HEALTH_POLL_MS, ..Config::default() }
+        } else {
+            Config::default()
+        };
+        let mut hca: SimHca =
+            Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, cfg).map_err(|e| format!("bring-up: {e}"))?;
         hca.cmdq().set_timeout_ms(if threaded { THREADED_CMD_TIMEOUT_MS } else { CMD_TIMEOUT_MS });
         let pd = hca.alloc_pd(&mut d).map_err(|e| format!("alloc_pd: {e}"))?;
         let mem = dev.dma().alloc(MEM, 4096).map_err(|e| format!("memory: {e}"))?;
@@ -812,6 +830,17 @@ impl<'r> Epoch<'r> {
 
     fn fault(&mut self, kind: &str) {
         Report::bump(&mut self.rep.faults, kind);
+        self.last_fault = Some(kind.to_string());
+    }
+
+    /// Runs `f`, which may inject a fault, and charges the time it took to that fault's kind.
+    fn timed_fault(&mut self, f: impl FnOnce(&mut Self)) {
+        self.last_fault = None;
+        let t = Instant::now();
+        f(self);
+        if let Some(k) = self.last_fault.take() {
+            *self.rep.fault_ms.entry(k).or_default() += t.elapsed().as_millis() as u64;
+        }
     }
 
     // -- the epoch's course ----------------------------------------------------------------------------------
@@ -826,12 +855,12 @@ impl<'r> Epoch<'r> {
         while self.rep.ops < start_ops + budget && steps < max_steps {
             steps += 1;
             if ending < 7 && self.rep.ops >= terminal_at {
-                self.terminal(ending);
+                self.timed_fault(|e| e.terminal(ending));
                 self.teardown();
                 return;
             }
             if self.rng.one_in(250) {
-                self.inject();
+                self.timed_fault(Self::inject);
             }
             self.traffic();
             if self.rng.one_in(2) {
@@ -2015,10 +2044,8 @@ impl<'r> Epoch<'r> {
         ]);
         let query = consts::MLX5_CMD_OP_QUERY_CQ;
         let in_command = self.rng.one_in(3);
-        // A stalled heartbeat is noticed after three health polls 2 s apart: six seconds of real time per epoch in
-        // threaded mode, so there a health syndrome stands in for it.
-        let pick = if self.threaded && ending % 3 == 1 { 0 } else { ending % 3 };
-        let (kind, fault) = match (pick, in_command) {
+        // A stalled heartbeat is noticed after three missed health polls (in threaded mode 50 ms apart).
+        let (kind, fault) = match (ending % 3, in_command) {
             (0, false) => ("health_failure", None),
             (1, false) => ("health_stall", None),
             (_, false) => ("device_gone", None),
