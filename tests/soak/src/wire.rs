@@ -471,6 +471,13 @@ fn survivor(
             .and_then(|()| stdin.flush())
             .map_err(|e| format!("cannot name our QP to the peer: {e}"))?;
 
+        // A SEND with immediate `id` of the bytes both sides derive from it, from slot `slot`.
+        let post_send = |id: u64, slot: usize| -> Result<(), String> {
+            let imm = id as u32;
+            let len = send_len(opts.seed, imm);
+            mr.write(slot * SLOT, &payload(opts.seed, imm, len)).map_err(v("write"))?;
+            qp.post_send(&[wr::send_imm(id, &[mr.sge(slot * SLOT, len as u32)], imm.to_be())]).map_err(v("post SEND"))
+        };
         let mut ledger: HashMap<u64, Posted> = HashMap::new();
         // Slots in use by an outstanding request (outgoing data or a WRITE target and its READ landing area).
         let mut busy = [false; SLOTS];
@@ -492,12 +499,8 @@ fn survivor(
                 {
                     let id = next_wr;
                     next_wr += 2;
-                    let imm = id as u32;
                     if rng.one_in(2) {
-                        let len = send_len(opts.seed, imm);
-                        mr.write(slot * SLOT, &payload(opts.seed, imm, len)).map_err(v("write"))?;
-                        qp.post_send(&[wr::send_imm(id, &[mr.sge(slot * SLOT, len as u32)], imm.to_be())])
-                            .map_err(v("post SEND"))?;
+                        post_send(id, slot)?;
                         ledger.insert(id, Posted::Send);
                         slot_of.insert(id, slot);
                         posted += 1;
@@ -533,12 +536,9 @@ fn survivor(
                 // only the retry budget can end: the oldest unanswered request fails with retry-exceeded.
                 peer.child.wait().map_err(|e| format!("cannot reap the killed peer: {e}"))?;
                 let slot = (0..SLOTS).find(|&s| !busy[s]).ok_or("no free slot for the request after the kill")?;
-                let (id, imm) = (next_wr, next_wr as u32);
+                let id = next_wr;
                 next_wr += 2;
-                let len = send_len(opts.seed, imm);
-                mr.write(slot * SLOT, &payload(opts.seed, imm, len)).map_err(v("write"))?;
-                qp.post_send(&[wr::send_imm(id, &[mr.sge(slot * SLOT, len as u32)], imm.to_be())])
-                    .map_err(v("post SEND after the kill"))?;
+                post_send(id, slot)?;
                 ledger.insert(id, Posted::Send);
                 slot_of.insert(id, slot);
                 busy[slot] = true;
