@@ -60,8 +60,7 @@ impl State {
         let ahead = psn.wrapping_sub(expected) & PSN_MASK;
         if ahead != 0 {
             let resp = if ahead < PSN_WINDOW {
-                self.events.push(SimEvent::PsnSequenceError { qpn: dst, expected, got: psn });
-                self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
+                self.psn_sequence_error(dst, expected, psn);
                 Resp::Nak(Nak::PsnSequence)
             } else {
                 self.events.push(SimEvent::DuplicateRequest { qpn: dst, psn });
@@ -187,6 +186,14 @@ impl State {
     /// The answer to a duplicate request (its PSN is behind the expected one): the message was executed, so a
     /// SEND or WRITE is acknowledged again, a READ is read again, and an atomic returns the original value it
     /// returned the first time (the responder keeps the last one; an older atomic cannot be answered).
+    /// A request of QP `qpn` arrived at PSN `got` past the `expected` one (packets were lost): logged, and counted
+    /// in the QP's `out_of_sequence` Q counter.
+    pub(super) fn psn_sequence_error(&mut self, qpn: u32, expected: u32, got: u32) {
+        self.events.push(SimEvent::PsnSequenceError { qpn, expected, got });
+        let counters = self.fw.qps.get(&qpn).map_or(0, |q| q.counter_set_id);
+        self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
+    }
+
     pub(super) fn duplicate(&mut self, op: &RcOp, pd: u32, rre: bool, replay: Option<u64>) -> Resp {
         match op {
             RcOp::Send { .. } | RcOp::Write { .. } => Resp::Ack,

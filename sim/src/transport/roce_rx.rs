@@ -336,10 +336,7 @@ impl State {
                     if !p.nak_sent {
                         p.nak_sent = true;
                         let expected = p.next_psn;
-                        self.events.push(SimEvent::PsnSequenceError { qpn, expected, got: psn });
-                        let counters = self.fw.qps.get(&qpn).map_or(0, |q| q.counter_set_id);
-                        self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
-                        self.rx_reply(qpn, Resp::Nak(Nak::PsnSequence), expected, r, from);
+                        self.rx_nak_gap(qpn, expected, psn, r, from);
                     }
                     return self.rx_drop("message ahead of a gap in the one before");
                 }
@@ -393,10 +390,7 @@ impl State {
                         if !p.nak_sent {
                             p.nak_sent = true;
                             let expected = p.next_psn;
-                            self.events.push(SimEvent::PsnSequenceError { qpn, expected, got: psn });
-                            let counters = self.fw.qps.get(&qpn).map_or(0, |q| q.counter_set_id);
-                            self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
-                            self.rx_reply(qpn, Resp::Nak(Nak::PsnSequence), expected, r, from);
+                            self.rx_nak_gap(qpn, expected, psn, r, from);
                         }
                     }
                     Some(p) if psn_diff(psn, p.next_psn) < 0 && psn_diff(psn, p.first_psn) >= 0 => {
@@ -425,6 +419,12 @@ impl State {
 
     /// Answers from inside a message at responder QP `qpn`: an ACK of the packet at `psn`, or the NAK of a
     /// sequence gap whose missing packet is at `psn`.
+    /// A packet at `got` past the gap before `expected`: counted, and NAKed with the PSN the responder expects.
+    fn rx_nak_gap(&mut self, qpn: u32, expected: u32, got: u32, r: &RoceRepr<'_>, from: &DevRef) {
+        self.psn_sequence_error(qpn, expected, got);
+        self.rx_reply(qpn, Resp::Nak(Nak::PsnSequence), expected, r, from);
+    }
+
     fn rx_reply(&mut self, qpn: u32, resp: Resp, psn: u32, r: &RoceRepr<'_>, from: &DevRef) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (remote, msn, mtu) = (qp.remote_qpn, qp.msn, qp.mtu);

@@ -73,8 +73,7 @@ impl State {
         // A UC responder starts a new message at any First or Only packet: a PSN gap means packets were lost, the
         // message is taken and the expected PSN follows it.
         if psn != expected {
-            self.events.push(SimEvent::PsnSequenceError { qpn: dst, expected, got: psn });
-            self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
+            self.psn_sequence_error(dst, expected, psn);
         }
         let (data, imm, write) = match op {
             RcOp::Send { data, imm } => (data, *imm, None),
