@@ -82,7 +82,7 @@ impl State {
         let uar = u32::try_from(off / PAGE).unwrap_or(u32::MAX);
         let eqn = val >> DB_EQN_SHIFT;
         let ci24 = val & DB_CI_MASK;
-        if !self.fw.uars.contains(&uar) {
+        if !self.fw.uars.contains(uar) {
             self.events.push(bad("UAR page not allocated"));
             return;
         }
@@ -149,7 +149,7 @@ impl State {
         let bad = |why| SimEvent::BadCqDoorbell { off, val: v, why };
         let (word, cqn) = ((v >> 32) as u32, v as u32);
         let uar = u32::try_from(off / PAGE).unwrap_or(u32::MAX);
-        if !self.fw.uars.contains(&uar) {
+        if !self.fw.uars.contains(uar) {
             self.events.push(bad("UAR page not allocated"));
             return;
         }
@@ -224,7 +224,7 @@ impl State {
         let qpn = be(cs::QPN_DS, &bytes, 0) >> QPN_SHIFT;
         let wqe_index = (be(cs::OPMOD_IDX_OPCODE, &bytes, 0) >> IDX_SHIFT) as u16;
         let bad = |why| SimEvent::BadSqDoorbell { off, val: v, why };
-        if !self.fw.uars.contains(&uar) {
+        if !self.fw.uars.contains(uar) {
             self.events.push(bad("UAR page not allocated"));
             return false;
         }

@@ -6,7 +6,6 @@
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf};
 
 use super::reply::{bad_param, err, rd, rd16, CmdErr};
-use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 
 use super::caps::Caps;
@@ -217,7 +216,7 @@ impl DerefMut for CqTable {
 pub(crate) struct CqFw<'a> {
     pub(crate) caps: &'a Caps,
     /// The allocated UAR pages.
-    pub(crate) uars: &'a BTreeSet<u32>,
+    pub(crate) uars: &'a super::IdSet,
     /// Whether an EQ exists (a CQ's `c_eqn`).
     pub(crate) eq_exists: &'a dyn Fn(u32) -> bool,
     /// Whether a QP completes into a CQ (which then cannot be destroyed).
@@ -235,7 +234,7 @@ impl CqTable {
             return Err(bad_param(syndrome::LOG_SIZE));
         }
         let uar = rd(inp, q::UAR_PAGE.at(ctx));
-        if !fw.uars.contains(&uar) {
+        if !fw.uars.contains(uar) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }
         if rd(inp, q::APU_CQ.at(ctx)) != 0 {

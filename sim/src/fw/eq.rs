@@ -11,7 +11,7 @@ use mlx5_core::prm::{c, consts, ifc, CmdStatus, MsgBuf};
 
 use super::pages::FW_PAGE;
 use super::reply::{bad_param, err, rd, CmdErr};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::ops::{Deref, DerefMut};
 
 use super::caps::Caps;
@@ -132,7 +132,7 @@ impl EqTable {
 pub(crate) struct EqFw<'a> {
     pub(crate) caps: &'a Caps,
     /// The allocated UAR pages.
-    pub(crate) uars: &'a BTreeSet<u32>,
+    pub(crate) uars: &'a super::IdSet,
     /// Whether a CQ sends its completion events to an EQ (which then cannot be destroyed).
     pub(crate) in_use: &'a dyn Fn(u32) -> bool,
 }
@@ -202,7 +202,7 @@ impl EqTable {
             return Err(bad_param(syndrome::LOG_SIZE));
         }
         let uar = rd(inp, q::UAR_PAGE.at(ctx));
-        if !fw.uars.contains(&uar) {
+        if !fw.uars.contains(uar) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }
         if rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {

@@ -12,7 +12,6 @@ use std::ops::{BitOr, BitOrAssign};
 use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
 
 use super::reply::{bad_param, err, rd, CmdErr};
-use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 
 use super::caps::Caps;
@@ -182,7 +181,7 @@ impl DerefMut for MkeyTable {
 pub(crate) struct MkeyFw<'a> {
     pub(crate) caps: &'a Caps,
     /// The allocated protection domains.
-    pub(crate) pds: &'a BTreeSet<u32>,
+    pub(crate) pds: &'a super::IdSet,
 }
 
 impl MkeyTable {
@@ -213,7 +212,7 @@ impl MkeyTable {
             return Err(bad_param(syndrome::MKEY_QPN));
         }
         let pd = get(m::PD);
-        if !fw.pds.contains(&pd) {
+        if !fw.pds.contains(pd) {
             return Err(bad_param(syndrome::PD_INVALID));
         }
         let start = inp.get64(m::START_ADDR.at(ctx));

@@ -324,12 +324,53 @@ pub(crate) fn alloc_id(used: &impl Ids, next: &mut u32, lo: u32, hi: u32) -> Opt
     None
 }
 
-fn alloc_id_set(used: &BTreeSet<u32>, next: &mut u32, lo: u32, hi: u32) -> Option<u32> {
-    let map: BTreeMap<u32, ()> = used.iter().map(|&k| (k, ())).collect();
-    alloc_id(&map, next, lo, hi)
+impl Ids for BTreeSet<u32> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn holds(&self, id: u32) -> bool {
+        self.contains(&id)
+    }
 }
 
-/// The narrow view of the firmware a CQ command gets (see [`CqFw`]), borrowed from the tables it does not change.
+/// Numbers an ALLOC command hands out and its DEALLOC takes back (PDs, UAR pages, transport and XRC domains),
+/// and the number the next ALLOC tries first, so a freed one is not reused at once.
+#[derive(Debug)]
+pub(crate) struct IdSet {
+    set: BTreeSet<u32>,
+    next: u32,
+}
+
+impl IdSet {
+    pub(crate) fn new(first: u32) -> Self {
+        Self { set: BTreeSet::new(), next: first }
+    }
+
+    /// Takes a free number in `lo..hi`; `None` when every one is taken.
+    pub(crate) fn take(&mut self, lo: u32, hi: u32) -> Option<u32> {
+        let id = alloc_id(&self.set, &mut self.next, lo, hi)?;
+        self.set.insert(id);
+        Some(id)
+    }
+
+    /// Gives `id` back; false when it was not taken.
+    pub(crate) fn give_back(&mut self, id: u32) -> bool {
+        self.set.remove(&id)
+    }
+
+    pub(crate) fn contains(&self, id: u32) -> bool {
+        self.set.contains(&id)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.set.clear();
+    }
+}
+
 /// The narrow view of the firmware an EQ command gets (see [`EqFw`]).
 macro_rules! eq_fw {
     ($fw:ident) => {

@@ -17,7 +17,7 @@
 //! parameters (`opt_param_mask`, `MLX5_QP_OPTPAR_*`) are honoured where mlx5_ib sends them: access rights, pkey
 //! index, qkey, `min_rnr_nak`, the primary path, the ACK timeout and the retry counts.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
@@ -651,8 +651,8 @@ pub(crate) struct QpFw<'a> {
     /// The port's link layer (what a path must name).
     pub(crate) port_type: PortType,
     /// The allocated protection domains and UAR pages.
-    pub(crate) pds: &'a BTreeSet<u32>,
-    pub(crate) uars: &'a BTreeSet<u32>,
+    pub(crate) pds: &'a super::IdSet,
+    pub(crate) uars: &'a super::IdSet,
     /// Whether a CQ exists.
     pub(crate) cq_exists: &'a dyn Fn(u32) -> bool,
     /// Whether a RoCE GID table entry is programmed.
@@ -752,7 +752,7 @@ impl QpTable {
         // mlx5_ib creates its UMR QP with no PD (pd 0, `latency_sensitive` instead; create_kernel_qp): the
         // simulator refused it as PD_INVALID, so no user memory could be registered (found under UML).
         let umr_without_pd = special == Some(SpecialQp::RegUmr) && pd == 0;
-        if !fw.pds.contains(&pd) && !umr_without_pd {
+        if !fw.pds.contains(pd) && !umr_without_pd {
             return Err(bad_param(syndrome::PD_INVALID));
         }
         let (has_rq, srqn) = match get(q::RQ_TYPE) {
@@ -775,7 +775,7 @@ impl QpTable {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
         let uar = get(q::UAR_PAGE);
-        if !fw.uars.contains(&uar) {
+        if !fw.uars.contains(uar) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }
         let (log_rq_size, log_rq_stride, log_sq_size) =

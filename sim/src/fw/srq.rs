@@ -17,7 +17,7 @@
 //! bitmask naming more than `lwm` (`FIELD_SELECT`), a command of the other ISSI's family (`BAD_OP`, `SRQ_ISSI`),
 //! and destroying an SRQ a QP receives through (`BAD_RES_STATE`, `IN_USE`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 
@@ -129,7 +129,7 @@ pub(crate) struct SrqTable {
 /// What the SRQ commands need of the rest of the firmware.
 pub(crate) struct SrqFw<'a> {
     pub(crate) caps: &'a Caps,
-    pub(crate) pds: &'a BTreeSet<u32>,
+    pub(crate) pds: &'a super::IdSet,
     /// The ISSI agreed on.
     pub(crate) issi: u16,
     /// Whether a QP receives through the SRQ.
@@ -195,7 +195,7 @@ impl SrqTable {
         x: NewSrq,
     ) -> Result<u32, CmdErr> {
         use ifc::cmd_hca_cap as g;
-        if !fw.pds.contains(&x.pd) {
+        if !fw.pds.contains(x.pd) {
             return Err(bad_param(syndrome::PD_INVALID));
         }
         if x.log_size > fw.caps.gen(g::LOG_MAX_SRQ_SZ) {

@@ -3,33 +3,35 @@
 //! (`mlx5_ib_alloc_transport_domain`, on either link layer); the simulator advertised the capability without the
 //! commands, so `ibv_open_device` would have failed (found reading the kernel for the UML run).
 
-use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
 
 use mlx5_core::prm::{ifc, CmdStatus, MsgBuf};
 
-use super::alloc_id_set;
 use super::caps::Caps;
 use super::reply::{bad_param, err, rd, CmdErr};
 use super::syndrome;
+use super::IdSet;
 
-/// The transport domains, and the number ALLOC_TRANSPORT_DOMAIN tries next.
+/// The transport domains.
 #[derive(Debug)]
-pub(crate) struct TdTable {
-    set: BTreeSet<u32>,
-    next: u32,
+pub(crate) struct TdTable(IdSet);
+
+impl Deref for TdTable {
+    type Target = IdSet;
+    fn deref(&self) -> &IdSet {
+        &self.0
+    }
+}
+
+impl DerefMut for TdTable {
+    fn deref_mut(&mut self) -> &mut IdSet {
+        &mut self.0
+    }
 }
 
 impl TdTable {
     pub(crate) fn new() -> Self {
-        Self { set: BTreeSet::new(), next: 1 }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.set.len()
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.set.clear();
+        Self(IdSet::new(1))
     }
 
     pub(super) fn alloc(&mut self, caps: &Caps, out: &mut [u8]) -> Result<(), CmdErr> {
@@ -38,16 +40,14 @@ impl TdTable {
             return Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE));
         }
         let limit = 1u32 << log_max.min(24);
-        let td =
-            alloc_id_set(&self.set, &mut self.next, 1, limit).ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
-        self.set.insert(td);
+        let td = self.take(1, limit).ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         out.set(ifc::alloc_transport_domain_out::TRANSPORT_DOMAIN, td);
         Ok(())
     }
 
     pub(super) fn dealloc(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
         let td = rd(inp, ifc::dealloc_transport_domain_in::TRANSPORT_DOMAIN);
-        if !self.set.remove(&td) {
+        if !self.give_back(td) {
             return Err(bad_param(syndrome::TD_INVALID));
         }
         Ok(())

@@ -3,37 +3,35 @@
 //! commands, which failed Linux's probe (found under UML). XRC SRQs name a domain (fw/srq.rs); destroying a
 //! domain one still names is not refused yet.
 
-use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
 
 use mlx5_core::prm::{ifc, CmdStatus, MsgBuf};
 
-use super::alloc_id_set;
 use super::caps::Caps;
 use super::reply::{bad_param, err, rd, CmdErr};
 use super::syndrome;
+use super::IdSet;
 
-/// The XRC domains, and the number ALLOC_XRCD tries next.
+/// The XRC domains.
 #[derive(Debug)]
-pub(crate) struct XrcdTable {
-    set: BTreeSet<u32>,
-    next: u32,
+pub(crate) struct XrcdTable(IdSet);
+
+impl Deref for XrcdTable {
+    type Target = IdSet;
+    fn deref(&self) -> &IdSet {
+        &self.0
+    }
+}
+
+impl DerefMut for XrcdTable {
+    fn deref_mut(&mut self) -> &mut IdSet {
+        &mut self.0
+    }
 }
 
 impl XrcdTable {
     pub(crate) fn new() -> Self {
-        Self { set: BTreeSet::new(), next: 1 }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.set.len()
-    }
-
-    pub(crate) fn contains(&self, x: u32) -> bool {
-        self.set.contains(&x)
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.set.clear();
+        Self(IdSet::new(1))
     }
 
     pub(super) fn alloc(&mut self, caps: &Caps, out: &mut [u8]) -> Result<(), CmdErr> {
@@ -41,16 +39,14 @@ impl XrcdTable {
             return Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE));
         }
         let limit = 1u32 << caps.gen(ifc::cmd_hca_cap::LOG_MAX_XRCD).min(24);
-        let x =
-            alloc_id_set(&self.set, &mut self.next, 1, limit).ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
-        self.set.insert(x);
+        let x = self.take(1, limit).ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         out.set(ifc::alloc_xrcd_out::XRCD, x);
         Ok(())
     }
 
     pub(super) fn dealloc(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
         let x = rd(inp, ifc::dealloc_xrcd_in::XRCD);
-        if !self.set.remove(&x) {
+        if !self.give_back(x) {
             return Err(bad_param(syndrome::XRCD_INVALID));
         }
         Ok(())
