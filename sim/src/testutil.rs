@@ -259,6 +259,18 @@ impl Harness {
         MsgBuf::get(&out[..], ifc::alloc_uar_out::UAR)
     }
 
+    /// ALLOC_XRCD, which must succeed; the domain's number.
+    pub fn alloc_xrcd(&mut self) -> u32 {
+        let (s, syn, out) = self.simple(
+            consts::MLX5_CMD_OP_ALLOC_XRCD,
+            0,
+            ifc::alloc_xrcd_in::SIZE_BYTES,
+            ifc::alloc_xrcd_out::SIZE_BYTES,
+        );
+        assert_eq!((s, syn), (0, 0));
+        MsgBuf::get(&out[..], ifc::alloc_xrcd_out::XRCD)
+    }
+
     /// CREATE_EQ with `2^log_size` entries on UAR page `uar`, subscribed to `mask` (event_bitmask word 0).
     /// Every owner byte is pre-set to `MLX5_EQE_OWNER_INIT_VAL`, as the driver does. Returns (status, eqn, buffer).
     pub fn create_eq(&mut self, uar: u32, log_size: u32, mask: u64) -> (u8, u8, DmaRegion) {

@@ -1287,14 +1287,7 @@ mod tests {
         // non-XRC QP, with a non-zero RQ (create_kernel_qp, create_user_qp); firmware uses neither then.
         let mut r = Rdma::inline();
         let cq = r.cq(4);
-        let (s, syn, out) = r.h.simple(
-            consts::MLX5_CMD_OP_ALLOC_XRCD,
-            0,
-            ifc::alloc_xrcd_in::SIZE_BYTES,
-            ifc::alloc_xrcd_out::SIZE_BYTES,
-        );
-        assert_eq!((s, syn), (0, 0));
-        let xrcd = rd(&out, ifc::alloc_xrcd_out::XRCD);
+        let xrcd = r.h.alloc_xrcd();
         let (mut inp, _, _) = r.create_qp_in(QpSpec::rc(), cq.cqn, cq.cqn);
         inp.set(ifc::qpc::XRCD.at(ifc::create_qp_in::QPC), xrcd);
         inp.set(ifc::qpc::SRQN_RMPN_XRQN.at(ifc::create_qp_in::QPC), 0x77);

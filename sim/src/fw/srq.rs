@@ -469,14 +469,7 @@ mod tests {
         use ifc::xrc_srqc as q;
         let mut r = Rdma::inline();
         let cq = r.cq(4);
-        let (s, _, out) = r.h.simple(
-            consts::MLX5_CMD_OP_ALLOC_XRCD,
-            0,
-            ifc::alloc_xrcd_in::SIZE_BYTES,
-            ifc::alloc_xrcd_out::SIZE_BYTES,
-        );
-        assert_eq!(s, 0);
-        let xrcd = rd(&out, ifc::alloc_xrcd_out::XRCD);
+        let xrcd = r.h.alloc_xrcd();
         let page = r.h.dma.alloc(4096, 4096).unwrap();
         let dbr = r.h.dma.alloc(64, 64).unwrap();
         let c = ifc::create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY;

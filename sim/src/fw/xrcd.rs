@@ -63,17 +63,7 @@ mod tests {
     fn xrcds_are_allocated_distinct_and_freed_once() {
         let mut h = Harness::inline();
         h.bring_up();
-        let alloc = |h: &mut Harness| {
-            let (s, syn, out) = h.simple(
-                consts::MLX5_CMD_OP_ALLOC_XRCD,
-                0,
-                ifc::alloc_xrcd_in::SIZE_BYTES,
-                ifc::alloc_xrcd_out::SIZE_BYTES,
-            );
-            assert_eq!((s, syn), (0, 0));
-            MsgBuf::get(&out[..], ifc::alloc_xrcd_out::XRCD)
-        };
-        let (a, b) = (alloc(&mut h), alloc(&mut h));
+        let (a, b) = (h.alloc_xrcd(), h.alloc_xrcd());
         assert_ne!(a, b);
         let mut inp = vec![0u8; ifc::dealloc_xrcd_in::SIZE_BYTES];
         inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_DEALLOC_XRCD.into());
