@@ -119,6 +119,37 @@ fn errors_follow_the_verbs_conventions() {
     }
 }
 
+/// An RC QP's attributes with both queues on `cq`: `max_send_wr` sends, one receive, one SGE each, every request
+/// signaled.
+fn rc_init(cq: *mut ibv_cq, max_send_wr: u32) -> ibv_qp_init_attr {
+    ibv_qp_init_attr {
+        qp_context: ptr::null_mut(),
+        send_cq: cq,
+        recv_cq: cq,
+        srq: ptr::null_mut(),
+        cap: ibv_qp_cap { max_send_wr, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+        qp_type: 2,
+        sq_sig_all: 1,
+    }
+}
+
+/// Posts an RDMA WRITE of `sge` to `remote` on `qp` through its context's ops; what `post_send` returned.
+///
+/// # Safety
+/// `qp` is a live QP; `sge` and `remote` lie in registered memory that lives until the write completes.
+unsafe fn post_write(qp: *mut ibv_qp, wr_id: u64, mut sge: ibv_sge, remote: wr_rdma) -> c_int {
+    // SAFETY: ibv_send_wr is plain data.
+    let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+    w.wr_id = wr_id;
+    w.sg_list = &mut sge;
+    w.num_sge = 1;
+    w.opcode = 0;
+    w.wr.rdma = remote;
+    let mut bad = ptr::null_mut();
+    // SAFETY: a live QP of an open context; the request and its SGE live on this stack for the call.
+    unsafe { (*(*qp).context).ops.post_send.unwrap()(qp, &mut w, &mut bad) }
+}
+
 /// Moves a QP through RESET → INIT → RTR → RTS towards `dest` on RoCE (GRH to our own link-local GID).
 ///
 /// # Safety
@@ -293,27 +324,13 @@ fn a_cq_with_an_event_never_taken_is_destroyed() {
         let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
         let ch = ibv_create_comp_channel(ctx);
         let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ch, 0);
-        let mut init = ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: ptr::null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: 2,
-            sq_sig_all: 1,
-        };
+        let mut init = rc_init(cq, 1);
         let qp = ibv_create_qp(pd, &mut init);
         connect(ctx, qp, (*qp).qp_num);
         // An armed CQ completes a write: its event reaches the channel, and the program never takes it.
         assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), 0);
-        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
-        let mut w: ibv_send_wr = std::mem::zeroed();
-        w.sg_list = &mut sge;
-        w.num_sge = 1;
-        w.opcode = 0;
-        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
-        let mut bad = ptr::null_mut();
-        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        let sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        assert_eq!(post_write(qp, 0, sge, wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey }), 0);
         let mut wc = [ibv_wc::default(); 1];
         let mut n = 0;
         for _ in 0..10_000 {
@@ -359,7 +376,6 @@ fn rereg_mr_moves_a_region_to_new_memory_with_new_keys_and_refuses_in_place_chan
     let ctx = open();
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
-        let ops = (*ctx).ops;
         let pd = ibv_alloc_pd(ctx);
         let pd2 = ibv_alloc_pd(ctx);
         let mut a = vec![0u8; 4096];
@@ -387,31 +403,16 @@ fn rereg_mr_moves_a_region_to_new_memory_with_new_keys_and_refuses_in_place_chan
         assert_eq!(((*mr).addr, (*mr).length, (*mr).pd), (b.as_mut_ptr().cast::<c_void>(), b.len(), pd));
         // An RDMA write (loopback) with the new rkey lands in the new memory; one with the old rkey fails.
         let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
-        let mut init = ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: ptr::null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 2, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: 2,
-            sq_sig_all: 1,
-        };
+        let mut init = rc_init(cq, 2);
         let qp = ibv_create_qp(pd, &mut init);
         connect(ctx, qp, (*qp).qp_num);
         b[..6].copy_from_slice(b"rereg!");
         let base = b.as_ptr() as u64;
-        let mut sge = ibv_sge { addr: base, length: 6, lkey: (*mr).lkey };
-        let mut w: ibv_send_wr = std::mem::zeroed();
-        w.sg_list = &mut sge;
-        w.num_sge = 1;
-        w.opcode = 0;
-        w.wr.rdma = wr_rdma { remote_addr: base + 4096, rkey: (*mr).rkey };
-        let mut bad_wr = ptr::null_mut();
-        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad_wr), 0);
+        let sge = ibv_sge { addr: base, length: 6, lkey: (*mr).lkey };
+        assert_eq!(post_write(qp, 0, sge, wr_rdma { remote_addr: base + 4096, rkey: (*mr).rkey }), 0);
         assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(0));
         assert_eq!(&b[4096..4102], b"rereg!");
-        w.wr.rdma.rkey = rkey;
-        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad_wr), 0);
+        assert_eq!(post_write(qp, 0, sge, wr_rdma { remote_addr: base + 4096, rkey }), 0);
         assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(10), "IBV_WC_REM_ACCESS_ERR with the old rkey");
 
         // New memory on another PD: the region counts on that one now.
@@ -456,26 +457,12 @@ fn non_blocking_descriptors_give_eagain_when_nothing_waits() {
         let pd = ibv_alloc_pd(ctx);
         let mut mem = vec![0u8; 64];
         let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
-        let mut init = ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: ptr::null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: 2,
-            sq_sig_all: 1,
-        };
+        let mut init = rc_init(cq, 1);
         let qp = ibv_create_qp(pd, &mut init);
         connect(ctx, qp, (*qp).qp_num);
         assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), 0);
-        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
-        let mut w: ibv_send_wr = std::mem::zeroed();
-        w.sg_list = &mut sge;
-        w.num_sge = 1;
-        w.opcode = 0;
-        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
-        let mut bad = ptr::null_mut();
-        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        let sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        assert_eq!(post_write(qp, 0, sge, wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey }), 0);
         assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(0));
         let mut fds = libc::pollfd { fd: (*ch).fd, events: libc::POLLIN, revents: 0 };
         assert_eq!(libc::poll(&mut fds, 1, 2000), 1, "the channel's descriptor becomes readable");
@@ -621,15 +608,7 @@ fn parent_domain_allocators_are_asked_and_only_their_default_answer_is_taken() {
         };
         let parent = v.alloc_parent_domain.unwrap()(ctx, &mut a);
         assert!(!parent.is_null());
-        let mut init = ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: ptr::null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: 2,
-            sq_sig_all: 1,
-        };
+        let mut init = rc_init(cq, 1);
         let qp = ibv_create_qp(parent, &mut init);
         assert!(!qp.is_null(), "USE_DEFAULT: the driver's own memory");
         let calls = ALLOC_CALLS.lock().unwrap().clone();
@@ -658,7 +637,6 @@ fn parent_domains_stand_for_their_pd_with_a_thread_domain() {
     let v = vctx(ctx);
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
-        let ops = (*ctx).ops;
         let (alloc_pd, alloc_td, dealloc_td) =
             (v.alloc_parent_domain.unwrap(), v.alloc_td.unwrap(), v.dealloc_td.unwrap());
         let pd = ibv_alloc_pd(ctx);
@@ -692,27 +670,13 @@ fn parent_domains_stand_for_their_pd_with_a_thread_domain() {
         cia.parent_domain = parent;
         let cq = v.create_cq_ex.unwrap()(ctx, &mut cia).cast::<ibv_cq>();
         assert!(!cq.is_null());
-        let mut init = ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: ptr::null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: 2,
-            sq_sig_all: 1,
-        };
+        let mut init = rc_init(cq, 1);
         let qp = ibv_create_qp(parent, &mut init);
         assert!(!qp.is_null());
         connect(ctx, qp, (*qp).qp_num);
         mem[..4].copy_from_slice(b"pdom");
-        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 4, lkey: (*mr).lkey };
-        let mut w: ibv_send_wr = std::mem::zeroed();
-        w.sg_list = &mut sge;
-        w.num_sge = 1;
-        w.opcode = 0;
-        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
-        let mut bad = ptr::null_mut();
-        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        let sge = ibv_sge { addr: mem.as_ptr() as u64, length: 4, lkey: (*mr).lkey };
+        assert_eq!(post_write(qp, 0, sge, wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey }), 0);
         assert_eq!(poll_one(ctx, cq).map(|c| c.status), Some(0));
         assert_eq!(&mem[32..36], b"pdom");
 
@@ -736,7 +700,6 @@ fn completions_carry_the_device_clock_when_asked() {
     let v = vctx(ctx);
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
-        let ops = (*ctx).ops;
         let mut attr: ibv_device_attr_ex = std::mem::zeroed();
         let size = std::mem::size_of::<ibv_device_attr_ex>();
         assert_eq!(v.query_device_ex.unwrap()(ctx, ptr::null(), &mut attr, size), 0);
@@ -755,25 +718,11 @@ fn completions_carry_the_device_clock_when_asked() {
         let pd = ibv_alloc_pd(ctx);
         let mut mem = vec![0u8; 64];
         let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
-        let mut init = ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: ptr::null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: 2,
-            sq_sig_all: 1,
-        };
+        let mut init = rc_init(cq, 1);
         let qp = ibv_create_qp(pd, &mut init);
         connect(ctx, qp, (*qp).qp_num);
-        let mut sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
-        let mut w: ibv_send_wr = std::mem::zeroed();
-        w.sg_list = &mut sge;
-        w.num_sge = 1;
-        w.opcode = 0;
-        w.wr.rdma = wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey };
-        let mut bad = ptr::null_mut();
-        assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+        let sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        assert_eq!(post_write(qp, 0, sge, wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey }), 0);
         let mut got = None;
         for _ in 0..10_000 {
             if (*cqx).start_poll.unwrap()(cqx, ptr::null_mut()) == 0 {
@@ -804,15 +753,7 @@ fn a_move_to_reset_takes_the_qps_unpolled_completions_out_of_its_cq() {
         let mut mem = vec![0u8; 256];
         let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
         let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
-        let mut init = ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: ptr::null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 4, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: 2,
-            sq_sig_all: 1,
-        };
+        let mut init = rc_init(cq, 4);
         let (a, b) = (ibv_create_qp(pd, &mut init), ibv_create_qp(pd, &mut init));
         connect(ctx, a, (*a).qp_num);
         connect(ctx, b, (*b).qp_num);
@@ -820,15 +761,9 @@ fn a_move_to_reset_takes_the_qps_unpolled_completions_out_of_its_cq() {
         mem[..8].copy_from_slice(b"complete");
         let base = mem.as_ptr() as u64;
         for (i, qp) in [a, b, a].into_iter().enumerate() {
-            let mut sge = ibv_sge { addr: base, length: 8, lkey: (*mr).lkey };
-            let mut w: ibv_send_wr = std::mem::zeroed();
-            w.wr_id = i as u64;
-            w.sg_list = &mut sge;
-            w.num_sge = 1;
-            w.opcode = 0;
-            w.wr.rdma = wr_rdma { remote_addr: base + 64 + 8 * i as u64, rkey: (*mr).rkey };
-            let mut bad = ptr::null_mut();
-            assert_eq!(ops.post_send.unwrap()(qp, &mut w, &mut bad), 0);
+            let sge = ibv_sge { addr: base, length: 8, lkey: (*mr).lkey };
+            let remote = wr_rdma { remote_addr: base + 64 + 8 * i as u64, rkey: (*mr).rkey };
+            assert_eq!(post_write(qp, i as u64, sge, remote), 0);
         }
         // The device writes all three CQEs; the third write is in memory once they are.
         for _ in 0..2000 {
