@@ -39,14 +39,19 @@ pub(crate) fn connect(a: &Arc<Shared>, b: &Arc<Shared>) {
 pub(crate) fn pump(shared: &Arc<Shared>) {
     // The driver's stores (WQEs, doorbell records) before our reads, as the doorbell write orders them.
     fence(Ordering::SeqCst);
-    let mut queue = VecDeque::from([shared.clone()]);
+    // The devices to run next; empty (no allocation) until a packet reaches another device.
+    let mut queue = VecDeque::new();
+    let mut dev = shared.clone();
     for _ in 0..PUMP_BUDGET {
-        let Some(dev) = queue.pop_front() else { return };
-        let _send = dev.send.lock().unwrap_or_else(|e| e.into_inner());
-        let out = lock(&dev).run_datapath();
-        for p in out {
-            deliver(p, &mut queue);
+        {
+            let _send = dev.send.lock().unwrap_or_else(|e| e.into_inner());
+            let out = lock(&dev).run_datapath();
+            for p in out {
+                deliver(p, &mut queue);
+            }
         }
+        let Some(next) = queue.pop_front() else { return };
+        dev = next;
     }
 }
 

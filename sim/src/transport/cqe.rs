@@ -13,7 +13,6 @@ use crate::dma::DmaFault;
 use crate::events::SimEvent;
 use crate::fw::cq::{Arm, PostCqeError, CQE64, OPCODE_SHIFT, OP_OWN, SOLICITED};
 use crate::fw::eq::EQE_DATA_LEN;
-use crate::wire::roce::frame::IpRepr;
 use crate::wire::roce_map;
 use crate::State;
 
@@ -178,10 +177,8 @@ pub(super) fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
     let grh = u32::from(p.grh.is_some()) << CQE_GRH_SHIFT;
     let sl = match &p.grh {
         _ if ib => u32::from(p.sl & AV_SL_MASK),
-        Some(g) => match roce_map::ip_header(&g.sgid, &g.dgid, g.tclass, g.hop_limit, g.flow_label) {
-            IpRepr::V4(_) => consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4,
-            IpRepr::V6(_) => consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6,
-        },
+        Some(g) if roce_map::is_ipv4(&g.sgid, &g.dgid) => consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4,
+        Some(_) => consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6,
         None => 0,
     } << CQE_SL_SHIFT;
     (p.src_qpn & QPN_MASK) | grh | sl

@@ -206,15 +206,20 @@ impl State {
             done += 1;
         }
         if done > 0 {
-            // Progress restarts the ACK timer of the oldest one left (as rdma_rxe's completer does).
             let now = self.now_ns();
-            if let Some(r) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
-                if let Phase::InFlight { sent_ns } = &mut r.phase {
-                    *sent_ns = now.max(*sent_ns);
-                }
-            }
+            self.restart_ack_timer(qpn, now);
         }
         done
+    }
+
+    /// Progress restarts the ACK timer of the oldest request of `qpn` left in flight (as rdma_rxe's completer
+    /// does).
+    fn restart_ack_timer(&mut self, qpn: u32, now: u64) {
+        if let Some(r) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
+            if let Phase::InFlight { sent_ns } = &mut r.phase {
+                *sent_ns = now.max(*sent_ns);
+            }
+        }
     }
 
     /// A response for the request in flight `seq` of `qpn` (from `src_qpn`).
@@ -240,24 +245,9 @@ impl State {
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
         if matches!(resp, Resp::Ack | Resp::ReadData(_) | Resp::AtomicOrig(_)) {
             qp.retrying = false;
-            let data = qp.reqs.front().filter(|r| matches!(r.op, RcOp::Send { .. } | RcOp::Write { .. }));
-            match (data.map(|r| (r.wqe, r.len)), resp) {
-                // A SEND or WRITE acknowledged: done, without moving the request out first.
-                (Some((wqe, len)), Resp::Ack) => {
-                    qp.reqs.pop_front();
-                    self.complete_send(qpn, wqe, len);
-                }
-                (_, resp) => {
-                    let Some(req) = qp.reqs.pop_front() else { return };
-                    self.finish_rc(qpn, req, resp);
-                }
-            }
-            // Progress restarts the ACK timer of the oldest one left.
-            if let Some(r) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
-                if let Phase::InFlight { sent_ns } = &mut r.phase {
-                    *sent_ns = now.max(*sent_ns);
-                }
-            }
+            let Some(req) = qp.reqs.pop_front() else { return };
+            self.finish_rc(qpn, req, resp);
+            self.restart_ack_timer(qpn, now);
             return;
         }
         let Some(req) = qp.reqs.front_mut() else { return };

@@ -48,7 +48,6 @@ impl State {
         };
         let (pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
         let (expected, counters) = (qp.next_rcv_psn, qp.counter_set_id);
-        let replay = qp.atomic_results.iter().find(|(p, _)| *p == psn).map(|(_, v)| *v);
         // IBA 11.6.3: a QP in RTR that receives its first packet reports communication established (an
         // affiliated COMM_EST event), once per RTR.
         if qp.state == QpState::Rtr && !qp.comm_est {
@@ -65,7 +64,7 @@ impl State {
             } else {
                 self.events.push(SimEvent::DuplicateRequest { qpn: dst, psn });
                 self.fw.q_counters.count(counters, |c| c.duplicate_request += 1);
-                self.duplicate(op, pd, rre, replay)
+                self.duplicate(dst, psn, op, pd, rre)
             };
             return self.reply(p, resp);
         }
@@ -183,9 +182,6 @@ impl State {
         self.reply(p, resp);
     }
 
-    /// The answer to a duplicate request (its PSN is behind the expected one): the message was executed, so a
-    /// SEND or WRITE is acknowledged again, a READ is read again, and an atomic returns the original value it
-    /// returned the first time (the responder keeps the last one; an older atomic cannot be answered).
     /// A request of QP `qpn` arrived at PSN `got` past the `expected` one (packets were lost): logged, and counted
     /// in the QP's `out_of_sequence` Q counter.
     pub(super) fn psn_sequence_error(&mut self, qpn: u32, expected: u32, got: u32) {
@@ -194,7 +190,11 @@ impl State {
         self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
     }
 
-    pub(super) fn duplicate(&mut self, op: &RcOp, pd: u32, rre: bool, replay: Option<u64>) -> Resp {
+    /// The answer to a duplicate request (its PSN is behind the expected one): the message was executed, so a
+    /// SEND or WRITE is acknowledged again, a READ is read again, and an atomic returns the original value it
+    /// returned the first time (the responder keeps the results of the last `ATOMIC_REPLAY`; an older atomic cannot
+    /// be answered).
+    pub(super) fn duplicate(&mut self, qpn: u32, psn: u32, op: &RcOp, pd: u32, rre: bool) -> Resp {
         match op {
             RcOp::Send { .. } | RcOp::Write { .. } => Resp::Ack,
             RcOp::Read { raddr, rkey, len } => {
@@ -207,7 +207,11 @@ impl State {
                 };
                 data.map_or(Resp::Nak(Nak::RemoteAccess), Resp::ReadData)
             }
-            RcOp::Atomic { .. } => replay.map_or(Resp::Nak(Nak::InvalidRequest), Resp::AtomicOrig),
+            RcOp::Atomic { .. } => {
+                let qp = self.fw.qps.get(&qpn);
+                let replay = qp.and_then(|q| q.atomic_results.iter().find(|(p, _)| *p == psn)).map(|(_, v)| *v);
+                replay.map_or(Resp::Nak(Nak::InvalidRequest), Resp::AtomicOrig)
+            }
         }
     }
 

@@ -417,14 +417,14 @@ impl State {
         }
     }
 
-    /// Answers from inside a message at responder QP `qpn`: an ACK of the packet at `psn`, or the NAK of a
-    /// sequence gap whose missing packet is at `psn`.
     /// A packet at `got` past the gap before `expected`: counted, and NAKed with the PSN the responder expects.
     fn rx_nak_gap(&mut self, qpn: u32, expected: u32, got: u32, r: &RoceRepr<'_>, from: &DevRef) {
         self.psn_sequence_error(qpn, expected, got);
         self.rx_reply(qpn, Resp::Nak(Nak::PsnSequence), expected, r, from);
     }
 
+    /// Answers from inside a message at responder QP `qpn`: an ACK of the packet at `psn`, or the NAK of a
+    /// sequence gap whose missing packet is at `psn`.
     fn rx_reply(&mut self, qpn: u32, resp: Resp, psn: u32, r: &RoceRepr<'_>, from: &DevRef) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (remote, msn, mtu) = (qp.remote_qpn, qp.msn, qp.mtu);
@@ -459,19 +459,18 @@ impl State {
         }
         let (first, seq, remote, resume, len, end) =
             (req.psn, req.seq, qp.remote_qpn, req.resume, req.len, qp.next_send_psn);
-        let n = psn_count(len, qp.mtu);
         let psn = r.bth.psn;
-        // Where `psn` falls in the oldest request's PSNs (0 is the first), if it does.
-        let at = u32::try_from(psn_diff(psn, first)).ok().filter(|&k| k < n);
-        let in_range = at.is_some();
         // Which request in flight holds `psn`, its packet there, its sequence number and whether it is a SEND or
         // WRITE.
         let mtu = qp.mtu;
         let found = qp.reqs.iter().enumerate().find_map(|(i, q)| {
-            let k = u32::try_from(psn_diff(psn, q.psn)).ok().filter(|&k| k < psn_count(q.len, mtu))?;
+            let n = psn_count(q.len, mtu);
+            let k = u32::try_from(psn_diff(psn, q.psn)).ok().filter(|&k| k < n)?;
             let data = matches!(q.op, RcOp::Send { .. } | RcOp::Write { .. });
-            Some((i, k, psn_count(q.len, mtu), q.seq, data))
+            Some((i, k, n, q.seq, data))
         });
+        // Whether `psn` falls in the oldest request's PSNs (the requests' ranges follow one another).
+        let in_range = matches!(found, Some((0, ..)));
         let (is_read, is_atomic) = (matches!(req.op, RcOp::Read { .. }), matches!(req.op, RcOp::Atomic { .. }));
         let syndrome = r.ext.aeth.map(|a| a.syndrome);
         let read_response = matches!(

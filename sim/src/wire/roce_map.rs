@@ -52,7 +52,12 @@ pub(crate) fn udp_sport(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
     UDP_SPORT_MIN | low as u16
 }
 
-/// The IP header between two GIDs: IPv4 when both are IPv4-mapped, else IPv6.
+/// Whether RoCE v2 between two GIDs travels on IPv4: both are IPv4-mapped.
+pub(crate) fn is_ipv4(sgid: &[u8; GID_LEN], dgid: &[u8; GID_LEN]) -> bool {
+    sgid[..12] == V4_MAPPED && dgid[..12] == V4_MAPPED
+}
+
+/// The IP header between two GIDs: IPv4 when both are IPv4-mapped ([`is_ipv4`]), else IPv6.
 pub(crate) fn ip_header(
     sgid: &[u8; GID_LEN],
     dgid: &[u8; GID_LEN],
@@ -60,7 +65,7 @@ pub(crate) fn ip_header(
     hop_limit: u8,
     flow_label: u32,
 ) -> IpRepr {
-    if sgid[..12] == V4_MAPPED && dgid[..12] == V4_MAPPED {
+    if is_ipv4(sgid, dgid) {
         let (mut src, mut dst) = ([0u8; 4], [0u8; 4]);
         src.copy_from_slice(&sgid[12..]);
         dst.copy_from_slice(&dgid[12..]);
