@@ -151,6 +151,10 @@ pub use fw::{syndrome, HcaState};
 pub use link::tcp::{WireError, MAX_FRAME};
 pub use link::{pcap, stream};
 pub use mmio::Health;
+/// The BAR page of UAR 0: the initialization segment's pages come first.
+pub use mmio::INIT_SEG_PAGES as FIRST_UAR_PAGE;
+/// Bytes of one BlueFlame register, as the capabilities say (`1 << log_bf_reg_size`).
+pub const BF_REG_SIZE: usize = 1 << fw::caps::LOG_BF_REG_SIZE;
 pub use mmio::SimMmio;
 pub use transport::roce_rx::arp_neighbour;
 pub use wire::roce;
@@ -365,7 +369,7 @@ impl Handoff {
 
     /// Whether `off .. off + len` lies in the UAR pages.
     pub(crate) fn in_uar(&self, off: usize, len: usize) -> bool {
-        off >= self.uar.start && off.checked_add(len).is_some_and(|e| e <= self.uar.end)
+        mmio::range_holds(&self.uar, off, len)
     }
 
     /// Posts a doorbell for the device thread.

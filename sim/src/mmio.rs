@@ -18,7 +18,12 @@ use crate::{lock, Bell, Shared, SimConfig, SimEvent};
 /// Bytes in one BAR page (the UAR granule, `MLX5_ADAPTER_PAGE_SIZE`).
 pub(crate) const PAGE: usize = consts::MLX5_ADAPTER_PAGE_SIZE as usize;
 /// Pages the initialization segment covers; UAR index `n` is the BAR page `n`, so UARs start after these.
-pub(crate) const INIT_SEG_PAGES: usize = c::mlx5_init_seg::SIZE.div_ceil(PAGE);
+pub const INIT_SEG_PAGES: usize = c::mlx5_init_seg::SIZE.div_ceil(PAGE);
+
+/// Whether `off..off + len` lies inside `r` (no overflow).
+pub(crate) fn range_holds(r: &std::ops::Range<usize>, off: usize, len: usize) -> bool {
+    off >= r.start && off.checked_add(len).is_some_and(|e| e <= r.end)
+}
 
 const FW_REV: usize = c::mlx5_init_seg::FW_REV.off;
 const CMDQ_ADDR_H: usize = c::mlx5_init_seg::CMDQ_ADDR_H.off;
@@ -160,14 +165,14 @@ impl Regs {
         u32::from_be_bytes(word)
     }
 
-    /// Whether `off..off + len` lies inside one of the UAR pages (after the initialization segment, in the BAR).
     /// The UAR pages' part of the BAR.
     pub(crate) fn uar_range(&self) -> std::ops::Range<usize> {
         self.image.len()..self.bar_size
     }
 
+    /// Whether `off..off + len` lies inside one of the UAR pages (after the initialization segment, in the BAR).
     fn in_uar(&self, off: usize, len: usize) -> bool {
-        off >= self.image.len() && off.checked_add(len).is_some_and(|e| e <= self.bar_size)
+        range_holds(&self.uar_range(), off, len)
     }
 
     /// A register write; says what else the device must do.

@@ -23,6 +23,9 @@ pub(crate) enum Rule {
 
 /// General capabilities a driver may change with SET_HCA_CAP (the ones the Linux `handle_hca_cap` family
 /// writes). Positions are `cmd_hca_cap` fields, relative to the capability.
+/// `log_bf_reg_size`: BlueFlame registers of 512 bytes.
+pub(crate) const LOG_BF_REG_SIZE: u32 = 9;
+
 pub(crate) const SETTABLE_GENERAL: &[(Field, Rule)] = {
     use ifc::cmd_hca_cap as g;
     &[
@@ -147,7 +150,7 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::LOG_PG_SZ, consts::MLX5_ADAPTER_PAGE_SHIFT),
         (g::BF, 1),
         (g::DRIVER_VERSION, 1),
-        (g::LOG_BF_REG_SIZE, 9),
+        (g::LOG_BF_REG_SIZE, LOG_BF_REG_SIZE),
         (g::MAX_WQE_SZ_SQ, 1024),
         (g::MAX_WQE_SZ_RQ, 512),
         (g::MAX_WQE_SZ_SQ_DC, 512),

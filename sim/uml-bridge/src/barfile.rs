@@ -144,9 +144,9 @@ mod tests {
         let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
         f.set_len(8 * PAGE as u64).unwrap();
         let mut dev = Device::new(SimDevice::new(SimConfig::default()), 0x020000);
-        // The simulator's initialization segment takes three pages; its UAR pages follow.
-        let first = mlx5_core::prm::c::mlx5_init_seg::SIZE.div_ceil(PAGE);
-        let mut w = BarFile::open(&f, first, 8 * PAGE, 512).unwrap();
+        // The simulator's initialization segment comes first; its UAR pages follow.
+        let first = mlx5_sim::FIRST_UAR_PAGE;
+        let mut w = BarFile::open(&f, first, 8 * PAGE, mlx5_sim::BF_REG_SIZE).unwrap();
         // mlx5_cq_arm as rdma-core stores it: the big-endian 64-bit (sn, cmd, ci) word and CQ number 7.
         let bell = (0x1000_0005u64 << 32 | 7).to_be_bytes();
         let off = (first + 1) * PAGE + CQ_DB;

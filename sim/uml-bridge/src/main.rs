@@ -85,10 +85,8 @@ fn run(
     let mut server = Server::new(conn, dev, trace, verbose);
     if let Some(p) = bar_file {
         let f = std::fs::OpenOptions::new().read(true).open(p)?;
-        // The initialization segment comes first (three pages in the simulator's BAR); UAR pages follow.
-        // BlueFlame registers are 512 bytes (`log_bf_reg_size` 9 in the simulator's capabilities).
-        let first_uar_page = mlx5_core::prm::c::mlx5_init_seg::SIZE.div_ceil(4096);
-        server.bar_file = Some(BarFile::open(&f, first_uar_page, bar_size, 512)?);
+        // The initialization segment comes first; UAR pages follow.
+        server.bar_file = Some(BarFile::open(&f, mlx5_sim::FIRST_UAR_PAGE, bar_size, mlx5_sim::BF_REG_SIZE)?);
     }
     let r = server.run();
     let s = server.dev.stats;
