@@ -3,6 +3,7 @@
 //! (two processes joined by the simulated wire on 127.0.0.1) and checks what they print.
 
 use std::collections::BTreeSet;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -224,8 +225,14 @@ fn programs(lib: &Path) -> Result<Programs, String> {
 /// A program run with the library and a device configuration.
 fn app(p: &Programs, name: &str, devices: &str) -> Command {
     let mut c = Command::new(p.bin.join(name));
-    c.env("LD_LIBRARY_PATH", &p.path).env("MLX5_RS_DEVICES", devices).env_remove("LD_PRELOAD");
+    on_dropin(&mut c, &p.path, devices);
     c
+}
+
+/// Makes `c` load the drop-in library from `ld_path` (and nothing preloaded) and see the devices `devices`
+/// (`MLX5_RS_DEVICES`).
+pub(crate) fn on_dropin<'c>(c: &'c mut Command, ld_path: impl AsRef<OsStr>, devices: &str) -> &'c mut Command {
+    c.env("LD_LIBRARY_PATH", ld_path).env("MLX5_RS_DEVICES", devices).env_remove("LD_PRELOAD")
 }
 
 /// Waits for a child with a deadline, killing it when the deadline passes.

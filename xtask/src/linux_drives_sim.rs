@@ -62,17 +62,27 @@ const PINGPONGS: &[(&str, u32, u32, &str)] = &[
 /// What goes into the guest from Debian's rdma-core.
 const GUEST_BINARIES: &[&str] = &["ibv_devinfo", "ibv_rc_pingpong", "ibv_ud_pingpong"];
 
+/// The console lines around `ibv_devinfo -v`'s output; the exit status follows the second.
+const DEVINFO_BEGIN: &str = "=== ibv_devinfo begin ===";
+const DEVINFO_EXIT: &str = "=== ibv_devinfo exit ";
+
+/// How the guest names a ping-pong run on the console (its output lines, its exit line).
+fn run_label(prog: &str, iters: u32, opts: &str) -> String {
+    format!("{prog} -n {iters}{opts}")
+}
+
 /// The guest's `/init`; `pingpongs`: run the ping-pongs after `ibv_devinfo` (an InfiniBand port).
 fn init_script(pingpongs: bool) -> String {
     let mut pp = String::new();
     pp.push_str(&format!(
         r#"ip link set lo up
-echo "=== ibv_devinfo begin ==="
+echo "{DEVINFO_BEGIN}"
 timeout {PROGRAM_TIMEOUT_S} ibv_devinfo -v
-echo "=== ibv_devinfo exit $? ==="
+echo "{DEVINFO_EXIT}$? ==="
 "#
     ));
     for (prog, size, iters, opts) in PINGPONGS.iter().filter(|_| pingpongs) {
+        let run = run_label(prog, *iters, opts);
         pp.push_str(&format!(
             r#"timeout {PROGRAM_TIMEOUT_S} {prog} -d mlx5_0 -s {size} -n {iters} -c{opts} > /tmp/server.txt 2>&1 &
 spid=$!
@@ -82,9 +92,9 @@ timeout {PROGRAM_TIMEOUT_S} {prog} -d mlx5_0 -s {size} -n {iters} -c{opts} 127.0
 crc=$?
 wait $spid
 src=$?
-sed 's/^/{prog} -n {iters}{opts} server: /' /tmp/server.txt
-sed 's/^/{prog} -n {iters}{opts} client: /' /tmp/client.txt
-echo "=== {prog} -n {iters}{opts} exit server=$src client=$crc ==="
+sed 's/^/{run} server: /' /tmp/server.txt
+sed 's/^/{run} client: /' /tmp/client.txt
+echo "=== {run} exit server=$src client=$crc ==="
 "#
         ));
     }
@@ -170,11 +180,11 @@ fn between<'a>(s: &'a str, begin: &str, end: &str) -> Option<&'a str> {
 
 /// What `ibv_devinfo -v` must show of the simulated port (`ibv_devinfo`'s own spelling).
 fn check_devinfo(console: &str, eth: bool, problems: &mut Vec<String>) {
-    let Some(out) = between(console, "=== ibv_devinfo begin ===", "=== ibv_devinfo exit") else {
+    let Some(out) = between(console, DEVINFO_BEGIN, DEVINFO_EXIT) else {
         problems.push("ibv_devinfo did not run".into());
         return;
     };
-    let exit = console.split("=== ibv_devinfo exit ").nth(1).and_then(|r| r.split_whitespace().next());
+    let exit = console.split(DEVINFO_EXIT).nth(1).and_then(|r| r.split_whitespace().next());
     if exit != Some("0") {
         problems.push(format!("ibv_devinfo -v exited {}", exit.unwrap_or("?")));
     }
@@ -208,7 +218,7 @@ fn check_devinfo(console: &str, eth: bool, problems: &mut Vec<String>) {
 /// Each ping-pong: both sides exit 0, and the client reports every byte and iteration.
 fn check_pingpongs(console: &str, problems: &mut Vec<String>) {
     for (prog, size, iters, opts) in PINGPONGS {
-        let run = format!("{prog} -n {iters}{opts}");
+        let run = run_label(prog, *iters, opts);
         let marker = format!("=== {run} exit server=");
         let Some(rest) = console.split(&marker).nth(1) else {
             problems.push(format!("{run} did not run"));

@@ -393,8 +393,7 @@ fn c_check(work: &Path, include_dir: &Path, asserts: &str) -> Result<(), String>
 }
 
 fn sha256(p: &Path) -> Result<String, String> {
-    let out = Command::new("sha256sum").arg(p).output().map_err(|e| format!("sha256sum: {e}"))?;
-    String::from_utf8_lossy(&out.stdout)
+    run(Command::new("sha256sum").arg(p))?
         .split_whitespace()
         .next()
         .map(str::to_string)
@@ -410,10 +409,7 @@ fn headers(root: &Path) -> Result<(PathBuf, String), String> {
     let inc = dir.join("include/linux/mlx5");
     if !HEADERS.iter().all(|h| dir.join(h).exists()) {
         let x = dir.join("x");
-        let _ = std::fs::remove_dir_all(&x);
-        std::fs::create_dir_all(&x).map_err(|e| format!("{}: {e}", x.display()))?;
-        run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&x))?;
-        let tarball = x.join(format!("usr/src/{}.tar.xz", crate::uml::SOURCE_PKG));
+        let tarball = crate::uml::source_tarball(&deb, &x)?;
         let mut tar = Command::new("tar");
         tar.arg("xf").arg(&tarball).arg("-C").arg(&dir).arg("--strip-components=1");
         for h in HEADERS {
@@ -428,22 +424,25 @@ fn headers(root: &Path) -> Result<(PathBuf, String), String> {
 /// `cargo xtask vendor --linux-extra`.
 pub fn run_vendor_extra(root: &Path) -> Result<(), String> {
     let (inc, deb_name) = headers(root)?;
+    let paths: Vec<PathBuf> = HEADERS.iter().map(|h| inc.join(Path::new(h).file_name().unwrap_or_default())).collect();
     let mut src = String::new();
-    for h in HEADERS {
-        let p = inc.join(Path::new(h).file_name().unwrap_or_default());
-        src.push_str(&std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?);
+    for p in &paths {
+        src.push_str(&std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?);
     }
     let defs = parse_defs(&src)?;
     let mut lay = Layouts { defs: &defs, sizes: BTreeMap::new() };
 
     // The parser against the layouts vendored from ../shared/prm (an independent extraction).
     let known = crate::codegen::read_json(&root.join(crate::codegen::VENDORED_IFC))?;
+    // Every layout the header defines is also asserted to the C compiler below.
+    let mut asserts = String::new();
     let (mut same, mut differ) = (0, Vec::new());
     for (name, v) in known.as_object().ok_or("ifc_layouts.json is not an object")? {
         if name == "_meta" || !defs.ok.contains_key(name) {
             continue;
         }
         let ours = lay.layout(name)?;
+        c_asserts(name, &ours, &mut asserts);
         if ours["size_bits"] == v["size_bits"] && ours["fields"] == v["fields"] {
             same += 1;
         } else {
@@ -471,20 +470,15 @@ pub fn run_vendor_extra(root: &Path) -> Result<(), String> {
         }
         out.insert(name, l);
     }
-    let mut asserts = String::new();
     for (name, l) in &out {
         c_asserts(name, l, &mut asserts);
-    }
-    for name in known.as_object().into_iter().flatten().map(|(k, _)| k).filter(|k| defs.ok.contains_key(*k)) {
-        c_asserts(name, &lay.layout(name)?, &mut asserts);
     }
     let work = root.join("target/uml/ifc");
     c_check(&work, &inc, &asserts)?;
 
     let mut sha = Map::new();
-    for h in HEADERS {
-        let p = inc.join(Path::new(h).file_name().unwrap_or_default());
-        sha.insert((*h).to_string(), json!(sha256(&p)?));
+    for (h, p) in HEADERS.iter().zip(&paths) {
+        sha.insert((*h).to_string(), json!(sha256(p)?));
     }
     let version = deb_name.split('_').nth(1).unwrap_or("?").to_string();
     let mut doc = Map::new();

@@ -122,7 +122,7 @@ fn ci(root: &Path) -> Result<(), String> {
     libibverbs::run_verbs_apps(root, &[])?;
     vfio_test::run_vfio_test(root)?;
     // Linux's rdma_rxe in a TCG guest answering our RoCEv2 frames (reuses vfio-test's Debian kernel).
-    rxe::ci_step(root)?;
+    rxe::run_rxe_interop(root)?;
     // Linux's own mlx5_core and mlx5_ib drive the simulator in User-Mode Linux, rdma-core's programs on top
     // (the UML kernel is built once, then cached under target/uml/).
     linux_drives_sim::ci_step(root)?;
@@ -264,7 +264,7 @@ fn main() -> ExitCode {
         Task::Codegen { check } => codegen::run_codegen(&root, check),
         Task::Ci => ci(&root),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
-        Task::RxeInterop => rxe::ci_step(&root),
+        Task::RxeInterop => rxe::run_rxe_interop(&root),
         Task::Bench { json, peer: false } => bench::run(&root, json),
         Task::Bench { json, peer: true } => bench::run_peer(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),

@@ -333,16 +333,6 @@ fn run_one(
     let end = start + RUN_TIMEOUT;
     let mut qemu = q.spawn().map_err(|e| format!("failed to start qemu: {e}"))?;
     let lines = console(&mut qemu)?;
-    let mut m = Command::new(mlx5);
-    m.arg("--pcap").arg(&pcap).arg("pingpong");
-    if let Some(lib) = host_lib {
-        // rdma-core's program, unmodified, on the simulated device the drop-in library opens, its port plugged
-        // into the guest NIC's socket with the simulator's IPv4 address (GID index 3, as for `mlx5 pingpong`).
-        m = Command::new("ibv_rc_pingpong");
-        m.env("LD_LIBRARY_PATH", lib)
-            .env("MLX5_RS_DEVICES", format!("sim:wire=qemu:{SIM_IP}:{}", sock.display()))
-            .env_remove("LD_PRELOAD");
-    }
     if mode == "server" {
         // Our client starts once the guest's server listens (slirp accepts and then drops a connection nobody in
         // the guest takes).
@@ -357,27 +347,40 @@ fn run_one(
                 return Err(format!("{tag}: the guest's server never listened"));
             }
         }
-        if host_lib.is_none() {
-            m.arg("--client").arg(format!("127.0.0.1:{host_port}"));
+    }
+    let mut m = match host_lib {
+        // rdma-core's program, unmodified, on the simulated device the drop-in library opens, its port plugged
+        // into the guest NIC's socket with the simulator's IPv4 address (GID index 3, as for `mlx5 pingpong`); an
+        // RC client of the guest's server.
+        Some(lib) => {
+            let mut c = Command::new("ibv_rc_pingpong");
+            crate::libibverbs::on_dropin(&mut c, lib, &format!("sim:wire=qemu:{SIM_IP}:{}", sock.display()))
+                .args(["-d", "mlx5_0", "-g", SIM_GID_INDEX, "-s", &size.to_string(), "-n", &iters.to_string()])
+                .args(["-c", "-p"])
+                .arg(host_port.to_string())
+                .arg("127.0.0.1");
+            c
         }
-    } else {
-        m.args(["--server", "--bind", "127.0.0.1", "--port"]).arg(ours.to_string());
-    }
-    if host_lib.is_some() {
-        m.args(["-d", "mlx5_0", "-g", SIM_GID_INDEX, "-s", &size.to_string(), "-n", &iters.to_string(), "-c", "-p"])
-            .arg(host_port.to_string())
-            .arg("127.0.0.1");
-    } else {
-        m.arg("--qemu-sock")
-            .arg(&sock)
-            .args(["--ipv4", SIM_IP, "--gid-idx", SIM_GID_INDEX, "--timeout", "120"])
-            .args(["--size", &size.to_string(), "--iters", &iters.to_string()]);
-    }
+        None => {
+            let mut c = Command::new(mlx5);
+            c.arg("--pcap").arg(&pcap).arg("pingpong");
+            if mode == "server" {
+                c.arg("--client").arg(format!("127.0.0.1:{host_port}"));
+            } else {
+                c.args(["--server", "--bind", "127.0.0.1", "--port"]).arg(ours.to_string());
+            }
+            c.arg("--qemu-sock")
+                .arg(&sock)
+                .args(["--ipv4", SIM_IP, "--gid-idx", SIM_GID_INDEX, "--timeout", "120"])
+                .args(["--size", &size.to_string(), "--iters", &iters.to_string()]);
+            if ud {
+                c.arg("--ud");
+            }
+            c
+        }
+    };
     if let Some(l) = loss {
         m.env(l.env, l.nth.to_string());
-    }
-    if ud {
-        m.arg("--ud");
     }
     let mut ours_child = m.spawn().map_err(|e| format!("failed to start mlx5: {e}"))?;
     let ours_status = wait_child(&mut ours_child, end, "mlx5 pingpong");
@@ -480,16 +483,9 @@ fn check_pcap(pcap: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The interop run as a CI step: the whole of `cargo xtask rxe-interop`, with its wall time (the guest build
-/// included: a first run downloads the Debian kernel, later ones reuse it). Needs QEMU and the guest's packages,
-/// which it installs from Debian (root).
-pub fn ci_step(root: &Path) -> Result<(), String> {
-    let start = Instant::now();
-    run_rxe_interop(root)?;
-    println!("rxe-interop: ci step passed in {:.0} s", start.elapsed().as_secs_f64());
-    Ok(())
-}
-
+/// `cargo xtask rxe-interop`, also a CI step: builds the guest (a first run downloads the Debian kernel, later
+/// ones reuse it) and runs every ping-pong, with its wall time. Needs QEMU and the guest's packages, which it
+/// installs from Debian (root).
 pub fn run_rxe_interop(root: &Path) -> Result<(), String> {
     let started = Instant::now();
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));

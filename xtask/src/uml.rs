@@ -134,14 +134,20 @@ pub(crate) fn build(root: &Path) -> Result<PathBuf, String> {
     Ok(out)
 }
 
+/// Unpacks the source package `deb` into the scratch directory `x` (emptied first); the kernel tarball in it.
+pub(crate) fn source_tarball(deb: &Path, x: &Path) -> Result<PathBuf, String> {
+    let _ = std::fs::remove_dir_all(x);
+    std::fs::create_dir_all(x).map_err(|e| format!("{}: {e}", x.display()))?;
+    run(Command::new("dpkg-deb").arg("-x").arg(deb).arg(x))?;
+    Ok(x.join(format!("usr/src/{SOURCE_PKG}.tar.xz")))
+}
+
 /// A configured source tree at `tree` from the package, our patches and the fragment (no compilation).
 fn prepare(base: &Path, tree: &Path, deb: &Path, patches: &[PathBuf], fragment: &Path) -> Result<(), String> {
     println!("uml: preparing {} from {}", tree.display(), deb.display());
     let _ = std::fs::remove_dir_all(tree);
     let x = base.join("dl/x");
-    let _ = std::fs::remove_dir_all(&x);
-    run(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&x))?;
-    let tarball = x.join(format!("usr/src/{SOURCE_PKG}.tar.xz"));
+    let tarball = source_tarball(deb, &x)?;
     let unpack = base.join("unpack");
     let _ = std::fs::remove_dir_all(&unpack);
     std::fs::create_dir_all(&unpack).map_err(|e| e.to_string())?;
