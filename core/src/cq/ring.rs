@@ -2,7 +2,7 @@
 //! (`mlx5_cq_arm`) and polling.
 
 use super::cmd::CqeSize;
-use super::cqe::{field, CqeFieldsRead, CqeOpcode, CqeRead, CqeRef, CQE64_SIZE, CQE_INIT_OP_OWN};
+use super::cqe::{field, CqeFieldsRead, CqeOpcode, CqeRef, CQE64_SIZE, CQE_INIT_OP_OWN};
 use super::wc::{decode_into, CqeError, LinkLayer, WorkCompletion, WrTable};
 use crate::buf::QueueBuf;
 use crate::dbr::DbRec;
@@ -62,6 +62,23 @@ pub struct Cq {
     /// BAR offset of the CQ doorbell of the UAR page the CQ was created with.
     doorbell: usize,
     link: LinkLayer,
+}
+
+/// Copies one CQE of `stride` bytes from `sp` to `dp` with volatile accesses, its owner bit set to `owner`.
+///
+/// # Safety
+/// Both spans are whole entries in live memory, and the device writes neither while they are copied.
+unsafe fn copy_cqe(sp: *const u8, dp: *mut u8, stride: usize, owner: u8) {
+    for k in 0..stride {
+        // SAFETY: `k < stride`, inside both spans (the caller's duty).
+        unsafe {
+            let mut b = sp.add(k).read_volatile();
+            if k == stride - 1 {
+                b = (b & !1) | owner;
+            }
+            dp.add(k).write_volatile(b);
+        }
+    }
 }
 
 impl Cq {
@@ -247,7 +264,7 @@ impl Cq {
             let i = start.wrapping_add(k);
             let Some(cqe) = self.sw_cqe(mmio, &walk, i) else { continue };
             if cqe.sop_drop_qpn() & 0xff_ffff == qpn {
-                if CqeOpcode::from_raw(cqe.op_own() >> 4).is_receive() {
+                if cqe.opcode().is_receive() {
                     on_recv(cqe.wqe_counter());
                 }
                 freed += 1;
@@ -255,19 +272,11 @@ impl Cq {
                 let dst = i.wrapping_add(freed);
                 let sp = self.buf.ptr(((i & (nent - 1)) as usize) * stride, stride);
                 let dp = self.buf.ptr(((dst & (nent - 1)) as usize) * stride, stride);
+                // The destination keeps the owner bit of its index's pass over the ring (software owns it).
+                let owner = ((dst >> self.log_nent) & 1) as u8;
                 // SAFETY: both spans are whole entries inside live fragments (QueueBuf::ptr checked them), and
-                // both are software-owned (below the producer seen above), so the device writes neither. The
-                // destination keeps its own owner bit, which matches its index's pass over the ring.
-                unsafe {
-                    let owner = dp.add(stride - 1).read_volatile() & 1;
-                    for b in 0..stride {
-                        let mut v = sp.add(b).read_volatile();
-                        if b == stride - 1 {
-                            v = (v & !1) | owner;
-                        }
-                        dp.add(b).write_volatile(v);
-                    }
-                }
+                // both are software-owned (below the producer seen above), so the device writes neither.
+                unsafe { copy_cqe(sp, dp, stride, owner) };
             }
         }
         if freed > 0 {
@@ -309,18 +318,10 @@ impl Cq {
             let dst_off = ((dst & new_mask) as usize) * stride;
             let sp = self.buf.ptr(src_off, stride);
             let dp = new.ptr(dst_off, stride);
-            for k in 0..stride {
-                // SAFETY: both spans are inside live fragments (QueueBuf::ptr checked them); the old entry is
-                // software-owned, and the new ring entry is not yet visible to software or written by the device
-                // (it writes from the resize index on).
-                unsafe {
-                    let mut b = sp.add(k).read_volatile();
-                    if k == stride - 1 {
-                        b = (b & !1) | owner;
-                    }
-                    dp.add(k).write_volatile(b);
-                }
-            }
+            // SAFETY: both spans are whole entries inside live fragments (QueueBuf::ptr checked them); the old
+            // entry is software-owned, and the new ring entry is not yet visible to software or written by the
+            // device (it writes from the resize index on).
+            unsafe { copy_cqe(sp, dp, stride, owner) };
             i = i.wrapping_add(1);
         }
         let old = core::mem::replace(&mut self.buf, new);
