@@ -34,8 +34,8 @@ pub fn pvlc_read(local_port: u8, data: &mut [u8; ifc::pvlc_reg::SIZE_BYTES]) -> 
 /// `ibv_port_attr.max_vl_num` (IBA PortInfo:VLCap: 1 = VL0, 2 = VL0-1, 3 = VL0-3, 4 = VL0-7, 5 = VL0-14) from PVLC
 /// `vl_hw_cap`, which counts data VLs (1, 2, 4, 8 or 15), as mlx5_ib's `translate_max_vl_num` maps it. `None` for
 /// any other count (mlx5_ib fails the port query with -EINVAL).
-pub fn max_vl_num(data: &[u8; ifc::pvlc_reg::SIZE_BYTES]) -> Option<u8> {
-    match data.get(ifc::pvlc_reg::VL_HW_CAP) {
+pub fn max_vl_num(vl_hw_cap: u32) -> Option<u8> {
+    match vl_hw_cap {
         1 => Some(1),
         2 => Some(2),
         4 => Some(3),
@@ -208,14 +208,9 @@ mod tests {
         assert_eq!((r.register_id, r.write), (consts::MLX5_REG_PVLC, false));
         assert_eq!(MsgBuf::get(&r.data[..], ifc::pvlc_reg::LOCAL_PORT), 1);
         assert_eq!(MsgBuf::get(&r.data[..], ifc::pvlc_reg::VL_HW_CAP), 0);
-        let with = |n: u32| {
-            let mut d = [0u8; ifc::pvlc_reg::SIZE_BYTES];
-            d.set(ifc::pvlc_reg::VL_HW_CAP, n);
-            max_vl_num(&d)
-        };
-        assert_eq!([1, 2, 4, 8, 15].map(with), [Some(1), Some(2), Some(3), Some(4), Some(5)]);
+        assert_eq!([1, 2, 4, 8, 15].map(max_vl_num), [Some(1), Some(2), Some(3), Some(4), Some(5)]);
         // Counts between the VLCap steps, and 0, are not reported by mlx5_ib either.
-        assert_eq!([0, 3, 5, 7, 14].map(with), [None; 5]);
+        assert_eq!([0, 3, 5, 7, 14].map(max_vl_num), [None; 5]);
     }
 
     #[test]

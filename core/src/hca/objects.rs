@@ -931,8 +931,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 let max_mtu = p::mtu_to_ib_mtu(mtu.max_mtu).ok_or(bad("PMTU max_mtu", mtu.max_mtu.into()))?;
                 let active_mtu = p::mtu_to_ib_mtu(mtu.oper_mtu).ok_or(bad("PMTU oper_mtu", mtu.oper_mtu.into()))?;
                 self.exec(&mut p::pvlc_read(1, &mut pvlc), delay)?;
-                let vl_hw_cap = crate::prm::MsgBuf::get(&pvlc[..], crate::prm::ifc::pvlc_reg::VL_HW_CAP).into();
-                let max_vl_num = p::max_vl_num(&pvlc).ok_or(bad("PVLC vl_hw_cap", vl_hw_cap))?;
+                let vl_hw_cap = crate::prm::MsgBuf::get(&pvlc[..], crate::prm::ifc::pvlc_reg::VL_HW_CAP);
+                let max_vl_num = p::max_vl_num(vl_hw_cap).ok_or(bad("PVLC vl_hw_cap", vl_hw_cap.into()))?;
                 let g = &self.caps.general;
                 Ok(PortAttr {
                     state: h.vport_state,
