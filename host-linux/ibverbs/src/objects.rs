@@ -130,21 +130,21 @@ const RES_TYPE_CQ: u64 = 1 << 32 | 5;
 /// The alignment libmlx5 asks for queue buffers: the page size.
 const PAGE: usize = 4096;
 
-/// Asks the custom allocator of parent domain `pd` (if it is one, with allocators) for an object's buffers,
-/// `(bytes, alignment, resource type)` each, as libmlx5 asks for a QP's, SRQ's or CQ's ring and its doorbell
-/// record. Queue memory here always comes from the driver's DMA allocator, so only
+/// Asks the custom allocator of parent domain `pd` (if it is one, with allocators) for an object's buffers as
+/// libmlx5 asks for a QP's, SRQ's or CQ's: its ring (`ring_bytes`, page aligned, resource type `ring_type`), then
+/// its doorbell record (8 bytes, `MLX5DV_RES_TYPE_DBR`). Queue memory here always comes from the driver's DMA allocator, so only
 /// `IBV_ALLOCATOR_USE_DEFAULT` can be honoured: NULL is `ENOMEM` (as libmlx5), memory is given back to the
 /// program's `free` and the creation is `EOPNOTSUPP`. The object exists by then (its sizes are known only
 /// once made), and the caller destroys it on an error.
 ///
 /// # Safety
 /// `pd` is NULL or a live PD or parent domain of this library.
-unsafe fn ask_allocator(pd: *mut ibv_pd, buffers: &[(usize, usize, u64)]) -> Result<(), c_int> {
+unsafe fn ask_allocator(pd: *mut ibv_pd, ring_bytes: usize, ring_type: u64) -> Result<(), c_int> {
     // SAFETY: the caller's duty.
     let Some(p) = (unsafe { pd_of(pd) }) else { return Ok(()) };
     let Some((alloc, free)) = p.allocators else { return Ok(()) };
     const USE_DEFAULT: *mut c_void = usize::MAX as *mut c_void;
-    for &(bytes, align, ty) in buffers {
+    for (bytes, align, ty) in [(ring_bytes, PAGE, ring_type), (8, 8, RES_TYPE_DBR)] {
         // SAFETY: the program's allocator, called as libmlx5 calls it.
         let mem = unsafe { alloc(pd, p.pd_context, bytes, align, ty) };
         if mem == USE_DEFAULT {
@@ -703,7 +703,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
                 // SAFETY: the CQ was made just now and is not yet the program's; the parent domain is live.
                 unsafe {
                     let bytes = (*p).raw.as_ref().map_or(0, RawCq::buf_bytes);
-                    if let Err(e) = ask_allocator(parent, &[(bytes, PAGE, RES_TYPE_CQ), (8, 8, RES_TYPE_DBR)]) {
+                    if let Err(e) = ask_allocator(parent, bytes, RES_TYPE_CQ) {
                         if ibv_destroy_cq(p.cast()) != 0 {
                             log::error!("create_cq_ex: the CQ refused by the allocator could not be destroyed");
                         }
@@ -914,7 +914,7 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
         errno_of(&e)
     })?;
     // SAFETY: the caller's live PD (a parent domain's allocator is asked for the rings and doorbell record).
-    if let Err(e) = unsafe { ask_allocator(r.pd, &[(raw.buf_bytes(), PAGE, RES_TYPE_QP), (8, 8, RES_TYPE_DBR)]) } {
+    if let Err(e) = unsafe { ask_allocator(r.pd, raw.buf_bytes(), RES_TYPE_QP) } {
         if let Err(d) = raw.destroy() {
             log::error!("create_qp: the QP refused by the allocator could not be destroyed: {d}");
         }
@@ -1319,8 +1319,7 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
         match p.raw.create_srq(sa) {
             Ok(raw) => {
                 // SAFETY: the caller's live PD.
-                let asked =
-                    unsafe { ask_allocator(pd, &[(raw.buf_bytes(), PAGE, RES_TYPE_SRQ), (8, 8, RES_TYPE_DBR)]) };
+                let asked = unsafe { ask_allocator(pd, raw.buf_bytes(), RES_TYPE_SRQ) };
                 if let Err(e) = asked {
                     if let Err(d) = raw.destroy() {
                         log::error!("create_srq: the SRQ refused by the allocator could not be destroyed: {d}");
