@@ -339,32 +339,28 @@ pub(crate) fn release(context: *mut ibv_context) {
     }
 }
 
-/// What `ibv_query_device` and `ibv_query_port` show, read from the HCA as `mlx5 devinfo` reads it.
+/// What `ibv_query_device` and `ibv_query_port` show, read from the HCA as `mlx5 devinfo` reads it, and the
+/// device clock's frequency in kHz (`device_frequency_khz`), which stamps every CQE.
 struct QueryInfo<'a>(&'a str);
 
 impl HcaVisitor for QueryInfo<'_> {
-    type Out = Result<(DevInfo, u8), mlx5_core::hca::Error>;
+    type Out = Result<(DevInfo, u32), mlx5_core::hca::Error>;
     fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T>, delay: &mut AnyDelay) -> Self::Out {
         let info = devinfo::query(hca, delay, self.0, PCI_IDS)?;
-        Ok((info, hca.caps().general.log_max_msg))
+        Ok((info, hca.caps().general.device_frequency_khz))
     }
 }
 
-/// The device clock's frequency in kHz (`device_frequency_khz`), which stamps every CQE.
-struct CoreClock;
-
-impl HcaVisitor for CoreClock {
-    type Out = u32;
-    fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T>, _delay: &mut AnyDelay) -> u32 {
-        hca.caps().general.device_frequency_khz
-    }
-}
-
-fn info(ctx: &Ctx) -> Result<DevInfo, c_int> {
-    raw::with_hca(&ctx.ctx, QueryInfo(ctx.dev.dev.name())).map(|(i, _)| i).map_err(|e| {
+/// The device's attributes and its clock's frequency in kHz, under one hold of the control lock.
+fn info_and_clock(ctx: &Ctx) -> Result<(DevInfo, u32), c_int> {
+    raw::with_hca(&ctx.ctx, QueryInfo(ctx.dev.dev.name())).map_err(|e| {
         log::warn!("query: {e}");
         crate::errno_of(&mlx5_verbs::VerbsError::Hca(e))
     })
+}
+
+fn info(ctx: &Ctx) -> Result<DevInfo, c_int> {
+    info_and_clock(ctx).map(|(i, _)| i)
 }
 
 fn device_attr(i: &DevInfo) -> ibv_device_attr {
@@ -450,8 +446,8 @@ unsafe extern "C" fn query_device_ex(
         if attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
             return libc::EINVAL;
         }
-        let i = match info(ctx) {
-            Ok(i) => i,
+        let (i, khz) = match info_and_clock(ctx) {
+            Ok(v) => v,
             Err(e) => return e,
         };
         // SAFETY: ibv_device_attr_ex is plain integers: zero is valid.
@@ -460,7 +456,6 @@ unsafe extern "C" fn query_device_ex(
         a.phys_port_cnt_ex = u32::from(i.phys_port_cnt);
         // Completion timestamps: the CQE's raw device clock, as mlx5_ib reports it (a 63-bit counter at
         // device_frequency_khz); none without a clock.
-        let khz = raw::with_hca(&ctx.ctx, CoreClock);
         if khz != 0 {
             a.completion_timestamp_mask = (1 << 63) - 1;
             a.hca_core_clock = u64::from(khz);
