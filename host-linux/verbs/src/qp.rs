@@ -216,6 +216,13 @@ pub(crate) struct QpObj {
     pub(crate) ex: std::sync::OnceLock<mlx5_core::qp::QpEx>,
 }
 
+/// The order a QP's two CQs are locked in: lower CQN first, and the second `None` when both queues share one
+/// CQ. Every path that holds both (create, destroy, cleaning a QP's completions) takes them so.
+fn cq_lock_order<'c>(send_cq: &'c Arc<CqObj>, recv_cq: &'c Arc<CqObj>) -> (&'c Arc<CqObj>, Option<&'c Arc<CqObj>>) {
+    let (first, second) = if send_cq.cqn() <= recv_cq.cqn() { (send_cq, recv_cq) } else { (recv_cq, send_cq) };
+    (first, (!Arc::ptr_eq(first, second)).then_some(second))
+}
+
 impl QpObj {
     /// `ibv_create_qp`: locks the control path, then both CQs (ascending CQN), then creates the QP in RESET and
     /// enters it into the CQs' tables.
@@ -228,9 +235,9 @@ impl QpObj {
         qp_context: u64,
     ) -> Result<QpObj> {
         let mut c = pd.ctx.dev.control();
-        let (first, second) = if send_cq.cqn() <= recv_cq.cqn() { (send_cq, recv_cq) } else { (recv_cq, send_cq) };
+        let (first, second) = cq_lock_order(send_cq, recv_cq);
         let mut g1 = lock(&first.ring);
-        let mut g2 = (!Arc::ptr_eq(first, second)).then(|| lock(&second.ring));
+        let mut g2 = second.map(|c| lock(&c.ring));
         let pd_guard = lock(&pd.pd);
         let p = pd_guard.as_ref().ok_or(VerbsError::Destroyed { what: "protection domain" })?;
         let destroyed = || VerbsError::Destroyed { what: "completion queue" };
@@ -305,15 +312,11 @@ impl QpObj {
     /// locks them); receives through an SRQ give their WQEs back to it.
     fn clean_cqs(&self) {
         let mmio = &self.pd.ctx.dev.mmio;
-        let mut cqs = [&self.send_cq, &self.recv_cq];
-        cqs.sort_by_key(|c| c.cqn());
-        for (k, cq) in cqs.iter().enumerate() {
-            if k == 1 && Arc::ptr_eq(cqs[0], cq) {
-                break;
-            }
+        let (first, second) = cq_lock_order(&self.send_cq, &self.recv_cq);
+        let srq = self.srq.as_ref();
+        for cq in [Some(first), second].into_iter().flatten() {
             let mut r = lock(&cq.ring);
             let Some(ring) = r.cq.as_mut() else { continue };
-            let srq = self.srq.as_ref();
             ring.clean(mmio, self.qpn, |wqe_counter| {
                 if let Some(s) = srq {
                     if let Some(s) = lock(&s.ring).as_mut() {
@@ -380,13 +383,9 @@ impl QpObj {
     /// `ibv_destroy_qp`: out of the CQs' tables (control, CQ, then QP lock), then DESTROY_QP. Idempotent.
     pub(crate) fn destroy(&self) -> Result<()> {
         let mut c = self.pd.ctx.dev.control();
-        let (first, second) = if self.send_cq.cqn() <= self.recv_cq.cqn() {
-            (&self.send_cq, &self.recv_cq)
-        } else {
-            (&self.recv_cq, &self.send_cq)
-        };
+        let (first, second) = cq_lock_order(&self.send_cq, &self.recv_cq);
         let mut g1 = lock(&first.ring);
-        let mut g2 = (!Arc::ptr_eq(first, second)).then(|| lock(&second.ring));
+        let mut g2 = second.map(|c| lock(&c.ring));
         let Some(qp) = lock(&self.ring).take() else { return Ok(()) };
         g1.qps.remove(&self.qpn);
         if let Some(g) = &mut g2 {
