@@ -724,8 +724,8 @@ fn event_of(ctx: &Ctx, e: AsyncEvent) -> ibv_async_event {
     };
     // The object the event names counts it as handed out, under the map lock its destroy retires it under.
     // SAFETY: `element` came from the object map just now, under its lock, so the object is live.
-    if let Some(count) = unsafe { async_count(element, event_type) } {
-        count.handed_out();
+    if let Some(o) = unsafe { async_object(element, event_type) } {
+        o.count.handed_out();
     }
     ibv_async_event { element, event_type }
 }
@@ -747,20 +747,39 @@ fn element_kind(event_type: c_int) -> Option<Element> {
     }
 }
 
-/// The event count of the object an event names, if it names one.
+/// The object an async event names: its event count, its context, and the counter of acknowledged events
+/// libibverbs keeps in its C struct (`events_completed`).
+struct AsyncObject<'a> {
+    count: &'a crate::objects::AsyncCount,
+    ctx: *const Ctx,
+    completed: *mut u32,
+}
+
+/// The object an event names, if it names one.
 ///
 /// # Safety
 /// `element` is NULL or, for an object event, a live object of this library of the kind the type says.
-unsafe fn async_count<'a>(element: *mut c_void, event_type: c_int) -> Option<&'a crate::objects::AsyncCount> {
+unsafe fn async_object<'a>(element: *mut c_void, event_type: c_int) -> Option<AsyncObject<'a>> {
     if element.is_null() {
         return None;
     }
     // SAFETY: the caller's promise; each object's C struct is the first field of its box.
     unsafe {
         Some(match element_kind(event_type)? {
-            Element::Cq => &(*element.cast::<crate::objects::Cq>()).async_events,
-            Element::Qp => &(*element.cast::<crate::objects::Qp>()).async_events,
-            Element::Srq => &(*element.cast::<crate::objects::Srq>()).async_events,
+            Element::Cq => {
+                let o = element.cast::<crate::objects::Cq>();
+                let completed = &raw mut (*o).c.cq.async_events_completed;
+                AsyncObject { count: &(*o).async_events, ctx: (*o).ctx, completed }
+            }
+            Element::Qp => {
+                let o = element.cast::<crate::objects::Qp>();
+                let completed = &raw mut (*o).c.qp_base.events_completed;
+                AsyncObject { count: &(*o).async_events, ctx: (*o).ctx, completed }
+            }
+            Element::Srq => {
+                let o = element.cast::<crate::objects::Srq>();
+                AsyncObject { count: &(*o).async_events, ctx: (*o).ctx, completed: &raw mut (*o).c.events_completed }
+            }
         })
     }
 }
@@ -800,34 +819,15 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
         // An event naming an object: acknowledged on the object's context and counted on the object (its
         // destroy waits for that), with the program-visible counter libibverbs keeps.
         // SAFETY: an object named by an unacknowledged event is live (its destroy waits for this call).
-        if let Some(count) = unsafe { async_count(ev.element, ev.event_type) } {
-            let (el, kind) = (ev.element, element_kind(ev.event_type));
-            // SAFETY: as above; the C parts are the first fields of their boxes.
-            let ctx = unsafe {
-                match kind {
-                    Some(Element::Cq) => (*el.cast::<crate::objects::Cq>()).ctx,
-                    Some(Element::Qp) => (*el.cast::<crate::objects::Qp>()).ctx,
-                    Some(Element::Srq) => (*el.cast::<crate::objects::Srq>()).ctx,
-                    None => ptr::null(),
-                }
-            };
+        if let Some(AsyncObject { count, ctx, completed }) = unsafe { async_object(ev.element, ev.event_type) } {
             // The context first: once the object's count is acknowledged, its destroy may free the object and
             // (closed with it as its last object) the context.
             // SAFETY: the context outlives its objects.
             if let Some(ctx) = unsafe { ctx.as_ref() } {
                 let _ = ctx.ctx.ack_async_event(&AsyncEvent::DeviceFatal);
             }
-            count.ack(|done| {
-                // SAFETY: the object is live while its count is held (its destroy waits on it).
-                unsafe {
-                    match kind {
-                        Some(Element::Cq) => (*el.cast::<crate::objects::Cq>()).c.cq.async_events_completed = done,
-                        Some(Element::Qp) => (*el.cast::<crate::objects::Qp>()).c.qp_base.events_completed = done,
-                        Some(Element::Srq) => (*el.cast::<crate::objects::Srq>()).c.events_completed = done,
-                        None => {}
-                    }
-                }
-            });
+            // SAFETY: the object is live while its count is held (its destroy waits on it).
+            count.ack(|done| unsafe { completed.write(done) });
             return;
         }
         // A port or device event does not name its context: acknowledged on the first open context with one
