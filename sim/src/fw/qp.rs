@@ -108,6 +108,25 @@ pub enum SpecialQp {
 }
 
 impl SpecialQp {
+    /// The QPN the port's SMI and GSI QPs answer to and send as on the wire (IBA 3.5.4), whatever their QPNs in
+    /// the device.
+    pub fn wire_qpn(self) -> Option<u32> {
+        match self {
+            SpecialQp::Qp0 => Some(0),
+            SpecialQp::Qp1 => Some(1),
+            SpecialQp::RegUmr => None,
+        }
+    }
+
+    /// The special QP that wire QPN `qpn` names, if any.
+    pub fn of_wire_qpn(qpn: u32) -> Option<Self> {
+        match qpn {
+            0 => Some(SpecialQp::Qp0),
+            1 => Some(SpecialQp::Qp1),
+            _ => None,
+        }
+    }
+
     pub fn raw(self) -> u32 {
         match self {
             SpecialQp::Qp0 => consts::MLX5_QP_ST_QP0,

@@ -48,11 +48,7 @@ impl State {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, own_qkey, max_msg, psn) = (qp.pd, qp.q_key, qp.max_msg, qp.next_send_psn);
         // The SMI and GSI QPs send as QP0 and QP1 (IBA 3.5.4): that is the source QPN a receiver sees.
-        let src_qpn = match qp.special {
-            Some(SpecialQp::Qp0) => 0,
-            Some(SpecialQp::Qp1) => 1,
-            _ => qpn,
-        };
+        let src_qpn = qp.special.and_then(SpecialQp::wire_qpn).unwrap_or(qpn);
         let Some(av) = w.av else {
             return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
         };
@@ -99,11 +95,7 @@ impl State {
         let Body::Ud { qkey, data, imm, solicited } = &p.body else { return };
         let drop = |st: &mut State, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
         // QPNs 0 and 1 name the port's SMI and GSI QPs, whatever their QPNs in the device.
-        let special = match p.dst_qpn {
-            0 => Some(SpecialQp::Qp0),
-            1 => Some(SpecialQp::Qp1),
-            _ => None,
-        };
+        let special = SpecialQp::of_wire_qpn(p.dst_qpn);
         let dst = match special {
             Some(sp) => {
                 let found = self.fw.qps.iter().find(|(_, q)| q.special == Some(sp)).map(|(n, _)| n);
