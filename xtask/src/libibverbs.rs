@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::vfio_test::wait_until;
+
 /// Every default-version export of Debian bookworm's libibverbs (`name VERSION` a line).
 const SYMBOLS: &str = include_str!("../../host-linux/ibverbs/symbols.txt");
 
@@ -237,22 +239,16 @@ pub(crate) fn on_dropin<'c>(c: &'c mut Command, ld_path: impl AsRef<OsStr>, devi
 
 /// Waits for a child with a deadline, killing it when the deadline passes.
 fn wait(mut child: Child, limit: Duration, what: &str) -> Result<Output, String> {
-    let start = Instant::now();
-    loop {
-        match child.try_wait().map_err(|e| e.to_string())? {
-            Some(_) => return child.wait_with_output().map_err(|e| e.to_string()),
-            None if start.elapsed() > limit => {
-                let _ = child.kill();
-                let out = child.wait_with_output().map_err(|e| e.to_string())?;
-                return Err(format!(
-                    "{what}: no exit after {limit:?}\nstdout:\n{}\nstderr:\n{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            None => std::thread::sleep(Duration::from_millis(50)),
-        }
+    if wait_until(&mut child, Instant::now() + limit, Duration::from_millis(50))?.is_some() {
+        return child.wait_with_output().map_err(|e| e.to_string());
     }
+    let _ = child.kill();
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    Err(format!(
+        "{what}: no exit after {limit:?}\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
 }
 
 /// The program succeeded, the loader did not complain, and its output holds each needle (compared with runs of

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::verbs_guest::{self, LIBDIR};
-use crate::vfio_test::Cpio;
+use crate::vfio_test::{wait_until, Cpio};
 
 /// `CONFIG_UML_PCI_OVER_VIRTIO_DEVICE_ID` in `xtask/uml/config.fragment`.
 const VIRTIO_DEVICE_ID: u32 = 1234;
@@ -304,25 +304,14 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
             .spawn()
             .map_err(|e| format!("{}: {e}", linux.display()))?,
     );
-    let mut timed_out = false;
-    loop {
-        if uml.0.try_wait().map_err(|e| e.to_string())?.is_some() {
-            break;
-        }
-        if boot.elapsed() > BOOT_TIMEOUT {
-            let _ = uml.0.kill();
-            timed_out = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let timed_out = wait_until(&mut uml.0, boot + BOOT_TIMEOUT, Duration::from_millis(50))?.is_none();
+    if timed_out {
+        let _ = uml.0.kill();
     }
     let boot_time = boot.elapsed();
     drop(uml);
     // The bridge ends when UML disconnects and then logs its counters; give it a moment.
-    let t0 = Instant::now();
-    while matches!(bridge_proc.0.try_wait(), Ok(None)) && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let _ = wait_until(&mut bridge_proc.0, Instant::now() + Duration::from_secs(10), Duration::from_millis(20));
     drop(bridge_proc);
     let console = String::from_utf8_lossy(&std::fs::read(&console_path).map_err(|e| e.to_string())?).into_owned();
     let mut dmesg = between(&console, DMESG_BEGIN, DMESG_END)

@@ -25,7 +25,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::verbs_guest::{self, LIBDIR};
-use crate::vfio_test::{apt_install, ensure_kernel, find_module, have, module_bytes, run, Cpio};
+use crate::vfio_test::{apt_install, ensure_kernel, find_module, have, module_bytes, run, wait_until, Cpio};
 
 /// The modules rdma_rxe needs, in load order (crc32_generic is not a declared dependency but rxe's ICRC needs
 /// it; without it `rdma link add` fails).
@@ -231,17 +231,12 @@ fn console(child: &mut Child) -> Result<mpsc::Receiver<String>, String> {
 }
 
 fn wait_child(child: &mut Child, end: Instant, what: &str) -> Result<std::process::ExitStatus, String> {
-    loop {
-        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
-            return Ok(s);
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("{what} did not finish within {} s", RUN_TIMEOUT.as_secs()));
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    if let Some(s) = wait_until(child, end, Duration::from_millis(50))? {
+        return Ok(s);
     }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err(format!("{what} did not finish within {} s", RUN_TIMEOUT.as_secs()))
 }
 
 /// A lost-frame run: the simulated port's link loses one chosen RoCE frame (`MLX5_SIM_DROP_OUT` /

@@ -12,7 +12,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// VFIO modules in load order (6.1 has vfio_virqfd separate; later kernels fold it into vfio).
@@ -26,6 +26,20 @@ pub(crate) fn run(cmd: &mut Command) -> Result<String, String> {
         return Err(format!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Waits for `child` to exit, looking every `every` until `deadline`; `None` once the deadline passed, the child
+/// left running (what a timeout means is the caller's).
+pub(crate) fn wait_until(child: &mut Child, deadline: Instant, every: Duration) -> Result<Option<ExitStatus>, String> {
+    loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            return Ok(Some(s));
+        }
+        if Instant::now() > deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(every);
+    }
 }
 
 pub(crate) fn have(program: &str) -> bool {
