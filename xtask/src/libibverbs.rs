@@ -543,37 +543,39 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
     None
 }
 
+/// What every part of `verbs-apps` runs with: the repository, the built library and Debian's programs.
+pub struct Apps<'a> {
+    root: &'a Path,
+    lib: PathBuf,
+    p: Programs,
+}
+
+/// One part of `verbs-apps`.
+pub type Part = fn(&Apps<'_>) -> Result<(), String>;
+
 /// The parts of `verbs-apps`, in the order they run; `--only PART` runs one.
-pub const PARTS: &[&str] = &["devinfo", "pingpong", "perftest", "faults", "python", "abi", "crate"];
+pub const PARTS: &[(&str, Part)] = &[
+    ("devinfo", |a| devinfo(&a.p)),
+    ("pingpong", |a| pingpongs(&a.p)),
+    ("perftest", |a| perftest(&a.p)),
+    ("faults", |a| fault_injection(&a.p)),
+    ("python", |a| python_suite(&a.p, &a.lib)),
+    ("abi", |a| abi_test(a.root, &a.lib)),
+    ("crate", |a| ibverbs_crate(a.root, &a.lib)),
+];
 
 /// `cargo xtask verbs-apps [--debug] [--only PART]`: Debian's programs on the library.
 pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     let release = !args.iter().any(|a| a == "--debug");
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1));
-    let part = |name: &str| only.is_none_or(|o| o == name);
     let lib = build(root, release)?;
     let p = programs(&lib)?;
     println!("programs from {}", p.bin.display());
-    if part("devinfo") {
-        devinfo(&p)?;
-    }
-    if part("pingpong") {
-        pingpongs(&p)?;
-    }
-    if part("perftest") {
-        perftest(&p)?;
-    }
-    if part("faults") {
-        fault_injection(&p)?;
-    }
-    if part("python") {
-        python_suite(&p, &lib)?;
-    }
-    if part("abi") {
-        abi_test(root, &lib)?;
-    }
-    if part("crate") {
-        ibverbs_crate(root, &lib)?;
+    let apps = Apps { root, lib, p };
+    for (name, run_part) in PARTS {
+        if only.is_none_or(|o| o == name) {
+            run_part(&apps)?;
+        }
     }
     println!("verbs-apps: {}", only.map_or("all programs ran".to_string(), |o| format!("{o} ran")));
     Ok(())

@@ -237,8 +237,9 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::Libibverbs(v) | Task::VerbsApps(v), "--debug") => v.push(a),
             (Task::VerbsApps(v), "--only") => {
                 let part = argv.value("--only", "a part name")?;
-                if !libibverbs::PARTS.contains(&part.as_str()) {
-                    let why = format!("no part {part:?} (parts: {})", libibverbs::PARTS.join(", "));
+                let names: Vec<&str> = libibverbs::PARTS.iter().map(|(n, _)| *n).collect();
+                if !names.contains(&part.as_str()) {
+                    let why = format!("no part {part:?} (parts: {})", names.join(", "));
                     return Err(ArgError::Invalid { option: "--only".into(), why });
                 }
                 v.extend(["--only".to_string(), part]);

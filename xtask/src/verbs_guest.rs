@@ -11,7 +11,7 @@ use crate::vfio_test::{apt_install, have, run, Cpio};
 pub(crate) const LIBDIR: &str = "usr/lib/x86_64-linux-gnu";
 
 /// The provider library for `name` (`rxe`, `mlx5`): `libibverbs/lib<name>-rdmav*.so` on this host.
-pub(crate) fn provider(name: &str) -> Option<PathBuf> {
+fn provider(name: &str) -> Option<PathBuf> {
     let dir = Path::new("/").join(LIBDIR).join("libibverbs");
     let prefix = format!("lib{name}-rdmav");
     std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).find(|p| {
@@ -38,13 +38,13 @@ pub(crate) fn ensure_packages(providers: &[&str]) -> Result<(), String> {
     }
 }
 
-pub(crate) fn which(program: &str) -> Result<PathBuf, String> {
+fn which(program: &str) -> Result<PathBuf, String> {
     let out = run(Command::new("sh").arg("-c").arg(format!("command -v {program}")))?;
     Ok(PathBuf::from(out.trim()))
 }
 
 /// `ldd`'s answer for `bin`: (name the loader looks for, file on this host); the interpreter is named by its path.
-pub(crate) fn ldd(bin: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+fn ldd(bin: &Path) -> Result<Vec<(String, PathBuf)>, String> {
     let out = run(Command::new("ldd").arg(bin))?;
     let mut libs = Vec::new();
     for line in out.lines().map(str::trim) {
