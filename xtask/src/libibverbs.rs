@@ -188,8 +188,9 @@ pub fn run_libibverbs(root: &Path, args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Where Debian's programs are: `/usr/bin` when ibverbs-utils and perftest are installed, else the packages
-/// downloaded with `apt-get download` and unpacked under `target/libibverbs/debs`.
+/// Where Debian's programs are: `/usr/bin` when ibverbs-utils, perftest and pyverbs are installed with every
+/// library they need, else the packages downloaded with `apt-get download` and unpacked under
+/// `target/libibverbs/debs`, whose libraries must then all be found (so a half-installed host hides nothing).
 fn programs(lib: &Path) -> Result<Programs, String> {
     let system = Path::new("/");
     let have = |root: &Path| {
@@ -205,15 +206,18 @@ fn programs(lib: &Path) -> Result<Programs, String> {
         tests: root.join("usr/share/doc/rdma-core/tests"),
     };
     if have(system) {
-        return Ok(at(system, lib.display().to_string()));
+        let p = at(system, lib.display().to_string());
+        let missing = unresolved(&p)?;
+        if missing.is_empty() {
+            return Ok(p);
+        }
+        println!("the installed verbs programs lack {}: using Debian's packages instead", missing.join(", "));
     }
     let debs = lib.join("debs");
     let root = debs.join("root");
-    let path = format!("{}:{}", lib.display(), root.join("usr/lib/x86_64-linux-gnu").display());
     if !have(&root) {
         std::fs::create_dir_all(&debs).map_err(|e| e.to_string())?;
-        println!("$ apt-get download {}", DEBS.join(" "));
-        run(Command::new("apt-get").arg("download").args(DEBS).current_dir(&debs))?;
+        apt_download(DEBS, &debs)?;
         for e in std::fs::read_dir(&debs).map_err(|e| e.to_string())? {
             let p = e.map_err(|e| e.to_string())?.path();
             if p.extension().is_some_and(|x| x == "deb") {
@@ -221,7 +225,112 @@ fn programs(lib: &Path) -> Result<Programs, String> {
             }
         }
     }
-    Ok(at(&root, path))
+    let p = at(&root, search_path(lib, &root));
+    let missing = unresolved(&p)?;
+    if !missing.is_empty() {
+        return Err(format!(
+            "Debian's verbs programs unpacked under {} still lack {} (a package missing from DEBS?)",
+            root.display(),
+            missing.join(", ")
+        ));
+    }
+    Ok(p)
+}
+
+/// `apt-get download` into `dir`, with one `apt-get update` when the first attempt fails (a new machine may have
+/// no package lists yet).
+fn apt_download(pkgs: &[&str], dir: &Path) -> Result<(), String> {
+    println!("$ apt-get download {}", pkgs.join(" "));
+    let download = || {
+        let mut c = Command::new("apt-get");
+        c.args(["download", "-q"]).args(pkgs).current_dir(dir);
+        c
+    };
+    let first = download().output().map_err(|e| format!("failed to run apt-get: {e}"))?;
+    if first.status.success() {
+        return Ok(());
+    }
+    println!("apt-get download failed ({}); $ apt-get update", String::from_utf8_lossy(&first.stderr).trim());
+    run(Command::new("apt-get").args(["update", "-q"]))?;
+    run(&mut download()).map(drop)
+}
+
+/// The libraries the loader cannot find for the programs the parts run and pyverbs' extension modules, with
+/// the programs' search path (`name (needed by program)` each).
+fn unresolved(p: &Programs) -> Result<Vec<String>, String> {
+    let mut objects: Vec<PathBuf> = ["ibv_rc_pingpong", "ib_write_bw"].iter().map(|b| p.bin.join(b)).collect();
+    let pyverbs = p.pyverbs.join("pyverbs");
+    for e in std::fs::read_dir(&pyverbs).map_err(|e| format!("{}: {e}", pyverbs.display()))?.flatten() {
+        if e.path().extension().is_some_and(|x| x == "so") {
+            objects.push(e.path());
+        }
+    }
+    let mut missing = Vec::new();
+    for o in &objects {
+        let name = o.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        for lib in missing_libraries(o, &p.path)? {
+            missing.push(format!("{lib} (needed by {name})"));
+        }
+    }
+    Ok(missing)
+}
+
+/// The shared libraries `ldd` reports "not found" for `object` with `ld_path` as `LD_LIBRARY_PATH`.
+fn missing_libraries(object: &Path, ld_path: &str) -> Result<Vec<String>, String> {
+    let out = Command::new("ldd")
+        .arg(object)
+        .env("LD_LIBRARY_PATH", ld_path)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .map_err(|e| format!("failed to run ldd: {e}"))?;
+    // ldd exits non-zero when a library is missing, so its status says nothing more than its lines.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let missing: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_suffix("=> not found"))
+        .map(|name| name.trim().to_string())
+        .collect();
+    if missing.is_empty() && !out.status.success() {
+        return Err(format!("ldd {}: {}", object.display(), String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(missing)
+}
+
+/// The programs' library search path: the drop-in's directory, then every directory of the unpacked packages
+/// that holds a shared library (`lib*.so*`). Packages do not agree on one: libnl's go to `lib/x86_64-linux-gnu`,
+/// rdma-core's to `usr/lib/x86_64-linux-gnu`. The loader's own directories come first, in its order.
+fn search_path(lib: &Path, root: &Path) -> String {
+    const LOADER_ORDER: &[&str] = &["lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib", "usr/lib"];
+    let mut dirs = Vec::new();
+    library_dirs(root, &mut dirs, 0);
+    let rank = |d: &PathBuf| LOADER_ORDER.iter().position(|o| root.join(o) == *d).unwrap_or(LOADER_ORDER.len());
+    dirs.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
+    let mut path = lib.display().to_string();
+    for d in dirs {
+        path.push(':');
+        path.push_str(&d.display().to_string());
+    }
+    path
+}
+
+/// Adds `dir` and its subdirectories that hold a shared library to `out` (symbolic links to directories are not
+/// followed; an unpacked package tree is a few levels deep, the bound keeps a link loop or a stray tree finite).
+fn library_dirs(dir: &Path, out: &mut Vec<PathBuf>, depth: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut holds = false;
+    for e in entries.flatten() {
+        let Ok(kind) = e.file_type() else { continue };
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if kind.is_dir() && depth < 8 {
+            library_dirs(&e.path(), out, depth + 1);
+        } else if !kind.is_dir() && name.starts_with("lib") && name.contains(".so") {
+            holds = true;
+        }
+    }
+    if holds {
+        out.push(dir.to_path_buf());
+    }
 }
 
 /// A program run with the library and a device configuration.
@@ -454,8 +563,7 @@ fn abi_test(root: &Path, lib: &Path) -> Result<(), String> {
         let dev = lib.join("debs/dev");
         if !dev.join("usr/include/infiniband/verbs.h").exists() {
             std::fs::create_dir_all(&dev).map_err(|e| e.to_string())?;
-            println!("$ apt-get download libibverbs-dev");
-            run(Command::new("apt-get").args(["download", "libibverbs-dev"]).current_dir(&dev))?;
+            apt_download(&["libibverbs-dev"], &dev)?;
             for e in std::fs::read_dir(&dev).map_err(|e| e.to_string())? {
                 let p = e.map_err(|e| e.to_string())?.path();
                 if p.extension().is_some_and(|x| x == "deb") {
@@ -488,8 +596,7 @@ fn ibverbs_crate(root: &Path, lib: &Path) -> Result<(), String> {
         || !Path::new("/usr/include/netlink/netlink.h").exists() && !Path::new("/usr/include/libnl3").exists()
         || !Path::new("/usr/lib/llvm-14/lib/libclang.so").exists() && Command::new("llvm-config").output().is_err()
     {
-        println!("$ apt-get install -y {}", CRATE_BUILD_DEBS.join(" "));
-        run(Command::new("apt-get").args(["install", "-y", "-q"]).args(CRATE_BUILD_DEBS))?;
+        crate::vfio_test::apt_install(CRATE_BUILD_DEBS)?;
     }
     let app = root.join("host-linux/ibverbs/rust-app");
     let target = lib.join("rust-app");
@@ -655,4 +762,67 @@ fn perftest(p: &Programs) -> Result<(), String> {
         pingpong(p, "", prog, args, 18540 + i as u16, [&[], &["#bytes", row, gid]])?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scratch directory of this test process, emptied first.
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn touch(root: &Path, file: &str) {
+        let p = root.join(file);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"").unwrap();
+    }
+
+    /// Issue 29: libnl-3-200 and libnl-route-3-200 unpack into `lib/x86_64-linux-gnu`, which was not on the
+    /// programs' path, so perftest failed to load on a machine without libnl installed.
+    #[test]
+    fn every_library_directory_of_the_unpacked_packages_is_searched() {
+        let root = scratch("libdirs");
+        touch(&root, "lib/x86_64-linux-gnu/libnl-3.so.200.26.0");
+        touch(&root, "usr/lib/x86_64-linux-gnu/librdmacm.so.1");
+        touch(&root, "usr/lib/python3/dist-packages/pyverbs/device.cpython-311-x86_64-linux-gnu.so");
+        touch(&root, "usr/bin/ib_write_bw");
+        let path = search_path(Path::new("/dropin"), &root);
+        let dirs: Vec<&str> = path.split(':').collect();
+        let want = [
+            "/dropin".to_string(),
+            root.join("lib/x86_64-linux-gnu").display().to_string(),
+            root.join("usr/lib/x86_64-linux-gnu").display().to_string(),
+        ];
+        assert_eq!(
+            dirs, want,
+            "the drop-in first, then each directory holding a shared library, in the loader's order"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// Issue 29: a host with the programs installed but a library of theirs missing was taken as complete; the
+    /// check names what the loader cannot find, and nothing once the library is on the path.
+    #[test]
+    fn a_program_whose_library_is_missing_is_reported() {
+        let dir = scratch("ldd");
+        std::fs::write(dir.join("stub.c"), "int xtask_stub(void) { return 7; }\n").unwrap();
+        std::fs::write(dir.join("main.c"), "int xtask_stub(void);\nint main(void) { return xtask_stub(); }\n").unwrap();
+        let cc = |args: &[&str]| {
+            let ok = Command::new("cc").args(args).current_dir(&dir).status().unwrap();
+            assert!(ok.success(), "cc {args:?}");
+        };
+        cc(&["-shared", "-fPIC", "-o", "libxtaskstub.so.1", "-Wl,-soname,libxtaskstub.so.1", "stub.c"]);
+        std::fs::create_dir(dir.join("lib")).unwrap();
+        std::os::unix::fs::symlink("../libxtaskstub.so.1", dir.join("lib/libxtaskstub.so")).unwrap();
+        cc(&["-o", "prog", "main.c", "-Llib", "-lxtaskstub"]);
+        let prog = dir.join("prog");
+        assert_eq!(missing_libraries(&prog, "").unwrap(), ["libxtaskstub.so.1"]);
+        assert!(missing_libraries(&prog, &dir.display().to_string()).unwrap().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
