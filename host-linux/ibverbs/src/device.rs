@@ -694,7 +694,10 @@ pub unsafe extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port: u8,
     }
 }
 
-fn event_of(ctx: &Ctx, e: AsyncEvent) -> ibv_async_event {
+/// The C event for `e`, or `None` when it names a CQ, QP or SRQ this context no longer has: destroyed after the
+/// event was queued (mlx5-verbs drops queued events at destroy; this closes the race with a destroy on another
+/// thread), so the event is dropped as Linux drops it rather than handed out with a NULL element.
+fn event_of(ctx: &Ctx, e: AsyncEvent) -> Option<ibv_async_event> {
     let objs = crate::objects::lock(&ctx.objs);
     let obj = |m: &HashMap<u32, usize>, n: u32| m.get(&n).copied().unwrap_or(0) as *mut c_void;
     let port = |p: u8| usize::from(p) as *mut c_void;
@@ -722,12 +725,15 @@ fn event_of(ctx: &Ctx, e: AsyncEvent) -> ibv_async_event {
         AsyncEvent::SrqLimitReached { srqn } => (obj(&objs.srqs, srqn), 15),
         AsyncEvent::LastWqeReached { qpn } => (obj(&objs.qps, qpn), 16),
     };
+    if element.is_null() && element_kind(event_type).is_some() {
+        return None;
+    }
     // The object the event names counts it as handed out, under the map lock its destroy retires it under.
     // SAFETY: `element` came from the object map just now, under its lock, so the object is live.
     if let Some(o) = unsafe { async_object(element, event_type) } {
         o.count.handed_out();
     }
-    ibv_async_event { element, event_type }
+    Some(ibv_async_event { element, event_type })
 }
 
 /// What an async event names: a CQ (IBV_EVENT_CQ_ERR), an SRQ (SRQ_ERR, SRQ_LIMIT_REACHED), a QP (the other
@@ -799,8 +805,13 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
         let wait = if nonblocking { Duration::ZERO } else { Duration::from_secs(3600) };
         loop {
             if let Some(e) = ctx.ctx.get_async_event(wait) {
+                let Some(ev) = event_of(ctx, e) else {
+                    // Taken from the queue but never handed out: acknowledged here, and the next one looked for.
+                    let _ = ctx.ctx.ack_async_event(&e);
+                    continue;
+                };
                 // SAFETY: the caller's event is writable.
-                unsafe { event.write(event_of(ctx, e)) };
+                unsafe { event.write(ev) };
                 return 0;
             }
             if nonblocking {

@@ -1,7 +1,7 @@
 //! The C API called as a C program calls it, in process, on the default simulated device (`mlx5_0`): a
 //! loopback RC exchange through the `ibv_context_ops` pointers, the extended ops, and the error conventions.
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::ptr;
 
 use crate::abi::*;
@@ -783,6 +783,373 @@ fn a_move_to_reset_takes_the_qps_unpolled_completions_out_of_its_cq() {
         assert_eq!(ops.poll_cq.unwrap()(cq, 4, more.as_mut_ptr()), 0, "nothing of A's is left");
         assert_eq!(ibv_destroy_qp(a), 0);
         assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+/// Waits (at most `ms` milliseconds) until `fd` is readable.
+fn readable_within(fd: c_int, ms: c_int) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+/// UCX's rc_verbs teardown: a QP on an SRQ moved to ERR raises IBV_EVENT_QP_LAST_WQE_REACHED; the QP is destroyed
+/// before the event is taken. The event goes with the QP, as Linux drops it, instead of reaching the program
+/// with `element.qp == NULL` (which UCX dereferenced).
+#[test]
+fn an_async_event_of_a_destroyed_qp_is_dropped_not_handed_out_with_a_null_qp() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut sa = ibv_srq_init_attr {
+            srq_context: ptr::null_mut(),
+            attr: ibv_srq_attr { max_wr: 4, max_sge: 1, srq_limit: 0 },
+        };
+        let srq = ibv_create_srq(pd, &mut sa);
+        assert!(!srq.is_null());
+        let mut init = rc_init(cq, 1);
+        init.srq = srq;
+        init.cap.max_recv_wr = 0;
+        let qp = ibv_create_qp(pd, &mut init);
+        assert!(!qp.is_null());
+        connect(ctx, qp, (*qp).qp_num);
+        let mut a: ibv_qp_attr = std::mem::zeroed();
+        a.qp_state = 6; // IBV_QPS_ERR
+        assert_eq!(ibv_modify_qp(qp, &mut a, 1), 0);
+        assert!(readable_within((*ctx).async_fd, 10_000), "LAST_WQE_REACHED is queued");
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        set_nonblocking((*ctx).async_fd);
+        let mut ev: ibv_async_event = std::mem::zeroed();
+        let got = ibv_get_async_event(ctx, &mut ev);
+        assert_eq!(
+            (got, errno()),
+            (-1, libc::EAGAIN),
+            "an event of a destroyed QP was handed out: type {}, element {:?}",
+            ev.event_type,
+            ev.element
+        );
+        assert_eq!(ibv_destroy_srq(srq), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+/// Posts one signaled SEND of `sge` on `qp`; what `post_send` returned.
+///
+/// # Safety
+/// `qp` is a live QP; `sge` lies in registered memory (or is inline) and lives until the send completes.
+unsafe fn post_send_one(qp: *mut ibv_qp, mut sge: ibv_sge, flags: c_uint) -> c_int {
+    // SAFETY: ibv_send_wr is plain data.
+    let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+    w.sg_list = &mut sge;
+    w.num_sge = 1;
+    w.opcode = 2;
+    w.send_flags = 2 | flags;
+    let mut bad = ptr::null_mut();
+    // SAFETY: a live QP of an open context; the request and its SGE live on this stack for the call.
+    unsafe { (*(*qp).context).ops.post_send.unwrap()(qp, &mut w, &mut bad) }
+}
+
+/// Posts one receive of `sge` on `qp`; what `post_recv` returned.
+///
+/// # Safety
+/// `qp` is a live QP; `sge` lies in registered memory that lives until the receive completes.
+unsafe fn post_recv_one(qp: *mut ibv_qp, mut sge: ibv_sge) -> c_int {
+    let mut w = ibv_recv_wr { wr_id: 9, next: ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+    let mut bad = ptr::null_mut();
+    // SAFETY: as above.
+    unsafe { (*(*qp).context).ops.post_recv.unwrap()(qp, &mut w, &mut bad) }
+}
+
+#[test]
+fn a_receive_only_and_a_send_only_qp_are_created_and_talk() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 256];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        // qperf's receiver: no send queue. rdma-core's mlx5 sizes no SQ and reports max_send_wr 0.
+        let mut rx_init = rc_init(cq, 0);
+        rx_init.cap.max_recv_wr = 4;
+        let rx = ibv_create_qp(pd, &mut rx_init);
+        assert!(!rx.is_null(), "receive-only QP refused: errno {}", errno());
+        assert_eq!(rx_init.cap.max_send_wr, 0);
+        assert!(rx_init.cap.max_recv_wr >= 4);
+        // No receive queue and no SRQ: rdma-core's mlx5 makes a zero-length RQ and reports max_recv_wr 0.
+        let mut tx_init = rc_init(cq, 4);
+        tx_init.cap.max_recv_wr = 0;
+        let tx = ibv_create_qp(pd, &mut tx_init);
+        assert!(!tx.is_null(), "send-only QP refused: errno {}", errno());
+        assert_eq!((tx_init.cap.max_recv_wr, tx_init.cap.max_recv_sge), (0, 0));
+        assert!(tx_init.cap.max_send_wr >= 4);
+        connect(ctx, rx, (*tx).qp_num);
+        connect(ctx, tx, (*rx).qp_num);
+        let base = mem.as_mut_ptr() as u64;
+        let lkey = (*mr).lkey;
+        // Each queue that does not exist is full, as libmlx5's overflow check finds it: ENOMEM.
+        assert_eq!(post_send_one(rx, ibv_sge { addr: base, length: 4, lkey }, 0), libc::ENOMEM);
+        assert_eq!(post_recv_one(tx, ibv_sge { addr: base + 128, length: 64, lkey }), libc::ENOMEM);
+        // The send-only QP's SEND lands in the receive-only QP's buffer.
+        assert_eq!(post_recv_one(rx, ibv_sge { addr: base + 128, length: 64, lkey }), 0);
+        mem[..4].copy_from_slice(b"qprf");
+        assert_eq!(post_send_one(tx, ibv_sge { addr: base, length: 4, lkey }, 0), 0);
+        let mut got = [poll_one(ctx, cq).expect("a completion"), poll_one(ctx, cq).expect("a second completion")];
+        got.sort_by_key(|w| w.opcode);
+        assert_eq!((got[0].opcode, got[0].status, got[0].qp_num), (0, 0, (*tx).qp_num));
+        assert_eq!((got[1].opcode, got[1].status, got[1].byte_len, got[1].qp_num), (128, 0, 4, (*rx).qp_num));
+        assert_eq!(&mem[128..132], b"qprf");
+        // query_qp reports the queues as made.
+        let mut qa: ibv_qp_attr = std::mem::zeroed();
+        let mut qi: ibv_qp_init_attr = std::mem::zeroed();
+        assert_eq!(ibv_query_qp(rx, &mut qa, 0, &mut qi), 0);
+        assert_eq!(qa.cap.max_send_wr, 0);
+        assert_eq!(ibv_destroy_qp(rx), 0);
+        assert_eq!(ibv_destroy_qp(tx), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+/// Set in the child process `a_comp_channel_at_the_descriptor_limit_is_null_with_emfile` runs itself in.
+const FD_LIMIT_CHILD: &str = "MLX5_RS_TEST_FD_LIMIT_CHILD";
+
+#[test]
+fn a_comp_channel_at_the_descriptor_limit_is_null_with_emfile() {
+    const NAME: &str = "tests::a_comp_channel_at_the_descriptor_limit_is_null_with_emfile";
+    if std::env::var_os(FD_LIMIT_CHILD).is_none() {
+        // The descriptor limit is the process's: lowered in a child of its own, so other tests keep theirs.
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--test-threads=1", "--nocapture"])
+            .env(FD_LIMIT_CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "child: {text}");
+        return;
+    }
+    let ctx = open();
+    // SAFETY: an open context; the limit is restored before anything else runs in this process.
+    unsafe {
+        // Every descriptor below the lowest free one is in use: a limit there leaves none to make.
+        let lowest = libc::dup(0);
+        assert!(lowest >= 0);
+        libc::close(lowest);
+        let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
+        let low = libc::rlimit { rlim_cur: lowest as libc::rlim_t, rlim_max: old.rlim_max };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &low), 0);
+        let ch = ibv_create_comp_channel(ctx);
+        let e = errno();
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &old), 0);
+        assert!(ch.is_null(), "a channel with fd {}", (*ch).fd);
+        assert_eq!(e, libc::EMFILE);
+        // With descriptors again, a channel is made.
+        let ch = ibv_create_comp_channel(ctx);
+        assert!(!ch.is_null() && (*ch).fd >= 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn reset_to_err_is_a_valid_transition() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut init = rc_init(cq, 4);
+        let qp = ibv_create_qp(pd, &mut init);
+        // IBTA 10.3.1: any state may go to ERR; mlx5 firmware's 2ERR_QP takes a QP from RESET too.
+        let mut a: ibv_qp_attr = std::mem::zeroed();
+        a.qp_state = 6;
+        assert_eq!(ibv_modify_qp(qp, &mut a, 1), 0);
+        assert_eq!((*qp).state, 6);
+        let mut qa: ibv_qp_attr = std::mem::zeroed();
+        let mut qi: ibv_qp_init_attr = std::mem::zeroed();
+        assert_eq!(ibv_query_qp(qp, &mut qa, 1, &mut qi), 0);
+        assert_eq!(qa.qp_state, 6);
+        // And back to RESET, then on to INIT as usual.
+        a.qp_state = 0;
+        assert_eq!(ibv_modify_qp(qp, &mut a, 1), 0);
+        a.qp_state = 1;
+        a.port_num = 1;
+        assert_eq!(ibv_modify_qp(qp, &mut a, 1 | 16 | 32 | 8), 0);
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn create_ah_refuses_a_port_that_does_not_exist_and_an_empty_gid() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let mut gid = ibv_gid::default();
+        assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
+        let mut port: ibv_port_attr = std::mem::zeroed();
+        assert_eq!(ibv_query_port(ctx, 1, &mut port), 0);
+        let mut attr = ibv_ah_attr { is_global: 1, port_num: 1, ..Default::default() };
+        attr.grh.dgid = gid;
+        attr.grh.hop_limit = 1;
+        let ah = ibv_create_ah(pd, &mut attr);
+        assert!(!ah.is_null(), "errno {}", errno());
+        assert_eq!(ibv_destroy_ah(ah), 0);
+        // A port the device does not have: EINVAL (the kernel's rdma_is_port_valid).
+        for p in [0, 2, 7] {
+            attr.port_num = p;
+            assert!(ibv_create_ah(pd, &mut attr).is_null(), "port {p}");
+            assert_eq!(errno(), libc::EINVAL, "port {p}");
+        }
+        attr.port_num = 1;
+        // An index in the table whose entry is empty: ENODATA (rdma_get_gid_attr, which create_ah asks).
+        let empty = (0..port.gid_tbl_len)
+            .find(|&i| {
+                let mut g = ibv_gid::default();
+                ibv_query_gid(ctx, 1, i, &mut g) == 0 && g.raw == [0; 16]
+            })
+            .expect("an empty GID entry");
+        attr.grh.sgid_index = empty as u8;
+        assert!(ibv_create_ah(pd, &mut attr).is_null(), "sgid_index {empty}");
+        assert_eq!(errno(), libc::ENODATA);
+        // An index past the table: EINVAL.
+        if port.gid_tbl_len <= 255 {
+            attr.grh.sgid_index = port.gid_tbl_len as u8;
+            assert!(ibv_create_ah(pd, &mut attr).is_null());
+            assert_eq!(errno(), libc::EINVAL);
+        }
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn access_flags_and_lengths_are_refused_as_the_kernel_refuses_them() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 4096];
+        let p = mem.as_mut_ptr().cast::<c_void>();
+        // Bits outside IB_ACCESS_SUPPORTED (0..9 and the optional range 20..29): EINVAL.
+        for bit in [10, 12, 19, 30, 31] {
+            assert!(ibv_reg_mr(pd, p, mem.len(), 1 | (1 << bit)).is_null(), "bit {bit}");
+            assert_eq!(errno(), libc::EINVAL, "bit {bit}");
+        }
+        // Remote write or atomic without local write: EINVAL (ib_check_mr_access).
+        for f in [2, 8] {
+            assert!(ibv_reg_mr(pd, p, mem.len(), f).is_null(), "flags {f}");
+            assert_eq!(errno(), libc::EINVAL, "flags {f}");
+        }
+        // A length whose end wraps the address space: EINVAL (ib_umem_get); one past the end of user space:
+        // EFAULT (the pinning fails).
+        assert!(ibv_reg_mr(pd, p, usize::MAX - 100, 1).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert!(ibv_reg_mr(pd, p, 1 << 50, 1).is_null());
+        assert_eq!(errno(), libc::EFAULT);
+        let mr = ibv_reg_mr(pd, p, mem.len(), 1 | (1 << 20));
+        assert!(!mr.is_null(), "relaxed ordering is optional: errno {}", errno());
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn oversize_inline_is_enomem_at_post_and_einval_at_create() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 4096];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        // More inline data than a WQE holds: mlx5_calc_send_wqe's EINVAL.
+        let mut init = rc_init(cq, 4);
+        init.cap.max_inline_data = 4096;
+        assert!(ibv_create_qp(pd, &mut init).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        // Made as ibv_create_qp_ex makes it, with the SEND builder (IBV_QP_INIT_ATTR_PD | SEND_OPS_FLAGS).
+        let i = rc_init(cq, 4);
+        let mut init: ibv_qp_init_attr_ex = std::mem::zeroed();
+        (init.send_cq, init.recv_cq, init.cap, init.qp_type, init.sq_sig_all) = (cq, cq, i.cap, 2, 1);
+        init.cap.max_inline_data = 64;
+        (init.comp_mask, init.pd, init.send_ops_flags) = (1 | (1 << 6), pd, 1 << 2);
+        let qp = vctx(ctx).create_qp_ex.unwrap()(ctx, &mut init);
+        assert!(!qp.is_null(), "errno {}", errno());
+        let max = init.cap.max_inline_data;
+        connect(ctx, qp, (*qp).qp_num);
+        let base = mem.as_mut_ptr() as u64;
+        // An inline send over the QP's max_inline_data: _mlx5_post_send's ENOMEM, and nothing is posted.
+        let sge = ibv_sge { addr: base, length: max + 1, lkey: (*mr).lkey };
+        assert_eq!(post_send_one(qp, sge, 8), libc::ENOMEM);
+        let sge = ibv_sge { addr: base, length: 2000, lkey: (*mr).lkey };
+        assert_eq!(post_send_one(qp, sge, 8), libc::ENOMEM);
+        // The extended builder's ibv_wr_set_inline_data likewise (mlx5's _mlx5_send_wr_set_inline_data).
+        let qx = ibv_qp_to_qp_ex(qp);
+        let set_inline = (*qx).wr_set_inline_data.unwrap();
+        (*qx).wr_start.unwrap()(qx);
+        (*qx).wr_id = 5;
+        (*qx).wr_flags = 2;
+        (*qx).wr_send.unwrap()(qx);
+        set_inline(qx, mem.as_mut_ptr().cast(), max as usize + 1);
+        assert_eq!((*qx).wr_complete.unwrap()(qx), libc::ENOMEM);
+        let mut wc = [ibv_wc::default(); 2];
+        assert_eq!((*ctx).ops.poll_cq.unwrap()(cq, 2, wc.as_mut_ptr()), 0, "nothing was posted");
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn poll_cq_with_a_negative_count_polls_nothing_and_returns_zero() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 64];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut init = rc_init(cq, 4);
+        let qp = ibv_create_qp(pd, &mut init);
+        connect(ctx, qp, (*qp).qp_num);
+        mem[..8].copy_from_slice(b"negative");
+        let base = mem.as_ptr() as u64;
+        let sge = ibv_sge { addr: base, length: 8, lkey: (*mr).lkey };
+        assert_eq!(post_write(qp, 3, sge, wr_rdma { remote_addr: base + 32, rkey: (*mr).rkey }), 0);
+        // mlx5_poll_cq's loop runs while npolled < ne: a negative count polls nothing and answers 0, with the
+        // completion left for the next poll.
+        let poll = (*ctx).ops.poll_cq.unwrap();
+        let mut wc = [ibv_wc::default(); 1];
+        for _ in 0..10_000 {
+            assert_eq!(poll(cq, -1, wc.as_mut_ptr()), 0);
+            assert_eq!(poll(cq, c_int::MIN, ptr::null_mut()), 0);
+            if mem[32..40] == mem[..8] {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        let w = poll_one(ctx, cq).expect("the write's completion");
+        assert_eq!((w.wr_id, w.status), (3, 0));
+        assert_eq!(ibv_destroy_qp(qp), 0);
         assert_eq!(ibv_destroy_cq(cq), 0);
         assert_eq!(ibv_dereg_mr(mr), 0);
         assert_eq!(ibv_dealloc_pd(pd), 0);

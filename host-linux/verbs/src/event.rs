@@ -95,6 +95,21 @@ impl EventQueue {
         Some(e)
     }
 
+    /// Takes out the queued events that `gone` says name a destroyed object, as the kernel's uverbs drops an
+    /// object's queued events at its destroy (`ib_uverbs_release_uevent`): no event taken later names an object
+    /// that no longer exists (or a new one that reuses its number). Returns how many went.
+    pub(crate) fn purge(&self, gone: impl Fn(&AsyncEvent) -> bool) -> usize {
+        let mut q = lock(&self.q);
+        let before = q.events.len();
+        q.events.retain(|e| !gone(e));
+        if q.events.is_empty() {
+            if let Some(fd) = &self.fd {
+                fd.clear();
+            }
+        }
+        before - q.events.len()
+    }
+
     pub(crate) fn ack(&self) -> Result<()> {
         let mut q = lock(&self.q);
         if q.unacked == 0 {
@@ -244,6 +259,26 @@ mod tests {
         });
         assert_eq!(got, Some(AsyncEvent::CqError { cqn: 7, syndrome: 1 }));
         assert_eq!(calls, 3);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_purge_takes_out_only_the_events_it_names_and_clears_the_descriptor_when_none_is_left() {
+        let q = EventQueue::new();
+        let fd = q.raw_fd().expect("eventfd");
+        q.push(AsyncEvent::LastWqeReached { qpn: 5 });
+        q.push(AsyncEvent::CommEst { qpn: 6 });
+        q.push(AsyncEvent::QpError { qpn: 5, kind: mlx5_core::eq::QpErrorKind::AccessError });
+        let gone =
+            |e: &AsyncEvent| matches!(e, AsyncEvent::LastWqeReached { qpn: 5 } | AsyncEvent::QpError { qpn: 5, .. });
+        assert_eq!(q.purge(gone), 2);
+        assert!(readable(fd), "the event of QP 6 still waits");
+        assert_eq!(q.pop(Duration::ZERO, || {}), Some(AsyncEvent::CommEst { qpn: 6 }));
+        q.push(AsyncEvent::SqDrained { qpn: 5 });
+        assert_eq!(q.purge(|e| matches!(e, AsyncEvent::SqDrained { qpn: 5 })), 1);
+        assert!(!readable(fd), "nothing waits");
+        assert_eq!(q.pop(Duration::ZERO, || {}), None);
+        assert_eq!(q.unacked(), 1, "a purged event was never handed out");
     }
 
     #[test]

@@ -98,7 +98,9 @@ impl Control {
     /// Forgets a CQ being destroyed. Returns how many of its completion events were queued for a channel and
     /// not handed out: taken from the HCA, they still count there as unacknowledged.
     pub(crate) fn unroute_cq(&mut self, cqn: u32) -> u32 {
-        self.cq_routes.remove(&cqn);
+        if let Some(r) = self.cq_routes.remove(&cqn) {
+            self.drop_events_of(r.ctx, Named::Cq(cqn));
+        }
         let mut queued = 0;
         for q in self.cq_events.values_mut() {
             let before = q.len();
@@ -112,16 +114,31 @@ impl Control {
         self.qp_routes.insert(qpn, ctx);
     }
 
+    /// Forgets a QP being destroyed, with its async events not taken yet.
     pub(crate) fn unroute_qp(&mut self, qpn: u32) {
-        self.qp_routes.remove(&qpn);
+        if let Some(ctx) = self.qp_routes.remove(&qpn) {
+            self.drop_events_of(ctx, Named::Qp(qpn));
+        }
     }
 
     pub(crate) fn route_srq(&mut self, srqn: u32, ctx: u64) {
         self.srq_routes.insert(srqn, ctx);
     }
 
+    /// Forgets an SRQ being destroyed, with its async events not taken yet.
     pub(crate) fn unroute_srq(&mut self, srqn: u32) {
-        self.srq_routes.remove(&srqn);
+        if let Some(ctx) = self.srq_routes.remove(&srqn) {
+            self.drop_events_of(ctx, Named::Srq(srqn));
+        }
+    }
+
+    /// Takes the async events naming a destroyed object out of its context's queue, as the kernel's uverbs does
+    /// at destroy: one taken later would name an object that is gone (libibverbs gives `element` NULL, which
+    /// programs dereference) or a new object that reuses its number.
+    fn drop_events_of(&self, ctx: u64, obj: Named) {
+        if let Some(q) = self.listeners.iter().find(|(id, _)| *id == ctx).and_then(|(_, w)| w.upgrade()) {
+            q.purge(|e| named(e) == Some(obj));
+        }
     }
 
     /// A context closed: its pending completion events (of its default channel) go with it.
@@ -207,38 +224,35 @@ impl Control {
 
     /// Sends one event where the kernel's uverbs would: to the owner of the CQ or QP it names, else to every
     /// context of the device.
+    /// Events naming an object that is not routed (destroyed, or never made here) are dropped, as Linux drops
+    /// events for objects it no longer knows.
     fn route(&mut self, e: AsyncEvent) {
-        match e {
-            AsyncEvent::CqError { cqn, .. } => {
+        match named(&e) {
+            Some(Named::Cq(cqn)) => {
                 if let Some(r) = self.cq_routes.get(&cqn) {
                     r.failed.store(true, Ordering::Release);
                     self.send_to(r.ctx, e);
                 }
             }
-            AsyncEvent::QpError { qpn, .. }
-            | AsyncEvent::CommEst { qpn }
-            | AsyncEvent::SqDrained { qpn }
-            | AsyncEvent::PathMig { qpn }
-            | AsyncEvent::PathMigErr { qpn }
-            | AsyncEvent::LastWqeReached { qpn } => {
+            Some(Named::Qp(qpn)) => {
                 if let Some(&ctx) = self.qp_routes.get(&qpn) {
                     self.send_to(ctx, e);
                 }
             }
-            AsyncEvent::SrqLimitReached { srqn } => {
+            Some(Named::Srq(srqn)) => {
                 if let Some(&ctx) = self.srq_routes.get(&srqn) {
                     self.send_to(ctx, e);
                 }
             }
-            AsyncEvent::DeviceFatal => {
+            None if e == AsyncEvent::DeviceFatal => {
                 // A fatal error reaches the user once, whether firmware reported it or the health check found it.
                 if !self.fatal_sent {
                     self.fatal_sent = true;
                     self.broadcast(e);
                 }
             }
-            // Unaffiliated events, and events naming objects not routed here yet, reach every context.
-            _ => self.broadcast(e),
+            // Unaffiliated events reach every context.
+            None => self.broadcast(e),
         }
     }
 
@@ -258,6 +272,28 @@ impl Control {
             // mlx5_ib's `mlx5_ib_handle_event` dispatches as IB_EVENT_DEVICE_FATAL.
             self.route(AsyncEvent::DeviceFatal);
         }
+    }
+}
+
+/// The object an async event names, if it names one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Named {
+    Cq(u32),
+    Qp(u32),
+    Srq(u32),
+}
+
+fn named(e: &AsyncEvent) -> Option<Named> {
+    match *e {
+        AsyncEvent::CqError { cqn, .. } => Some(Named::Cq(cqn)),
+        AsyncEvent::QpError { qpn, .. }
+        | AsyncEvent::CommEst { qpn }
+        | AsyncEvent::SqDrained { qpn }
+        | AsyncEvent::PathMig { qpn }
+        | AsyncEvent::PathMigErr { qpn }
+        | AsyncEvent::LastWqeReached { qpn } => Some(Named::Qp(qpn)),
+        AsyncEvent::SrqLimitReached { srqn } => Some(Named::Srq(srqn)),
+        _ => None,
     }
 }
 
@@ -504,5 +540,49 @@ impl Service {
                 let _ = t.join();
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "sim", target_os = "linux"))]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{Access, AsyncEvent, Context, QpCap, QpInitAttr, QpType, SrqInitAttr};
+
+    /// Waits (at most `limit`) until `fd` is readable.
+    fn readable_within(fd: i32, limit: Duration) -> bool {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let ms = i32::try_from(limit.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        n == 1 && p.revents & libc::POLLIN != 0
+    }
+
+    /// As the kernel's uverbs: an object's async events not taken when it is destroyed go with it (UCX's
+    /// rc_verbs teardown took LAST_WQE_REACHED of a destroyed QP, with a NULL QP, and crashed).
+    #[test]
+    fn a_destroyed_qp_takes_its_queued_async_events_with_it() {
+        let ctx = Context::open_sim().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(8).unwrap();
+        let srq = pd.create_srq(SrqInitAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
+        let cap = QpCap { max_send_wr: 1, max_send_sge: 1, ..QpCap::default() };
+        let qp =
+            pd.create_qp_with(QpInitAttr { srq: Some(&srq), ..QpInitAttr::new(QpType::Rc, &cq, &cq, cap) }).unwrap();
+        let me = ctx.remote_qp(&qp).unwrap();
+        let qp = qp.connect_rc(me, Access::default()).unwrap();
+        let qp = qp.to_error().map_err(|e| e.error).unwrap();
+        // The service thread queues LAST_WQE_REACHED; the descriptor says so.
+        assert!(readable_within(ctx.async_fd().unwrap(), Duration::from_secs(10)), "no event queued");
+        drop(qp);
+        assert_eq!(ctx.get_async_event(Duration::ZERO), None, "an event of a destroyed QP was handed out");
+        assert!(!readable_within(ctx.async_fd().unwrap(), Duration::ZERO), "the descriptor still says an event waits");
+        // A QP of the same context still gets its own events.
+        let qp =
+            pd.create_qp_with(QpInitAttr { srq: Some(&srq), ..QpInitAttr::new(QpType::Rc, &cq, &cq, cap) }).unwrap();
+        let qpn = qp.qpn();
+        let me = ctx.remote_qp(&qp).unwrap();
+        let _qp = qp.connect_rc(me, Access::default()).unwrap().to_error().map_err(|e| e.error).unwrap();
+        assert_eq!(ctx.get_async_event(Duration::from_secs(10)), Some(AsyncEvent::LastWqeReached { qpn }));
     }
 }
