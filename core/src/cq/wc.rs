@@ -264,7 +264,8 @@ pub struct WorkCompletion {
     pub pkey_index: u16,
     /// Source LID (InfiniBand receives).
     pub slid: u16,
-    /// Service level.
+    /// Service level on InfiniBand; on RoCE the received packet's type (bit 3: RoCE v2's UDP header, bits 2:0:
+    /// GRH, IPv6 or IPv4), as rdma-core's mlx5 reports it.
     pub sl: u8,
     /// Destination LID path bits.
     pub dlid_path_bits: u8,
@@ -532,18 +533,13 @@ fn decode_resp<C: CqeFieldsRead + ?Sized>(cqe: &C, op: u8, link: LinkLayer, wc: 
     }
     // Only the GSI QP sees P_Keys per packet; every other QP has one (`pkey_index` 0).
     wc.pkey_index = 0;
-    match link {
-        LinkLayer::InfiniBand => {
-            wc.slid = cqe.slid();
-            wc.sl = ((fr >> 24) & 0xf) as u8;
-        }
-        LinkLayer::Ethernet => {
-            if cqe.l4_l3_hdr_type() & 1 != 0 {
-                let v = cqe.vlan_info();
-                wc.vlan_id = Some(v & 0xfff);
-                wc.sl = (v >> 13) as u8 & 7;
-            }
-        }
+    // As rdma-core's mlx5 `handle_responder`, on every link layer: bits 27:24 are the SL on InfiniBand and, on
+    // RoCE, the packet type (bit 3: UDP, RoCE v2; bits 2:0: `MLX5_CQE_ROCE_L3_HEADER_TYPE_*`), which UD consumers
+    // such as UCX read to find an IPv4 header in the GRH room. (mlx5_ib puts the VLAN priority there instead.)
+    wc.slid = cqe.slid();
+    wc.sl = ((fr >> 24) & 0xf) as u8;
+    if link == LinkLayer::Ethernet && cqe.l4_l3_hdr_type() & 1 != 0 {
+        wc.vlan_id = Some(cqe.vlan_info() & 0xfff);
     }
 }
 
@@ -648,7 +644,34 @@ mod tests {
         let untagged = decode(base, LinkLayer::Ethernet, &mut wq).unwrap().unwrap();
         assert_eq!(untagged.vlan_id, None);
         let tagged = decode(CqeFields { l4_l3_hdr_type: 1, ..base }, LinkLayer::Ethernet, &mut wq).unwrap().unwrap();
-        assert_eq!((tagged.vlan_id, tagged.sl), (Some(0x123), 3));
+        assert_eq!(tagged.vlan_id, Some(0x123));
+    }
+
+    #[test]
+    fn responder_on_roce_reports_the_packet_type_as_the_sl() {
+        // rdma-core's mlx5 takes `wc->sl` from flags_rqpn bits 27:24 on RoCE too: the RoCE packet type (bit 3 UDP,
+        // bits 2:0 the L3 header type). UCX's ud_verbs masks it with 7 and takes 2 for an IPv4 GRH room. Before,
+        // the core left sl 0 on Ethernet (or put the VLAN priority there, as mlx5_ib does).
+        let mut wq = OneQp { qpn: 1, ..OneQp::default() };
+        let udp = 1 << 3;
+        for (l3, sl) in [
+            (consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4, 0xa),
+            (consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6, 0x9),
+            (consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_GRH, 0),
+        ] {
+            let roce = if l3 == consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_GRH { 0 } else { udp };
+            let f = CqeFields {
+                opcode: consts::MLX5_CQE_RESP_SEND,
+                qpn: 1,
+                flags_rqpn: (1 << 28) | ((roce | l3) << 24) | 0x77,
+                l4_l3_hdr_type: 1,
+                vlan_info: (5 << 13) | 0x123,
+                ..CqeFields::default()
+            };
+            let wc = decode(f, LinkLayer::Ethernet, &mut wq).unwrap().unwrap();
+            assert_eq!((wc.sl, wc.sl & 7, wc.src_qp, wc.vlan_id), (sl, l3 as u8, 0x77, Some(0x123)));
+            assert!(wc.wc_flags.contains(WcFlags::GRH));
+        }
     }
 
     #[test]

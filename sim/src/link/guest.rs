@@ -746,8 +746,8 @@ mod tests {
         }
         let e = got.expect("UD receive CQE");
         assert_eq!(e.byte_cnt(), 40 + 9);
-        // GRH present, L3 header type IPv4 (bits 25:24), the sender's QPN.
-        let l3 = consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4;
+        // GRH present, RoCE v2 (bit 27) with L3 header type IPv4 (bits 26:24), the sender's QPN.
+        let l3 = 1 << 3 | consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4;
         assert_eq!(e.flags_rqpn(), ua.qpn | 1 << 28 | l3 << 24);
         let grh: [u8; 40] = mb.read(0, 40).try_into().unwrap();
         assert_eq!(grh[..20], [0; 20], "the IPv4 header is in the last 20 bytes");

@@ -391,8 +391,8 @@ mod tests {
         a.post_send(&mut qa, &w, Bell::Db);
         assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
         let e = b.poll(&mut b_cq).expect("delivered over the wire");
-        // GRH present, RoCE v2 over IPv6 (the L3 header type in bits 25:24).
-        let ipv6 = consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6 << 24;
+        // GRH present, RoCE v2 (bit 27) over IPv6 (the L3 header type in bits 26:24).
+        let ipv6 = (1 << 3 | consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6) << 24;
         assert_eq!(
             (e.opcode(), e.byte_cnt(), e.flags_rqpn()),
             (consts::MLX5_CQE_RESP_SEND, 55, qa.qpn | 1 << 28 | ipv6)

@@ -171,14 +171,20 @@ impl CqeOut {
     }
 }
 
-/// `flags_rqpn` of a responder CQE: on InfiniBand the SL in bits 27:24, on a RoCE port the packet's L3 header
-/// type in bits 25:24 (mlx5_ib `handle_responder`: IPv4 or IPv6, as RoCE v2 travels on the simulated wire).
+/// The RoCE packet type's "UDP header present" bit (bit 3 of the SL field): the PRM's responder CQE for RoCE puts
+/// the packet type where InfiniBand has the SL, bit 3 set for a RoCE v2 frame and bits 2:0 its L3 header type
+/// (as UCX's `uct_ib_mlx5_cqe_roce_gid_len` quotes it).
+const ROCE_TYPE_UDP: u32 = 1 << 3;
+
+/// `flags_rqpn` of a responder CQE: on InfiniBand the SL in bits 27:24, on a RoCE port the packet type there:
+/// RoCE v2 (every frame of the simulated wire) with its L3 header, IPv4 or IPv6 (mlx5_ib `handle_responder` reads
+/// bits 25:24, rdma-core's mlx5 reports all four as `wc.sl`).
 pub(super) fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
     let grh = u32::from(p.grh.is_some()) << CQE_GRH_SHIFT;
     let sl = match &p.grh {
         _ if ib => u32::from(p.sl & AV_SL_MASK),
-        Some(g) if roce_map::is_ipv4(&g.sgid, &g.dgid) => consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4,
-        Some(_) => consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6,
+        Some(g) if roce_map::is_ipv4(&g.sgid, &g.dgid) => ROCE_TYPE_UDP | consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4,
+        Some(_) => ROCE_TYPE_UDP | consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6,
         None => 0,
     } << CQE_SL_SHIFT;
     (p.src_qpn & QPN_MASK) | grh | sl

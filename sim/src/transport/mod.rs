@@ -413,9 +413,10 @@ mod tests {
             (e.opcode(), e.byte_cnt(), e.imm(), e.qpn(), e.wqe_counter()),
             (RESP_SEND_IMM, 100, 0xdead_beef, p.b.qpn, 0)
         );
-        // RoCE always carries a GRH (here RoCE v2 over IPv6, the L3 header type in bits 25:24); the source QP is
-        // the requester.
-        assert_eq!(e.flags_rqpn(), p.a.qpn | 1 << 28 | consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6 << 24);
+        // RoCE always carries a GRH (here RoCE v2, bit 27, over IPv6, the L3 header type in bits 26:24); the source
+        // QP is the requester.
+        let v2_ipv6 = 1 << 3 | consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6;
+        assert_eq!(e.flags_rqpn(), p.a.qpn | 1 << 28 | v2_ipv6 << 24);
         assert!(e.solicited());
         let got = [p.mr.read(4096, 50), p.mr.read(8192, 50)].concat();
         assert_eq!(got, [&src[..30], &src[100..170]].concat());
@@ -550,8 +551,8 @@ mod tests {
         assert_eq!((e.status(), e.wqe_opcode(), e.qpn()), ((REQ, 0), SEND_IMM, ua.qpn));
         let e = r.poll(&mut rcq).unwrap();
         assert_eq!((e.opcode(), e.byte_cnt(), e.imm(), e.qpn()), (RESP_SEND_IMM, 104, 7, ub.qpn));
-        // GRH present; RoCE v2 over IPv6 (L3 header type IPv6 in bits 25:24).
-        let l3 = consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6;
+        // GRH present; RoCE v2 (bit 27) over IPv6 (L3 header type IPv6 in bits 26:24).
+        let l3 = 1 << 3 | consts::MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6;
         assert_eq!(e.flags_rqpn(), ua.qpn | 1 << 28 | l3 << 24);
         let grh = mr.read(1000, GRH_BYTES);
         let w0 = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);

@@ -369,8 +369,10 @@ fn good_completions_carry_every_field() {
     hca.teardown(&mut d).unwrap();
 }
 
+/// As rdma-core's mlx5: the SL and source LID are the CQE's on every link layer (on RoCE the SL field carries the
+/// packet type); a tagged receive reports its VLAN.
 #[test]
-fn roce_receives_read_vlan_and_sl_from_the_vlan_tag() {
+fn roce_receives_read_the_vlan_tag_and_the_cqe_sl() {
     let dev = SimDevice::default();
     let (mut hca, mut d) = up(&dev);
     let mut cq = hca.create_cq(CqAttr::default(), &mut d).unwrap();
@@ -381,14 +383,15 @@ fn roce_receives_read_vlan_and_sl_from_the_vlan_tag() {
         l4_l3_hdr_type: 1,
         // PCP 6, VLAN 0x123.
         vlan_info: (6 << 13) | 0x123,
-        flags_rqpn: (2 << 28) | 0x42,
+        // RoCE v2 over IPv4: packet type 0xa in bits 27:24.
+        flags_rqpn: (2 << 28) | (0xa << 24) | 0x42,
         ..CqeFields::default()
     };
     dev.post_cqe(cq.cqn(), f.emit().0).unwrap();
     let mut wc = [WorkCompletion::default(); 1];
     assert_eq!(cq.poll(hca.mmio(), &mut Wrs::default(), &mut wc).unwrap(), 1);
     let w = wc[0];
-    assert_eq!((w.slid, w.sl, w.vlan_id, w.src_qp), (0, 6, Some(0x123), 0x42));
+    assert_eq!((w.slid, w.sl, w.vlan_id, w.src_qp), (0x55, 0xa, Some(0x123), 0x42));
     assert!(w.wc_flags.contains(WcFlags::GRH));
     hca.destroy_cq(cq, &mut d).unwrap();
     hca.teardown(&mut d).unwrap();
