@@ -22,6 +22,8 @@ mod device;
 mod faults;
 mod objects;
 mod post;
+#[cfg(test)]
+mod reliability_tests;
 mod strings;
 mod stubs;
 #[cfg(test)]
@@ -100,6 +102,11 @@ pub(crate) fn errno_of(e: &mlx5_verbs::VerbsError) -> c_int {
     match e {
         E::Busy { .. } => libc::EBUSY,
         E::Invalid(_) | E::Destroyed { .. } => libc::EINVAL,
+        // ib_umem_get: a range that wraps or is too long is EINVAL, a page it cannot pin EFAULT.
+        E::BadMemory(m) => match m.why {
+            mlx5_verbs::BadMemoryKind::Wraps | mlx5_verbs::BadMemoryKind::TooManyPages => libc::EINVAL,
+            _ => libc::EFAULT,
+        },
         E::Dma(_) => libc::ENOMEM,
         E::Post(p) => match p.kind {
             PostErrorKind::QueueFull { .. } => libc::ENOMEM,

@@ -170,6 +170,13 @@ impl DeviceKind {
         }
     }
 
+    /// Whether registering process memory pins it in the kernel, which refuses what `ib_umem_get` refuses (VFIO's
+    /// `VFIO_IOMMU_MAP_DMA`); the simulator pins nothing, so its registrations are checked first
+    /// (`usermem::check`).
+    pub(crate) fn pins_user_memory(&self) -> bool {
+        matches!(self, DeviceKind::Vfio(_))
+    }
+
     pub(crate) fn mmio(&self) -> AnyMmio {
         match self {
             #[cfg(feature = "sim")]

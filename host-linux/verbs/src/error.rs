@@ -31,6 +31,10 @@ pub enum VerbsError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// Process memory that cannot be registered with the access asked (`EFAULT`, or `EINVAL` for a range that
+    /// wraps): what the kernel's `ib_umem_get` refuses when it pins the pages.
+    #[error("{0}")]
+    BadMemory(#[from] BadMemory),
     #[error("destroy failed, object kept: {0}")]
     Destroy(HcaError),
     /// The object is still in use (`EBUSY`): a PD with memory regions or QPs, a CQ with QPs completing on it.
@@ -40,6 +44,55 @@ pub enum VerbsError {
         what: &'static str,
         /// How many objects still refer to it.
         users: usize,
+    },
+}
+
+/// Why a range of process memory cannot be registered, as the kernel's `ib_umem_get` finds it when it pins the
+/// pages with the access asked (every page mapped and readable; writable for local write, remote write or remote
+/// atomic access).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{len} bytes at {addr:#x}: {why}")]
+pub struct BadMemory {
+    /// The range's first byte.
+    pub addr: usize,
+    /// Its length.
+    pub len: usize,
+    /// What is wrong with it.
+    pub why: BadMemoryKind,
+}
+
+/// What is wrong with a range of process memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadMemoryKind {
+    /// The range (rounded out to whole pages) wraps around the address space (`EINVAL`, as `ib_umem_get`).
+    #[error("the range wraps around the address space")]
+    Wraps,
+    /// More than 2^32 pages (`EINVAL`, as `ib_umem_get`).
+    #[error("the range spans more than 2^32 pages")]
+    TooManyPages,
+    /// The range reaches past the end of user space (`TASK_SIZE`).
+    #[error("the range reaches past the end of user space ({end:#x})")]
+    PastUserSpace {
+        /// Where user space ends.
+        end: usize,
+    },
+    /// A page of the range is not mapped.
+    #[error("page {page:#x} is not mapped")]
+    Unmapped {
+        /// The page.
+        page: usize,
+    },
+    /// A page of the range is mapped without read permission.
+    #[error("page {page:#x} is not readable")]
+    NotReadable {
+        /// The page.
+        page: usize,
+    },
+    /// A page is mapped read-only and the access asked lets the device write it.
+    #[error("page {page:#x} is read-only and the access asked needs write (local write, remote write or atomic)")]
+    NotWritable {
+        /// The page.
+        page: usize,
     },
 }
 

@@ -118,6 +118,7 @@ mod qp_ex;
 pub mod raw;
 mod shared;
 mod srq;
+mod usermem;
 pub mod wr;
 
 pub use ah::AddressHandle;
@@ -131,7 +132,7 @@ pub use device::{
     cache_line_size, devices, host_config, scan_vfio_pci, Device, DeviceRegistry, DeviceSpec, DEVICES_ENV,
     MELLANOX_VENDOR_ID,
 };
-pub use error::{Result, VerbsError};
+pub use error::{BadMemory, BadMemoryKind, Result, VerbsError};
 pub use event::AsyncEvent;
 pub use mlx5_core::ah::{AhFromWcError, GRH_BYTES};
 pub use mlx5_core::cq::CqeError;

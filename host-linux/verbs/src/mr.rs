@@ -66,6 +66,9 @@ impl MrObj {
             return Err(VerbsError::Invalid("a memory region covers at least one byte".into()));
         }
         let dev = &pd.ctx.dev;
+        if !dev.kind.pins_user_memory() {
+            crate::usermem::check(ptr.as_ptr() as usize, len, access)?;
+        }
         let dma = dev.kind.dma();
         let mut c = dev.control();
         let guard = lock(&pd.pd);
@@ -519,6 +522,13 @@ impl MrObj {
         let mut c = dev.control();
         let mut slot = lock(&self.mr);
         let mr = slot.take().ok_or(VerbsError::Destroyed { what: "memory region" })?;
+        if let Some((p, len, _)) = memory.filter(|_| !dev.kind.pins_user_memory()) {
+            // New memory is pinned with the access it will have: the new one, or the region's own.
+            if let Err(e) = crate::usermem::check(p.as_ptr() as usize, len, access.unwrap_or(mr.access)) {
+                *slot = Some(mr);
+                return Err(e.into());
+            }
+        }
         let mem = match memory {
             // SAFETY: the caller keeps the memory as `acquire` requires.
             Some((p, len, iova)) => match unsafe { c.maps.acquire(&dma, p, len) } {
