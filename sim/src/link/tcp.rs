@@ -13,11 +13,18 @@
 //! reader per link takes frames in, locking only its own device; a listener accepts peers. The stream is
 //! trusted no more than a cable: a frame that does not parse ends the link ([`crate::SimEvent::LinkDown`]), and
 //! requests it carried time out at the requester like any lost packet.
+//!
+//! The listener's accept thread never waits on a peer: each connection's handshake runs on a thread of its own,
+//! at most [`MAX_PENDING`] at once (a further connection closes the oldest pending one), and a peer that says
+//! nothing within the handshake timeout is dropped. So silent connections, however many, neither lock a real peer
+//! out nor grow threads or memory without bound. The connecting side retries a refused connection with backoff
+//! until its timeout, so the two programs of a pair may start in either order.
 
+use std::collections::VecDeque;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Weak};
+use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::{pump, DevRef, Packet, Port, PortAddr, TxCount};
@@ -37,6 +44,20 @@ pub const MAX_FRAME: usize = 64 << 20;
 /// How long the handshake may take once the TCP connection is up.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Handshakes the listener runs at once. A connection beyond them closes the oldest pending one: a peer that
+/// speaks completes its handshake in microseconds, so it still gets through a flood of silent connections.
+pub const MAX_PENDING: usize = 8;
+
+/// How long the accept thread waits for a closed handshake's thread to end before it turns the new connection
+/// away instead (a closed socket ends its handshake at once, so this is a bound, not a pace).
+const EVICT_WAIT: Duration = Duration::from_secs(1);
+
+/// The connecting side's first pause between refused attempts; it doubles up to [`CONNECT_BACKOFF_MAX`].
+const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
+const CONNECT_BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// The longest one connection attempt may take (an address that drops SYNs), so the retries keep going.
+const CONNECT_ATTEMPT_MAX: Duration = Duration::from_secs(2);
+
 /// How often the listener looks whether its device still exists.
 const ACCEPT_POLL: Duration = Duration::from_millis(20);
 
@@ -49,8 +70,10 @@ const FRAME_ETHERNET: u8 = 3;
 pub enum WireError {
     /// The listening socket could not be opened.
     Listen { addr: String, source: io::Error },
-    /// The address did not resolve, or no connection could be made.
+    /// The address did not resolve.
     Connect { addr: String, source: io::Error },
+    /// Nothing accepted a connection at the address, however often it was tried until the timeout.
+    NoListener { addr: String, waited: Duration, attempts: u32, source: io::Error },
     /// The peer spoke, but not this protocol (or not this version), or went away during the handshake.
     Handshake { peer: String, why: &'static str },
     /// The peer's port has this device's own address: two simulated devices need different MACs, GUIDs and LIDs.
@@ -64,6 +87,9 @@ impl std::fmt::Display for WireError {
         match self {
             WireError::Listen { addr, source } => write!(f, "cannot listen for a simulated wire on {addr}: {source}"),
             WireError::Connect { addr, source } => write!(f, "cannot reach the simulated wire at {addr}: {source}"),
+            WireError::NoListener { addr, waited, attempts, source } => {
+                write!(f, "no listener at {addr} after {:.1} s ({attempts} attempts): {source}", waited.as_secs_f64())
+            }
             WireError::Handshake { peer, why } => write!(f, "simulated wire handshake with {peer} failed: {why}"),
             WireError::SameAddress { peer } => write!(
                 f,
@@ -78,7 +104,9 @@ impl std::fmt::Display for WireError {
 impl std::error::Error for WireError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            WireError::Listen { source, .. } | WireError::Connect { source, .. } => Some(source),
+            WireError::Listen { source, .. }
+            | WireError::Connect { source, .. }
+            | WireError::NoListener { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -169,39 +197,95 @@ impl Link {
 /// (closed before the hello, and recorded), so it cannot cut a running session's cable; once the first is gone a
 /// new one may plug in.
 pub(crate) fn listen(shared: &Arc<Shared>, addr: &str) -> Result<SocketAddr, WireError> {
+    listen_with(shared, addr, HANDSHAKE_TIMEOUT)
+}
+
+/// [`listen`] with the time a connection has to say hello.
+pub(crate) fn listen_with(shared: &Arc<Shared>, addr: &str, handshake: Duration) -> Result<SocketAddr, WireError> {
     let err = |source| WireError::Listen { addr: addr.to_string(), source };
     let listener = TcpListener::bind(addr).map_err(err)?;
     let local = listener.local_addr().map_err(err)?;
     listener.set_nonblocking(true).map_err(err)?;
-    let weak = Arc::downgrade(shared);
+    let state = Arc::new(Listening {
+        shared: Arc::downgrade(shared),
+        handshake,
+        pending: Mutex::default(),
+        room: Condvar::new(),
+        plugging: Mutex::new(()),
+    });
     std::thread::Builder::new()
         .name("mlx5-sim-listen".into())
-        .spawn(move || accept_loop(weak, listener))
+        .spawn(move || accept_loop(state, listener))
         .map_err(|source| WireError::Listen { addr: local.to_string(), source })?;
     Ok(local)
 }
 
-fn accept_loop(weak: Weak<Shared>, listener: TcpListener) {
+/// What the accept thread shares with its handshake threads.
+#[derive(Debug)]
+struct Listening {
+    shared: Weak<Shared>,
+    /// How long a connection may take to say hello.
+    handshake: Duration,
+    pending: Mutex<Pending>,
+    /// Signalled when a handshake ends.
+    room: Condvar,
+    /// Held from a hello's arrival until its link is plugged in, so two handshakes finishing together cannot
+    /// both plug in (the second one sees the first's link and is turned away).
+    plugging: Mutex<()>,
+}
+
+/// The handshakes running (one thread each): each one's number and a handle on its socket, to close it when
+/// evicted.
+#[derive(Debug, Default)]
+struct Pending {
+    next: u64,
+    /// Oldest first; an evicted one is closed already and its thread ending.
+    open: VecDeque<(u64, TcpStream, bool)>,
+}
+
+impl Listening {
+    /// A number for one more handshake, once fewer than [`MAX_PENDING`] run: the oldest is closed to make room
+    /// and its thread waited for. `None` (turn the connection away) if it does not end within [`EVICT_WAIT`].
+    fn admit(&self, handle: TcpStream) -> Option<u64> {
+        let mut p = held(&self.pending);
+        if p.open.len() >= MAX_PENDING {
+            if let Some(oldest) = p.open.iter_mut().find(|(_, _, evicted)| !evicted) {
+                let _ = oldest.1.shutdown(Shutdown::Both);
+                oldest.2 = true;
+            }
+            p = self.room.wait_timeout_while(p, EVICT_WAIT, |p| p.open.len() >= MAX_PENDING).ok()?.0;
+            if p.open.len() >= MAX_PENDING {
+                return None;
+            }
+        }
+        let id = p.next;
+        p.next += 1;
+        p.open.push_back((id, handle, false));
+        Some(id)
+    }
+
+    /// Handshake `id` has ended.
+    fn done(&self, id: u64) {
+        held(&self.pending).open.retain(|(n, _, _)| *n != id);
+        self.room.notify_all();
+    }
+}
+
+fn accept_loop(state: Arc<Listening>, listener: TcpListener) {
     loop {
         match listener.accept() {
             Ok((stream, peer)) => {
-                let Some(shared) = weak.upgrade() else { return };
+                let Some(shared) = state.shared.upgrade() else { return };
                 if lock(&shared).wire.remote_link().is_some_and(|l| l.is_up()) {
                     let _ = stream.shutdown(Shutdown::Both);
                     lock(&shared).events.push(SimEvent::LinkDown { peer, why: "a peer is plugged in already" });
                     continue;
                 }
-                // A peer that fails the handshake is turned away (and recorded); the listener keeps listening.
-                let plugged = match stream.set_nonblocking(false) {
-                    Ok(()) => plug(&shared, stream, peer, false),
-                    Err(_) => Err(WireError::Handshake { peer: peer.to_string(), why: "socket setup failed" }),
-                };
-                if let Err(e) = plugged {
-                    lock(&shared).events.push(SimEvent::LinkDown { peer, why: handshake_reason(&e) });
-                }
+                drop(shared);
+                start_handshake(&state, stream, peer);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if weak.strong_count() == 0 {
+                if state.shared.strong_count() == 0 {
                     return;
                 }
                 std::thread::sleep(ACCEPT_POLL);
@@ -209,6 +293,57 @@ fn accept_loop(weak: Weak<Shared>, listener: TcpListener) {
             Err(_) => std::thread::sleep(ACCEPT_POLL),
         }
     }
+}
+
+/// Runs a new connection's handshake on a thread of its own (the accept thread goes straight back to
+/// accepting); a connection that cannot get one is turned away and recorded.
+fn start_handshake(state: &Arc<Listening>, stream: TcpStream, peer: SocketAddr) {
+    let refuse = |why: &'static str| {
+        let _ = stream.shutdown(Shutdown::Both);
+        if let Some(shared) = state.shared.upgrade() {
+            lock(&shared).events.push(SimEvent::LinkDown { peer, why });
+        }
+    };
+    let handle = match stream.set_nonblocking(false).and_then(|()| stream.try_clone()) {
+        Ok(h) => h,
+        Err(_) => return refuse("socket setup failed"),
+    };
+    let Some(id) = state.admit(handle) else { return refuse("too many handshakes pending") };
+    let st = state.clone();
+    let spawned = std::thread::Builder::new().name("mlx5-sim-hello".into()).spawn(move || {
+        let r = accept_peer(&st, stream, peer);
+        st.done(id);
+        // A peer that fails the handshake is turned away (and recorded); the listener keeps listening.
+        if let (Err(e), Some(shared)) = (r, st.shared.upgrade()) {
+            lock(&shared).events.push(SimEvent::LinkDown { peer, why: handshake_reason(&e) });
+        }
+    });
+    if spawned.is_err() {
+        state.done(id);
+        if let Some(shared) = state.shared.upgrade() {
+            lock(&shared).events.push(SimEvent::LinkDown { peer, why: "could not start the handshake" });
+        }
+    }
+}
+
+/// The listening side of a handshake: the peer's hello (within the timeout, holding no reference to the
+/// device), then ours, then the link plugged in, unless a peer plugged in meanwhile.
+fn accept_peer(state: &Listening, stream: TcpStream, peer: SocketAddr) -> Result<(), WireError> {
+    let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
+    let (mut r, w) = halves(&stream, state.handshake).map_err(|_| hs("socket setup failed"))?;
+    let theirs = hear_hello(&mut r).map_err(hs)?;
+    let shared = state.shared.upgrade().ok_or(WireError::DeviceGone)?;
+    let _plugging = held(&state.plugging);
+    if lock(&shared).wire.remote_link().is_some_and(|l| l.is_up()) {
+        let _ = stream.shutdown(Shutdown::Both);
+        return Err(hs("a peer is plugged in already"));
+    }
+    plug(&shared, stream, r, w, peer, theirs, false)
+}
+
+/// A listener's own lock (its holders never panic while holding it; a poisoned one is taken as it is).
+fn held<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn handshake_reason(e: &WireError) -> &'static str {
@@ -219,40 +354,87 @@ fn handshake_reason(e: &WireError) -> &'static str {
     }
 }
 
-/// Connects to the device listening at `addr` and plugs the link in.
+/// Connects to the device listening at `addr` and plugs the link in. A refused (or failed) connection is tried
+/// again with backoff until `timeout` has passed, so this side may start before the listener; then the error
+/// says how long and how often it tried.
 pub(crate) fn connect(shared: &Arc<Shared>, addr: &str, timeout: Duration) -> Result<(), WireError> {
     let addrs: Vec<SocketAddr> =
         addr.to_socket_addrs().map_err(|source| WireError::Connect { addr: addr.to_string(), source })?.collect();
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "the name resolved to no address");
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(stream) => return plug(shared, stream, a, true),
-            Err(e) => last = e,
-        }
+    if addrs.is_empty() {
+        let source = io::Error::new(io::ErrorKind::NotFound, "the name resolved to no address");
+        return Err(WireError::Connect { addr: addr.to_string(), source });
     }
-    Err(WireError::Connect { addr: addr.to_string(), source: last })
+    let start = Instant::now();
+    let end = start + timeout;
+    let (mut attempts, mut pause) = (0u32, CONNECT_BACKOFF);
+    loop {
+        let mut last = None;
+        for a in &addrs {
+            attempts = attempts.saturating_add(1);
+            let left =
+                end.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(1), CONNECT_ATTEMPT_MAX);
+            match TcpStream::connect_timeout(a, left) {
+                Ok(stream) => return say_hello(shared, stream, *a),
+                Err(e) => last = Some(e),
+            }
+        }
+        let now = Instant::now();
+        if now >= end {
+            let source = last.unwrap_or_else(|| io::ErrorKind::TimedOut.into());
+            return Err(WireError::NoListener { addr: addr.to_string(), waited: now - start, attempts, source });
+        }
+        std::thread::sleep(pause.min(end - now));
+        pause = (pause * 2).min(CONNECT_BACKOFF_MAX);
+    }
 }
 
-/// Swaps port addresses over `stream` and plugs the link into the device.
-fn plug(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, we_connect: bool) -> Result<(), WireError> {
+/// The connecting side of a handshake: our hello first, then the listener's, then the link plugged in.
+fn say_hello(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
+    let (mut r, mut w) = halves(&stream, HANDSHAKE_TIMEOUT).map_err(|_| hs("socket setup failed"))?;
+    let mine = lock(shared).wire.addr;
+    write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs("could not send the hello"))?;
+    let theirs = hear_hello(&mut r).map_err(hs)?;
+    plug(shared, stream, r, w, peer, theirs, true)
+}
+
+/// The socket's reading and writing handles, reads timing out after `timeout` (for the handshake).
+fn halves(stream: &TcpStream, timeout: Duration) -> io::Result<(BufReader<TcpStream>, TcpStream)> {
     let _ = stream.set_nodelay(true);
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|_| hs("socket setup failed"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    Ok((BufReader::new(stream.try_clone()?), stream.try_clone()?))
+}
+
+/// The far end's hello. Its frame is small: a longer one is refused before it is read.
+fn hear_hello(r: &mut BufReader<TcpStream>) -> Result<PortAddr, &'static str> {
+    let frame = read_frame_max(r, HELLO_MAX).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidData => "the peer is not a simulated mlx5 wire",
+        _ => "no hello from the peer",
+    })?;
+    decode_hello(&frame)
+}
+
+/// The longest hello frame read (a hello is 35 bytes).
+const HELLO_MAX: usize = 256;
+
+/// Plugs the link into the device once hellos are swapped (the listener answers only a valid hello, after
+/// reading it), and starts its threads.
+fn plug(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    r: BufReader<TcpStream>,
+    mut w: TcpStream,
+    peer: SocketAddr,
+    theirs: PortAddr,
+    we_connect: bool,
+) -> Result<(), WireError> {
+    let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
     let (mine, id) = {
         let st = lock(shared);
         (st.wire.addr, super::next_device_id())
     };
-    let mut r = BufReader::new(stream.try_clone().map_err(|_| hs("socket setup failed"))?);
-    let mut w = stream.try_clone().map_err(|_| hs("socket setup failed"))?;
-    let hello = encode_hello(&mine);
-    // The connecting side speaks first; the listener answers only a valid hello.
-    if we_connect {
-        write_frame(&mut w, &hello).map_err(|_| hs("could not send the hello"))?;
-    }
-    let frame = read_frame(&mut r).map_err(|_| hs("no hello from the peer"))?;
-    let theirs = decode_hello(&frame).map_err(hs)?;
     if !we_connect {
-        write_frame(&mut w, &hello).map_err(|_| hs("could not send the hello"))?;
+        write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs("could not send the hello"))?;
     }
     if theirs == mine {
         let _ = stream.shutdown(Shutdown::Both);
@@ -381,10 +563,15 @@ fn write_frame(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
 /// One frame; a length above [`MAX_FRAME`] is `InvalidData`. The buffer grows as bytes arrive, so a length that
 /// lies costs nothing until the bytes come.
 pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
+    read_frame_max(r, MAX_FRAME)
+}
+
+/// [`read_frame`] with a length above `max` refused.
+fn read_frame_max(r: &mut impl Read, max: usize) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
+    if len > max {
         return Err(io::ErrorKind::InvalidData.into());
     }
     let mut body = Vec::new();
@@ -602,7 +789,97 @@ mod tests {
         drop(a);
         let c = Rdma::new(cfg(3));
         let e = c.h.dev.wire_connect("127.0.0.1:1", Duration::from_millis(500)).unwrap_err();
-        assert!(e.to_string().starts_with("cannot reach the simulated wire at 127.0.0.1:1: "), "{e}");
+        let WireError::NoListener { attempts, .. } = e else { panic!("{e:?}") };
+        assert!(attempts > 1, "refused connections are retried: {e}");
+        assert!(e.to_string().starts_with("no listener at 127.0.0.1:1 after 0.5 s ("), "{e}");
+        assert!(e.to_string().contains(" attempts): "), "{e}");
+    }
+
+    /// One RC SEND from `b` to `a` across their link, its bytes checked.
+    fn rc_send(a: &mut Rdma, b: &mut Rdma) {
+        let (mut a_cq, mut b_cq) = (a.cq(4), b.cq(4));
+        let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let mut qb = b.qp(QpSpec::rc(), b_cq.cqn, b_cq.cqn);
+        let (ra, rb) = (a.me(qa.qpn), b.me(qb.qpn));
+        a.connect_rc(&qa, &rb, RcParams::default());
+        b.connect_rc(&qb, &ra, RcParams::default());
+        let (ma, mb) = (a.mr(4096), b.mr(4096));
+        mb.write(0, b"across the wire");
+        a.post_recv(&mut qa, &[(ma.addr(), 4096, ma.key)]);
+        b.post_send(&mut qb, &Wqe::new(SEND).data(15, mb.key, mb.addr()), Bell::Db);
+        assert_eq!(b.wait_cqe(&mut b_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        let e = a.wait_cqe(&mut a_cq).expect("receive CQE");
+        assert_eq!((e.opcode(), e.byte_cnt()), (consts::MLX5_CQE_RESP_SEND, 15));
+        assert_eq!(ma.read(0, 15), b"across the wire");
+    }
+
+    /// Whether the far end closed `s` (EOF or reset); the read timeout only keeps a failing test from hanging.
+    fn closed_by_far_end(s: &mut TcpStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        match s.read(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        }
+    }
+
+    fn link_downs(r: &Rdma, why: &str) -> usize {
+        r.h.dev.events().iter().filter(|e| matches!(e, SimEvent::LinkDown { why: w, .. } if *w == why)).count()
+    }
+
+    /// Issue 29: handshakes ran on the accept thread, 5 s each, so three silent connections kept a real peer out
+    /// ("it has a client already"). Now each has its own thread and the silent ones are dropped at their timeout.
+    #[test]
+    fn silent_connections_do_not_lock_a_real_peer_out_and_are_dropped() {
+        let (mut a, mut b) = (Rdma::new(cfg(1)), Rdma::new(cfg(2)));
+        let at = a.h.dev.wire_listen("127.0.0.1:0").unwrap();
+        let mut silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(at).unwrap()).collect();
+        b.h.dev.wire_connect(&at.to_string(), WAIT).expect("the real peer plugs in past the silent ones");
+        assert!(a.h.dev.wire_wait_peer(WAIT));
+        rc_send(&mut a, &mut b);
+        for s in &mut silent {
+            assert!(closed_by_far_end(s), "a silent connection is dropped");
+        }
+        let end = Instant::now() + WAIT;
+        while link_downs(&a, "no hello from the peer") < 3 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(link_downs(&a, "no hello from the peer"), 3);
+        assert!(a.h.dev.wire_peer().is_some(), "the real peer stays plugged in");
+    }
+
+    /// A flood of silent connections holds at most `MAX_PENDING` handshakes (threads): each one beyond closes
+    /// the oldest. The handshake timeout here is ten minutes, so only that bound can close them.
+    #[test]
+    fn a_flood_of_silent_connections_is_bounded_and_a_real_peer_still_plugs_in() {
+        let (mut a, mut b) = (Rdma::new(cfg(1)), Rdma::new(cfg(2)));
+        let at = listen_with(&a.h.dev.shared, "127.0.0.1:0", Duration::from_secs(600)).unwrap();
+        let mut flood: Vec<TcpStream> = (0..3 * MAX_PENDING).map(|_| TcpStream::connect(at).unwrap()).collect();
+        for (i, s) in flood.iter_mut().enumerate().take(2 * MAX_PENDING) {
+            assert!(closed_by_far_end(s), "connection {i} is closed to make room");
+        }
+        b.h.dev.wire_connect(&at.to_string(), WAIT).expect("the real peer plugs in");
+        assert!(a.h.dev.wire_wait_peer(WAIT));
+        rc_send(&mut a, &mut b);
+        // The real peer took the oldest remaining one's place.
+        assert!(closed_by_far_end(&mut flood[2 * MAX_PENDING]));
+    }
+
+    /// Issue 29: `wire=connect` failed at once when its listener was not up yet; it now retries until its
+    /// timeout, so two programs may start in either order.
+    #[test]
+    fn a_connector_started_before_its_listener_plugs_in_once_it_listens() {
+        // A port free now, which the listener binds later.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (mut a, mut b) = (Rdma::new(cfg(1)), Rdma::new(cfg(2)));
+        let dev = b.h.dev.clone();
+        let connecting = std::thread::spawn(move || dev.wire_connect(&format!("127.0.0.1:{port}"), WAIT * 6));
+        // Only orders the two starts (the connector is refused first); nothing here depends on how long it is.
+        std::thread::sleep(Duration::from_millis(300));
+        a.h.dev.wire_listen(&format!("127.0.0.1:{port}")).unwrap();
+        connecting.join().unwrap().expect("the connector plugs in once the listener is up");
+        assert!(a.h.dev.wire_wait_peer(WAIT));
+        rc_send(&mut a, &mut b);
     }
 
     #[test]
