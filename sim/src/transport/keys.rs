@@ -79,26 +79,36 @@ impl State {
     }
 
     /// [`State::gather`] as an RC payload: a small one straight into the packet's inline bytes, a larger one
-    /// through the reused scratch buffer (one allocation: the shared payload).
+    /// straight into the shared payload, allocated once at its exact length. Gathering through a buffer and then
+    /// sharing a copy held the message twice (and kept the buffer at the largest message's size for good).
     pub(super) fn gather_payload(&mut self, pd: u32, max_msg: u64, w: &SendWqe) -> Result<Payload, u8> {
         let total = w.total_len();
         if total > max_msg {
             return Err(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
         }
-        if total <= INLINE_PAYLOAD as u64 {
+        let len = usize::try_from(total).map_err(|_| consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR)?;
+        if len <= INLINE_PAYLOAD {
             let mut bytes = [0u8; INLINE_PAYLOAD];
-            let len = total as usize;
             self.gather_small(pd, w, &mut bytes[..len])?;
             return Ok(Payload::Inline { len: len as u8, bytes });
         }
-        let mut buf = std::mem::take(&mut self.dp.scratch);
-        buf.clear();
-        let data = self.gather_into(pd, max_msg, w, &mut buf).map(|()| Payload::from(&buf[..]));
-        self.dp.scratch = buf;
-        data
+        // A large message is allocated only once every key checks out (a bad key costs nothing).
+        if len > GATHER_RESERVE {
+            for s in w.segs.iter() {
+                if let SegView::Ptr(g) = s.view() {
+                    self.mkey_check(g.lkey, Some(pd), g.addr, g.len, MkeyAccess::LOCAL_READ)
+                        .map_err(|_| consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR)?;
+                }
+            }
+        }
+        // One allocation of the exact length (a `TrustedLen` iterator), unique until returned.
+        let mut data: std::sync::Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
+        let out = std::sync::Arc::get_mut(&mut data).ok_or(consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR)?;
+        self.gather_small(pd, w, out)?;
+        Ok(Payload::Shared(data))
     }
 
-    /// The payload of `w` into `out`, exactly its length (a small payload, its length already checked).
+    /// The payload of `w` into `out`, exactly its length (its length already checked).
     pub(super) fn gather_small(&mut self, pd: u32, w: &SendWqe, out: &mut [u8]) -> Result<(), u8> {
         let mut at = 0usize;
         for s in w.segs.iter() {

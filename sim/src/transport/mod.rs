@@ -182,9 +182,7 @@ pub(crate) struct DpState {
     /// (UAR page, BlueFlame buffer) -> (QPN, WQE index) of the last doorbell written there.
     pub(crate) bf: BTreeMap<(u32, usize), (u32, u16)>,
     next_seq: u64,
-    /// Where RC payloads too large to travel inline are gathered before they are shared (reused).
-    scratch: Vec<u8>,
-    /// The inline bytes of the WQE being executed (reused, as `scratch`).
+    /// The inline bytes of the WQE being executed (reused).
     inline: Vec<u8>,
     /// Messages in reassembly and ARP neighbours of a RoCE port fed frames.
     pub(crate) rx: roce_rx::RoceRx,
