@@ -860,8 +860,9 @@ impl SimDevice {
         link::tcp::listen(&self.shared, addr)
     }
 
-    /// Plugs this device's port into the device listening at `addr` (`host:port`) in another process, waiting
-    /// up to `timeout` for the connection; the handshake swaps port addresses. Packets to the peer's LID (IB) or
+    /// Plugs this device's port into the device listening at `addr` (`host:port`) in another process, retrying
+    /// a refused connection with backoff for up to `timeout` (the listener may start later:
+    /// [`WireError::NoListener`] once the time is up); the handshake swaps port addresses. Packets to the peer's LID (IB) or
     /// GID and MAC (RoCE) then cross the link; when it goes down they are lost, and RC requests time out.
     pub fn wire_connect(&self, addr: &str, timeout: Duration) -> Result<(), WireError> {
         link::tcp::connect(&self.shared, addr, timeout)
