@@ -890,7 +890,8 @@ impl QpTable {
         self.map.remove(&qpn).map(|_| ()).ok_or(bad_param(syndrome::QP_INVALID))
     }
 
-    /// 2ERR (any state but RST) and 2RST (any state).
+    /// 2ERR and 2RST, each from any state: IBTA lets any state go to ERR, and mlx5_ib's transition table sends
+    /// 2ERR_QP from RST too.
     pub(crate) fn move_to_err_or_rst(&mut self, opcode: u16, inp: &[u8]) -> Result<(), CmdErr> {
         let qpn = if opcode == consts::MLX5_CMD_OP_2ERR_QP {
             rd(inp, ifc::qp_2err_in::QPN)
@@ -899,9 +900,6 @@ impl QpTable {
         };
         let qp = self.map.get_mut(&qpn).ok_or(bad_param(syndrome::QP_INVALID))?;
         if opcode == consts::MLX5_CMD_OP_2ERR_QP {
-            if qp.state == QpState::Rst {
-                return Err(qp_state_err());
-            }
             // Outstanding and posted WQEs are flushed the next time the datapath runs (right after this command).
             qp.state = QpState::Err;
         } else {
@@ -1481,12 +1479,14 @@ mod tests {
         let n = qp.qpn;
         let wrong = (consts::MLX5_CMD_STAT_BAD_QP_STATE_ERR, syndrome::QP_STATE);
         let state = |r: &Rdma| r.h.dev.qp_info(n).unwrap().state;
-        // From RST only RST2INIT (and 2RST) go.
-        for op in
-            [k::MLX5_CMD_OP_INIT2RTR_QP, k::MLX5_CMD_OP_RTR2RTS_QP, k::MLX5_CMD_OP_RTS2RTS_QP, k::MLX5_CMD_OP_2ERR_QP]
-        {
+        // From RST only RST2INIT, 2ERR and 2RST go.
+        for op in [k::MLX5_CMD_OP_INIT2RTR_QP, k::MLX5_CMD_OP_RTR2RTS_QP, k::MLX5_CMD_OP_RTS2RTS_QP] {
             assert_eq!(r.modify(op, n, 0, |_, _| {}), wrong, "opcode {op:#x}");
         }
+        assert_eq!(r.modify(k::MLX5_CMD_OP_2ERR_QP, n, 0, |_, _| {}), (0, 0));
+        assert_eq!(state(&r), QpState::Err);
+        assert_eq!(r.modify(k::MLX5_CMD_OP_2RST_QP, n, 0, |_, _| {}), (0, 0));
+        assert_eq!(state(&r), QpState::Rst);
         assert_eq!(
             r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n + 1, 0, |_, _| {}),
             (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::QP_INVALID)
