@@ -28,6 +28,9 @@ pub struct QpContext {
     pub log_rq_stride: u8,
     /// The QP has no send queue.
     pub no_sq: bool,
+    /// The QP has no receive queue and no SRQ (`rq_type` ZERO_LEN_RQ, as mlx5_ib makes one without receive work
+    /// requests).
+    pub zero_len_rq: bool,
     /// `log_page_size` (relative to 4 KiB).
     pub log_page_size: u8,
     /// Bus address of the doorbell record.
@@ -85,6 +88,7 @@ impl Command for CreateQp<'_> {
                     c.set(q::RQ_TYPE, consts::MLX5_SRQ_RQ);
                     c.set(q::SRQN_RMPN_XRQN, srqn);
                 }
+                None if x.zero_len_rq => c.set(q::RQ_TYPE, consts::MLX5_ZERO_LEN_RQ),
                 None => {
                     c.set(q::LOG_RQ_SIZE, x.log_rq_size.into());
                     c.set(q::LOG_RQ_STRIDE, x.log_rq_stride.into());

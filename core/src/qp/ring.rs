@@ -101,7 +101,8 @@ impl Qp {
     /// Bytes of the shadow array for `sizes`, rounded up to whole cache lines ([`SHADOW_ALIGN`]).
     pub fn shadow_len(sizes: &QpSizes) -> usize {
         let len = sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>() + sizes.rq_wqe_cnt as usize * 8;
-        len.next_multiple_of(SHADOW_ALIGN)
+        // At least one line: a QP with neither queue still gets a region from the allocator.
+        len.max(1).next_multiple_of(SHADOW_ALIGN)
     }
 
     /// A QP over its created objects. `shadow` is zeroed host memory of [`Qp::shadow_len`] bytes, at least 8-byte aligned
@@ -289,7 +290,8 @@ impl Qp {
         let cnt = self.sizes.sq_wqe_cnt;
         SqWin {
             flat: self.sq_flat.map(|r| r.cpu()),
-            ds_mask: self.sizes.sq_bytes() - DS,
+            // A QP without a send queue has no mask (its queue is always full, so no WQE is built).
+            ds_mask: self.sizes.sq_bytes().wrapping_sub(DS),
             slots: self.shadow.ptr_at(0, cnt as usize * core::mem::size_of::<SqSlot>()).cast::<SqSlot>(),
             slot_mask: cnt.wrapping_sub(1),
             max_send_wr: self.sizes.cap.max_send_wr,

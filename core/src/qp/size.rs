@@ -86,13 +86,13 @@ pub enum SizeError {
         /// WQEs allowed.
         max: u32,
     },
-    /// No send work requests were asked for.
-    NoSendQueue,
 }
 
 /// Sizes the queues for `cap` (rdma-core's calculation): the send WQE fits the overhead plus the larger of the
 /// SGEs and the inline data, rounded to BBs; both rings are powers of two; the granted capabilities are what those
-/// rings actually hold.
+/// rings actually hold. No send work requests make no send queue, and no receive work requests no receive queue
+/// (a receive-only QP, and a zero-length RQ), with their limits unchecked and granted as 0, as
+/// `mlx5_calc_sq_size` / `mlx5_calc_rq_size` and mlx5_ib's `qp_has_rq` make them.
 pub fn qp_sizes(
     ty: QpType,
     cap: &QpCap,
@@ -104,45 +104,50 @@ pub fn qp_sizes(
     // The arithmetic runs in u64: every request is a u32 (a caller's, or a C program's through the drop-in
     // library), so no product or power of two below can overflow, and anything too large is an error, not a wrap.
     let sat = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
-    // Send queue.
-    let inl = if cap.max_inline_data > 0 { INL_HDR as u64 + u64::from(cap.max_inline_data) } else { 0 };
-    let data = (u64::from(cap.max_send_sge) * DATA as u64).max(inl);
-    let wqe_bytes = (sq_overhead(ty) as u64 + data).next_multiple_of(BB as u64);
-    if wqe_bytes > u64::from(max_wqe_sz_sq) || wqe_bytes > (MAX_WQEBBS * BB) as u64 {
-        return Err(SizeError::SendWqeTooBig {
-            bytes: sat(wqe_bytes),
-            max: max_wqe_sz_sq.min((MAX_WQEBBS * BB) as u32),
-        });
-    }
-    let wqe_size = wqe_bytes as usize;
-    if cap.max_send_wr == 0 {
-        return Err(SizeError::NoSendQueue);
-    }
-    let sq_wqe_cnt = (u64::from(cap.max_send_wr) * wqe_bytes).next_power_of_two() / BB as u64;
-    if sq_wqe_cnt > u64::from(max_wqes) {
-        return Err(SizeError::TooManyWqes { wqes: sat(sq_wqe_cnt), max: max_wqes });
-    }
-    let sq_wqe_cnt = sq_wqe_cnt as u32;
-    // Receive queue: a power-of-two array of data segments, at least one.
-    let rq_bytes = u64::from(cap.max_recv_sge.max(1)).next_power_of_two() * DATA as u64;
-    if rq_bytes > u64::from(max_wqe_sz_rq) {
-        return Err(SizeError::RecvWqeTooBig { bytes: sat(rq_bytes), max: max_wqe_sz_rq });
-    }
-    let rq_wqe_size = rq_bytes as usize;
-    // The queue is at least one send WQE basic block long (`set_rq_size`, rdma-core `mlx5_calc_rq_size`).
-    let rq_wqe_cnt = u64::from(cap.max_recv_wr.max(1)).next_power_of_two().max((BB / rq_wqe_size) as u64);
-    if rq_wqe_cnt > u64::from(max_wqes) {
-        return Err(SizeError::TooManyWqes { wqes: sat(rq_wqe_cnt), max: max_wqes });
-    }
-    let rq_wqe_cnt = rq_wqe_cnt as u32;
     let overhead = sq_overhead(ty);
+    // Send queue.
+    let (sq_wqe_cnt, wqe_size) = if cap.max_send_wr == 0 {
+        (0, 0)
+    } else {
+        let inl = if cap.max_inline_data > 0 { INL_HDR as u64 + u64::from(cap.max_inline_data) } else { 0 };
+        let data = (u64::from(cap.max_send_sge) * DATA as u64).max(inl);
+        let wqe_bytes = (overhead as u64 + data).next_multiple_of(BB as u64);
+        if wqe_bytes > u64::from(max_wqe_sz_sq) || wqe_bytes > (MAX_WQEBBS * BB) as u64 {
+            return Err(SizeError::SendWqeTooBig {
+                bytes: sat(wqe_bytes),
+                max: max_wqe_sz_sq.min((MAX_WQEBBS * BB) as u32),
+            });
+        }
+        let sq_wqe_cnt = (u64::from(cap.max_send_wr) * wqe_bytes).next_power_of_two() / BB as u64;
+        if sq_wqe_cnt > u64::from(max_wqes) {
+            return Err(SizeError::TooManyWqes { wqes: sat(sq_wqe_cnt), max: max_wqes });
+        }
+        (sq_wqe_cnt as u32, wqe_bytes as usize)
+    };
+    // Receive queue: a power-of-two array of data segments, at least one; none without receive work requests
+    // (the shift stays that of one segment, so the stride arithmetic never underflows).
+    let (rq_wqe_cnt, rq_wqe_size) = if cap.max_recv_wr == 0 {
+        (0, DATA)
+    } else {
+        let rq_bytes = u64::from(cap.max_recv_sge.max(1)).next_power_of_two() * DATA as u64;
+        if rq_bytes > u64::from(max_wqe_sz_rq) {
+            return Err(SizeError::RecvWqeTooBig { bytes: sat(rq_bytes), max: max_wqe_sz_rq });
+        }
+        let rq_wqe_size = rq_bytes as usize;
+        // The queue is at least one send WQE basic block long (`set_rq_size`, rdma-core `mlx5_calc_rq_size`).
+        let rq_wqe_cnt = u64::from(cap.max_recv_wr).next_power_of_two().max((BB / rq_wqe_size) as u64);
+        if rq_wqe_cnt > u64::from(max_wqes) {
+            return Err(SizeError::TooManyWqes { wqes: sat(rq_wqe_cnt), max: max_wqes });
+        }
+        (rq_wqe_cnt as u32, rq_wqe_size)
+    };
     let granted = QpCap {
-        max_send_wr: sq_wqe_cnt / (wqe_size / BB) as u32,
+        max_send_wr: if wqe_size == 0 { 0 } else { sq_wqe_cnt / (wqe_size / BB) as u32 },
         max_recv_wr: rq_wqe_cnt,
-        max_send_sge: ((wqe_size - overhead) / DATA) as u32,
-        max_recv_sge: (rq_wqe_size / DATA) as u32,
+        max_send_sge: (wqe_size.saturating_sub(overhead) / DATA) as u32,
+        max_recv_sge: if rq_wqe_cnt == 0 { 0 } else { (rq_wqe_size / DATA) as u32 },
         // A WQE of only the fixed segments (UD with no SGEs and no inline data) has no room for an inline header.
-        max_inline_data: (wqe_size - overhead).saturating_sub(INL_HDR) as u32,
+        max_inline_data: wqe_size.saturating_sub(overhead).saturating_sub(INL_HDR) as u32,
     };
     Ok(QpSizes {
         sq_wqe_cnt,
@@ -206,6 +211,19 @@ mod tests {
     }
 
     #[test]
+    fn no_work_requests_make_no_queue_and_skip_its_limits() {
+        // A receive-only QP (qperf's receivers): no SQ, and its SGE and inline asks are not checked.
+        let s = qp_sizes(QpType::Rc, &cap(0, 8, 99, 1, 9999), 512, 512, 16).unwrap();
+        assert_eq!((s.sq_wqe_cnt, s.sq_bytes(), s.rq_wqe_cnt), (0, 0, 8));
+        assert_eq!(s.cap, cap(0, 8, 0, 1, 0));
+        // A send-only QP: a zero-length RQ.
+        let s = qp_sizes(QpType::Ud, &cap(4, 0, 1, 99, 0), 512, 512, 16).unwrap();
+        assert_eq!((s.rq_wqe_cnt, s.rq_bytes(), s.rq_wqe_shift), (0, 0, 4));
+        assert_eq!((s.cap.max_recv_wr, s.cap.max_recv_sge), (0, 0));
+        assert!(s.sq_wqe_cnt > 0);
+    }
+
+    #[test]
     fn ud_wqes_carry_the_datagram_segment() {
         let s = qp_sizes(QpType::Ud, &cap(10, 1, 2, 1, 0), 512, 512, 16).unwrap();
         assert_eq!(s.sq_wqe_size as usize, (CTRL + DGRAM + 2 * DATA).next_multiple_of(BB));
@@ -230,7 +248,6 @@ mod tests {
 
     #[test]
     fn limits_are_reported() {
-        assert_eq!(qp_sizes(QpType::Rc, &cap(0, 1, 1, 1, 0), 512, 512, 16), Err(SizeError::NoSendQueue));
         assert_eq!(
             qp_sizes(QpType::Rc, &cap(1, 1, 20, 1, 0), 256, 512, 16),
             Err(SizeError::SendWqeTooBig { bytes: 384, max: 256 })

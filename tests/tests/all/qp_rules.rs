@@ -52,10 +52,12 @@ fn queues_are_sized_as_rdma_core_sizes_them() {
         Err(SizeError::TooManyWqes { wqes: 1 << 16, max: 1 << 15 })
     );
     assert_eq!(
-        sizes(QpType::Rc, QpCap { max_send_wr: 1, max_recv_sge: 33, ..QpCap::default() }),
+        sizes(QpType::Rc, QpCap { max_send_wr: 1, max_recv_wr: 1, max_recv_sge: 33, ..QpCap::default() }),
         Err(SizeError::RecvWqeTooBig { bytes: 1024, max: 512 })
     );
-    assert_eq!(sizes(QpType::Rc, QpCap::default()), Err(SizeError::NoSendQueue));
+    // No work requests ask for no queue (rdma-core's receive-only QP and zero-length RQ).
+    let s = sizes(QpType::Rc, QpCap::default()).unwrap();
+    assert_eq!((s.sq_wqe_cnt, s.rq_wqe_cnt, s.cap), (0, 0, QpCap::default()));
 }
 
 fn rc_rtr_mask() -> QpAttrMask {
