@@ -4,6 +4,13 @@
 //! Process memory the driver did not allocate is made reachable with `Dma::map_user`: the pages covering it get
 //! a fresh IOVA range placed as the memory's own alignment allows (see [`DmaSpace::map_user`]), and freeing the
 //! region unmaps it, so a later device access to those IOVAs faults like any access to unmapped memory.
+//!
+//! The process may unmap such memory (or map it read-only) while a memory key still names it: the device must
+//! not crash the process then, whatever a registration says. Accesses to `map_user` regions therefore go
+//! through the kernel (`process_vm_readv` / `process_vm_writev` on the process itself, which answer `EFAULT`
+//! where a plain copy would raise `SIGSEGV`), and a refused access is a fault the datapath turns into the
+//! device's error (a protection error CQE, a remote access NAK). Memory the simulator allocated, and a guest's
+//! RAM (`map_fixed`), cannot go away under it and keeps the plain copies.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::Cell;
@@ -36,6 +43,9 @@ struct Region {
     /// The allocation behind an allocated region; `None` for process memory mapped with `map_user`, which is the
     /// caller's to free.
     layout: Option<Layout>,
+    /// Process memory lent with `map_user`: the program may unmap it at any time, so it is reached only with
+    /// accesses that cannot fault the process ([`user_copy`]).
+    user: bool,
 }
 
 /// The largest alignment `map_user` preserves between a mapping's CPU and bus addresses (1 GiB, the largest MTT
@@ -46,16 +56,25 @@ pub(crate) const USER_MAP_MAX_ALIGN: u64 = 1 << 30;
 // the block itself is not tied to the thread that allocated it.
 unsafe impl Send for Region {}
 
-/// A translation cache entry: (IOVA page number it was filled for, region IOVA, region length, host address). The
-/// host address is a pointer, not an integer, so what `translate` returns keeps the allocation's provenance.
+/// A translation cache entry: (IOVA page number it was filled for, region IOVA, region length, host address,
+/// whether the region is lent process memory). The host address is a pointer, not an integer, so what
+/// `translate` returns keeps the allocation's provenance.
 #[derive(Debug, Clone, Copy)]
-struct Recent(u64, u64, usize, *mut u8);
+struct Recent(u64, u64, usize, *mut u8, bool);
 
 // SAFETY: an entry is a copy of a live region's description, used only under the device lock like the region.
 unsafe impl Send for Recent {}
 
 /// An entry that matches nothing (no IOVA page has this number).
-const NO_ENTRY: Recent = Recent(u64::MAX, 0, 0, ptr::null_mut());
+const NO_ENTRY: Recent = Recent(u64::MAX, 0, 0, ptr::null_mut(), false);
+
+/// Where a device access lands: the host address, and whether it is lent process memory (reached with
+/// [`user_copy`] only).
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    p: *mut u8,
+    user: bool,
+}
 
 /// Entries of the translation cache, indexed by the low bits of the IOVA page number: the datapath touches a
 /// handful of regions (queue buffers, doorbell records, a CQ ring, registered memory) over and over.
@@ -107,7 +126,7 @@ impl DmaSpace {
         let p = unsafe { alloc_zeroed(layout) };
         let cpu = NonNull::new(p).ok_or(DmaError::NoMemory { len })?;
         self.next_iova = next;
-        self.regions.insert(iova, Region { cpu, len, layout: Some(layout) });
+        self.regions.insert(iova, Region { cpu, len, layout: Some(layout), user: false });
         self.by_cpu.insert(cpu.as_ptr() as usize, iova);
         // SAFETY: `cpu` is a fresh zeroed allocation of at least `len` bytes that only `free` deallocates (a space
         // dropped with it outstanding keeps it), `iova` is a fresh address translated to it alone.
@@ -148,7 +167,7 @@ impl DmaSpace {
         let next = base.checked_add(span).and_then(|v| v.checked_add(IOVA_PAGE)).ok_or(refused)?;
         self.next_iova = next;
         let iova = base + off;
-        self.regions.insert(iova, Region { cpu, len, layout: None });
+        self.regions.insert(iova, Region { cpu, len, layout: None, user: true });
         self.by_cpu.insert(addr, iova);
         // SAFETY: the caller of `Dma::map_user` vouches that the bytes stay valid and are covered by no other
         // region until this one is freed (the overlap check above catches the regions this space knows); `iova`
@@ -170,7 +189,7 @@ impl DmaSpace {
         }
         // Later allocations stay above the guest's memory.
         self.next_iova = self.next_iova.max(end.checked_next_multiple_of(IOVA_PAGE).ok_or(refused)? + IOVA_PAGE);
-        self.regions.insert(iova, Region { cpu, len, layout: None });
+        self.regions.insert(iova, Region { cpu, len, layout: None, user: false });
         self.by_cpu.insert(cpu.as_ptr() as usize, iova);
         // SAFETY: the caller of `SimDevice::map_guest_memory` vouches that the bytes stay valid for the device's
         // life; the bus range overlaps no live region (checked above).
@@ -199,22 +218,22 @@ impl DmaSpace {
 
     /// Host address of `iova..iova + len` when the whole range lies inside one live region.
     #[inline]
-    fn translate(&self, iova: u64, len: usize) -> Option<*mut u8> {
+    fn translate(&self, iova: u64, len: usize) -> Option<Target> {
         // The region last found for this IOVA page first: the same answer as the lookup below (an entry is a live
         // region, and the same bounds check applies), without walking the tree.
         let page = iova / IOVA_PAGE;
-        let Recent(tag, base, rlen, cpu) = self.recent[page as usize % RECENT].get();
+        let Recent(tag, base, rlen, cpu, user) = self.recent[page as usize % RECENT].get();
         let off = iova.wrapping_sub(base);
         if tag == page && iova >= base && off < rlen as u64 && len as u64 <= rlen as u64 - off {
             // SAFETY: `off + len <= rlen`, the length of a live allocation at `cpu` (entries are cleared when any
             // region is freed), so the offset stays inside it.
-            return Some(unsafe { cpu.add(off as usize) });
+            return Some(Target { p: unsafe { cpu.add(off as usize) }, user });
         }
         self.translate_slow(iova, len)
     }
 
     /// The tree lookup behind [`DmaSpace::translate`]; remembers the region found for the IOVA's page.
-    fn translate_slow(&self, iova: u64, len: usize) -> Option<*mut u8> {
+    fn translate_slow(&self, iova: u64, len: usize) -> Option<Target> {
         let (&base, r) = self.regions.range(..=iova).next_back()?;
         let off = iova - base;
         let end = off.checked_add(len as u64)?;
@@ -222,9 +241,9 @@ impl DmaSpace {
             return None;
         }
         let page = iova / IOVA_PAGE;
-        self.recent[page as usize % RECENT].set(Recent(page, base, r.len, r.cpu.as_ptr()));
+        self.recent[page as usize % RECENT].set(Recent(page, base, r.len, r.cpu.as_ptr(), r.user));
         // SAFETY: `off + len <= r.len` (checked above), so the offset stays inside the allocation.
-        Some(unsafe { r.cpu.as_ptr().add(off as usize) })
+        Some(Target { p: unsafe { r.cpu.as_ptr().add(off as usize) }, user: r.user })
     }
 
     /// Copies `buf.len()` bytes at `iova` without recording a fault (observation by tests, not device DMA).
@@ -236,27 +255,13 @@ impl DmaSpace {
     /// memory key to memory that is no longer mapped is the key's protection error, not a DMA fault.
     #[inline]
     pub(crate) fn try_read(&self, iova: u64, buf: &mut [u8]) -> bool {
-        match self.translate(iova, buf.len()) {
-            Some(src) => {
-                // SAFETY: as in `read`: the range lies inside a live allocation and `buf` is a distinct buffer.
-                unsafe { ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
-                true
-            }
-            None => false,
-        }
+        self.translate(iova, buf.len()).is_some_and(|src| copy_from(src, buf))
     }
 
     /// A device write whose failure the caller reports itself (see [`DmaSpace::try_read`]).
     #[inline]
     pub(crate) fn try_write(&mut self, iova: u64, data: &[u8]) -> bool {
-        match self.translate(iova, data.len()) {
-            Some(dst) => {
-                // SAFETY: as in `write`: the range lies inside a live allocation and `data` is a distinct buffer.
-                unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
-                true
-            }
-            None => false,
-        }
+        self.translate(iova, data.len()).is_some_and(|dst| copy_to(dst, data))
     }
 
     /// The IOVA of the host bytes `cpu..cpu + len` when they lie inside one live region.
@@ -285,16 +290,12 @@ impl DmaSpace {
     /// Device DMA is modelled outside the Rust memory model, as real DMA is: the bytes are copied with
     /// `ptr::copy_nonoverlapping` under the device lock while the CPU may hold pointers into the same memory.
     /// The command protocol (owner bit plus barriers) is what keeps the two sides off the same bytes.
+    /// Lent process memory the program unmapped (or made read-only, for a write) is a fault too, not a crash.
     #[inline]
     pub(crate) fn read(&mut self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
         match self.translate(iova, buf.len()) {
-            Some(src) => {
-                // SAFETY: `translate` checked that `src..src + buf.len()` lies inside a live allocation, and `buf`
-                // is a distinct Rust buffer, so the ranges do not overlap.
-                unsafe { ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
-                Ok(())
-            }
-            None => Err(self.fault(iova, buf.len(), false)),
+            Some(src) if copy_from(src, buf) => Ok(()),
+            _ => Err(self.fault(iova, buf.len(), false)),
         }
     }
 
@@ -302,13 +303,8 @@ impl DmaSpace {
     #[inline]
     pub(crate) fn write(&mut self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
         match self.translate(iova, data.len()) {
-            Some(dst) => {
-                // SAFETY: `translate` checked that `dst..dst + data.len()` lies inside a live allocation, and
-                // `data` is a distinct Rust buffer, so the ranges do not overlap.
-                unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
-                Ok(())
-            }
-            None => Err(self.fault(iova, data.len(), true)),
+            Some(dst) if copy_to(dst, data) => Ok(()),
+            _ => Err(self.fault(iova, data.len(), true)),
         }
     }
 
@@ -316,9 +312,10 @@ impl DmaSpace {
     #[inline]
     pub(crate) fn write_u8_volatile(&mut self, iova: u64, v: u8) -> Result<(), DmaFault> {
         match self.translate(iova, 1) {
+            Some(dst) if dst.user => self.write(iova, &[v]),
             Some(dst) => {
-                // SAFETY: `translate` checked that the byte lies inside a live allocation.
-                unsafe { dst.write_volatile(v) };
+                // SAFETY: `translate` checked that the byte lies inside a live allocation the simulator owns.
+                unsafe { dst.p.write_volatile(v) };
                 Ok(())
             }
             None => Err(self.fault(iova, 1, true)),
@@ -331,13 +328,16 @@ impl DmaSpace {
     /// accesses fault as they would one by one.
     #[inline]
     pub(crate) fn write_then_flag(&mut self, iova: u64, body: &[u8], flag: u8) -> Result<(), DmaFault> {
-        let Some(dst) = self.translate(iova, body.len() + 1) else {
-            self.write(iova, body)?;
-            fence(Ordering::Release);
-            return self.write_u8_volatile(iova + body.len() as u64, flag);
+        let dst = match self.translate(iova, body.len() + 1) {
+            Some(dst) if !dst.user => dst.p,
+            _ => {
+                self.write(iova, body)?;
+                fence(Ordering::Release);
+                return self.write_u8_volatile(iova + body.len() as u64, flag);
+            }
         };
-        // SAFETY: `translate` checked that `dst..dst + body.len() + 1` lies inside a live allocation, and `body`
-        // is a distinct Rust buffer, so the ranges do not overlap.
+        // SAFETY: `translate` checked that `dst..dst + body.len() + 1` lies inside a live allocation the simulator
+        // owns, and `body` is a distinct Rust buffer, so the ranges do not overlap.
         unsafe { ptr::copy_nonoverlapping(body.as_ptr(), dst, body.len()) };
         fence(Ordering::Release);
         // SAFETY: the byte after `body`, inside the same checked range.
@@ -350,6 +350,98 @@ impl DmaSpace {
         self.faults.push(f);
         f
     }
+}
+
+/// Copies the bytes at `src` into `buf`: a plain copy from the simulator's own memory, [`user_copy`] from lent
+/// process memory. False when the process no longer has readable memory there.
+#[inline]
+fn copy_from(src: Target, buf: &mut [u8]) -> bool {
+    if src.user {
+        return user_copy(src.p, buf.as_mut_ptr(), buf.len(), false);
+    }
+    // SAFETY: `translate` checked that `src..src + buf.len()` lies inside a live allocation the simulator owns,
+    // and `buf` is a distinct Rust buffer, so the ranges do not overlap.
+    unsafe { ptr::copy_nonoverlapping(src.p, buf.as_mut_ptr(), buf.len()) };
+    true
+}
+
+/// Copies `data` to `dst` (see [`copy_from`]). False when the process no longer has writable memory there.
+#[inline]
+fn copy_to(dst: Target, data: &[u8]) -> bool {
+    if dst.user {
+        return user_copy(dst.p, data.as_ptr().cast_mut(), data.len(), true);
+    }
+    // SAFETY: as in `copy_from`, the other way.
+    unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst.p, data.len()) };
+    true
+}
+
+/// Whether `process_vm_*` works here (a seccomp filter may refuse it); once refused, plain copies are used.
+#[cfg(all(target_os = "linux", not(miri)))]
+static VM_RW_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Copies `len` bytes between lent process memory at `user` and the simulator's buffer at `local` (from `local`
+/// into `user` when `to_user`), without the process faulting: on Linux with `process_vm_readv` /
+/// `process_vm_writev` on the process itself, which check the pages as the kernel's own user copies do and
+/// answer `EFAULT` for an unmapped page (or a read-only one, for a write) where a plain copy raises `SIGSEGV`.
+/// False when any byte could not be copied. One system call per access: lent memory is the drop-in library's
+/// registrations, not the simulator's queues, so the fast path is untouched.
+#[cfg(all(target_os = "linux", not(miri)))]
+fn user_copy(user: *mut u8, local: *mut u8, len: usize, to_user: bool) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    if len == 0 {
+        return true;
+    }
+    if VM_RW_REFUSED.load(Relaxed) {
+        return plain_copy(user, local, len, to_user);
+    }
+    let pid = std::process::id() as libc::pid_t;
+    let mut done = 0usize;
+    // Bounded: every pass copies at least one byte or ends.
+    while done < len {
+        let local_iov = libc::iovec { iov_base: local.wrapping_add(done).cast(), iov_len: len - done };
+        let remote_iov = libc::iovec { iov_base: user.wrapping_add(done).cast(), iov_len: len - done };
+        // SAFETY: the local side is the simulator's own buffer of `len` bytes; the "remote" side is this process's
+        // memory, which the kernel checks page by page (it never faults the caller), so any address is safe.
+        let n = unsafe {
+            if to_user {
+                libc::process_vm_writev(pid, &local_iov, 1, &remote_iov, 1, 0)
+            } else {
+                libc::process_vm_readv(pid, &local_iov, 1, &remote_iov, 1, 0)
+            }
+        };
+        if n > 0 {
+            done += n as usize;
+            continue;
+        }
+        let err = std::io::Error::last_os_error().raw_os_error();
+        if n < 0 && matches!(err, Some(libc::ENOSYS) | Some(libc::EPERM)) && done == 0 {
+            // The system call is filtered out: the copy is made as before (the lent memory is trusted).
+            VM_RW_REFUSED.store(true, Relaxed);
+            return plain_copy(user, local, len, to_user);
+        }
+        return false;
+    }
+    true
+}
+
+/// Elsewhere (and under Miri, which has no `process_vm_readv`) lent memory is copied as any other.
+#[cfg(not(all(target_os = "linux", not(miri))))]
+fn user_copy(user: *mut u8, local: *mut u8, len: usize, to_user: bool) -> bool {
+    plain_copy(user, local, len, to_user)
+}
+
+fn plain_copy(user: *mut u8, local: *mut u8, len: usize, to_user: bool) -> bool {
+    // SAFETY: `translate` checked that the `len` bytes at `user` lie inside a live region, whose lender vouched
+    // for them (`Dma::map_user`); `local` is the simulator's distinct buffer of `len` bytes.
+    unsafe {
+        if to_user {
+            ptr::copy_nonoverlapping(local.cast_const(), user, len);
+        } else {
+            ptr::copy_nonoverlapping(user.cast_const(), local, len);
+        }
+    }
+    true
 }
 
 // Regions the driver never freed are leaked on purpose when the device goes away: a `DmaRegion` copy may outlive
@@ -553,6 +645,122 @@ mod tests {
         d.free(&a).unwrap();
         drop(guest);
         d.free(&r).unwrap();
+    }
+
+    /// An anonymous mapping of `len` bytes (read and write), as a program's buffer.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn mapping(len: usize) -> NonNull<u8> {
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        NonNull::new(p.cast()).unwrap()
+    }
+
+    /// Unmaps the program's `len` bytes at `p`, atomically replacing them with an inaccessible reservation: the
+    /// pages are gone as after `munmap`, and no other test thread's mapping can land there meanwhile (which would
+    /// make the memory reachable again).
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn unmap(p: NonNull<u8>, len: usize) {
+        let fixed = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
+        // SAFETY: `p..p + len` is our own mapping; MAP_FIXED replaces exactly it.
+        let q = unsafe { libc::mmap(p.as_ptr().cast(), len, libc::PROT_NONE, fixed, -1, 0) };
+        assert_eq!(q, p.as_ptr().cast());
+    }
+
+    #[cfg(all(target_os = "linux", not(miri)))]
+    #[test]
+    fn lent_memory_the_program_unmapped_or_made_read_only_faults_the_access_not_the_process() {
+        let mut d = DmaSpace::new(None);
+        let p = mapping(8192);
+        let r = d.map_user(p, 8192).unwrap();
+        let mut b = [0u8; 4];
+        assert!(d.write(r.iova() + 4094, b"lent").is_ok());
+        assert!(d.read(r.iova() + 4094, &mut b).is_ok());
+        assert_eq!(&b, b"lent");
+        // The second page read-only: the device reads it, a write there (even one that starts in the first page)
+        // is refused and recorded; a plain copy would have raised SIGSEGV.
+        // SAFETY: the second page of our own mapping.
+        assert_eq!(unsafe { libc::mprotect(p.as_ptr().add(4096).cast(), 4096, libc::PROT_READ) }, 0);
+        assert!(d.read(r.iova() + 4096, &mut b).is_ok());
+        assert!(d.write(r.iova() + 4094, b"more").is_err());
+        assert!(!d.try_write(r.iova() + 4096, b"x"));
+        assert!(d.write_u8_volatile(r.iova() + 5000, 1).is_err());
+        // Gone altogether: every access fails, none crashes.
+        unmap(p, 8192);
+        assert!(!d.try_read(r.iova(), &mut b));
+        assert!(d.read(r.iova(), &mut b).is_err());
+        assert!(d.write(r.iova(), b"late").is_err());
+        assert!(d.write_then_flag(r.iova(), &[0; 63], 1).is_err());
+        assert_eq!(d.faults.len(), 5);
+        assert!(d.faults.iter().all(|f| f.iova >= r.iova() && f.iova < r.iova() + 8192));
+        d.free(&r).unwrap();
+        // SAFETY: the reservation `unmap` left; nothing names it now.
+        assert_eq!(unsafe { libc::munmap(p.as_ptr().cast(), 8192) }, 0);
+    }
+
+    /// The datapath over a registration whose memory the program unmapped: an RDMA WRITE into it and a SEND
+    /// that scatters into it (from a peer) and a SEND that gathers from it (local) end in the device's errors, as
+    /// when the key's memory is not there, and the process keeps running. Before, the first of them killed the
+    /// process inside the simulator's copy.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    #[test]
+    fn rdma_on_a_registration_the_program_unmapped_completes_in_error() {
+        use crate::testutil::{Bell, QpSpec, RcParams, Rdma, Wqe, ALL_RIGHTS};
+        use mlx5_core::prm::consts;
+        let mut r = Rdma::new(crate::SimConfig::default());
+        let (mut scq, mut rcq) = (r.cq(5), r.cq(5));
+        let (scqn, rcqn) = (scq.cqn, rcq.cqn);
+        let pair = |r: &mut Rdma| {
+            let a = r.qp(QpSpec::rc(), scqn, rcqn);
+            let b = r.qp(QpSpec::rc(), scqn, rcqn);
+            let (ra, rb) = (r.me(a.qpn), r.me(b.qpn));
+            r.connect_rc(&a, &rb, RcParams::default());
+            r.connect_rc(&b, &ra, RcParams::default());
+            (a, b)
+        };
+        let mr = r.mr(4096);
+        mr.write(0, &[7; 64]);
+        let lent = mapping(4096);
+        // SAFETY: the mapping stays ours; the test then takes it away on purpose, which is what is tested.
+        let region = unsafe { r.h.dma.map_user(lent, 4096) }.unwrap();
+        let pd = r.pd;
+        let umr = r.mr_on(pd, region, ALL_RIGHTS);
+        unmap(lent, 4096);
+        let (key, base) = (mr.key, mr.addr());
+        // A peer's RDMA WRITE into it: remote access error.
+        let (mut a, _b) = pair(&mut r);
+        r.post_send(
+            &mut a,
+            &Wqe::new(consts::MLX5_OPCODE_RDMA_WRITE).raddr(umr.addr(), umr.key).data(64, key, base),
+            Bell::Db,
+        );
+        let e = r.poll(&mut scq).expect("WRITE completion");
+        assert_eq!(e.status(), (consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
+        // A local SEND gathering from it: local protection error.
+        let (mut a, mut b) = pair(&mut r);
+        r.post_recv(&mut b, &[(base + 1024, 64, key)]);
+        r.post_send(&mut a, &Wqe::new(consts::MLX5_OPCODE_SEND).data(64, umr.key, umr.addr()), Bell::Db);
+        let e = r.poll(&mut scq).expect("SEND completion");
+        assert_eq!(e.status(), (consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR));
+        assert!(r.poll(&mut rcq).is_none());
+        // A peer's SEND into a receive that scatters into it: local protection error on the receive, remote
+        // operational error at the requester.
+        let (mut a, mut b) = pair(&mut r);
+        r.post_recv(&mut b, &[(umr.addr(), 64, umr.key)]);
+        r.post_send(&mut a, &Wqe::new(consts::MLX5_OPCODE_SEND).data(64, key, base), Bell::Db);
+        let e = r.poll(&mut rcq).expect("receive completion");
+        assert_eq!(e.status(), (consts::MLX5_CQE_RESP_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR));
+        let e = r.poll(&mut scq).expect("SEND completion");
+        assert_eq!(e.status(), (consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR));
     }
 
     #[test]

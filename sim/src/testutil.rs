@@ -821,9 +821,15 @@ impl Rdma {
     /// A PA memory key over a fresh region of `len` bytes with `rights` (local write, remote read, remote
     /// write, atomic), in PD `pd`.
     pub fn mr_in(&mut self, pd: u32, len: usize, rights: [bool; 4]) -> Mr {
+        let region = self.h.dma.alloc(len, 64).unwrap();
+        self.mr_on(pd, region, rights)
+    }
+
+    /// A memory key over `region` (allocated or lent process memory), in PD `pd` with `rights`.
+    pub fn mr_on(&mut self, pd: u32, region: DmaRegion, rights: [bool; 4]) -> Mr {
         use ifc::create_mkey_in as i;
         use ifc::mkc as m;
-        let region = self.h.dma.alloc(len, 64).unwrap();
+        let len = region.len();
         let ctx = i::MEMORY_KEY_MKEY_ENTRY;
         let mut inp = vec![0u8; i::KLM_PAS_MTT.byte_off()];
         inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY.into());
