@@ -516,7 +516,7 @@ pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port: u8, att
 
 /// The GID at `index` and its type; an empty entry inside the table reads as zero (as the kernel's cache
 /// reports it), one past the table is `EINVAL`.
-fn gid(ctx: &Ctx, port: u8, index: c_int) -> Result<Option<([u8; 16], GidType)>, c_int> {
+pub(crate) fn gid(ctx: &Ctx, port: u8, index: c_int) -> Result<Option<([u8; 16], GidType)>, c_int> {
     let index = u16::try_from(index).map_err(|_| libc::EINVAL)?;
     if port != 1 {
         return Err(libc::EINVAL);

@@ -109,7 +109,8 @@ pub(crate) fn errno_of(e: &mlx5_verbs::VerbsError) -> c_int {
         },
         E::Dma(_) => libc::ENOMEM,
         E::Post(p) => match p.kind {
-            PostErrorKind::QueueFull { .. } => libc::ENOMEM,
+            // libmlx5's post_send answers ENOMEM for a full queue and for inline data over the QP's maximum.
+            PostErrorKind::QueueFull { .. } | PostErrorKind::InlineTooLong { .. } => libc::ENOMEM,
             PostErrorKind::DeviceError => libc::EIO,
             _ => libc::EINVAL,
         },

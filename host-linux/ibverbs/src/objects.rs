@@ -15,7 +15,7 @@ use mlx5_verbs::raw::{self, RawChannel, RawCq, RawMr, RawPd, RawQp, RawSrq};
 use mlx5_verbs::SrqAttrMask;
 
 use crate::abi::*;
-use crate::device::{ctx_of, hold, link, qp_limits, release, Ctx};
+use crate::device::{ctx_of, gid, hold, link, qp_limits, release, Ctx};
 use crate::{errno_of, guard, set_errno};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -343,6 +343,10 @@ fn access(flags: c_int) -> Result<Access, c_int> {
     if a.unsupported() != 0 {
         return Err(libc::EINVAL);
     }
+    // ib_check_mr_access: remote write or atomic needs local write.
+    if (a.contains(Access::REMOTE_WRITE) || a.contains(Access::REMOTE_ATOMIC)) && !a.contains(Access::LOCAL_WRITE) {
+        return Err(libc::EINVAL);
+    }
     Ok(a)
 }
 
@@ -554,7 +558,14 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *
         // SAFETY: the caller passes an open context.
         let Some(c) = (unsafe { ctx(context) }) else { return fail(libc::EINVAL) };
         let raw = raw::create_comp_channel(&c.ctx);
-        let fd = raw.fd().unwrap_or(-1);
+        // No descriptor could be made: the kernel's uverbs answers a full descriptor table with EMFILE, and a
+        // channel without one would never wake its reader.
+        let Some(fd) = raw.fd() else {
+            if let Err(e) = raw.destroy() {
+                log::error!("create_comp_channel: the channel without a descriptor could not be destroyed: {e}");
+            }
+            return fail(libc::EMFILE);
+        };
         hold(context);
         Box::into_raw(Box::new(Channel { c: ibv_comp_channel { context, fd, refcnt: 0 }, raw })).cast()
     })
@@ -1424,6 +1435,16 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         if l == LinkLayer::Ethernet && a.is_global == 0 {
             // RoCE addresses need a GRH (mlx5_ib refuses without one).
             return fail(libc::EINVAL);
+        }
+        // As the kernel's create_ah checks: a port the device has (`rdma_is_port_valid`), and a GRH's source GID
+        // entry holding a GID (`rdma_get_gid_attr`: EINVAL past the table, ENODATA for an empty entry); else
+        // the AH would send from an address the port does not own.
+        if a.is_global != 0 || a.port_num != 1 {
+            match gid(c, a.port_num, c_int::from(a.grh.sgid_index)) {
+                Ok(Some(_)) => {}
+                Ok(None) => return fail(libc::ENODATA),
+                Err(e) => return fail(e),
+            }
         }
         match p.raw.create_ah(&ah_attr(a, l)) {
             Ok(ah) => {

@@ -79,7 +79,8 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_
     guard("ibv_poll_cq", -libc::EIO, || {
         // SAFETY: the caller passes a live CQ.
         let Some((c, raw)) = (unsafe { cq_of(cq) }) else { return -libc::EINVAL };
-        let Ok(want) = usize::try_from(num) else { return -libc::EINVAL };
+        // libmlx5's poll loop runs while it has polled fewer than `num`: a negative count polls nothing.
+        let Ok(want) = usize::try_from(num) else { return 0 };
         if let Some(e) = lock(&c.pending).take() {
             return -e;
         }
@@ -144,7 +145,8 @@ unsafe fn sges(sg: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Result
     Ok(&out[..n])
 }
 
-/// Gathers the bytes an inline send carries from the program's memory.
+/// Gathers the bytes an inline send carries from the program's memory; more than fits is `ENOMEM`, as
+/// libmlx5's `set_data_inl_seg` answers (the QP's own limit, smaller, is checked when the WQE is built).
 ///
 /// # Safety
 /// Each SGE's `addr` is readable for `length` bytes (verbs' contract for inline sends).
@@ -153,7 +155,7 @@ unsafe fn gather<'a>(sg: &[Sge], buf: &'a mut [u8; MAX_INLINE]) -> Result<&'a [u
     for s in sg {
         let len = s.length as usize;
         if n + len > MAX_INLINE {
-            return Err(libc::EINVAL);
+            return Err(libc::ENOMEM);
         }
         if len > 0 {
             // SAFETY: the caller vouches for the source; the destination has room (checked above).
@@ -595,7 +597,26 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const 
     // SAFETY: the program passes its QP.
     unsafe { with_last(qp, |w| w.sg = sg) }
 }
+/// Whether `len` inline bytes fit the QP's `max_inline_data`; if not the batch fails with `ENOMEM` and nothing
+/// is copied, as libmlx5's `_mlx5_send_wr_set_inline_data` answers.
+///
+/// # Safety
+/// `qp` is a live QP of this library.
+unsafe fn inline_fits(qp: *mut ibv_qp_ex, len: usize) -> bool {
+    // SAFETY: the caller's duty.
+    let Some((q, mut b)) = (unsafe { batch(qp) }) else { return false };
+    let fits = len <= q.raw.cap().max_inline_data as usize;
+    if !fits && b.err == 0 {
+        b.err = libc::ENOMEM;
+    }
+    fits
+}
+
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, len: usize) {
+    // SAFETY: the program passes its QP.
+    if !unsafe { inline_fits(qp, len) } {
+        return;
+    }
     let data = if addr.is_null() || len == 0 {
         Vec::new()
     } else {
@@ -606,8 +627,15 @@ unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, l
     unsafe { with_last(qp, |w| w.inline = Some(data)) }
 }
 unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
-    let mut data = Vec::new();
-    for i in 0..if list.is_null() { 0 } else { n } {
+    let n = if list.is_null() { 0 } else { n };
+    // SAFETY: the program's list holds n buffers.
+    let total = (0..n).fold(0usize, |t, i| t.saturating_add(unsafe { *list.add(i) }.length));
+    // SAFETY: the program passes its QP.
+    if !unsafe { inline_fits(qp, total) } {
+        return;
+    }
+    let mut data = Vec::with_capacity(total);
+    for i in 0..n {
         // SAFETY: the program's list holds n buffers, each readable for its length.
         let b = unsafe { *list.add(i) };
         if !b.addr.is_null() {
