@@ -4,7 +4,9 @@
 //!   those lack from Linux 6.12's `mlx5_ifc.h`, checked by the C compiler.
 //! * `codegen [--check]`: generate `core/src/prm/generated.rs` from the vendored facts, or check it is current.
 //! * `ci`: everything CI runs: format, lints, codegen freshness, tests, the `no_std` firmware build, Debian's
-//!   verbs programs on the drop-in libibverbs, the VFIO test in a QEMU guest.
+//!   verbs programs on the drop-in libibverbs, the VFIO test in a QEMU guest. `ci --fresh [--command CMD]`:
+//!   `.ci/run` (or CMD) on a fresh clone of HEAD in a minimal Debian bookworm root (`fresh.rs`), so nothing
+//!   installed on this host is visible.
 //! * `vfio-test`: the host crate's VFIO layer against the real Linux VFIO stack, in a QEMU guest with QEMU's
 //!   `edu` device behind an emulated IOMMU.
 //! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
@@ -24,6 +26,7 @@
 
 mod bench;
 mod codegen;
+mod fresh;
 mod fuzz;
 mod libibverbs;
 mod linux_drives_sim;
@@ -138,6 +141,9 @@ commands:
                                  layouts ../shared/prm lacks from Linux 6.12's mlx5_ifc.h, checked by the C compiler)
   codegen [--check]              regenerate core/src/prm/generated.rs (--check: fail if it is stale)
   ci                             everything CI runs
+  ci --fresh [--command CMD]     .ci/run on a fresh clone of HEAD in a minimal Debian bookworm root built with
+                                 mmdebstrap (cached under target/fresh/; needs root); --command: bash -c CMD in
+                                 the clone instead
   vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
   rxe-interop                    mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
@@ -164,7 +170,7 @@ commands:
 enum Task {
     Vendor { linux_extra: bool },
     Codegen { check: bool },
-    Ci,
+    Ci { fresh: bool, command: Option<String> },
     VfioTest,
     RxeInterop,
     Bench { json: bool, peer: bool },
@@ -190,7 +196,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
     let mut task = match command.as_str() {
         "vendor" => Task::Vendor { linux_extra: false },
         "codegen" => Task::Codegen { check: false },
-        "ci" => Task::Ci,
+        "ci" => Task::Ci { fresh: false, command: None },
         "vfio-test" => Task::VfioTest,
         "rxe-interop" => Task::RxeInterop,
         "bench" => Task::Bench { json: false, peer: false },
@@ -227,6 +233,8 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
                 }
                 v.extend(["--target".to_string(), t]);
             }
+            (Task::Ci { fresh, .. }, "--fresh") => *fresh = true,
+            (Task::Ci { command, .. }, "--command") => *command = Some(argv.value("--command", "a shell command")?),
             (Task::Modcheck { graph, .. }, "--graph") => *graph = true,
             (Task::LinuxDrivesSim { strict, .. }, "--strict") => *strict = true,
             (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
@@ -250,6 +258,10 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (_, o) => return Err(ArgError::Other(format!("unexpected argument {o:?}"))),
         }
     }
+    if let Task::Ci { fresh: false, command: Some(_) } = task {
+        let why = "runs only inside the fresh root (ci --fresh --command CMD)".to_string();
+        return Err(ArgError::Invalid { option: "--command".into(), why });
+    }
     Ok(task)
 }
 
@@ -263,7 +275,8 @@ fn main() -> ExitCode {
         Task::Vendor { linux_extra: false } => codegen::run_vendor(&root),
         Task::Vendor { linux_extra: true } => linux_ifc::run_vendor_extra(&root),
         Task::Codegen { check } => codegen::run_codegen(&root, check),
-        Task::Ci => ci(&root),
+        Task::Ci { fresh: false, .. } => ci(&root),
+        Task::Ci { fresh: true, command } => fresh::run_fresh(&root, command.as_deref()),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
         Task::RxeInterop => rxe::run_rxe_interop(&root),
         Task::Bench { json, peer: false } => bench::run(&root, json),
@@ -312,6 +325,10 @@ mod tests {
         assert!(matches!(p(&["miri"]), Ok(Task::Miri)));
         assert!(matches!(p(&["vendor", "--linux-extra"]), Ok(Task::Vendor { linux_extra: true })));
         assert!(matches!(p(&["codegen", "--linux-extra"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["ci", "--fresh"]), Ok(Task::Ci { fresh: true, command: None })));
+        assert!(matches!(p(&["ci", "--fresh", "--command", "true"]), Ok(Task::Ci { fresh: true, command: Some(_) })));
+        assert!(matches!(p(&["ci", "--command", "true"]), Err(ArgError::Invalid { .. })));
+        assert!(matches!(p(&["ci", "--fresh", "--command"]), Err(ArgError::Missing { .. })));
     }
 
     #[test]
