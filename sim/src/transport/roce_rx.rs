@@ -26,6 +26,23 @@ pub(crate) struct Partial {
     data: Vec<u8>,
     /// A sequence NAK went out for the gap at `next_psn` (one per gap, as a responder sends).
     nak_sent: bool,
+    /// The most bytes the message may bring: the scatter list of the receive it will take (SEND), the RETH's
+    /// length (WRITE). What was posted or registered bounds the reassembly, never the peer.
+    limit: u64,
+    /// What happens to the rest of the message's packets.
+    rest: Rest,
+}
+
+/// How a message in reassembly takes its next packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rest {
+    /// Kept, up to `limit`.
+    Keep,
+    /// Dropped: the message was refused at its first packet or when it outgrew its receive (NAKed on RC,
+    /// silently on UC), as a ConnectX drops the rest of a message it NAKed until a new FIRST or ONLY.
+    Drop,
+    /// A duplicate of a message already executed: nothing is kept, its LAST is acknowledged again.
+    Duplicate,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +82,14 @@ impl RoceRx {
         b.reserve(usize::try_from(whole).unwrap_or(0).min(SPARE_BYTES));
         b.extend_from_slice(first);
         b
+    }
+
+    /// Bytes the messages in reassembly hold, and the capacity of their buffers.
+    pub(crate) fn held(&self) -> (usize, usize) {
+        self.requests
+            .values()
+            .chain(self.reads.values())
+            .fold((0, 0), |(n, c), p| (n + p.data.len(), c + p.data.capacity()))
     }
 
     /// Takes back a buffer whose message is done.
@@ -345,23 +370,65 @@ impl State {
                     let op = finish(kind, r.payload);
                     return self.rx_deliver(from, remote, r, whole(op), mtu);
                 }
-                // A WRITE says its length: the buffer is sized once (within the message limit).
-                let whole = r.ext.reth.map_or(0, |h| u64::from(h.dma_len).min(max_msg));
-                let data = self.dp.rx.buffer(r.payload, whole);
                 // A new FIRST replaces a message that never finished (its requester started again).
-                let p = Partial { first_psn: psn, next_psn: psn_add(psn, 1), kind, data, nak_sent: false };
-                if let Some(old) = self.dp.rx.requests.insert(qpn, p) {
+                if let Some(old) = self.dp.rx.requests.remove(&qpn) {
                     self.dp.rx.recycle(old.data);
                 }
+                let (limit, rest) = self.rx_first(qpn, kind, r, from);
+                let mut p = Partial {
+                    first_psn: psn,
+                    next_psn: psn_add(psn, 1),
+                    kind,
+                    data: Vec::new(),
+                    nak_sent: false,
+                    limit: limit.min(max_msg),
+                    rest,
+                };
+                if rest == Rest::Keep {
+                    if r.payload.len() as u64 > p.limit {
+                        self.rx_too_long(qpn, &mut p, r, from);
+                    } else {
+                        p.data = self.dp.rx.buffer(r.payload, p.limit);
+                    }
+                }
+                self.dp.rx.requests.insert(qpn, p);
             }
             Position::Middle | Position::Last => {
                 let fits = |p: &Partial| {
                     p.next_psn == psn
                         && kind_of(None).is_none_or(|k| k == p.kind)
                         && matches!(p.kind, PartialKind::Write { .. }) == write
-                        && (p.data.len() + r.payload.len()) as u64 <= max_msg
                 };
                 match self.dp.rx.requests.get_mut(&qpn) {
+                    Some(p) if p.rest == Rest::Drop => {
+                        // The rest of a refused message: nothing is kept or answered until a new FIRST or ONLY.
+                        if pos == Position::Last {
+                            self.dp.rx.requests.remove(&qpn);
+                        }
+                        return self.rx_drop("packet of a message refused at its first packet");
+                    }
+                    Some(p) if p.rest == Rest::Duplicate => {
+                        if !fits(p) {
+                            return self.rx_drop("packet out of sequence in a duplicate message");
+                        }
+                        p.next_psn = psn_add(psn, 1);
+                        if pos == Position::Last {
+                            // Executed before: acknowledged again, as the responder answers a duplicate.
+                            self.dp.rx.requests.remove(&qpn);
+                            self.events.push(SimEvent::DuplicateRequest { qpn, psn });
+                            self.rx_reply(qpn, Resp::Ack, psn, r, from);
+                        }
+                    }
+                    Some(p) if fits(p) && (p.data.len() + r.payload.len()) as u64 > p.limit => {
+                        // Longer than the receive it will take (or its RETH): refused now, as a ConnectX does,
+                        // rather than held until its LAST.
+                        let Some(mut p) = self.dp.rx.requests.remove(&qpn) else { return };
+                        self.rx_too_long(qpn, &mut p, r, from);
+                        self.dp.rx.recycle(std::mem::take(&mut p.data));
+                        if pos == Position::Middle {
+                            self.dp.rx.requests.insert(qpn, p);
+                        }
+                    }
                     Some(p) if fits(p) => {
                         p.data.extend_from_slice(r.payload);
                         p.next_psn = psn_add(psn, 1);
@@ -421,6 +488,79 @@ impl State {
     fn rx_nak_gap(&mut self, qpn: u32, expected: u32, got: u32, r: &RoceRepr<'_>, from: &DevRef) {
         self.psn_sequence_error(qpn, expected, got);
         self.rx_reply(qpn, Resp::Nak(Nak::PsnSequence), expected, r, from);
+    }
+
+    /// The first packet of a multi-packet request at QP `qpn`, judged as a ConnectX judges it before taking more
+    /// (earlier messages in the inbox are executed first, so the QP's expected PSN and receive queue are
+    /// current): returns the bound on the message's bytes and whether its packets are kept. RC: a duplicate keeps
+    /// nothing; a PSN ahead is NAKed (sequence error); a SEND with no receive posted gets an RNR NAK; a WRITE with
+    /// a bad rkey, rights or range a remote access NAK. UC drops what it cannot take, silently.
+    fn rx_first(&mut self, qpn: u32, kind: PartialKind, r: &RoceRepr<'_>, from: &DevRef) -> (u64, Rest) {
+        while let Some(p) = self.wire.inbox.pop_front() {
+            self.handle(p);
+        }
+        let Some(qp) = self.fw.qps.get(&qpn).filter(|q| matches!(q.state, QpState::Rtr | QpState::Rts)) else {
+            return (0, Rest::Drop);
+        };
+        let (expected, pd, rwe, min_rnr, counters) =
+            (qp.next_rcv_psn, qp.pd, qp.rwe, qp.min_rnr_nak, qp.counter_set_id);
+        let psn = r.bth.psn;
+        let uc = matches!(kind, PartialKind::Send { uc: true } | PartialKind::Write { uc: true, .. });
+        if !uc && psn != expected {
+            if psn_diff(psn, expected) < 0 {
+                return (0, Rest::Duplicate);
+            }
+            self.rx_nak_gap(qpn, expected, psn, r, from);
+            return (0, Rest::Drop);
+        }
+        let refuse = |st: &mut State, resp: Resp, why: &'static str| {
+            if uc {
+                st.events.push(SimEvent::UcDropped { qpn, why });
+            } else {
+                st.rx_reply(qpn, resp, psn, r, from);
+            }
+            (0, Rest::Drop)
+        };
+        match kind {
+            PartialKind::Write { raddr, rkey, .. } => {
+                let len = r.ext.reth.map_or(0, |h| u64::from(h.dma_len));
+                let ok = rwe && self.mkey_check(rkey, Some(pd), raddr, len, MkeyAccess::REMOTE_WRITE).is_ok();
+                if !ok {
+                    return refuse(self, Resp::Nak(Nak::RemoteAccess), "remote write refused (rights, rkey or bounds)");
+                }
+                (len, Rest::Keep)
+            }
+            _ => {
+                let mut sges = Sges::new();
+                if self.next_recv(qpn, &mut sges).is_none() {
+                    self.fw.q_counters.count(counters, |c| c.out_of_buffer += 1);
+                    return refuse(self, Resp::RnrNak { timer: min_rnr }, "receive queue empty");
+                }
+                (sges.iter().fold(0u64, |a, g| a.saturating_add(g.len)), Rest::Keep)
+            }
+        }
+    }
+
+    /// Message `p` of QP `qpn` outgrew its bound: a SEND takes its receive with a local length error (the QP
+    /// goes to ERR) and, on RC, the requester gets an invalid request NAK; an RC WRITE longer than its RETH is
+    /// an invalid request too; UC drops it silently. Its later packets are dropped.
+    fn rx_too_long(&mut self, qpn: u32, p: &mut Partial, r: &RoceRepr<'_>, from: &DevRef) {
+        p.rest = Rest::Drop;
+        let uc = matches!(p.kind, PartialKind::Send { uc: true } | PartialKind::Write { uc: true, .. });
+        if matches!(p.kind, PartialKind::Send { .. }) {
+            while let Some(q) = self.wire.inbox.pop_front() {
+                self.handle(q);
+            }
+            let mut sges = Sges::new();
+            if let Some(index) = self.next_recv(qpn, &mut sges) {
+                self.recv_error(qpn, index, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
+            }
+        }
+        if uc {
+            self.events.push(SimEvent::UcDropped { qpn, why: "message longer than its receive or RETH" });
+        } else {
+            self.rx_reply(qpn, Resp::Nak(Nak::InvalidRequest), p.first_psn, r, from);
+        }
     }
 
     /// Answers from inside a message at responder QP `qpn`: an ACK of the packet at `psn`, or the NAK of a
@@ -578,6 +718,8 @@ impl State {
                                 kind: PartialKind::ReadResponse,
                                 data,
                                 nak_sent: false,
+                                limit: len,
+                                rest: Rest::Keep,
                             };
                             self.dp.rx.reads.insert(qpn, p);
                             return;
@@ -673,6 +815,7 @@ mod tests {
         gid: [u8; 16],
         mr: crate::testutil::Mr,
         rc_qp: crate::testutil::TQp,
+        cq: crate::testutil::TCq,
     }
 
     fn port() -> Port1 {
@@ -685,7 +828,7 @@ mod tests {
         let mr = r.mr(1 << 16);
         r.post_recv(&mut rc, &[(mr.addr(), 8192, mr.key)]);
         let me = r.me(rc.qpn);
-        Port1 { rc: rc.qpn, idle: idle.qpn, mac: me.mac, gid: me.gid, mr, r, rc_qp: rc }
+        Port1 { rc: rc.qpn, idle: idle.qpn, mac: me.mac, gid: me.gid, mr, r, rc_qp: rc, cq }
     }
 
     fn frame(p: &Port1, opcode: Opcode, qpn: u32, psn: u32, ext: Ext, payload: &[u8]) -> Vec<u8> {
@@ -807,6 +950,97 @@ mod tests {
         let info = p.r.h.dev.qp_info(p.rc).unwrap();
         assert_eq!((info.rq_ci, info.next_rcv_psn), (0, e));
         assert!(p.r.h.dev.frame_drops().total() > 0);
+    }
+
+    /// The NAKs (other than sequence errors) among `out`: (code, PSN, destination QP).
+    fn naks(out: &[crate::link::Packet]) -> Vec<(Nak, u32, u32)> {
+        out.iter()
+            .filter_map(|p| match p.body {
+                Body::Resp { resp: Resp::Nak(n), .. } if n != Nak::PsnSequence => Some((n, p.roce.psn, p.dst_qpn)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Bytes held in reassembly, and the capacity of its buffers.
+    fn held(p: &Port1) -> (usize, usize) {
+        crate::lock(&p.r.h.dev.shared).dp.rx.held()
+    }
+
+    #[test]
+    fn a_send_longer_than_its_receive_is_naked_at_once_and_never_held() {
+        // The RC QP has one receive of 8 KiB posted. A peer sends SEND FIRST and then MIDDLE after MIDDLE: a
+        // ConnectX NAKs (invalid request) as soon as the message passes the receive's scatter list and completes
+        // the receive with a local length error; before, every packet was kept until a LAST that never came.
+        let mut p = port();
+        let e = p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn;
+        let kb = [7u8; 1024];
+        assert!(feed(&p, &frame(&p, Opcode::RcSendFirst, p.rc, e, Ext::default(), &kb)).0.is_empty());
+        for k in 1..8 {
+            let (out, drops) = feed(&p, &frame(&p, Opcode::RcSendMiddle, p.rc, psn_add(e, k), Ext::default(), &kb));
+            assert!(out.is_empty() && drops.is_empty(), "{drops:?}");
+            let (bytes, cap) = held(&p);
+            assert!(bytes == 1024 * (k as usize + 1) && cap <= 8192, "{bytes} held in {cap}");
+        }
+        // The ninth KiB is one more than the receive holds.
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcSendMiddle, p.rc, psn_add(e, 8), Ext::default(), &kb));
+        assert_eq!(naks(&out), [(Nak::InvalidRequest, e, FAR_QPN)]);
+        let cqe = p.r.poll(&mut p.cq).expect("the receive completes");
+        let len_err = (consts::MLX5_CQE_RESP_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
+        assert_eq!((cqe.status(), cqe.qpn(), cqe.wqe_counter()), (len_err, p.rc, 0));
+        assert_eq!(p.r.h.dev.qp_info(p.rc).unwrap().state, QpState::Err);
+        // The endless rest: dropped, nothing held, nothing answered.
+        for k in 9..2000 {
+            let (out, _) = feed(&p, &frame(&p, Opcode::RcSendMiddle, p.rc, psn_add(e, k), Ext::default(), &kb));
+            assert!(out.is_empty());
+        }
+        assert_eq!(held(&p), (0, 0));
+        // Longer than the receive at its first packet already: refused there.
+        let mut q = port();
+        q.r.post_recv(&mut q.rc_qp, &[(q.mr.addr() + 0x8000, 512, q.mr.key)]);
+        let e = q.r.h.dev.qp_info(q.rc).unwrap().next_rcv_psn;
+        // The first receive (8 KiB) takes a message of two packets; the next one (512 bytes) cannot take 1 KiB.
+        feed(&q, &frame(&q, Opcode::RcSendFirst, q.rc, e, Ext::default(), &kb));
+        let (out, _) = feed(&q, &frame(&q, Opcode::RcSendLast, q.rc, psn_add(e, 1), Ext::default(), &kb));
+        assert!(out.iter().any(|a| matches!(a.body, Body::Resp { resp: Resp::Ack, .. })));
+        let (out, _) = feed(&q, &frame(&q, Opcode::RcSendFirst, q.rc, psn_add(e, 2), Ext::default(), &kb));
+        assert_eq!(naks(&out), [(Nak::InvalidRequest, psn_add(e, 2), FAR_QPN)]);
+        assert_eq!(held(&q), (0, 0));
+    }
+
+    #[test]
+    fn a_write_with_a_bad_rkey_or_range_is_naked_at_its_first_packet_and_the_rest_dropped() {
+        use crate::wire::roce::ib::Reth;
+        let p = port();
+        let e = p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn;
+        let kb = [9u8; 1024];
+        let first = |va: u64, rkey: u32, dma_len: u32| Ext { reth: Some(Reth { va, rkey, dma_len }), ..Ext::default() };
+        // A bad rkey: a remote access NAK at once; then a thousand MIDDLEs, none kept, none answered.
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcWriteFirst, p.rc, e, first(p.mr.addr(), 0xbad, 1 << 30), &kb));
+        assert_eq!(naks(&out), [(Nak::RemoteAccess, e, FAR_QPN)]);
+        for k in 1..1000 {
+            let (out, drops) = feed(&p, &frame(&p, Opcode::RcWriteMiddle, p.rc, psn_add(e, k), Ext::default(), &kb));
+            assert!(out.is_empty() && drops == ["packet of a message refused at its first packet"], "{drops:?}");
+        }
+        assert_eq!(held(&p), (0, 0));
+        // The right key past the registration's end: the same.
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcWriteFirst, p.rc, e, first(p.mr.addr(), p.mr.key, 1 << 17), &kb));
+        assert_eq!(naks(&out), [(Nak::RemoteAccess, e, FAR_QPN)]);
+        // More data than the RETH says: an invalid request NAK when it passes it, nothing written.
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcWriteFirst, p.rc, e, first(p.mr.addr(), p.mr.key, 1500), &kb));
+        assert!(out.is_empty());
+        assert!(held(&p).1 <= 1500);
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcWriteMiddle, p.rc, psn_add(e, 1), Ext::default(), &kb));
+        assert_eq!(naks(&out), [(Nak::InvalidRequest, e, FAR_QPN)]);
+        assert_eq!((held(&p), p.mr.read(0, 4)), ((0, 0), vec![0; 4]));
+        // The QP still takes a proper WRITE at the PSN it expects.
+        feed(&p, &frame(&p, Opcode::RcWriteFirst, p.rc, e, first(p.mr.addr(), p.mr.key, 2048), &kb));
+        let (out, _) = feed(&p, &frame(&p, Opcode::RcWriteLast, p.rc, psn_add(e, 1), Ext::default(), &kb));
+        assert!(out
+            .iter()
+            .any(|a| matches!(a.body, Body::Resp { resp: Resp::Ack, .. }) && a.roce.psn == psn_add(e, 1)));
+        assert_eq!(p.mr.read(0, 2048), vec![9; 2048]);
+        assert_eq!(p.r.h.dev.qp_info(p.rc).unwrap().state, QpState::Rts);
     }
 
     /// A small deterministic generator (xorshift), so the sequence below is the same on every run.
