@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -29,6 +30,9 @@ pub(crate) struct Dev {
     pub(crate) vd: verbs_device,
     pub(crate) dev: Device,
     pub(crate) index: usize,
+    /// The fork generation whose list holds it ([`mlx5_verbs::fork_generation`]): in a forked child, the
+    /// parent's devices and contexts run on threads that do not exist.
+    pub(crate) gen: u64,
     /// Whether `MLX5_RS_FAULTS` was armed for this device (once, at its first open).
     armed: std::sync::atomic::AtomicBool,
 }
@@ -38,9 +42,17 @@ unsafe impl Sync for Dev {}
 // SAFETY: as above.
 unsafe impl Send for Dev {}
 
-/// The process's devices, made at the first listing and never freed (programs keep device pointers after
-/// `ibv_free_device_list`).
-static DEVICES: OnceLock<Result<Vec<&'static Dev>, c_int>> = OnceLock::new();
+/// One process's device list, made at its first listing and never freed (programs keep device pointers after
+/// `ibv_free_device_list`). A forked child makes its own and keeps its parent's as `prev`, so a device pointer
+/// the parent listed still opens the child's device of the same index.
+struct DeviceList {
+    gen: u64,
+    devs: Result<Vec<&'static Dev>, c_int>,
+    prev: *const DeviceList,
+}
+
+/// The current generation's list.
+static DEVICES: AtomicPtr<DeviceList> = AtomicPtr::new(ptr::null_mut());
 
 fn copy_str(dst: &mut [c_char], s: &str) {
     let room = dst.len().saturating_sub(1);
@@ -49,8 +61,36 @@ fn copy_str(dst: &mut [c_char], s: &str) {
     }
 }
 
+/// This process's list (see [`DeviceList`]).
+fn device_list() -> &'static DeviceList {
+    let gen = mlx5_verbs::fork_generation();
+    let mut cur = DEVICES.load(Ordering::Acquire);
+    loop {
+        // SAFETY: a non-null pointer here came from Box::into_raw below and is never freed.
+        let old = unsafe { cur.as_ref() };
+        if let Some(l) = old.filter(|l| l.gen == gen) {
+            return l;
+        }
+        let made = Box::into_raw(Box::new(DeviceList { gen, devs: make_devices(gen), prev: cur }));
+        match DEVICES.compare_exchange(cur, made, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: just published; never freed.
+            Ok(_) => return unsafe { &*made },
+            Err(now) => {
+                // Another thread listed first; the devices made here stay unused (leaked like every `Dev`).
+                // SAFETY: `made` came from Box::into_raw above and was never published.
+                drop(unsafe { Box::from_raw(made) });
+                cur = now;
+            }
+        }
+    }
+}
+
 fn devices() -> Result<&'static [&'static Dev], c_int> {
-    let r = DEVICES.get_or_init(|| {
+    device_list().devs.as_deref().map_err(|e| *e)
+}
+
+fn make_devices(gen: u64) -> Result<Vec<&'static Dev>, c_int> {
+    {
         let list = mlx5_verbs::devices().map_err(|e| {
             eprintln!("libibverbs(mlx5-rs): {e}");
             libc::EINVAL
@@ -69,16 +109,35 @@ fn devices() -> Result<&'static [&'static Dev], c_int> {
                 copy_str(&mut d.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{index}"));
                 copy_str(&mut d.ibdev_path, &format!("/sys/class/infiniband/{}", dev.name()));
                 vd.refcount = 1;
-                &*Box::leak(Box::new(Dev { vd, dev, index, armed: Default::default() }))
+                &*Box::leak(Box::new(Dev { vd, dev, index, gen, armed: Default::default() }))
             })
             .collect())
-    });
-    r.as_deref().map_err(|e| *e)
+    }
 }
 
-/// The listed device behind a C device pointer, if it is one of ours.
+/// The listed device behind a C device pointer, if it is one of ours. A pointer a parent process listed names
+/// the device of the same index in this process's list.
 pub(crate) fn dev_of(device: *mut ibv_device) -> Option<&'static Dev> {
-    devices().ok()?.iter().copied().find(|d| ptr::eq(&d.vd.device, device))
+    let now = device_list();
+    let mine = |l: &'static DeviceList| l.devs.as_deref().ok()?.iter().copied().find(|d| ptr::eq(&d.vd.device, device));
+    if let Some(d) = mine(now) {
+        return Some(d);
+    }
+    let mut l = now.prev;
+    // SAFETY: lists are never freed; each `prev` is an older published list or NULL.
+    while let Some(old) = unsafe { l.as_ref() } {
+        if let Some(d) = mine(old) {
+            return now.devs.as_deref().ok()?.get(d.index).copied();
+        }
+        l = old.prev;
+    }
+    None
+}
+
+/// Whether a device or context of this library belongs to this process (not inherited from a parent across
+/// `fork`, whose threads did not come along).
+pub(crate) fn of_this_process(d: &Dev) -> bool {
+    d.gen == mlx5_verbs::fork_generation()
 }
 
 /// An open context: the `verbs_context` (whose `ibv_context` programs hold), then the Rust state.
@@ -108,7 +167,9 @@ pub(crate) struct ObjMap {
 /// Open contexts, for `ibv_ack_async_event` of device events (the event does not name its context).
 static OPEN: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
-/// The [`Ctx`] of a program's `ibv_context` pointer.
+/// The [`Ctx`] of a program's `ibv_context` pointer; `None` (with a log line) for a context a forked child
+/// inherited from its parent: as with rdma-core, a child opens devices of its own, and the parent's context
+/// would wait for threads that are not in this process.
 ///
 /// # Safety
 /// `c` is NULL or a context this library returned and not yet closed.
@@ -119,7 +180,12 @@ pub(crate) unsafe fn ctx_of<'a>(c: *mut ibv_context) -> Option<&'a Ctx> {
     let off = std::mem::offset_of!(verbs_context, context);
     // SAFETY: the context is the `vc.context` field of a live `Ctx` (`vc` is its first field), so stepping back
     // by its offset gives the `Ctx`.
-    Some(unsafe { &*(c.cast::<u8>().sub(off).cast::<Ctx>()) })
+    let ctx = unsafe { &*(c.cast::<u8>().sub(off).cast::<Ctx>()) };
+    if !of_this_process(ctx.dev) {
+        log::warn!("a context opened before fork() is not usable in the child: open the device again");
+        return None;
+    }
+    Some(ctx)
 }
 
 impl Ctx {
@@ -841,13 +907,13 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
             count.ack(|done| unsafe { completed.write(done) });
             return;
         }
-        // A port or device event does not name its context: acknowledged on the first open context with one
-        // outstanding.
+        // A port or device event does not name its context: acknowledged on the first open context of this
+        // process with one outstanding.
         let open = crate::objects::lock(&OPEN).clone();
         for p in open {
             // SAFETY: contexts in OPEN are live (removed before they are freed).
             let ctx = unsafe { &*(p as *const Ctx) };
-            if ctx.ctx.unacked_async_events() > 0 {
+            if of_this_process(ctx.dev) && ctx.ctx.unacked_async_events() > 0 {
                 let _ = ctx.ctx.ack_async_event(&AsyncEvent::DeviceFatal);
                 return;
             }

@@ -243,13 +243,13 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
     })
 }
 
-/// The [`Pd`] of a program's `ibv_pd`.
+/// The [`Pd`] of a program's `ibv_pd` (`None` for one a forked child inherited, as for its context).
 ///
 /// # Safety
 /// `p` is NULL or a PD this library returned and not yet deallocated.
 pub(crate) unsafe fn pd_of<'a>(p: *mut ibv_pd) -> Option<&'a Pd> {
-    // SAFETY: `c` is the first field of a boxed Pd (caller).
-    unsafe { p.cast::<Pd>().as_ref() }
+    // SAFETY: `c` is the first field of a boxed Pd (caller); its context outlives it.
+    unsafe { p.cast::<Pd>().as_ref().filter(|p| ctx_of(p.c.context).is_some()) }
 }
 
 /// The context of an object's `context` field.
@@ -610,6 +610,9 @@ pub(crate) struct Cq {
 pub(crate) unsafe fn cq_of<'a>(cq: *mut ibv_cq) -> Option<(&'a Cq, &'a RawCq)> {
     // SAFETY: `c.cq` is the first field of a boxed Cq (caller).
     let c = unsafe { cq.cast::<Cq>().as_ref() }?;
+    // A CQ a forked child inherited is not usable there, as its context is not.
+    // SAFETY: a CQ's context outlives it.
+    unsafe { c.ctx.as_ref() }.filter(|x| crate::device::of_this_process(x.dev))?;
     Some((c, c.raw.as_ref()?))
 }
 
@@ -857,8 +860,10 @@ pub(crate) struct Qp {
 /// # Safety
 /// `qp` is NULL or a QP this library returned and not yet destroyed.
 pub(crate) unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
-    // SAFETY: `c.qp_base` is the first field of a boxed Qp (caller).
-    unsafe { qp.cast::<Qp>().as_ref() }
+    // SAFETY: `c.qp_base` is the first field of a boxed Qp (caller); a QP's context outlives it.
+    unsafe {
+        qp.cast::<Qp>().as_ref().filter(|q| q.ctx.as_ref().is_some_and(|c| crate::device::of_this_process(c.dev)))
+    }
 }
 
 /// IBV_QPT_RC (2), UC (3), UD (4).

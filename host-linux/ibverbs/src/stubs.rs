@@ -143,13 +143,15 @@ nothing!(
 #[no_mangle]
 pub extern "C" fn verbs_register_driver_34(_ops: *const c_void) {}
 
-/// Nothing to protect: this library maps no device memory that a fork would share.
+/// Nothing to set up, as rdma-core on a kernel with copy-on-fork: this library maps no device memory a fork
+/// would share (a child gets a copy of registered memory), and a child that lists and opens devices gets
+/// fresh ones of its own (`mlx5_verbs::fork_generation`); objects inherited from the parent are refused there.
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
     0
 }
 
-/// `IBV_FORK_UNNEEDED`.
+/// `IBV_FORK_UNNEEDED`, as rdma-core answers when the kernel copies pinned pages on fork.
 #[no_mangle]
 pub extern "C" fn ibv_is_fork_initialized() -> c_int {
     2

@@ -13,7 +13,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use mlx5_core::hca::{Config, Hca};
 #[cfg(feature = "sim")]
@@ -380,17 +381,39 @@ impl DeviceRegistry {
         DeviceRegistry { sysfs: sysfs.into(), reg: Mutex::new(reg) }
     }
 
-    /// The process's devices, configured by `MLX5_RS_DEVICES` (read once) and found under `/sys`.
+    /// The process's devices, configured by `MLX5_RS_DEVICES` (read once per process) and found under `/sys`.
+    /// A forked child gets a list of its own at its first call (see [`fork_generation`](crate::fork_generation)):
+    /// the parent's devices run on threads the child does not have.
     pub fn global() -> Result<&'static DeviceRegistry> {
-        static GLOBAL: OnceLock<std::result::Result<DeviceRegistry, String>> = OnceLock::new();
-        let r = GLOBAL.get_or_init(|| {
+        /// One process's registry; leaked, so a child never drops (and joins the threads of) its parent's.
+        struct Generation {
+            gen: u64,
+            reg: std::result::Result<DeviceRegistry, String>,
+        }
+        static GLOBAL: AtomicPtr<Generation> = AtomicPtr::new(std::ptr::null_mut());
+        let gen = crate::fork::generation();
+        let mut cur = GLOBAL.load(Ordering::Acquire);
+        loop {
+            // SAFETY: a non-null pointer here came from `Box::into_raw` below and is never freed.
+            if let Some(g) = unsafe { cur.as_ref() }.filter(|g| g.gen == gen) {
+                return g.reg.as_ref().map_err(|e| VerbsError::Invalid(e.clone()));
+            }
             let specs = match std::env::var(DEVICES_ENV) {
-                Ok(s) => DeviceSpec::parse_list(&s).map_err(|e| format!("{DEVICES_ENV}: {e}"))?,
-                Err(_) => DeviceSpec::parse_list(default_specs()).map_err(|e| e.to_string())?,
+                Ok(s) => DeviceSpec::parse_list(&s).map_err(|e| format!("{DEVICES_ENV}: {e}")),
+                Err(_) => DeviceSpec::parse_list(default_specs()).map_err(|e| e.to_string()),
             };
-            Ok(DeviceRegistry::new(&specs, "/sys"))
-        });
-        r.as_ref().map_err(|e| VerbsError::Invalid(e.clone()))
+            let made = Box::new(Generation { gen, reg: specs.map(|s| DeviceRegistry::new(&s, "/sys")) });
+            let made = Box::into_raw(made);
+            match GLOBAL.compare_exchange(cur, made, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => cur = made,
+                Err(now) => {
+                    // Another thread made this generation's first: ours goes, nothing of it was handed out.
+                    // SAFETY: `made` came from Box::into_raw above and was never published.
+                    drop(unsafe { Box::from_raw(made) });
+                    cur = now;
+                }
+            }
+        }
     }
 
     /// The devices, named in list order: simulated ones first, then PCI functions by address.

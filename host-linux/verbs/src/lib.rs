@@ -111,6 +111,7 @@ mod cq_ex;
 mod device;
 mod error;
 mod event;
+mod fork;
 mod mr;
 mod pd;
 mod qp;
@@ -134,6 +135,7 @@ pub use device::{
 };
 pub use error::{BadMemory, BadMemoryKind, Result, VerbsError};
 pub use event::AsyncEvent;
+pub use fork::generation as fork_generation;
 pub use mlx5_core::ah::{AhFromWcError, GRH_BYTES};
 pub use mlx5_core::cq::CqeError;
 pub use mlx5_core::cq::{CqEx, ExPoll, ExPoller, WcExFlags};
