@@ -264,6 +264,17 @@ impl State {
                 let bc = be(d::BYTE_COUNT, wqe, at);
                 if bc & INLINE_FLAG != 0 {
                     let n = (bc & !INLINE_FLAG) as usize;
+                    // Bit 31 is the inline flag, so an SGE length of 2 GiB or more posted as is (rdma-core's
+                    // `set_data_ptr_seg` writes it unchanged) reads as an inline segment. Drivers write one inline
+                    // segment holding all of a WQE's inline bytes and never an empty one: anything else is the
+                    // local length error a ConnectX reports for such a length. (A lone 0x8000_0001 stays
+                    // indistinguishable from a one-byte inline send.)
+                    if n == 0 || !segs.is_empty() {
+                        return Err(BadWqe {
+                            syndrome: consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR,
+                            ..bad(nbb, opcode)
+                        });
+                    }
                     let end = at.checked_add(INLINE_HDR + n).filter(|&e| e <= bytes).ok_or(bad(nbb, opcode))?;
                     segs.push(Seg::inline(inline.len(), n));
                     inline.extend_from_slice(&wqe[at + INLINE_HDR..end]);
@@ -271,6 +282,12 @@ impl State {
                 } else {
                     if at + DATA_SEG > bytes {
                         return Err(bad(nbb, opcode));
+                    }
+                    if segs.iter().any(|s| s.inline) {
+                        return Err(BadWqe {
+                            syndrome: consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR,
+                            ..bad(nbb, opcode)
+                        });
                     }
                     let len = if bc == 0 { ZERO_COUNT_BYTES } else { u64::from(bc) };
                     let lkey = be(d::LKEY, wqe, at);

@@ -736,3 +736,26 @@ fn ud_over_roce_v2_reports_the_packet_type_as_the_sl() {
     n.hca.destroy_cq(cq, &mut n.d).unwrap();
     n.finish();
 }
+
+/// An SGE length with bit 31 set is posted as is (as rdma-core's `set_data_ptr_seg` writes it); in the data
+/// segment that bit is the inline flag, and the device completes the WQE with a local length error and moves the
+/// QP to ERR, where it used to send nothing and report success.
+#[test]
+fn an_sge_length_with_bit_31_set_is_a_local_length_error() {
+    for lens in [&[0x8000_0000u32][..], &[8, 0x8000_0001], &[0x8000_0004, 8]] {
+        let mut n = Node::new(SimConfig::default(), MEM);
+        let (mut cq, mut a, mut b) = rc_pair(&mut n, cap(8, 2, 0));
+        let rsge = [n.sge(0x1000, 64)];
+        n.hca.post_recv(&mut b, &[RecvWr { wr_id: 9, sg_list: &rsge }]).unwrap();
+        let sges: Vec<Sge> = lens.iter().map(|&l| Sge { length: l, ..n.sge(0, 8) }).collect();
+        n.hca.post_send(&mut a, &[send(1, &sges, SendFlags::default())]).expect("posted as is");
+        let wcs = poll_n(&n, &mut cq, &mut [&mut a, &mut b], 1);
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::LocLenErr), "{lens:x?}");
+        // The device moved the QP to ERR with that syndrome.
+        let info = n.dev.qp_info(a.qpn()).unwrap();
+        let len_err = Some(mlx5_core::prm::consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
+        assert_eq!((info.state, info.error), (mlx5_sim::QpState::Err, len_err), "{lens:x?}");
+        teardown_pair(&mut n, cq, a, b);
+        n.finish();
+    }
+}
