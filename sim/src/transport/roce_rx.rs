@@ -85,6 +85,7 @@ impl RoceRx {
     }
 
     /// Bytes the messages in reassembly hold, and the capacity of their buffers.
+    #[cfg(test)]
     pub(crate) fn held(&self) -> (usize, usize) {
         self.requests
             .values()
@@ -405,7 +406,7 @@ impl State {
                         if pos == Position::Last {
                             self.dp.rx.requests.remove(&qpn);
                         }
-                        return self.rx_drop("packet of a message refused at its first packet");
+                        self.rx_drop("packet of a message refused at its first packet");
                     }
                     Some(p) if p.rest == Rest::Duplicate => {
                         if !fits(p) {
