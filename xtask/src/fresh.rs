@@ -54,7 +54,8 @@ mount -t overlay overlay -o "lowerdir=$RUSTUP,upperdir=$RUN/rustup.upper,workdir
 mount -t overlay overlay -o "lowerdir=$CARGOBIN,upperdir=$RUN/cargo-bin.upper,workdir=$RUN/cargo-bin.work" \
     "$R/root/.cargo/bin"
 if [ -n "$(ls -A "$R/usr/local/share/ca-certificates" 2>/dev/null)" ]; then
-    chroot "$R" update-ca-certificates >/dev/null
+    # Quiet: it warns about the bundle it writes on every run; a failure still stops the script.
+    chroot "$R" update-ca-certificates >/dev/null 2>&1
 fi
 if [ -d "$R/ci/shared" ]; then
     mount --bind "$R/ci/shared" "$R/ci/shared"

@@ -31,12 +31,14 @@ const VERSIONS: &[&str] = &[
     "IBVERBS_PRIVATE_34",
 ];
 
-/// The Debian packages the programs come from, with the libraries perftest needs (downloaded and unpacked,
-/// never installed; the unpacked real libibverbs comes after ours in the search path).
+/// The Debian packages the programs come from, with the libraries perftest and pyverbs need (downloaded and
+/// unpacked, never installed; the unpacked real libibverbs comes after ours in the search path). pyverbs'
+/// modules link libpython3.11, which a machine with only python3 lacks.
 const DEBS: &[&str] = &[
     "ibverbs-utils",
     "perftest",
     "python3-pyverbs",
+    "libpython3.11",
     "ibverbs-providers",
     "librdmacm1",
     "libpci3",
