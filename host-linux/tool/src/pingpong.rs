@@ -6,13 +6,31 @@ use std::time::Instant;
 
 use mlx5_core::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::{DelayNs, Dma, DmaRegion, Mmio};
-use mlx5_core::hca::Hca;
 use mlx5_core::hca::{CqAttr, Pd, QpInitAttr};
+use mlx5_core::hca::{Hca, Tables};
 use mlx5_core::mkey::{Access, Mr};
 use mlx5_core::qp::{
     AhAttr, Grh, Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
 };
 use mlx5_core::trace::CmdTrace;
+
+use crate::cli::Failure;
+
+/// The largest message of a device whose `log_max_msg` is `log` (`max_msg_sz`: 2^30 on a ConnectX-5).
+pub fn max_message(log: u8) -> u64 {
+    1u64 << log.min(63)
+}
+
+/// Checks a ping-pong's message size against the device's largest message, before any buffer is allocated:
+/// a size above it is an argument error naming the limit.
+pub fn check_size(size: usize, max_msg_sz: u64) -> Result<(), Failure> {
+    if size as u64 > max_msg_sz {
+        return Err(Failure::Usage(format!(
+            "--size {size} is too large for this device: its largest message (max_msg_sz) is {max_msg_sz} bytes"
+        )));
+    }
+    Ok(())
+}
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -71,12 +89,12 @@ impl Report {
     }
 }
 
-/// One side: its buffers, keys, CQ and QP.
+/// One side: its buffer, key, CQ and QP. As in `ibv_rc_pingpong`, one buffer both sends and receives: a message
+/// arrives only after the peer had this side's last one, so the two never overlap, and the run's memory is two
+/// buffers of `size` (four, and a copy between them, made 1 GiB need 6.3 GB).
 struct Side {
-    send_buf: DmaRegion,
-    recv_buf: DmaRegion,
-    send_mr: Mr,
-    recv_mr: Mr,
+    buf: DmaRegion,
+    mr: Mr,
     cq: Cq,
     qp: Qp,
 }
@@ -85,21 +103,19 @@ fn err(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
 
-/// Runs the ping-pong on a brought-up HCA and frees everything it created.
-pub fn run<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
-    hca: &mut Hca<M, D, T, P>,
+/// Runs the ping-pong on a brought-up HCA and frees everything it created. A size the device cannot take is a
+/// [`Failure::Usage`], found before anything is created.
+pub fn run<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
+    hca: &mut Hca<M, D, T, S>,
     dma: &D,
     delay: &mut impl DelayNs,
     opts: Options,
-) -> Result<Report, String> {
+) -> Result<Report, Failure> {
     if opts.size == 0 || opts.iters == 0 {
-        return Err("size and iterations must be at least 1".into());
+        return Err(Failure::Usage("size and iterations must be at least 1".into()));
     }
     // Refused before any buffer is allocated: the device's largest message (`max_msg_sz`).
-    let max = 1u64 << hca.caps().general.log_max_msg.min(63);
-    if opts.size as u64 > max {
-        return Err(format!("--size {} is too large for this device: its largest message is {max} bytes", opts.size));
-    }
+    check_size(opts.size, max_message(hca.caps().general.log_max_msg))?;
     let pd = hca.alloc_pd(delay).map_err(|e| err("alloc PD", e))?;
     let mut a = side(hca, dma, &pd, delay, opts.size)?;
     let mut b = side(hca, dma, &pd, delay, opts.size)?;
@@ -118,8 +134,8 @@ pub fn run<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
     Ok(report)
 }
 
-fn side<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
-    hca: &mut Hca<M, D, T, P>,
+fn side<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
+    hca: &mut Hca<M, D, T, S>,
     dma: &D,
     pd: &Pd,
     delay: &mut impl DelayNs,
@@ -127,24 +143,20 @@ fn side<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
 ) -> Result<Side, String> {
     // Aligned to the size's power of two up to 2 MiB, so the MTT uses pages that large and fits one command.
     let align = size.checked_next_power_of_two().unwrap_or(usize::MAX).clamp(4096, 2 << 20);
-    let send_buf = dma.alloc(size, align).map_err(|e| err("allocate the send buffer", e))?;
-    let recv_buf = dma.alloc(size, align).map_err(|e| err("allocate the receive buffer", e))?;
-    let send_mr = hca
-        .reg_mr(pd, send_buf.cpu().as_ptr(), size, Access::LOCAL_WRITE, delay)
-        .map_err(|e| err("register the send buffer", e))?;
-    let recv_mr = hca
-        .reg_mr(pd, recv_buf.cpu().as_ptr(), size, Access::LOCAL_WRITE, delay)
-        .map_err(|e| err("register the receive buffer", e))?;
+    let buf = dma.alloc(size, align).map_err(|e| err("allocate the buffer", e))?;
+    let mr = hca
+        .reg_mr(pd, buf.cpu().as_ptr(), size, Access::LOCAL_WRITE, delay)
+        .map_err(|e| err("register the buffer", e))?;
     let cq = hca.create_cq(CqAttr { cqe: 16, ..CqAttr::default() }, delay).map_err(|e| err("create CQ", e))?;
     let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     let attr = QpInitAttr { qp_type: QpType::Rc, cap, sq_sig_all: true };
     let qp = hca.create_qp(pd, &cq, &cq, attr, delay).map_err(|e| err("create QP", e))?;
-    Ok(Side { send_buf, recv_buf, send_mr, recv_mr, cq, qp })
+    Ok(Side { buf, mr, cq, qp })
 }
 
 /// RESET → INIT → RTR → RTS towards `dest_qpn` on this same port.
-fn connect<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
-    hca: &mut Hca<M, D, T, P>,
+fn connect<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
+    hca: &mut Hca<M, D, T, S>,
     qp: &mut Qp,
     dest_qpn: u32,
     delay: &mut impl DelayNs,
@@ -207,26 +219,26 @@ fn fill(buf: &DmaRegion, seed: u32) {
     }
 }
 
-fn same(a: &DmaRegion, b: &DmaRegion) -> bool {
-    // SAFETY: both buffers are ours; the receive completed, so the device is done writing it.
-    unsafe {
-        std::slice::from_raw_parts(a.cpu().as_ptr(), a.len()) == std::slice::from_raw_parts(b.cpu().as_ptr(), b.len())
-    }
+/// Whether `buf` holds what [`fill`] wrote with `seed` (compared in place: no copy of a large message).
+fn holds(buf: &DmaRegion, seed: u32) -> bool {
+    // SAFETY: the buffer is ours; its receive completed, so the device is done writing it.
+    let b = unsafe { std::slice::from_raw_parts(buf.cpu().as_ptr(), buf.len()) };
+    b.iter().enumerate().all(|(i, &x)| x == (i as u32).wrapping_mul(31).wrapping_add(seed) as u8)
 }
 
-fn post_recv<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>, s: &mut Side) -> Result<(), String> {
-    let sge = [Sge { addr: s.recv_buf.cpu().as_ptr() as u64, length: s.recv_buf.len() as u32, lkey: s.recv_mr.lkey }];
+fn post_recv<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(hca: &Hca<M, D, T, S>, s: &mut Side) -> Result<(), String> {
+    let sge = [Sge { addr: s.buf.cpu().as_ptr() as u64, length: s.buf.len() as u32, lkey: s.mr.lkey }];
     hca.post_recv(&mut s.qp, &[RecvWr { wr_id: 2, sg_list: &sge }]).map_err(|e| err("post receive", e))
 }
 
-fn post_send<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>, s: &mut Side) -> Result<(), String> {
-    let sge = [Sge { addr: s.send_buf.cpu().as_ptr() as u64, length: s.send_buf.len() as u32, lkey: s.send_mr.lkey }];
+fn post_send<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(hca: &Hca<M, D, T, S>, s: &mut Side) -> Result<(), String> {
+    let sge = [Sge { addr: s.buf.cpu().as_ptr() as u64, length: s.buf.len() as u32, lkey: s.mr.lkey }];
     let wr = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, inline: None, ud: None };
     hca.post_send(&mut s.qp, &[wr]).map_err(|e| err("post send", e))
 }
 
 /// Polls `s`'s CQ until both its send and its receive completed (bounded).
-fn wait_both<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>, s: &mut Side) -> Result<(), String> {
+fn wait_both<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(hca: &Hca<M, D, T, S>, s: &mut Side) -> Result<(), String> {
     let mut wc = [WorkCompletion::default(); 4];
     let (mut sent, mut got) = (false, false);
     for _ in 0..10_000_000u32 {
@@ -252,8 +264,8 @@ fn wait_both<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(hca: &Hca<M, D, T, P>
     Err("timed out waiting for completions".into())
 }
 
-fn exchange<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
-    hca: &mut Hca<M, D, T, P>,
+fn exchange<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
+    hca: &mut Hca<M, D, T, S>,
     a: &mut Side,
     b: &mut Side,
     opts: Options,
@@ -263,7 +275,7 @@ fn exchange<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
     post_recv(hca, b)?;
     let start = Instant::now();
     for i in 0..opts.iters {
-        fill(&a.send_buf, i);
+        fill(&a.buf, i);
         post_send(hca, a)?;
         // The server's receive completes once the client's send arrived; it answers with the same bytes.
         let mut wc = [WorkCompletion::default(); 2];
@@ -278,13 +290,12 @@ fn exchange<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
         if n == 0 || wc[0].opcode != WcOpcode::Recv || wc[0].status != WcStatus::Success {
             return Err(format!("server: expected a receive, got {:?}", &wc[..n]));
         }
-        verified &= wc[0].byte_len as usize == opts.size && same(&a.send_buf, &b.recv_buf);
+        verified &= wc[0].byte_len as usize == opts.size && holds(&b.buf, i);
+        // The next ping lands in the same buffer, after the client had this pong.
         post_recv(hca, b)?;
-        // SAFETY: copies between two buffers we own; neither is posted to the device right now.
-        unsafe { std::ptr::copy_nonoverlapping(b.recv_buf.cpu().as_ptr(), b.send_buf.cpu().as_ptr(), opts.size) };
         post_send(hca, b)?;
         wait_both(hca, a)?;
-        verified &= same(&a.send_buf, &a.recv_buf);
+        verified &= holds(&a.buf, i);
         post_recv(hca, a)?;
         // The server's send completion.
         let mut got = false;
@@ -305,20 +316,16 @@ fn exchange<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
     Ok(Report::from_run(opts.iters, opts.size, start.elapsed().as_secs_f64(), verified))
 }
 
-fn destroy_side<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
-    hca: &mut Hca<M, D, T, P>,
+fn destroy_side<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
+    hca: &mut Hca<M, D, T, S>,
     dma: &D,
     s: Side,
     delay: &mut impl DelayNs,
 ) -> Result<(), String> {
     hca.destroy_qp(s.qp, delay).map_err(|e| err("destroy QP", e.error))?;
     hca.destroy_cq(s.cq, delay).map_err(|e| err("destroy CQ", e.error))?;
-    hca.dereg_mr(s.send_mr, delay).map_err(|e| err("deregister", e.error))?;
-    hca.dereg_mr(s.recv_mr, delay).map_err(|e| err("deregister", e.error))?;
-    // SAFETY: the keys over the buffers are destroyed, so the device cannot reach them.
-    unsafe {
-        dma.free(s.send_buf);
-        dma.free(s.recv_buf);
-    }
+    hca.dereg_mr(s.mr, delay).map_err(|e| err("deregister", e.error))?;
+    // SAFETY: the key over the buffer is destroyed, so the device cannot reach it.
+    unsafe { dma.free(s.buf) };
     Ok(())
 }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use mlx5_sim::{Mode, PortType, SimConfig, SimDevice, WireError};
 
+use crate::cli::Failure;
 use crate::pingpong::Report;
 use crate::ud_pingpong::{self as ud, GRH, QKEY};
 use mlx5_verbs::{
@@ -127,21 +128,24 @@ pub fn open_sim_guest(
     Ok(dev)
 }
 
-/// The simulated device for `role`, plugged into the simulated wire: the server's listens on `PORT + 1`, the
-/// client's connects there (retrying until `timeout`, as the server may still be starting). The two get
-/// different MACs, GUIDs and LIDs, as two hosts have. Threaded firmware, so retry timers run in real time; the
-/// port is `port_type` (both sides must agree, as two ports on one cable do); `pcap` records its frames.
-pub fn open_sim(
-    role: &Role,
-    timeout: Duration,
-    port_type: PortType,
-    pcap: Option<mlx5_sim::pcap::PcapSink>,
-) -> Result<SimDevice, String> {
+/// The simulated device for `role`, not yet plugged in ([`plug_wire`] does that once the run's arguments are
+/// checked against it): the two roles get different MACs, GUIDs and LIDs, as two hosts have. Threaded firmware,
+/// so retry timers run in real time; the port is `port_type` (both sides must agree, as two ports on one cable
+/// do); `pcap` records its frames.
+pub fn sim_device(role: &Role, port_type: PortType, pcap: Option<mlx5_sim::pcap::PcapSink>) -> SimDevice {
     let base = SimConfig { mode: Mode::Threaded, port_type, pcap, ..SimConfig::default() };
+    match role {
+        Role::Server { .. } => SimDevice::new(base),
+        Role::Client { .. } => SimDevice::new(base.next_host()),
+    }
+}
+
+/// Plugs `dev` into the simulated wire: the server's listens on `PORT + 1`, the client's connects there
+/// (retrying until `timeout`, as the server may still be starting).
+pub fn plug_wire(dev: &SimDevice, role: &Role, timeout: Duration) -> Result<(), String> {
     let wire = role.wire_port()?;
     match role {
         Role::Server { bind, .. } => {
-            let dev = SimDevice::new(base);
             let at = listen_addrs(*bind, wire)
                 .into_iter()
                 .map(|a| dev.wire_listen(&a.to_string()))
@@ -149,41 +153,30 @@ pub fn open_sim(
                 .unwrap_or_else(|| unreachable!("listen_addrs gives at least one address"))
                 .map_err(|e| e.to_string())?;
             log::info!("simulated wire: listening on {at}");
-            Ok(dev)
+            Ok(())
         }
         Role::Client { host, .. } => {
-            let dev = SimDevice::new(base.next_host());
             let at = format!("{host}:{wire}");
-            let end = Instant::now() + timeout;
-            loop {
-                // Each attempt ends by the deadline, so the whole wait is `--timeout`, not more.
-                let left = end
-                    .saturating_duration_since(Instant::now())
-                    .clamp(Duration::from_millis(10), Duration::from_secs(1));
-                match dev.wire_connect(&at, left) {
-                    Ok(()) => break,
-                    Err(e @ WireError::Connect { .. }) if Instant::now() + Duration::from_millis(50) < end => {
-                        log::debug!("{e}; retrying");
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    Err(WireError::Connect { addr, source }) => {
-                        return Err(format!(
-                            "cannot reach the server's simulated wire at {addr} within {}: {}",
-                            secs(timeout),
-                            io_why(&source)
-                        ))
-                    }
-                    Err(WireError::Handshake { .. }) => {
-                        return Err(format!(
-                            "the server at {at} turned the simulated wire away: it has a client already \
-                             (or it is not an mlx5 simulated wire)"
-                        ))
-                    }
-                    Err(e) => return Err(e.to_string()),
+            // The server may still be starting: the wire retries a refused connection until `timeout`.
+            match dev.wire_connect(&at, timeout) {
+                Ok(()) => {}
+                Err(WireError::NoListener { addr, source, .. }) => {
+                    return Err(format!(
+                        "cannot reach the server's simulated wire at {addr} within {}: {}",
+                        secs(timeout),
+                        io_why(&source)
+                    ))
                 }
+                Err(WireError::Handshake { .. }) => {
+                    return Err(format!(
+                        "the server at {at} turned the simulated wire away: it has a client already \
+                         (or it is not an mlx5 simulated wire)"
+                    ))
+                }
+                Err(e) => return Err(e.to_string()),
             }
             log::info!("simulated wire: plugged into {at}");
-            Ok(dev)
+            Ok(())
         }
     }
 }
@@ -256,12 +249,18 @@ fn random_psn() -> u32 {
     (x >> 40) as u32 & 0xff_ffff
 }
 
-/// The bytes of ping `i`: both sides compute them, so each checks what it received.
-fn ping(i: u32, out: &mut [u8]) {
-    for (k, b) in out.iter_mut().enumerate() {
-        *b = (k as u32).wrapping_mul(31).wrapping_add(i.wrapping_mul(7)) as u8;
+/// Byte `k` of ping `i`: both sides compute it, so each checks what it received. With `rc_pingpong_data` it is
+/// `ibv_rc_pingpong -c`'s buffer instead.
+fn ping_byte(i: u32, k: usize, rc_pingpong_data: bool) -> u8 {
+    if rc_pingpong_data {
+        return if k.is_multiple_of(RC_PINGPONG_PAGE) { 0 } else { RC_PINGPONG_FILL };
     }
+    (k as u32).wrapping_mul(31).wrapping_add(i.wrapping_mul(7)) as u8
 }
+
+/// How much of a message is made, checked or echoed at a time: a large message is never copied whole out of
+/// its buffer (three such copies a round made a 1 GiB ping-pong's memory several times its size).
+const CHUNK: usize = 1 << 20;
 
 /// Where a server listens: `bind`, or every address, IPv6 (which on Linux takes IPv4 too) then IPv4 alone for a
 /// host without IPv6.
@@ -436,16 +435,24 @@ impl<S: CanRecv> PostRecv for QueuePair<'_, S> {
     }
 }
 
-/// The message size `opts` ask for on `ctx`'s port (a UD message must fit its MTU), checked with the iteration
-/// count before anything is created or anyone waited for.
-pub fn message_size(ctx: &Context, opts: &Options) -> Result<usize, String> {
+/// The message size `opts` ask for on `ctx`'s port (a UD message must fit its MTU, an RC one the device's
+/// largest message), checked with the iteration count before anything is created or anyone waited for. A size
+/// the port cannot take is a [`Failure::Usage`].
+pub fn message_size(ctx: &Context, opts: &Options) -> Result<usize, Failure> {
+    let port = ctx.query_port().map_err(verbs("query port"))?;
     let n = match (opts.ud, opts.size) {
-        (true, size) => ud::message_size(size, ctx.query_port().map_err(verbs("query port"))?.active_mtu)?,
+        (true, size) => ud::message_size(size, port.active_mtu).map_err(Failure::Usage)?,
         (false, size) => size.unwrap_or(4096),
     };
     if n == 0 || opts.iters == 0 {
-        return Err("size and iterations must be at least 1".into());
+        return Err(Failure::Usage("size and iterations must be at least 1".into()));
     }
+    // `max_msg_sz` is 0 when the device's limit (2^32 and up) does not fit it: nothing to refuse then.
+    let max = match port.max_msg_sz {
+        0 => u64::MAX,
+        m => u64::from(m),
+    };
+    crate::pingpong::check_size(n, max)?;
     Ok(n)
 }
 
@@ -538,32 +545,42 @@ pub fn run(ctx: &Context, role: &Role, opts: Options) -> Result<Report, String> 
         write_msg(&mut s, DONE, "go-ahead")?;
     }
 
-    let mut expect = vec![0u8; n];
+    let mut chunk = vec![0u8; n.min(CHUNK)];
     let mut verified = true;
     let at = n + grh;
     let start = Instant::now();
     for i in 0..opts.iters {
-        if opts.rc_pingpong_data {
-            for (k, b) in expect.iter_mut().enumerate() {
-                *b = if k % RC_PINGPONG_PAGE == 0 { 0 } else { RC_PINGPONG_FILL };
-            }
-        } else {
-            ping(i, &mut expect);
-        }
+        let expected = |off: usize, c: &[u8]| {
+            c.iter().enumerate().all(|(k, &b)| b == ping_byte(i, off + k, opts.rc_pingpong_data))
+        };
         if server {
             // The ping arrives in the second part; it must be ping i; it goes back from the first part.
             complete(ctx, &cq, 1, opts.timeout)?;
-            verified &= mr.read_vec(at, n) == expect;
-            mr.write(0, &mr.read_vec(at, n)).map_err(verbs("copy the ping"))?;
+            for off in (0..n).step_by(CHUNK) {
+                let c = &mut chunk[..CHUNK.min(n - off)];
+                mr.read(at + off, c).map_err(verbs("read the ping"))?;
+                verified &= expected(off, c);
+                mr.write(off, c).map_err(verbs("copy the ping"))?;
+            }
             recv(&qp)?;
             send().map_err(verbs("post send"))?;
             complete(ctx, &cq, 1, opts.timeout)?;
         } else {
-            mr.write(0, &expect).map_err(verbs("write the ping"))?;
+            for off in (0..n).step_by(CHUNK) {
+                let c = &mut chunk[..CHUNK.min(n - off)];
+                for (k, b) in c.iter_mut().enumerate() {
+                    *b = ping_byte(i, off + k, opts.rc_pingpong_data);
+                }
+                mr.write(off, c).map_err(verbs("write the ping"))?;
+            }
             send().map_err(verbs("post send"))?;
             // The send's completion and the pong's, in either order.
             complete(ctx, &cq, 2, opts.timeout)?;
-            verified &= mr.read_vec(at, n) == expect;
+            for off in (0..n).step_by(CHUNK) {
+                let c = &mut chunk[..CHUNK.min(n - off)];
+                mr.read(at + off, c).map_err(verbs("read the pong"))?;
+                verified &= expected(off, c);
+            }
             recv(&qp)?;
         }
     }

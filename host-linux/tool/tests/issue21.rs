@@ -117,11 +117,12 @@ fn arguments_are_checked_before_waiting_for_anyone() {
 
 #[test]
 fn a_size_too_large_for_the_device_is_refused_before_any_allocation() {
-    // 2^30 + 1: one byte above the device's largest message. Refused before 4 GiB of buffers are allocated.
+    // 2^30 + 1: one byte above the device's largest message. Refused before 4 GiB of buffers are allocated, as an
+    // argument error (issue 29).
     refused(
         &["pingpong", "--size", "1073741825", "--iters", "1"],
-        1,
-        "too large for this device: its largest message is 1073741824 bytes",
+        2,
+        "too large for this device: its largest message (max_msg_sz) is 1073741824 bytes",
     );
 }
 

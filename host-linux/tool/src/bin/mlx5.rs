@@ -27,7 +27,7 @@ use mlx5_core::hal::{DelayNs, Dma, Mmio};
 use mlx5_core::hca::{Config, Hca};
 use mlx5_sim::pcap::PcapSink;
 use mlx5_sim::{Mode, SimConfig, SimDevice};
-use mlx5_tool::cli::Args;
+use mlx5_tool::cli::{Args, Failure};
 use mlx5_tool::devinfo::DevInfo;
 use mlx5_tool::pingpong::Report;
 use mlx5_tool::tour::{run_tour, TourReport};
@@ -248,7 +248,7 @@ fn pingpong_on<M: Mmio, D: Dma>(
     delay: &mut impl DelayNs,
     sink: &mut TraceSink,
     opts: mlx5_tool::pingpong::Options,
-) -> Result<Report, String> {
+) -> Result<Report, Failure> {
     let mut hca = bring_up(mmio, dma, sink, delay)?;
     let r = mlx5_tool::pingpong::run(&mut hca, &dma, delay, opts);
     let down = teardown(hca, delay);
@@ -257,12 +257,12 @@ fn pingpong_on<M: Mmio, D: Dma>(
     Ok(r)
 }
 
-fn pingpong(args: &Args) -> Result<(), String> {
+fn pingpong(args: &Args) -> Result<(), Failure> {
     if args.server || args.client.is_some() {
         return remote_pingpong(args);
     }
     if args.ud {
-        return ud_pingpong(args);
+        return Ok(ud_pingpong(args)?);
     }
     let dev = open(args)?;
     let mut sink = trace_sink(args)?;
@@ -275,7 +275,7 @@ fn pingpong(args: &Args) -> Result<(), String> {
     notice(&dev);
     let report = report?;
     check_released(&dev)?;
-    print_pingpong(args, &report)
+    Ok(print_pingpong(args, &report)?)
 }
 
 /// The trace shared by the devices of a verbs run, when `--trace`, `--hexdump` or `-vv` (every command logged)
@@ -328,7 +328,7 @@ fn print_pingpong(args: &Args, report: &Report) -> Result<(), String> {
 }
 
 /// One side of the two-process ping-pong, through the verbs API.
-fn remote_pingpong(args: &Args) -> Result<(), String> {
+fn remote_pingpong(args: &Args) -> Result<(), Failure> {
     use mlx5_tool::remote_pingpong::{self as rp, Role};
     use mlx5_verbs::Context;
     let role = match &args.client {
@@ -355,7 +355,8 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
             (Context::open_sim_device_with(dev.clone(), tracer()).map_err(|e| e.to_string())?, Some(dev))
         }
         None => {
-            let dev = rp::open_sim(&role, timeout, args.link.unwrap_or_default(), PCAP.get().cloned())?;
+            // Plugged into the wire only once the arguments are checked against the device (below).
+            let dev = rp::sim_device(&role, args.link.unwrap_or_default(), PCAP.get().cloned());
             (Context::open_sim_device_with(dev.clone(), tracer()).map_err(|e| e.to_string())?, Some(dev))
         }
         Some(bdf) => {
@@ -364,6 +365,9 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
         }
     };
     rp::message_size(&ctx, &opts)?;
+    if let (Some(dev), None, None) = (&sim, &args.qemu_sock, &args.device) {
+        rp::plug_wire(dev, &role, timeout)?;
+    }
     if let Role::Server { port, .. } = &role {
         eprintln!("mlx5: waiting for a client on port {port}");
     }
@@ -392,10 +396,10 @@ fn remote_pingpong(args: &Args) -> Result<(), String> {
         let (regions, bytes) = dev.dma_outstanding();
         if regions != 0 || dev.pages_owned() != 0 {
             let pages = dev.pages_owned();
-            return Err(format!("teardown left {regions} DMA regions ({bytes} bytes), {pages} firmware pages"));
+            return Err(format!("teardown left {regions} DMA regions ({bytes} bytes), {pages} firmware pages").into());
         }
     }
-    print_pingpong(args, &report)
+    Ok(print_pingpong(args, &report)?)
 }
 
 /// Runs the tour on a fresh command queue; returns the report, the commands traced and the DMA regions / bytes
@@ -572,21 +576,24 @@ fn main() -> ExitCode {
     }
     init_logging(args.verbose);
     let result = open_pcap(&args)
+        .map_err(Failure::Run)
         .and_then(|()| match args.command.as_str() {
-            "devices" => devices(),
-            "devinfo" => devinfo(&args),
-            "fw-tour" => fw_tour(&args),
+            "devices" => Ok(devices()?),
+            "devinfo" => Ok(devinfo(&args)?),
+            "fw-tour" => Ok(fw_tour(&args)?),
             "pingpong" => pingpong(&args),
-            "bench" => bench(&args),
-            "bind" => bind_cmd(&args, true),
-            "unbind" => bind_cmd(&args, false),
-            "trace" => trace_cmd(&args),
-            other => Err(format!("unknown command {other:?}")),
+            "bench" => Ok(bench(&args)?),
+            "bind" => Ok(bind_cmd(&args, true)?),
+            "unbind" => Ok(bind_cmd(&args, false)?),
+            "trace" => Ok(trace_cmd(&args)?),
+            other => Err(Failure::Run(format!("unknown command {other:?}"))),
         })
-        .and_then(|()| check_pcap());
+        .and_then(|()| Ok(check_pcap()?));
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        // An argument the device cannot take (found once it is open) is a usage error like any other.
+        Err(Failure::Usage(e)) => mlx5_args::usage_exit("mlx5", &mlx5_args::ArgError::Other(e), USAGE),
+        Err(Failure::Run(e)) => {
             eprintln!("mlx5: {e}");
             ExitCode::FAILURE
         }
