@@ -301,7 +301,9 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         let ctx = match dev.dev.open_with(tracer(dev.dev.name())) {
             Ok(c) => c,
             Err(e) => {
-                log::error!("open {}: {e}", dev.dev.name());
+                // On stderr whatever MLX5_RS_LOG says (as libibverbs prints its warnings): a program shows only
+                // "Couldn't get context", so this line is the one place the reason appears.
+                eprintln!("libibverbs(mlx5-rs): cannot open {}: {e}", dev.dev.name());
                 set_errno(errno_of(&e));
                 return ptr::null_mut();
             }

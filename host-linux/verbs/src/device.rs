@@ -36,11 +36,13 @@ pub const DEVICES_ENV: &str = "MLX5_RS_DEVICES";
 /// One entry of a device configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSpec {
-    /// `sim[:link=eth|ib][:host=N][:wire=listen:ADDR:PORT|wire=connect:HOST:PORT]`: a simulated ConnectX-5
-    /// (RoCE unless `link=ib`); `host=N` gives it the addresses of the N-th simulated host (N times
-    /// [`SimConfig::next_host`] from the default; 0 is the default); `wire=` joins its port to a simulated device
-    /// of another process over TCP when it is first opened (the device's firmware then runs on its own thread, so
-    /// its retry timers run in real time).
+    /// `sim[:link=eth|ib][:host=N][:connect_timeout=S][:wire=listen:ADDR:PORT|wire=connect:HOST:PORT]`: a
+    /// simulated ConnectX-5 (RoCE unless `link=ib`); `host=N` gives it the addresses of the N-th simulated host
+    /// (N times [`SimConfig::next_host`] from the default; by default 1 for `wire=connect` and 0 otherwise, so
+    /// the two ends of a wire differ without it); `wire=` joins its port to a simulated device of another
+    /// process over TCP when it is first opened (the device's firmware then runs on its own thread, so its retry
+    /// timers run in real time), a connecting one waiting up to `connect_timeout` seconds (default 30) for its
+    /// listener to come up.
     #[cfg(feature = "sim")]
     Sim {
         /// InfiniBand or Ethernet.
@@ -49,6 +51,8 @@ pub enum DeviceSpec {
         host: u32,
         /// The simulated wire to another process, if any.
         wire: Option<WireSpec>,
+        /// How long a first open waits for the far end of the wire (a `wire=connect` listener, a QEMU socket).
+        connect_timeout: std::time::Duration,
     },
     /// A PCI address (`0000:03:00.0` or `03:00.0`): that function through VFIO.
     Pci(Bdf),
@@ -100,16 +104,31 @@ impl DeviceSpec {
                     }
                     None => (s, None),
                 };
-                let (mut link, mut host) = (PortType::Eth, 0);
+                let (mut link, mut host, mut connect_timeout) = (PortType::Eth, None, WIRE_CONNECT_TIMEOUT);
                 for opt in opts.split(':').skip(1) {
                     match opt.split_once('=') {
                         Some(("link", "eth")) => link = PortType::Eth,
                         Some(("link", "ib")) => link = PortType::Ib,
-                        Some(("host", n)) => host = n.parse().map_err(|_| bad("host is not a number"))?,
-                        _ => return Err(bad("unknown option (link=eth|ib, host=N, wire=...)")),
+                        Some(("host", n)) => host = Some(n.parse().map_err(|_| bad("host is not a number"))?),
+                        Some(("connect_timeout", n)) => {
+                            let secs = n.parse::<u64>().ok().filter(|s| (1..=MAX_CONNECT_TIMEOUT_S).contains(s));
+                            let secs = secs.ok_or_else(|| {
+                                bad(&format!(
+                                    "connect_timeout is not a number of seconds from 1 to {MAX_CONNECT_TIMEOUT_S}"
+                                ))
+                            })?;
+                            connect_timeout = std::time::Duration::from_secs(secs);
+                        }
+                        _ => return Err(bad("unknown option (link=eth|ib, host=N, connect_timeout=S, wire=...)")),
                     }
                 }
-                Ok(DeviceSpec::Sim { link, host, wire })
+                // The two ends of a wire are two hosts: the connecting one is host 1 unless told otherwise, so two
+                // programs with `wire=listen` and `wire=connect` differ in MACs, GUIDs and LIDs with no `host=`.
+                let host = host.unwrap_or(match wire {
+                    Some(WireSpec::Connect(_)) => 1,
+                    _ => 0,
+                });
+                Ok(DeviceSpec::Sim { link, host, wire, connect_timeout })
             }
             _ => s.parse::<Bdf>().map(DeviceSpec::Pci).map_err(|_| bad("neither sim, vfio nor a PCI address")),
         }
@@ -146,9 +165,15 @@ pub enum WireSpec {
     },
 }
 
-/// How long a first open waits for the listening device of a `wire=connect` spec.
+/// How long a first open waits for the listening device of a `wire=connect` spec (or a guest's socket) unless
+/// `connect_timeout=` says otherwise: long enough for two programs started together (qperf, ucx_perftest) to
+/// come up in either order.
 #[cfg(feature = "sim")]
-const WIRE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const WIRE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The longest `connect_timeout=`, in seconds.
+#[cfg(feature = "sim")]
+const MAX_CONNECT_TIMEOUT_S: u64 = 3600;
 
 /// The ConnectX functions bound to vfio-pci under a sysfs tree (`/sys` on a live system): the entries of
 /// `bus/pci/drivers/vfio-pci` that are PCI addresses whose `vendor` reads 0x15b3, sorted. A missing driver
@@ -182,6 +207,10 @@ enum Source {
 #[derive(Debug)]
 struct Wire {
     spec: WireSpec,
+    /// The device's simulated host, for the error when both ends are the same one.
+    host: u32,
+    /// How long the first open waits for the far end.
+    timeout: std::time::Duration,
     /// Set once the first open plugged the wire in (`Some(addr)` for a listener, `None` for a connector).
     done: Option<Option<std::net::SocketAddr>>,
 }
@@ -214,15 +243,28 @@ impl Entry {
     fn plug(&self, dev: &SimDevice) -> Result<()> {
         let mut w = lock(&self.wire);
         let Some(wire) = w.as_mut().filter(|w| w.done.is_none()) else { return Ok(()) };
-        let failed = |e: mlx5_sim::WireError| VerbsError::Invalid(format!("simulated wire: {e}"));
+        let host = wire.host;
+        let failed = |e: mlx5_sim::WireError| {
+            VerbsError::Invalid(match e {
+                mlx5_sim::WireError::SameAddress { peer } => format!(
+                    "simulated wire: the device at {peer} is simulated host {host} too (both ends have the same \
+                     MAC, GUID and LID): give one end another host= in {DEVICES_ENV} (e.g. host={})",
+                    host + 1
+                ),
+                mlx5_sim::WireError::NoListener { .. } => {
+                    format!("simulated wire: {e} (connect_timeout=S in {DEVICES_ENV} waits longer)")
+                }
+                e => format!("simulated wire: {e}"),
+            })
+        };
         wire.done = Some(match &wire.spec {
             WireSpec::Listen(at) => Some(dev.wire_listen(at).map_err(failed)?),
             WireSpec::Connect(at) => {
-                dev.wire_connect(at, WIRE_CONNECT_TIMEOUT).map_err(failed)?;
+                dev.wire_connect(at, wire.timeout).map_err(failed)?;
                 None
             }
             WireSpec::Qemu { path, .. } => {
-                dev.guest_connect(path, WIRE_CONNECT_TIMEOUT)
+                dev.guest_connect(path, wire.timeout)
                     .map_err(|e| VerbsError::Invalid(format!("the guest NIC at {}: {e}", path.display())))?;
                 None
             }
@@ -364,14 +406,15 @@ impl DeviceRegistry {
         for s in specs {
             match s {
                 #[cfg(feature = "sim")]
-                DeviceSpec::Sim { link, host, wire } => {
+                DeviceSpec::Sim { link, host, wire, connect_timeout } => {
                     let mut cfg = DeviceSpec::sim_config(*link, *host, wire.is_some());
                     if let Some(WireSpec::Qemu { ipv4, .. }) = wire {
                         // The configuration holds a static list: one leaked address per such device.
                         cfg.ipv4_addrs = Box::leak(Box::new([ipv4.octets()]));
                     }
                     let entry = Entry::new(Source::Sim(SimDevice::new(cfg)));
-                    *lock(&entry.wire) = wire.clone().map(|spec| Wire { spec, done: None });
+                    *lock(&entry.wire) =
+                        wire.clone().map(|spec| Wire { spec, host: *host, timeout: *connect_timeout, done: None });
                     reg.sims.push(entry);
                 }
                 DeviceSpec::Pci(b) => reg.named.push(*b),
@@ -682,5 +725,89 @@ mod qemu_spec_tests {
         for bad in ["sim:wire=qemu:10.0.0.2", "sim:wire=qemu:10.0.0.2:", "sim:wire=qemu:10.0.0:/s", "sim:wire=qemu"] {
             assert!(DeviceSpec::parse(bad).is_err(), "{bad}");
         }
+    }
+}
+
+#[cfg(all(test, feature = "sim"))]
+mod wire_spec_tests {
+    use super::{DeviceRegistry, DeviceSpec, WIRE_CONNECT_TIMEOUT};
+    use std::time::Duration;
+
+    fn parse(s: &str) -> DeviceSpec {
+        DeviceSpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    fn host_and_timeout(s: &str) -> (u32, Duration) {
+        match parse(s) {
+            DeviceSpec::Sim { host, connect_timeout, .. } => (host, connect_timeout),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A registry of `spec` alone, as one program's `MLX5_RS_DEVICES` makes it (no VFIO scan).
+    fn registry(spec: &str) -> DeviceRegistry {
+        DeviceRegistry::new(&[parse(spec)], "/nonexistent")
+    }
+
+    /// Issue 29: both ends of a wire were host 0 unless one said `host=1`, and the connecting open failed.
+    #[test]
+    fn the_two_ends_of_a_wire_are_different_hosts_without_host() {
+        assert_eq!(host_and_timeout("sim").0, 0);
+        assert_eq!(host_and_timeout("sim:wire=listen:127.0.0.1:0").0, 0);
+        assert_eq!(host_and_timeout("sim:wire=connect:127.0.0.1:9").0, 1);
+        // An explicit host= is kept, whichever end.
+        assert_eq!(host_and_timeout("sim:host=0:wire=connect:127.0.0.1:9").0, 0);
+        assert_eq!(host_and_timeout("sim:host=3:wire=listen:127.0.0.1:0").0, 3);
+        // Two programs' configurations, neither naming a host: the connecting open plugs in.
+        let a = registry("sim:wire=listen:127.0.0.1:0");
+        let da = a.devices().remove(0);
+        let ca = da.open().unwrap();
+        let at = da.wire_addr().expect("listening after the open");
+        let b = registry(&format!("sim:wire=connect:{at}"));
+        let cb = b.devices()[0].open().expect("the connecting end plugs in with no host=");
+        assert!(da.sim_device().unwrap().wire_wait_peer(Duration::from_secs(10)));
+        assert_ne!(ca.query_gid(0).unwrap(), cb.query_gid(0).unwrap(), "two hosts");
+    }
+
+    #[test]
+    fn both_ends_on_one_host_is_an_error_that_names_the_option() {
+        let a = registry("sim:host=1:wire=listen:127.0.0.1:0");
+        let da = a.devices().remove(0);
+        let _ca = da.open().unwrap();
+        let at = da.wire_addr().unwrap();
+        let b = registry(&format!("sim:wire=connect:{at}"));
+        let e = b.devices()[0].open().unwrap_err().to_string();
+        assert!(
+            e.contains("is simulated host 1 too") && e.contains("another host= in MLX5_RS_DEVICES (e.g. host=2)"),
+            "{e}"
+        );
+    }
+
+    /// Issue 29: `wire=connect` failed at once when its listener was not up; it now waits `connect_timeout`.
+    #[test]
+    fn a_connecting_end_waits_connect_timeout_for_its_listener_and_says_so() {
+        assert_eq!(host_and_timeout("sim:wire=connect:127.0.0.1:9").1, WIRE_CONNECT_TIMEOUT);
+        assert_eq!(host_and_timeout("sim:connect_timeout=7:wire=connect:127.0.0.1:9").1, Duration::from_secs(7));
+        for bad in ["sim:connect_timeout=0", "sim:connect_timeout=x:wire=connect:h:1", "sim:connect_timeout=3601"] {
+            let e = DeviceSpec::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("connect_timeout is not a number of seconds from 1 to 3600"), "{bad}: {e}");
+        }
+        // Nobody listens on port 1: the open gives up after a second, saying how long and how often it tried.
+        let e = registry("sim:connect_timeout=1:wire=connect:127.0.0.1:1").devices()[0].open().unwrap_err().to_string();
+        assert!(e.contains("no listener at 127.0.0.1:1 after 1.") && e.contains(" attempts): "), "{e}");
+        assert!(e.contains("connect_timeout=S in MLX5_RS_DEVICES waits longer"), "{e}");
+        // The connecting program started first: its open plugs in once the listener comes up.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let connecting = std::thread::spawn(move || {
+            let b = registry(&format!("sim:wire=connect:127.0.0.1:{port}"));
+            let dev = b.devices().remove(0);
+            dev.open().map(|_| ()).map_err(|e| e.to_string())
+        });
+        // Only orders the two starts; nothing depends on how long it is.
+        std::thread::sleep(Duration::from_millis(300));
+        let a = registry(&format!("sim:wire=listen:127.0.0.1:{port}"));
+        let da = a.devices().remove(0);
+        let _ca = da.open().unwrap();
+        connecting.join().unwrap().expect("the connecting end plugs in once the listener is up");
     }
 }

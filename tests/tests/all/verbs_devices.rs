@@ -82,7 +82,12 @@ fn bad_device_specs_are_refused() {
         assert!(DeviceSpec::parse(bad).is_err(), "{bad}");
     }
     let wired = DeviceSpec::parse("sim:link=ib:host=2:wire=connect:127.0.0.1:18516").unwrap();
-    let want = DeviceSpec::Sim { link: PortType::Ib, host: 2, wire: Some(WireSpec::Connect("127.0.0.1:18516".into())) };
+    let want = DeviceSpec::Sim {
+        link: PortType::Ib,
+        host: 2,
+        wire: Some(WireSpec::Connect("127.0.0.1:18516".into())),
+        connect_timeout: Duration::from_secs(30),
+    };
     assert_eq!(wired, want);
 }
 
