@@ -298,7 +298,14 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
             }
             Err(_) => Vec::new(),
         };
-        let ctx = match dev.dev.open_with(tracer(dev.dev.name())) {
+        // The device's threads start here: with every signal blocked, so a program's signal reaches its own
+        // threads (and interrupts its waits in this library, see `signals`).
+        let Some(opened) = crate::signals::quiet(|| dev.dev.open_with(tracer(dev.dev.name()))) else {
+            log::error!("open {}: no thread to open it on", dev.dev.name());
+            set_errno(libc::EAGAIN);
+            return ptr::null_mut();
+        };
+        let ctx = match opened {
             Ok(c) => c,
             Err(e) => {
                 // On stderr whatever MLX5_RS_LOG says (as libibverbs prints its warnings): a program shows only
@@ -870,25 +877,36 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
         // As ibv_get_cq_event: a descriptor the program made non-blocking gets one look, then EAGAIN.
         // SAFETY: the context is open.
         let nonblocking = crate::is_nonblocking(unsafe { (*context).async_fd });
-        let wait = if nonblocking { Duration::ZERO } else { Duration::from_secs(3600) };
-        loop {
-            if let Some(e) = ctx.ctx.get_async_event(wait) {
-                let Some(ev) = event_of(ctx, e) else {
+        let next = || {
+            while let Some(e) = ctx.ctx.get_async_event(Duration::ZERO) {
+                match event_of(ctx, e) {
+                    Some(ev) => return Some(ev),
                     // Taken from the queue but never handed out: acknowledged here, and the next one looked for.
-                    let _ = ctx.ctx.ack_async_event(&e);
-                    continue;
-                };
+                    None => drop(ctx.ctx.ack_async_event(&e)),
+                }
+            }
+            None
+        };
+        // A blocking wait ends with EINTR on a program's signal, as libibverbs' read() of async_fd does.
+        let got =
+            if nonblocking { next().ok_or(libc::EAGAIN) } else { crate::signals::wait_for(ASYNC_EVENT_STEP, next) };
+        match got {
+            Ok(ev) => {
                 // SAFETY: the caller's event is writable.
                 unsafe { event.write(ev) };
-                return 0;
+                0
             }
-            if nonblocking {
-                set_errno(libc::EAGAIN);
-                return -1;
+            Err(e) => {
+                set_errno(e);
+                -1
             }
         }
     })
 }
+
+/// How long a blocking `ibv_get_async_event` sleeps between looks (the service thread moves async events every
+/// 50 ms).
+const ASYNC_EVENT_STEP: Duration = Duration::from_millis(1);
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {

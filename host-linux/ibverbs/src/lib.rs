@@ -24,6 +24,7 @@ mod objects;
 mod post;
 #[cfg(test)]
 mod reliability_tests;
+mod signals;
 mod strings;
 mod stubs;
 #[cfg(test)]

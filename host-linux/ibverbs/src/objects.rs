@@ -773,41 +773,52 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             set_errno(libc::EINVAL);
             return -1;
         };
-        // A descriptor the program made non-blocking: one look, then EAGAIN.
-        let nonblocking = crate::is_nonblocking(ch.c.fd);
-        let wait = if nonblocking { Duration::ZERO } else { Duration::from_secs(3600) };
-        loop {
-            match ch.raw.get_cq_event(wait) {
-                Ok(Some(ev)) => {
-                    let p = ev.cq_context() as *mut Cq;
-                    // SAFETY: the event's cq_context is the Cq box this library registered; the CQ cannot be
-                    // destroyed while the event is unacknowledged.
-                    let user = unsafe { (*p).c.cq.cq_context };
-                    // SAFETY: the caller's out pointers are writable.
-                    unsafe {
-                        if !cq.is_null() {
-                            *cq = p.cast();
-                        }
-                        if !cq_context.is_null() {
-                            *cq_context = user;
-                        }
-                    }
-                    return 0;
-                }
-                Ok(None) if nonblocking => {
-                    set_errno(libc::EAGAIN);
-                    return -1;
-                }
-                Ok(None) => {}
+        // A descriptor the program made non-blocking: one look, then EAGAIN. A blocking wait ends with EINTR on a
+        // program's signal, as libibverbs' read() of the channel does (qperf's timer ends its tests so).
+        let next = || ch.raw.get_cq_event(Duration::ZERO).transpose();
+        let got = if crate::is_nonblocking(ch.c.fd) {
+            next()
+        } else {
+            match crate::signals::wait_for(CQ_EVENT_STEP, next) {
+                Ok(r) => Some(r),
                 Err(e) => {
-                    log::warn!("get_cq_event: {e}");
-                    set_errno(errno_of(&e));
+                    set_errno(e);
                     return -1;
                 }
+            }
+        };
+        match got {
+            Some(Ok(ev)) => {
+                let p = ev.cq_context() as *mut Cq;
+                // SAFETY: the event's cq_context is the Cq box this library registered; the CQ cannot be
+                // destroyed while the event is unacknowledged.
+                let user = unsafe { (*p).c.cq.cq_context };
+                // SAFETY: the caller's out pointers are writable.
+                unsafe {
+                    if !cq.is_null() {
+                        *cq = p.cast();
+                    }
+                    if !cq_context.is_null() {
+                        *cq_context = user;
+                    }
+                }
+                0
+            }
+            None => {
+                set_errno(libc::EAGAIN);
+                -1
+            }
+            Some(Err(e)) => {
+                log::warn!("get_cq_event: {e}");
+                set_errno(errno_of(&e));
+                -1
             }
         }
     })
 }
+
+/// How long a blocking `ibv_get_cq_event` sleeps between looks (as `mlx5-verbs`' own wait does).
+const CQ_EVENT_STEP: Duration = Duration::from_micros(50);
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
