@@ -5,9 +5,12 @@
 //! One DMA page holds many records, each alone on its cache line so that the CPU updating one queue's record never
 //! shares a line with another queue's (no false sharing between cores, and no read-modify-write of a line the
 //! device is fetching for another queue). A bitmap per page tracks free records; pages that still have free
-//! records are used first, and a page is returned to the allocator as soon as its last record is freed.
+//! records are used first, a page is added when none has room, and it is returned to the allocator as soon as its
+//! last record is freed (rdma-core's `dbrec.c`). The pages are kept in a [`Table`] the pool's user chooses: a
+//! fixed one ([`DbrPool`]`<N>`, at most `N` pages) or a growable one ([`DbrPoolOf`] over a host vector).
 
 use crate::hal::{Dma, DmaError, DmaRegion, Span};
+use crate::table::Table;
 
 /// Size of one record page.
 pub const DBR_PAGE_SIZE: usize = 4096;
@@ -15,7 +18,7 @@ pub const DBR_PAGE_SIZE: usize = 4096;
 /// A record: its page and slot, and where it is for the CPU and the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DbRec {
-    page: u16,
+    page: u32,
     slot: u8,
     /// The record's page, owned by the pool; the pool frees a page only when its last record is freed.
     region: Span,
@@ -57,7 +60,7 @@ impl DbRec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum DbrError {
-    /// Every page slot of the pool holds a full page.
+    /// Every page slot of the pool holds a full page (a fixed pool's capacity), or no memory for another slot.
     Full,
     /// The page could not be allocated.
     Dma(DmaError),
@@ -68,34 +71,41 @@ pub enum DbrError {
 impl core::fmt::Display for DbrError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            DbrError::Full => write!(f, "doorbell record pool is full"),
+            DbrError::Full => write!(f, "doorbell record pool is full (no room for another record page)"),
             DbrError::Dma(e) => write!(f, "failed to allocate a doorbell record page: {e}"),
             DbrError::NotAllocated => write!(f, "doorbell record was not allocated"),
         }
     }
 }
 
+/// One record page of a pool: its memory and which records are free (opaque; a [`Table`] holds them).
 #[derive(Debug)]
-struct Page {
+pub struct DbrPage {
     region: DmaRegion,
     /// Bit i set = slot i free.
     free: u64,
 }
 
-/// Up to `N` record pages; records are `stride` bytes apart (the CPU cache line: 64 or 128).
+/// A pool of record pages in at most `N` slots.
+pub type DbrPool<const N: usize> = DbrPoolOf<heapless::Vec<Option<DbrPage>, N>>;
+
+/// Record pages in the slots of `S`; records are `stride` bytes apart (the CPU cache line: 64 or 128). A slot
+/// emptied by a freed page is reused by the next page, so the table grows only to the most pages held at once.
 #[derive(Debug)]
-pub struct DbrPool<const N: usize> {
-    pages: [Option<Page>; N],
+pub struct DbrPoolOf<S: Table<Option<DbrPage>>> {
+    pages: S,
+    /// No slot below this one has a page with a free record (so an allocation does not scan the full pages).
+    first_free: usize,
     stride: usize,
     per_page: u32,
 }
 
-impl<const N: usize> DbrPool<N> {
+impl<S: Table<Option<DbrPage>>> DbrPoolOf<S> {
     /// A pool placing one record per `cache_line` bytes (a power of two from 8 to 4096; at most 64 records fit
     /// the per-page bitmap, so smaller lines are spaced at 64 bytes).
     pub fn new(cache_line: usize) -> Self {
         let stride = cache_line.clamp(DBR_PAGE_SIZE / 64, DBR_PAGE_SIZE).next_power_of_two();
-        Self { pages: [const { None }; N], stride, per_page: (DBR_PAGE_SIZE / stride) as u32 }
+        Self { pages: S::default(), first_free: 0, stride, per_page: (DBR_PAGE_SIZE / stride) as u32 }
     }
 
     /// Bytes between records (the cache line size).
@@ -111,24 +121,45 @@ impl<const N: usize> DbrPool<N> {
         }
     }
 
-    /// A zeroed record: from the first page with a free slot, else from a new page.
+    /// A zeroed record: from the first page with a free slot, else from a new page (in an empty slot, else in
+    /// a slot the table grows by).
     pub fn alloc(&mut self, dma: &impl Dma) -> Result<DbRec, DbrError> {
-        let idx = match self.pages.iter().position(|p| p.as_ref().is_some_and(|p| p.free != 0)) {
-            Some(i) => i,
+        let start = self.first_free.min(self.pages.len());
+        let found = self.pages.as_slice()[start..].iter().position(|p| p.as_ref().is_some_and(|p| p.free != 0));
+        let idx = match found {
+            Some(i) => start + i,
             None => {
-                let i = self.pages.iter().position(Option::is_none).ok_or(DbrError::Full)?;
+                let empty = self.pages.as_slice().iter().position(Option::is_none);
+                if empty.is_none() && !self.pages.reserve_one() {
+                    return Err(DbrError::Full);
+                }
+                let i = empty.unwrap_or(self.pages.len());
+                if u32::try_from(i).is_err() {
+                    return Err(DbrError::Full);
+                }
                 let region = dma.alloc(DBR_PAGE_SIZE, DBR_PAGE_SIZE).map_err(DbrError::Dma)?;
-                self.pages[i] = Some(Page { region, free: self.all_free() });
+                let page = Some(DbrPage { region, free: self.all_free() });
+                if empty.is_some() {
+                    self.pages.as_mut_slice()[i] = page;
+                } else if let Err(Some(p)) = self.pages.push(page) {
+                    // Room was reserved above; should the table refuse anyway, the page goes back.
+                    // SAFETY: allocated just above and never shown to the device.
+                    unsafe { dma.free(p.region) };
+                    return Err(DbrError::Full);
+                }
                 i
             }
         };
-        let page = self.pages[idx].as_mut().unwrap_or_else(|| unreachable!("page {idx} chosen above"));
+        self.first_free = idx;
+        let per_page = self.per_page;
+        let Some(Some(page)) = self.pages.as_mut_slice().get_mut(idx) else { unreachable!("page {idx} chosen above") };
         let slot = page.free.trailing_zeros();
+        debug_assert!(slot < per_page);
         page.free &= !(1u64 << slot);
         let offset = slot as usize * self.stride;
         // A reused slot may hold the counters of its previous queue.
         page.region.zero(offset, 8);
-        let rec = DbRec { page: idx as u16, slot: slot as u8, region: Span::of(page.region.view()), offset };
+        let rec = DbRec { page: idx as u32, slot: slot as u8, region: Span::of(page.region.view()), offset };
         Ok(rec)
     }
 
@@ -139,30 +170,46 @@ impl<const N: usize> DbrPool<N> {
     /// no copy of `rec` is used afterwards (its page may go back to the allocator).
     pub unsafe fn free(&mut self, dma: &impl Dma, rec: DbRec) -> Result<(), DbrError> {
         let all = self.all_free();
-        let page = self.pages.get_mut(usize::from(rec.page)).and_then(Option::as_mut).ok_or(DbrError::NotAllocated)?;
+        let idx = rec.page as usize;
+        let slot = self.pages.as_mut_slice().get_mut(idx).ok_or(DbrError::NotAllocated)?;
+        let page = slot.as_mut().ok_or(DbrError::NotAllocated)?;
         let bit = 1u64 << rec.slot;
         if Span::of(page.region.view()) != rec.region || page.free & bit != 0 {
             return Err(DbrError::NotAllocated);
         }
         page.free |= bit;
         if page.free == all {
-            if let Some(Page { region, .. }) = self.pages[usize::from(rec.page)].take() {
+            if let Some(DbrPage { region, .. }) = slot.take() {
                 // SAFETY: the page came from `dma.alloc` in `alloc`, every record in it is free (so no queue's
                 // context points at it any more, per the caller's duty), and it is dropped from the pool.
                 unsafe { dma.free(region) };
             }
+            self.trim();
         }
+        self.first_free = self.first_free.min(idx);
         Ok(())
+    }
+
+    /// Drops the empty slots at the end, so the table shrinks back as pages go.
+    fn trim(&mut self) {
+        while matches!(self.pages.as_slice().last(), Some(None)) {
+            let _ = self.pages.remove(self.pages.len() - 1);
+        }
     }
 
     /// Pages currently held.
     pub fn pages(&self) -> usize {
-        self.pages.iter().flatten().count()
+        self.pages.as_slice().iter().flatten().count()
+    }
+
+    /// Page slots the table holds, filled or not (what it has grown to).
+    pub fn slots(&self) -> usize {
+        self.pages.len()
     }
 
     /// Records in use.
     pub fn in_use(&self) -> usize {
-        self.pages.iter().flatten().map(|p| (self.per_page - p.free.count_ones()) as usize).sum()
+        self.pages.as_slice().iter().flatten().map(|p| (self.per_page - p.free.count_ones()) as usize).sum()
     }
 
     /// Frees every page regardless of use (teardown of a disabled or dead function).
@@ -171,13 +218,15 @@ impl<const N: usize> DbrPool<N> {
     /// The device no longer accesses any record (the function is disabled or dead), and no record of this pool
     /// is used afterwards.
     pub unsafe fn release_all(&mut self, dma: &impl Dma) {
-        for p in self.pages.iter_mut() {
+        self.first_free = 0;
+        for p in self.pages.as_mut_slice() {
             if let Some(page) = p.take() {
                 // SAFETY: allocated in `alloc`, taken out of the pool so freed once; the caller guarantees the
                 // device is done with every record.
                 unsafe { dma.free(page.region) };
             }
         }
+        self.trim();
     }
 }
 

@@ -28,6 +28,7 @@ pub mod qcounter;
 pub mod qp;
 pub mod reg;
 pub mod srq;
+pub mod table;
 pub mod trace;
 pub mod uar;
 pub mod vport;

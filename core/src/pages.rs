@@ -7,6 +7,7 @@ use crate::cmd::{len_with_pas, write_pas, PageSource, Pas};
 use crate::cmdq::{write_header, CmdError, Command};
 use crate::hal::{Dma, DmaError, DmaRegion};
 use crate::prm::{consts, ifc, MsgBuf, Opcode};
+use crate::table::Table;
 
 pub use crate::cmd::FW_PAGE_SIZE;
 
@@ -186,7 +187,8 @@ pub const RECLAIM_BATCH: usize = (crate::prm::c::mlx5_cmd_layout::OUT.len
 pub enum PagesError {
     /// The DMA allocator refused a chunk.
     Dma(DmaError),
-    /// Every chunk slot is in use: the pool was built for fewer pages than firmware wants.
+    /// Every chunk slot is in use: the pool was built for fewer pages than firmware wants (a fixed table), or
+    /// no memory was left for the bookkeeping of another chunk.
     Exhausted {
         /// Pages the pool holds.
         capacity_pages: usize,
@@ -209,8 +211,9 @@ impl core::fmt::Display for PagesError {
 
 impl core::error::Error for PagesError {}
 
+/// `CHUNK_PAGES` pages lent to firmware, and which of them it holds (opaque; a [`Table`] holds them).
 #[derive(Debug)]
-struct Chunk {
+pub struct FwChunk {
     region: DmaRegion,
     /// Pages firmware owns (given and not returned).
     given: u64,
@@ -218,48 +221,52 @@ struct Chunk {
     pending: u64,
 }
 
-impl Chunk {
+impl FwChunk {
     fn addr(&self, bit: u32) -> u64 {
         self.region.iova() + u64::from(bit) * FW_PAGE_SIZE as u64
     }
 }
 
-/// The host memory lent to firmware (Linux `pagealloc.c`), without a heap: 4 KiB pages carved from
-/// `CHUNK_PAGES`-page DMA chunks, one bitmap per chunk, at most `N` chunks.
+/// A page pool of at most `N` chunks.
+pub type FwPages<const N: usize> = FwPagesOf<heapless::Vec<FwChunk, N>>;
+
+/// The host memory lent to firmware (Linux `pagealloc.c`), without a heap of its own: 4 KiB pages carved from
+/// `CHUNK_PAGES`-page DMA chunks, one bitmap per chunk, the chunks in a [`Table`] the user chooses (a fixed one
+/// caps the pages at its capacity; a growable one takes any count firmware asks for).
 ///
 /// A chunk goes back to the allocator only when none of its pages is owned by firmware or reserved for it, so
-/// memory the device may write is never freed. Addresses firmware returns are looked up; an address the pool
-/// never gave is reported, never trusted.
-pub struct FwPages<const N: usize> {
-    chunks: [Option<Chunk>; N],
+/// memory the device may write is never freed. The chunks are kept in address order, so an address firmware
+/// returns is found by binary search; an address the pool never gave is reported, never trusted.
+pub struct FwPagesOf<S: Table<FwChunk>> {
+    chunks: S,
     given: usize,
     pending: usize,
 }
 
-impl<const N: usize> Default for FwPages<N> {
+impl<S: Table<FwChunk>> Default for FwPagesOf<S> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<const N: usize> core::fmt::Debug for FwPages<N> {
+impl<S: Table<FwChunk>> core::fmt::Debug for FwPagesOf<S> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("FwPages")
             .field("given", &self.given)
             .field("pending", &self.pending)
-            .field("chunks", &self.chunks.iter().flatten().count())
+            .field("chunks", &self.chunks.len())
             .finish()
     }
 }
 
 /// The pages of the pending reservation, in the order MANAGE_PAGES give lists them.
-impl<const N: usize> PageSource for FwPages<N> {
+impl<S: Table<FwChunk>> PageSource for FwPagesOf<S> {
     fn count(&self) -> usize {
         self.pending
     }
     fn each(&self, f: &mut dyn FnMut(usize, u64)) {
         let mut i = 0;
-        for c in self.chunks.iter().flatten() {
+        for c in self.chunks.as_slice() {
             let mut bits = c.pending;
             while bits != 0 {
                 let b = bits.trailing_zeros();
@@ -271,10 +278,10 @@ impl<const N: usize> PageSource for FwPages<N> {
     }
 }
 
-impl<const N: usize> FwPages<N> {
+impl<S: Table<FwChunk>> FwPagesOf<S> {
     /// An empty pool.
-    pub const fn new() -> Self {
-        Self { chunks: [const { None }; N], given: 0, pending: 0 }
+    pub fn new() -> Self {
+        Self { chunks: S::default(), given: 0, pending: 0 }
     }
 
     /// Pages firmware owns.
@@ -289,12 +296,12 @@ impl<const N: usize> FwPages<N> {
 
     /// DMA chunks currently held.
     pub fn chunks(&self) -> usize {
-        self.chunks.iter().flatten().count()
+        self.chunks.len()
     }
 
-    /// Pages the pool can hold.
+    /// Pages the pool can hold (`usize::MAX` when only memory limits it).
     pub const fn capacity_pages() -> usize {
-        N * CHUNK_PAGES
+        S::CAPACITY.saturating_mul(CHUNK_PAGES)
     }
 
     /// Reserves `n` free pages for a give, allocating chunks as needed (free pages of held chunks first).
@@ -302,26 +309,43 @@ impl<const N: usize> FwPages<N> {
         if self.pending != 0 {
             return Err(PagesError::Busy);
         }
-        let free_now: usize = self.chunks.iter().flatten().map(|c| (!c.given).count_ones() as usize).sum();
-        if self.given + n > Self::capacity_pages() {
+        let free_now: usize = self.chunks.as_slice().iter().map(|c| (!c.given).count_ones() as usize).sum();
+        if n > Self::capacity_pages().saturating_sub(self.given) {
             return Err(PagesError::Exhausted { capacity_pages: Self::capacity_pages() });
         }
         let mut missing = n.saturating_sub(free_now);
         while missing > 0 {
-            let slot = self.chunks.iter().position(Option::is_none);
-            let Some(slot) = slot else {
+            if !self.chunks.reserve_one() {
+                self.free_empty(dma);
                 return Err(PagesError::Exhausted { capacity_pages: Self::capacity_pages() });
+            }
+            let region = match dma.alloc(CHUNK_PAGES * FW_PAGE_SIZE, FW_PAGE_SIZE) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Chunks added for this reservation hold nothing yet: they go back.
+                    self.free_empty(dma);
+                    return Err(PagesError::Dma(e));
+                }
             };
-            let region = dma.alloc(CHUNK_PAGES * FW_PAGE_SIZE, FW_PAGE_SIZE).map_err(PagesError::Dma)?;
-            self.chunks[slot] = Some(Chunk { region, given: 0, pending: 0 });
+            // In address order, so `release` finds a chunk by binary search.
+            let at = self.chunks.as_slice().partition_point(|c| c.region.iova() < region.iova());
+            if let Err(c) = self.chunks.insert(at, FwChunk { region, given: 0, pending: 0 }) {
+                // SAFETY: allocated just above and never shown to the device.
+                unsafe { dma.free(c.region) };
+                self.free_empty(dma);
+                return Err(PagesError::Exhausted { capacity_pages: Self::capacity_pages() });
+            }
             missing = missing.saturating_sub(CHUNK_PAGES);
         }
         let mut left = n;
-        for c in self.chunks.iter_mut().flatten() {
+        for c in self.chunks.as_mut_slice() {
             while left > 0 && (c.given | c.pending) != u64::MAX {
                 let b = (c.given | c.pending).trailing_ones();
                 c.pending |= 1 << b;
                 left -= 1;
+            }
+            if left == 0 {
+                break;
             }
         }
         self.pending = n;
@@ -335,7 +359,7 @@ impl<const N: usize> FwPages<N> {
 
     /// The give completed: firmware owns the reserved pages now.
     pub fn commit(&mut self) {
-        for c in self.chunks.iter_mut().flatten() {
+        for c in self.chunks.as_mut_slice() {
             c.given |= c.pending;
             c.pending = 0;
         }
@@ -345,7 +369,7 @@ impl<const N: usize> FwPages<N> {
 
     /// The give failed: firmware took none of the reserved pages. Chunks left empty go back to the allocator.
     pub fn cancel<D: Dma>(&mut self, dma: &D) {
-        for c in self.chunks.iter_mut().flatten() {
+        for c in self.chunks.as_mut_slice() {
             c.pending = 0;
         }
         self.pending = 0;
@@ -354,28 +378,35 @@ impl<const N: usize> FwPages<N> {
 
     /// Firmware returned `addr`. Returns false (and changes nothing) when the pool never gave it.
     pub fn release(&mut self, addr: u64) -> bool {
-        for c in self.chunks.iter_mut().flatten() {
-            let off = addr.wrapping_sub(c.region.iova());
-            if addr >= c.region.iova() && off < (CHUNK_PAGES * FW_PAGE_SIZE) as u64 && off % FW_PAGE_SIZE as u64 == 0 {
-                let bit = 1u64 << (off / FW_PAGE_SIZE as u64);
-                if c.given & bit == 0 {
-                    return false;
-                }
-                c.given &= !bit;
-                self.given -= 1;
-                return true;
-            }
+        let chunks = self.chunks.as_mut_slice();
+        // The last chunk starting at or below `addr` is the only one that can hold it.
+        let Some(i) = chunks.partition_point(|c| c.region.iova() <= addr).checked_sub(1) else { return false };
+        let c = &mut chunks[i];
+        let off = addr - c.region.iova();
+        if off >= (CHUNK_PAGES * FW_PAGE_SIZE) as u64 || !off.is_multiple_of(FW_PAGE_SIZE as u64) {
+            return false;
         }
-        false
+        let bit = 1u64 << (off / FW_PAGE_SIZE as u64);
+        if c.given & bit == 0 {
+            return false;
+        }
+        c.given &= !bit;
+        self.given -= 1;
+        true
     }
 
     /// Returns every chunk that holds no firmware page to the allocator.
     pub fn free_empty<D: Dma>(&mut self, dma: &D) {
-        for slot in self.chunks.iter_mut() {
-            if let Some(c) = slot.take_if(|c| c.given == 0 && c.pending == 0) {
-                // SAFETY: allocated from `dma` in `reserve`; no page of the chunk is owned by or reserved for
-                // firmware, so the device has no business touching it.
-                unsafe { dma.free(c.region) };
+        let mut i = self.chunks.len();
+        while i > 0 {
+            i -= 1;
+            let c = &self.chunks.as_slice()[i];
+            if c.given == 0 && c.pending == 0 {
+                if let Some(c) = self.chunks.remove(i) {
+                    // SAFETY: allocated from `dma` in `reserve`; no page of the chunk is owned by or reserved for
+                    // firmware, so the device has no business touching it.
+                    unsafe { dma.free(c.region) };
+                }
             }
         }
     }
@@ -384,7 +415,7 @@ impl<const N: usize> FwPages<N> {
     /// the device is dead and will not touch host memory again). Returns how many pages firmware still held.
     pub fn abandon_all<D: Dma>(&mut self, dma: &D) -> usize {
         let held = self.given;
-        for c in self.chunks.iter_mut().flatten() {
+        for c in self.chunks.as_mut_slice() {
             c.given = 0;
             c.pending = 0;
         }
@@ -398,9 +429,9 @@ impl<const N: usize> FwPages<N> {
 /// A [`PageSink`] that hands each returned address straight back to the pool; addresses the pool never gave are
 /// counted in `unknown`.
 #[derive(Debug)]
-pub struct Reclaim<'a, const N: usize> {
+pub struct Reclaim<'a, S: Table<FwChunk>> {
     /// The pool the pages go back to.
-    pub pool: &'a mut FwPages<N>,
+    pub pool: &'a mut FwPagesOf<S>,
     /// Pages to ask back (the most the output may carry).
     pub capacity: usize,
     /// Returned addresses the pool never gave.
@@ -409,7 +440,7 @@ pub struct Reclaim<'a, const N: usize> {
     pub first_unknown: Option<u64>,
 }
 
-impl<const N: usize> PageSink for Reclaim<'_, N> {
+impl<S: Table<FwChunk>> PageSink for Reclaim<'_, S> {
     fn capacity(&self) -> usize {
         self.capacity
     }

@@ -454,7 +454,7 @@ fn sim_faults(u: &mut Unstructured<'_>) {
     }
     let mut d = dev.delay();
     // A pool of 16 chunks (1024 firmware pages): a corrupted page count costs megabytes, not 64 MiB, per input.
-    let r: Result<Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma, (), 16>, _> =
+    let r: Result<Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma, (), mlx5_core::hca::Fixed<16>>, _> =
         Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default());
     let mut hca = match r {
         Ok(h) => h,

@@ -230,7 +230,7 @@ fn hca_events(u: &mut Unstructured<'_>) {
     let dev = SimDevice::new(SimConfig::default());
     let mut d = dev.delay();
     // A pool of 16 chunks (1024 firmware pages): an arbitrary page request costs megabytes, not 64 MiB, per input.
-    let mut hca: Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma, (), 16> =
+    let mut hca: Hca<mlx5_sim::SimMmio, mlx5_sim::SimDma, (), mlx5_core::hca::Fixed<16>> =
         Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).expect("bring-up on a good device");
     let cq = hca.create_cq(CqAttr { cqe: 15, ..CqAttr::default() }, &mut d).expect("create_cq");
     let types = [

@@ -6,7 +6,7 @@ use core::cell::Cell;
 
 use crate::caps::{DeviceCaps, GeneralCaps};
 use crate::cmdq::{iseg_timeout_ms, CmdError, CmdQueue};
-use crate::dbr::DbrPool;
+use crate::dbr::DbrPoolOf;
 use crate::eq::{
     async_event_mask, destroy_eq, event_bitmask, log_eq_size, AsyncEventCaps, CreateEq, EqContext, EqRing,
 };
@@ -16,7 +16,7 @@ use crate::init::{
     disable_hca, enable_hca, init_hca, set_issi, teardown_hca, CapBlock, CapMode, CapType, QueryHcaCap, QueryIssi,
     SetDriverVersion, SetHcaCap,
 };
-use crate::pages::{FwPages, PageStage, QueryPages, RECLAIM_BATCH};
+use crate::pages::{FwPagesOf, PageStage, QueryPages, RECLAIM_BATCH};
 use crate::prm::{c, consts, ifc, MsgBuf, Opcode};
 use crate::trace::CmdTrace;
 use crate::uar::{alloc_uar, dealloc_uar};
@@ -24,6 +24,7 @@ use crate::uar::{alloc_uar, dealloc_uar};
 use super::error::{BringupError, Error, Step};
 use super::events::{AsyncEvents, CqEvents};
 use super::wait::{Clock, GiveError, Watch};
+use super::Tables;
 use super::{
     Config, Ctx, EqTable, EventCounts, Hca, HcaState, PageStats, TeardownReport, ATOMIC_REQ_MODE_HOST_ENDIANNESS,
     FW_INIT_TIMEOUT_MS, FW_PRE_INIT_WAIT_MS, MAX_ASYNC_EQS, MAX_COMP_VECTORS, PROFILE_LOG_MAX_QP,
@@ -55,7 +56,7 @@ fn wait_fw_init<M: Mmio + ?Sized>(
     }
 }
 
-impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T, P, NCQ> {
+impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
     /// Brings the function up in Linux's order. On failure everything done so far is undone (pages reclaimed,
     /// function disabled, memory returned) before the error comes back.
     pub fn bring_up(mmio: M, dma: D, trace: T, delay: &mut impl DelayNs, cfg: Config) -> Result<Self, BringupError> {
@@ -81,7 +82,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             cmdq,
             ctx: Ctx {
                 cfg,
-                pages: FwPages::new(),
+                pages: FwPagesOf::new(),
                 watch: Watch {
                     health: Health::new(),
                     last_poll_us: 0,
@@ -98,7 +99,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
                 stats: PageStats::default(),
                 events: EventCounts::default(),
             },
-            dbr: DbrPool::new(if cfg.cache_line_128 { 128 } else { 64 }),
+            dbr: DbrPoolOf::new(if cfg.cache_line_128 { 128 } else { 64 }),
             mkey_variant: 0,
             clock_us: Cell::new(0),
             state: HcaState::Up,

@@ -126,7 +126,7 @@ pub enum Error {
         /// The missing capability.
         what: &'static str,
     },
-    /// The completion-event table is full (the `C` parameter of [`Hca`](super::Hca)).
+    /// The completion-event table is full (a fixed capacity of the [`Hca`](super::Hca)'s [`Tables`](super::Tables)).
     TooManyCqs {
         /// CQs the table holds.
         max: usize,

@@ -4,11 +4,12 @@
 
 use crate::eq::{EqRing, Event};
 use crate::hal::{DelayNs, Dma, Mmio};
+use crate::table::Table;
 use crate::trace::CmdTrace;
-use heapless::{Deque, Vec};
+use heapless::Deque;
 
 use super::error::Error;
-use super::{EventCounts, Hca, PageStats};
+use super::{EventCounts, Hca, PageStats, Tables};
 use crate::cq::Cq;
 use crate::cq::Notify;
 use crate::eq::{QpErrorKind, QpEventKind};
@@ -138,8 +139,9 @@ impl AsyncEvents {
     }
 }
 
+/// The completion-event state of one CQ (opaque; a [`Table`] of the HCA's [`Tables`](super::Tables) holds them).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct CqEntry {
+pub struct CqEntry {
     pub(super) cqn: u32,
     /// Completion events received (`cq->arm_sn`): goes into the next arm so the device can tell a stale arm.
     pub(super) arm_sn: u32,
@@ -149,48 +151,102 @@ pub(super) struct CqEntry {
     pub(super) unacked: u32,
     /// The syndrome of a CQ error event, once one arrived.
     pub(super) error: Option<u8>,
+    /// The CQ after this one in the ready list (meaningful while `pending > 0`).
+    next_ready: u32,
 }
 
-/// Completion-event state of every CQ, and the order in which CQs have events to hand out. A CQ sits in `ready`
-/// at most once (its count says how many events), so `ready` cannot overflow.
+/// Completion-event state of every CQ, in CQ-number order (an EQE's CQ is found by binary search), and the order
+/// in which CQs have events to hand out: a list threaded through the entries (`next_ready`), so a CQ sits in it
+/// at most once (its count says how many events) and it needs no storage of its own.
 #[derive(Debug, Default)]
-pub(crate) struct CqEvents<const NCQ: usize> {
-    cqs: Vec<CqEntry, NCQ>,
-    ready: Deque<u32, NCQ>,
+pub(crate) struct CqEvents<S: Table<CqEntry>> {
+    cqs: S,
+    /// First and last CQ of the ready list.
+    ready: Option<(u32, u32)>,
 }
 
-impl<const NCQ: usize> CqEvents<NCQ> {
+impl<S: Table<CqEntry>> CqEvents<S> {
     pub(crate) fn new() -> Self {
-        Self { cqs: Vec::new(), ready: Deque::new() }
+        Self { cqs: S::default(), ready: None }
+    }
+
+    fn index(&self, cqn: u32) -> Result<usize, usize> {
+        self.cqs.as_slice().binary_search_by_key(&cqn, |e| e.cqn)
     }
 
     pub(super) fn find(&mut self, cqn: u32) -> Option<&mut CqEntry> {
-        self.cqs.iter_mut().find(|e| e.cqn == cqn)
+        let i = self.index(cqn).ok()?;
+        self.cqs.as_mut_slice().get_mut(i)
     }
 
     /// Whether a CQ error event arrived for `cqn`.
     pub(super) fn failed(&self, cqn: u32) -> bool {
-        self.cqs.iter().any(|e| e.cqn == cqn && e.error.is_some())
+        self.index(cqn).is_ok_and(|i| self.cqs.as_slice()[i].error.is_some())
     }
 
-    pub(super) fn has_room(&self) -> bool {
-        !self.cqs.is_full()
+    /// Makes sure one more CQ can be registered (a fixed table has room, a growable one got the memory).
+    pub(super) fn has_room(&mut self) -> bool {
+        self.cqs.reserve_one()
+    }
+
+    /// The most CQs the table can hold (`usize::MAX`: as many as memory allows).
+    pub(super) fn capacity() -> usize {
+        S::CAPACITY
     }
 
     pub(super) fn register(&mut self, cqn: u32) -> bool {
-        self.cqs.push(CqEntry { cqn, arm_sn: 0, pending: 0, unacked: 0, error: None }).is_ok()
+        let e = CqEntry { cqn, arm_sn: 0, pending: 0, unacked: 0, error: None, next_ready: 0 };
+        match self.index(cqn) {
+            // A number firmware handed out again while we still had it: start afresh.
+            Ok(i) => {
+                self.unlink(cqn);
+                self.cqs.as_mut_slice()[i] = e;
+                true
+            }
+            Err(i) => self.cqs.insert(i, e).is_ok(),
+        }
     }
 
     pub(super) fn unregister(&mut self, cqn: u32) {
-        if let Some(i) = self.cqs.iter().position(|e| e.cqn == cqn) {
-            self.cqs.swap_remove(i);
+        self.unlink(cqn);
+        if let Ok(i) = self.index(cqn) {
+            let _ = self.cqs.remove(i);
         }
-        let n = self.ready.len();
-        for _ in 0..n {
-            if let Some(c) = self.ready.pop_front() {
-                if c != cqn {
-                    let _ = self.ready.push_back(c);
+    }
+
+    /// Takes `cqn` out of the ready list (a walk: only at destroy time).
+    fn unlink(&mut self, cqn: u32) {
+        let Some((head, tail)) = self.ready else { return };
+        if head == cqn {
+            self.ready = if tail == cqn { None } else { self.find(cqn).map(|e| (e.next_ready, tail)) };
+            return;
+        }
+        let mut prev = head;
+        while prev != tail {
+            let Some(next) = self.find(prev).map(|e| e.next_ready) else { return };
+            if next == cqn {
+                let after = self.find(cqn).map_or(next, |e| e.next_ready);
+                if let Some(p) = self.find(prev) {
+                    p.next_ready = after;
                 }
+                if tail == cqn {
+                    self.ready = Some((head, prev));
+                }
+                return;
+            }
+            prev = next;
+        }
+    }
+
+    /// Appends `cqn` (registered, not in the list) to the ready list.
+    fn push_ready(&mut self, cqn: u32) {
+        match self.ready {
+            None => self.ready = Some((cqn, cqn)),
+            Some((head, tail)) => {
+                if let Some(t) = self.find(tail) {
+                    t.next_ready = cqn;
+                }
+                self.ready = Some((head, cqn));
             }
         }
     }
@@ -201,8 +257,7 @@ impl<const NCQ: usize> CqEvents<NCQ> {
         e.arm_sn = e.arm_sn.wrapping_add(1);
         e.pending = e.pending.saturating_add(1);
         if e.pending == 1 {
-            // At most one entry per registered CQ, and the deque holds as many as there can be CQs.
-            let _ = self.ready.push_back(cqn);
+            self.push_ready(cqn);
         }
         true
     }
@@ -214,28 +269,32 @@ impl<const NCQ: usize> CqEvents<NCQ> {
     }
 
     pub(super) fn get(&mut self) -> Option<u32> {
-        let cqn = self.ready.pop_front()?;
+        let (cqn, tail) = self.ready?;
         let e = self.find(cqn)?;
+        let next = e.next_ready;
         e.pending -= 1;
         e.unacked = e.unacked.saturating_add(1);
-        if e.pending > 0 {
-            let _ = self.ready.push_back(cqn);
+        let again = e.pending > 0;
+        self.ready = if cqn == tail { None } else { Some((next, tail)) };
+        if again {
+            // Round robin: a CQ with more events goes to the back.
+            self.push_ready(cqn);
         }
         Some(cqn)
     }
 }
 
 /// Where one drain pass puts what the EQEs say.
-pub(super) struct EventSink<'a, const NCQ: usize> {
+pub(super) struct EventSink<'a, C: Table<CqEntry>> {
     pub(super) events: &'a mut EventCounts,
     pub(super) stats: &'a mut PageStats,
-    pub(super) cqs: &'a mut CqEvents<NCQ>,
+    pub(super) cqs: &'a mut CqEvents<C>,
     pub(super) async_events: &'a mut AsyncEvents,
     pub(super) requests: &'a mut [Option<(u16, i32)>; 8],
     pub(super) nreq: usize,
 }
 
-impl<const NCQ: usize> EventSink<'_, NCQ> {
+impl<C: Table<CqEntry>> EventSink<'_, C> {
     /// Consumes the software-owned EQEs of one ring (at most one ring's worth) and re-arms it.
     pub(super) fn drain_ring<M: Mmio + ?Sized>(&mut self, ring: &mut EqRing, mmio: &M) {
         let mut n = 0u32;
@@ -311,7 +370,7 @@ impl<const NCQ: usize> EventSink<'_, NCQ> {
     }
 }
 
-impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T, P, NCQ> {
+impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
     /// Requests a completion event (`ibv_req_notify_cq`): for the next completion, or the next solicited one.
     pub fn req_notify_cq(&mut self, cq: &Cq, notify: Notify) -> Result<(), Error> {
         let cqn = cq.cqn();

@@ -25,7 +25,7 @@ mod srq;
 mod wait;
 
 pub use error::{BringupError, Error, Step};
-pub use events::{port_event, AsyncEvent};
+pub use events::{port_event, AsyncEvent, CqEntry};
 pub use objects::{
     gid_table, link_local_gid, mac_to_eui64, poll_cq_with, CqAttr, DestroyError, GidType, Pd, PortAttr, QpInitAttr,
     Rereg, ReregError, MR_MAX_PAGE_SHIFT,
@@ -37,19 +37,45 @@ use core::cell::Cell;
 
 use crate::caps::DeviceCaps;
 use crate::cmdq::CmdQueue;
-use crate::dbr::DbrPool;
+use crate::dbr::{DbrPage, DbrPoolOf};
 use crate::eq::EqRing;
 use crate::hal::{Dma, DmaRegion, Mmio};
 use crate::health::{HealthFailure, HEALTH_POLL_INTERVAL_MS};
-use crate::pages::FwPages;
+use crate::pages::{FwChunk, FwPagesOf};
 use crate::prm::consts;
+use crate::table::Table;
 use crate::trace::CmdTrace;
 
 use events::{AsyncEvents, CqEvents};
 use wait::Watch;
 
-/// Doorbell-record pages an HCA can hold (each holds 64 records with 64-byte cache lines, 32 with 128).
+/// Doorbell-record pages a [`Fixed`] HCA holds by default (each holds 64 records with 64-byte cache lines, 32 with
+/// 128).
 pub const DBR_PAGES: usize = 64;
+
+/// Where an [`Hca`] keeps the bookkeeping that grows with the objects created: one [`Table`] per pool. The core
+/// has no heap, so its user chooses: [`Fixed`] capacities (firmware, small systems), or a host's growable vectors
+/// so that every object the device advertises can be created (`mlx5-verbs` does this).
+pub trait Tables {
+    /// The doorbell-record pages (64 records each with 64-byte cache lines): one slot per page held.
+    type DbrPages: Table<Option<DbrPage>>;
+    /// The firmware page pool's chunks (`CHUNK_PAGES` pages each): one entry per chunk held.
+    type FwChunks: Table<FwChunk>;
+    /// The completion-event state of every CQ (the EQ to CQ lookup): one entry per CQ.
+    type Cqs: Table<CqEntry>;
+}
+
+/// Fixed capacities: up to `P` firmware-page chunks (`P * CHUNK_PAGES` pages: 64 MiB by default), `NCQ` CQs and
+/// `DBR` doorbell-record pages (4,096 QPs, CQs and SRQs with 64-byte cache lines). What does not fit fails with a
+/// typed error ([`Error::TooManyCqs`], [`crate::dbr::DbrError::Full`], [`crate::pages::PagesError::Exhausted`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fixed<const P: usize = 256, const NCQ: usize = 256, const DBR: usize = DBR_PAGES>;
+
+impl<const P: usize, const NCQ: usize, const DBR: usize> Tables for Fixed<P, NCQ, DBR> {
+    type DbrPages = heapless::Vec<Option<DbrPage>, DBR>;
+    type FwChunks = heapless::Vec<FwChunk, P>;
+    type Cqs = heapless::Vec<CqEntry, NCQ>;
+}
 
 /// Waiting for `initializing` before the command queue exists (`MLX5_TO_FW_PRE_INIT_TIMEOUT_MS`, lib/tout.c).
 pub const FW_PRE_INIT_TIMEOUT_MS: u32 = 120_000;
@@ -229,9 +255,9 @@ impl EqTable {
 
 /// Everything besides the command queue, so a waiting command (which borrows the queue) can still reach it.
 /// Its methods take a delay that already counts waiting time into the `clock` cell (a [`Clock`]).
-pub(crate) struct Ctx<const P: usize, const NCQ: usize> {
+pub(crate) struct Ctx<S: Tables> {
     cfg: Config,
-    pages: FwPages<P>,
+    pages: FwPagesOf<S::FwChunks>,
     watch: Watch,
     /// The capabilities the async EQ's event mask is gathered from (`gather_async_events_mask`).
     event_caps: crate::eq::AsyncEventCaps,
@@ -239,7 +265,7 @@ pub(crate) struct Ctx<const P: usize, const NCQ: usize> {
     page_request_disable: bool,
     pub(crate) eqs: EqTable,
     /// Completion-event bookkeeping of every CQ (arm sequence numbers, events not yet taken or acknowledged).
-    pub(crate) cqs: CqEvents<NCQ>,
+    pub(crate) cqs: CqEvents<S::Cqs>,
     pub(crate) async_events: AsyncEvents,
     stats: PageStats,
     pub(crate) events: EventCounts,
@@ -249,11 +275,13 @@ pub(crate) struct Ctx<const P: usize, const NCQ: usize> {
 ///
 /// Call [`Hca::teardown`] when done: dropping an `Hca` that is still up leaks the EQ buffer and the firmware
 /// pages (the device may still write them) rather than freeing them under it.
-pub struct Hca<M: Mmio, D: Dma, T: CmdTrace = (), const P: usize = 256, const NCQ: usize = 256> {
+///
+/// `S` says where its growing bookkeeping lives ([`Tables`]): [`Fixed`] capacities by default.
+pub struct Hca<M: Mmio, D: Dma, T: CmdTrace = (), S: Tables = Fixed> {
     pub(crate) cmdq: CmdQueue<M, D, T>,
-    pub(crate) ctx: Ctx<P, NCQ>,
-    /// Doorbell records of the CQs (and later QPs) created on this HCA.
-    pub(crate) dbr: DbrPool<DBR_PAGES>,
+    pub(crate) ctx: Ctx<S>,
+    /// Doorbell records of the CQs, QPs and SRQs created on this HCA.
+    pub(crate) dbr: DbrPoolOf<S::DbrPages>,
     /// The next `mkey_7_0` variant byte.
     pub(crate) mkey_variant: u8,
     clock_us: Cell<u64>,
@@ -277,7 +305,7 @@ pub struct Hca<M: Mmio, D: Dma, T: CmdTrace = (), const P: usize = 256, const NC
     fw_rev: (u16, u16, u16),
 }
 
-impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> core::fmt::Debug for Hca<M, D, T, P, NCQ> {
+impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> core::fmt::Debug for Hca<M, D, T, S> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Hca")
             .field("state", &self.state)
@@ -288,7 +316,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> core::fmt::
             .finish_non_exhaustive()
     }
 }
-impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T, P, NCQ> {
+impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
     /// The register window (for the datapath: polling CQs, ringing doorbells).
     pub fn mmio(&self) -> &M {
         self.cmdq.mmio()

@@ -11,7 +11,7 @@ use crate::prm::{consts, Opcode};
 use crate::trace::CmdTrace;
 
 use super::error::Error;
-use super::{Hca, HcaState};
+use super::{Hca, HcaState, Tables};
 use crate::buf::{page_sizes, DmaSeg, PageLayout, QueueBuf, ADAPTER_PAGE_SHIFT};
 use crate::cmd::Pas;
 use crate::cq::Cq;
@@ -237,7 +237,7 @@ fn check_mr_range(mem: DmaView<'_>, iova: Option<u64>) -> Result<(u64, u64), Err
     Ok((va, len))
 }
 
-impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T, P, NCQ> {
+impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
     // -- protection domains ----------------------------------------------------------------------------------
 
     /// `ALLOC_PD`.
@@ -452,7 +452,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T
             return Err(Error::NotSupported { what: "CQ overrun ignore (no cq_oi capability)" });
         }
         if !self.ctx.cqs.has_room() {
-            return Err(Error::TooManyCqs { max: NCQ });
+            return Err(Error::TooManyCqs { max: super::events::CqEvents::<S::Cqs>::capacity() });
         }
         let uar = self.uar.ok_or(Error::NotSupported { what: "CQ without a UAR" })?;
         let c_eqn = self.comp_eqn(attr.comp_vector, delay)?;

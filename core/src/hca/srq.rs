@@ -13,7 +13,7 @@ use crate::trace::CmdTrace;
 
 use super::error::Error;
 use super::objects::{DestroyError, Pd, QpInitAttr};
-use super::{Hca, HcaState};
+use super::{Hca, HcaState, Tables};
 use crate::buf::QueueBuf;
 use crate::cmd::Pas;
 use crate::cq::Cq;
@@ -29,7 +29,7 @@ pub struct SrqAttr {
     pub srq_limit: u32,
 }
 
-impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T, P, NCQ> {
+impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
     /// Creates a shared receive queue (`mlx5_ib_create_srq` for a kernel consumer): sizes checked against
     /// `log_max_srq_sz` and `max_wqe_sz_rq`, the ring's WQEs linked into the free list, a doorbell record, then
     /// CREATE_RMP (ISSI 1) or CREATE_SRQ (ISSI 0). `attr.srq_limit` goes into the context's `lwm` (mlx5_ib

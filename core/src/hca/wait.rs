@@ -14,7 +14,7 @@ use crate::trace::CmdTrace;
 
 use super::error::Error;
 use super::events::EventSink;
-use super::{Ctx, Hca, HcaState};
+use super::{Ctx, Hca, HcaState, Tables};
 
 /// Drain passes per call: each pass after the first only exists because serving page requests produced events.
 pub(super) const MAX_DRAIN_PASSES: usize = 8;
@@ -117,7 +117,7 @@ pub(super) fn pick_slot<M: Mmio, D: Dma, T: CmdTrace>(q: &CmdQueue<M, D, T>, kin
     (0..last).find(|&s| q.slot_free(s)).unwrap_or(q.slot(kind))
 }
 
-impl<const P: usize, const NCQ: usize> Ctx<P, NCQ> {
+impl<S: Tables> Ctx<S> {
     /// Between polls of a waiting command on the regular slot: health, then the EQ (page requests are answered
     /// right here, on the pages slot).
     fn on_wait<M: Mmio, D: Dma, T: CmdTrace>(
@@ -311,7 +311,7 @@ pub(super) enum GiveError {
     Cmd(CmdError),
 }
 
-impl<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const NCQ: usize> Hca<M, D, T, P, NCQ> {
+impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
     /// Maps a command error, moving to internal error when the wait found the device unhealthy.
     pub(crate) fn cmd_error(&mut self, e: CmdError) -> Error {
         if let Some(f) = self.ctx.watch.failure {

@@ -18,7 +18,7 @@ pub mod delay;
 pub mod mmio;
 
 use mlx5_core::hal::{DelayNs, Dma, Mmio};
-use mlx5_core::hca::{BringupError, Config, Error, Hca};
+use mlx5_core::hca::{BringupError, Config, Error, Fixed, Hca};
 use mlx5_core::hca::{CqAttr, Pd, QpInitAttr};
 use mlx5_core::qp::{QpAttr, QpAttrMask, QpCap, QpState, QpType};
 use mlx5_core::trace::CmdTrace;
@@ -30,7 +30,7 @@ pub const FW_PAGE_CHUNKS: usize = 4;
 pub const MAX_CQS: usize = 4;
 
 /// The HCA as this firmware instantiates it: small fixed tables instead of the host's defaults.
-pub type FwHca<M, D, T> = Hca<M, D, T, FW_PAGE_CHUNKS, MAX_CQS>;
+pub type FwHca<M, D, T> = Hca<M, D, T, Fixed<FW_PAGE_CHUNKS, MAX_CQS>>;
 
 /// How the firmware brings the function up: Linux's sequence, with event queues sized for a microcontroller.
 pub fn config() -> Config {

@@ -14,7 +14,7 @@ use mlx5_core::trace::CmdTrace;
 use mlx5_tool::devinfo::{self, DevInfo};
 use mlx5_tool::tracefile::{SharedTrace, TraceSink};
 use mlx5_verbs::raw::{self, HcaVisitor};
-use mlx5_verbs::{AnyDelay, AnyDma, AnyMmio, AsyncEvent, Context, Device, QpErrorKind};
+use mlx5_verbs::{AnyDelay, AnyDma, AnyMmio, AsyncEvent, Context, Device, HostTables, QpErrorKind};
 
 use crate::abi::*;
 use crate::{errno_of, guard, set_errno};
@@ -420,7 +420,7 @@ struct QueryInfo<'a>(&'a str);
 
 impl HcaVisitor for QueryInfo<'_> {
     type Out = Result<(DevInfo, u32), mlx5_core::hca::Error>;
-    fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T>, delay: &mut AnyDelay) -> Self::Out {
+    fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T, HostTables>, delay: &mut AnyDelay) -> Self::Out {
         let info = devinfo::query(hca, delay, self.0, PCI_IDS)?;
         Ok((info, hca.caps().general.device_frequency_khz))
     }

@@ -3,7 +3,7 @@
 
 use mlx5_core::caps::PortType;
 use mlx5_core::hal::{DelayNs, Dma, Mmio};
-use mlx5_core::hca::{Error, Hca, PageStats};
+use mlx5_core::hca::{Error, Hca, PageStats, Tables};
 use mlx5_core::prm::{consts, ifc};
 use mlx5_core::reg::{pmtu_read, PortMtu};
 use mlx5_core::trace::CmdTrace;
@@ -100,8 +100,8 @@ fn pow2(log: u8) -> u32 {
 }
 
 /// Reads everything `devinfo` shows. Only queries: nothing on the device changes.
-pub fn query<M: Mmio, D: Dma, T: CmdTrace, const P: usize>(
-    hca: &mut Hca<M, D, T, P>,
+pub fn query<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
+    hca: &mut Hca<M, D, T, S>,
     delay: &mut impl DelayNs,
     hca_id: &str,
     pci_ids: (u16, u16),

@@ -123,7 +123,7 @@ mod usermem;
 pub mod wr;
 
 pub use ah::AddressHandle;
-pub use backend::{AnyDelay, AnyDma, AnyMmio, DeviceKind, Tracer};
+pub use backend::{AnyDelay, AnyDma, AnyMmio, DeviceKind, HostTables, Tracer, VecTable};
 pub use context::{mac_of_gid, Context};
 pub use cq::{CompChannel, CompletionQueue, CqEvent};
 pub use cq_ex::{CompletionQueueEx, CqInitAttrEx};

@@ -14,7 +14,7 @@ use mlx5_core::mkey::Access;
 use mlx5_core::qp::{Ah, AhAttr, QpAttr, QpAttrMask, QpCap, QpQueryAttr, RecvWr, SendWr};
 use mlx5_core::trace::CmdTrace;
 
-use crate::backend::{AnyDelay, AnyDma, AnyMmio};
+use crate::backend::{AnyDelay, AnyDma, AnyMmio, HostTables};
 use crate::context::Context;
 use crate::cq::{wait_cq_event, CqObj};
 use crate::error::{Result, VerbsError};
@@ -31,7 +31,7 @@ pub trait HcaVisitor {
     /// What the visit returns.
     type Out;
     /// Called once with the HCA and its delay.
-    fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T>, delay: &mut AnyDelay) -> Self::Out;
+    fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T, HostTables>, delay: &mut AnyDelay) -> Self::Out;
 }
 
 /// Runs `v` on `ctx`'s HCA under the control mutex.

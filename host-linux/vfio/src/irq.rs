@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx5_core::hal::{DelayNs, Dma, Mmio};
-use mlx5_core::hca::{Error as HcaError, Hca};
+use mlx5_core::hca::{Error as HcaError, Hca, Tables};
 use mlx5_core::trace::CmdTrace;
 
 use super::abi::{self, Pod};
@@ -166,8 +166,8 @@ pub enum WaitError {
 ///
 /// No wakeup is lost: the EQ is re-armed when it is drained, and an interrupt that arrives between the drain and
 /// the wait leaves the eventfd's counter non-zero, so the wait returns at once.
-pub fn wait_cq_event<M: Mmio, D: Dma, T: CmdTrace, const P: usize, const N: usize>(
-    hca: &mut Hca<M, D, T, P, N>,
+pub fn wait_cq_event<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
+    hca: &mut Hca<M, D, T, S>,
     irqs: &Interrupts,
     vector: usize,
     delay: &mut impl DelayNs,
