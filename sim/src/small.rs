@@ -114,6 +114,10 @@ pub(crate) struct IdMap<V> {
     slots: Vec<Option<(u32, V)>>,
     /// The live numbers, ascending.
     order: Vec<u32>,
+    /// The farthest any entry has been placed from its home slot since the table was last rebuilt: a deletion
+    /// looks no farther than this past the hole for entries to move back, so removing one of many numbers in
+    /// sequence (one long run of used slots, each entry at home) is one step, not a walk of the run.
+    max_disp: usize,
 }
 
 /// The table's first size.
@@ -121,7 +125,7 @@ const IDMAP_MIN_SLOTS: usize = 8;
 
 impl<V> IdMap<V> {
     pub(crate) fn new() -> Self {
-        Self { slots: Vec::new(), order: Vec::new() }
+        Self { slots: Vec::new(), order: Vec::new(), max_disp: 0 }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -178,11 +182,13 @@ impl<V> IdMap<V> {
     /// Puts an entry whose number is not in the table at the first free slot of its probe.
     fn place(&mut self, id: u32, v: V) {
         let mask = self.slots.len() - 1;
-        let mut i = id as usize & mask;
+        let home = id as usize & mask;
+        let mut i = home;
         // Bounded: the table is at most half full.
         while self.slots[i].is_some() {
             i = (i + 1) & mask;
         }
+        self.max_disp = self.max_disp.max(i.wrapping_sub(home) & mask);
         self.slots[i] = Some((id, v));
     }
 
@@ -190,6 +196,7 @@ impl<V> IdMap<V> {
     fn grow(&mut self) {
         let size = (self.slots.len() * 2).max(IDMAP_MIN_SLOTS);
         let old = std::mem::replace(&mut self.slots, std::iter::repeat_with(|| None).take(size).collect());
+        self.max_disp = 0;
         for (id, v) in old.into_iter().flatten() {
             self.place(id, v);
         }
@@ -205,6 +212,11 @@ impl<V> IdMap<V> {
         // Bounded: the run of used slots after the hole ends at an empty one.
         for _ in 0..self.slots.len() {
             j = (j + 1) & mask;
+            // An entry this far past the hole sits at most `max_disp` from its home, so its home is after the
+            // hole: it, and every one after it, stays.
+            if j.wrapping_sub(hole) & mask > self.max_disp {
+                break;
+            }
             let home = match &self.slots[j] {
                 None => break,
                 Some((k, _)) => *k as usize & mask,
@@ -223,11 +235,11 @@ impl<V> IdMap<V> {
     pub(crate) fn clear(&mut self) {
         self.slots.clear();
         self.order.clear();
+        self.max_disp = 0;
     }
 
-    /// The `i`-th live number in ascending order: the datapath walks the QPs by position, since a step of one QP
-    /// creates or destroys none.
-    #[inline]
+    /// The `i`-th live number in ascending order.
+    #[cfg(test)]
     pub(crate) fn key_at(&self, i: usize) -> Option<u32> {
         self.order.get(i).copied()
     }

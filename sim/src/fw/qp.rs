@@ -17,7 +17,7 @@
 //! parameters (`opt_param_mask`, `MLX5_QP_OPTPAR_*`) are honoured where mlx5_ib sends them: access rights, pkey
 //! index, qkey, `min_rnr_nak`, the primary path, the ACK timeout and the retry counts.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::ops::{Deref, DerefMut};
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
@@ -641,11 +641,37 @@ fn qp_state_err() -> CmdErr {
 pub(crate) struct QpTable {
     map: IdMap<Qp>,
     next: u32,
+    /// The QPs the datapath steps: every one that entered RTS or ERR (the only states with work), ascending. A
+    /// QP that left them, or was destroyed, is dropped when the datapath next meets it, so a device holding many
+    /// idle QPs does not walk them all on every command and doorbell.
+    active: BTreeSet<u32>,
 }
 
 impl QpTable {
     pub(crate) fn new() -> Self {
-        QpTable { map: IdMap::new(), next: 0 }
+        QpTable { map: IdMap::new(), next: 0, active: BTreeSet::new() }
+    }
+
+    /// QP `qpn` entered RTS or ERR: the datapath steps it from now on.
+    pub(crate) fn activate(&mut self, qpn: u32) {
+        self.active.insert(qpn);
+    }
+
+    /// The first QP at or after `from` the datapath steps, dropping those that left RTS and ERR on the way.
+    pub(crate) fn next_active(&mut self, from: u32) -> Option<u32> {
+        loop {
+            let qpn = *self.active.range(from..).next()?;
+            if self.map.get(&qpn).is_some_and(|qp| matches!(qp.state, QpState::Rts | QpState::Err)) {
+                return Some(qpn);
+            }
+            self.active.remove(&qpn);
+        }
+    }
+
+    /// Every QP gone (the function is torn down).
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+        self.active.clear();
     }
 }
 
@@ -902,6 +928,7 @@ impl QpTable {
         if opcode == consts::MLX5_CMD_OP_2ERR_QP {
             // Outstanding and posted WQEs are flushed the next time the datapath runs (right after this command).
             qp.state = QpState::Err;
+            self.activate(qpn);
         } else {
             qp.reset();
         }
@@ -1109,6 +1136,9 @@ impl QpTable {
         }
         qp.route = qp.path.fields();
         qp.state = to;
+        if matches!(to, QpState::Rts | QpState::Err) {
+            self.activate(qpn);
+        }
         Ok(())
     }
 
@@ -1183,6 +1213,7 @@ impl State {
         }
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
         qp.state = QpState::Err;
+        self.fw.qps.activate(qpn);
         // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
         let _ = self.post_qp_event(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR, qpn);
         true

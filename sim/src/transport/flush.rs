@@ -9,6 +9,7 @@ impl State {
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
         qp.state = QpState::Err;
         qp.error.get_or_insert(syndrome);
+        self.fw.qps.activate(qpn);
         self.events.push(SimEvent::QpError { qpn, syndrome });
     }
 

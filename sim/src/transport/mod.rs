@@ -226,11 +226,12 @@ impl State {
                 self.handle(p);
                 busy = true;
             }
-            // Every QP in number order, by position (a step creates or destroys none).
-            let mut i = 0;
-            while let Some(qpn) = self.fw.qps.key_at(i) {
+            // Every QP in RTS or ERR in number order (a step creates or destroys none).
+            let mut from = 0;
+            while let Some(qpn) = self.fw.qps.next_active(from) {
                 busy |= self.qp_step(qpn, now);
-                i += 1;
+                let Some(next) = qpn.checked_add(1) else { break };
+                from = next;
             }
             if !busy {
                 break;
