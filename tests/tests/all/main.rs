@@ -31,6 +31,7 @@ mod verbs_events;
 mod verbs_ex;
 mod verbs_mr;
 mod verbs_port_ah;
+mod verbs_scale;
 mod verbs_srq;
 mod verbs_threads;
 

@@ -1,0 +1,104 @@
+//! What the device advertises can be created through the verbs API: the doorbell-record pages, the CQ table the
+//! completion events are routed by, and the firmware page pool grow on demand (as rdma-core's `dbrec.c` adds a
+//! page per 64 records and frees it when empty), and everything goes back when the objects and the context do.
+//!
+//! The normal suite creates past each former cap (4,095 records, 256 CQs, 64 MiB of firmware pages);
+//! `many_qps_and_cqs_come_and_go_full_count` (ignored, run in release by `cargo xtask ci`'s scale line or by hand)
+//! creates 100,000 RC QPs and 20,000 CQs and prints the rates.
+
+use std::time::Instant;
+
+use mlx5_sim::{SimConfig, SimDevice};
+use mlx5_verbs::{Context, QpCap, QpType};
+
+/// The smallest RC QP: one send and one receive request of one SGE.
+const CAP: QpCap = QpCap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+
+/// What one run measured.
+struct Scale {
+    create_s: f64,
+    destroy_s: f64,
+    /// DMA bytes held while every object lived, less what the open context held before.
+    dma_bytes: usize,
+}
+
+/// Creates `ncq` CQs and `nqp` RC QPs (QP `i` sends and receives on CQ `i % ncq`), checks the simulator holds them
+/// all, destroys them, closes the context, and checks nothing is left: no DMA region, no firmware page.
+fn create_and_destroy(nqp: usize, ncq: usize) -> Scale {
+    let sim = SimDevice::new(SimConfig::default());
+    let ctx = Context::open_sim_device(sim.clone()).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let (_, base_bytes) = sim.dma_outstanding();
+    let t0 = Instant::now();
+    let cqs: Vec<_> = (0..ncq).map(|i| ctx.create_cq(1).unwrap_or_else(|e| panic!("CQ {i}: {e}"))).collect();
+    let qps: Vec<_> = (0..nqp)
+        .map(|i| {
+            let cq = &cqs[i % ncq];
+            pd.create_qp(QpType::Rc, cq, cq, CAP).unwrap_or_else(|e| panic!("QP {i}: {e}"))
+        })
+        .collect();
+    let create_s = t0.elapsed().as_secs_f64();
+    assert_eq!(sim.qp_count(), nqp, "the device holds every QP");
+    assert_eq!(sim.cq_numbers().len(), ncq, "the device holds every CQ");
+    let (_, peak_bytes) = sim.dma_outstanding();
+    let t1 = Instant::now();
+    drop(qps);
+    drop(cqs);
+    let destroy_s = t1.elapsed().as_secs_f64();
+    assert_eq!((sim.qp_count(), sim.cq_numbers().len()), (0, 0));
+    drop(pd);
+    drop(ctx);
+    assert_eq!(sim.dma_outstanding(), (0, 0), "every DMA region is given back");
+    assert_eq!(sim.pages_owned(), 0, "firmware holds no page");
+    Scale { create_s, destroy_s, dma_bytes: peak_bytes - base_bytes }
+}
+
+fn report(nqp: usize, ncq: usize, s: &Scale) {
+    let objs = (nqp + ncq) as f64;
+    eprintln!(
+        "{nqp} QPs + {ncq} CQs: created in {:.2} s ({:.0} objects/s), destroyed in {:.2} s ({:.0} objects/s); \
+         {} bytes of DMA memory per object",
+        s.create_s,
+        objs / s.create_s,
+        s.destroy_s,
+        objs / s.destroy_s,
+        s.dma_bytes / (nqp + ncq),
+    );
+}
+
+#[test]
+fn more_qps_and_cqs_than_the_former_fixed_pools_come_and_go() {
+    // 4,500 doorbell records past the former 4,095, and 300 CQs past the former 256.
+    let (nqp, ncq) = (4_200, 300);
+    let s = create_and_destroy(nqp, ncq);
+    report(nqp, ncq, &s);
+}
+
+#[test]
+#[ignore = "100,000 QPs: run in release (`cargo test --release -p mlx5-tests verbs_scale -- --ignored`)"]
+fn many_qps_and_cqs_come_and_go_full_count() {
+    let (nqp, ncq) = (100_000, 20_000);
+    let s = create_and_destroy(nqp, ncq);
+    report(nqp, ncq, &s);
+}
+
+#[test]
+fn firmware_gets_more_than_64_mib_of_pages_and_gives_them_back() {
+    let sim = SimDevice::new(SimConfig::default());
+    let ctx = Context::open_sim_device(sim.clone()).unwrap();
+    let before = sim.pages_owned();
+    // 20,000 pages (78 MiB) more than firmware holds: past the former pool of 256 chunks of 64 pages.
+    sim.request_pages(20_000);
+    // The request is answered while the next command waits.
+    let pd = ctx.alloc_pd().unwrap();
+    assert_eq!(sim.pages_owned(), before + 20_000);
+    // Firmware returns some of them on its own; the pool takes them back.
+    sim.request_pages(-5_000);
+    drop(pd);
+    let _pd = ctx.alloc_pd().unwrap();
+    assert_eq!(sim.pages_owned(), before + 15_000);
+    drop(_pd);
+    drop(ctx);
+    assert_eq!(sim.pages_owned(), 0, "teardown reclaims every page");
+    assert_eq!(sim.dma_outstanding(), (0, 0));
+}
