@@ -56,9 +56,9 @@ fn run(device: Option<&str>, size: usize) -> Result<(), VerbsError> {
     let pattern: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
     local_mr.write(0, &pattern)?;
     let counter = target_mr.remote(size);
-    // Atomic operands are big-endian in memory unless the device offers, and the driver sets, host-endian atomics
-    // (`atomic_req_8B_endianness_mode`); the simulated ConnectX-5 does not offer it.
-    target_mr.write(size, &40u64.to_be_bytes())?;
+    // Atomic operands are in host order in memory: the bring-up sets host-endian atomics
+    // (`atomic_req_8B_endianness_mode`) as Linux does when the device offers them, as ConnectX-5 does.
+    target_mr.write(size, &40u64.to_ne_bytes())?;
     let sz = size as u32;
     qa.post_send(&[
         wr::rdma_write(1, &[local_mr.sge(0, sz)], target_mr.remote(0)),
@@ -74,9 +74,9 @@ fn run(device: Option<&str>, size: usize) -> Result<(), VerbsError> {
     }
     let wrote = target_mr.read_vec(0, size) == pattern;
     let read = local_mr.read_vec(size, size) == pattern;
-    let old_add = u64::from_be_bytes(local_mr.read_vec(0, 8).try_into().unwrap());
-    let old_cas = u64::from_be_bytes(local_mr.read_vec(8, 8).try_into().unwrap());
-    let now = u64::from_be_bytes(target_mr.read_vec(size, 8).try_into().unwrap());
+    let old_add = u64::from_ne_bytes(local_mr.read_vec(0, 8).try_into().unwrap());
+    let old_cas = u64::from_ne_bytes(local_mr.read_vec(8, 8).try_into().unwrap());
+    let now = u64::from_ne_bytes(target_mr.read_vec(size, 8).try_into().unwrap());
     println!("RDMA WRITE {size} bytes: {}", if wrote { "verified" } else { "MISMATCH" });
     println!("RDMA READ  {size} bytes: {}", if read { "verified" } else { "MISMATCH" });
     println!("FETCH_ADD 40 + 2: returned {old_add}; CMP_SWAP 42 -> 1000: returned {old_cas}; counter now {now}");

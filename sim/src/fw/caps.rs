@@ -287,6 +287,32 @@ impl Caps {
             .unwrap_or(0)
     }
 
+    /// The bytes of an 8-byte atomic operand in memory: host order once the driver set host endianness
+    /// (`atomic_req_8B_endianness_mode` 1, as Linux's `handle_hca_cap_atomic` and the core set it; mlx5_ib then
+    /// reports `IBV_ATOMIC_HCA`), else big-endian. The simulator's host is the requester's and the responder's.
+    pub(crate) fn atomic_bytes(&self, v: u64) -> [u8; 8] {
+        if self.atomic_host_endian() {
+            v.to_ne_bytes()
+        } else {
+            v.to_be_bytes()
+        }
+    }
+
+    /// The value of an 8-byte atomic operand read from memory (see [`Caps::atomic_bytes`]).
+    pub(crate) fn atomic_value(&self, b: [u8; 8]) -> u64 {
+        if self.atomic_host_endian() {
+            u64::from_ne_bytes(b)
+        } else {
+            u64::from_be_bytes(b)
+        }
+    }
+
+    fn atomic_host_endian(&self) -> bool {
+        self.query(consts::MLX5_CAP_ATOMIC, true).map(|img| {
+            MsgBuf::get(img, ifc::atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE.at(ifc::hca_cap_union::ATOMIC_CAPS))
+        }) == Some(1)
+    }
+
     /// The `qpc.atomic_mode` values a QP with remote atomics may name (`get_atomic_mode`): `MLX5_ATOMIC_MODE_IB_COMP`
     /// with the basic operations, and 8 bytes up to the largest `atomic_size_qp` with the extended ones.
     pub(crate) fn atomic_mode_ok(&self, mode: u32) -> bool {

@@ -309,7 +309,10 @@ impl State {
         let w = req.wqe;
         let result = match (&req.op, resp) {
             (RcOp::Read { len, .. }, Resp::ReadData(d)) if d.len() as u64 == *len => self.scatter(pd, &req.sges, &d),
-            (RcOp::Atomic { .. }, Resp::AtomicOrig(v)) => self.scatter(pd, &req.sges, &v.to_be_bytes()),
+            (RcOp::Atomic { .. }, Resp::AtomicOrig(v)) => {
+                let bytes = self.fw.caps.atomic_bytes(v);
+                self.scatter(pd, &req.sges, &bytes)
+            }
             (RcOp::Send { .. } | RcOp::Write { .. }, Resp::Ack) => Ok(()),
             _ => Err(consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR),
         };

@@ -222,16 +222,18 @@ impl State {
         }
     }
 
-    /// An 8-byte atomic on big-endian memory, under the device lock; returns the original value.
+    /// An 8-byte atomic under the device lock, on memory in the byte order the driver chose
+    /// ([`Caps::atomic_bytes`](crate::fw::caps::Caps::atomic_bytes)); returns the original value.
     pub(super) fn atomic(&mut self, pd: u32, raddr: u64, rkey: u32, op: AtomicOp) -> Result<u64, ()> {
         let old = self.key_read(rkey, pd, raddr, 8, MkeyAccess::REMOTE_ATOMIC)?;
-        let orig = be64(&old, 0);
+        let orig = self.fw.caps.atomic_value(old.get(..8).and_then(|b| b.try_into().ok()).ok_or(())?);
         let new = match op {
             AtomicOp::CmpSwap { compare, swap } => (orig == compare).then_some(swap),
             AtomicOp::FetchAdd { add } => Some(orig.wrapping_add(add)),
         };
         if let Some(v) = new {
-            self.key_write(rkey, pd, raddr, &v.to_be_bytes(), MkeyAccess::REMOTE_ATOMIC)?;
+            let bytes = self.fw.caps.atomic_bytes(v);
+            self.key_write(rkey, pd, raddr, &bytes, MkeyAccess::REMOTE_ATOMIC)?;
         }
         Ok(orig)
     }

@@ -728,7 +728,7 @@ impl<'r> Epoch<'r> {
                 let src: Vec<u8> = pattern_byte_chunks(self.seed, tag, RSRC_LEN).take(RSRC_LEN).collect();
                 let mem = self.nodes[x].mem();
                 write_mem(&mem, part(i) + RSRC_OFF, &src);
-                write_mem(&mem, part(i) + ATOM_OFF, &self.rng.next_u64().to_be_bytes());
+                write_mem(&mem, part(i) + ATOM_OFF, &self.rng.next_u64().to_ne_bytes());
                 self.create_qp(x, i).map_err(|e| format!("create_qp: {e}"))?;
             }
         }
@@ -810,11 +810,12 @@ impl<'r> Epoch<'r> {
                 hca.modify_qp(qp, &QpAttr { qp_state: QpState::Rts, ..a }, M::STATE | M::SQ_PSN, d)?;
             }
         }
-        // Each side's atomic target at the other starts from what is in memory now.
+        // Each side's atomic target at the other starts from what is in memory now (in host order: the bring-up
+        // sets host-endian atomics).
         for x in 0..2 {
             let mut w = [0u8; 8];
             read_mem(&self.nodes[1 - x].mem(), part(i) + ATOM_OFF, &mut w);
-            self.nodes[x].qps[i].atomic_model = Some(u64::from_be_bytes(w));
+            self.nodes[x].qps[i].atomic_model = Some(u64::from_ne_bytes(w));
         }
         Ok(())
     }
@@ -1391,7 +1392,7 @@ impl<'r> Epoch<'r> {
                 }
                 let mut w = [0u8; 8];
                 read_mem(&self.nodes[x].mem(), wr.local, &mut w);
-                let original = u64::from_be_bytes(w);
+                let original = u64::from_ne_bytes(w);
                 let s = &mut self.nodes[x].qps[i];
                 if let Some(m) = s.atomic_model {
                     s.atomic_model = Some(match wr.op {
