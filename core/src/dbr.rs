@@ -316,6 +316,36 @@ mod tests {
     }
 
     #[test]
+    fn a_growable_table_holds_more_records_than_any_fixed_pool_and_shrinks_back() {
+        extern crate std;
+        use crate::table::growable::Grow;
+        use std::vec::Vec;
+        let dma = TestDma::default();
+        let mut pool = DbrPoolOf::<Grow<Option<DbrPage>>>::new(64);
+        // 79 full pages: past the 4,096 records of the HCA's former fixed 64 pages.
+        let recs: Vec<DbRec> = (0..79 * 64).map(|_| pool.alloc(&dma).unwrap()).collect();
+        assert_eq!((pool.pages(), pool.slots(), pool.in_use()), (79, 79, 79 * 64));
+        let mut iovas: Vec<u64> = recs.iter().map(DbRec::iova).collect();
+        iovas.sort_unstable();
+        iovas.dedup();
+        assert_eq!(iovas.len(), 79 * 64, "every record distinct");
+        // Freeing the records of page 3 frees that page; the next record's new page takes its slot.
+        let (page3, rest): (Vec<DbRec>, Vec<DbRec>) = recs.into_iter().partition(|r| r.page == 3);
+        for r in page3 {
+            // SAFETY: no device; each record freed once and not used after.
+            unsafe { pool.free(&dma, r).unwrap() };
+        }
+        assert_eq!((pool.pages(), dma.live()), (78, 78));
+        let again = pool.alloc(&dma).unwrap();
+        assert_eq!((again.page, pool.pages(), pool.slots()), (3, 79, 79), "the emptied slot is filled first");
+        for r in rest.into_iter().chain([again]) {
+            // SAFETY: as above.
+            unsafe { pool.free(&dma, r).unwrap() };
+        }
+        assert_eq!((pool.pages(), pool.slots(), pool.in_use(), dma.live()), (0, 0, 0, 0), "nothing kept");
+    }
+
+    #[test]
     fn an_allocator_failure_is_reported_and_leaves_the_pool_as_it_was() {
         let dma = TestDma::limited(1024);
         let mut pool = DbrPool::<1>::new(64);

@@ -451,3 +451,38 @@ impl<S: Table<FwChunk>> PageSink for Reclaim<'_, S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use crate::hal::tests::TestDma;
+    use crate::table::growable::Grow;
+    use std::vec::Vec;
+
+    #[test]
+    fn a_growable_pool_lends_past_64_mib_and_finds_every_returned_page() {
+        let dma = TestDma::default();
+        let mut pool = FwPagesOf::<Grow<FwChunk>>::new();
+        assert_eq!(FwPagesOf::<Grow<FwChunk>>::capacity_pages(), usize::MAX);
+        // One page more than the former 256 chunks held.
+        let n = 256 * CHUNK_PAGES + 1;
+        pool.reserve(&dma, n).unwrap();
+        let mut pages = Vec::new();
+        pool.each(&mut |_, a| pages.push(a));
+        pool.commit();
+        assert_eq!((pool.given(), pool.chunks(), pages.len()), (n, 257, n));
+        // Chunks sit in address order whatever order the allocator placed them in.
+        assert!(pool.chunks.0.windows(2).all(|w| w[0].region.iova() < w[1].region.iova()));
+        assert!(!pool.release(pages[0] + 8), "not a page start");
+        assert!(!pool.release(1 << 12), "never given");
+        // Returned in an order unlike the one given (every 7th first): each is found.
+        pages.sort_unstable_by_key(|a| (a / FW_PAGE_SIZE as u64) % 7);
+        for (i, a) in pages.iter().enumerate() {
+            assert!(pool.release(*a), "page {i}");
+            assert!(!pool.release(*a), "page {i} twice");
+        }
+        pool.free_empty(&dma);
+        assert_eq!((pool.given(), pool.chunks(), dma.live()), (0, 0, 0));
+    }
+}

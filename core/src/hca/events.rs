@@ -415,3 +415,55 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
         self.ctx.async_events.dropped
     }
 }
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use crate::table::growable::Grow;
+    use std::vec::Vec;
+
+    fn drain<S: Table<CqEntry>>(t: &mut CqEvents<S>) -> Vec<u32> {
+        core::iter::from_fn(|| t.get()).collect()
+    }
+
+    #[test]
+    fn a_growable_cq_table_routes_events_for_thousands_of_cqs_in_arrival_order() {
+        let mut t = CqEvents::<Grow<CqEntry>>::new();
+        // 20,000 CQs, registered out of number order: past the former 256.
+        for k in 0..20_000u32 {
+            let cqn = (k * 7919) % 20_000 + 1;
+            assert!(t.has_room() && t.register(cqn));
+        }
+        assert_eq!(CqEvents::<Grow<CqEntry>>::capacity(), usize::MAX);
+        assert!(!t.on_completion(20_001), "a CQ it does not have");
+        for cqn in [15_000, 3, 20_000, 3, 1, 3] {
+            assert!(t.on_completion(cqn));
+        }
+        // Each CQ once per turn, in the order its first event came; one with more goes to the back.
+        assert_eq!(drain(&mut t), [15_000, 3, 20_000, 1, 3, 3]);
+        assert_eq!(t.find(3).map(|e| (e.arm_sn, e.unacked)), Some((3, 3)));
+    }
+
+    #[test]
+    fn a_destroyed_cq_leaves_the_ready_list_wherever_it_stood() {
+        for gone in [10, 20, 30] {
+            let mut t = CqEvents::<heapless::Vec<CqEntry, 4>>::new();
+            for cqn in [10, 20, 30] {
+                assert!(t.register(cqn));
+            }
+            assert!(t.register(40) && !t.has_room(), "a fixed table is full at its capacity");
+            for cqn in [10, 20, 30, 20] {
+                t.on_completion(cqn);
+            }
+            t.unregister(gone);
+            let want: Vec<u32> = [10, 20, 30, 20].into_iter().filter(|&c| c != gone).collect();
+            assert_eq!(drain(&mut t), want, "without {gone}");
+            assert!(t.find(gone).is_none() && !t.on_completion(gone));
+            // The list still takes new entries at its end.
+            t.on_completion(40);
+            t.on_completion(10);
+            assert_eq!(drain(&mut t), if gone == 10 { [40].to_vec() } else { [40, 10].to_vec() });
+        }
+    }
+}
