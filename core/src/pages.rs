@@ -174,6 +174,11 @@ impl<S: PageSink + ?Sized> Command for ManagePagesTake<'_, S> {
 /// Pages per DMA chunk the page pool allocates: one 64-bit bitmap covers a chunk.
 pub const CHUNK_PAGES: usize = 64;
 
+/// Pages one MANAGE_PAGES give carries at most: a request for more is given in several commands, so any count
+/// firmware asks for (`num_pages` is 32 bits) goes in messages of at most 128 KiB (256 mailbox blocks) rather
+/// than in one chain that grows with the request.
+pub const GIVE_BATCH: usize = 1 << 14;
+
 /// Pages one MANAGE_PAGES take asks for (`optimal_reclaimed_pages`): what fits in the entry's inline output plus
 /// `MLX5_BLKS_FOR_RECLAIM_PAGES` mailbox blocks.
 pub const RECLAIM_BATCH: usize = (crate::prm::c::mlx5_cmd_layout::OUT.len

@@ -219,7 +219,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
         let n = req.num_pages as usize;
         self.check_state(Opcode::ManagePages)?;
         let mut clk = Clock { inner: delay, us: &self.clock_us };
-        let r = self.ctx.give(&mut self.cmdq, &mut clk, &self.clock_us, req.function_id, n);
+        let r = self.ctx.give_all(&mut self.cmdq, &mut clk, &self.clock_us, req.function_id, n, |_, _| {});
         match r {
             Ok(()) => Ok(n),
             Err(GiveError::Pool(e)) => Err(Error::Pages(e)),

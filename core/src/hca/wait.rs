@@ -8,13 +8,13 @@ use crate::cmd::Simple;
 use crate::cmdq::{CmdError, CmdQueue, Command, SlotKind};
 use crate::hal::{DelayNs, Dma, Mmio};
 use crate::health::{Health, HealthFailure};
-use crate::pages::{ManagePagesGive, ManagePagesTake, PagesError, Reclaim};
+use crate::pages::{ManagePagesGive, ManagePagesTake, PagesError, Reclaim, GIVE_BATCH, RECLAIM_BATCH};
 use crate::prm::{consts, ifc, Opcode};
 use crate::trace::CmdTrace;
 
 use super::error::Error;
 use super::events::EventSink;
-use super::{Ctx, Hca, HcaState, Tables};
+use super::{Ctx, Hca, HcaState, PageStats, Tables};
 
 /// Drain passes per call: each pass after the first only exists because serving page requests produced events.
 pub(super) const MAX_DRAIN_PASSES: usize = 8;
@@ -190,12 +190,8 @@ impl<S: Tables> Ctx<S> {
         num: i32,
     ) -> Result<(), CmdError> {
         if num > 0 {
-            let n = num as usize;
-            match self.give(q, d, clock, function_id, n) {
-                Ok(()) => {
-                    self.stats.requested += n;
-                    Ok(())
-                }
+            match self.give_all(q, d, clock, function_id, num as usize, |s, k| s.requested += k) {
+                Ok(()) => Ok(()),
                 Err(GiveError::Cmd(e)) => Err(e),
                 Err(GiveError::Pool(_)) => {
                     // `page_notify_fail`: tell firmware it will not get the pages, so it fails the command
@@ -212,11 +208,15 @@ impl<S: Tables> Ctx<S> {
                 }
             }
         } else if num < 0 {
-            let want = (num.unsigned_abs() as usize).min(self.pages.given());
-            if want == 0 {
-                return Ok(());
+            // In `optimal_reclaimed_pages` batches, as teardown reclaims, until firmware stops returning.
+            let mut left = (num.unsigned_abs() as usize).min(self.pages.given());
+            while left > 0 {
+                match self.take(q, d, clock, function_id, left.min(RECLAIM_BATCH))? {
+                    0 => break,
+                    got => left = left.saturating_sub(got),
+                }
             }
-            self.take(q, d, clock, function_id, want).map(|_| ())
+            Ok(())
         } else {
             Ok(())
         }
@@ -235,6 +235,27 @@ impl<S: Tables> Ctx<S> {
         let watch = &mut self.watch;
         // `d` already counts waiting time (the caller wrapped it in a `Clock`).
         q.exec_on(slot, cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), opcode))
+    }
+
+    /// Gives `n` pages in MANAGE_PAGES of at most [`GIVE_BATCH`] pages each, counting each given batch with
+    /// `count`; stops at the first failure (the batches before it stay given).
+    pub(super) fn give_all<M: Mmio, D: Dma, T: CmdTrace>(
+        &mut self,
+        q: &mut CmdQueue<M, D, T>,
+        d: &mut dyn DelayNs,
+        clock: &Cell<u64>,
+        function_id: u16,
+        n: usize,
+        count: impl Fn(&mut PageStats, usize),
+    ) -> Result<(), GiveError> {
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(GIVE_BATCH);
+            self.give(q, d, clock, function_id, k)?;
+            count(&mut self.stats, k);
+            left -= k;
+        }
+        Ok(())
     }
 
     /// MANAGE_PAGES give of `n` fresh pages (`give_pages`).

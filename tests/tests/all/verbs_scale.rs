@@ -8,6 +8,8 @@
 
 use std::time::Instant;
 
+use mlx5_core::pages::{GIVE_BATCH, RECLAIM_BATCH};
+use mlx5_core::prm::consts;
 use mlx5_sim::{SimConfig, SimDevice};
 use mlx5_verbs::{Context, QpCap, QpType};
 
@@ -87,16 +89,25 @@ fn firmware_gets_more_than_64_mib_of_pages_and_gives_them_back() {
     let sim = SimDevice::new(SimConfig::default());
     let ctx = Context::open_sim_device(sim.clone()).unwrap();
     let before = sim.pages_owned();
+    let mut cursor = sim.executed().len();
+    let mut page_cmds = |sim: &SimDevice, op_mod: u16| {
+        let cmds = sim.executed_since(&mut cursor);
+        cmds.iter()
+            .filter(|c| c.opcode == consts::MLX5_CMD_OP_MANAGE_PAGES && c.op_mod == op_mod && c.status == 0)
+            .count()
+    };
     // 20,000 pages (78 MiB) more than firmware holds: past the former pool of 256 chunks of 64 pages.
     sim.request_pages(20_000);
-    // The request is answered while the next command waits.
+    // The request is answered while the next command waits, in gives of at most GIVE_BATCH pages.
     let pd = ctx.alloc_pd().unwrap();
     assert_eq!(sim.pages_owned(), before + 20_000);
-    // Firmware returns some of them on its own; the pool takes them back.
+    assert_eq!(page_cmds(&sim, consts::MLX5_PAGES_GIVE), 20_000usize.div_ceil(GIVE_BATCH));
+    // Firmware returns some of them on its own; the pool takes them back, a reclaim batch at a time.
     sim.request_pages(-5_000);
     drop(pd);
     let _pd = ctx.alloc_pd().unwrap();
     assert_eq!(sim.pages_owned(), before + 15_000);
+    assert_eq!(page_cmds(&sim, consts::MLX5_PAGES_TAKE), 5_000usize.div_ceil(RECLAIM_BATCH));
     drop(_pd);
     drop(ctx);
     assert_eq!(sim.pages_owned(), 0, "teardown reclaims every page");
