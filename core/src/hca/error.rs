@@ -126,7 +126,8 @@ pub enum Error {
         /// The missing capability.
         what: &'static str,
     },
-    /// The completion-event table is full (a fixed capacity of the [`Hca`](super::Hca)'s [`Tables`](super::Tables)).
+    /// The completion-event table is full: a fixed capacity of the [`Hca`](super::Hca)'s [`Tables`](super::Tables),
+    /// or no memory to grow a growable one.
     TooManyCqs {
         /// CQs the table holds.
         max: usize,

@@ -190,8 +190,14 @@ impl<S: Table<CqEntry>> CqEvents<S> {
     }
 
     /// The most CQs the table can hold (`usize::MAX`: as many as memory allows).
-    pub(super) fn capacity() -> usize {
+    #[cfg(test)]
+    fn capacity() -> usize {
         S::CAPACITY
+    }
+
+    /// CQs registered.
+    pub(super) fn len(&self) -> usize {
+        self.cqs.len()
     }
 
     pub(super) fn register(&mut self, cqn: u32) -> bool {

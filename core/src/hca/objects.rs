@@ -452,7 +452,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
             return Err(Error::NotSupported { what: "CQ overrun ignore (no cq_oi capability)" });
         }
         if !self.ctx.cqs.has_room() {
-            return Err(Error::TooManyCqs { max: super::events::CqEvents::<S::Cqs>::capacity() });
+            // A fixed table at its capacity, or a growable one that got no memory: the CQs it holds.
+            return Err(Error::TooManyCqs { max: self.ctx.cqs.len() });
         }
         let uar = self.uar.ok_or(Error::NotSupported { what: "CQ without a UAR" })?;
         let c_eqn = self.comp_eqn(attr.comp_vector, delay)?;
