@@ -113,3 +113,22 @@ fn firmware_gets_more_than_64_mib_of_pages_and_gives_them_back() {
     assert_eq!(sim.pages_owned(), 0, "teardown reclaims every page");
     assert_eq!(sim.dma_outstanding(), (0, 0));
 }
+
+#[test]
+fn a_fixed_cq_table_refuses_past_its_capacity_with_a_typed_error() {
+    use mlx5_core::hca::{Config, CqAttr, Error, Fixed, Hca};
+    let dev = SimDevice::default();
+    let mut d = dev.delay();
+    // The core's own choice for a small system: two CQs.
+    let mut hca: Hca<_, _, (), Fixed<16, 2>> =
+        Hca::bring_up(dev.mmio(), dev.dma(), (), &mut d, Config::default()).unwrap();
+    let a = hca.create_cq(CqAttr::default(), &mut d).unwrap();
+    let b = hca.create_cq(CqAttr::default(), &mut d).unwrap();
+    assert_eq!(hca.create_cq(CqAttr::default(), &mut d).unwrap_err(), Error::TooManyCqs { max: 2 });
+    hca.destroy_cq(a, &mut d).unwrap();
+    let c = hca.create_cq(CqAttr::default(), &mut d).unwrap();
+    hca.destroy_cq(b, &mut d).unwrap();
+    hca.destroy_cq(c, &mut d).unwrap();
+    hca.teardown(&mut d).unwrap();
+    assert_eq!(dev.dma_outstanding(), (0, 0));
+}
