@@ -675,6 +675,11 @@ impl Qp {
 #[inline(always)]
 fn data_seg(length: u32, lkey: u32, addr: u64) -> [u8; DATA] {
     let mut d = [0u8; DATA];
+    // Bit 31 of the byte count is the inline flag, so a length with it set cannot be written as it is (rdma-core
+    // writes it unchanged, and the device then reads an inline segment). Every such length is past the largest
+    // message a ConnectX takes (`log_max_msg` is at most 30), and 0 means 2 GiB: writing 0 makes the device
+    // answer with the local length error such a length deserves instead of sending the lkey's bytes.
+    let length = if length & consts::MLX5_INLINE_SEG != 0 { 0 } else { length };
     c::mlx5_wqe_data_seg::BYTE_COUNT.put_be(&mut d, 0, length);
     c::mlx5_wqe_data_seg::LKEY.put_be(&mut d, 0, lkey);
     put64(&mut d, c::mlx5_wqe_data_seg::ADDR, addr);

@@ -744,7 +744,7 @@ fn ud_over_roce_v2_reports_the_packet_type_as_the_sl() {
 /// QP to ERR, where it used to send nothing and report success.
 #[test]
 fn an_sge_length_with_bit_31_set_is_a_local_length_error() {
-    for lens in [&[0x8000_0000u32][..], &[8, 0x8000_0001], &[0x8000_0004, 8]] {
+    for lens in [&[0x8000_0000u32][..], &[0x8000_0001], &[0xffff_ffff], &[8, 0x8000_0001], &[0x8000_0004, 8]] {
         let mut n = Node::new(SimConfig::default(), MEM);
         let (mut cq, mut a, mut b) = rc_pair(&mut n, cap(8, 2, 0));
         let rsge = [n.sge(0x1000, 64)];
