@@ -197,6 +197,10 @@ unsafe fn send_op(w: &ibv_send_wr) -> Result<(SendOp, Option<*const Ah>), c_int>
 /// # Safety
 /// `w` and what it points to are valid, as verbs requires of `ibv_post_send`.
 unsafe fn post_one_send(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
+    // libmlx5's `_mlx5_post_send` answers ENOMEM for more gather entries than the QP takes (a receive's is EINVAL).
+    if usize::try_from(w.num_sge).is_ok_and(|n| n > MAX_SGE) {
+        return Err(libc::ENOMEM);
+    }
     let mut sgb = [Sge::default(); MAX_SGE];
     // SAFETY: the program's scatter list (caller).
     let sg = unsafe { sges(w.sg_list, w.num_sge, &mut sgb) }?;
@@ -230,7 +234,12 @@ unsafe fn post_one_send(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
     };
     q.raw.post_send(&[wr]).map_err(|e| {
         log::debug!("post_send: {e}");
-        errno_of(&e)
+        match e {
+            mlx5_verbs::VerbsError::Post(p) if matches!(p.kind, mlx5_verbs::PostErrorKind::TooManySge { .. }) => {
+                libc::ENOMEM
+            }
+            e => errno_of(&e),
+        }
     })
 }
 

@@ -1156,3 +1156,40 @@ fn poll_cq_with_a_negative_count_polls_nothing_and_returns_zero() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+#[test]
+fn too_many_gather_entries_are_enomem_on_send_and_einval_on_receive() {
+    let ctx = open();
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let mut mem = vec![0u8; 256];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut init = rc_init(cq, 4);
+        let qp = ibv_create_qp(pd, &mut init);
+        assert!(!qp.is_null(), "errno {}", errno());
+        connect(ctx, qp, (*qp).qp_num);
+        let base = mem.as_mut_ptr() as u64;
+        // Two entries where the QP takes one, and more than any QP takes: _mlx5_post_send's ENOMEM.
+        for n in [2usize, 65, 1000] {
+            let mut sgl: Vec<ibv_sge> = (0..n).map(|_| ibv_sge { addr: base, length: 1, lkey: (*mr).lkey }).collect();
+            let mut w: ibv_send_wr = std::mem::zeroed();
+            (w.sg_list, w.num_sge, w.opcode, w.send_flags) = (sgl.as_mut_ptr(), n as c_int, 2, 2);
+            let mut bad = ptr::null_mut();
+            assert_eq!((*ctx).ops.post_send.unwrap()(qp, &mut w, &mut bad), libc::ENOMEM, "{n} entries");
+            assert_eq!(bad, &mut w as *mut _, "the refused request is named");
+            // mlx5_post_recv's EINVAL for the same list.
+            let mut r = ibv_recv_wr { wr_id: 1, next: ptr::null_mut(), sg_list: sgl.as_mut_ptr(), num_sge: n as c_int };
+            let mut bad = ptr::null_mut();
+            assert_eq!((*ctx).ops.post_recv.unwrap()(qp, &mut r, &mut bad), libc::EINVAL, "{n} entries");
+        }
+        let mut wc = [ibv_wc::default(); 2];
+        assert_eq!((*ctx).ops.poll_cq.unwrap()(cq, 2, wc.as_mut_ptr()), 0, "nothing was posted");
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
