@@ -671,6 +671,8 @@ pub const PARTS: &[(&str, Part)] = &[
     ("python", |a| python_suite(&a.p, &a.lib)),
     ("abi", |a| abi_test(a.root, &a.lib)),
     ("crate", |a| ibverbs_crate(a.root, &a.lib)),
+    ("qperf", |a| qperf(&peers(&a.lib)?)),
+    ("ucx", |a| ucx(&peers(&a.lib)?)),
 ];
 
 /// `cargo xtask verbs-apps [--debug] [--only PART]`: Debian's programs on the library.
@@ -763,6 +765,294 @@ fn perftest(p: &Programs) -> Result<(), String> {
         // The client prints the result table (`#bytes #iterations ...` rows); the server only has to succeed.
         pingpong(p, "", prog, args, 18540 + i as u16, [&[], &["#bytes", row, gid]])?;
     }
+    Ok(())
+}
+
+/// The Debian packages of the peer programs (`qperf`, UCX's `ucx_perftest` with its transports and libraries),
+/// downloaded and unpacked under `target/libibverbs/peers` (never installed) when they are not there yet.
+const PEER_DEBS: &[&str] = &[
+    "qperf",
+    "ucx-utils",
+    "libucx0",
+    "libnuma1",
+    "librdmacm1",
+    "ibverbs-providers",
+    "libnl-3-200",
+    "libnl-route-3-200",
+];
+
+/// The peer programs' directory and the library search path to run them with (the drop-in first).
+struct Peers {
+    bin: PathBuf,
+    path: String,
+}
+
+/// `qperf` and `ucx_perftest` from Debian's packages, with every library they and UCX's IB transports need.
+fn peers(lib: &Path) -> Result<Peers, String> {
+    let dir = lib.join("peers");
+    let root = dir.join("root");
+    // UCX loads its transports from `ucx/` next to libucs, so the IB module is found without UCX_MODULE_DIR.
+    let objects = ["usr/bin/qperf", "usr/bin/ucx_perftest", "usr/lib/x86_64-linux-gnu/ucx/libuct_ib.so.0"];
+    if !objects.iter().all(|o| root.join(o).exists()) {
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        apt_download(PEER_DEBS, &dir)?;
+        for e in std::fs::read_dir(&dir).map_err(|e| e.to_string())? {
+            let p = e.map_err(|e| e.to_string())?.path();
+            if p.extension().is_some_and(|x| x == "deb") {
+                run(Command::new("dpkg").arg("-x").arg(&p).arg(&root))?;
+            }
+        }
+    }
+    let path = search_path(lib, &root);
+    for o in objects {
+        let missing = missing_libraries(&root.join(o), &path)?;
+        if !missing.is_empty() {
+            return Err(format!("{o} unpacked under {} lacks {} (PEER_DEBS?)", root.display(), missing.join(", ")));
+        }
+    }
+    Ok(Peers { bin: root.join("usr/bin"), path })
+}
+
+/// Every RC, UC and UD test of qperf 0.4.11 (its XRC tests need XRC, which the library answers EOPNOTSUPP).
+const QPERF_TESTS: &[&str] = &[
+    "rc_bi_bw",
+    "rc_bw",
+    "rc_compare_swap_mr",
+    "rc_fetch_add_mr",
+    "rc_lat",
+    "rc_rdma_read_bw",
+    "rc_rdma_read_lat",
+    "rc_rdma_write_bw",
+    "rc_rdma_write_lat",
+    "rc_rdma_write_poll_lat",
+    "uc_bi_bw",
+    "uc_bw",
+    "uc_lat",
+    "uc_rdma_write_bw",
+    "uc_rdma_write_lat",
+    "uc_rdma_write_poll_lat",
+    "ud_bi_bw",
+    "ud_bw",
+    "ud_lat",
+    "ver_rc_compare_swap",
+    "ver_rc_fetch_add",
+];
+
+/// A qperf server and one client run of `tests`, each process with its own simulated device, joined by the
+/// simulated wire. qperf's server forks a child per test, which opens the device (and the wire's listener)
+/// while the client opens its own: the connecting end waits for the listener. Returns the client's output.
+fn qperf_run(p: &Peers, link: &str, port: u16, secs: &str, tests: &[&str]) -> Result<(Output, Output), String> {
+    let wire = port + 100;
+    let port_s = port.to_string();
+    let qperf = p.bin.join("qperf");
+    let mut server = Command::new(&qperf);
+    on_dropin(&mut server, &p.path, &format!("sim{link}:wire=listen:127.0.0.1:{wire}"));
+    let server = server
+        .args(["-lp", &port_s])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("qperf: {e}"))?;
+    wait_listening(port, Duration::from_secs(30));
+    let mut client = Command::new(&qperf);
+    on_dropin(&mut client, &p.path, &format!("sim{link}:host=1:wire=connect:127.0.0.1:{wire}"));
+    let client = client
+        .args(["-lp", &port_s, "127.0.0.1", "-t", secs])
+        .args(tests)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("qperf: {e}"))?;
+    let limit = Duration::from_secs(10 + 5 * tests.len() as u64);
+    let c = wait(client, limit, &format!("qperf {} (client)", tests.join(" ")));
+    // qperf's server serves until it is stopped.
+    let mut server = server;
+    let _ = server.kill();
+    let s = server.wait_with_output().map_err(|e| e.to_string())?;
+    Ok((c?, s))
+}
+
+/// The figures qperf printed for `test` (`name = value unit` lines under `test:`), each checked positive.
+fn qperf_figures(out: &str, test: &str) -> Result<Vec<(String, String)>, String> {
+    let header = format!("{test}:");
+    let mut lines = out.lines().skip_while(|l| l.trim() != header).skip(1);
+    let mut figures = Vec::new();
+    for l in lines.by_ref().take_while(|l| l.starts_with(' ')) {
+        let Some((name, rest)) = l.split_once('=') else { continue };
+        let mut words = rest.split_whitespace();
+        let value: Option<f64> = words.next().and_then(|v| v.parse().ok());
+        match value {
+            Some(v) if v > 0.0 => {
+                figures.push((name.trim().to_string(), format!("{v} {}", words.next().unwrap_or(""))))
+            }
+            _ => return Err(format!("qperf {test}: {:?} is not a positive figure", l.trim())),
+        }
+    }
+    if figures.is_empty() {
+        return Err(format!("qperf {test}: no figures in its output:\n{out}"));
+    }
+    Ok(figures)
+}
+
+/// Debian's qperf, unmodified, between two processes on the simulated wire: every RC, UC and UD test on
+/// InfiniBand, each printing positive figures (and the verifying atomics tests their values). One client run
+/// per test: qperf deallocates its PD before deregistering its MR, so its `ibv_close_device` finds the PD alive
+/// and this library keeps the device (and its wire to the server's exited child) for the process's next test,
+/// where the kernel destroys what a closed context left. On RoCE qperf addresses by LID without a GRH unless it
+/// uses the kernel's RDMA CM (`-cm1`, which this library cannot offer), so a ConnectX refuses its QPs and
+/// address handles with EINVAL (mlx5_ib's `mlx5_set_path`, rdma-core's `mlx5_create_ah`); the RoCE runs check
+/// that answer.
+fn qperf(p: &Peers) -> Result<(), String> {
+    let start = Instant::now();
+    let mut shown = Vec::new();
+    for (i, t) in QPERF_TESTS.iter().enumerate() {
+        let (c, s) = qperf_run(p, ":link=ib", 18950 + i as u16, "1", &[t])?;
+        let text = String::from_utf8_lossy(&c.stdout).into_owned();
+        let errs = format!("{}{}", String::from_utf8_lossy(&c.stderr), String::from_utf8_lossy(&s.stderr));
+        if !c.status.success() || !errs.trim().is_empty() {
+            return Err(format!("qperf {t} (InfiniBand) failed ({}):\n{text}\nstderr:\n{errs}", c.status));
+        }
+        let f = qperf_figures(&text, t)?;
+        shown.push(format!("{t} {} {}", f[0].0, f[0].1));
+    }
+    println!(
+        "qperf, {} tests over the simulated InfiniBand wire: ok ({:.1} s)\n  {}",
+        QPERF_TESTS.len(),
+        start.elapsed().as_secs_f64(),
+        shown.join(", ")
+    );
+    // RoCE: refused as on hardware, in the program's own words.
+    for (i, (test, refusal)) in
+        [("rc_lat", "failed to modify QP to RTR"), ("ud_lat", "failed to create address handle")].iter().enumerate()
+    {
+        let (c, s) = qperf_run(p, "", 18980 + i as u16, "1", &[test])?;
+        let all = format!(
+            "{}{}{}",
+            String::from_utf8_lossy(&c.stdout),
+            String::from_utf8_lossy(&c.stderr),
+            String::from_utf8_lossy(&s.stderr)
+        );
+        if c.status.success() || !all.contains(refusal) {
+            return Err(format!("qperf {test} on RoCE: expected {refusal:?} (no GRH), got ({}):\n{all}", c.status));
+        }
+    }
+    println!("qperf on RoCE: LID-only QPs and address handles refused with EINVAL, as a ConnectX refuses them: ok");
+    Ok(())
+}
+
+/// UCX looks a device up as `/dev/infiniband/<dev_name>` and skips it unless that is a character device it may
+/// read and write (`uct_ib_device_is_accessible`, UCX 1.13); the library has no kernel device to offer there. This
+/// script gives the program a private mount namespace whose `/dev/infiniband/uverbs0` is a character-device
+/// stand-in (`/dev/null` bound there: UCX only checks it, the library never opens it), then runs it.
+const UVERBS_STANDIN: &str = "mount -t tmpfs -o size=16k,mode=755 mlx5-rs /dev/infiniband && \
+     touch /dev/infiniband/uverbs0 && mount --bind /dev/null /dev/infiniband/uverbs0 && exec \"$@\"";
+
+/// `prog args` on the drop-in with `devices`, inside the stand-in's mount namespace.
+fn ucx_app(p: &Peers, prog: &str, devices: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "sh", "-c", UVERBS_STANDIN, "sh"])
+        .arg(p.bin.join(prog))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    on_dropin(&mut c, &p.path, devices);
+    c
+}
+
+/// One `ucx_perftest` run of `test` on transport `tl` between a server and a client process, each with its own
+/// simulated device, joined by the simulated wire. Both must exit 0 with nothing logged at WARN or above
+/// (a clean teardown); returns the client's `Final:` row (iterations, latency and rate figures).
+fn ucx_perftest(p: &Peers, tl: &str, test: &str, iters: &str, port: u16) -> Result<Vec<f64>, String> {
+    let what = format!("ucx_perftest -x {tl} -t {test} -n {iters}");
+    let (port_s, wire) = (port.to_string(), port + 100);
+    let server = ucx_app(
+        p,
+        "ucx_perftest",
+        &format!("sim:wire=listen:127.0.0.1:{wire}"),
+        &["-p", &port_s, "-d", "mlx5_0:1", "-x", tl],
+    )
+    .spawn()
+    .map_err(|e| format!("{what}: {e}"))?;
+    wait_listening(port, Duration::from_secs(30));
+    // Both open their device after their own TCP handshake: the connecting end waits for the listener.
+    let client = ucx_app(
+        p,
+        "ucx_perftest",
+        &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"),
+        &["127.0.0.1", "-p", &port_s, "-d", "mlx5_0:1", "-x", tl, "-t", test, "-n", iters, "-w", "20"],
+    )
+    .spawn()
+    .map_err(|e| format!("{what}: {e}"))?;
+    let c = wait(client, Duration::from_secs(30), &format!("{what} (client)"));
+    let s = wait(server, Duration::from_secs(if c.is_ok() { 30 } else { 5 }), &format!("{what} (server)"));
+    let (c, s) = (c?, s?);
+    let text = String::from_utf8_lossy(&c.stdout).into_owned();
+    let logs = [&c, &s].iter().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).collect::<Vec<_>>();
+    let noisy = |t: &str| {
+        t.lines().any(|l| l.contains("UCX  ERROR") || l.contains("UCX  WARN") || l.contains("libibverbs(mlx5-rs)"))
+    };
+    if !c.status.success() || !s.status.success() || logs.iter().any(|l| noisy(l)) || noisy(&text) {
+        return Err(format!(
+            "{what}: client {}, server {}:\n{text}\nclient stderr:\n{}\nserver stderr:\n{}",
+            c.status, s.status, logs[0], logs[1]
+        ));
+    }
+    // `Final: ITERS p50 avg overall(lat us) avg overall(MB/s) avg overall(msg/s)`.
+    let row: Vec<f64> = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Final:"))
+        .map(|r| r.split_whitespace().filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or_default();
+    let want: f64 = iters.parse().unwrap_or(0.0);
+    // Latencies and message rates positive; the bandwidth of 8-byte messages may print as 0.00 MB/s.
+    if row.len() != 8 || row[0] != want || [1, 2, 3, 6, 7].iter().any(|&i| row[i] <= 0.0) {
+        return Err(format!("{what}: expected a Final row of {iters} iterations, latencies and rates:\n{text}"));
+    }
+    Ok(row)
+}
+
+/// UCX's `ucx_perftest` over the drop-in between two processes on the simulated wire (RoCE): rc_verbs and
+/// ud_verbs latency and bandwidth tests with real figures, then rc_verbs twenty times for a clean teardown
+/// (both ends exit 0, nothing logged; an async event of a destroyed QP once crashed it).
+fn ucx(p: &Peers) -> Result<(), String> {
+    let start = Instant::now();
+    let made = !Path::new("/dev/infiniband").exists();
+    if made {
+        // The namespace's mount point; removed again below.
+        std::fs::create_dir("/dev/infiniband").map_err(|e| format!("ucx: /dev/infiniband: {e} (needs root)"))?;
+    }
+    let r = ucx_runs(p);
+    if made {
+        let _ = std::fs::remove_dir("/dev/infiniband");
+    }
+    r?;
+    println!("ucx_perftest: ok ({:.1} s)", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn ucx_runs(p: &Peers) -> Result<(), String> {
+    let out = ucx_app(p, "ucx_info", "sim", &["-d"]).output().map_err(|e| format!("ucx_info: {e}"))?;
+    expect(&out, "ucx_info -d", &["Memory domain: mlx5_0", "Transport: rc_verbs", "Transport: ud_verbs"])?;
+    let runs = [
+        ("rc_verbs", "put_lat", "1000"),
+        ("rc_verbs", "am_lat", "1000"),
+        ("rc_verbs", "put_bw", "1000"),
+        ("rc_verbs", "am_bw", "1000"),
+        ("ud_verbs", "am_lat", "1000"),
+        ("ud_verbs", "am_bw", "1000"),
+    ];
+    for (i, (tl, test, n)) in runs.iter().enumerate() {
+        let row = ucx_perftest(p, tl, test, n, 18910 + i as u16)?;
+        println!(
+            "ucx_perftest -x {tl} -t {test}: {n} iterations, {:.1} us, {:.2} MB/s, {:.0} msg/s: ok",
+            row[2], row[4], row[6]
+        );
+    }
+    for i in 0..20u16 {
+        ucx_perftest(p, "rc_verbs", "am_lat", "200", 18920 + i)
+            .map_err(|e| format!("rc_verbs teardown, run {} of 20: {e}", i + 1))?;
+    }
+    println!("ucx_perftest -x rc_verbs: 20 of 20 runs exit 0 with a clean teardown: ok");
     Ok(())
 }
 
