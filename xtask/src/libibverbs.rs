@@ -1016,6 +1016,13 @@ fn ucx_perftest(p: &Peers, tl: &str, test: &str, iters: &str, port: u16) -> Resu
 /// (both ends exit 0, nothing logged; an async event of a destroyed QP once crashed it).
 fn ucx(p: &Peers) -> Result<(), String> {
     let start = Instant::now();
+    let root = std::fs::read_to_string("/proc/self/status")
+        .is_ok_and(|t| t.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")));
+    if !root {
+        return Err("ucx: needs root, for the private mount namespace that gives UCX its /dev/infiniband/uverbs0 \
+                    character device (UCX skips a device without one)"
+            .into());
+    }
     let made = !Path::new("/dev/infiniband").exists();
     if made {
         // The namespace's mount point; removed again below.
