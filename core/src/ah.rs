@@ -147,7 +147,8 @@ pub fn init_ah_from_wc(
     Ok(ah)
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 

@@ -159,7 +159,8 @@ pub const fn len_with_pas(arr: crate::prm::Array, n: usize) -> usize {
     arr.byte_off() + n * (arr.elem_bits as usize / 8)
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 

@@ -813,7 +813,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace> Drop for CmdQueue<M, D, T> {
 
 impl core::error::Error for CmdError {}
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::iseg_timeout_ms;
 

@@ -230,7 +230,8 @@ impl<S: Table<Option<DbrPage>>> DbrPoolOf<S> {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
     use crate::hal::tests::TestDma;
@@ -315,6 +316,8 @@ mod tests {
         assert_eq!(dma.live(), 0);
     }
 
+    // Host-only (testlist::HOST_ONLY): the table is std's Vec.
+    #[cfg(test)]
     #[test]
     fn a_growable_table_holds_more_records_than_any_fixed_pool_and_shrinks_back() {
         extern crate std;

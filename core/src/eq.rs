@@ -554,7 +554,8 @@ impl EqRing {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 

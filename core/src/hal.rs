@@ -601,15 +601,25 @@ pub mod barrier {
 
 impl core::error::Error for DmaError {}
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 pub(crate) mod tests {
+    #[cfg(test)]
     extern crate std;
 
+    use core::alloc::Layout;
     use core::cell::RefCell;
-    use std::alloc::{alloc_zeroed, dealloc, Layout};
-    use std::vec::Vec;
+    #[cfg(test)]
+    use std::alloc::{alloc_zeroed, dealloc};
 
     use super::*;
+
+    /// Under `cargo test` the live regions are heap allocations; without std (the `testlist` harness on a
+    /// microcontroller) they come from the harness's arena (`testlist::arena_alloc`), at most 256 at a time.
+    #[cfg(test)]
+    type Live = std::vec::Vec<(NonNull<u8>, Layout)>;
+    #[cfg(not(test))]
+    type Live = heapless::Vec<(NonNull<u8>, Layout), 256>;
 
     /// A heap allocator for the core's own unit tests: bus address = CPU address, an optional largest region (to
     /// force fragmented queue buffers), a log of what is live. Regions still live when it is dropped are leaked,
@@ -617,12 +627,13 @@ pub(crate) mod tests {
     #[derive(Debug, Default)]
     pub(crate) struct TestDma {
         /// Live regions by their pointer (kept as a pointer, so its provenance is kept for `dealloc`).
-        live: RefCell<Vec<(NonNull<u8>, Layout)>>,
+        live: RefCell<Live>,
         max_len: Option<usize>,
     }
 
     /// Frees what is still live, so Miri's leak check sees tests that hand their objects' memory back with the
     /// allocator. Every test declares its allocator before the objects using it, which are dropped first.
+    #[cfg(test)]
     impl Drop for TestDma {
         fn drop(&mut self) {
             for (p, layout) in self.live.get_mut().drain(..) {
@@ -652,9 +663,15 @@ pub(crate) mod tests {
                 return Err(DmaError::NoMemory { len });
             }
             let layout = Layout::from_size_align(len.max(1), align).map_err(|_| DmaError::BadAlignment { align })?;
+            #[cfg(test)]
             // SAFETY: the layout has a non-zero size.
             let cpu = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(DmaError::NoMemory { len })?;
+            #[cfg(test)]
             self.live.borrow_mut().push((cpu, layout));
+            #[cfg(not(test))]
+            let cpu = crate::testlist::arena_alloc(layout.size(), layout.align()).ok_or(DmaError::NoMemory { len })?;
+            #[cfg(not(test))]
+            self.live.borrow_mut().push((cpu, layout)).map_err(|_| DmaError::NoMemory { len })?;
             // SAFETY: a fresh allocation of at least `len` bytes, freed only by `free`.
             Ok(unsafe { DmaRegion::from_raw_parts(cpu, cpu.as_ptr() as u64, len) })
         }
@@ -672,8 +689,14 @@ pub(crate) mod tests {
             let mut live = self.live.borrow_mut();
             let i = live.iter().position(|&(p, _)| p == a).expect("a region this allocator made");
             let (p, layout) = live.swap_remove(i);
+            // The arena's memory is taken back between tests (`testlist::before_each`), not region by region.
+            #[cfg(not(test))]
+            let _ = (p, layout);
+            #[cfg(test)]
             // SAFETY: allocated in `alloc` with this layout, and removed from `live` so freed once.
-            unsafe { dealloc(p.as_ptr(), layout) };
+            unsafe {
+                dealloc(p.as_ptr(), layout)
+            };
         }
     }
 

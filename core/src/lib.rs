@@ -29,6 +29,8 @@ pub mod qp;
 pub mod reg;
 pub mod srq;
 pub mod table;
+#[cfg(feature = "testlist")]
+pub mod testlist;
 pub mod trace;
 pub mod uar;
 pub mod vport;

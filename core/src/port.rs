@@ -197,7 +197,8 @@ pub fn gid_table_len(encoded: u16) -> u16 {
 /// FCS 4). Protocol sizes, not device layouts.
 pub const ETH_HW_MTU_OVERHEAD: u16 = 14 + 4 + 4;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 

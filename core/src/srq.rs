@@ -635,7 +635,8 @@ impl<Q: WrTable + ?Sized> WrTable for WithSrqs<'_, '_, Q> {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
     use crate::hal::tests::TestDma;

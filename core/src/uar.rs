@@ -185,11 +185,10 @@ impl BfregPool {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
-    extern crate std;
     use super::*;
-    use std::vec::Vec;
 
     #[test]
     fn bfregs_sit_after_0x800_and_alternate() {
@@ -218,9 +217,10 @@ mod tests {
         let mut pool = BfregPool::default();
         assert!(pool.take(&proto).is_none(), "no page, no register");
         assert!(pool.add_page(5));
-        let regs: Vec<_> = (0..BFREGS_PER_UAR).map(|_| pool.take(&proto).unwrap()).collect();
-        let offsets: std::collections::BTreeSet<_> = regs.iter().map(|(_, r)| r.offset).collect();
-        assert_eq!(offsets.len(), BFREGS_PER_UAR, "distinct registers");
+        let regs: heapless::Vec<_, BFREGS_PER_UAR> = (0..BFREGS_PER_UAR).map(|_| pool.take(&proto).unwrap()).collect();
+        let mut offsets: heapless::Vec<_, BFREGS_PER_UAR> = regs.iter().map(|(_, r)| r.offset).collect();
+        offsets.sort_unstable();
+        assert!(offsets.windows(2).all(|w| w[0] != w[1]), "distinct registers");
         assert!(regs.iter().all(|(u, _)| u.index == 5));
         assert!(pool.take(&proto).is_none(), "page full");
         assert!(pool.add_page(9));
@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(pool.take(&proto).unwrap().1.offset, regs[2].1.offset, "the freed register is reused first");
         pool.give(&r.shared(), &proto);
         assert_eq!(pool.in_use(), BFREGS_PER_UAR + 1, "a shared register is not given back");
-        assert_eq!(pool.drain_extra().collect::<Vec<_>>(), [9]);
+        assert_eq!(pool.drain_extra().collect::<heapless::Vec<_, 4>>(), [9]);
         assert_eq!(pool.in_use(), 0);
     }
 

@@ -207,7 +207,8 @@ pub fn iboe_mtu(eth_mtu: u32) -> u8 {
     ib_mtu_enum(eth_mtu.saturating_sub(ROCE_HEADER_BYTES))
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 

@@ -492,7 +492,8 @@ impl CqeFields {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 

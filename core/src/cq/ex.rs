@@ -250,7 +250,8 @@ impl<P> ExPoll<P> {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 

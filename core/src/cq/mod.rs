@@ -8,10 +8,10 @@
 //! (invalid opcode, owner 1), so nothing is software-owned before the device writes.
 
 mod cmd;
-mod cqe;
-mod ex;
-mod ring;
-mod wc;
+pub(crate) mod cqe;
+pub(crate) mod ex;
+pub(crate) mod ring;
+pub(crate) mod wc;
 
 pub use cmd::*;
 pub use cqe::*;

@@ -339,7 +339,8 @@ impl Cq {
 // The line `repr(align(64))` names as a literal.
 const _: () = assert!(core::mem::align_of::<Cq>() == crate::buf::CACHE_LINE);
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 

@@ -543,7 +543,8 @@ fn decode_resp<C: CqeFieldsRead + ?Sized>(cqe: &C, op: u8, link: LinkLayer, wc: 
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
     use crate::cq::cqe::CqeFields;

@@ -353,7 +353,8 @@ impl<B: MsgBuf + ?Sized> MsgBuf for SubBuf<'_, B> {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 

@@ -374,7 +374,8 @@ pub fn check_modify(ty: QpType, from: QpState, attr: &QpAttr, mask: QpAttrMask) 
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
     use QpAttrMask as M;

@@ -378,7 +378,8 @@ impl<const N: usize, const S: usize, const I: usize> WrBatch<N, S, I> {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 

@@ -7,12 +7,12 @@
 //! to) lives in a host-only array, allocated from the DMA allocator because the core has no heap; the device never
 //! sees it.
 
-mod attr;
-mod cmd;
-mod ex;
-mod ring;
-mod size;
-mod wr;
+pub(crate) mod attr;
+pub(crate) mod cmd;
+pub(crate) mod ex;
+pub(crate) mod ring;
+pub(crate) mod size;
+pub(crate) mod wr;
 
 pub use attr::*;
 pub use cmd::*;

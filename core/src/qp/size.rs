@@ -158,7 +158,8 @@ pub fn qp_sizes(
     })
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     #[test]
     fn requests_near_u32_max_are_errors_not_overflows() {

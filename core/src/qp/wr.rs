@@ -289,7 +289,8 @@ impl core::fmt::Display for PostError {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
     use crate::cq::LinkLayer;
