@@ -20,6 +20,8 @@ pub mod hca;
 pub mod health;
 pub mod init;
 pub mod mkey;
+#[cfg(feature = "mock")]
+pub mod mock;
 pub mod pages;
 pub mod pd;
 pub mod port;
