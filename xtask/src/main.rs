@@ -14,6 +14,8 @@
 //! * `fuzz [--seconds N] [--target NAME]`: the cargo-fuzz targets in `fuzz/`, N seconds each (default 30), then
 //!   their corpus replayed; see FUZZING.md.
 //! * `miri`: the core's tests and the simulator's unsafe-heavy parts under Miri (nightly); see ARCHITECTURE.md.
+//! * `cortex-m`: the core's device-free unit tests on a Cortex-M4F (QEMU's mps2-an386, semihosting) and the same
+//!   list on the host; both print `N passed, N failed` (`cortex_m.rs`).
 //! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
 //! * `libibverbs [--debug]`: the drop-in `target/libibverbs/libibverbs.so.1` (`host-linux/ibverbs`), its exports
 //!   checked against rdma-core 44's. `verbs-apps [--debug] [--only PART]`: Debian's verbs programs run on it.
@@ -26,6 +28,7 @@
 
 mod bench;
 mod codegen;
+mod cortex_m;
 mod fresh;
 mod fuzz;
 mod libibverbs;
@@ -110,6 +113,9 @@ fn ci(root: &Path) -> Result<(), String> {
     // The firmware example: a linked no_std image (cortex-m-rt, memory.x) running the core's bring-up.
     cargo(root, &["build", "--release", "-p", "mlx5-firmware-example", "--target", EMBEDDED_TARGET])?;
     cargo(root, &["clippy", "-p", "mlx5-firmware-example", "--target", EMBEDDED_TARGET, "--", "-D", "warnings"])?;
+    // The core's device-free unit tests run on a Cortex-M4F in QEMU, and the same list on the host.
+    cargo(root, &["clippy", "-p", "mlx5-core-tests-m4", "--target", EMBEDDED_TARGET, "--", "-D", "warnings"])?;
+    cortex_m::run(root)?;
     // The examples run on the simulator, each verifying its data (doctests ran with `cargo test`).
     for example in ["rc_pingpong", "ud_pingpong", "rdma_write_read", "event_driven", "srq_pingpong"] {
         cargo(root, &["run", "--release", "-q", "-p", "mlx5-verbs", "--example", example])?;
@@ -150,6 +156,8 @@ commands:
   bench --peer [--json]          the datapath against rdma-core's mlx5 provider; rewrites its BENCHMARKS.md section
   fuzz [--seconds N] [--target NAME]
                                  every fuzz target N seconds (1..86400, default 30), then the corpus replayed
+  cortex-m                       the core's device-free unit tests on a Cortex-M4F (QEMU mps2-an386, semihosting)
+                                 and the same list on the host, each ending `N passed, N failed`
   miri                           the core's tests and the simulator's unsafe-heavy parts under Miri
   modcheck [--graph] [--root DIR]
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
@@ -176,6 +184,7 @@ enum Task {
     Bench { json: bool, peer: bool },
     Fuzz(Vec<String>),
     Miri,
+    CortexM,
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
     Uml { check: bool },
@@ -202,6 +211,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "bench" => Task::Bench { json: false, peer: false },
         "fuzz" => Task::Fuzz(Vec::new()),
         "miri" => Task::Miri,
+        "cortex-m" => Task::CortexM,
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
         "uml" => Task::Uml { check: false },
@@ -283,6 +293,7 @@ fn main() -> ExitCode {
         Task::Bench { json, peer: true } => bench::run_peer(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
         Task::Miri => miri::run(&root),
+        Task::CortexM => cortex_m::run(&root),
         Task::Soak(args) => soak::run(&root, &args),
         Task::Uml { check: false } => uml::run_uml(&root),
         Task::Uml { check: true } => uml::check_recipe(&root),
@@ -323,6 +334,8 @@ mod tests {
         assert_eq!(p(&["fuzz", "-h"]).err(), Some(ArgError::Help));
         assert!(matches!(p(&["fuzz", "--target", "args", "--seconds", "5"]), Ok(Task::Fuzz(_))));
         assert!(matches!(p(&["miri"]), Ok(Task::Miri)));
+        assert!(matches!(p(&["cortex-m"]), Ok(Task::CortexM)));
+        assert!(matches!(p(&["cortex-m", "--release"]), Err(ArgError::NotApplicable { .. })));
         assert!(matches!(p(&["vendor", "--linux-extra"]), Ok(Task::Vendor { linux_extra: true })));
         assert!(matches!(p(&["codegen", "--linux-extra"]), Err(ArgError::NotApplicable { .. })));
         assert!(matches!(p(&["ci", "--fresh"]), Ok(Task::Ci { fresh: true, command: None })));

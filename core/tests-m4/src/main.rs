@@ -22,13 +22,60 @@ use mlx5_core::testlist::{self, Test};
 /// `run()` against an expectation mock, once `mlx5_core::mock` lands).
 const BOARD_TESTS: &[Test] = &[];
 
-/// The `i`th test of the whole run: the core's list, then [`BOARD_TESTS`].
+/// The `i`th test of the whole run: the core's list, then [`BOARD_TESTS`] (with `selftest`: [`selftest::TESTS`]).
 fn test_at(i: usize) -> Option<&'static Test> {
+    if cfg!(feature = "selftest") {
+        return selftest::TESTS.get(i);
+    }
     testlist::tests().chain(BOARD_TESTS.iter()).nth(i)
 }
 
 fn total() -> usize {
+    if cfg!(feature = "selftest") {
+        return selftest::TESTS.len();
+    }
     testlist::count() + BOARD_TESTS.len()
+}
+
+/// Planted failures, to show the harness reports each and goes on (`cargo xtask cortex-m` expects exactly
+/// `2 passed, 3 failed` with the three `fails_*` tests named, and a failing exit status).
+mod selftest {
+    use mlx5_core::testlist::Test;
+
+    fn fails_an_assertion() {
+        let two = core::hint::black_box(2);
+        assert_eq!(two + 2, 5, "planted failure");
+    }
+
+    fn fails_to_panic() {}
+
+    /// A permanently undefined instruction: a UsageFault, escalated to HardFault (on the host, a panic).
+    fn fails_with_a_fault() {
+        #[cfg(target_os = "none")]
+        // SAFETY: UDF raises an exception on purpose; the fault handler records the failure and resets.
+        unsafe {
+            core::arch::asm!("udf #0")
+        };
+        #[cfg(not(target_os = "none"))]
+        panic!("planted fault");
+    }
+
+    fn panics_as_expected() {
+        let v = core::hint::black_box([1u8, 2]);
+        assert!(v[0] > v[1], "first greater than second");
+    }
+
+    fn passes_after_the_failures() {
+        assert_eq!(core::hint::black_box(2) + 2, 4);
+    }
+
+    pub(super) const TESTS: &[Test] = &[
+        Test { name: "selftest::fails_an_assertion", run: fails_an_assertion, should_panic: None },
+        Test { name: "selftest::fails_to_panic", run: fails_to_panic, should_panic: Some("") },
+        Test { name: "selftest::fails_with_a_fault", run: fails_with_a_fault, should_panic: None },
+        Test { name: "selftest::panics_as_expected", run: panics_as_expected, should_panic: Some("first greater") },
+        Test { name: "selftest::passes_after_the_failures", run: passes_after_the_failures, should_panic: None },
+    ];
 }
 
 /// What a `#[should_panic]` test's panic message must contain, checked the same way on both runs.
