@@ -15,6 +15,9 @@ pub mod cmdq;
 pub mod cq;
 pub mod dbr;
 pub mod eq;
+// The kernel's golden vectors through the encoders, without std (tests only).
+#[cfg(any(test, feature = "testlist"))]
+mod golden;
 pub mod hal;
 pub mod hca;
 pub mod health;

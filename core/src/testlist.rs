@@ -43,6 +43,7 @@ pub const MODULES: &[&[Test]] = &[
     crate::cq::wc::tests::TESTS,
     crate::dbr::tests::TESTS,
     crate::eq::tests::TESTS,
+    crate::golden::tests::TESTS,
     crate::hal::tests::TESTS,
     crate::mkey::tests::TESTS,
     crate::port::tests::TESTS,
