@@ -1,5 +1,8 @@
 //! Helpers shared by the integration tests that the simulator's test kit (`mlx5_sim::testkit`, where the register
-//! file, DMA fake and fixtures live) has no business holding: hex for the golden vectors.
+//! file, DMA fake and fixtures live) has no business holding: hex for the golden vectors, and the loaders of
+//! recorded traces into expectation-mock scripts ([`mock_load`]).
+
+pub mod mock_load;
 
 /// Decodes a lower-case hex string.
 pub fn unhex(s: &str) -> Vec<u8> {

@@ -360,14 +360,17 @@ impl<'a, const N: usize, const R: usize> MockDevice<'a, N, R> {
             Ending::Complete => {
                 write_reply(&mut st, opcode, &reply, &mut output);
                 let ok = output.get(ifc::mbox_out::STATUS) == 0;
+                let mut new_pages_eq = false;
                 if opcode == Opcode::CreateEq && ok {
-                    observe_eq(&mut st, &input);
+                    new_pages_eq = observe_eq(&mut st, &input);
                 }
                 if opcode == Opcode::ManagePages && ok {
                     manage_pages(&mut st, op_mod, reply.give_back, &input, &mut output);
                 }
                 match reply.page_request {
-                    Some((func, num)) if self.post_page_request(&mut st, opcode, func, num) => {
+                    // The CREATE_EQ of the pages EQ itself completes at once: the driver learns of the EQ only
+                    // from its answer, and drains it right after (Linux serves its regular pages then).
+                    Some((func, num)) if self.post_page_request(&mut st, opcode, func, num) && !new_pages_eq => {
                         // Completes after the driver's next command (its MANAGE_PAGES answer).
                         let _ = st.pending.push(slot);
                     }
@@ -515,17 +518,20 @@ fn write_reply<const N: usize, B: MsgBuf + ?Sized>(st: &mut State<'_, N>, op: Op
 }
 
 /// Learns the EQ that takes page requests from a successful CREATE_EQ.
-fn observe_eq<const N: usize, B: MsgBuf + ?Sized>(st: &mut State<'_, N>, input: &B) {
+/// Returns whether it was one.
+fn observe_eq<const N: usize, B: MsgBuf + ?Sized>(st: &mut State<'_, N>, input: &B) -> bool {
     let f = ifc::create_eq_in::EVENT_BITMASK.elem(0);
     let mask = read_bits(input, f.off, f.width).unwrap_or(0);
     if mask >> EventType::PageRequest.raw() & 1 == 0 {
-        return;
+        return false;
     }
     let pas = ifc::create_eq_in::PAS.elem(0);
     let log = ifc::eqc::LOG_EQ_SIZE.at(ifc::create_eq_in::EQ_CONTEXT_ENTRY);
     if let (Some(iova), Some(log_nent)) = (read_bits(input, pas.off, pas.width), read_bits(input, log.off, log.width)) {
         st.pages_eq = Some(PagesEq { iova, log_nent: log_nent as u8, produced: 0 });
+        return true;
     }
+    false
 }
 
 /// Remembers the pages a MANAGE_PAGES give handed over, and answers a take that asks for them back.

@@ -99,7 +99,9 @@ impl<'a> Reply<'a> {
 
     /// Before completing, firmware asks for pages: a page-request EQE (`function_id`, `num_pages`, negative to
     /// take pages back) is written to the EQ created with the page-request event, and the command completes only
-    /// after the next command (the driver's MANAGE_PAGES answer) has been handled.
+    /// after the next command (the driver's MANAGE_PAGES answer) has been handled. On the CREATE_EQ that makes
+    /// the page-request EQ itself, the command completes at once and the driver finds the request when it drains
+    /// the new EQ.
     pub fn page_request(mut self, function_id: u16, num_pages: i32) -> Self {
         self.page_request = Some((function_id, num_pages));
         self
@@ -127,6 +129,11 @@ impl<'a> Expect<'a> {
     /// The opcode expected.
     pub fn opcode(&self) -> Opcode {
         self.opcode
+    }
+
+    /// The reply it will be answered with.
+    pub fn reply_of(&self) -> &Reply<'a> {
+        &self.reply
     }
 
     /// Its `op_mod` must be `op_mod`.

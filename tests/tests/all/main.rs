@@ -16,6 +16,8 @@ mod flush_on_failure;
 mod fuzz_regressions;
 mod gid;
 mod golden;
+mod mock_recipe;
+mod mock_replay;
 mod no_alloc;
 mod pages;
 mod parity;
