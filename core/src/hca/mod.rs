@@ -19,7 +19,7 @@
 
 mod bringup;
 mod error;
-mod events;
+pub(crate) mod events;
 mod objects;
 mod srq;
 mod wait;

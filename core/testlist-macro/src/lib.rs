@@ -118,8 +118,9 @@ fn rewrite(body: TokenStream) -> Result<TokenStream, String> {
         i += 1;
     }
     let mut list = String::from(
-        "/// This module's tests as plain functions, for a harness without std (feature `testlist`).\n\
-         #[allow(dead_code)]\npub(crate) const TESTS: &[crate::testlist::Test] = &[",
+        "/// This module's tests as plain functions, for a harness without std (feature `testlist`). Not \
+         allowed to be dead: a module missing from `testlist::MODULES` is a warning.\n\
+         pub(crate) const TESTS: &[crate::testlist::Test] = &[",
     );
     for t in &listed {
         let sp = match &t.should_panic {

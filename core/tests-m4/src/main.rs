@@ -204,6 +204,7 @@ mod m4 {
         if st.magic != MAGIC {
             st = State { magic: MAGIC, next: 0, passed: 0, failed: 0, running: 0 };
             out!("running {} tests on a Cortex-M4F (mps2-an386)\n", total());
+            out!("{} tests need std and run only under cargo test (testlist::HOST_ONLY)\n", testlist::HOST_ONLY.len());
         }
         // SAFETY: the PSRAM window memory.x reserves for the arena, used by nothing else; one test at a time.
         unsafe {
@@ -319,6 +320,10 @@ fn main() -> std::process::ExitCode {
         *LAST.lock().unwrap_or_else(|e| e.into_inner()) = format!("{text}\n{at}");
     }));
     println!("running {} tests on the host", total());
+    println!("{} tests need std and run only under cargo test (testlist::HOST_ONLY):", testlist::HOST_ONLY.len());
+    for (name, why) in testlist::HOST_ONLY {
+        println!("  {name}: {why}");
+    }
     let (mut passed, mut failed) = (0usize, 0usize);
     for i in 0..total() {
         let Some(t) = test_at(i) else { break };
