@@ -84,12 +84,14 @@ fn create_cq_vector_cmd(pas: &[u64]) -> CreateCq<'_> {
     }
 }
 
+// Safe code over a scan of 60 KB of JSON per vector: left out under Miri (xtask/src/miri.rs).
 #[cfg(any(test, feature = "testlist"))]
 #[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn the_scan_finds_each_vector_and_refuses_a_missing_one() {
         assert_eq!(&*golden("enable_hca_in"), &[1, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         // A name that only starts another vector's name is not that vector.
@@ -97,12 +99,14 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     #[should_panic(expected = "no vector create_cq")]
     fn a_missing_vector_is_named() {
         golden("create_cq");
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn command_inputs_match_byte_for_byte() {
         let pas_cq = [0xaaaa000, 0xbbbb000];
         let pas_eq = [0x10000000, 0x10001000, 0x10002000, 0x10003000];
@@ -132,6 +136,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn command_outputs_decode_and_emit() {
         // create_cq_out: parse the golden image, and emit the same image from the parsed value.
         let out = golden("create_cq_out_ok");
@@ -151,6 +156,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn eqe_decodes_and_emits_byte_for_byte() {
         let bytes = golden("eqe_completion_cq1a");
         let mut img = [0u8; EQE_SIZE];
@@ -162,11 +168,13 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn eq_doorbell_value_matches() {
         assert_eq!(&eq_doorbell_value(7, 0x20).to_be_bytes()[..], &*golden("eq_update_ci_arm"));
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn cqe_decodes_and_emits_byte_for_byte() {
         use crate::cq::{
             decode_cqe, Cqe, CqeFields, CqeOpcode, LinkLayer, WcOpcode, WcStatus, WorkCompletion, WrTable,
@@ -205,6 +213,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn init2rtr_matches_byte_for_byte() {
         use crate::cq::LinkLayer;
         use crate::mkey::Access;

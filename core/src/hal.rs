@@ -614,8 +614,62 @@ pub(crate) mod tests {
 
     use super::*;
 
+    /// The memory `TestDma` hands out outside `cargo test` (the harness without std, `crate::testlist`): a bump
+    /// allocator over a region the harness gives, taken back whole before each test. Kept as a pointer, so its
+    /// provenance is kept.
+    // Under `cargo test` without `testlist`, nothing sets or uses it.
+    #[cfg_attr(test, allow(dead_code))]
+    pub(crate) mod arena {
+        use core::ptr::NonNull;
+        use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+        static BASE: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
+        static LEN: AtomicUsize = AtomicUsize::new(0);
+        static TOP: AtomicUsize = AtomicUsize::new(0);
+        /// Bytes left free before each region.
+        const GAP: usize = 64;
+
+        /// # Safety
+        ///
+        /// As `testlist::set_arena`.
+        pub(crate) unsafe fn set(base: *mut u8, len: usize) {
+            BASE.store(base, Ordering::Relaxed);
+            LEN.store(len, Ordering::Relaxed);
+            TOP.store(0, Ordering::Relaxed);
+        }
+
+        pub(crate) fn reset() {
+            TOP.store(0, Ordering::Relaxed);
+        }
+
+        /// A fresh, zeroed, `align`-aligned piece, or `None` when it does not fit (or no arena was given).
+        pub(crate) fn alloc(len: usize, align: usize) -> Option<NonNull<u8>> {
+            let base = NonNull::new(BASE.load(Ordering::Relaxed))?;
+            if !align.is_power_of_two() {
+                return None;
+            }
+            // A gap of unused bytes before each region, as a heap leaves: regions are never adjacent, so no test
+            // sees two allocations merge into one larger page by accident, and a small overrun hits nothing.
+            let top = TOP.load(Ordering::Relaxed).checked_add(GAP)?;
+            let addr = base.as_ptr().addr().checked_add(top)?;
+            let start = top + (addr.wrapping_neg() & (align - 1));
+            let end = start.checked_add(len.max(1))?;
+            if end > LEN.load(Ordering::Relaxed) {
+                return None;
+            }
+            TOP.store(end, Ordering::Relaxed);
+            // SAFETY: `start..end` lies inside the arena `set`'s caller vouched for, and past every region handed
+            // out since the last `reset`, so no live region is overwritten.
+            unsafe {
+                let p = base.as_ptr().add(start);
+                core::ptr::write_bytes(p, 0, end - start);
+                NonNull::new(p)
+            }
+        }
+    }
+
     /// Under `cargo test` the live regions are heap allocations; without std (the `testlist` harness on a
-    /// microcontroller) they come from the harness's arena (`testlist::arena_alloc`), at most 256 at a time.
+    /// microcontroller) they come from the harness's arena (`arena`), at most 256 at a time.
     #[cfg(test)]
     type Live = std::vec::Vec<(NonNull<u8>, Layout)>;
     #[cfg(not(test))]
@@ -669,7 +723,7 @@ pub(crate) mod tests {
             #[cfg(test)]
             self.live.borrow_mut().push((cpu, layout));
             #[cfg(not(test))]
-            let cpu = crate::testlist::arena_alloc(layout.size(), layout.align()).ok_or(DmaError::NoMemory { len })?;
+            let cpu = arena::alloc(layout.size(), layout.align()).ok_or(DmaError::NoMemory { len })?;
             #[cfg(not(test))]
             self.live.borrow_mut().push((cpu, layout)).map_err(|_| DmaError::NoMemory { len })?;
             // SAFETY: a fresh allocation of at least `len` bytes, freed only by `free`.

@@ -9,9 +9,6 @@
 //! A new test module is listed in [`MODULES`]; the host run of the same list (`cargo run -p
 //! mlx5-core-tests-m4`) and the M4 run must report the same count.
 
-use core::ptr::NonNull;
-use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-
 /// One unit test.
 #[derive(Clone, Copy, Debug)]
 pub struct Test {
@@ -92,57 +89,20 @@ pub fn count() -> usize {
     MODULES.iter().map(|m| m.len()).sum()
 }
 
-/// The memory the tests' DMA allocator (`hal::tests::TestDma` outside `cargo test`) hands out: set once by the
-/// harness, reused from the start by every test. Kept as a pointer, so its provenance is kept.
-static ARENA_BASE: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
-static ARENA_LEN: AtomicUsize = AtomicUsize::new(0);
-static ARENA_TOP: AtomicUsize = AtomicUsize::new(0);
-/// Bytes left free before each region.
-#[cfg_attr(test, allow(dead_code))]
-const GAP: usize = 64;
-
-/// Gives the tests' DMA allocator its memory (on the M4, a board region the linker script reserves).
+/// Gives the tests' DMA allocator (`hal::tests::TestDma` outside `cargo test`) its memory: on the M4, a board
+/// region the linker script reserves. Every test reuses it from the start.
 ///
 /// # Safety
 ///
 /// `base..base + len` is writable memory that nothing else uses for as long as tests run; the harness runs one
 /// test at a time and calls [`before_each`] between them.
 pub unsafe fn set_arena(base: *mut u8, len: usize) {
-    ARENA_BASE.store(base, Ordering::Relaxed);
-    ARENA_LEN.store(len, Ordering::Relaxed);
-    ARENA_TOP.store(0, Ordering::Relaxed);
+    // SAFETY: the caller's promise, passed on.
+    unsafe { crate::hal::tests::arena::set(base, len) }
 }
 
 /// Called by the harness before each test: the previous test's DMA regions are forgotten (each test makes its
 /// own allocator and gives everything back or leaks it; either way its memory is free for the next).
 pub fn before_each() {
-    ARENA_TOP.store(0, Ordering::Relaxed);
-}
-
-/// A fresh, zeroed, `align`-aligned piece of the arena, or `None` when it does not fit (or no arena was given).
-// Under `cargo test` the allocator is std's.
-#[cfg_attr(test, allow(dead_code))]
-pub(crate) fn arena_alloc(len: usize, align: usize) -> Option<NonNull<u8>> {
-    let base = NonNull::new(ARENA_BASE.load(Ordering::Relaxed))?;
-    let top = ARENA_TOP.load(Ordering::Relaxed);
-    if !align.is_power_of_two() {
-        return None;
-    }
-    // A gap of unused bytes before each region, as a heap leaves: regions are never adjacent, so no test sees
-    // two allocations merge into one larger page by accident, and a small overrun hits nothing.
-    let top = top.checked_add(GAP)?;
-    let addr = base.as_ptr().addr().checked_add(top)?;
-    let start = top + (addr.wrapping_neg() & (align - 1));
-    let end = start.checked_add(len.max(1))?;
-    if end > ARENA_LEN.load(Ordering::Relaxed) {
-        return None;
-    }
-    ARENA_TOP.store(end, Ordering::Relaxed);
-    // SAFETY: `start..end` lies inside the arena `set_arena`'s caller vouched for, and past every region handed
-    // out since the last `before_each`, so no live region is overwritten.
-    unsafe {
-        let p = base.as_ptr().add(start);
-        core::ptr::write_bytes(p, 0, end - start);
-        NonNull::new(p)
-    }
+    crate::hal::tests::arena::reset();
 }
