@@ -24,7 +24,7 @@
 //!   the datapath's state machines), covered by the fuzz targets and the ordinary test run;
 //! * the cross-crate suite (`tests/`) and the tool: hours under Miri; the unsafe code they reach is the above.
 //! * the core's golden-vector tests (`golden::`, `#[cfg_attr(miri, ignore)]`): safe encoders checked against a
-//!   scan of 60 KB of JSON per vector, seconds each under Miri for no unsafe code.
+//!   scan of 60 KB of JSON per vector, slow under Miri for no unsafe code.
 
 use std::path::Path;
 use std::process::Command;
