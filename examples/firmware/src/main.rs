@@ -36,7 +36,7 @@ mod firmware {
     /// The outcome, for a debugger (or a later boot stage) to read: 0 running, 1 success, 2 failure, 3 panic.
     #[no_mangle]
     static MLX5_RESULT: AtomicU32 = AtomicU32::new(0);
-    /// On success, the QP number the HCA assigned.
+    /// On success, the number of QP A (the requester of the loopback transfers).
     #[no_mangle]
     static MLX5_QPN: AtomicU32 = AtomicU32::new(0);
 
@@ -59,24 +59,57 @@ mod firmware {
             Ok(r) => {
                 let (major, minor, sub) = r.fw_rev;
                 defmt::info!(
-                    "mlx5: firmware {=u16}.{=u16}.{=u16}; PD {=u32}, CQ {=u32:#x}, QP {=u32:#x} in {}; {=usize} pages back",
+                    "mlx5: firmware {=u16}.{=u16}.{=u16}; PD {=u32}, CQs {=u32:#x}/{=u32:#x}, QPs {=u32:#x}/{=u32:#x} in {}",
                     major,
                     minor,
                     sub,
                     r.pdn,
-                    r.cqn,
-                    r.qpn,
-                    r.qp_state,
+                    r.cqns[0],
+                    r.cqns[1],
+                    r.qpns[0],
+                    r.qpns[1],
+                    r.qp_state
+                );
+                defmt::info!(
+                    "mlx5: {=usize} completions and every byte checked after {=u32} us; {=usize} pages back",
+                    r.completions.len(),
+                    r.waited_us,
                     r.pages_reclaimed
                 );
-                MLX5_QPN.store(r.qpn, Ordering::Relaxed);
+                MLX5_QPN.store(r.qpns[0], Ordering::Relaxed);
                 MLX5_RESULT.store(1, Ordering::Release);
             }
             Err(e) => {
                 match e {
                     RunError::BringUp(b) => defmt::error!("mlx5: bring-up failed at {}: {}", b.step, b.error),
                     RunError::Step { what, error } => defmt::error!("mlx5: {=str} failed: {}", what, error),
+                    RunError::Buffer(error) => defmt::error!("mlx5: data buffer: {}", error),
+                    RunError::PortDown { state } => defmt::error!("mlx5: port 1 not active (state {=u8})", state),
+                    RunError::NoGid => defmt::error!("mlx5: the RoCE GID table is empty"),
+                    RunError::Post { what, error } => {
+                        defmt::error!("mlx5: posting to the {=str} failed: {}", what, error)
+                    }
+                    RunError::Poll(error) => defmt::error!("mlx5: polling failed: {}", error),
+                    RunError::Timeout { qp, got, want } => {
+                        defmt::error!("mlx5: QP {=usize}'s CQ: {=usize} of {=usize} completions", qp, got, want)
+                    }
+                    RunError::Completion { index, wr_id, status, opcode, byte_len } => defmt::error!(
+                        "mlx5: completion {=usize} unexpected: wr_id {=u64:#x}, {}, {}, {=u32} bytes",
+                        index,
+                        wr_id,
+                        status,
+                        opcode,
+                        byte_len
+                    ),
+                    RunError::Data { transfer, offset, expected, got } => defmt::error!(
+                        "mlx5: transfer {=usize}: byte {=usize} is {=u8:#x}, expected {=u8:#x}",
+                        transfer,
+                        offset,
+                        got,
+                        expected
+                    ),
                     RunError::Teardown(error) => defmt::error!("mlx5: teardown failed: {}", error),
+                    RunError::PagesKept { pages } => defmt::error!("mlx5: {=usize} pages not returned", pages),
                 }
                 MLX5_RESULT.store(2, Ordering::Release);
             }
