@@ -11,8 +11,9 @@ use std::mem::MaybeUninit;
 
 use mlx5_core::cq::{LinkLayer, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::{Dma, DmaError, DmaRegion};
-use mlx5_core::prm::Opcode;
+use mlx5_core::prm::{Field, Opcode};
 use mlx5_core::qp::QpState;
+use mlx5_core::trace::{CmdRecord, CmdTrace};
 use mlx5_firmware_example::arena::Arena;
 use mlx5_firmware_example::{fnv1a, pattern, run, run_with, Options, RunError, TRANSFERS};
 use mlx5_firmware_example::{BUF_BYTES, COMPLETIONS, RECV_WR_ID, SEND_WR_ID};
@@ -116,6 +117,41 @@ fn run_sends_and_writes_over_an_ib_loopback_checks_completions_and_data_and_tear
 #[test]
 fn run_on_a_threaded_device_waits_for_the_completions() {
     check_traffic_run(SimConfig { mode: Mode::Threaded, ..SimConfig::default() });
+}
+
+/// The address path of each INIT2RTR_QP `run` sends: (`src_addr_index`, `rlid`, `rmac`).
+#[derive(Default)]
+struct RtrPaths(Vec<(u32, u32, u64)>);
+
+impl CmdTrace for RtrPaths {
+    fn record(&mut self, rec: &CmdRecord<'_>) {
+        use mlx5_core::prm::ifc::{ads, init2rtr_qp_in, qpc};
+        if rec.opcode == Opcode::Init2rtrQp {
+            let path = qpc::PRIMARY_ADDRESS_PATH.at(init2rtr_qp_in::QPC);
+            let f = |field: Field| rec.input.get(field.at(path));
+            let rmac = u64::from(f(ads::RMAC_47_32)) << 32 | u64::from(f(ads::RMAC_31_0));
+            self.0.push((f(ads::SRC_ADDR_INDEX), f(ads::RLID), rmac));
+        }
+    }
+}
+
+#[test]
+fn the_loopback_is_addressed_by_the_roce_v2_gid_on_ethernet_and_by_lid_on_infiniband() {
+    // RoCE: GID index 1, the link-local RoCE v2 entry (Linux's table order: v1 at 0, v2 at 1), to the port's own
+    // MAC (mlx5_ib's mlx5_set_path leaves the grh bit and rlid alone on RoCE).
+    let cfg = SimConfig::default();
+    let mac = cfg.mac.iter().fold(0u64, |a, &b| a << 8 | u64::from(b));
+    let dev = SimDevice::new(cfg);
+    let mut paths = RtrPaths::default();
+    run(dev.mmio(), dev.dma(), &mut paths, &mut dev.delay()).expect("run on RoCE");
+    assert_eq!(paths.0, [(1, 0, mac); 2]);
+    // InfiniBand: the port's own LID, no MAC.
+    let dev = SimDevice::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
+    let mut paths = RtrPaths::default();
+    run(dev.mmio(), dev.dma(), &mut paths, &mut dev.delay()).expect("run on IB");
+    let lid = paths.0[0].1;
+    assert_ne!(lid, 0);
+    assert_eq!(paths.0, [(0, lid, 0); 2]);
 }
 
 #[test]
