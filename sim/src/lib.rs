@@ -868,6 +868,13 @@ impl SimDevice {
         link::tcp::connect(&self.shared, addr, timeout)
     }
 
+    /// Unplugs the link to another process that [`SimDevice::wire_connect`] or a listener plugged in, if any:
+    /// frames already queued go out, then the far end sees the connection close ([`SimEvent::LinkDown`] there)
+    /// and this port's link is down. A listener keeps listening. Returns whether a link was plugged in.
+    pub fn wire_unplug(&self) -> bool {
+        link::tcp::unplug(&self.shared)
+    }
+
     /// Listens on the UNIX socket `path` for a QEMU guest NIC (`-netdev stream,server=off,addr.type=unix,
     /// addr.path=PATH`) and plugs the first connection into this device's port: RoCEv2 frames in QEMU's stream
     /// framing, ARP answered for [`SimConfig::ipv4_addrs`]. Returns once listening. Use [`Mode::Threaded`].

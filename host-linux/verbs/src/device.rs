@@ -42,7 +42,8 @@ pub enum DeviceSpec {
     /// the two ends of a wire differ without it); `wire=` joins its port to a simulated device of another
     /// process over TCP when it is first opened (the device's firmware then runs on its own thread, so its retry
     /// timers run in real time), a connecting one waiting up to `connect_timeout` seconds (default 30) for its
-    /// listener to come up.
+    /// listener to come up. A connecting end is unplugged when the device's last context closes and connects
+    /// again at its next open.
     #[cfg(feature = "sim")]
     Sim {
         /// InfiniBand or Ethernet.
@@ -238,7 +239,8 @@ impl Entry {
         })
     }
 
-    /// Plugs a simulated device's wire in, once (the device keeps it across bring-ups).
+    /// Plugs a simulated device's wire in at a bring-up: a listener once (it keeps listening across bring-ups),
+    /// a `wire=connect` end at every bring-up (its teardown unplugs it, see [`Entry::unplug`]).
     #[cfg(feature = "sim")]
     fn plug(&self, dev: &SimDevice) -> Result<()> {
         let mut w = lock(&self.wire);
@@ -270,6 +272,19 @@ impl Entry {
             }
         });
         Ok(())
+    }
+
+    /// After the HCA's teardown: a `wire=connect` device unplugs its wire (the listener sees its link go down),
+    /// and its next bring-up connects afresh. A program that closes a device and opens it again (qperf, one
+    /// test after another) so reaches the listener of that moment, not one that may have exited since.
+    #[cfg(feature = "sim")]
+    fn unplug(&self) {
+        let Source::Sim(dev) = &self.source else { return };
+        let mut w = lock(&self.wire);
+        if let Some(wire) = w.as_mut().filter(|w| matches!(w.spec, WireSpec::Connect(_))) {
+            dev.wire_unplug();
+            wire.done = None;
+        }
     }
 }
 
@@ -350,6 +365,11 @@ impl Device {
             Source::Pci(bdf) => bring_up_vfio(*bdf, trace)?,
         };
         dev.hold_up(&self.entry.gate);
+        #[cfg(feature = "sim")]
+        {
+            let entry = self.entry.clone();
+            dev.after_teardown(Box::new(move || entry.unplug()));
+        }
         *slot = Arc::downgrade(&dev);
         Ok(Context::attach(dev))
     }
@@ -809,5 +829,34 @@ mod wire_spec_tests {
         let da = a.devices().remove(0);
         let _ca = da.open().unwrap();
         connecting.join().unwrap().expect("the connecting end plugs in once the listener is up");
+    }
+
+    /// Issue 29: a `wire=connect` device kept its first connection across bring-ups, so a program that closed
+    /// and opened it again (qperf, one test after another) talked to a listener that had gone. Its teardown now
+    /// unplugs the wire (the listener sees its link go down) and its next open connects afresh.
+    #[test]
+    fn a_connecting_end_unplugs_at_teardown_and_connects_again_at_its_next_open() {
+        let a = registry("sim:wire=listen:127.0.0.1:0");
+        let da = a.devices().remove(0);
+        let _ca = da.open().unwrap();
+        let listener = da.sim_device().unwrap().clone();
+        let b = registry(&format!("sim:wire=connect:{}", da.wire_addr().unwrap()));
+        let db = b.devices().remove(0);
+        let mut peers = Vec::new();
+        for _ in 0..2 {
+            let cb = db.open().unwrap();
+            assert!(listener.wire_wait_peer(Duration::from_secs(10)));
+            peers.push(listener.wire_peer().unwrap());
+            drop(cb);
+            assert!(!db.is_open());
+            // The connecting end unplugged before its close returned; the listener's reader sees it soon after.
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while listener.wire_peer().is_some() {
+                assert!(std::time::Instant::now() < end, "the listener's link stayed up");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(db.sim_device().unwrap().wire_peer(), None);
+        }
+        assert_ne!(peers[0], peers[1], "a new connection at the second open");
     }
 }

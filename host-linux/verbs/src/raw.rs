@@ -160,6 +160,17 @@ pub fn create_comp_channel(ctx: &Context) -> RawChannel {
     RawChannel { ctx: Context { shared: ctx.shared.clone() }, shared }
 }
 
+/// The descriptor of a completion channel whose context is closed ([`RawChannel::detach`]), closed when dropped.
+#[derive(Debug)]
+pub struct RawChannelFd(Arc<ChannelShared>);
+
+impl RawChannelFd {
+    /// The descriptor.
+    pub fn fd(&self) -> Option<i32> {
+        self.0.raw_fd()
+    }
+}
+
 /// A completion event taken from a channel: the CQ's `cq_context` (the value given at creation).
 #[derive(Debug)]
 pub struct RawCqEvent(Arc<dyn CqEventTarget>);
@@ -182,6 +193,15 @@ impl RawChannel {
     /// `ibv_get_cq_event`, waiting up to `timeout`.
     pub fn get_cq_event(&self, timeout: Duration) -> Result<Option<RawCqEvent>> {
         Ok(wait_cq_event(self.ctx.dev(), self.shared.id, timeout)?.map(RawCqEvent))
+    }
+
+    /// The channel leaves its device (its context is closed, its CQs gone) and keeps only its descriptor, which
+    /// the program still holds: what comes back is that descriptor, readable never again. The handle then holds
+    /// nothing of the device once dropped.
+    pub fn detach(&self) -> RawChannelFd {
+        self.ctx.dev().control().remove_channel(self.shared.id);
+        self.shared.clear();
+        RawChannelFd(self.shared.clone())
     }
 
     /// `ibv_destroy_comp_channel`: `EBUSY` while CQs report to it.
@@ -257,6 +277,12 @@ impl RawCq {
     /// `ibv_destroy_cq`, first waiting until every event taken for it is acknowledged.
     pub fn destroy(&self) -> Result<()> {
         self.0.destroy(true)
+    }
+
+    /// Destroys the CQ without waiting for its events' acknowledgements (they are given back): the cleanup of a
+    /// context closed with the CQ alive, as the kernel's uverbs destroys what a closed file left.
+    pub fn destroy_now(&self) -> Result<()> {
+        self.0.destroy(false)
     }
 }
 

@@ -311,6 +311,9 @@ pub(crate) struct DeviceShared {
     /// The device entry's gate, held up while this HCA lives; dropped after [`Drop for DeviceShared`]'s teardown
     /// (fields drop after the body, unwinding too), which lets the next open of the device bring it up.
     up: OnceLock<UpToken>,
+    /// Run once the HCA is torn down, before the gate is lowered (a `wire=connect` device unplugs its wire, so
+    /// the next bring-up plugs a new one in).
+    after_teardown: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 /// Whether a device's HCA is up, from its bring-up until its teardown has finished. An open that finds no live
@@ -442,6 +445,7 @@ impl DeviceShared {
             node_guid: OnceLock::new(),
             service: Service::default(),
             up: OnceLock::new(),
+            after_teardown: Mutex::new(None),
         });
         dev.service.spawn(core);
         dev
@@ -480,6 +484,11 @@ impl DeviceShared {
         }
     }
 
+    /// Runs `f` once this HCA's teardown has finished, before an open waiting for it may bring the device up.
+    pub(crate) fn after_teardown(&self, f: Box<dyn FnOnce() + Send>) {
+        *lock(&self.after_teardown) = Some(f);
+    }
+
     pub(crate) fn new_context_id(&self) -> u64 {
         self.next_ctx.fetch_add(1, Ordering::Relaxed)
     }
@@ -490,14 +499,19 @@ impl Drop for DeviceShared {
         self.service.stop();
         // The service thread has stopped (joined above), so nothing else holds the control mutex.
         let mut c = lock(&self.core.control);
-        let Some(hca) = c.hca.take() else { return };
-        // Teardown disables the function, so the queues still held (orphans) can no longer be reached by the
-        // device; their memory is released with it.
-        if let Err(e) = hca.teardown(&mut c.delay) {
-            log::error!("teardown: {e}");
+        if let Some(hca) = c.hca.take() {
+            // Teardown disables the function, so the queues still held (orphans) can no longer be reached by the
+            // device; their memory is released with it.
+            if let Err(e) = hca.teardown(&mut c.delay) {
+                log::error!("teardown: {e}");
+            }
         }
         c.orphan_cqs.clear();
         c.orphan_qps.clear();
+        drop(c);
+        if let Some(f) = lock(&self.after_teardown).take() {
+            f();
+        }
     }
 }
 

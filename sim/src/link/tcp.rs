@@ -537,6 +537,23 @@ fn read_loop(weak: Weak<Shared>, link: Arc<Link>, mut r: BufReader<TcpStream>) {
     }
 }
 
+/// Unplugs the link to another process, if one is plugged in (this device's driver went away): what was queued
+/// goes out first, then the far end sees the connection close. The port's link is then down. Returns whether a
+/// link was plugged in.
+pub(crate) fn unplug(shared: &Shared) -> bool {
+    let Some(link) = lock(shared).wire.remote_link() else { return false };
+    link.drain(super::DRAIN_TIMEOUT);
+    let was_up = link.is_up();
+    link.close();
+    let mut st = lock(shared);
+    st.wire.unplug_remote(link.id);
+    if was_up {
+        st.events.push(SimEvent::LinkDown { peer: link.peer, why: "unplugged by this side" });
+        let _ = st.set_port_up(false);
+    }
+    true
+}
+
 /// Waits until a link is up (true) or `timeout` passes (false).
 pub(crate) fn wait_peer(shared: &Shared, timeout: Duration) -> bool {
     let end = Instant::now() + timeout;
