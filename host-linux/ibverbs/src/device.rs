@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use mlx5_verbs::raw::{self, HcaVisitor};
 use mlx5_verbs::{AnyDelay, AnyDma, AnyMmio, AsyncEvent, Context, Device, HostTables, QpErrorKind};
 
 use crate::abi::*;
+use crate::objects::{Held, Kind};
 use crate::{errno_of, guard, set_errno};
 
 /// The PCI ids a ConnectX-5 reports (`vendor_part_id` 4119 makes perftest pick its ConnectX-5 defaults).
@@ -141,20 +142,28 @@ pub(crate) fn of_this_process(d: &Dev) -> bool {
 }
 
 /// An open context: the `verbs_context` (whose `ibv_context` programs hold), then the Rust state.
+///
+/// Closed with objects alive (qperf deallocates its PD before deregistering its MR), it destroys them as the
+/// kernel's uverbs destroys what a closed file left (`uverbs_destroy_ufile_hw`), lets go of the device, and
+/// stays as an inert shell, as do the leftovers' C structs: the program may still hold and pass them (rdma-core
+/// leaks them), and every call on them is refused ([`ctx_of`] finds the context closed), never reaching freed
+/// memory or the device.
 #[repr(C)]
 pub(crate) struct Ctx {
     pub(crate) vc: verbs_context,
     pub(crate) dev: &'static Dev,
-    pub(crate) ctx: Context,
+    /// Released at a close with objects alive (the shell is never freed then).
+    pub(crate) ctx: Held<Context>,
     /// The C objects of this context by number, for async events (`element.cq` / `qp` / `srq`).
     pub(crate) objs: Mutex<ObjMap>,
     /// The port's GID table length, read once (GID loops would otherwise query the port per entry).
     gid_tbl_len: OnceLock<c_int>,
     /// `max_qp_wr` and `max_sge`, read once, which QP capabilities are checked against.
     qp_limits: OnceLock<(u32, u32)>,
-    /// Objects made in this context and not destroyed, and whether the program closed it: a context closed with
-    /// objects alive (a program error) is freed when the last of them goes, so they never reach freed memory.
-    life: Mutex<(usize, bool)>,
+    /// Objects made in this context and not destroyed (their address and kind), for the cleanup at close.
+    life: Mutex<HashMap<usize, Kind>>,
+    /// Set when the program closed the context (only a shell, closed with objects alive, is ever seen so).
+    closed: AtomicBool,
 }
 
 #[derive(Default)]
@@ -181,6 +190,10 @@ pub(crate) unsafe fn ctx_of<'a>(c: *mut ibv_context) -> Option<&'a Ctx> {
     // SAFETY: the context is the `vc.context` field of a live `Ctx` (`vc` is its first field), so stepping back
     // by its offset gives the `Ctx`.
     let ctx = unsafe { &*(c.cast::<u8>().sub(off).cast::<Ctx>()) };
+    if ctx.is_closed() {
+        log::info!("a call on a closed context, or on an object it left");
+        return None;
+    }
     if !of_this_process(ctx.dev) {
         log::warn!("a context opened before fork() is not usable in the child: open the device again");
         return None;
@@ -192,6 +205,24 @@ impl Ctx {
     pub(crate) fn c(&self) -> *mut ibv_context {
         ptr::addr_of!(self.vc.context).cast_mut()
     }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+/// Whether `c` is a context the program closed with objects alive (whose shell stays): the answer to a verb on
+/// one of those objects is then `EBADF`, as rdma-core's command on the closed `cmd_fd` returns.
+///
+/// # Safety
+/// `c` is NULL or a context this library returned and did not free (open, or closed with objects alive).
+pub(crate) unsafe fn is_closed(c: *mut ibv_context) -> bool {
+    if c.is_null() {
+        return false;
+    }
+    let off = std::mem::offset_of!(verbs_context, context);
+    // SAFETY: as in `ctx_of`; a closed context with leftovers is never freed.
+    unsafe { &*(c.cast::<u8>().sub(off).cast::<Ctx>()) }.is_closed()
 }
 
 /// The firmware-command trace (`MLX5_RS_TRACE`), flushed at exit.
@@ -344,11 +375,12 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         let b = Box::new(Ctx {
             vc,
             dev,
-            ctx,
+            ctx: Held::new(ctx),
             objs: Mutex::new(ObjMap::default()),
             gid_tbl_len: OnceLock::new(),
             qp_limits: OnceLock::new(),
-            life: Mutex::new((0, false)),
+            life: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
         });
         let p = Box::into_raw(b);
         crate::objects::lock(&OPEN).push(p as usize);
@@ -364,15 +396,30 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         let Some(ctx) = (unsafe { ctx_of(context) }) else { return libc::EINVAL };
         let p = std::ptr::from_ref(ctx).cast_mut();
         crate::objects::lock(&OPEN).retain(|&x| x != p as usize);
-        let mut life = crate::objects::lock(&ctx.life);
-        life.1 = true;
-        if life.0 > 0 {
-            log::warn!("ibv_close_device with {} objects alive: the context is freed when they are destroyed", life.0);
+        let left: Vec<(usize, Kind)> = {
+            let mut life = crate::objects::lock(&ctx.life);
+            ctx.closed.store(true, Ordering::Release);
+            life.drain().collect()
+        };
+        if left.is_empty() {
+            // SAFETY: the Ctx was boxed by ibv_open_device, is closed and no object refers to it.
+            unsafe { free_ctx(p) };
             return 0;
         }
-        drop(life);
-        // SAFETY: the Ctx was boxed by ibv_open_device, is closed and no object refers to it.
-        unsafe { free_ctx(p) };
+        // As the kernel at the close of a uverbs file: what the context left is destroyed, so the device (and
+        // its wire) goes with the last context, and the next open is a fresh one.
+        log::info!("ibv_close_device with {} objects alive: destroyed; their structs stay, refused", left.len());
+        // SAFETY: the objects are this closed context's; from now on every call on them is refused.
+        unsafe { crate::objects::release_leftovers(ctx, left) };
+        // The closed context stays allocated (objects still point at it). Its descriptor is closed once, and its
+        // Rust context released once, after every object let go of theirs; the last context of a device tears
+        // its HCA down here.
+        if ctx.vc.context.cmd_fd >= 0 {
+            // SAFETY: the descriptor was opened by ibv_open_device and is closed once (the context is closed).
+            unsafe { libc::close(ctx.vc.context.cmd_fd) };
+        }
+        // SAFETY: closed: every entry point refuses the context and its objects before reaching the handle.
+        unsafe { ctx.ctx.release() };
         0
     })
 }
@@ -392,25 +439,19 @@ unsafe fn free_ctx(p: *mut Ctx) {
     drop(b);
 }
 
-/// Counts an object made in `context`.
-pub(crate) fn hold(context: *mut ibv_context) {
+/// Records object `obj` (its box) of `kind`, made in `context`, for the cleanup of a close that finds it alive.
+pub(crate) fn hold<T>(context: *mut ibv_context, kind: Kind, obj: *const T) {
     // SAFETY: objects are made in open contexts of this library.
     if let Some(c) = unsafe { ctx_of(context) } {
-        crate::objects::lock(&c.life).0 += 1;
+        crate::objects::lock(&c.life).insert(obj as usize, kind);
     }
 }
 
-/// An object of `context` was destroyed and freed (so a closed context now holds the device's last
-/// reference if any): frees the context when the program closed it and this was the last object.
-pub(crate) fn release(context: *mut ibv_context) {
+/// Object `obj` of `context` is destroyed (a closed context's leftovers are no longer recorded).
+pub(crate) fn release<T>(context: *mut ibv_context, obj: *const T) {
     // SAFETY: a context with objects is never freed, closed or not.
-    let Some(c) = (unsafe { ctx_of(context) }) else { return };
-    let mut life = crate::objects::lock(&c.life);
-    life.0 = life.0.saturating_sub(1);
-    if life.0 == 0 && life.1 {
-        drop(life);
-        // SAFETY: closed, and its last object just went.
-        unsafe { free_ctx(std::ptr::from_ref(c).cast_mut()) };
+    if let Some(c) = unsafe { ctx_of(context) } {
+        crate::objects::lock(&c.life).remove(&(obj as usize));
     }
 }
 
@@ -915,12 +956,12 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
         let Some(ev) = (unsafe { event.as_ref() }) else { return };
         // An event naming an object: acknowledged on the object's context and counted on the object (its
         // destroy waits for that), with the program-visible counter libibverbs keeps.
-        // SAFETY: an object named by an unacknowledged event is live (its destroy waits for this call).
+        // SAFETY: an object named by an unacknowledged event is live (its destroy waits for this call), or the
+        // shell of one its closed context left (never freed).
         if let Some(AsyncObject { count, ctx, completed }) = unsafe { async_object(ev.element, ev.event_type) } {
-            // The context first: once the object's count is acknowledged, its destroy may free the object and
-            // (closed with it as its last object) the context.
-            // SAFETY: the context outlives its objects.
-            if let Some(ctx) = unsafe { ctx.as_ref() } {
+            // The context first: once the object's count is acknowledged, its destroy may free the object.
+            // SAFETY: the context outlives its objects; closed, it has no events left to acknowledge.
+            if let Some(ctx) = unsafe { ctx.as_ref() }.filter(|c| !c.is_closed()) {
                 let _ = ctx.ctx.ack_async_event(&AsyncEvent::DeviceFatal);
             }
             // SAFETY: the object is live while its count is held (its destroy waits on it).

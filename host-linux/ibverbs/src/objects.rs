@@ -1,25 +1,177 @@
 //! Verbs objects: protection domains, memory regions, completion channels, CQs, QPs, SRQs and address
 //! handles. Each is its C structure followed by the Rust handle, boxed; the pointer a program holds is the box.
 
+use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_uint, c_void};
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use mlx5_core::cq::{CqeSize, LinkLayer};
 use mlx5_core::hca::{CqAttr, QpInitAttr as CoreQpInitAttr, SrqAttr};
 use mlx5_core::mkey::Access;
 use mlx5_core::qp::{AhAttr, Grh, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
-use mlx5_verbs::raw::{self, RawChannel, RawCq, RawMr, RawPd, RawQp, RawSrq};
+use mlx5_verbs::raw::{self, RawChannel, RawChannelFd, RawCq, RawMr, RawPd, RawQp, RawSrq};
 use mlx5_verbs::SrqAttrMask;
 
 use crate::abi::*;
-use crate::device::{ctx_of, gid, hold, link, qp_limits, release, Ctx};
+use crate::device::{ctx_of, gid, hold, is_closed, link, qp_limits, release, Ctx, ObjMap};
 use crate::{errno_of, guard, set_errno};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An object's (or context's) Rust handle, which holds the device. A context closed with the object alive
+/// releases it ([`release_leftovers`]) while the C struct around it stays as a shell; dropping the struct then
+/// leaves it alone, so it is dropped once either way.
+pub(crate) struct Held<T> {
+    v: UnsafeCell<ManuallyDrop<T>>,
+    released: AtomicBool,
+}
+
+// SAFETY: shared access is to `&T` only (`T: Sync`); the one mutation, `release`, runs once, when no other
+// access may happen (its caller's promise), and may drop `T` on another thread (`T: Send`).
+unsafe impl<T: Send + Sync> Sync for Held<T> {}
+
+impl<T> Held<T> {
+    pub(crate) fn new(v: T) -> Self {
+        Held { v: UnsafeCell::new(ManuallyDrop::new(v)), released: AtomicBool::new(false) }
+    }
+
+    /// Drops the handle now (once).
+    ///
+    /// # Safety
+    /// Nothing borrows the handle now or will read it again: its context is closed, so every entry point refuses
+    /// the object before reaching it.
+    pub(crate) unsafe fn release(&self) {
+        if !self.released.swap(true, Ordering::AcqRel) {
+            // SAFETY: the caller's promise: no other access; `released` makes this happen once.
+            unsafe { ManuallyDrop::drop(&mut *self.v.get()) };
+        }
+    }
+}
+
+impl<T> Deref for Held<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: only `release` mutates, when nothing reads any more (its caller's promise).
+        unsafe { &*self.v.get() }
+    }
+}
+
+impl<T> Drop for Held<T> {
+    fn drop(&mut self) {
+        if !*self.released.get_mut() {
+            // SAFETY: not released, so still there; dropped once, here.
+            unsafe { ManuallyDrop::drop(self.v.get_mut()) };
+        }
+    }
+}
+
+/// What an object is, in the order a closed context's leftovers are destroyed: Linux's uverbs order, each before
+/// what it uses (QPs, SRQs, CQs, MRs, AHs, PDs); thread domains and completion channels last, which have no
+/// firmware object (a channel's descriptor stays the program's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Kind {
+    Qp,
+    Srq,
+    Cq,
+    Mr,
+    Ah,
+    ParentDomain,
+    Pd,
+    Td,
+    Channel,
+}
+
+/// Destroys what a closed context left, in [`Kind`] order, and releases their handles (and so their hold on the
+/// device); their C structs stay, refused by every entry point. A failure is logged and the handle released all
+/// the same: the device's teardown takes what firmware kept.
+///
+/// # Safety
+/// Each entry is a live object of `ctx`, of its kind, and `ctx` is closed (so nothing else reaches them).
+pub(crate) unsafe fn release_leftovers(ctx: &Ctx, mut left: Vec<(usize, Kind)>) {
+    left.sort_by_key(|&(_, k)| k);
+    let log = |what: &str, e: &dyn std::fmt::Display| log::warn!("close: the {what} left alive: {e}");
+    for (p, kind) in left {
+        // SAFETY: the caller's promise: `p` is a live box of this kind, reached by nothing else any more; each
+        // handle is released once, after its last use here.
+        unsafe {
+            match kind {
+                Kind::Qp => {
+                    let q = &*(p as *const Qp);
+                    if let Err(e) = q.raw.destroy() {
+                        log("QP", &e);
+                    }
+                    q.raw.release();
+                }
+                Kind::Srq => {
+                    let s = &*(p as *const Srq);
+                    if let Err(e) = s.raw.destroy() {
+                        log("SRQ", &e);
+                    }
+                    s.raw.release();
+                }
+                Kind::Cq => {
+                    let c = &*(p as *const Cq);
+                    // Completion events taken and not acknowledged are given back, not waited for.
+                    if let Some(Err(e)) = c.raw.as_ref().map(RawCq::destroy_now) {
+                        log("CQ", &e);
+                    }
+                    // Its channel counts one CQ fewer (the program may destroy the channel).
+                    if let Some(ch) = c.c.cq.channel.as_mut() {
+                        ch.refcnt = ch.refcnt.saturating_sub(1).max(0);
+                    }
+                    c.raw.release();
+                }
+                Kind::Mr => {
+                    let m = &*(p as *const Mr);
+                    if let Err(e) = lock(&m.raw).dereg() {
+                        log("MR", &e);
+                    }
+                    m.raw.release();
+                }
+                // An address handle is an address vector in memory; a thread domain a promise: no firmware.
+                Kind::Ah | Kind::Td => {}
+                Kind::ParentDomain => (*(p as *const Pd)).raw.release(),
+                Kind::Pd => {
+                    let d = &*(p as *const Pd);
+                    if let Err(e) = d.raw.dealloc() {
+                        log("PD", &e);
+                    }
+                    d.raw.release();
+                }
+                Kind::Channel => {
+                    let ch = &*(p as *const Channel);
+                    // The descriptor stays open for the program, which closes it with ibv_destroy_comp_channel.
+                    let _ = ch.kept.set(ch.raw.detach());
+                    ch.raw.release();
+                }
+            }
+        }
+    }
+    // Their async events are no longer handed out (those handed out name shells, still readable).
+    *lock(&ctx.objs) = ObjMap::default();
+}
+
+/// The answer to a verb on an object its entry point refused: `EBADF` for a leftover of a context the program
+/// closed, as rdma-core's destroy returns then (its command goes to the context's `cmd_fd`, closed by
+/// `ibv_close_device`, and fails before anything is freed); `EINVAL` for anything else.
+///
+/// # Safety
+/// `obj` is NULL or an object of this library not yet freed, whose C struct starts with its `context` (every
+/// verbs object's does).
+unsafe fn refused<T>(obj: *mut T) -> c_int {
+    // SAFETY: the caller's duty: the first field is the object's context, NULL or not freed.
+    if !obj.is_null() && unsafe { is_closed(obj.cast::<*mut ibv_context>().read()) } {
+        libc::EBADF
+    } else {
+        libc::EINVAL
+    }
 }
 
 /// The async events handed out for one CQ, QP or SRQ and those acknowledged (libibverbs' `events_completed`,
@@ -78,7 +230,7 @@ fn fail<T>(e: c_int) -> *mut T {
 #[repr(C)]
 pub(crate) struct Pd {
     pub(crate) c: ibv_pd,
-    pub(crate) raw: RawPd,
+    pub(crate) raw: Held<RawPd>,
     /// For a parent domain: the protection domain it is made on (whose PD objects made through it use), and its
     /// thread domain; NULL for a protection domain.
     pub(crate) protecting: *mut ibv_pd,
@@ -96,7 +248,7 @@ impl Pd {
     fn protection(c: ibv_pd, raw: RawPd) -> Pd {
         Pd {
             c,
-            raw,
+            raw: Held::new(raw),
             protecting: ptr::null_mut(),
             td: ptr::null_mut(),
             users: AtomicU32::new(0),
@@ -179,8 +331,9 @@ pub(crate) unsafe extern "C" fn alloc_td(context: *mut ibv_context, attr: *mut i
         if a.comp_mask != 0 {
             return fail(libc::EINVAL);
         }
-        hold(context);
-        Box::into_raw(Box::new(Td { c: ibv_td { context }, users: AtomicU32::new(0) })).cast()
+        let b = Box::into_raw(Box::new(Td { c: ibv_td { context }, users: AtomicU32::new(0) }));
+        hold(context, Kind::Td, b);
+        b.cast()
     })
 }
 
@@ -193,9 +346,10 @@ pub(crate) unsafe extern "C" fn dealloc_td(td: *mut ibv_td) -> c_int {
             return libc::EBUSY;
         }
         let context = t.c.context;
-        // SAFETY: boxed by alloc_td; deallocated once.
+        // SAFETY: boxed by alloc_td; deallocated once. A thread domain has nothing of the device, so one its
+        // closed context left is freed here too (libmlx5's mlx5_dealloc_td sends no command).
         drop(unsafe { Box::from_raw(td.cast::<Td>()) });
-        release(context);
+        release(context, td);
         0
     })
 }
@@ -230,16 +384,17 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
             t.users.fetch_add(1, Ordering::AcqRel);
         }
         p.users.fetch_add(1, Ordering::AcqRel);
-        hold(context);
         let pd_context = if a.comp_mask & PD_CONTEXT != 0 { a.pd_context } else { ptr::null_mut() };
         let c = ibv_pd { context, handle: p.c.handle };
         let allocators = match (a.comp_mask & ALLOCATORS != 0, a.alloc, a.free) {
             (true, Some(alloc), Some(free)) => Some((alloc, free)),
             _ => None,
         };
-        let b =
-            Pd { c, raw: p.raw.share(), protecting: a.pd, td: a.td, users: AtomicU32::new(0), pd_context, allocators };
-        Box::into_raw(Box::new(b)).cast()
+        let raw = Held::new(p.raw.share());
+        let b = Pd { c, raw, protecting: a.pd, td: a.td, users: AtomicU32::new(0), pd_context, allocators };
+        let b = Box::into_raw(Box::new(b));
+        hold(context, Kind::ParentDomain, b);
+        b.cast()
     })
 }
 
@@ -269,8 +424,9 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
         match raw::alloc_pd(&c.ctx) {
             Ok(raw) => {
                 let handle = raw.pdn();
-                hold(context);
-                Box::into_raw(Box::new(Pd::protection(ibv_pd { context, handle }, raw))).cast()
+                let b = Box::into_raw(Box::new(Pd::protection(ibv_pd { context, handle }, raw)));
+                hold(context, Kind::Pd, b);
+                b.cast()
             }
             Err(e) => fail(errno_of(&e)),
         }
@@ -281,7 +437,8 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard("ibv_dealloc_pd", libc::EIO, || {
         // SAFETY: the caller passes a live PD.
-        let Some(p) = (unsafe { pd_of(pd) }) else { return libc::EINVAL };
+        // SAFETY: as above (a PD its closed context left is still allocated).
+        let Some(p) = (unsafe { pd_of(pd) }) else { return unsafe { dealloc_left(pd) } };
         if p.users.load(Ordering::Acquire) > 0 {
             return libc::EBUSY;
         }
@@ -299,7 +456,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
             let context = p.c.context;
             // SAFETY: boxed by alloc_parent_domain; deallocated once.
             drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
-            release(context);
+            release(context, pd);
             return 0;
         }
         match p.raw.dealloc() {
@@ -307,7 +464,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
                 let context = p.c.context;
                 // SAFETY: boxed by ibv_alloc_pd; deallocated once.
                 drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
-                release(context);
+                release(context, pd);
                 0
             }
             Err(e) => errno_of(&e),
@@ -315,11 +472,50 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
+/// `ibv_dealloc_pd` of a PD `pd_of` refused. One its closed context left: a protection domain is `EBADF` (its
+/// firmware PD went at the close; rdma-core's command fails on the closed `cmd_fd` and frees nothing); a parent
+/// domain is freed as libmlx5 frees one (no command), `EBUSY` while objects made through it count on it.
+///
+/// # Safety
+/// `pd` is NULL or a PD or parent domain of this library not yet freed.
+unsafe fn dealloc_left(pd: *mut ibv_pd) -> c_int {
+    // SAFETY: the caller's duty; the C part is first in the box.
+    let Some(p) = (unsafe { pd.cast::<Pd>().as_ref() }) else { return libc::EINVAL };
+    // SAFETY: a PD's context is NULL or one of this library's, freed only without objects.
+    if !unsafe { is_closed(p.c.context) } {
+        return libc::EINVAL;
+    }
+    if p.protecting.is_null() {
+        return libc::EBADF;
+    }
+    if p.users.load(Ordering::Acquire) > 0 {
+        return libc::EBUSY;
+    }
+    // SAFETY: its thread domain is live (dealloc_td refuses while a parent domain uses it); the box was made by
+    // alloc_parent_domain and its handle released at the close, so dropping it drops nothing of the device.
+    unsafe {
+        if let Some(t) = p.td.cast::<Td>().as_ref() {
+            t.users.fetch_sub(1, Ordering::AcqRel);
+        }
+        drop(Box::from_raw(pd.cast::<Pd>()));
+    }
+    0
+}
+
 #[repr(C)]
 pub(crate) struct Mr {
     pub(crate) c: ibv_mr,
     /// Replaced by an `ibv_rereg_mr` that changes the memory (new keys).
-    pub(crate) raw: Mutex<RawMr>,
+    pub(crate) raw: Held<Mutex<RawMr>>,
+}
+
+/// The [`Mr`] of a program's `ibv_mr` (`None` for one of a closed context, or inherited across fork).
+///
+/// # Safety
+/// `mr` is NULL or a region this library returned and not yet deregistered.
+unsafe fn mr_of<'a>(mr: *mut ibv_mr) -> Option<&'a Mr> {
+    // SAFETY: the C part is the first field of a boxed Mr (caller); its context outlives it.
+    unsafe { mr.cast::<Mr>().as_ref().filter(|m| ctx_of(m.c.context).is_some()) }
 }
 
 /// The access flags of a registration: local write, remote write/read/atomic and relaxed ordering go to the
@@ -382,10 +578,12 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: Option<u64>,
                 lkey: raw.lkey(),
                 rkey: raw.rkey(),
             };
-            hold(c.context);
+            let context = c.context;
             // SAFETY: the caller's live PD.
             unsafe { count_on_parent(pd, true) };
-            Box::into_raw(Box::new(Mr { c, raw: Mutex::new(raw) })).cast()
+            let b = Box::into_raw(Box::new(Mr { c, raw: Held::new(Mutex::new(raw)) }));
+            hold(context, Kind::Mr, b);
+            b.cast()
         }
         Err(e) => {
             log::info!("reg_mr: {e}");
@@ -427,8 +625,8 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard("ibv_dereg_mr", libc::EIO, || {
-        // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
-        let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return libc::EINVAL };
+        // SAFETY: the caller passes a live MR (or one its closed context left, still allocated).
+        let Some(m) = (unsafe { mr_of(mr) }) else { return unsafe { refused(mr) } };
         let res = lock(&m.raw).dereg();
         match res {
             Ok(()) => {
@@ -437,7 +635,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
                 unsafe { count_on_parent(m.c.pd, false) };
                 // SAFETY: boxed by ibv_reg_mr; deregistered once.
                 drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
-                release(context);
+                release(context, mr);
                 0
             }
             Err(e) => errno_of(&e),
@@ -486,7 +684,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             return input(libc::EINVAL);
         }
         // SAFETY: the caller passes a live MR (its C part is the first field of a boxed Mr).
-        let Some(m) = (unsafe { mr.cast::<Mr>().as_ref() }) else { return input(libc::EINVAL) };
+        let Some(m) = (unsafe { mr_of(mr) }) else { return input(libc::EINVAL) };
         // What the kernel refuses before trying: an empty request, a PD of no context of this region, access
         // flags registration refuses; libmlx5 refuses to keep the old key valid.
         if flags == 0 {
@@ -518,7 +716,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         };
         let mut raw = lock(&m.raw);
         // SAFETY: verbs' contract: the program keeps the new memory until ibv_dereg_mr.
-        match unsafe { raw.rereg(Some((ptr, length, None)), new_pd.map(|p| &p.raw), new_access) } {
+        match unsafe { raw.rereg(Some((ptr, length, None)), new_pd.map(|p| &*p.raw), new_access) } {
             Ok(new) => {
                 // SAFETY: the C part is the program's view of the region, which libibverbs updates in place as
                 // here (the program does not use the region while re-registering it).
@@ -549,7 +747,26 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 #[repr(C)]
 pub(crate) struct Channel {
     pub(crate) c: ibv_comp_channel,
-    pub(crate) raw: RawChannel,
+    pub(crate) raw: Held<RawChannel>,
+    /// The descriptor, once the channel's context is closed (the program still holds it).
+    kept: OnceLock<RawChannelFd>,
+}
+
+/// The [`Channel`] of a program's `ibv_comp_channel`: `Err(EIO)` for one of a closed context (the kernel's
+/// answer to a read of a completion channel whose context is gone), `Err(EINVAL)` for NULL or one inherited
+/// across fork.
+///
+/// # Safety
+/// `ch` is NULL or a channel this library returned and not yet destroyed.
+unsafe fn channel_of<'a>(ch: *mut ibv_comp_channel) -> Result<&'a Channel, c_int> {
+    // SAFETY: the C part is the first field of a boxed Channel (caller); its context outlives it.
+    let c = unsafe { ch.cast::<Channel>().as_ref() }.ok_or(libc::EINVAL)?;
+    // SAFETY: as above.
+    if unsafe { is_closed(c.c.context) } {
+        return Err(libc::EIO);
+    }
+    // SAFETY: as above.
+    unsafe { ctx_of(c.c.context) }.map(|_| c).ok_or(libc::EINVAL)
 }
 
 #[no_mangle]
@@ -566,8 +783,10 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *
             }
             return fail(libc::EMFILE);
         };
-        hold(context);
-        Box::into_raw(Box::new(Channel { c: ibv_comp_channel { context, fd, refcnt: 0 }, raw })).cast()
+        let c = ibv_comp_channel { context, fd, refcnt: 0 };
+        let b = Box::into_raw(Box::new(Channel { c, raw: Held::new(raw), kept: OnceLock::new() }));
+        hold(context, Kind::Channel, b);
+        b.cast()
     })
 }
 
@@ -575,13 +794,23 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     guard("ibv_destroy_comp_channel", libc::EIO, || {
         // SAFETY: the caller passes a live channel.
-        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else { return libc::EINVAL };
+        let ch = match unsafe { channel_of(channel) } {
+            Ok(ch) => ch,
+            Err(libc::EIO) => {
+                // Its context is closed and its CQs gone: the descriptor is the program's to close, and the
+                // struct goes with it (its handle was released at the close, its descriptor closes here).
+                // SAFETY: boxed by ibv_create_comp_channel; destroyed once.
+                drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+                return 0;
+            }
+            Err(e) => return e,
+        };
         match ch.raw.destroy() {
             Ok(()) => {
                 let context = ch.c.context;
                 // SAFETY: boxed by ibv_create_comp_channel; destroyed once.
                 drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
-                release(context);
+                release(context, channel);
                 0
             }
             Err(e) => errno_of(&e),
@@ -593,7 +822,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 #[repr(C)]
 pub(crate) struct Cq {
     pub(crate) c: ibv_cq_ex,
-    pub(crate) raw: Option<RawCq>,
+    pub(crate) raw: Held<Option<RawCq>>,
     pub(crate) ctx: *const Ctx,
     pub(crate) ex: Mutex<crate::post::ExPoll>,
     /// An error met by a poll that had already returned completions: the next poll reports it.
@@ -610,9 +839,9 @@ pub(crate) struct Cq {
 pub(crate) unsafe fn cq_of<'a>(cq: *mut ibv_cq) -> Option<(&'a Cq, &'a RawCq)> {
     // SAFETY: `c.cq` is the first field of a boxed Cq (caller).
     let c = unsafe { cq.cast::<Cq>().as_ref() }?;
-    // A CQ a forked child inherited is not usable there, as its context is not.
+    // A CQ a forked child inherited is not usable there, as its context is not; nor one a closed context left.
     // SAFETY: a CQ's context outlives it.
-    unsafe { c.ctx.as_ref() }.filter(|x| crate::device::of_this_process(x.dev))?;
+    unsafe { c.ctx.as_ref() }.filter(|x| crate::device::of_this_process(x.dev) && !x.is_closed())?;
     Some((c, c.raw.as_ref()?))
 }
 
@@ -629,7 +858,7 @@ fn make_cq(
     let cqe = u32::try_from(cqe).ok().filter(|n| *n > 0).ok_or(libc::EINVAL)?;
     let comp_vector = u16::try_from(comp_vector).map_err(|_| libc::EINVAL)?;
     // SAFETY: the channel, when given, is a live channel of this library.
-    let ch = unsafe { channel.cast::<Channel>().as_ref() };
+    let ch = if channel.is_null() { None } else { Some(unsafe { channel_of(channel) }.map_err(|_| libc::EINVAL)?) };
     // SAFETY: every field of ibv_cq_ex is an integer, array, Option<fn> or raw pointer: zero is valid.
     let mut cx: ibv_cq_ex = unsafe { std::mem::zeroed() };
     cx.cq.context = context;
@@ -638,7 +867,7 @@ fn make_cq(
     crate::post::fill_cq_ex(&mut cx);
     let p = Box::into_raw(Box::new(Cq {
         c: cx,
-        raw: None,
+        raw: Held::new(None),
         ctx: c,
         ex: Mutex::new(Default::default()),
         pending: Mutex::new(None),
@@ -646,15 +875,15 @@ fn make_cq(
         parent_domain: ptr::null_mut(),
     }));
     let attr = CqAttr { cqe, cqe_size: CqeSize::default(), overrun_ignore: false, comp_vector };
-    match raw::create_cq(&c.ctx, attr, p as u64, ch.map(|ch| &ch.raw)) {
+    match raw::create_cq(&c.ctx, attr, p as u64, ch.map(|ch| &*ch.raw)) {
         Ok(raw) => {
             // SAFETY: p is the live box made above, not yet shared.
             let b = unsafe { &mut *p };
             b.c.cq.handle = raw.cqn();
             b.c.cq.cqe = c_int::try_from(raw.nent().saturating_sub(1)).unwrap_or(c_int::MAX);
             lock(&c.objs).cqs.insert(raw.cqn(), p as usize);
-            b.raw = Some(raw);
-            hold(context);
+            b.raw = Held::new(Some(raw));
+            hold(context, Kind::Cq, p);
             if let Some(ch) = ch {
                 // SAFETY: the channel is live; refcnt is informational.
                 unsafe { (*channel).refcnt = ch.c.refcnt + 1 };
@@ -736,8 +965,8 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard("ibv_destroy_cq", libc::EIO, || {
-        // SAFETY: the caller passes a live CQ.
-        let Some((c, raw)) = (unsafe { cq_of(cq) }) else { return libc::EINVAL };
+        // SAFETY: the caller passes a live CQ (or one its closed context left, still allocated).
+        let Some((c, raw)) = (unsafe { cq_of(cq) }) else { return unsafe { refused(cq) } };
         match raw.destroy() {
             Ok(()) => {
                 // Completion events were waited for by the destroy; async events naming the CQ are here.
@@ -747,10 +976,15 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                 });
                 // SAFETY: a CQ's parent domain outlives it (EBUSY otherwise).
                 unsafe { count_on_parent(c.parent_domain, false) };
+                let channel = c.c.cq.channel;
+                // SAFETY: a CQ's channel outlives it (EBUSY otherwise); libibverbs counts its CQs there.
+                if let Some(ch) = unsafe { channel.as_mut() } {
+                    ch.refcnt = ch.refcnt.saturating_sub(1).max(0);
+                }
                 let context = c.c.cq.context;
                 // SAFETY: boxed by ibv_create_cq; destroyed once.
                 drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
-                release(context);
+                release(context, cq);
                 0
             }
             Err(e) => {
@@ -768,10 +1002,14 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq_context: *mut *mut c_void,
 ) -> c_int {
     guard("ibv_get_cq_event", -1, || {
-        // SAFETY: the caller passes a live channel.
-        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else {
-            set_errno(libc::EINVAL);
-            return -1;
+        // SAFETY: the caller passes a live channel. One of a closed context reads as EIO, as the kernel's read
+        // of a completion channel whose context is gone.
+        let ch = match unsafe { channel_of(channel) } {
+            Ok(ch) => ch,
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
         };
         // A descriptor the program made non-blocking: one look, then EAGAIN. A blocking wait ends with EINTR on a
         // program's signal, as libibverbs' read() of the channel does (qperf's timer ends its tests so).
@@ -858,7 +1096,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
 #[repr(C)]
 pub(crate) struct Qp {
     pub(crate) c: ibv_qp_ex,
-    pub(crate) raw: RawQp,
+    pub(crate) raw: Held<RawQp>,
     pub(crate) qp_type: QpType,
     pub(crate) link: LinkLayer,
     pub(crate) ctx: *const Ctx,
@@ -873,7 +1111,9 @@ pub(crate) struct Qp {
 pub(crate) unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
     // SAFETY: `c.qp_base` is the first field of a boxed Qp (caller); a QP's context outlives it.
     unsafe {
-        qp.cast::<Qp>().as_ref().filter(|q| q.ctx.as_ref().is_some_and(|c| crate::device::of_this_process(c.dev)))
+        qp.cast::<Qp>()
+            .as_ref()
+            .filter(|q| q.ctx.as_ref().is_some_and(|c| crate::device::of_this_process(c.dev) && !c.is_closed()))
     }
 }
 
@@ -916,7 +1156,7 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
     let (pd, send, recv) = unsafe { (pd_of(r.pd), cq_of(r.send_cq), cq_of(r.recv_cq)) };
     let (pd, (_, send), (_, recv)) = (pd.ok_or(libc::EINVAL)?, send.ok_or(libc::EINVAL)?, recv.ok_or(libc::EINVAL)?);
     // SAFETY: as above.
-    let srq = unsafe { r.srq.cast::<Srq>().as_ref() };
+    let srq = if r.srq.is_null() { None } else { Some(unsafe { srq_of(r.srq) }.ok_or(libc::EINVAL)?) };
     let ty = qp_type(r.qp_type)?;
     refuse_huge("MLX_QP_ALLOC_TYPE")?;
     // SAFETY: the PD's context is open.
@@ -936,7 +1176,7 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
         max_inline_data: r.cap.max_inline_data,
     };
     let attr = CoreQpInitAttr { qp_type: ty, cap, sq_sig_all: r.sq_sig_all != 0 };
-    let raw = pd.raw.create_qp(send, recv, attr, srq.map(|s| &s.raw), r.qp_context as u64).map_err(|e| {
+    let raw = pd.raw.create_qp(send, recv, attr, srq.map(|s| &*s.raw), r.qp_context as u64).map_err(|e| {
         log::info!("create_qp: {e}");
         errno_of(&e)
     })?;
@@ -972,7 +1212,7 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
     let qpn = raw.qpn();
     let p = Box::into_raw(Box::new(Qp {
         c: qx,
-        raw,
+        raw: Held::new(raw),
         qp_type: ty,
         link: link(c),
         ctx: c,
@@ -982,7 +1222,7 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
     // SAFETY: p is the live box made above, not yet shared.
     crate::post::set_ops(unsafe { &*p }, r.send_ops);
     lock(&c.objs).qps.insert(qpn, p as usize);
-    hold(pd.c.context);
+    hold(pd.c.context, Kind::Qp, p);
     // SAFETY: the caller's live PD.
     unsafe { count_on_parent(r.pd, true) };
     Ok(p)
@@ -1301,8 +1541,8 @@ pub unsafe extern "C" fn ibv_query_qp(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard("ibv_destroy_qp", libc::EIO, || {
-        // SAFETY: the caller passes a live QP.
-        let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
+        // SAFETY: the caller passes a live QP (or one its closed context left, still allocated).
+        let Some(q) = (unsafe { qp_of(qp) }) else { return unsafe { refused(qp) } };
         match q.raw.destroy() {
             Ok(()) => {
                 // SAFETY: the context outlives its objects.
@@ -1314,7 +1554,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                 unsafe { count_on_parent(q.c.qp_base.pd, false) };
                 // SAFETY: boxed by ibv_create_qp; destroyed once.
                 drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
-                release(context);
+                release(context, qp);
                 0
             }
             Err(e) => errno_of(&e),
@@ -1325,9 +1565,22 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 #[repr(C)]
 pub(crate) struct Srq {
     pub(crate) c: ibv_srq,
-    pub(crate) raw: RawSrq,
+    pub(crate) raw: Held<RawSrq>,
     pub(crate) ctx: *const Ctx,
     pub(crate) async_events: AsyncCount,
+}
+
+/// The [`Srq`] of a program's `ibv_srq` (`None` for one of a closed context, or inherited across fork).
+///
+/// # Safety
+/// `srq` is NULL or an SRQ this library returned and not yet destroyed.
+pub(crate) unsafe fn srq_of<'a>(srq: *mut ibv_srq) -> Option<&'a Srq> {
+    // SAFETY: the C part is the first field of a boxed Srq (caller); its context outlives it.
+    unsafe {
+        srq.cast::<Srq>()
+            .as_ref()
+            .filter(|s| s.ctx.as_ref().is_some_and(|c| crate::device::of_this_process(c.dev) && !c.is_closed()))
+    }
 }
 
 #[no_mangle]
@@ -1364,9 +1617,10 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
                 cs.pd = pd;
                 cs.handle = raw.srqn();
                 let srqn = raw.srqn();
+                let raw = Held::new(raw);
                 let b = Box::into_raw(Box::new(Srq { c: cs, raw, ctx: c, async_events: AsyncCount::default() }));
                 lock(&c.objs).srqs.insert(srqn, b as usize);
-                hold(p.c.context);
+                hold(p.c.context, Kind::Srq, b);
                 // SAFETY: the caller's live PD.
                 unsafe { count_on_parent(pd, true) };
                 b.cast()
@@ -1380,7 +1634,7 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
 pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
     guard("ibv_modify_srq", libc::EIO, || {
         // SAFETY: the caller passes a live SRQ and its attributes.
-        let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe { attr.as_ref() }) else {
+        let (Some(s), Some(a)) = (unsafe { srq_of(srq) }, unsafe { attr.as_ref() }) else {
             return libc::EINVAL;
         };
         let sa = SrqAttr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit };
@@ -1395,7 +1649,7 @@ pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_at
 pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     guard("ibv_query_srq", libc::EIO, || {
         // SAFETY: the caller passes a live SRQ and a writable attribute.
-        let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe { attr.as_mut() }) else {
+        let (Some(s), Some(a)) = (unsafe { srq_of(srq) }, unsafe { attr.as_mut() }) else {
             return libc::EINVAL;
         };
         match s.raw.query() {
@@ -1411,8 +1665,8 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     guard("ibv_destroy_srq", libc::EIO, || {
-        // SAFETY: the caller passes a live SRQ.
-        let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else { return libc::EINVAL };
+        // SAFETY: the caller passes a live SRQ (or one its closed context left, still allocated).
+        let Some(s) = (unsafe { srq_of(srq) }) else { return unsafe { refused(srq) } };
         match s.raw.destroy() {
             Ok(()) => {
                 // SAFETY: the context outlives its objects.
@@ -1424,7 +1678,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
                 unsafe { count_on_parent(s.c.pd, false) };
                 // SAFETY: boxed by ibv_create_srq; destroyed once.
                 drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
-                release(context);
+                release(context, srq);
                 0
             }
             Err(e) => errno_of(&e),
@@ -1464,10 +1718,11 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         }
         match p.raw.create_ah(&ah_attr(a, l)) {
             Ok(ah) => {
-                hold(p.c.context);
                 // SAFETY: the caller's live PD.
                 unsafe { count_on_parent(pd, true) };
-                Box::into_raw(Box::new(Ah { c: ibv_ah { context: p.c.context, pd, handle: 0 }, ah })).cast()
+                let b = Box::into_raw(Box::new(Ah { c: ibv_ah { context: p.c.context, pd, handle: 0 }, ah }));
+                hold(p.c.context, Kind::Ah, b);
+                b.cast()
             }
             Err(e) => fail(errno_of(&e)),
         }
@@ -1479,13 +1734,14 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     if ah.is_null() {
         return libc::EINVAL;
     }
-    // SAFETY: boxed by ibv_create_ah; destroyed once (an AH has no firmware object: mlx5 AVs live in the WQE).
+    // SAFETY: boxed by ibv_create_ah; destroyed once (an AH has no firmware object: mlx5 AVs live in the WQE). One
+    // its closed context left is freed here too, as libmlx5 frees an AH it made without the kernel.
     let b = unsafe { Box::from_raw(ah.cast::<Ah>()) };
     let context = b.c.context;
-    // SAFETY: the AH's PD outlives it.
+    // SAFETY: the AH's PD outlives it (a closed context's PD is refused, so not counted on).
     unsafe { count_on_parent(b.c.pd, false) };
     drop(b);
-    release(context);
+    release(context, ah);
     0
 }
 

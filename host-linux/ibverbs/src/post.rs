@@ -11,7 +11,7 @@ use mlx5_core::qp::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 use crate::abi::*;
 use crate::errno_of;
 use crate::guard;
-use crate::objects::{cq_of, lock, qp_of, Ah, Qp, Srq};
+use crate::objects::{cq_of, lock, qp_of, srq_of, Ah, Qp};
 
 /// SGEs one work request may carry here (mlx5's largest WQE holds fewer).
 const MAX_SGE: usize = 64;
@@ -309,7 +309,7 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
 unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
     guard("ibv_post_srq_recv", libc::EIO, || {
         // SAFETY: the caller passes a live SRQ.
-        let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else { return libc::EINVAL };
+        let Some(s) = (unsafe { srq_of(srq) }) else { return libc::EINVAL };
         // SAFETY: the caller's list.
         unsafe { post_recvs(wr, bad, |r| s.raw.post_recv(std::slice::from_ref(r))) }
     })

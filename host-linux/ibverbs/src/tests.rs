@@ -298,18 +298,98 @@ fn loopback_send_and_rdma_write_through_the_ops() {
     }
 }
 
+/// Issue 29: a context closed with objects alive (qperf deallocates its PD before deregistering its MR) destroys
+/// them, as the kernel's uverbs does at the close of its file, and keeps their structs as shells the program may
+/// still pass: a destroy of a firmware object answers EBADF, as rdma-core's command on the closed `cmd_fd` does
+/// (nothing freed, so nothing freed twice); an AH, a thread domain, a parent domain and a completion channel,
+/// which libibverbs and libmlx5 free without a command, answer 0 and go; every other call is refused.
 #[test]
-fn a_context_closed_with_objects_alive_stays_until_they_go() {
+fn a_context_closed_with_objects_alive_leaves_shells_that_refuse_every_call() {
     let ctx = open();
-    // SAFETY: the objects are this library's; the program error (closing first) is what is tested.
+    let v = vctx(ctx);
+    // SAFETY: the objects are this library's; calls on them after the close (a program error) are what is tested.
     unsafe {
+        let ops = (*ctx).ops;
         let pd = ibv_alloc_pd(ctx);
-        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
-        assert!(!pd.is_null() && !cq.is_null());
+        let mut mem = vec![0u8; 4096];
+        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+        let ch = ibv_create_comp_channel(ctx);
+        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ch, 0);
+        let mut init = rc_init(cq, 2);
+        let qp = ibv_create_qp(pd, &mut init);
+        let mut sa = ibv_srq_init_attr {
+            srq_context: ptr::null_mut(),
+            attr: ibv_srq_attr { max_wr: 4, max_sge: 1, srq_limit: 0 },
+        };
+        let srq = ibv_create_srq(pd, &mut sa);
+        let mut gid = ibv_gid::default();
+        assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
+        let mut aa = ibv_ah_attr { is_global: 1, port_num: 1, ..Default::default() };
+        aa.grh.dgid = gid;
+        let ah = ibv_create_ah(pd, &mut aa);
+        let mut ta = ibv_td_init_attr { comp_mask: 0 };
+        let td = v.alloc_td.unwrap()(ctx, &mut ta);
+        let mut pa =
+            ibv_parent_domain_init_attr { pd, td, comp_mask: 0, alloc: None, free: None, pd_context: ptr::null_mut() };
+        let parent = v.alloc_parent_domain.unwrap()(ctx, &mut pa);
+        let used = v.alloc_parent_domain.unwrap()(ctx, &mut pa);
+        let on_parent = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        let mut pinit = rc_init(on_parent, 1);
+        let qp_on_parent = ibv_create_qp(used, &mut pinit);
+        for p in [pd.cast::<c_void>(), mr.cast(), ch.cast(), cq.cast(), qp.cast(), srq.cast(), ah.cast(), td.cast()] {
+            assert!(!p.is_null());
+        }
+        assert!(!parent.is_null() && !used.is_null() && !on_parent.is_null() && !qp_on_parent.is_null());
+        connect(ctx, qp, (*qp).qp_num);
+        // qperf's order: its PD first (refused while used), then the close.
+        assert_eq!(ibv_dealloc_pd(pd), libc::EBUSY);
         assert_eq!(ibv_close_device(ctx), 0);
-        // The objects still reach their (closed) context.
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dealloc_pd(pd), 0);
+        // The leftovers' firmware objects are gone.
+        let sim = crate::device::dev_of(vctx(ctx).context.device).unwrap().dev.sim_device().unwrap();
+        assert!(sim.qp_info((*qp).qp_num).is_none(), "the QP left alive is destroyed at close");
+        assert!(sim.qp_info((*qp_on_parent).qp_num).is_none());
+
+        // Calls on the shells: refused, never reaching the device or freed memory.
+        let sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        assert_eq!(
+            post_write(qp, 1, sge, wr_rdma { remote_addr: mem.as_ptr() as u64, rkey: (*mr).rkey }),
+            libc::EINVAL
+        );
+        let mut wc = [ibv_wc::default(); 1];
+        assert!(ops.poll_cq.unwrap()(cq, 1, wc.as_mut_ptr()) < 0);
+        assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), libc::EINVAL);
+        let mut qa: ibv_qp_attr = std::mem::zeroed();
+        assert_eq!(ibv_modify_qp(qp, &mut qa, 1), libc::EINVAL);
+        assert!(ibv_alloc_pd(ctx).is_null());
+        assert!(ibv_reg_mr(pd, mem.as_mut_ptr().cast(), 64, 1).is_null());
+        assert!(ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0).is_null());
+        assert_eq!(ibv_close_device(ctx), libc::EINVAL, "a second close");
+        let (mut ev_cq, mut ev_ctx) = (ptr::null_mut(), ptr::null_mut());
+        assert_eq!(ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), -1);
+        assert_eq!(errno(), libc::EIO, "the kernel's read of a channel whose context is gone");
+        ibv_ack_cq_events(cq, 1);
+        // Destroys, twice each: firmware objects EBADF (the shell stays), the others 0 and freed (once).
+        for _ in 0..2 {
+            assert_eq!(ibv_destroy_qp(qp), libc::EBADF);
+            assert_eq!(ibv_destroy_qp(qp_on_parent), libc::EBADF);
+            assert_eq!(ibv_destroy_srq(srq), libc::EBADF);
+            assert_eq!(ibv_destroy_cq(cq), libc::EBADF);
+            assert_eq!(ibv_destroy_cq(on_parent), libc::EBADF);
+            assert_eq!(ibv_dereg_mr(mr), libc::EBADF);
+            assert_eq!(ibv_dealloc_pd(pd), libc::EBADF);
+            // Objects made through it still count on it, as libmlx5's reference count says.
+            assert_eq!(ibv_dealloc_pd(used), libc::EBUSY);
+        }
+        assert_eq!(ibv_dealloc_pd(parent), 0);
+        assert_eq!(v.dealloc_td.unwrap()(td), libc::EBUSY, "the other parent domain still uses it");
+        assert_eq!(ibv_destroy_ah(ah), 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        // A fresh context of the same device works.
+        let ctx2 = open();
+        let pd2 = ibv_alloc_pd(ctx2);
+        assert!(!pd2.is_null());
+        assert_eq!(ibv_dealloc_pd(pd2), 0);
+        assert_eq!(ibv_close_device(ctx2), 0);
     }
 }
 
