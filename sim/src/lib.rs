@@ -913,6 +913,19 @@ impl SimDevice {
         lock(&self.shared).wire.guest_link().map(|l| l.frames())
     }
 
+    /// Makes the guest link a slow cable: it writes at most `per_ms` frames a millisecond (0: no limit). Returns
+    /// false when no guest link is plugged in.
+    pub fn guest_pace(&self, per_ms: u64) -> bool {
+        let l = lock(&self.shared).wire.guest_link();
+        l.map(|l| l.set_pace(per_ms)).is_some()
+    }
+
+    /// The most frames the guest link held queued for its writer at once; `None` when no guest link is plugged
+    /// in.
+    pub fn guest_backlog_peak(&self) -> Option<u64> {
+        lock(&self.shared).wire.guest_link().map(|l| l.backlog_peak())
+    }
+
     /// Frames the RoCE port received and accepted (every check passed), from links and from devices of this
     /// process.
     pub fn frames_received(&self) -> u64 {

@@ -977,6 +977,8 @@ impl Rdma {
             inp.set(q::RETRY_COUNT.at(c), prm.retry_count);
             inp.set(q::RNR_RETRY.at(c), prm.rnr_retry);
             inp.set(q::LOG_SRA_MAX.at(c), prm.log_sra_max);
+            // As mlx5_ib writes it in every context: AckReq every 256 packets.
+            inp.set(q::LOG_ACK_REQ_FREQ.at(c), 8);
             inp.set(ifc::ads::ACK_TIMEOUT.at(q::PRIMARY_ADDRESS_PATH.at(c)), prm.ack_timeout);
         });
         assert_eq!(st, (0, 0), "RTR2RTS");

@@ -329,6 +329,14 @@ pub(crate) const MAX_IN_FLIGHT: usize = 16;
 pub(crate) const ATOMIC_REPLAY: usize = MAX_IN_FLIGHT;
 /// A message joins a non-empty window only while the messages in it hold less than this many bytes.
 pub(crate) const MAX_IN_FLIGHT_BYTES: u64 = 1 << 20;
+/// The most request packets (frames) a QP has on a link and not yet acknowledged, over all its messages: a
+/// message of any size goes out this many packets ahead of the responder's ACKs, so what waits on a link stays
+/// bounded and the ACK timer sees progress while the link carries the message (a ConnectX keeps a bounded number
+/// of packets in flight too). Messages that cross as one packet (loopback, InfiniBand ports) are not cut.
+pub(crate) const MAX_PACKETS_IN_FLIGHT: u32 = 1024;
+/// AckReq comes every `1 << log_ack_req_freq` packets of a message, at most every this many (log2), so several
+/// ACKs come back per window whatever the context asks.
+pub(crate) const LOG_ACK_REQ_MAX: u8 = MAX_PACKETS_IN_FLIGHT.trailing_zeros() as u8 - 2;
 
 /// An RC send WQE between its request and its response.
 #[derive(Debug, Clone)]
@@ -348,6 +356,11 @@ pub(crate) struct Outstanding {
     /// Packets of the message the responder has (acknowledged, or implied by a sequence NAK naming a later
     /// PSN) or, for a READ, response packets taken: a retransmission starts after them (RoCE only).
     pub(crate) resume: u32,
+    /// Request packets of this attempt put on the wire (the next one to send is the later of this and
+    /// `resume`): the window ([`MAX_PACKETS_IN_FLIGHT`]) lets the rest out as ACKs come.
+    pub(crate) sent: u32,
+    /// The message went as one packet (to this device, on InfiniBand, or lost): it counts one in the window.
+    pub(crate) whole: bool,
 }
 
 impl Outstanding {
@@ -357,6 +370,36 @@ impl Outstanding {
             RcOp::Send { .. } | RcOp::Write { .. } => self.len,
             RcOp::Read { .. } | RcOp::Atomic { .. } => 0,
         }
+    }
+
+    /// Request packets the message takes at path MTU `mtu` (a READ or an atomic is one request packet).
+    pub(crate) fn packets(&self, mtu: u8) -> u32 {
+        match (&self.op, mtu) {
+            // `psn_count` with a shift for the division: the MTUs (`IB_MTU_256` 1 to `IB_MTU_4096` 5) are
+            // `128 << mtu` bytes. The datapath asks this for every message it sends.
+            (RcOp::Send { .. } | RcOp::Write { .. }, 1..=5) => {
+                let shift = 7 + u32::from(mtu);
+                let n = self.len.saturating_add((1 << shift) - 1) >> shift;
+                u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+            }
+            _ => 1,
+        }
+    }
+
+    /// Request packets the responder has confirmed: a READ's `resume` counts its response packets instead.
+    pub(crate) fn acked(&self) -> u32 {
+        match self.op {
+            RcOp::Send { .. } | RcOp::Write { .. } => self.resume,
+            RcOp::Read { .. } | RcOp::Atomic { .. } => 0,
+        }
+    }
+
+    /// Packets of this attempt on the wire and not acknowledged.
+    pub(crate) fn unacked(&self) -> u32 {
+        if self.whole {
+            return u32::from(self.sent > 0);
+        }
+        self.sent.saturating_sub(self.acked())
     }
 }
 
@@ -416,6 +459,11 @@ pub(crate) struct Qp {
     /// sequence NAKs in frames (the responder's answers to packets sent before it went back, which name no
     /// attempt) start no other one. A packet's response names its attempt, so a stale one is simply unmatched.
     pub(crate) retrying: bool,
+    /// Some request in `reqs` has packets the window held back: the datapath sends them as ACKs free room.
+    pub(crate) window_blocked: bool,
+    /// `qpc.log_ack_req_freq` (RTR2RTS): the requester asks for an ACK every `1 << it` packets of a message
+    /// (mlx5_ib writes 8), and on each message's last packet.
+    pub(crate) log_ack_req_freq: u8,
     /// The PSNs and original values of the last atomics executed as a responder (at most
     /// [`ATOMIC_REPLAY`]), oldest first: a duplicate of one is answered with the value it returned.
     pub(crate) atomic_results: VecDeque<(u32, u64)>,
@@ -542,6 +590,7 @@ impl Qp {
         self.rq_ci = 0;
         self.reqs.clear();
         self.retrying = false;
+        self.window_blocked = false;
         self.error = None;
         self.last_wqe_sent = false;
     }
@@ -896,6 +945,8 @@ impl QpTable {
             rq_ci: 0,
             reqs: VecDeque::new(),
             retrying: false,
+            window_blocked: false,
+            log_ack_req_freq: 0,
             atomic_results: VecDeque::new(),
             comm_est: false,
             error: None,
@@ -1090,6 +1141,7 @@ impl QpTable {
                     qp.retry_count = get(q::RETRY_COUNT) as u8;
                     qp.rnr_retry = get(q::RNR_RETRY) as u8;
                     qp.log_sra_max = get(q::LOG_SRA_MAX);
+                    qp.log_ack_req_freq = get(q::LOG_ACK_REQ_FREQ) as u8;
                     qp.path.put(ifc::ads::ACK_TIMEOUT, path.ack_timeout().into());
                     if has(k::MLX5_QP_OPTPAR_RNR_TIMEOUT) {
                         qp.min_rnr_nak = get(q::MIN_RNR_NAK) as u8;
@@ -1168,6 +1220,7 @@ impl QpTable {
             (q::REMOTE_QPN, qp.remote_qpn),
             (q::LOG_SRA_MAX, qp.log_sra_max),
             (q::RETRY_COUNT, qp.retry_count.into()),
+            (q::LOG_ACK_REQ_FREQ, qp.log_ack_req_freq.into()),
             (q::RNR_RETRY, qp.rnr_retry.into()),
             (q::NEXT_SEND_PSN, qp.next_send_psn),
             (q::CQN_SND, qp.cqn_snd),

@@ -47,6 +47,9 @@ pub(crate) struct GuestLink {
     /// The same for RoCE frames received.
     received: AtomicU64,
     drop_in_nth: AtomicU64,
+    /// Frames the writer puts on the socket per millisecond at most (0: as fast as it can): a slow cable, for
+    /// tests of messages that take the link longer than the ACK timeout.
+    pace: AtomicU64,
     /// Frames given to the writer thread and written.
     count: TxCount,
 }
@@ -107,6 +110,16 @@ impl GuestLink {
     pub(crate) fn drop_frame(&self, n: u64) {
         let base = self.sent.load(Ordering::Acquire);
         self.drop_nth.store(base + n, Ordering::Release);
+    }
+
+    /// Makes the writer put at most `per_ms` frames a millisecond on the socket (0: no limit).
+    pub(crate) fn set_pace(&self, per_ms: u64) {
+        self.pace.store(per_ms, Ordering::Release);
+    }
+
+    /// The most frames that waited for the writer at once.
+    pub(crate) fn backlog_peak(&self) -> u64 {
+        self.count.peak()
     }
 
     /// Drops the `n`-th RoCE frame received from now on (1 is the next one).
@@ -225,6 +238,7 @@ fn plug(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
         drop_nth: AtomicU64::new(0),
         received: AtomicU64::new(0),
         drop_in_nth: AtomicU64::new(0),
+        pace: AtomicU64::new(0),
         count: TxCount::default(),
     });
     let reader = stream.try_clone()?;
@@ -242,17 +256,32 @@ fn plug(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
 
 fn write_loop(link: &GuestLink, stream: UnixStream, rx: mpsc::Receiver<Vec<u8>>) {
     let mut w = BufWriter::new(stream);
+    // A paced link's schedule: when its first frame went and how many went since.
+    let mut paced: Option<(Instant, u64)> = None;
     while let Ok(frame) = rx.recv() {
         let mut ok = write_frame(&mut w, &frame).is_ok();
         let mut n = 1;
-        while let Ok(more) = rx.try_recv() {
-            ok &= write_frame(&mut w, &more).is_ok();
-            n += 1;
+        let pace = link.pace.load(Ordering::Acquire);
+        // A paced link writes one frame at a time; otherwise everything queued goes out together.
+        if pace == 0 {
+            while let Ok(more) = rx.try_recv() {
+                ok &= write_frame(&mut w, &more).is_ok();
+                n += 1;
+            }
         }
         if !ok || w.flush().is_err() {
             break;
         }
         link.count.written(n);
+        // Paced: the n-th frame since the pace was set goes n / pace milliseconds after the first.
+        let sent = paced.map_or(0, |(_, n)| n) + 1;
+        if let Some(us) = sent.saturating_mul(1000).checked_div(pace) {
+            let start = paced.map_or_else(Instant::now, |(t, _)| t);
+            paced = Some((start, sent));
+            if let Some(wait) = (start + Duration::from_micros(us)).checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
     }
     link.close();
 }
@@ -694,6 +723,137 @@ mod tests {
         // The second request was a duplicate at B, answered from the adjusted RETH, not run as a new READ.
         assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
         let _ = &t.b_cq;
+    }
+
+    /// Two RC QPs across the guest link, A's parameters `pa`, regions of `len` bytes each, and A's frames captured
+    /// to the file returned.
+    fn rc_large(name: &str, pa: RcParams, len: usize) -> (Rc, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!("mlx5-guest-{}-{name}.pcap", std::process::id()));
+        let sink = crate::link::pcap::PcapSink::create(&path).unwrap();
+        let (mut a, mut b) = joined_with(name, SimConfig { pcap: Some(sink), ..cfg(1) }, cfg(2));
+        let (a_cq, b_cq) = (a.cq(5), b.cq(5));
+        let qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
+        let qb = b.qp(QpSpec::rc(), b_cq.cqn, b_cq.cqn);
+        let (ra, rb) = (a.me(qa.qpn), b.me(qb.qpn));
+        a.connect_rc(&qa, &rb, pa);
+        b.connect_rc(&qb, &ra, RcParams::default());
+        let (ma, mb) = (a.mr(len), b.mr(len));
+        (Rc { a, b, qa, qb, a_cq, b_cq, ma, mb }, path)
+    }
+
+    /// The packets of A's SENDs in the capture at `path` (removed), in the order A sent them, as offsets from
+    /// PSN `base`.
+    fn sent_psns(path: &std::path::Path, base: u32) -> Vec<u32> {
+        use crate::wire::roce::ib::Opcode;
+        let bytes = std::fs::read(path).unwrap();
+        let _ = std::fs::remove_file(path);
+        let frames = crate::link::pcap::read_frames(&bytes).unwrap();
+        let send = |o: Opcode| matches!(o, Opcode::RcSendFirst | Opcode::RcSendMiddle | Opcode::RcSendLast);
+        frames
+            .iter()
+            .filter_map(|(_, f)| match parse(f) {
+                Ok(Parsed::Roce(r)) if send(r.bth.opcode) => Some(r.bth.psn.wrapping_sub(base) & 0xff_ffff),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Posts one SEND of `len` bytes (a pattern) from A to a receive of B, waits for both completions and checks
+    /// them and every byte. Returns A's first PSN for it.
+    fn large_send(t: &mut Rc, len: usize) -> u32 {
+        let msg = pattern(len, 7);
+        t.ma.write(0, &msg);
+        t.b.post_recv(&mut t.qb, &[(t.mb.addr(), len as u32, t.mb.key)]);
+        let base = t.a.h.dev.qp_info(t.qa.qpn).unwrap().next_send_psn;
+        t.a.post_send(&mut t.qa, &Wqe::new(SEND).data(len as u32, t.ma.key, t.ma.addr()), Bell::Db);
+        assert_eq!(t.a.wait_cqe(&mut t.a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        let e = t.b.wait_cqe(&mut t.b_cq).expect("receive CQE");
+        assert_eq!((e.opcode(), e.byte_cnt()), (consts::MLX5_CQE_RESP_SEND, len as u32));
+        assert!(t.mb.read(0, len) == msg, "every byte at its offset");
+        base
+    }
+
+    fn retries(r: &Rdma) -> Vec<crate::RetryKind> {
+        r.h.dev
+            .events()
+            .iter()
+            .filter_map(|e| if let SimEvent::Retry { kind, .. } = e { Some(*kind) } else { None })
+            .collect()
+    }
+
+    /// Issue 29: a message longer than the link carries within the requester's ACK timeouts failed with "transport
+    /// retry counter exceeded": every frame was queued at once, the responder acknowledged only the last, and each
+    /// timeout queued the whole message again. Now a window of packets is in flight, AckReq comes every 256
+    /// packets, and each ACK lets more out and restarts the timer.
+    #[test]
+    fn a_message_the_link_carries_longer_than_the_ack_timers_completes_with_nothing_sent_twice() {
+        const LEN: usize = 3 << 20;
+        // 3,072 frames at 3 a millisecond take a second; the ACK timer is 4.096 us << 16 (268 ms) with one retry,
+        // 537 ms in all. An ACK comes every 256 frames (85 ms).
+        let pa = RcParams { ack_timeout: 16, retry_count: 1, ..RcParams::default() };
+        let (mut t, path) = rc_large("slow", pa, LEN);
+        assert!(t.a.h.dev.guest_pace(3));
+        let a0 = t.a.h.dev.guest_frames().unwrap();
+        let started = Instant::now();
+        large_send(&mut t, LEN);
+        assert!(started.elapsed() > Duration::from_millis(537), "the transfer outlasted the whole retry budget");
+        assert_eq!(retries(&t.a), [], "nothing timed out");
+        assert_eq!(sent_since(&t.a, a0), 3072, "each packet once");
+        let peak = t.a.h.dev.guest_backlog_peak().unwrap();
+        let window = u64::from(crate::fw::qp::MAX_PACKETS_IN_FLIGHT);
+        assert!(peak <= window, "{peak} frames waited on the link (the window is {window})");
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_frame_lost_inside_a_long_message_is_sent_again_from_its_psn_not_from_the_start() {
+        const LEN: usize = 2 << 20;
+        // The ACK timer is long (4.3 s): only B's sequence NAK can bring the retransmission in time.
+        let (mut t, path) = rc_large("long-nak", RcParams { ack_timeout: 20, ..RcParams::default() }, LEN);
+        // Packet 1499 of 2,048 is lost.
+        assert!(t.a.h.dev.guest_drop_frame(1500));
+        let started = Instant::now();
+        let base = large_send(&mut t, LEN);
+        assert!(started.elapsed() < Duration::from_secs(4), "recovered by the NAK, not the timer");
+        assert_eq!(retries(&t.a), [crate::RetryKind::Transport], "one go-back");
+        let psns = sent_psns(&path, base);
+        // Every packet before the lost one went once; the first step back is to the lost one, which then went
+        // once (its first attempt never reached the capture).
+        let back = (1..psns.len()).find(|&i| psns[i] <= psns[i - 1]).expect("a retransmission");
+        assert_eq!(psns[back], 1499, "{:?}", &psns[back.saturating_sub(3)..back + 3]);
+        let times = |k: u32| psns.iter().filter(|&&p| p == k).count();
+        assert!((0..1499).all(|k| times(k) == 1), "a packet before the lost one went twice");
+        assert_eq!(times(1499), 1);
+        assert!((1500..2048).all(|k| times(k) >= 1));
+    }
+
+    #[test]
+    fn a_lost_last_packet_is_sent_again_by_the_ack_timer_from_the_first_packet_not_acknowledged() {
+        const LEN: usize = 2 << 20;
+        // The last of 2,048 packets is lost: nothing follows it, so no NAK; the ACK timer (1 s) sends again from
+        // the first packet B did not acknowledge, 1,792 (B acknowledged the AckReq on packet 1,791).
+        let (mut t, path) = rc_large("long-timer", RcParams { ack_timeout: 18, ..RcParams::default() }, LEN);
+        assert!(t.a.h.dev.guest_drop_frame(2048));
+        let a0 = t.a.h.dev.guest_frames().unwrap();
+        let base = large_send(&mut t, LEN);
+        assert_eq!(retries(&t.a), [crate::RetryKind::Transport], "one timeout");
+        let timeouts =
+            t.a.h
+                .dev
+                .events()
+                .iter()
+                .filter(|e| matches!(e, SimEvent::Unreachable { why, .. } if why.contains("ACK timeout")))
+                .count();
+        assert_eq!(timeouts, 1);
+        assert_eq!(sent_since(&t.a, a0), 2048 + 256, "the message, then its last 256 packets");
+        let psns = sent_psns(&path, base);
+        let expected: Vec<u32> = (0..2047).chain(1792..2048).collect();
+        assert!(
+            psns == expected,
+            "{} packets, the first step back to {:?}",
+            psns.len(),
+            (1..psns.len()).find(|&i| psns[i] <= psns[i - 1]).map(|i| psns[i])
+        );
     }
 
     #[test]

@@ -60,12 +60,21 @@ pub(crate) const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_
 pub(crate) struct TxCount {
     queued: AtomicU64,
     written: AtomicU64,
+    /// The most frames queued and not yet written at once (the backlog a slow link builds).
+    peak: AtomicU64,
 }
 
 impl TxCount {
     /// One frame handed to the writer.
     pub(crate) fn queued(&self) {
-        self.queued.fetch_add(1, Ordering::AcqRel);
+        let queued = self.queued.fetch_add(1, Ordering::AcqRel) + 1;
+        let backlog = queued.saturating_sub(self.written.load(Ordering::Acquire));
+        self.peak.fetch_max(backlog, Ordering::AcqRel);
+    }
+
+    /// The most frames that waited for the writer at once.
+    pub(crate) fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Acquire)
     }
 
     /// `n` frames written and flushed to the socket.

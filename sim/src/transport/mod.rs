@@ -12,6 +12,7 @@
 //! The SQ of a QP in RTS runs in order. A UD send (and a NOP) completes as soon as it is handed to the wire. An
 //! RC WQE is in flight until a response acknowledges it: up to `MAX_IN_FLIGHT` at once, READs and atomics up
 //! to the initiator depth, a fenced WQE only once no READ or atomic is in flight (`requester.rs`);
+//! on a link a message leaves in packets, at most `MAX_PACKETS_IN_FLIGHT` not acknowledged (`send_window`);
 //! the QP's `sq_next` is the next WQE to execute and `sq_ci` the next to complete, so completions stay in
 //! order (a WQE that fails locally, or a NOP, waits for those in flight). Every device access by key goes through [`State::mkey_access`]: local SGEs with the QP's PD
 //! (`LOCAL_READ` to gather, `LOCAL_WRITE` for READ and atomic results), remote ones with the target QP's PD, its
@@ -50,7 +51,8 @@ use mlx5_core::prm::{c, consts, Bytes};
 use crate::events::{RetryKind, SimEvent};
 use crate::fw::mkey::MkeyAccess;
 use crate::fw::qp::{
-    Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, PSN_MASK, SEND_WQE_BB,
+    Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, LOG_ACK_REQ_MAX, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES,
+    MAX_PACKETS_IN_FLIGHT, PSN_MASK, SEND_WQE_BB,
 };
 use crate::link::Packet;
 use crate::small::Small;
@@ -254,9 +256,11 @@ impl State {
         match qp.state {
             QpState::Err => self.flush(qpn),
             QpState::Rts => {
-                // Only outstanding requests have timers.
+                // Only outstanding requests have timers; only a window that held packets back has more to send.
+                let blocked = qp.window_blocked;
                 let retried = !qp.reqs.is_empty() && self.retry_due(qpn, now);
-                self.sq_progress(qpn) || retried
+                let more = blocked && self.send_window(qpn);
+                self.sq_progress(qpn) || retried || more
             }
             _ => false,
         }

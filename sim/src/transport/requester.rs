@@ -8,6 +8,12 @@
 //! every one not acknowledged again (go-back-N), the oldest from its first missing packet; the responder
 //! answers a resent atomic from the results it keeps (`ATOMIC_REPLAY`). A fenced WQE waits until no READ or
 //! atomic is in flight.
+//!
+//! On a link, a message goes out in packets (frames) as a ConnectX sends it: at most `MAX_PACKETS_IN_FLIGHT`
+//! of the QP's request packets are on the wire and not acknowledged, AckReq rides every
+//! `1 << log_ack_req_freq` packets of a message and on its last, and each ACK of some of them (the responder
+//! answers every AckReq, an ACK covering all before it) lets as many more out, restarts the ACK timer (which so
+//! measures time without progress, never a message's length) and moves the point a retransmission starts from.
 
 use super::wqe::{Kind, SendWqe};
 use super::*;
@@ -89,16 +95,62 @@ impl State {
             rnr_left: rnr_retry,
             solicited,
             resume: 0,
+            sent: 0,
+            whole: false,
         });
-        let last = qp.reqs.len() - 1;
-        self.transmit(qpn, last);
+        self.send_window(qpn);
         true
     }
 
-    /// Puts request `j` in flight of `qpn` (0 is the oldest) on the wire, along the QP's primary path.
-    pub(super) fn transmit(&mut self, qpn: u32, j: usize) {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return };
-        let Some(req) = qp.reqs.get(j) else { return };
+    /// Sends the packets of the requests in flight of `qpn` the window has room for, oldest first: at most
+    /// `MAX_PACKETS_IN_FLIGHT` on the wire and not acknowledged. Returns whether it sent any.
+    pub(super) fn send_window(&mut self, qpn: u32) -> bool {
+        // The first request with packets to send (usually the newest) and where it resumes.
+        let next_after = |reqs: &std::collections::VecDeque<Outstanding>, at: usize, mtu: u8| {
+            reqs.iter().enumerate().skip(at).find_map(|(j, r)| {
+                let (total, from) = (r.packets(mtu), r.sent.max(r.acked()));
+                (from < total).then_some((j, total, from))
+            })
+        };
+        let Some(qp) = self.fw.qps.get(&qpn) else { return false };
+        let (mtu, was_blocked) = (qp.mtu, qp.window_blocked);
+        let out: u32 = qp.reqs.iter().map(|r| r.unacked()).sum();
+        let mut room = MAX_PACKETS_IN_FLIGHT.saturating_sub(out);
+        let mut next = next_after(&qp.reqs, 0, mtu);
+        let mut any = false;
+        while let Some((j, total, from)) = next {
+            if room == 0 {
+                break;
+            }
+            let (reached, framed) = self.transmit(qpn, j, from, (total - from).min(room));
+            room = room.saturating_sub(if framed { reached.saturating_sub(from) } else { 1 });
+            any = true;
+            let Some(qp) = self.fw.qps.get_mut(&qpn) else { return any };
+            if let Some(r) = qp.reqs.get_mut(j) {
+                (r.sent, r.whole) = (reached, !framed);
+            }
+            next = if reached < total { Some((j, total, reached)) } else { next_after(&qp.reqs, j + 1, mtu) };
+            if next.is_none() {
+                qp.window_blocked = false;
+                return any;
+            }
+        }
+        // Packets held back until ACKs make room (or, with nothing to send, no longer).
+        if next.is_some() != was_blocked {
+            if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+                qp.window_blocked = next.is_some();
+            }
+        }
+        any
+    }
+
+    /// Puts `count` packets from packet `from` of request `j` in flight of `qpn` (0 is the oldest) on the wire,
+    /// along the QP's primary path. Returns the packet it reached (the message's end when it crosses whole: to
+    /// this device, on InfiniBand, or lost) and whether it went as frames.
+    pub(super) fn transmit(&mut self, qpn: u32, j: usize, from: u32, count: u32) -> (u32, bool) {
+        let Some(qp) = self.fw.qps.get(&qpn) else { return (from, false) };
+        let Some(req) = qp.reqs.get(j) else { return (from, false) };
+        let total = req.packets(qp.mtu);
         let path = &qp.route;
         let addr = &self.wire.addr;
         let me = self.wire.me_here();
@@ -112,11 +164,22 @@ impl State {
         let dest = if addr.ib { Dest::Lid(path.rlid) } else { Dest::Gid { gid: path.rgid, mac: path.rmac } };
         let body = Body::Rc { seq: req.seq, psn: req.psn, op: req.op.clone(), solicited: req.solicited };
         let (remote, seq) = (qp.remote_qpn, req.seq);
-        // Only frames can start inside a message; an IB port's packet is the whole message.
-        let resume = if addr.ib { 0 } else { req.resume };
-        let roce = RoceInfo { mtu: qp.mtu, udp_sport: path.udp_sport, resume, ..RoceInfo::default() };
+        let data = matches!(req.op, RcOp::Send { .. } | RcOp::Write { .. });
+        let ack_every = 1 << qp.log_ack_req_freq.min(LOG_ACK_REQ_MAX);
+        let mut roce = RoceInfo { mtu: qp.mtu, udp_sport: path.udp_sport, ack_every, ..RoceInfo::default() };
+        let (mut reached, mut framed) = (total, false);
         let p = match self.wire.route(&dest) {
             Ok(dst) => {
+                // Only frames can start inside a message: a packet to this device or on an IB port is the whole
+                // message. A READ is asked again from the response packet `resume`.
+                framed = !addr.ib && dst.id != me.id;
+                if framed {
+                    if data {
+                        (roce.resume, roce.count, reached) = (from, count, from.saturating_add(count).min(total));
+                    } else {
+                        roce.resume = req.resume;
+                    }
+                }
                 Packet { src: me, dst, src_qpn: qpn, dst_qpn: remote, slid: addr.lid, sl: path.sl, grh, body, roce }
             }
             // Nothing answers: the ACK timer runs out.
@@ -133,6 +196,7 @@ impl State {
             },
         };
         self.wire.send(p);
+        (reached, framed)
     }
 
     /// Retries the requests in flight of `qpn` if the oldest one's timer has expired (the RNR or retry wait, or
@@ -175,16 +239,16 @@ impl State {
             req.resume = read_taken;
         }
         let wqe_counter = req.wqe.index;
-        let n = qp.reqs.len();
+        // Go-back-N: every request is sent again, the oldest from the first packet the responder lacks, as the
+        // window lets them out.
         for r in qp.reqs.iter_mut() {
             r.seq = self.dp.next_seq;
             r.phase = Phase::InFlight { sent_ns: now };
+            r.sent = 0;
             self.dp.next_seq += 1;
         }
         self.events.push(SimEvent::Retry { qpn, wqe_counter, kind });
-        for j in 0..n {
-            self.transmit(qpn, j);
-        }
+        self.send_window(qpn);
         true
     }
 
@@ -210,6 +274,20 @@ impl State {
             self.restart_ack_timer(qpn, now);
         }
         done
+    }
+
+    /// An ACK of the oldest request's first `k` packets (AckReq inside it, or coalesced): a retransmission starts
+    /// after them, the window has room for as many more, and the ACK timer starts again, as it measures time
+    /// without progress.
+    pub(super) fn ack_packets(&mut self, qpn: u32, k: u32) {
+        let Some(r) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) else { return };
+        if k <= r.resume {
+            return;
+        }
+        r.resume = k;
+        r.sent = r.sent.max(k);
+        let now = self.now_ns();
+        self.restart_ack_timer(qpn, now);
     }
 
     /// Progress restarts the ACK timer of the oldest request of `qpn` left in flight (as rdma_rxe's completer

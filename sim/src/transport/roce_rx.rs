@@ -2,7 +2,8 @@
 //! answered for the port's IPv4 addresses and teaches the port its neighbours' MACs; a RoCEv2 frame that passes
 //! every check (`wire::roce::frame`, ICRC included) is taken apart by opcode: UD sends go to their QP with the
 //! DETH's Q_Key and source QP; RC and UC request packets are put back together at their QP (FIRST, MIDDLE..,
-//! LAST in PSN order; RETH from the first) into one message at the first packet's PSN, which the responder then
+//! LAST in PSN order; RETH from the first; an AckReq inside a message answered with an ACK of every packet
+//! taken) into one message at the first packet's PSN, which the responder then
 //! checks as it checks any request (execute, answer a duplicate, NAK a sequence error); responses are matched to
 //! the QP's outstanding request by PSN (an ACK must name its last PSN, READ responses come one PSN per packet from
 //! the first, an atomic ACK names the request's PSN). A frame that fails a check is dropped and recorded as
@@ -238,7 +239,7 @@ impl State {
     }
 
     fn rx_deliver(&mut self, from: &DevRef, src_qpn: u32, r: &RoceRepr<'_>, body: Body, mtu: u8) {
-        let roce = RoceInfo { mtu, udp_sport: r.udp.src_port, psn: r.bth.psn, msn: 0, resume: 0 };
+        let roce = RoceInfo { mtu, udp_sport: r.udp.src_port, psn: r.bth.psn, ..RoceInfo::default() };
         let dst = self.wire.me.clone();
         let p = Packet {
             src: from.clone(),
@@ -345,8 +346,7 @@ impl State {
             (false, _) => Some(PartialKind::Send { uc }),
         };
         let imm = r.ext.immdt;
-        let finish = |kind: PartialKind, data: &[u8]| -> RcOp {
-            let data = Payload::from(data);
+        let finish = |kind: PartialKind, data: Payload| -> RcOp {
             match kind {
                 PartialKind::Write { raddr, rkey, .. } => RcOp::Write { raddr, rkey, data, imm },
                 _ => RcOp::Send { data, imm },
@@ -368,7 +368,7 @@ impl State {
                 }
                 if pos == Position::Only {
                     self.dp.rx.requests.remove(&qpn);
-                    let op = finish(kind, r.payload);
+                    let op = finish(kind, Payload::from(r.payload));
                     return self.rx_deliver(from, remote, r, whole(op), mtu);
                 }
                 // A new FIRST replaces a message that never finished (its requester started again).
@@ -392,7 +392,12 @@ impl State {
                         p.data = self.dp.rx.buffer(r.payload, p.limit);
                     }
                 }
+                // AckReq on a FIRST (a requester asking every packet) is answered as on a MIDDLE.
+                let ack = r.bth.ack_req && !uc && p.rest != Rest::Drop;
                 self.dp.rx.requests.insert(qpn, p);
+                if ack {
+                    self.rx_reply(qpn, Resp::Ack, psn, r, from);
+                }
             }
             Position::Middle | Position::Last => {
                 let fits = |p: &Partial| {
@@ -418,6 +423,8 @@ impl State {
                             self.dp.rx.requests.remove(&qpn);
                             self.events.push(SimEvent::DuplicateRequest { qpn, psn });
                             self.rx_reply(qpn, Resp::Ack, psn, r, from);
+                        } else if r.bth.ack_req && !uc {
+                            self.rx_reply(qpn, Resp::Ack, psn, r, from);
                         }
                     }
                     Some(p) if fits(p) && (p.data.len() + r.payload.len()) as u64 > p.limit => {
@@ -440,9 +447,18 @@ impl State {
                             return;
                         }
                         if pos == Position::Last {
-                            let Some(p) = self.dp.rx.requests.remove(&qpn) else { return };
-                            let op = finish(p.kind, &p.data);
-                            self.dp.rx.recycle(p.data);
+                            let Some(mut p) = self.dp.rx.requests.remove(&qpn) else { return };
+                            let data = std::mem::take(&mut p.data);
+                            // A buffer too large to keep for the next message becomes the payload as it is (no
+                            // copy of a large message); a smaller one is copied and kept.
+                            let data = if data.capacity() > SPARE_BYTES {
+                                Payload::from_vec(data)
+                            } else {
+                                let d = Payload::from(&data[..]);
+                                self.dp.rx.recycle(data);
+                                d
+                            };
+                            let op = finish(p.kind, data);
                             let body = if uc {
                                 Body::Uc { psn: p.first_psn, op, solicited }
                             } else {
@@ -462,7 +478,12 @@ impl State {
                         }
                     }
                     Some(p) if psn_diff(psn, p.next_psn) < 0 && psn_diff(psn, p.first_psn) >= 0 => {
-                        // A packet of this message arrived again (the requester went back): already taken.
+                        // A packet of this message arrived again (the requester went back): already taken. Its
+                        // AckReq is answered with every packet held so far (an ACK was lost).
+                        if r.bth.ack_req && !uc && p.rest == Rest::Keep {
+                            let last = psn_add(p.next_psn, PSN_MASK);
+                            self.rx_reply(qpn, Resp::Ack, last, r, from);
+                        }
                     }
                     _ => {
                         // Out of sequence: the message is lost. On RC the responder still judges the PSN (a
@@ -579,7 +600,7 @@ impl State {
             sl: 0,
             grh: Some(ext_grh(r).reversed()),
             body: Body::Resp { seq: 0, resp },
-            roce: RoceInfo { mtu, udp_sport: r.udp.src_port, psn, msn, resume: 0 },
+            roce: RoceInfo { mtu, udp_sport: r.udp.src_port, psn, msn, ..RoceInfo::default() },
         };
         self.wire.send(reply);
     }
@@ -637,8 +658,8 @@ impl State {
                         return self.rc_response(qpn, seq, Resp::Ack, remote);
                     }
                     // An ACK of some packets of this SEND or WRITE (coalesced, or asked for inside it): the ones
-                    // before it are done, and a retransmission of it starts after them.
-                    self.set_resume(qpn, k + 1);
+                    // before it are done, a retransmission of it starts after them, and the window moves on.
+                    self.ack_packets(qpn, k + 1);
                     return;
                 }
                 // An ACK inside a READ or an atomic completes nothing, nor one of a message already done (a

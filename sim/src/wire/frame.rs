@@ -383,7 +383,7 @@ impl<D: Clone> Packet<D> {
             BodyKind::Unknown(_) => return Err("bad packet kind in a link frame"),
         };
         // Whole messages cross this format: nothing resumes.
-        let roce = RoceInfo { mtu: d.u8()?, udp_sport: d.u16()?, psn: d.u32()?, msn: d.u32()?, resume: 0 };
+        let roce = RoceInfo { mtu: d.u8()?, udp_sport: d.u16()?, psn: d.u32()?, msn: d.u32()?, ..RoceInfo::default() };
         d.end()?;
         Ok(Packet {
             src: nobody.clone(),
@@ -541,7 +541,7 @@ mod tests {
                 op: RcOp::Write { raddr: 0x1000, rkey: 0x99, data: (&b"xy"[..]).into(), imm: Some([1, 2, 3, 4]) },
                 solicited: true,
             },
-            roce: RoceInfo { mtu: 3, udp_sport: 0xc001, psn: 0xabcdef, msn: 7, resume: 0 },
+            roce: RoceInfo { mtu: 3, udp_sport: 0xc001, psn: 0xabcdef, msn: 7, ..RoceInfo::default() },
         }
     }
 

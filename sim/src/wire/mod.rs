@@ -83,8 +83,24 @@ pub(crate) const INLINE_PAYLOAD: usize = 64;
 /// payload is copied with the packet (cheaper than an allocation and a shared count), a larger one is shared.
 #[derive(Clone)]
 pub(crate) enum Payload {
-    Inline { len: u8, bytes: [u8; INLINE_PAYLOAD] },
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_PAYLOAD],
+    },
     Shared(Arc<[u8]>),
+    /// A buffer taken as it is (a large reassembled message), so it is not copied once more.
+    Owned(Arc<Vec<u8>>),
+}
+
+impl Payload {
+    /// The payload holding `b`: moved when it is larger than a cache line.
+    pub(crate) fn from_vec(b: Vec<u8>) -> Self {
+        if b.len() > INLINE_PAYLOAD {
+            Payload::Owned(Arc::new(b))
+        } else {
+            Payload::from(&b[..])
+        }
+    }
 }
 
 impl Deref for Payload {
@@ -93,6 +109,7 @@ impl Deref for Payload {
         match self {
             Payload::Inline { len, bytes } => &bytes[..usize::from(*len)],
             Payload::Shared(b) => b,
+            Payload::Owned(b) => b,
         }
     }
 }
@@ -195,6 +212,12 @@ pub(crate) struct RoceInfo {
     /// (or the oldest one not acknowledged), the packets before it are not sent again; a READ is asked again
     /// from that response PSN, its RETH moved on as far. 0: the whole message.
     pub(crate) resume: u32,
+    /// How many of an RC or UC SEND's or WRITE's packets from `resume` to put on the wire (the requester's
+    /// window lets a long message out in parts); 0: every one to its end.
+    pub(crate) count: u32,
+    /// AckReq on every `ack_every`-th packet of an RC message (counted from its first), besides its last; 0: on
+    /// the last only.
+    pub(crate) ack_every: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -256,7 +279,7 @@ impl<D: Clone> Packet<D> {
             }
             _ => 0,
         };
-        RoceInfo { psn: psn.wrapping_add(last) & roce::rc::PSN_MASK, resume: 0, ..self.roce }
+        RoceInfo { psn: psn.wrapping_add(last) & roce::rc::PSN_MASK, resume: 0, count: 0, ack_every: 0, ..self.roce }
     }
 }
 

@@ -1,5 +1,6 @@
 //! A simulated packet as the RoCEv2 frames a ConnectX port puts on Ethernet for it: an RC or UC message cut at the
-//! path MTU into FIRST/MIDDLE/LAST (or ONLY) packets with one PSN each and AckReq on the last RC packet, RETH on
+//! path MTU into FIRST/MIDDLE/LAST (or ONLY) packets with one PSN each and AckReq on the last RC packet (and every
+//! `RoceInfo::ack_every` packets; the requester's window sends a part of them, `resume` and `count`), RETH on
 //! the first WRITE packet, a READ request answered by one response packet per PSN with AETH on the first and last,
 //! atomics with AtomicETH and their AtomicAckETH answer, ACKs and NAKs (RNR with its timer, PSN sequence error with
 //! the expected PSN, remote access, invalid request, remote operational) in AETH, and UD sends with DETH and the
@@ -231,9 +232,15 @@ pub(crate) fn emit_frames_with<D>(
             };
             let segs = Segmenter::new(kind, uc, data.len(), size, *psn);
             let count = Segmenter::count(&segs);
-            // A retransmission resumes at packet `resume` (the whole message when that is past its end).
+            // A retransmission resumes at packet `resume` (the whole message when that is past its end); the
+            // requester's window may send `count` packets from there.
             let resume = if p.roce.resume < count { p.roce.resume } else { 0 };
-            for (i, s) in segs.enumerate().skip(resume as usize) {
+            let take = match p.roce.count {
+                0 => count,
+                n => n,
+            };
+            let every = p.roce.ack_every;
+            for (i, s) in segs.enumerate().skip(resume as usize).take(take as usize) {
                 let (first, last) = (i == 0, i as u32 + 1 == count);
                 let ext = Ext {
                     reth: if first { reth } else { None },
@@ -243,8 +250,8 @@ pub(crate) fn emit_frames_with<D>(
                 put(Piece {
                     opcode: s.opcode,
                     psn: s.psn,
-                    // UC has no acknowledgements.
-                    ack_req: s.ack_req && !uc,
+                    // UC has no acknowledgements; an RC requester asks every `every` packets too.
+                    ack_req: (s.ack_req || (every != 0 && (i as u32 + 1).is_multiple_of(every))) && !uc,
                     solicited: last && *solicited,
                     ext,
                     payload: &data[s.offset..s.offset + s.len],
