@@ -44,6 +44,7 @@ pub const MODULES: &[&[Test]] = &[
     crate::hal::tests::TESTS,
     crate::hca::events::tests::TESTS,
     crate::mkey::tests::TESTS,
+    crate::mock::tests::TESTS,
     crate::port::tests::TESTS,
     crate::prm::tests::TESTS,
     crate::qcounter::tests::TESTS,
@@ -58,7 +59,6 @@ pub const MODULES: &[&[Test]] = &[
     crate::trace::tests::TESTS,
     crate::uar::tests::TESTS,
     crate::vport::tests::TESTS,
-    // The expectation mock's tests (core/src/mock/, issue 33) join here when that module lands.
 ];
 
 /// The core's unit tests that need std and so run only under `cargo test`, each with the reason: all three
@@ -99,6 +99,19 @@ pub fn count() -> usize {
 pub unsafe fn set_arena(base: *mut u8, len: usize) {
     // SAFETY: the caller's promise, passed on.
     unsafe { crate::hal::tests::arena::set(base, len) }
+}
+
+/// `len` zeroed bytes of the arena [`set_arena`] gave, aligned to `align`, for a board test's own device memory
+/// (an expectation mock's arena); `None` when they do not fit or no arena was given.
+///
+/// # Safety
+///
+/// The slice is valid only until the next [`before_each`], which takes the arena back: the caller drops every use
+/// of it (and of the regions a mock hands out from it) before its test ends.
+pub unsafe fn take_arena(len: usize, align: usize) -> Option<&'static mut [u8]> {
+    let p = crate::hal::tests::arena::alloc(len, align)?;
+    // SAFETY: `len` fresh bytes handed out once since the last `before_each`; the caller keeps them no longer.
+    Some(unsafe { core::slice::from_raw_parts_mut(p.as_ptr(), len) })
 }
 
 /// Called by the harness before each test: the previous test's DMA regions are forgotten (each test makes its

@@ -33,9 +33,6 @@ mod device;
 mod expect;
 mod names;
 
-#[cfg(test)]
-mod tests;
-
 pub use device::{MockConfig, MockDevice, IOVA_BASE, MAX_ALIGN, MAX_ALLOWED, MAX_PAGE_RUNS, UNEXPECTED_SYNDROME};
 pub use expect::{Ending, Expect, NamedValue, Reply, MAX_FIELDS};
 
@@ -88,4 +85,400 @@ impl core::fmt::Display for OpStr {
 
 pub(crate) fn op_str(op: Opcode) -> OpStr {
     OpStr(op)
+}
+
+/// The mock's own tests and the core's bring-up, CQ and teardown error paths on it: device-free and heap-free
+/// (messages formatted into fixed strings, arenas from the harness), so they run on the Cortex-M4F too.
+#[cfg(any(test, feature = "testlist"))]
+#[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
+mod tests {
+    #[cfg(test)]
+    extern crate std;
+
+    use core::fmt::Write as _;
+
+    use super::*;
+
+    use crate::hal::{DelayNs, Dma};
+    use crate::hca::{BringupError, Config, Error, Hca, Step};
+    use crate::prm::{CmdStatus, DeliveryStatus};
+
+    struct NoDelay;
+    impl DelayNs for NoDelay {
+        fn delay_ns(&mut self, _ns: u32) {}
+    }
+
+    /// Bytes a brought-up HCA needs with a small async EQ: the queue, mailboxes, EQs and a 64-page firmware chunk.
+    const ARENA: usize = 1 << 20;
+
+    fn arena() -> &'static mut [u8] {
+        sized(ARENA)
+    }
+
+    /// `len` zeroed bytes for a mock: leaked under `cargo test`, whose tests run on threads at once.
+    #[cfg(test)]
+    fn sized(len: usize) -> &'static mut [u8] {
+        std::boxed::Box::leak(std::vec![0u8; len].into_boxed_slice())
+    }
+
+    /// `len` zeroed bytes for a mock: outside `cargo test` (the `testlist` harness, one test at a time, no heap),
+    /// from the harness's DMA arena, which it takes back before the next test.
+    #[cfg(not(test))]
+    fn sized(len: usize) -> &'static mut [u8] {
+        let p = crate::hal::tests::arena::alloc(len, MAX_ALIGN).expect("the harness's arena holds a mock's memory");
+        // SAFETY: `len` fresh bytes of the arena, handed out once; the harness takes them back only between tests
+        // (`testlist::before_each`), after this test and its mock, the only holder of the slice, are gone.
+        unsafe { core::slice::from_raw_parts_mut(p.as_ptr(), len) }
+    }
+
+    /// A message as text, formatted without a heap.
+    fn text(e: &impl core::fmt::Display) -> heapless::String<512> {
+        let mut s = heapless::String::new();
+        let _ = write!(s, "{e}");
+        s
+    }
+
+    fn cfg() -> Config {
+        Config { async_eq_nent: 64, ..Config::default() }
+    }
+
+    /// Pages the scripted firmware asks for at boot.
+    const BOOT_PAGES: u64 = 4;
+    const UAR: u64 = 3;
+
+    /// `Hca::bring_up` of a small InfiniBand device (no atomics, RoCE or counters) in the core's order.
+    fn bring_up() -> [Expect<'static>; 16] {
+        use Opcode::*;
+        [
+            Expect::cmd(EnableHca),
+            Expect::cmd(QueryIssi).returns("supported_issi_dw0", 0b10),
+            Expect::cmd(SetIssi).field("current_issi", 1),
+            Expect::cmd(QueryPages).op_mod(1).returns("num_pages", BOOT_PAGES),
+            Expect::cmd(ManagePages).op_mod(1).field("input_num_entries", BOOT_PAGES),
+            Expect::cmd(AccessReg),
+            Expect::cmd(QueryHcaCap).op_mod(0).returns("capability.cmd_hca_cap.log_max_qp", 10),
+            Expect::cmd(QueryHcaCap).op_mod(1),
+            Expect::cmd(SetHcaCap).field("capability.cmd_hca_cap.log_max_qp", 10),
+            Expect::cmd(QueryPages).op_mod(2),
+            Expect::cmd(InitHca),
+            Expect::cmd(QueryHcaCap)
+                .op_mod(1)
+                .returns("capability.cmd_hca_cap.log_max_cq_sz", 12)
+                .returns("capability.cmd_hca_cap.log_max_eq_sz", 12),
+            Expect::cmd(AllocUar).returns("uar", UAR),
+            Expect::cmd(CreateEq).field("event_bitmask[0]", 1 << 0xa).returns("eq_number", 7),
+            Expect::cmd(CreateEq).returns("eq_number", 8),
+            Expect::cmd(CreateEq).field("event_bitmask[0]", 1 << 0xb).returns("eq_number", 9),
+        ]
+    }
+
+    /// `Hca::teardown` of that device.
+    fn teardown() -> [Expect<'static>; 7] {
+        use Opcode::*;
+        [
+            Expect::cmd(DestroyEq).field("eq_number", 9),
+            Expect::cmd(DestroyEq).field("eq_number", 8),
+            Expect::cmd(DestroyEq).field("eq_number", 7),
+            Expect::cmd(DeallocUar).field("uar", UAR),
+            Expect::cmd(TeardownHca),
+            Expect::cmd(ManagePages).op_mod(2).gives_back_pages(),
+            Expect::cmd(DisableHca),
+        ]
+    }
+
+    type Dev = MockDevice<'static, 64, 64>;
+
+    #[test]
+    fn the_core_brings_up_and_tears_down_on_its_script() {
+        let dev: Dev = MockDevice::new(arena());
+        dev.expect_all(bring_up()).expect_all(teardown());
+        let hca: Hca<_, _> = Hca::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).expect("bring-up");
+        assert_eq!((hca.uar(), hca.issi(), hca.pages_given()), (Some(UAR as u32), 1, BOOT_PAGES as usize));
+        assert_eq!(dev.pages_held(), BOOT_PAGES as usize);
+        hca.teardown(&mut NoDelay).expect("teardown");
+        dev.assert_done();
+        assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0));
+        assert!(dev.release().is_ok());
+    }
+
+    #[test]
+    fn a_wrong_field_is_named_with_both_values() {
+        let dev: Dev = MockDevice::new(arena());
+        let mut script = bring_up();
+        script[8] = Expect::cmd(Opcode::SetHcaCap).field("capability.cmd_hca_cap.log_max_qp", 12);
+        dev.expect_all(script).expect_all(teardown());
+        let hca: Hca<_, _> = Hca::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).expect("bring-up");
+        hca.teardown(&mut NoDelay).expect("teardown");
+        assert_eq!(
+            text(&dev.done().unwrap_err()),
+            "SET_HCA_CAP: capability.cmd_hca_cap.log_max_qp expected 12, got 10"
+        );
+    }
+
+    #[test]
+    fn a_wrong_opcode_fails_the_code_under_test_at_once() {
+        let dev: Dev = MockDevice::new(arena());
+        dev.expect(Expect::cmd(Opcode::EnableHca)).expect(Expect::cmd(Opcode::SetIssi));
+        dev.expect(Expect::cmd(Opcode::DisableHca));
+        let err = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).unwrap_err();
+        // QUERY_ISSI came where SET_ISSI was expected: answered BAD_OP, which bring-up takes as ISSI 0 firmware, so
+        // the next command (QUERY_PAGES) is unexpected too; only the first is reported.
+        assert_eq!(text(&dev.done().unwrap_err()), "expected SET_ISSI, got QUERY_ISSI");
+        assert_eq!(err.step, Step::BootPages);
+        assert_eq!(dev.live_regions(), 0);
+    }
+
+    #[test]
+    fn expectations_left_over_are_listed() {
+        let dev: Dev = MockDevice::new(arena());
+        dev.expect(Expect::cmd(Opcode::CreateCq))
+            .expect(Expect::cmd(Opcode::DestroyCq))
+            .expect(Expect::cmd(Opcode::DeallocPd));
+        let e = dev.done().unwrap_err();
+        assert_eq!(text(&e), "3 expectations left: CREATE_CQ, DESTROY_CQ, DEALLOC_PD");
+        let one: Dev = MockDevice::new(arena());
+        one.expect(Expect::cmd(Opcode::DestroyCq));
+        assert_eq!(text(&one.done().unwrap_err()), "1 expectation left: DESTROY_CQ");
+    }
+
+    #[test]
+    fn unknown_field_names_are_reported_not_ignored() {
+        let dev: Dev = MockDevice::new(arena());
+        dev.expect(Expect::cmd(Opcode::EnableHca).field("no_such_field", 1)).expect(Expect::cmd(Opcode::DisableHca));
+        let _ = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, cfg());
+        assert_eq!(text(&dev.done().unwrap_err()), "ENABLE_HCA: enable_hca_in has no field no_such_field");
+    }
+
+    #[test]
+    fn field_paths_resolve_through_nested_layouts_arrays_and_unions() {
+        let cq = names::command_layout(Opcode::CreateCq, "in").unwrap();
+        assert_eq!(names::resolve(cq, "cq_context.log_cq_size"), Some((16 * 8 + 99, 5)));
+        assert_eq!(names::resolve(cq, "pas[2]"), Some((2176 + 128, 64)));
+        assert_eq!(names::resolve(cq, "cq_context"), None, "a struct is not a value");
+        assert_eq!(names::resolve(cq, "cq_context.log_cq_size.x"), None);
+        assert_eq!(names::resolve(cq, "pas[x]"), None);
+        let mut s: heapless::String<96> = heapless::String::new();
+        assert_eq!(names::name_at(cq, 16 * 8 + 100, &mut s), Some((16 * 8 + 99, 5)));
+        assert_eq!(s.as_str(), "cq_context.log_cq_size");
+        let cap = names::command_layout(Opcode::QueryHcaCap, "out").unwrap();
+        let (off, w) = names::resolve(cap, "capability.cmd_hca_cap.log_max_cq_sz").unwrap();
+        assert_eq!((off, w), (128 + 200, 8));
+        s.clear();
+        assert_eq!(names::name_at(cap, off + 3, &mut s), Some((off, w)));
+        assert_eq!(s.as_str(), "capability.cmd_hca_cap.log_max_cq_sz");
+        assert!(names::command_layout(Opcode::AccessReg, "in").is_some());
+    }
+
+    #[test]
+    fn bits_read_and_write_at_any_offset_and_width() {
+        let mut b = [0u8; 16];
+        assert!(names::write_bits(&mut b[..], 3, 13, 0x1abc));
+        assert_eq!(names::read_bits(&b[..], 3, 13), Some(0x1abc));
+        assert_eq!(b[..2], [0x1a, 0xbc]);
+        assert!(names::write_bits(&mut b[..], 64, 64, u64::MAX - 1));
+        assert_eq!(names::read_bits(&b[..], 64, 64), Some(u64::MAX - 1));
+        assert_eq!(names::read_bits(&b[..], 120, 16), None, "past the end");
+        assert!(!names::write_bits(&mut b[..], 0, 65, 0));
+    }
+
+    #[test]
+    fn a_whole_input_that_differs_is_named_by_field() {
+        let mut want = [0u8; 16];
+        want[..2].copy_from_slice(&[0x01, 0x04]); // opcode 0x104, ENABLE_HCA
+        want[11] = 5; // function_id 5
+        let dev: MockDevice<'_, 4, 64> = MockDevice::new(arena());
+        dev.expect(Expect::cmd(Opcode::EnableHca).input(&want)).expect(Expect::cmd(Opcode::DisableHca));
+        let _ = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, Config { function_id: 0, ..cfg() });
+        assert_eq!(text(&dev.done().unwrap_err()), "ENABLE_HCA: function_id expected 5, got 0");
+    }
+
+    #[test]
+    fn an_unhandled_syndrome_comes_back_as_the_commands_status() {
+        let dev: Dev = MockDevice::new(arena());
+        dev.expect_all(bring_up()[..5].iter().cloned());
+        dev.expect(Expect::cmd(Opcode::AccessReg).fails(CmdStatus::BadParam, 0x1234));
+        dev.expect(Expect::cmd(Opcode::ManagePages).op_mod(2).gives_back_pages())
+            .expect(Expect::cmd(Opcode::DisableHca));
+        let err: BringupError = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).unwrap_err();
+        assert_eq!(err.step, Step::HcaCtrl);
+        assert!(
+            matches!(
+                err.error,
+                Error::Cmd(crate::cmdq::CmdError::Status { syndrome: 0x1234, status: CmdStatus::BadParam, .. })
+            ),
+            "{err:?}"
+        );
+        dev.assert_done();
+        assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0));
+    }
+
+    #[test]
+    fn a_command_that_never_completes_times_out_and_keeps_its_memory() {
+        let dev: Dev = MockDevice::with_config(MockConfig { cmd_timeout_ms: 50, ..MockConfig::default() }, arena());
+        dev.expect_all(bring_up()[..10].iter().cloned());
+        dev.expect(Expect::cmd(Opcode::InitHca).times_out());
+        dev.expect(Expect::cmd(Opcode::ManagePages).op_mod(2).gives_back_pages())
+            .expect(Expect::cmd(Opcode::DisableHca));
+        let err = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).unwrap_err();
+        assert_eq!(err.step, Step::InitHca);
+        assert!(matches!(err.error, Error::Cmd(crate::cmdq::CmdError::Timeout { waited_ms: 50, .. })), "{err:?}");
+        dev.assert_done();
+        // DISABLE_HCA completed, so firmware let go of the queue: everything, the hung slot's mailboxes included, is
+        // back.
+        assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0));
+    }
+
+    #[test]
+    fn a_delivery_error_is_typed() {
+        let dev: Dev = MockDevice::new(arena());
+        dev.expect(Expect::cmd(Opcode::EnableHca).delivery_error(DeliveryStatus::Tok));
+        let err = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).unwrap_err();
+        assert!(matches!(err.error, Error::Cmd(crate::cmdq::CmdError::Delivery { status: DeliveryStatus::Tok, .. })));
+        dev.assert_done();
+        assert_eq!(dev.live_regions(), 0);
+    }
+
+    #[test]
+    fn a_page_request_is_served_while_a_command_waits() {
+        let dev: Dev = MockDevice::new(arena());
+        // After the pages EQ exists: a command whose completion waits for 3 more pages.
+        dev.expect_all(bring_up());
+        dev.expect(Expect::cmd(Opcode::AllocPd).page_request(0, 3).returns("pd", 4));
+        dev.expect(Expect::cmd(Opcode::ManagePages).op_mod(1).field("input_num_entries", 3));
+        dev.expect(Expect::cmd(Opcode::DeallocPd).field("pd", 4));
+        dev.expect_all(teardown());
+        let mut hca: Hca<_, _> = Hca::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).expect("bring-up");
+        let pd = hca.alloc_pd(&mut NoDelay).expect("pd after its page request");
+        assert_eq!((pd.pdn(), hca.pages_given(), hca.page_stats().requested), (4, 7, 3));
+        hca.dealloc_pd(pd, &mut NoDelay).map_err(|e| e.error).expect("dealloc");
+        hca.teardown(&mut NoDelay).expect("teardown");
+        dev.assert_done();
+        assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0));
+    }
+
+    #[test]
+    fn allowed_commands_are_answered_anywhere_and_others_never_silently() {
+        let dev: Dev = MockDevice::new(arena());
+        dev.allow_any(Opcode::QueryPages, Reply::ok());
+        dev.expect(Expect::cmd(Opcode::EnableHca)).expect(Expect::cmd(Opcode::DisableHca));
+        let _ = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, cfg());
+        // QUERY_ISSI is neither next nor allowed.
+        assert_eq!(text(&dev.done().unwrap_err()), "expected DISABLE_HCA, got QUERY_ISSI");
+    }
+
+    #[test]
+    fn the_arena_allocator_reuses_freed_space_aligned_and_refuses_what_does_not_fit() {
+        let dev: MockDevice<'static, 4, 4> = MockDevice::new(sized(5 * 4096 - 1));
+        // Four whole pages at least, five never, whatever the memory's alignment.
+        let a = dev.alloc(100, 64).unwrap();
+        let b = dev.alloc(4096, 4096).unwrap();
+        assert_eq!((a.iova(), b.iova() % 4096, b.cpu().as_ptr() as usize % 4096), (IOVA_BASE, 0, 0));
+        assert_eq!(dev.iova_of(b.cpu().as_ptr(), 4096), Some(b.iova()));
+        assert_eq!(dev.alloc(1, 8192).unwrap_err(), crate::hal::DmaError::BadAlignment { align: 8192 });
+        // SAFETY: from this allocator, never shown to a device.
+        unsafe { dev.free(a) };
+        let c = dev.alloc(64, 8).unwrap();
+        assert_eq!(c.iova(), IOVA_BASE, "the freed space is used again");
+        assert!(dev.alloc(3 * 4096, 4096).is_err(), "no room after b");
+        // SAFETY: as above.
+        unsafe { dev.free(b) };
+        // SAFETY: as above.
+        unsafe { dev.free(c) };
+        assert_eq!(dev.live_regions(), 0);
+    }
+
+    /// How a scripted command fails in the unwinding table.
+    #[derive(Clone, Copy)]
+    enum Fail {
+        Status,
+        Delivery,
+    }
+
+    /// Every bring-up command failing in turn: the step it is reported at and the commands that undo what came
+    /// before (the teardown's, for what was done). Each row ends with no region, firmware page or object left.
+    #[test]
+    fn every_failing_bring_up_command_unwinds_everything() {
+        let t = teardown();
+        let (eq8, eq7, uar, tdn, take, dis) = (&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]);
+        let table: [(usize, Fail, Step, &[&Expect<'static>]); 16] = [
+            (0, Fail::Status, Step::EnableHca, &[]),
+            // Firmware refusing QUERY_ISSI with a status predates ISSI (ISSI 0): only a delivery error fails it.
+            (1, Fail::Delivery, Step::SetIssi, &[dis]),
+            (2, Fail::Status, Step::SetIssi, &[dis]),
+            (3, Fail::Status, Step::BootPages, &[dis]),
+            (4, Fail::Status, Step::BootPages, &[dis]),
+            (5, Fail::Status, Step::HcaCtrl, &[take, dis]),
+            (6, Fail::Status, Step::SetHcaCaps, &[take, dis]),
+            (7, Fail::Status, Step::SetHcaCaps, &[take, dis]),
+            (8, Fail::Status, Step::SetHcaCaps, &[take, dis]),
+            (9, Fail::Status, Step::InitPages, &[take, dis]),
+            (10, Fail::Status, Step::InitHca, &[take, dis]),
+            (11, Fail::Status, Step::QueryCaps, &[tdn, take, dis]),
+            (12, Fail::Status, Step::AllocUar, &[tdn, take, dis]),
+            (13, Fail::Status, Step::CreateEq, &[uar, tdn, take, dis]),
+            (14, Fail::Status, Step::CreateEq, &[eq7, uar, tdn, take, dis]),
+            (15, Fail::Status, Step::CreateEq, &[eq8, eq7, uar, tdn, take, dis]),
+        ];
+        let mut mem = Some(arena());
+        for (k, fail, step, unwind) in table {
+            let dev: Dev = MockDevice::new(mem.take().unwrap());
+            let script = bring_up();
+            dev.expect_all(script[..k].iter().cloned());
+            let failing = match fail {
+                Fail::Status => script[k].clone().fails(CmdStatus::BadResState, 0xdead),
+                Fail::Delivery => script[k].clone().delivery_error(DeliveryStatus::Fw),
+            };
+            dev.expect(failing).expect_all(unwind.iter().map(|e| (*e).clone()));
+            let err = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).unwrap_err();
+            assert_eq!(err.step, step, "row {k}");
+            assert_eq!(err.cleanup, None, "row {k}");
+            if let Err(e) = dev.done() {
+                panic!("row {k} ({:?} failing): {e}", script[k].opcode());
+            }
+            assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0), "row {k}");
+            assert!(dev.allocations() > 0);
+            mem = Some(dev.release().unwrap_or_else(|_| panic!("row {k}: a region is still live")));
+        }
+    }
+
+    /// CREATE_CQ (with the completion EQ its vector needs first) and DESTROY_CQ failing: what was allocated for the
+    /// CQ goes back, and a refused destroy keeps the CQ (and its memory) for a later one.
+    #[test]
+    fn cq_create_and_destroy_failures_leak_nothing() {
+        use Opcode::*;
+        let dev: Dev = MockDevice::new(arena());
+        dev.expect_all(bring_up());
+        let mut hca: Hca<_, _> = Hca::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).expect("bring-up");
+        let base = dev.live_regions();
+
+        // The completion EQ fails: nothing of the CQ was allocated yet.
+        dev.expect(Expect::cmd(CreateEq).field("event_bitmask[0]", 0).fails(CmdStatus::BadParam, 1));
+        hca.create_cq(crate::hca::CqAttr::default(), &mut NoDelay).unwrap_err();
+        assert_eq!(dev.live_regions(), base);
+
+        // CREATE_CQ fails: ring and doorbell record freed (the record page stays in the pool until teardown).
+        dev.expect(Expect::cmd(CreateEq).returns("eq_number", 10));
+        dev.expect(
+            Expect::cmd(CreateCq)
+                .field("cq_context.log_cq_size", 8)
+                .field("cq_context.c_eqn_or_apu_element", 10)
+                .fails(CmdStatus::BadParam, 2),
+        );
+        hca.create_cq(crate::hca::CqAttr::default(), &mut NoDelay).unwrap_err();
+        let with_eq = dev.live_regions();
+
+        // Created, a destroy refused, then destroyed.
+        dev.expect(Expect::cmd(CreateCq).returns("cqn", 0x21));
+        dev.expect(Expect::cmd(DestroyCq).field("cqn", 0x21).fails(CmdStatus::BadResState, 3));
+        dev.expect(Expect::cmd(DestroyCq).field("cqn", 0x21));
+        let cq = hca.create_cq(crate::hca::CqAttr::default(), &mut NoDelay).expect("cq");
+        let cq = hca.destroy_cq(cq, &mut NoDelay).unwrap_err().obj;
+        hca.destroy_cq(cq, &mut NoDelay).map_err(|e| e.error).expect("destroy");
+        assert!(dev.live_regions() <= with_eq + 1, "only the doorbell-record page may stay, until teardown");
+
+        dev.expect(Expect::cmd(DestroyEq).field("eq_number", 10)).expect_all(teardown());
+        hca.teardown(&mut NoDelay).expect("teardown");
+        dev.assert_done();
+        assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0));
+    }
 }
