@@ -805,6 +805,33 @@ mod tests {
         let _ = std::fs::remove_file(path);
     }
 
+    /// The same for a READ: its responses come as fast as the responder's link carries them, and each one that
+    /// arrives in order is progress, which restarts the ACK timer (the READ was asked again at every timeout and
+    /// failed once the retries ran out).
+    #[test]
+    fn a_read_the_link_carries_longer_than_the_ack_timers_completes_without_being_asked_again() {
+        const LEN: usize = 3 << 20;
+        let pa = RcParams { ack_timeout: 16, retry_count: 1, ..RcParams::default() };
+        let (mut t, path) = rc_large("slow-read", pa, LEN);
+        let _ = std::fs::remove_file(path);
+        let remote = pattern(LEN, 11);
+        t.mb.write(0, &remote);
+        // B's 3,072 response frames at 3 a millisecond: a second, against 537 ms of ACK timers.
+        assert!(t.b.h.dev.guest_pace(3));
+        let started = Instant::now();
+        let rd = Wqe::new(consts::MLX5_OPCODE_RDMA_READ).raddr(t.mb.addr(), t.mb.key).data(
+            LEN as u32,
+            t.ma.key,
+            t.ma.addr(),
+        );
+        t.a.post_send(&mut t.qa, &rd, Bell::Db);
+        assert_eq!(t.a.wait_cqe(&mut t.a_cq).expect("READ CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        assert!(started.elapsed() > Duration::from_millis(537), "the responses outlasted the whole retry budget");
+        assert!(t.ma.read(0, LEN) == remote, "every byte at its offset");
+        assert_eq!(retries(&t.a), [], "nothing timed out");
+        let _ = (&t.b_cq, &mut t.qb);
+    }
+
     #[test]
     fn a_frame_lost_inside_a_long_message_is_sent_again_from_its_psn_not_from_the_start() {
         const LEN: usize = 2 << 20;

@@ -290,6 +290,13 @@ impl State {
         self.restart_ack_timer(qpn, now);
     }
 
+    /// A READ response packet of the oldest request of `qpn` arrived in order: progress, as an ACK is, so a READ
+    /// whose responses take the link longer than the ACK timeout is not asked again while they come.
+    pub(super) fn read_progress(&mut self, qpn: u32) {
+        let now = self.now_ns();
+        self.restart_ack_timer(qpn, now);
+    }
+
     /// Progress restarts the ACK timer of the oldest request of `qpn` left in flight (as rdma_rxe's completer
     /// does).
     fn restart_ack_timer(&mut self, qpn: u32, now: u64) {

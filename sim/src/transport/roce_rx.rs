@@ -744,6 +744,7 @@ impl State {
                                 rest: Rest::Keep,
                             };
                             self.dp.rx.reads.insert(qpn, p);
+                            self.read_progress(qpn);
                             return;
                         }
                         Resp::ReadData(data)
@@ -754,7 +755,7 @@ impl State {
                             p.next_psn = psn_add(psn, 1);
                             p.nak_sent = false;
                             if pos == Position::Middle {
-                                return;
+                                return self.read_progress(qpn);
                             }
                             match self.dp.rx.reads.remove(&qpn) {
                                 Some(p) => Resp::ReadData(p.data),
