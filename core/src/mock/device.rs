@@ -474,9 +474,11 @@ fn check<B: MsgBuf + ?Sized>(exp: &Expect<'_>, op_mod: u16, input: &B) -> Result
         for (k, w) in want.chunks(got.len()).enumerate() {
             let g = &mut got[..w.len()];
             input.read_bytes(k * 64, g);
-            let Some(i) = w.iter().zip(g.iter()).position(|(a, b)| a != b) else { continue };
+            let mask = exp.mask.unwrap_or(&[]);
+            let m = |j: usize| mask.get(k * 64 + j).copied().unwrap_or(0xff);
+            let Some(i) = (0..w.len()).find(|&j| (w[j] ^ g[j]) & m(j) != 0) else { continue };
             let byte = k * 64 + i;
-            let bit = byte as u32 * 8 + (w[i] ^ g[i]).leading_zeros();
+            let bit = byte as u32 * 8 + ((w[i] ^ g[i]) & m(i)).leading_zeros();
             let mut name: heapless::String<96> = heapless::String::new();
             if let Some((off, width)) = layout.and_then(|l| name_at(l, bit, &mut name)) {
                 if let (Some(e), Some(v)) = (read_bits(want, off, width), read_bits(input, off, width)) {

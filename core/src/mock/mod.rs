@@ -293,6 +293,28 @@ mod tests {
     }
 
     #[test]
+    fn a_masked_input_compares_only_the_bits_of_its_mask() {
+        let mut want = [0u8; 16];
+        want[..2].copy_from_slice(&[0x01, 0x04]); // ENABLE_HCA
+        want[11] = 0x15; // function_id 0x15; the driver sends 0
+        let mut mask = [0xffu8; 16];
+        mask[11] = 0;
+        let dev: MockDevice<'_, 4, 64> = MockDevice::new(arena());
+        dev.expect(Expect::cmd(Opcode::EnableHca).input(&want).input_mask(&mask));
+        let _ = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, Config { function_id: 0, ..cfg() });
+        // ENABLE_HCA matched with the byte masked out; bring-up went on to the next command.
+        assert_eq!(text(&dev.done().unwrap_err()), "expected no more commands, got QUERY_ISSI");
+
+        // Only the low nibble masked out: the high one still differs and is named.
+        let mut nibble = mask;
+        nibble[11] = 0xf0;
+        let dev: MockDevice<'_, 4, 64> = MockDevice::new(arena());
+        dev.expect(Expect::cmd(Opcode::EnableHca).input(&want).input_mask(&nibble));
+        let _ = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, Config { function_id: 0, ..cfg() });
+        assert_eq!(text(&dev.done().unwrap_err()), "ENABLE_HCA: function_id expected 21, got 0");
+    }
+
+    #[test]
     fn an_unhandled_syndrome_comes_back_as_the_commands_status() {
         let dev: Dev = MockDevice::new(arena());
         dev.expect_all(bring_up()[..5].iter().cloned());
