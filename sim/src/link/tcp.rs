@@ -374,7 +374,14 @@ pub(crate) fn connect(shared: &Arc<Shared>, addr: &str, timeout: Duration) -> Re
             let left =
                 end.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(1), CONNECT_ATTEMPT_MAX);
             match TcpStream::connect_timeout(a, left) {
-                Ok(stream) => return say_hello(shared, stream, *a),
+                // A listener that closes the connection before its hello is going away (a program's previous
+                // server process exiting while the next one starts): tried again like a refused connection.
+                Ok(stream) => match say_hello(shared, stream, *a) {
+                    Err(WireError::Handshake { why: NO_HELLO, .. }) if Instant::now() < end => {
+                        last = Some(io::Error::new(io::ErrorKind::ConnectionAborted, NO_HELLO));
+                    }
+                    r => return r,
+                },
                 Err(e) => last = Some(e),
             }
         }
@@ -409,10 +416,13 @@ fn halves(stream: &TcpStream, timeout: Duration) -> io::Result<(BufReader<TcpStr
 fn hear_hello(r: &mut BufReader<TcpStream>) -> Result<PortAddr, &'static str> {
     let frame = read_frame_max(r, HELLO_MAX).map_err(|e| match e.kind() {
         io::ErrorKind::InvalidData => "the peer is not a simulated mlx5 wire",
-        _ => "no hello from the peer",
+        _ => NO_HELLO,
     })?;
     decode_hello(&frame)
 }
+
+/// Why a handshake failed when the peer closed (or said nothing) before its hello.
+const NO_HELLO: &str = "no hello from the peer";
 
 /// The longest hello frame read (a hello is 35 bytes).
 const HELLO_MAX: usize = 256;
@@ -895,6 +905,28 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300));
         a.h.dev.wire_listen(&format!("127.0.0.1:{port}")).unwrap();
         connecting.join().unwrap().expect("the connector plugs in once the listener is up");
+        assert!(a.h.dev.wire_wait_peer(WAIT));
+        rc_send(&mut a, &mut b);
+    }
+
+    /// Issue 29: qperf's server runs each test in a new process, listening on the same port; the client's next
+    /// open could reach the previous one as it exited, which closed the connection before its hello, and the open
+    /// failed. A listener that goes away during the handshake is now tried again until the timeout.
+    #[test]
+    fn a_listener_that_closes_before_its_hello_is_tried_again() {
+        let exiting = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = exiting.local_addr().unwrap();
+        let (mut a, mut b) = (Rdma::new(cfg(1)), Rdma::new(cfg(2)));
+        let dev = a.h.dev.clone();
+        let next = std::thread::spawn(move || {
+            // The exiting server: takes the connection and closes it, then its port is free for the next one.
+            let (s, _) = exiting.accept().unwrap();
+            drop(s);
+            drop(exiting);
+            dev.wire_listen(&at.to_string()).unwrap();
+        });
+        b.h.dev.wire_connect(&at.to_string(), WAIT * 6).expect("plugs into the next listener");
+        next.join().unwrap();
         assert!(a.h.dev.wire_wait_peer(WAIT));
         rc_send(&mut a, &mut b);
     }
