@@ -896,9 +896,8 @@ fn qperf_figures(out: &str, test: &str) -> Result<Vec<(String, String)>, String>
 
 /// Debian's qperf, unmodified, between two processes on the simulated wire: every RC, UC and UD test on
 /// InfiniBand, each printing positive figures (and the verifying atomics tests their values). One client run
-/// per test: qperf deallocates its PD before deregistering its MR, so its `ibv_close_device` finds the PD alive
-/// and this library keeps the device (and its wire to the server's exited child) for the process's next test,
-/// where the kernel destroys what a closed context left. On RoCE qperf addresses by LID without a GRH unless it
+/// per test: a client's close destroys what qperf left (its PD, freed before its MR) and unplugs its wire, and its
+/// next open connects afresh, but that open can still reach the previous server child while it exits. On RoCE qperf addresses by LID without a GRH unless it
 /// uses the kernel's RDMA CM (`-cm1`, which this library cannot offer), so a ConnectX refuses its QPs and
 /// address handles with EINVAL (mlx5_ib's `mlx5_set_path`, rdma-core's `mlx5_create_ah`); the RoCE runs check
 /// that answer.
