@@ -153,9 +153,10 @@ pub fn eth_ext_speed_width(oper: u32) -> Option<(u16, u8)> {
     table.iter().find(|(bits, _, _)| bits.iter().any(|&b| prot(b) == oper)).map(|&(_, s, w)| (s, w))
 }
 
-/// `translate_active_width`: the `IB_WIDTH_*` of a PTYS `ib_link_width_oper` (`None` for anything else, which
-/// mlx5_ib refuses with `-EINVAL`).
-pub fn ib_active_width(ptys_width: u16) -> Option<u8> {
+/// `translate_active_width`: the `IB_WIDTH_*` of a PTYS `ib_link_width_oper`, its lowest width bit winning as in
+/// mlx5_ib's if-chain. Anything else, 0 included (a port whose link is down reports no width), is 4X: mlx5_ib
+/// logs it at debug level and answers 4X, so `ibv_query_port` works on a port that is not up.
+pub fn ib_active_width(ptys_width: u16) -> u8 {
     use consts::*;
     let table = [
         (MLX5_PTYS_WIDTH_1X, IB_WIDTH_1X),
@@ -164,7 +165,8 @@ pub fn ib_active_width(ptys_width: u16) -> Option<u8> {
         (MLX5_PTYS_WIDTH_8X, IB_WIDTH_8X),
         (MLX5_PTYS_WIDTH_12X, IB_WIDTH_12X),
     ];
-    table.iter().find(|&&(p, _)| p == u32::from(ptys_width)).map(|&(_, w)| w as u8)
+    let w = u32::from(ptys_width);
+    table.iter().find(|&&(p, _)| w & p != 0).map_or(IB_WIDTH_4X as u8, |&(_, ib)| ib as u8)
 }
 
 /// `mlx5_mtu_to_ib_mtu`: the `IB_MTU_*` of a PMTU value in bytes, only for the exact sizes (`None` otherwise).
@@ -237,9 +239,13 @@ mod tests {
 
     #[test]
     fn widths_mtus_and_table_sizes() {
-        assert_eq!(ib_active_width(consts::MLX5_PTYS_WIDTH_4X as u16), Some(W4));
-        assert_eq!(ib_active_width(consts::MLX5_PTYS_WIDTH_12X as u16), Some(consts::IB_WIDTH_12X as u8));
-        assert_eq!(ib_active_width(3), None);
+        assert_eq!(ib_active_width(consts::MLX5_PTYS_WIDTH_4X as u16), W4);
+        assert_eq!(ib_active_width(consts::MLX5_PTYS_WIDTH_12X as u16), consts::IB_WIDTH_12X as u8);
+        // Several bits: the lowest wins, as in mlx5_ib's if-chain (1X | 2X is 1X).
+        assert_eq!(ib_active_width(3), consts::IB_WIDTH_1X as u8);
+        // No width (a port whose link is down) or an unknown bit: mlx5_ib's default, 4X.
+        assert_eq!(ib_active_width(0), W4);
+        assert_eq!(ib_active_width(1 << 7), W4);
         assert_eq!(mtu_to_ib_mtu(4096), Some(consts::IB_MTU_4096));
         assert_eq!(mtu_to_ib_mtu(1500), None);
         assert_eq!(pkey_table_len(0), 128);

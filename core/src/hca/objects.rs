@@ -926,8 +926,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
                 let h = self.exec(&mut QueryHcaVportContext { port_num: 1 }, delay)?;
                 self.exec(&mut p::ptys_read(1, consts::MLX5_PTYS_IB as u8, &mut ptys), delay)?;
                 let speed = PortTypeSpeed::parse(&ptys);
-                let active_width = p::ib_active_width(speed.ib_link_width_oper)
-                    .ok_or(bad("PTYS ib_link_width_oper", speed.ib_link_width_oper.into()))?;
+                let active_width = p::ib_active_width(speed.ib_link_width_oper);
                 self.exec(&mut pmtu_read(1, &mut pmtu), delay)?;
                 let mtu = PortMtu::parse(&pmtu);
                 let max_mtu = p::mtu_to_ib_mtu(mtu.max_mtu).ok_or(bad("PMTU max_mtu", mtu.max_mtu.into()))?;
