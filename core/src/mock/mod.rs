@@ -315,6 +315,30 @@ mod tests {
     }
 
     #[test]
+    fn an_input_prefix_compares_the_start_and_lets_the_rest_vary() {
+        let mut want = [0u8; 10];
+        want[..2].copy_from_slice(&[0x01, 0x04]); // ENABLE_HCA; function_id (bytes 10 and 11) is past these
+        let dev: MockDevice<'_, 4, 64> = MockDevice::new(arena());
+        dev.expect(Expect::cmd(Opcode::EnableHca).input_prefix(&want));
+        let _ = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, Config { function_id: 5, ..cfg() });
+        assert_eq!(text(&dev.done().unwrap_err()), "expected no more commands, got QUERY_ISSI");
+        // A prefix longer than the input is a mismatch, as is a whole input of another length.
+        let long = [0u8; 20];
+        for (e, m) in [
+            (
+                Expect::cmd(Opcode::EnableHca).input_prefix(&long),
+                "ENABLE_HCA: input length expected at least 20, got 16",
+            ),
+            (Expect::cmd(Opcode::EnableHca).input(&want), "ENABLE_HCA: input length expected 10, got 16"),
+        ] {
+            let dev: MockDevice<'_, 4, 64> = MockDevice::new(arena());
+            dev.expect(e);
+            let _ = Hca::<_, _>::bring_up(&dev, &dev, (), &mut NoDelay, cfg());
+            assert_eq!(text(&dev.done().unwrap_err()), m);
+        }
+    }
+
+    #[test]
     fn an_unhandled_syndrome_comes_back_as_the_commands_status() {
         let dev: Dev = MockDevice::new(arena());
         dev.expect_all(bring_up()[..5].iter().cloned());
