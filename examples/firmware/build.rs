@@ -12,7 +12,9 @@ fn main() {
     }
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     std::fs::copy("memory.x", out.join("memory.x")).expect("copying memory.x to OUT_DIR");
-    println!("cargo:rustc-link-search={}", out.display());
+    // The search path for the binary only: a dependent image (core/tests-m4 runs `run_with` on its own board)
+    // links with its own memory.x, which a package-wide search path would shadow.
+    println!("cargo:rustc-link-arg-bins=-L{}", out.display());
     println!("cargo:rustc-link-arg-bins=-Tlink.x");
     // defmt's log strings live in a section its linker script places (the interned format strings).
     println!("cargo:rustc-link-arg-bins=-Tdefmt.x");

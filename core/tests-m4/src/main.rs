@@ -11,16 +11,17 @@
 //! starts again and goes on with the next test. Passing tests cost no reset, and a hard fault is a failure
 //! like a panic. `#[should_panic]` tests pass through the same path when the message holds what they expect.
 //!
-//! Board tests: the firmware example's `run()` against an expectation mock of a recorded bring-up (issue 33)
-//! goes in [`BOARD_TESTS`], which both runs append to the core's list.
+//! Board tests ([`BOARD_TESTS`], `board.rs`), which both runs append to the core's list: the firmware example's
+//! command-only `run_with` against an expectation mock of its bring-up recorded on the simulator.
 #![cfg_attr(target_os = "none", no_std)]
 #![cfg_attr(target_os = "none", no_main)]
 
 use mlx5_core::testlist::{self, Test};
 
-/// Tests of this board beyond the core's unit tests, run after them (the hook for the firmware example's
-/// `run()` against an expectation mock, once `mlx5_core::mock` lands).
-const BOARD_TESTS: &[Test] = &[];
+mod board;
+
+/// Tests of this board beyond the core's unit tests, run after them.
+const BOARD_TESTS: &[Test] = board::TESTS;
 
 /// The `i`th test of the whole run: the core's list, then [`BOARD_TESTS`] (with `selftest`: [`selftest::TESTS`]).
 fn test_at(i: usize) -> Option<&'static Test> {
