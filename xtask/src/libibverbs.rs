@@ -116,23 +116,47 @@ fn exports(lib: &Path) -> Result<BTreeSet<(String, String)>, String> {
 
 /// Builds the static library and links `libibverbs.so.1`; returns its directory.
 pub fn build(root: &Path, release: bool) -> Result<PathBuf, String> {
+    build_for(root, release, None)
+}
+
+/// A build of the library for another target: its Rust triple, the C compiler that links for it, and the cargo
+/// target directory (the library goes to `libibverbs/` there).
+pub struct Cross<'a> {
+    pub triple: &'a str,
+    pub cc: &'a str,
+    pub target_dir: PathBuf,
+}
+
+/// [`build`], for `cross`'s target when given.
+pub fn build_for(root: &Path, release: bool, cross: Option<&Cross<'_>>) -> Result<PathBuf, String> {
     let mut args = vec!["build", "-p", "mlx5-ibverbs", "--lib"];
     if release {
         args.push("--release");
     }
+    if let Some(c) = cross {
+        args.extend(["--target", c.triple]);
+    }
     println!("$ cargo {}", args.join(" "));
-    let status = Command::new("cargo").args(&args).current_dir(root).status().map_err(|e| e.to_string())?;
+    let mut cargo = Command::new("cargo");
+    let target = match cross {
+        Some(c) => {
+            cargo.env("CARGO_TARGET_DIR", &c.target_dir);
+            c.target_dir.clone()
+        }
+        None => std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from),
+    };
+    let status = cargo.args(&args).current_dir(root).status().map_err(|e| e.to_string())?;
     if !status.success() {
         return Err("building mlx5-ibverbs failed".into());
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let archive = target.join(if release { "release" } else { "debug" }).join("libmlx5_ibverbs.a");
+    let out = cross.map_or_else(|| target.clone(), |c| target.join(c.triple));
+    let archive = out.join(if release { "release" } else { "debug" }).join("libmlx5_ibverbs.a");
     let dir = target.join("libibverbs");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let map = dir.join("libibverbs.map");
     std::fs::write(&map, version_script()).map_err(|e| e.to_string())?;
     let lib = dir.join("libibverbs.so.1");
-    let mut cc = Command::new("cc");
+    let mut cc = Command::new(cross.map_or("cc", |c| c.cc));
     cc.arg("-shared")
         .arg("-o")
         .arg(&lib)
@@ -349,7 +373,7 @@ pub(crate) fn on_dropin<'c>(c: &'c mut Command, ld_path: impl AsRef<OsStr>, devi
 }
 
 /// Waits for a child with a deadline, killing it when the deadline passes.
-fn wait(mut child: Child, limit: Duration, what: &str) -> Result<Output, String> {
+pub(crate) fn wait(mut child: Child, limit: Duration, what: &str) -> Result<Output, String> {
     if wait_until(&mut child, Instant::now() + limit, Duration::from_millis(50))?.is_some() {
         return child.wait_with_output().map_err(|e| e.to_string());
     }
@@ -364,7 +388,7 @@ fn wait(mut child: Child, limit: Duration, what: &str) -> Result<Output, String>
 
 /// The program succeeded, the loader did not complain, and its output holds each needle (compared with runs of
 /// white space collapsed to one space).
-fn expect(out: &Output, what: &str, needles: &[&str]) -> Result<(), String> {
+pub(crate) fn expect(out: &Output, what: &str, needles: &[&str]) -> Result<(), String> {
     let text = String::from_utf8_lossy(&out.stdout);
     let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -385,7 +409,7 @@ fn expect(out: &Output, what: &str, needles: &[&str]) -> Result<(), String> {
 
 /// Waits until a TCP socket listens on `port` (read from `/proc/net/tcp` and `tcp6`, so nothing connects to
 /// it), or `limit` passes.
-fn wait_listening(port: u16, limit: Duration) {
+pub(crate) fn wait_listening(port: u16, limit: Duration) {
     let start = Instant::now();
     let needle = format!(":{port:04X} ");
     while start.elapsed() < limit {
