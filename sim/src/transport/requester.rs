@@ -81,12 +81,8 @@ impl State {
         let solicited = w.solicited;
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return true };
         // The message takes its PSNs now: the next one sent starts after them.
-        let (psn, n) = (qp.next_send_psn, packets(len, qp.mtu));
-        qp.next_send_psn = psn.wrapping_add(n) & PSN_MASK;
-        // Most messages fit the window whole behind those before it, all sent (nothing held back): this one goes
-        // at once, without the window's walk.
-        let fits =
-            !qp.window_blocked && n <= MAX_PACKETS_IN_FLIGHT.saturating_sub(qp.reqs.iter().map(|r| r.unacked()).sum());
+        let psn = qp.next_send_psn;
+        qp.next_send_psn = psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
         qp.reqs.push_back(Outstanding {
             wqe: w.id(),
             psn,
@@ -102,15 +98,7 @@ impl State {
             sent: 0,
             whole: false,
         });
-        if !fits {
-            self.send_window(qpn);
-            return true;
-        }
-        let last = qp.reqs.len() - 1;
-        let (reached, framed) = self.transmit(qpn, last, 0, n);
-        if let Some(r) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.back_mut()) {
-            (r.sent, r.whole) = (reached, !framed);
-        }
+        self.send_window(qpn);
         true
     }
 
