@@ -1,10 +1,10 @@
-//! `cargo xtask aarch64 [--full]`: the workspace's tests on aarch64 (BlueField's Arm cores, Arm servers) under
+//! `cargo xtask aarch64`: the workspace's tests on aarch64 (BlueField's Arm cores, Arm servers) under
 //! QEMU's user mode, and Debian's arm64 verbs programs on the aarch64 drop-in library.
 //!
 //! 1. Tools, installed when missing: the Rust target (rustup); `gcc-aarch64-linux-gnu` and `libc6-dev-arm64-cross`
 //!    (the linker, and [`SYSROOT`], the arm64 C library the programs run with); `binutils-aarch64-linux-gnu`
 //!    (objdump); `qemu-user` (`qemu-aarch64`).
-//! 2. The tests of [`CI_PACKAGES`] (`--full`: [`FULL_PACKAGES`]) built for aarch64 in `target/aarch64`, a cargo
+//! 2. The tests of [`PACKAGES`] built for aarch64 in `target/aarch64`, a cargo
 //!    directory of their own (the host's artifacts stay as they are, and the run under QEMU holds no lock the
 //!    host's builds wait for), then run by cargo through QEMU: the target's `linker` and `runner` are given with
 //!    `--config`. Tests that start their own binary again need the kernel to run an aarch64 program: the runner
@@ -36,11 +36,11 @@ const CC: &str = "aarch64-linux-gnu-gcc";
 const OBJDUMP: &str = "aarch64-linux-gnu-objdump";
 /// The arm64 C library and loader of `libc6-arm64-cross`: QEMU's prefix for the programs' libraries.
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
-/// What CI runs: the core, the verbs API and the drop-in library (about 6 min cold on 2 cores).
-pub(crate) const CI_PACKAGES: &[&str] = &["mlx5-core", "mlx5-verbs", "mlx5-ibverbs"];
-/// `--full`: the simulator's own tests and the cross-crate tests too (their build and run double the time).
-pub(crate) const FULL_PACKAGES: &[&str] = &["mlx5-core", "mlx5-sim", "mlx5-verbs", "mlx5-ibverbs", "mlx5-tests"];
-/// The tests' run under QEMU takes about 2 min in full; a hung test is stopped here.
+/// The core, the simulator, the verbs API, the drop-in library and the cross-crate tests. All of them cost
+/// about 5 min cold on the shared 2-core machine (the core, verbs API and drop-in alone about 2 min), within
+/// what CI allows a step, so CI runs them all.
+pub(crate) const PACKAGES: &[&str] = &["mlx5-core", "mlx5-sim", "mlx5-verbs", "mlx5-ibverbs", "mlx5-tests"];
+/// The tests' run under QEMU takes 45-90 s; a hung test is stopped here.
 const RUN_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// QEMU 7.2 (Debian bookworm) answers `process_vm_readv` / `process_vm_writev` with ENOSYS, so the simulator
@@ -215,21 +215,20 @@ pub(crate) fn total(bins: &[Binary]) -> Summary {
     })
 }
 
-/// `cargo xtask aarch64 [--full]`.
-pub(crate) fn run_aarch64(root: &Path, full: bool) -> Result<(), String> {
+/// `cargo xtask aarch64`.
+pub(crate) fn run_aarch64(root: &Path) -> Result<(), String> {
     let start = Instant::now();
     let qemu = ensure_tools()?;
     let dir = root.join("target").join("aarch64");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let tests = run_tests(root, &dir, &qemu, if full { FULL_PACKAGES } else { CI_PACKAGES });
+    let tests = run_tests(root, &dir, &qemu, PACKAGES);
     let tests_took = start.elapsed();
     // The programs run even when a test failed: both results are reported.
     let programs = dropin_and_programs(root, &dir, &qemu);
     tests?;
     programs?;
     println!(
-        "aarch64{}: tests {:.0} s, all {:.0} s",
-        if full { " --full" } else { "" },
+        "aarch64: all passed (tools and tests {:.0} s, in all {:.0} s)",
         tests_took.as_secs_f64(),
         start.elapsed().as_secs_f64()
     );
@@ -416,25 +415,37 @@ fn dropin_and_programs(root: &Path, dir: &Path, qemu: &Path) -> Result<(), Strin
         &["hca_id: mlx5_0", "vendor_part_id: 4119", "state: PORT_ACTIVE (4)"],
     )?;
     let start = Instant::now();
-    let (port, wire) = (18700u16, 18800u16);
-    let port_s = port.to_string();
-    let args = ["-g", "0", "-n", "500", "-c", "-p", &port_s];
-    let server = prog("ibv_rc_pingpong", &format!("sim:wire=listen:127.0.0.1:{wire}"))
-        .args(args)
-        .spawn()
-        .map_err(|e| format!("qemu-aarch64 ibv_rc_pingpong: {e}"))?;
-    libibverbs::wait_listening(port, Duration::from_secs(120));
-    let client = prog("ibv_rc_pingpong", &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"))
-        .args(args)
-        .arg("127.0.0.1")
-        .spawn()
-        .map_err(|e| format!("qemu-aarch64 ibv_rc_pingpong: {e}"))?;
-    let what = "arm64 ibv_rc_pingpong -g 0 -n 500 -c (qemu-aarch64)";
-    let c = libibverbs::wait(client, Duration::from_secs(300), &format!("{what}, client"));
-    let limit = Duration::from_secs(if c.as_ref().is_ok_and(|o| o.status.success()) { 300 } else { 5 });
-    let s = libibverbs::wait(server, limit, &format!("{what}, server"));
-    libibverbs::expect(&c?, &format!("{what}, client"), &["bytes in", "iters in"])?;
-    libibverbs::expect(&s?, &format!("{what}, server"), &["bytes in", "iters in"])?;
+    let pingpong = |port: u16| -> Result<(), String> {
+        let (port_s, wire) = (port.to_string(), port + 100);
+        let args = ["-g", "0", "-n", "500", "-c", "-p", &port_s];
+        let server = prog("ibv_rc_pingpong", &format!("sim:wire=listen:127.0.0.1:{wire}"))
+            .args(args)
+            .spawn()
+            .map_err(|e| format!("qemu-aarch64 ibv_rc_pingpong: {e}"))?;
+        // The client connects once: it starts when the server listens.
+        libibverbs::wait_listening(port, Duration::from_secs(120));
+        let client = prog("ibv_rc_pingpong", &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"))
+            .args(args)
+            .arg("127.0.0.1")
+            .spawn()
+            .map_err(|e| format!("qemu-aarch64 ibv_rc_pingpong: {e}"))?;
+        let what = "arm64 ibv_rc_pingpong -g 0 -n 500 -c (qemu-aarch64)";
+        let c = libibverbs::wait(client, Duration::from_secs(300), &format!("{what}, client"));
+        // A failed client leaves the server waiting for a peer.
+        let limit = Duration::from_secs(if c.as_ref().is_ok_and(|o| o.status.success()) { 300 } else { 5 });
+        let s = libibverbs::wait(server, limit, &format!("{what}, server"));
+        libibverbs::expect(&c?, &format!("{what}, client"), &["bytes in", "iters in"])?;
+        libibverbs::expect(&s?, &format!("{what}, server"), &["bytes in", "iters in"])
+    };
+    match pingpong(18700) {
+        // rc_pingpong's ACK timeout (67 ms x 7 retries) runs on real time, and QEMU on a loaded host can starve a
+        // peer past it: such a run is repeated once, and said so (as verbs-apps does).
+        Err(e) if e.contains("retry counter exceeded") || e.contains("Failed status 12") => {
+            println!("aarch64: ibv_rc_pingpong: RC retries exhausted (loaded host?); running it again once");
+            pingpong(18710)
+        }
+        r => r,
+    }?;
     println!("aarch64: ibv_rc_pingpong between two qemu-aarch64 processes ({:.1} s)", start.elapsed().as_secs_f64());
     Ok(())
 }

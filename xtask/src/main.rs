@@ -16,9 +16,9 @@
 //! * `miri`: the core's tests and the simulator's unsafe-heavy parts under Miri (nightly); see ARCHITECTURE.md.
 //! * `cortex-m`: the core's device-free unit tests on a Cortex-M4F (QEMU's mps2-an386, semihosting) and the same
 //!   list on the host; both print `N passed, N failed` (`cortex_m.rs`).
-//! * `aarch64 [--full]`: the core's, the verbs API's and the drop-in library's tests (`--full`: the simulator's and
-//!   the cross-crate tests too) built for aarch64 and run under qemu-aarch64, the drop-in's doorbells disassembled,
-//!   Debian's arm64 `ibv_devinfo` and `ibv_rc_pingpong` on the aarch64 drop-in (`aarch64.rs`).
+//! * `aarch64`: the tests of the core, the simulator, the verbs API, the drop-in library and the cross-crate tests
+//!   built for aarch64 and run under qemu-aarch64, the drop-in's doorbells disassembled, Debian's arm64
+//!   `ibv_devinfo` and `ibv_rc_pingpong` on the aarch64 drop-in (`aarch64.rs`).
 //! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
 //! * `libibverbs [--debug]`: the drop-in `target/libibverbs/libibverbs.so.1` (`host-linux/ibverbs`), its exports
 //!   checked against rdma-core 44's. `verbs-apps [--debug] [--only PART]`: Debian's verbs programs run on it.
@@ -120,9 +120,8 @@ fn ci(root: &Path) -> Result<(), String> {
     // The core's device-free unit tests run on a Cortex-M4F in QEMU, and the same list on the host.
     cargo(root, &["clippy", "-p", "mlx5-core-tests-m4", "--target", EMBEDDED_TARGET, "--", "-D", "warnings"])?;
     cortex_m::run(root)?;
-    // The core, verbs API and drop-in tests on aarch64 under qemu-user, and Debian's arm64 programs on the aarch64
-    // drop-in (`aarch64 --full` adds the simulator's and the cross-crate tests: twice the time).
-    aarch64::run_aarch64(root, false)?;
+    // The workspace's tests on aarch64 under qemu-user, and Debian's arm64 programs on the aarch64 drop-in.
+    aarch64::run_aarch64(root)?;
     // The examples run on the simulator, each verifying its data (doctests ran with `cargo test`).
     for example in ["rc_pingpong", "ud_pingpong", "rdma_write_read", "event_driven", "srq_pingpong"] {
         cargo(root, &["run", "--release", "-q", "-p", "mlx5-verbs", "--example", example])?;
@@ -165,9 +164,9 @@ commands:
                                  every fuzz target N seconds (1..86400, default 30), then the corpus replayed
   cortex-m                       the core's device-free unit tests on a Cortex-M4F (QEMU mps2-an386, semihosting)
                                  and the same list on the host, each ending `N passed, N failed`
-  aarch64 [--full]               the core's, verbs API's and drop-in's tests for aarch64 under qemu-aarch64 (--full:
-                                 the simulator's and cross-crate tests too), each binary's and the sum's `N passed,
-                                 N failed`; Debian's arm64 ibv_devinfo and ibv_rc_pingpong on the aarch64 drop-in
+  aarch64                        the core's, simulator's, verbs API's, drop-in's and cross-crate tests built for
+                                 aarch64 and run under qemu-aarch64 (installed when missing), ending `N passed, N
+                                 failed`; Debian's arm64 ibv_devinfo and ibv_rc_pingpong on the aarch64 drop-in
   miri                           the core's tests and the simulator's unsafe-heavy parts under Miri
   modcheck [--graph] [--root DIR]
                                  no import cycle between sibling modules of mlx5-core and mlx5-sim
@@ -195,7 +194,7 @@ enum Task {
     Fuzz(Vec<String>),
     Miri,
     CortexM,
-    Aarch64 { full: bool },
+    Aarch64,
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
     Uml { check: bool },
@@ -223,7 +222,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "fuzz" => Task::Fuzz(Vec::new()),
         "miri" => Task::Miri,
         "cortex-m" => Task::CortexM,
-        "aarch64" => Task::Aarch64 { full: false },
+        "aarch64" => Task::Aarch64,
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
         "uml" => Task::Uml { check: false },
@@ -258,7 +257,6 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::Ci { fresh, .. }, "--fresh") => *fresh = true,
             (Task::Ci { command, .. }, "--command") => *command = Some(argv.value("--command", "a shell command")?),
             (Task::Modcheck { graph, .. }, "--graph") => *graph = true,
-            (Task::Aarch64 { full }, "--full") => *full = true,
             (Task::LinuxDrivesSim { strict, .. }, "--strict") => *strict = true,
             (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
             (Task::Uml { check }, "--check") => *check = true,
@@ -307,7 +305,7 @@ fn main() -> ExitCode {
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
         Task::Miri => miri::run(&root),
         Task::CortexM => cortex_m::run(&root),
-        Task::Aarch64 { full } => aarch64::run_aarch64(&root, full),
+        Task::Aarch64 => aarch64::run_aarch64(&root),
         Task::Soak(args) => soak::run(&root, &args),
         Task::Uml { check: false } => uml::run_uml(&root),
         Task::Uml { check: true } => uml::check_recipe(&root),
@@ -350,10 +348,8 @@ mod tests {
         assert!(matches!(p(&["miri"]), Ok(Task::Miri)));
         assert!(matches!(p(&["cortex-m"]), Ok(Task::CortexM)));
         assert!(matches!(p(&["cortex-m", "--release"]), Err(ArgError::NotApplicable { .. })));
-        assert!(matches!(p(&["aarch64"]), Ok(Task::Aarch64 { full: false })));
-        assert!(matches!(p(&["aarch64", "--full"]), Ok(Task::Aarch64 { full: true })));
-        assert!(matches!(p(&["aarch64", "--graph"]), Err(ArgError::NotApplicable { .. })));
-        assert!(matches!(p(&["cortex-m", "--full"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["aarch64"]), Ok(Task::Aarch64)));
+        assert!(matches!(p(&["aarch64", "--full"]), Err(ArgError::NotApplicable { .. })));
         assert!(matches!(p(&["vendor", "--linux-extra"]), Ok(Task::Vendor { linux_extra: true })));
         assert!(matches!(p(&["codegen", "--linux-extra"]), Err(ArgError::NotApplicable { .. })));
         assert!(matches!(p(&["ci", "--fresh"]), Ok(Task::Ci { fresh: true, command: None })));
