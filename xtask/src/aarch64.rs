@@ -64,6 +64,8 @@ pub(crate) const NEEDS_EXEC: &[&str] = &[
     "tests::a_comp_channel_at_the_descriptor_limit_is_null_with_emfile",
     "an_open_that_fails_says_why_on_stderr_without_mlx5_rs_log",
     "the_two_ends_of_a_wire_need_no_host_option",
+    "a_close_with_objects_alive_releases_the_device_and_a_reopen_is_fresh",
+    "a_wire_connect_end_closed_with_objects_alive_unplugs_and_connects_again_at_reopen",
 ];
 
 /// binfmt_misc's magic and mask for an aarch64 ELF executable (QEMU's `qemu-binfmt-conf.sh`).
