@@ -259,12 +259,14 @@ fn write_loop(link: &GuestLink, stream: UnixStream, rx: mpsc::Receiver<Vec<u8>>)
     // A paced link's schedule: when its first frame went and how many went since.
     let mut paced: Option<(Instant, u64)> = None;
     while let Ok(frame) = rx.recv() {
+        link.count.taken();
         let mut ok = write_frame(&mut w, &frame).is_ok();
         let mut n = 1;
         let pace = link.pace.load(Ordering::Acquire);
         // A paced link writes one frame at a time; otherwise everything queued goes out together.
         if pace == 0 {
             while let Ok(more) = rx.try_recv() {
+                link.count.taken();
                 ok &= write_frame(&mut w, &more).is_ok();
                 n += 1;
             }
@@ -787,18 +789,19 @@ mod tests {
     /// packets, and each ACK lets more out and restarts the timer.
     #[test]
     fn a_message_the_link_carries_longer_than_the_ack_timers_completes_with_nothing_sent_twice() {
-        const LEN: usize = 3 << 20;
-        // 3,072 frames at 3 a millisecond take a second; the ACK timer is 4.096 us << 16 (268 ms) with one retry,
-        // 537 ms in all. An ACK comes every 256 frames (85 ms).
-        let pa = RcParams { ack_timeout: 16, retry_count: 1, ..RcParams::default() };
+        const LEN: usize = 9 << 20;
+        // 9,216 frames at 3 a millisecond take 3 s; the ACK timer is 4.096 us << 18 (1.07 s) with one retry,
+        // 2.15 s in all. An ACK comes every 256 frames (85 ms), so only a stall of a second, far beyond what a
+        // loaded test machine makes, could end the transfer early.
+        let pa = RcParams { ack_timeout: 18, retry_count: 1, ..RcParams::default() };
         let (mut t, path) = rc_large("slow", pa, LEN);
         assert!(t.a.h.dev.guest_pace(3));
         let a0 = t.a.h.dev.guest_frames().unwrap();
         let started = Instant::now();
         large_send(&mut t, LEN);
-        assert!(started.elapsed() > Duration::from_millis(537), "the transfer outlasted the whole retry budget");
+        assert!(started.elapsed() > Duration::from_millis(2150), "the transfer outlasted the whole retry budget");
         assert_eq!(retries(&t.a), [], "nothing timed out");
-        assert_eq!(sent_since(&t.a, a0), 3072, "each packet once");
+        assert_eq!(sent_since(&t.a, a0), 9216, "each packet once");
         let peak = t.a.h.dev.guest_backlog_peak().unwrap();
         let window = u64::from(crate::fw::qp::MAX_PACKETS_IN_FLIGHT);
         assert!(peak <= window, "{peak} frames waited on the link (the window is {window})");
@@ -810,13 +813,13 @@ mod tests {
     /// failed once the retries ran out).
     #[test]
     fn a_read_the_link_carries_longer_than_the_ack_timers_completes_without_being_asked_again() {
-        const LEN: usize = 3 << 20;
-        let pa = RcParams { ack_timeout: 16, retry_count: 1, ..RcParams::default() };
+        const LEN: usize = 9 << 20;
+        let pa = RcParams { ack_timeout: 18, retry_count: 1, ..RcParams::default() };
         let (mut t, path) = rc_large("slow-read", pa, LEN);
         let _ = std::fs::remove_file(path);
         let remote = pattern(LEN, 11);
         t.mb.write(0, &remote);
-        // B's 3,072 response frames at 3 a millisecond: a second, against 537 ms of ACK timers.
+        // B's 9,216 response frames at 3 a millisecond: 3 s, against 2.15 s of ACK timers.
         assert!(t.b.h.dev.guest_pace(3));
         let started = Instant::now();
         let rd = Wqe::new(consts::MLX5_OPCODE_RDMA_READ).raddr(t.mb.addr(), t.mb.key).data(
@@ -826,7 +829,7 @@ mod tests {
         );
         t.a.post_send(&mut t.qa, &rd, Bell::Db);
         assert_eq!(t.a.wait_cqe(&mut t.a_cq).expect("READ CQE").status(), (consts::MLX5_CQE_REQ, 0));
-        assert!(started.elapsed() > Duration::from_millis(537), "the responses outlasted the whole retry budget");
+        assert!(started.elapsed() > Duration::from_millis(2150), "the responses outlasted the whole retry budget");
         assert!(t.ma.read(0, LEN) == remote, "every byte at its offset");
         assert_eq!(retries(&t.a), [], "nothing timed out");
         let _ = (&t.b_cq, &mut t.qb);

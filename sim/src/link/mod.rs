@@ -60,7 +60,10 @@ pub(crate) const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_
 pub(crate) struct TxCount {
     queued: AtomicU64,
     written: AtomicU64,
-    /// The most frames queued and not yet written at once (the backlog a slow link builds).
+    /// Frames the writer took from the queue (a frame it is writing no longer waits, though it may not be flushed
+    /// yet, and its answer can come back and let the next frame in before the writer counts it written).
+    taken: AtomicU64,
+    /// The most frames queued and not yet taken by the writer at once (the backlog a slow link builds).
     peak: AtomicU64,
 }
 
@@ -68,8 +71,13 @@ impl TxCount {
     /// One frame handed to the writer.
     pub(crate) fn queued(&self) {
         let queued = self.queued.fetch_add(1, Ordering::AcqRel) + 1;
-        let backlog = queued.saturating_sub(self.written.load(Ordering::Acquire));
+        let backlog = queued.saturating_sub(self.taken.load(Ordering::Acquire));
         self.peak.fetch_max(backlog, Ordering::AcqRel);
+    }
+
+    /// One frame taken from the queue by the writer.
+    pub(crate) fn taken(&self) {
+        self.taken.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The most frames that waited for the writer at once.

@@ -374,11 +374,18 @@ pub(crate) fn connect(shared: &Arc<Shared>, addr: &str, timeout: Duration) -> Re
             let left =
                 end.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(1), CONNECT_ATTEMPT_MAX);
             match TcpStream::connect_timeout(a, left) {
-                // A listener that closes the connection before its hello is going away (a program's previous
+                // Retrying towards a free local port can pick that very port as the source and connect to itself
+                // (TCP's simultaneous open): no listener answered, and holding the socket would keep the port
+                // from the listener about to bind it.
+                Ok(stream) if connected_to_itself(&stream) => {
+                    drop(stream);
+                    last = Some(io::Error::new(io::ErrorKind::ConnectionRefused, "connected to itself"));
+                }
+                // A listener that closes the connection before its hello, or before ours went out, is going away (a program's previous
                 // server process exiting while the next one starts): tried again like a refused connection.
                 Ok(stream) => match say_hello(shared, stream, *a) {
-                    Err(WireError::Handshake { why: NO_HELLO, .. }) if Instant::now() < end => {
-                        last = Some(io::Error::new(io::ErrorKind::ConnectionAborted, NO_HELLO));
+                    Err(WireError::Handshake { why: why @ (NO_HELLO | HELLO_UNSENT), .. }) if Instant::now() < end => {
+                        last = Some(io::Error::new(io::ErrorKind::ConnectionAborted, why));
                     }
                     r => return r,
                 },
@@ -395,12 +402,17 @@ pub(crate) fn connect(shared: &Arc<Shared>, addr: &str, timeout: Duration) -> Re
     }
 }
 
+/// Whether the stream's two ends are one address: a connection a retry made to itself.
+fn connected_to_itself(stream: &TcpStream) -> bool {
+    matches!((stream.local_addr(), stream.peer_addr()), (Ok(l), Ok(p)) if l == p)
+}
+
 /// The connecting side of a handshake: our hello first, then the listener's, then the link plugged in.
 fn say_hello(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
     let (mut r, mut w) = halves(&stream, HANDSHAKE_TIMEOUT).map_err(|_| hs("socket setup failed"))?;
     let mine = lock(shared).wire.addr;
-    write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs("could not send the hello"))?;
+    write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs(HELLO_UNSENT))?;
     let theirs = hear_hello(&mut r).map_err(hs)?;
     plug(shared, stream, r, w, peer, theirs, true)
 }
@@ -423,6 +435,9 @@ fn hear_hello(r: &mut BufReader<TcpStream>) -> Result<PortAddr, &'static str> {
 
 /// Why a handshake failed when the peer closed (or said nothing) before its hello.
 const NO_HELLO: &str = "no hello from the peer";
+/// Why a handshake failed when the far end reset the connection before our hello went out (a listener that
+/// accepted and closed, as one going away does).
+const HELLO_UNSENT: &str = "could not send the hello";
 
 /// The longest hello frame read (a hello is 35 bytes).
 const HELLO_MAX: usize = 256;
@@ -444,7 +459,7 @@ fn plug(
         (st.wire.addr, super::next_device_id())
     };
     if !we_connect {
-        write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs("could not send the hello"))?;
+        write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs(HELLO_UNSENT))?;
     }
     if theirs == mine {
         let _ = stream.shutdown(Shutdown::Both);
@@ -482,12 +497,14 @@ fn plug(
 fn write_loop(link: Arc<Link>, stream: TcpStream, rx: mpsc::Receiver<Vec<u8>>) {
     let mut w = BufWriter::new(stream);
     while let Ok(frame) = rx.recv() {
+        link.count.taken();
         if write_frame(&mut w, &frame).is_err() {
             break;
         }
         // Everything queued goes out together; the socket is flushed once the queue is empty.
         let (mut ok, mut n) = (true, 1);
         while let Ok(more) = rx.try_recv() {
+            link.count.taken();
             ok &= write_frame(&mut w, &more).is_ok();
             n += 1;
         }
@@ -929,6 +946,32 @@ mod tests {
         next.join().unwrap();
         assert!(a.h.dev.wire_wait_peer(WAIT));
         rc_send(&mut a, &mut b);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_connection_to_itself_is_told_apart_from_a_listener() {
+        use std::os::fd::FromRawFd;
+        // The socket a retry can end up with: bound to the port it then connects to (simultaneous open).
+        // SAFETY: a fresh socket; every pointer is to a local of the right size; on success the descriptor is
+        // handed to one TcpStream, which owns and closes it.
+        let stream = unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0);
+            let mut sa: libc::sockaddr_in = std::mem::zeroed();
+            sa.sin_family = libc::AF_INET as libc::sa_family_t;
+            sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            assert_eq!(libc::bind(fd, (&raw const sa).cast(), len), 0);
+            let mut got = len;
+            assert_eq!(libc::getsockname(fd, (&raw mut sa).cast(), &mut got), 0);
+            assert_eq!(libc::connect(fd, (&raw const sa).cast(), len), 0, "{}", io::Error::last_os_error());
+            TcpStream::from_raw_fd(fd)
+        };
+        assert!(connected_to_itself(&stream));
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let other = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        assert!(!connected_to_itself(&other));
     }
 
     #[test]
