@@ -9,13 +9,13 @@ use crate::device::*;
 use crate::objects::*;
 use crate::strings::ibv_wc_status_str;
 
-fn errno() -> c_int {
+pub(crate) fn errno() -> c_int {
     // SAFETY: the calling thread's errno slot.
     unsafe { *libc::__errno_location() }
 }
 
 /// Opens `mlx5_0`.
-fn open() -> *mut ibv_context {
+pub(crate) fn open() -> *mut ibv_context {
     let mut n = 0;
     let list = ibv_get_device_list(&mut n);
     assert!(!list.is_null() && n >= 1);
@@ -88,15 +88,7 @@ fn errors_follow_the_verbs_conventions() {
         assert_eq!(errno(), libc::EINVAL);
         // XRC is not offered: EOPNOTSUPP, which test suites turn into a skip.
         let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
-        let mut attr = ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: ptr::null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: 9,
-            sq_sig_all: 0,
-        };
+        let mut attr = ibv_qp_init_attr { qp_type: 9, sq_sig_all: 0, ..rc_init(cq, 1) };
         assert!(ibv_create_qp(pd, &mut attr).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
         // More work requests than the device has: refused before any queue is sized.
@@ -190,6 +182,93 @@ unsafe fn connect(ctx: *mut ibv_context, qp: *mut ibv_qp, dest: u32) {
     assert_eq!(unsafe { ibv_modify_qp(qp, &mut a, 1 | 512 | 1024 | 2048 | (1 << 16) | (1 << 13)) }, 0);
     // SAFETY: the C part mirrors the state.
     assert_eq!(unsafe { (*qp).state }, 3);
+}
+
+/// What most tests stand on: an open `mlx5_0`, a PD, a buffer registered for local and remote access, a CQ
+/// (on a completion channel when asked) and an RC QP connected to itself.
+struct Loopback {
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    mem: Vec<u8>,
+    mr: *mut ibv_mr,
+    /// NULL when the CQ has no channel.
+    ch: *mut ibv_comp_channel,
+    cq: *mut ibv_cq,
+    /// NULL when the test makes its own QPs (and destroys them before `close`).
+    qp: *mut ibv_qp,
+}
+
+impl Loopback {
+    /// Opens `mlx5_0` with a CQ of `cqe` entries (on a new channel when `channel`), `mem_len` bytes registered
+    /// and a QP of `max_send_wr` sends.
+    fn new(mem_len: usize, cqe: c_int, channel: bool, max_send_wr: u32) -> Loopback {
+        let mut l = Loopback::without_qp(mem_len, cqe, channel);
+        // SAFETY: the Loopback's live PD and CQ.
+        unsafe { l.connect_qp(max_send_wr) };
+        l
+    }
+
+    /// As `new`, with no QP.
+    fn without_qp(mem_len: usize, cqe: c_int, channel: bool) -> Loopback {
+        let ctx = open();
+        // SAFETY: an open context; the channel and CQ are made here and kept in the Loopback.
+        unsafe {
+            let ch = if channel { ibv_create_comp_channel(ctx) } else { ptr::null_mut() };
+            assert!(!channel || !ch.is_null(), "errno {}", errno());
+            let cq = ibv_create_cq(ctx, cqe, ptr::null_mut(), ch, 0);
+            Loopback::on(ctx, ch, cq, mem_len)
+        }
+    }
+
+    /// The PD and region on `ctx`, around its `cq` (which the Loopback then owns, with `ch`); no QP.
+    ///
+    /// # Safety
+    /// `ctx` is open; `cq` is a live CQ of it on `ch` (or NULL).
+    unsafe fn on(ctx: *mut ibv_context, ch: *mut ibv_comp_channel, cq: *mut ibv_cq, mem_len: usize) -> Loopback {
+        assert!(!cq.is_null(), "errno {}", errno());
+        // SAFETY: the caller's open context; the objects made here live until `close`.
+        unsafe {
+            let pd = ibv_alloc_pd(ctx);
+            let mut mem = vec![0u8; mem_len];
+            let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
+            assert!(!pd.is_null() && !mr.is_null(), "errno {}", errno());
+            Loopback { ctx, pd, mem, mr, ch, cq, qp: ptr::null_mut() }
+        }
+    }
+
+    /// Makes the QP, of `max_send_wr` sends on the CQ, and connects it to itself.
+    ///
+    /// # Safety
+    /// The PD and CQ are live.
+    unsafe fn connect_qp(&mut self, max_send_wr: u32) {
+        let mut init = rc_init(self.cq, max_send_wr);
+        // SAFETY: the Loopback's live PD and CQ; the QP lives until `close`.
+        unsafe {
+            self.qp = ibv_create_qp(self.pd, &mut init);
+            assert!(!self.qp.is_null(), "errno {}", errno());
+            connect(self.ctx, self.qp, (*self.qp).qp_num);
+        }
+    }
+
+    /// Destroys the objects, children first, and closes the context: each answers 0.
+    ///
+    /// # Safety
+    /// The objects are live: the test destroyed none of them.
+    unsafe fn close(self) {
+        // SAFETY: the Loopback's objects, destroyed once each.
+        unsafe {
+            if !self.qp.is_null() {
+                assert_eq!(ibv_destroy_qp(self.qp), 0);
+            }
+            assert_eq!(ibv_destroy_cq(self.cq), 0);
+            if !self.ch.is_null() {
+                assert_eq!(ibv_destroy_comp_channel(self.ch), 0);
+            }
+            assert_eq!(ibv_dereg_mr(self.mr), 0);
+            assert_eq!(ibv_dealloc_pd(self.pd), 0);
+            assert_eq!(ibv_close_device(self.ctx), 0);
+        }
+    }
 }
 
 #[test]
@@ -395,18 +474,12 @@ fn a_context_closed_with_objects_alive_leaves_shells_that_refuse_every_call() {
 
 #[test]
 fn a_cq_with_an_event_never_taken_is_destroyed() {
-    let ctx = open();
+    let l = Loopback::new(64, 4, true, 1);
+    let (ctx, mr, ch, cq, qp) = (l.ctx, l.mr, l.ch, l.cq, l.qp);
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
         let ops = (*ctx).ops;
-        let pd = ibv_alloc_pd(ctx);
-        let mut mem = vec![0u8; 64];
-        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
-        let ch = ibv_create_comp_channel(ctx);
-        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ch, 0);
-        let mut init = rc_init(cq, 1);
-        let qp = ibv_create_qp(pd, &mut init);
-        connect(ctx, qp, (*qp).qp_num);
+        let mem = &l.mem;
         // An armed CQ completes a write: its event reaches the channel, and the program never takes it.
         assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), 0);
         let sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
@@ -424,12 +497,7 @@ fn a_cq_with_an_event_never_taken_is_destroyed() {
         // The device's service thread moves the event to the channel within its 50 ms period.
         let mut fds = libc::pollfd { fd: (*ch).fd, events: libc::POLLIN, revents: 0 };
         assert_eq!(libc::poll(&mut fds, 1, 2000), 1, "the channel's descriptor becomes readable");
-        assert_eq!(ibv_destroy_qp(qp), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_destroy_comp_channel(ch), 0);
-        assert_eq!(ibv_dereg_mr(mr), 0);
-        assert_eq!(ibv_dealloc_pd(pd), 0);
-        assert_eq!(ibv_close_device(ctx), 0);
+        l.close();
     }
 }
 
@@ -520,26 +588,20 @@ fn set_nonblocking(fd: c_int) {
 
 #[test]
 fn non_blocking_descriptors_give_eagain_when_nothing_waits() {
-    let ctx = open();
+    let l = Loopback::new(64, 4, true, 1);
+    let (ctx, mr, ch, cq, qp) = (l.ctx, l.mr, l.ch, l.cq, l.qp);
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
         let ops = (*ctx).ops;
-        let ch = ibv_create_comp_channel(ctx);
         // Made blocking: the flag is the program's to set.
         assert_eq!(libc::fcntl((*ch).fd, libc::F_GETFL) & libc::O_NONBLOCK, 0);
         assert_eq!(libc::fcntl((*ctx).async_fd, libc::F_GETFL) & libc::O_NONBLOCK, 0);
         set_nonblocking((*ch).fd);
-        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ch, 0);
         let (mut ev_cq, mut ev_ctx) = (ptr::null_mut(), ptr::null_mut());
         assert_eq!((ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), errno()), (-1, libc::EAGAIN));
 
         // An armed CQ completes a write: the descriptor becomes readable and the event is taken at once.
-        let pd = ibv_alloc_pd(ctx);
-        let mut mem = vec![0u8; 64];
-        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
-        let mut init = rc_init(cq, 1);
-        let qp = ibv_create_qp(pd, &mut init);
-        connect(ctx, qp, (*qp).qp_num);
+        let mem = &l.mem;
         assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), 0);
         let sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
         assert_eq!(post_write(qp, 0, sge, wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey }), 0);
@@ -565,13 +627,7 @@ fn non_blocking_descriptors_give_eagain_when_nothing_waits() {
             }
         }
         assert!(again, "EAGAIN once no async event waits");
-
-        assert_eq!(ibv_destroy_qp(qp), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_destroy_comp_channel(ch), 0);
-        assert_eq!(ibv_dereg_mr(mr), 0);
-        assert_eq!(ibv_dealloc_pd(pd), 0);
-        assert_eq!(ibv_close_device(ctx), 0);
+        l.close();
     }
 }
 
@@ -795,12 +851,9 @@ fn completions_carry_the_device_clock_when_asked() {
         assert!(v.create_cq_ex.unwrap()(ctx, &mut cia).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
 
-        let pd = ibv_alloc_pd(ctx);
-        let mut mem = vec![0u8; 64];
-        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
-        let mut init = rc_init(cq, 1);
-        let qp = ibv_create_qp(pd, &mut init);
-        connect(ctx, qp, (*qp).qp_num);
+        let mut l = Loopback::on(ctx, ptr::null_mut(), cq, 64);
+        l.connect_qp(1);
+        let (mem, mr, qp) = (&l.mem, l.mr, l.qp);
         let sge = ibv_sge { addr: mem.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
         assert_eq!(post_write(qp, 0, sge, wr_rdma { remote_addr: mem.as_ptr() as u64 + 32, rkey: (*mr).rkey }), 0);
         let mut got = None;
@@ -815,28 +868,21 @@ fn completions_carry_the_device_clock_when_asked() {
         let (status, ts) = got.expect("a completion");
         assert_eq!(status, 0);
         assert!(ts > 0, "the device clock when the CQE was written");
-        assert_eq!(ibv_destroy_qp(qp), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dereg_mr(mr), 0);
-        assert_eq!(ibv_dealloc_pd(pd), 0);
-        assert_eq!(ibv_close_device(ctx), 0);
+        l.close();
     }
 }
 
 #[test]
 fn a_move_to_reset_takes_the_qps_unpolled_completions_out_of_its_cq() {
-    let ctx = open();
+    let mut l = Loopback::new(256, 8, false, 4);
+    let (ctx, pd, mr, cq, a) = (l.ctx, l.pd, l.mr, l.cq, l.qp);
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
         let ops = (*ctx).ops;
-        let pd = ibv_alloc_pd(ctx);
-        let mut mem = vec![0u8; 256];
-        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
-        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
         let mut init = rc_init(cq, 4);
-        let (a, b) = (ibv_create_qp(pd, &mut init), ibv_create_qp(pd, &mut init));
-        connect(ctx, a, (*a).qp_num);
+        let b = ibv_create_qp(pd, &mut init);
         connect(ctx, b, (*b).qp_num);
+        let mem = &mut l.mem;
         // A, B, A: three writes, each completing on the one CQ; nobody polls yet.
         mem[..8].copy_from_slice(b"complete");
         let base = mem.as_ptr() as u64;
@@ -861,12 +907,8 @@ fn a_move_to_reset_takes_the_qps_unpolled_completions_out_of_its_cq() {
         assert_eq!((wc.wr_id, wc.qp_num, wc.status), (1, (*b).qp_num, 0));
         let mut more = [ibv_wc::default(); 4];
         assert_eq!(ops.poll_cq.unwrap()(cq, 4, more.as_mut_ptr()), 0, "nothing of A's is left");
-        assert_eq!(ibv_destroy_qp(a), 0);
         assert_eq!(ibv_destroy_qp(b), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dereg_mr(mr), 0);
-        assert_eq!(ibv_dealloc_pd(pd), 0);
-        assert_eq!(ibv_close_device(ctx), 0);
+        l.close();
     }
 }
 
@@ -951,13 +993,11 @@ unsafe fn post_recv_one(qp: *mut ibv_qp, mut sge: ibv_sge) -> c_int {
 
 #[test]
 fn a_receive_only_and_a_send_only_qp_are_created_and_talk() {
-    let ctx = open();
+    let mut l = Loopback::without_qp(256, 8, false);
+    let (ctx, pd, mr, cq) = (l.ctx, l.pd, l.mr, l.cq);
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
-        let pd = ibv_alloc_pd(ctx);
-        let mut mem = vec![0u8; 256];
-        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
-        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        let mem = &mut l.mem;
         // qperf's receiver: no send queue. rdma-core's mlx5 sizes no SQ and reports max_send_wr 0.
         let mut rx_init = rc_init(cq, 0);
         rx_init.cap.max_recv_wr = 4;
@@ -995,10 +1035,7 @@ fn a_receive_only_and_a_send_only_qp_are_created_and_talk() {
         assert_eq!(qa.cap.max_send_wr, 0);
         assert_eq!(ibv_destroy_qp(rx), 0);
         assert_eq!(ibv_destroy_qp(tx), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dereg_mr(mr), 0);
-        assert_eq!(ibv_dealloc_pd(pd), 0);
-        assert_eq!(ibv_close_device(ctx), 0);
+        l.close();
     }
 }
 
@@ -1152,13 +1189,11 @@ fn access_flags_and_lengths_are_refused_as_the_kernel_refuses_them() {
 
 #[test]
 fn oversize_inline_is_enomem_at_post_and_einval_at_create() {
-    let ctx = open();
+    let mut l = Loopback::without_qp(4096, 8, false);
+    let (ctx, pd, mr, cq) = (l.ctx, l.pd, l.mr, l.cq);
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
-        let pd = ibv_alloc_pd(ctx);
-        let mut mem = vec![0u8; 4096];
-        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
-        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        let mem = &mut l.mem;
         // More inline data than a WQE holds: mlx5_calc_send_wqe's EINVAL.
         let mut init = rc_init(cq, 4);
         init.cap.max_inline_data = 4096;
@@ -1192,25 +1227,17 @@ fn oversize_inline_is_enomem_at_post_and_einval_at_create() {
         let mut wc = [ibv_wc::default(); 2];
         assert_eq!((*ctx).ops.poll_cq.unwrap()(cq, 2, wc.as_mut_ptr()), 0, "nothing was posted");
         assert_eq!(ibv_destroy_qp(qp), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dereg_mr(mr), 0);
-        assert_eq!(ibv_dealloc_pd(pd), 0);
-        assert_eq!(ibv_close_device(ctx), 0);
+        l.close();
     }
 }
 
 #[test]
 fn poll_cq_with_a_negative_count_polls_nothing_and_returns_zero() {
-    let ctx = open();
+    let mut l = Loopback::new(64, 8, false, 4);
+    let (ctx, mr, cq, qp) = (l.ctx, l.mr, l.cq, l.qp);
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
-        let pd = ibv_alloc_pd(ctx);
-        let mut mem = vec![0u8; 64];
-        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
-        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
-        let mut init = rc_init(cq, 4);
-        let qp = ibv_create_qp(pd, &mut init);
-        connect(ctx, qp, (*qp).qp_num);
+        let mem = &mut l.mem;
         mem[..8].copy_from_slice(b"negative");
         let base = mem.as_ptr() as u64;
         let sge = ibv_sge { addr: base, length: 8, lkey: (*mr).lkey };
@@ -1229,28 +1256,17 @@ fn poll_cq_with_a_negative_count_polls_nothing_and_returns_zero() {
         }
         let w = poll_one(ctx, cq).expect("the write's completion");
         assert_eq!((w.wr_id, w.status), (3, 0));
-        assert_eq!(ibv_destroy_qp(qp), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dereg_mr(mr), 0);
-        assert_eq!(ibv_dealloc_pd(pd), 0);
-        assert_eq!(ibv_close_device(ctx), 0);
+        l.close();
     }
 }
 
 #[test]
 fn too_many_gather_entries_are_enomem_on_send_and_einval_on_receive() {
-    let ctx = open();
+    let mut l = Loopback::new(256, 8, false, 4);
+    let (ctx, mr, cq, qp) = (l.ctx, l.mr, l.cq, l.qp);
     // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
     unsafe {
-        let pd = ibv_alloc_pd(ctx);
-        let mut mem = vec![0u8; 256];
-        let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 0b111);
-        let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
-        let mut init = rc_init(cq, 4);
-        let qp = ibv_create_qp(pd, &mut init);
-        assert!(!qp.is_null(), "errno {}", errno());
-        connect(ctx, qp, (*qp).qp_num);
-        let base = mem.as_mut_ptr() as u64;
+        let base = l.mem.as_mut_ptr() as u64;
         // Two entries where the QP takes one, and more than any QP takes: _mlx5_post_send's ENOMEM.
         for n in [2usize, 65, 1000] {
             let mut sgl: Vec<ibv_sge> = (0..n).map(|_| ibv_sge { addr: base, length: 1, lkey: (*mr).lkey }).collect();
@@ -1266,10 +1282,6 @@ fn too_many_gather_entries_are_enomem_on_send_and_einval_on_receive() {
         }
         let mut wc = [ibv_wc::default(); 2];
         assert_eq!((*ctx).ops.poll_cq.unwrap()(cq, 2, wc.as_mut_ptr()), 0, "nothing was posted");
-        assert_eq!(ibv_destroy_qp(qp), 0);
-        assert_eq!(ibv_destroy_cq(cq), 0);
-        assert_eq!(ibv_dereg_mr(mr), 0);
-        assert_eq!(ibv_dealloc_pd(pd), 0);
-        assert_eq!(ibv_close_device(ctx), 0);
+        l.close();
     }
 }
