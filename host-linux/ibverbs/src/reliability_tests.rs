@@ -7,23 +7,7 @@ use std::ptr;
 use crate::abi::*;
 use crate::device::*;
 use crate::objects::*;
-
-fn errno() -> c_int {
-    // SAFETY: the calling thread's errno slot.
-    unsafe { *libc::__errno_location() }
-}
-
-/// Opens the first device (`mlx5_0`).
-fn open() -> *mut ibv_context {
-    let mut n = 0;
-    let list = ibv_get_device_list(&mut n);
-    assert!(!list.is_null() && n >= 1);
-    // SAFETY: the list holds n devices and a NULL.
-    let ctx = ibv_open_device(unsafe { *list });
-    ibv_free_device_list(list);
-    assert!(!ctx.is_null());
-    ctx
-}
+use crate::tests::{errno, open};
 
 /// `pages` fresh anonymous pages with protection `prot`.
 fn map(pages: usize, prot: c_int) -> *mut u8 {
