@@ -5,7 +5,7 @@
 //! brings a fresh one up and a `wire=connect` end connects afresh. Each case runs in a child process of its own,
 //! since the device list is read from `MLX5_RS_DEVICES` once per process.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::process::Command;
 use std::ptr;
 use std::time::{Duration, Instant};
@@ -13,29 +13,8 @@ use std::time::{Duration, Instant};
 use mlx5_ibverbs::abi::*;
 use mlx5_sim::{HcaState, SimDevice};
 
-// The library's exports, as a C program links them.
-extern "C" {
-    fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device;
-    fn ibv_free_device_list(list: *mut *mut ibv_device);
-    fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context;
-    fn ibv_close_device(context: *mut ibv_context) -> c_int;
-    fn ibv_query_port(context: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int;
-    fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd;
-    fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int;
-    fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr;
-    fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
-    fn ibv_create_cq(
-        context: *mut ibv_context,
-        cqe: c_int,
-        cq_context: *mut c_void,
-        channel: *mut ibv_comp_channel,
-        vector: c_int,
-    ) -> *mut ibv_cq;
-    fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int;
-    fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
-    fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int;
-    fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
-}
+mod common;
+use common::*;
 
 /// Set in the child: which case it runs.
 const CASE: &str = "MLX5_RS_TEST_CLOSE_CASE";
@@ -67,11 +46,6 @@ fn cases_in_a_child() {
         Ok("wire") => the_connecting_end_closes_with_objects_alive_and_connects_again(),
         _ => {}
     }
-}
-
-fn errno() -> c_int {
-    // SAFETY: the calling thread's errno slot.
-    unsafe { *libc::__errno_location() }
 }
 
 /// The process's listed devices, as the library lists them.
@@ -156,15 +130,7 @@ impl End {
 
     /// A new QP in RESET on the End's CQ.
     fn new_qp(&mut self) {
-        let mut init = ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: self.cq,
-            recv_cq: self.cq,
-            srq: ptr::null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: 2,
-            sq_sig_all: 1,
-        };
+        let mut init = rc_init(self.cq);
         // SAFETY: the End's live PD and CQ.
         self.qp = unsafe { ibv_create_qp(self.pd, &mut init) };
         assert!(!self.qp.is_null(), "create_qp: errno {}", errno());

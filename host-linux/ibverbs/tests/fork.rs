@@ -9,36 +9,8 @@ use std::time::{Duration, Instant};
 
 use mlx5_ibverbs::abi::*;
 
-// The library's exports, as a C program links them.
-extern "C" {
-    fn ibv_fork_init() -> c_int;
-    fn ibv_is_fork_initialized() -> c_int;
-    fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device;
-    fn ibv_free_device_list(list: *mut *mut ibv_device);
-    fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context;
-    fn ibv_close_device(context: *mut ibv_context) -> c_int;
-    fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd;
-    fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int;
-    fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut std::ffi::c_void, len: usize, access: c_int) -> *mut ibv_mr;
-    fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
-    fn ibv_create_cq(
-        context: *mut ibv_context,
-        cqe: c_int,
-        cq_context: *mut std::ffi::c_void,
-        channel: *mut ibv_comp_channel,
-        vector: c_int,
-    ) -> *mut ibv_cq;
-    fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int;
-    fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
-    fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int;
-    fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
-    fn ibv_query_gid(context: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int;
-}
-
-fn errno() -> c_int {
-    // SAFETY: the calling thread's errno slot.
-    unsafe { *libc::__errno_location() }
-}
+mod common;
+use common::*;
 
 /// One RC SEND of 16 bytes from a QP to itself (loopback through the device), checked at the receiver.
 ///
@@ -55,15 +27,7 @@ unsafe fn exchange(ctx: *mut ibv_context) -> Result<(), String> {
         mem[..16].copy_from_slice(b"hello from fork!");
         let mr = ibv_reg_mr(pd, mem.as_mut_ptr().cast(), mem.len(), 1);
         let cq = ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
-        let mut init = ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: ptr::null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: 2,
-            sq_sig_all: 1,
-        };
+        let mut init = rc_init(cq);
         let qp = if mr.is_null() || cq.is_null() { ptr::null_mut() } else { ibv_create_qp(pd, &mut init) };
         if qp.is_null() {
             return Err(format!("reg_mr / create_cq / create_qp: errno {}", errno()));
@@ -167,19 +131,6 @@ unsafe fn send_to_self(
             return Err(format!("completions (wr_id, status): {got:?}"));
         }
         Ok(())
-    }
-}
-
-/// The first device of a fresh list.
-fn first_device() -> *mut ibv_device {
-    let mut n = 0;
-    // SAFETY: a writable count; the list is freed below and the device stays.
-    unsafe {
-        let list = ibv_get_device_list(&mut n);
-        assert!(!list.is_null() && n >= 1, "no device listed");
-        let dev = *list;
-        ibv_free_device_list(list);
-        dev
     }
 }
 

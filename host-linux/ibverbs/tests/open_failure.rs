@@ -3,18 +3,10 @@
 //! wire are different hosts without `host=`. Each case runs in a child process of its own, since the device
 //! list is read from `MLX5_RS_DEVICES` once per process.
 
-use std::ffi::c_int;
 use std::process::Command;
 
-use mlx5_ibverbs::abi::*;
-
-// The library's exports, as a C program links them.
-extern "C" {
-    fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device;
-    fn ibv_free_device_list(list: *mut *mut ibv_device);
-    fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context;
-    fn ibv_close_device(context: *mut ibv_context) -> c_int;
-}
+mod common;
+use common::*;
 
 /// Set in the child: which case it runs.
 const CASE: &str = "MLX5_RS_TEST_OPEN_CASE";

@@ -3,24 +3,15 @@
 //! there and hung on this library, which kept waiting. And the library's own threads must not take a program's
 //! signals: a process signal that runs its handler on a library thread interrupts nothing of the program's.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use mlx5_ibverbs::abi::*;
 
-// The library's exports, as a C program links them.
-extern "C" {
-    fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device;
-    fn ibv_free_device_list(list: *mut *mut ibv_device);
-    fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context;
-    fn ibv_close_device(context: *mut ibv_context) -> c_int;
-    fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel;
-    fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int;
-    fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, ctx: *mut *mut c_void) -> c_int;
-    fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int;
-}
+mod common;
+use common::*;
 
 static HANDLED: AtomicUsize = AtomicUsize::new(0);
 
@@ -41,16 +32,10 @@ fn install(sig: c_int) {
 
 /// Opens the first device (the default simulated one).
 fn open() -> usize {
-    let mut n = 0;
-    // SAFETY: the list and its device come from this library.
-    unsafe {
-        let list = ibv_get_device_list(&mut n);
-        assert!(!list.is_null() && n >= 1);
-        let ctx = ibv_open_device(*list);
-        ibv_free_device_list(list);
-        assert!(!ctx.is_null());
-        ctx as usize
-    }
+    // SAFETY: a device of the library's list.
+    let ctx = unsafe { ibv_open_device(first_device()) };
+    assert!(!ctx.is_null());
+    ctx as usize
 }
 
 /// Runs `wait` on a thread of its own and sends that thread `sig` every 10 ms until `wait` returns; its result
