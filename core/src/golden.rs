@@ -68,21 +68,7 @@ fn encode<C: Command>(cmd: &C) -> Golden {
     g
 }
 
-fn create_cq_vector_cmd(pas: &[u64]) -> CreateCq<'_> {
-    CreateCq {
-        ctx: CqContext {
-            cqe_sz: CqeSize::B64,
-            log_cq_size: 0xa,
-            uar_page: 1,
-            c_eqn: 3,
-            log_page_size: 0,
-            page_offset: 0,
-            dbr_addr: 0x1234567000,
-            oi: false,
-        },
-        pas: Pas::List(pas),
-    }
-}
+include!("../../tests/vectors/create_cq_in.rs");
 
 // Safe code over a scan of 60 KB of JSON per vector: left out under Miri (xtask/src/miri.rs).
 #[cfg(any(test, feature = "testlist"))]

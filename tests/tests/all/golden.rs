@@ -58,21 +58,7 @@ fn golden(name: &str) -> Vec<u8> {
     bytes
 }
 
-fn create_cq_vector_cmd(pas: &[u64]) -> CreateCq<'_> {
-    CreateCq {
-        ctx: CqContext {
-            cqe_sz: CqeSize::B64,
-            log_cq_size: 0xa,
-            uar_page: 1,
-            c_eqn: 3,
-            log_page_size: 0,
-            page_offset: 0,
-            dbr_addr: 0x1234567000,
-            oi: false,
-        },
-        pas: Pas::List(pas),
-    }
-}
+include!("../../vectors/create_cq_in.rs");
 
 #[test]
 fn every_vector_is_covered_or_deferred() {
