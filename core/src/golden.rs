@@ -203,7 +203,9 @@ mod tests {
     fn init2rtr_matches_byte_for_byte() {
         use crate::cq::LinkLayer;
         use crate::mkey::Access;
-        use crate::qp::{check_modify, AhAttr, ModifyQp, Mtu, QpAttr, QpAttrMask, QpState, QpType, Transition};
+        use crate::qp::{
+            check_modify, required_attrs, AhAttr, ModifyQp, Mtu, QpAttr, QpAttrMask, QpState, QpType, Transition,
+        };
         let attr = QpAttr {
             qp_state: QpState::Rtr,
             qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
@@ -215,14 +217,8 @@ mod tests {
             ah_attr: AhAttr { dlid: 7, sl: 0, port_num: 1, ..AhAttr::default() },
             ..QpAttr::default()
         };
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER
-            | QpAttrMask::ACCESS_FLAGS;
+        // What verbs requires of an RC INIT → RTR, and the access flags the vector sets.
+        let mask = required_attrs(QpType::Rc, QpState::Init, QpState::Rtr).unwrap() | QpAttrMask::ACCESS_FLAGS;
         check_modify(QpType::Rc, QpState::Init, &attr, mask).unwrap();
         let cmd = ModifyQp {
             qpn: 0x123,
