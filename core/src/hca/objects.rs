@@ -691,12 +691,19 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
         let sizes = if srqn.is_some() { sizes.without_rq() } else { sizes };
         let (uar, bf) = self.take_bfreg(delay)?;
         let dma = self.cmdq.dma();
-        let mut buf = QueueBuf::alloc(dma, sizes.rq_bytes() + sizes.sq_bytes())?;
+        let mut buf = match QueueBuf::alloc(dma, sizes.rq_bytes() + sizes.sq_bytes()) {
+            Ok(b) => b,
+            Err(e) => {
+                self.give_bfreg(&bf);
+                return Err(e.into());
+            }
+        };
         let shadow = match dma.alloc(Qp::shadow_len(&sizes), crate::qp::SHADOW_ALIGN) {
             Ok(r) => r,
             Err(e) => {
                 // SAFETY: never shown to the device.
                 unsafe { buf.free(dma) };
+                self.give_bfreg(&bf);
                 return Err(e.into());
             }
         };
@@ -708,6 +715,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
                     buf.free(self.cmdq.dma());
                     self.cmdq.dma().free(shadow);
                 }
+                self.give_bfreg(&bf);
                 return Err(Error::Dbr(e));
             }
         };
@@ -750,6 +758,8 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
                     // SAFETY: CREATE_QP was refused, so no context holds the record.
                     let _ = unsafe { self.dbr.free(self.cmdq.dma(), dbrec) };
                 }
+                // Whatever firmware did, no QP of ours rings the register: the next QP may have it.
+                self.give_bfreg(&bf);
                 Err(e)
             }
         }
@@ -871,9 +881,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
     pub fn destroy_qp(&mut self, mut qp: Qp, delay: &mut impl DelayNs) -> Result<(), DestroyError<Qp>> {
         match self.exec_destroy(destroy_qp(qp.qpn()), delay) {
             Ok(()) => {
-                if let Some(proto) = self.uar_page() {
-                    self.bfregs.give(qp.bfreg(), &proto);
-                }
+                self.give_bfreg(qp.bfreg());
                 // SAFETY: the QP is destroyed (or the device dead): the device no longer touches its rings or
                 // record; the shadow array was never the device's.
                 unsafe {
@@ -1166,6 +1174,13 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
         }
         let shared = proto.bfreg(0).ok_or(Error::NotSupported { what: "QP without a BlueFlame register" })?;
         Ok((proto, shared.shared()))
+    }
+
+    /// A register from [`Hca::take_bfreg`] back to the pool (a shared one stays shared).
+    fn give_bfreg(&mut self, reg: &crate::uar::BfReg) {
+        if let Some(proto) = self.uar_page() {
+            self.bfregs.give(reg, &proto);
+        }
     }
 
     /// QPs' BlueFlame registers: (dedicated ones in use, UAR pages held for them).

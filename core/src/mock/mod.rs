@@ -87,7 +87,7 @@ pub(crate) fn op_str(op: Opcode) -> OpStr {
     OpStr(op)
 }
 
-/// The mock's own tests and the core's bring-up, CQ and teardown error paths on it: device-free and heap-free
+/// The mock's own tests and the core's bring-up, CQ, QP and teardown error paths on it: device-free and heap-free
 /// (messages formatted into fixed strings, arenas from the harness), so they run on the Cortex-M4F too.
 #[cfg(any(test, feature = "testlist"))]
 #[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
@@ -526,5 +526,314 @@ mod tests {
         hca.teardown(&mut NoDelay).expect("teardown");
         dev.assert_done();
         assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0));
+    }
+
+    /// `bring_up` of a device with RC and UD QPs and SRQs. Its 2 KiB BlueFlame registers leave one to a UAR page,
+    /// so the bring-up page's goes to the first QP and the next QP's create needs ALLOC_UAR first.
+    fn qp_bring_up() -> [Expect<'static>; 16] {
+        let mut s = bring_up();
+        s[11] = Expect::cmd(Opcode::QueryHcaCap)
+            .op_mod(1)
+            .returns("capability.cmd_hca_cap.log_max_cq_sz", 12)
+            .returns("capability.cmd_hca_cap.rc", 1)
+            .returns("capability.cmd_hca_cap.ud", 1)
+            .returns("capability.cmd_hca_cap.log_max_qp_sz", 10)
+            .returns("capability.cmd_hca_cap.max_wqe_sz_sq", 512)
+            .returns("capability.cmd_hca_cap.max_wqe_sz_rq", 512)
+            .returns("capability.cmd_hca_cap.log_max_srq_sz", 10)
+            .returns("capability.cmd_hca_cap.log_bf_reg_size", 11);
+        s
+    }
+
+    /// The QPs the unwinding tables create: RC, UD, and RC receiving through an SRQ (an RMP at ISSI 1).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum QpKind {
+        Rc,
+        Ud,
+        RcOnSrq,
+    }
+
+    const PD: u64 = 4;
+    const COMP_EQ: u64 = 10;
+    const CQN: u64 = 0x21;
+    const RMPN: u64 = 0x31;
+    /// The UAR page ALLOC_UAR gives for QP registers beyond the bring-up page's.
+    const QP_UAR: u64 = 5;
+
+    type QpHca<'d> = Hca<&'d Dev, &'d Dev>;
+
+    /// What a QP test holds besides the QPs: PD, CQ and, for [`QpKind::RcOnSrq`], the SRQ.
+    struct QpSetup {
+        pd: crate::hca::Pd,
+        cq: crate::cq::Cq,
+        srq: Option<crate::srq::Srq>,
+    }
+
+    /// Brings the HCA up and makes a PD, a CQ (and its completion EQ) and the SRQ of `kind`.
+    fn qp_setup(dev: &Dev, kind: QpKind) -> (QpHca<'_>, QpSetup) {
+        use Opcode::*;
+        dev.expect_all(qp_bring_up());
+        let mut hca: QpHca<'_> = Hca::bring_up(dev, dev, (), &mut NoDelay, cfg()).expect("bring-up");
+        dev.expect(Expect::cmd(AllocPd).returns("pd", PD));
+        let pd = hca.alloc_pd(&mut NoDelay).expect("pd");
+        dev.expect(Expect::cmd(CreateEq).returns("eq_number", COMP_EQ));
+        dev.expect(Expect::cmd(CreateCq).returns("cqn", CQN));
+        let cq = hca.create_cq(crate::hca::CqAttr::default(), &mut NoDelay).expect("cq");
+        let srq = (kind == QpKind::RcOnSrq).then(|| {
+            dev.expect(Expect::cmd(CreateRmp).returns("rmpn", RMPN));
+            let attr = crate::hca::SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 };
+            hca.create_srq(&pd, attr, &mut NoDelay).expect("srq")
+        });
+        (hca, QpSetup { pd, cq, srq })
+    }
+
+    fn qp_attr(kind: QpKind) -> crate::hca::QpInitAttr {
+        let qp_type = if kind == QpKind::Ud { crate::qp::QpType::Ud } else { crate::qp::QpType::Rc };
+        let cap =
+            crate::qp::QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        crate::hca::QpInitAttr { qp_type, cap, sq_sig_all: false }
+    }
+
+    fn create_qp(hca: &mut QpHca<'_>, s: &QpSetup, kind: QpKind) -> Result<crate::qp::Qp, Error> {
+        match &s.srq {
+            Some(srq) => hca.create_qp_with_srq(&s.pd, &s.cq, &s.cq, qp_attr(kind), srq, &mut NoDelay),
+            None => hca.create_qp(&s.pd, &s.cq, &s.cq, qp_attr(kind), &mut NoDelay),
+        }
+    }
+
+    /// CREATE_QP of `kind` as the core sends it: its type, PD, CQs, UAR page and SRQ.
+    fn create_qp_cmd(kind: QpKind, uar: u64) -> Expect<'static> {
+        use crate::prm::consts;
+        let st = if kind == QpKind::Ud { consts::MLX5_QP_ST_UD } else { consts::MLX5_QP_ST_RC };
+        Expect::cmd(Opcode::CreateQp)
+            .field("qpc.st", st.into())
+            .field("qpc.pd", PD)
+            .field("qpc.cqn_snd", CQN)
+            .field("qpc.cqn_rcv", CQN)
+            .field("qpc.uar_page", uar)
+            .field("qpc.srqn_rmpn_xrqn", if kind == QpKind::RcOnSrq { RMPN } else { 0 })
+    }
+
+    /// What a QP's create and destroy must leave as they found it: `(DMA regions, doorbell records in use, dedicated
+    /// BlueFlame registers in use, UAR pages held for them, firmware pages held)`.
+    fn usage(dev: &Dev, hca: &QpHca<'_>) -> (usize, usize, usize, usize, usize) {
+        let (bf_used, bf_pages) = hca.bfreg_usage();
+        (dev.live_regions(), hca.dbr_usage().1, bf_used, bf_pages, dev.pages_held())
+    }
+
+    /// Destroys the setup and tears down (`extra_uar`: a QP page ALLOC_UAR gave), expecting every command in
+    /// order; afterwards no region or firmware page is left.
+    fn qp_finish(dev: &Dev, mut hca: QpHca<'_>, s: QpSetup, extra_uar: bool) {
+        use Opcode::*;
+        if let Some(srq) = s.srq {
+            dev.expect(Expect::cmd(DestroyRmp).field("rmpn", RMPN));
+            hca.destroy_srq(srq, &mut NoDelay).map_err(|e| e.error).expect("destroy srq");
+        }
+        dev.expect(Expect::cmd(DestroyCq).field("cqn", CQN));
+        hca.destroy_cq(s.cq, &mut NoDelay).map_err(|e| e.error).expect("destroy cq");
+        dev.expect(Expect::cmd(DeallocPd).field("pd", PD));
+        hca.dealloc_pd(s.pd, &mut NoDelay).map_err(|e| e.error).expect("dealloc pd");
+        let t = teardown();
+        dev.expect(Expect::cmd(DestroyEq).field("eq_number", COMP_EQ)).expect_all(t[..3].iter().cloned());
+        if extra_uar {
+            dev.expect(Expect::cmd(DeallocUar).field("uar", QP_UAR));
+        }
+        dev.expect_all(t[3..].iter().cloned());
+        hca.teardown(&mut NoDelay).expect("teardown");
+        assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0));
+    }
+
+    /// Every command a QP's create issues failing in turn, for RC, UD and a QP on an SRQ. A QP already holds the
+    /// bring-up page's BlueFlame register, so the create asks for a UAR page (ALLOC_UAR) before CREATE_QP, and
+    /// firmware may ask for pages while CREATE_QP runs (MANAGE_PAGES give). Each row: the error names the failing
+    /// command and its syndrome (or delivery status); afterwards no DMA region, doorbell record or BlueFlame
+    /// register is left but what the device may still use; the next create succeeds on what the failed one gave
+    /// back; the QP's destroy and the teardown return everything.
+    #[test]
+    fn every_failing_qp_create_command_unwinds_everything() {
+        use Opcode::*;
+        let alloc_uar = || Expect::cmd(AllocUar).returns("uar", QP_UAR);
+        let refused = |e: Expect<'static>, syndrome| e.fails(CmdStatus::BadParam, syndrome);
+        let give = || Expect::cmd(ManagePages).op_mod(1).field("input_num_entries", 2);
+        // (row, the create's commands, its error, whether the UAR page was allocated, regions and records the
+        // device may still hold (kept until DISABLE_HCA), firmware pages it keeps).
+        type Row = (&'static str, [Option<Expect<'static>>; 3], Option<&'static str>, bool, usize, usize);
+        let table = |kind: QpKind| -> [Row; 6] {
+            let qp = || create_qp_cmd(kind, QP_UAR).returns("qpn", 0x41);
+            [
+                // Refused: the QP shares the bring-up page's register (8-byte doorbells), as with no UAR left.
+                (
+                    "ALLOC_UAR refused",
+                    [
+                        Some(refused(Expect::cmd(AllocUar), 0xa1)),
+                        Some(create_qp_cmd(kind, UAR).returns("qpn", 0x41)),
+                        None,
+                    ],
+                    None,
+                    false,
+                    0,
+                    0,
+                ),
+                (
+                    "ALLOC_UAR undelivered",
+                    [Some(Expect::cmd(AllocUar).delivery_error(DeliveryStatus::Fw)), None, None],
+                    Some("ALLOC_UAR(0x802) delivery error FW(0x6)"),
+                    false,
+                    0,
+                    0,
+                ),
+                (
+                    "CREATE_QP refused",
+                    [Some(alloc_uar()), Some(refused(qp(), 0xc1)), None],
+                    Some("CREATE_QP(0x500) op_mod(0x0) failed, status BAD_PARAM(0x3), syndrome (0xc1)"),
+                    true,
+                    0,
+                    0,
+                ),
+                // Firmware may have created it: the queue buffer and the record stay until DISABLE_HCA.
+                (
+                    "CREATE_QP undelivered",
+                    [Some(alloc_uar()), Some(qp().delivery_error(DeliveryStatus::Fw)), None],
+                    Some("CREATE_QP(0x500) delivery error FW(0x6)"),
+                    true,
+                    1,
+                    0,
+                ),
+                // The page request refused is not the create's failure; firmware then fails CREATE_QP.
+                (
+                    "MANAGE_PAGES refused",
+                    [Some(alloc_uar()), Some(refused(qp().page_request(0, 2), 0xc2)), Some(refused(give(), 0xe1))],
+                    Some("CREATE_QP(0x500) op_mod(0x0) failed, status BAD_PARAM(0x3), syndrome (0xc2)"),
+                    true,
+                    0,
+                    0,
+                ),
+                // Pages given are firmware's until it gives them back (at teardown here).
+                (
+                    "CREATE_QP refused after its pages",
+                    [Some(alloc_uar()), Some(refused(qp().page_request(0, 2), 0xc3)), Some(give())],
+                    Some("CREATE_QP(0x500) op_mod(0x0) failed, status BAD_PARAM(0x3), syndrome (0xc3)"),
+                    true,
+                    0,
+                    2,
+                ),
+            ]
+        };
+        let mut mem = Some(arena());
+        for kind in [QpKind::Rc, QpKind::Ud, QpKind::RcOnSrq] {
+            for (row, script, error, paged, held, fw_pages) in table(kind) {
+                let dev: Dev = MockDevice::new(mem.take().unwrap());
+                let (mut hca, s) = qp_setup(&dev, kind);
+                // The first QP takes the bring-up page's only register.
+                dev.expect(create_qp_cmd(kind, UAR).returns("qpn", 0x40));
+                let first = create_qp(&mut hca, &s, kind).expect("first qp");
+                let base = usage(&dev, &hca);
+
+                dev.expect_all(script.into_iter().flatten());
+                let qp = match (create_qp(&mut hca, &s, kind), error) {
+                    (Err(e), Some(want)) => {
+                        assert_eq!(text(&e), want, "{kind:?}, {row}");
+                        let (regions, dbr, bf, pages, fw) = base;
+                        let now = usage(&dev, &hca);
+                        // The queue buffer (one region here) and its doorbell record, when the device may hold them.
+                        let want = (regions + held, dbr + held, bf, pages + paged as usize, fw + fw_pages);
+                        assert_eq!(now, want, "{kind:?}, {row}");
+                        if let Err(e) = dev.done() {
+                            panic!("{kind:?}, {row}: {e}");
+                        }
+                        // The next create uses what this one gave back: the new page's register, no ALLOC_UAR.
+                        if !paged {
+                            dev.expect(alloc_uar());
+                        }
+                        dev.expect(create_qp_cmd(kind, QP_UAR).returns("qpn", 0x41));
+                        let qp = create_qp(&mut hca, &s, kind).unwrap_or_else(|e| panic!("{kind:?}, {row}: {e}"));
+                        assert!(!qp.bfreg().is_shared(), "{kind:?}, {row}");
+                        qp
+                    }
+                    (Ok(qp), None) => {
+                        assert!(qp.bfreg().is_shared(), "{kind:?}, {row}");
+                        assert_eq!(hca.bfreg_usage(), (base.2, base.3), "{kind:?}, {row}");
+                        qp
+                    }
+                    (r, _) => panic!("{kind:?}, {row}: {:?}", r.map(|q| q.qpn())),
+                };
+                let extra_uar = hca.bfreg_usage().1 > 1;
+                dev.expect(Expect::cmd(DestroyQp).field("qpn", 0x41));
+                hca.destroy_qp(qp, &mut NoDelay).map_err(|e| e.error).expect("destroy qp");
+                let (regions, dbr, bf, _, fw) = base;
+                assert_eq!(
+                    usage(&dev, &hca),
+                    (regions + held, dbr + held, bf, base.3 + extra_uar as usize, fw + fw_pages)
+                );
+                dev.expect(Expect::cmd(DestroyQp).field("qpn", 0x40));
+                hca.destroy_qp(first, &mut NoDelay).map_err(|e| e.error).expect("destroy first qp");
+                qp_finish(&dev, hca, s, extra_uar);
+                if let Err(e) = dev.done() {
+                    panic!("{kind:?}, {row}: {e}");
+                }
+                mem = Some(dev.release().unwrap_or_else(|_| panic!("{kind:?}, {row}: a region is still live")));
+            }
+        }
+    }
+
+    /// Each modify step (RST2INIT, INIT2RTR, RTR2RTS) and DESTROY_QP refused, for RC, UD and a QP on an SRQ. A
+    /// refused modify names the command and syndrome and leaves the QP in its state, so the step can be retried. A
+    /// refused destroy gives the QP back with all it holds (its buffer, doorbell record and BlueFlame register: the
+    /// device may still use them), and a later destroy frees them.
+    #[test]
+    fn qp_modify_and_destroy_failures_keep_the_qp_and_leak_nothing() {
+        use crate::qp::{required_attrs, AhAttr, QpAttr, QpState};
+        use Opcode::*;
+        const QPN: u64 = 0x40;
+        let mut mem = Some(arena());
+        for kind in [QpKind::Rc, QpKind::Ud, QpKind::RcOnSrq] {
+            let dev: Dev = MockDevice::new(mem.take().unwrap());
+            let (mut hca, s) = qp_setup(&dev, kind);
+            let base = usage(&dev, &hca);
+            dev.expect(create_qp_cmd(kind, UAR).returns("qpn", QPN));
+            let mut qp = create_qp(&mut hca, &s, kind).expect("qp");
+            let held = usage(&dev, &hca);
+            assert_eq!((held.1, held.2), (base.1 + 1, base.2 + 1), "{kind:?}: a record and a register");
+
+            let ty = qp_attr(kind).qp_type;
+            let attr =
+                QpAttr { dest_qp_num: 0x99, ah_attr: AhAttr { dlid: 2, ..AhAttr::default() }, ..QpAttr::default() };
+            let steps = [
+                (QpState::Reset, QpState::Init, Rst2initQp, "RST2INIT_QP(0x502)", 0x51),
+                (QpState::Init, QpState::Rtr, Init2rtrQp, "INIT2RTR_QP(0x503)", 0x52),
+                (QpState::Rtr, QpState::Rts, Rtr2rtsQp, "RTR2RTS_QP(0x504)", 0x53),
+            ];
+            for (from, to, op, name, syndrome) in steps {
+                let mask = required_attrs(ty, from, to).expect("a transition of the table");
+                let a = QpAttr { qp_state: to, ..attr };
+                dev.expect(Expect::cmd(op).field("qpn", QPN).fails(CmdStatus::BadResState, syndrome));
+                let e = hca.modify_qp(&mut qp, &a, mask, &mut NoDelay).unwrap_err();
+                let mut want: heapless::String<96> = heapless::String::new();
+                let _ = write!(want, "{name} op_mod(0x0) failed, status BAD_RES_STATE(0x9), syndrome ({syndrome:#x})");
+                assert_eq!(text(&e), want.as_str(), "{kind:?}");
+                assert_eq!((qp.state(), usage(&dev, &hca)), (from, held), "{kind:?}: {name} refused");
+                dev.expect(Expect::cmd(op).field("qpn", QPN));
+                hca.modify_qp(&mut qp, &a, mask, &mut NoDelay).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+                assert_eq!(qp.state(), to, "{kind:?}");
+            }
+
+            dev.expect(Expect::cmd(DestroyQp).field("qpn", QPN).fails(CmdStatus::BadResState, 0x5f));
+            let refused = hca.destroy_qp(qp, &mut NoDelay).unwrap_err();
+            assert_eq!(
+                text(&refused.error),
+                "DESTROY_QP(0x501) op_mod(0x0) failed, status BAD_RES_STATE(0x9), syndrome (0x5f)",
+                "{kind:?}"
+            );
+            let qp = refused.obj;
+            assert_eq!((qp.qpn(), qp.state(), usage(&dev, &hca)), (QPN as u32, QpState::Rts, held), "{kind:?}");
+            dev.expect(Expect::cmd(DestroyQp).field("qpn", QPN));
+            hca.destroy_qp(qp, &mut NoDelay).map_err(|e| e.error).expect("destroy qp");
+            assert_eq!(usage(&dev, &hca), base, "{kind:?}: all the QP held is back");
+            qp_finish(&dev, hca, s, false);
+            if let Err(e) = dev.done() {
+                panic!("{kind:?}: {e}");
+            }
+            mem = Some(dev.release().unwrap_or_else(|_| panic!("{kind:?}: a region is still live")));
+        }
     }
 }
