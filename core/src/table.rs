@@ -72,43 +72,17 @@ impl<T, const N: usize> Table<T> for heapless::Vec<T, N> {
     }
 }
 
-/// A growable table for the core's own tests (a host's, such as `mlx5-verbs`' `VecTable`, is the same idea).
+/// The growable table a host with a heap uses (`mlx5-verbs`' `VecTable`, the same source), for the core's own
+/// tests of pools past any fixed capacity.
 #[cfg(test)]
 pub(crate) mod growable {
     extern crate std;
+    use super::Table;
     use std::vec::Vec;
 
-    #[derive(Debug)]
-    pub(crate) struct Grow<T>(pub(crate) Vec<T>);
+    include!("table/vec.rs");
 
-    impl<T> Default for Grow<T> {
-        fn default() -> Self {
-            Self(Vec::new())
-        }
-    }
-
-    impl<T> super::Table<T> for Grow<T> {
-        const CAPACITY: usize = usize::MAX;
-        fn as_slice(&self) -> &[T] {
-            &self.0
-        }
-        fn as_mut_slice(&mut self) -> &mut [T] {
-            &mut self.0
-        }
-        fn reserve_one(&mut self) -> bool {
-            self.0.try_reserve(1).is_ok()
-        }
-        fn insert(&mut self, index: usize, value: T) -> Result<(), T> {
-            if index > self.0.len() {
-                return Err(value);
-            }
-            self.0.insert(index, value);
-            Ok(())
-        }
-        fn remove(&mut self, index: usize) -> Option<T> {
-            (index < self.0.len()).then(|| self.0.remove(index))
-        }
-    }
+    pub(crate) type Grow<T> = VecTable<T>;
 }
 
 #[cfg(any(test, feature = "testlist"))]
