@@ -117,6 +117,20 @@ pub(super) fn pick_slot<M: Mmio, D: Dma, T: CmdTrace>(q: &CmdQueue<M, D, T>, kin
     (0..last).find(|&s| q.slot_free(s)).unwrap_or(q.slot(kind))
 }
 
+/// Runs a page command on the pages slot; its wait only ticks health (no EQ draining inside).
+fn exec_pages_cmd<M: Mmio, D: Dma, T: CmdTrace, C: Command>(
+    watch: &mut Watch,
+    q: &mut CmdQueue<M, D, T>,
+    d: &mut dyn DelayNs,
+    clock: &Cell<u64>,
+    cmd: &mut C,
+) -> Result<C::Output, CmdError> {
+    let slot = pick_slot(q, SlotKind::Pages);
+    let opcode = cmd.opcode();
+    // `d` already counts waiting time (the caller wrapped it in a `Clock`).
+    q.exec_on(slot, cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), opcode))
+}
+
 impl<S: Tables> Ctx<S> {
     /// Between polls of a waiting command on the regular slot: health, then the EQ (page requests are answered
     /// right here, on the pages slot).
@@ -204,7 +218,7 @@ impl<S: Tables> Ctx<S> {
                     )
                     .op_mod(consts::MLX5_PAGES_CANT_GIVE)
                     .arg(ifc::manage_pages_in::FUNCTION_ID, function_id.into());
-                    self.exec_pages_cmd(q, d, clock, &mut cmd).map(|_| ())
+                    exec_pages_cmd(&mut self.watch, q, d, clock, &mut cmd).map(|_| ())
                 }
             }
         } else if num < 0 {
@@ -222,23 +236,8 @@ impl<S: Tables> Ctx<S> {
         }
     }
 
-    /// Runs a page command on the pages slot; its wait only ticks health (no EQ draining inside).
-    fn exec_pages_cmd<M: Mmio, D: Dma, T: CmdTrace, C: Command>(
-        &mut self,
-        q: &mut CmdQueue<M, D, T>,
-        d: &mut dyn DelayNs,
-        clock: &Cell<u64>,
-        cmd: &mut C,
-    ) -> Result<C::Output, CmdError> {
-        let slot = pick_slot(q, SlotKind::Pages);
-        let opcode = cmd.opcode();
-        let watch = &mut self.watch;
-        // `d` already counts waiting time (the caller wrapped it in a `Clock`).
-        q.exec_on(slot, cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), opcode))
-    }
-
-    /// Gives `n` pages in MANAGE_PAGES of at most [`GIVE_BATCH`] pages each, counting each given batch with
-    /// `count`; stops at the first failure (the batches before it stay given).
+    /// Gives `n` fresh pages (`give_pages`) in MANAGE_PAGES of at most [`GIVE_BATCH`] pages each, counting each
+    /// given batch with `count`; stops at the first failure (the batches before it stay given).
     pub(super) fn give_all<M: Mmio, D: Dma, T: CmdTrace>(
         &mut self,
         q: &mut CmdQueue<M, D, T>,
@@ -251,48 +250,31 @@ impl<S: Tables> Ctx<S> {
         let mut left = n;
         while left > 0 {
             let k = left.min(GIVE_BATCH);
-            self.give(q, d, clock, function_id, k)?;
+            self.pages.reserve(q.dma(), k).map_err(GiveError::Pool)?;
+            let mut cmd = ManagePagesGive { function_id, pages: self.pages.pending_pages() };
+            match exec_pages_cmd(&mut self.watch, q, d, clock, &mut cmd) {
+                Ok(()) => {
+                    self.pages.commit();
+                    self.stats.given += k;
+                }
+                Err(e @ CmdError::Status { .. })
+                | Err(e @ CmdError::Delivery { .. })
+                | Err(e @ CmdError::BadSignature { .. }) => {
+                    // Firmware answered and refused: it holds none of the pages.
+                    self.pages.cancel(q.dma());
+                    return Err(GiveError::Cmd(e));
+                }
+                Err(e) => {
+                    // No answer (timeout, device down): firmware may hold the pages; keep them as given so they
+                    // are never freed while the device could write them. Teardown settles them.
+                    self.pages.commit();
+                    return Err(GiveError::Cmd(e));
+                }
+            }
             count(&mut self.stats, k);
             left -= k;
         }
         Ok(())
-    }
-
-    /// MANAGE_PAGES give of `n` fresh pages (`give_pages`).
-    pub(super) fn give<M: Mmio, D: Dma, T: CmdTrace>(
-        &mut self,
-        q: &mut CmdQueue<M, D, T>,
-        d: &mut dyn DelayNs,
-        clock: &Cell<u64>,
-        function_id: u16,
-        n: usize,
-    ) -> Result<(), GiveError> {
-        self.pages.reserve(q.dma(), n).map_err(GiveError::Pool)?;
-        let slot = pick_slot(q, SlotKind::Pages);
-        let watch = &mut self.watch;
-        let mut cmd = ManagePagesGive { function_id, pages: self.pages.pending_pages() };
-        let r =
-            q.exec_on(slot, &mut cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), Opcode::ManagePages));
-        match r {
-            Ok(()) => {
-                self.pages.commit();
-                self.stats.given += n;
-                Ok(())
-            }
-            Err(e @ CmdError::Status { .. })
-            | Err(e @ CmdError::Delivery { .. })
-            | Err(e @ CmdError::BadSignature { .. }) => {
-                // Firmware answered and refused: it holds none of the pages.
-                self.pages.cancel(q.dma());
-                Err(GiveError::Cmd(e))
-            }
-            Err(e) => {
-                // No answer (timeout, device down): firmware may hold the pages; keep them as given so they are
-                // never freed while the device could write them. Teardown settles them.
-                self.pages.commit();
-                Err(GiveError::Cmd(e))
-            }
-        }
     }
 
     /// One MANAGE_PAGES take of up to `want` pages (`reclaim_pages`); returns how many came back.
@@ -304,12 +286,9 @@ impl<S: Tables> Ctx<S> {
         function_id: u16,
         want: usize,
     ) -> Result<usize, CmdError> {
-        let slot = pick_slot(q, SlotKind::Pages);
-        let watch = &mut self.watch;
         let mut sink = Reclaim { pool: &mut self.pages, capacity: want, unknown: 0, first_unknown: None };
         let mut cmd = ManagePagesTake { function_id, pages: &mut sink };
-        let r =
-            q.exec_on(slot, &mut cmd, &mut &mut *d, &mut |q, _| watch.tick(q.mmio(), clock.get(), Opcode::ManagePages));
+        let r = exec_pages_cmd(&mut self.watch, q, d, clock, &mut cmd);
         let (unknown, first_unknown) = (sink.unknown, sink.first_unknown);
         let n = r?;
         self.pages.free_empty(q.dma());
