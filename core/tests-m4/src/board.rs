@@ -27,13 +27,8 @@ use mlx5_firmware_example::{run_with, Options};
 /// The recording, in the image.
 pub static RECORDING: &[u8] = include_bytes!("../data/firmware-run.bin");
 
-const MAGIC: &[u8; 8] = b"MLX5MOCK";
-const VERSION: u16 = 1;
-const GIVE_BACK: u8 = 1;
-const PAGE_REQUEST: u8 = 2;
-const MASKED: u8 = 4;
-const PREFIX: u8 = 8;
-const KNOWN_FLAGS: u8 = GIVE_BACK | PAGE_REQUEST | MASKED | PREFIX;
+mod format;
+use format::{GIVE_BACK, KNOWN_FLAGS, MAGIC, MASKED, PAGE_REQUEST, PREFIX, VERSION};
 
 /// Why a recording cannot be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

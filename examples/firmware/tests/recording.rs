@@ -17,14 +17,11 @@ use mlx5_core::trace::{CmdOutcome, CmdRecord, CmdTrace};
 use mlx5_firmware_example::{run_with, Options};
 use mlx5_sim::{SimConfig, SimDevice};
 
-/// The file's first bytes and version (see `core/tests-m4/src/board.rs` for the layout).
-const MAGIC: &[u8; 8] = b"MLX5MOCK";
-const VERSION: u16 = 1;
-/// Record flags.
-const GIVE_BACK: u8 = 1;
-const PAGE_REQUEST: u8 = 2;
-const MASKED: u8 = 4;
-const PREFIX: u8 = 8;
+/// The file's header and record flags, shared with the reader (see `core/tests-m4/src/board.rs` for the layout).
+#[path = "../../../core/tests-m4/src/board/format.rs"]
+#[allow(dead_code)] // KNOWN_FLAGS is the reader's.
+mod format;
+use format::{GIVE_BACK, MAGIC, MASKED, PAGE_REQUEST, PREFIX, VERSION};
 /// MANAGE_PAGES `op_mod`s (Linux's `MLX5_PAGES_GIVE`, `MLX5_PAGES_TAKE`).
 const PAGES_GIVE: u16 = 1;
 const PAGES_TAKE: u16 = 2;
