@@ -484,7 +484,9 @@ impl DeviceShared {
         }
     }
 
-    /// Runs `f` once this HCA's teardown has finished, before an open waiting for it may bring the device up.
+    /// Runs `f` once this HCA's teardown has finished, before an open waiting for it may bring the device up
+    /// (a simulated device's wire is unplugged there; nothing else needs it).
+    #[cfg(feature = "sim")]
     pub(crate) fn after_teardown(&self, f: Box<dyn FnOnce() + Send>) {
         *lock(&self.after_teardown) = Some(f);
     }
