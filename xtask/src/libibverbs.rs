@@ -966,14 +966,20 @@ fn qperf(p: &Peers) -> Result<(), String> {
 /// UCX looks a device up as `/dev/infiniband/<dev_name>` and skips it unless that is a character device it may
 /// read and write (`uct_ib_device_is_accessible`, UCX 1.13); the library has no kernel device to offer there. This
 /// script gives the program a private mount namespace whose `/dev/infiniband/uverbs0` is a character-device
-/// stand-in (`/dev/null` bound there: UCX only checks it, the library never opens it), then runs it.
-const UVERBS_STANDIN: &str = "mount -t tmpfs -o size=16k,mode=755 mlx5-rs /dev/infiniband && \
+/// stand-in (`/dev/null` bound there: UCX only checks it, the library never opens it), then runs it. A machine
+/// without RDMA hardware has no `/dev/infiniband` to mount on, so an empty one is made (as a host with an RDMA
+/// device has). The namespace's mounts are made private before anything is mounted, so nothing reaches the host;
+/// where `/` is no mount point (a chroot, as `ci --fresh` runs in, already in a private namespace of its own)
+/// there is nothing to make private.
+const UVERBS_STANDIN: &str = "{ [ -d /dev/infiniband ] || mkdir /dev/infiniband; } && \
+     { ! mountpoint -q / || mount --make-rprivate /; } && \
+     mount -t tmpfs -o size=16k,mode=755 mlx5-rs /dev/infiniband && \
      touch /dev/infiniband/uverbs0 && mount --bind /dev/null /dev/infiniband/uverbs0 && exec \"$@\"";
 
 /// `prog args` on the drop-in with `devices`, inside the stand-in's mount namespace.
 fn ucx_app(p: &Peers, prog: &str, devices: &str, args: &[&str]) -> Command {
     let mut c = Command::new("unshare");
-    c.args(["--mount", "--propagation", "private", "sh", "-c", UVERBS_STANDIN, "sh"])
+    c.args(["--mount", "--propagation", "unchanged", "sh", "-c", UVERBS_STANDIN, "sh"])
         .arg(p.bin.join(prog))
         .args(args)
         .stdout(Stdio::piped())
