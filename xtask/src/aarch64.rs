@@ -91,17 +91,7 @@ const TOOLS: &[(&str, &str)] = &[
 ];
 
 fn ensure_tools() -> Result<PathBuf, String> {
-    let installed = Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output()
-        .map_err(|e| format!("failed to run rustup: {e}"))?;
-    if !String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == TARGET) {
-        println!("$ rustup target add {TARGET}");
-        let ok = Command::new("rustup").args(["target", "add", TARGET]).status().map_err(|e| e.to_string())?;
-        if !ok.success() {
-            return Err(format!("rustup could not add {TARGET}"));
-        }
-    }
+    crate::ensure_target(TARGET)?;
     let mut need: Vec<&str> = TOOLS
         .iter()
         .filter(|(tool, _)| if tool.starts_with('/') { !Path::new(tool).exists() } else { !have(tool) })

@@ -72,18 +72,24 @@ fn cargo(root: &Path, args: &[&str]) -> Result<(), String> {
 }
 
 /// Installs what CI needs from rustup (the embedded target, rustfmt, clippy) when it is missing.
-fn ensure_toolchain() -> Result<(), String> {
+/// Adds the rustup target `target` when it is not installed.
+pub(crate) fn ensure_target(target: &str) -> Result<(), String> {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
         .map_err(|e| format!("failed to run rustup: {e}"))?;
-    if !String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == EMBEDDED_TARGET) {
-        println!("$ rustup target add {EMBEDDED_TARGET}");
-        let ok = Command::new("rustup").args(["target", "add", EMBEDDED_TARGET]).status().map_err(|e| e.to_string())?;
+    if !String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == target) {
+        println!("$ rustup target add {target}");
+        let ok = Command::new("rustup").args(["target", "add", target]).status().map_err(|e| e.to_string())?;
         if !ok.success() {
-            return Err(format!("rustup could not add {EMBEDDED_TARGET}"));
+            return Err(format!("rustup could not add {target}"));
         }
     }
+    Ok(())
+}
+
+fn ensure_toolchain() -> Result<(), String> {
+    ensure_target(EMBEDDED_TARGET)?;
     let ok =
         Command::new("rustup").args(["component", "add", "rustfmt", "clippy"]).status().map_err(|e| e.to_string())?;
     if !ok.success() {
