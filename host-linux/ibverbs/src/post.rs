@@ -128,13 +128,17 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
     })
 }
 
-/// Copies a C scatter list into `out`; `EINVAL` beyond [`MAX_SGE`].
+/// Copies a C scatter list into `out`; `too_many` beyond [`MAX_SGE`] (libmlx5's `_mlx5_post_send` answers
+/// ENOMEM for more gather entries than a QP takes, `mlx5_post_recv` EINVAL).
 ///
 /// # Safety
 /// `sg` holds `n` entries when `n > 0`.
-unsafe fn sges(sg: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Result<&[Sge], c_int> {
+unsafe fn sges(sg: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE], too_many: c_int) -> Result<&[Sge], c_int> {
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
-    if n > MAX_SGE || (n > 0 && sg.is_null()) {
+    if n > MAX_SGE {
+        return Err(too_many);
+    }
+    if n > 0 && sg.is_null() {
         return Err(libc::EINVAL);
     }
     for (i, o) in out.iter_mut().take(n).enumerate() {
@@ -197,13 +201,9 @@ unsafe fn send_op(w: &ibv_send_wr) -> Result<(SendOp, Option<*const Ah>), c_int>
 /// # Safety
 /// `w` and what it points to are valid, as verbs requires of `ibv_post_send`.
 unsafe fn post_one_send(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
-    // libmlx5's `_mlx5_post_send` answers ENOMEM for more gather entries than the QP takes (a receive's is EINVAL).
-    if usize::try_from(w.num_sge).is_ok_and(|n| n > MAX_SGE) {
-        return Err(libc::ENOMEM);
-    }
     let mut sgb = [Sge::default(); MAX_SGE];
     // SAFETY: the program's scatter list (caller).
-    let sg = unsafe { sges(w.sg_list, w.num_sge, &mut sgb) }?;
+    let sg = unsafe { sges(w.sg_list, w.num_sge, &mut sgb, libc::ENOMEM) }?;
     // SAFETY: as above.
     let (op, ah) = unsafe { send_op(w) }?;
     let mut inline_buf = [0u8; MAX_INLINE];
@@ -280,7 +280,7 @@ unsafe fn post_recvs(
         let r = unsafe { &*w };
         let mut sgb = [Sge::default(); MAX_SGE];
         // SAFETY: its scatter list.
-        let res = unsafe { sges(r.sg_list, r.num_sge, &mut sgb) }
+        let res = unsafe { sges(r.sg_list, r.num_sge, &mut sgb, libc::EINVAL) }
             .and_then(|sg| post(&RecvWr { wr_id: r.wr_id, sg_list: sg }).map_err(|e| errno_of(&e)));
         if let Err(e) = res {
             if !bad.is_null() {
