@@ -17,6 +17,24 @@ fn map(pages: usize, prot: c_int) -> *mut u8 {
     p.cast()
 }
 
+/// `pages` of address space nothing is mapped at. A hole made by unmapping a fresh mapping is not enough: another
+/// test thread's `mmap` may take it before the check (a fresh CI run saw it registered). The kernel places a
+/// mapping that names no address below the mmap area, top down, so a range 16 TiB up is left alone; `msync`
+/// (ENOMEM where nothing is mapped) confirms it.
+fn unmapped(pages: usize) -> *mut u8 {
+    let len = pages * 4096;
+    // 16 TiB up, 1 GiB apart: between a PIE program's heap and the mmap area, far from both.
+    for i in 0..64usize {
+        let p = (0x1000_0000_0000usize + (i << 30)) as *mut u8;
+        // SAFETY: msync only reports; with no flags it writes nothing back and ENOMEM means unmapped.
+        let r = unsafe { libc::msync(p.cast(), len, 0) };
+        if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM) {
+            return p;
+        }
+    }
+    panic!("no unmapped {len}-byte range found");
+}
+
 /// `ibv_reg_mr`'s answer: `Ok` (the region deregistered again) or the errno with NULL.
 ///
 /// # Safety
@@ -47,8 +65,7 @@ fn reg_mr_refuses_what_the_kernel_cannot_pin() {
     unsafe {
         let pd = ibv_alloc_pd(ctx);
         assert!(!pd.is_null());
-        let gone = map(4, libc::PROT_READ | libc::PROT_WRITE);
-        assert_eq!(libc::munmap(gone.cast(), 4 * 4096), 0);
+        let gone = unmapped(4);
         assert_eq!(reg(pd, gone, 4 * 4096, LOCAL_WRITE | REMOTE_WRITE), Err(libc::EFAULT));
         assert_eq!(reg(pd, gone.add(100), 10, 0), Err(libc::EFAULT), "unmapped without write access too");
         let ro = map(2, libc::PROT_READ);

@@ -177,6 +177,24 @@ mod process_tests {
         assert_eq!(unsafe { libc::munmap(p.cast(), pages * 4096) }, 0);
     }
 
+    /// `pages` of address space nothing is mapped at. A hole made by unmapping a fresh mapping is not enough: another
+    /// test thread's `mmap` may take it before the check (a fresh CI run saw it registered). The kernel places a
+    /// mapping that names no address below the mmap area, top down, so a range 16 TiB up is left alone; `msync`
+    /// (ENOMEM where nothing is mapped) confirms it.
+    fn unmapped(pages: usize) -> *mut u8 {
+        let len = pages * 4096;
+        // 16 TiB up, 1 GiB apart: between a PIE program's heap and the mmap area, far from both.
+        for i in 0..64usize {
+            let p = (0x1000_0000_0000usize + (i << 30)) as *mut u8;
+            // SAFETY: msync only reports; with no flags it writes nothing back and ENOMEM means unmapped.
+            let r = unsafe { libc::msync(p.cast(), len, 0) };
+            if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM) {
+                return p;
+            }
+        }
+        panic!("no unmapped {len}-byte range found");
+    }
+
     fn reg(pd: &RawPd, addr: *mut u8, len: usize, access: Access) -> Result<(), VerbsError> {
         let ptr = NonNull::new(addr).expect("non-null");
         // SAFETY: the memory is this test's own mapping (or none at all, which is the point), deregistered before
@@ -197,9 +215,8 @@ mod process_tests {
         let ctx = Context::open_sim().unwrap();
         let pd = crate::raw::alloc_pd(&ctx).unwrap();
         let w = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-        // Unmapped: mapped, then unmapped.
-        let gone = map(2, libc::PROT_READ | libc::PROT_WRITE);
-        unmap(gone, 2);
+        // Unmapped.
+        let gone = unmapped(2);
         assert_eq!(why(reg(&pd, gone, 8192, w)), BadMemoryKind::Unmapped { page: gone as usize });
         assert_eq!(why(reg(&pd, gone, 10, Access::default())), BadMemoryKind::Unmapped { page: gone as usize });
         // Read-only: refused with any write right, registered without.
