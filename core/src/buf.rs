@@ -7,7 +7,7 @@
 //! that one bus address per page describes the whole buffer.
 
 use crate::cmd::PageSource;
-use crate::hal::{Dma, DmaError, DmaRegion, DmaView};
+use crate::hal::{Dma, DmaError, DmaOwned, DmaRegion, DmaView};
 use crate::prm::consts;
 
 /// Firmware's base page: `log_page_size` fields count from here (`MLX5_ADAPTER_PAGE_SHIFT`).
@@ -285,6 +285,13 @@ impl QueueBuf {
             }
         }
         self.nfrags = 0;
+    }
+}
+
+impl DmaOwned for QueueBuf {
+    unsafe fn free_to<D: Dma + ?Sized>(mut self, dma: &D) {
+        // SAFETY: the caller's duties are `free`'s.
+        unsafe { self.free(&dma) }
     }
 }
 
