@@ -883,6 +883,58 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_guard_frees_its_region_on_drop_unless_kept() {
+        let dma = TestDma::default();
+        {
+            // SAFETY: fresh from this allocator, never shown to a device.
+            let g = unsafe { DmaGuard::new(&dma, dma.alloc(64, 8).unwrap()) };
+            g.write_volatile_u8(0, 1);
+            assert_eq!((dma.live(), g.len()), (1, 64));
+        }
+        assert_eq!(dma.live(), 0, "dropped: freed");
+        // SAFETY: as above.
+        let g = unsafe { DmaGuard::new(&dma, dma.alloc(64, 8).unwrap()) };
+        let r = g.keep();
+        assert_eq!(dma.live(), 1, "kept: still the caller's");
+        // SAFETY: as above.
+        unsafe { dma.free(r) };
+        assert_eq!(dma.live(), 0);
+    }
+
+    #[test]
+    fn a_guard_frees_on_an_early_return() {
+        fn two(dma: &TestDma, fail_second: bool) -> Result<(DmaRegion, DmaRegion), DmaError> {
+            // SAFETY: fresh from this allocator, never shown to a device.
+            let a = unsafe { DmaGuard::new(dma, dma.alloc(32, 8)?) };
+            let b = if fail_second { Err(DmaError::NoMemory { len: 32 }) } else { dma.alloc(32, 8) }?;
+            Ok((a.keep(), b))
+        }
+        let dma = TestDma::default();
+        assert_eq!(two(&dma, true).unwrap_err(), DmaError::NoMemory { len: 32 });
+        assert_eq!(dma.live(), 0, "the first region went back with the error");
+        let (a, b) = two(&dma, false).unwrap();
+        assert_eq!(dma.live(), 2);
+        // SAFETY: as above.
+        unsafe {
+            dma.free(a);
+            dma.free(b);
+        }
+    }
+
+    #[test]
+    fn a_guard_over_a_queue_buffer_frees_every_fragment() {
+        // Regions of at most 4 KiB: a 16 KiB buffer is four fragments.
+        let dma = TestDma::limited(4096);
+        let buf = crate::buf::QueueBuf::alloc(&dma, 16384).unwrap();
+        assert_eq!((buf.nfrags(), dma.live()), (4, 4));
+        // SAFETY: fresh from this allocator, never shown to a device.
+        let g = unsafe { DmaGuard::new(&dma, buf) };
+        assert_eq!(g.len(), 16384);
+        drop(g);
+        assert_eq!(dma.live(), 0);
+    }
+
+    #[test]
     fn a_span_remembers_its_view() {
         let dma = TestDma::default();
         let r = dma.alloc(128, 64).unwrap();
