@@ -416,6 +416,20 @@ mod tests {
     }
 
     #[test]
+    fn a_guarded_queue_buffer_frees_every_fragment() {
+        use crate::hal::{tests::TestDma, DmaGuard};
+        // Regions of at most 4 KiB: a 16 KiB buffer is four fragments.
+        let dma = TestDma::limited(4096);
+        let buf = QueueBuf::alloc(&dma, 16384).unwrap();
+        assert_eq!((buf.nfrags(), dma.live()), (4, 4));
+        // SAFETY: fresh from this allocator, never shown to a device.
+        let g = unsafe { DmaGuard::new(&dma, buf) };
+        assert_eq!(g.len(), 16384);
+        drop(g);
+        assert_eq!(dma.live(), 0);
+    }
+
+    #[test]
     fn a_failed_fragment_frees_the_ones_before_it() {
         use crate::hal::tests::TestDma;
         // Nothing of 4 KiB or more can be had: the whole allocation fails and nothing stays allocated.
