@@ -951,48 +951,70 @@ mod tests {
     }
 
     /// An SRQ's create failing at each allocation (the ring, the shadow array, the first doorbell-record page)
-    /// and at CREATE_RMP. Refused, everything is back. Undelivered, firmware may have made the RMP: the ring and
-    /// the record stay until DISABLE_HCA and only the host's shadow array goes back; teardown returns the rest.
+    /// and at its command, CREATE_RMP at ISSI 1 and CREATE_SRQ at ISSI 0. Refused, everything is back. Undelivered,
+    /// firmware may have made it: the ring and the record stay until DISABLE_HCA and only the host's shadow array
+    /// goes back; teardown returns the rest.
     #[test]
     fn srq_create_failures_free_what_the_device_cannot_hold() {
         use Opcode::*;
-        let dev: Dev = MockDevice::new(arena());
-        dev.expect_all(qp_bring_up());
-        let mut hca: QpHca<'_> = Hca::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).expect("bring-up");
-        dev.expect(Expect::cmd(AllocPd).returns("pd", PD));
-        let pd = hca.alloc_pd(&mut NoDelay).expect("pd");
-        let attr = crate::hca::SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 };
-        let now = |hca: &QpHca<'_>| (dev.live_regions(), hca.dbr_usage());
-        let base = now(&hca);
-        assert_eq!(base.1, (0, 0));
+        let mut mem = Some(arena());
+        for issi in [1, 0] {
+            let dev: Dev = MockDevice::new(mem.take().unwrap());
+            // At ISSI 0 firmware offers only ISSI 0, and SET_ISSI is not sent.
+            let script = qp_bring_up().into_iter().enumerate().filter_map(|(i, e)| match (issi, i) {
+                (0, 1) => Some(Expect::cmd(QueryIssi).returns("supported_issi_dw0", 0b01)),
+                (0, 2) => None,
+                _ => Some(e),
+            });
+            dev.expect_all(script);
+            let mut hca: QpHca<'_> = Hca::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).expect("bring-up");
+            assert_eq!(hca.issi(), issi);
+            dev.expect(Expect::cmd(AllocPd).returns("pd", PD));
+            let pd = hca.alloc_pd(&mut NoDelay).expect("pd");
+            let attr = crate::hca::SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 };
+            let now = |hca: &QpHca<'_>| (dev.live_regions(), hca.dbr_usage());
+            let base = now(&hca);
+            assert_eq!(base.1, (0, 0));
 
-        for k in 0..3 {
-            dev.limit_allocations(Some(k));
+            for k in 0..3 {
+                dev.limit_allocations(Some(k));
+                let e = hca.create_srq(&pd, attr, &mut NoDelay).unwrap_err();
+                assert!(no_memory(&e, k == 2), "ISSI {issi}, allocation {k}: {e:?}");
+                assert_eq!(now(&hca), base, "ISSI {issi}, allocation {k}");
+            }
+            dev.limit_allocations(None);
+
+            let (create, name, destroy, field) = match issi {
+                1 => (CreateRmp, "CREATE_RMP(0x90c)", DestroyRmp, "rmpn"),
+                _ => (CreateSrq, "CREATE_SRQ(0x700)", DestroySrq, "srqn"),
+            };
+            let mut want: heapless::String<96> = heapless::String::new();
+            dev.expect(Expect::cmd(create).fails(CmdStatus::BadParam, 0xd1));
             let e = hca.create_srq(&pd, attr, &mut NoDelay).unwrap_err();
-            assert!(no_memory(&e, k == 2), "allocation {k}: {e:?}");
-            assert_eq!(now(&hca), base, "allocation {k}");
+            let _ = write!(want, "{name} op_mod(0x0) failed, status BAD_PARAM(0x3), syndrome (0xd1)");
+            assert_eq!(text(&e), want.as_str());
+            assert_eq!(now(&hca), base, "ISSI {issi}, refused: all back");
+
+            dev.expect(Expect::cmd(create).delivery_error(DeliveryStatus::Fw));
+            let e = hca.create_srq(&pd, attr, &mut NoDelay).unwrap_err();
+            want.clear();
+            let _ = write!(want, "{name} delivery error FW(0x6)");
+            assert_eq!(text(&e), want.as_str());
+            let kept = (base.0 + 2, (1, 1));
+            assert_eq!(now(&hca), kept, "ISSI {issi}, undelivered: the ring (one region) and the record stay");
+
+            dev.expect(Expect::cmd(create).returns(field, RMPN)).expect(Expect::cmd(destroy).field(field, RMPN));
+            let srq = hca.create_srq(&pd, attr, &mut NoDelay).expect("srq");
+            hca.destroy_srq(srq, &mut NoDelay).map_err(|e| e.error).expect("destroy srq");
+            assert_eq!(now(&hca), kept, "ISSI {issi}");
+            dev.expect(Expect::cmd(DeallocPd).field("pd", PD)).expect_all(teardown());
+            hca.dealloc_pd(pd, &mut NoDelay).map_err(|e| e.error).expect("dealloc pd");
+            hca.teardown(&mut NoDelay).expect("teardown");
+            if let Err(e) = dev.done() {
+                panic!("ISSI {issi}: {e}");
+            }
+            assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0), "ISSI {issi}");
+            mem = Some(dev.release().unwrap_or_else(|_| panic!("ISSI {issi}: a region is still live")));
         }
-        dev.limit_allocations(None);
-
-        dev.expect(Expect::cmd(CreateRmp).fails(CmdStatus::BadParam, 0xd1));
-        let e = hca.create_srq(&pd, attr, &mut NoDelay).unwrap_err();
-        assert_eq!(text(&e), "CREATE_RMP(0x90c) op_mod(0x0) failed, status BAD_PARAM(0x3), syndrome (0xd1)");
-        assert_eq!(now(&hca), base, "refused: all back");
-
-        dev.expect(Expect::cmd(CreateRmp).delivery_error(DeliveryStatus::Fw));
-        let e = hca.create_srq(&pd, attr, &mut NoDelay).unwrap_err();
-        assert_eq!(text(&e), "CREATE_RMP(0x90c) delivery error FW(0x6)");
-        let kept = (base.0 + 2, (1, 1));
-        assert_eq!(now(&hca), kept, "undelivered: the ring (one region) and the record with its page stay");
-
-        dev.expect(Expect::cmd(CreateRmp).returns("rmpn", RMPN)).expect(Expect::cmd(DestroyRmp).field("rmpn", RMPN));
-        let srq = hca.create_srq(&pd, attr, &mut NoDelay).expect("srq");
-        hca.destroy_srq(srq, &mut NoDelay).map_err(|e| e.error).expect("destroy srq");
-        assert_eq!(now(&hca), kept);
-        dev.expect(Expect::cmd(DeallocPd).field("pd", PD)).expect_all(teardown());
-        hca.dealloc_pd(pd, &mut NoDelay).map_err(|e| e.error).expect("dealloc pd");
-        hca.teardown(&mut NoDelay).expect("teardown");
-        dev.assert_done();
-        assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0));
     }
 }
