@@ -7,7 +7,7 @@
 //! that one bus address per page describes the whole buffer.
 
 use crate::cmd::PageSource;
-use crate::hal::{Dma, DmaError, DmaRegion, DmaView};
+use crate::hal::{Dma, DmaError, DmaOwned, DmaRegion, DmaView};
 use crate::prm::consts;
 
 /// Firmware's base page: `log_page_size` fields count from here (`MLX5_ADAPTER_PAGE_SHIFT`).
@@ -288,6 +288,13 @@ impl QueueBuf {
     }
 }
 
+impl DmaOwned for QueueBuf {
+    unsafe fn free_to<D: Dma + ?Sized>(mut self, dma: &D) {
+        // SAFETY: the caller's duties are `free`'s.
+        unsafe { self.free(&dma) }
+    }
+}
+
 #[cfg(any(test, feature = "testlist"))]
 #[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
@@ -406,6 +413,20 @@ mod tests {
         });
         assert_eq!(n.count(), 4);
         assert_eq!(small.live(), 0);
+    }
+
+    #[test]
+    fn a_guarded_queue_buffer_frees_every_fragment() {
+        use crate::hal::{tests::TestDma, DmaGuard};
+        // Regions of at most 4 KiB: a 16 KiB buffer is four fragments.
+        let dma = TestDma::limited(4096);
+        let buf = QueueBuf::alloc(&dma, 16384).unwrap();
+        assert_eq!((buf.nfrags(), dma.live()), (4, 4));
+        // SAFETY: fresh from this allocator, never shown to a device.
+        let g = unsafe { DmaGuard::new(&dma, buf) };
+        assert_eq!(g.len(), 16384);
+        drop(g);
+        assert_eq!(dma.live(), 0);
     }
 
     #[test]

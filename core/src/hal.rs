@@ -495,6 +495,79 @@ unsafe impl<D: Dma + ?Sized> Dma for &D {
     }
 }
 
+/// Device-visible memory that goes back to its [`Dma`] in one call: a region, or a buffer made of regions
+/// (`QueueBuf`). What a [`DmaGuard`] owns.
+pub trait DmaOwned {
+    /// Gives the memory back to `dma`.
+    ///
+    /// # Safety
+    /// As [`Dma::free`] for every region it holds: they came from `dma`, are freed once, and the device no longer
+    /// accesses them.
+    unsafe fn free_to<D: Dma + ?Sized>(self, dma: &D);
+}
+
+impl DmaOwned for DmaRegion {
+    unsafe fn free_to<D: Dma + ?Sized>(self, dma: &D) {
+        // SAFETY: the caller's duties are those of `Dma::free`.
+        unsafe { dma.free(self) }
+    }
+}
+
+/// The owner of memory a create path allocated and has not shown the device yet: it goes back to its allocator
+/// when the guard drops (an early return, a `?`, a panic), unless the path gets that far and
+/// [`keep`](DmaGuard::keep)s it. It borrows the allocator and lives on the stack, so it needs no heap.
+///
+/// Keep the memory before the device can reach it (before the command that names its address): from then on
+/// only the device's answer says whether it may be freed, which a guard cannot know. The contents are reached
+/// through `Deref`; there is no `DerefMut`, so the memory cannot be swapped for memory of another allocator.
+#[must_use = "dropping the guard frees the memory at once"]
+pub struct DmaGuard<'d, D: Dma + ?Sized, T: DmaOwned = DmaRegion> {
+    dma: &'d D,
+    /// `None` only once kept (and then the guard is gone).
+    mem: Option<T>,
+}
+
+impl<'d, D: Dma + ?Sized, T: DmaOwned> DmaGuard<'d, D, T> {
+    /// Takes `mem` into a guard that frees it through `dma` on drop.
+    ///
+    /// # Safety
+    /// `mem` came from `dma` and nothing else frees it; the device does not access it while the guard owns it.
+    #[inline]
+    pub unsafe fn new(dma: &'d D, mem: T) -> Self {
+        Self { dma, mem: Some(mem) }
+    }
+
+    /// The memory, no longer freed on drop: the create path has got as far as handing it on.
+    #[inline]
+    pub fn keep(mut self) -> T {
+        self.mem.take().unwrap_or_else(|| unreachable!("a guard holds its memory until kept"))
+    }
+}
+
+impl<D: Dma + ?Sized, T: DmaOwned> core::ops::Deref for DmaGuard<'_, D, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        self.mem.as_ref().unwrap_or_else(|| unreachable!("a guard holds its memory until kept"))
+    }
+}
+
+impl<D: Dma + ?Sized, T: DmaOwned> Drop for DmaGuard<'_, D, T> {
+    fn drop(&mut self) {
+        if let Some(mem) = self.mem.take() {
+            // SAFETY: `new`'s caller vouched that the memory came from `self.dma` and that the device does not
+            // access it while guarded; it is taken out, so freed once.
+            unsafe { mem.free_to(self.dma) }
+        }
+    }
+}
+
+impl<D: Dma + ?Sized, T: DmaOwned + core::fmt::Debug> core::fmt::Debug for DmaGuard<'_, D, T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DmaGuard").field("mem", &self.mem).finish_non_exhaustive()
+    }
+}
+
 /// Per-architecture barrier defaults, mirroring the kernel's definitions for each.
 pub mod barrier {
     #[allow(unused_imports)]
@@ -807,6 +880,45 @@ pub(crate) mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { Dma::map_user(&r, p, 64) }, Err(DmaError::Unsupported));
         assert_eq!(dma.live(), 0);
+    }
+
+    #[test]
+    fn a_guard_frees_its_region_on_drop_unless_kept() {
+        let dma = TestDma::default();
+        {
+            // SAFETY: fresh from this allocator, never shown to a device.
+            let g = unsafe { DmaGuard::new(&dma, dma.alloc(64, 8).unwrap()) };
+            g.write_volatile_u8(0, 1);
+            assert_eq!((dma.live(), g.len()), (1, 64));
+        }
+        assert_eq!(dma.live(), 0, "dropped: freed");
+        // SAFETY: as above.
+        let g = unsafe { DmaGuard::new(&dma, dma.alloc(64, 8).unwrap()) };
+        let r = g.keep();
+        assert_eq!(dma.live(), 1, "kept: still the caller's");
+        // SAFETY: as above.
+        unsafe { dma.free(r) };
+        assert_eq!(dma.live(), 0);
+    }
+
+    #[test]
+    fn a_guard_frees_on_an_early_return() {
+        fn two(dma: &TestDma, fail_second: bool) -> Result<(DmaRegion, DmaRegion), DmaError> {
+            // SAFETY: fresh from this allocator, never shown to a device.
+            let a = unsafe { DmaGuard::new(dma, dma.alloc(32, 8)?) };
+            let b = if fail_second { Err(DmaError::NoMemory { len: 32 }) } else { dma.alloc(32, 8) }?;
+            Ok((a.keep(), b))
+        }
+        let dma = TestDma::default();
+        assert_eq!(two(&dma, true).unwrap_err(), DmaError::NoMemory { len: 32 });
+        assert_eq!(dma.live(), 0, "the first region went back with the error");
+        let (a, b) = two(&dma, false).unwrap();
+        assert_eq!(dma.live(), 2);
+        // SAFETY: as above.
+        unsafe {
+            dma.free(a);
+            dma.free(b);
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::dbr::DbrPoolOf;
 use crate::eq::{
     async_event_mask, destroy_eq, event_bitmask, log_eq_size, AsyncEventCaps, CreateEq, EqContext, EqRing,
 };
-use crate::hal::{DelayNs, Dma, DmaRegion, Mmio};
+use crate::hal::{DelayNs, Dma, DmaGuard, DmaRegion, Mmio};
 use crate::health::{Health, HealthFailure};
 use crate::init::{
     disable_hca, enable_hca, init_hca, set_issi, teardown_hca, CapBlock, CapMode, CapType, QueryHcaCap, QueryIssi,
@@ -432,13 +432,13 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
         let uar = self.uar.unwrap_or(0);
         let log_nent = log_eq_size(nent);
         let len = EqRing::buf_len(log_nent);
-        let buf = self.cmdq.dma().alloc(len, crate::cmd::FW_PAGE_SIZE)?;
+        let dma = self.cmdq.dma();
+        let buf = dma.alloc(len, crate::cmd::FW_PAGE_SIZE)?;
+        // SAFETY: fresh from `dma`; the device learns of it only from CREATE_EQ, after `keep` below.
+        let buf = unsafe { DmaGuard::new(dma, buf) };
         buf.zero(0, len);
-        if let Err(e) = EqRing::init_buf(&buf, log_nent) {
-            // SAFETY: allocated just above and never shown to the device.
-            unsafe { self.cmdq.dma().free(buf) };
-            return Err(e.into());
-        }
+        EqRing::init_buf(&buf, log_nent)?;
+        let buf = buf.keep();
         let npages = len / crate::cmd::FW_PAGE_SIZE;
         let mut cmd = CreateEq {
             ctx: EqContext { log_eq_size: log_nent, uar_page: uar, intr, log_page_size: 0, page_offset: 0 },

@@ -21,6 +21,7 @@ mod bringup;
 mod error;
 pub(crate) mod events;
 mod objects;
+mod queue_mem;
 mod srq;
 mod wait;
 

@@ -5,12 +5,12 @@
 //! Objects are plain values owned by the caller; destroying one consumes it, and a destroy firmware did not
 //! confirm hands the object back ([`DestroyError`]) so its memory is never freed while the device may use it.
 
-use crate::cmdq::CmdError;
 use crate::hal::{DelayNs, Dma, DmaView, Mmio};
 use crate::prm::{consts, Opcode};
 use crate::trace::CmdTrace;
 
 use super::error::Error;
+use super::queue_mem::QueueSpec;
 use super::{Hca, HcaState, Tables};
 use crate::buf::{page_sizes, DmaSeg, PageLayout, QueueBuf, ADAPTER_PAGE_SHIFT};
 use crate::cmd::Pas;
@@ -457,51 +457,32 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
         }
         let uar = self.uar.ok_or(Error::NotSupported { what: "CQ without a UAR" })?;
         let c_eqn = self.comp_eqn(attr.comp_vector, delay)?;
-        let buf = QueueBuf::alloc(self.cmdq.dma(), attr.cqe_size.bytes() << log_nent)?;
-        Cq::init_buf(&buf, log_nent, attr.cqe_size);
-        let dbrec = match self.dbr.alloc(self.cmdq.dma()) {
-            Ok(r) => r,
-            Err(e) => {
-                let mut buf = buf;
-                // SAFETY: the buffer was never shown to the device.
-                unsafe { buf.free(self.cmdq.dma()) };
-                return Err(Error::Dbr(e));
-            }
-        };
-        let pages = buf.pages();
-        let layout = pages.layout;
-        let list = pages.list();
-        let mut cmd = CreateCq {
-            ctx: CqContext {
-                cqe_sz: attr.cqe_size,
-                log_cq_size: log_nent,
-                uar_page: uar,
-                c_eqn: c_eqn.into(),
-                log_page_size: layout.log_page_size(),
-                page_offset: 0,
-                dbr_addr: dbrec.iova(),
-                oi: attr.overrun_ignore,
-            },
-            pas: Pas::Source(&list),
-        };
-        match self.exec(&mut cmd, delay) {
-            Ok(cqn) => {
-                // Room was checked above, and nothing else registers in between.
-                let _ = self.ctx.cqs.register(cqn);
-                let link = self.link_layer();
-                let uar_off = uar as usize * crate::uar::UAR_PAGE_SIZE;
-                Ok(Cq::new(buf, dbrec, cqn, log_nent, attr.cqe_size, uar_off, link))
-            }
-            Err(e) => {
-                self.drop_queue_buf(buf, &e);
-                if matches!(e, Error::Cmd(CmdError::Status { .. })) {
-                    // SAFETY: CREATE_CQ was refused, so no context holds the record.
-                    let _ = unsafe { self.dbr.free(self.cmdq.dma(), dbrec) };
-                }
-                // Otherwise the record stays marked in use until the pool is released after DISABLE_HCA.
-                Err(e)
-            }
-        }
+        let spec = QueueSpec { buf_len: attr.cqe_size.bytes() << log_nent, shadow_len: None };
+        let (cqn, mem) = self.create_queue(spec, |hca, mem| {
+            Cq::init_buf(&mem.buf, log_nent, attr.cqe_size);
+            let pages = mem.buf.pages();
+            let layout = pages.layout;
+            let list = pages.list();
+            let mut cmd = CreateCq {
+                ctx: CqContext {
+                    cqe_sz: attr.cqe_size,
+                    log_cq_size: log_nent,
+                    uar_page: uar,
+                    c_eqn: c_eqn.into(),
+                    log_page_size: layout.log_page_size(),
+                    page_offset: 0,
+                    dbr_addr: mem.dbrec.iova(),
+                    oi: attr.overrun_ignore,
+                },
+                pas: Pas::Source(&list),
+            };
+            hca.exec(&mut cmd, delay)
+        })?;
+        // Room was checked above, and nothing else registers in between.
+        let _ = self.ctx.cqs.register(cqn);
+        let link = self.link_layer();
+        let uar_off = uar as usize * crate::uar::UAR_PAGE_SIZE;
+        Ok(Cq::new(mem.buf, mem.dbrec, cqn, log_nent, attr.cqe_size, uar_off, link))
     }
 
     /// After a CREATE or resize failed: each fragment goes the way `release_unless_held` sends a buffer (freed
@@ -690,79 +671,47 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
             .map_err(Error::QpSize)?;
         let sizes = if srqn.is_some() { sizes.without_rq() } else { sizes };
         let (uar, bf) = self.take_bfreg(delay)?;
-        let dma = self.cmdq.dma();
-        let mut buf = match QueueBuf::alloc(dma, sizes.rq_bytes() + sizes.sq_bytes()) {
-            Ok(b) => b,
+        let spec = QueueSpec { buf_len: sizes.rq_bytes() + sizes.sq_bytes(), shadow_len: Some(Qp::shadow_len(&sizes)) };
+        let made = self.create_queue(spec, |hca, mem| {
+            let pages = mem.buf.pages();
+            let layout = pages.layout;
+            let list = pages.list();
+            let mut cmd = CreateQp {
+                ctx: QpContext {
+                    qp_type: attr.qp_type,
+                    pd: pd.pdn,
+                    uar_page: uar.index,
+                    cqn_snd: send_cq.cqn(),
+                    cqn_rcv: recv_cq.cqn(),
+                    log_sq_size: sizes.sq_wqe_cnt.trailing_zeros() as u8,
+                    log_rq_size: sizes.rq_wqe_cnt.max(1).trailing_zeros() as u8,
+                    log_rq_stride: sizes.rq_wqe_shift - 4,
+                    no_sq: sizes.sq_wqe_cnt == 0,
+                    zero_len_rq: srqn.is_none() && sizes.rq_wqe_cnt == 0,
+                    log_page_size: layout.log_page_size(),
+                    dbr_addr: mem.dbrec.iova(),
+                    ts_format: hca.caps.qp_default_ts(),
+                    user_index: (hca.caps.general.cqe_version == 1).then_some(consts::MLX5_IB_DEFAULT_UIDX),
+                    srqn,
+                },
+                pas: Pas::Source(&list),
+            };
+            hca.exec(&mut cmd, delay)
+        });
+        let (qpn, mut mem) = match made {
+            Ok(made) => made,
             Err(e) => {
-                self.give_bfreg(&bf);
-                return Err(e.into());
-            }
-        };
-        let shadow = match dma.alloc(Qp::shadow_len(&sizes), crate::qp::SHADOW_ALIGN) {
-            Ok(r) => r,
-            Err(e) => {
-                // SAFETY: never shown to the device.
-                unsafe { buf.free(dma) };
-                self.give_bfreg(&bf);
-                return Err(e.into());
-            }
-        };
-        let dbrec = match self.dbr.alloc(self.cmdq.dma()) {
-            Ok(r) => r,
-            Err(e) => {
-                // SAFETY: neither was shown to the device.
-                unsafe {
-                    buf.free(self.cmdq.dma());
-                    self.cmdq.dma().free(shadow);
-                }
-                self.give_bfreg(&bf);
-                return Err(Error::Dbr(e));
-            }
-        };
-        let pages = buf.pages();
-        let layout = pages.layout;
-        let list = pages.list();
-        let mut cmd = CreateQp {
-            ctx: QpContext {
-                qp_type: attr.qp_type,
-                pd: pd.pdn,
-                uar_page: uar.index,
-                cqn_snd: send_cq.cqn(),
-                cqn_rcv: recv_cq.cqn(),
-                log_sq_size: sizes.sq_wqe_cnt.trailing_zeros() as u8,
-                log_rq_size: sizes.rq_wqe_cnt.max(1).trailing_zeros() as u8,
-                log_rq_stride: sizes.rq_wqe_shift - 4,
-                no_sq: sizes.sq_wqe_cnt == 0,
-                zero_len_rq: srqn.is_none() && sizes.rq_wqe_cnt == 0,
-                log_page_size: layout.log_page_size(),
-                dbr_addr: dbrec.iova(),
-                ts_format: self.caps.qp_default_ts(),
-                user_index: (self.caps.general.cqe_version == 1).then_some(consts::MLX5_IB_DEFAULT_UIDX),
-                srqn,
-            },
-            pas: Pas::Source(&list),
-        };
-        match self.exec(&mut cmd, delay) {
-            Ok(qpn) => {
-                let cqns = (send_cq.cqn(), recv_cq.cqn());
-                let mut qp = Qp::new(buf, dbrec, shadow, qpn, attr.qp_type, sizes, bf, attr.sq_sig_all, cqns);
-                qp.pd = pd.pdn;
-                qp.srqn = srqn;
-                Ok(qp)
-            }
-            Err(e) => {
-                self.drop_queue_buf(buf, &e);
-                // SAFETY: the shadow array is host-only; the device never saw it.
-                unsafe { self.cmdq.dma().free(shadow) };
-                if matches!(e, Error::Cmd(CmdError::Status { .. })) {
-                    // SAFETY: CREATE_QP was refused, so no context holds the record.
-                    let _ = unsafe { self.dbr.free(self.cmdq.dma(), dbrec) };
-                }
                 // Whatever firmware did, no QP of ours rings the register: the next QP may have it.
                 self.give_bfreg(&bf);
-                Err(e)
+                return Err(e);
             }
-        }
+        };
+        let cqns = (send_cq.cqn(), recv_cq.cqn());
+        let shadow = mem.take_shadow();
+        let mut qp = Qp::new(mem.buf, mem.dbrec, shadow, qpn, attr.qp_type, sizes, bf, attr.sq_sig_all, cqns);
+        qp.pd = pd.pdn;
+        qp.srqn = srqn;
+        Ok(qp)
     }
 
     /// Moves a QP through its states (`ibv_modify_qp`). The transition and the attributes are checked against

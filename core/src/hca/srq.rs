@@ -2,7 +2,6 @@
 //! `_destroy_srq` for a kernel consumer, `srq_cmd.c` for the commands): an RMP once ISSI 1 is agreed, an SRQ at
 //! ISSI 0, and QPs that receive through one.
 
-use crate::cmdq::CmdError;
 use crate::hal::{DelayNs, Dma, Mmio};
 use crate::qp::{PostError, PostErrorKind, Qp, RecvWr};
 use crate::srq::{
@@ -13,8 +12,8 @@ use crate::trace::CmdTrace;
 
 use super::error::Error;
 use super::objects::{DestroyError, Pd, QpInitAttr};
+use super::queue_mem::QueueSpec;
 use super::{Hca, HcaState, Tables};
-use crate::buf::QueueBuf;
 use crate::cmd::Pas;
 use crate::cq::Cq;
 
@@ -57,56 +56,27 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
             requested: attr.srq_limit.into(),
             max: u64::from(sizes.max) - 1,
         })?;
-        let dma = self.cmdq.dma();
-        let mut buf = QueueBuf::alloc(dma, sizes.buf_bytes())?;
-        Srq::init_buf(&buf, &sizes);
-        let shadow = match dma.alloc(Srq::shadow_len(&sizes), crate::qp::SHADOW_ALIGN) {
-            Ok(r) => r,
-            Err(e) => {
-                // SAFETY: never shown to the device.
-                unsafe { buf.free(dma) };
-                return Err(e.into());
+        let spec = QueueSpec { buf_len: sizes.buf_bytes(), shadow_len: Some(Srq::shadow_len(&sizes)) };
+        let (srqn, mut mem) = self.create_queue(spec, |hca, mem| {
+            Srq::init_buf(&mem.buf, &sizes);
+            let pages = mem.buf.pages();
+            let list = pages.list();
+            let ctx = SrqContext {
+                log_size: sizes.log_size(),
+                wqe_shift: sizes.wqe_shift,
+                log_page_size: pages.layout.log_page_size(),
+                page_offset: 0,
+                lwm,
+                pd: pd.pdn(),
+                dbr_addr: mem.dbrec.iova(),
+            };
+            match kind {
+                SrqKind::Rmp => hca.exec(&mut CreateRmp { ctx, pas: Pas::Source(&list) }, delay),
+                SrqKind::Srq => hca.exec(&mut CreateSrq { ctx, pas: Pas::Source(&list) }, delay),
             }
-        };
-        let dbrec = match self.dbr.alloc(self.cmdq.dma()) {
-            Ok(r) => r,
-            Err(e) => {
-                // SAFETY: neither was shown to the device.
-                unsafe {
-                    buf.free(self.cmdq.dma());
-                    self.cmdq.dma().free(shadow);
-                }
-                return Err(Error::Dbr(e));
-            }
-        };
-        let pages = buf.pages();
-        let list = pages.list();
-        let ctx = SrqContext {
-            log_size: sizes.log_size(),
-            wqe_shift: sizes.wqe_shift,
-            log_page_size: pages.layout.log_page_size(),
-            page_offset: 0,
-            lwm,
-            pd: pd.pdn(),
-            dbr_addr: dbrec.iova(),
-        };
-        let created = match kind {
-            SrqKind::Rmp => self.exec(&mut CreateRmp { ctx, pas: Pas::Source(&list) }, delay),
-            SrqKind::Srq => self.exec(&mut CreateSrq { ctx, pas: Pas::Source(&list) }, delay),
-        };
-        match created {
-            Ok(srqn) => Ok(Srq::new(buf, dbrec, shadow, srqn, kind, sizes)),
-            Err(e) => {
-                self.drop_queue_buf(buf, &e);
-                // SAFETY: the shadow array is host-only; the device never saw it.
-                unsafe { self.cmdq.dma().free(shadow) };
-                if matches!(e, Error::Cmd(CmdError::Status { .. })) {
-                    // SAFETY: the create was refused, so no context holds the record.
-                    let _ = unsafe { self.dbr.free(self.cmdq.dma(), dbrec) };
-                }
-                Err(e)
-            }
-        }
+        })?;
+        let shadow = mem.take_shadow();
+        Ok(Srq::new(mem.buf, mem.dbrec, shadow, srqn, kind, sizes))
     }
 
     /// Sets the SRQ limit (`mlx5_ib_modify_srq` with `IB_SRQ_LIMIT`): MODIFY_RMP of `lwm` (ISSI 1) or ARM_RQ

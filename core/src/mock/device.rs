@@ -103,6 +103,8 @@ pub struct MockDevice<'a, const N: usize = 64, const R: usize = 128> {
     /// Live regions as (offset, length), sorted by offset.
     live: RefCell<heapless::Vec<(usize, usize), R>>,
     allocs: Cell<usize>,
+    /// Allocations left before the next one fails ([`MockDevice::limit_allocations`]); `None`: no limit.
+    alloc_budget: Cell<Option<usize>>,
 }
 
 impl<const N: usize, const R: usize> core::fmt::Debug for MockDevice<'_, N, R> {
@@ -149,6 +151,7 @@ impl<'a, const N: usize, const R: usize> MockDevice<'a, N, R> {
             base: base.min(len),
             live: RefCell::new(heapless::Vec::new()),
             allocs: Cell::new(0),
+            alloc_budget: Cell::new(None),
         }
     }
 
@@ -247,6 +250,13 @@ impl<'a, const N: usize, const R: usize> MockDevice<'a, N, R> {
     /// DMA regions allocated so far.
     pub fn allocations(&self) -> usize {
         self.allocs.get()
+    }
+
+    /// Lets `n` more allocations succeed and fails every one after them with [`DmaError::NoMemory`] (`None`: no
+    /// limit, the default), so a test can fail each allocation of a create path in turn. An allocation refused for
+    /// its alignment does not count.
+    pub fn limit_allocations(&self, n: Option<usize>) {
+        self.alloc_budget.set(n);
     }
 
     /// The arena back, when no region is live (so nothing can reach it any more); otherwise the mock itself.
@@ -681,6 +691,9 @@ unsafe impl<const N: usize, const R: usize> Dma for MockDevice<'_, N, R> {
         if !align.is_power_of_two() || align > MAX_ALIGN {
             return Err(DmaError::BadAlignment { align });
         }
+        if self.alloc_budget.get() == Some(0) {
+            return Err(DmaError::NoMemory { len });
+        }
         let size = len.max(1);
         let mut live = self.live.borrow_mut();
         let mut cursor = self.base;
@@ -702,6 +715,7 @@ unsafe impl<const N: usize, const R: usize> Dma for MockDevice<'_, N, R> {
             return Err(DmaError::NoMemory { len });
         }
         self.allocs.set(self.allocs.get() + 1);
+        self.alloc_budget.set(self.alloc_budget.get().map(|n| n - 1));
         let zeros = [0u8; 256];
         let mut off = 0;
         while off < size {

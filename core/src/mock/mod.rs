@@ -836,4 +836,185 @@ mod tests {
             mem = Some(dev.release().unwrap_or_else(|_| panic!("{kind:?}: a region is still live")));
         }
     }
+
+    /// Whether `e` is the allocator's `NoMemory`, directly (`doorbell_page`: false) or through the doorbell-record
+    /// pool's new page (true).
+    fn no_memory(e: &Error, doorbell_page: bool) -> bool {
+        use crate::dbr::DbrError;
+        use crate::hal::DmaError;
+        match e {
+            Error::Dma(DmaError::NoMemory { .. }) => !doorbell_page,
+            Error::Dbr(DbrError::Dma(DmaError::NoMemory { .. })) => doorbell_page,
+            _ => false,
+        }
+    }
+
+    /// Every allocation of a CQ's create failing in turn: the completion EQ's buffer on first use, then the ring
+    /// and the doorbell-record page. Each fails with the allocator's error before any command is sent (the script
+    /// would name it), and what was allocated before it goes back.
+    #[test]
+    fn every_failing_cq_allocation_frees_what_came_before() {
+        use crate::hca::CqAttr;
+        use Opcode::*;
+        let dev: Dev = MockDevice::new(arena());
+        dev.expect_all(bring_up());
+        let mut hca: Hca<_, _> = Hca::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).expect("bring-up");
+        let base = (dev.live_regions(), hca.dbr_usage());
+        assert_eq!(base.1, (0, 0));
+
+        dev.limit_allocations(Some(0));
+        let e = hca.create_cq(CqAttr::default(), &mut NoDelay).unwrap_err();
+        assert!(no_memory(&e, false), "the EQ's buffer: {e:?}");
+        assert_eq!(((dev.live_regions(), hca.dbr_usage()), hca.comp_eq()), (base, None));
+        dev.limit_allocations(None);
+
+        // A CQ made and destroyed: its EQ stays, the record page goes back with its last record, and the command
+        // queue has the mailboxes CREATE_CQ needs, so only the CQ's own memory is allocated below.
+        dev.expect(Expect::cmd(CreateEq).returns("eq_number", COMP_EQ));
+        dev.expect(Expect::cmd(CreateCq).returns("cqn", CQN)).expect(Expect::cmd(DestroyCq).field("cqn", CQN));
+        let cq = hca.create_cq(CqAttr::default(), &mut NoDelay).expect("cq");
+        hca.destroy_cq(cq, &mut NoDelay).map_err(|e| e.error).expect("destroy cq");
+        let base = (dev.live_regions(), hca.dbr_usage());
+        assert_eq!(base.1, (0, 0));
+
+        dev.expect(Expect::cmd(CreateCq).returns("cqn", CQN));
+        let mut k = 0;
+        let cq = loop {
+            dev.limit_allocations(Some(k));
+            match hca.create_cq(CqAttr::default(), &mut NoDelay) {
+                Ok(cq) => break cq,
+                Err(e) => {
+                    assert!(no_memory(&e, k == 1), "allocation {k}: {e:?}");
+                    assert_eq!((dev.live_regions(), hca.dbr_usage()), base, "allocation {k}");
+                }
+            }
+            k += 1;
+        };
+        assert_eq!(k, 2, "the ring, then the record page");
+        dev.limit_allocations(None);
+        dev.expect(Expect::cmd(DestroyCq).field("cqn", CQN));
+        hca.destroy_cq(cq, &mut NoDelay).map_err(|e| e.error).expect("destroy cq");
+        assert_eq!((dev.live_regions(), hca.dbr_usage()), base);
+        dev.expect(Expect::cmd(DestroyEq).field("eq_number", COMP_EQ)).expect_all(teardown());
+        hca.teardown(&mut NoDelay).expect("teardown");
+        dev.assert_done();
+        assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0));
+    }
+
+    /// Every allocation of a QP's create failing in turn, for RC, UD and a QP on an SRQ: the ring, the shadow array
+    /// and a new doorbell-record page (the page in use is filled first, so the QP's record needs one). Each fails
+    /// with the allocator's error before CREATE_QP, gives back what came before and the BlueFlame register.
+    #[test]
+    fn every_failing_qp_allocation_frees_what_came_before() {
+        use crate::dbr::DbRec;
+        const QPN: u64 = 0x40;
+        let mut mem = Some(arena());
+        for kind in [QpKind::Rc, QpKind::Ud, QpKind::RcOnSrq] {
+            let dev: Dev = MockDevice::new(mem.take().unwrap());
+            let (mut hca, s) = qp_setup(&dev, kind);
+            let mut fill: heapless::Vec<DbRec, 64> = heapless::Vec::new();
+            while hca.dbr_usage().1 < 64 {
+                assert!(fill.push(hca.dbr.alloc(&dev).expect("a record")).is_ok());
+            }
+            assert_eq!(hca.dbr_usage(), (1, 64), "{kind:?}: one page, full");
+            let base = usage(&dev, &hca);
+
+            dev.expect(create_qp_cmd(kind, UAR).returns("qpn", QPN));
+            let mut k = 0;
+            let qp = loop {
+                dev.limit_allocations(Some(k));
+                match create_qp(&mut hca, &s, kind) {
+                    Ok(qp) => break qp,
+                    Err(e) => {
+                        assert!(no_memory(&e, k == 2), "{kind:?}, allocation {k}: {e:?}");
+                        assert_eq!(usage(&dev, &hca), base, "{kind:?}, allocation {k}");
+                    }
+                }
+                k += 1;
+            };
+            assert_eq!(k, 3, "{kind:?}: the ring, the shadow array, then the record page");
+            dev.limit_allocations(None);
+            assert!(!qp.bfreg().is_shared(), "{kind:?}: the register given back is taken again");
+            dev.expect(Expect::cmd(Opcode::DestroyQp).field("qpn", QPN));
+            hca.destroy_qp(qp, &mut NoDelay).map_err(|e| e.error).expect("destroy qp");
+            assert_eq!(usage(&dev, &hca), base, "{kind:?}");
+            for r in fill {
+                // SAFETY: records of this pool, never given to the device.
+                unsafe { hca.dbr.free(&dev, r) }.expect("a record of the pool");
+            }
+            qp_finish(&dev, hca, s, false);
+            if let Err(e) = dev.done() {
+                panic!("{kind:?}: {e}");
+            }
+            mem = Some(dev.release().unwrap_or_else(|_| panic!("{kind:?}: a region is still live")));
+        }
+    }
+
+    /// An SRQ's create failing at each allocation (the ring, the shadow array, the first doorbell-record page)
+    /// and at its command, CREATE_RMP at ISSI 1 and CREATE_SRQ at ISSI 0. Refused, everything is back. Undelivered,
+    /// firmware may have made it: the ring and the record stay until DISABLE_HCA and only the host's shadow array
+    /// goes back; teardown returns the rest.
+    #[test]
+    fn srq_create_failures_free_what_the_device_cannot_hold() {
+        use Opcode::*;
+        let mut mem = Some(arena());
+        for issi in [1, 0] {
+            let dev: Dev = MockDevice::new(mem.take().unwrap());
+            // At ISSI 0 firmware offers only ISSI 0, and SET_ISSI is not sent.
+            let script = qp_bring_up().into_iter().enumerate().filter_map(|(i, e)| match (issi, i) {
+                (0, 1) => Some(Expect::cmd(QueryIssi).returns("supported_issi_dw0", 0b01)),
+                (0, 2) => None,
+                _ => Some(e),
+            });
+            dev.expect_all(script);
+            let mut hca: QpHca<'_> = Hca::bring_up(&dev, &dev, (), &mut NoDelay, cfg()).expect("bring-up");
+            assert_eq!(hca.issi(), issi);
+            dev.expect(Expect::cmd(AllocPd).returns("pd", PD));
+            let pd = hca.alloc_pd(&mut NoDelay).expect("pd");
+            let attr = crate::hca::SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 };
+            let now = |hca: &QpHca<'_>| (dev.live_regions(), hca.dbr_usage());
+            let base = now(&hca);
+            assert_eq!(base.1, (0, 0));
+
+            for k in 0..3 {
+                dev.limit_allocations(Some(k));
+                let e = hca.create_srq(&pd, attr, &mut NoDelay).unwrap_err();
+                assert!(no_memory(&e, k == 2), "ISSI {issi}, allocation {k}: {e:?}");
+                assert_eq!(now(&hca), base, "ISSI {issi}, allocation {k}");
+            }
+            dev.limit_allocations(None);
+
+            let (create, name, destroy, field) = match issi {
+                1 => (CreateRmp, "CREATE_RMP(0x90c)", DestroyRmp, "rmpn"),
+                _ => (CreateSrq, "CREATE_SRQ(0x700)", DestroySrq, "srqn"),
+            };
+            let mut want: heapless::String<96> = heapless::String::new();
+            dev.expect(Expect::cmd(create).fails(CmdStatus::BadParam, 0xd1));
+            let e = hca.create_srq(&pd, attr, &mut NoDelay).unwrap_err();
+            let _ = write!(want, "{name} op_mod(0x0) failed, status BAD_PARAM(0x3), syndrome (0xd1)");
+            assert_eq!(text(&e), want.as_str());
+            assert_eq!(now(&hca), base, "ISSI {issi}, refused: all back");
+
+            dev.expect(Expect::cmd(create).delivery_error(DeliveryStatus::Fw));
+            let e = hca.create_srq(&pd, attr, &mut NoDelay).unwrap_err();
+            want.clear();
+            let _ = write!(want, "{name} delivery error FW(0x6)");
+            assert_eq!(text(&e), want.as_str());
+            let kept = (base.0 + 2, (1, 1));
+            assert_eq!(now(&hca), kept, "ISSI {issi}, undelivered: the ring (one region) and the record stay");
+
+            dev.expect(Expect::cmd(create).returns(field, RMPN)).expect(Expect::cmd(destroy).field(field, RMPN));
+            let srq = hca.create_srq(&pd, attr, &mut NoDelay).expect("srq");
+            hca.destroy_srq(srq, &mut NoDelay).map_err(|e| e.error).expect("destroy srq");
+            assert_eq!(now(&hca), kept, "ISSI {issi}");
+            dev.expect(Expect::cmd(DeallocPd).field("pd", PD)).expect_all(teardown());
+            hca.dealloc_pd(pd, &mut NoDelay).map_err(|e| e.error).expect("dealloc pd");
+            hca.teardown(&mut NoDelay).expect("teardown");
+            if let Err(e) = dev.done() {
+                panic!("ISSI {issi}: {e}");
+            }
+            assert_eq!((dev.live_regions(), dev.pages_held()), (0, 0), "ISSI {issi}");
+            mem = Some(dev.release().unwrap_or_else(|_| panic!("ISSI {issi}: a region is still live")));
+        }
+    }
 }
