@@ -120,6 +120,9 @@ pub mod raw;
 mod shared;
 mod srq;
 mod usermem;
+/// Registrations of the process's own memory, through `raw`: above both the memory check and the objects.
+#[cfg(all(test, feature = "sim", target_os = "linux"))]
+mod usermem_tests;
 pub mod wr;
 
 pub use ah::AddressHandle;
