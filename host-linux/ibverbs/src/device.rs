@@ -11,9 +11,9 @@ use std::time::Duration;
 use mlx5_core::cq::LinkLayer;
 use mlx5_core::hca::{GidType, Hca};
 use mlx5_core::trace::CmdTrace;
-use mlx5_tool::devinfo::{self, DevInfo};
-use mlx5_tool::tracefile::{SharedTrace, TraceSink};
+use mlx5_verbs::devinfo::{self, DevInfo};
 use mlx5_verbs::raw::{self, HcaVisitor};
+use mlx5_verbs::tracefile::{SharedTrace, TraceSink};
 use mlx5_verbs::{AnyDelay, AnyDma, AnyMmio, AsyncEvent, Context, Device, HostTables, QpErrorKind};
 
 use crate::abi::*;

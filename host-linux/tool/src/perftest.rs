@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use mlx5_sim::{Mode, PortType, SimConfig, SimDevice};
 
-use crate::tracefile::SharedTrace;
+use mlx5_verbs::tracefile::SharedTrace;
 
 use mlx5_verbs::wr::{self, WrExt};
 use mlx5_verbs::{

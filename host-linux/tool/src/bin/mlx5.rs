@@ -28,10 +28,10 @@ use mlx5_core::hca::{Config, Hca};
 use mlx5_sim::pcap::PcapSink;
 use mlx5_sim::{Mode, SimConfig, SimDevice};
 use mlx5_tool::cli::{Args, Failure};
-use mlx5_tool::devinfo::DevInfo;
 use mlx5_tool::pingpong::Report;
 use mlx5_tool::tour::{run_tour, TourReport};
-use mlx5_tool::tracefile::{SharedTrace, TraceSink};
+use mlx5_verbs::devinfo::DevInfo;
+use mlx5_verbs::tracefile::{SharedTrace, TraceSink};
 use mlx5_verbs::DeviceKind;
 use mlx5_vfio::{bind, Bdf, StdDelay, Vfio, VfioOptions};
 
@@ -167,7 +167,7 @@ fn trace_sink(args: &Args) -> Result<TraceSink, String> {
     Ok(match &args.trace {
         Some(p) => {
             log::info!("tracing every firmware command to {}", p.display());
-            TraceSink::json_file(p)?
+            TraceSink::json_file(p).map_err(|e| e.to_string())?
         }
         None => TraceSink::default(),
     }
@@ -215,7 +215,7 @@ fn devinfo_on<M: Mmio, D: Dma>(
     pci: (u16, u16),
 ) -> Result<DevInfo, String> {
     let mut hca = bring_up(mmio, dma, sink, delay)?;
-    let info = mlx5_tool::devinfo::query(&mut hca, delay, "mlx5_0", pci);
+    let info = mlx5_verbs::devinfo::query(&mut hca, delay, "mlx5_0", pci);
     let down = teardown(hca, delay);
     let info = info.map_err(|e| format!("query failed: {e}"))?;
     down?;
