@@ -17,10 +17,9 @@ use mlx5_verbs::VerbsError;
 use mlx5_vfio::VfioError;
 
 use crate::decode::DecodeError;
+use crate::exchange::DestError;
 use crate::perftest::BenchError;
-use crate::remote_pingpong::{BadClient, DestError};
 use crate::tour::TourError;
-use crate::ud_pingpong::SizeError;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +114,24 @@ pub enum ToolError {
     /// Standard output could not be written.
     #[error("failed to write output: {0}")]
     Output(#[source] io::Error),
+}
+
+/// A `--client` that is not `HOST:PORT` (or `HOST`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--client: {spec:?} is not HOST:PORT")]
+pub struct BadClient {
+    /// What was given.
+    pub spec: String,
+}
+
+/// A `--size` a UD message cannot have: larger than one packet of the port's active MTU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("--size {size} is larger than the port's active MTU ({mtu} bytes); a UD message is one packet")]
+pub struct SizeError {
+    /// The size asked for.
+    pub size: usize,
+    /// The active MTU in bytes.
+    pub mtu: usize,
 }
 
 /// The core's errors met by the ping-pong over its traits. The post and completion errors implement `Display`

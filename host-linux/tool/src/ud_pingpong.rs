@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use mlx5_verbs::{wr, Access, AhAttr, Context, Grh, LinkLayer, QpCap, QpType, RemoteQp, WcStatus, WorkCompletion};
 
-use crate::error::ToolError;
+use crate::error::{SizeError, ToolError};
 use crate::pingpong::Report;
 
 /// ud_pingpong's Q_Key.
@@ -34,16 +34,6 @@ pub fn message_size(size: Option<usize>, active_mtu: u8) -> Result<usize, SizeEr
         Some(s) => Ok(s),
         None => Ok(DEFAULT_SIZE.min(mtu)),
     }
-}
-
-/// A `--size` a UD message cannot have: larger than one packet of the port's active MTU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("--size {size} is larger than the port's active MTU ({mtu} bytes); a UD message is one packet")]
-pub struct SizeError {
-    /// The size asked for.
-    pub size: usize,
-    /// The active MTU in bytes.
-    pub mtu: usize,
 }
 
 fn verbs(what: &'static str) -> impl Fn(mlx5_verbs::VerbsError) -> ToolError {
