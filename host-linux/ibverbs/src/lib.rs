@@ -106,7 +106,7 @@ pub(crate) fn errno_of(e: &mlx5_verbs::VerbsError) -> c_int {
     match e {
         E::Busy { .. } => libc::EBUSY,
         E::Invalid(_) | E::Destroyed { .. } => libc::EINVAL,
-        E::CqExFlags(_) | E::QpEx(_) | E::AhFromWc(_) => libc::EINVAL,
+        E::CqExFlags(_) | E::QpEx(_) | E::AhFromWc(_) | E::GuestNic { .. } => libc::EINVAL,
         // ib_umem_get: a range that wraps or is too long is EINVAL, a page it cannot pin EFAULT.
         E::BadMemory(m) => match m.why {
             mlx5_verbs::BadMemoryKind::Wraps | mlx5_verbs::BadMemoryKind::TooManyPages => libc::EINVAL,

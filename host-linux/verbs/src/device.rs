@@ -267,7 +267,7 @@ impl Entry {
             }
             WireSpec::Qemu { path, .. } => {
                 dev.guest_connect(path, wire.timeout)
-                    .map_err(|e| VerbsError::Invalid(format!("the guest NIC at {}: {e}", path.display())))?;
+                    .map_err(|source| VerbsError::GuestNic { path: path.clone(), source })?;
                 None
             }
         });

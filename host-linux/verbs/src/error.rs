@@ -33,6 +33,15 @@ pub enum VerbsError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// The guest NIC a `wire=qemu` device connects to could not be reached (`EINVAL`, as `Invalid`).
+    #[error("the guest NIC at {}: {source}", .path.display())]
+    GuestNic {
+        /// QEMU's socket.
+        path: std::path::PathBuf,
+        /// Why the connection failed.
+        #[source]
+        source: std::io::Error,
+    },
     // The core's next three errors are carried as they are. They implement `Display` but not
     // `core::error::Error`, so they cannot be a `#[source]` yet.
     /// `create_cq_ex` asked for completion fields the core cannot fill (`EINVAL`, as `Invalid`).
