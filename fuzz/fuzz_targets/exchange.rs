@@ -1,5 +1,5 @@
 //! The rc_pingpong exchange message a peer sends over TCP (`LLLL:QQQQQQ:PPPPPP:GID`, NUL-padded to 52 bytes):
-//! `remote_pingpong::decode_dest` on arbitrary bytes, and on the input padded with NULs to the message's length
+//! `exchange::decode_dest` on arbitrary bytes, and on the input padded with NULs to the message's length
 //! (so the fuzzer explores the text rather than the length check).
 //!
 //! Asserted: no panic (the original crash was a string slice inside a multi-byte character); only a message of
@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mlx5_tool::remote_pingpong::{decode_dest, encode_dest, DestError, MSG_LEN};
+use mlx5_tool::exchange::{decode_dest, encode_dest, DestError, MSG_LEN};
 
 fn check(msg: &[u8]) {
     match decode_dest(msg) {

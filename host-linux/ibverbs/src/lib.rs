@@ -18,10 +18,12 @@ use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod abi;
+mod context;
 mod device;
 mod faults;
 mod objects;
 mod post;
+mod queue;
 #[cfg(test)]
 mod reliability_tests;
 mod signals;
@@ -29,6 +31,7 @@ mod strings;
 mod stubs;
 #[cfg(test)]
 mod tests;
+mod uobject;
 
 /// Every default-version export of Debian bookworm's `libibverbs.so.1.14.44.0`, one `name VERSION` a line
 /// (from `objdump -T`). `cargo xtask libibverbs` makes the version script from it and checks the linked
@@ -103,6 +106,7 @@ pub(crate) fn errno_of(e: &mlx5_verbs::VerbsError) -> c_int {
     match e {
         E::Busy { .. } => libc::EBUSY,
         E::Invalid(_) | E::Destroyed { .. } => libc::EINVAL,
+        E::CqExFlags(_) | E::QpEx(_) | E::AhFromWc(_) | E::GuestNic { .. } => libc::EINVAL,
         // ib_umem_get: a range that wraps or is too long is EINVAL, a page it cannot pin EFAULT.
         E::BadMemory(m) => match m.why {
             mlx5_verbs::BadMemoryKind::Wraps | mlx5_verbs::BadMemoryKind::TooManyPages => libc::EINVAL,

@@ -1,92 +1,24 @@
 //! Verbs objects: protection domains, memory regions, completion channels, CQs, QPs, SRQs and address
 //! handles. Each is its C structure followed by the Rust handle, boxed; the pointer a program holds is the box.
 
-use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_uint, c_void};
-use std::mem::ManuallyDrop;
-use std::ops::Deref;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use mlx5_core::cq::{CqeSize, LinkLayer};
 use mlx5_core::hca::{CqAttr, QpInitAttr as CoreQpInitAttr, SrqAttr};
 use mlx5_core::mkey::Access;
 use mlx5_core::qp::{AhAttr, Grh, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
-use mlx5_verbs::raw::{self, RawChannel, RawChannelFd, RawCq, RawMr, RawPd, RawQp, RawSrq};
+use mlx5_verbs::raw::{self, RawChannel, RawChannelFd, RawCq, RawMr, RawPd};
 use mlx5_verbs::SrqAttrMask;
 
 use crate::abi::*;
 use crate::device::{ctx_of, gid, hold, is_closed, link, qp_limits, release, Ctx, ObjMap};
+use crate::queue::{cq_of, qp_of, srq_of, Ah, Cq, Qp, Srq};
+use crate::uobject::{lock, AsyncCount, Held, Kind};
 use crate::{errno_of, guard, set_errno};
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// An object's (or context's) Rust handle, which holds the device. A context closed with the object alive
-/// releases it ([`release_leftovers`]) while the C struct around it stays as a shell; dropping the struct then
-/// leaves it alone, so it is dropped once either way.
-pub(crate) struct Held<T> {
-    v: UnsafeCell<ManuallyDrop<T>>,
-    released: AtomicBool,
-}
-
-// SAFETY: shared access is to `&T` only (`T: Sync`); the one mutation, `release`, runs once, when no other
-// access may happen (its caller's promise), and may drop `T` on another thread (`T: Send`).
-unsafe impl<T: Send + Sync> Sync for Held<T> {}
-
-impl<T> Held<T> {
-    pub(crate) fn new(v: T) -> Self {
-        Held { v: UnsafeCell::new(ManuallyDrop::new(v)), released: AtomicBool::new(false) }
-    }
-
-    /// Drops the handle now (once).
-    ///
-    /// # Safety
-    /// Nothing borrows the handle now or will read it again: its context is closed, so every entry point refuses
-    /// the object before reaching it.
-    pub(crate) unsafe fn release(&self) {
-        if !self.released.swap(true, Ordering::AcqRel) {
-            // SAFETY: the caller's promise: no other access; `released` makes this happen once.
-            unsafe { ManuallyDrop::drop(&mut *self.v.get()) };
-        }
-    }
-}
-
-impl<T> Deref for Held<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        // SAFETY: only `release` mutates, when nothing reads any more (its caller's promise).
-        unsafe { &*self.v.get() }
-    }
-}
-
-impl<T> Drop for Held<T> {
-    fn drop(&mut self) {
-        if !*self.released.get_mut() {
-            // SAFETY: not released, so still there; dropped once, here.
-            unsafe { ManuallyDrop::drop(self.v.get_mut()) };
-        }
-    }
-}
-
-/// What an object is, in the order a closed context's leftovers are destroyed: Linux's uverbs order, each before
-/// what it uses (QPs, SRQs, CQs, MRs, AHs, PDs); thread domains and completion channels last, which have no
-/// firmware object (a channel's descriptor stays the program's).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Kind {
-    Qp,
-    Srq,
-    Cq,
-    Mr,
-    Ah,
-    ParentDomain,
-    Pd,
-    Td,
-    Channel,
-}
 
 /// Destroys what a closed context left, in [`Kind`] order, and releases their handles (and so their hold on the
 /// device); their C structs stay, refused by every entry point. A failure is logged and the handle released all
@@ -171,53 +103,6 @@ unsafe fn refused<T>(obj: *mut T) -> c_int {
         libc::EBADF
     } else {
         libc::EINVAL
-    }
-}
-
-/// The async events handed out for one CQ, QP or SRQ and those acknowledged (libibverbs' `events_completed`,
-/// mirrored in the C struct). Destroying the object waits until every event handed out is acknowledged, so no
-/// event a program holds names a freed object.
-#[derive(Debug, Default)]
-pub(crate) struct AsyncCount {
-    /// (handed out, acknowledged).
-    n: Mutex<(u32, u32)>,
-    acked: Condvar,
-}
-
-impl AsyncCount {
-    /// An event naming the object is handed out (under the context's object map lock).
-    pub(crate) fn handed_out(&self) {
-        let mut n = lock(&self.n);
-        n.0 = n.0.wrapping_add(1);
-    }
-
-    /// One event is acknowledged; `mirror` gets the acknowledged count while the object cannot go yet (its
-    /// destroy may free it as soon as this returns). An acknowledgement with none outstanding is a program
-    /// error and counts nothing.
-    pub(crate) fn ack(&self, mirror: impl FnOnce(u32)) {
-        let mut n = lock(&self.n);
-        if n.1 != n.0 {
-            n.1 = n.1.wrapping_add(1);
-        }
-        mirror(n.1);
-        drop(n);
-        self.acked.notify_all();
-    }
-
-    /// Waits until every event handed out is acknowledged, then runs `remove` under the map lock `objs`, so
-    /// no event naming the object can be handed out after it.
-    pub(crate) fn retire<M>(&self, objs: &Mutex<M>, remove: impl FnOnce(&mut M)) {
-        loop {
-            let mut m = lock(objs);
-            let n = lock(&self.n);
-            if n.0 == n.1 {
-                remove(&mut m);
-                return;
-            }
-            drop(m);
-            // Bounded waits: the map lock is retaken each time.
-            drop(self.acked.wait_timeout(n, Duration::from_millis(50)).unwrap_or_else(PoisonError::into_inner));
-        }
     }
 }
 
@@ -818,33 +703,6 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
     })
 }
 
-/// A CQ: `ibv_cq_ex` (whose prefix is `ibv_cq`), the handle, and the state of an extended poll.
-#[repr(C)]
-pub(crate) struct Cq {
-    pub(crate) c: ibv_cq_ex,
-    pub(crate) raw: Held<Option<RawCq>>,
-    pub(crate) ctx: *const Ctx,
-    pub(crate) ex: Mutex<crate::post::ExPoll>,
-    /// An error met by a poll that had already returned completions: the next poll reports it.
-    pub(crate) pending: Mutex<Option<c_int>>,
-    pub(crate) async_events: AsyncCount,
-    /// The parent domain an extended CQ was made on (`IBV_CQ_INIT_ATTR_MASK_PD`), counted on it; else NULL.
-    pub(crate) parent_domain: *mut ibv_pd,
-}
-
-/// The [`Cq`] of a program's `ibv_cq` (or `ibv_cq_ex`).
-///
-/// # Safety
-/// `cq` is NULL or a CQ this library returned and not yet destroyed.
-pub(crate) unsafe fn cq_of<'a>(cq: *mut ibv_cq) -> Option<(&'a Cq, &'a RawCq)> {
-    // SAFETY: `c.cq` is the first field of a boxed Cq (caller).
-    let c = unsafe { cq.cast::<Cq>().as_ref() }?;
-    // A CQ a forked child inherited is not usable there, as its context is not; nor one a closed context left.
-    // SAFETY: a CQ's context outlives it.
-    unsafe { c.ctx.as_ref() }.filter(|x| crate::device::of_this_process(x.dev) && !x.is_closed())?;
-    Some((c, c.raw.as_ref()?))
-}
-
 fn make_cq(
     context: *mut ibv_context,
     cqe: c_int,
@@ -1089,32 +947,6 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
             }
         }
     })
-}
-
-/// A QP: `ibv_qp_ex` (whose prefix is `ibv_qp`), the handle, and the work request being built through the
-/// `ibv_wr_*` API.
-#[repr(C)]
-pub(crate) struct Qp {
-    pub(crate) c: ibv_qp_ex,
-    pub(crate) raw: Held<RawQp>,
-    pub(crate) qp_type: QpType,
-    pub(crate) link: LinkLayer,
-    pub(crate) ctx: *const Ctx,
-    pub(crate) wr: Mutex<crate::post::WrBatch>,
-    pub(crate) async_events: AsyncCount,
-}
-
-/// The [`Qp`] of a program's `ibv_qp` (or `ibv_qp_ex`).
-///
-/// # Safety
-/// `qp` is NULL or a QP this library returned and not yet destroyed.
-pub(crate) unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
-    // SAFETY: `c.qp_base` is the first field of a boxed Qp (caller); a QP's context outlives it.
-    unsafe {
-        qp.cast::<Qp>()
-            .as_ref()
-            .filter(|q| q.ctx.as_ref().is_some_and(|c| crate::device::of_this_process(c.dev) && !c.is_closed()))
-    }
 }
 
 /// IBV_QPT_RC (2), UC (3), UD (4).
@@ -1562,27 +1394,6 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     })
 }
 
-#[repr(C)]
-pub(crate) struct Srq {
-    pub(crate) c: ibv_srq,
-    pub(crate) raw: Held<RawSrq>,
-    pub(crate) ctx: *const Ctx,
-    pub(crate) async_events: AsyncCount,
-}
-
-/// The [`Srq`] of a program's `ibv_srq` (`None` for one of a closed context, or inherited across fork).
-///
-/// # Safety
-/// `srq` is NULL or an SRQ this library returned and not yet destroyed.
-pub(crate) unsafe fn srq_of<'a>(srq: *mut ibv_srq) -> Option<&'a Srq> {
-    // SAFETY: the C part is the first field of a boxed Srq (caller); its context outlives it.
-    unsafe {
-        srq.cast::<Srq>()
-            .as_ref()
-            .filter(|s| s.ctx.as_ref().is_some_and(|c| crate::device::of_this_process(c.dev) && !c.is_closed()))
-    }
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     guard("ibv_create_srq", ptr::null_mut(), || {
@@ -1684,12 +1495,6 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             Err(e) => errno_of(&e),
         }
     })
-}
-
-#[repr(C)]
-pub(crate) struct Ah {
-    pub(crate) c: ibv_ah,
-    pub(crate) ah: mlx5_core::qp::Ah,
 }
 
 #[no_mangle]

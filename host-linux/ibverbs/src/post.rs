@@ -11,7 +11,8 @@ use mlx5_core::qp::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 use crate::abi::*;
 use crate::errno_of;
 use crate::guard;
-use crate::objects::{cq_of, lock, qp_of, srq_of, Ah, Qp};
+use crate::queue::{cq_of, qp_of, srq_of, Ah, PendingWr, Qp, WrBatch};
+use crate::uobject::lock;
 
 /// SGEs one work request may carry here (mlx5's largest WQE holds fewer).
 const MAX_SGE: usize = 64;
@@ -315,12 +316,6 @@ unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad:
     })
 }
 
-/// The completion an extended poll is on.
-#[derive(Debug, Default)]
-pub(crate) struct ExPoll {
-    cur: WorkCompletion,
-}
-
 /// The Cq behind an `ibv_cq_ex`.
 ///
 /// # Safety
@@ -418,30 +413,6 @@ pub(crate) fn fill_cq_ex(c: &mut ibv_cq_ex) {
     c.read_tm_info = Some(read_tm_info);
     c.read_completion_wallclock_ns = Some(read_wallclock);
 }
-
-/// One work request built through `ibv_wr_*`.
-#[derive(Debug)]
-struct PendingWr {
-    wr_id: u64,
-    flags: c_uint,
-    op: SendOp,
-    sg: Vec<Sge>,
-    inline: Option<Vec<u8>>,
-    ud: Option<(*const Ah, u32, u32)>,
-}
-
-/// The work requests between `ibv_wr_start` and `ibv_wr_complete`, and the first error met building them
-/// (the builders return nothing; `ibv_wr_complete` reports it).
-#[derive(Debug, Default)]
-pub(crate) struct WrBatch {
-    wrs: Vec<PendingWr>,
-    err: c_int,
-    /// The `IBV_QP_EX_WITH_*` operations the QP was created with.
-    ops: u64,
-}
-
-// SAFETY: the AH pointers are the program's, used only under the QP's batch lock by the thread posting.
-unsafe impl Send for WrBatch {}
 
 /// The QP and its batch.
 ///

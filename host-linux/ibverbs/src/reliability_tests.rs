@@ -5,7 +5,7 @@ use std::ffi::c_int;
 use std::ptr;
 
 use crate::abi::*;
-use crate::device::*;
+use crate::context::*;
 use crate::objects::*;
 use crate::tests::{errno, open};
 

@@ -5,6 +5,7 @@ use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::ptr;
 
 use crate::abi::*;
+use crate::context::*;
 use crate::device::*;
 use crate::objects::*;
 use crate::strings::ibv_wc_status_str;

@@ -14,31 +14,6 @@ pub const MAX_MESSAGE: usize = 1 << 31;
 /// The longest `--timeout`, a day: long enough for anything, short enough that no deadline overflows.
 pub const MAX_TIMEOUT_S: u64 = 86_400;
 
-/// Why a command failed: arguments that do not suit the device, found once it is open but before anything is
-/// allocated or waited for (a usage error: [`mlx5_args::USAGE_EXIT`], the usage follows), or a run that failed
-/// (exit 1). Both are one line.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Failure {
-    /// An argument the device cannot take (a `--size` above its largest message).
-    #[error("{0}")]
-    Usage(String),
-    /// Anything else.
-    #[error("{0}")]
-    Run(String),
-}
-
-impl From<String> for Failure {
-    fn from(e: String) -> Failure {
-        Failure::Run(e)
-    }
-}
-
-impl From<Failure> for String {
-    fn from(e: Failure) -> String {
-        e.to_string()
-    }
-}
-
 /// A parsed command line.
 #[derive(Debug, Clone, Default)]
 pub struct Args {

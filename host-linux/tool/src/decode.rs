@@ -63,17 +63,59 @@ pub const MAX_LINE: usize = 64 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     /// The trace cannot be opened or read.
-    #[error("cannot read trace {file}: {why}")]
-    Read { file: String, why: String },
+    #[error("cannot read trace {file}: {}", io_why(.source))]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// A line is not a trace line.
     #[error("{file}:{line}: {why}")]
-    Line { file: String, line: usize, why: String },
+    Line {
+        file: String,
+        line: usize,
+        #[source]
+        why: LineError,
+    },
     /// Nothing but blank lines.
     #[error("{file}: no commands in the trace")]
     Empty { file: String },
     /// Standard output failed.
     #[error("failed to write output: {0}")]
-    Output(std::io::Error),
+    Output(#[source] std::io::Error),
+    /// The decoded text of [`decode_file`] is not UTF-8.
+    #[error("decoded text is not UTF-8")]
+    NotUtf8(#[source] std::string::FromUtf8Error),
+}
+
+/// What is wrong with one trace line.
+#[derive(Debug, thiserror::Error)]
+pub enum LineError {
+    #[error("not a trace line (expected JSON): {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("not a trace line (expected a JSON object)")]
+    NotObject,
+    #[error("longer than {MAX_LINE} bytes: not a trace line")]
+    TooLong,
+    #[error("not UTF-8 text")]
+    NotUtf8,
+    #[error("no `input` (hex string) in the trace line")]
+    NoInput,
+    /// `input` or `output` holds something other than an even number of hex digits.
+    #[error("`{0}` is not a hex string")]
+    NotHex(&'static str),
+    #[error("`output` is neither a hex string nor null")]
+    BadOutput,
+    #[error("no `opcode_raw` and the input is too short to hold an opcode")]
+    NoOpcode,
+    /// A string field holds another JSON value (shown).
+    #[error("`{key}` is not a string: {value}")]
+    NotString { key: &'static str, value: String },
+    /// A number field holds another JSON value (shown), or one above its largest.
+    #[error("`{key}` is not a number up to {max}: {value}")]
+    NotNumber { key: &'static str, max: u64, value: String },
+    #[error("`device` is not a string")]
+    DeviceNotString,
 }
 
 /// Decodes the trace at `path` (`-`: standard input) onto `out`, line by line in bounded memory.
@@ -82,7 +124,7 @@ pub fn decode_path(path: &Path, opts: Options, out: &mut impl std::io::Write) ->
         return decode_stream(std::io::stdin().lock(), "<stdin>", opts, out);
     }
     let file = path.display().to_string();
-    let f = std::fs::File::open(path).map_err(|e| DecodeError::Read { file: file.clone(), why: io_why(&e) })?;
+    let f = std::fs::File::open(path).map_err(|source| DecodeError::Read { file: file.clone(), source })?;
     decode_stream(std::io::BufReader::new(f), &file, opts, out)
 }
 
@@ -114,15 +156,15 @@ pub fn decode_stream(
         let read = (&mut r)
             .take(MAX_LINE as u64 + 1)
             .read_until(b'\n', &mut line)
-            .map_err(|e| DecodeError::Read { file: file.into(), why: io_why(&e) })?;
+            .map_err(|source| DecodeError::Read { file: file.into(), source })?;
         if read == 0 {
             break;
         }
-        let bad = |why: String| DecodeError::Line { file: file.into(), line: number, why };
+        let bad = |why: LineError| DecodeError::Line { file: file.into(), line: number, why };
         if line.len() > MAX_LINE {
-            return Err(bad(format!("longer than {MAX_LINE} bytes: not a trace line")));
+            return Err(bad(LineError::TooLong));
         }
-        let text = std::str::from_utf8(&line).map_err(|_| bad("not UTF-8 text".into()))?;
+        let text = std::str::from_utf8(&line).map_err(|_| bad(LineError::NotUtf8))?;
         if text.trim().is_empty() {
             continue;
         }
@@ -144,14 +186,14 @@ pub fn decode_stream(
 }
 
 /// Reads and decodes the trace at `path` into a string; the error is one line naming the file (and line).
-pub fn decode_file(path: &Path, opts: Options) -> Result<String, String> {
+pub fn decode_file(path: &Path, opts: Options) -> Result<String, DecodeError> {
     let mut out = Vec::new();
-    decode_path(path, opts, &mut out).map_err(|e| e.to_string())?;
-    String::from_utf8(out).map_err(|_| "decoded text is not UTF-8".to_string())
+    decode_path(path, opts, &mut out)?;
+    String::from_utf8(out).map_err(DecodeError::NotUtf8)
 }
 
 /// Parses every non-blank line; the error is the 1-based line number and what is wrong with it.
-pub fn parse_trace(text: &str) -> Result<Vec<Entry>, (usize, String)> {
+pub fn parse_trace(text: &str) -> Result<Vec<Entry>, (usize, LineError)> {
     let mut v = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -173,20 +215,20 @@ fn hex_bytes(s: &str) -> Option<Vec<u8>> {
 }
 
 /// A string field: absent is `None`; any other type is an error, not a default.
-fn text<'v>(v: &'v Value, key: &str) -> Result<Option<&'v str>, String> {
+fn text<'v>(v: &'v Value, key: &'static str) -> Result<Option<&'v str>, LineError> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(x) => Err(format!("`{key}` is not a string: {x}")),
+        Some(x) => Err(LineError::NotString { key, value: x.to_string() }),
     }
 }
 
-fn uint(v: &Value, key: &str, max: u64) -> Result<Option<u64>, String> {
+fn uint(v: &Value, key: &'static str, max: u64) -> Result<Option<u64>, LineError> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(x) => match x.as_u64() {
             Some(n) if n <= max => Ok(Some(n)),
-            _ => Err(format!("`{key}` is not a number up to {max}: {x}")),
+            _ => Err(LineError::NotNumber { key, max, value: x.to_string() }),
         },
     }
 }
@@ -194,24 +236,24 @@ fn uint(v: &Value, key: &str, max: u64) -> Result<Option<u64>, String> {
 impl Entry {
     /// One trace line (a JSON object as `CmdRecord::write_json` writes it). `input` is required; the opcode comes
     /// from `opcode_raw`, else from the input's first 16 bits.
-    pub fn parse(line: &str) -> Result<Self, String> {
-        let v: Value = serde_json::from_str(line).map_err(|e| format!("not a trace line (expected JSON): {e}"))?;
+    pub fn parse(line: &str) -> Result<Self, LineError> {
+        let v: Value = serde_json::from_str(line).map_err(LineError::NotJson)?;
         if !v.is_object() {
-            return Err("not a trace line (expected a JSON object)".into());
+            return Err(LineError::NotObject);
         }
         let input = match v.get("input") {
-            Some(Value::String(s)) => hex_bytes(s).ok_or("`input` is not a hex string")?,
-            _ => return Err("no `input` (hex string) in the trace line".into()),
+            Some(Value::String(s)) => hex_bytes(s).ok_or(LineError::NotHex("input"))?,
+            _ => return Err(LineError::NoInput),
         };
         let output = match v.get("output") {
-            Some(Value::String(s)) => Some(hex_bytes(s).ok_or("`output` is not a hex string")?),
+            Some(Value::String(s)) => Some(hex_bytes(s).ok_or(LineError::NotHex("output"))?),
             None | Some(Value::Null) => None,
-            Some(_) => return Err("`output` is neither a hex string nor null".into()),
+            Some(_) => return Err(LineError::BadOutput),
         };
         let opcode = match uint(&v, "opcode_raw", 0xffff)? {
             Some(n) => n as u16,
             None if input.len() >= 2 => u16::from_be_bytes([input[0], input[1]]),
-            None => return Err("no `opcode_raw` and the input is too short to hold an opcode".into()),
+            None => return Err(LineError::NoOpcode),
         };
         let op_mod = match uint(&v, "op_mod", 0xffff)? {
             Some(n) => n as u16,
@@ -245,7 +287,7 @@ impl Entry {
             device: match v.get("device") {
                 None | Some(Value::Null) => None,
                 Some(Value::String(d)) => Some(d.clone()),
-                Some(_) => return Err("`device` is not a string".into()),
+                Some(_) => return Err(LineError::DeviceNotString),
             },
         })
     }
@@ -644,7 +686,7 @@ mod tests {
             ("{\"input\":\"0104\",\"status_raw\":999}", "status_raw"),
             ("{\"input\":\"0104\",\"device\":1}", "`device` is not a string"),
         ] {
-            let e = Entry::parse(line).unwrap_err();
+            let e = Entry::parse(line).unwrap_err().to_string();
             assert!(e.contains(want), "{line}: {e}");
         }
         assert_eq!(parse_trace("\n{\"input\":\"01040000\"}\nnope\n").unwrap_err().0, 3);

@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use mlx5_sim::{Mode, PortType, SimConfig, SimDevice};
 
-use crate::tracefile::SharedTrace;
+use mlx5_verbs::tracefile::SharedTrace;
 
 use mlx5_verbs::wr::{self, WrExt};
 use mlx5_verbs::{
@@ -131,8 +131,8 @@ pub enum BenchError {
     )]
     Mismatch { test: &'static str, bytes: usize, side: &'static str, offset: usize, got: u8, want: u8 },
     /// Standard output could not be written.
-    #[error("{0}")]
-    Output(String),
+    #[error("failed to write output: {0}")]
+    Output(#[source] std::io::Error),
 }
 
 type Result<T> = std::result::Result<T, BenchError>;
@@ -766,7 +766,7 @@ pub fn bar(fraction: f64, label: &str) -> String {
 
 /// Opens the endpoints `opts` names, runs the test, and writes the table (row by row) or the JSON object through
 /// `emit`.
-pub fn run(opts: &Options, emit: &mut dyn FnMut(&str) -> std::result::Result<(), String>) -> Result<Report> {
+pub fn run(opts: &Options, emit: &mut dyn FnMut(&str) -> std::io::Result<()>) -> Result<Report> {
     let cfg = SimConfig {
         mode: if opts.threaded { Mode::Threaded } else { Mode::Inline },
         port_type: opts.port_type,
@@ -895,7 +895,7 @@ pub fn bench(
     opts: &Options,
     device: &str,
     about: &str,
-    emit: &mut dyn FnMut(&str) -> std::result::Result<(), String>,
+    emit: &mut dyn FnMut(&str) -> std::io::Result<()>,
 ) -> Result<Report> {
     with_pair(a, b, opts, Tuning { stall: opts.timeout, ..Tuning::default() }, |pair| {
         let test = opts.test;

@@ -14,7 +14,7 @@ use mlx5_core::qp::{
 };
 use mlx5_core::trace::CmdTrace;
 
-use crate::cli::Failure;
+use crate::error::{CoreError, ToolError};
 
 /// The largest message of a device whose `log_max_msg` is `log` (`max_msg_sz`: 2^30 on a ConnectX-5).
 pub fn max_message(log: u8) -> u64 {
@@ -23,9 +23,9 @@ pub fn max_message(log: u8) -> u64 {
 
 /// Checks a ping-pong's message size against the device's largest message, before any buffer is allocated:
 /// a size above it is an argument error naming the limit.
-pub fn check_size(size: usize, max_msg_sz: u64) -> Result<(), Failure> {
+pub fn check_size(size: usize, max_msg_sz: u64) -> Result<(), ToolError> {
     if size as u64 > max_msg_sz {
-        return Err(Failure::Usage(format!(
+        return Err(ToolError::Usage(format!(
             "--size {size} is too large for this device: its largest message (max_msg_sz) is {max_msg_sz} bytes"
         )));
     }
@@ -99,20 +99,21 @@ struct Side {
     qp: Qp,
 }
 
-fn err(what: &str, e: impl std::fmt::Display) -> String {
-    format!("{what}: {e}")
+/// A core call that failed: what the ping-pong was doing, and the core's error as the source.
+fn err(what: &str, e: impl Into<CoreError>) -> ToolError {
+    ToolError::Core { what: what.to_string(), source: e.into() }
 }
 
 /// Runs the ping-pong on a brought-up HCA and frees everything it created. A size the device cannot take is a
-/// [`Failure::Usage`], found before anything is created.
+/// [`ToolError::Usage`], found before anything is created.
 pub fn run<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
     hca: &mut Hca<M, D, T, S>,
     dma: &D,
     delay: &mut impl DelayNs,
     opts: Options,
-) -> Result<Report, Failure> {
+) -> Result<Report, ToolError> {
     if opts.size == 0 || opts.iters == 0 {
-        return Err(Failure::Usage("size and iterations must be at least 1".into()));
+        return Err(ToolError::Usage("size and iterations must be at least 1".into()));
     }
     // Refused before any buffer is allocated: the device's largest message (`max_msg_sz`).
     check_size(opts.size, max_message(hca.caps().general.log_max_msg))?;
@@ -140,7 +141,7 @@ fn side<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
     pd: &Pd,
     delay: &mut impl DelayNs,
     size: usize,
-) -> Result<Side, String> {
+) -> Result<Side, ToolError> {
     // Aligned to the size's power of two up to 2 MiB, so the MTT uses pages that large and fits one command.
     let align = size.checked_next_power_of_two().unwrap_or(usize::MAX).clamp(4096, 2 << 20);
     let buf = dma.alloc(size, align).map_err(|e| err("allocate the buffer", e))?;
@@ -160,7 +161,7 @@ fn connect<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
     qp: &mut Qp,
     dest_qpn: u32,
     delay: &mut impl DelayNs,
-) -> Result<(), String> {
+) -> Result<(), ToolError> {
     let port = hca.query_port(delay).map_err(|e| err("query port", e))?;
     let gid = hca.query_gid(0, delay).map_err(|e| err("query GID", e))?;
     let roce = port.link_layer == mlx5_core::cq::LinkLayer::Ethernet;
@@ -226,34 +227,34 @@ fn holds(buf: &DmaRegion, seed: u32) -> bool {
     b.iter().enumerate().all(|(i, &x)| x == (i as u32).wrapping_mul(31).wrapping_add(seed) as u8)
 }
 
-fn post_recv<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(hca: &Hca<M, D, T, S>, s: &mut Side) -> Result<(), String> {
+fn post_recv<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(hca: &Hca<M, D, T, S>, s: &mut Side) -> Result<(), ToolError> {
     let sge = [Sge { addr: s.buf.cpu().as_ptr() as u64, length: s.buf.len() as u32, lkey: s.mr.lkey }];
     hca.post_recv(&mut s.qp, &[RecvWr { wr_id: 2, sg_list: &sge }]).map_err(|e| err("post receive", e))
 }
 
-fn post_send<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(hca: &Hca<M, D, T, S>, s: &mut Side) -> Result<(), String> {
+fn post_send<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(hca: &Hca<M, D, T, S>, s: &mut Side) -> Result<(), ToolError> {
     let sge = [Sge { addr: s.buf.cpu().as_ptr() as u64, length: s.buf.len() as u32, lkey: s.mr.lkey }];
     let wr = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, inline: None, ud: None };
     hca.post_send(&mut s.qp, &[wr]).map_err(|e| err("post send", e))
 }
 
 /// Polls `s`'s CQ until both its send and its receive completed (bounded).
-fn wait_both<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(hca: &Hca<M, D, T, S>, s: &mut Side) -> Result<(), String> {
+fn wait_both<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(hca: &Hca<M, D, T, S>, s: &mut Side) -> Result<(), ToolError> {
     let mut wc = [WorkCompletion::default(); 4];
     let (mut sent, mut got) = (false, false);
     for _ in 0..10_000_000u32 {
         let n = s.cq.poll(hca.mmio(), &mut s.qp, &mut wc).map_err(|e| err("poll CQ", e))?;
         for w in &wc[..n] {
             if w.status != WcStatus::Success {
-                return Err(format!(
+                return Err(ToolError::Run(format!(
                     "work request {} completed with {} (vendor error {:#x})",
                     w.wr_id, w.status, w.vendor_err
-                ));
+                )));
             }
             match w.opcode {
                 WcOpcode::Send => sent = true,
                 WcOpcode::Recv => got = true,
-                o => return Err(format!("unexpected completion {o:?}")),
+                o => return Err(ToolError::Run(format!("unexpected completion {o:?}"))),
             }
         }
         if sent && got {
@@ -261,7 +262,7 @@ fn wait_both<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(hca: &Hca<M, D, T, S>, s: 
         }
         std::hint::spin_loop();
     }
-    Err("timed out waiting for completions".into())
+    Err(ToolError::Run("timed out waiting for completions".into()))
 }
 
 fn exchange<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
@@ -269,7 +270,7 @@ fn exchange<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
     a: &mut Side,
     b: &mut Side,
     opts: Options,
-) -> Result<Report, String> {
+) -> Result<Report, ToolError> {
     let mut verified = true;
     post_recv(hca, a)?;
     post_recv(hca, b)?;
@@ -288,7 +289,7 @@ fn exchange<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
             std::hint::spin_loop();
         }
         if n == 0 || wc[0].opcode != WcOpcode::Recv || wc[0].status != WcStatus::Success {
-            return Err(format!("server: expected a receive, got {:?}", &wc[..n]));
+            return Err(ToolError::Run(format!("server: expected a receive, got {:?}", &wc[..n])));
         }
         verified &= wc[0].byte_len as usize == opts.size && holds(&b.buf, i);
         // The next ping lands in the same buffer, after the client had this pong.
@@ -303,14 +304,14 @@ fn exchange<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
             let n = b.cq.poll(hca.mmio(), &mut b.qp, &mut wc).map_err(|e| err("poll CQ", e))?;
             if n > 0 {
                 if wc[0].status != WcStatus::Success {
-                    return Err(format!("server send completed with {}", wc[0].status));
+                    return Err(ToolError::Run(format!("server send completed with {}", wc[0].status)));
                 }
                 got = true;
                 break;
             }
         }
         if !got {
-            return Err("server send never completed".into());
+            return Err(ToolError::Run("server send never completed".into()));
         }
     }
     Ok(Report::from_run(opts.iters, opts.size, start.elapsed().as_secs_f64(), verified))
@@ -321,7 +322,7 @@ fn destroy_side<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
     dma: &D,
     s: Side,
     delay: &mut impl DelayNs,
-) -> Result<(), String> {
+) -> Result<(), ToolError> {
     hca.destroy_qp(s.qp, delay).map_err(|e| err("destroy QP", e.error))?;
     hca.destroy_cq(s.cq, delay).map_err(|e| err("destroy CQ", e.error))?;
     hca.dereg_mr(s.mr, delay).map_err(|e| err("deregister", e.error))?;

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use mlx5_verbs::{wr, Access, AhAttr, Context, Grh, LinkLayer, QpCap, QpType, RemoteQp, WcStatus, WorkCompletion};
 
+use crate::error::{SizeError, ToolError};
 use crate::pingpong::Report;
 
 /// ud_pingpong's Q_Key.
@@ -26,19 +27,17 @@ pub fn mtu_bytes(active_mtu: u8) -> usize {
 
 /// The message size to run: `size` when it fits one packet of the port's active MTU (ud_pingpong refuses a
 /// larger one), by default 2048 bytes or the MTU when that is smaller.
-pub fn message_size(size: Option<usize>, active_mtu: u8) -> Result<usize, String> {
+pub fn message_size(size: Option<usize>, active_mtu: u8) -> Result<usize, SizeError> {
     let mtu = mtu_bytes(active_mtu);
     match size {
-        Some(s) if s > mtu => {
-            Err(format!("--size {s} is larger than the port's active MTU ({mtu} bytes); a UD message is one packet"))
-        }
+        Some(s) if s > mtu => Err(SizeError { size: s, mtu }),
         Some(s) => Ok(s),
         None => Ok(DEFAULT_SIZE.min(mtu)),
     }
 }
 
-fn verbs(what: &str) -> impl Fn(mlx5_verbs::VerbsError) -> String + '_ {
-    move |e| format!("{what}: {e}")
+fn verbs(what: &'static str) -> impl Fn(mlx5_verbs::VerbsError) -> ToolError {
+    move |source| ToolError::Verbs { what, source }
 }
 
 /// The address of `r` as a sender on `ctx`'s port reaches it, from GID table entry `sgid_index` (RoCE).
@@ -55,26 +54,29 @@ pub fn route(ctx: &Context, r: &RemoteQp, sgid_index: u8) -> AhAttr {
 }
 
 /// Waits for one successful completion on `cq`, returning its byte count.
-fn one(cq: &mlx5_verbs::CompletionQueue<'_>, what: &str) -> Result<u32, String> {
+fn one(cq: &mlx5_verbs::CompletionQueue<'_>, what: &str) -> Result<u32, ToolError> {
     let mut wc = [WorkCompletion::default(); 1];
     let n = cq.poll_until(&mut wc, 1, WAIT).map_err(verbs("poll CQ"))?;
     if n == 0 {
-        return Err(format!("timed out after {WAIT:?} waiting for the {what}"));
+        return Err(ToolError::Run(format!("timed out after {WAIT:?} waiting for the {what}")));
     }
     if wc[0].status != WcStatus::Success {
-        return Err(format!("the {what} completed with {} (vendor error {:#x})", wc[0].status, wc[0].vendor_err));
+        return Err(ToolError::Run(format!(
+            "the {what} completed with {} (vendor error {:#x})",
+            wc[0].status, wc[0].vendor_err
+        )));
     }
     Ok(wc[0].byte_len)
 }
 
 /// Runs the UD ping-pong on one open device; `size` as [`message_size`] takes it.
-pub fn run(ctx: &Context, size: Option<usize>, iters: u32) -> Result<Report, String> {
+pub fn run(ctx: &Context, size: Option<usize>, iters: u32) -> Result<Report, ToolError> {
     let port = ctx.query_port().map_err(verbs("query port"))?;
     let size = message_size(size, port.active_mtu)?;
     if size == 0 || iters == 0 {
-        return Err("size and iterations must be at least 1".into());
+        return Err(ToolError::Run("size and iterations must be at least 1".into()));
     }
-    let len = u32::try_from(size).map_err(|_| "--size must fit in 32 bits".to_string())?;
+    let len = u32::try_from(size).map_err(|_| ToolError::Run("--size must fit in 32 bits".into()))?;
     let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     let pd = ctx.alloc_pd().map_err(verbs("alloc PD"))?;
     let (cq_c, cq_s) = (ctx.create_cq(16).map_err(verbs("create CQ"))?, ctx.create_cq(16).map_err(verbs("create CQ"))?);
@@ -147,6 +149,9 @@ mod tests {
         assert_eq!(message_size(None, 5), Ok(2048));
         assert_eq!(message_size(None, 3), Ok(1024));
         assert_eq!(message_size(Some(1024), 3), Ok(1024));
-        assert!(message_size(Some(1025), 3).unwrap_err().contains("larger than the port's active MTU (1024 bytes)"));
+        assert!(message_size(Some(1025), 3)
+            .unwrap_err()
+            .to_string()
+            .contains("larger than the port's active MTU (1024 bytes)"));
     }
 }

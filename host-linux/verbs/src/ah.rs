@@ -163,6 +163,6 @@ impl Context {
         if let Some(e) = failure {
             return Err(e);
         }
-        res.map_err(|e| VerbsError::Invalid(format!("init_ah_from_wc: {e}")))
+        res.map_err(VerbsError::AhFromWc)
     }
 }

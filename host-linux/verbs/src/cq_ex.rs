@@ -53,7 +53,7 @@ impl Context {
     /// # Ok::<(), mlx5_verbs::VerbsError>(())
     /// ```
     pub fn create_cq_ex(&self, a: CqInitAttrEx<'_, '_>) -> Result<CompletionQueueEx<'_>> {
-        let ex = CqEx::new(a.wc_flags).map_err(|e| VerbsError::Invalid(format!("create_cq_ex: {e}")))?;
+        let ex = CqEx::new(a.wc_flags).map_err(VerbsError::CqExFlags)?;
         let cq = self.create_cq_on(a.cqe, a.cq_context, a.channel, a.comp_vector)?;
         Ok(CompletionQueueEx { cq, ex })
     }

@@ -267,7 +267,7 @@ impl Entry {
             }
             WireSpec::Qemu { path, .. } => {
                 dev.guest_connect(path, wire.timeout)
-                    .map_err(|e| VerbsError::Invalid(format!("the guest NIC at {}: {e}", path.display())))?;
+                    .map_err(|source| VerbsError::GuestNic { path: path.clone(), source })?;
                 None
             }
         });
@@ -528,8 +528,8 @@ fn default_specs() -> &'static str {
 /// Brings a device up and starts its shared state.
 fn bring_up(kind: DeviceKind, trace: Option<Tracer>, cfg: Config) -> Result<Arc<DeviceShared>> {
     let mut delay = kind.delay();
-    let mut hca = Hca::bring_up(kind.mmio(), kind.dma(), MaybeTrace(trace), &mut delay, cfg)
-        .map_err(|e| VerbsError::Bringup(e.to_string()))?;
+    let mut hca =
+        Hca::bring_up(kind.mmio(), kind.dma(), MaybeTrace(trace), &mut delay, cfg).map_err(VerbsError::Bringup)?;
     let link = match hca.query_port(&mut delay) {
         Ok(p) => p.link_layer,
         Err(e) => {

@@ -1,9 +1,10 @@
 //! What a verbs call can fail with.
 
-use mlx5_core::cq::CqeError;
+use mlx5_core::ah::AhFromWcError;
+use mlx5_core::cq::{CqeError, UnsupportedWcFlags};
 use mlx5_core::hal::DmaError;
-use mlx5_core::hca::Error as HcaError;
-use mlx5_core::qp::PostError;
+use mlx5_core::hca::{BringupError, Error as HcaError};
+use mlx5_core::qp::{PostError, QpExError};
 use mlx5_vfio::VfioError;
 
 /// What a verbs call can fail with. Each message is one line naming what failed and why.
@@ -12,8 +13,9 @@ pub enum VerbsError {
     /// The driver or firmware refused (firmware status name and syndrome included).
     #[error("{0}")]
     Hca(#[from] HcaError),
+    /// The HCA did not come up: the core's error (the step, the cause and the cleanup's outcome) is the source.
     #[error("bring-up failed: {0}")]
-    Bringup(String),
+    Bringup(#[source] BringupError),
     #[error("post failed at work request {}: {:?}", .0.index, .0.kind)]
     Post(PostError),
     #[error("{0}")]
@@ -31,6 +33,26 @@ pub enum VerbsError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// The guest NIC a `wire=qemu` device connects to could not be reached (`EINVAL`, as `Invalid`).
+    #[error("the guest NIC at {}: {source}", .path.display())]
+    GuestNic {
+        /// QEMU's socket.
+        path: std::path::PathBuf,
+        /// Why the connection failed.
+        #[source]
+        source: std::io::Error,
+    },
+    // The core's next three errors are carried as they are. They implement `Display` but not
+    // `core::error::Error`, so they cannot be a `#[source]` yet.
+    /// `create_cq_ex` asked for completion fields the core cannot fill (`EINVAL`, as `Invalid`).
+    #[error("create_cq_ex: {0}")]
+    CqExFlags(UnsupportedWcFlags),
+    /// `create_qp_ex` asked for send operations the QP type cannot do (`EINVAL`, as `Invalid`).
+    #[error("create_qp_ex: {0}")]
+    QpEx(QpExError),
+    /// `init_ah_from_wc` could not make an address from the completion (`EINVAL`, as `Invalid`).
+    #[error("init_ah_from_wc: {0}")]
+    AhFromWc(AhFromWcError),
     /// Process memory that cannot be registered with the access asked (`EFAULT`, or `EINVAL` for a range that
     /// wraps): what the kernel's `ib_umem_get` refuses when it pins the pages.
     #[error("{0}")]

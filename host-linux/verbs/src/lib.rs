@@ -109,6 +109,7 @@ mod context;
 mod cq;
 mod cq_ex;
 mod device;
+pub mod devinfo;
 mod error;
 mod event;
 mod fork;
@@ -119,7 +120,11 @@ mod qp_ex;
 pub mod raw;
 mod shared;
 mod srq;
+pub mod tracefile;
 mod usermem;
+/// Registrations of the process's own memory, through `raw`: above both the memory check and the objects.
+#[cfg(all(test, feature = "sim", target_os = "linux"))]
+mod usermem_tests;
 pub mod wr;
 
 pub use ah::AddressHandle;

@@ -31,7 +31,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
         attr: QpInitAttr<'a, 'ctx>,
         send_ops: SendOpsFlags,
     ) -> Result<QueuePair<'a, Reset>> {
-        let ex = QpEx::new(attr.qp_type, send_ops).map_err(|e| VerbsError::Invalid(format!("create_qp_ex: {e}")))?;
+        let ex = QpEx::new(attr.qp_type, send_ops).map_err(VerbsError::QpEx)?;
         let qp = self.create_qp_with(attr)?;
         // A fresh QP: nothing has set it yet.
         let _ = qp.obj().ex.set(ex);

@@ -27,11 +27,12 @@ use mlx5_core::hal::{DelayNs, Dma, Mmio};
 use mlx5_core::hca::{Config, Hca};
 use mlx5_sim::pcap::PcapSink;
 use mlx5_sim::{Mode, SimConfig, SimDevice};
-use mlx5_tool::cli::{Args, Failure};
-use mlx5_tool::devinfo::DevInfo;
+use mlx5_tool::cli::Args;
+use mlx5_tool::error::ToolError;
 use mlx5_tool::pingpong::Report;
 use mlx5_tool::tour::{run_tour, TourReport};
-use mlx5_tool::tracefile::{SharedTrace, TraceSink};
+use mlx5_verbs::devinfo::DevInfo;
+use mlx5_verbs::tracefile::{SharedTrace, TraceSink};
 use mlx5_verbs::DeviceKind;
 use mlx5_vfio::{bind, Bdf, StdDelay, Vfio, VfioOptions};
 
@@ -87,16 +88,19 @@ options:
 
 /// The device a command runs on (the library's [`DeviceKind`]): the simulated ConnectX, or with `--device BDF`
 /// a real one through VFIO.
-fn open(args: &Args) -> Result<DeviceKind, String> {
+fn open(args: &Args) -> Result<DeviceKind, ToolError> {
     let Some(addr) = &args.device else {
         log::info!("device: simulated ConnectX-5 ({} firmware)", if args.threaded { "threaded" } else { "in-line" });
         return Ok(DeviceKind::Sim(SimDevice::new(sim_config(args))));
     };
-    let bdf: Bdf = addr.parse().map_err(|e: mlx5_vfio::VfioError| e.to_string())?;
-    let v = Vfio::open(bdf, VfioOptions::default()).map_err(|e| e.to_string())?;
-    let ids = v.device.pci_ids().map_err(|e| e.to_string())?;
+    let bdf: Bdf = addr.parse()?;
+    let v = Vfio::open(bdf, VfioOptions::default())?;
+    let ids = v.device.pci_ids()?;
     if ids.vendor != bind::MELLANOX_VENDOR_ID {
-        return Err(format!("{bdf} is not a Mellanox device (vendor {:#06x}, expected 0x15b3)", ids.vendor));
+        return Err(ToolError::Run(format!(
+            "{bdf} is not a Mellanox device (vendor {:#06x}, expected 0x15b3)",
+            ids.vendor
+        )));
     }
     log::info!("device: {bdf} through VFIO ({:04x}:{:04x})", ids.vendor, ids.device);
     Ok(DeviceKind::Vfio(Arc::new(v)))
@@ -116,18 +120,18 @@ fn sim_config(args: &Args) -> SimConfig {
 static PCAP: OnceLock<PcapSink> = OnceLock::new();
 
 /// Opens the `--pcap` file before any device exists.
-fn open_pcap(args: &Args) -> Result<(), String> {
+fn open_pcap(args: &Args) -> Result<(), ToolError> {
     let Some(path) = &args.pcap else { return Ok(()) };
-    let sink = PcapSink::create(path).map_err(|e| format!("--pcap {}: {e}", path.display()))?;
+    let sink = PcapSink::create(path).map_err(|source| ToolError::Pcap { path: path.clone(), source })?;
     log::info!("capturing every simulated frame to {}", path.display());
     let _ = PCAP.set(sink);
     Ok(())
 }
 
 /// Whether the capture was written whole.
-fn check_pcap() -> Result<(), String> {
+fn check_pcap() -> Result<(), ToolError> {
     match PCAP.get().and_then(|s| s.error()) {
-        Some(e) => Err(format!("--pcap: writing the capture failed ({e})")),
+        Some(e) => Err(ToolError::Run(format!("--pcap: writing the capture failed ({e})"))),
         None => Ok(()),
     }
 }
@@ -141,14 +145,16 @@ fn pci_ids(dev: &DeviceKind) -> (u16, u16) {
 
 /// Checks nothing was left allocated after teardown: DMA regions (firmware pages included) and, on the
 /// simulator, pages firmware still holds.
-fn check_released(dev: &DeviceKind) -> Result<(), String> {
+fn check_released(dev: &DeviceKind) -> Result<(), ToolError> {
     let (regions, bytes) = dev.dma_outstanding();
     let fw_pages = match dev {
         DeviceKind::Sim(d) => d.pages_owned(),
         DeviceKind::Vfio(_) => 0,
     };
     if regions != 0 || fw_pages != 0 {
-        return Err(format!("teardown left {regions} DMA regions ({bytes} bytes), {fw_pages} firmware pages"));
+        return Err(ToolError::Run(format!(
+            "teardown left {regions} DMA regions ({bytes} bytes), {fw_pages} firmware pages"
+        )));
     }
     Ok(())
 }
@@ -163,7 +169,7 @@ fn notice(dev: &DeviceKind) {
     }
 }
 
-fn trace_sink(args: &Args) -> Result<TraceSink, String> {
+fn trace_sink(args: &Args) -> Result<TraceSink, ToolError> {
     Ok(match &args.trace {
         Some(p) => {
             log::info!("tracing every firmware command to {}", p.display());
@@ -180,9 +186,9 @@ fn bring_up<'s, M: Mmio, D: Dma>(
     dma: D,
     sink: &'s mut TraceSink,
     delay: &mut impl DelayNs,
-) -> Result<Hca<M, D, &'s mut TraceSink>, String> {
+) -> Result<Hca<M, D, &'s mut TraceSink>, ToolError> {
     log::info!("bring-up: starting, in Linux's order");
-    let hca: Hca<_, _, _> = Hca::bring_up(mmio, dma, sink, delay, Config::default()).map_err(|e| e.to_string())?;
+    let hca: Hca<_, _, _> = Hca::bring_up(mmio, dma, sink, delay, Config::default())?;
     let (major, minor, sub) = hca.fw_rev();
     log::info!(
         "bring-up: done: firmware {major}.{minor}.{sub}, ISSI {}, {} firmware pages given, {} us waiting for firmware",
@@ -194,9 +200,9 @@ fn bring_up<'s, M: Mmio, D: Dma>(
 }
 
 /// `Hca::teardown` with the outcome logged.
-fn teardown<M: Mmio, D: Dma>(hca: Hca<M, D, &mut TraceSink>, delay: &mut impl DelayNs) -> Result<(), String> {
+fn teardown<M: Mmio, D: Dma>(hca: Hca<M, D, &mut TraceSink>, delay: &mut impl DelayNs) -> Result<(), ToolError> {
     log::info!("teardown: starting");
-    let r = hca.teardown(delay).map_err(|e| format!("teardown failed: {e}"))?;
+    let r = hca.teardown(delay).map_err(ToolError::Teardown)?;
     log::info!(
         "teardown: done: {} firmware pages reclaimed, {} abandoned{}",
         r.pages_reclaimed,
@@ -213,16 +219,16 @@ fn devinfo_on<M: Mmio, D: Dma>(
     delay: &mut impl DelayNs,
     sink: &mut TraceSink,
     pci: (u16, u16),
-) -> Result<DevInfo, String> {
+) -> Result<DevInfo, ToolError> {
     let mut hca = bring_up(mmio, dma, sink, delay)?;
-    let info = mlx5_tool::devinfo::query(&mut hca, delay, "mlx5_0", pci);
+    let info = mlx5_verbs::devinfo::query(&mut hca, delay, "mlx5_0", pci);
     let down = teardown(hca, delay);
-    let info = info.map_err(|e| format!("query failed: {e}"))?;
+    let info = info.map_err(ToolError::Query)?;
     down?;
     Ok(info)
 }
 
-fn devinfo(args: &Args) -> Result<(), String> {
+fn devinfo(args: &Args) -> Result<(), ToolError> {
     let dev = open(args)?;
     let mut sink = trace_sink(args)?;
     let pci = pci_ids(&dev);
@@ -230,7 +236,7 @@ fn devinfo(args: &Args) -> Result<(), String> {
         DeviceKind::Sim(d) => devinfo_on(d.mmio(), d.dma(), &mut d.delay(), &mut sink, pci),
         DeviceKind::Vfio(v) => devinfo_on(&v.bar, &v.dma, &mut StdDelay, &mut sink, pci),
     };
-    sink.finish().map_err(|e| e.to_string())?;
+    sink.finish()?;
     notice(&dev);
     let info = info?;
     check_released(&dev)?;
@@ -248,7 +254,7 @@ fn pingpong_on<M: Mmio, D: Dma>(
     delay: &mut impl DelayNs,
     sink: &mut TraceSink,
     opts: mlx5_tool::pingpong::Options,
-) -> Result<Report, Failure> {
+) -> Result<Report, ToolError> {
     let mut hca = bring_up(mmio, dma, sink, delay)?;
     let r = mlx5_tool::pingpong::run(&mut hca, &dma, delay, opts);
     let down = teardown(hca, delay);
@@ -257,12 +263,12 @@ fn pingpong_on<M: Mmio, D: Dma>(
     Ok(r)
 }
 
-fn pingpong(args: &Args) -> Result<(), Failure> {
+fn pingpong(args: &Args) -> Result<(), ToolError> {
     if args.server || args.client.is_some() {
         return remote_pingpong(args);
     }
     if args.ud {
-        return Ok(ud_pingpong(args)?);
+        return ud_pingpong(args);
     }
     let dev = open(args)?;
     let mut sink = trace_sink(args)?;
@@ -271,35 +277,35 @@ fn pingpong(args: &Args) -> Result<(), Failure> {
         DeviceKind::Sim(d) => pingpong_on(d.mmio(), &d.dma(), &mut d.delay(), &mut sink, opts),
         DeviceKind::Vfio(v) => pingpong_on(&v.bar, &&v.dma, &mut StdDelay, &mut sink, opts),
     };
-    sink.finish().map_err(|e| e.to_string())?;
+    sink.finish()?;
     notice(&dev);
     let report = report?;
     check_released(&dev)?;
-    Ok(print_pingpong(args, &report)?)
+    print_pingpong(args, &report)
 }
 
 /// The trace shared by the devices of a verbs run, when `--trace`, `--hexdump` or `-vv` (every command logged)
 /// asks for one.
-fn shared_trace(args: &Args) -> Result<Option<SharedTrace>, String> {
+fn shared_trace(args: &Args) -> Result<Option<SharedTrace>, ToolError> {
     let wanted = args.trace.is_some() || args.hexdump || args.verbose >= 2;
     Ok(if wanted { Some(SharedTrace::new(trace_sink(args)?)) } else { None })
 }
 
 /// A context on the device `args` name, its commands going to `trace`.
-fn open_context(args: &Args, trace: &Option<SharedTrace>) -> Result<mlx5_verbs::Context, String> {
+fn open_context(args: &Args, trace: &Option<SharedTrace>) -> Result<mlx5_verbs::Context, ToolError> {
     let tracer = trace.as_ref().map(|t| Box::new(t.device(None)) as mlx5_verbs::Tracer);
     match &args.device {
         None => mlx5_verbs::Context::open_sim_device_with(SimDevice::new(sim_config(args)), tracer),
         Some(bdf) => {
-            let bdf: Bdf = bdf.parse().map_err(|e: mlx5_vfio::VfioError| e.to_string())?;
+            let bdf: Bdf = bdf.parse()?;
             mlx5_verbs::Context::open_vfio_with(bdf, tracer)
         }
     }
-    .map_err(|e| e.to_string())
+    .map_err(ToolError::from)
 }
 
 /// `pingpong --ud`: two UD QPs of one device, through the verbs API.
-fn ud_pingpong(args: &Args) -> Result<(), String> {
+fn ud_pingpong(args: &Args) -> Result<(), ToolError> {
     let trace = shared_trace(args)?;
     let ctx = open_context(args, &trace)?;
     let dev = ctx.device().clone();
@@ -307,7 +313,7 @@ fn ud_pingpong(args: &Args) -> Result<(), String> {
     // Closing the context tears the device down; the trace gets those commands too.
     drop(ctx);
     if let Some(t) = &trace {
-        t.finish().map_err(|e| e.to_string())?;
+        t.finish()?;
     }
     notice(&dev);
     let report = report?;
@@ -316,9 +322,9 @@ fn ud_pingpong(args: &Args) -> Result<(), String> {
 }
 
 /// A ping-pong's report: an error if any byte was wrong, else the line (or the JSON object).
-fn print_pingpong(args: &Args, report: &Report) -> Result<(), String> {
+fn print_pingpong(args: &Args, report: &Report) -> Result<(), ToolError> {
     if !report.verified {
-        return Err(format!("data corrupted: {}", report.text().trim_end()));
+        return Err(ToolError::Run(format!("data corrupted: {}", report.text().trim_end())));
     }
     if args.json {
         out(&format!("{}\n", report.json()))
@@ -328,7 +334,7 @@ fn print_pingpong(args: &Args, report: &Report) -> Result<(), String> {
 }
 
 /// One side of the two-process ping-pong, through the verbs API.
-fn remote_pingpong(args: &Args) -> Result<(), Failure> {
+fn remote_pingpong(args: &Args) -> Result<(), ToolError> {
     use mlx5_tool::remote_pingpong::{self as rp, Role};
     use mlx5_verbs::Context;
     let role = match &args.client {
@@ -352,16 +358,16 @@ fn remote_pingpong(args: &Args) -> Result<(), Failure> {
         None if args.qemu_sock.is_some() => {
             let sock = args.qemu_sock.as_deref().unwrap_or(std::path::Path::new(""));
             let dev = rp::open_sim_guest(sock, args.ipv4, timeout, PCAP.get().cloned())?;
-            (Context::open_sim_device_with(dev.clone(), tracer()).map_err(|e| e.to_string())?, Some(dev))
+            (Context::open_sim_device_with(dev.clone(), tracer())?, Some(dev))
         }
         None => {
             // Plugged into the wire only once the arguments are checked against the device (below).
             let dev = rp::sim_device(&role, args.link.unwrap_or_default(), PCAP.get().cloned());
-            (Context::open_sim_device_with(dev.clone(), tracer()).map_err(|e| e.to_string())?, Some(dev))
+            (Context::open_sim_device_with(dev.clone(), tracer())?, Some(dev))
         }
         Some(bdf) => {
-            let bdf: Bdf = bdf.parse().map_err(|e: mlx5_vfio::VfioError| e.to_string())?;
-            (Context::open_vfio_with(bdf, tracer()).map_err(|e| e.to_string())?, None)
+            let bdf: Bdf = bdf.parse()?;
+            (Context::open_vfio_with(bdf, tracer())?, None)
         }
     };
     rp::message_size(&ctx, &opts)?;
@@ -374,7 +380,7 @@ fn remote_pingpong(args: &Args) -> Result<(), Failure> {
     let report = rp::run(&ctx, &role, opts);
     drop(ctx);
     if let Some(t) = &trace {
-        t.finish().map_err(|e| e.to_string())?;
+        t.finish()?;
     }
     if let (Err(_), Some(dev), true) = (&report, &sim, args.qemu_sock.is_some()) {
         // What crossed the guest link, so a failed interop run shows whether the peer's frames arrived.
@@ -396,10 +402,12 @@ fn remote_pingpong(args: &Args) -> Result<(), Failure> {
         let (regions, bytes) = dev.dma_outstanding();
         if regions != 0 || dev.pages_owned() != 0 {
             let pages = dev.pages_owned();
-            return Err(format!("teardown left {regions} DMA regions ({bytes} bytes), {pages} firmware pages").into());
+            return Err(ToolError::Run(format!(
+                "teardown left {regions} DMA regions ({bytes} bytes), {pages} firmware pages"
+            )));
         }
     }
-    Ok(print_pingpong(args, &report)?)
+    print_pingpong(args, &report)
 }
 
 /// Runs the tour on a fresh command queue; returns the report, the commands traced and the DMA regions / bytes
@@ -410,17 +418,17 @@ fn tour_on<M: Mmio, D: Dma + Clone>(
     delay: &mut impl DelayNs,
     sink: TraceSink,
     outstanding: impl Fn() -> (usize, usize),
-) -> Result<(TourReport, usize, (usize, usize)), String> {
-    let mut q = CmdQueue::new(mmio, dma, sink).map_err(|e| format!("command queue: {e}"))?;
-    let report = run_tour(&mut q, delay).map_err(|e| e.to_string())?;
+) -> Result<(TourReport, usize, (usize, usize)), ToolError> {
+    let mut q = CmdQueue::new(mmio, dma, sink).map_err(ToolError::CmdQueue)?;
+    let report = run_tour(&mut q, delay)?;
     let during = outstanding();
     let sink = std::mem::take(q.tracer());
     drop(q);
-    let count = sink.finish().map_err(|e| e.to_string())?;
+    let count = sink.finish()?;
     Ok((report, count, during))
 }
 
-fn fw_tour(args: &Args) -> Result<(), String> {
+fn fw_tour(args: &Args) -> Result<(), ToolError> {
     let dev = open(args)?;
     let sink = trace_sink(args)?;
     let (report, count, (regions, bytes)) = match &dev {
@@ -460,49 +468,55 @@ fn fw_tour(args: &Args) -> Result<(), String> {
 }
 
 /// `mlx5 bench TEST [options]`: perftest-style bandwidth and latency tests through the verbs API.
-fn bench(args: &Args) -> Result<(), String> {
+fn bench(args: &Args) -> Result<(), ToolError> {
     use mlx5_tool::perftest;
-    let mut opts = perftest::Options::parse(&args.operands).map_err(|e| e.to_string())?;
+    let mut opts = perftest::Options::parse(&args.operands)?;
     opts.json |= args.json;
     opts.device = args.device.clone();
     opts.threaded = args.threaded;
     opts.port_type = args.link.unwrap_or_default();
     opts.trace = shared_trace(args)?;
     opts.pcap = PCAP.get().cloned();
-    let r = perftest::run(&opts, &mut |text: &str| out(text)).map(drop).map_err(|e| e.to_string());
+    let r = perftest::run(&opts, &mut |text: &str| write_out(text)).map(drop).map_err(ToolError::from);
     if let Some(t) = &opts.trace {
-        t.finish().map_err(|e| e.to_string())?;
+        t.finish()?;
     }
     r
 }
 
 /// `mlx5 bind BDF` / `mlx5 unbind BDF`.
-fn bind_cmd(args: &Args, bind_it: bool) -> Result<(), String> {
-    let addr =
-        args.operands.first().map(String::as_str).ok_or_else(|| format!("{} needs a PCI address", args.command))?;
-    let bdf: Bdf = addr.parse().map_err(|e: mlx5_vfio::VfioError| e.to_string())?;
+fn bind_cmd(args: &Args, bind_it: bool) -> Result<(), ToolError> {
+    let addr = args
+        .operands
+        .first()
+        .map(String::as_str)
+        .ok_or_else(|| ToolError::Run(format!("{} needs a PCI address", args.command)))?;
+    let bdf: Bdf = addr.parse()?;
     let sys = mlx5_vfio::sys::LinuxSys;
     if bind_it {
-        match bind::bind(&sys, bdf, Some(bind::MELLANOX_VENDOR_ID)).map_err(|e| e.to_string())? {
+        match bind::bind(&sys, bdf, Some(bind::MELLANOX_VENDOR_ID))? {
             bind::Bound::AlreadyBound => out(&format!("{bdf} is already bound to vfio-pci\n")),
             bind::Bound::From(d) => out(&format!("{bdf}: {} -> vfio-pci\n", d.as_deref().unwrap_or("no driver"))),
         }
     } else {
-        let now = bind::unbind(&sys, bdf).map_err(|e| e.to_string())?;
+        let now = bind::unbind(&sys, bdf)?;
         out(&format!("{bdf}: vfio-pci -> {}\n", now.as_deref().unwrap_or("no driver")))
     }
 }
 
 /// `mlx5 trace decode FILE`: the trace read back, command by command, streamed (`-` reads standard input).
-fn trace_cmd(args: &Args) -> Result<(), String> {
-    let file = args.file.as_deref().ok_or("trace decode needs a file name (- for standard input)")?;
+fn trace_cmd(args: &Args) -> Result<(), ToolError> {
+    let file = args
+        .file
+        .as_deref()
+        .ok_or_else(|| ToolError::Run("trace decode needs a file name (- for standard input)".into()))?;
     log::info!("trace decode: reading {}", file.display());
     let opts = mlx5_tool::decode::Options { all: args.all, hexdump: args.hexdump };
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     match mlx5_tool::decode::decode_path(file, opts, &mut w) {
         Err(mlx5_tool::decode::DecodeError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => r.map(drop).map_err(|e| e.to_string()),
+        r => r.map(drop).map_err(ToolError::from),
     }
 }
 
@@ -541,10 +555,9 @@ fn init_logging(verbose: u8) {
     }
 }
 
-/// Prints to standard output; a closed pipe (`mlx5 ... | head`) ends the output quietly.
 /// `ibv_devices`: the verbs device list, nothing brought up.
-fn devices() -> Result<(), String> {
-    let list = mlx5_verbs::devices().map_err(|e| e.to_string())?;
+fn devices() -> Result<(), ToolError> {
+    let list = mlx5_verbs::devices()?;
     let mut text = format!("    {:<16}\t{:<16}\t{}\n", "device", "node GUID", "where");
     text.push_str(&format!("    {:<16}\t{:<16}\t{}\n", "------", "---------", "-----"));
     for d in &list {
@@ -555,12 +568,18 @@ fn devices() -> Result<(), String> {
     out(&text)
 }
 
-fn out(text: &str) -> Result<(), String> {
+/// Prints to standard output; a closed pipe (`mlx5 ... | head`) ends the output quietly.
+fn write_out(text: &str) -> std::io::Result<()> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("failed to write output: {e}")),
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e),
         _ => Ok(()),
     }
+}
+
+/// [`write_out`] for a command's result.
+fn out(text: &str) -> Result<(), ToolError> {
+    write_out(text).map_err(ToolError::Output)
 }
 
 fn main() -> ExitCode {
@@ -576,24 +595,23 @@ fn main() -> ExitCode {
     }
     init_logging(args.verbose);
     let result = open_pcap(&args)
-        .map_err(Failure::Run)
         .and_then(|()| match args.command.as_str() {
-            "devices" => Ok(devices()?),
-            "devinfo" => Ok(devinfo(&args)?),
-            "fw-tour" => Ok(fw_tour(&args)?),
+            "devices" => devices(),
+            "devinfo" => devinfo(&args),
+            "fw-tour" => fw_tour(&args),
             "pingpong" => pingpong(&args),
-            "bench" => Ok(bench(&args)?),
-            "bind" => Ok(bind_cmd(&args, true)?),
-            "unbind" => Ok(bind_cmd(&args, false)?),
-            "trace" => Ok(trace_cmd(&args)?),
-            other => Err(Failure::Run(format!("unknown command {other:?}"))),
+            "bench" => bench(&args),
+            "bind" => bind_cmd(&args, true),
+            "unbind" => bind_cmd(&args, false),
+            "trace" => trace_cmd(&args),
+            other => Err(ToolError::Run(format!("unknown command {other:?}"))),
         })
-        .and_then(|()| Ok(check_pcap()?));
+        .and_then(|()| check_pcap());
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // An argument the device cannot take (found once it is open) is a usage error like any other.
-        Err(Failure::Usage(e)) => mlx5_args::usage_exit("mlx5", &mlx5_args::ArgError::Other(e), USAGE),
-        Err(Failure::Run(e)) => {
+        Err(ToolError::Usage(e)) => mlx5_args::usage_exit("mlx5", &mlx5_args::ArgError::Other(e), USAGE),
+        Err(e) => {
             eprintln!("mlx5: {e}");
             ExitCode::FAILURE
         }

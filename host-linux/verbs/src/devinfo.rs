@@ -1,5 +1,6 @@
-//! `mlx5 devinfo`: what `ibv_devinfo -v` users expect, read from a brought-up HCA (capabilities, vport contexts,
-//! the PMTU register) and computed the way `mlx5_ib_query_device` / `mlx5_ib_query_port` do.
+//! What `ibv_devinfo -v` users expect, read from a brought-up HCA (capabilities, vport contexts, the PMTU
+//! register) and computed the way `mlx5_ib_query_device` / `mlx5_ib_query_port` do. `mlx5 devinfo` prints it and
+//! the drop-in libibverbs answers `ibv_query_device` / `ibv_query_port` from it, so it lives here, below both.
 
 use mlx5_core::caps::PortType;
 use mlx5_core::hal::{DelayNs, Dma, Mmio};

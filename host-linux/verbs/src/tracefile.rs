@@ -1,9 +1,10 @@
-//! Command trace sinks for the `mlx5` tool: JSON lines to a file (`--trace FILE`) and the Linux-style hexdump.
-//! Every command is also logged at debug level (`mlx5 -vv`), with the bring-up step it starts.
+//! Command trace sinks: JSON lines to a file (`mlx5 --trace FILE`, libibverbs' `MLX5_RS_TRACE`) and the
+//! Linux-style hexdump. Every command is also logged at debug level (`mlx5 -vv`), with the bring-up step it
+//! starts. The tool and the drop-in libibverbs both write them, so they live here, below both.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use mlx5_core::hca::Step;
@@ -28,19 +29,32 @@ pub struct TraceSink {
 #[error("failed to write the command trace: {0}")]
 pub struct TraceError(#[source] pub std::io::Error);
 
+/// The trace file could not be created: the file and the I/O error (its source); the message says why in words.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot create the trace file {}: {}", .path.display(), create_why(.source))]
+pub struct TraceFileError {
+    /// The file asked for.
+    pub path: PathBuf,
+    /// Why `File::create` refused it.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// The common reasons in words; any other is the I/O error's own message.
+fn create_why(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::NotFound => "its directory does not exist".to_string(),
+        K::PermissionDenied => "permission denied".to_string(),
+        K::IsADirectory => "it is a directory".to_string(),
+        _ => e.to_string(),
+    }
+}
+
 impl TraceSink {
     /// A sink writing JSON lines to `path` (created or truncated); the error names the file in words.
-    pub fn json_file(path: &Path) -> Result<Self, String> {
-        let f = File::create(path).map_err(|e| {
-            use std::io::ErrorKind as K;
-            let why = match e.kind() {
-                K::NotFound => "its directory does not exist".to_string(),
-                K::PermissionDenied => "permission denied".to_string(),
-                K::IsADirectory => "it is a directory".to_string(),
-                _ => e.to_string(),
-            };
-            format!("cannot create the trace file {}: {why}", path.display())
-        })?;
+    pub fn json_file(path: &Path) -> Result<Self, TraceFileError> {
+        let f = File::create(path).map_err(|source| TraceFileError { path: path.to_path_buf(), source })?;
         Ok(Self { json: Some(BufWriter::new(f)), ..Self::default() })
     }
 
