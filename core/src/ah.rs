@@ -58,6 +58,8 @@ impl core::fmt::Display for AhFromWcError {
     }
 }
 
+impl core::error::Error for AhFromWcError {}
+
 /// The IP version `get_grh_header_version` finds in the GRH room: 6 for an IPv6 header or GRH, 4 for an IPv4
 /// header in the last 20 bytes (its checksum decides when the first 20 also read as IPv6).
 pub fn grh_header_version(grh: &[u8; GRH_BYTES]) -> Option<u8> {

@@ -78,6 +78,15 @@ impl core::fmt::Display for DbrError {
     }
 }
 
+impl core::error::Error for DbrError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            Self::Dma(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// One record page of a pool: its memory and which records are free (opaque; a [`Table`] holds them).
 #[derive(Debug)]
 pub struct DbrPage {

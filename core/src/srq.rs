@@ -399,6 +399,8 @@ impl core::fmt::Display for SrqError {
     }
 }
 
+impl core::error::Error for SrqError {}
+
 /// One WQE's host-only bookkeeping: its `wr_id`, the next WQE of the free list, and whether it is posted.
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C)]

@@ -89,6 +89,8 @@ impl core::fmt::Display for UnsupportedWcFlags {
     }
 }
 
+impl core::error::Error for UnsupportedWcFlags {}
+
 /// The creation-time model of an extended CQ: which fields its completions carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CqEx {

@@ -368,6 +368,8 @@ impl core::fmt::Display for CqeError {
     }
 }
 
+impl core::error::Error for CqeError {}
+
 /// Decodes a software-owned CQE into a work completion (`mlx5_poll_one`): `Ok(None)` for entries that are not
 /// completions (a signature error report, a resize marker).
 pub fn decode_cqe(

@@ -93,6 +93,12 @@ impl core::fmt::Display for ReregError {
     }
 }
 
+impl core::error::Error for ReregError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 /// Port attributes: every field of `ibv_port_attr`, as mlx5_ib fills them (`mlx5_query_hca_port` on
 /// InfiniBand, `mlx5_query_port_roce` on Ethernet) and uverbs passes them on (`copy_port_attr_to_resp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -293,6 +293,8 @@ impl core::fmt::Display for ModifyError {
     }
 }
 
+impl core::error::Error for ModifyError {}
+
 /// Required and optional attributes of each transition (verbs' `qp_state_table`, for RC, UC and UD; the
 /// alternate path, `CUR_STATE` and `PATH_MIG_STATE` are not offered, so they are left out).
 fn transition_masks(ty: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {

@@ -130,6 +130,8 @@ impl core::fmt::Display for QpExError {
     }
 }
 
+impl core::error::Error for QpExError {}
+
 /// The creation-time model of an extended QP (`ibv_qp_init_attr_ex.send_ops_flags`): the operations its
 /// builder may use, checked against the QP type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

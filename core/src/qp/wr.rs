@@ -289,6 +289,8 @@ impl core::fmt::Display for PostError {
     }
 }
 
+impl core::error::Error for PostError {}
+
 #[cfg(any(test, feature = "testlist"))]
 #[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {

@@ -42,17 +42,15 @@ pub enum VerbsError {
         #[source]
         source: std::io::Error,
     },
-    // The core's next three errors are carried as they are. They implement `Display` but not
-    // `core::error::Error`, so they cannot be a `#[source]` yet.
     /// `create_cq_ex` asked for completion fields the core cannot fill (`EINVAL`, as `Invalid`).
     #[error("create_cq_ex: {0}")]
-    CqExFlags(UnsupportedWcFlags),
+    CqExFlags(#[source] UnsupportedWcFlags),
     /// `create_qp_ex` asked for send operations the QP type cannot do (`EINVAL`, as `Invalid`).
     #[error("create_qp_ex: {0}")]
-    QpEx(QpExError),
+    QpEx(#[source] QpExError),
     /// `init_ah_from_wc` could not make an address from the completion (`EINVAL`, as `Invalid`).
     #[error("init_ah_from_wc: {0}")]
-    AhFromWc(AhFromWcError),
+    AhFromWc(#[source] AhFromWcError),
     /// Process memory that cannot be registered with the access asked (`EFAULT`, or `EINVAL` for a range that
     /// wraps): what the kernel's `ib_umem_get` refuses when it pins the pages.
     #[error("{0}")]
