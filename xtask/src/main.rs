@@ -43,6 +43,7 @@ mod modcheck;
 mod rxe;
 mod soak;
 mod uml;
+mod vendored;
 mod verbs_guest;
 mod vfio_test;
 
