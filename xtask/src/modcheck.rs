@@ -1158,7 +1158,20 @@ mod tests {
 
     #[test]
     fn mod_declarations_are_followed_and_test_kits_marked() {
-        let code = "#![no_std]\nmod a;\n#[cfg(test)]\nmod t;\n#[cfg(any(test, feature = \"k\"))]\npub mod kit;\n#[cfg(not(test))]\npub(crate) mod b;\nmod inline { mod nested; }\n#[cfg(test)]\nfn f() {}\nmod c;\n";
+        let code = concat!(
+            "#![no_std]\n",
+            "mod a;\n",
+            "#[cfg(test)]\n",
+            "mod t;\n",
+            "#[cfg(any(test, feature = \"k\"))]\n",
+            "pub mod kit;\n",
+            "#[cfg(not(test))]\n",
+            "pub(crate) mod b;\n",
+            "mod inline { mod nested; }\n",
+            "#[cfg(test)]\n",
+            "fn f() {}\n",
+            "mod c;\n",
+        );
         let d = mod_decls(&strip(code));
         let want: Vec<(usize, String, bool)> = vec![
             (2, "a".into(), false),
@@ -1200,13 +1213,29 @@ mod tests {
     }
 
     /// The root and a folder: `State` and `lock` in lib.rs, `syndrome` in fw/mod.rs, leaf helpers in fw/ids.rs.
-    const HOUSE_ROOT: &str = "//! Layers (bottom first): wire | fw\nmod fw;\nmod wire;\npub struct State;\npub use fw::qp::QpFw;\nfn f() { fw::qp::go(); crate::fw::syndrome(); }\n";
+    const HOUSE_ROOT: &str = concat!(
+        "//! Layers (bottom first): wire | fw\n",
+        "mod fw;\n",
+        "mod wire;\n",
+        "pub struct State;\n",
+        "pub use fw::qp::QpFw;\n",
+        "fn f() { fw::qp::go(); crate::fw::syndrome(); }\n",
+    );
     const HOUSE_FW: &str =
         "mod ids;\npub(crate) mod qp;\npub fn syndrome() {}\nfn g() { qp::go(); self::ids::alloc(); }\n";
 
     #[test]
     fn ancestor_items_fail_from_children_and_descendants_siblings_pass() {
-        let qp = "use super::syndrome;\nuse crate::State;\nuse crate::{wire::Packet, lock};\nuse super::*;\nfn f() { crate::fw::syndrome(); super::ids::alloc(); }\nimpl super::super::State {}\n#[cfg(test)]\nmod tests { use super::*; use crate::State; }\n";
+        let qp = concat!(
+            "use super::syndrome;\n",
+            "use crate::State;\n",
+            "use crate::{wire::Packet, lock};\n",
+            "use super::*;\n",
+            "fn f() { crate::fw::syndrome(); super::ids::alloc(); }\n",
+            "impl super::super::State {}\n",
+            "#[cfg(test)]\n",
+            "mod tests { use super::*; use crate::State; }\n",
+        );
         let f = Fixture::new(
             "ancestor",
             &[
@@ -1307,7 +1336,19 @@ mod tests {
 
     #[test]
     fn impl_blocks_are_keyed_by_their_self_type() {
-        let code = "impl State {}\nimpl<'a> EqFw<'a> {}\nimpl fmt::Display for crate::fw::Qp<u8> {}\nunsafe impl Send for Sim {}\n#[cfg(test)]\nimpl<T: Into<u8>> From<T> for Wrap<T> where T: Fn() -> u8 {}\nimpl<T: X> Y for T {}\nimpl<const N: usize> Z for [u8; N] {}\nfn f(x: impl Fn()) -> impl Iterator<Item = u8> {}\nimpl !Sync for Raw {}\nimpl<F> Trait for &mut F {}\n";
+        let code = concat!(
+            "impl State {}\n",
+            "impl<'a> EqFw<'a> {}\n",
+            "impl fmt::Display for crate::fw::Qp<u8> {}\n",
+            "unsafe impl Send for Sim {}\n",
+            "#[cfg(test)]\n",
+            "impl<T: Into<u8>> From<T> for Wrap<T> where T: Fn() -> u8 {}\n",
+            "impl<T: X> Y for T {}\n",
+            "impl<const N: usize> Z for [u8; N] {}\n",
+            "fn f(x: impl Fn()) -> impl Iterator<Item = u8> {}\n",
+            "impl !Sync for Raw {}\n",
+            "impl<F> Trait for &mut F {}\n",
+        );
         let got: Vec<(usize, String)> = impl_types(&strip(code));
         let want: Vec<(usize, String)> = [(1, "State"), (2, "EqFw"), (3, "Qp"), (4, "Sim"), (6, "Wrap"), (10, "Raw")]
             .iter()
@@ -1330,7 +1371,10 @@ mod tests {
         let f = Fixture::new("impl-four", &four);
         let r = f.check("src/lib.rs", Rules { max_impl_files: Some(3), ..Rules::default() });
         let i = fired(&r, "impl-files");
-        assert_eq!(i, ["[impl-files] src/lib.rs:6: `State` has impl blocks in 4 files (at most 3): src/lib.rs:6, src/a.rs:1, src/b.rs:1, src/c.rs:4"]);
+        let want =
+            "[impl-files] src/lib.rs:6: `State` has impl blocks in 4 files (at most 3): src/lib.rs:6, src/a.rs:1, \
+                    src/b.rs:1, src/c.rs:4";
+        assert_eq!(i, [want]);
         let mut three = four;
         three[3].1 = "fn f() {}\n";
         let f = Fixture::new("impl-three", &three);
