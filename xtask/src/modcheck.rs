@@ -813,6 +813,7 @@ fn raw_references(module: &ModPath, code: &str, modules: &BTreeSet<ModPath>) -> 
         .filter(|m| m.len() == module.len() && m.starts_with(&parent))
         .filter_map(|m| m.last().cloned())
         .collect();
+    let inline = inline_modules(code);
     let mut out = Vec::new();
     let b = code.as_bytes();
     let mut line = 1;
@@ -835,10 +836,13 @@ fn raw_references(module: &ModPath, code: &str, modules: &BTreeSet<ModPath>) -> 
         if !code[i..].starts_with("::") {
             continue;
         }
+        // `self` and `super` inside an inline `mod name { .. }` start from that module.
+        let mut here = module.clone();
+        here.extend(inline.iter().filter(|(from, to, _)| (*from..*to).contains(&start)).map(|(_, _, n)| n.clone()));
         let base: Option<ModPath> = match word {
             "crate" => Some(Vec::new()),
-            "self" => Some(module.clone()),
-            "super" => Some(parent.clone()),
+            "self" => Some(here),
+            "super" => Some(here[..here.len().saturating_sub(1)].to_vec()),
             w if siblings.contains(w) && module.last().map(String::as_str) != Some(w) => {
                 let mut p = parent.clone();
                 p.push(w.to_string());
@@ -854,6 +858,25 @@ fn raw_references(module: &ModPath, code: &str, modules: &BTreeSet<ModPath>) -> 
             for t in path_tree(&code[i..], base) {
                 out.push((line, t));
             }
+        }
+    }
+    out
+}
+
+/// The inline modules of a file, outermost first: `(from, to, name)` with the byte range of each body.
+fn inline_modules(code: &str) -> Vec<(usize, usize, String)> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("mod") {
+        if ident_before(b, at) || !b.get(at + 3).is_some_and(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let rest = code[at + 3..].trim_start();
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let open = code.len() - rest.len() + name.len();
+        let open = skip_ws(b, open);
+        if !name.is_empty() && b.get(open) == Some(&b'{') {
+            out.push((open, matching(b, open, b'{', b'}'), name));
         }
     }
     out
@@ -1332,6 +1355,32 @@ mod tests {
         assert!(l[0].contains("src/lib.rs:1: no `//! Layers (bottom first):"), "{l:?}");
         let r = f.check("src/lib.rs", Rules::default());
         assert!(r.failures.is_empty(), "only a crate that opts in needs the line: {:?}", r.failures);
+    }
+
+    #[test]
+    fn self_and_super_in_an_inline_module_start_from_it() {
+        let m = mods(&["", "fw", "fw::qp", "wire"]);
+        let code = concat!(
+            "use super::Top;\n",
+            "mod field {\n",
+            "    use super::Own;\n",
+            "    mod deep { use super::super::Own2; use self::x::Y; }\n",
+            "}\n",
+            "mod field2 { use super::super::FwItem; }\n",
+        );
+        let refs = raw_references(&p("fw::qp"), &strip(code), &m);
+        let got: Vec<(usize, String)> = refs.into_iter().map(|(l, t)| (l, t.join("::"))).collect();
+        let want: Vec<(usize, String)> = [
+            (1, "fw::Top"),
+            (3, "fw::qp::Own"),
+            (4, "fw::qp::Own2"),
+            (4, "fw::qp::field::deep::x::Y"),
+            (6, "fw::FwItem"),
+        ]
+        .iter()
+        .map(|(l, t)| (*l, t.to_string()))
+        .collect();
+        assert_eq!(got, want);
     }
 
     #[test]
