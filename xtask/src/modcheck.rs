@@ -21,12 +21,14 @@
 //! * `impl-files` (opt-in): no type has `impl` blocks (`impl T`, `impl<..> T<..>`, `impl Trait for T`, keyed by
 //!   the type's last path segment) in more than N files of the crate, test modules counted.
 //!
-//! Method calls are not references. `#[cfg(test)] mod name { .. }` blocks inside a file are left out of the
-//! reference rules (test code may use any helper without shaping the architecture), and so are modules declared
-//! under a `cfg` naming `test` (a test kit) unless the layer line lists them. The parser is textual (comments and
+//! Method calls are not references. Test code may use any helper without shaping the architecture:
+//! `#[cfg(test)] mod name { .. }` blocks inside a file are left out of `cycle`, `ancestor-item` and `layer`;
+//! module files declared under a `cfg` naming `test` (test kits, `tests.rs`) are judged by `cycle` only, and by
+//! `layer` too when one is a top-level module the layer line lists. `impl-files` counts all test code. The parser is textual (comments and
 //! string literals stripped first), which is enough for this code base: it never builds paths in macros across
-//! modules. Its limits: an inline module's `super::` is read as the file's, and a name brought in by a glob is
-//! not traced to where it is declared (the glob itself is judged).
+//! modules. `self::` and `super::` inside an inline `mod name { .. }` start from it; an inline module is an item
+//! of its file, not a module of its own. Its limits: a bare `sibling::` path is read from the file's module, and
+//! a name brought in by a glob is not traced to where it is declared (the glob itself is judged).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
