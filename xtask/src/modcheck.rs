@@ -24,11 +24,13 @@
 //! Method calls are not references. Test code may use any helper without shaping the architecture:
 //! `#[cfg(test)] mod name { .. }` blocks inside a file are left out of `cycle`, `ancestor-item` and `layer`;
 //! module files declared under a `cfg` naming `test` (test kits, `tests.rs`) are judged by `cycle` only, and by
-//! `layer` too when one is a top-level module the layer line lists. `impl-files` counts all test code. The parser is textual (comments and
-//! string literals stripped first), which is enough for this code base: it never builds paths in macros across
-//! modules. `self::` and `super::` inside an inline `mod name { .. }` start from it; an inline module is an item
-//! of its file, not a module of its own. Its limits: a bare `sibling::` path is read from the file's module, and
-//! a name brought in by a glob is not traced to where it is declared (the glob itself is judged).
+//! `layer` too when one is a top-level module the layer line lists. `impl-files` counts all test code.
+//!
+//! The parser is textual (comments and string literals stripped first), which is enough for this code base: it
+//! never builds paths in macros across modules. `self::` and `super::` inside an inline `mod name { .. }` start
+//! from it; an inline module is an item of its file, not a module of its own. Its limits: a bare `sibling::` path
+//! is read from the file's module, and a name brought in by a glob is not traced to where it is declared (the
+//! glob itself is judged).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -162,7 +164,14 @@ fn read(path: &Path) -> Result<String, String> {
 /// The strings of the `members = [ .. ]` array of a workspace manifest.
 fn toml_members(manifest: &str) -> Vec<String> {
     let text: String = manifest.lines().map(|l| l.split('#').next().unwrap_or("")).collect::<Vec<_>>().join("\n");
-    let Some(at) = text.find("members") else { return Vec::new() };
+    // The key at a line's start (not `default-members`).
+    let Some(at) = text
+        .match_indices("members")
+        .map(|(k, _)| k)
+        .find(|&k| text[..k].ends_with('\n') && text[k + "members".len()..].trim_start().starts_with('='))
+    else {
+        return Vec::new();
+    };
     let Some(open) = text[at..].find('[').map(|k| k + at) else { return Vec::new() };
     let Some(close) = text[open..].find(']').map(|k| k + open) else { return Vec::new() };
     text[open + 1..close].split(',').map(|s| s.trim().trim_matches('"').to_string()).filter(|s| !s.is_empty()).collect()
@@ -1132,7 +1141,15 @@ mod tests {
             &[
                 (
                     "Cargo.toml",
-                    "[workspace]\nmembers = [\n    \"a\", # the library\n    \"b\",\n]\nexclude = [\"c\"]\n",
+                    concat!(
+                        "[workspace]\n",
+                        "default-members = [\"b\"]\n",
+                        "members = [\n",
+                        "    \"a\", # the library\n",
+                        "    \"b\",\n",
+                        "]\n",
+                        "exclude = [\"c\"]\n",
+                    ),
                 ),
                 ("a/Cargo.toml", "[package]\nname = \"mlx5-sim\"\n[dependencies]\nname = \"x\"\n"),
                 ("a/src/lib.rs", ""),
