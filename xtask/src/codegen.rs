@@ -12,11 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// Files the vendoring step writes, relative to the workspace root.
-pub const VENDORED_IFC: &str = "core/prm/ifc_layouts.json";
-pub const VENDORED_C: &str = "core/prm/c_layouts.json";
-pub const VENDORED_CONSTS: &str = "core/prm/constants.json";
-pub const VENDORED_VECTORS: &str = "tests/vectors/vectors.json";
+use crate::vendored::{read_json, VENDORED_C, VENDORED_CONSTS, VENDORED_EXTRA, VENDORED_IFC, VENDORED_VECTORS};
+
+/// The file the codegen writes, relative to the workspace root.
 pub const GENERATED: &str = "core/src/prm/generated.rs";
 
 /// C-level structures (from `c-layouts.md`) that the driver reads or writes.
@@ -64,11 +62,6 @@ const ENUM_SKIP: &[&str] = &[
     "MLX5_EVENT_TYPE_NOTIFY_ANY",
     "MLX5_EVENT_TYPE_MAX",
 ];
-
-pub(crate) fn read_json(path: &Path) -> Result<Value, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("parsing {}: {e}", path.display()))
-}
 
 fn to_pretty(v: &Value) -> String {
     let mut s = serde_json::to_string_pretty(v).expect("json values always serialise");
@@ -243,7 +236,7 @@ pub fn generate(root: &Path) -> Result<String, String> {
 /// Adds the layouts of `core/prm/linux-extra-layouts.json` (`cargo xtask vendor --linux-extra`) to the vendored
 /// ones; a name in both is refused, so the two sources can never disagree silently.
 fn merge_linux_extra(root: &Path, ifc: &mut Value) -> Result<(), String> {
-    let path = root.join(crate::linux_ifc::VENDORED_EXTRA);
+    let path = root.join(VENDORED_EXTRA);
     if !path.exists() {
         return Ok(());
     }
@@ -254,7 +247,7 @@ fn merge_linux_extra(root: &Path, ifc: &mut Value) -> Result<(), String> {
             continue;
         }
         if base.insert(name.clone(), ty.clone()).is_some() {
-            return Err(format!("{name} is in both {VENDORED_IFC} and {}", crate::linux_ifc::VENDORED_EXTRA));
+            return Err(format!("{name} is in both {VENDORED_IFC} and {VENDORED_EXTRA}"));
         }
     }
     Ok(())

@@ -15,10 +15,8 @@ use std::process::Command;
 
 use serde_json::{json, Map, Value};
 
+use crate::vendored::{read_json, VENDORED_EXTRA, VENDORED_IFC};
 use crate::vfio_test::run;
-
-/// The vendored file, relative to the workspace root.
-pub const VENDORED_EXTRA: &str = "core/prm/linux-extra-layouts.json";
 
 /// The layouts to extract, by `<name>` of `mlx5_ifc_<name>_bits`, each with why the simulator needs it.
 const EXTRA: &[(&str, &str)] = &[("pvlc_reg", "ACCESS_REG PVLC (0x500f): mlx5_ib's IB port query reads vl_hw_cap")];
@@ -433,7 +431,7 @@ pub fn run_vendor_extra(root: &Path) -> Result<(), String> {
     let mut lay = Layouts { defs: &defs, sizes: BTreeMap::new() };
 
     // The parser against the layouts vendored from ../shared/prm (an independent extraction).
-    let known = crate::codegen::read_json(&root.join(crate::codegen::VENDORED_IFC))?;
+    let known = read_json(&root.join(VENDORED_IFC))?;
     // Every layout the header defines is also asserted to the C compiler below.
     let mut asserts = String::new();
     let (mut same, mut differ) = (0, Vec::new());

@@ -19,7 +19,9 @@
 //! * `aarch64`: the tests of the core, the simulator, the verbs API, the drop-in library and the cross-crate tests
 //!   built for aarch64 and run under qemu-aarch64, the drop-in's doorbells disassembled, Debian's arm64
 //!   `ibv_devinfo` and `ibv_rc_pingpong` on the aarch64 drop-in (`aarch64.rs`).
-//! * `modcheck [--graph]`: no import cycle between sibling modules of `mlx5-core` and `mlx5-sim`.
+//! * `modcheck [--graph] [--root DIR]`: no import cycle between sibling modules of any crate of the workspace; in
+//!   `mlx5-sim` also no reference up to an ancestor's items or to a higher layer, and no type with `impl` blocks in
+//!   more than 3 files (`modcheck.rs`).
 //! * `libibverbs [--debug]`: the drop-in `target/libibverbs/libibverbs.so.1` (`host-linux/ibverbs`), its exports
 //!   checked against rdma-core 44's. `verbs-apps [--debug] [--only PART]`: Debian's verbs programs run on it.
 //! * `soak [--ops N] [--seed S] [--json] [--threaded] [--wire [--kills K]]`: random traffic between two simulated
@@ -43,6 +45,7 @@ mod modcheck;
 mod rxe;
 mod soak;
 mod uml;
+mod vendored;
 mod verbs_guest;
 mod vfio_test;
 
@@ -175,7 +178,9 @@ commands:
                                  failed`; Debian's arm64 ibv_devinfo and ibv_rc_pingpong on the aarch64 drop-in
   miri                           the core's tests and the simulator's unsafe-heavy parts under Miri
   modcheck [--graph] [--root DIR]
-                                 no import cycle between sibling modules of mlx5-core and mlx5-sim
+                                 no import cycle between sibling modules of any workspace crate; in mlx5-sim no
+                                 reference to an ancestor's items or a higher layer, no type impl'd in > 3 files
+                                 (--graph: print the edges; --root: check the checkout at DIR)
   libibverbs [--debug]           link target/libibverbs/libibverbs.so.1 and check its exports
   verbs-apps [--debug] [--only PART]
                                  Debian's ibverbs-utils, perftest and rdma-core Python tests on it (PART: one
