@@ -529,12 +529,15 @@ fn survivor(
             }
             if killed_at.is_none() && posted >= kill_at && !ledger.is_empty() {
                 peer.child.kill().map_err(|e| format!("cannot kill the peer: {e}"))?;
-                killed_at = Some(Instant::now());
                 rep.kills += 1;
                 // What is outstanding here may all have been answered before the signal landed (a loaded machine
                 // shows it). One SEND posted once the peer is reaped cannot have been, so every kill leaves work
                 // only the retry budget can end: the oldest unanswered request fails with retry-exceeded.
                 peer.child.wait().map_err(|e| format!("cannot reap the killed peer: {e}"))?;
+                // The drain is timed from here: the reap (a peer's exit tears down its whole simulated device, seconds
+                // on a loaded machine; a fresh CI run saw 4.8 s) is the kernel's time, not the retry budget's.
+                killed_at = Some(Instant::now());
+                last_poll = Instant::now();
                 let slot = (0..SLOTS).find(|&s| !busy[s]).ok_or("no free slot for the request after the kill")?;
                 let id = next_wr;
                 next_wr += 2;
