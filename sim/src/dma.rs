@@ -501,12 +501,12 @@ unsafe impl Dma for SimDma {
 
     unsafe fn free(&self, region: DmaRegion) {
         let mut st = lock(&self.shared);
-        let owned = st.fw.pages_in(region.iova(), region.len() as u64);
+        let owned = st.fw.pages.pages_in(region.iova(), region.len() as u64);
         if owned > 0 && st.dead() {
             // A dead firmware (or a vanished device) will never touch or return its pages again, so the driver
             // may free them: they are abandoned, not freed under the device.
             match st.dma.free(&region) {
-                Ok(()) => st.fw.abandon(region.iova(), region.len() as u64),
+                Ok(()) => st.fw.pages.abandon(region.iova(), region.len() as u64),
                 Err(()) => st.events.push(SimEvent::BadFree { iova: region.iova(), len: region.len() }),
             }
             return;

@@ -653,7 +653,7 @@ impl SimDevice {
 
     /// Pages the driver has given to firmware and not taken back.
     pub fn pages_owned(&self) -> usize {
-        lock(&self.shared).fw.pages_owned()
+        lock(&self.shared).fw.pages.owned()
     }
 
     pub fn hca_state(&self) -> HcaState {
@@ -832,7 +832,7 @@ impl SimDevice {
 
     /// Pages firmware owned when the driver freed them after the firmware died or the device left.
     pub fn pages_abandoned(&self) -> usize {
-        lock(&self.shared).fw.pages_abandoned()
+        lock(&self.shared).fw.pages.abandoned()
     }
 
     /// The state of QP `qpn`, if it exists.

@@ -260,7 +260,7 @@ impl State {
             Some(d) => Err(DeliveryStatus::from_raw(d)),
             None => self.deliver(&e),
         };
-        let given_before = self.fw.given;
+        let given_before = self.fw.pages.given;
         // The completion event goes to an EQ that subscribed to command events when the command ran: the CREATE_EQ
         // that makes the command EQ completes without an EQE in it. Linux polls that command and registers its
         // command-event handler only afterwards (`create_async_eqs`, `mlx5_cmd_use_events`); a late interrupt for
@@ -297,7 +297,7 @@ impl State {
             }
         }
         self.executed.push(rec);
-        let given = self.fw.given - given_before;
+        let given = self.fw.pages.given - given_before;
         self.after_completion(slot, opcode, given, cmd_eq_before);
         None
     }

@@ -9,7 +9,9 @@ use super::reply::{bad_param, err, rd, rd16, CmdErr};
 use std::ops::{Deref, DerefMut};
 
 use super::caps::Caps;
-use super::{alloc_id, syndrome, Firmware};
+use super::ids::{alloc_id, IdSet};
+use super::pas::check_pas;
+use super::syndrome;
 use crate::dma::{DmaFault, DmaSpace};
 use crate::small::IdMap;
 use crate::State;
@@ -216,7 +218,7 @@ impl DerefMut for CqTable {
 pub(crate) struct CqFw<'a> {
     pub(crate) caps: &'a Caps,
     /// The allocated UAR pages.
-    pub(crate) uars: &'a super::IdSet,
+    pub(crate) uars: &'a IdSet,
     /// Whether an EQ exists (a CQ's `c_eqn`).
     pub(crate) eq_exists: &'a dyn Fn(u32) -> bool,
     /// Whether a QP completes into a CQ (which then cannot be destroyed).
@@ -256,7 +258,7 @@ impl CqTable {
         }
         let page_shift = ADAPTER_PAGE_SHIFT + rd(inp, q::LOG_PAGE_SIZE.at(ctx));
         let bytes = (1u64 << log_size) * cqe_size;
-        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         // The doorbell record is two big-endian dwords (update_ci, arm).
         let dbr = inp.get64(q::DBR_ADDR.at(ctx));
         if !dma.is_mapped(dbr, 8) {
@@ -441,7 +443,7 @@ impl CqTable {
             return Err(err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR));
         }
         let bytes = (1u64 << log_size) * cqe_size;
-        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         let ci = cq.read_ci(dma).map_err(|_| err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR))?;
         let pending = cq.unconsumed(ci);
         if pending >= 1 << log_size {

@@ -15,7 +15,9 @@ use std::collections::BTreeMap;
 use std::ops::{Deref, DerefMut};
 
 use super::caps::Caps;
-use super::{alloc_id, syndrome, Firmware};
+use super::ids::{alloc_id, IdSet};
+use super::pas::check_pas;
+use super::syndrome;
 use crate::dma::DmaSpace;
 
 use crate::events::SimEvent;
@@ -132,7 +134,7 @@ impl EqTable {
 pub(crate) struct EqFw<'a> {
     pub(crate) caps: &'a Caps,
     /// The allocated UAR pages.
-    pub(crate) uars: &'a super::IdSet,
+    pub(crate) uars: &'a IdSet,
     /// Whether a CQ sends its completion events to an EQ (which then cannot be destroyed).
     pub(crate) in_use: &'a dyn Fn(u32) -> bool,
 }
@@ -210,7 +212,7 @@ impl EqTable {
         }
         let page_bytes = FW_PAGE << rd(inp, q::LOG_PAGE_SIZE.at(ctx));
         let bytes = (1u64 << log_size) * c::mlx5_eqe::SIZE as u64;
-        Firmware::check_pas(dma, inp, i::PAS, bytes, page_bytes)?;
+        check_pas(dma, inp, i::PAS, bytes, page_bytes)?;
         let pas = (0..bytes.div_ceil(page_bytes)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect();
         let mut bitmask = [0u64; 4];
         for (k, w) in bitmask.iter_mut().enumerate() {
@@ -334,7 +336,7 @@ impl State {
         if self.dead() || num_pages == 0 {
             return;
         }
-        self.fw.account_page_request(num_pages);
+        self.fw.pages.account_page_request(self.fw.state, num_pages);
         if self.fw.page_request_held || self.fw.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none() {
             // Folded into the held request, whose balance includes this one.
             self.fw.page_request_held = true;
@@ -354,7 +356,7 @@ impl State {
             return;
         }
         self.fw.page_request_held = false;
-        let balance = self.fw.page_balance().clamp(i32::MIN.into(), i32::MAX.into()) as i32;
+        let balance = self.fw.pages.page_balance().clamp(i32::MIN.into(), i32::MAX.into()) as i32;
         if balance != 0 {
             self.post_eqe(consts::MLX5_EVENT_TYPE_PAGE_REQUEST, 0, &page_req_data(balance));
         }

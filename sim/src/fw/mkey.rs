@@ -15,7 +15,8 @@ use super::reply::{bad_param, err, rd, CmdErr};
 use std::ops::{Deref, DerefMut};
 
 use super::caps::Caps;
-use super::{alloc_id, syndrome};
+use super::ids::{alloc_id, IdSet};
+use super::syndrome;
 use crate::dma::DmaSpace;
 use crate::small::IdMap;
 use crate::State;
@@ -181,7 +182,7 @@ impl DerefMut for MkeyTable {
 pub(crate) struct MkeyFw<'a> {
     pub(crate) caps: &'a Caps,
     /// The allocated protection domains.
-    pub(crate) pds: &'a super::IdSet,
+    pub(crate) pds: &'a IdSet,
 }
 
 impl MkeyTable {

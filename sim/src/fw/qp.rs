@@ -24,9 +24,11 @@ use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 
 use super::caps::Caps;
 use super::eq::EQE_DATA_LEN;
+use super::ids::{alloc_id, IdSet};
+use super::pas::{check_pas, read_paged};
 use super::port::GID_ENTRIES;
 use super::reply::{bad_param, err, rd, rd8, CmdErr};
-use super::{alloc_id, syndrome, Firmware};
+use super::syndrome;
 use crate::config::PortType;
 use crate::dma::{DmaFault, DmaSpace};
 use crate::events::RetryKind;
@@ -519,22 +521,7 @@ impl Qp {
 
     /// Reads `out.len()` bytes at byte `off` of the buffer, page by page through `pas[]`.
     fn read_buf(&self, dma: &mut DmaSpace, off: u64, out: &mut [u8]) -> Result<(), DmaFault> {
-        let page = 1u64 << self.page_shift;
-        let mut done = 0usize;
-        // Bounded: each step consumes at least one byte.
-        while done < out.len() {
-            let at = self.buf_off + off + done as u64;
-            let in_page = at & (page - 1);
-            let n = ((page - in_page) as usize).min(out.len() - done);
-            let pa = usize::try_from(at >> self.page_shift).ok().and_then(|k| self.pas.get(k)).ok_or(DmaFault {
-                iova: 0,
-                len: n,
-                write: false,
-            })?;
-            dma.read(pa + in_page, &mut out[done..done + n])?;
-            done += n;
-        }
-        Ok(())
+        read_paged(dma, &self.pas, self.page_shift, self.buf_off + off, out)
     }
 
     /// Reads from the SQ ring at byte `off` (taken modulo the SQ size), wrapping from the end to the start.
@@ -745,8 +732,8 @@ pub(crate) struct QpFw<'a> {
     /// The port's link layer (what a path must name).
     pub(crate) port_type: PortType,
     /// The allocated protection domains and UAR pages.
-    pub(crate) pds: &'a super::IdSet,
-    pub(crate) uars: &'a super::IdSet,
+    pub(crate) pds: &'a IdSet,
+    pub(crate) uars: &'a IdSet,
     /// Whether a CQ exists.
     pub(crate) cq_exists: &'a dyn Fn(u32) -> bool,
     /// Whether a RoCE GID table entry is programmed.
@@ -892,7 +879,7 @@ impl QpTable {
         let sq_bytes = if has_sq { SEND_WQE_BB << log_sq_size } else { 0 };
         // The pages cover the offset too.
         let bytes = buf_off + rq_bytes + sq_bytes;
-        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         let dbr = inp.get64(q::DBR_ADDR.at(ctx));
         if !dma.is_mapped(dbr, DBR_BYTES) {
             return Err(bad_param(syndrome::DBR_NOT_MAPPED));

@@ -22,8 +22,10 @@ use std::collections::BTreeMap;
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 
 use super::caps::Caps;
+use super::ids::{alloc_id, IdSet};
+use super::pas::{check_pas, read_paged};
 use super::reply::{bad_param, err, rd, CmdErr};
-use super::{alloc_id, syndrome, Firmware};
+use super::syndrome;
 use crate::dma::{DmaFault, DmaSpace};
 
 /// The first SRQ number handed out.
@@ -80,23 +82,8 @@ impl Srq {
 
     /// Reads `out.len()` bytes of WQE `index` (taken modulo the ring) at byte `off` of it, page by page.
     pub(crate) fn read_wqe(&self, dma: &mut DmaSpace, index: u16, off: usize, out: &mut [u8]) -> Result<(), DmaFault> {
-        let page = 1u64 << self.page_shift;
         let base = (u64::from(u32::from(index) & (self.size() - 1)) << self.log_stride) + off as u64;
-        let mut done = 0usize;
-        // Bounded: each step consumes at least one byte.
-        while done < out.len() {
-            let at = base + done as u64;
-            let in_page = at & (page - 1);
-            let n = ((page - in_page) as usize).min(out.len() - done);
-            let pa = usize::try_from(at >> self.page_shift).ok().and_then(|k| self.pas.get(k)).ok_or(DmaFault {
-                iova: 0,
-                len: n,
-                write: false,
-            })?;
-            dma.read(pa + in_page, &mut out[done..done + n])?;
-            done += n;
-        }
-        Ok(())
+        read_paged(dma, &self.pas, self.page_shift, base, out)
     }
 
     /// The driver's count of posted WQEs, from the doorbell record; `None` when it cannot be read.
@@ -129,7 +116,7 @@ pub(crate) struct SrqTable {
 /// What the SRQ commands need of the rest of the firmware.
 pub(crate) struct SrqFw<'a> {
     pub(crate) caps: &'a Caps,
-    pub(crate) pds: &'a super::IdSet,
+    pub(crate) pds: &'a IdSet,
     /// The ISSI agreed on.
     pub(crate) issi: u16,
     /// Whether a QP receives through the SRQ.
@@ -212,7 +199,7 @@ impl SrqTable {
         }
         let page_shift = ADAPTER_PAGE_SHIFT + x.log_page_size;
         let bytes = 1u64 << (x.log_size + x.log_stride);
-        Firmware::check_pas(dma, inp, pas, bytes, 1 << page_shift)?;
+        check_pas(dma, inp, pas, bytes, 1 << page_shift)?;
         if !dma.is_mapped(x.dbr, DBR_BYTES) {
             return Err(bad_param(syndrome::DBR_NOT_MAPPED));
         }
