@@ -13,17 +13,17 @@
 //! the register) is the send doorbell: its value is the first 8 bytes of the last WQE's control segment. The
 //! device reads the SQ producer counter from the doorbell record (`MLX5_SND_DBR`) and will execute up to it.
 //! Further 64-bit writes into the same buffer are a BlueFlame copy of that WQE: each is checked against the WQE
-//! in memory (a mismatch is [`SimEvent::BlueFlameMismatch`](crate::SimEvent::BlueFlameMismatch)); the WQE executed is always the one in memory. The
+//! in memory (a mismatch is [`SimEvent::BlueFlameMismatch`](crate::events::SimEvent::BlueFlameMismatch)); the WQE executed is always the one in memory. The
 //! RQ has no doorbell: its head is read from `MLX5_RCV_DBR` whenever a receive WQE is needed.
 //!
 
 use mlx5_core::prm::{c, consts, ifc, Bytes};
 
+use crate::device::Device;
 use crate::events::SimEvent;
 use crate::fw::cq::{Arm, CTR_MASK};
 use crate::fw::qp::{QpState, SEND_WQE_BB};
-use crate::mmio::PAGE;
-use crate::State;
+use crate::regs::PAGE;
 
 /// Offset in a UAR page of the EQ doorbell that updates the consumer index and arms.
 pub(crate) const EQ_DB_ARM: usize = consts::MLX5_EQ_DOORBELL_OFFSET as usize;
@@ -61,7 +61,7 @@ fn be(m: Bytes, b: &[u8], base: usize) -> u32 {
     m.get_be(b, base)
 }
 
-impl State {
+impl Device {
     /// A 32-bit write into a UAR page: the EQ doorbells are interpreted, half a CQ doorbell is refused, anything
     /// else is recorded.
     pub(crate) fn uar_write32(&mut self, off: usize, val: u32) {

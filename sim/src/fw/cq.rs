@@ -12,9 +12,9 @@ use super::caps::Caps;
 use super::ids::{alloc_id, IdSet};
 use super::pas::check_pas;
 use super::syndrome;
+use crate::device::Device;
 use crate::dma::{DmaFault, DmaSpace};
 use crate::small::IdMap;
-use crate::State;
 
 /// Bytes of the CQE image the device writes (`struct mlx5_cqe64`).
 pub(crate) const CQE64: usize = c::mlx5_cqe64::SIZE;
@@ -75,7 +75,7 @@ pub(crate) struct Cq {
     pub(crate) overruns: u64,
 }
 
-/// Why [`crate::SimDevice::post_cqe`] wrote nothing.
+/// Why [`crate::sim_device::SimDevice::post_cqe`] wrote nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PostCqeError {
     /// No CQ with this number.
@@ -90,7 +90,7 @@ pub enum PostCqeError {
     Dead,
 }
 
-/// The state of one CQ, as [`crate::SimDevice::cq_info`] reports it.
+/// The state of one CQ, as [`crate::sim_device::SimDevice::cq_info`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CqInfo {
     /// Number of entries (`1 << log_cq_size`).
@@ -471,7 +471,7 @@ impl CqTable {
     }
 }
 
-impl State {
+impl Device {
     /// The state of CQ `cqn`, reading the doorbell record without recording a fault.
     pub(crate) fn cq_info(&self, cqn: u32) -> Option<CqInfo> {
         let cq = self.fw.cqs.get(&cqn)?;
@@ -504,9 +504,11 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SimConfig;
+    use crate::device::lock;
     use crate::events::SimEvent;
+    use crate::mmio::SimMmio;
     use crate::testutil::{get_view, put, put_view, Harness};
-    use crate::{lock, SimConfig, SimMmio};
 
     /// Offset in a UAR page of the CQ doorbell.
     const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;

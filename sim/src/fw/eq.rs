@@ -20,8 +20,8 @@ use super::pas::check_pas;
 use super::syndrome;
 use crate::dma::DmaSpace;
 
+use crate::device::Device;
 use crate::events::SimEvent;
-use crate::State;
 
 /// Bytes of event data in an EQE (`union ev_data`).
 pub const EQE_DATA_LEN: usize = c::mlx5_eqe::DATA.len;
@@ -43,7 +43,7 @@ fn page_req_data(num_pages: i32) -> [u8; EQE_DATA_LEN] {
     d
 }
 
-/// The state of one EQ, as [`SimDevice::eq_info`](crate::SimDevice::eq_info) reports it.
+/// The state of one EQ, as [`SimDevice::eq_info`](crate::sim_device::SimDevice::eq_info) reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EqInfo {
     /// Number of entries (`1 << log_eq_size`).
@@ -261,7 +261,7 @@ impl EqTable {
     }
 }
 
-impl State {
+impl Device {
     /// Posts an EQE to the lowest-numbered EQ subscribed to `event_type`; returns that EQ when it was written.
     pub(crate) fn post_eqe(&mut self, event_type: u8, sub_type: u8, data: &[u8; EQE_DATA_LEN]) -> Option<u8> {
         // A dead or vanished device writes nothing.
@@ -366,8 +366,13 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mode;
+    use crate::config::SimConfig;
+    use crate::device::lock;
+    use crate::fault::Fault;
+    use crate::fw::eq::EqInfo;
+    use crate::regs::Health;
     use crate::testutil::Harness;
-    use crate::{lock, EqInfo, Fault, Health, Mode, SimConfig};
     use mlx5_core::hal::{DmaRegion, Mmio};
     use mlx5_core::prm::{ifc, MsgBuf};
     use std::time::{Duration, Instant};
@@ -512,11 +517,11 @@ mod tests {
         assert!(!h.dev.eq_info(eqn).unwrap().armed);
         // Other UAR offsets are plain UAR writes.
         // A BlueFlame register (`MLX5_BF_OFFSET`): not interpreted yet.
-        let other = crate::SimMmio::uar_offset(uar) + consts::MLX5_BF_OFFSET as usize;
+        let other = crate::mmio::SimMmio::uar_offset(uar) + consts::MLX5_BF_OFFSET as usize;
         h.mmio.write32(other, 5);
         assert!(h.dev.events().contains(&SimEvent::UarWrite { off: other, val: 5 }));
         // The EQ doorbells are 32-bit registers: a 64-bit write over one is refused.
-        let db = crate::SimMmio::uar_offset(uar) + EQ_DB_ARM;
+        let db = crate::mmio::SimMmio::uar_offset(uar) + EQ_DB_ARM;
         h.mmio.write64(db, u64::from(u32::from(eqn) << 24) << 32);
         let why = "64-bit write to a 32-bit EQ doorbell";
         assert!(h.dev.events().contains(&SimEvent::BadEqDoorbell { off: db, val: u32::from(eqn) << 24, why }));

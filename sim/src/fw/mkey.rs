@@ -17,9 +17,9 @@ use std::ops::{Deref, DerefMut};
 use super::caps::Caps;
 use super::ids::{alloc_id, IdSet};
 use super::syndrome;
+use crate::device::Device;
 use crate::dma::DmaSpace;
 use crate::small::IdMap;
-use crate::State;
 
 /// `qpn` of a key not bound to a QP.
 const QPN_NONE: u32 = 0xff_ffff;
@@ -301,8 +301,8 @@ impl MkeyTable {
 /// The IOVA pieces (address, length) an access through a key touches, in order.
 pub(crate) type Pieces = crate::small::Small<(u64, u64), 4>;
 
-impl State {
-    /// Checks an access through `key` and translates it (see [`crate::SimDevice::mkey_access`]).
+impl Device {
+    /// Checks an access through `key` and translates it (see [`crate::sim_device::SimDevice::mkey_access`]).
     pub(crate) fn mkey_access(
         &self,
         key: u32,
@@ -391,8 +391,8 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::SimEvent;
     use crate::testutil::Harness;
-    use crate::SimEvent;
     use mlx5_core::hal::Dma;
 
     const PAGE: u64 = 4096;
@@ -556,7 +556,8 @@ mod tests {
 
     #[test]
     fn a_key_over_mapped_process_memory_at_any_start_with_relaxed_ordering() {
-        let mut h = Harness::new(crate::SimConfig { relaxed_ordering: true, ..crate::SimConfig::default() });
+        let mut h =
+            Harness::new(crate::config::SimConfig { relaxed_ordering: true, ..crate::config::SimConfig::default() });
         h.bring_up();
         let pd = alloc_pd(&mut h);
         // Two pages of process memory, mapped from an odd offset for 5000 bytes.

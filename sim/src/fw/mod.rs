@@ -1,5 +1,5 @@
 //! The firmware: [`Firmware`] (the HCA state machine, ISSI, capabilities, and one table per object type), the
-//! dispatch of a delivered command to its handler, and the `syndrome` of every refusal. Delivery is `cmd.rs`,
+//! dispatch of a delivered command to its handler, and the `syndrome` of every refusal. Delivery is `device/cmd.rs`,
 //! pages `pages.rs`; each object type is a table in its own file (`pd.rs`: PD and UAR, `eq.rs`, `cq.rs`,
 //! `mkey.rs`, `qp.rs`, `srq.rs`) whose commands get a narrow view of the rest of the firmware (`CqFw`, `QpFw`, ...: the
 //! capabilities and the other tables they check), built here per command; `port.rs` is the port model and
@@ -21,12 +21,10 @@ use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
 use crate::config::SimConfig;
 use crate::dma::DmaSpace;
 use crate::events::SimEvent;
-use crate::mmio::INIT_SEG_PAGES;
-use crate::Stalled;
+use crate::regs::INIT_SEG_PAGES;
 
 mod adapter;
 pub(crate) mod caps;
-mod cmd;
 pub(crate) mod cq;
 pub(crate) mod eq;
 pub(crate) mod hca;
@@ -581,11 +579,12 @@ impl Firmware {
 
 #[cfg(test)]
 mod tests {
-    use super::cmd::xor8;
     use super::*;
+    use crate::config::Mode;
+    use crate::config::SimConfig;
+    use crate::device::cmd::xor8;
     use crate::fault::Fault;
     use crate::testutil::{put, Harness};
-    use crate::{Mode, SimConfig};
     use mlx5_core::hal::{DelayNs, Dma, DmaRegion};
     use mlx5_core::prm::{c, DeliveryStatus, Field};
     use std::time::{Duration, Instant};
@@ -766,7 +765,7 @@ mod tests {
         h.ring(0);
         assert_eq!(h.status_own(0) >> 1, DeliveryStatus::Fw.raw());
         let faults = h.dev.dma_faults();
-        assert_eq!(faults, vec![crate::DmaFault { iova: 0x7700_0000_0400, len: 576, write: false }]);
+        assert_eq!(faults, vec![crate::dma::DmaFault { iova: 0x7700_0000_0400, len: 576, write: false }]);
         // A freed region faults as well: IOVAs are never reused.
         let r = h.dma.alloc(4096, 4096).unwrap();
         let iova = r.iova();
@@ -1018,7 +1017,7 @@ mod tests {
         let (s, _, out) = h.simple(consts::MLX5_CMD_OP_ALLOC_UAR, 0, 16, 16);
         assert_eq!(s, 0);
         let uar = rd(&out, ifc::alloc_uar_out::UAR);
-        assert!(crate::SimMmio::uar_offset(uar) + 4096 <= h.mmio.bar_size());
+        assert!(crate::mmio::SimMmio::uar_offset(uar) + 4096 <= h.mmio.bar_size());
 
         assert_eq!(create_eq(&mut h, uar + 100, 7).1, syndrome::UAR_INVALID);
         assert_eq!(create_eq(&mut h, uar, 23).1, syndrome::LOG_SIZE);

@@ -21,7 +21,7 @@ pub(crate) const PVLC_VL_0_7: u32 = 8;
 /// One `roce_addr_layout` image as SET_ROCE_ADDRESS wrote it (all zeros: empty).
 pub(crate) type RoceAddr = [u8; ifc::roce_addr_layout::SIZE_BYTES];
 
-impl crate::State {
+impl crate::device::Device {
     /// The port's link goes down or comes up: the state QUERY_VPORT_STATE and PAOS report follows, and a
     /// PORT_CHANGE EQE (`MLX5_PORT_CHANGE_SUBTYPE_DOWN` / `_ACTIVE`, port 1 in the upper nibble of
     /// `data.port.port`) goes to the EQ subscribed to port changes. Nothing happens when the state is already so.

@@ -30,11 +30,11 @@ use super::port::GID_ENTRIES;
 use super::reply::{bad_param, err, rd, rd8, CmdErr};
 use super::syndrome;
 use crate::config::PortType;
+use crate::device::Device;
 use crate::dma::{DmaFault, DmaSpace};
 use crate::events::RetryKind;
 use crate::small::{IdMap, Small};
 use crate::wire::RcOp;
-use crate::State;
 
 /// The first QPN handed out (lower numbers are special QPs on real hardware).
 const QPN_FIRST: u32 = 0x100;
@@ -138,7 +138,7 @@ impl SpecialQp {
     }
 }
 
-/// The state of one QP, as [`crate::SimDevice::qp_info`] reports it.
+/// The state of one QP, as [`crate::sim_device::SimDevice::qp_info`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInfo {
     pub qpn: u32,
@@ -1244,7 +1244,7 @@ impl QpTable {
     }
 }
 
-impl State {
+impl Device {
     /// A catastrophic error on QP `qpn` (see `SimDevice::fail_qp`): the QP to ERR and a `WQ_CATAS_ERROR` EQE naming
     /// it. Returns `false`, changing nothing, when there is no such QP or the device is dead or gone.
     pub(crate) fn fail_qp(&mut self, qpn: u32) -> bool {
@@ -1273,8 +1273,9 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SimConfig;
+    use crate::sim_device::SimDevice;
     use crate::testutil::{QpSpec, Rdma, Remote};
-    use crate::{SimConfig, SimDevice};
     use mlx5_core::hal::Dma;
 
     fn create(r: &mut Rdma, inp: &[u8]) -> (u8, u32, u32) {
@@ -1316,7 +1317,7 @@ mod tests {
         // An RC-only option (the RNR timer) on a UC modify is refused as well.
         assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, n, k::MLX5_QP_OPTPAR_RNR_TIMEOUT, |_, _| {}), refused);
         // A device without `uc` has no UC QPs.
-        crate::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::UC, 0);
+        crate::device::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::UC, 0);
         let (inp, _, _) = r.create_qp_in(uc, cq.cqn, cq.cqn);
         assert_eq!(create(&mut r, &inp).0, k::MLX5_CMD_STAT_BAD_PARAM_ERR);
     }
@@ -1414,7 +1415,7 @@ mod tests {
         const CTX: Sub = ifc::create_qp_in::QPC;
         let spec = QpSpec::rc();
         // The 4-bit log sizes cannot exceed the default log_max_qp_sz (15): lower the capability.
-        crate::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::LOG_MAX_QP_SZ, 12);
+        crate::device::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::LOG_MAX_QP_SZ, 12);
         let try_with = |r: &mut Rdma, spec: QpSpec, f: &dyn Fn(&mut Vec<u8>)| {
             let (mut inp, _, _) = r.create_qp_in(spec, cq.cqn, cq.cqn);
             f(&mut inp);

@@ -481,7 +481,7 @@ mod tests {
         assert_eq!((s, syn), (0, 0));
         let n = rd(&out, ifc::create_xrc_srq_out::XRC_SRQN);
         assert_eq!(
-            crate::lock(&r.h.dev.shared).fw.srqs.get(&n).map(|s| (s.family, s.dbr)),
+            crate::device::lock(&r.h.dev.shared).fw.srqs.get(&n).map(|s| (s.family, s.dbr)),
             Some((Family::XrcSrq, dbr.iova()))
         );
         let mut d = vec![0u8; ifc::destroy_xrc_srq_in::SIZE_BYTES];
@@ -509,7 +509,7 @@ mod tests {
         let (s, syn, _) = r.h.cmd(&inp, ifc::create_srq_out::SIZE_BYTES);
         assert_eq!((s, syn), (bad, syndrome::SRQ_CONTEXT));
         // Only one SRQ when log_max_srq is 0.
-        crate::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::LOG_MAX_SRQ, 0);
+        crate::device::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::LOG_MAX_SRQ, 0);
         let inp = create_srq_in(&r, page.iova(), dbr.iova());
         let (s, _, out) = r.h.cmd(&inp, ifc::create_srq_out::SIZE_BYTES);
         assert_eq!(s, 0);
@@ -521,9 +521,9 @@ mod tests {
         assert_eq!(arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn + 1, 1), (bad, syndrome::SRQ_INVALID));
         assert_eq!(arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn, 16), (bad, syndrome::SRQ_LWM));
         assert_eq!(arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn, 15), (0, 0));
-        assert_eq!(crate::lock(&r.h.dev.shared).fw.srqs.get(&srqn).map(|s| s.lwm), Some(15));
+        assert_eq!(crate::device::lock(&r.h.dev.shared).fw.srqs.get(&srqn).map(|s| s.lwm), Some(15));
         // At ISSI 1, MODIFY_RMP changes the limit only: another bitmask bit, or a state other than RDY, is refused.
-        crate::lock(&r.h.dev.shared).fw.issi = 1;
+        crate::device::lock(&r.h.dev.shared).fw.issi = 1;
         assert_eq!(
             arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn, 1),
             (consts::MLX5_CMD_STAT_BAD_OP_ERR, syndrome::SRQ_ISSI)

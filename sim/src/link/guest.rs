@@ -22,11 +22,13 @@ use std::time::{Duration, Instant};
 use super::pcap::PcapSink;
 use super::stream::{read_frame, write_frame, MAX_STREAM_FRAME};
 use super::{pump, DevRef, Packet, Port, TxCount};
+use crate::device::lock;
+use crate::device::Shared;
+use crate::events::SimEvent;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
 use crate::wire::roce::frame::emit_arp;
 use crate::wire::roce_map;
-use crate::{lock, Shared, SimEvent};
 
 /// The link to a guest NIC.
 #[derive(Debug)]
@@ -330,9 +332,10 @@ impl GuestLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mode;
+    use crate::config::SimConfig;
     use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
     use crate::wire::roce::frame::{parse, Parsed};
-    use crate::{Mode, SimConfig};
     use mlx5_core::prm::consts;
 
     const SEND: u8 = consts::MLX5_OPCODE_SEND;
@@ -568,8 +571,9 @@ mod tests {
         // the one that took the NAK, so the retransmission may overtake frames of the first run, which then
         // arrive as duplicates.)
         assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::PsnSequenceError { .. })));
-        let retry =
-            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 2, kind: crate::RetryKind::Transport, .. });
+        let retry = |e: &SimEvent| {
+            matches!(e, SimEvent::Retry { wqe_counter: 2, kind: crate::events::RetryKind::Transport, .. })
+        };
         assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the third");
         assert!(t.a.poll(&mut t.a_cq).is_none() && t.b.poll(&mut t.b_cq).is_none());
         assert_eq!(t.a.h.dev.qp_info(t.qa.qpn).unwrap().in_flight, 0);
@@ -636,8 +640,9 @@ mod tests {
         assert!(t.b.poll(&mut t.b_cq).is_none() && t.a.poll(&mut t.a_cq).is_none());
         assert_eq!(t.b.h.dev.qp_info(t.qb.qpn).unwrap().rq_ci, 1);
         assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
-        let retry =
-            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::RetryKind::Transport, .. });
+        let retry = |e: &SimEvent| {
+            matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::events::RetryKind::Transport, .. })
+        };
         assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the first READ");
     }
 
@@ -668,8 +673,9 @@ mod tests {
         assert_eq!(originals, [100u64, 101, 102, 103].map(|v| v.to_be_bytes().to_vec()));
         assert_eq!(t.mb.read(0, 8), 104u64.to_be_bytes(), "each atomic executed once");
         assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
-        let retry =
-            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::RetryKind::Transport, .. });
+        let retry = |e: &SimEvent| {
+            matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::events::RetryKind::Transport, .. })
+        };
         assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the second");
         assert!(t.a.poll(&mut t.a_cq).is_none());
         let _ = &t.b_cq;
@@ -775,7 +781,7 @@ mod tests {
         base
     }
 
-    fn retries(r: &Rdma) -> Vec<crate::RetryKind> {
+    fn retries(r: &Rdma) -> Vec<crate::events::RetryKind> {
         r.h.dev
             .events()
             .iter()
@@ -845,7 +851,7 @@ mod tests {
         let started = Instant::now();
         let base = large_send(&mut t, LEN);
         assert!(started.elapsed() < Duration::from_secs(4), "recovered by the NAK, not the timer");
-        assert_eq!(retries(&t.a), [crate::RetryKind::Transport], "one go-back");
+        assert_eq!(retries(&t.a), [crate::events::RetryKind::Transport], "one go-back");
         let psns = sent_psns(&path, base);
         // Every packet before the lost one went once; the first step back is to the lost one, which then went
         // once (its first attempt never reached the capture).
@@ -866,7 +872,7 @@ mod tests {
         assert!(t.a.h.dev.guest_drop_frame(2048));
         let a0 = t.a.h.dev.guest_frames().unwrap();
         let base = large_send(&mut t, LEN);
-        assert_eq!(retries(&t.a), [crate::RetryKind::Transport], "one timeout");
+        assert_eq!(retries(&t.a), [crate::events::RetryKind::Transport], "one timeout");
         let timeouts =
             t.a.h
                 .dev
@@ -1005,7 +1011,7 @@ mod tests {
     fn a_device_that_goes_away_lets_its_queued_frames_out_first() {
         // The rxe-interop hang: our last ACK was still queued for the writer when the process dropped its
         // device, the socket was shut at once, and rdma_rxe retransmitted its last SEND forever.
-        let dev = crate::SimDevice::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 2]], ..cfg(1) });
+        let dev = crate::sim_device::SimDevice::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 2]], ..cfg(1) });
         let path = sock("drain");
         dev.guest_listen(&path).unwrap();
         let mut s = UnixStream::connect(&path).unwrap();
@@ -1081,6 +1087,6 @@ mod tests {
         assert_eq!(a.h.dev.frame_drops().total(), 1);
         // The asker is now a neighbour of the process, as in a host's neighbour table (the drop-in library
         // resolves a RoCE destination MAC there).
-        assert_eq!(crate::arp_neighbour([10, 0, 0, 1]), Some(guest));
+        assert_eq!(crate::transport::roce_rx::arp_neighbour([10, 0, 0, 1]), Some(guest));
     }
 }

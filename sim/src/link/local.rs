@@ -8,8 +8,9 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use super::{Packet, Port};
+use crate::device::lock;
+use crate::device::Shared;
 use crate::wire::Resp;
-use crate::{lock, Shared};
 
 /// The most device runs one pump makes: a bound against a simulator bug ping-ponging forever.
 const PUMP_BUDGET: usize = 1 << 20;
@@ -89,9 +90,10 @@ fn deliver(p: Packet, queue: &mut VecDeque<Arc<Shared>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mode;
+    use crate::config::SimConfig;
     use crate::mmio::SimMmio;
     use crate::testutil::{Bell, QpSpec, Rdma, TAv, Wqe};
-    use crate::{Mode, SimConfig};
     use mlx5_core::hal::Mmio;
     use mlx5_core::prm::consts;
     use std::time::Duration;

@@ -7,7 +7,7 @@
 //! Ethernet the destination MAC, as an Ethernet segment delivers; the receiving port then takes a RoCE packet only
 //! for one of its own GIDs (its link-local GID or any entry of its GID table, IPv4-mapped ones included:
 //! `State::owns_gid`). The device's own address is loopback (the packet goes to its own inbox and is handled
-//! under the same lock); an address of a peer joined by [`crate::SimDevice::connect`] goes out on the wire;
+//! under the same lock); an address of a peer joined by [`crate::sim_device::SimDevice::connect`] goes out on the wire;
 //! anything else is unreachable.
 //!
 //! A peer in another process is reached through a [`tcp::Link`]: a TCP connection that carries serialized
@@ -23,10 +23,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::config::{PortType, SimConfig};
+use crate::device::Shared;
 use crate::fw::port::GID_ENTRIES;
 use crate::wire::roce::frame::mapped;
 use crate::wire::{self, roce_map, Dest, GID_LEN};
-use crate::Shared;
 
 pub(crate) mod guest;
 mod local;
@@ -355,8 +355,12 @@ impl Drop for Wire {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mode;
+    use crate::config::PortType;
+    use crate::events::RetryKind;
+    use crate::events::SimEvent;
+    use crate::sim_device::SimDevice;
     use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
-    use crate::{Mode, PortType, RetryKind, SimDevice, SimEvent};
     use mlx5_core::prm::consts;
 
     const SEND: u8 = consts::MLX5_OPCODE_SEND;

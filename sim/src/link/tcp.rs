@@ -1,9 +1,9 @@
 //! A link to a simulated device in another process: the virtual wire carried over a TCP connection, so two
 //! programs (`mlx5 pingpong --server` and `--client`) can talk through two simulated ConnectX without a NIC.
 //!
-//! One device listens ([`crate::SimDevice::wire_listen`]), the other connects
-//! ([`crate::SimDevice::wire_connect`]). After a handshake that swaps port addresses (LID, GID, MAC), each
-//! device routes packets for the other's address onto the link, as [`crate::SimDevice::connect`] does in one
+//! One device listens ([`crate::sim_device::SimDevice::wire_listen`]), the other connects
+//! ([`crate::sim_device::SimDevice::wire_connect`]). After a handshake that swaps port addresses (LID, GID, MAC), each
+//! device routes packets for the other's address onto the link, as [`crate::sim_device::SimDevice::connect`] does in one
 //! process. A packet crosses the link as one frame: a 4-byte big-endian length, then the packet's fields; the
 //! far end reads it, hands it to its device and runs that device's datapath, whose responses come back the same
 //! way.
@@ -11,7 +11,7 @@
 //! Threads: a writer per link owns the socket's sending half and is fed by a channel, so a device never blocks
 //! on the network while it runs (two devices answering each other cannot deadlock on full socket buffers); a
 //! reader per link takes frames in, locking only its own device; a listener accepts peers. The stream is
-//! trusted no more than a cable: a frame that does not parse ends the link ([`crate::SimEvent::LinkDown`]), and
+//! trusted no more than a cable: a frame that does not parse ends the link ([`crate::events::SimEvent::LinkDown`]), and
 //! requests it carried time out at the requester like any lost packet.
 //!
 //! The listener's accept thread never waits on a peer: each connection's handshake runs on a thread of its own,
@@ -28,9 +28,11 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::{pump, DevRef, Packet, Port, PortAddr, TxCount};
+use crate::device::lock;
+use crate::device::Shared;
+use crate::events::SimEvent;
 use crate::wire::frame::{decode_packet, encode_packet, Dec, Enc, FRAME_PACKET};
 use crate::wire::{roce_map, GID_LEN};
-use crate::{lock, Shared, SimEvent};
 
 /// The first bytes of a handshake frame, then the protocol version.
 const MAGIC: &[u8; 8] = b"MLX5SIMW";
@@ -657,10 +659,11 @@ pub(crate) fn decode_hello(frame: &[u8]) -> Result<PortAddr, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mode;
+    use crate::config::SimConfig;
     use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
     use crate::wire::roce::frame::{parse, Parsed};
     use crate::wire::roce::ib::Opcode;
-    use crate::{Mode, SimConfig};
     use mlx5_core::prm::consts;
 
     const SEND: u8 = consts::MLX5_OPCODE_SEND;
@@ -761,7 +764,7 @@ mod tests {
         drop(b);
         assert!(events_until(&a, |e| matches!(e, SimEvent::LinkDown { why: "the peer closed the link", .. })));
         assert_eq!(a.h.dev.wire_peer(), None);
-        assert!(!crate::lock(&a.h.dev.shared).fw.port.up, "the port's link went down with the cable");
+        assert!(!crate::device::lock(&a.h.dev.shared).fw.port.up, "the port's link went down with the cable");
         let ma = a.mr(64);
         a.post_send(&mut qa, &Wqe::new(SEND).data(8, ma.key, ma.addr()), Bell::Db);
         let e = a.wait_cqe(&mut a_cq).expect("error CQE");

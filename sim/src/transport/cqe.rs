@@ -1,6 +1,6 @@
 //! CQE production: a CQE goes into its CQ's ring through the `pas[]` pages with the owner bit of its pass, after
 //! the overrun check against the doorbell record's consumer index; an armed CQ then fires its completion EQE
-//! (`mlx5_cq_completion` on the kernel side). The datapath's completions and [`crate::SimDevice::post_cqe`] both
+//! (`mlx5_cq_completion` on the kernel side). The datapath's completions and [`crate::sim_device::SimDevice::post_cqe`] both
 //! come here.
 //!
 //! A CQE is written through the checked DMA translation: its 64-byte `mlx5_cqe64` image without `op_own` first,
@@ -9,12 +9,12 @@
 
 use mlx5_core::prm::{c, consts};
 
+use crate::device::Device;
 use crate::dma::DmaFault;
 use crate::events::SimEvent;
 use crate::fw::cq::{Arm, PostCqeError, CQE64, OPCODE_SHIFT, OP_OWN, SOLICITED};
 use crate::fw::eq::EQE_DATA_LEN;
 use crate::wire::roce_map;
-use crate::State;
 
 use super::*;
 
@@ -41,7 +41,7 @@ fn comp_data(cqn: u32) -> [u8; EQE_DATA_LEN] {
     d
 }
 
-impl State {
+impl Device {
     /// Writes `cqe` as the next CQE of CQ `cqn` (the device lock is held): the overrun check, the owner bit,
     /// and the completion event of an armed CQ. Returns the CQE's counter value.
     pub(crate) fn post_cqe(&mut self, cqn: u32, cqe: &[u8; CQE64]) -> Result<u32, PostCqeError> {
@@ -190,7 +190,7 @@ pub(super) fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
     (p.src_qpn & QPN_MASK) | grh | sl
 }
 
-impl State {
+impl Device {
     pub(super) fn post(&mut self, cqn: u32, mut cqe: CqeOut) {
         cqe.timestamp = self.device_clock();
         // A CQ that cannot take the CQE reports it itself (overrun, write failure); the WQE is done either way.

@@ -4,7 +4,7 @@
 use super::cqe::CqeOut;
 use super::*;
 
-impl State {
+impl Device {
     pub(super) fn qp_error(&mut self, qpn: u32, syndrome: u8) {
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
         qp.state = QpState::Err;

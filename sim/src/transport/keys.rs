@@ -1,11 +1,11 @@
 //! Execution through memory keys: every device access by key (gathers of local SGEs, scatters into receive
-//! buffers, remote READ/WRITE/atomic targets) goes through [`State::mkey_access`](crate::State) and the checked
+//! buffers, remote READ/WRITE/atomic targets) goes through `Device::mkey_access` and the checked
 //! DMA translation.
 
 use super::wqe::{Seg, SegView, SendWqe};
 use super::*;
 
-impl State {
+impl Device {
     pub(super) fn key_read(&mut self, key: u32, pd: u32, va: u64, len: u64, access: MkeyAccess) -> Result<Vec<u8>, ()> {
         let mut out = Vec::new();
         self.key_read_into(key, pd, va, len, access, &mut out)?;

@@ -48,6 +48,7 @@ use std::collections::BTreeMap;
 
 use mlx5_core::prm::{c, consts, Bytes};
 
+use crate::device::Device;
 use crate::events::{RetryKind, SimEvent};
 use crate::fw::mkey::MkeyAccess;
 use crate::fw::qp::{
@@ -57,7 +58,6 @@ use crate::fw::qp::{
 use crate::link::Packet;
 use crate::small::Small;
 use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, RoceInfo, INLINE_PAYLOAD};
-use crate::State;
 
 pub(crate) mod cqe;
 mod flush;
@@ -192,7 +192,7 @@ pub(crate) struct DpState {
     frame_buf: Vec<u8>,
 }
 
-impl State {
+impl Device {
     // -----------------------------------------------------------------------------------------------------------
     // The engine
 
@@ -349,8 +349,9 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SimConfig;
+    use crate::mmio::SimMmio;
     use crate::testutil::{Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
-    use crate::{SimConfig, SimMmio};
     use mlx5_core::hal::Mmio;
     use mlx5_core::prm::ifc;
     use mlx5_core::prm::MsgBuf;
@@ -614,7 +615,7 @@ mod tests {
 
     #[test]
     fn ib_ud_without_a_grh_gets_zeros_with_the_ip_version() {
-        let cfg = SimConfig { port_type: crate::PortType::Ib, lid: 5, ..SimConfig::default() };
+        let cfg = SimConfig { port_type: crate::config::PortType::Ib, lid: 5, ..SimConfig::default() };
         let (r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(cfg);
         let (key, base) = (mr.key, mr.addr());
         mr.write(0, b"ib datagram");
@@ -641,7 +642,7 @@ mod tests {
     fn the_gsi_qp_is_qpn_1_on_the_wire_both_ways() {
         // mlx5_ib's hardware GSI QP gets an ordinary QPN from CREATE_QP (st QP1); MADs address it as QP1 and it
         // sends as QP1 (IBA 3.5.4). Before, a packet to QPN 1 was dropped and its sends carried the device QPN.
-        let cfg = SimConfig { port_type: crate::PortType::Ib, lid: 5, ..SimConfig::default() };
+        let cfg = SimConfig { port_type: crate::config::PortType::Ib, lid: 5, ..SimConfig::default() };
         let mut r = Rdma::new(cfg);
         let (mut scq, mut rcq) = (r.cq(5), r.cq(5));
         let mut ua = r.qp(QpSpec::ud(), scq.cqn, rcq.cqn);
@@ -1323,7 +1324,7 @@ mod tests {
         // The SEND (PSN 0x100) and the atomic (PSN 0x101) arrive again, as a retransmission would bring them.
         let dev = p.r.h.dev.clone();
         let resend = |psn: u32, op: RcOp| {
-            let mut st = crate::lock(&dev.shared);
+            let mut st = crate::device::lock(&dev.shared);
             let me = st.wire.me.clone();
             let body = Body::Rc { seq: 1_000 + u64::from(psn), psn, op, solicited: false };
             let pk = Packet {

@@ -10,6 +10,7 @@
 //! [`SimEvent::FrameDropped`], never a panic.
 
 use super::*;
+use crate::device::Device;
 use crate::link::DevRef;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EthernetRepr, BROADCAST};
@@ -136,7 +137,7 @@ fn ext_grh(r: &RoceRepr<'_>) -> Grh {
     Grh { sgid: r.ip.src_gid(), dgid: r.ip.dst_gid(), tclass, flow_label, hop_limit }
 }
 
-impl State {
+impl Device {
     /// A packet from another device of this process: on an Ethernet port it crosses as the RoCEv2 frames it
     /// stands for and goes through the port's receive side, as on a real cable. What has no frame form (the
     /// simulator's "lost" marker), or reaches a dead device or an IB port, is handed over as the packet; so is a
@@ -535,7 +536,7 @@ impl State {
             self.rx_nak_gap(qpn, expected, psn, r, from);
             return (0, Rest::Drop);
         }
-        let refuse = |st: &mut State, resp: Resp, why: &'static str| {
+        let refuse = |st: &mut Device, resp: Resp, why: &'static str| {
             if uc {
                 st.events.push(SimEvent::UcDropped { qpn, why });
             } else {
@@ -816,12 +817,12 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SimConfig;
     use crate::link::Port;
     use crate::testutil::{QpSpec, RcParams, Rdma, Remote};
     use crate::wire::roce::ib::{Aeth, BthRepr, Ext, DEFAULT_PKEY};
     use crate::wire::roce::ip::{Ipv6Repr, PROTO_UDP};
     use crate::wire::roce::udp::{UdpRepr, ROCE_PORT};
-    use crate::SimConfig;
     use std::sync::Weak;
 
     const FAR_QPN: u32 = 0x77;
@@ -894,7 +895,7 @@ mod tests {
     /// Feeds one frame; returns the packets the port sent back and the drop events it recorded.
     fn feed(p: &Port1, f: &[u8]) -> (Vec<crate::link::Packet>, Vec<&'static str>) {
         let from = DevRef { id: u64::MAX, port: Port::Local(Weak::new()) };
-        let mut st = crate::lock(&p.r.h.dev.shared);
+        let mut st = crate::device::lock(&p.r.h.dev.shared);
         let before = st.events.len();
         let _ = st.receive_frame(f, &from);
         let out = st.run_datapath();
@@ -987,7 +988,7 @@ mod tests {
 
     /// Bytes held in reassembly, and the capacity of its buffers.
     fn held(p: &Port1) -> (usize, usize) {
-        crate::lock(&p.r.h.dev.shared).dp.rx.held()
+        crate::device::lock(&p.r.h.dev.shared).dp.rx.held()
     }
 
     #[test]

@@ -17,7 +17,7 @@ fn qp_srq_data(n: u32, queue_type: u8) -> [u8; crate::fw::eq::EQE_DATA_LEN] {
     d
 }
 
-impl State {
+impl Device {
     /// The WQE at the head of SRQ `srqn` for a receive on QP `qpn`, without taking it: its index, and its
     /// scatter list into `sges`. `None` when nothing is posted (or the doorbell record claims more than the ring).
     pub(super) fn next_srq_recv(&mut self, qpn: u32, srqn: u32, sges: &mut Sges) -> Option<u16> {

@@ -4,6 +4,7 @@
 use super::cqe::{flags_rqpn, CqeOut};
 use super::wqe::SendWqe;
 use super::*;
+use crate::device::Device;
 use crate::fw::qp::SpecialQp;
 use crate::wire::roce::frame::IpRepr;
 use crate::wire::roce::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN};
@@ -43,7 +44,7 @@ pub(super) fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool, ib: bool) 
     g
 }
 
-impl State {
+impl Device {
     pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, own_qkey, max_msg, psn) = (qp.pd, qp.q_key, qp.max_msg, qp.next_send_psn);
@@ -93,7 +94,7 @@ impl State {
     /// A UD packet arrives: checked, then scattered with its 40-byte GRH into the next receive.
     pub(super) fn ud_receive(&mut self, p: Packet) {
         let Body::Ud { qkey, data, imm, solicited } = &p.body else { return };
-        let drop = |st: &mut State, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
+        let drop = |st: &mut Device, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
         // QPNs 0 and 1 name the port's SMI and GSI QPs, whatever their QPNs in the device.
         let special = SpecialQp::of_wire_qpn(p.dst_qpn);
         let dst = match special {

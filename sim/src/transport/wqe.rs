@@ -145,7 +145,7 @@ pub(super) struct BadWqe {
     pub(super) syndrome: u8,
 }
 
-impl State {
+impl Device {
     /// Reads and parses the send WQE at the SQ consumer counter into `w`.
     pub(super) fn fetch_wqe(&mut self, qpn: u32, w: &mut SendWqe) -> Result<(), BadWqe> {
         use c::mlx5_wqe_ctrl_seg as cs;
