@@ -305,7 +305,7 @@ impl SimDevice {
     /// Joins this device and `peer` with a virtual wire (both directions): packets addressed to the peer's LID
     /// (IB) or GID and MAC (RoCE) reach it. Joining a device to itself changes nothing (loopback needs no wire).
     pub fn connect(&self, peer: &SimDevice) {
-        link::connect(&self.shared, &peer.shared);
+        crate::device::pump::connect(&self.shared, &peer.shared);
     }
 
     /// Listens on `addr` (e.g. `"0.0.0.0:18516"`; port 0 picks one) for a simulated device in another process
@@ -329,7 +329,7 @@ impl SimDevice {
     /// frames already queued go out, then the far end sees the connection close ([`SimEvent::LinkDown`] there)
     /// and this port's link is down. A listener keeps listening. Returns whether a link was plugged in.
     pub fn wire_unplug(&self) -> bool {
-        link::tcp::unplug(&self.shared)
+        link::tcp::unplug(&*self.shared)
     }
 
     /// Listens on the UNIX socket `path` for a QEMU guest NIC (`-netdev stream,server=off,addr.type=unix,
@@ -396,7 +396,7 @@ impl SimDevice {
 
     /// Waits until a peer in another process is plugged in (true) or `timeout` passes (false).
     pub fn wire_wait_peer(&self, timeout: Duration) -> bool {
-        link::tcp::wait_peer(&self.shared, timeout)
+        link::tcp::wait_peer(&*self.shared, timeout)
     }
 
     /// The socket address of the peer plugged into this device's link, while the link is up.

@@ -4,6 +4,8 @@
 //! commands, and after each doorbell or delay the datapath and the links (`link::pump`).
 
 pub(crate) mod cmd;
+pub(crate) mod pump;
+mod station;
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -285,7 +287,7 @@ impl Shared {
             Some(w) => w.post(Bell::Cmd(mask)),
             None => {
                 lock(self).ring(mask);
-                link::pump(self);
+                pump::pump(self);
             }
         }
     }
@@ -302,7 +304,7 @@ impl Shared {
             }
             None => {
                 lock(self).trim_logs();
-                link::pump(self);
+                pump::pump(self);
             }
         }
     }
@@ -355,12 +357,12 @@ fn worker(weak: Weak<Shared>) {
                     std::thread::sleep(Duration::from_millis(u64::from(ms)));
                     if let Some(shared) = weak.upgrade() {
                         lock(&shared).run_slot(slot, false);
-                        link::pump(&shared);
+                        pump::pump(&shared);
                     }
                 });
             }
             // Every run executes the datapath: send doorbells, commands that changed QP states, timers.
-            link::pump(&shared);
+            pump::pump(&shared);
             lock(&shared).trim_logs();
             last_run = Instant::now();
             continue;
@@ -440,7 +442,8 @@ impl Shared {
             }
         };
         // Packets name their source device so responses find their way back.
-        lock(&shared).wire.me.port = link::Port::Local(Arc::downgrade(&shared));
+        let me: Arc<dyn std::any::Any + Send + Sync> = shared.clone();
+        lock(&shared).wire.me.port = link::Port::Local(Arc::downgrade(&me));
         shared
     }
 }

@@ -8,8 +8,7 @@ use super::reply::{bad_param, rd, rd16, CmdErr};
 use super::syndrome;
 use crate::config::{PortInfo, PortType, SimConfig};
 
-/// Entries of the GID table (index 0, the default GID).
-pub(crate) const GID_ENTRIES: u32 = 1;
+pub(crate) use crate::wire::GID_ENTRIES;
 
 /// Entries of the RoCE address table (`roce_address_table_size` in the RoCE caps).
 pub(crate) const ROCE_ADDRESS_ENTRIES: usize = 256;

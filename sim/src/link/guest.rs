@@ -21,9 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::pcap::PcapSink;
 use super::stream::{read_frame, write_frame, MAX_STREAM_FRAME};
-use super::{pump, DevRef, Packet, Port, TxCount};
-use crate::device::lock;
-use crate::device::Shared;
+use super::{log, wire, DevRef, Packet, Port, Station, TxCount};
 use crate::events::SimEvent;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
@@ -190,15 +188,15 @@ impl GuestLink {
 
 /// Listens on the UNIX socket `path` (replacing a stale socket file) for the guest NIC (QEMU with
 /// `server=off`); the first connection is plugged in.
-pub(crate) fn listen(shared: &Arc<Shared>, path: &Path) -> io::Result<()> {
+pub(crate) fn listen<S: Station>(station: &Arc<S>, path: &Path) -> io::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
-    let weak = Arc::downgrade(shared);
+    let weak = Arc::downgrade(station);
     std::thread::Builder::new().name("mlx5-sim-guest-listen".into()).spawn(move || {
         if let Ok((stream, _)) = listener.accept() {
-            if let Some(shared) = weak.upgrade() {
-                if let Err(e) = plug(&shared, stream) {
-                    log_down(&shared, e.kind());
+            if let Some(station) = weak.upgrade() {
+                if let Err(e) = plug(&station, stream) {
+                    log_down(&*station, e.kind());
                 }
             }
         }
@@ -207,27 +205,25 @@ pub(crate) fn listen(shared: &Arc<Shared>, path: &Path) -> io::Result<()> {
 }
 
 /// Connects to the guest NIC listening on `path` (QEMU with `server=on`), retrying until `timeout`.
-pub(crate) fn connect(shared: &Arc<Shared>, path: &Path, timeout: Duration) -> io::Result<()> {
+pub(crate) fn connect<S: Station>(station: &Arc<S>, path: &Path, timeout: Duration) -> io::Result<()> {
     let end = Instant::now() + timeout;
     loop {
         match UnixStream::connect(path) {
-            Ok(s) => return plug(shared, s),
+            Ok(s) => return plug(station, s),
             Err(e) if Instant::now() >= end => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
 }
 
-fn log_down(shared: &Shared, _kind: io::ErrorKind) {
-    lock(shared).events.push(SimEvent::FrameDropped { why: "the guest link could not be set up" });
+fn log_down(station: &impl Station, _kind: io::ErrorKind) {
+    log(station, SimEvent::FrameDropped { why: "the guest link could not be set up" });
 }
 
-fn plug(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
+fn plug<S: Station>(station: &Arc<S>, stream: UnixStream) -> io::Result<()> {
     let (tx, rx) = mpsc::channel();
-    let (mine, pcap, id) = {
-        let st = lock(shared);
-        (st.wire.addr.mac, st.wire.pcap.clone(), super::next_device_id())
-    };
+    let (mine, pcap) = wire(&**station, |w| (w.addr.mac, w.pcap.clone()));
+    let id = super::next_device_id();
     let link = Arc::new(GuestLink {
         id,
         tx,
@@ -244,14 +240,13 @@ fn plug(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
         count: TxCount::default(),
     });
     let reader = stream.try_clone()?;
-    {
-        let mut st = lock(shared);
-        st.wire.plug_guest(DevRef { id, port: Port::Guest(link.clone()) });
-        let _ = st.set_port_up(true);
-    }
+    station.with_wire(|wire, _| {
+        wire.plug_guest(DevRef { id, port: Port::Guest(link.clone()) });
+        ((), Some(true))
+    });
     let writer = link.clone();
     std::thread::Builder::new().name("mlx5-sim-guest-tx".into()).spawn(move || write_loop(&writer, stream, rx))?;
-    let weak = Arc::downgrade(shared);
+    let weak = Arc::downgrade(station);
     std::thread::Builder::new().name("mlx5-sim-guest-rx".into()).spawn(move || read_loop(weak, link, reader))?;
     Ok(())
 }
@@ -290,12 +285,12 @@ fn write_loop(link: &GuestLink, stream: UnixStream, rx: mpsc::Receiver<Vec<u8>>)
     link.close();
 }
 
-fn read_loop(weak: Weak<Shared>, link: Arc<GuestLink>, mut r: UnixStream) {
+fn read_loop<S: Station>(weak: Weak<S>, link: Arc<GuestLink>, mut r: UnixStream) {
     let mut buf = vec![0u8; MAX_STREAM_FRAME];
     let src = DevRef { id: link.id, port: Port::Guest(link.clone()) };
     // A clean end of stream or a bad length (not QEMU's framing) ends the link.
     while let Ok(Some(n)) = read_frame(&mut r, &mut buf) {
-        let Some(shared) = weak.upgrade() else { break };
+        let Some(station) = weak.upgrade() else { break };
         let frame = &buf[..n];
         if link.lose_incoming(frame) {
             continue;
@@ -308,17 +303,18 @@ fn read_loop(weak: Weak<Shared>, link: Arc<GuestLink>, mut r: UnixStream) {
                 link.learn(mac);
             }
         }
-        let back = lock(&shared).receive_frame(frame, &src);
+        let back = station.receive_frame(frame, &src);
         if let Some(b) = back {
             let _ = link.send_raw_unrecorded(&b);
         }
-        pump(&shared);
+        station.run();
     }
     link.close();
-    if let Some(shared) = weak.upgrade() {
-        let mut st = lock(&shared);
-        st.wire.unplug_remote(link.id);
-        let _ = st.set_port_up(false);
+    if let Some(station) = weak.upgrade() {
+        station.with_wire(|wire, _| {
+            wire.unplug_remote(link.id);
+            ((), Some(false))
+        });
     }
 }
 

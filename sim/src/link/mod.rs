@@ -18,24 +18,22 @@
 //! and so on until nothing is left to carry. No two device locks are held at once, so two devices sending to
 //! each other from two threads cannot deadlock.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::config::{PortType, SimConfig};
-use crate::device::Shared;
-use crate::fw::port::GID_ENTRIES;
+use crate::events::SimEvent;
 use crate::wire::roce::frame::mapped;
-use crate::wire::{self, roce_map, Dest, GID_LEN};
+use crate::wire::{self, roce_map, Dest, GID_ENTRIES, GID_LEN};
 
 pub(crate) mod guest;
-mod local;
 pub mod pcap;
 pub mod stream;
 pub(crate) mod tcp;
 
 use crate::wire::roce::frame::DropCounters;
-pub(crate) use local::{connect, pump};
 use pcap::PcapSink;
 
 use tcp::Link;
@@ -106,11 +104,39 @@ impl TxCount {
     }
 }
 
+/// The device a link is plugged into, as the link sees it: the device layer implements it (`device/station.rs`),
+/// so a link carries frames and reports what happened without locking a device or running its datapath.
+pub(crate) trait Station: Send + Sync + 'static {
+    /// Runs `f` on the device's wire state and event log under the device lock. When `f` returns `Some(up)`,
+    /// the port's link then goes up or down under the same lock (firmware posts the PORT_CHANGE).
+    fn with_wire<R>(&self, f: impl FnOnce(&mut Wire, &mut Vec<SimEvent>) -> (R, Option<bool>)) -> R;
+    /// An Ethernet frame from `src` arrived: the device takes it; returns a frame to answer on the link (ARP).
+    fn receive_frame(&self, frame: &[u8], src: &DevRef) -> Option<Vec<u8>>;
+    /// A packet arrived: the device takes it as addressed to itself.
+    fn receive_packet(&self, p: Packet);
+    /// The device runs its datapath and hands on what it produced (after a delivery).
+    fn run(self: &Arc<Self>);
+}
+
+/// Runs `f` on the wire state of `station`'s device.
+pub(crate) fn wire<R>(station: &impl Station, f: impl FnOnce(&mut Wire) -> R) -> R {
+    station.with_wire(|w, _| (f(w), None))
+}
+
+/// Logs `e` on the device of `station`.
+pub(crate) fn log(station: &impl Station, e: SimEvent) {
+    station.with_wire(|_, events| {
+        events.push(e);
+        ((), None)
+    })
+}
+
 /// Where a device on the wire is: in this process (a handle that does not keep it alive), or at the far end of
 /// a link to another process.
 #[derive(Debug, Clone)]
 pub(crate) enum Port {
-    Local(Weak<Shared>),
+    /// A device of this process, as the device layer hands it over: a link only holds it and compares it.
+    Local(Weak<dyn Any + Send + Sync>),
     Remote(Arc<Link>),
     /// A QEMU guest's NIC (`guest.rs`): RoCEv2 frames on a UNIX socket.
     Guest(Arc<guest::GuestLink>),
@@ -199,7 +225,7 @@ pub(crate) struct Wire {
 impl Wire {
     pub(crate) fn new(cfg: &SimConfig) -> Self {
         Self {
-            me: DevRef { id: next_device_id(), port: Port::Local(Weak::new()) },
+            me: DevRef { id: next_device_id(), port: Port::Local(Weak::<()>::new()) },
             addr: PortAddr::new(cfg),
             peers: Vec::new(),
             inbox: VecDeque::new(),
@@ -253,7 +279,7 @@ impl Wire {
     /// This device as the address of a packet that stays in it (loopback). Its handle is empty, so cloning and
     /// dropping it moves no reference count; [`Wire::send`] gives a packet that leaves the real handle instead.
     pub(crate) fn me_here(&self) -> DevRef {
-        DevRef { id: self.me.id, port: Port::Local(Weak::new()) }
+        DevRef { id: self.me.id, port: Port::Local(Weak::<()>::new()) }
     }
 
     /// The device a destination address names.
@@ -296,7 +322,7 @@ impl Wire {
         }
     }
 
-    fn add_peer(&mut self, dev: DevRef, addr: PortAddr) {
+    pub(crate) fn add_peer(&mut self, dev: DevRef, addr: PortAddr) {
         if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
             self.peers.push(Peer { dev, addr, default: false });
         }

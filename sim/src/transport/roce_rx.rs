@@ -894,7 +894,7 @@ mod tests {
 
     /// Feeds one frame; returns the packets the port sent back and the drop events it recorded.
     fn feed(p: &Port1, f: &[u8]) -> (Vec<crate::link::Packet>, Vec<&'static str>) {
-        let from = DevRef { id: u64::MAX, port: Port::Local(Weak::new()) };
+        let from = DevRef { id: u64::MAX, port: Port::Local(Weak::<()>::new()) };
         let mut st = crate::device::lock(&p.r.h.dev.shared);
         let before = st.events.len();
         let _ = st.receive_frame(f, &from);

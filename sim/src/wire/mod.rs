@@ -50,6 +50,9 @@ pub(crate) mod roce_map;
 
 /// Bytes of a GID.
 pub(crate) const GID_LEN: usize = 16;
+
+/// Entries of port 1's GID table (index 0, the default GID).
+pub(crate) const GID_ENTRIES: u32 = 1;
 /// Where a packet goes, as the sender's path or address vector names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dest {

@@ -1,15 +1,14 @@
-//! Packets between devices of this process: joining two devices ([`connect`]), and the pump that runs a device's
-//! datapath and carries what it sends to the destination devices, one device lock at a time, in order per source
-//! ([`pump`]); a packet for a device in another process is handed to its link. Between Ethernet ports a packet
-//! reaches the other device as RoCEv2 frames (`State::receive_over_wire`).
+//! The run loop's datapath half: joining two devices of this process ([`connect`]), and the pump that runs a
+//! device's datapath and carries what it sends to the destination devices, one device lock at a time, in order
+//! per source ([`pump`]); a packet for a device in another process is handed to its link, which only carries it.
+//! Between Ethernet ports a packet reaches the other device as RoCEv2 frames (`Device::receive_over_wire`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use super::{Packet, Port};
-use crate::device::lock;
-use crate::device::Shared;
+use super::{lock, Shared};
+use crate::link::{Packet, Port};
 use crate::wire::Resp;
 
 /// The most device runs one pump makes: a bound against a simulator bug ping-ponging forever.
@@ -64,7 +63,8 @@ fn deliver(p: Packet, queue: &mut VecDeque<Arc<Shared>>) {
     for _ in 0..2 {
         let Some(p) = next.take() else { return };
         let gone = match &p.dst.port {
-            Port::Local(weak) => match weak.upgrade() {
+            // A local port is always a device's `Shared` (the device layer makes every `Port::Local`).
+            Port::Local(weak) => match weak.upgrade().and_then(|d| d.downcast::<Shared>().ok()) {
                 Some(dev) => {
                     lock(&dev).receive_over_wire(p);
                     if !queue.iter().any(|d| Arc::ptr_eq(d, &dev)) {
