@@ -4,7 +4,9 @@
 
 use mlx5_core::prm::{c, consts, ifc, Field, MsgBuf};
 
-use crate::config::SimConfig;
+use std::time::Instant;
+
+use crate::config::{Mode, SimConfig};
 use crate::events::SimEvent;
 
 /// Bytes in one BAR page (the UAR granule, `MLX5_ADAPTER_PAGE_SIZE`).
@@ -198,3 +200,38 @@ impl Regs {
 
 // `FW_REV` is the first register; naming it keeps the match above honest about where the segment starts.
 const _: () = assert!(FW_REV == 0);
+
+/// Device time: virtual in inline mode (advanced by `SimDelay`), wall time since creation in threaded mode.
+#[derive(Debug)]
+pub(crate) struct Clock {
+    mode: Mode,
+    virt_ns: u64,
+    start: Instant,
+}
+
+impl Clock {
+    pub(crate) fn new(mode: Mode) -> Self {
+        Self { mode, virt_ns: 0, start: Instant::now() }
+    }
+
+    #[inline]
+    pub(crate) fn now_ns(&self) -> u64 {
+        match self.mode {
+            Mode::Inline => self.virt_ns,
+            Mode::Threaded => u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Advances virtual time by `ns` (inline mode).
+    pub(crate) fn advance(&mut self, ns: u64) {
+        self.virt_ns = self.virt_ns.saturating_add(ns);
+    }
+}
+
+impl Regs {
+    /// Whether the firmware is dead or the device gone: nothing executes, nothing is written.
+    #[inline]
+    pub(crate) fn dead(&self) -> bool {
+        self.health != Health::Ok
+    }
+}

@@ -15,10 +15,12 @@ use crate::config::{Mode, SimConfig};
 use crate::dma::DmaSpace;
 use crate::events::{ExecutedCmd, SimEvent};
 use crate::fault::Fault;
-use crate::fw::syndrome;
-use crate::fw::Firmware;
+use crate::fw::cq::CqInfo;
+use crate::fw::eq::{EqPost, EQE_DATA_LEN};
+use crate::fw::mkey::{Mkey, MkeyAccess, MkeyFault, Pieces};
+use crate::fw::{self, Firmware};
 use crate::link::{self, Wire};
-use crate::regs::{self, Health, Regs};
+use crate::regs::{self, Clock, Health, Regs};
 use crate::transport::DpState;
 
 #[derive(Debug)]
@@ -32,6 +34,13 @@ struct Pending {
 pub(crate) struct Stalled {
     pub(crate) slot: u8,
     pub(crate) remaining: u64,
+}
+
+/// The [`EqPost`] view of a device's fields, as a macro so the caller may borrow the other fields beside it.
+macro_rules! eq_post {
+    ($d:ident) => {
+        EqPost { eqs: &mut $d.fw.eqs, dma: &mut $d.dma, events: &mut $d.events, regs: &mut $d.regs, clock: &$d.clock }
+    };
 }
 
 /// Everything behind the device lock.
@@ -48,8 +57,7 @@ pub(crate) struct Device {
     pub(crate) faults: Vec<Fault>,
     pending: Vec<Pending>,
     pub(crate) stalled: Vec<Stalled>,
-    virt_ns: u64,
-    start: Instant,
+    pub(crate) clock: Clock,
     pub(crate) wire: Wire,
     pub(crate) dp: DpState,
 }
@@ -71,25 +79,17 @@ impl Device {
 
     /// Device time: virtual in inline mode, wall time since creation in threaded mode.
     pub(crate) fn now_ns(&self) -> u64 {
-        match self.cfg.mode {
-            Mode::Inline => self.virt_ns,
-            Mode::Threaded => u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        }
+        self.clock.now_ns()
     }
 
     /// Whether the firmware is dead or the device gone: nothing executes, nothing is written.
     pub(crate) fn dead(&self) -> bool {
-        self.regs.health != Health::Ok
+        self.regs.dead()
     }
 
     /// The firmware dies with health syndrome `synd` (0: a silent stall). Idempotent.
     pub(crate) fn fail(&mut self, synd: u8) {
-        if self.dead() {
-            return;
-        }
-        let now = self.now_ns();
-        self.regs.die(synd, syndrome::HEALTH_EXT_SYND, now);
-        self.events.push(SimEvent::HealthFailure { synd });
+        fw::health::fail(&mut self.regs, &mut self.events, self.clock.now_ns(), synd);
     }
 
     /// The device leaves the bus. Idempotent.
@@ -101,9 +101,117 @@ impl Device {
         self.events.push(SimEvent::DeviceGone);
     }
 
+    /// The view an EQE is posted through (see [`EqPost`]).
+    #[inline]
+    pub(crate) fn eq_post(&mut self) -> EqPost<'_> {
+        eq_post!(self)
+    }
+
+    /// Posts an EQE to the lowest-numbered EQ subscribed to `event_type`; returns that EQ when it was written.
+    pub(crate) fn post_eqe(&mut self, event_type: u8, sub_type: u8, data: &[u8; EQE_DATA_LEN]) -> Option<u8> {
+        self.eq_post().post_eqe(event_type, sub_type, data)
+    }
+
+    /// Posts an EQE to EQ `eqn`, whatever it subscribes to; returns `eqn` when it was written.
+    pub(crate) fn post_eqe_to(
+        &mut self,
+        eqn: u32,
+        event_type: u8,
+        sub_type: u8,
+        data: &[u8; EQE_DATA_LEN],
+    ) -> Option<u8> {
+        self.eq_post().post_eqe_to(eqn, event_type, sub_type, data)
+    }
+
+    /// Posts the command-completion EQE for `slot` when an EQ subscribes to command events.
+    pub(crate) fn post_cmd_completion(&mut self, slot: u8) {
+        self.eq_post().post_cmd_completion(slot);
+    }
+
+    /// Firmware asks for `num_pages` (negative: offers that many back), now or once an EQ subscribes.
+    pub(crate) fn page_request(&mut self, num_pages: i32) {
+        let (state, mut held) = (self.fw.state, self.fw.page_request_held);
+        let mut post = eq_post!(self);
+        post.page_request(&mut self.fw.pages, state, &mut held, num_pages);
+        self.fw.page_request_held = held;
+    }
+
+    /// Posts the held page request, if any, once an EQ subscribes.
+    pub(crate) fn flush_page_requests(&mut self) {
+        let mut held = self.fw.page_request_held;
+        let mut post = eq_post!(self);
+        post.flush_page_requests(&self.fw.pages, &mut held);
+        self.fw.page_request_held = held;
+    }
+
+    /// Posts an affiliated QP event to the EQ subscribed to `event_type`.
+    pub(crate) fn post_qp_event(&mut self, event_type: u8, qpn: u32) -> Option<u8> {
+        self.eq_post().post_qp_event(event_type, qpn)
+    }
+
+    /// A catastrophic error on QP `qpn` (see `SimDevice::fail_qp`).
+    pub(crate) fn fail_qp(&mut self, qpn: u32) -> bool {
+        let mut post = eq_post!(self);
+        self.fw.qps.fail(&mut post, qpn)
+    }
+
+    /// The port's link goes down or comes up, with its PORT_CHANGE EQE (see `PortModel::set_up`).
+    pub(crate) fn set_port_up(&mut self, up: bool) -> Option<u8> {
+        let mut post = eq_post!(self);
+        self.fw.port.set_up(&mut post, up)
+    }
+
+    /// Posts a PORT_CHANGE EQE of `sub_type` for port 1; returns the EQ it went to.
+    pub(crate) fn port_change(&mut self, sub_type: u8) -> Option<u8> {
+        self.eq_post().port_change(sub_type)
+    }
+
+    /// The state of CQ `cqn`, reading the doorbell record without recording a fault.
+    pub(crate) fn cq_info(&self, cqn: u32) -> Option<CqInfo> {
+        self.fw.cqs.info(&self.dma, cqn)
+    }
+
+    /// Checks an access through `key` and translates it (see `SimDevice::mkey_access`).
+    pub(crate) fn mkey_access(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<Vec<(u64, u64)>, MkeyFault> {
+        self.fw.mkeys.access(&self.dma, key, pd, va, len, access)
+    }
+
+    /// Checks an access through `key` (key, variant, PD, rights, bounds), without translating it.
+    #[inline]
+    pub(crate) fn mkey_check(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<&Mkey, MkeyFault> {
+        self.fw.mkeys.check(key, pd, va, len, access)
+    }
+
+    /// [`Device::mkey_access`] without a heap allocation for the usual few pieces (the datapath's form).
+    #[inline]
+    pub(crate) fn mkey_pieces(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<Pieces, MkeyFault> {
+        self.fw.mkeys.pieces(&self.dma, key, pd, va, len, access)
+    }
+
     /// Advances virtual time by `ns` and runs the postponed commands that became due (inline mode).
     pub(crate) fn advance_virtual(&mut self, ns: u64) {
-        self.virt_ns = self.virt_ns.saturating_add(ns);
+        self.clock.advance(ns);
         self.run_due();
     }
 
@@ -415,8 +523,7 @@ impl Shared {
             faults: Vec::new(),
             pending: Vec::new(),
             stalled: Vec::new(),
-            virt_ns: 0,
-            start: Instant::now(),
+            clock: Clock::new(cfg.mode),
             wire: Wire::new(&cfg),
             dp: DpState::default(),
             cfg,

@@ -12,7 +12,6 @@ use super::caps::Caps;
 use super::ids::{alloc_id, IdSet};
 use super::pas::check_pas;
 use super::syndrome;
-use crate::device::Device;
 use crate::dma::{DmaFault, DmaSpace};
 use crate::small::IdMap;
 
@@ -471,12 +470,12 @@ impl CqTable {
     }
 }
 
-impl Device {
+impl CqTable {
     /// The state of CQ `cqn`, reading the doorbell record without recording a fault.
-    pub(crate) fn cq_info(&self, cqn: u32) -> Option<CqInfo> {
-        let cq = self.fw.cqs.get(&cqn)?;
+    pub(crate) fn info(&self, dma: &DmaSpace, cqn: u32) -> Option<CqInfo> {
+        let cq = self.get(&cqn)?;
         let mut b = [0u8; 4];
-        let ci = if self.dma.peek(cq.dbr, &mut b) { u32::from_be_bytes(b) & CTR_MASK } else { 0 };
+        let ci = if dma.peek(cq.dbr, &mut b) { u32::from_be_bytes(b) & CTR_MASK } else { 0 };
         Some(CqInfo {
             nent: cq.nent(),
             cqe_size: cq.cqe_size as u32,

@@ -20,8 +20,11 @@ use super::pas::check_pas;
 use super::syndrome;
 use crate::dma::DmaSpace;
 
-use crate::device::Device;
+use super::hca::HcaState;
+use super::health;
+use super::pages::Pages;
 use crate::events::SimEvent;
+use crate::regs::{Clock, Regs};
 
 /// Bytes of event data in an EQE (`union ev_data`).
 pub const EQE_DATA_LEN: usize = c::mlx5_eqe::DATA.len;
@@ -261,14 +264,24 @@ impl EqTable {
     }
 }
 
-impl Device {
+/// What posting an EQE touches, borrowed from the device: the EQs, device memory, the event log, the health
+/// (an overrun kills the firmware) and the clock. The datapath and the command engine build one per event.
+pub(crate) struct EqPost<'a> {
+    pub(crate) eqs: &'a mut EqTable,
+    pub(crate) dma: &'a mut DmaSpace,
+    pub(crate) events: &'a mut Vec<SimEvent>,
+    pub(crate) regs: &'a mut Regs,
+    pub(crate) clock: &'a Clock,
+}
+
+impl EqPost<'_> {
     /// Posts an EQE to the lowest-numbered EQ subscribed to `event_type`; returns that EQ when it was written.
     pub(crate) fn post_eqe(&mut self, event_type: u8, sub_type: u8, data: &[u8; EQE_DATA_LEN]) -> Option<u8> {
         // A dead or vanished device writes nothing.
-        if self.dead() {
+        if self.regs.dead() {
             return None;
         }
-        let eqn = self.fw.eqs.subscriber(event_type)?;
+        let eqn = self.eqs.subscriber(event_type)?;
         self.post_eqe_to(eqn, event_type, sub_type, data)
     }
 
@@ -281,16 +294,21 @@ impl Device {
         sub_type: u8,
         data: &[u8; EQE_DATA_LEN],
     ) -> Option<u8> {
-        if self.dead() {
+        if self.regs.dead() {
             return None;
         }
         let eqn8 = eqn as u8;
-        let eq = self.fw.eqs.get_mut(&eqn)?;
+        let eq = self.eqs.get_mut(&eqn)?;
         if eq.pi.wrapping_sub(eq.ci) >= eq.nent() {
             // Hardware never overwrites an entry the driver has not consumed; it reports a fatal error instead.
             eq.overruns += 1;
             self.events.push(SimEvent::EqOverrun { eqn: eqn8 });
-            self.fail(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN);
+            health::fail(
+                self.regs,
+                self.events,
+                self.clock.now_ns(),
+                consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN,
+            );
             return None;
         }
         let Some(iova) = eq.entry_iova(eq.pi & (eq.nent() - 1)) else {
@@ -331,16 +349,16 @@ impl Device {
     }
 
     /// Firmware asks for `num_pages` (negative: offers that many back). The accounting changes now; the EQE is
-    /// posted now when an EQ subscribes to page requests, else held for [`State::flush_page_requests`].
-    pub(crate) fn page_request(&mut self, num_pages: i32) {
-        if self.dead() || num_pages == 0 {
+    /// posted now when an EQ subscribes to page requests, else held for `flush_page_requests`.
+    pub(crate) fn page_request(&mut self, pages: &mut Pages, state: HcaState, held: &mut bool, num_pages: i32) {
+        if self.regs.dead() || num_pages == 0 {
             return;
         }
-        self.fw.pages.account_page_request(self.fw.state, num_pages);
-        if self.fw.page_request_held || self.fw.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none() {
+        pages.account_page_request(state, num_pages);
+        if *held || self.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none() {
             // Folded into the held request, whose balance includes this one.
-            self.fw.page_request_held = true;
-            self.flush_page_requests();
+            *held = true;
+            self.flush_page_requests(pages, held);
         } else {
             self.post_eqe(consts::MLX5_EVENT_TYPE_PAGE_REQUEST, 0, &page_req_data(num_pages));
         }
@@ -348,18 +366,33 @@ impl Device {
 
     /// Posts the held page request, if any, once an EQ subscribes: one request for the balance then due (what
     /// QUERY_PAGES(regular) reports), which covers every request made while nobody listened.
-    pub(crate) fn flush_page_requests(&mut self) {
-        if !self.fw.page_request_held
-            || self.dead()
-            || self.fw.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none()
-        {
+    pub(crate) fn flush_page_requests(&mut self, pages: &Pages, held: &mut bool) {
+        if !*held || self.regs.dead() || self.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none() {
             return;
         }
-        self.fw.page_request_held = false;
-        let balance = self.fw.pages.page_balance().clamp(i32::MIN.into(), i32::MAX.into()) as i32;
+        *held = false;
+        let balance = pages.page_balance().clamp(i32::MIN.into(), i32::MAX.into()) as i32;
         if balance != 0 {
             self.post_eqe(consts::MLX5_EVENT_TYPE_PAGE_REQUEST, 0, &page_req_data(balance));
         }
+    }
+
+    /// Posts an affiliated QP event (`data.qp_srq`: queue type QP, the QP number) to the EQ subscribed to
+    /// `event_type`; returns that EQ when the EQE was written.
+    pub(crate) fn post_qp_event(&mut self, event_type: u8, qpn: u32) -> Option<u8> {
+        let q = c::mlx5_eqe_qp_srq::QP_SRQ_N;
+        let mut data = [0u8; EQE_DATA_LEN];
+        data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
+        data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
+        self.post_eqe(event_type, 0, &data)
+    }
+
+    /// Posts a PORT_CHANGE EQE of `sub_type` for port 1; returns the EQ it went to.
+    pub(crate) fn port_change(&mut self, sub_type: u8) -> Option<u8> {
+        use mlx5_core::prm::c;
+        let mut data = [0u8; EQE_DATA_LEN];
+        data[c::mlx5_eqe_port_state::PORT.off] = 1 << 4;
+        self.post_eqe(consts::MLX5_EVENT_TYPE_PORT_CHANGE, sub_type, &data)
     }
 }
 

@@ -17,7 +17,6 @@ use std::ops::{Deref, DerefMut};
 use super::caps::Caps;
 use super::ids::{alloc_id, IdSet};
 use super::syndrome;
-use crate::device::Device;
 use crate::dma::DmaSpace;
 use crate::small::IdMap;
 
@@ -301,22 +300,23 @@ impl MkeyTable {
 /// The IOVA pieces (address, length) an access through a key touches, in order.
 pub(crate) type Pieces = crate::small::Small<(u64, u64), 4>;
 
-impl Device {
+impl MkeyTable {
     /// Checks an access through `key` and translates it (see [`crate::sim_device::SimDevice::mkey_access`]).
-    pub(crate) fn mkey_access(
+    pub(crate) fn access(
         &self,
+        dma: &DmaSpace,
         key: u32,
         pd: Option<u32>,
         va: u64,
         len: u64,
         access: MkeyAccess,
     ) -> Result<Vec<(u64, u64)>, MkeyFault> {
-        self.mkey_pieces(key, pd, va, len, access).map(|p| p.to_vec())
+        self.pieces(dma, key, pd, va, len, access).map(|p| p.to_vec())
     }
 
     /// Checks an access through `key` (key, variant, PD, rights, bounds), without translating it.
     #[inline]
-    pub(crate) fn mkey_check(
+    pub(crate) fn check(
         &self,
         key: u32,
         pd: Option<u32>,
@@ -324,7 +324,7 @@ impl Device {
         len: u64,
         access: MkeyAccess,
     ) -> Result<&Mkey, MkeyFault> {
-        let mk = self.fw.mkeys.get(&(key >> VARIANT_BITS)).ok_or(MkeyFault::UnknownKey)?;
+        let mk = self.get(&(key >> VARIANT_BITS)).ok_or(MkeyFault::UnknownKey)?;
         if key as u8 != mk.variant {
             return Err(MkeyFault::VariantMismatch);
         }
@@ -343,17 +343,18 @@ impl Device {
         Ok(mk)
     }
 
-    /// [`State::mkey_access`] without a heap allocation for the usual few pieces (the datapath's form).
-    pub(crate) fn mkey_pieces(
+    /// [`MkeyTable::access`] without a heap allocation for the usual few pieces (the datapath's form).
+    pub(crate) fn pieces(
         &self,
+        dma: &DmaSpace,
         key: u32,
         pd: Option<u32>,
         va: u64,
         len: u64,
         access: MkeyAccess,
     ) -> Result<Pieces, MkeyFault> {
-        let mk = self.mkey_check(key, pd, va, len, access)?;
-        // `mkey_check` found the end in range.
+        let mk = self.check(key, pd, va, len, access)?;
+        // `check` found the end in range.
         let end = va + len;
         let mut pieces = Pieces::new();
         match &mk.translation {
@@ -379,7 +380,7 @@ impl Device {
             }
         }
         for &(iova, n) in pieces.iter() {
-            let mapped = usize::try_from(n).is_ok_and(|n| self.dma.is_mapped(iova, n));
+            let mapped = usize::try_from(n).is_ok_and(|n| dma.is_mapped(iova, n));
             if !mapped {
                 return Err(MkeyFault::NotMapped { iova });
             }

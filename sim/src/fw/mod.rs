@@ -28,6 +28,7 @@ pub(crate) mod caps;
 pub(crate) mod cq;
 pub(crate) mod eq;
 pub(crate) mod hca;
+pub(crate) mod health;
 mod ib_vport;
 pub(crate) mod ids;
 pub(crate) mod mkey;

@@ -20,17 +20,16 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::ops::{Deref, DerefMut};
 
-use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
+use mlx5_core::prm::{consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 
 use super::caps::Caps;
-use super::eq::EQE_DATA_LEN;
+use super::eq::EqPost;
 use super::ids::{alloc_id, IdSet};
 use super::pas::{check_pas, read_paged};
 use super::port::GID_ENTRIES;
 use super::reply::{bad_param, err, rd, rd8, CmdErr};
 use super::syndrome;
 use crate::config::PortType;
-use crate::device::Device;
 use crate::dma::{DmaFault, DmaSpace};
 use crate::events::RetryKind;
 use crate::small::{IdMap, Small};
@@ -1244,29 +1243,19 @@ impl QpTable {
     }
 }
 
-impl Device {
+impl QpTable {
     /// A catastrophic error on QP `qpn` (see `SimDevice::fail_qp`): the QP to ERR and a `WQ_CATAS_ERROR` EQE naming
     /// it. Returns `false`, changing nothing, when there is no such QP or the device is dead or gone.
-    pub(crate) fn fail_qp(&mut self, qpn: u32) -> bool {
-        if self.dead() {
+    pub(crate) fn fail(&mut self, post: &mut EqPost, qpn: u32) -> bool {
+        if post.regs.dead() {
             return false;
         }
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
+        let Some(qp) = self.get_mut(&qpn) else { return false };
         qp.state = QpState::Err;
-        self.fw.qps.activate(qpn);
+        self.activate(qpn);
         // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
-        let _ = self.post_qp_event(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR, qpn);
+        let _ = post.post_qp_event(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR, qpn);
         true
-    }
-
-    /// Posts an affiliated QP event (`data.qp_srq`: queue type QP, the QP number) to the EQ subscribed to
-    /// `event_type`; returns that EQ when the EQE was written.
-    pub(crate) fn post_qp_event(&mut self, event_type: u8, qpn: u32) -> Option<u8> {
-        let q = c::mlx5_eqe_qp_srq::QP_SRQ_N;
-        let mut data = [0u8; EQE_DATA_LEN];
-        data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
-        data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
-        self.post_eqe(event_type, 0, &data)
     }
 }
 
