@@ -186,7 +186,7 @@ impl Device {
         };
         if waiting && cq.status == consts::MLX5_CQC_STATUS_OK && !dead {
             // Matching CQEs are already there: the event fires at once.
-            self.fire_completion(cqn);
+            self.datapath().fire_completion(cqn);
         }
     }
 

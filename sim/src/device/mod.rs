@@ -17,11 +17,11 @@ use crate::events::{ExecutedCmd, SimEvent};
 use crate::fault::Fault;
 use crate::fw::cq::CqInfo;
 use crate::fw::eq::{EqPost, EQE_DATA_LEN};
-use crate::fw::mkey::{Mkey, MkeyAccess, MkeyFault, Pieces};
+use crate::fw::mkey::{MkeyAccess, MkeyFault};
 use crate::fw::{self, Firmware};
 use crate::link::{self, Wire};
 use crate::regs::{self, Clock, Health, Regs};
-use crate::transport::DpState;
+use crate::transport::{Datapath, DpState};
 
 #[derive(Debug)]
 struct Pending {
@@ -101,6 +101,21 @@ impl Device {
         self.events.push(SimEvent::DeviceGone);
     }
 
+    /// The datapath's view of this device (see [`Datapath`]).
+    #[inline]
+    pub(crate) fn datapath(&mut self) -> Datapath<'_> {
+        Datapath {
+            cfg: &self.cfg,
+            fw: &mut self.fw,
+            dma: &mut self.dma,
+            events: &mut self.events,
+            wire: &mut self.wire,
+            dp: &mut self.dp,
+            regs: &mut self.regs,
+            clock: &self.clock,
+        }
+    }
+
     /// The view an EQE is posted through (see [`EqPost`]).
     #[inline]
     pub(crate) fn eq_post(&mut self) -> EqPost<'_> {
@@ -110,17 +125,6 @@ impl Device {
     /// Posts an EQE to the lowest-numbered EQ subscribed to `event_type`; returns that EQ when it was written.
     pub(crate) fn post_eqe(&mut self, event_type: u8, sub_type: u8, data: &[u8; EQE_DATA_LEN]) -> Option<u8> {
         self.eq_post().post_eqe(event_type, sub_type, data)
-    }
-
-    /// Posts an EQE to EQ `eqn`, whatever it subscribes to; returns `eqn` when it was written.
-    pub(crate) fn post_eqe_to(
-        &mut self,
-        eqn: u32,
-        event_type: u8,
-        sub_type: u8,
-        data: &[u8; EQE_DATA_LEN],
-    ) -> Option<u8> {
-        self.eq_post().post_eqe_to(eqn, event_type, sub_type, data)
     }
 
     /// Posts the command-completion EQE for `slot` when an EQ subscribes to command events.
@@ -142,11 +146,6 @@ impl Device {
         let mut post = eq_post!(self);
         post.flush_page_requests(&self.fw.pages, &mut held);
         self.fw.page_request_held = held;
-    }
-
-    /// Posts an affiliated QP event to the EQ subscribed to `event_type`.
-    pub(crate) fn post_qp_event(&mut self, event_type: u8, qpn: u32) -> Option<u8> {
-        self.eq_post().post_qp_event(event_type, qpn)
     }
 
     /// A catastrophic error on QP `qpn` (see `SimDevice::fail_qp`).
@@ -181,32 +180,6 @@ impl Device {
         access: MkeyAccess,
     ) -> Result<Vec<(u64, u64)>, MkeyFault> {
         self.fw.mkeys.access(&self.dma, key, pd, va, len, access)
-    }
-
-    /// Checks an access through `key` (key, variant, PD, rights, bounds), without translating it.
-    #[inline]
-    pub(crate) fn mkey_check(
-        &self,
-        key: u32,
-        pd: Option<u32>,
-        va: u64,
-        len: u64,
-        access: MkeyAccess,
-    ) -> Result<&Mkey, MkeyFault> {
-        self.fw.mkeys.check(key, pd, va, len, access)
-    }
-
-    /// [`Device::mkey_access`] without a heap allocation for the usual few pieces (the datapath's form).
-    #[inline]
-    pub(crate) fn mkey_pieces(
-        &self,
-        key: u32,
-        pd: Option<u32>,
-        va: u64,
-        len: u64,
-        access: MkeyAccess,
-    ) -> Result<Pieces, MkeyFault> {
-        self.fw.mkeys.pieces(&self.dma, key, pd, va, len, access)
     }
 
     /// Advances virtual time by `ns` and runs the postponed commands that became due (inline mode).

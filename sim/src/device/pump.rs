@@ -45,7 +45,7 @@ pub(crate) fn pump(shared: &Arc<Shared>) {
     for _ in 0..PUMP_BUDGET {
         {
             let _send = dev.send.lock().unwrap_or_else(|e| e.into_inner());
-            let out = lock(&dev).run_datapath();
+            let out = lock(&dev).datapath().run_datapath();
             for p in out {
                 deliver(p, &mut queue);
             }
@@ -66,7 +66,7 @@ fn deliver(p: Packet, queue: &mut VecDeque<Arc<Shared>>) {
             // A local port is always a device's `Shared` (the device layer makes every `Port::Local`).
             Port::Local(weak) => match weak.upgrade().and_then(|d| d.downcast::<Shared>().ok()) {
                 Some(dev) => {
-                    lock(&dev).receive_over_wire(p);
+                    lock(&dev).datapath().receive_over_wire(p);
                     if !queue.iter().any(|d| Arc::ptr_eq(d, &dev)) {
                         queue.push_back(dev);
                     }
@@ -138,7 +138,7 @@ mod tests {
         let send = sender.send.lock().unwrap();
         let (off, v) = doorbell(&mut qa, first);
         lock(&sender).uar_write64(off, v);
-        let held = lock(&sender).run_datapath();
+        let held = lock(&sender).datapath().run_datapath();
         assert_eq!(held.len(), 1);
 
         // Datagram 1's doorbell, on another thread, runs A's datapath too.

@@ -20,13 +20,13 @@ impl Station for Shared {
     }
 
     fn receive_frame(&self, frame: &[u8], src: &DevRef) -> Option<Vec<u8>> {
-        lock(self).receive_frame(frame, src)
+        lock(self).datapath().receive_frame(frame, src)
     }
 
     fn receive_packet(&self, p: Packet) {
         let mut st = lock(self);
         let me = st.wire.me.clone();
-        st.receive(Packet { dst: me, ..p });
+        st.datapath().receive(Packet { dst: me, ..p });
     }
 
     fn run(self: &Arc<Self>) {

@@ -7,9 +7,9 @@
 //! then, after a fence, `op_own`, so a driver that sees the new owner bit (and issues `dma_rmb`) reads a
 //! complete entry.
 
+use super::Datapath;
 use mlx5_core::prm::{c, consts};
 
-use crate::device::Device;
 use crate::dma::DmaFault;
 use crate::events::SimEvent;
 use crate::fw::cq::{Arm, PostCqeError, CQE64, OPCODE_SHIFT, OP_OWN, SOLICITED};
@@ -41,7 +41,7 @@ fn comp_data(cqn: u32) -> [u8; EQE_DATA_LEN] {
     d
 }
 
-impl Device {
+impl Datapath<'_> {
     /// Writes `cqe` as the next CQE of CQ `cqn` (the device lock is held): the overrun check, the owner bit,
     /// and the completion event of an armed CQ. Returns the CQE's counter value.
     pub(crate) fn post_cqe(&mut self, cqn: u32, cqe: &[u8; CQE64]) -> Result<u32, PostCqeError> {
@@ -52,7 +52,7 @@ impl Device {
         if cq.status != consts::MLX5_CQC_STATUS_OK {
             return Err(PostCqeError::CqInError { status: cq.status });
         }
-        let ci = match cq.read_ci(&mut self.dma) {
+        let ci = match cq.read_ci(self.dma) {
             Ok(ci) => ci,
             Err(f) => return Err(self.cq_write_fail(cqn, f)),
         };
@@ -65,7 +65,7 @@ impl Device {
             }
         }
         let n = cq.pi;
-        if let Err(f) = cq.write_cqe(&mut self.dma, n, cqe) {
+        if let Err(f) = cq.write_cqe(self.dma, n, cqe) {
             return Err(self.cq_write_fail(cqn, f));
         }
         cq.pi = n.wrapping_add(1);
@@ -190,7 +190,7 @@ pub(super) fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
     (p.src_qpn & QPN_MASK) | grh | sl
 }
 
-impl Device {
+impl Datapath<'_> {
     pub(super) fn post(&mut self, cqn: u32, mut cqe: CqeOut) {
         cqe.timestamp = self.device_clock();
         // A CQ that cannot take the CQE reports it itself (overrun, write failure); the WQE is done either way.

@@ -2,9 +2,10 @@
 //! and posted with `WR_FLUSH_ERR`, one CQE per WQE, each time the device runs.
 
 use super::cqe::CqeOut;
+use super::Datapath;
 use super::*;
 
-impl Device {
+impl Datapath<'_> {
     pub(super) fn qp_error(&mut self, qpn: u32, syndrome: u8) {
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
         qp.state = QpState::Err;
@@ -40,7 +41,7 @@ impl Device {
             let pending = qp.sq_pi.wrapping_sub(qp.sq_ci);
             let mut ctrl = [0u8; CTRL];
             // An unreadable WQE is flushed as one basic block with opcode 0.
-            let _ = qp.read_sq(&mut self.dma, u64::from(qp.sq_ci) * BB, &mut ctrl);
+            let _ = qp.read_sq(self.dma, u64::from(qp.sq_ci) * BB, &mut ctrl);
             let opcode = (be(cs::OPMOD_IDX_OPCODE, &ctrl, 0) & OPCODE_MASK) as u8;
             let ds = (be(cs::QPN_DS, &ctrl, 0) & DS_MASK) as usize;
             let nbb = ((ds * DS).div_ceil(BB as usize) as u16).clamp(1, pending);

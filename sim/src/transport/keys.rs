@@ -3,9 +3,10 @@
 //! DMA translation.
 
 use super::wqe::{Seg, SegView, SendWqe};
+use super::Datapath;
 use super::*;
 
-impl Device {
+impl Datapath<'_> {
     pub(super) fn key_read(&mut self, key: u32, pd: u32, va: u64, len: u64, access: MkeyAccess) -> Result<Vec<u8>, ()> {
         let mut out = Vec::new();
         self.key_read_into(key, pd, va, len, access, &mut out)?;

@@ -48,14 +48,20 @@ use std::collections::BTreeMap;
 
 use mlx5_core::prm::{c, consts, Bytes};
 
-use crate::device::Device;
+use crate::config::SimConfig;
+use crate::dma::DmaSpace;
 use crate::events::{RetryKind, SimEvent};
+use crate::fw::eq::{EqPost, EQE_DATA_LEN};
 use crate::fw::mkey::MkeyAccess;
+use crate::fw::mkey::{Mkey, MkeyFault, Pieces};
 use crate::fw::qp::{
     Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, LOG_ACK_REQ_MAX, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES,
     MAX_PACKETS_IN_FLIGHT, PSN_MASK, SEND_WQE_BB,
 };
+use crate::fw::Firmware;
 use crate::link::Packet;
+use crate::link::Wire;
+use crate::regs::{Clock, Regs};
 use crate::small::Small;
 use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, RoceInfo, INLINE_PAYLOAD};
 
@@ -192,7 +198,86 @@ pub(crate) struct DpState {
     frame_buf: Vec<u8>,
 }
 
-impl Device {
+/// The datapath's view of the device: the parts it runs on, borrowed from the device for one run or one
+/// doorbell (the device layer builds it). The command engine's logs and queues are not in it.
+pub(crate) struct Datapath<'a> {
+    pub(crate) cfg: &'a SimConfig,
+    pub(crate) fw: &'a mut Firmware,
+    pub(crate) dma: &'a mut DmaSpace,
+    pub(crate) events: &'a mut Vec<SimEvent>,
+    pub(crate) wire: &'a mut Wire,
+    pub(crate) dp: &'a mut DpState,
+    pub(crate) regs: &'a mut Regs,
+    pub(crate) clock: &'a Clock,
+}
+
+impl Datapath<'_> {
+    /// Device time.
+    #[inline]
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// Whether the firmware is dead or the device gone: the datapath does nothing.
+    #[inline]
+    pub(crate) fn dead(&self) -> bool {
+        self.regs.dead()
+    }
+
+    #[inline]
+    fn eq_post(&mut self) -> EqPost<'_> {
+        EqPost { eqs: &mut self.fw.eqs, dma: self.dma, events: self.events, regs: self.regs, clock: self.clock }
+    }
+
+    /// Posts an EQE to the EQ subscribed to `event_type` (see [`EqPost::post_eqe`]).
+    pub(crate) fn post_eqe(&mut self, event_type: u8, sub_type: u8, data: &[u8; EQE_DATA_LEN]) -> Option<u8> {
+        self.eq_post().post_eqe(event_type, sub_type, data)
+    }
+
+    /// Posts an EQE to EQ `eqn` (see [`EqPost::post_eqe_to`]).
+    pub(crate) fn post_eqe_to(
+        &mut self,
+        eqn: u32,
+        event_type: u8,
+        sub_type: u8,
+        data: &[u8; EQE_DATA_LEN],
+    ) -> Option<u8> {
+        self.eq_post().post_eqe_to(eqn, event_type, sub_type, data)
+    }
+
+    /// Posts an affiliated QP event (see [`EqPost::post_qp_event`]).
+    pub(crate) fn post_qp_event(&mut self, event_type: u8, qpn: u32) -> Option<u8> {
+        self.eq_post().post_qp_event(event_type, qpn)
+    }
+
+    /// Checks an access through `key`, without translating it.
+    #[inline]
+    pub(crate) fn mkey_check(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<&Mkey, MkeyFault> {
+        self.fw.mkeys.check(key, pd, va, len, access)
+    }
+
+    /// Checks an access through `key` and translates it into the usual few pieces, without a heap allocation.
+    #[inline]
+    pub(crate) fn mkey_pieces(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<Pieces, MkeyFault> {
+        self.fw.mkeys.pieces(self.dma, key, pd, va, len, access)
+    }
+}
+
+impl Datapath<'_> {
     // -----------------------------------------------------------------------------------------------------------
     // The engine
 
@@ -1338,8 +1423,8 @@ mod tests {
                 body,
                 roce: RoceInfo::default(),
             };
-            st.receive(pk);
-            let out = st.run_datapath();
+            st.datapath().receive(pk);
+            let out = st.datapath().run_datapath();
             assert!(out.is_empty(), "loopback: nothing leaves the device");
         };
         resend(0x100, RcOp::Send { data: (&b"again"[..]).into(), imm: None });

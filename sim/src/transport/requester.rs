@@ -16,10 +16,10 @@
 //! measures time without progress, never a message's length) and moves the point a retransmission starts from.
 
 use super::wqe::{Kind, SendWqe};
+use super::Datapath;
 use super::*;
-use crate::device::Device;
 
-impl Device {
+impl Datapath<'_> {
     /// The source GID a packet carries for GID table `index`: on RoCE the entry SET_ROCE_ADDRESS programmed, on
     /// InfiniBand the port's default GID.
     pub(super) fn source_gid(&self, index: u32) -> Option<[u8; 16]> {
@@ -36,7 +36,7 @@ impl Device {
         let Some(qp) = self.fw.qps.get(&qpn) else { return true };
         let (pd, retry_count, rnr_retry, max_msg, idle) =
             (qp.pd, qp.retry_count, qp.rnr_retry, qp.max_msg, qp.reqs.is_empty());
-        let fail = |st: &mut Device, s: u8| {
+        let fail = |st: &mut Datapath, s: u8| {
             if idle {
                 st.send_error(qpn, w.index, w.opcode, w.nbb, s);
             }

@@ -3,9 +3,10 @@
 //! NAK) (IBA 9.7, the responder side).
 
 use super::cqe::{flags_rqpn, CqeOut};
+use super::Datapath;
 use super::*;
 
-impl Device {
+impl Datapath<'_> {
     pub(super) fn reply(&mut self, p: Packet, resp: Resp) {
         // The responder's MSN goes in the AETH; a PSN sequence NAK names the PSN it expects (IBA 9.7.5.2.2).
         let (msn, expected) = self.fw.qps.get(&p.dst_qpn).map_or((0, 0), |q| (q.msn, q.next_rcv_psn));

@@ -9,8 +9,8 @@
 //! the first, an atomic ACK names the request's PSN). A frame that fails a check is dropped and recorded as
 //! [`SimEvent::FrameDropped`], never a panic.
 
+use super::Datapath;
 use super::*;
-use crate::device::Device;
 use crate::link::DevRef;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EthernetRepr, BROADCAST};
@@ -137,7 +137,7 @@ fn ext_grh(r: &RoceRepr<'_>) -> Grh {
     Grh { sgid: r.ip.src_gid(), dgid: r.ip.dst_gid(), tclass, flow_label, hop_limit }
 }
 
-impl Device {
+impl Datapath<'_> {
     /// A packet from another device of this process: on an Ethernet port it crosses as the RoCEv2 frames it
     /// stands for and goes through the port's receive side, as on a real cable. What has no frame form (the
     /// simulator's "lost" marker), or reaches a dead device or an IB port, is handed over as the packet; so is a
@@ -536,7 +536,7 @@ impl Device {
             self.rx_nak_gap(qpn, expected, psn, r, from);
             return (0, Rest::Drop);
         }
-        let refuse = |st: &mut Device, resp: Resp, why: &'static str| {
+        let refuse = |st: &mut Datapath, resp: Resp, why: &'static str| {
             if uc {
                 st.events.push(SimEvent::UcDropped { qpn, why });
             } else {
@@ -897,8 +897,8 @@ mod tests {
         let from = DevRef { id: u64::MAX, port: Port::Local(Weak::<()>::new()) };
         let mut st = crate::device::lock(&p.r.h.dev.shared);
         let before = st.events.len();
-        let _ = st.receive_frame(f, &from);
-        let out = st.run_datapath();
+        let _ = st.datapath().receive_frame(f, &from);
+        let out = st.datapath().run_datapath();
         let drops = st.events[before..]
             .iter()
             .filter_map(|e| if let SimEvent::FrameDropped { why } = e { Some(*why) } else { None })

@@ -3,6 +3,7 @@
 //! `SRQ_RQ_LIMIT` when fewer WQEs than the armed limit remain (once per arm) and `SRQ_LAST_WQE` when a QP
 //! attached to it is in ERR (once per stay there).
 
+use super::Datapath;
 use super::*;
 
 /// The next segment that starts every SRQ WQE.
@@ -17,13 +18,13 @@ fn qp_srq_data(n: u32, queue_type: u8) -> [u8; crate::fw::eq::EQE_DATA_LEN] {
     d
 }
 
-impl Device {
+impl Datapath<'_> {
     /// The WQE at the head of SRQ `srqn` for a receive on QP `qpn`, without taking it: its index, and its
     /// scatter list into `sges`. `None` when nothing is posted (or the doorbell record claims more than the ring).
     pub(super) fn next_srq_recv(&mut self, qpn: u32, srqn: u32, sges: &mut Sges) -> Option<u16> {
         use c::mlx5_wqe_data_seg as d;
         let srq = self.fw.srqs.get(&srqn)?;
-        let counter = srq.counter(&mut self.dma)?;
+        let counter = srq.counter(self.dma)?;
         let pending = counter.wrapping_sub(srq.consumed);
         if pending == 0 {
             return None;
@@ -43,7 +44,7 @@ impl Device {
             heap.resize(len, 0);
             &mut heap
         };
-        srq.read_wqe(&mut self.dma, index, NEXT_SEG, wqe).ok()?;
+        srq.read_wqe(self.dma, index, NEXT_SEG, wqe).ok()?;
         for seg in wqe.chunks_exact(DATA_SEG) {
             let lkey = be(d::LKEY, seg, 0);
             if lkey == INVALID_LKEY {
@@ -62,8 +63,8 @@ impl Device {
     /// fewer WQEs than the armed limit remain, and disarms the limit.
     pub(super) fn srq_take(&mut self, srqn: u32) {
         let Some(srq) = self.fw.srqs.get_mut(&srqn) else { return };
-        let pending = srq.counter(&mut self.dma).map_or(0, |c| c.wrapping_sub(srq.consumed));
-        let left = srq.take(&mut self.dma, pending);
+        let pending = srq.counter(self.dma).map_or(0, |c| c.wrapping_sub(srq.consumed));
+        let left = srq.take(self.dma, pending);
         if srq.lwm > 0 && u32::from(left) < srq.lwm {
             srq.lwm = 0;
             // `srq_event_notifier` reads only the number; the queue type stays 0.

@@ -6,16 +6,16 @@
 
 use super::cqe::{flags_rqpn, CqeOut};
 use super::wqe::{Kind, SendWqe};
+use super::Datapath;
 use super::*;
-use crate::device::Device;
 
-impl Device {
+impl Datapath<'_> {
     /// Executes a send WQE of a UC QP: READ and atomics do not exist on UC (`LOCAL_QP_OP_ERR`); a SEND or
     /// WRITE is gathered, sent at the QP's send PSN and completed at once.
     pub(super) fn execute_uc(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, max_msg, psn, remote) = (qp.pd, qp.max_msg, qp.next_send_psn, qp.remote_qpn);
-        let fail = |st: &mut Device, s: u8| st.send_error(qpn, w.index, w.opcode, w.nbb, s);
+        let fail = |st: &mut Datapath, s: u8| st.send_error(qpn, w.index, w.opcode, w.nbb, s);
         let data = match w.kind {
             Kind::Send | Kind::Write { .. } => match self.gather_payload(pd, max_msg, w) {
                 Ok(data) => data,
@@ -60,7 +60,7 @@ impl Device {
         let Body::Uc { psn, op, solicited } = &p.body else { return };
         let (psn, solicited) = (*psn, *solicited);
         let dst = p.dst_qpn;
-        let drop = |st: &mut Device, why| st.events.push(SimEvent::UcDropped { qpn: dst, why });
+        let drop = |st: &mut Datapath, why| st.events.push(SimEvent::UcDropped { qpn: dst, why });
         let ready =
             self.fw.qps.get(&dst).filter(|q| q.st == QpType::Uc && matches!(q.state, QpState::Rtr | QpState::Rts));
         let Some(qp) = ready else { return drop(self, "no UC QP in RTR/RTS at the destination") };

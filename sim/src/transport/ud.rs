@@ -3,8 +3,8 @@
 
 use super::cqe::{flags_rqpn, CqeOut};
 use super::wqe::SendWqe;
+use super::Datapath;
 use super::*;
-use crate::device::Device;
 use crate::fw::qp::SpecialQp;
 use crate::wire::roce::frame::IpRepr;
 use crate::wire::roce::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN};
@@ -44,7 +44,7 @@ pub(super) fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool, ib: bool) 
     g
 }
 
-impl Device {
+impl Datapath<'_> {
     pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, own_qkey, max_msg, psn) = (qp.pd, qp.q_key, qp.max_msg, qp.next_send_psn);
@@ -94,7 +94,8 @@ impl Device {
     /// A UD packet arrives: checked, then scattered with its 40-byte GRH into the next receive.
     pub(super) fn ud_receive(&mut self, p: Packet) {
         let Body::Ud { qkey, data, imm, solicited } = &p.body else { return };
-        let drop = |st: &mut Device, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
+        let drop =
+            |st: &mut Datapath, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
         // QPNs 0 and 1 name the port's SMI and GSI QPs, whatever their QPNs in the device.
         let special = SpecialQp::of_wire_qpn(p.dst_qpn);
         let dst = match special {

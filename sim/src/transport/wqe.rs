@@ -2,6 +2,7 @@
 //! atomic, datagram, data and inline segments; `mlx5_av` for UD) and the receive WQE taken from the RQ
 //! (`mlx5_wqe_data_seg` list), with what a malformed one completes with.
 
+use super::Datapath;
 use super::*;
 
 /// A gather entry of a send WQE: a data segment, or (`inline`) `sge.len` inline bytes at offset `sge.addr` of
@@ -145,7 +146,7 @@ pub(super) struct BadWqe {
     pub(super) syndrome: u8,
 }
 
-impl Device {
+impl Datapath<'_> {
     /// Reads and parses the send WQE at the SQ consumer counter into `w`.
     pub(super) fn fetch_wqe(&mut self, qpn: u32, w: &mut SendWqe) -> Result<(), BadWqe> {
         use c::mlx5_wqe_ctrl_seg as cs;
@@ -161,9 +162,9 @@ impl Device {
         // read cannot be made, the WQE is read as it always was (the control segment, then the whole WQE), so a
         // fault is met and recorded at the same access.
         let mut first = [0u8; BB as usize];
-        let quick = qp.try_read_sq_bb(&self.dma, index, &mut first);
+        let quick = qp.try_read_sq_bb(self.dma, index, &mut first);
         if !quick {
-            qp.read_sq(&mut self.dma, u64::from(index) * BB, &mut first[..CTRL]).map_err(|_| bad(1, 0))?;
+            qp.read_sq(self.dma, u64::from(index) * BB, &mut first[..CTRL]).map_err(|_| bad(1, 0))?;
         }
         let ctrl = &first[..CTRL];
         let w0 = be(cs::OPMOD_IDX_OPCODE, ctrl, 0);
@@ -196,7 +197,7 @@ impl Device {
                 heap.resize(bytes, 0);
                 &mut heap
             };
-            qp.read_sq(&mut self.dma, u64::from(index) * BB, wqe).map_err(|_| bad(nbb, opcode))?;
+            qp.read_sq(self.dma, u64::from(index) * BB, wqe).map_err(|_| bad(nbb, opcode))?;
             wqe
         };
         let mut at = CTRL;
@@ -349,7 +350,7 @@ impl Device {
             heap.resize(stride, 0);
             &mut heap
         };
-        qp.read_rq(&mut self.dma, index, wqe).ok()?;
+        qp.read_rq(self.dma, index, wqe).ok()?;
         for seg in wqe.chunks_exact(DATA_SEG) {
             let lkey = be(d::LKEY, seg, 0);
             if lkey == INVALID_LKEY {
