@@ -22,6 +22,7 @@ use crate::fw::{self, Firmware};
 use crate::link::{self, Wire};
 use crate::regs::{self, Clock, Health, Regs};
 use crate::transport::{Datapath, DpState};
+use crate::uar::UarDecoder;
 
 #[derive(Debug)]
 struct Pending {
@@ -114,6 +115,17 @@ impl Device {
             regs: &mut self.regs,
             clock: &self.clock,
         }
+    }
+
+    /// A 32-bit write into a UAR page, decoded (see [`UarDecoder::uar_write32`]).
+    pub(crate) fn uar_write32(&mut self, off: usize, val: u32) {
+        UarDecoder(self.datapath()).uar_write32(off, val);
+    }
+
+    /// A 64-bit write into a UAR page, decoded; true when it was a send doorbell that gave the datapath work
+    /// (see [`UarDecoder::uar_write64`]).
+    pub(crate) fn uar_write64(&mut self, off: usize, v: u64) -> bool {
+        UarDecoder(self.datapath()).uar_write64(off, v)
     }
 
     /// The view an EQE is posted through (see [`EqPost`]).
