@@ -108,11 +108,16 @@
 //! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
 //!
 //! # Layout
-//! Layers, each using only those below it: `config`, `events`, `fault` and `small` at the bottom; `dma` (device
-//! memory) and `mmio` (the BAR registers); `fw` (commands and the objects' tables); `wire` (the packet format) and
-//! `link` (how packets travel); `transport` (the datapath); `uar` (doorbell decoding). A send doorbell goes
-//! `mmio` -> `uar` -> `transport`. This file is the [`SimDevice`] facade and the lock-protected device state the
-//! layers share.
+//! Layers (bottom first): config events fault small | dma regs wire | link | fw | transport | uar | device | delay dma_handle mmio | sim_device | testkit testutil
+//!
+//! Each module names only modules of lower layers (or of its own layer, acyclically) and never an item through
+//! the crate root; `cargo xtask modcheck` reads the line above. `regs` holds the initialization segment and the
+//! device clock; `wire` the packet format; `link` carries frames and reports what it receives through
+//! `link::Station`, which `device` implements (the links never lock a device or run its datapath); `fw` is the
+//! command engine with one table per object; `transport` the datapath over `Datapath`, a view of the device;
+//! `uar` decodes doorbells over that view; `device` owns the state behind the lock, the device thread, command
+//! delivery and the run loop (`device::pump`: the datapath runs, its packets go to devices or links). The handles
+//! (`mmio`, `dma_handle`, `delay`) hold the device; `sim_device` is [`SimDevice`]. This file only re-exports.
 
 mod config;
 mod delay;
