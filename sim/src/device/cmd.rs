@@ -7,7 +7,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, MsgBuf};
 
-use super::{Device, Stalled};
+use super::state::{Device, Stalled};
 use crate::events::{ExecutedCmd, SimEvent};
 use crate::fault::Fault;
 use crate::fw::reply::{err, rd, rd16, CmdErr};

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use super::{lock, Shared};
+use super::state::{lock, Shared};
 use crate::link::{Packet, Port};
 use crate::wire::Resp;
 

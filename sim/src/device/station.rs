@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::pump::pump;
-use super::{lock, Shared};
+use super::state::{lock, Shared};
 use crate::events::SimEvent;
 use crate::link::{DevRef, Packet, Station, Wire};
 
