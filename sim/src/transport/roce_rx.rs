@@ -16,8 +16,9 @@ use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EthernetRepr, BROADCAST};
 use crate::wire::roce::frame::{emit_arp, parse_with, Integrity, IpRepr, Parsed, RoceRepr};
 use crate::wire::roce::ib::{NakCode, Opcode, Syndrome};
+use crate::wire::roce::rc::psn_count;
 use crate::wire::roce::rc::{psn_add, psn_diff, Position};
-use crate::wire::roce_map::{self, psn_count};
+use crate::wire::roce_map;
 
 /// A message whose packets are arriving.
 #[derive(Debug)]
