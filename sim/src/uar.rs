@@ -1,3 +1,5 @@
+//! Firmware side: `fw/eq.rs` (EQ doorbell), `fw/cq.rs` (CQ arm), `fw/qp.rs` (send doorbell).
+//!
 //! The UAR pages of the BAR, decoded in one place: every write the driver makes into a UAR page (`mlx5_uar`,
 //! after the initialization segment) is interpreted here, as the device's doorbell logic does: the EQ doorbell
 //! (32-bit, `MLX5_EQ_DOORBELL_OFFSET`), the CQ arm doorbell (64-bit, `MLX5_CQ_DOORBELL`), and the BlueFlame

@@ -1,3 +1,5 @@
+//! Datapath side: `transport/cqe.rs` (CQE writes, overruns, completion events), `uar.rs` (the arm doorbell).
+//!
 //! Completion queues on the device side (c-layouts.md section 4): [`CqTable`] with CREATE/DESTROY/QUERY/MODIFY_CQ
 //! (moderation, resize) over the narrow [`CqFw`] view, and the ring each CQ writes through its `pas[]` pages. CQE
 //! production is `transport/cqe.rs`, the CQ arm doorbell `uar.rs`. Mirrors the kernel's `cq.c` from the device

@@ -1,3 +1,6 @@
+//! Datapath side: `EqPost` here (every EQE is written by it), `transport/cqe.rs` (completion events), `uar.rs`
+//! (the EQ doorbell).
+//!
 //! Event queues on the device side (c-layouts.md section 3): [`EqTable`] with CREATE/DESTROY_EQ over the narrow
 //! [`EqFw`] view, posting EQEs, and the firmware's page requests; the EQ doorbell is decoded in `uar.rs`. Mirrors
 //! the kernel's `eq.c` from the device side.

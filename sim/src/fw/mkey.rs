@@ -1,3 +1,5 @@
+//! Datapath side: `transport/keys.rs` (gathers, scatters and remote targets through the keys checked here).
+//!
 //! Memory keys: [`MkeyTable`] with CREATE_MKEY / DESTROY_MKEY over the narrow [`MkeyFw`] view, and the access
 //! check the datapath applies to every lkey and rkey (the kernel's `mr.c` from the device side).
 //!
@@ -126,7 +128,7 @@ pub(crate) struct Mkey {
 impl Mkey {
     /// The IOVA of `va..va + len` when it translates to one range: a PA key, or an MTT range inside one page (the
     /// datapath's usual access, translated without building a list). `None` for an empty range and for one
-    /// [`State::mkey_pieces`] must split (or refuse); the range must have passed [`State::mkey_check`].
+    /// [`MkeyTable::pieces`] must split (or refuse); the range must have passed [`MkeyTable::check`].
     #[inline]
     pub(crate) fn contiguous(&self, va: u64, len: u64) -> Option<u64> {
         if len == 0 {

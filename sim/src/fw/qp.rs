@@ -1,3 +1,6 @@
+//! Datapath side: `transport/` (`mod.rs` the engine, `wqe.rs`, `requester.rs`, `responder.rs`, `uc.rs`, `ud.rs`,
+//! `flush.rs`, `roce_rx.rs`), `uar.rs` (the send doorbell and BlueFlame copies).
+//!
 //! Queue pairs on the device side: [`QpTable`] with CREATE/DESTROY/QUERY_QP and the state-machine commands
 //! (RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS, 2ERR, 2RST) with firmware-style checks over the narrow [`QpFw`] view, and
 //! the context each transition stores (the kernel's `qp.c` from the device side). The QP also holds the state

@@ -1,3 +1,5 @@
+//! Datapath side: `transport/srq.rs` (receives through an SRQ, its limit and last-WQE events).
+//!
 //! Shared receive queues on the device side: [`SrqTable`] with CREATE/MODIFY/QUERY/DESTROY_RMP (ISSI 1) and
 //! CREATE/ARM/QUERY/DESTROY_SRQ (ISSI 0, `ARM_RQ` with op_mod SRQ), checked over the narrow [`SrqFw`] view, and
 //! the state the receive engine keeps per SRQ (the firmware side of mlx5_ib's `srq_cmd.c`).

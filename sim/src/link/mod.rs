@@ -6,7 +6,7 @@
 //! frames it stands for. Routing is by the sender's path or address vector: the IB destination LID, or on
 //! Ethernet the destination MAC, as an Ethernet segment delivers; the receiving port then takes a RoCE packet only
 //! for one of its own GIDs (its link-local GID or any entry of its GID table, IPv4-mapped ones included:
-//! `State::owns_gid`). The device's own address is loopback (the packet goes to its own inbox and is handled
+//! `Datapath::owns_gid`). The device's own address is loopback (the packet goes to its own inbox and is handled
 //! under the same lock); an address of a peer joined by [`crate::sim_device::SimDevice::connect`] goes out on the wire;
 //! anything else is unreachable.
 //!

@@ -1,3 +1,5 @@
+//! Firmware side: `fw/cq.rs` (the CQ table and ring); EQEs through `fw/eq.rs`'s `EqPost`.
+//!
 //! CQE production: a CQE goes into its CQ's ring through the `pas[]` pages with the owner bit of its pass, after
 //! the overrun check against the doorbell record's consumer index; an armed CQ then fires its completion EQE
 //! (`mlx5_cq_completion` on the kernel side). The datapath's completions and [`crate::sim_device::SimDevice::post_cqe`] both

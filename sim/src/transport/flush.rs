@@ -1,3 +1,5 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! QP errors and flushes: an error CQE moves its QP to ERR, and a QP in ERR completes everything outstanding
 //! and posted with `WR_FLUSH_ERR`, one CQE per WQE, each time the device runs.
 

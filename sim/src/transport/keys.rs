@@ -1,5 +1,7 @@
+//! Firmware side: `fw/mkey.rs` (the key table and its access check).
+//!
 //! Execution through memory keys: every device access by key (gathers of local SGEs, scatters into receive
-//! buffers, remote READ/WRITE/atomic targets) goes through `Device::mkey_access` and the checked
+//! buffers, remote READ/WRITE/atomic targets) goes through `Datapath::mkey_pieces` (`MkeyTable::pieces`) and the checked
 //! DMA translation.
 
 use super::wqe::{Seg, SegView, SendWqe};
@@ -79,7 +81,7 @@ impl Datapath<'_> {
         Ok(data)
     }
 
-    /// [`State::gather`] as an RC payload: a small one straight into the packet's inline bytes, a larger one
+    /// [`Datapath::gather`] as an RC payload: a small one straight into the packet's inline bytes, a larger one
     /// straight into the shared payload, allocated once at its exact length. Gathering through a buffer and then
     /// sharing a copy held the message twice (and kept the buffer at the largest message's size for good).
     pub(super) fn gather_payload(&mut self, pd: u32, max_msg: u64, w: &SendWqe) -> Result<Payload, u8> {

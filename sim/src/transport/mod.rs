@@ -5,7 +5,7 @@
 //! through `wire` and travel by `link`.
 //!
 //! A send doorbell reaches this module one way: `mmio.rs` (the BAR write) -> `uar.rs` (decodes it, records the
-//! SQ producer counter) -> [`State::run_datapath`] here (in line, or on the device thread), which runs every QP's
+//! SQ producer counter) -> [`Datapath::run_datapath`] here (in line, or on the device thread), which runs every QP's
 //! SQ, the packets in the inbox and the timers.
 //!
 //! # Execution
@@ -14,7 +14,7 @@
 //! to the initiator depth, a fenced WQE only once no READ or atomic is in flight (`requester.rs`);
 //! on a link a message leaves in packets, at most `MAX_PACKETS_IN_FLIGHT` not acknowledged (`send_window`);
 //! the QP's `sq_next` is the next WQE to execute and `sq_ci` the next to complete, so completions stay in
-//! order (a WQE that fails locally, or a NOP, waits for those in flight). Every device access by key goes through [`State::mkey_access`]: local SGEs with the QP's PD
+//! order (a WQE that fails locally, or a NOP, waits for those in flight). Every device access by key goes through [`MkeyTable::access`](crate::fw::mkey::MkeyTable::access): local SGEs with the QP's PD
 //! (`LOCAL_READ` to gather, `LOCAL_WRITE` for READ and atomic results), remote ones with the target QP's PD, its
 //! `rre`/`rwe`/`rae` and `REMOTE_*` rights. Atomics run under the target device's lock.
 //!

@@ -1,3 +1,5 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! The RC requester: a send WQE becomes a request in flight (its PSNs, the ACK and RNR timers, retries and
 //! their counts) until a response (ACK, READ data, atomic original value, NAK) completes it (IBA 9.7, the
 //! requester side). Requests are pipelined: up to `MAX_IN_FLIGHT` messages are sent before the first is

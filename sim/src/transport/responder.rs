@@ -1,3 +1,5 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! The RC responder: a request is checked against the expected PSN (execute, answer a duplicate again, or NAK a
 //! sequence error), executed through memory keys, and answered (ACK, READ data, atomic original value, RNR NAK,
 //! NAK) (IBA 9.7, the responder side).

@@ -1,3 +1,5 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! The receive side of a RoCE port: a bare Ethernet frame from a link becomes what the transport handles. ARP is
 //! answered for the port's IPv4 addresses and teaches the port its neighbours' MACs; a RoCEv2 frame that passes
 //! every check (`wire::roce::frame`, ICRC included) is taken apart by opcode: UD sends go to their QP with the
@@ -181,7 +183,7 @@ impl Datapath<'_> {
         self.receive_frame_with(frame, from, Integrity::Check)
     }
 
-    /// [`State::receive_frame`], checking the frame's sums as `integrity` says.
+    /// [`Datapath::receive_frame`], checking the frame's sums as `integrity` says.
     fn receive_frame_with(&mut self, frame: &[u8], from: &DevRef, integrity: Integrity) -> Option<Vec<u8>> {
         if self.dead() || self.wire.addr.ib {
             return None;

@@ -1,3 +1,5 @@
+//! Firmware side: `fw/srq.rs` (the SRQ table and ring).
+//!
 //! Receives through a shared receive queue: the WQE at the SRQ's head (its data segments after the
 //! `mlx5_wqe_srq_next_seg`), taking it (the head follows `next_wqe_index`), and the two events an SRQ raises:
 //! `SRQ_RQ_LIMIT` when fewer WQEs than the armed limit remain (once per arm) and `SRQ_LAST_WQE` when a QP

@@ -1,3 +1,5 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! UC (IBA 9.8, unreliable connected): SEND and RDMA WRITE, with or without immediate, along the QP's path with
 //! no acknowledgement. The requester completes a WQE once its message is on the wire; the responder executes a
 //! message it can take and silently drops one it cannot (no QP ready, bad rkey or rights, no receive WQE), so

@@ -1,3 +1,5 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! UD: a send to the address vector's QP (dropped, completing successfully, when it cannot be delivered) and its
 //! receive with the 40-byte GRH area in front of the payload.
 

@@ -1,3 +1,5 @@
+//! Firmware side: `fw/qp.rs` (the QP's rings), `fw/srq.rs` (SRQ WQEs).
+//!
 //! WQE views: a send WQE parsed in place from the SQ (`mlx5_wqe_ctrl_seg` and the segments after it: raddr,
 //! atomic, datagram, data and inline segments; `mlx5_av` for UD) and the receive WQE taken from the RQ
 //! (`mlx5_wqe_data_seg` list), with what a malformed one completes with.
