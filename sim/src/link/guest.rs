@@ -1083,6 +1083,6 @@ mod tests {
         assert_eq!(a.h.dev.frame_drops().total(), 1);
         // The asker is now a neighbour of the process, as in a host's neighbour table (the drop-in library
         // resolves a RoCE destination MAC there).
-        assert_eq!(crate::transport::roce_rx::arp_neighbour([10, 0, 0, 1]), Some(guest));
+        assert_eq!(crate::transport::reasm::arp_neighbour([10, 0, 0, 1]), Some(guest));
     }
 }

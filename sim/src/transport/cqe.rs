@@ -9,7 +9,6 @@
 //! then, after a fence, `op_own`, so a driver that sees the new owner bit (and issues `dma_rmb`) reads a
 //! complete entry.
 
-use super::Datapath;
 use mlx5_core::prm::{c, consts};
 
 use crate::dma::DmaFault;
@@ -18,7 +17,7 @@ use crate::fw::cq::{Arm, PostCqeError, CQE64, OPCODE_SHIFT, OP_OWN, SOLICITED};
 use crate::fw::eq::EQE_DATA_LEN;
 use crate::wire::roce_map;
 
-use super::*;
+use super::common::*;
 
 /// Whether a CQE satisfies a solicited-only arm: the solicited bit, or an error CQE.
 fn is_solicited(op_own: u8) -> bool {

@@ -3,9 +3,8 @@
 //! QP errors and flushes: an error CQE moves its QP to ERR, and a QP in ERR completes everything outstanding
 //! and posted with `WR_FLUSH_ERR`, one CQE per WQE, each time the device runs.
 
+use super::common::*;
 use super::cqe::CqeOut;
-use super::Datapath;
-use super::*;
 
 impl Datapath<'_> {
     pub(super) fn qp_error(&mut self, qpn: u32, syndrome: u8) {

@@ -4,9 +4,8 @@
 //! buffers, remote READ/WRITE/atomic targets) goes through `Datapath::mkey_pieces` (`MkeyTable::pieces`) and the checked
 //! DMA translation.
 
+use super::common::*;
 use super::wqe::{Seg, SegView, SendWqe};
-use super::Datapath;
-use super::*;
 
 impl Datapath<'_> {
     pub(super) fn key_read(&mut self, key: u32, pd: u32, va: u64, len: u64, access: MkeyAccess) -> Result<Vec<u8>, ()> {

@@ -17,9 +17,8 @@
 //! answers every AckReq, an ACK covering all before it) lets as many more out, restarts the ACK timer (which so
 //! measures time without progress, never a message's length) and moves the point a retransmission starts from.
 
+use super::common::*;
 use super::wqe::{Kind, SendWqe};
-use super::Datapath;
-use super::*;
 
 impl Datapath<'_> {
     /// The source GID a packet carries for GID table `index`: on RoCE the entry SET_ROCE_ADDRESS programmed, on

@@ -4,9 +4,8 @@
 //! sequence error), executed through memory keys, and answered (ACK, READ data, atomic original value, RNR NAK,
 //! NAK) (IBA 9.7, the responder side).
 
+use super::common::*;
 use super::cqe::{flags_rqpn, CqeOut};
-use super::Datapath;
-use super::*;
 
 impl Datapath<'_> {
     pub(super) fn reply(&mut self, p: Packet, resp: Resp) {

@@ -11,8 +11,8 @@
 //! the first, an atomic ACK names the request's PSN). A frame that fails a check is dropped and recorded as
 //! [`SimEvent::FrameDropped`], never a panic.
 
-use super::Datapath;
-use super::*;
+use super::common::*;
+use super::reasm::{Partial, PartialKind, Rest, NOT_OUR_GID, SPARE_BYTES};
 use crate::link::DevRef;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EthernetRepr, BROADCAST};
@@ -21,116 +21,6 @@ use crate::wire::roce::ib::{NakCode, Opcode, Syndrome};
 use crate::wire::roce::rc::psn_count;
 use crate::wire::roce::rc::{psn_add, psn_diff, Position};
 use crate::wire::roce_map;
-
-/// A message whose packets are arriving.
-#[derive(Debug)]
-pub(crate) struct Partial {
-    first_psn: u32,
-    next_psn: u32,
-    kind: PartialKind,
-    data: Vec<u8>,
-    /// A sequence NAK went out for the gap at `next_psn` (one per gap, as a responder sends).
-    nak_sent: bool,
-    /// The most bytes the message may bring: the scatter list of the receive it will take (SEND), the RETH's
-    /// length (WRITE). What was posted or registered bounds the reassembly, never the peer.
-    limit: u64,
-    /// What happens to the rest of the message's packets.
-    rest: Rest,
-}
-
-/// How a message in reassembly takes its next packets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Rest {
-    /// Kept, up to `limit`.
-    Keep,
-    /// Dropped: the message was refused at its first packet or when it outgrew its receive (NAKed on RC,
-    /// silently on UC), as a ConnectX drops the rest of a message it NAKed until a new FIRST or ONLY.
-    Drop,
-    /// A duplicate of a message already executed: nothing is kept, its LAST is acknowledged again.
-    Duplicate,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PartialKind {
-    Send { uc: bool },
-    Write { uc: bool, raddr: u64, rkey: u32 },
-    ReadResponse,
-}
-
-/// Where the port keeps messages in reassembly and what it learned from ARP.
-#[derive(Debug, Default)]
-pub(crate) struct RoceRx {
-    /// Requests being reassembled, by responder QP.
-    requests: BTreeMap<u32, Partial>,
-    /// READ responses being reassembled, by requester QP.
-    reads: BTreeMap<u32, Partial>,
-    /// IPv4 neighbours (ARP): address and MAC.
-    pub(crate) neighbours: Vec<([u8; 4], [u8; 6])>,
-    /// Reassembly buffers of finished messages, for the next ones.
-    spare: Vec<Vec<u8>>,
-}
-
-/// Why a RoCE packet delivered to this port's MAC is dropped when it names another port's GID.
-const NOT_OUR_GID: &str = "destination GID is not in the port's GID table";
-
-/// The most neighbours remembered (the oldest is forgotten first).
-const MAX_NEIGHBOURS: usize = 64;
-/// Reassembly buffers kept for the next messages, and the largest kept (a bigger one is freed).
-const SPARE_BUFFERS: usize = 4;
-const SPARE_BYTES: usize = 1 << 20;
-
-impl RoceRx {
-    /// A reassembly buffer holding `first`, with room for `whole` bytes when that is known (and not huge): a
-    /// spare one when there is one, so a stream of messages does not allocate and grow a buffer each.
-    fn buffer(&mut self, first: &[u8], whole: u64) -> Vec<u8> {
-        let mut b = self.spare.pop().unwrap_or_default();
-        b.reserve(usize::try_from(whole).unwrap_or(0).min(SPARE_BYTES));
-        b.extend_from_slice(first);
-        b
-    }
-
-    /// Bytes the messages in reassembly hold, and the capacity of their buffers.
-    #[cfg(test)]
-    pub(crate) fn held(&self) -> (usize, usize) {
-        self.requests
-            .values()
-            .chain(self.reads.values())
-            .fold((0, 0), |(n, c), p| (n + p.data.len(), c + p.data.capacity()))
-    }
-
-    /// Takes back a buffer whose message is done.
-    fn recycle(&mut self, mut b: Vec<u8>) {
-        if self.spare.len() < SPARE_BUFFERS && b.capacity() <= SPARE_BYTES {
-            b.clear();
-            self.spare.push(b);
-        }
-    }
-
-    fn learn(&mut self, ip: [u8; 4], mac: [u8; 6]) {
-        remember(&mut self.neighbours, ip, mac);
-        // The process's table too, as a host's neighbour table serves its every port.
-        if let Ok(mut t) = PROCESS_NEIGHBOURS.lock() {
-            remember(&mut t, ip, mac);
-        }
-    }
-}
-
-/// IPv4 neighbours any simulated port of this process learned from ARP: what a host's neighbour table holds,
-/// for a driver resolving a RoCE destination MAC as the kernel's `ib_resolve_eth_dmac` does.
-static PROCESS_NEIGHBOURS: std::sync::Mutex<Vec<([u8; 4], [u8; 6])>> = std::sync::Mutex::new(Vec::new());
-
-fn remember(table: &mut Vec<([u8; 4], [u8; 6])>, ip: [u8; 4], mac: [u8; 6]) {
-    table.retain(|(a, _)| *a != ip);
-    if table.len() == MAX_NEIGHBOURS {
-        table.remove(0);
-    }
-    table.push((ip, mac));
-}
-
-/// The MAC a simulated port of this process learned from ARP for `ip`, if any.
-pub fn arp_neighbour(ip: [u8; 4]) -> Option<[u8; 6]> {
-    PROCESS_NEIGHBOURS.lock().ok()?.iter().find(|(a, _)| *a == ip).map(|(_, m)| *m)
-}
 
 fn ext_grh(r: &RoceRepr<'_>) -> Grh {
     let (tclass, flow_label, hop_limit) = match r.ip {

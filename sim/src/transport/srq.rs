@@ -5,8 +5,7 @@
 //! `SRQ_RQ_LIMIT` when fewer WQEs than the armed limit remain (once per arm) and `SRQ_LAST_WQE` when a QP
 //! attached to it is in ERR (once per stay there).
 
-use super::Datapath;
-use super::*;
+use super::common::*;
 
 /// The next segment that starts every SRQ WQE.
 const NEXT_SEG: usize = c::mlx5_wqe_srq_next_seg::SIZE;

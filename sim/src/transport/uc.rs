@@ -6,10 +6,9 @@
 //! nothing is retransmitted and the requester never learns of it. A receive the message does not fit (or whose
 //! lkey is bad) still completes in error at the responder, which goes to ERR: that failure is local to it.
 
+use super::common::*;
 use super::cqe::{flags_rqpn, CqeOut};
 use super::wqe::{Kind, SendWqe};
-use super::Datapath;
-use super::*;
 
 impl Datapath<'_> {
     /// Executes a send WQE of a UC QP: READ and atomics do not exist on UC (`LOCAL_QP_OP_ERR`); a SEND or

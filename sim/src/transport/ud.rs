@@ -3,10 +3,9 @@
 //! UD: a send to the address vector's QP (dropped, completing successfully, when it cannot be delivered) and its
 //! receive with the 40-byte GRH area in front of the payload.
 
+use super::common::*;
 use super::cqe::{flags_rqpn, CqeOut};
 use super::wqe::SendWqe;
-use super::Datapath;
-use super::*;
 use crate::fw::qp::SpecialQp;
 use crate::wire::roce::frame::IpRepr;
 use crate::wire::roce::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN};

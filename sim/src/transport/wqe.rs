@@ -4,8 +4,7 @@
 //! atomic, datagram, data and inline segments; `mlx5_av` for UD) and the receive WQE taken from the RQ
 //! (`mlx5_wqe_data_seg` list), with what a malformed one completes with.
 
-use super::Datapath;
-use super::*;
+use super::common::*;
 
 /// A gather entry of a send WQE: a data segment, or (`inline`) `sge.len` inline bytes at offset `sge.addr` of
 /// [`DpState::inline`]. A struct rather than an enum, so a data segment's fields can be written straight into the
