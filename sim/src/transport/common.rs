@@ -12,7 +12,7 @@ pub(super) use crate::dma::DmaSpace;
 pub(super) use crate::events::{RetryKind, SimEvent};
 pub(super) use crate::fw::eq::{EqPost, EQE_DATA_LEN};
 pub(super) use crate::fw::mkey::MkeyAccess;
-pub(super) use crate::fw::mkey::{Mkey, MkeyFault, Pieces};
+pub(super) use crate::fw::mkey::{Mkey, MkeyFault};
 pub(super) use crate::fw::qp::{
     Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, LOG_ACK_REQ_MAX, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES,
     MAX_PACKETS_IN_FLIGHT, PSN_MASK, SEND_WQE_BB,
@@ -22,7 +22,7 @@ pub(super) use crate::link::Packet;
 pub(super) use crate::link::Wire;
 pub(super) use crate::regs::{Clock, Regs};
 pub(super) use crate::small::Small;
-pub(super) use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, RoceInfo, INLINE_PAYLOAD};
+pub(super) use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, RoceInfo};
 
 pub(super) const BB: u64 = SEND_WQE_BB;
 /// PSNs less than half the 24-bit space ahead of the expected one are "ahead" (a sequence error); the rest are
@@ -127,9 +127,6 @@ pub(super) const WQE_STACK: usize = 256;
 /// Largest receive WQE read into the small stack buffer: four SGEs.
 pub(super) const RQ_SMALL: usize = 64;
 
-/// Bytes a gather reserves before reading (more only as the keys check out).
-pub(super) const GATHER_RESERVE: usize = 64 * 1024;
-
 /// Datapath state beyond the QPs: the BlueFlame buffers' current WQEs and the request sequence numbers.
 #[derive(Debug, Default)]
 pub(crate) struct DpState {
@@ -207,18 +204,5 @@ impl Datapath<'_> {
         access: MkeyAccess,
     ) -> Result<&Mkey, MkeyFault> {
         self.fw.mkeys.check(key, pd, va, len, access)
-    }
-
-    /// Checks an access through `key` and translates it into the usual few pieces, without a heap allocation.
-    #[inline]
-    pub(crate) fn mkey_pieces(
-        &self,
-        key: u32,
-        pd: Option<u32>,
-        va: u64,
-        len: u64,
-        access: MkeyAccess,
-    ) -> Result<Pieces, MkeyFault> {
-        self.fw.mkeys.pieces(self.dma, key, pd, va, len, access)
     }
 }

@@ -59,9 +59,16 @@ mod wqe;
 
 use common::*;
 pub(crate) use common::{Datapath, DpState};
+use keys::Keys;
 use wqe::{Kind, SendWqe};
 
 impl Datapath<'_> {
+    /// The view an access through memory keys takes (see `keys.rs`).
+    #[inline]
+    fn keys(&mut self) -> Keys<'_> {
+        Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline }
+    }
+
     // -----------------------------------------------------------------------------------------------------------
     // The engine
 

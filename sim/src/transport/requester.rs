@@ -45,7 +45,7 @@ impl Datapath<'_> {
         };
         let op = match w.kind {
             Kind::Send | Kind::Write { .. } => {
-                let data = match self.gather_payload(pd, max_msg, w) {
+                let data = match self.keys().gather_payload(pd, max_msg, w) {
                     Ok(data) => data,
                     Err(s) => return fail(self, s),
                 };
@@ -54,11 +54,11 @@ impl Datapath<'_> {
                     _ => RcOp::Send { data, imm: w.imm },
                 }
             }
-            Kind::Read { raddr, rkey } => match self.check_scatter(pd, &w.segs) {
+            Kind::Read { raddr, rkey } => match self.keys().check_scatter(pd, &w.segs) {
                 Ok(len) => RcOp::Read { raddr, rkey, len },
                 Err(s) => return fail(self, s),
             },
-            Kind::Atomic { raddr, rkey, op } => match self.check_scatter(pd, &w.segs) {
+            Kind::Atomic { raddr, rkey, op } => match self.keys().check_scatter(pd, &w.segs) {
                 Ok(len) if len >= 8 => RcOp::Atomic { raddr, rkey, op },
                 Ok(_) => return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR),
                 Err(s) => return fail(self, s),
@@ -395,10 +395,12 @@ impl Datapath<'_> {
         let pd = qp.pd;
         let w = req.wqe;
         let result = match (&req.op, resp) {
-            (RcOp::Read { len, .. }, Resp::ReadData(d)) if d.len() as u64 == *len => self.scatter(pd, &req.sges, &d),
+            (RcOp::Read { len, .. }, Resp::ReadData(d)) if d.len() as u64 == *len => {
+                self.keys().scatter(pd, &req.sges, &d)
+            }
             (RcOp::Atomic { .. }, Resp::AtomicOrig(v)) => {
                 let bytes = self.fw.caps.atomic_bytes(v);
-                self.scatter(pd, &req.sges, &bytes)
+                self.keys().scatter(pd, &req.sges, &bytes)
             }
             (RcOp::Send { .. } | RcOp::Write { .. }, Resp::Ack) => Ok(()),
             _ => Err(consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR),

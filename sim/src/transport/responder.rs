@@ -75,7 +75,7 @@ impl Datapath<'_> {
         let resp = match op {
             RcOp::Send { data, imm } => match self.next_recv(dst, &mut sges) {
                 None => Resp::RnrNak { timer: min_rnr },
-                Some(index) => match self.scatter(pd, &sges, data) {
+                Some(index) => match self.keys().scatter(pd, &sges, data) {
                     Ok(()) => {
                         let cqe = CqeOut {
                             opcode: if imm.is_some() {
@@ -111,7 +111,7 @@ impl Datapath<'_> {
                     None => Resp::RnrNak { timer: min_rnr },
                     Some(recv) => {
                         let written = data.is_empty()
-                            || self.key_write(*rkey, pd, *raddr, data, MkeyAccess::REMOTE_WRITE).is_ok();
+                            || self.keys().key_write(*rkey, pd, *raddr, data, MkeyAccess::REMOTE_WRITE).is_ok();
                         match (written, recv) {
                             (false, _) => Resp::Nak(Nak::RemoteAccess),
                             (true, None) => {
@@ -141,7 +141,7 @@ impl Datapath<'_> {
                 } else if *len == 0 {
                     Ok(Vec::new())
                 } else {
-                    self.key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
+                    self.keys().key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
                 };
                 match data {
                     Ok(d) => {
@@ -205,7 +205,7 @@ impl Datapath<'_> {
                 } else if *len == 0 {
                     Ok(Vec::new())
                 } else {
-                    self.key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
+                    self.keys().key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
                 };
                 data.map_or(Resp::Nak(Nak::RemoteAccess), Resp::ReadData)
             }
@@ -227,7 +227,7 @@ impl Datapath<'_> {
     /// An 8-byte atomic under the device lock, on memory in the byte order the driver chose
     /// ([`Caps::atomic_bytes`](crate::fw::caps::Caps::atomic_bytes)); returns the original value.
     pub(super) fn atomic(&mut self, pd: u32, raddr: u64, rkey: u32, op: AtomicOp) -> Result<u64, ()> {
-        let old = self.key_read(rkey, pd, raddr, 8, MkeyAccess::REMOTE_ATOMIC)?;
+        let old = self.keys().key_read(rkey, pd, raddr, 8, MkeyAccess::REMOTE_ATOMIC)?;
         let orig = self.fw.caps.atomic_value(old.get(..8).and_then(|b| b.try_into().ok()).ok_or(())?);
         let new = match op {
             AtomicOp::CmpSwap { compare, swap } => (orig == compare).then_some(swap),
@@ -235,7 +235,7 @@ impl Datapath<'_> {
         };
         if let Some(v) = new {
             let bytes = self.fw.caps.atomic_bytes(v);
-            self.key_write(rkey, pd, raddr, &bytes, MkeyAccess::REMOTE_ATOMIC)?;
+            self.keys().key_write(rkey, pd, raddr, &bytes, MkeyAccess::REMOTE_ATOMIC)?;
         }
         Ok(orig)
     }

@@ -18,7 +18,7 @@ impl Datapath<'_> {
         let (pd, max_msg, psn, remote) = (qp.pd, qp.max_msg, qp.next_send_psn, qp.remote_qpn);
         let fail = |st: &mut Datapath, s: u8| st.send_error(qpn, w.index, w.opcode, w.nbb, s);
         let data = match w.kind {
-            Kind::Send | Kind::Write { .. } => match self.gather_payload(pd, max_msg, w) {
+            Kind::Send | Kind::Write { .. } => match self.keys().gather_payload(pd, max_msg, w) {
                 Ok(data) => data,
                 Err(s) => return fail(self, s),
             },
@@ -103,8 +103,8 @@ impl Datapath<'_> {
             None
         };
         if let Some((raddr, rkey)) = write {
-            let ok =
-                rwe && (data.is_empty() || self.key_write(rkey, pd, raddr, data, MkeyAccess::REMOTE_WRITE).is_ok());
+            let ok = rwe
+                && (data.is_empty() || self.keys().key_write(rkey, pd, raddr, data, MkeyAccess::REMOTE_WRITE).is_ok());
             if !ok {
                 self.bump_rcv_psn(dst, len);
                 return drop(self, "remote write refused (rights, rkey or bounds)");
@@ -122,7 +122,7 @@ impl Datapath<'_> {
             (false, false) => consts::MLX5_CQE_RESP_SEND,
         };
         if write.is_none() {
-            if let Err(s) = self.scatter(pd, &sges, data) {
+            if let Err(s) = self.keys().scatter(pd, &sges, data) {
                 return self.recv_error(dst, index, s);
             }
         }

@@ -54,7 +54,7 @@ impl Datapath<'_> {
         let Some(av) = w.av else {
             return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
         };
-        let data = match self.gather(pd, max_msg, w) {
+        let data = match self.keys().gather(pd, max_msg, w) {
             Ok(d) => d,
             Err(s) => return self.send_error(qpn, w.index, w.opcode, w.nbb, s),
         };
@@ -127,7 +127,7 @@ impl Datapath<'_> {
         let mut msg = Vec::with_capacity(GRH_BYTES + data.len());
         msg.extend_from_slice(&grh_image(p.grh.as_ref(), data.len(), imm.is_some(), self.wire.addr.ib));
         msg.extend_from_slice(data);
-        match self.scatter(pd, &sges, &msg) {
+        match self.keys().scatter(pd, &sges, &msg) {
             Ok(()) => {
                 let cqe = CqeOut {
                     opcode: if imm.is_some() { consts::MLX5_CQE_RESP_SEND_IMM } else { consts::MLX5_CQE_RESP_SEND },
