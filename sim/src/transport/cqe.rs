@@ -268,7 +268,7 @@ impl Datapath<'_> {
         // The CQE names the SRQ WQE; the SRQ moves on (and may raise its limit event) after it.
         self.post(cqn, cqe);
         if let Some(n) = srqn {
-            self.srq_take(n);
+            self.srqs().srq_take(n);
         }
     }
 
@@ -290,7 +290,7 @@ impl Datapath<'_> {
         };
         self.post(cqn, cqe);
         if let Some(n) = srqn {
-            self.srq_take(n);
+            self.srqs().srq_take(n);
         }
         self.qp_error(qpn, syndrome);
     }

@@ -19,7 +19,7 @@ impl Datapath<'_> {
     /// receiving through an SRQ leaves the SRQ's WQEs alone and raises `SRQ_LAST_WQE` once.
     pub(super) fn flush(&mut self, qpn: u32) -> bool {
         use c::mlx5_wqe_ctrl_seg as cs;
-        let last_wqe = self.last_wqe_reached(qpn);
+        let last_wqe = self.srqs().last_wqe_reached(qpn);
         let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
         let (cqn_snd, cqn_rcv) = (qp.cqn_snd, qp.cqn_rcv);
         let flush = |opcode: u8, wqe_opcode: u8, wqe_counter: u16| CqeOut {

@@ -60,6 +60,7 @@ mod wqe;
 use common::*;
 pub(crate) use common::{Datapath, DpState};
 use keys::Keys;
+use srq::Srqs;
 use wqe::{Kind, SendWqe};
 
 impl Datapath<'_> {
@@ -67,6 +68,22 @@ impl Datapath<'_> {
     #[inline]
     fn keys(&mut self) -> Keys<'_> {
         Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline }
+    }
+
+    /// The view receives through an SRQ take (see `srq.rs`).
+    #[inline]
+    fn srqs(&mut self) -> Srqs<'_> {
+        Srqs {
+            srqs: &mut self.fw.srqs,
+            qps: &mut self.fw.qps,
+            post: EqPost {
+                eqs: &mut self.fw.eqs,
+                dma: self.dma,
+                events: self.events,
+                regs: self.regs,
+                clock: self.clock,
+            },
+        }
     }
 
     // -----------------------------------------------------------------------------------------------------------

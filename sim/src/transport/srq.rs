@@ -6,6 +6,8 @@
 //! attached to it is in ERR (once per stay there).
 
 use super::common::*;
+use crate::fw::qp::QpTable;
+use crate::fw::srq::SrqTable;
 
 /// The next segment that starts every SRQ WQE.
 const NEXT_SEG: usize = c::mlx5_wqe_srq_next_seg::SIZE;
@@ -19,19 +21,27 @@ fn qp_srq_data(n: u32, queue_type: u8) -> [u8; crate::fw::eq::EQE_DATA_LEN] {
     d
 }
 
-impl Datapath<'_> {
+/// What receives through an SRQ borrow from the device: the SRQ table, the QP table (the last-WQE event), and
+/// what posting their events takes. The datapath builds one per use (`Datapath::srqs`).
+pub(super) struct Srqs<'a> {
+    pub(super) srqs: &'a mut SrqTable,
+    pub(super) qps: &'a mut QpTable,
+    pub(super) post: EqPost<'a>,
+}
+
+impl Srqs<'_> {
     /// The WQE at the head of SRQ `srqn` for a receive on QP `qpn`, without taking it: its index, and its
     /// scatter list into `sges`. `None` when nothing is posted (or the doorbell record claims more than the ring).
     pub(super) fn next_srq_recv(&mut self, qpn: u32, srqn: u32, sges: &mut Sges) -> Option<u16> {
         use c::mlx5_wqe_data_seg as d;
-        let srq = self.fw.srqs.get(&srqn)?;
-        let counter = srq.counter(self.dma)?;
+        let srq = self.srqs.get(&srqn)?;
+        let counter = srq.counter(self.post.dma)?;
         let pending = counter.wrapping_sub(srq.consumed);
         if pending == 0 {
             return None;
         }
         if u32::from(pending) > srq.size() {
-            self.events.push(SimEvent::BadRqCounter { qpn, head: counter });
+            self.post.events.push(SimEvent::BadRqCounter { qpn, head: counter });
             return None;
         }
         let index = srq.head;
@@ -45,7 +55,7 @@ impl Datapath<'_> {
             heap.resize(len, 0);
             &mut heap
         };
-        srq.read_wqe(self.dma, index, NEXT_SEG, wqe).ok()?;
+        srq.read_wqe(self.post.dma, index, NEXT_SEG, wqe).ok()?;
         for seg in wqe.chunks_exact(DATA_SEG) {
             let lkey = be(d::LKEY, seg, 0);
             if lkey == INVALID_LKEY {
@@ -63,25 +73,25 @@ impl Datapath<'_> {
     /// Takes the head WQE of SRQ `srqn` (a receive consumed it, well or in error); raises the limit event when
     /// fewer WQEs than the armed limit remain, and disarms the limit.
     pub(super) fn srq_take(&mut self, srqn: u32) {
-        let Some(srq) = self.fw.srqs.get_mut(&srqn) else { return };
-        let pending = srq.counter(self.dma).map_or(0, |c| c.wrapping_sub(srq.consumed));
-        let left = srq.take(self.dma, pending);
+        let Some(srq) = self.srqs.get_mut(&srqn) else { return };
+        let pending = srq.counter(self.post.dma).map_or(0, |c| c.wrapping_sub(srq.consumed));
+        let left = srq.take(self.post.dma, pending);
         if srq.lwm > 0 && u32::from(left) < srq.lwm {
             srq.lwm = 0;
             // `srq_event_notifier` reads only the number; the queue type stays 0.
-            let _ = self.post_eqe(consts::MLX5_EVENT_TYPE_SRQ_RQ_LIMIT, 0, &qp_srq_data(srqn, 0));
+            let _ = self.post.post_eqe(consts::MLX5_EVENT_TYPE_SRQ_RQ_LIMIT, 0, &qp_srq_data(srqn, 0));
         }
     }
 
     /// A QP attached to an SRQ is in ERR: one `SRQ_LAST_WQE` event per stay there. Returns whether it went out now.
     pub(super) fn last_wqe_reached(&mut self, qpn: u32) -> bool {
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
+        let Some(qp) = self.qps.get_mut(&qpn) else { return false };
         if qp.srqn.is_none() || qp.last_wqe_sent {
             return false;
         }
         qp.last_wqe_sent = true;
         let data = qp_srq_data(qpn, consts::MLX5_EVENT_QUEUE_TYPE_QP);
-        let _ = self.post_eqe(consts::MLX5_EVENT_TYPE_SRQ_LAST_WQE, 0, &data);
+        let _ = self.post.post_eqe(consts::MLX5_EVENT_TYPE_SRQ_LAST_WQE, 0, &data);
         true
     }
 }

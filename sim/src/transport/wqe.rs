@@ -320,7 +320,7 @@ impl Datapath<'_> {
         use c::mlx5_wqe_data_seg as d;
         let qp = self.fw.qps.get(&qpn)?;
         if let Some(srqn) = qp.srqn {
-            return self.next_srq_recv(qpn, srqn, sges);
+            return self.srqs().next_srq_recv(qpn, srqn, sges);
         }
         if qp.rq_wqes() == 0 {
             return None;
