@@ -1,12 +1,15 @@
 //! The transport: the device side of the datapath (c-layouts.md sections 4 and 5), what the ConnectX's send and
 //! receive engines do. `wqe.rs` parses send and receive WQEs, `keys.rs` reaches memory through memory keys,
 //! `requester.rs` and `responder.rs` are the two ends of RC, `uc.rs` is UC, `ud.rs` is UD, `cqe.rs` writes CQEs, `flush.rs`
-//! errors a QP and flushes it, `srq.rs` takes receives from a shared receive queue. Packets are built and read
-//! through `wire` and travel by `link`.
+//! errors a QP and flushes it, `srq.rs` takes receives from a shared receive queue, `roce_rx.rs` receives RoCE
+//! frames into the reassembly state of `reasm.rs`. `common.rs` holds what they share: [`Datapath`], the view of
+//! the device a run borrows (the device layer builds it), and [`DpState`]; `keys.rs` and `srq.rs` run on
+//! narrower views (`Keys`, `Srqs`). Packets are built and read through `wire`; the device layer hands them to
+//! `link`.
 //!
-//! A send doorbell reaches this module one way: `mmio.rs` (the BAR write) -> `uar.rs` (decodes it, records the
-//! SQ producer counter) -> [`Datapath::run_datapath`] here (in line, or on the device thread), which runs every QP's
-//! SQ, the packets in the inbox and the timers.
+//! A send doorbell reaches this module one way: `mmio.rs` (the BAR write) -> `device` -> `uar.rs` (decodes it,
+//! records the SQ producer counter) -> [`Datapath::run_datapath`] here (run by `device::pump`, in line or on the
+//! device thread), which runs every QP's SQ, the packets in the inbox and the timers.
 //!
 //! # Execution
 //! The SQ of a QP in RTS runs in order. A UD send (and a NOP) completes as soon as it is handed to the wire. An
