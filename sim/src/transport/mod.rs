@@ -64,13 +64,25 @@ use common::*;
 pub(crate) use common::{Datapath, DpState};
 use keys::Keys;
 use srq::Srqs;
-use wqe::{Kind, SendWqe};
+use wqe::{Kind, SendWqe, Wqes};
 
 impl Datapath<'_> {
     /// The view an access through memory keys takes (see `keys.rs`).
     #[inline]
     fn keys(&mut self) -> Keys<'_> {
         Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline }
+    }
+
+    /// The view reading WQEs takes (see `wqe.rs`).
+    #[inline]
+    fn wqes(&mut self) -> Wqes<'_> {
+        Wqes {
+            qps: &mut self.fw.qps,
+            srqs: &self.fw.srqs,
+            dma: self.dma,
+            inline: &mut self.dp.inline,
+            events: self.events,
+        }
     }
 
     /// The view receives through an SRQ take (see `srq.rs`).
@@ -176,7 +188,7 @@ impl Datapath<'_> {
                 break;
             }
             let (index, idle) = (qp.sq_next, qp.reqs.is_empty());
-            match self.fetch_wqe(qpn, &mut w) {
+            match self.wqes().fetch_wqe(qpn, &mut w) {
                 Ok(()) if !self.admits(qpn, &w) => break,
                 Ok(()) => {
                     if let Some(qp) = self.fw.qps.get_mut(&qpn) {

@@ -73,7 +73,7 @@ impl Datapath<'_> {
         let ib = self.wire.addr.ib;
         let mut sges = Sges::new();
         let resp = match op {
-            RcOp::Send { data, imm } => match self.next_recv(dst, &mut sges) {
+            RcOp::Send { data, imm } => match self.wqes().next_recv(dst, &mut sges) {
                 None => Resp::RnrNak { timer: min_rnr },
                 Some(index) => match self.keys().scatter(pd, &sges, data) {
                     Ok(()) => {
@@ -106,7 +106,7 @@ impl Datapath<'_> {
             RcOp::Write { .. } if !rwe => Resp::Nak(Nak::RemoteAccess),
             RcOp::Write { raddr, rkey, data, imm } => {
                 // WRITE_IMM needs a receive WQE before anything is written.
-                let recv = if imm.is_some() { self.next_recv(dst, &mut sges).map(Some) } else { Some(None) };
+                let recv = if imm.is_some() { self.wqes().next_recv(dst, &mut sges).map(Some) } else { Some(None) };
                 match recv {
                     None => Resp::RnrNak { timer: min_rnr },
                     Some(recv) => {

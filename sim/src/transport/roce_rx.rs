@@ -448,7 +448,7 @@ impl Datapath<'_> {
             }
             _ => {
                 let mut sges = Sges::new();
-                if self.next_recv(qpn, &mut sges).is_none() {
+                if self.wqes().next_recv(qpn, &mut sges).is_none() {
                     self.fw.q_counters.count(counters, |c| c.out_of_buffer += 1);
                     return refuse(self, Resp::RnrNak { timer: min_rnr }, "receive queue empty");
                 }
@@ -468,7 +468,7 @@ impl Datapath<'_> {
                 self.handle(q);
             }
             let mut sges = Sges::new();
-            if let Some(index) = self.next_recv(qpn, &mut sges) {
+            if let Some(index) = self.wqes().next_recv(qpn, &mut sges) {
                 self.recv_error(qpn, index, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
             }
         }

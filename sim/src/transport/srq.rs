@@ -21,6 +21,53 @@ fn qp_srq_data(n: u32, queue_type: u8) -> [u8; crate::fw::eq::EQE_DATA_LEN] {
     d
 }
 
+/// The WQE at the head of SRQ `srqn` for a receive on QP `qpn`, without taking it: its index, and its
+/// scatter list into `sges`. `None` when nothing is posted (or the doorbell record claims more than the ring).
+pub(super) fn next_srq_recv(
+    srqs: &SrqTable,
+    dma: &mut DmaSpace,
+    events: &mut Vec<SimEvent>,
+    qpn: u32,
+    srqn: u32,
+    sges: &mut Sges,
+) -> Option<u16> {
+    use c::mlx5_wqe_data_seg as d;
+    let srq = srqs.get(&srqn)?;
+    let counter = srq.counter(dma)?;
+    let pending = counter.wrapping_sub(srq.consumed);
+    if pending == 0 {
+        return None;
+    }
+    if u32::from(pending) > srq.size() {
+        events.push(SimEvent::BadRqCounter { qpn, head: counter });
+        return None;
+    }
+    let index = srq.head;
+    let len = srq.stride() - NEXT_SEG;
+    let mut stack;
+    let mut heap = Vec::new();
+    let wqe: &mut [u8] = if len <= WQE_STACK {
+        stack = [0u8; WQE_STACK];
+        &mut stack[..len]
+    } else {
+        heap.resize(len, 0);
+        &mut heap
+    };
+    srq.read_wqe(dma, index, NEXT_SEG, wqe).ok()?;
+    for seg in wqe.chunks_exact(DATA_SEG) {
+        let lkey = be(d::LKEY, seg, 0);
+        if lkey == INVALID_LKEY {
+            break;
+        }
+        let bc = be(d::BYTE_COUNT, seg, 0);
+        let sge = sges.push_slot();
+        sge.addr = be64(seg, d::ADDR.off);
+        sge.len = if bc == 0 { ZERO_COUNT_BYTES } else { u64::from(bc) };
+        sge.lkey = lkey;
+    }
+    Some(index)
+}
+
 /// What receives through an SRQ borrow from the device: the SRQ table, the QP table (the last-WQE event), and
 /// what posting their events takes. The datapath builds one per use (`Datapath::srqs`).
 pub(super) struct Srqs<'a> {
@@ -30,46 +77,6 @@ pub(super) struct Srqs<'a> {
 }
 
 impl Srqs<'_> {
-    /// The WQE at the head of SRQ `srqn` for a receive on QP `qpn`, without taking it: its index, and its
-    /// scatter list into `sges`. `None` when nothing is posted (or the doorbell record claims more than the ring).
-    pub(super) fn next_srq_recv(&mut self, qpn: u32, srqn: u32, sges: &mut Sges) -> Option<u16> {
-        use c::mlx5_wqe_data_seg as d;
-        let srq = self.srqs.get(&srqn)?;
-        let counter = srq.counter(self.post.dma)?;
-        let pending = counter.wrapping_sub(srq.consumed);
-        if pending == 0 {
-            return None;
-        }
-        if u32::from(pending) > srq.size() {
-            self.post.events.push(SimEvent::BadRqCounter { qpn, head: counter });
-            return None;
-        }
-        let index = srq.head;
-        let len = srq.stride() - NEXT_SEG;
-        let mut stack;
-        let mut heap = Vec::new();
-        let wqe: &mut [u8] = if len <= WQE_STACK {
-            stack = [0u8; WQE_STACK];
-            &mut stack[..len]
-        } else {
-            heap.resize(len, 0);
-            &mut heap
-        };
-        srq.read_wqe(self.post.dma, index, NEXT_SEG, wqe).ok()?;
-        for seg in wqe.chunks_exact(DATA_SEG) {
-            let lkey = be(d::LKEY, seg, 0);
-            if lkey == INVALID_LKEY {
-                break;
-            }
-            let bc = be(d::BYTE_COUNT, seg, 0);
-            let sge = sges.push_slot();
-            sge.addr = be64(seg, d::ADDR.off);
-            sge.len = if bc == 0 { ZERO_COUNT_BYTES } else { u64::from(bc) };
-            sge.lkey = lkey;
-        }
-        Some(index)
-    }
-
     /// Takes the head WQE of SRQ `srqn` (a receive consumed it, well or in error); raises the limit event when
     /// fewer WQEs than the armed limit remain, and disarms the limit.
     pub(super) fn srq_take(&mut self, srqn: u32) {

@@ -91,7 +91,7 @@ impl Datapath<'_> {
         // SEND and WRITE with immediate consume a receive WQE; without one the message is dropped (no RNR on UC).
         let mut sges = Sges::new();
         let recv = if write.is_none() || imm.is_some() {
-            match self.next_recv(dst, &mut sges) {
+            match self.wqes().next_recv(dst, &mut sges) {
                 Some(index) => Some(index),
                 None => {
                     self.fw.q_counters.count(counters, |c| c.out_of_buffer += 1);

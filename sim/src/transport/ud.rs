@@ -123,7 +123,7 @@ impl Datapath<'_> {
         }
         let pd = qp.pd;
         let mut sges = Sges::new();
-        let Some(index) = self.next_recv(dst, &mut sges) else { return drop(self, "receive queue empty") };
+        let Some(index) = self.wqes().next_recv(dst, &mut sges) else { return drop(self, "receive queue empty") };
         let mut msg = Vec::with_capacity(GRH_BYTES + data.len());
         msg.extend_from_slice(&grh_image(p.grh.as_ref(), data.len(), imm.is_some(), self.wire.addr.ib));
         msg.extend_from_slice(data);

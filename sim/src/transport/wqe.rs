@@ -5,6 +5,9 @@
 //! (`mlx5_wqe_data_seg` list), with what a malformed one completes with.
 
 use super::common::*;
+use super::srq::next_srq_recv;
+use crate::fw::qp::QpTable;
+use crate::fw::srq::SrqTable;
 
 /// A gather entry of a send WQE: a data segment, or (`inline`) `sge.len` inline bytes at offset `sge.addr` of
 /// [`DpState::inline`]. A struct rather than an enum, so a data segment's fields can be written straight into the
@@ -147,7 +150,17 @@ pub(super) struct BadWqe {
     pub(super) syndrome: u8,
 }
 
-impl Datapath<'_> {
+/// What reading WQEs borrows from the device: the QP table (and the SRQs a receive may take from), device
+/// memory, the inline bytes of the send WQE being executed, and the event log. Built per read (`Datapath::wqes`).
+pub(super) struct Wqes<'a> {
+    pub(super) qps: &'a mut QpTable,
+    pub(super) srqs: &'a SrqTable,
+    pub(super) dma: &'a mut DmaSpace,
+    pub(super) inline: &'a mut Vec<u8>,
+    pub(super) events: &'a mut Vec<SimEvent>,
+}
+
+impl Wqes<'_> {
     /// Reads and parses the send WQE at the SQ consumer counter into `w`.
     pub(super) fn fetch_wqe(&mut self, qpn: u32, w: &mut SendWqe) -> Result<(), BadWqe> {
         use c::mlx5_wqe_ctrl_seg as cs;
@@ -156,7 +169,7 @@ impl Datapath<'_> {
             opcode,
             syndrome: consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
         };
-        let qp = self.fw.qps.get(&qpn).ok_or(bad(1, 0))?;
+        let qp = self.qps.get(&qpn).ok_or(bad(1, 0))?;
         let (index, st, sq_bbs, max_wqe) = (qp.sq_next, qp.st, qp.sq_bbs(), qp.max_wqe);
         let pending = qp.sq_pi.wrapping_sub(index);
         // The first basic block holds the control segment and, for a small WQE, all of it: one read. When that
@@ -257,7 +270,7 @@ impl Datapath<'_> {
         };
         let segs = &mut w.segs;
         segs.clear();
-        let inline = &mut self.dp.inline;
+        let inline = &mut self.inline;
         inline.clear();
         if kind != Kind::Nop {
             // Bounded: every segment advances `at` by at least 16 bytes.
@@ -318,9 +331,9 @@ impl Datapath<'_> {
     /// (empty on entry; filled in place, as returning the list by value costs more than reading the WQE).
     pub(super) fn next_recv(&mut self, qpn: u32, sges: &mut Sges) -> Option<u16> {
         use c::mlx5_wqe_data_seg as d;
-        let qp = self.fw.qps.get(&qpn)?;
+        let qp = self.qps.get(&qpn)?;
         if let Some(srqn) = qp.srqn {
-            return self.srqs().next_srq_recv(qpn, srqn, sges);
+            return next_srq_recv(self.srqs, self.dma, self.events, qpn, srqn, sges);
         }
         if qp.rq_wqes() == 0 {
             return None;
