@@ -210,7 +210,7 @@ impl SimDevice {
     /// the overrun check and the completion event the hardware applies. Returns the CQE's counter value `n` (it
     /// sits at entry `n mod nent`).
     pub fn post_cqe(&self, cqn: u32, cqe: [u8; c_cqe::SIZE]) -> Result<u32, PostCqeError> {
-        lock(&self.shared).datapath().post_cqe(cqn, &cqe)
+        lock(&self.shared).datapath().cqs().post_cqe(cqn, &cqe)
     }
 
     /// CQ `cqn` overruns now, as when a whole ring of completions arrives that its consumer has not polled: the CQ
@@ -218,7 +218,7 @@ impl SimDevice {
     /// exists, was healthy, and the firmware is alive).
     pub fn overrun_cq(&self, cqn: u32) -> bool {
         let mut st = lock(&self.shared);
-        !st.dead() && st.datapath().cq_overflow(cqn)
+        !st.dead() && st.datapath().cqs().cq_overflow(cqn)
     }
 
     /// The numbers of the CQs that exist, lowest first.

@@ -193,7 +193,7 @@ impl UarDecoder<'_> {
         };
         if waiting && cq.status == consts::MLX5_CQC_STATUS_OK && !dead {
             // Matching CQEs are already there: the event fires at once.
-            self.0.fire_completion(cqn);
+            self.0.cqs().fire_completion(cqn);
         }
     }
 

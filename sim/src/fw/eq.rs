@@ -278,6 +278,12 @@ pub(crate) struct EqPost<'a> {
 }
 
 impl EqPost<'_> {
+    /// A shorter-lived view over the same borrows, for a callee that takes its own.
+    #[inline]
+    pub(crate) fn reborrow(&mut self) -> EqPost<'_> {
+        EqPost { eqs: self.eqs, dma: self.dma, events: self.events, regs: self.regs, clock: self.clock }
+    }
+
     /// Posts an EQE to the lowest-numbered EQ subscribed to `event_type`; returns that EQ when it was written.
     pub(crate) fn post_eqe(&mut self, event_type: u8, sub_type: u8, data: &[u8; EQE_DATA_LEN]) -> Option<u8> {
         // A dead or vanished device writes nothing.

@@ -10,7 +10,7 @@ pub(super) use mlx5_core::prm::{c, consts, Bytes};
 pub(super) use crate::config::SimConfig;
 pub(super) use crate::dma::DmaSpace;
 pub(super) use crate::events::{RetryKind, SimEvent};
-pub(super) use crate::fw::eq::{EqPost, EQE_DATA_LEN};
+pub(super) use crate::fw::eq::EqPost;
 pub(super) use crate::fw::mkey::MkeyAccess;
 pub(super) use crate::fw::mkey::{Mkey, MkeyFault};
 pub(super) use crate::fw::qp::{
@@ -170,22 +170,6 @@ impl Datapath<'_> {
     #[inline]
     pub(super) fn eq_post(&mut self) -> EqPost<'_> {
         EqPost { eqs: &mut self.fw.eqs, dma: self.dma, events: self.events, regs: self.regs, clock: self.clock }
-    }
-
-    /// Posts an EQE to the EQ subscribed to `event_type` (see [`EqPost::post_eqe`]).
-    pub(crate) fn post_eqe(&mut self, event_type: u8, sub_type: u8, data: &[u8; EQE_DATA_LEN]) -> Option<u8> {
-        self.eq_post().post_eqe(event_type, sub_type, data)
-    }
-
-    /// Posts an EQE to EQ `eqn` (see [`EqPost::post_eqe_to`]).
-    pub(crate) fn post_eqe_to(
-        &mut self,
-        eqn: u32,
-        event_type: u8,
-        sub_type: u8,
-        data: &[u8; EQE_DATA_LEN],
-    ) -> Option<u8> {
-        self.eq_post().post_eqe_to(eqn, event_type, sub_type, data)
     }
 
     /// Posts an affiliated QP event (see [`EqPost::post_qp_event`]).

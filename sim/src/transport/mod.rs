@@ -62,8 +62,8 @@ mod wqe;
 
 use common::*;
 pub(crate) use common::{Datapath, DpState};
+use cqe::{Completions, Cqs};
 use keys::Keys;
-use srq::Srqs;
 use wqe::{Kind, SendWqe, Wqes};
 
 impl Datapath<'_> {
@@ -71,6 +71,42 @@ impl Datapath<'_> {
     #[inline]
     fn keys(&mut self) -> Keys<'_> {
         Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline }
+    }
+
+    /// The CQ writer's view (see `cqe.rs`): CQEs, overruns, completion events.
+    #[inline]
+    pub(crate) fn cqs(&mut self) -> Cqs<'_> {
+        Cqs {
+            cqs: &mut self.fw.cqs,
+            caps: &self.fw.caps,
+            eq: EqPost {
+                eqs: &mut self.fw.eqs,
+                dma: self.dma,
+                events: self.events,
+                regs: self.regs,
+                clock: self.clock,
+            },
+        }
+    }
+
+    /// The view completing work requests takes (see `cqe.rs`, `flush.rs`).
+    #[inline]
+    fn completions(&mut self) -> Completions<'_> {
+        Completions {
+            qps: &mut self.fw.qps,
+            srqs: &mut self.fw.srqs,
+            cq: Cqs {
+                cqs: &mut self.fw.cqs,
+                caps: &self.fw.caps,
+                eq: EqPost {
+                    eqs: &mut self.fw.eqs,
+                    dma: self.dma,
+                    events: self.events,
+                    regs: self.regs,
+                    clock: self.clock,
+                },
+            },
+        }
     }
 
     /// The view reading WQEs takes (see `wqe.rs`).
@@ -82,22 +118,6 @@ impl Datapath<'_> {
             dma: self.dma,
             inline: &mut self.dp.inline,
             events: self.events,
-        }
-    }
-
-    /// The view receives through an SRQ take (see `srq.rs`).
-    #[inline]
-    fn srqs(&mut self) -> Srqs<'_> {
-        Srqs {
-            srqs: &mut self.fw.srqs,
-            qps: &mut self.fw.qps,
-            post: EqPost {
-                eqs: &mut self.fw.eqs,
-                dma: self.dma,
-                events: self.events,
-                regs: self.regs,
-                clock: self.clock,
-            },
         }
     }
 
@@ -162,7 +182,7 @@ impl Datapath<'_> {
     fn qp_step(&mut self, qpn: u32, now: u64) -> bool {
         let Some(qp) = self.fw.qps.get(&qpn) else { return false };
         match qp.state {
-            QpState::Err => self.flush(qpn),
+            QpState::Err => self.completions().flush(qpn),
             QpState::Rts => {
                 // Only outstanding requests have timers; only a window that held packets back has more to send.
                 let blocked = qp.window_blocked;
@@ -204,7 +224,7 @@ impl Datapath<'_> {
                 }
                 // A malformed WQE fails in order too: after the ones in flight.
                 Err(_) if !idle => break,
-                Err(b) => self.send_error(qpn, index, b.opcode, b.nbb, b.syndrome),
+                Err(b) => self.completions().send_error(qpn, index, b.opcode, b.nbb, b.syndrome),
             }
             any = true;
         }
@@ -245,7 +265,7 @@ impl Datapath<'_> {
     fn execute(&mut self, qpn: u32, w: &SendWqe) -> bool {
         let Some(qp) = self.fw.qps.get(&qpn) else { return true };
         match (w.kind, qp.st) {
-            (Kind::Nop, _) => self.complete_send(qpn, w.id(), 0),
+            (Kind::Nop, _) => self.completions().complete_send(qpn, w.id(), 0),
             (_, QpType::Ud) => self.execute_ud(qpn, w),
             (_, QpType::Rc) => return self.execute_rc(qpn, w),
             (_, QpType::Uc) => self.execute_uc(qpn, w),

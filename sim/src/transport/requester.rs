@@ -39,7 +39,7 @@ impl Datapath<'_> {
             (qp.pd, qp.retry_count, qp.rnr_retry, qp.max_msg, qp.reqs.is_empty());
         let fail = |st: &mut Datapath, s: u8| {
             if idle {
-                st.send_error(qpn, w.index, w.opcode, w.nbb, s);
+                st.completions().send_error(qpn, w.index, w.opcode, w.nbb, s);
             }
             idle
         };
@@ -64,7 +64,7 @@ impl Datapath<'_> {
                 Err(s) => return fail(self, s),
             },
             Kind::Nop => {
-                self.complete_send(qpn, w.id(), 0);
+                self.completions().complete_send(qpn, w.id(), 0);
                 return true;
             }
         };
@@ -226,7 +226,13 @@ impl Datapath<'_> {
                 let why = "no response before the ACK timeout";
                 self.events.push(SimEvent::Unreachable { qpn, wqe_counter: index, why });
                 if req.transport_left == 0 {
-                    self.send_error(qpn, index, opcode, nbb, consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR);
+                    self.completions().send_error(
+                        qpn,
+                        index,
+                        opcode,
+                        nbb,
+                        consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR,
+                    );
                     return true;
                 }
                 req.transport_left -= 1;
@@ -385,7 +391,7 @@ impl Datapath<'_> {
             }
         };
         if let Some(s) = failure {
-            self.send_error(qpn, index, opcode, nbb, s);
+            self.completions().send_error(qpn, index, opcode, nbb, s);
         }
     }
 
@@ -406,8 +412,8 @@ impl Datapath<'_> {
             _ => Err(consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR),
         };
         match result {
-            Ok(()) => self.complete_send(qpn, w, req.len),
-            Err(s) => self.send_error(qpn, w.index, w.opcode, w.nbb, s),
+            Ok(()) => self.completions().complete_send(qpn, w, req.len),
+            Err(s) => self.completions().send_error(qpn, w.index, w.opcode, w.nbb, s),
         }
     }
 }

@@ -90,11 +90,11 @@ impl Datapath<'_> {
                             slid: p.slid,
                             ..CqeOut::default()
                         };
-                        self.recv_complete(dst, index, data.len() as u64, cqe);
+                        self.completions().recv_complete(dst, index, data.len() as u64, cqe);
                         Resp::Ack
                     }
                     Err(s) => {
-                        self.recv_error(dst, index, s);
+                        self.completions().recv_error(dst, index, s);
                         Resp::Nak(if s == consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR {
                             Nak::InvalidRequest
                         } else {
@@ -128,7 +128,7 @@ impl Datapath<'_> {
                                     slid: p.slid,
                                     ..CqeOut::default()
                                 };
-                                self.recv_complete(dst, index, data.len() as u64, cqe);
+                                self.completions().recv_complete(dst, index, data.len() as u64, cqe);
                                 Resp::Ack
                             }
                         }

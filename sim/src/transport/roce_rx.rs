@@ -469,7 +469,7 @@ impl Datapath<'_> {
             }
             let mut sges = Sges::new();
             if let Some(index) = self.wqes().next_recv(qpn, &mut sges) {
-                self.recv_error(qpn, index, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
+                self.completions().recv_error(qpn, index, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
             }
         }
         if uc {

@@ -16,14 +16,14 @@ impl Datapath<'_> {
     pub(super) fn execute_uc(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, max_msg, psn, remote) = (qp.pd, qp.max_msg, qp.next_send_psn, qp.remote_qpn);
-        let fail = |st: &mut Datapath, s: u8| st.send_error(qpn, w.index, w.opcode, w.nbb, s);
+        let fail = |st: &mut Datapath, s: u8| st.completions().send_error(qpn, w.index, w.opcode, w.nbb, s);
         let data = match w.kind {
             Kind::Send | Kind::Write { .. } => match self.keys().gather_payload(pd, max_msg, w) {
                 Ok(data) => data,
                 Err(s) => return fail(self, s),
             },
             Kind::Read { .. } | Kind::Atomic { .. } => return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR),
-            Kind::Nop => return self.complete_send(qpn, w.id(), 0),
+            Kind::Nop => return self.completions().complete_send(qpn, w.id(), 0),
         };
         let len = data.len() as u64;
         let op = match w.kind {
@@ -53,7 +53,7 @@ impl Datapath<'_> {
             Err(why) => self.events.push(SimEvent::UcDropped { qpn: remote, why }),
         }
         // Unacknowledged: done once it is sent, delivered or not.
-        self.complete_send(qpn, w.id(), len);
+        self.completions().complete_send(qpn, w.id(), len);
     }
 
     /// A UC message arrives at its destination QP.
@@ -123,7 +123,7 @@ impl Datapath<'_> {
         };
         if write.is_none() {
             if let Err(s) = self.keys().scatter(pd, &sges, data) {
-                return self.recv_error(dst, index, s);
+                return self.completions().recv_error(dst, index, s);
             }
         }
         let cqe = CqeOut {
@@ -136,6 +136,6 @@ impl Datapath<'_> {
             ..CqeOut::default()
         };
         // `recv_complete` moves the expected PSN past the message.
-        self.recv_complete(dst, index, len, cqe);
+        self.completions().recv_complete(dst, index, len, cqe);
     }
 }

@@ -52,16 +52,28 @@ impl Datapath<'_> {
         // The SMI and GSI QPs send as QP0 and QP1 (IBA 3.5.4): that is the source QPN a receiver sees.
         let src_qpn = qp.special.and_then(SpecialQp::wire_qpn).unwrap_or(qpn);
         let Some(av) = w.av else {
-            return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+            return self.completions().send_error(
+                qpn,
+                w.index,
+                w.opcode,
+                w.nbb,
+                consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
+            );
         };
         let data = match self.keys().gather(pd, max_msg, w) {
             Ok(d) => d,
-            Err(s) => return self.send_error(qpn, w.index, w.opcode, w.nbb, s),
+            Err(s) => return self.completions().send_error(qpn, w.index, w.opcode, w.nbb, s),
         };
         let addr = self.wire.addr;
         let grh = if av.grh {
             let Some(sgid) = self.source_gid(av.sgid_index) else {
-                return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+                return self.completions().send_error(
+                    qpn,
+                    w.index,
+                    w.opcode,
+                    w.nbb,
+                    consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
+                );
             };
             let (tclass, flow_label, hop_limit) = (av.tclass, av.flow_label, av.hop_limit);
             Some(Grh { sgid, dgid: av.rgid, tclass, flow_label, hop_limit })
@@ -89,7 +101,7 @@ impl Datapath<'_> {
             Err(why) => self.events.push(SimEvent::UdDropped { qpn, dqpn: av.dqpn, why }),
         }
         // UD is unreliable: the send completes once it is on the wire, delivered or not.
-        self.complete_send(qpn, w.id(), len);
+        self.completions().complete_send(qpn, w.id(), len);
     }
 
     /// A UD packet arrives: checked, then scattered with its 40-byte GRH into the next receive.
@@ -138,9 +150,9 @@ impl Datapath<'_> {
                     slid: p.slid,
                     ..CqeOut::default()
                 };
-                self.recv_complete(dst, index, data.len() as u64, cqe);
+                self.completions().recv_complete(dst, index, data.len() as u64, cqe);
             }
-            Err(s) => self.recv_error(dst, index, s),
+            Err(s) => self.completions().recv_error(dst, index, s),
         }
     }
 }
