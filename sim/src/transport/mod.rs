@@ -3,8 +3,8 @@
 //! `requester.rs` and `responder.rs` are the two ends of RC, `uc.rs` is UC, `ud.rs` is UD, `cqe.rs` writes CQEs, `flush.rs`
 //! errors a QP and flushes it, `srq.rs` takes receives from a shared receive queue, `roce_rx.rs` receives RoCE
 //! frames into the reassembly state of `reasm.rs`. `common.rs` holds what they share: [`Datapath`], the view of
-//! the device a run borrows (the device layer builds it), and [`DpState`]; `keys.rs` and `srq.rs` run on
-//! narrower views (`Keys`, `Srqs`). Packets are built and read through `wire`; the device layer hands them to
+//! the device a run borrows (the device layer builds it), and [`DpState`]; `keys.rs`, `wqe.rs`, `srq.rs`,
+//! `cqe.rs` and `flush.rs` run on narrower views (`Keys`, `Wqes`, `Srqs`, `Cqs`, `Completions`). Packets are built and read through `wire`; the device layer hands them to
 //! `link`.
 //!
 //! A send doorbell reaches this module one way: `mmio.rs` (the BAR write) -> `device` -> `uar.rs` (decodes it,
