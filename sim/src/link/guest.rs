@@ -19,40 +19,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::pcap::PcapSink;
+use super::port::{log, next_device_id, wire, DevRef, GuestLink, Packet, Port, Station, TxCount};
 use super::stream::{read_frame, write_frame, MAX_STREAM_FRAME};
-use super::{log, wire, DevRef, Packet, Port, Station, TxCount};
 use crate::events::SimEvent;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
 use crate::wire::roce::frame::emit_arp;
 use crate::wire::roce_map;
-
-/// The link to a guest NIC.
-#[derive(Debug)]
-pub(crate) struct GuestLink {
-    /// The far end's id on this side's wire.
-    pub(crate) id: u64,
-    tx: mpsc::Sender<Vec<u8>>,
-    up: AtomicBool,
-    stream: UnixStream,
-    mine: [u8; 6],
-    /// The guest NIC's MAC, once a frame from it arrived.
-    theirs: Mutex<Option<[u8; 6]>>,
-    /// Where the frames this link writes are recorded (the port's capture).
-    pcap: Option<PcapSink>,
-    /// RoCE frames sent so far, and the one (1-based) to drop on purpose (0: none), for lost-frame tests.
-    sent: AtomicU64,
-    drop_nth: AtomicU64,
-    /// The same for RoCE frames received.
-    received: AtomicU64,
-    drop_in_nth: AtomicU64,
-    /// Frames the writer puts on the socket per millisecond at most (0: as fast as it can): a slow cable, for
-    /// tests of messages that take the link longer than the ACK timeout.
-    pace: AtomicU64,
-    /// Frames given to the writer thread and written.
-    count: TxCount,
-}
 
 /// Whether a frame is UDP to the RoCEv2 port (IPv4 without options, or IPv6), by its headers alone.
 fn is_roce(f: &[u8]) -> bool {
@@ -223,7 +196,7 @@ fn log_down(station: &impl Station, _kind: io::ErrorKind) {
 fn plug<S: Station>(station: &Arc<S>, stream: UnixStream) -> io::Result<()> {
     let (tx, rx) = mpsc::channel();
     let (mine, pcap) = wire(&**station, |w| (w.addr.mac, w.pcap.clone()));
-    let id = super::next_device_id();
+    let id = next_device_id();
     let link = Arc::new(GuestLink {
         id,
         tx,

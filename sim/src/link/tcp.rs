@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::{log, wire, DevRef, Packet, Port, PortAddr, Station, TxCount};
+use super::port::{log, next_device_id, wire, DevRef, Link, Packet, Port, PortAddr, Station, TxCount, DRAIN_TIMEOUT};
 use crate::events::SimEvent;
 use crate::wire::frame::{decode_packet, encode_packet, Dec, Enc, FRAME_PACKET};
 use crate::wire::{roce_map, GID_LEN};
@@ -110,23 +110,6 @@ impl std::error::Error for WireError {
             _ => None,
         }
     }
-}
-
-/// One plugged-in link: the far end's address and the way to it.
-#[derive(Debug)]
-pub(crate) struct Link {
-    /// The far end's device id on this side's wire (so it is a peer like any other).
-    pub(crate) id: u64,
-    pub(crate) peer: SocketAddr,
-    /// Frames for the writer thread.
-    tx: mpsc::Sender<Vec<u8>>,
-    up: AtomicBool,
-    /// The socket, to shut it down when this side unplugs (the reader and writer then end).
-    stream: TcpStream,
-    /// Between two Ethernet ports: this port's MAC and the far one's. Packets then cross as RoCEv2 frames.
-    macs: Option<([u8; 6], [u8; 6])>,
-    /// Frames given to the writer thread and written.
-    count: TxCount,
 }
 
 impl Link {
@@ -458,7 +441,7 @@ fn plug<S: Station>(
     we_connect: bool,
 ) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
-    let (mine, id) = (wire(&**station, |w| w.addr), super::next_device_id());
+    let (mine, id) = (wire(&**station, |w| w.addr), next_device_id());
     if !we_connect {
         write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs(HELLO_UNSENT))?;
     }
@@ -566,7 +549,7 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<Link>, mut r: BufReader<TcpStr
 /// link was plugged in.
 pub(crate) fn unplug(station: &impl Station) -> bool {
     let Some(link) = wire(station, |w| w.remote_link()) else { return false };
-    link.drain(super::DRAIN_TIMEOUT);
+    link.drain(DRAIN_TIMEOUT);
     let was_up = link.is_up();
     link.close();
     station.with_wire(|wire, events| {
