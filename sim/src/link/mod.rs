@@ -1,8 +1,10 @@
-//! How packets travel between devices: port addresses, routing (loopback or a connected peer), and the pump
-//! that carries packets between devices in this process; `tcp.rs` is the link to a device in another process.
+//! How packets travel between devices: port addresses and routing (loopback or a connected peer) in `port.rs`;
+//! `tcp.rs` is the link to a device in another process, `guest.rs` to a QEMU guest's NIC. Links only carry
+//! frames: what they receive goes to [`Station`], which the device layer implements, and the pump that runs a
+//! device and hands its packets on is the device layer's (`device/pump.rs`).
 //!
 //! A packet (module `wire`) is a whole message (one request or one response); between Ethernet ports, of this
-//! process (`local.rs`), of another process (`tcp.rs`) or a QEMU guest (`guest.rs`), it crosses as the RoCEv2
+//! process (`device/pump.rs`), of another process (`tcp.rs`) or a QEMU guest (`guest.rs`), it crosses as the RoCEv2
 //! frames it stands for. Routing is by the sender's path or address vector: the IB destination LID, or on
 //! Ethernet the destination MAC, as an Ethernet segment delivers; the receiving port then takes a RoCE packet only
 //! for one of its own GIDs (its link-local GID or any entry of its GID table, IPv4-mapped ones included:
@@ -10,10 +12,10 @@
 //! under the same lock); an address of a peer joined by [`crate::sim_device::SimDevice::connect`] goes out on the wire;
 //! anything else is unreachable.
 //!
-//! A peer in another process is reached through a [`tcp::Link`]: a TCP connection that carries serialized
+//! A peer in another process is reached through a [`Link`]: a TCP connection that carries serialized
 //! packets (see `tcp.rs`); to the routing here it is just another peer.
 //!
-//! Locking: a device only ever holds its own lock. The pump runs one device's datapath, takes the packets it
+//! Locking: a device only ever holds its own lock. The pump (`device/pump.rs`) runs one device's datapath, takes the packets it
 //! produced for other devices, then locks each destination in turn, hands it the packet and runs its datapath,
 //! and so on until nothing is left to carry. No two device locks are held at once, so two devices sending to
 //! each other from two threads cannot deadlock.
