@@ -71,7 +71,7 @@ pub struct SimConfig {
     /// `log_max_cq_sz` reported in the general capabilities (22 on a ConnectX-5).
     pub log_max_cq_sz: u8,
     /// The port LID on InfiniBand (ignored on Ethernet, where the LID is 0). Two IB devices joined by
-    /// [`SimDevice::connect`](crate::SimDevice::connect) need different LIDs.
+    /// [`SimDevice::connect`](crate::sim_device::SimDevice::connect) need different LIDs.
     pub lid: u16,
     /// The IPv4 addresses of the port's netdev (only data: the driver turns them into GID entries; the simulator
     /// sends no IP traffic). The default is one, 192.168.1.10; [`next_host`](Self::next_host) takes the next.

@@ -7,7 +7,8 @@ use std::time::Duration;
 use mlx5_core::hal::DelayNs;
 
 use crate::config::Mode;
-use crate::{lock, Shared};
+use crate::device::lock;
+use crate::device::Shared;
 
 /// [`DelayNs`] for the simulator: advances virtual time (inline) or sleeps (threaded).
 #[derive(Debug, Clone)]
@@ -20,11 +21,7 @@ impl SimDelay {
         let mode = lock(&self.shared).cfg.mode;
         match mode {
             Mode::Inline => {
-                {
-                    let mut st = lock(&self.shared);
-                    st.virt_ns = st.virt_ns.saturating_add(ns);
-                    st.run_due();
-                }
+                lock(&self.shared).advance_virtual(ns);
                 // Retries whose timer expired (and anything commands made due) run now.
                 self.shared.run(false);
             }

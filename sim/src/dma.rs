@@ -18,10 +18,7 @@ use std::collections::BTreeMap;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{fence, Ordering};
 
-use mlx5_core::hal::{Dma, DmaError, DmaRegion};
-
-use crate::{lock, Shared, SimEvent};
-use std::sync::Arc;
+use mlx5_core::hal::{DmaError, DmaRegion};
 
 /// First IOVA handed out. Far from zero so a null or small bus address is always a fault.
 pub(crate) const IOVA_BASE: u64 = 0x1_0000_0000;
@@ -91,7 +88,7 @@ pub(crate) struct DmaSpace {
     by_cpu: BTreeMap<usize, u64>,
     next_iova: u64,
     pub(crate) faults: Vec<DmaFault>,
-    /// The largest region `alloc` grants ([`crate::SimConfig::dma_max_contig`]); `None`: no limit.
+    /// The largest region `alloc` grants ([`crate::config::SimConfig::dma_max_contig`]); `None`: no limit.
     pub(crate) max_contig: Option<usize>,
 }
 
@@ -447,12 +444,6 @@ fn plain_copy(user: *mut u8, local: *mut u8, len: usize, to_user: bool) -> bool 
 // Regions the driver never freed are leaked on purpose when the device goes away: a `DmaRegion` copy may outlive
 // every handle, and leaking is always sound while freeing under it would not be.
 
-/// The simulator's [`Dma`] allocator: zeroed host memory behind fresh, never reused IOVAs.
-#[derive(Clone, Debug)]
-pub struct SimDma {
-    pub(crate) shared: Arc<Shared>,
-}
-
 impl Drop for DmaSpace {
     /// Regions still allocated when the device and every handle to it are gone (a driver that kept memory the
     /// device might still write, as it must when firmware never confirmed a destroy) are kept, not freed: a
@@ -482,47 +473,10 @@ pub(crate) fn keep_forever(ptrs: impl IntoIterator<Item = NonNull<u8>>) {
     }
 }
 
-// SAFETY: regions come from `alloc_zeroed` with the requested alignment (IOVAs aligned to at least the same),
-// are never handed out twice while live (fresh IOVAs, distinct allocations), stay valid until `free` (even if the
-// last handle to the device goes first: see `DmaSpace`'s `Drop`), and the
-// simulated device reads and writes the same host memory, so it is coherent by construction.
-unsafe impl Dma for SimDma {
-    fn alloc(&self, len: usize, align: usize) -> Result<DmaRegion, DmaError> {
-        lock(&self.shared).dma.alloc(len, align)
-    }
-
-    fn iova_of(&self, cpu: *const u8, len: usize) -> Option<u64> {
-        lock(&self.shared).dma.iova_of(cpu, len)
-    }
-
-    unsafe fn map_user(&self, ptr: NonNull<u8>, len: usize) -> Result<DmaRegion, DmaError> {
-        lock(&self.shared).dma.map_user(ptr, len)
-    }
-
-    unsafe fn free(&self, region: DmaRegion) {
-        let mut st = lock(&self.shared);
-        let owned = st.fw.pages_in(region.iova(), region.len() as u64);
-        if owned > 0 && st.dead() {
-            // A dead firmware (or a vanished device) will never touch or return its pages again, so the driver
-            // may free them: they are abandoned, not freed under the device.
-            match st.dma.free(&region) {
-                Ok(()) => st.fw.abandon(region.iova(), region.len() as u64),
-                Err(()) => st.events.push(SimEvent::BadFree { iova: region.iova(), len: region.len() }),
-            }
-            return;
-        }
-        if owned > 0 {
-            st.events.push(SimEvent::FreedDeviceOwned { iova: region.iova(), len: region.len(), pages: owned });
-        }
-        if st.dma.free(&region).is_err() {
-            st.events.push(SimEvent::BadFree { iova: region.iova(), len: region.len() });
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mlx5_core::hal::Dma;
 
     #[test]
     fn iova_of_finds_bytes_inside_one_live_region_only() {
@@ -716,7 +670,7 @@ mod tests {
     fn rdma_on_a_registration_the_program_unmapped_completes_in_error() {
         use crate::testutil::{Bell, QpSpec, RcParams, Rdma, Wqe, ALL_RIGHTS};
         use mlx5_core::prm::consts;
-        let mut r = Rdma::new(crate::SimConfig::default());
+        let mut r = Rdma::new(crate::config::SimConfig::default());
         let (mut scq, mut rcq) = (r.cq(5), r.cq(5));
         let (scqn, rcqn) = (scq.cqn, rcq.cqn);
         let pair = |r: &mut Rdma| {

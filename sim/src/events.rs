@@ -29,9 +29,9 @@ pub enum SimEvent {
     EntryUnreadable { slot: u8, iova: u64 },
     /// Writing a completion failed on a DMA fault (also in `dma_faults`).
     CompletionUnwritable { slot: u8 },
-    /// A command held by [`Fault::Hang`](crate::Fault::Hang).
+    /// A command held by [`Fault::Hang`](crate::fault::Fault::Hang).
     Hung { slot: u8, opcode: u16 },
-    /// A command postponed by [`Fault::Delay`](crate::Fault::Delay).
+    /// A command postponed by [`Fault::Delay`](crate::fault::Fault::Delay).
     Delayed { slot: u8, opcode: u16, ms: u32 },
     /// A write to a register the simulator does not model (or beyond the BAR); it had no effect.
     IgnoredWrite { off: usize, val: u32 },
@@ -63,7 +63,7 @@ pub enum SimEvent {
     /// An EQ doorbell that was ignored: UAR page not allocated, no such EQ, EQ on another UAR page, or a consumer
     /// index beyond the producer index.
     BadEqDoorbell { off: usize, val: u32, why: &'static str },
-    /// A command held by [`Fault::NeedPages`](crate::Fault::NeedPages) until the driver gives `pages` pages.
+    /// A command held by [`Fault::NeedPages`](crate::fault::Fault::NeedPages) until the driver gives `pages` pages.
     WaitingForPages { slot: u8, opcode: u16, pages: u32 },
     /// A doorbell for a slot whose command is still waiting for pages: ignored.
     DoorbellBusy { slot: u8 },
@@ -113,7 +113,7 @@ pub enum SimEvent {
     /// Responder QP `qpn` got a request at `psn`, behind the PSN it expects: a retransmission of a message it
     /// executed, answered again without executing it twice.
     DuplicateRequest { qpn: u32, psn: u32 },
-    /// A peer in another process plugged into this device's link (see [`SimDevice::wire_listen`](crate::SimDevice::wire_listen)).
+    /// A peer in another process plugged into this device's link (see [`SimDevice::wire_listen`](crate::sim_device::SimDevice::wire_listen)).
     LinkUp { peer: std::net::SocketAddr },
     /// The link's far end went away (closed, or a frame that could not be read); its address is unreachable.
     LinkDown { peer: std::net::SocketAddr, why: &'static str },

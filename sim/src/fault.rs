@@ -1,13 +1,11 @@
 //! Faults a test injects: [`Fault`] into the firmware's commands (matched by opcode), and, at any moment, a QP's
-//! catastrophic error ([`SimDevice::fail_qp`]).
-
-use crate::{lock, SimDevice};
+//! catastrophic error ([`SimDevice::fail_qp`](crate::SimDevice::fail_qp)).
 
 /// A fault to inject into the firmware. Each matches commands by opcode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// The command completes (delivery OK) with this status and syndrome, without executing. `times` is the
-    /// number of commands affected; 0 means every matching command until [`SimDevice::clear_faults`].
+    /// number of commands affected; 0 means every matching command until [`SimDevice::clear_faults`](crate::SimDevice::clear_faults).
     Status { opcode: u16, status: u8, syndrome: u32, times: u32 },
     /// The command never completes: the owner bit stays with hardware.
     Hang { opcode: u16 },
@@ -27,11 +25,11 @@ pub enum Fault {
     /// executes and completes.
     NeedPages { opcode: u16, pages: u32 },
     /// Ringing a command with this opcode kills the firmware instead of executing it: health syndrome `synd`,
-    /// frozen heartbeat, no more completions or EQEs (see [`SimDevice::fail_health`]).
+    /// frozen heartbeat, no more completions or EQEs (see [`SimDevice::fail_health`](crate::SimDevice::fail_health)).
     Fatal { opcode: u16, synd: u8 },
     /// As [`Fault::Fatal`] with syndrome 0: only the frozen heartbeat and the hung commands show it.
     Stall { opcode: u16 },
-    /// Ringing a command with this opcode removes the device from the bus (see [`SimDevice::device_gone`]).
+    /// Ringing a command with this opcode removes the device from the bus (see [`SimDevice::device_gone`](crate::SimDevice::device_gone)).
     DeviceGone { opcode: u16 },
 }
 
@@ -53,24 +51,10 @@ impl Fault {
     }
 }
 
-impl SimDevice {
-    /// A catastrophic error on QP `qpn`, as firmware reports a work-queue fault it found: the QP moves to ERR (the
-    /// datapath then flushes its outstanding work requests, as for any QP in ERR) and a `WQ_CATAS_ERROR` event
-    /// naming it goes to the EQ subscribed to that event. Returns `false`, changing nothing, when there is no such
-    /// QP or the device is dead or gone.
-    pub fn fail_qp(&self, qpn: u32) -> bool {
-        if !lock(&self.shared).fail_qp(qpn) {
-            return false;
-        }
-        // The device runs now, as after any state change: in-line mode flushes the QP at once.
-        self.shared.run(true);
-        true
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use crate::{SimDevice, SimEvent};
+    use crate::events::SimEvent;
+    use crate::sim_device::SimDevice;
 
     #[test]
     fn failing_an_unknown_qp_or_on_a_dead_device_changes_nothing() {

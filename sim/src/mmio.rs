@@ -1,211 +1,20 @@
 //! The BAR: the initialization segment (`struct mlx5_init_seg`) followed by UAR pages.
 //!
-//! Static registers live in a byte image written through the PRM layouts (`ifc::initial_seg`, `c::mlx5_init_seg`);
+//! The registers themselves are `regs.rs`. Static registers live in a byte image written through the PRM layouts (`ifc::initial_seg`, `c::mlx5_init_seg`);
 //! the dynamic ones (`initializing`, the health counter, the internal timer) are computed at read time. The
 //! health buffer is written when the firmware dies; a device that left the bus reads all ones.
 //!
-//! A write into a UAR page is decoded by `uar.rs` ([`State::uar_write32`](crate::State), `uar_write64`); a send
+//! A write into a UAR page is decoded by `uar.rs` (`Device::uar_write32`, `uar_write64`); a send
 //! doorbell there then runs the transport (`Shared::run`). The command doorbell rings the firmware (`fw/cmd.rs`).
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use mlx5_core::hal::Mmio;
-use mlx5_core::prm::{c, consts, ifc, Field, MsgBuf};
 
-use crate::{lock, Bell, Shared, SimConfig, SimEvent};
-
-/// Bytes in one BAR page (the UAR granule, `MLX5_ADAPTER_PAGE_SIZE`).
-pub(crate) const PAGE: usize = consts::MLX5_ADAPTER_PAGE_SIZE as usize;
-/// Pages the initialization segment covers; UAR index `n` is the BAR page `n`, so UARs start after these.
-pub const INIT_SEG_PAGES: usize = c::mlx5_init_seg::SIZE.div_ceil(PAGE);
-
-/// Whether `off..off + len` lies inside `r` (no overflow).
-pub(crate) fn range_holds(r: &std::ops::Range<usize>, off: usize, len: usize) -> bool {
-    off >= r.start && off.checked_add(len).is_some_and(|e| e <= r.end)
-}
-
-const FW_REV: usize = c::mlx5_init_seg::FW_REV.off;
-const CMDQ_ADDR_H: usize = c::mlx5_init_seg::CMDQ_ADDR_H.off;
-const CMDQ_ADDR_L_SZ: usize = c::mlx5_init_seg::CMDQ_ADDR_L_SZ.off;
-const CMD_DBELL: usize = c::mlx5_init_seg::CMD_DBELL.off;
-const INITIALIZING: usize = c::mlx5_init_seg::INITIALIZING.off;
-const HEALTH_COUNTER: usize = c::mlx5_init_seg::HEALTH_COUNTER.off;
-const INTERNAL_TIMER_H: usize = c::mlx5_init_seg::INTERNAL_TIMER_H.off;
-const INTERNAL_TIMER_L: usize = c::mlx5_init_seg::INTERNAL_TIMER_L.off;
-
-/// `nic_interface` in `cmdq_addr_l_sz` is three bits at `MLX5_NIC_IFC_OFFSET` (bits 10:8) as the kernel reads it
-/// (`mlx5_get_nic_state`: `(v >> 8) & 7`, c-layouts.md section 1); the PRM layout only names two of them.
-const NIC_IFC_SHIFT: u32 = consts::MLX5_NIC_IFC_OFFSET;
-const NIC_IFC_MASK: u32 = 0x7;
-
-/// Kernel log level `LOGLEVEL_CRIT` (include/linux/kern_levels.h), the severity a dead firmware reports in
-/// `rfr_severity` bits 2:0 (`MLX5_SEVERITY_MASK`); health.c reads it only when `MLX5_SEVERITY_VALID_MASK` is set.
-const SEVERITY_CRIT: u8 = 2;
-
-/// Health of the simulated device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Health {
-    /// Firmware runs and the heartbeat ticks.
-    #[default]
-    Ok,
-    /// Firmware died with this health syndrome (0: a silent stall); the heartbeat is frozen.
-    Failed { synd: u8 },
-    /// The device left the bus: every read returns all ones.
-    Gone,
-}
-
-/// What a register write asks the device to do beyond updating the register file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RegWrite {
-    /// Nothing more.
-    Done,
-    /// `cmd_dbell` was written with this mask.
-    CmdDoorbell(u32),
-    /// A write into a UAR page (doorbells), for the device to interpret.
-    Uar,
-}
-
-/// A field of the initialization segment relative to the 32-bit register at `reg`, so a register value can be
-/// decoded with the PRM layout.
-const fn in_reg(f: Field, reg: usize) -> Field {
-    Field::new(f.off - (reg as u32) * 8, f.width)
-}
-
-#[derive(Debug)]
-pub(crate) struct Regs {
-    image: Vec<u8>,
-    bar_size: usize,
-    cmdq_h: u32,
-    /// The queue address, set once both halves have been written (`cmdq_addr_l_sz` last).
-    pub(crate) cmdq_iova: Option<u64>,
-    pub(crate) log_cmdq_size: u8,
-    pub(crate) log_cmdq_stride: u8,
-    init_delay_ns: u64,
-    pub(crate) health: Health,
-    /// The heartbeat value (ms) the health counter froze at when the firmware died.
-    frozen_ms: Option<u64>,
-}
-
-impl Regs {
-    pub(crate) fn new(cfg: &SimConfig) -> Self {
-        use ifc::initial_seg as s;
-        let mut image = vec![0u8; INIT_SEG_PAGES * PAGE];
-        let (major, minor, sub) = cfg.fw_rev;
-        image.set(s::FW_REV_MAJOR, major.into());
-        image.set(s::FW_REV_MINOR, minor.into());
-        image.set(s::FW_REV_SUBMINOR, sub.into());
-        image.set(s::CMD_INTERFACE_REV, cfg.cmdif_rev.into());
-        image.set(s::LOG_CMDQ_SIZE, cfg.log_cmdq_size.into());
-        image.set(s::LOG_CMDQ_STRIDE, cfg.log_cmdq_stride.into());
-        image.write_u32(c::mlx5_init_seg::CMD_EXEC_TO.off, cfg.cmd_exec_to_ms);
-        image.write_u32(c::mlx5_init_seg::CMD_Q_INIT_TO.off, cfg.cmd_q_init_to_ms);
-        Self {
-            image,
-            bar_size: (INIT_SEG_PAGES + cfg.num_uars as usize) * PAGE,
-            cmdq_h: 0,
-            cmdq_iova: None,
-            log_cmdq_size: cfg.log_cmdq_size,
-            log_cmdq_stride: cfg.log_cmdq_stride,
-            init_delay_ns: u64::from(cfg.init_delay_ms) * 1_000_000,
-            health: Health::Ok,
-            frozen_ms: None,
-        }
-    }
-
-    /// The firmware dies at `now_ns`: the heartbeat freezes and, for a non-zero syndrome, the health buffer
-    /// reports it (with the extended syndrome `ext_synd`), a valid severity and the recovery-flow-required bit
-    /// (`rfr`), which is what makes Linux's `sensor_fw_synd_rfr` call it fatal.
-    pub(crate) fn die(&mut self, synd: u8, ext_synd: u16, now_ns: u64) {
-        use c::health_buffer as h;
-        let base = c::mlx5_init_seg::HEALTH.off;
-        self.health = Health::Failed { synd };
-        self.frozen_ms = Some(now_ns / 1_000_000);
-        if synd != 0 {
-            self.image[base + h::SYND.off] = synd;
-            self.image.write_bytes(base + h::EXT_SYND.off, &ext_synd.to_be_bytes());
-            let sev = 1 << consts::MLX5_RFR_BIT_OFFSET
-                | consts::MLX5_SEVERITY_VALID_MASK
-                | (SEVERITY_CRIT & consts::MLX5_SEVERITY_MASK);
-            self.image[base + h::RFR_SEVERITY.off] = sev;
-        }
-    }
-
-    fn read32(&self, off: usize, now_ns: u64) -> u32 {
-        if self.health == Health::Gone {
-            // Nobody answers on the bus: the read completes with all ones (a master abort).
-            return u32::MAX;
-        }
-        if off.checked_add(4).is_none_or(|end| end > self.bar_size) {
-            // A read past the BAR completes with all ones, like a PCI master abort.
-            return u32::MAX;
-        }
-        if off + 4 > self.image.len() {
-            // UAR pages read back zero.
-            return 0;
-        }
-        let mut word = [0u8; 4];
-        self.image.read_bytes(off, &mut word);
-        match off {
-            INITIALIZING => {
-                let busy = now_ns < self.init_delay_ns;
-                word.set(in_reg(ifc::initial_seg::INITIALIZING, off), busy.into());
-            }
-            HEALTH_COUNTER => {
-                // The heartbeat advances once per (virtual) millisecond while the firmware lives.
-                let ms = self.frozen_ms.unwrap_or(now_ns / 1_000_000);
-                word.set(in_reg(ifc::initial_seg::HEALTH_COUNTER, off), ms as u32);
-            }
-            INTERNAL_TIMER_H => return (now_ns >> 32) as u32,
-            INTERNAL_TIMER_L => return now_ns as u32,
-            // The doorbell register reads as zero: every rung slot has been taken.
-            CMD_DBELL => return 0,
-            _ => {}
-        }
-        u32::from_be_bytes(word)
-    }
-
-    /// The UAR pages' part of the BAR.
-    pub(crate) fn uar_range(&self) -> std::ops::Range<usize> {
-        self.image.len()..self.bar_size
-    }
-
-    /// Whether `off..off + len` lies inside one of the UAR pages (after the initialization segment, in the BAR).
-    fn in_uar(&self, off: usize, len: usize) -> bool {
-        range_holds(&self.uar_range(), off, len)
-    }
-
-    /// A register write; says what else the device must do.
-    fn write32(&mut self, off: usize, v: u32, events: &mut Vec<SimEvent>) -> RegWrite {
-        match off {
-            CMDQ_ADDR_H => {
-                self.cmdq_h = v;
-                self.image.set(ifc::initial_seg::CMDQ_PHY_ADDR_63_32, v);
-            }
-            CMDQ_ADDR_L_SZ => {
-                use ifc::initial_seg as s;
-                let w = v.to_be_bytes();
-                let addr_hi_bits = MsgBuf::get(&w, in_reg(s::CMDQ_PHY_ADDR_31_12, off));
-                self.image.set(s::CMDQ_PHY_ADDR_31_12, addr_hi_bits);
-                let nic = (v >> NIC_IFC_SHIFT) & NIC_IFC_MASK;
-                let old = self.image.read_u32(off);
-                let kept = old & !(NIC_IFC_MASK << NIC_IFC_SHIFT);
-                self.image.write_u32(off, kept | (nic << NIC_IFC_SHIFT));
-                let low = u64::from(addr_hi_bits) << consts::MLX5_ADAPTER_PAGE_SHIFT;
-                let iova = (u64::from(self.cmdq_h) << 32) | low;
-                self.cmdq_iova = Some(iova);
-                events.push(SimEvent::CmdqAddress { iova });
-            }
-            CMD_DBELL => return RegWrite::CmdDoorbell(v),
-            _ if self.in_uar(off, 4) => return RegWrite::Uar,
-            _ => events.push(SimEvent::IgnoredWrite { off, val: v }),
-        }
-        RegWrite::Done
-    }
-}
-
-// `FW_REV` is the first register; naming it keeps the match above honest about where the segment starts.
-const _: () = assert!(FW_REV == 0);
+use crate::device::{lock, Bell, Shared};
+use crate::events::SimEvent;
+use crate::regs::{Health, RegWrite, PAGE};
 
 /// The simulator's [`Mmio`]: register accesses to the simulated BAR.
 #[derive(Clone, Debug)]
@@ -316,8 +125,12 @@ impl Mmio for SimMmio {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{SimDevice, SimEvent};
+    use crate::config::SimConfig;
+    use crate::events::SimEvent;
+    use crate::regs::*;
+    use crate::sim_device::SimDevice;
     use mlx5_core::hal::DelayNs;
+    use mlx5_core::prm::{c, consts};
 
     #[test]
     fn init_segment_identity_registers() {

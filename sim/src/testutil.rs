@@ -9,7 +9,11 @@ use std::time::{Duration, Instant};
 use mlx5_core::hal::{Dma, DmaRegion, DmaView, Mmio};
 use mlx5_core::prm::{c, consts, ifc, MsgBuf};
 
-use crate::{Mode, SimConfig, SimDevice, SimDma, SimMmio};
+use crate::config::Mode;
+use crate::config::SimConfig;
+use crate::dma_handle::SimDma;
+use crate::mmio::SimMmio;
+use crate::sim_device::SimDevice;
 
 /// Copies `data` into `r` at `off`.
 pub(crate) fn put(r: &DmaRegion, off: usize, data: &[u8]) {
@@ -741,7 +745,7 @@ pub(crate) struct Rdma {
 }
 
 impl Rdma {
-    pub fn new(cfg: crate::SimConfig) -> Self {
+    pub fn new(cfg: crate::config::SimConfig) -> Self {
         let mut h = Harness::new(cfg);
         h.bring_up();
         let uar = h.alloc_uar();
@@ -754,7 +758,7 @@ impl Rdma {
     }
 
     pub fn inline() -> Self {
-        Self::new(crate::SimConfig::default())
+        Self::new(crate::config::SimConfig::default())
     }
 
     pub fn cq(&mut self, log_size: u32) -> TCq {
@@ -932,7 +936,7 @@ impl Rdma {
         use ifc::ads as a;
         let p = ifc::qpc::PRIMARY_ADDRESS_PATH.at(qpc);
         inp.set(a::VHCA_PORT_NUM.at(p), 1);
-        if self.h.dev.config().port_type == crate::PortType::Ib {
+        if self.h.dev.config().port_type == crate::config::PortType::Ib {
             inp.set(a::RLID.at(p), r.lid.into());
             inp.set(a::SL.at(p), 3);
         } else {

@@ -1,3 +1,5 @@
+//! Datapath side: `transport/cqe.rs` (CQE writes, overruns, completion events), `uar.rs` (the arm doorbell).
+//!
 //! Completion queues on the device side (c-layouts.md section 4): [`CqTable`] with CREATE/DESTROY/QUERY/MODIFY_CQ
 //! (moderation, resize) over the narrow [`CqFw`] view, and the ring each CQ writes through its `pas[]` pages. CQE
 //! production is `transport/cqe.rs`, the CQ arm doorbell `uar.rs`. Mirrors the kernel's `cq.c` from the device
@@ -9,10 +11,11 @@ use super::reply::{bad_param, err, rd, rd16, CmdErr};
 use std::ops::{Deref, DerefMut};
 
 use super::caps::Caps;
-use super::{alloc_id, syndrome, Firmware};
+use super::ids::{alloc_id, IdSet};
+use super::pas::check_pas;
+use super::syndrome;
 use crate::dma::{DmaFault, DmaSpace};
 use crate::small::IdMap;
-use crate::State;
 
 /// Bytes of the CQE image the device writes (`struct mlx5_cqe64`).
 pub(crate) const CQE64: usize = c::mlx5_cqe64::SIZE;
@@ -73,7 +76,7 @@ pub(crate) struct Cq {
     pub(crate) overruns: u64,
 }
 
-/// Why [`crate::SimDevice::post_cqe`] wrote nothing.
+/// Why [`crate::sim_device::SimDevice::post_cqe`] wrote nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PostCqeError {
     /// No CQ with this number.
@@ -88,7 +91,7 @@ pub enum PostCqeError {
     Dead,
 }
 
-/// The state of one CQ, as [`crate::SimDevice::cq_info`] reports it.
+/// The state of one CQ, as [`crate::sim_device::SimDevice::cq_info`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CqInfo {
     /// Number of entries (`1 << log_cq_size`).
@@ -216,7 +219,7 @@ impl DerefMut for CqTable {
 pub(crate) struct CqFw<'a> {
     pub(crate) caps: &'a Caps,
     /// The allocated UAR pages.
-    pub(crate) uars: &'a super::IdSet,
+    pub(crate) uars: &'a IdSet,
     /// Whether an EQ exists (a CQ's `c_eqn`).
     pub(crate) eq_exists: &'a dyn Fn(u32) -> bool,
     /// Whether a QP completes into a CQ (which then cannot be destroyed).
@@ -256,7 +259,7 @@ impl CqTable {
         }
         let page_shift = ADAPTER_PAGE_SHIFT + rd(inp, q::LOG_PAGE_SIZE.at(ctx));
         let bytes = (1u64 << log_size) * cqe_size;
-        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         // The doorbell record is two big-endian dwords (update_ci, arm).
         let dbr = inp.get64(q::DBR_ADDR.at(ctx));
         if !dma.is_mapped(dbr, 8) {
@@ -441,7 +444,7 @@ impl CqTable {
             return Err(err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR));
         }
         let bytes = (1u64 << log_size) * cqe_size;
-        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         let ci = cq.read_ci(dma).map_err(|_| err(CmdStatus::BadResState, syndrome::CQ_IN_ERROR))?;
         let pending = cq.unconsumed(ci);
         if pending >= 1 << log_size {
@@ -469,12 +472,12 @@ impl CqTable {
     }
 }
 
-impl State {
+impl CqTable {
     /// The state of CQ `cqn`, reading the doorbell record without recording a fault.
-    pub(crate) fn cq_info(&self, cqn: u32) -> Option<CqInfo> {
-        let cq = self.fw.cqs.get(&cqn)?;
+    pub(crate) fn info(&self, dma: &DmaSpace, cqn: u32) -> Option<CqInfo> {
+        let cq = self.get(&cqn)?;
         let mut b = [0u8; 4];
-        let ci = if self.dma.peek(cq.dbr, &mut b) { u32::from_be_bytes(b) & CTR_MASK } else { 0 };
+        let ci = if dma.peek(cq.dbr, &mut b) { u32::from_be_bytes(b) & CTR_MASK } else { 0 };
         Some(CqInfo {
             nent: cq.nent(),
             cqe_size: cq.cqe_size as u32,
@@ -502,9 +505,11 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SimConfig;
+    use crate::device::lock;
     use crate::events::SimEvent;
+    use crate::mmio::SimMmio;
     use crate::testutil::{get_view, put, put_view, Harness};
-    use crate::{lock, SimConfig, SimMmio};
 
     /// Offset in a UAR page of the CQ doorbell.
     const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;

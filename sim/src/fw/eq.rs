@@ -1,3 +1,6 @@
+//! Datapath side: `EqPost` here (every EQE is written by it), `transport/cqe.rs` (completion events), `uar.rs`
+//! (the EQ doorbell).
+//!
 //! Event queues on the device side (c-layouts.md section 3): [`EqTable`] with CREATE/DESTROY_EQ over the narrow
 //! [`EqFw`] view, posting EQEs, and the firmware's page requests; the EQ doorbell is decoded in `uar.rs`. Mirrors
 //! the kernel's `eq.c` from the device side.
@@ -15,11 +18,16 @@ use std::collections::BTreeMap;
 use std::ops::{Deref, DerefMut};
 
 use super::caps::Caps;
-use super::{alloc_id, syndrome, Firmware};
+use super::ids::{alloc_id, IdSet};
+use super::pas::check_pas;
+use super::syndrome;
 use crate::dma::DmaSpace;
 
+use super::hca::HcaState;
+use super::health;
+use super::pages::Pages;
 use crate::events::SimEvent;
-use crate::State;
+use crate::regs::{Clock, Regs};
 
 /// Bytes of event data in an EQE (`union ev_data`).
 pub const EQE_DATA_LEN: usize = c::mlx5_eqe::DATA.len;
@@ -41,7 +49,7 @@ fn page_req_data(num_pages: i32) -> [u8; EQE_DATA_LEN] {
     d
 }
 
-/// The state of one EQ, as [`SimDevice::eq_info`](crate::SimDevice::eq_info) reports it.
+/// The state of one EQ, as [`SimDevice::eq_info`](crate::sim_device::SimDevice::eq_info) reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EqInfo {
     /// Number of entries (`1 << log_eq_size`).
@@ -132,7 +140,7 @@ impl EqTable {
 pub(crate) struct EqFw<'a> {
     pub(crate) caps: &'a Caps,
     /// The allocated UAR pages.
-    pub(crate) uars: &'a super::IdSet,
+    pub(crate) uars: &'a IdSet,
     /// Whether a CQ sends its completion events to an EQ (which then cannot be destroyed).
     pub(crate) in_use: &'a dyn Fn(u32) -> bool,
 }
@@ -210,7 +218,7 @@ impl EqTable {
         }
         let page_bytes = FW_PAGE << rd(inp, q::LOG_PAGE_SIZE.at(ctx));
         let bytes = (1u64 << log_size) * c::mlx5_eqe::SIZE as u64;
-        Firmware::check_pas(dma, inp, i::PAS, bytes, page_bytes)?;
+        check_pas(dma, inp, i::PAS, bytes, page_bytes)?;
         let pas = (0..bytes.div_ceil(page_bytes)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect();
         let mut bitmask = [0u64; 4];
         for (k, w) in bitmask.iter_mut().enumerate() {
@@ -259,14 +267,30 @@ impl EqTable {
     }
 }
 
-impl State {
+/// What posting an EQE touches, borrowed from the device: the EQs, device memory, the event log, the health
+/// (an overrun kills the firmware) and the clock. The datapath and the command engine build one per event.
+pub(crate) struct EqPost<'a> {
+    pub(crate) eqs: &'a mut EqTable,
+    pub(crate) dma: &'a mut DmaSpace,
+    pub(crate) events: &'a mut Vec<SimEvent>,
+    pub(crate) regs: &'a mut Regs,
+    pub(crate) clock: &'a Clock,
+}
+
+impl EqPost<'_> {
+    /// A shorter-lived view over the same borrows, for a callee that takes its own.
+    #[inline]
+    pub(crate) fn reborrow(&mut self) -> EqPost<'_> {
+        EqPost { eqs: self.eqs, dma: self.dma, events: self.events, regs: self.regs, clock: self.clock }
+    }
+
     /// Posts an EQE to the lowest-numbered EQ subscribed to `event_type`; returns that EQ when it was written.
     pub(crate) fn post_eqe(&mut self, event_type: u8, sub_type: u8, data: &[u8; EQE_DATA_LEN]) -> Option<u8> {
         // A dead or vanished device writes nothing.
-        if self.dead() {
+        if self.regs.dead() {
             return None;
         }
-        let eqn = self.fw.eqs.subscriber(event_type)?;
+        let eqn = self.eqs.subscriber(event_type)?;
         self.post_eqe_to(eqn, event_type, sub_type, data)
     }
 
@@ -279,16 +303,21 @@ impl State {
         sub_type: u8,
         data: &[u8; EQE_DATA_LEN],
     ) -> Option<u8> {
-        if self.dead() {
+        if self.regs.dead() {
             return None;
         }
         let eqn8 = eqn as u8;
-        let eq = self.fw.eqs.get_mut(&eqn)?;
+        let eq = self.eqs.get_mut(&eqn)?;
         if eq.pi.wrapping_sub(eq.ci) >= eq.nent() {
             // Hardware never overwrites an entry the driver has not consumed; it reports a fatal error instead.
             eq.overruns += 1;
             self.events.push(SimEvent::EqOverrun { eqn: eqn8 });
-            self.fail(consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN);
+            health::fail(
+                self.regs,
+                self.events,
+                self.clock.now_ns(),
+                consts::MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN,
+            );
             return None;
         }
         let Some(iova) = eq.entry_iova(eq.pi & (eq.nent() - 1)) else {
@@ -329,16 +358,16 @@ impl State {
     }
 
     /// Firmware asks for `num_pages` (negative: offers that many back). The accounting changes now; the EQE is
-    /// posted now when an EQ subscribes to page requests, else held for [`State::flush_page_requests`].
-    pub(crate) fn page_request(&mut self, num_pages: i32) {
-        if self.dead() || num_pages == 0 {
+    /// posted now when an EQ subscribes to page requests, else held for `flush_page_requests`.
+    pub(crate) fn page_request(&mut self, pages: &mut Pages, state: HcaState, held: &mut bool, num_pages: i32) {
+        if self.regs.dead() || num_pages == 0 {
             return;
         }
-        self.fw.account_page_request(num_pages);
-        if self.fw.page_request_held || self.fw.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none() {
+        pages.account_page_request(state, num_pages);
+        if *held || self.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none() {
             // Folded into the held request, whose balance includes this one.
-            self.fw.page_request_held = true;
-            self.flush_page_requests();
+            *held = true;
+            self.flush_page_requests(pages, held);
         } else {
             self.post_eqe(consts::MLX5_EVENT_TYPE_PAGE_REQUEST, 0, &page_req_data(num_pages));
         }
@@ -346,26 +375,46 @@ impl State {
 
     /// Posts the held page request, if any, once an EQ subscribes: one request for the balance then due (what
     /// QUERY_PAGES(regular) reports), which covers every request made while nobody listened.
-    pub(crate) fn flush_page_requests(&mut self) {
-        if !self.fw.page_request_held
-            || self.dead()
-            || self.fw.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none()
-        {
+    pub(crate) fn flush_page_requests(&mut self, pages: &Pages, held: &mut bool) {
+        if !*held || self.regs.dead() || self.eqs.subscriber(consts::MLX5_EVENT_TYPE_PAGE_REQUEST).is_none() {
             return;
         }
-        self.fw.page_request_held = false;
-        let balance = self.fw.page_balance().clamp(i32::MIN.into(), i32::MAX.into()) as i32;
+        *held = false;
+        let balance = pages.page_balance().clamp(i32::MIN.into(), i32::MAX.into()) as i32;
         if balance != 0 {
             self.post_eqe(consts::MLX5_EVENT_TYPE_PAGE_REQUEST, 0, &page_req_data(balance));
         }
+    }
+
+    /// Posts an affiliated QP event (`data.qp_srq`: queue type QP, the QP number) to the EQ subscribed to
+    /// `event_type`; returns that EQ when the EQE was written.
+    pub(crate) fn post_qp_event(&mut self, event_type: u8, qpn: u32) -> Option<u8> {
+        let q = c::mlx5_eqe_qp_srq::QP_SRQ_N;
+        let mut data = [0u8; EQE_DATA_LEN];
+        data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
+        data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
+        self.post_eqe(event_type, 0, &data)
+    }
+
+    /// Posts a PORT_CHANGE EQE of `sub_type` for port 1; returns the EQ it went to.
+    pub(crate) fn port_change(&mut self, sub_type: u8) -> Option<u8> {
+        use mlx5_core::prm::c;
+        let mut data = [0u8; EQE_DATA_LEN];
+        data[c::mlx5_eqe_port_state::PORT.off] = 1 << 4;
+        self.post_eqe(consts::MLX5_EVENT_TYPE_PORT_CHANGE, sub_type, &data)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mode;
+    use crate::config::SimConfig;
+    use crate::device::lock;
+    use crate::fault::Fault;
+    use crate::fw::eq::EqInfo;
+    use crate::regs::Health;
     use crate::testutil::Harness;
-    use crate::{lock, EqInfo, Fault, Health, Mode, SimConfig};
     use mlx5_core::hal::{DmaRegion, Mmio};
     use mlx5_core::prm::{ifc, MsgBuf};
     use std::time::{Duration, Instant};
@@ -510,11 +559,11 @@ mod tests {
         assert!(!h.dev.eq_info(eqn).unwrap().armed);
         // Other UAR offsets are plain UAR writes.
         // A BlueFlame register (`MLX5_BF_OFFSET`): not interpreted yet.
-        let other = crate::SimMmio::uar_offset(uar) + consts::MLX5_BF_OFFSET as usize;
+        let other = crate::mmio::SimMmio::uar_offset(uar) + consts::MLX5_BF_OFFSET as usize;
         h.mmio.write32(other, 5);
         assert!(h.dev.events().contains(&SimEvent::UarWrite { off: other, val: 5 }));
         // The EQ doorbells are 32-bit registers: a 64-bit write over one is refused.
-        let db = crate::SimMmio::uar_offset(uar) + EQ_DB_ARM;
+        let db = crate::mmio::SimMmio::uar_offset(uar) + EQ_DB_ARM;
         h.mmio.write64(db, u64::from(u32::from(eqn) << 24) << 32);
         let why = "64-bit write to a 32-bit EQ doorbell";
         assert!(h.dev.events().contains(&SimEvent::BadEqDoorbell { off: db, val: u32::from(eqn) << 24, why }));

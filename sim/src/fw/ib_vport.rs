@@ -117,8 +117,8 @@ pub(super) fn access_reg(inp: &[u8], out: &mut [u8]) -> Option<Result<(), CmdErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SimConfig;
     use crate::testutil::Harness;
-    use crate::SimConfig;
 
     fn ib() -> Harness {
         let mut h = Harness::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });

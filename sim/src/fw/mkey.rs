@@ -1,3 +1,5 @@
+//! Datapath side: `transport/keys.rs` (gathers, scatters and remote targets through the keys checked here).
+//!
 //! Memory keys: [`MkeyTable`] with CREATE_MKEY / DESTROY_MKEY over the narrow [`MkeyFw`] view, and the access
 //! check the datapath applies to every lkey and rkey (the kernel's `mr.c` from the device side).
 //!
@@ -15,10 +17,10 @@ use super::reply::{bad_param, err, rd, CmdErr};
 use std::ops::{Deref, DerefMut};
 
 use super::caps::Caps;
-use super::{alloc_id, syndrome};
+use super::ids::{alloc_id, IdSet};
+use super::syndrome;
 use crate::dma::DmaSpace;
 use crate::small::IdMap;
-use crate::State;
 
 /// `qpn` of a key not bound to a QP.
 const QPN_NONE: u32 = 0xff_ffff;
@@ -126,7 +128,7 @@ pub(crate) struct Mkey {
 impl Mkey {
     /// The IOVA of `va..va + len` when it translates to one range: a PA key, or an MTT range inside one page (the
     /// datapath's usual access, translated without building a list). `None` for an empty range and for one
-    /// [`State::mkey_pieces`] must split (or refuse); the range must have passed [`State::mkey_check`].
+    /// [`MkeyTable::pieces`] must split (or refuse); the range must have passed [`MkeyTable::check`].
     #[inline]
     pub(crate) fn contiguous(&self, va: u64, len: u64) -> Option<u64> {
         if len == 0 {
@@ -181,7 +183,7 @@ impl DerefMut for MkeyTable {
 pub(crate) struct MkeyFw<'a> {
     pub(crate) caps: &'a Caps,
     /// The allocated protection domains.
-    pub(crate) pds: &'a super::IdSet,
+    pub(crate) pds: &'a IdSet,
 }
 
 impl MkeyTable {
@@ -300,22 +302,23 @@ impl MkeyTable {
 /// The IOVA pieces (address, length) an access through a key touches, in order.
 pub(crate) type Pieces = crate::small::Small<(u64, u64), 4>;
 
-impl State {
-    /// Checks an access through `key` and translates it (see [`crate::SimDevice::mkey_access`]).
-    pub(crate) fn mkey_access(
+impl MkeyTable {
+    /// Checks an access through `key` and translates it (see [`crate::sim_device::SimDevice::mkey_access`]).
+    pub(crate) fn access(
         &self,
+        dma: &DmaSpace,
         key: u32,
         pd: Option<u32>,
         va: u64,
         len: u64,
         access: MkeyAccess,
     ) -> Result<Vec<(u64, u64)>, MkeyFault> {
-        self.mkey_pieces(key, pd, va, len, access).map(|p| p.to_vec())
+        self.pieces(dma, key, pd, va, len, access).map(|p| p.to_vec())
     }
 
     /// Checks an access through `key` (key, variant, PD, rights, bounds), without translating it.
     #[inline]
-    pub(crate) fn mkey_check(
+    pub(crate) fn check(
         &self,
         key: u32,
         pd: Option<u32>,
@@ -323,7 +326,7 @@ impl State {
         len: u64,
         access: MkeyAccess,
     ) -> Result<&Mkey, MkeyFault> {
-        let mk = self.fw.mkeys.get(&(key >> VARIANT_BITS)).ok_or(MkeyFault::UnknownKey)?;
+        let mk = self.get(&(key >> VARIANT_BITS)).ok_or(MkeyFault::UnknownKey)?;
         if key as u8 != mk.variant {
             return Err(MkeyFault::VariantMismatch);
         }
@@ -342,17 +345,18 @@ impl State {
         Ok(mk)
     }
 
-    /// [`State::mkey_access`] without a heap allocation for the usual few pieces (the datapath's form).
-    pub(crate) fn mkey_pieces(
+    /// [`MkeyTable::access`] without a heap allocation for the usual few pieces (the datapath's form).
+    pub(crate) fn pieces(
         &self,
+        dma: &DmaSpace,
         key: u32,
         pd: Option<u32>,
         va: u64,
         len: u64,
         access: MkeyAccess,
     ) -> Result<Pieces, MkeyFault> {
-        let mk = self.mkey_check(key, pd, va, len, access)?;
-        // `mkey_check` found the end in range.
+        let mk = self.check(key, pd, va, len, access)?;
+        // `check` found the end in range.
         let end = va + len;
         let mut pieces = Pieces::new();
         match &mk.translation {
@@ -378,7 +382,7 @@ impl State {
             }
         }
         for &(iova, n) in pieces.iter() {
-            let mapped = usize::try_from(n).is_ok_and(|n| self.dma.is_mapped(iova, n));
+            let mapped = usize::try_from(n).is_ok_and(|n| dma.is_mapped(iova, n));
             if !mapped {
                 return Err(MkeyFault::NotMapped { iova });
             }
@@ -390,8 +394,8 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::SimEvent;
     use crate::testutil::Harness;
-    use crate::SimEvent;
     use mlx5_core::hal::Dma;
 
     const PAGE: u64 = 4096;
@@ -555,7 +559,8 @@ mod tests {
 
     #[test]
     fn a_key_over_mapped_process_memory_at_any_start_with_relaxed_ordering() {
-        let mut h = Harness::new(crate::SimConfig { relaxed_ordering: true, ..crate::SimConfig::default() });
+        let mut h =
+            Harness::new(crate::config::SimConfig { relaxed_ordering: true, ..crate::config::SimConfig::default() });
         h.bring_up();
         let pd = alloc_pd(&mut h);
         // Two pages of process memory, mapped from an odd offset for 5000 bytes.

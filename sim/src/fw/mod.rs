@@ -1,5 +1,5 @@
 //! The firmware: [`Firmware`] (the HCA state machine, ISSI, capabilities, and one table per object type), the
-//! dispatch of a delivered command to its handler, and the `syndrome` of every refusal. Delivery is `cmd.rs`,
+//! dispatch of a delivered command to its handler, and the `syndrome` of every refusal. Delivery is `device/cmd.rs`,
 //! pages `pages.rs`; each object type is a table in its own file (`pd.rs`: PD and UAR, `eq.rs`, `cq.rs`,
 //! `mkey.rs`, `qp.rs`, `srq.rs`) whose commands get a narrow view of the rest of the firmware (`CqFw`, `QpFw`, ...: the
 //! capabilities and the other tables they check), built here per command; `port.rs` is the port model and
@@ -16,39 +16,42 @@
 //!
 //! Each failure carries a distinct syndrome from [`syndrome`].
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
 
 use crate::config::SimConfig;
 use crate::dma::DmaSpace;
 use crate::events::SimEvent;
-use crate::mmio::INIT_SEG_PAGES;
-use crate::small::IdMap;
-use crate::Stalled;
+use crate::regs::INIT_SEG_PAGES;
 
 mod adapter;
 pub(crate) mod caps;
-mod cmd;
 pub(crate) mod cq;
 pub(crate) mod eq;
+pub(crate) mod hca;
+pub(crate) mod health;
 mod ib_vport;
+pub(crate) mod ids;
 pub(crate) mod mkey;
 mod nic_vport;
 mod pages;
+pub(crate) mod pas;
 mod pd;
 pub(crate) mod port;
 pub(crate) mod qcounter;
 pub(crate) mod qp;
 pub(crate) mod reply;
 pub(crate) mod srq;
+pub mod syndrome;
 mod td;
 mod xrcd;
+
+pub use hca::HcaState;
 
 use caps::{Caps, SetCapError};
 use cq::{CqFw, CqTable};
 use eq::{EqFw, EqTable};
 use mkey::{MkeyFw, MkeyTable};
+use pages::Pages;
 use pd::{PdTable, UarTable};
 use port::PortModel;
 use qcounter::QCounterTable;
@@ -57,182 +60,6 @@ use reply::{bad_param, err, rd, rd16, CmdErr};
 use srq::{Family, SrqFw, SrqTable};
 use td::TdTable;
 use xrcd::XrcdTable;
-
-/// Syndromes the simulated firmware reports with a failing status. Values are the simulator's own (real
-/// firmware syndromes are undocumented); each check has its own so a test can tell them apart.
-pub mod syndrome {
-    /// `BAD_OP`: the opcode is not implemented.
-    pub const BAD_OPCODE: u32 = 0x51a0_0001;
-    /// `BAD_INP_LEN`: `inlen` is shorter than the command's input (with its declared `pas[]`).
-    pub const BAD_INPUT_LEN: u32 = 0x51a0_0002;
-    /// `BAD_OUTP_LEN`: `outlen` is shorter than the command's output (with the `pas[]` it may return).
-    pub const BAD_OUTPUT_LEN: u32 = 0x51a0_0003;
-    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: a command other than QUERY_ISSI / ENABLE_HCA before ENABLE_HCA.
-    pub const NOT_ENABLED: u32 = 0x51a0_0010;
-    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: ENABLE_HCA on an enabled function.
-    pub const ALREADY_ENABLED: u32 = 0x51a0_0011;
-    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: an object command or TEARDOWN_HCA before INIT_HCA.
-    pub const NOT_INITIALIZED: u32 = 0x51a0_0012;
-    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: INIT_HCA, SET_ISSI or SET_HCA_CAP after INIT_HCA.
-    pub const ALREADY_INITIALIZED: u32 = 0x51a0_0013;
-    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: DISABLE_HCA before TEARDOWN_HCA.
-    pub const STILL_INITIALIZED: u32 = 0x51a0_0014;
-    /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: INIT_HCA before the boot and init pages were given.
-    pub const PAGES_MISSING: u32 = 0x51a0_0015;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an op_mod the command does not define.
-    pub const BAD_OP_MOD: u32 = 0x51a0_0020;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_ISSI with an ISSI other than 0 or 1.
-    pub const BAD_ISSI: u32 = 0x51a0_0021;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a function other than our own (function_id, other_function, embedded_cpu_function).
-    pub const BAD_FUNCTION: u32 = 0x51a0_0022;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: MODIFY_CQ with a field_select bit the simulator does not know, or a resize without
-    /// `MLX5_MODIFY_CQ_MASK_LOG_SIZE`.
-    pub const FIELD_SELECT: u32 = 0x51a0_0023;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a MANAGE_PAGES page address not 4 KiB aligned.
-    pub const PAGE_MISALIGNED: u32 = 0x51a0_0030;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a MANAGE_PAGES page not inside live DMA memory.
-    pub const PAGE_NOT_MAPPED: u32 = 0x51a0_0031;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a MANAGE_PAGES page firmware already owns (or listed twice).
-    pub const PAGE_ALREADY_OWNED: u32 = 0x51a0_0032;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unsupported capability type.
-    pub const CAP_TYPE: u32 = 0x51a0_0040;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_HCA_CAP changes a field that is not settable.
-    pub const CAP_READ_ONLY: u32 = 0x51a0_0041;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_HCA_CAP sets a value above the maximum capability.
-    pub const CAP_ABOVE_MAX: u32 = 0x51a0_0042;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: TEARDOWN_HCA with an unsupported profile.
-    pub const BAD_PROFILE: u32 = 0x51a0_0043;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown PD.
-    pub const PD_INVALID: u32 = 0x51a0_0050;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown XRC domain.
-    pub const XRCD_INVALID: u32 = 0x51a0_0057;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown transport domain.
-    pub const TD_INVALID: u32 = 0x51a0_0058;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: MODIFY_NIC_VPORT_CONTEXT selects a field the device does not modify.
-    pub const NIC_VPORT_FIELD: u32 = 0x51a0_0085;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown UAR page.
-    pub const UAR_INVALID: u32 = 0x51a0_0051;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown EQ.
-    pub const EQ_INVALID: u32 = 0x51a0_0052;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown CQ.
-    pub const CQ_INVALID: u32 = 0x51a0_0053;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown memory key index.
-    pub const MKEY_INVALID: u32 = 0x51a0_0054;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CREATE_EQ `event_bitmask` asks for an event type the device does
-    /// not report (one its capabilities do not offer).
-    pub const EQ_EVENT_TYPE: u32 = 0x51a0_0056;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: log_eq_size / log_cq_size above the `log_max_*_sz` capability.
-    pub const LOG_SIZE: u32 = 0x51a0_0060;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: cqe_sz other than 64 or 128 bytes.
-    pub const CQE_SIZE: u32 = 0x51a0_0061;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: fewer `pas[]` entries than the queue needs (or, for CREATE_MKEY, fewer MTT entries than
-    /// the pages the key covers, in the input or in `translations_octword_size`).
-    pub const PAS_TOO_FEW: u32 = 0x51a0_0062;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a `pas[]` (or MTT) entry not aligned to the page size.
-    pub const PAS_MISALIGNED: u32 = 0x51a0_0063;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a `pas[]` (or MTT) page not inside live DMA memory.
-    pub const PAS_NOT_MAPPED: u32 = 0x51a0_0064;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a non-zero page_offset (not supported by the simulator).
-    pub const PAGE_OFFSET: u32 = 0x51a0_0065;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ doorbell record not inside live DMA memory.
-    pub const DBR_NOT_MAPPED: u32 = 0x51a0_0066;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ bound to an APU element (not supported).
-    pub const APU_CQ: u32 = 0x51a0_0067;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: MODIFY_CQ(resize) to fewer entries than the CQEs the driver has not consumed yet.
-    pub const CQ_TOO_SMALL: u32 = 0x51a0_0068;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ feature the simulator does not model (a collapsed CQ, `cc`).
-    pub const CQ_FEATURE: u32 = 0x51a0_0069;
-    /// `NO_RES`: the object limit (`log_max_*`, UAR pages in the BAR) is reached.
-    pub const NO_RESOURCES: u32 = 0x51a0_0070;
-    /// `BAD_RES_STATE`: the object is still used (an EQ by a CQ, a UAR by an EQ or CQ, a PD by a memory key).
-    pub const IN_USE: u32 = 0x51a0_0071;
-    /// `BAD_RES_STATE`: MODIFY_CQ(resize) of a CQ in error (overflow or write failure).
-    pub const CQ_IN_ERROR: u32 = 0x51a0_0072;
-    /// `BAD_RES_STATE`: MODIFY_CQ(resize) while the old buffer is full: the resize CQE has no free entry.
-    pub const CQ_FULL: u32 = 0x51a0_0073;
-    /// ACCESS_REGISTER of a register the device does not model, or in the wrong direction.
-    pub const REG_ACCESS: u32 = 0x51a0_0080;
-    /// A port number the device does not have (it has port 1), or a query for the other link layer.
-    pub const BAD_PORT: u32 = 0x51a0_0081;
-    /// SET_ROCE_ADDRESS or QUERY_ROCE_ADDRESS with an index at or past `roce_address_table_size`.
-    pub const GID_INDEX: u32 = 0x51a0_0083;
-    /// SET_ROCE_ADDRESS with a `roce_version` or `roce_l3_type` the PRM does not define.
-    pub const ROCE_ADDRESS: u32 = 0x51a0_0084;
-    /// A command needing a capability firmware does not report (SET_DRIVER_VERSION without `driver_version`).
-    pub const CAP_NOT_SET: u32 = 0x51a0_0082;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY with an access mode other than PA or MTT.
-    pub const MKEY_ACCESS_MODE: u32 = 0x51a0_0090;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY with `qpn` other than 0xffffff (keys bound to a QP are not supported).
-    pub const MKEY_QPN: u32 = 0x51a0_0091;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY(MTT) with `log_page_size` below 12 or above 63.
-    pub const MKEY_PAGE_SIZE: u32 = 0x51a0_0092;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY whose range wraps around 2^64, or an MTT key with `length64`.
-    pub const MKEY_LENGTH: u32 = 0x51a0_0093;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_MKEY asking for what the simulator does not model (a free key, umem, BSF, crossing).
-    pub const MKEY_FEATURE: u32 = 0x51a0_0094;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown QP.
-    pub const QP_INVALID: u32 = 0x51a0_00a0;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with a transport service other than RC, UD or (where `uc` is reported) UC.
-    pub const QP_TYPE: u32 = 0x51a0_00a1;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with `pm_state` other than `MLX5_QP_PM_MIGRATED`.
-    pub const QP_PM_STATE: u32 = 0x51a0_00a2;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with an RQ type other than a regular, a zero-length or an SRQ RQ.
-    pub const QP_RQ_TYPE: u32 = 0x51a0_00a3;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RQ WQE (`16 << log_rq_stride`) above `max_wqe_sz_rq`.
-    pub const QP_WQE_SIZE: u32 = 0x51a0_00a4;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP asking for what the simulator does not model (umem, XRC, an SRQ number
-    /// without the SRQ RQ type, a chosen QPN,
-    /// the extended context).
-    pub const QP_FEATURE: u32 = 0x51a0_00a5;
-    /// `BAD_QP_STATE`: a transition from a state it does not start from (2ERR from RST included).
-    pub const QP_STATE: u32 = 0x51a0_00a6;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a pkey index beyond the pkey table.
-    pub const QP_PKEY_INDEX: u32 = 0x51a0_00a7;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an address path the link layer cannot use (IB: no LID; RoCE: no GRH, GID or MAC; a source
-    /// GID index beyond the table).
-    pub const QP_PATH: u32 = 0x51a0_00a8;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR (RC or UD) with an MTU other than `IB_MTU_256..=IB_MTU_4096`.
-    pub const QP_MTU: u32 = 0x51a0_00a9;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a context value above its capability (`log_msg_max`, `log_rra_max`, `log_sra_max`), or a UC
-    /// modify with an option or a remote right UC does not take (read, atomic, RNR, ACK and retry parameters, qkey).
-    pub const QP_CONTEXT: u32 = 0x51a0_00aa;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: INIT2RTR of a RoCE QP whose `src_addr_index` names a GID table entry
-    /// SET_ROCE_ADDRESS never programmed (or cleared).
-    pub const GID_NOT_SET: u32 = 0x51a0_00ab;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a Q counter set id that is not allocated (DEALLOC/QUERY_Q_COUNTER, or a
-    /// QP's `counter_set_id` in RST2INIT).
-    pub const Q_COUNTER_INVALID: u32 = 0x51a0_00ac;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: remote atomics enabled (`rae`) with an `atomic_mode` the device does not
-    /// report (0, or a mode above the caps' `atomic_size_qp`), as `set_qpc_atomic_flags` never sends.
-    pub const QP_ATOMIC_MODE: u32 = 0x51a0_00ad;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_QP with a `ts_format` the device's timestamp capability does not
-    /// include (free-running on a real-time-only device, real-time on a free-running one, or an undefined value).
-    pub const QP_TS_FORMAT: u32 = 0x51a0_00ae;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: unknown SRQ or RMP (or one of the other command family).
-    pub const SRQ_INVALID: u32 = 0x51a0_00b0;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an SRQ WQE stride below 32 bytes or above `max_wqe_sz_rq`.
-    pub const SRQ_STRIDE: u32 = 0x51a0_00b1;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an SRQ limit (`lwm`) not below the ring size.
-    pub const SRQ_LWM: u32 = 0x51a0_00b2;
-    /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RMP not RDY or whose `wq` is not a linked list, an SRQ not GOOD.
-    pub const SRQ_CONTEXT: u32 = 0x51a0_00b3;
-    /// `BAD_OP`: an RMP command at ISSI 0, or an SRQ command (CREATE_SRQ, ARM_RQ, ...) at ISSI 1.
-    pub const SRQ_ISSI: u32 = 0x51a0_00b4;
-    /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
-    pub const HEALTH_EXT_SYND: u16 = 0x51a0;
-}
-
-/// Lifecycle of the function, as ENABLE_HCA / INIT_HCA / TEARDOWN_HCA / DISABLE_HCA move it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HcaState {
-    /// Before ENABLE_HCA (or after DISABLE_HCA).
-    #[default]
-    Disabled,
-    /// After ENABLE_HCA: ISSI, pages and capabilities may be negotiated.
-    Enabled,
-    /// After INIT_HCA: objects may be created.
-    Initialized,
-}
 
 /// Which HCA states a command is accepted in.
 #[derive(Debug, Clone, Copy)]
@@ -254,18 +81,7 @@ enum Gate {
 pub(crate) struct Firmware {
     pub(crate) state: HcaState,
     issi: u16,
-    pages: BTreeSet<u64>,
-    boot_pages: i64,
-    init_pages: i64,
-    regular_pages: i64,
-    /// The configured init and regular needs, restored by TEARDOWN_HCA.
-    cfg_pages: (i64, i64),
-    /// Needed pages firmware has offered back (negative page requests), for the next MANAGE_PAGES(take).
-    returnable: u64,
-    /// Pages accepted by MANAGE_PAGES(give), ever: commands waiting for pages count what each give adds.
-    pub(crate) given: u64,
-    /// Pages the driver freed while a dead firmware still owned them.
-    abandoned: usize,
+    pub(crate) pages: Pages,
     /// A page request is waiting for an EQ subscribed to page requests.
     pub(crate) page_request_held: bool,
     pub(crate) caps: Caps,
@@ -280,95 +96,6 @@ pub(crate) struct Firmware {
     pub(crate) qps: QpTable,
     pub(crate) q_counters: QCounterTable,
     pub(crate) srqs: SrqTable,
-}
-
-/// A table of objects by number, as [`alloc_id`] sees it.
-pub(crate) trait Ids {
-    fn count(&self) -> usize;
-    fn holds(&self, id: u32) -> bool;
-}
-
-impl<V> Ids for BTreeMap<u32, V> {
-    fn count(&self) -> usize {
-        self.len()
-    }
-    fn holds(&self, id: u32) -> bool {
-        self.contains_key(&id)
-    }
-}
-
-impl<V> Ids for IdMap<V> {
-    fn count(&self) -> usize {
-        self.len()
-    }
-    fn holds(&self, id: u32) -> bool {
-        self.contains_key(&id)
-    }
-}
-
-/// Picks a free id in `lo..hi`, starting at `*next` and wrapping, so freed ids are not reused at once.
-/// Bounded: with `used.count()` ids taken, one of the next `used.count() + 1` candidates is free.
-pub(crate) fn alloc_id(used: &impl Ids, next: &mut u32, lo: u32, hi: u32) -> Option<u32> {
-    let span = hi.checked_sub(lo)?;
-    if used.count() as u64 >= u64::from(span) {
-        return None;
-    }
-    let mut id = (*next).clamp(lo, hi - 1);
-    for _ in 0..=used.count() {
-        if !used.holds(id) {
-            *next = if id + 1 >= hi { lo } else { id + 1 };
-            return Some(id);
-        }
-        id = if id + 1 >= hi { lo } else { id + 1 };
-    }
-    None
-}
-
-impl Ids for BTreeSet<u32> {
-    fn count(&self) -> usize {
-        self.len()
-    }
-    fn holds(&self, id: u32) -> bool {
-        self.contains(&id)
-    }
-}
-
-/// Numbers an ALLOC command hands out and its DEALLOC takes back (PDs, UAR pages, transport and XRC domains),
-/// and the number the next ALLOC tries first, so a freed one is not reused at once.
-#[derive(Debug)]
-pub(crate) struct IdSet {
-    set: BTreeSet<u32>,
-    next: u32,
-}
-
-impl IdSet {
-    pub(crate) fn new(first: u32) -> Self {
-        Self { set: BTreeSet::new(), next: first }
-    }
-
-    /// Takes a free number in `lo..hi`; `None` when every one is taken.
-    pub(crate) fn take(&mut self, lo: u32, hi: u32) -> Option<u32> {
-        let id = alloc_id(&self.set, &mut self.next, lo, hi)?;
-        self.set.insert(id);
-        Some(id)
-    }
-
-    /// Gives `id` back; false when it was not taken.
-    pub(crate) fn give_back(&mut self, id: u32) -> bool {
-        self.set.remove(&id)
-    }
-
-    pub(crate) fn contains(&self, id: u32) -> bool {
-        self.set.contains(&id)
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.set.len()
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.set.clear();
-    }
 }
 
 /// The narrow view of the firmware an EQ command gets (see [`EqFw`]).
@@ -426,14 +153,7 @@ impl Firmware {
         Self {
             state: HcaState::Disabled,
             issi: 0,
-            pages: BTreeSet::new(),
-            boot_pages: cfg.boot_pages.into(),
-            init_pages: cfg.init_pages.into(),
-            regular_pages: cfg.regular_pages.into(),
-            cfg_pages: (cfg.init_pages.into(), cfg.regular_pages.into()),
-            returnable: 0,
-            given: 0,
-            abandoned: 0,
+            pages: Pages::new(cfg),
             page_request_held: false,
             caps: Caps::new(cfg),
             port: PortModel::new(cfg),
@@ -659,8 +379,8 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_ISSI => self.query_issi(out),
             consts::MLX5_CMD_OP_QUERY_ADAPTER => adapter::query_adapter(out),
             consts::MLX5_CMD_OP_SET_ISSI => self.set_issi(inp),
-            consts::MLX5_CMD_OP_QUERY_PAGES => self.query_pages(inp, out),
-            consts::MLX5_CMD_OP_MANAGE_PAGES => self.manage_pages(dma, inp, out, outlen),
+            consts::MLX5_CMD_OP_QUERY_PAGES => self.pages.query_pages(inp, out),
+            consts::MLX5_CMD_OP_MANAGE_PAGES => self.pages.manage_pages(self.state, dma, inp, out, outlen),
             consts::MLX5_CMD_OP_QUERY_HCA_CAP => self.query_hca_cap(inp, out),
             consts::MLX5_CMD_OP_SET_HCA_CAP => self.set_hca_cap(inp),
             consts::MLX5_CMD_OP_INIT_HCA => self.init_hca(),
@@ -756,10 +476,9 @@ impl Firmware {
         if rd(inp, i::FUNCTION_ID) != 0 || rd(inp, i::EMBEDDED_CPU_FUNCTION) != 0 {
             return Err(bad_param(syndrome::BAD_FUNCTION));
         }
-        if !self.pages.is_empty() {
-            // Disabling resets the function: firmware lets go of every page it still held.
-            events.push(SimEvent::DisableWithPages { pages: self.pages.len() });
-            self.pages.clear();
+        let pages = self.pages.release_all();
+        if pages > 0 {
+            events.push(SimEvent::DisableWithPages { pages });
         }
         self.state = HcaState::Disabled;
         Ok(())
@@ -815,7 +534,7 @@ impl Firmware {
     }
 
     fn init_hca(&mut self) -> Result<(), CmdErr> {
-        if (self.pages.len() as i64) < self.startup_pages() {
+        if (self.pages.owned() as i64) < self.pages.startup_pages() {
             return Err(err(CmdStatus::BadSysState, syndrome::PAGES_MISSING));
         }
         self.state = HcaState::Initialized;
@@ -852,48 +571,21 @@ impl Firmware {
         self.qps.clear();
         self.srqs.clear();
         self.state = HcaState::Enabled;
-        // The needs grown while running end with it; a later INIT_HCA starts from the configured ones.
-        (self.init_pages, self.regular_pages) = self.cfg_pages;
-        self.returnable = 0;
+        self.pages.reset_needs();
         self.page_request_held = false;
         out.set(ifc::teardown_hca_out::STATE, consts::MLX5_TEARDOWN_HCA_OUT_FORCE_STATE_SUCCESS);
-        Ok(())
-    }
-
-    /// Checks that the `pas[]` array of `inp` covers `bytes` with live pages of `page_bytes`.
-    pub(crate) fn check_pas(
-        dma: &DmaSpace,
-        inp: &[u8],
-        pas: mlx5_core::prm::Array,
-        bytes: u64,
-        page_bytes: u64,
-    ) -> Result<(), CmdErr> {
-        let given = inp.len().saturating_sub(pas.byte_off()) as u64 / u64::from(pas.elem_bits / 8);
-        let needed = bytes.div_ceil(page_bytes);
-        if given < needed {
-            return Err(bad_param(syndrome::PAS_TOO_FEW));
-        }
-        for k in 0..needed {
-            let pa = inp.get64(pas.elem(k as u32));
-            if !pa.is_multiple_of(page_bytes) {
-                return Err(bad_param(syndrome::PAS_MISALIGNED));
-            }
-            let len = page_bytes.min(bytes - k * page_bytes);
-            if !dma.is_mapped(pa, len as usize) {
-                return Err(bad_param(syndrome::PAS_NOT_MAPPED));
-            }
-        }
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::cmd::xor8;
     use super::*;
+    use crate::config::Mode;
+    use crate::config::SimConfig;
+    use crate::device::cmd::xor8;
     use crate::fault::Fault;
     use crate::testutil::{put, Harness};
-    use crate::{Mode, SimConfig};
     use mlx5_core::hal::{DelayNs, Dma, DmaRegion};
     use mlx5_core::prm::{c, DeliveryStatus, Field};
     use std::time::{Duration, Instant};
@@ -903,6 +595,16 @@ mod tests {
         inp.set(ifc::query_pages_in::OPCODE, consts::MLX5_CMD_OP_QUERY_PAGES.into());
         inp.set(ifc::query_pages_in::OP_MOD, op_mod);
         inp
+    }
+
+    #[test]
+    fn advertised_xrc_commands_are_implemented() {
+        // caps.rs's `no_capability_promises_an_unimplemented_command` keeps xrc on; its domains must execute.
+        let c = Caps::new(&SimConfig::default());
+        assert_eq!(c.gen(ifc::cmd_hca_cap::XRC), 1);
+        for op in [consts::MLX5_CMD_OP_ALLOC_XRCD, consts::MLX5_CMD_OP_DEALLOC_XRCD] {
+            assert!(Firmware::implements(op), "xrc is advertised: opcode {op:#x}");
+        }
     }
 
     #[test]
@@ -1064,7 +766,7 @@ mod tests {
         h.ring(0);
         assert_eq!(h.status_own(0) >> 1, DeliveryStatus::Fw.raw());
         let faults = h.dev.dma_faults();
-        assert_eq!(faults, vec![crate::DmaFault { iova: 0x7700_0000_0400, len: 576, write: false }]);
+        assert_eq!(faults, vec![crate::dma::DmaFault { iova: 0x7700_0000_0400, len: 576, write: false }]);
         // A freed region faults as well: IOVAs are never reused.
         let r = h.dma.alloc(4096, 4096).unwrap();
         let iova = r.iova();
@@ -1316,7 +1018,7 @@ mod tests {
         let (s, _, out) = h.simple(consts::MLX5_CMD_OP_ALLOC_UAR, 0, 16, 16);
         assert_eq!(s, 0);
         let uar = rd(&out, ifc::alloc_uar_out::UAR);
-        assert!(crate::SimMmio::uar_offset(uar) + 4096 <= h.mmio.bar_size());
+        assert!(crate::mmio::SimMmio::uar_offset(uar) + 4096 <= h.mmio.bar_size());
 
         assert_eq!(create_eq(&mut h, uar + 100, 7).1, syndrome::UAR_INVALID);
         assert_eq!(create_eq(&mut h, uar, 23).1, syndrome::LOG_SIZE);

@@ -5,47 +5,92 @@ use std::collections::BTreeSet;
 
 use mlx5_core::prm::{consts, ifc, CmdStatus, MsgBuf};
 
+use super::hca::HcaState;
 use super::reply::{bad_param, err, rd, rd16, CmdErr};
-use super::{syndrome, Firmware, HcaState};
+use super::syndrome;
+use crate::config::SimConfig;
 use crate::dma::DmaSpace;
 
 /// Firmware pages are 4 KiB.
 pub(super) const FW_PAGE: u64 = consts::MLX5_ADAPTER_PAGE_SIZE as u64;
 
-impl Firmware {
-    pub(crate) fn pages_owned(&self) -> usize {
-        self.pages.len()
+/// The pages firmware owns and the needs it reports, as MANAGE_PAGES and QUERY_PAGES see them.
+#[derive(Debug)]
+pub(crate) struct Pages {
+    owned: BTreeSet<u64>,
+    boot: i64,
+    init: i64,
+    regular: i64,
+    /// The configured init and regular needs, restored by TEARDOWN_HCA.
+    cfg: (i64, i64),
+    /// Needed pages firmware has offered back (negative page requests), for the next MANAGE_PAGES(take).
+    returnable: u64,
+    /// Pages accepted by MANAGE_PAGES(give), ever: commands waiting for pages count what each give adds.
+    pub(crate) given: u64,
+    /// Pages the driver freed while a dead firmware still owned them.
+    abandoned: usize,
+}
+
+impl Pages {
+    pub(crate) fn new(cfg: &SimConfig) -> Self {
+        Self {
+            owned: BTreeSet::new(),
+            boot: cfg.boot_pages.into(),
+            init: cfg.init_pages.into(),
+            regular: cfg.regular_pages.into(),
+            cfg: (cfg.init_pages.into(), cfg.regular_pages.into()),
+            returnable: 0,
+            given: 0,
+            abandoned: 0,
+        }
+    }
+
+    /// Disabling resets the function: firmware lets go of every page it still held; returns how many.
+    pub(super) fn release_all(&mut self) -> usize {
+        let n = self.owned.len();
+        self.owned.clear();
+        n
+    }
+
+    /// The needs grown while running end with it; a later INIT_HCA starts from the configured ones.
+    pub(super) fn reset_needs(&mut self) {
+        (self.init, self.regular) = self.cfg;
+        self.returnable = 0;
+    }
+
+    pub(crate) fn owned(&self) -> usize {
+        self.owned.len()
     }
 
     /// Firmware-owned pages inside `iova..iova + len`.
     pub(crate) fn pages_in(&self, iova: u64, len: u64) -> usize {
-        self.pages.range(iova..iova.saturating_add(len)).count()
+        self.owned.range(iova..iova.saturating_add(len)).count()
     }
 
     /// Pages needed before INIT_HCA.
     pub(super) fn startup_pages(&self) -> i64 {
-        self.boot_pages.max(0) + self.init_pages.max(0)
+        self.boot.max(0) + self.init.max(0)
     }
 
     /// Every page firmware needs to run: startup pages plus the regular need.
     pub(super) fn need(&self) -> i64 {
-        self.startup_pages() + self.regular_pages
+        self.startup_pages() + self.regular
     }
 
     /// Pages firmware still wants (negative: pages it would return), as QUERY_PAGES(regular) reports.
     pub(crate) fn page_balance(&self) -> i64 {
-        self.need() - self.returnable as i64 - self.pages.len() as i64
+        self.need() - self.returnable as i64 - self.owned.len() as i64
     }
 
     /// The accounting of a page request: a positive one grows the need of the current stage (regular once
     /// initialized, init before), a negative one marks needed pages returnable.
-    pub(crate) fn account_page_request(&mut self, num_pages: i32) {
+    pub(crate) fn account_page_request(&mut self, state: HcaState, num_pages: i32) {
         let n = i64::from(num_pages);
         if n > 0 {
-            if self.state == HcaState::Initialized {
-                self.regular_pages += n;
+            if state == HcaState::Initialized {
+                self.regular += n;
             } else {
-                self.init_pages += n;
+                self.init += n;
             }
         } else {
             let most = self.need().max(0) as u64;
@@ -55,14 +100,14 @@ impl Firmware {
 
     /// Forgets the pages in `iova..iova + len` a dead firmware owned: the driver freed them.
     pub(crate) fn abandon(&mut self, iova: u64, len: u64) {
-        let gone: Vec<u64> = self.pages.range(iova..iova.saturating_add(len)).copied().collect();
+        let gone: Vec<u64> = self.owned.range(iova..iova.saturating_add(len)).copied().collect();
         for pa in &gone {
-            self.pages.remove(pa);
+            self.owned.remove(pa);
         }
         self.abandoned += gone.len();
     }
 
-    pub(crate) fn pages_abandoned(&self) -> usize {
+    pub(crate) fn abandoned(&self) -> usize {
         self.abandoned
     }
 
@@ -72,8 +117,8 @@ impl Firmware {
         if rd(inp, i::FUNCTION_ID) != 0 || rd(inp, i::EMBEDDED_CPU_FUNCTION) != 0 {
             return Err(bad_param(syndrome::BAD_FUNCTION));
         }
-        let owned = self.pages.len() as i64;
-        let boot = self.boot_pages.max(0);
+        let owned = self.owned.len() as i64;
+        let boot = self.boot.max(0);
         let init = self.startup_pages();
         // Boot and init requests never go negative; the regular count does when firmware has pages to spare.
         // The init need is reported only once the boot pages are in: firmware cannot use init pages before.
@@ -92,6 +137,7 @@ impl Firmware {
 
     pub(super) fn manage_pages(
         &mut self,
+        state: HcaState,
         dma: &DmaSpace,
         inp: &[u8],
         out: &mut [u8],
@@ -120,12 +166,12 @@ impl Firmware {
                     if !dma.is_mapped(pa, FW_PAGE as usize) {
                         return Err(bad_param(syndrome::PAGE_NOT_MAPPED));
                     }
-                    if self.pages.contains(&pa) || !new.insert(pa) {
+                    if self.owned.contains(&pa) || !new.insert(pa) {
                         return Err(bad_param(syndrome::PAGE_ALREADY_OWNED));
                     }
                 }
                 self.given += new.len() as u64;
-                self.pages.extend(new);
+                self.owned.extend(new);
                 Ok(())
             }
             consts::MLX5_PAGES_TAKE => {
@@ -134,8 +180,8 @@ impl Firmware {
                 }
                 // An initialized HCA keeps what it needs to run: it returns the pages it offered back plus those
                 // above its need. Before INIT_HCA and after TEARDOWN_HCA it returns everything.
-                let owned = self.pages.len() as u64;
-                let (keep, above) = if self.state == HcaState::Initialized {
+                let owned = self.owned.len() as u64;
+                let (keep, above) = if state == HcaState::Initialized {
                     let need = self.need().max(0) as u64;
                     (need.saturating_sub(self.returnable), owned.saturating_sub(need))
                 } else {
@@ -143,14 +189,14 @@ impl Firmware {
                 };
                 let count = n.min(owned.saturating_sub(keep)) as u32;
                 for k in 0..count {
-                    let Some(pa) = self.pages.pop_first() else { break };
+                    let Some(pa) = self.owned.pop_first() else { break };
                     out.set64(o::PAS.elem(k), pa);
                 }
                 // Pages above the need come back first; the rest were offered back and leave the need with it.
                 let offered = u64::from(count).saturating_sub(above);
-                if self.state == HcaState::Initialized && offered > 0 {
+                if state == HcaState::Initialized && offered > 0 {
                     self.returnable -= offered.min(self.returnable);
-                    self.regular_pages -= offered as i64;
+                    self.regular -= offered as i64;
                 }
                 out.set(o::OUTPUT_NUM_ENTRIES, count);
                 Ok(())

@@ -4,12 +4,12 @@
 
 use mlx5_core::prm::{consts, ifc, MsgBuf};
 
+use super::eq::EqPost;
 use super::reply::{bad_param, rd, rd16, CmdErr};
 use super::syndrome;
 use crate::config::{PortInfo, PortType, SimConfig};
 
-/// Entries of the GID table (index 0, the default GID).
-pub(crate) const GID_ENTRIES: u32 = 1;
+pub(crate) use crate::wire::GID_ENTRIES;
 
 /// Entries of the RoCE address table (`roce_address_table_size` in the RoCE caps).
 pub(crate) const ROCE_ADDRESS_ENTRIES: usize = 256;
@@ -20,28 +20,6 @@ pub(crate) const PVLC_VL_0_7: u32 = 8;
 
 /// One `roce_addr_layout` image as SET_ROCE_ADDRESS wrote it (all zeros: empty).
 pub(crate) type RoceAddr = [u8; ifc::roce_addr_layout::SIZE_BYTES];
-
-impl crate::State {
-    /// The port's link goes down or comes up: the state QUERY_VPORT_STATE and PAOS report follows, and a
-    /// PORT_CHANGE EQE (`MLX5_PORT_CHANGE_SUBTYPE_DOWN` / `_ACTIVE`, port 1 in the upper nibble of
-    /// `data.port.port`) goes to the EQ subscribed to port changes. Nothing happens when the state is already so.
-    pub(crate) fn set_port_up(&mut self, up: bool) -> Option<u8> {
-        if self.fw.port.up == up || self.dead() {
-            return None;
-        }
-        self.fw.port.up = up;
-        let sub = if up { consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE } else { consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN };
-        self.port_change(sub)
-    }
-
-    /// Posts a PORT_CHANGE EQE of `sub_type` for port 1; returns the EQ it went to.
-    pub(crate) fn port_change(&mut self, sub_type: u8) -> Option<u8> {
-        use mlx5_core::prm::c;
-        let mut data = [0u8; super::eq::EQE_DATA_LEN];
-        data[c::mlx5_eqe_port_state::PORT.off] = 1 << 4;
-        self.post_eqe(consts::MLX5_EVENT_TYPE_PORT_CHANGE, sub_type, &data)
-    }
-}
 
 /// What the port looks like from the host.
 #[derive(Debug, Clone)]
@@ -322,6 +300,20 @@ impl PortModel {
         out.set(h::GRH_REQUIRED.at(base), u32::from(i.grh_required));
         out.set(h::QKEY_VIOLATION_COUNTER.at(base), self.qkey_viol_cntr.into());
         Ok(())
+    }
+}
+
+impl PortModel {
+    /// The port's link goes down or comes up: the state QUERY_VPORT_STATE and PAOS report follows, and a
+    /// PORT_CHANGE EQE (`MLX5_PORT_CHANGE_SUBTYPE_DOWN` / `_ACTIVE`, port 1 in the upper nibble of
+    /// `data.port.port`) goes to the EQ subscribed to port changes. Nothing happens when the state is already so.
+    pub(crate) fn set_up(&mut self, post: &mut EqPost, up: bool) -> Option<u8> {
+        if self.up == up || post.regs.dead() {
+            return None;
+        }
+        self.up = up;
+        let sub = if up { consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE } else { consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN };
+        post.port_change(sub)
     }
 }
 

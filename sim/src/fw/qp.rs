@@ -1,3 +1,6 @@
+//! Datapath side: `transport/` (`mod.rs` the engine, `wqe.rs`, `requester.rs`, `responder.rs`, `uc.rs`, `ud.rs`,
+//! `flush.rs`, `roce_rx.rs`), `uar.rs` (the send doorbell and BlueFlame copies).
+//!
 //! Queue pairs on the device side: [`QpTable`] with CREATE/DESTROY/QUERY_QP and the state-machine commands
 //! (RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS, 2ERR, 2RST) with firmware-style checks over the narrow [`QpFw`] view, and
 //! the context each transition stores (the kernel's `qp.c` from the device side). The QP also holds the state
@@ -20,19 +23,20 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::ops::{Deref, DerefMut};
 
-use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
+use mlx5_core::prm::{consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 
 use super::caps::Caps;
-use super::eq::EQE_DATA_LEN;
+use super::eq::EqPost;
+use super::ids::{alloc_id, IdSet};
+use super::pas::{check_pas, read_paged};
 use super::port::GID_ENTRIES;
 use super::reply::{bad_param, err, rd, rd8, CmdErr};
-use super::{alloc_id, syndrome, Firmware};
+use super::syndrome;
 use crate::config::PortType;
 use crate::dma::{DmaFault, DmaSpace};
 use crate::events::RetryKind;
 use crate::small::{IdMap, Small};
 use crate::wire::RcOp;
-use crate::State;
 
 /// The first QPN handed out (lower numbers are special QPs on real hardware).
 const QPN_FIRST: u32 = 0x100;
@@ -136,7 +140,7 @@ impl SpecialQp {
     }
 }
 
-/// The state of one QP, as [`crate::SimDevice::qp_info`] reports it.
+/// The state of one QP, as [`crate::sim_device::SimDevice::qp_info`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInfo {
     pub qpn: u32,
@@ -519,22 +523,7 @@ impl Qp {
 
     /// Reads `out.len()` bytes at byte `off` of the buffer, page by page through `pas[]`.
     fn read_buf(&self, dma: &mut DmaSpace, off: u64, out: &mut [u8]) -> Result<(), DmaFault> {
-        let page = 1u64 << self.page_shift;
-        let mut done = 0usize;
-        // Bounded: each step consumes at least one byte.
-        while done < out.len() {
-            let at = self.buf_off + off + done as u64;
-            let in_page = at & (page - 1);
-            let n = ((page - in_page) as usize).min(out.len() - done);
-            let pa = usize::try_from(at >> self.page_shift).ok().and_then(|k| self.pas.get(k)).ok_or(DmaFault {
-                iova: 0,
-                len: n,
-                write: false,
-            })?;
-            dma.read(pa + in_page, &mut out[done..done + n])?;
-            done += n;
-        }
-        Ok(())
+        read_paged(dma, &self.pas, self.page_shift, self.buf_off + off, out)
     }
 
     /// Reads from the SQ ring at byte `off` (taken modulo the SQ size), wrapping from the end to the start.
@@ -745,8 +734,8 @@ pub(crate) struct QpFw<'a> {
     /// The port's link layer (what a path must name).
     pub(crate) port_type: PortType,
     /// The allocated protection domains and UAR pages.
-    pub(crate) pds: &'a super::IdSet,
-    pub(crate) uars: &'a super::IdSet,
+    pub(crate) pds: &'a IdSet,
+    pub(crate) uars: &'a IdSet,
     /// Whether a CQ exists.
     pub(crate) cq_exists: &'a dyn Fn(u32) -> bool,
     /// Whether a RoCE GID table entry is programmed.
@@ -892,7 +881,7 @@ impl QpTable {
         let sq_bytes = if has_sq { SEND_WQE_BB << log_sq_size } else { 0 };
         // The pages cover the offset too.
         let bytes = buf_off + rq_bytes + sq_bytes;
-        Firmware::check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         let dbr = inp.get64(q::DBR_ADDR.at(ctx));
         if !dma.is_mapped(dbr, DBR_BYTES) {
             return Err(bad_param(syndrome::DBR_NOT_MAPPED));
@@ -1257,37 +1246,28 @@ impl QpTable {
     }
 }
 
-impl State {
+impl QpTable {
     /// A catastrophic error on QP `qpn` (see `SimDevice::fail_qp`): the QP to ERR and a `WQ_CATAS_ERROR` EQE naming
     /// it. Returns `false`, changing nothing, when there is no such QP or the device is dead or gone.
-    pub(crate) fn fail_qp(&mut self, qpn: u32) -> bool {
-        if self.dead() {
+    pub(crate) fn fail(&mut self, post: &mut EqPost, qpn: u32) -> bool {
+        if post.regs.dead() {
             return false;
         }
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
+        let Some(qp) = self.get_mut(&qpn) else { return false };
         qp.state = QpState::Err;
-        self.fw.qps.activate(qpn);
+        self.activate(qpn);
         // No EQ subscribed (or a full one, which kills the firmware): the QP is in ERR all the same.
-        let _ = self.post_qp_event(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR, qpn);
+        let _ = post.post_qp_event(consts::MLX5_EVENT_TYPE_WQ_CATAS_ERROR, qpn);
         true
-    }
-
-    /// Posts an affiliated QP event (`data.qp_srq`: queue type QP, the QP number) to the EQ subscribed to
-    /// `event_type`; returns that EQ when the EQE was written.
-    pub(crate) fn post_qp_event(&mut self, event_type: u8, qpn: u32) -> Option<u8> {
-        let q = c::mlx5_eqe_qp_srq::QP_SRQ_N;
-        let mut data = [0u8; EQE_DATA_LEN];
-        data[c::mlx5_eqe_qp_srq::TYPE.off] = consts::MLX5_EVENT_QUEUE_TYPE_QP;
-        data[q.off..q.off + q.len].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
-        self.post_eqe(event_type, 0, &data)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SimConfig;
+    use crate::sim_device::SimDevice;
     use crate::testutil::{QpSpec, Rdma, Remote};
-    use crate::{SimConfig, SimDevice};
     use mlx5_core::hal::Dma;
 
     fn create(r: &mut Rdma, inp: &[u8]) -> (u8, u32, u32) {
@@ -1329,7 +1309,7 @@ mod tests {
         // An RC-only option (the RNR timer) on a UC modify is refused as well.
         assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, n, k::MLX5_QP_OPTPAR_RNR_TIMEOUT, |_, _| {}), refused);
         // A device without `uc` has no UC QPs.
-        crate::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::UC, 0);
+        crate::device::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::UC, 0);
         let (inp, _, _) = r.create_qp_in(uc, cq.cqn, cq.cqn);
         assert_eq!(create(&mut r, &inp).0, k::MLX5_CMD_STAT_BAD_PARAM_ERR);
     }
@@ -1427,7 +1407,7 @@ mod tests {
         const CTX: Sub = ifc::create_qp_in::QPC;
         let spec = QpSpec::rc();
         // The 4-bit log sizes cannot exceed the default log_max_qp_sz (15): lower the capability.
-        crate::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::LOG_MAX_QP_SZ, 12);
+        crate::device::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::LOG_MAX_QP_SZ, 12);
         let try_with = |r: &mut Rdma, spec: QpSpec, f: &dyn Fn(&mut Vec<u8>)| {
             let (mut inp, _, _) = r.create_qp_in(spec, cq.cqn, cq.cqn);
             f(&mut inp);

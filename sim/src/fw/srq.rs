@@ -1,3 +1,5 @@
+//! Datapath side: `transport/srq.rs` (receives through an SRQ, its limit and last-WQE events).
+//!
 //! Shared receive queues on the device side: [`SrqTable`] with CREATE/MODIFY/QUERY/DESTROY_RMP (ISSI 1) and
 //! CREATE/ARM/QUERY/DESTROY_SRQ (ISSI 0, `ARM_RQ` with op_mod SRQ), checked over the narrow [`SrqFw`] view, and
 //! the state the receive engine keeps per SRQ (the firmware side of mlx5_ib's `srq_cmd.c`).
@@ -22,8 +24,10 @@ use std::collections::BTreeMap;
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 
 use super::caps::Caps;
+use super::ids::{alloc_id, IdSet};
+use super::pas::{check_pas, read_paged};
 use super::reply::{bad_param, err, rd, CmdErr};
-use super::{alloc_id, syndrome, Firmware};
+use super::syndrome;
 use crate::dma::{DmaFault, DmaSpace};
 
 /// The first SRQ number handed out.
@@ -80,23 +84,8 @@ impl Srq {
 
     /// Reads `out.len()` bytes of WQE `index` (taken modulo the ring) at byte `off` of it, page by page.
     pub(crate) fn read_wqe(&self, dma: &mut DmaSpace, index: u16, off: usize, out: &mut [u8]) -> Result<(), DmaFault> {
-        let page = 1u64 << self.page_shift;
         let base = (u64::from(u32::from(index) & (self.size() - 1)) << self.log_stride) + off as u64;
-        let mut done = 0usize;
-        // Bounded: each step consumes at least one byte.
-        while done < out.len() {
-            let at = base + done as u64;
-            let in_page = at & (page - 1);
-            let n = ((page - in_page) as usize).min(out.len() - done);
-            let pa = usize::try_from(at >> self.page_shift).ok().and_then(|k| self.pas.get(k)).ok_or(DmaFault {
-                iova: 0,
-                len: n,
-                write: false,
-            })?;
-            dma.read(pa + in_page, &mut out[done..done + n])?;
-            done += n;
-        }
-        Ok(())
+        read_paged(dma, &self.pas, self.page_shift, base, out)
     }
 
     /// The driver's count of posted WQEs, from the doorbell record; `None` when it cannot be read.
@@ -129,7 +118,7 @@ pub(crate) struct SrqTable {
 /// What the SRQ commands need of the rest of the firmware.
 pub(crate) struct SrqFw<'a> {
     pub(crate) caps: &'a Caps,
-    pub(crate) pds: &'a super::IdSet,
+    pub(crate) pds: &'a IdSet,
     /// The ISSI agreed on.
     pub(crate) issi: u16,
     /// Whether a QP receives through the SRQ.
@@ -212,7 +201,7 @@ impl SrqTable {
         }
         let page_shift = ADAPTER_PAGE_SHIFT + x.log_page_size;
         let bytes = 1u64 << (x.log_size + x.log_stride);
-        Firmware::check_pas(dma, inp, pas, bytes, 1 << page_shift)?;
+        check_pas(dma, inp, pas, bytes, 1 << page_shift)?;
         if !dma.is_mapped(x.dbr, DBR_BYTES) {
             return Err(bad_param(syndrome::DBR_NOT_MAPPED));
         }
@@ -494,7 +483,7 @@ mod tests {
         assert_eq!((s, syn), (0, 0));
         let n = rd(&out, ifc::create_xrc_srq_out::XRC_SRQN);
         assert_eq!(
-            crate::lock(&r.h.dev.shared).fw.srqs.get(&n).map(|s| (s.family, s.dbr)),
+            crate::device::lock(&r.h.dev.shared).fw.srqs.get(&n).map(|s| (s.family, s.dbr)),
             Some((Family::XrcSrq, dbr.iova()))
         );
         let mut d = vec![0u8; ifc::destroy_xrc_srq_in::SIZE_BYTES];
@@ -522,7 +511,7 @@ mod tests {
         let (s, syn, _) = r.h.cmd(&inp, ifc::create_srq_out::SIZE_BYTES);
         assert_eq!((s, syn), (bad, syndrome::SRQ_CONTEXT));
         // Only one SRQ when log_max_srq is 0.
-        crate::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::LOG_MAX_SRQ, 0);
+        crate::device::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::LOG_MAX_SRQ, 0);
         let inp = create_srq_in(&r, page.iova(), dbr.iova());
         let (s, _, out) = r.h.cmd(&inp, ifc::create_srq_out::SIZE_BYTES);
         assert_eq!(s, 0);
@@ -534,9 +523,9 @@ mod tests {
         assert_eq!(arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn + 1, 1), (bad, syndrome::SRQ_INVALID));
         assert_eq!(arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn, 16), (bad, syndrome::SRQ_LWM));
         assert_eq!(arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn, 15), (0, 0));
-        assert_eq!(crate::lock(&r.h.dev.shared).fw.srqs.get(&srqn).map(|s| s.lwm), Some(15));
+        assert_eq!(crate::device::lock(&r.h.dev.shared).fw.srqs.get(&srqn).map(|s| s.lwm), Some(15));
         // At ISSI 1, MODIFY_RMP changes the limit only: another bitmask bit, or a state other than RDY, is refused.
-        crate::lock(&r.h.dev.shared).fw.issi = 1;
+        crate::device::lock(&r.h.dev.shared).fw.issi = 1;
         assert_eq!(
             arm(&mut r, consts::MLX5_ARM_RQ_IN_OP_MOD_SRQ, srqn, 1),
             (consts::MLX5_CMD_STAT_BAD_OP_ERR, syndrome::SRQ_ISSI)

@@ -8,9 +8,9 @@ use std::ops::{Deref, DerefMut};
 use mlx5_core::prm::{ifc, CmdStatus, MsgBuf};
 
 use super::caps::Caps;
+use super::ids::IdSet;
 use super::reply::{bad_param, err, rd, CmdErr};
 use super::syndrome;
-use super::IdSet;
 
 /// The XRC domains.
 #[derive(Debug)]

@@ -19,40 +19,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::pcap::PcapSink;
+use super::port::{log, next_device_id, wire, DevRef, GuestLink, Packet, Port, Station, TxCount};
 use super::stream::{read_frame, write_frame, MAX_STREAM_FRAME};
-use super::{pump, DevRef, Packet, Port, TxCount};
+use crate::events::SimEvent;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
 use crate::wire::roce::frame::emit_arp;
 use crate::wire::roce_map;
-use crate::{lock, Shared, SimEvent};
-
-/// The link to a guest NIC.
-#[derive(Debug)]
-pub(crate) struct GuestLink {
-    /// The far end's id on this side's wire.
-    pub(crate) id: u64,
-    tx: mpsc::Sender<Vec<u8>>,
-    up: AtomicBool,
-    stream: UnixStream,
-    mine: [u8; 6],
-    /// The guest NIC's MAC, once a frame from it arrived.
-    theirs: Mutex<Option<[u8; 6]>>,
-    /// Where the frames this link writes are recorded (the port's capture).
-    pcap: Option<PcapSink>,
-    /// RoCE frames sent so far, and the one (1-based) to drop on purpose (0: none), for lost-frame tests.
-    sent: AtomicU64,
-    drop_nth: AtomicU64,
-    /// The same for RoCE frames received.
-    received: AtomicU64,
-    drop_in_nth: AtomicU64,
-    /// Frames the writer puts on the socket per millisecond at most (0: as fast as it can): a slow cable, for
-    /// tests of messages that take the link longer than the ACK timeout.
-    pace: AtomicU64,
-    /// Frames given to the writer thread and written.
-    count: TxCount,
-}
 
 /// Whether a frame is UDP to the RoCEv2 port (IPv4 without options, or IPv6), by its headers alone.
 fn is_roce(f: &[u8]) -> bool {
@@ -188,15 +161,15 @@ impl GuestLink {
 
 /// Listens on the UNIX socket `path` (replacing a stale socket file) for the guest NIC (QEMU with
 /// `server=off`); the first connection is plugged in.
-pub(crate) fn listen(shared: &Arc<Shared>, path: &Path) -> io::Result<()> {
+pub(crate) fn listen<S: Station>(station: &Arc<S>, path: &Path) -> io::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
-    let weak = Arc::downgrade(shared);
+    let weak = Arc::downgrade(station);
     std::thread::Builder::new().name("mlx5-sim-guest-listen".into()).spawn(move || {
         if let Ok((stream, _)) = listener.accept() {
-            if let Some(shared) = weak.upgrade() {
-                if let Err(e) = plug(&shared, stream) {
-                    log_down(&shared, e.kind());
+            if let Some(station) = weak.upgrade() {
+                if let Err(e) = plug(&station, stream) {
+                    log_down(&*station, e.kind());
                 }
             }
         }
@@ -205,27 +178,25 @@ pub(crate) fn listen(shared: &Arc<Shared>, path: &Path) -> io::Result<()> {
 }
 
 /// Connects to the guest NIC listening on `path` (QEMU with `server=on`), retrying until `timeout`.
-pub(crate) fn connect(shared: &Arc<Shared>, path: &Path, timeout: Duration) -> io::Result<()> {
+pub(crate) fn connect<S: Station>(station: &Arc<S>, path: &Path, timeout: Duration) -> io::Result<()> {
     let end = Instant::now() + timeout;
     loop {
         match UnixStream::connect(path) {
-            Ok(s) => return plug(shared, s),
+            Ok(s) => return plug(station, s),
             Err(e) if Instant::now() >= end => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
 }
 
-fn log_down(shared: &Shared, _kind: io::ErrorKind) {
-    lock(shared).events.push(SimEvent::FrameDropped { why: "the guest link could not be set up" });
+fn log_down(station: &impl Station, _kind: io::ErrorKind) {
+    log(station, SimEvent::FrameDropped { why: "the guest link could not be set up" });
 }
 
-fn plug(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
+fn plug<S: Station>(station: &Arc<S>, stream: UnixStream) -> io::Result<()> {
     let (tx, rx) = mpsc::channel();
-    let (mine, pcap, id) = {
-        let st = lock(shared);
-        (st.wire.addr.mac, st.wire.pcap.clone(), super::next_device_id())
-    };
+    let (mine, pcap) = wire(&**station, |w| (w.addr.mac, w.pcap.clone()));
+    let id = next_device_id();
     let link = Arc::new(GuestLink {
         id,
         tx,
@@ -242,14 +213,13 @@ fn plug(shared: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
         count: TxCount::default(),
     });
     let reader = stream.try_clone()?;
-    {
-        let mut st = lock(shared);
-        st.wire.plug_guest(DevRef { id, port: Port::Guest(link.clone()) });
-        let _ = st.set_port_up(true);
-    }
+    station.with_wire(|wire, _| {
+        wire.plug_guest(DevRef { id, port: Port::Guest(link.clone()) });
+        ((), Some(true))
+    });
     let writer = link.clone();
     std::thread::Builder::new().name("mlx5-sim-guest-tx".into()).spawn(move || write_loop(&writer, stream, rx))?;
-    let weak = Arc::downgrade(shared);
+    let weak = Arc::downgrade(station);
     std::thread::Builder::new().name("mlx5-sim-guest-rx".into()).spawn(move || read_loop(weak, link, reader))?;
     Ok(())
 }
@@ -288,12 +258,12 @@ fn write_loop(link: &GuestLink, stream: UnixStream, rx: mpsc::Receiver<Vec<u8>>)
     link.close();
 }
 
-fn read_loop(weak: Weak<Shared>, link: Arc<GuestLink>, mut r: UnixStream) {
+fn read_loop<S: Station>(weak: Weak<S>, link: Arc<GuestLink>, mut r: UnixStream) {
     let mut buf = vec![0u8; MAX_STREAM_FRAME];
     let src = DevRef { id: link.id, port: Port::Guest(link.clone()) };
     // A clean end of stream or a bad length (not QEMU's framing) ends the link.
     while let Ok(Some(n)) = read_frame(&mut r, &mut buf) {
-        let Some(shared) = weak.upgrade() else { break };
+        let Some(station) = weak.upgrade() else { break };
         let frame = &buf[..n];
         if link.lose_incoming(frame) {
             continue;
@@ -306,17 +276,18 @@ fn read_loop(weak: Weak<Shared>, link: Arc<GuestLink>, mut r: UnixStream) {
                 link.learn(mac);
             }
         }
-        let back = lock(&shared).receive_frame(frame, &src);
+        let back = station.receive_frame(frame, &src);
         if let Some(b) = back {
             let _ = link.send_raw_unrecorded(&b);
         }
-        pump(&shared);
+        station.run();
     }
     link.close();
-    if let Some(shared) = weak.upgrade() {
-        let mut st = lock(&shared);
-        st.wire.unplug_remote(link.id);
-        let _ = st.set_port_up(false);
+    if let Some(station) = weak.upgrade() {
+        station.with_wire(|wire, _| {
+            wire.unplug_remote(link.id);
+            ((), Some(false))
+        });
     }
 }
 
@@ -330,9 +301,10 @@ impl GuestLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mode;
+    use crate::config::SimConfig;
     use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
     use crate::wire::roce::frame::{parse, Parsed};
-    use crate::{Mode, SimConfig};
     use mlx5_core::prm::consts;
 
     const SEND: u8 = consts::MLX5_OPCODE_SEND;
@@ -568,8 +540,9 @@ mod tests {
         // the one that took the NAK, so the retransmission may overtake frames of the first run, which then
         // arrive as duplicates.)
         assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::PsnSequenceError { .. })));
-        let retry =
-            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 2, kind: crate::RetryKind::Transport, .. });
+        let retry = |e: &SimEvent| {
+            matches!(e, SimEvent::Retry { wqe_counter: 2, kind: crate::events::RetryKind::Transport, .. })
+        };
         assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the third");
         assert!(t.a.poll(&mut t.a_cq).is_none() && t.b.poll(&mut t.b_cq).is_none());
         assert_eq!(t.a.h.dev.qp_info(t.qa.qpn).unwrap().in_flight, 0);
@@ -636,8 +609,9 @@ mod tests {
         assert!(t.b.poll(&mut t.b_cq).is_none() && t.a.poll(&mut t.a_cq).is_none());
         assert_eq!(t.b.h.dev.qp_info(t.qb.qpn).unwrap().rq_ci, 1);
         assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
-        let retry =
-            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::RetryKind::Transport, .. });
+        let retry = |e: &SimEvent| {
+            matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::events::RetryKind::Transport, .. })
+        };
         assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the first READ");
     }
 
@@ -668,8 +642,9 @@ mod tests {
         assert_eq!(originals, [100u64, 101, 102, 103].map(|v| v.to_be_bytes().to_vec()));
         assert_eq!(t.mb.read(0, 8), 104u64.to_be_bytes(), "each atomic executed once");
         assert!(t.b.h.dev.events().iter().any(|e| matches!(e, SimEvent::DuplicateRequest { .. })));
-        let retry =
-            |e: &SimEvent| matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::RetryKind::Transport, .. });
+        let retry = |e: &SimEvent| {
+            matches!(e, SimEvent::Retry { wqe_counter: 1, kind: crate::events::RetryKind::Transport, .. })
+        };
         assert_eq!(t.a.h.dev.events().iter().filter(|e| retry(e)).count(), 1, "one go-back to the second");
         assert!(t.a.poll(&mut t.a_cq).is_none());
         let _ = &t.b_cq;
@@ -775,7 +750,7 @@ mod tests {
         base
     }
 
-    fn retries(r: &Rdma) -> Vec<crate::RetryKind> {
+    fn retries(r: &Rdma) -> Vec<crate::events::RetryKind> {
         r.h.dev
             .events()
             .iter()
@@ -845,7 +820,7 @@ mod tests {
         let started = Instant::now();
         let base = large_send(&mut t, LEN);
         assert!(started.elapsed() < Duration::from_secs(4), "recovered by the NAK, not the timer");
-        assert_eq!(retries(&t.a), [crate::RetryKind::Transport], "one go-back");
+        assert_eq!(retries(&t.a), [crate::events::RetryKind::Transport], "one go-back");
         let psns = sent_psns(&path, base);
         // Every packet before the lost one went once; the first step back is to the lost one, which then went
         // once (its first attempt never reached the capture).
@@ -866,7 +841,7 @@ mod tests {
         assert!(t.a.h.dev.guest_drop_frame(2048));
         let a0 = t.a.h.dev.guest_frames().unwrap();
         let base = large_send(&mut t, LEN);
-        assert_eq!(retries(&t.a), [crate::RetryKind::Transport], "one timeout");
+        assert_eq!(retries(&t.a), [crate::events::RetryKind::Transport], "one timeout");
         let timeouts =
             t.a.h
                 .dev
@@ -1005,7 +980,7 @@ mod tests {
     fn a_device_that_goes_away_lets_its_queued_frames_out_first() {
         // The rxe-interop hang: our last ACK was still queued for the writer when the process dropped its
         // device, the socket was shut at once, and rdma_rxe retransmitted its last SEND forever.
-        let dev = crate::SimDevice::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 2]], ..cfg(1) });
+        let dev = crate::sim_device::SimDevice::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 2]], ..cfg(1) });
         let path = sock("drain");
         dev.guest_listen(&path).unwrap();
         let mut s = UnixStream::connect(&path).unwrap();
@@ -1081,6 +1056,6 @@ mod tests {
         assert_eq!(a.h.dev.frame_drops().total(), 1);
         // The asker is now a neighbour of the process, as in a host's neighbour table (the drop-in library
         // resolves a RoCE destination MAC there).
-        assert_eq!(crate::arp_neighbour([10, 0, 0, 1]), Some(guest));
+        assert_eq!(crate::transport::reasm::arp_neighbour([10, 0, 0, 1]), Some(guest));
     }
 }

@@ -1,362 +1,42 @@
-//! How packets travel between devices: port addresses, routing (loopback or a connected peer), and the pump
-//! that carries packets between devices in this process; `tcp.rs` is the link to a device in another process.
+//! How packets travel between devices: port addresses and routing (loopback or a connected peer) in `port.rs`;
+//! `tcp.rs` is the link to a device in another process, `guest.rs` to a QEMU guest's NIC. Links only carry
+//! frames: what they receive goes to [`Station`], which the device layer implements, and the pump that runs a
+//! device and hands its packets on is the device layer's (`device/pump.rs`).
 //!
 //! A packet (module `wire`) is a whole message (one request or one response); between Ethernet ports, of this
-//! process (`local.rs`), of another process (`tcp.rs`) or a QEMU guest (`guest.rs`), it crosses as the RoCEv2
+//! process (`device/pump.rs`), of another process (`tcp.rs`) or a QEMU guest (`guest.rs`), it crosses as the RoCEv2
 //! frames it stands for. Routing is by the sender's path or address vector: the IB destination LID, or on
 //! Ethernet the destination MAC, as an Ethernet segment delivers; the receiving port then takes a RoCE packet only
 //! for one of its own GIDs (its link-local GID or any entry of its GID table, IPv4-mapped ones included:
-//! `State::owns_gid`). The device's own address is loopback (the packet goes to its own inbox and is handled
-//! under the same lock); an address of a peer joined by [`crate::SimDevice::connect`] goes out on the wire;
+//! `Datapath::owns_gid`). The device's own address is loopback (the packet goes to its own inbox and is handled
+//! under the same lock); an address of a peer joined by [`crate::sim_device::SimDevice::connect`] goes out on the wire;
 //! anything else is unreachable.
 //!
-//! A peer in another process is reached through a [`tcp::Link`]: a TCP connection that carries serialized
+//! A peer in another process is reached through a [`Link`]: a TCP connection that carries serialized
 //! packets (see `tcp.rs`); to the routing here it is just another peer.
 //!
-//! Locking: a device only ever holds its own lock. The pump runs one device's datapath, takes the packets it
+//! Locking: a device only ever holds its own lock. The pump (`device/pump.rs`) runs one device's datapath, takes the packets it
 //! produced for other devices, then locks each destination in turn, hands it the packet and runs its datapath,
 //! and so on until nothing is left to carry. No two device locks are held at once, so two devices sending to
 //! each other from two threads cannot deadlock.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
-
-use crate::config::{PortType, SimConfig};
-use crate::fw::port::GID_ENTRIES;
-use crate::wire::roce::frame::mapped;
-use crate::wire::{self, roce_map, Dest, GID_LEN};
-use crate::Shared;
-
 pub(crate) mod guest;
-mod local;
 pub mod pcap;
+mod port;
 pub mod stream;
 pub(crate) mod tcp;
 
-use crate::wire::roce::frame::DropCounters;
-pub(crate) use local::{connect, pump};
-use pcap::PcapSink;
-
-use tcp::Link;
-
-/// A packet between two devices, each named by its [`DevRef`].
-pub(crate) type Packet = wire::Packet<DevRef>;
-
-/// Device ids are unique in the process, so a packet can tell loopback from the wire.
-static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
-
-pub(crate) fn next_device_id() -> u64 {
-    NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed)
-}
-
-/// How long a device going away waits for its link's writer to put what is queued on the socket.
-pub(crate) const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Frames a link's writer thread was given and those it wrote, so a device that goes away can let the last ones
-/// out first: the ACK of a peer's final message is often queued at that moment, and a peer that never gets it
-/// retransmits to nobody (rdma_rxe forever, as it reads retry_cnt 7 as unlimited).
-#[derive(Debug, Default)]
-pub(crate) struct TxCount {
-    queued: AtomicU64,
-    written: AtomicU64,
-    /// Frames the writer took from the queue (a frame it is writing no longer waits, though it may not be flushed
-    /// yet, and its answer can come back and let the next frame in before the writer counts it written).
-    taken: AtomicU64,
-    /// The most frames queued and not yet taken by the writer at once (the backlog a slow link builds).
-    peak: AtomicU64,
-}
-
-impl TxCount {
-    /// One frame handed to the writer.
-    pub(crate) fn queued(&self) {
-        let queued = self.queued.fetch_add(1, Ordering::AcqRel) + 1;
-        let backlog = queued.saturating_sub(self.taken.load(Ordering::Acquire));
-        self.peak.fetch_max(backlog, Ordering::AcqRel);
-    }
-
-    /// One frame taken from the queue by the writer.
-    pub(crate) fn taken(&self) {
-        self.taken.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// The most frames that waited for the writer at once.
-    pub(crate) fn peak(&self) -> u64 {
-        self.peak.load(Ordering::Acquire)
-    }
-
-    /// `n` frames written and flushed to the socket.
-    pub(crate) fn written(&self, n: u64) {
-        self.written.fetch_add(n, Ordering::AcqRel);
-    }
-
-    /// Waits until the writer wrote everything queued, the link went down (`up` false) or `timeout` passed.
-    /// Returns whether everything was written.
-    pub(crate) fn drain(&self, up: impl Fn() -> bool, timeout: std::time::Duration) -> bool {
-        let end = std::time::Instant::now() + timeout;
-        loop {
-            if self.written.load(Ordering::Acquire) >= self.queued.load(Ordering::Acquire) {
-                return true;
-            }
-            if !up() || std::time::Instant::now() >= end {
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    }
-}
-
-/// Where a device on the wire is: in this process (a handle that does not keep it alive), or at the far end of
-/// a link to another process.
-#[derive(Debug, Clone)]
-pub(crate) enum Port {
-    Local(Weak<Shared>),
-    Remote(Arc<Link>),
-    /// A QEMU guest's NIC (`guest.rs`): RoCEv2 frames on a UNIX socket.
-    Guest(Arc<guest::GuestLink>),
-}
-
-/// A device on the wire: its id and where it is.
-#[derive(Debug, Clone)]
-pub(crate) struct DevRef {
-    pub(crate) id: u64,
-    pub(crate) port: Port,
-}
-
-/// The address of port 1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PortAddr {
-    pub(crate) ib: bool,
-    /// The port LID (IB; 0 on Ethernet).
-    pub(crate) lid: u16,
-    /// GID index 0.
-    pub(crate) gid: [u8; GID_LEN],
-    pub(crate) mac: [u8; 6],
-}
-
-/// The IPv6 link-local prefix fe80::/64, the subnet prefix of GID index 0.
-const LINK_LOCAL: [u8; 8] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0];
-
-impl PortAddr {
-    pub(crate) fn new(cfg: &SimConfig) -> Self {
-        let ib = cfg.port_type == PortType::Ib;
-        let mut gid = [0u8; GID_LEN];
-        gid[..8].copy_from_slice(&LINK_LOCAL);
-        if ib {
-            // The default GID: subnet prefix + port GUID (the simulator's port GUID is the node GUID).
-            gid[8..].copy_from_slice(&cfg.node_guid.to_be_bytes());
-        } else {
-            // The link-local IPv6 address of the MAC (modified EUI-64: U/L bit flipped, ff:fe in the middle).
-            let m = cfg.mac;
-            gid[8..].copy_from_slice(&[m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
-        }
-        Self { ib, lid: if ib { cfg.lid } else { 0 }, gid, mac: cfg.mac }
-    }
-
-    /// GID table entry `index` (only index 0 is populated).
-    pub(crate) fn gid(&self, index: u32) -> Option<[u8; GID_LEN]> {
-        (index < GID_ENTRIES).then_some(self.gid)
-    }
-
-    fn matches(&self, d: &Dest) -> bool {
-        match *d {
-            Dest::Lid(lid) => self.ib && lid != 0 && lid == self.lid,
-            // By MAC: which of its GIDs the packet names is the receiving port's to check.
-            Dest::Gid { mac, .. } => !self.ib && mac == self.mac,
-        }
-    }
-}
-
-/// A device joined by the wire, with its address (fixed by its configuration).
-#[derive(Debug)]
-struct Peer {
-    dev: DevRef,
-    addr: PortAddr,
-    /// Every destination this port does not own goes to this peer (a guest NIC, whose addresses are not known).
-    default: bool,
-}
-
-/// A device's side of the wire: its own address, its peers, and the packets waiting to be handled or carried.
-#[derive(Debug)]
-pub(crate) struct Wire {
-    pub(crate) me: DevRef,
-    pub(crate) addr: PortAddr,
-    peers: Vec<Peer>,
-    /// Packets for this device (loopback, or delivered by the pump).
-    pub(crate) inbox: VecDeque<Packet>,
-    /// Packets for other devices, for the pump.
-    pub(crate) outbox: Vec<Packet>,
-    /// Where the port records its frames (`SimConfig::pcap`).
-    pub(crate) pcap: Option<PcapSink>,
-    /// Frames from links that failed a check, and those that passed.
-    pub(crate) drops: DropCounters,
-    pub(crate) frames_in: u64,
-    /// The port's IP addresses (`SimConfig::ipv4_addrs`, `ipv6_addrs`), from which a driver builds its GID table.
-    ipv4: &'static [[u8; 4]],
-    ipv6: &'static [[u8; GID_LEN]],
-}
-
-impl Wire {
-    pub(crate) fn new(cfg: &SimConfig) -> Self {
-        Self {
-            me: DevRef { id: next_device_id(), port: Port::Local(Weak::new()) },
-            addr: PortAddr::new(cfg),
-            peers: Vec::new(),
-            inbox: VecDeque::new(),
-            outbox: Vec::new(),
-            // An InfiniBand port's packets have no Ethernet form to record.
-            pcap: if cfg.port_type == PortType::Eth { cfg.pcap.clone() } else { None },
-            drops: DropCounters::default(),
-            frames_in: 0,
-            ipv4: cfg.ipv4_addrs,
-            ipv6: cfg.ipv6_addrs,
-        }
-    }
-
-    /// Whether `gid` is an address of this port: its link-local GID or one of its IP addresses (IPv4-mapped).
-    pub(crate) fn owns(&self, gid: &[u8; GID_LEN]) -> bool {
-        *gid == self.addr.gid || self.ipv4.iter().any(|a| mapped(*a) == *gid) || self.ipv6.contains(gid)
-    }
-
-    /// The MAC of the port a device is plugged in with (this port's own for loopback).
-    pub(crate) fn mac_of(&self, id: u64) -> [u8; 6] {
-        if id == self.me.id {
-            return self.addr.mac;
-        }
-        match self.peers.iter().find(|p| p.dev.id == id) {
-            Some(Peer { dev: DevRef { port: Port::Guest(l), .. }, .. }) => l.peer_mac().unwrap_or([0xff; 6]),
-            Some(p) => p.addr.mac,
-            None => [0; 6],
-        }
-    }
-
-    /// Records a frame as it is.
-    #[cold]
-    pub(crate) fn capture_raw(&self, frame: &[u8]) {
-        if let Some(sink) = &self.pcap {
-            sink.record(|_, out| out(frame));
-        }
-    }
-
-    /// Records the frames of a packet this port sends (or receives, when `received`) in its capture, if any. A
-    /// packet with no frame form (the simulator's "lost" marker) is not recorded.
-    #[cold]
-    pub(crate) fn capture(&self, p: &Packet, received: bool) {
-        let Some(sink) = &self.pcap else { return };
-        let (src, dst) =
-            if received { (self.mac_of(p.src.id), self.addr.mac) } else { (self.addr.mac, self.mac_of(p.dst.id)) };
-        sink.record(|buf, out| {
-            let _ = roce_map::emit_frames(p, src, dst, buf, out);
-        });
-    }
-
-    /// This device as the address of a packet that stays in it (loopback). Its handle is empty, so cloning and
-    /// dropping it moves no reference count; [`Wire::send`] gives a packet that leaves the real handle instead.
-    pub(crate) fn me_here(&self) -> DevRef {
-        DevRef { id: self.me.id, port: Port::Local(Weak::new()) }
-    }
-
-    /// The device a destination address names.
-    #[inline]
-    pub(crate) fn route(&self, d: &Dest) -> Result<DevRef, &'static str> {
-        // Loopback: the sender is the receiving port and checks the GID itself.
-        if self.addr.matches(d) && !matches!(d, Dest::Gid { gid, .. } if !self.owns(gid)) {
-            return Ok(self.me_here());
-        }
-        if let Some(p) = self.peers.iter().find(|p| p.addr.matches(d)) {
-            return Ok(p.dev.clone());
-        }
-        if let Some(p) = self.peers.iter().find(|p| p.default && !self.addr.ib) {
-            return Ok(p.dev.clone());
-        }
-        // A known GID behind another MAC: the frame goes to a port that does not own the GID.
-        let gid_known = |a: &PortAddr| matches!(d, Dest::Gid { gid, .. } if !a.ib && *gid == a.gid);
-        if gid_known(&self.addr) || self.peers.iter().any(|p| gid_known(&p.addr)) {
-            return Err("destination MAC is not the GID's port");
-        }
-        Err(if self.peers.is_empty() { "unknown destination (not connected)" } else { "unknown destination" })
-    }
-
-    /// Queues a packet: into the own inbox (loopback) or out for the pump. In line, so the packet (a few hundred
-    /// bytes) is copied once, into the queue, rather than again on the way in.
-    #[inline]
-    pub(crate) fn send(&mut self, mut p: Packet) {
-        // A guest link records the frames it writes itself (they depend on what ARP resolved).
-        if self.pcap.is_some() && !matches!(p.dst.port, Port::Guest(_)) {
-            self.capture(&p, false);
-        }
-        if p.dst.id == self.me.id {
-            self.inbox.push_back(p);
-        } else {
-            // The response to a packet that leaves must find its way back: its source is the real handle.
-            if p.src.id == self.me.id {
-                p.src = self.me.clone();
-            }
-            self.outbox.push(p);
-        }
-    }
-
-    fn add_peer(&mut self, dev: DevRef, addr: PortAddr) {
-        if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
-            self.peers.push(Peer { dev, addr, default: false });
-        }
-    }
-
-    /// Plugs a link to another process in, replacing the one plugged in before (one port, one cable).
-    pub(crate) fn plug_remote(&mut self, dev: DevRef, addr: PortAddr) {
-        self.peers.retain(|p| !matches!(p.dev.port, Port::Remote(_)));
-        self.add_peer(dev, addr);
-    }
-
-    /// Plugs a guest NIC in, replacing the one plugged in before.
-    pub(crate) fn plug_guest(&mut self, dev: DevRef) {
-        self.peers.retain(|p| !p.default);
-        let addr = PortAddr { ib: false, lid: 0, gid: [0; GID_LEN], mac: [0; 6] };
-        self.peers.push(Peer { dev, addr, default: true });
-    }
-
-    /// The link to a guest NIC, if one is plugged in.
-    pub(crate) fn guest_link(&self) -> Option<Arc<guest::GuestLink>> {
-        self.peers.iter().find_map(|p| match &p.dev.port {
-            Port::Guest(l) => Some(l.clone()),
-            _ => None,
-        })
-    }
-
-    /// The link to another process, if one is plugged in.
-    pub(crate) fn remote_link(&self) -> Option<Arc<Link>> {
-        self.peers.iter().find_map(|p| match &p.dev.port {
-            Port::Remote(l) => Some(l.clone()),
-            Port::Local(_) | Port::Guest(_) => None,
-        })
-    }
-
-    /// Unplugs the link `id` (its far end went away).
-    pub(crate) fn unplug_remote(&mut self, id: u64) {
-        self.peers.retain(|p| p.dev.id != id);
-    }
-}
-
-impl Drop for Wire {
-    /// A device that goes away unplugs its link once what it queued is on the socket: the far end gets those
-    /// frames, then sees the connection close.
-    fn drop(&mut self) {
-        if let Some(l) = self.remote_link() {
-            l.drain(DRAIN_TIMEOUT);
-            l.close();
-        }
-        if let Some(l) = self.guest_link() {
-            l.drain(DRAIN_TIMEOUT);
-            l.close();
-        }
-    }
-}
+pub(crate) use port::*;
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::config::Mode;
+    use crate::config::PortType;
+    use crate::config::SimConfig;
+    use crate::events::RetryKind;
+    use crate::events::SimEvent;
+    use crate::sim_device::SimDevice;
     use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
-    use crate::{Mode, PortType, RetryKind, SimDevice, SimEvent};
     use mlx5_core::prm::consts;
 
     const SEND: u8 = consts::MLX5_OPCODE_SEND;

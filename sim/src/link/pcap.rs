@@ -77,7 +77,7 @@ impl<W: Write> PcapWriter<W> {
     }
 }
 
-/// A capture file shared by the simulated ports that write to it ([`SimConfig::pcap`](crate::SimConfig::pcap)):
+/// A capture file shared by the simulated ports that write to it ([`SimConfig::pcap`](crate::config::SimConfig::pcap)):
 /// each port records the RoCEv2 frames it sends, and those it receives from another process; frames between
 /// ports of one process are recorded once, by the sender. Every packet is flushed as it is written, so the file is
 /// complete whenever the process stops.

@@ -1,9 +1,9 @@
 //! A link to a simulated device in another process: the virtual wire carried over a TCP connection, so two
 //! programs (`mlx5 pingpong --server` and `--client`) can talk through two simulated ConnectX without a NIC.
 //!
-//! One device listens ([`crate::SimDevice::wire_listen`]), the other connects
-//! ([`crate::SimDevice::wire_connect`]). After a handshake that swaps port addresses (LID, GID, MAC), each
-//! device routes packets for the other's address onto the link, as [`crate::SimDevice::connect`] does in one
+//! One device listens ([`crate::sim_device::SimDevice::wire_listen`]), the other connects
+//! ([`crate::sim_device::SimDevice::wire_connect`]). After a handshake that swaps port addresses (LID, GID, MAC), each
+//! device routes packets for the other's address onto the link, as [`crate::sim_device::SimDevice::connect`] does in one
 //! process. A packet crosses the link as one frame: a 4-byte big-endian length, then the packet's fields; the
 //! far end reads it, hands it to its device and runs that device's datapath, whose responses come back the same
 //! way.
@@ -11,7 +11,7 @@
 //! Threads: a writer per link owns the socket's sending half and is fed by a channel, so a device never blocks
 //! on the network while it runs (two devices answering each other cannot deadlock on full socket buffers); a
 //! reader per link takes frames in, locking only its own device; a listener accepts peers. The stream is
-//! trusted no more than a cable: a frame that does not parse ends the link ([`crate::SimEvent::LinkDown`]), and
+//! trusted no more than a cable: a frame that does not parse ends the link ([`crate::events::SimEvent::LinkDown`]), and
 //! requests it carried time out at the requester like any lost packet.
 //!
 //! The listener's accept thread never waits on a peer: each connection's handshake runs on a thread of its own,
@@ -27,10 +27,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::{pump, DevRef, Packet, Port, PortAddr, TxCount};
+use super::port::{log, next_device_id, wire, DevRef, Link, Packet, Port, PortAddr, Station, TxCount, DRAIN_TIMEOUT};
+use crate::events::SimEvent;
 use crate::wire::frame::{decode_packet, encode_packet, Dec, Enc, FRAME_PACKET};
 use crate::wire::{roce_map, GID_LEN};
-use crate::{lock, Shared, SimEvent};
 
 /// The first bytes of a handshake frame, then the protocol version.
 const MAGIC: &[u8; 8] = b"MLX5SIMW";
@@ -112,23 +112,6 @@ impl std::error::Error for WireError {
     }
 }
 
-/// One plugged-in link: the far end's address and the way to it.
-#[derive(Debug)]
-pub(crate) struct Link {
-    /// The far end's device id on this side's wire (so it is a peer like any other).
-    pub(crate) id: u64,
-    pub(crate) peer: SocketAddr,
-    /// Frames for the writer thread.
-    tx: mpsc::Sender<Vec<u8>>,
-    up: AtomicBool,
-    /// The socket, to shut it down when this side unplugs (the reader and writer then end).
-    stream: TcpStream,
-    /// Between two Ethernet ports: this port's MAC and the far one's. Packets then cross as RoCEv2 frames.
-    macs: Option<([u8; 6], [u8; 6])>,
-    /// Frames given to the writer thread and written.
-    count: TxCount,
-}
-
 impl Link {
     /// Queues `p` for the far end. Never blocks on the network.
     pub(crate) fn transmit(&self, p: &Packet) -> Result<(), &'static str> {
@@ -196,18 +179,22 @@ impl Link {
 /// Listens on `addr` for a peer; returns the bound address. While a peer is plugged in, another is turned away
 /// (closed before the hello, and recorded), so it cannot cut a running session's cable; once the first is gone a
 /// new one may plug in.
-pub(crate) fn listen(shared: &Arc<Shared>, addr: &str) -> Result<SocketAddr, WireError> {
-    listen_with(shared, addr, HANDSHAKE_TIMEOUT)
+pub(crate) fn listen<S: Station>(station: &Arc<S>, addr: &str) -> Result<SocketAddr, WireError> {
+    listen_with(station, addr, HANDSHAKE_TIMEOUT)
 }
 
 /// [`listen`] with the time a connection has to say hello.
-pub(crate) fn listen_with(shared: &Arc<Shared>, addr: &str, handshake: Duration) -> Result<SocketAddr, WireError> {
+pub(crate) fn listen_with<S: Station>(
+    station: &Arc<S>,
+    addr: &str,
+    handshake: Duration,
+) -> Result<SocketAddr, WireError> {
     let err = |source| WireError::Listen { addr: addr.to_string(), source };
     let listener = TcpListener::bind(addr).map_err(err)?;
     let local = listener.local_addr().map_err(err)?;
     listener.set_nonblocking(true).map_err(err)?;
     let state = Arc::new(Listening {
-        shared: Arc::downgrade(shared),
+        station: Arc::downgrade(station),
         handshake,
         pending: Mutex::default(),
         room: Condvar::new(),
@@ -222,8 +209,8 @@ pub(crate) fn listen_with(shared: &Arc<Shared>, addr: &str, handshake: Duration)
 
 /// What the accept thread shares with its handshake threads.
 #[derive(Debug)]
-struct Listening {
-    shared: Weak<Shared>,
+struct Listening<S> {
+    station: Weak<S>,
     /// How long a connection may take to say hello.
     handshake: Duration,
     pending: Mutex<Pending>,
@@ -243,7 +230,7 @@ struct Pending {
     open: VecDeque<(u64, TcpStream, bool)>,
 }
 
-impl Listening {
+impl<S> Listening<S> {
     /// A number for one more handshake, once fewer than [`MAX_PENDING`] run: the oldest is closed to make room
     /// and its thread waited for. `None` (turn the connection away) if it does not end within [`EVICT_WAIT`].
     fn admit(&self, handle: TcpStream) -> Option<u64> {
@@ -271,21 +258,21 @@ impl Listening {
     }
 }
 
-fn accept_loop(state: Arc<Listening>, listener: TcpListener) {
+fn accept_loop<S: Station>(state: Arc<Listening<S>>, listener: TcpListener) {
     loop {
         match listener.accept() {
             Ok((stream, peer)) => {
-                let Some(shared) = state.shared.upgrade() else { return };
-                if lock(&shared).wire.remote_link().is_some_and(|l| l.is_up()) {
+                let Some(station) = state.station.upgrade() else { return };
+                if wire(&*station, |w| w.remote_link()).is_some_and(|l| l.is_up()) {
                     let _ = stream.shutdown(Shutdown::Both);
-                    lock(&shared).events.push(SimEvent::LinkDown { peer, why: "a peer is plugged in already" });
+                    log(&*station, SimEvent::LinkDown { peer, why: "a peer is plugged in already" });
                     continue;
                 }
-                drop(shared);
+                drop(station);
                 start_handshake(&state, stream, peer);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if state.shared.strong_count() == 0 {
+                if state.station.strong_count() == 0 {
                     return;
                 }
                 std::thread::sleep(ACCEPT_POLL);
@@ -297,11 +284,11 @@ fn accept_loop(state: Arc<Listening>, listener: TcpListener) {
 
 /// Runs a new connection's handshake on a thread of its own (the accept thread goes straight back to
 /// accepting); a connection that cannot get one is turned away and recorded.
-fn start_handshake(state: &Arc<Listening>, stream: TcpStream, peer: SocketAddr) {
+fn start_handshake<S: Station>(state: &Arc<Listening<S>>, stream: TcpStream, peer: SocketAddr) {
     let refuse = |why: &'static str| {
         let _ = stream.shutdown(Shutdown::Both);
-        if let Some(shared) = state.shared.upgrade() {
-            lock(&shared).events.push(SimEvent::LinkDown { peer, why });
+        if let Some(station) = state.station.upgrade() {
+            log(&*station, SimEvent::LinkDown { peer, why });
         }
     };
     let handle = match stream.set_nonblocking(false).and_then(|()| stream.try_clone()) {
@@ -314,31 +301,31 @@ fn start_handshake(state: &Arc<Listening>, stream: TcpStream, peer: SocketAddr) 
         let r = accept_peer(&st, stream, peer);
         st.done(id);
         // A peer that fails the handshake is turned away (and recorded); the listener keeps listening.
-        if let (Err(e), Some(shared)) = (r, st.shared.upgrade()) {
-            lock(&shared).events.push(SimEvent::LinkDown { peer, why: handshake_reason(&e) });
+        if let (Err(e), Some(station)) = (r, st.station.upgrade()) {
+            log(&*station, SimEvent::LinkDown { peer, why: handshake_reason(&e) });
         }
     });
     if spawned.is_err() {
         state.done(id);
-        if let Some(shared) = state.shared.upgrade() {
-            lock(&shared).events.push(SimEvent::LinkDown { peer, why: "could not start the handshake" });
+        if let Some(station) = state.station.upgrade() {
+            log(&*station, SimEvent::LinkDown { peer, why: "could not start the handshake" });
         }
     }
 }
 
 /// The listening side of a handshake: the peer's hello (within the timeout, holding no reference to the
 /// device), then ours, then the link plugged in, unless a peer plugged in meanwhile.
-fn accept_peer(state: &Listening, stream: TcpStream, peer: SocketAddr) -> Result<(), WireError> {
+fn accept_peer<S: Station>(state: &Listening<S>, stream: TcpStream, peer: SocketAddr) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
     let (mut r, w) = halves(&stream, state.handshake).map_err(|_| hs("socket setup failed"))?;
     let theirs = hear_hello(&mut r).map_err(hs)?;
-    let shared = state.shared.upgrade().ok_or(WireError::DeviceGone)?;
+    let station = state.station.upgrade().ok_or(WireError::DeviceGone)?;
     let _plugging = held(&state.plugging);
-    if lock(&shared).wire.remote_link().is_some_and(|l| l.is_up()) {
+    if wire(&*station, |w| w.remote_link()).is_some_and(|l| l.is_up()) {
         let _ = stream.shutdown(Shutdown::Both);
         return Err(hs("a peer is plugged in already"));
     }
-    plug(&shared, stream, r, w, peer, theirs, false)
+    plug(&station, stream, r, w, peer, theirs, false)
 }
 
 /// A listener's own lock (its holders never panic while holding it; a poisoned one is taken as it is).
@@ -357,7 +344,7 @@ fn handshake_reason(e: &WireError) -> &'static str {
 /// Connects to the device listening at `addr` and plugs the link in. A refused (or failed) connection is tried
 /// again with backoff until `timeout` has passed, so this side may start before the listener; then the error
 /// says how long and how often it tried.
-pub(crate) fn connect(shared: &Arc<Shared>, addr: &str, timeout: Duration) -> Result<(), WireError> {
+pub(crate) fn connect<S: Station>(station: &Arc<S>, addr: &str, timeout: Duration) -> Result<(), WireError> {
     let addrs: Vec<SocketAddr> =
         addr.to_socket_addrs().map_err(|source| WireError::Connect { addr: addr.to_string(), source })?.collect();
     if addrs.is_empty() {
@@ -383,7 +370,7 @@ pub(crate) fn connect(shared: &Arc<Shared>, addr: &str, timeout: Duration) -> Re
                 }
                 // A listener that closes the connection before its hello, or before ours went out, is going away (a program's previous
                 // server process exiting while the next one starts): tried again like a refused connection.
-                Ok(stream) => match say_hello(shared, stream, *a) {
+                Ok(stream) => match say_hello(station, stream, *a) {
                     Err(WireError::Handshake { why: why @ (NO_HELLO | HELLO_UNSENT), .. }) if Instant::now() < end => {
                         last = Some(io::Error::new(io::ErrorKind::ConnectionAborted, why));
                     }
@@ -408,13 +395,13 @@ fn connected_to_itself(stream: &TcpStream) -> bool {
 }
 
 /// The connecting side of a handshake: our hello first, then the listener's, then the link plugged in.
-fn say_hello(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) -> Result<(), WireError> {
+fn say_hello<S: Station>(station: &Arc<S>, stream: TcpStream, peer: SocketAddr) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
     let (mut r, mut w) = halves(&stream, HANDSHAKE_TIMEOUT).map_err(|_| hs("socket setup failed"))?;
-    let mine = lock(shared).wire.addr;
+    let mine = wire(&**station, |w| w.addr);
     write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs(HELLO_UNSENT))?;
     let theirs = hear_hello(&mut r).map_err(hs)?;
-    plug(shared, stream, r, w, peer, theirs, true)
+    plug(station, stream, r, w, peer, theirs, true)
 }
 
 /// The socket's reading and writing handles, reads timing out after `timeout` (for the handshake).
@@ -444,8 +431,8 @@ const HELLO_MAX: usize = 256;
 
 /// Plugs the link into the device once hellos are swapped (the listener answers only a valid hello, after
 /// reading it), and starts its threads.
-fn plug(
-    shared: &Arc<Shared>,
+fn plug<S: Station>(
+    station: &Arc<S>,
     stream: TcpStream,
     r: BufReader<TcpStream>,
     mut w: TcpStream,
@@ -454,10 +441,7 @@ fn plug(
     we_connect: bool,
 ) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
-    let (mine, id) = {
-        let st = lock(shared);
-        (st.wire.addr, super::next_device_id())
-    };
+    let (mine, id) = (wire(&**station, |w| w.addr), next_device_id());
     if !we_connect {
         write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs(HELLO_UNSENT))?;
     }
@@ -469,24 +453,22 @@ fn plug(
     let (tx, rx) = mpsc::channel();
     let macs = (!mine.ib && !theirs.ib).then_some((mine.mac, theirs.mac));
     let link = Arc::new(Link { id, peer, tx, up: AtomicBool::new(true), stream, macs, count: TxCount::default() });
-    {
-        let mut st = lock(shared);
-        let old = st.wire.remote_link();
-        st.wire.plug_remote(DevRef { id, port: Port::Remote(link.clone()) }, theirs);
-        st.events.push(SimEvent::LinkUp { peer });
+    let old = station.with_wire(|wire, events| {
+        let old = wire.remote_link();
+        wire.plug_remote(DevRef { id, port: Port::Remote(link.clone()) }, theirs);
+        events.push(SimEvent::LinkUp { peer });
         // The cable is the port's link: plugged in, the port is active (a PORT_CHANGE if it was down).
-        let _ = st.set_port_up(true);
-        drop(st);
-        if let Some(old) = old {
-            old.close();
-        }
+        (old, Some(true))
+    });
+    if let Some(old) = old {
+        old.close();
     }
     let writer = link.clone();
     std::thread::Builder::new()
         .name("mlx5-sim-link-tx".into())
         .spawn(move || write_loop(writer, w, rx))
         .map_err(|_| hs("could not start the link threads"))?;
-    let weak = Arc::downgrade(shared);
+    let weak = Arc::downgrade(station);
     std::thread::Builder::new()
         .name("mlx5-sim-link-rx".into())
         .spawn(move || read_loop(weak, link, r))
@@ -516,7 +498,7 @@ fn write_loop(link: Arc<Link>, stream: TcpStream, rx: mpsc::Receiver<Vec<u8>>) {
     link.close();
 }
 
-fn read_loop(weak: Weak<Shared>, link: Arc<Link>, mut r: BufReader<TcpStream>) {
+fn read_loop<S: Station>(weak: Weak<S>, link: Arc<Link>, mut r: BufReader<TcpStream>) {
     let why = loop {
         let frame = match read_frame(&mut r) {
             Ok(f) => f,
@@ -524,68 +506,68 @@ fn read_loop(weak: Weak<Shared>, link: Arc<Link>, mut r: BufReader<TcpStream>) {
             Err(e) if e.kind() == io::ErrorKind::InvalidData => break "frame larger than the link allows",
             Err(_) => break "the connection failed",
         };
-        let Some(shared) = weak.upgrade() else { return link.close() };
+        let Some(station) = weak.upgrade() else { return link.close() };
         if let Some((&FRAME_ETHERNET, eth)) = frame.split_first() {
             let src = DevRef { id: link.id, port: Port::Remote(link.clone()) };
-            let back = lock(&shared).receive_frame(eth, &src);
+            let back = station.receive_frame(eth, &src);
             if let Some(b) = back {
                 let _ = link.transmit_frame(&b);
             }
-            pump(&shared);
+            station.run();
             continue;
         }
         let p = match frame.split_first() {
             Some((&FRAME_PACKET, body)) => {
-                match decode_packet(body, DevRef { id: 0, port: Port::Local(Weak::new()) }) {
+                match decode_packet(body, DevRef { id: 0, port: Port::Local(Weak::<()>::new()) }) {
                     Ok(p) => p,
                     Err(why) => break why,
                 }
             }
             _ => break "unexpected frame type",
         };
-        {
-            let mut st = lock(&shared);
-            let me = st.wire.me.clone();
-            let src = DevRef { id: link.id, port: Port::Remote(link.clone()) };
-            st.receive(Packet { src, dst: me, ..p });
-        }
-        pump(&shared);
+        let src = DevRef { id: link.id, port: Port::Remote(link.clone()) };
+        station.receive_packet(Packet { src, ..p });
+        station.run();
     };
     let was_up = link.is_up();
     link.close();
-    if let Some(shared) = weak.upgrade() {
-        let mut st = lock(&shared);
-        st.wire.unplug_remote(link.id);
-        if was_up {
-            st.events.push(SimEvent::LinkDown { peer: link.peer, why });
+    if let Some(station) = weak.upgrade() {
+        station.with_wire(|wire, events| {
+            wire.unplug_remote(link.id);
+            if !was_up {
+                return ((), None);
+            }
+            events.push(SimEvent::LinkDown { peer: link.peer, why });
             // The far end is gone: the port's link is down, and firmware reports it (PORT_CHANGE, DOWN).
-            let _ = st.set_port_up(false);
-        }
+            ((), Some(false))
+        });
     }
 }
 
 /// Unplugs the link to another process, if one is plugged in (this device's driver went away): what was queued
 /// goes out first, then the far end sees the connection close. The port's link is then down. Returns whether a
 /// link was plugged in.
-pub(crate) fn unplug(shared: &Shared) -> bool {
-    let Some(link) = lock(shared).wire.remote_link() else { return false };
-    link.drain(super::DRAIN_TIMEOUT);
+pub(crate) fn unplug(station: &impl Station) -> bool {
+    let Some(link) = wire(station, |w| w.remote_link()) else { return false };
+    link.drain(DRAIN_TIMEOUT);
     let was_up = link.is_up();
     link.close();
-    let mut st = lock(shared);
-    st.wire.unplug_remote(link.id);
-    if was_up {
-        st.events.push(SimEvent::LinkDown { peer: link.peer, why: "unplugged by this side" });
-        let _ = st.set_port_up(false);
-    }
+    station.with_wire(|wire, events| {
+        wire.unplug_remote(link.id);
+        if !was_up {
+            return ((), None);
+        }
+        events.push(SimEvent::LinkDown { peer: link.peer, why: "unplugged by this side" });
+        ((), Some(false))
+    });
     true
 }
 
 /// Waits until a link is up (true) or `timeout` passes (false).
-pub(crate) fn wait_peer(shared: &Shared, timeout: Duration) -> bool {
+pub(crate) fn wait_peer(station: &impl Station, timeout: Duration) -> bool {
     let end = Instant::now() + timeout;
     loop {
-        if lock(shared).wire.remote_link().is_some_and(|l| l.is_up()) {
+        if wire(station, |w| w.remote_link()).is_some_and(|l| l.is_up()) {
             return true;
         }
         if Instant::now() >= end {
@@ -657,10 +639,11 @@ pub(crate) fn decode_hello(frame: &[u8]) -> Result<PortAddr, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mode;
+    use crate::config::SimConfig;
     use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
     use crate::wire::roce::frame::{parse, Parsed};
     use crate::wire::roce::ib::Opcode;
-    use crate::{Mode, SimConfig};
     use mlx5_core::prm::consts;
 
     const SEND: u8 = consts::MLX5_OPCODE_SEND;
@@ -761,7 +744,7 @@ mod tests {
         drop(b);
         assert!(events_until(&a, |e| matches!(e, SimEvent::LinkDown { why: "the peer closed the link", .. })));
         assert_eq!(a.h.dev.wire_peer(), None);
-        assert!(!crate::lock(&a.h.dev.shared).fw.port.up, "the port's link went down with the cable");
+        assert!(!crate::device::lock(&a.h.dev.shared).fw.port.up, "the port's link went down with the cable");
         let ma = a.mr(64);
         a.post_send(&mut qa, &Wqe::new(SEND).data(8, ma.key, ma.addr()), Bell::Db);
         let e = a.wait_cqe(&mut a_cq).expect("error CQE");

@@ -14,7 +14,11 @@ use mlx5_core::hca::{CqAttr, Pd, QpInitAttr};
 use mlx5_core::mkey::{Access, Mr};
 use mlx5_core::qp::{required_attrs, AhAttr, Grh, Mtu, Qp, QpAttr, QpCap, QpState, QpType, Sge};
 
-use crate::{SimConfig, SimDelay, SimDevice, SimDma, SimMmio};
+use crate::config::SimConfig;
+use crate::delay::SimDelay;
+use crate::dma_handle::SimDma;
+use crate::mmio::SimMmio;
+use crate::sim_device::SimDevice;
 
 /// The core's HCA over the simulator.
 pub type SimHca = Hca<SimMmio, SimDma>;

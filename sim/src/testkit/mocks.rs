@@ -280,7 +280,7 @@ unsafe impl<D: Dma> Dma for RecordingDma<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::SimDevice;
+    use crate::sim_device::SimDevice;
     use mlx5_core::prm::c;
 
     #[test]

@@ -45,8 +45,8 @@ pub fn wire_stream(stream: &[u8]) -> WireStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SimConfig;
     use crate::link::PortAddr;
-    use crate::SimConfig;
 
     fn framed(body: &[u8]) -> Vec<u8> {
         let mut v = (body.len() as u32).to_be_bytes().to_vec();

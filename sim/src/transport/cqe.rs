@@ -1,6 +1,8 @@
+//! Firmware side: `fw/cq.rs` (the CQ table and ring); EQEs through `fw/eq.rs`'s `EqPost`.
+//!
 //! CQE production: a CQE goes into its CQ's ring through the `pas[]` pages with the owner bit of its pass, after
 //! the overrun check against the doorbell record's consumer index; an armed CQ then fires its completion EQE
-//! (`mlx5_cq_completion` on the kernel side). The datapath's completions and [`crate::SimDevice::post_cqe`] both
+//! (`mlx5_cq_completion` on the kernel side). The datapath's completions and [`crate::sim_device::SimDevice::post_cqe`] both
 //! come here.
 //!
 //! A CQE is written through the checked DMA translation: its 64-byte `mlx5_cqe64` image without `op_own` first,
@@ -14,9 +16,13 @@ use crate::events::SimEvent;
 use crate::fw::cq::{Arm, PostCqeError, CQE64, OPCODE_SHIFT, OP_OWN, SOLICITED};
 use crate::fw::eq::EQE_DATA_LEN;
 use crate::wire::roce_map;
-use crate::State;
 
-use super::*;
+use super::common::*;
+use super::srq::Srqs;
+use crate::fw::caps::Caps;
+use crate::fw::cq::CqTable;
+use crate::fw::qp::QpTable;
+use crate::fw::srq::SrqTable;
 
 /// Whether a CQE satisfies a solicited-only arm: the solicited bit, or an error CQE.
 fn is_solicited(op_own: u8) -> bool {
@@ -41,18 +47,26 @@ fn comp_data(cqn: u32) -> [u8; EQE_DATA_LEN] {
     d
 }
 
-impl State {
+/// What writing a CQE borrows from the device: the CQ table, the capabilities (the device clock's frequency),
+/// and what posting the completion or CQ-error EQE takes.
+pub(crate) struct Cqs<'a> {
+    pub(crate) cqs: &'a mut CqTable,
+    pub(crate) caps: &'a Caps,
+    pub(crate) eq: EqPost<'a>,
+}
+
+impl Cqs<'_> {
     /// Writes `cqe` as the next CQE of CQ `cqn` (the device lock is held): the overrun check, the owner bit,
     /// and the completion event of an armed CQ. Returns the CQE's counter value.
     pub(crate) fn post_cqe(&mut self, cqn: u32, cqe: &[u8; CQE64]) -> Result<u32, PostCqeError> {
-        if self.dead() {
+        if self.eq.regs.dead() {
             return Err(PostCqeError::Dead);
         }
-        let cq = self.fw.cqs.get_mut(&cqn).ok_or(PostCqeError::UnknownCq)?;
+        let cq = self.cqs.get_mut(&cqn).ok_or(PostCqeError::UnknownCq)?;
         if cq.status != consts::MLX5_CQC_STATUS_OK {
             return Err(PostCqeError::CqInError { status: cq.status });
         }
-        let ci = match cq.read_ci(&mut self.dma) {
+        let ci = match cq.read_ci(self.eq.dma) {
             Ok(ci) => ci,
             Err(f) => return Err(self.cq_write_fail(cqn, f)),
         };
@@ -65,7 +79,7 @@ impl State {
             }
         }
         let n = cq.pi;
-        if let Err(f) = cq.write_cqe(&mut self.dma, n, cqe) {
+        if let Err(f) = cq.write_cqe(self.eq.dma, n, cqe) {
             return Err(self.cq_write_fail(cqn, f));
         }
         cq.pi = n.wrapping_add(1);
@@ -87,40 +101,53 @@ impl State {
     /// CQ `cqn` enters overflow: its status says so and a CQ-error EQE reports the overrun (the CQ takes no
     /// more CQEs). Returns whether the CQ existed and was not in error already.
     pub(crate) fn cq_overflow(&mut self, cqn: u32) -> bool {
-        let Some(cq) = self.fw.cqs.get_mut(&cqn) else { return false };
+        let Some(cq) = self.cqs.get_mut(&cqn) else { return false };
         if cq.status != consts::MLX5_CQC_STATUS_OK {
             return false;
         }
         cq.status = consts::MLX5_CQC_STATUS_CQ_OVERFLOW;
-        self.events.push(SimEvent::CqOverrun { cqn });
+        self.eq.events.push(SimEvent::CqOverrun { cqn });
         let synd = consts::MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN;
-        self.post_eqe(consts::MLX5_EVENT_TYPE_CQ_ERROR, 0, &cq_err_data(cqn, synd));
+        self.eq.post_eqe(consts::MLX5_EVENT_TYPE_CQ_ERROR, 0, &cq_err_data(cqn, synd));
         true
     }
 
     /// The CQ could not reach its memory: it enters write-fail and a CQ-error EQE reports the access violation.
     fn cq_write_fail(&mut self, cqn: u32, fault: DmaFault) -> PostCqeError {
-        if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
+        if let Some(cq) = self.cqs.get_mut(&cqn) {
             cq.status = consts::MLX5_CQC_STATUS_CQ_WRITE_FAIL;
         }
-        self.events.push(SimEvent::CqWriteFail { cqn });
+        self.eq.events.push(SimEvent::CqWriteFail { cqn });
         let synd = consts::MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR;
-        self.post_eqe(consts::MLX5_EVENT_TYPE_CQ_ERROR, 0, &cq_err_data(cqn, synd));
+        self.eq.post_eqe(consts::MLX5_EVENT_TYPE_CQ_ERROR, 0, &cq_err_data(cqn, synd));
         PostCqeError::DmaFault(fault)
     }
 
     /// An armed CQ fires: a completion EQE on its own EQ, and the CQ is disarmed.
     pub(crate) fn fire_completion(&mut self, cqn: u32) {
-        let Some(cq) = self.fw.cqs.get_mut(&cqn) else { return };
+        let Some(cq) = self.cqs.get_mut(&cqn) else { return };
         cq.arm = Arm::None;
         cq.last_notified = cq.pi.wrapping_sub(1);
         let eqn = cq.eqn;
-        if self.post_eqe_to(eqn, consts::MLX5_EVENT_TYPE_COMP, 0, &comp_data(cqn)).is_some() {
-            if let Some(cq) = self.fw.cqs.get_mut(&cqn) {
+        if self.eq.post_eqe_to(eqn, consts::MLX5_EVENT_TYPE_COMP, 0, &comp_data(cqn)).is_some() {
+            if let Some(cq) = self.cqs.get_mut(&cqn) {
                 cq.events_fired += 1;
             }
-            self.events.push(SimEvent::CompletionEvent { cqn, eqn: eqn as u8 });
+            self.eq.events.push(SimEvent::CompletionEvent { cqn, eqn: eqn as u8 });
         }
+    }
+
+    pub(super) fn post(&mut self, cqn: u32, mut cqe: CqeOut) {
+        cqe.timestamp = self.device_clock();
+        // A CQ that cannot take the CQE reports it itself (overrun, write failure); the WQE is done either way.
+        let _ = self.post_cqe(cqn, &cqe.image());
+    }
+
+    /// The free-running device clock: the virtual time in ticks of the `device_frequency_khz` the capabilities
+    /// report (what a ConnectX stamps into its CQEs).
+    pub(crate) fn device_clock(&self) -> u64 {
+        let khz = u128::from(self.caps.gen(mlx5_core::prm::ifc::cmd_hca_cap::DEVICE_FREQUENCY_KHZ));
+        (u128::from(self.eq.clock.now_ns()) * khz / 1_000_000) as u64
     }
 }
 
@@ -190,24 +217,25 @@ pub(super) fn flags_rqpn(p: &Packet, ib: bool) -> u32 {
     (p.src_qpn & QPN_MASK) | grh | sl
 }
 
-impl State {
-    pub(super) fn post(&mut self, cqn: u32, mut cqe: CqeOut) {
-        cqe.timestamp = self.device_clock();
-        // A CQ that cannot take the CQE reports it itself (overrun, write failure); the WQE is done either way.
-        let _ = self.post_cqe(cqn, &cqe.image());
-    }
+/// What completing work requests borrows from the device: the QP and SRQ tables and the CQ writer. Built per
+/// completion (`Datapath::completions`); `flush.rs` errors and flushes QPs on it too.
+pub(super) struct Completions<'a> {
+    pub(super) qps: &'a mut QpTable,
+    pub(super) srqs: &'a mut SrqTable,
+    pub(super) cq: Cqs<'a>,
+}
 
-    /// The free-running device clock: the virtual time in ticks of the `device_frequency_khz` the capabilities
-    /// report (what a ConnectX stamps into its CQEs).
-    pub(crate) fn device_clock(&self) -> u64 {
-        let khz = u128::from(self.fw.caps.gen(mlx5_core::prm::ifc::cmd_hca_cap::DEVICE_FREQUENCY_KHZ));
-        (u128::from(self.now_ns()) * khz / 1_000_000) as u64
+impl Completions<'_> {
+    /// The view SRQ events take, borrowed from this one.
+    #[inline]
+    pub(super) fn srqs(&mut self) -> Srqs<'_> {
+        Srqs { srqs: self.srqs, qps: self.qps, post: self.cq.eq.reborrow() }
     }
 
     /// A send WQE completed: the consumer counter moves past it, and a signaled WQE gets its CQE. A UC or UD
     /// message moves the send PSN on here; an RC message moved it when it was sent, and a NOP sends nothing.
     pub(super) fn complete_send(&mut self, qpn: u32, w: WqeId, len: u64) {
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
         qp.sq_ci = qp.sq_ci.wrapping_add(w.nbb);
         if qp.st != QpType::Rc {
             qp.next_send_psn = qp.next_send_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
@@ -223,13 +251,13 @@ impl State {
                 byte_cnt,
                 ..CqeOut::default()
             };
-            self.post(cqn, cqe);
+            self.cq.post(cqn, cqe);
         }
     }
 
     /// A send WQE failed: an error CQE (signaled or not) and the QP goes to ERR.
     pub(super) fn send_error(&mut self, qpn: u32, index: u16, opcode: u8, nbb: u16, syndrome: u8) {
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
         qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
         // The WQE that failed is the oldest; the flush completes the ones sent after it from the ring.
         if qp.reqs.front().is_some_and(|r| r.wqe.index == index) {
@@ -247,13 +275,13 @@ impl State {
             syndrome,
             ..CqeOut::default()
         };
-        self.post(cqn, cqe);
+        self.cq.post(cqn, cqe);
         self.qp_error(qpn, syndrome);
     }
 
     /// A receive WQE consumed successfully.
     pub(super) fn recv_complete(&mut self, qpn: u32, index: u16, len: u64, mut cqe: CqeOut) {
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
         let srqn = qp.srqn;
         if srqn.is_none() {
             qp.rq_ci = qp.rq_ci.wrapping_add(1);
@@ -265,15 +293,15 @@ impl State {
         cqe.srqn = srqn.unwrap_or(0);
         let cqn = qp.cqn_rcv;
         // The CQE names the SRQ WQE; the SRQ moves on (and may raise its limit event) after it.
-        self.post(cqn, cqe);
+        self.cq.post(cqn, cqe);
         if let Some(n) = srqn {
-            self.srq_take(n);
+            self.srqs().srq_take(n);
         }
     }
 
     /// A receive WQE failed: an error CQE and the QP goes to ERR.
     pub(super) fn recv_error(&mut self, qpn: u32, index: u16, syndrome: u8) {
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
         let srqn = qp.srqn;
         if srqn.is_none() {
             qp.rq_ci = qp.rq_ci.wrapping_add(1);
@@ -287,9 +315,9 @@ impl State {
             srqn: srqn.unwrap_or(0),
             ..CqeOut::default()
         };
-        self.post(cqn, cqe);
+        self.cq.post(cqn, cqe);
         if let Some(n) = srqn {
-            self.srq_take(n);
+            self.srqs().srq_take(n);
         }
         self.qp_error(qpn, syndrome);
     }

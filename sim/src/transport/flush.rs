@@ -1,24 +1,26 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! QP errors and flushes: an error CQE moves its QP to ERR, and a QP in ERR completes everything outstanding
 //! and posted with `WR_FLUSH_ERR`, one CQE per WQE, each time the device runs.
 
-use super::cqe::CqeOut;
-use super::*;
+use super::common::*;
+use super::cqe::{Completions, CqeOut};
 
-impl State {
+impl Completions<'_> {
     pub(super) fn qp_error(&mut self, qpn: u32, syndrome: u8) {
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
         qp.state = QpState::Err;
         qp.error.get_or_insert(syndrome);
-        self.fw.qps.activate(qpn);
-        self.events.push(SimEvent::QpError { qpn, syndrome });
+        self.qps.activate(qpn);
+        self.cq.eq.events.push(SimEvent::QpError { qpn, syndrome });
     }
 
     /// Flushes a QP in ERR: the outstanding WQE, the send WQEs up to the last doorbell, the posted receives. A QP
     /// receiving through an SRQ leaves the SRQ's WQEs alone and raises `SRQ_LAST_WQE` once.
     pub(super) fn flush(&mut self, qpn: u32) -> bool {
         use c::mlx5_wqe_ctrl_seg as cs;
-        let last_wqe = self.last_wqe_reached(qpn);
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
+        let last_wqe = self.srqs().last_wqe_reached(qpn);
+        let Some(qp) = self.qps.get_mut(&qpn) else { return false };
         let (cqn_snd, cqn_rcv) = (qp.cqn_snd, qp.cqn_rcv);
         let flush = |opcode: u8, wqe_opcode: u8, wqe_counter: u16| CqeOut {
             opcode,
@@ -40,7 +42,7 @@ impl State {
             let pending = qp.sq_pi.wrapping_sub(qp.sq_ci);
             let mut ctrl = [0u8; CTRL];
             // An unreadable WQE is flushed as one basic block with opcode 0.
-            let _ = qp.read_sq(&mut self.dma, u64::from(qp.sq_ci) * BB, &mut ctrl);
+            let _ = qp.read_sq(self.cq.eq.dma, u64::from(qp.sq_ci) * BB, &mut ctrl);
             let opcode = (be(cs::OPMOD_IDX_OPCODE, &ctrl, 0) & OPCODE_MASK) as u8;
             let ds = (be(cs::QPN_DS, &ctrl, 0) & DS_MASK) as usize;
             let nbb = ((ds * DS).div_ceil(BB as usize) as u16).clamp(1, pending);
@@ -51,7 +53,7 @@ impl State {
         let sq = cqes.len();
         if qp.rq_wqes() > 0 {
             let mut rec = [0u8; 4];
-            if self.dma.peek(qp.dbr + RCV_DBR, &mut rec) {
+            if self.cq.eq.dma.peek(qp.dbr + RCV_DBR, &mut rec) {
                 let head = (u32::from_be_bytes(rec) & CTR16) as u16;
                 if u32::from(head.wrapping_sub(qp.rq_ci)) <= qp.rq_wqes() {
                     while qp.rq_ci != head {
@@ -63,10 +65,10 @@ impl State {
         }
         let rq = cqes.len() - sq;
         for (cqn, cqe) in cqes {
-            self.post(cqn, cqe);
+            self.cq.post(cqn, cqe);
         }
         if sq + rq > 0 {
-            self.events.push(SimEvent::Flushed { qpn, sq: sq as u32, rq: rq as u32 });
+            self.cq.eq.events.push(SimEvent::Flushed { qpn, sq: sq as u32, rq: rq as u32 });
         }
         sq + rq > 0 || last_wqe
     }

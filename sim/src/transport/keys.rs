@@ -1,11 +1,48 @@
+//! Firmware side: `fw/mkey.rs` (the key table and its access check).
+//!
 //! Execution through memory keys: every device access by key (gathers of local SGEs, scatters into receive
-//! buffers, remote READ/WRITE/atomic targets) goes through [`State::mkey_access`](crate::State) and the checked
+//! buffers, remote READ/WRITE/atomic targets) goes through [`Keys`] (`MkeyTable::check` and `MkeyTable::pieces`) and the checked
 //! DMA translation.
 
-use super::wqe::{Seg, SegView, SendWqe};
-use super::*;
+use mlx5_core::prm::consts;
 
-impl State {
+use super::wqe::{Seg, SegView, SendWqe};
+use crate::dma::DmaSpace;
+use crate::fw::mkey::{Mkey, MkeyAccess, MkeyFault, MkeyTable, Pieces};
+use crate::fw::qp::Sge;
+use crate::wire::{Payload, INLINE_PAYLOAD};
+
+/// Bytes a gather reserves before reading (more only as the keys check out).
+const GATHER_RESERVE: usize = 64 * 1024;
+
+/// What an access through memory keys borrows from the device: the key table, device memory, and the inline
+/// bytes of the WQE being executed. The datapath builds one per access (`Datapath::keys`).
+pub(super) struct Keys<'a> {
+    pub(super) mkeys: &'a MkeyTable,
+    pub(super) dma: &'a mut DmaSpace,
+    pub(super) inline: &'a mut Vec<u8>,
+}
+
+impl Keys<'_> {
+    /// Checks an access through `key`, without translating it.
+    #[inline]
+    fn mkey_check(&self, key: u32, pd: Option<u32>, va: u64, len: u64, access: MkeyAccess) -> Result<&Mkey, MkeyFault> {
+        self.mkeys.check(key, pd, va, len, access)
+    }
+
+    /// Checks an access through `key` and translates it into the usual few pieces, without a heap allocation.
+    #[inline]
+    fn mkey_pieces(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<Pieces, MkeyFault> {
+        self.mkeys.pieces(self.dma, key, pd, va, len, access)
+    }
+
     pub(super) fn key_read(&mut self, key: u32, pd: u32, va: u64, len: u64, access: MkeyAccess) -> Result<Vec<u8>, ()> {
         let mut out = Vec::new();
         self.key_read_into(key, pd, va, len, access, &mut out)?;
@@ -78,7 +115,7 @@ impl State {
         Ok(data)
     }
 
-    /// [`State::gather`] as an RC payload: a small one straight into the packet's inline bytes, a larger one
+    /// [`Datapath::gather`] as an RC payload: a small one straight into the packet's inline bytes, a larger one
     /// straight into the shared payload, allocated once at its exact length. Gathering through a buffer and then
     /// sharing a copy held the message twice (and kept the buffer at the largest message's size for good).
     pub(super) fn gather_payload(&mut self, pd: u32, max_msg: u64, w: &SendWqe) -> Result<Payload, u8> {
@@ -114,7 +151,7 @@ impl State {
         for s in w.segs.iter() {
             match s.view() {
                 SegView::Inline { at: from, len } => {
-                    let src = self.dp.inline.get(from..from + len).ok_or(consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR)?;
+                    let src = self.inline.get(from..from + len).ok_or(consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR)?;
                     out.get_mut(at..at + len).ok_or(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR)?.copy_from_slice(src);
                     at += len;
                 }
@@ -141,7 +178,7 @@ impl State {
         data.reserve(usize::try_from(total).unwrap_or(0).min(GATHER_RESERVE));
         for s in w.segs.iter() {
             match s.view() {
-                SegView::Inline { at, len } => data.extend_from_slice(&self.dp.inline[at..at + len]),
+                SegView::Inline { at, len } => data.extend_from_slice(&self.inline[at..at + len]),
                 SegView::Ptr(g) => {
                     self.key_read_into(g.lkey, pd, g.addr, g.len, MkeyAccess::LOCAL_READ, data)
                         .map_err(|_| consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR)?;

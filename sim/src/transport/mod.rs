@@ -1,12 +1,15 @@
 //! The transport: the device side of the datapath (c-layouts.md sections 4 and 5), what the ConnectX's send and
 //! receive engines do. `wqe.rs` parses send and receive WQEs, `keys.rs` reaches memory through memory keys,
 //! `requester.rs` and `responder.rs` are the two ends of RC, `uc.rs` is UC, `ud.rs` is UD, `cqe.rs` writes CQEs, `flush.rs`
-//! errors a QP and flushes it, `srq.rs` takes receives from a shared receive queue. Packets are built and read
-//! through `wire` and travel by `link`.
+//! errors a QP and flushes it, `srq.rs` takes receives from a shared receive queue, `roce_rx.rs` receives RoCE
+//! frames into the reassembly state of `reasm.rs`. `common.rs` holds what they share: [`Datapath`], the view of
+//! the device a run borrows (the device layer builds it), and [`DpState`]; `keys.rs`, `wqe.rs`, `srq.rs`,
+//! `cqe.rs` and `flush.rs` run on narrower views (`Keys`, `Wqes`, `Srqs`, `Cqs`, `Completions`). Packets are built and read through `wire`; the device layer hands them to
+//! `link`.
 //!
-//! A send doorbell reaches this module one way: `mmio.rs` (the BAR write) -> `uar.rs` (decodes it, records the
-//! SQ producer counter) -> [`State::run_datapath`] here (in line, or on the device thread), which runs every QP's
-//! SQ, the packets in the inbox and the timers.
+//! A send doorbell reaches this module one way: `mmio.rs` (the BAR write) -> `device` -> `uar.rs` (decodes it,
+//! records the SQ producer counter) -> [`Datapath::run_datapath`] here (run by `device::pump`, in line or on the
+//! device thread), which runs every QP's SQ, the packets in the inbox and the timers.
 //!
 //! # Execution
 //! The SQ of a QP in RTS runs in order. A UD send (and a NOP) completes as soon as it is handed to the wire. An
@@ -14,7 +17,7 @@
 //! to the initiator depth, a fenced WQE only once no READ or atomic is in flight (`requester.rs`);
 //! on a link a message leaves in packets, at most `MAX_PACKETS_IN_FLIGHT` not acknowledged (`send_window`);
 //! the QP's `sq_next` is the next WQE to execute and `sq_ci` the next to complete, so completions stay in
-//! order (a WQE that fails locally, or a NOP, waits for those in flight). Every device access by key goes through [`State::mkey_access`]: local SGEs with the QP's PD
+//! order (a WQE that fails locally, or a NOP, waits for those in flight). Every device access by key goes through [`MkeyTable::access`](crate::fw::mkey::MkeyTable::access): local SGEs with the QP's PD
 //! (`LOCAL_READ` to gather, `LOCAL_WRITE` for READ and atomic results), remote ones with the target QP's PD, its
 //! `rre`/`rwe`/`rae` and `REMOTE_*` rights. Atomics run under the target device's lock.
 //!
@@ -44,24 +47,11 @@
 //! every send WQE up to the last doorbell and every posted receive with `WR_FLUSH_ERR`, one CQE per WQE, each
 //! time the device runs.
 
-use std::collections::BTreeMap;
-
-use mlx5_core::prm::{c, consts, Bytes};
-
-use crate::events::{RetryKind, SimEvent};
-use crate::fw::mkey::MkeyAccess;
-use crate::fw::qp::{
-    Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, LOG_ACK_REQ_MAX, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES,
-    MAX_PACKETS_IN_FLIGHT, PSN_MASK, SEND_WQE_BB,
-};
-use crate::link::Packet;
-use crate::small::Small;
-use crate::wire::{AtomicOp, Body, Dest, Grh, Nak, Payload, RcOp, Resp, RoceInfo, INLINE_PAYLOAD};
-use crate::State;
-
+mod common;
 pub(crate) mod cqe;
 mod flush;
 mod keys;
+pub(crate) mod reasm;
 mod requester;
 mod responder;
 pub(crate) mod roce_rx;
@@ -70,129 +60,67 @@ mod uc;
 mod ud;
 mod wqe;
 
-use wqe::{Kind, SendWqe};
+use common::*;
+pub(crate) use common::{Datapath, DpState};
+use cqe::{Completions, Cqs};
+use keys::Keys;
+use wqe::{Kind, SendWqe, Wqes};
 
-const BB: u64 = SEND_WQE_BB;
-/// PSNs less than half the 24-bit space ahead of the expected one are "ahead" (a sequence error); the rest are
-/// behind it (duplicates), as IBA 9.7.5.2 splits the space.
-const PSN_WINDOW: u32 = 1 << 23;
-/// A WQE is counted in 16-byte units (`ds`).
-const DS: usize = consts::MLX5_SEND_WQE_DS as usize;
-const CTRL: usize = c::mlx5_wqe_ctrl_seg::SIZE;
-const DATA_SEG: usize = c::mlx5_wqe_data_seg::SIZE;
-const RADDR_SEG: usize = c::mlx5_wqe_raddr_seg::SIZE;
-const ATOMIC_SEG: usize = c::mlx5_wqe_atomic_seg::SIZE;
-const DGRAM_SEG: usize = c::mlx5_wqe_datagram_seg::SIZE;
-const INLINE_HDR: usize = c::mlx5_wqe_inline_seg::BYTE_COUNT.len;
-const INLINE_FLAG: u32 = consts::MLX5_INLINE_SEG;
-const DS_MASK: u32 = consts::MLX5_WQE_CTRL_DS_MASK;
-const QPN_SHIFT: u32 = consts::MLX5_WQE_CTRL_QPN_SHIFT;
-const IDX_SHIFT: u32 = consts::MLX5_WQE_CTRL_WQE_INDEX_SHIFT;
-const OPCODE_MASK: u32 = consts::MLX5_WQE_CTRL_OPCODE_MASK;
-const SOLICITED: u8 = consts::MLX5_WQE_CTRL_SOLICITED;
-/// `fm_ce_se` bits 7:5: the fence mode (`MLX5_FENCE_MODE_*`, already shifted into place).
-const FENCE_MODE_MASK: u8 = 0xe0;
-const INVALID_LKEY: u32 = consts::MLX5_INVALID_LKEY;
-const EXTENDED_AV: u32 = consts::MLX5_EXTENDED_UD_AV;
-/// `grh_gid_fl` of an address vector (rdma-core `mlx5_create_ah`): GRH flag in bit 30, source GID index in bits
-/// 27:20, flow label in bits 19:0.
-const AV_GRH: u32 = 1 << 30;
-const AV_SGID_SHIFT: u32 = 20;
-const AV_SGID_MASK: u32 = 0xff;
-const FLOW_LABEL_MASK: u32 = 0xf_ffff;
-/// The IB SL is the low 4 bits of `stat_rate_sl` (mlx5_ib `create_ib_ah`).
-const AV_SL_MASK: u8 = 0xf;
-/// A data segment with `byte_count` 0 covers 2 GiB (PRM).
-const ZERO_COUNT_BYTES: u64 = 1 << 31;
-/// A UD qkey with the high bit set means "use the QP's own qkey" (IBA 10.2.5).
-const QKEY_FROM_QP: u32 = 1 << 31;
-/// `rnr_retry` 7: retry forever (IBA 9.7.5.2.8).
-const RNR_RETRY_INFINITE: u8 = 7;
-/// The doorbell record: `MLX5_RCV_DBR` and `MLX5_SND_DBR` are be32 indices.
-const RCV_DBR: u64 = consts::MLX5_RCV_DBR as u64 * 4;
-/// Producer counters are 16 bits in the doorbell record.
-const CTR16: u32 = 0xffff;
-const QPN_MASK: u32 = 0xff_ffff;
-/// Bits 7:4 of `op_own` hold the CQE opcode; bit 1 the solicited event.
-const CQE_OPCODE_SHIFT: u32 = 4;
-const CQE_SE: u8 = 1 << 1;
-/// `flags_rqpn`: "GRH present" in bits 29:28 (value 1), the IB SL in bits 27:24 (mlx5_ib `handle_responder`).
-const CQE_GRH_SHIFT: u32 = 28;
-const CQE_SL_SHIFT: u32 = 24;
-/// Every error CQE carries a non-zero vendor syndrome; the simulator's is its own syndrome with the high bit.
-const VENDOR_ERR_BIT: u8 = 0x80;
-
-/// The received GRH: 40 bytes, IPv6-shaped (IBA 8.3; RoCE v1 carries the same header).
-pub(crate) const GRH_BYTES: usize = 40;
-const GRH_IP_VERSION: u32 = 6;
-/// `NxtHdr` of a GRH followed by the IBA transport header.
-const GRH_NEXT_BTH: u8 = 0x1b;
-/// Headers counted in the GRH payload length after the GRH: BTH, DETH, ImmDt (when present), and the ICRC.
-const BTH_BYTES: usize = 12;
-const DETH_BYTES: usize = 8;
-const IMMDT_BYTES: usize = 4;
-const ICRC_BYTES: usize = 4;
-
-/// The RNR NAK timer field in microseconds (IBA table 45; 0 is the longest).
-const RNR_TIMER_US: [u64; 32] = [
-    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840, 5_120, 7_680,
-    10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
-];
-
-fn rnr_timer_ns(timer: u8) -> u64 {
-    RNR_TIMER_US[usize::from(timer & 31)] * 1_000
-}
-
-/// The local ACK timeout `4.096 us << ack_timeout` (IBA 9.7.6.1.3). The spec makes 0 infinite; the simulator
-/// uses the shortest timeout instead so a lost request always ends.
-fn ack_timeout_ns(ack_timeout: u8) -> u64 {
-    4_096u64 << ack_timeout.min(31)
-}
-
-/// Packets a message of `len` bytes takes at path MTU `mtu` (`IB_MTU_*`); at least one.
-fn packets(len: u64, mtu: u8) -> u32 {
-    if !(consts::IB_MTU_256..=consts::IB_MTU_4096).contains(&mtu) {
-        return 1;
+impl Datapath<'_> {
+    /// The view an access through memory keys takes (see `keys.rs`).
+    #[inline]
+    fn keys(&mut self) -> Keys<'_> {
+        Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline }
     }
-    let size = 128u64 << mtu;
-    u32::try_from(len.div_ceil(size).max(1)).unwrap_or(u32::MAX)
-}
 
-fn be(m: Bytes, b: &[u8], base: usize) -> u32 {
-    m.get_be(b, base)
-}
+    /// The CQ writer's view (see `cqe.rs`): CQEs, overruns, completion events.
+    #[inline]
+    pub(crate) fn cqs(&mut self) -> Cqs<'_> {
+        Cqs {
+            cqs: &mut self.fw.cqs,
+            caps: &self.fw.caps,
+            eq: EqPost {
+                eqs: &mut self.fw.eqs,
+                dma: self.dma,
+                events: self.events,
+                regs: self.regs,
+                clock: self.clock,
+            },
+        }
+    }
 
-fn be64(b: &[u8], off: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[off..off + 8]);
-    u64::from_be_bytes(w)
-}
+    /// The view completing work requests takes (see `cqe.rs`, `flush.rs`).
+    #[inline]
+    fn completions(&mut self) -> Completions<'_> {
+        Completions {
+            qps: &mut self.fw.qps,
+            srqs: &mut self.fw.srqs,
+            cq: Cqs {
+                cqs: &mut self.fw.cqs,
+                caps: &self.fw.caps,
+                eq: EqPost {
+                    eqs: &mut self.fw.eqs,
+                    dma: self.dma,
+                    events: self.events,
+                    regs: self.regs,
+                    clock: self.clock,
+                },
+            },
+        }
+    }
 
-/// Largest WQE read into a stack buffer (small sends, a few SGEs or some inline bytes, and receive WQEs); larger ones
-/// go to the heap.
-const WQE_STACK: usize = 256;
+    /// The view reading WQEs takes (see `wqe.rs`).
+    #[inline]
+    fn wqes(&mut self) -> Wqes<'_> {
+        Wqes {
+            qps: &mut self.fw.qps,
+            srqs: &self.fw.srqs,
+            dma: self.dma,
+            inline: &mut self.dp.inline,
+            events: self.events,
+        }
+    }
 
-/// Largest receive WQE read into the small stack buffer: four SGEs.
-const RQ_SMALL: usize = 64;
-
-/// Bytes a gather reserves before reading (more only as the keys check out).
-const GATHER_RESERVE: usize = 64 * 1024;
-
-/// Datapath state beyond the QPs: the BlueFlame buffers' current WQEs and the request sequence numbers.
-#[derive(Debug, Default)]
-pub(crate) struct DpState {
-    /// (UAR page, BlueFlame buffer) -> (QPN, WQE index) of the last doorbell written there.
-    pub(crate) bf: BTreeMap<(u32, usize), (u32, u16)>,
-    next_seq: u64,
-    /// The inline bytes of the WQE being executed (reused).
-    inline: Vec<u8>,
-    /// Messages in reassembly and ARP neighbours of a RoCE port fed frames.
-    pub(crate) rx: roce_rx::RoceRx,
-    /// Where the frames of a packet from another device of this process are built (reused).
-    frame_buf: Vec<u8>,
-}
-
-impl State {
     // -----------------------------------------------------------------------------------------------------------
     // The engine
 
@@ -254,7 +182,7 @@ impl State {
     fn qp_step(&mut self, qpn: u32, now: u64) -> bool {
         let Some(qp) = self.fw.qps.get(&qpn) else { return false };
         match qp.state {
-            QpState::Err => self.flush(qpn),
+            QpState::Err => self.completions().flush(qpn),
             QpState::Rts => {
                 // Only outstanding requests have timers; only a window that held packets back has more to send.
                 let blocked = qp.window_blocked;
@@ -280,7 +208,7 @@ impl State {
                 break;
             }
             let (index, idle) = (qp.sq_next, qp.reqs.is_empty());
-            match self.fetch_wqe(qpn, &mut w) {
+            match self.wqes().fetch_wqe(qpn, &mut w) {
                 Ok(()) if !self.admits(qpn, &w) => break,
                 Ok(()) => {
                     if let Some(qp) = self.fw.qps.get_mut(&qpn) {
@@ -296,7 +224,7 @@ impl State {
                 }
                 // A malformed WQE fails in order too: after the ones in flight.
                 Err(_) if !idle => break,
-                Err(b) => self.send_error(qpn, index, b.opcode, b.nbb, b.syndrome),
+                Err(b) => self.completions().send_error(qpn, index, b.opcode, b.nbb, b.syndrome),
             }
             any = true;
         }
@@ -337,7 +265,7 @@ impl State {
     fn execute(&mut self, qpn: u32, w: &SendWqe) -> bool {
         let Some(qp) = self.fw.qps.get(&qpn) else { return true };
         match (w.kind, qp.st) {
-            (Kind::Nop, _) => self.complete_send(qpn, w.id(), 0),
+            (Kind::Nop, _) => self.completions().complete_send(qpn, w.id(), 0),
             (_, QpType::Ud) => self.execute_ud(qpn, w),
             (_, QpType::Rc) => return self.execute_rc(qpn, w),
             (_, QpType::Uc) => self.execute_uc(qpn, w),
@@ -349,8 +277,9 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SimConfig;
+    use crate::mmio::SimMmio;
     use crate::testutil::{Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
-    use crate::{SimConfig, SimMmio};
     use mlx5_core::hal::Mmio;
     use mlx5_core::prm::ifc;
     use mlx5_core::prm::MsgBuf;
@@ -614,7 +543,7 @@ mod tests {
 
     #[test]
     fn ib_ud_without_a_grh_gets_zeros_with_the_ip_version() {
-        let cfg = SimConfig { port_type: crate::PortType::Ib, lid: 5, ..SimConfig::default() };
+        let cfg = SimConfig { port_type: crate::config::PortType::Ib, lid: 5, ..SimConfig::default() };
         let (r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(cfg);
         let (key, base) = (mr.key, mr.addr());
         mr.write(0, b"ib datagram");
@@ -641,7 +570,7 @@ mod tests {
     fn the_gsi_qp_is_qpn_1_on_the_wire_both_ways() {
         // mlx5_ib's hardware GSI QP gets an ordinary QPN from CREATE_QP (st QP1); MADs address it as QP1 and it
         // sends as QP1 (IBA 3.5.4). Before, a packet to QPN 1 was dropped and its sends carried the device QPN.
-        let cfg = SimConfig { port_type: crate::PortType::Ib, lid: 5, ..SimConfig::default() };
+        let cfg = SimConfig { port_type: crate::config::PortType::Ib, lid: 5, ..SimConfig::default() };
         let mut r = Rdma::new(cfg);
         let (mut scq, mut rcq) = (r.cq(5), r.cq(5));
         let mut ua = r.qp(QpSpec::ud(), scq.cqn, rcq.cqn);
@@ -1323,7 +1252,7 @@ mod tests {
         // The SEND (PSN 0x100) and the atomic (PSN 0x101) arrive again, as a retransmission would bring them.
         let dev = p.r.h.dev.clone();
         let resend = |psn: u32, op: RcOp| {
-            let mut st = crate::lock(&dev.shared);
+            let mut st = crate::device::lock(&dev.shared);
             let me = st.wire.me.clone();
             let body = Body::Rc { seq: 1_000 + u64::from(psn), psn, op, solicited: false };
             let pk = Packet {
@@ -1337,8 +1266,8 @@ mod tests {
                 body,
                 roce: RoceInfo::default(),
             };
-            st.receive(pk);
-            let out = st.run_datapath();
+            st.datapath().receive(pk);
+            let out = st.datapath().run_datapath();
             assert!(out.is_empty(), "loopback: nothing leaves the device");
         };
         resend(0x100, RcOp::Send { data: (&b"again"[..]).into(), imm: None });

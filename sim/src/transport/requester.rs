@@ -1,3 +1,5 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! The RC requester: a send WQE becomes a request in flight (its PSNs, the ACK and RNR timers, retries and
 //! their counts) until a response (ACK, READ data, atomic original value, NAK) completes it (IBA 9.7, the
 //! requester side). Requests are pipelined: up to `MAX_IN_FLIGHT` messages are sent before the first is
@@ -15,10 +17,10 @@
 //! answers every AckReq, an ACK covering all before it) lets as many more out, restarts the ACK timer (which so
 //! measures time without progress, never a message's length) and moves the point a retransmission starts from.
 
+use super::common::*;
 use super::wqe::{Kind, SendWqe};
-use super::*;
 
-impl State {
+impl Datapath<'_> {
     /// The source GID a packet carries for GID table `index`: on RoCE the entry SET_ROCE_ADDRESS programmed, on
     /// InfiniBand the port's default GID.
     pub(super) fn source_gid(&self, index: u32) -> Option<[u8; 16]> {
@@ -35,15 +37,15 @@ impl State {
         let Some(qp) = self.fw.qps.get(&qpn) else { return true };
         let (pd, retry_count, rnr_retry, max_msg, idle) =
             (qp.pd, qp.retry_count, qp.rnr_retry, qp.max_msg, qp.reqs.is_empty());
-        let fail = |st: &mut State, s: u8| {
+        let fail = |st: &mut Datapath, s: u8| {
             if idle {
-                st.send_error(qpn, w.index, w.opcode, w.nbb, s);
+                st.completions().send_error(qpn, w.index, w.opcode, w.nbb, s);
             }
             idle
         };
         let op = match w.kind {
             Kind::Send | Kind::Write { .. } => {
-                let data = match self.gather_payload(pd, max_msg, w) {
+                let data = match self.keys().gather_payload(pd, max_msg, w) {
                     Ok(data) => data,
                     Err(s) => return fail(self, s),
                 };
@@ -52,17 +54,17 @@ impl State {
                     _ => RcOp::Send { data, imm: w.imm },
                 }
             }
-            Kind::Read { raddr, rkey } => match self.check_scatter(pd, &w.segs) {
+            Kind::Read { raddr, rkey } => match self.keys().check_scatter(pd, &w.segs) {
                 Ok(len) => RcOp::Read { raddr, rkey, len },
                 Err(s) => return fail(self, s),
             },
-            Kind::Atomic { raddr, rkey, op } => match self.check_scatter(pd, &w.segs) {
+            Kind::Atomic { raddr, rkey, op } => match self.keys().check_scatter(pd, &w.segs) {
                 Ok(len) if len >= 8 => RcOp::Atomic { raddr, rkey, op },
                 Ok(_) => return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR),
                 Err(s) => return fail(self, s),
             },
             Kind::Nop => {
-                self.complete_send(qpn, w.id(), 0);
+                self.completions().complete_send(qpn, w.id(), 0);
                 return true;
             }
         };
@@ -224,7 +226,13 @@ impl State {
                 let why = "no response before the ACK timeout";
                 self.events.push(SimEvent::Unreachable { qpn, wqe_counter: index, why });
                 if req.transport_left == 0 {
-                    self.send_error(qpn, index, opcode, nbb, consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR);
+                    self.completions().send_error(
+                        qpn,
+                        index,
+                        opcode,
+                        nbb,
+                        consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR,
+                    );
                     return true;
                 }
                 req.transport_left -= 1;
@@ -383,7 +391,7 @@ impl State {
             }
         };
         if let Some(s) = failure {
-            self.send_error(qpn, index, opcode, nbb, s);
+            self.completions().send_error(qpn, index, opcode, nbb, s);
         }
     }
 
@@ -393,17 +401,19 @@ impl State {
         let pd = qp.pd;
         let w = req.wqe;
         let result = match (&req.op, resp) {
-            (RcOp::Read { len, .. }, Resp::ReadData(d)) if d.len() as u64 == *len => self.scatter(pd, &req.sges, &d),
+            (RcOp::Read { len, .. }, Resp::ReadData(d)) if d.len() as u64 == *len => {
+                self.keys().scatter(pd, &req.sges, &d)
+            }
             (RcOp::Atomic { .. }, Resp::AtomicOrig(v)) => {
                 let bytes = self.fw.caps.atomic_bytes(v);
-                self.scatter(pd, &req.sges, &bytes)
+                self.keys().scatter(pd, &req.sges, &bytes)
             }
             (RcOp::Send { .. } | RcOp::Write { .. }, Resp::Ack) => Ok(()),
             _ => Err(consts::MLX5_CQE_SYNDROME_BAD_RESP_ERR),
         };
         match result {
-            Ok(()) => self.complete_send(qpn, w, req.len),
-            Err(s) => self.send_error(qpn, w.index, w.opcode, w.nbb, s),
+            Ok(()) => self.completions().complete_send(qpn, w, req.len),
+            Err(s) => self.completions().send_error(qpn, w.index, w.opcode, w.nbb, s),
         }
     }
 }

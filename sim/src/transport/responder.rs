@@ -1,11 +1,13 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! The RC responder: a request is checked against the expected PSN (execute, answer a duplicate again, or NAK a
 //! sequence error), executed through memory keys, and answered (ACK, READ data, atomic original value, RNR NAK,
 //! NAK) (IBA 9.7, the responder side).
 
+use super::common::*;
 use super::cqe::{flags_rqpn, CqeOut};
-use super::*;
 
-impl State {
+impl Datapath<'_> {
     pub(super) fn reply(&mut self, p: Packet, resp: Resp) {
         // The responder's MSN goes in the AETH; a PSN sequence NAK names the PSN it expects (IBA 9.7.5.2.2).
         let (msn, expected) = self.fw.qps.get(&p.dst_qpn).map_or((0, 0), |q| (q.msn, q.next_rcv_psn));
@@ -71,9 +73,9 @@ impl State {
         let ib = self.wire.addr.ib;
         let mut sges = Sges::new();
         let resp = match op {
-            RcOp::Send { data, imm } => match self.next_recv(dst, &mut sges) {
+            RcOp::Send { data, imm } => match self.wqes().next_recv(dst, &mut sges) {
                 None => Resp::RnrNak { timer: min_rnr },
-                Some(index) => match self.scatter(pd, &sges, data) {
+                Some(index) => match self.keys().scatter(pd, &sges, data) {
                     Ok(()) => {
                         let cqe = CqeOut {
                             opcode: if imm.is_some() {
@@ -88,11 +90,11 @@ impl State {
                             slid: p.slid,
                             ..CqeOut::default()
                         };
-                        self.recv_complete(dst, index, data.len() as u64, cqe);
+                        self.completions().recv_complete(dst, index, data.len() as u64, cqe);
                         Resp::Ack
                     }
                     Err(s) => {
-                        self.recv_error(dst, index, s);
+                        self.completions().recv_error(dst, index, s);
                         Resp::Nak(if s == consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR {
                             Nak::InvalidRequest
                         } else {
@@ -104,12 +106,12 @@ impl State {
             RcOp::Write { .. } if !rwe => Resp::Nak(Nak::RemoteAccess),
             RcOp::Write { raddr, rkey, data, imm } => {
                 // WRITE_IMM needs a receive WQE before anything is written.
-                let recv = if imm.is_some() { self.next_recv(dst, &mut sges).map(Some) } else { Some(None) };
+                let recv = if imm.is_some() { self.wqes().next_recv(dst, &mut sges).map(Some) } else { Some(None) };
                 match recv {
                     None => Resp::RnrNak { timer: min_rnr },
                     Some(recv) => {
                         let written = data.is_empty()
-                            || self.key_write(*rkey, pd, *raddr, data, MkeyAccess::REMOTE_WRITE).is_ok();
+                            || self.keys().key_write(*rkey, pd, *raddr, data, MkeyAccess::REMOTE_WRITE).is_ok();
                         match (written, recv) {
                             (false, _) => Resp::Nak(Nak::RemoteAccess),
                             (true, None) => {
@@ -126,7 +128,7 @@ impl State {
                                     slid: p.slid,
                                     ..CqeOut::default()
                                 };
-                                self.recv_complete(dst, index, data.len() as u64, cqe);
+                                self.completions().recv_complete(dst, index, data.len() as u64, cqe);
                                 Resp::Ack
                             }
                         }
@@ -139,7 +141,7 @@ impl State {
                 } else if *len == 0 {
                     Ok(Vec::new())
                 } else {
-                    self.key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
+                    self.keys().key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
                 };
                 match data {
                     Ok(d) => {
@@ -203,7 +205,7 @@ impl State {
                 } else if *len == 0 {
                     Ok(Vec::new())
                 } else {
-                    self.key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
+                    self.keys().key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
                 };
                 data.map_or(Resp::Nak(Nak::RemoteAccess), Resp::ReadData)
             }
@@ -225,7 +227,7 @@ impl State {
     /// An 8-byte atomic under the device lock, on memory in the byte order the driver chose
     /// ([`Caps::atomic_bytes`](crate::fw::caps::Caps::atomic_bytes)); returns the original value.
     pub(super) fn atomic(&mut self, pd: u32, raddr: u64, rkey: u32, op: AtomicOp) -> Result<u64, ()> {
-        let old = self.key_read(rkey, pd, raddr, 8, MkeyAccess::REMOTE_ATOMIC)?;
+        let old = self.keys().key_read(rkey, pd, raddr, 8, MkeyAccess::REMOTE_ATOMIC)?;
         let orig = self.fw.caps.atomic_value(old.get(..8).and_then(|b| b.try_into().ok()).ok_or(())?);
         let new = match op {
             AtomicOp::CmpSwap { compare, swap } => (orig == compare).then_some(swap),
@@ -233,7 +235,7 @@ impl State {
         };
         if let Some(v) = new {
             let bytes = self.fw.caps.atomic_bytes(v);
-            self.key_write(rkey, pd, raddr, &bytes, MkeyAccess::REMOTE_ATOMIC)?;
+            self.keys().key_write(rkey, pd, raddr, &bytes, MkeyAccess::REMOTE_ATOMIC)?;
         }
         Ok(orig)
     }

@@ -1,3 +1,5 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! The receive side of a RoCE port: a bare Ethernet frame from a link becomes what the transport handles. ARP is
 //! answered for the port's IPv4 addresses and teaches the port its neighbours' MACs; a RoCEv2 frame that passes
 //! every check (`wire::roce::frame`, ICRC included) is taken apart by opcode: UD sends go to their QP with the
@@ -9,124 +11,16 @@
 //! the first, an atomic ACK names the request's PSN). A frame that fails a check is dropped and recorded as
 //! [`SimEvent::FrameDropped`], never a panic.
 
-use super::*;
+use super::common::*;
+use super::reasm::{Partial, PartialKind, Rest, NOT_OUR_GID, SPARE_BYTES};
 use crate::link::DevRef;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EthernetRepr, BROADCAST};
 use crate::wire::roce::frame::{emit_arp, parse_with, Integrity, IpRepr, Parsed, RoceRepr};
 use crate::wire::roce::ib::{NakCode, Opcode, Syndrome};
+use crate::wire::roce::rc::psn_count;
 use crate::wire::roce::rc::{psn_add, psn_diff, Position};
-use crate::wire::roce_map::{self, psn_count};
-
-/// A message whose packets are arriving.
-#[derive(Debug)]
-pub(crate) struct Partial {
-    first_psn: u32,
-    next_psn: u32,
-    kind: PartialKind,
-    data: Vec<u8>,
-    /// A sequence NAK went out for the gap at `next_psn` (one per gap, as a responder sends).
-    nak_sent: bool,
-    /// The most bytes the message may bring: the scatter list of the receive it will take (SEND), the RETH's
-    /// length (WRITE). What was posted or registered bounds the reassembly, never the peer.
-    limit: u64,
-    /// What happens to the rest of the message's packets.
-    rest: Rest,
-}
-
-/// How a message in reassembly takes its next packets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Rest {
-    /// Kept, up to `limit`.
-    Keep,
-    /// Dropped: the message was refused at its first packet or when it outgrew its receive (NAKed on RC,
-    /// silently on UC), as a ConnectX drops the rest of a message it NAKed until a new FIRST or ONLY.
-    Drop,
-    /// A duplicate of a message already executed: nothing is kept, its LAST is acknowledged again.
-    Duplicate,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PartialKind {
-    Send { uc: bool },
-    Write { uc: bool, raddr: u64, rkey: u32 },
-    ReadResponse,
-}
-
-/// Where the port keeps messages in reassembly and what it learned from ARP.
-#[derive(Debug, Default)]
-pub(crate) struct RoceRx {
-    /// Requests being reassembled, by responder QP.
-    requests: BTreeMap<u32, Partial>,
-    /// READ responses being reassembled, by requester QP.
-    reads: BTreeMap<u32, Partial>,
-    /// IPv4 neighbours (ARP): address and MAC.
-    pub(crate) neighbours: Vec<([u8; 4], [u8; 6])>,
-    /// Reassembly buffers of finished messages, for the next ones.
-    spare: Vec<Vec<u8>>,
-}
-
-/// Why a RoCE packet delivered to this port's MAC is dropped when it names another port's GID.
-const NOT_OUR_GID: &str = "destination GID is not in the port's GID table";
-
-/// The most neighbours remembered (the oldest is forgotten first).
-const MAX_NEIGHBOURS: usize = 64;
-/// Reassembly buffers kept for the next messages, and the largest kept (a bigger one is freed).
-const SPARE_BUFFERS: usize = 4;
-const SPARE_BYTES: usize = 1 << 20;
-
-impl RoceRx {
-    /// A reassembly buffer holding `first`, with room for `whole` bytes when that is known (and not huge): a
-    /// spare one when there is one, so a stream of messages does not allocate and grow a buffer each.
-    fn buffer(&mut self, first: &[u8], whole: u64) -> Vec<u8> {
-        let mut b = self.spare.pop().unwrap_or_default();
-        b.reserve(usize::try_from(whole).unwrap_or(0).min(SPARE_BYTES));
-        b.extend_from_slice(first);
-        b
-    }
-
-    /// Bytes the messages in reassembly hold, and the capacity of their buffers.
-    #[cfg(test)]
-    pub(crate) fn held(&self) -> (usize, usize) {
-        self.requests
-            .values()
-            .chain(self.reads.values())
-            .fold((0, 0), |(n, c), p| (n + p.data.len(), c + p.data.capacity()))
-    }
-
-    /// Takes back a buffer whose message is done.
-    fn recycle(&mut self, mut b: Vec<u8>) {
-        if self.spare.len() < SPARE_BUFFERS && b.capacity() <= SPARE_BYTES {
-            b.clear();
-            self.spare.push(b);
-        }
-    }
-
-    fn learn(&mut self, ip: [u8; 4], mac: [u8; 6]) {
-        remember(&mut self.neighbours, ip, mac);
-        // The process's table too, as a host's neighbour table serves its every port.
-        if let Ok(mut t) = PROCESS_NEIGHBOURS.lock() {
-            remember(&mut t, ip, mac);
-        }
-    }
-}
-
-/// IPv4 neighbours any simulated port of this process learned from ARP: what a host's neighbour table holds,
-/// for a driver resolving a RoCE destination MAC as the kernel's `ib_resolve_eth_dmac` does.
-static PROCESS_NEIGHBOURS: std::sync::Mutex<Vec<([u8; 4], [u8; 6])>> = std::sync::Mutex::new(Vec::new());
-
-fn remember(table: &mut Vec<([u8; 4], [u8; 6])>, ip: [u8; 4], mac: [u8; 6]) {
-    table.retain(|(a, _)| *a != ip);
-    if table.len() == MAX_NEIGHBOURS {
-        table.remove(0);
-    }
-    table.push((ip, mac));
-}
-
-/// The MAC a simulated port of this process learned from ARP for `ip`, if any.
-pub fn arp_neighbour(ip: [u8; 4]) -> Option<[u8; 6]> {
-    PROCESS_NEIGHBOURS.lock().ok()?.iter().find(|(a, _)| *a == ip).map(|(_, m)| *m)
-}
+use crate::wire::roce_map;
 
 fn ext_grh(r: &RoceRepr<'_>) -> Grh {
     let (tclass, flow_label, hop_limit) = match r.ip {
@@ -136,7 +30,7 @@ fn ext_grh(r: &RoceRepr<'_>) -> Grh {
     Grh { sgid: r.ip.src_gid(), dgid: r.ip.dst_gid(), tclass, flow_label, hop_limit }
 }
 
-impl State {
+impl Datapath<'_> {
     /// A packet from another device of this process: on an Ethernet port it crosses as the RoCEv2 frames it
     /// stands for and goes through the port's receive side, as on a real cable. What has no frame form (the
     /// simulator's "lost" marker), or reaches a dead device or an IB port, is handed over as the packet; so is a
@@ -179,7 +73,7 @@ impl State {
         self.receive_frame_with(frame, from, Integrity::Check)
     }
 
-    /// [`State::receive_frame`], checking the frame's sums as `integrity` says.
+    /// [`Datapath::receive_frame`], checking the frame's sums as `integrity` says.
     fn receive_frame_with(&mut self, frame: &[u8], from: &DevRef, integrity: Integrity) -> Option<Vec<u8>> {
         if self.dead() || self.wire.addr.ib {
             return None;
@@ -535,7 +429,7 @@ impl State {
             self.rx_nak_gap(qpn, expected, psn, r, from);
             return (0, Rest::Drop);
         }
-        let refuse = |st: &mut State, resp: Resp, why: &'static str| {
+        let refuse = |st: &mut Datapath, resp: Resp, why: &'static str| {
             if uc {
                 st.events.push(SimEvent::UcDropped { qpn, why });
             } else {
@@ -554,7 +448,7 @@ impl State {
             }
             _ => {
                 let mut sges = Sges::new();
-                if self.next_recv(qpn, &mut sges).is_none() {
+                if self.wqes().next_recv(qpn, &mut sges).is_none() {
                     self.fw.q_counters.count(counters, |c| c.out_of_buffer += 1);
                     return refuse(self, Resp::RnrNak { timer: min_rnr }, "receive queue empty");
                 }
@@ -574,8 +468,8 @@ impl State {
                 self.handle(q);
             }
             let mut sges = Sges::new();
-            if let Some(index) = self.next_recv(qpn, &mut sges) {
-                self.recv_error(qpn, index, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
+            if let Some(index) = self.wqes().next_recv(qpn, &mut sges) {
+                self.completions().recv_error(qpn, index, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
             }
         }
         if uc {
@@ -816,12 +710,12 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SimConfig;
     use crate::link::Port;
     use crate::testutil::{QpSpec, RcParams, Rdma, Remote};
     use crate::wire::roce::ib::{Aeth, BthRepr, Ext, DEFAULT_PKEY};
     use crate::wire::roce::ip::{Ipv6Repr, PROTO_UDP};
     use crate::wire::roce::udp::{UdpRepr, ROCE_PORT};
-    use crate::SimConfig;
     use std::sync::Weak;
 
     const FAR_QPN: u32 = 0x77;
@@ -893,11 +787,11 @@ mod tests {
 
     /// Feeds one frame; returns the packets the port sent back and the drop events it recorded.
     fn feed(p: &Port1, f: &[u8]) -> (Vec<crate::link::Packet>, Vec<&'static str>) {
-        let from = DevRef { id: u64::MAX, port: Port::Local(Weak::new()) };
-        let mut st = crate::lock(&p.r.h.dev.shared);
+        let from = DevRef { id: u64::MAX, port: Port::Local(Weak::<()>::new()) };
+        let mut st = crate::device::lock(&p.r.h.dev.shared);
         let before = st.events.len();
-        let _ = st.receive_frame(f, &from);
-        let out = st.run_datapath();
+        let _ = st.datapath().receive_frame(f, &from);
+        let out = st.datapath().run_datapath();
         let drops = st.events[before..]
             .iter()
             .filter_map(|e| if let SimEvent::FrameDropped { why } = e { Some(*why) } else { None })
@@ -987,7 +881,7 @@ mod tests {
 
     /// Bytes held in reassembly, and the capacity of its buffers.
     fn held(p: &Port1) -> (usize, usize) {
-        crate::lock(&p.r.h.dev.shared).dp.rx.held()
+        crate::device::lock(&p.r.h.dev.shared).dp.rx.held()
     }
 
     #[test]

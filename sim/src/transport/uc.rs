@@ -1,27 +1,29 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! UC (IBA 9.8, unreliable connected): SEND and RDMA WRITE, with or without immediate, along the QP's path with
 //! no acknowledgement. The requester completes a WQE once its message is on the wire; the responder executes a
 //! message it can take and silently drops one it cannot (no QP ready, bad rkey or rights, no receive WQE), so
 //! nothing is retransmitted and the requester never learns of it. A receive the message does not fit (or whose
 //! lkey is bad) still completes in error at the responder, which goes to ERR: that failure is local to it.
 
+use super::common::*;
 use super::cqe::{flags_rqpn, CqeOut};
 use super::wqe::{Kind, SendWqe};
-use super::*;
 
-impl State {
+impl Datapath<'_> {
     /// Executes a send WQE of a UC QP: READ and atomics do not exist on UC (`LOCAL_QP_OP_ERR`); a SEND or
     /// WRITE is gathered, sent at the QP's send PSN and completed at once.
     pub(super) fn execute_uc(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, max_msg, psn, remote) = (qp.pd, qp.max_msg, qp.next_send_psn, qp.remote_qpn);
-        let fail = |st: &mut State, s: u8| st.send_error(qpn, w.index, w.opcode, w.nbb, s);
+        let fail = |st: &mut Datapath, s: u8| st.completions().send_error(qpn, w.index, w.opcode, w.nbb, s);
         let data = match w.kind {
-            Kind::Send | Kind::Write { .. } => match self.gather_payload(pd, max_msg, w) {
+            Kind::Send | Kind::Write { .. } => match self.keys().gather_payload(pd, max_msg, w) {
                 Ok(data) => data,
                 Err(s) => return fail(self, s),
             },
             Kind::Read { .. } | Kind::Atomic { .. } => return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR),
-            Kind::Nop => return self.complete_send(qpn, w.id(), 0),
+            Kind::Nop => return self.completions().complete_send(qpn, w.id(), 0),
         };
         let len = data.len() as u64;
         let op = match w.kind {
@@ -51,7 +53,7 @@ impl State {
             Err(why) => self.events.push(SimEvent::UcDropped { qpn: remote, why }),
         }
         // Unacknowledged: done once it is sent, delivered or not.
-        self.complete_send(qpn, w.id(), len);
+        self.completions().complete_send(qpn, w.id(), len);
     }
 
     /// A UC message arrives at its destination QP.
@@ -59,7 +61,7 @@ impl State {
         let Body::Uc { psn, op, solicited } = &p.body else { return };
         let (psn, solicited) = (*psn, *solicited);
         let dst = p.dst_qpn;
-        let drop = |st: &mut State, why| st.events.push(SimEvent::UcDropped { qpn: dst, why });
+        let drop = |st: &mut Datapath, why| st.events.push(SimEvent::UcDropped { qpn: dst, why });
         let ready =
             self.fw.qps.get(&dst).filter(|q| q.st == QpType::Uc && matches!(q.state, QpState::Rtr | QpState::Rts));
         let Some(qp) = ready else { return drop(self, "no UC QP in RTR/RTS at the destination") };
@@ -89,7 +91,7 @@ impl State {
         // SEND and WRITE with immediate consume a receive WQE; without one the message is dropped (no RNR on UC).
         let mut sges = Sges::new();
         let recv = if write.is_none() || imm.is_some() {
-            match self.next_recv(dst, &mut sges) {
+            match self.wqes().next_recv(dst, &mut sges) {
                 Some(index) => Some(index),
                 None => {
                     self.fw.q_counters.count(counters, |c| c.out_of_buffer += 1);
@@ -101,8 +103,8 @@ impl State {
             None
         };
         if let Some((raddr, rkey)) = write {
-            let ok =
-                rwe && (data.is_empty() || self.key_write(rkey, pd, raddr, data, MkeyAccess::REMOTE_WRITE).is_ok());
+            let ok = rwe
+                && (data.is_empty() || self.keys().key_write(rkey, pd, raddr, data, MkeyAccess::REMOTE_WRITE).is_ok());
             if !ok {
                 self.bump_rcv_psn(dst, len);
                 return drop(self, "remote write refused (rights, rkey or bounds)");
@@ -120,8 +122,8 @@ impl State {
             (false, false) => consts::MLX5_CQE_RESP_SEND,
         };
         if write.is_none() {
-            if let Err(s) = self.scatter(pd, &sges, data) {
-                return self.recv_error(dst, index, s);
+            if let Err(s) = self.keys().scatter(pd, &sges, data) {
+                return self.completions().recv_error(dst, index, s);
             }
         }
         let cqe = CqeOut {
@@ -134,6 +136,6 @@ impl State {
             ..CqeOut::default()
         };
         // `recv_complete` moves the expected PSN past the message.
-        self.recv_complete(dst, index, len, cqe);
+        self.completions().recv_complete(dst, index, len, cqe);
     }
 }

@@ -1,9 +1,11 @@
+//! Firmware side: `fw/qp.rs` (the QP table, its state and counters).
+//!
 //! UD: a send to the address vector's QP (dropped, completing successfully, when it cannot be delivered) and its
 //! receive with the 40-byte GRH area in front of the payload.
 
+use super::common::*;
 use super::cqe::{flags_rqpn, CqeOut};
 use super::wqe::SendWqe;
-use super::*;
 use crate::fw::qp::SpecialQp;
 use crate::wire::roce::frame::IpRepr;
 use crate::wire::roce::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN};
@@ -43,23 +45,35 @@ pub(super) fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool, ib: bool) 
     g
 }
 
-impl State {
+impl Datapath<'_> {
     pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.fw.qps.get(&qpn) else { return };
         let (pd, own_qkey, max_msg, psn) = (qp.pd, qp.q_key, qp.max_msg, qp.next_send_psn);
         // The SMI and GSI QPs send as QP0 and QP1 (IBA 3.5.4): that is the source QPN a receiver sees.
         let src_qpn = qp.special.and_then(SpecialQp::wire_qpn).unwrap_or(qpn);
         let Some(av) = w.av else {
-            return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+            return self.completions().send_error(
+                qpn,
+                w.index,
+                w.opcode,
+                w.nbb,
+                consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
+            );
         };
-        let data = match self.gather(pd, max_msg, w) {
+        let data = match self.keys().gather(pd, max_msg, w) {
             Ok(d) => d,
-            Err(s) => return self.send_error(qpn, w.index, w.opcode, w.nbb, s),
+            Err(s) => return self.completions().send_error(qpn, w.index, w.opcode, w.nbb, s),
         };
         let addr = self.wire.addr;
         let grh = if av.grh {
             let Some(sgid) = self.source_gid(av.sgid_index) else {
-                return self.send_error(qpn, w.index, w.opcode, w.nbb, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+                return self.completions().send_error(
+                    qpn,
+                    w.index,
+                    w.opcode,
+                    w.nbb,
+                    consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
+                );
             };
             let (tclass, flow_label, hop_limit) = (av.tclass, av.flow_label, av.hop_limit);
             Some(Grh { sgid, dgid: av.rgid, tclass, flow_label, hop_limit })
@@ -87,13 +101,14 @@ impl State {
             Err(why) => self.events.push(SimEvent::UdDropped { qpn, dqpn: av.dqpn, why }),
         }
         // UD is unreliable: the send completes once it is on the wire, delivered or not.
-        self.complete_send(qpn, w.id(), len);
+        self.completions().complete_send(qpn, w.id(), len);
     }
 
     /// A UD packet arrives: checked, then scattered with its 40-byte GRH into the next receive.
     pub(super) fn ud_receive(&mut self, p: Packet) {
         let Body::Ud { qkey, data, imm, solicited } = &p.body else { return };
-        let drop = |st: &mut State, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
+        let drop =
+            |st: &mut Datapath, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
         // QPNs 0 and 1 name the port's SMI and GSI QPs, whatever their QPNs in the device.
         let special = SpecialQp::of_wire_qpn(p.dst_qpn);
         let dst = match special {
@@ -120,11 +135,11 @@ impl State {
         }
         let pd = qp.pd;
         let mut sges = Sges::new();
-        let Some(index) = self.next_recv(dst, &mut sges) else { return drop(self, "receive queue empty") };
+        let Some(index) = self.wqes().next_recv(dst, &mut sges) else { return drop(self, "receive queue empty") };
         let mut msg = Vec::with_capacity(GRH_BYTES + data.len());
         msg.extend_from_slice(&grh_image(p.grh.as_ref(), data.len(), imm.is_some(), self.wire.addr.ib));
         msg.extend_from_slice(data);
-        match self.scatter(pd, &sges, &msg) {
+        match self.keys().scatter(pd, &sges, &msg) {
             Ok(()) => {
                 let cqe = CqeOut {
                     opcode: if imm.is_some() { consts::MLX5_CQE_RESP_SEND_IMM } else { consts::MLX5_CQE_RESP_SEND },
@@ -135,9 +150,9 @@ impl State {
                     slid: p.slid,
                     ..CqeOut::default()
                 };
-                self.recv_complete(dst, index, data.len() as u64, cqe);
+                self.completions().recv_complete(dst, index, data.len() as u64, cqe);
             }
-            Err(s) => self.recv_error(dst, index, s),
+            Err(s) => self.completions().recv_error(dst, index, s),
         }
     }
 }

@@ -1,8 +1,13 @@
+//! Firmware side: `fw/qp.rs` (the QP's rings), `fw/srq.rs` (SRQ WQEs).
+//!
 //! WQE views: a send WQE parsed in place from the SQ (`mlx5_wqe_ctrl_seg` and the segments after it: raddr,
 //! atomic, datagram, data and inline segments; `mlx5_av` for UD) and the receive WQE taken from the RQ
 //! (`mlx5_wqe_data_seg` list), with what a malformed one completes with.
 
-use super::*;
+use super::common::*;
+use super::srq::next_srq_recv;
+use crate::fw::qp::QpTable;
+use crate::fw::srq::SrqTable;
 
 /// A gather entry of a send WQE: a data segment, or (`inline`) `sge.len` inline bytes at offset `sge.addr` of
 /// [`DpState::inline`]. A struct rather than an enum, so a data segment's fields can be written straight into the
@@ -145,7 +150,17 @@ pub(super) struct BadWqe {
     pub(super) syndrome: u8,
 }
 
-impl State {
+/// What reading WQEs borrows from the device: the QP table (and the SRQs a receive may take from), device
+/// memory, the inline bytes of the send WQE being executed, and the event log. Built per read (`Datapath::wqes`).
+pub(super) struct Wqes<'a> {
+    pub(super) qps: &'a mut QpTable,
+    pub(super) srqs: &'a SrqTable,
+    pub(super) dma: &'a mut DmaSpace,
+    pub(super) inline: &'a mut Vec<u8>,
+    pub(super) events: &'a mut Vec<SimEvent>,
+}
+
+impl Wqes<'_> {
     /// Reads and parses the send WQE at the SQ consumer counter into `w`.
     pub(super) fn fetch_wqe(&mut self, qpn: u32, w: &mut SendWqe) -> Result<(), BadWqe> {
         use c::mlx5_wqe_ctrl_seg as cs;
@@ -154,16 +169,16 @@ impl State {
             opcode,
             syndrome: consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
         };
-        let qp = self.fw.qps.get(&qpn).ok_or(bad(1, 0))?;
+        let qp = self.qps.get(&qpn).ok_or(bad(1, 0))?;
         let (index, st, sq_bbs, max_wqe) = (qp.sq_next, qp.st, qp.sq_bbs(), qp.max_wqe);
         let pending = qp.sq_pi.wrapping_sub(index);
         // The first basic block holds the control segment and, for a small WQE, all of it: one read. When that
         // read cannot be made, the WQE is read as it always was (the control segment, then the whole WQE), so a
         // fault is met and recorded at the same access.
         let mut first = [0u8; BB as usize];
-        let quick = qp.try_read_sq_bb(&self.dma, index, &mut first);
+        let quick = qp.try_read_sq_bb(self.dma, index, &mut first);
         if !quick {
-            qp.read_sq(&mut self.dma, u64::from(index) * BB, &mut first[..CTRL]).map_err(|_| bad(1, 0))?;
+            qp.read_sq(self.dma, u64::from(index) * BB, &mut first[..CTRL]).map_err(|_| bad(1, 0))?;
         }
         let ctrl = &first[..CTRL];
         let w0 = be(cs::OPMOD_IDX_OPCODE, ctrl, 0);
@@ -196,7 +211,7 @@ impl State {
                 heap.resize(bytes, 0);
                 &mut heap
             };
-            qp.read_sq(&mut self.dma, u64::from(index) * BB, wqe).map_err(|_| bad(nbb, opcode))?;
+            qp.read_sq(self.dma, u64::from(index) * BB, wqe).map_err(|_| bad(nbb, opcode))?;
             wqe
         };
         let mut at = CTRL;
@@ -255,7 +270,7 @@ impl State {
         };
         let segs = &mut w.segs;
         segs.clear();
-        let inline = &mut self.dp.inline;
+        let inline = &mut self.inline;
         inline.clear();
         if kind != Kind::Nop {
             // Bounded: every segment advances `at` by at least 16 bytes.
@@ -316,9 +331,9 @@ impl State {
     /// (empty on entry; filled in place, as returning the list by value costs more than reading the WQE).
     pub(super) fn next_recv(&mut self, qpn: u32, sges: &mut Sges) -> Option<u16> {
         use c::mlx5_wqe_data_seg as d;
-        let qp = self.fw.qps.get(&qpn)?;
+        let qp = self.qps.get(&qpn)?;
         if let Some(srqn) = qp.srqn {
-            return self.next_srq_recv(qpn, srqn, sges);
+            return next_srq_recv(self.srqs, self.dma, self.events, qpn, srqn, sges);
         }
         if qp.rq_wqes() == 0 {
             return None;
@@ -349,7 +364,7 @@ impl State {
             heap.resize(stride, 0);
             &mut heap
         };
-        qp.read_rq(&mut self.dma, index, wqe).ok()?;
+        qp.read_rq(self.dma, index, wqe).ok()?;
         for seg in wqe.chunks_exact(DATA_SEG) {
             let lkey = be(d::LKEY, seg, 0);
             if lkey == INVALID_LKEY {

@@ -5,7 +5,7 @@
 //! packet and back, each the other's inverse. A code this side does not know parses as `Unknown(n)` and is refused;
 //! a frame that does not parse is an error, never a panic.
 
-use super::{AtomicOp, Body, Grh, Nak, Packet, RcOp, Resp, RoceInfo};
+use super::packet::{AtomicOp, Body, Grh, Nak, Packet, RcOp, Resp, RoceInfo};
 
 /// The frame type of a packet (the link's hello is type 1).
 pub(crate) const FRAME_PACKET: u8 = 2;

@@ -11,13 +11,13 @@
 //! the frames they stand for. A packet with no frame form (an IB port's packet without a GRH, or the simulator's
 //! "lost" marker) is refused with a reason.
 
+use super::packet::{AtomicOp, Body, Nak, Packet, RcOp, Resp, GID_LEN};
 use super::roce::ether::{self, EtherType, EthernetRepr, Mac};
 use super::roce::frame::{Integrity, IpRepr, RoceRepr};
 use super::roce::ib::{Aeth, AtomicEth, BthRepr, Deth, Ext, NakCode, Opcode, Reth, Syndrome, DEFAULT_PKEY};
 use super::roce::ip::{fold, sum, Ipv4Repr, Ipv6Repr, IPV6_HEADER_LEN, PROTO_UDP};
 use super::roce::rc::{mtu_bytes, MsgKind, Segmenter, PSN_MASK};
 use super::roce::udp::{UdpRepr, ROCE_PORT};
-use super::{AtomicOp, Body, Nak, Packet, RcOp, Resp, GID_LEN};
 
 /// The AETH credit code of an ACK that does not limit credits (0x1f, as `rdma_rxe` and ConnectX send).
 const UNLIMITED_CREDIT: u8 = 0x1f;
@@ -29,15 +29,6 @@ const UDP_SPORT_MIN: u16 = 0xc000;
 const UDP_CHECKSUM: usize = 6;
 /// The IPv4-mapped IPv6 prefix `::ffff:0:0/96`.
 const V4_MAPPED: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
-
-/// PSNs a message of `len` bytes uses at the path MTU `mtu` (an `IB_MTU_*` code): one per MTU-sized packet, at
-/// least one. An unknown code counts one, as the simulated transport does.
-pub(crate) fn psn_count(len: u64, mtu: u8) -> u32 {
-    match mtu_bytes(mtu) {
-        Some(size) => u32::try_from(len.div_ceil(size as u64).max(1)).unwrap_or(u32::MAX),
-        None => 1,
-    }
-}
 
 /// The UDP source port of a flow, as Linux's `rdma_get_udp_sport`: the flow label (or, when it is 0, one computed
 /// from the two QPNs, `rdma_calc_flow_label`) folded into 14 bits above 0xC000.
@@ -307,6 +298,7 @@ pub(crate) fn emit_frames_with<D>(
 #[cfg(test)]
 mod tests {
     use super::super::roce::frame::{parse, Parsed};
+    use super::super::roce::rc::psn_count;
     use super::super::{Grh, Payload, RoceInfo};
     use super::*;
 

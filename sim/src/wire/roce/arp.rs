@@ -1,8 +1,8 @@
 //! ARP for IPv4 over Ethernet (RFC 826): the only kind a RoCE port needs, to answer for its own addresses and to
 //! resolve its peer's MAC. Other hardware or protocol types are [`Error::Malformed`] for this view.
 
+use super::error::Error;
 use super::ether::{mac, Mac};
-use super::Error;
 
 wire_code! {
     /// The ARP operation.

@@ -1,7 +1,7 @@
 //! Ethernet II: destination MAC, source MAC, EtherType, payload. No FCS, no preamble, no padding: the frames the
 //! simulated port and QEMU's `-netdev stream` exchange are bare (a 42-byte ARP stays 42 bytes).
 
-use super::Error;
+use super::error::Error;
 
 /// A MAC address.
 pub type Mac = [u8; 6];

@@ -4,12 +4,12 @@
 //! writes a frame with the IPv4 checksum, zero UDP checksum, pad and ICRC filled in. Neither allocates.
 
 use super::arp::{ArpPacket, ArpRepr, PACKET_LEN as ARP_LEN};
+use super::error::Error;
 use super::ether::{self, EtherType, EthernetFrame, EthernetRepr};
 use super::ib::{BthPacket, BthRepr, Ext, BTH_LEN};
 use super::icrc::{self, ICRC_LEN};
 use super::ip::{Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, IPV4_HEADER_LEN, IPV6_HEADER_LEN, PROTO_UDP};
 use super::udp::{self, UdpPacket, UdpRepr, ROCE_PORT};
-use super::Error;
 
 /// Why a frame was dropped: the first check it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

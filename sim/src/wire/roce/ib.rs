@@ -3,7 +3,7 @@
 //! [`Opcode::headers`] is the table of which opcode carries which (IBA 9.2 and `rdma_rxe`'s opcode table); the
 //! reliable-datagram opcodes are not supported and parse as `Unknown(n)`.
 
-use super::Error;
+use super::error::Error;
 
 wire_code! {
     /// The BTH opcode: transport in the upper three bits (RC 000, UC 001, UD 011), operation in the lower five.

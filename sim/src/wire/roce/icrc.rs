@@ -5,10 +5,10 @@
 //! (FECN, BECN). The CRC (`crc32fast`) goes on the wire least significant byte first. Verified against `rdma_rxe`
 //! frames (`../shared/notes/rdma-rxe-in-qemu.md`).
 
+use super::error::Error;
 use super::ib::BTH_LEN;
 use super::ip::{IPV4_HEADER_LEN, IPV6_HEADER_LEN};
 use super::udp;
-use super::Error;
 
 /// Bytes of the ICRC.
 pub const ICRC_LEN: usize = 4;

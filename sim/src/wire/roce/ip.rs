@@ -1,7 +1,7 @@
 //! IPv4 (RFC 791, a 20-byte header: RoCEv2 never sends options or fragments) and IPv6 (RFC 8200, the fixed header,
 //! no extension headers), and the Internet checksum both use.
 
-use super::Error;
+use super::error::Error;
 
 /// IP protocol number of UDP.
 pub const PROTO_UDP: u8 = 17;

@@ -9,6 +9,7 @@
 //! allocates.
 
 pub mod arp;
+mod error;
 pub mod ether;
 pub mod frame;
 pub mod ib;
@@ -17,13 +18,4 @@ pub mod ip;
 pub mod rc;
 pub mod udp;
 
-/// Why bytes are not a well-formed header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Error {
-    /// Shorter than the header (or than the length the header announces).
-    Truncated,
-    /// A field holds a value the format forbids.
-    Malformed,
-    /// A checksum or CRC does not match.
-    Checksum,
-}
+pub use error::Error;

@@ -225,6 +225,15 @@ impl Reassembly {
     }
 }
 
+/// PSNs a message of `len` bytes uses at the path MTU `mtu` (an `IB_MTU_*` code): one per MTU-sized packet, at
+/// least one. An unknown code counts one, as the simulated transport does.
+pub(crate) fn psn_count(len: u64, mtu: u8) -> u32 {
+    match mtu_bytes(mtu) {
+        Some(size) => u32::try_from(len.div_ceil(size as u64).max(1)).unwrap_or(u32::MAX),
+        None => 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

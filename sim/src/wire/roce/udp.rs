@@ -1,8 +1,8 @@
 //! UDP (RFC 768). RoCEv2 runs over destination port 4791; the sender sends checksum 0 (as `rdma_rxe` does, the
 //! ICRC protecting the payload), and a receiver checks a non-zero checksum.
 
+use super::error::Error;
 use super::ip::{fold, sum};
-use super::Error;
 
 /// The RoCEv2 destination port.
 pub const ROCE_PORT: u16 = 4791;

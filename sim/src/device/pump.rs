@@ -1,15 +1,15 @@
-//! Packets between devices of this process: joining two devices ([`connect`]), and the pump that runs a device's
-//! datapath and carries what it sends to the destination devices, one device lock at a time, in order per source
-//! ([`pump`]); a packet for a device in another process is handed to its link. Between Ethernet ports a packet
-//! reaches the other device as RoCEv2 frames (`State::receive_over_wire`).
+//! The run loop's datapath half: joining two devices of this process ([`connect`]), and the pump that runs a
+//! device's datapath and carries what it sends to the destination devices, one device lock at a time, in order
+//! per source ([`pump`]); a packet for a device in another process is handed to its link, which only carries it.
+//! Between Ethernet ports a packet reaches the other device as RoCEv2 frames (`Device::receive_over_wire`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use super::{Packet, Port};
+use super::state::{lock, Shared};
+use crate::link::{Packet, Port};
 use crate::wire::Resp;
-use crate::{lock, Shared};
 
 /// The most device runs one pump makes: a bound against a simulator bug ping-ponging forever.
 const PUMP_BUDGET: usize = 1 << 20;
@@ -45,7 +45,7 @@ pub(crate) fn pump(shared: &Arc<Shared>) {
     for _ in 0..PUMP_BUDGET {
         {
             let _send = dev.send.lock().unwrap_or_else(|e| e.into_inner());
-            let out = lock(&dev).run_datapath();
+            let out = lock(&dev).datapath().run_datapath();
             for p in out {
                 deliver(p, &mut queue);
             }
@@ -63,9 +63,10 @@ fn deliver(p: Packet, queue: &mut VecDeque<Arc<Shared>>) {
     for _ in 0..2 {
         let Some(p) = next.take() else { return };
         let gone = match &p.dst.port {
-            Port::Local(weak) => match weak.upgrade() {
+            // A local port is always a device's `Shared` (the device layer makes every `Port::Local`).
+            Port::Local(weak) => match weak.upgrade().and_then(|d| d.downcast::<Shared>().ok()) {
                 Some(dev) => {
-                    lock(&dev).receive_over_wire(p);
+                    lock(&dev).datapath().receive_over_wire(p);
                     if !queue.iter().any(|d| Arc::ptr_eq(d, &dev)) {
                         queue.push_back(dev);
                     }
@@ -89,9 +90,10 @@ fn deliver(p: Packet, queue: &mut VecDeque<Arc<Shared>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mode;
+    use crate::config::SimConfig;
     use crate::mmio::SimMmio;
     use crate::testutil::{Bell, QpSpec, Rdma, TAv, Wqe};
-    use crate::{Mode, SimConfig};
     use mlx5_core::hal::Mmio;
     use mlx5_core::prm::consts;
     use std::time::Duration;
@@ -136,7 +138,7 @@ mod tests {
         let send = sender.send.lock().unwrap();
         let (off, v) = doorbell(&mut qa, first);
         lock(&sender).uar_write64(off, v);
-        let held = lock(&sender).run_datapath();
+        let held = lock(&sender).datapath().run_datapath();
         assert_eq!(held.len(), 1);
 
         // Datagram 1's doorbell, on another thread, runs A's datapath too.

@@ -1,17 +1,16 @@
 //! Command delivery, as the PRM's command interface describes it (`mlx5_cmd_layout`, `mlx5_cmd_prot_block`):
 //! a rung slot's entry is read and checked (type, token, mailbox chain, signatures, alignment), the command runs
-//! ([`Firmware::execute`](super::Firmware::execute)), and the output goes back through the entry and mailboxes with
+//! ([`Firmware::execute`](crate::fw::Firmware::execute)), and the output goes back through the entry and mailboxes with
 //! the owner bit last (the kernel's `cmd_work_handler` / `mlx5_cmd_comp_handler` on the host side).
 
 use std::sync::atomic::{fence, Ordering};
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, MsgBuf};
 
-use super::reply::{err, rd, rd16, CmdErr};
-use super::Stalled;
+use super::state::{Device, Stalled};
 use crate::events::{ExecutedCmd, SimEvent};
 use crate::fault::Fault;
-use crate::State;
+use crate::fw::reply::{err, rd, rd16, CmdErr};
 
 /// The most mailbox blocks one message may span (bounds every chain walk; 2 MiB of data).
 const MAX_BLOCKS: usize = 4096;
@@ -25,7 +24,7 @@ const BLOCK_DATA: usize = consts::MLX5_CMD_DATA_BLOCK_SIZE as usize;
 /// Mailbox blocks are 1024-byte aligned (`roundup_pow_of_two(sizeof(block))`, c-layouts.md 2.2).
 const BLOCK_ALIGN: u64 = c::mlx5_cmd_prot_block::SIZE.next_power_of_two() as u64;
 
-pub(super) fn xor8(b: &[u8]) -> u8 {
+pub(crate) fn xor8(b: &[u8]) -> u8 {
     b.iter().fold(0, |a, x| a ^ x)
 }
 
@@ -39,7 +38,7 @@ struct Chain {
     blocks: Vec<Vec<u8>>,
 }
 
-impl State {
+impl Device {
     /// Reads and checks `n` chained mailbox blocks starting at `first`.
     fn read_chain(&mut self, first: u64, n: usize, token: u8) -> Result<Chain, DeliveryStatus> {
         use c::mlx5_cmd_prot_block as b;
@@ -260,7 +259,7 @@ impl State {
             Some(d) => Err(DeliveryStatus::from_raw(d)),
             None => self.deliver(&e),
         };
-        let given_before = self.fw.given;
+        let given_before = self.fw.pages.given;
         // The completion event goes to an EQ that subscribed to command events when the command ran: the CREATE_EQ
         // that makes the command EQ completes without an EQE in it. Linux polls that command and registers its
         // command-event handler only afterwards (`create_async_eqs`, `mlx5_cmd_use_events`); a late interrupt for
@@ -297,7 +296,7 @@ impl State {
             }
         }
         self.executed.push(rec);
-        let given = self.fw.given - given_before;
+        let given = self.fw.pages.given - given_before;
         self.after_completion(slot, opcode, given, cmd_eq_before);
         None
     }
