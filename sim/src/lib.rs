@@ -108,7 +108,7 @@
 //! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
 //!
 //! # Layout
-//! Layers (bottom first): config events fault small | dma regs wire | link | fw | transport | uar | device | delay dma_handle mmio | sim_device | testkit testutil
+//! Layers (bottom first): config events fault pcap small | dma regs wire | link | fw | transport | uar | device | delay dma_handle mmio | sim_device | testkit testutil
 //!
 //! Each module names only modules of lower layers (or of its own layer, acyclically) and never an item through
 //! the crate root; `cargo xtask modcheck` reads the line above. `regs` holds the initialization segment and the
@@ -129,6 +129,7 @@ mod fault;
 mod fw;
 mod link;
 mod mmio;
+pub mod pcap;
 mod regs;
 mod sim_device;
 mod small;
@@ -153,7 +154,7 @@ pub use fw::mkey::{MkeyAccess, MkeyFault};
 pub use fw::qp::{QpInfo, QpState, QpType, SpecialQp};
 pub use fw::{syndrome, HcaState};
 pub use link::tcp::{WireError, MAX_FRAME};
-pub use link::{pcap, stream};
+pub use link::stream;
 pub use regs::Health;
 /// The BAR page of UAR 0: the initialization segment's pages come first.
 pub use regs::INIT_SEG_PAGES as FIRST_UAR_PAGE;

@@ -706,7 +706,7 @@ mod tests {
     /// to the file returned.
     fn rc_large(name: &str, pa: RcParams, len: usize) -> (Rc, std::path::PathBuf) {
         let path = std::env::temp_dir().join(format!("mlx5-guest-{}-{name}.pcap", std::process::id()));
-        let sink = crate::link::pcap::PcapSink::create(&path).unwrap();
+        let sink = crate::pcap::PcapSink::create(&path).unwrap();
         let (mut a, mut b) = joined_with(name, SimConfig { pcap: Some(sink), ..cfg(1) }, cfg(2));
         let (a_cq, b_cq) = (a.cq(5), b.cq(5));
         let qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
@@ -724,7 +724,7 @@ mod tests {
         use crate::wire::roce::ib::Opcode;
         let bytes = std::fs::read(path).unwrap();
         let _ = std::fs::remove_file(path);
-        let frames = crate::link::pcap::read_frames(&bytes).unwrap();
+        let frames = crate::pcap::read_frames(&bytes).unwrap();
         let send = |o: Opcode| matches!(o, Opcode::RcSendFirst | Opcode::RcSendMiddle | Opcode::RcSendLast);
         frames
             .iter()

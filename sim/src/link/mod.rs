@@ -21,7 +21,6 @@
 //! each other from two threads cannot deadlock.
 
 pub(crate) mod guest;
-pub mod pcap;
 mod port;
 pub mod stream;
 pub(crate) mod tcp;

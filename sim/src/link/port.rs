@@ -16,7 +16,7 @@ use crate::events::SimEvent;
 use crate::wire::roce::frame::mapped;
 use crate::wire::{self, roce_map, Dest, GID_ENTRIES, GID_LEN};
 
-use super::pcap::PcapSink;
+use crate::pcap::PcapSink;
 use crate::wire::roce::frame::DropCounters;
 
 /// A packet between two devices, each named by its [`DevRef`].

@@ -960,7 +960,7 @@ mod tests {
         use crate::wire::roce::frame::{parse, Parsed};
         let bytes = std::fs::read(path).unwrap();
         let _ = std::fs::remove_file(path);
-        let frames = crate::link::pcap::read_frames(&bytes).unwrap();
+        let frames = crate::pcap::read_frames(&bytes).unwrap();
         frames
             .iter()
             .filter_map(|(_, f)| match parse(f) {
@@ -973,7 +973,7 @@ mod tests {
     /// A loopback pair whose frames are captured to a fresh file, and the file.
     fn captured_pair(name: &str, pa: RcParams) -> (Pair, std::path::PathBuf) {
         let path = std::env::temp_dir().join(format!("mlx5-sim-{name}-{}.pcap", std::process::id()));
-        let sink = crate::link::pcap::PcapSink::create(&path).unwrap();
+        let sink = crate::pcap::PcapSink::create(&path).unwrap();
         let cfg = SimConfig { pcap: Some(sink), ..SimConfig::default() };
         (pair_with(cfg, QpSpec::rc(), pa, RcParams::default()), path)
     }
