@@ -167,16 +167,6 @@ impl Datapath<'_> {
         self.regs.dead()
     }
 
-    #[inline]
-    pub(super) fn eq_post(&mut self) -> EqPost<'_> {
-        EqPost { eqs: &mut self.fw.eqs, dma: self.dma, events: self.events, regs: self.regs, clock: self.clock }
-    }
-
-    /// Posts an affiliated QP event (see [`EqPost::post_qp_event`]).
-    pub(crate) fn post_qp_event(&mut self, event_type: u8, qpn: u32) -> Option<u8> {
-        self.eq_post().post_qp_event(event_type, qpn)
-    }
-
     /// Checks an access through `key`, without translating it.
     #[inline]
     pub(crate) fn mkey_check(

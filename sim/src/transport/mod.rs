@@ -63,16 +63,11 @@ mod wqe;
 use common::*;
 pub(crate) use common::{Datapath, DpState};
 use cqe::{Completions, Cqs};
-use keys::Keys;
+use requester::Requester;
+use responder::Responder;
 use wqe::{Kind, SendWqe, Wqes};
 
 impl Datapath<'_> {
-    /// The view an access through memory keys takes (see `keys.rs`).
-    #[inline]
-    fn keys(&mut self) -> Keys<'_> {
-        Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline }
-    }
-
     /// The CQ writer's view (see `cqe.rs`): CQEs, overruns, completion events.
     #[inline]
     pub(crate) fn cqs(&mut self) -> Cqs<'_> {
@@ -118,6 +113,51 @@ impl Datapath<'_> {
             dma: self.dma,
             inline: &mut self.dp.inline,
             events: self.events,
+        }
+    }
+
+    /// The send side's view (see `requester.rs`): RC requests in flight, UC and UD sends.
+    #[inline]
+    fn requester(&mut self) -> Requester<'_> {
+        let fw = &mut *self.fw;
+        Requester {
+            qps: &mut fw.qps,
+            srqs: &mut fw.srqs,
+            cqs: &mut fw.cqs,
+            eqs: &mut fw.eqs,
+            mkeys: &fw.mkeys,
+            caps: &fw.caps,
+            port: &fw.port,
+            dma: self.dma,
+            inline: &mut self.dp.inline,
+            events: self.events,
+            wire: self.wire,
+            regs: self.regs,
+            clock: self.clock,
+            next_seq: &mut self.dp.next_seq,
+            rx: &self.dp.rx,
+        }
+    }
+
+    /// The receive side's view (see `responder.rs`): RC requests executed and answered, UC and UD receives.
+    #[inline]
+    fn responder(&mut self) -> Responder<'_> {
+        let fw = &mut *self.fw;
+        Responder {
+            qps: &mut fw.qps,
+            srqs: &mut fw.srqs,
+            cqs: &mut fw.cqs,
+            eqs: &mut fw.eqs,
+            mkeys: &fw.mkeys,
+            caps: &fw.caps,
+            port: &mut fw.port,
+            q_counters: &mut fw.q_counters,
+            dma: self.dma,
+            inline: &mut self.dp.inline,
+            events: self.events,
+            wire: self.wire,
+            regs: self.regs,
+            clock: self.clock,
         }
     }
 
@@ -172,10 +212,15 @@ impl Datapath<'_> {
 
     fn handle(&mut self, p: Packet) {
         match p.body {
-            Body::Rc { .. } => self.rc_request(p),
-            Body::Ud { .. } => self.ud_receive(p),
-            Body::Uc { .. } => self.uc_request(p),
-            Body::Resp { seq, resp } => self.rc_response(p.dst_qpn, seq, resp, p.src_qpn),
+            Body::Rc { .. } => {
+                // The answer to a request of this device goes straight to its requester.
+                if let Some(r) = self.responder().rc_request(p) {
+                    self.requester().rc_response(r.qpn, r.seq, r.resp, r.src_qpn);
+                }
+            }
+            Body::Ud { .. } => self.responder().ud_receive(p),
+            Body::Uc { .. } => self.responder().uc_request(p),
+            Body::Resp { seq, resp } => self.requester().rc_response(p.dst_qpn, seq, resp, p.src_qpn),
         }
     }
 
@@ -186,8 +231,8 @@ impl Datapath<'_> {
             QpState::Rts => {
                 // Only outstanding requests have timers; only a window that held packets back has more to send.
                 let blocked = qp.window_blocked;
-                let retried = !qp.reqs.is_empty() && self.retry_due(qpn, now);
-                let more = blocked && self.send_window(qpn);
+                let retried = !qp.reqs.is_empty() && self.requester().retry_due(qpn, now);
+                let more = blocked && self.requester().send_window(qpn);
                 self.sq_progress(qpn) || retried || more
             }
             _ => false,
@@ -266,9 +311,9 @@ impl Datapath<'_> {
         let Some(qp) = self.fw.qps.get(&qpn) else { return true };
         match (w.kind, qp.st) {
             (Kind::Nop, _) => self.completions().complete_send(qpn, w.id(), 0),
-            (_, QpType::Ud) => self.execute_ud(qpn, w),
-            (_, QpType::Rc) => return self.execute_rc(qpn, w),
-            (_, QpType::Uc) => self.execute_uc(qpn, w),
+            (_, QpType::Ud) => self.requester().execute_ud(qpn, w),
+            (_, QpType::Rc) => return self.requester().execute_rc(qpn, w),
+            (_, QpType::Uc) => self.requester().execute_uc(qpn, w),
         }
         true
     }

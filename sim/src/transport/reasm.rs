@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::wire::roce::rc::psn_diff;
+
 /// A message whose packets are arriving.
 #[derive(Debug)]
 pub(crate) struct Partial {
@@ -85,6 +87,11 @@ impl RoceRx {
             b.clear();
             self.spare.push(b);
         }
+    }
+
+    /// Response packets of the outstanding READ of `qpn` (first PSN `first`) taken so far.
+    pub(super) fn read_taken(&self, qpn: u32, first: u32) -> u32 {
+        self.reads.get(&qpn).filter(|p| p.first_psn == first).map_or(0, |p| psn_diff(p.next_psn, first) as u32)
     }
 
     pub(super) fn learn(&mut self, ip: [u8; 4], mac: [u8; 6]) {

@@ -18,26 +18,76 @@
 //! measures time without progress, never a message's length) and moves the point a retransmission starts from.
 
 use super::common::*;
+use super::cqe::{Completions, Cqs};
+use super::keys::Keys;
 use super::wqe::{Kind, SendWqe};
+use crate::fw::caps::Caps;
+use crate::fw::cq::CqTable;
+use crate::fw::eq::EqTable;
+use crate::fw::mkey::MkeyTable;
+use crate::fw::port::PortModel;
+use crate::fw::qp::QpTable;
+use crate::fw::srq::SrqTable;
 
-impl Datapath<'_> {
+/// The send side's view of the device (RC here, and the send halves of `uc.rs` and `ud.rs`): the QPs and what
+/// completing their WQEs touches, the memory keys, the wire, the GID table and the request sequence numbers.
+/// Built per call from a `Datapath` (`Datapath::requester`); the receive side's reads in reassembly are only
+/// read, to resume a READ.
+pub(super) struct Requester<'a> {
+    pub(super) qps: &'a mut QpTable,
+    pub(super) srqs: &'a mut SrqTable,
+    pub(super) cqs: &'a mut CqTable,
+    pub(super) eqs: &'a mut EqTable,
+    pub(super) mkeys: &'a MkeyTable,
+    pub(super) caps: &'a Caps,
+    pub(super) port: &'a PortModel,
+    pub(super) dma: &'a mut DmaSpace,
+    pub(super) inline: &'a mut Vec<u8>,
+    pub(super) events: &'a mut Vec<SimEvent>,
+    pub(super) wire: &'a mut Wire,
+    pub(super) regs: &'a mut Regs,
+    pub(super) clock: &'a Clock,
+    pub(super) next_seq: &'a mut u64,
+    pub(super) rx: &'a RoceRx,
+}
+
+impl Requester<'_> {
+    /// Device time.
+    #[inline]
+    fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// The view an access through memory keys takes (see `keys.rs`).
+    #[inline]
+    pub(super) fn keys(&mut self) -> Keys<'_> {
+        Keys { mkeys: self.mkeys, dma: self.dma, inline: self.inline }
+    }
+
+    /// The view completing work requests takes (see `cqe.rs`, `flush.rs`).
+    #[inline]
+    pub(super) fn completions(&mut self) -> Completions<'_> {
+        let eq = EqPost { eqs: self.eqs, dma: self.dma, events: self.events, regs: self.regs, clock: self.clock };
+        Completions { qps: self.qps, srqs: self.srqs, cq: Cqs { cqs: self.cqs, caps: self.caps, eq } }
+    }
+
     /// The source GID a packet carries for GID table `index`: on RoCE the entry SET_ROCE_ADDRESS programmed, on
     /// InfiniBand the port's default GID.
     pub(super) fn source_gid(&self, index: u32) -> Option<[u8; 16]> {
         if self.wire.addr.ib {
             self.wire.addr.gid(index)
         } else {
-            self.fw.port.roce_gid(index)
+            self.port.roce_gid(index)
         }
     }
 
     /// Sends an RC WQE as a new request in flight. False (nothing done) when it would fail locally while other
     /// requests are in flight: its error CQE must come after their completions, so it waits for them.
     pub(super) fn execute_rc(&mut self, qpn: u32, w: &SendWqe) -> bool {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return true };
+        let Some(qp) = self.qps.get(&qpn) else { return true };
         let (pd, retry_count, rnr_retry, max_msg, idle) =
             (qp.pd, qp.retry_count, qp.rnr_retry, qp.max_msg, qp.reqs.is_empty());
-        let fail = |st: &mut Datapath, s: u8| {
+        let fail = |st: &mut Requester, s: u8| {
             if idle {
                 st.completions().send_error(qpn, w.index, w.opcode, w.nbb, s);
             }
@@ -76,12 +126,12 @@ impl Datapath<'_> {
         if len > max_msg {
             return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
         }
-        let seq = self.dp.next_seq;
-        self.dp.next_seq += 1;
+        let seq = *self.next_seq;
+        *self.next_seq += 1;
         let sent_ns = self.now_ns();
         let sges = if matches!(w.kind, Kind::Read { .. } | Kind::Atomic { .. }) { w.sges() } else { Sges::new() };
         let solicited = w.solicited;
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return true };
+        let Some(qp) = self.qps.get_mut(&qpn) else { return true };
         // The message takes its PSNs now: the next one sent starts after them.
         let psn = qp.next_send_psn;
         qp.next_send_psn = psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
@@ -114,7 +164,7 @@ impl Datapath<'_> {
                 (from < total).then_some((j, total, from))
             })
         };
-        let Some(qp) = self.fw.qps.get(&qpn) else { return false };
+        let Some(qp) = self.qps.get(&qpn) else { return false };
         let (mtu, was_blocked) = (qp.mtu, qp.window_blocked);
         let out: u32 = qp.reqs.iter().map(|r| r.unacked()).sum();
         let mut room = MAX_PACKETS_IN_FLIGHT.saturating_sub(out);
@@ -127,7 +177,7 @@ impl Datapath<'_> {
             let (reached, framed) = self.transmit(qpn, j, from, (total - from).min(room));
             room = room.saturating_sub(if framed { reached.saturating_sub(from) } else { 1 });
             any = true;
-            let Some(qp) = self.fw.qps.get_mut(&qpn) else { return any };
+            let Some(qp) = self.qps.get_mut(&qpn) else { return any };
             if let Some(r) = qp.reqs.get_mut(j) {
                 (r.sent, r.whole) = (reached, !framed);
             }
@@ -139,7 +189,7 @@ impl Datapath<'_> {
         }
         // Packets held back until ACKs make room (or, with nothing to send, no longer).
         if next.is_some() != was_blocked {
-            if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
                 qp.window_blocked = next.is_some();
             }
         }
@@ -150,7 +200,7 @@ impl Datapath<'_> {
     /// along the QP's primary path. Returns the packet it reached (the message's end when it crosses whole: to
     /// this device, on InfiniBand, or lost) and whether it went as frames.
     pub(super) fn transmit(&mut self, qpn: u32, j: usize, from: u32, count: u32) -> (u32, bool) {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return (from, false) };
+        let Some(qp) = self.qps.get(&qpn) else { return (from, false) };
         let Some(req) = qp.reqs.get(j) else { return (from, false) };
         let total = req.packets(qp.mtu);
         let path = &qp.route;
@@ -206,7 +256,7 @@ impl Datapath<'_> {
     /// the packet the responder is known to lack.
     pub(super) fn retry_due(&mut self, qpn: u32, now: u64) -> bool {
         // Most runs find the oldest request in flight and its ACK timer running: nothing to look up.
-        if let Some(qp) = self.fw.qps.get(&qpn) {
+        if let Some(qp) = self.qps.get(&qpn) {
             let ack_ns = ack_timeout_ns(qp.route.ack_timeout);
             if let Some(Phase::InFlight { sent_ns }) = qp.reqs.front().map(|r| r.phase) {
                 if now.saturating_sub(sent_ns) < ack_ns {
@@ -215,8 +265,8 @@ impl Datapath<'_> {
             }
         }
         // A READ is asked again after the response packets already taken.
-        let read_taken = self.fw.qps.get(&qpn).and_then(|q| q.reqs.front()).map_or(0, |r| self.read_taken(qpn, r.psn));
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return false };
+        let read_taken = self.qps.get(&qpn).and_then(|q| q.reqs.front()).map_or(0, |r| self.rx.read_taken(qpn, r.psn));
+        let Some(qp) = self.qps.get_mut(&qpn) else { return false };
         let ack_ns = ack_timeout_ns(qp.route.ack_timeout);
         let Some(req) = qp.reqs.front_mut() else { return false };
         let kind = match req.phase {
@@ -250,10 +300,10 @@ impl Datapath<'_> {
         // Go-back-N: every request is sent again, the oldest from the first packet the responder lacks, as the
         // window lets them out.
         for r in qp.reqs.iter_mut() {
-            r.seq = self.dp.next_seq;
+            r.seq = *self.next_seq;
             r.phase = Phase::InFlight { sent_ns: now };
             r.sent = 0;
-            self.dp.next_seq += 1;
+            *self.next_seq += 1;
         }
         self.events.push(SimEvent::Retry { qpn, wqe_counter, kind });
         self.send_window(qpn);
@@ -266,7 +316,7 @@ impl Datapath<'_> {
     pub(super) fn ack_before(&mut self, qpn: u32, i: usize) -> usize {
         let mut done = 0;
         while done < i {
-            let Some(qp) = self.fw.qps.get_mut(&qpn) else { break };
+            let Some(qp) = self.qps.get_mut(&qpn) else { break };
             if qp.state != QpState::Rts
                 || qp.reqs.front().is_none_or(|r| !matches!(r.op, RcOp::Send { .. } | RcOp::Write { .. }))
             {
@@ -288,7 +338,7 @@ impl Datapath<'_> {
     /// after them, the window has room for as many more, and the ACK timer starts again, as it measures time
     /// without progress.
     pub(super) fn ack_packets(&mut self, qpn: u32, k: u32) {
-        let Some(r) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) else { return };
+        let Some(r) = self.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) else { return };
         if k <= r.resume {
             return;
         }
@@ -308,7 +358,7 @@ impl Datapath<'_> {
     /// Progress restarts the ACK timer of the oldest request of `qpn` left in flight (as rdma_rxe's completer
     /// does).
     fn restart_ack_timer(&mut self, qpn: u32, now: u64) {
-        if let Some(r) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
+        if let Some(r) = self.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
             if let Phase::InFlight { sent_ns } = &mut r.phase {
                 *sent_ns = now.max(*sent_ns);
             }
@@ -318,7 +368,7 @@ impl Datapath<'_> {
     /// A response for the request in flight `seq` of `qpn` (from `src_qpn`).
     pub(super) fn rc_response(&mut self, qpn: u32, seq: u64, resp: Resp, src_qpn: u32) {
         let now = self.now_ns();
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
         if qp.st != QpType::Rc || qp.state != QpState::Rts {
             // Reset, or in error: the flush takes care of the WQEs.
             return;
@@ -335,7 +385,7 @@ impl Datapath<'_> {
         if !matches!(resp, Resp::Nak(Nak::PsnSequence) | Resp::Lost(_)) && i > 0 && self.ack_before(qpn, i) < i {
             return;
         }
-        let Some(qp) = self.fw.qps.get_mut(&qpn) else { return };
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
         if matches!(resp, Resp::Ack | Resp::ReadData(_) | Resp::AtomicOrig(_)) {
             qp.retrying = false;
             let Some(req) = qp.reqs.pop_front() else { return };
@@ -367,7 +417,7 @@ impl Datapath<'_> {
                     // Retransmitted at once (IBA 9.7.5.1.2); the retry counts like a timeout.
                     req.transport_left -= 1;
                     req.phase = Phase::Wait { at_ns: now, kind: RetryKind::Transport };
-                    if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+                    if let Some(qp) = self.qps.get_mut(&qpn) {
                         qp.retrying = true;
                     }
                     None
@@ -397,7 +447,7 @@ impl Datapath<'_> {
 
     /// The successful end of an RC request: READ data and atomic results land in the local SGEs.
     pub(super) fn finish_rc(&mut self, qpn: u32, req: Outstanding, resp: Resp) {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let Some(qp) = self.qps.get(&qpn) else { return };
         let pd = qp.pd;
         let w = req.wqe;
         let result = match (&req.op, resp) {
@@ -405,7 +455,7 @@ impl Datapath<'_> {
                 self.keys().scatter(pd, &req.sges, &d)
             }
             (RcOp::Atomic { .. }, Resp::AtomicOrig(v)) => {
-                let bytes = self.fw.caps.atomic_bytes(v);
+                let bytes = self.caps.atomic_bytes(v);
                 self.keys().scatter(pd, &req.sges, &bytes)
             }
             (RcOp::Send { .. } | RcOp::Write { .. }, Resp::Ack) => Ok(()),

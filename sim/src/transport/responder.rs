@@ -5,12 +5,83 @@
 //! NAK) (IBA 9.7, the responder side).
 
 use super::common::*;
-use super::cqe::{flags_rqpn, CqeOut};
+use super::cqe::{flags_rqpn, Completions, CqeOut, Cqs};
+use super::keys::Keys;
+use super::wqe::Wqes;
+use crate::fw::caps::Caps;
+use crate::fw::cq::CqTable;
+use crate::fw::eq::EqTable;
+use crate::fw::mkey::MkeyTable;
+use crate::fw::port::PortModel;
+use crate::fw::qcounter::QCounterTable;
+use crate::fw::qp::QpTable;
+use crate::fw::srq::SrqTable;
 
-impl Datapath<'_> {
-    pub(super) fn reply(&mut self, p: Packet, resp: Resp) {
+/// The receive side's view of the device (RC here, and the receive halves of `uc.rs` and `ud.rs`): the QPs and
+/// their receive queues, what completing their WQEs touches, the memory keys, the Q counters and the port's
+/// counters, and the wire. Built per call from a `Datapath` (`Datapath::responder`).
+pub(super) struct Responder<'a> {
+    pub(super) qps: &'a mut QpTable,
+    pub(super) srqs: &'a mut SrqTable,
+    pub(super) cqs: &'a mut CqTable,
+    pub(super) eqs: &'a mut EqTable,
+    pub(super) mkeys: &'a MkeyTable,
+    pub(super) caps: &'a Caps,
+    pub(super) port: &'a mut PortModel,
+    pub(super) q_counters: &'a mut QCounterTable,
+    pub(super) dma: &'a mut DmaSpace,
+    pub(super) inline: &'a mut Vec<u8>,
+    pub(super) events: &'a mut Vec<SimEvent>,
+    pub(super) wire: &'a mut Wire,
+    pub(super) regs: &'a mut Regs,
+    pub(super) clock: &'a Clock,
+}
+
+/// A response to a request from a QP of this device, with no other packet waiting: the requester takes it at
+/// once (`Requester::rc_response`), the same order without the trip through the inbox.
+#[must_use]
+pub(super) struct LocalResponse {
+    pub(super) qpn: u32,
+    pub(super) seq: u64,
+    pub(super) resp: Resp,
+    pub(super) src_qpn: u32,
+}
+
+impl Responder<'_> {
+    /// The view an access through memory keys takes (see `keys.rs`).
+    #[inline]
+    pub(super) fn keys(&mut self) -> Keys<'_> {
+        Keys { mkeys: self.mkeys, dma: self.dma, inline: self.inline }
+    }
+
+    /// The view reading receive WQEs takes (see `wqe.rs`).
+    #[inline]
+    pub(super) fn wqes(&mut self) -> Wqes<'_> {
+        Wqes { qps: self.qps, srqs: self.srqs, dma: self.dma, inline: self.inline, events: self.events }
+    }
+
+    #[inline]
+    fn eq_post(&mut self) -> EqPost<'_> {
+        EqPost { eqs: self.eqs, dma: self.dma, events: self.events, regs: self.regs, clock: self.clock }
+    }
+
+    /// The view completing work requests takes (see `cqe.rs`, `flush.rs`).
+    #[inline]
+    pub(super) fn completions(&mut self) -> Completions<'_> {
+        let eq = EqPost { eqs: self.eqs, dma: self.dma, events: self.events, regs: self.regs, clock: self.clock };
+        Completions { qps: self.qps, srqs: self.srqs, cq: Cqs { cqs: self.cqs, caps: self.caps, eq } }
+    }
+
+    /// Posts an affiliated QP event (see [`EqPost::post_qp_event`]).
+    pub(super) fn post_qp_event(&mut self, event_type: u8, qpn: u32) -> Option<u8> {
+        self.eq_post().post_qp_event(event_type, qpn)
+    }
+
+    /// Answers request `p`. The answer to a request of this device is returned for the requester instead of
+    /// sent, when nothing else waits in the inbox.
+    pub(super) fn reply(&mut self, p: Packet, resp: Resp) -> Option<LocalResponse> {
         // The responder's MSN goes in the AETH; a PSN sequence NAK names the PSN it expects (IBA 9.7.5.2.2).
-        let (msn, expected) = self.fw.qps.get(&p.dst_qpn).map_or((0, 0), |q| (q.msn, q.next_rcv_psn));
+        let (msn, expected) = self.qps.get(&p.dst_qpn).map_or((0, 0), |q| (q.msn, q.next_rcv_psn));
         let nak_seq = matches!(resp, Resp::Nak(Nak::PsnSequence));
         let fill = |r: &mut Packet| {
             r.roce.msn = msn;
@@ -28,22 +99,23 @@ impl Datapath<'_> {
                         self.wire.capture(&r, false);
                     }
                 }
-                return self.rc_response(p.src_qpn, seq, resp, p.dst_qpn);
+                return Some(LocalResponse { qpn: p.src_qpn, seq, resp, src_qpn: p.dst_qpn });
             }
         }
         if let Some(mut r) = p.into_reply(resp) {
             fill(&mut r);
             self.wire.send(r);
         }
+        None
     }
 
-    /// An RC request arrives at its destination QP.
-    pub(super) fn rc_request(&mut self, p: Packet) {
-        let Body::Rc { op, solicited, psn, .. } = &p.body else { return };
+    /// An RC request arrives at its destination QP. Returns the response a requester of this device takes at
+    /// once (see [`Responder::reply`]).
+    pub(super) fn rc_request(&mut self, p: Packet) -> Option<LocalResponse> {
+        let Body::Rc { op, solicited, psn, .. } = &p.body else { return None };
         let (solicited, psn) = (*solicited, *psn);
         let dst = p.dst_qpn;
-        let ready =
-            self.fw.qps.get(&dst).filter(|q| q.st == QpType::Rc && matches!(q.state, QpState::Rtr | QpState::Rts));
+        let ready = self.qps.get(&dst).filter(|q| q.st == QpType::Rc && matches!(q.state, QpState::Rtr | QpState::Rts));
         let Some(qp) = ready else {
             // A responder drops what it cannot take; the requester's ACK timer runs out.
             return self.reply(p, Resp::Lost("no RC QP in RTR/RTS at the destination"));
@@ -53,7 +125,7 @@ impl Datapath<'_> {
         // IBA 11.6.3: a QP in RTR that receives its first packet reports communication established (an
         // affiliated COMM_EST event), once per RTR.
         if qp.state == QpState::Rtr && !qp.comm_est {
-            if let Some(q) = self.fw.qps.get_mut(&dst) {
+            if let Some(q) = self.qps.get_mut(&dst) {
                 q.comm_est = true;
             }
             let _ = self.post_qp_event(consts::MLX5_EVENT_TYPE_COMM_EST, dst);
@@ -65,7 +137,7 @@ impl Datapath<'_> {
                 Resp::Nak(Nak::PsnSequence)
             } else {
                 self.events.push(SimEvent::DuplicateRequest { qpn: dst, psn });
-                self.fw.q_counters.count(counters, |c| c.duplicate_request += 1);
+                self.q_counters.count(counters, |c| c.duplicate_request += 1);
                 self.duplicate(dst, psn, op, pd, rre)
             };
             return self.reply(p, resp);
@@ -159,7 +231,7 @@ impl Datapath<'_> {
                 } else {
                     match self.atomic(pd, *raddr, *rkey, *op) {
                         Ok(orig) => {
-                            if let Some(qp) = self.fw.qps.get_mut(&dst) {
+                            if let Some(qp) = self.qps.get_mut(&dst) {
                                 if qp.atomic_results.len() == crate::fw::qp::ATOMIC_REPLAY {
                                     qp.atomic_results.pop_front();
                                 }
@@ -174,22 +246,22 @@ impl Datapath<'_> {
             }
         };
         // The port's counter set sees what the responder executed or refused for want of a receive WQE.
-        self.fw.q_counters.count(counters, |c| match (op, &resp) {
+        self.q_counters.count(counters, |c| match (op, &resp) {
             (_, Resp::RnrNak { .. }) => c.out_of_buffer += 1,
             (RcOp::Write { .. }, Resp::Ack) => c.rx_write_requests += 1,
             (RcOp::Read { .. }, Resp::ReadData(_)) => c.rx_read_requests += 1,
             (RcOp::Atomic { .. }, Resp::AtomicOrig(_)) => c.rx_atomic_requests += 1,
             _ => {}
         });
-        self.reply(p, resp);
+        self.reply(p, resp)
     }
 
     /// A request of QP `qpn` arrived at PSN `got` past the `expected` one (packets were lost): logged, and counted
     /// in the QP's `out_of_sequence` Q counter.
     pub(super) fn psn_sequence_error(&mut self, qpn: u32, expected: u32, got: u32) {
         self.events.push(SimEvent::PsnSequenceError { qpn, expected, got });
-        let counters = self.fw.qps.get(&qpn).map_or(0, |q| q.counter_set_id);
-        self.fw.q_counters.count(counters, |c| c.out_of_sequence += 1);
+        let counters = self.qps.get(&qpn).map_or(0, |q| q.counter_set_id);
+        self.q_counters.count(counters, |c| c.out_of_sequence += 1);
     }
 
     /// The answer to a duplicate request (its PSN is behind the expected one): the message was executed, so a
@@ -210,7 +282,7 @@ impl Datapath<'_> {
                 data.map_or(Resp::Nak(Nak::RemoteAccess), Resp::ReadData)
             }
             RcOp::Atomic { .. } => {
-                let qp = self.fw.qps.get(&qpn);
+                let qp = self.qps.get(&qpn);
                 let replay = qp.and_then(|q| q.atomic_results.iter().find(|(p, _)| *p == psn)).map(|(_, v)| *v);
                 replay.map_or(Resp::Nak(Nak::InvalidRequest), Resp::AtomicOrig)
             }
@@ -218,7 +290,7 @@ impl Datapath<'_> {
     }
 
     pub(super) fn bump_rcv_psn(&mut self, qpn: u32, len: u64) {
-        if let Some(qp) = self.fw.qps.get_mut(&qpn) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
             qp.next_rcv_psn = qp.next_rcv_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
             qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
         }
@@ -228,13 +300,13 @@ impl Datapath<'_> {
     /// ([`Caps::atomic_bytes`](crate::fw::caps::Caps::atomic_bytes)); returns the original value.
     pub(super) fn atomic(&mut self, pd: u32, raddr: u64, rkey: u32, op: AtomicOp) -> Result<u64, ()> {
         let old = self.keys().key_read(rkey, pd, raddr, 8, MkeyAccess::REMOTE_ATOMIC)?;
-        let orig = self.fw.caps.atomic_value(old.get(..8).and_then(|b| b.try_into().ok()).ok_or(())?);
+        let orig = self.caps.atomic_value(old.get(..8).and_then(|b| b.try_into().ok()).ok_or(())?);
         let new = match op {
             AtomicOp::CmpSwap { compare, swap } => (orig == compare).then_some(swap),
             AtomicOp::FetchAdd { add } => Some(orig.wrapping_add(add)),
         };
         if let Some(v) = new {
-            let bytes = self.fw.caps.atomic_bytes(v);
+            let bytes = self.caps.atomic_bytes(v);
             self.keys().key_write(rkey, pd, raddr, &bytes, MkeyAccess::REMOTE_ATOMIC)?;
         }
         Ok(orig)

@@ -402,7 +402,7 @@ impl Datapath<'_> {
 
     /// A packet at `got` past the gap before `expected`: counted, and NAKed with the PSN the responder expects.
     fn rx_nak_gap(&mut self, qpn: u32, expected: u32, got: u32, r: &RoceRepr<'_>, from: &DevRef) {
-        self.psn_sequence_error(qpn, expected, got);
+        self.responder().psn_sequence_error(qpn, expected, got);
         self.rx_reply(qpn, Resp::Nak(Nak::PsnSequence), expected, r, from);
     }
 
@@ -538,7 +538,7 @@ impl Datapath<'_> {
             // A response to a later request: the SENDs and WRITEs before it are done (for a READ response or
             // an atomic ACK, it is then the oldest, taken below); a READ or an atomic before it lost its
             // response.
-            if self.ack_before(qpn, i) < i {
+            if self.requester().ack_before(qpn, i) < i {
                 return self.read_gap(qpn, remote);
             }
             if own_response {
@@ -549,11 +549,11 @@ impl Datapath<'_> {
             RcAck => match (syndrome, found) {
                 (Some(Syndrome::Ack { .. }), Some((_, k, n, seq, true))) => {
                     if k + 1 == n {
-                        return self.rc_response(qpn, seq, Resp::Ack, remote);
+                        return self.requester().rc_response(qpn, seq, Resp::Ack, remote);
                     }
                     // An ACK of some packets of this SEND or WRITE (coalesced, or asked for inside it): the ones
                     // before it are done, a retransmission of it starts after them, and the window moves on.
-                    self.ack_packets(qpn, k + 1);
+                    self.requester().ack_packets(qpn, k + 1);
                     return;
                 }
                 // An ACK inside a READ or an atomic completes nothing, nor one of a message already done (a
@@ -561,7 +561,7 @@ impl Datapath<'_> {
                 (Some(Syndrome::Ack { .. }), Some(_)) => return,
                 (Some(Syndrome::Ack { .. }), None) if psn_diff(psn, first) < 0 => return,
                 (Some(Syndrome::RnrNak { timer }), Some((_, _, _, seq, _))) => {
-                    return self.rc_response(qpn, seq, Resp::RnrNak { timer }, remote);
+                    return self.requester().rc_response(qpn, seq, Resp::RnrNak { timer }, remote);
                 }
                 (Some(Syndrome::Nak(NakCode::PsnSequence)), found) => {
                     // The responder has every packet before the one it names: the messages before it are done
@@ -574,7 +574,7 @@ impl Datapath<'_> {
                         }
                         None if psn == end => {
                             let all = self.fw.qps.get(&qpn).map_or(0, |q| q.reqs.len());
-                            if self.ack_before(qpn, all) < all {
+                            if self.requester().ack_before(qpn, all) < all {
                                 self.read_gap(qpn, remote);
                             }
                             return;
@@ -592,7 +592,7 @@ impl Datapath<'_> {
                         self.events.push(SimEvent::PsnSequenceNak { qpn, wqe_counter, remote_qpn: remote });
                         return;
                     }
-                    return self.rc_response(qpn, seq, Resp::Nak(Nak::PsnSequence), remote);
+                    return self.requester().rc_response(qpn, seq, Resp::Nak(Nak::PsnSequence), remote);
                 }
                 (Some(Syndrome::Nak(c)), Some((_, _, _, seq, _))) => {
                     let nak = match c {
@@ -600,7 +600,7 @@ impl Datapath<'_> {
                         NakCode::RemoteOperational => Nak::RemoteOp,
                         _ => Nak::InvalidRequest,
                     };
-                    return self.rc_response(qpn, seq, Resp::Nak(nak), remote);
+                    return self.requester().rc_response(qpn, seq, Resp::Nak(nak), remote);
                 }
                 _ => return self.rx_drop("ACK that names no outstanding PSN"),
             },
@@ -638,7 +638,7 @@ impl Datapath<'_> {
                                 rest: Rest::Keep,
                             };
                             self.dp.rx.reads.insert(qpn, p);
-                            self.read_progress(qpn);
+                            self.requester().read_progress(qpn);
                             return;
                         }
                         Resp::ReadData(data)
@@ -649,7 +649,7 @@ impl Datapath<'_> {
                             p.next_psn = psn_add(psn, 1);
                             p.nak_sent = false;
                             if pos == Position::Middle {
-                                return self.read_progress(qpn);
+                                return self.requester().read_progress(qpn);
                             }
                             match self.dp.rx.reads.remove(&qpn) {
                                 Some(p) => Resp::ReadData(p.data),
@@ -676,7 +676,7 @@ impl Datapath<'_> {
                 resp
             }
         };
-        self.rc_response(qpn, seq, resp, remote);
+        self.requester().rc_response(qpn, seq, resp, remote);
     }
 
     /// A response names a request after the oldest one in flight of `qpn`, a READ that still lacks response
@@ -689,9 +689,9 @@ impl Datapath<'_> {
             return;
         }
         let (first, seq) = (head.psn, head.seq);
-        let taken = if matches!(head.op, RcOp::Read { .. }) { self.read_taken(qpn, first) } else { 0 };
+        let taken = if matches!(head.op, RcOp::Read { .. }) { self.dp.rx.read_taken(qpn, first) } else { 0 };
         self.set_resume(qpn, taken);
-        self.rc_response(qpn, seq, Resp::Nak(Nak::PsnSequence), remote);
+        self.requester().rc_response(qpn, seq, Resp::Nak(Nak::PsnSequence), remote);
     }
 
     /// The oldest request in flight of `qpn` is retransmitted from its packet `k` on.
@@ -699,11 +699,6 @@ impl Datapath<'_> {
         if let Some(req) = self.fw.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
             req.resume = k;
         }
-    }
-
-    /// Response packets of the outstanding READ of `qpn` (first PSN `first`) taken so far.
-    pub(super) fn read_taken(&self, qpn: u32, first: u32) -> u32 {
-        self.dp.rx.reads.get(&qpn).filter(|p| p.first_psn == first).map_or(0, |p| psn_diff(p.next_psn, first) as u32)
     }
 }
 

@@ -8,15 +8,17 @@
 
 use super::common::*;
 use super::cqe::{flags_rqpn, CqeOut};
+use super::requester::Requester;
+use super::responder::Responder;
 use super::wqe::{Kind, SendWqe};
 
-impl Datapath<'_> {
+impl Requester<'_> {
     /// Executes a send WQE of a UC QP: READ and atomics do not exist on UC (`LOCAL_QP_OP_ERR`); a SEND or
     /// WRITE is gathered, sent at the QP's send PSN and completed at once.
     pub(super) fn execute_uc(&mut self, qpn: u32, w: &SendWqe) {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let Some(qp) = self.qps.get(&qpn) else { return };
         let (pd, max_msg, psn, remote) = (qp.pd, qp.max_msg, qp.next_send_psn, qp.remote_qpn);
-        let fail = |st: &mut Datapath, s: u8| st.completions().send_error(qpn, w.index, w.opcode, w.nbb, s);
+        let fail = |st: &mut Requester, s: u8| st.completions().send_error(qpn, w.index, w.opcode, w.nbb, s);
         let data = match w.kind {
             Kind::Send | Kind::Write { .. } => match self.keys().gather_payload(pd, max_msg, w) {
                 Ok(data) => data,
@@ -30,7 +32,7 @@ impl Datapath<'_> {
             Kind::Write { raddr, rkey } => RcOp::Write { raddr, rkey, data, imm: w.imm },
             _ => RcOp::Send { data, imm: w.imm },
         };
-        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let Some(qp) = self.qps.get(&qpn) else { return };
         let (path, mtu) = (qp.route, qp.mtu);
         let addr = self.wire.addr;
         let grh = (path.grh || !addr.ib).then(|| self.source_gid(path.src_addr_index)).flatten().map(|sgid| Grh {
@@ -55,19 +57,20 @@ impl Datapath<'_> {
         // Unacknowledged: done once it is sent, delivered or not.
         self.completions().complete_send(qpn, w.id(), len);
     }
+}
 
+impl Responder<'_> {
     /// A UC message arrives at its destination QP.
     pub(super) fn uc_request(&mut self, p: Packet) {
         let Body::Uc { psn, op, solicited } = &p.body else { return };
         let (psn, solicited) = (*psn, *solicited);
         let dst = p.dst_qpn;
-        let drop = |st: &mut Datapath, why| st.events.push(SimEvent::UcDropped { qpn: dst, why });
-        let ready =
-            self.fw.qps.get(&dst).filter(|q| q.st == QpType::Uc && matches!(q.state, QpState::Rtr | QpState::Rts));
+        let drop = |st: &mut Responder, why| st.events.push(SimEvent::UcDropped { qpn: dst, why });
+        let ready = self.qps.get(&dst).filter(|q| q.st == QpType::Uc && matches!(q.state, QpState::Rtr | QpState::Rts));
         let Some(qp) = ready else { return drop(self, "no UC QP in RTR/RTS at the destination") };
         let (pd, rwe, expected, counters) = (qp.pd, qp.rwe, qp.next_rcv_psn, qp.counter_set_id);
         if qp.state == QpState::Rtr && !qp.comm_est {
-            if let Some(q) = self.fw.qps.get_mut(&dst) {
+            if let Some(q) = self.qps.get_mut(&dst) {
                 q.comm_est = true;
             }
             let _ = self.post_qp_event(consts::MLX5_EVENT_TYPE_COMM_EST, dst);
@@ -85,7 +88,7 @@ impl Datapath<'_> {
         };
         let len = data.len() as u64;
         // The expected PSN restarts at the message and moves past it whether it is executed or dropped.
-        if let Some(qp) = self.fw.qps.get_mut(&dst) {
+        if let Some(qp) = self.qps.get_mut(&dst) {
             qp.next_rcv_psn = psn;
         }
         // SEND and WRITE with immediate consume a receive WQE; without one the message is dropped (no RNR on UC).
@@ -94,7 +97,7 @@ impl Datapath<'_> {
             match self.wqes().next_recv(dst, &mut sges) {
                 Some(index) => Some(index),
                 None => {
-                    self.fw.q_counters.count(counters, |c| c.out_of_buffer += 1);
+                    self.q_counters.count(counters, |c| c.out_of_buffer += 1);
                     self.bump_rcv_psn(dst, len);
                     return drop(self, "receive queue empty");
                 }
@@ -109,7 +112,7 @@ impl Datapath<'_> {
                 self.bump_rcv_psn(dst, len);
                 return drop(self, "remote write refused (rights, rkey or bounds)");
             }
-            self.fw.q_counters.count(counters, |c| c.rx_write_requests += 1);
+            self.q_counters.count(counters, |c| c.rx_write_requests += 1);
         }
         let Some(index) = recv else {
             self.bump_rcv_psn(dst, len);

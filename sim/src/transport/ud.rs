@@ -5,6 +5,8 @@
 
 use super::common::*;
 use super::cqe::{flags_rqpn, CqeOut};
+use super::requester::Requester;
+use super::responder::Responder;
 use super::wqe::SendWqe;
 use crate::fw::qp::SpecialQp;
 use crate::wire::roce::frame::IpRepr;
@@ -45,9 +47,9 @@ pub(super) fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool, ib: bool) 
     g
 }
 
-impl Datapath<'_> {
+impl Requester<'_> {
     pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return };
+        let Some(qp) = self.qps.get(&qpn) else { return };
         let (pd, own_qkey, max_msg, psn) = (qp.pd, qp.q_key, qp.max_msg, qp.next_send_psn);
         // The SMI and GSI QPs send as QP0 and QP1 (IBA 3.5.4): that is the source QPN a receiver sees.
         let src_qpn = qp.special.and_then(SpecialQp::wire_qpn).unwrap_or(qpn);
@@ -103,17 +105,19 @@ impl Datapath<'_> {
         // UD is unreliable: the send completes once it is on the wire, delivered or not.
         self.completions().complete_send(qpn, w.id(), len);
     }
+}
 
+impl Responder<'_> {
     /// A UD packet arrives: checked, then scattered with its 40-byte GRH into the next receive.
     pub(super) fn ud_receive(&mut self, p: Packet) {
         let Body::Ud { qkey, data, imm, solicited } = &p.body else { return };
         let drop =
-            |st: &mut Datapath, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
+            |st: &mut Responder, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
         // QPNs 0 and 1 name the port's SMI and GSI QPs, whatever their QPNs in the device.
         let special = SpecialQp::of_wire_qpn(p.dst_qpn);
         let dst = match special {
             Some(sp) => {
-                let found = self.fw.qps.iter().find(|(_, q)| q.special == Some(sp)).map(|(n, _)| n);
+                let found = self.qps.iter().find(|(_, q)| q.special == Some(sp)).map(|(n, _)| n);
                 match found {
                     Some(n) => n,
                     None => return drop(self, "no SMI/GSI QP at the destination"),
@@ -122,7 +126,6 @@ impl Datapath<'_> {
             None => p.dst_qpn,
         };
         let ready = self
-            .fw
             .qps
             .get(&dst)
             .filter(|q| q.st == QpType::Ud && q.special != Some(SpecialQp::RegUmr))
@@ -130,7 +133,7 @@ impl Datapath<'_> {
         let Some(qp) = ready else { return drop(self, "no UD QP in RTR/RTS at the destination") };
         // Subnet management packets carry no Q_Key check (IBA 10.2.4: QP0 ignores it).
         if qp.special != Some(SpecialQp::Qp0) && qp.q_key != *qkey {
-            self.fw.port.qkey_viol_cntr = self.fw.port.qkey_viol_cntr.saturating_add(1);
+            self.port.qkey_viol_cntr = self.port.qkey_viol_cntr.saturating_add(1);
             return drop(self, "qkey mismatch");
         }
         let pd = qp.pd;
