@@ -668,7 +668,7 @@ mod tests {
     #[cfg(all(target_os = "linux", not(miri)))]
     #[test]
     fn rdma_on_a_registration_the_program_unmapped_completes_in_error() {
-        use crate::testutil::{Bell, QpSpec, RcParams, Rdma, Wqe, ALL_RIGHTS};
+        use crate::testkit::submit::{Bell, QpSpec, RcParams, Rdma, Wqe, ALL_RIGHTS};
         use mlx5_core::prm::consts;
         let mut r = Rdma::new(crate::config::SimConfig::default());
         let (mut scq, mut rcq) = (r.cq(5), r.cq(5));

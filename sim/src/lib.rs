@@ -108,7 +108,7 @@
 //! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
 //!
 //! # Layout
-//! Layers (bottom first): config events fault pcap small | dma regs wire | link | fw | transport | uar | device | delay dma_handle mmio | sim_device | testkit testutil
+//! Layers (bottom first): config events fault pcap small | dma regs wire | link | fw | transport | uar | device | delay dma_handle mmio | sim_device | testkit
 //!
 //! Each module names only modules of lower layers (or of its own layer, acyclically) and never an item through
 //! the crate root; `cargo xtask modcheck` reads the line above. `regs` holds the initialization segment and the
@@ -138,9 +138,6 @@ pub mod testkit;
 mod transport;
 mod uar;
 mod wire;
-
-#[cfg(test)]
-mod testutil;
 
 pub use config::{Mode, PortInfo, PortType, SimConfig};
 pub use delay::SimDelay;

@@ -421,7 +421,7 @@ mod tests {
     use super::*;
     use crate::device::EVENT_LOG_MAX;
     use crate::fw::syndrome;
-    use crate::testutil::Harness;
+    use crate::testkit::submit::Harness;
     use mlx5_core::hal::{Dma, Mmio};
     use mlx5_core::prm::{c, consts, ifc, MsgBuf};
 
@@ -615,7 +615,7 @@ mod tests {
 
     #[test]
     fn an_injected_overrun_puts_the_cq_in_overflow_and_reports_it_once() {
-        let mut r = crate::testutil::Rdma::inline();
+        let mut r = crate::testkit::submit::Rdma::inline();
         let (a, b) = (r.cq(4), r.cq(4));
         assert_eq!(r.h.dev.cq_numbers(), [a.cqn, b.cqn]);
         assert!(r.h.dev.overrun_cq(b.cqn));

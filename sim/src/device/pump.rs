@@ -93,7 +93,7 @@ mod tests {
     use crate::config::Mode;
     use crate::config::SimConfig;
     use crate::mmio::SimMmio;
-    use crate::testutil::{Bell, QpSpec, Rdma, TAv, Wqe};
+    use crate::testkit::submit::{Bell, QpSpec, Rdma, TAv, Wqe};
     use mlx5_core::hal::Mmio;
     use mlx5_core::prm::consts;
     use std::time::Duration;
@@ -125,7 +125,7 @@ mod tests {
         let r = b.me(qb.qpn);
         let av = TAv { dqpn: qb.qpn, qkey: 0x77, grh: true, hop_limit: 1, rgid: r.gid, rmac: r.mac, ..TAv::default() };
         let wqe = |n: u32| Wqe::new(SEND_IMM).imm(n).av(&av).data(8, ma.key, ma.addr());
-        let doorbell = |qp: &mut crate::testutil::TQp, index: u16| {
+        let doorbell = |qp: &mut crate::testkit::submit::TQp, index: u16| {
             let v = u64::from_be_bytes(qp.sq_read(usize::from(index) * 64, 8).try_into().unwrap());
             let off = SimMmio::uar_offset(qp.uar) + qp.bf_off;
             qp.bf_off ^= 1 << 8;

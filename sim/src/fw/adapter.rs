@@ -25,7 +25,7 @@ pub(super) fn query_adapter(out: &mut [u8]) -> Result<(), CmdErr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::Harness;
+    use crate::testkit::submit::Harness;
     use mlx5_core::prm::consts;
 
     #[test]

@@ -509,7 +509,7 @@ mod tests {
     use crate::device::lock;
     use crate::events::SimEvent;
     use crate::mmio::SimMmio;
-    use crate::testutil::{get_view, put, put_view, Harness};
+    use crate::testkit::submit::{get_view, put, put_view, Harness};
 
     /// Offset in a UAR page of the CQ doorbell.
     const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;

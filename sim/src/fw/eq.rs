@@ -414,7 +414,7 @@ mod tests {
     use crate::fault::Fault;
     use crate::fw::eq::EqInfo;
     use crate::regs::Health;
-    use crate::testutil::Harness;
+    use crate::testkit::submit::Harness;
     use mlx5_core::hal::{DmaRegion, Mmio};
     use mlx5_core::prm::{ifc, MsgBuf};
     use std::time::{Duration, Instant};

@@ -118,7 +118,7 @@ pub(super) fn access_reg(inp: &[u8], out: &mut [u8]) -> Option<Result<(), CmdErr
 mod tests {
     use super::*;
     use crate::config::SimConfig;
-    use crate::testutil::Harness;
+    use crate::testkit::submit::Harness;
 
     fn ib() -> Harness {
         let mut h = Harness::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });

@@ -395,7 +395,7 @@ impl MkeyTable {
 mod tests {
     use super::*;
     use crate::events::SimEvent;
-    use crate::testutil::Harness;
+    use crate::testkit::submit::Harness;
     use mlx5_core::hal::Dma;
 
     const PAGE: u64 = 4096;

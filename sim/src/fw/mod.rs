@@ -585,7 +585,7 @@ mod tests {
     use crate::config::SimConfig;
     use crate::device::cmd::xor8;
     use crate::fault::Fault;
-    use crate::testutil::{put, Harness};
+    use crate::testkit::submit::{put, Harness};
     use mlx5_core::hal::{DelayNs, Dma, DmaRegion};
     use mlx5_core::prm::{c, DeliveryStatus, Field};
     use std::time::{Duration, Instant};
@@ -854,11 +854,11 @@ mod tests {
         h.ring(0);
         assert_eq!(h.status_own(0), 0);
         let mut e = [0u8; c::mlx5_cmd_layout::SIZE];
-        crate::testutil::get(&h.q, 0, &mut e);
+        crate::testkit::submit::get(&h.q, 0, &mut e);
         assert_eq!(xor8(&e), 0xff);
         for b in &p.out_blocks {
             let mut blk = vec![0u8; c::mlx5_cmd_prot_block::SIZE];
-            crate::testutil::get(b, 0, &mut blk);
+            crate::testkit::submit::get(b, 0, &mut blk);
             assert_eq!(xor8(&blk), 0xff);
             assert_eq!(xor8(&blk[c::mlx5_cmd_prot_block::DATA.end()..c::mlx5_cmd_prot_block::SIG.off]), 0xff);
         }

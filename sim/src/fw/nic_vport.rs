@@ -49,7 +49,7 @@ pub(super) fn modify_nic_vport_context(port: &mut PortModel, inp: &[u8]) -> Resu
 mod tests {
     use super::*;
     use crate::config::SimConfig;
-    use crate::testutil::Harness;
+    use crate::testkit::submit::Harness;
     use mlx5_core::prm::{consts, MsgBuf};
 
     fn modify(h: &mut Harness, select: Field, roce_en: u32) -> (u8, u32) {

@@ -320,7 +320,7 @@ impl PortModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::Harness;
+    use crate::testkit::submit::Harness;
 
     fn pvlc(h: &mut Harness, local_port: u32) -> (u8, u32, u32) {
         use ifc::access_register_in as i;

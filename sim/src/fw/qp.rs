@@ -1267,7 +1267,7 @@ mod tests {
     use super::*;
     use crate::config::SimConfig;
     use crate::sim_device::SimDevice;
-    use crate::testutil::{QpSpec, Rdma, Remote};
+    use crate::testkit::submit::{QpSpec, Rdma, Remote};
     use mlx5_core::hal::Dma;
 
     fn create(r: &mut Rdma, inp: &[u8]) -> (u8, u32, u32) {

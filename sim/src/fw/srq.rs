@@ -425,7 +425,7 @@ impl SrqTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::Rdma;
+    use crate::testkit::submit::Rdma;
     use mlx5_core::hal::Dma;
 
     /// A CREATE_SRQ (ISSI 0) input for a 16-WQE ring of 32-byte WQEs in one page.

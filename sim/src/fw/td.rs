@@ -57,7 +57,7 @@ impl TdTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::Harness;
+    use crate::testkit::submit::Harness;
     use mlx5_core::prm::consts;
 
     #[test]

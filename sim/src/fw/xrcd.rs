@@ -56,7 +56,7 @@ impl XrcdTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::Harness;
+    use crate::testkit::submit::Harness;
     use mlx5_core::prm::consts;
 
     #[test]

@@ -303,7 +303,7 @@ mod tests {
     use super::*;
     use crate::config::Mode;
     use crate::config::SimConfig;
-    use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
+    use crate::testkit::submit::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
     use crate::wire::roce::frame::{parse, Parsed};
     use mlx5_core::prm::consts;
 
@@ -450,12 +450,12 @@ mod tests {
     struct Rc {
         a: Rdma,
         b: Rdma,
-        qa: crate::testutil::TQp,
-        qb: crate::testutil::TQp,
-        a_cq: crate::testutil::TCq,
-        b_cq: crate::testutil::TCq,
-        ma: crate::testutil::Mr,
-        mb: crate::testutil::Mr,
+        qa: crate::testkit::submit::TQp,
+        qb: crate::testkit::submit::TQp,
+        a_cq: crate::testkit::submit::TCq,
+        b_cq: crate::testkit::submit::TCq,
+        ma: crate::testkit::submit::Mr,
+        mb: crate::testkit::submit::Mr,
     }
 
     fn rc_joined(name: &str, ack_timeout: u32) -> Rc {

@@ -35,7 +35,7 @@ mod tests {
     use crate::events::RetryKind;
     use crate::events::SimEvent;
     use crate::sim_device::SimDevice;
-    use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
+    use crate::testkit::submit::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
     use mlx5_core::prm::consts;
 
     const SEND: u8 = consts::MLX5_OPCODE_SEND;
@@ -182,8 +182,8 @@ mod tests {
         let (mut a_rc, mut b_rc) = (a.cq(4), b.cq(4));
         let mut ra = a.qp(QpSpec::rc(), a_rc.cqn, a_rc.cqn);
         let mut rb = b.qp(QpSpec::rc(), b_rc.cqn, b_rc.cqn);
-        let to_b = crate::testutil::Remote { gid: mapped([10, 0, 0, 2]), ..b.me(rb.qpn) };
-        let to_a = crate::testutil::Remote { gid: mapped([10, 0, 0, 1]), ..a.me(ra.qpn) };
+        let to_b = crate::testkit::submit::Remote { gid: mapped([10, 0, 0, 2]), ..b.me(rb.qpn) };
+        let to_a = crate::testkit::submit::Remote { gid: mapped([10, 0, 0, 1]), ..a.me(ra.qpn) };
         a.connect_rc(&ra, &to_b, RcParams::default());
         b.connect_rc(&rb, &to_a, RcParams::default());
         b.post_recv(&mut rb, &[(mb.addr() + 2048, 64, mb.key)]);
@@ -199,7 +199,10 @@ mod tests {
         let mut r = Rdma::new(SimConfig { ipv4_addrs: &[[10, 0, 0, 7]], ..roce(0x07, Mode::Inline) });
         let cq = r.cq(4);
         let (mut a, mut b) = (r.qp(QpSpec::rc(), cq.cqn, cq.cqn), r.qp(QpSpec::rc(), cq.cqn, cq.cqn));
-        let me = |q: &crate::testutil::TQp| crate::testutil::Remote { gid: mapped([10, 0, 0, 7]), ..r.me(q.qpn) };
+        let me = |q: &crate::testkit::submit::TQp| crate::testkit::submit::Remote {
+            gid: mapped([10, 0, 0, 7]),
+            ..r.me(q.qpn)
+        };
         let (to_b, to_a) = (me(&b), me(&a));
         r.connect_rc(&a, &to_b, RcParams::default());
         r.connect_rc(&b, &to_a, RcParams::default());
@@ -219,7 +222,7 @@ mod tests {
         ca: SimConfig,
         cb: SimConfig,
         pa: RcParams,
-    ) -> (Rdma, Rdma, [crate::testutil::TQp; 2], [crate::testutil::TCq; 2]) {
+    ) -> (Rdma, Rdma, [crate::testkit::submit::TQp; 2], [crate::testkit::submit::TCq; 2]) {
         let mut a = Rdma::new(ca);
         let mut b = Rdma::new(cb);
         a.h.dev.connect(&b.h.dev);

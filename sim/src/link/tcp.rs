@@ -641,7 +641,7 @@ mod tests {
     use super::*;
     use crate::config::Mode;
     use crate::config::SimConfig;
-    use crate::testutil::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
+    use crate::testkit::submit::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
     use crate::wire::roce::frame::{parse, Parsed};
     use crate::wire::roce::ib::Opcode;
     use mlx5_core::prm::consts;
@@ -765,7 +765,7 @@ mod tests {
         assert!(a.h.dev.wire_wait_peer(WAIT));
         let mut a_cq = a.cq(4);
         let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
-        let rb = crate::testutil::Remote { qpn: 0x77, lid: 0, gid: far.gid, mac: far.mac };
+        let rb = crate::testkit::submit::Remote { qpn: 0x77, lid: 0, gid: far.gid, mac: far.mac };
         a.connect_rc(&qa, &rb, RcParams { retry_count: 2, ack_timeout: 8, ..RcParams::default() });
         let ma = a.mr(64);
         ma.write(0, b"hello?");

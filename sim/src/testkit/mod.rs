@@ -16,6 +16,9 @@ mod fixture;
 mod heap_dma;
 pub mod mocks;
 mod regfile;
+/// The simulator's own unit tests' command submitter (it names crate items, so it is not part of the kit).
+#[cfg(test)]
+pub(crate) mod submit;
 mod wire;
 
 pub use fixture::{Node, RcOpts, RcPair, SimHca};

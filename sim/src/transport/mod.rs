@@ -324,7 +324,7 @@ mod tests {
     use super::*;
     use crate::config::SimConfig;
     use crate::mmio::SimMmio;
-    use crate::testutil::{Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
+    use crate::testkit::submit::{Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
     use mlx5_core::hal::Mmio;
     use mlx5_core::prm::ifc;
     use mlx5_core::prm::MsgBuf;

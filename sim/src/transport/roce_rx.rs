@@ -707,7 +707,7 @@ mod tests {
     use super::*;
     use crate::config::SimConfig;
     use crate::link::Port;
-    use crate::testutil::{QpSpec, RcParams, Rdma, Remote};
+    use crate::testkit::submit::{QpSpec, RcParams, Rdma, Remote};
     use crate::wire::roce::ib::{Aeth, BthRepr, Ext, DEFAULT_PKEY};
     use crate::wire::roce::ip::{Ipv6Repr, PROTO_UDP};
     use crate::wire::roce::udp::{UdpRepr, ROCE_PORT};
@@ -725,9 +725,9 @@ mod tests {
         idle: u32,
         mac: [u8; 6],
         gid: [u8; 16],
-        mr: crate::testutil::Mr,
-        rc_qp: crate::testutil::TQp,
-        cq: crate::testutil::TCq,
+        mr: crate::testkit::submit::Mr,
+        rc_qp: crate::testkit::submit::TQp,
+        cq: crate::testkit::submit::TCq,
     }
 
     fn port() -> Port1 {
