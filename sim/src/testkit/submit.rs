@@ -1,6 +1,6 @@
 //! A minimal hand-rolled command submitter for the simulator's own unit tests (`cfg(test)`: its items are the
-//! crate's, not the kit's public API): it builds entries and mailbox chains
-//! in DMA memory through the public API, exactly as a driver would, with every offset from the PRM layouts.
+//! crate's, not the kit's public API): it builds entries and mailbox chains in DMA memory through the public
+//! API, exactly as a driver would, with every offset from the PRM layouts.
 
 // Helpers are shared by several test modules; not every one uses all of them.
 #![allow(dead_code)]

@@ -153,30 +153,3 @@ pub(crate) struct Datapath<'a> {
     pub(crate) regs: &'a mut Regs,
     pub(crate) clock: &'a Clock,
 }
-
-impl Datapath<'_> {
-    /// Device time.
-    #[inline]
-    pub(crate) fn now_ns(&self) -> u64 {
-        self.clock.now_ns()
-    }
-
-    /// Whether the firmware is dead or the device gone: the datapath does nothing.
-    #[inline]
-    pub(crate) fn dead(&self) -> bool {
-        self.regs.dead()
-    }
-
-    /// Checks an access through `key`, without translating it.
-    #[inline]
-    pub(crate) fn mkey_check(
-        &self,
-        key: u32,
-        pd: Option<u32>,
-        va: u64,
-        len: u64,
-        access: MkeyAccess,
-    ) -> Result<&Mkey, MkeyFault> {
-        self.fw.mkeys.check(key, pd, va, len, access)
-    }
-}

@@ -3,9 +3,13 @@
 //! `requester.rs` and `responder.rs` are the two ends of RC, `uc.rs` is UC, `ud.rs` is UD, `cqe.rs` writes CQEs, `flush.rs`
 //! errors a QP and flushes it, `srq.rs` takes receives from a shared receive queue, `roce_rx.rs` receives RoCE
 //! frames into the reassembly state of `reasm.rs`. `common.rs` holds what they share: [`Datapath`], the view of
-//! the device a run borrows (the device layer builds it), and [`DpState`]; `keys.rs`, `wqe.rs`, `srq.rs`,
-//! `cqe.rs` and `flush.rs` run on narrower views (`Keys`, `Wqes`, `Srqs`, `Cqs`, `Completions`). Packets are built and read through `wire`; the device layer hands them to
-//! `link`.
+//! the device a run borrows (the device layer builds it), and [`DpState`]. Only the run loop (here) and the
+//! RoCE receive front end (`roce_rx.rs`, which drains the inbox into both engines) run on `Datapath`; each
+//! engine runs on a view borrowing only its parts, built per call: `Requester` (`requester.rs` and the send
+//! halves of `uc.rs`, `ud.rs`), `Responder` (`responder.rs` and the receive halves; a response to a request of
+//! this device comes back to the caller as a `LocalResponse`, not into the requester), and below them `Keys`,
+//! `Wqes`, `Srqs`, `Cqs`, `Completions` (`keys.rs`, `wqe.rs`, `srq.rs`, `cqe.rs`, `flush.rs`). Packets are built
+//! and read through `wire`; the device layer hands them to `link`.
 //!
 //! A send doorbell reaches this module one way: `mmio.rs` (the BAR write) -> `device` -> `uar.rs` (decodes it,
 //! records the SQ producer counter) -> [`Datapath::run_datapath`] here (run by `device::pump`, in line or on the
@@ -68,6 +72,31 @@ use responder::Responder;
 use wqe::{Kind, SendWqe, Wqes};
 
 impl Datapath<'_> {
+    /// Device time.
+    #[inline]
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// Whether the firmware is dead or the device gone: the datapath does nothing.
+    #[inline]
+    pub(crate) fn dead(&self) -> bool {
+        self.regs.dead()
+    }
+
+    /// Checks an access through `key`, without translating it.
+    #[inline]
+    pub(crate) fn mkey_check(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<&Mkey, MkeyFault> {
+        self.fw.mkeys.check(key, pd, va, len, access)
+    }
+
     /// The CQ writer's view (see `cqe.rs`): CQEs, overruns, completion events.
     #[inline]
     pub(crate) fn cqs(&mut self) -> Cqs<'_> {
