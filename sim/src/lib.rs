@@ -114,10 +114,11 @@
 //! the crate root; `cargo xtask modcheck` reads the line above. `regs` holds the initialization segment and the
 //! device clock; `wire` the packet format; `link` carries frames and reports what it receives through
 //! `link::Station`, which `device` implements (the links never lock a device or run its datapath); `fw` is the
-//! command engine with one table per object; `transport` the datapath over `Datapath`, a view of the device (its engines on narrower ones);
-//! `uar` decodes doorbells over that view; `device` owns the state behind the lock, the device thread, command
-//! delivery and the run loop (`device::pump`: the datapath runs, its packets go to devices or links). The handles
-//! (`mmio`, `dma_handle`, `delay`) hold the device; `sim_device` is [`SimDevice`]. This file only re-exports.
+//! command engine with one table per object; `transport` the datapath over `Datapath`, a view of the device
+//! (its engines run on narrower ones); `uar` decodes doorbells over that view; `device` owns the state behind
+//! the lock, the device thread, command delivery and the run loop (`device::pump`: the datapath runs, its
+//! packets go to devices or links). The handles (`mmio`, `dma_handle`, `delay`) hold the device; `sim_device` is
+//! [`SimDevice`]. This file only re-exports.
 
 mod config;
 mod delay;
