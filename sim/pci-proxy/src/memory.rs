@@ -88,7 +88,11 @@ impl GuestRam {
     fn add(&mut self, r: &SysmemRegion, fd: &OwnedFd, sim: &SimDevice) -> Result<(), RegionError> {
         let shape = RegionError::Shape { gpa: r.gpa, size: r.size, offset: r.offset };
         let end = r.gpa.checked_add(r.size).filter(|_| r.size > 0).ok_or_else(|| shape_err(r))?;
-        if r.gpa % PAGE != 0 || r.offset % PAGE != 0 || r.size % PAGE != 0 || r.offset.checked_add(r.size).is_none() {
+        if !r.gpa.is_multiple_of(PAGE)
+            || !r.offset.is_multiple_of(PAGE)
+            || !r.size.is_multiple_of(PAGE)
+            || r.offset.checked_add(r.size).is_none()
+        {
             return Err(shape);
         }
         // SAFETY: an all-zero stat is a valid out-buffer for fstat.
