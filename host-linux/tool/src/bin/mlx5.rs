@@ -94,7 +94,7 @@ fn open(args: &Args) -> Result<DeviceKind, ToolError> {
         return Ok(DeviceKind::Sim(SimDevice::new(sim_config(args))));
     };
     let bdf: Bdf = addr.parse()?;
-    let v = Vfio::open(bdf, VfioOptions::default())?;
+    let v = Vfio::open(bdf, VfioOptions::from_env()?)?;
     let ids = v.device.pci_ids()?;
     if ids.vendor != bind::MELLANOX_VENDOR_ID {
         return Err(ToolError::Run(format!(
