@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     while let Some(a) = argv.next() {
         let r = a.and_then(|a| {
             match a.as_str() {
-                "--fd" => fd = Some(argv.number::<u32>("--fd", 3, 1 << 20)? as RawFd),
+                "--fd" => fd = Some(argv.number::<u32>("--fd", 0, 1 << 20)? as RawFd),
                 "--trace" => trace = Some(argv.path("--trace")?),
                 "--verbose" => verbose = true,
                 "--port" => {
