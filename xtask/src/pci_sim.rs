@@ -43,7 +43,9 @@ fn ensure_packages() -> Result<(), String> {
     Ok(())
 }
 
-fn build(root: &Path, work: &Path) -> Result<(PathBuf, PathBuf), String> {
+/// Builds the proxy for the host and the tool for the guest; `guest_target_dir` is vfio-test's, whose static
+/// build of the same dependencies it shares.
+fn build(root: &Path, guest_target_dir: &Path) -> Result<(PathBuf, PathBuf), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     println!("pci-sim: building mlx5-pci-proxy and a static mlx5 for the guest");
     let st = Command::new(&cargo)
@@ -54,11 +56,11 @@ fn build(root: &Path, work: &Path) -> Result<(PathBuf, PathBuf), String> {
     if !st.success() {
         return Err("building mlx5-pci-proxy failed".into());
     }
-    let target_dir = work.join("target");
+    let target_dir = guest_target_dir;
     let st = Command::new(&cargo)
         .args(["build", "--release", "-p", "mlx5-tool", "--bin", "mlx5", "--target", GUEST_TARGET])
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .env("CARGO_TARGET_DIR", &target_dir)
+        .env("CARGO_TARGET_DIR", target_dir)
         .current_dir(root)
         .status()
         .map_err(|e| format!("cargo: {e}"))?;
@@ -229,8 +231,10 @@ fn boot(work: &Path, proxy: &Path, kernel: &Path, initrd: &Path) -> Result<Guest
     Ok(GuestRun { passed, lines, secs, commands, proxy_log })
 }
 
+/// The last `pci-sim: KEY ...` line's rest (the console may put terminal escapes before it).
 fn line<'a>(lines: &'a [String], key: &str) -> Option<&'a str> {
-    lines.iter().rev().find_map(|l| l.strip_prefix("pci-sim: ")?.strip_prefix(key)).map(str::trim)
+    const TAG: &str = "pci-sim: ";
+    lines.iter().rev().find_map(|l| l[l.find(TAG)? + TAG.len()..].strip_prefix(key)).map(str::trim)
 }
 
 pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
@@ -243,8 +247,9 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     std::fs::create_dir_all(&kwork).map_err(|e| e.to_string())?;
     let started = Instant::now();
     ensure_packages()?;
-    let (vmlinuz, modules) = ensure_kernel(&kwork.canonicalize().map_err(|e| e.to_string())?)?;
-    let (proxy, tool) = build(root, &work)?;
+    let kwork = kwork.canonicalize().map_err(|e| e.to_string())?;
+    let (vmlinuz, modules) = ensure_kernel(&kwork)?;
+    let (proxy, tool) = build(root, &kwork.join("target"))?;
     let initrd = build_initramfs(&work, &modules, &tool, full)?;
     let g = boot(&work, &proxy, &vmlinuz, &initrd)?;
     let pp: Option<serde_json::Value> = line(&g.lines, "pingpong").and_then(|j| serde_json::from_str(j).ok());
@@ -253,8 +258,15 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     let size = pp.as_ref().and_then(|v| v["size"].as_u64()).unwrap_or(0);
     // Each iteration checks one message each way.
     let bytes_checked = if verified { iters * size * 2 } else { 0 };
-    let passed = g.passed && verified && iters == PP_ITERS && size == PP_SIZE && g.commands > 0;
     let enumerated = line(&g.lines, "enumerated").unwrap_or("nothing").to_string();
+    let driver = line(&g.lines, "driver");
+    let passed = g.passed
+        && verified
+        && iters == PP_ITERS
+        && size == PP_SIZE
+        && g.commands > 0
+        && enumerated.contains("0x15b3:0x1017")
+        && driver == Some("vfio-pci");
     let polled = g.lines.iter().any(|l| l.contains("completions and events are polled"));
     let summary = serde_json::json!({
         "vfio_guest": {
@@ -262,7 +274,7 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
             "commands": g.commands,
             "bytes_checked": bytes_checked,
             "enumerated": enumerated,
-            "driver": line(&g.lines, "driver"),
+            "driver": driver,
             "polling_notice": polled,
             "pingpong": pp,
             "guest_seconds": g.secs,
