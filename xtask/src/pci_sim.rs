@@ -151,15 +151,16 @@ struct GuestRun {
     passed: bool,
     lines: Vec<String>,
     secs: f64,
-    commands: usize,
+    commands: Vec<(String, u64)>,
     proxy_log: String,
 }
 
-/// Boots the guest with the proxy and collects its `pci-sim:` lines, the proxy's trace and its log.
-fn boot(work: &Path, proxy: &Path, kernel: &Path, initrd: &Path) -> Result<GuestRun, String> {
+/// Boots a guest (QEMU arguments `machine`, after the shared ones) with the proxy and collects its console, the
+/// proxy's command trace (`(opcode, op_mod)` in completion order) and its log.
+fn boot(work: &Path, proxy: &Path, name: &str, machine: &str) -> Result<GuestRun, String> {
     let (q, p) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
-    let trace = work.join("commands.jsonl");
-    let proxy_log = work.join("proxy.log");
+    let trace = work.join(format!("{name}-commands.jsonl"));
+    let proxy_log = work.join(format!("{name}-proxy.log"));
     // The proxy's end is its stdin (`--fd 0`), so nothing has to be un-CLOEXEC'd.
     let mut server = Command::new(proxy)
         .args(["--fd", "0", "--trace"])
@@ -171,16 +172,11 @@ fn boot(work: &Path, proxy: &Path, kernel: &Path, initrd: &Path) -> Result<Guest
         .map_err(|e| format!("starting mlx5-pci-proxy: {e}"))?;
     // QEMU's end arrives as the shell's stdin and becomes its fd 3 (x-pci-proxy-dev,fd=3).
     let qemu = format!(
-        "exec qemu-system-x86_64 -accel tcg -machine q35,kernel-irqchip=split,memory-backend=ram \
-         -object memory-backend-memfd,id=ram,size=1G,share=on -m 1G \
-         -device intel-iommu,intremap=on,caching-mode=on -smp 2 -nographic -no-reboot -nodefaults \
-         -serial stdio -device isa-debug-exit,iobase=0xf4,iosize=0x04 -kernel '{}' -initrd '{}' \
-         -append 'console=ttyS0 panic=-1 quiet intel_iommu=on' -device x-pci-proxy-dev,id=mlx5,fd=3 \
-         3<&0 0</dev/null",
-        kernel.display(),
-        initrd.display()
+        "exec qemu-system-x86_64 -accel tcg -nographic -no-reboot -nodefaults -serial stdio \
+         -device isa-debug-exit,iobase=0xf4,iosize=0x04 {machine} -device x-pci-proxy-dev,id=mlx5,fd=3 \
+         3<&0 0</dev/null"
     );
-    println!("pci-sim: booting the guest: {qemu}");
+    println!("pci-sim: booting the {name} guest: {qemu}");
     let start = Instant::now();
     let mut child = Command::new("sh")
         .arg("-c")
@@ -225,7 +221,12 @@ fn boot(work: &Path, proxy: &Path, kernel: &Path, initrd: &Path) -> Result<Guest
         };
     let proxy_log = std::fs::read_to_string(&proxy_log).unwrap_or_default();
     print!("{}", proxy_log.lines().map(|l| format!("proxy| {l}\n")).collect::<String>());
-    let commands = std::fs::read_to_string(&trace).map(|t| t.lines().count()).unwrap_or(0);
+    let commands: Vec<(String, u64)> = std::fs::read_to_string(&trace)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| (v["opcode"].as_str().unwrap_or("?").to_string(), v["op_mod"].as_u64().unwrap_or(u64::MAX)))
+        .collect();
     // isa-debug-exit: 1 (pass) → 3.
     let passed = status.code() == Some(3) && server_status.success();
     Ok(GuestRun { passed, lines, secs, commands, proxy_log })
@@ -251,7 +252,15 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     let (vmlinuz, modules) = ensure_kernel(&kwork)?;
     let (proxy, tool) = build(root, &kwork.join("target"))?;
     let initrd = build_initramfs(&work, &modules, &tool, full)?;
-    let g = boot(&work, &proxy, &vmlinuz, &initrd)?;
+    let machine = format!(
+        "-machine q35,kernel-irqchip=split,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on \
+         -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp 2 -kernel '{}' -initrd '{}' \
+         -append 'console=ttyS0 panic=-1 quiet intel_iommu=on'",
+        vmlinuz.display(),
+        initrd.display()
+    );
+    let g = boot(&work, &proxy, "vfio", &machine)?;
+    let bm = baremetal(root, &work, &proxy)?;
     let pp: Option<serde_json::Value> = line(&g.lines, "pingpong").and_then(|j| serde_json::from_str(j).ok());
     let verified = pp.as_ref().and_then(|v| v["verified"].as_bool()) == Some(true);
     let iters = pp.as_ref().and_then(|v| v["iters"].as_u64()).unwrap_or(0);
@@ -264,14 +273,14 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
         && verified
         && iters == PP_ITERS
         && size == PP_SIZE
-        && g.commands > 0
+        && !g.commands.is_empty()
         && enumerated.contains("0x15b3:0x1017")
         && driver == Some("vfio-pci");
     let polled = g.lines.iter().any(|l| l.contains("completions and events are polled"));
     let summary = serde_json::json!({
         "vfio_guest": {
             "passed": passed,
-            "commands": g.commands,
+            "commands": g.commands.len(),
             "bytes_checked": bytes_checked,
             "enumerated": enumerated,
             "driver": driver,
@@ -279,7 +288,15 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
             "pingpong": pp,
             "guest_seconds": g.secs,
         },
-        "baremetal_guest": { "passed": false, "run": false, "why": "not built yet (issue 32, part 3)" },
+        "baremetal_guest": {
+            "passed": bm.passed,
+            "commands": bm.commands,
+            "bytes_checked": bm.bytes_checked,
+            "same_trace_as_host": bm.same_trace,
+            "host_commands": bm.host_commands,
+            "first_difference": bm.first_difference,
+            "guest_seconds": bm.secs,
+        },
         "total_seconds": started.elapsed().as_secs_f64(),
         "full": full,
     });
@@ -288,19 +305,110 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     println!("pci-sim: summary (also {}):", work.join("summary.json").display());
     println!("  enumerated:   {enumerated}");
     println!("  vfio guest:   {}", if passed { "passed" } else { "FAILED" });
-    println!("  commands:     {} firmware commands completed by the simulated device", g.commands);
+    println!("  commands:     {} firmware commands completed by the simulated device", g.commands.len());
     println!("  bytes:        {bytes_checked} bytes checked ({iters} x {size} B each way)");
     println!(
         "  polling:      {}",
         if polled { "the VFIO crate noticed no MSI-X/MSI and polled" } else { "no notice seen" }
     );
     println!("  time:         guest {:.1} s, whole run {:.1} s", g.secs, started.elapsed().as_secs_f64());
+    println!(
+        "  bare metal:   {}: {} commands, {} bytes checked, same trace as the host's run(): {} ({} commands there){}",
+        if bm.passed { "passed" } else { "FAILED" },
+        bm.commands,
+        bm.bytes_checked,
+        bm.same_trace,
+        bm.host_commands,
+        bm.first_difference.as_deref().map(|d| format!(", first difference: {d}")).unwrap_or_default()
+    );
+    println!("  time:         bare-metal guest {:.1} s", bm.secs);
     if g.proxy_log.contains("rejected") && !passed {
         println!("  proxy:        see the proxy| lines above");
     }
-    if passed {
+    if passed && bm.passed && bm.same_trace {
         Ok(())
     } else {
         Err("pci-sim failed (see the guest| and proxy| lines above)".into())
     }
+}
+
+/// What the bare-metal run showed.
+struct Baremetal {
+    passed: bool,
+    commands: usize,
+    bytes_checked: u64,
+    same_trace: bool,
+    host_commands: usize,
+    first_difference: Option<String>,
+    secs: f64,
+}
+
+const BAREMETAL_TARGET: &str = "x86_64-unknown-none";
+
+fn ensure_rust_target(t: &str) -> Result<(), String> {
+    let installed = run(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    if !installed.lines().any(|l| l.trim() == t) {
+        println!("pci-sim: rustup target add {t}");
+        run(Command::new("rustup").args(["target", "add", t]))?;
+    }
+    Ok(())
+}
+
+/// The core on bare metal: `examples/baremetal` built for x86_64-unknown-none, booted with `-kernel` (PVH) with
+/// the proxy as its PCI device; its device-side command trace compared with the same `run()` on the host.
+fn baremetal(root: &Path, work: &Path, proxy: &Path) -> Result<Baremetal, String> {
+    ensure_rust_target(BAREMETAL_TARGET)?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target_dir = work.join("baremetal-target");
+    println!("pci-sim: building the bare-metal image");
+    let st = Command::new(&cargo)
+        .args(["build", "--release", "-p", "mlx5-baremetal-example", "--target", BAREMETAL_TARGET])
+        .env("RUSTFLAGS", "-C relocation-model=static")
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !st.success() {
+        return Err("building the bare-metal image failed".into());
+    }
+    let image = target_dir.join(BAREMETAL_TARGET).join("release/mlx5-baremetal-example");
+    // The reference: the same run() on the host against the simulator, the device's trace.
+    let host = run(Command::new(&cargo).args(["run", "-q", "-p", "mlx5-baremetal-example"]).current_dir(root))?;
+    let host: Vec<(String, u64)> = host
+        .lines()
+        .filter_map(|l| {
+            let (op, m) = l.split_once(' ')?;
+            Some((op.to_string(), m.trim().parse().ok()?))
+        })
+        .collect();
+    let machine = format!(
+        "-machine q35,memory-backend=ram -object memory-backend-memfd,id=ram,size=256M,share=on -m 256M -kernel '{}'",
+        image.display()
+    );
+    let g = boot(work, proxy, "baremetal", &machine)?;
+    let passed_line = g.lines.iter().any(|l| l.contains("baremetal: passed"));
+    let first_difference = g
+        .commands
+        .iter()
+        .zip(&host)
+        .position(|(a, b)| a != b)
+        .or((g.commands.len() != host.len()).then(|| g.commands.len().min(host.len())))
+        .map(|i| format!("command {i}: image {:?}, host {:?}", g.commands.get(i), host.get(i)));
+    let same_trace = !host.is_empty() && first_difference.is_none();
+    // The image reports the payload bytes its run() moved and checked.
+    let bytes_checked = g
+        .lines
+        .iter()
+        .find_map(|l| l[l.find("baremetal: bytes_checked ")? + 26..].trim().parse::<u64>().ok())
+        .filter(|_| passed_line && g.passed)
+        .unwrap_or(0);
+    Ok(Baremetal {
+        passed: g.passed && passed_line,
+        commands: g.commands.len(),
+        bytes_checked,
+        same_trace,
+        host_commands: host.len(),
+        first_difference,
+        secs: g.secs,
+    })
 }
