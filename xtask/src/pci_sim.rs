@@ -399,7 +399,10 @@ fn baremetal(root: &Path, work: &Path, proxy: &Path) -> Result<Baremetal, String
     let bytes_checked = g
         .lines
         .iter()
-        .find_map(|l| l[l.find("baremetal: bytes_checked ")? + 26..].trim().parse::<u64>().ok())
+        .find_map(|l| {
+            const TAG: &str = "baremetal: bytes_checked ";
+            l[l.find(TAG)? + TAG.len()..].trim().parse::<u64>().ok()
+        })
         .filter(|_| passed_line && g.passed)
         .unwrap_or(0);
     Ok(Baremetal {
