@@ -102,7 +102,7 @@ if [ -z "$bdf" ]; then echo "pci-sim: enumerated none"; fail=1; else
     ));
     if full {
         s.push_str(
-            "  if /mlx5 --device $bdf bench write_bw --size 65536 --iters 200 --json > /tmp/bw.json; then\n\
+            "  if /mlx5 --device $bdf bench write_bw --size 4096 --iters 1000 --json > /tmp/bw.json; then\n\
              \x20   echo \"pci-sim: bench $(cat /tmp/bw.json)\"\n\
              \x20 else echo \"pci-sim: bench failed\"; fail=1; fi\n",
         );
@@ -286,6 +286,7 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
             "driver": driver,
             "polling_notice": polled,
             "pingpong": pp,
+            "bench": line(&g.lines, "bench").and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok()),
             "guest_seconds": g.secs,
         },
         "baremetal_guest": {
