@@ -73,7 +73,10 @@ fn build(root: &Path, guest_target_dir: &Path) -> Result<(PathBuf, PathBuf), Str
 
 /// The guest's `/init`: VFIO up, the proxy function found by its ids, bound to vfio-pci, driven by the tool.
 /// Each step prints one `pci-sim:` line the xtask reads; the verdict goes out through isa-debug-exit.
-fn init_script(modules: &[String], full: bool) -> String {
+/// The exchange port of the wire run's host-side `mlx5 pingpong --server` (its simulated wire listens one above).
+const WIRE_PORT: u16 = 18830;
+
+fn init_script(modules: &[String], full: bool, remote: bool) -> String {
     let mut s =
         String::from("#!/bin/sh\nmount -t proc proc /proc\nmount -t sysfs sys /sys\nmount -t devtmpfs dev /dev\n");
     for m in modules {
@@ -92,15 +95,27 @@ if [ -z "$bdf" ]; then echo "pci-sim: enumerated none"; fail=1; else
   /mlx5 bind $bdf || fail=1
   echo "pci-sim: driver $(basename $(readlink $d/driver))"
   export MLX5_RS_IOVA_MODE=pa
-  if /mlx5 -v --device $bdf devinfo --json > /tmp/devinfo.json; then
+  if [ -n "$REMOTE" ]; then
+    ip link set lo up; ip link set eth0 up; ip addr add 10.0.2.15/24 dev eth0
+    if /mlx5 -v --device $bdf pingpong --client 10.0.2.2:$REMOTE --size {PP_SIZE} --iters {PP_ITERS} --timeout 300 --json > /tmp/rpp.json; then
+      echo "pci-sim: remote $(cat /tmp/rpp.json)"
+    else echo "pci-sim: remote failed"; fail=1; fi
+  elif /mlx5 -v --device $bdf devinfo --json > /tmp/devinfo.json; then
     echo "pci-sim: devinfo $(cat /tmp/devinfo.json)"
   else echo "pci-sim: devinfo failed"; fail=1; fi
-  if /mlx5 --device $bdf pingpong --size {PP_SIZE} --iters {PP_ITERS} --json > /tmp/pp.json; then
-    echo "pci-sim: pingpong $(cat /tmp/pp.json)"
-  else echo "pci-sim: pingpong failed"; fail=1; fi
+  if [ -z "$REMOTE" ]; then
+    if /mlx5 --device $bdf pingpong --size {PP_SIZE} --iters {PP_ITERS} --json > /tmp/pp.json; then
+      echo "pci-sim: pingpong $(cat /tmp/pp.json)"
+    else echo "pci-sim: pingpong failed"; fail=1; fi
+  fi
 "#
     ));
-    if full {
+    s = s.replacen(
+        "fail=0\n",
+        &format!("fail=0\nREMOTE={}\n", if remote { WIRE_PORT.to_string() } else { String::new() }),
+        1,
+    );
+    if full && !remote {
         s.push_str(
             "  if /mlx5 --device $bdf bench write_bw --size 4096 --iters 1000 --json > /tmp/bw.json; then\n\
              \x20   echo \"pci-sim: bench $(cat /tmp/bw.json)\"\n\
@@ -116,32 +131,47 @@ if [ -z "$bdf" ]; then echo "pci-sim: enumerated none"; fail=1; else
     s
 }
 
-fn build_initramfs(work: &Path, modules_dir: &Path, tool: &Path, full: bool) -> Result<PathBuf, String> {
+/// The guest NIC's modules (virtio-net), for the wire run's exchange with the host.
+const NET_MODULES: &[&str] = &[
+    "virtio_ring",
+    "virtio",
+    "virtio_pci_modern_dev",
+    "virtio_pci_legacy_dev",
+    "virtio_pci",
+    "failover",
+    "net_failover",
+    "virtio_net",
+];
+
+fn build_initramfs(work: &Path, modules_dir: &Path, tool: &Path, full: bool, remote: bool) -> Result<PathBuf, String> {
     let mut c = Cpio::default();
     for d in ["bin", "sbin", "dev", "proc", "sys", "modules", "tmp"] {
         c.dir(d);
     }
     let busybox = std::fs::read("/bin/busybox").map_err(|e| format!("/bin/busybox: {e}"))?;
     c.file("bin/busybox", true, &busybox);
-    for applet in
-        ["sh", "mount", "insmod", "echo", "cat", "dd", "printf", "poweroff", "head", "readlink", "basename", "dmesg"]
-    {
+    for applet in [
+        "sh", "mount", "insmod", "echo", "cat", "dd", "printf", "poweroff", "head", "readlink", "basename", "dmesg",
+        "ip",
+    ] {
         c.symlink(&format!("bin/{applet}"), "busybox");
     }
     let mut loaded = Vec::new();
-    for m in MODULES {
+    let net: &[&str] = if remote { NET_MODULES } else { &[] };
+    for m in MODULES.iter().chain(net) {
         match find_module(modules_dir, m) {
             Some(p) => {
                 c.file(&format!("modules/{m}.ko"), false, &module_bytes(&p)?);
                 loaded.push(m.to_string());
             }
-            None if *m == "vfio_virqfd" => {}
+            // vfio_virqfd exists only up to 6.1; some virtio parts may be built in.
+            None if *m == "vfio_virqfd" || net.contains(m) => {}
             None => return Err(format!("module {m} not found under {}", modules_dir.display())),
         }
     }
-    c.file("init", true, init_script(&loaded, full).as_bytes());
+    c.file("init", true, init_script(&loaded, full, remote).as_bytes());
     c.file("mlx5", true, &std::fs::read(tool).map_err(|e| format!("{}: {e}", tool.display()))?);
-    let out = work.join("initramfs.cpio");
+    let out = work.join(if remote { "initramfs-wire.cpio" } else { "initramfs.cpio" });
     std::fs::write(&out, c.finish()).map_err(|e| e.to_string())?;
     Ok(out)
 }
@@ -157,7 +187,7 @@ struct GuestRun {
 
 /// Boots a guest (QEMU arguments `machine`, after the shared ones) with the proxy and collects its console, the
 /// proxy's command trace (`(opcode, op_mod)` in completion order) and its log.
-fn boot(work: &Path, proxy: &Path, name: &str, machine: &str) -> Result<GuestRun, String> {
+fn boot(work: &Path, proxy: &Path, proxy_args: &[&str], name: &str, machine: &str) -> Result<GuestRun, String> {
     let (q, p) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
     let trace = work.join(format!("{name}-commands.jsonl"));
     let proxy_log = work.join(format!("{name}-proxy.log"));
@@ -165,6 +195,7 @@ fn boot(work: &Path, proxy: &Path, name: &str, machine: &str) -> Result<GuestRun
     let mut server = Command::new(proxy)
         .args(["--fd", "0", "--trace"])
         .arg(&trace)
+        .args(proxy_args)
         .stdin(Stdio::from(std::os::fd::OwnedFd::from(p)))
         .stdout(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(&proxy_log).map_err(|e| e.to_string())?))
@@ -251,7 +282,7 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     let kwork = kwork.canonicalize().map_err(|e| e.to_string())?;
     let (vmlinuz, modules) = ensure_kernel(&kwork)?;
     let (proxy, tool) = build(root, &kwork.join("target"))?;
-    let initrd = build_initramfs(&work, &modules, &tool, full)?;
+    let initrd = build_initramfs(&work, &modules, &tool, full, false)?;
     let machine = format!(
         "-machine q35,kernel-irqchip=split,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on \
          -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp 2 -kernel '{}' -initrd '{}' \
@@ -259,8 +290,9 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
         vmlinuz.display(),
         initrd.display()
     );
-    let g = boot(&work, &proxy, "vfio", &machine)?;
+    let g = boot(&work, &proxy, &[], "vfio", &machine)?;
     let bm = baremetal(root, &work, &proxy)?;
+    let wire = wire_run(&work, &proxy, &tool, &vmlinuz, &modules)?;
     let pp: Option<serde_json::Value> = line(&g.lines, "pingpong").and_then(|j| serde_json::from_str(j).ok());
     let verified = pp.as_ref().and_then(|v| v["verified"].as_bool()) == Some(true);
     let iters = pp.as_ref().and_then(|v| v["iters"].as_u64()).unwrap_or(0);
@@ -298,6 +330,14 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
             "first_difference": bm.first_difference,
             "guest_seconds": bm.secs,
         },
+        "wire_guest": {
+            "passed": wire.passed,
+            "commands": wire.commands,
+            "bytes_checked": wire.bytes_checked,
+            "guest": wire.guest,
+            "host": wire.host,
+            "guest_seconds": wire.secs,
+        },
         "total_seconds": started.elapsed().as_secs_f64(),
         "full": full,
     });
@@ -323,10 +363,18 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
         bm.first_difference.as_deref().map(|d| format!(", first difference: {d}")).unwrap_or_default()
     );
     println!("  time:         bare-metal guest {:.1} s", bm.secs);
+    println!(
+        "  over the wire: {}: the guest's VFIO device against a host process's simulated one, {} bytes checked (both \
+         ways), {} commands, guest {:.1} s",
+        if wire.passed { "passed" } else { "FAILED" },
+        wire.bytes_checked,
+        wire.commands,
+        wire.secs
+    );
     if g.proxy_log.contains("rejected") && !passed {
         println!("  proxy:        see the proxy| lines above");
     }
-    if passed && bm.passed && bm.same_trace {
+    if passed && bm.passed && bm.same_trace && wire.passed {
         Ok(())
     } else {
         Err("pci-sim failed (see the guest| and proxy| lines above)".into())
@@ -386,7 +434,7 @@ fn baremetal(root: &Path, work: &Path, proxy: &Path) -> Result<Baremetal, String
         "-machine q35,memory-backend=ram -object memory-backend-memfd,id=ram,size=256M,share=on -m 256M -kernel '{}'",
         image.display()
     );
-    let g = boot(work, proxy, "baremetal", &machine)?;
+    let g = boot(work, proxy, &[], "baremetal", &machine)?;
     let passed_line = g.lines.iter().any(|l| l.contains("baremetal: passed"));
     let first_difference = g
         .commands
@@ -413,6 +461,69 @@ fn baremetal(root: &Path, work: &Path, proxy: &Path) -> Result<Baremetal, String
         same_trace,
         host_commands: host.len(),
         first_difference,
+        secs: g.secs,
+    })
+}
+
+/// What the wire run showed.
+struct WireRun {
+    passed: bool,
+    commands: usize,
+    bytes_checked: u64,
+    guest: Option<serde_json::Value>,
+    host: Option<serde_json::Value>,
+    secs: f64,
+}
+
+/// The guest's VFIO device against a host process: `mlx5 pingpong --server` on the host (a simulated device whose
+/// wire listens on 127.0.0.1), the proxy's device plugged into that wire, and `mlx5 --device BDF pingpong
+/// --client` in the guest exchanging over QEMU's user network (10.0.2.2 is the host). Both sides check every byte.
+fn wire_run(work: &Path, proxy: &Path, tool: &Path, kernel: &Path, modules: &Path) -> Result<WireRun, String> {
+    let initrd = build_initramfs(work, modules, tool, false, true)?;
+    let mut host = Command::new(tool)
+        .args(["pingpong", "--server", "--bind", "127.0.0.1", "--port", &WIRE_PORT.to_string()])
+        .args(["--size", &PP_SIZE.to_string(), "--iters", &PP_ITERS.to_string(), "--timeout", "300", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("starting the host-side mlx5 pingpong --server: {e}"))?;
+    let wire_at = format!("127.0.0.1:{}", WIRE_PORT + 1);
+    let machine = format!(
+        "-machine q35,kernel-irqchip=split,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on \
+         -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp 2 -kernel '{}' -initrd '{}' \
+         -append 'console=ttyS0 panic=-1 quiet intel_iommu=on' -netdev user,id=n0 -device virtio-net-pci,netdev=n0",
+        kernel.display(),
+        initrd.display()
+    );
+    let g = boot(work, proxy, &["--wire", &wire_at], "wire", &machine);
+    let host_status = wait_until(&mut host, Instant::now() + Duration::from_secs(30), Duration::from_millis(50))?;
+    if host_status.is_none() {
+        let _ = host.kill();
+        let _ = host.wait();
+    }
+    let mut out = String::new();
+    if let Some(mut o) = host.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut o, &mut out);
+    }
+    println!("pci-sim: host side: {}", out.trim());
+    let g = g?;
+    let guest: Option<serde_json::Value> = line(&g.lines, "remote").and_then(|j| serde_json::from_str(j).ok());
+    let host: Option<serde_json::Value> = out.lines().rev().find_map(|l| serde_json::from_str(l).ok());
+    let ok = |v: &Option<serde_json::Value>| {
+        v.as_ref().is_some_and(|v| {
+            v["verified"].as_bool() == Some(true)
+                && v["iters"].as_u64() == Some(PP_ITERS)
+                && v["size"].as_u64() == Some(PP_SIZE)
+        })
+    };
+    let passed = g.passed && host_status.is_some_and(|s| s.success()) && ok(&guest) && ok(&host);
+    Ok(WireRun {
+        passed,
+        commands: g.commands.len(),
+        bytes_checked: if passed { PP_ITERS * PP_SIZE * 2 } else { 0 },
+        guest,
+        host,
         secs: g.secs,
     })
 }

@@ -1,6 +1,8 @@
-//! `mlx5-pci-proxy --fd N [--port ib|eth] [--trace FILE] [--verbose]`: serves the simulated ConnectX on the
-//! inherited UNIX stream socket N, whose other end QEMU was given as `-device x-pci-proxy-dev,fd=M`; exits when
-//! QEMU closes it. `--trace` writes every completed command as a JSON line.
+//! `mlx5-pci-proxy --fd N [--port ib|eth] [--trace FILE] [--wire HOST:PORT] [--verbose]`: serves the simulated
+//! ConnectX on the inherited UNIX stream socket N, whose other end QEMU was given as
+//! `-device x-pci-proxy-dev,fd=M`; exits when QEMU closes it. `--trace` writes every completed command as a JSON
+//! line. `--wire` plugs the port into another process's simulated wire (threaded firmware, the next host's
+//! addresses), e.g. `mlx5 pingpong --server --port P` listening on P + 1.
 
 use std::fs::File;
 use std::os::fd::{FromRawFd, RawFd};
@@ -9,9 +11,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mlx5_pci_proxy::server::{chain, Server};
-use mlx5_sim::{PortType, SimConfig};
+use mlx5_sim::{Mode, PortType, SimConfig};
 
-const USAGE: &str = "mlx5-pci-proxy --fd N [--port ib|eth] [--trace FILE] [--verbose]";
+const USAGE: &str = "mlx5-pci-proxy --fd N [--port ib|eth] [--trace FILE] [--wire HOST:PORT] [--verbose]";
 /// UAR pages: enough for a kernel driver and a few user contexts.
 const NUM_UARS: u32 = 256;
 
@@ -21,12 +23,14 @@ fn main() -> ExitCode {
     let mut port = PortType::Eth;
     let mut trace: Option<PathBuf> = None;
     let mut verbose = false;
+    let mut wire: Option<String> = None;
     while let Some(a) = argv.next() {
         let r = a.and_then(|a| {
             match a.as_str() {
                 "--fd" => fd = Some(argv.number::<u32>("--fd", 0, 1 << 20)? as RawFd),
                 "--trace" => trace = Some(argv.path("--trace")?),
                 "--verbose" => verbose = true,
+                "--wire" => wire = Some(argv.value("--wire", "HOST:PORT of a simulated wire listener")?),
                 "--port" => {
                     port = match argv.value("--port", "ib or eth")?.as_str() {
                         "ib" => PortType::Ib,
@@ -66,9 +70,18 @@ fn main() -> ExitCode {
         PortType::Ib => 0x02_07_00,
         PortType::Eth => 0x02_00_00,
     };
-    let mut server =
-        Server::new(sock, SimConfig { port_type: port, num_uars: NUM_UARS, ..SimConfig::default() }, class, trace);
+    let base = SimConfig { port_type: port, num_uars: NUM_UARS, ..SimConfig::default() };
+    // On a wire the peer is host 0 (a listener's default): this device takes the next host's addresses.
+    let cfg = if wire.is_some() { SimConfig { mode: Mode::Threaded, ..base.next_host() } } else { base };
+    let mut server = Server::new(sock, cfg, class, trace);
     server.verbose = verbose;
+    if let Some(w) = &wire {
+        if let Err(e) = server.plug_wire(w) {
+            eprintln!("mlx5-pci-proxy: --wire {w}: {}", chain(&e));
+            return ExitCode::FAILURE;
+        }
+        eprintln!("mlx5-pci-proxy: port plugged into the simulated wire at {w}");
+    }
     let r = server.run();
     let s = server.stats;
     eprintln!(

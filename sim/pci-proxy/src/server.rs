@@ -9,11 +9,16 @@ use std::time::Instant;
 
 use mlx5_core::hal::Mmio;
 use mlx5_core::prm::{CmdStatus, Opcode};
-use mlx5_sim::{ExecutedCmd, SimConfig, SimDevice, SimMmio};
+use mlx5_sim::{ExecutedCmd, Mode, SimConfig, SimDevice, SimMmio};
 
 use crate::config::{ConfigSpace, BAR0_SIZE};
 use crate::memory::GuestRam;
 use crate::msg::{self, BarAccess, MsgError, Request};
+
+/// How long a (re)plug into the simulated wire may wait for the listener.
+const WIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a replug after a device reset may wait.
+const REPLUG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Why a session ended other than by QEMU closing the socket between messages.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +66,9 @@ pub struct Server {
     start: Instant,
     trace: Option<File>,
     pub verbose: bool,
+    /// The simulated wire this device's port is plugged into (`host:port` of another process's listener),
+    /// plugged again after every reset.
+    wire: Option<String>,
     pub ram: GuestRam,
 }
 
@@ -83,8 +91,17 @@ impl Server {
             start: Instant::now(),
             trace,
             verbose: false,
+            wire: None,
             ram: GuestRam::default(),
         }
+    }
+
+    /// Plugs the port into the simulated wire listening at `addr` (another process, e.g. `mlx5 pingpong
+    /// --server` on the simulator), now and after every device reset. The device should be threaded
+    /// ([`Mode::Threaded`]) so its retry timers run in real time.
+    pub fn plug_wire(&mut self, addr: &str) -> Result<(), mlx5_sim::WireError> {
+        self.wire = Some(addr.to_string());
+        self.sim.wire_connect(addr, WIRE_TIMEOUT)
     }
 
     /// Serves until QEMU closes the socket (`Ok`) or sends what cannot be served (`Err`; the socket is then
@@ -238,10 +255,21 @@ impl Server {
         for e in self.ram.map_into(&self.sim) {
             eprintln!("mlx5-pci-proxy: after reset: {}", chain(&e));
         }
+        if let Some(addr) = &self.wire {
+            // The listener was there for the first plug; a short wait here, since the guest's vCPU waits too.
+            if let Err(e) = self.sim.wire_connect(addr, REPLUG_TIMEOUT) {
+                eprintln!("mlx5-pci-proxy: after reset: the port stays unplugged: {}", chain(&e));
+            }
+        }
     }
 
     /// Lets device time catch up with wall time (heartbeat, command execution, datapath).
     fn tick(&mut self) {
+        // A threaded device keeps its own (real) time.
+        if self.sim_cfg.mode == Mode::Threaded {
+            self.collect();
+            return;
+        }
         let now = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let dev = self.sim.now_ns();
         if now > dev {
