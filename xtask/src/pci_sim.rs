@@ -2,7 +2,9 @@
 //! the one vfio-test boots) gets `-device x-pci-proxy-dev` backed by `mlx5-pci-proxy` (sim/pci-proxy), with
 //! its RAM in a shared memfd so the device DMAs into it. Inside, the guest's own vfio-pci takes the function
 //! (`mlx5 bind`), and the `mlx5` tool drives it through our VFIO crate: `devinfo`, then an RC ping-pong of
-//! 1,000 × 4 KiB on the device with every byte checked (`--full`: also a `bench write_bw` loopback).
+//! 1,000 × 4 KiB on the device with every byte checked (`--full`: also a `bench write_bw` loopback). A second
+//! guest runs the ping-pong against `mlx5 pingpong --server` on the host over the simulated wire (`--wire`);
+//! the bare-metal image (examples/baremetal) boots on the same bus and its command trace is compared.
 //!
 //! The proxy has no MSI or MSI-X and its DMA bypasses the guest's IOMMU, so the guest runs the tool with
 //! `MLX5_RS_IOVA_MODE=pa` (IOVA = guest-physical address) and the driver polls (the VFIO crate says so).
