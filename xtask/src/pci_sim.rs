@@ -99,7 +99,7 @@ if [ -z "$bdf" ]; then echo "pci-sim: enumerated none"; fail=1; else
   export MLX5_RS_IOVA_MODE=pa
   if [ -n "$REMOTE" ]; then
     ip link set lo up; ip link set eth0 up; ip addr add 10.0.2.15/24 dev eth0
-    if /mlx5 -v --device $bdf pingpong --client 10.0.2.2:$REMOTE --size {PP_SIZE} --iters {PP_ITERS} --timeout 300 --json > /tmp/rpp.json; then
+    if /mlx5 -v --device $bdf pingpong --client 10.0.2.2:$REMOTE --gid-idx 0 --chk --size {PP_SIZE} --iters {PP_ITERS} --timeout 300 --json > /tmp/rpp.json; then
       echo "pci-sim: remote $(cat /tmp/rpp.json)"
     else echo "pci-sim: remote failed"; fail=1; fi
   elif /mlx5 -v --device $bdf devinfo --json > /tmp/devinfo.json; then
@@ -294,7 +294,13 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     );
     let g = boot(&work, &proxy, &[], "vfio", &machine)?;
     let bm = baremetal(root, &work, &proxy)?;
-    let wire = wire_run(&work, &proxy, &tool, &vmlinuz, &modules)?;
+    let wire = wire_run(&work, &proxy, &tool, &vmlinuz, &modules, &Host::Tool)?;
+    // Debian's unmodified ibv_rc_pingpong on the drop-in libibverbs.so.1 as the host side.
+    if !have("ibv_rc_pingpong") {
+        apt_install(&["ibverbs-utils"])?;
+    }
+    let dropin = crate::libibverbs::build(root, false)?;
+    let wire_rc = wire_run(&work, &proxy, &tool, &vmlinuz, &modules, &Host::RcPingpong(&dropin))?;
     let pp: Option<serde_json::Value> = line(&g.lines, "pingpong").and_then(|j| serde_json::from_str(j).ok());
     let verified = pp.as_ref().and_then(|v| v["verified"].as_bool()) == Some(true);
     let iters = pp.as_ref().and_then(|v| v["iters"].as_u64()).unwrap_or(0);
@@ -340,6 +346,14 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
             "host": wire.host,
             "guest_seconds": wire.secs,
         },
+        "wire_guest_vs_ibv_rc_pingpong": {
+            "passed": wire_rc.passed,
+            "commands": wire_rc.commands,
+            "bytes_checked": wire_rc.bytes_checked,
+            "guest": wire_rc.guest,
+            "host": wire_rc.host_text,
+            "guest_seconds": wire_rc.secs,
+        },
         "total_seconds": started.elapsed().as_secs_f64(),
         "full": full,
     });
@@ -376,7 +390,14 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     if g.proxy_log.contains("rejected") && !passed {
         println!("  proxy:        see the proxy| lines above");
     }
-    if passed && bm.passed && bm.same_trace && wire.passed {
+    println!(
+        "  vs ibv_rc_pingpong: {}: the guest's VFIO device against Debian's ibv_rc_pingpong -c on the drop-in \
+         library, {} bytes checked by the guest side, guest {:.1} s",
+        if wire_rc.passed { "passed" } else { "FAILED" },
+        wire_rc.bytes_checked,
+        wire_rc.secs
+    );
+    if passed && bm.passed && bm.same_trace && wire.passed && wire_rc.passed {
         Ok(())
     } else {
         Err("pci-sim failed (see the guest| and proxy| lines above)".into())
@@ -474,22 +495,52 @@ struct WireRun {
     bytes_checked: u64,
     guest: Option<serde_json::Value>,
     host: Option<serde_json::Value>,
+    host_text: String,
     secs: f64,
+}
+
+/// The host side of a wire run.
+enum Host<'a> {
+    /// `mlx5 pingpong --server`.
+    Tool,
+    /// Debian's `ibv_rc_pingpong` on the drop-in library in this directory.
+    RcPingpong(&'a Path),
 }
 
 /// The guest's VFIO device against a host process: `mlx5 pingpong --server` on the host (a simulated device whose
 /// wire listens on 127.0.0.1), the proxy's device plugged into that wire, and `mlx5 --device BDF pingpong
 /// --client` in the guest exchanging over QEMU's user network (10.0.2.2 is the host). Both sides check every byte.
-fn wire_run(work: &Path, proxy: &Path, tool: &Path, kernel: &Path, modules: &Path) -> Result<WireRun, String> {
+fn wire_run(
+    work: &Path,
+    proxy: &Path,
+    tool: &Path,
+    kernel: &Path,
+    modules: &Path,
+    side: &Host<'_>,
+) -> Result<WireRun, String> {
     let initrd = build_initramfs(work, modules, tool, false, true)?;
-    let mut host = Command::new(tool)
-        .args(["pingpong", "--server", "--bind", "127.0.0.1", "--port", &WIRE_PORT.to_string()])
-        .args(["--size", &PP_SIZE.to_string(), "--iters", &PP_ITERS.to_string(), "--timeout", "300", "--json"])
+    let (size, iters, port) = (PP_SIZE.to_string(), PP_ITERS.to_string(), WIRE_PORT.to_string());
+    let mut cmd =
+        match side {
+            Host::Tool => {
+                let mut c = Command::new(tool);
+                c.args(["pingpong", "--server", "--bind", "127.0.0.1", "--port", &port, "--gid-idx", "0", "--chk"])
+                    .args(["--size", &size, "--iters", &iters, "--timeout", "300", "--json"]);
+                c
+            }
+            Host::RcPingpong(lib) => {
+                let mut c = Command::new("ibv_rc_pingpong");
+                crate::libibverbs::on_dropin(&mut c, lib, &format!("sim:wire=listen:127.0.0.1:{}", WIRE_PORT + 1));
+                c.args(["-g", "0", "-c", "-s", &size, "-n", &iters, "-p", &port]);
+                c
+            }
+        };
+    let mut host = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .map_err(|e| format!("starting the host-side mlx5 pingpong --server: {e}"))?;
+        .map_err(|e| format!("starting the host side of the wire run: {e}"))?;
     let wire_at = format!("127.0.0.1:{}", WIRE_PORT + 1);
     let machine = format!(
         "-machine q35,kernel-irqchip=split,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on \
@@ -519,13 +570,25 @@ fn wire_run(work: &Path, proxy: &Path, tool: &Path, kernel: &Path, modules: &Pat
                 && v["size"].as_u64() == Some(PP_SIZE)
         })
     };
-    let passed = g.passed && host_status.is_some_and(|s| s.success()) && ok(&guest) && ok(&host);
+    // ibv_rc_pingpong reports `N iters in S seconds`; with -c it checks every buffer it receives.
+    let host_ok = match side {
+        Host::Tool => ok(&host),
+        Host::RcPingpong(_) => out.contains(&format!("{PP_ITERS} iters in")) && !out.contains("invalid data"),
+    };
+    let passed = g.passed && host_status.is_some_and(|s| s.success()) && ok(&guest) && host_ok;
     Ok(WireRun {
         passed,
         commands: g.commands.len(),
-        bytes_checked: if passed { PP_ITERS * PP_SIZE * 2 } else { 0 },
+        // Every byte each side receives is checked by our tool; ibv_rc_pingpong -c checks only its pattern's
+        // page-start bytes, so its side is not counted.
+        bytes_checked: match (passed, side) {
+            (false, _) => 0,
+            (true, Host::Tool) => PP_ITERS * PP_SIZE * 2,
+            (true, Host::RcPingpong(_)) => PP_ITERS * PP_SIZE,
+        },
         guest,
         host,
+        host_text: out.trim().to_string(),
         secs: g.secs,
     })
 }
