@@ -78,7 +78,7 @@ fn build(root: &Path, guest_target_dir: &Path) -> Result<(PathBuf, PathBuf), Str
 /// The exchange port of the wire run's host-side `mlx5 pingpong --server` (its simulated wire listens one above).
 const WIRE_PORT: u16 = 18830;
 
-fn init_script(modules: &[String], full: bool, remote: bool) -> String {
+fn init_script(modules: &[String], full: bool, remote: bool, rcpp: bool) -> String {
     let mut s =
         String::from("#!/bin/sh\nmount -t proc proc /proc\nmount -t sysfs sys /sys\nmount -t devtmpfs dev /dev\n");
     for m in modules {
@@ -99,6 +99,13 @@ if [ -z "$bdf" ]; then echo "pci-sim: enumerated none"; fail=1; else
   export MLX5_RS_IOVA_MODE=pa
   if [ -n "$REMOTE" ]; then
     ip link set lo up; ip link set eth0 up; ip addr add 10.0.2.15/24 dev eth0
+  fi
+  if [ -n "$RCPP" ]; then
+    # Debian's ibv_rc_pingpong on the drop-in library, which finds the device bound to vfio-pci.
+    if LD_LIBRARY_PATH=/dropin MLX5_RS_DEVICES=vfio /usr/bin/ibv_rc_pingpong -g 0 -c -s {PP_SIZE} -n {PP_ITERS} -p $REMOTE 10.0.2.2 > /tmp/rc.txt 2>&1; then
+      while read l; do echo "pci-sim: rcpp $l"; done < /tmp/rc.txt
+    else while read l; do echo "pci-sim: rcpp $l"; done < /tmp/rc.txt; echo "pci-sim: rcpp failed"; fail=1; fi
+  elif [ -n "$REMOTE" ]; then
     if /mlx5 -v --device $bdf pingpong --client 10.0.2.2:$REMOTE --gid-idx 0 --chk --size {PP_SIZE} --iters {PP_ITERS} --timeout 300 --json > /tmp/rpp.json; then
       echo "pci-sim: remote $(cat /tmp/rpp.json)"
     else echo "pci-sim: remote failed"; fail=1; fi
@@ -114,7 +121,11 @@ if [ -z "$bdf" ]; then echo "pci-sim: enumerated none"; fail=1; else
     ));
     s = s.replacen(
         "fail=0\n",
-        &format!("fail=0\nREMOTE={}\n", if remote { WIRE_PORT.to_string() } else { String::new() }),
+        &format!(
+            "fail=0\nREMOTE={}\nRCPP={}\n",
+            if remote { WIRE_PORT.to_string() } else { String::new() },
+            if rcpp { "1" } else { "" }
+        ),
         1,
     );
     if full && !remote {
@@ -145,7 +156,16 @@ const NET_MODULES: &[&str] = &[
     "virtio_net",
 ];
 
-fn build_initramfs(work: &Path, modules_dir: &Path, tool: &Path, full: bool, remote: bool) -> Result<PathBuf, String> {
+/// `dropin`: also Debian's `ibv_rc_pingpong` with its library closure and the drop-in `libibverbs.so.1` from this
+/// directory in `/dropin`, run as the guest side of the wire run.
+fn build_initramfs(
+    work: &Path,
+    modules_dir: &Path,
+    tool: &Path,
+    full: bool,
+    remote: bool,
+    dropin: Option<&Path>,
+) -> Result<PathBuf, String> {
     let mut c = Cpio::default();
     for d in ["bin", "sbin", "dev", "proc", "sys", "modules", "tmp"] {
         c.dir(d);
@@ -171,9 +191,28 @@ fn build_initramfs(work: &Path, modules_dir: &Path, tool: &Path, full: bool, rem
             None => return Err(format!("module {m} not found under {}", modules_dir.display())),
         }
     }
-    c.file("init", true, init_script(&loaded, full, remote).as_bytes());
+    if let Some(dir) = dropin {
+        crate::verbs_guest::add_userspace(&mut c, &["ibv_rc_pingpong"], &[])?;
+        c.dir("dropin");
+        let lib = dir.join("libibverbs.so.1");
+        c.file("dropin/libibverbs.so.1", true, &std::fs::read(&lib).map_err(|e| format!("{}: {e}", lib.display()))?);
+        // What the drop-in links besides libc (libgcc_s), beside it.
+        let ldd = run(Command::new("ldd").arg(&lib))?;
+        for l in ldd.lines() {
+            let Some((name, rest)) = l.trim().split_once(" => ") else { continue };
+            let Some(path) = rest.split_whitespace().next().filter(|p| p.starts_with('/')) else { continue };
+            if !name.starts_with("libc.so") {
+                c.file(&format!("dropin/{name}"), true, &std::fs::read(path).map_err(|e| format!("{path}: {e}"))?);
+            }
+        }
+    }
+    c.file("init", true, init_script(&loaded, full, remote, dropin.is_some()).as_bytes());
     c.file("mlx5", true, &std::fs::read(tool).map_err(|e| format!("{}: {e}", tool.display()))?);
-    let out = work.join(if remote { "initramfs-wire.cpio" } else { "initramfs.cpio" });
+    let out = work.join(match (remote, dropin.is_some()) {
+        (_, true) => "initramfs-wire-rc.cpio",
+        (true, false) => "initramfs-wire.cpio",
+        (false, false) => "initramfs.cpio",
+    });
     std::fs::write(&out, c.finish()).map_err(|e| e.to_string())?;
     Ok(out)
 }
@@ -284,7 +323,7 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     let kwork = kwork.canonicalize().map_err(|e| e.to_string())?;
     let (vmlinuz, modules) = ensure_kernel(&kwork)?;
     let (proxy, tool) = build(root, &kwork.join("target"))?;
-    let initrd = build_initramfs(&work, &modules, &tool, full, false)?;
+    let initrd = build_initramfs(&work, &modules, &tool, full, false, None)?;
     let machine = format!(
         "-machine q35,kernel-irqchip=split,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on \
          -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp 2 -kernel '{}' -initrd '{}' \
@@ -294,13 +333,15 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     );
     let g = boot(&work, &proxy, &[], "vfio", &machine)?;
     let bm = baremetal(root, &work, &proxy)?;
-    let wire = wire_run(&work, &proxy, &tool, &vmlinuz, &modules, &Host::Tool)?;
+    let wire = wire_run(&work, &proxy, &tool, &vmlinuz, &modules, &Host::Tool, None)?;
     // Debian's unmodified ibv_rc_pingpong on the drop-in libibverbs.so.1 as the host side.
     if !have("ibv_rc_pingpong") {
         apt_install(&["ibverbs-utils"])?;
     }
     let dropin = crate::libibverbs::build(root, false)?;
-    let wire_rc = wire_run(&work, &proxy, &tool, &vmlinuz, &modules, &Host::RcPingpong(&dropin))?;
+    let wire_rc = wire_run(&work, &proxy, &tool, &vmlinuz, &modules, &Host::RcPingpong(&dropin), None)?;
+    // And the other way round: Debian's ibv_rc_pingpong on the drop-in over VFIO in the guest, our tool on the host.
+    let wire_gr = wire_run(&work, &proxy, &tool, &vmlinuz, &modules, &Host::Tool, Some(&dropin))?;
     let pp: Option<serde_json::Value> = line(&g.lines, "pingpong").and_then(|j| serde_json::from_str(j).ok());
     let verified = pp.as_ref().and_then(|v| v["verified"].as_bool()) == Some(true);
     let iters = pp.as_ref().and_then(|v| v["iters"].as_u64()).unwrap_or(0);
@@ -354,6 +395,14 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
             "host": wire_rc.host_text,
             "guest_seconds": wire_rc.secs,
         },
+        "wire_guest_ibv_rc_pingpong_over_vfio": {
+            "passed": wire_gr.passed,
+            "commands": wire_gr.commands,
+            "bytes_checked": wire_gr.bytes_checked,
+            "guest": wire_gr.guest,
+            "host": wire_gr.host,
+            "guest_seconds": wire_gr.secs,
+        },
         "total_seconds": started.elapsed().as_secs_f64(),
         "full": full,
     });
@@ -397,7 +446,14 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
         wire_rc.bytes_checked,
         wire_rc.secs
     );
-    if passed && bm.passed && bm.same_trace && wire.passed && wire_rc.passed {
+    println!(
+        "  ibv_rc_pingpong over VFIO: {}: Debian's ibv_rc_pingpong -c on the drop-in in the guest against mlx5 \
+         pingpong --chk on the host, {} bytes checked by the host side, guest {:.1} s",
+        if wire_gr.passed { "passed" } else { "FAILED" },
+        wire_gr.bytes_checked,
+        wire_gr.secs
+    );
+    if passed && bm.passed && bm.same_trace && wire.passed && wire_rc.passed && wire_gr.passed {
         Ok(())
     } else {
         Err("pci-sim failed (see the guest| and proxy| lines above)".into())
@@ -517,8 +573,9 @@ fn wire_run(
     kernel: &Path,
     modules: &Path,
     side: &Host<'_>,
+    guest_dropin: Option<&Path>,
 ) -> Result<WireRun, String> {
-    let initrd = build_initramfs(work, modules, tool, false, true)?;
+    let initrd = build_initramfs(work, modules, tool, false, true, guest_dropin)?;
     let (size, iters, port) = (PP_SIZE.to_string(), PP_ITERS.to_string(), WIRE_PORT.to_string());
     let mut cmd =
         match side {
@@ -561,7 +618,13 @@ fn wire_run(
     }
     println!("pci-sim: host side: {}", out.trim());
     let g = g?;
-    let guest: Option<serde_json::Value> = line(&g.lines, "remote").and_then(|j| serde_json::from_str(j).ok());
+    let guest: Option<serde_json::Value> = match guest_dropin {
+        None => line(&g.lines, "remote").and_then(|j| serde_json::from_str(j).ok()),
+        // ibv_rc_pingpong's own report, line by line.
+        Some(_) => Some(serde_json::Value::from(
+            g.lines.iter().filter_map(|l| Some(l[l.find("pci-sim: rcpp ")? + 14..].to_string())).collect::<Vec<_>>(),
+        )),
+    };
     let host: Option<serde_json::Value> = out.lines().rev().find_map(|l| serde_json::from_str(l).ok());
     let ok = |v: &Option<serde_json::Value>| {
         v.as_ref().is_some_and(|v| {
@@ -570,12 +633,19 @@ fn wire_run(
                 && v["size"].as_u64() == Some(PP_SIZE)
         })
     };
+    let guest_ok = match guest_dropin {
+        None => ok(&guest),
+        Some(_) => {
+            g.lines.iter().any(|l| l.contains(&format!("pci-sim: rcpp {PP_ITERS} iters in")))
+                && !g.lines.iter().any(|l| l.contains("pci-sim: rcpp failed") || l.contains("invalid data"))
+        }
+    };
     // ibv_rc_pingpong reports `N iters in S seconds`; with -c it checks every buffer it receives.
     let host_ok = match side {
         Host::Tool => ok(&host),
         Host::RcPingpong(_) => out.contains(&format!("{PP_ITERS} iters in")) && !out.contains("invalid data"),
     };
-    let passed = g.passed && host_status.is_some_and(|s| s.success()) && ok(&guest) && host_ok;
+    let passed = g.passed && host_status.is_some_and(|s| s.success()) && guest_ok && host_ok;
     Ok(WireRun {
         passed,
         commands: g.commands.len(),
@@ -583,6 +653,8 @@ fn wire_run(
         // page-start bytes, so its side is not counted.
         bytes_checked: match (passed, side) {
             (false, _) => 0,
+            // Only the host tool checks every byte when the guest side is ibv_rc_pingpong.
+            (true, Host::Tool) if guest_dropin.is_some() => PP_ITERS * PP_SIZE,
             (true, Host::Tool) => PP_ITERS * PP_SIZE * 2,
             (true, Host::RcPingpong(_)) => PP_ITERS * PP_SIZE,
         },
