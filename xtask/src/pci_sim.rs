@@ -3,7 +3,9 @@
 //! its RAM in a shared memfd so the device DMAs into it. Inside, the guest's own vfio-pci takes the function
 //! (`mlx5 bind`), and the `mlx5` tool drives it through our VFIO crate: `devinfo`, then an RC ping-pong of
 //! 1,000 × 4 KiB on the device with every byte checked (`--full`: also a `bench write_bw` loopback). A second
-//! guest runs the ping-pong against `mlx5 pingpong --server` on the host over the simulated wire (`--wire`);
+//! guest runs the ping-pong against `mlx5 pingpong --server` on the host over the simulated wire (`--wire`), a
+//! third against Debian's ibv_rc_pingpong on the drop-in library on the host, a fourth runs that ibv_rc_pingpong
+//! on the drop-in inside the guest over VFIO;
 //! the bare-metal image (examples/baremetal) boots on the same bus and its command trace is compared.
 //!
 //! The proxy has no MSI or MSI-X and its DMA bypasses the guest's IOMMU, so the guest runs the tool with
