@@ -86,7 +86,8 @@ fn main() -> ExitCode {
     let s = server.stats;
     eprintln!(
         "mlx5-pci-proxy: done: {} cfg reads, {} cfg writes, {} BAR reads, {} BAR writes, {} rejected, {} narrow \
-         writes, {} memory syncs ({} MiB of guest RAM, {} bad regions, {} stale), {} resets, {} commands, {} DMA faults",
+         writes, {} memory syncs ({} MiB of guest RAM, {} bad regions, {} stale), {} resets, {} commands, {} DMA faults, \
+         {} firmware pages held",
         s.cfg_reads,
         s.cfg_writes,
         s.bar_reads,
@@ -99,7 +100,8 @@ fn main() -> ExitCode {
         server.ram.stale,
         s.resets,
         server.commands.len(),
-        server.sim.dma_faults().len()
+        server.sim.dma_faults().len(),
+        server.sim.pages_owned()
     );
     match r {
         Ok(()) => ExitCode::SUCCESS,
