@@ -9,6 +9,8 @@
 //!   installed on this host is visible.
 //! * `vfio-test`: the host crate's VFIO layer against the real Linux VFIO stack, in a QEMU guest with QEMU's
 //!   `edu` device behind an emulated IOMMU.
+//! * `pci-sim [--full]`: the simulator behind QEMU's `x-pci-proxy-dev` (`sim/pci-proxy`), driven through the
+//!   guest's vfio-pci by the `mlx5` tool; writes `target/pci-sim/summary.json` (`pci_sim.rs`).
 //! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
 //!   `--peer`: the datapath calls against rdma-core's mlx5 provider, built from its source (`xtask/peer/`).
 //! * `fuzz [--seconds N] [--target NAME]`: the cargo-fuzz targets in `fuzz/`, N seconds each (default 30), then
@@ -42,6 +44,7 @@ mod linux_drives_sim;
 mod linux_ifc;
 mod miri;
 mod modcheck;
+mod pci_sim;
 mod rxe;
 mod soak;
 mod uml;
@@ -147,6 +150,8 @@ fn ci(root: &Path) -> Result<(), String> {
     vfio_test::run_vfio_test(root)?;
     // Linux's rdma_rxe in a TCG guest answering our RoCEv2 frames (reuses vfio-test's Debian kernel).
     rxe::run_rxe_interop(root)?;
+    // The simulator behind QEMU's x-pci-proxy-dev, driven through the guest's vfio-pci (reuses the same kernel).
+    pci_sim::run_pci_sim(root, false)?;
     // Linux's own mlx5_core and mlx5_ib drive the simulator in User-Mode Linux, rdma-core's programs on top
     // (the UML kernel is built once, then cached under target/uml/).
     linux_drives_sim::ci_step(root)?;
@@ -166,6 +171,9 @@ commands:
                                  mmdebstrap (cached under target/fresh/; needs root); --command: bash -c CMD in
                                  the clone instead
   vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
+  pci-sim [--full]               the simulator as a PCI device of a QEMU guest (x-pci-proxy-dev): the guest's
+                                 vfio-pci and our VFIO crate bring it up, devinfo and a 1,000 x 4 KiB ping-pong
+                                 (--full: also a bench loopback); writes target/pci-sim/summary.json (needs root)
   rxe-interop                    mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
   bench --peer [--json]          the datapath against rdma-core's mlx5 provider; rewrites its BENCHMARKS.md section
@@ -201,6 +209,7 @@ enum Task {
     Ci { fresh: bool, command: Option<String> },
     VfioTest,
     RxeInterop,
+    PciSim { full: bool },
     Bench { json: bool, peer: bool },
     Fuzz(Vec<String>),
     Miri,
@@ -229,6 +238,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "ci" => Task::Ci { fresh: false, command: None },
         "vfio-test" => Task::VfioTest,
         "rxe-interop" => Task::RxeInterop,
+        "pci-sim" => Task::PciSim { full: false },
         "bench" => Task::Bench { json: false, peer: false },
         "fuzz" => Task::Fuzz(Vec::new()),
         "miri" => Task::Miri,
@@ -271,6 +281,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::LinuxDrivesSim { strict, .. }, "--strict") => *strict = true,
             (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
             (Task::Uml { check }, "--check") => *check = true,
+            (Task::PciSim { full }, "--full") => *full = true,
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
             (Task::Soak(v), _) => v.push(a),
@@ -311,6 +322,7 @@ fn main() -> ExitCode {
         Task::Ci { fresh: true, command } => fresh::run_fresh(&root, command.as_deref()),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
         Task::RxeInterop => rxe::run_rxe_interop(&root),
+        Task::PciSim { full } => pci_sim::run_pci_sim(&root, full),
         Task::Bench { json, peer: false } => bench::run(&root, json),
         Task::Bench { json, peer: true } => bench::run_peer(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),

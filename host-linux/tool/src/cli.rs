@@ -49,6 +49,9 @@ pub struct Args {
     pub qemu_sock: Option<PathBuf>,
     /// `--ipv4 ADDR`: the simulated port's IPv4 address (a RoCE v2 GID entry; answered in ARP).
     pub ipv4: Option<std::net::Ipv4Addr>,
+    /// `--chk`: the peer is `ibv_rc_pingpong -c` (`--chk`): send its buffer pattern and check the received one
+    /// against it, instead of this tool's own per-message pattern.
+    pub chk: bool,
 }
 
 /// The commands and the options each takes besides the global ones.
@@ -71,6 +74,7 @@ const COMMANDS: &[(&str, &[&str])] = &[
             "--gid-idx",
             "--qemu-sock",
             "--ipv4",
+            "--chk",
         ],
     ),
     ("bench", &[]),
@@ -198,6 +202,10 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
                 a.qemu_sock = Some(argv.path("--qemu-sock")?);
                 "--qemu-sock"
             }
+            "--chk" => {
+                a.chk = true;
+                "--chk"
+            }
             "--ipv4" => {
                 let v = argv.value("--ipv4", "an IPv4 address")?;
                 a.ipv4 = Some(v.parse().map_err(|_| ArgError::Invalid {
@@ -289,8 +297,8 @@ fn check(a: &Args) -> Result<(), ArgError> {
             if a.timeout.is_some() && !remote {
                 return other("--timeout goes with --server / --client");
             }
-            if (a.gid_index.is_some() || a.qemu_sock.is_some()) && !remote {
-                return other("--gid-idx and --qemu-sock go with --server / --client");
+            if (a.gid_index.is_some() || a.qemu_sock.is_some() || a.chk) && !remote {
+                return other("--gid-idx, --qemu-sock and --chk go with --server / --client");
             }
             if (a.qemu_sock.is_some() || a.ipv4.is_some()) && a.device.as_deref().is_some_and(|d| d != "sim") {
                 return other(
@@ -330,7 +338,9 @@ mod tests {
             (&["trace", "decode", "f", "--json"], "--json does not apply to trace decode"),
             (&["devices", "--trace", "t"], "--trace does not apply to devices"),
             (&["devices", "--pcap", "p"], "--pcap does not apply to devices"),
-            (&["pingpong", "--qemu-sock", "s"], "--gid-idx and --qemu-sock go with --server / --client"),
+            (&["pingpong", "--qemu-sock", "s"], "--gid-idx, --qemu-sock and --chk go with --server / --client"),
+            (&["pingpong", "--chk"], "--gid-idx, --qemu-sock and --chk go with --server / --client"),
+            (&["devinfo", "--chk"], "--chk does not apply to devinfo"),
             (&["pingpong", "--server", "--ipv4", "10.0.0"], "--ipv4: \"10.0.0\" is not an IPv4 address"),
             (&["pingpong", "--server", "--gid-idx", "256"], "--gid-idx: \"256\" is not between 0 and 255"),
             (&["devinfo", "--gid-idx", "1"], "--gid-idx does not apply to devinfo"),

@@ -584,7 +584,7 @@ fn bring_up_sim(dev: SimDevice, trace: Option<Tracer>) -> Result<Arc<DeviceShare
 
 fn bring_up_vfio(bdf: Bdf, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
     let (ipv4_addrs, ipv6_addrs) = vfio_port_addrs()?;
-    let v = Arc::new(Vfio::open(bdf, VfioOptions::default())?);
+    let v = Arc::new(Vfio::open(bdf, VfioOptions::from_env()?)?);
     bring_up(DeviceKind::Vfio(v), trace, Config { ipv4_addrs, ipv6_addrs, ..host_config(Path::new("/sys")) })
 }
 

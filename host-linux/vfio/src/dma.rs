@@ -36,12 +36,58 @@ pub struct DmaOptions {
     pub max_iova: u64,
     /// Lowest IOVA handed out; IOVA 0 stays unmapped so a zero address from a bug faults instead of hitting memory.
     pub min_iova: u64,
+    /// How bus addresses are chosen.
+    pub iova_mode: IovaMode,
 }
 
 impl Default for DmaOptions {
     fn default() -> Self {
-        DmaOptions { hugepages: true, max_iova: u64::MAX, min_iova: CHUNK as u64 }
+        DmaOptions { hugepages: true, max_iova: u64::MAX, min_iova: CHUNK as u64, iova_mode: IovaMode::Allocated }
     }
+}
+
+/// How the device's addresses for memory are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IovaMode {
+    /// IOVAs from this allocator, inside the IOMMU's valid ranges; the IOMMU translates them.
+    Allocated,
+    /// IOVA = physical address (from `/proc/self/pagemap`, which needs CAP_SYS_ADMIN), for a device whose DMA
+    /// does not go through the IOMMU (QEMU's x-pci-proxy-dev): the IOMMU is still given the same mapping, so
+    /// the memory is pinned. Chunks must be hugepages (physically contiguous); process memory must be
+    /// physically contiguous over the range mapped.
+    Physical,
+}
+
+/// The physical address of `cpu` when `cpu .. cpu + len` is present and physically contiguous, read from
+/// `/proc/self/pagemap` (bit 63 present, bits 0-54 the page frame; frames read as 0 without CAP_SYS_ADMIN).
+pub fn physical_address(cpu: usize, len: usize) -> Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let err = |detail: String, source: Option<std::io::Error>| VfioError::PhysIova { detail, source };
+    let f =
+        std::fs::File::open("/proc/self/pagemap").map_err(|e| err("cannot open /proc/self/pagemap".into(), Some(e)))?;
+    let first = cpu / 4096;
+    let last = (cpu + len.max(1) - 1) / 4096;
+    let mut base = 0u64;
+    for page in first..=last {
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, page as u64 * 8)
+            .map_err(|e| err(format!("reading the pagemap entry of {:#x}", page * 4096), Some(e)))?;
+        let e = u64::from_le_bytes(b);
+        let pfn = e & ((1 << 55) - 1);
+        if e >> 63 == 0 {
+            return Err(err(format!("page {:#x} is not present", page * 4096), None));
+        }
+        if pfn == 0 {
+            return Err(err("the pagemap hides page frames (needs CAP_SYS_ADMIN: run as root)".into(), None));
+        }
+        let pa = pfn * 4096;
+        if page == first {
+            base = pa;
+        } else if pa != base + ((page - first) * 4096) as u64 {
+            return Err(err(format!("{len} bytes at {cpu:#x} are not physically contiguous"), None));
+        }
+    }
+    Ok(base + (cpu % 4096) as u64)
 }
 
 /// What backs the chunks mapped so far.
@@ -158,7 +204,9 @@ impl VfioDma {
     fn unmap_user(&self, s: &mut State, u: UserMap) {
         match self.container.unmap_dma(u.map_iova, u.map_len) {
             Ok(n) if n == u.map_len => {
-                give_iova(&mut s.iova_free, u.map_iova, u.hull_len);
+                if self.opts.iova_mode == IovaMode::Allocated {
+                    give_iova(&mut s.iova_free, u.map_iova, u.hull_len);
+                }
                 s.users_unmapped += 1;
             }
             Ok(n) => log::error!("IOMMU unmapped {n} of {} bytes at IOVA {:#x}; IOVA kept", u.map_len, u.map_iova),
@@ -193,8 +241,36 @@ impl VfioDma {
         self.lock().hugepages_failed
     }
 
+    /// Maps a new chunk of hugepages at IOVA = its physical address.
+    fn new_physical_chunk(&self, s: &mut State, len: usize) -> Result<Chunk> {
+        let map = self.sys.mmap_anon(len, true).map_err(|e| VfioError::PhysIova {
+            detail: "needs 2 MiB hugepages (echo 64 > /proc/sys/vm/nr_hugepages)".into(),
+            source: Some(e),
+        })?;
+        let cpu = map.as_ptr() as usize;
+        let iova = match physical_address(cpu, len) {
+            Ok(pa) => pa,
+            Err(e) => {
+                // SAFETY: the mapping was just created above and nothing refers to it.
+                unsafe { self.sys.munmap(map, len) };
+                return Err(e);
+            }
+        };
+        // SAFETY: as in `new_chunk`: the mapping stays until `release_chunk` has unmapped it from the IOMMU.
+        if let Err(e) = unsafe { self.container.map_dma(cpu as u64, iova, len as u64) } {
+            // SAFETY: the mapping was just created above and nothing refers to it.
+            unsafe { self.sys.munmap(map, len) };
+            return Err(e);
+        }
+        s.chunks_mapped += 1;
+        Ok(Chunk { map, map_len: len, cpu, iova, len, huge: true, free: vec![(0, len)], used: 0 })
+    }
+
     /// Maps a new chunk of `len` bytes (a multiple of [`CHUNK`]).
     fn new_chunk(&self, s: &mut State, len: usize) -> Result<Chunk> {
+        if self.opts.iova_mode == IovaMode::Physical {
+            return self.new_physical_chunk(s, len);
+        }
         let iova = take_iova(&mut s.iova_free, len as u64).ok_or(VfioError::NoIova(len))?;
         let mut mapping = None;
         if self.opts.hugepages && !s.hugepages_failed {
@@ -245,7 +321,9 @@ impl VfioDma {
                 // SAFETY: the chunk's mapping came from mmap_anon, no live region points into it (used == 0 or the
                 // allocator is being dropped), and the IOMMU no longer translates to it.
                 unsafe { self.sys.munmap(c.map, c.map_len) };
-                give_iova(&mut s.iova_free, c.iova, c.len as u64);
+                if self.opts.iova_mode == IovaMode::Allocated {
+                    give_iova(&mut s.iova_free, c.iova, c.len as u64);
+                }
                 s.chunks_unmapped += 1;
             }
             Ok(n) => log::error!("IOMMU unmapped {n} of {} bytes at IOVA {:#x}; keeping the memory", c.len, c.iova),
@@ -436,6 +514,27 @@ unsafe impl Dma for VfioDma {
         let hit_user = s.users.range(..end).next_back().is_some_and(|(&a, u)| a + u.len > addr);
         if hit_live || hit_user {
             return Err(refused);
+        }
+        if self.opts.iova_mode == IovaMode::Physical {
+            let pa = match physical_address(vbase as usize, map_len as usize) {
+                Ok(pa) => pa,
+                Err(e) => {
+                    log::warn!(
+                        "process memory at {addr:#x} ({len} bytes) cannot be mapped at its physical address: {e}"
+                    );
+                    return Err(refused);
+                }
+            };
+            // SAFETY: as below: the caller keeps the memory until the region is freed; `free` unmaps it first.
+            if let Err(e) = unsafe { self.container.map_dma(vbase, pa, map_len) } {
+                log::warn!("mapping {len} bytes of process memory at {addr:#x} for the device failed: {e}");
+                return Err(DmaError::MapFailed);
+            }
+            let iova = pa + (addr as u64 - vbase);
+            s.users.insert(addr, UserMap { len, iova, map_iova: pa, map_len, hull_len: 0 });
+            s.users_mapped += 1;
+            // SAFETY: the caller vouches for the bytes; the IOMMU (and the bypassing device) reach them at `iova`.
+            return Ok(unsafe { DmaRegion::from_raw_parts(ptr, iova, len) });
         }
         let hull_len = map_len.checked_next_multiple_of(CHUNK as u64).ok_or(refused)?;
         let align = (1u64 << vbase.trailing_zeros())

@@ -121,6 +121,14 @@ pub enum VfioError {
     NoInterrupts { bdf: Bdf, kind: &'static str },
     #[error("{bdf}: {detail}")]
     Bind { bdf: Bdf, detail: String },
+    #[error("IOVA = physical address: {detail}")]
+    PhysIova {
+        detail: String,
+        #[source]
+        source: Option<io::Error>,
+    },
+    #[error("MLX5_RS_IOVA_MODE={0:?}: expected va or pa")]
+    BadIovaMode(String),
     #[error("failed to {what}: {source}")]
     Sys {
         what: String,
@@ -661,6 +669,22 @@ impl Default for VfioOptions {
     }
 }
 
+impl VfioOptions {
+    /// The defaults, with the IOVA mode `MLX5_RS_IOVA_MODE` chooses: `va` (unset: IOVAs this driver allocates,
+    /// translated by the IOMMU) or `pa` (IOVA = the memory's physical address, for a device whose DMA bypasses
+    /// the IOMMU, as QEMU's x-pci-proxy-dev does; DPDK's `--iova-mode=pa`). Never chosen automatically: a device
+    /// behind a working IOMMU must not be handed physical addresses.
+    pub fn from_env() -> Result<Self> {
+        let mut o = Self::default();
+        match std::env::var("MLX5_RS_IOVA_MODE").as_deref() {
+            Err(_) | Ok("") | Ok("va") => {}
+            Ok("pa") => o.dma.iova_mode = dma::IovaMode::Physical,
+            Ok(other) => return Err(VfioError::BadIovaMode(other.to_string())),
+        }
+        Ok(o)
+    }
+}
+
 impl Vfio {
     pub fn open(bdf: Bdf, opts: VfioOptions) -> Result<Vfio> {
         Self::open_with(Arc::new(sys::LinuxSys), bdf, opts)
@@ -670,7 +694,18 @@ impl Vfio {
         let device = VfioDevice::open_with(sys, bdf)?;
         let bar = device.map_bar(abi::VFIO_PCI_BAR0_REGION_INDEX)?;
         let dma = dma::VfioDma::new(device.container().clone(), opts.dma);
-        let irqs = if opts.vectors > 0 { Some(irq::Interrupts::enable(&device, opts.vectors)?) } else { None };
+        let irqs = match opts.vectors {
+            0 => None,
+            n => match irq::Interrupts::enable(&device, n) {
+                Ok(i) => Some(i),
+                // A function with neither MSI-X nor MSI (QEMU's x-pci-proxy-dev forwards none): the driver polls.
+                Err(VfioError::NoInterrupts { bdf, .. }) => {
+                    log::warn!("{bdf} has no MSI-X or MSI interrupts: completions and events are polled");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+        };
         device.set_bus_master(true)?;
         Ok(Vfio { irqs, dma, bar, device })
     }

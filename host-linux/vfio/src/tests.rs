@@ -606,3 +606,33 @@ fn the_twin_refuses_a_lying_argsz_as_the_real_seam_does() {
     unsafe { t.ioctl(fd, abi::VFIO_DEVICE_GET_INFO, Arg::Buf(&mut honest)) }.unwrap();
     assert_eq!(abi::vfio_device_info::read_from(&honest).num_regions, 9);
 }
+
+/// IOVA = PA: a page never touched is not present, so it has no physical address to give a device; a touched
+/// one has one (as root) or the pagemap hides it (not root): never a made-up address.
+#[test]
+fn physical_address_needs_a_present_page_and_names_why_not() {
+    use crate::dma::physical_address;
+    // SAFETY: a fresh private anonymous mapping of two pages, unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let a = p as usize;
+    let e = physical_address(a, 4096).unwrap_err().to_string();
+    assert!(e.contains("not present"), "{e}");
+    // SAFETY: inside the mapping.
+    unsafe { (p as *mut u8).add(100).write_volatile(1) };
+    match physical_address(a + 100, 1) {
+        Ok(pa) => assert_eq!(pa % 4096, 100),
+        Err(e) => assert!(e.to_string().contains("CAP_SYS_ADMIN"), "{e}"),
+    }
+    // SAFETY: the mapping made above, unused now.
+    unsafe { libc::munmap(p, 8192) };
+}

@@ -7,7 +7,7 @@
 //!      [--size N] [--iters N] [--json]
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] pingpong
 //!      --server [--port P] | --client HOST[:P] [--size N] [--iters N] [--json] [--gid-idx N] [--qemu-sock PATH]
-//!      [--ipv4 ADDR]
+//!      [--ipv4 ADDR] [--chk]
 //! mlx5 devices
 //! mlx5 bind BDF | unbind BDF
 //! mlx5 trace decode FILE [--all] [--hexdump]
@@ -54,7 +54,8 @@ commands:
              advertised and sent from, rc_pingpong's -g; --qemu-sock PATH: the simulated port is plugged into a
              QEMU guest NIC listening there (-netdev stream,server=on) instead, RoCEv2 frames on the socket,
              e.g. to reach ibv_rc_pingpong over rdma_rxe, whose -c buffer the messages then are; --ipv4 ADDR:
-             the simulated port's IPv4 address)
+             the simulated port's IPv4 address; --chk: the peer is ibv_rc_pingpong -c, whose buffer the
+             messages are and are checked against)
              --ud: a UD ping-pong between two UD QPs of the device instead, as ibv_ud_pingpong does it
              (address handles, Q_Key 0x11111111, 40 bytes of GRH room before each received payload;
              --size default 2048 or the port's active MTU if smaller, at most the MTU); with --server /
@@ -94,7 +95,7 @@ fn open(args: &Args) -> Result<DeviceKind, ToolError> {
         return Ok(DeviceKind::Sim(SimDevice::new(sim_config(args))));
     };
     let bdf: Bdf = addr.parse()?;
-    let v = Vfio::open(bdf, VfioOptions::default())?;
+    let v = Vfio::open(bdf, VfioOptions::from_env()?)?;
     let ids = v.device.pci_ids()?;
     if ids.vendor != bind::MELLANOX_VENDOR_ID {
         return Err(ToolError::Run(format!(
@@ -348,7 +349,7 @@ fn remote_pingpong(args: &Args) -> Result<(), ToolError> {
         timeout,
         ud: args.ud,
         gid_index: args.gid_index.unwrap_or(0),
-        rc_pingpong_data: args.qemu_sock.is_some(),
+        rc_pingpong_data: args.qemu_sock.is_some() || args.chk,
         // A TCG guest stalls for half a second under load: 1 s per try there (8.6 s in all), 67 ms elsewhere.
         ack_timeout: if args.qemu_sock.is_some() { 18 } else { 14 },
     };

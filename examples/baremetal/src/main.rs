@@ -1,0 +1,331 @@
+//! `mlx5-core` on bare x86_64: an image QEMU boots with `-kernel` (PVH entry), no std, no alloc. It switches to
+//! long mode with the first 4 GiB identity-mapped, finds the ConnectX (15b3:1017) by scanning PCI config space
+//! (ports 0xcf8/0xcfc), turns on memory decoding and bus mastering, and hands the firmware example's `run()` an
+//! `Mmio` over BAR0 at the address the BIOS gave it, the firmware's `Arena` over a static buffer (iova = CPU
+//! address = physical address) and a TSC delay calibrated on the PIT: bring-up in Linux's order, PD, MR, two CQs
+//! and two RC QPs on the port's loopback, two SENDs and an RDMA WRITE with every completion and byte checked,
+//! teardown with every firmware page returned. It logs on the serial port and exits through `isa-debug-exit`
+//! (1: passed, 2: failed; QEMU exits with `(v << 1) | 1`).
+//!
+//! Build: `cargo build --release -p mlx5-baremetal-example --target x86_64-unknown-none` with
+//! `RUSTFLAGS=-C relocation-model=static` (`cargo xtask pci-sim` does). On the host the binary runs the same
+//! `run()` against the simulator and prints the device's command trace, the reference the image's is compared
+//! with.
+
+#![cfg_attr(target_os = "none", no_std, no_main)]
+
+#[cfg(target_os = "none")]
+mod image {
+    use core::arch::{asm, global_asm};
+    use core::fmt::Write;
+    use core::mem::MaybeUninit;
+
+    use mlx5_core::hal::{DelayNs, Mmio};
+    use mlx5_core::trace::{CmdRecord, CmdTrace};
+    use mlx5_firmware_example::arena::Arena;
+    use mlx5_firmware_example::run;
+
+    // The PVH entry (32-bit protected mode, paging off): page tables identity-mapping 4 GiB with 2 MiB pages,
+    // PAE, long mode, paging, a 64-bit code segment, a stack, then Rust.
+    global_asm!(
+        r#"
+        .section .text.boot, "ax"
+        .code32
+        .global _start32
+        _start32:
+            cli
+            movl $boot_stack_top, %esp
+            movl $boot_pd, %edi
+            xorl %ecx, %ecx
+        1:  movl %ecx, %eax
+            shll $21, %eax
+            orl $0x83, %eax
+            movl %eax, (%edi,%ecx,8)
+            movl %ecx, %edx
+            shrl $11, %edx
+            movl %edx, 4(%edi,%ecx,8)
+            incl %ecx
+            cmpl $2048, %ecx
+            jne 1b
+            movl $boot_pdpt, %edi
+            movl $boot_pd, %eax
+            orl $3, %eax
+            xorl %ecx, %ecx
+        2:  movl %eax, (%edi,%ecx,8)
+            movl $0, 4(%edi,%ecx,8)
+            addl $4096, %eax
+            incl %ecx
+            cmpl $4, %ecx
+            jne 2b
+            movl $boot_pml4, %edi
+            movl $boot_pdpt, %eax
+            orl $3, %eax
+            movl %eax, (%edi)
+            movl $0, 4(%edi)
+            movl %edi, %cr3
+            movl %cr4, %eax
+            orl $0x20, %eax
+            movl %eax, %cr4
+            movl $0xc0000080, %ecx
+            rdmsr
+            orl $0x100, %eax
+            wrmsr
+            movl %cr0, %eax
+            orl $0x80000001, %eax
+            movl %eax, %cr0
+            lgdt boot_gdt_ptr
+            ljmp $0x08, $boot_start64
+        .code64
+        boot_start64:
+            movw $0x10, %ax
+            movw %ax, %ds
+            movw %ax, %es
+            movw %ax, %ss
+            movw %ax, %fs
+            movw %ax, %gs
+            movq $boot_stack_top, %rsp
+            call baremetal_main
+        3:  hlt
+            jmp 3b
+
+        .section .rodata.boot, "a"
+        .balign 8
+        boot_gdt:
+            .quad 0
+            .quad 0x00af9a000000ffff
+            .quad 0x00cf92000000ffff
+        boot_gdt_ptr:
+            .word 23
+            .long boot_gdt
+
+        .section .note.Xen, "a"
+        .balign 4
+            .long 4
+            .long 4
+            .long 18
+            .asciz "Xen"
+            .long _start32
+
+        .section .bss.boot, "aw", @nobits
+        .balign 4096
+        boot_pml4: .skip 4096
+        boot_pdpt: .skip 4096
+        boot_pd: .skip 16384
+        boot_stack: .skip 262144
+        boot_stack_top:
+        "#,
+        options(att_syntax)
+    );
+
+    fn outb(port: u16, v: u8) {
+        // SAFETY: port I/O to the legacy devices this image owns (serial, PIT, debug exit); no memory is touched.
+        unsafe { asm!("out dx, al", in("dx") port, in("al") v, options(nomem, nostack, preserves_flags)) };
+    }
+    fn inb(port: u16) -> u8 {
+        let v: u8;
+        // SAFETY: as in `outb`.
+        unsafe { asm!("in al, dx", out("al") v, in("dx") port, options(nomem, nostack, preserves_flags)) };
+        v
+    }
+    fn outl(port: u16, v: u32) {
+        // SAFETY: as in `outb` (PCI configuration mechanism #1).
+        unsafe { asm!("out dx, eax", in("dx") port, in("eax") v, options(nomem, nostack, preserves_flags)) };
+    }
+    fn inl(port: u16) -> u32 {
+        let v: u32;
+        // SAFETY: as in `outb`.
+        unsafe { asm!("in eax, dx", out("eax") v, in("dx") port, options(nomem, nostack, preserves_flags)) };
+        v
+    }
+    fn rdtsc() -> u64 {
+        let (lo, hi): (u32, u32);
+        // SAFETY: reads the time-stamp counter; no memory is touched.
+        unsafe { asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags)) };
+        (u64::from(hi) << 32) | u64::from(lo)
+    }
+
+    /// COM1, as QEMU's `-serial stdio` shows it.
+    struct Serial;
+
+    impl Write for Serial {
+        fn write_str(&mut self, s: &str) -> core::fmt::Result {
+            for b in s.bytes() {
+                // Transmit holding register empty.
+                while inb(0x3fd) & 0x20 == 0 {}
+                outb(0x3f8, b);
+            }
+            Ok(())
+        }
+    }
+
+    macro_rules! log {
+        ($($t:tt)*) => {{ let _ = writeln!(Serial, $($t)*); }};
+    }
+
+    /// `isa-debug-exit` at 0xf4: QEMU exits with `(v << 1) | 1`.
+    fn exit(v: u8) -> ! {
+        outb(0xf4, v);
+        loop {
+            // SAFETY: halts until an interrupt; interrupts are off, so for good.
+            unsafe { asm!("hlt", options(nomem, nostack)) };
+        }
+    }
+
+    fn cfg_read(dev: u8, off: u8) -> u32 {
+        outl(0xcf8, 0x8000_0000 | u32::from(dev) << 11 | u32::from(off & 0xfc));
+        inl(0xcfc)
+    }
+    fn cfg_write(dev: u8, off: u8, v: u32) {
+        outl(0xcf8, 0x8000_0000 | u32::from(dev) << 11 | u32::from(off & 0xfc));
+        outl(0xcfc, v);
+    }
+
+    /// BAR0 through the identity map: big-endian registers, each access one load or store of its width.
+    struct Bar(usize);
+
+    impl Mmio for Bar {
+        fn read32(&self, off: usize) -> u32 {
+            // SAFETY: `off` is inside BAR0 (the core only addresses the initialization segment and its UARs), which
+            // the page tables map 1:1.
+            u32::from_be(unsafe { ((self.0 + off) as *const u32).read_volatile() })
+        }
+        fn write32(&self, off: usize, v: u32) {
+            // SAFETY: as in `read32`.
+            unsafe { ((self.0 + off) as *mut u32).write_volatile(v.to_be()) }
+        }
+        fn read64(&self, off: usize) -> u64 {
+            // SAFETY: as in `read32`.
+            u64::from_be(unsafe { ((self.0 + off) as *const u64).read_volatile() })
+        }
+        fn write64(&self, off: usize, v: u64) {
+            // SAFETY: as in `read32`; one 8-byte store, so a doorbell is one access.
+            unsafe { ((self.0 + off) as *mut u64).write_volatile(v.to_be()) }
+        }
+    }
+
+    /// Delays on the TSC, its rate measured against the PIT.
+    struct Tsc {
+        per_us: u64,
+    }
+
+    impl Tsc {
+        /// Counts TSC ticks over 10 ms of PIT channel 2 (1.193182 MHz, mode 0, gate on, speaker off).
+        fn calibrate() -> Self {
+            outb(0x61, (inb(0x61) & !0x02) | 0x01);
+            outb(0x43, 0xb0);
+            let count: u16 = 11_932;
+            outb(0x42, count as u8);
+            outb(0x42, (count >> 8) as u8);
+            let t0 = rdtsc();
+            while inb(0x61) & 0x20 == 0 {}
+            let t1 = rdtsc();
+            Self { per_us: ((t1 - t0) / 10_000).max(1) }
+        }
+    }
+
+    impl DelayNs for Tsc {
+        fn delay_ns(&mut self, ns: u32) {
+            let end = rdtsc() + (u64::from(ns) * self.per_us).div_ceil(1000);
+            while rdtsc() < end {
+                core::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Logs every command the core completes.
+    struct SerialTrace(u32);
+
+    impl CmdTrace for SerialTrace {
+        fn record(&mut self, rec: &CmdRecord<'_>) {
+            self.0 += 1;
+            log!(
+                "fw: {:#06x} {} op_mod {} {:?}",
+                rec.opcode.raw(),
+                rec.opcode.name().unwrap_or("?"),
+                rec.op_mod,
+                rec.outcome
+            );
+        }
+    }
+
+    const ARENA_BYTES: usize = 4 << 20;
+    /// The DMA arena: identity-mapped, so its CPU addresses are the bus addresses the device sees.
+    static mut ARENA_MEM: [MaybeUninit<u8>; ARENA_BYTES] = [MaybeUninit::uninit(); ARENA_BYTES];
+
+    #[no_mangle]
+    extern "C" fn baremetal_main() -> ! {
+        log!("baremetal: long mode, 4 GiB identity-mapped");
+        let mut found = None;
+        for dev in 0..32u8 {
+            let id = cfg_read(dev, 0);
+            if id == 0x1017_15b3 {
+                found = Some(dev);
+                break;
+            }
+        }
+        let Some(dev) = found else {
+            log!("baremetal: no 15b3:1017 on bus 0");
+            exit(2)
+        };
+        let bar0 = (cfg_read(dev, 0x10) & !0xf) as usize;
+        // Memory decoding and bus mastering on.
+        cfg_write(dev, 0x04, cfg_read(dev, 0x04) | 0x6);
+        log!("baremetal: enumerated 00:{dev:02x}.0 15b3:1017 bar0 {bar0:#x}");
+        let mut delay = Tsc::calibrate();
+        log!("baremetal: tsc {} ticks/us", delay.per_us);
+        // SAFETY: the one reference to the arena's memory, made once, handed to the one Arena.
+        let mem: &'static mut [MaybeUninit<u8>] = unsafe { &mut *core::ptr::addr_of_mut!(ARENA_MEM) };
+        // SAFETY: the memory is this arena's alone.
+        let arena: Arena = unsafe { Arena::new(mem) };
+        let mut trace = SerialTrace(0);
+        match run(Bar(bar0), &arena, &mut trace, &mut delay) {
+            Ok(r) => {
+                log!(
+                    "baremetal: passed: fw {}.{}.{}, {} commands, qpns {:#x} {:#x}, digests {:08x?}, {} pages reclaimed",
+                    r.fw_rev.0,
+                    r.fw_rev.1,
+                    r.fw_rev.2,
+                    trace.0,
+                    r.qpns[0],
+                    r.qpns[1],
+                    r.digests,
+                    r.pages_reclaimed
+                );
+                let checked: u32 = mlx5_firmware_example::TRANSFERS.iter().map(|t| t.len).sum();
+                log!("baremetal: bytes_checked {checked}");
+                let s = arena.stats();
+                log!("baremetal: arena {s:?}");
+                exit(1)
+            }
+            Err(e) => {
+                log!("baremetal: failed: {e:?}");
+                exit(2)
+            }
+        }
+    }
+
+    #[panic_handler]
+    fn panic(info: &core::panic::PanicInfo) -> ! {
+        log!("baremetal: panic: {info}");
+        exit(2)
+    }
+}
+
+#[cfg(not(target_os = "none"))]
+fn main() -> std::process::ExitCode {
+    use mlx5_sim::{SimConfig, SimDevice};
+    // The same run() on the host against the simulator; the device's command trace, one `opcode op_mod` a line.
+    let dev = SimDevice::new(SimConfig::default());
+    match mlx5_firmware_example::run(dev.mmio(), dev.dma(), (), &mut dev.delay()) {
+        Ok(_) => {
+            for c in dev.executed() {
+                println!("{:#x} {}", c.opcode, c.op_mod);
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("mlx5-baremetal-example: run() failed on the simulator: {e:?}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
