@@ -518,14 +518,14 @@ unsafe fn wr_op(qp: *mut ibv_qp_ex, need: u64, op: SendOp) {
         return;
     }
     let (wr_id, flags) = (q.c.wr_id, q.c.wr_flags);
-    b.wrs.push(PendingWr { wr_id, flags, op, sg: Vec::new(), inline: None, ud: None });
+    let at = b.sges.len();
+    b.wrs.push(PendingWr { wr_id, flags, op, sg: at..at, inline: None, ud: None });
 }
 
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
     // SAFETY: the program passes its QP.
     if let Some((_, mut b)) = unsafe { batch(qp) } {
-        b.wrs.clear();
-        b.err = 0;
+        clear(&mut b);
     }
 }
 
@@ -538,36 +538,49 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     guard("ibv_wr_complete", libc::EIO, || {
         // SAFETY: the program passes its QP.
         let Some((q, mut b)) = (unsafe { batch(qp) }) else { return libc::EINVAL };
-        let wrs = std::mem::take(&mut b.wrs);
         let err = std::mem::take(&mut b.err);
-        drop(b);
         if err != 0 {
+            clear(&mut b);
             return err;
         }
-        for p in &wrs {
-            let ud = match (q.qp_type, p.ud) {
-                (mlx5_core::qp::QpType::Ud, Some((ah, qpn, qkey))) => {
-                    // SAFETY: the program's address handle, created by this library.
-                    let Some(ah) = (unsafe { ah.as_ref() }) else { return libc::EINVAL };
-                    Some(UdDest { ah: &ah.ah, remote_qpn: qpn, remote_qkey: qkey })
+        // The whole batch goes to the core as one list: one doorbell, BlueFlame for a single small WQE.
+        let r = q.raw.post_send_with(|sb| {
+            for p in &b.wrs {
+                let ud = match (q.qp_type, p.ud) {
+                    (QpType::Ud, Some((ah, qpn, qkey))) => {
+                        // SAFETY: the program's address handle, created by this library.
+                        let Some(ah) = (unsafe { ah.as_ref() }) else { return libc::EINVAL };
+                        Some(UdDest { ah: &ah.ah, remote_qpn: qpn, remote_qkey: qkey })
+                    }
+                    (QpType::Ud, None) => return libc::EINVAL,
+                    _ => None,
+                };
+                let inline = p.inline.clone().map(|r| &b.bytes[r]);
+                let wr = SendWr {
+                    wr_id: p.wr_id,
+                    op: p.op,
+                    sg_list: if inline.is_some() { &[] } else { &b.sges[p.sg.clone()] },
+                    flags: SendFlags(p.flags & 7),
+                    inline,
+                    ud,
+                };
+                if let Err(kind) = sb.push(&wr) {
+                    return send_errno(kind);
                 }
-                (mlx5_core::qp::QpType::Ud, None) => return libc::EINVAL,
-                _ => None,
-            };
-            let wr = SendWr {
-                wr_id: p.wr_id,
-                op: p.op,
-                sg_list: if p.inline.is_some() { &[] } else { &p.sg },
-                flags: SendFlags(p.flags & 7),
-                inline: p.inline.as_deref(),
-                ud,
-            };
-            if let Err(e) = q.raw.post_send(&[wr]) {
-                return errno_of(&e);
             }
-        }
-        0
+            0
+        });
+        clear(&mut b);
+        r.unwrap_or_else(|e| errno_of(&e))
     })
+}
+
+/// Empties a batch, keeping its storage.
+fn clear(b: &mut WrBatch) {
+    b.wrs.clear();
+    b.sges.clear();
+    b.bytes.clear();
+    b.err = 0;
 }
 
 unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
@@ -627,37 +640,60 @@ unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _: u32, _: u64, _: *con
 ///
 /// # Safety
 /// `qp` is a live QP of this library.
-unsafe fn with_last(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut PendingWr)) {
+unsafe fn with_last(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut WrBatch)) {
     // SAFETY: the caller's duty.
     let Some((_, mut b)) = (unsafe { batch(qp) }) else { return };
-    match b.wrs.last_mut() {
-        Some(w) => f(w),
-        None => {
-            if b.err == 0 {
-                b.err = libc::EINVAL;
-            }
+    if b.wrs.is_empty() {
+        if b.err == 0 {
+            b.err = libc::EINVAL;
         }
+        return;
+    }
+    f(&mut b)
+}
+
+/// Sets the last work request's gather list to `sg` (a later setter replaces an earlier one).
+fn set_sg(b: &mut WrBatch, sg: impl Iterator<Item = Sge>) {
+    let at = b.sges.len();
+    b.sges.extend(sg);
+    let end = b.sges.len();
+    if let Some(w) = b.wrs.last_mut() {
+        w.sg = at..end;
+    }
+}
+
+/// Sets the last work request's inline bytes to the concatenation of `parts`.
+fn set_inline<'a>(b: &mut WrBatch, parts: impl Iterator<Item = &'a [u8]>) {
+    let at = b.bytes.len();
+    for p in parts {
+        b.bytes.extend_from_slice(p);
+    }
+    let end = b.bytes.len();
+    if let Some(w) = b.wrs.last_mut() {
+        w.inline = Some(at..end);
     }
 }
 
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
     // SAFETY: the program passes its QP.
-    unsafe { with_last(qp, |w| w.ud = Some((ah.cast_const().cast(), qpn, qkey))) }
+    unsafe {
+        with_last(qp, |b| {
+            if let Some(w) = b.wrs.last_mut() {
+                w.ud = Some((ah.cast_const().cast(), qpn, qkey));
+            }
+        })
+    }
 }
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     // SAFETY: the program passes its QP.
-    unsafe { with_last(qp, |w| w.sg = vec![Sge { addr, length, lkey }]) }
+    unsafe { with_last(qp, |b| set_sg(b, std::iter::once(Sge { addr, length, lkey }))) }
 }
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
-    let sg: Vec<Sge> = (0..if list.is_null() { 0 } else { n })
-        .map(|i| {
-            // SAFETY: the program's list holds n entries.
-            let s = unsafe { *list.add(i) };
-            Sge { addr: s.addr, length: s.length, lkey: s.lkey }
-        })
-        .collect();
+    let n = if list.is_null() { 0 } else { n };
+    // SAFETY: the program's list holds n entries, of the core's layout (checked at compile time above).
+    let sg = unsafe { std::slice::from_raw_parts(list.cast::<Sge>(), n) };
     // SAFETY: the program passes its QP.
-    unsafe { with_last(qp, |w| w.sg = sg) }
+    unsafe { with_last(qp, |b| set_sg(b, sg.iter().copied())) }
 }
 /// Whether `len` inline bytes fit the QP's `max_inline_data`; if not the batch fails with `ENOMEM` and nothing
 /// is copied, as libmlx5's `_mlx5_send_wr_set_inline_data` answers.
@@ -679,34 +715,30 @@ unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, l
     if !unsafe { inline_fits(qp, len) } {
         return;
     }
-    let data = if addr.is_null() || len == 0 {
-        Vec::new()
+    let data: &[u8] = if addr.is_null() || len == 0 {
+        &[]
     } else {
         // SAFETY: the program's buffer holds len bytes; inline data is copied now, as verbs specifies.
-        unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec()
+        unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }
     };
     // SAFETY: the program passes its QP.
-    unsafe { with_last(qp, |w| w.inline = Some(data)) }
+    unsafe { with_last(qp, |b| set_inline(b, std::iter::once(data))) }
 }
 unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
     let n = if list.is_null() { 0 } else { n };
     // SAFETY: the program's list holds n buffers.
-    let total = (0..n).fold(0usize, |t, i| t.saturating_add(unsafe { *list.add(i) }.length));
+    let bufs = unsafe { std::slice::from_raw_parts(list, n) };
+    let total = bufs.iter().fold(0usize, |t, b| t.saturating_add(b.length));
     // SAFETY: the program passes its QP.
     if !unsafe { inline_fits(qp, total) } {
         return;
     }
-    let mut data = Vec::with_capacity(total);
-    for i in 0..n {
-        // SAFETY: the program's list holds n buffers, each readable for its length.
-        let b = unsafe { *list.add(i) };
-        if !b.addr.is_null() {
-            // SAFETY: as above.
-            data.extend_from_slice(unsafe { std::slice::from_raw_parts(b.addr.cast::<u8>(), b.length) });
-        }
-    }
+    let parts = bufs.iter().filter(|b| !b.addr.is_null() && b.length > 0).map(|b| {
+        // SAFETY: each buffer is readable for its length (the program's duty).
+        unsafe { std::slice::from_raw_parts(b.addr.cast::<u8>(), b.length) }
+    });
     // SAFETY: the program passes its QP.
-    unsafe { with_last(qp, |w| w.inline = Some(data)) }
+    unsafe { with_last(qp, |b| set_inline(b, parts)) }
 }
 
 /// Fills the `ibv_wr_*` table: every pointer is a function (an operation not in `ops` fails the batch with

@@ -1448,3 +1448,61 @@ fn an_error_mid_list_sets_bad_wr_and_posts_the_wrs_before_it() {
         l.close();
     }
 }
+
+/// Issue 38: an `ibv_wr_start` … `ibv_wr_complete` batch is posted as one list (one doorbell for 8 WRs, with
+/// their gather lists and inline bytes as set), a batch of one by BlueFlame.
+#[test]
+fn a_wr_batch_rings_one_doorbell() {
+    let mut l = Loopback::without_qp(8192, 64, false);
+    let (ctx, pd, mr, cq) = (l.ctx, l.pd, l.mr, l.cq);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let i = rc_init(cq, 16);
+        let mut init: ibv_qp_init_attr_ex = std::mem::zeroed();
+        (init.send_cq, init.recv_cq, init.cap, init.qp_type, init.sq_sig_all) = (cq, cq, i.cap, 2, 1);
+        init.cap.max_inline_data = 64;
+        // IBV_QP_INIT_ATTR_PD | SEND_OPS_FLAGS; RDMA_WRITE.
+        (init.comp_mask, init.pd, init.send_ops_flags) = (1 | (1 << 6), pd, 1);
+        let qp = vctx(ctx).create_qp_ex.unwrap()(ctx, &mut init);
+        assert!(!qp.is_null(), "errno {}", errno());
+        connect(ctx, qp, (*qp).qp_num);
+        let qpn = (*qp).qp_num;
+        let base = l.mem.as_mut_ptr() as u64;
+        l.mem[..8].copy_from_slice(b"gathered");
+        let inl = *b"inline!!";
+        let (lkey, rkey) = ((*mr).lkey, (*mr).rkey);
+        let qx = ibv_qp_to_qp_ex(qp);
+        let before = sq_doorbells(ctx, qpn);
+        (*qx).wr_start.unwrap()(qx);
+        for k in 0..8u64 {
+            (*qx).wr_id = 400 + k;
+            (*qx).wr_flags = 2;
+            (*qx).wr_rdma_write.unwrap()(qx, rkey, base + 4096 + 8 * k);
+            if k % 2 == 0 {
+                (*qx).wr_set_sge.unwrap()(qx, lkey, base, 8);
+            } else {
+                (*qx).wr_set_inline_data.unwrap()(qx, inl.as_ptr().cast_mut().cast(), 8);
+            }
+        }
+        assert_eq!((*qx).wr_complete.unwrap()(qx), 0);
+        let after = sq_doorbells(ctx, qpn);
+        assert_eq!(&after[before.len()..], &[(8, 0)], "one doorbell for the 8 WRs of the batch");
+        let mut ids = poll_ids(cq, 8);
+        ids.sort();
+        assert_eq!(ids, (400..408).collect::<Vec<_>>());
+        for k in 0..8 {
+            let want: &[u8] = if k % 2 == 0 { b"gathered" } else { b"inline!!" };
+            assert_eq!(&l.mem[4096 + 8 * k..4104 + 8 * k], want, "write {k}");
+        }
+        // A batch of one goes by BlueFlame.
+        (*qx).wr_start.unwrap()(qx);
+        (*qx).wr_id = 408;
+        (*qx).wr_rdma_write.unwrap()(qx, rkey, base + 4096);
+        (*qx).wr_set_sge.unwrap()(qx, lkey, base, 8);
+        assert_eq!((*qx).wr_complete.unwrap()(qx), 0);
+        assert_eq!(sq_doorbells(ctx, qpn).last(), Some(&(9, 56)));
+        assert_eq!(poll_ids(cq, 1), [408]);
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        l.close();
+    }
+}
