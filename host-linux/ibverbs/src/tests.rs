@@ -1506,3 +1506,114 @@ fn a_wr_batch_rings_one_doorbell() {
         l.close();
     }
 }
+
+#[global_allocator]
+static ALLOC: mlx5_sim::testkit::alloc_count::Counting = mlx5_sim::testkit::alloc_count::Counting;
+
+/// Issue 38: the C ABI's datapath calls allocate nothing: `ibv_post_send` (1 and 16 per call), `ibv_post_recv`
+/// (16), `ibv_poll_cq` (16) and a warm `ibv_wr_*` batch, counted by a global allocator armed on this thread only.
+/// The simulated device runs in line, on this thread, when a doorbell rings: its own work is counted too, so a
+/// zero here holds for the library and the simulator together.
+#[test]
+fn the_c_datapath_calls_allocate_nothing() {
+    use mlx5_sim::testkit::alloc_count;
+    let mut l = Loopback::without_qp(8192, 256, false);
+    let (ctx, pd, cq) = (l.ctx, l.pd, l.cq);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let i = rc_init(cq, 64);
+        let mut init: ibv_qp_init_attr_ex = std::mem::zeroed();
+        (init.send_cq, init.recv_cq, init.cap, init.qp_type, init.sq_sig_all) = (cq, cq, i.cap, 2, 0);
+        init.cap.max_recv_wr = 64;
+        (init.comp_mask, init.pd, init.send_ops_flags) = (1 | (1 << 6), pd, 1 | (1 << 2));
+        let qp = vctx(ctx).create_qp_ex.unwrap()(ctx, &mut init);
+        assert!(!qp.is_null(), "errno {}", errno());
+        connect(ctx, qp, (*qp).qp_num);
+        l.qp = qp;
+        let ops = (*ctx).ops;
+        let base = l.mem.as_mut_ptr() as u64;
+        let lkey = (*l.mr).lkey;
+        let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 16];
+        let mut wrs: [ibv_send_wr; 16] = std::mem::zeroed();
+        write_list(&l, &mut sges, &mut wrs);
+        let mut rs = [ibv_sge { addr: base + 4096, length: 64, lkey }; 16];
+        let mut rw: [ibv_recv_wr; 16] = std::mem::zeroed();
+        for (k, w) in rw.iter_mut().enumerate() {
+            *w = ibv_recv_wr { wr_id: 500 + k as u64, next: ptr::null_mut(), sg_list: &mut rs[k], num_sge: 1 };
+        }
+        for k in 0..15 {
+            let next: *mut ibv_recv_wr = &mut rw[k + 1];
+            rw[k].next = next;
+        }
+        let qx = ibv_qp_to_qp_ex(qp);
+        let mut wc = [ibv_wc::default(); 16];
+        let mut bad = ptr::null_mut();
+        let mut bad_r = ptr::null_mut();
+        // One round of every call; the first warms the builder's storage.
+        let mut round = |bad: &mut *mut ibv_send_wr, bad_r: &mut *mut ibv_recv_wr, wrs: &mut [ibv_send_wr; 16]| {
+            let mut wc = [ibv_wc::default(); 16];
+            let mut polled = 0;
+            assert_eq!(ops.post_recv.unwrap()(qp, rw.as_mut_ptr(), bad_r), 0);
+            assert_eq!(ops.post_send.unwrap()(qp, wrs.as_mut_ptr(), bad), 0);
+            let one: *mut ibv_send_wr = &mut wrs[15];
+            assert_eq!(ops.post_send.unwrap()(qp, one, bad), 0);
+            (*qx).wr_start.unwrap()(qx);
+            (*qx).wr_id = 7;
+            (*qx).wr_flags = 2;
+            (*qx).wr_rdma_write.unwrap()(qx, (*l.mr).rkey, base + 4096);
+            (*qx).wr_set_sge.unwrap()(qx, lkey, base, 8);
+            assert_eq!((*qx).wr_complete.unwrap()(qx), 0);
+            // 16 + 1 + 1 signaled writes complete (the receives stay posted for the next round's count).
+            for _ in 0..1000 {
+                let n = ops.poll_cq.unwrap()(cq, 16, wc.as_mut_ptr());
+                assert!(n >= 0);
+                polled += n;
+                if polled >= 18 {
+                    break;
+                }
+            }
+            assert_eq!(polled, 18);
+        };
+        round(&mut bad, &mut bad_r, &mut wrs);
+        // Each iteration's receives are consumed by 16 SENDs of the QP to itself.
+        let mut iteration = |wrs: &mut [ibv_send_wr; 16]| {
+            for w in wrs.iter_mut() {
+                w.opcode = 0;
+            }
+            round(&mut bad, &mut bad_r, wrs);
+            for w in wrs.iter_mut() {
+                w.opcode = 2;
+            }
+            assert_eq!(ops.post_send.unwrap()(qp, wrs.as_mut_ptr(), &mut bad), 0);
+            let mut got = 0;
+            for _ in 0..1000 {
+                let n = ops.poll_cq.unwrap()(cq, 16, wc.as_mut_ptr());
+                assert!(n >= 0);
+                got += n;
+                if got >= 32 {
+                    break;
+                }
+            }
+            assert_eq!(got, 32, "16 sends and the 16 receives they landed in");
+        };
+        // Warm-up, uncounted: the builder's storage, and the simulator's own event log (a Vec that grows until it
+        // holds twice its bound, then drops its oldest half in place), which runs on this thread at each doorbell.
+        let sim = ctx_of(ctx).expect("open context").dev.dev.sim_device().expect("mlx5_0 is simulated");
+        let mut warm = 0;
+        while sim.events_dropped() == 0 {
+            iteration(&mut wrs);
+            warm += 1;
+            assert!(warm < 100_000, "the simulator's event log never reached its bound");
+        }
+        iteration(&mut wrs);
+        let n0 = alloc_count::count();
+        {
+            let _armed = alloc_count::arm();
+            for _ in 0..4 {
+                iteration(&mut wrs);
+            }
+        }
+        assert_eq!(alloc_count::count() - n0, 0, "heap allocations in the C datapath calls");
+        l.close();
+    }
+}
