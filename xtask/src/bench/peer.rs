@@ -236,6 +236,48 @@ fn build_peer(root: &Path) -> Result<(PathBuf, PathBuf, PathBuf), String> {
     Ok((bins.remove(0), bins.remove(0), bench))
 }
 
+/// The C-ABI program (`xtask/peer/abi.c`) built twice: over rdma-core's provider (its `harness.c` set-up, the
+/// context's ops filled) and over the drop-in `libibverbs.so.1`, both with rdma-core's `verbs.h` and release flags.
+/// Returns (rdma-core's, the drop-in's).
+fn build_abi(root: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let work = root.join("target/peer");
+    let rc = rdma_core(&work)?;
+    let abi_c = root.join("xtask/peer/abi.c");
+    let qp = work.join("qp.o");
+    let cq = work.join("cq.o");
+    let abi_rc = compile(&rc, &work, &abi_c, "abi-rdma-core.o", false)?;
+    let rc_bin = work.join("abi-rdma-core");
+    let mut l = Command::new(cc());
+    l.arg("-o").arg(&rc_bin).arg(&abi_rc).arg(&qp).arg(&cq).arg("-lpthread");
+    run_ok(&mut l, "linking abi-rdma-core")?;
+    let lib = crate::libibverbs::build(root, true)?;
+    let drop_bin = work.join("abi-dropin");
+    let mut c = Command::new(cc());
+    c.args(RELEASE_FLAGS)
+        .arg("-DABI_DROPIN")
+        .arg(format!("-I{}", work.join("include").display()))
+        .arg(&abi_c)
+        .arg("-o")
+        .arg(&drop_bin)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-l:libibverbs.so.1");
+    run_ok(&mut c, "building abi-dropin")?;
+    Ok((rc_bin, drop_bin))
+}
+
+/// Runs the drop-in's ABI program: `what` is `post` (doorbells into memory) or `poll` (the simulator running).
+fn abi_dropin(bin: &Path, what: &str, reps: &str) -> Result<Map<String, Value>, String> {
+    let mut c = Command::new(bin);
+    c.args(["time", what, "0", reps]).env_remove("MLX5_RS_DEVICES").env_remove("MLX5_RS_LOG");
+    if what == "post" {
+        c.env("MLX5_RS_SIM_DOORBELLS", "memory");
+    } else {
+        c.env_remove("MLX5_RS_SIM_DOORBELLS");
+    }
+    json_line(&run_ok(&mut c, "abi-dropin")?, "abi-dropin")
+}
+
 fn build_bench(root: &Path) -> Result<PathBuf, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!("$ cargo build --release -p mlx5-bench");
@@ -271,7 +313,7 @@ fn push(s: &mut Series, k: &str, v: f64) {
 }
 
 /// C (without and with its locks, and without the lfence) and Rust, `ROUNDS` times in turn.
-fn timed(peer: &Path, nofence: &Path, bench: &Path) -> Result<Series, String> {
+fn timed(peer: &Path, nofence: &Path, bench: &Path, abi: &(PathBuf, PathBuf)) -> Result<Series, String> {
     let mut s = Series::new();
     let reps = REPS.to_string();
     for round in 0..ROUNDS {
@@ -298,12 +340,29 @@ fn timed(peer: &Path, nofence: &Path, bench: &Path) -> Result<Series, String> {
         }
         push(&mut s, "rust_post_recv", f(&rust, "post_recv_ns")?);
         push(&mut s, "rust_poll_cq", f(&rust, "poll_cq_ns")?);
+        // The C ABI: rdma-core's (without and with its locks), then the drop-in's, in the same round.
+        let (abi_rc, abi_drop) = abi;
+        let rc0 = json_line(&run_ok(Command::new(abi_rc).args(["time", "all", "0", &reps]), "abi")?, "abi")?;
+        let rc1 = json_line(&run_ok(Command::new(abi_rc).args(["time", "all", "1", &reps]), "abi")?, "abi")?;
+        let dp = abi_dropin(abi_drop, "post", &reps)?;
+        let dq = abi_dropin(abi_drop, "poll", &reps)?;
+        for (key, _, _, _) in OPS {
+            let k = format!("{key}_ns");
+            push(&mut s, &format!("abi_c_{key}"), f(&rc0, &k)?);
+            push(&mut s, &format!("abi_c_locked_{key}"), f(&rc1, &k)?);
+            push(&mut s, &format!("abi_dropin_{key}"), f(if key == "poll_cq" { &dq } else { &dp }, &k)?);
+        }
     }
     Ok(s)
 }
 
 /// Instructions of `calls` calls of `op` through `wrapper`, counted by callgrind, or `None` without valgrind.
 fn callgrind(work: &Path, cmd: &[String], wrapper: &str) -> Result<Option<u64>, String> {
+    callgrind_env(work, cmd, wrapper, &[])
+}
+
+/// [`callgrind`] with `env` set for the program.
+fn callgrind_env(work: &Path, cmd: &[String], wrapper: &str, env: &[(&str, &str)]) -> Result<Option<u64>, String> {
     if Command::new("valgrind").arg("--version").output().is_err() {
         return Ok(None);
     }
@@ -313,6 +372,7 @@ fn callgrind(work: &Path, cmd: &[String], wrapper: &str) -> Result<Option<u64>, 
         .arg(format!("--toggle-collect=*{wrapper}"))
         .arg(format!("--callgrind-out-file={}", out.display()))
         .args(cmd)
+        .envs(env.iter().copied())
         .stdout(Stdio::null());
     run_ok(&mut c, "valgrind")?;
     let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
@@ -322,6 +382,27 @@ fn callgrind(work: &Path, cmd: &[String], wrapper: &str) -> Result<Option<u64>, 
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
         .ok_or("callgrind wrote no summary")?;
     Ok(Some(total))
+}
+
+/// Instructions per work item through the C ABI, rdma-core's and the drop-in's (`cg_abi_*`).
+fn abi_instructions(root: &Path, abi: &(PathBuf, PathBuf)) -> Result<Map<String, Value>, String> {
+    let work = root.join("target/peer");
+    let mut m = Map::new();
+    for (key, op, wrapper, items) in OPS {
+        // Whole rings, so the drop-in's untimed retire (commands to the simulator) falls outside the counted calls.
+        let calls: u64 = if key == "poll_cq" { 4 } else { 4 * 1024 / items };
+        let per_item = (calls * items) as f64;
+        let wrapper = wrapper.replace("cg_", "cg_abi_");
+        for (side, bin) in [("c", &abi.0), ("dropin", &abi.1)] {
+            let cmd = vec![bin.display().to_string(), "count".into(), "0".into(), calls.to_string(), op.into()];
+            let env: &[(&str, &str)] =
+                if side == "dropin" && key != "poll_cq" { &[("MLX5_RS_SIM_DOORBELLS", "memory")] } else { &[] };
+            if let Some(n) = callgrind_env(&work, &cmd, &wrapper, env)? {
+                m.insert(format!("abi_{side}_{key}_instr"), json!((n as f64 / per_item * 10.0).round() / 10.0));
+            }
+        }
+    }
+    Ok(m)
 }
 
 /// Instructions per work item (WQE or CQE) for each operation, C and Rust.
@@ -394,7 +475,8 @@ fn load_average() -> Option<f64> {
 /// Runs the comparison; returns the figures (the `peer_*` keys the issue names and the details behind them).
 pub fn run(root: &Path) -> Result<Map<String, Value>, String> {
     let (peer, nofence, bench) = build_peer(root)?;
-    let mut s = timed(&peer, &nofence, &bench)?;
+    let abi = build_abi(root)?;
+    let mut s = timed(&peer, &nofence, &bench, &abi)?;
     let mut out = Map::new();
     let mut detail = Map::new();
     for (k, v) in s.iter_mut() {
@@ -408,6 +490,13 @@ pub fn run(root: &Path) -> Result<Map<String, Value>, String> {
         out.insert(format!("peer_{key}_ratio"), json!(round3(med(&format!("rust_{key}")) / med(&format!("c_{key}")))));
     }
     out.insert("peer_poll_cq_nofence_ratio".into(), json!(round3(med("rust_poll_cq") / med("c_nofence_poll_cq"))));
+    for (key, _, _, _) in OPS {
+        let dropin = med(&format!("abi_dropin_{key}"));
+        out.insert(format!("abi_{key}_ratio"), json!(round3(dropin / med(&format!("abi_c_{key}")))));
+        out.insert(format!("abi_{key}_locked_ratio"), json!(round3(dropin / med(&format!("abi_c_locked_{key}")))));
+        out.insert(format!("abi_overhead_{key}"), json!(round3(dropin / med(&format!("rust_{key}")))));
+    }
+    out.insert("abi_instructions".into(), Value::Object(abi_instructions(root, &abi)?));
     out.insert("peer_times".into(), Value::Object(detail));
     out.insert("peer_instructions".into(), Value::Object(instructions(root, &peer, &bench)?));
     out.extend(scaling(&bench)?);
