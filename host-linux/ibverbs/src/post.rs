@@ -205,25 +205,35 @@ unsafe fn inline_data<'a>(
 /// `w` is a valid work request; its UD address handle, if any, is one of this library's.
 #[inline(always)]
 unsafe fn send_op(w: &ibv_send_wr) -> Result<(SendOp, Option<*const Ah>), c_int> {
-    // SAFETY: the union is read as the member the opcode selects.
-    let (rdma, atomic, ud) = unsafe { (w.wr.rdma, w.wr.atomic, w.wr.ud) };
+    // Only the member of the union the opcode selects is read.
     let op = match w.opcode {
-        0 => SendOp::RdmaWrite { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
-        1 => SendOp::RdmaWriteImm { remote_addr: rdma.remote_addr, rkey: rdma.rkey, imm: w.imm_data },
-        2 => SendOp::Send,
-        3 => SendOp::SendImm { imm: w.imm_data },
-        4 => SendOp::RdmaRead { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
-        5 => SendOp::AtomicCmpSwp {
-            remote_addr: atomic.remote_addr,
-            rkey: atomic.rkey,
-            compare: atomic.compare_add,
-            swap: atomic.swap,
-        },
-        6 => SendOp::AtomicFetchAdd { remote_addr: atomic.remote_addr, rkey: atomic.rkey, add: atomic.compare_add },
+        2 | 3 => {
+            // SAFETY: a SEND's union member is `ud` (what a connected QP's program leaves there is not used).
+            let ah = unsafe { w.wr.ud.ah }.cast_const().cast::<Ah>();
+            let op = if w.opcode == 2 { SendOp::Send } else { SendOp::SendImm { imm: w.imm_data } };
+            return Ok((op, Some(ah)));
+        }
+        0 | 1 | 4 => {
+            // SAFETY: an RDMA operation's union member is `rdma`.
+            let r = unsafe { w.wr.rdma };
+            match w.opcode {
+                0 => SendOp::RdmaWrite { remote_addr: r.remote_addr, rkey: r.rkey },
+                1 => SendOp::RdmaWriteImm { remote_addr: r.remote_addr, rkey: r.rkey, imm: w.imm_data },
+                _ => SendOp::RdmaRead { remote_addr: r.remote_addr, rkey: r.rkey },
+            }
+        }
+        5 | 6 => {
+            // SAFETY: an atomic's union member is `atomic`.
+            let a = unsafe { w.wr.atomic };
+            if w.opcode == 5 {
+                SendOp::AtomicCmpSwp { remote_addr: a.remote_addr, rkey: a.rkey, compare: a.compare_add, swap: a.swap }
+            } else {
+                SendOp::AtomicFetchAdd { remote_addr: a.remote_addr, rkey: a.rkey, add: a.compare_add }
+            }
+        }
         _ => return Err(libc::EINVAL),
     };
-    let ah = matches!(w.opcode, 2 | 3).then_some(ud.ah.cast_const().cast::<Ah>());
-    Ok((op, ah))
+    Ok((op, None))
 }
 
 /// The errno `ibv_post_send` answers for a work request the core refused: as `errno_of`, but more gather entries
@@ -315,15 +325,27 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
             }
             Ok(())
         });
-        let (w, e) = match r {
-            Ok(Ok(())) => return 0,
-            Ok(Err(f)) => f,
-            Err(e) => (wr, errno_of(&e)),
-        };
-        // SAFETY: the caller's out pointer.
-        unsafe { set_bad(bad, w) };
-        e
+        match r {
+            Ok(Ok(())) => 0,
+            // SAFETY: the caller's out pointer.
+            Ok(Err((w, e))) => unsafe { failed(bad, w, e) },
+            // SAFETY: as above.
+            Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
+        }
     })
+}
+
+/// A post that stopped at `w`: `bad_wr` set, the errno returned. Out of line: the posting loop keeps its
+/// registers.
+///
+/// # Safety
+/// `bad` is NULL or writable.
+#[cold]
+#[inline(never)]
+unsafe fn failed<T>(bad: *mut *mut T, w: *mut T, e: c_int) -> c_int {
+    // SAFETY: the caller's out pointer.
+    unsafe { set_bad(bad, w) };
+    e
 }
 
 /// Walks a receive list, pushing each (translated in place) through `push`; returns the first refused and its
@@ -361,14 +383,13 @@ unsafe fn recv_result(
     bad: *mut *mut ibv_recv_wr,
     r: mlx5_verbs::Result<Result<(), (*mut ibv_recv_wr, c_int)>>,
 ) -> c_int {
-    let (w, e) = match r {
-        Ok(Ok(())) => return 0,
-        Ok(Err(f)) => f,
-        Err(e) => (wr, errno_of(&e)),
-    };
-    // SAFETY: the caller's out pointer.
-    unsafe { set_bad(bad, w) };
-    e
+    match r {
+        Ok(Ok(())) => 0,
+        // SAFETY: the caller's out pointer.
+        Ok(Err((w, e))) => unsafe { failed(bad, w, e) },
+        // SAFETY: as above.
+        Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
+    }
 }
 
 unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {

@@ -91,6 +91,15 @@ impl Mmio for MemBar {
             unsafe { p.cast::<u64>().write_volatile(v.to_be()) }
         }
     }
+    #[inline]
+    fn write_bf64(&self, off: usize, chunk: &[u64; 8]) {
+        // One bounds check for the chunk, then eight stores in address order (as a mapped BAR does).
+        let Some(words) = self.words.get(off / 8..off / 8 + 8).filter(|_| off.is_multiple_of(64)) else { return };
+        for (w, v) in words.iter().zip(chunk) {
+            // SAFETY: a live word of the window, touched only through volatile accesses.
+            unsafe { w.get().write_volatile(*v) };
+        }
+    }
 }
 
 macro_rules! each_mmio {

@@ -39,9 +39,9 @@ const MAX_BAD_PER_POLL: u32 = 64;
 pub(crate) struct CqRing {
     /// The CQ until destroyed.
     pub(crate) cq: Option<Cq>,
-    pub(crate) qps: HashMap<u32, QpEntry>,
+    pub(crate) qps: HashMap<u32, QpEntry, QpnHash>,
     /// By SRQN, with the number of this CQ's QPs attached to each.
-    pub(crate) srqs: HashMap<u32, (SrqCell, usize)>,
+    pub(crate) srqs: HashMap<u32, (SrqCell, usize), QpnHash>,
     /// A bad CQE met after good completions: reported by the next poll, so a poll returning fewer completions
     /// than asked still means the CQ is empty.
     pending: Option<CqeError>,
@@ -51,16 +51,63 @@ pub(crate) struct CqRing {
 /// a QP's is taken for one lookup, an SRQ's for one `srq_done` (lock order CQ → QP → SRQ; the QP's SRQ is known
 /// from the CQ's table, so an SRQ receive takes no QP lock).
 struct QpTable<'a> {
-    qps: &'a HashMap<u32, QpEntry>,
-    srqs: &'a HashMap<u32, (SrqCell, usize)>,
+    qps: &'a HashMap<u32, QpEntry, QpnHash>,
+    srqs: &'a HashMap<u32, (SrqCell, usize), QpnHash>,
+    /// The QP the last CQE named: consecutive CQEs mostly name the same one (libmlx5 keeps `cur_rsc` alike).
+    last: Option<(u32, &'a QpEntry)>,
+}
+
+impl<'a> QpTable<'a> {
+    #[inline]
+    fn qp(&mut self, qpn: u32) -> Option<&'a QpEntry> {
+        match self.last {
+            Some((n, q)) if n == qpn => Some(q),
+            _ => {
+                let q = self.qps.get(&qpn)?;
+                self.last = Some((qpn, q));
+                Some(q)
+            }
+        }
+    }
+}
+
+/// Hashes a QP or SRQ number for the CQ's tables: the numbers are the device's, so no flooding to defend against,
+/// and a multiply is what a lookup per CQE can afford (SipHash cost more than the rest of the CQE's handling).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct QpnHash;
+
+impl std::hash::BuildHasher for QpnHash {
+    type Hasher = QpnHasher;
+    fn build_hasher(&self) -> QpnHasher {
+        QpnHasher(0)
+    }
+}
+
+/// See [`QpnHash`].
+#[derive(Debug)]
+pub(crate) struct QpnHasher(u64);
+
+impl std::hash::Hasher for QpnHasher {
+    fn finish(&self) -> u64 {
+        // Fibonacci hashing: the high bits, which hashbrown uses for its control bytes, depend on every key bit.
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | u64::from(*b)).rotate_left(5);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 ^= u64::from(n);
+    }
 }
 
 impl WrTable for QpTable<'_> {
     fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
-        lock(&self.qps.get(&qpn)?.cell).as_mut()?.send_done(qpn, wqe_counter)
+        lock(&self.qp(qpn)?.cell).as_mut()?.send_done(qpn, wqe_counter)
     }
     fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
-        let q = self.qps.get(&qpn)?;
+        let q = self.qp(qpn)?;
         match q.srqn {
             // As the core's `WithSrqs`: the CQE's WQE counter names a WQE of the QP's SRQ.
             Some(s) => lock(&self.srqs.get(&s)?.0).as_mut()?.srq_done(wqe_counter).ok(),
@@ -112,7 +159,7 @@ impl CqObj {
             ctx: ctx.clone(),
             cqn,
             cq_context,
-            ring: Mutex::new(CqRing { cq: Some(cq), qps: HashMap::new(), srqs: HashMap::new(), pending: None }),
+            ring: Mutex::new(CqRing { cq: Some(cq), qps: HashMap::default(), srqs: HashMap::default(), pending: None }),
             failed: failed.clone(),
             users: AtomicUsize::new(0),
             unacked: Mutex::new(0),
@@ -143,7 +190,7 @@ impl CqObj {
             return Err(VerbsError::Cqe(e));
         }
         let cq = cq.as_mut().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
-        let mut table = QpTable { qps, srqs };
+        let mut table = QpTable { qps, srqs, last: None };
         // Once the device is dead or the CQ failed, outstanding work requests complete here as flushed.
         let stopped = || {
             let dead = dev.is_dead();
