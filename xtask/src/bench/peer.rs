@@ -568,6 +568,44 @@ pub fn markdown(r: &Map<String, Value>) -> String {
         cell("rust_poll_cq"),
         r["peer_poll_cq_nofence_ratio"].as_f64().unwrap_or(f64::NAN)
     ));
+    s.push_str(
+        "### Through the C ABI\n\n\
+         `xtask/peer/abi.c` times `ibv_post_send`, `ibv_post_recv` and `ibv_poll_cq` (the inline functions of \
+         rdma-core's `verbs.h`, which call through the context's ops) with the shapes above, built twice with the \
+         same flags: over rdma-core's provider as set up by `harness.c` (its context's ops filled as \
+         `mlx5_alloc_context` fills them; no kernel, so rdma-core's `libibverbs.so` itself is never entered on \
+         these calls), and over the drop-in `libibverbs.so.1` on a simulated device opened as any program opens \
+         one. For the posts the drop-in runs with `MLX5_RS_SIM_DOORBELLS=memory` (doorbells and BlueFlame copies \
+         land in plain memory; between windows, untimed, the QP goes to RESET and back to RTS); for `poll_cq` the \
+         simulator runs the QP's SENDs to itself and the timed polls take the 1024 completions it wrote. Each \
+         round runs both programs after the figures above. The drop-in takes its QP's or CQ's mutex on every \
+         call, as rdma-core's default build takes its spinlocks.\n\n",
+    );
+    s.push_str("| call | rdma-core ns, no lock | rdma-core ns, its locks | drop-in ns | drop-in / rdma-core (no lock, its locks) | drop-in / core's Rust API | instructions rdma-core / drop-in |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+    let ai = r.get("abi_instructions");
+    let ains = |k: &str| ai.and_then(|m| m.get(k)).and_then(Value::as_f64).map_or("–".to_string(), |v| format!("{v:.0}"));
+    for (key, label) in [
+        ("post_send_1", "`ibv_post_send`, 1 per call (BlueFlame)"),
+        ("post_send_16", "`ibv_post_send`, 16 per call"),
+        ("post_send_64", "`ibv_post_send`, 64 per call"),
+        ("post_recv", "`ibv_post_recv`, 16 per call"),
+        ("poll_cq", "`ibv_poll_cq`, 16 per call"),
+    ] {
+        let g = |k: String| r[&k].as_f64().unwrap_or(f64::NAN);
+        s.push_str(&format!(
+            "| {label} | {} | {} | {} | {:.2}, {:.2} | {:.2} | {} / {} |\n",
+            cell(&format!("abi_c_{key}")),
+            cell(&format!("abi_c_locked_{key}")),
+            cell(&format!("abi_dropin_{key}")),
+            g(format!("abi_{key}_ratio")),
+            g(format!("abi_{key}_locked_ratio")),
+            g(format!("abi_overhead_{key}")),
+            ains(&format!("abi_c_{key}_instr")),
+            ains(&format!("abi_dropin_{key}_instr")),
+        ));
+    }
+    s.push('\n');
     s.push_str(&format!(
         "Threads (`mlx5-bench --only threads`: one QP and CQ per thread, each posting and polling a ring of \
          completions against plain memory, every QP on its own BlueFlame register): 2 threads do **{:.2}×** the \
