@@ -250,7 +250,14 @@ fn build_abi(root: &Path) -> Result<(PathBuf, PathBuf), String> {
     let mut l = Command::new(cc());
     l.arg("-o").arg(&rc_bin).arg(&abi_rc).arg(&qp).arg(&cq).arg("-lpthread");
     run_ok(&mut l, "linking abi-rdma-core")?;
-    let lib = crate::libibverbs::build(root, true)?;
+    // `cargo xtask libibverbs` in a child whose output goes to stderr: stdout carries only `--json`'s object.
+    eprintln!("$ cargo xtask libibverbs");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut b = Command::new(cargo);
+    b.args(["xtask", "libibverbs"]).current_dir(root).stdout(std::io::stderr());
+    run_ok(&mut b, "building the drop-in libibverbs.so.1")?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let lib = target.join("libibverbs");
     let drop_bin = work.join("abi-dropin");
     let mut c = Command::new(cc());
     c.args(RELEASE_FLAGS)
