@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use mlx5_core::cq::{Cq, CqeError, Notify, WorkCompletion, WrTable};
@@ -55,9 +55,16 @@ struct QpTable<'a> {
     srqs: &'a HashMap<u32, (SrqCell, usize), QpnHash>,
     /// The QP the last CQE named: consecutive CQEs mostly name the same one (libmlx5 keeps `cur_rsc` alike).
     last: Option<(u32, &'a QpEntry)>,
+    /// That QP's ring, its lock held until a CQE names another QP or the poll ends: one lock per run of CQEs,
+    /// not per CQE (the CQ's lock is held throughout, so the order stays CQ → QP).
+    held: Option<(u32, MutexGuard<'a, Option<Qp>>)>,
 }
 
 impl<'a> QpTable<'a> {
+    fn new(qps: &'a HashMap<u32, QpEntry, QpnHash>, srqs: &'a HashMap<u32, (SrqCell, usize), QpnHash>) -> Self {
+        QpTable { qps, srqs, last: None, held: None }
+    }
+
     #[inline]
     fn qp(&mut self, qpn: u32) -> Option<&'a QpEntry> {
         match self.last {
@@ -68,6 +75,18 @@ impl<'a> QpTable<'a> {
                 Some(q)
             }
         }
+    }
+
+    /// The ring of QP `qpn`, locked (the lock kept for the next CQE).
+    #[inline]
+    fn ring(&mut self, qpn: u32) -> Option<&mut Qp> {
+        if self.held.as_ref().is_none_or(|(n, _)| *n != qpn) {
+            // The previous QP's lock goes first: two QP locks are never held together.
+            self.held = None;
+            let q = self.qp(qpn)?;
+            self.held = Some((qpn, lock(&q.cell)));
+        }
+        self.held.as_mut()?.1.as_mut()
     }
 }
 
@@ -104,17 +123,19 @@ impl std::hash::Hasher for QpnHasher {
 
 impl WrTable for QpTable<'_> {
     fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
-        lock(&self.qp(qpn)?.cell).as_mut()?.send_done(qpn, wqe_counter)
+        self.ring(qpn)?.send_done(qpn, wqe_counter)
     }
     fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
         let q = self.qp(qpn)?;
         match q.srqn {
             // As the core's `WithSrqs`: the CQE's WQE counter names a WQE of the QP's SRQ.
             Some(s) => lock(&self.srqs.get(&s)?.0).as_mut()?.srq_done(wqe_counter).ok(),
-            None => lock(&q.cell).as_mut()?.recv_done(qpn, srqn, wqe_counter),
+            None => self.ring(qpn)?.recv_done(qpn, srqn, wqe_counter),
         }
     }
     fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
+        // Every QP's lock is taken below, the held one's too.
+        self.held = None;
         self.qps.values().find_map(|q| lock(&q.cell).as_mut().and_then(|q| WrTable::flush_one(q, cqn, dead)))
     }
     fn recv_srqn(&self, qpn: u32) -> Option<u32> {
@@ -190,7 +211,7 @@ impl CqObj {
             return Err(VerbsError::Cqe(e));
         }
         let cq = cq.as_mut().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
-        let mut table = QpTable { qps, srqs, last: None };
+        let mut table = QpTable::new(qps, srqs);
         // Once the device is dead or the CQ failed, outstanding work requests complete here as flushed.
         let stopped = || {
             let dead = dev.is_dead();
