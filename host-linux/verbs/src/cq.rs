@@ -210,7 +210,8 @@ impl CqObj {
         if let Some(e) = pending.take() {
             return Err(VerbsError::Cqe(e));
         }
-        let cq = cq.as_mut().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(cq) = cq.as_mut() else { return Err(VerbsError::Destroyed { what: "completion queue" }) };
         let mut table = QpTable::new(qps, srqs);
         // Once the device is dead or the CQ failed, outstanding work requests complete here as flushed.
         let stopped = || {

@@ -362,7 +362,8 @@ impl QpObj {
     /// `ibv_post_send`: the QP's lock only. A dead device fails the post as `Hca::post_send` does.
     pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut g = lock(&self.ring);
-        let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
@@ -373,7 +374,8 @@ impl QpObj {
     /// `ibv_post_recv`: the QP's lock only.
     pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let mut g = lock(&self.ring);
-        let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
@@ -385,7 +387,8 @@ impl QpObj {
     /// batch, which rings the doorbell once when `f` returns. The QP's lock only; allocates nothing.
     pub(crate) fn with_send_batch<R>(&self, f: impl FnOnce(&mut SendBatch<'_, AnyMmio>) -> R) -> Result<R> {
         let mut g = lock(&self.ring);
-        let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
@@ -400,7 +403,8 @@ impl QpObj {
     /// `ibv_post_recv` of a list the caller translates itself, as [`QpObj::with_send_batch`].
     pub(crate) fn with_recv_batch<R>(&self, f: impl FnOnce(&mut RecvBatch<'_, AnyMmio>) -> R) -> Result<R> {
         let mut g = lock(&self.ring);
-        let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());

@@ -81,7 +81,8 @@ impl SrqObj {
     /// `ibv_post_srq_recv`: the SRQ's lock only. A dead device fails the post.
     pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let mut g = lock(&self.ring);
-        let srq = g.as_mut().ok_or(VerbsError::Destroyed { what: "shared receive queue" })?;
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(srq) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "shared receive queue" }) };
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
@@ -93,7 +94,8 @@ impl SrqObj {
     /// doorbell record is written once when `f` returns. The SRQ's lock only; allocates nothing.
     pub(crate) fn with_recv_batch<R>(&self, f: impl FnOnce(&mut SrqRecvBatch<'_, AnyMmio>) -> R) -> Result<R> {
         let mut g = lock(&self.ring);
-        let srq = g.as_mut().ok_or(VerbsError::Destroyed { what: "shared receive queue" })?;
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(srq) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "shared receive queue" }) };
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
