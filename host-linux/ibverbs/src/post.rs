@@ -711,11 +711,30 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length
 }
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     let n = if list.is_null() { 0 } else { n };
+    if n > MAX_SGE {
+        // More than any WQE holds (libmlx5 answers ENOMEM past the QP's max_send_sge); nothing is read.
+        // SAFETY: the program passes its QP.
+        unsafe { fail_batch(qp, libc::ENOMEM) };
+        return;
+    }
     // SAFETY: the program's list holds n entries, of the core's layout (checked at compile time above).
     let sg = unsafe { std::slice::from_raw_parts(list.cast::<Sge>(), n) };
     // SAFETY: the program passes its QP.
     unsafe { with_last(qp, |b| set_sg(b, sg.iter().copied())) }
 }
+/// Fails the batch with `e` unless it already failed.
+///
+/// # Safety
+/// `qp` is a live QP of this library.
+unsafe fn fail_batch(qp: *mut ibv_qp_ex, e: c_int) {
+    // SAFETY: the caller's duty.
+    if let Some((_, mut b)) = unsafe { batch(qp) } {
+        if b.err == 0 {
+            b.err = e;
+        }
+    }
+}
+
 /// Whether `len` inline bytes fit the QP's `max_inline_data`; if not the batch fails with `ENOMEM` and nothing
 /// is copied, as libmlx5's `_mlx5_send_wr_set_inline_data` answers.
 ///
@@ -747,6 +766,12 @@ unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, l
 }
 unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
     let n = if list.is_null() { 0 } else { n };
+    if n > MAX_INLINE {
+        // More buffers than inline bytes fit a WQE; nothing is read.
+        // SAFETY: the program passes its QP.
+        unsafe { fail_batch(qp, libc::ENOMEM) };
+        return;
+    }
     // SAFETY: the program's list holds n buffers.
     let bufs = unsafe { std::slice::from_raw_parts(list, n) };
     let total = bufs.iter().fold(0usize, |t, b| t.saturating_add(b.length));

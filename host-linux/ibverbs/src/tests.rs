@@ -1502,6 +1502,13 @@ fn a_wr_batch_rings_one_doorbell() {
         assert_eq!((*qx).wr_complete.unwrap()(qx), 0);
         assert_eq!(sq_doorbells(ctx, qpn).last(), Some(&(9, 56)));
         assert_eq!(poll_ids(cq, 1), [408]);
+        // A gather list longer than any WQE holds fails the batch (ENOMEM) without being read; nothing is posted.
+        let one = ibv_sge { addr: base, length: 8, lkey };
+        (*qx).wr_start.unwrap()(qx);
+        (*qx).wr_rdma_write.unwrap()(qx, rkey, base + 4096);
+        (*qx).wr_set_sge_list.unwrap()(qx, usize::MAX, &one);
+        assert_eq!((*qx).wr_complete.unwrap()(qx), libc::ENOMEM);
+        assert_eq!(sq_doorbells(ctx, qpn).last(), Some(&(9, 56)), "no doorbell for a failed batch");
         assert_eq!(ibv_destroy_qp(qp), 0);
         l.close();
     }
