@@ -535,41 +535,17 @@ impl Srq {
     /// gets its data segments (every SGE as given, then the invalid-lkey terminator when there is room), and the
     /// head moves to the next one; then a write barrier and the counter in the doorbell record.
     pub fn post_srq_recv<M: Mmio + ?Sized>(&mut self, mmio: &M, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        use PostErrorKind as K;
-        let mut nreq = 0u16;
-        let mut result = Ok(());
-        for (i, wr) in wrs.iter().enumerate() {
-            if wr.sg_list.len() > self.sizes.max_gs as usize {
-                result =
-                    Err(PostError { index: i, kind: K::TooManySge { sge: wr.sg_list.len(), max: self.sizes.max_gs } });
-                break;
-            }
-            let head = self.slot(self.head);
-            // The spare WQE at the tail is never posted; a posted head would mean the list is damaged.
-            if self.head == self.tail || head.posted != 0 {
-                result =
-                    Err(PostError { index: i, kind: K::QueueFull { outstanding: self.posted, max: self.max_wr() } });
-                break;
-            }
-            let index = self.head;
-            for (k, s) in wr.sg_list.iter().enumerate() {
-                self.put_data(index, k, &data_seg(s.length, s.lkey, s.addr));
-            }
-            if wr.sg_list.len() < self.sizes.max_avail_gather as usize {
-                self.put_data(index, wr.sg_list.len(), &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
-            }
-            self.set_slot(index, SrqSlot { wr_id: wr.wr_id, posted: 1, ..head });
-            self.head = head.next & (self.sizes.max - 1) as u16;
-            self.posted += 1;
-            nreq += 1;
+        let mut b = self.recv_batch(mmio);
+        for (index, wr) in wrs.iter().enumerate() {
+            b.push(wr).map_err(|kind| PostError { index, kind })?;
         }
-        if nreq > 0 {
-            self.counter = self.counter.wrapping_add(nreq);
-            // The WQEs must be in memory before the record that hands them to the device.
-            mmio.dma_wmb();
-            self.dbrec.write_be32(0, self.counter.into());
-        }
-        result
+        Ok(())
+    }
+
+    /// Receives built one at a time ([`SrqRecvBatch::push`]); the doorbell record is written once when the batch
+    /// ends (dropped).
+    pub fn recv_batch<'q, M: Mmio + ?Sized>(&'q mut self, mmio: &'q M) -> SrqRecvBatch<'q, M> {
+        SrqRecvBatch { srq: self, mmio, nreq: 0 }
     }
 
     /// The `wr_id` of the WQE a receive completion names by its `wqe_counter`, which goes back on the free list
@@ -634,6 +610,60 @@ impl<Q: WrTable + ?Sized> WrTable for WithSrqs<'_, '_, Q> {
     }
     fn recv_srqn(&self, qpn: u32) -> Option<u32> {
         self.qps.recv_srqn(qpn)
+    }
+}
+
+/// Receives being posted to one SRQ: each [`SrqRecvBatch::push`] takes a WQE off the free list; dropping the batch
+/// writes the doorbell record once. Allocates nothing.
+pub struct SrqRecvBatch<'q, M: Mmio + ?Sized> {
+    srq: &'q mut Srq,
+    mmio: &'q M,
+    nreq: u16,
+}
+
+impl<M: Mmio + ?Sized> core::fmt::Debug for SrqRecvBatch<'_, M> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SrqRecvBatch").field("nreq", &self.nreq).finish()
+    }
+}
+
+impl<M: Mmio + ?Sized> SrqRecvBatch<'_, M> {
+    /// Writes one receive WQE. On error nothing of it is posted; the WQEs pushed before stay posted.
+    pub fn push(&mut self, wr: &RecvWr<'_>) -> Result<(), PostErrorKind> {
+        use PostErrorKind as K;
+        let s = &mut *self.srq;
+        if wr.sg_list.len() > s.sizes.max_gs as usize {
+            return Err(K::TooManySge { sge: wr.sg_list.len(), max: s.sizes.max_gs });
+        }
+        let head = s.slot(s.head);
+        // The spare WQE at the tail is never posted; a posted head would mean the list is damaged.
+        if s.head == s.tail || head.posted != 0 {
+            return Err(K::QueueFull { outstanding: s.posted, max: s.max_wr() });
+        }
+        let index = s.head;
+        for (k, g) in wr.sg_list.iter().enumerate() {
+            s.put_data(index, k, &data_seg(g.length, g.lkey, g.addr));
+        }
+        if wr.sg_list.len() < s.sizes.max_avail_gather as usize {
+            s.put_data(index, wr.sg_list.len(), &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
+        }
+        s.set_slot(index, SrqSlot { wr_id: wr.wr_id, posted: 1, ..head });
+        s.head = head.next & (s.sizes.max - 1) as u16;
+        s.posted += 1;
+        self.nreq += 1;
+        Ok(())
+    }
+}
+
+impl<M: Mmio + ?Sized> Drop for SrqRecvBatch<'_, M> {
+    fn drop(&mut self) {
+        if self.nreq > 0 {
+            let s = &mut *self.srq;
+            s.counter = s.counter.wrapping_add(self.nreq);
+            // The WQEs must be in memory before the record that hands them to the device.
+            self.mmio.dma_wmb();
+            s.dbrec.write_be32(0, s.counter.into());
+        }
     }
 }
 

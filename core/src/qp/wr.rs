@@ -5,8 +5,10 @@ use super::attr::{AhAttr, QpState};
 use super::cmd::ROCE_UDP_SPORT_MIN;
 use crate::prm::{c, consts};
 
-/// A scatter/gather element (`ibv_sge`).
+/// A scatter/gather element (`ibv_sge`). `repr(C)` with `ibv_sge`'s field order, so a C program's scatter list
+/// can be read as a slice of these in place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Sge {
     /// Address of the buffer, as the memory key translates it.
     pub addr: u64,

@@ -6,7 +6,8 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::ptr;
 
 use mlx5_core::cq::{Notify, WcFlags, WcOpcode, WorkCompletion};
-use mlx5_core::qp::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+use mlx5_core::hal::Mmio;
+use mlx5_core::qp::{PostError, PostErrorKind, QpType, RecvWr, SendBatch, SendFlags, SendOp, SendWr, Sge, UdDest};
 
 use crate::abi::*;
 use crate::errno_of;
@@ -129,100 +130,156 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
     })
 }
 
-/// Copies a C scatter list into `out`; `too_many` beyond [`MAX_SGE`] (libmlx5's `_mlx5_post_send` answers
-/// ENOMEM for more gather entries than a QP takes, `mlx5_post_recv` EINVAL).
+// A C scatter list is read in place as the core's: `Sge` is `repr(C)` with `ibv_sge`'s fields in its order.
+const _: () = {
+    assert!(std::mem::size_of::<Sge>() == std::mem::size_of::<ibv_sge>());
+    assert!(std::mem::align_of::<Sge>() == std::mem::align_of::<ibv_sge>());
+    assert!(std::mem::offset_of!(Sge, addr) == std::mem::offset_of!(ibv_sge, addr));
+    assert!(std::mem::offset_of!(Sge, length) == std::mem::offset_of!(ibv_sge, length));
+    assert!(std::mem::offset_of!(Sge, lkey) == std::mem::offset_of!(ibv_sge, lkey));
+};
+
+/// A C scatter list as the core's, in place (no copy): a negative count or a NULL list with entries is
+/// `EINVAL`, more than any mlx5 WQE holds (the slice is never made over memory the program did not give) is
+/// `too_many` (libmlx5's `_mlx5_post_send` answers ENOMEM, `mlx5_post_recv` EINVAL). The core checks the count
+/// against the queue's own maximum.
 ///
 /// # Safety
-/// `sg` holds `n` entries when `n > 0`.
-unsafe fn sges(sg: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE], too_many: c_int) -> Result<&[Sge], c_int> {
+/// `sg` holds `n` entries when `n > 0`, alive and unchanged for `'a`.
+#[inline(always)]
+unsafe fn sges<'a>(sg: *const ibv_sge, n: c_int, too_many: c_int) -> Result<&'a [Sge], c_int> {
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
+    if n == 0 {
+        return Ok(&[]);
+    }
     if n > MAX_SGE {
         return Err(too_many);
     }
-    if n > 0 && sg.is_null() {
+    if sg.is_null() {
         return Err(libc::EINVAL);
     }
-    for (i, o) in out.iter_mut().take(n).enumerate() {
-        // SAFETY: i < n entries (caller).
-        let s = unsafe { *sg.add(i) };
-        *o = Sge { addr: s.addr, length: s.length, lkey: s.lkey };
-    }
-    Ok(&out[..n])
+    // SAFETY: `n` entries (caller) of a type with the same layout (checked above at compile time).
+    Ok(unsafe { std::slice::from_raw_parts(sg.cast::<Sge>(), n) })
 }
 
-/// Gathers the bytes an inline send carries from the program's memory; more than fits is `ENOMEM`, as
-/// libmlx5's `set_data_inl_seg` answers (the QP's own limit, smaller, is checked when the WQE is built).
+/// The bytes an inline send carries, read from the program's memory: one entry is used where it is (the core
+/// copies it into the WQE), several are gathered into `buf`. More than the QP takes is `ENOMEM`, as libmlx5's
+/// `set_data_inl_seg` answers, and nothing is read then.
 ///
 /// # Safety
-/// Each SGE's `addr` is readable for `length` bytes (verbs' contract for inline sends).
-unsafe fn gather<'a>(sg: &[Sge], buf: &'a mut [u8; MAX_INLINE]) -> Result<&'a [u8], c_int> {
-    let mut n = 0usize;
-    for s in sg {
-        let len = s.length as usize;
-        if n + len > MAX_INLINE {
-            return Err(libc::ENOMEM);
-        }
-        if len > 0 {
-            // SAFETY: the caller vouches for the source; the destination has room (checked above).
-            unsafe { ptr::copy_nonoverlapping(s.addr as usize as *const u8, buf.as_mut_ptr().add(n), len) };
-        }
-        n += len;
+/// Each SGE's `addr` is readable for `length` bytes (verbs' contract for inline sends) while the result lives.
+#[inline(always)]
+unsafe fn inline_data<'a>(
+    sg: &'a [Sge],
+    max: u32,
+    buf: &'a mut std::mem::MaybeUninit<[u8; MAX_INLINE]>,
+) -> Result<&'a [u8], c_int> {
+    let max = (max as usize).min(MAX_INLINE);
+    let total = sg.iter().try_fold(0usize, |t, s| t.checked_add(s.length as usize)).ok_or(libc::ENOMEM)?;
+    if total > max {
+        return Err(libc::ENOMEM);
     }
-    Ok(&buf[..n])
+    match sg {
+        [] => Ok(&[]),
+        [s] if s.length == 0 => Ok(&[]),
+        // SAFETY: the caller vouches for the source, `length` bytes (at most `max`).
+        [s] => Ok(unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize) }),
+        _ => {
+            let dst = buf.as_mut_ptr().cast::<u8>();
+            let mut n = 0usize;
+            for s in sg.iter().filter(|s| s.length > 0) {
+                let len = s.length as usize;
+                // SAFETY: the caller vouches for the source; `n + len <= total <= MAX_INLINE`, the buffer's size.
+                unsafe { ptr::copy_nonoverlapping(s.addr as usize as *const u8, dst.add(n), len) };
+                n += len;
+            }
+            // SAFETY: the first `n` bytes were just written.
+            Ok(unsafe { std::slice::from_raw_parts(dst, n) })
+        }
+    }
 }
 
 /// One `ibv_send_wr` as the core's operation.
 ///
 /// # Safety
 /// `w` is a valid work request; its UD address handle, if any, is one of this library's.
+#[inline(always)]
 unsafe fn send_op(w: &ibv_send_wr) -> Result<(SendOp, Option<*const Ah>), c_int> {
-    // SAFETY: the union is read as the member the opcode selects.
-    let (rdma, atomic, ud) = unsafe { (w.wr.rdma, w.wr.atomic, w.wr.ud) };
+    // Only the member of the union the opcode selects is read.
     let op = match w.opcode {
-        0 => SendOp::RdmaWrite { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
-        1 => SendOp::RdmaWriteImm { remote_addr: rdma.remote_addr, rkey: rdma.rkey, imm: w.imm_data },
-        2 => SendOp::Send,
-        3 => SendOp::SendImm { imm: w.imm_data },
-        4 => SendOp::RdmaRead { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
-        5 => SendOp::AtomicCmpSwp {
-            remote_addr: atomic.remote_addr,
-            rkey: atomic.rkey,
-            compare: atomic.compare_add,
-            swap: atomic.swap,
-        },
-        6 => SendOp::AtomicFetchAdd { remote_addr: atomic.remote_addr, rkey: atomic.rkey, add: atomic.compare_add },
+        2 | 3 => {
+            // SAFETY: a SEND's union member is `ud` (what a connected QP's program leaves there is not used).
+            let ah = unsafe { w.wr.ud.ah }.cast_const().cast::<Ah>();
+            let op = if w.opcode == 2 { SendOp::Send } else { SendOp::SendImm { imm: w.imm_data } };
+            return Ok((op, Some(ah)));
+        }
+        0 | 1 | 4 => {
+            // SAFETY: an RDMA operation's union member is `rdma`.
+            let r = unsafe { w.wr.rdma };
+            match w.opcode {
+                0 => SendOp::RdmaWrite { remote_addr: r.remote_addr, rkey: r.rkey },
+                1 => SendOp::RdmaWriteImm { remote_addr: r.remote_addr, rkey: r.rkey, imm: w.imm_data },
+                _ => SendOp::RdmaRead { remote_addr: r.remote_addr, rkey: r.rkey },
+            }
+        }
+        5 | 6 => {
+            // SAFETY: an atomic's union member is `atomic`.
+            let a = unsafe { w.wr.atomic };
+            if w.opcode == 5 {
+                SendOp::AtomicCmpSwp { remote_addr: a.remote_addr, rkey: a.rkey, compare: a.compare_add, swap: a.swap }
+            } else {
+                SendOp::AtomicFetchAdd { remote_addr: a.remote_addr, rkey: a.rkey, add: a.compare_add }
+            }
+        }
         _ => return Err(libc::EINVAL),
     };
-    let ah = matches!(w.opcode, 2 | 3).then_some(ud.ah.cast_const().cast::<Ah>());
-    Ok((op, ah))
+    Ok((op, None))
 }
 
-/// Posts one send work request.
+/// The errno `ibv_post_send` answers for a work request the core refused: as `errno_of`, but more gather entries
+/// than the QP takes is `ENOMEM` there (libmlx5's `_mlx5_post_send`).
+fn send_errno(kind: PostErrorKind) -> c_int {
+    log::debug!("post_send: {kind:?}");
+    match kind {
+        PostErrorKind::TooManySge { .. } => libc::ENOMEM,
+        k => recv_errno(k),
+    }
+}
+
+/// The errno for a work request the core refused (`errno_of` of the same error).
+fn recv_errno(kind: PostErrorKind) -> c_int {
+    errno_of(&mlx5_verbs::VerbsError::Post(PostError { index: 0, kind }))
+}
+
+/// Translates one send work request in place and pushes it into the QP's batch.
 ///
 /// # Safety
 /// `w` and what it points to are valid, as verbs requires of `ibv_post_send`.
-unsafe fn post_one_send(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
-    let mut sgb = [Sge::default(); MAX_SGE];
+#[inline(always)]
+unsafe fn push_send<M: Mmio + ?Sized>(
+    b: &mut SendBatch<'_, M>,
+    w: &ibv_send_wr,
+    inline_buf: &mut std::mem::MaybeUninit<[u8; MAX_INLINE]>,
+) -> Result<(), c_int> {
     // SAFETY: the program's scatter list (caller).
-    let sg = unsafe { sges(w.sg_list, w.num_sge, &mut sgb, libc::ENOMEM) }?;
+    let sg = unsafe { sges(w.sg_list, w.num_sge, libc::ENOMEM) }?;
     // SAFETY: as above.
     let (op, ah) = unsafe { send_op(w) }?;
-    let mut inline_buf = [0u8; MAX_INLINE];
     let inline = if w.send_flags & SEND_INLINE != 0 {
         // SAFETY: inline data is read from the program's memory now (caller).
-        Some(unsafe { gather(sg, &mut inline_buf) }?)
+        Some(unsafe { inline_data(sg, b.qp().cap().max_inline_data, inline_buf) }?)
     } else {
         None
     };
-    let ud = match (q.qp_type, ah) {
-        (mlx5_core::qp::QpType::Ud, Some(ah)) => {
+    let ud = match (b.qp().qp_type(), ah) {
+        (QpType::Ud, Some(ah)) => {
             // SAFETY: a UD work request names an address handle of this library (caller).
             let ah = unsafe { ah.as_ref() }.ok_or(libc::EINVAL)?;
             // SAFETY: the union's ud member, for a UD QP.
             let u = unsafe { w.wr.ud };
             Some(UdDest { ah: &ah.ah, remote_qpn: u.remote_qpn, remote_qkey: u.remote_qkey })
         }
-        (mlx5_core::qp::QpType::Ud, None) => return Err(libc::EINVAL),
+        (QpType::Ud, None) => return Err(libc::EINVAL),
         _ => None,
     };
     let wr = SendWr {
@@ -233,66 +290,106 @@ unsafe fn post_one_send(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
         inline,
         ud,
     };
-    q.raw.post_send(&[wr]).map_err(|e| {
-        log::debug!("post_send: {e}");
-        match e {
-            mlx5_verbs::VerbsError::Post(p) if matches!(p.kind, mlx5_verbs::PostErrorKind::TooManySge { .. }) => {
-                libc::ENOMEM
-            }
-            e => errno_of(&e),
-        }
-    })
+    b.push(&wr).map_err(send_errno)
+}
+
+/// Stores `w` in the program's `bad_wr`, if it gave one.
+///
+/// # Safety
+/// `bad` is NULL or writable.
+#[inline(always)]
+unsafe fn set_bad<T>(bad: *mut *mut T, w: *mut T) {
+    if !bad.is_null() {
+        // SAFETY: the caller's out pointer.
+        unsafe { *bad = w };
+    }
 }
 
 unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
     guard("ibv_post_send", libc::EIO, || {
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
-        let mut w = wr;
-        while !w.is_null() {
-            // SAFETY: the program's list of work requests.
-            let r = unsafe { &*w };
-            // SAFETY: as above.
-            if let Err(e) = unsafe { post_one_send(q, r) } {
-                if !bad.is_null() {
-                    // SAFETY: the caller's out pointer.
-                    unsafe { *bad = w };
+        // The whole list goes into one batch: one doorbell for every WQE written (BlueFlame for a single one).
+        let r = q.raw.post_send_with(|b| {
+            let mut inline_buf = std::mem::MaybeUninit::uninit();
+            let mut w = wr;
+            while !w.is_null() {
+                // SAFETY: the program's list of work requests.
+                let r = unsafe { &*w };
+                // SAFETY: as above.
+                if let Err(e) = unsafe { push_send(b, r, &mut inline_buf) } {
+                    // What was pushed before stays posted, rung when the batch ends.
+                    return Err((w, e));
                 }
-                return e;
+                w = r.next;
             }
-            w = r.next;
+            Ok(())
+        });
+        match r {
+            Ok(Ok(())) => 0,
+            // SAFETY: the caller's out pointer.
+            Ok(Err((w, e))) => unsafe { failed(bad, w, e) },
+            // SAFETY: as above.
+            Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
         }
-        0
     })
 }
 
-/// Walks a receive list, posting each through `post`.
+/// A post that stopped at `w`: `bad_wr` set, the errno returned. Out of line: the posting loop keeps its
+/// registers.
+///
+/// # Safety
+/// `bad` is NULL or writable.
+#[cold]
+#[inline(never)]
+unsafe fn failed<T>(bad: *mut *mut T, w: *mut T, e: c_int) -> c_int {
+    // SAFETY: the caller's out pointer.
+    unsafe { set_bad(bad, w) };
+    e
+}
+
+/// Walks a receive list, pushing each (translated in place) through `push`; returns the first refused and its
+/// errno.
 ///
 /// # Safety
 /// The list is valid, as verbs requires of `ibv_post_recv`.
-unsafe fn post_recvs(
+#[inline(always)]
+unsafe fn push_recvs(
     wr: *mut ibv_recv_wr,
-    bad: *mut *mut ibv_recv_wr,
-    post: impl Fn(&RecvWr<'_>) -> mlx5_verbs::Result<()>,
-) -> c_int {
+    mut push: impl FnMut(&RecvWr<'_>) -> Result<(), PostErrorKind>,
+) -> Result<(), (*mut ibv_recv_wr, c_int)> {
     let mut w = wr;
     while !w.is_null() {
         // SAFETY: the program's list of work requests.
         let r = unsafe { &*w };
-        let mut sgb = [Sge::default(); MAX_SGE];
         // SAFETY: its scatter list.
-        let res = unsafe { sges(r.sg_list, r.num_sge, &mut sgb, libc::EINVAL) }
-            .and_then(|sg| post(&RecvWr { wr_id: r.wr_id, sg_list: sg }).map_err(|e| errno_of(&e)));
+        let res = unsafe { sges(r.sg_list, r.num_sge, libc::EINVAL) }
+            .and_then(|sg| push(&RecvWr { wr_id: r.wr_id, sg_list: sg }).map_err(recv_errno));
         if let Err(e) = res {
-            if !bad.is_null() {
-                // SAFETY: the caller's out pointer.
-                unsafe { *bad = w };
-            }
-            return e;
+            return Err((w, e));
         }
         w = r.next;
     }
-    0
+    Ok(())
+}
+
+/// The result of a receive post: 0, or `bad_wr` set and the errno.
+///
+/// # Safety
+/// `bad` is NULL or writable.
+#[inline(always)]
+unsafe fn recv_result(
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    r: mlx5_verbs::Result<Result<(), (*mut ibv_recv_wr, c_int)>>,
+) -> c_int {
+    match r {
+        Ok(Ok(())) => 0,
+        // SAFETY: the caller's out pointer.
+        Ok(Err((w, e))) => unsafe { failed(bad, w, e) },
+        // SAFETY: as above.
+        Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
+    }
 }
 
 unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
@@ -300,10 +397,14 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
         if !q.c.qp_base.srq.is_null() {
+            // SAFETY: the caller's out pointer.
+            unsafe { set_bad(bad, wr) };
             return libc::EINVAL;
         }
-        // SAFETY: the caller's list.
-        unsafe { post_recvs(wr, bad, |r| q.raw.post_recv(std::slice::from_ref(r))) }
+        // SAFETY: the caller's list; one doorbell record update for all of it.
+        let r = q.raw.post_recv_with(|b| unsafe { push_recvs(wr, |r| b.push(r)) });
+        // SAFETY: the caller's out pointer.
+        unsafe { recv_result(wr, bad, r) }
     })
 }
 
@@ -311,8 +412,10 @@ unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad:
     guard("ibv_post_srq_recv", libc::EIO, || {
         // SAFETY: the caller passes a live SRQ.
         let Some(s) = (unsafe { srq_of(srq) }) else { return libc::EINVAL };
-        // SAFETY: the caller's list.
-        unsafe { post_recvs(wr, bad, |r| s.raw.post_recv(std::slice::from_ref(r))) }
+        // SAFETY: the caller's list; one doorbell record update for all of it.
+        let r = s.raw.post_recv_with(|b| unsafe { push_recvs(wr, |r| b.push(r)) });
+        // SAFETY: the caller's out pointer.
+        unsafe { recv_result(wr, bad, r) }
     })
 }
 
@@ -436,14 +539,14 @@ unsafe fn wr_op(qp: *mut ibv_qp_ex, need: u64, op: SendOp) {
         return;
     }
     let (wr_id, flags) = (q.c.wr_id, q.c.wr_flags);
-    b.wrs.push(PendingWr { wr_id, flags, op, sg: Vec::new(), inline: None, ud: None });
+    let at = b.sges.len();
+    b.wrs.push(PendingWr { wr_id, flags, op, sg: at..at, inline: None, ud: None });
 }
 
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
     // SAFETY: the program passes its QP.
     if let Some((_, mut b)) = unsafe { batch(qp) } {
-        b.wrs.clear();
-        b.err = 0;
+        clear(&mut b);
     }
 }
 
@@ -456,36 +559,49 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     guard("ibv_wr_complete", libc::EIO, || {
         // SAFETY: the program passes its QP.
         let Some((q, mut b)) = (unsafe { batch(qp) }) else { return libc::EINVAL };
-        let wrs = std::mem::take(&mut b.wrs);
         let err = std::mem::take(&mut b.err);
-        drop(b);
         if err != 0 {
+            clear(&mut b);
             return err;
         }
-        for p in &wrs {
-            let ud = match (q.qp_type, p.ud) {
-                (mlx5_core::qp::QpType::Ud, Some((ah, qpn, qkey))) => {
-                    // SAFETY: the program's address handle, created by this library.
-                    let Some(ah) = (unsafe { ah.as_ref() }) else { return libc::EINVAL };
-                    Some(UdDest { ah: &ah.ah, remote_qpn: qpn, remote_qkey: qkey })
+        // The whole batch goes to the core as one list: one doorbell, BlueFlame for a single small WQE.
+        let r = q.raw.post_send_with(|sb| {
+            for p in &b.wrs {
+                let ud = match (q.qp_type, p.ud) {
+                    (QpType::Ud, Some((ah, qpn, qkey))) => {
+                        // SAFETY: the program's address handle, created by this library.
+                        let Some(ah) = (unsafe { ah.as_ref() }) else { return libc::EINVAL };
+                        Some(UdDest { ah: &ah.ah, remote_qpn: qpn, remote_qkey: qkey })
+                    }
+                    (QpType::Ud, None) => return libc::EINVAL,
+                    _ => None,
+                };
+                let inline = p.inline.clone().map(|r| &b.bytes[r]);
+                let wr = SendWr {
+                    wr_id: p.wr_id,
+                    op: p.op,
+                    sg_list: if inline.is_some() { &[] } else { &b.sges[p.sg.clone()] },
+                    flags: SendFlags(p.flags & 7),
+                    inline,
+                    ud,
+                };
+                if let Err(kind) = sb.push(&wr) {
+                    return send_errno(kind);
                 }
-                (mlx5_core::qp::QpType::Ud, None) => return libc::EINVAL,
-                _ => None,
-            };
-            let wr = SendWr {
-                wr_id: p.wr_id,
-                op: p.op,
-                sg_list: if p.inline.is_some() { &[] } else { &p.sg },
-                flags: SendFlags(p.flags & 7),
-                inline: p.inline.as_deref(),
-                ud,
-            };
-            if let Err(e) = q.raw.post_send(&[wr]) {
-                return errno_of(&e);
             }
-        }
-        0
+            0
+        });
+        clear(&mut b);
+        r.unwrap_or_else(|e| errno_of(&e))
     })
+}
+
+/// Empties a batch, keeping its storage.
+fn clear(b: &mut WrBatch) {
+    b.wrs.clear();
+    b.sges.clear();
+    b.bytes.clear();
+    b.err = 0;
 }
 
 unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
@@ -545,38 +661,80 @@ unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _: u32, _: u64, _: *con
 ///
 /// # Safety
 /// `qp` is a live QP of this library.
-unsafe fn with_last(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut PendingWr)) {
+unsafe fn with_last(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut WrBatch)) {
     // SAFETY: the caller's duty.
     let Some((_, mut b)) = (unsafe { batch(qp) }) else { return };
-    match b.wrs.last_mut() {
-        Some(w) => f(w),
-        None => {
-            if b.err == 0 {
-                b.err = libc::EINVAL;
-            }
+    if b.wrs.is_empty() {
+        if b.err == 0 {
+            b.err = libc::EINVAL;
         }
+        return;
+    }
+    f(&mut b)
+}
+
+/// Sets the last work request's gather list to `sg` (a later setter replaces an earlier one).
+fn set_sg(b: &mut WrBatch, sg: impl Iterator<Item = Sge>) {
+    let at = b.sges.len();
+    b.sges.extend(sg);
+    let end = b.sges.len();
+    if let Some(w) = b.wrs.last_mut() {
+        w.sg = at..end;
+    }
+}
+
+/// Sets the last work request's inline bytes to the concatenation of `parts`.
+fn set_inline<'a>(b: &mut WrBatch, parts: impl Iterator<Item = &'a [u8]>) {
+    let at = b.bytes.len();
+    for p in parts {
+        b.bytes.extend_from_slice(p);
+    }
+    let end = b.bytes.len();
+    if let Some(w) = b.wrs.last_mut() {
+        w.inline = Some(at..end);
     }
 }
 
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
     // SAFETY: the program passes its QP.
-    unsafe { with_last(qp, |w| w.ud = Some((ah.cast_const().cast(), qpn, qkey))) }
+    unsafe {
+        with_last(qp, |b| {
+            if let Some(w) = b.wrs.last_mut() {
+                w.ud = Some((ah.cast_const().cast(), qpn, qkey));
+            }
+        })
+    }
 }
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     // SAFETY: the program passes its QP.
-    unsafe { with_last(qp, |w| w.sg = vec![Sge { addr, length, lkey }]) }
+    unsafe { with_last(qp, |b| set_sg(b, std::iter::once(Sge { addr, length, lkey }))) }
 }
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
-    let sg: Vec<Sge> = (0..if list.is_null() { 0 } else { n })
-        .map(|i| {
-            // SAFETY: the program's list holds n entries.
-            let s = unsafe { *list.add(i) };
-            Sge { addr: s.addr, length: s.length, lkey: s.lkey }
-        })
-        .collect();
+    let n = if list.is_null() { 0 } else { n };
+    if n > MAX_SGE {
+        // More than any WQE holds (libmlx5 answers ENOMEM past the QP's max_send_sge); nothing is read.
+        // SAFETY: the program passes its QP.
+        unsafe { fail_batch(qp, libc::ENOMEM) };
+        return;
+    }
+    // SAFETY: the program's list holds n entries, of the core's layout (checked at compile time above).
+    let sg = unsafe { std::slice::from_raw_parts(list.cast::<Sge>(), n) };
     // SAFETY: the program passes its QP.
-    unsafe { with_last(qp, |w| w.sg = sg) }
+    unsafe { with_last(qp, |b| set_sg(b, sg.iter().copied())) }
 }
+/// Fails the batch with `e` unless it already failed.
+///
+/// # Safety
+/// `qp` is a live QP of this library.
+unsafe fn fail_batch(qp: *mut ibv_qp_ex, e: c_int) {
+    // SAFETY: the caller's duty.
+    if let Some((_, mut b)) = unsafe { batch(qp) } {
+        if b.err == 0 {
+            b.err = e;
+        }
+    }
+}
+
 /// Whether `len` inline bytes fit the QP's `max_inline_data`; if not the batch fails with `ENOMEM` and nothing
 /// is copied, as libmlx5's `_mlx5_send_wr_set_inline_data` answers.
 ///
@@ -597,34 +755,36 @@ unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, l
     if !unsafe { inline_fits(qp, len) } {
         return;
     }
-    let data = if addr.is_null() || len == 0 {
-        Vec::new()
+    let data: &[u8] = if addr.is_null() || len == 0 {
+        &[]
     } else {
         // SAFETY: the program's buffer holds len bytes; inline data is copied now, as verbs specifies.
-        unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec()
+        unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }
     };
     // SAFETY: the program passes its QP.
-    unsafe { with_last(qp, |w| w.inline = Some(data)) }
+    unsafe { with_last(qp, |b| set_inline(b, std::iter::once(data))) }
 }
 unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
     let n = if list.is_null() { 0 } else { n };
+    if n > MAX_INLINE {
+        // More buffers than inline bytes fit a WQE; nothing is read.
+        // SAFETY: the program passes its QP.
+        unsafe { fail_batch(qp, libc::ENOMEM) };
+        return;
+    }
     // SAFETY: the program's list holds n buffers.
-    let total = (0..n).fold(0usize, |t, i| t.saturating_add(unsafe { *list.add(i) }.length));
+    let bufs = unsafe { std::slice::from_raw_parts(list, n) };
+    let total = bufs.iter().fold(0usize, |t, b| t.saturating_add(b.length));
     // SAFETY: the program passes its QP.
     if !unsafe { inline_fits(qp, total) } {
         return;
     }
-    let mut data = Vec::with_capacity(total);
-    for i in 0..n {
-        // SAFETY: the program's list holds n buffers, each readable for its length.
-        let b = unsafe { *list.add(i) };
-        if !b.addr.is_null() {
-            // SAFETY: as above.
-            data.extend_from_slice(unsafe { std::slice::from_raw_parts(b.addr.cast::<u8>(), b.length) });
-        }
-    }
+    let parts = bufs.iter().filter(|b| !b.addr.is_null() && b.length > 0).map(|b| {
+        // SAFETY: each buffer is readable for its length (the program's duty).
+        unsafe { std::slice::from_raw_parts(b.addr.cast::<u8>(), b.length) }
+    });
     // SAFETY: the program passes its QP.
-    unsafe { with_last(qp, |w| w.inline = Some(data)) }
+    unsafe { with_last(qp, |b| set_inline(b, parts)) }
 }
 
 /// Fills the `ibv_wr_*` table: every pointer is a function (an operation not in `ops` fails the batch with

@@ -4,6 +4,7 @@
 //! `objects` makes them: both sit above this module, which only the context (`device`) is below.
 
 use std::ffi::{c_int, c_uint};
+use std::ops::Range;
 use std::sync::Mutex;
 
 use mlx5_core::cq::{LinkLayer, WorkCompletion};
@@ -98,22 +99,28 @@ pub(crate) struct ExPoll {
     pub(crate) cur: WorkCompletion,
 }
 
-/// One work request built through `ibv_wr_*`.
+/// One work request built through `ibv_wr_*`: its gather list and inline bytes are ranges of the batch's
+/// arenas ([`WrBatch::sges`], [`WrBatch::bytes`]).
 #[derive(Debug)]
 pub(crate) struct PendingWr {
     pub(crate) wr_id: u64,
     pub(crate) flags: c_uint,
     pub(crate) op: SendOp,
-    pub(crate) sg: Vec<Sge>,
-    pub(crate) inline: Option<Vec<u8>>,
+    pub(crate) sg: Range<usize>,
+    pub(crate) inline: Option<Range<usize>>,
     pub(crate) ud: Option<(*const Ah, u32, u32)>,
 }
 
 /// The work requests between `ibv_wr_start` and `ibv_wr_complete`, and the first error met building them
-/// (the builders return nothing; `ibv_wr_complete` reports it).
+/// (the builders return nothing; `ibv_wr_complete` reports it). The vectors are cleared, never freed, between
+/// batches: once they have grown to a program's batch, building one allocates nothing.
 #[derive(Debug, Default)]
 pub(crate) struct WrBatch {
     pub(crate) wrs: Vec<PendingWr>,
+    /// The gather entries of every work request of the batch.
+    pub(crate) sges: Vec<Sge>,
+    /// The inline bytes of every work request of the batch (copied when set, as verbs specifies).
+    pub(crate) bytes: Vec<u8>,
     pub(crate) err: c_int,
     /// The `IBV_QP_EX_WITH_*` operations the QP was created with.
     pub(crate) ops: u64,

@@ -1286,3 +1286,341 @@ fn too_many_gather_entries_are_enomem_on_send_and_einval_on_receive() {
         l.close();
     }
 }
+
+/// The send doorbells the simulated device saw for `qpn`: (producer counter, BlueFlame bytes copied with it).
+fn sq_doorbells(ctx: *mut ibv_context, qpn: u32) -> Vec<(u16, usize)> {
+    use mlx5_sim::SimEvent as E;
+    // SAFETY: an open context of this library.
+    let c = unsafe { ctx_of(ctx) }.expect("open context");
+    let dev = c.dev.dev.sim_device().expect("mlx5_0 is simulated");
+    let mut out: Vec<(u16, usize)> = Vec::new();
+    for e in dev.events() {
+        match e {
+            E::SqDoorbell { qpn: q, pi } if q == qpn => out.push((pi, 0)),
+            // A BlueFlame copy's 8-byte writes follow its doorbell write.
+            E::BlueFlameCopy { qpn: q, .. } if q == qpn => {
+                if let Some(last) = out.last_mut() {
+                    last.1 += 8;
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `n` signaled RDMA WRITEs of 8 bytes each, linked as one list (`wrs[i].next = &wrs[i + 1]`); the SGEs live in
+/// `sges`, which must outlive the list.
+fn write_list(l: &Loopback, sges: &mut [ibv_sge], wrs: &mut [ibv_send_wr]) {
+    let base = l.mem.as_ptr() as u64;
+    // SAFETY: a live MR of the Loopback.
+    let (lkey, rkey) = unsafe { ((*l.mr).lkey, (*l.mr).rkey) };
+    for (i, s) in sges.iter_mut().enumerate() {
+        *s = ibv_sge { addr: base + 8 * i as u64, length: 8, lkey };
+    }
+    let n = wrs.len();
+    for i in 0..n {
+        // SAFETY: ibv_send_wr is plain data.
+        let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.wr_id = 100 + i as u64;
+        w.sg_list = &mut sges[i];
+        w.num_sge = 1;
+        w.opcode = 0;
+        w.send_flags = 2;
+        w.wr.rdma = wr_rdma { remote_addr: base + 4096 + 8 * i as u64, rkey };
+        wrs[i] = w;
+    }
+    for i in 0..n.saturating_sub(1) {
+        let next: *mut ibv_send_wr = &mut wrs[i + 1];
+        wrs[i].next = next;
+    }
+}
+
+/// Polls `want` completions (or gives up after a while), returning their wr_ids.
+unsafe fn poll_ids(cq: *mut ibv_cq, want: usize) -> Vec<u64> {
+    let mut wc = [ibv_wc::default(); 16];
+    let mut got = Vec::new();
+    for _ in 0..10_000 {
+        // SAFETY: a live CQ of this library (caller).
+        let n = unsafe { (*(*cq).context).ops.poll_cq.unwrap()(cq, wc.len() as c_int, wc.as_mut_ptr()) };
+        assert!(n >= 0);
+        for w in &wc[..n as usize] {
+            assert_eq!(w.status, 0, "{w:?}");
+            got.push(w.wr_id);
+        }
+        if got.len() >= want {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+    got
+}
+
+/// Issue 38: `ibv_post_send` posts a list as rdma-core does, one doorbell for the whole of it, counted at the
+/// simulated UAR; a single small WR goes by BlueFlame (its WQE copied with the doorbell), a list never does.
+#[test]
+fn a_list_of_16_sends_rings_exactly_one_doorbell() {
+    let l = Loopback::new(8192, 64, false, 32);
+    // SAFETY: the Loopback's live objects; the list and its SGEs live on this stack during the calls.
+    unsafe {
+        let qpn = (*l.qp).qp_num;
+        let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 16];
+        let mut wrs: [ibv_send_wr; 16] = std::mem::zeroed();
+        write_list(&l, &mut sges, &mut wrs);
+        let before = sq_doorbells(l.ctx, qpn);
+        let mut bad = ptr::null_mut();
+        assert_eq!((*l.ctx).ops.post_send.unwrap()(l.qp, wrs.as_mut_ptr(), &mut bad), 0);
+        let after = sq_doorbells(l.ctx, qpn);
+        assert_eq!(after.len(), before.len() + 1, "one doorbell for 16 WRs: {:?}", &after[before.len()..]);
+        // The doorbell names the producer counter after all 16 WQEs (one BB each), with no BlueFlame copy.
+        assert_eq!(after.last(), Some(&(16, 0)));
+        let mut ids = poll_ids(l.cq, 16);
+        ids.sort();
+        assert_eq!(ids, (100..116).collect::<Vec<_>>());
+
+        // One WR alone: one doorbell, its 64-byte WQE by BlueFlame.
+        let mut one = ptr::read(&wrs[0]);
+        one.next = ptr::null_mut();
+        assert_eq!((*l.ctx).ops.post_send.unwrap()(l.qp, &mut one, &mut bad), 0);
+        let last = sq_doorbells(l.ctx, qpn);
+        assert_eq!(last.len(), after.len() + 1);
+        assert_eq!(last.last(), Some(&(17, 56)), "the doorbell word and the other 56 bytes of the BB");
+        assert_eq!(poll_ids(l.cq, 1), [100]);
+        l.close();
+    }
+}
+
+/// Issue 38: an error in the middle of a list leaves `bad_wr` at the first WR not posted, with the ones before it
+/// posted (and rung, once) and none after, as rdma-core's `_mlx5_post_send` and `mlx5_post_recv` do.
+#[test]
+fn an_error_mid_list_sets_bad_wr_and_posts_the_wrs_before_it() {
+    let l = Loopback::new(8192, 64, false, 32);
+    // SAFETY: the Loopback's live objects; the lists and their SGEs live on this stack during the calls.
+    unsafe {
+        let qpn = (*l.qp).qp_num;
+        let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 16];
+        let mut wrs: [ibv_send_wr; 16] = std::mem::zeroed();
+        write_list(&l, &mut sges, &mut wrs);
+        // WR 5 has an opcode that does not exist.
+        wrs[5].opcode = 99;
+        let before = sq_doorbells(l.ctx, qpn);
+        let mut bad = ptr::null_mut();
+        assert_eq!((*l.ctx).ops.post_send.unwrap()(l.qp, wrs.as_mut_ptr(), &mut bad), libc::EINVAL);
+        assert_eq!(bad, &mut wrs[5] as *mut ibv_send_wr);
+        let after = sq_doorbells(l.ctx, qpn);
+        assert_eq!(&after[before.len()..], &[(5, 0)], "one doorbell, for the 5 WQEs before the bad one");
+        let mut ids = poll_ids(l.cq, 5);
+        ids.sort();
+        assert_eq!(ids, (100..105).collect::<Vec<_>>());
+
+        // Too many SGEs for the QP (it takes 1) is ENOMEM at WR 3.
+        write_list(&l, &mut sges, &mut wrs);
+        wrs[3].num_sge = 2;
+        bad = ptr::null_mut();
+        assert_eq!((*l.ctx).ops.post_send.unwrap()(l.qp, wrs.as_mut_ptr(), &mut bad), libc::ENOMEM);
+        assert_eq!(bad, &mut wrs[3] as *mut ibv_send_wr);
+        assert_eq!(poll_ids(l.cq, 3).len(), 3);
+
+        // Receives: WR 1 with a negative SGE count is EINVAL; WR 0 is posted, as a SEND that lands in it shows.
+        let base = l.mem.as_ptr() as u64;
+        let lkey = (*l.mr).lkey;
+        let mut rs = [ibv_sge { addr: base + 4096, length: 64, lkey }; 3];
+        let mut rw: [ibv_recv_wr; 3] = std::mem::zeroed();
+        for (i, w) in rw.iter_mut().enumerate() {
+            *w = ibv_recv_wr { wr_id: 200 + i as u64, next: ptr::null_mut(), sg_list: &mut rs[i], num_sge: 1 };
+        }
+        for i in 0..2 {
+            let next: *mut ibv_recv_wr = &mut rw[i + 1];
+            rw[i].next = next;
+        }
+        rw[1].num_sge = -1;
+        let mut bad_r = ptr::null_mut();
+        assert_eq!((*l.ctx).ops.post_recv.unwrap()(l.qp, rw.as_mut_ptr(), &mut bad_r), libc::EINVAL);
+        assert_eq!(bad_r, &mut rw[1] as *mut ibv_recv_wr);
+        let mut send = ptr::read(&wrs[0]);
+        send.next = ptr::null_mut();
+        send.opcode = 2;
+        send.wr_id = 300;
+        assert_eq!((*l.ctx).ops.post_send.unwrap()(l.qp, &mut send, &mut bad), 0);
+        let mut ids = poll_ids(l.cq, 2);
+        ids.sort();
+        assert_eq!(ids, [200, 300], "the receive posted before the bad WR took the SEND");
+        l.close();
+    }
+}
+
+/// Issue 38: an `ibv_wr_start` … `ibv_wr_complete` batch is posted as one list (one doorbell for 8 WRs, with
+/// their gather lists and inline bytes as set), a batch of one by BlueFlame.
+#[test]
+fn a_wr_batch_rings_one_doorbell() {
+    let mut l = Loopback::without_qp(8192, 64, false);
+    let (ctx, pd, mr, cq) = (l.ctx, l.pd, l.mr, l.cq);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let i = rc_init(cq, 16);
+        let mut init: ibv_qp_init_attr_ex = std::mem::zeroed();
+        (init.send_cq, init.recv_cq, init.cap, init.qp_type, init.sq_sig_all) = (cq, cq, i.cap, 2, 1);
+        init.cap.max_inline_data = 64;
+        // IBV_QP_INIT_ATTR_PD | SEND_OPS_FLAGS; RDMA_WRITE.
+        (init.comp_mask, init.pd, init.send_ops_flags) = (1 | (1 << 6), pd, 1);
+        let qp = vctx(ctx).create_qp_ex.unwrap()(ctx, &mut init);
+        assert!(!qp.is_null(), "errno {}", errno());
+        connect(ctx, qp, (*qp).qp_num);
+        let qpn = (*qp).qp_num;
+        let base = l.mem.as_mut_ptr() as u64;
+        l.mem[..8].copy_from_slice(b"gathered");
+        let inl = *b"inline!!";
+        let (lkey, rkey) = ((*mr).lkey, (*mr).rkey);
+        let qx = ibv_qp_to_qp_ex(qp);
+        let before = sq_doorbells(ctx, qpn);
+        (*qx).wr_start.unwrap()(qx);
+        for k in 0..8u64 {
+            (*qx).wr_id = 400 + k;
+            (*qx).wr_flags = 2;
+            (*qx).wr_rdma_write.unwrap()(qx, rkey, base + 4096 + 8 * k);
+            if k % 2 == 0 {
+                (*qx).wr_set_sge.unwrap()(qx, lkey, base, 8);
+            } else {
+                (*qx).wr_set_inline_data.unwrap()(qx, inl.as_ptr().cast_mut().cast(), 8);
+            }
+        }
+        assert_eq!((*qx).wr_complete.unwrap()(qx), 0);
+        let after = sq_doorbells(ctx, qpn);
+        assert_eq!(&after[before.len()..], &[(8, 0)], "one doorbell for the 8 WRs of the batch");
+        let mut ids = poll_ids(cq, 8);
+        ids.sort();
+        assert_eq!(ids, (400..408).collect::<Vec<_>>());
+        for k in 0..8 {
+            let want: &[u8] = if k % 2 == 0 { b"gathered" } else { b"inline!!" };
+            assert_eq!(&l.mem[4096 + 8 * k..4104 + 8 * k], want, "write {k}");
+        }
+        // A batch of one goes by BlueFlame.
+        (*qx).wr_start.unwrap()(qx);
+        (*qx).wr_id = 408;
+        (*qx).wr_rdma_write.unwrap()(qx, rkey, base + 4096);
+        (*qx).wr_set_sge.unwrap()(qx, lkey, base, 8);
+        assert_eq!((*qx).wr_complete.unwrap()(qx), 0);
+        assert_eq!(sq_doorbells(ctx, qpn).last(), Some(&(9, 56)));
+        assert_eq!(poll_ids(cq, 1), [408]);
+        // A gather list longer than any WQE holds fails the batch (ENOMEM) without being read; nothing is posted.
+        let one = ibv_sge { addr: base, length: 8, lkey };
+        (*qx).wr_start.unwrap()(qx);
+        (*qx).wr_rdma_write.unwrap()(qx, rkey, base + 4096);
+        (*qx).wr_set_sge_list.unwrap()(qx, usize::MAX, &one);
+        assert_eq!((*qx).wr_complete.unwrap()(qx), libc::ENOMEM);
+        assert_eq!(sq_doorbells(ctx, qpn).last(), Some(&(9, 56)), "no doorbell for a failed batch");
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        l.close();
+    }
+}
+
+#[global_allocator]
+static ALLOC: mlx5_sim::testkit::alloc_count::Counting = mlx5_sim::testkit::alloc_count::Counting;
+
+/// Issue 38: the C ABI's datapath calls allocate nothing: `ibv_post_send` (1 and 16 per call), `ibv_post_recv`
+/// (16), `ibv_poll_cq` (16) and a warm `ibv_wr_*` batch, counted by a global allocator armed on this thread only.
+/// The simulated device runs in line, on this thread, when a doorbell rings: its own work is counted too, so a
+/// zero here holds for the library and the simulator together.
+#[test]
+fn the_c_datapath_calls_allocate_nothing() {
+    use mlx5_sim::testkit::alloc_count;
+    let mut l = Loopback::without_qp(8192, 256, false);
+    let (ctx, pd, cq) = (l.ctx, l.pd, l.cq);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        let i = rc_init(cq, 64);
+        let mut init: ibv_qp_init_attr_ex = std::mem::zeroed();
+        (init.send_cq, init.recv_cq, init.cap, init.qp_type, init.sq_sig_all) = (cq, cq, i.cap, 2, 0);
+        init.cap.max_recv_wr = 64;
+        (init.comp_mask, init.pd, init.send_ops_flags) = (1 | (1 << 6), pd, 1 | (1 << 2));
+        let qp = vctx(ctx).create_qp_ex.unwrap()(ctx, &mut init);
+        assert!(!qp.is_null(), "errno {}", errno());
+        connect(ctx, qp, (*qp).qp_num);
+        l.qp = qp;
+        let ops = (*ctx).ops;
+        let base = l.mem.as_mut_ptr() as u64;
+        let lkey = (*l.mr).lkey;
+        let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 16];
+        let mut wrs: [ibv_send_wr; 16] = std::mem::zeroed();
+        write_list(&l, &mut sges, &mut wrs);
+        let mut rs = [ibv_sge { addr: base + 4096, length: 64, lkey }; 16];
+        let mut rw: [ibv_recv_wr; 16] = std::mem::zeroed();
+        for (k, w) in rw.iter_mut().enumerate() {
+            *w = ibv_recv_wr { wr_id: 500 + k as u64, next: ptr::null_mut(), sg_list: &mut rs[k], num_sge: 1 };
+        }
+        for k in 0..15 {
+            let next: *mut ibv_recv_wr = &mut rw[k + 1];
+            rw[k].next = next;
+        }
+        let qx = ibv_qp_to_qp_ex(qp);
+        let mut wc = [ibv_wc::default(); 16];
+        let mut bad = ptr::null_mut();
+        let mut bad_r = ptr::null_mut();
+        // One round of every call; the first warms the builder's storage.
+        let mut round = |bad: &mut *mut ibv_send_wr, bad_r: &mut *mut ibv_recv_wr, wrs: &mut [ibv_send_wr; 16]| {
+            let mut wc = [ibv_wc::default(); 16];
+            let mut polled = 0;
+            assert_eq!(ops.post_recv.unwrap()(qp, rw.as_mut_ptr(), bad_r), 0);
+            assert_eq!(ops.post_send.unwrap()(qp, wrs.as_mut_ptr(), bad), 0);
+            let one: *mut ibv_send_wr = &mut wrs[15];
+            assert_eq!(ops.post_send.unwrap()(qp, one, bad), 0);
+            (*qx).wr_start.unwrap()(qx);
+            (*qx).wr_id = 7;
+            (*qx).wr_flags = 2;
+            (*qx).wr_rdma_write.unwrap()(qx, (*l.mr).rkey, base + 4096);
+            (*qx).wr_set_sge.unwrap()(qx, lkey, base, 8);
+            assert_eq!((*qx).wr_complete.unwrap()(qx), 0);
+            // 16 + 1 + 1 signaled writes complete (the receives stay posted for the next round's count).
+            for _ in 0..1000 {
+                let n = ops.poll_cq.unwrap()(cq, 16, wc.as_mut_ptr());
+                assert!(n >= 0);
+                polled += n;
+                if polled >= 18 {
+                    break;
+                }
+            }
+            assert_eq!(polled, 18);
+        };
+        round(&mut bad, &mut bad_r, &mut wrs);
+        // Each iteration's receives are consumed by 16 SENDs of the QP to itself.
+        let mut iteration = |wrs: &mut [ibv_send_wr; 16]| {
+            for w in wrs.iter_mut() {
+                w.opcode = 0;
+            }
+            round(&mut bad, &mut bad_r, wrs);
+            for w in wrs.iter_mut() {
+                w.opcode = 2;
+            }
+            assert_eq!(ops.post_send.unwrap()(qp, wrs.as_mut_ptr(), &mut bad), 0);
+            let mut got = 0;
+            for _ in 0..1000 {
+                let n = ops.poll_cq.unwrap()(cq, 16, wc.as_mut_ptr());
+                assert!(n >= 0);
+                got += n;
+                if got >= 32 {
+                    break;
+                }
+            }
+            assert_eq!(got, 32, "16 sends and the 16 receives they landed in");
+        };
+        // Warm-up, uncounted: the builder's storage, and the simulator's own event log (a Vec that grows until it
+        // holds twice its bound, then drops its oldest half in place), which runs on this thread at each doorbell.
+        let sim = ctx_of(ctx).expect("open context").dev.dev.sim_device().expect("mlx5_0 is simulated");
+        let mut warm = 0;
+        while sim.events_dropped() == 0 {
+            iteration(&mut wrs);
+            warm += 1;
+            assert!(warm < 100_000, "the simulator's event log never reached its bound");
+        }
+        iteration(&mut wrs);
+        let n0 = alloc_count::count();
+        {
+            let _armed = alloc_count::arm();
+            for _ in 0..4 {
+                iteration(&mut wrs);
+            }
+        }
+        assert_eq!(alloc_count::count() - n0, 0, "heap allocations in the C datapath calls");
+        l.close();
+    }
+}

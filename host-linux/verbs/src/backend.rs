@@ -20,7 +20,86 @@ use mlx5_vfio::{StdDelay, Vfio};
 pub enum AnyMmio {
     #[cfg(feature = "sim")]
     Sim(SimMmio),
+    /// A simulated device's datapath window as plain memory ([`MEMORY_DOORBELLS_ENV`]): doorbells land in it and
+    /// the simulator never sees them.
+    #[cfg(feature = "sim")]
+    Mem(Arc<MemBar>),
     Vfio(Arc<Vfio>),
+}
+
+/// With this variable set to `memory`, every simulated device opened by the process rings its datapath doorbells
+/// (send doorbells, BlueFlame copies) into plain memory instead of the simulated BAR, as the datapath benchmarks'
+/// `MemMmio` does: work posted is never executed. Commands still reach the simulator. For benchmarks of the C
+/// ABI (`cargo xtask bench --peer`) only.
+#[cfg(feature = "sim")]
+pub const MEMORY_DOORBELLS_ENV: &str = "MLX5_RS_SIM_DOORBELLS";
+
+/// A BAR that is a heap array written with volatile stores, with the architecture's default barriers.
+#[cfg(feature = "sim")]
+#[derive(Debug)]
+pub struct MemBar {
+    words: Box<[std::cell::UnsafeCell<u64>]>,
+}
+
+// SAFETY: the words are only touched with volatile accesses through raw pointers, as device registers are; a
+// torn or racing value is what a real BAR would show too, and no reference to a word is ever handed out.
+#[cfg(feature = "sim")]
+unsafe impl Sync for MemBar {}
+
+#[cfg(feature = "sim")]
+impl MemBar {
+    /// A zeroed window of `len` bytes (rounded up to 8).
+    pub fn new(len: usize) -> MemBar {
+        MemBar { words: (0..len.div_ceil(8).max(1)).map(|_| std::cell::UnsafeCell::new(0)).collect() }
+    }
+
+    /// The word holding byte `off`, or `None` past the window (such a store is dropped, a load reads all ones,
+    /// as on a real bus).
+    #[inline(always)]
+    fn at(&self, off: usize) -> Option<*mut u8> {
+        let w = self.words.get(off / 8)?;
+        // SAFETY: `off % 8 < 8`, inside the word.
+        Some(unsafe { w.get().cast::<u8>().add(off % 8) })
+    }
+}
+
+#[cfg(feature = "sim")]
+impl Mmio for MemBar {
+    fn read32(&self, off: usize) -> u32 {
+        match self.at(off).filter(|_| off.is_multiple_of(4)) {
+            // SAFETY: an aligned u32 inside one live word.
+            Some(p) => u32::from_be(unsafe { p.cast::<u32>().read_volatile() }),
+            None => u32::MAX,
+        }
+    }
+    fn write32(&self, off: usize, v: u32) {
+        if let Some(p) = self.at(off).filter(|_| off.is_multiple_of(4)) {
+            // SAFETY: as read32.
+            unsafe { p.cast::<u32>().write_volatile(v.to_be()) }
+        }
+    }
+    fn read64(&self, off: usize) -> u64 {
+        match self.at(off).filter(|_| off.is_multiple_of(8)) {
+            // SAFETY: an aligned word inside the window.
+            Some(p) => u64::from_be(unsafe { p.cast::<u64>().read_volatile() }),
+            None => u64::MAX,
+        }
+    }
+    fn write64(&self, off: usize, v: u64) {
+        if let Some(p) = self.at(off).filter(|_| off.is_multiple_of(8)) {
+            // SAFETY: as read64.
+            unsafe { p.cast::<u64>().write_volatile(v.to_be()) }
+        }
+    }
+    #[inline]
+    fn write_bf64(&self, off: usize, chunk: &[u64; 8]) {
+        // One bounds check for the chunk, then eight stores in address order (as a mapped BAR does).
+        let Some(words) = self.words.get(off / 8..off / 8 + 8).filter(|_| off.is_multiple_of(64)) else { return };
+        for (w, v) in words.iter().zip(chunk) {
+            // SAFETY: a live word of the window, touched only through volatile accesses.
+            unsafe { w.get().write_volatile(*v) };
+        }
+    }
 }
 
 macro_rules! each_mmio {
@@ -28,6 +107,8 @@ macro_rules! each_mmio {
         match $self {
             #[cfg(feature = "sim")]
             AnyMmio::Sim($m) => $e,
+            #[cfg(feature = "sim")]
+            AnyMmio::Mem($m) => $e,
             AnyMmio::Vfio(v) => {
                 let $m = &v.bar;
                 $e
@@ -192,6 +273,19 @@ impl DeviceKind {
     /// (`usermem::check`).
     pub(crate) fn pins_user_memory(&self) -> bool {
         matches!(self, DeviceKind::Vfio(_))
+    }
+
+    /// The window the datapath rings: the device's BAR, or plain memory for a simulated device when
+    /// [`MEMORY_DOORBELLS_ENV`] says so.
+    pub(crate) fn datapath_mmio(&self) -> AnyMmio {
+        #[cfg(feature = "sim")]
+        if let DeviceKind::Sim(d) = self {
+            if std::env::var(MEMORY_DOORBELLS_ENV).is_ok_and(|v| v == "memory") {
+                log::warn!("{MEMORY_DOORBELLS_ENV}=memory: doorbells land in memory, posted work never runs");
+                return AnyMmio::Mem(Arc::new(MemBar::new(d.mmio().bar_size())));
+            }
+        }
+        self.mmio()
     }
 
     pub(crate) fn mmio(&self) -> AnyMmio {

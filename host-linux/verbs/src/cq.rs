@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use mlx5_core::cq::{Cq, CqeError, Notify, WorkCompletion, WrTable};
@@ -39,9 +39,9 @@ const MAX_BAD_PER_POLL: u32 = 64;
 pub(crate) struct CqRing {
     /// The CQ until destroyed.
     pub(crate) cq: Option<Cq>,
-    pub(crate) qps: HashMap<u32, QpEntry>,
+    pub(crate) qps: HashMap<u32, QpEntry, QpnHash>,
     /// By SRQN, with the number of this CQ's QPs attached to each.
-    pub(crate) srqs: HashMap<u32, (SrqCell, usize)>,
+    pub(crate) srqs: HashMap<u32, (SrqCell, usize), QpnHash>,
     /// A bad CQE met after good completions: reported by the next poll, so a poll returning fewer completions
     /// than asked still means the CQ is empty.
     pending: Option<CqeError>,
@@ -51,23 +51,91 @@ pub(crate) struct CqRing {
 /// a QP's is taken for one lookup, an SRQ's for one `srq_done` (lock order CQ → QP → SRQ; the QP's SRQ is known
 /// from the CQ's table, so an SRQ receive takes no QP lock).
 struct QpTable<'a> {
-    qps: &'a HashMap<u32, QpEntry>,
-    srqs: &'a HashMap<u32, (SrqCell, usize)>,
+    qps: &'a HashMap<u32, QpEntry, QpnHash>,
+    srqs: &'a HashMap<u32, (SrqCell, usize), QpnHash>,
+    /// The QP the last CQE named: consecutive CQEs mostly name the same one (libmlx5 keeps `cur_rsc` alike).
+    last: Option<(u32, &'a QpEntry)>,
+    /// That QP's ring, its lock held until a CQE names another QP or the poll ends: one lock per run of CQEs,
+    /// not per CQE (the CQ's lock is held throughout, so the order stays CQ → QP).
+    held: Option<(u32, MutexGuard<'a, Option<Qp>>)>,
+}
+
+impl<'a> QpTable<'a> {
+    fn new(qps: &'a HashMap<u32, QpEntry, QpnHash>, srqs: &'a HashMap<u32, (SrqCell, usize), QpnHash>) -> Self {
+        QpTable { qps, srqs, last: None, held: None }
+    }
+
+    #[inline]
+    fn qp(&mut self, qpn: u32) -> Option<&'a QpEntry> {
+        match self.last {
+            Some((n, q)) if n == qpn => Some(q),
+            _ => {
+                let q = self.qps.get(&qpn)?;
+                self.last = Some((qpn, q));
+                Some(q)
+            }
+        }
+    }
+
+    /// The ring of QP `qpn`, locked (the lock kept for the next CQE).
+    #[inline]
+    fn ring(&mut self, qpn: u32) -> Option<&mut Qp> {
+        if self.held.as_ref().is_none_or(|(n, _)| *n != qpn) {
+            // The previous QP's lock goes first: two QP locks are never held together.
+            self.held = None;
+            let q = self.qp(qpn)?;
+            self.held = Some((qpn, lock(&q.cell)));
+        }
+        self.held.as_mut()?.1.as_mut()
+    }
+}
+
+/// Hashes a QP or SRQ number for the CQ's tables: the numbers are the device's, so no flooding to defend against,
+/// and a multiply is what a lookup per CQE can afford (SipHash cost more than the rest of the CQE's handling).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct QpnHash;
+
+impl std::hash::BuildHasher for QpnHash {
+    type Hasher = QpnHasher;
+    fn build_hasher(&self) -> QpnHasher {
+        QpnHasher(0)
+    }
+}
+
+/// See [`QpnHash`].
+#[derive(Debug)]
+pub(crate) struct QpnHasher(u64);
+
+impl std::hash::Hasher for QpnHasher {
+    fn finish(&self) -> u64 {
+        // Fibonacci hashing: the high bits, which hashbrown uses for its control bytes, depend on every key bit.
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | u64::from(*b)).rotate_left(5);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 ^= u64::from(n);
+    }
 }
 
 impl WrTable for QpTable<'_> {
     fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
-        lock(&self.qps.get(&qpn)?.cell).as_mut()?.send_done(qpn, wqe_counter)
+        self.ring(qpn)?.send_done(qpn, wqe_counter)
     }
     fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
-        let q = self.qps.get(&qpn)?;
+        let q = self.qp(qpn)?;
         match q.srqn {
             // As the core's `WithSrqs`: the CQE's WQE counter names a WQE of the QP's SRQ.
             Some(s) => lock(&self.srqs.get(&s)?.0).as_mut()?.srq_done(wqe_counter).ok(),
-            None => lock(&q.cell).as_mut()?.recv_done(qpn, srqn, wqe_counter),
+            None => self.ring(qpn)?.recv_done(qpn, srqn, wqe_counter),
         }
     }
     fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
+        // Every QP's lock is taken below, the held one's too.
+        self.held = None;
         self.qps.values().find_map(|q| lock(&q.cell).as_mut().and_then(|q| WrTable::flush_one(q, cqn, dead)))
     }
     fn recv_srqn(&self, qpn: u32) -> Option<u32> {
@@ -112,7 +180,7 @@ impl CqObj {
             ctx: ctx.clone(),
             cqn,
             cq_context,
-            ring: Mutex::new(CqRing { cq: Some(cq), qps: HashMap::new(), srqs: HashMap::new(), pending: None }),
+            ring: Mutex::new(CqRing { cq: Some(cq), qps: HashMap::default(), srqs: HashMap::default(), pending: None }),
             failed: failed.clone(),
             users: AtomicUsize::new(0),
             unacked: Mutex::new(0),
@@ -142,8 +210,9 @@ impl CqObj {
         if let Some(e) = pending.take() {
             return Err(VerbsError::Cqe(e));
         }
-        let cq = cq.as_mut().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
-        let mut table = QpTable { qps, srqs };
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(cq) = cq.as_mut() else { return Err(VerbsError::Destroyed { what: "completion queue" }) };
+        let mut table = QpTable::new(qps, srqs);
         // Once the device is dead or the CQ failed, outstanding work requests complete here as flushed.
         let stopped = || {
             let dead = dev.is_dead();

@@ -8,10 +8,11 @@ use mlx5_core::cq::LinkLayer;
 use mlx5_core::hca::QpInitAttr as CoreQpInitAttr;
 use mlx5_core::mkey::Access;
 use mlx5_core::qp::{
-    required_attrs, AhAttr, Grh, Mtu, PostError, PostErrorKind, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
-    SendWr,
+    required_attrs, AhAttr, Grh, Mtu, PostError, PostErrorKind, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvBatch,
+    RecvWr, SendBatch, SendWr,
 };
 
+use crate::backend::AnyMmio;
 use crate::context::Context;
 use crate::cq::{CompletionQueue, CqObj, QpCell, QpEntry};
 use crate::error::{Result, VerbsError};
@@ -361,7 +362,8 @@ impl QpObj {
     /// `ibv_post_send`: the QP's lock only. A dead device fails the post as `Hca::post_send` does.
     pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut g = lock(&self.ring);
-        let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
@@ -372,12 +374,46 @@ impl QpObj {
     /// `ibv_post_recv`: the QP's lock only.
     pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let mut g = lock(&self.ring);
-        let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
         }
         Ok(qp.post_recv(&dev.mmio, wrs)?)
+    }
+
+    /// `ibv_post_send` of a list the caller translates itself: `f` pushes each work request into the core's
+    /// batch, which rings the doorbell once when `f` returns. The QP's lock only; allocates nothing.
+    pub(crate) fn with_send_batch<R>(&self, f: impl FnOnce(&mut SendBatch<'_, AnyMmio>) -> R) -> Result<R> {
+        let mut g = lock(&self.ring);
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
+        let dev = &self.pd.ctx.dev;
+        if dev.is_dead() {
+            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
+        }
+        let mut b = qp.send_batch(&dev.mmio);
+        let r = f(&mut b);
+        // The batch rings (drops) while the lock is held.
+        drop(b);
+        Ok(r)
+    }
+
+    /// `ibv_post_recv` of a list the caller translates itself, as [`QpObj::with_send_batch`].
+    pub(crate) fn with_recv_batch<R>(&self, f: impl FnOnce(&mut RecvBatch<'_, AnyMmio>) -> R) -> Result<R> {
+        let mut g = lock(&self.ring);
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
+        let dev = &self.pd.ctx.dev;
+        if dev.is_dead() {
+            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
+        }
+        let mut b = qp.recv_batch(&dev.mmio);
+        let r = f(&mut b);
+        // The batch rings (drops) while the lock is held.
+        drop(b);
+        Ok(r)
     }
 
     /// `ibv_destroy_qp`: out of the CQs' tables (control, CQ, then QP lock), then DESTROY_QP. Idempotent.

@@ -11,7 +11,8 @@ use std::time::Duration;
 use mlx5_core::cq::{LinkLayer, Notify, WorkCompletion};
 use mlx5_core::hca::{CqAttr, Hca, QpInitAttr as CoreQpInitAttr, SrqAttr};
 use mlx5_core::mkey::Access;
-use mlx5_core::qp::{Ah, AhAttr, QpAttr, QpAttrMask, QpCap, QpQueryAttr, RecvWr, SendWr};
+use mlx5_core::qp::{Ah, AhAttr, QpAttr, QpAttrMask, QpCap, QpQueryAttr, RecvBatch, RecvWr, SendBatch, SendWr};
+use mlx5_core::srq::SrqRecvBatch;
 use mlx5_core::trace::CmdTrace;
 
 use crate::backend::{AnyDelay, AnyDma, AnyMmio, HostTables};
@@ -325,6 +326,17 @@ impl RawQp {
         self.0.post_recv(wrs)
     }
 
+    /// `ibv_post_send` of a list translated one work request at a time: `f` pushes into the core's batch, rung
+    /// once when `f` returns (a C `ibv_send_wr` chain, with no slice built first).
+    pub fn post_send_with<R>(&self, f: impl FnOnce(&mut SendBatch<'_, AnyMmio>) -> R) -> Result<R> {
+        self.0.with_send_batch(f)
+    }
+
+    /// `ibv_post_recv` likewise: the doorbell record is written once when `f` returns.
+    pub fn post_recv_with<R>(&self, f: impl FnOnce(&mut RecvBatch<'_, AnyMmio>) -> R) -> Result<R> {
+        self.0.with_recv_batch(f)
+    }
+
     /// `ibv_destroy_qp`.
     pub fn destroy(&self) -> Result<()> {
         self.0.destroy()
@@ -348,6 +360,12 @@ impl RawSrq {
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.0.post_recv(wrs)
+    }
+
+    /// `ibv_post_srq_recv` of a list translated one work request at a time; the doorbell record is written once
+    /// when `f` returns.
+    pub fn post_recv_with<R>(&self, f: impl FnOnce(&mut SrqRecvBatch<'_, AnyMmio>) -> R) -> Result<R> {
+        self.0.with_recv_batch(f)
     }
 
     /// `ibv_modify_srq`.

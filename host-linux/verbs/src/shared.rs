@@ -438,7 +438,7 @@ impl DeviceShared {
         let core = Arc::new(DevCore { control: Mutex::new(control), dead: AtomicBool::new(false) });
         let dev = Arc::new(DeviceShared {
             core: core.clone(),
-            mmio: kind.mmio(),
+            mmio: kind.datapath_mmio(),
             kind,
             link,
             next_ctx: AtomicU64::new(1),

@@ -6,6 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use mlx5_core::hca::SrqAttr;
 use mlx5_core::qp::{PostError, PostErrorKind, RecvWr};
+use mlx5_core::srq::SrqRecvBatch;
+
+use crate::backend::AnyMmio;
 
 use crate::cq::SrqCell;
 use crate::error::{Result, VerbsError};
@@ -78,12 +81,30 @@ impl SrqObj {
     /// `ibv_post_srq_recv`: the SRQ's lock only. A dead device fails the post.
     pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let mut g = lock(&self.ring);
-        let srq = g.as_mut().ok_or(VerbsError::Destroyed { what: "shared receive queue" })?;
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(srq) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "shared receive queue" }) };
         let dev = &self.pd.ctx.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
         }
         Ok(srq.post_srq_recv(&dev.mmio, wrs)?)
+    }
+
+    /// `ibv_post_srq_recv` of a list the caller translates itself: `f` pushes into the core's batch, whose
+    /// doorbell record is written once when `f` returns. The SRQ's lock only; allocates nothing.
+    pub(crate) fn with_recv_batch<R>(&self, f: impl FnOnce(&mut SrqRecvBatch<'_, AnyMmio>) -> R) -> Result<R> {
+        let mut g = lock(&self.ring);
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(srq) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "shared receive queue" }) };
+        let dev = &self.pd.ctx.dev;
+        if dev.is_dead() {
+            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
+        }
+        let mut b = srq.recv_batch(&dev.mmio);
+        let r = f(&mut b);
+        // The batch rings (drops) while the lock is held.
+        drop(b);
+        Ok(r)
     }
 
     /// `ibv_modify_srq`.

@@ -236,6 +236,154 @@ fn build_peer(root: &Path) -> Result<(PathBuf, PathBuf, PathBuf), String> {
     Ok((bins.remove(0), bins.remove(0), bench))
 }
 
+/// Debian bookworm's `dpkg-buildflags` for rdma-core (`DEB_BUILD_MAINT_OPTIONS=hardening=+all`): debhelper's
+/// CMake build system hands CPPFLAGS to CMake inside CFLAGS.
+const DEBIAN_CFLAGS: &str =
+    "-g -O2 -fstack-protector-strong -Wformat -Werror=format-security -Wdate-time -D_FORTIFY_SOURCE=2";
+const DEBIAN_LDFLAGS: &str = "-Wl,-z,relro -Wl,-z,now";
+
+/// The two CMake builds: name, and `CMAKE_C_FLAGS_RELEASE` (which CMake puts after CFLAGS, so its `-O` wins).
+/// `O2` is the Release flags rdma-core's `RDMA_BuildType` means to set (RelWithDebInfo's, `-O2 -g -DNDEBUG`);
+/// `O3` is CMake's own Release default, which is what the build gets when that substitution does not happen.
+const CMAKE_BUILDS: [(&str, &str); 2] = [("O2", "-O2 -g -DNDEBUG"), ("O3", "-O3 -DNDEBUG")];
+
+/// Debian packages the CMake builds need, installed with apt-get when missing (cmake, ninja, and the libraries
+/// rdma-core's configuration requires as Debian configures it).
+fn cmake_packages() -> Result<(), String> {
+    let nl = Command::new("pkg-config")
+        .args(["--exists", "libnl-3.0", "libnl-route-3.0"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if crate::vfio_test::have("cmake") && crate::vfio_test::have("ninja") && nl {
+        return Ok(());
+    }
+    crate::vfio_test::apt_install(&["cmake", "ninja-build", "pkg-config", "libnl-3-dev", "libnl-route-3-dev"])
+}
+
+/// rdma-core configured by its own CMake as `debian/rules` configures it (Ninja, `DISTRO_FLAVOUR=Debian`,
+/// `CMAKE_BUILD_TYPE=Release`, static libraries, Debian's flags), with `release` as `CMAKE_C_FLAGS_RELEASE`,
+/// and the mlx5 provider's `qp.c` and `cq.c` objects (as the shared provider builds them) and the util library
+/// built. Returns the build directory.
+fn cmake_build(rc: &Path, work: &Path, name: &str, release: &str) -> Result<PathBuf, String> {
+    let dir = work.join(format!("cmake-{name}"));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    // Configured every run (seconds once the cache exists), so a change of flags always takes effect.
+    {
+        eprintln!("$ cmake -GNinja ... {} (CMAKE_C_FLAGS_RELEASE={release})", rc.display());
+        let mut c = Command::new("cmake");
+        c.args(["-GNinja", "-DDISTRO_FLAVOUR=Debian", "-DCMAKE_BUILD_TYPE=Release", "-DENABLE_STATIC=1"])
+            // Neither is part of a provider: manual pages need pandoc, pyverbs Cython.
+            .args(["-DNO_MAN_PAGES=1", "-DNO_PYVERBS=1"])
+            .arg(format!("-DCMAKE_C_FLAGS_RELEASE={release}"))
+            .arg(rc)
+            .env("CFLAGS", DEBIAN_CFLAGS)
+            .env("LDFLAGS", DEBIAN_LDFLAGS)
+            .current_dir(&dir);
+        run_ok(&mut c, "configuring rdma-core with cmake")?;
+    }
+    let mut n = Command::new("ninja");
+    n.arg("-C").arg(&dir).args([
+        "providers/mlx5/CMakeFiles/mlx5.dir/qp.c.o",
+        "providers/mlx5/CMakeFiles/mlx5.dir/cq.c.o",
+        "util/librdma_util_pic.a",
+    ]);
+    eprintln!("$ ninja -C {} (mlx5 qp.c, cq.c, util)", dir.display());
+    run_ok(&mut n, "building rdma-core with ninja")?;
+    Ok(dir)
+}
+
+/// `src` compiled with rdma-core's release flags against a CMake build's own include tree (its generated
+/// `config.h`).
+fn compile_cmake(rc: &Path, build: &Path, src: &Path, out: &Path) -> Result<(), String> {
+    let mut c = Command::new(cc());
+    c.args(RELEASE_FLAGS)
+        .arg(format!("-I{}", build.join("include").display()))
+        .arg(format!("-I{}", rc.join("providers/mlx5").display()))
+        .arg("-c")
+        .arg(src)
+        .arg("-o")
+        .arg(out);
+    run_ok(&mut c, &format!("compiling {}", src.display())).map(drop)
+}
+
+/// Links `main` (an object) with a CMake build's provider objects and util library.
+fn link_cmake(build: &Path, main: &Path, bin: &Path) -> Result<(), String> {
+    let mut l = Command::new(cc());
+    l.arg("-o")
+        .arg(bin)
+        .arg(main)
+        .arg(build.join("providers/mlx5/CMakeFiles/mlx5.dir/qp.c.o"))
+        .arg(build.join("providers/mlx5/CMakeFiles/mlx5.dir/cq.c.o"))
+        .arg(build.join("util/librdma_util_pic.a"))
+        .arg("-lpthread");
+    run_ok(&mut l, &format!("linking {}", bin.display())).map(drop)
+}
+
+/// `mlx5-peer` over each CMake build: (name, binary), `-O2` first.
+fn build_cmake_peers(root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    let work = root.join("target/peer");
+    let rc = rdma_core(&work)?;
+    cmake_packages()?;
+    let mut out = Vec::new();
+    for (name, release) in CMAKE_BUILDS {
+        let build = cmake_build(&rc, &work, name, release)?;
+        let obj = work.join(format!("harness-cmake-{name}.o"));
+        compile_cmake(&rc, &build, &root.join("xtask/peer/harness.c"), &obj)?;
+        let bin = work.join(format!("mlx5-peer-cmake-{name}"));
+        link_cmake(&build, &obj, &bin)?;
+        out.push((name.to_string(), bin));
+    }
+    Ok(out)
+}
+
+/// The C-ABI program (`xtask/peer/abi.c`) built twice: over rdma-core's provider (its `harness.c` set-up, the
+/// context's ops filled) and over the drop-in `libibverbs.so.1`, both with rdma-core's `verbs.h` and release flags.
+/// Returns (rdma-core's, the drop-in's).
+fn build_abi(root: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let work = root.join("target/peer");
+    let rc = rdma_core(&work)?;
+    let abi_c = root.join("xtask/peer/abi.c");
+    // rdma-core's side over its CMake -O2 build (what `build_cmake_peers` configured).
+    let build = cmake_build(&rc, &work, CMAKE_BUILDS[0].0, CMAKE_BUILDS[0].1)?;
+    let abi_rc = work.join("abi-rdma-core.o");
+    compile_cmake(&rc, &build, &abi_c, &abi_rc)?;
+    let rc_bin = work.join("abi-rdma-core");
+    link_cmake(&build, &abi_rc, &rc_bin)?;
+    // `cargo xtask libibverbs` in a child whose output goes to stderr: stdout carries only `--json`'s object.
+    eprintln!("$ cargo xtask libibverbs");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut b = Command::new(cargo);
+    b.args(["xtask", "libibverbs"]).current_dir(root).stdout(std::io::stderr());
+    run_ok(&mut b, "building the drop-in libibverbs.so.1")?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let lib = target.join("libibverbs");
+    let drop_bin = work.join("abi-dropin");
+    let mut c = Command::new(cc());
+    c.args(RELEASE_FLAGS)
+        .arg("-DABI_DROPIN")
+        .arg(format!("-I{}", work.join("include").display()))
+        .arg(&abi_c)
+        .arg("-o")
+        .arg(&drop_bin)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-l:libibverbs.so.1");
+    run_ok(&mut c, "building abi-dropin")?;
+    Ok((rc_bin, drop_bin))
+}
+
+/// Runs the drop-in's ABI program: `what` is `post` (doorbells into memory) or `poll` (the simulator running).
+fn abi_dropin(bin: &Path, what: &str, reps: &str) -> Result<Map<String, Value>, String> {
+    let mut c = Command::new(bin);
+    c.args(["time", what, "0", reps]).env_remove("MLX5_RS_DEVICES").env_remove("MLX5_RS_LOG");
+    if what == "post" {
+        c.env("MLX5_RS_SIM_DOORBELLS", "memory");
+    } else {
+        c.env_remove("MLX5_RS_SIM_DOORBELLS");
+    }
+    json_line(&run_ok(&mut c, "abi-dropin")?, "abi-dropin")
+}
+
 fn build_bench(root: &Path) -> Result<PathBuf, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!("$ cargo build --release -p mlx5-bench");
@@ -271,7 +419,13 @@ fn push(s: &mut Series, k: &str, v: f64) {
 }
 
 /// C (without and with its locks, and without the lfence) and Rust, `ROUNDS` times in turn.
-fn timed(peer: &Path, nofence: &Path, bench: &Path) -> Result<Series, String> {
+fn timed(
+    peer: &Path,
+    nofence: &Path,
+    bench: &Path,
+    abi: &(PathBuf, PathBuf),
+    cmake: &[(String, PathBuf)],
+) -> Result<Series, String> {
     let mut s = Series::new();
     let reps = REPS.to_string();
     for round in 0..ROUNDS {
@@ -291,6 +445,15 @@ fn timed(peer: &Path, nofence: &Path, bench: &Path) -> Result<Series, String> {
             push(&mut s, &format!("c_locked_{key}"), f(&locked, &format!("{key}_ns"))?);
         }
         push(&mut s, "c_nofence_poll_cq", f(&nf, "poll_cq_ns")?);
+        for (name, bin) in cmake {
+            let m = json_line(&run_ok(Command::new(bin).args(["time", "0", &reps]), "mlx5-peer")?, "mlx5-peer")?;
+            if m.get("checked") != Some(&Value::Bool(true)) {
+                return Err("mlx5-peer (CMake build) did not confirm its path checks".into());
+            }
+            for (key, _, _, _) in OPS {
+                push(&mut s, &format!("c_cmake_{}_{key}", name.to_lowercase()), f(&m, &format!("{key}_ns"))?);
+            }
+        }
         let b = rust.get("post_send_batches").and_then(Value::as_object).ok_or("mlx5-bench: no post_send_batches")?;
         for batch in ["1", "16", "64"] {
             let ns = b.get(batch).and_then(|v| v["ns"].as_f64()).ok_or("mlx5-bench: no post_send ns")?;
@@ -298,12 +461,29 @@ fn timed(peer: &Path, nofence: &Path, bench: &Path) -> Result<Series, String> {
         }
         push(&mut s, "rust_post_recv", f(&rust, "post_recv_ns")?);
         push(&mut s, "rust_poll_cq", f(&rust, "poll_cq_ns")?);
+        // The C ABI: rdma-core's (without and with its locks), then the drop-in's, in the same round.
+        let (abi_rc, abi_drop) = abi;
+        let rc0 = json_line(&run_ok(Command::new(abi_rc).args(["time", "all", "0", &reps]), "abi")?, "abi")?;
+        let rc1 = json_line(&run_ok(Command::new(abi_rc).args(["time", "all", "1", &reps]), "abi")?, "abi")?;
+        let dp = abi_dropin(abi_drop, "post", &reps)?;
+        let dq = abi_dropin(abi_drop, "poll", &reps)?;
+        for (key, _, _, _) in OPS {
+            let k = format!("{key}_ns");
+            push(&mut s, &format!("abi_c_{key}"), f(&rc0, &k)?);
+            push(&mut s, &format!("abi_c_locked_{key}"), f(&rc1, &k)?);
+            push(&mut s, &format!("abi_dropin_{key}"), f(if key == "poll_cq" { &dq } else { &dp }, &k)?);
+        }
     }
     Ok(s)
 }
 
 /// Instructions of `calls` calls of `op` through `wrapper`, counted by callgrind, or `None` without valgrind.
 fn callgrind(work: &Path, cmd: &[String], wrapper: &str) -> Result<Option<u64>, String> {
+    callgrind_env(work, cmd, wrapper, &[])
+}
+
+/// [`callgrind`] with `env` set for the program.
+fn callgrind_env(work: &Path, cmd: &[String], wrapper: &str, env: &[(&str, &str)]) -> Result<Option<u64>, String> {
     if Command::new("valgrind").arg("--version").output().is_err() {
         return Ok(None);
     }
@@ -313,6 +493,7 @@ fn callgrind(work: &Path, cmd: &[String], wrapper: &str) -> Result<Option<u64>, 
         .arg(format!("--toggle-collect=*{wrapper}"))
         .arg(format!("--callgrind-out-file={}", out.display()))
         .args(cmd)
+        .envs(env.iter().copied())
         .stdout(Stdio::null());
     run_ok(&mut c, "valgrind")?;
     let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
@@ -322,6 +503,27 @@ fn callgrind(work: &Path, cmd: &[String], wrapper: &str) -> Result<Option<u64>, 
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
         .ok_or("callgrind wrote no summary")?;
     Ok(Some(total))
+}
+
+/// Instructions per work item through the C ABI, rdma-core's and the drop-in's (`cg_abi_*`).
+fn abi_instructions(root: &Path, abi: &(PathBuf, PathBuf)) -> Result<Map<String, Value>, String> {
+    let work = root.join("target/peer");
+    let mut m = Map::new();
+    for (key, op, wrapper, items) in OPS {
+        // Whole rings, so the drop-in's untimed retire (commands to the simulator) falls outside the counted calls.
+        let calls: u64 = if key == "poll_cq" { 4 } else { 4 * 1024 / items };
+        let per_item = (calls * items) as f64;
+        let wrapper = wrapper.replace("cg_", "cg_abi_");
+        for (side, bin) in [("c", &abi.0), ("dropin", &abi.1)] {
+            let cmd = vec![bin.display().to_string(), "count".into(), "0".into(), calls.to_string(), op.into()];
+            let env: &[(&str, &str)] =
+                if side == "dropin" && key != "poll_cq" { &[("MLX5_RS_SIM_DOORBELLS", "memory")] } else { &[] };
+            if let Some(n) = callgrind_env(&work, &cmd, &wrapper, env)? {
+                m.insert(format!("abi_{side}_{key}_instr"), json!((n as f64 / per_item * 10.0).round() / 10.0));
+            }
+        }
+    }
+    Ok(m)
 }
 
 /// Instructions per work item (WQE or CQE) for each operation, C and Rust.
@@ -394,7 +596,9 @@ fn load_average() -> Option<f64> {
 /// Runs the comparison; returns the figures (the `peer_*` keys the issue names and the details behind them).
 pub fn run(root: &Path) -> Result<Map<String, Value>, String> {
     let (peer, nofence, bench) = build_peer(root)?;
-    let mut s = timed(&peer, &nofence, &bench)?;
+    let cmake = build_cmake_peers(root)?;
+    let abi = build_abi(root)?;
+    let mut s = timed(&peer, &nofence, &bench, &abi, &cmake)?;
     let mut out = Map::new();
     let mut detail = Map::new();
     for (k, v) in s.iter_mut() {
@@ -405,16 +609,28 @@ pub fn run(root: &Path) -> Result<Map<String, Value>, String> {
     }
     let med = |k: &str| detail[k]["median_ns"].as_f64().unwrap_or(f64::NAN);
     for (key, _, _, _) in OPS {
-        out.insert(format!("peer_{key}_ratio"), json!(round3(med(&format!("rust_{key}")) / med(&format!("c_{key}")))));
+        let rust = med(&format!("rust_{key}"));
+        // Against rdma-core as its CMake builds it (-O2, and -O3), and against the hand-made build of earlier runs.
+        out.insert(format!("peer_{key}_ratio"), json!(round3(rust / med(&format!("c_cmake_o2_{key}")))));
+        out.insert(format!("peer_o3_{key}_ratio"), json!(round3(rust / med(&format!("c_cmake_o3_{key}")))));
+        out.insert(format!("peer_handmade_{key}_ratio"), json!(round3(rust / med(&format!("c_{key}")))));
     }
     out.insert("peer_poll_cq_nofence_ratio".into(), json!(round3(med("rust_poll_cq") / med("c_nofence_poll_cq"))));
+    for (key, _, _, _) in OPS {
+        let dropin = med(&format!("abi_dropin_{key}"));
+        out.insert(format!("abi_{key}_ratio"), json!(round3(dropin / med(&format!("abi_c_{key}")))));
+        out.insert(format!("abi_{key}_locked_ratio"), json!(round3(dropin / med(&format!("abi_c_locked_{key}")))));
+        out.insert(format!("abi_overhead_{key}"), json!(round3(dropin / med(&format!("rust_{key}")))));
+    }
+    out.insert("abi_instructions".into(), Value::Object(abi_instructions(root, &abi)?));
     out.insert("peer_times".into(), Value::Object(detail));
     out.insert("peer_instructions".into(), Value::Object(instructions(root, &peer, &bench)?));
     out.extend(scaling(&bench)?);
     out.insert(
         "peer_params".into(),
         json!({ "rounds": ROUNDS, "windows_per_round": REPS, "rdma_core": "ibverbs-sys 0.3.2 (rdma-core 55.0)",
-                "cflags": RELEASE_FLAGS.join(" ") }),
+                "cflags": RELEASE_FLAGS.join(" "), "debian_cflags": DEBIAN_CFLAGS,
+                "cmake_release_flags": CMAKE_BUILDS.iter().map(|(n, f)| json!({ "build": n, "flags": f })).collect::<Vec<_>>() }),
     );
     Ok(out)
 }
@@ -441,8 +657,9 @@ pub fn markdown(r: &Map<String, Value>) -> String {
     s.push_str(PEER_BEGIN);
     s.push_str("\n## Against rdma-core's mlx5 provider (`cargo xtask bench --peer`)\n\n");
     s.push_str(
-        "rdma-core 55.0 (vendored by the `ibverbs-sys` 0.3.2 crate), `providers/mlx5/qp.c` and `cq.c` compiled with \
-         its release flags (`-O2 -g -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE=`), linked with `xtask/peer/harness.c`: \
+        "rdma-core 55.0 (vendored by the `ibverbs-sys` 0.3.2 crate). The hand-made build (`c_*`, the baseline of \
+         earlier runs): `providers/mlx5/qp.c` and `cq.c` compiled with its release flags over a hand-written \
+         `config.h` (`-O2 -g -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE=`), linked with `xtask/peer/harness.c`: \
          an RC QP in RTS with 1024 one-SGE send and receive WQEs, a 1024-entry CQ of 64-byte CQEs (CQE version 1), \
          a dedicated BlueFlame register with `MLX5_POST_SEND_PREFER_BF` (a single WQE goes by BlueFlame, as ours), \
          64-byte SENDs with only the last WR of a call signaled, the CQ half send and half receive completions. \
@@ -454,8 +671,20 @@ pub fn markdown(r: &Map<String, Value>) -> String {
          out-of-line wrapper on each side (`cg_*`). The machine is shared: only ratios from one run mean anything.\n\n",
         r["peer_params"]["rounds"], r["peer_params"]["windows_per_round"]
     ));
-    s.push_str("| call | rdma-core ns, no lock | rdma-core ns, its locks | ours ns | ours / rdma-core | instructions rdma-core / ours |\n");
-    s.push_str("|---|---:|---:|---:|---:|---:|\n");
+    s.push_str(
+        "rdma-core as its own CMake builds it (`c_cmake_*`): configured as `debian/rules` configures it \
+         (`-GNinja -DDISTRO_FLAVOUR=Debian -DCMAKE_BUILD_TYPE=Release -DENABLE_STATIC=1`, Debian bookworm's \
+         `dpkg-buildflags` as CFLAGS/LDFLAGS, with `-DNO_MAN_PAGES=1 -DNO_PYVERBS=1`), its generated `config.h`, \
+         the shared provider's `qp.c.o` and `cq.c.o` and `librdma_util_pic.a` linked with the same harness (no \
+         lock). Two builds: `-O2`, the Release flags rdma-core's `RDMA_BuildType` means to set (`-O2 -g -DNDEBUG`), \
+         and `-O3`, CMake's own Release default. With bookworm's CMake 3.25 that substitution does not happen (it \
+         compares the cached flags with `CMAKE_C_FLAGS_RELEASE_INIT`, which CMake now builds with a leading space), \
+         so a build configured as Debian configures it compiles with `-O2 … -O3 -DNDEBUG`: the `-O3` column is that \
+         build; the shipped package (rdma-core 44 in bookworm) was not inspected. The peer ratios divide by the \
+         `-O2` build (`peer_*_ratio`) and the `-O3` build (`peer_o3_*_ratio`).\n\n",
+    );
+    s.push_str("| call | rdma-core CMake -O2 ns | CMake -O3 ns | hand-made build ns, no lock | hand-made, its locks | ours ns | ours / -O2, / -O3 | instructions rdma-core (hand-made) / ours |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (key, label) in [
         ("post_send_1", "post_send, 1 per call (BlueFlame)"),
         ("post_send_16", "post_send, 16 per call"),
@@ -464,21 +693,63 @@ pub fn markdown(r: &Map<String, Value>) -> String {
         ("poll_cq", "poll_cq, 16 per call"),
     ] {
         s.push_str(&format!(
-            "| {label} | {} | {} | {} | {:.2} | {} / {} |\n",
+            "| {label} | {} | {} | {} | {} | {} | {:.2}, {:.2} | {} / {} |\n",
+            cell(&format!("c_cmake_o2_{key}")),
+            cell(&format!("c_cmake_o3_{key}")),
             cell(&format!("c_{key}")),
             cell(&format!("c_locked_{key}")),
             cell(&format!("rust_{key}")),
             r[&format!("peer_{key}_ratio")].as_f64().unwrap_or(f64::NAN),
+            r[&format!("peer_o3_{key}_ratio")].as_f64().unwrap_or(f64::NAN),
             ins(&format!("c_{key}_instr")),
             ins(&format!("rust_{key}_instr")),
         ));
     }
     s.push_str(&format!(
-        "| poll_cq, 16 per call, rdma-core without its `lfence` | {} | | {} | {:.2} | |\n\n",
+        "| poll_cq, 16 per call, hand-made rdma-core without its `lfence` | | | {} | | {} | {:.2} | |\n\n",
         cell("c_nofence_poll_cq"),
         cell("rust_poll_cq"),
         r["peer_poll_cq_nofence_ratio"].as_f64().unwrap_or(f64::NAN)
     ));
+    s.push_str(
+        "### Through the C ABI\n\n\
+         `xtask/peer/abi.c` times `ibv_post_send`, `ibv_post_recv` and `ibv_poll_cq` (the inline functions of \
+         rdma-core's `verbs.h`, which call through the context's ops) with the shapes above, built twice with the \
+         same flags: over rdma-core's provider (its CMake `-O2` build) as set up by `harness.c` (its context's ops filled as \
+         `mlx5_alloc_context` fills them; no kernel, so rdma-core's `libibverbs.so` itself is never entered on \
+         these calls), and over the drop-in `libibverbs.so.1` on a simulated device opened as any program opens \
+         one. For the posts the drop-in runs with `MLX5_RS_SIM_DOORBELLS=memory` (doorbells and BlueFlame copies \
+         land in plain memory; between windows, untimed, the QP goes to RESET and back to RTS); for `poll_cq` the \
+         simulator runs the QP's SENDs to itself and the timed polls take the 1024 completions it wrote. Each \
+         round runs both programs after the figures above. The drop-in takes its QP's or CQ's mutex on every \
+         call, as rdma-core's default build takes its spinlocks.\n\n",
+    );
+    s.push_str("| call | rdma-core ns, no lock | rdma-core ns, its locks | drop-in ns | drop-in / rdma-core (no lock, its locks) | drop-in / core's Rust API | instructions rdma-core / drop-in |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+    let ai = r.get("abi_instructions");
+    let ains =
+        |k: &str| ai.and_then(|m| m.get(k)).and_then(Value::as_f64).map_or("–".to_string(), |v| format!("{v:.0}"));
+    for (key, label) in [
+        ("post_send_1", "`ibv_post_send`, 1 per call (BlueFlame)"),
+        ("post_send_16", "`ibv_post_send`, 16 per call"),
+        ("post_send_64", "`ibv_post_send`, 64 per call"),
+        ("post_recv", "`ibv_post_recv`, 16 per call"),
+        ("poll_cq", "`ibv_poll_cq`, 16 per call"),
+    ] {
+        let g = |k: String| r[&k].as_f64().unwrap_or(f64::NAN);
+        s.push_str(&format!(
+            "| {label} | {} | {} | {} | {:.2}, {:.2} | {:.2} | {} / {} |\n",
+            cell(&format!("abi_c_{key}")),
+            cell(&format!("abi_c_locked_{key}")),
+            cell(&format!("abi_dropin_{key}")),
+            g(format!("abi_{key}_ratio")),
+            g(format!("abi_{key}_locked_ratio")),
+            g(format!("abi_overhead_{key}")),
+            ains(&format!("abi_c_{key}_instr")),
+            ains(&format!("abi_dropin_{key}_instr")),
+        ));
+    }
+    s.push('\n');
     s.push_str(&format!(
         "Threads (`mlx5-bench --only threads`: one QP and CQ per thread, each posting and polling a ring of \
          completions against plain memory, every QP on its own BlueFlame register): 2 threads do **{:.2}×** the \
