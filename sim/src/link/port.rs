@@ -222,6 +222,11 @@ impl Wire {
         }
     }
 
+    /// The port's IPv4 addresses (`SimConfig::ipv4_addrs`).
+    pub(crate) fn ipv4(&self) -> &'static [[u8; 4]] {
+        self.ipv4
+    }
+
     /// Whether `gid` is an address of this port: its link-local GID or one of its IP addresses (IPv4-mapped).
     pub(crate) fn owns(&self, gid: &[u8; GID_LEN]) -> bool {
         *gid == self.addr.gid || self.ipv4.iter().any(|a| mapped(*a) == *gid) || self.ipv6.contains(gid)
@@ -436,6 +441,8 @@ pub(crate) struct VdeLink {
     pub(crate) tx: mpsc::SyncSender<Vec<u8>>,
     pub(crate) up: AtomicBool,
     pub(crate) mine: [u8; 6],
+    /// The port's first IPv4 address, the sender of the ARP requests `vde::resolve` makes.
+    pub(crate) ipv4: Option<[u8; 4]>,
     /// Where the frames this link writes are recorded (the port's capture).
     pub(crate) pcap: Option<PcapSink>,
     /// IPv4 neighbours learned from ARP on the fabric, oldest first.

@@ -451,6 +451,43 @@ const C_TX_OVERSIZE: usize = 4;
 const C_TX_QUEUE_FULL: usize = 5;
 const C_ARP: usize = 6;
 
+/// Every VDE link of this process, for [`resolve`].
+static LINKS: Mutex<Vec<Weak<VdeLink>>> = Mutex::new(Vec::new());
+
+/// How often [`resolve`] asks again while it waits.
+const ARP_RETRY: Duration = Duration::from_millis(200);
+
+/// The MAC of `ip` on any VDE fabric a port of this process is plugged into: learned already, or asked for by ARP
+/// (from the port's own IPv4 address) and waited for up to `timeout`, as the kernel's neighbour resolution does
+/// for a RoCE address handle. `None` when nobody answered.
+pub fn resolve(ip: [u8; 4], timeout: Duration) -> Option<[u8; 6]> {
+    let links: Vec<Arc<VdeLink>> = {
+        let mut l = LINKS.lock().ok()?;
+        l.retain(|w| w.strong_count() > 0);
+        l.iter().filter_map(Weak::upgrade).filter(|l| l.is_up()).collect()
+    };
+    let end = Instant::now() + timeout;
+    let mut asked: Option<Instant> = None;
+    loop {
+        if let Some(mac) = links.iter().find_map(|l| l.neighbour(ip)) {
+            return Some(mac);
+        }
+        let now = Instant::now();
+        if links.is_empty() || now >= end {
+            return None;
+        }
+        if asked.is_none_or(|t| now >= t + ARP_RETRY) {
+            for l in &links {
+                if let Some(mine) = l.ipv4 {
+                    let _ = l.resolve(&crate::wire::roce::frame::mapped(mine), &crate::wire::roce::frame::mapped(ip));
+                }
+            }
+            asked = Some(now);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Plugs the port of `station` into the fabric at `url` (`None`: the default switch, started if needed).
 pub(crate) fn plug<S: Station>(station: &Arc<S>, url: Option<&str>) -> Result<(), VdeError> {
     let (ib, mine, pcap) = wire(&**station, |w| (w.addr.ib, w.addr.mac, w.pcap.clone()));
@@ -479,12 +516,14 @@ fn plug_conn<S: Station>(
 ) -> Result<(), VdeError> {
     let (tx, rx) = mpsc::sync_channel(TX_QUEUE);
     let id = next_device_id();
+    let ipv4 = wire(&**station, |w| w.ipv4().first().copied());
     let link = Arc::new(VdeLink {
         id,
         conn: Box::new(conn),
         tx,
         up: AtomicBool::new(true),
         mine,
+        ipv4,
         pcap,
         neighbours: Mutex::new(Vec::new()),
         counters: Default::default(),
@@ -497,6 +536,10 @@ fn plug_conn<S: Station>(
     });
     if let Some(old) = old {
         old.close();
+    }
+    if let Ok(mut l) = LINKS.lock() {
+        l.retain(|w| w.strong_count() > 0);
+        l.push(Arc::downgrade(&link));
     }
     let threads = |source| VdeError::Threads { source };
     let writer = link.clone();
@@ -712,6 +755,70 @@ mod tests {
     }
 
     #[test]
+    fn eight_ports_on_one_fabric_exchange_rc_and_ud_between_every_pair() {
+        const N: usize = 8;
+        let sw = Switch::new("eight");
+        let mut r: Vec<Rdma> = (0..N).map(|i| plugged(&sw, cfg(20 + i as u8))).collect();
+        // One UD QP and CQ per port; each port's UD receives land in its own region, one slot per sender.
+        let cqs: Vec<TCq> = r.iter_mut().map(|x| x.cq(8)).collect();
+        let mut cqs = cqs;
+        let mut uds: Vec<TQp> = (0..N).map(|i| r[i].qp(QpSpec::ud(), cqs[i].cqn, cqs[i].cqn)).collect();
+        let mrs: Vec<_> = r.iter_mut().map(|x| x.mr(1 << 14)).collect();
+        for i in 0..N {
+            r[i].ready_ud(&uds[i], 0x88);
+            for _ in 0..N - 1 {
+                // Slot k of port i gets the datagram of the k-th sender.
+                let at = mrs[i].addr() + 256 * u64::from(uds[i].rq_head);
+                r[i].post_recv(&mut uds[i], &[(at, 256, mrs[i].key)]);
+            }
+        }
+        for i in 0..N {
+            for j in (0..N).filter(|&j| j != i) {
+                let dst = r[j].me(uds[j].qpn);
+                let msg = [i as u8, j as u8, 0xee];
+                mrs[i].write(8192, &msg);
+                let av = TAv {
+                    dqpn: uds[j].qpn,
+                    qkey: 0x88,
+                    grh: true,
+                    hop_limit: 1,
+                    rgid: dst.gid,
+                    rmac: dst.mac,
+                    ..TAv::default()
+                };
+                let (ri, qi) = (&mut r[i], &mut uds[i]);
+                ri.post_send(qi, &Wqe::new(SEND).av(&av).data(3, mrs[i].key, mrs[i].addr() + 8192), Bell::Db);
+                assert_eq!(r[i].wait_cqe(&mut cqs[i]).expect("UD send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+                let e = r[j].wait_cqe(&mut cqs[j]).unwrap_or_else(|| panic!("UD {i} -> {j} delivered"));
+                assert_eq!((e.byte_cnt(), e.flags_rqpn() & 0xff_ffff), (43, uds[i].qpn));
+            }
+        }
+        // Every port got one datagram from each of the others, each naming its sender and itself.
+        for (j, m) in mrs.iter().enumerate() {
+            let mut from: Vec<u8> = (0..N - 1)
+                .map(|k| m.read(256 * k + 40, 3))
+                .inspect(|d| assert_eq!(d[1..], [j as u8, 0xee]))
+                .map(|d| d[0])
+                .collect();
+            from.sort_unstable();
+            assert_eq!(from, (0..N as u8).filter(|&i| i != j as u8).collect::<Vec<_>>());
+        }
+        // RC between every pair, a two-packet SEND each way.
+        for i in 0..N {
+            for j in i + 1..N {
+                let (lo, hi) = r.split_at_mut(j);
+                let (a, b) = (&mut lo[i], &mut hi[0]);
+                let mut q = rc_pair(a, b, None, RcParams::default());
+                send_checked(a, b, &mut q, 1500, (i * N + j) as u8);
+                send_checked(b, a, &mut (q.1, q.0, q.3, q.2), 1500, (j * N + i) as u8);
+            }
+        }
+        for x in &r {
+            assert_eq!(x.h.dev.frame_drops().total(), 0);
+        }
+    }
+
+    #[test]
     fn ipv4_gids_are_resolved_by_arp_over_the_fabric() {
         let sw = Switch::new("arp");
         let (ia, ib) = ([10, 9, 0, 1], [10, 9, 0, 2]);
@@ -763,6 +870,12 @@ mod tests {
         assert_eq!(ma.read(1024 + 40, 11), b"to 10.9.0.1");
         let (na, nb) = (a.h.dev.vde_counters().unwrap(), b.h.dev.vde_counters().unwrap());
         assert_eq!((na.arp_requests, nb.arp_requests), (1, 0));
+        // What a driver's address resolution calls: nobody has 10.9.0.3 yet; once a port with it plugs in, ARP
+        // finds it.
+        assert_eq!(resolve([10, 9, 0, 3], Duration::from_millis(300)), None);
+        let c = plugged(&sw, SimConfig { ipv4_addrs: &[[10, 9, 0, 3]], ..cfg(15) });
+        assert_eq!(resolve([10, 9, 0, 3], Duration::from_secs(5)), Some(cfg(15).mac));
+        drop(c);
     }
 
     #[test]
