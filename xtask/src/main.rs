@@ -45,6 +45,7 @@ mod modcheck;
 mod rxe;
 mod soak;
 mod uml;
+mod vde;
 mod vendored;
 mod verbs_guest;
 mod vfio_test;
@@ -107,6 +108,8 @@ fn ci(root: &Path) -> Result<(), String> {
     codegen::run_codegen(root, true)?;
     modcheck::run(root, false)?;
     cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    // The simulator's VDE tests need Debian's vde2 and libvdeplug2.
+    vde::ensure_vde()?;
     cargo(root, &["test", "--workspace"])?;
     // Rustdoc of the libraries a user reads, with every intra-doc link resolved.
     let deny = r#"build.rustdocflags=["-D", "warnings"]"#;
@@ -144,6 +147,8 @@ fn ci(root: &Path) -> Result<(), String> {
     }
     // Debian's verbs programs on the drop-in libibverbs.so.1 (downloads the packages when not installed).
     libibverbs::run_verbs_apps(root, &[])?;
+    // Simulated ports of four processes on one VDE fabric, started in no order.
+    vde::run(root)?;
     vfio_test::run_vfio_test(root)?;
     // Linux's rdma_rxe in a TCG guest answering our RoCEv2 frames (reuses vfio-test's Debian kernel).
     rxe::run_rxe_interop(root)?;
@@ -167,6 +172,8 @@ commands:
                                  the clone instead
   vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
   rxe-interop                    mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways
+  vde                            mlx5 pingpong --wire vde: RC and UD, two pairs at once on one VDE fabric (the
+                                 default switch, started by the first process), clients first; installs vde2
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
   bench --peer [--json]          the datapath against rdma-core's mlx5 provider; rewrites its BENCHMARKS.md section
   fuzz [--seconds N] [--target NAME]
@@ -201,6 +208,7 @@ enum Task {
     Ci { fresh: bool, command: Option<String> },
     VfioTest,
     RxeInterop,
+    Vde,
     Bench { json: bool, peer: bool },
     Fuzz(Vec<String>),
     Miri,
@@ -229,6 +237,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "ci" => Task::Ci { fresh: false, command: None },
         "vfio-test" => Task::VfioTest,
         "rxe-interop" => Task::RxeInterop,
+        "vde" => Task::Vde,
         "bench" => Task::Bench { json: false, peer: false },
         "fuzz" => Task::Fuzz(Vec::new()),
         "miri" => Task::Miri,
@@ -311,6 +320,7 @@ fn main() -> ExitCode {
         Task::Ci { fresh: true, command } => fresh::run_fresh(&root, command.as_deref()),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
         Task::RxeInterop => rxe::run_rxe_interop(&root),
+        Task::Vde => vde::run(&root),
         Task::Bench { json, peer: false } => bench::run(&root, json),
         Task::Bench { json, peer: true } => bench::run_peer(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),

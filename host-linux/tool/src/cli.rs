@@ -49,6 +49,8 @@ pub struct Args {
     pub qemu_sock: Option<PathBuf>,
     /// `--ipv4 ADDR`: the simulated port's IPv4 address (a RoCE v2 GID entry; answered in ARP).
     pub ipv4: Option<std::net::Ipv4Addr>,
+    /// `--wire vde[:URL]`: plug the simulated port into a VDE fabric (`Some(None)`: the default switch).
+    pub vde: Option<Option<String>>,
 }
 
 /// The commands and the options each takes besides the global ones.
@@ -71,6 +73,7 @@ const COMMANDS: &[(&str, &[&str])] = &[
             "--gid-idx",
             "--qemu-sock",
             "--ipv4",
+            "--wire",
         ],
     ),
     ("bench", &[]),
@@ -198,6 +201,20 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
                 a.qemu_sock = Some(argv.path("--qemu-sock")?);
                 "--qemu-sock"
             }
+            "--wire" => {
+                let v = argv.value("--wire", "vde or vde:URL")?;
+                a.vde = Some(match v.split_once(':') {
+                    None if v == "vde" => None,
+                    Some(("vde", url)) if !url.is_empty() => Some(url.to_string()),
+                    _ => {
+                        return Err(ArgError::Invalid {
+                            option: "--wire".into(),
+                            why: format!("{v:?} is neither vde nor vde:URL"),
+                        })
+                    }
+                });
+                "--wire"
+            }
             "--ipv4" => {
                 let v = argv.value("--ipv4", "an IPv4 address")?;
                 a.ipv4 = Some(v.parse().map_err(|_| ArgError::Invalid {
@@ -296,6 +313,13 @@ fn check(a: &Args) -> Result<(), ArgError> {
                 return other(
                     "--qemu-sock and --ipv4 set up the simulated port; with --device BDF the real port decides",
                 );
+            }
+            if a.vde.is_some() && (!remote || a.qemu_sock.is_some() || a.device.as_deref().is_some_and(|d| d != "sim"))
+            {
+                return other("--wire vde goes with --server / --client on the simulated port, without --qemu-sock");
+            }
+            if a.vde.is_some() && a.link == Some(PortType::Ib) {
+                return other("--wire vde joins an Ethernet port (RoCE) to the fabric");
             }
             if a.qemu_sock.is_some() && a.link == Some(PortType::Ib) {
                 return other("--qemu-sock joins an Ethernet port (RoCE) to a guest NIC");

@@ -360,6 +360,10 @@ fn remote_pingpong(args: &Args) -> Result<(), ToolError> {
             let dev = rp::open_sim_guest(sock, args.ipv4, timeout, PCAP.get().cloned())?;
             (Context::open_sim_device_with(dev.clone(), tracer())?, Some(dev))
         }
+        None if args.vde.is_some() => {
+            let dev = rp::sim_vde_device(PCAP.get().cloned());
+            (Context::open_sim_device_with(dev.clone(), tracer())?, Some(dev))
+        }
         None => {
             // Plugged into the wire only once the arguments are checked against the device (below).
             let dev = rp::sim_device(&role, args.link.unwrap_or_default(), PCAP.get().cloned());
@@ -371,8 +375,10 @@ fn remote_pingpong(args: &Args) -> Result<(), ToolError> {
         }
     };
     rp::message_size(&ctx, &opts)?;
-    if let (Some(dev), None, None) = (&sim, &args.qemu_sock, &args.device) {
-        rp::plug_wire(dev, &role, timeout)?;
+    match (&sim, &args.qemu_sock, &args.device, &args.vde) {
+        (Some(dev), None, None, Some(url)) => dev.vde_plug(url.as_deref())?,
+        (Some(dev), None, None, None) => rp::plug_wire(dev, &role, timeout)?,
+        _ => {}
     }
     if let Role::Server { port, .. } = &role {
         eprintln!("mlx5: waiting for a client on port {port}");
