@@ -409,6 +409,21 @@ impl SimDevice {
         lock(&self.shared).wire.vde_link().is_some_and(|l| l.is_up())
     }
 
+    /// Unplugs the VDE fabric, once what is queued is on it (the ACK of a peer's last message, often queued as a
+    /// program closes its device): the port's link goes down. Returns whether a fabric was plugged in.
+    pub fn vde_unplug(&self) -> bool {
+        let l = lock(&self.shared).wire.vde_link();
+        let Some(l) = l else { return false };
+        l.drain(link::DRAIN_TIMEOUT);
+        l.close();
+        let id = l.id;
+        link::Station::with_wire(&*self.shared, |w, _| {
+            w.unplug_remote(id);
+            ((), Some(false))
+        });
+        true
+    }
+
     /// What the VDE link counted; `None` when none is plugged in.
     pub fn vde_counters(&self) -> Option<link::vde::VdeCounters> {
         lock(&self.shared).wire.vde_link().map(|l| l.counters())

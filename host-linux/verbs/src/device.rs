@@ -323,6 +323,11 @@ impl Entry {
             dev.wire_unplug();
             wire.done = None;
         }
+        // A VDE port lets its last frames out and leaves the fabric; its next bring-up plugs in again.
+        if let Some(wire) = w.as_mut().filter(|w| matches!(w.spec, WireSpec::Vde(_))) {
+            dev.vde_unplug();
+            wire.done = None;
+        }
     }
 }
 
