@@ -148,7 +148,7 @@ fn ci(root: &Path) -> Result<(), String> {
     // Debian's verbs programs on the drop-in libibverbs.so.1 (downloads the packages when not installed).
     libibverbs::run_verbs_apps(root, &[])?;
     // Simulated ports of four processes on one VDE fabric, started in no order.
-    vde::run(root)?;
+    vde::run(root, &[])?;
     vfio_test::run_vfio_test(root)?;
     // Linux's rdma_rxe in a TCG guest answering our RoCEv2 frames (reuses vfio-test's Debian kernel).
     rxe::run_rxe_interop(root)?;
@@ -173,7 +173,8 @@ commands:
   vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
   rxe-interop                    mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways
   vde                            mlx5 pingpong --wire vde: RC and UD, two pairs at once on one VDE fabric (the
-                                 default switch, started by the first process), clients first; installs vde2
+                                 default switch, started by the first process), clients first; installs vde2;
+                                 --bench: RC and UD ping-pong throughput over VDE and over the TCP link
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
   bench --peer [--json]          the datapath against rdma-core's mlx5 provider; rewrites its BENCHMARKS.md section
   fuzz [--seconds N] [--target NAME]
@@ -208,7 +209,7 @@ enum Task {
     Ci { fresh: bool, command: Option<String> },
     VfioTest,
     RxeInterop,
-    Vde,
+    Vde(Vec<String>),
     Bench { json: bool, peer: bool },
     Fuzz(Vec<String>),
     Miri,
@@ -237,7 +238,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "ci" => Task::Ci { fresh: false, command: None },
         "vfio-test" => Task::VfioTest,
         "rxe-interop" => Task::RxeInterop,
-        "vde" => Task::Vde,
+        "vde" => Task::Vde(Vec::new()),
         "bench" => Task::Bench { json: false, peer: false },
         "fuzz" => Task::Fuzz(Vec::new()),
         "miri" => Task::Miri,
@@ -280,6 +281,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::LinuxDrivesSim { strict, .. }, "--strict") => *strict = true,
             (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
             (Task::Uml { check }, "--check") => *check = true,
+            (Task::Vde(v), "--bench") => v.push(a),
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
             (Task::Soak(v), _) => v.push(a),
@@ -320,7 +322,7 @@ fn main() -> ExitCode {
         Task::Ci { fresh: true, command } => fresh::run_fresh(&root, command.as_deref()),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
         Task::RxeInterop => rxe::run_rxe_interop(&root),
-        Task::Vde => vde::run(&root),
+        Task::Vde(args) => vde::run(&root, &args),
         Task::Bench { json, peer: false } => bench::run(&root, json),
         Task::Bench { json, peer: true } => bench::run_peer(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),

@@ -48,10 +48,11 @@ pub fn ensure_vde() -> Result<(), String> {
     }
 }
 
-fn build_tool(root: &Path) -> Result<PathBuf, String> {
+fn build_tool(root: &Path, release: bool) -> Result<PathBuf, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let ok = Command::new(cargo)
         .args(["build", "-q", "-p", "mlx5-tool", "--bin", "mlx5"])
+        .args(release.then_some("--release"))
         .current_dir(root)
         .status()
         .map_err(|e| format!("failed to run cargo: {e}"))?
@@ -60,7 +61,7 @@ fn build_tool(root: &Path) -> Result<PathBuf, String> {
         return Err("building mlx5 failed".into());
     }
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
-    Ok(target.join("debug/mlx5"))
+    Ok(target.join(if release { "release/mlx5" } else { "debug/mlx5" }))
 }
 
 fn free_port() -> Result<u16, String> {
@@ -108,9 +109,15 @@ fn end_switch(runtime: &Path) {
     let _ = std::fs::remove_dir_all(runtime);
 }
 
-pub fn run(root: &Path) -> Result<(), String> {
+pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
     ensure_vde()?;
-    let tool = build_tool(root)?;
+    if args.iter().any(|a| a == "--bench") {
+        return bench(root);
+    }
+    if let Some(a) = args.first() {
+        return Err(format!("vde: unknown option {a} (--bench)"));
+    }
+    let tool = build_tool(root, false)?;
     let runtime = root.join("target/vde-run");
     end_switch(&runtime);
     std::fs::create_dir_all(&runtime).map_err(|e| e.to_string())?;
@@ -152,4 +159,58 @@ pub fn run(root: &Path) -> Result<(), String> {
     result?;
     println!("vde: RC and UD ping-pong, two pairs at once on the default switch, clients first: passed");
     Ok(())
+}
+
+/// One ping-pong pair (release build) on `wire` (`None`: the TCP link); the client's "Mbit/s" figure.
+fn pair_mbits(tool: &Path, runtime: &Path, vde: bool, extra: &[&str]) -> Result<f64, String> {
+    let port = free_port()?;
+    let spawn = |role: &[String]| {
+        let mut c = Command::new(tool);
+        c.arg("pingpong").args(role).args(extra).env("XDG_RUNTIME_DIR", runtime);
+        if vde {
+            c.args(["--wire", "vde"]);
+        }
+        c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| e.to_string())
+    };
+    let server = spawn(&["--server".into(), "--port".into(), port.to_string()])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let client = spawn(&["--client".into(), format!("127.0.0.1:{port}")])?;
+    let text = finish("bench client", client)?;
+    finish("bench server", server)?;
+    let line = text.lines().find(|l| l.contains("Mbit/s")).unwrap_or_default();
+    let mbits = line.split(", ").find_map(|f| f.strip_suffix(" Mbit/s")).and_then(|v| v.trim().parse().ok());
+    mbits.ok_or_else(|| format!("vde bench: no Mbit/s in {line:?}"))
+}
+
+/// `--bench`: RC (64 KiB) and UD (1000 B) ping-pong throughput between two processes, over the TCP link and over
+/// the VDE fabric, three runs each in turn in this one run; the median of each and the ratio.
+fn bench(root: &Path) -> Result<(), String> {
+    let tool = build_tool(root, true)?;
+    let runtime = root.join("target/vde-bench");
+    end_switch(&runtime);
+    std::fs::create_dir_all(&runtime).map_err(|e| e.to_string())?;
+    let result = (|| -> Result<(), String> {
+        let cases: [(&str, &[&str]); 2] = [
+            ("RC 64 KiB", &["--size", "65536", "--iters", "300"]),
+            ("UD 1000 B", &["--ud", "--size", "1000", "--iters", "1000"]),
+        ];
+        println!("| ping-pong, two processes | TCP link (Mbit/s) | VDE fabric (Mbit/s) | VDE / TCP |");
+        println!("|---|---:|---:|---:|");
+        for (name, extra) in cases {
+            let (mut tcp, mut vde) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                tcp.push(pair_mbits(&tool, &runtime, false, extra)?);
+                vde.push(pair_mbits(&tool, &runtime, true, extra)?);
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let (t, v) = (median(&mut tcp), median(&mut vde));
+            println!("| {name} | {t:.1} | {v:.1} | {:.2} |", v / t);
+        }
+        Ok(())
+    })();
+    end_switch(&runtime);
+    result
 }
