@@ -781,7 +781,8 @@ mod addr_tests {
 
 #[cfg(all(test, feature = "sim"))]
 mod qemu_spec_tests {
-    use super::{DeviceSpec, WireSpec};
+    use super::{vde_identity, DeviceSpec, WireSpec};
+    use mlx5_sim::{Mode, SimConfig};
 
     #[test]
     fn a_qemu_wire_names_the_port_address_and_the_socket() {
@@ -791,6 +792,30 @@ mod qemu_spec_tests {
         for bad in ["sim:wire=qemu:10.0.0.2", "sim:wire=qemu:10.0.0.2:", "sim:wire=qemu:10.0.0:/s", "sim:wire=qemu"] {
             assert!(DeviceSpec::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_vde_wire_takes_the_default_switch_or_any_url() {
+        let wire = |s: &str| match DeviceSpec::parse(s).unwrap() {
+            DeviceSpec::Sim { wire, host, .. } => (wire, host),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(wire("sim:wire=vde"), (Some(WireSpec::Vde(None)), 0));
+        assert_eq!(wire("sim:link=eth:wire=vde:vde:///tmp/sw"), (Some(WireSpec::Vde(Some("vde:///tmp/sw".into()))), 0));
+        assert_eq!(
+            wire("sim:host=3:wire=vde:vxvde://239.1.2.3").0,
+            Some(WireSpec::Vde(Some("vxvde://239.1.2.3".into())))
+        );
+        assert!(DeviceSpec::parse("sim:wire=vde:").is_err());
+        // Two processes (here: two places in one list) get different addresses without host=.
+        let cfg = || SimConfig { mode: Mode::Threaded, ..SimConfig::default() };
+        let (a, b) = (vde_identity(cfg(), 0), vde_identity(cfg(), 1));
+        assert_ne!((a.mac, a.node_guid, a.ipv4_addrs), (b.mac, b.node_guid, b.ipv4_addrs));
+        // Locally administered unicast, the GUID its EUI-64, the IPv4 address in 10/8 and not .0 or .255.
+        assert_eq!((a.mac[0], a.mac[1]), (0x02, 0x4d));
+        assert_eq!(a.node_guid.to_be_bytes()[3..5], [0xff, 0xfe]);
+        let ip = a.ipv4_addrs[0];
+        assert!(ip[0] == 10 && ip[3] != 0 && ip[3] != 255 && ip[3] == a.mac[5], "{ip:?}");
     }
 }
 
