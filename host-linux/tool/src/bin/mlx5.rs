@@ -7,7 +7,7 @@
 //!      [--size N] [--iters N] [--json]
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] pingpong
 //!      --server [--port P] | --client HOST[:P] [--size N] [--iters N] [--json] [--gid-idx N] [--qemu-sock PATH]
-//!      [--ipv4 ADDR]
+//!      [--ipv4 ADDR] [--wire vde[:URL]]
 //! mlx5 devices
 //! mlx5 bind BDF | unbind BDF
 //! mlx5 trace decode FILE [--all] [--hexdump]
@@ -54,7 +54,9 @@ commands:
              advertised and sent from, rc_pingpong's -g; --qemu-sock PATH: the simulated port is plugged into a
              QEMU guest NIC listening there (-netdev stream,server=on) instead, RoCEv2 frames on the socket,
              e.g. to reach ibv_rc_pingpong over rdma_rxe, whose -c buffer the messages then are; --ipv4 ADDR:
-             the simulated port's IPv4 address)
+             the simulated port's IPv4 address; --wire vde[:URL]: the simulated port is plugged into a VDE
+             fabric instead, any libvdeplug URL or this user's default switch, started by the first process,
+             so the two sides start in any order)
              --ud: a UD ping-pong between two UD QPs of the device instead, as ibv_ud_pingpong does it
              (address handles, Q_Key 0x11111111, 40 bytes of GRH room before each received payload;
              --size default 2048 or the port's active MTU if smaller, at most the MTU); with --server /
