@@ -74,7 +74,7 @@ fn side(tool: &Path, runtime: &Path, args: &[String]) -> Result<Child, String> {
     Command::new(tool)
         .arg("pingpong")
         .args(args)
-        .args(["--wire", "vde", "--iters", "200"])
+        .args(["--wire", "vde"])
         .env("XDG_RUNTIME_DIR", runtime)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -129,10 +129,14 @@ pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
             for _ in 0..2 {
                 let port = free_port()?;
                 // RC: three packets a message; UD: one, at most the port's 1024-byte MTU.
-                let extra: Vec<String> = if ud { vec!["--ud", "--size", "1000"] } else { vec!["--size", "3000"] }
-                    .into_iter()
-                    .map(String::from)
-                    .collect();
+                let extra: Vec<String> = if ud {
+                    vec!["--ud", "--size", "1000", "--iters", "50"]
+                } else {
+                    vec!["--size", "3000", "--iters", "200"]
+                }
+                .into_iter()
+                .map(String::from)
+                .collect();
                 let client =
                     side(&tool, &runtime, &[&["--client".into(), format!("127.0.0.1:{port}")][..], &extra].concat())?;
                 std::thread::sleep(Duration::from_millis(300));

@@ -93,3 +93,32 @@ fn bad_vde_arguments_are_one_line_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("cannot plug into the VDE fabric vde:///nonexistent"), "{err}");
 }
+
+#[test]
+fn eight_processes_on_one_fabric_four_rc_pairs_and_four_ud_pairs_at_once() {
+    let rt = Runtime::new("eight");
+    // UD has no retransmission: a datagram a loaded switch drops (its sockets queue 10 frames) fails the run, so
+    // the UD round is short.
+    for (extra, iters) in [(&["--size", "3000"][..], "30"), (&["--ud", "--size", "1000"][..], "10")] {
+        // Eight processes at once on the one default switch: four servers, four clients, each pair its own
+        // exchange port.
+        let mut running = Vec::new();
+        for _ in 0..4 {
+            let port = free_port().to_string();
+            for role in [
+                &["--client", &format!("127.0.0.1:{port}")][..],
+                &["--server", "--bind", "127.0.0.1", "--port", &port][..],
+            ] {
+                let c = side(&rt.0, &[role, &["--iters", iters][..], extra].concat())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                running.push(c);
+            }
+        }
+        for c in running {
+            verified(&c.wait_with_output().unwrap(), iters.parse().unwrap());
+        }
+    }
+}
