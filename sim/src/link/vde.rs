@@ -1047,6 +1047,32 @@ mod tests {
     }
 
     #[test]
+    fn pcap_records_every_frame_the_port_sends_and_receives_on_the_fabric() {
+        use crate::wire::roce::ib::Opcode;
+        let sw = Switch::new("pcap");
+        let path = std::env::temp_dir().join(format!("mlx5-vde-{}-pcap.pcap", std::process::id()));
+        let sink = crate::pcap::PcapSink::create(&path).unwrap();
+        let mut a = plugged(&sw, SimConfig { pcap: Some(sink), ..cfg(32) });
+        let mut b = plugged(&sw, cfg(33));
+        let mut q = rc_pair(&mut a, &mut b, None, RcParams::default());
+        send_checked(&mut a, &mut b, &mut q, 3000, 9);
+        drop(q);
+        drop(a);
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let ops: Vec<Opcode> = crate::pcap::read_frames(&bytes)
+            .unwrap()
+            .iter()
+            .map(|(_, f)| match parse(f) {
+                Ok(Parsed::Roce(r)) => r.bth.opcode,
+                other => panic!("a frame that is not RoCE with a good ICRC: {other:?}"),
+            })
+            .collect();
+        // The three packets A sent at the 1024-byte MTU, and B's ACK A received.
+        assert_eq!(ops, [Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLast, Opcode::RcAck]);
+    }
+
+    #[test]
     fn a_bad_url_is_a_clear_error() {
         let dev = SimDevice::new(cfg(13));
         let err = dev.vde_plug(Some("vde:///nonexistent/mlx5-no-switch")).unwrap_err();
