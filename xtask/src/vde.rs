@@ -104,7 +104,7 @@ fn finish(name: &str, mut c: Child) -> Result<String, String> {
 fn end_switch(runtime: &Path) {
     let pid = runtime.join("mlx5-sim.pid");
     if let Some(pid) = std::fs::read_to_string(&pid).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
-        let _ = Command::new("kill").arg(pid.to_string()).status();
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
     }
     let _ = std::fs::remove_dir_all(runtime);
 }

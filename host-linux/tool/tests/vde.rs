@@ -30,7 +30,7 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         let pid = std::fs::read_to_string(self.0.join("mlx5-sim.pid")).ok();
         if let Some(pid) = pid.as_deref().map(str::trim).filter(|p| p.parse::<u32>().is_ok()) {
-            let _ = Command::new("kill").arg(pid).status();
+            let _ = Command::new("kill").args(["-KILL", pid]).status();
         }
         let _ = std::fs::remove_dir_all(&self.0);
     }

@@ -756,7 +756,7 @@ impl Drop for Fabric {
     fn drop(&mut self) {
         for p in &self.pids {
             if let Some(pid) = std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()) {
-                let _ = Command::new("kill").arg(pid).status();
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
             }
         }
         if let Some(base) = self.dirs[0].parent() {
