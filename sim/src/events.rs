@@ -117,6 +117,8 @@ pub enum SimEvent {
     LinkUp { peer: std::net::SocketAddr },
     /// The link's far end went away (closed, or a frame that could not be read); its address is unreachable.
     LinkDown { peer: std::net::SocketAddr, why: &'static str },
+    /// The VDE fabric the port was plugged into went away (its switch ended); the port's link is down.
+    FabricDown { why: &'static str },
     /// QP `qpn` sent WQE `wqe_counter` again after its RNR or ACK timer expired.
     Retry { qpn: u32, wqe_counter: u16, kind: RetryKind },
     /// A UD message from QP `qpn` to QP `dqpn` was dropped (noticed by the device recording this event).

@@ -153,6 +153,12 @@ pub use fw::qp::{QpInfo, QpState, QpType, SpecialQp};
 pub use fw::{syndrome, HcaState};
 pub use link::stream;
 pub use link::tcp::{WireError, MAX_FRAME};
+/// The VDE fabric link: its errors, counters and the default switch.
+pub mod vde {
+    pub use crate::link::vde::{
+        default_switch_dir, resolve, switch_url, VdeCounters, VdeError, MAX_ETH_FRAME, MAX_NEIGHBOURS, TX_QUEUE,
+    };
+}
 pub use regs::Health;
 /// The BAR page of UAR 0: the initialization segment's pages come first.
 pub use regs::INIT_SEG_PAGES as FIRST_UAR_PAGE;

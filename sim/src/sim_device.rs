@@ -383,6 +383,52 @@ impl SimDevice {
         lock(&self.shared).wire.guest_link().map(|l| l.backlog_peak())
     }
 
+    /// Plugs this Ethernet port into the VDE fabric at the libvdeplug URL `url` (`vde:///path` for a
+    /// `vde_switch`, `vxvde://GROUP` across a LAN, ...), or with `None` into the default switch of this user
+    /// (`vde::default_switch_dir`), which the first process to need it starts. Frames to and from any
+    /// number of ports on the fabric; destination MACs from link-local GIDs or ARP. Use
+    /// [`Mode::Threaded`](crate::Mode::Threaded).
+    pub fn vde_plug(&self, url: Option<&str>) -> Result<(), link::vde::VdeError> {
+        link::vde::plug(&self.shared, url)
+    }
+
+    /// [`SimDevice::vde_plug`] into the switch at `dir`, started if none answers (tests: a private switch).
+    #[cfg(test)]
+    pub(crate) fn vde_plug_dir(&self, dir: &std::path::Path) -> Result<(), link::vde::VdeError> {
+        link::vde::plug_dir(&self.shared, dir)
+    }
+
+    /// The VDE link plugged in (tests look at its tables).
+    #[cfg(test)]
+    pub(crate) fn vde_link_for_test(&self) -> std::sync::Arc<link::VdeLink> {
+        lock(&self.shared).wire.vde_link().expect("a VDE link")
+    }
+
+    /// Whether a VDE fabric is plugged in and its link is up.
+    pub fn vde_plugged(&self) -> bool {
+        lock(&self.shared).wire.vde_link().is_some_and(|l| l.is_up())
+    }
+
+    /// Unplugs the VDE fabric, once what is queued is on it (the ACK of a peer's last message, often queued as a
+    /// program closes its device): the port's link goes down. Returns whether a fabric was plugged in.
+    pub fn vde_unplug(&self) -> bool {
+        let l = lock(&self.shared).wire.vde_link();
+        let Some(l) = l else { return false };
+        l.drain(link::DRAIN_TIMEOUT);
+        l.close();
+        let id = l.id;
+        link::Station::with_wire(&*self.shared, |w, _| {
+            w.unplug_remote(id);
+            ((), Some(false))
+        });
+        true
+    }
+
+    /// What the VDE link counted; `None` when none is plugged in.
+    pub fn vde_counters(&self) -> Option<link::vde::VdeCounters> {
+        lock(&self.shared).wire.vde_link().map(|l| l.counters())
+    }
+
     /// Frames the RoCE port received and accepted (every check passed), from links and from devices of this
     /// process.
     pub fn frames_received(&self) -> u64 {

@@ -992,22 +992,39 @@ fn ucx_app(p: &Peers, prog: &str, devices: &str, args: &[&str]) -> Command {
 /// simulated device, joined by the simulated wire. Both must exit 0 with nothing logged at WARN or above
 /// (a clean teardown); returns the client's `Final:` row (iterations, latency and rate figures).
 fn ucx_perftest(p: &Peers, tl: &str, test: &str, iters: &str, port: u16) -> Result<Vec<f64>, String> {
-    let what = format!("ucx_perftest -x {tl} -t {test} -n {iters}");
+    ucx_perftest_on(p, tl, test, iters, port, None)
+}
+
+/// [`ucx_perftest`], both processes on the VDE fabric whose default switch lives in `vde` (`wire=vde`, the
+/// first process starting it) instead of the TCP link: no listener, no connector, no `host=`.
+fn ucx_perftest_on(
+    p: &Peers,
+    tl: &str,
+    test: &str,
+    iters: &str,
+    port: u16,
+    vde: Option<&Path>,
+) -> Result<Vec<f64>, String> {
+    let what = format!("ucx_perftest -x {tl} -t {test} -n {iters}{}", if vde.is_some() { " (VDE)" } else { "" });
     let (port_s, wire) = (port.to_string(), port + 100);
-    let server = ucx_app(
-        p,
-        "ucx_perftest",
-        &format!("sim:wire=listen:127.0.0.1:{wire}"),
-        &["-p", &port_s, "-d", "mlx5_0:1", "-x", tl],
-    )
-    .spawn()
-    .map_err(|e| format!("{what}: {e}"))?;
+    let (server_dev, client_dev) = match vde {
+        Some(_) => ("sim:wire=vde".to_string(), "sim:wire=vde".to_string()),
+        None => (format!("sim:wire=listen:127.0.0.1:{wire}"), format!("sim:host=1:wire=connect:127.0.0.1:{wire}")),
+    };
+    let app = |devices: &str, args: &[&str]| {
+        let mut c = ucx_app(p, "ucx_perftest", devices, args);
+        if let Some(dir) = vde {
+            c.env("XDG_RUNTIME_DIR", dir);
+        }
+        c
+    };
+    let server =
+        app(&server_dev, &["-p", &port_s, "-d", "mlx5_0:1", "-x", tl]).spawn().map_err(|e| format!("{what}: {e}"))?;
     wait_listening(port, Duration::from_secs(30));
-    // Both open their device after their own TCP handshake: the connecting end waits for the listener.
-    let client = ucx_app(
-        p,
-        "ucx_perftest",
-        &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"),
+    // Both open their device after their own TCP handshake: on the TCP link the connecting end waits for the
+    // listener; on the fabric there is no order.
+    let client = app(
+        &client_dev,
         &["127.0.0.1", "-p", &port_s, "-d", "mlx5_0:1", "-x", tl, "-t", test, "-n", iters, "-w", "20"],
     )
     .spawn()
@@ -1089,7 +1106,26 @@ fn ucx_runs(p: &Peers) -> Result<(), String> {
             .map_err(|e| format!("rc_verbs teardown, run {} of 20: {e}", i + 1))?;
     }
     println!("ucx_perftest -x rc_verbs: 20 of 20 runs exit 0 with a clean teardown: ok");
-    Ok(())
+    // The same program, both processes on one VDE fabric (the default switch of a private runtime directory).
+    // ud_verbs is not among them: its am_lat client did not exit within 30 s over the fabric (not understood yet).
+    crate::vde::ensure_vde()?;
+    let dir = std::env::temp_dir().join(format!("xtask-ucx-vde-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let r = (|| -> Result<(), String> {
+        for (i, (tl, test)) in [("rc_verbs", "am_lat"), ("rc_verbs", "put_bw")].iter().enumerate() {
+            let row = ucx_perftest_on(p, tl, test, "1000", 18950 + i as u16, Some(&dir))?;
+            println!(
+                "ucx_perftest -x {tl} -t {test} over VDE: 1000 iterations, {:.1} us, {:.2} MB/s: ok",
+                row[2], row[4]
+            );
+        }
+        Ok(())
+    })();
+    if let Ok(pid) = std::fs::read_to_string(dir.join("mlx5-sim.pid")) {
+        let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    r
 }
 
 #[cfg(test)]

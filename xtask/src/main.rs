@@ -48,6 +48,7 @@ mod pci_sim;
 mod rxe;
 mod soak;
 mod uml;
+mod vde;
 mod vendored;
 mod verbs_guest;
 mod vfio_test;
@@ -110,6 +111,8 @@ fn ci(root: &Path) -> Result<(), String> {
     codegen::run_codegen(root, true)?;
     modcheck::run(root, false)?;
     cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    // The simulator's VDE tests need Debian's vde2 and libvdeplug2.
+    vde::ensure_vde()?;
     cargo(root, &["test", "--workspace"])?;
     // Rustdoc of the libraries a user reads, with every intra-doc link resolved.
     let deny = r#"build.rustdocflags=["-D", "warnings"]"#;
@@ -147,6 +150,8 @@ fn ci(root: &Path) -> Result<(), String> {
     }
     // Debian's verbs programs on the drop-in libibverbs.so.1 (downloads the packages when not installed).
     libibverbs::run_verbs_apps(root, &[])?;
+    // Simulated ports of four processes on one VDE fabric, started in no order.
+    vde::run(root, &[])?;
     vfio_test::run_vfio_test(root)?;
     // Linux's rdma_rxe in a TCG guest answering our RoCEv2 frames (reuses vfio-test's Debian kernel).
     rxe::run_rxe_interop(root)?;
@@ -175,6 +180,9 @@ commands:
                                  vfio-pci and our VFIO crate bring it up, devinfo and a 1,000 x 4 KiB ping-pong
                                  (--full: also a bench loopback); writes target/pci-sim/summary.json (needs root)
   rxe-interop                    mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways
+  vde                            mlx5 pingpong --wire vde: RC and UD, two pairs at once on one VDE fabric (the
+                                 default switch, started by the first process), clients first; installs vde2;
+                                 --bench: RC and UD ping-pong throughput over VDE and over the TCP link
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
   bench --peer [--json]          the datapath against rdma-core's mlx5 provider; rewrites its BENCHMARKS.md section
   fuzz [--seconds N] [--target NAME]
@@ -210,6 +218,7 @@ enum Task {
     VfioTest,
     RxeInterop,
     PciSim { full: bool },
+    Vde(Vec<String>),
     Bench { json: bool, peer: bool },
     Fuzz(Vec<String>),
     Miri,
@@ -239,6 +248,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "vfio-test" => Task::VfioTest,
         "rxe-interop" => Task::RxeInterop,
         "pci-sim" => Task::PciSim { full: false },
+        "vde" => Task::Vde(Vec::new()),
         "bench" => Task::Bench { json: false, peer: false },
         "fuzz" => Task::Fuzz(Vec::new()),
         "miri" => Task::Miri,
@@ -282,6 +292,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
             (Task::Uml { check }, "--check") => *check = true,
             (Task::PciSim { full }, "--full") => *full = true,
+            (Task::Vde(v), "--bench") => v.push(a),
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
             (Task::Soak(v), _) => v.push(a),
@@ -323,6 +334,7 @@ fn main() -> ExitCode {
         Task::VfioTest => vfio_test::run_vfio_test(&root),
         Task::RxeInterop => rxe::run_rxe_interop(&root),
         Task::PciSim { full } => pci_sim::run_pci_sim(&root, full),
+        Task::Vde(args) => vde::run(&root, &args),
         Task::Bench { json, peer: false } => bench::run(&root, json),
         Task::Bench { json, peer: true } => bench::run_peer(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),

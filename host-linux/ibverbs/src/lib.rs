@@ -121,6 +121,7 @@ pub(crate) fn errno_of(e: &mlx5_verbs::VerbsError) -> c_int {
         },
         E::Hca(h) | E::Destroy(h) => hca_errno(h),
         E::Bringup(_) | E::Vfio(_) | E::Cqe(_) => libc::EIO,
+        E::Fabric(_) => libc::ENODEV,
     }
 }
 

@@ -1173,6 +1173,9 @@ fn mtu(m: c_int) -> Result<Mtu, c_int> {
     })
 }
 
+/// How long an address handle to an IPv4 GID waits for an ARP answer on a VDE fabric.
+const VDE_RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The MAC of a RoCE destination GID, as the kernel's neighbour resolution (`ib_resolve_eth_dmac`) would find
 /// it: a link-local GID carries it (EUI-64); an IPv4-mapped GID is looked up among the simulated fabric's hosts
 /// (`SimConfig::next_host`'s addresses), which is where every peer of a simulated device lives, then among the
@@ -1193,6 +1196,10 @@ fn resolve_dmac(dgid: &[u8; 16]) -> [u8; 6] {
         }
         // A host outside the simulated fabric (a QEMU guest on a `wire=qemu` port) is known once ARP named it.
         if let Some(mac) = mlx5_sim::arp_neighbour(ip) {
+            return mac;
+        }
+        // A peer on a VDE fabric (`wire=vde`): asked by ARP and waited for, as the kernel's resolution waits.
+        if let Some(mac) = mlx5_sim::vde::resolve(ip, VDE_RESOLVE_TIMEOUT) {
             return mac;
         }
     }

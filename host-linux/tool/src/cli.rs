@@ -52,6 +52,8 @@ pub struct Args {
     /// `--chk`: the peer is `ibv_rc_pingpong -c` (`--chk`): send its buffer pattern and check the received one
     /// against it, instead of this tool's own per-message pattern.
     pub chk: bool,
+    /// `--wire vde[:URL]`: plug the simulated port into a VDE fabric (`Some(None)`: the default switch).
+    pub vde: Option<Option<String>>,
 }
 
 /// The commands and the options each takes besides the global ones.
@@ -75,6 +77,7 @@ const COMMANDS: &[(&str, &[&str])] = &[
             "--qemu-sock",
             "--ipv4",
             "--chk",
+            "--wire",
         ],
     ),
     ("bench", &[]),
@@ -206,6 +209,20 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
                 a.chk = true;
                 "--chk"
             }
+            "--wire" => {
+                let v = argv.value("--wire", "vde or vde:URL")?;
+                a.vde = Some(match v.split_once(':') {
+                    None if v == "vde" => None,
+                    Some(("vde", url)) if !url.is_empty() => Some(url.to_string()),
+                    _ => {
+                        return Err(ArgError::Invalid {
+                            option: "--wire".into(),
+                            why: format!("{v:?} is neither vde nor vde:URL"),
+                        })
+                    }
+                });
+                "--wire"
+            }
             "--ipv4" => {
                 let v = argv.value("--ipv4", "an IPv4 address")?;
                 a.ipv4 = Some(v.parse().map_err(|_| ArgError::Invalid {
@@ -304,6 +321,13 @@ fn check(a: &Args) -> Result<(), ArgError> {
                 return other(
                     "--qemu-sock and --ipv4 set up the simulated port; with --device BDF the real port decides",
                 );
+            }
+            if a.vde.is_some() && (!remote || a.qemu_sock.is_some() || a.device.as_deref().is_some_and(|d| d != "sim"))
+            {
+                return other("--wire vde goes with --server / --client on the simulated port, without --qemu-sock");
+            }
+            if a.vde.is_some() && a.link == Some(PortType::Ib) {
+                return other("--wire vde joins an Ethernet port (RoCE) to the fabric");
             }
             if a.qemu_sock.is_some() && a.link == Some(PortType::Ib) {
                 return other("--qemu-sock joins an Ethernet port (RoCE) to a guest NIC");

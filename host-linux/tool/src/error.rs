@@ -88,6 +88,9 @@ pub enum ToolError {
     /// The simulated wire or the guest NIC could not be plugged in.
     #[error(transparent)]
     Wire(#[from] WireError),
+    /// The simulated port could not plug into its VDE fabric.
+    #[error(transparent)]
+    Fabric(#[from] mlx5_sim::vde::VdeError),
     /// A socket of the two-process ping-pong failed, as the OS says it.
     #[error("{what}: {source}")]
     Socket {

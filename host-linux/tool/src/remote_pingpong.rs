@@ -144,6 +144,14 @@ pub fn sim_device(role: &Role, port_type: PortType, pcap: Option<mlx5_sim::pcap:
     }
 }
 
+/// The simulated device of a side on a VDE fabric (`--wire vde[:URL]`): either role, its MAC, GUID and IPv4
+/// address from the process's identity ([`mlx5_verbs::vde_identity`]), so any number of processes meet on the
+/// fabric. [`SimDevice::vde_plug`] plugs it in.
+pub fn sim_vde_device(pcap: Option<mlx5_sim::pcap::PcapSink>) -> SimDevice {
+    let base = SimConfig { mode: Mode::Threaded, port_type: PortType::Eth, pcap, ..SimConfig::default() };
+    SimDevice::new(mlx5_verbs::vde_identity(base, 0))
+}
+
 /// Plugs `dev` into the simulated wire: the server's listens on `PORT + 1`, the client's connects there
 /// (retrying until `timeout`, as the server may still be starting).
 pub fn plug_wire(dev: &SimDevice, role: &Role, timeout: Duration) -> Result<(), ToolError> {

@@ -88,6 +88,9 @@ impl DeviceSpec {
                         let wire = match w.split_once(':') {
                             Some(("listen", at)) if !at.is_empty() => WireSpec::Listen(at.to_string()),
                             Some(("connect", at)) if !at.is_empty() => WireSpec::Connect(at.to_string()),
+                            // `wire=vde` (the default switch) or `wire=vde:URL` (any libvdeplug URL).
+                            None if w == "vde" => WireSpec::Vde(None),
+                            Some(("vde", url)) if !url.is_empty() => WireSpec::Vde(Some(url.to_string())),
                             Some(("qemu", rest)) => match rest.split_once(':') {
                                 Some((ip, path)) if !path.is_empty() => WireSpec::Qemu {
                                     ipv4: ip.parse::<std::net::Ipv4Addr>().map_err(|_| bad("wire=qemu: bad IPv4"))?,
@@ -96,9 +99,8 @@ impl DeviceSpec {
                                 _ => return Err(bad("wire=qemu:IPV4:SOCKET")),
                             },
                             _ => {
-                                return Err(bad(
-                                    "wire=listen:ADDR:PORT, wire=connect:HOST:PORT or wire=qemu:IPV4:SOCKET",
-                                ))
+                                return Err(bad("wire=vde[:URL], wire=listen:ADDR:PORT, wire=connect:HOST:PORT or \
+                                     wire=qemu:IPV4:SOCKET"))
                             }
                         };
                         (opts, Some(wire))
@@ -155,6 +157,12 @@ pub enum WireSpec {
     Listen(String),
     /// Connect to the device listening at `HOST:PORT`.
     Connect(String),
+    /// `wire=vde` or `wire=vde:URL`: plug into a VDE fabric: the libvdeplug URL (`vde:///path` for a
+    /// `vde_switch`, `vxvde://239.1.2.3` across a LAN), or by default this user's switch, which the first
+    /// process starts. Any number of processes meet on one fabric in any order. Without `host=`, the port's MAC,
+    /// GUID and IPv4 address come from the process's identity ([`vde_identity`]), so no two processes need
+    /// telling apart by hand.
+    Vde(Option<String>),
     /// `wire=qemu:IPV4:SOCKET`: plug into a QEMU guest NIC listening on the UNIX socket `SOCKET`
     /// (`-netdev stream,server=on,addr.type=unix`), the port's address `IPV4` (answered in ARP, a RoCE v2 GID):
     /// RoCEv2 frames to a RoCE stack in the guest such as rdma_rxe.
@@ -164,6 +172,32 @@ pub enum WireSpec {
         /// The socket QEMU listens on.
         path: PathBuf,
     },
+}
+
+/// Whether a spec named its host (`host=N`); parsing keeps only the number.
+#[cfg(feature = "sim")]
+fn host_given(s: &DeviceSpec) -> bool {
+    matches!(s, DeviceSpec::Sim { host, .. } if *host != 0)
+}
+
+/// A `wire=vde` port's addresses, unique on a fabric without configuration: a locally administered MAC
+/// `02:4d:xx:xx:xx:xx` from a hash of the machine's name, the process id and the device's place in the list; the
+/// node GUID is the MAC's EUI-64, the IPv4 address `10.x.y.z` the MAC's last three bytes (z never 0 or 255).
+/// Two ports collide only when 32 hash bits do; `host=N` gives fixed addresses instead.
+#[cfg(feature = "sim")]
+pub fn vde_identity(cfg: SimConfig, index: u32) -> SimConfig {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().hash(&mut h);
+    std::process::id().hash(&mut h);
+    index.hash(&mut h);
+    let x = (h.finish() as u32).to_be_bytes();
+    let last = x[3].clamp(1, 254);
+    let mac = [0x02, 0x4d, x[0], x[1], x[2], last];
+    let guid = u64::from_be_bytes([mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]]);
+    // The configuration holds a static list: one leaked address per such device.
+    let ipv4: &'static [[u8; 4]] = Box::leak(Box::new([[10, x[1], x[2], last]]));
+    SimConfig { mac, node_guid: guid, ipv4_addrs: ipv4, ..cfg }
 }
 
 /// How long a first open waits for the listening device of a `wire=connect` spec (or a guest's socket) unless
@@ -270,6 +304,10 @@ impl Entry {
                     .map_err(|source| VerbsError::GuestNic { path: path.clone(), source })?;
                 None
             }
+            WireSpec::Vde(url) => {
+                dev.vde_plug(url.as_deref()).map_err(VerbsError::Fabric)?;
+                None
+            }
         });
         Ok(())
     }
@@ -283,6 +321,11 @@ impl Entry {
         let mut w = lock(&self.wire);
         if let Some(wire) = w.as_mut().filter(|w| matches!(w.spec, WireSpec::Connect(_))) {
             dev.wire_unplug();
+            wire.done = None;
+        }
+        // A VDE port lets its last frames out and leaves the fabric; its next bring-up plugs in again.
+        if let Some(wire) = w.as_mut().filter(|w| matches!(w.spec, WireSpec::Vde(_))) {
+            dev.vde_unplug();
             wire.done = None;
         }
     }
@@ -428,6 +471,9 @@ impl DeviceRegistry {
                 #[cfg(feature = "sim")]
                 DeviceSpec::Sim { link, host, wire, connect_timeout } => {
                     let mut cfg = DeviceSpec::sim_config(*link, *host, wire.is_some());
+                    if matches!(wire, Some(WireSpec::Vde(_))) && !host_given(s) {
+                        cfg = vde_identity(cfg, reg.sims.len() as u32);
+                    }
                     if let Some(WireSpec::Qemu { ipv4, .. }) = wire {
                         // The configuration holds a static list: one leaked address per such device.
                         cfg.ipv4_addrs = Box::leak(Box::new([ipv4.octets()]));
@@ -735,7 +781,8 @@ mod addr_tests {
 
 #[cfg(all(test, feature = "sim"))]
 mod qemu_spec_tests {
-    use super::{DeviceSpec, WireSpec};
+    use super::{vde_identity, DeviceSpec, WireSpec};
+    use mlx5_sim::{Mode, SimConfig};
 
     #[test]
     fn a_qemu_wire_names_the_port_address_and_the_socket() {
@@ -745,6 +792,30 @@ mod qemu_spec_tests {
         for bad in ["sim:wire=qemu:10.0.0.2", "sim:wire=qemu:10.0.0.2:", "sim:wire=qemu:10.0.0:/s", "sim:wire=qemu"] {
             assert!(DeviceSpec::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_vde_wire_takes_the_default_switch_or_any_url() {
+        let wire = |s: &str| match DeviceSpec::parse(s).unwrap() {
+            DeviceSpec::Sim { wire, host, .. } => (wire, host),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(wire("sim:wire=vde"), (Some(WireSpec::Vde(None)), 0));
+        assert_eq!(wire("sim:link=eth:wire=vde:vde:///tmp/sw"), (Some(WireSpec::Vde(Some("vde:///tmp/sw".into()))), 0));
+        assert_eq!(
+            wire("sim:host=3:wire=vde:vxvde://239.1.2.3").0,
+            Some(WireSpec::Vde(Some("vxvde://239.1.2.3".into())))
+        );
+        assert!(DeviceSpec::parse("sim:wire=vde:").is_err());
+        // Two processes (here: two places in one list) get different addresses without host=.
+        let cfg = || SimConfig { mode: Mode::Threaded, ..SimConfig::default() };
+        let (a, b) = (vde_identity(cfg(), 0), vde_identity(cfg(), 1));
+        assert_ne!((a.mac, a.node_guid, a.ipv4_addrs), (b.mac, b.node_guid, b.ipv4_addrs));
+        // Locally administered unicast, the GUID its EUI-64, the IPv4 address in 10/8 and not .0 or .255.
+        assert_eq!((a.mac[0], a.mac[1]), (0x02, 0x4d));
+        assert_eq!(a.node_guid.to_be_bytes()[3..5], [0xff, 0xfe]);
+        let ip = a.ipv4_addrs[0];
+        assert!(ip[0] == 10 && ip[3] != 0 && ip[3] != 255 && ip[3] == a.mac[5], "{ip:?}");
     }
 }
 

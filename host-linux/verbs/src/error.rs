@@ -42,6 +42,10 @@ pub enum VerbsError {
         #[source]
         source: std::io::Error,
     },
+    /// A `wire=vde` device could not plug into its VDE fabric (`ENODEV`).
+    #[cfg(feature = "sim")]
+    #[error("the simulated port's VDE fabric: {0}")]
+    Fabric(#[source] mlx5_sim::vde::VdeError),
     /// `create_cq_ex` asked for completion fields the core cannot fill (`EINVAL`, as `Invalid`).
     #[error("create_cq_ex: {0}")]
     CqExFlags(#[source] UnsupportedWcFlags),

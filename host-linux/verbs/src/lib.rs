@@ -132,12 +132,12 @@ pub use backend::{AnyDelay, AnyDma, AnyMmio, DeviceKind, HostTables, Tracer, Vec
 pub use context::{mac_of_gid, Context};
 pub use cq::{CompChannel, CompletionQueue, CqEvent};
 pub use cq_ex::{CompletionQueueEx, CqInitAttrEx};
-#[cfg(feature = "sim")]
-pub use device::WireSpec;
 pub use device::{
     cache_line_size, devices, host_config, scan_vfio_pci, Device, DeviceRegistry, DeviceSpec, DEVICES_ENV,
     MELLANOX_VENDOR_ID,
 };
+#[cfg(feature = "sim")]
+pub use device::{vde_identity, WireSpec};
 pub use error::{BadMemory, BadMemoryKind, Result, VerbsError};
 pub use event::AsyncEvent;
 pub use fork::generation as fork_generation;

@@ -82,6 +82,10 @@ fn deliver(p: Packet, queue: &mut VecDeque<Arc<Shared>>) {
                 Ok(()) => return,
                 Err(why) => why,
             },
+            Port::Vde(link) => match link.transmit(&p) {
+                Ok(()) => return,
+                Err(why) => why,
+            },
         };
         next = p.reply(Resp::Lost(gone));
     }

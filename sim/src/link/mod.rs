@@ -24,6 +24,7 @@ pub(crate) mod guest;
 mod port;
 pub mod stream;
 pub(crate) mod tcp;
+pub(crate) mod vde;
 
 pub(crate) use port::*;
 

@@ -121,6 +121,8 @@ pub(crate) enum Port {
     Remote(Arc<Link>),
     /// A QEMU guest's NIC (`guest.rs`): RoCEv2 frames on a UNIX socket.
     Guest(Arc<GuestLink>),
+    /// A VDE fabric (`vde.rs`): RoCEv2 frames to any number of ports.
+    Vde(Arc<VdeLink>),
 }
 
 /// A device on the wire: its id and where it is.
@@ -220,6 +222,11 @@ impl Wire {
         }
     }
 
+    /// The port's IPv4 addresses (`SimConfig::ipv4_addrs`).
+    pub(crate) fn ipv4(&self) -> &'static [[u8; 4]] {
+        self.ipv4
+    }
+
     /// Whether `gid` is an address of this port: its link-local GID or one of its IP addresses (IPv4-mapped).
     pub(crate) fn owns(&self, gid: &[u8; GID_LEN]) -> bool {
         *gid == self.addr.gid || self.ipv4.iter().any(|a| mapped(*a) == *gid) || self.ipv6.contains(gid)
@@ -232,6 +239,7 @@ impl Wire {
         }
         match self.peers.iter().find(|p| p.dev.id == id) {
             Some(Peer { dev: DevRef { port: Port::Guest(l), .. }, .. }) => l.peer_mac().unwrap_or([0xff; 6]),
+            Some(Peer { dev: DevRef { port: Port::Vde(_), .. }, .. }) => [0xff; 6],
             Some(p) => p.addr.mac,
             None => [0; 6],
         }
@@ -288,8 +296,8 @@ impl Wire {
     /// bytes) is copied once, into the queue, rather than again on the way in.
     #[inline]
     pub(crate) fn send(&mut self, mut p: Packet) {
-        // A guest link records the frames it writes itself (they depend on what ARP resolved).
-        if self.pcap.is_some() && !matches!(p.dst.port, Port::Guest(_)) {
+        // A guest or VDE link records the frames it writes itself (they depend on what ARP resolved).
+        if self.pcap.is_some() && !matches!(p.dst.port, Port::Guest(_) | Port::Vde(_)) {
             self.capture(&p, false);
         }
         if p.dst.id == self.me.id {
@@ -322,6 +330,20 @@ impl Wire {
         self.peers.push(Peer { dev, addr, default: true });
     }
 
+    /// Plugs a VDE fabric in, replacing the cable plugged in before: every destination the port does not own
+    /// goes out on it.
+    pub(crate) fn plug_vde(&mut self, dev: DevRef) {
+        self.plug_guest(dev);
+    }
+
+    /// The link to a VDE fabric, if one is plugged in.
+    pub(crate) fn vde_link(&self) -> Option<Arc<VdeLink>> {
+        self.peers.iter().find_map(|p| match &p.dev.port {
+            Port::Vde(l) => Some(l.clone()),
+            _ => None,
+        })
+    }
+
     /// The link to a guest NIC, if one is plugged in.
     pub(crate) fn guest_link(&self) -> Option<Arc<GuestLink>> {
         self.peers.iter().find_map(|p| match &p.dev.port {
@@ -334,7 +356,7 @@ impl Wire {
     pub(crate) fn remote_link(&self) -> Option<Arc<Link>> {
         self.peers.iter().find_map(|p| match &p.dev.port {
             Port::Remote(l) => Some(l.clone()),
-            Port::Local(_) | Port::Guest(_) => None,
+            Port::Local(_) | Port::Guest(_) | Port::Vde(_) => None,
         })
     }
 
@@ -353,6 +375,10 @@ impl Drop for Wire {
             l.close();
         }
         if let Some(l) = self.guest_link() {
+            l.drain(DRAIN_TIMEOUT);
+            l.close();
+        }
+        if let Some(l) = self.vde_link() {
             l.drain(DRAIN_TIMEOUT);
             l.close();
         }
@@ -402,4 +428,41 @@ pub(crate) struct GuestLink {
     pub(crate) pace: AtomicU64,
     /// Frames given to the writer thread and written.
     pub(crate) count: TxCount,
+}
+
+/// A VDE fabric (`vde.rs`).
+/// The link to a VDE fabric: one libvdeplug connection, any number of far ends.
+#[derive(Debug)]
+pub(crate) struct VdeLink {
+    /// The fabric's id on this side's wire.
+    pub(crate) id: u64,
+    pub(crate) conn: Box<dyn Datagrams>,
+    /// Frames for the writer thread (bounded: a full queue drops).
+    pub(crate) tx: mpsc::SyncSender<Vec<u8>>,
+    pub(crate) up: AtomicBool,
+    pub(crate) mine: [u8; 6],
+    /// The port's first IPv4 address, the sender of the ARP requests `vde::resolve` makes.
+    pub(crate) ipv4: Option<[u8; 4]>,
+    /// Where the frames this link writes are recorded (the port's capture).
+    pub(crate) pcap: Option<PcapSink>,
+    /// IPv4 neighbours learned from ARP on the fabric, oldest first.
+    pub(crate) neighbours: Mutex<Vec<([u8; 4], [u8; 6])>>,
+    /// What `vde.rs` counts (`VdeCounters`).
+    pub(crate) counters: [AtomicU64; VDE_COUNTERS],
+    /// Frames given to the writer thread and written.
+    pub(crate) count: TxCount,
+}
+
+/// How many counters a VDE link keeps (`vde.rs` names them).
+pub(crate) const VDE_COUNTERS: usize = 7;
+
+/// A connection carrying whole Ethernet frames as datagrams (libvdeplug's, in `vde.rs`), used by one reader and
+/// one writer thread at once.
+pub(crate) trait Datagrams: Send + Sync + std::fmt::Debug {
+    /// Sends one frame; negative when the fabric went away.
+    fn send(&self, frame: &[u8]) -> isize;
+    /// Receives one frame into `buf`; its length, or 0 or negative when the fabric went away.
+    fn recv(&self, buf: &mut [u8]) -> isize;
+    /// The descriptors to poll: data, and control (-1 if none), which is readable only when the fabric goes away.
+    fn fds(&self) -> (i32, i32);
 }

@@ -1,4 +1,4 @@
-//! `soak [--ops N] [--seed S] [--json] [--progress N] [--threaded] [--wire [--kills K]]`: the fault-injection soak
+//! `soak [--ops N] [--seed S] [--json] [--progress N] [--threaded] [--wire [--kills K] [--loss PCT]]`: the fault-injection soak
 //! (see the `mlx5_soak` library; `--threaded`: on threaded simulated devices), or with `--wire` the two-process
 //! wire soak (`mlx5_soak::wire`). Prints the report (one
 //! JSON object with `--json`) and exits 1 when an invariant failed, 2 on a usage error. `--wire-peer ADDR` is
@@ -10,7 +10,8 @@ use mlx5_args::{ArgError, Argv};
 use mlx5_soak::wire::{peer_main, run_wire, WireOptions};
 use mlx5_soak::{run, Options};
 
-const USAGE: &str = "usage: soak [--ops N] [--seed S] [--json] [--progress N] [--threaded] [--wire [--kills K]]
+const USAGE: &str =
+    "usage: soak [--ops N] [--seed S] [--json] [--progress N] [--threaded] [--wire [--kills K] [--loss PCT]]
 
   --ops N        work requests to post in total (default 100000; 1e6, 10^6 and 1_000_000 read as a million)
   --seed S       the seed everything derives from (default 1)
@@ -18,7 +19,9 @@ const USAGE: &str = "usage: soak [--ops N] [--seed S] [--json] [--progress N] [-
   --progress N   a progress line on standard error every N work requests (in-process soak)
   --threaded     the in-process soak on threaded simulated devices (worker threads, real time)
   --wire         the two-process wire soak: RC traffic to a peer process that is killed and restarted
-  --kills K      peers killed during a --wire run (default 4)";
+  --kills K      peers killed during a --wire run (default 4)
+  --loss PCT     --wire over a VDE fabric with wirefilter between the two processes losing PCT % of the frames
+                 (1..50; needs Debian's vde2), the retransmissions in the report";
 
 /// `1000000`, `1_000_000`, `1e6` and `10^6` all read as one million; anything else (signs, blanks, overflow) is
 /// refused.
@@ -54,7 +57,7 @@ enum Role {
 
 fn parse(mut argv: Argv) -> Result<Role, ArgError> {
     let mut opts = Options { ops: 100_000, seed: 1, progress_every: 0, threaded: false };
-    let (mut json, mut wire, mut kills, mut peer) = (false, false, None, None);
+    let (mut json, mut wire, mut kills, mut peer, mut loss) = (false, false, None, None, None);
     while let Some(a) = argv.next() {
         let a = a?;
         match a.as_str() {
@@ -66,6 +69,7 @@ fn parse(mut argv: Argv) -> Result<Role, ArgError> {
             "--wire" => wire = true,
             "--threaded" => opts.threaded = true,
             "--kills" => kills = Some(argv.number("--kills", 0u32, 10_000)?),
+            "--loss" => loss = Some(argv.number("--loss", 1u32, 50)?),
             "--wire-peer" => peer = Some(argv.value("--wire-peer", "the wire's address")?),
             o if o.starts_with('-') => return Err(ArgError::Unknown(o.into())),
             o => return Err(ArgError::Other(format!("unexpected argument {o:?}"))),
@@ -78,8 +82,9 @@ fn parse(mut argv: Argv) -> Result<Role, ArgError> {
         return Err(ArgError::Invalid { option: "--ops".into(), why: "a run posts at least one work request".into() });
     }
     if !wire {
-        if kills.is_some() {
-            return Err(ArgError::NotApplicable { option: "--kills".into(), command: "the in-process soak".into() });
+        if kills.is_some() || loss.is_some() {
+            let option = if loss.is_some() { "--loss" } else { "--kills" };
+            return Err(ArgError::NotApplicable { option: option.into(), command: "the in-process soak".into() });
         }
         return Ok(Role::Soak { opts, json });
     }
@@ -88,7 +93,7 @@ fn parse(mut argv: Argv) -> Result<Role, ArgError> {
         // The wire soak's devices are always threaded (their link runs in real time).
         return Err(ArgError::NotApplicable { option: option.into(), command: "--wire".into() });
     }
-    Ok(Role::Wire { opts: WireOptions { ops: opts.ops, seed: opts.seed, kills: kills.unwrap_or(4) }, json })
+    Ok(Role::Wire { opts: WireOptions { ops: opts.ops, seed: opts.seed, kills: kills.unwrap_or(4), loss }, json })
 }
 
 fn main() -> ExitCode {
@@ -146,5 +151,11 @@ mod tests {
         assert!(matches!(p(&["--ops", "0"]), Err(ArgError::Invalid { .. })));
         assert!(matches!(p(&["--frob"]), Err(ArgError::Unknown(_))));
         assert!(matches!(p(&["--wire", "--kills", "3"]), Ok(Role::Wire { opts: WireOptions { kills: 3, .. }, .. })));
+        assert!(matches!(
+            p(&["--wire", "--loss", "3"]),
+            Ok(Role::Wire { opts: WireOptions { loss: Some(3), .. }, .. })
+        ));
+        assert!(matches!(p(&["--loss", "3"]), Err(ArgError::NotApplicable { .. })));
+        assert!(p(&["--wire", "--loss", "0"]).is_err() && p(&["--wire", "--loss", "51"]).is_err());
     }
 }

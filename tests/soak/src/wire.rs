@@ -52,6 +52,8 @@ pub struct WireOptions {
     pub seed: u64,
     /// Peers killed (and restarted) during the run; the run has `kills + 1` sessions.
     pub kills: u32,
+    /// `--loss PCT`: the two processes on a VDE fabric, `wirefilter` between them losing PCT % of the frames.
+    pub loss: Option<u32>,
 }
 
 /// What a wire run saw.
@@ -77,6 +79,11 @@ pub struct WireReport {
     /// Every drain after a kill, in ms (for the median and the 99th percentile).
     pub drains_ms: Vec<u64>,
     pub budget_ms: u64,
+    /// `--loss`: the loss wirefilter applied, and the survivor's recoveries from the device's event log (which
+    /// keeps its last events only, so these are lower bounds): ACK-timer retries and sequence NAKs it received.
+    pub loss_pct: Option<u32>,
+    pub retries: u64,
+    pub sequence_naks: u64,
     /// What the longest drain waited for: its session, the time from the kill to the first error completion
     /// (the device's retries running out), the time to the last completion, and the longest gap between two
     /// polls of the survivor's loop (its own thread descheduled or stalled), all in ms.
@@ -132,6 +139,9 @@ impl WireReport {
             "drain_ms_p50": self.drain_percentile(50),
             "drain_ms_p99": self.drain_percentile(99),
             "budget_ms": self.budget_ms,
+            "loss_pct": self.loss_pct,
+            "retries": self.retries,
+            "sequence_naks": self.sequence_naks,
             "longest_drain": self.longest_drain,
             "peer_failures": self.peer_failures,
             "hangs": self.hangs,
@@ -153,7 +163,14 @@ impl WireReport {
     pub fn render(&self) -> String {
         let mut completions: Vec<_> = self.completions.iter().map(|(k, v)| format!("{k} {v}")).collect();
         completions.sort();
-        let mut s = format!(
+        let mut s = match self.loss_pct {
+            Some(l) => format!(
+                "VDE fabric, wirefilter losing {l} %: at least {} ACK-timer retries and {} sequence NAKs recovered\n",
+                self.retries, self.sequence_naks
+            ),
+            None => String::new(),
+        };
+        s += &format!(
             "wire soak, seed {}: {} ops in {} sessions ({} peers killed, {} with everything answered) in {:.1} s\n\
              completions: {}\n\
              drain after a kill: median {} ms, 99th percentile {} ms, longest {} ms (budget {} ms)\n\
@@ -266,7 +283,18 @@ fn peer(addr: &str, seed: u64) -> Result<(), String> {
     let dev = SimDevice::new(SimConfig { mode: Mode::Threaded, ..SimConfig::default() }.next_host());
     // The survivor's link may still be noticing the previous peer's death: retry until it takes this one.
     let end = Instant::now() + PEER_WAIT;
-    loop {
+    // `--loss`: the address is the VDE fabric's URL (the far side of the wirefilter).
+    while addr.starts_with("vde://") {
+        match dev.vde_plug(Some(addr)) {
+            Ok(()) => break,
+            Err(e) if Instant::now() < end => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(format!("cannot plug into the fabric at {addr}: {e}")),
+        }
+    }
+    while !addr.starts_with("vde://") {
         match dev.wire_connect(addr, Duration::from_secs(1)) {
             Ok(()) => break,
             Err(e) if Instant::now() < end => {
@@ -403,6 +431,13 @@ pub fn run_wire(opts: &WireOptions, exe: &Path) -> WireReport {
     if let Err(e) = survivor(opts, exe, dev, &mut rep, budget) {
         rep.problem(e);
     }
+    if opts.loss.is_some() {
+        rep.loss_pct = opts.loss;
+        let events = watch.events();
+        let count = |f: fn(&mlx5_sim::SimEvent) -> bool| events.iter().filter(|e| f(e)).count() as u64;
+        rep.retries = count(|e| matches!(e, mlx5_sim::SimEvent::Retry { .. }));
+        rep.sequence_naks = count(|e| matches!(e, mlx5_sim::SimEvent::PsnSequenceNak { .. }));
+    }
     // Every context and object is gone: the device must hold no DMA memory.
     let (regions, bytes) = watch.dma_outstanding();
     rep.leaked_dma_regions = regions as u64;
@@ -419,7 +454,17 @@ fn survivor(
     budget: Duration,
 ) -> Result<(), String> {
     let v = |what: &'static str| move |e: mlx5_verbs::VerbsError| format!("{what}: {e}");
-    let at = dev.wire_listen("127.0.0.1:0").map_err(|e| e.to_string())?.to_string();
+    let _fabric;
+    let at = match opts.loss {
+        None => dev.wire_listen("127.0.0.1:0").map_err(|e| e.to_string())?.to_string(),
+        Some(pct) => {
+            let f = Fabric::start(pct)?;
+            dev.vde_plug(Some(&format!("vde://{}", f.dirs[0].display()))).map_err(|e| e.to_string())?;
+            let peer_side = format!("vde://{}", f.dirs[1].display());
+            _fabric = f;
+            peer_side
+        }
+    };
     let ctx = Context::open_sim_device(dev).map_err(v("open the device"))?;
     let pd = ctx.alloc_pd().map_err(v("alloc PD"))?;
     let cq = ctx.create_cq(4 * DEPTH as u32).map_err(v("create CQ"))?;
@@ -665,4 +710,57 @@ fn survivor(
     cq.destroy().map_err(v("destroy CQ"))?;
     pd.destroy().map_err(v("dealloc PD"))?;
     Ok(())
+}
+
+/// `--loss`: two `vde_switch`es in a private directory, `wirefilter` between them losing a share of the frames;
+/// the survivor plugs into the first, each peer into the second. Ended when dropped.
+struct Fabric {
+    dirs: [std::path::PathBuf; 2],
+    pids: Vec<std::path::PathBuf>,
+}
+
+impl Fabric {
+    fn start(loss_pct: u32) -> Result<Fabric, String> {
+        let base = std::env::temp_dir().join(format!("mlx5-soak-vde-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
+        let dirs = [base.join("a.vde"), base.join("b.vde")];
+        let mut f = Fabric { dirs: dirs.clone(), pids: Vec::new() };
+        let run = |c: &mut Command, what: &str| -> Result<(), String> {
+            let ok = c.status().map_err(|e| format!("cannot run {what} (Debian: vde2): {e}"))?.success();
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("{what} failed"))
+            }
+        };
+        for d in &dirs {
+            let pid = d.with_extension("pid");
+            run(Command::new("vde_switch").arg("-s").arg(d).arg("-d").arg("-p").arg(&pid), "vde_switch")?;
+            f.pids.push(pid);
+        }
+        let pid = base.join("wirefilter.pid");
+        let plugs = format!("{}:{}", dirs[0].display(), dirs[1].display());
+        run(
+            Command::new("wirefilter")
+                .args(["-v", &plugs, "-l", &loss_pct.to_string(), "--daemon", "--pidfile"])
+                .arg(&pid),
+            "wirefilter",
+        )?;
+        f.pids.push(pid);
+        Ok(f)
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        for p in &self.pids {
+            if let Some(pid) = std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()) {
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            }
+        }
+        if let Some(base) = self.dirs[0].parent() {
+            let _ = std::fs::remove_dir_all(base);
+        }
+    }
 }

@@ -7,7 +7,7 @@
 //!      [--size N] [--iters N] [--json]
 //! mlx5 [--device BDF] [--link eth|ib] [--trace FILE] [--pcap FILE] [--hexdump] pingpong
 //!      --server [--port P] | --client HOST[:P] [--size N] [--iters N] [--json] [--gid-idx N] [--qemu-sock PATH]
-//!      [--ipv4 ADDR] [--chk]
+//!      [--ipv4 ADDR] [--chk] [--wire vde[:URL]]
 //! mlx5 devices
 //! mlx5 bind BDF | unbind BDF
 //! mlx5 trace decode FILE [--all] [--hexdump]
@@ -55,7 +55,9 @@ commands:
              QEMU guest NIC listening there (-netdev stream,server=on) instead, RoCEv2 frames on the socket,
              e.g. to reach ibv_rc_pingpong over rdma_rxe, whose -c buffer the messages then are; --ipv4 ADDR:
              the simulated port's IPv4 address; --chk: the peer is ibv_rc_pingpong -c, whose buffer the
-             messages are and are checked against)
+             messages are and are checked against; --wire vde[:URL]: the simulated port is plugged into a VDE
+             fabric instead, any libvdeplug URL or this user's default switch, started by the first process,
+             so the two sides start in any order)
              --ud: a UD ping-pong between two UD QPs of the device instead, as ibv_ud_pingpong does it
              (address handles, Q_Key 0x11111111, 40 bytes of GRH room before each received payload;
              --size default 2048 or the port's active MTU if smaller, at most the MTU); with --server /
@@ -361,6 +363,10 @@ fn remote_pingpong(args: &Args) -> Result<(), ToolError> {
             let dev = rp::open_sim_guest(sock, args.ipv4, timeout, PCAP.get().cloned())?;
             (Context::open_sim_device_with(dev.clone(), tracer())?, Some(dev))
         }
+        None if args.vde.is_some() => {
+            let dev = rp::sim_vde_device(PCAP.get().cloned());
+            (Context::open_sim_device_with(dev.clone(), tracer())?, Some(dev))
+        }
         None => {
             // Plugged into the wire only once the arguments are checked against the device (below).
             let dev = rp::sim_device(&role, args.link.unwrap_or_default(), PCAP.get().cloned());
@@ -372,8 +378,10 @@ fn remote_pingpong(args: &Args) -> Result<(), ToolError> {
         }
     };
     rp::message_size(&ctx, &opts)?;
-    if let (Some(dev), None, None) = (&sim, &args.qemu_sock, &args.device) {
-        rp::plug_wire(dev, &role, timeout)?;
+    match (&sim, &args.qemu_sock, &args.device, &args.vde) {
+        (Some(dev), None, None, Some(url)) => dev.vde_plug(url.as_deref())?,
+        (Some(dev), None, None, None) => rp::plug_wire(dev, &role, timeout)?,
+        _ => {}
     }
     if let Role::Server { port, .. } = &role {
         eprintln!("mlx5: waiting for a client on port {port}");

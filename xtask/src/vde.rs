@@ -1,0 +1,220 @@
+//! `cargo xtask vde`: the simulated ports on one VDE fabric across processes. Installs Debian's `vde2` (which
+//! brings `libvdeplug2`) when `vde_switch` or `libvdeplug.so.2` is missing, so the simulator's VDE tests (run by
+//! `cargo test --workspace`) and this job find them. Then, with the default switch of a private runtime directory
+//! (the one the first process starts), it runs `mlx5 pingpong --wire vde` as RC and UD pairs: each client
+//! starts before its server (no start order), and two pairs run at once on the one fabric (four processes).
+//! The switch this job's processes started is ended afterwards.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where Debian puts libvdeplug.
+const LIBVDEPLUG: &str = "/usr/lib/x86_64-linux-gnu/libvdeplug.so.2";
+
+/// The longest one ping-pong process may run.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Whether a program is on the PATH.
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+}
+
+/// Installs `vde2` (and with it `libvdeplug2`) from Debian when `vde_switch` or libvdeplug is missing.
+pub fn ensure_vde() -> Result<(), String> {
+    let lib = Path::new(LIBVDEPLUG).exists() || !cfg!(target_arch = "x86_64");
+    if on_path("vde_switch") && on_path("wirefilter") && lib {
+        return Ok(());
+    }
+    let install = || {
+        let mut c = Command::new("apt-get");
+        c.args(["install", "-y", "-q", "--no-install-recommends", "vde2", "libvdeplug2"]);
+        c.env("DEBIAN_FRONTEND", "noninteractive");
+        c
+    };
+    println!("$ apt-get install vde2 libvdeplug2");
+    let first = install().status().map_err(|e| format!("failed to run apt-get: {e}"))?;
+    if first.success() {
+        return Ok(());
+    }
+    println!("apt-get install failed; $ apt-get update");
+    let upd = Command::new("apt-get").args(["update", "-q"]).status().map_err(|e| e.to_string())?;
+    if !upd.success() {
+        return Err("apt-get update failed".into());
+    }
+    match install().status().map_err(|e| e.to_string())?.success() {
+        true => Ok(()),
+        false => Err("apt-get install vde2 libvdeplug2 failed".into()),
+    }
+}
+
+fn build_tool(root: &Path, release: bool) -> Result<PathBuf, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let ok = Command::new(cargo)
+        .args(["build", "-q", "-p", "mlx5-tool", "--bin", "mlx5"])
+        .args(release.then_some("--release"))
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("failed to run cargo: {e}"))?
+        .success();
+    if !ok {
+        return Err("building mlx5 failed".into());
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    Ok(target.join(if release { "release/mlx5" } else { "debug/mlx5" }))
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// One side of a ping-pong on the default switch of `runtime`.
+fn side(tool: &Path, runtime: &Path, args: &[String]) -> Result<Child, String> {
+    Command::new(tool)
+        .arg("pingpong")
+        .args(args)
+        .args(["--wire", "vde"])
+        .env("XDG_RUNTIME_DIR", runtime)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", tool.display()))
+}
+
+/// Waits for `c` (killing it after [`RUN_TIMEOUT`]); its output, or why it failed.
+fn finish(name: &str, mut c: Child) -> Result<String, String> {
+    let end = Instant::now() + RUN_TIMEOUT;
+    while c.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if Instant::now() >= end {
+            let _ = c.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = c.wait_with_output().map_err(|e| e.to_string())?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() || !text.contains("data verified") {
+        return Err(format!("vde: {name} failed ({}):\n{text}", out.status));
+    }
+    Ok(text)
+}
+
+/// Ends the switch a run started in `runtime` (its pid file), and removes its directory.
+fn end_switch(runtime: &Path) {
+    let pid = runtime.join("mlx5-sim.pid");
+    if let Some(pid) = std::fs::read_to_string(&pid).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+    }
+    let _ = std::fs::remove_dir_all(runtime);
+}
+
+pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
+    ensure_vde()?;
+    if args.iter().any(|a| a == "--bench") {
+        return bench(root);
+    }
+    if let Some(a) = args.first() {
+        return Err(format!("vde: unknown option {a} (--bench)"));
+    }
+    let tool = build_tool(root, false)?;
+    let runtime = root.join("target/vde-run");
+    end_switch(&runtime);
+    std::fs::create_dir_all(&runtime).map_err(|e| e.to_string())?;
+    let result = (|| -> Result<(), String> {
+        for ud in [false, true] {
+            let mode = if ud { "UD" } else { "RC" };
+            // Two pairs at once on the one fabric, each client started before its server.
+            let mut pairs = Vec::new();
+            for _ in 0..2 {
+                let port = free_port()?;
+                // RC: three packets a message; UD: one, at most the port's 1024-byte MTU.
+                let extra: Vec<String> = if ud {
+                    vec!["--ud", "--size", "1000", "--iters", "50"]
+                } else {
+                    vec!["--size", "3000", "--iters", "200"]
+                }
+                .into_iter()
+                .map(String::from)
+                .collect();
+                let client =
+                    side(&tool, &runtime, &[&["--client".into(), format!("127.0.0.1:{port}")][..], &extra].concat())?;
+                std::thread::sleep(Duration::from_millis(300));
+                let server = side(
+                    &tool,
+                    &runtime,
+                    &[&["--server".into(), "--port".into(), port.to_string()][..], &extra].concat(),
+                )?;
+                pairs.push((client, server));
+            }
+            for (i, (client, server)) in pairs.into_iter().enumerate() {
+                let s = finish(&format!("{mode} server {i}"), server)?;
+                let c = finish(&format!("{mode} client {i}"), client)?;
+                let last = |t: &str| t.lines().find(|l| l.contains("data verified")).unwrap_or_default().to_string();
+                println!("vde: {mode} pair {i}: server: {}; client: {}", last(&s), last(&c));
+            }
+        }
+        if !runtime.join("mlx5-sim.vde").exists() {
+            return Err("vde: the first process did not start the default switch".into());
+        }
+        Ok(())
+    })();
+    end_switch(&runtime);
+    result?;
+    println!("vde: RC and UD ping-pong, two pairs at once on the default switch, clients first: passed");
+    Ok(())
+}
+
+/// One ping-pong pair (release build) on `wire` (`None`: the TCP link); the client's "Mbit/s" figure.
+fn pair_mbits(tool: &Path, runtime: &Path, vde: bool, extra: &[&str]) -> Result<f64, String> {
+    let port = free_port()?;
+    let spawn = |role: &[String]| {
+        let mut c = Command::new(tool);
+        c.arg("pingpong").args(role).args(extra).env("XDG_RUNTIME_DIR", runtime);
+        if vde {
+            c.args(["--wire", "vde"]);
+        }
+        c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| e.to_string())
+    };
+    let server = spawn(&["--server".into(), "--port".into(), port.to_string()])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let client = spawn(&["--client".into(), format!("127.0.0.1:{port}")])?;
+    let text = finish("bench client", client)?;
+    finish("bench server", server)?;
+    let line = text.lines().find(|l| l.contains("Mbit/s")).unwrap_or_default();
+    let mbits = line.split(", ").find_map(|f| f.strip_suffix(" Mbit/s")).and_then(|v| v.trim().parse().ok());
+    mbits.ok_or_else(|| format!("vde bench: no Mbit/s in {line:?}"))
+}
+
+/// `--bench`: RC (64 KiB) and UD (1000 B) ping-pong throughput between two processes, over the TCP link and over
+/// the VDE fabric, three runs each in turn in this one run; the median of each and the ratio.
+fn bench(root: &Path) -> Result<(), String> {
+    let tool = build_tool(root, true)?;
+    let runtime = root.join("target/vde-bench");
+    end_switch(&runtime);
+    std::fs::create_dir_all(&runtime).map_err(|e| e.to_string())?;
+    let result = (|| -> Result<(), String> {
+        let cases: [(&str, &[&str]); 2] = [
+            ("RC 64 KiB", &["--size", "65536", "--iters", "300"]),
+            ("UD 1000 B", &["--ud", "--size", "1000", "--iters", "1000"]),
+        ];
+        println!("| ping-pong, two processes | TCP link (Mbit/s) | VDE fabric (Mbit/s) | VDE / TCP |");
+        println!("|---|---:|---:|---:|");
+        for (name, extra) in cases {
+            let (mut tcp, mut vde) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                tcp.push(pair_mbits(&tool, &runtime, false, extra)?);
+                vde.push(pair_mbits(&tool, &runtime, true, extra)?);
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let (t, v) = (median(&mut tcp), median(&mut vde));
+            println!("| {name} | {t:.1} | {v:.1} | {:.2} |", v / t);
+        }
+        Ok(())
+    })();
+    end_switch(&runtime);
+    result
+}
