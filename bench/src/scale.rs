@@ -66,7 +66,8 @@ fn check(ok: bool, why: impl FnOnce() -> String) -> Result<(), ScaleError> {
 /// The process's peak resident set in MiB (`VmHWM` of `/proc/self/status`), if the kernel reports it.
 fn peak_rss_mb() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kb: f64 =
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kb / 1024.0)
 }
 
@@ -94,9 +95,8 @@ pub fn run(n: usize) -> Result<Map<String, Value>, ScaleError> {
     let mut mem = vec![0u8; n * SLOT];
 
     let t_create = Instant::now();
-    let cqs = (0..n)
-        .map(|i| verbs(ctx.create_cq(2), || format!("ibv_create_cq {i}")))
-        .collect::<Result<Vec<_>, _>>()?;
+    let cqs =
+        (0..n).map(|i| verbs(ctx.create_cq(2), || format!("ibv_create_cq {i}"))).collect::<Result<Vec<_>, _>>()?;
     let t_cq = t_create.elapsed();
     let mrs = mem
         .chunks_mut(SLOT)
@@ -134,7 +134,9 @@ pub fn run(n: usize) -> Result<Map<String, Value>, ScaleError> {
         let payload: [u8; HALF] = std::array::from_fn(|k| (i as u8) ^ (k as u8).wrapping_mul(31) ^ 0x5a);
         verbs(mr.write(HALF, &payload), || format!("writing MR {i}"))?;
         verbs(qp.post_recv(&[wr::recv(2 << 32 | i as u64, &[mr.sge(0, HALF as u32)])]), || format!("post_recv {i}"))?;
-        verbs(qp.post_send(&[wr::send(1 << 32 | i as u64, &[mr.sge(HALF, HALF as u32)])]), || format!("post_send {i}"))?;
+        verbs(qp.post_send(&[wr::send(1 << 32 | i as u64, &[mr.sge(HALF, HALF as u32)])]), || {
+            format!("post_send {i}")
+        })?;
         let mut wc = [WorkCompletion::default(); 2];
         let got = verbs(cq.poll_until(&mut wc, 2, Duration::from_secs(10)), || format!("ibv_poll_cq {i}"))?;
         check(got == 2, || format!("QP {i}: {got} of 2 completions in 10 s"))?;

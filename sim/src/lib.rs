@@ -153,8 +153,8 @@ pub use fw::eq::{EqInfo, EQE_DATA_LEN};
 pub use fw::mkey::{MkeyAccess, MkeyFault};
 pub use fw::qp::{QpInfo, QpState, QpType, SpecialQp};
 pub use fw::{syndrome, HcaState};
-pub use link::tcp::{WireError, MAX_FRAME};
 pub use link::stream;
+pub use link::tcp::{WireError, MAX_FRAME};
 pub use regs::Health;
 /// The BAR page of UAR 0: the initialization segment's pages come first.
 pub use regs::INIT_SEG_PAGES as FIRST_UAR_PAGE;
