@@ -360,6 +360,12 @@ impl Device {
             #[cfg(feature = "sim")]
             Source::Sim(d) => {
                 self.entry.plug(d)?;
+                // A device that died (or left the bus) under its last contexts is reset before it comes up again,
+                // as vfio-pci resets a function whose fd was released: the process opens it again without
+                // restarting. A live one keeps its state, so what its last user left behind stays visible.
+                if d.health() != mlx5_sim::Health::Ok {
+                    d.function_reset();
+                }
                 bring_up_sim(d.clone(), trace)?
             }
             Source::Pci(bdf) => bring_up_vfio(*bdf, trace)?,

@@ -34,6 +34,7 @@ mod verbs_ex;
 mod verbs_limits;
 mod verbs_mr;
 mod verbs_port_ah;
+mod verbs_recovery;
 mod verbs_scale;
 mod verbs_srq;
 mod verbs_threads;

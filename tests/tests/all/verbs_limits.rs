@@ -1,8 +1,8 @@
 //! What `ibv_devinfo -v` advertises is what the stack honours: each per-object limit (`max_qp_wr`, `max_sge`,
-//! `max_inline_data`, `max_cqe`, `max_srq_wr`, `max_qp_rd_atom`) is created at the limit and refused one past it,
-//! as the arguments' refusal (the drop-in's `EINVAL`, as rdma-core's mlx5 provider answers). The object counts (`max_qp` and the rest) are far
-//! beyond what a test can create; `cargo xtask bench --scale` creates 65,536 QPs, CQs and MRs, and
-//! `max_qp_is_reached_and_refused_past_it` (ignored: seconds in release, gigabytes) creates all of `max_qp`.
+//! `max_inline_data`, `max_cqe`, `max_srq_wr`, `max_srq_sge`) is created at the limit and refused one past it as a
+//! refusal of the arguments (the drop-in's `EINVAL`), not a device or memory failure. The object counts are far
+//! beyond a test: `cargo xtask bench --scale` makes 65,536 QPs, CQs and MRs, and
+//! `max_qp_is_reached_and_refused_past_it` (ignored: about a minute in release, gigabytes) all of `max_qp`.
 
 use mlx5_core::hca::Hca;
 use mlx5_core::trace::CmdTrace;
@@ -92,6 +92,17 @@ fn every_per_object_limit_is_honoured_at_the_limit_and_refused_past_it() {
     let e =
         pd.create_srq(SrqInitAttr { max_wr: w + 1, max_sge: 1, srq_limit: 0 }).map(drop).expect_err("past max_srq_wr");
     assert!(is_einval(&e), "past max_srq_wr: {e}");
+
+    // max_srq_sge: an SRQ WQE also holds its next-WQE segment, so one entry fewer than the RQ's (as mlx5_ib
+    // reports it); the drop-in reported max_sge here, which the firmware refused (WQE stride past
+    // max_wqe_sz_rq).
+    let g = i.max_srq_sge;
+    assert_eq!(g, rq_sge - 1);
+    let srq = pd.create_srq(SrqInitAttr { max_wr: 4, max_sge: g, srq_limit: 0 });
+    drop(srq.unwrap_or_else(|e| panic!("an SRQ of max_srq_sge = {g}: {e}")));
+    let e =
+        pd.create_srq(SrqInitAttr { max_wr: 4, max_sge: g + 1, srq_limit: 0 }).map(drop).expect_err("past max_srq_sge");
+    assert!(matches!(e, VerbsError::Hca(_) | VerbsError::Invalid(_)), "past max_srq_sge: {e}");
 
     // Everything went back.
     drop(cq);
