@@ -169,8 +169,8 @@ pub fn run(n: usize) -> Result<Map<String, Value>, ScaleError> {
 
     let mut out = Map::new();
     out.insert("scale_qps".into(), json!(n));
-    out.insert("create_per_s".into(), json!((n as f64 / secs(create)).round()));
-    out.insert("destroy_per_s".into(), json!((n as f64 / secs(destroy)).round()));
+    out.insert("create_per_s".into(), json!((n as f64 / secs(create)).round() as u64));
+    out.insert("destroy_per_s".into(), json!((n as f64 / secs(destroy)).round() as u64));
     out.insert("peak_rss_mb".into(), json!(rss.map(|r| (r * 10.0).round() / 10.0)));
     out.insert("leaked".into(), json!(leaked));
     out.insert("sampled_qps".into(), json!(picked.len()));
