@@ -584,7 +584,12 @@ pub fn host_config(sysfs: &Path) -> Config {
 fn bring_up_sim(dev: SimDevice, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
     // The simulated host's addresses become GID entries, as a Linux host's netdev addresses do.
     let c = dev.config();
-    let cfg = Config { ipv4_addrs: c.ipv4_addrs, ipv6_addrs: c.ipv6_addrs, ..host_config(Path::new("/sys")) };
+    let host = host_config(Path::new("/sys"));
+    // Vectors as VFIO would grant them on a ConnectX-5 (64 MSI-X per function): vector 0 for the async EQs and
+    // one per completion vector, so the simulator's interrupt log shows which EQ each completion event took.
+    let (num_irqs, num_comp_vectors) =
+        vfio_vector_split(vfio_vectors_wanted(host.num_comp_vectors).min(64) as usize, host.num_comp_vectors);
+    let cfg = Config { ipv4_addrs: c.ipv4_addrs, ipv6_addrs: c.ipv6_addrs, num_irqs, num_comp_vectors, ..host };
     bring_up(DeviceKind::Sim(dev), trace, cfg)
 }
 

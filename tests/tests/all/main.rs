@@ -38,6 +38,7 @@ mod verbs_recovery;
 mod verbs_scale;
 mod verbs_srq;
 mod verbs_threads;
+mod verbs_vectors;
 
 /// The counting allocator `no_alloc` arms; unarmed threads allocate through it at the cost of one thread-local read.
 #[global_allocator]
