@@ -16,12 +16,15 @@
 //! * `threads_2_speedup` (`--only threads`, not in the default run): completions per second with one QP and CQ per
 //!   thread, 2 threads over 1.
 //!
+//! `mlx5-bench --scale N [--json]` runs only the scale test (`scale.rs`): N RC QPs, each with its own CQ and MR.
+//!
 //! `mlx5-bench --cg OP CALLS` runs one datapath operation untimed for callgrind (`cargo xtask bench --peer`).
 
 mod cg;
 mod e2e;
 mod env;
 mod micro;
+mod scale;
 mod stats;
 mod threads;
 
@@ -71,6 +74,15 @@ fn main() {
             "--json" => as_json = true,
             "--quick" => quick = true,
             "--only" => only = it.next().cloned(),
+            "--scale" => {
+                let n = it.next().and_then(|n| n.parse::<usize>().ok()).filter(|&n| n > 0);
+                let Some(n) = n else {
+                    eprintln!("mlx5-bench: --scale N (N: QPs, at least 1)");
+                    std::process::exit(2);
+                };
+                run_scale(n, args.iter().any(|a| a == "--json"));
+                return;
+            }
             "--cg" => {
                 let op = it.next().cloned().unwrap_or_default();
                 let calls = it.next().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
@@ -174,6 +186,32 @@ fn main() {
         let _ = writeln!(stdout, "{}", Value::Object(out));
     } else {
         let _ = writeln!(stdout, "{}", lines.join("\n"));
+    }
+}
+
+/// `--scale N`: the scale run alone (its peak resident set is its own); exits 1 on any failure.
+fn run_scale(n: usize, as_json: bool) {
+    progress(&format!("scale: {n} RC QPs, each with its own CQ and MR"));
+    let out = match scale::run(n) {
+        Ok(o) => o,
+        Err(e) => {
+            let mut msg = format!("mlx5-bench: scale: {e}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            eprintln!("{msg}");
+            std::process::exit(1);
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    if as_json {
+        let _ = writeln!(stdout, "{}", Value::Object(out));
+    } else {
+        for (k, v) in &out {
+            let _ = writeln!(stdout, "{k:<16} {v}");
+        }
     }
 }
 

@@ -224,10 +224,15 @@ impl GeneralCaps {
         self.max_sq_sge().min(self.max_rq_sge())
     }
 
-    /// Inline bytes one send WQE can carry: the descriptor minus control, remote-address and inline headers.
+    /// Inline bytes a send WQE of every QP type can carry: the descriptor minus the control segment, the largest
+    /// fixed part a type reserves (RC: remote address and atomic; UD: the datagram segment, as QP sizing reserves
+    /// them) and the inline header. With only control and remote address taken off, an RC or UD QP asking for the
+    /// advertised figure was refused.
     pub fn max_inline_data(&self) -> u32 {
         use crate::prm::c;
-        let overhead = (c::mlx5_wqe_ctrl_seg::SIZE + c::mlx5_wqe_raddr_seg::SIZE + c::mlx5_wqe_inline_seg::SIZE) as u32;
+        let rc = c::mlx5_wqe_raddr_seg::SIZE + c::mlx5_wqe_atomic_seg::SIZE;
+        let fixed = rc.max(c::mlx5_wqe_datagram_seg::SIZE);
+        let overhead = (c::mlx5_wqe_ctrl_seg::SIZE + fixed + c::mlx5_wqe_inline_seg::SIZE) as u32;
         self.max_sq_desc().saturating_sub(overhead)
     }
 }

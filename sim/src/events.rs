@@ -73,6 +73,9 @@ pub enum SimEvent {
     DoorbellWhileDead { slot: u8 },
     /// The device left the bus.
     DeviceGone,
+    /// A function-level reset ([`SimDevice::function_reset`](crate::SimDevice::function_reset)): firmware, its
+    /// registers and every object started over; the host's memory stayed.
+    FunctionReset,
     /// A BAR write after the device left the bus: ignored.
     WriteWhileGone { off: usize, val: u32 },
     /// A valid CQ doorbell: CQ `cqn` is armed (for solicited CQEs only when `solicited`) with arm sequence

@@ -82,6 +82,19 @@ pub(crate) struct Regs {
 }
 
 impl Regs {
+    /// The registers after a function-level reset at `now_ns`: as at power-on, initializing again for the
+    /// configured time from now, and `nic_interface` reading `SW_RESET` until a driver writes the command queue
+    /// address (Linux's health poll takes that state as fatal, `MLX5_SENSOR_NIC_SW_RESET`: a driver still running
+    /// on the function learns it was reset beneath it).
+    pub(crate) fn after_reset(cfg: &SimConfig, now_ns: u64) -> Self {
+        let mut r = Self::new(cfg);
+        r.init_delay_ns = r.init_delay_ns.saturating_add(now_ns);
+        let v = r.image.read_u32(CMDQ_ADDR_L_SZ) & !(NIC_IFC_MASK << NIC_IFC_SHIFT);
+        let sw_reset = consts::MLX5_INITIAL_SEG_NIC_INTERFACE_SW_RESET;
+        r.image.write_u32(CMDQ_ADDR_L_SZ, v | sw_reset << NIC_IFC_SHIFT);
+        r
+    }
+
     pub(crate) fn new(cfg: &SimConfig) -> Self {
         use ifc::initial_seg as s;
         let mut image = vec![0u8; INIT_SEG_PAGES * PAGE];

@@ -282,6 +282,13 @@ impl SimDevice {
         lock(&self.shared).vanish();
     }
 
+    /// A function-level reset: a dead or removed device comes back as at power-on (initializing for the configured
+    /// time, then ready for a new bring-up), every firmware object and page forgotten; host memory is untouched.
+    /// The verbs layer resets a dead device this way when it is opened again, as vfio-pci resets a released one.
+    pub fn function_reset(&self) {
+        lock(&self.shared).function_reset();
+    }
+
     /// Alive, dead (with its syndrome) or gone.
     pub fn health(&self) -> Health {
         lock(&self.shared).regs.health

@@ -267,6 +267,8 @@ impl UarDecoder<'_> {
         if let Some(qp) = self.0.fw.qps.get_mut(&qpn) {
             qp.sq_pi = pi;
         }
+        // An idle QP left the datapath's walk: work posted brings it back.
+        self.0.fw.qps.activate(qpn);
         self.0.events.push(SimEvent::SqDoorbell { qpn, pi });
         if !same {
             self.0.events.push(SimEvent::BlueFlameMismatch { qpn, wqe_index, off: 0 });

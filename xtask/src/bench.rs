@@ -5,6 +5,10 @@
 //! `cargo xtask bench --peer [--json]` instead compares the datapath calls with rdma-core's mlx5 provider
 //! (`bench/peer.rs`) and rewrites only its own section of `BENCHMARKS.md`.
 //!
+//! `cargo xtask bench --scale [--json]` opens [`SCALE_QPS`] RC QPs, each with its own CQ and MR, on one simulated
+//! device through the verbs API (`bench/src/scale.rs`), and rewrites only its own section of `BENCHMARKS.md`; CI
+//! runs the same with [`CI_SCALE_QPS`] and writes nothing ([`ci_scale`]). Both fail when anything leaked.
+//!
 //! The size is read straight from the release rlib: an `ar` archive whose object members are ELF32 files; the
 //! `.text*` section sizes of every member are summed. No external tool is involved.
 
@@ -30,9 +34,15 @@ fn cargo_cmd(root: &Path, args: &[&str]) -> Command {
 
 /// Runs `mlx5-bench --json` in release and returns its JSON object.
 fn run_bench(root: &Path) -> Result<Map<String, Value>, String> {
-    let out = cargo_cmd(root, &["run", "--release", "-p", "mlx5-bench", "--", "--json"])
-        .output()
-        .map_err(|e| format!("failed to run cargo: {e}"))?;
+    run_bench_with(root, &[])
+}
+
+/// Runs `mlx5-bench ARGS --json` in release and returns its JSON object.
+fn run_bench_with(root: &Path, extra: &[&str]) -> Result<Map<String, Value>, String> {
+    let mut args = vec!["run", "--release", "-p", "mlx5-bench", "--"];
+    args.extend_from_slice(extra);
+    args.push("--json");
+    let out = cargo_cmd(root, &args).output().map_err(|e| format!("failed to run cargo: {e}"))?;
     if !out.status.success() {
         return Err(format!("mlx5-bench failed ({})", out.status));
     }
@@ -500,6 +510,102 @@ pub fn run_peer(root: &Path, as_json: bool) -> Result<(), String> {
     } else {
         for (k, v) in r.iter().filter(|(k, _)| k.ends_with("_ratio") || k.ends_with("_speedup")) {
             println!("{k:<32} {v}");
+        }
+    }
+    Ok(())
+}
+
+/// QPs of `bench --scale`: what an MPI job or a storage target with thousands of peers holds on one port.
+pub const SCALE_QPS: usize = 65_536;
+/// QPs of the CI form: past every former fixed pool (256 CQs, 4,095 doorbell records), about a second.
+pub const CI_SCALE_QPS: usize = 4_096;
+const SCALE_BEGIN: &str = "<!-- scale: written by `cargo xtask bench --scale` -->";
+const SCALE_END: &str = "<!-- /scale -->";
+/// The keys the issue names, each required in the result.
+const SCALE_KEYS: [&str; 5] = ["scale_qps", "create_per_s", "destroy_per_s", "peak_rss_mb", "leaked"];
+
+/// Runs `mlx5-bench --scale n` and checks its result: every key there, every object created, none leaked.
+fn scale(root: &Path, n: usize) -> Result<Map<String, Value>, String> {
+    let r = run_bench_with(root, &["--scale", &n.to_string()])?;
+    if let Some(k) = SCALE_KEYS.iter().find(|k| !r.contains_key(**k)) {
+        return Err(format!("mlx5-bench --scale printed no {k:?}"));
+    }
+    if r["scale_qps"].as_u64() != Some(n as u64) {
+        return Err(format!("mlx5-bench --scale made {} QPs, not {n}", r["scale_qps"]));
+    }
+    if r["leaked"].as_u64() != Some(0) {
+        return Err(format!("{} objects leaked at scale: {}", r["leaked"], r["leak_detail"]));
+    }
+    Ok(r)
+}
+
+/// The CI form: [`CI_SCALE_QPS`] QPs, checked as the full run is; `BENCHMARKS.md` untouched.
+pub fn ci_scale(root: &Path) -> Result<(), String> {
+    let r = scale(root, CI_SCALE_QPS)?;
+    eprintln!("xtask bench --scale (CI form): {}", Value::Object(r));
+    Ok(())
+}
+
+fn scale_markdown(r: &Map<String, Value>, m: &Value) -> String {
+    let ph = &r["phases_s"];
+    format!(
+        "{SCALE_BEGIN}\n## Scale (`cargo xtask bench --scale`)\n\n\
+         Measured {} at commit `{}` ({}, {} CPUs). {} RC QPs on one simulated ConnectX-5 (in-line mode), through the \
+         verbs API as an application makes them: each QP with its own 2-entry CQ and its own 64-byte registered MR \
+         (slots of one buffer), connected to itself on the port's loopback and brought to RTS. One SEND from each \
+         MR's second half into its first on {} QPs spread over the range, both completions and the bytes checked. \
+         Then every QP, MR and CQ destroyed, the context closed, and the device asked what it still holds. CI runs \
+         the same with {CI_SCALE_QPS} QPs (`xtask ci`, about a second).\n\n\
+         | figure | value |\n|---|---:|\n\
+         | `scale_qps` | {} |\n\
+         | `create_per_s` (QP + CQ + MR, to RTS: 6 commands each) | {} |\n\
+         | `destroy_per_s` (QP + MR + CQ) | {} |\n\
+         | `peak_rss_mb` (the process, simulated device memory included) | {} |\n\
+         | `leaked` (QPs, CQs, memory keys, DMA regions, firmware pages left) | {} |\n\
+         | phases, s: CQs / MRs / QPs to RTS / destroy all | {} / {} / {} / {} |\n\
+         | DMA bytes per QP (its WQ, CQ buffer, doorbell records, firmware pages) | {} |\n{SCALE_END}\n",
+        m["date"].as_str().unwrap_or("?"),
+        m["commit"].as_str().unwrap_or("?"),
+        m["cpu"].as_str().unwrap_or("?"),
+        m["available_cpus"],
+        r["scale_qps"],
+        r["sampled_qps"],
+        r["scale_qps"],
+        r["create_per_s"],
+        r["destroy_per_s"],
+        r["peak_rss_mb"],
+        r["leaked"],
+        ph["create_cq"],
+        ph["reg_mr"],
+        ph["create_qp_to_rts"],
+        ph["destroy_all"],
+        r["dma_bytes_per_qp"],
+    )
+}
+
+/// `--scale`: [`SCALE_QPS`] QPs; its section of BENCHMARKS.md (in the kept analysis) is replaced, or added right
+/// after the analysis marker.
+pub fn run_scale(root: &Path, as_json: bool) -> Result<(), String> {
+    let mut r = scale(root, SCALE_QPS)?;
+    let m = machine(root);
+    let path = root.join("BENCHMARKS.md");
+    let old = std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let section = scale_markdown(&r, &m);
+    let new = match (old.find(SCALE_BEGIN), old.find(SCALE_END)) {
+        (Some(a), Some(b)) if b > a => format!("{}{}{}", &old[..a], section.trim_end(), &old[b + SCALE_END.len()..]),
+        _ => match old.split_once(KEEP_MARKER) {
+            Some((head, kept)) => format!("{head}{KEEP_MARKER}\n\n{section}{kept}"),
+            None => format!("{old}\n{section}"),
+        },
+    };
+    std::fs::write(&path, new).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    eprintln!("xtask bench --scale: wrote its section of {}", path.display());
+    r.insert("machine".into(), m);
+    if as_json {
+        println!("{}", Value::Object(r));
+    } else {
+        for k in SCALE_KEYS {
+            println!("{k:<16} {}", r[k]);
         }
     }
     Ok(())

@@ -143,6 +143,8 @@ fn ci(root: &Path) -> Result<(), String> {
     }
     // The unsafe code under Miri (the core's tests, the simulator's DMA space and test kit; xtask/src/miri.rs).
     miri::run(root)?;
+    // 4,096 RC QPs with their own CQs and MRs made, used on a sample, destroyed, nothing leaked (`bench --scale`).
+    bench::ci_scale(root)?;
     // The fault-injection soak at CI size, then threaded and across two processes: every invariant must hold.
     soak::run(root, &soak::CI_ARGS.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
     for args in soak::CI_WIDER_ARGS {
@@ -185,6 +187,8 @@ commands:
                                  --bench: RC and UD ping-pong throughput over VDE and over the TCP link
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
   bench --peer [--json]          the datapath against rdma-core's mlx5 provider; rewrites its BENCHMARKS.md section
+  bench --scale [--json]         65,536 RC QPs, each with its own CQ and MR, on one simulated device, a message on
+                                 a sample, all destroyed, nothing leaked; rewrites its BENCHMARKS.md section
   fuzz [--seconds N] [--target NAME]
                                  every fuzz target N seconds (1..86400, default 30), then the corpus replayed
   cortex-m                       the core's device-free unit tests on a Cortex-M4F (QEMU mps2-an386, semihosting)
@@ -219,7 +223,7 @@ enum Task {
     RxeInterop,
     PciSim { full: bool },
     Vde(Vec<String>),
-    Bench { json: bool, peer: bool },
+    Bench { json: bool, peer: bool, scale: bool },
     Fuzz(Vec<String>),
     Miri,
     CortexM,
@@ -249,7 +253,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "rxe-interop" => Task::RxeInterop,
         "pci-sim" => Task::PciSim { full: false },
         "vde" => Task::Vde(Vec::new()),
-        "bench" => Task::Bench { json: false, peer: false },
+        "bench" => Task::Bench { json: false, peer: false, scale: false },
         "fuzz" => Task::Fuzz(Vec::new()),
         "miri" => Task::Miri,
         "cortex-m" => Task::CortexM,
@@ -271,7 +275,11 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::Codegen { check }, "--check") => *check = true,
             (Task::Vendor { linux_extra }, "--linux-extra") => *linux_extra = true,
             (Task::Bench { json, .. }, "--json") => *json = true,
-            (Task::Bench { peer, .. }, "--peer") => *peer = true,
+            (Task::Bench { peer, scale: false, .. }, "--peer") => *peer = true,
+            (Task::Bench { scale, peer: false, .. }, "--scale") => *scale = true,
+            (Task::Bench { .. }, "--peer" | "--scale") => {
+                return Err(ArgError::Other("bench takes one of --peer and --scale".into()))
+            }
             (Task::Fuzz(v), "--seconds") => {
                 // libFuzzer reads 0 as "no limit": a run must end.
                 let n: u32 = argv.number("--seconds", 1, 86_400)?;
@@ -335,8 +343,9 @@ fn main() -> ExitCode {
         Task::RxeInterop => rxe::run_rxe_interop(&root),
         Task::PciSim { full } => pci_sim::run_pci_sim(&root, full),
         Task::Vde(args) => vde::run(&root, &args),
-        Task::Bench { json, peer: false } => bench::run(&root, json),
-        Task::Bench { json, peer: true } => bench::run_peer(&root, json),
+        Task::Bench { json, peer: false, scale: false } => bench::run(&root, json),
+        Task::Bench { json, peer: true, .. } => bench::run_peer(&root, json),
+        Task::Bench { json, scale: true, .. } => bench::run_scale(&root, json),
         Task::Fuzz(args) => fuzz::run_fuzz(&root, &args),
         Task::Miri => miri::run(&root),
         Task::CortexM => cortex_m::run(&root),
@@ -372,6 +381,8 @@ mod tests {
     #[test]
     fn unknown_flags_and_endless_runs_are_refused_before_anything_runs() {
         assert!(matches!(p(&["bench", "--quick"]), Err(ArgError::NotApplicable { .. })));
+        assert!(matches!(p(&["bench", "--scale", "--peer"]), Err(ArgError::Other(_))));
+        assert!(matches!(p(&["bench", "--scale", "--json"]), Ok(Task::Bench { json: true, scale: true, peer: false })));
         assert!(matches!(p(&["ci", "--frob"]), Err(ArgError::NotApplicable { .. })));
         assert!(matches!(p(&["miri", "--all"]), Err(ArgError::NotApplicable { .. })));
         assert!(matches!(p(&["fuzz", "--seconds", "0"]), Err(ArgError::Invalid { .. })));

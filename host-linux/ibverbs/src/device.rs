@@ -400,7 +400,7 @@ fn device_attr(i: &DevInfo) -> ibv_device_attr {
     a.max_ah = c_int::MAX;
     a.max_srq = int(i.max_srq);
     a.max_srq_wr = int(i.max_srq_wr);
-    a.max_srq_sge = int(i.max_sge);
+    a.max_srq_sge = int(i.max_srq_sge);
     a.max_pkeys = u16::try_from(i.max_pkeys).unwrap_or(u16::MAX);
     a.local_ca_ack_delay = 16;
     a.phys_port_cnt = i.phys_port_cnt;

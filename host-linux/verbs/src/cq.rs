@@ -339,8 +339,10 @@ pub(crate) fn wait_cq_event(dev: &DeviceShared, ch: u64, timeout: Duration) -> R
         match &dev.kind {
             DeviceKind::Vfio(v) => match &v.irqs {
                 Some(irqs) => {
-                    // Bounded: another context's thread may take the interrupt and route this channel's event.
-                    irqs.wait(0, left.min(Duration::from_millis(10)))?;
+                    // Any vector: each completion EQ interrupts on its own, and the async EQ (a fatal error)
+                    // on vector 0. Bounded: another context's thread may take the interrupt and route this
+                    // channel's event.
+                    irqs.wait_any(left.min(Duration::from_millis(10)))?;
                 }
                 None => std::thread::sleep(left.min(Duration::from_micros(50))),
             },

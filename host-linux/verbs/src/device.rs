@@ -403,6 +403,12 @@ impl Device {
             #[cfg(feature = "sim")]
             Source::Sim(d) => {
                 self.entry.plug(d)?;
+                // A device that died (or left the bus) under its last contexts is reset before it comes up again,
+                // as vfio-pci resets a function whose fd was released: the process opens it again without
+                // restarting. A live one keeps its state, so what its last user left behind stays visible.
+                if d.health() != mlx5_sim::Health::Ok {
+                    d.function_reset();
+                }
                 bring_up_sim(d.clone(), trace)?
             }
             Source::Pci(bdf) => bring_up_vfio(*bdf, trace)?,
@@ -624,14 +630,39 @@ pub fn host_config(sysfs: &Path) -> Config {
 fn bring_up_sim(dev: SimDevice, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
     // The simulated host's addresses become GID entries, as a Linux host's netdev addresses do.
     let c = dev.config();
-    let cfg = Config { ipv4_addrs: c.ipv4_addrs, ipv6_addrs: c.ipv6_addrs, ..host_config(Path::new("/sys")) };
+    let host = host_config(Path::new("/sys"));
+    // Vectors as VFIO would grant them on a ConnectX-5 (64 MSI-X per function): vector 0 for the async EQs and
+    // one per completion vector, so the simulator's interrupt log shows which EQ each completion event took.
+    let (num_irqs, num_comp_vectors) =
+        vfio_vector_split(vfio_vectors_wanted(host.num_comp_vectors).min(64) as usize, host.num_comp_vectors);
+    let cfg = Config { ipv4_addrs: c.ipv4_addrs, ipv6_addrs: c.ipv6_addrs, num_irqs, num_comp_vectors, ..host };
     bring_up(DeviceKind::Sim(dev), trace, cfg)
 }
 
 fn bring_up_vfio(bdf: Bdf, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
     let (ipv4_addrs, ipv6_addrs) = vfio_port_addrs()?;
-    let v = Arc::new(Vfio::open(bdf, VfioOptions::from_env()?)?);
-    bring_up(DeviceKind::Vfio(v), trace, Config { ipv4_addrs, ipv6_addrs, ..host_config(Path::new("/sys")) })
+    let host = host_config(Path::new("/sys"));
+    let opts = VfioOptions { vectors: vfio_vectors_wanted(host.num_comp_vectors), ..VfioOptions::from_env()? };
+    let v = Arc::new(Vfio::open(bdf, opts)?);
+    let enabled = v.irqs.as_ref().map_or(1, |i| i.count());
+    let (num_irqs, num_comp_vectors) = vfio_vector_split(enabled, host.num_comp_vectors);
+    let cfg = Config { ipv4_addrs, ipv6_addrs, num_irqs, num_comp_vectors, ..host };
+    bring_up(DeviceKind::Vfio(v), trace, cfg)
+}
+
+/// MSI-X vectors to ask VFIO for: one for the control EQs (`MLX5_IRQ_VEC_COMP_BASE`) and one per completion
+/// vector wanted, as mlx5_core asks for `num_online_cpus() + MLX5_IRQ_VEC_COMP_BASE` (VFIO grants at most what
+/// the function has).
+pub fn vfio_vectors_wanted(comp_vectors: u16) -> u32 {
+    1 + u32::from(comp_vectors.max(1))
+}
+
+/// What the bring-up is told once VFIO enabled `enabled` vectors: `(num_irqs, num_comp_vectors)`. The async EQs
+/// keep vector 0 and each completion vector gets its own of the rest; with a single vector every EQ shares it
+/// and one completion vector is offered.
+pub fn vfio_vector_split(enabled: usize, comp_wanted: u16) -> (u16, u16) {
+    let irqs = u16::try_from(enabled.max(1)).unwrap_or(u16::MAX);
+    (irqs, comp_wanted.max(1).min((irqs - 1).max(1)))
 }
 
 /// The IP addresses of a VFIO device's port. A ConnectX on vfio-pci has no netdev whose addresses Linux's GID
@@ -929,5 +960,38 @@ mod wire_spec_tests {
             assert_eq!(db.sim_device().unwrap().wire_peer(), None);
         }
         assert_ne!(peers[0], peers[1], "a new connection at the second open");
+    }
+}
+
+#[cfg(test)]
+mod vector_tests {
+    use mlx5_vfio::twin::Twin;
+    use mlx5_vfio::{Vfio, VfioOptions};
+
+    const BDF: &str = "0000:03:00.0";
+
+    fn opts_for(cpus: u16) -> VfioOptions {
+        VfioOptions { vectors: super::vfio_vectors_wanted(cpus), ..VfioOptions::default() }
+    }
+
+    #[test]
+    fn vfio_gives_each_completion_vector_its_own_msix_vector_and_the_async_eqs_vector_0() {
+        let t = std::sync::Arc::new(Twin::new());
+        t.add_device(BDF, 0x15b3, 0x1017, 7, Some("vfio-pci"), 1 << 20);
+        // Eight CPUs: nine vectors asked for, nine eventfds wired, eight completion vectors offered.
+        let v = Vfio::open_with(t.clone(), BDF.parse().unwrap(), opts_for(8)).unwrap();
+        let n = v.irqs.as_ref().unwrap().count();
+        assert_eq!((n, t.state().devices[BDF].irq_fds.len()), (9, 9));
+        assert_eq!(super::vfio_vector_split(n, 8), (9, 8));
+        drop(v);
+        // A function with only four: three completion vectors, none sharing the async EQs' vector 0.
+        t.state().devices.get_mut(BDF).unwrap().msix = 4;
+        let v = Vfio::open_with(t.clone(), BDF.parse().unwrap(), opts_for(8)).unwrap();
+        let n = v.irqs.as_ref().unwrap().count();
+        assert_eq!(super::vfio_vector_split(n, 8), (4, 3));
+        drop(v);
+        // One vector: every EQ shares it, one completion vector.
+        assert_eq!(super::vfio_vector_split(1, 8), (1, 1));
+        assert_eq!(super::vfio_vector_split(0, 0), (1, 1));
     }
 }

@@ -72,6 +72,8 @@ pub struct DevInfo {
     pub max_qp_init_rd_atom: u32,
     pub max_srq: u32,
     pub max_srq_wr: u32,
+    /// Scatter entries per SRQ WQE: the receive limit less the SRQ's next-WQE segment (`max_rq_sg - 1`, mlx5_ib).
+    pub max_srq_sge: u32,
     pub max_pkeys: u32,
     pub atomic: bool,
     pub ports: Vec<PortInfo>,
@@ -193,6 +195,7 @@ pub fn query<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
         max_qp_init_rd_atom: pow2(g.log_max_ra_req_qp),
         max_srq: pow2(g.log_max_srq),
         max_srq_wr: pow2(g.log_max_srq_sz).saturating_sub(1),
+        max_srq_sge: g.max_rq_sge().saturating_sub(1),
         // `mlx5_to_sw_pkey_sz`: 128 entries shifted by the encoded size.
         max_pkeys: consts::MLX5_MIN_PKEY_TABLE_SIZE << g.pkey_table_size.min(consts::MLX5_MAX_LOG_PKEY_TABLE),
         atomic: g.atomic,
@@ -211,7 +214,7 @@ impl DevInfo {
              \tmax_qp:\t\t\t\t{}\n\tmax_qp_wr:\t\t\t{}\n\tmax_sge:\t\t\t{}\n\tmax_inline_data:\t\t{}\n\
              \tmax_cq:\t\t\t\t{}\n\tmax_cqe:\t\t\t{}\n\tmax_mr:\t\t\t\t{}\n\tmax_pd:\t\t\t\t{}\n\
              \tmax_qp_rd_atom:\t\t\t{}\n\tmax_qp_init_rd_atom:\t\t{}\n\tmax_srq:\t\t\t{}\n\
-             \tmax_srq_wr:\t\t\t{}\n\tmax_pkeys:\t\t\t{}\n\tatomic_cap:\t\t\t{}\n",
+             \tmax_srq_wr:\t\t\t{}\n\tmax_srq_sge:\t\t\t{}\n\tmax_pkeys:\t\t\t{}\n\tatomic_cap:\t\t\t{}\n",
             self.hca_id,
             self.fw_version,
             guid(self.node_guid),
@@ -233,6 +236,7 @@ impl DevInfo {
             self.max_qp_init_rd_atom,
             self.max_srq,
             self.max_srq_wr,
+            self.max_srq_sge,
             self.max_pkeys,
             if self.atomic { "ATOMIC_HCA (1)" } else { "ATOMIC_NONE (0)" },
         );
@@ -304,6 +308,7 @@ impl DevInfo {
             "max_qp_init_rd_atom": self.max_qp_init_rd_atom,
             "max_srq": self.max_srq,
             "max_srq_wr": self.max_srq_wr,
+            "max_srq_sge": self.max_srq_sge,
             "max_pkeys": self.max_pkeys,
             "atomic": self.atomic,
             "ports": ports,

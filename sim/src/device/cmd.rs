@@ -237,7 +237,7 @@ impl Device {
             // A need of zero pages is already met: the command runs at once.
             if let Some(Fault::NeedPages { pages: pages @ 1.., .. }) = need.map(|i| self.faults.remove(i)) {
                 self.events.push(SimEvent::WaitingForPages { slot, opcode, pages });
-                self.stalled.push(Stalled { slot, remaining: pages.into() });
+                self.stalled.push(Stalled { slot, opcode, remaining: pages.into() });
                 self.page_request(i32::try_from(pages).unwrap_or(i32::MAX));
                 return None;
             }
@@ -296,9 +296,30 @@ impl Device {
             }
         }
         self.executed.push(rec);
+        let cant_give = opcode == consts::MLX5_CMD_OP_MANAGE_PAGES && op_mod == consts::MLX5_PAGES_CANT_GIVE;
+        if cant_give && rec.status == 0 && rec.delivery == 0 {
+            self.fail_stalled();
+        }
         let given = self.fw.pages.given - given_before;
         self.after_completion(slot, opcode, given, cmd_eq_before);
         None
+    }
+
+    /// The driver answered a page request with MANAGE_PAGES(CANT_GIVE): every command waiting for pages fails
+    /// (`MLX5_CMD_STAT_LIM_ERR`, which Linux reads as `-ENOMEM`) instead of waiting forever, as Linux's
+    /// `page_notify_fail` expects of firmware.
+    fn fail_stalled(&mut self) {
+        for s in std::mem::take(&mut self.stalled) {
+            let refusal = Fault::Status {
+                opcode: s.opcode,
+                status: consts::MLX5_CMD_STAT_LIM_ERR,
+                syndrome: crate::fw::syndrome::PAGES_REFUSED,
+                times: 1,
+            };
+            // First in the list, so this command takes it rather than an injected one for the same opcode.
+            self.faults.insert(0, refusal);
+            self.run_slot(s.slot, false);
+        }
     }
 
     /// What firmware does once a command has completed: the command-completion EQE, page requests the command

@@ -61,6 +61,18 @@ impl Device {
         fw::health::fail(&mut self.regs, &mut self.events, self.clock.now_ns(), synd);
     }
 
+    /// A function-level reset (what vfio-pci does when the device is released, and Linux's health recovery
+    /// asks for): firmware, its registers, every object and the datapath start over as at power-on, back on the
+    /// bus if it had left. The host's memory (DMA regions), the logs, the clock, the wire and injected faults stay.
+    pub(crate) fn function_reset(&mut self) {
+        self.regs = Regs::after_reset(&self.cfg, self.clock.now_ns());
+        self.fw = Firmware::new(&self.cfg);
+        self.dp = DpState::default();
+        self.pending.clear();
+        self.stalled.clear();
+        self.events.push(SimEvent::FunctionReset);
+    }
+
     /// The device leaves the bus. Idempotent.
     pub(crate) fn vanish(&mut self) {
         if self.regs.health == Health::Gone {

@@ -23,6 +23,7 @@ pub(crate) struct Pending {
 #[derive(Debug)]
 pub(crate) struct Stalled {
     pub(crate) slot: u8,
+    pub(crate) opcode: u16,
     pub(crate) remaining: u64,
 }
 

@@ -679,9 +679,10 @@ fn qp_state_err() -> CmdErr {
 pub(crate) struct QpTable {
     map: IdMap<Qp>,
     next: u32,
-    /// The QPs the datapath steps: every one that entered RTS or ERR (the only states with work), ascending. A
-    /// QP that left them, or was destroyed, is dropped when the datapath next meets it, so a device holding many
-    /// idle QPs does not walk them all on every command and doorbell.
+    /// The QPs the datapath steps, ascending: every one that entered RTS or ERR (the only states with work), or
+    /// whose send doorbell rang. A QP that left them, was destroyed, or sits in RTS with nothing to send and
+    /// nothing in flight is dropped when the datapath next meets it, so a device holding many idle QPs does not
+    /// walk them all on every command and doorbell (65,536 connected QPs made their creation quadratic).
     active: BTreeSet<u32>,
 }
 
@@ -693,6 +694,11 @@ impl QpTable {
     /// QP `qpn` entered RTS or ERR: the datapath steps it from now on.
     pub(crate) fn activate(&mut self, qpn: u32) {
         self.active.insert(qpn);
+    }
+
+    /// QP `qpn` is idle in RTS: the datapath skips it until its doorbell rings or it changes state.
+    pub(crate) fn deactivate(&mut self, qpn: u32) {
+        self.active.remove(&qpn);
     }
 
     /// The first QP at or after `from` the datapath steps, dropping those that left RTS and ERR on the way.

@@ -19,6 +19,9 @@ pub const ALREADY_INITIALIZED: u32 = 0x51a0_0013;
 pub const STILL_INITIALIZED: u32 = 0x51a0_0014;
 /// `consts::MLX5_CMD_STAT_BAD_SYS_STATE_ERR`: INIT_HCA before the boot and init pages were given.
 pub const PAGES_MISSING: u32 = 0x51a0_0015;
+/// `consts::MLX5_CMD_STAT_LIM_ERR`: the command waited for pages the driver then said it cannot give
+/// (MANAGE_PAGES with op_mod CANT_GIVE).
+pub const PAGES_REFUSED: u32 = 0x51a0_0016;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an op_mod the command does not define.
 pub const BAD_OP_MOD: u32 = 0x51a0_0020;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_ISSI with an ISSI other than 0 or 1.

@@ -225,7 +225,7 @@ impl Datapath<'_> {
                 self.handle(p);
                 busy = true;
             }
-            // Every QP in RTS or ERR in number order (a step creates or destroys none).
+            // Every QP in RTS or ERR with work, in number order (a step creates or destroys none).
             let mut from = 0;
             while let Some(qpn) = self.fw.qps.next_active(from) {
                 busy |= self.qp_step(qpn, now);
@@ -258,6 +258,11 @@ impl Datapath<'_> {
         match qp.state {
             QpState::Err => self.completions().flush(qpn),
             QpState::Rts => {
+                // Nothing posted, in flight or held back: off the walk until its doorbell rings.
+                if !qp.window_blocked && qp.reqs.is_empty() && qp.sq_next == qp.sq_pi {
+                    self.fw.qps.deactivate(qpn);
+                    return false;
+                }
                 // Only outstanding requests have timers; only a window that held packets back has more to send.
                 let blocked = qp.window_blocked;
                 let retried = !qp.reqs.is_empty() && self.requester().retry_due(qpn, now);

@@ -31,11 +31,14 @@ mod verbs_complete;
 mod verbs_devices;
 mod verbs_events;
 mod verbs_ex;
+mod verbs_limits;
 mod verbs_mr;
 mod verbs_port_ah;
+mod verbs_recovery;
 mod verbs_scale;
 mod verbs_srq;
 mod verbs_threads;
+mod verbs_vectors;
 
 /// The counting allocator `no_alloc` arms; unarmed threads allocate through it at the cost of one thread-local read.
 #[global_allocator]

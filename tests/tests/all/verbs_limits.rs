@@ -1,0 +1,135 @@
+//! What `ibv_devinfo -v` advertises is what the stack honours: each per-object limit (`max_qp_wr`, `max_sge`,
+//! `max_inline_data`, `max_cqe`, `max_srq_wr`, `max_srq_sge`) is created at the limit and refused one past it as a
+//! refusal of the arguments (the drop-in's `EINVAL`), not a device or memory failure. The object counts are far
+//! beyond a test: `cargo xtask bench --scale` makes 65,536 QPs, CQs and MRs, and
+//! `max_qp_is_reached_and_refused_past_it` (ignored: about a minute in release, gigabytes) all of `max_qp`.
+
+use mlx5_core::hca::Hca;
+use mlx5_core::trace::CmdTrace;
+use mlx5_sim::{SimConfig, SimDevice};
+use mlx5_verbs::devinfo::{self, DevInfo};
+use mlx5_verbs::raw::{self, HcaVisitor};
+use mlx5_verbs::{AnyDelay, AnyDma, AnyMmio, Context, HostTables, QpCap, QpType, SrqInitAttr, VerbsError};
+
+struct Query;
+
+impl HcaVisitor for Query {
+    /// What devinfo shows, and the send and receive queues' own SGE limits (`max_sge` is the smaller).
+    type Out = (DevInfo, u32, u32);
+    fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T, HostTables>, delay: &mut AnyDelay) -> Self::Out {
+        let g = hca.caps().general;
+        (devinfo::query(hca, delay, "mlx5_0", (0x15b3, 0x1017)).unwrap(), g.max_sq_sge(), g.max_rq_sge())
+    }
+}
+
+fn info(ctx: &Context) -> DevInfo {
+    raw::with_hca(ctx, Query).0
+}
+
+/// A refusal of the arguments (the drop-in's `EINVAL`), not a device or memory failure.
+fn is_einval(e: &VerbsError) -> bool {
+    use mlx5_core::hca::Error as H;
+    match e {
+        VerbsError::Invalid(_) => true,
+        VerbsError::Hca(h) => !matches!(h, H::Dma(_) | H::Pages(_) | H::Dbr(_) | H::Health(_) | H::Cmd(_)),
+        _ => false,
+    }
+}
+
+const ONE: QpCap = QpCap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+
+#[test]
+fn every_per_object_limit_is_honoured_at_the_limit_and_refused_past_it() {
+    let sim = SimDevice::new(SimConfig::default());
+    let ctx = Context::open_sim_device(sim.clone()).unwrap();
+    let i = info(&ctx);
+    let pd = ctx.alloc_pd().unwrap();
+
+    // max_cqe: a CQ of exactly that many entries, and one more refused.
+    let cq = ctx.create_cq(i.max_cqe).unwrap_or_else(|e| panic!("a CQ of max_cqe = {}: {e}", i.max_cqe));
+    let e = ctx.create_cq(i.max_cqe + 1).map(drop).expect_err("a CQ past max_cqe");
+    assert!(is_einval(&e), "past max_cqe: {e:?}");
+    drop(cq);
+    let cq = ctx.create_cq(4).unwrap();
+
+    // max_qp_wr, on the send and the receive queue.
+    let at = |cap: QpCap| pd.create_qp(QpType::Rc, &cq, &cq, cap).map(drop);
+    let n = i.max_qp_wr;
+    at(QpCap { max_send_wr: n, ..ONE }).unwrap_or_else(|e| panic!("max_send_wr = max_qp_wr = {n}: {e}"));
+    at(QpCap { max_recv_wr: n, ..ONE }).unwrap_or_else(|e| panic!("max_recv_wr = max_qp_wr = {n}: {e}"));
+    for cap in [QpCap { max_send_wr: n + 1, ..ONE }, QpCap { max_recv_wr: n + 1, ..ONE }] {
+        let e = at(cap).expect_err("past max_qp_wr");
+        assert!(is_einval(&e), "{cap:?}: {e}");
+    }
+
+    // max_sge on both queues. As mlx5_ib, max_sge is the smaller of the two queues' limits (from the WQE sizes
+    // the device reports), and nothing past a queue's own limit is taken. An RC send WQE also holds the atomic
+    // segment, so the SQ's own figure (62) is a bound, not a promise, in Linux as here.
+    let s = i.max_sge;
+    at(QpCap { max_send_sge: s, max_recv_sge: s, ..ONE }).unwrap_or_else(|e| panic!("max_sge = {s}: {e}"));
+    let (_, sq_sge, rq_sge) = raw::with_hca(&ctx, Query);
+    assert_eq!(s, sq_sge.min(rq_sge));
+    at(QpCap { max_recv_sge: rq_sge, ..ONE }).unwrap_or_else(|e| panic!("the RQ's own {rq_sge} SGEs: {e}"));
+    for cap in [QpCap { max_send_sge: sq_sge + 1, ..ONE }, QpCap { max_recv_sge: rq_sge + 1, ..ONE }] {
+        let e = at(cap).expect_err("past a queue's SGE limit");
+        assert!(is_einval(&e), "{cap:?}: {e}");
+    }
+    // max_inline_data, on every QP type (each reserves its own fixed segments before the inline data).
+    let d = i.max_inline_data;
+    for ty in [QpType::Rc, QpType::Uc, QpType::Ud] {
+        let cap = QpCap { max_inline_data: d, ..ONE };
+        pd.create_qp(ty, &cq, &cq, cap).map(drop).unwrap_or_else(|e| panic!("{ty:?}, max_inline_data = {d}: {e}"));
+    }
+    // The largest fixed part (UD's datagram segment) leaves no slack: one byte more does not fit a UD WQE.
+    let e = pd.create_qp(QpType::Ud, &cq, &cq, QpCap { max_inline_data: d + 1, ..ONE }).map(drop);
+    let e = e.expect_err("a UD QP past max_inline_data");
+    assert!(is_einval(&e), "past max_inline_data: {e}");
+
+    // max_srq_wr.
+    let w = i.max_srq_wr;
+    let srq = pd.create_srq(SrqInitAttr { max_wr: w, max_sge: 1, srq_limit: 0 });
+    drop(srq.unwrap_or_else(|e| panic!("an SRQ of max_srq_wr = {w}: {e}")));
+    let e =
+        pd.create_srq(SrqInitAttr { max_wr: w + 1, max_sge: 1, srq_limit: 0 }).map(drop).expect_err("past max_srq_wr");
+    assert!(is_einval(&e), "past max_srq_wr: {e}");
+
+    // max_srq_sge: an SRQ WQE also holds its next-WQE segment, so one entry fewer than the RQ's (as mlx5_ib
+    // reports it); the drop-in reported max_sge here, which the firmware refused (WQE stride past
+    // max_wqe_sz_rq).
+    let g = i.max_srq_sge;
+    assert_eq!(g, rq_sge - 1);
+    let srq = pd.create_srq(SrqInitAttr { max_wr: 4, max_sge: g, srq_limit: 0 });
+    drop(srq.unwrap_or_else(|e| panic!("an SRQ of max_srq_sge = {g}: {e}")));
+    let e =
+        pd.create_srq(SrqInitAttr { max_wr: 4, max_sge: g + 1, srq_limit: 0 }).map(drop).expect_err("past max_srq_sge");
+    assert!(matches!(e, VerbsError::Hca(_) | VerbsError::Invalid(_)), "past max_srq_sge: {e}");
+
+    // Everything went back.
+    drop(cq);
+    drop(pd);
+    drop(ctx);
+    assert_eq!(sim.dma_outstanding(), (0, 0));
+}
+
+#[test]
+#[ignore = "max_qp (262,144) QPs: run in release (`cargo test --release -p mlx5-tests verbs_limits -- --ignored`)"]
+fn max_qp_is_reached_and_refused_past_it() {
+    let sim = SimDevice::new(SimConfig::default());
+    let ctx = Context::open_sim_device(sim.clone()).unwrap();
+    let max = info(&ctx).max_qp as usize;
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4).unwrap();
+    // Linux's mlx5_ib and the firmware keep QP numbers below 2^log_max_qp; the device's own QPs (none here) count.
+    let qps: Vec<_> = (0..max)
+        .map(|k| pd.create_qp(QpType::Rc, &cq, &cq, ONE).unwrap_or_else(|e| panic!("QP {k} of {max}: {e}")))
+        .collect();
+    assert_eq!(sim.qp_count(), max);
+    let e = pd.create_qp(QpType::Rc, &cq, &cq, ONE).map(drop).expect_err("a QP past max_qp");
+    eprintln!("QP {} past max_qp: {e}", max + 1);
+    drop(qps);
+    drop(cq);
+    drop(pd);
+    drop(ctx);
+    assert_eq!(sim.dma_outstanding(), (0, 0));
+    assert_eq!(sim.pages_owned(), 0);
+}
