@@ -215,14 +215,14 @@ unsafe fn post_one_send(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
         None
     };
     let ud = match (q.qp_type, ah) {
-        (mlx5_core::qp::QpType::Ud, Some(ah)) => {
+        (mlx5_core::qp::QpType::Ud | mlx5_core::qp::QpType::Gsi, Some(ah)) => {
             // SAFETY: a UD work request names an address handle of this library (caller).
             let ah = unsafe { ah.as_ref() }.ok_or(libc::EINVAL)?;
             // SAFETY: the union's ud member, for a UD QP.
             let u = unsafe { w.wr.ud };
             Some(UdDest { ah: &ah.ah, remote_qpn: u.remote_qpn, remote_qkey: u.remote_qkey })
         }
-        (mlx5_core::qp::QpType::Ud, None) => return Err(libc::EINVAL),
+        (mlx5_core::qp::QpType::Ud | mlx5_core::qp::QpType::Gsi, None) => return Err(libc::EINVAL),
         _ => None,
     };
     let wr = SendWr {
@@ -464,12 +464,12 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         }
         for p in &wrs {
             let ud = match (q.qp_type, p.ud) {
-                (mlx5_core::qp::QpType::Ud, Some((ah, qpn, qkey))) => {
+                (mlx5_core::qp::QpType::Ud | mlx5_core::qp::QpType::Gsi, Some((ah, qpn, qkey))) => {
                     // SAFETY: the program's address handle, created by this library.
                     let Some(ah) = (unsafe { ah.as_ref() }) else { return libc::EINVAL };
                     Some(UdDest { ah: &ah.ah, remote_qpn: qpn, remote_qkey: qkey })
                 }
-                (mlx5_core::qp::QpType::Ud, None) => return libc::EINVAL,
+                (mlx5_core::qp::QpType::Ud | mlx5_core::qp::QpType::Gsi, None) => return libc::EINVAL,
                 _ => None,
             };
             let wr = SendWr {
