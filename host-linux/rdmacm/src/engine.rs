@@ -350,6 +350,11 @@ impl<A: Clone> Engine<A> {
         self.conns.get(&id).map(|c| c.state)
     }
 
+    /// Where a connection's peer is (the address its messages came from or go to).
+    pub fn peer(&self, id: CommId) -> Option<&A> {
+        self.conns.get(&id).map(|c| &c.peer)
+    }
+
     /// Connections alive (every other ID has been forgotten).
     pub fn connections(&self) -> usize {
         self.conns.len()
