@@ -553,7 +553,7 @@ mod tests {
     use crate::cm::tests::req;
     use crate::mad::MadHdr;
 
-    const SVC: u64 = 0x0106_0000_0000_4e20;
+    const SVC: u64 = 0x0106_4e20; // RDMA_PS_TCP, port 20000.
     const A: u8 = 0xa;
     const B: u8 = 0xb;
 

@@ -131,8 +131,14 @@ fn carry(from: &Side, ef: &mut Engine<AhAttr>, to: &Side, et: &mut Engine<AhAttr
 fn cm_connects_rc_qps_over_qp1(base: SimConfig) {
     use mlx5_rdmacm::cm::{private_len, CmPath, Rep, Req};
     use mlx5_rdmacm::engine::{EngineConfig, Event};
+    use mlx5_rdmacm::ip::{ps, service_id, CmaHdr};
     use mlx5_verbs::{InitAttr, RemoteQp, RtrAttr, RtsAttr};
-    const SVC: u64 = 0x0106_0000_0000_4e20; // RDMA_PS_TCP, port 20000, as rdma_cm names a service.
+    // rdma_cm's name for TCP-space port 20000, and its header in the REQ: who connects from where to where.
+    const SVC: u64 = 0x0106_4e20;
+    assert_eq!(service_id(ps::TCP, 20000), SVC);
+    let hdr = CmaHdr { src_port: 40000, src: "10.0.0.1".parse().unwrap(), dst: "10.0.0.2".parse().unwrap() };
+    let mut private_data = [0; private_len::REQ];
+    hdr.write(&mut private_data).unwrap();
     let (a, b) = Context::open_sim_pair_with(base).unwrap();
     let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
@@ -191,11 +197,12 @@ fn cm_connects_rc_qps_over_qp1(base: SimConfig) {
             hop_limit: 64,
             ..CmPath::default()
         },
-        private_data: [0; private_len::REQ],
+        private_data,
     };
     let ca = ea.connect(0, to_b, req);
     assert_eq!(carry(&sa, &mut ea, &sb, &mut eb, 0), 1, "the REQ");
     let Some(Event::ConnectRequest { id: cb, req }) = eb.poll_event() else { panic!("no connect request") };
+    assert_eq!(CmaHdr::parse(&req.private_data), Ok(hdr));
     // B connects its QP from the REQ alone (and the MAC its completion showed).
     let mac_a = eb.peer(cb).unwrap().dmac;
     let from_a = RemoteQp {
