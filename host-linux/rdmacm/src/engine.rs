@@ -5,7 +5,8 @@
 //!
 //! What does not fit gets the spec's answer, as Linux's ib_cm gives it: a REQ for a service nobody listens on is
 //! REJected (invalid service ID), a REP for a connection this side does not have is REJected (invalid
-//! communication ID), REQs past the pending limit are REJected (no resources), a REQ or REP unanswered after its
+//! communication ID), REQs past the pending limit are REJected (no resources), a SIDR_REQ nobody serves gets a
+//! SIDR_REP with status 1 (unsupported service ID), a REQ or REP unanswered after its
 //! retries ends in `Unreachable` (ETIMEDOUT) and a REJ (timeout) to the peer, a DREQ for an unknown connection is
 //! answered with a DREP; a MAD that does not parse is dropped and counted.
 
@@ -13,7 +14,7 @@ use std::collections::{HashMap, VecDeque};
 
 use thiserror::Error;
 
-use crate::cm::{self, CmMsg, CommIds, Dreq, MsgRejected, Rej, RejReason, Rep, Req};
+use crate::cm::{self, CmMsg, CommIds, Dreq, MsgRejected, Rej, RejReason, Rep, Req, SidrRep, SidrReq};
 use crate::mad::{MadError, MAD_LEN};
 
 /// One connection's name on this side (IBA's Local Communication ID).
@@ -68,6 +69,30 @@ pub enum Event {
     Disconnected {
         /// The connection.
         id: CommId,
+    },
+    /// `RDMA_CM_EVENT_CONNECT_REQUEST` on a UD listener: a SIDR_REQ; answer with `sidr_accept` or `sidr_reject`.
+    SidrRequest {
+        /// The request's name here.
+        id: CommId,
+        /// The request.
+        req: Box<SidrReq>,
+    },
+    /// `RDMA_CM_EVENT_ESTABLISHED` on a UD ID: the service's QPN and Q_Key.
+    SidrResolved {
+        /// The request.
+        id: CommId,
+        /// The serving QP.
+        qpn: u32,
+        /// Its Q_Key.
+        qkey: u32,
+    },
+    /// `RDMA_CM_EVENT_UNREACHABLE` on a UD ID: the SIDR_REP's status was not success (1 unsupported service ID,
+    /// 2 rejected, 3 no QP, 4 redirect, 5 unsupported class version).
+    SidrFailed {
+        /// The request.
+        id: CommId,
+        /// The SIDR_REP's status.
+        status: u8,
     },
 }
 
@@ -125,6 +150,26 @@ pub struct Counters {
     pub duplicate_req: u64,
     /// Retransmissions sent.
     pub retries: u64,
+    /// SIDR_REQs for services nobody listens on, answered with status 1.
+    pub sidr_unsupported: u64,
+}
+
+/// The SIDR_REP status of a service ID nobody listens on (`IB_SIDR_UNSUPPORTED`).
+pub const SIDR_UNSUPPORTED: u8 = 1;
+/// The SIDR_REP status the application's refusal gives (`IB_SIDR_REJECT`).
+pub const SIDR_REJECT: u8 = 2;
+
+/// A SIDR exchange: ours waiting for its reply, or a peer's waiting for the application.
+#[derive(Debug)]
+struct Sidr<A> {
+    peer: A,
+    tid: u64,
+    /// Ours: the request, resent until answered. The peer's: its request ID and service.
+    req: SidrReq,
+    outgoing: bool,
+    deadline_ns: u64,
+    timeout_ns: u64,
+    retries_left: u8,
 }
 
 #[derive(Debug)]
@@ -157,6 +202,7 @@ pub struct Engine<A: Clone> {
     out: VecDeque<(A, [u8; MAD_LEN])>,
     events: VecDeque<Event>,
     counters: Counters,
+    sidr: HashMap<CommId, Sidr<A>>,
 }
 
 /// The CM's wait for an answer: 4.096 us * 2^t (IBA 12.6.5), doubled as ib_cm doubles it for the packet lifetime.
@@ -178,6 +224,7 @@ impl<A: Clone> Engine<A> {
             out: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
+            sidr: HashMap::new(),
         }
     }
 
@@ -297,7 +344,8 @@ impl<A: Clone> Engine<A> {
                 }
             }
             // SIDR is answered by its own service, not offered by this engine yet.
-            CmMsg::SidrReq(_) | CmMsg::SidrRep(_) => self.counters.stale += 1,
+            CmMsg::SidrReq(req) => self.on_sidr_req(now_ns, peer, h.tid, req),
+            CmMsg::SidrRep(rep) => self.on_sidr_rep(rep),
         }
         Ok(())
     }
@@ -305,6 +353,20 @@ impl<A: Clone> Engine<A> {
     /// Retransmits what waits too long and gives up after the retries (`Unreachable`, or `Disconnected` for a
     /// DREQ), telling the peer with a REJ (timeout) where the spec asks for one.
     pub fn tick(&mut self, now_ns: u64) {
+        let due: Vec<CommId> =
+            self.sidr.iter().filter(|(_, x)| x.outgoing && x.deadline_ns <= now_ns).map(|(id, _)| *id).collect();
+        for id in due {
+            let mut x = self.sidr.remove(&id).expect("listed");
+            if x.retries_left == 0 {
+                self.events.push_back(Event::Unreachable { id });
+                continue;
+            }
+            x.retries_left -= 1;
+            x.deadline_ns = now_ns + x.timeout_ns;
+            self.send(x.peer.clone(), x.tid, &CmMsg::SidrReq(x.req));
+            self.counters.retries += 1;
+            self.sidr.insert(id, x);
+        }
         let due: Vec<CommId> = self
             .conns
             .iter()
@@ -335,6 +397,86 @@ impl<A: Clone> Engine<A> {
         }
     }
 
+    /// Sends a SIDR_REQ (`rdma_resolve_route` .. `rdma_connect` on a UD ID): which QP serves `req.service_id`
+    /// at `peer`; `SidrResolved`, `SidrFailed` or, after `retries` resends a `timeout_ns` apart, `Unreachable`
+    /// follows. `req.request_id` is replaced by the new ID.
+    pub fn sidr_resolve(&mut self, now_ns: u64, peer: A, mut req: SidrReq, timeout_ns: u64, retries: u8) -> CommId {
+        let id = self.alloc_id();
+        req.request_id = id;
+        let tid = self.tid();
+        self.send(peer.clone(), tid, &CmMsg::SidrReq(req));
+        let x = Sidr {
+            peer,
+            tid,
+            req,
+            outgoing: true,
+            deadline_ns: now_ns + timeout_ns,
+            timeout_ns,
+            retries_left: retries,
+        };
+        self.sidr.insert(id, x);
+        id
+    }
+
+    /// Answers a SIDR request with the serving QP (`rdma_accept` on a UD ID).
+    pub fn sidr_accept(&mut self, id: CommId, qpn: u32, qkey: u32) -> Result<(), EngineError> {
+        self.sidr_answer(id, 0, qpn, qkey)
+    }
+
+    /// Refuses a SIDR request (`rdma_reject` on a UD ID): status 2.
+    pub fn sidr_reject(&mut self, id: CommId) -> Result<(), EngineError> {
+        self.sidr_answer(id, SIDR_REJECT, 0, 0)
+    }
+
+    fn sidr_answer(&mut self, id: CommId, status: u8, qpn: u32, qkey: u32) -> Result<(), EngineError> {
+        match self.sidr.get(&id) {
+            Some(x) if !x.outgoing => {}
+            _ => return Err(EngineError::NoConnection(id)),
+        }
+        let x = self.sidr.remove(&id).expect("present");
+        let rep = sidr_rep(&x.req, status, qpn, qkey);
+        self.send(x.peer, x.tid, &CmMsg::SidrRep(rep));
+        Ok(())
+    }
+
+    fn on_sidr_req(&mut self, now_ns: u64, peer: A, tid: u64, req: SidrReq) {
+        if !self.listeners.contains_key(&req.service_id) {
+            self.counters.sidr_unsupported += 1;
+            self.send(peer, tid, &CmMsg::SidrRep(sidr_rep(&req, SIDR_UNSUPPORTED, 0, 0)));
+            return;
+        }
+        // A repeat of a request still with the application is the same request.
+        if self.sidr.values().any(|x| !x.outgoing && x.req.request_id == req.request_id && x.tid == tid) {
+            self.counters.duplicate_req += 1;
+            return;
+        }
+        let pending = self.sidr.values().filter(|x| !x.outgoing).count();
+        if pending >= self.cfg.max_pending {
+            self.counters.rej_no_resources += 1;
+            self.send(peer, tid, &CmMsg::SidrRep(sidr_rep(&req, SIDR_REJECT, 0, 0)));
+            return;
+        }
+        let id = self.alloc_id();
+        let x = Sidr { peer, tid, req, outgoing: false, deadline_ns: now_ns, timeout_ns: 0, retries_left: 0 };
+        self.sidr.insert(id, x);
+        self.events.push_back(Event::SidrRequest { id, req: Box::new(req) });
+    }
+
+    fn on_sidr_rep(&mut self, rep: SidrRep) {
+        let id = rep.request_id;
+        match self.sidr.get(&id) {
+            Some(x) if x.outgoing => {
+                self.sidr.remove(&id);
+                self.events.push_back(if rep.status == 0 {
+                    Event::SidrResolved { id, qpn: rep.qpn, qkey: rep.qkey }
+                } else {
+                    Event::SidrFailed { id, status: rep.status }
+                });
+            }
+            _ => self.counters.stale += 1,
+        }
+    }
+
     /// The next MAD to send, and to whom.
     pub fn poll_output(&mut self) -> Option<(A, [u8; MAD_LEN])> {
         self.out.pop_front()
@@ -355,9 +497,9 @@ impl<A: Clone> Engine<A> {
         self.conns.get(&id).map(|c| &c.peer)
     }
 
-    /// Connections alive (every other ID has been forgotten).
+    /// Connections and SIDR exchanges alive (every other ID has been forgotten).
     pub fn connections(&self) -> usize {
-        self.conns.len()
+        self.conns.len() + self.sidr.len()
     }
 
     /// What was dropped or refused.
@@ -506,7 +648,7 @@ impl<A: Clone> Engine<A> {
             let id = self.next_comm_id;
             self.next_comm_id = self.next_comm_id.wrapping_add(1);
             // 0 means "none" in a REJ; skip IDs still in use after a wrap.
-            if id != 0 && !self.conns.contains_key(&id) {
+            if id != 0 && !self.conns.contains_key(&id) && !self.sidr.contains_key(&id) {
                 return id;
             }
         }
@@ -526,6 +668,18 @@ impl<A: Clone> Engine<A> {
         let mut b = [0u8; MAD_LEN];
         msg.write(tid, &mut b);
         self.out.push_back((to, b));
+    }
+}
+
+fn sidr_rep(req: &SidrReq, status: u8, qpn: u32, qkey: u32) -> SidrRep {
+    SidrRep {
+        request_id: req.request_id,
+        status,
+        ari_len: 0,
+        qpn,
+        service_id: req.service_id,
+        qkey,
+        private_data: [0; cm::private_len::SIDR_REP],
     }
 }
 
@@ -723,6 +877,49 @@ mod tests {
         a.tick(2 * step);
         assert_eq!(a.poll_event(), Some(Event::Unreachable { id: ca }));
         assert_eq!(a.connections(), 0);
+    }
+
+    #[test]
+    fn sidr_resolves_a_ud_service_and_refuses_one_nobody_serves() {
+        let (mut a, mut b) = pair(EngineConfig::default());
+        const UDP_SVC: u64 = 0x0111_1c06; // RDMA_PS_UDP, port 7174.
+        b.listen(UDP_SVC).unwrap();
+        let sreq = |svc| SidrReq { request_id: 0, pkey: 0xffff, service_id: svc, private_data: [0; 216] };
+        let ida = a.sidr_resolve(0, B, sreq(UDP_SVC), 1000, 2);
+        pump(0, &mut a, A, &mut b);
+        let Some(Event::SidrRequest { id, req }) = b.poll_event() else { panic!("no SIDR request") };
+        assert_eq!((req.request_id, req.service_id), (ida, UDP_SVC));
+        b.sidr_accept(id, 0x77, 0x1234_5678).unwrap();
+        assert_eq!(b.sidr_accept(id, 0x77, 1), Err(EngineError::NoConnection(id)), "answered once");
+        pump(1, &mut b, B, &mut a);
+        assert_eq!(a.poll_event(), Some(Event::SidrResolved { id: ida, qpn: 0x77, qkey: 0x1234_5678 }));
+        // Nobody serves port 7175: status 1, unsupported service ID.
+        let idb = a.sidr_resolve(2, B, sreq(UDP_SVC + 1), 1000, 2);
+        pump(2, &mut a, A, &mut b);
+        pump(2, &mut b, B, &mut a);
+        assert_eq!(a.poll_event(), Some(Event::SidrFailed { id: idb, status: SIDR_UNSUPPORTED }));
+        assert_eq!(b.counters().sidr_unsupported, 1);
+        // The application refuses: status 2.
+        let idc = a.sidr_resolve(3, B, sreq(UDP_SVC), 1000, 2);
+        pump(3, &mut a, A, &mut b);
+        let Some(Event::SidrRequest { id, .. }) = b.poll_event() else { panic!() };
+        b.sidr_reject(id).unwrap();
+        pump(3, &mut b, B, &mut a);
+        assert_eq!(a.poll_event(), Some(Event::SidrFailed { id: idc, status: SIDR_REJECT }));
+        // Nobody answers: two resends, then unreachable.
+        let idd = a.sidr_resolve(10, B, sreq(UDP_SVC), 1000, 2);
+        assert_eq!(outputs(&mut a).len(), 1);
+        a.tick(1010);
+        a.tick(2010);
+        assert_eq!(outputs(&mut a).len(), 2);
+        a.tick(3010);
+        assert_eq!(a.poll_event(), Some(Event::Unreachable { id: idd }));
+        // A SIDR_REP nobody asked for is stale.
+        let mut m = [0u8; MAD_LEN];
+        CmMsg::SidrRep(sidr_rep(&SidrReq { request_id: 999, ..sreq(UDP_SVC) }, 0, 1, 1)).write(1, &mut m);
+        a.recv(4000, B, &m).unwrap();
+        assert_eq!((a.poll_event(), a.counters().stale), (None, 1));
+        assert_eq!((a.connections(), b.connections()), (0, 0));
     }
 
     #[test]
