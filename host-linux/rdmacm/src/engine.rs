@@ -257,7 +257,7 @@ impl<A: Clone> Engine<A> {
             passive: false,
             pending: None,
             tid,
-            deadline_ns: now_ns + timeout_ns,
+            deadline_ns: now_ns.saturating_add(timeout_ns),
             timeout_ns,
             retries_left: req.max_cm_retries,
         };
@@ -273,7 +273,7 @@ impl<A: Clone> Engine<A> {
         rep.remote_comm_id = conn.remote_comm_id;
         rep.local_ca_guid = self.ca_guid;
         conn.state = State::RepSent;
-        conn.deadline_ns = now_ns + conn.timeout_ns;
+        conn.deadline_ns = now_ns.saturating_add(conn.timeout_ns);
         self.send_expecting(&mut conn, CmMsg::Rep(rep));
         self.conns.insert(id, conn);
         Ok(())
@@ -302,7 +302,7 @@ impl<A: Clone> Engine<A> {
         };
         conn.state = State::DreqSent;
         conn.tid = self.tid();
-        conn.deadline_ns = now_ns + conn.timeout_ns;
+        conn.deadline_ns = now_ns.saturating_add(conn.timeout_ns);
         conn.retries_left = 3;
         self.send_expecting(&mut conn, CmMsg::Dreq(dreq));
         self.conns.insert(id, conn);
@@ -326,7 +326,8 @@ impl<A: Clone> Engine<A> {
             CmMsg::Mra(mra) => {
                 // The peer needs longer: wait its service timeout before the next retry.
                 if let Some(c) = self.conns.get_mut(&mra.remote_comm_id) {
-                    c.deadline_ns = now_ns + cm_timeout_ns(mra.service_timeout) + c.timeout_ns;
+                    c.deadline_ns =
+                        now_ns.saturating_add(cm_timeout_ns(mra.service_timeout)).saturating_add(c.timeout_ns);
                 } else {
                     self.counters.stale += 1;
                 }
@@ -362,7 +363,7 @@ impl<A: Clone> Engine<A> {
                 continue;
             }
             x.retries_left -= 1;
-            x.deadline_ns = now_ns + x.timeout_ns;
+            x.deadline_ns = now_ns.saturating_add(x.timeout_ns);
             self.send(x.peer.clone(), x.tid, &CmMsg::SidrReq(x.req));
             self.counters.retries += 1;
             self.sidr.insert(id, x);
@@ -377,7 +378,7 @@ impl<A: Clone> Engine<A> {
             let mut conn = self.conns.remove(&id).expect("listed");
             if conn.retries_left > 0 {
                 conn.retries_left -= 1;
-                conn.deadline_ns = now_ns + conn.timeout_ns;
+                conn.deadline_ns = now_ns.saturating_add(conn.timeout_ns);
                 let msg = conn.pending.clone().expect("due");
                 self.send(conn.peer.clone(), conn.tid, &msg);
                 self.counters.retries += 1;
@@ -410,7 +411,7 @@ impl<A: Clone> Engine<A> {
             tid,
             req,
             outgoing: true,
-            deadline_ns: now_ns + timeout_ns,
+            deadline_ns: now_ns.saturating_add(timeout_ns),
             timeout_ns,
             retries_left: retries,
         };
@@ -544,7 +545,7 @@ impl<A: Clone> Engine<A> {
                 passive: true,
                 pending: None,
                 tid,
-                deadline_ns: now_ns + timeout_ns,
+                deadline_ns: now_ns.saturating_add(timeout_ns),
                 timeout_ns,
                 retries_left: req.max_cm_retries,
             },
