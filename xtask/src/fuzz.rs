@@ -28,9 +28,10 @@ pub const TARGETS: &[&str] = &[
     "wire",
     "trace_line",
     "args",
+    "cm_mad",
 ];
 
-/// Seconds per target in `cargo xtask ci`: ten targets at 12 s, plus builds and replays, keep the CI fuzz step
+/// Seconds per target in `cargo xtask ci`: eleven targets at 12 s, plus builds and replays, keep the CI fuzz step
 /// near three minutes on two CPUs (FUZZING.md).
 pub const CI_SECONDS: u32 = 12;
 
@@ -286,7 +287,7 @@ type Seeds = Vec<(String, Vec<u8>)>;
 /// Writes `fuzz/corpus/<target>/seed-<name>` for every target, replacing the previous seeds.
 pub fn write_seeds(root: &Path) -> Result<(), String> {
     let v = vectors(root)?;
-    let sets: [(&str, Seeds); 10] = [
+    let sets: [(&str, Seeds); 11] = [
         ("cqe", seeds_cqe(&v)?),
         ("eqe", seeds_eqe(&v)?),
         ("cmd_output", seeds_cmd_output(&v)?),
@@ -297,6 +298,7 @@ pub fn write_seeds(root: &Path) -> Result<(), String> {
         ("wire", seeds_wire()),
         ("trace_line", seeds_trace_line(&v)?),
         ("args", seeds_args()),
+        ("cm_mad", seeds_cm_mad()),
     ];
     let mut total = 0;
     for (target, seeds) in sets {
@@ -344,6 +346,43 @@ fn seeds_exchange() -> Seeds {
         ("short_field".into(), exchange_msg(b"000:000123:abcdef:fe800000000000000200000000000001")),
         ("no_nul".into(), vec![b'0'; 52]),
         ("short".into(), good[..20].to_vec()),
+    ]
+}
+
+// --- cm_mad: a CM MAD on QP1 (fuzz_targets/cm_mad.rs) ---
+
+/// A 256-byte CM MAD (base version 1, class 0x07 version 2, method Send, transaction 1) of attribute `attr`, its
+/// data (after the 24-byte header) set at the given offsets (IBA 12.6's tables).
+fn cm_mad(attr: u16, data: &[(usize, &[u8])]) -> Vec<u8> {
+    let mut m = vec![0u8; 256];
+    m[..4].copy_from_slice(&[1, 0x07, 2, 0x03]);
+    m[15] = 1;
+    m[16..18].copy_from_slice(&attr.to_be_bytes());
+    for (off, bytes) in data {
+        m[24 + off..24 + off + bytes.len()].copy_from_slice(bytes);
+    }
+    m
+}
+
+/// A REQ for the listened service (TCP port 20000), a REP and a REJ answering the fuzz target's REQ (its
+/// communication ID is 1), a DREQ, a SIDR_REQ, and a truncated MAD, a base version 2, a REJ with an over-long info
+/// length.
+fn seeds_cm_mad() -> Seeds {
+    let svc = 0x0106_4e20u64.to_be_bytes();
+    let req = cm_mad(0x0010, &[(0, &[0, 0, 0, 9]), (8, &svc), (32, &[0, 0, 1, 1]), (43, &[20 << 3]), (51, &[0xf0])]);
+    let rep = cm_mad(0x0013, &[(0, &[0, 0, 0, 5]), (4, &[0, 0, 0, 1]), (12, &[0, 0, 2, 0])]);
+    let rej = cm_mad(0x0012, &[(4, &[0, 0, 0, 1]), (10, &[0, 8])]);
+    let mut bad_version = req.clone();
+    bad_version[0] = 2;
+    vec![
+        ("req".into(), req.clone()),
+        ("rep".into(), rep),
+        ("rej".into(), rej),
+        ("dreq".into(), cm_mad(0x0015, &[(0, &[0, 0, 0, 5]), (4, &[0, 0, 0, 1])])),
+        ("sidr_req".into(), cm_mad(0x0017, &[(0, &[0, 0, 0, 3]), (4, &[0xff, 0xff]), (8, &svc)])),
+        ("truncated".into(), req[..100].to_vec()),
+        ("base_version_2".into(), bad_version),
+        ("rej_long_info".into(), cm_mad(0x0012, &[(4, &[0, 0, 0, 1]), (9, &[73 << 1])])),
     ]
 }
 

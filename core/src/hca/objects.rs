@@ -668,7 +668,7 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
         let supported = match attr.qp_type {
             QpType::Rc => g.rc,
             QpType::Uc => g.uc,
-            QpType::Ud => g.ud,
+            QpType::Ud | QpType::Gsi => g.ud,
         };
         if !supported {
             return Err(Error::NotSupported { what: "this QP type" });

@@ -15,6 +15,10 @@ pub enum QpType {
     Uc,
     /// Unreliable datagram.
     Ud,
+    /// The port's general services QP (`IB_QPT_GSI`, QP1): a datagram QP created with `qpc.st` QP1 as mlx5_ib's
+    /// hardware GSI QP (`MLX5_IB_QPT_HW_GSI`). Whatever QPN CREATE_QP gives it, MADs reach it as QP 1 and it sends
+    /// as QP 1 (IBA 3.5.4); it posts and completes as a UD QP.
+    Gsi,
 }
 
 impl QpType {
@@ -23,7 +27,13 @@ impl QpType {
             QpType::Rc => consts::MLX5_QP_ST_RC,
             QpType::Uc => consts::MLX5_QP_ST_UC,
             QpType::Ud => consts::MLX5_QP_ST_UD,
+            QpType::Gsi => consts::MLX5_QP_ST_QP1,
         }
+    }
+
+    /// Whether work requests carry an address (UD and the GSI QP): the datagram segment, no RDMA, Q_Keys.
+    pub const fn is_datagram(self) -> bool {
+        matches!(self, QpType::Ud | QpType::Gsi)
     }
 }
 

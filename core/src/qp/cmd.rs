@@ -335,6 +335,8 @@ fn allowed_optpar(t: Transition, ty: QpType) -> u32 {
         (Transition::Rtr2Rts, QpType::Uc) | (Transition::Rts2Rts, QpType::Uc) => {
             k::MLX5_QP_OPTPAR_ALT_ADDR_PATH | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_PM_STATE
         }
+        // `opt_mask` has no column for `MLX5_QP_ST_QP1`: mlx5_ib sends the GSI QP's modifies with no optional bits.
+        (_, QpType::Gsi) => 0,
         (Transition::Rst2Init | Transition::ToErr | Transition::ToRst, _) => 0,
     }
 }
@@ -448,6 +450,9 @@ fn set_path<B: MsgBuf + ?Sized>(
 /// `log_msg_max` of every UD modify: 4 KiB, one MTU (`__mlx5_ib_modify_qp`).
 pub const UD_LOG_MSG_MAX: u8 = 12;
 
+/// `log_msg_max` of every modify of the SMI and GSI QPs: 256 bytes, one MAD (`__mlx5_ib_modify_qp`).
+pub const GSI_LOG_MSG_MAX: u8 = 8;
+
 /// The lowest RoCE v2 UDP source port (`r_roce_min_src_udp_port` of the simulated and real ConnectX-5: 0xc000).
 pub const ROCE_UDP_SPORT_MIN: u32 = 0xc000;
 
@@ -516,6 +521,10 @@ impl Command for ModifyQp {
             // Every UD modify carries the largest MTU and 4 KiB messages, whatever the mask.
             c.set(q::MTU, consts::IB_MTU_4096.into());
             c.set(q::LOG_MSG_MAX, UD_LOG_MSG_MAX.into());
+        } else if self.qp_type == QpType::Gsi {
+            // The special QPs run at the smallest MTU with one-MTU messages: a MAD is 256 bytes.
+            c.set(q::MTU, consts::IB_MTU_256.into());
+            c.set(q::LOG_MSG_MAX, GSI_LOG_MSG_MAX.into());
         }
         if m.contains(QpAttrMask::PKEY_INDEX) {
             c.set(ifc::ads::PKEY_INDEX.at(path), a.pkey_index.into());
@@ -554,7 +563,7 @@ impl Command for ModifyQp {
             let x = PathExtra { stat_rate: self.stat_rate, roce_v2: self.roce_v2, udp_sport, port };
             set_path(&mut c, path, &a.ah_attr, self.link, &x);
         }
-        if m.contains(QpAttrMask::PATH_MTU) && self.qp_type != QpType::Ud {
+        if m.contains(QpAttrMask::PATH_MTU) && !self.qp_type.is_datagram() {
             c.set(q::MTU, a.path_mtu as u32);
             c.set(q::LOG_MSG_MAX, self.log_max_msg.into());
         }
@@ -936,6 +945,12 @@ mod tests {
         assert_eq!(opt(Transition::Rtr2Rts, QpType::Uc, M::SQ_PSN | M::ACCESS_FLAGS), k::MLX5_QP_OPTPAR_RWE);
         let uc_init = k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_PRI_PORT;
         assert_eq!(opt(Transition::Init2Init, QpType::Uc, M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS), uc_init);
+        // The GSI QP (`MLX5_QP_ST_QP1`) has no `opt_mask` column: none of its modifies carries an optional bit.
+        for t in [Transition::Init2Init, Transition::Init2Rtr, Transition::Rtr2Rts, Transition::Rts2Rts] {
+            assert_eq!(opt(t, QpType::Gsi, M::PORT | M::PKEY_INDEX | M::QKEY), 0, "{t:?}");
+        }
+        assert_eq!(QpType::Gsi.st(), k::MLX5_QP_ST_QP1);
+        assert!(QpType::Gsi.is_datagram() && QpType::Ud.is_datagram() && !QpType::Uc.is_datagram());
     }
 
     #[test]

@@ -441,11 +441,13 @@ impl Qp {
         let start = (self.sq_cur_post as usize) * BB;
         let mut off = CTRL;
         match (self.ty, &wr.ud) {
-            (QpType::Ud, Some(d)) => {
+            (QpType::Ud | QpType::Gsi, Some(d)) => {
                 self.put_av(w, start + off, d);
                 off += DGRAM;
             }
-            (QpType::Ud, None) => return Err(K::BadRequest { what: "UD send without an address handle" }),
+            (QpType::Ud | QpType::Gsi, None) => {
+                return Err(K::BadRequest { what: "UD send without an address handle" })
+            }
             (QpType::Rc | QpType::Uc, Some(_)) => {
                 return Err(K::BadRequest { what: "connected-QP send with a UD destination" })
             }
@@ -572,13 +574,13 @@ impl Qp {
         match self.ty {
             QpType::Rc => Ok(()),
             QpType::Uc => Err(PostErrorKind::BadRequest { what: "RDMA READ or atomic on a UC QP" }),
-            QpType::Ud => Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" }),
+            QpType::Ud | QpType::Gsi => Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" }),
         }
     }
 
     /// RDMA WRITE (with or without immediate): RC and UC.
     fn need_connected(&self) -> Result<(), PostErrorKind> {
-        if self.ty == QpType::Ud {
+        if self.ty.is_datagram() {
             return Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" });
         }
         Ok(())

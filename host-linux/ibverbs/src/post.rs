@@ -272,14 +272,14 @@ unsafe fn push_send<M: Mmio + ?Sized>(
         None
     };
     let ud = match (b.qp().qp_type(), ah) {
-        (QpType::Ud, Some(ah)) => {
+        (QpType::Ud | QpType::Gsi, Some(ah)) => {
             // SAFETY: a UD work request names an address handle of this library (caller).
             let ah = unsafe { ah.as_ref() }.ok_or(libc::EINVAL)?;
             // SAFETY: the union's ud member, for a UD QP.
             let u = unsafe { w.wr.ud };
             Some(UdDest { ah: &ah.ah, remote_qpn: u.remote_qpn, remote_qkey: u.remote_qkey })
         }
-        (QpType::Ud, None) => return Err(libc::EINVAL),
+        (QpType::Ud | QpType::Gsi, None) => return Err(libc::EINVAL),
         _ => None,
     };
     let wr = SendWr {
@@ -568,12 +568,12 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         let r = q.raw.post_send_with(|sb| {
             for p in &b.wrs {
                 let ud = match (q.qp_type, p.ud) {
-                    (QpType::Ud, Some((ah, qpn, qkey))) => {
+                    (QpType::Ud | QpType::Gsi, Some((ah, qpn, qkey))) => {
                         // SAFETY: the program's address handle, created by this library.
                         let Some(ah) = (unsafe { ah.as_ref() }) else { return libc::EINVAL };
                         Some(UdDest { ah: &ah.ah, remote_qpn: qpn, remote_qkey: qkey })
                     }
-                    (QpType::Ud, None) => return libc::EINVAL,
+                    (QpType::Ud | QpType::Gsi, None) => return libc::EINVAL,
                     _ => None,
                 };
                 let inline = p.inline.clone().map(|r| &b.bytes[r]);

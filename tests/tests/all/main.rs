@@ -31,6 +31,7 @@ mod verbs_complete;
 mod verbs_devices;
 mod verbs_events;
 mod verbs_ex;
+mod verbs_gsi;
 mod verbs_limits;
 mod verbs_mr;
 mod verbs_port_ah;

@@ -356,6 +356,68 @@ fn ud_parity(port: PortType) {
     check(&s.rec.0.borrow(), Opcode::Rtr2rtsQp, &rows);
 }
 
+/// The hardware GSI QP (`MLX5_IB_QPT_HW_GSI`): created with `qpc.st` QP1; every modify at MTU 256 with 256-byte
+/// messages; no optional-parameter bits, even for a Q_Key in INIT->RTR that a UD QP would flag.
+fn gsi_parity(port: PortType) {
+    let mut s = setup(SimConfig { port_type: port, lid: 7, ..SimConfig::default() });
+    let pd = s.hca.alloc_pd(&mut s.d).unwrap();
+    let cq = s.hca.create_cq(CqAttr::default(), &mut s.d).unwrap();
+    let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let init = QpInitAttr { qp_type: QpType::Gsi, cap, sq_sig_all: false };
+    let mut g = s.hca.create_qp(&pd, &cq, &cq, init, &mut s.d).unwrap();
+    let qp1 = consts::MLX5_QP_ST_QP1;
+    let call = "ib_create_qp(IB_QPT_GSI) -> mlx5_ib_create_gsi's hardware GSI QP";
+    let st = row(call, "qpc.st", At::Qpc(ifc::qpc::ST), qp1.into(), "create_qp_common (to_mlx5_st: HW_GSI -> QP1)");
+    check(&s.rec.0.borrow(), Opcode::CreateQp, &[st]);
+    let (pdn, cqn) = (pd.pdn(), cq.cqn());
+    let attr = QpAttr { qkey: 0x8001_0000, sq_psn: 0, ..QpAttr::default() };
+    let mtu =
+        |call| row(call, "qpc.mtu", At::Qpc(ifc::qpc::MTU), consts::IB_MTU_256.into(), "__mlx5_ib_modify_qp (GSI)");
+    let msg = |call| row(call, "qpc.log_msg_max", At::Qpc(ifc::qpc::LOG_MSG_MAX), 8, "__mlx5_ib_modify_qp (GSI)");
+
+    let call = "modify GSI RESET->INIT; PKEY_INDEX|PORT|QKEY";
+    let m = M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY;
+    s.hca.modify_qp(&mut g, &QpAttr { qp_state: QpState::Init, ..attr }, m, &mut s.d).unwrap();
+    let mut rows = every_modify(call, qp1, pdn, cqn);
+    rows.extend([
+        mtu(call),
+        msg(call),
+        row(call, "qpc.q_key", At::Qpc(ifc::qpc::Q_KEY), 0x8001_0000, "__mlx5_ib_modify_qp (IB_QP1_QKEY)"),
+        row(call, "ads.vhca_port_num", At::Path(ifc::ads::VHCA_PORT_NUM), 1, "__mlx5_ib_modify_qp (IB_QP_PORT)"),
+    ]);
+    check(&s.rec.0.borrow(), Opcode::Rst2initQp, &rows);
+
+    let call = "modify GSI INIT->RTR; QKEY";
+    s.hca.modify_qp(&mut g, &QpAttr { qp_state: QpState::Rtr, ..attr }, M::STATE | M::QKEY, &mut s.d).unwrap();
+    let mut rows = every_modify(call, qp1, pdn, cqn);
+    rows.extend([
+        mtu(call),
+        msg(call),
+        row(call, "opt_param_mask", At::Cmd(ifc::init2rtr_qp_in::OPT_PARAM_MASK), 0, "opt_mask (no QP1 column)"),
+    ]);
+    check(&s.rec.0.borrow(), Opcode::Init2rtrQp, &rows);
+
+    let call = "modify GSI RTR->RTS; SQ_PSN";
+    s.hca.modify_qp(&mut g, &QpAttr { qp_state: QpState::Rts, ..attr }, M::STATE | M::SQ_PSN, &mut s.d).unwrap();
+    let mut rows = every_modify(call, qp1, pdn, cqn);
+    rows.extend([
+        mtu(call),
+        msg(call),
+        row(call, "opt_param_mask", At::Cmd(ifc::rtr2rts_qp_in::OPT_PARAM_MASK), 0, "opt_mask (no QP1 column)"),
+    ]);
+    check(&s.rec.0.borrow(), Opcode::Rtr2rtsQp, &rows);
+}
+
+#[test]
+fn gsi_modify_commands_match_linux_on_roce() {
+    gsi_parity(PortType::Eth);
+}
+
+#[test]
+fn gsi_modify_commands_match_linux_on_infiniband() {
+    gsi_parity(PortType::Ib);
+}
+
 #[test]
 fn rc_modify_commands_match_linux_on_roce() {
     rc_parity(PortType::Eth);
