@@ -683,8 +683,11 @@ mod tests {
         let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
         let mut qb = b.qp(QpSpec::rc(), b_cq.cqn, b_cq.cqn);
         let (ra, rb) = (a.me(qa.qpn), b.me(qb.qpn));
-        a.connect_rc(&qa, &rb, RcParams::default());
-        b.connect_rc(&qb, &ra, RcParams::default());
+        // What crosses is the point here, not the timer: a 1 s ACK timeout (8 s in all) rides out a loaded machine
+        // under emulation, where the default 67 ms ran out of retries (the aarch64 job in a fresh CI run).
+        let patient = RcParams { ack_timeout: 18, ..RcParams::default() };
+        a.connect_rc(&qa, &rb, patient);
+        b.connect_rc(&qb, &ra, patient);
         let (ma, mb) = (a.mr(1 << 20), b.mr(1 << 20));
         // A message larger than a socket buffer, and a READ and an atomic back.
         let big: Vec<u8> = (0..300_000u32).map(|i| (i * 13 + 1) as u8).collect();
