@@ -19,6 +19,9 @@
 pub mod arena;
 pub mod delay;
 pub mod mmio;
+pub mod peer;
+
+pub use peer::{run_peer, PeerInfo, PeerInfoError, PeerReport, Rendezvous};
 
 use mlx5_core::cq::{Cq, CqeError, LinkLayer, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
@@ -193,6 +196,12 @@ pub enum RunError {
         expected: u8,
         got: u8,
     },
+    /// The other side's connection facts could not be had ([`Rendezvous::peer`]).
+    NoPeer,
+    /// No completion arrived within the timeout in round `round` of [`run_peer`]'s exchange.
+    PeerTimeout {
+        round: u32,
+    },
     /// Teardown reported an error (its report still returned every page it could).
     Teardown(Error),
     /// Teardown freed pages firmware never returned.
@@ -220,6 +229,8 @@ impl core::fmt::Display for RunError {
             RunError::Data { transfer, offset, expected, got } => {
                 write!(f, "transfer {transfer}: byte {offset} of the target is {got:#04x}, expected {expected:#04x}")
             }
+            RunError::NoPeer => write!(f, "no connection facts from the other side"),
+            RunError::PeerTimeout { round } => write!(f, "round {round}: no completion in time"),
             RunError::Teardown(e) => write!(f, "teardown failed: {e}"),
             RunError::PagesKept { pages } => write!(f, "teardown freed {pages} pages firmware did not return"),
         }
