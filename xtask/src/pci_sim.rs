@@ -6,7 +6,8 @@
 //! guest runs the ping-pong against `mlx5 pingpong --server` on the host over the simulated wire (`--wire`), a
 //! third against Debian's ibv_rc_pingpong on the drop-in library on the host, a fourth runs that ibv_rc_pingpong
 //! on the drop-in inside the guest over VFIO;
-//! the bare-metal image (examples/baremetal) boots on the same bus and its command trace is compared.
+//! the bare-metal image (examples/baremetal) boots on the same bus and exchanges 1,000 x 4 KiB RC SENDs and RDMA
+//! WRITEs each way with a host process over the simulated wire, its command trace compared with that process's.
 //!
 //! The proxy has no MSI or MSI-X and its DMA bypasses the guest's IOMMU, so the guest runs the tool with
 //! `MLX5_RS_IOVA_MODE=pa` (IOVA = guest-physical address) and the driver polls (the VFIO crate says so).
@@ -146,6 +147,12 @@ if [ -z "$bdf" ]; then echo "pci-sim: enumerated none"; fail=1; else
     s
 }
 
+/// The Linux guests run on one vCPU: x-pci-proxy-dev drops QEMU's big lock while the proxy answers, and QEMU 7.2's
+/// re-entrancy guard is per device, not per vCPU, so a second vCPU's BAR access meanwhile is refused ("Blocked
+/// re-entrant IO on MemoryRegion: bar-region-0"): a doorbell lost, and a ping-pong that waits for its timeout.
+/// Seen here with `-smp 2`: mlx5-verbs' service thread (health, events) reads BAR0 while the datapath rings doorbells.
+const GUEST_CPUS: u32 = 1;
+
 /// The guest NIC's modules (virtio-net), for the wire run's exchange with the host.
 const NET_MODULES: &[&str] = &[
     "virtio_ring",
@@ -260,11 +267,15 @@ fn boot_with(
         .stderr(Stdio::from(std::fs::File::create(&proxy_log).map_err(|e| e.to_string())?))
         .spawn()
         .map_err(|e| format!("starting mlx5-pci-proxy: {e}"))?;
-    // QEMU's end arrives as the shell's stdin and becomes its fd 3 (x-pci-proxy-dev,fd=3).
+    // QEMU's end arrives as the shell's stdin and becomes its fd 3 (x-pci-proxy-dev,fd=3). Its log records every
+    // CPU reset and a triple fault, so a guest that ends without a word says whether it crashed or rebooted.
+    let qemu_log = work.join(format!("{name}-qemu.log"));
+    let _ = std::fs::remove_file(&qemu_log);
     let qemu = format!(
         "exec qemu-system-x86_64 -accel tcg -nographic -no-reboot -nodefaults -serial stdio \
          -device isa-debug-exit,iobase=0xf4,iosize=0x04 {machine} -device x-pci-proxy-dev,id=mlx5,fd=3 \
-         3<&0 0</dev/null"
+         -d cpu_reset -D '{}' 3<&0 0</dev/null",
+        qemu_log.display()
     );
     println!("pci-sim: booting the {name} guest: {qemu}");
     let start = Instant::now();
@@ -323,7 +334,29 @@ fn boot_with(
         .collect();
     // isa-debug-exit: 1 (pass) → 3.
     let passed = status.code() == Some(3) && server_status.success();
+    if !passed {
+        println!("pci-sim: the {name} guest failed: {}", qemu_reset_note(&qemu_log));
+    }
     Ok(GuestRun { passed, lines, secs, commands, proxy_log })
+}
+
+/// What QEMU's `-d cpu_reset` log says about how a failed guest ended: QEMU resets each CPU twice at power-on
+/// (a dump each, seen here); more dumps mean the guest reset the machine (with `-no-reboot` QEMU then exits), after a triple
+/// fault or on its own (a kernel panic with `panic=-1` reboots).
+fn qemu_reset_note(log: &Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return format!("no QEMU log at {}", log.display());
+    };
+    let resets = text.matches("CPU Reset").count();
+    if text.contains("Triple fault") {
+        format!("a CPU triple-faulted ({} CPU resets in {})", resets, log.display())
+    } else {
+        format!(
+            "no triple fault; {} CPU resets in {} (power-on makes two per CPU; more: the guest reset the machine)",
+            resets,
+            log.display()
+        )
+    }
 }
 
 /// The last `pci-sim: KEY ...` line's rest (the console may put terminal escapes before it).
@@ -348,7 +381,7 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     let initrd = build_initramfs(&work, &modules, &tool, full, false, None)?;
     let machine = format!(
         "-machine q35,kernel-irqchip=split,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on \
-         -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp 2 -kernel '{}' -initrd '{}' \
+         -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp {GUEST_CPUS} -kernel '{}' -initrd '{}' \
          -append 'console=ttyS0 panic=-1 quiet intel_iommu=on'",
         vmlinuz.display(),
         initrd.display()
@@ -442,10 +475,13 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     );
     println!("  time:         guest {:.1} s, whole run {:.1} s", g.secs, started.elapsed().as_secs_f64());
     println!(
-        "  bare metal:   {}: {} commands, {} bytes checked, same trace as the host's run(): {} ({} commands there){}",
+        "  bare metal:   {}: {} commands, 1,000 x 4 KiB SENDs and RDMA WRITEs each way with a host process over the \
+         wire, {} bytes checked by the image, {} by the host side; same trace as the host side's run_peer(): {} ({} \
+         commands there){}",
         if bm.passed { "passed" } else { "FAILED" },
         bm.commands,
         bm.bytes_checked,
+        bm.host_bytes_checked,
         bm.same_trace,
         bm.host_commands,
         bm.first_difference.as_deref().map(|d| format!(", first difference: {d}")).unwrap_or_default()
@@ -716,7 +752,7 @@ fn wire_run(
     let wire_at = format!("127.0.0.1:{}", WIRE_PORT + 1);
     let machine = format!(
         "-machine q35,kernel-irqchip=split,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on \
-         -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp 2 -kernel '{}' -initrd '{}' \
+         -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp {GUEST_CPUS} -kernel '{}' -initrd '{}' \
          -append 'console=ttyS0 panic=-1 quiet intel_iommu=on' -netdev user,id=n0 -device virtio-net-pci,netdev=n0",
         kernel.display(),
         initrd.display()

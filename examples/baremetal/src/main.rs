@@ -1,15 +1,19 @@
 //! `mlx5-core` on bare x86_64: an image QEMU boots with `-kernel` (PVH entry), no std, no alloc. It switches to
 //! long mode with the first 4 GiB identity-mapped, finds the ConnectX (15b3:1017) by scanning PCI config space
-//! (ports 0xcf8/0xcfc), turns on memory decoding and bus mastering, and hands the firmware example's `run()` an
-//! `Mmio` over BAR0 at the address the BIOS gave it, the firmware's `Arena` over a static buffer (iova = CPU
-//! address = physical address) and a TSC delay calibrated on the PIT: bring-up in Linux's order, PD, MR, two CQs
-//! and two RC QPs on the port's loopback, two SENDs and an RDMA WRITE with every completion and byte checked,
-//! teardown with every firmware page returned. It logs on the serial port and exits through `isa-debug-exit`
-//! (1: passed, 2: failed; QEMU exits with `(v << 1) | 1`).
+//! (ports 0xcf8/0xcfc), turns on memory decoding and bus mastering, and drives it through the firmware example
+//! with an `Mmio` over BAR0 at the address the BIOS gave it, the firmware's `Arena` over a static buffer (iova =
+//! CPU address = physical address) and a TSC delay calibrated on the PIT. With `mlx5.peer=FACTS` on its command
+//! line (QEMU's `-append`, read from the PVH start info) it runs `run_peer()` against the host process those
+//! facts describe: bring-up in Linux's order, PD, MR, CQ and an RC QP, its own facts printed on serial
+//! (`baremetal: ready FACTS`) once the QP is ready, 1,000 rounds of 4 KiB SENDs and RDMA WRITEs each way with
+//! every byte checked, teardown with every firmware page returned. Without it, the loopback `run()`. It logs on
+//! the serial port and exits through `isa-debug-exit` (1: passed, 2: failed; QEMU exits with `(v << 1) | 1`).
 //!
 //! Build: `cargo build --release -p mlx5-baremetal-example --target x86_64-unknown-none` with
 //! `RUSTFLAGS=-C relocation-model=static` (`cargo xtask pci-sim` does). On the host the binary runs the same
-//! `run()` against the simulator and prints the device's command trace, the reference the image's is compared
+//! code against the simulator: without arguments the loopback `run()`, with `--peer HOST:PORT` the other side of
+//! the image's exchange (a simulated device whose wire listens there; `peer FACTS` on stdout, the image's facts
+//! read from stdin); either way it then prints the device's command trace, the reference the image's is compared
 //! with.
 
 #![cfg_attr(target_os = "none", no_std, no_main)]
