@@ -180,7 +180,8 @@ pub enum RunError {
         got: usize,
         want: usize,
     },
-    /// Completion `index` of [`Report::completions`]'s order is not the one expected.
+    /// Completion `index` of [`Report::completions`]'s order is not the one expected (in [`run_peer`]'s rounds: 0
+    /// the RDMA WRITE, 1 the SEND, 2 the receive).
     Completion {
         index: usize,
         wr_id: u64,
@@ -189,7 +190,7 @@ pub enum RunError {
         byte_len: u32,
     },
     /// Byte `offset` of transfer `transfer`'s target area is not what was sent (or, past the transfer's length,
-    /// not zero).
+    /// not zero). In [`run_peer`]'s rounds transfer 0 is the other side's SEND, 1 its RDMA WRITE.
     Data {
         transfer: usize,
         offset: usize,

@@ -261,7 +261,7 @@ struct Waiter {
     timeout_us: u32,
 }
 
-/// Polls until one completion arrives; `since` is when this wait began (in [`Waiter::waited`] time).
+/// Polls until one completion arrives, for at most [`Waiter::timeout_us`] of empty polls.
 fn one_completion<M: Mmio, D: Dma, T: CmdTrace>(
     hca: &mut FwHca<M, D, T>,
     cq: &mut Cq,
