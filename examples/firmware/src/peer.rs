@@ -1,5 +1,5 @@
 //! [`run_peer`]: the driver's life on one device whose RC QP talks to a QP of another machine over the port's
-//! link, instead of the loopback [`run`](crate::run) uses. Both ends run this same function (so their command
+//! link, instead of the loopback [`run`] uses. Both ends run this same function (so their command
 //! traces are the same commands in the same order); they differ only in who sends first. The connection facts
 //! ([`PeerInfo`]: QPN, LID, GID, MAC, rkey, address) cross out of band through a [`Rendezvous`] the caller gives:
 //! a host process prints and reads lines, a bare-metal image reads its boot command line and prints on serial.
