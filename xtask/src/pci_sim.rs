@@ -335,7 +335,14 @@ fn boot_with(
     // isa-debug-exit: 1 (pass) → 3.
     let passed = status.code() == Some(3) && server_status.success();
     if !passed {
-        println!("pci-sim: the {name} guest failed: {}", qemu_reset_note(&qemu_log));
+        use std::os::unix::process::ExitStatusExt;
+        let how = match status.signal() {
+            // QEMU itself crashed: nothing the guest or the proxy can do about it (seen here as a SIGSEGV during
+            // the guest kernel's boot, before any BAR access, about once in 15 Linux guests).
+            Some(sig) => format!("QEMU itself died of signal {sig} ({})", qemu_reset_note(&qemu_log)),
+            None => qemu_reset_note(&qemu_log),
+        };
+        println!("pci-sim: the {name} guest failed: {how}");
     }
     Ok(GuestRun { passed, lines, secs, commands, proxy_log })
 }
