@@ -10,7 +10,8 @@
 //! * `vfio-test`: the host crate's VFIO layer against the real Linux VFIO stack, in a QEMU guest with QEMU's
 //!   `edu` device behind an emulated IOMMU.
 //! * `pci-sim [--full]`: the simulator behind QEMU's `x-pci-proxy-dev` (`sim/pci-proxy`), driven through the
-//!   guest's vfio-pci by the `mlx5` tool; writes `target/pci-sim/summary.json` (`pci_sim.rs`).
+//!   guest's vfio-pci by the `mlx5` tool, and by the bare-metal image exchanging SENDs and RDMA WRITEs with a host
+//!   process over the wire; writes `target/pci-sim/summary.json` (`pci_sim.rs`).
 //! * `bench [--json]`: the datapath, encoding and simulator benchmarks and the core's size; writes `BENCHMARKS.md`.
 //!   `--peer`: the datapath calls against rdma-core's mlx5 provider, built from its source (`xtask/peer/`).
 //! * `fuzz [--seconds N] [--target NAME]`: the cargo-fuzz targets in `fuzz/`, N seconds each (default 30), then
@@ -180,7 +181,9 @@ commands:
   vfio-test                      the VFIO layer against real Linux VFIO in a QEMU guest (needs root)
   pci-sim [--full]               the simulator as a PCI device of a QEMU guest (x-pci-proxy-dev): the guest's
                                  vfio-pci and our VFIO crate bring it up, devinfo and a 1,000 x 4 KiB ping-pong
-                                 (--full: also a bench loopback); writes target/pci-sim/summary.json (needs root)
+                                 (--full: also a bench loopback), over the wire with host processes, and the
+                                 bare-metal image's 1,000 x 4 KiB SENDs and RDMA WRITEs with a host process;
+                                 writes target/pci-sim/summary.json (needs root)
   rxe-interop                    mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways
   vde                            mlx5 pingpong --wire vde: RC and UD, two pairs at once on one VDE fabric (the
                                  default switch, started by the first process), clients first; installs vde2;

@@ -6,7 +6,8 @@
 //! guest runs the ping-pong against `mlx5 pingpong --server` on the host over the simulated wire (`--wire`), a
 //! third against Debian's ibv_rc_pingpong on the drop-in library on the host, a fourth runs that ibv_rc_pingpong
 //! on the drop-in inside the guest over VFIO;
-//! the bare-metal image (examples/baremetal) boots on the same bus and its command trace is compared.
+//! the bare-metal image (examples/baremetal) boots on the same bus and exchanges 1,000 x 4 KiB RC SENDs and RDMA
+//! WRITEs each way with a host process over the simulated wire, its command trace compared with that process's.
 //!
 //! The proxy has no MSI or MSI-X and its DMA bypasses the guest's IOMMU, so the guest runs the tool with
 //! `MLX5_RS_IOVA_MODE=pa` (IOVA = guest-physical address) and the driver polls (the VFIO crate says so).
@@ -146,6 +147,12 @@ if [ -z "$bdf" ]; then echo "pci-sim: enumerated none"; fail=1; else
     s
 }
 
+/// The Linux guests run on one vCPU: x-pci-proxy-dev drops QEMU's big lock while the proxy answers, and QEMU 7.2's
+/// re-entrancy guard is per device, not per vCPU, so a second vCPU's BAR access meanwhile is refused ("Blocked
+/// re-entrant IO on MemoryRegion: bar-region-0"): a doorbell lost, and a ping-pong that waits for its timeout.
+/// Seen here with `-smp 2`: mlx5-verbs' service thread (health, events) reads BAR0 while the datapath rings doorbells.
+const GUEST_CPUS: u32 = 1;
+
 /// The guest NIC's modules (virtio-net), for the wire run's exchange with the host.
 const NET_MODULES: &[&str] = &[
     "virtio_ring",
@@ -228,9 +235,25 @@ struct GuestRun {
     proxy_log: String,
 }
 
+/// What sees each console line as it arrives (the bare-metal run hands the image's facts to the host side).
+type LineHook = Box<dyn FnMut(&str) + Send>;
+
 /// Boots a guest (QEMU arguments `machine`, after the shared ones) with the proxy and collects its console, the
 /// proxy's command trace (`(opcode, op_mod)` in completion order) and its log.
 fn boot(work: &Path, proxy: &Path, proxy_args: &[&str], name: &str, machine: &str) -> Result<GuestRun, String> {
+    boot_with(work, proxy, proxy_args, name, machine, None, TIMEOUT)
+}
+
+/// [`boot`], each console line also given to `hook`, the guest killed after `timeout`.
+fn boot_with(
+    work: &Path,
+    proxy: &Path,
+    proxy_args: &[&str],
+    name: &str,
+    machine: &str,
+    mut hook: Option<LineHook>,
+    timeout: Duration,
+) -> Result<GuestRun, String> {
     let (q, p) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
     let trace = work.join(format!("{name}-commands.jsonl"));
     let proxy_log = work.join(format!("{name}-proxy.log"));
@@ -244,11 +267,15 @@ fn boot(work: &Path, proxy: &Path, proxy_args: &[&str], name: &str, machine: &st
         .stderr(Stdio::from(std::fs::File::create(&proxy_log).map_err(|e| e.to_string())?))
         .spawn()
         .map_err(|e| format!("starting mlx5-pci-proxy: {e}"))?;
-    // QEMU's end arrives as the shell's stdin and becomes its fd 3 (x-pci-proxy-dev,fd=3).
+    // QEMU's end arrives as the shell's stdin and becomes its fd 3 (x-pci-proxy-dev,fd=3). Its log records every
+    // CPU reset and a triple fault, so a guest that ends without a word says whether it crashed or rebooted.
+    let qemu_log = work.join(format!("{name}-qemu.log"));
+    let _ = std::fs::remove_file(&qemu_log);
     let qemu = format!(
         "exec qemu-system-x86_64 -accel tcg -nographic -no-reboot -nodefaults -serial stdio \
          -device isa-debug-exit,iobase=0xf4,iosize=0x04 {machine} -device x-pci-proxy-dev,id=mlx5,fd=3 \
-         3<&0 0</dev/null"
+         -d cpu_reset -D '{}' 3<&0 0</dev/null",
+        qemu_log.display()
     );
     println!("pci-sim: booting the {name} guest: {qemu}");
     let start = Instant::now();
@@ -267,18 +294,21 @@ fn boot(work: &Path, proxy: &Path, proxy_args: &[&str], name: &str, machine: &st
             let l = String::from_utf8_lossy(&line).trim_end_matches('\r').to_string();
             println!("guest| {l}");
             let _ = std::io::stdout().flush();
+            if let Some(h) = hook.as_mut() {
+                h(&l);
+            }
             lines.push(l);
         }
         lines
     });
-    let status = match wait_until(&mut child, start + TIMEOUT, Duration::from_millis(100))? {
+    let status = match wait_until(&mut child, start + timeout, Duration::from_millis(100))? {
         Some(s) => s,
         None => {
             let _ = child.kill();
             let _ = child.wait();
             let _ = server.kill();
             let _ = server.wait();
-            return Err(format!("the guest did not finish within {} s", TIMEOUT.as_secs()));
+            return Err(format!("the {name} guest did not finish within {} s", timeout.as_secs()));
         }
     };
     let secs = start.elapsed().as_secs_f64();
@@ -304,7 +334,36 @@ fn boot(work: &Path, proxy: &Path, proxy_args: &[&str], name: &str, machine: &st
         .collect();
     // isa-debug-exit: 1 (pass) → 3.
     let passed = status.code() == Some(3) && server_status.success();
+    if !passed {
+        use std::os::unix::process::ExitStatusExt;
+        let how = match status.signal() {
+            // QEMU itself crashed: nothing the guest or the proxy can do about it (seen here as a SIGSEGV during
+            // the guest kernel's boot, before any BAR access, about once in 15 Linux guests).
+            Some(sig) => format!("QEMU itself died of signal {sig} ({})", qemu_reset_note(&qemu_log)),
+            None => qemu_reset_note(&qemu_log),
+        };
+        println!("pci-sim: the {name} guest failed: {how}");
+    }
     Ok(GuestRun { passed, lines, secs, commands, proxy_log })
+}
+
+/// What QEMU's `-d cpu_reset` log says about how a failed guest ended: QEMU resets each CPU twice at power-on
+/// (a dump each, seen here); more dumps mean the guest reset the machine (with `-no-reboot` QEMU then exits), after a triple
+/// fault or on its own (a kernel panic with `panic=-1` reboots).
+fn qemu_reset_note(log: &Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return format!("no QEMU log at {}", log.display());
+    };
+    let resets = text.matches("CPU Reset").count();
+    if text.contains("Triple fault") {
+        format!("a CPU triple-faulted ({} CPU resets in {})", resets, log.display())
+    } else {
+        format!(
+            "no triple fault; {} CPU resets in {} (power-on makes two per CPU; more: the guest reset the machine)",
+            resets,
+            log.display()
+        )
+    }
 }
 
 /// The last `pci-sim: KEY ...` line's rest (the console may put terminal escapes before it).
@@ -329,7 +388,7 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     let initrd = build_initramfs(&work, &modules, &tool, full, false, None)?;
     let machine = format!(
         "-machine q35,kernel-irqchip=split,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on \
-         -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp 2 -kernel '{}' -initrd '{}' \
+         -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp {GUEST_CPUS} -kernel '{}' -initrd '{}' \
          -append 'console=ttyS0 panic=-1 quiet intel_iommu=on'",
         vmlinuz.display(),
         initrd.display()
@@ -377,6 +436,7 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
             "passed": bm.passed,
             "commands": bm.commands,
             "bytes_checked": bm.bytes_checked,
+            "host_bytes_checked": bm.host_bytes_checked,
             "same_trace_as_host": bm.same_trace,
             "host_commands": bm.host_commands,
             "first_difference": bm.first_difference,
@@ -422,10 +482,13 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
     );
     println!("  time:         guest {:.1} s, whole run {:.1} s", g.secs, started.elapsed().as_secs_f64());
     println!(
-        "  bare metal:   {}: {} commands, {} bytes checked, same trace as the host's run(): {} ({} commands there){}",
+        "  bare metal:   {}: {} commands, 1,000 x 4 KiB SENDs and RDMA WRITEs each way with a host process over the \
+         wire, {} bytes checked by the image, {} by the host side; same trace as the host side's run_peer(): {} ({} \
+         commands there){}",
         if bm.passed { "passed" } else { "FAILED" },
         bm.commands,
         bm.bytes_checked,
+        bm.host_bytes_checked,
         bm.same_trace,
         bm.host_commands,
         bm.first_difference.as_deref().map(|d| format!(", first difference: {d}")).unwrap_or_default()
@@ -467,7 +530,10 @@ pub fn run_pci_sim(root: &Path, full: bool) -> Result<(), String> {
 struct Baremetal {
     passed: bool,
     commands: usize,
+    /// Checked by the image.
     bytes_checked: u64,
+    /// Checked by the host side.
+    host_bytes_checked: u64,
     same_trace: bool,
     host_commands: usize,
     first_difference: Option<String>,
@@ -485,13 +551,24 @@ fn ensure_rust_target(t: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The port the bare-metal run's host side listens on for the proxy's wire.
+const BAREMETAL_WIRE_PORT: u16 = 18840;
+/// How long the bare-metal guest may take in all (the image bounds each of its own waits at 60 s).
+const BAREMETAL_TIMEOUT: Duration = Duration::from_secs(300);
+/// What the exchange moves each way: 1,000 SENDs and 1,000 RDMA WRITEs of 4 KiB (examples/firmware's peer.rs).
+const BAREMETAL_BYTES: u64 = 2 * 1000 * 4096;
+
 /// The core on bare metal: `examples/baremetal` built for x86_64-unknown-none, booted with `-kernel` (PVH) with
-/// the proxy as its PCI device; its device-side command trace compared with the same `run()` on the host.
+/// the proxy as its PCI device, exchanging RC SENDs and RDMA WRITEs with a host process over the simulated wire.
+/// The host side is the same crate's host binary (`--peer`): the same `run_peer()` on a simulated device whose
+/// wire listens on 127.0.0.1, so its device trace is the reference the image's is compared with. The host's
+/// facts reach the image on its command line (`-append mlx5.peer=...`); the image's come back on its serial line
+/// (`baremetal: ready ...`) and go to the host's stdin.
 fn baremetal(root: &Path, work: &Path, proxy: &Path) -> Result<Baremetal, String> {
     ensure_rust_target(BAREMETAL_TARGET)?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let target_dir = work.join("baremetal-target");
-    println!("pci-sim: building the bare-metal image");
+    println!("pci-sim: building the bare-metal image and its host side");
     let st = Command::new(&cargo)
         .args(["build", "--release", "-p", "mlx5-baremetal-example", "--target", BAREMETAL_TARGET])
         .env("RUSTFLAGS", "-C relocation-model=static")
@@ -502,33 +579,108 @@ fn baremetal(root: &Path, work: &Path, proxy: &Path) -> Result<Baremetal, String
     if !st.success() {
         return Err("building the bare-metal image failed".into());
     }
+    let st = Command::new(&cargo)
+        .args(["build", "--release", "-p", "mlx5-baremetal-example"])
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !st.success() {
+        return Err("building the bare-metal example's host side failed".into());
+    }
     let image = target_dir.join(BAREMETAL_TARGET).join("release/mlx5-baremetal-example");
-    // The reference: the same run() on the host against the simulator, the device's trace.
-    let host = run(Command::new(&cargo).args(["run", "-q", "-p", "mlx5-baremetal-example"]).current_dir(root))?;
-    let host: Vec<(String, u64)> = host
-        .lines()
+    let host_target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let host_bin = host_target.join("release/mlx5-baremetal-example");
+    let wire_at = format!("127.0.0.1:{BAREMETAL_WIRE_PORT}");
+    let mut host = Command::new(&host_bin)
+        .args(["--peer", &wire_at])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", host_bin.display()))?;
+    // Its stdout, line by line, on a channel: the first line is its facts, the rest its verdict and trace.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = host.stdout.take().ok_or("no stdout of the host side")?;
+    let reader = std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let facts = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(l) if l.starts_with("peer ") => l["peer ".len()..].trim().to_string(),
+        other => {
+            let _ = host.kill();
+            let _ = host.wait();
+            return Err(format!("the bare-metal run's host side gave no facts: {other:?}"));
+        }
+    };
+    println!("pci-sim: bare-metal host side: peer {facts}");
+    // The image's facts, once its QP is ready, go to the host side's stdin.
+    let stdin = std::sync::Arc::new(std::sync::Mutex::new(host.stdin.take()));
+    let to_host = std::sync::Arc::clone(&stdin);
+    let hook: LineHook = Box::new(move |l: &str| {
+        const TAG: &str = "baremetal: ready ";
+        if let Some(i) = l.find(TAG) {
+            if let Ok(mut g) = to_host.lock() {
+                if let Some(mut w) = g.take() {
+                    let _ = writeln!(w, "{}", l[i + TAG.len()..].trim());
+                }
+            }
+        }
+    });
+    let machine = format!(
+        "-machine q35,memory-backend=ram -object memory-backend-memfd,id=ram,size=256M,share=on -m 256M -kernel '{}' \
+         -append 'mlx5.peer={facts}'",
+        image.display()
+    );
+    let g = boot_with(work, proxy, &["--wire", &wire_at], "baremetal", &machine, Some(hook), BAREMETAL_TIMEOUT);
+    // A host side still waiting for facts sees its stdin close.
+    if let Ok(mut s) = stdin.lock() {
+        s.take();
+    }
+    let host_status = wait_until(&mut host, Instant::now() + Duration::from_secs(150), Duration::from_millis(50))?;
+    if host_status.is_none() {
+        let _ = host.kill();
+        let _ = host.wait();
+    }
+    let _ = reader.join();
+    let host_lines: Vec<String> = rx.try_iter().collect();
+    let g = g?;
+    let host_ok = host_status.is_some_and(|s| s.success());
+    println!(
+        "pci-sim: bare-metal host side: {}",
+        host_lines.iter().find(|l| l.starts_with("passed")).map_or("failed", String::as_str)
+    );
+    // Its verdict, then its device's trace.
+    let host_bytes = host_lines
+        .iter()
+        .find_map(|l| {
+            l.strip_prefix("passed ")?.split_once("bytes_checked ")?.1.split_whitespace().next()?.parse().ok()
+        })
+        .filter(|_| host_ok)
+        .unwrap_or(0u64);
+    let host_trace: Vec<(String, u64)> = host_lines
+        .iter()
+        .filter(|l| l.starts_with("0x"))
         .filter_map(|l| {
             let (op, m) = l.split_once(' ')?;
             Some((op.to_string(), m.trim().parse().ok()?))
         })
         .collect();
-    let machine = format!(
-        "-machine q35,memory-backend=ram -object memory-backend-memfd,id=ram,size=256M,share=on -m 256M -kernel '{}'",
-        image.display()
-    );
-    let g = boot(work, proxy, &[], "baremetal", &machine)?;
     // Torn down with no page leaked: the device holds none of the image's pages at the end.
     let passed_line =
         g.lines.iter().any(|l| l.contains("baremetal: passed")) && g.proxy_log.contains(", 0 firmware pages held");
     let first_difference = g
         .commands
         .iter()
-        .zip(&host)
+        .zip(&host_trace)
         .position(|(a, b)| a != b)
-        .or((g.commands.len() != host.len()).then(|| g.commands.len().min(host.len())))
-        .map(|i| format!("command {i}: image {:?}, host {:?}", g.commands.get(i), host.get(i)));
-    let same_trace = !host.is_empty() && first_difference.is_none();
-    // The image reports the payload bytes its run() moved and checked.
+        .or((g.commands.len() != host_trace.len()).then(|| g.commands.len().min(host_trace.len())))
+        .map(|i| format!("command {i}: image {:?}, host {:?}", g.commands.get(i), host_trace.get(i)));
+    let same_trace = host_ok && !host_trace.is_empty() && first_difference.is_none();
+    // The image reports the payload bytes it received and checked.
     let bytes_checked = g
         .lines
         .iter()
@@ -539,11 +691,12 @@ fn baremetal(root: &Path, work: &Path, proxy: &Path) -> Result<Baremetal, String
         .filter(|_| passed_line && g.passed)
         .unwrap_or(0);
     Ok(Baremetal {
-        passed: g.passed && passed_line,
+        passed: g.passed && passed_line && host_ok && bytes_checked == BAREMETAL_BYTES && host_bytes == BAREMETAL_BYTES,
         commands: g.commands.len(),
         bytes_checked,
+        host_bytes_checked: host_bytes,
         same_trace,
-        host_commands: host.len(),
+        host_commands: host_trace.len(),
         first_difference,
         secs: g.secs,
     })
@@ -606,7 +759,7 @@ fn wire_run(
     let wire_at = format!("127.0.0.1:{}", WIRE_PORT + 1);
     let machine = format!(
         "-machine q35,kernel-irqchip=split,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on \
-         -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp 2 -kernel '{}' -initrd '{}' \
+         -m 1G -device intel-iommu,intremap=on,caching-mode=on -smp {GUEST_CPUS} -kernel '{}' -initrd '{}' \
          -append 'console=ttyS0 panic=-1 quiet intel_iommu=on' -netdev user,id=n0 -device virtio-net-pci,netdev=n0",
         kernel.display(),
         initrd.display()

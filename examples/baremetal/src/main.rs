@@ -1,15 +1,19 @@
 //! `mlx5-core` on bare x86_64: an image QEMU boots with `-kernel` (PVH entry), no std, no alloc. It switches to
 //! long mode with the first 4 GiB identity-mapped, finds the ConnectX (15b3:1017) by scanning PCI config space
-//! (ports 0xcf8/0xcfc), turns on memory decoding and bus mastering, and hands the firmware example's `run()` an
-//! `Mmio` over BAR0 at the address the BIOS gave it, the firmware's `Arena` over a static buffer (iova = CPU
-//! address = physical address) and a TSC delay calibrated on the PIT: bring-up in Linux's order, PD, MR, two CQs
-//! and two RC QPs on the port's loopback, two SENDs and an RDMA WRITE with every completion and byte checked,
-//! teardown with every firmware page returned. It logs on the serial port and exits through `isa-debug-exit`
-//! (1: passed, 2: failed; QEMU exits with `(v << 1) | 1`).
+//! (ports 0xcf8/0xcfc), turns on memory decoding and bus mastering, and drives it through the firmware example
+//! with an `Mmio` over BAR0 at the address the BIOS gave it, the firmware's `Arena` over a static buffer (iova =
+//! CPU address = physical address) and a TSC delay calibrated on the PIT. With `mlx5.peer=FACTS` on its command
+//! line (QEMU's `-append`, read from the PVH start info) it runs `run_peer()` against the host process those
+//! facts describe: bring-up in Linux's order, PD, MR, CQ and an RC QP, its own facts printed on serial
+//! (`baremetal: ready FACTS`) once the QP is ready, 1,000 rounds of 4 KiB SENDs and RDMA WRITEs each way with
+//! every byte checked, teardown with every firmware page returned. Without it, the loopback `run()`. It logs on
+//! the serial port and exits through `isa-debug-exit` (1: passed, 2: failed; QEMU exits with `(v << 1) | 1`).
 //!
 //! Build: `cargo build --release -p mlx5-baremetal-example --target x86_64-unknown-none` with
 //! `RUSTFLAGS=-C relocation-model=static` (`cargo xtask pci-sim` does). On the host the binary runs the same
-//! `run()` against the simulator and prints the device's command trace, the reference the image's is compared
+//! code against the simulator: without arguments the loopback `run()`, with `--peer HOST:PORT` the other side of
+//! the image's exchange (a simulated device whose wire listens there; `peer FACTS` on stdout, the image's facts
+//! read from stdin); either way it then prints the device's command trace, the reference the image's is compared
 //! with.
 
 #![cfg_attr(target_os = "none", no_std, no_main)]
@@ -23,7 +27,7 @@ mod image {
     use mlx5_core::hal::{DelayNs, Mmio};
     use mlx5_core::trace::{CmdRecord, CmdTrace};
     use mlx5_firmware_example::arena::Arena;
-    use mlx5_firmware_example::run;
+    use mlx5_firmware_example::{run, run_peer, PeerInfo, Rendezvous};
 
     // The PVH entry (32-bit protected mode, paging off): page tables identity-mapping 4 GiB with 2 MiB pages,
     // PAE, long mode, paging, a 64-bit code segment, a stack, then Rust.
@@ -34,6 +38,7 @@ mod image {
         .global _start32
         _start32:
             cli
+            movl %ebx, boot_start_info
             movl $boot_stack_top, %esp
             movl $boot_pd, %edi
             xorl %ecx, %ecx
@@ -107,6 +112,9 @@ mod image {
             .long _start32
 
         .section .bss.boot, "aw", @nobits
+        .balign 4096
+        .global boot_start_info
+        boot_start_info: .skip 4
         .balign 4096
         boot_pml4: .skip 4096
         boot_pdpt: .skip 4096
@@ -248,6 +256,60 @@ mod image {
         }
     }
 
+    extern "C" {
+        /// The physical address of the PVH `hvm_start_info` the loader passed in %ebx.
+        static boot_start_info: u32;
+    }
+
+    /// `XEN_HVM_START_MAGIC_VALUE`, the first field of `hvm_start_info`.
+    const HVM_START_MAGIC: u32 = 0x336e_c578;
+    /// Offset of `cmdline_paddr` in `hvm_start_info` (after magic, version, flags, nr_modules, modlist_paddr).
+    const HVM_CMDLINE_PADDR: usize = 24;
+    /// The longest command line read.
+    const CMDLINE_MAX: usize = 4096;
+
+    /// The boot command line (QEMU's `-append`), empty when there is none.
+    fn cmdline() -> &'static str {
+        // SAFETY: written once by the entry code before any Rust runs.
+        let info = unsafe { core::ptr::addr_of!(boot_start_info).read() } as usize;
+        if info == 0 {
+            return "";
+        }
+        // SAFETY: the loader's start_info lies in the identity-mapped low 4 GiB; its first two fields are read.
+        let (magic, paddr) = unsafe {
+            ((info as *const u32).read_volatile(), ((info + HVM_CMDLINE_PADDR) as *const u64).read_unaligned())
+        };
+        if magic != HVM_START_MAGIC || paddr == 0 || paddr >= 1 << 32 {
+            return "";
+        }
+        let p = paddr as *const u8;
+        let mut len = 0;
+        // SAFETY: a NUL-terminated string the loader placed in identity-mapped memory, read up to CMDLINE_MAX.
+        while len < CMDLINE_MAX && unsafe { p.add(len).read_volatile() } != 0 {
+            len += 1;
+        }
+        // SAFETY: `len` bytes were just read; nothing writes them while the image runs.
+        let bytes = unsafe { core::slice::from_raw_parts(p, len) };
+        core::str::from_utf8(bytes).unwrap_or("")
+    }
+
+    /// The host's facts come on the command line (`mlx5.peer=FACTS`); this side's go out on serial once its QP
+    /// is ready, where the xtask reads them and hands them to the host process.
+    struct BootRendezvous(PeerInfo);
+
+    impl Rendezvous for BootRendezvous {
+        fn peer(&mut self, mine: &PeerInfo) -> Option<PeerInfo> {
+            log!("baremetal: qp {:#x} created", mine.qpn);
+            Some(self.0)
+        }
+        fn ready(&mut self, mine: &PeerInfo) {
+            log!("baremetal: ready {mine}");
+        }
+    }
+
+    /// How long the image waits for each completion of the exchange.
+    const PEER_TIMEOUT_US: u32 = 60_000_000;
+
     const ARENA_BYTES: usize = 4 << 20;
     /// The DMA arena: identity-mapped, so its CPU addresses are the bus addresses the device sees.
     static mut ARENA_MEM: [MaybeUninit<u8>; ARENA_BYTES] = [MaybeUninit::uninit(); ARENA_BYTES];
@@ -278,6 +340,40 @@ mod image {
         // SAFETY: the memory is this arena's alone.
         let arena: Arena = unsafe { Arena::new(mem) };
         let mut trace = SerialTrace(0);
+        let peer = cmdline().split_whitespace().find_map(|a| a.strip_prefix("mlx5.peer="));
+        if let Some(facts) = peer {
+            let host: PeerInfo = match facts.parse() {
+                Ok(p) => p,
+                Err(e) => {
+                    log!("baremetal: failed: mlx5.peer=: {e}");
+                    exit(2)
+                }
+            };
+            log!("baremetal: peer {host}");
+            let mut rv = BootRendezvous(host);
+            match run_peer(Bar(bar0), &arena, &mut trace, &mut delay, &mut rv, false, PEER_TIMEOUT_US) {
+                Ok(r) => {
+                    log!(
+                        "baremetal: passed: fw {}.{}.{}, {} commands, qpn {:#x} to {:#x}, {} rounds, {} pages reclaimed",
+                        r.fw_rev.0,
+                        r.fw_rev.1,
+                        r.fw_rev.2,
+                        trace.0,
+                        r.mine.qpn,
+                        r.theirs.qpn,
+                        r.rounds,
+                        r.pages_reclaimed
+                    );
+                    log!("baremetal: bytes_checked {}", r.bytes_checked);
+                    log!("baremetal: arena {:?}", arena.stats());
+                    exit(1)
+                }
+                Err(e) => {
+                    log!("baremetal: failed: {e}");
+                    exit(2)
+                }
+            }
+        }
         match run(Bar(bar0), &arena, &mut trace, &mut delay) {
             Ok(r) => {
                 log!(
@@ -312,19 +408,85 @@ mod image {
 }
 
 #[cfg(not(target_os = "none"))]
+mod host {
+    use std::io::{BufRead, Write};
+
+    use mlx5_firmware_example::{PeerInfo, Rendezvous};
+
+    /// The facts go out on stdout (`peer FACTS`) and the other side's come back on stdin (one line of FACTS).
+    pub struct StdioRendezvous;
+
+    impl Rendezvous for StdioRendezvous {
+        fn peer(&mut self, mine: &PeerInfo) -> Option<PeerInfo> {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "peer {mine}").ok()?;
+            out.flush().ok()?;
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line).ok()?;
+            match line.trim().parse() {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    eprintln!("mlx5-baremetal-example: the other side's facts {:?}: {e}", line.trim());
+                    None
+                }
+            }
+        }
+        fn ready(&mut self, _: &PeerInfo) {}
+    }
+}
+
+/// How long the host side waits for each completion of the exchange (the guest runs under TCG).
+#[cfg(not(target_os = "none"))]
+const HOST_PEER_TIMEOUT_US: u32 = 120_000_000;
+
+#[cfg(not(target_os = "none"))]
 fn main() -> std::process::ExitCode {
-    use mlx5_sim::{SimConfig, SimDevice};
-    // The same run() on the host against the simulator; the device's command trace, one `opcode op_mod` a line.
-    let dev = SimDevice::new(SimConfig::default());
-    match mlx5_firmware_example::run(dev.mmio(), dev.dma(), (), &mut dev.delay()) {
-        Ok(_) => {
+    use mlx5_sim::{Mode, SimConfig, SimDevice};
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dev;
+    let res = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        // The loopback run() on the simulator; the device's command trace, one `opcode op_mod` a line.
+        [] => {
+            dev = SimDevice::new(SimConfig::default());
+            mlx5_firmware_example::run(dev.mmio(), dev.dma(), (), &mut dev.delay()).map(|_| ())
+        }
+        // The host side of the image's exchange: a simulated device (as mlx5-pci-proxy configures its own)
+        // whose wire listens at ADDR, running run_peer() as the side that sends first; then its trace.
+        ["--peer", addr] => {
+            let cfg = SimConfig { mode: Mode::Threaded, num_uars: 256, ..SimConfig::default() };
+            dev = SimDevice::new(cfg);
+            if let Err(e) = dev.wire_listen(addr) {
+                eprintln!("mlx5-baremetal-example: --peer {addr}: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+            let mut rv = host::StdioRendezvous;
+            mlx5_firmware_example::run_peer(
+                dev.mmio(),
+                dev.dma(),
+                (),
+                &mut dev.delay(),
+                &mut rv,
+                true,
+                HOST_PEER_TIMEOUT_US,
+            )
+            .map(|r| {
+                println!("passed rounds {} bytes_checked {} pages {}", r.rounds, r.bytes_checked, r.pages_reclaimed)
+            })
+        }
+        _ => {
+            eprintln!("usage: mlx5-baremetal-example [--peer HOST:PORT]");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match res {
+        Ok(()) => {
             for c in dev.executed() {
                 println!("{:#x} {}", c.opcode, c.op_mod);
             }
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("mlx5-baremetal-example: run() failed on the simulator: {e:?}");
+            eprintln!("mlx5-baremetal-example: failed on the simulator: {e}");
             std::process::ExitCode::FAILURE
         }
     }

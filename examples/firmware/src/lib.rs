@@ -19,6 +19,9 @@
 pub mod arena;
 pub mod delay;
 pub mod mmio;
+pub mod peer;
+
+pub use peer::{run_peer, PeerInfo, PeerInfoError, PeerReport, Rendezvous};
 
 use mlx5_core::cq::{Cq, CqeError, LinkLayer, WcOpcode, WcStatus, WorkCompletion};
 use mlx5_core::hal::{DelayNs, Dma, DmaError, DmaRegion, Mmio};
@@ -177,7 +180,8 @@ pub enum RunError {
         got: usize,
         want: usize,
     },
-    /// Completion `index` of [`Report::completions`]'s order is not the one expected.
+    /// Completion `index` of [`Report::completions`]'s order is not the one expected (in [`run_peer`]'s rounds: 0
+    /// the RDMA WRITE, 1 the SEND, 2 the receive).
     Completion {
         index: usize,
         wr_id: u64,
@@ -186,12 +190,18 @@ pub enum RunError {
         byte_len: u32,
     },
     /// Byte `offset` of transfer `transfer`'s target area is not what was sent (or, past the transfer's length,
-    /// not zero).
+    /// not zero). In [`run_peer`]'s rounds transfer 0 is the other side's SEND, 1 its RDMA WRITE.
     Data {
         transfer: usize,
         offset: usize,
         expected: u8,
         got: u8,
+    },
+    /// The other side's connection facts could not be had ([`Rendezvous::peer`]).
+    NoPeer,
+    /// No completion arrived within the timeout in round `round` of [`run_peer`]'s exchange.
+    PeerTimeout {
+        round: u32,
     },
     /// Teardown reported an error (its report still returned every page it could).
     Teardown(Error),
@@ -220,6 +230,8 @@ impl core::fmt::Display for RunError {
             RunError::Data { transfer, offset, expected, got } => {
                 write!(f, "transfer {transfer}: byte {offset} of the target is {got:#04x}, expected {expected:#04x}")
             }
+            RunError::NoPeer => write!(f, "no connection facts from the other side"),
+            RunError::PeerTimeout { round } => write!(f, "round {round}: no completion in time"),
             RunError::Teardown(e) => write!(f, "teardown failed: {e}"),
             RunError::PagesKept { pages } => write!(f, "teardown freed {pages} pages firmware did not return"),
         }

@@ -108,6 +108,8 @@ mod firmware {
                         got,
                         expected
                     ),
+                    RunError::NoPeer => defmt::error!("mlx5: no connection facts from the other side"),
+                    RunError::PeerTimeout { round } => defmt::error!("mlx5: round {=u32}: no completion", round),
                     RunError::Teardown(error) => defmt::error!("mlx5: teardown failed: {}", error),
                     RunError::PagesKept { pages } => defmt::error!("mlx5: {=usize} pages not returned", pages),
                 }
