@@ -5,7 +5,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr;
 
-use mlx5_core::cq::{Notify, WcFlags, WcOpcode, WorkCompletion};
+use mlx5_core::cq::{CqeError, Notify, WcFlags, WcOpcode, WcSink, WorkCompletion};
 use mlx5_core::hal::Mmio;
 use mlx5_core::qp::{PostError, PostErrorKind, QpType, RecvWr, SendBatch, SendFlags, SendOp, SendWr, Sge, UdDest};
 
@@ -77,44 +77,53 @@ fn to_c(w: &WorkCompletion) -> ibv_wc {
     }
 }
 
+/// The program's `ibv_wc` array as a poll's sink: each completion is converted as its CQE is decoded, with no
+/// array of the core's completions in between.
+struct CWc {
+    wc: *mut ibv_wc,
+    len: usize,
+}
+
+impl WcSink for CWc {
+    #[inline(always)]
+    fn capacity(&self) -> usize {
+        self.len
+    }
+    #[inline(always)]
+    fn fill(
+        &mut self,
+        i: usize,
+        decode: impl FnOnce(&mut WorkCompletion) -> Result<bool, CqeError>,
+    ) -> Result<bool, CqeError> {
+        let mut w = WorkCompletion::default();
+        let r = decode(&mut w);
+        if let Ok(true) = r {
+            assert!(i < self.len, "completion {i} beyond the {} asked for", self.len);
+            // SAFETY: the program's array holds `len` entries (ibv_poll_cq's contract) and `i < len`.
+            unsafe { self.wc.add(i).write(to_c(&w)) };
+        }
+        r
+    }
+}
+
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
     guard("ibv_poll_cq", -libc::EIO, || {
         // SAFETY: the caller passes a live CQ.
-        let Some((c, raw)) = (unsafe { cq_of(cq) }) else { return -libc::EINVAL };
+        let Some((_, raw)) = (unsafe { cq_of(cq) }) else { return -libc::EINVAL };
         // libmlx5's poll loop runs while it has polled fewer than `num`: a negative count polls nothing.
         let Ok(want) = usize::try_from(num) else { return 0 };
-        if let Some(e) = lock(&c.pending).take() {
-            return -e;
-        }
         if want > 0 && wc.is_null() {
             return -libc::EINVAL;
         }
-        let mut buf = [WorkCompletion::default(); 16];
-        let mut done = 0usize;
-        while done < want {
-            let k = (want - done).min(buf.len());
-            let n = match raw.poll(&mut buf[..k]) {
-                Ok(n) => n,
-                // Completions already taken are returned now; the error comes back on the next poll.
-                Err(e) if done > 0 => {
-                    *lock(&c.pending) = Some(errno_of(&e));
-                    break;
-                }
-                Err(e) => {
-                    log::warn!("poll_cq: {e}");
-                    return -errno_of(&e);
-                }
-            };
-            for (i, w) in buf[..n].iter().enumerate() {
-                // SAFETY: the caller's array holds `num` entries and done + i < num.
-                unsafe { wc.add(done + i).write(to_c(w)) };
-            }
-            done += n;
-            if n < k {
-                break;
+        // One call, one lock of the CQ: a bad CQE met after good completions is kept by the CQ and reported by
+        // the next poll, so the completions before it are returned now.
+        match raw.poll_into(&mut CWc { wc, len: want }) {
+            Ok(n) => n as c_int,
+            Err(e) => {
+                log::warn!("poll_cq: {e}");
+                -errno_of(&e)
             }
         }
-        done as c_int
     })
 }
 

@@ -265,6 +265,13 @@ impl RawCq {
         self.0.poll(wc)
     }
 
+    /// `ibv_poll_cq` into any [`WcSink`](mlx5_core::cq::WcSink): a C `ibv_wc` array written as each CQE is
+    /// decoded, under one lock of the CQ for the whole call.
+    #[inline]
+    pub fn poll_into<S: mlx5_core::cq::WcSink + ?Sized>(&self, wc: &mut S) -> Result<usize> {
+        self.0.poll_into(wc)
+    }
+
     /// `ibv_req_notify_cq`.
     pub fn req_notify(&self, notify: Notify) -> Result<()> {
         self.0.req_notify(notify)
