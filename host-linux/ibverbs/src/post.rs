@@ -428,18 +428,6 @@ unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad:
     })
 }
 
-/// The Cq behind an `ibv_cq_ex`.
-///
-/// # Safety
-/// `cq` is a live CQ of this library.
-unsafe fn ex_cur(cq: *mut ibv_cq_ex) -> WorkCompletion {
-    // SAFETY: the caller's duty.
-    match unsafe { cq_of(cq.cast()) } {
-        Some((c, _)) => lock(&c.ex).cur,
-        None => WorkCompletion::default(),
-    }
-}
-
 /// Polls one completion into the extended CQ's public fields: 0, ENOENT when empty, or an errno.
 ///
 /// # Safety
@@ -473,12 +461,23 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
 }
 unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
 
+// Each reader takes the extended poll's lock once and reads its one field in place (no copy of the whole
+// completion).
 macro_rules! cq_read {
     ($name:ident, $t:ty, |$w:ident| $e:expr) => {
         unsafe extern "C" fn $name(cq: *mut ibv_cq_ex) -> $t {
             // SAFETY: the program passes the CQ it polls.
-            let $w = unsafe { ex_cur(cq) };
-            $e
+            match unsafe { cq_of(cq.cast()) } {
+                Some((c, _)) => {
+                    let g = lock(&c.ex);
+                    let $w = &g.cur;
+                    $e
+                }
+                None => {
+                    let $w = &WorkCompletion::default();
+                    $e
+                }
+            }
         }
     };
 }
