@@ -7,7 +7,10 @@ use std::ptr;
 
 use mlx5_core::cq::{CqeError, Notify, WcFlags, WcOpcode, WcSink, WorkCompletion};
 use mlx5_core::hal::Mmio;
-use mlx5_core::qp::{PostError, PostErrorKind, QpType, RecvWr, SendBatch, SendFlags, SendOp, SendWr, Sge, UdDest};
+use mlx5_core::qp::{
+    PostError, PostErrorKind, QpType, RecvBatch, RecvWr, SendBatch, SendFlags, SendOp, SendWr, Sge, UdDest,
+};
+use mlx5_verbs::{RecvBatchFn, SendBatchFn};
 
 use crate::abi::*;
 use crate::errno_of;
@@ -319,21 +322,7 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
         // The whole list goes into one batch: one doorbell for every WQE written (BlueFlame for a single one).
-        let r = q.raw.post_send_with(|b| {
-            let mut inline_buf = std::mem::MaybeUninit::uninit();
-            let mut w = wr;
-            while !w.is_null() {
-                // SAFETY: the program's list of work requests.
-                let r = unsafe { &*w };
-                // SAFETY: as above.
-                if let Err(e) = unsafe { push_send(b, r, &mut inline_buf) } {
-                    // What was pushed before stays posted, rung when the batch ends.
-                    return Err((w, e));
-                }
-                w = r.next;
-            }
-            Ok(())
-        });
+        let r = q.raw.post_send_each(SendList(wr));
         match r {
             Ok(Ok(())) => 0,
             // SAFETY: the caller's out pointer.
@@ -342,6 +331,41 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
             Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
         }
     })
+}
+
+/// A program's `ibv_send_wr` list, pushed into a send batch of the device's own register access.
+struct SendList(*mut ibv_send_wr);
+
+impl SendBatchFn for SendList {
+    type Out = Result<(), (*mut ibv_send_wr, c_int)>;
+    #[inline(always)]
+    fn run<M: Mmio + ?Sized>(self, b: &mut SendBatch<'_, M>) -> Self::Out {
+        let mut inline_buf = std::mem::MaybeUninit::uninit();
+        let mut w = self.0;
+        while !w.is_null() {
+            // SAFETY: the program's list of work requests (ibv_post_send's contract).
+            let r = unsafe { &*w };
+            // SAFETY: as above.
+            if let Err(e) = unsafe { push_send(b, r, &mut inline_buf) } {
+                // What was pushed before stays posted, rung when the batch ends.
+                return Err((w, e));
+            }
+            w = r.next;
+        }
+        Ok(())
+    }
+}
+
+/// A program's `ibv_recv_wr` list, pushed into a receive batch of the device's own register access.
+struct RecvList(*mut ibv_recv_wr);
+
+impl RecvBatchFn for RecvList {
+    type Out = Result<(), (*mut ibv_recv_wr, c_int)>;
+    #[inline(always)]
+    fn run<M: Mmio + ?Sized>(self, b: &mut RecvBatch<'_, M>) -> Self::Out {
+        // SAFETY: the program's list (ibv_post_recv's contract).
+        unsafe { push_recvs(self.0, |r| b.push(r)) }
+    }
 }
 
 /// A post that stopped at `w`: `bad_wr` set, the errno returned. Out of line: the posting loop keeps its
@@ -410,8 +434,8 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
             unsafe { set_bad(bad, wr) };
             return libc::EINVAL;
         }
-        // SAFETY: the caller's list; one doorbell record update for all of it.
-        let r = q.raw.post_recv_with(|b| unsafe { push_recvs(wr, |r| b.push(r)) });
+        // One doorbell record update for all of the list.
+        let r = q.raw.post_recv_each(RecvList(wr));
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })

@@ -117,6 +117,27 @@ macro_rules! each_mmio {
     };
 }
 
+/// Work done with a register access of its own type: [`AnyMmio::with`] matches once and runs it monomorphized for
+/// the device's access, so a datapath call pays no match per register access.
+pub trait MmioFn {
+    type Out;
+    fn call<M: Mmio + ?Sized>(self, m: &M) -> Self::Out;
+}
+
+impl AnyMmio {
+    /// Runs `f` on the register access behind this one, as its own type.
+    #[inline(always)]
+    pub fn with<F: MmioFn>(&self, f: F) -> F::Out {
+        match self {
+            #[cfg(feature = "sim")]
+            AnyMmio::Sim(m) => f.call(m),
+            #[cfg(feature = "sim")]
+            AnyMmio::Mem(m) => f.call(&**m),
+            AnyMmio::Vfio(v) => f.call(&v.bar),
+        }
+    }
+}
+
 impl Mmio for AnyMmio {
     fn read32(&self, off: usize) -> u32 {
         each_mmio!(self, m => m.read32(off))

@@ -339,6 +339,19 @@ impl RawQp {
         self.0.with_send_batch(f)
     }
 
+    /// [`RawQp::post_send_with`] monomorphized for the device's register access: one match per call, none per
+    /// register access.
+    #[inline]
+    pub fn post_send_each<F: crate::qp::SendBatchFn>(&self, f: F) -> Result<F::Out> {
+        self.0.with_send_batch_each(f)
+    }
+
+    /// [`RawQp::post_recv_with`] monomorphized likewise.
+    #[inline]
+    pub fn post_recv_each<F: crate::qp::RecvBatchFn>(&self, f: F) -> Result<F::Out> {
+        self.0.with_recv_batch_each(f)
+    }
+
     /// `ibv_post_recv` likewise: the doorbell record is written once when `f` returns.
     pub fn post_recv_with<R>(&self, f: impl FnOnce(&mut RecvBatch<'_, AnyMmio>) -> R) -> Result<R> {
         self.0.with_recv_batch(f)
