@@ -197,7 +197,33 @@ impl Cq {
         wq: &mut (impl WrTable + ?Sized),
         wc: &mut [WorkCompletion],
     ) -> Result<usize, CqeError> {
-        self.poll_into(mmio, wq, wc)
+        // Its own loop, decoding in place: through `poll_into` the Rust API paid ~9 instructions more per CQE.
+        let mut n = 0;
+        let start = self.cons_index;
+        let mut ci = start;
+        let mut result = Ok(());
+        let walk = Self::walk_of(&self.buf, self.log_nent, self.cqe_size);
+        while n < wc.len() {
+            let Some(cqe) = self.sw_cqe(mmio, &walk, ci) else { break };
+            match decode_into(&cqe, self.cqn, ci, self.link, wq, &mut wc[n]) {
+                Ok(true) => n += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    if n > 0 {
+                        break;
+                    }
+                    result = Err(e);
+                    ci = ci.wrapping_add(1);
+                    break;
+                }
+            }
+            ci = ci.wrapping_add(1);
+        }
+        if ci != start {
+            self.cons_index = ci;
+            self.update_ci(mmio);
+        }
+        result.map(|()| n)
     }
 
     /// [`Cq::poll`] into any [`WcSink`] (a host's own completion layout, written as each CQE is decoded).
