@@ -11,9 +11,7 @@ use mlx5_core::hca::{poll_cq_into, CqAttr};
 use mlx5_core::qp::Qp;
 use mlx5_core::srq::Srq;
 
-use mlx5_core::hal::Mmio;
-
-use crate::backend::{AnyHca, DeviceKind, MmioFn};
+use crate::backend::{AnyHca, DeviceKind};
 use crate::context::{Context, ContextShared};
 use crate::error::{Result, VerbsError};
 use crate::event::{lock, ChannelShared};
@@ -213,6 +211,7 @@ impl CqObj {
     #[inline]
     pub(crate) fn poll_into<S: WcSink + ?Sized>(&self, wc: &mut S) -> Result<usize> {
         let dev = &self.ctx.dev;
+        let cap = wc.capacity();
         let mut r = lock(&self.ring);
         let CqRing { cq, qps, srqs, pending } = &mut *r;
         if let Some(e) = pending.take() {
@@ -226,8 +225,25 @@ impl CqObj {
             let dead = dev.is_dead();
             (dead || self.failed.load(Ordering::Acquire)).then_some(dead)
         };
-        // Monomorphized for the device's register access: the barrier each CQE takes is inlined, not a match.
-        dev.mmio.with(PollLoop { cq, table: &mut table, wc, pending, stopped })
+        let (mut n, mut bad) = (0, 0);
+        while n < cap {
+            let mut rest = Offset { sink: &mut *wc, at: n, cap: cap - n };
+            match poll_cq_into(&dev.mmio, cq, &mut table, &mut rest, stopped) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                // Nothing returned yet: the error is this call's result.
+                Err(e) if n == 0 && bad == 0 => return Err(VerbsError::Cqe(e)),
+                Err(e) => {
+                    // The completions already taken go back now; the first bad entry is reported next.
+                    pending.get_or_insert(e);
+                    bad += 1;
+                    if bad >= MAX_BAD_PER_POLL {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(n)
     }
 
     pub(crate) fn req_notify(&self, notify: Notify) -> Result<()> {
@@ -572,42 +588,5 @@ impl<S: WcSink + ?Sized> WcSink for Offset<'_, S> {
         decode: impl FnOnce(&mut WorkCompletion) -> std::result::Result<bool, CqeError>,
     ) -> std::result::Result<bool, CqeError> {
         self.sink.fill(self.at + i, decode)
-    }
-}
-
-/// [`CqObj::poll_into`]'s loop, run with the device's register access as its own type.
-struct PollLoop<'a, 't, S: ?Sized, F> {
-    cq: &'a mut Cq,
-    table: &'a mut QpTable<'t>,
-    wc: &'a mut S,
-    pending: &'a mut Option<CqeError>,
-    stopped: F,
-}
-
-impl<S: WcSink + ?Sized, F: FnOnce() -> Option<bool> + Copy> MmioFn for PollLoop<'_, '_, S, F> {
-    type Out = Result<usize>;
-    #[inline(always)]
-    fn call<M: Mmio + ?Sized>(self, mmio: &M) -> Result<usize> {
-        let PollLoop { cq, table, wc, pending, stopped } = self;
-        let cap = wc.capacity();
-        let (mut n, mut bad) = (0, 0);
-        while n < cap {
-            let mut rest = Offset { sink: &mut *wc, at: n, cap: cap - n };
-            match poll_cq_into(mmio, cq, &mut *table, &mut rest, stopped) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                // Nothing returned yet: the error is this call's result.
-                Err(e) if n == 0 && bad == 0 => return Err(VerbsError::Cqe(e)),
-                Err(e) => {
-                    // The completions already taken go back now; the first bad entry is reported next.
-                    pending.get_or_insert(e);
-                    bad += 1;
-                    if bad >= MAX_BAD_PER_POLL {
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(n)
     }
 }
