@@ -139,36 +139,47 @@ impl AnyMmio {
 }
 
 impl Mmio for AnyMmio {
+    #[inline]
     fn read32(&self, off: usize) -> u32 {
         each_mmio!(self, m => m.read32(off))
     }
+    #[inline]
     fn write32(&self, off: usize, v: u32) {
         each_mmio!(self, m => m.write32(off, v))
     }
+    #[inline]
     fn read64(&self, off: usize) -> u64 {
         each_mmio!(self, m => m.read64(off))
     }
+    #[inline]
     fn write64(&self, off: usize, v: u64) {
         each_mmio!(self, m => m.write64(off, v))
     }
+    #[inline]
     fn write_bf64(&self, off: usize, chunk: &[u64; 8]) {
         each_mmio!(self, m => m.write_bf64(off, chunk))
     }
+    #[inline]
     fn dma_wmb(&self) {
         each_mmio!(self, m => m.dma_wmb())
     }
+    #[inline]
     fn wmb(&self) {
         each_mmio!(self, m => m.wmb())
     }
+    #[inline]
     fn wc_start(&self) {
         each_mmio!(self, m => m.wc_start())
     }
+    #[inline]
     fn wc_flush(&self) {
         each_mmio!(self, m => m.wc_flush())
     }
+    #[inline]
     fn dma_rmb(&self) {
         each_mmio!(self, m => m.dma_rmb())
     }
+    #[inline]
     fn mb(&self) {
         each_mmio!(self, m => m.mb())
     }
