@@ -3,7 +3,7 @@
 
 use super::cmd::CqeSize;
 use super::cqe::{field, CqeFieldsRead, CqeOpcode, CqeRef, CQE64_SIZE, CQE_INIT_OP_OWN};
-use super::wc::{decode_into, CqeError, LinkLayer, WorkCompletion, WrTable};
+use super::wc::{decode_into, CqeError, LinkLayer, WcSink, WorkCompletion, WrTable};
 use crate::buf::QueueBuf;
 use crate::dbr::DbRec;
 use crate::hal::{DmaView, Mmio};
@@ -197,16 +197,55 @@ impl Cq {
         wq: &mut (impl WrTable + ?Sized),
         wc: &mut [WorkCompletion],
     ) -> Result<usize, CqeError> {
+        // Its own loop, decoding in place: through `poll_into` the Rust API paid ~9 instructions more per CQE.
         let mut n = 0;
         let start = self.cons_index;
-        // The consumer index moves in a local and is stored once: the loop then writes nothing of `self`, so
-        // the ring's geometry stays in registers.
         let mut ci = start;
         let mut result = Ok(());
         let walk = Self::walk_of(&self.buf, self.log_nent, self.cqe_size);
         while n < wc.len() {
             let Some(cqe) = self.sw_cqe(mmio, &walk, ci) else { break };
             match decode_into(&cqe, self.cqn, ci, self.link, wq, &mut wc[n]) {
+                Ok(true) => n += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    if n > 0 {
+                        break;
+                    }
+                    result = Err(e);
+                    ci = ci.wrapping_add(1);
+                    break;
+                }
+            }
+            ci = ci.wrapping_add(1);
+        }
+        if ci != start {
+            self.cons_index = ci;
+            self.update_ci(mmio);
+        }
+        result.map(|()| n)
+    }
+
+    /// [`Cq::poll`] into any [`WcSink`] (a host's own completion layout, written as each CQE is decoded).
+    #[inline]
+    pub fn poll_into<M: Mmio + ?Sized, S: WcSink + ?Sized>(
+        &mut self,
+        mmio: &M,
+        wq: &mut (impl WrTable + ?Sized),
+        wc: &mut S,
+    ) -> Result<usize, CqeError> {
+        let mut n = 0;
+        let cap = wc.capacity();
+        let start = self.cons_index;
+        // The consumer index moves in a local and is stored once: the loop then writes nothing of `self`, so
+        // the ring's geometry stays in registers.
+        let mut ci = start;
+        let mut result = Ok(());
+        let walk = Self::walk_of(&self.buf, self.log_nent, self.cqe_size);
+        while n < cap {
+            let Some(cqe) = self.sw_cqe(mmio, &walk, ci) else { break };
+            let (cqn, link) = (self.cqn, self.link);
+            match wc.fill(n, |w| decode_into(&cqe, cqn, ci, link, wq, w)) {
                 Ok(true) => n += 1,
                 Ok(false) => {}
                 Err(e) => {

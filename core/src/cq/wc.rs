@@ -287,6 +287,35 @@ pub enum LinkLayer {
     Ethernet,
 }
 
+/// Where a poll stores its completions. A slice of [`WorkCompletion`] is decoded in place; a host's own layout
+/// (a C `ibv_wc` array) converts each one as it is decoded, with no array of them in between.
+pub trait WcSink {
+    /// Completions it takes: the poll stops there.
+    fn capacity(&self) -> usize;
+    /// Runs `decode` on a completion and stores it as entry `i` (`i < capacity()`, in order) when `decode`
+    /// answers `Ok(true)`; `decode` writes every field it means. Returns what `decode` returned.
+    fn fill(
+        &mut self,
+        i: usize,
+        decode: impl FnOnce(&mut WorkCompletion) -> Result<bool, CqeError>,
+    ) -> Result<bool, CqeError>;
+}
+
+impl WcSink for [WorkCompletion] {
+    #[inline(always)]
+    fn capacity(&self) -> usize {
+        self.len()
+    }
+    #[inline(always)]
+    fn fill(
+        &mut self,
+        i: usize,
+        decode: impl FnOnce(&mut WorkCompletion) -> Result<bool, CqeError>,
+    ) -> Result<bool, CqeError> {
+        decode(&mut self[i])
+    }
+}
+
 /// Maps a CQE back to the work request it completes. The queue pairs that feed a CQ implement it: a send CQE
 /// names the WQE by its counter (and retires every unsignaled WQE before it), a receive CQE completes the oldest
 /// posted receive (or WQE `wqe_counter` of an SRQ).

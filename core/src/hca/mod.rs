@@ -28,8 +28,8 @@ mod wait;
 pub use error::{BringupError, Error, Step};
 pub use events::{port_event, AsyncEvent, CqEntry};
 pub use objects::{
-    gid_table, link_local_gid, mac_to_eui64, poll_cq_with, CqAttr, DestroyError, GidType, Pd, PortAttr, QpInitAttr,
-    Rereg, ReregError, MR_MAX_PAGE_SHIFT,
+    gid_table, link_local_gid, mac_to_eui64, poll_cq_into, poll_cq_with, CqAttr, DestroyError, GidType, Pd, PortAttr,
+    QpInitAttr, Rereg, ReregError, MR_MAX_PAGE_SHIFT,
 };
 pub use srq::SrqAttr;
 pub use wait::done_in_internal_error;

@@ -1171,16 +1171,34 @@ pub fn poll_cq_with<M: Mmio + ?Sized>(
     wc: &mut [WorkCompletion],
     stopped: impl FnOnce() -> Option<bool>,
 ) -> Result<usize, CqeError> {
-    let mut n = cq.poll(mmio, wq, wc)?;
+    poll_cq_into(mmio, cq, wq, wc, stopped)
+}
+
+/// [`poll_cq_with`] into any [`WcSink`](crate::cq::WcSink): a host's own completion layout, written as each
+/// completion is decoded.
+#[inline]
+pub fn poll_cq_into<M: Mmio + ?Sized, S: crate::cq::WcSink + ?Sized>(
+    mmio: &M,
+    cq: &mut Cq,
+    wq: &mut (impl WrTable + ?Sized),
+    wc: &mut S,
+    stopped: impl FnOnce() -> Option<bool>,
+) -> Result<usize, CqeError> {
+    let mut n = cq.poll_into(mmio, wq, wc)?;
+    let cap = wc.capacity();
     // Software completions only on a poll that found the ring empty: `Cq::poll` returns 0 only then (an entry it
     // cannot decode is an error of its own), so no completion the device wrote is passed over or repeated.
-    if n > 0 || wc.is_empty() {
+    if n > 0 || cap == 0 {
         return Ok(n);
     }
     let Some(dead) = stopped() else { return Ok(0) };
-    while n < wc.len() {
-        let Some(w) = wq.flush_one(cq.cqn(), dead) else { break };
-        wc[n] = w;
+    while n < cap {
+        let Some(f) = wq.flush_one(cq.cqn(), dead) else { break };
+        // A flushed completion is whole: storing it cannot fail.
+        let _ = wc.fill(n, |w| {
+            *w = f;
+            Ok(true)
+        });
         n += 1;
     }
     Ok(n)

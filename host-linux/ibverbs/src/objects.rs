@@ -728,7 +728,6 @@ fn make_cq(
         raw: Held::new(None),
         ctx: c,
         ex: Mutex::new(Default::default()),
-        pending: Mutex::new(None),
         async_events: AsyncCount::default(),
         parent_domain: ptr::null_mut(),
     }));

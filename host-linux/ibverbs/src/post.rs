@@ -5,9 +5,12 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr;
 
-use mlx5_core::cq::{Notify, WcFlags, WcOpcode, WorkCompletion};
+use mlx5_core::cq::{CqeError, Notify, WcFlags, WcOpcode, WcSink, WorkCompletion};
 use mlx5_core::hal::Mmio;
-use mlx5_core::qp::{PostError, PostErrorKind, QpType, RecvWr, SendBatch, SendFlags, SendOp, SendWr, Sge, UdDest};
+use mlx5_core::qp::{
+    PostError, PostErrorKind, QpType, RecvBatch, RecvWr, SendBatch, SendFlags, SendOp, SendWr, Sge, UdDest,
+};
+use mlx5_verbs::{RecvBatchFn, SendBatchFn};
 
 use crate::abi::*;
 use crate::errno_of;
@@ -77,44 +80,53 @@ fn to_c(w: &WorkCompletion) -> ibv_wc {
     }
 }
 
+/// The program's `ibv_wc` array as a poll's sink: each completion is converted as its CQE is decoded, with no
+/// array of the core's completions in between.
+struct CWc {
+    wc: *mut ibv_wc,
+    len: usize,
+}
+
+impl WcSink for CWc {
+    #[inline(always)]
+    fn capacity(&self) -> usize {
+        self.len
+    }
+    #[inline(always)]
+    fn fill(
+        &mut self,
+        i: usize,
+        decode: impl FnOnce(&mut WorkCompletion) -> Result<bool, CqeError>,
+    ) -> Result<bool, CqeError> {
+        let mut w = WorkCompletion::default();
+        let r = decode(&mut w);
+        if let Ok(true) = r {
+            assert!(i < self.len, "completion {i} beyond the {} asked for", self.len);
+            // SAFETY: the program's array holds `len` entries (ibv_poll_cq's contract) and `i < len`.
+            unsafe { self.wc.add(i).write(to_c(&w)) };
+        }
+        r
+    }
+}
+
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
     guard("ibv_poll_cq", -libc::EIO, || {
         // SAFETY: the caller passes a live CQ.
-        let Some((c, raw)) = (unsafe { cq_of(cq) }) else { return -libc::EINVAL };
+        let Some((_, raw)) = (unsafe { cq_of(cq) }) else { return -libc::EINVAL };
         // libmlx5's poll loop runs while it has polled fewer than `num`: a negative count polls nothing.
         let Ok(want) = usize::try_from(num) else { return 0 };
-        if let Some(e) = lock(&c.pending).take() {
-            return -e;
-        }
         if want > 0 && wc.is_null() {
             return -libc::EINVAL;
         }
-        let mut buf = [WorkCompletion::default(); 16];
-        let mut done = 0usize;
-        while done < want {
-            let k = (want - done).min(buf.len());
-            let n = match raw.poll(&mut buf[..k]) {
-                Ok(n) => n,
-                // Completions already taken are returned now; the error comes back on the next poll.
-                Err(e) if done > 0 => {
-                    *lock(&c.pending) = Some(errno_of(&e));
-                    break;
-                }
-                Err(e) => {
-                    log::warn!("poll_cq: {e}");
-                    return -errno_of(&e);
-                }
-            };
-            for (i, w) in buf[..n].iter().enumerate() {
-                // SAFETY: the caller's array holds `num` entries and done + i < num.
-                unsafe { wc.add(done + i).write(to_c(w)) };
-            }
-            done += n;
-            if n < k {
-                break;
+        // One call, one lock of the CQ: a bad CQE met after good completions is kept by the CQ and reported by
+        // the next poll, so the completions before it are returned now.
+        match raw.poll_into(&mut CWc { wc, len: want }) {
+            Ok(n) => n as c_int,
+            Err(e) => {
+                log::warn!("poll_cq: {e}");
+                -errno_of(&e)
             }
         }
-        done as c_int
     })
 }
 
@@ -310,21 +322,7 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
         // The whole list goes into one batch: one doorbell for every WQE written (BlueFlame for a single one).
-        let r = q.raw.post_send_with(|b| {
-            let mut inline_buf = std::mem::MaybeUninit::uninit();
-            let mut w = wr;
-            while !w.is_null() {
-                // SAFETY: the program's list of work requests.
-                let r = unsafe { &*w };
-                // SAFETY: as above.
-                if let Err(e) = unsafe { push_send(b, r, &mut inline_buf) } {
-                    // What was pushed before stays posted, rung when the batch ends.
-                    return Err((w, e));
-                }
-                w = r.next;
-            }
-            Ok(())
-        });
+        let r = q.raw.post_send_each(SendList(wr));
         match r {
             Ok(Ok(())) => 0,
             // SAFETY: the caller's out pointer.
@@ -333,6 +331,41 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
             Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
         }
     })
+}
+
+/// A program's `ibv_send_wr` list, pushed into a send batch of the device's own register access.
+struct SendList(*mut ibv_send_wr);
+
+impl SendBatchFn for SendList {
+    type Out = Result<(), (*mut ibv_send_wr, c_int)>;
+    #[inline(always)]
+    fn run<M: Mmio + ?Sized>(self, b: &mut SendBatch<'_, M>) -> Self::Out {
+        let mut inline_buf = std::mem::MaybeUninit::uninit();
+        let mut w = self.0;
+        while !w.is_null() {
+            // SAFETY: the program's list of work requests (ibv_post_send's contract).
+            let r = unsafe { &*w };
+            // SAFETY: as above.
+            if let Err(e) = unsafe { push_send(b, r, &mut inline_buf) } {
+                // What was pushed before stays posted, rung when the batch ends.
+                return Err((w, e));
+            }
+            w = r.next;
+        }
+        Ok(())
+    }
+}
+
+/// A program's `ibv_recv_wr` list, pushed into a receive batch of the device's own register access.
+struct RecvList(*mut ibv_recv_wr);
+
+impl RecvBatchFn for RecvList {
+    type Out = Result<(), (*mut ibv_recv_wr, c_int)>;
+    #[inline(always)]
+    fn run<M: Mmio + ?Sized>(self, b: &mut RecvBatch<'_, M>) -> Self::Out {
+        // SAFETY: the program's list (ibv_post_recv's contract).
+        unsafe { push_recvs(self.0, |r| b.push(r)) }
+    }
 }
 
 /// A post that stopped at `w`: `bad_wr` set, the errno returned. Out of line: the posting loop keeps its
@@ -401,8 +434,8 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
             unsafe { set_bad(bad, wr) };
             return libc::EINVAL;
         }
-        // SAFETY: the caller's list; one doorbell record update for all of it.
-        let r = q.raw.post_recv_with(|b| unsafe { push_recvs(wr, |r| b.push(r)) });
+        // One doorbell record update for all of the list.
+        let r = q.raw.post_recv_each(RecvList(wr));
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })
@@ -417,18 +450,6 @@ unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad:
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })
-}
-
-/// The Cq behind an `ibv_cq_ex`.
-///
-/// # Safety
-/// `cq` is a live CQ of this library.
-unsafe fn ex_cur(cq: *mut ibv_cq_ex) -> WorkCompletion {
-    // SAFETY: the caller's duty.
-    match unsafe { cq_of(cq.cast()) } {
-        Some((c, _)) => lock(&c.ex).cur,
-        None => WorkCompletion::default(),
-    }
 }
 
 /// Polls one completion into the extended CQ's public fields: 0, ENOENT when empty, or an errno.
@@ -464,12 +485,23 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
 }
 unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
 
+// Each reader takes the extended poll's lock once and reads its one field in place (no copy of the whole
+// completion).
 macro_rules! cq_read {
     ($name:ident, $t:ty, |$w:ident| $e:expr) => {
         unsafe extern "C" fn $name(cq: *mut ibv_cq_ex) -> $t {
             // SAFETY: the program passes the CQ it polls.
-            let $w = unsafe { ex_cur(cq) };
-            $e
+            match unsafe { cq_of(cq.cast()) } {
+                Some((c, _)) => {
+                    let g = lock(&c.ex);
+                    let $w = &g.cur;
+                    $e
+                }
+                None => {
+                    let $w = &WorkCompletion::default();
+                    $e
+                }
+            }
         }
     };
 }

@@ -22,8 +22,6 @@ pub(crate) struct Cq {
     pub(crate) raw: Held<Option<RawCq>>,
     pub(crate) ctx: *const Ctx,
     pub(crate) ex: Mutex<ExPoll>,
-    /// An error met by a poll that had already returned completions: the next poll reports it.
-    pub(crate) pending: Mutex<Option<c_int>>,
     pub(crate) async_events: AsyncCount,
     /// The parent domain an extended CQ was made on (`IBV_CQ_INIT_ATTR_MASK_PD`), counted on it; else NULL.
     pub(crate) parent_domain: *mut ibv_pd,

@@ -117,37 +117,69 @@ macro_rules! each_mmio {
     };
 }
 
+/// Work done with a register access of its own type: [`AnyMmio::with`] matches once and runs it monomorphized for
+/// the device's access, so a datapath call pays no match per register access.
+pub trait MmioFn {
+    type Out;
+    fn call<M: Mmio + ?Sized>(self, m: &M) -> Self::Out;
+}
+
+impl AnyMmio {
+    /// Runs `f` on the register access behind this one, as its own type.
+    #[inline(always)]
+    pub fn with<F: MmioFn>(&self, f: F) -> F::Out {
+        match self {
+            #[cfg(feature = "sim")]
+            AnyMmio::Sim(m) => f.call(m),
+            #[cfg(feature = "sim")]
+            AnyMmio::Mem(m) => f.call(&**m),
+            AnyMmio::Vfio(v) => f.call(&v.bar),
+        }
+    }
+}
+
 impl Mmio for AnyMmio {
+    #[inline]
     fn read32(&self, off: usize) -> u32 {
         each_mmio!(self, m => m.read32(off))
     }
+    #[inline]
     fn write32(&self, off: usize, v: u32) {
         each_mmio!(self, m => m.write32(off, v))
     }
+    #[inline]
     fn read64(&self, off: usize) -> u64 {
         each_mmio!(self, m => m.read64(off))
     }
+    #[inline]
     fn write64(&self, off: usize, v: u64) {
         each_mmio!(self, m => m.write64(off, v))
     }
+    #[inline]
     fn write_bf64(&self, off: usize, chunk: &[u64; 8]) {
         each_mmio!(self, m => m.write_bf64(off, chunk))
     }
+    #[inline]
     fn dma_wmb(&self) {
         each_mmio!(self, m => m.dma_wmb())
     }
+    #[inline]
     fn wmb(&self) {
         each_mmio!(self, m => m.wmb())
     }
+    #[inline]
     fn wc_start(&self) {
         each_mmio!(self, m => m.wc_start())
     }
+    #[inline]
     fn wc_flush(&self) {
         each_mmio!(self, m => m.wc_flush())
     }
+    #[inline]
     fn dma_rmb(&self) {
         each_mmio!(self, m => m.dma_rmb())
     }
+    #[inline]
     fn mb(&self) {
         each_mmio!(self, m => m.mb())
     }

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use mlx5_core::cq::{Cq, CqeError, Notify, WorkCompletion, WrTable};
-use mlx5_core::hca::{poll_cq_with, CqAttr};
+use mlx5_core::cq::{Cq, CqeError, Notify, WcSink, WorkCompletion, WrTable};
+use mlx5_core::hca::{poll_cq_into, CqAttr};
 use mlx5_core::qp::Qp;
 use mlx5_core::srq::Srq;
 
@@ -204,7 +204,14 @@ impl CqObj {
     /// over and reported by the next call, and the software flush of a dead device or failed CQ is asked for
     /// within the same call once the ring is drained.
     pub(crate) fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        self.poll_into(wc)
+    }
+
+    /// [`CqObj::poll`] into any [`WcSink`]: the drop-in writes `ibv_wc` straight from each CQE.
+    #[inline]
+    pub(crate) fn poll_into<S: WcSink + ?Sized>(&self, wc: &mut S) -> Result<usize> {
         let dev = &self.ctx.dev;
+        let cap = wc.capacity();
         let mut r = lock(&self.ring);
         let CqRing { cq, qps, srqs, pending } = &mut *r;
         if let Some(e) = pending.take() {
@@ -219,8 +226,9 @@ impl CqObj {
             (dead || self.failed.load(Ordering::Acquire)).then_some(dead)
         };
         let (mut n, mut bad) = (0, 0);
-        while n < wc.len() {
-            match poll_cq_with(&dev.mmio, cq, &mut table, &mut wc[n..], stopped) {
+        while n < cap {
+            let mut rest = Offset { sink: &mut *wc, at: n, cap: cap - n };
+            match poll_cq_into(&dev.mmio, cq, &mut table, &mut rest, stopped) {
                 Ok(0) => break,
                 Ok(k) => n += k,
                 // Nothing returned yet: the error is this call's result.
@@ -560,5 +568,27 @@ impl Drop for CompletionQueue<'_> {
         if let Err(e) = self.obj.destroy(false) {
             log::error!("destroy CQ {:#x}: {e}", self.obj.cqn());
         }
+    }
+}
+
+/// The entries of a sink from `at` on: a poll that resumes after a stepped-over CQE fills the rest.
+struct Offset<'a, S: WcSink + ?Sized> {
+    sink: &'a mut S,
+    at: usize,
+    cap: usize,
+}
+
+impl<S: WcSink + ?Sized> WcSink for Offset<'_, S> {
+    #[inline(always)]
+    fn capacity(&self) -> usize {
+        self.cap
+    }
+    #[inline(always)]
+    fn fill(
+        &mut self,
+        i: usize,
+        decode: impl FnOnce(&mut WorkCompletion) -> std::result::Result<bool, CqeError>,
+    ) -> std::result::Result<bool, CqeError> {
+        self.sink.fill(self.at + i, decode)
     }
 }

@@ -128,7 +128,7 @@ mod usermem_tests;
 pub mod wr;
 
 pub use ah::AddressHandle;
-pub use backend::{AnyDelay, AnyDma, AnyMmio, DeviceKind, HostTables, Tracer, VecTable};
+pub use backend::{AnyDelay, AnyDma, AnyMmio, DeviceKind, HostTables, MmioFn, Tracer, VecTable};
 pub use context::{mac_of_gid, Context};
 pub use cq::{CompChannel, CompletionQueue, CqEvent};
 pub use cq_ex::{CompletionQueueEx, CqInitAttrEx};
@@ -160,5 +160,6 @@ pub use qp::{
     CanRecv, CanSend, ErrState, Init, InitAttr, QpInitAttr, QueuePair, RemoteQp, Reset, Rtr, RtrAttr, Rts, RtsAttr,
     TransitionError,
 };
+pub use qp::{RecvBatchFn, SendBatchFn};
 pub use qp_ex::QpWrBatch;
 pub use srq::{SharedReceiveQueue, SrqAttrMask, SrqInitAttr};

@@ -12,7 +12,9 @@ use mlx5_core::qp::{
     RecvWr, SendBatch, SendWr,
 };
 
-use crate::backend::AnyMmio;
+use mlx5_core::hal::Mmio;
+
+use crate::backend::{AnyMmio, MmioFn};
 use crate::context::Context;
 use crate::cq::{CompletionQueue, CqObj, QpCell, QpEntry};
 use crate::error::{Result, VerbsError};
@@ -400,6 +402,54 @@ impl QpObj {
         Ok(r)
     }
 
+    /// [`QpObj::with_send_batch`] with `f` monomorphized for the device's register access (one match per call).
+    #[inline]
+    pub(crate) fn with_send_batch_each<F: SendBatchFn>(&self, f: F) -> Result<F::Out> {
+        struct Run<'q, F>(&'q mut mlx5_core::qp::Qp, F);
+        impl<F: SendBatchFn> MmioFn for Run<'_, F> {
+            type Out = F::Out;
+            #[inline(always)]
+            fn call<M: Mmio + ?Sized>(self, m: &M) -> F::Out {
+                let mut b = self.0.send_batch(m);
+                let r = self.1.run(&mut b);
+                // The batch rings (drops) here, while the caller holds the QP's lock.
+                drop(b);
+                r
+            }
+        }
+        let mut g = lock(&self.ring);
+        // Made only when needed: the error has drop glue the hot path would run.
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
+        let dev = &self.pd.ctx.dev;
+        if dev.is_dead() {
+            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
+        }
+        Ok(dev.mmio.with(Run(qp, f)))
+    }
+
+    /// [`QpObj::with_recv_batch`] with `f` monomorphized for the device's register access.
+    #[inline]
+    pub(crate) fn with_recv_batch_each<F: RecvBatchFn>(&self, f: F) -> Result<F::Out> {
+        struct Run<'q, F>(&'q mut mlx5_core::qp::Qp, F);
+        impl<F: RecvBatchFn> MmioFn for Run<'_, F> {
+            type Out = F::Out;
+            #[inline(always)]
+            fn call<M: Mmio + ?Sized>(self, m: &M) -> F::Out {
+                let mut b = self.0.recv_batch(m);
+                let r = self.1.run(&mut b);
+                drop(b);
+                r
+            }
+        }
+        let mut g = lock(&self.ring);
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
+        let dev = &self.pd.ctx.dev;
+        if dev.is_dead() {
+            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
+        }
+        Ok(dev.mmio.with(Run(qp, f)))
+    }
+
     /// `ibv_post_recv` of a list the caller translates itself, as [`QpObj::with_send_batch`].
     pub(crate) fn with_recv_batch<R>(&self, f: impl FnOnce(&mut RecvBatch<'_, AnyMmio>) -> R) -> Result<R> {
         let mut g = lock(&self.ring);
@@ -764,4 +814,17 @@ mod tests {
         cq.destroy(true).unwrap();
         pd.dealloc().unwrap();
     }
+}
+
+/// Work on a send batch, monomorphized for the device's register access ([`RawQp::post_send_each`]
+/// (crate::raw::RawQp::post_send_each)): the drop-in's `ibv_post_send` walks the program's list in it.
+pub trait SendBatchFn {
+    type Out;
+    fn run<M: Mmio + ?Sized>(self, b: &mut SendBatch<'_, M>) -> Self::Out;
+}
+
+/// Work on a receive batch, as [`SendBatchFn`].
+pub trait RecvBatchFn {
+    type Out;
+    fn run<M: Mmio + ?Sized>(self, b: &mut RecvBatch<'_, M>) -> Self::Out;
 }

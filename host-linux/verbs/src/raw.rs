@@ -265,6 +265,13 @@ impl RawCq {
         self.0.poll(wc)
     }
 
+    /// `ibv_poll_cq` into any [`WcSink`](mlx5_core::cq::WcSink): a C `ibv_wc` array written as each CQE is
+    /// decoded, under one lock of the CQ for the whole call.
+    #[inline]
+    pub fn poll_into<S: mlx5_core::cq::WcSink + ?Sized>(&self, wc: &mut S) -> Result<usize> {
+        self.0.poll_into(wc)
+    }
+
     /// `ibv_req_notify_cq`.
     pub fn req_notify(&self, notify: Notify) -> Result<()> {
         self.0.req_notify(notify)
@@ -330,6 +337,19 @@ impl RawQp {
     /// once when `f` returns (a C `ibv_send_wr` chain, with no slice built first).
     pub fn post_send_with<R>(&self, f: impl FnOnce(&mut SendBatch<'_, AnyMmio>) -> R) -> Result<R> {
         self.0.with_send_batch(f)
+    }
+
+    /// [`RawQp::post_send_with`] monomorphized for the device's register access: one match per call, none per
+    /// register access.
+    #[inline]
+    pub fn post_send_each<F: crate::qp::SendBatchFn>(&self, f: F) -> Result<F::Out> {
+        self.0.with_send_batch_each(f)
+    }
+
+    /// [`RawQp::post_recv_with`] monomorphized likewise.
+    #[inline]
+    pub fn post_recv_each<F: crate::qp::RecvBatchFn>(&self, f: F) -> Result<F::Out> {
+        self.0.with_recv_batch_each(f)
     }
 
     /// `ibv_post_recv` likewise: the doorbell record is written once when `f` returns.
