@@ -20,7 +20,7 @@ use mlx5_vfio::{StdDelay, Vfio};
 pub enum AnyMmio {
     #[cfg(feature = "sim")]
     Sim(SimMmio),
-    /// A simulated device's datapath window as plain memory ([`MEMORY_DOORBELLS_ENV`]): doorbells land in it and
+    /// A simulated device's datapath window as plain memory (`MLX5_RS_SIM_DOORBELLS=memory`): doorbells land in it and
     /// the simulator never sees them.
     #[cfg(feature = "sim")]
     Mem(Arc<MemBar>),
@@ -308,7 +308,7 @@ impl DeviceKind {
     }
 
     /// The window the datapath rings: the device's BAR, or plain memory for a simulated device when
-    /// [`MEMORY_DOORBELLS_ENV`] says so.
+    /// `MLX5_RS_SIM_DOORBELLS=memory` says so.
     pub(crate) fn datapath_mmio(&self) -> AnyMmio {
         #[cfg(feature = "sim")]
         if let DeviceKind::Sim(d) = self {

@@ -816,8 +816,9 @@ mod tests {
     }
 }
 
-/// Work on a send batch, monomorphized for the device's register access ([`RawQp::post_send_each`]
-/// (crate::raw::RawQp::post_send_each)): the drop-in's `ibv_post_send` walks the program's list in it.
+/// Work on a send batch, monomorphized for the device's register access
+/// ([`RawQp::post_send_each`](crate::raw::RawQp::post_send_each)): the drop-in's `ibv_post_send` walks the
+/// program's list in it.
 pub trait SendBatchFn {
     type Out;
     fn run<M: Mmio + ?Sized>(self, b: &mut SendBatch<'_, M>) -> Self::Out;
