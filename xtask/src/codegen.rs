@@ -175,7 +175,8 @@ fn parse_c_layouts(md: &str) -> Result<Value, String> {
 }
 
 fn rust_ident_upper(name: &str) -> String {
-    let mut s = name.to_ascii_uppercase();
+    // `a.b`: member `b` of an in-place struct `a` (see linux_ifc.rs).
+    let mut s = name.to_ascii_uppercase().replace('.', "_");
     if s.starts_with(|c: char| c.is_ascii_digit()) {
         s.insert(0, '_');
     }
