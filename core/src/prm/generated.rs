@@ -8292,6 +8292,46 @@ pub mod ifc {
         /// `syndrome`: 32 bits at bit 32.
         pub const SYNDROME: Field = Field::new(32, 32);
     }
+    /// `struct mlx5_ifc_modify_hca_vport_context_in_bits`: 528 bytes.
+    pub mod modify_hca_vport_context_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_hca_vport_context_in)`).
+        pub const SIZE_BYTES: usize = 528;
+        /// `struct mlx5_ifc_modify_hca_vport_context_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `other_vport`: 1 bit at bit 64.
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        /// `port_num`: 4 bits at bit 76.
+        pub const PORT_NUM: Field = Field::new(76, 4);
+        /// `vport_number`: 16 bits at bit 80.
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        /// `hca_vport_context`: nested `hca_vport_context`, 512 bytes at byte 16.
+        pub const HCA_VPORT_CONTEXT: Sub = Sub::new(16, 512);
+    }
+    /// `struct mlx5_ifc_modify_hca_vport_context_out_bits`: 16 bytes.
+    pub mod modify_hca_vport_context_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_hca_vport_context_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_modify_hca_vport_context_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
     /// `struct mlx5_ifc_modify_rqt_in_bits`: 272 bytes.
     pub mod modify_rqt_in {
         use super::*;
@@ -18236,6 +18276,25 @@ pub mod names {
         },
         Layout {
             name: "modify_flow_table_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "modify_hca_vport_context_in",
+            size_bytes: 528,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("port_num", 76, 4),
+                s("vport_number", 80, 16),
+                n("hca_vport_context", 128, 4096, "hca_vport_context"),
+            ],
+        },
+        Layout {
+            name: "modify_hca_vport_context_out",
             size_bytes: 16,
             union: false,
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],

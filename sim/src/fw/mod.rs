@@ -340,6 +340,9 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => {
                 (query_hca_vport_context_in::SIZE_BYTES, query_hca_vport_context_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT => {
+                (modify_hca_vport_context_in::SIZE_BYTES, modify_hca_vport_context_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_CREATE_QP => (create_qp_in::SIZE_BYTES, create_qp_out::SIZE_BYTES, Gate::Initialized),
             consts::MLX5_CMD_OP_DESTROY_QP => {
                 (destroy_qp_in::SIZE_BYTES, destroy_qp_out::SIZE_BYTES, Gate::Initialized)
@@ -569,6 +572,7 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_ROCE_ADDRESS => self.port.query_roce_address(inp, out),
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => self.port.query_nic_vport_context(inp, out),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => self.port.query_hca_vport_context(inp, out),
+            consts::MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT => self.port.modify_hca_vport_context(inp),
             consts::MLX5_CMD_OP_CREATE_QP => self.qps.create(&qp_fw!(self), dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_QP => self.qps.destroy(inp),
             consts::MLX5_CMD_OP_QUERY_QP => self.qps.query(dma, inp, out),

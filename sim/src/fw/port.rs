@@ -18,6 +18,12 @@ pub(crate) const ROCE_ADDRESS_ENTRIES: usize = 256;
 /// what a ConnectX-5 port offers.
 pub(crate) const PVLC_VL_0_7: u32 = 8;
 
+/// The PortInfo:CapabilityMask bits a driver may change (`cap_mask1_field_select` in QUERY_HCA_VPORT_CONTEXT):
+/// IsSM (bit 1, set through umad's `issm` device by a subnet manager) and IsCommunicationManagementSupported
+/// (bit 16, which ib_cm sets when it binds a port). Without them mlx5_ib warned `set_port_caps_atomic: trying
+/// to change bitmask 0x10000 but change supported 0x0` (issue 35).
+pub(crate) const CAP_MASK1_CHANGEABLE: u32 = (1 << 1) | (1 << 16);
+
 /// One `roce_addr_layout` image as SET_ROCE_ADDRESS wrote it (all zeros: empty).
 pub(crate) type RoceAddr = [u8; ifc::roce_addr_layout::SIZE_BYTES];
 
@@ -292,6 +298,7 @@ impl PortModel {
         out.set(h::SM_LID.at(base), self.sm_lid.into());
         let i = &self.info;
         out.set(h::CAP_MASK1.at(base), i.cap_mask1);
+        out.set(h::CAP_MASK1_FIELD_SELECT.at(base), CAP_MASK1_CHANGEABLE);
         out.set(h::CAP_MASK2.at(base), i.cap_mask2);
         out.set(h::LMC.at(base), i.lmc.into());
         out.set(h::SM_SL.at(base), i.sm_sl.into());
@@ -304,6 +311,32 @@ impl PortModel {
 }
 
 impl PortModel {
+    /// MODIFY_HCA_VPORT_CONTEXT of the port's own vport: the PortInfo capability bits named by
+    /// `cap_mask1_field_select` take their values from `cap_mask1` (mlx5_ib's `set_port_caps_atomic`). A bit
+    /// outside [`CAP_MASK1_CHANGEABLE`], or a GUID or state-policy change (`field_select`, for other vports
+    /// only), is refused.
+    pub(crate) fn modify_hca_vport_context(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+        use ifc::hca_vport_context as h;
+        use ifc::modify_hca_vport_context_in as i;
+        if self.port_type != PortType::Ib {
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        if rd(inp, i::OTHER_VPORT) != 0 || rd(inp, i::VPORT_NUMBER) != 0 {
+            return Err(bad_param(syndrome::BAD_FUNCTION));
+        }
+        if !matches!(rd(inp, i::PORT_NUM), 0 | 1) {
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        let base = i::HCA_VPORT_CONTEXT;
+        let sel = rd(inp, h::CAP_MASK1_FIELD_SELECT.at(base));
+        if rd(inp, h::FIELD_SELECT.at(base)) != 0 || sel & !CAP_MASK1_CHANGEABLE != 0 {
+            return Err(bad_param(syndrome::FIELD_SELECT));
+        }
+        let v = rd(inp, h::CAP_MASK1.at(base));
+        self.info.cap_mask1 = (self.info.cap_mask1 & !sel) | (v & sel);
+        Ok(())
+    }
+
     /// The port's link goes down or comes up: the state QUERY_VPORT_STATE and PAOS report follows, and a
     /// PORT_CHANGE EQE (`MLX5_PORT_CHANGE_SUBTYPE_DOWN` / `_ACTIVE`, port 1 in the upper nibble of
     /// `data.port.port`) goes to the EQ subscribed to port changes. Nothing happens when the state is already so.
@@ -346,5 +379,42 @@ mod tests {
         let mut e = Harness::new(SimConfig { port_type: PortType::Eth, ..SimConfig::default() });
         e.bring_up();
         assert_eq!(pvlc(&mut e, 1).1, syndrome::REG_ACCESS);
+    }
+
+    #[test]
+    fn set_port_caps_atomic_changes_is_cm_as_mlx5_ib_asks_and_nothing_else() {
+        use ifc::hca_vport_context as v;
+        let mut h = Harness::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
+        h.bring_up();
+        let query = |h: &mut Harness| {
+            let (s, _, out) = h.simple(
+                consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT,
+                0,
+                ifc::query_hca_vport_context_in::SIZE_BYTES,
+                ifc::query_hca_vport_context_out::SIZE_BYTES,
+            );
+            assert_eq!(s, 0);
+            let base = ifc::query_hca_vport_context_out::HCA_VPORT_CONTEXT;
+            (rd(&out, v::CAP_MASK1.at(base)), rd(&out, v::CAP_MASK1_FIELD_SELECT.at(base)))
+        };
+        let (mask, perm) = query(&mut h);
+        // mlx5_ib checks the bit it changes against the permitted ones before it sends the change.
+        assert_ne!(perm & 0x1_0000, 0);
+        let modify = |h: &mut Harness, sel: u32, value: u32| {
+            use ifc::modify_hca_vport_context_in as i;
+            let mut inp = vec![0u8; i::SIZE_BYTES];
+            inp.set(i::OPCODE, consts::MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT.into());
+            inp.set(i::PORT_NUM, 1);
+            inp.set(v::CAP_MASK1_FIELD_SELECT.at(i::HCA_VPORT_CONTEXT), sel);
+            inp.set(v::CAP_MASK1.at(i::HCA_VPORT_CONTEXT), value);
+            h.cmd(&inp, ifc::modify_hca_vport_context_out::SIZE_BYTES).1
+        };
+        assert_eq!(modify(&mut h, 0x1_0000, 0), 0);
+        assert_eq!(query(&mut h).0, mask & !0x1_0000);
+        assert_eq!(modify(&mut h, 0x1_0000, 0x1_0000), 0);
+        assert_eq!(query(&mut h).0, mask);
+        // A bit the port does not let change is refused, and the mask stays.
+        assert_eq!(modify(&mut h, 1 << 3, 0), syndrome::FIELD_SELECT);
+        assert_eq!(query(&mut h).0, mask);
     }
 }
