@@ -584,7 +584,22 @@ mod tests {
         assert!(defs.broken.contains_key("b"));
         assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("b").is_err());
         assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("d").is_ok());
-        let defs = parse_defs("struct mlx5_ifc_c_bits { struct { u8 x[0x8]; } named; };").unwrap();
-        assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("c").is_err());
+    }
+
+    #[test]
+    fn a_named_in_place_struct_is_laid_out_with_dotted_member_names() {
+        // flow_table_context's `union { struct { ... } sws; struct { ... } hws; }`.
+        let h = "struct mlx5_ifc_c_bits { u8 a[0x8]; union { struct { u8 x[0x8]; u8 y[0x8]; } sws; \
+                 struct { u8 z[0x10]; } hws; }; };";
+        let defs = parse_defs(h).unwrap();
+        let l = Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("c").unwrap();
+        let names: Vec<(&str, u64)> = l["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["name"].as_str().unwrap(), f["offset_bits"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(names, [("a", 0), ("sws.x", 8), ("sws.y", 16), ("hws.z", 8)]);
+        assert_eq!(l["size_bits"], 24);
     }
 }
