@@ -1,7 +1,8 @@
 //! The firmware: [`Firmware`] (the HCA state machine, ISSI, capabilities, and one table per object type), the
 //! dispatch of a delivered command to its handler, and the `syndrome` of every refusal. Delivery is `device/cmd.rs`,
 //! pages `pages.rs`; each object type is a table in its own file (`pd.rs`: PD and UAR, `eq.rs`, `cq.rs`,
-//! `mkey.rs`, `qp.rs`, `srq.rs`) whose commands get a narrow view of the rest of the firmware (`CqFw`, `QpFw`, ...: the
+//! `mkey.rs`, `qp.rs`, `srq.rs`; the Ethernet objects `tis.rs`, `tir.rs`, `rqt.rs`, `rq.rs`, `sq.rs` over `wq.rs`, and
+//! NIC receive steering `flow_table.rs`) whose commands get a narrow view of the rest of the firmware (`CqFw`, `QpFw`, ...: the
 //! capabilities and the other tables they check), built here per command; `port.rs` is the port model and
 //! `reply.rs` builds results. This is the firmware side of the kernel's `cmd.c` / `main.c`.
 //!
