@@ -42,6 +42,7 @@ const C_STRUCTS: &[&str] = &[
     "mlx5_rwqe_sig",
     "mlx5_mtt",
     "mlx5_wqe_srq_next_seg",
+    "mlx5_wqe_eth_seg",
 ];
 
 /// Constant families turned into enums that keep unknown values as `Unknown(n)`.

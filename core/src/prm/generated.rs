@@ -9386,6 +9386,62 @@ pub mod c {
         /// `signature` (`u8`): 1 byte at byte 4.
         pub const SIGNATURE: Bytes = Bytes::new(4, 1);
     }
+    /// `struct mlx5_wqe_eth_seg`.
+    pub mod mlx5_wqe_eth_seg {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 16;
+        /// `swp_outer_l4_offset` (`u8`): 1 byte at byte 0.
+        pub const SWP_OUTER_L4_OFFSET: Bytes = Bytes::new(0, 1);
+        /// `swp_outer_l3_offset` (`u8`): 1 byte at byte 1.
+        pub const SWP_OUTER_L3_OFFSET: Bytes = Bytes::new(1, 1);
+        /// `swp_inner_l4_offset` (`u8`): 1 byte at byte 2.
+        pub const SWP_INNER_L4_OFFSET: Bytes = Bytes::new(2, 1);
+        /// `swp_inner_l3_offset` (`u8`): 1 byte at byte 3.
+        pub const SWP_INNER_L3_OFFSET: Bytes = Bytes::new(3, 1);
+        /// `cs_flags` (`u8`): 1 byte at byte 4.
+        pub const CS_FLAGS: Bytes = Bytes::new(4, 1);
+        /// `swp_flags` (`u8`): 1 byte at byte 5.
+        pub const SWP_FLAGS: Bytes = Bytes::new(5, 1);
+        /// `mss` (`__be16`): 2 bytes at byte 6.
+        pub const MSS: Bytes = Bytes::new(6, 2);
+        /// `flow_table_metadata` (`__be32`): 4 bytes at byte 8.
+        pub const FLOW_TABLE_METADATA: Bytes = Bytes::new(8, 4);
+        /// `sz` (`__be16`): 2 bytes at byte 12.
+        pub const SZ: Bytes = Bytes::new(12, 2);
+        /// `start` (`u8`): 2 bytes at byte 14.
+        pub const START: Bytes = Bytes::new(14, 2);
+        /// `__empty_data` (`}`): 0 bytes at byte 14.
+        pub const __EMPTY_DATA: Bytes = Bytes::new(14, 0);
+        /// `data` (`u8`): 0 bytes at byte 14.
+        pub const DATA: Bytes = Bytes::new(14, 0);
+        /// `inline_hdr` (`}`): 4 bytes at byte 12.
+        pub const INLINE_HDR: Bytes = Bytes::new(12, 4);
+        /// `type` (`__be16`): 2 bytes at byte 12.
+        pub const TYPE: Bytes = Bytes::new(12, 2);
+        /// `vlan_tci` (`__be16`): 2 bytes at byte 14.
+        pub const VLAN_TCI: Bytes = Bytes::new(14, 2);
+        /// `insert` (`}`): 4 bytes at byte 12.
+        pub const INSERT: Bytes = Bytes::new(12, 4);
+        /// `trailer` (`__be32`): 4 bytes at byte 12.
+        pub const TRAILER: Bytes = Bytes::new(12, 4);
+    }
+    /// `struct mlx5_wqe_eth_seg`.
+    pub mod mlx5_wqe_eth_seg_dv {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 32;
+        /// `cs_flags` (`uint8_t`): 1 byte at byte 4.
+        pub const CS_FLAGS: Bytes = Bytes::new(4, 1);
+        /// `mss` (`__be16`): 2 bytes at byte 6.
+        pub const MSS: Bytes = Bytes::new(6, 2);
+        /// `inline_hdr_sz` (`__be16`): 2 bytes at byte 12.
+        pub const INLINE_HDR_SZ: Bytes = Bytes::new(12, 2);
+        /// `inline_hdr_start` (`uint8_t`): 2 bytes at byte 14.
+        pub const INLINE_HDR_START: Bytes = Bytes::new(14, 2);
+        /// `inline_hdr` (`uint8_t`): 16 bytes at byte 16.
+        pub const INLINE_HDR: Bytes = Bytes::new(16, 16);
+    }
 }
 
 /// `MLX5_CMD_OP_*` (include/linux/mlx5/mlx5_ifc.h); values the table does not name decode to `Unknown(n)`.
