@@ -109,7 +109,7 @@ pub(crate) fn parse(wqe: &[u8]) -> Result<EthSend, EthWqeError> {
 }
 
 /// The ones' complement sum of `b` (16-bit big-endian words, an odd byte padded), folded.
-fn csum_add(mut sum: u32, b: &[u8]) -> u32 {
+pub(crate) fn csum_add(mut sum: u32, b: &[u8]) -> u32 {
     let mut chunks = b.chunks_exact(2);
     for w in &mut chunks {
         sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
