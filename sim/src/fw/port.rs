@@ -32,6 +32,8 @@ pub(crate) type RoceAddr = [u8; ifc::roce_addr_layout::SIZE_BYTES];
 pub(crate) struct PortModel {
     pub(crate) port_type: PortType,
     pub(crate) up: bool,
+    /// PAOS `admin_status` is up (mlx5e writes it on open and close; the link's own state is `up`).
+    pub(crate) admin_up: bool,
     /// PMTU `max_mtu` / `oper_mtu` in bytes.
     pub(crate) max_mtu: u16,
     pub(crate) oper_mtu: u16,
@@ -59,6 +61,7 @@ impl PortModel {
         Self {
             port_type: cfg.port_type,
             up: cfg.port_up,
+            admin_up: true,
             max_mtu: if ib { 4096 } else { 9216 },
             // An InfiniBand port runs one of the IB MTU sizes; a configured size that is not one means 4096.
             oper_mtu: if ib && mlx5_core::port::mtu_to_ib_mtu(cfg.port_mtu).is_none() { 4096 } else { cfg.port_mtu },
@@ -75,7 +78,8 @@ impl PortModel {
         }
     }
 
-    /// `ACCESS_REGISTER`: host endianness (write), PMTU, PAOS, PTYS and PVLC (read) for local port 1.
+    /// `ACCESS_REGISTER`: host endianness (write), PMTU and PAOS (read, and on Ethernet write: mlx5e sets the
+    /// MTU and the admin status when it opens), PTYS and PVLC (read) for local port 1.
     pub(crate) fn access_reg(&mut self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::access_register_in as i;
         let write = rd(inp, ifc::mbox_in::OP_MOD) == 0;
@@ -97,11 +101,14 @@ impl PortModel {
                 } else {
                     (ifc::paos_reg::SIZE_BYTES, ifc::paos_reg::LOCAL_PORT)
                 };
-                if write || data.len() < len || out.len() < out_off + len {
+                if data.len() < len || out.len() < out_off + len || (write && self.port_type != PortType::Eth) {
                     return Err(bad_param(syndrome::REG_ACCESS));
                 }
                 if rd(data, port_field) != 1 {
                     return Err(bad_param(syndrome::BAD_PORT));
+                }
+                if write {
+                    return self.write_pmtu_paos(id, data);
                 }
                 let reg = &mut out[out_off..out_off + len];
                 reg.copy_from_slice(&data[..len]);
@@ -111,7 +118,9 @@ impl PortModel {
                     reg.set(ifc::pmtu_reg::OPER_MTU, self.oper_mtu.into());
                 } else {
                     let st = if self.up { consts::MLX5_PORT_UP } else { consts::MLX5_PORT_DOWN };
-                    reg.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP);
+                    let st = if self.admin_up { st } else { consts::MLX5_PORT_DOWN };
+                    let admin = if self.admin_up { consts::MLX5_PORT_UP } else { consts::MLX5_PORT_DOWN };
+                    reg.set(ifc::paos_reg::ADMIN_STATUS, admin);
                     reg.set(ifc::paos_reg::OPER_STATUS, st);
                 }
                 Ok(())
@@ -311,6 +320,29 @@ impl PortModel {
 }
 
 impl PortModel {
+    /// A PMTU write (`admin_mtu`, within 64 bytes and `max_mtu`, becomes the operational MTU) or a PAOS write
+    /// (`admin_status` up or down, with `ase`, as `mlx5_set_port_admin_status` sends it).
+    fn write_pmtu_paos(&mut self, id: u16, data: &[u8]) -> Result<(), CmdErr> {
+        if id == consts::MLX5_REG_PMTU {
+            let mtu = rd(data, ifc::pmtu_reg::ADMIN_MTU);
+            if !(64..=u32::from(self.max_mtu)).contains(&mtu) {
+                return Err(bad_param(syndrome::REG_ACCESS));
+            }
+            self.oper_mtu = mtu as u16;
+            return Ok(());
+        }
+        if rd(data, ifc::paos_reg::ASE) == 0 {
+            // Without `ase` the admin status is not to be changed.
+            return Ok(());
+        }
+        self.admin_up = match rd(data, ifc::paos_reg::ADMIN_STATUS) {
+            consts::MLX5_PORT_UP => true,
+            consts::MLX5_PORT_DOWN => false,
+            _ => return Err(bad_param(syndrome::REG_ACCESS)),
+        };
+        Ok(())
+    }
+
     /// MODIFY_HCA_VPORT_CONTEXT of the port's own vport: the PortInfo capability bits named by
     /// `cap_mask1_field_select` take their values from `cap_mask1` (mlx5_ib's `set_port_caps_atomic`). A bit
     /// outside [`CAP_MASK1_CHANGEABLE`], or a GUID or state-policy change (`field_select`, for other vports
@@ -416,5 +448,46 @@ mod tests {
         // A bit the port does not let change is refused, and the mask stays.
         assert_eq!(modify(&mut h, 1 << 3, 0), syndrome::FIELD_SELECT);
         assert_eq!(query(&mut h).0, mask);
+    }
+
+    #[test]
+    fn mlx5e_sets_the_ethernet_port_s_mtu_and_admin_status_and_reads_them_back() {
+        use ifc::access_register_in as i;
+        let mut h = Harness::new(SimConfig { port_type: PortType::Eth, ..SimConfig::default() });
+        h.bring_up();
+        // (register, write, edit) -> (status, syndrome, register image)
+        let reg = |h: &mut Harness, id: u16, write: bool, edit: &dyn Fn(&mut [u8])| {
+            let len = ifc::paos_reg::SIZE_BYTES.max(ifc::pmtu_reg::SIZE_BYTES);
+            let data = i::REGISTER_DATA.byte_off();
+            let mut inp = vec![0u8; data + len];
+            inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_ACCESS_REG.into());
+            let op = if write { 0 } else { consts::MLX5_ACCESS_REGISTER_IN_OP_MOD_READ };
+            inp.set(ifc::mbox_in::OP_MOD, op);
+            inp.set(i::REGISTER_ID, id.into());
+            inp[data..].set(ifc::paos_reg::LOCAL_PORT, 1);
+            edit(&mut inp[data..]);
+            let out_data = ifc::access_register_out::REGISTER_DATA.byte_off();
+            let (s, y, out) = h.cmd(&inp, out_data + len);
+            (s, y, out[out_data..].to_vec())
+        };
+        let pmtu = consts::MLX5_REG_PMTU;
+        assert_eq!(reg(&mut h, pmtu, true, &|d| d.set(ifc::pmtu_reg::ADMIN_MTU, 1522)).1, 0);
+        assert_eq!(rd(&reg(&mut h, pmtu, false, &|_| {}).2, ifc::pmtu_reg::OPER_MTU), 1522);
+        assert_eq!(reg(&mut h, pmtu, true, &|d| d.set(ifc::pmtu_reg::ADMIN_MTU, 20_000)).1, syndrome::REG_ACCESS);
+        let paos = consts::MLX5_REG_PAOS;
+        let down = |d: &mut [u8]| {
+            d.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_DOWN);
+            d.set(ifc::paos_reg::ASE, 1);
+        };
+        assert_eq!(reg(&mut h, paos, true, &down).1, 0);
+        let r = reg(&mut h, paos, false, &|_| {}).2;
+        assert_eq!((rd(&r, ifc::paos_reg::ADMIN_STATUS), rd(&r, ifc::paos_reg::OPER_STATUS)), (2, 2));
+        // Without `ase` nothing changes.
+        assert_eq!(reg(&mut h, paos, true, &|d| d.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP)).1, 0);
+        assert_eq!(rd(&reg(&mut h, paos, false, &|_| {}).2, ifc::paos_reg::ADMIN_STATUS), consts::MLX5_PORT_DOWN);
+        // An InfiniBand port's MTU and status are not the host's to write.
+        let mut ib = Harness::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
+        ib.bring_up();
+        assert_eq!(reg(&mut ib, paos, true, &down).1, syndrome::REG_ACCESS);
     }
 }
