@@ -86,6 +86,11 @@ pub struct SimConfig {
     pub port_info: PortInfo,
     /// Write every frame the port sends and receives, as RoCEv2 (Ethernet ports only), to this capture.
     pub pcap: Option<crate::pcap::PcapSink>,
+    /// Offer the NIC half on an Ethernet port: `nic_flow_table`, the NIC receive flow-table capabilities,
+    /// `rss_ind_tbl_cap` and `log_max_sq`, which open mlx5e's gate and mlx5_core's write-combining test. Off by
+    /// default: the firmware objects (TIS, TIR, RQT, RQ, SQ, flow tables) are modelled, but the Ethernet SQ/RQ
+    /// datapath is not yet, so an offered SQ would never complete a WQE.
+    pub eth_netdev: bool,
 }
 
 /// The port facts `ibv_query_port` reads: PTYS's operational protocols and the InfiniBand PortInfo fields the
@@ -186,6 +191,7 @@ impl Default for SimConfig {
             relaxed_ordering: false,
             port_info: PortInfo::default(),
             pcap: None,
+            eth_netdev: false,
         }
     }
 }

@@ -30,7 +30,8 @@
 //! The command engine (module `fw`) validates delivery exactly as the PRM describes (entry type, signatures,
 //! tokens, block numbers, pointer alignment), then runs the command with firmware-like checks: HCA state machine
 //! (ENABLE_HCA, INIT_HCA, TEARDOWN_HCA, DISABLE_HCA), ISSI, page management, capabilities and the first objects
-//! (PD, UAR, EQ, CQ). Failures carry a status and a syndrome from [`syndrome`]; a command sent in the wrong HCA
+//! (PD, UAR, EQ, CQ), then the RDMA objects and the Ethernet ones mlx5e creates (TIS, TIR, RQT, RQ, SQ, NIC receive
+//! flow tables; their capabilities only with [`SimConfig::eth_netdev`]). Failures carry a status and a syndrome from [`syndrome`]; a command sent in the wrong HCA
 //! state fails with `BAD_SYS_STATE`, as real firmware answers.
 //!
 //! # Event queues

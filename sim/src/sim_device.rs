@@ -143,6 +143,12 @@ impl SimDevice {
     }
 
     /// Live objects: (PDs, UARs, EQs, CQs).
+    /// Runs `f` on the firmware's tables (unit tests look at what a command left behind).
+    #[cfg(test)]
+    pub(crate) fn with_fw<R>(&self, f: impl FnOnce(&crate::fw::Firmware) -> R) -> R {
+        f(&lock(&self.shared).fw)
+    }
+
     pub fn object_counts(&self) -> (usize, usize, usize, usize) {
         lock(&self.shared).fw.object_counts()
     }

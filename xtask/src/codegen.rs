@@ -42,6 +42,7 @@ const C_STRUCTS: &[&str] = &[
     "mlx5_rwqe_sig",
     "mlx5_mtt",
     "mlx5_wqe_srq_next_seg",
+    "mlx5_wqe_eth_seg",
 ];
 
 /// Constant families turned into enums that keep unknown values as `Unknown(n)`.
@@ -175,7 +176,8 @@ fn parse_c_layouts(md: &str) -> Result<Value, String> {
 }
 
 fn rust_ident_upper(name: &str) -> String {
-    let mut s = name.to_ascii_uppercase();
+    // `a.b`: member `b` of an in-place struct `a` (see linux_ifc.rs).
+    let mut s = name.to_ascii_uppercase().replace('.', "_");
     if s.starts_with(|c: char| c.is_ascii_digit()) {
         s.insert(0, '_');
     }

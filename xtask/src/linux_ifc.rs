@@ -19,7 +19,34 @@ use crate::vendored::{read_json, VENDORED_EXTRA, VENDORED_IFC};
 use crate::vfio_test::run;
 
 /// The layouts to extract, by `<name>` of `mlx5_ifc_<name>_bits`, each with why the simulator needs it.
-const EXTRA: &[(&str, &str)] = &[("pvlc_reg", "ACCESS_REG PVLC (0x500f): mlx5_ib's IB port query reads vl_hw_cap")];
+const EXTRA: &[(&str, &str)] = &[
+    ("pvlc_reg", "ACCESS_REG PVLC (0x500f): mlx5_ib's IB port query reads vl_hw_cap"),
+    ("create_rqt_in", "CREATE_RQT: mlx5e's RSS indirection tables (issue 35)"),
+    ("create_rqt_out", "CREATE_RQT's reply"),
+    ("modify_rqt_in", "MODIFY_RQT: mlx5e redirects its RQTs on open and close"),
+    ("modify_rqt_out", "MODIFY_RQT's reply"),
+    ("destroy_rqt_in", "DESTROY_RQT"),
+    ("destroy_rqt_out", "DESTROY_RQT's reply"),
+    ("modify_tir_in", "MODIFY_TIR: mlx5e updates its TIRs' LRO and hash fields"),
+    ("modify_tir_out", "MODIFY_TIR's reply"),
+    ("create_flow_table_in", "CREATE_FLOW_TABLE: fs_core's NIC RX tables"),
+    ("create_flow_table_out", "CREATE_FLOW_TABLE's reply"),
+    ("modify_flow_table_in", "MODIFY_FLOW_TABLE: fs_core chains a table's miss to the next priority"),
+    ("modify_flow_table_out", "MODIFY_FLOW_TABLE's reply"),
+    ("destroy_flow_table_in", "DESTROY_FLOW_TABLE"),
+    ("destroy_flow_table_out", "DESTROY_FLOW_TABLE's reply"),
+    ("set_flow_table_root_in", "SET_FLOW_TABLE_ROOT: fs_core's first NIC RX table"),
+    ("set_flow_table_root_out", "SET_FLOW_TABLE_ROOT's reply"),
+    ("query_vport_counter_in", "QUERY_VPORT_COUNTER: mlx5e's vport statistics"),
+    ("query_vport_counter_out", "QUERY_VPORT_COUNTER's reply"),
+    ("query_rq_in", "QUERY_RQ: mlx5e reads an RQ's state on recovery"),
+    ("query_rq_out", "QUERY_RQ's reply"),
+    ("query_sq_in", "QUERY_SQ: mlx5e reads an SQ's state on recovery"),
+    ("query_sq_out", "QUERY_SQ's reply"),
+    ("ppcnt_reg", "ACCESS_REG PPCNT (0x5008): mlx5e's port counters (ethtool -S)"),
+    ("modify_hca_vport_context_in", "MODIFY_HCA_VPORT_CONTEXT: mlx5_ib's set_port_caps_atomic (IsCM on the IB port)"),
+    ("modify_hca_vport_context_out", "MODIFY_HCA_VPORT_CONTEXT's reply"),
+];
 
 /// The headers, relative to the source tree.
 const HEADERS: &[&str] = &["include/linux/mlx5/mlx5_ifc.h", "include/linux/mlx5/mlx5_ifc_fpga.h"];
@@ -323,8 +350,17 @@ impl Layouts<'_> {
                     }
                 }
                 Member::Inline { union: u, members, name: None } => self.fields(*u, members, at, out)?,
-                Member::Inline { name: Some(n), .. } => {
-                    return Err(format!("the inline named member {n} has no mlx5_ifc_*_bits type of its own"))
+                // A named struct or union declared in place (`struct { ... } sws;`) has no `_bits` type to refer
+                // to: its members are laid out where it sits, named `sws.member` (a C member designator, which
+                // `offsetof` accepts, so the compiler still checks them; the codegen spells the dot `_`).
+                Member::Inline { union: u, members, name: Some(n) } => {
+                    let mut inner = Vec::new();
+                    self.fields(*u, members, at, &mut inner)?;
+                    for mut f in inner {
+                        let m = f["name"].as_str().unwrap_or_default().to_string();
+                        f["name"] = json!(format!("{n}.{m}"));
+                        out.push(f);
+                    }
                 }
             }
             off += self.member_size(m)?;
@@ -548,7 +584,22 @@ mod tests {
         assert!(defs.broken.contains_key("b"));
         assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("b").is_err());
         assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("d").is_ok());
-        let defs = parse_defs("struct mlx5_ifc_c_bits { struct { u8 x[0x8]; } named; };").unwrap();
-        assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("c").is_err());
+    }
+
+    #[test]
+    fn a_named_in_place_struct_is_laid_out_with_dotted_member_names() {
+        // flow_table_context's `union { struct { ... } sws; struct { ... } hws; }`.
+        let h = "struct mlx5_ifc_c_bits { u8 a[0x8]; union { struct { u8 x[0x8]; u8 y[0x8]; } sws; \
+                 struct { u8 z[0x10]; } hws; }; };";
+        let defs = parse_defs(h).unwrap();
+        let l = Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("c").unwrap();
+        let names: Vec<(&str, u64)> = l["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["name"].as_str().unwrap(), f["offset_bits"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(names, [("a", 0), ("sws.x", 8), ("sws.y", 16), ("hws.z", 8)]);
+        assert_eq!(l["size_bits"], 24);
     }
 }

@@ -7474,6 +7474,1146 @@ pub mod ifc {
         /// `fdb_jump_to_tir_stc`: 1 bit at bit 448.
         pub const FDB_JUMP_TO_TIR_STC: Field = Field::new(448, 1);
     }
+    /// `struct mlx5_ifc_create_flow_table_in_bits`: 64 bytes.
+    pub mod create_flow_table_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(create_flow_table_in)`).
+        pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_create_flow_table_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `uid`: 16 bits at bit 16.
+        pub const UID: Field = Field::new(16, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `other_vport`: 1 bit at bit 64.
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        /// `vport_number`: 16 bits at bit 80.
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        /// `table_type`: 8 bits at bit 128.
+        pub const TABLE_TYPE: Field = Field::new(128, 8);
+        /// `flow_table_context`: nested `flow_table_context`, 40 bytes at byte 24.
+        pub const FLOW_TABLE_CONTEXT: Sub = Sub::new(24, 40);
+    }
+    /// `struct mlx5_ifc_create_flow_table_out_bits`: 16 bytes.
+    pub mod create_flow_table_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(create_flow_table_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_flow_table_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `icm_address_63_40`: 24 bits at bit 8.
+        pub const ICM_ADDRESS_63_40: Field = Field::new(8, 24);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// `icm_address_39_32`: 8 bits at bit 64.
+        pub const ICM_ADDRESS_39_32: Field = Field::new(64, 8);
+        /// `table_id`: 24 bits at bit 72.
+        pub const TABLE_ID: Field = Field::new(72, 24);
+        /// `icm_address_31_0`: 32 bits at bit 96.
+        pub const ICM_ADDRESS_31_0: Field = Field::new(96, 32);
+    }
+    /// `struct mlx5_ifc_create_rqt_in_bits`: 272 bytes.
+    pub mod create_rqt_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(create_rqt_in)`).
+        pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_create_rqt_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `uid`: 16 bits at bit 16.
+        pub const UID: Field = Field::new(16, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `rqt_context`: nested `rqtc`, 240 bytes at byte 32.
+        pub const RQT_CONTEXT: Sub = Sub::new(32, 240);
+    }
+    /// `struct mlx5_ifc_create_rqt_out_bits`: 16 bytes.
+    pub mod create_rqt_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(create_rqt_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_rqt_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// `rqtn`: 24 bits at bit 72.
+        pub const RQTN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_flow_table_in_bits`: 64 bytes.
+    pub mod destroy_flow_table_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(destroy_flow_table_in)`).
+        pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_destroy_flow_table_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `other_vport`: 1 bit at bit 64.
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        /// `vport_number`: 16 bits at bit 80.
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        /// `table_type`: 8 bits at bit 128.
+        pub const TABLE_TYPE: Field = Field::new(128, 8);
+        /// `table_id`: 24 bits at bit 168.
+        pub const TABLE_ID: Field = Field::new(168, 24);
+    }
+    /// `struct mlx5_ifc_destroy_flow_table_out_bits`: 16 bytes.
+    pub mod destroy_flow_table_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(destroy_flow_table_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_flow_table_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_destroy_rqt_in_bits`: 16 bytes.
+    pub mod destroy_rqt_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(destroy_rqt_in)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_rqt_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `uid`: 16 bits at bit 16.
+        pub const UID: Field = Field::new(16, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `rqtn`: 24 bits at bit 72.
+        pub const RQTN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_rqt_out_bits`: 16 bytes.
+    pub mod destroy_rqt_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(destroy_rqt_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_rqt_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_eth_2819_cntrs_grp_data_layout_bits`: 248 bytes.
+    pub mod eth_2819_cntrs_grp_data_layout {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(eth_2819_cntrs_grp_data_layout)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_eth_2819_cntrs_grp_data_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `ether_stats_drop_events_high`: 32 bits at bit 0.
+        pub const ETHER_STATS_DROP_EVENTS_HIGH: Field = Field::new(0, 32);
+        /// `ether_stats_drop_events_low`: 32 bits at bit 32.
+        pub const ETHER_STATS_DROP_EVENTS_LOW: Field = Field::new(32, 32);
+        /// `ether_stats_octets_high`: 32 bits at bit 64.
+        pub const ETHER_STATS_OCTETS_HIGH: Field = Field::new(64, 32);
+        /// `ether_stats_octets_low`: 32 bits at bit 96.
+        pub const ETHER_STATS_OCTETS_LOW: Field = Field::new(96, 32);
+        /// `ether_stats_pkts_high`: 32 bits at bit 128.
+        pub const ETHER_STATS_PKTS_HIGH: Field = Field::new(128, 32);
+        /// `ether_stats_pkts_low`: 32 bits at bit 160.
+        pub const ETHER_STATS_PKTS_LOW: Field = Field::new(160, 32);
+        /// `ether_stats_broadcast_pkts_high`: 32 bits at bit 192.
+        pub const ETHER_STATS_BROADCAST_PKTS_HIGH: Field = Field::new(192, 32);
+        /// `ether_stats_broadcast_pkts_low`: 32 bits at bit 224.
+        pub const ETHER_STATS_BROADCAST_PKTS_LOW: Field = Field::new(224, 32);
+        /// `ether_stats_multicast_pkts_high`: 32 bits at bit 256.
+        pub const ETHER_STATS_MULTICAST_PKTS_HIGH: Field = Field::new(256, 32);
+        /// `ether_stats_multicast_pkts_low`: 32 bits at bit 288.
+        pub const ETHER_STATS_MULTICAST_PKTS_LOW: Field = Field::new(288, 32);
+        /// `ether_stats_crc_align_errors_high`: 32 bits at bit 320.
+        pub const ETHER_STATS_CRC_ALIGN_ERRORS_HIGH: Field = Field::new(320, 32);
+        /// `ether_stats_crc_align_errors_low`: 32 bits at bit 352.
+        pub const ETHER_STATS_CRC_ALIGN_ERRORS_LOW: Field = Field::new(352, 32);
+        /// `ether_stats_undersize_pkts_high`: 32 bits at bit 384.
+        pub const ETHER_STATS_UNDERSIZE_PKTS_HIGH: Field = Field::new(384, 32);
+        /// `ether_stats_undersize_pkts_low`: 32 bits at bit 416.
+        pub const ETHER_STATS_UNDERSIZE_PKTS_LOW: Field = Field::new(416, 32);
+        /// `ether_stats_oversize_pkts_high`: 32 bits at bit 448.
+        pub const ETHER_STATS_OVERSIZE_PKTS_HIGH: Field = Field::new(448, 32);
+        /// `ether_stats_oversize_pkts_low`: 32 bits at bit 480.
+        pub const ETHER_STATS_OVERSIZE_PKTS_LOW: Field = Field::new(480, 32);
+        /// `ether_stats_fragments_high`: 32 bits at bit 512.
+        pub const ETHER_STATS_FRAGMENTS_HIGH: Field = Field::new(512, 32);
+        /// `ether_stats_fragments_low`: 32 bits at bit 544.
+        pub const ETHER_STATS_FRAGMENTS_LOW: Field = Field::new(544, 32);
+        /// `ether_stats_jabbers_high`: 32 bits at bit 576.
+        pub const ETHER_STATS_JABBERS_HIGH: Field = Field::new(576, 32);
+        /// `ether_stats_jabbers_low`: 32 bits at bit 608.
+        pub const ETHER_STATS_JABBERS_LOW: Field = Field::new(608, 32);
+        /// `ether_stats_collisions_high`: 32 bits at bit 640.
+        pub const ETHER_STATS_COLLISIONS_HIGH: Field = Field::new(640, 32);
+        /// `ether_stats_collisions_low`: 32 bits at bit 672.
+        pub const ETHER_STATS_COLLISIONS_LOW: Field = Field::new(672, 32);
+        /// `ether_stats_pkts64octets_high`: 32 bits at bit 704.
+        pub const ETHER_STATS_PKTS64OCTETS_HIGH: Field = Field::new(704, 32);
+        /// `ether_stats_pkts64octets_low`: 32 bits at bit 736.
+        pub const ETHER_STATS_PKTS64OCTETS_LOW: Field = Field::new(736, 32);
+        /// `ether_stats_pkts65to127octets_high`: 32 bits at bit 768.
+        pub const ETHER_STATS_PKTS65TO127OCTETS_HIGH: Field = Field::new(768, 32);
+        /// `ether_stats_pkts65to127octets_low`: 32 bits at bit 800.
+        pub const ETHER_STATS_PKTS65TO127OCTETS_LOW: Field = Field::new(800, 32);
+        /// `ether_stats_pkts128to255octets_high`: 32 bits at bit 832.
+        pub const ETHER_STATS_PKTS128TO255OCTETS_HIGH: Field = Field::new(832, 32);
+        /// `ether_stats_pkts128to255octets_low`: 32 bits at bit 864.
+        pub const ETHER_STATS_PKTS128TO255OCTETS_LOW: Field = Field::new(864, 32);
+        /// `ether_stats_pkts256to511octets_high`: 32 bits at bit 896.
+        pub const ETHER_STATS_PKTS256TO511OCTETS_HIGH: Field = Field::new(896, 32);
+        /// `ether_stats_pkts256to511octets_low`: 32 bits at bit 928.
+        pub const ETHER_STATS_PKTS256TO511OCTETS_LOW: Field = Field::new(928, 32);
+        /// `ether_stats_pkts512to1023octets_high`: 32 bits at bit 960.
+        pub const ETHER_STATS_PKTS512TO1023OCTETS_HIGH: Field = Field::new(960, 32);
+        /// `ether_stats_pkts512to1023octets_low`: 32 bits at bit 992.
+        pub const ETHER_STATS_PKTS512TO1023OCTETS_LOW: Field = Field::new(992, 32);
+        /// `ether_stats_pkts1024to1518octets_high`: 32 bits at bit 1024.
+        pub const ETHER_STATS_PKTS1024TO1518OCTETS_HIGH: Field = Field::new(1024, 32);
+        /// `ether_stats_pkts1024to1518octets_low`: 32 bits at bit 1056.
+        pub const ETHER_STATS_PKTS1024TO1518OCTETS_LOW: Field = Field::new(1056, 32);
+        /// `ether_stats_pkts1519to2047octets_high`: 32 bits at bit 1088.
+        pub const ETHER_STATS_PKTS1519TO2047OCTETS_HIGH: Field = Field::new(1088, 32);
+        /// `ether_stats_pkts1519to2047octets_low`: 32 bits at bit 1120.
+        pub const ETHER_STATS_PKTS1519TO2047OCTETS_LOW: Field = Field::new(1120, 32);
+        /// `ether_stats_pkts2048to4095octets_high`: 32 bits at bit 1152.
+        pub const ETHER_STATS_PKTS2048TO4095OCTETS_HIGH: Field = Field::new(1152, 32);
+        /// `ether_stats_pkts2048to4095octets_low`: 32 bits at bit 1184.
+        pub const ETHER_STATS_PKTS2048TO4095OCTETS_LOW: Field = Field::new(1184, 32);
+        /// `ether_stats_pkts4096to8191octets_high`: 32 bits at bit 1216.
+        pub const ETHER_STATS_PKTS4096TO8191OCTETS_HIGH: Field = Field::new(1216, 32);
+        /// `ether_stats_pkts4096to8191octets_low`: 32 bits at bit 1248.
+        pub const ETHER_STATS_PKTS4096TO8191OCTETS_LOW: Field = Field::new(1248, 32);
+        /// `ether_stats_pkts8192to10239octets_high`: 32 bits at bit 1280.
+        pub const ETHER_STATS_PKTS8192TO10239OCTETS_HIGH: Field = Field::new(1280, 32);
+        /// `ether_stats_pkts8192to10239octets_low`: 32 bits at bit 1312.
+        pub const ETHER_STATS_PKTS8192TO10239OCTETS_LOW: Field = Field::new(1312, 32);
+    }
+    /// `struct mlx5_ifc_eth_2863_cntrs_grp_data_layout_bits`: 248 bytes.
+    pub mod eth_2863_cntrs_grp_data_layout {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(eth_2863_cntrs_grp_data_layout)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_eth_2863_cntrs_grp_data_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `if_in_octets_high`: 32 bits at bit 0.
+        pub const IF_IN_OCTETS_HIGH: Field = Field::new(0, 32);
+        /// `if_in_octets_low`: 32 bits at bit 32.
+        pub const IF_IN_OCTETS_LOW: Field = Field::new(32, 32);
+        /// `if_in_ucast_pkts_high`: 32 bits at bit 64.
+        pub const IF_IN_UCAST_PKTS_HIGH: Field = Field::new(64, 32);
+        /// `if_in_ucast_pkts_low`: 32 bits at bit 96.
+        pub const IF_IN_UCAST_PKTS_LOW: Field = Field::new(96, 32);
+        /// `if_in_discards_high`: 32 bits at bit 128.
+        pub const IF_IN_DISCARDS_HIGH: Field = Field::new(128, 32);
+        /// `if_in_discards_low`: 32 bits at bit 160.
+        pub const IF_IN_DISCARDS_LOW: Field = Field::new(160, 32);
+        /// `if_in_errors_high`: 32 bits at bit 192.
+        pub const IF_IN_ERRORS_HIGH: Field = Field::new(192, 32);
+        /// `if_in_errors_low`: 32 bits at bit 224.
+        pub const IF_IN_ERRORS_LOW: Field = Field::new(224, 32);
+        /// `if_in_unknown_protos_high`: 32 bits at bit 256.
+        pub const IF_IN_UNKNOWN_PROTOS_HIGH: Field = Field::new(256, 32);
+        /// `if_in_unknown_protos_low`: 32 bits at bit 288.
+        pub const IF_IN_UNKNOWN_PROTOS_LOW: Field = Field::new(288, 32);
+        /// `if_out_octets_high`: 32 bits at bit 320.
+        pub const IF_OUT_OCTETS_HIGH: Field = Field::new(320, 32);
+        /// `if_out_octets_low`: 32 bits at bit 352.
+        pub const IF_OUT_OCTETS_LOW: Field = Field::new(352, 32);
+        /// `if_out_ucast_pkts_high`: 32 bits at bit 384.
+        pub const IF_OUT_UCAST_PKTS_HIGH: Field = Field::new(384, 32);
+        /// `if_out_ucast_pkts_low`: 32 bits at bit 416.
+        pub const IF_OUT_UCAST_PKTS_LOW: Field = Field::new(416, 32);
+        /// `if_out_discards_high`: 32 bits at bit 448.
+        pub const IF_OUT_DISCARDS_HIGH: Field = Field::new(448, 32);
+        /// `if_out_discards_low`: 32 bits at bit 480.
+        pub const IF_OUT_DISCARDS_LOW: Field = Field::new(480, 32);
+        /// `if_out_errors_high`: 32 bits at bit 512.
+        pub const IF_OUT_ERRORS_HIGH: Field = Field::new(512, 32);
+        /// `if_out_errors_low`: 32 bits at bit 544.
+        pub const IF_OUT_ERRORS_LOW: Field = Field::new(544, 32);
+        /// `if_in_multicast_pkts_high`: 32 bits at bit 576.
+        pub const IF_IN_MULTICAST_PKTS_HIGH: Field = Field::new(576, 32);
+        /// `if_in_multicast_pkts_low`: 32 bits at bit 608.
+        pub const IF_IN_MULTICAST_PKTS_LOW: Field = Field::new(608, 32);
+        /// `if_in_broadcast_pkts_high`: 32 bits at bit 640.
+        pub const IF_IN_BROADCAST_PKTS_HIGH: Field = Field::new(640, 32);
+        /// `if_in_broadcast_pkts_low`: 32 bits at bit 672.
+        pub const IF_IN_BROADCAST_PKTS_LOW: Field = Field::new(672, 32);
+        /// `if_out_multicast_pkts_high`: 32 bits at bit 704.
+        pub const IF_OUT_MULTICAST_PKTS_HIGH: Field = Field::new(704, 32);
+        /// `if_out_multicast_pkts_low`: 32 bits at bit 736.
+        pub const IF_OUT_MULTICAST_PKTS_LOW: Field = Field::new(736, 32);
+        /// `if_out_broadcast_pkts_high`: 32 bits at bit 768.
+        pub const IF_OUT_BROADCAST_PKTS_HIGH: Field = Field::new(768, 32);
+        /// `if_out_broadcast_pkts_low`: 32 bits at bit 800.
+        pub const IF_OUT_BROADCAST_PKTS_LOW: Field = Field::new(800, 32);
+    }
+    /// `struct mlx5_ifc_eth_3635_cntrs_grp_data_layout_bits`: 248 bytes.
+    pub mod eth_3635_cntrs_grp_data_layout {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(eth_3635_cntrs_grp_data_layout)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_eth_3635_cntrs_grp_data_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `dot3stats_alignment_errors_high`: 32 bits at bit 0.
+        pub const DOT3STATS_ALIGNMENT_ERRORS_HIGH: Field = Field::new(0, 32);
+        /// `dot3stats_alignment_errors_low`: 32 bits at bit 32.
+        pub const DOT3STATS_ALIGNMENT_ERRORS_LOW: Field = Field::new(32, 32);
+        /// `dot3stats_fcs_errors_high`: 32 bits at bit 64.
+        pub const DOT3STATS_FCS_ERRORS_HIGH: Field = Field::new(64, 32);
+        /// `dot3stats_fcs_errors_low`: 32 bits at bit 96.
+        pub const DOT3STATS_FCS_ERRORS_LOW: Field = Field::new(96, 32);
+        /// `dot3stats_single_collision_frames_high`: 32 bits at bit 128.
+        pub const DOT3STATS_SINGLE_COLLISION_FRAMES_HIGH: Field = Field::new(128, 32);
+        /// `dot3stats_single_collision_frames_low`: 32 bits at bit 160.
+        pub const DOT3STATS_SINGLE_COLLISION_FRAMES_LOW: Field = Field::new(160, 32);
+        /// `dot3stats_multiple_collision_frames_high`: 32 bits at bit 192.
+        pub const DOT3STATS_MULTIPLE_COLLISION_FRAMES_HIGH: Field = Field::new(192, 32);
+        /// `dot3stats_multiple_collision_frames_low`: 32 bits at bit 224.
+        pub const DOT3STATS_MULTIPLE_COLLISION_FRAMES_LOW: Field = Field::new(224, 32);
+        /// `dot3stats_sqe_test_errors_high`: 32 bits at bit 256.
+        pub const DOT3STATS_SQE_TEST_ERRORS_HIGH: Field = Field::new(256, 32);
+        /// `dot3stats_sqe_test_errors_low`: 32 bits at bit 288.
+        pub const DOT3STATS_SQE_TEST_ERRORS_LOW: Field = Field::new(288, 32);
+        /// `dot3stats_deferred_transmissions_high`: 32 bits at bit 320.
+        pub const DOT3STATS_DEFERRED_TRANSMISSIONS_HIGH: Field = Field::new(320, 32);
+        /// `dot3stats_deferred_transmissions_low`: 32 bits at bit 352.
+        pub const DOT3STATS_DEFERRED_TRANSMISSIONS_LOW: Field = Field::new(352, 32);
+        /// `dot3stats_late_collisions_high`: 32 bits at bit 384.
+        pub const DOT3STATS_LATE_COLLISIONS_HIGH: Field = Field::new(384, 32);
+        /// `dot3stats_late_collisions_low`: 32 bits at bit 416.
+        pub const DOT3STATS_LATE_COLLISIONS_LOW: Field = Field::new(416, 32);
+        /// `dot3stats_excessive_collisions_high`: 32 bits at bit 448.
+        pub const DOT3STATS_EXCESSIVE_COLLISIONS_HIGH: Field = Field::new(448, 32);
+        /// `dot3stats_excessive_collisions_low`: 32 bits at bit 480.
+        pub const DOT3STATS_EXCESSIVE_COLLISIONS_LOW: Field = Field::new(480, 32);
+        /// `dot3stats_internal_mac_transmit_errors_high`: 32 bits at bit 512.
+        pub const DOT3STATS_INTERNAL_MAC_TRANSMIT_ERRORS_HIGH: Field = Field::new(512, 32);
+        /// `dot3stats_internal_mac_transmit_errors_low`: 32 bits at bit 544.
+        pub const DOT3STATS_INTERNAL_MAC_TRANSMIT_ERRORS_LOW: Field = Field::new(544, 32);
+        /// `dot3stats_carrier_sense_errors_high`: 32 bits at bit 576.
+        pub const DOT3STATS_CARRIER_SENSE_ERRORS_HIGH: Field = Field::new(576, 32);
+        /// `dot3stats_carrier_sense_errors_low`: 32 bits at bit 608.
+        pub const DOT3STATS_CARRIER_SENSE_ERRORS_LOW: Field = Field::new(608, 32);
+        /// `dot3stats_frame_too_longs_high`: 32 bits at bit 640.
+        pub const DOT3STATS_FRAME_TOO_LONGS_HIGH: Field = Field::new(640, 32);
+        /// `dot3stats_frame_too_longs_low`: 32 bits at bit 672.
+        pub const DOT3STATS_FRAME_TOO_LONGS_LOW: Field = Field::new(672, 32);
+        /// `dot3stats_internal_mac_receive_errors_high`: 32 bits at bit 704.
+        pub const DOT3STATS_INTERNAL_MAC_RECEIVE_ERRORS_HIGH: Field = Field::new(704, 32);
+        /// `dot3stats_internal_mac_receive_errors_low`: 32 bits at bit 736.
+        pub const DOT3STATS_INTERNAL_MAC_RECEIVE_ERRORS_LOW: Field = Field::new(736, 32);
+        /// `dot3stats_symbol_errors_high`: 32 bits at bit 768.
+        pub const DOT3STATS_SYMBOL_ERRORS_HIGH: Field = Field::new(768, 32);
+        /// `dot3stats_symbol_errors_low`: 32 bits at bit 800.
+        pub const DOT3STATS_SYMBOL_ERRORS_LOW: Field = Field::new(800, 32);
+        /// `dot3control_in_unknown_opcodes_high`: 32 bits at bit 832.
+        pub const DOT3CONTROL_IN_UNKNOWN_OPCODES_HIGH: Field = Field::new(832, 32);
+        /// `dot3control_in_unknown_opcodes_low`: 32 bits at bit 864.
+        pub const DOT3CONTROL_IN_UNKNOWN_OPCODES_LOW: Field = Field::new(864, 32);
+        /// `dot3in_pause_frames_high`: 32 bits at bit 896.
+        pub const DOT3IN_PAUSE_FRAMES_HIGH: Field = Field::new(896, 32);
+        /// `dot3in_pause_frames_low`: 32 bits at bit 928.
+        pub const DOT3IN_PAUSE_FRAMES_LOW: Field = Field::new(928, 32);
+        /// `dot3out_pause_frames_high`: 32 bits at bit 960.
+        pub const DOT3OUT_PAUSE_FRAMES_HIGH: Field = Field::new(960, 32);
+        /// `dot3out_pause_frames_low`: 32 bits at bit 992.
+        pub const DOT3OUT_PAUSE_FRAMES_LOW: Field = Field::new(992, 32);
+    }
+    /// `struct mlx5_ifc_eth_802_3_cntrs_grp_data_layout_bits`: 248 bytes.
+    pub mod eth_802_3_cntrs_grp_data_layout {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(eth_802_3_cntrs_grp_data_layout)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_eth_802_3_cntrs_grp_data_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `a_frames_transmitted_ok_high`: 32 bits at bit 0.
+        pub const A_FRAMES_TRANSMITTED_OK_HIGH: Field = Field::new(0, 32);
+        /// `a_frames_transmitted_ok_low`: 32 bits at bit 32.
+        pub const A_FRAMES_TRANSMITTED_OK_LOW: Field = Field::new(32, 32);
+        /// `a_frames_received_ok_high`: 32 bits at bit 64.
+        pub const A_FRAMES_RECEIVED_OK_HIGH: Field = Field::new(64, 32);
+        /// `a_frames_received_ok_low`: 32 bits at bit 96.
+        pub const A_FRAMES_RECEIVED_OK_LOW: Field = Field::new(96, 32);
+        /// `a_frame_check_sequence_errors_high`: 32 bits at bit 128.
+        pub const A_FRAME_CHECK_SEQUENCE_ERRORS_HIGH: Field = Field::new(128, 32);
+        /// `a_frame_check_sequence_errors_low`: 32 bits at bit 160.
+        pub const A_FRAME_CHECK_SEQUENCE_ERRORS_LOW: Field = Field::new(160, 32);
+        /// `a_alignment_errors_high`: 32 bits at bit 192.
+        pub const A_ALIGNMENT_ERRORS_HIGH: Field = Field::new(192, 32);
+        /// `a_alignment_errors_low`: 32 bits at bit 224.
+        pub const A_ALIGNMENT_ERRORS_LOW: Field = Field::new(224, 32);
+        /// `a_octets_transmitted_ok_high`: 32 bits at bit 256.
+        pub const A_OCTETS_TRANSMITTED_OK_HIGH: Field = Field::new(256, 32);
+        /// `a_octets_transmitted_ok_low`: 32 bits at bit 288.
+        pub const A_OCTETS_TRANSMITTED_OK_LOW: Field = Field::new(288, 32);
+        /// `a_octets_received_ok_high`: 32 bits at bit 320.
+        pub const A_OCTETS_RECEIVED_OK_HIGH: Field = Field::new(320, 32);
+        /// `a_octets_received_ok_low`: 32 bits at bit 352.
+        pub const A_OCTETS_RECEIVED_OK_LOW: Field = Field::new(352, 32);
+        /// `a_multicast_frames_xmitted_ok_high`: 32 bits at bit 384.
+        pub const A_MULTICAST_FRAMES_XMITTED_OK_HIGH: Field = Field::new(384, 32);
+        /// `a_multicast_frames_xmitted_ok_low`: 32 bits at bit 416.
+        pub const A_MULTICAST_FRAMES_XMITTED_OK_LOW: Field = Field::new(416, 32);
+        /// `a_broadcast_frames_xmitted_ok_high`: 32 bits at bit 448.
+        pub const A_BROADCAST_FRAMES_XMITTED_OK_HIGH: Field = Field::new(448, 32);
+        /// `a_broadcast_frames_xmitted_ok_low`: 32 bits at bit 480.
+        pub const A_BROADCAST_FRAMES_XMITTED_OK_LOW: Field = Field::new(480, 32);
+        /// `a_multicast_frames_received_ok_high`: 32 bits at bit 512.
+        pub const A_MULTICAST_FRAMES_RECEIVED_OK_HIGH: Field = Field::new(512, 32);
+        /// `a_multicast_frames_received_ok_low`: 32 bits at bit 544.
+        pub const A_MULTICAST_FRAMES_RECEIVED_OK_LOW: Field = Field::new(544, 32);
+        /// `a_broadcast_frames_received_ok_high`: 32 bits at bit 576.
+        pub const A_BROADCAST_FRAMES_RECEIVED_OK_HIGH: Field = Field::new(576, 32);
+        /// `a_broadcast_frames_received_ok_low`: 32 bits at bit 608.
+        pub const A_BROADCAST_FRAMES_RECEIVED_OK_LOW: Field = Field::new(608, 32);
+        /// `a_in_range_length_errors_high`: 32 bits at bit 640.
+        pub const A_IN_RANGE_LENGTH_ERRORS_HIGH: Field = Field::new(640, 32);
+        /// `a_in_range_length_errors_low`: 32 bits at bit 672.
+        pub const A_IN_RANGE_LENGTH_ERRORS_LOW: Field = Field::new(672, 32);
+        /// `a_out_of_range_length_field_high`: 32 bits at bit 704.
+        pub const A_OUT_OF_RANGE_LENGTH_FIELD_HIGH: Field = Field::new(704, 32);
+        /// `a_out_of_range_length_field_low`: 32 bits at bit 736.
+        pub const A_OUT_OF_RANGE_LENGTH_FIELD_LOW: Field = Field::new(736, 32);
+        /// `a_frame_too_long_errors_high`: 32 bits at bit 768.
+        pub const A_FRAME_TOO_LONG_ERRORS_HIGH: Field = Field::new(768, 32);
+        /// `a_frame_too_long_errors_low`: 32 bits at bit 800.
+        pub const A_FRAME_TOO_LONG_ERRORS_LOW: Field = Field::new(800, 32);
+        /// `a_symbol_error_during_carrier_high`: 32 bits at bit 832.
+        pub const A_SYMBOL_ERROR_DURING_CARRIER_HIGH: Field = Field::new(832, 32);
+        /// `a_symbol_error_during_carrier_low`: 32 bits at bit 864.
+        pub const A_SYMBOL_ERROR_DURING_CARRIER_LOW: Field = Field::new(864, 32);
+        /// `a_mac_control_frames_transmitted_high`: 32 bits at bit 896.
+        pub const A_MAC_CONTROL_FRAMES_TRANSMITTED_HIGH: Field = Field::new(896, 32);
+        /// `a_mac_control_frames_transmitted_low`: 32 bits at bit 928.
+        pub const A_MAC_CONTROL_FRAMES_TRANSMITTED_LOW: Field = Field::new(928, 32);
+        /// `a_mac_control_frames_received_high`: 32 bits at bit 960.
+        pub const A_MAC_CONTROL_FRAMES_RECEIVED_HIGH: Field = Field::new(960, 32);
+        /// `a_mac_control_frames_received_low`: 32 bits at bit 992.
+        pub const A_MAC_CONTROL_FRAMES_RECEIVED_LOW: Field = Field::new(992, 32);
+        /// `a_unsupported_opcodes_received_high`: 32 bits at bit 1024.
+        pub const A_UNSUPPORTED_OPCODES_RECEIVED_HIGH: Field = Field::new(1024, 32);
+        /// `a_unsupported_opcodes_received_low`: 32 bits at bit 1056.
+        pub const A_UNSUPPORTED_OPCODES_RECEIVED_LOW: Field = Field::new(1056, 32);
+        /// `a_pause_mac_ctrl_frames_received_high`: 32 bits at bit 1088.
+        pub const A_PAUSE_MAC_CTRL_FRAMES_RECEIVED_HIGH: Field = Field::new(1088, 32);
+        /// `a_pause_mac_ctrl_frames_received_low`: 32 bits at bit 1120.
+        pub const A_PAUSE_MAC_CTRL_FRAMES_RECEIVED_LOW: Field = Field::new(1120, 32);
+        /// `a_pause_mac_ctrl_frames_transmitted_high`: 32 bits at bit 1152.
+        pub const A_PAUSE_MAC_CTRL_FRAMES_TRANSMITTED_HIGH: Field = Field::new(1152, 32);
+        /// `a_pause_mac_ctrl_frames_transmitted_low`: 32 bits at bit 1184.
+        pub const A_PAUSE_MAC_CTRL_FRAMES_TRANSMITTED_LOW: Field = Field::new(1184, 32);
+    }
+    /// `union mlx5_ifc_eth_cntrs_grp_data_layout_auto_bits`: 248 bytes.
+    pub mod eth_cntrs_grp_data_layout_auto {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(eth_cntrs_grp_data_layout_auto)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `union mlx5_ifc_eth_cntrs_grp_data_layout_auto_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `eth_802_3_cntrs_grp_data_layout`: nested `eth_802_3_cntrs_grp_data_layout`, 248 bytes at byte 0.
+        pub const ETH_802_3_CNTRS_GRP_DATA_LAYOUT: Sub = Sub::new(0, 248);
+        /// `eth_2863_cntrs_grp_data_layout`: nested `eth_2863_cntrs_grp_data_layout`, 248 bytes at byte 0.
+        pub const ETH_2863_CNTRS_GRP_DATA_LAYOUT: Sub = Sub::new(0, 248);
+        /// `eth_2819_cntrs_grp_data_layout`: nested `eth_2819_cntrs_grp_data_layout`, 248 bytes at byte 0.
+        pub const ETH_2819_CNTRS_GRP_DATA_LAYOUT: Sub = Sub::new(0, 248);
+        /// `eth_3635_cntrs_grp_data_layout`: nested `eth_3635_cntrs_grp_data_layout`, 248 bytes at byte 0.
+        pub const ETH_3635_CNTRS_GRP_DATA_LAYOUT: Sub = Sub::new(0, 248);
+        /// `eth_extended_cntrs_grp_data_layout`: nested `eth_extended_cntrs_grp_data_layout`, 248 bytes at byte 0.
+        pub const ETH_EXTENDED_CNTRS_GRP_DATA_LAYOUT: Sub = Sub::new(0, 248);
+        /// `eth_per_prio_grp_data_layout`: nested `eth_per_prio_grp_data_layout`, 248 bytes at byte 0.
+        pub const ETH_PER_PRIO_GRP_DATA_LAYOUT: Sub = Sub::new(0, 248);
+        /// `eth_per_tc_prio_grp_data_layout`: nested `eth_per_tc_prio_grp_data_layout`, 248 bytes at byte 0.
+        pub const ETH_PER_TC_PRIO_GRP_DATA_LAYOUT: Sub = Sub::new(0, 248);
+        /// `eth_per_tc_congest_prio_grp_data_layout`: nested `eth_per_tc_congest_prio_grp_data_layout`, 248 bytes at byte 0.
+        pub const ETH_PER_TC_CONGEST_PRIO_GRP_DATA_LAYOUT: Sub = Sub::new(0, 248);
+        /// `ib_port_cntrs_grp_data_layout`: nested `ib_port_cntrs_grp_data_layout`, 40 bytes at byte 0.
+        pub const IB_PORT_CNTRS_GRP_DATA_LAYOUT: Sub = Sub::new(0, 40);
+        /// `ib_ext_port_cntrs_grp_data_layout`: nested `ib_ext_port_cntrs_grp_data_layout`, 248 bytes at byte 0.
+        pub const IB_EXT_PORT_CNTRS_GRP_DATA_LAYOUT: Sub = Sub::new(0, 248);
+        /// `phys_layer_cntrs`: nested `phys_layer_cntrs`, 248 bytes at byte 0.
+        pub const PHYS_LAYER_CNTRS: Sub = Sub::new(0, 248);
+        /// `phys_layer_statistical_cntrs`: nested `phys_layer_statistical_cntrs`, 248 bytes at byte 0.
+        pub const PHYS_LAYER_STATISTICAL_CNTRS: Sub = Sub::new(0, 248);
+    }
+    /// `struct mlx5_ifc_eth_extended_cntrs_grp_data_layout_bits`: 248 bytes.
+    pub mod eth_extended_cntrs_grp_data_layout {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(eth_extended_cntrs_grp_data_layout)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_eth_extended_cntrs_grp_data_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `port_transmit_wait_high`: 32 bits at bit 0.
+        pub const PORT_TRANSMIT_WAIT_HIGH: Field = Field::new(0, 32);
+        /// `port_transmit_wait_low`: 32 bits at bit 32.
+        pub const PORT_TRANSMIT_WAIT_LOW: Field = Field::new(32, 32);
+        /// `rx_buffer_almost_full_high`: 32 bits at bit 320.
+        pub const RX_BUFFER_ALMOST_FULL_HIGH: Field = Field::new(320, 32);
+        /// `rx_buffer_almost_full_low`: 32 bits at bit 352.
+        pub const RX_BUFFER_ALMOST_FULL_LOW: Field = Field::new(352, 32);
+        /// `rx_buffer_full_high`: 32 bits at bit 384.
+        pub const RX_BUFFER_FULL_HIGH: Field = Field::new(384, 32);
+        /// `rx_buffer_full_low`: 32 bits at bit 416.
+        pub const RX_BUFFER_FULL_LOW: Field = Field::new(416, 32);
+        /// `rx_icrc_encapsulated_high`: 32 bits at bit 448.
+        pub const RX_ICRC_ENCAPSULATED_HIGH: Field = Field::new(448, 32);
+        /// `rx_icrc_encapsulated_low`: 32 bits at bit 480.
+        pub const RX_ICRC_ENCAPSULATED_LOW: Field = Field::new(480, 32);
+    }
+    /// `struct mlx5_ifc_eth_per_prio_grp_data_layout_bits`: 248 bytes.
+    pub mod eth_per_prio_grp_data_layout {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(eth_per_prio_grp_data_layout)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_eth_per_prio_grp_data_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `rx_octets_high`: 32 bits at bit 0.
+        pub const RX_OCTETS_HIGH: Field = Field::new(0, 32);
+        /// `rx_octets_low`: 32 bits at bit 32.
+        pub const RX_OCTETS_LOW: Field = Field::new(32, 32);
+        /// `rx_frames_high`: 32 bits at bit 256.
+        pub const RX_FRAMES_HIGH: Field = Field::new(256, 32);
+        /// `rx_frames_low`: 32 bits at bit 288.
+        pub const RX_FRAMES_LOW: Field = Field::new(288, 32);
+        /// `tx_octets_high`: 32 bits at bit 320.
+        pub const TX_OCTETS_HIGH: Field = Field::new(320, 32);
+        /// `tx_octets_low`: 32 bits at bit 352.
+        pub const TX_OCTETS_LOW: Field = Field::new(352, 32);
+        /// `tx_frames_high`: 32 bits at bit 576.
+        pub const TX_FRAMES_HIGH: Field = Field::new(576, 32);
+        /// `tx_frames_low`: 32 bits at bit 608.
+        pub const TX_FRAMES_LOW: Field = Field::new(608, 32);
+        /// `rx_pause_high`: 32 bits at bit 640.
+        pub const RX_PAUSE_HIGH: Field = Field::new(640, 32);
+        /// `rx_pause_low`: 32 bits at bit 672.
+        pub const RX_PAUSE_LOW: Field = Field::new(672, 32);
+        /// `rx_pause_duration_high`: 32 bits at bit 704.
+        pub const RX_PAUSE_DURATION_HIGH: Field = Field::new(704, 32);
+        /// `rx_pause_duration_low`: 32 bits at bit 736.
+        pub const RX_PAUSE_DURATION_LOW: Field = Field::new(736, 32);
+        /// `tx_pause_high`: 32 bits at bit 768.
+        pub const TX_PAUSE_HIGH: Field = Field::new(768, 32);
+        /// `tx_pause_low`: 32 bits at bit 800.
+        pub const TX_PAUSE_LOW: Field = Field::new(800, 32);
+        /// `tx_pause_duration_high`: 32 bits at bit 832.
+        pub const TX_PAUSE_DURATION_HIGH: Field = Field::new(832, 32);
+        /// `tx_pause_duration_low`: 32 bits at bit 864.
+        pub const TX_PAUSE_DURATION_LOW: Field = Field::new(864, 32);
+        /// `rx_pause_transition_high`: 32 bits at bit 896.
+        pub const RX_PAUSE_TRANSITION_HIGH: Field = Field::new(896, 32);
+        /// `rx_pause_transition_low`: 32 bits at bit 928.
+        pub const RX_PAUSE_TRANSITION_LOW: Field = Field::new(928, 32);
+        /// `rx_discards_high`: 32 bits at bit 960.
+        pub const RX_DISCARDS_HIGH: Field = Field::new(960, 32);
+        /// `rx_discards_low`: 32 bits at bit 992.
+        pub const RX_DISCARDS_LOW: Field = Field::new(992, 32);
+        /// `device_stall_minor_watermark_cnt_high`: 32 bits at bit 1024.
+        pub const DEVICE_STALL_MINOR_WATERMARK_CNT_HIGH: Field = Field::new(1024, 32);
+        /// `device_stall_minor_watermark_cnt_low`: 32 bits at bit 1056.
+        pub const DEVICE_STALL_MINOR_WATERMARK_CNT_LOW: Field = Field::new(1056, 32);
+        /// `device_stall_critical_watermark_cnt_high`: 32 bits at bit 1088.
+        pub const DEVICE_STALL_CRITICAL_WATERMARK_CNT_HIGH: Field = Field::new(1088, 32);
+        /// `device_stall_critical_watermark_cnt_low`: 32 bits at bit 1120.
+        pub const DEVICE_STALL_CRITICAL_WATERMARK_CNT_LOW: Field = Field::new(1120, 32);
+    }
+    /// `struct mlx5_ifc_eth_per_tc_congest_prio_grp_data_layout_bits`: 248 bytes.
+    pub mod eth_per_tc_congest_prio_grp_data_layout {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(eth_per_tc_congest_prio_grp_data_layout)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_eth_per_tc_congest_prio_grp_data_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `wred_discard_high`: 32 bits at bit 0.
+        pub const WRED_DISCARD_HIGH: Field = Field::new(0, 32);
+        /// `wred_discard_low`: 32 bits at bit 32.
+        pub const WRED_DISCARD_LOW: Field = Field::new(32, 32);
+        /// `ecn_marked_tc_high`: 32 bits at bit 64.
+        pub const ECN_MARKED_TC_HIGH: Field = Field::new(64, 32);
+        /// `ecn_marked_tc_low`: 32 bits at bit 96.
+        pub const ECN_MARKED_TC_LOW: Field = Field::new(96, 32);
+    }
+    /// `struct mlx5_ifc_eth_per_tc_prio_grp_data_layout_bits`: 248 bytes.
+    pub mod eth_per_tc_prio_grp_data_layout {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(eth_per_tc_prio_grp_data_layout)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_eth_per_tc_prio_grp_data_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `transmit_queue_high`: 32 bits at bit 0.
+        pub const TRANSMIT_QUEUE_HIGH: Field = Field::new(0, 32);
+        /// `transmit_queue_low`: 32 bits at bit 32.
+        pub const TRANSMIT_QUEUE_LOW: Field = Field::new(32, 32);
+        /// `no_buffer_discard_uc_high`: 32 bits at bit 64.
+        pub const NO_BUFFER_DISCARD_UC_HIGH: Field = Field::new(64, 32);
+        /// `no_buffer_discard_uc_low`: 32 bits at bit 96.
+        pub const NO_BUFFER_DISCARD_UC_LOW: Field = Field::new(96, 32);
+    }
+    /// `struct mlx5_ifc_flow_table_context_bits`: 40 bytes.
+    pub mod flow_table_context {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(flow_table_context)`).
+        pub const SIZE_BYTES: usize = 40;
+        /// `struct mlx5_ifc_flow_table_context_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `reformat_en`: 1 bit at bit 0.
+        pub const REFORMAT_EN: Field = Field::new(0, 1);
+        /// `decap_en`: 1 bit at bit 1.
+        pub const DECAP_EN: Field = Field::new(1, 1);
+        /// `sw_owner`: 1 bit at bit 2.
+        pub const SW_OWNER: Field = Field::new(2, 1);
+        /// `termination_table`: 1 bit at bit 3.
+        pub const TERMINATION_TABLE: Field = Field::new(3, 1);
+        /// `table_miss_action`: 4 bits at bit 4.
+        pub const TABLE_MISS_ACTION: Field = Field::new(4, 4);
+        /// `level`: 8 bits at bit 8.
+        pub const LEVEL: Field = Field::new(8, 8);
+        /// `rtc_valid`: 1 bit at bit 16.
+        pub const RTC_VALID: Field = Field::new(16, 1);
+        /// `log_size`: 8 bits at bit 24.
+        pub const LOG_SIZE: Field = Field::new(24, 8);
+        /// `table_miss_id`: 24 bits at bit 40.
+        pub const TABLE_MISS_ID: Field = Field::new(40, 24);
+        /// `lag_master_next_table_id`: 24 bits at bit 72.
+        pub const LAG_MASTER_NEXT_TABLE_ID: Field = Field::new(72, 24);
+        /// `sws.sw_owner_icm_root_1`: 64 bits at bit 192.
+        pub const SWS_SW_OWNER_ICM_ROOT_1: Field = Field::new(192, 64);
+        /// `sws.sw_owner_icm_root_0`: 64 bits at bit 256.
+        pub const SWS_SW_OWNER_ICM_ROOT_0: Field = Field::new(256, 64);
+        /// `hws.rtc_id_0`: 32 bits at bit 192.
+        pub const HWS_RTC_ID_0: Field = Field::new(192, 32);
+        /// `hws.rtc_id_1`: 32 bits at bit 224.
+        pub const HWS_RTC_ID_1: Field = Field::new(224, 32);
+        /// `hws.reserved_at_100`: 64 bits at bit 256.
+        pub const HWS_RESERVED_AT_100: Field = Field::new(256, 64);
+    }
+    /// `struct mlx5_ifc_ib_ext_port_cntrs_grp_data_layout_bits`: 248 bytes.
+    pub mod ib_ext_port_cntrs_grp_data_layout {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(ib_ext_port_cntrs_grp_data_layout)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_ib_ext_port_cntrs_grp_data_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `port_xmit_data_high`: 32 bits at bit 768.
+        pub const PORT_XMIT_DATA_HIGH: Field = Field::new(768, 32);
+        /// `port_xmit_data_low`: 32 bits at bit 800.
+        pub const PORT_XMIT_DATA_LOW: Field = Field::new(800, 32);
+        /// `port_rcv_data_high`: 32 bits at bit 832.
+        pub const PORT_RCV_DATA_HIGH: Field = Field::new(832, 32);
+        /// `port_rcv_data_low`: 32 bits at bit 864.
+        pub const PORT_RCV_DATA_LOW: Field = Field::new(864, 32);
+        /// `port_xmit_pkts_high`: 32 bits at bit 896.
+        pub const PORT_XMIT_PKTS_HIGH: Field = Field::new(896, 32);
+        /// `port_xmit_pkts_low`: 32 bits at bit 928.
+        pub const PORT_XMIT_PKTS_LOW: Field = Field::new(928, 32);
+        /// `port_rcv_pkts_high`: 32 bits at bit 960.
+        pub const PORT_RCV_PKTS_HIGH: Field = Field::new(960, 32);
+        /// `port_rcv_pkts_low`: 32 bits at bit 992.
+        pub const PORT_RCV_PKTS_LOW: Field = Field::new(992, 32);
+        /// `port_unicast_xmit_pkts_high`: 32 bits at bit 1152.
+        pub const PORT_UNICAST_XMIT_PKTS_HIGH: Field = Field::new(1152, 32);
+        /// `port_unicast_xmit_pkts_low`: 32 bits at bit 1184.
+        pub const PORT_UNICAST_XMIT_PKTS_LOW: Field = Field::new(1184, 32);
+        /// `port_multicast_xmit_pkts_high`: 32 bits at bit 1216.
+        pub const PORT_MULTICAST_XMIT_PKTS_HIGH: Field = Field::new(1216, 32);
+        /// `port_multicast_xmit_pkts_low`: 32 bits at bit 1248.
+        pub const PORT_MULTICAST_XMIT_PKTS_LOW: Field = Field::new(1248, 32);
+        /// `port_unicast_rcv_pkts_high`: 32 bits at bit 1280.
+        pub const PORT_UNICAST_RCV_PKTS_HIGH: Field = Field::new(1280, 32);
+        /// `port_unicast_rcv_pkts_low`: 32 bits at bit 1312.
+        pub const PORT_UNICAST_RCV_PKTS_LOW: Field = Field::new(1312, 32);
+        /// `port_multicast_rcv_pkts_high`: 32 bits at bit 1344.
+        pub const PORT_MULTICAST_RCV_PKTS_HIGH: Field = Field::new(1344, 32);
+        /// `port_multicast_rcv_pkts_low`: 32 bits at bit 1376.
+        pub const PORT_MULTICAST_RCV_PKTS_LOW: Field = Field::new(1376, 32);
+    }
+    /// `struct mlx5_ifc_ib_port_cntrs_grp_data_layout_bits`: 40 bytes.
+    pub mod ib_port_cntrs_grp_data_layout {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(ib_port_cntrs_grp_data_layout)`).
+        pub const SIZE_BYTES: usize = 40;
+        /// `struct mlx5_ifc_ib_port_cntrs_grp_data_layout_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `symbol_error_counter`: 16 bits at bit 0.
+        pub const SYMBOL_ERROR_COUNTER: Field = Field::new(0, 16);
+        /// `link_error_recovery_counter`: 8 bits at bit 16.
+        pub const LINK_ERROR_RECOVERY_COUNTER: Field = Field::new(16, 8);
+        /// `link_downed_counter`: 8 bits at bit 24.
+        pub const LINK_DOWNED_COUNTER: Field = Field::new(24, 8);
+        /// `port_rcv_errors`: 16 bits at bit 32.
+        pub const PORT_RCV_ERRORS: Field = Field::new(32, 16);
+        /// `port_rcv_remote_physical_errors`: 16 bits at bit 48.
+        pub const PORT_RCV_REMOTE_PHYSICAL_ERRORS: Field = Field::new(48, 16);
+        /// `port_rcv_switch_relay_errors`: 16 bits at bit 64.
+        pub const PORT_RCV_SWITCH_RELAY_ERRORS: Field = Field::new(64, 16);
+        /// `port_xmit_discards`: 16 bits at bit 80.
+        pub const PORT_XMIT_DISCARDS: Field = Field::new(80, 16);
+        /// `port_xmit_constraint_errors`: 8 bits at bit 96.
+        pub const PORT_XMIT_CONSTRAINT_ERRORS: Field = Field::new(96, 8);
+        /// `port_rcv_constraint_errors`: 8 bits at bit 104.
+        pub const PORT_RCV_CONSTRAINT_ERRORS: Field = Field::new(104, 8);
+        /// `link_overrun_errors`: 8 bits at bit 120.
+        pub const LINK_OVERRUN_ERRORS: Field = Field::new(120, 8);
+        /// `vl_15_dropped`: 16 bits at bit 144.
+        pub const VL_15_DROPPED: Field = Field::new(144, 16);
+        /// `port_xmit_wait`: 32 bits at bit 288.
+        pub const PORT_XMIT_WAIT: Field = Field::new(288, 32);
+    }
+    /// `struct mlx5_ifc_modify_flow_table_in_bits`: 64 bytes.
+    pub mod modify_flow_table_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_flow_table_in)`).
+        pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_modify_flow_table_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `other_vport`: 1 bit at bit 64.
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        /// `vport_number`: 16 bits at bit 80.
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        /// `modify_field_select`: 16 bits at bit 112.
+        pub const MODIFY_FIELD_SELECT: Field = Field::new(112, 16);
+        /// `table_type`: 8 bits at bit 128.
+        pub const TABLE_TYPE: Field = Field::new(128, 8);
+        /// `table_id`: 24 bits at bit 168.
+        pub const TABLE_ID: Field = Field::new(168, 24);
+        /// `flow_table_context`: nested `flow_table_context`, 40 bytes at byte 24.
+        pub const FLOW_TABLE_CONTEXT: Sub = Sub::new(24, 40);
+    }
+    /// `struct mlx5_ifc_modify_flow_table_out_bits`: 16 bytes.
+    pub mod modify_flow_table_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_flow_table_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_modify_flow_table_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_modify_hca_vport_context_in_bits`: 528 bytes.
+    pub mod modify_hca_vport_context_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_hca_vport_context_in)`).
+        pub const SIZE_BYTES: usize = 528;
+        /// `struct mlx5_ifc_modify_hca_vport_context_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `other_vport`: 1 bit at bit 64.
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        /// `port_num`: 4 bits at bit 76.
+        pub const PORT_NUM: Field = Field::new(76, 4);
+        /// `vport_number`: 16 bits at bit 80.
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        /// `hca_vport_context`: nested `hca_vport_context`, 512 bytes at byte 16.
+        pub const HCA_VPORT_CONTEXT: Sub = Sub::new(16, 512);
+    }
+    /// `struct mlx5_ifc_modify_hca_vport_context_out_bits`: 16 bytes.
+    pub mod modify_hca_vport_context_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_hca_vport_context_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_modify_hca_vport_context_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_modify_rqt_in_bits`: 272 bytes.
+    pub mod modify_rqt_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_rqt_in)`).
+        pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_modify_rqt_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `uid`: 16 bits at bit 16.
+        pub const UID: Field = Field::new(16, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `rqtn`: 24 bits at bit 72.
+        pub const RQTN: Field = Field::new(72, 24);
+        /// `bitmask`: nested `rqt_bitmask`, 8 bytes at byte 16.
+        pub const BITMASK: Sub = Sub::new(16, 8);
+        /// `ctx`: nested `rqtc`, 240 bytes at byte 32.
+        pub const CTX: Sub = Sub::new(32, 240);
+    }
+    /// `struct mlx5_ifc_modify_rqt_out_bits`: 16 bytes.
+    pub mod modify_rqt_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_rqt_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_modify_rqt_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_modify_tir_bitmask_bits`: 8 bytes.
+    pub mod modify_tir_bitmask {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_tir_bitmask)`).
+        pub const SIZE_BYTES: usize = 8;
+        /// `struct mlx5_ifc_modify_tir_bitmask_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `self_lb_en`: 1 bit at bit 59.
+        pub const SELF_LB_EN: Field = Field::new(59, 1);
+        /// `hash`: 1 bit at bit 61.
+        pub const HASH: Field = Field::new(61, 1);
+        /// `packet_merge`: 1 bit at bit 63.
+        pub const PACKET_MERGE: Field = Field::new(63, 1);
+    }
+    /// `struct mlx5_ifc_modify_tir_in_bits`: 272 bytes.
+    pub mod modify_tir_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_tir_in)`).
+        pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_modify_tir_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `uid`: 16 bits at bit 16.
+        pub const UID: Field = Field::new(16, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `tirn`: 24 bits at bit 72.
+        pub const TIRN: Field = Field::new(72, 24);
+        /// `bitmask`: nested `modify_tir_bitmask`, 8 bytes at byte 16.
+        pub const BITMASK: Sub = Sub::new(16, 8);
+        /// `ctx`: nested `tirc`, 240 bytes at byte 32.
+        pub const CTX: Sub = Sub::new(32, 240);
+    }
+    /// `struct mlx5_ifc_modify_tir_out_bits`: 16 bytes.
+    pub mod modify_tir_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(modify_tir_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_modify_tir_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_phys_layer_cntrs_bits`: 248 bytes.
+    pub mod phys_layer_cntrs {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(phys_layer_cntrs)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_phys_layer_cntrs_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `time_since_last_clear_high`: 32 bits at bit 0.
+        pub const TIME_SINCE_LAST_CLEAR_HIGH: Field = Field::new(0, 32);
+        /// `time_since_last_clear_low`: 32 bits at bit 32.
+        pub const TIME_SINCE_LAST_CLEAR_LOW: Field = Field::new(32, 32);
+        /// `symbol_errors_high`: 32 bits at bit 64.
+        pub const SYMBOL_ERRORS_HIGH: Field = Field::new(64, 32);
+        /// `symbol_errors_low`: 32 bits at bit 96.
+        pub const SYMBOL_ERRORS_LOW: Field = Field::new(96, 32);
+        /// `sync_headers_errors_high`: 32 bits at bit 128.
+        pub const SYNC_HEADERS_ERRORS_HIGH: Field = Field::new(128, 32);
+        /// `sync_headers_errors_low`: 32 bits at bit 160.
+        pub const SYNC_HEADERS_ERRORS_LOW: Field = Field::new(160, 32);
+        /// `edpl_bip_errors_lane0_high`: 32 bits at bit 192.
+        pub const EDPL_BIP_ERRORS_LANE0_HIGH: Field = Field::new(192, 32);
+        /// `edpl_bip_errors_lane0_low`: 32 bits at bit 224.
+        pub const EDPL_BIP_ERRORS_LANE0_LOW: Field = Field::new(224, 32);
+        /// `edpl_bip_errors_lane1_high`: 32 bits at bit 256.
+        pub const EDPL_BIP_ERRORS_LANE1_HIGH: Field = Field::new(256, 32);
+        /// `edpl_bip_errors_lane1_low`: 32 bits at bit 288.
+        pub const EDPL_BIP_ERRORS_LANE1_LOW: Field = Field::new(288, 32);
+        /// `edpl_bip_errors_lane2_high`: 32 bits at bit 320.
+        pub const EDPL_BIP_ERRORS_LANE2_HIGH: Field = Field::new(320, 32);
+        /// `edpl_bip_errors_lane2_low`: 32 bits at bit 352.
+        pub const EDPL_BIP_ERRORS_LANE2_LOW: Field = Field::new(352, 32);
+        /// `edpl_bip_errors_lane3_high`: 32 bits at bit 384.
+        pub const EDPL_BIP_ERRORS_LANE3_HIGH: Field = Field::new(384, 32);
+        /// `edpl_bip_errors_lane3_low`: 32 bits at bit 416.
+        pub const EDPL_BIP_ERRORS_LANE3_LOW: Field = Field::new(416, 32);
+        /// `fc_fec_corrected_blocks_lane0_high`: 32 bits at bit 448.
+        pub const FC_FEC_CORRECTED_BLOCKS_LANE0_HIGH: Field = Field::new(448, 32);
+        /// `fc_fec_corrected_blocks_lane0_low`: 32 bits at bit 480.
+        pub const FC_FEC_CORRECTED_BLOCKS_LANE0_LOW: Field = Field::new(480, 32);
+        /// `fc_fec_corrected_blocks_lane1_high`: 32 bits at bit 512.
+        pub const FC_FEC_CORRECTED_BLOCKS_LANE1_HIGH: Field = Field::new(512, 32);
+        /// `fc_fec_corrected_blocks_lane1_low`: 32 bits at bit 544.
+        pub const FC_FEC_CORRECTED_BLOCKS_LANE1_LOW: Field = Field::new(544, 32);
+        /// `fc_fec_corrected_blocks_lane2_high`: 32 bits at bit 576.
+        pub const FC_FEC_CORRECTED_BLOCKS_LANE2_HIGH: Field = Field::new(576, 32);
+        /// `fc_fec_corrected_blocks_lane2_low`: 32 bits at bit 608.
+        pub const FC_FEC_CORRECTED_BLOCKS_LANE2_LOW: Field = Field::new(608, 32);
+        /// `fc_fec_corrected_blocks_lane3_high`: 32 bits at bit 640.
+        pub const FC_FEC_CORRECTED_BLOCKS_LANE3_HIGH: Field = Field::new(640, 32);
+        /// `fc_fec_corrected_blocks_lane3_low`: 32 bits at bit 672.
+        pub const FC_FEC_CORRECTED_BLOCKS_LANE3_LOW: Field = Field::new(672, 32);
+        /// `fc_fec_uncorrectable_blocks_lane0_high`: 32 bits at bit 704.
+        pub const FC_FEC_UNCORRECTABLE_BLOCKS_LANE0_HIGH: Field = Field::new(704, 32);
+        /// `fc_fec_uncorrectable_blocks_lane0_low`: 32 bits at bit 736.
+        pub const FC_FEC_UNCORRECTABLE_BLOCKS_LANE0_LOW: Field = Field::new(736, 32);
+        /// `fc_fec_uncorrectable_blocks_lane1_high`: 32 bits at bit 768.
+        pub const FC_FEC_UNCORRECTABLE_BLOCKS_LANE1_HIGH: Field = Field::new(768, 32);
+        /// `fc_fec_uncorrectable_blocks_lane1_low`: 32 bits at bit 800.
+        pub const FC_FEC_UNCORRECTABLE_BLOCKS_LANE1_LOW: Field = Field::new(800, 32);
+        /// `fc_fec_uncorrectable_blocks_lane2_high`: 32 bits at bit 832.
+        pub const FC_FEC_UNCORRECTABLE_BLOCKS_LANE2_HIGH: Field = Field::new(832, 32);
+        /// `fc_fec_uncorrectable_blocks_lane2_low`: 32 bits at bit 864.
+        pub const FC_FEC_UNCORRECTABLE_BLOCKS_LANE2_LOW: Field = Field::new(864, 32);
+        /// `fc_fec_uncorrectable_blocks_lane3_high`: 32 bits at bit 896.
+        pub const FC_FEC_UNCORRECTABLE_BLOCKS_LANE3_HIGH: Field = Field::new(896, 32);
+        /// `fc_fec_uncorrectable_blocks_lane3_low`: 32 bits at bit 928.
+        pub const FC_FEC_UNCORRECTABLE_BLOCKS_LANE3_LOW: Field = Field::new(928, 32);
+        /// `rs_fec_corrected_blocks_high`: 32 bits at bit 960.
+        pub const RS_FEC_CORRECTED_BLOCKS_HIGH: Field = Field::new(960, 32);
+        /// `rs_fec_corrected_blocks_low`: 32 bits at bit 992.
+        pub const RS_FEC_CORRECTED_BLOCKS_LOW: Field = Field::new(992, 32);
+        /// `rs_fec_uncorrectable_blocks_high`: 32 bits at bit 1024.
+        pub const RS_FEC_UNCORRECTABLE_BLOCKS_HIGH: Field = Field::new(1024, 32);
+        /// `rs_fec_uncorrectable_blocks_low`: 32 bits at bit 1056.
+        pub const RS_FEC_UNCORRECTABLE_BLOCKS_LOW: Field = Field::new(1056, 32);
+        /// `rs_fec_no_errors_blocks_high`: 32 bits at bit 1088.
+        pub const RS_FEC_NO_ERRORS_BLOCKS_HIGH: Field = Field::new(1088, 32);
+        /// `rs_fec_no_errors_blocks_low`: 32 bits at bit 1120.
+        pub const RS_FEC_NO_ERRORS_BLOCKS_LOW: Field = Field::new(1120, 32);
+        /// `rs_fec_single_error_blocks_high`: 32 bits at bit 1152.
+        pub const RS_FEC_SINGLE_ERROR_BLOCKS_HIGH: Field = Field::new(1152, 32);
+        /// `rs_fec_single_error_blocks_low`: 32 bits at bit 1184.
+        pub const RS_FEC_SINGLE_ERROR_BLOCKS_LOW: Field = Field::new(1184, 32);
+        /// `rs_fec_corrected_symbols_total_high`: 32 bits at bit 1216.
+        pub const RS_FEC_CORRECTED_SYMBOLS_TOTAL_HIGH: Field = Field::new(1216, 32);
+        /// `rs_fec_corrected_symbols_total_low`: 32 bits at bit 1248.
+        pub const RS_FEC_CORRECTED_SYMBOLS_TOTAL_LOW: Field = Field::new(1248, 32);
+        /// `rs_fec_corrected_symbols_lane0_high`: 32 bits at bit 1280.
+        pub const RS_FEC_CORRECTED_SYMBOLS_LANE0_HIGH: Field = Field::new(1280, 32);
+        /// `rs_fec_corrected_symbols_lane0_low`: 32 bits at bit 1312.
+        pub const RS_FEC_CORRECTED_SYMBOLS_LANE0_LOW: Field = Field::new(1312, 32);
+        /// `rs_fec_corrected_symbols_lane1_high`: 32 bits at bit 1344.
+        pub const RS_FEC_CORRECTED_SYMBOLS_LANE1_HIGH: Field = Field::new(1344, 32);
+        /// `rs_fec_corrected_symbols_lane1_low`: 32 bits at bit 1376.
+        pub const RS_FEC_CORRECTED_SYMBOLS_LANE1_LOW: Field = Field::new(1376, 32);
+        /// `rs_fec_corrected_symbols_lane2_high`: 32 bits at bit 1408.
+        pub const RS_FEC_CORRECTED_SYMBOLS_LANE2_HIGH: Field = Field::new(1408, 32);
+        /// `rs_fec_corrected_symbols_lane2_low`: 32 bits at bit 1440.
+        pub const RS_FEC_CORRECTED_SYMBOLS_LANE2_LOW: Field = Field::new(1440, 32);
+        /// `rs_fec_corrected_symbols_lane3_high`: 32 bits at bit 1472.
+        pub const RS_FEC_CORRECTED_SYMBOLS_LANE3_HIGH: Field = Field::new(1472, 32);
+        /// `rs_fec_corrected_symbols_lane3_low`: 32 bits at bit 1504.
+        pub const RS_FEC_CORRECTED_SYMBOLS_LANE3_LOW: Field = Field::new(1504, 32);
+        /// `link_down_events`: 32 bits at bit 1536.
+        pub const LINK_DOWN_EVENTS: Field = Field::new(1536, 32);
+        /// `successful_recovery_events`: 32 bits at bit 1568.
+        pub const SUCCESSFUL_RECOVERY_EVENTS: Field = Field::new(1568, 32);
+    }
+    /// `struct mlx5_ifc_phys_layer_statistical_cntrs_bits`: 248 bytes.
+    pub mod phys_layer_statistical_cntrs {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(phys_layer_statistical_cntrs)`).
+        pub const SIZE_BYTES: usize = 248;
+        /// `struct mlx5_ifc_phys_layer_statistical_cntrs_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `time_since_last_clear_high`: 32 bits at bit 0.
+        pub const TIME_SINCE_LAST_CLEAR_HIGH: Field = Field::new(0, 32);
+        /// `time_since_last_clear_low`: 32 bits at bit 32.
+        pub const TIME_SINCE_LAST_CLEAR_LOW: Field = Field::new(32, 32);
+        /// `phy_received_bits_high`: 32 bits at bit 64.
+        pub const PHY_RECEIVED_BITS_HIGH: Field = Field::new(64, 32);
+        /// `phy_received_bits_low`: 32 bits at bit 96.
+        pub const PHY_RECEIVED_BITS_LOW: Field = Field::new(96, 32);
+        /// `phy_symbol_errors_high`: 32 bits at bit 128.
+        pub const PHY_SYMBOL_ERRORS_HIGH: Field = Field::new(128, 32);
+        /// `phy_symbol_errors_low`: 32 bits at bit 160.
+        pub const PHY_SYMBOL_ERRORS_LOW: Field = Field::new(160, 32);
+        /// `phy_corrected_bits_high`: 32 bits at bit 192.
+        pub const PHY_CORRECTED_BITS_HIGH: Field = Field::new(192, 32);
+        /// `phy_corrected_bits_low`: 32 bits at bit 224.
+        pub const PHY_CORRECTED_BITS_LOW: Field = Field::new(224, 32);
+        /// `phy_corrected_bits_lane0_high`: 32 bits at bit 256.
+        pub const PHY_CORRECTED_BITS_LANE0_HIGH: Field = Field::new(256, 32);
+        /// `phy_corrected_bits_lane0_low`: 32 bits at bit 288.
+        pub const PHY_CORRECTED_BITS_LANE0_LOW: Field = Field::new(288, 32);
+        /// `phy_corrected_bits_lane1_high`: 32 bits at bit 320.
+        pub const PHY_CORRECTED_BITS_LANE1_HIGH: Field = Field::new(320, 32);
+        /// `phy_corrected_bits_lane1_low`: 32 bits at bit 352.
+        pub const PHY_CORRECTED_BITS_LANE1_LOW: Field = Field::new(352, 32);
+        /// `phy_corrected_bits_lane2_high`: 32 bits at bit 384.
+        pub const PHY_CORRECTED_BITS_LANE2_HIGH: Field = Field::new(384, 32);
+        /// `phy_corrected_bits_lane2_low`: 32 bits at bit 416.
+        pub const PHY_CORRECTED_BITS_LANE2_LOW: Field = Field::new(416, 32);
+        /// `phy_corrected_bits_lane3_high`: 32 bits at bit 448.
+        pub const PHY_CORRECTED_BITS_LANE3_HIGH: Field = Field::new(448, 32);
+        /// `phy_corrected_bits_lane3_low`: 32 bits at bit 480.
+        pub const PHY_CORRECTED_BITS_LANE3_LOW: Field = Field::new(480, 32);
+    }
+    /// `struct mlx5_ifc_ppcnt_reg_bits`: 256 bytes.
+    pub mod ppcnt_reg {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(ppcnt_reg)`).
+        pub const SIZE_BYTES: usize = 256;
+        /// `struct mlx5_ifc_ppcnt_reg_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `swid`: 8 bits at bit 0.
+        pub const SWID: Field = Field::new(0, 8);
+        /// `local_port`: 8 bits at bit 8.
+        pub const LOCAL_PORT: Field = Field::new(8, 8);
+        /// `pnat`: 2 bits at bit 16.
+        pub const PNAT: Field = Field::new(16, 2);
+        /// `grp`: 6 bits at bit 26.
+        pub const GRP: Field = Field::new(26, 6);
+        /// `clr`: 1 bit at bit 32.
+        pub const CLR: Field = Field::new(32, 1);
+        /// `plane_ind`: 4 bits at bit 52.
+        pub const PLANE_IND: Field = Field::new(52, 4);
+        /// `prio_tc`: 5 bits at bit 59.
+        pub const PRIO_TC: Field = Field::new(59, 5);
+        /// `counter_set`: nested `eth_cntrs_grp_data_layout_auto`, 248 bytes at byte 8.
+        pub const COUNTER_SET: Sub = Sub::new(8, 248);
+    }
     /// `struct mlx5_ifc_pvlc_reg_bits`: 16 bytes.
     pub mod pvlc_reg {
         use super::*;
@@ -7493,6 +8633,282 @@ pub mod ifc {
         pub const VL_ADMIN: Field = Field::new(92, 4);
         /// `vl_operational`: 4 bits at bit 124.
         pub const VL_OPERATIONAL: Field = Field::new(124, 4);
+    }
+    /// `struct mlx5_ifc_query_rq_in_bits`: 16 bytes.
+    pub mod query_rq_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(query_rq_in)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_rq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `rqn`: 24 bits at bit 72.
+        pub const RQN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_query_rq_out_bits`: 272 bytes.
+    pub mod query_rq_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(query_rq_out)`).
+        pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_query_rq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// `rq_context`: nested `rqc`, 240 bytes at byte 32.
+        pub const RQ_CONTEXT: Sub = Sub::new(32, 240);
+    }
+    /// `struct mlx5_ifc_query_sq_in_bits`: 16 bytes.
+    pub mod query_sq_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(query_sq_in)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_query_sq_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `sqn`: 24 bits at bit 72.
+        pub const SQN: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_query_sq_out_bits`: 272 bytes.
+    pub mod query_sq_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(query_sq_out)`).
+        pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_query_sq_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// `sq_context`: nested `sqc`, 240 bytes at byte 32.
+        pub const SQ_CONTEXT: Sub = Sub::new(32, 240);
+    }
+    /// `struct mlx5_ifc_query_vport_counter_in_bits`: 32 bytes.
+    pub mod query_vport_counter_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(query_vport_counter_in)`).
+        pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_query_vport_counter_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `other_vport`: 1 bit at bit 64.
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        /// `port_num`: 4 bits at bit 76.
+        pub const PORT_NUM: Field = Field::new(76, 4);
+        /// `vport_number`: 16 bits at bit 80.
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        /// `clear`: 1 bit at bit 192.
+        pub const CLEAR: Field = Field::new(192, 1);
+    }
+    /// `struct mlx5_ifc_query_vport_counter_out_bits`: 528 bytes.
+    pub mod query_vport_counter_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(query_vport_counter_out)`).
+        pub const SIZE_BYTES: usize = 528;
+        /// `struct mlx5_ifc_query_vport_counter_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// `received_errors`: nested `traffic_counter`, 16 bytes at byte 16.
+        pub const RECEIVED_ERRORS: Sub = Sub::new(16, 16);
+        /// `transmit_errors`: nested `traffic_counter`, 16 bytes at byte 32.
+        pub const TRANSMIT_ERRORS: Sub = Sub::new(32, 16);
+        /// `received_ib_unicast`: nested `traffic_counter`, 16 bytes at byte 48.
+        pub const RECEIVED_IB_UNICAST: Sub = Sub::new(48, 16);
+        /// `transmitted_ib_unicast`: nested `traffic_counter`, 16 bytes at byte 64.
+        pub const TRANSMITTED_IB_UNICAST: Sub = Sub::new(64, 16);
+        /// `received_ib_multicast`: nested `traffic_counter`, 16 bytes at byte 80.
+        pub const RECEIVED_IB_MULTICAST: Sub = Sub::new(80, 16);
+        /// `transmitted_ib_multicast`: nested `traffic_counter`, 16 bytes at byte 96.
+        pub const TRANSMITTED_IB_MULTICAST: Sub = Sub::new(96, 16);
+        /// `received_eth_broadcast`: nested `traffic_counter`, 16 bytes at byte 112.
+        pub const RECEIVED_ETH_BROADCAST: Sub = Sub::new(112, 16);
+        /// `transmitted_eth_broadcast`: nested `traffic_counter`, 16 bytes at byte 128.
+        pub const TRANSMITTED_ETH_BROADCAST: Sub = Sub::new(128, 16);
+        /// `received_eth_unicast`: nested `traffic_counter`, 16 bytes at byte 144.
+        pub const RECEIVED_ETH_UNICAST: Sub = Sub::new(144, 16);
+        /// `transmitted_eth_unicast`: nested `traffic_counter`, 16 bytes at byte 160.
+        pub const TRANSMITTED_ETH_UNICAST: Sub = Sub::new(160, 16);
+        /// `received_eth_multicast`: nested `traffic_counter`, 16 bytes at byte 176.
+        pub const RECEIVED_ETH_MULTICAST: Sub = Sub::new(176, 16);
+        /// `transmitted_eth_multicast`: nested `traffic_counter`, 16 bytes at byte 192.
+        pub const TRANSMITTED_ETH_MULTICAST: Sub = Sub::new(192, 16);
+        /// `local_loopback`: nested `traffic_counter`, 16 bytes at byte 208.
+        pub const LOCAL_LOOPBACK: Sub = Sub::new(208, 16);
+    }
+    /// `struct mlx5_ifc_rq_num_bits`: 4 bytes.
+    pub mod rq_num {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(rq_num)`).
+        pub const SIZE_BYTES: usize = 4;
+        /// `struct mlx5_ifc_rq_num_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `rq_num`: 24 bits at bit 8.
+        pub const RQ_NUM: Field = Field::new(8, 24);
+    }
+    /// `struct mlx5_ifc_rq_vhca_bits`: 8 bytes.
+    pub mod rq_vhca {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(rq_vhca)`).
+        pub const SIZE_BYTES: usize = 8;
+        /// `struct mlx5_ifc_rq_vhca_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `rq_num`: 24 bits at bit 8.
+        pub const RQ_NUM: Field = Field::new(8, 24);
+        /// `rq_vhca_id`: 16 bits at bit 48.
+        pub const RQ_VHCA_ID: Field = Field::new(48, 16);
+    }
+    /// `struct mlx5_ifc_rqt_bitmask_bits`: 8 bytes.
+    pub mod rqt_bitmask {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(rqt_bitmask)`).
+        pub const SIZE_BYTES: usize = 8;
+        /// `struct mlx5_ifc_rqt_bitmask_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `rqn_list`: 1 bit at bit 63.
+        pub const RQN_LIST: Field = Field::new(63, 1);
+    }
+    /// `struct mlx5_ifc_rqtc_bits`: 240 bytes.
+    pub mod rqtc {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(rqtc)`).
+        pub const SIZE_BYTES: usize = 240;
+        /// `struct mlx5_ifc_rqtc_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `list_q_type`: 3 bits at bit 165.
+        pub const LIST_Q_TYPE: Field = Field::new(165, 3);
+        /// `rqt_max_size`: 16 bits at bit 176.
+        pub const RQT_MAX_SIZE: Field = Field::new(176, 16);
+        /// `rq_vhca_id_format`: 1 bit at bit 192.
+        pub const RQ_VHCA_ID_FORMAT: Field = Field::new(192, 1);
+        /// `rqt_actual_size`: 16 bits at bit 208.
+        pub const RQT_ACTUAL_SIZE: Field = Field::new(208, 16);
+        /// `rq_num`: flexible array of 32-bit elements at bit 1920.
+        /// Array of `rq_num`.
+        /// Flexible array: element `i` at `offset + i * elem_bits`.
+        pub const RQ_NUM: Array = Array::new(1920, 0, 32);
+        /// `rq_vhca`: flexible array of 64-bit elements at bit 1920.
+        /// Array of `rq_vhca`.
+        /// Flexible array: element `i` at `offset + i * elem_bits`.
+        pub const RQ_VHCA: Array = Array::new(1920, 0, 64);
+    }
+    /// `struct mlx5_ifc_set_flow_table_root_in_bits`: 64 bytes.
+    pub mod set_flow_table_root_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(set_flow_table_root_in)`).
+        pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_set_flow_table_root_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `other_vport`: 1 bit at bit 64.
+        pub const OTHER_VPORT: Field = Field::new(64, 1);
+        /// `vport_number`: 16 bits at bit 80.
+        pub const VPORT_NUMBER: Field = Field::new(80, 16);
+        /// `table_type`: 8 bits at bit 128.
+        pub const TABLE_TYPE: Field = Field::new(128, 8);
+        /// `table_of_other_vport`: 1 bit at bit 143.
+        pub const TABLE_OF_OTHER_VPORT: Field = Field::new(143, 1);
+        /// `table_vport_number`: 16 bits at bit 144.
+        pub const TABLE_VPORT_NUMBER: Field = Field::new(144, 16);
+        /// `table_id`: 24 bits at bit 168.
+        pub const TABLE_ID: Field = Field::new(168, 24);
+        /// `underlay_qpn`: 24 bits at bit 200.
+        pub const UNDERLAY_QPN: Field = Field::new(200, 24);
+        /// `table_eswitch_owner_vhca_id_valid`: 1 bit at bit 224.
+        pub const TABLE_ESWITCH_OWNER_VHCA_ID_VALID: Field = Field::new(224, 1);
+        /// `table_eswitch_owner_vhca_id`: 16 bits at bit 240.
+        pub const TABLE_ESWITCH_OWNER_VHCA_ID: Field = Field::new(240, 16);
+    }
+    /// `struct mlx5_ifc_set_flow_table_root_out_bits`: 16 bytes.
+    pub mod set_flow_table_root_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(set_flow_table_root_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_set_flow_table_root_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_traffic_counter_bits`: 16 bytes.
+    pub mod traffic_counter {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(traffic_counter)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_traffic_counter_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `packets`: 64 bits at bit 0.
+        pub const PACKETS: Field = Field::new(0, 64);
+        /// `octets`: 64 bits at bit 64.
+        pub const OCTETS: Field = Field::new(64, 64);
     }
 }
 
@@ -7969,6 +9385,62 @@ pub mod c {
         pub const NEXT_WQE_INDEX: Bytes = Bytes::new(2, 2);
         /// `signature` (`u8`): 1 byte at byte 4.
         pub const SIGNATURE: Bytes = Bytes::new(4, 1);
+    }
+    /// `struct mlx5_wqe_eth_seg`.
+    pub mod mlx5_wqe_eth_seg {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 16;
+        /// `swp_outer_l4_offset` (`u8`): 1 byte at byte 0.
+        pub const SWP_OUTER_L4_OFFSET: Bytes = Bytes::new(0, 1);
+        /// `swp_outer_l3_offset` (`u8`): 1 byte at byte 1.
+        pub const SWP_OUTER_L3_OFFSET: Bytes = Bytes::new(1, 1);
+        /// `swp_inner_l4_offset` (`u8`): 1 byte at byte 2.
+        pub const SWP_INNER_L4_OFFSET: Bytes = Bytes::new(2, 1);
+        /// `swp_inner_l3_offset` (`u8`): 1 byte at byte 3.
+        pub const SWP_INNER_L3_OFFSET: Bytes = Bytes::new(3, 1);
+        /// `cs_flags` (`u8`): 1 byte at byte 4.
+        pub const CS_FLAGS: Bytes = Bytes::new(4, 1);
+        /// `swp_flags` (`u8`): 1 byte at byte 5.
+        pub const SWP_FLAGS: Bytes = Bytes::new(5, 1);
+        /// `mss` (`__be16`): 2 bytes at byte 6.
+        pub const MSS: Bytes = Bytes::new(6, 2);
+        /// `flow_table_metadata` (`__be32`): 4 bytes at byte 8.
+        pub const FLOW_TABLE_METADATA: Bytes = Bytes::new(8, 4);
+        /// `sz` (`__be16`): 2 bytes at byte 12.
+        pub const SZ: Bytes = Bytes::new(12, 2);
+        /// `start` (`u8`): 2 bytes at byte 14.
+        pub const START: Bytes = Bytes::new(14, 2);
+        /// `__empty_data` (`}`): 0 bytes at byte 14.
+        pub const __EMPTY_DATA: Bytes = Bytes::new(14, 0);
+        /// `data` (`u8`): 0 bytes at byte 14.
+        pub const DATA: Bytes = Bytes::new(14, 0);
+        /// `inline_hdr` (`}`): 4 bytes at byte 12.
+        pub const INLINE_HDR: Bytes = Bytes::new(12, 4);
+        /// `type` (`__be16`): 2 bytes at byte 12.
+        pub const TYPE: Bytes = Bytes::new(12, 2);
+        /// `vlan_tci` (`__be16`): 2 bytes at byte 14.
+        pub const VLAN_TCI: Bytes = Bytes::new(14, 2);
+        /// `insert` (`}`): 4 bytes at byte 12.
+        pub const INSERT: Bytes = Bytes::new(12, 4);
+        /// `trailer` (`__be32`): 4 bytes at byte 12.
+        pub const TRAILER: Bytes = Bytes::new(12, 4);
+    }
+    /// `struct mlx5_wqe_eth_seg`.
+    pub mod mlx5_wqe_eth_seg_dv {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 32;
+        /// `cs_flags` (`uint8_t`): 1 byte at byte 4.
+        pub const CS_FLAGS: Bytes = Bytes::new(4, 1);
+        /// `mss` (`__be16`): 2 bytes at byte 6.
+        pub const MSS: Bytes = Bytes::new(6, 2);
+        /// `inline_hdr_sz` (`__be16`): 2 bytes at byte 12.
+        pub const INLINE_HDR_SZ: Bytes = Bytes::new(12, 2);
+        /// `inline_hdr_start` (`uint8_t`): 2 bytes at byte 14.
+        pub const INLINE_HDR_START: Bytes = Bytes::new(14, 2);
+        /// `inline_hdr` (`uint8_t`): 16 bytes at byte 16.
+        pub const INLINE_HDR: Bytes = Bytes::new(16, 16);
     }
 }
 
@@ -15050,6 +16522,33 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32), s("group_id", 72, 24)],
         },
         Layout {
+            name: "create_flow_table_in",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("vport_number", 80, 16),
+                s("table_type", 128, 8),
+                n("flow_table_context", 192, 320, "flow_table_context"),
+            ],
+        },
+        Layout {
+            name: "create_flow_table_out",
+            size_bytes: 16,
+            union: false,
+            members: &[
+                s("status", 0, 8),
+                s("icm_address_63_40", 8, 24),
+                s("syndrome", 32, 32),
+                s("icm_address_39_32", 64, 8),
+                s("table_id", 72, 24),
+                s("icm_address_31_0", 96, 32),
+            ],
+        },
+        Layout {
             name: "create_mkey_in",
             size_bytes: 272,
             union: false,
@@ -15119,6 +16618,18 @@ pub mod names {
             size_bytes: 16,
             union: false,
             members: &[s("status", 0, 8), s("syndrome", 32, 32), s("rqn", 72, 24)],
+        },
+        Layout {
+            name: "create_rqt_in",
+            size_bytes: 272,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), n("rqt_context", 256, 1920, "rqtc")],
+        },
+        Layout {
+            name: "create_rqt_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), s("rqtn", 72, 24)],
         },
         Layout {
             name: "create_sq_in",
@@ -15380,6 +16891,25 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
         },
         Layout {
+            name: "destroy_flow_table_in",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("vport_number", 80, 16),
+                s("table_type", 128, 8),
+                s("table_id", 168, 24),
+            ],
+        },
+        Layout {
+            name: "destroy_flow_table_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
             name: "destroy_mkey_in",
             size_bytes: 16,
             union: false,
@@ -15423,6 +16953,18 @@ pub mod names {
         },
         Layout {
             name: "destroy_rq_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "destroy_rqt_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), s("rqtn", 72, 24)],
+        },
+        Layout {
+            name: "destroy_rqt_out",
             size_bytes: 16,
             union: false,
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
@@ -15633,6 +17175,259 @@ pub mod names {
             ],
         },
         Layout {
+            name: "eth_2819_cntrs_grp_data_layout",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("ether_stats_drop_events_high", 0, 32),
+                s("ether_stats_drop_events_low", 32, 32),
+                s("ether_stats_octets_high", 64, 32),
+                s("ether_stats_octets_low", 96, 32),
+                s("ether_stats_pkts_high", 128, 32),
+                s("ether_stats_pkts_low", 160, 32),
+                s("ether_stats_broadcast_pkts_high", 192, 32),
+                s("ether_stats_broadcast_pkts_low", 224, 32),
+                s("ether_stats_multicast_pkts_high", 256, 32),
+                s("ether_stats_multicast_pkts_low", 288, 32),
+                s("ether_stats_crc_align_errors_high", 320, 32),
+                s("ether_stats_crc_align_errors_low", 352, 32),
+                s("ether_stats_undersize_pkts_high", 384, 32),
+                s("ether_stats_undersize_pkts_low", 416, 32),
+                s("ether_stats_oversize_pkts_high", 448, 32),
+                s("ether_stats_oversize_pkts_low", 480, 32),
+                s("ether_stats_fragments_high", 512, 32),
+                s("ether_stats_fragments_low", 544, 32),
+                s("ether_stats_jabbers_high", 576, 32),
+                s("ether_stats_jabbers_low", 608, 32),
+                s("ether_stats_collisions_high", 640, 32),
+                s("ether_stats_collisions_low", 672, 32),
+                s("ether_stats_pkts64octets_high", 704, 32),
+                s("ether_stats_pkts64octets_low", 736, 32),
+                s("ether_stats_pkts65to127octets_high", 768, 32),
+                s("ether_stats_pkts65to127octets_low", 800, 32),
+                s("ether_stats_pkts128to255octets_high", 832, 32),
+                s("ether_stats_pkts128to255octets_low", 864, 32),
+                s("ether_stats_pkts256to511octets_high", 896, 32),
+                s("ether_stats_pkts256to511octets_low", 928, 32),
+                s("ether_stats_pkts512to1023octets_high", 960, 32),
+                s("ether_stats_pkts512to1023octets_low", 992, 32),
+                s("ether_stats_pkts1024to1518octets_high", 1024, 32),
+                s("ether_stats_pkts1024to1518octets_low", 1056, 32),
+                s("ether_stats_pkts1519to2047octets_high", 1088, 32),
+                s("ether_stats_pkts1519to2047octets_low", 1120, 32),
+                s("ether_stats_pkts2048to4095octets_high", 1152, 32),
+                s("ether_stats_pkts2048to4095octets_low", 1184, 32),
+                s("ether_stats_pkts4096to8191octets_high", 1216, 32),
+                s("ether_stats_pkts4096to8191octets_low", 1248, 32),
+                s("ether_stats_pkts8192to10239octets_high", 1280, 32),
+                s("ether_stats_pkts8192to10239octets_low", 1312, 32),
+            ],
+        },
+        Layout {
+            name: "eth_2863_cntrs_grp_data_layout",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("if_in_octets_high", 0, 32),
+                s("if_in_octets_low", 32, 32),
+                s("if_in_ucast_pkts_high", 64, 32),
+                s("if_in_ucast_pkts_low", 96, 32),
+                s("if_in_discards_high", 128, 32),
+                s("if_in_discards_low", 160, 32),
+                s("if_in_errors_high", 192, 32),
+                s("if_in_errors_low", 224, 32),
+                s("if_in_unknown_protos_high", 256, 32),
+                s("if_in_unknown_protos_low", 288, 32),
+                s("if_out_octets_high", 320, 32),
+                s("if_out_octets_low", 352, 32),
+                s("if_out_ucast_pkts_high", 384, 32),
+                s("if_out_ucast_pkts_low", 416, 32),
+                s("if_out_discards_high", 448, 32),
+                s("if_out_discards_low", 480, 32),
+                s("if_out_errors_high", 512, 32),
+                s("if_out_errors_low", 544, 32),
+                s("if_in_multicast_pkts_high", 576, 32),
+                s("if_in_multicast_pkts_low", 608, 32),
+                s("if_in_broadcast_pkts_high", 640, 32),
+                s("if_in_broadcast_pkts_low", 672, 32),
+                s("if_out_multicast_pkts_high", 704, 32),
+                s("if_out_multicast_pkts_low", 736, 32),
+                s("if_out_broadcast_pkts_high", 768, 32),
+                s("if_out_broadcast_pkts_low", 800, 32),
+            ],
+        },
+        Layout {
+            name: "eth_3635_cntrs_grp_data_layout",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("dot3stats_alignment_errors_high", 0, 32),
+                s("dot3stats_alignment_errors_low", 32, 32),
+                s("dot3stats_fcs_errors_high", 64, 32),
+                s("dot3stats_fcs_errors_low", 96, 32),
+                s("dot3stats_single_collision_frames_high", 128, 32),
+                s("dot3stats_single_collision_frames_low", 160, 32),
+                s("dot3stats_multiple_collision_frames_high", 192, 32),
+                s("dot3stats_multiple_collision_frames_low", 224, 32),
+                s("dot3stats_sqe_test_errors_high", 256, 32),
+                s("dot3stats_sqe_test_errors_low", 288, 32),
+                s("dot3stats_deferred_transmissions_high", 320, 32),
+                s("dot3stats_deferred_transmissions_low", 352, 32),
+                s("dot3stats_late_collisions_high", 384, 32),
+                s("dot3stats_late_collisions_low", 416, 32),
+                s("dot3stats_excessive_collisions_high", 448, 32),
+                s("dot3stats_excessive_collisions_low", 480, 32),
+                s("dot3stats_internal_mac_transmit_errors_high", 512, 32),
+                s("dot3stats_internal_mac_transmit_errors_low", 544, 32),
+                s("dot3stats_carrier_sense_errors_high", 576, 32),
+                s("dot3stats_carrier_sense_errors_low", 608, 32),
+                s("dot3stats_frame_too_longs_high", 640, 32),
+                s("dot3stats_frame_too_longs_low", 672, 32),
+                s("dot3stats_internal_mac_receive_errors_high", 704, 32),
+                s("dot3stats_internal_mac_receive_errors_low", 736, 32),
+                s("dot3stats_symbol_errors_high", 768, 32),
+                s("dot3stats_symbol_errors_low", 800, 32),
+                s("dot3control_in_unknown_opcodes_high", 832, 32),
+                s("dot3control_in_unknown_opcodes_low", 864, 32),
+                s("dot3in_pause_frames_high", 896, 32),
+                s("dot3in_pause_frames_low", 928, 32),
+                s("dot3out_pause_frames_high", 960, 32),
+                s("dot3out_pause_frames_low", 992, 32),
+            ],
+        },
+        Layout {
+            name: "eth_802_3_cntrs_grp_data_layout",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("a_frames_transmitted_ok_high", 0, 32),
+                s("a_frames_transmitted_ok_low", 32, 32),
+                s("a_frames_received_ok_high", 64, 32),
+                s("a_frames_received_ok_low", 96, 32),
+                s("a_frame_check_sequence_errors_high", 128, 32),
+                s("a_frame_check_sequence_errors_low", 160, 32),
+                s("a_alignment_errors_high", 192, 32),
+                s("a_alignment_errors_low", 224, 32),
+                s("a_octets_transmitted_ok_high", 256, 32),
+                s("a_octets_transmitted_ok_low", 288, 32),
+                s("a_octets_received_ok_high", 320, 32),
+                s("a_octets_received_ok_low", 352, 32),
+                s("a_multicast_frames_xmitted_ok_high", 384, 32),
+                s("a_multicast_frames_xmitted_ok_low", 416, 32),
+                s("a_broadcast_frames_xmitted_ok_high", 448, 32),
+                s("a_broadcast_frames_xmitted_ok_low", 480, 32),
+                s("a_multicast_frames_received_ok_high", 512, 32),
+                s("a_multicast_frames_received_ok_low", 544, 32),
+                s("a_broadcast_frames_received_ok_high", 576, 32),
+                s("a_broadcast_frames_received_ok_low", 608, 32),
+                s("a_in_range_length_errors_high", 640, 32),
+                s("a_in_range_length_errors_low", 672, 32),
+                s("a_out_of_range_length_field_high", 704, 32),
+                s("a_out_of_range_length_field_low", 736, 32),
+                s("a_frame_too_long_errors_high", 768, 32),
+                s("a_frame_too_long_errors_low", 800, 32),
+                s("a_symbol_error_during_carrier_high", 832, 32),
+                s("a_symbol_error_during_carrier_low", 864, 32),
+                s("a_mac_control_frames_transmitted_high", 896, 32),
+                s("a_mac_control_frames_transmitted_low", 928, 32),
+                s("a_mac_control_frames_received_high", 960, 32),
+                s("a_mac_control_frames_received_low", 992, 32),
+                s("a_unsupported_opcodes_received_high", 1024, 32),
+                s("a_unsupported_opcodes_received_low", 1056, 32),
+                s("a_pause_mac_ctrl_frames_received_high", 1088, 32),
+                s("a_pause_mac_ctrl_frames_received_low", 1120, 32),
+                s("a_pause_mac_ctrl_frames_transmitted_high", 1152, 32),
+                s("a_pause_mac_ctrl_frames_transmitted_low", 1184, 32),
+            ],
+        },
+        Layout {
+            name: "eth_cntrs_grp_data_layout_auto",
+            size_bytes: 248,
+            union: true,
+            members: &[
+                n("eth_802_3_cntrs_grp_data_layout", 0, 1984, "eth_802_3_cntrs_grp_data_layout"),
+                n("eth_2863_cntrs_grp_data_layout", 0, 1984, "eth_2863_cntrs_grp_data_layout"),
+                n("eth_2819_cntrs_grp_data_layout", 0, 1984, "eth_2819_cntrs_grp_data_layout"),
+                n("eth_3635_cntrs_grp_data_layout", 0, 1984, "eth_3635_cntrs_grp_data_layout"),
+                n("eth_extended_cntrs_grp_data_layout", 0, 1984, "eth_extended_cntrs_grp_data_layout"),
+                n("eth_per_prio_grp_data_layout", 0, 1984, "eth_per_prio_grp_data_layout"),
+                n("eth_per_tc_prio_grp_data_layout", 0, 1984, "eth_per_tc_prio_grp_data_layout"),
+                n("eth_per_tc_congest_prio_grp_data_layout", 0, 1984, "eth_per_tc_congest_prio_grp_data_layout"),
+                n("ib_port_cntrs_grp_data_layout", 0, 320, "ib_port_cntrs_grp_data_layout"),
+                n("ib_ext_port_cntrs_grp_data_layout", 0, 1984, "ib_ext_port_cntrs_grp_data_layout"),
+                n("phys_layer_cntrs", 0, 1984, "phys_layer_cntrs"),
+                n("phys_layer_statistical_cntrs", 0, 1984, "phys_layer_statistical_cntrs"),
+            ],
+        },
+        Layout {
+            name: "eth_extended_cntrs_grp_data_layout",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("port_transmit_wait_high", 0, 32),
+                s("port_transmit_wait_low", 32, 32),
+                s("rx_buffer_almost_full_high", 320, 32),
+                s("rx_buffer_almost_full_low", 352, 32),
+                s("rx_buffer_full_high", 384, 32),
+                s("rx_buffer_full_low", 416, 32),
+                s("rx_icrc_encapsulated_high", 448, 32),
+                s("rx_icrc_encapsulated_low", 480, 32),
+            ],
+        },
+        Layout {
+            name: "eth_per_prio_grp_data_layout",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("rx_octets_high", 0, 32),
+                s("rx_octets_low", 32, 32),
+                s("rx_frames_high", 256, 32),
+                s("rx_frames_low", 288, 32),
+                s("tx_octets_high", 320, 32),
+                s("tx_octets_low", 352, 32),
+                s("tx_frames_high", 576, 32),
+                s("tx_frames_low", 608, 32),
+                s("rx_pause_high", 640, 32),
+                s("rx_pause_low", 672, 32),
+                s("rx_pause_duration_high", 704, 32),
+                s("rx_pause_duration_low", 736, 32),
+                s("tx_pause_high", 768, 32),
+                s("tx_pause_low", 800, 32),
+                s("tx_pause_duration_high", 832, 32),
+                s("tx_pause_duration_low", 864, 32),
+                s("rx_pause_transition_high", 896, 32),
+                s("rx_pause_transition_low", 928, 32),
+                s("rx_discards_high", 960, 32),
+                s("rx_discards_low", 992, 32),
+                s("device_stall_minor_watermark_cnt_high", 1024, 32),
+                s("device_stall_minor_watermark_cnt_low", 1056, 32),
+                s("device_stall_critical_watermark_cnt_high", 1088, 32),
+                s("device_stall_critical_watermark_cnt_low", 1120, 32),
+            ],
+        },
+        Layout {
+            name: "eth_per_tc_congest_prio_grp_data_layout",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("wred_discard_high", 0, 32),
+                s("wred_discard_low", 32, 32),
+                s("ecn_marked_tc_high", 64, 32),
+                s("ecn_marked_tc_low", 96, 32),
+            ],
+        },
+        Layout {
+            name: "eth_per_tc_prio_grp_data_layout",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("transmit_queue_high", 0, 32),
+                s("transmit_queue_low", 32, 32),
+                s("no_buffer_discard_uc_high", 64, 32),
+                s("no_buffer_discard_uc_low", 96, 32),
+            ],
+        },
+        Layout {
             name: "event_auto",
             size_bytes: 28,
             union: true,
@@ -15706,6 +17501,28 @@ pub mod names {
             ],
         },
         Layout { name: "flow_counter_list", size_bytes: 8, union: false, members: &[s("flow_counter_id", 0, 32)] },
+        Layout {
+            name: "flow_table_context",
+            size_bytes: 40,
+            union: false,
+            members: &[
+                s("reformat_en", 0, 1),
+                s("decap_en", 1, 1),
+                s("sw_owner", 2, 1),
+                s("termination_table", 3, 1),
+                s("table_miss_action", 4, 4),
+                s("level", 8, 8),
+                s("rtc_valid", 16, 1),
+                s("log_size", 24, 8),
+                s("table_miss_id", 40, 24),
+                s("lag_master_next_table_id", 72, 24),
+                s("sws.sw_owner_icm_root_1", 192, 64),
+                s("sws.sw_owner_icm_root_0", 256, 64),
+                s("hws.rtc_id_0", 192, 32),
+                s("hws.rtc_id_1", 224, 32),
+                s("hws.reserved_at_100", 256, 64),
+            ],
+        },
         Layout {
             name: "flow_table_eswitch_cap",
             size_bytes: 4096,
@@ -16213,6 +18030,48 @@ pub mod names {
             ],
         },
         Layout {
+            name: "ib_ext_port_cntrs_grp_data_layout",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("port_xmit_data_high", 768, 32),
+                s("port_xmit_data_low", 800, 32),
+                s("port_rcv_data_high", 832, 32),
+                s("port_rcv_data_low", 864, 32),
+                s("port_xmit_pkts_high", 896, 32),
+                s("port_xmit_pkts_low", 928, 32),
+                s("port_rcv_pkts_high", 960, 32),
+                s("port_rcv_pkts_low", 992, 32),
+                s("port_unicast_xmit_pkts_high", 1152, 32),
+                s("port_unicast_xmit_pkts_low", 1184, 32),
+                s("port_multicast_xmit_pkts_high", 1216, 32),
+                s("port_multicast_xmit_pkts_low", 1248, 32),
+                s("port_unicast_rcv_pkts_high", 1280, 32),
+                s("port_unicast_rcv_pkts_low", 1312, 32),
+                s("port_multicast_rcv_pkts_high", 1344, 32),
+                s("port_multicast_rcv_pkts_low", 1376, 32),
+            ],
+        },
+        Layout {
+            name: "ib_port_cntrs_grp_data_layout",
+            size_bytes: 40,
+            union: false,
+            members: &[
+                s("symbol_error_counter", 0, 16),
+                s("link_error_recovery_counter", 16, 8),
+                s("link_downed_counter", 24, 8),
+                s("port_rcv_errors", 32, 16),
+                s("port_rcv_remote_physical_errors", 48, 16),
+                s("port_rcv_switch_relay_errors", 64, 16),
+                s("port_xmit_discards", 80, 16),
+                s("port_xmit_constraint_errors", 96, 8),
+                s("port_rcv_constraint_errors", 104, 8),
+                s("link_overrun_errors", 120, 8),
+                s("vl_15_dropped", 144, 16),
+                s("port_xmit_wait", 288, 32),
+            ],
+        },
+        Layout {
             name: "init2init_qp_in",
             size_bytes: 272,
             union: false,
@@ -16457,6 +18316,46 @@ pub mod names {
             ],
         },
         Layout {
+            name: "modify_flow_table_in",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("vport_number", 80, 16),
+                s("modify_field_select", 112, 16),
+                s("table_type", 128, 8),
+                s("table_id", 168, 24),
+                n("flow_table_context", 192, 320, "flow_table_context"),
+            ],
+        },
+        Layout {
+            name: "modify_flow_table_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "modify_hca_vport_context_in",
+            size_bytes: 528,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("port_num", 76, 4),
+                s("vport_number", 80, 16),
+                n("hca_vport_context", 128, 4096, "hca_vport_context"),
+            ],
+        },
+        Layout {
+            name: "modify_hca_vport_context_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
             name: "modify_nic_vport_context_in",
             size_bytes: 512,
             union: false,
@@ -16535,6 +18434,25 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
         },
         Layout {
+            name: "modify_rqt_in",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("rqtn", 72, 24),
+                n("bitmask", 128, 64, "rqt_bitmask"),
+                n("ctx", 256, 1920, "rqtc"),
+            ],
+        },
+        Layout {
+            name: "modify_rqt_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
             name: "modify_sq_in",
             size_bytes: 272,
             union: false,
@@ -16550,6 +18468,31 @@ pub mod names {
         },
         Layout {
             name: "modify_sq_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "modify_tir_bitmask",
+            size_bytes: 8,
+            union: false,
+            members: &[s("self_lb_en", 59, 1), s("hash", 61, 1), s("packet_merge", 63, 1)],
+        },
+        Layout {
+            name: "modify_tir_in",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("tirn", 72, 24),
+                n("bitmask", 128, 64, "modify_tir_bitmask"),
+                n("ctx", 256, 1920, "tirc"),
+            ],
+        },
+        Layout {
+            name: "modify_tir_out",
             size_bytes: 16,
             union: false,
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
@@ -16684,6 +18627,86 @@ pub mod names {
                 a("lro_timer_supported_periods", 384, 128, 4, 32, None),
             ],
         },
+        Layout {
+            name: "phys_layer_cntrs",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("time_since_last_clear_high", 0, 32),
+                s("time_since_last_clear_low", 32, 32),
+                s("symbol_errors_high", 64, 32),
+                s("symbol_errors_low", 96, 32),
+                s("sync_headers_errors_high", 128, 32),
+                s("sync_headers_errors_low", 160, 32),
+                s("edpl_bip_errors_lane0_high", 192, 32),
+                s("edpl_bip_errors_lane0_low", 224, 32),
+                s("edpl_bip_errors_lane1_high", 256, 32),
+                s("edpl_bip_errors_lane1_low", 288, 32),
+                s("edpl_bip_errors_lane2_high", 320, 32),
+                s("edpl_bip_errors_lane2_low", 352, 32),
+                s("edpl_bip_errors_lane3_high", 384, 32),
+                s("edpl_bip_errors_lane3_low", 416, 32),
+                s("fc_fec_corrected_blocks_lane0_high", 448, 32),
+                s("fc_fec_corrected_blocks_lane0_low", 480, 32),
+                s("fc_fec_corrected_blocks_lane1_high", 512, 32),
+                s("fc_fec_corrected_blocks_lane1_low", 544, 32),
+                s("fc_fec_corrected_blocks_lane2_high", 576, 32),
+                s("fc_fec_corrected_blocks_lane2_low", 608, 32),
+                s("fc_fec_corrected_blocks_lane3_high", 640, 32),
+                s("fc_fec_corrected_blocks_lane3_low", 672, 32),
+                s("fc_fec_uncorrectable_blocks_lane0_high", 704, 32),
+                s("fc_fec_uncorrectable_blocks_lane0_low", 736, 32),
+                s("fc_fec_uncorrectable_blocks_lane1_high", 768, 32),
+                s("fc_fec_uncorrectable_blocks_lane1_low", 800, 32),
+                s("fc_fec_uncorrectable_blocks_lane2_high", 832, 32),
+                s("fc_fec_uncorrectable_blocks_lane2_low", 864, 32),
+                s("fc_fec_uncorrectable_blocks_lane3_high", 896, 32),
+                s("fc_fec_uncorrectable_blocks_lane3_low", 928, 32),
+                s("rs_fec_corrected_blocks_high", 960, 32),
+                s("rs_fec_corrected_blocks_low", 992, 32),
+                s("rs_fec_uncorrectable_blocks_high", 1024, 32),
+                s("rs_fec_uncorrectable_blocks_low", 1056, 32),
+                s("rs_fec_no_errors_blocks_high", 1088, 32),
+                s("rs_fec_no_errors_blocks_low", 1120, 32),
+                s("rs_fec_single_error_blocks_high", 1152, 32),
+                s("rs_fec_single_error_blocks_low", 1184, 32),
+                s("rs_fec_corrected_symbols_total_high", 1216, 32),
+                s("rs_fec_corrected_symbols_total_low", 1248, 32),
+                s("rs_fec_corrected_symbols_lane0_high", 1280, 32),
+                s("rs_fec_corrected_symbols_lane0_low", 1312, 32),
+                s("rs_fec_corrected_symbols_lane1_high", 1344, 32),
+                s("rs_fec_corrected_symbols_lane1_low", 1376, 32),
+                s("rs_fec_corrected_symbols_lane2_high", 1408, 32),
+                s("rs_fec_corrected_symbols_lane2_low", 1440, 32),
+                s("rs_fec_corrected_symbols_lane3_high", 1472, 32),
+                s("rs_fec_corrected_symbols_lane3_low", 1504, 32),
+                s("link_down_events", 1536, 32),
+                s("successful_recovery_events", 1568, 32),
+            ],
+        },
+        Layout {
+            name: "phys_layer_statistical_cntrs",
+            size_bytes: 248,
+            union: false,
+            members: &[
+                s("time_since_last_clear_high", 0, 32),
+                s("time_since_last_clear_low", 32, 32),
+                s("phy_received_bits_high", 64, 32),
+                s("phy_received_bits_low", 96, 32),
+                s("phy_symbol_errors_high", 128, 32),
+                s("phy_symbol_errors_low", 160, 32),
+                s("phy_corrected_bits_high", 192, 32),
+                s("phy_corrected_bits_low", 224, 32),
+                s("phy_corrected_bits_lane0_high", 256, 32),
+                s("phy_corrected_bits_lane0_low", 288, 32),
+                s("phy_corrected_bits_lane1_high", 320, 32),
+                s("phy_corrected_bits_lane1_low", 352, 32),
+                s("phy_corrected_bits_lane2_high", 384, 32),
+                s("phy_corrected_bits_lane2_low", 416, 32),
+                s("phy_corrected_bits_lane3_high", 448, 32),
+                s("phy_corrected_bits_lane3_low", 480, 32),
+            ],
+        },
         Layout { name: "pkey", size_bytes: 4, union: false, members: &[s("pkey", 16, 16)] },
         Layout {
             name: "pmtu_reg",
@@ -16703,6 +18726,21 @@ pub mod names {
             ],
         },
         Layout { name: "port_state_change_event", size_bytes: 28, union: false, members: &[s("port_num", 64, 4)] },
+        Layout {
+            name: "ppcnt_reg",
+            size_bytes: 256,
+            union: false,
+            members: &[
+                s("swid", 0, 8),
+                s("local_port", 8, 8),
+                s("pnat", 16, 2),
+                s("grp", 26, 6),
+                s("clr", 32, 1),
+                s("plane_ind", 52, 4),
+                s("prio_tc", 59, 5),
+                n("counter_set", 64, 1984, "eth_cntrs_grp_data_layout_auto"),
+            ],
+        },
         Layout {
             name: "ptys_reg",
             size_bytes: 64,
@@ -17237,6 +19275,18 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32), n("roce_address", 128, 256, "roce_addr_layout")],
         },
         Layout {
+            name: "query_rq_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("op_mod", 48, 16), s("rqn", 72, 24)],
+        },
+        Layout {
+            name: "query_rq_out",
+            size_bytes: 272,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), n("rq_context", 256, 1920, "rqc")],
+        },
+        Layout {
             name: "query_special_contexts_in",
             size_bytes: 16,
             union: false,
@@ -17257,6 +19307,18 @@ pub mod names {
             ],
         },
         Layout {
+            name: "query_sq_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("op_mod", 48, 16), s("sqn", 72, 24)],
+        },
+        Layout {
+            name: "query_sq_out",
+            size_bytes: 272,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), n("sq_context", 256, 1920, "sqc")],
+        },
+        Layout {
             name: "query_srq_in",
             size_bytes: 16,
             union: false,
@@ -17271,6 +19333,41 @@ pub mod names {
                 s("syndrome", 32, 32),
                 n("srq_context_entry", 128, 512, "srqc"),
                 a("pas", 2176, 0, 0, 64, None),
+            ],
+        },
+        Layout {
+            name: "query_vport_counter_in",
+            size_bytes: 32,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("port_num", 76, 4),
+                s("vport_number", 80, 16),
+                s("clear", 192, 1),
+            ],
+        },
+        Layout {
+            name: "query_vport_counter_out",
+            size_bytes: 528,
+            union: false,
+            members: &[
+                s("status", 0, 8),
+                s("syndrome", 32, 32),
+                n("received_errors", 128, 128, "traffic_counter"),
+                n("transmit_errors", 256, 128, "traffic_counter"),
+                n("received_ib_unicast", 384, 128, "traffic_counter"),
+                n("transmitted_ib_unicast", 512, 128, "traffic_counter"),
+                n("received_ib_multicast", 640, 128, "traffic_counter"),
+                n("transmitted_ib_multicast", 768, 128, "traffic_counter"),
+                n("received_eth_broadcast", 896, 128, "traffic_counter"),
+                n("transmitted_eth_broadcast", 1024, 128, "traffic_counter"),
+                n("received_eth_unicast", 1152, 128, "traffic_counter"),
+                n("transmitted_eth_unicast", 1280, 128, "traffic_counter"),
+                n("received_eth_multicast", 1408, 128, "traffic_counter"),
+                n("transmitted_eth_multicast", 1536, 128, "traffic_counter"),
+                n("local_loopback", 1664, 128, "traffic_counter"),
             ],
         },
         Layout {
@@ -17348,6 +19445,13 @@ pub mod names {
                 s("roce_address_table_size", 240, 16),
             ],
         },
+        Layout { name: "rq_num", size_bytes: 4, union: false, members: &[s("rq_num", 8, 24)] },
+        Layout {
+            name: "rq_vhca",
+            size_bytes: 8,
+            union: false,
+            members: &[s("rq_num", 8, 24), s("rq_vhca_id", 48, 16)],
+        },
         Layout {
             name: "rqc",
             size_bytes: 240,
@@ -17372,6 +19476,20 @@ pub mod names {
                 s("shampo_match_criteria_type", 302, 2),
                 s("reservation_timeout", 304, 16),
                 n("wq", 384, 1536, "wq"),
+            ],
+        },
+        Layout { name: "rqt_bitmask", size_bytes: 8, union: false, members: &[s("rqn_list", 63, 1)] },
+        Layout {
+            name: "rqtc",
+            size_bytes: 240,
+            union: false,
+            members: &[
+                s("list_q_type", 165, 3),
+                s("rqt_max_size", 176, 16),
+                s("rq_vhca_id_format", 192, 1),
+                s("rqt_actual_size", 208, 16),
+                a("rq_num", 1920, 0, 0, 32, Some("rq_num")),
+                a("rq_vhca", 1920, 0, 0, 64, Some("rq_vhca")),
             ],
         },
         Layout {
@@ -17448,6 +19566,30 @@ pub mod names {
         },
         Layout {
             name: "set_driver_version_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "set_flow_table_root_in",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("other_vport", 64, 1),
+                s("vport_number", 80, 16),
+                s("table_type", 128, 8),
+                s("table_of_other_vport", 143, 1),
+                s("table_vport_number", 144, 16),
+                s("table_id", 168, 24),
+                s("underlay_qpn", 200, 24),
+                s("table_eswitch_owner_vhca_id_valid", 224, 1),
+                s("table_eswitch_owner_vhca_id", 240, 16),
+            ],
+        },
+        Layout {
+            name: "set_flow_table_root_out",
             size_bytes: 16,
             union: false,
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
@@ -17676,6 +19818,12 @@ pub mod names {
                 s("tls_1_2_aes_gcm_256", 2, 1),
                 s("tls_1_3_aes_gcm_256", 3, 1),
             ],
+        },
+        Layout {
+            name: "traffic_counter",
+            size_bytes: 16,
+            union: false,
+            members: &[s("packets", 0, 64), s("octets", 64, 64)],
         },
         Layout {
             name: "virtio_emulation_cap",

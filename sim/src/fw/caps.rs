@@ -81,6 +81,7 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
     let at = |f: Field| f.at(ifc::hca_cap_union::CMD_HCA_CAP);
     let mut m = image();
     let eth = cfg.port_type == PortType::Eth;
+    let nic = eth && cfg.eth_netdev;
     let port_type = if eth { consts::MLX5_CAP_PORT_TYPE_ETH } else { consts::MLX5_CAP_PORT_TYPE_IB };
     let vals: &[(Field, u32)] = &[
         (g::HCA_CAP_2, 1),
@@ -163,7 +164,9 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         // No SQ object (CREATE_SQ) is modelled: with log_max_sq set, mlx5_core's write-combining test
         // (`mlx5_wc_support_get`) created one for every user context and logged its failure (found under UML).
         // Without it BlueFlame is not offered to user space (bf_reg_size 0): doorbells only.
-        (g::LOG_MAX_SQ, 0),
+        // With `eth_netdev` (see SimConfig) the Ethernet port offers SQs and NIC steering for mlx5e.
+        (g::LOG_MAX_SQ, if nic { 23 } else { 0 }),
+        (g::NIC_FLOW_TABLE, u32::from(nic)),
         (g::LOG_MAX_TIR, 23),
         (g::LOG_MAX_TIS, 23),
         (g::LOG_MAX_RMP, 23),
@@ -230,13 +233,65 @@ fn roce() -> Vec<u8> {
     m
 }
 
-fn eth_offloads() -> Vec<u8> {
+fn eth_offloads(nic: bool) -> Vec<u8> {
     use ifc::per_protocol_networking_offload_caps as e;
     let at = |f: Field| f.at(ifc::hca_cap_union::PER_PROTOCOL_NETWORKING_OFFLOAD_CAPS);
     let mut m = image();
     m[..].set(at(e::CSUM_CAP), 1);
     m[..].set(at(e::VLAN_CAP), 1);
     m[..].set(at(e::MAX_LSO_CAP), 18);
+    // RSS through RQTs (mlx5e's gate needs it); the table holds `1 << log_max_rqt_size` entries.
+    m[..].set(at(e::RSS_IND_TBL_CAP), u32::from(nic));
+    m
+}
+
+/// `max_ft_level` of the NIC receive tables: fs_core drops its kernel NIC RX priority below 12 levels.
+pub(crate) const NIC_RX_MAX_FT_LEVEL: u32 = 64;
+/// `log_max_ft_size`: fs_core's L2 table needs 2^16 entries.
+pub(crate) const NIC_RX_LOG_MAX_FT_SIZE: u32 = 23;
+
+/// The flow-table capabilities: NIC receive tables matching the outer-header fields mlx5e's tables use,
+/// forwarding to TIRs and deeper tables (a ConnectX-5 offers more; these are what the simulator steers on).
+fn flow_table() -> Vec<u8> {
+    use ifc::flow_table_fields_supported as fs;
+    use ifc::flow_table_prop_layout as p;
+    let mut m = image();
+    let rx = ifc::flow_table_nic_cap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE.at(ifc::hca_cap_union::FLOW_TABLE_NIC_CAP);
+    let at = |f: Field| f.at(rx);
+    let vals: &[(Field, u32)] = &[
+        (p::FT_SUPPORT, 1),
+        (p::FLOW_MODIFY_EN, 1),
+        (p::MODIFY_ROOT, 1),
+        (p::IDENTIFIED_MISS_TABLE_MODE, 1),
+        (p::FLOW_TABLE_MODIFY, 1),
+        (p::LOG_MAX_FT_SIZE, NIC_RX_LOG_MAX_FT_SIZE),
+        (p::MAX_FT_LEVEL, NIC_RX_MAX_FT_LEVEL),
+        (p::LOG_MAX_FT_NUM, 16),
+        (p::LOG_MAX_DESTINATION, 8),
+        (p::LOG_MAX_FLOW, 23),
+    ];
+    for &(f, v) in vals {
+        m[..].set(at(f), v);
+    }
+    let fields = p::FT_FIELD_SUPPORT.at(rx);
+    for f in [
+        fs::OUTER_DMAC,
+        fs::OUTER_SMAC,
+        fs::OUTER_ETHER_TYPE,
+        fs::OUTER_IP_VERSION,
+        fs::OUTER_FIRST_PRIO,
+        fs::OUTER_FIRST_VID,
+        fs::OUTER_SIP,
+        fs::OUTER_DIP,
+        fs::OUTER_FRAG,
+        fs::OUTER_IP_PROTOCOL,
+        fs::OUTER_UDP_SPORT,
+        fs::OUTER_UDP_DPORT,
+        fs::OUTER_TCP_SPORT,
+        fs::OUTER_TCP_DPORT,
+    ] {
+        m[..].set(f.at(fields), 1);
+    }
     m
 }
 
@@ -254,7 +309,8 @@ impl Caps {
             gcur[..].set(f.at(u::CMD_HCA_CAP), 0);
         }
         add(consts::MLX5_CAP_GENERAL, u::CMD_HCA_CAP, gmax, gcur);
-        let e = eth_offloads();
+        let nic = cfg.port_type == PortType::Eth && cfg.eth_netdev;
+        let e = eth_offloads(nic);
         add(consts::MLX5_CAP_ETHERNET_OFFLOADS, u::PER_PROTOCOL_NETWORKING_OFFLOAD_CAPS, e.clone(), e);
         let o = odp();
         add(consts::MLX5_CAP_ODP, u::ODP_CAP, o.clone(), o);
@@ -266,6 +322,11 @@ impl Caps {
         let mut rcur = rmax.clone();
         rcur[..].set(ifc::roce_cap::SW_R_ROCE_SRC_UDP_PORT.at(u::ROCE_CAP), 0);
         add(consts::MLX5_CAP_ROCE, u::ROCE_CAP, rmax, rcur);
+        // Linux asks for the flow-table capabilities only when `nic_flow_table` says they exist.
+        if nic {
+            let ft = flow_table();
+            add(consts::MLX5_CAP_FLOW_TABLE, u::FLOW_TABLE_NIC_CAP, ft.clone(), ft);
+        }
         let g2 = general_2();
         add(consts::MLX5_CAP_GENERAL_2, u::CMD_HCA_CAP_2, g2.clone(), g2);
         Self { types }
@@ -278,6 +339,12 @@ impl Caps {
     /// The image QUERY_HCA_CAP returns (`current` selects `HCA_CAP_OPMOD_GET_CUR`).
     pub(crate) fn query(&self, cap_type: u16, current: bool) -> Option<&[u8]> {
         self.find(cap_type).map(|t| if current { &t.cur[..] } else { &t.max[..] })
+    }
+
+    /// A NIC receive flow-table property (`flow_table_properties_nic_receive`).
+    pub(crate) fn nic_rx(&self, f: Field) -> u32 {
+        let rx = ifc::flow_table_nic_cap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE.at(ifc::hca_cap_union::FLOW_TABLE_NIC_CAP);
+        self.query(consts::MLX5_CAP_FLOW_TABLE, true).map(|img| MsgBuf::get(img, f.at(rx))).unwrap_or(0)
     }
 
     /// A current general capability.

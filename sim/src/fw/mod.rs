@@ -1,7 +1,8 @@
 //! The firmware: [`Firmware`] (the HCA state machine, ISSI, capabilities, and one table per object type), the
 //! dispatch of a delivered command to its handler, and the `syndrome` of every refusal. Delivery is `device/cmd.rs`,
 //! pages `pages.rs`; each object type is a table in its own file (`pd.rs`: PD and UAR, `eq.rs`, `cq.rs`,
-//! `mkey.rs`, `qp.rs`, `srq.rs`) whose commands get a narrow view of the rest of the firmware (`CqFw`, `QpFw`, ...: the
+//! `mkey.rs`, `qp.rs`, `srq.rs`; the Ethernet objects `tis.rs`, `tir.rs`, `rqt.rs`, `rq.rs`, `sq.rs` over `wq.rs`, and
+//! NIC receive steering `flow_table.rs`) whose commands get a narrow view of the rest of the firmware (`CqFw`, `QpFw`, ...: the
 //! capabilities and the other tables they check), built here per command; `port.rs` is the port model and
 //! `reply.rs` builds results. This is the firmware side of the kernel's `cmd.c` / `main.c`.
 //!
@@ -44,6 +45,14 @@ pub(crate) mod srq;
 pub mod syndrome;
 mod td;
 mod xrcd;
+// The Ethernet (NIC) objects mlx5e drives (issue 35).
+pub(crate) mod flow_table;
+pub(crate) mod rq;
+pub(crate) mod rqt;
+pub(crate) mod sq;
+pub(crate) mod tir;
+pub(crate) mod tis;
+pub(crate) mod wq;
 
 pub use hca::HcaState;
 
@@ -60,6 +69,13 @@ use reply::{bad_param, err, rd, rd16, CmdErr};
 use srq::{Family, SrqFw, SrqTable};
 use td::TdTable;
 use xrcd::XrcdTable;
+// The Ethernet objects.
+use flow_table::{FlowFw, FlowTables};
+use rq::{RqFw, RqTable};
+use rqt::{RqtFw, RqtTable};
+use sq::{SqFw, SqTable};
+use tir::{TirFw, TirTable};
+use tis::TisTable;
 
 /// Which HCA states a command is accepted in.
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +112,13 @@ pub(crate) struct Firmware {
     pub(crate) qps: QpTable,
     pub(crate) q_counters: QCounterTable,
     pub(crate) srqs: SrqTable,
+    // The Ethernet objects.
+    pub(crate) tises: TisTable,
+    pub(crate) tirs: TirTable,
+    pub(crate) rqts: RqtTable,
+    pub(crate) rqs: RqTable,
+    pub(crate) sqs: SqTable,
+    pub(crate) flows: FlowTables,
 }
 
 /// The narrow view of the firmware an EQ command gets (see [`EqFw`]).
@@ -143,7 +166,46 @@ macro_rules! cq_fw {
             caps: &$fw.caps,
             uars: &$fw.uars,
             eq_exists: &|eqn| $fw.eqs.contains_key(&eqn),
-            in_use: &|cqn| $fw.qps.values().any(|q| q.cqn_snd == cqn || q.cqn_rcv == cqn),
+            in_use: &|cqn| {
+                let eth = $fw.rqs.map.values().any(|r| r.cqn == cqn) || $fw.sqs.map.values().any(|s| s.cqn == cqn);
+                eth || $fw.qps.values().any(|q| q.cqn_snd == cqn || q.cqn_rcv == cqn)
+            },
+        }
+    };
+}
+
+/// The narrow view of the firmware an RQ command gets (see [`RqFw`]).
+macro_rules! rq_fw {
+    ($fw:ident) => {
+        RqFw {
+            caps: &$fw.caps,
+            cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
+            pd_exists: &|pd| $fw.pds.contains(pd),
+            in_use: &|rqn| $fw.tirs.uses_rq(rqn) || $fw.rqts.uses_rq(rqn),
+        }
+    };
+}
+
+/// The narrow view of the firmware a TIR command gets (see [`TirFw`]).
+macro_rules! tir_fw {
+    ($fw:ident) => {
+        TirFw {
+            caps: &$fw.caps,
+            td_exists: &|td| $fw.tds.contains(td),
+            rq_exists: &|rqn| $fw.rqs.map.contains_key(&rqn),
+            rqt_exists: &|rqtn| $fw.rqts.map.contains_key(&rqtn),
+            in_use: &|tirn| $fw.flows.forwards_to_tir(tirn),
+        }
+    };
+}
+
+/// The narrow view of the firmware an RQT command gets (see [`RqtFw`]).
+macro_rules! rqt_fw {
+    ($fw:ident) => {
+        RqtFw {
+            caps: &$fw.caps,
+            rq_exists: &|rqn| $fw.rqs.map.contains_key(&rqn),
+            in_use: &|rqtn| $fw.tirs.uses_rqt(rqtn),
         }
     };
 }
@@ -167,6 +229,12 @@ impl Firmware {
             qps: QpTable::new(),
             q_counters: QCounterTable::new(),
             srqs: SrqTable::new(),
+            tises: TisTable::new(),
+            tirs: TirTable::new(),
+            rqts: RqtTable::new(),
+            rqs: RqTable::new(),
+            sqs: SqTable::new(),
+            flows: FlowTables::new(),
         }
     }
 
@@ -273,6 +341,9 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => {
                 (query_hca_vport_context_in::SIZE_BYTES, query_hca_vport_context_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT => {
+                (modify_hca_vport_context_in::SIZE_BYTES, modify_hca_vport_context_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_CREATE_QP => (create_qp_in::SIZE_BYTES, create_qp_out::SIZE_BYTES, Gate::Initialized),
             consts::MLX5_CMD_OP_DESTROY_QP => {
                 (destroy_qp_in::SIZE_BYTES, destroy_qp_out::SIZE_BYTES, Gate::Initialized)
@@ -327,6 +398,70 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_SRQ => (query_srq_in::SIZE_BYTES, query_srq_out::SIZE_BYTES, Gate::Initialized),
             consts::MLX5_CMD_OP_DESTROY_SRQ => {
                 (destroy_srq_in::SIZE_BYTES, destroy_srq_out::SIZE_BYTES, Gate::Initialized)
+            }
+            // The Ethernet objects.
+            consts::MLX5_CMD_OP_CREATE_TIS => {
+                (create_tis_in::SIZE_BYTES, create_tis_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_TIS => {
+                (destroy_tis_in::SIZE_BYTES, destroy_tis_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_CREATE_TIR => {
+                (create_tir_in::SIZE_BYTES, create_tir_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_MODIFY_TIR => {
+                (modify_tir_in::SIZE_BYTES, modify_tir_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_TIR => {
+                (destroy_tir_in::SIZE_BYTES, destroy_tir_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_CREATE_RQT => {
+                (create_rqt_in::SIZE_BYTES, create_rqt_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_MODIFY_RQT => {
+                (modify_rqt_in::SIZE_BYTES, modify_rqt_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_RQT => {
+                (destroy_rqt_in::SIZE_BYTES, destroy_rqt_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_CREATE_RQ => (create_rq_in::SIZE_BYTES, create_rq_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_MODIFY_RQ => (modify_rq_in::SIZE_BYTES, modify_rq_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_QUERY_RQ => (query_rq_in::SIZE_BYTES, query_rq_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_DESTROY_RQ => {
+                (destroy_rq_in::SIZE_BYTES, destroy_rq_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_CREATE_SQ => (create_sq_in::SIZE_BYTES, create_sq_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_MODIFY_SQ => (modify_sq_in::SIZE_BYTES, modify_sq_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_QUERY_SQ => (query_sq_in::SIZE_BYTES, query_sq_out::SIZE_BYTES, Gate::Initialized),
+            consts::MLX5_CMD_OP_DESTROY_SQ => {
+                (destroy_sq_in::SIZE_BYTES, destroy_sq_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_CREATE_FLOW_TABLE => {
+                (create_flow_table_in::SIZE_BYTES, create_flow_table_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_MODIFY_FLOW_TABLE => {
+                (modify_flow_table_in::SIZE_BYTES, modify_flow_table_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_FLOW_TABLE => {
+                (destroy_flow_table_in::SIZE_BYTES, destroy_flow_table_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_SET_FLOW_TABLE_ROOT => {
+                (set_flow_table_root_in::SIZE_BYTES, set_flow_table_root_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_CREATE_FLOW_GROUP => {
+                (create_flow_group_in::SIZE_BYTES, create_flow_group_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_FLOW_GROUP => {
+                (destroy_flow_group_in::SIZE_BYTES, destroy_flow_group_out::SIZE_BYTES, Gate::Initialized)
+            }
+            // The destination list is the input's flexible tail: set_fte checks it against its declared size.
+            consts::MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY => (
+                ifc::flow_context::DESTINATION.at(set_fte_in::FLOW_CONTEXT).byte_off(),
+                set_fte_out::SIZE_BYTES,
+                Gate::Initialized,
+            ),
+            consts::MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY => {
+                (delete_fte_in::SIZE_BYTES, delete_fte_out::SIZE_BYTES, Gate::Initialized)
             }
             _ => return None,
         })
@@ -399,7 +534,11 @@ impl Firmware {
             consts::MLX5_CMD_OP_ALLOC_XRCD => self.xrcds.alloc(&self.caps, out),
             consts::MLX5_CMD_OP_DEALLOC_XRCD => self.xrcds.dealloc(inp),
             consts::MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN => self.tds.alloc(&self.caps, out),
-            consts::MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN => self.tds.dealloc(inp),
+            consts::MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN => {
+                let (tises, tirs) = (&self.tises, &self.tirs);
+                let in_use = |td| tises.map.values().any(|t| t.td == td) || tirs.map.values().any(|t| t.td == td);
+                self.tds.dealloc(&in_use, inp)
+            }
             consts::MLX5_CMD_OP_DEALLOC_UAR => {
                 let (qps, eqs, cqs) = (&self.qps, &self.eqs, &self.cqs);
                 let in_use = |uar| {
@@ -434,6 +573,7 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_ROCE_ADDRESS => self.port.query_roce_address(inp, out),
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => self.port.query_nic_vport_context(inp, out),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => self.port.query_hca_vport_context(inp, out),
+            consts::MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT => self.port.modify_hca_vport_context(inp),
             consts::MLX5_CMD_OP_CREATE_QP => self.qps.create(&qp_fw!(self), dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_QP => self.qps.destroy(inp),
             consts::MLX5_CMD_OP_QUERY_QP => self.qps.query(dma, inp, out),
@@ -458,6 +598,99 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_SRQ => self.srqs.destroy(&srq_fw!(self), Family::Srq, inp),
             consts::MLX5_CMD_OP_CREATE_XRC_SRQ => self.srqs.create_xrc_srq(&srq_fw!(self), dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_XRC_SRQ => self.srqs.destroy(&srq_fw!(self), Family::XrcSrq, inp),
+            op if Self::is_eth_object(op) => self.execute_eth(op, dma, inp, out),
+            _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
+        }
+    }
+
+    /// Live Ethernet objects: TISes, TIRs, RQTs, RQs, SQs and steering (tables, groups, entries).
+    fn eth_object_count(&self) -> usize {
+        let queues = self.rqs.map.len() + self.sqs.map.len();
+        self.tises.map.len() + self.tirs.map.len() + self.rqts.map.len() + queues + self.flows.len()
+    }
+
+    fn clear_eth_objects(&mut self) {
+        (self.tises, self.tirs, self.rqts) = (TisTable::new(), TirTable::new(), RqtTable::new());
+        (self.rqs, self.sqs, self.flows) = (RqTable::new(), SqTable::new(), FlowTables::new());
+    }
+
+    fn is_eth_object(op: u16) -> bool {
+        use consts::*;
+        matches!(
+            op,
+            MLX5_CMD_OP_CREATE_TIS
+                | MLX5_CMD_OP_DESTROY_TIS
+                | MLX5_CMD_OP_CREATE_TIR
+                | MLX5_CMD_OP_MODIFY_TIR
+                | MLX5_CMD_OP_DESTROY_TIR
+                | MLX5_CMD_OP_CREATE_RQT
+                | MLX5_CMD_OP_MODIFY_RQT
+                | MLX5_CMD_OP_DESTROY_RQT
+                | MLX5_CMD_OP_CREATE_RQ
+                | MLX5_CMD_OP_MODIFY_RQ
+                | MLX5_CMD_OP_QUERY_RQ
+                | MLX5_CMD_OP_DESTROY_RQ
+                | MLX5_CMD_OP_CREATE_SQ
+                | MLX5_CMD_OP_MODIFY_SQ
+                | MLX5_CMD_OP_QUERY_SQ
+                | MLX5_CMD_OP_DESTROY_SQ
+                | MLX5_CMD_OP_CREATE_FLOW_TABLE
+                | MLX5_CMD_OP_MODIFY_FLOW_TABLE
+                | MLX5_CMD_OP_DESTROY_FLOW_TABLE
+                | MLX5_CMD_OP_SET_FLOW_TABLE_ROOT
+                | MLX5_CMD_OP_CREATE_FLOW_GROUP
+                | MLX5_CMD_OP_DESTROY_FLOW_GROUP
+                | MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY
+                | MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY
+        )
+    }
+
+    /// The Ethernet objects' commands (TIS, TIR, RQT, RQ, SQ and NIC receive steering).
+    fn execute_eth(&mut self, op: u16, dma: &mut DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use consts::*;
+        match op {
+            MLX5_CMD_OP_CREATE_TIS => {
+                let tds = &self.tds;
+                self.tises.create(&self.caps, &|td| tds.contains(td), inp, out)
+            }
+            MLX5_CMD_OP_DESTROY_TIS => {
+                let sqs = &self.sqs;
+                self.tises.destroy(&|tisn| sqs.map.values().any(|s| s.tisn == tisn), inp)
+            }
+            MLX5_CMD_OP_CREATE_TIR => self.tirs.create(&tir_fw!(self), inp, out),
+            MLX5_CMD_OP_MODIFY_TIR => self.tirs.modify(inp),
+            MLX5_CMD_OP_DESTROY_TIR => self.tirs.destroy(&tir_fw!(self), inp),
+            MLX5_CMD_OP_CREATE_RQT => self.rqts.create(&rqt_fw!(self), inp, out),
+            MLX5_CMD_OP_MODIFY_RQT => self.rqts.modify(&rqt_fw!(self), inp),
+            MLX5_CMD_OP_DESTROY_RQT => self.rqts.destroy(&rqt_fw!(self), inp),
+            MLX5_CMD_OP_CREATE_RQ => self.rqs.create(&rq_fw!(self), dma, inp, out),
+            MLX5_CMD_OP_MODIFY_RQ => self.rqs.modify(inp),
+            MLX5_CMD_OP_QUERY_RQ => self.rqs.query(rd(inp, ifc::query_rq_in::RQN), ifc::query_rq_out::RQ_CONTEXT, out),
+            MLX5_CMD_OP_DESTROY_RQ => self.rqs.destroy(&rq_fw!(self), inp),
+            MLX5_CMD_OP_CREATE_SQ => {
+                let fw = SqFw {
+                    caps: &self.caps,
+                    cq_exists: &|cqn| self.cqs.contains_key(&cqn),
+                    pd_exists: &|pd| self.pds.contains(pd),
+                    tis_exists: &|tisn| self.tises.map.contains_key(&tisn),
+                    uar_exists: &|uar| self.uars.contains(uar),
+                };
+                self.sqs.create(&fw, dma, inp, out)
+            }
+            MLX5_CMD_OP_MODIFY_SQ => self.sqs.modify(inp),
+            MLX5_CMD_OP_QUERY_SQ => self.sqs.query(rd(inp, ifc::query_sq_in::SQN), ifc::query_sq_out::SQ_CONTEXT, out),
+            MLX5_CMD_OP_DESTROY_SQ => self.sqs.destroy(inp),
+            MLX5_CMD_OP_CREATE_FLOW_TABLE => self.flows.create_table(&self.caps, inp, out),
+            MLX5_CMD_OP_MODIFY_FLOW_TABLE => self.flows.modify_table(inp),
+            MLX5_CMD_OP_DESTROY_FLOW_TABLE => self.flows.destroy_table(inp),
+            MLX5_CMD_OP_SET_FLOW_TABLE_ROOT => self.flows.set_root(inp),
+            MLX5_CMD_OP_CREATE_FLOW_GROUP => self.flows.create_group(inp, out),
+            MLX5_CMD_OP_DESTROY_FLOW_GROUP => self.flows.destroy_group(inp),
+            MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY => {
+                let tirs = &self.tirs;
+                self.flows.set_fte(&FlowFw { caps: &self.caps, tir_exists: &|t| tirs.map.contains_key(&t) }, inp)
+            }
+            MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY => self.flows.delete_fte(inp),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
     }
@@ -557,7 +790,8 @@ impl Firmware {
             + self.qps.len()
             + self.srqs.len()
             + self.xrcds.len()
-            + self.tds.len();
+            + self.tds.len()
+            + self.eth_object_count();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
         }
@@ -570,6 +804,7 @@ impl Firmware {
         self.mkeys.clear();
         self.qps.clear();
         self.srqs.clear();
+        self.clear_eth_objects();
         self.state = HcaState::Enabled;
         self.pages.reset_needs();
         self.page_request_held = false;

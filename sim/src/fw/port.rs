@@ -18,6 +18,12 @@ pub(crate) const ROCE_ADDRESS_ENTRIES: usize = 256;
 /// what a ConnectX-5 port offers.
 pub(crate) const PVLC_VL_0_7: u32 = 8;
 
+/// The PortInfo:CapabilityMask bits a driver may change (`cap_mask1_field_select` in QUERY_HCA_VPORT_CONTEXT):
+/// IsSM (bit 1, set through umad's `issm` device by a subnet manager) and IsCommunicationManagementSupported
+/// (bit 16, which ib_cm sets when it binds a port). Without them mlx5_ib warned `set_port_caps_atomic: trying
+/// to change bitmask 0x10000 but change supported 0x0` (issue 35).
+pub(crate) const CAP_MASK1_CHANGEABLE: u32 = (1 << 1) | (1 << 16);
+
 /// One `roce_addr_layout` image as SET_ROCE_ADDRESS wrote it (all zeros: empty).
 pub(crate) type RoceAddr = [u8; ifc::roce_addr_layout::SIZE_BYTES];
 
@@ -26,6 +32,8 @@ pub(crate) type RoceAddr = [u8; ifc::roce_addr_layout::SIZE_BYTES];
 pub(crate) struct PortModel {
     pub(crate) port_type: PortType,
     pub(crate) up: bool,
+    /// PAOS `admin_status` is up (mlx5e writes it on open and close; the link's own state is `up`).
+    pub(crate) admin_up: bool,
     /// PMTU `max_mtu` / `oper_mtu` in bytes.
     pub(crate) max_mtu: u16,
     pub(crate) oper_mtu: u16,
@@ -53,6 +61,7 @@ impl PortModel {
         Self {
             port_type: cfg.port_type,
             up: cfg.port_up,
+            admin_up: true,
             max_mtu: if ib { 4096 } else { 9216 },
             // An InfiniBand port runs one of the IB MTU sizes; a configured size that is not one means 4096.
             oper_mtu: if ib && mlx5_core::port::mtu_to_ib_mtu(cfg.port_mtu).is_none() { 4096 } else { cfg.port_mtu },
@@ -69,7 +78,8 @@ impl PortModel {
         }
     }
 
-    /// `ACCESS_REGISTER`: host endianness (write), PMTU, PAOS, PTYS and PVLC (read) for local port 1.
+    /// `ACCESS_REGISTER`: host endianness (write), PMTU and PAOS (read, and on Ethernet write: mlx5e sets the
+    /// MTU and the admin status when it opens), PTYS and PVLC (read) for local port 1.
     pub(crate) fn access_reg(&mut self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
         use ifc::access_register_in as i;
         let write = rd(inp, ifc::mbox_in::OP_MOD) == 0;
@@ -91,11 +101,14 @@ impl PortModel {
                 } else {
                     (ifc::paos_reg::SIZE_BYTES, ifc::paos_reg::LOCAL_PORT)
                 };
-                if write || data.len() < len || out.len() < out_off + len {
+                if data.len() < len || out.len() < out_off + len || (write && self.port_type != PortType::Eth) {
                     return Err(bad_param(syndrome::REG_ACCESS));
                 }
                 if rd(data, port_field) != 1 {
                     return Err(bad_param(syndrome::BAD_PORT));
+                }
+                if write {
+                    return self.write_pmtu_paos(id, data);
                 }
                 let reg = &mut out[out_off..out_off + len];
                 reg.copy_from_slice(&data[..len]);
@@ -105,7 +118,9 @@ impl PortModel {
                     reg.set(ifc::pmtu_reg::OPER_MTU, self.oper_mtu.into());
                 } else {
                     let st = if self.up { consts::MLX5_PORT_UP } else { consts::MLX5_PORT_DOWN };
-                    reg.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP);
+                    let st = if self.admin_up { st } else { consts::MLX5_PORT_DOWN };
+                    let admin = if self.admin_up { consts::MLX5_PORT_UP } else { consts::MLX5_PORT_DOWN };
+                    reg.set(ifc::paos_reg::ADMIN_STATUS, admin);
                     reg.set(ifc::paos_reg::OPER_STATUS, st);
                 }
                 Ok(())
@@ -292,6 +307,7 @@ impl PortModel {
         out.set(h::SM_LID.at(base), self.sm_lid.into());
         let i = &self.info;
         out.set(h::CAP_MASK1.at(base), i.cap_mask1);
+        out.set(h::CAP_MASK1_FIELD_SELECT.at(base), CAP_MASK1_CHANGEABLE);
         out.set(h::CAP_MASK2.at(base), i.cap_mask2);
         out.set(h::LMC.at(base), i.lmc.into());
         out.set(h::SM_SL.at(base), i.sm_sl.into());
@@ -304,6 +320,55 @@ impl PortModel {
 }
 
 impl PortModel {
+    /// A PMTU write (`admin_mtu`, within 64 bytes and `max_mtu`, becomes the operational MTU) or a PAOS write
+    /// (`admin_status` up or down, with `ase`, as `mlx5_set_port_admin_status` sends it).
+    fn write_pmtu_paos(&mut self, id: u16, data: &[u8]) -> Result<(), CmdErr> {
+        if id == consts::MLX5_REG_PMTU {
+            let mtu = rd(data, ifc::pmtu_reg::ADMIN_MTU);
+            if !(64..=u32::from(self.max_mtu)).contains(&mtu) {
+                return Err(bad_param(syndrome::REG_ACCESS));
+            }
+            self.oper_mtu = mtu as u16;
+            return Ok(());
+        }
+        if rd(data, ifc::paos_reg::ASE) == 0 {
+            // Without `ase` the admin status is not to be changed.
+            return Ok(());
+        }
+        self.admin_up = match rd(data, ifc::paos_reg::ADMIN_STATUS) {
+            consts::MLX5_PORT_UP => true,
+            consts::MLX5_PORT_DOWN => false,
+            _ => return Err(bad_param(syndrome::REG_ACCESS)),
+        };
+        Ok(())
+    }
+
+    /// MODIFY_HCA_VPORT_CONTEXT of the port's own vport: the PortInfo capability bits named by
+    /// `cap_mask1_field_select` take their values from `cap_mask1` (mlx5_ib's `set_port_caps_atomic`). A bit
+    /// outside [`CAP_MASK1_CHANGEABLE`], or a GUID or state-policy change (`field_select`, for other vports
+    /// only), is refused.
+    pub(crate) fn modify_hca_vport_context(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+        use ifc::hca_vport_context as h;
+        use ifc::modify_hca_vport_context_in as i;
+        if self.port_type != PortType::Ib {
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        if rd(inp, i::OTHER_VPORT) != 0 || rd(inp, i::VPORT_NUMBER) != 0 {
+            return Err(bad_param(syndrome::BAD_FUNCTION));
+        }
+        if !matches!(rd(inp, i::PORT_NUM), 0 | 1) {
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        let base = i::HCA_VPORT_CONTEXT;
+        let sel = rd(inp, h::CAP_MASK1_FIELD_SELECT.at(base));
+        if rd(inp, h::FIELD_SELECT.at(base)) != 0 || sel & !CAP_MASK1_CHANGEABLE != 0 {
+            return Err(bad_param(syndrome::FIELD_SELECT));
+        }
+        let v = rd(inp, h::CAP_MASK1.at(base));
+        self.info.cap_mask1 = (self.info.cap_mask1 & !sel) | (v & sel);
+        Ok(())
+    }
+
     /// The port's link goes down or comes up: the state QUERY_VPORT_STATE and PAOS report follows, and a
     /// PORT_CHANGE EQE (`MLX5_PORT_CHANGE_SUBTYPE_DOWN` / `_ACTIVE`, port 1 in the upper nibble of
     /// `data.port.port`) goes to the EQ subscribed to port changes. Nothing happens when the state is already so.
@@ -346,5 +411,83 @@ mod tests {
         let mut e = Harness::new(SimConfig { port_type: PortType::Eth, ..SimConfig::default() });
         e.bring_up();
         assert_eq!(pvlc(&mut e, 1).1, syndrome::REG_ACCESS);
+    }
+
+    #[test]
+    fn set_port_caps_atomic_changes_is_cm_as_mlx5_ib_asks_and_nothing_else() {
+        use ifc::hca_vport_context as v;
+        let mut h = Harness::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
+        h.bring_up();
+        let query = |h: &mut Harness| {
+            let (s, _, out) = h.simple(
+                consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT,
+                0,
+                ifc::query_hca_vport_context_in::SIZE_BYTES,
+                ifc::query_hca_vport_context_out::SIZE_BYTES,
+            );
+            assert_eq!(s, 0);
+            let base = ifc::query_hca_vport_context_out::HCA_VPORT_CONTEXT;
+            (rd(&out, v::CAP_MASK1.at(base)), rd(&out, v::CAP_MASK1_FIELD_SELECT.at(base)))
+        };
+        let (mask, perm) = query(&mut h);
+        // mlx5_ib checks the bit it changes against the permitted ones before it sends the change.
+        assert_ne!(perm & 0x1_0000, 0);
+        let modify = |h: &mut Harness, sel: u32, value: u32| {
+            use ifc::modify_hca_vport_context_in as i;
+            let mut inp = vec![0u8; i::SIZE_BYTES];
+            inp.set(i::OPCODE, consts::MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT.into());
+            inp.set(i::PORT_NUM, 1);
+            inp.set(v::CAP_MASK1_FIELD_SELECT.at(i::HCA_VPORT_CONTEXT), sel);
+            inp.set(v::CAP_MASK1.at(i::HCA_VPORT_CONTEXT), value);
+            h.cmd(&inp, ifc::modify_hca_vport_context_out::SIZE_BYTES).1
+        };
+        assert_eq!(modify(&mut h, 0x1_0000, 0), 0);
+        assert_eq!(query(&mut h).0, mask & !0x1_0000);
+        assert_eq!(modify(&mut h, 0x1_0000, 0x1_0000), 0);
+        assert_eq!(query(&mut h).0, mask);
+        // A bit the port does not let change is refused, and the mask stays.
+        assert_eq!(modify(&mut h, 1 << 3, 0), syndrome::FIELD_SELECT);
+        assert_eq!(query(&mut h).0, mask);
+    }
+
+    #[test]
+    fn mlx5e_sets_the_ethernet_port_s_mtu_and_admin_status_and_reads_them_back() {
+        use ifc::access_register_in as i;
+        let mut h = Harness::new(SimConfig { port_type: PortType::Eth, ..SimConfig::default() });
+        h.bring_up();
+        // (register, write, edit) -> (status, syndrome, register image)
+        let reg = |h: &mut Harness, id: u16, write: bool, edit: &dyn Fn(&mut [u8])| {
+            let len = ifc::paos_reg::SIZE_BYTES.max(ifc::pmtu_reg::SIZE_BYTES);
+            let data = i::REGISTER_DATA.byte_off();
+            let mut inp = vec![0u8; data + len];
+            inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_ACCESS_REG.into());
+            let op = if write { 0 } else { consts::MLX5_ACCESS_REGISTER_IN_OP_MOD_READ };
+            inp.set(ifc::mbox_in::OP_MOD, op);
+            inp.set(i::REGISTER_ID, id.into());
+            inp[data..].set(ifc::paos_reg::LOCAL_PORT, 1);
+            edit(&mut inp[data..]);
+            let out_data = ifc::access_register_out::REGISTER_DATA.byte_off();
+            let (s, y, out) = h.cmd(&inp, out_data + len);
+            (s, y, out[out_data..].to_vec())
+        };
+        let pmtu = consts::MLX5_REG_PMTU;
+        assert_eq!(reg(&mut h, pmtu, true, &|d| d.set(ifc::pmtu_reg::ADMIN_MTU, 1522)).1, 0);
+        assert_eq!(rd(&reg(&mut h, pmtu, false, &|_| {}).2, ifc::pmtu_reg::OPER_MTU), 1522);
+        assert_eq!(reg(&mut h, pmtu, true, &|d| d.set(ifc::pmtu_reg::ADMIN_MTU, 20_000)).1, syndrome::REG_ACCESS);
+        let paos = consts::MLX5_REG_PAOS;
+        let down = |d: &mut [u8]| {
+            d.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_DOWN);
+            d.set(ifc::paos_reg::ASE, 1);
+        };
+        assert_eq!(reg(&mut h, paos, true, &down).1, 0);
+        let r = reg(&mut h, paos, false, &|_| {}).2;
+        assert_eq!((rd(&r, ifc::paos_reg::ADMIN_STATUS), rd(&r, ifc::paos_reg::OPER_STATUS)), (2, 2));
+        // Without `ase` nothing changes.
+        assert_eq!(reg(&mut h, paos, true, &|d| d.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP)).1, 0);
+        assert_eq!(rd(&reg(&mut h, paos, false, &|_| {}).2, ifc::paos_reg::ADMIN_STATUS), consts::MLX5_PORT_DOWN);
+        // An InfiniBand port's MTU and status are not the host's to write.
+        let mut ib = Harness::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
+        ib.bring_up();
+        assert_eq!(reg(&mut ib, paos, true, &down).1, syndrome::REG_ACCESS);
     }
 }

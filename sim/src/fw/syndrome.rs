@@ -161,5 +161,58 @@ pub const SRQ_LWM: u32 = 0x51a0_00b2;
 pub const SRQ_CONTEXT: u32 = 0x51a0_00b3;
 /// `BAD_OP`: an RMP command at ISSI 0, or an SRQ command (CREATE_SRQ, ARM_RQ, ...) at ISSI 1.
 pub const SRQ_ISSI: u32 = 0x51a0_00b4;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RQ or SQ whose `wq` is not cyclic (striding and linked-list rings
+/// are not modelled).
+pub const WQ_TYPE: u32 = 0x51a0_00c0;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RQ or SQ stride outside 16 B..4 KiB, a ring above `log_max_wq_sz`,
+/// a page size above 1 GiB or a non-zero page offset.
+pub const WQ_SIZE: u32 = 0x51a0_00c1;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RQ or SQ doorbell record not 4-byte aligned or not in live memory.
+pub const WQ_DBR: u32 = 0x51a0_00c2;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RQ or SQ created in a state other than RST, or an RQ on an RMP.
+pub const WQ_CONTEXT: u32 = 0x51a0_00c3;
+/// `consts::MLX5_CMD_STAT_BAD_RES_STATE_ERR`: MODIFY_RQ/SQ naming a current state the queue is not in, or a move
+/// other than RST to RDY, RDY to RDY, ERR or RST, and ERR to RST.
+pub const WQ_STATE: u32 = 0x51a0_00c4;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unknown RQ (destroy, modify, query, a TIR's `inline_rqn`, an RQT entry).
+pub const RQ_INVALID: u32 = 0x51a0_00c5;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unknown SQ.
+pub const SQ_INVALID: u32 = 0x51a0_00c6;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unknown TIS, or an SQ naming other than exactly one.
+pub const TIS_INVALID: u32 = 0x51a0_00c7;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unknown TIR (destroy, modify, a flow entry's destination).
+pub const TIR_INVALID: u32 = 0x51a0_00c8;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a TIR dispatch type or hash function the PRM does not define, or packet
+/// merging (LRO), which is not offered.
+pub const TIR_HASH: u32 = 0x51a0_00c9;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unknown RQT (destroy, modify, an indirect TIR's `indirect_table`).
+pub const RQT_INVALID: u32 = 0x51a0_00ca;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an RQT of size 0, above `log_max_rqt_size`, more entries than its
+/// `rqt_max_size`, or a list of other than RQs.
+pub const RQT_SIZE: u32 = 0x51a0_00cb;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a steering command on a table type other than NIC receive.
+pub const FT_TYPE: u32 = 0x51a0_00d0;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unknown flow table.
+pub const FT_INVALID: u32 = 0x51a0_00d1;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a table level or size above the capabilities, or a miss or forward to a
+/// table that is not deeper.
+pub const FT_LEVEL: u32 = 0x51a0_00d2;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a miss action the PRM does not define, or a table feature not offered
+/// (reformat, decap, software ownership, termination).
+pub const FT_MISS: u32 = 0x51a0_00d3;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a flow group range that is empty, beyond the table or overlapping
+/// another group, or an entry's index outside its group.
+pub const FG_RANGE: u32 = 0x51a0_00d4;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a flow group matching beyond the outer headers.
+pub const FG_CRITERIA: u32 = 0x51a0_00d5;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unknown flow group.
+pub const FG_INVALID: u32 = 0x51a0_00d6;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_FLOW_TABLE_ENTRY adding at an index already taken.
+pub const FTE_EXISTS: u32 = 0x51a0_00d7;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unknown flow entry (delete, or a modify of a free index).
+pub const FTE_INVALID: u32 = 0x51a0_00d8;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an entry action other than drop or forward, a forward without
+/// destinations (or destinations without one), too many, counters, or an unknown destination type.
+pub const FTE_ACTION: u32 = 0x51a0_00d9;
 /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
 pub const HEALTH_EXT_SYND: u16 = 0x51a0;

@@ -45,11 +45,16 @@ impl TdTable {
         Ok(())
     }
 
-    pub(super) fn dealloc(&mut self, inp: &[u8]) -> Result<(), CmdErr> {
+    /// `in_use`: a TIS or TIR still belongs to the domain (firmware keeps it until they go).
+    pub(super) fn dealloc(&mut self, in_use: &dyn Fn(u32) -> bool, inp: &[u8]) -> Result<(), CmdErr> {
         let td = rd(inp, ifc::dealloc_transport_domain_in::TRANSPORT_DOMAIN);
-        if !self.give_back(td) {
+        if !self.contains(td) {
             return Err(bad_param(syndrome::TD_INVALID));
         }
+        if in_use(td) {
+            return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
+        }
+        self.give_back(td);
         Ok(())
     }
 }

@@ -12,6 +12,9 @@
 //!   that checks nothing leaked; [`RcPair`]: two such devices on the wire with a connected RC QP each.
 
 pub mod alloc_count;
+/// The Ethernet objects' fixture over `submit` (unit tests only, for the same reason).
+#[cfg(test)]
+pub(crate) mod eth;
 mod fixture;
 mod heap_dma;
 pub mod mocks;

@@ -53,6 +53,8 @@
 
 mod common;
 pub(crate) mod cqe;
+// The Ethernet (NIC) datapath (issue 35).
+pub(crate) mod eth;
 mod flush;
 mod keys;
 pub(crate) mod reasm;

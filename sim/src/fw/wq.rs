@@ -1,0 +1,62 @@
+//! The `wq` context that RQs and SQs share (`mlx5_ifc_wq_bits`): ring geometry, doorbell record and `pas[]`,
+//! checked at create time as the CQ and QP rings are.
+
+use mlx5_core::prm::{consts, ifc, Array, MsgBuf, Sub};
+
+use super::pas::check_pas;
+use super::reply::{bad_param, rd, CmdErr};
+use super::syndrome;
+use crate::dma::DmaSpace;
+
+/// A cyclic work queue's ring, as CREATE_RQ / CREATE_SQ gave it.
+#[derive(Debug, Clone)]
+pub(crate) struct Wq {
+    pub(crate) pd: u32,
+    pub(crate) uar_page: u32,
+    pub(crate) dbr_addr: u64,
+    pub(crate) log_stride: u32,
+    pub(crate) log_size: u32,
+    pub(crate) page_shift: u32,
+    /// The ring's pages, for the Ethernet datapath (not written yet: nothing reads them so far).
+    #[allow(dead_code)]
+    pub(crate) pas: Vec<u64>,
+}
+
+/// Reads and checks the `wq` at `wq` of `inp`, whose pages follow at `pas`. `log_max_wq_sz` bounds the ring.
+pub(crate) fn parse(
+    dma: &DmaSpace,
+    inp: &[u8],
+    wq: Sub,
+    pas: Array,
+    log_max_wq_sz: u32,
+    pd_exists: &dyn Fn(u32) -> bool,
+) -> Result<Wq, CmdErr> {
+    use ifc::wq as w;
+    // mlx5e's RQs and SQs are cyclic; striding RQs (MPWQE) and linked lists are not modelled.
+    if rd(inp, w::WQ_TYPE.at(wq)) != consts::MLX5_WQ_TYPE_CYCLIC {
+        return Err(bad_param(syndrome::WQ_TYPE));
+    }
+    let pd = rd(inp, w::PD.at(wq));
+    if !pd_exists(pd) {
+        return Err(bad_param(syndrome::PD_INVALID));
+    }
+    let log_stride = rd(inp, w::LOG_WQ_STRIDE.at(wq));
+    let log_size = rd(inp, w::LOG_WQ_SZ.at(wq));
+    // A stride below one 16-byte segment or above a 4 KiB page, or a ring above the capability, is refused.
+    if !(4..=12).contains(&log_stride) || log_size > log_max_wq_sz {
+        return Err(bad_param(syndrome::WQ_SIZE));
+    }
+    let page_shift = rd(inp, w::LOG_WQ_PG_SZ.at(wq)) + consts::MLX5_ADAPTER_PAGE_SHIFT;
+    if page_shift > 30 || rd(inp, w::PAGE_OFFSET.at(wq)) != 0 {
+        return Err(bad_param(syndrome::WQ_SIZE));
+    }
+    let bytes = 1u64 << (log_stride + log_size);
+    check_pas(dma, inp, pas, bytes, 1u64 << page_shift)?;
+    let dbr_addr = inp.get64(w::DBR_ADDR.at(wq));
+    if !dbr_addr.is_multiple_of(4) || !dma.is_mapped(dbr_addr, 8) {
+        return Err(bad_param(syndrome::WQ_DBR));
+    }
+    let pages = bytes.div_ceil(1u64 << page_shift) as u32;
+    let pas = (0..pages).map(|k| inp.get64(pas.elem(k))).collect();
+    Ok(Wq { pd, uar_page: rd(inp, w::UAR_PAGE.at(wq)), dbr_addr, log_stride, log_size, page_shift, pas })
+}
