@@ -51,13 +51,23 @@ const NO_PROCESS_VM: &str = "qemu-user has no process_vm_readv/writev (ENOSYS)";
 /// (`qemu_plugin_vcpu_init_hook: assertion failed`), before the test's own code runs.
 const FORK_THREADS: &str = "qemu-user 7.2 aborts a forked child of a threaded program that starts a thread";
 
+/// The VDE link's tests, each named (libtest's `--exact` applies to `--skip` too, so a prefix skips nothing).
+const NO_VDEPLUG: &str = "the cross sysroot has no arm64 libvdeplug.so.2 (the VDE link's tests run on the host)";
+
 /// Tests skipped under QEMU everywhere (exact name, why).
 pub(crate) const QEMU_LIMITS: &[(&str, &str)] = &[
     ("dma::tests::lent_memory_the_program_unmapped_or_made_read_only_faults_the_access_not_the_process", NO_PROCESS_VM),
     ("dma::tests::rdma_on_a_registration_the_program_unmapped_completes_in_error", NO_PROCESS_VM),
     ("a_forked_child_opens_a_wired_device_afresh_and_the_parent_keeps_working", FORK_THREADS),
-    // A prefix: libtest's --skip matches substrings, so this skips every test of the VDE link.
-    ("link::vde::tests::", "the cross sysroot has no arm64 libvdeplug.so.2 (the VDE link's tests run on the host)"),
+    ("link::vde::tests::three_ports_on_one_switch_exchange_rc_and_ud_in_any_order", NO_VDEPLUG),
+    ("link::vde::tests::eight_ports_on_one_fabric_exchange_rc_and_ud_between_every_pair", NO_VDEPLUG),
+    ("link::vde::tests::ipv4_gids_are_resolved_by_arp_over_the_fabric", NO_VDEPLUG),
+    ("link::vde::tests::frames_that_are_not_ours_are_dropped_and_counted", NO_VDEPLUG),
+    ("link::vde::tests::a_peer_that_goes_away_ends_in_a_retry_error", NO_VDEPLUG),
+    ("link::vde::tests::a_switch_that_goes_away_takes_the_port_down", NO_VDEPLUG),
+    ("link::vde::tests::rc_through_wirefilter_loss_duplicates_and_reordering_delivers_every_message_once", NO_VDEPLUG),
+    ("link::vde::tests::pcap_records_every_frame_the_port_sends_and_receives_on_the_fabric", NO_VDEPLUG),
+    ("link::vde::tests::a_bad_url_is_a_clear_error", NO_VDEPLUG),
 ];
 
 /// Tests that run their own binary again (`std::env::current_exe`): skipped only when no binfmt_misc handler
@@ -541,7 +551,17 @@ mod tests {
             "{s}"
         );
         assert_eq!(lines.last(), Some(&r#"exec /usr/bin/qemu-aarch64 "$@""#));
-        // Skipped tests are named exactly, each once.
+        // Skipped tests are named exactly, each once; every test of the VDE link is among them.
+        let vde = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../sim/src/link/vde.rs")).unwrap();
+        let mut after_test = false;
+        for line in vde.lines().map(str::trim) {
+            if let Some(name) = line.strip_prefix("fn ").filter(|_| after_test) {
+                let name = name.split('(').next().unwrap_or(name);
+                let full = format!("link::vde::tests::{name}");
+                assert!(QEMU_LIMITS.iter().any(|(t, _)| *t == full), "{full} is not skipped under QEMU");
+            }
+            after_test = line == "#[test]" || (after_test && line.starts_with("#["));
+        }
         let mut all: Vec<&str> = QEMU_LIMITS.iter().map(|(t, _)| *t).chain(NEEDS_EXEC.iter().copied()).collect();
         all.sort_unstable();
         all.dedup();
