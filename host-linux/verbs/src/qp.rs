@@ -20,6 +20,7 @@ use crate::cq::{CompletionQueue, CqObj, QpCell, QpEntry};
 use crate::error::{Result, VerbsError};
 use crate::event::lock;
 use crate::pd::{PdObj, ProtectionDomain};
+use crate::shared::DeviceShared;
 use crate::srq::{SharedReceiveQueue, SrqObj};
 
 /// QP states as types: a QP can post sends only in [`Rts`], receives from [`Init`] on.
@@ -361,8 +362,10 @@ impl QpObj {
         Ok(hca.query_qp_attr(qp, delay)?)
     }
 
-    /// `ibv_post_send`: the QP's lock only. A dead device fails the post as `Hca::post_send` does.
-    pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+    /// Runs `f` on the QP under its lock, with its device: the one check every post makes first (destroyed, or
+    /// the device dead, which fails the post as `Hca::post_send` does).
+    #[inline(always)]
+    fn with_live<R>(&self, f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>) -> Result<R> {
         let mut g = lock(&self.ring);
         // Made only when needed: the error has drop glue the hot path would run.
         let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
@@ -370,36 +373,29 @@ impl QpObj {
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
         }
-        Ok(qp.post_send(&dev.mmio, wrs)?)
+        f(qp, dev)
+    }
+
+    /// `ibv_post_send`: the QP's lock only.
+    pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.with_live(|qp, dev| Ok(qp.post_send(&dev.mmio, wrs)?))
     }
 
     /// `ibv_post_recv`: the QP's lock only.
     pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let mut g = lock(&self.ring);
-        // Made only when needed: the error has drop glue the hot path would run.
-        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
-        let dev = &self.pd.ctx.dev;
-        if dev.is_dead() {
-            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
-        }
-        Ok(qp.post_recv(&dev.mmio, wrs)?)
+        self.with_live(|qp, dev| Ok(qp.post_recv(&dev.mmio, wrs)?))
     }
 
     /// `ibv_post_send` of a list the caller translates itself: `f` pushes each work request into the core's
     /// batch, which rings the doorbell once when `f` returns. The QP's lock only; allocates nothing.
     pub(crate) fn with_send_batch<R>(&self, f: impl FnOnce(&mut SendBatch<'_, AnyMmio>) -> R) -> Result<R> {
-        let mut g = lock(&self.ring);
-        // Made only when needed: the error has drop glue the hot path would run.
-        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
-        let dev = &self.pd.ctx.dev;
-        if dev.is_dead() {
-            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
-        }
-        let mut b = qp.send_batch(&dev.mmio);
-        let r = f(&mut b);
-        // The batch rings (drops) while the lock is held.
-        drop(b);
-        Ok(r)
+        self.with_live(|qp, dev| {
+            let mut b = qp.send_batch(&dev.mmio);
+            let r = f(&mut b);
+            // The batch rings (drops) while the lock is held.
+            drop(b);
+            Ok(r)
+        })
     }
 
     /// [`QpObj::with_send_batch`] with `f` monomorphized for the device's register access (one match per call).
@@ -417,14 +413,7 @@ impl QpObj {
                 r
             }
         }
-        let mut g = lock(&self.ring);
-        // Made only when needed: the error has drop glue the hot path would run.
-        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
-        let dev = &self.pd.ctx.dev;
-        if dev.is_dead() {
-            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
-        }
-        Ok(dev.mmio.with(Run(qp, f)))
+        self.with_live(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
     }
 
     /// [`QpObj::with_recv_batch`] with `f` monomorphized for the device's register access.
@@ -441,29 +430,18 @@ impl QpObj {
                 r
             }
         }
-        let mut g = lock(&self.ring);
-        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
-        let dev = &self.pd.ctx.dev;
-        if dev.is_dead() {
-            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
-        }
-        Ok(dev.mmio.with(Run(qp, f)))
+        self.with_live(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
     }
 
     /// `ibv_post_recv` of a list the caller translates itself, as [`QpObj::with_send_batch`].
     pub(crate) fn with_recv_batch<R>(&self, f: impl FnOnce(&mut RecvBatch<'_, AnyMmio>) -> R) -> Result<R> {
-        let mut g = lock(&self.ring);
-        // Made only when needed: the error has drop glue the hot path would run.
-        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
-        let dev = &self.pd.ctx.dev;
-        if dev.is_dead() {
-            return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
-        }
-        let mut b = qp.recv_batch(&dev.mmio);
-        let r = f(&mut b);
-        // The batch rings (drops) while the lock is held.
-        drop(b);
-        Ok(r)
+        self.with_live(|qp, dev| {
+            let mut b = qp.recv_batch(&dev.mmio);
+            let r = f(&mut b);
+            // The batch rings (drops) while the lock is held.
+            drop(b);
+            Ok(r)
+        })
     }
 
     /// `ibv_destroy_qp`: out of the CQs' tables (control, CQ, then QP lock), then DESTROY_QP. Idempotent.
