@@ -24,7 +24,8 @@ fn fnv(h: &mut u64, bytes: &[u8]) {
     }
 }
 
-fn installed(pkg: &str) -> bool {
+/// Whether dpkg has `pkg` installed (a file or program check can be fooled by another version's leftovers).
+pub(crate) fn installed(pkg: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", pkg])
         .output()
