@@ -70,6 +70,8 @@ pub struct SimConfig {
     pub dma_max_contig: Option<usize>,
     /// `log_max_cq_sz` reported in the general capabilities (22 on a ConnectX-5).
     pub log_max_cq_sz: u8,
+    /// How many QPs, CQs, PDs, memory keys and SRQs the device offers (a ConnectX-5's by default).
+    pub object_limits: ObjectLimits,
     /// The port LID on InfiniBand (ignored on Ethernet, where the LID is 0). Two IB devices joined by
     /// [`SimDevice::connect`](crate::sim_device::SimDevice::connect) need different LIDs.
     pub lid: u16,
@@ -91,6 +93,28 @@ pub struct SimConfig {
     /// default: the firmware objects (TIS, TIR, RQT, RQ, SQ, flow tables) are modelled, but the Ethernet SQ/RQ
     /// datapath is not yet, so an offered SQ would never complete a WQE.
     pub eth_netdev: bool,
+}
+
+/// The object counts the general capabilities report, as logarithms. A smaller device than the default
+/// ConnectX-5 (a virtual function, a ConnectX-4 Lx) reports smaller ones, and a test can reach every limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectLimits {
+    /// `log_max_qp` (the maximum a driver may set; 18 on a ConnectX-5).
+    pub log_max_qp: u8,
+    /// `log_max_cq` (24).
+    pub log_max_cq: u8,
+    /// `log_max_pd` (24).
+    pub log_max_pd: u8,
+    /// `log_max_mkey` (24).
+    pub log_max_mkey: u8,
+    /// `log_max_srq` and `log_max_rmp`, the SRQ's object at ISSI 1 (23).
+    pub log_max_srq: u8,
+}
+
+impl Default for ObjectLimits {
+    fn default() -> Self {
+        Self { log_max_qp: 18, log_max_cq: 24, log_max_pd: 24, log_max_mkey: 24, log_max_srq: 23 }
+    }
 }
 
 /// The port facts `ibv_query_port` reads: PTYS's operational protocols and the InfiniBand PortInfo fields the
@@ -185,6 +209,7 @@ impl Default for SimConfig {
             mac: [0xb8, 0xce, 0xf6, 0x12, 0x34, 0x56],
             dma_max_contig: None,
             log_max_cq_sz: 22,
+            object_limits: ObjectLimits::default(),
             lid: 1,
             ipv4_addrs: &HOST_V4[..1],
             ipv6_addrs: &[],

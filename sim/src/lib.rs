@@ -141,7 +141,7 @@ mod transport;
 mod uar;
 mod wire;
 
-pub use config::{Mode, PortInfo, PortType, SimConfig};
+pub use config::{Mode, ObjectLimits, PortInfo, PortType, SimConfig};
 pub use delay::SimDelay;
 pub use dma::DmaFault;
 pub use dma_handle::SimDma;

@@ -64,9 +64,12 @@ pub struct DevInfo {
     pub max_qp_wr: u32,
     pub max_sge: u32,
     pub max_inline_data: u32,
+    /// CQs one can create: `1 << log_max_cq` less CQN 0, which the device never hands out (see `numbered`).
     pub max_cq: u32,
     pub max_cqe: u32,
+    /// Memory regions: `1 << log_max_mkey` less mkey index 0.
     pub max_mr: u32,
+    /// Protection domains: `1 << log_max_pd` less PD 0.
     pub max_pd: u32,
     pub max_qp_rd_atom: u32,
     pub max_qp_init_rd_atom: u32,
@@ -100,6 +103,14 @@ pub fn guid(g: u64) -> String {
 
 fn pow2(log: u8) -> u32 {
     1u32.checked_shl(u32::from(log)).unwrap_or(0)
+}
+
+/// How many objects a number space of `2^log` holds for a caller: number 0 of a CQ, PD or memory key is never
+/// handed out (the simulated device starts each at 1; the capability names the space, not what is left of it).
+/// mlx5_ib reports the whole `1 << log`; a test creates exactly this many and is refused the next, so what is
+/// shown is what is honoured (`tests/all/verbs_limits.rs`).
+fn numbered(log: u8) -> u32 {
+    pow2(log).saturating_sub(1)
 }
 
 /// Reads everything `devinfo` shows. Only queries: nothing on the device changes.
@@ -187,10 +198,10 @@ pub fn query<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
         max_qp_wr: pow2(g.log_max_qp_sz),
         max_sge: g.max_sge(),
         max_inline_data: g.max_inline_data(),
-        max_cq: pow2(g.log_max_cq),
+        max_cq: numbered(g.log_max_cq),
         max_cqe: pow2(g.log_max_cq_sz).saturating_sub(1),
-        max_mr: pow2(g.log_max_mkey),
-        max_pd: pow2(g.log_max_pd),
+        max_mr: numbered(g.log_max_mkey),
+        max_pd: numbered(g.log_max_pd),
         max_qp_rd_atom: pow2(g.log_max_ra_res_qp),
         max_qp_init_rd_atom: pow2(g.log_max_ra_req_qp),
         max_srq: pow2(g.log_max_srq),

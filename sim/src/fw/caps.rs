@@ -82,17 +82,18 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
     let mut m = image();
     let eth = cfg.port_type == PortType::Eth;
     let nic = eth && cfg.eth_netdev;
+    let lim = cfg.object_limits;
     let port_type = if eth { consts::MLX5_CAP_PORT_TYPE_ETH } else { consts::MLX5_CAP_PORT_TYPE_IB };
     let vals: &[(Field, u32)] = &[
         (g::HCA_CAP_2, 1),
         (g::LOG_MAX_SRQ_SZ, 15),
         (g::LOG_MAX_QP_SZ, 15),
-        (g::LOG_MAX_QP, 18),
-        (g::LOG_MAX_SRQ, 23),
+        (g::LOG_MAX_QP, lim.log_max_qp.into()),
+        (g::LOG_MAX_SRQ, lim.log_max_srq.into()),
         (g::LOG_MAX_CQ_SZ, cfg.log_max_cq_sz.into()),
-        (g::LOG_MAX_CQ, 24),
+        (g::LOG_MAX_CQ, lim.log_max_cq.into()),
         (g::LOG_MAX_EQ_SZ, 22),
-        (g::LOG_MAX_MKEY, 24),
+        (g::LOG_MAX_MKEY, lim.log_max_mkey.into()),
         (g::LOG_MAX_EQ, 4),
         (g::MAX_INDIRECTION, 4),
         (g::LOG_MAX_MRW_SZ, 64),
@@ -158,7 +159,7 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::MAX_QP_MCG, 240),
         (g::LOG_MAX_MCG, 21),
         (g::LOG_MAX_TRANSPORT_DOMAIN, 24),
-        (g::LOG_MAX_PD, 24),
+        (g::LOG_MAX_PD, lim.log_max_pd.into()),
         (g::LOG_MAX_XRCD, 24),
         (g::LOG_MAX_RQ, 23),
         // No SQ object (CREATE_SQ) is modelled: with log_max_sq set, mlx5_core's write-combining test
@@ -169,7 +170,7 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::NIC_FLOW_TABLE, u32::from(nic)),
         (g::LOG_MAX_TIR, 23),
         (g::LOG_MAX_TIS, 23),
-        (g::LOG_MAX_RMP, 23),
+        (g::LOG_MAX_RMP, lim.log_max_srq.into()),
         (g::LOG_MAX_RQT, 20),
         (g::LOG_MAX_RQT_SIZE, 20),
         (g::LOG_MAX_TIS_PER_SQ, 0),

@@ -1,12 +1,15 @@
 //! What `ibv_devinfo -v` advertises is what the stack honours: each per-object limit (`max_qp_wr`, `max_sge`,
 //! `max_inline_data`, `max_cqe`, `max_srq_wr`, `max_srq_sge`) is created at the limit and refused one past it as a
-//! refusal of the arguments (the drop-in's `EINVAL`), not a device or memory failure. The object counts are far
-//! beyond a test: `cargo xtask bench --scale` makes 65,536 QPs, CQs and MRs, and
-//! `max_qp_is_reached_and_refused_past_it` (ignored: about a minute in release, gigabytes) all of `max_qp`.
+//! refusal of the arguments (the drop-in's `EINVAL`), not a device or memory failure. The object counts (`max_pd`,
+//! `max_cq`, `max_mr`, `max_srq`, `max_qp`) are reached on a device that reports 2^7 of each, so no host table or
+//! fixed array stops short of what the device offers and the next one is the device's `NO_RESOURCES`. A ConnectX-5's
+//! counts (2^18 QPs, 2^24 CQs, MRs and PDs, 2^23 SRQs) are beyond a test: `cargo xtask bench --scale` makes 65,536
+//! QPs, CQs and MRs, and `max_qp_is_reached_and_refused_past_it` (ignored: about a minute in release, gigabytes)
+//! all of `max_qp`. `max_ah` (`INT_MAX`, as mlx5_ib) names no device object: an address handle is host memory.
 
 use mlx5_core::hca::Hca;
 use mlx5_core::trace::CmdTrace;
-use mlx5_sim::{SimConfig, SimDevice};
+use mlx5_sim::{ObjectLimits, SimConfig, SimDevice};
 use mlx5_verbs::devinfo::{self, DevInfo};
 use mlx5_verbs::raw::{self, HcaVisitor};
 use mlx5_verbs::{AnyDelay, AnyDma, AnyMmio, Context, HostTables, QpCap, QpType, SrqInitAttr, VerbsError};
@@ -132,4 +135,76 @@ fn max_qp_is_reached_and_refused_past_it() {
     drop(ctx);
     assert_eq!(sim.dma_outstanding(), (0, 0));
     assert_eq!(sim.pages_owned(), 0);
+}
+
+/// A device reporting 2^LOG of each object, small enough to reach every count here.
+const LOG: u8 = 7;
+
+fn small_device() -> SimDevice {
+    let object_limits =
+        ObjectLimits { log_max_qp: LOG, log_max_cq: LOG, log_max_pd: LOG, log_max_mkey: LOG, log_max_srq: LOG };
+    SimDevice::new(SimConfig { object_limits, ..SimConfig::default() })
+}
+
+/// Creates objects with `make` until it fails: how many it made (kept alive together), and the failure.
+fn fill<T>(mut make: impl FnMut(usize) -> Result<T, VerbsError>) -> (Vec<T>, VerbsError) {
+    let mut held = Vec::new();
+    loop {
+        match make(held.len()) {
+            Ok(t) => held.push(t),
+            Err(e) => return (held, e),
+        }
+        assert!(held.len() <= 1 << 20, "no limit reached");
+    }
+}
+
+/// A refusal because the device has no more of an object (`NO_RESOURCES`, the drop-in's `ENOMEM`).
+fn is_no_resources(e: &VerbsError) -> bool {
+    use mlx5_core::cmdq::CmdError;
+    matches!(e, VerbsError::Hca(mlx5_core::hca::Error::Cmd(CmdError::Status { status, .. }))
+        if status.raw() == mlx5_core::prm::consts::MLX5_CMD_STAT_NO_RES_ERR)
+}
+
+#[test]
+fn every_object_count_devinfo_shows_is_created_and_the_next_refused() {
+    let sim = small_device();
+    let ctx = Context::open_sim_device(sim.clone()).unwrap();
+    let i = info(&ctx);
+    eprintln!(
+        "2^{LOG} of each: max_pd {} max_cq {} max_mr {} max_srq {} max_qp {}",
+        i.max_pd, i.max_cq, i.max_mr, i.max_srq, i.max_qp
+    );
+
+    let (pds, e) = fill(|_| ctx.alloc_pd());
+    assert_eq!(pds.len(), i.max_pd as usize, "PDs made before {e}");
+    assert!(is_no_resources(&e), "past max_pd: {e:?}");
+    drop(pds);
+
+    let (cqs, e) = fill(|_| ctx.create_cq(1));
+    assert_eq!(cqs.len(), i.max_cq as usize, "CQs made before {e}");
+    assert!(is_no_resources(&e), "past max_cq: {e:?}");
+    drop(cqs);
+
+    let pd = ctx.alloc_pd().unwrap();
+    let mem = vec![0u8; 64];
+    let (mrs, e) = fill(|_| pd.reg_mr_readonly(&mem, mlx5_verbs::Access::default()));
+    assert_eq!(mrs.len(), i.max_mr as usize, "MRs made before {e}");
+    assert!(is_no_resources(&e), "past max_mr: {e:?}");
+    drop(mrs);
+
+    let (srqs, e) = fill(|_| pd.create_srq(SrqInitAttr { max_wr: 1, max_sge: 1, srq_limit: 0 }));
+    assert_eq!(srqs.len(), i.max_srq as usize, "SRQs made before {e}");
+    assert!(is_no_resources(&e), "past max_srq: {e:?}");
+    drop(srqs);
+
+    let cq = ctx.create_cq(1).unwrap();
+    let (qps, e) = fill(|_| pd.create_qp(QpType::Rc, &cq, &cq, ONE));
+    assert_eq!(qps.len(), i.max_qp as usize, "QPs made before {e}");
+    assert!(is_no_resources(&e), "past max_qp: {e:?}");
+    drop(qps);
+
+    drop(cq);
+    drop(pd);
+    drop(ctx);
+    assert_eq!(sim.dma_outstanding(), (0, 0));
 }
