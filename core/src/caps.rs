@@ -211,12 +211,14 @@ impl GeneralCaps {
         u32::from(self.max_wqe_sz_sq).min(consts::MLX5_SEND_WQE_MAX_SIZE)
     }
 
-    /// Gather entries per send WQE: the descriptor minus control and remote-address segments, over data
-    /// segments (`mlx5_ib_query_device`).
+    /// Gather entries per send WQE as `mlx5_ib_query_device` reports them: a descriptor of at most
+    /// [`IB_MAX_SQ_DESC`] bytes minus control and remote-address segments, over data segments. 30 on a
+    /// ConnectX-4 (`max_wqe_sz_sq` 1024, `tests/all/mock_replay.rs`) or the simulated ConnectX-5; a QP may take
+    /// more, up to what its WQE size allows.
     pub fn max_sq_sge(&self) -> u32 {
         use crate::prm::c;
         let overhead = (c::mlx5_wqe_ctrl_seg::SIZE + c::mlx5_wqe_raddr_seg::SIZE) as u32;
-        self.max_sq_desc().saturating_sub(overhead) / c::mlx5_wqe_data_seg::SIZE as u32
+        u32::from(self.max_wqe_sz_sq).min(IB_MAX_SQ_DESC).saturating_sub(overhead) / c::mlx5_wqe_data_seg::SIZE as u32
     }
 
     /// `ibv_device_attr.max_sge`: the smaller of the send and receive limits.
@@ -236,6 +238,10 @@ impl GeneralCaps {
         self.max_sq_desc().saturating_sub(overhead)
     }
 }
+
+/// The send descriptor `mlx5_ib_query_device` reckons its gather limit over (`min_t(int, max_wqe_sz_sq, 512)`):
+/// a driver constant, not a PRM field.
+pub const IB_MAX_SQ_DESC: u32 = 512;
 
 /// Every capability the bring-up read, current values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -17,7 +17,7 @@ use mlx5_verbs::{AnyDelay, AnyDma, AnyMmio, Context, HostTables, QpCap, QpType, 
 struct Query;
 
 impl HcaVisitor for Query {
-    /// What devinfo shows, and the send and receive queues' own SGE limits (`max_sge` is the smaller).
+    /// What devinfo shows, and the send and receive queues' SGE limits (`max_sge` is the smaller).
     type Out = (DevInfo, u32, u32);
     fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T, HostTables>, delay: &mut AnyDelay) -> Self::Out {
         let g = hca.caps().general;
@@ -65,18 +65,22 @@ fn every_per_object_limit_is_honoured_at_the_limit_and_refused_past_it() {
         assert!(is_einval(&e), "{cap:?}: {e}");
     }
 
-    // max_sge on both queues. As mlx5_ib, max_sge is the smaller of the two queues' limits (from the WQE sizes
-    // the device reports), and nothing past a queue's own limit is taken. An RC send WQE also holds the atomic
-    // segment, so the SQ's own figure (62) is a bound, not a promise, in Linux as here.
+    // max_sge on both queues. As mlx5_ib, max_sge is the smaller of the two queues' limits: the RQ's from
+    // `max_wqe_sz_rq`, the SQ's from a descriptor of at most 512 bytes (30 entries), while a QP's send queue, sized
+    // as rdma-core sizes it, takes entries up to the device's `max_wqe_sz_sq` (1024 bytes): the advertised figure
+    // is a promise, the WQE size the bound, in Linux as here.
     let s = i.max_sge;
     at(QpCap { max_send_sge: s, max_recv_sge: s, ..ONE }).unwrap_or_else(|e| panic!("max_sge = {s}: {e}"));
     let (_, sq_sge, rq_sge) = raw::with_hca(&ctx, Query);
-    assert_eq!(s, sq_sge.min(rq_sge));
+    assert_eq!((s, sq_sge), (sq_sge.min(rq_sge), 30));
     at(QpCap { max_recv_sge: rq_sge, ..ONE }).unwrap_or_else(|e| panic!("the RQ's own {rq_sge} SGEs: {e}"));
-    for cap in [QpCap { max_send_sge: sq_sge + 1, ..ONE }, QpCap { max_recv_sge: rq_sge + 1, ..ONE }] {
-        let e = at(cap).expect_err("past a queue's SGE limit");
-        assert!(is_einval(&e), "{cap:?}: {e}");
-    }
+    let e = at(QpCap { max_recv_sge: rq_sge + 1, ..ONE }).expect_err("past the RQ's SGE limit");
+    assert!(is_einval(&e), "past the RQ's SGE limit: {e}");
+    // The SQ's bound: the first count refused is past what max_sge promises, and refused as bad arguments.
+    let first_refused = (s..=128).find(|&n| at(QpCap { max_send_sge: n, ..ONE }).is_err()).expect("a bound");
+    assert!(first_refused > s, "max_send_sge {first_refused} refused");
+    let e = at(QpCap { max_send_sge: first_refused, ..ONE }).unwrap_err();
+    assert!(is_einval(&e), "past the SQ's WQE size: {e}");
     // max_inline_data, on every QP type (each reserves its own fixed segments before the inline data).
     let d = i.max_inline_data;
     for ty in [QpType::Rc, QpType::Uc, QpType::Ud] {
