@@ -120,3 +120,88 @@ fn mock_replay_of_a_connectx4_recording_agrees_until_the_atomic_caps() {
     assert!(err.cleanup.is_some());
     assert_eq!((dev.pages_held(), dev.live_regions()), (6, 1));
 }
+
+/// The recording's commands in the order the core sends them on a ConnectX-4, as indices into the recording:
+/// ENABLE_HCA, QUERY_ISSI, SET_ISSI, boot QUERY_PAGES and MANAGE_PAGES, ACCESS_REG (host endianness), the general
+/// capabilities (maximum, current) and SET_HCA_CAP; then, because this device's current general capabilities
+/// have `atomic` and `roce`, the atomic and RoCE capabilities (maximum, current: Linux 6.12's
+/// `handle_hca_cap_atomic` and `handle_hca_cap_roce`; the recorded Linux of 2016 asked for them after INIT_HCA,
+/// and firmware answers both the same), with no SET of either (`supported_atomic_req_8B_endianness_mode_1` and
+/// `sw_r_roce_src_udp_port` are 0); init QUERY_PAGES and MANAGE_PAGES, INIT_HCA; `mlx5_query_hca_caps`'s current
+/// general, Ethernet offloads (`eth_net_offloads`), atomic and RoCE pages (no ODP: `pg` 0; no general 2:
+/// `hca_cap_2` 0); one ALLOC_UAR; the command, async and pages EQs (`page_request_disable` 0). Not taken: the
+/// 2016 driver's QUERY_ADAPTER, its three more UARs and twelve completion EQs (the core makes a completion EQ when
+/// a CQ first names its vector), and the flow-table capabilities (no steering).
+const CX4_ORDER: [usize; 24] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 17, 16, 19, 18, 9, 10, 11, 12, 14, 16, 18, 23, 27, 28, 29];
+
+/// The ConnectX-4's real answers carry the core through its whole bring-up, in its own order, and every command
+/// it sends that carries no bus address is what Linux sent that device byte for byte, but two: SET_HCA_CAP's
+/// `log_max_qp` is 18 where Linux of 2016 wrote 17 (its profile 2 then; Linux 6.12's `LOG_MAX_SUPPORTED_QPS` is
+/// 18, below this device's maximum of 23), and INIT_HCA is Linux 6.12's 32 bytes. The decisions the core takes
+/// from the real capability pages are checked after: ISSI 1, the boot and init page counts, the UAR and EQ
+/// numbers firmware gave, the vectors, and the limits derived from the current general capabilities. What
+/// follows the recording (the Q counter mlx5_ib allocates because `max_qp_cnt` is 255, the RoCE GID table) is
+/// answered by the mock, not the device.
+#[test]
+fn a_connectx4s_recorded_answers_carry_the_core_through_its_bring_up() {
+    use mlx5_core::mock::Reply;
+    use mlx5_core::prm::{ifc, MsgBuf, Opcode};
+
+    let recs = from_linux_dump(&connectx4()).unwrap();
+    let ex = expectations(&recs);
+    // SET_HCA_CAP as Linux 6.12 would write it to this device: the recorded input with its profile's log_max_qp.
+    let mut set_cap = recs[8].input.clone();
+    let lmq = ifc::cmd_hca_cap::LOG_MAX_QP.at(ifc::set_hca_cap_in::CAPABILITY);
+    assert_eq!(MsgBuf::get(&set_cap[..], lmq), 17, "the recorded profile");
+    set_cap[..].set(lmq, 18);
+    let script: Vec<_> = CX4_ORDER
+        .iter()
+        .map(|&i| {
+            let e = ex[i].clone();
+            match Opcode::from_raw(recs[i].opcode) {
+                // Bus addresses of this run's pages and rings.
+                Opcode::ManagePages | Opcode::CreateEq => e,
+                Opcode::SetHcaCap => e.input(&set_cap),
+                // Linux 6.12's INIT_HCA is 32 bytes: the recorded 16, then `sw_owner_id`, left 0 because this
+                // device has no `sw_owner_id` capability.
+                Opcode::InitHca => e.input_prefix(&recs[i].input),
+                _ => e.input(&recs[i].input),
+            }
+        })
+        .collect();
+    let dev: MockDevice<'_, 64, 512> = MockDevice::new(arena(128 << 20));
+    dev.expect_all(script);
+    for op in [Opcode::AllocQCounter, Opcode::QueryNicVportContext, Opcode::SetRoceAddress] {
+        dev.allow_any(op, Reply::ok());
+    }
+    // The recording's host had 12 CPUs (Linux made 12 completion EQs): ask for as many vectors.
+    let cfg = Config { num_comp_vectors: 12, num_irqs: 13, ..Config::default() };
+    let hca: Hca<_, _> =
+        Hca::bring_up(&dev, &dev, (), &mut NoDelay, cfg).unwrap_or_else(|e| panic!("{e}: {:?}", dev.done()));
+    dev.assert_done();
+
+    assert_eq!(hca.issi(), 1);
+    // 6 boot pages, 0x3244 init pages, as QUERY_PAGES said.
+    assert_eq!(hca.pages_given(), 6 + 0x3244);
+    assert_eq!(dev.pages_held(), 6 + 0x3244);
+    assert_eq!(hca.uar(), Some(0x10), "the UAR firmware gave");
+    assert_eq!((hca.cmd_eqn(), hca.eqn(), hca.pages_eqn()), (Some(0x10), Some(0x11), Some(0x12)));
+    // `log_max_eq` 8: 256 EQs less the three async ones leave room for the 12 completion vectors asked for.
+    assert_eq!(hca.num_comp_vectors(), 12);
+
+    // The limits devinfo derives, as mlx5_ib derives them from these pages: `max_sge` 30 (the SQ's 512-byte
+    // descriptor: (512 - 32) / 16; the RQ's 512 / 16 = 32). The current `log_max_qp` is the recording's answer
+    // after Linux of 2016 set 17.
+    let c = hca.caps();
+    let g = c.general;
+    assert_eq!((g.max_sq_sge(), g.max_rq_sge(), g.max_sge()), (30, 32, 30));
+    assert_eq!((g.log_max_qp, g.log_max_cq, g.log_max_mkey, g.log_max_pd, g.log_max_srq), (17, 24, 24, 24, 23));
+    assert_eq!((g.log_max_qp_sz, g.log_max_cq_sz, g.log_max_srq_sz), (15, 22, 15));
+    // An Ethernet port with RoCE (versions 1 and 2: `roce_version` 7) and a 256-entry GID table, which the core
+    // programs; atomics with the extended (masked) operations up to 32 bytes: atomic_mode 5 (`get_atomic_mode`),
+    // without the SET of host-endian atomics.
+    assert_eq!(g.port_type(), mlx5_core::caps::PortType::Ethernet);
+    assert_eq!((c.roce_version, c.roce_address_table_size), (Some(7), Some(256)));
+    assert_eq!((c.atomic_operations, c.atomic_size_qp, c.atomic_mode()), (Some(15), Some(60), Some(5)));
+    drop(hca);
+}
