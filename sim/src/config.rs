@@ -70,7 +70,7 @@ pub struct SimConfig {
     pub dma_max_contig: Option<usize>,
     /// `log_max_cq_sz` reported in the general capabilities (22 on a ConnectX-5).
     pub log_max_cq_sz: u8,
-    /// How many QPs, CQs, PDs, memory keys and SRQs the device offers (a ConnectX-5's by default).
+    /// How many QPs, CQs, PDs, memory keys, SRQs and EQs the device offers (a ConnectX-5's by default).
     pub object_limits: ObjectLimits,
     /// The port LID on InfiniBand (ignored on Ethernet, where the LID is 0). Two IB devices joined by
     /// [`SimDevice::connect`](crate::sim_device::SimDevice::connect) need different LIDs.
@@ -99,7 +99,7 @@ pub struct SimConfig {
 /// ConnectX-5 (a virtual function, a ConnectX-4 Lx) reports smaller ones, and a test can reach every limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ObjectLimits {
-    /// `log_max_qp` (the maximum a driver may set; 18 on a ConnectX-5).
+    /// `log_max_qp`, the maximum a driver may set (23, as a ConnectX-4 reports it; Linux and the core set 18).
     pub log_max_qp: u8,
     /// `log_max_cq` (24).
     pub log_max_cq: u8,
@@ -109,11 +109,13 @@ pub struct ObjectLimits {
     pub log_max_mkey: u8,
     /// `log_max_srq` and `log_max_rmp`, the SRQ's object at ISSI 1 (23).
     pub log_max_srq: u8,
+    /// `log_max_eq` (8, as a ConnectX-4 reports it): the EQs, so the completion vectors a driver can have.
+    pub log_max_eq: u8,
 }
 
 impl Default for ObjectLimits {
     fn default() -> Self {
-        Self { log_max_qp: 18, log_max_cq: 24, log_max_pd: 24, log_max_mkey: 24, log_max_srq: 23 }
+        Self { log_max_qp: 23, log_max_cq: 24, log_max_pd: 24, log_max_mkey: 24, log_max_srq: 23, log_max_eq: 8 }
     }
 }
 

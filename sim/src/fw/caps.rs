@@ -94,7 +94,7 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::LOG_MAX_CQ, lim.log_max_cq.into()),
         (g::LOG_MAX_EQ_SZ, 22),
         (g::LOG_MAX_MKEY, lim.log_max_mkey.into()),
-        (g::LOG_MAX_EQ, 4),
+        (g::LOG_MAX_EQ, lim.log_max_eq.into()),
         (g::MAX_INDIRECTION, 4),
         (g::LOG_MAX_MRW_SZ, 64),
         (g::LOG_MAX_KLM_LIST_SIZE, 16),
@@ -109,7 +109,8 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::GID_TABLE_SIZE, 4),
         (g::OUT_OF_SEQ_CNT, 1),
         (g::VPORT_COUNTERS, 1),
-        (g::MAX_QP_CNT, 8),
+        // 255 Q counter sets, as the ConnectX-4.
+        (g::MAX_QP_CNT, 255),
         // pkey_table_size encodes 128 << n entries; 0 = 128.
         (g::PKEY_TABLE_SIZE, 0),
         (g::LOCAL_CA_ACK_DELAY, 16),
@@ -472,7 +473,7 @@ mod tests {
     #[test]
     fn general_caps_model_a_connectx5() {
         let c = Caps::new(&SimConfig::default());
-        assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_QP), 18);
+        assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_QP), 23);
         assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ), 22);
         assert_eq!(c.gen(ifc::cmd_hca_cap::PORT_TYPE), consts::MLX5_CAP_PORT_TYPE_ETH);
         assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_PG_SZ), 12);
@@ -507,7 +508,7 @@ mod tests {
         assert_eq!(c.set(gen, &img), Err(SetCapError::ReadOnlyField));
 
         let mut img = general_cur(&c);
-        img[..].set(ifc::cmd_hca_cap::LOG_MAX_QP, 19);
+        img[..].set(ifc::cmd_hca_cap::LOG_MAX_QP, 24);
         assert_eq!(c.set(gen, &img), Err(SetCapError::AboveMax));
         assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_QP), 10);
     }

@@ -195,7 +195,9 @@ fn completion_eqs_interrupt_after_the_control_vector_when_the_host_has_more_than
 
 #[test]
 fn completion_vectors_are_capped_by_the_eqs_the_device_allows() {
-    let dev = SimDevice::default();
+    // A device of 16 EQs (a ConnectX-4 or the default simulated device has 256, more than the core's 32 vectors).
+    let object_limits = mlx5_sim::ObjectLimits { log_max_eq: 4, ..Default::default() };
+    let dev = SimDevice::new(mlx5_sim::SimConfig { object_limits, ..Default::default() });
     let mut hca = up_with(&dev, Config { num_comp_vectors: 100, ..Config::default() });
     let mut d = dev.delay();
     let max = hca.exec(&mut QueryHcaCap { cap: CapType::General, mode: CapMode::Current }, &mut d).unwrap();
@@ -203,6 +205,10 @@ fn completion_vectors_are_capped_by_the_eqs_the_device_allows() {
     // `get_num_eqs`: 1 << log_max_eq less the three async EQs (the simulated device reports no max_num_eqs).
     assert_eq!(u32::from(hca.num_comp_vectors()), (1 << log_max_eq) - 3);
     hca.teardown(&mut d).unwrap();
+    let dev = SimDevice::default();
+    let hca = up_with(&dev, Config { num_comp_vectors: 100, ..Config::default() });
+    assert_eq!(usize::from(hca.num_comp_vectors()), mlx5_core::hca::MAX_COMP_VECTORS, "the core's own bound");
+    hca.teardown(&mut dev.delay()).unwrap();
     let dev = SimDevice::default();
     let hca = up_with(&dev, Config { num_comp_vectors: 0, ..Config::default() });
     assert_eq!(hca.num_comp_vectors(), 1, "at least one vector");

@@ -145,8 +145,14 @@ fn max_qp_is_reached_and_refused_past_it() {
 const LOG: u8 = 7;
 
 fn small_device() -> SimDevice {
-    let object_limits =
-        ObjectLimits { log_max_qp: LOG, log_max_cq: LOG, log_max_pd: LOG, log_max_mkey: LOG, log_max_srq: LOG };
+    let object_limits = ObjectLimits {
+        log_max_qp: LOG,
+        log_max_cq: LOG,
+        log_max_pd: LOG,
+        log_max_mkey: LOG,
+        log_max_srq: LOG,
+        ..Default::default()
+    };
     SimDevice::new(SimConfig { object_limits, ..SimConfig::default() })
 }
 
