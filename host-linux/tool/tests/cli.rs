@@ -156,7 +156,8 @@ fn trace_decode_prints_commands_with_their_fields_by_name() {
     assert_eq!(blocks.len(), traced, "one block per traced command");
     assert!(blocks.last().unwrap().starts_with(&format!("#{} DISABLE_HCA(0x105)", traced - 1)));
     // QUERY_HCA_CAP: the general capabilities by dotted path (the capability type comes from op_mod).
-    let cur_caps = blocks.iter().find(|b| b.contains(" QUERY_HCA_CAP(0x100) op_mod 0x1 ")).expect("current caps");
+    // The last current image: after SET_HCA_CAP gave log_max_qp 18 (firmware's own default is 14).
+    let cur_caps = blocks.iter().rfind(|b| b.contains(" QUERY_HCA_CAP(0x100) op_mod 0x1 ")).expect("current caps");
     assert!(cur_caps.contains("    capability.cmd_hca_cap.log_max_qp = 0x12\n"), "{cur_caps}");
     assert!(cur_caps.contains("    capability.cmd_hca_cap.log_max_cq_sz = 0x16\n"), "{cur_caps}");
     // op_mod 0x41: MLX5_CAP_GENERAL_2 (0x20 << 1 | current), decoded as cmd_hca_cap_2.

@@ -50,6 +50,9 @@ pub(crate) const SETTABLE_GENERAL: &[(Field, Rule)] = {
     ]
 };
 
+/// `log_max_qp` in the current general capabilities before a driver's SET_HCA_CAP (a ConnectX-4's, recorded).
+const FW_DEFAULT_LOG_MAX_QP: u8 = 14;
+
 /// Why SET_HCA_CAP was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SetCapError {
@@ -310,6 +313,9 @@ impl Caps {
         for f in [ifc::cmd_hca_cap::CMDIF_CHECKSUM, ifc::cmd_hca_cap::RELEASE_ALL_PAGES] {
             gcur[..].set(f.at(u::CMD_HCA_CAP), 0);
         }
+        // Until a driver sets it, 2^14 QPs: the recorded ConnectX-4's current value under a maximum of 2^23.
+        let lmq = ifc::cmd_hca_cap::LOG_MAX_QP.at(u::CMD_HCA_CAP);
+        gcur[..].set(lmq, cfg.object_limits.log_max_qp.min(FW_DEFAULT_LOG_MAX_QP).into());
         add(consts::MLX5_CAP_GENERAL, u::CMD_HCA_CAP, gmax, gcur);
         let nic = cfg.port_type == PortType::Eth && cfg.eth_netdev;
         let e = eth_offloads(nic);
@@ -473,7 +479,10 @@ mod tests {
     #[test]
     fn general_caps_model_a_connectx5() {
         let c = Caps::new(&SimConfig::default());
-        assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_QP), 23);
+        // Current 2^14 QPs until a driver sets more, up to the maximum of 2^23, as the recorded ConnectX-4.
+        assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_QP), 14);
+        let max = c.query(consts::MLX5_CAP_GENERAL, false).unwrap();
+        assert_eq!(MsgBuf::get(max, ifc::cmd_hca_cap::LOG_MAX_QP), 23);
         assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ), 22);
         assert_eq!(c.gen(ifc::cmd_hca_cap::PORT_TYPE), consts::MLX5_CAP_PORT_TYPE_ETH);
         assert_eq!(c.gen(ifc::cmd_hca_cap::LOG_PG_SZ), 12);
