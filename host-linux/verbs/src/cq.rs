@@ -253,6 +253,14 @@ impl CqObj {
         Ok(c.hca().req_notify_cq(cq, notify)?)
     }
 
+    pub(crate) fn moderate(&self, cq_count: u16, cq_period: u16) -> Result<()> {
+        let mut c = self.ctx.dev.control();
+        let r = lock(&self.ring);
+        let cq = r.cq.as_ref().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
+        let (hca, delay) = c.parts();
+        Ok(hca.modify_cq(cq, cq_count, cq_period, delay)?)
+    }
+
     pub(crate) fn ack_events(&self, n: u32) -> Result<()> {
         if n == 0 {
             return Ok(());
@@ -548,6 +556,13 @@ impl CompletionQueue<'_> {
     /// `ibv_req_notify_cq`: the next completion (or the next solicited one) raises an event on the channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         self.obj.req_notify(if solicited_only { Notify::Solicited } else { Notify::NextComp })
+    }
+
+    /// `ibv_modify_cq` with `IBV_CQ_MODERATE`: the device raises an armed CQ's event once `cq_count`
+    /// completions have come or `cq_period` microseconds have passed since its last event (0 turns either
+    /// off). Refused when the device has no `cq_moderation`, or for a period past the 12-bit field.
+    pub fn modify_moderation(&self, cq_count: u16, cq_period: u16) -> Result<()> {
+        self.obj.moderate(cq_count, cq_period)
     }
 
     /// `ibv_ack_cq_events`: `n` events taken for this CQ are handled.

@@ -62,9 +62,16 @@ pub(crate) struct Cq {
     pub(crate) arm: Arm,
     /// `MLX5_CQC_STATUS_*`.
     pub(crate) status: u8,
+    /// Moderation (`cq_period` in microseconds, `cq_max_count`; 0 turns each off): an armed CQ's event waits
+    /// until `max_count` CQEs would have fired it or `period` has passed since its last event
+    /// (`cq_period_start_from_cqe` is not offered, so the period starts at the EQE).
     pub(crate) period: u32,
     pub(crate) max_count: u32,
     pub(crate) period_mode: u32,
+    /// CQEs that would have fired the armed CQ's event and wait for the moderation.
+    pub(crate) held: u32,
+    /// Device time of the CQ's last completion event (0: none yet, so the first is never held for the period).
+    pub(crate) last_event_ns: u64,
     /// The sequence number of the last accepted arm doorbell.
     pub(crate) arm_sn: u8,
     /// Counter value of the CQE that last fired an event.
@@ -192,11 +199,33 @@ impl Cq {
 pub(crate) struct CqTable {
     map: IdMap<Cq>,
     next: u32,
+    /// CQs whose completion event moderation holds: the datapath's runs look only at these for a due period.
+    held: std::collections::BTreeSet<u32>,
 }
 
 impl CqTable {
     pub(crate) fn new() -> Self {
-        CqTable { map: IdMap::new(), next: 1 }
+        CqTable { map: IdMap::new(), next: 1, held: Default::default() }
+    }
+
+    /// CQ `cqn`'s event is held by its moderation (or no longer, with `on` false).
+    pub(crate) fn set_held(&mut self, cqn: u32, on: bool) {
+        if on {
+            self.held.insert(cqn);
+        } else {
+            self.held.remove(&cqn);
+        }
+    }
+
+    /// The CQs whose held event is due at `now_ns` (their period has passed since their last event).
+    pub(crate) fn held_due(&self, now_ns: u64) -> Vec<u32> {
+        let due = |cq: &Cq| cq.period != 0 && now_ns.saturating_sub(cq.last_event_ns) >= u64::from(cq.period) * 1000;
+        self.held.iter().copied().filter(|n| self.map.get(n).is_some_and(due)).collect()
+    }
+
+    /// Whether any CQ holds an event (a run with none skips the check).
+    pub(crate) fn any_held(&self) -> bool {
+        !self.held.is_empty()
     }
 }
 
@@ -283,6 +312,8 @@ impl CqTable {
             period: rd(inp, q::CQ_PERIOD.at(ctx)),
             max_count: rd(inp, q::CQ_MAX_COUNT.at(ctx)),
             period_mode: rd(inp, q::CQ_PERIOD_MODE.at(ctx)),
+            held: 0,
+            last_event_ns: 0,
             arm_sn: 0,
             last_notified: 0,
             last_solicited: None,
@@ -304,6 +335,7 @@ impl CqTable {
             return Err(err(CmdStatus::BadResState, syndrome::IN_USE));
         }
         self.map.remove(&cqn);
+        self.held.remove(&cqn);
         Ok(())
     }
 

@@ -92,10 +92,31 @@ impl Cqs<'_> {
             Arm::Next => true,
             Arm::Solicited => solicited,
         };
+        if fire && (cq.max_count != 0 || cq.period != 0) {
+            // Moderation: the event waits for `max_count` such CQEs or the period since the last event.
+            cq.held = cq.held.saturating_add(1);
+            let counted = cq.max_count != 0 && cq.held >= cq.max_count;
+            let since = self.eq.clock.now_ns().saturating_sub(cq.last_event_ns);
+            let timed = cq.period != 0 && since >= u64::from(cq.period) * 1000;
+            if !counted && !timed {
+                self.cqs.set_held(cqn, true);
+                return Ok(n);
+            }
+        }
         if fire {
             self.fire_completion(cqn);
         }
         Ok(n)
+    }
+
+    /// Fires the held events whose moderation period has passed (the datapath's runs call this).
+    pub(crate) fn moderation_due(&mut self) {
+        if !self.cqs.any_held() {
+            return;
+        }
+        for cqn in self.cqs.held_due(self.eq.clock.now_ns()) {
+            self.fire_completion(cqn);
+        }
     }
 
     /// CQ `cqn` enters overflow: its status says so and a CQ-error EQE reports the overrun (the CQ takes no
@@ -125,10 +146,14 @@ impl Cqs<'_> {
 
     /// An armed CQ fires: a completion EQE on its own EQ, and the CQ is disarmed.
     pub(crate) fn fire_completion(&mut self, cqn: u32) {
+        let now = self.eq.clock.now_ns();
         let Some(cq) = self.cqs.get_mut(&cqn) else { return };
         cq.arm = Arm::None;
         cq.last_notified = cq.pi.wrapping_sub(1);
+        cq.held = 0;
+        cq.last_event_ns = now;
         let eqn = cq.eqn;
+        self.cqs.set_held(cqn, false);
         if self.eq.post_eqe_to(eqn, consts::MLX5_EVENT_TYPE_COMP, 0, &comp_data(cqn)).is_some() {
             if let Some(cq) = self.cqs.get_mut(&cqn) {
                 cq.events_fired += 1;

@@ -220,6 +220,8 @@ impl Datapath<'_> {
         // One instant for the whole run: a retry sent now waits at least one timer tick past it, so a run never
         // spins on retries (in threaded mode the clock moves while we hold the lock).
         let now = self.now_ns();
+        // Completion events their CQ's moderation held, now due.
+        self.cqs().moderation_due();
         // Bounded: every pass consumes packets or WQEs; the bound only guards against a simulator bug.
         for _ in 0..1_000_000 {
             let mut busy = false;
