@@ -104,8 +104,9 @@ pub struct verbs_context {
         Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd>,
     pub dealloc_td: Option<unsafe extern "C" fn(*mut ibv_td) -> c_int>,
     pub alloc_td: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
-    /// modify_cq .. create_wq: not provided.
-    pub unsupported_a2: [Fp; 7],
+    pub modify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, *mut ibv_modify_cq_attr) -> c_int>,
+    /// post_srq_ops .. create_wq: not provided.
+    pub unsupported_a2: [Fp; 6],
     pub query_rt_values: Fp,
     pub create_cq_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex>,
     pub priv_: *mut c_void,
@@ -621,6 +622,26 @@ pub struct ibv_gid_entry {
     pub ndev_ifindex: u32,
 }
 
+/// `struct ibv_moderate_cq`: an event after `cq_count` completions or `cq_period` microseconds.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_moderate_cq {
+    pub cq_count: u16,
+    pub cq_period: u16,
+}
+
+/// `struct ibv_modify_cq_attr` (`ibv_modify_cq`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_modify_cq_attr {
+    /// `IBV_CQ_ATTR_MODERATE` (1) is the only attribute.
+    pub attr_mask: u32,
+    pub moderate: ibv_moderate_cq,
+}
+
+/// `IBV_CQ_ATTR_MODERATE`.
+pub const IBV_CQ_ATTR_MODERATE: u32 = 1;
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ibv_async_event {
@@ -662,7 +683,12 @@ pub const LAYOUT: &[(&str, &str, usize)] = &{
         ("verbs_context", "alloc_parent_domain", o!(verbs_context, alloc_parent_domain)),
         ("verbs_context", "dealloc_td", o!(verbs_context, dealloc_td)),
         ("verbs_context", "alloc_td", o!(verbs_context, alloc_td)),
-        ("verbs_context", "modify_cq", o!(verbs_context, unsupported_a2)),
+        ("verbs_context", "modify_cq", o!(verbs_context, modify_cq)),
+        ("verbs_context", "post_srq_ops", o!(verbs_context, unsupported_a2)),
+        ("ibv_modify_cq_attr", "attr_mask", o!(ibv_modify_cq_attr, attr_mask)),
+        ("ibv_modify_cq_attr", "moderate", o!(ibv_modify_cq_attr, moderate)),
+        ("ibv_moderate_cq", "cq_count", o!(ibv_moderate_cq, cq_count)),
+        ("ibv_moderate_cq", "cq_period", o!(ibv_moderate_cq, cq_period)),
         ("ibv_parent_domain_init_attr", "pd", o!(ibv_parent_domain_init_attr, pd)),
         ("ibv_parent_domain_init_attr", "td", o!(ibv_parent_domain_init_attr, td)),
         ("ibv_parent_domain_init_attr", "comp_mask", o!(ibv_parent_domain_init_attr, comp_mask)),
@@ -846,6 +872,7 @@ pub const SIZES: &[(&str, usize)] = &{
         ("ibv_device_attr_ex", s::<ibv_device_attr_ex>()),
         ("ibv_gid_entry", s::<ibv_gid_entry>()),
         ("ibv_async_event", s::<ibv_async_event>()),
+        ("ibv_modify_cq_attr", s::<ibv_modify_cq_attr>()),
     ]
 };
 

@@ -67,6 +67,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         vc.query_port = Some(query_port_ex);
         vc.query_device_ex = Some(query_device_ex);
         vc.create_cq_ex = Some(crate::objects::create_cq_ex);
+        vc.modify_cq = Some(crate::objects::modify_cq);
         vc.create_qp_ex = Some(crate::objects::create_qp_ex);
         vc.alloc_parent_domain = Some(crate::objects::alloc_parent_domain);
         vc.alloc_td = Some(crate::objects::alloc_td);

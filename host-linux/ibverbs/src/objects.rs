@@ -948,6 +948,34 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     })
 }
 
+/// `ibv_modify_cq` (`verbs_context.modify_cq`): moderation, the one attribute (`mlx5_ib_modify_cq`). An
+/// unknown attribute bit is `EINVAL`, as libibverbs' `ibv_cmd_modify_cq` refuses it; a device without
+/// `cq_moderation` is `EOPNOTSUPP`, a period past 4,095 µs `EINVAL`.
+pub(crate) unsafe extern "C" fn modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> c_int {
+    guard("ibv_modify_cq", libc::EIO, || {
+        // SAFETY: the caller passes a live CQ.
+        let Some((_, raw)) = (unsafe { cq_of(cq) }) else { return libc::EINVAL };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: a non-null attr points to the caller's ibv_modify_cq_attr.
+        let a = unsafe { *attr };
+        if a.attr_mask & !IBV_CQ_ATTR_MODERATE != 0 {
+            return libc::EINVAL;
+        }
+        if a.attr_mask == 0 {
+            return 0;
+        }
+        match raw.modify_moderation(a.moderate.cq_count, a.moderate.cq_period) {
+            Ok(()) => 0,
+            Err(e) => {
+                log::info!("modify_cq: {e}");
+                errno_of(&e)
+            }
+        }
+    })
+}
+
 /// IBV_QPT_RC (2), UC (3), UD (4).
 fn qp_type(t: c_int) -> Result<QpType, c_int> {
     match t {

@@ -1624,3 +1624,31 @@ fn the_c_datapath_calls_allocate_nothing() {
         l.close();
     }
 }
+
+#[test]
+fn modify_cq_passes_moderation_to_the_device() {
+    let ctx = open();
+    let v = vctx(ctx);
+    let modify = v.modify_cq.expect("verbs_context.modify_cq");
+    // SAFETY: every pointer is made by this library from this context and destroyed once.
+    unsafe {
+        let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
+        assert!(!cq.is_null());
+        let mut attr = ibv_modify_cq_attr {
+            attr_mask: IBV_CQ_ATTR_MODERATE,
+            moderate: ibv_moderate_cq { cq_count: 8, cq_period: 100 },
+        };
+        assert_eq!(modify(cq, &mut attr), 0);
+        let sim = dev_of((*ctx).device).and_then(|d| d.dev.sim_device()).expect("a simulated device");
+        let info = sim.cq_info((*cq).handle).unwrap();
+        assert_eq!((info.cq_max_count, info.cq_period), (8, 100));
+        // A period past the 12-bit field, an unknown attribute, no attributes.
+        attr.moderate.cq_period = 4096;
+        assert_eq!(modify(cq, &mut attr), libc::EINVAL);
+        attr.attr_mask = 2;
+        assert_eq!(modify(cq, &mut attr), libc::EINVAL);
+        assert_eq!(modify(cq, ptr::null_mut()), libc::EINVAL);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}

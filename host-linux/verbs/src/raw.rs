@@ -260,6 +260,11 @@ impl RawCq {
         Ok(hca.resize_cq(cq, cqe, delay)?)
     }
 
+    /// `ibv_modify_cq` with `IBV_CQ_ATTR_MODERATE` (see `CompletionQueue::modify_moderation`).
+    pub fn modify_moderation(&self, cq_count: u16, cq_period: u16) -> Result<()> {
+        self.0.moderate(cq_count, cq_period)
+    }
+
     /// `ibv_poll_cq`.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         self.0.poll(wc)
