@@ -606,8 +606,11 @@ pub struct ibv_device_attr_ex {
     pub completion_timestamp_mask: u64,
     /// kHz.
     pub hca_core_clock: u64,
-    /// device_cap_flags_ex .. max_dm_size and pci_atomic_caps, all zero.
-    pub ext: [u64; 14],
+    /// device_cap_flags_ex .. tm_caps, all zero.
+    pub ext: [u64; 11],
+    pub cq_mod_caps: ibv_cq_moderation_caps,
+    /// max_dm_size and pci_atomic_caps, zero.
+    pub ext2: [u64; 2],
     pub xrc_odp_caps: u32,
     pub phys_port_cnt_ex: u32,
 }
@@ -620,6 +623,14 @@ pub struct ibv_gid_entry {
     pub port_num: u32,
     pub gid_type: u32,
     pub ndev_ifindex: u32,
+}
+
+/// `struct ibv_cq_moderation_caps`: the largest count and period `ibv_modify_cq` takes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_cq_moderation_caps {
+    pub max_cq_count: u16,
+    pub max_cq_period: u16,
 }
 
 /// `struct ibv_moderate_cq`: an event after `cq_count` completions or `cq_period` microseconds.
@@ -679,6 +690,8 @@ pub const LAYOUT: &[(&str, &str, usize)] = &{
         ("ibv_device_attr_ex", "completion_timestamp_mask", o!(ibv_device_attr_ex, completion_timestamp_mask)),
         ("ibv_device_attr_ex", "hca_core_clock", o!(ibv_device_attr_ex, hca_core_clock)),
         ("ibv_device_attr_ex", "device_cap_flags_ex", o!(ibv_device_attr_ex, ext)),
+        ("ibv_device_attr_ex", "cq_mod_caps", o!(ibv_device_attr_ex, cq_mod_caps)),
+        ("ibv_device_attr_ex", "max_dm_size", o!(ibv_device_attr_ex, ext2)),
         ("verbs_context", "advise_mr", o!(verbs_context, unsupported_a)),
         ("verbs_context", "alloc_parent_domain", o!(verbs_context, alloc_parent_domain)),
         ("verbs_context", "dealloc_td", o!(verbs_context, dealloc_td)),

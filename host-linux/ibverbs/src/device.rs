@@ -352,15 +352,24 @@ pub(crate) fn release<T>(context: *mut ibv_context, obj: *const T) {
 struct QueryInfo<'a>(&'a str);
 
 impl HcaVisitor for QueryInfo<'_> {
-    type Out = Result<(DevInfo, u32), mlx5_core::hca::Error>;
+    type Out = Result<(DevInfo, Extra), mlx5_core::hca::Error>;
     fn visit<T: CmdTrace>(self, hca: &mut Hca<AnyMmio, AnyDma, T, HostTables>, delay: &mut AnyDelay) -> Self::Out {
         let info = devinfo::query(hca, delay, self.0, PCI_IDS)?;
-        Ok((info, hca.caps().general.device_frequency_khz))
+        let g = hca.caps().general;
+        Ok((info, Extra { clock_khz: g.device_frequency_khz, cq_moderation: g.cq_moderation }))
     }
 }
 
-/// The device's attributes and its clock's frequency in kHz, under one hold of the control lock.
-fn info_and_clock(ctx: &Ctx) -> Result<(DevInfo, u32), c_int> {
+/// What `ibv_query_device_ex` adds to devinfo's attributes.
+struct Extra {
+    /// The device clock (`device_frequency_khz`; 0: none).
+    clock_khz: u32,
+    /// `cq_moderation`: MODIFY_CQ takes a count and a period.
+    cq_moderation: bool,
+}
+
+/// The device's attributes and the extended ones, under one hold of the control lock.
+fn info_and_clock(ctx: &Ctx) -> Result<(DevInfo, Extra), c_int> {
     raw::with_hca(&ctx.ctx, QueryInfo(ctx.dev.dev.name())).map_err(|e| {
         log::warn!("query: {e}");
         crate::errno_of(&mlx5_verbs::VerbsError::Hca(e))
@@ -454,7 +463,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         if attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
             return libc::EINVAL;
         }
-        let (i, khz) = match info_and_clock(ctx) {
+        let (i, Extra { clock_khz: khz, cq_moderation }) = match info_and_clock(ctx) {
             Ok(v) => v,
             Err(e) => return e,
         };
@@ -467,6 +476,12 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         if khz != 0 {
             a.completion_timestamp_mask = (1 << 63) - 1;
             a.hca_core_clock = u64::from(khz);
+        }
+        // mlx5_ib's MLX5_MAX_CQ_COUNT and MLX5_MAX_CQ_PERIOD: the widest values the cqc fields hold.
+        if cq_moderation {
+            use mlx5_core::prm::ifc::cqc;
+            a.cq_mod_caps.max_cq_count = ((1u32 << cqc::CQ_MAX_COUNT.width) - 1) as u16;
+            a.cq_mod_caps.max_cq_period = ((1u32 << cqc::CQ_PERIOD.width) - 1) as u16;
         }
         // SAFETY: the caller's buffer holds attr_size bytes.
         unsafe { write_sized(attr.cast(), attr_size, &a) };

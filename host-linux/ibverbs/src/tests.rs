@@ -1632,6 +1632,10 @@ fn modify_cq_passes_moderation_to_the_device() {
     let modify = v.modify_cq.expect("verbs_context.modify_cq");
     // SAFETY: every pointer is made by this library from this context and destroyed once.
     unsafe {
+        let mut dattr: ibv_device_attr_ex = std::mem::zeroed();
+        let size = std::mem::size_of::<ibv_device_attr_ex>();
+        assert_eq!(v.query_device_ex.unwrap()(ctx, ptr::null(), &mut dattr, size), 0);
+        assert_eq!((dattr.cq_mod_caps.max_cq_count, dattr.cq_mod_caps.max_cq_period), (65535, 4095));
         let cq = ibv_create_cq(ctx, 4, ptr::null_mut(), ptr::null_mut(), 0);
         assert!(!cq.is_null());
         let mut attr = ibv_modify_cq_attr {
