@@ -103,7 +103,17 @@ fn a_command_that_never_completes_times_out_and_the_device_opens_again() {
         traffic(&ctx, 2);
         sim.inject(Fault::Hang { opcode: consts::MLX5_CMD_OP_CREATE_CQ });
         let t0 = Instant::now();
-        let e = ctx.create_cq(16).map(drop).expect_err("a CREATE_CQ firmware never answers");
+        // Two more callers wait behind the hung command for the command interface: each is let through once it
+        // times out, as Linux fails only the command that timed out (its slot leaked, the device up).
+        let e = std::thread::scope(|s| {
+            let hung = s.spawn(|| ctx.create_cq(16).map(drop).expect_err("a CREATE_CQ firmware never answers"));
+            std::thread::sleep(Duration::from_millis(20));
+            let others: Vec<_> = (0..2).map(|_| s.spawn(|| ctx.alloc_pd().map(drop))).collect();
+            for o in others {
+                o.join().unwrap().expect("a command queued behind the hung one runs after its timeout");
+            }
+            hung.join().unwrap()
+        });
         eprintln!("CREATE_CQ that never completes: {e} after {:?}", t0.elapsed());
         let timed_out = matches!(
             e,
@@ -113,6 +123,8 @@ fn a_command_that_never_completes_times_out_and_the_device_opens_again() {
         assert!(timed_out, "the caller is woken with the command's timeout: {e:?}");
         assert!(t0.elapsed() < Duration::from_secs(30), "the caller is woken by the timeout");
         sim.clear_faults();
+        // The context goes on: the next CREATE_CQ takes another slot.
+        drop(ctx.create_cq(16).expect("a CQ once firmware answers again"));
     }
     reopens_and_works(&dev);
 }
