@@ -207,10 +207,10 @@ fn a_connectx4s_recorded_answers_carry_the_core_through_its_bring_up() {
     drop(hca);
 }
 
-/// One general capability page's scalar fields that differ between two images: (name, first, second).
-fn cap_diff(a: &[u8], b: &[u8]) -> Vec<(&'static str, u64, u64)> {
+/// The scalar fields of capability layout `name` that differ between two images: (field, first, second).
+fn cap_diff(name: &str, a: &[u8], b: &[u8]) -> Vec<(&'static str, u64, u64)> {
     use mlx5_core::prm::generated::names::{layout, Kind};
-    let l = layout("cmd_hca_cap").unwrap();
+    let l = layout(name).unwrap();
     let mut out = Vec::new();
     for m in l.members.iter().filter(|m| m.kind == Kind::Scalar && m.width <= 32) {
         let f = mlx5_core::prm::Field::new(m.off, m.width);
@@ -223,7 +223,8 @@ fn cap_diff(a: &[u8], b: &[u8]) -> Vec<(&'static str, u64, u64)> {
 }
 
 /// Where the simulated ConnectX-5's maximum general capabilities differ from the recorded ConnectX-4's, and why.
-/// Every field not listed holds the ConnectX-4's value: the real card is the source of those.
+/// Every field not listed holds the ConnectX-4's value: the real card is the source of those. The other pages:
+/// [`CX5_VS_CX4_PAGES`].
 const CX5_VS_CX4: &[(&str, &str)] = &[
     // Fields firmware 14.12 (2016) predates or leaves 0 that the simulated device offers, Linux 6.12 reading them.
     ("hca_cap_2", "newer firmware: the second general page exists (all zero here)"),
@@ -287,26 +288,72 @@ const CX5_VS_CX4: &[(&str, &str)] = &[
     ("log_max_current_uc_list", "the Ethernet objects' sizes"),
 ];
 
-/// The simulated ConnectX-5's maximum general capabilities against a real ConnectX-4's, field by field: every
-/// difference is one [`CX5_VS_CX4`] names with its reason, and every name there still differs, so the table is
-/// the documentation of where each value comes from.
+/// The same for the other capability pages the recording holds (maximum images): (layout, field, why).
+const CX5_VS_CX4_PAGES: &[(&str, &str, &str)] = &[
+    ("per_protocol_networking_offload_caps", "lro_cap", "no LRO"),
+    ("per_protocol_networking_offload_caps", "lro_time_stamp", "no LRO"),
+    ("per_protocol_networking_offload_caps", "lro_min_mss_size", "no LRO"),
+    ("per_protocol_networking_offload_caps", "multi_pkt_send_wqe", "no multi-packet send WQE"),
+    ("per_protocol_networking_offload_caps", "wqe_inline_mode", "no inline-mode choice"),
+    ("per_protocol_networking_offload_caps", "rss_ind_tbl_cap", "only with SimConfig::eth_netdev"),
+    ("per_protocol_networking_offload_caps", "tunnel_stateless_gre", "no tunnel offloads"),
+    ("per_protocol_networking_offload_caps", "tunnel_stateless_vxlan", "no tunnel offloads"),
+    ("atomic_caps", "atomic_req_8B_endianness_mode", "host-endian atomics offered (newer firmware)"),
+    ("atomic_caps", "supported_atomic_req_8B_endianness_mode_1", "host-endian atomics offered (newer firmware)"),
+    ("atomic_caps", "atomic_operations", "compare-and-swap and fetch-and-add only: no masked atomics"),
+    ("atomic_caps", "atomic_size_qp", "8-byte atomics only"),
+    ("atomic_caps", "atomic_size_dc", "8-byte atomics only"),
+    ("roce_cap", "sw_r_roce_src_udp_port", "software-chosen source ports (newer firmware)"),
+    ("roce_cap", "roce_version", "RoCE v1 and v2, not v1.5"),
+    ("roce_cap", "l3_type", "IPv4 and IPv6, not the bare GRH type"),
+];
+
+/// The simulated ConnectX-5's maximum capabilities against a real ConnectX-4's, field by field, on every page the
+/// recording holds (general, Ethernet offloads, atomic, RoCE): every difference is one [`CX5_VS_CX4`] or
+/// [`CX5_VS_CX4_PAGES`] names with its reason, and every name there still differs, so the tables are the
+/// documentation of where each value comes from.
 #[test]
-fn the_simulated_connectx5s_general_capabilities_are_a_connectx4s_but_where_listed() {
+fn the_simulated_connectx5s_capabilities_are_a_connectx4s_but_where_listed() {
     use mlx5_core::init::{CapMode, CapType, QueryHcaCap};
     use mlx5_core::prm::ifc;
     let recs = from_linux_dump(&connectx4()).unwrap();
-    let cx4 = &recs[6].output.as_ref().unwrap()[ifc::query_hca_cap_out::CAPABILITY.off..];
-    assert_eq!((recs[6].opcode, recs[6].op_mod), (0x100, 0), "QUERY_HCA_CAP general, maximum");
     let sim = SimDevice::new(SimConfig::default());
     let mut d = sim.delay();
     let mut hca: Hca<_, _, _> = Hca::bring_up(sim.mmio(), sim.dma(), (), &mut d, Config::default()).unwrap();
-    let cx5 = hca.exec(&mut QueryHcaCap { cap: CapType::General, mode: CapMode::Max }, &mut d).unwrap();
+    let pages = [
+        (6, CapType::General, "cmd_hca_cap"),
+        (15, CapType::EthernetOffloads, "per_protocol_networking_offload_caps"),
+        (17, CapType::Atomic, "atomic_caps"),
+        (19, CapType::Roce, "roce_cap"),
+    ];
+    let listed = |page: &str, field: &str| {
+        (page == "cmd_hca_cap" && CX5_VS_CX4.iter().any(|(m, _)| *m == field))
+            || CX5_VS_CX4_PAGES.iter().any(|(p, m, _)| *p == page && *m == field)
+    };
+    let mut diffs = Vec::new();
+    let mut general = None;
+    for (rec, cap, page) in pages {
+        // The recording's QUERY_HCA_CAP of this type, maximum (op_mod: type << 1).
+        assert_eq!((recs[rec].opcode, recs[rec].op_mod), (0x100, cap.raw() << 1), "{page}");
+        let cx4 = &recs[rec].output.as_ref().unwrap()[ifc::query_hca_cap_out::CAPABILITY.off..];
+        let cx5 = hca.exec(&mut QueryHcaCap { cap, mode: CapMode::Max }, &mut d).unwrap();
+        diffs.extend(cap_diff(page, &cx5, cx4).into_iter().map(|(f, x, y)| (page, f, x, y)));
+        if page == "cmd_hca_cap" {
+            general = Some((cx5, cx4.to_vec()));
+        }
+    }
     hca.teardown(&mut d).unwrap();
-    let diff = cap_diff(&cx5, cx4);
-    let unexplained: Vec<_> = diff.iter().filter(|(n, ..)| !CX5_VS_CX4.iter().any(|(m, _)| m == n)).collect();
-    assert!(unexplained.is_empty(), "(field, simulated, ConnectX-4) not in CX5_VS_CX4: {unexplained:?}");
-    let stale: Vec<_> = CX5_VS_CX4.iter().filter(|(m, _)| !diff.iter().any(|(n, ..)| n == m)).collect();
+    let unexplained: Vec<_> = diffs.iter().filter(|(p, f, ..)| !listed(p, f)).collect();
+    assert!(unexplained.is_empty(), "(page, field, simulated, ConnectX-4) not in the tables: {unexplained:?}");
+    let stale: Vec<_> = CX5_VS_CX4
+        .iter()
+        .map(|(f, _)| ("cmd_hca_cap", *f))
+        .chain(CX5_VS_CX4_PAGES.iter().map(|(p, f, _)| (*p, *f)))
+        .filter(|(p, f)| !diffs.iter().any(|(q, g, ..)| q == p && g == f))
+        .collect();
     assert!(stale.is_empty(), "listed but now equal to the ConnectX-4's: {stale:?}");
+    let (cx5, cx4) = general.unwrap();
+    let cx4 = &cx4[..];
     // What the two share includes the limits devinfo shows.
     let same = |f| MsgBuf::get(&cx5[..], f) == MsgBuf::get(cx4, f);
     use ifc::cmd_hca_cap as g;
