@@ -146,6 +146,13 @@ fn read_pas(inp: &[u8], pas: mlx5_core::prm::Array, bytes: u64, page_shift: u32)
 }
 
 impl Cq {
+    /// Whether the events held so far may fire at `now_ns` (always, without moderation).
+    pub(crate) fn moderation_met(&self, now_ns: u64) -> bool {
+        let counted = self.max_count != 0 && self.held >= self.max_count;
+        let timed = self.period != 0 && now_ns.saturating_sub(self.last_event_ns) >= u64::from(self.period) * 1000;
+        (self.max_count == 0 && self.period == 0) || counted || timed
+    }
+
     #[inline]
     pub(crate) fn nent(&self) -> u32 {
         1 << self.log_nent
@@ -217,10 +224,10 @@ impl CqTable {
         }
     }
 
-    /// The CQs whose held event is due at `now_ns` (their period has passed since their last event).
+    /// The CQs whose held event is due at `now_ns`: their period has passed since their last event, or a
+    /// MODIFY_CQ since lowered the count to what is held or turned moderation off.
     pub(crate) fn held_due(&self, now_ns: u64) -> Vec<u32> {
-        let due = |cq: &Cq| cq.period != 0 && now_ns.saturating_sub(cq.last_event_ns) >= u64::from(cq.period) * 1000;
-        self.held.iter().copied().filter(|n| self.map.get(n).is_some_and(due)).collect()
+        self.held.iter().copied().filter(|n| self.map.get(n).is_some_and(|cq| cq.moderation_met(now_ns))).collect()
     }
 
     /// Whether any CQ holds an event (a run with none skips the check).

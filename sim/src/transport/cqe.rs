@@ -92,13 +92,10 @@ impl Cqs<'_> {
             Arm::Next => true,
             Arm::Solicited => solicited,
         };
-        if fire && (cq.max_count != 0 || cq.period != 0) {
+        if fire {
             // Moderation: the event waits for `max_count` such CQEs or the period since the last event.
             cq.held = cq.held.saturating_add(1);
-            let counted = cq.max_count != 0 && cq.held >= cq.max_count;
-            let since = self.eq.clock.now_ns().saturating_sub(cq.last_event_ns);
-            let timed = cq.period != 0 && since >= u64::from(cq.period) * 1000;
-            if !counted && !timed {
+            if !cq.moderation_met(self.eq.clock.now_ns()) {
                 self.cqs.set_held(cqn, true);
                 return Ok(n);
             }

@@ -93,6 +93,16 @@ fn cq_moderation_holds_the_event_until_its_count_or_its_period() {
     ev.ack().unwrap();
     assert_eq!(rcq.poll(&mut got).unwrap(), 1);
 
+    // A held event is released when moderation is turned off.
+    rcq.modify_moderation(8, 0).unwrap();
+    rcq.req_notify(false).unwrap();
+    send(5);
+    assert_eq!(fired(), 2, "held below the count");
+    rcq.modify_moderation(0, 0).unwrap();
+    let ev = ch.get_cq_event(Duration::from_secs(5)).unwrap().expect("the event once moderation is off");
+    assert_eq!(fired(), 3);
+    ev.ack().unwrap();
+
     // Past the 12-bit period field: refused before the device sees it.
     assert!(rcq.modify_moderation(0, 4096).is_err());
 }
