@@ -498,6 +498,11 @@ impl<A: Clone> Engine<A> {
         self.conns.get(&id).map(|c| &c.peer)
     }
 
+    /// Where a SIDR request waiting for the application came from.
+    pub fn sidr_peer(&self, id: CommId) -> Option<&A> {
+        self.sidr.get(&id).filter(|x| !x.outgoing).map(|x| &x.peer)
+    }
+
     /// Connections and SIDR exchanges alive (every other ID has been forgotten).
     pub fn connections(&self) -> usize {
         self.conns.len() + self.sidr.len()

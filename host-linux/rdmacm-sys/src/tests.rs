@@ -1,0 +1,1 @@
+//! In-process tests: the exports driven as a C program drives them, on simulated devices.

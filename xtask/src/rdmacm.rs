@@ -1,0 +1,240 @@
+//! `cargo xtask librdmacm`: links `mlx5-rdmacm-sys` into `target/librdmacm/librdmacm.so.1` against the drop-in
+//! libibverbs with rdma-core 44's version nodes and checks its exports. `verbs-apps --only rdmacm`: Debian's
+//! unmodified rdmacm-utils (`rping`, `ucmatose`, `udaddy`) and perftest's `-R` runs between two processes on it.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::{apt_download, exports, on_dropin, run, wait, wait_listening, Apps};
+
+/// Every default-version export of Debian bookworm's librdmacm (`name VERSION` a line).
+const SYMBOLS: &str = include_str!("../../host-linux/rdmacm-sys/symbols.txt");
+
+/// The version nodes in order, each inheriting from the one before (rdma-core's `librdmacm.map`).
+const VERSIONS: &[&str] = &["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"];
+
+fn symbols() -> BTreeSet<(String, String)> {
+    SYMBOLS.lines().filter_map(|l| l.split_once(' ')).map(|(n, v)| (n.to_string(), v.to_string())).collect()
+}
+
+fn version_script() -> String {
+    let syms = symbols();
+    let mut out = String::new();
+    for (i, v) in VERSIONS.iter().enumerate() {
+        out.push_str(&format!("{v} {{\n  global:\n"));
+        for (n, _) in syms.iter().filter(|(_, sv)| sv == v) {
+            out.push_str(&format!("    {n};\n"));
+        }
+        if i == 0 {
+            out.push_str("  local: *;\n};\n");
+        } else {
+            out.push_str(&format!("}} {};\n", VERSIONS[i - 1]));
+        }
+    }
+    out
+}
+
+/// Builds the static library and links `librdmacm.so.1` against the drop-in libibverbs in `ibverbs`; returns
+/// its directory.
+pub fn build(root: &Path, release: bool, ibverbs: &Path) -> Result<PathBuf, String> {
+    let mut args = vec!["build", "-p", "mlx5-rdmacm-sys", "--lib"];
+    if release {
+        args.push("--release");
+    }
+    println!("$ cargo {}", args.join(" "));
+    let status = Command::new("cargo").args(&args).current_dir(root).status().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err("building mlx5-rdmacm-sys failed".into());
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let archive = target.join(if release { "release" } else { "debug" }).join("libmlx5_rdmacm_sys.a");
+    let dir = target.join("librdmacm");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let map = dir.join("librdmacm.map");
+    std::fs::write(&map, version_script()).map_err(|e| e.to_string())?;
+    let lib = dir.join("librdmacm.so.1");
+    let mut cc = Command::new("cc");
+    cc.arg("-shared")
+        .arg("-o")
+        .arg(&lib)
+        .arg("-Wl,--whole-archive")
+        .arg(&archive)
+        .arg("-Wl,--no-whole-archive")
+        .arg(format!("-Wl,--version-script={}", map.display()))
+        .arg(format!("-L{}", ibverbs.display()))
+        .args(["-Wl,-soname,librdmacm.so.1", "-Wl,-z,now", "-libverbs", "-lgcc_s", "-lpthread", "-ldl", "-lm", "-lc"]);
+    println!("$ {cc:?}");
+    run(&mut cc)?;
+    let link = dir.join("librdmacm.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("librdmacm.so.1", &link).map_err(|e| e.to_string())?;
+    let ours = exports(&lib)?;
+    let want = symbols();
+    if ours != want {
+        return Err(format!(
+            "librdmacm exports differ from rdma-core 44's: extra {:?}, missing {:?}",
+            ours.difference(&want).collect::<Vec<_>>(),
+            want.difference(&ours).collect::<Vec<_>>()
+        ));
+    }
+    println!("librdmacm exports: {} names, each at rdma-core 44's version node", ours.len());
+    Ok(dir)
+}
+
+/// `cargo xtask librdmacm [--debug]`.
+pub fn run_librdmacm(root: &Path, args: &[String]) -> Result<(), String> {
+    let release = !args.iter().any(|a| a == "--debug");
+    let ibverbs = super::build(root, release)?;
+    let dir = build(root, release, &ibverbs)?;
+    println!(
+        "built {}/librdmacm.so.1\n\nrping between two processes on the simulated wire:\n  \
+         MLX5_RS_DEVICES=sim:wire=listen:127.0.0.1:18700 LD_LIBRARY_PATH={0}:{1} rping -s -a 192.168.1.10 -v -C 10\n  \
+         MLX5_RS_DEVICES=sim:host=1:wire=connect:127.0.0.1:18700 LD_LIBRARY_PATH={0}:{1} rping -c -a 192.168.1.10 -v -C 10",
+        dir.display(),
+        ibverbs.display()
+    );
+    Ok(())
+}
+
+/// Debian's rdmacm-utils, unpacked under `target/libibverbs/rdmacm` (never installed).
+fn rdmacm_utils(lib: &Path) -> Result<PathBuf, String> {
+    let dir = lib.join("rdmacm");
+    let bin = dir.join("root/usr/bin");
+    if !bin.join("rping").exists() {
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        apt_download(&["rdmacm-utils"], &dir)?;
+        for e in std::fs::read_dir(&dir).map_err(|e| e.to_string())? {
+            let p = e.map_err(|e| e.to_string())?.path();
+            if p.extension().is_some_and(|x| x == "deb") {
+                run(Command::new("dpkg").arg("-x").arg(&p).arg(dir.join("root")))?;
+            }
+        }
+    }
+    Ok(bin)
+}
+
+/// The simulated host 0's address: the server's port (`sim`, host 0) has it, the client is host 1.
+const SERVER_IP: &str = "192.168.1.10";
+
+/// A server and a client on the drop-in libraries, each with its own simulated device joined by the wire;
+/// returns both outputs' stdout once both succeeded.
+fn pair(
+    ld_path: &str,
+    server: (&Path, &[&str]),
+    client: (&Path, &[&str]),
+    wire: u16,
+    what: &str,
+) -> Result<(String, String), String> {
+    let spawn = |prog: &Path, args: &[&str], devices: &str| {
+        let mut c = Command::new(prog);
+        on_dropin(&mut c, ld_path, devices).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.spawn().map_err(|e| format!("{}: {e}", prog.display()))
+    };
+    let s = spawn(server.0, server.1, &format!("sim:wire=listen:127.0.0.1:{wire}"))?;
+    // The server's device listens on the wire once opened; its rdma_listen follows at once.
+    wait_listening(wire, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    let c = spawn(client.0, client.1, &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"))?;
+    let limit = Duration::from_secs(120);
+    let c = wait(c, limit, &format!("{what} (client)"));
+    let s = match &c {
+        Ok(out) if out.status.success() => wait(s, limit, &format!("{what} (server)")),
+        _ => wait(s, Duration::from_secs(5), &format!("{what} (server)")),
+    };
+    let text = |o: &std::process::Output| {
+        format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    };
+    let c = c?;
+    if !c.status.success() {
+        let st = s.map(|o| text(&o)).unwrap_or_else(|e| e);
+        return Err(format!("{what}: the client failed ({}):\n{}\nserver: {st}", c.status, text(&c)));
+    }
+    let s = s?;
+    if !s.status.success() {
+        return Err(format!("{what}: the server failed ({}):\n{}", s.status, text(&s)));
+    }
+    Ok((String::from_utf8_lossy(&s.stdout).into_owned(), String::from_utf8_lossy(&c.stdout).into_owned()))
+}
+
+/// Whether rping -v's line for iteration `i` shows the buffer rping wrote: `rdma-ping-i: ` then letters from
+/// 'A' + i mod 58, each the next of 'A'..='z' (wrapping), as rping's client fills it.
+fn rping_line_ok(line: &str, i: usize) -> bool {
+    let prefix = format!("ping data: rdma-ping-{i}: ");
+    let Some(rest) = line.strip_prefix(&prefix) else { return false };
+    let b = rest.as_bytes();
+    let next = |c: u8| if c >= b'z' { b'A' } else { c + 1 };
+    b.first() == Some(&(b'A' + (i % 58) as u8))
+        && b.iter().all(|c| (b'A'..=b'z').contains(c))
+        && b.windows(2).all(|w| w[1] == next(w[0]))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rping_lines_are_checked_letter_by_letter() {
+        assert!(super::rping_line_ok("ping data: rdma-ping-0: ABCDEFG", 0));
+        assert!(super::rping_line_ok("ping data: rdma-ping-59: BCD", 59));
+        assert!(super::rping_line_ok("ping data: rdma-ping-57: zABC", 57));
+        assert!(!super::rping_line_ok("ping data: rdma-ping-1: ABCD", 1), "starts one further each ping");
+        assert!(!super::rping_line_ok("ping data: rdma-ping-0: ABDE", 0), "a letter skipped");
+        assert!(!super::rping_line_ok("ping data: rdma-ping-0: ", 0));
+    }
+}
+
+/// The rdmacm part: rping (1,000 iterations, each buffer checked), ucmatose, udaddy, ib_send_bw -R and
+/// ib_write_bw -R, each between two processes on the drop-in libraries.
+pub fn rdmacm_part(a: &Apps<'_>) -> Result<(), String> {
+    let cm = build(a.root, a.release, &a.lib)?;
+    let bin = rdmacm_utils(&a.lib)?;
+    let ld = format!("{}:{}", cm.display(), a.p.path);
+    let port = "18751";
+    let (s, c) = pair(
+        &ld,
+        (&bin.join("rping"), &["-s", "-a", SERVER_IP, "-p", port, "-C", "1000", "-V"]),
+        (&bin.join("rping"), &["-c", "-a", SERVER_IP, "-p", port, "-C", "1000", "-v", "-V"]),
+        18851,
+        "rping",
+    )?;
+    let lines: Vec<&str> = c.lines().filter(|l| l.starts_with("ping data:")).collect();
+    let bad = lines.iter().enumerate().find(|(i, l)| !rping_line_ok(l, *i));
+    if lines.len() != 1000 || bad.is_some() {
+        return Err(format!("rping: {} ping lines, first bad {bad:?}\n{c}\nserver:\n{s}", lines.len()));
+    }
+    println!("rping -c -v -V -C 1000 (sim): 1000 pings, each buffer as rping wrote it: ok");
+    let (_, c) = pair(
+        &ld,
+        (&bin.join("ucmatose"), &["-p", "18752"]),
+        (&bin.join("ucmatose"), &["-s", SERVER_IP, "-p", "18752"]),
+        18852,
+        "ucmatose",
+    )?;
+    if !c.contains("test complete") {
+        return Err(format!("ucmatose: no \"test complete\":\n{c}"));
+    }
+    println!("ucmatose (sim): ok");
+    let (_, c) = pair(
+        &ld,
+        (&bin.join("udaddy"), &["-p", "18753"]),
+        (&bin.join("udaddy"), &["-s", SERVER_IP, "-p", "18753"]),
+        18853,
+        "udaddy",
+    )?;
+    if !c.contains("test complete") {
+        return Err(format!("udaddy: no \"test complete\":\n{c}"));
+    }
+    println!("udaddy (sim): ok");
+    for (i, prog) in ["ib_send_bw", "ib_write_bw"].iter().enumerate() {
+        let p = (18754 + i as u16).to_string();
+        let args = ["-R", "-u", "20", "-n", "200", "-p", &p];
+        let mut client: Vec<&str> = args.to_vec();
+        client.push(SERVER_IP);
+        let (_, c) = pair(&ld, (&a.p.bin.join(prog), &args), (&a.p.bin.join(prog), &client), 18854 + i as u16, prog)?;
+        if !c.contains("65536 200") {
+            return Err(format!("{prog} -R: no result row:\n{c}"));
+        }
+        println!("{prog} -R (sim): ok");
+    }
+    Ok(())
+}
