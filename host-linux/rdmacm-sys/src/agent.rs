@@ -87,35 +87,36 @@ pub(crate) mod qps {
     pub const ERR: i32 = 6;
 }
 
-/// An event channel: the C structure, the pipe's write end, and the events not yet taken.
+/// An event channel: the C structure (its descriptor an eventfd counting the events not yet taken, so `poll()`
+/// wakes while one waits, and a close while a thread reads leaves that thread waiting, as librdmacm's own
+/// descriptor does), and the events themselves.
 #[repr(C)]
 #[derive(Debug)]
 pub(crate) struct Channel {
     pub c: rdma_event_channel,
-    pub wfd: c_int,
     pub q: Mutex<VecDeque<usize>>,
 }
 
 impl Channel {
-    /// A channel whose descriptor is the read end of a pipe.
+    /// A new channel.
     pub(crate) fn new() -> Result<*mut Channel, c_int> {
-        let mut fds = [0 as c_int; 2];
-        // SAFETY: fds has room for the two descriptors.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        // SAFETY: no pointer; a semaphore eventfd gives one event per read.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
             return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
         }
-        let ch = Channel { c: rdma_event_channel { fd: fds[0] }, wfd: fds[1], q: Mutex::new(VecDeque::new()) };
+        let ch = Channel { c: rdma_event_channel { fd }, q: Mutex::new(VecDeque::new()) };
         Ok(Box::into_raw(Box::new(ch)))
     }
 
-    /// Queues an event and makes the descriptor readable.
+    /// Queues an event and counts it on the descriptor.
     pub(crate) fn push(&self, ev: *mut Ev) {
         lock(&self.q).push_back(ev as usize);
-        let b = 1u8;
-        // SAFETY: one byte from a live local to our pipe's write end.
-        let n = unsafe { libc::write(self.wfd, ptr::addr_of!(b).cast(), 1) };
-        if n != 1 {
-            log::error!("event channel: the pipe took no byte ({})", std::io::Error::last_os_error());
+        let one = 1u64;
+        // SAFETY: eight bytes from a live local to our eventfd.
+        let n = unsafe { libc::write(self.c.fd, ptr::addr_of!(one).cast(), 8) };
+        if n != 8 {
+            log::error!("event channel: the eventfd took no count ({})", std::io::Error::last_os_error());
         }
     }
 }

@@ -47,11 +47,8 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_cha
         }
         // SAFETY: the caller gives back a channel made by rdma_create_event_channel.
         let ch = unsafe { Box::from_raw(channel.cast::<Channel>()) };
-        // SAFETY: the pipe's two descriptors, ours.
-        unsafe {
-            libc::close(ch.c.fd);
-            libc::close(ch.wfd);
-        }
+        // SAFETY: the eventfd, ours.
+        unsafe { libc::close(ch.c.fd) };
         for e in lock(&ch.q).drain(..) {
             // SAFETY: events queued and never handed out are ours to free.
             drop(unsafe { Box::from_raw(e as *mut Ev) });
@@ -511,11 +508,11 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, eve
         }
         // SAFETY: the caller's channel, one of ours.
         let ch = unsafe { &*channel.cast::<Channel>() };
-        let mut b = 0u8;
+        let mut count = 0u64;
         loop {
-            // SAFETY: one byte into a live local from our pipe (blocking unless the program set O_NONBLOCK).
-            let n = unsafe { libc::read(ch.c.fd, ptr::addr_of_mut!(b).cast(), 1) };
-            if n == 1 {
+            // SAFETY: one count into a live local from our eventfd (blocking unless the program set O_NONBLOCK).
+            let n = unsafe { libc::read(ch.c.fd, ptr::addr_of_mut!(count).cast(), 8) };
+            if n == 8 {
                 break;
             }
             let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);

@@ -10,7 +10,8 @@
 //! - Every export of the real library exists at its version node ([`SYMBOLS`]); what is not provided (rsockets,
 //!   multicast, SRQs on an ID, ECE, `rdma_notify`, `rdma_init_qp_attr`) fails with `ENOSYS` and one log line.
 //! - One thread per process runs the CM: it polls the GSI QP's completions, retransmits and times out on a 1 ms
-//!   clock, and queues events on the channels; a channel's descriptor is a pipe with one byte per event.
+//!   clock, and queues events on the channels; a channel's descriptor is an eventfd counting
+//!   the events not yet taken.
 //! - No panic crosses the C boundary (`guard`).
 
 use std::ffi::c_int;
