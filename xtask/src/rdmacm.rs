@@ -177,19 +177,6 @@ fn rping_line_ok(line: &str, i: usize) -> bool {
         && b.windows(2).all(|w| w[1] == next(w[0]))
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn rping_lines_are_checked_letter_by_letter() {
-        assert!(super::rping_line_ok("ping data: rdma-ping-0: ABCDEFG", 0));
-        assert!(super::rping_line_ok("ping data: rdma-ping-59: BCD", 59));
-        assert!(super::rping_line_ok("ping data: rdma-ping-57: zABC", 57));
-        assert!(!super::rping_line_ok("ping data: rdma-ping-1: ABCD", 1), "starts one further each ping");
-        assert!(!super::rping_line_ok("ping data: rdma-ping-0: ABDE", 0), "a letter skipped");
-        assert!(!super::rping_line_ok("ping data: rdma-ping-0: ", 0));
-    }
-}
-
 /// The rdmacm part: rping (1,000 iterations, each buffer checked), ucmatose, udaddy, ib_send_bw -R and
 /// ib_write_bw -R, each between two processes on the drop-in libraries.
 pub fn rdmacm_part(a: &Apps<'_>) -> Result<(), String> {
@@ -246,4 +233,17 @@ pub fn rdmacm_part(a: &Apps<'_>) -> Result<(), String> {
         println!("{prog} -R (sim): ok");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rping_lines_are_checked_letter_by_letter() {
+        assert!(super::rping_line_ok("ping data: rdma-ping-0: ABCDEFG", 0));
+        assert!(super::rping_line_ok("ping data: rdma-ping-59: BCD", 59));
+        assert!(super::rping_line_ok("ping data: rdma-ping-57: zABC", 57));
+        assert!(!super::rping_line_ok("ping data: rdma-ping-1: ABCD", 1), "starts one further each ping");
+        assert!(!super::rping_line_ok("ping data: rdma-ping-0: ABDE", 0), "a letter skipped");
+        assert!(!super::rping_line_ok("ping data: rdma-ping-0: ", 0));
+    }
 }

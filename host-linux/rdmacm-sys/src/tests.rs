@@ -1,1 +1,256 @@
-//! In-process tests: the exports driven as a C program drives them, on simulated devices.
+//! In-process tests: the exports called as a C program calls them, on the process's simulated device (the
+//! drop-in libibverbs linked in from `mlx5-ibverbs`), its CM talking to itself over the port's QP1 (the
+//! simulated port delivers a datagram to its own GID).
+
+use std::ffi::{c_int, CStr};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use mlx5_ibverbs as _;
+use mlx5_rdmacm::ip::ps;
+
+use crate::abi::*;
+use crate::api::*;
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn sin(ip: [u8; 4], port: u16) -> libc::sockaddr_in {
+    // SAFETY: all-zero is a valid sockaddr_in.
+    let mut s: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    s.sin_family = libc::AF_INET as libc::sa_family_t;
+    s.sin_port = port.to_be();
+    s.sin_addr.s_addr = u32::from_be_bytes(ip).to_be();
+    s
+}
+
+fn sa(s: &mut libc::sockaddr_in) -> *mut libc::sockaddr {
+    (s as *mut libc::sockaddr_in).cast()
+}
+
+/// The next event on `ch` within `limit` (the channel's descriptor polled, as a program's poll() loop does).
+fn next_event(ch: *mut rdma_event_channel, limit: Duration) -> Option<(c_int, c_int, *mut rdma_cm_id)> {
+    let end = Instant::now() + limit;
+    // SAFETY: a live channel of this library.
+    let fd = unsafe { (*ch).fd };
+    while Instant::now() < end {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd.
+        if unsafe { libc::poll(&mut p, 1, 50) } == 1 {
+            let mut ev = ptr::null_mut();
+            // SAFETY: the channel is readable.
+            assert_eq!(unsafe { rdma_get_cm_event(ch, &mut ev) }, 0);
+            // SAFETY: the event just taken.
+            let r = unsafe { ((*ev).event, (*ev).status, (*ev).id) };
+            // SAFETY: acknowledged once.
+            assert_eq!(unsafe { rdma_ack_cm_event(ev) }, 0);
+            return Some(r);
+        }
+    }
+    None
+}
+
+fn new_id(ch: *mut rdma_event_channel, ps: u16) -> *mut rdma_cm_id {
+    let mut id = ptr::null_mut();
+    // SAFETY: a live channel; an out pointer.
+    assert_eq!(unsafe { rdma_create_id(ch, &mut id, ptr::null_mut(), c_int::from(ps)) }, 0, "{}", errno());
+    id
+}
+
+const OWN: [u8; 4] = [192, 168, 1, 10];
+
+#[test]
+fn bad_arguments_are_errors_with_rdma_cm_errnos() {
+    let ch = rdma_create_event_channel();
+    assert!(!ch.is_null());
+    let mut id = ptr::null_mut();
+    // SAFETY: a live channel; 0x999 is no port space.
+    assert_eq!(unsafe { rdma_create_id(ch, &mut id, ptr::null_mut(), 0x999) }, -1);
+    assert_eq!(errno(), libc::EINVAL);
+    let id = new_id(ch, ps::TCP);
+    // An IPv6 bind: the simulated ports have IPv4 addresses only.
+    // SAFETY: all-zero is a valid sockaddr_in6.
+    let mut s6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+    s6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+    // SAFETY: a live ID and a sockaddr_in6.
+    assert_eq!(unsafe { rdma_bind_addr(id, (&mut s6 as *mut libc::sockaddr_in6).cast()) }, -1);
+    assert_eq!(errno(), libc::EAFNOSUPPORT);
+    // An address no port of this process has.
+    let mut other = sin([10, 1, 2, 3], 1);
+    // SAFETY: as above.
+    assert_eq!(unsafe { rdma_bind_addr(id, sa(&mut other)) }, -1);
+    assert_eq!(errno(), libc::EADDRNOTAVAIL);
+    // Accepting or disconnecting what is not connected.
+    // SAFETY: a live ID.
+    assert_eq!((unsafe { rdma_accept(id, ptr::null_mut()) }, errno()), (-1, libc::EINVAL));
+    // SAFETY: as above.
+    assert_eq!((unsafe { rdma_disconnect(id) }, errno()), (-1, libc::EINVAL));
+    // Nothing pending: a non-blocking channel says EAGAIN.
+    // SAFETY: the channel's descriptor.
+    unsafe { libc::fcntl((*ch).fd, libc::F_SETFL, libc::O_NONBLOCK) };
+    let mut ev = ptr::null_mut();
+    // SAFETY: a live channel.
+    assert_eq!((unsafe { rdma_get_cm_event(ch, &mut ev) }, errno()), (-1, libc::EAGAIN));
+    // Multicast is not provided: ENOSYS, never a crash.
+    assert_eq!((rdma_join_multicast(), errno()), (-1, libc::ENOSYS));
+    // SAFETY: a live ID, then its channel.
+    unsafe {
+        assert_eq!(rdma_destroy_id(id), 0);
+        rdma_destroy_event_channel(ch);
+    }
+}
+
+#[test]
+fn an_address_no_simulated_port_has_is_an_addr_error_event() {
+    let ch = rdma_create_event_channel();
+    let id = new_id(ch, ps::TCP);
+    let mut dst = sin([10, 9, 9, 9], 7000);
+    // SAFETY: a live ID and addresses.
+    assert_eq!(unsafe { rdma_resolve_addr(id, ptr::null_mut(), sa(&mut dst), 2000) }, 0);
+    let (ev, status, _) = next_event(ch, Duration::from_secs(5)).expect("an event");
+    assert_eq!((ev, status), (event::ADDR_ERROR, -libc::EHOSTUNREACH));
+    // SAFETY: as above.
+    unsafe {
+        rdma_destroy_id(id);
+        rdma_destroy_event_channel(ch);
+    }
+}
+
+#[test]
+fn a_req_for_a_service_nobody_listens_on_is_rejected_with_invalid_service_id() {
+    let ch = rdma_create_event_channel();
+    let id = new_id(ch, ps::TCP);
+    let mut dst = sin(OWN, 7301);
+    // SAFETY: a live ID and addresses.
+    assert_eq!(unsafe { rdma_resolve_addr(id, ptr::null_mut(), sa(&mut dst), 2000) }, 0);
+    assert_eq!(next_event(ch, Duration::from_secs(5)).map(|e| e.0), Some(event::ADDR_RESOLVED));
+    // SAFETY: as above.
+    assert_eq!(unsafe { rdma_resolve_route(id, 2000) }, 0);
+    assert_eq!(next_event(ch, Duration::from_secs(5)).map(|e| e.0), Some(event::ROUTE_RESOLVED));
+    // SAFETY: a live, resolved ID; no QP, so the parameter names the QPN.
+    let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+    p.qp_num = 0x1234;
+    // SAFETY: as above.
+    assert_eq!(unsafe { rdma_connect(id, &mut p) }, 0, "{}", errno());
+    let (ev, status, _) = next_event(ch, Duration::from_secs(10)).expect("an answer");
+    // IBTA 12.6.7.2: reason 8, invalid service ID; rdma_cm reports the reason as the status.
+    assert_eq!((ev, status), (event::REJECTED, 8));
+    // SAFETY: as above.
+    unsafe {
+        rdma_destroy_id(id);
+        rdma_destroy_event_channel(ch);
+    }
+}
+
+#[test]
+fn listen_connect_accept_disconnect_on_one_port_and_a_second_listener_is_refused() {
+    let (sch, cch) = (rdma_create_event_channel(), rdma_create_event_channel());
+    let listen = new_id(sch, ps::TCP);
+    let mut at = sin(OWN, 7302);
+    // SAFETY: live IDs and addresses.
+    unsafe {
+        assert_eq!(rdma_bind_addr(listen, sa(&mut at)), 0);
+        assert_eq!(rdma_listen(listen, 8), 0);
+    }
+    let again = new_id(sch, ps::TCP);
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(rdma_bind_addr(again, sa(&mut at)), 0);
+        assert_eq!((rdma_listen(again, 8), errno()), (-1, libc::EADDRINUSE));
+        rdma_destroy_id(again);
+    }
+    let client = new_id(cch, ps::TCP);
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(rdma_resolve_addr(client, ptr::null_mut(), sa(&mut at), 2000), 0);
+        assert_eq!(next_event(cch, Duration::from_secs(5)).map(|e| e.0), Some(event::ADDR_RESOLVED));
+        assert_eq!(rdma_resolve_route(client, 2000), 0);
+        assert_eq!(next_event(cch, Duration::from_secs(5)).map(|e| e.0), Some(event::ROUTE_RESOLVED));
+    }
+    let hello = b"hello";
+    // SAFETY: all-zero is a valid parameter block.
+    let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+    p.qp_num = 0x2222;
+    p.private_data = hello.as_ptr().cast();
+    p.private_data_len = hello.len() as u8;
+    // SAFETY: as above.
+    assert_eq!(unsafe { rdma_connect(client, &mut p) }, 0);
+    // The listener's channel gets the request with the private data after rdma_cm's header.
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut got = None;
+    while got.is_none() && Instant::now() < end {
+        let mut ev = ptr::null_mut();
+        // SAFETY: blocking read on the listener's channel (an event is coming or the test fails by time).
+        if unsafe { rdma_get_cm_event(sch, &mut ev) } == 0 {
+            // SAFETY: the event just taken.
+            let e = unsafe { &*ev };
+            assert_eq!(e.event, event::CONNECT_REQUEST);
+            assert_eq!(e.listen_id, listen);
+            // SAFETY: a CONNECT_REQUEST carries conn parameters.
+            let c = unsafe { e.param.conn };
+            // SAFETY: the event's private data.
+            let data = unsafe { std::slice::from_raw_parts(c.private_data.cast::<u8>(), 5) };
+            assert_eq!((data, c.qp_num), (&hello[..], 0x2222));
+            got = Some(e.id);
+            // SAFETY: acknowledged once.
+            unsafe { rdma_ack_cm_event(ev) };
+        }
+    }
+    let child = got.expect("a connect request");
+    // SAFETY: the new ID, on the listener's device; no QP: the parameter names the QPN.
+    unsafe {
+        assert_eq!((*child).verbs, (*client).verbs, "one process, one port");
+        assert!(!(*child).route.path_rec.is_null());
+        let mut p: rdma_conn_param = std::mem::zeroed();
+        p.qp_num = 0x3333;
+        assert_eq!(rdma_accept(child, &mut p), 0, "{}", errno());
+    }
+    // Without a QP on the active ID, the REP comes as CONNECT_RESPONSE; the passive side sees ESTABLISHED.
+    assert_eq!(next_event(cch, Duration::from_secs(10)).map(|e| e.0), Some(event::CONNECT_RESPONSE));
+    assert_eq!(next_event(sch, Duration::from_secs(10)).map(|e| e.0), Some(event::ESTABLISHED));
+    // SAFETY: as above.
+    unsafe { assert_eq!(rdma_establish(client), 0) };
+    // The client ends it: both sides see DISCONNECTED (DREQ, DREP).
+    // SAFETY: as above.
+    assert_eq!(unsafe { rdma_disconnect(client) }, 0);
+    assert_eq!(next_event(sch, Duration::from_secs(10)).map(|e| e.0), Some(event::DISCONNECTED));
+    assert_eq!(next_event(cch, Duration::from_secs(10)).map(|e| e.0), Some(event::DISCONNECTED));
+    // SAFETY: as above.
+    unsafe {
+        rdma_destroy_id(child);
+        rdma_destroy_id(client);
+        rdma_destroy_id(listen);
+        rdma_destroy_event_channel(sch);
+        rdma_destroy_event_channel(cch);
+    }
+}
+
+#[test]
+fn getaddrinfo_gives_passive_and_active_addresses_and_refuses_bad_services() {
+    let mut res = ptr::null_mut();
+    // SAFETY: all-zero hints are valid.
+    let mut hints: rdma_addrinfo = unsafe { std::mem::zeroed() };
+    hints.ai_flags = RAI_PASSIVE;
+    hints.ai_port_space = c_int::from(ps::UDP);
+    // SAFETY: C strings, hints and an out pointer.
+    assert_eq!(unsafe { rdma_getaddrinfo(ptr::null(), c"7174".as_ptr(), &hints, &mut res) }, 0);
+    // SAFETY: the result.
+    unsafe {
+        let r = &*res;
+        assert_eq!((r.ai_qp_type, r.ai_port_space, r.ai_dst_addr.is_null()), (IBV_QPT_UD, 0x111, true));
+        let s = &*r.ai_src_addr.cast::<libc::sockaddr_in>();
+        assert_eq!((u16::from_be(s.sin_port), s.sin_addr.s_addr), (7174, 0));
+        rdma_freeaddrinfo(res);
+        assert_eq!(rdma_getaddrinfo(c"192.168.1.11".as_ptr(), c"80".as_ptr(), ptr::null(), &mut res), 0);
+        let d = &*(*res).ai_dst_addr.cast::<libc::sockaddr_in>();
+        assert_eq!(u32::from_be(d.sin_addr.s_addr).to_be_bytes(), [192, 168, 1, 11]);
+        assert_eq!((*res).ai_qp_type, IBV_QPT_RC);
+        rdma_freeaddrinfo(res);
+        assert_eq!(rdma_getaddrinfo(c"localhost".as_ptr(), c"port".as_ptr(), ptr::null(), &mut res), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        let s = CStr::from_ptr(rdma_event_str(event::ESTABLISHED));
+        assert_eq!(s.to_str(), Ok("RDMA_CM_EVENT_ESTABLISHED"));
+        assert_eq!(CStr::from_ptr(rdma_event_str(99)).to_str(), Ok("UNKNOWN EVENT"));
+    }
+}
