@@ -394,11 +394,14 @@ impl Cm {
         })
     }
 
-    /// Forgets an ID's connection in its engine's map (the engine forgets by itself once it ends).
+    /// Forgets an ID's connection and listeners, here and in the engine.
     pub(crate) fn unlink(&mut self, id: usize) {
         if let Some(st) = self.ids.get_mut(&id) {
             if let Some((d, comm)) = st.comm.take() {
+                // An ID destroyed mid-handshake withdraws its REQ or REP (a connected one sends a DREQ), so
+                // neither engine keeps the connection.
                 self.devs[d].conns.remove(&comm);
+                self.devs[d].engine.abort(comm);
             }
             for (d, svc) in std::mem::take(&mut st.listening) {
                 self.devs[d].listeners.remove(&svc);

@@ -114,6 +114,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             return fail(libc::EINVAL);
         }
         g.unlink(id_ptr(id));
+        g.flush();
         let st = g.ids.remove(&id_ptr(id)).expect("present");
         drop(g);
         // SAFETY: the caller's ID, ours to free now.

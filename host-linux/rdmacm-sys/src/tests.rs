@@ -60,8 +60,15 @@ fn new_id(ch: *mut rdma_event_channel, ps: u16) -> *mut rdma_cm_id {
 
 const OWN: [u8; 4] = [192, 168, 1, 10];
 
+/// The tests share the process's CM (one port): one at a time, so a test's count of live connections is its own.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn bad_arguments_are_errors_with_rdma_cm_errnos() {
+    let _one = serial();
     let ch = rdma_create_event_channel();
     assert!(!ch.is_null());
     let mut id = ptr::null_mut();
@@ -103,6 +110,7 @@ fn bad_arguments_are_errors_with_rdma_cm_errnos() {
 
 #[test]
 fn an_address_no_simulated_port_has_is_an_addr_error_event() {
+    let _one = serial();
     let ch = rdma_create_event_channel();
     let id = new_id(ch, ps::TCP);
     let mut dst = sin([10, 9, 9, 9], 7000);
@@ -119,6 +127,7 @@ fn an_address_no_simulated_port_has_is_an_addr_error_event() {
 
 #[test]
 fn a_req_for_a_service_nobody_listens_on_is_rejected_with_invalid_service_id() {
+    let _one = serial();
     let ch = rdma_create_event_channel();
     let id = new_id(ch, ps::TCP);
     let mut dst = sin(OWN, 7301);
@@ -145,6 +154,7 @@ fn a_req_for_a_service_nobody_listens_on_is_rejected_with_invalid_service_id() {
 
 #[test]
 fn listen_connect_accept_disconnect_on_one_port_and_a_second_listener_is_refused() {
+    let _one = serial();
     let (sch, cch) = (rdma_create_event_channel(), rdma_create_event_channel());
     let listen = new_id(sch, ps::TCP);
     let mut at = sin(OWN, 7302);
@@ -228,6 +238,7 @@ fn listen_connect_accept_disconnect_on_one_port_and_a_second_listener_is_refused
 
 #[test]
 fn getaddrinfo_gives_passive_and_active_addresses_and_refuses_bad_services() {
+    let _one = serial();
     let mut res = ptr::null_mut();
     // SAFETY: all-zero hints are valid.
     let mut hints: rdma_addrinfo = unsafe { std::mem::zeroed() };
@@ -252,5 +263,77 @@ fn getaddrinfo_gives_passive_and_active_addresses_and_refuses_bad_services() {
         let s = CStr::from_ptr(rdma_event_str(event::ESTABLISHED));
         assert_eq!(s.to_str(), Ok("RDMA_CM_EVENT_ESTABLISHED"));
         assert_eq!(CStr::from_ptr(rdma_event_str(99)).to_str(), Ok("UNKNOWN EVENT"));
+    }
+}
+
+/// Resolves and connects a new ID on `ch` to `at`, naming QPN `qpn` (no QP on the ID).
+fn connect_to(ch: *mut rdma_event_channel, at: &mut libc::sockaddr_in, qpn: u32) -> *mut rdma_cm_id {
+    let id = new_id(ch, ps::TCP);
+    // SAFETY: a live ID and address; each step's event taken before the next.
+    unsafe {
+        assert_eq!(rdma_resolve_addr(id, ptr::null_mut(), sa(at), 2000), 0);
+        assert_eq!(next_event(ch, Duration::from_secs(5)).map(|e| e.0), Some(event::ADDR_RESOLVED));
+        assert_eq!(rdma_resolve_route(id, 2000), 0);
+        assert_eq!(next_event(ch, Duration::from_secs(5)).map(|e| e.0), Some(event::ROUTE_RESOLVED));
+        let mut p: rdma_conn_param = std::mem::zeroed();
+        p.qp_num = qpn;
+        assert_eq!(rdma_connect(id, &mut p), 0);
+    }
+    id
+}
+
+#[test]
+fn a_flood_of_reqs_past_the_pending_limit_is_rejected_and_destroyed_ids_leave_no_connection() {
+    let _one = serial();
+    let (sch, cch) = (rdma_create_event_channel(), rdma_create_event_channel());
+    let listen = new_id(sch, ps::TCP);
+    let mut at = sin(OWN, 7304);
+    // SAFETY: live IDs and addresses.
+    unsafe {
+        assert_eq!(rdma_bind_addr(listen, sa(&mut at)), 0);
+        assert_eq!(rdma_listen(listen, 1), 0);
+    }
+    assert_eq!(crate::agent::cm().devs[0].engine.connections(), 0);
+    // 140 requests the listener never answers, in batches the GSI QP's 64 receives take: the engine holds
+    // 128 (its pending limit), the rest are REJected with reason 3 (no resources).
+    let (mut clients, mut requests, mut rejected) = (Vec::new(), Vec::new(), 0);
+    for batch in 0..5 {
+        for i in 0..28 {
+            clients.push(connect_to(cch, &mut at, 0x100 + batch * 28 + i));
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        while requests.len() + rejected < clients.len() && Instant::now() < end {
+            if let Some((ev, status, id)) = next_event(sch, Duration::from_millis(1)) {
+                assert_eq!((ev, status), (event::CONNECT_REQUEST, 0));
+                requests.push(id);
+            }
+            if let Some((ev, status, _)) = next_event(cch, Duration::from_millis(1)) {
+                assert_eq!((ev, status), (event::REJECTED, 3), "no resources");
+                rejected += 1;
+            }
+        }
+    }
+    assert_eq!((requests.len(), rejected), (128, 12));
+    // Every requester gives up: each destroyed ID withdraws its REQ (REJ, timeout, its CA GUID in the ARI), so
+    // the listener's side hears REJECTED for each held request and no connection stays in either engine.
+    for c in clients {
+        // SAFETY: our IDs.
+        assert_eq!(unsafe { rdma_destroy_id(c) }, 0);
+    }
+    let mut withdrawn = 0;
+    while withdrawn < 128 {
+        let Some((ev, _, id)) = next_event(sch, Duration::from_secs(10)) else { break };
+        assert_eq!(ev, event::REJECTED);
+        // SAFETY: a passive ID this library made.
+        unsafe { rdma_destroy_id(id) };
+        withdrawn += 1;
+    }
+    assert_eq!(withdrawn, 128);
+    assert_eq!(crate::agent::cm().devs[0].engine.connections(), 0, "no connection left in the engine");
+    // SAFETY: as above.
+    unsafe {
+        rdma_destroy_id(listen);
+        rdma_destroy_event_channel(sch);
+        rdma_destroy_event_channel(cch);
     }
 }
