@@ -121,6 +121,7 @@ const SERVER_IP: &str = "192.168.1.10";
 /// A server and a client on the drop-in libraries, each with its own simulated device joined by the wire;
 /// returns both outputs' stdout once both succeeded.
 fn pair(
+    link: &str,
     ld_path: &str,
     server: (&Path, &[&str]),
     client: (&Path, &[&str]),
@@ -144,11 +145,11 @@ fn pair(
         let r = |ext: &str| std::fs::read_to_string(dir.join(format!("{side}.{ext}"))).unwrap_or_default();
         (r("out"), r("err"))
     };
-    let s = spawn(server.0, server.1, &format!("sim:wire=listen:127.0.0.1:{wire}"), "server")?;
+    let s = spawn(server.0, server.1, &format!("sim{link}:wire=listen:127.0.0.1:{wire}"), "server")?;
     // The server's device listens on the wire once opened; its rdma_listen follows at once.
     wait_listening(wire, Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(500));
-    let c = spawn(client.0, client.1, &format!("sim:host=1:wire=connect:127.0.0.1:{wire}"), "client")?;
+    let c = spawn(client.0, client.1, &format!("sim{link}:host=1:wire=connect:127.0.0.1:{wire}"), "client")?;
     let limit = Duration::from_secs(120);
     let c = wait(c, limit, &format!("{what} (client)"));
     let s = match &c {
@@ -184,20 +185,26 @@ pub fn rdmacm_part(a: &Apps<'_>) -> Result<(), String> {
     let bin = rdmacm_utils(&a.lib)?;
     let ld = format!("{}:{}", cm.display(), a.p.path);
     let port = "18751";
-    let (s, c) = pair(
-        &ld,
-        (&bin.join("rping"), &["-s", "-a", SERVER_IP, "-p", port, "-C", "1000", "-V"]),
-        (&bin.join("rping"), &["-c", "-a", SERVER_IP, "-p", port, "-C", "1000", "-v", "-V"]),
-        18851,
-        "rping",
-    )?;
-    let lines: Vec<&str> = c.lines().filter(|l| l.starts_with("ping data:")).collect();
-    let bad = lines.iter().enumerate().find(|(i, l)| !rping_line_ok(l, *i));
-    if lines.len() != 1000 || bad.is_some() {
-        return Err(format!("rping: {} ping lines, first bad {bad:?}\n{c}\nserver:\n{s}", lines.len()));
+    // RoCE with 1,000 pings, then InfiniBand (LID-addressed) with 100.
+    for (link, count, wire) in [("", 1000usize, 18851u16), (":link=ib", 100, 18859)] {
+        let n = count.to_string();
+        let (s, c) = pair(
+            link,
+            &ld,
+            (&bin.join("rping"), &["-s", "-a", SERVER_IP, "-p", port, "-C", &n, "-V"]),
+            (&bin.join("rping"), &["-c", "-a", SERVER_IP, "-p", port, "-C", &n, "-v", "-V"]),
+            wire,
+            "rping",
+        )?;
+        let lines: Vec<&str> = c.lines().filter(|l| l.starts_with("ping data:")).collect();
+        let bad = lines.iter().enumerate().find(|(i, l)| !rping_line_ok(l, *i));
+        if lines.len() != count || bad.is_some() {
+            return Err(format!("rping: {} ping lines, first bad {bad:?}\n{c}\nserver:\n{s}", lines.len()));
+        }
+        println!("rping -c -v -V -C {count} (sim{link}): {count} pings, each buffer as rping wrote it: ok");
     }
-    println!("rping -c -v -V -C 1000 (sim): 1000 pings, each buffer as rping wrote it: ok");
     let (_, c) = pair(
+        "",
         &ld,
         (&bin.join("ucmatose"), &["-p", "18752"]),
         (&bin.join("ucmatose"), &["-s", SERVER_IP, "-p", "18752"]),
@@ -209,6 +216,7 @@ pub fn rdmacm_part(a: &Apps<'_>) -> Result<(), String> {
     }
     println!("ucmatose (sim): ok");
     let (_, c) = pair(
+        "",
         &ld,
         // udaddy has no port option (its -p is the port space): it serves port 7174.
         (&bin.join("udaddy"), &[]),
@@ -225,7 +233,8 @@ pub fn rdmacm_part(a: &Apps<'_>) -> Result<(), String> {
         let args = ["-R", "-u", "20", "-n", "200", "-p", &p];
         let mut client: Vec<&str> = args.to_vec();
         client.push(SERVER_IP);
-        let (_, c) = pair(&ld, (&a.p.bin.join(prog), &args), (&a.p.bin.join(prog), &client), 18854 + i as u16, prog)?;
+        let (_, c) =
+            pair("", &ld, (&a.p.bin.join(prog), &args), (&a.p.bin.join(prog), &client), 18854 + i as u16, prog)?;
         // The result row, compared with runs of white space collapsed (`#bytes #iterations ...`).
         if !c.split_whitespace().collect::<Vec<_>>().join(" ").contains("65536 200") {
             return Err(format!("{prog} -R: no result row:\n{c}"));
