@@ -740,7 +740,7 @@ pub(crate) unsafe fn poll_cq(cq: *mut ibv_cq, wcs: &mut [ibv_wc]) -> c_int {
 
 /// # Safety
 /// `qp` is a live QP of the drop-in library; `wr` a valid list.
-unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+pub(crate) unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
     // SAFETY: the caller's live QP and its context.
     let f = unsafe { (*(*qp).context).ops.post_send };
     // SAFETY: as above.

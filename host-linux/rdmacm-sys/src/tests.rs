@@ -337,3 +337,133 @@ fn a_flood_of_reqs_past_the_pending_limit_is_rejected_and_destroyed_ids_leave_no
         rdma_destroy_event_channel(cch);
     }
 }
+
+mod wire {
+    use std::ffi::{c_int, c_void};
+
+    use crate::abi::verbs::ibv_mr;
+    use crate::abi::*;
+
+    extern "C" {
+        pub fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr;
+        pub fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
+        pub fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah;
+        pub fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int;
+    }
+}
+
+/// Datagrams a peer puts on QP1 that are not what they should be, sent from an ordinary UD QP of the port to QP 1
+/// with the GSI Q_Key: a truncated MAD, one of another base version, and a REP for a connection nobody has. The
+/// first two are dropped and counted as malformed; the REP is answered with a REJ (invalid communication ID).
+#[test]
+fn bad_mads_on_qp1_are_dropped_and_counted_and_a_stray_rep_is_rejected() {
+    use crate::abi::verbs::{ibv_qp_cap, ibv_send_wr, ibv_send_wr_wr, ibv_sge, wr_ud};
+    use crate::agent::{self, mask, qps};
+    use mlx5_rdmacm::cm::{CmMsg, Rep};
+    use mlx5_rdmacm::mad::{MAD_LEN, QP1_QKEY};
+
+    let _one = serial();
+    // The port's CM, opened by the first call.
+    let ch = rdma_create_event_channel();
+    let (ctx, sgid_index, gid) = {
+        let g = agent::cm();
+        (g.devs[0].ctx, g.devs[0].sgid_index, g.devs[0].gid)
+    };
+    let before = agent::cm().devs[0].engine.counters();
+    // SAFETY: the CM's open context; every object made here is destroyed at the end.
+    unsafe {
+        let pd = agent::ibv_alloc_pd(ctx);
+        let cq = agent::ibv_create_cq(ctx, 8, ptr::null_mut(), ptr::null_mut(), 0);
+        let cap = ibv_qp_cap { max_send_wr: 4, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let mut init = ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: ptr::null_mut(),
+            cap,
+            qp_type: IBV_QPT_UD,
+            sq_sig_all: 1,
+        };
+        let qp = agent::ibv_create_qp(pd, &mut init);
+        assert!(!qp.is_null());
+        let mut a: ibv_qp_attr = std::mem::zeroed();
+        a.qp_state = qps::INIT;
+        a.port_num = 1;
+        // A work request's Q_Key with the high bit set means "the QP's own" (IBA 10.2.4): the GSI Q_Key is
+        // a controlled one, so the sending QP holds it.
+        a.qkey = QP1_QKEY;
+        assert_eq!(agent::ibv_modify_qp(qp, &mut a, mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::QKEY), 0);
+        a.qp_state = qps::RTR;
+        assert_eq!(agent::ibv_modify_qp(qp, &mut a, mask::STATE), 0);
+        a.qp_state = qps::RTS;
+        assert_eq!(agent::ibv_modify_qp(qp, &mut a, mask::STATE | mask::SQ_PSN), 0);
+        let mut buf = vec![0u8; 3 * MAD_LEN];
+        let mr = wire::ibv_reg_mr(pd, buf.as_mut_ptr().cast(), buf.len(), 1);
+        assert!(!mr.is_null());
+        let mut to_self = ibv_ah_attr { port_num: 1, is_global: 1, ..ibv_ah_attr::default() };
+        to_self.grh.dgid.raw = gid;
+        to_self.grh.sgid_index = sgid_index;
+        to_self.grh.hop_limit = 64;
+        let ah = wire::ibv_create_ah(pd, &mut to_self);
+        assert!(!ah.is_null());
+        // 0: a REP's first 100 bytes; 1: a whole MAD of base version 9; 2: a REP for comm ID 0xdead_beef.
+        let mut rep = [0u8; MAD_LEN];
+        let stray = Rep {
+            local_comm_id: 7,
+            remote_comm_id: 0xdead_beef,
+            local_qkey: 0,
+            local_qpn: 5,
+            starting_psn: 1,
+            responder_resources: 1,
+            initiator_depth: 1,
+            target_ack_delay: 0,
+            failover_accepted: 0,
+            end_to_end_flow_control: false,
+            rnr_retry_count: 7,
+            srq: false,
+            local_ca_guid: 1,
+            private_data: [0; 196],
+        };
+        CmMsg::Rep(stray).write(77, &mut rep);
+        buf[..MAD_LEN].copy_from_slice(&rep);
+        buf[MAD_LEN..2 * MAD_LEN].copy_from_slice(&rep);
+        buf[MAD_LEN] = 9;
+        buf[2 * MAD_LEN..].copy_from_slice(&rep);
+        for (i, len) in [(0usize, 100u32), (1, MAD_LEN as u32), (2, MAD_LEN as u32)] {
+            let mut sge = ibv_sge { addr: buf[i * MAD_LEN..].as_ptr() as u64, length: len, lkey: (*mr).lkey };
+            let mut wr: ibv_send_wr = std::mem::zeroed();
+            wr.wr_id = i as u64;
+            wr.sg_list = &mut sge;
+            wr.num_sge = 1;
+            wr.opcode = 2;
+            wr.wr = ibv_send_wr_wr { ud: wr_ud { ah, remote_qpn: 1, remote_qkey: QP1_QKEY } };
+            let mut bad = ptr::null_mut();
+            assert_eq!(agent::post_send(qp, &mut wr, &mut bad), 0);
+        }
+        let mut wc = [ibv_wc::default(); 4];
+        let (mut done, end) = (0, Instant::now() + Duration::from_secs(5));
+        while done < 3 && Instant::now() < end {
+            let n = agent::poll_cq(cq, &mut wc);
+            assert!(wc[..n.max(0) as usize].iter().all(|w| w.status == 0));
+            done += n.max(0);
+        }
+        assert_eq!(done, 3, "the three datagrams left");
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut after = agent::cm().devs[0].engine.counters();
+        while (after.malformed < before.malformed + 2 || after.stale < before.stale + 1) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+            after = agent::cm().devs[0].engine.counters();
+        }
+        assert_eq!(after.malformed - before.malformed, 2, "truncated and bad-version MADs dropped, counted");
+        assert_eq!(after.rej_unknown_rep - before.rej_unknown_rep, 1, "the stray REP REJected");
+        // The REJ went to QP 1 of the REP's sender (this port): a REJ for nothing here is stale.
+        assert_eq!(after.stale - before.stale, 1);
+        assert_eq!(agent::cm().devs[0].engine.connections(), 0);
+        wire::ibv_destroy_ah(ah);
+        wire::ibv_dereg_mr(mr);
+        agent::ibv_destroy_qp(qp);
+        agent::ibv_destroy_cq(cq);
+        agent::ibv_dealloc_pd(pd);
+        rdma_destroy_event_channel(ch);
+    }
+}
