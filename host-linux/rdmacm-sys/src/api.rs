@@ -13,6 +13,13 @@ use crate::addr;
 use crate::agent::{self, cm, deliver, lock, Channel, ConnectArgs, Ev, IdState};
 use crate::{fail, guard, set_errno};
 
+/// Whether the program made descriptor `fd` non-blocking.
+pub(crate) fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL takes no pointer.
+    let f = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    f >= 0 && f & libc::O_NONBLOCK != 0
+}
+
 fn id_ptr(id: *mut rdma_cm_id) -> usize {
     id as usize
 }
@@ -119,6 +126,22 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         drop(g);
         // SAFETY: the caller's ID, ours to free now.
         let b = unsafe { Box::from_raw(id) };
+        // Its events not yet taken go with it (their counts stay on the descriptor: a read that finds no event
+        // reads again), so none handed out later names a freed ID.
+        if !b.channel.is_null() {
+            // SAFETY: the ID's channel, one of ours, alive while IDs are on it.
+            let ch = unsafe { &*b.channel.cast::<Channel>() };
+            lock(&ch.q).retain(|&e| {
+                let e = e as *mut Ev;
+                // SAFETY: queued events are ours until handed out.
+                let mine = unsafe { (*e).c.id } == id;
+                if mine {
+                    // SAFETY: as above; removed from the queue here.
+                    drop(unsafe { Box::from_raw(e) });
+                }
+                !mine
+            });
+        }
         // SAFETY: what this library made for the ID, no longer used by it.
         unsafe {
             if !st.own_cq.is_null() {
@@ -522,7 +545,14 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, eve
             }
             return fail(if n == 0 { libc::ENODATA } else { e });
         }
-        let Some(e) = lock(&ch.q).pop_front() else { return fail(libc::EAGAIN) };
+        let Some(e) = lock(&ch.q).pop_front() else {
+            // The count of an event that went with its destroyed ID: wait for the next one, as a read would.
+            if crate::api::nonblocking(ch.c.fd) {
+                return fail(libc::EAGAIN);
+            }
+            // SAFETY: the same channel and out pointer.
+            return unsafe { rdma_get_cm_event(channel, event) };
+        };
         let e = e as *mut Ev;
         // SAFETY: the event's ID is live until the program destroys it; the event is ours until acked.
         unsafe {

@@ -467,3 +467,24 @@ fn bad_mads_on_qp1_are_dropped_and_counted_and_a_stray_rep_is_rejected() {
         rdma_destroy_event_channel(ch);
     }
 }
+
+#[test]
+fn events_of_a_destroyed_id_go_with_it() {
+    let _one = serial();
+    let ch = rdma_create_event_channel();
+    let (gone, kept) = (new_id(ch, ps::TCP), new_id(ch, ps::TCP));
+    let mut dst = sin(OWN, 7305);
+    // SAFETY: live IDs and an address; `gone` is destroyed with its ADDR_RESOLVED not taken.
+    unsafe {
+        assert_eq!(rdma_resolve_addr(gone, ptr::null_mut(), sa(&mut dst), 2000), 0);
+        assert_eq!(rdma_destroy_id(gone), 0);
+        assert_eq!(rdma_resolve_addr(kept, ptr::null_mut(), sa(&mut dst), 2000), 0);
+    }
+    let (ev, _, id) = next_event(ch, Duration::from_secs(5)).expect("an event");
+    assert_eq!((ev, id), (event::ADDR_RESOLVED, kept), "only the live ID's event is handed out");
+    // SAFETY: as above.
+    unsafe {
+        rdma_destroy_id(kept);
+        rdma_destroy_event_channel(ch);
+    }
+}
