@@ -1,6 +1,7 @@
 //! `cargo xtask librdmacm`: links `mlx5-rdmacm-sys` into `target/librdmacm/librdmacm.so.1` against the drop-in
 //! libibverbs with rdma-core 44's version nodes and checks its exports. `verbs-apps --only rdmacm`: Debian's
-//! unmodified rdmacm-utils (`rping`, `ucmatose`, `udaddy`) and perftest's `-R` runs between two processes on it.
+//! unmodified rdmacm-utils (`rping`, `ucmatose`, `udaddy`, `rdma_server`/`rdma_client`) and perftest's `-R` runs
+//! between two processes on it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -228,6 +229,19 @@ pub fn rdmacm_part(a: &Apps<'_>) -> Result<(), String> {
         return Err(format!("udaddy: no \"test complete\":\n{c}"));
     }
     println!("udaddy (sim): ok");
+    // Synchronous IDs (no channel): rdma_create_ep, rdma_get_request and rdma_verbs.h's post and completion helpers.
+    let (s, c) = pair(
+        "",
+        &ld,
+        (&bin.join("rdma_server"), &["-p", "18757"]),
+        (&bin.join("rdma_client"), &["-s", SERVER_IP, "-p", "18757"]),
+        18857,
+        "rdma_server/rdma_client",
+    )?;
+    if !s.contains("rdma_server: end 0") || !c.contains("rdma_client: end 0") {
+        return Err(format!("rdma_server/rdma_client: not both ended with 0:\n{s}\n{c}"));
+    }
+    println!("rdma_server / rdma_client (sim): ok");
     for (i, prog) in ["ib_send_bw", "ib_write_bw"].iter().enumerate() {
         let p = (18754 + i as u16).to_string();
         let args = ["-R", "-u", "20", "-n", "200", "-p", &p];

@@ -44,6 +44,8 @@ extern "C" {
         vector: c_int,
     ) -> *mut ibv_cq;
     pub(crate) fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int;
+    pub(crate) fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel;
+    pub(crate) fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int;
     pub(crate) fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
     pub(crate) fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int;
     pub(crate) fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
@@ -155,7 +157,12 @@ pub(crate) struct IdState {
     pub listener: usize,
     /// PD and CQs this library made for `rdma_create_qp`/`rdma_create_ep` with none given.
     pub own_pd: *mut ibv_pd,
-    pub own_cq: *mut ibv_cq,
+    /// CQs (send, receive) and their completion channels made for a QP created without CQs (rdma_create_ep's
+    /// way: `rdma_get_send_comp`/`rdma_get_recv_comp` wait on the channels).
+    pub own_cqs: Vec<*mut ibv_cq>,
+    pub own_channels: Vec<*mut ibv_comp_channel>,
+    /// A passive endpoint's QP attributes (`rdma_create_ep`), applied to each ID `rdma_get_request` returns.
+    pub ep_qp: Option<Box<(*mut ibv_pd, ibv_qp_init_attr)>>,
     pub path: Box<ibv_sa_path_rec>,
     pub established: bool,
 }
@@ -176,7 +183,9 @@ impl IdState {
             psn: 0,
             listener: 0,
             own_pd: ptr::null_mut(),
-            own_cq: ptr::null_mut(),
+            own_cqs: Vec::new(),
+            own_channels: Vec::new(),
+            ep_qp: None,
             path: Box::default(),
             established: false,
         }

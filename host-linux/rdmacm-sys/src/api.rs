@@ -144,8 +144,11 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         }
         // SAFETY: what this library made for the ID, no longer used by it.
         unsafe {
-            if !st.own_cq.is_null() {
-                agent::ibv_destroy_cq(st.own_cq);
+            for cq in &st.own_cqs {
+                agent::ibv_destroy_cq(*cq);
+            }
+            for ch in &st.own_channels {
+                agent::ibv_destroy_comp_channel(*ch);
             }
             if !st.own_pd.is_null() {
                 agent::ibv_dealloc_pd(st.own_pd);
@@ -599,26 +602,40 @@ fn pd_for(id: *mut rdma_cm_id, pd: *mut ibv_pd) -> Result<*mut ibv_pd, c_int> {
     Ok(st.own_pd)
 }
 
-/// A CQ for the ID's QP when the program gave none (rdma_create_ep's way).
-fn cq_for(id: *mut rdma_cm_id, n: u32) -> Result<*mut ibv_cq, c_int> {
+/// A CQ with its own completion channel for the ID's QP when the program gave none (as librdmacm's
+/// `ucma_create_cqs`: one for sends, one for receives, so `rdma_get_send_comp`/`_recv_comp` wait on their own).
+fn cq_for(id: *mut rdma_cm_id, n: u32, send: bool) -> Result<*mut ibv_cq, c_int> {
     let mut g = cm();
     let st = g.ids.get_mut(&id_ptr(id)).ok_or(libc::EINVAL)?;
-    if st.own_cq.is_null() {
-        // SAFETY: a live ID of this library and its open context.
-        st.own_cq = unsafe {
-            agent::ibv_create_cq(
-                (*id).verbs,
-                c_int::try_from(n.max(1)).unwrap_or(1),
-                ptr::null_mut(),
-                ptr::null_mut(),
-                0,
-            )
-        };
-        if st.own_cq.is_null() {
-            return Err(libc::ENOMEM);
+    // SAFETY: a live ID of this library and its open context.
+    let ctx = unsafe { (*id).verbs };
+    if ctx.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the ID's open context.
+    let ch = unsafe { agent::ibv_create_comp_channel(ctx) };
+    if ch.is_null() {
+        return Err(libc::ENOMEM);
+    }
+    st.own_channels.push(ch);
+    let n = c_int::try_from(n.max(1)).unwrap_or(c_int::MAX);
+    // SAFETY: as above, with the channel just made.
+    let cq = unsafe { agent::ibv_create_cq(ctx, n, id.cast(), ch, 0) };
+    if cq.is_null() {
+        return Err(libc::ENOMEM);
+    }
+    st.own_cqs.push(cq);
+    // SAFETY: the caller's ID.
+    unsafe {
+        if send {
+            (*id).send_cq_channel = ch;
+            (*id).send_cq = cq;
+        } else {
+            (*id).recv_cq_channel = ch;
+            (*id).recv_cq = cq;
         }
     }
-    Ok(st.own_cq)
+    Ok(cq)
 }
 
 /// Puts a new QP on the ID and moves it to INIT (UD: RTS with rdma_cm's Q_Key).
@@ -650,16 +667,15 @@ pub unsafe extern "C" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, at
             Ok(p) => p,
             Err(e) => return fail(e),
         };
-        if a.send_cq.is_null() || a.recv_cq.is_null() {
-            match cq_for(id, a.cap.max_send_wr + a.cap.max_recv_wr) {
-                Ok(cq) => {
-                    if a.send_cq.is_null() {
-                        a.send_cq = cq;
-                    }
-                    if a.recv_cq.is_null() {
-                        a.recv_cq = cq;
-                    }
-                }
+        if a.send_cq.is_null() {
+            match cq_for(id, a.cap.max_send_wr, true) {
+                Ok(cq) => a.send_cq = cq,
+                Err(e) => return fail(e),
+            }
+        }
+        if a.recv_cq.is_null() {
+            match cq_for(id, a.cap.max_recv_wr, false) {
+                Ok(cq) => a.recv_cq = cq,
                 Err(e) => return fail(e),
             }
         }
@@ -797,12 +813,30 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut
                 if let Some(st) = cm().ids.get_mut(&id_ptr(new)) {
                     st.sync = true;
                 }
+                let ep = cm().ids.get(&id_ptr(listen)).and_then(|s| s.ep_qp.as_ref().map(|b| (b.0, unsafe_copy(&b.1))));
+                if let Some((pd, mut a)) = ep {
+                    // SAFETY: the new ID on its device; the listener's saved attributes.
+                    if unsafe { rdma_create_qp(new, pd, &mut a) } != 0 {
+                        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+                        // SAFETY: the new ID, not handed out.
+                        let _ = unsafe { rdma_reject(new, ptr::null(), 0) };
+                        // SAFETY: as above.
+                        unsafe { rdma_destroy_id(new) };
+                        return fail(e);
+                    }
+                }
                 // SAFETY: the caller's out pointer.
                 unsafe { *id = new };
                 return 0;
             }
         }
     })
+}
+
+/// A copy of QP attributes (plain data: numbers and pointers the program owns).
+fn unsafe_copy(a: &ibv_qp_init_attr) -> ibv_qp_init_attr {
+    // SAFETY: a valid value of a plain C structure, read bit for bit.
+    unsafe { ptr::read(a) }
 }
 
 /// # Safety
@@ -828,7 +862,8 @@ pub unsafe extern "C" fn rdma_create_ep(
             unsafe { rdma_destroy_id(new) };
             fail(e)
         };
-        let r2 = if r.ai_flags & RAI_PASSIVE != 0 {
+        let passive = r.ai_flags & RAI_PASSIVE != 0;
+        let r2 = if passive {
             // SAFETY: the result's source address.
             match unsafe { addr::read_sockaddr(r.ai_src_addr) } {
                 Some(a) => bind(&mut cm(), new, a),
@@ -848,8 +883,20 @@ pub unsafe extern "C" fn rdma_create_ep(
         if let Err(e) = r2 {
             return undo(e);
         }
+        if !attr.is_null() {
+            // As librdmacm: the endpoint's QP is of the ID's type, whatever the attributes said.
+            // SAFETY: the caller's attributes; the new ID.
+            unsafe { (*attr).qp_type = (*new).qp_type };
+        }
+        if passive && !attr.is_null() {
+            // A listener has no QP: each ID rdma_get_request returns gets one with these attributes.
+            // SAFETY: the caller's attributes, plain data copied.
+            let a = unsafe { ptr::read(attr) };
+            if let Some(st) = cm().ids.get_mut(&id_ptr(new)) {
+                st.ep_qp = Some(Box::new((pd, a)));
+            }
         // SAFETY: the caller's attributes.
-        if !attr.is_null() && unsafe { rdma_create_qp(new, pd, attr) } != 0 {
+        } else if !attr.is_null() && unsafe { rdma_create_qp(new, pd, attr) } != 0 {
             return undo(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
         }
         // SAFETY: the caller's out pointer.
