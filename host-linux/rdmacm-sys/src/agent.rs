@@ -165,6 +165,8 @@ pub(crate) struct IdState {
     pub ep_qp: Option<Box<(*mut ibv_pd, ibv_qp_init_attr)>>,
     pub path: Box<ibv_sa_path_rec>,
     pub established: bool,
+    /// The ID has had a connection (Linux's `cm_id.ib` exists): a later `rdma_disconnect` is no error.
+    pub had_connection: bool,
 }
 
 impl IdState {
@@ -188,6 +190,7 @@ impl IdState {
             ep_qp: None,
             path: Box::default(),
             established: false,
+            had_connection: false,
         }
     }
 }
@@ -363,6 +366,7 @@ impl Cm {
         dev.conns.insert(comm, id);
         let st = self.ids.get_mut(&id).ok_or(libc::EINVAL)?;
         st.comm = Some((d, comm));
+        st.had_connection = true;
         st.psn = psn;
         Ok(())
     }
@@ -618,6 +622,7 @@ impl Cm {
         st.peer = Some(peer);
         st.listener = listener;
         st.comm = Some((d, comm));
+        st.had_connection = true;
         st.psn = (self.now_ns() as u32 ^ comm.wrapping_mul(2_654_435_761)) & 0xff_ffff;
         let mut e = new_ev(id, listener, event::CONNECT_REQUEST, 0);
         if let Some(r) = req {

@@ -510,7 +510,9 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
                 g.flush();
                 0
             }
-            // Nothing connected (any more): as Linux, EINVAL.
+            // Disconnected already (the peer's DREQ, a REJ, a timeout): nothing to send, as Linux answers 0.
+            _ if st.had_connection => 0,
+            // Never connected: as Linux, EINVAL.
             _ => fail(libc::EINVAL),
         }
     })
