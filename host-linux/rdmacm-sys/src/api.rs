@@ -518,6 +518,67 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     })
 }
 
+/// The attributes that move a program's own QP to `qp_attr.qp_state` for this ID (INIT, RTR or RTS), as rdma_cm
+/// would set them on a QP it made.
+///
+/// # Safety
+/// `id` is an ID of this library; `attr` and `mask` writable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) -> c_int {
+    guard("rdma_init_qp_attr", -1, || {
+        // SAFETY: the caller's pointers.
+        let (Some(a), Some(m)) = (unsafe { attr.as_mut() }, unsafe { mask.as_mut() }) else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: the caller's ID.
+        let ud = is_ud(unsafe { &*id });
+        let g = cm();
+        let Some(st) = g.ids.get(&id_ptr(id)) else { return fail(libc::EINVAL) };
+        use agent::{mask as k, qps};
+        match a.qp_state {
+            qps::INIT => {
+                a.pkey_index = 0;
+                a.port_num = 1;
+                *m = k::STATE | k::PKEY_INDEX | k::PORT;
+                if ud {
+                    a.qkey = RDMA_UDP_QKEY;
+                    *m |= k::QKEY;
+                } else {
+                    a.qp_access_flags = 2 | 4;
+                    *m |= k::ACCESS_FLAGS;
+                }
+            }
+            qps::RTR if ud => *m = k::STATE,
+            qps::RTR => {
+                let (Some(d), Some(peer)) = (st.dev, st.peer) else { return fail(libc::EINVAL) };
+                let dev = &g.devs[d];
+                a.ah_attr = peer;
+                a.path_mtu =
+                    if st.remote_mtu == 0 { dev.active_mtu } else { dev.active_mtu.min(c_int::from(st.remote_mtu)) };
+                a.dest_qp_num = st.remote_qpn;
+                a.rq_psn = st.remote_psn;
+                a.max_dest_rd_atomic = 1;
+                a.min_rnr_timer = 12;
+                *m =
+                    k::STATE | k::AV | k::PATH_MTU | k::DEST_QPN | k::RQ_PSN | k::MAX_DEST_RD_ATOMIC | k::MIN_RNR_TIMER;
+            }
+            qps::RTS => {
+                a.sq_psn = if ud { 0 } else { st.psn };
+                *m = k::STATE | k::SQ_PSN;
+                if !ud {
+                    a.timeout = 14;
+                    a.retry_cnt = 7;
+                    a.rnr_retry = 7;
+                    a.max_rd_atomic = 1;
+                    *m |= k::TIMEOUT | k::RETRY_CNT | k::RNR_RETRY | k::MAX_QP_RD_ATOMIC;
+                }
+            }
+            _ => return fail(libc::EINVAL),
+        }
+        0
+    })
+}
+
 /// The RTU went with the REP's answer already (the CM answers a REP at once), so there is nothing left to send.
 ///
 /// # Safety
@@ -1146,7 +1207,6 @@ not_provided!(
     rdma_create_srq,
     rdma_create_srq_ex,
     rdma_destroy_srq,
-    rdma_init_qp_attr,
     rdma_get_remote_ece,
     rdma_set_local_ece,
     rdma_reject_ece,

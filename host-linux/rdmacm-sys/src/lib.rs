@@ -8,7 +8,7 @@
 //!   so its GID (RoCE: `::ffff:IP`) or LID (InfiniBand) follows with no neighbour discovery. `127.0.0.1`,
 //!   `localhost` and the wildcard name the process's own port (as Linux binds loopback to the first device).
 //! - Every export of the real library exists at its version node ([`SYMBOLS`]); what is not provided (rsockets,
-//!   multicast, SRQs on an ID, ECE, `rdma_notify`, `rdma_init_qp_attr`) fails with `ENOSYS` and one log line.
+//!   multicast, SRQs on an ID, ECE, `rdma_notify`) fails with `ENOSYS` and one log line.
 //! - One thread per process runs the CM: it polls the GSI QP's completions, retransmits and times out on a 1 ms
 //!   clock, and queues events on the channels; a channel's descriptor is an eventfd counting
 //!   the events not yet taken.

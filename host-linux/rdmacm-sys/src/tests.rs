@@ -208,6 +208,18 @@ fn listen_connect_accept_disconnect_on_one_port_and_a_second_listener_is_refused
         }
     }
     let child = got.expect("a connect request");
+    // A program's own QP is moved with rdma_init_qp_attr: RTR toward the requester's QPN and PSN.
+    // SAFETY: the new ID; a zeroed attribute with the state asked for.
+    unsafe {
+        let mut a: ibv_qp_attr = std::mem::zeroed();
+        let mut m = 0;
+        a.qp_state = crate::agent::qps::RTR;
+        assert_eq!(rdma_init_qp_attr(child, &mut a, &mut m), 0);
+        assert_eq!((a.dest_qp_num, a.ah_attr.is_global, a.ah_attr.port_num), (0x2222, 1, 1));
+        assert_ne!(m & crate::agent::mask::DEST_QPN, 0);
+        a.qp_state = 99;
+        assert_eq!((rdma_init_qp_attr(child, &mut a, &mut m), errno()), (-1, libc::EINVAL));
+    }
     // SAFETY: the new ID, on the listener's device; no QP: the parameter names the QPN.
     unsafe {
         assert_eq!((*child).verbs, (*client).verbs, "one process, one port");
