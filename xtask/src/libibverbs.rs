@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use crate::vfio_test::wait_until;
 
+#[path = "rdmacm.rs"]
+pub mod rdmacm;
+
 /// Every default-version export of Debian bookworm's libibverbs (`name VERSION` a line).
 const SYMBOLS: &str = include_str!("../../host-linux/ibverbs/symbols.txt");
 
@@ -60,6 +63,10 @@ fn symbols() -> BTreeSet<(String, String)> {
     SYMBOLS.lines().filter_map(|l| l.split_once(' ')).map(|(n, v)| (n.to_string(), v.to_string())).collect()
 }
 
+/// The exports of our own, outside rdma-core's table (`name VERSION`): the GSI QP the drop-in librdmacm asks
+/// for (libibverbs has no such QP type).
+const PRIVATE: &[(&str, &str)] = &[("mlx5_rs_create_gsi_qp", "MLX5_RS_PRIVATE_1")];
+
 /// The linker version script: one node per version, everything not listed local.
 fn version_script() -> String {
     let syms = symbols();
@@ -77,6 +84,9 @@ fn version_script() -> String {
             _ if v.starts_with("IBVERBS_PRIVATE") => out.push_str("};\n"),
             _ => out.push_str(&format!("}} {};\n", VERSIONS[i - 1])),
         }
+    }
+    for (n, v) in PRIVATE {
+        out.push_str(&format!("{v} {{\n  global:\n    {n};\n}};\n"));
     }
     out
 }
@@ -176,7 +186,12 @@ pub fn build_for(root: &Path, release: bool, cross: Option<&Cross<'_>>) -> Resul
 
 /// The library's exports are exactly [`SYMBOLS`] (and the real library's, when it is installed).
 fn check_exports(lib: &Path) -> Result<(), String> {
-    let ours = exports(lib)?;
+    let mut ours = exports(lib)?;
+    for (n, v) in PRIVATE {
+        if !ours.remove(&(n.to_string(), v.to_string())) {
+            return Err(format!("the private export {n}@@{v} is missing"));
+        }
+    }
     let want = symbols();
     let extra: Vec<_> = ours.difference(&want).collect();
     let missing: Vec<_> = want.difference(&ours).collect();
@@ -681,6 +696,8 @@ pub struct Apps<'a> {
     root: &'a Path,
     lib: PathBuf,
     p: Programs,
+    /// Built with `--release` (the drop-in librdmacm is built the same way).
+    release: bool,
 }
 
 /// One part of `verbs-apps`.
@@ -697,6 +714,7 @@ pub const PARTS: &[(&str, Part)] = &[
     ("crate", |a| ibverbs_crate(a.root, &a.lib)),
     ("qperf", |a| qperf(&peers(&a.lib)?)),
     ("ucx", |a| ucx(&peers(&a.lib)?)),
+    ("rdmacm", rdmacm::rdmacm_part),
 ];
 
 /// `cargo xtask verbs-apps [--debug] [--only PART]`: Debian's programs on the library.
@@ -706,7 +724,7 @@ pub fn run_verbs_apps(root: &Path, args: &[String]) -> Result<(), String> {
     let lib = build(root, release)?;
     let p = programs(&lib)?;
     println!("programs from {}", p.bin.display());
-    let apps = Apps { root, lib, p };
+    let apps = Apps { root, lib, p, release };
     for (name, run_part) in PARTS {
         if only.is_none_or(|o| o == name) {
             run_part(&apps)?;

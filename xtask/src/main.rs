@@ -205,9 +205,11 @@ commands:
                                  reference to an ancestor's items or a higher layer, no type impl'd in > 3 files
                                  (--graph: print the edges; --root: check the checkout at DIR)
   libibverbs [--debug]           link target/libibverbs/libibverbs.so.1 and check its exports
+  librdmacm [--debug]            link target/librdmacm/librdmacm.so.1 (over the drop-in libibverbs) and check
+                                 its exports
   verbs-apps [--debug] [--only PART]
                                  Debian's ibverbs-utils, perftest and rdma-core Python tests on it (PART: one
-                                 of devinfo, pingpong, perftest, faults, python, abi, crate)
+                                 of devinfo, pingpong, perftest, faults, python, abi, crate, qperf, ucx, rdmacm)
   soak [--ops N] [--seed S] [--json] [--threaded] [--progress N] [--wire [--kills K]]
                                  the fault-injection soak (options go to mlx5-soak)
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
@@ -236,6 +238,7 @@ enum Task {
     Uml { check: bool },
     LinuxDrivesSim { strict: bool, eth: bool },
     Libibverbs(Vec<String>),
+    Librdmacm(Vec<String>),
     VerbsApps(Vec<String>),
 }
 
@@ -266,6 +269,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "uml" => Task::Uml { check: false },
         "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false },
         "libibverbs" => Task::Libibverbs(Vec::new()),
+        "librdmacm" => Task::Librdmacm(Vec::new()),
         "verbs-apps" => Task::VerbsApps(Vec::new()),
         other => return Err(ArgError::Other(format!("unknown command {other:?}"))),
     };
@@ -307,7 +311,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
             (Task::Soak(v), _) => v.push(a),
-            (Task::Libibverbs(v) | Task::VerbsApps(v), "--debug") => v.push(a),
+            (Task::Libibverbs(v) | Task::Librdmacm(v) | Task::VerbsApps(v), "--debug") => v.push(a),
             (Task::VerbsApps(v), "--only") => {
                 let part = argv.value("--only", "a part name")?;
                 let names: Vec<&str> = libibverbs::PARTS.iter().map(|(n, _)| *n).collect();
@@ -358,6 +362,7 @@ fn main() -> ExitCode {
         Task::Uml { check: true } => uml::check_recipe(&root),
         Task::LinuxDrivesSim { strict, eth } => linux_drives_sim::run(&root, strict, eth),
         Task::Libibverbs(args) => libibverbs::run_libibverbs(&root, &args),
+        Task::Librdmacm(args) => libibverbs::rdmacm::run_librdmacm(&root, &args),
         Task::VerbsApps(args) => libibverbs::run_verbs_apps(&root, &args),
         // `--root DIR` checks another checkout (a worktree) with this build of the checker.
         Task::Modcheck { graph, root: other } => modcheck::run(other.as_deref().unwrap_or(&root), graph),

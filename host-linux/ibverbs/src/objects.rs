@@ -1009,6 +1009,8 @@ struct QpReq<'a> {
     qp_type: c_int,
     sq_sig_all: c_int,
     send_ops: u64,
+    /// The port's GSI QP (QP1), asked for by the drop-in librdmacm through [`mlx5_rs_create_gsi_qp`] only.
+    gsi: bool,
 }
 
 fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
@@ -1017,7 +1019,7 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
     let (pd, (_, send), (_, recv)) = (pd.ok_or(libc::EINVAL)?, send.ok_or(libc::EINVAL)?, recv.ok_or(libc::EINVAL)?);
     // SAFETY: as above.
     let srq = if r.srq.is_null() { None } else { Some(unsafe { srq_of(r.srq) }.ok_or(libc::EINVAL)?) };
-    let ty = qp_type(r.qp_type)?;
+    let ty = if r.gsi { QpType::Gsi } else { qp_type(r.qp_type)? };
     refuse_huge("MLX_QP_ALLOC_TYPE")?;
     // SAFETY: the PD's context is open.
     let c = unsafe { ctx(pd.c.context) }.ok_or(libc::EINVAL)?;
@@ -1103,6 +1105,34 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all,
             send_ops: 0,
+            gsi: false,
+        };
+        match make_qp(req) {
+            Ok(p) => p.cast(),
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// The port's general services QP (QP1, created as mlx5_ib's hardware GSI QP), for the drop-in `librdmacm.so.1`
+/// only: libibverbs has no QP type for it (the kernel's CM owns QP1), so it is a private export
+/// (`MLX5_RS_PRIVATE_1`). It posts and completes as a UD QP; `attr.qp_type` is ignored.
+#[no_mangle]
+pub unsafe extern "C" fn mlx5_rs_create_gsi_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    guard("mlx5_rs_create_gsi_qp", ptr::null_mut(), || {
+        // SAFETY: the caller passes its attributes.
+        let Some(a) = (unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
+        let req = QpReq {
+            pd,
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: &mut a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+            send_ops: 0,
+            gsi: true,
         };
         match make_qp(req) {
             Ok(p) => p.cast(),
@@ -1150,6 +1180,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all,
             send_ops,
+            gsi: false,
         };
         match make_qp(req) {
             Ok(p) => p.cast(),
@@ -1585,8 +1616,9 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     0
 }
 
-/// `ibv_init_ah_from_wc`: the reply address of a received UD datagram. On RoCE (and InfiniBand with a GRH) it
-/// swaps the GRH's addresses found in the receive buffer's first 40 bytes.
+/// `ibv_init_ah_from_wc`: the reply address of a received UD datagram, as rdma-core finds it
+/// (`mlx5_core::ah::init_ah_from_wc`): an IPv6 GRH's addresses swapped, or on RoCE v2 over IPv4 the IPv4 header
+/// in the last 20 bytes of the receive buffer's 40, read as IPv4-mapped GIDs.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_init_ah_from_wc(
     context: *mut ibv_context,
@@ -1603,41 +1635,50 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         };
         // SAFETY: the caller passes an open context.
         let Some(c) = (unsafe { ctx(context) }) else { return -1 };
-        *out = ibv_ah_attr { dlid: w.slid, sl: w.sl, src_path_bits: w.dlid_path_bits, port_num, ..Default::default() };
+        // A RoCE datagram always carries its network header (rdma-core asks the GRH flag only on InfiniBand).
         let global = w.wc_flags & 1 != 0 || link(c) == LinkLayer::Ethernet;
-        if global {
-            if grh.is_null() {
-                set_errno(libc::EINVAL);
-                return -1;
-            }
-            // SAFETY: the caller's receive buffer starts with the 40-byte GRH.
-            let g = unsafe { std::slice::from_raw_parts(grh.cast::<u8>(), 40) };
-            let sgid: [u8; 16] = g[8..24].try_into().unwrap_or([0; 16]);
-            let dgid: [u8; 16] = g[24..40].try_into().unwrap_or([0; 16]);
-            // The reply leaves from the GID the datagram was sent to.
-            let mut index = 0u8;
-            for i in 0..=255u8 {
-                match c.ctx.query_gid(u16::from(i)) {
-                    Ok(x) if x == dgid => {
-                        index = i;
-                        break;
-                    }
-                    Ok(_) => {}
-                    Err(_) if i > 16 => break,
-                    Err(_) => {}
+        let flags = if global { mlx5_core::cq::WcFlags::GRH } else { mlx5_core::cq::WcFlags::default() };
+        let wc = mlx5_core::cq::WorkCompletion {
+            slid: w.slid,
+            sl: w.sl,
+            dlid_path_bits: w.dlid_path_bits,
+            wc_flags: flags,
+            ..Default::default()
+        };
+        let g = if global && !grh.is_null() {
+            // SAFETY: the caller's receive buffer starts with the 40-byte GRH room.
+            Some(unsafe { &*grh.cast::<[u8; 40]>() })
+        } else {
+            None
+        };
+        match c.ctx.init_ah_from_wc(port_num, &wc, g) {
+            Ok(a) => {
+                *out = ibv_ah_attr {
+                    dlid: a.dlid,
+                    sl: a.sl,
+                    src_path_bits: a.src_path_bits,
+                    static_rate: a.static_rate,
+                    port_num: a.port_num,
+                    ..Default::default()
+                };
+                if let Some(h) = a.grh {
+                    out.is_global = 1;
+                    out.grh = ibv_global_route {
+                        dgid: ibv_gid { raw: h.dgid },
+                        flow_label: h.flow_label,
+                        sgid_index: h.sgid_index,
+                        hop_limit: h.hop_limit,
+                        traffic_class: h.traffic_class,
+                    };
                 }
+                0
             }
-            let flow = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
-            out.is_global = 1;
-            out.grh = ibv_global_route {
-                dgid: ibv_gid { raw: sgid },
-                flow_label: flow & 0xfffff,
-                sgid_index: index,
-                hop_limit: 0xff,
-                traffic_class: ((flow >> 20) & 0xff) as u8,
-            };
+            Err(e) => {
+                log::info!("init_ah_from_wc: {e}");
+                set_errno(errno_of(&e));
+                -1
+            }
         }
-        0
     })
 }
 

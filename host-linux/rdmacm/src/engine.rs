@@ -309,6 +309,45 @@ impl<A: Clone> Engine<A> {
         Ok(())
     }
 
+    /// The application destroyed a connection's ID (`rdma_destroy_id`): as Linux's `cm_destroy_id`, a REQ or REP
+    /// not yet answered is withdrawn with a REJ (timeout for our REQ, consumer defined otherwise), a request not
+    /// yet answered is refused, an established connection gets a DREQ (sent once, not retried), and the engine
+    /// forgets the connection at once; what the peer answers afterwards is stale.
+    pub fn abort(&mut self, id: CommId) {
+        if let Some(x) = self.sidr.remove(&id) {
+            if !x.outgoing {
+                self.send(x.peer, x.tid, &CmMsg::SidrRep(sidr_rep(&x.req, SIDR_REJECT, 0, 0)));
+            }
+            return;
+        }
+        let Some(conn) = self.conns.remove(&id) else { return };
+        let (what, reason) = match conn.state {
+            State::ReqSent => (Some(MsgRejected::Req), RejReason::Timeout),
+            State::ReqRcvd => (Some(MsgRejected::Req), RejReason::ConsumerDefined),
+            State::RepSent => (Some(MsgRejected::Rep), RejReason::ConsumerDefined),
+            State::Established | State::DreqSent => (None, RejReason::ConsumerDefined),
+        };
+        match what {
+            Some(what) => {
+                let mut rej = rej_msg(id, conn.remote_comm_id, what, reason, [0; cm::private_len::REJ]);
+                self.name_ca_in_timeout(&mut rej);
+                self.send(conn.peer.clone(), conn.tid, &rej);
+            }
+            None if conn.state == State::Established => {
+                let dreq = Dreq {
+                    local_comm_id: id,
+                    remote_comm_id: conn.remote_comm_id,
+                    remote_qpn: conn.remote_qpn,
+                    private_data: [0; cm::private_len::DREQ],
+                };
+                let tid = self.tid();
+                self.send(conn.peer.clone(), tid, &CmMsg::Dreq(dreq));
+            }
+            None => {}
+        }
+        self.forget(id, &conn);
+    }
+
     /// A MAD that arrived on QP1 from `peer`.
     pub fn recv(&mut self, now_ns: u64, peer: A, mad: &[u8]) -> Result<(), EngineError> {
         let (h, msg) = match CmMsg::parse(mad) {
@@ -388,7 +427,8 @@ impl<A: Clone> Engine<A> {
             match conn.state {
                 State::ReqSent | State::RepSent => {
                     let what = if conn.passive { MsgRejected::Rep } else { MsgRejected::Req };
-                    let rej = rej_msg(id, conn.remote_comm_id, what, RejReason::Timeout, [0; cm::private_len::REJ]);
+                    let mut rej = rej_msg(id, conn.remote_comm_id, what, RejReason::Timeout, [0; cm::private_len::REJ]);
+                    self.name_ca_in_timeout(&mut rej);
                     self.send(conn.peer.clone(), conn.tid, &rej);
                     self.events.push_back(Event::Unreachable { id });
                 }
@@ -498,6 +538,11 @@ impl<A: Clone> Engine<A> {
         self.conns.get(&id).map(|c| &c.peer)
     }
 
+    /// Where a SIDR request waiting for the application came from.
+    pub fn sidr_peer(&self, id: CommId) -> Option<&A> {
+        self.sidr.get(&id).filter(|x| !x.outgoing).map(|x| &x.peer)
+    }
+
     /// Connections and SIDR exchanges alive (every other ID has been forgotten).
     pub fn connections(&self) -> usize {
         self.conns.len() + self.sidr.len()
@@ -601,9 +646,18 @@ impl<A: Clone> Engine<A> {
     }
 
     fn on_rej(&mut self, rej: Rej) {
-        let id = rej.remote_comm_id;
+        let mut id = rej.remote_comm_id;
+        // A requester that gives up before our REP named no ID of ours: a timeout REJ carries its CA GUID in
+        // the ARI (IBA 12.6.7.2), found with its communication ID among the requests we hold (as ib_cm does).
+        if rej.reason == RejReason::Timeout && rej.ari_len >= 8 && !self.conns.contains_key(&id) {
+            let guid = u64::from_be_bytes(rej.ari[..8].try_into().expect("8 bytes"));
+            if let Some(&found) = self.by_remote.get(&(guid, rej.local_comm_id)) {
+                id = found;
+            }
+        }
         match self.conns.get(&id) {
-            Some(c) if matches!(c.state, State::ReqSent | State::RepSent) => {
+            // A requester may withdraw its REQ while the application decides (ReqRcvd), as ib_cm allows.
+            Some(c) if matches!(c.state, State::ReqSent | State::ReqRcvd | State::RepSent) => {
                 let c = self.conns.remove(&id).expect("present");
                 self.forget(id, &c);
                 self.events.push_back(Event::Rejected { id, reason: rej.reason });
@@ -627,6 +681,16 @@ impl<A: Clone> Engine<A> {
             self.events.push_back(Event::Disconnected { id });
         } else {
             self.counters.stale += 1;
+        }
+    }
+
+    /// A timeout REJ names our CA GUID in its ARI, so a peer that never learned our ID finds the connection.
+    fn name_ca_in_timeout(&self, rej: &mut CmMsg) {
+        if let CmMsg::Rej(r) = rej {
+            if r.reason == RejReason::Timeout {
+                r.ari[..8].copy_from_slice(&self.ca_guid.to_be_bytes());
+                r.ari_len = 8;
+            }
         }
     }
 
@@ -878,6 +942,52 @@ mod tests {
         a.tick(2 * step);
         assert_eq!(a.poll_event(), Some(Event::Unreachable { id: ca }));
         assert_eq!(a.connections(), 0);
+    }
+
+    #[test]
+    fn an_id_destroyed_mid_handshake_withdraws_its_req_or_rep_and_leaves_nothing() {
+        let (mut a, mut b) = pair(EngineConfig::default());
+        b.listen(SVC).unwrap();
+        // Active side gone before the REP: REJ (timeout); the late REP is answered as one for an unknown ID.
+        let ca = a.connect(0, B, req(0, SVC));
+        pump(0, &mut a, A, &mut b);
+        let Some(Event::ConnectRequest { id: cb, .. }) = b.poll_event() else { panic!() };
+        a.abort(ca);
+        assert_eq!(pump(1, &mut a, A, &mut b), 1, "the REJ");
+        assert_eq!(b.poll_event(), Some(Event::Rejected { id: cb, reason: RejReason::Timeout }));
+        assert_eq!(b.accept(1, cb, rep()), Err(EngineError::NoConnection(cb)), "withdrawn");
+        // A REP that crossed the REJ is answered as one for an unknown connection.
+        let mut m = [0u8; MAD_LEN];
+        CmMsg::Rep(Rep { local_comm_id: cb, remote_comm_id: ca, ..rep() }).write(9, &mut m);
+        a.recv(1, B, &m).unwrap();
+        assert!(matches!(&outputs(&mut a)[..], [CmMsg::Rej(r)] if r.reason == RejReason::InvalidCommId));
+        // Passive side gone after its REP: REJ (consumer defined) to the requester, which reports it.
+        let ca = a.connect(2, B, req(0, SVC));
+        pump(2, &mut a, A, &mut b);
+        let Some(Event::ConnectRequest { id: cb, .. }) = b.poll_event() else { panic!() };
+        b.accept(2, cb, rep()).unwrap();
+        let rep_mad = b.poll_output().unwrap();
+        b.abort(cb);
+        pump(3, &mut b, B, &mut a);
+        assert_eq!(a.poll_event(), Some(Event::Rejected { id: ca, reason: RejReason::ConsumerDefined }));
+        a.recv(3, B, &rep_mad.1).unwrap();
+        assert_eq!(b.connections(), 0);
+        assert_eq!(a.connections(), 0, "a REP after the REJ finds no connection");
+        // An established connection's ID destroyed: one DREQ, and the peer sees it disconnect.
+        let ca = a.connect(4, B, req(0, SVC));
+        pump(4, &mut a, A, &mut b);
+        let Some(Event::ConnectRequest { id: cb, .. }) = b.poll_event() else { panic!() };
+        b.accept(4, cb, rep()).unwrap();
+        pump(4, &mut b, B, &mut a);
+        pump(4, &mut a, A, &mut b);
+        assert!(matches!(a.poll_event(), Some(Event::Established { .. })));
+        while a.poll_event().is_some() {}
+        while b.poll_event().is_some() {}
+        a.abort(ca);
+        pump(5, &mut a, A, &mut b);
+        assert_eq!(b.poll_event(), Some(Event::Disconnected { id: cb }));
+        pump(5, &mut b, B, &mut a);
+        assert_eq!((a.connections(), b.connections(), a.poll_event()), (0, 0, None));
     }
 
     #[test]
