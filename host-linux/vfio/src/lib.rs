@@ -5,9 +5,9 @@
 //!
 //! Opening follows the kernel's VFIO document (`Documentation/driver-api/vfio.rst`): the device's IOMMU group must
 //! be viable (every device in it bound to vfio-pci or to no driver), then container → type1v2 IOMMU → group
-//! attached → device fd → region info → BAR mmap → bus master on. Every syscall goes through [`sys::Sys`], so the
-//! same code runs against the kernel and against a test twin of it (`twin::Twin`, with the `test-utils`
-//! feature).
+//! attached → device fd → region info → BAR mmap (or `pread`/`pwrite` on the device fd when vfio-pci cannot map
+//! it) → bus master on. Every syscall goes through [`sys::Sys`], so the same code runs against the kernel and
+//! against a test twin of it (`twin::Twin`, with the `test-utils` feature).
 //!
 //! It is not a driver: it knows nothing of mlx5 commands or queues (that is `mlx5-core`) and offers no verbs
 //! (that is `mlx5-verbs`).
