@@ -193,6 +193,22 @@ impl DmaSpace {
         Ok(unsafe { DmaRegion::from_raw_parts(cpu, iova, len) })
     }
 
+    /// Takes away a `map_fixed` translation of exactly `iova..iova + len` (an IOMMU unmap); `false`, changing
+    /// nothing, when there is none.
+    pub(crate) fn unmap_fixed(&mut self, iova: u64, len: usize) -> bool {
+        match self.regions.get(&iova) {
+            Some(r) if r.len == len && r.layout.is_none() && !r.user => {}
+            _ => return false,
+        }
+        if let Some(r) = self.regions.remove(&iova) {
+            self.by_cpu.remove(&(r.cpu.as_ptr() as usize));
+        }
+        for e in &self.recent {
+            e.set(NO_ENTRY);
+        }
+        true
+    }
+
     /// Releases a region; `Err` when it is not a live region with this exact description (nothing is freed then).
     pub(crate) fn free(&mut self, region: &DmaRegion) -> Result<(), ()> {
         match self.regions.get(&region.iova()) {
@@ -596,9 +612,14 @@ mod tests {
         // Later allocations land above the guest's memory.
         let a = d.alloc(16, 16).unwrap();
         assert!(a.iova() >= 0x2a09_9000);
+        assert!(!d.unmap_fixed(a.iova(), 16), "an allocation is no fixed mapping");
         d.free(&a).unwrap();
+        // Unmapped as an IOMMU unmaps: only the exact range, and afterwards the device faults there.
+        assert!(!d.unmap_fixed(0x2a09_6000, 0x1000));
+        assert!(d.unmap_fixed(r.iova(), guest.len()));
+        assert!(d.read(0x2a09_7000, &mut b).is_err());
+        assert!(!d.unmap_fixed(r.iova(), guest.len()));
         drop(guest);
-        d.free(&r).unwrap();
     }
 
     /// An anonymous mapping of `len` bytes (read and write), as a program's buffer.

@@ -163,7 +163,8 @@ impl SimDevice {
     /// addresses. `Err(Unreachable)` when the range is empty or overlaps mapped memory.
     ///
     /// # Safety
-    /// `cpu..cpu + len` must stay mapped, readable and writable for as long as the device exists.
+    /// `cpu..cpu + len` must stay mapped, readable and writable for as long as the device exists, or until
+    /// [`SimDevice::unmap_guest_memory`] takes the range away.
     pub unsafe fn map_guest_memory(
         &self,
         iova: u64,
@@ -171,6 +172,12 @@ impl SimDevice {
         len: usize,
     ) -> Result<(), mlx5_core::hal::DmaError> {
         lock(&self.shared).dma.map_fixed(iova, cpu, len).map(|_| ())
+    }
+
+    /// Takes away what [`SimDevice::map_guest_memory`] mapped at exactly `iova..iova + len`, as an IOMMU unmap:
+    /// later device accesses there fault. `false`, changing nothing, when no such mapping exists.
+    pub fn unmap_guest_memory(&self, iova: u64, len: usize) -> bool {
+        lock(&self.shared).dma.unmap_fixed(iova, len)
     }
 
     /// The MSI-X vectors (`eqc.intr`) of the EQ interrupts fired since `*cursor`, an index into the event log the

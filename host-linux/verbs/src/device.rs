@@ -640,10 +640,28 @@ fn bring_up_sim(dev: SimDevice, trace: Option<Tracer>) -> Result<Arc<DeviceShare
 }
 
 fn bring_up_vfio(bdf: Bdf, trace: Option<Tracer>) -> Result<Arc<DeviceShared>> {
+    bring_up_vfio_on(
+        Arc::new(mlx5_vfio::sys::LinuxSys),
+        bdf,
+        trace,
+        host_config(Path::new("/sys")),
+        VfioOptions::from_env()?,
+    )
+}
+
+/// Opens `bdf` through VFIO with every system call made through `sys` and brings it up: the MSI-X vectors asked
+/// for are one for the control EQs and one per completion vector `host` wants, and the completion vectors offered
+/// are what VFIO enabled.
+fn bring_up_vfio_on(
+    sys: Arc<dyn mlx5_vfio::sys::Sys>,
+    bdf: Bdf,
+    trace: Option<Tracer>,
+    host: Config,
+    opts: VfioOptions,
+) -> Result<Arc<DeviceShared>> {
     let (ipv4_addrs, ipv6_addrs) = vfio_port_addrs()?;
-    let host = host_config(Path::new("/sys"));
-    let opts = VfioOptions { vectors: vfio_vectors_wanted(host.num_comp_vectors), ..VfioOptions::from_env()? };
-    let v = Arc::new(Vfio::open(bdf, opts)?);
+    let opts = VfioOptions { vectors: vfio_vectors_wanted(host.num_comp_vectors), ..opts };
+    let v = Arc::new(Vfio::open_with(sys, bdf, opts)?);
     let enabled = v.irqs.as_ref().map_or(1, |i| i.count());
     let (num_irqs, num_comp_vectors) = vfio_vector_split(enabled, host.num_comp_vectors);
     let cfg = Config { ipv4_addrs, ipv6_addrs, num_irqs, num_comp_vectors, ..host };
@@ -779,6 +797,16 @@ impl Context {
     /// [`Context::open_vfio`] handing every firmware command to `trace` when this open brings the device up.
     pub fn open_vfio_with(bdf: Bdf, trace: Option<Tracer>) -> Result<Context> {
         DeviceRegistry::global()?.pci(bdf).open_with(trace)
+    }
+
+    /// Opens the function at `bdf` through VFIO as [`Context::open_vfio`] does, with every system call made
+    /// through `sys` (in tests the kernel's twin, `mlx5_vfio::twin::Twin`, with a simulated device behind it),
+    /// asking for `comp_vectors` completion vectors as a host with that many CPUs does. The device is not in the
+    /// device list and its HCA is not shared: each call brings it up anew.
+    #[cfg(feature = "twin")]
+    pub fn open_vfio_on(sys: Arc<dyn mlx5_vfio::sys::Sys>, bdf: Bdf, comp_vectors: u16) -> Result<Context> {
+        let host = Config { num_comp_vectors: comp_vectors, ..host_config(Path::new("/sys")) };
+        Ok(Context::attach(bring_up_vfio_on(sys, bdf, None, host, VfioOptions::default())?))
     }
 
     /// `"sim"` for a new simulated device, a device name of the list (`mlx5_0`, ...), else a PCI address for

@@ -5,9 +5,9 @@
 //!
 //! Opening follows the kernel's VFIO document (`Documentation/driver-api/vfio.rst`): the device's IOMMU group must
 //! be viable (every device in it bound to vfio-pci or to no driver), then container → type1v2 IOMMU → group
-//! attached → device fd → region info → BAR mmap → bus master on. Every syscall goes through [`sys::Sys`], so the
-//! same code runs against the kernel and against a test twin of it (`twin::Twin`, with the `test-utils`
-//! feature).
+//! attached → device fd → region info → BAR mmap (or `pread`/`pwrite` on the device fd when vfio-pci cannot map
+//! it) → bus master on. Every syscall goes through [`sys::Sys`], so the same code runs against the kernel and
+//! against a test twin of it (`twin::Twin`, with the `test-utils` feature).
 //!
 //! It is not a driver: it knows nothing of mlx5 commands or queues (that is `mlx5-core`) and offers no verbs
 //! (that is `mlx5-verbs`).
@@ -461,16 +461,24 @@ impl VfioDevice {
         Ok(RegionInfo { index, flags: r.flags, size: r.size, offset: r.offset })
     }
 
-    /// Maps BAR `index` for MMIO.
+    /// Opens BAR `index` for MMIO: mapped when vfio-pci lets it be mapped, else reached with `pread`/`pwrite` on
+    /// the device fd (a region without `VFIO_REGION_INFO_FLAG_MMAP`, as vfio-pci reports a BAR it cannot map).
     pub fn map_bar(&self, index: u32) -> Result<Bar> {
         let r = self.region_info(index)?;
-        let need = abi::VFIO_REGION_INFO_FLAG_MMAP | abi::VFIO_REGION_INFO_FLAG_READ | abi::VFIO_REGION_INFO_FLAG_WRITE;
-        if r.flags & need != need || r.size == 0 || r.size > isize::MAX as u64 {
+        let rw = abi::VFIO_REGION_INFO_FLAG_READ | abi::VFIO_REGION_INFO_FLAG_WRITE;
+        if r.flags & rw != rw || r.size == 0 || r.size > isize::MAX as u64 {
             return Err(VfioError::BarNotMappable { bdf: self.bdf, index, flags: r.flags, size: r.size });
         }
         let len = r.size as usize;
-        let ptr = self.sys.mmap_device(self.fd.raw(), len, r.offset).map_err(sys_err(format!("mmap BAR {index}")))?;
-        Ok(Bar { sys: self.sys.clone(), _fd: self.fd.clone(), ptr, len })
+        let access = if r.flags & abi::VFIO_REGION_INFO_FLAG_MMAP != 0 {
+            let ptr =
+                self.sys.mmap_device(self.fd.raw(), len, r.offset).map_err(sys_err(format!("mmap BAR {index}")))?;
+            BarAccess::Mapped(ptr)
+        } else {
+            log::info!("{}: BAR {index} cannot be mapped; its registers are reached with pread/pwrite", self.bdf);
+            BarAccess::ReadWrite { offset: r.offset }
+        };
+        Ok(Bar { sys: self.sys.clone(), fd: self.fd.clone(), access, len })
     }
 
     /// Reads `buf.len()` bytes of config space at `off`.
@@ -550,22 +558,33 @@ impl VfioDevice {
     }
 }
 
-/// A BAR mapped into this process: the core's [`Mmio`] for a real device.
+/// A BAR of the device: the core's [`Mmio`] for a real device.
 ///
-/// Accesses are volatile and of exactly the width asked for: `write64` is one 64-bit store, so a doorbell is never
-/// seen half-written. mlx5 registers are big endian; the byte swap happens here.
+/// Accesses are of exactly the width asked for: `write64` is one 64-bit store (or one 8-byte `pwrite`, which
+/// vfio-pci performs as one 64-bit access), so a doorbell is never seen half-written. mlx5 registers are big
+/// endian; the byte swap happens here.
 #[derive(Debug)]
 pub struct Bar {
     sys: Arc<dyn Sys>,
-    _fd: Arc<Fd>,
-    ptr: NonNull<u8>,
+    fd: Arc<Fd>,
+    access: BarAccess,
     len: usize,
+}
+
+/// How a BAR's registers are reached.
+#[derive(Debug)]
+enum BarAccess {
+    /// Mapped into this process: volatile loads and stores.
+    Mapped(NonNull<u8>),
+    /// Read and written through the device fd at the region's offset, each access one syscall (vfio-pci's
+    /// `vfio_pci_bar_rw`). Slower, but it works where the BAR cannot be mapped.
+    ReadWrite { offset: u64 },
 }
 
 // SAFETY: the mapping is device memory accessed only by volatile loads and stores of whole registers; the device
 // orders concurrent accesses itself, and the core serialises the sequences that need order (doorbells) by &mut.
 unsafe impl Send for Bar {}
-// SAFETY: as above: shared references only perform volatile register accesses.
+// SAFETY: as above: shared references only perform volatile register accesses (or syscalls on the device fd).
 unsafe impl Sync for Bar {}
 
 impl Bar {
@@ -577,57 +596,114 @@ impl Bar {
         self.len == 0
     }
 
-    /// Pointer to a naturally aligned register of `size` bytes at `off`.
+    /// Whether the BAR is mapped into this process (else each access is a `pread`/`pwrite`).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.access, BarAccess::Mapped(_))
+    }
+
+    /// Checks that a naturally aligned register of `size` bytes at `off` lies inside the BAR.
     ///
     /// # Panics
     /// When the register lies outside the BAR or is misaligned: offsets come from the driver's own layouts, so
     /// this catches a driver bug, never a device value.
-    fn reg(&self, off: usize, size: usize) -> *mut u8 {
+    fn check(&self, off: usize, size: usize) {
         assert!(
             off.is_multiple_of(size) && off.checked_add(size).is_some_and(|e| e <= self.len),
             "MMIO {off:#x} outside BAR"
         );
-        // SAFETY: off + size <= len (checked above), so the pointer stays inside the mapping.
-        unsafe { self.ptr.as_ptr().add(off) }
+    }
+
+    /// Reads `N` bytes at `off` through the device fd. A failed read returns all ones, as a read the bus could
+    /// not complete does on a real machine (the health poll then sees a device that is gone).
+    fn pread<const N: usize>(&self, offset: u64, off: usize) -> [u8; N] {
+        let mut b = [0u8; N];
+        match self.sys.pread(self.fd.raw(), &mut b, offset + off as u64) {
+            Ok(n) if n == N => b,
+            r => {
+                log::warn!("BAR read of {N} bytes at {off:#x} failed ({r:?}): reads as all ones");
+                [0xff; N]
+            }
+        }
+    }
+
+    /// Writes `data` at `off` through the device fd. A failed write is dropped, as a posted write the device
+    /// never accepted is, and logged.
+    fn pwrite(&self, offset: u64, off: usize, data: &[u8]) {
+        match self.sys.pwrite(self.fd.raw(), data, offset + off as u64) {
+            Ok(n) if n == data.len() => {}
+            r => log::warn!("BAR write of {} bytes at {off:#x} failed ({r:?}): dropped", data.len()),
+        }
     }
 }
 
 impl Drop for Bar {
     fn drop(&mut self) {
-        // SAFETY: ptr/len came from mmap_device and are unmapped once; no reference into the mapping outlives self.
-        unsafe { self.sys.munmap(self.ptr, self.len) };
+        if let BarAccess::Mapped(ptr) = self.access {
+            // SAFETY: ptr/len came from mmap_device and are unmapped once; no reference into the mapping outlives
+            // self.
+            unsafe { self.sys.munmap(ptr, self.len) };
+        }
     }
 }
 
 impl Mmio for Bar {
     fn read32(&self, off: usize) -> u32 {
-        // SAFETY: reg() checked bounds and 4-byte alignment inside the live mapping.
-        u32::from_be(unsafe { self.reg(off, 4).cast::<u32>().read_volatile() })
+        self.check(off, 4);
+        match self.access {
+            // SAFETY: check() verified bounds and 4-byte alignment inside the live mapping.
+            BarAccess::Mapped(p) => u32::from_be(unsafe { p.as_ptr().add(off).cast::<u32>().read_volatile() }),
+            BarAccess::ReadWrite { offset } => u32::from_be_bytes(self.pread(offset, off)),
+        }
     }
 
     fn write32(&self, off: usize, v: u32) {
-        // SAFETY: reg() checked bounds and 4-byte alignment inside the live mapping.
-        unsafe { self.reg(off, 4).cast::<u32>().write_volatile(v.to_be()) }
+        self.check(off, 4);
+        match self.access {
+            // SAFETY: check() verified bounds and 4-byte alignment inside the live mapping.
+            BarAccess::Mapped(p) => unsafe { p.as_ptr().add(off).cast::<u32>().write_volatile(v.to_be()) },
+            BarAccess::ReadWrite { offset } => self.pwrite(offset, off, &v.to_be_bytes()),
+        }
     }
 
     fn read64(&self, off: usize) -> u64 {
-        // SAFETY: reg() checked bounds and 8-byte alignment inside the live mapping.
-        u64::from_be(unsafe { self.reg(off, 8).cast::<u64>().read_volatile() })
+        self.check(off, 8);
+        match self.access {
+            // SAFETY: check() verified bounds and 8-byte alignment inside the live mapping.
+            BarAccess::Mapped(p) => u64::from_be(unsafe { p.as_ptr().add(off).cast::<u64>().read_volatile() }),
+            BarAccess::ReadWrite { offset } => u64::from_be_bytes(self.pread(offset, off)),
+        }
     }
 
     fn write64(&self, off: usize, v: u64) {
-        // SAFETY: reg() checked bounds and 8-byte alignment inside the live mapping; one 64-bit volatile store.
-        unsafe { self.reg(off, 8).cast::<u64>().write_volatile(v.to_be()) }
+        self.check(off, 8);
+        match self.access {
+            // SAFETY: check() verified bounds and 8-byte alignment inside the live mapping; one 64-bit store.
+            BarAccess::Mapped(p) => unsafe { p.as_ptr().add(off).cast::<u64>().write_volatile(v.to_be()) },
+            BarAccess::ReadWrite { offset } => self.pwrite(offset, off, &v.to_be_bytes()),
+        }
     }
 
     fn write_bf64(&self, off: usize, chunk: &[u64; 8]) {
-        // One bounds and alignment check for the whole 64-byte chunk, then eight stores in address order, so the
-        // write-combining buffer fills in one burst.
-        let dst = self.reg(off, 64).cast::<u64>();
-        for (i, w) in chunk.iter().enumerate() {
-            // SAFETY: reg() checked that off..off + 64 is inside the live mapping and 64-byte aligned, so word i is
-            // in bounds and aligned; the chunk holds the bytes in memory order already.
-            unsafe { dst.add(i).write_volatile(*w) };
+        // One bounds and alignment check for the whole 64-byte chunk.
+        self.check(off, 64);
+        match self.access {
+            BarAccess::Mapped(p) => {
+                // Eight stores in address order, so the write-combining buffer fills in one burst.
+                // SAFETY: check() verified that off..off + 64 is inside the live mapping and 64-byte aligned.
+                let dst = unsafe { p.as_ptr().add(off) }.cast::<u64>();
+                for (i, w) in chunk.iter().enumerate() {
+                    // SAFETY: word i of the checked 64-byte chunk; the chunk holds the bytes in memory order.
+                    unsafe { dst.add(i).write_volatile(*w) };
+                }
+            }
+            BarAccess::ReadWrite { offset } => {
+                // One 64-byte write, which vfio-pci performs as eight 8-byte accesses in address order.
+                let mut b = [0u8; 64];
+                for (d, w) in b.chunks_exact_mut(8).zip(chunk) {
+                    d.copy_from_slice(&w.to_ne_bytes());
+                }
+                self.pwrite(offset, off, &b);
+            }
         }
     }
 }

@@ -67,6 +67,26 @@ fn open_maps_bar_and_reads_the_iommu_ranges() {
     assert_eq!((ids.vendor, ids.device, ids.revision), (0x15b3, 0x1017, 0x10));
 
     let bar = dev.map_bar(0).unwrap();
+    assert!(bar.is_mapped());
+    check_registers(&t, &bar);
+
+    // Bus master: vfio-pci leaves it off; set and clear it through config space.
+    assert!(!dev.bus_master().unwrap());
+    dev.set_bus_master(true).unwrap();
+    assert!(dev.bus_master().unwrap());
+    assert_eq!(dev.config_read16(4).unwrap(), 0x0107);
+    dev.set_bus_master(false).unwrap();
+    assert_eq!(dev.config_read16(4).unwrap(), 0x0103);
+    assert!(dev.config_read16(0x100).is_err(), "config access past the region is refused");
+    dev.reset().unwrap();
+    drop(bar);
+    drop(dev);
+    assert_eq!(t.open_fds(), 0, "every fd closed");
+    assert!(!t.state().devices[MLX].open);
+}
+
+/// What the device sees of the driver's register accesses through `bar` (the twin's own BAR 0 storage).
+fn check_registers(t: &Twin, bar: &Bar) {
     assert_eq!(bar.len(), BAR_LEN);
     // Registers are big endian: the device sees the most significant byte first.
     bar.write32(0x14, 0x1122_3344);
@@ -83,20 +103,100 @@ fn open_maps_bar_and_reads_the_iommu_ranges() {
         assert_eq!(t.bar_word(MLX, 0x900 + 8 * i).to_ne_bytes(), [i as u8; 4], "word {i}");
         assert_eq!(t.bar_word(MLX, 0x904 + 8 * i).to_ne_bytes(), [i as u8; 4], "word {i}");
     }
+}
 
-    // Bus master: vfio-pci leaves it off; set and clear it through config space.
-    assert!(!dev.bus_master().unwrap());
-    dev.set_bus_master(true).unwrap();
-    assert!(dev.bus_master().unwrap());
-    assert_eq!(dev.config_read16(4).unwrap(), 0x0107);
-    dev.set_bus_master(false).unwrap();
-    assert_eq!(dev.config_read16(4).unwrap(), 0x0103);
-    assert!(dev.config_read16(0x100).is_err(), "config access past the region is refused");
-    dev.reset().unwrap();
+#[test]
+fn a_bar_that_cannot_be_mapped_is_read_and_written_through_the_device_fd() {
+    let t = twin();
+    t.state().devices.get_mut(MLX).unwrap().bar_mmap = false;
+    let dev = VfioDevice::open_with(sys(&t), bdf(MLX)).unwrap();
+    assert_eq!(dev.region_info(0).unwrap().flags & abi::VFIO_REGION_INFO_FLAG_MMAP, 0);
+    let bar = dev.map_bar(0).unwrap();
+    assert!(!bar.is_mapped());
+    t.state().log.clear();
+    check_registers(&t, &bar);
+    // The same bytes as through a mapping; nothing was mapped.
+    assert!(!t.state().log.iter().any(|l| l.starts_with("mmap")));
+    // A write the kernel refuses is dropped and a read it refuses reads all ones, as on a bus.
+    t.state().fail.insert("bar", libc::EIO);
+    bar.write32(0x14, 0x5566_7788);
+    assert_eq!(bar.read32(0x14), u32::MAX);
+    t.state().fail.clear();
+    assert_eq!(bar.read32(0x14), 0x1122_3344);
     drop(bar);
     drop(dev);
-    assert_eq!(t.open_fds(), 0, "every fd closed");
-    assert!(!t.state().devices[MLX].open);
+    assert_eq!(t.open_fds(), 0);
+}
+
+/// A device behind a twin function: a BAR of 4 KiB held as bytes, the DMA mappings it was given, and the
+/// interrupts a test makes it raise.
+#[derive(Debug, Default)]
+struct FakeDevice {
+    bar: std::sync::Mutex<Vec<u8>>,
+    maps: std::sync::Mutex<Vec<(u64, usize)>>,
+    pending: std::sync::Mutex<Vec<u16>>,
+    resets: std::sync::atomic::AtomicU32,
+}
+
+impl twin::TwinBackend for FakeDevice {
+    fn bar_len(&self) -> u64 {
+        4096
+    }
+    fn bar_read(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let bar = self.bar.lock().unwrap();
+        buf.copy_from_slice(&bar[off as usize..off as usize + buf.len()]);
+        Ok(())
+    }
+    fn bar_write(&self, off: u64, data: &[u8]) -> std::io::Result<()> {
+        // Writing 0xdead_beef to offset 0 raises vector 2, as a doorbell would make an EQ interrupt.
+        if off == 0 && data == 0xdead_beefu32.to_be_bytes() {
+            self.pending.lock().unwrap().push(2);
+        }
+        self.bar.lock().unwrap()[off as usize..off as usize + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    unsafe fn dma_map(&self, iova: u64, _cpu: NonNull<u8>, len: usize) -> std::io::Result<()> {
+        self.maps.lock().unwrap().push((iova, len));
+        Ok(())
+    }
+    fn dma_unmap(&self, iova: u64, len: usize) {
+        self.maps.lock().unwrap().retain(|&m| m != (iova, len));
+    }
+    fn take_interrupts(&self) -> Vec<u16> {
+        std::mem::take(&mut *self.pending.lock().unwrap())
+    }
+    fn reset(&self) {
+        self.resets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_backed_function_gets_bar_accesses_dma_mappings_and_raises_interrupts_on_its_vector() {
+    let t = Arc::new(Twin::new());
+    let fake = Arc::new(FakeDevice { bar: std::sync::Mutex::new(vec![0; 4096]), ..FakeDevice::default() });
+    t.add_backed_device(MLX, 0x15b3, 0x1017, 7, fake.clone());
+    let v = Vfio::open_with(sys(&t), bdf(MLX), VfioOptions { vectors: 4, ..VfioOptions::default() }).unwrap();
+    assert!(!v.bar.is_mapped());
+    assert_eq!(v.bar.len(), 4096);
+    v.bar.write32(0x10, 0x0102_0304);
+    assert_eq!(fake.bar.lock().unwrap()[0x10..0x14], [1, 2, 3, 4]);
+    assert_eq!(v.bar.read32(0x10), 0x0102_0304);
+    // DMA memory is mapped for the device at its IOVA.
+    let r = v.dma.alloc(4096, 4096).unwrap();
+    let chunk = *fake.maps.lock().unwrap().first().expect("the chunk mapped for the device");
+    assert!(chunk.0 <= r.iova() && r.iova() < chunk.0 + chunk.1 as u64);
+    // The interrupt the write raises reaches vector 2's eventfd alone.
+    v.bar.write32(0, 0xdead_beef);
+    assert_eq!(t.eventfd_counts(MLX), [0, 0, 1, 0]);
+    let irqs = v.irqs.as_ref().unwrap();
+    assert_eq!(irqs.wait_any(Duration::from_secs(1)).unwrap(), Some((2, 1)));
+    assert_eq!(t.state().devices[MLX].irq_fired, [0, 0, 1]);
+    // SAFETY: the region came from this allocator and the device is done with it.
+    unsafe { v.dma.free(r) };
+    drop(v);
+    assert!(fake.maps.lock().unwrap().is_empty(), "every mapping taken away from the device");
+    assert_eq!(fake.resets.load(std::sync::atomic::Ordering::Relaxed), 1, "released as vfio-pci resets");
+    assert_eq!(t.open_fds(), 0);
 }
 
 #[test]

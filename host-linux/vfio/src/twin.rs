@@ -5,17 +5,44 @@
 //!
 //! Errors are returned as the kernel returns them (errno values from `drivers/vfio`), and failures can be
 //! injected per operation with [`TwinState::fail`].
+//!
+//! A function may have a device behind it ([`Twin::add_backed_device`], a [`TwinBackend`]): its BAR 0 is then not
+//! mappable (as vfio-pci reports a BAR it cannot map), so every register access is a `pread`/`pwrite` the twin
+//! hands to the device; `VFIO_IOMMU_MAP_DMA` / `UNMAP_DMA` map and unmap the memory for the device at its IOVA;
+//! and the device's interrupts are delivered to the eventfd `VFIO_DEVICE_SET_IRQS` wired to the vector, after
+//! every BAR access and while a caller waits, as the kernel's interrupt handler signals it.
 
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::abi::{self, Pod};
 use super::sys::{Arg, RawFd, Sys};
+
+/// The device behind a twin function: what its BAR, its DMA and its interrupts do.
+pub trait TwinBackend: Send + Sync + std::fmt::Debug {
+    /// BAR 0's size in bytes.
+    fn bar_len(&self) -> u64;
+    /// A read of `buf.len()` bytes of BAR 0 at `off`, in the BAR's byte order. `Err` (an errno) refuses it.
+    fn bar_read(&self, off: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// A write of `data` to BAR 0 at `off`, in the BAR's byte order. `Err` (an errno) refuses it.
+    fn bar_write(&self, off: u64, data: &[u8]) -> io::Result<()>;
+    /// Makes `len` bytes at `cpu` reachable by the device's DMA at bus address `iova` (the IOMMU mapping).
+    ///
+    /// # Safety
+    /// The memory stays allocated, readable and writable until [`TwinBackend::dma_unmap`] of the same range.
+    unsafe fn dma_map(&self, iova: u64, cpu: NonNull<u8>, len: usize) -> io::Result<()>;
+    /// Takes a [`TwinBackend::dma_map`] mapping away: the device can no longer reach it.
+    fn dma_unmap(&self, iova: u64, len: usize);
+    /// The MSI-X vectors the device signalled since the last call, in order.
+    fn take_interrupts(&self) -> Vec<u16>;
+    /// A function reset (`VFIO_DEVICE_RESET`, and vfio-pci's release of the device fd).
+    fn reset(&self);
+}
 
 /// A simulated PCI function.
 #[derive(Debug)]
@@ -28,8 +55,12 @@ pub struct TwinDevice {
     pub driver_override: Option<String>,
     /// Unbinding fails with EBUSY (a driver that refuses to let go).
     pub busy: bool,
-    /// BAR 0 contents (8-byte aligned so 64-bit accesses are aligned).
+    /// BAR 0 contents (8-byte aligned so 64-bit accesses are aligned); unused when a backend answers.
     pub bar0: Box<[u64]>,
+    /// Whether BAR 0 may be mapped (`VFIO_REGION_INFO_FLAG_MMAP`); otherwise it is read and written.
+    pub bar_mmap: bool,
+    /// The device behind the function, if any.
+    pub backend: Option<Arc<dyn TwinBackend>>,
     pub config: Vec<u8>,
     pub msix: u32,
     pub msi: u32,
@@ -38,6 +69,10 @@ pub struct TwinDevice {
     /// The eventfds wired by SET_IRQS and the index they are on.
     pub irq_index: Option<u32>,
     pub irq_fds: Vec<RawFd>,
+    /// Interrupts delivered per vector over the function's life (the eventfd counters reset when read).
+    pub irq_fired: Vec<u64>,
+    /// Interrupts of a vector no eventfd was wired to (dropped, as a masked vector's would be).
+    pub irq_unwired: u64,
     pub resets: u32,
 }
 
@@ -69,7 +104,8 @@ pub struct TwinState {
     /// 2 MiB hugetlb pages available.
     pub hugepages: usize,
     pub iova_ranges: Vec<(u64, u64)>,
-    /// Errno to return from the named operation ("MAP_DMA", "UNMAP_DMA", "SET_IRQS", "mmap_anon", ...).
+    /// Errno to return from the named operation ("MAP_DMA", "UNMAP_DMA", "SET_IRQS", "mmap_anon", "bar" (a BAR
+    /// `pread`/`pwrite`), ...).
     pub fail: HashMap<&'static str, i32>,
     pub devices: BTreeMap<String, TwinDevice>,
     /// Groups attached to the container, and whether the IOMMU is set.
@@ -88,8 +124,19 @@ pub struct TwinState {
     pub log: Vec<String>,
     fds: HashMap<RawFd, TwinFd>,
     next_fd: RawFd,
-    layouts: HashMap<usize, Layout>,
+    layouts: HashMap<usize, Anon>,
 }
+
+/// An anonymous mapping's allocation, kept as a pointer so a backend's DMA reaches it with its provenance.
+#[derive(Debug)]
+struct Anon {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the pointer is the twin's own heap allocation, handed out by mmap_anon and freed once; it is not tied
+// to a thread.
+unsafe impl Send for Anon {}
 
 /// The twin. Shareable across threads (an interrupt can be fired from another thread while one waits).
 #[derive(Debug)]
@@ -153,15 +200,66 @@ impl Twin {
                 driver_override: None,
                 busy: false,
                 bar0: vec![0u64; bar_len / 8].into_boxed_slice(),
+                bar_mmap: true,
+                backend: None,
                 config,
                 msix: if vendor == 0x15b3 { 64 } else { 0 },
                 msi: 1,
                 open: false,
                 irq_index: None,
                 irq_fds: Vec::new(),
+                irq_fired: Vec::new(),
+                irq_unwired: 0,
                 resets: 0,
             },
         );
+    }
+
+    /// Adds a function at `bdf` as [`Twin::add_device`] does, bound to vfio-pci, with `backend` behind it: BAR 0
+    /// is the backend's, reached with `pread`/`pwrite`, and DMA mappings and interrupts go to and come from it.
+    pub fn add_backed_device(&self, bdf: &str, vendor: u16, device: u16, group: u32, backend: Arc<dyn TwinBackend>) {
+        self.add_device(bdf, vendor, device, group, Some("vfio-pci"), 0);
+        let mut s = self.state();
+        let d = s.devices.get_mut(bdf).expect("just added");
+        d.bar_mmap = false;
+        d.backend = Some(backend);
+    }
+
+    /// Delivers the interrupts the devices signalled since the last look into their wired eventfds.
+    pub fn deliver_interrupts(&self) {
+        let backends: Vec<(String, Arc<dyn TwinBackend>)> = self
+            .state()
+            .devices
+            .iter()
+            .filter_map(|(n, d)| d.backend.as_ref().map(|b| (n.clone(), b.clone())))
+            .collect();
+        for (name, b) in backends {
+            // Taken outside the twin's lock: the device runs there.
+            let vectors = b.take_interrupts();
+            if !vectors.is_empty() {
+                let mut s = self.state();
+                for v in vectors {
+                    s.signal(&name, usize::from(v));
+                }
+            }
+        }
+    }
+
+    /// A BAR 0 access handed to the device behind `fd`, then its interrupts delivered; `None` when `fd` is not
+    /// such a device's BAR 0.
+    fn backend_bar(&self, fd: RawFd, offset: u64, len: usize) -> io::Result<Option<(Arc<dyn TwinBackend>, u64)>> {
+        let s = self.state();
+        let Some(TwinFd::Device(name)) = s.fds.get(&fd) else { return Err(errno(libc::EBADF)) };
+        if (offset >> 40) as u32 != abi::VFIO_PCI_BAR0_REGION_INDEX {
+            return Ok(None);
+        }
+        let d = s.device_of(name)?;
+        let off = offset & ((1 << 40) - 1);
+        let Some(b) = &d.backend else { return Ok(None) };
+        if off.checked_add(len as u64).is_none_or(|end| end > b.bar_len()) {
+            return Err(errno(libc::EINVAL));
+        }
+        Ok(Some((b.clone(), off)))
     }
 
     pub fn state(&self) -> MutexGuard<'_, TwinState> {
@@ -170,15 +268,21 @@ impl Twin {
 
     /// Fires vector `v` of `bdf` as the device's interrupt would: adds 1 to the wired eventfd.
     pub fn fire(&self, bdf: &str, v: usize) -> bool {
-        let mut s = self.state();
-        let Some(fd) = s.devices.get(bdf).and_then(|d| d.irq_fds.get(v).copied()) else { return false };
-        match s.fds.get_mut(&fd) {
-            Some(TwinFd::EventFd(c)) => {
-                *c += 1;
-                true
-            }
-            _ => false,
-        }
+        self.state().signal(bdf, v)
+    }
+
+    /// The eventfd counters of `bdf`'s wired vectors, in vector order, without resetting them (what a `read`
+    /// would return).
+    pub fn eventfd_counts(&self, bdf: &str) -> Vec<u64> {
+        let s = self.state();
+        let Some(d) = s.devices.get(bdf) else { return Vec::new() };
+        d.irq_fds
+            .iter()
+            .map(|fd| match s.fds.get(fd) {
+                Some(TwinFd::EventFd(c)) => *c,
+                _ => 0,
+            })
+            .collect()
     }
 
     /// Reads BAR 0 of `bdf` at `off` as the device sees it (the raw 32-bit word in memory order).
@@ -200,6 +304,53 @@ impl TwinState {
     /// The open container's file descriptor, if there is one.
     pub fn open_container(&self) -> Option<RawFd> {
         self.fds.iter().find_map(|(&fd, k)| matches!(k, TwinFd::Container).then_some(fd))
+    }
+
+    /// Signals vector `v` of `bdf`: adds 1 to the eventfd wired to it and counts it; `false` when no eventfd is.
+    fn signal(&mut self, bdf: &str, v: usize) -> bool {
+        let Some(d) = self.devices.get_mut(bdf) else { return false };
+        let Some(fd) = d.irq_fds.get(v).copied() else {
+            d.irq_unwired += 1;
+            return false;
+        };
+        if d.irq_fired.len() <= v {
+            d.irq_fired.resize(v + 1, 0);
+        }
+        d.irq_fired[v] += 1;
+        match self.fds.get_mut(&fd) {
+            Some(TwinFd::EventFd(c)) => {
+                *c += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The backends of the functions whose groups are attached to the container (what the IOMMU serves).
+    fn attached_backends(&self) -> Vec<Arc<dyn TwinBackend>> {
+        self.devices.values().filter(|d| self.attached.contains(&d.group)).filter_map(|d| d.backend.clone()).collect()
+    }
+
+    /// Takes every IOMMU mapping away from the devices (the container closed, the twin dropped).
+    fn unmap_all(&mut self) {
+        let backends: Vec<Arc<dyn TwinBackend>> = self.devices.values().filter_map(|d| d.backend.clone()).collect();
+        for (iova, m) in std::mem::take(&mut self.maps) {
+            for b in &backends {
+                b.dma_unmap(iova, m.size as usize);
+            }
+        }
+    }
+
+    /// The twin's pointer to `len` bytes of its anonymous memory at `vaddr`, if it has them.
+    fn anon_ptr(&self, vaddr: u64, len: u64) -> Option<NonNull<u8>> {
+        let (&a, &(alen, _)) = self.anon.range(..=vaddr as usize).next_back()?;
+        let off = vaddr as usize - a;
+        if off.checked_add(len as usize)? > alen {
+            return None;
+        }
+        let base = self.layouts.get(&a)?.ptr;
+        // SAFETY: off + len lies inside the allocation of alen bytes at base (checked above).
+        Some(unsafe { base.add(off) })
     }
 
     fn check_fail(&self, op: &str) -> io::Result<()> {
@@ -327,6 +478,20 @@ impl TwinState {
                 if self.pin_limit.is_some_and(|limit| pinned + m.size > limit) {
                     return Err(errno(libc::ENOMEM));
                 }
+                let backends = self.attached_backends();
+                if !backends.is_empty() {
+                    // The devices reach only memory the twin can name by pointer: its own anonymous mappings.
+                    let Some(cpu) = self.anon_ptr(m.vaddr, m.size) else { return Err(errno(libc::EFAULT)) };
+                    for (i, b) in backends.iter().enumerate() {
+                        // SAFETY: the twin's anonymous memory stays allocated while this mapping exists: munmap
+                        // keeps memory that is still mapped, and UNMAP_DMA, the container's close and the twin's
+                        // drop unmap it from every backend first.
+                        if let Err(e) = unsafe { b.dma_map(m.iova, cpu, m.size as usize) } {
+                            backends[..i].iter().for_each(|b| b.dma_unmap(m.iova, m.size as usize));
+                            return Err(e);
+                        }
+                    }
+                }
                 self.maps.insert(m.iova, TwinMap { vaddr: m.vaddr, size: m.size });
                 Ok(0)
             }
@@ -350,7 +515,15 @@ impl TwinState {
                         return Err(errno(libc::EINVAL));
                     }
                 }
-                u.size = hit.iter().map(|i| self.maps.remove(i).map_or(0, |t| t.size)).sum();
+                let backends = self.attached_backends();
+                u.size = hit
+                    .iter()
+                    .filter_map(|i| self.maps.remove(i).map(|t| (*i, t)))
+                    .map(|(i, t)| {
+                        backends.iter().for_each(|b| b.dma_unmap(i, t.size as usize));
+                        t.size
+                    })
+                    .sum();
                 b[..u.as_bytes().len()].copy_from_slice(u.as_bytes());
                 Ok(0)
             }
@@ -419,7 +592,10 @@ impl TwinState {
                 let mut r = abi::vfio_region_info::read_from(b);
                 let rw = abi::VFIO_REGION_INFO_FLAG_READ | abi::VFIO_REGION_INFO_FLAG_WRITE;
                 (r.flags, r.size) = match r.index {
-                    abi::VFIO_PCI_BAR0_REGION_INDEX => (rw | abi::VFIO_REGION_INFO_FLAG_MMAP, d.bar0.len() as u64 * 8),
+                    abi::VFIO_PCI_BAR0_REGION_INDEX => {
+                        let mmap = if d.bar_mmap { abi::VFIO_REGION_INFO_FLAG_MMAP } else { 0 };
+                        (rw | mmap, d.backend.as_ref().map_or(d.bar0.len() as u64 * 8, |b| b.bar_len()))
+                    }
                     abi::VFIO_PCI_CONFIG_REGION_INDEX => (rw, d.config.len() as u64),
                     i if i < 9 => (0, 0),
                     _ => return Err(errno(libc::EINVAL)),
@@ -483,10 +659,29 @@ impl TwinState {
             }
             abi::VFIO_DEVICE_RESET => {
                 d.resets += 1;
+                if let Some(b) = &d.backend {
+                    b.reset();
+                }
                 Ok(0)
             }
             _ => Err(errno(libc::ENOTTY)),
         }
+    }
+
+    /// A read or write of the twin's own BAR 0 storage through the device fd: `None` when the access is to
+    /// another region.
+    fn bar_access(&self, fd: RawFd, offset: u64, len: usize) -> io::Result<Option<(String, usize)>> {
+        let Some(TwinFd::Device(name)) = self.fds.get(&fd) else { return Err(errno(libc::EBADF)) };
+        if (offset >> 40) as u32 != abi::VFIO_PCI_BAR0_REGION_INDEX {
+            return Ok(None);
+        }
+        self.check_fail("bar")?;
+        let off = (offset & ((1 << 40) - 1)) as usize;
+        let bar_len = self.device_of(name)?.bar0.len() * 8;
+        if off.checked_add(len).is_none_or(|end| end > bar_len) {
+            return Err(errno(libc::EINVAL));
+        }
+        Ok(Some((name.clone(), off)))
     }
 
     fn config_access(&mut self, fd: RawFd, offset: u64, len: usize) -> io::Result<(String, usize)> {
@@ -544,11 +739,14 @@ unsafe impl Sys for Twin {
                     d.irq_index = None;
                     d.irq_fds.clear();
                     d.resets += 1;
+                    if let Some(b) = &d.backend {
+                        b.reset();
+                    }
                 }
             }
             Some(TwinFd::Group(g)) => s.attached.retain(|&x| x != g),
             Some(TwinFd::Container) => {
-                s.maps.clear();
+                s.unmap_all();
                 s.iommu_set = false;
             }
             _ => {}
@@ -569,7 +767,7 @@ unsafe impl Sys for Twin {
         let Some(TwinFd::Device(name)) = s.fds.get(&fd) else { return Err(errno(libc::EBADF)) };
         let name = name.clone();
         let d = s.devices.get_mut(&name).ok_or_else(|| errno(libc::ENODEV))?;
-        if offset != (abi::VFIO_PCI_BAR0_REGION_INDEX as u64) << 40 || len > d.bar0.len() * 8 {
+        if !d.bar_mmap || offset != (abi::VFIO_PCI_BAR0_REGION_INDEX as u64) << 40 || len > d.bar0.len() * 8 {
             return Err(errno(libc::EINVAL));
         }
         NonNull::new(d.bar0.as_mut_ptr().cast::<u8>()).ok_or_else(|| errno(libc::ENOMEM))
@@ -594,7 +792,7 @@ unsafe impl Sys for Twin {
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         let p = NonNull::new(p).ok_or_else(|| errno(libc::ENOMEM))?;
         s.anon.insert(p.as_ptr() as usize, (len, huge));
-        s.layouts.insert(p.as_ptr() as usize, layout);
+        s.layouts.insert(p.as_ptr() as usize, Anon { ptr: p, layout });
         Ok(p)
     }
 
@@ -606,22 +804,54 @@ unsafe impl Sys for Twin {
             if huge {
                 s.hugepages += len / (2 << 20);
             }
-            let layout = s.layouts.remove(&a).expect("layout of an anon mapping");
-            // SAFETY: a and layout come from alloc_zeroed above and are freed once (removed from the maps).
-            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+            // Memory still mapped for a device stays allocated, as the kernel keeps pinned pages, until the twin
+            // goes (its drop unmaps every backend first).
+            let end = (a + len) as u64;
+            if s.maps.values().any(|m| m.vaddr < end && (a as u64) < m.vaddr + m.size) {
+                log::warn!("twin: munmap of {len} bytes still mapped for DMA; kept until the twin is dropped");
+                return;
+            }
+            let anon = s.layouts.remove(&a).expect("layout of an anon mapping");
+            // SAFETY: the allocation and layout come from alloc_zeroed above and are freed once (removed from the
+            // maps).
+            unsafe { std::alloc::dealloc(anon.ptr.as_ptr(), anon.layout) };
         }
         // Device mappings point into the twin's BAR storage; nothing to free.
     }
 
     fn pread(&self, fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if let Some((b, off)) = self.backend_bar(fd, offset, buf.len())? {
+            let r = b.bar_read(off, buf);
+            self.deliver_interrupts();
+            return r.map(|()| buf.len());
+        }
         let mut s = self.state();
+        if let Some((name, off)) = s.bar_access(fd, offset, buf.len())? {
+            let bar = &s.devices[&name].bar0;
+            // SAFETY: off + len lies inside the boxed BAR (checked by bar_access); bytes are read as plain memory.
+            let src = unsafe { std::slice::from_raw_parts(bar.as_ptr().cast::<u8>().add(off), buf.len()) };
+            buf.copy_from_slice(src);
+            return Ok(buf.len());
+        }
         let (name, off) = s.config_access(fd, offset, buf.len())?;
         buf.copy_from_slice(&s.devices[&name].config[off..off + buf.len()]);
         Ok(buf.len())
     }
 
     fn pwrite(&self, fd: RawFd, buf: &[u8], offset: u64) -> io::Result<usize> {
+        if let Some((b, off)) = self.backend_bar(fd, offset, buf.len())? {
+            let r = b.bar_write(off, buf);
+            self.deliver_interrupts();
+            return r.map(|()| buf.len());
+        }
         let mut s = self.state();
+        if let Some((name, off)) = s.bar_access(fd, offset, buf.len())? {
+            let bar = &mut s.devices.get_mut(&name).expect("bar_access found it").bar0;
+            // SAFETY: off + len lies inside the boxed BAR (checked by bar_access); bytes are written as plain memory.
+            let dst = unsafe { std::slice::from_raw_parts_mut(bar.as_mut_ptr().cast::<u8>().add(off), buf.len()) };
+            dst.copy_from_slice(buf);
+            return Ok(buf.len());
+        }
         let (name, off) = s.config_access(fd, offset, buf.len())?;
         s.log.push(format!("pwrite config {off:#x} {buf:02x?}"));
         s.devices.get_mut(&name).unwrap().config[off..off + buf.len()].copy_from_slice(buf);
@@ -637,6 +867,8 @@ unsafe impl Sys for Twin {
     fn wait_readable(&self, fds: &[RawFd], timeout_ms: i32) -> io::Result<Option<usize>> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
         loop {
+            // The devices run while the caller waits; what they signal reaches the eventfds now.
+            self.deliver_interrupts();
             {
                 let s = self.state();
                 for (i, fd) in fds.iter().enumerate() {
@@ -773,9 +1005,11 @@ unsafe impl Sys for Twin {
 impl Drop for Twin {
     fn drop(&mut self) {
         let s = self.st.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (a, layout) in s.layouts.drain() {
+        // No device may reach the memory once it is freed.
+        s.unmap_all();
+        for (_, anon) in s.layouts.drain() {
             // SAFETY: every entry was allocated by alloc_zeroed with this layout and not yet freed.
-            unsafe { std::alloc::dealloc(a as *mut u8, layout) };
+            unsafe { std::alloc::dealloc(anon.ptr.as_ptr(), anon.layout) };
         }
     }
 }

@@ -40,6 +40,7 @@ mod verbs_scale;
 mod verbs_srq;
 mod verbs_threads;
 mod verbs_vectors;
+mod vfio_msix;
 
 /// The counting allocator `no_alloc` arms; unarmed threads allocate through it at the cost of one thread-local read.
 #[global_allocator]
