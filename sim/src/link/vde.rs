@@ -18,9 +18,19 @@
 //! (another kind of fabric) are dropped and counted. The writer's queue holds at most [`TX_QUEUE`] frames; beyond
 //! that a frame is dropped and counted (an ARP flood cannot grow memory). When the fabric goes away (the switch
 //! ends) the port's link goes down (a PORT_CHANGE) and its packets are lost, so requesters end in retry errors.
+//!
+//! The direct path: on a `vde_switch` (a `vde://` URL naming its directory) each port also binds a UNIX datagram
+//! socket of its own in the switch's directory, named by its MAC ([`Direct`]). A unicast frame to a MAC whose
+//! socket is there goes straight to that port instead of through the switch: one hop and no third process to
+//! schedule per frame, and a receiver that falls behind makes the sender wait (a bounded time) instead of the
+//! switch dropping the frame. Broadcasts (ARP) and frames to anything else (a QEMU guest, a port across
+//! `wirefilter`, which is another switch) still cross the switch, which stays the meeting point. A capture on
+//! the switch (`vde_pcapplug`) sees only those: set `MLX5_SIM_VDE_DIRECT=0` to send everything through it.
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,6 +61,23 @@ const SWITCH_START: Duration = Duration::from_secs(5);
 
 /// The name of the switch program (Debian's `vde2`).
 const VDE_SWITCH: &str = "vde_switch";
+
+/// Set to `0` to send every frame through the switch (no direct path).
+pub const DIRECT_ENV: &str = "MLX5_SIM_VDE_DIRECT";
+
+/// A port's direct socket in its switch's directory: this prefix and its MAC in hex.
+const DIRECT_PREFIX: &str = "mlx5-direct-";
+
+/// How long the writer waits for a peer's direct socket to take a frame (its queue is full: the peer is not
+/// reading) before it drops the frame and sends to that peer through the switch for [`DIRECT_RETRY`].
+const DIRECT_SEND_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// How long the writer sends to a peer through the switch after its direct socket failed (none: a QEMU guest, a
+/// port on another switch, a port gone) before it tries the socket again.
+const DIRECT_RETRY: Duration = Duration::from_secs(1);
+
+/// Frames the reader hands to the port before it runs the port's datapath once (what is queued is taken first).
+const RX_BATCH: usize = 32;
 
 /// Why a port could not be plugged into a VDE fabric.
 #[derive(Debug)]
@@ -112,6 +139,12 @@ pub struct VdeCounters {
     pub tx_queue_full: u64,
     /// ARP requests sent to resolve a destination.
     pub arp_requests: u64,
+    /// Of `tx_frames`, those sent on the direct path (past the switch, to a port of this machine).
+    pub tx_direct: u64,
+    /// Frames received on the direct path (before the checks `rx_frames` counts).
+    pub rx_direct: u64,
+    /// Frames not sent: a peer's direct socket did not take them within [`DIRECT_SEND_TIMEOUT`].
+    pub tx_direct_timeout: u64,
 }
 
 /// `vde_open_real(char *url, char *descr, int interface_version, struct vde_open_args *)`.
@@ -316,6 +349,9 @@ impl VdeLink {
     /// Unplugs: the threads end (within [`POLL_MS`]) and the connection closes.
     pub(crate) fn close(&self) {
         self.up.store(false, Ordering::Release);
+        if let Some(d) = &self.direct {
+            d.unlink();
+        }
     }
 
     /// Waits (at most `timeout`) until every frame queued is on the fabric.
@@ -334,6 +370,9 @@ impl VdeLink {
             tx_oversize: get(&c[4]),
             tx_queue_full: get(&c[5]),
             arp_requests: get(&c[6]),
+            tx_direct: get(&c[C_TX_DIRECT]),
+            rx_direct: get(&c[C_RX_DIRECT]),
+            tx_direct_timeout: get(&c[C_DIRECT_TIMEOUT]),
         }
     }
 
@@ -450,6 +489,148 @@ const C_RX_OVERSIZE: usize = 3;
 const C_TX_OVERSIZE: usize = 4;
 const C_TX_QUEUE_FULL: usize = 5;
 const C_ARP: usize = 6;
+const C_TX_DIRECT: usize = 7;
+const C_RX_DIRECT: usize = 8;
+const C_DIRECT_TIMEOUT: usize = 9;
+
+/// A port's direct path on a `vde_switch`: `rx`, bound at `<switch dir>/mlx5-direct-<MAC>`, receives frames
+/// from ports of this machine on that switch; the writer sends to theirs ([`DirectPeers`], blocking for at most
+/// [`DIRECT_SEND_TIMEOUT`]). The socket file is removed when the link closes (one a process left behind, by the next port
+/// that plugs into the switch).
+#[derive(Debug)]
+pub(crate) struct Direct {
+    rx: UnixDatagram,
+    path: PathBuf,
+    /// The socket file's inode, so only this port's file is removed.
+    ino: u64,
+    dir: PathBuf,
+}
+
+impl Direct {
+    /// The switch directory a libvdeplug URL names (`vde:///dir`, or a bare path), if it holds a switch's
+    /// control socket; `None` for other fabrics (`vxvde://`, `udp://`, a port number `[N]`, ...).
+    fn switch_dir(url: &str) -> Option<PathBuf> {
+        let path = match url.strip_prefix("vde://") {
+            Some(p) => p,
+            None if !url.contains("://") => url,
+            None => return None,
+        };
+        let dir = Path::new(path);
+        (dir.is_absolute() && !path.contains('[') && dir.join("ctl").exists()).then(|| dir.to_path_buf())
+    }
+
+    fn socket(dir: &Path, mac: [u8; 6]) -> PathBuf {
+        let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+        dir.join(format!("{DIRECT_PREFIX}{hex}"))
+    }
+
+    /// Binds the port's socket in `dir`. `None` (frames go through the switch) when the direct path is turned
+    /// off, the path is too long for a socket, or a live port already has this MAC.
+    fn open(dir: &Path, mac: [u8; 6]) -> Option<Direct> {
+        if std::env::var(DIRECT_ENV).is_ok_and(|v| v == "0") {
+            return None;
+        }
+        Direct::sweep(dir);
+        let path = Direct::socket(dir, mac);
+        // A live port with this MAC keeps its socket (bind fails); a stale one was swept.
+        let rx = UnixDatagram::bind(&path).ok()?;
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::symlink_metadata(&path).ok()?);
+        let direct = Direct { rx, path, ino, dir: dir.to_path_buf() };
+        direct.rx.set_nonblocking(true).ok()?;
+        Some(direct)
+    }
+
+    /// Removes the direct sockets in `dir` that nobody reads (their ports' processes ended without closing
+    /// them), so they do not pile up.
+    fn sweep(dir: &Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let Ok(probe) = UnixDatagram::unbound() else { return };
+        for e in entries.flatten() {
+            let path = e.path();
+            let ours = e.file_name().to_str().is_some_and(|n| n.starts_with(DIRECT_PREFIX));
+            if ours && probe.connect(&path).is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+
+    /// Removes the socket file if it is still this port's.
+    fn unlink(&self) {
+        let ino = std::fs::symlink_metadata(&self.path).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        if ino.is_ok_and(|i| i == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Drop for Direct {
+    fn drop(&mut self) {
+        self.unlink();
+    }
+}
+
+/// What the writer knows of its peers' direct sockets: a socket connected to a peer's (so a send looks up no
+/// path), or until when the peer is reached through the switch. At most [`MAX_DIRECT_PEERS`] (the oldest goes
+/// first).
+#[derive(Default)]
+struct DirectPeers(Vec<([u8; 6], Result<UnixDatagram, Instant>)>);
+
+/// Peers the writer keeps a connected socket (a descriptor) or a failure for, at most.
+const MAX_DIRECT_PEERS: usize = 64;
+
+/// What became of a frame offered to the direct path.
+enum DirectSend {
+    Sent,
+    /// The peer's socket did not take it in time: dropped.
+    TimedOut,
+    /// No direct path to the peer: send it through the switch.
+    Switch,
+}
+
+impl DirectPeers {
+    fn connect(d: &Direct, dst: [u8; 6], now: Instant) -> Result<UnixDatagram, Instant> {
+        let s = UnixDatagram::unbound().map_err(|_| now + DIRECT_RETRY)?;
+        s.connect(Direct::socket(&d.dir, dst)).map_err(|_| now + DIRECT_RETRY)?;
+        s.set_write_timeout(Some(DIRECT_SEND_TIMEOUT)).map_err(|_| now + DIRECT_RETRY)?;
+        Ok(s)
+    }
+
+    fn send(&mut self, d: &Direct, frame: &[u8]) -> DirectSend {
+        let Some(dst) = frame.get(..6).and_then(|m| <[u8; 6]>::try_from(m).ok()) else {
+            return DirectSend::Switch;
+        };
+        if dst[0] & 1 != 0 {
+            return DirectSend::Switch;
+        }
+        let now = Instant::now();
+        let at = match self.0.iter().position(|(m, _)| *m == dst) {
+            Some(i) => {
+                if matches!(self.0[i].1, Err(until) if now >= until) {
+                    self.0[i].1 = DirectPeers::connect(d, dst, now);
+                }
+                i
+            }
+            None => {
+                if self.0.len() >= MAX_DIRECT_PEERS {
+                    let _ = self.0.remove(0);
+                }
+                self.0.push((dst, DirectPeers::connect(d, dst, now)));
+                self.0.len() - 1
+            }
+        };
+        let Ok(sock) = &self.0[at].1 else { return DirectSend::Switch };
+        match sock.send(frame) {
+            Ok(_) => DirectSend::Sent,
+            Err(e) => {
+                self.0[at].1 = Err(now + DIRECT_RETRY);
+                match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => DirectSend::TimedOut,
+                    _ => DirectSend::Switch,
+                }
+            }
+        }
+    }
+}
 
 /// Every VDE link of this process, for [`resolve`].
 static LINKS: Mutex<Vec<Weak<VdeLink>>> = Mutex::new(Vec::new());
@@ -494,23 +675,28 @@ pub(crate) fn plug<S: Station>(station: &Arc<S>, url: Option<&str>) -> Result<()
     if ib {
         return Err(VdeError::NotEthernet);
     }
-    let conn = match url {
-        Some(u) => Conn::open(u)?,
-        None => open_or_start(&default_switch_dir())?,
+    let (conn, dir) = match url {
+        Some(u) => (Conn::open(u)?, Direct::switch_dir(u)),
+        None => {
+            let dir = default_switch_dir();
+            (open_or_start(&dir)?, Some(dir))
+        }
     };
-    plug_conn(station, conn, mine, pcap)
+    plug_conn(station, conn, dir.and_then(|d| Direct::open(&d, mine)), mine, pcap)
 }
 
 /// Plugs into the switch at `dir`, starting it if none answers (tests use a private directory).
 #[cfg(test)]
 pub(crate) fn plug_dir<S: Station>(station: &Arc<S>, dir: &Path) -> Result<(), VdeError> {
     let (mine, pcap) = wire(&**station, |w| (w.addr.mac, w.pcap.clone()));
-    plug_conn(station, open_or_start(dir)?, mine, pcap)
+    let conn = open_or_start(dir)?;
+    plug_conn(station, conn, Direct::open(dir, mine), mine, pcap)
 }
 
 fn plug_conn<S: Station>(
     station: &Arc<S>,
     conn: Conn,
+    direct: Option<Direct>,
     mine: [u8; 6],
     pcap: Option<crate::pcap::PcapSink>,
 ) -> Result<(), VdeError> {
@@ -520,6 +706,7 @@ fn plug_conn<S: Station>(
     let link = Arc::new(VdeLink {
         id,
         conn: Box::new(conn),
+        direct,
         tx,
         up: AtomicBool::new(true),
         mine,
@@ -552,7 +739,22 @@ fn plug_conn<S: Station>(
     Ok(())
 }
 
+/// Hands a received frame to the port if the link admits it (its answer, an ARP reply, is queued): whether it
+/// did, or `None` when the device is gone.
+fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) -> Option<bool> {
+    if !link.admit(frame) {
+        return Some(false);
+    }
+    let station = weak.upgrade()?;
+    if let Some(back) = station.receive_frame(frame, src) {
+        // The port recorded its answer itself.
+        let _ = link.queue(&back, false);
+    }
+    Some(true)
+}
+
 fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
+    let mut peers = DirectPeers::default();
     while link.is_up() {
         let frame = match rx.recv_timeout(Duration::from_millis(POLL_MS as u64)) {
             Ok(f) => f,
@@ -560,12 +762,23 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
         link.count.taken();
-        // A datagram fabric takes each frame whole or not at all; a failed send means the fabric went away.
-        if link.conn.send(&frame) < 0 {
-            link.close();
-            break;
+        let direct = match &link.direct {
+            Some(d) => peers.send(d, &frame),
+            None => DirectSend::Switch,
+        };
+        match direct {
+            DirectSend::Sent => {
+                link.bump(C_TX_DIRECT);
+                link.bump(C_TX);
+            }
+            DirectSend::TimedOut => link.bump(C_DIRECT_TIMEOUT),
+            // A datagram fabric takes each frame whole or not at all; a failed send means the fabric went away.
+            DirectSend::Switch if link.conn.send(&frame) < 0 => {
+                link.close();
+                break;
+            }
+            DirectSend::Switch => link.bump(C_TX),
         }
-        link.bump(C_TX);
         link.count.written(1);
     }
 }
@@ -575,20 +788,34 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
     let mut buf = vec![0u8; 1 << 16];
     let src = DevRef { id: link.id, port: Port::Vde(link.clone()) };
     let (data, ctl) = link.conn.fds();
+    let direct = link.direct.as_ref().map_or(-1, |d| d.rx.as_raw_fd());
     let mut why = "unplugged";
+    // Frames handed to the port since its datapath last ran: it runs once what is queued is taken (or after
+    // RX_BATCH frames), not once a frame.
+    let mut unrun = 0;
     while link.is_up() {
         let mut fds = [
             libc::pollfd { fd: data, events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: ctl, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: direct, events: libc::POLLIN, revents: 0 },
         ];
-        // SAFETY: two valid pollfd entries (a negative fd is ignored by poll).
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, POLL_MS) };
+        let wait = if unrun > 0 { 0 } else { POLL_MS };
+        // SAFETY: three valid pollfd entries (a negative fd is ignored by poll).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, wait) };
         if n < 0 {
             if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             why = "poll failed";
             break;
+        }
+        if n == 0 || unrun >= RX_BATCH {
+            if unrun > 0 {
+                let Some(station) = weak.upgrade() else { break };
+                station.run();
+                unrun = 0;
+            }
+            continue;
         }
         // The control connection says something only when the switch goes away.
         if ctl >= 0 && fds[1].revents != 0 {
@@ -600,24 +827,40 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             why = "the VDE fabric went away";
             break;
         }
-        if fds[0].revents & libc::POLLIN == 0 {
-            continue;
+        if fds[0].revents & libc::POLLIN != 0 {
+            let got = link.conn.recv(&mut buf);
+            if got <= 0 {
+                why = "the VDE fabric went away";
+                break;
+            }
+            match take(&weak, &link, &src, &buf[..got as usize]) {
+                Some(taken) => unrun += usize::from(taken),
+                None => break,
+            }
         }
-        let got = link.conn.recv(&mut buf);
-        if got <= 0 {
-            why = "the VDE fabric went away";
-            break;
+        if let (Some(d), true) = (&link.direct, fds[2].revents & libc::POLLIN != 0) {
+            // Non-blocking: what is queued is taken without polling again, up to a batch.
+            let mut gone = false;
+            while unrun < RX_BATCH {
+                let Ok(got) = d.rx.recv(&mut buf) else { break };
+                link.bump(C_RX_DIRECT);
+                match take(&weak, &link, &src, &buf[..got]) {
+                    Some(taken) => unrun += usize::from(taken),
+                    None => {
+                        gone = true;
+                        break;
+                    }
+                }
+            }
+            if gone {
+                break;
+            }
         }
-        let frame = &buf[..got as usize];
-        if !link.admit(frame) {
-            continue;
+    }
+    if unrun > 0 {
+        if let Some(station) = weak.upgrade() {
+            station.run();
         }
-        let Some(station) = weak.upgrade() else { break };
-        if let Some(back) = station.receive_frame(frame, &src) {
-            // The port recorded its answer itself.
-            let _ = link.queue(&back, false);
-        }
-        station.run();
     }
     let gone = link.is_up();
     link.close();
