@@ -1318,6 +1318,112 @@ mod tests {
         assert_eq!(ops, [Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLast, Opcode::RcAck]);
     }
 
+    /// The link-local GID of a MAC (modified EUI-64).
+    fn link_local(mac: [u8; 6]) -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[..2].copy_from_slice(&[0xfe, 0x80]);
+        g[8..].copy_from_slice(&[mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]]);
+        g
+    }
+
+    #[test]
+    fn ports_of_one_machine_go_past_the_switch_and_anything_else_through_it() {
+        let sw = Switch::new("direct");
+        let mut a = plugged(&sw, SimConfig { ipv4_addrs: &[[10, 9, 2, 1]], ..cfg(40) });
+        let mut b = plugged(&sw, cfg(41));
+        let mut q = rc_pair(&mut a, &mut b, None, RcParams::default());
+        send_checked(&mut a, &mut b, &mut q, 3000, 11);
+        let (na, nb) = (a.h.dev.vde_counters().unwrap(), b.h.dev.vde_counters().unwrap());
+        // A's three packets and B's ACK, each straight to the other's socket.
+        assert_eq!((na.tx_direct, na.rx_direct, nb.tx_direct, nb.rx_direct), (3, 1, 1, 3), "{na:?} {nb:?}");
+        assert_eq!((na.tx_frames, nb.tx_frames), (3, 1));
+        // A plug with no direct socket (a QEMU guest's NIC would be one) asks for A's address: the request is
+        // a broadcast and A's answer goes to a MAC with no socket, so both cross the switch.
+        let raw = Conn::open(&sw.url()).unwrap();
+        let smac = [0x02, 0x77, 0, 0, 0, 1];
+        let arp = ArpRepr {
+            operation: Operation::Request,
+            sender_mac: smac,
+            sender_ip: [10, 9, 2, 9],
+            target_mac: [0; 6],
+            target_ip: [10, 9, 2, 1],
+        };
+        let mut buf = [0u8; 64];
+        let n =
+            emit_arp(&EthernetRepr { dst: BROADCAST, src: smac, ethertype: EtherType::Arp }, &arp, &mut buf).unwrap();
+        assert_eq!(raw.send(&buf[..n]), n as isize);
+        let mut got = vec![0u8; 2048];
+        let (fd, _) = raw.fds();
+        let reply = loop {
+            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "A's ARP reply reached the plain plug");
+            let len = raw.recv(&mut got);
+            assert!(len > 0);
+            if let Ok(Parsed::Arp(eth, r)) = parse(&got[..len as usize]) {
+                if r.operation == Operation::Reply {
+                    break (eth, r);
+                }
+            }
+        };
+        assert_eq!((reply.0.dst, reply.1.sender_mac, reply.1.sender_ip), (smac, cfg(40).mac, [10, 9, 2, 1]));
+        let na2 = a.h.dev.vde_counters().unwrap();
+        assert_eq!((na2.tx_direct, na2.tx_frames), (3, 4), "the reply crossed the switch: {na2:?}");
+        // Each port's socket is in the switch's directory, and goes when the port leaves the fabric.
+        let sock = Direct::socket(&sw.0, cfg(41).mac);
+        assert!(sock.exists());
+        assert!(b.h.dev.vde_unplug());
+        assert!(!sock.exists(), "B's socket removed as it left");
+    }
+
+    #[test]
+    fn a_peer_that_does_not_read_costs_one_bounded_wait_then_frames_go_through_the_switch() {
+        let sw = Switch::new("stuck");
+        let mut a = plugged(&sw, cfg(42));
+        // A socket with a port's name that nobody reads (a process stopped in a debugger): its queue fills.
+        let mac = [0x02, 0x66, 0, 0, 0, 2];
+        let stuck = UnixDatagram::bind(Direct::socket(&sw.0, mac)).unwrap();
+        let mut ac = a.cq(6);
+        let mut ua = a.qp(QpSpec::ud(), ac.cqn, ac.cqn);
+        a.ready_ud(&ua, 0x55);
+        let ma = a.mr(4096);
+        let av = TAv { dqpn: 0x99, qkey: 0x55, grh: true, hop_limit: 1, rgid: link_local(mac), ..TAv::default() };
+        const SENT: u64 = 40;
+        let start = Instant::now();
+        for _ in 0..SENT {
+            a.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(100, ma.key, ma.addr()), Bell::Db);
+            assert_eq!(a.wait_cqe(&mut ac).expect("UD send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        }
+        assert!(a.h.dev.vde_link_for_test().drain(Duration::from_secs(5)), "every frame left the writer");
+        let n = a.h.dev.vde_counters().unwrap();
+        // The socket's queue took some; the next waited DIRECT_SEND_TIMEOUT and was dropped; the rest went to
+        // the switch (which floods them to nobody).
+        assert_eq!(n.tx_direct_timeout, 1, "{n:?}");
+        assert!(n.tx_direct > 0 && n.tx_direct < SENT, "{n:?}");
+        assert_eq!(n.tx_frames + n.tx_direct_timeout, SENT, "{n:?}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+        drop(stuck);
+    }
+
+    #[test]
+    fn a_socket_left_behind_by_a_port_that_ended_is_swept() {
+        let sw = Switch::new("stale");
+        let a = plugged(&sw, cfg(43));
+        // A socket file nobody is bound to any more (its process was killed), one with A's own MAC among them.
+        let stale = [Direct::socket(&sw.0, [0x02, 0x55, 0, 0, 0, 1]), Direct::socket(&sw.0, cfg(44).mac)];
+        for p in &stale {
+            drop(UnixDatagram::bind(p).unwrap());
+            assert!(p.exists());
+        }
+        let mut b = plugged(&sw, cfg(44));
+        assert!(!stale[0].exists(), "swept");
+        assert!(b.h.dev.vde_link_for_test().direct.is_some(), "B took its name over");
+        let mut a = a;
+        let mut q = rc_pair(&mut a, &mut b, None, RcParams::default());
+        send_checked(&mut a, &mut b, &mut q, 2000, 12);
+        assert!(a.h.dev.vde_counters().unwrap().tx_direct > 0);
+    }
+
     #[test]
     fn a_bad_url_is_a_clear_error() {
         let dev = SimDevice::new(cfg(13));
