@@ -580,6 +580,7 @@ const MAX_DIRECT_PEERS: usize = 64;
 
 /// What became of a frame offered to the direct path.
 enum DirectSend {
+    /// Sent (all of them).
     Sent,
     /// The peer's socket did not take it in time: dropped.
     TimedOut,
@@ -595,12 +596,14 @@ impl DirectPeers {
         Ok(s)
     }
 
-    fn send(&mut self, d: &Direct, frame: &[u8]) -> DirectSend {
-        let Some(dst) = frame.get(..6).and_then(|m| <[u8; 6]>::try_from(m).ok()) else {
-            return DirectSend::Switch;
+    /// Sends `frames` (all to one MAC) on the direct path, as many in one call as the peer's socket takes:
+    /// how many went, and what became of the first that did not ([`DirectSend::Sent`]: none left).
+    fn send(&mut self, d: &Direct, frames: &[Vec<u8>]) -> (usize, DirectSend) {
+        let Some(dst) = frames.first().and_then(|f| dst_mac(f)) else {
+            return (0, DirectSend::Switch);
         };
         if dst[0] & 1 != 0 {
-            return DirectSend::Switch;
+            return (0, DirectSend::Switch);
         }
         let now = Instant::now();
         let at = match self.0.iter().position(|(m, _)| *m == dst) {
@@ -618,18 +621,57 @@ impl DirectPeers {
                 self.0.len() - 1
             }
         };
-        let Ok(sock) = &self.0[at].1 else { return DirectSend::Switch };
-        match sock.send(frame) {
-            Ok(_) => DirectSend::Sent,
-            Err(e) => {
+        let Ok(sock) = &self.0[at].1 else { return (0, DirectSend::Switch) };
+        match send_many(sock, frames) {
+            (n, None) => (n, DirectSend::Sent),
+            (n, Some(e)) => {
                 self.0[at].1 = Err(now + DIRECT_RETRY);
                 match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => DirectSend::TimedOut,
-                    _ => DirectSend::Switch,
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => (n, DirectSend::TimedOut),
+                    _ => (n, DirectSend::Switch),
                 }
             }
         }
     }
+}
+
+/// A frame's destination MAC.
+fn dst_mac(frame: &[u8]) -> Option<[u8; 6]> {
+    frame.get(..6).and_then(|m| <[u8; 6]>::try_from(m).ok())
+}
+
+/// Frames the writer takes from its queue and sends at once, at most.
+const TX_BATCH: usize = 32;
+
+/// `sendmmsg` of up to [`TX_BATCH`] frames on a connected datagram socket: how many were sent, and the error
+/// that stopped the rest.
+fn send_many(sock: &UnixDatagram, frames: &[Vec<u8>]) -> (usize, Option<io::Error>) {
+    let n = frames.len().min(TX_BATCH);
+    let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; TX_BATCH];
+    // SAFETY: an all-zero mmsghdr is a valid one (no name, no control data, no iovec).
+    let mut hdr: [libc::mmsghdr; TX_BATCH] = unsafe { std::mem::zeroed() };
+    for (k, f) in frames[..n].iter().enumerate() {
+        iov[k] = libc::iovec { iov_base: f.as_ptr() as *mut c_void, iov_len: f.len() };
+    }
+    for (h, v) in hdr.iter_mut().zip(iov.iter_mut()) {
+        h.msg_hdr.msg_iov = v;
+        h.msg_hdr.msg_iovlen = 1;
+    }
+    let mut sent = 0;
+    while sent < n {
+        // SAFETY: `hdr[sent..n]` are valid mmsghdrs, each naming one iovec of `iov` that points into a frame of
+        // `frames`, all alive for the call; the kernel only reads the frames (and writes each msg_len).
+        let r = unsafe { libc::sendmmsg(sock.as_raw_fd(), hdr[sent..].as_mut_ptr(), (n - sent) as u32, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return (sent, Some(e));
+        }
+        sent += r as usize;
+    }
+    (sent, None)
 }
 
 /// Every VDE link of this process, for [`resolve`].
@@ -755,32 +797,90 @@ fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) 
 
 fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
     let mut peers = DirectPeers::default();
+    let mut batch: Vec<Vec<u8>> = Vec::with_capacity(TX_BATCH);
     while link.is_up() {
-        let frame = match rx.recv_timeout(Duration::from_millis(POLL_MS as u64)) {
-            Ok(f) => f,
+        // What is queued goes out together: a run of frames to one port of this machine in one call, so its
+        // reader wakes once for them.
+        batch.clear();
+        match rx.recv_timeout(Duration::from_millis(POLL_MS as u64)) {
+            Ok(f) => batch.push(f),
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
-        link.count.taken();
-        let direct = match &link.direct {
-            Some(d) => peers.send(d, &frame),
-            None => DirectSend::Switch,
-        };
-        match direct {
-            DirectSend::Sent => {
+        while batch.len() < TX_BATCH {
+            match rx.try_recv() {
+                Ok(f) => batch.push(f),
+                Err(_) => break,
+            }
+        }
+        for _ in &batch {
+            link.count.taken();
+        }
+        let mut i = 0;
+        while i < batch.len() {
+            let dst = dst_mac(&batch[i]);
+            let run = batch[i..].iter().take_while(|f| dst_mac(f) == dst).count();
+            let (sent, next) = match &link.direct {
+                Some(d) => peers.send(d, &batch[i..i + run]),
+                None => (0, DirectSend::Switch),
+            };
+            for _ in 0..sent {
                 link.bump(C_TX_DIRECT);
                 link.bump(C_TX);
             }
-            DirectSend::TimedOut => link.bump(C_DIRECT_TIMEOUT),
-            // A datagram fabric takes each frame whole or not at all; a failed send means the fabric went away.
-            DirectSend::Switch if link.conn.send(&frame) < 0 => {
-                link.close();
-                break;
+            link.count.written(sent as u64);
+            i += sent;
+            match next {
+                DirectSend::Sent => {}
+                DirectSend::TimedOut => {
+                    link.bump(C_DIRECT_TIMEOUT);
+                    link.count.written(1);
+                    i += 1;
+                }
+                // A datagram fabric takes each frame whole or not at all; a failed send means the fabric went
+                // away.
+                DirectSend::Switch => {
+                    if link.conn.send(&batch[i]) < 0 {
+                        link.close();
+                        return;
+                    }
+                    link.bump(C_TX);
+                    link.count.written(1);
+                    i += 1;
+                }
             }
-            DirectSend::Switch => link.bump(C_TX),
         }
-        link.count.written(1);
     }
+}
+
+/// Bytes of one frame's room in a [`recv_many`] batch: more than [`MAX_ETH_FRAME`], so a longer frame is seen
+/// (cut to this, and counted as oversize).
+const RX_SLOT: usize = 2048;
+
+/// `recvmmsg` without waiting of up to [`RX_BATCH`] frames into the [`RX_SLOT`]-byte slots of `slots`; how many
+/// came (their lengths in `lens`).
+fn recv_many(sock: &UnixDatagram, slots: &mut [u8], lens: &mut [usize; RX_BATCH]) -> usize {
+    let n = (slots.len() / RX_SLOT).min(RX_BATCH);
+    let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; RX_BATCH];
+    for (v, slot) in iov.iter_mut().zip(slots.chunks_mut(RX_SLOT)) {
+        *v = libc::iovec { iov_base: slot.as_mut_ptr().cast(), iov_len: slot.len() };
+    }
+    // SAFETY: an all-zero mmsghdr is a valid one (no name, no control data, no iovec).
+    let mut hdr: [libc::mmsghdr; RX_BATCH] = unsafe { std::mem::zeroed() };
+    for (h, v) in hdr.iter_mut().zip(iov.iter_mut()) {
+        h.msg_hdr.msg_iov = v;
+        h.msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: `hdr[..n]` are valid mmsghdrs, each naming one iovec of `iov` over a distinct slot of `slots`
+    // (alive and not otherwise borrowed during the call); no timeout.
+    let r = unsafe {
+        libc::recvmmsg(sock.as_raw_fd(), hdr.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
+    };
+    let got = usize::try_from(r).unwrap_or(0);
+    for (l, h) in lens.iter_mut().zip(&hdr[..got]) {
+        *l = (h.msg_len as usize).min(RX_SLOT);
+    }
+    got
 }
 
 fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
@@ -789,6 +889,7 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
     let src = DevRef { id: link.id, port: Port::Vde(link.clone()) };
     let (data, ctl) = link.conn.fds();
     let direct = link.direct.as_ref().map_or(-1, |d| d.rx.as_raw_fd());
+    let (mut slots, mut lens) = (vec![0u8; RX_BATCH * RX_SLOT], [0usize; RX_BATCH]);
     let mut why = "unplugged";
     // Frames handed to the port since its datapath last ran: it runs once what is queued is taken (or after
     // RX_BATCH frames), not once a frame.
@@ -839,12 +940,12 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             }
         }
         if let (Some(d), true) = (&link.direct, fds[2].revents & libc::POLLIN != 0) {
-            // Non-blocking: what is queued is taken without polling again, up to a batch.
+            // What is queued, up to a batch, in one call (none: a spurious wake).
+            let got = recv_many(&d.rx, &mut slots, &mut lens);
             let mut gone = false;
-            while unrun < RX_BATCH {
-                let Ok(got) = d.rx.recv(&mut buf) else { break };
+            for (slot, len) in slots.chunks(RX_SLOT).zip(&lens[..got]) {
                 link.bump(C_RX_DIRECT);
-                match take(&weak, &link, &src, &buf[..got]) {
+                match take(&weak, &link, &src, &slot[..*len]) {
                     Some(taken) => unrun += usize::from(taken),
                     None => {
                         gone = true;
