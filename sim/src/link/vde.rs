@@ -689,6 +689,11 @@ pub fn resolve(ip: [u8; 4], timeout: Duration) -> Option<[u8; 6]> {
         l.retain(|w| w.strong_count() > 0);
         l.iter().filter_map(Weak::upgrade).filter(|l| l.is_up()).collect()
     };
+    // A port's own address is its own MAC, as the kernel resolves a local address (UCX's UD endpoint to its own
+    // interface waited 30 s for an ARP answer nobody sends).
+    if let Some(l) = links.iter().find(|l| l.ipv4 == Some(ip)) {
+        return Some(l.mine);
+    }
     let end = Instant::now() + timeout;
     let mut asked: Option<Instant> = None;
     loop {
@@ -1201,6 +1206,8 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(link.neighbour(ib), Some(cfg(5).mac), "B answered A's ARP request");
+        // A port's own address needs no request.
+        assert_eq!(resolve(ia, Duration::ZERO), Some(cfg(4).mac));
         assert!(b.poll(&mut bc).is_none(), "the datagram that needed the ARP request was lost");
         a.post_send(&mut ua, &to_b, Bell::Db);
         assert_eq!(a.wait_cqe(&mut ac).expect("UD send CQE").status(), (consts::MLX5_CQE_REQ, 0));
