@@ -81,7 +81,7 @@ fn version_script() -> String {
     out
 }
 
-fn run(cmd: &mut Command) -> Result<Output, String> {
+pub(crate) fn run(cmd: &mut Command) -> Result<Output, String> {
     let out = cmd.output().map_err(|e| format!("failed to run {cmd:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
@@ -265,7 +265,7 @@ fn programs(lib: &Path) -> Result<Programs, String> {
 
 /// `apt-get download` into `dir`, with one `apt-get update` when the first attempt fails (a new machine may have
 /// no package lists yet).
-fn apt_download(pkgs: &[&str], dir: &Path) -> Result<(), String> {
+pub(crate) fn apt_download(pkgs: &[&str], dir: &Path) -> Result<(), String> {
     println!("$ apt-get download {}", pkgs.join(" "));
     let download = || {
         let mut c = Command::new("apt-get");
@@ -697,6 +697,7 @@ pub const PARTS: &[(&str, Part)] = &[
     ("crate", |a| ibverbs_crate(a.root, &a.lib)),
     ("qperf", |a| qperf(&peers(&a.lib)?)),
     ("ucx", |a| ucx(&peers(&a.lib)?)),
+    ("mpi", |a| crate::mpi::run(&a.lib)),
 ];
 
 /// `cargo xtask verbs-apps [--debug] [--only PART]`: Debian's programs on the library.
@@ -971,7 +972,7 @@ fn qperf(p: &Peers) -> Result<(), String> {
 /// device has). The namespace's mounts are made private before anything is mounted, so nothing reaches the host;
 /// where `/` is no mount point (a chroot, as `ci --fresh` runs in, already in a private namespace of its own)
 /// there is nothing to make private.
-const UVERBS_STANDIN: &str = "{ [ -d /dev/infiniband ] || mkdir /dev/infiniband; } && \
+pub(crate) const UVERBS_STANDIN: &str = "{ [ -d /dev/infiniband ] || mkdir /dev/infiniband; } && \
      { ! mountpoint -q / || mount --make-rprivate /; } && \
      mount -t tmpfs -o size=16k,mode=755 mlx5-rs /dev/infiniband && \
      touch /dev/infiniband/uverbs0 && mount --bind /dev/null /dev/infiniband/uverbs0 && exec \"$@\"";
