@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::vfio_test::wait_until;
 
+mod mpi;
+
 /// Every default-version export of Debian bookworm's libibverbs (`name VERSION` a line).
 const SYMBOLS: &str = include_str!("../../host-linux/ibverbs/symbols.txt");
 
@@ -697,7 +699,7 @@ pub const PARTS: &[(&str, Part)] = &[
     ("crate", |a| ibverbs_crate(a.root, &a.lib)),
     ("qperf", |a| qperf(&peers(&a.lib)?)),
     ("ucx", |a| ucx(&peers(&a.lib)?)),
-    ("mpi", |a| crate::mpi::run(&a.lib)),
+    ("mpi", |a| mpi::run(&a.lib)),
 ];
 
 /// `cargo xtask verbs-apps [--debug] [--only PART]`: Debian's programs on the library.

@@ -45,7 +45,6 @@ mod linux_drives_sim;
 mod linux_ifc;
 mod miri;
 mod modcheck;
-mod mpi;
 mod pci_sim;
 mod rxe;
 mod soak;

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::libibverbs::{apt_download, on_dropin, run as run_cmd, wait, UVERBS_STANDIN};
+use super::{apt_download, on_dropin, run as run_cmd, wait, UVERBS_STANDIN};
 
 /// Debian's Open MPI library (`libopenmpi3`).
 const LIBMPI: &str = "/usr/lib/x86_64-linux-gnu/libmpi.so.40";

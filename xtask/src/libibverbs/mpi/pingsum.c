@@ -1,4 +1,4 @@
-/* The MPI program `cargo xtask verbs-apps --only mpi` runs (xtask/src/mpi.rs): each even rank ping-pongs 64 KiB
+/* The MPI program `cargo xtask verbs-apps --only mpi` runs (xtask/src/libibverbs/mpi.rs): each even rank ping-pongs 64 KiB
  * messages with the next odd one, checking every byte each way, then every rank checks MPI_Allreduce's sum of
  * 1..size. Exits non-zero on a wrong byte or sum. */
 #include <mpi.h>
