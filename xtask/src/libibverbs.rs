@@ -1110,12 +1110,12 @@ fn ucx_runs(p: &Peers) -> Result<(), String> {
     }
     println!("ucx_perftest -x rc_verbs: 20 of 20 runs exit 0 with a clean teardown: ok");
     // The same program, both processes on one VDE fabric (the default switch of a private runtime directory).
-    // ud_verbs is not among them: its am_lat client did not exit within 30 s over the fabric (not understood yet).
     crate::vde::ensure_vde()?;
     let dir = std::env::temp_dir().join(format!("xtask-ucx-vde-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let r = (|| -> Result<(), String> {
-        for (i, (tl, test)) in [("rc_verbs", "am_lat"), ("rc_verbs", "put_bw")].iter().enumerate() {
+        let runs = [("rc_verbs", "am_lat"), ("rc_verbs", "put_bw"), ("ud_verbs", "am_lat"), ("ud_verbs", "am_bw")];
+        for (i, (tl, test)) in runs.iter().enumerate() {
             let row = ucx_perftest_on(p, tl, test, "1000", 18950 + i as u16, Some(&dir))?;
             println!(
                 "ucx_perftest -x {tl} -t {test} over VDE: 1000 iterations, {:.1} us, {:.2} MB/s: ok",
