@@ -7,7 +7,8 @@
 //! memory). Like the `ucx` part it needs root, for the private mount namespace that gives UCX its
 //! `/dev/infiniband/uverbs0`.
 //!
-//! Installs Debian's `openmpi-bin` (which brings `libopenmpi3` and UCX) when `mpirun` is missing. The program is
+//! Installs Debian's `openmpi-bin` (which brings `libopenmpi3` and UCX) and `ibverbs-providers` (the `libmlx5.so.1`
+//! UCX's IB transports link) when missing. The program is
 //! built with gcc against `mpi.h` from `libopenmpi-dev`, which is only unpacked (installing it would pull in
 //! gfortran).
 
@@ -26,18 +27,25 @@ const MPI_INCLUDE: &str = "usr/lib/x86_64-linux-gnu/openmpi/include";
 /// The longest the four ranks may take (they take about a second here).
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Installs `openmpi-bin` when `mpirun` or libmpi is missing.
+/// rdma-core's mlx5 provider library, which UCX's IB transports link (`ibverbs-providers`, only recommended by
+/// the packages Open MPI pulls in).
+const LIBMLX5: &str = "/usr/lib/x86_64-linux-gnu/libmlx5.so.1";
+
+/// The packages [`ensure_openmpi`] installs.
+const MPI_DEBS: &[&str] = &["openmpi-bin", "libopenmpi3", "ibverbs-providers"];
+
+/// Installs Open MPI (and the mlx5 provider library UCX links) when `mpirun`, libmpi or libmlx5 is missing.
 fn ensure_openmpi() -> Result<(), String> {
-    if Path::new("/usr/bin/mpirun").exists() && Path::new(LIBMPI).exists() {
+    if [Path::new("/usr/bin/mpirun"), Path::new(LIBMPI), Path::new(LIBMLX5)].iter().all(|p| p.exists()) {
         return Ok(());
     }
     let install = || {
         let mut c = Command::new("apt-get");
-        c.args(["install", "-y", "-q", "--no-install-recommends", "openmpi-bin", "libopenmpi3"]);
+        c.args(["install", "-y", "-q", "--no-install-recommends"]).args(MPI_DEBS);
         c.env("DEBIAN_FRONTEND", "noninteractive");
         c
     };
-    println!("$ apt-get install openmpi-bin libopenmpi3");
+    println!("$ apt-get install {}", MPI_DEBS.join(" "));
     if install().status().map_err(|e| format!("failed to run apt-get: {e}"))?.success() {
         return Ok(());
     }
@@ -45,7 +53,7 @@ fn ensure_openmpi() -> Result<(), String> {
     run_cmd(Command::new("apt-get").args(["update", "-q"]))?;
     match install().status().map_err(|e| e.to_string())?.success() {
         true => Ok(()),
-        false => Err("apt-get install openmpi-bin libopenmpi3 failed".into()),
+        false => Err(format!("apt-get install {} failed", MPI_DEBS.join(" "))),
     }
 }
 
