@@ -457,7 +457,7 @@ pub(crate) struct VdeLink {
 }
 
 /// How many counters a VDE link keeps (`vde.rs` names them).
-pub(crate) const VDE_COUNTERS: usize = 10;
+pub(crate) const VDE_COUNTERS: usize = 11;
 
 /// A connection carrying whole Ethernet frames as datagrams (libvdeplug's, in `vde.rs`), used by one reader and
 /// one writer thread at once.

@@ -22,8 +22,9 @@
 //! The direct path: on a `vde_switch` (a `vde://` URL naming its directory) each port also binds a UNIX datagram
 //! socket of its own in the switch's directory, named by its MAC ([`Direct`]). A unicast frame to a MAC whose
 //! socket is there goes straight to that port instead of through the switch: one hop and no third process to
-//! schedule per frame, and a receiver that falls behind makes the sender wait (a bounded time) instead of the
-//! switch dropping the frame. Broadcasts (ARP) and frames to anything else (a QEMU guest, a port across
+//! schedule per frame, frames queued for one port packed into one datagram (each still checked on its own at the
+//! receiver), and a receiver that falls behind makes the sender wait (a bounded time) instead of the switch
+//! dropping the frame. Broadcasts (ARP) and frames to anything else (a QEMU guest, a port across
 //! `wirefilter`, which is another switch) still cross the switch, which stays the meeting point. A capture on
 //! the switch (`vde_pcapplug`) sees only those: set `MLX5_SIM_VDE_DIRECT=0` to send everything through it.
 
@@ -145,6 +146,8 @@ pub struct VdeCounters {
     pub rx_direct: u64,
     /// Frames not sent: a peer's direct socket did not take them within [`DIRECT_SEND_TIMEOUT`].
     pub tx_direct_timeout: u64,
+    /// Datagrams on the direct socket whose frames did not add up (the rest of such a datagram is dropped).
+    pub rx_direct_malformed: u64,
 }
 
 /// `vde_open_real(char *url, char *descr, int interface_version, struct vde_open_args *)`.
@@ -373,6 +376,7 @@ impl VdeLink {
             tx_direct: get(&c[C_TX_DIRECT]),
             rx_direct: get(&c[C_RX_DIRECT]),
             tx_direct_timeout: get(&c[C_DIRECT_TIMEOUT]),
+            rx_direct_malformed: get(&c[C_RX_DIRECT_MALFORMED]),
         }
     }
 
@@ -492,6 +496,7 @@ const C_ARP: usize = 6;
 const C_TX_DIRECT: usize = 7;
 const C_RX_DIRECT: usize = 8;
 const C_DIRECT_TIMEOUT: usize = 9;
+const C_RX_DIRECT_MALFORMED: usize = 10;
 
 /// A port's direct path on a `vde_switch`: `rx`, bound at `<switch dir>/mlx5-direct-<MAC>`, receives frames
 /// from ports of this machine on that switch; the writer sends to theirs ([`DirectPeers`], blocking for at most
@@ -578,13 +583,13 @@ struct DirectPeers(Vec<([u8; 6], Result<UnixDatagram, Instant>)>);
 /// Peers the writer keeps a connected socket (a descriptor) or a failure for, at most.
 const MAX_DIRECT_PEERS: usize = 64;
 
-/// What became of a frame offered to the direct path.
+/// What became of frames offered to the direct path.
 enum DirectSend {
     /// Sent (all of them).
     Sent,
-    /// The peer's socket did not take it in time: dropped.
-    TimedOut,
-    /// No direct path to the peer: send it through the switch.
+    /// The peer's socket did not take the next datagram in time: its frames (this many) are dropped.
+    TimedOut(usize),
+    /// No direct path to the peer: send the next frame through the switch.
     Switch,
 }
 
@@ -596,9 +601,9 @@ impl DirectPeers {
         Ok(s)
     }
 
-    /// Sends `frames` (all to one MAC) on the direct path, as many in one call as the peer's socket takes:
-    /// how many went, and what became of the first that did not ([`DirectSend::Sent`]: none left).
-    fn send(&mut self, d: &Direct, frames: &[Vec<u8>]) -> (usize, DirectSend) {
+    /// Sends `frames` (all to one MAC) on the direct path, packed into as few datagrams as fit
+    /// ([`DIRECT_DATAGRAM`]): how many went, and what became of the next ([`DirectSend::Sent`]: none left).
+    fn send(&mut self, d: &Direct, frames: &[Vec<u8>], pack: &mut Vec<u8>) -> (usize, DirectSend) {
         let Some(dst) = frames.first().and_then(|f| dst_mac(f)) else {
             return (0, DirectSend::Switch);
         };
@@ -622,16 +627,19 @@ impl DirectPeers {
             }
         };
         let Ok(sock) = &self.0[at].1 else { return (0, DirectSend::Switch) };
-        match send_many(sock, frames) {
-            (n, None) => (n, DirectSend::Sent),
-            (n, Some(e)) => {
+        let mut sent = 0;
+        while sent < frames.len() {
+            let k = pack_frames(&frames[sent..], pack);
+            if let Err(e) = sock.send(pack) {
                 self.0[at].1 = Err(now + DIRECT_RETRY);
-                match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => (n, DirectSend::TimedOut),
-                    _ => (n, DirectSend::Switch),
-                }
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => (sent, DirectSend::TimedOut(k)),
+                    _ => (sent, DirectSend::Switch),
+                };
             }
+            sent += k;
         }
+        (sent, DirectSend::Sent)
     }
 }
 
@@ -643,35 +651,39 @@ fn dst_mac(frame: &[u8]) -> Option<[u8; 6]> {
 /// Frames the writer takes from its queue and sends at once, at most.
 const TX_BATCH: usize = 32;
 
-/// `sendmmsg` of up to [`TX_BATCH`] frames on a connected datagram socket: how many were sent, and the error
-/// that stopped the rest.
-fn send_many(sock: &UnixDatagram, frames: &[Vec<u8>]) -> (usize, Option<io::Error>) {
-    let n = frames.len().min(TX_BATCH);
-    let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; TX_BATCH];
-    // SAFETY: an all-zero mmsghdr is a valid one (no name, no control data, no iovec).
-    let mut hdr: [libc::mmsghdr; TX_BATCH] = unsafe { std::mem::zeroed() };
-    for (k, f) in frames[..n].iter().enumerate() {
-        iov[k] = libc::iovec { iov_base: f.as_ptr() as *mut c_void, iov_len: f.len() };
-    }
-    for (h, v) in hdr.iter_mut().zip(iov.iter_mut()) {
-        h.msg_hdr.msg_iov = v;
-        h.msg_hdr.msg_iovlen = 1;
-    }
-    let mut sent = 0;
-    while sent < n {
-        // SAFETY: `hdr[sent..n]` are valid mmsghdrs, each naming one iovec of `iov` that points into a frame of
-        // `frames`, all alive for the call; the kernel only reads the frames (and writes each msg_len).
-        let r = unsafe { libc::sendmmsg(sock.as_raw_fd(), hdr[sent..].as_mut_ptr(), (n - sent) as u32, 0) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return (sent, Some(e));
+/// The most bytes of one datagram on the direct path (frames and their length prefixes).
+const DIRECT_DATAGRAM: usize = 60 * 1024;
+
+/// Packs the first of `frames` and as many after it as fit in [`DIRECT_DATAGRAM`] bytes into `pack`, each a
+/// 2-byte big-endian length and the frame (so a batch of frames costs one send and one receive, and each frame
+/// is still checked on its own at the receiver); how many.
+fn pack_frames(frames: &[Vec<u8>], pack: &mut Vec<u8>) -> usize {
+    pack.clear();
+    let mut k = 0;
+    for f in frames {
+        if k > 0 && pack.len() + 2 + f.len() > DIRECT_DATAGRAM {
+            break;
         }
-        sent += r as usize;
+        // Frames are at most MAX_ETH_FRAME bytes (`VdeLink::queue`).
+        pack.extend_from_slice(&(f.len() as u16).to_be_bytes());
+        pack.extend_from_slice(f);
+        k += 1;
     }
-    (sent, None)
+    k
+}
+
+/// The frames of a direct-path datagram ([`pack_frames`]); `Err` at the first length that overruns it, after
+/// the frames before it.
+fn unpack_frames(mut d: &[u8], mut each: impl FnMut(&[u8]) -> bool) -> Result<(), ()> {
+    while !d.is_empty() {
+        let len = usize::from(u16::from_be_bytes([d[0], *d.get(1).ok_or(())?]));
+        let frame = d.get(2..2 + len).ok_or(())?;
+        if !each(frame) {
+            return Ok(());
+        }
+        d = &d[2 + len..];
+    }
+    Ok(())
 }
 
 /// Every VDE link of this process, for [`resolve`].
@@ -803,6 +815,7 @@ fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) 
 fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
     let mut peers = DirectPeers::default();
     let mut batch: Vec<Vec<u8>> = Vec::with_capacity(TX_BATCH);
+    let mut pack = Vec::with_capacity(DIRECT_DATAGRAM);
     while link.is_up() {
         // What is queued goes out together: a run of frames to one port of this machine in one call, so its
         // reader wakes once for them.
@@ -826,7 +839,7 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
             let dst = dst_mac(&batch[i]);
             let run = batch[i..].iter().take_while(|f| dst_mac(f) == dst).count();
             let (sent, next) = match &link.direct {
-                Some(d) => peers.send(d, &batch[i..i + run]),
+                Some(d) => peers.send(d, &batch[i..i + run], &mut pack),
                 None => (0, DirectSend::Switch),
             };
             for _ in 0..sent {
@@ -837,10 +850,12 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
             i += sent;
             match next {
                 DirectSend::Sent => {}
-                DirectSend::TimedOut => {
-                    link.bump(C_DIRECT_TIMEOUT);
-                    link.count.written(1);
-                    i += 1;
+                DirectSend::TimedOut(k) => {
+                    for _ in 0..k {
+                        link.bump(C_DIRECT_TIMEOUT);
+                    }
+                    link.count.written(k as u64);
+                    i += k;
                 }
                 // A datagram fabric takes each frame whole or not at all; a failed send means the fabric went
                 // away.
@@ -858,43 +873,13 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
     }
 }
 
-/// Bytes of one frame's room in a [`recv_many`] batch: more than [`MAX_ETH_FRAME`], so a longer frame is seen
-/// (cut to this, and counted as oversize).
-const RX_SLOT: usize = 2048;
-
-/// `recvmmsg` without waiting of up to [`RX_BATCH`] frames into the [`RX_SLOT`]-byte slots of `slots`; how many
-/// came (their lengths in `lens`).
-fn recv_many(sock: &UnixDatagram, slots: &mut [u8], lens: &mut [usize; RX_BATCH]) -> usize {
-    let n = (slots.len() / RX_SLOT).min(RX_BATCH);
-    let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; RX_BATCH];
-    for (v, slot) in iov.iter_mut().zip(slots.chunks_mut(RX_SLOT)) {
-        *v = libc::iovec { iov_base: slot.as_mut_ptr().cast(), iov_len: slot.len() };
-    }
-    // SAFETY: an all-zero mmsghdr is a valid one (no name, no control data, no iovec).
-    let mut hdr: [libc::mmsghdr; RX_BATCH] = unsafe { std::mem::zeroed() };
-    for (h, v) in hdr.iter_mut().zip(iov.iter_mut()) {
-        h.msg_hdr.msg_iov = v;
-        h.msg_hdr.msg_iovlen = 1;
-    }
-    // SAFETY: `hdr[..n]` are valid mmsghdrs, each naming one iovec of `iov` over a distinct slot of `slots`
-    // (alive and not otherwise borrowed during the call); no timeout.
-    let r = unsafe {
-        libc::recvmmsg(sock.as_raw_fd(), hdr.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
-    };
-    let got = usize::try_from(r).unwrap_or(0);
-    for (l, h) in lens.iter_mut().zip(&hdr[..got]) {
-        *l = (h.msg_len as usize).min(RX_SLOT);
-    }
-    got
-}
-
 fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
     // Room for any datagram, so a longer one is seen (and counted) rather than cut.
     let mut buf = vec![0u8; 1 << 16];
     let src = DevRef { id: link.id, port: Port::Vde(link.clone()) };
     let (data, ctl) = link.conn.fds();
     let direct = link.direct.as_ref().map_or(-1, |d| d.rx.as_raw_fd());
-    let (mut slots, mut lens) = (vec![0u8; RX_BATCH * RX_SLOT], [0usize; RX_BATCH]);
+    let mut dbuf = vec![0u8; 1 << 16];
     let mut why = "unplugged";
     // Frames handed to the port since its datapath last ran: it runs once what is queued is taken (or after
     // RX_BATCH frames), not once a frame.
@@ -945,17 +930,28 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             }
         }
         if let (Some(d), true) = (&link.direct, fds[2].revents & libc::POLLIN != 0) {
-            // What is queued, up to a batch, in one call (none: a spurious wake).
-            let got = recv_many(&d.rx, &mut slots, &mut lens);
+            // Non-blocking: what is queued, up to a batch of datagrams (none: a spurious wake).
             let mut gone = false;
-            for (slot, len) in slots.chunks(RX_SLOT).zip(&lens[..got]) {
-                link.bump(C_RX_DIRECT);
-                match take(&weak, &link, &src, &slot[..*len]) {
-                    Some(taken) => unrun += usize::from(taken),
-                    None => {
-                        gone = true;
-                        break;
+            for _ in 0..RX_BATCH {
+                let Ok(got) = d.rx.recv(&mut dbuf) else { break };
+                let each = |frame: &[u8]| {
+                    link.bump(C_RX_DIRECT);
+                    match take(&weak, &link, &src, frame) {
+                        Some(taken) => {
+                            unrun += usize::from(taken);
+                            true
+                        }
+                        None => {
+                            gone = true;
+                            false
+                        }
                     }
+                };
+                if unpack_frames(&dbuf[..got], each).is_err() {
+                    link.bump(C_RX_DIRECT_MALFORMED);
+                }
+                if gone {
+                    break;
                 }
             }
             if gone {
@@ -1477,6 +1473,20 @@ mod tests {
         assert_eq!((reply.0.dst, reply.1.sender_mac, reply.1.sender_ip), (smac, cfg(40).mac, [10, 9, 2, 1]));
         let na2 = a.h.dev.vde_counters().unwrap();
         assert_eq!((na2.tx_direct, na2.tx_frames), (3, 4), "the reply crossed the switch: {na2:?}");
+        // A datagram on B's socket whose frames do not add up is counted and dropped; a well-formed one with a
+        // runt in it reaches B's port, which drops and counts the runt.
+        let poke = UnixDatagram::unbound().unwrap();
+        let b_sock = Direct::socket(&sw.0, cfg(41).mac);
+        let runts = b.h.dev.frame_drops().total();
+        poke.send_to(&[0xff, 0xff, 1, 2, 3], &b_sock).unwrap();
+        poke.send_to(&[0, 3, 1, 2, 3], &b_sock).unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while b.h.dev.frame_drops().total() == runts && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let nb = b.h.dev.vde_counters().unwrap();
+        assert_eq!(nb.rx_direct_malformed, 1, "{nb:?}");
+        assert_eq!(b.h.dev.frame_drops().total(), runts + 1);
         // Each port's socket is in the switch's directory, and goes when the port leaves the fabric.
         let sock = Direct::socket(&sw.0, cfg(41).mac);
         assert!(sock.exists());
@@ -1504,9 +1514,10 @@ mod tests {
         }
         assert!(a.h.dev.vde_link_for_test().drain(Duration::from_secs(5)), "every frame left the writer");
         let n = a.h.dev.vde_counters().unwrap();
-        // The socket's queue took some; the next waited DIRECT_SEND_TIMEOUT and was dropped; the rest went to
-        // the switch (which floods them to nobody).
-        assert_eq!(n.tx_direct_timeout, 1, "{n:?}");
+        // The socket's queue took some; the next datagram waited DIRECT_SEND_TIMEOUT and its frames (one, or a
+        // few the writer had packed together) were dropped; the rest went to the switch (which floods them to
+        // nobody).
+        assert!((1..=TX_BATCH as u64).contains(&n.tx_direct_timeout), "{n:?}");
         assert!(n.tx_direct > 0 && n.tx_direct < SENT, "{n:?}");
         assert_eq!(n.tx_frames + n.tx_direct_timeout, SENT, "{n:?}");
         assert!(start.elapsed() < Duration::from_secs(5));
