@@ -217,8 +217,9 @@ fn pair_mbits(tool: &Path, runtime: &Path, wire: Wire, extra: &[&str]) -> Result
 }
 
 /// `--bench`: RC (64 KiB) and UD (1000 B) ping-pong throughput between two processes, over the TCP link, over
-/// the VDE fabric through the switch only, and over the VDE fabric as it runs (past the switch), three runs each
-/// in turn in this one run; the median of each and the ratios to the TCP link.
+/// the VDE fabric through the switch only, and over the VDE fabric as it runs (past the switch), five runs each
+/// in turn in this one run; the median of each (and the slowest and fastest run) and the ratios of the medians to
+/// the TCP link.
 fn bench(root: &Path) -> Result<(), String> {
     let tool = build_tool(root, true)?;
     let runtime = root.join("target/vde-bench");
@@ -227,7 +228,7 @@ fn bench(root: &Path) -> Result<(), String> {
     let result = (|| -> Result<(), String> {
         let cases: [(&str, &[&str]); 2] = [
             ("RC 64 KiB", &["--size", "65536", "--iters", "300"]),
-            ("UD 1000 B", &["--ud", "--size", "1000", "--iters", "1000"]),
+            ("UD 1000 B", &["--ud", "--size", "1000", "--iters", "3000"]),
         ];
         println!(
             "| ping-pong, two processes | TCP link (Mbit/s) | VDE, all through the switch (Mbit/s) | VDE (Mbit/s) \
@@ -236,7 +237,7 @@ fn bench(root: &Path) -> Result<(), String> {
         println!("|---|---:|---:|---:|---:|---:|");
         for (name, extra) in cases {
             let (mut tcp, mut sw, mut vde) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..3 {
+            for _ in 0..5 {
                 tcp.push(pair_mbits(&tool, &runtime, Wire::Tcp, extra)?);
                 sw.push(pair_mbits(&tool, &runtime, Wire::Switch, extra)?);
                 vde.push(pair_mbits(&tool, &runtime, Wire::Vde, extra)?);
@@ -246,7 +247,16 @@ fn bench(root: &Path) -> Result<(), String> {
                 v[v.len() / 2]
             };
             let (t, s, v) = (median(&mut tcp), median(&mut sw), median(&mut vde));
-            println!("| {name} | {t:.1} | {s:.1} | {v:.1} | {:.2} | {:.2} |", s / t, v / t);
+            // The spread of the runs beside each median (sorted by `median`).
+            let cell = |m: f64, r: &[f64]| format!("{m:.1} ({:.0}–{:.0})", r[0], r[r.len() - 1]);
+            println!(
+                "| {name} | {} | {} | {} | {:.2} | {:.2} |",
+                cell(t, &tcp),
+                cell(s, &sw),
+                cell(v, &vde),
+                s / t,
+                v / t
+            );
         }
         Ok(())
     })();
