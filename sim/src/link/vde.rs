@@ -144,7 +144,7 @@ pub struct VdeCounters {
     pub tx_direct: u64,
     /// Frames received on the direct path (before the checks `rx_frames` counts).
     pub rx_direct: u64,
-    /// Frames not sent: a peer's direct socket did not take them within [`DIRECT_SEND_TIMEOUT`].
+    /// Frames not sent: a peer's direct socket did not take them within 50 ms.
     pub tx_direct_timeout: u64,
     /// Datagrams on the direct socket whose frames did not add up (the rest of such a datagram is dropped).
     pub rx_direct_malformed: u64,
