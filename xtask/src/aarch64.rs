@@ -68,6 +68,13 @@ pub(crate) const QEMU_LIMITS: &[(&str, &str)] = &[
     ("link::vde::tests::rc_through_wirefilter_loss_duplicates_and_reordering_delivers_every_message_once", NO_VDEPLUG),
     ("link::vde::tests::pcap_records_every_frame_the_port_sends_and_receives_on_the_fabric", NO_VDEPLUG),
     ("link::vde::tests::a_bad_url_is_a_clear_error", NO_VDEPLUG),
+    ("link::vde::tests::ports_of_one_machine_go_past_the_switch_and_anything_else_through_it", NO_VDEPLUG),
+    (
+        "link::vde::tests::a_peer_that_does_not_read_costs_one_bounded_wait_then_frames_go_through_the_switch",
+        NO_VDEPLUG,
+    ),
+    ("link::vde::tests::a_socket_left_behind_by_a_port_that_ended_is_swept", NO_VDEPLUG),
+    ("link::vde::tests::ports_that_find_no_switch_at_once_start_one_and_all_plug_into_it", NO_VDEPLUG),
 ];
 
 /// Tests that run their own binary again (`std::env::current_exe`): skipped only when no binfmt_misc handler

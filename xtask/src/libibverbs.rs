@@ -12,6 +12,7 @@ use crate::vfio_test::wait_until;
 
 #[path = "rdmacm.rs"]
 pub mod rdmacm;
+mod mpi;
 
 /// Every default-version export of Debian bookworm's libibverbs (`name VERSION` a line).
 const SYMBOLS: &str = include_str!("../../host-linux/ibverbs/symbols.txt");
@@ -91,7 +92,7 @@ fn version_script() -> String {
     out
 }
 
-fn run(cmd: &mut Command) -> Result<Output, String> {
+pub(crate) fn run(cmd: &mut Command) -> Result<Output, String> {
     let out = cmd.output().map_err(|e| format!("failed to run {cmd:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
@@ -280,7 +281,7 @@ fn programs(lib: &Path) -> Result<Programs, String> {
 
 /// `apt-get download` into `dir`, with one `apt-get update` when the first attempt fails (a new machine may have
 /// no package lists yet).
-fn apt_download(pkgs: &[&str], dir: &Path) -> Result<(), String> {
+pub(crate) fn apt_download(pkgs: &[&str], dir: &Path) -> Result<(), String> {
     println!("$ apt-get download {}", pkgs.join(" "));
     let download = || {
         let mut c = Command::new("apt-get");
@@ -715,6 +716,7 @@ pub const PARTS: &[(&str, Part)] = &[
     ("qperf", |a| qperf(&peers(&a.lib)?)),
     ("ucx", |a| ucx(&peers(&a.lib)?)),
     ("rdmacm", rdmacm::rdmacm_part),
+    ("mpi", |a| mpi::run(&a.lib)),
 ];
 
 /// `cargo xtask verbs-apps [--debug] [--only PART]`: Debian's programs on the library.
@@ -989,7 +991,7 @@ fn qperf(p: &Peers) -> Result<(), String> {
 /// device has). The namespace's mounts are made private before anything is mounted, so nothing reaches the host;
 /// where `/` is no mount point (a chroot, as `ci --fresh` runs in, already in a private namespace of its own)
 /// there is nothing to make private.
-const UVERBS_STANDIN: &str = "{ [ -d /dev/infiniband ] || mkdir /dev/infiniband; } && \
+pub(crate) const UVERBS_STANDIN: &str = "{ [ -d /dev/infiniband ] || mkdir /dev/infiniband; } && \
      { ! mountpoint -q / || mount --make-rprivate /; } && \
      mount -t tmpfs -o size=16k,mode=755 mlx5-rs /dev/infiniband && \
      touch /dev/infiniband/uverbs0 && mount --bind /dev/null /dev/infiniband/uverbs0 && exec \"$@\"";
@@ -1125,12 +1127,12 @@ fn ucx_runs(p: &Peers) -> Result<(), String> {
     }
     println!("ucx_perftest -x rc_verbs: 20 of 20 runs exit 0 with a clean teardown: ok");
     // The same program, both processes on one VDE fabric (the default switch of a private runtime directory).
-    // ud_verbs is not among them: its am_lat client did not exit within 30 s over the fabric (not understood yet).
     crate::vde::ensure_vde()?;
     let dir = std::env::temp_dir().join(format!("xtask-ucx-vde-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let r = (|| -> Result<(), String> {
-        for (i, (tl, test)) in [("rc_verbs", "am_lat"), ("rc_verbs", "put_bw")].iter().enumerate() {
+        let runs = [("rc_verbs", "am_lat"), ("rc_verbs", "put_bw"), ("ud_verbs", "am_lat"), ("ud_verbs", "am_bw")];
+        for (i, (tl, test)) in runs.iter().enumerate() {
             let row = ucx_perftest_on(p, tl, test, "1000", 18950 + i as u16, Some(&dir))?;
             println!(
                 "ucx_perftest -x {tl} -t {test} over VDE: 1000 iterations, {:.1} us, {:.2} MB/s: ok",

@@ -100,6 +100,15 @@ fn finish(name: &str, mut c: Child) -> Result<String, String> {
     Ok(text)
 }
 
+/// The frames a side sent and those past the switch, from its `mlx5: VDE fabric:` line.
+fn fabric_counts(text: &str) -> Result<(u64, u64), String> {
+    let line = text.lines().find_map(|l| l.strip_prefix("mlx5: VDE fabric: "));
+    let num = |s: Option<&str>| s.and_then(|s| s.split_whitespace().next()).and_then(|n| n.parse().ok());
+    let sent = num(line);
+    let direct = num(line.and_then(|l| l.split_once(" frames sent (")).map(|(_, r)| r));
+    sent.zip(direct).ok_or_else(|| format!("vde: no fabric counters in:\n{text}"))
+}
+
 /// Ends the switch a run started in `runtime` (its pid file), and removes its directory.
 fn end_switch(runtime: &Path) {
     let pid = runtime.join("mlx5-sim.pid");
@@ -152,6 +161,14 @@ pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
                 let c = finish(&format!("{mode} client {i}"), client)?;
                 let last = |t: &str| t.lines().find(|l| l.contains("data verified")).unwrap_or_default().to_string();
                 println!("vde: {mode} pair {i}: server: {}; client: {}", last(&s), last(&c));
+                for (who, text) in [("server", &s), ("client", &c)] {
+                    let (sent, direct) = fabric_counts(text)?;
+                    println!("vde: {mode} pair {i} {who}: {sent} frames sent, {direct} past the switch");
+                    // Two processes of one machine on one switch: their RoCE frames go straight to each other.
+                    if direct == 0 {
+                        return Err(format!("vde: {mode} {who} {i} sent nothing past the switch:\n{text}"));
+                    }
+                }
             }
         }
         if !runtime.join("mlx5-sim.vde").exists() {
@@ -165,14 +182,27 @@ pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// One ping-pong pair (release build) on `wire` (`None`: the TCP link); the client's "Mbit/s" figure.
-fn pair_mbits(tool: &Path, runtime: &Path, vde: bool, extra: &[&str]) -> Result<f64, String> {
+/// The wires the bench compares.
+#[derive(Clone, Copy, PartialEq)]
+enum Wire {
+    Tcp,
+    /// The VDE fabric with every frame through the switch (`MLX5_SIM_VDE_DIRECT=0`).
+    Switch,
+    /// The VDE fabric as it runs by default: ports of this machine past the switch.
+    Vde,
+}
+
+/// One ping-pong pair (release build) on `wire`; the client's "Mbit/s" figure.
+fn pair_mbits(tool: &Path, runtime: &Path, wire: Wire, extra: &[&str]) -> Result<f64, String> {
     let port = free_port()?;
     let spawn = |role: &[String]| {
         let mut c = Command::new(tool);
         c.arg("pingpong").args(role).args(extra).env("XDG_RUNTIME_DIR", runtime);
-        if vde {
+        if wire != Wire::Tcp {
             c.args(["--wire", "vde"]);
+        }
+        if wire == Wire::Switch {
+            c.env("MLX5_SIM_VDE_DIRECT", "0");
         }
         c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| e.to_string())
     };
@@ -186,8 +216,10 @@ fn pair_mbits(tool: &Path, runtime: &Path, vde: bool, extra: &[&str]) -> Result<
     mbits.ok_or_else(|| format!("vde bench: no Mbit/s in {line:?}"))
 }
 
-/// `--bench`: RC (64 KiB) and UD (1000 B) ping-pong throughput between two processes, over the TCP link and over
-/// the VDE fabric, three runs each in turn in this one run; the median of each and the ratio.
+/// `--bench`: RC (64 KiB) and UD (1000 B) ping-pong throughput between two processes, over the TCP link, over
+/// the VDE fabric through the switch only, and over the VDE fabric as it runs (past the switch), five runs each
+/// in turn in this one run; the median of each (and the slowest and fastest run) and the ratios of the medians to
+/// the TCP link.
 fn bench(root: &Path) -> Result<(), String> {
     let tool = build_tool(root, true)?;
     let runtime = root.join("target/vde-bench");
@@ -196,22 +228,35 @@ fn bench(root: &Path) -> Result<(), String> {
     let result = (|| -> Result<(), String> {
         let cases: [(&str, &[&str]); 2] = [
             ("RC 64 KiB", &["--size", "65536", "--iters", "300"]),
-            ("UD 1000 B", &["--ud", "--size", "1000", "--iters", "1000"]),
+            ("UD 1000 B", &["--ud", "--size", "1000", "--iters", "3000"]),
         ];
-        println!("| ping-pong, two processes | TCP link (Mbit/s) | VDE fabric (Mbit/s) | VDE / TCP |");
-        println!("|---|---:|---:|---:|");
+        println!(
+            "| ping-pong, two processes | TCP link (Mbit/s) | VDE, all through the switch (Mbit/s) | VDE (Mbit/s) \
+             | switch / TCP | VDE / TCP |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|");
         for (name, extra) in cases {
-            let (mut tcp, mut vde) = (Vec::new(), Vec::new());
-            for _ in 0..3 {
-                tcp.push(pair_mbits(&tool, &runtime, false, extra)?);
-                vde.push(pair_mbits(&tool, &runtime, true, extra)?);
+            let (mut tcp, mut sw, mut vde) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..5 {
+                tcp.push(pair_mbits(&tool, &runtime, Wire::Tcp, extra)?);
+                sw.push(pair_mbits(&tool, &runtime, Wire::Switch, extra)?);
+                vde.push(pair_mbits(&tool, &runtime, Wire::Vde, extra)?);
             }
             let median = |v: &mut Vec<f64>| {
                 v.sort_by(f64::total_cmp);
                 v[v.len() / 2]
             };
-            let (t, v) = (median(&mut tcp), median(&mut vde));
-            println!("| {name} | {t:.1} | {v:.1} | {:.2} |", v / t);
+            let (t, s, v) = (median(&mut tcp), median(&mut sw), median(&mut vde));
+            // The spread of the runs beside each median (sorted by `median`).
+            let cell = |m: f64, r: &[f64]| format!("{m:.1} ({:.0}–{:.0})", r[0], r[r.len() - 1]);
+            println!(
+                "| {name} | {} | {} | {} | {:.2} | {:.2} |",
+                cell(t, &tcp),
+                cell(s, &sw),
+                cell(v, &vde),
+                s / t,
+                v / t
+            );
         }
         Ok(())
     })();

@@ -437,6 +437,9 @@ pub(crate) struct VdeLink {
     /// The fabric's id on this side's wire.
     pub(crate) id: u64,
     pub(crate) conn: Box<dyn Datagrams>,
+    /// The port's own socket for frames from ports of this machine on the same switch, past the switch
+    /// (`vde.rs`: the direct path); `None` when the URL names no switch directory.
+    pub(crate) direct: Option<super::vde::Direct>,
     /// Frames for the writer thread (bounded: a full queue drops).
     pub(crate) tx: mpsc::SyncSender<Vec<u8>>,
     pub(crate) up: AtomicBool,
@@ -454,7 +457,7 @@ pub(crate) struct VdeLink {
 }
 
 /// How many counters a VDE link keeps (`vde.rs` names them).
-pub(crate) const VDE_COUNTERS: usize = 7;
+pub(crate) const VDE_COUNTERS: usize = 11;
 
 /// A connection carrying whole Ethernet frames as datagrams (libvdeplug's, in `vde.rs`), used by one reader and
 /// one writer thread at once.

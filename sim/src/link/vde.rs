@@ -18,9 +18,20 @@
 //! (another kind of fabric) are dropped and counted. The writer's queue holds at most [`TX_QUEUE`] frames; beyond
 //! that a frame is dropped and counted (an ARP flood cannot grow memory). When the fabric goes away (the switch
 //! ends) the port's link goes down (a PORT_CHANGE) and its packets are lost, so requesters end in retry errors.
+//!
+//! The direct path: on a `vde_switch` (a `vde://` URL naming its directory) each port also binds a UNIX datagram
+//! socket of its own in the switch's directory, named by its MAC ([`Direct`]). A unicast frame to a MAC whose
+//! socket is there goes straight to that port instead of through the switch: one hop and no third process to
+//! schedule per frame, frames queued for one port packed into one datagram (each still checked on its own at the
+//! receiver), and a receiver that falls behind makes the sender wait (a bounded time) instead of the switch
+//! dropping the frame. Broadcasts (ARP) and frames to anything else (a QEMU guest, a port across
+//! `wirefilter`, which is another switch) still cross the switch, which stays the meeting point. A capture on
+//! the switch (`vde_pcapplug`) sees only those: set `MLX5_SIM_VDE_DIRECT=0` to send everything through it.
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,6 +62,23 @@ const SWITCH_START: Duration = Duration::from_secs(5);
 
 /// The name of the switch program (Debian's `vde2`).
 const VDE_SWITCH: &str = "vde_switch";
+
+/// Set to `0` to send every frame through the switch (no direct path).
+pub const DIRECT_ENV: &str = "MLX5_SIM_VDE_DIRECT";
+
+/// A port's direct socket in its switch's directory: this prefix and its MAC in hex.
+const DIRECT_PREFIX: &str = "mlx5-direct-";
+
+/// How long the writer waits for a peer's direct socket to take a frame (its queue is full: the peer is not
+/// reading) before it drops the frame and sends to that peer through the switch for [`DIRECT_RETRY`].
+const DIRECT_SEND_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// How long the writer sends to a peer through the switch after its direct socket failed (none: a QEMU guest, a
+/// port on another switch, a port gone) before it tries the socket again.
+const DIRECT_RETRY: Duration = Duration::from_secs(1);
+
+/// Frames the reader hands to the port before it runs the port's datapath once (what is queued is taken first).
+const RX_BATCH: usize = 32;
 
 /// Why a port could not be plugged into a VDE fabric.
 #[derive(Debug)]
@@ -112,6 +140,14 @@ pub struct VdeCounters {
     pub tx_queue_full: u64,
     /// ARP requests sent to resolve a destination.
     pub arp_requests: u64,
+    /// Of `tx_frames`, those sent on the direct path (past the switch, to a port of this machine).
+    pub tx_direct: u64,
+    /// Frames received on the direct path (before the checks `rx_frames` counts).
+    pub rx_direct: u64,
+    /// Frames not sent: a peer's direct socket did not take them within 50 ms.
+    pub tx_direct_timeout: u64,
+    /// Datagrams on the direct socket whose frames did not add up (the rest of such a datagram is dropped).
+    pub rx_direct_malformed: u64,
 }
 
 /// `vde_open_real(char *url, char *descr, int interface_version, struct vde_open_args *)`.
@@ -256,8 +292,9 @@ pub fn switch_url(dir: &Path) -> String {
 }
 
 /// Opens the switch at `dir`, starting one (`vde_switch -d`, which outlives this process) if none answers.
-/// Two processes starting one at once are fine: the second switch finds the socket taken and ends, and both
-/// plug into the first.
+/// Processes that find no switch at once start it one at a time (an exclusive `flock` on `dir` with the extension
+/// `lock`): two `vde_switch` started together on one directory, the second took the control socket the first had
+/// bound but not yet listened on, and neither answered (`ucx_perftest`'s two ends, 1 run in 6).
 pub(crate) fn open_or_start(dir: &Path) -> Result<Conn, VdeError> {
     let url = switch_url(dir);
     if let Ok(c) = Conn::open(&url) {
@@ -265,6 +302,21 @@ pub(crate) fn open_or_start(dir: &Path) -> Result<Conn, VdeError> {
     }
     lib()?;
     let err = |source| VdeError::Switch { path: dir.to_path_buf(), source };
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.with_extension("lock"))
+        .map_err(err)?;
+    // SAFETY: flock on a descriptor this function owns; the lock goes when `lock` is closed on return. The holder
+    // keeps it at most until its switch answers or SWITCH_START passes.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(err(io::Error::last_os_error()));
+    }
+    // Started by the process that held the lock before.
+    if let Ok(c) = Conn::open(&url) {
+        return Ok(c);
+    }
     // A stale directory (a switch that died) is taken over: vde_switch refuses a control socket nobody answers
     // only if it is live.
     let status = std::process::Command::new(VDE_SWITCH)
@@ -316,6 +368,9 @@ impl VdeLink {
     /// Unplugs: the threads end (within [`POLL_MS`]) and the connection closes.
     pub(crate) fn close(&self) {
         self.up.store(false, Ordering::Release);
+        if let Some(d) = &self.direct {
+            d.unlink();
+        }
     }
 
     /// Waits (at most `timeout`) until every frame queued is on the fabric.
@@ -334,6 +389,10 @@ impl VdeLink {
             tx_oversize: get(&c[4]),
             tx_queue_full: get(&c[5]),
             arp_requests: get(&c[6]),
+            tx_direct: get(&c[C_TX_DIRECT]),
+            rx_direct: get(&c[C_RX_DIRECT]),
+            tx_direct_timeout: get(&c[C_DIRECT_TIMEOUT]),
+            rx_direct_malformed: get(&c[C_RX_DIRECT_MALFORMED]),
         }
     }
 
@@ -450,6 +509,198 @@ const C_RX_OVERSIZE: usize = 3;
 const C_TX_OVERSIZE: usize = 4;
 const C_TX_QUEUE_FULL: usize = 5;
 const C_ARP: usize = 6;
+const C_TX_DIRECT: usize = 7;
+const C_RX_DIRECT: usize = 8;
+const C_DIRECT_TIMEOUT: usize = 9;
+const C_RX_DIRECT_MALFORMED: usize = 10;
+
+/// A port's direct path on a `vde_switch`: `rx`, bound at `<switch dir>/mlx5-direct-<MAC>`, receives frames
+/// from ports of this machine on that switch; the writer sends to theirs ([`DirectPeers`], blocking for at most
+/// [`DIRECT_SEND_TIMEOUT`]). The socket file is removed when the link closes (one a process left behind, by the next port
+/// that plugs into the switch).
+#[derive(Debug)]
+pub(crate) struct Direct {
+    rx: UnixDatagram,
+    path: PathBuf,
+    /// The socket file's inode, so only this port's file is removed.
+    ino: u64,
+    dir: PathBuf,
+}
+
+impl Direct {
+    /// The switch directory a libvdeplug URL names (`vde:///dir`, or a bare path), if it holds a switch's
+    /// control socket; `None` for other fabrics (`vxvde://`, `udp://`, a port number `[N]`, ...).
+    fn switch_dir(url: &str) -> Option<PathBuf> {
+        let path = match url.strip_prefix("vde://") {
+            Some(p) => p,
+            None if !url.contains("://") => url,
+            None => return None,
+        };
+        let dir = Path::new(path);
+        (dir.is_absolute() && !path.contains('[') && dir.join("ctl").exists()).then(|| dir.to_path_buf())
+    }
+
+    fn socket(dir: &Path, mac: [u8; 6]) -> PathBuf {
+        let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+        dir.join(format!("{DIRECT_PREFIX}{hex}"))
+    }
+
+    /// Binds the port's socket in `dir`. `None` (frames go through the switch) when the direct path is turned
+    /// off, the path is too long for a socket, or a live port already has this MAC.
+    fn open(dir: &Path, mac: [u8; 6]) -> Option<Direct> {
+        if std::env::var(DIRECT_ENV).is_ok_and(|v| v == "0") {
+            return None;
+        }
+        Direct::sweep(dir);
+        let path = Direct::socket(dir, mac);
+        // A live port with this MAC keeps its socket (bind fails); a stale one was swept.
+        let rx = UnixDatagram::bind(&path).ok()?;
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::symlink_metadata(&path).ok()?);
+        let direct = Direct { rx, path, ino, dir: dir.to_path_buf() };
+        direct.rx.set_nonblocking(true).ok()?;
+        Some(direct)
+    }
+
+    /// Removes the direct sockets in `dir` that nobody reads (their ports' processes ended without closing
+    /// them), so they do not pile up.
+    fn sweep(dir: &Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let Ok(probe) = UnixDatagram::unbound() else { return };
+        for e in entries.flatten() {
+            let path = e.path();
+            let ours = e.file_name().to_str().is_some_and(|n| n.starts_with(DIRECT_PREFIX));
+            if ours && probe.connect(&path).is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+
+    /// Removes the socket file if it is still this port's.
+    fn unlink(&self) {
+        let ino = std::fs::symlink_metadata(&self.path).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        if ino.is_ok_and(|i| i == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Drop for Direct {
+    fn drop(&mut self) {
+        self.unlink();
+    }
+}
+
+/// What the writer knows of its peers' direct sockets: a socket connected to a peer's (so a send looks up no
+/// path), or until when the peer is reached through the switch. At most [`MAX_DIRECT_PEERS`] (the oldest goes
+/// first).
+#[derive(Default)]
+struct DirectPeers(Vec<([u8; 6], Result<UnixDatagram, Instant>)>);
+
+/// Peers the writer keeps a connected socket (a descriptor) or a failure for, at most.
+const MAX_DIRECT_PEERS: usize = 64;
+
+/// What became of frames offered to the direct path.
+enum DirectSend {
+    /// Sent (all of them).
+    Sent,
+    /// The peer's socket did not take the next datagram in time: its frames (this many) are dropped.
+    TimedOut(usize),
+    /// No direct path to the peer: send the next frame through the switch.
+    Switch,
+}
+
+impl DirectPeers {
+    fn connect(d: &Direct, dst: [u8; 6], now: Instant) -> Result<UnixDatagram, Instant> {
+        let s = UnixDatagram::unbound().map_err(|_| now + DIRECT_RETRY)?;
+        s.connect(Direct::socket(&d.dir, dst)).map_err(|_| now + DIRECT_RETRY)?;
+        s.set_write_timeout(Some(DIRECT_SEND_TIMEOUT)).map_err(|_| now + DIRECT_RETRY)?;
+        Ok(s)
+    }
+
+    /// Sends `frames` (all to one MAC) on the direct path, packed into as few datagrams as fit
+    /// ([`DIRECT_DATAGRAM`]): how many went, and what became of the next ([`DirectSend::Sent`]: none left).
+    fn send(&mut self, d: &Direct, frames: &[Vec<u8>], pack: &mut Vec<u8>) -> (usize, DirectSend) {
+        let Some(dst) = frames.first().and_then(|f| dst_mac(f)) else {
+            return (0, DirectSend::Switch);
+        };
+        if dst[0] & 1 != 0 {
+            return (0, DirectSend::Switch);
+        }
+        let now = Instant::now();
+        let at = match self.0.iter().position(|(m, _)| *m == dst) {
+            Some(i) => {
+                if matches!(self.0[i].1, Err(until) if now >= until) {
+                    self.0[i].1 = DirectPeers::connect(d, dst, now);
+                }
+                i
+            }
+            None => {
+                if self.0.len() >= MAX_DIRECT_PEERS {
+                    let _ = self.0.remove(0);
+                }
+                self.0.push((dst, DirectPeers::connect(d, dst, now)));
+                self.0.len() - 1
+            }
+        };
+        let Ok(sock) = &self.0[at].1 else { return (0, DirectSend::Switch) };
+        let mut sent = 0;
+        while sent < frames.len() {
+            let k = pack_frames(&frames[sent..], pack);
+            if let Err(e) = sock.send(pack) {
+                self.0[at].1 = Err(now + DIRECT_RETRY);
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => (sent, DirectSend::TimedOut(k)),
+                    _ => (sent, DirectSend::Switch),
+                };
+            }
+            sent += k;
+        }
+        (sent, DirectSend::Sent)
+    }
+}
+
+/// A frame's destination MAC.
+fn dst_mac(frame: &[u8]) -> Option<[u8; 6]> {
+    frame.get(..6).and_then(|m| <[u8; 6]>::try_from(m).ok())
+}
+
+/// Frames the writer takes from its queue and sends at once, at most.
+const TX_BATCH: usize = 32;
+
+/// The most bytes of one datagram on the direct path (frames and their length prefixes).
+const DIRECT_DATAGRAM: usize = 60 * 1024;
+
+/// Packs the first of `frames` and as many after it as fit in [`DIRECT_DATAGRAM`] bytes into `pack`, each a
+/// 2-byte big-endian length and the frame (so a batch of frames costs one send and one receive, and each frame
+/// is still checked on its own at the receiver); how many.
+fn pack_frames(frames: &[Vec<u8>], pack: &mut Vec<u8>) -> usize {
+    pack.clear();
+    let mut k = 0;
+    for f in frames {
+        if k > 0 && pack.len() + 2 + f.len() > DIRECT_DATAGRAM {
+            break;
+        }
+        // Frames are at most MAX_ETH_FRAME bytes (`VdeLink::queue`).
+        pack.extend_from_slice(&(f.len() as u16).to_be_bytes());
+        pack.extend_from_slice(f);
+        k += 1;
+    }
+    k
+}
+
+/// The frames of a direct-path datagram ([`pack_frames`]); `Err` at the first length that overruns it, after
+/// the frames before it.
+fn unpack_frames(mut d: &[u8], mut each: impl FnMut(&[u8]) -> bool) -> Result<(), ()> {
+    while !d.is_empty() {
+        let len = usize::from(u16::from_be_bytes([d[0], *d.get(1).ok_or(())?]));
+        let frame = d.get(2..2 + len).ok_or(())?;
+        if !each(frame) {
+            return Ok(());
+        }
+        d = &d[2 + len..];
+    }
+    Ok(())
+}
 
 /// Every VDE link of this process, for [`resolve`].
 static LINKS: Mutex<Vec<Weak<VdeLink>>> = Mutex::new(Vec::new());
@@ -466,6 +717,11 @@ pub fn resolve(ip: [u8; 4], timeout: Duration) -> Option<[u8; 6]> {
         l.retain(|w| w.strong_count() > 0);
         l.iter().filter_map(Weak::upgrade).filter(|l| l.is_up()).collect()
     };
+    // A port's own address is its own MAC, as the kernel resolves a local address (UCX's UD endpoint to its own
+    // interface waited 30 s for an ARP answer nobody sends).
+    if let Some(l) = links.iter().find(|l| l.ipv4 == Some(ip)) {
+        return Some(l.mine);
+    }
     let end = Instant::now() + timeout;
     let mut asked: Option<Instant> = None;
     loop {
@@ -494,23 +750,28 @@ pub(crate) fn plug<S: Station>(station: &Arc<S>, url: Option<&str>) -> Result<()
     if ib {
         return Err(VdeError::NotEthernet);
     }
-    let conn = match url {
-        Some(u) => Conn::open(u)?,
-        None => open_or_start(&default_switch_dir())?,
+    let (conn, dir) = match url {
+        Some(u) => (Conn::open(u)?, Direct::switch_dir(u)),
+        None => {
+            let dir = default_switch_dir();
+            (open_or_start(&dir)?, Some(dir))
+        }
     };
-    plug_conn(station, conn, mine, pcap)
+    plug_conn(station, conn, dir.and_then(|d| Direct::open(&d, mine)), mine, pcap)
 }
 
 /// Plugs into the switch at `dir`, starting it if none answers (tests use a private directory).
 #[cfg(test)]
 pub(crate) fn plug_dir<S: Station>(station: &Arc<S>, dir: &Path) -> Result<(), VdeError> {
     let (mine, pcap) = wire(&**station, |w| (w.addr.mac, w.pcap.clone()));
-    plug_conn(station, open_or_start(dir)?, mine, pcap)
+    let conn = open_or_start(dir)?;
+    plug_conn(station, conn, Direct::open(dir, mine), mine, pcap)
 }
 
 fn plug_conn<S: Station>(
     station: &Arc<S>,
     conn: Conn,
+    direct: Option<Direct>,
     mine: [u8; 6],
     pcap: Option<crate::pcap::PcapSink>,
 ) -> Result<(), VdeError> {
@@ -520,6 +781,7 @@ fn plug_conn<S: Station>(
     let link = Arc::new(VdeLink {
         id,
         conn: Box::new(conn),
+        direct,
         tx,
         up: AtomicBool::new(true),
         mine,
@@ -552,21 +814,78 @@ fn plug_conn<S: Station>(
     Ok(())
 }
 
+/// Hands a received frame to the port if the link admits it (its answer, an ARP reply, is queued): whether it
+/// did, or `None` when the device is gone.
+fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) -> Option<bool> {
+    if !link.admit(frame) {
+        return Some(false);
+    }
+    let station = weak.upgrade()?;
+    if let Some(back) = station.receive_frame(frame, src) {
+        // The port recorded its answer itself.
+        let _ = link.queue(&back, false);
+    }
+    Some(true)
+}
+
 fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
+    let mut peers = DirectPeers::default();
+    let mut batch: Vec<Vec<u8>> = Vec::with_capacity(TX_BATCH);
+    let mut pack = Vec::with_capacity(DIRECT_DATAGRAM);
     while link.is_up() {
-        let frame = match rx.recv_timeout(Duration::from_millis(POLL_MS as u64)) {
-            Ok(f) => f,
+        // What is queued goes out together: a run of frames to one port of this machine in one call, so its
+        // reader wakes once for them.
+        batch.clear();
+        match rx.recv_timeout(Duration::from_millis(POLL_MS as u64)) {
+            Ok(f) => batch.push(f),
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
-        link.count.taken();
-        // A datagram fabric takes each frame whole or not at all; a failed send means the fabric went away.
-        if link.conn.send(&frame) < 0 {
-            link.close();
-            break;
+        while batch.len() < TX_BATCH {
+            match rx.try_recv() {
+                Ok(f) => batch.push(f),
+                Err(_) => break,
+            }
         }
-        link.bump(C_TX);
-        link.count.written(1);
+        for _ in &batch {
+            link.count.taken();
+        }
+        let mut i = 0;
+        while i < batch.len() {
+            let dst = dst_mac(&batch[i]);
+            let run = batch[i..].iter().take_while(|f| dst_mac(f) == dst).count();
+            let (sent, next) = match &link.direct {
+                Some(d) => peers.send(d, &batch[i..i + run], &mut pack),
+                None => (0, DirectSend::Switch),
+            };
+            for _ in 0..sent {
+                link.bump(C_TX_DIRECT);
+                link.bump(C_TX);
+            }
+            link.count.written(sent as u64);
+            i += sent;
+            match next {
+                DirectSend::Sent => {}
+                DirectSend::TimedOut(k) => {
+                    for _ in 0..k {
+                        link.bump(C_DIRECT_TIMEOUT);
+                    }
+                    link.count.written(k as u64);
+                    i += k;
+                }
+                // A datagram fabric takes each frame whole or not at all; a failed send means the fabric went
+                // away.
+                DirectSend::Switch => {
+                    if link.conn.send(&batch[i]) < 0 {
+                        link.close();
+                        return;
+                    }
+                    link.bump(C_TX);
+                    link.count.written(1);
+                    i += 1;
+                }
+            }
+        }
     }
 }
 
@@ -575,20 +894,35 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
     let mut buf = vec![0u8; 1 << 16];
     let src = DevRef { id: link.id, port: Port::Vde(link.clone()) };
     let (data, ctl) = link.conn.fds();
+    let direct = link.direct.as_ref().map_or(-1, |d| d.rx.as_raw_fd());
+    let mut dbuf = vec![0u8; 1 << 16];
     let mut why = "unplugged";
+    // Frames handed to the port since its datapath last ran: it runs once what is queued is taken (or after
+    // RX_BATCH frames), not once a frame.
+    let mut unrun = 0;
     while link.is_up() {
         let mut fds = [
             libc::pollfd { fd: data, events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: ctl, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: direct, events: libc::POLLIN, revents: 0 },
         ];
-        // SAFETY: two valid pollfd entries (a negative fd is ignored by poll).
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, POLL_MS) };
+        let wait = if unrun > 0 { 0 } else { POLL_MS };
+        // SAFETY: three valid pollfd entries (a negative fd is ignored by poll).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, wait) };
         if n < 0 {
             if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             why = "poll failed";
             break;
+        }
+        if n == 0 || unrun >= RX_BATCH {
+            if unrun > 0 {
+                let Some(station) = weak.upgrade() else { break };
+                station.run();
+                unrun = 0;
+            }
+            continue;
         }
         // The control connection says something only when the switch goes away.
         if ctl >= 0 && fds[1].revents != 0 {
@@ -600,24 +934,51 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             why = "the VDE fabric went away";
             break;
         }
-        if fds[0].revents & libc::POLLIN == 0 {
-            continue;
+        if fds[0].revents & libc::POLLIN != 0 {
+            let got = link.conn.recv(&mut buf);
+            if got <= 0 {
+                why = "the VDE fabric went away";
+                break;
+            }
+            match take(&weak, &link, &src, &buf[..got as usize]) {
+                Some(taken) => unrun += usize::from(taken),
+                None => break,
+            }
         }
-        let got = link.conn.recv(&mut buf);
-        if got <= 0 {
-            why = "the VDE fabric went away";
-            break;
+        if let (Some(d), true) = (&link.direct, fds[2].revents & libc::POLLIN != 0) {
+            // Non-blocking: what is queued, up to a batch of datagrams (none: a spurious wake).
+            let mut gone = false;
+            for _ in 0..RX_BATCH {
+                let Ok(got) = d.rx.recv(&mut dbuf) else { break };
+                let each = |frame: &[u8]| {
+                    link.bump(C_RX_DIRECT);
+                    match take(&weak, &link, &src, frame) {
+                        Some(taken) => {
+                            unrun += usize::from(taken);
+                            true
+                        }
+                        None => {
+                            gone = true;
+                            false
+                        }
+                    }
+                };
+                if unpack_frames(&dbuf[..got], each).is_err() {
+                    link.bump(C_RX_DIRECT_MALFORMED);
+                }
+                if gone {
+                    break;
+                }
+            }
+            if gone {
+                break;
+            }
         }
-        let frame = &buf[..got as usize];
-        if !link.admit(frame) {
-            continue;
+    }
+    if unrun > 0 {
+        if let Some(station) = weak.upgrade() {
+            station.run();
         }
-        let Some(station) = weak.upgrade() else { break };
-        if let Some(back) = station.receive_frame(frame, &src) {
-            // The port recorded its answer itself.
-            let _ = link.queue(&back, false);
-        }
-        station.run();
     }
     let gone = link.is_up();
     link.close();
@@ -674,6 +1035,7 @@ mod tests {
         fn drop(&mut self) {
             self.kill();
             let _ = std::fs::remove_file(self.0.with_extension("pid"));
+            let _ = std::fs::remove_file(self.0.with_extension("lock"));
             let _ = std::fs::remove_dir_all(&self.0);
         }
     }
@@ -857,6 +1219,8 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(link.neighbour(ib), Some(cfg(5).mac), "B answered A's ARP request");
+        // A port's own address needs no request.
+        assert_eq!(resolve(ia, Duration::ZERO), Some(cfg(4).mac));
         assert!(b.poll(&mut bc).is_none(), "the datagram that needed the ARP request was lost");
         a.post_send(&mut ua, &to_b, Bell::Db);
         assert_eq!(a.wait_cqe(&mut ac).expect("UD send CQE").status(), (consts::MLX5_CQE_REQ, 0));
@@ -1073,6 +1437,144 @@ mod tests {
             .collect();
         // The three packets A sent at the 1024-byte MTU, and B's ACK A received.
         assert_eq!(ops, [Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLast, Opcode::RcAck]);
+    }
+
+    /// The link-local GID of a MAC (modified EUI-64).
+    fn link_local(mac: [u8; 6]) -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[..2].copy_from_slice(&[0xfe, 0x80]);
+        g[8..].copy_from_slice(&[mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]]);
+        g
+    }
+
+    #[test]
+    fn ports_of_one_machine_go_past_the_switch_and_anything_else_through_it() {
+        let sw = Switch::new("direct");
+        let mut a = plugged(&sw, SimConfig { ipv4_addrs: &[[10, 9, 2, 1]], ..cfg(40) });
+        let mut b = plugged(&sw, cfg(41));
+        let mut q = rc_pair(&mut a, &mut b, None, RcParams::default());
+        send_checked(&mut a, &mut b, &mut q, 3000, 11);
+        let (na, nb) = (a.h.dev.vde_counters().unwrap(), b.h.dev.vde_counters().unwrap());
+        // A's three packets and B's ACK, each straight to the other's socket.
+        assert_eq!((na.tx_direct, na.rx_direct, nb.tx_direct, nb.rx_direct), (3, 1, 1, 3), "{na:?} {nb:?}");
+        assert_eq!((na.tx_frames, nb.tx_frames), (3, 1));
+        // A plug with no direct socket (a QEMU guest's NIC would be one) asks for A's address: the request is
+        // a broadcast and A's answer goes to a MAC with no socket, so both cross the switch.
+        let raw = Conn::open(&sw.url()).unwrap();
+        let smac = [0x02, 0x77, 0, 0, 0, 1];
+        let arp = ArpRepr {
+            operation: Operation::Request,
+            sender_mac: smac,
+            sender_ip: [10, 9, 2, 9],
+            target_mac: [0; 6],
+            target_ip: [10, 9, 2, 1],
+        };
+        let mut buf = [0u8; 64];
+        let n =
+            emit_arp(&EthernetRepr { dst: BROADCAST, src: smac, ethertype: EtherType::Arp }, &arp, &mut buf).unwrap();
+        assert_eq!(raw.send(&buf[..n]), n as isize);
+        let mut got = vec![0u8; 2048];
+        let (fd, _) = raw.fds();
+        let reply = loop {
+            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "A's ARP reply reached the plain plug");
+            let len = raw.recv(&mut got);
+            assert!(len > 0);
+            if let Ok(Parsed::Arp(eth, r)) = parse(&got[..len as usize]) {
+                if r.operation == Operation::Reply {
+                    break (eth, r);
+                }
+            }
+        };
+        assert_eq!((reply.0.dst, reply.1.sender_mac, reply.1.sender_ip), (smac, cfg(40).mac, [10, 9, 2, 1]));
+        let na2 = a.h.dev.vde_counters().unwrap();
+        assert_eq!((na2.tx_direct, na2.tx_frames), (3, 4), "the reply crossed the switch: {na2:?}");
+        // A datagram on B's socket whose frames do not add up is counted and dropped; a well-formed one with a
+        // runt in it reaches B's port, which drops and counts the runt.
+        let poke = UnixDatagram::unbound().unwrap();
+        let b_sock = Direct::socket(&sw.0, cfg(41).mac);
+        let runts = b.h.dev.frame_drops().total();
+        poke.send_to(&[0xff, 0xff, 1, 2, 3], &b_sock).unwrap();
+        poke.send_to(&[0, 3, 1, 2, 3], &b_sock).unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while b.h.dev.frame_drops().total() == runts && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let nb = b.h.dev.vde_counters().unwrap();
+        assert_eq!(nb.rx_direct_malformed, 1, "{nb:?}");
+        assert_eq!(b.h.dev.frame_drops().total(), runts + 1);
+        // Each port's socket is in the switch's directory, and goes when the port leaves the fabric.
+        let sock = Direct::socket(&sw.0, cfg(41).mac);
+        assert!(sock.exists());
+        assert!(b.h.dev.vde_unplug());
+        assert!(!sock.exists(), "B's socket removed as it left");
+    }
+
+    #[test]
+    fn a_peer_that_does_not_read_costs_one_bounded_wait_then_frames_go_through_the_switch() {
+        let sw = Switch::new("stuck");
+        let mut a = plugged(&sw, cfg(42));
+        // A socket with a port's name that nobody reads (a process stopped in a debugger): its queue fills.
+        let mac = [0x02, 0x66, 0, 0, 0, 2];
+        let stuck = UnixDatagram::bind(Direct::socket(&sw.0, mac)).unwrap();
+        let mut ac = a.cq(6);
+        let mut ua = a.qp(QpSpec::ud(), ac.cqn, ac.cqn);
+        a.ready_ud(&ua, 0x55);
+        let ma = a.mr(4096);
+        let av = TAv { dqpn: 0x99, qkey: 0x55, grh: true, hop_limit: 1, rgid: link_local(mac), ..TAv::default() };
+        const SENT: u64 = 40;
+        let start = Instant::now();
+        let link = a.h.dev.vde_link_for_test();
+        for _ in 0..SENT {
+            a.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(100, ma.key, ma.addr()), Bell::Db);
+            assert_eq!(a.wait_cqe(&mut ac).expect("UD send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+            // Each frame out before the next, so each is a datagram of its own (frames queued together would
+            // share one).
+            assert!(link.drain(Duration::from_secs(5)));
+        }
+        assert!(link.drain(Duration::from_secs(5)), "every frame left the writer");
+        let n = a.h.dev.vde_counters().unwrap();
+        // The socket's queue took some datagrams; the next waited DIRECT_SEND_TIMEOUT and its frame was dropped;
+        // the rest went to the switch (which floods them to nobody).
+        assert_eq!(n.tx_direct_timeout, 1, "{n:?}");
+        assert!(n.tx_direct > 0 && n.tx_direct < SENT, "{n:?}");
+        assert_eq!(n.tx_frames + n.tx_direct_timeout, SENT, "{n:?}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+        drop(stuck);
+    }
+
+    #[test]
+    fn a_socket_left_behind_by_a_port_that_ended_is_swept() {
+        let sw = Switch::new("stale");
+        let a = plugged(&sw, cfg(43));
+        // A socket file nobody is bound to any more (its process was killed), one with A's own MAC among them.
+        let stale = [Direct::socket(&sw.0, [0x02, 0x55, 0, 0, 0, 1]), Direct::socket(&sw.0, cfg(44).mac)];
+        for p in &stale {
+            drop(UnixDatagram::bind(p).unwrap());
+            assert!(p.exists());
+        }
+        let mut b = plugged(&sw, cfg(44));
+        assert!(!stale[0].exists(), "swept");
+        assert!(b.h.dev.vde_link_for_test().direct.is_some(), "B took its name over");
+        let mut a = a;
+        let mut q = rc_pair(&mut a, &mut b, None, RcParams::default());
+        send_checked(&mut a, &mut b, &mut q, 2000, 12);
+        assert!(a.h.dev.vde_counters().unwrap().tx_direct > 0);
+    }
+
+    #[test]
+    fn ports_that_find_no_switch_at_once_start_one_and_all_plug_into_it() {
+        let sw = Switch::new("race");
+        let devs: Vec<SimDevice> = (0..6).map(|i| SimDevice::new(cfg(50 + i))).collect();
+        let results: Vec<Result<(), VdeError>> = std::thread::scope(|s| {
+            let joins: Vec<_> = devs.iter().map(|d| s.spawn(|| d.vde_plug_dir(&sw.0))).collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        for r in &results {
+            assert!(r.is_ok(), "{r:?}");
+        }
+        assert!(devs.iter().all(SimDevice::vde_plugged));
     }
 
     #[test]

@@ -309,7 +309,11 @@ impl Datapath<'_> {
                     }
                     Some(p) if p.rest == Rest::Duplicate => {
                         if !fits(p) {
-                            return self.rx_drop("packet out of sequence in a duplicate message");
+                            // Not the next packet of the duplicate being replayed (its other packets were lost,
+                            // or a duplicated FIRST came late): judged on its own, as the requester may go back
+                            // to a middle PSN and never send that FIRST again (dropping it, the QP ran out of
+                            // retries through wirefilter).
+                            return self.rx_stray(qpn, uc, psn, expected, remote, mtu, r, from);
                         }
                         p.next_psn = psn_add(psn, 1);
                         if pos == Position::Last {
@@ -379,25 +383,34 @@ impl Datapath<'_> {
                             self.rx_reply(qpn, Resp::Ack, last, r, from);
                         }
                     }
-                    _ => {
-                        // Out of sequence: the message is lost. On RC the responder still judges the PSN (a
-                        // duplicate is acknowledged again, a PSN ahead draws a sequence NAK); the expected PSN
-                        // cannot be a middle or last packet, so it is only dropped.
-                        self.dp.rx.requests.remove(&qpn);
-                        if uc || psn == expected {
-                            return self.rx_drop("packet out of sequence in a message");
-                        }
-                        let probe = Body::Rc {
-                            seq: 0,
-                            psn,
-                            op: RcOp::Send { data: Payload::from(&[][..]), imm: None },
-                            solicited: false,
-                        };
-                        self.rx_deliver(from, remote, r, probe, mtu);
-                    }
+                    _ => self.rx_stray(qpn, uc, psn, expected, remote, mtu, r, from),
                 }
             }
         }
+    }
+
+    /// A MIDDLE or LAST packet that belongs to no message in reassembly at QP `qpn`: that message is lost. On RC
+    /// the responder still judges the PSN (a duplicate is acknowledged again, a PSN ahead draws a sequence NAK);
+    /// the expected PSN cannot be a middle or last packet, so it is only dropped.
+    #[allow(clippy::too_many_arguments)]
+    fn rx_stray(
+        &mut self,
+        qpn: u32,
+        uc: bool,
+        psn: u32,
+        expected: u32,
+        remote: u32,
+        mtu: u8,
+        r: &RoceRepr<'_>,
+        from: &DevRef,
+    ) {
+        self.dp.rx.requests.remove(&qpn);
+        if uc || psn == expected {
+            return self.rx_drop("packet out of sequence in a message");
+        }
+        let probe =
+            Body::Rc { seq: 0, psn, op: RcOp::Send { data: Payload::from(&[][..]), imm: None }, solicited: false };
+        self.rx_deliver(from, remote, r, probe, mtu);
     }
 
     /// A packet at `got` past the gap before `expected`: counted, and NAKed with the PSN the responder expects.

@@ -406,6 +406,19 @@ fn remote_pingpong(args: &Args) -> Result<(), ToolError> {
             if why.is_empty() { "none".to_string() } else { why.join(", ") }
         );
     }
+    if let (Some(dev), Some(_)) = (&sim, &args.vde) {
+        // What crossed the fabric and how much was sent again, so a slow run shows whether frames were lost.
+        let retries = dev.events().iter().filter(|e| matches!(e, mlx5_sim::SimEvent::Retry { .. })).count();
+        if let Some(c) = dev.vde_counters() {
+            eprintln!(
+                "mlx5: VDE fabric: {} frames sent ({} past the switch, {} timed out), {} received ({} past the \
+                 switch), {} not for this port; {retries} retransmissions",
+                c.tx_frames, c.tx_direct, c.tx_direct_timeout, c.rx_frames, c.rx_direct, c.rx_not_mine
+            );
+        }
+        // Leaves the fabric (its direct socket goes with it) once the last frames are out.
+        dev.vde_unplug();
+    }
     let report = report?;
     if let Some(dev) = sim {
         let (regions, bytes) = dev.dma_outstanding();
