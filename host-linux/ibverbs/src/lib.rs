@@ -17,7 +17,7 @@
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-pub mod abi;
+pub use mlx5_ibverbs_abi as abi;
 mod context;
 mod device;
 mod faults;

@@ -5,8 +5,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-#[path = "../../ibverbs/src/abi.rs"]
-pub mod verbs;
+pub use mlx5_ibverbs_abi as verbs;
 
 pub use verbs::{
     ibv_ah, ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr,

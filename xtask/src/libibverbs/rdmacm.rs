@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::{apt_download, exports, on_dropin, run, wait, wait_listening, Apps};
 
 /// Every default-version export of Debian bookworm's librdmacm (`name VERSION` a line).
-const SYMBOLS: &str = include_str!("../../host-linux/rdmacm-sys/symbols.txt");
+const SYMBOLS: &str = include_str!("../../../host-linux/rdmacm-sys/symbols.txt");
 
 /// The version nodes in order, each inheriting from the one before (rdma-core's `librdmacm.map`).
 const VERSIONS: &[&str] = &["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"];
