@@ -65,27 +65,38 @@ impl<'a> QpTable<'a> {
         QpTable { qps, srqs, last: None, held: None }
     }
 
-    #[inline]
+    #[inline(always)]
     fn qp(&mut self, qpn: u32) -> Option<&'a QpEntry> {
         match self.last {
             Some((n, q)) if n == qpn => Some(q),
-            _ => {
-                let q = self.qps.get(&qpn)?;
-                self.last = Some((qpn, q));
-                Some(q)
-            }
+            _ => self.find(qpn),
         }
     }
 
+    /// The table lookup when a CQE names another QP than the last (out of line: runs of CQEs name one QP).
+    #[inline(never)]
+    fn find(&mut self, qpn: u32) -> Option<&'a QpEntry> {
+        let q = self.qps.get(&qpn)?;
+        self.last = Some((qpn, q));
+        Some(q)
+    }
+
     /// The ring of QP `qpn`, locked (the lock kept for the next CQE).
-    #[inline]
+    #[inline(always)]
     fn ring(&mut self, qpn: u32) -> Option<&mut Qp> {
-        if self.held.as_ref().is_none_or(|(n, _)| *n != qpn) {
-            // The previous QP's lock goes first: two QP locks are never held together.
-            self.held = None;
-            let q = self.qp(qpn)?;
-            self.held = Some((qpn, lock(&q.cell)));
+        if self.held.as_ref().is_some_and(|(n, _)| *n == qpn) {
+            return self.held.as_mut()?.1.as_mut();
         }
+        self.switch(qpn)
+    }
+
+    /// Takes QP `qpn`'s lock in place of the one held (out of line, as [`QpTable::find`]).
+    #[inline(never)]
+    fn switch(&mut self, qpn: u32) -> Option<&mut Qp> {
+        // The previous QP's lock goes first: two QP locks are never held together.
+        self.held = None;
+        let q = self.qp(qpn)?;
+        self.held = Some((qpn, lock(&q.cell)));
         self.held.as_mut()?.1.as_mut()
     }
 }
@@ -121,10 +132,14 @@ impl std::hash::Hasher for QpnHasher {
     }
 }
 
+// The per-CQE methods inline into the core's poll loop (instantiated in the drop-in's crate): a call each cost
+// more than the lookup's fast path.
 impl WrTable for QpTable<'_> {
+    #[inline(always)]
     fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
         self.ring(qpn)?.send_done(qpn, wqe_counter)
     }
+    #[inline(always)]
     fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
         let q = self.qp(qpn)?;
         match q.srqn {

@@ -160,6 +160,6 @@ pub use qp::{
     CanRecv, CanSend, ErrState, Init, InitAttr, QpInitAttr, QueuePair, RemoteQp, Reset, Rtr, RtrAttr, Rts, RtsAttr,
     TransitionError,
 };
-pub use qp::{RecvBatchFn, SendBatchFn};
+pub use qp::{QpFn, RecvBatchFn, SendBatchFn};
 pub use qp_ex::QpWrBatch;
 pub use srq::{SharedReceiveQueue, SrqAttrMask, SrqInitAttr};

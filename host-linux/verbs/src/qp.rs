@@ -416,6 +416,21 @@ impl QpObj {
         self.with_live(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
     }
 
+    /// `f` on the core's QP itself, monomorphized for the device's register access (one match per call), under
+    /// the QP's lock: the drop-in's `ibv_post_send` posts a C list through `Qp::post_send_iter` in it.
+    #[inline]
+    pub(crate) fn with_qp_each<F: QpFn>(&self, f: F) -> Result<F::Out> {
+        struct Run<'q, F>(&'q mut mlx5_core::qp::Qp, F);
+        impl<F: QpFn> MmioFn for Run<'_, F> {
+            type Out = F::Out;
+            #[inline(always)]
+            fn call<M: Mmio + ?Sized>(self, m: &M) -> F::Out {
+                self.1.run(self.0, m)
+            }
+        }
+        self.with_live(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
+    }
+
     /// [`QpObj::with_recv_batch`] with `f` monomorphized for the device's register access.
     #[inline]
     pub(crate) fn with_recv_batch_each<F: RecvBatchFn>(&self, f: F) -> Result<F::Out> {
@@ -800,6 +815,13 @@ mod tests {
 pub trait SendBatchFn {
     type Out;
     fn run<M: Mmio + ?Sized>(self, b: &mut SendBatch<'_, M>) -> Self::Out;
+}
+
+/// Work on the core's QP with the device's own register access ([`RawQp::post_each`](crate::raw::RawQp::post_each)),
+/// under the QP's lock.
+pub trait QpFn {
+    type Out;
+    fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out;
 }
 
 /// Work on a receive batch, as [`SendBatchFn`].

@@ -346,6 +346,13 @@ impl RawQp {
         self.0.with_send_batch_each(f)
     }
 
+    /// `f` on the core's QP with the device's own register access, under the QP's lock, after the checks every
+    /// post makes (destroyed, device dead): a caller posting its own list through `Qp::post_send_iter`.
+    #[inline]
+    pub fn post_each<F: crate::qp::QpFn>(&self, f: F) -> Result<F::Out> {
+        self.0.with_qp_each(f)
+    }
+
     /// [`RawQp::post_recv_with`] monomorphized likewise.
     #[inline]
     pub fn post_recv_each<F: crate::qp::RecvBatchFn>(&self, f: F) -> Result<F::Out> {
