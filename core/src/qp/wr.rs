@@ -198,8 +198,12 @@ impl<'a> InlineData<'a> {
 pub trait SendWrView {
     /// Returned in the work completion.
     fn wr_id(&self) -> u64;
+    /// The operation as the view holds it: a reference to the caller's, or one made from its representation.
+    type Op<'a>: core::borrow::Borrow<SendOp>
+    where
+        Self: 'a;
     /// The operation with its operands.
-    fn op(&self) -> Result<SendOp, PostErrorKind>;
+    fn op(&self) -> Result<Self::Op<'_>, PostErrorKind>;
     /// Send flags.
     fn flags(&self) -> SendFlags;
     /// The gather list (empty when the request is inline).
@@ -212,13 +216,17 @@ pub trait SendWrView {
 }
 
 impl SendWrView for SendWr<'_> {
+    type Op<'a>
+        = &'a SendOp
+    where
+        Self: 'a;
     #[inline(always)]
     fn wr_id(&self) -> u64 {
         self.wr_id
     }
     #[inline(always)]
-    fn op(&self) -> Result<SendOp, PostErrorKind> {
-        Ok(self.op)
+    fn op(&self) -> Result<&SendOp, PostErrorKind> {
+        Ok(&self.op)
     }
     #[inline(always)]
     fn flags(&self) -> SendFlags {
@@ -239,12 +247,16 @@ impl SendWrView for SendWr<'_> {
 }
 
 impl<T: SendWrView + ?Sized> SendWrView for &T {
+    type Op<'a>
+        = T::Op<'a>
+    where
+        Self: 'a;
     #[inline(always)]
     fn wr_id(&self) -> u64 {
         (**self).wr_id()
     }
     #[inline(always)]
-    fn op(&self) -> Result<SendOp, PostErrorKind> {
+    fn op(&self) -> Result<T::Op<'_>, PostErrorKind> {
         (**self).op()
     }
     #[inline(always)]

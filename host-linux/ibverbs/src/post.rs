@@ -199,6 +199,7 @@ impl CSendWr {
 }
 
 impl SendWrView for CSendWr {
+    type Op<'a> = SendOp;
     #[inline(always)]
     fn wr_id(&self) -> u64 {
         self.w().wr_id
