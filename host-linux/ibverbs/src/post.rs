@@ -160,18 +160,23 @@ const _: () = {
 /// `sg` holds `n` entries when `n > 0`, alive and unchanged for `'a`.
 #[inline(always)]
 unsafe fn sges<'a>(sg: *const ibv_sge, n: c_int) -> Result<&'a [Sge], PostErrorKind> {
-    let Ok(n) = usize::try_from(n) else { return Err(PostErrorKind::BadRequest { what: "negative num_sge" }) };
-    if n == 0 {
-        return Ok(&[]);
+    // One compare for the usual 1..=MAX_SGE entries (a negative count wraps past it).
+    if (n as u32).wrapping_sub(1) < MAX_SGE as u32 && !sg.is_null() {
+        // SAFETY: `n` entries (caller) of a type with the same layout (checked above at compile time).
+        return Ok(unsafe { std::slice::from_raw_parts(sg.cast::<Sge>(), n as usize) });
     }
-    if n > MAX_SGE {
-        return Err(PostErrorKind::TooManySge { sge: n, max: MAX_SGE as u32 });
+    sges_other(n)
+}
+
+/// [`sges`] of an empty list, or one it refuses.
+#[cold]
+fn sges_other<'a>(n: c_int) -> Result<&'a [Sge], PostErrorKind> {
+    match usize::try_from(n) {
+        Err(_) => Err(PostErrorKind::BadRequest { what: "negative num_sge" }),
+        Ok(0) => Ok(&[]),
+        Ok(n) if n > MAX_SGE => Err(PostErrorKind::TooManySge { sge: n, max: MAX_SGE as u32 }),
+        Ok(_) => Err(PostErrorKind::BadRequest { what: "NULL sg_list with entries" }),
     }
-    if sg.is_null() {
-        return Err(PostErrorKind::BadRequest { what: "NULL sg_list with entries" });
-    }
-    // SAFETY: `n` entries (caller) of a type with the same layout (checked above at compile time).
-    Ok(unsafe { std::slice::from_raw_parts(sg.cast::<Sge>(), n) })
 }
 
 /// One of a program's `ibv_send_wr`s as the core's post loop reads it ([`SendWrView`]): each field read where the
