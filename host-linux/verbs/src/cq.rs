@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use mlx5_core::cq::{Cq, CqeError, Notify, WcSink, WorkCompletion, WrTable};
@@ -16,9 +16,10 @@ use crate::context::{Context, ContextShared};
 use crate::error::{Result, VerbsError};
 use crate::event::{lock, ChannelShared};
 use crate::shared::{CqEventTarget, CqRoute, DeviceShared};
+use crate::spin::{SpinGuard, SpinLock};
 
-/// A QP's ring behind its own mutex, shared by the QP and the CQs it completes on; `None` once destroyed.
-pub(crate) type QpCell = Arc<Mutex<Option<Qp>>>;
+/// A QP's ring behind its own lock (a spin lock, as rdma-core's queues: [`crate::spin`]), shared by the QP and the CQs it completes on; `None` once destroyed.
+pub(crate) type QpCell = Arc<SpinLock<Option<Qp>>>;
 
 /// An SRQ's ring behind its own mutex, shared by the SRQ and the CQs its QPs complete receives on.
 pub(crate) type SrqCell = Arc<Mutex<Option<Srq>>>;
@@ -57,7 +58,7 @@ struct QpTable<'a> {
     last: Option<(u32, &'a QpEntry)>,
     /// That QP's ring, its lock held until a CQE names another QP or the poll ends: one lock per run of CQEs,
     /// not per CQE (the CQ's lock is held throughout, so the order stays CQ → QP).
-    held: Option<(u32, MutexGuard<'a, Option<Qp>>)>,
+    held: Option<(u32, SpinGuard<'a, Option<Qp>>)>,
 }
 
 impl<'a> QpTable<'a> {
@@ -96,7 +97,7 @@ impl<'a> QpTable<'a> {
         // The previous QP's lock goes first: two QP locks are never held together.
         self.held = None;
         let q = self.qp(qpn)?;
-        self.held = Some((qpn, lock(&q.cell)));
+        self.held = Some((qpn, q.cell.lock()));
         self.held.as_mut()?.1.as_mut()
     }
 }
@@ -151,7 +152,7 @@ impl WrTable for QpTable<'_> {
     fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
         // Every QP's lock is taken below, the held one's too.
         self.held = None;
-        self.qps.values().find_map(|q| lock(&q.cell).as_mut().and_then(|q| WrTable::flush_one(q, cqn, dead)))
+        self.qps.values().find_map(|q| q.cell.lock().as_mut().and_then(|q| WrTable::flush_one(q, cqn, dead)))
     }
     fn recv_srqn(&self, qpn: u32) -> Option<u32> {
         self.qps.get(&qpn)?.srqn

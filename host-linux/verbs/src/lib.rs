@@ -119,6 +119,7 @@ mod qp;
 mod qp_ex;
 pub mod raw;
 mod shared;
+mod spin;
 mod srq;
 pub mod tracefile;
 mod usermem;

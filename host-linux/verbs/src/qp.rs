@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use mlx5_core::cq::LinkLayer;
 use mlx5_core::hca::QpInitAttr as CoreQpInitAttr;
@@ -21,6 +21,7 @@ use crate::error::{Result, VerbsError};
 use crate::event::lock;
 use crate::pd::{PdObj, ProtectionDomain};
 use crate::shared::DeviceShared;
+use crate::spin::SpinLock;
 use crate::srq::{SharedReceiveQueue, SrqObj};
 
 /// QP states as types: a QP can post sends only in [`Rts`], receives from [`Init`] on.
@@ -266,7 +267,7 @@ impl QpObj {
         drop(srq_guard);
         let (qpn, cap) = (qp.qpn(), qp.cap());
         let srqn = srq.map(|s| s.srqn());
-        let ring: QpCell = Arc::new(Mutex::new(Some(qp)));
+        let ring: QpCell = Arc::new(SpinLock::new(Some(qp)));
         g1.qps.insert(qpn, QpEntry { cell: ring.clone(), srqn });
         if let Some(g) = &mut g2 {
             g.qps.insert(qpn, QpEntry { cell: ring.clone(), srqn });
@@ -300,7 +301,7 @@ impl QpObj {
     pub(crate) fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let mut c = self.pd.ctx.dev.control();
         {
-            let mut g = lock(&self.ring);
+            let mut g = self.ring.lock();
             let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
             let (hca, delay) = c.parts();
             hca.modify_qp(qp, attr, mask, delay)?;
@@ -334,7 +335,7 @@ impl QpObj {
     /// `ibv_query_qp`'s state.
     pub(crate) fn query_state(&self) -> Result<QpState> {
         let mut c = self.pd.ctx.dev.control();
-        let g = lock(&self.ring);
+        let g = self.ring.lock();
         let qp = g.as_ref().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
         let (hca, delay) = c.parts();
         Ok(hca.query_qp(qp, delay)?.state)
@@ -346,7 +347,7 @@ impl QpObj {
 
     /// Bytes of the send and receive rings (0 once destroyed).
     pub(crate) fn buf_bytes(&self) -> usize {
-        lock(&self.ring).as_ref().map_or(0, |q| q.sizes().sq_bytes() + q.sizes().rq_bytes())
+        self.ring.lock().as_ref().map_or(0, |q| q.sizes().sq_bytes() + q.sizes().rq_bytes())
     }
 
     pub(crate) fn cap(&self) -> QpCap {
@@ -356,7 +357,7 @@ impl QpObj {
     /// `ibv_query_qp`: every attribute.
     pub(crate) fn query_attr(&self) -> Result<mlx5_core::qp::QpQueryAttr> {
         let mut c = self.pd.ctx.dev.control();
-        let g = lock(&self.ring);
+        let g = self.ring.lock();
         let qp = g.as_ref().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
         let (hca, delay) = c.parts();
         Ok(hca.query_qp_attr(qp, delay)?)
@@ -366,7 +367,7 @@ impl QpObj {
     /// the device dead, which fails the post as `Hca::post_send` does).
     #[inline(always)]
     fn with_live<R>(&self, f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>) -> Result<R> {
-        let mut g = lock(&self.ring);
+        let mut g = self.ring.lock();
         // Made only when needed: the error has drop glue the hot path would run.
         let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
         let dev = &self.pd.ctx.dev;
@@ -465,7 +466,7 @@ impl QpObj {
         let (first, second) = cq_lock_order(&self.send_cq, &self.recv_cq);
         let mut g1 = lock(&first.ring);
         let mut g2 = second.map(|c| lock(&c.ring));
-        let Some(qp) = lock(&self.ring).take() else { return Ok(()) };
+        let Some(qp) = self.ring.lock().take() else { return Ok(()) };
         g1.qps.remove(&self.qpn);
         if let Some(g) = &mut g2 {
             g.qps.remove(&self.qpn);
