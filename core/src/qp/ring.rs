@@ -3,7 +3,7 @@
 
 use super::attr::{QpCap, QpState, QpType};
 use super::size::{QpSizes, ATOMIC, BB, CTRL, DATA, DGRAM, DS, INL_HDR, RADDR};
-use super::wr::{InlineData, PostError, PostErrorKind, RecvWr, SendFlags, SendOp, SendWr, SendWrView, Sge};
+use super::wr::{InlineData, PostError, PostErrorKind, RecvWr, RecvWrView, SendFlags, SendOp, SendWr, SendWrView, Sge};
 use crate::buf::QueueBuf;
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion, WrTable};
 use crate::dbr::DbRec;
@@ -679,6 +679,77 @@ impl Qp {
             b.push(wr).map_err(|kind| PostError { index, kind })?;
         }
         Ok(())
+    }
+
+    /// Posts the receives `wrs` yields, read in place through [`RecvWrView`] (a C `ibv_recv_wr` chain), and writes
+    /// the doorbell record once: [`Qp::post_recv`]'s checks and WQEs, with what every WQE needs of the QP read
+    /// once per call. On a refused request the ones before it stay posted and the refused one is returned.
+    #[inline(always)]
+    pub fn post_recv_iter<M, I>(&mut self, mmio: &M, wrs: I) -> Result<(), (I::Item, PostErrorKind)>
+    where
+        M: Mmio + ?Sized,
+        I: IntoIterator,
+        I::Item: RecvWrView,
+    {
+        use PostErrorKind as K;
+        let cnt = self.sizes.rq_wqe_cnt;
+        let start_outstanding = self.rq_outstanding();
+        // Room left in the ring; `cnt` is a power of two (or 0 without a receive queue: no room).
+        let room = cnt.saturating_sub(start_outstanding);
+        let mask = cnt.wrapping_sub(1);
+        let base = self.sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>();
+        // Bounds-checked once; a slot index is masked to `cnt - 1`, so every access is inside.
+        let wrids = self.shadow.ptr_at(base, cnt as usize * 8).cast::<u64>();
+        let max_gs = self.sizes.cap.max_recv_sge as usize;
+        let shift = self.sizes.rq_wqe_shift;
+        let state = self.state;
+        let head = self.rq_head;
+        let mut nreq = 0u32;
+        let mut result = Ok(());
+        for wr in wrs {
+            let r = if matches!(state, QpState::Reset) {
+                Err(K::BadState { state })
+            } else if nreq >= room {
+                Err(K::QueueFull { outstanding: start_outstanding.wrapping_add(nreq), max: cnt })
+            } else {
+                match wr.sg_list() {
+                    Ok(sg) if sg.len() > max_gs => Err(K::TooManySge { sge: sg.len(), max: max_gs as u32 }),
+                    Ok(sg) => {
+                        // There is room, so the ring has at least one WQE and `mask` is its index mask.
+                        let slot = head.wrapping_add(nreq) & mask;
+                        let at = (slot as usize) << shift;
+                        // A zero-length entry is skipped, as in `RecvBatch::push`.
+                        let mut k = 0;
+                        for s in sg {
+                            if s.length != 0 {
+                                self.rq_put(at + k * DATA, &data_seg(s.length, s.lkey, s.addr));
+                                k += 1;
+                            }
+                        }
+                        if k < max_gs {
+                            self.rq_put(at + k * DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
+                        }
+                        // SAFETY: `slot < cnt` (masked), inside the `cnt` wr_ids `ptr_at` checked above, 8-byte
+                        // aligned (as in `recv_batch`); only the driver touches it, and `&mut self` is held.
+                        unsafe { wrids.add(slot as usize).write(wr.wr_id()) };
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+            if let Err(kind) = r {
+                result = Err((wr, kind));
+                break;
+            }
+            nreq += 1;
+        }
+        if nreq > 0 {
+            self.rq_head = head.wrapping_add(nreq);
+            // The receive WQEs must be visible before the record that hands them to the device.
+            mmio.dma_wmb();
+            self.dbrec.write_be32(consts::MLX5_RCV_DBR as usize, self.rq_head & 0xffff);
+        }
+        result
     }
 
     /// A list of receives built one at a time ([`RecvBatch::push`]); the doorbell record is written once when the

@@ -286,6 +286,26 @@ pub struct RecvWr<'a> {
     pub sg_list: &'a [Sge],
 }
 
+/// A receive work request as the post loop reads it, in place ([`SendWrView`]'s counterpart for
+/// [`Qp::post_recv_iter`](super::Qp::post_recv_iter)).
+pub trait RecvWrView {
+    /// Returned in the work completion.
+    fn wr_id(&self) -> u64;
+    /// The scatter list.
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind>;
+}
+
+impl RecvWrView for RecvWr<'_> {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline(always)]
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind> {
+        Ok(self.sg_list)
+    }
+}
+
 /// An address handle: the `mlx5_av` image a UD send carries (`mlx5_ib_create_ah`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ah {

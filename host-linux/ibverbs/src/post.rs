@@ -8,9 +8,10 @@ use std::ptr;
 use mlx5_core::cq::{CqeError, Notify, WcFlags, WcOpcode, WcSink, WorkCompletion};
 use mlx5_core::hal::Mmio;
 use mlx5_core::qp::{
-    InlineData, PostError, PostErrorKind, QpType, RecvBatch, RecvWr, SendFlags, SendOp, SendWr, SendWrView, Sge, UdDest,
+    InlineData, PostError, PostErrorKind, QpType, RecvWr, RecvWrView, SendFlags, SendOp, SendWr, SendWrView, Sge,
+    UdDest,
 };
-use mlx5_verbs::{QpFn, RecvBatchFn};
+use mlx5_verbs::QpFn;
 
 use crate::abi::*;
 use crate::errno_of;
@@ -353,15 +354,45 @@ impl QpFn for SendList {
     }
 }
 
-/// A program's `ibv_recv_wr` list, pushed into a receive batch of the device's own register access.
+/// A program's `ibv_recv_wr` list, posted by the core with the device's own register access. Made only from the
+/// list `ibv_post_recv` was given (verbs' contract: valid, unchanged while the call runs).
 struct RecvList(*mut ibv_recv_wr);
 
-impl RecvBatchFn for RecvList {
+/// One of a program's `ibv_recv_wr`s, read in place; the invariant of [`CSendWr`].
+struct CRecvWr(*mut ibv_recv_wr);
+
+impl RecvWrView for CRecvWr {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        // SAFETY: a valid work request for the post's duration (the type's invariant).
+        unsafe { (*self.0).wr_id }
+    }
+    #[inline(always)]
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind> {
+        // SAFETY: as above; its scatter list holds `num_sge` entries.
+        unsafe { sges((*self.0).sg_list, (*self.0).num_sge) }
+    }
+}
+
+impl Iterator for RecvList {
+    type Item = CRecvWr;
+    #[inline(always)]
+    fn next(&mut self) -> Option<CRecvWr> {
+        if self.0.is_null() {
+            return None;
+        }
+        let w = CRecvWr(self.0);
+        // SAFETY: a valid work request (the type's invariant).
+        self.0 = unsafe { (*w.0).next };
+        Some(w)
+    }
+}
+
+impl QpFn for RecvList {
     type Out = Result<(), (*mut ibv_recv_wr, c_int)>;
     #[inline(always)]
-    fn run<M: Mmio + ?Sized>(self, b: &mut RecvBatch<'_, M>) -> Self::Out {
-        // SAFETY: the program's list (ibv_post_recv's contract).
-        unsafe { push_recvs(self.0, |r| b.push(r)) }
+    fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out {
+        qp.post_recv_iter(m, self).map_err(|(w, kind)| (w.0, recv_errno(kind)))
     }
 }
 
@@ -433,7 +464,7 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
             return libc::EINVAL;
         }
         // One doorbell record update for all of the list.
-        let r = q.raw.post_recv_each(RecvList(wr));
+        let r = q.raw.post_each(RecvList(wr));
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })
