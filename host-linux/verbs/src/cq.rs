@@ -165,7 +165,7 @@ pub(crate) struct CqObj {
     pub(crate) ctx: Arc<ContextShared>,
     cqn: u32,
     cq_context: u64,
-    pub(crate) ring: Mutex<CqRing>,
+    pub(crate) ring: SpinLock<CqRing>,
     /// Set by a CQ error event: the device writes no more CQEs here.
     failed: Arc<AtomicBool>,
     pub(crate) users: AtomicUsize,
@@ -196,7 +196,12 @@ impl CqObj {
             ctx: ctx.clone(),
             cqn,
             cq_context,
-            ring: Mutex::new(CqRing { cq: Some(cq), qps: HashMap::default(), srqs: HashMap::default(), pending: None }),
+            ring: SpinLock::new(CqRing {
+                cq: Some(cq),
+                qps: HashMap::default(),
+                srqs: HashMap::default(),
+                pending: None,
+            }),
             failed: failed.clone(),
             users: AtomicUsize::new(0),
             unacked: Mutex::new(0),
@@ -228,7 +233,7 @@ impl CqObj {
     pub(crate) fn poll_into<S: WcSink + ?Sized>(&self, wc: &mut S) -> Result<usize> {
         let dev = &self.ctx.dev;
         let cap = wc.capacity();
-        let mut r = lock(&self.ring);
+        let mut r = self.ring.lock();
         let CqRing { cq, qps, srqs, pending } = &mut *r;
         if let Some(e) = pending.take() {
             return Err(VerbsError::Cqe(e));
@@ -264,7 +269,7 @@ impl CqObj {
 
     pub(crate) fn req_notify(&self, notify: Notify) -> Result<()> {
         let mut c = self.ctx.dev.control();
-        let r = lock(&self.ring);
+        let r = self.ring.lock();
         let cq = r.cq.as_ref().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
         Ok(c.hca().req_notify_cq(cq, notify)?)
     }
@@ -274,7 +279,7 @@ impl CqObj {
             return Ok(());
         }
         let mut c = self.ctx.dev.control();
-        let r = lock(&self.ring);
+        let r = self.ring.lock();
         let mut unacked = lock(&self.unacked);
         if n > *unacked {
             return Err(VerbsError::Invalid(format!("{n} completion events to acknowledge, {} taken", *unacked)));
@@ -308,7 +313,7 @@ impl CqObj {
         if users > 0 {
             return Err(VerbsError::Busy { what: "completion queue", users });
         }
-        let Some(cq) = lock(&self.ring).cq.take() else { return Ok(()) };
+        let Some(cq) = self.ring.lock().cq.take() else { return Ok(()) };
         let queued = c.unroute_cq(self.cqn);
         let (hca, delay) = c.parts();
         let mut u = lock(&self.unacked);
@@ -339,7 +344,7 @@ impl CqEventTarget for CqObj {
         *lock(&self.unacked) += 1;
     }
     fn ack_dropped(&self, hca: &mut AnyHca) {
-        if let Some(cq) = lock(&self.ring).cq.as_ref() {
+        if let Some(cq) = self.ring.lock().cq.as_ref() {
             let _ = hca.ack_cq_events(cq, 1);
         }
     }

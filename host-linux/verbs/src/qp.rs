@@ -241,8 +241,8 @@ impl QpObj {
     ) -> Result<QpObj> {
         let mut c = pd.ctx.dev.control();
         let (first, second) = cq_lock_order(send_cq, recv_cq);
-        let mut g1 = lock(&first.ring);
-        let mut g2 = second.map(|c| lock(&c.ring));
+        let mut g1 = first.ring.lock();
+        let mut g2 = second.map(|c| c.ring.lock());
         let pd_guard = lock(&pd.pd);
         let p = pd_guard.as_ref().ok_or(VerbsError::Destroyed { what: "protection domain" })?;
         let destroyed = || VerbsError::Destroyed { what: "completion queue" };
@@ -320,7 +320,7 @@ impl QpObj {
         let (first, second) = cq_lock_order(&self.send_cq, &self.recv_cq);
         let srq = self.srq.as_ref();
         for cq in [Some(first), second].into_iter().flatten() {
-            let mut r = lock(&cq.ring);
+            let mut r = cq.ring.lock();
             let Some(ring) = r.cq.as_mut() else { continue };
             ring.clean(mmio, self.qpn, |wqe_counter| {
                 if let Some(s) = srq {
@@ -464,8 +464,8 @@ impl QpObj {
     pub(crate) fn destroy(&self) -> Result<()> {
         let mut c = self.pd.ctx.dev.control();
         let (first, second) = cq_lock_order(&self.send_cq, &self.recv_cq);
-        let mut g1 = lock(&first.ring);
-        let mut g2 = second.map(|c| lock(&c.ring));
+        let mut g1 = first.ring.lock();
+        let mut g2 = second.map(|c| c.ring.lock());
         let Some(qp) = self.ring.lock().take() else { return Ok(()) };
         g1.qps.remove(&self.qpn);
         if let Some(g) = &mut g2 {
@@ -795,13 +795,13 @@ mod tests {
         };
         let a = QpObj::create(&pd, &cq, &cq, attr, Some(&srq), 1).unwrap();
         let b = QpObj::create(&pd, &cq, &cq, attr, Some(&srq), 2).unwrap();
-        assert_eq!(lock(&cq.ring).srqs.get(&srq.srqn()).map(|e| e.1), Some(2), "one table entry for both QPs");
+        assert_eq!(cq.ring.lock().srqs.get(&srq.srqn()).map(|e| e.1), Some(2), "one table entry for both QPs");
         assert!(matches!(srq.destroy(), Err(VerbsError::Busy { what: "shared receive queue", users: 2 })));
         assert!(matches!(pd.dealloc(), Err(VerbsError::Busy { users: 3, .. })), "two QPs and the SRQ");
         a.destroy().unwrap();
         assert!(matches!(srq.destroy(), Err(VerbsError::Busy { users: 1, .. })));
         b.destroy().unwrap();
-        assert!(lock(&cq.ring).srqs.is_empty(), "the CQ forgets the SRQ with its last QP");
+        assert!(cq.ring.lock().srqs.is_empty(), "the CQ forgets the SRQ with its last QP");
         srq.destroy().unwrap();
         srq.destroy().unwrap();
         assert!(matches!(srq.post_recv(&[]), Err(VerbsError::Destroyed { .. })));
