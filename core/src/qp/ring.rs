@@ -704,6 +704,14 @@ impl Qp {
         let shift = self.sizes.rq_wqe_shift;
         let state = self.state;
         let head = self.rq_head;
+        // The RQ's address and mask when it is one region (`rq_put` reads them per segment).
+        let flat = self.rq_flat.map(|r| (r.cpu(), r.len().wrapping_sub(DS)));
+        let put = |pos: usize, seg: &[u8; DS]| match flat {
+            // SAFETY: `pos & mask + DS <= len`, inside the one-fragment span this QP owns (as `rq_put`); software
+            // owns unposted RQ entries.
+            Some((base, mask)) => unsafe { base.as_ptr().add(pos & mask).cast::<[u8; DS]>().write_unaligned(*seg) },
+            None => self.rq_put(pos, seg),
+        };
         let mut nreq = 0u32;
         let mut result = Ok(());
         for wr in wrs {
@@ -722,12 +730,12 @@ impl Qp {
                         let mut k = 0;
                         for s in sg {
                             if s.length != 0 {
-                                self.rq_put(at + k * DATA, &data_seg(s.length, s.lkey, s.addr));
+                                put(at + k * DATA, &data_seg(s.length, s.lkey, s.addr));
                                 k += 1;
                             }
                         }
                         if k < max_gs {
-                            self.rq_put(at + k * DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
+                            put(at + k * DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
                         }
                         // SAFETY: `slot < cnt` (masked), inside the `cnt` wr_ids `ptr_at` checked above, 8-byte
                         // aligned (as in `recv_batch`); only the driver touches it, and `&mut self` is held.
