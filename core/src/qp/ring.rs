@@ -3,13 +3,14 @@
 
 use super::attr::{QpCap, QpState, QpType};
 use super::size::{QpSizes, ATOMIC, BB, CTRL, DATA, DGRAM, DS, INL_HDR, RADDR};
-use super::wr::{PostError, PostErrorKind, RecvWr, SendFlags, SendOp, SendWr};
+use super::wr::{InlineData, PostError, PostErrorKind, RecvWr, RecvWrView, SendFlags, SendOp, SendWr, SendWrView, Sge};
 use crate::buf::QueueBuf;
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion, WrTable};
 use crate::dbr::DbRec;
 use crate::hal::{DmaRegion, Mmio, Span};
 use crate::prm::{c, consts, Bytes};
 use crate::uar::BfReg;
+use core::borrow::Borrow;
 
 /// even if a device wrote over the array (it is DMA memory the device could reach).
 #[derive(Debug, Clone, Copy, Default)]
@@ -408,6 +409,42 @@ impl Qp {
         result
     }
 
+    /// Posts the work requests `wrs` yields, read in place through [`SendWrView`] (a C `ibv_send_wr` chain, with
+    /// no [`SendWr`] built for each), and rings the doorbell once: BlueFlame for a single WQE that fits, as
+    /// [`Qp::post_send`]. On a refused request the ones before it stay posted (and are rung) and the refused one
+    /// is returned with why, as `bad_wr`.
+    #[inline(always)]
+    pub fn post_send_iter<M, I>(&mut self, mmio: &M, wrs: I) -> Result<(), (I::Item, PostErrorKind)>
+    where
+        M: Mmio + ?Sized,
+        I: IntoIterator,
+        I::Item: SendWrView,
+    {
+        // The loop of `post_send`, its state in locals.
+        let w = self.sq_win();
+        let mut nreq = 0usize;
+        let mut last_ctrl = 0usize;
+        let mut last_size_ds = 0usize;
+        let mut result = Ok(());
+        for wr in wrs {
+            match self.build_send(&w, &wr) {
+                Ok((pos, ds)) => {
+                    last_ctrl = pos;
+                    last_size_ds = ds;
+                    nreq += 1;
+                }
+                Err(kind) => {
+                    result = Err((wr, kind));
+                    break;
+                }
+            }
+        }
+        if nreq > 0 {
+            self.ring_sq(mmio, last_ctrl, last_size_ds, nreq == 1);
+        }
+        result
+    }
+
     /// A list of sends built one work request at a time ([`SendBatch::push`]) and rung with one doorbell when
     /// the batch ends (dropped): what a caller translating its own list (a C `ibv_send_wr` chain) posts through,
     /// with no slice of [`SendWr`] to build first.
@@ -421,7 +458,7 @@ impl Qp {
     // Inlined into the generic `post_send`: a call per WQE, with its result through memory, cost more than the
     // checks it makes.
     #[inline(always)]
-    fn build_send(&mut self, w: &SqWin, wr: &SendWr<'_>) -> Result<(usize, usize), PostErrorKind> {
+    fn build_send<W: SendWrView + ?Sized>(&mut self, w: &SqWin, wr: &W) -> Result<(usize, usize), PostErrorKind> {
         use PostErrorKind as K;
         // IBA 10.8.2: sends may be posted in RTS, SQD and SQE, and in ERR, where the device completes them with a
         // flush error (as rdma-core's provider, the driver does not refuse them there).
@@ -432,27 +469,29 @@ impl Qp {
         if self.sq_outstanding() >= max_post {
             return Err(K::QueueFull { outstanding: self.sq_outstanding(), max: max_post });
         }
-        if wr.inline.is_some() && !wr.sg_list.is_empty() {
+        let sg_list = wr.sg_list()?;
+        let inline = wr.inline()?;
+        if inline.is_some() && !sg_list.is_empty() {
             return Err(K::BadRequest { what: "inline data and a gather list in one work request" });
         }
-        if wr.sg_list.len() > w.max_send_sge as usize {
-            return Err(K::TooManySge { sge: wr.sg_list.len(), max: w.max_send_sge });
+        if sg_list.len() > w.max_send_sge as usize {
+            return Err(K::TooManySge { sge: sg_list.len(), max: w.max_send_sge });
         }
         let start = (self.sq_cur_post as usize) * BB;
         let mut off = CTRL;
-        match (self.ty, &wr.ud) {
-            (QpType::Ud | QpType::Gsi, Some(d)) => {
-                self.put_av(w, start + off, d);
+        let datagram = self.ty.is_datagram();
+        match (datagram, wr.ud(datagram)?) {
+            (true, Some(d)) => {
+                self.put_av(w, start + off, &d);
                 off += DGRAM;
             }
-            (QpType::Ud | QpType::Gsi, None) => {
-                return Err(K::BadRequest { what: "UD send without an address handle" })
-            }
-            (QpType::Rc | QpType::Uc, Some(_)) => {
-                return Err(K::BadRequest { what: "connected-QP send with a UD destination" })
-            }
-            (QpType::Rc | QpType::Uc, None) => {}
+            (true, None) => return Err(K::BadRequest { what: "UD send without an address handle" }),
+            (false, Some(_)) => return Err(K::BadRequest { what: "connected-QP send with a UD destination" }),
+            (false, None) => {}
         }
+        // By reference where the caller keeps it (a `SendWr`): a copy of the enum per WQE cost ~20 instructions.
+        let op = wr.op()?;
+        let op: &SendOp = op.borrow();
         let raddr = |addr: u64, rkey: u32| {
             let mut s = [0u8; RADDR];
             put64(&mut s, c::mlx5_wqe_raddr_seg::RADDR, addr);
@@ -460,7 +499,7 @@ impl Qp {
             s
         };
         let mut imm = 0u32;
-        match wr.op {
+        match *op {
             SendOp::Send => {}
             SendOp::SendImm { imm: v } => imm = v,
             SendOp::RdmaWrite { remote_addr, rkey } => {
@@ -480,42 +519,43 @@ impl Qp {
                 off += RADDR;
             }
             SendOp::AtomicCmpSwp { remote_addr, rkey, compare, swap } => {
-                self.need_atomic(wr)?;
+                self.need_atomic(sg_list)?;
                 self.put_atomic(w, start + off, raddr(remote_addr, rkey), swap, Some(compare));
                 off += RADDR + ATOMIC;
             }
             SendOp::AtomicFetchAdd { remote_addr, rkey, add } => {
-                self.need_atomic(wr)?;
+                self.need_atomic(sg_list)?;
                 self.put_atomic(w, start + off, raddr(remote_addr, rkey), add, None);
                 off += RADDR + ATOMIC;
             }
         }
-        if let Some(data) = wr.inline {
-            off = self.put_inline(wr, start, off, data)?;
+        if let Some(data) = inline {
+            off = self.put_inline(op, start, off, data)?;
         } else {
-            for s in wr.sg_list.iter().filter(|s| s.length > 0) {
+            for s in sg_list.iter().filter(|s| s.length > 0) {
                 self.sq_put(w, start + off, &data_seg(s.length, s.lkey, s.addr));
                 off += DATA;
             }
         }
         let ds = off / DS;
         let bbs = off.div_ceil(BB);
-        let signaled = self.sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        let flags = wr.flags();
+        let signaled = self.sig_all || flags.contains(SendFlags::SIGNALED);
         let mut fm_ce_se = 0u8;
         if signaled {
             fm_ce_se |= consts::MLX5_WQE_CTRL_CQ_UPDATE;
         }
-        if wr.flags.contains(SendFlags::SOLICITED) {
+        if flags.contains(SendFlags::SOLICITED) {
             fm_ce_se |= consts::MLX5_WQE_CTRL_SOLICITED;
         }
-        if wr.flags.contains(SendFlags::FENCE) {
+        if flags.contains(SendFlags::FENCE) {
             fm_ce_se |= consts::MLX5_WQE_CTRL_FENCE;
         }
-        let ctrl = ctrl_seg(self.sq_cur_post as u16, wr.op.mlx5_opcode(), self.qpn, ds as u8, fm_ce_se, imm);
+        let ctrl = ctrl_seg(self.sq_cur_post as u16, op.mlx5_opcode(), self.qpn, ds as u8, fm_ce_se, imm);
         self.sq_put(w, start, &ctrl);
         let idx = self.sq_cur_post;
         let next = self.sq_cur_post.wrapping_add(bbs as u32);
-        let slot = SqSlot { wr_id: wr.wr_id, head_after: self.sq_head.wrapping_add(1), next };
+        let slot = SqSlot { wr_id: wr.wr_id(), head_after: self.sq_head.wrapping_add(1), next };
         // SAFETY: the slot index is masked to `sq_wqe_cnt - 1`, inside the slots `sq_win` bounds-checked; aligned
         // (8-byte aligned region, 16-byte slots); only the driver touches it.
         unsafe { w.slots.add((idx & w.slot_mask) as usize).write(slot) };
@@ -548,9 +588,9 @@ impl Qp {
 
     /// The inline data segment at `off` of the WQE at `start` (`set_data_inl_seg`); returns the offset after it.
     #[inline(never)]
-    fn put_inline(&self, wr: &SendWr<'_>, start: usize, off: usize, data: &[u8]) -> Result<usize, PostErrorKind> {
+    fn put_inline(&self, op: &SendOp, start: usize, off: usize, data: InlineData<'_>) -> Result<usize, PostErrorKind> {
         use PostErrorKind as K;
-        if matches!(wr.op, SendOp::RdmaRead { .. } | SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. }) {
+        if matches!(*op, SendOp::RdmaRead { .. } | SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. }) {
             return Err(K::BadRequest { what: "inline data on a READ or atomic" });
         }
         let total = data.len();
@@ -564,7 +604,19 @@ impl Qp {
         let mut hdr = [0u8; INL_HDR];
         c::mlx5_wqe_inline_seg::BYTE_COUNT.put_be(&mut hdr, 0, total as u32 | consts::MLX5_INLINE_SEG);
         self.sq_write(start + off, &hdr);
-        self.sq_write(start + off + INL_HDR, data);
+        match data {
+            InlineData::Bytes(b) => self.sq_write(start + off + INL_HDR, b),
+            InlineData::Gather(g) => {
+                let mut at = start + off + INL_HDR;
+                for s in g.sges().iter().filter(|s| s.length > 0) {
+                    // SAFETY: `InlineData::gather`'s contract: the entry is readable host memory of `length` bytes
+                    // for the data's lifetime; the total was checked against the queue's inline limit above.
+                    let b = unsafe { core::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize) };
+                    self.sq_write(at, b);
+                    at += b.len();
+                }
+            }
+        }
         Ok((off + INL_HDR + total).next_multiple_of(DS))
     }
 
@@ -586,9 +638,9 @@ impl Qp {
         Ok(())
     }
 
-    fn need_atomic(&self, wr: &SendWr<'_>) -> Result<(), PostErrorKind> {
+    fn need_atomic(&self, sg_list: &[Sge]) -> Result<(), PostErrorKind> {
         self.need_rc()?;
-        if wr.sg_list.len() != 1 || wr.sg_list[0].length != 8 {
+        if sg_list.len() != 1 || sg_list[0].length != 8 {
             return Err(PostErrorKind::BadRequest { what: "an atomic needs one 8-byte SGE for the result" });
         }
         Ok(())
@@ -627,6 +679,85 @@ impl Qp {
             b.push(wr).map_err(|kind| PostError { index, kind })?;
         }
         Ok(())
+    }
+
+    /// Posts the receives `wrs` yields, read in place through [`RecvWrView`] (a C `ibv_recv_wr` chain), and writes
+    /// the doorbell record once: [`Qp::post_recv`]'s checks and WQEs, with what every WQE needs of the QP read
+    /// once per call. On a refused request the ones before it stay posted and the refused one is returned.
+    #[inline(always)]
+    pub fn post_recv_iter<M, I>(&mut self, mmio: &M, wrs: I) -> Result<(), (I::Item, PostErrorKind)>
+    where
+        M: Mmio + ?Sized,
+        I: IntoIterator,
+        I::Item: RecvWrView,
+    {
+        use PostErrorKind as K;
+        let cnt = self.sizes.rq_wqe_cnt;
+        let start_outstanding = self.rq_outstanding();
+        // Room left in the ring; `cnt` is a power of two (or 0 without a receive queue: no room).
+        let room = cnt.saturating_sub(start_outstanding);
+        let mask = cnt.wrapping_sub(1);
+        let base = self.sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>();
+        // Bounds-checked once; a slot index is masked to `cnt - 1`, so every access is inside.
+        let wrids = self.shadow.ptr_at(base, cnt as usize * 8).cast::<u64>();
+        let max_gs = self.sizes.cap.max_recv_sge as usize;
+        let shift = self.sizes.rq_wqe_shift;
+        let state = self.state;
+        let head = self.rq_head;
+        // The RQ's address and mask when it is one region (`rq_put` reads them per segment).
+        let flat = self.rq_flat.map(|r| (r.cpu(), r.len().wrapping_sub(DS)));
+        let put = |pos: usize, seg: &[u8; DS]| match flat {
+            // SAFETY: `pos & mask + DS <= len`, inside the one-fragment span this QP owns (as `rq_put`); software
+            // owns unposted RQ entries.
+            Some((base, mask)) => unsafe { base.as_ptr().add(pos & mask).cast::<[u8; DS]>().write_unaligned(*seg) },
+            None => self.rq_put(pos, seg),
+        };
+        let mut nreq = 0u32;
+        let mut result = Ok(());
+        for wr in wrs {
+            let r = if matches!(state, QpState::Reset) {
+                Err(K::BadState { state })
+            } else if nreq >= room {
+                Err(K::QueueFull { outstanding: start_outstanding.wrapping_add(nreq), max: cnt })
+            } else {
+                match wr.sg_list() {
+                    Ok(sg) if sg.len() > max_gs => Err(K::TooManySge { sge: sg.len(), max: max_gs as u32 }),
+                    Ok(sg) => {
+                        // There is room, so the ring has at least one WQE and `mask` is its index mask.
+                        let slot = head.wrapping_add(nreq) & mask;
+                        let at = (slot as usize) << shift;
+                        // A zero-length entry is skipped, as in `RecvBatch::push`.
+                        let mut k = 0;
+                        for s in sg {
+                            if s.length != 0 {
+                                put(at + k * DATA, &data_seg(s.length, s.lkey, s.addr));
+                                k += 1;
+                            }
+                        }
+                        if k < max_gs {
+                            put(at + k * DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
+                        }
+                        // SAFETY: `slot < cnt` (masked), inside the `cnt` wr_ids `ptr_at` checked above, 8-byte
+                        // aligned (as in `recv_batch`); only the driver touches it, and `&mut self` is held.
+                        unsafe { wrids.add(slot as usize).write(wr.wr_id()) };
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+            if let Err(kind) = r {
+                result = Err((wr, kind));
+                break;
+            }
+            nreq += 1;
+        }
+        if nreq > 0 {
+            self.rq_head = head.wrapping_add(nreq);
+            // The receive WQEs must be visible before the record that hands them to the device.
+            mmio.dma_wmb();
+            self.dbrec.write_be32(consts::MLX5_RCV_DBR as usize, self.rq_head & 0xffff);
+        }
+        result
     }
 
     /// A list of receives built one at a time ([`RecvBatch::push`]); the doorbell record is written once when the
@@ -674,7 +805,7 @@ impl<M: Mmio + ?Sized> SendBatch<'_, M> {
     /// Writes one send WQE. On error nothing of it is posted; the WQEs pushed before stay posted (and are rung
     /// when the batch ends).
     #[inline(always)]
-    pub fn push(&mut self, wr: &SendWr<'_>) -> Result<(), PostErrorKind> {
+    pub fn push<W: SendWrView + ?Sized>(&mut self, wr: &W) -> Result<(), PostErrorKind> {
         let (pos, ds) = self.qp.build_send(&self.win, wr)?;
         self.last_ctrl = pos;
         self.last_size_ds = ds;

@@ -144,6 +144,139 @@ pub struct SendWr<'a> {
     pub ud: Option<UdDest<'a>>,
 }
 
+/// The bytes an inline send carries: one slice, or a gather list read in place ([`InlineData::gather`]).
+#[derive(Debug, Clone, Copy)]
+pub enum InlineData<'a> {
+    /// The bytes themselves.
+    Bytes(&'a [u8]),
+    /// Host memory named by a gather list (`IBV_SEND_INLINE` with `sg_list`): made only by
+    /// [`InlineData::gather`].
+    Gather(GatherList<'a>),
+}
+
+/// A gather list whose addresses are readable host memory (see [`InlineData::gather`]).
+#[derive(Debug, Clone, Copy)]
+pub struct GatherList<'a>(&'a [Sge]);
+
+impl<'a> GatherList<'a> {
+    /// The entries.
+    pub fn sges(&self) -> &'a [Sge] {
+        self.0
+    }
+}
+
+impl<'a> InlineData<'a> {
+    /// The bytes a C `ibv_send_wr` with `IBV_SEND_INLINE` names: its gather list, read where it is while the
+    /// WQE is built, with no copy first.
+    ///
+    /// # Safety
+    /// Each entry's `addr` is a pointer in this address space readable for `length` bytes while `'a` lives (verbs'
+    /// contract for inline sends).
+    pub unsafe fn gather(sg: &'a [Sge]) -> Self {
+        InlineData::Gather(GatherList(sg))
+    }
+
+    /// Total bytes (saturating: a length past any queue's inline limit is refused as it is).
+    #[inline]
+    pub fn len(&self) -> usize {
+        match self {
+            InlineData::Bytes(b) => b.len(),
+            InlineData::Gather(g) => g.0.iter().fold(0usize, |t, s| t.saturating_add(s.length as usize)),
+        }
+    }
+
+    /// No bytes.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A send work request as the post loop reads it: each part asked for where the caller keeps it, so a caller
+/// with its own representation (a C `ibv_send_wr`) is posted without first building a [`SendWr`]. Every method
+/// is called at most once per work request; an `Err` refuses the request as the core's own checks do.
+pub trait SendWrView {
+    /// Returned in the work completion.
+    fn wr_id(&self) -> u64;
+    /// The operation as the view holds it: a reference to the caller's, or one made from its representation.
+    type Op<'a>: core::borrow::Borrow<SendOp>
+    where
+        Self: 'a;
+    /// The operation with its operands.
+    fn op(&self) -> Result<Self::Op<'_>, PostErrorKind>;
+    /// Send flags.
+    fn flags(&self) -> SendFlags;
+    /// The gather list (empty when the request is inline).
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind>;
+    /// The inline bytes, if the request is inline.
+    fn inline(&self) -> Result<Option<InlineData<'_>>, PostErrorKind>;
+    /// The UD destination. Asked only of a datagram QP's work requests (`datagram`), so a connected QP's caller
+    /// need not read it; a connected QP's request that names one is refused.
+    fn ud(&self, datagram: bool) -> Result<Option<UdDest<'_>>, PostErrorKind>;
+}
+
+impl SendWrView for SendWr<'_> {
+    type Op<'a>
+        = &'a SendOp
+    where
+        Self: 'a;
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline(always)]
+    fn op(&self) -> Result<&SendOp, PostErrorKind> {
+        Ok(&self.op)
+    }
+    #[inline(always)]
+    fn flags(&self) -> SendFlags {
+        self.flags
+    }
+    #[inline(always)]
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind> {
+        Ok(self.sg_list)
+    }
+    #[inline(always)]
+    fn inline(&self) -> Result<Option<InlineData<'_>>, PostErrorKind> {
+        Ok(self.inline.map(InlineData::Bytes))
+    }
+    #[inline(always)]
+    fn ud(&self, _datagram: bool) -> Result<Option<UdDest<'_>>, PostErrorKind> {
+        Ok(self.ud)
+    }
+}
+
+impl<T: SendWrView + ?Sized> SendWrView for &T {
+    type Op<'a>
+        = T::Op<'a>
+    where
+        Self: 'a;
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        (**self).wr_id()
+    }
+    #[inline(always)]
+    fn op(&self) -> Result<T::Op<'_>, PostErrorKind> {
+        (**self).op()
+    }
+    #[inline(always)]
+    fn flags(&self) -> SendFlags {
+        (**self).flags()
+    }
+    #[inline(always)]
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind> {
+        (**self).sg_list()
+    }
+    #[inline(always)]
+    fn inline(&self) -> Result<Option<InlineData<'_>>, PostErrorKind> {
+        (**self).inline()
+    }
+    #[inline(always)]
+    fn ud(&self, datagram: bool) -> Result<Option<UdDest<'_>>, PostErrorKind> {
+        (**self).ud(datagram)
+    }
+}
+
 /// A receive work request (`ibv_recv_wr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvWr<'a> {
@@ -151,6 +284,26 @@ pub struct RecvWr<'a> {
     pub wr_id: u64,
     /// Receive buffers.
     pub sg_list: &'a [Sge],
+}
+
+/// A receive work request as the post loop reads it, in place ([`SendWrView`]'s counterpart for
+/// [`Qp::post_recv_iter`](super::Qp::post_recv_iter)).
+pub trait RecvWrView {
+    /// Returned in the work completion.
+    fn wr_id(&self) -> u64;
+    /// The scatter list.
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind>;
+}
+
+impl RecvWrView for RecvWr<'_> {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline(always)]
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind> {
+        Ok(self.sg_list)
+    }
 }
 
 /// An address handle: the `mlx5_av` image a UD send carries (`mlx5_ib_create_ah`).

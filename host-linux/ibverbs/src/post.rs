@@ -8,9 +8,10 @@ use std::ptr;
 use mlx5_core::cq::{CqeError, Notify, WcFlags, WcOpcode, WcSink, WorkCompletion};
 use mlx5_core::hal::Mmio;
 use mlx5_core::qp::{
-    PostError, PostErrorKind, QpType, RecvBatch, RecvWr, SendBatch, SendFlags, SendOp, SendWr, Sge, UdDest,
+    InlineData, PostError, PostErrorKind, QpType, RecvWr, RecvWrView, SendFlags, SendOp, SendWr, SendWrView, Sge,
+    UdDest,
 };
-use mlx5_verbs::{RecvBatchFn, SendBatchFn};
+use mlx5_verbs::QpFn;
 
 use crate::abi::*;
 use crate::errno_of;
@@ -151,105 +152,142 @@ const _: () = {
     assert!(std::mem::offset_of!(Sge, lkey) == std::mem::offset_of!(ibv_sge, lkey));
 };
 
-/// A C scatter list as the core's, in place (no copy): a negative count or a NULL list with entries is
-/// `EINVAL`, more than any mlx5 WQE holds (the slice is never made over memory the program did not give) is
-/// `too_many` (libmlx5's `_mlx5_post_send` answers ENOMEM, `mlx5_post_recv` EINVAL). The core checks the count
+/// A C scatter list as the core's, in place (no copy): a negative count or a NULL list with entries is refused
+/// (`EINVAL`), more than any mlx5 WQE holds (the slice is never made over memory the program did not give) is
+/// `TooManySge` (libmlx5's `_mlx5_post_send` answers ENOMEM, `mlx5_post_recv` EINVAL). The core checks the count
 /// against the queue's own maximum.
 ///
 /// # Safety
 /// `sg` holds `n` entries when `n > 0`, alive and unchanged for `'a`.
 #[inline(always)]
-unsafe fn sges<'a>(sg: *const ibv_sge, n: c_int, too_many: c_int) -> Result<&'a [Sge], c_int> {
-    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
-    if n == 0 {
-        return Ok(&[]);
+unsafe fn sges<'a>(sg: *const ibv_sge, n: c_int) -> Result<&'a [Sge], PostErrorKind> {
+    // One compare for the usual 1..=MAX_SGE entries (a negative count wraps past it).
+    if (n as u32).wrapping_sub(1) < MAX_SGE as u32 && !sg.is_null() {
+        // SAFETY: `n` entries (caller) of a type with the same layout (checked above at compile time).
+        return Ok(unsafe { std::slice::from_raw_parts(sg.cast::<Sge>(), n as usize) });
     }
-    if n > MAX_SGE {
-        return Err(too_many);
-    }
-    if sg.is_null() {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: `n` entries (caller) of a type with the same layout (checked above at compile time).
-    Ok(unsafe { std::slice::from_raw_parts(sg.cast::<Sge>(), n) })
+    sges_other(n)
 }
 
-/// The bytes an inline send carries, read from the program's memory: one entry is used where it is (the core
-/// copies it into the WQE), several are gathered into `buf`. More than the QP takes is `ENOMEM`, as libmlx5's
-/// `set_data_inl_seg` answers, and nothing is read then.
-///
-/// # Safety
-/// Each SGE's `addr` is readable for `length` bytes (verbs' contract for inline sends) while the result lives.
-#[inline(always)]
-unsafe fn inline_data<'a>(
-    sg: &'a [Sge],
-    max: u32,
-    buf: &'a mut std::mem::MaybeUninit<[u8; MAX_INLINE]>,
-) -> Result<&'a [u8], c_int> {
-    let max = (max as usize).min(MAX_INLINE);
-    let total = sg.iter().try_fold(0usize, |t, s| t.checked_add(s.length as usize)).ok_or(libc::ENOMEM)?;
-    if total > max {
-        return Err(libc::ENOMEM);
-    }
-    match sg {
-        [] => Ok(&[]),
-        [s] if s.length == 0 => Ok(&[]),
-        // SAFETY: the caller vouches for the source, `length` bytes (at most `max`).
-        [s] => Ok(unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize) }),
-        _ => {
-            let dst = buf.as_mut_ptr().cast::<u8>();
-            let mut n = 0usize;
-            for s in sg.iter().filter(|s| s.length > 0) {
-                let len = s.length as usize;
-                // SAFETY: the caller vouches for the source; `n + len <= total <= MAX_INLINE`, the buffer's size.
-                unsafe { ptr::copy_nonoverlapping(s.addr as usize as *const u8, dst.add(n), len) };
-                n += len;
-            }
-            // SAFETY: the first `n` bytes were just written.
-            Ok(unsafe { std::slice::from_raw_parts(dst, n) })
-        }
+/// [`sges`] of an empty list, or one it refuses.
+#[cold]
+fn sges_other<'a>(n: c_int) -> Result<&'a [Sge], PostErrorKind> {
+    match usize::try_from(n) {
+        Err(_) => Err(PostErrorKind::BadRequest { what: "negative num_sge" }),
+        Ok(0) => Ok(&[]),
+        Ok(n) if n > MAX_SGE => Err(PostErrorKind::TooManySge { sge: n, max: MAX_SGE as u32 }),
+        Ok(_) => Err(PostErrorKind::BadRequest { what: "NULL sg_list with entries" }),
     }
 }
 
-/// One `ibv_send_wr` as the core's operation.
+/// One of a program's `ibv_send_wr`s as the core's post loop reads it ([`SendWrView`]): each field read where the
+/// program keeps it, the union member the opcode selects only, no `SendWr` built.
 ///
-/// # Safety
-/// `w` is a valid work request; its UD address handle, if any, is one of this library's.
-#[inline(always)]
-unsafe fn send_op(w: &ibv_send_wr) -> Result<(SendOp, Option<*const Ah>), c_int> {
-    // Only the member of the union the opcode selects is read.
-    let op = match w.opcode {
-        2 | 3 => {
-            // SAFETY: a SEND's union member is `ud` (what a connected QP's program leaves there is not used).
-            let ah = unsafe { w.wr.ud.ah }.cast_const().cast::<Ah>();
-            let op = if w.opcode == 2 { SendOp::Send } else { SendOp::SendImm { imm: w.imm_data } };
-            return Ok((op, Some(ah)));
-        }
-        0 | 1 | 4 => {
-            // SAFETY: an RDMA operation's union member is `rdma`.
-            let r = unsafe { w.wr.rdma };
-            match w.opcode {
-                0 => SendOp::RdmaWrite { remote_addr: r.remote_addr, rkey: r.rkey },
-                1 => SendOp::RdmaWriteImm { remote_addr: r.remote_addr, rkey: r.rkey, imm: w.imm_data },
-                _ => SendOp::RdmaRead { remote_addr: r.remote_addr, rkey: r.rkey },
+/// Invariant (made only by [`SendList`], whose maker vouches for it): the pointer is a valid work request whose
+/// scatter list, inline data and address handle are as verbs requires of `ibv_post_send`, alive and unchanged
+/// while the post runs.
+struct CSendWr(*mut ibv_send_wr);
+
+impl CSendWr {
+    #[inline(always)]
+    fn w(&self) -> &ibv_send_wr {
+        // SAFETY: a valid work request for the post's duration (the type's invariant).
+        unsafe { &*self.0 }
+    }
+
+    /// The scatter list in place.
+    #[inline(always)]
+    fn sges(&self) -> Result<&[Sge], PostErrorKind> {
+        let w = self.w();
+        // SAFETY: the program's scatter list holds `num_sge` entries (the type's invariant).
+        unsafe { sges(w.sg_list, w.num_sge) }
+    }
+}
+
+impl SendWrView for CSendWr {
+    type Op<'a> = SendOp;
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.w().wr_id
+    }
+
+    #[inline(always)]
+    fn op(&self) -> Result<SendOp, PostErrorKind> {
+        let w = self.w();
+        // Only the member of the union the opcode selects is read.
+        Ok(match w.opcode {
+            2 => SendOp::Send,
+            3 => SendOp::SendImm { imm: w.imm_data },
+            0 | 1 | 4 => {
+                // SAFETY: an RDMA operation's union member is `rdma`.
+                let r = unsafe { w.wr.rdma };
+                match w.opcode {
+                    0 => SendOp::RdmaWrite { remote_addr: r.remote_addr, rkey: r.rkey },
+                    1 => SendOp::RdmaWriteImm { remote_addr: r.remote_addr, rkey: r.rkey, imm: w.imm_data },
+                    _ => SendOp::RdmaRead { remote_addr: r.remote_addr, rkey: r.rkey },
+                }
             }
-        }
-        5 | 6 => {
-            // SAFETY: an atomic's union member is `atomic`.
-            let a = unsafe { w.wr.atomic };
-            if w.opcode == 5 {
-                SendOp::AtomicCmpSwp { remote_addr: a.remote_addr, rkey: a.rkey, compare: a.compare_add, swap: a.swap }
-            } else {
-                SendOp::AtomicFetchAdd { remote_addr: a.remote_addr, rkey: a.rkey, add: a.compare_add }
+            5 | 6 => {
+                // SAFETY: an atomic's union member is `atomic`.
+                let a = unsafe { w.wr.atomic };
+                if w.opcode == 5 {
+                    SendOp::AtomicCmpSwp {
+                        remote_addr: a.remote_addr,
+                        rkey: a.rkey,
+                        compare: a.compare_add,
+                        swap: a.swap,
+                    }
+                } else {
+                    SendOp::AtomicFetchAdd { remote_addr: a.remote_addr, rkey: a.rkey, add: a.compare_add }
+                }
             }
+            _ => return Err(PostErrorKind::BadRequest { what: "opcode this library does not post" }),
+        })
+    }
+
+    #[inline(always)]
+    fn flags(&self) -> SendFlags {
+        SendFlags(self.w().send_flags & 7)
+    }
+
+    #[inline(always)]
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind> {
+        if self.w().send_flags & SEND_INLINE != 0 {
+            return Ok(&[]);
         }
-        _ => return Err(libc::EINVAL),
-    };
-    Ok((op, None))
+        self.sges()
+    }
+
+    #[inline(always)]
+    fn inline(&self) -> Result<Option<InlineData<'_>>, PostErrorKind> {
+        if self.w().send_flags & SEND_INLINE == 0 {
+            return Ok(None);
+        }
+        let sg = self.sges()?;
+        // SAFETY: each entry of an inline send's list is readable for its length while the post runs (verbs'
+        // contract, the type's invariant); the core reads them while it builds the WQE.
+        Ok(Some(unsafe { InlineData::gather(sg) }))
+    }
+
+    #[inline(always)]
+    fn ud(&self, datagram: bool) -> Result<Option<UdDest<'_>>, PostErrorKind> {
+        let w = self.w();
+        // A connected QP's program leaves what it likes in the union: it is not read.
+        if !datagram || !matches!(w.opcode, 2 | 3) {
+            return Ok(None);
+        }
+        // SAFETY: a SEND on a UD QP: the union's `ud` member.
+        let u = unsafe { w.wr.ud };
+        // SAFETY: a UD work request names an address handle of this library (the type's invariant).
+        let ah = unsafe { u.ah.cast_const().cast::<Ah>().as_ref() }
+            .ok_or(PostErrorKind::BadRequest { what: "UD send with a NULL address handle" })?;
+        Ok(Some(UdDest { ah: &ah.ah, remote_qpn: u.remote_qpn, remote_qkey: u.remote_qkey }))
+    }
 }
 
 /// The errno `ibv_post_send` answers for a work request the core refused: as `errno_of`, but more gather entries
 /// than the QP takes is `ENOMEM` there (libmlx5's `_mlx5_post_send`).
+#[cold]
 fn send_errno(kind: PostErrorKind) -> c_int {
     log::debug!("post_send: {kind:?}");
     match kind {
@@ -261,48 +299,6 @@ fn send_errno(kind: PostErrorKind) -> c_int {
 /// The errno for a work request the core refused (`errno_of` of the same error).
 fn recv_errno(kind: PostErrorKind) -> c_int {
     errno_of(&mlx5_verbs::VerbsError::Post(PostError { index: 0, kind }))
-}
-
-/// Translates one send work request in place and pushes it into the QP's batch.
-///
-/// # Safety
-/// `w` and what it points to are valid, as verbs requires of `ibv_post_send`.
-#[inline(always)]
-unsafe fn push_send<M: Mmio + ?Sized>(
-    b: &mut SendBatch<'_, M>,
-    w: &ibv_send_wr,
-    inline_buf: &mut std::mem::MaybeUninit<[u8; MAX_INLINE]>,
-) -> Result<(), c_int> {
-    // SAFETY: the program's scatter list (caller).
-    let sg = unsafe { sges(w.sg_list, w.num_sge, libc::ENOMEM) }?;
-    // SAFETY: as above.
-    let (op, ah) = unsafe { send_op(w) }?;
-    let inline = if w.send_flags & SEND_INLINE != 0 {
-        // SAFETY: inline data is read from the program's memory now (caller).
-        Some(unsafe { inline_data(sg, b.qp().cap().max_inline_data, inline_buf) }?)
-    } else {
-        None
-    };
-    let ud = match (b.qp().qp_type(), ah) {
-        (QpType::Ud | QpType::Gsi, Some(ah)) => {
-            // SAFETY: a UD work request names an address handle of this library (caller).
-            let ah = unsafe { ah.as_ref() }.ok_or(libc::EINVAL)?;
-            // SAFETY: the union's ud member, for a UD QP.
-            let u = unsafe { w.wr.ud };
-            Some(UdDest { ah: &ah.ah, remote_qpn: u.remote_qpn, remote_qkey: u.remote_qkey })
-        }
-        (QpType::Ud | QpType::Gsi, None) => return Err(libc::EINVAL),
-        _ => None,
-    };
-    let wr = SendWr {
-        wr_id: w.wr_id,
-        op,
-        sg_list: if inline.is_some() { &[] } else { sg },
-        flags: SendFlags(w.send_flags & 7),
-        inline,
-        ud,
-    };
-    b.push(&wr).map_err(send_errno)
 }
 
 /// Stores `w` in the program's `bad_wr`, if it gave one.
@@ -321,50 +317,82 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
     guard("ibv_post_send", libc::EIO, || {
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
-        // The whole list goes into one batch: one doorbell for every WQE written (BlueFlame for a single one).
-        let r = q.raw.post_send_each(SendList(wr));
-        match r {
+        // The whole list goes to the core's post loop, read in place: one doorbell for every WQE written
+        // (BlueFlame for a single one).
+        match q.raw.post_each(SendList(wr)) {
             Ok(Ok(())) => 0,
             // SAFETY: the caller's out pointer.
-            Ok(Err((w, e))) => unsafe { failed(bad, w, e) },
+            Ok(Err((w, kind))) => unsafe { failed(bad, w.0, send_errno(kind)) },
             // SAFETY: as above.
             Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
         }
     })
 }
 
-/// A program's `ibv_send_wr` list, pushed into a send batch of the device's own register access.
+/// A program's `ibv_send_wr` list, posted by the core with the device's own register access. Made only from the
+/// list `ibv_post_send` was given (verbs' contract: valid, unchanged while the call runs).
 struct SendList(*mut ibv_send_wr);
 
-impl SendBatchFn for SendList {
-    type Out = Result<(), (*mut ibv_send_wr, c_int)>;
+impl Iterator for SendList {
+    type Item = CSendWr;
     #[inline(always)]
-    fn run<M: Mmio + ?Sized>(self, b: &mut SendBatch<'_, M>) -> Self::Out {
-        let mut inline_buf = std::mem::MaybeUninit::uninit();
-        let mut w = self.0;
-        while !w.is_null() {
-            // SAFETY: the program's list of work requests (ibv_post_send's contract).
-            let r = unsafe { &*w };
-            // SAFETY: as above.
-            if let Err(e) = unsafe { push_send(b, r, &mut inline_buf) } {
-                // What was pushed before stays posted, rung when the batch ends.
-                return Err((w, e));
-            }
-            w = r.next;
+    fn next(&mut self) -> Option<CSendWr> {
+        if self.0.is_null() {
+            return None;
         }
-        Ok(())
+        let w = CSendWr(self.0);
+        self.0 = w.w().next;
+        Some(w)
     }
 }
 
-/// A program's `ibv_recv_wr` list, pushed into a receive batch of the device's own register access.
+impl QpFn for SendList {
+    type Out = Result<(), (CSendWr, PostErrorKind)>;
+    #[inline(always)]
+    fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out {
+        qp.post_send_iter(m, self)
+    }
+}
+
+/// A program's `ibv_recv_wr` list, posted by the core with the device's own register access. Made only from the
+/// list `ibv_post_recv` was given (verbs' contract: valid, unchanged while the call runs).
 struct RecvList(*mut ibv_recv_wr);
 
-impl RecvBatchFn for RecvList {
+/// One of a program's `ibv_recv_wr`s, read in place; the invariant of [`CSendWr`].
+struct CRecvWr(*mut ibv_recv_wr);
+
+impl RecvWrView for CRecvWr {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        // SAFETY: a valid work request for the post's duration (the type's invariant).
+        unsafe { (*self.0).wr_id }
+    }
+    #[inline(always)]
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind> {
+        // SAFETY: as above; its scatter list holds `num_sge` entries.
+        unsafe { sges((*self.0).sg_list, (*self.0).num_sge) }
+    }
+}
+
+impl Iterator for RecvList {
+    type Item = CRecvWr;
+    #[inline(always)]
+    fn next(&mut self) -> Option<CRecvWr> {
+        if self.0.is_null() {
+            return None;
+        }
+        let w = CRecvWr(self.0);
+        // SAFETY: a valid work request (the type's invariant).
+        self.0 = unsafe { (*w.0).next };
+        Some(w)
+    }
+}
+
+impl QpFn for RecvList {
     type Out = Result<(), (*mut ibv_recv_wr, c_int)>;
     #[inline(always)]
-    fn run<M: Mmio + ?Sized>(self, b: &mut RecvBatch<'_, M>) -> Self::Out {
-        // SAFETY: the program's list (ibv_post_recv's contract).
-        unsafe { push_recvs(self.0, |r| b.push(r)) }
+    fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out {
+        qp.post_recv_iter(m, self).map_err(|(w, kind)| (w.0, recv_errno(kind)))
     }
 }
 
@@ -396,8 +424,9 @@ unsafe fn push_recvs(
         // SAFETY: the program's list of work requests.
         let r = unsafe { &*w };
         // SAFETY: its scatter list.
-        let res = unsafe { sges(r.sg_list, r.num_sge, libc::EINVAL) }
-            .and_then(|sg| push(&RecvWr { wr_id: r.wr_id, sg_list: sg }).map_err(recv_errno));
+        let res = unsafe { sges(r.sg_list, r.num_sge) }
+            .and_then(|sg| push(&RecvWr { wr_id: r.wr_id, sg_list: sg }))
+            .map_err(recv_errno);
         if let Err(e) = res {
             return Err((w, e));
         }
@@ -435,7 +464,7 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
             return libc::EINVAL;
         }
         // One doorbell record update for all of the list.
-        let r = q.raw.post_recv_each(RecvList(wr));
+        let r = q.raw.post_each(RecvList(wr));
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })

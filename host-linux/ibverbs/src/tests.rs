@@ -304,15 +304,21 @@ fn loopback_send_and_rdma_write_through_the_ops() {
         connect(ctx, a, (*b).qp_num);
         connect(ctx, b, (*a).qp_num);
 
-        // B receives into the second half; A sends "hello" inline, then RDMA-writes 4 bytes at offset 4096 + 100.
+        // B receives into the second half; A sends "hello" inline, gathered from two places (and an empty entry)
+        // as the core reads the program's list in place, then RDMA-writes 4 bytes at offset 4096 + 100.
         let base = mem.as_mut_ptr() as u64;
         let mut rsge = ibv_sge { addr: base + 4096, length: 64, lkey: (*mr).lkey };
         let mut rwr = ibv_recv_wr { wr_id: 7, next: ptr::null_mut(), sg_list: &mut rsge, num_sge: 1 };
         let mut bad_r = ptr::null_mut();
         assert_eq!(ops.post_recv.unwrap()(b, &mut rwr, &mut bad_r), 0);
-        mem[..5].copy_from_slice(b"hello");
+        mem[..3].copy_from_slice(b"hel");
+        mem[16..18].copy_from_slice(b"lo");
         mem[8..12].copy_from_slice(b"RDMA");
-        let mut s1 = ibv_sge { addr: base, length: 5, lkey: (*mr).lkey };
+        let mut s1 = [
+            ibv_sge { addr: base, length: 3, lkey: (*mr).lkey },
+            ibv_sge { addr: base + 32, length: 0, lkey: (*mr).lkey },
+            ibv_sge { addr: base + 16, length: 2, lkey: (*mr).lkey },
+        ];
         let mut s2 = ibv_sge { addr: base + 8, length: 4, lkey: (*mr).lkey };
         let mut w2: ibv_send_wr = std::mem::zeroed();
         w2.wr_id = 2;
@@ -324,8 +330,8 @@ fn loopback_send_and_rdma_write_through_the_ops() {
         let mut w1: ibv_send_wr = std::mem::zeroed();
         w1.wr_id = 1;
         w1.next = &mut w2;
-        w1.sg_list = &mut s1;
-        w1.num_sge = 1;
+        w1.sg_list = s1.as_mut_ptr();
+        w1.num_sge = 3;
         w1.opcode = 2; // IBV_WR_SEND
         w1.send_flags = 2 | 8; // SIGNALED | INLINE
         assert_eq!(ops.req_notify_cq.unwrap()(cq, 0), 0);

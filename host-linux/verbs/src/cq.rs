@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use mlx5_core::cq::{Cq, CqeError, Notify, WcSink, WorkCompletion, WrTable};
@@ -16,9 +16,10 @@ use crate::context::{Context, ContextShared};
 use crate::error::{Result, VerbsError};
 use crate::event::{lock, ChannelShared};
 use crate::shared::{CqEventTarget, CqRoute, DeviceShared};
+use crate::spin::{SpinGuard, SpinLock};
 
-/// A QP's ring behind its own mutex, shared by the QP and the CQs it completes on; `None` once destroyed.
-pub(crate) type QpCell = Arc<Mutex<Option<Qp>>>;
+/// A QP's ring behind its own lock (a spin lock, as rdma-core's queues: [`crate::spin`]), shared by the QP and the CQs it completes on; `None` once destroyed.
+pub(crate) type QpCell = Arc<SpinLock<Option<Qp>>>;
 
 /// An SRQ's ring behind its own mutex, shared by the SRQ and the CQs its QPs complete receives on.
 pub(crate) type SrqCell = Arc<Mutex<Option<Srq>>>;
@@ -57,7 +58,7 @@ struct QpTable<'a> {
     last: Option<(u32, &'a QpEntry)>,
     /// That QP's ring, its lock held until a CQE names another QP or the poll ends: one lock per run of CQEs,
     /// not per CQE (the CQ's lock is held throughout, so the order stays CQ → QP).
-    held: Option<(u32, MutexGuard<'a, Option<Qp>>)>,
+    held: Option<(u32, SpinGuard<'a, Option<Qp>>)>,
 }
 
 impl<'a> QpTable<'a> {
@@ -65,27 +66,38 @@ impl<'a> QpTable<'a> {
         QpTable { qps, srqs, last: None, held: None }
     }
 
-    #[inline]
+    #[inline(always)]
     fn qp(&mut self, qpn: u32) -> Option<&'a QpEntry> {
         match self.last {
             Some((n, q)) if n == qpn => Some(q),
-            _ => {
-                let q = self.qps.get(&qpn)?;
-                self.last = Some((qpn, q));
-                Some(q)
-            }
+            _ => self.find(qpn),
         }
     }
 
+    /// The table lookup when a CQE names another QP than the last (out of line: runs of CQEs name one QP).
+    #[inline(never)]
+    fn find(&mut self, qpn: u32) -> Option<&'a QpEntry> {
+        let q = self.qps.get(&qpn)?;
+        self.last = Some((qpn, q));
+        Some(q)
+    }
+
     /// The ring of QP `qpn`, locked (the lock kept for the next CQE).
-    #[inline]
+    #[inline(always)]
     fn ring(&mut self, qpn: u32) -> Option<&mut Qp> {
-        if self.held.as_ref().is_none_or(|(n, _)| *n != qpn) {
-            // The previous QP's lock goes first: two QP locks are never held together.
-            self.held = None;
-            let q = self.qp(qpn)?;
-            self.held = Some((qpn, lock(&q.cell)));
+        if self.held.as_ref().is_some_and(|(n, _)| *n == qpn) {
+            return self.held.as_mut()?.1.as_mut();
         }
+        self.switch(qpn)
+    }
+
+    /// Takes QP `qpn`'s lock in place of the one held (out of line, as [`QpTable::find`]).
+    #[inline(never)]
+    fn switch(&mut self, qpn: u32) -> Option<&mut Qp> {
+        // The previous QP's lock goes first: two QP locks are never held together.
+        self.held = None;
+        let q = self.qp(qpn)?;
+        self.held = Some((qpn, q.cell.lock()));
         self.held.as_mut()?.1.as_mut()
     }
 }
@@ -121,10 +133,14 @@ impl std::hash::Hasher for QpnHasher {
     }
 }
 
+// The per-CQE methods inline into the core's poll loop (instantiated in the drop-in's crate): a call each cost
+// more than the lookup's fast path.
 impl WrTable for QpTable<'_> {
+    #[inline(always)]
     fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
         self.ring(qpn)?.send_done(qpn, wqe_counter)
     }
+    #[inline(always)]
     fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
         let q = self.qp(qpn)?;
         match q.srqn {
@@ -136,7 +152,7 @@ impl WrTable for QpTable<'_> {
     fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
         // Every QP's lock is taken below, the held one's too.
         self.held = None;
-        self.qps.values().find_map(|q| lock(&q.cell).as_mut().and_then(|q| WrTable::flush_one(q, cqn, dead)))
+        self.qps.values().find_map(|q| q.cell.lock().as_mut().and_then(|q| WrTable::flush_one(q, cqn, dead)))
     }
     fn recv_srqn(&self, qpn: u32) -> Option<u32> {
         self.qps.get(&qpn)?.srqn
@@ -149,7 +165,7 @@ pub(crate) struct CqObj {
     pub(crate) ctx: Arc<ContextShared>,
     cqn: u32,
     cq_context: u64,
-    pub(crate) ring: Mutex<CqRing>,
+    pub(crate) ring: SpinLock<CqRing>,
     /// Set by a CQ error event: the device writes no more CQEs here.
     failed: Arc<AtomicBool>,
     pub(crate) users: AtomicUsize,
@@ -180,7 +196,12 @@ impl CqObj {
             ctx: ctx.clone(),
             cqn,
             cq_context,
-            ring: Mutex::new(CqRing { cq: Some(cq), qps: HashMap::default(), srqs: HashMap::default(), pending: None }),
+            ring: SpinLock::new(CqRing {
+                cq: Some(cq),
+                qps: HashMap::default(),
+                srqs: HashMap::default(),
+                pending: None,
+            }),
             failed: failed.clone(),
             users: AtomicUsize::new(0),
             unacked: Mutex::new(0),
@@ -212,7 +233,7 @@ impl CqObj {
     pub(crate) fn poll_into<S: WcSink + ?Sized>(&self, wc: &mut S) -> Result<usize> {
         let dev = &self.ctx.dev;
         let cap = wc.capacity();
-        let mut r = lock(&self.ring);
+        let mut r = self.ring.lock();
         let CqRing { cq, qps, srqs, pending } = &mut *r;
         if let Some(e) = pending.take() {
             return Err(VerbsError::Cqe(e));
@@ -248,7 +269,7 @@ impl CqObj {
 
     pub(crate) fn req_notify(&self, notify: Notify) -> Result<()> {
         let mut c = self.ctx.dev.control();
-        let r = lock(&self.ring);
+        let r = self.ring.lock();
         let cq = r.cq.as_ref().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
         Ok(c.hca().req_notify_cq(cq, notify)?)
     }
@@ -266,7 +287,7 @@ impl CqObj {
             return Ok(());
         }
         let mut c = self.ctx.dev.control();
-        let r = lock(&self.ring);
+        let r = self.ring.lock();
         let mut unacked = lock(&self.unacked);
         if n > *unacked {
             return Err(VerbsError::Invalid(format!("{n} completion events to acknowledge, {} taken", *unacked)));
@@ -300,7 +321,7 @@ impl CqObj {
         if users > 0 {
             return Err(VerbsError::Busy { what: "completion queue", users });
         }
-        let Some(cq) = lock(&self.ring).cq.take() else { return Ok(()) };
+        let Some(cq) = self.ring.lock().cq.take() else { return Ok(()) };
         let queued = c.unroute_cq(self.cqn);
         let (hca, delay) = c.parts();
         let mut u = lock(&self.unacked);
@@ -331,7 +352,7 @@ impl CqEventTarget for CqObj {
         *lock(&self.unacked) += 1;
     }
     fn ack_dropped(&self, hca: &mut AnyHca) {
-        if let Some(cq) = lock(&self.ring).cq.as_ref() {
+        if let Some(cq) = self.ring.lock().cq.as_ref() {
             let _ = hca.ack_cq_events(cq, 1);
         }
     }

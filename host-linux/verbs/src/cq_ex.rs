@@ -11,7 +11,6 @@ use mlx5_core::cq::{CqEx, CqeError, ExPoll, ExPoller, WcExFlags, WorkCompletion}
 use crate::context::Context;
 use crate::cq::{CompChannel, CompletionQueue};
 use crate::error::{Result, VerbsError};
-use crate::event::lock;
 
 /// What `ibv_create_cq_ex` takes (`ibv_cq_init_attr_ex`): size, context, channel, vector and the fields
 /// completions carry.
@@ -77,7 +76,7 @@ impl CompletionQueueEx<'_> {
     /// call's (or `next_poll`'s) error, as with `poll`. Allocates nothing.
     pub fn start_poll(&self) -> Result<Option<ExPoll<impl ExPoller + '_>>> {
         let obj: &Arc<_> = &self.cq.obj;
-        if lock(&obj.ring).cq.is_none() {
+        if obj.ring.lock().cq.is_none() {
             return Err(VerbsError::Destroyed { what: "completion queue" });
         }
         let poll = move |wc: &mut [WorkCompletion]| -> std::result::Result<usize, CqeError> {

@@ -19,8 +19,10 @@ extern "C" fn in_child() {
 
 /// The process's fork generation: it changes in a child once the library was used before the fork. The first
 /// call registers the fork handler, so a process that never used the library has nothing to reset.
+#[inline]
 pub fn generation() -> u64 {
     static REGISTER: Once = Once::new();
+    // Every datapath call asks (inlined: after the first call, one load and a compare).
     REGISTER.call_once(|| {
         #[cfg(target_os = "linux")]
         // SAFETY: registers a plain function that only touches an atomic; nothing is captured.

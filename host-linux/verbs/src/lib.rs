@@ -119,6 +119,7 @@ mod qp;
 mod qp_ex;
 pub mod raw;
 mod shared;
+mod spin;
 mod srq;
 pub mod tracefile;
 mod usermem;
@@ -160,6 +161,6 @@ pub use qp::{
     CanRecv, CanSend, ErrState, Init, InitAttr, QpInitAttr, QueuePair, RemoteQp, Reset, Rtr, RtrAttr, Rts, RtsAttr,
     TransitionError,
 };
-pub use qp::{RecvBatchFn, SendBatchFn};
+pub use qp::{QpFn, RecvBatchFn, SendBatchFn};
 pub use qp_ex::QpWrBatch;
 pub use srq::{SharedReceiveQueue, SrqAttrMask, SrqInitAttr};

@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use mlx5_core::cq::LinkLayer;
 use mlx5_core::hca::QpInitAttr as CoreQpInitAttr;
@@ -21,6 +21,7 @@ use crate::error::{Result, VerbsError};
 use crate::event::lock;
 use crate::pd::{PdObj, ProtectionDomain};
 use crate::shared::DeviceShared;
+use crate::spin::SpinLock;
 use crate::srq::{SharedReceiveQueue, SrqObj};
 
 /// QP states as types: a QP can post sends only in [`Rts`], receives from [`Init`] on.
@@ -240,8 +241,8 @@ impl QpObj {
     ) -> Result<QpObj> {
         let mut c = pd.ctx.dev.control();
         let (first, second) = cq_lock_order(send_cq, recv_cq);
-        let mut g1 = lock(&first.ring);
-        let mut g2 = second.map(|c| lock(&c.ring));
+        let mut g1 = first.ring.lock();
+        let mut g2 = second.map(|c| c.ring.lock());
         let pd_guard = lock(&pd.pd);
         let p = pd_guard.as_ref().ok_or(VerbsError::Destroyed { what: "protection domain" })?;
         let destroyed = || VerbsError::Destroyed { what: "completion queue" };
@@ -266,7 +267,7 @@ impl QpObj {
         drop(srq_guard);
         let (qpn, cap) = (qp.qpn(), qp.cap());
         let srqn = srq.map(|s| s.srqn());
-        let ring: QpCell = Arc::new(Mutex::new(Some(qp)));
+        let ring: QpCell = Arc::new(SpinLock::new(Some(qp)));
         g1.qps.insert(qpn, QpEntry { cell: ring.clone(), srqn });
         if let Some(g) = &mut g2 {
             g.qps.insert(qpn, QpEntry { cell: ring.clone(), srqn });
@@ -300,7 +301,7 @@ impl QpObj {
     pub(crate) fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let mut c = self.pd.ctx.dev.control();
         {
-            let mut g = lock(&self.ring);
+            let mut g = self.ring.lock();
             let qp = g.as_mut().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
             let (hca, delay) = c.parts();
             hca.modify_qp(qp, attr, mask, delay)?;
@@ -319,7 +320,7 @@ impl QpObj {
         let (first, second) = cq_lock_order(&self.send_cq, &self.recv_cq);
         let srq = self.srq.as_ref();
         for cq in [Some(first), second].into_iter().flatten() {
-            let mut r = lock(&cq.ring);
+            let mut r = cq.ring.lock();
             let Some(ring) = r.cq.as_mut() else { continue };
             ring.clean(mmio, self.qpn, |wqe_counter| {
                 if let Some(s) = srq {
@@ -334,7 +335,7 @@ impl QpObj {
     /// `ibv_query_qp`'s state.
     pub(crate) fn query_state(&self) -> Result<QpState> {
         let mut c = self.pd.ctx.dev.control();
-        let g = lock(&self.ring);
+        let g = self.ring.lock();
         let qp = g.as_ref().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
         let (hca, delay) = c.parts();
         Ok(hca.query_qp(qp, delay)?.state)
@@ -346,7 +347,7 @@ impl QpObj {
 
     /// Bytes of the send and receive rings (0 once destroyed).
     pub(crate) fn buf_bytes(&self) -> usize {
-        lock(&self.ring).as_ref().map_or(0, |q| q.sizes().sq_bytes() + q.sizes().rq_bytes())
+        self.ring.lock().as_ref().map_or(0, |q| q.sizes().sq_bytes() + q.sizes().rq_bytes())
     }
 
     pub(crate) fn cap(&self) -> QpCap {
@@ -356,7 +357,7 @@ impl QpObj {
     /// `ibv_query_qp`: every attribute.
     pub(crate) fn query_attr(&self) -> Result<mlx5_core::qp::QpQueryAttr> {
         let mut c = self.pd.ctx.dev.control();
-        let g = lock(&self.ring);
+        let g = self.ring.lock();
         let qp = g.as_ref().ok_or(VerbsError::Destroyed { what: "queue pair" })?;
         let (hca, delay) = c.parts();
         Ok(hca.query_qp_attr(qp, delay)?)
@@ -366,7 +367,7 @@ impl QpObj {
     /// the device dead, which fails the post as `Hca::post_send` does).
     #[inline(always)]
     fn with_live<R>(&self, f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>) -> Result<R> {
-        let mut g = lock(&self.ring);
+        let mut g = self.ring.lock();
         // Made only when needed: the error has drop glue the hot path would run.
         let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
         let dev = &self.pd.ctx.dev;
@@ -416,6 +417,21 @@ impl QpObj {
         self.with_live(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
     }
 
+    /// `f` on the core's QP itself, monomorphized for the device's register access (one match per call), under
+    /// the QP's lock: the drop-in's `ibv_post_send` posts a C list through `Qp::post_send_iter` in it.
+    #[inline]
+    pub(crate) fn with_qp_each<F: QpFn>(&self, f: F) -> Result<F::Out> {
+        struct Run<'q, F>(&'q mut mlx5_core::qp::Qp, F);
+        impl<F: QpFn> MmioFn for Run<'_, F> {
+            type Out = F::Out;
+            #[inline(always)]
+            fn call<M: Mmio + ?Sized>(self, m: &M) -> F::Out {
+                self.1.run(self.0, m)
+            }
+        }
+        self.with_live(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
+    }
+
     /// [`QpObj::with_recv_batch`] with `f` monomorphized for the device's register access.
     #[inline]
     pub(crate) fn with_recv_batch_each<F: RecvBatchFn>(&self, f: F) -> Result<F::Out> {
@@ -448,9 +464,9 @@ impl QpObj {
     pub(crate) fn destroy(&self) -> Result<()> {
         let mut c = self.pd.ctx.dev.control();
         let (first, second) = cq_lock_order(&self.send_cq, &self.recv_cq);
-        let mut g1 = lock(&first.ring);
-        let mut g2 = second.map(|c| lock(&c.ring));
-        let Some(qp) = lock(&self.ring).take() else { return Ok(()) };
+        let mut g1 = first.ring.lock();
+        let mut g2 = second.map(|c| c.ring.lock());
+        let Some(qp) = self.ring.lock().take() else { return Ok(()) };
         g1.qps.remove(&self.qpn);
         if let Some(g) = &mut g2 {
             g.qps.remove(&self.qpn);
@@ -779,13 +795,13 @@ mod tests {
         };
         let a = QpObj::create(&pd, &cq, &cq, attr, Some(&srq), 1).unwrap();
         let b = QpObj::create(&pd, &cq, &cq, attr, Some(&srq), 2).unwrap();
-        assert_eq!(lock(&cq.ring).srqs.get(&srq.srqn()).map(|e| e.1), Some(2), "one table entry for both QPs");
+        assert_eq!(cq.ring.lock().srqs.get(&srq.srqn()).map(|e| e.1), Some(2), "one table entry for both QPs");
         assert!(matches!(srq.destroy(), Err(VerbsError::Busy { what: "shared receive queue", users: 2 })));
         assert!(matches!(pd.dealloc(), Err(VerbsError::Busy { users: 3, .. })), "two QPs and the SRQ");
         a.destroy().unwrap();
         assert!(matches!(srq.destroy(), Err(VerbsError::Busy { users: 1, .. })));
         b.destroy().unwrap();
-        assert!(lock(&cq.ring).srqs.is_empty(), "the CQ forgets the SRQ with its last QP");
+        assert!(cq.ring.lock().srqs.is_empty(), "the CQ forgets the SRQ with its last QP");
         srq.destroy().unwrap();
         srq.destroy().unwrap();
         assert!(matches!(srq.post_recv(&[]), Err(VerbsError::Destroyed { .. })));
@@ -800,6 +816,13 @@ mod tests {
 pub trait SendBatchFn {
     type Out;
     fn run<M: Mmio + ?Sized>(self, b: &mut SendBatch<'_, M>) -> Self::Out;
+}
+
+/// Work on the core's QP with the device's own register access ([`RawQp::post_each`](crate::raw::RawQp::post_each)),
+/// under the QP's lock.
+pub trait QpFn {
+    type Out;
+    fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out;
 }
 
 /// Work on a receive batch, as [`SendBatchFn`].

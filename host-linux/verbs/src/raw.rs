@@ -239,7 +239,7 @@ pub fn create_cq(ctx: &Context, attr: CqAttr, cq_context: u64, channel: Option<&
 impl RawCq {
     /// Bytes of the CQ's ring (0 once destroyed): what a provider asks a parent domain's allocator for.
     pub fn buf_bytes(&self) -> usize {
-        lock(&self.0.ring).cq.as_ref().map_or(0, |c| c.buf().len())
+        self.0.ring.lock().cq.as_ref().map_or(0, |c| c.buf().len())
     }
 
     pub fn cqn(&self) -> u32 {
@@ -248,13 +248,13 @@ impl RawCq {
 
     /// Entries the ring holds (`ibv_cq.cqe`: one less, as mlx5 reports it).
     pub fn nent(&self) -> u32 {
-        lock(&self.0.ring).cq.as_ref().map_or(0, |c| c.nent())
+        self.0.ring.lock().cq.as_ref().map_or(0, |c| c.nent())
     }
 
     /// `ibv_resize_cq`: at least `cqe` entries (the completions not yet polled move to the new ring).
     pub fn resize(&self, cqe: u32) -> Result<()> {
         let mut c = self.0.ctx.dev.control();
-        let mut r = lock(&self.0.ring);
+        let mut r = self.0.ring.lock();
         let cq = r.cq.as_mut().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
         let (hca, delay) = c.parts();
         Ok(hca.resize_cq(cq, cqe, delay)?)
@@ -349,6 +349,13 @@ impl RawQp {
     #[inline]
     pub fn post_send_each<F: crate::qp::SendBatchFn>(&self, f: F) -> Result<F::Out> {
         self.0.with_send_batch_each(f)
+    }
+
+    /// `f` on the core's QP with the device's own register access, under the QP's lock, after the checks every
+    /// post makes (destroyed, device dead): a caller posting its own list through `Qp::post_send_iter`.
+    #[inline]
+    pub fn post_each<F: crate::qp::QpFn>(&self, f: F) -> Result<F::Out> {
+        self.0.with_qp_each(f)
     }
 
     /// [`RawQp::post_recv_with`] monomorphized likewise.

@@ -721,7 +721,7 @@ pub fn markdown(r: &Map<String, Value>) -> String {
          one. For the posts the drop-in runs with `MLX5_RS_SIM_DOORBELLS=memory` (doorbells and BlueFlame copies \
          land in plain memory; between windows, untimed, the QP goes to RESET and back to RTS); for `poll_cq` the \
          simulator runs the QP's SENDs to itself and the timed polls take the 1024 completions it wrote. Each \
-         round runs both programs after the figures above. The drop-in takes its QP's or CQ's mutex on every \
+         round runs both programs after the figures above. The drop-in takes its QP's or CQ's spin lock on every \
          call, as rdma-core's default build takes its spinlocks.\n\n",
     );
     s.push_str("| call | rdma-core ns, no lock | rdma-core ns, its locks | drop-in ns | drop-in / rdma-core (no lock, its locks) | drop-in / core's Rust API | instructions rdma-core / drop-in |\n");
