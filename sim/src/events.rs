@@ -131,6 +131,8 @@ pub enum SimEvent {
     UcDropped { qpn: u32, why: &'static str },
     /// A frame from a link was dropped by the RoCE port (a failed check, or nothing to deliver it to).
     FrameDropped { why: &'static str },
+    /// An Ethernet send WQE failed (an error CQE with `syndrome`); the SQ went to ERR.
+    EthSendError { sqn: u32, wqe_counter: u16, syndrome: u8 },
     /// QP `qpn` moved to ERR after a completion with `syndrome` (`MLX5_CQE_SYNDROME_*`).
     QpError { qpn: u32, syndrome: u8 },
     /// QP `qpn` (in ERR) completed `sq` send and `rq` receive WQEs with `WR_FLUSH_ERR`.

@@ -53,6 +53,48 @@ pub(crate) struct PortModel {
     pub(crate) roce_en: bool,
     /// The RoCE address (GID) table that SET_ROCE_ADDRESS programs.
     pub(crate) roce_table: Vec<RoceAddr>,
+    /// What the NIC half counted (the Ethernet datapath counts, QUERY_VPORT_COUNTER reports).
+    pub(crate) eth: EthCounters,
+}
+
+/// The NIC half's traffic counters, named after `mlx5_ifc_vport_counter_set_bits` and the Q counter's
+/// `out_of_buffer`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct EthCounters {
+    pub(crate) transmitted_eth_unicast: Traffic,
+    pub(crate) transmitted_eth_multicast: Traffic,
+    pub(crate) transmitted_eth_broadcast: Traffic,
+    pub(crate) received_eth_unicast: Traffic,
+    pub(crate) received_eth_multicast: Traffic,
+    pub(crate) received_eth_broadcast: Traffic,
+    /// Frames no flow entry steered to an RQ (dropped by steering).
+    pub(crate) rx_steer_missed: u64,
+    /// Frames steered to an RQ with no receive WQE posted.
+    pub(crate) out_of_buffer: u64,
+}
+
+/// Packets and octets of one kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Traffic {
+    pub(crate) packets: u64,
+    pub(crate) octets: u64,
+}
+
+impl EthCounters {
+    /// Counts `frame` sent (`tx`) or received, by its destination MAC's kind.
+    pub(crate) fn count(&mut self, tx: bool, frame: &[u8]) {
+        let dst = frame.get(..6).unwrap_or(&[0; 6]);
+        let t = match (tx, dst == [0xff; 6], dst[0] & 1 != 0) {
+            (true, true, _) => &mut self.transmitted_eth_broadcast,
+            (true, false, true) => &mut self.transmitted_eth_multicast,
+            (true, false, false) => &mut self.transmitted_eth_unicast,
+            (false, true, _) => &mut self.received_eth_broadcast,
+            (false, false, true) => &mut self.received_eth_multicast,
+            (false, false, false) => &mut self.received_eth_unicast,
+        };
+        t.packets += 1;
+        t.octets += frame.len() as u64;
+    }
 }
 
 impl PortModel {
@@ -73,6 +115,7 @@ impl PortModel {
             qkey_viol_cntr: 0,
             driver_version: None,
             host_endianness: None,
+            eth: EthCounters::default(),
             roce_en: cfg.port_type == PortType::Eth,
             roce_table: vec![[0; ifc::roce_addr_layout::SIZE_BYTES]; ROCE_ADDRESS_ENTRIES],
         }
