@@ -296,6 +296,10 @@ impl Device {
             }
         }
         self.executed.push(rec);
+        // A PAOS write that changed the operational state: its PORT_CHANGE follows the completion.
+        if let Some(sub) = self.fw.port.pending_change.take() {
+            self.port_change(sub);
+        }
         let cant_give = opcode == consts::MLX5_CMD_OP_MANAGE_PAGES && op_mod == consts::MLX5_PAGES_CANT_GIVE;
         if cant_give && rec.status == 0 && rec.delivery == 0 {
             self.fail_stalled();

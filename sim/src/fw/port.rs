@@ -2,7 +2,7 @@
 //! the vport queries (QUERY_VPORT_STATE, QUERY_NIC_VPORT_CONTEXT, QUERY_HCA_VPORT_CONTEXT), and the RoCE GID
 //! table (SET_ROCE_ADDRESS, QUERY_ROCE_ADDRESS).
 
-use mlx5_core::prm::{consts, ifc, MsgBuf};
+use mlx5_core::prm::{consts, ifc, Field, MsgBuf};
 
 use super::eq::EqPost;
 use super::reply::{bad_param, rd, rd16, CmdErr};
@@ -55,6 +55,9 @@ pub(crate) struct PortModel {
     pub(crate) roce_table: Vec<RoceAddr>,
     /// What the NIC half counted (the Ethernet datapath counts, QUERY_VPORT_COUNTER reports).
     pub(crate) eth: EthCounters,
+    /// A PORT_CHANGE sub-type a PAOS write made due (the operational state changed): the device layer posts it
+    /// once the command completed.
+    pub(crate) pending_change: Option<u8>,
 }
 
 /// The NIC half's traffic counters, named after `mlx5_ifc_vport_counter_set_bits` and the Q counter's
@@ -116,6 +119,7 @@ impl PortModel {
             driver_version: None,
             host_endianness: None,
             eth: EthCounters::default(),
+            pending_change: None,
             roce_en: cfg.port_type == PortType::Eth,
             roce_table: vec![[0; ifc::roce_addr_layout::SIZE_BYTES]; ROCE_ADDRESS_ENTRIES],
         }
@@ -165,6 +169,47 @@ impl PortModel {
                     let admin = if self.admin_up { consts::MLX5_PORT_UP } else { consts::MLX5_PORT_DOWN };
                     reg.set(ifc::paos_reg::ADMIN_STATUS, admin);
                     reg.set(ifc::paos_reg::OPER_STATUS, st);
+                }
+                Ok(())
+            }
+            consts::MLX5_REG_PPCNT => {
+                use ifc::ppcnt_reg as p;
+                let len = p::SIZE_BYTES;
+                if write || self.port_type != PortType::Eth || data.len() < len || out.len() < out_off + len {
+                    return Err(bad_param(syndrome::REG_ACCESS));
+                }
+                if rd(data, p::LOCAL_PORT) != 1 {
+                    return Err(bad_param(syndrome::BAD_PORT));
+                }
+                let reg = &mut out[out_off..out_off + len];
+                reg.copy_from_slice(&data[..len]);
+                reg[p::COUNTER_SET.off..p::COUNTER_SET.off + p::COUNTER_SET.len].fill(0);
+                // The IEEE 802.3 group counts what the port's wire carried; the other groups (RFC 2863, 2819,
+                // per priority, physical layer) read as zeros: the simulated cable has no errors or pauses.
+                if rd(data, p::GRP) == consts::MLX5_IEEE_802_3_COUNTERS_GROUP {
+                    use ifc::eth_802_3_cntrs_grp_data_layout as g;
+                    let e = &self.eth;
+                    let sum = |a: Traffic, b: Traffic, c: Traffic| Traffic {
+                        packets: a.packets + b.packets + c.packets,
+                        octets: a.octets + b.octets + c.octets,
+                    };
+                    let tx = sum(e.transmitted_eth_unicast, e.transmitted_eth_multicast, e.transmitted_eth_broadcast);
+                    let rx = sum(e.received_eth_unicast, e.received_eth_multicast, e.received_eth_broadcast);
+                    let set = p::COUNTER_SET;
+                    let mut put = |hi: Field, lo: Field, v: u64| {
+                        reg.set(hi.at(set), (v >> 32) as u32);
+                        reg.set(lo.at(set), v as u32);
+                    };
+                    put(g::A_FRAMES_TRANSMITTED_OK_HIGH, g::A_FRAMES_TRANSMITTED_OK_LOW, tx.packets);
+                    put(g::A_FRAMES_RECEIVED_OK_HIGH, g::A_FRAMES_RECEIVED_OK_LOW, rx.packets);
+                    put(g::A_OCTETS_TRANSMITTED_OK_HIGH, g::A_OCTETS_TRANSMITTED_OK_LOW, tx.octets);
+                    put(g::A_OCTETS_RECEIVED_OK_HIGH, g::A_OCTETS_RECEIVED_OK_LOW, rx.octets);
+                    let (mtx, btx) = (e.transmitted_eth_multicast.packets, e.transmitted_eth_broadcast.packets);
+                    put(g::A_MULTICAST_FRAMES_XMITTED_OK_HIGH, g::A_MULTICAST_FRAMES_XMITTED_OK_LOW, mtx);
+                    put(g::A_BROADCAST_FRAMES_XMITTED_OK_HIGH, g::A_BROADCAST_FRAMES_XMITTED_OK_LOW, btx);
+                    let (mrx, brx) = (e.received_eth_multicast.packets, e.received_eth_broadcast.packets);
+                    put(g::A_MULTICAST_FRAMES_RECEIVED_OK_HIGH, g::A_MULTICAST_FRAMES_RECEIVED_OK_LOW, mrx);
+                    put(g::A_BROADCAST_FRAMES_RECEIVED_OK_HIGH, g::A_BROADCAST_FRAMES_RECEIVED_OK_LOW, brx);
                 }
                 Ok(())
             }
@@ -378,11 +423,52 @@ impl PortModel {
             // Without `ase` the admin status is not to be changed.
             return Ok(());
         }
+        let before = self.up && self.admin_up;
         self.admin_up = match rd(data, ifc::paos_reg::ADMIN_STATUS) {
             consts::MLX5_PORT_UP => true,
             consts::MLX5_PORT_DOWN => false,
             _ => return Err(bad_param(syndrome::REG_ACCESS)),
         };
+        // Taking the port down administratively drops the link, bringing it up raises it: an event either way.
+        let after = self.up && self.admin_up;
+        if before != after {
+            let sub =
+                if after { consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE } else { consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN };
+            self.pending_change = Some(sub);
+        }
+        Ok(())
+    }
+
+    /// QUERY_VPORT_COUNTER of the function's own vport: the NIC traffic counters (Ethernet only; `clear` zeroes
+    /// them after the read, as firmware does).
+    pub(crate) fn query_vport_counter(&mut self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::query_vport_counter_in as i;
+        use ifc::query_vport_counter_out as o;
+        if self.port_type != PortType::Eth {
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        if rd(inp, i::OTHER_VPORT) != 0 || rd(inp, i::VPORT_NUMBER) != 0 {
+            return Err(bad_param(syndrome::BAD_FUNCTION));
+        }
+        let e = self.eth;
+        for (sub, t) in [
+            (o::RECEIVED_ETH_UNICAST, e.received_eth_unicast),
+            (o::RECEIVED_ETH_MULTICAST, e.received_eth_multicast),
+            (o::RECEIVED_ETH_BROADCAST, e.received_eth_broadcast),
+            (o::TRANSMITTED_ETH_UNICAST, e.transmitted_eth_unicast),
+            (o::TRANSMITTED_ETH_MULTICAST, e.transmitted_eth_multicast),
+            (o::TRANSMITTED_ETH_BROADCAST, e.transmitted_eth_broadcast),
+        ] {
+            out.set64(ifc::traffic_counter::PACKETS.at(sub), t.packets);
+            out.set64(ifc::traffic_counter::OCTETS.at(sub), t.octets);
+        }
+        if rd(inp, i::CLEAR) != 0 {
+            self.eth = EthCounters {
+                rx_steer_missed: e.rx_steer_missed,
+                out_of_buffer: e.out_of_buffer,
+                ..Default::default()
+            };
+        }
         Ok(())
     }
 
@@ -428,6 +514,7 @@ impl PortModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::SimEvent;
     use crate::testkit::submit::Harness;
 
     fn pvlc(h: &mut Harness, local_port: u32) -> (u8, u32, u32) {
@@ -522,12 +609,40 @@ mod tests {
             d.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_DOWN);
             d.set(ifc::paos_reg::ASE, 1);
         };
+        // An EQ for port changes, as mlx5_core's async EQ subscribes to them.
+        let uar = h.alloc_uar();
+        let (s, eqn, _eq) = h.create_eq(uar, 4, 1 << consts::MLX5_EVENT_TYPE_PORT_CHANGE);
+        assert_eq!(s, 0);
+        let changes = |h: &Harness| -> Vec<u8> {
+            let pc = consts::MLX5_EVENT_TYPE_PORT_CHANGE;
+            let e = h.dev.events();
+            e.iter()
+                .filter_map(|e| match *e {
+                    SimEvent::Eqe { eqn: n, event_type, sub_type } if n == eqn && event_type == pc => Some(sub_type),
+                    _ => None,
+                })
+                .collect()
+        };
         assert_eq!(reg(&mut h, paos, true, &down).1, 0);
         let r = reg(&mut h, paos, false, &|_| {}).2;
         assert_eq!((rd(&r, ifc::paos_reg::ADMIN_STATUS), rd(&r, ifc::paos_reg::OPER_STATUS)), (2, 2));
+        assert_eq!(changes(&h), [consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN]);
+        // Down again: no change, no event.
+        assert_eq!(reg(&mut h, paos, true, &down).1, 0);
+        assert_eq!(changes(&h).len(), 1);
         // Without `ase` nothing changes.
         assert_eq!(reg(&mut h, paos, true, &|d| d.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP)).1, 0);
         assert_eq!(rd(&reg(&mut h, paos, false, &|_| {}).2, ifc::paos_reg::ADMIN_STATUS), consts::MLX5_PORT_DOWN);
+        // Up with `ase`: the link comes back and says so.
+        let up = |d: &mut [u8]| {
+            d.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP);
+            d.set(ifc::paos_reg::ASE, 1);
+        };
+        assert_eq!(reg(&mut h, paos, true, &up).1, 0);
+        let r = reg(&mut h, paos, false, &|_| {}).2;
+        assert_eq!(rd(&r, ifc::paos_reg::OPER_STATUS), consts::MLX5_PORT_UP);
+        let want = [consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN, consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE];
+        assert_eq!(changes(&h), want);
         // An InfiniBand port's MTU and status are not the host's to write.
         let mut ib = Harness::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
         ib.bring_up();

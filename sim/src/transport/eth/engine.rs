@@ -404,6 +404,30 @@ mod tests {
         let (ca, cb) = (a.r.h.dev.with_fw(|fw| fw.port.eth), b.r.h.dev.with_fw(|fw| fw.port.eth));
         assert_eq!((ca.transmitted_eth_unicast.packets, ca.transmitted_eth_unicast.octets), (1, 342));
         assert_eq!((cb.received_eth_unicast.packets, cb.received_eth_unicast.octets), (1, 342));
+        // What mlx5e reads: QUERY_VPORT_COUNTER and the PPCNT IEEE 802.3 group.
+        let (s, _, out) = b.r.h.simple(
+            consts::MLX5_CMD_OP_QUERY_VPORT_COUNTER,
+            0,
+            ifc::query_vport_counter_in::SIZE_BYTES,
+            ifc::query_vport_counter_out::SIZE_BYTES,
+        );
+        let rx = ifc::query_vport_counter_out::RECEIVED_ETH_UNICAST;
+        let got = (out.get64(ifc::traffic_counter::PACKETS.at(rx)), out.get64(ifc::traffic_counter::OCTETS.at(rx)));
+        assert_eq!((s, got), (0, (1, 342)));
+        let data = ifc::access_register_in::REGISTER_DATA.byte_off();
+        let mut inp = vec![0u8; data + ifc::ppcnt_reg::SIZE_BYTES];
+        inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_ACCESS_REG.into());
+        inp.set(ifc::mbox_in::OP_MOD, consts::MLX5_ACCESS_REGISTER_IN_OP_MOD_READ);
+        inp.set(ifc::access_register_in::REGISTER_ID, consts::MLX5_REG_PPCNT.into());
+        inp[data..].set(ifc::ppcnt_reg::LOCAL_PORT, 1);
+        let out_data = ifc::access_register_out::REGISTER_DATA.byte_off();
+        let (s, _, out) = a.r.h.cmd(&inp, out_data + ifc::ppcnt_reg::SIZE_BYTES);
+        let set = ifc::ppcnt_reg::COUNTER_SET;
+        let reg = &out[out_data..];
+        use ifc::eth_802_3_cntrs_grp_data_layout as g;
+        let word = |f: mlx5_core::prm::Field| MsgBuf::get(reg, f.at(set));
+        let tx = (word(g::A_FRAMES_TRANSMITTED_OK_LOW), word(g::A_OCTETS_TRANSMITTED_OK_LOW));
+        assert_eq!((s, tx), (0, (1, 342)));
         // No receive WQE left: the next frame is dropped and counted, A still completes its send.
         a.post_tx(&mut sq, &w);
         assert_eq!(a.r.poll(&mut a.cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
@@ -480,6 +504,7 @@ mod tests {
         assert_eq!(b.r.h.dev.with_fw(|fw| fw.port.eth.rx_steer_missed), 1);
     }
 
+    use mlx5_core::prm::ifc;
     use mlx5_core::prm::ifc::fte_match_set_lyr_2_4 as ifc_l2;
     use mlx5_core::prm::MsgBuf;
 }
