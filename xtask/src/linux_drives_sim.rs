@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod eth;
+
 use crate::verbs_guest::{self, LIBDIR};
 use crate::vfio_test::{wait_until, Cpio};
 
@@ -126,6 +128,11 @@ poweroff -f
 }
 
 fn initramfs(work: &Path, pingpongs: bool) -> Result<PathBuf, String> {
+    initramfs_with(work, &init_script(pingpongs))
+}
+
+/// The initramfs with `init` as its `/init`.
+fn initramfs_with(work: &Path, init: &str) -> Result<PathBuf, String> {
     let busybox = std::fs::read("/bin/busybox").map_err(|e| format!("/bin/busybox (busybox-static): {e}"))?;
     let mut c = Cpio::default();
     for d in ["bin", "dev", "proc", "sys", "tmp"] {
@@ -135,7 +142,7 @@ fn initramfs(work: &Path, pingpongs: bool) -> Result<PathBuf, String> {
     c.symlink("bin/sh", "busybox");
     verbs_guest::ensure_packages(&["mlx5"])?;
     verbs_guest::add_userspace(&mut c, GUEST_BINARIES, &["mlx5"])?;
-    c.file("init", true, init_script(pingpongs).as_bytes());
+    c.file("init", true, init.as_bytes());
     let p = work.join("initramfs.cpio");
     std::fs::write(&p, c.finish()).map_err(|e| format!("{}: {e}", p.display()))?;
     Ok(p)
@@ -246,6 +253,9 @@ fn check_pingpongs(console: &str, problems: &mut Vec<String>) {
 /// `ibv_ud_pingpong` run between two processes over 127.0.0.1, and the poweroff tears the function down cleanly.
 /// `eth`: an Ethernet port, probe and `ibv_devinfo` only, its known gaps ([`ETH_GAPS`]) reported; `strict` fails on those too.
 pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
+    if eth {
+        return eth::run(root, strict);
+    }
     let started = Instant::now();
     let linux = crate::uml::build(root)?;
     let bridge = build_bridge(root)?;

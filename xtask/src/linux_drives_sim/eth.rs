@@ -1,0 +1,240 @@
+//! `cargo xtask linux-drives-sim --eth`: two simulated ConnectX-5 Ethernet ports, each driven by its own UML
+//! instance's `mlx5_core` + `mlx5e` (+ `mlx5_ib`), on one cable: the two bridges' devices are joined by the
+//! simulator's TCP link on 127.0.0.1 (`--wire-listen` / `--wire-connect`), so every frame one netdev sends goes
+//! through the simulated SQ, the cable, and the other device's flow steering into its RQ.
+//!
+//! Instance A pings B (`ping -c 20`), then sends B a line over TCP (busybox `nc`), which lets B finish; each
+//! prints its netdev's counters and its kernel log. Kept in `target/linux-drives-sim/eth/{a,b}/`: `console.txt`,
+//! `dmesg.txt`, `trace.jsonl`, `bridge.log`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{
+    bad_lines, between, build_bridge, initramfs_with, Reap, BOOT_TIMEOUT, DMESG_BEGIN, DMESG_END, DONE, HARNESS,
+    VIRTIO_DEVICE_ID,
+};
+use crate::verbs_guest::LIBDIR;
+use crate::vfio_test::wait_until;
+
+/// The two ports: (name, MAC, IPv4 address).
+const PORTS: [(&str, &str, &str); 2] = [("a", "02:35:00:00:00:0a", "10.35.0.1"), ("b", "02:35:00:00:00:0b", "10.35.0.2")];
+/// Pings A sends B.
+const PINGS: u32 = 20;
+/// The TCP port B's `nc` listens on for A's closing line.
+const NC_PORT: u16 = 5035;
+const PING_BEGIN: &str = "=== ping begin ===";
+const PING_END: &str = "=== ping exit ";
+const NC_LINE: &str = "over mlx5e and the simulated cable";
+
+/// The guest's `/init` for port `me` (0: A, the pinger; 1: B).
+fn init_script(me: usize) -> String {
+    let (_, _, ip) = PORTS[me];
+    let (_, _, peer) = PORTS[1 - me];
+    let role = if me == 0 {
+        format!(
+            r#"n=0
+until ping -c 1 -W 1 {peer} >/dev/null 2>&1 || [ $n -ge 60 ]; do n=$((n+1)); done
+echo "{PING_BEGIN}"
+ping -c {PINGS} -i 0.2 {peer}
+echo "{PING_END}$? ==="
+n=0
+until echo "{NC_LINE}" | nc -w 5 {peer} {NC_PORT} || [ $n -ge 20 ]; do sleep 0.5; n=$((n+1)); done
+"#
+        )
+    } else {
+        format!(
+            r#"timeout 300 nc -l -p {NC_PORT} > /tmp/nc.txt
+echo "nc received: $(cat /tmp/nc.txt)"
+"#
+        )
+    };
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/usr/bin LD_LIBRARY_PATH=/{LIBDIR}
+mkdir -p /proc /sys /dev /tmp
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+for d in /sys/bus/pci/devices/*; do
+  [ -e "$d/vendor" ] || continue
+  drv=none
+  [ -e "$d/driver" ] && drv=$(basename $(readlink $d/driver))
+  echo "pci: $(basename $d) vendor=$(cat $d/vendor) device=$(cat $d/device) class=$(cat $d/class) driver=$drv"
+done
+ip link set lo up
+dev=
+for n in /sys/class/net/*; do [ -e "$n/device" ] && dev=$(basename $n); done
+echo "netdev: ${{dev:-none}} address=$(cat /sys/class/net/$dev/address 2>/dev/null)"
+if [ -n "$dev" ]; then
+  ip addr add {ip}/24 dev $dev
+  ip link set $dev up
+  n=0
+  until [ "$(cat /sys/class/net/$dev/operstate)" = up ] || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
+  echo "operstate: $(cat /sys/class/net/$dev/operstate)"
+{role}  for c in tx_packets tx_bytes rx_packets rx_bytes rx_dropped tx_dropped rx_errors tx_errors; do
+    echo "stat: $c $(cat /sys/class/net/$dev/statistics/$c)"
+  done
+fi
+for i in /sys/class/infiniband/*; do [ -e "$i" ] && echo "rdma: $(basename $i) fw=$(cat $i/fw_ver 2>/dev/null)"; done
+echo "{DMESG_BEGIN}"
+dmesg
+echo "{DMESG_END}"
+echo "{DONE}"
+poweroff -f
+"#
+    )
+}
+
+/// One UML instance and its bridge.
+struct Instance {
+    dir: PathBuf,
+    bridge: Reap,
+    uml: Option<Reap>,
+}
+
+/// A free TCP port on 127.0.0.1 for the cable (bound, read, released).
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("127.0.0.1:0: {e}"))?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
+    let started = Instant::now();
+    let linux = crate::uml::build(root)?;
+    let bridge = build_bridge(root)?;
+    let work = root.join("target/linux-drives-sim/eth");
+    let cable = format!("127.0.0.1:{}", free_port()?);
+    let mut inst = Vec::new();
+    for (k, (name, mac, _)) in PORTS.iter().enumerate() {
+        let dir = work.join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let sock = dir.join("mlx5.sock");
+        let _ = std::fs::remove_file(&sock);
+        let log = std::fs::File::create(dir.join("bridge.log")).map_err(|e| e.to_string())?;
+        let wire = if k == 0 { "--wire-listen" } else { "--wire-connect" };
+        let child = Command::new(&bridge)
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--trace")
+            .arg(dir.join("trace.jsonl"))
+            .args(["--port", "eth", "--mac", mac, wire, &cable])
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", bridge.display()))?;
+        let t0 = Instant::now();
+        while !sock.exists() {
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(format!("mlx5-uml-bridge ({name}) did not create its socket"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        inst.push(Instance { dir, bridge: Reap(child), uml: None });
+    }
+    let boot = Instant::now();
+    for (k, i) in inst.iter_mut().enumerate() {
+        let initrd = initramfs_with(&i.dir, &init_script(k))?;
+        let console = std::fs::File::create(i.dir.join("console.txt")).map_err(|e| e.to_string())?;
+        let child = Command::new(&linux)
+            .arg("mem=256M")
+            .arg(format!("initrd={}", initrd.display()))
+            .arg("con0=fd:0,fd:1")
+            .arg("con=null")
+            .arg(format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", i.dir.join("mlx5.sock").display()))
+            .arg("virt_pci.max_delay_us=2000000")
+            .env("TMPDIR", &i.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(console.try_clone().map_err(|e| e.to_string())?))
+            .stderr(Stdio::from(console))
+            .spawn()
+            .map_err(|e| format!("{}: {e}", linux.display()))?;
+        i.uml = Some(Reap(child));
+        // A's bridge listens on the cable once its device exists, before B's connects.
+        if k == 0 {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    let mut timed_out = false;
+    for i in inst.iter_mut() {
+        if let Some(u) = i.uml.as_mut() {
+            if wait_until(&mut u.0, boot + BOOT_TIMEOUT, Duration::from_millis(50))?.is_none() {
+                timed_out = true;
+                let _ = u.0.kill();
+            }
+        }
+    }
+    let guest_time = boot.elapsed();
+    let mut problems = Vec::new();
+    let mut known = Vec::new();
+    let mut consoles = Vec::new();
+    for (k, mut i) in inst.into_iter().enumerate() {
+        let name = PORTS[k].0;
+        drop(i.uml.take());
+        let _ = wait_until(&mut i.bridge.0, Instant::now() + Duration::from_secs(10), Duration::from_millis(20));
+        drop(i.bridge);
+        let console = String::from_utf8_lossy(&std::fs::read(i.dir.join("console.txt")).unwrap_or_default()).into_owned();
+        let dmesg = between(&console, DMESG_BEGIN, DMESG_END).unwrap_or(&console).to_string();
+        std::fs::write(i.dir.join("dmesg.txt"), &dmesg).map_err(|e| e.to_string())?;
+        for l in console.lines().filter(|l| {
+            ["pci: ", "netdev: ", "operstate: ", "stat: ", "rdma: ", "nc received"].iter().any(|p| l.starts_with(p))
+        }) {
+            println!("  {name}: {l}");
+        }
+        if !console.contains(DONE) {
+            problems.push(format!("{name}: the guest did not finish its init script"));
+        }
+        if !console.lines().any(|l| l.starts_with("netdev: ") && !l.contains("none")) {
+            problems.push(format!("{name}: mlx5e made no netdev"));
+        }
+        if !console.lines().any(|l| l == "operstate: up") {
+            problems.push(format!("{name}: the netdev's carrier did not come up"));
+        }
+        for l in bad_lines(&dmesg) {
+            match HARNESS.iter().find(|(p, _)| l.contains(p)) {
+                Some((_, why)) => known.push(format!("{name}: {} ({why})", l.trim())),
+                None => problems.push(format!("{name}: dmesg: {}", l.trim())),
+            }
+        }
+        if dmesg.contains("hw csum failure") {
+            problems.push(format!("{name}: hw csum failure"));
+        }
+        consoles.push(console);
+    }
+    println!(
+        "linux-drives-sim --eth: guests ran {:.2} s; total {:.1} s; logs in {}",
+        guest_time.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        work.display()
+    );
+    if timed_out {
+        problems.push(format!("a guest did not power off within {} s", BOOT_TIMEOUT.as_secs()));
+    }
+    // A's ping: every reply back, and its round-trip times.
+    match between(&consoles[0], PING_BEGIN, PING_END) {
+        Some(out) => {
+            for l in out.lines().filter(|l| l.contains("packets transmitted") || l.contains("round-trip")) {
+                println!("  a: {}", l.trim());
+            }
+            let all = format!("{PINGS} packets transmitted, {PINGS} packets received, 0% packet loss");
+            if !out.contains(&all) {
+                problems.push(format!("a: ping {} did not get every reply", PORTS[1].2));
+            }
+        }
+        None => problems.push("a: ping did not run".into()),
+    }
+    if !consoles.get(1).is_some_and(|c| c.contains(&format!("nc received: {NC_LINE}"))) {
+        problems.push("b: the TCP line from a did not arrive".into());
+    }
+    for k in &known {
+        println!("  known, not failing: {k}");
+    }
+    let _ = strict;
+    if problems.is_empty() {
+        println!("linux-drives-sim --eth: every check passed");
+        Ok(())
+    } else {
+        Err(format!("linux-drives-sim --eth: {} problem(s):\n  {}", problems.len(), problems.join("\n  ")))
+    }
+}
