@@ -564,7 +564,9 @@ impl Firmware {
                 Some(r) => r,
                 None => self.port.access_reg(inp, out),
             },
-            consts::MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT => nic_vport::modify_nic_vport_context(&mut self.port, inp),
+            consts::MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT => {
+                nic_vport::modify_nic_vport_context(&mut self.port, &self.caps, inp)
+            }
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_GID => ib_vport::query_hca_vport_gid(&self.port, inp, out, outlen),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY => ib_vport::query_hca_vport_pkey(&self.port, inp, out, outlen),
             consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {

@@ -55,6 +55,11 @@ pub(crate) struct PortModel {
     pub(crate) roce_table: Vec<RoceAddr>,
     /// What the NIC half counted (the Ethernet datapath counts, QUERY_VPORT_COUNTER reports).
     pub(crate) eth: EthCounters,
+    /// The NIC vport context mlx5e writes: MTU, promiscuous bits (UC, MC, all), allowed lists by type (UC, MC,
+    /// VLAN; raw 8-byte entries).
+    pub(crate) vport_mtu: u16,
+    pub(crate) promisc: [bool; 3],
+    pub(crate) vport_lists: [Vec<[u8; 8]>; 3],
     /// A PORT_CHANGE sub-type a PAOS write made due (the operational state changed): the device layer posts it
     /// once the command completed.
     pub(crate) pending_change: Option<u8>,
@@ -120,6 +125,9 @@ impl PortModel {
             host_endianness: None,
             eth: EthCounters::default(),
             pending_change: None,
+            vport_mtu: cfg.port_mtu,
+            promisc: [false; 3],
+            vport_lists: Default::default(),
             roce_en: cfg.port_type == PortType::Eth,
             roce_table: vec![[0; ifc::roce_addr_layout::SIZE_BYTES]; ROCE_ADDRESS_ENTRIES],
         }
@@ -354,7 +362,10 @@ impl PortModel {
         }
         let base = ifc::query_nic_vport_context_out::NIC_VPORT_CONTEXT;
         out.set(n::ROCE_EN.at(base), u32::from(self.roce_en));
-        out.set(n::MTU.at(base), self.oper_mtu.into());
+        out.set(n::MTU.at(base), self.vport_mtu.into());
+        for (bit, on) in [n::PROMISC_UC, n::PROMISC_MC, n::PROMISC_ALL].into_iter().zip(self.promisc) {
+            out.set(bit.at(base), on.into());
+        }
         out.set(n::QKEY_VIOLATION_COUNTER.at(base), self.qkey_viol_cntr.into());
         out.set64(n::SYSTEM_IMAGE_GUID.at(base), self.node_guid);
         out.set64(n::PORT_GUID.at(base), self.node_guid);

@@ -19,6 +19,7 @@ use crate::dma::DmaSpace;
 pub(crate) struct Sq {
     pub(crate) state: u32,
     pub(crate) cqn: u32,
+    /// The TIS (0 with none: `tis_lst_sz` 0).
     pub(crate) tisn: u32,
     pub(crate) min_wqe_inline_mode: u32,
     pub(crate) user_index: u32,
@@ -64,9 +65,16 @@ impl SqTable {
         if !(fw.cq_exists)(cqn) {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
-        // One TIS per SQ (`log_max_tis_per_sq` 0): tis_lst_sz must be 1.
-        let tisn = rd(inp, s::TIS_NUM_0.at(ctx));
-        if rd(inp, s::TIS_LST_SZ.at(ctx)) != 1 || !(fw.tis_exists)(tisn) {
+        // At most one TIS per SQ (`log_max_tis_per_sq` 0). mlx5_core's write-combining test makes its SQ with
+        // none (`tis_lst_sz` 0): it only sends NOPs.
+        let tis_lst_sz = rd(inp, s::TIS_LST_SZ.at(ctx));
+        let tisn = if tis_lst_sz == 0 { 0 } else { rd(inp, s::TIS_NUM_0.at(ctx)) };
+        let tis_ok = match tis_lst_sz {
+            0 => true,
+            1 => (fw.tis_exists)(tisn),
+            _ => false,
+        };
+        if !tis_ok {
             return Err(bad_param(syndrome::TIS_INVALID));
         }
         let wq_sub = s::WQ.at(ctx);
@@ -116,7 +124,7 @@ impl SqTable {
         let sq = self.map.get(&sqn).ok_or(bad_param(syndrome::SQ_INVALID))?;
         out.set(s::STATE.at(ctx), sq.state);
         out.set(s::CQN.at(ctx), sq.cqn);
-        out.set(s::TIS_LST_SZ.at(ctx), 1);
+        out.set(s::TIS_LST_SZ.at(ctx), u32::from(sq.tisn != 0));
         out.set(s::TIS_NUM_0.at(ctx), sq.tisn);
         out.set(s::MIN_WQE_INLINE_MODE.at(ctx), sq.min_wqe_inline_mode);
         out.set(s::USER_INDEX.at(ctx), sq.user_index);
