@@ -36,12 +36,6 @@ const HARNESS: &[(&str, &str)] = &[
     ("Gb/s available PCIe bandwidth", "no PCIe root port under UML's virt-pci"),
 ];
 
-/// Known gaps of the Ethernet (`--eth`) run, reported and not failed on unless `--strict`: mlx5e does not probe
-/// (no flow steering is modelled), so there is no netdev and hence no RoCE GID for rdma-core to use; the run
-/// checks the probe and mlx5_ib's registration only.
-const ETH_GAPS: &[(&str, &str)] =
-    &[("Missing nic_flow_table capability", "no flow steering modelled, so no mlx5e netdev")];
-
 /// Kernel log lines that mean the driver and the device disagreed (case-insensitive substrings).
 const BAD: &[&str] =
     &["mlx5", "infiniband", "virt-pci", "virtio", "warning", "bug:", "call trace", "oops", "panic", "genirq"];
@@ -251,7 +245,7 @@ fn check_pingpongs(console: &str, problems: &mut Vec<String>) {
 /// Boots, checks, keeps the logs. On an InfiniBand port (the default), every check: `mlx5_core` and `mlx5_ib`
 /// probe with no unexplained dmesg line, `ibv_devinfo -v` shows the device, `ibv_rc_pingpong` and
 /// `ibv_ud_pingpong` run between two processes over 127.0.0.1, and the poweroff tears the function down cleanly.
-/// `eth`: an Ethernet port, probe and `ibv_devinfo` only, its known gaps ([`ETH_GAPS`]) reported; `strict` fails on those too.
+/// `eth`: two Ethernet ports, each in its own UML, mlx5e's netdevs pinging each other (`linux_drives_sim/eth.rs`).
 pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
     if eth {
         return eth::run(root, strict);
@@ -376,10 +370,7 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
             known.push(format!("{} ({why})", l.trim()));
             continue;
         }
-        match ETH_GAPS.iter().find(|(k, _)| l.contains(k)) {
-            Some((_, why)) if eth && !strict => known.push(format!("{} ({why})", l.trim())),
-            _ => problems.push(format!("dmesg: {}", l.trim())),
-        }
+        problems.push(format!("dmesg: {}", l.trim()));
     }
     let ib = console.lines().any(|l| l.starts_with("rdma: "));
     println!("linux-drives-sim: mlx5_ib {}", if ib { "registered an RDMA device" } else { "did not register" });

@@ -291,7 +291,7 @@ impl PortModel {
         if rd16(inp, ifc::mbox_in::OP_MOD) != consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT {
             return Err(bad_param(syndrome::BAD_OP_MOD));
         }
-        let up = if self.up {
+        let up = if self.oper_up() {
             consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_UP
         } else {
             consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_DOWN
@@ -419,6 +419,11 @@ impl PortModel {
 }
 
 impl PortModel {
+    /// The operational state: the link is up and the host has not taken the port down (PAOS).
+    pub(crate) fn oper_up(&self) -> bool {
+        self.up && self.admin_up
+    }
+
     /// A PMTU write (`admin_mtu`, within 64 bytes and `max_mtu`, becomes the operational MTU) or a PAOS write
     /// (`admin_status` up or down, with `ase`, as `mlx5_set_port_admin_status` sends it).
     fn write_pmtu_paos(&mut self, id: u16, data: &[u8]) -> Result<(), CmdErr> {

@@ -178,6 +178,10 @@ impl Datapath<'_> {
     /// Puts a frame on the wire: to this port (its own MAC), the peers whose MAC it names, or every peer for a
     /// broadcast or multicast destination. A unicast frame for a MAC nobody on the wire has goes nowhere.
     fn eth_transmit(&mut self, frame: Vec<u8>) {
+        if !self.fw.port.oper_up() {
+            self.events.push(SimEvent::FrameDropped { why: "port down" });
+            return;
+        }
         self.fw.port.eth.count(true, &frame);
         let mut dst = [0u8; 6];
         dst.copy_from_slice(&frame[..6]);
@@ -220,6 +224,10 @@ impl Datapath<'_> {
 
     /// NIC receive: steering picks the RQ, its next WQE takes the frame, its CQ gets the CQE.
     pub(crate) fn eth_receive(&mut self, frame: &[u8]) {
+        if !self.fw.port.oper_up() {
+            self.events.push(SimEvent::FrameDropped { why: "port down" });
+            return;
+        }
         let Some(t) = rx_target(&self.fw.flows, &self.fw.tirs, &self.fw.rqts, frame) else {
             self.fw.port.eth.rx_steer_missed += 1;
             self.events.push(SimEvent::FrameDropped { why: "no flow entry steers the frame to an RQ" });
