@@ -512,6 +512,41 @@ mod tests {
         assert_eq!(b.r.h.dev.with_fw(|fw| fw.port.eth.rx_steer_missed), 1);
     }
 
+    #[test]
+    fn frames_cross_a_tcp_cable_between_two_processes_ports_broadcast_included() {
+        let mut a = Eth::with_mac(MAC_A);
+        let mut b = Eth::with_mac(MAC_B);
+        let at = b.r.h.dev.wire_listen("127.0.0.1:0").unwrap();
+        a.r.h.dev.wire_connect(&at.to_string(), std::time::Duration::from_secs(5)).unwrap();
+        let mut sq = a.ready_sq();
+        let mut rq = b.ready_rq_steered();
+        let dst = b.r.mr(8192);
+        for k in 0..2 {
+            b.post_rx(&mut rq, 2048, dst.key, dst.addr() + k * 2048);
+        }
+        // A unicast frame to B's MAC and a broadcast (an ARP request's shape) both reach B's RQ.
+        let uni = udp_frame(MAC_B, 100);
+        let mut bcast = udp_frame([0xff; 6], 0);
+        bcast[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+        for f in [&uni, &bcast] {
+            a.post_tx(&mut sq, &send_wqe(consts::MLX5_OPCODE_SEND, 0, 0, f, None, 0));
+            assert_eq!(a.r.poll(&mut a.cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        }
+        // The link's reader thread delivers: wait for both CQEs.
+        let start = std::time::Instant::now();
+        let mut got = Vec::new();
+        while got.len() < 2 && start.elapsed() < std::time::Duration::from_secs(10) {
+            match b.r.poll(&mut b.cq) {
+                Some(e) => got.push(e.byte_cnt()),
+                None => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        }
+        assert_eq!(got, [142, 42]);
+        assert_eq!(dst.read(0, 142), uni);
+        let c = b.r.h.dev.with_fw(|fw| fw.port.eth);
+        assert_eq!((c.received_eth_unicast.packets, c.received_eth_broadcast.packets), (1, 1));
+    }
+
     use mlx5_core::prm::ifc;
     use mlx5_core::prm::ifc::fte_match_set_lyr_2_4 as ifc_l2;
     use mlx5_core::prm::MsgBuf;
