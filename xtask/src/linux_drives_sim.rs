@@ -122,11 +122,11 @@ poweroff -f
 }
 
 fn initramfs(work: &Path, pingpongs: bool) -> Result<PathBuf, String> {
-    initramfs_with(work, &init_script(pingpongs))
+    initramfs_with(work, &init_script(pingpongs), GUEST_BINARIES)
 }
 
-/// The initramfs with `init` as its `/init`.
-fn initramfs_with(work: &Path, init: &str) -> Result<PathBuf, String> {
+/// The initramfs with `init` as its `/init` and the host's `binaries` (with their libraries).
+fn initramfs_with(work: &Path, init: &str, binaries: &[&str]) -> Result<PathBuf, String> {
     let busybox = std::fs::read("/bin/busybox").map_err(|e| format!("/bin/busybox (busybox-static): {e}"))?;
     let mut c = Cpio::default();
     for d in ["bin", "dev", "proc", "sys", "tmp"] {
@@ -135,7 +135,7 @@ fn initramfs_with(work: &Path, init: &str) -> Result<PathBuf, String> {
     c.file("bin/busybox", true, &busybox);
     c.symlink("bin/sh", "busybox");
     verbs_guest::ensure_packages(&["mlx5"])?;
-    verbs_guest::add_userspace(&mut c, GUEST_BINARIES, &["mlx5"])?;
+    verbs_guest::add_userspace(&mut c, binaries, &["mlx5"])?;
     c.file("init", true, init.as_bytes());
     let p = work.join("initramfs.cpio");
     std::fs::write(&p, c.finish()).map_err(|e| format!("{}: {e}", p.display()))?;

@@ -12,14 +12,15 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{
-    bad_lines, between, build_bridge, initramfs_with, Reap, BOOT_TIMEOUT, DMESG_BEGIN, DMESG_END, DONE, HARNESS,
-    VIRTIO_DEVICE_ID,
+    bad_lines, between, build_bridge, initramfs_with, Reap, BOOT_TIMEOUT, DMESG_BEGIN, DMESG_END, DONE, GUEST_BINARIES,
+    HARNESS, VIRTIO_DEVICE_ID,
 };
 use crate::verbs_guest::LIBDIR;
 use crate::vfio_test::wait_until;
 
 /// The two ports: (name, MAC, IPv4 address).
-const PORTS: [(&str, &str, &str); 2] = [("a", "02:35:00:00:00:0a", "10.35.0.1"), ("b", "02:35:00:00:00:0b", "10.35.0.2")];
+const PORTS: [(&str, &str, &str); 2] =
+    [("a", "02:35:00:00:00:0a", "10.35.0.1"), ("b", "02:35:00:00:00:0b", "10.35.0.2")];
 /// Pings A sends B.
 const PINGS: u32 = 20;
 /// The TCP port B's `nc` listens on for A's closing line.
@@ -27,6 +28,10 @@ const NC_PORT: u16 = 5035;
 const PING_BEGIN: &str = "=== ping begin ===";
 const PING_END: &str = "=== ping exit ";
 const NC_LINE: &str = "over mlx5e and the simulated cable";
+/// iperf3's TCP run from A to B, in seconds.
+const IPERF_SECONDS: u32 = 5;
+/// Debian packages whose programs go into the guests besides rdma-core's.
+const PACKAGES: &[(&str, &str)] = &[("iperf3", "iperf3"), ("ethtool", "ethtool")];
 
 /// The guest's `/init` for port `me` (0: A, the pinger; 1: B).
 fn init_script(me: usize) -> String {
@@ -40,12 +45,16 @@ echo "{PING_BEGIN}"
 ping -c {PINGS} -i 0.2 {peer}
 echo "{PING_END}$? ==="
 n=0
+until iperf3 -c {peer} -t {IPERF_SECONDS} > /tmp/iperf3.txt 2>&1 || [ $n -ge 20 ]; do sleep 0.5; n=$((n+1)); done
+sed 's/^/iperf3: /' /tmp/iperf3.txt
+n=0
 until echo "{NC_LINE}" | nc -w 5 {peer} {NC_PORT} || [ $n -ge 20 ]; do sleep 0.5; n=$((n+1)); done
 "#
         )
     } else {
         format!(
-            r#"timeout 300 nc -l -p {NC_PORT} > /tmp/nc.txt
+            r#"iperf3 -s -1 > /tmp/iperf3.txt 2>&1 &
+timeout 300 nc -l -p {NC_PORT} > /tmp/nc.txt
 echo "nc received: $(cat /tmp/nc.txt)"
 "#
         )
@@ -77,6 +86,7 @@ if [ -n "$dev" ]; then
 {role}  for c in tx_packets tx_bytes rx_packets rx_bytes rx_dropped tx_dropped rx_errors tx_errors; do
     echo "stat: $c $(cat /sys/class/net/$dev/statistics/$c)"
   done
+  ethtool -S $dev | sed 's/^ */ethtool: /'
 fi
 for i in /sys/class/infiniband/*; do [ -e "$i" ] && echo "rdma: $(basename $i) fw=$(cat $i/fw_ver 2>/dev/null)"; done
 echo "{DMESG_BEGIN}"
@@ -105,6 +115,11 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
     let started = Instant::now();
     let linux = crate::uml::build(root)?;
     let bridge = build_bridge(root)?;
+    let missing: Vec<&str> = PACKAGES.iter().filter(|(prog, _)| !crate::vfio_test::have(prog)).map(|p| p.1).collect();
+    if !missing.is_empty() {
+        crate::vfio_test::apt_install(&missing)?;
+    }
+    let binaries: Vec<&str> = GUEST_BINARIES.iter().copied().chain(PACKAGES.iter().map(|p| p.0)).collect();
     let work = root.join("target/linux-drives-sim/eth");
     let cable = format!("127.0.0.1:{}", free_port()?);
     let mut inst = Vec::new();
@@ -135,7 +150,7 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
     }
     let boot = Instant::now();
     for (k, i) in inst.iter_mut().enumerate() {
-        let initrd = initramfs_with(&i.dir, &init_script(k))?;
+        let initrd = initramfs_with(&i.dir, &init_script(k), &binaries)?;
         let console = std::fs::File::create(i.dir.join("console.txt")).map_err(|e| e.to_string())?;
         let child = Command::new(&linux)
             .arg("mem=256M")
@@ -174,7 +189,8 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
         drop(i.uml.take());
         let _ = wait_until(&mut i.bridge.0, Instant::now() + Duration::from_secs(10), Duration::from_millis(20));
         drop(i.bridge);
-        let console = String::from_utf8_lossy(&std::fs::read(i.dir.join("console.txt")).unwrap_or_default()).into_owned();
+        let console =
+            String::from_utf8_lossy(&std::fs::read(i.dir.join("console.txt")).unwrap_or_default()).into_owned();
         let dmesg = between(&console, DMESG_BEGIN, DMESG_END).unwrap_or(&console).to_string();
         std::fs::write(i.dir.join("dmesg.txt"), &dmesg).map_err(|e| e.to_string())?;
         for l in console.lines().filter(|l| {
@@ -224,6 +240,36 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
         }
         None => problems.push("a: ping did not run".into()),
     }
+    // iperf3's receiver line: what crossed in TCP over the simulated cable (checksum offload and TSO on).
+    match consoles[0].lines().find(|l| l.starts_with("iperf3: ") && l.contains("receiver")) {
+        Some(l) => println!("  a: {}", l.trim()),
+        None => problems.push("a: iperf3 reported no receiver line".into()),
+    }
+    // ethtool -S: the device's own counters (QUERY_VPORT_COUNTER, PPCNT) agree with the traffic; TSO and
+    // CHECKSUM_COMPLETE were used.
+    let stat = |c: &str, name: &str| -> u64 {
+        let key = format!("ethtool: {name}: ");
+        c.lines().find_map(|l| l.strip_prefix(&key)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    };
+    let want = [
+        (0, "tx_vport_unicast_packets", u64::from(PINGS)),
+        (1, "rx_vport_unicast_packets", u64::from(PINGS)),
+        (0, "tx_packets_phy", u64::from(PINGS)),
+        (1, "rx_packets_phy", u64::from(PINGS)),
+        (0, "tx_tso_packets", 1),
+        (1, "rx_csum_complete", 1),
+    ];
+    for (k, name, min) in want {
+        let v = stat(&consoles[k], name);
+        println!("  {}: ethtool -S {name} = {v}", PORTS[k].0);
+        if v < min {
+            problems.push(format!("{}: ethtool -S {name} is {v}, want at least {min}", PORTS[k].0));
+        }
+    }
+    let (sent, got) = (stat(&consoles[0], "tx_vport_unicast_packets"), stat(&consoles[1], "rx_vport_unicast_packets"));
+    if got > sent {
+        problems.push(format!("b received {got} unicast frames, more than the {sent} a sent"));
+    }
     if !consoles.get(1).is_some_and(|c| c.contains(&format!("nc received: {NC_LINE}"))) {
         problems.push("b: the TCP line from a did not arrive".into());
     }
@@ -236,5 +282,24 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("linux-drives-sim --eth: {} problem(s):\n  {}", problems.len(), problems.join("\n  ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_init_scripts_name_each_side_s_address_and_parse() {
+        let (a, b) = (init_script(0), init_script(1));
+        assert!(a.contains("ip addr add 10.35.0.1/24") && a.contains(&format!("ping -c {PINGS} -i 0.2 10.35.0.2")));
+        assert!(b.contains("ip addr add 10.35.0.2/24") && b.contains(&format!("nc -l -p {NC_PORT}")));
+        // The shell that runs them in the guest reads them without a syntax error.
+        if Path::new("/bin/busybox").exists() {
+            for s in [&a, &b] {
+                let ok = Command::new("/bin/busybox").args(["sh", "-n", "-c", s]).status().is_ok_and(|st| st.success());
+                assert!(ok, "{s}");
+            }
+        }
     }
 }
