@@ -31,6 +31,8 @@ const NC_LINE: &str = "over mlx5e and the simulated cable";
 /// iperf3's TCP run from A to B, in seconds.
 const IPERF_SECONDS: u32 = 5;
 /// Debian packages whose programs go into the guests besides rdma-core's.
+/// ibv_rc_pingpong over RoCEv2 between the two netdevs' IPv4 GIDs: iterations of 4 KiB.
+const RC_ITERS: u32 = 100;
 const PACKAGES: &[(&str, &str)] = &[("iperf3", "iperf3"), ("ethtool", "ethtool")];
 
 /// The guest's `/init` for port `me` (0: A, the pinger; 1: B).
@@ -47,6 +49,10 @@ echo "{PING_END}$? ==="
 n=0
 until iperf3 -c {peer} -t {IPERF_SECONDS} > /tmp/iperf3.txt 2>&1 || [ $n -ge 20 ]; do sleep 0.5; n=$((n+1)); done
 sed 's/^/iperf3: /' /tmp/iperf3.txt
+sleep 1
+timeout 120 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c {peer} > /tmp/rc.txt 2>&1
+echo "=== rc_pingpong exit $? ==="
+sed 's/^/rc_pingpong: /' /tmp/rc.txt
 n=0
 until echo "{NC_LINE}" | nc -w 5 {peer} {NC_PORT} || [ $n -ge 20 ]; do sleep 0.5; n=$((n+1)); done
 "#
@@ -54,6 +60,7 @@ until echo "{NC_LINE}" | nc -w 5 {peer} {NC_PORT} || [ $n -ge 20 ]; do sleep 0.5
     } else {
         format!(
             r#"iperf3 -s -1 > /tmp/iperf3.txt 2>&1 &
+timeout 200 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c > /tmp/rc.txt 2>&1 &
 timeout 300 nc -l -p {NC_PORT} > /tmp/nc.txt
 echo "nc received: $(cat /tmp/nc.txt)"
 "#
@@ -83,6 +90,19 @@ if [ -n "$dev" ]; then
   n=0
   until [ "$(cat /sys/class/net/$dev/operstate)" = up ] || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
   echo "operstate: $(cat /sys/class/net/$dev/operstate)"
+  # The RoCEv2 GID of the IPv4 address (mlx5_ib adds it when the address appears).
+  gid=
+  n=0
+  while [ -z "$gid" ] && [ $n -lt 50 ]; do
+    for g in /sys/class/infiniband/mlx5_0/ports/1/gids/*; do
+      i=$(basename $g)
+      t=$(cat /sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/$i 2>/dev/null)
+      case "$(cat $g)" in 0000:0000:0000:0000:0000:ffff:*) [ "$t" = "RoCE v2" ] && gid=$i;; esac
+    done
+    [ -z "$gid" ] && sleep 0.1
+    n=$((n+1))
+  done
+  echo "gid: index ${{gid:-none}}"
 {role}  for c in tx_packets tx_bytes rx_packets rx_bytes rx_dropped tx_dropped rx_errors tx_errors; do
     echo "stat: $c $(cat /sys/class/net/$dev/statistics/$c)"
   done
@@ -194,7 +214,9 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
         let dmesg = between(&console, DMESG_BEGIN, DMESG_END).unwrap_or(&console).to_string();
         std::fs::write(i.dir.join("dmesg.txt"), &dmesg).map_err(|e| e.to_string())?;
         for l in console.lines().filter(|l| {
-            ["pci: ", "netdev: ", "operstate: ", "stat: ", "rdma: ", "nc received"].iter().any(|p| l.starts_with(p))
+            ["pci: ", "netdev: ", "operstate: ", "gid: ", "stat: ", "rdma: ", "nc received"]
+                .iter()
+                .any(|p| l.starts_with(p))
         }) {
             println!("  {name}: {l}");
         }
@@ -269,6 +291,13 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
     let (sent, got) = (stat(&consoles[0], "tx_vport_unicast_packets"), stat(&consoles[1], "rx_vport_unicast_packets"));
     if got > sent {
         problems.push(format!("b received {got} unicast frames, more than the {sent} a sent"));
+    }
+    // RC over RoCEv2 between the IPv4 GIDs (rdma-core's mlx5 provider on mlx5_ib, the connection set up over TCP
+    // through the netdevs).
+    let bytes = format!("{} bytes in", 2 * 4096 * u64::from(RC_ITERS));
+    match consoles[0].lines().find(|l| l.starts_with("rc_pingpong: ") && l.contains(&bytes)) {
+        Some(l) => println!("  a: {}", l.trim()),
+        None => problems.push(format!("a: ibv_rc_pingpong -g over RoCEv2 did not report {bytes}")),
     }
     if !consoles.get(1).is_some_and(|c| c.contains(&format!("nc received: {NC_LINE}"))) {
         problems.push("b: the TCP line from a did not arrive".into());
