@@ -14,6 +14,16 @@ pub struct ExecutedCmd {
     pub delivery: u8,
 }
 
+/// A completed command with its messages ([`SimConfig::record_messages`](crate::SimConfig::record_messages)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmdMessage {
+    pub cmd: ExecutedCmd,
+    /// The whole input (inline part and mailboxes), as delivered.
+    pub input: Vec<u8>,
+    /// The output as written back (`None` when delivery failed and nothing was executed).
+    pub output: Option<Vec<u8>>,
+}
+
 /// Things the device noticed that are not command completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimEvent {

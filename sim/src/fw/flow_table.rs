@@ -487,13 +487,13 @@ mod tests {
         assert_eq!(e.fte(t, g, 0, &[], |_| {}).1, syn::FTE_EXISTS);
         assert_eq!(e.fte(t, g, 1, &[(TO_TABLE, t + 50)], |_| {}).1, syn::FT_INVALID);
         assert_eq!(e.fte(t, g + 50, 1, &[], |_| {}).1, syn::FG_INVALID);
-        // A group with entries stays; a level above the capability and a miss to a shallower table are refused.
+        // A group with entries stays; a size above the capability and a miss to a shallower table are refused.
         let mut inp = vec![0u8; ifc::destroy_flow_group_in::SIZE_BYTES];
         inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_DESTROY_FLOW_GROUP.into());
         inp.set(ifc::destroy_flow_group_in::TABLE_ID, t);
         inp.set(ifc::destroy_flow_group_in::GROUP_ID, g);
         assert_eq!(e.r.h.cmd(&inp, 16).1, syn::IN_USE);
-        assert_eq!(e.table(200, 3, None).1, syn::FT_LEVEL);
+        assert_eq!(e.table(1, 24, None).1, syn::FT_LEVEL);
         assert_eq!(e.table(0, 3, Some(t)).0, 0);
         assert_eq!(e.table(2, 3, Some(t)).1, syn::FT_LEVEL);
         // A destination list the input does not carry: the list is the command's tail.

@@ -117,6 +117,8 @@ fn run(
         num_uars: NUM_UARS,
         eth_netdev: eth,
         mac: wire.mac.unwrap_or(defaults.mac),
+        // The trace carries every command's messages, so `mlx5 trace decode` shows them field by field.
+        record_messages: trace.is_some(),
         ..defaults
     };
     let sim = SimDevice::new(cfg);
@@ -124,10 +126,14 @@ fn run(
         let at = sim.wire_listen(a).map_err(|e| std::io::Error::other(format!("--wire-listen {a}: {e}")))?;
         eprintln!("mlx5-uml-bridge: wire listening on {at}");
     }
-    if let Some(a) = &wire.connect {
-        sim.wire_connect(a, WIRE_CONNECT_TIMEOUT)
-            .map_err(|e| std::io::Error::other(format!("--wire-connect {a}: {e}")))?;
-        eprintln!("mlx5-uml-bridge: wire connected to {a}");
+    if let Some(a) = wire.connect.clone() {
+        // On its own thread: the guest's virt-pci requests are served meanwhile (a guest left unanswered while
+        // the other side is not up yet gives up on the device).
+        let s = sim.clone();
+        std::thread::spawn(move || match s.wire_connect(&a, WIRE_CONNECT_TIMEOUT) {
+            Ok(()) => eprintln!("mlx5-uml-bridge: wire connected to {a}"),
+            Err(e) => eprintln!("mlx5-uml-bridge: --wire-connect {a}: {e}"),
+        });
     }
     let bar_size = sim.mmio().bar_size();
     let trace = trace.map(File::create).transpose()?;
