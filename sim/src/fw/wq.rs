@@ -60,7 +60,9 @@ pub(crate) fn parse(
         return Err(bad_param(syndrome::WQ_TYPE));
     }
     let pd = rd(inp, w::PD.at(wq));
-    if !pd_exists(pd) {
+    // PD 0 is accepted: mlx5e's drop RQ names none (`mlx5e_build_drop_rq_param`), as it never gets a WQE; a
+    // WQE through a key of a real PD then fails the key's PD check.
+    if pd != 0 && !pd_exists(pd) {
         return Err(bad_param(syndrome::PD_INVALID));
     }
     let log_stride = rd(inp, w::LOG_WQ_STRIDE.at(wq));
