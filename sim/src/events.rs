@@ -143,6 +143,9 @@ pub enum SimEvent {
     FrameDropped { why: &'static str },
     /// An Ethernet send WQE failed (an error CQE with `syndrome`); the SQ went to ERR.
     EthSendError { sqn: u32, wqe_counter: u16, syndrome: u8 },
+    /// A received Ethernet frame took receive WQE `wqe_counter` of RQ `rqn` and failed (an error CQE with
+    /// `syndrome`): `why` says what was wrong.
+    EthRecvError { rqn: u32, wqe_counter: u16, syndrome: u8, why: &'static str },
     /// QP `qpn` moved to ERR after a completion with `syndrome` (`MLX5_CQE_SYNDROME_*`).
     QpError { qpn: u32, syndrome: u8 },
     /// QP `qpn` (in ERR) completed `sq` send and `rq` receive WQEs with `WR_FLUSH_ERR`.

@@ -146,6 +146,20 @@ fn run(
         server.bar_file = Some(BarFile::open(&f, mlx5_sim::FIRST_UAR_PAGE, bar_size, mlx5_sim::BF_REG_SIZE)?);
     }
     let r = server.run();
+    // What the simulated port dropped or failed on, counted by reason (its own counters say how much, not why).
+    let mut why: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for e in server.dev.sim.events() {
+        let k = match e {
+            mlx5_sim::SimEvent::FrameDropped { why } => format!("frame dropped: {why}"),
+            mlx5_sim::SimEvent::EthRecvError { why, syndrome, .. } => format!("receive error {syndrome:#x}: {why}"),
+            mlx5_sim::SimEvent::EthSendError { syndrome, .. } => format!("send error {syndrome:#x}"),
+            _ => continue,
+        };
+        *why.entry(k).or_default() += 1;
+    }
+    for (k, n) in why {
+        eprintln!("mlx5-uml-bridge: {n} x {k}");
+    }
     let s = server.dev.stats;
     eprintln!(
         "mlx5-uml-bridge: done: {} cfg reads, {} cfg writes, {} BAR reads, {} BAR writes, {} EQ interrupts, {} MSIs, {} rejected, {} narrow writes, {} user doorbells",

@@ -263,7 +263,7 @@ impl Datapath<'_> {
         }
         let status = match read {
             Ok(()) => self.eth_scatter(&wqe[..stride], pd, frame),
-            Err(_) => Err(consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR),
+            Err(_) => Err((consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR, "RQ ring not mapped")),
         };
         match status {
             Ok(()) => {
@@ -274,7 +274,8 @@ impl Datapath<'_> {
                 c::mlx5_cqe64::TIMESTAMP_L.put_be(&mut cqe, 0, ts as u32);
                 let _ = self.cqs().post_cqe(cqn, &cqe);
             }
-            Err(syndrome) => {
+            Err((syndrome, why)) => {
+                self.events.push(SimEvent::EthRecvError { rqn: t.rqn, wqe_counter: index, syndrome, why });
                 let cqe = CqeOut {
                     opcode: consts::MLX5_CQE_RESP_ERR,
                     qpn: t.rqn,
@@ -289,7 +290,7 @@ impl Datapath<'_> {
 
     /// Writes `frame` into the data segments of receive WQE `wqe` (up to the first with the invalid lkey), or
     /// the CQE syndrome: a frame longer than the WQE's buffers, or a key that does not allow the write.
-    fn eth_scatter(&mut self, wqe: &[u8], pd: u32, frame: &[u8]) -> Result<(), u8> {
+    fn eth_scatter(&mut self, wqe: &[u8], pd: u32, frame: &[u8]) -> Result<(), (u8, &'static str)> {
         use c::mlx5_wqe_data_seg as d;
         let mut keys = Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline };
         let mut at = 0usize;
@@ -305,11 +306,11 @@ impl Datapath<'_> {
             let addr = be64(seg, d::ADDR.off);
             let n = bc.min(frame.len() - at);
             keys.key_write(lkey, pd, addr, &frame[at..at + n], MkeyAccess::LOCAL_WRITE)
-                .map_err(|()| consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR)?;
+                .map_err(|()| (consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR, "the data segment's key refuses the write"))?;
             at += n;
         }
         if at < frame.len() {
-            return Err(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
+            return Err((consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR, "frame longer than the WQE's buffers"));
         }
         Ok(())
     }
