@@ -221,6 +221,21 @@ impl PortModel {
                 }
                 Ok(())
             }
+            consts::MLX5_REG_PFCC => {
+                // Pause and PFC settings (read): none, the simulated cable carries no pause frames. Writes (ethtool
+                // -A) are not modelled and are refused.
+                use ifc::pfcc_reg as p;
+                let len = p::SIZE_BYTES;
+                if write || self.port_type != PortType::Eth || data.len() < len || out.len() < out_off + len {
+                    return Err(bad_param(syndrome::REG_ACCESS));
+                }
+                if rd(data, p::LOCAL_PORT) != 1 {
+                    return Err(bad_param(syndrome::BAD_PORT));
+                }
+                let reg = &mut out[out_off..out_off + len];
+                reg.set(p::LOCAL_PORT, 1);
+                Ok(())
+            }
             consts::MLX5_REG_PVLC => {
                 // Virtual lanes exist on InfiniBand ports only; a ConnectX-5 IB port has data VLs 0-7.
                 use ifc::pvlc_reg as v;

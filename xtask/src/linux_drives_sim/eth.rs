@@ -63,6 +63,8 @@ until echo "{NC_LINE}" | nc -w 5 {peer} {NC_PORT} || [ $n -ge 20 ]; do sleep 0.5
 timeout 200 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c > /tmp/rc.txt 2>&1 &
 timeout 300 nc -l -p {NC_PORT} > /tmp/nc.txt
 echo "nc received: $(cat /tmp/nc.txt)"
+sleep 1
+sed 's/^/rc_pingpong server: /' /tmp/rc.txt
 "#
         )
     };
