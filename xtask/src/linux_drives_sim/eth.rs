@@ -21,6 +21,8 @@ use crate::vfio_test::wait_until;
 /// The two ports: (name, MAC, IPv4 address).
 const PORTS: [(&str, &str, &str); 2] =
     [("a", "02:35:00:00:00:0a", "10.35.0.1"), ("b", "02:35:00:00:00:0b", "10.35.0.2")];
+/// The BAR file's size (sparse), as the InfiniBand run makes it.
+const BAR_FILE_BYTES: u64 = 32 << 20;
 /// Pings A sends B.
 const PINGS: u32 = 20;
 /// The TCP port B's `nc` listens on for A's closing line.
@@ -151,12 +153,19 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
         let sock = dir.join("mlx5.sock");
         let _ = std::fs::remove_file(&sock);
         let log = std::fs::File::create(dir.join("bridge.log")).map_err(|e| e.to_string())?;
+        // The BAR file: user mappings of the UAR pages (rdma-core's doorbells) land here, the bridge replays them.
+        let bar_file = dir.join("bar0.file");
+        std::fs::File::create(&bar_file)
+            .and_then(|f| f.set_len(BAR_FILE_BYTES))
+            .map_err(|e| format!("{}: {e}", bar_file.display()))?;
         let wire = if k == 0 { "--wire-listen" } else { "--wire-connect" };
         let child = Command::new(&bridge)
             .arg("--socket")
             .arg(&sock)
             .arg("--trace")
             .arg(dir.join("trace.jsonl"))
+            .arg("--bar-file")
+            .arg(&bar_file)
             .args(["--port", "eth", "--mac", mac, wire, &cable])
             .stderr(log)
             .spawn()
@@ -181,6 +190,7 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
             .arg("con=null")
             .arg(format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", i.dir.join("mlx5.sock").display()))
             .arg("virt_pci.max_delay_us=2000000")
+            .arg(format!("virt_pci_bar_file={}", i.dir.join("bar0.file").display()))
             .env("TMPDIR", &i.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::from(console.try_clone().map_err(|e| e.to_string())?))

@@ -552,3 +552,50 @@ mod tests {
     use mlx5_core::prm::ifc::fte_match_set_lyr_2_4 as ifc_l2;
     use mlx5_core::prm::MsgBuf;
 }
+
+#[cfg(test)]
+mod wc_tests {
+    use super::*;
+    use crate::testkit::eth::Eth;
+    use mlx5_core::hal::Mmio;
+    use mlx5_core::prm::{ifc, MsgBuf};
+
+    /// mlx5_core's write-combining test (`wc.c`): an SQ without a TIS, 255 NOPs each rung through BlueFlame (the
+    /// copy with CQ_UPDATE, memory without it but for the last), the CQ polled, the SQ destroyed.
+    #[test]
+    fn the_write_combining_test_completes_its_last_nop_and_destroys_its_sq() {
+        let mut e = Eth::new();
+        let (s, y, sqn) = e.sq_with(0, |i| MsgBuf::set(&mut i[..], ifc::sqc::TIS_LST_SZ.at(ifc::create_sq_in::CTX), 0));
+        assert_eq!((s, y), (0, 0));
+        let dbr = e.mem.pop().unwrap();
+        let ring = e.mem.pop().unwrap();
+        assert_eq!(e.modify_wq(true, sqn, consts::MLX5_SQC_STATE_RST, consts::MLX5_SQC_STATE_RDY), (0, 0));
+        let base = crate::mmio::SimMmio::uar_offset(e.r.uar) + consts::MLX5_BF_OFFSET as usize;
+        let mut off = 0;
+        for pc in 0..255u16 {
+            let mut w = [0u8; 64];
+            c::mlx5_wqe_ctrl_seg::OPMOD_IDX_OPCODE.put_be(
+                &mut w,
+                0,
+                u32::from(pc) << 8 | u32::from(consts::MLX5_OPCODE_NOP),
+            );
+            c::mlx5_wqe_ctrl_seg::QPN_DS.put_be(&mut w, 0, sqn << 8 | 1);
+            if pc == 254 {
+                w[c::mlx5_wqe_ctrl_seg::FM_CE_SE.off] = consts::MLX5_WQE_CTRL_CQ_UPDATE;
+            }
+            // 64 entries in the fixture's ring.
+            crate::testkit::submit::put(&ring, usize::from(pc % 64) * 64, &w);
+            crate::testkit::submit::put(&dbr, 4, &u32::from(pc + 1).to_be_bytes());
+            let mut copy = w;
+            copy[c::mlx5_wqe_ctrl_seg::FM_CE_SE.off] |= consts::MLX5_WQE_CTRL_CQ_UPDATE;
+            for k in 0..8 {
+                let v = u64::from_be_bytes(copy[8 * k..8 * k + 8].try_into().unwrap());
+                e.r.h.mmio.write64(base + off + 8 * k, v);
+            }
+            off ^= 256;
+        }
+        let cqe = e.r.poll(&mut e.cq);
+        assert_eq!(cqe.map(|c| c.wqe_counter()), Some(254));
+        assert_eq!(e.destroy(consts::MLX5_CMD_OP_DESTROY_SQ, ifc::destroy_sq_in::SQN, sqn), (0, 0));
+    }
+}
