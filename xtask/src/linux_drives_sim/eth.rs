@@ -37,9 +37,22 @@ const IPERF_SECONDS: u32 = 5;
 const RC_ITERS: u32 = 100;
 const PACKAGES: &[(&str, &str)] = &[("iperf3", "iperf3"), ("ethtool", "ethtool")];
 
-/// The guest's `/init` for port `me` (0: A, the pinger; 1: B).
-fn init_script(me: usize) -> String {
+/// The guest's `/init` for port `me` (0: A, the pinger; 1: B); `rdma`: ibv_rc_pingpong over RoCEv2 too.
+fn init_script(me: usize, rdma: bool) -> String {
     let (_, _, ip) = PORTS[me];
+    let (rc_client, rc_server, rc_server_out) = if rdma {
+        (
+            format!(
+                "sleep 1\ntimeout 120 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c {} > /tmp/rc.txt 2>&1\n\
+                 echo \"=== rc_pingpong exit $? ===\"\nsed 's/^/rc_pingpong: /' /tmp/rc.txt\n",
+                PORTS[1 - me].2
+            ),
+            format!("timeout 200 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c > /tmp/rc.txt 2>&1 &\n"),
+            "sleep 1\nsed 's/^/rc_pingpong server: /' /tmp/rc.txt\n".to_string(),
+        )
+    } else {
+        (String::new(), String::new(), String::new())
+    };
     let (_, _, peer) = PORTS[1 - me];
     let role = if me == 0 {
         format!(
@@ -51,23 +64,16 @@ echo "{PING_END}$? ==="
 n=0
 until iperf3 -c {peer} -t {IPERF_SECONDS} > /tmp/iperf3.txt 2>&1 || [ $n -ge 20 ]; do sleep 0.5; n=$((n+1)); done
 sed 's/^/iperf3: /' /tmp/iperf3.txt
-sleep 1
-timeout 120 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c {peer} > /tmp/rc.txt 2>&1
-echo "=== rc_pingpong exit $? ==="
-sed 's/^/rc_pingpong: /' /tmp/rc.txt
-n=0
+{rc_client}n=0
 until echo "{NC_LINE}" | nc -w 5 {peer} {NC_PORT} || [ $n -ge 20 ]; do sleep 0.5; n=$((n+1)); done
 "#
         )
     } else {
         format!(
             r#"iperf3 -s -1 > /tmp/iperf3.txt 2>&1 &
-timeout 200 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c > /tmp/rc.txt 2>&1 &
-timeout 300 nc -l -p {NC_PORT} > /tmp/nc.txt
+{rc_server}timeout 300 nc -l -p {NC_PORT} > /tmp/nc.txt
 echo "nc received: $(cat /tmp/nc.txt)"
-sleep 1
-sed 's/^/rc_pingpong server: /' /tmp/rc.txt
-"#
+{rc_server_out}"#
         )
     };
     format!(
@@ -135,7 +141,9 @@ fn free_port() -> Result<u16, String> {
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
-pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
+/// The whole run; `rdma`: ibv_rc_pingpong over RoCEv2 between the GIDs too (its first user context makes mlx5_core
+/// run its write-combining test, whose DESTROY_SQ the simulator does not complete under UML yet: see the README).
+pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
     let started = Instant::now();
     let linux = crate::uml::build(root)?;
     let bridge = build_bridge(root)?;
@@ -181,7 +189,7 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
     }
     let boot = Instant::now();
     for (k, i) in inst.iter_mut().enumerate() {
-        let initrd = initramfs_with(&i.dir, &init_script(k), &binaries)?;
+        let initrd = initramfs_with(&i.dir, &init_script(k, rdma), &binaries)?;
         let console = std::fs::File::create(i.dir.join("console.txt")).map_err(|e| e.to_string())?;
         let child = Command::new(&linux)
             .arg("mem=256M")
@@ -309,7 +317,8 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
     let bytes = format!("{} bytes in", 2 * 4096 * u64::from(RC_ITERS));
     match consoles[0].lines().find(|l| l.starts_with("rc_pingpong: ") && l.contains(&bytes)) {
         Some(l) => println!("  a: {}", l.trim()),
-        None => problems.push(format!("a: ibv_rc_pingpong -g over RoCEv2 did not report {bytes}")),
+        None if rdma => problems.push(format!("a: ibv_rc_pingpong -g over RoCEv2 did not report {bytes}")),
+        None => {}
     }
     if !consoles.get(1).is_some_and(|c| c.contains(&format!("nc received: {NC_LINE}"))) {
         problems.push("b: the TCP line from a did not arrive".into());
@@ -317,7 +326,6 @@ pub(super) fn run(root: &Path, strict: bool) -> Result<(), String> {
     for k in &known {
         println!("  known, not failing: {k}");
     }
-    let _ = strict;
     if problems.is_empty() {
         println!("linux-drives-sim --eth: every check passed");
         Ok(())
@@ -332,12 +340,13 @@ mod tests {
 
     #[test]
     fn the_init_scripts_name_each_side_s_address_and_parse() {
-        let (a, b) = (init_script(0), init_script(1));
+        let (a, b) = (init_script(0, true), init_script(1, true));
+        assert!(!init_script(0, false).contains("ibv_rc_pingpong"));
         assert!(a.contains("ip addr add 10.35.0.1/24") && a.contains(&format!("ping -c {PINGS} -i 0.2 10.35.0.2")));
         assert!(b.contains("ip addr add 10.35.0.2/24") && b.contains(&format!("nc -l -p {NC_PORT}")));
         // The shell that runs them in the guest reads them without a syntax error.
         if Path::new("/bin/busybox").exists() {
-            for s in [&a, &b] {
+            for s in [&a, &b, &init_script(0, false), &init_script(1, false)] {
                 let ok = Command::new("/bin/busybox").args(["sh", "-n", "-c", s]).status().is_ok_and(|st| st.success());
                 assert!(ok, "{s}");
             }
