@@ -26,7 +26,6 @@ pub(crate) enum Dest {
 
 /// Where steering sent a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) enum Steer {
     /// No root, a drop rule, or a miss with nowhere to go (the default miss drops on NIC receive).
     Drop,
@@ -335,8 +334,6 @@ impl FlowTables {
     /// frame's outer headers as `fte_match_set_lyr_2_4` lays them out): from the root, the first entry (lowest
     /// flow index) whose masked fields equal its value decides; a table nothing matches takes its miss. Bounded:
     /// every step goes to a deeper table, so a walk visits each table at most once.
-    // The NIC receive datapath that will call this is not written yet; the tests drive it meanwhile.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn steer(&self, pkt: &[u8; MATCH_LEN]) -> Steer {
         let Some(mut id) = self.root else { return Steer::Drop };
         for _ in 0..=self.tables.len() {
