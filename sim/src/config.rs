@@ -90,9 +90,11 @@ pub struct SimConfig {
     pub pcap: Option<crate::pcap::PcapSink>,
     /// Offer the NIC half on an Ethernet port: `nic_flow_table`, the NIC receive flow-table capabilities,
     /// `rss_ind_tbl_cap` and `log_max_sq`, which open mlx5e's gate and mlx5_core's write-combining test. Off by
-    /// default: the firmware objects (TIS, TIR, RQT, RQ, SQ, flow tables) are modelled, but the Ethernet SQ/RQ
-    /// datapath is not yet, so an offered SQ would never complete a WQE.
+    /// default: `log_max_sq` > 0 makes mlx5_core run its write-combining test on every Ethernet port.
     pub eth_netdev: bool,
+    /// Keep every command's input and output bytes for [`SimDevice::take_messages`](crate::SimDevice::take_messages)
+    /// (a command trace that `mlx5 trace decode` can read field by field). Off by default.
+    pub record_messages: bool,
 }
 
 /// The object counts the general capabilities report, as logarithms. A smaller device than the default
@@ -219,6 +221,7 @@ impl Default for SimConfig {
             port_info: PortInfo::default(),
             pcap: None,
             eth_netdev: false,
+            record_messages: false,
         }
     }
 }

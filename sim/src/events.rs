@@ -14,6 +14,16 @@ pub struct ExecutedCmd {
     pub delivery: u8,
 }
 
+/// A completed command with its messages ([`SimConfig::record_messages`](crate::SimConfig::record_messages)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmdMessage {
+    pub cmd: ExecutedCmd,
+    /// The whole input (inline part and mailboxes), as delivered.
+    pub input: Vec<u8>,
+    /// The output as written back (`None` when delivery failed and nothing was executed).
+    pub output: Option<Vec<u8>>,
+}
+
 /// Things the device noticed that are not command completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimEvent {
@@ -131,6 +141,11 @@ pub enum SimEvent {
     UcDropped { qpn: u32, why: &'static str },
     /// A frame from a link was dropped by the RoCE port (a failed check, or nothing to deliver it to).
     FrameDropped { why: &'static str },
+    /// An Ethernet send WQE failed (an error CQE with `syndrome`); the SQ went to ERR.
+    EthSendError { sqn: u32, wqe_counter: u16, syndrome: u8 },
+    /// A received Ethernet frame took receive WQE `wqe_counter` of RQ `rqn` and failed (an error CQE with
+    /// `syndrome`): `why` says what was wrong.
+    EthRecvError { rqn: u32, wqe_counter: u16, syndrome: u8, why: &'static str },
     /// QP `qpn` moved to ERR after a completion with `syndrome` (`MLX5_CQE_SYNDROME_*`).
     QpError { qpn: u32, syndrome: u8 },
     /// QP `qpn` (in ERR) completed `sq` send and `rq` receive WQEs with `WR_FLUSH_ERR`.

@@ -94,6 +94,14 @@
 //! transport retries on device time, and flushes of a QP in ERR (module `transport`). Timers are checked whenever
 //! the device runs: a doorbell, any MMIO write, a [`SimDelay`] sleep, and every millisecond on the device thread.
 //!
+//! # The Ethernet half
+//! With [`SimConfig::eth_netdev`] an Ethernet port also runs mlx5e's queues (module `transport::eth`): a send
+//! doorbell naming an SQ executes its Ethernet WQEs (checksum offload, LSO) and puts the frames on the wire by
+//! destination MAC (send CQEs on request, an error CQE and the SQ in ERR for a malformed WQE); a received frame
+//! that is not RoCEv2 goes through NIC receive steering (root table, groups, entries, TIR, RSS) into its RQ's
+//! next WQE with an RX CQE. QUERY_VPORT_COUNTER and PPCNT report the traffic; a PAOS write that changes the
+//! operational state posts PORT_CHANGE.
+//!
 //! # Addresses and the wire
 //! Port 1 has GID index 0 ([`SimDevice::gid`]: the link-local address of the MAC on Ethernet, fe80::/64 + port
 //! GUID on IB) and, on IB, the LID [`SimConfig::lid`]. A packet addressed to the device's own LID or GID (and MAC)
@@ -145,7 +153,7 @@ pub use config::{Mode, ObjectLimits, PortInfo, PortType, SimConfig};
 pub use delay::SimDelay;
 pub use dma::DmaFault;
 pub use dma_handle::SimDma;
-pub use events::{ExecutedCmd, RetryKind, SimEvent};
+pub use events::{CmdMessage, ExecutedCmd, RetryKind, SimEvent};
 pub use fault::Fault;
 pub use fw::cq::{CqInfo, PostCqeError};
 pub use fw::eq::{EqInfo, EQE_DATA_LEN};

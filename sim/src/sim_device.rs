@@ -203,6 +203,12 @@ impl SimDevice {
         st.executed[from..].to_vec()
     }
 
+    /// The commands completed since the last call, with their input and output bytes, when
+    /// [`SimConfig::record_messages`] is set (empty otherwise).
+    pub fn take_messages(&self) -> Vec<crate::events::CmdMessage> {
+        lock(&self.shared).messages.drain(..).collect()
+    }
+
     /// Live memory keys.
     pub fn mkey_count(&self) -> usize {
         lock(&self.shared).fw.mkey_count()

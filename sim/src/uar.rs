@@ -236,6 +236,10 @@ impl UarDecoder<'_> {
             return false;
         }
         let Some(qp) = self.0.fw.qps.get(&qpn) else {
+            // SQs and QPs share one number space: an Ethernet SQ's doorbell names its SQN.
+            if self.0.fw.sqs.map.contains_key(&qpn) {
+                return self.eth_sq_doorbell(off, uar, buf, v);
+            }
             self.0.events.push(bad("no such QP"));
             return false;
         };
@@ -277,19 +281,66 @@ impl UarDecoder<'_> {
         true
     }
 
+    /// The send doorbell of an Ethernet SQ (`v` as for a QP): the producer counter from the doorbell record; the
+    /// SQ joins the datapath's walk.
+    fn eth_sq_doorbell(&mut self, off: usize, uar: u32, buf: usize, v: u64) -> bool {
+        use c::mlx5_wqe_ctrl_seg as cs;
+        let bytes = v.to_be_bytes();
+        let sqn = be(cs::QPN_DS, &bytes, 0) >> QPN_SHIFT;
+        let wqe_index = (be(cs::OPMOD_IDX_OPCODE, &bytes, 0) >> IDX_SHIFT) as u16;
+        let bad = |why| SimEvent::BadSqDoorbell { off, val: v, why };
+        let Some(sq) = self.0.fw.sqs.map.get(&sqn) else { return false };
+        let why = if sq.wq.uar_page != uar {
+            Some("SQ uses another UAR page")
+        } else if sq.state != consts::MLX5_SQC_STATE_RDY {
+            Some("SQ not ready")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.0.events.push(bad(why));
+            return false;
+        }
+        let mut rec = [0u8; 4];
+        if self.0.dma.read(sq.wq.dbr_addr + SND_DBR, &mut rec).is_err() {
+            self.0.events.push(bad("doorbell record not mapped"));
+            return false;
+        }
+        let pi = (u32::from_be_bytes(rec) & CTR16) as u16;
+        if u64::from(pi.wrapping_sub(sq.ci)) > sq.wq.bytes() / BB {
+            self.0.events.push(bad("producer counter beyond the send queue"));
+            return false;
+        }
+        let mut mem = [0u8; 8];
+        let same = sq.wq.read(self.0.dma, u64::from(wqe_index) * BB % sq.wq.bytes(), &mut mem).is_ok() && mem == bytes;
+        if let Some(sq) = self.0.fw.sqs.map.get_mut(&sqn) {
+            sq.pi = pi;
+        }
+        self.0.dp.eth_sqs.insert(sqn);
+        self.0.events.push(SimEvent::SqDoorbell { qpn: sqn, pi });
+        if !same {
+            self.0.events.push(SimEvent::BlueFlameMismatch { qpn: sqn, wqe_index, off: 0 });
+        }
+        self.0.dp.bf.insert((uar, buf), (sqn, wqe_index));
+        true
+    }
+
     /// A BlueFlame copy chunk at byte `inner` of buffer `buf`: checked against the WQE in memory.
     fn blueflame_copy(&mut self, off: usize, uar: u32, buf: usize, inner: usize, v: u64) {
         let Some(&(qpn, wqe_index)) = self.0.dp.bf.get(&(uar, buf)) else {
             self.0.events.push(SimEvent::BadSqDoorbell { off, val: v, why: "BlueFlame copy without a doorbell" });
             return;
         };
-        let Some(qp) = self.0.fw.qps.get(&qpn) else {
+        let mut mem = [0u8; 8];
+        let at = u64::from(wqe_index) * BB + inner as u64;
+        let same = if let Some(qp) = self.0.fw.qps.get(&qpn) {
+            qp.read_sq(self.0.dma, at, &mut mem).is_ok() && mem == v.to_be_bytes()
+        } else if let Some(sq) = self.0.fw.sqs.map.get(&qpn) {
+            sq.wq.read(self.0.dma, at % sq.wq.bytes(), &mut mem).is_ok() && mem == v.to_be_bytes()
+        } else {
             self.0.events.push(SimEvent::BadSqDoorbell { off, val: v, why: "BlueFlame copy for a destroyed QP" });
             return;
         };
-        let mut mem = [0u8; 8];
-        let at = u64::from(wqe_index) * BB + inner as u64;
-        let same = qp.read_sq(self.0.dma, at, &mut mem).is_ok() && mem == v.to_be_bytes();
         let off16 = inner as u16;
         self.0.events.push(SimEvent::BlueFlameCopy { qpn, wqe_index, off: off16 });
         if !same {

@@ -44,6 +44,7 @@ const EXTRA: &[(&str, &str)] = &[
     ("query_sq_in", "QUERY_SQ: mlx5e reads an SQ's state on recovery"),
     ("query_sq_out", "QUERY_SQ's reply"),
     ("ppcnt_reg", "ACCESS_REG PPCNT (0x5008): mlx5e's port counters (ethtool -S)"),
+    ("pfcc_reg", "ACCESS_REG PFCC (0x5007): mlx5e reads pause and PFC settings (ethtool -S, -a)"),
     ("modify_hca_vport_context_in", "MODIFY_HCA_VPORT_CONTEXT: mlx5_ib's set_port_caps_atomic (IsCM on the IB port)"),
     ("modify_hca_vport_context_out", "MODIFY_HCA_VPORT_CONTEXT's reply"),
 ];

@@ -163,6 +163,8 @@ fn ci(root: &Path) -> Result<(), String> {
     // Linux's own mlx5_core and mlx5_ib drive the simulator in User-Mode Linux, rdma-core's programs on top
     // (the UML kernel is built once, then cached under target/uml/).
     linux_drives_sim::ci_step(root)?;
+    // Two simulated Ethernet ports under two UML instances' mlx5e, on one cable: ping, iperf3, ethtool -S.
+    linux_drives_sim::ci_step_eth(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
     Ok(())
@@ -214,10 +216,11 @@ commands:
                                  the fault-injection soak (options go to mlx5-soak)
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
                                  (--check: only that the patches and config fragment still apply)
-  linux-drives-sim [--strict] [--eth]
+  linux-drives-sim [--strict] [--eth [--no-rdma]]
                                  boot it with the simulator as its PCI device: mlx5_core and mlx5_ib probe
                                  cleanly, ibv_devinfo, rc/ud pingpong (rdma-core) and a clean poweroff (--eth:
-                                 an Ethernet port, probe and ibv_devinfo only; --strict: its known gap fails too)";
+                                 two Ethernet ports in two UMLs on one cable, mlx5e's netdevs: ping, iperf3,
+                                 ethtool -S, ibv_rc_pingpong -g over RoCEv2; --no-rdma: without the last)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
@@ -236,7 +239,7 @@ enum Task {
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
     Uml { check: bool },
-    LinuxDrivesSim { strict: bool, eth: bool },
+    LinuxDrivesSim { strict: bool, eth: bool, no_rdma: bool },
     Libibverbs(Vec<String>),
     Librdmacm(Vec<String>),
     VerbsApps(Vec<String>),
@@ -267,7 +270,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
         "uml" => Task::Uml { check: false },
-        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false },
+        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false, no_rdma: false },
         "libibverbs" => Task::Libibverbs(Vec::new()),
         "librdmacm" => Task::Librdmacm(Vec::new()),
         "verbs-apps" => Task::VerbsApps(Vec::new()),
@@ -305,6 +308,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::Modcheck { graph, .. }, "--graph") => *graph = true,
             (Task::LinuxDrivesSim { strict, .. }, "--strict") => *strict = true,
             (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
+            (Task::LinuxDrivesSim { no_rdma, .. }, "--no-rdma") => *no_rdma = true,
             (Task::Uml { check }, "--check") => *check = true,
             (Task::PciSim { full }, "--full") => *full = true,
             (Task::Vde(v), "--bench") => v.push(a),
@@ -360,7 +364,8 @@ fn main() -> ExitCode {
         Task::Soak(args) => soak::run(&root, &args),
         Task::Uml { check: false } => uml::run_uml(&root),
         Task::Uml { check: true } => uml::check_recipe(&root),
-        Task::LinuxDrivesSim { strict, eth } => linux_drives_sim::run(&root, strict, eth),
+        Task::LinuxDrivesSim { strict: _, eth: true, no_rdma } => linux_drives_sim::run_eth(&root, !no_rdma),
+        Task::LinuxDrivesSim { strict, eth: false, .. } => linux_drives_sim::run(&root, strict, false),
         Task::Libibverbs(args) => libibverbs::run_libibverbs(&root, &args),
         Task::Librdmacm(args) => libibverbs::rdmacm::run_librdmacm(&root, &args),
         Task::VerbsApps(args) => libibverbs::run_verbs_apps(&root, &args),

@@ -8430,6 +8430,54 @@ pub mod ifc {
         /// `syndrome`: 32 bits at bit 32.
         pub const SYNDROME: Field = Field::new(32, 32);
     }
+    /// `struct mlx5_ifc_pfcc_reg_bits`: 32 bytes.
+    pub mod pfcc_reg {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(pfcc_reg)`).
+        pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_pfcc_reg_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `buf_ownership`: 2 bits at bit 4.
+        pub const BUF_OWNERSHIP: Field = Field::new(4, 2);
+        /// `local_port`: 8 bits at bit 8.
+        pub const LOCAL_PORT: Field = Field::new(8, 8);
+        /// `ppan_mask_n`: 1 bit at bit 27.
+        pub const PPAN_MASK_N: Field = Field::new(27, 1);
+        /// `minor_stall_mask`: 1 bit at bit 28.
+        pub const MINOR_STALL_MASK: Field = Field::new(28, 1);
+        /// `critical_stall_mask`: 1 bit at bit 29.
+        pub const CRITICAL_STALL_MASK: Field = Field::new(29, 1);
+        /// `ppan`: 4 bits at bit 32.
+        pub const PPAN: Field = Field::new(32, 4);
+        /// `prio_mask_tx`: 8 bits at bit 40.
+        pub const PRIO_MASK_TX: Field = Field::new(40, 8);
+        /// `prio_mask_rx`: 8 bits at bit 56.
+        pub const PRIO_MASK_RX: Field = Field::new(56, 8);
+        /// `pptx`: 1 bit at bit 64.
+        pub const PPTX: Field = Field::new(64, 1);
+        /// `aptx`: 1 bit at bit 65.
+        pub const APTX: Field = Field::new(65, 1);
+        /// `pptx_mask_n`: 1 bit at bit 66.
+        pub const PPTX_MASK_N: Field = Field::new(66, 1);
+        /// `pfctx`: 8 bits at bit 72.
+        pub const PFCTX: Field = Field::new(72, 8);
+        /// `pprx`: 1 bit at bit 96.
+        pub const PPRX: Field = Field::new(96, 1);
+        /// `aprx`: 1 bit at bit 97.
+        pub const APRX: Field = Field::new(97, 1);
+        /// `pprx_mask_n`: 1 bit at bit 98.
+        pub const PPRX_MASK_N: Field = Field::new(98, 1);
+        /// `pfcrx`: 8 bits at bit 104.
+        pub const PFCRX: Field = Field::new(104, 8);
+        /// `device_stall_minor_watermark`: 16 bits at bit 128.
+        pub const DEVICE_STALL_MINOR_WATERMARK: Field = Field::new(128, 16);
+        /// `device_stall_critical_watermark`: 16 bits at bit 144.
+        pub const DEVICE_STALL_CRITICAL_WATERMARK: Field = Field::new(144, 16);
+    }
     /// `struct mlx5_ifc_phys_layer_cntrs_bits`: 248 bytes.
     pub mod phys_layer_cntrs {
         use super::*;
@@ -18625,6 +18673,31 @@ pub mod names {
                 s("tunnel_stateless_geneve_rx", 63, 1),
                 s("lro_min_mss_size", 80, 16),
                 a("lro_timer_supported_periods", 384, 128, 4, 32, None),
+            ],
+        },
+        Layout {
+            name: "pfcc_reg",
+            size_bytes: 32,
+            union: false,
+            members: &[
+                s("buf_ownership", 4, 2),
+                s("local_port", 8, 8),
+                s("ppan_mask_n", 27, 1),
+                s("minor_stall_mask", 28, 1),
+                s("critical_stall_mask", 29, 1),
+                s("ppan", 32, 4),
+                s("prio_mask_tx", 40, 8),
+                s("prio_mask_rx", 56, 8),
+                s("pptx", 64, 1),
+                s("aptx", 65, 1),
+                s("pptx_mask_n", 66, 1),
+                s("pfctx", 72, 8),
+                s("pprx", 96, 1),
+                s("aprx", 97, 1),
+                s("pprx_mask_n", 98, 1),
+                s("pfcrx", 104, 8),
+                s("device_stall_minor_watermark", 128, 16),
+                s("device_stall_critical_watermark", 144, 16),
             ],
         },
         Layout {

@@ -380,8 +380,13 @@ impl MsgBuf for Bytes<'_> {
 }
 
 /// Names of commands whose layouts are not `<opcode in lower case>_in` / `_out`.
-const LAYOUT_ALIASES: &[(&str, &str)] =
-    &[("2ERR_QP", "qp_2err"), ("2RST_QP", "qp_2rst"), ("ACCESS_REG", "access_register")];
+const LAYOUT_ALIASES: &[(&str, &str)] = &[
+    ("2ERR_QP", "qp_2err"),
+    ("2RST_QP", "qp_2rst"),
+    ("ACCESS_REG", "access_register"),
+    ("SET_FLOW_TABLE_ENTRY", "set_fte"),
+    ("DELETE_FLOW_TABLE_ENTRY", "delete_fte"),
+];
 
 /// The input and output layouts of a command; `mbox_in`/`mbox_out` (the header every command has, from
 /// `cmd.c`) when the opcode is unknown or its layouts are not among the vendored facts.

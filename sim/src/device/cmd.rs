@@ -3,6 +3,9 @@
 //! ([`Firmware::execute`](crate::fw::Firmware::execute)), and the output goes back through the entry and mailboxes with
 //! the owner bit last (the kernel's `cmd_work_handler` / `mlx5_cmd_comp_handler` on the host side).
 
+/// The most recorded messages kept untaken.
+const MESSAGES_MAX: usize = 1 << 16;
+
 use std::sync::atomic::{fence, Ordering};
 
 use mlx5_core::prm::{c, consts, ifc, CmdStatus, DeliveryStatus, MsgBuf};
@@ -265,6 +268,7 @@ impl Device {
         // command-event handler only afterwards (`create_async_eqs`, `mlx5_cmd_use_events`); a late interrupt for
         // such an EQE completed its next command early and then underflowed its refcount (seen under UML).
         let cmd_eq_before = self.fw.eqs.subscriber(consts::MLX5_EVENT_TYPE_CMD).is_some();
+        let mut message = None;
         match delivered {
             Err(d) => {
                 rec.delivery = d.raw();
@@ -293,9 +297,28 @@ impl Device {
                 rec.syndrome = rd(&out, ifc::mbox_out::SYNDROME);
                 self.complete(slot, entry_iova, &mut e, DeliveryStatus::Ok.raw(), Some((&out, out_chain)));
                 rec.delivery = e[l::STATUS_OWN.off] >> 1;
+                if self.cfg.record_messages {
+                    out.truncate(outlen.max(INLINE_BYTES));
+                    message = Some((input, out));
+                }
             }
         }
         self.executed.push(rec);
+        if self.cfg.record_messages {
+            // Bounded: a caller that stops taking them loses the oldest.
+            if self.messages.len() >= MESSAGES_MAX {
+                self.messages.pop_front();
+            }
+            let (input, output) = match message {
+                Some((i, o)) => (i, Some(o)),
+                None => (Vec::new(), None),
+            };
+            self.messages.push_back(crate::events::CmdMessage { cmd: rec, input, output });
+        }
+        // A PAOS write that changed the operational state: its PORT_CHANGE follows the completion.
+        if let Some(sub) = self.fw.port.pending_change.take() {
+            self.port_change(sub);
+        }
         let cant_give = opcode == consts::MLX5_CMD_OP_MANAGE_PAGES && op_mod == consts::MLX5_PAGES_CANT_GIVE;
         if cant_give && rec.status == 0 && rec.delivery == 0 {
             self.fail_stalled();

@@ -388,6 +388,7 @@ impl Shared {
             events: Vec::new(),
             events_dropped: 0,
             executed: Vec::new(),
+            messages: std::collections::VecDeque::new(),
             faults: Vec::new(),
             pending: Vec::new(),
             stalled: Vec::new(),

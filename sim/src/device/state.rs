@@ -38,6 +38,8 @@ pub(crate) struct Device {
     /// Events dropped from the front of `events` to keep it bounded ([`EVENT_LOG_MAX`]).
     pub(crate) events_dropped: u64,
     pub(crate) executed: Vec<ExecutedCmd>,
+    /// Commands with their messages, when the configuration records them (taken by the caller; bounded).
+    pub(crate) messages: std::collections::VecDeque<crate::events::CmdMessage>,
     pub(crate) faults: Vec<Fault>,
     pub(crate) pending: Vec<Pending>,
     pub(crate) stalled: Vec<Stalled>,

@@ -245,13 +245,17 @@ fn eth_offloads(nic: bool) -> Vec<u8> {
     m[..].set(at(e::CSUM_CAP), 1);
     m[..].set(at(e::VLAN_CAP), 1);
     m[..].set(at(e::MAX_LSO_CAP), 18);
+    // TIRs block the function's own loopback traffic on request (`self_lb_block`, set through MODIFY_TIR), as a
+    // ConnectX-5's do; without it mlx5_core warns "Self loop back prevention is not supported".
+    m[..].set(at(e::SELF_LB_EN_MODIFIABLE), u32::from(nic));
     // RSS through RQTs (mlx5e's gate needs it); the table holds `1 << log_max_rqt_size` entries.
     m[..].set(at(e::RSS_IND_TBL_CAP), u32::from(nic));
     m
 }
 
-/// `max_ft_level` of the NIC receive tables: fs_core drops its kernel NIC RX priority below 12 levels.
-pub(crate) const NIC_RX_MAX_FT_LEVEL: u32 = 64;
+/// `max_ft_level` of the NIC receive tables: what the recorded ConnectX-4 reports (255, `../shared/data`). fs_core
+/// drops its kernel NIC RX priority below 12 levels, and its anchor table sits at level 66.
+pub(crate) const NIC_RX_MAX_FT_LEVEL: u32 = 255;
 /// `log_max_ft_size`: fs_core's L2 table needs 2^16 entries.
 pub(crate) const NIC_RX_LOG_MAX_FT_SIZE: u32 = 23;
 

@@ -150,6 +150,10 @@ impl Mkey {
     }
 }
 
+/// The first mkey index handed out: index 1 with variant 0 is key 0x100, `MLX5_INVALID_LKEY`, the key that ends a
+/// scatter list (mlx5e's first mkey, variant 0, would otherwise be it and its receive WQEs would scatter nothing).
+const MKEY_INDEX_FIRST: u32 = 2;
+
 /// The memory key table: every key by index (the datapath looks keys up here), and the index CREATE_MKEY tries
 /// next.
 #[derive(Debug)]
@@ -160,7 +164,7 @@ pub(crate) struct MkeyTable {
 
 impl MkeyTable {
     pub(crate) fn new() -> Self {
-        MkeyTable { map: IdMap::new(), next: 1 }
+        MkeyTable { map: IdMap::new(), next: MKEY_INDEX_FIRST }
     }
 }
 
@@ -250,7 +254,7 @@ impl MkeyTable {
             }
         }
         let limit = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MKEY).min(24);
-        let index = alloc_id(&self.map, &mut self.next, 1, limit.max(2))
+        let index = alloc_id(&self.map, &mut self.next, MKEY_INDEX_FIRST, limit.max(MKEY_INDEX_FIRST + 1))
             .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let mkey = Mkey { pd, variant: get(m::MKEY_7_0) as u8, start, len, length64, rights, translation };
         self.map.insert(index, mkey);

@@ -329,6 +329,9 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => {
                 (query_nic_vport_context_in::SIZE_BYTES, query_nic_vport_context_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_QUERY_VPORT_COUNTER => {
+                (query_vport_counter_in::SIZE_BYTES, query_vport_counter_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT => {
                 (modify_nic_vport_context_in::SIZE_BYTES, modify_nic_vport_context_out::SIZE_BYTES, Gate::Initialized)
             }
@@ -561,7 +564,9 @@ impl Firmware {
                 Some(r) => r,
                 None => self.port.access_reg(inp, out),
             },
-            consts::MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT => nic_vport::modify_nic_vport_context(&mut self.port, inp),
+            consts::MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT => {
+                nic_vport::modify_nic_vport_context(&mut self.port, &self.caps, inp)
+            }
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_GID => ib_vport::query_hca_vport_gid(&self.port, inp, out, outlen),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY => ib_vport::query_hca_vport_pkey(&self.port, inp, out, outlen),
             consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
@@ -572,6 +577,7 @@ impl Firmware {
             consts::MLX5_CMD_OP_SET_ROCE_ADDRESS => self.port.set_roce_address(inp),
             consts::MLX5_CMD_OP_QUERY_ROCE_ADDRESS => self.port.query_roce_address(inp, out),
             consts::MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT => self.port.query_nic_vport_context(inp, out),
+            consts::MLX5_CMD_OP_QUERY_VPORT_COUNTER => self.port.query_vport_counter(inp, out),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => self.port.query_hca_vport_context(inp, out),
             consts::MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT => self.port.modify_hca_vport_context(inp),
             consts::MLX5_CMD_OP_CREATE_QP => self.qps.create(&qp_fw!(self), dma, inp, out),

@@ -2,7 +2,7 @@
 //! the vport queries (QUERY_VPORT_STATE, QUERY_NIC_VPORT_CONTEXT, QUERY_HCA_VPORT_CONTEXT), and the RoCE GID
 //! table (SET_ROCE_ADDRESS, QUERY_ROCE_ADDRESS).
 
-use mlx5_core::prm::{consts, ifc, MsgBuf};
+use mlx5_core::prm::{consts, ifc, Field, MsgBuf};
 
 use super::eq::EqPost;
 use super::reply::{bad_param, rd, rd16, CmdErr};
@@ -53,6 +53,56 @@ pub(crate) struct PortModel {
     pub(crate) roce_en: bool,
     /// The RoCE address (GID) table that SET_ROCE_ADDRESS programs.
     pub(crate) roce_table: Vec<RoceAddr>,
+    /// What the NIC half counted (the Ethernet datapath counts, QUERY_VPORT_COUNTER reports).
+    pub(crate) eth: EthCounters,
+    /// The NIC vport context mlx5e writes: MTU, promiscuous bits (UC, MC, all), allowed lists by type (UC, MC,
+    /// VLAN; raw 8-byte entries).
+    pub(crate) vport_mtu: u16,
+    pub(crate) promisc: [bool; 3],
+    pub(crate) vport_lists: [Vec<[u8; 8]>; 3],
+    /// A PORT_CHANGE sub-type a PAOS write made due (the operational state changed): the device layer posts it
+    /// once the command completed.
+    pub(crate) pending_change: Option<u8>,
+}
+
+/// The NIC half's traffic counters, named after `mlx5_ifc_vport_counter_set_bits` and the Q counter's
+/// `out_of_buffer`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct EthCounters {
+    pub(crate) transmitted_eth_unicast: Traffic,
+    pub(crate) transmitted_eth_multicast: Traffic,
+    pub(crate) transmitted_eth_broadcast: Traffic,
+    pub(crate) received_eth_unicast: Traffic,
+    pub(crate) received_eth_multicast: Traffic,
+    pub(crate) received_eth_broadcast: Traffic,
+    /// Frames no flow entry steered to an RQ (dropped by steering).
+    pub(crate) rx_steer_missed: u64,
+    /// Frames steered to an RQ with no receive WQE posted.
+    pub(crate) out_of_buffer: u64,
+}
+
+/// Packets and octets of one kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Traffic {
+    pub(crate) packets: u64,
+    pub(crate) octets: u64,
+}
+
+impl EthCounters {
+    /// Counts `frame` sent (`tx`) or received, by its destination MAC's kind.
+    pub(crate) fn count(&mut self, tx: bool, frame: &[u8]) {
+        let dst = frame.get(..6).unwrap_or(&[0; 6]);
+        let t = match (tx, dst == [0xff; 6], dst[0] & 1 != 0) {
+            (true, true, _) => &mut self.transmitted_eth_broadcast,
+            (true, false, true) => &mut self.transmitted_eth_multicast,
+            (true, false, false) => &mut self.transmitted_eth_unicast,
+            (false, true, _) => &mut self.received_eth_broadcast,
+            (false, false, true) => &mut self.received_eth_multicast,
+            (false, false, false) => &mut self.received_eth_unicast,
+        };
+        t.packets += 1;
+        t.octets += frame.len() as u64;
+    }
 }
 
 impl PortModel {
@@ -73,6 +123,11 @@ impl PortModel {
             qkey_viol_cntr: 0,
             driver_version: None,
             host_endianness: None,
+            eth: EthCounters::default(),
+            pending_change: None,
+            vport_mtu: cfg.port_mtu,
+            promisc: [false; 3],
+            vport_lists: Default::default(),
             roce_en: cfg.port_type == PortType::Eth,
             roce_table: vec![[0; ifc::roce_addr_layout::SIZE_BYTES]; ROCE_ADDRESS_ENTRIES],
         }
@@ -123,6 +178,62 @@ impl PortModel {
                     reg.set(ifc::paos_reg::ADMIN_STATUS, admin);
                     reg.set(ifc::paos_reg::OPER_STATUS, st);
                 }
+                Ok(())
+            }
+            consts::MLX5_REG_PPCNT => {
+                use ifc::ppcnt_reg as p;
+                let len = p::SIZE_BYTES;
+                if write || self.port_type != PortType::Eth || data.len() < len || out.len() < out_off + len {
+                    return Err(bad_param(syndrome::REG_ACCESS));
+                }
+                if rd(data, p::LOCAL_PORT) != 1 {
+                    return Err(bad_param(syndrome::BAD_PORT));
+                }
+                let reg = &mut out[out_off..out_off + len];
+                reg.copy_from_slice(&data[..len]);
+                reg[p::COUNTER_SET.off..p::COUNTER_SET.off + p::COUNTER_SET.len].fill(0);
+                // The IEEE 802.3 group counts what the port's wire carried; the other groups (RFC 2863, 2819,
+                // per priority, physical layer) read as zeros: the simulated cable has no errors or pauses.
+                if rd(data, p::GRP) == consts::MLX5_IEEE_802_3_COUNTERS_GROUP {
+                    use ifc::eth_802_3_cntrs_grp_data_layout as g;
+                    let e = &self.eth;
+                    let sum = |a: Traffic, b: Traffic, c: Traffic| Traffic {
+                        packets: a.packets + b.packets + c.packets,
+                        octets: a.octets + b.octets + c.octets,
+                    };
+                    let tx = sum(e.transmitted_eth_unicast, e.transmitted_eth_multicast, e.transmitted_eth_broadcast);
+                    let rx = sum(e.received_eth_unicast, e.received_eth_multicast, e.received_eth_broadcast);
+                    let set = p::COUNTER_SET;
+                    let mut put = |hi: Field, lo: Field, v: u64| {
+                        reg.set(hi.at(set), (v >> 32) as u32);
+                        reg.set(lo.at(set), v as u32);
+                    };
+                    put(g::A_FRAMES_TRANSMITTED_OK_HIGH, g::A_FRAMES_TRANSMITTED_OK_LOW, tx.packets);
+                    put(g::A_FRAMES_RECEIVED_OK_HIGH, g::A_FRAMES_RECEIVED_OK_LOW, rx.packets);
+                    put(g::A_OCTETS_TRANSMITTED_OK_HIGH, g::A_OCTETS_TRANSMITTED_OK_LOW, tx.octets);
+                    put(g::A_OCTETS_RECEIVED_OK_HIGH, g::A_OCTETS_RECEIVED_OK_LOW, rx.octets);
+                    let (mtx, btx) = (e.transmitted_eth_multicast.packets, e.transmitted_eth_broadcast.packets);
+                    put(g::A_MULTICAST_FRAMES_XMITTED_OK_HIGH, g::A_MULTICAST_FRAMES_XMITTED_OK_LOW, mtx);
+                    put(g::A_BROADCAST_FRAMES_XMITTED_OK_HIGH, g::A_BROADCAST_FRAMES_XMITTED_OK_LOW, btx);
+                    let (mrx, brx) = (e.received_eth_multicast.packets, e.received_eth_broadcast.packets);
+                    put(g::A_MULTICAST_FRAMES_RECEIVED_OK_HIGH, g::A_MULTICAST_FRAMES_RECEIVED_OK_LOW, mrx);
+                    put(g::A_BROADCAST_FRAMES_RECEIVED_OK_HIGH, g::A_BROADCAST_FRAMES_RECEIVED_OK_LOW, brx);
+                }
+                Ok(())
+            }
+            consts::MLX5_REG_PFCC => {
+                // Pause and PFC settings (read): none, the simulated cable carries no pause frames. Writes (ethtool
+                // -A) are not modelled and are refused.
+                use ifc::pfcc_reg as p;
+                let len = p::SIZE_BYTES;
+                if write || self.port_type != PortType::Eth || data.len() < len || out.len() < out_off + len {
+                    return Err(bad_param(syndrome::REG_ACCESS));
+                }
+                if rd(data, p::LOCAL_PORT) != 1 {
+                    return Err(bad_param(syndrome::BAD_PORT));
+                }
+                let reg = &mut out[out_off..out_off + len];
+                reg.set(p::LOCAL_PORT, 1);
                 Ok(())
             }
             consts::MLX5_REG_PVLC => {
@@ -195,7 +306,7 @@ impl PortModel {
         if rd16(inp, ifc::mbox_in::OP_MOD) != consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT {
             return Err(bad_param(syndrome::BAD_OP_MOD));
         }
-        let up = if self.up {
+        let up = if self.oper_up() {
             consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_UP
         } else {
             consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_DOWN
@@ -266,7 +377,10 @@ impl PortModel {
         }
         let base = ifc::query_nic_vport_context_out::NIC_VPORT_CONTEXT;
         out.set(n::ROCE_EN.at(base), u32::from(self.roce_en));
-        out.set(n::MTU.at(base), self.oper_mtu.into());
+        out.set(n::MTU.at(base), self.vport_mtu.into());
+        for (bit, on) in [n::PROMISC_UC, n::PROMISC_MC, n::PROMISC_ALL].into_iter().zip(self.promisc) {
+            out.set(bit.at(base), on.into());
+        }
         out.set(n::QKEY_VIOLATION_COUNTER.at(base), self.qkey_viol_cntr.into());
         out.set64(n::SYSTEM_IMAGE_GUID.at(base), self.node_guid);
         out.set64(n::PORT_GUID.at(base), self.node_guid);
@@ -320,6 +434,11 @@ impl PortModel {
 }
 
 impl PortModel {
+    /// The operational state: the link is up and the host has not taken the port down (PAOS).
+    pub(crate) fn oper_up(&self) -> bool {
+        self.up && self.admin_up
+    }
+
     /// A PMTU write (`admin_mtu`, within 64 bytes and `max_mtu`, becomes the operational MTU) or a PAOS write
     /// (`admin_status` up or down, with `ase`, as `mlx5_set_port_admin_status` sends it).
     fn write_pmtu_paos(&mut self, id: u16, data: &[u8]) -> Result<(), CmdErr> {
@@ -335,11 +454,52 @@ impl PortModel {
             // Without `ase` the admin status is not to be changed.
             return Ok(());
         }
+        let before = self.up && self.admin_up;
         self.admin_up = match rd(data, ifc::paos_reg::ADMIN_STATUS) {
             consts::MLX5_PORT_UP => true,
             consts::MLX5_PORT_DOWN => false,
             _ => return Err(bad_param(syndrome::REG_ACCESS)),
         };
+        // Taking the port down administratively drops the link, bringing it up raises it: an event either way.
+        let after = self.up && self.admin_up;
+        if before != after {
+            let sub =
+                if after { consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE } else { consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN };
+            self.pending_change = Some(sub);
+        }
+        Ok(())
+    }
+
+    /// QUERY_VPORT_COUNTER of the function's own vport: the NIC traffic counters (Ethernet only; `clear` zeroes
+    /// them after the read, as firmware does).
+    pub(crate) fn query_vport_counter(&mut self, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+        use ifc::query_vport_counter_in as i;
+        use ifc::query_vport_counter_out as o;
+        if self.port_type != PortType::Eth {
+            return Err(bad_param(syndrome::BAD_PORT));
+        }
+        if rd(inp, i::OTHER_VPORT) != 0 || rd(inp, i::VPORT_NUMBER) != 0 {
+            return Err(bad_param(syndrome::BAD_FUNCTION));
+        }
+        let e = self.eth;
+        for (sub, t) in [
+            (o::RECEIVED_ETH_UNICAST, e.received_eth_unicast),
+            (o::RECEIVED_ETH_MULTICAST, e.received_eth_multicast),
+            (o::RECEIVED_ETH_BROADCAST, e.received_eth_broadcast),
+            (o::TRANSMITTED_ETH_UNICAST, e.transmitted_eth_unicast),
+            (o::TRANSMITTED_ETH_MULTICAST, e.transmitted_eth_multicast),
+            (o::TRANSMITTED_ETH_BROADCAST, e.transmitted_eth_broadcast),
+        ] {
+            out.set64(ifc::traffic_counter::PACKETS.at(sub), t.packets);
+            out.set64(ifc::traffic_counter::OCTETS.at(sub), t.octets);
+        }
+        if rd(inp, i::CLEAR) != 0 {
+            self.eth = EthCounters {
+                rx_steer_missed: e.rx_steer_missed,
+                out_of_buffer: e.out_of_buffer,
+                ..Default::default()
+            };
+        }
         Ok(())
     }
 
@@ -385,6 +545,7 @@ impl PortModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::SimEvent;
     use crate::testkit::submit::Harness;
 
     fn pvlc(h: &mut Harness, local_port: u32) -> (u8, u32, u32) {
@@ -479,12 +640,40 @@ mod tests {
             d.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_DOWN);
             d.set(ifc::paos_reg::ASE, 1);
         };
+        // An EQ for port changes, as mlx5_core's async EQ subscribes to them.
+        let uar = h.alloc_uar();
+        let (s, eqn, _eq) = h.create_eq(uar, 4, 1 << consts::MLX5_EVENT_TYPE_PORT_CHANGE);
+        assert_eq!(s, 0);
+        let changes = |h: &Harness| -> Vec<u8> {
+            let pc = consts::MLX5_EVENT_TYPE_PORT_CHANGE;
+            let e = h.dev.events();
+            e.iter()
+                .filter_map(|e| match *e {
+                    SimEvent::Eqe { eqn: n, event_type, sub_type } if n == eqn && event_type == pc => Some(sub_type),
+                    _ => None,
+                })
+                .collect()
+        };
         assert_eq!(reg(&mut h, paos, true, &down).1, 0);
         let r = reg(&mut h, paos, false, &|_| {}).2;
         assert_eq!((rd(&r, ifc::paos_reg::ADMIN_STATUS), rd(&r, ifc::paos_reg::OPER_STATUS)), (2, 2));
+        assert_eq!(changes(&h), [consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN]);
+        // Down again: no change, no event.
+        assert_eq!(reg(&mut h, paos, true, &down).1, 0);
+        assert_eq!(changes(&h).len(), 1);
         // Without `ase` nothing changes.
         assert_eq!(reg(&mut h, paos, true, &|d| d.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP)).1, 0);
         assert_eq!(rd(&reg(&mut h, paos, false, &|_| {}).2, ifc::paos_reg::ADMIN_STATUS), consts::MLX5_PORT_DOWN);
+        // Up with `ase`: the link comes back and says so.
+        let up = |d: &mut [u8]| {
+            d.set(ifc::paos_reg::ADMIN_STATUS, consts::MLX5_PORT_UP);
+            d.set(ifc::paos_reg::ASE, 1);
+        };
+        assert_eq!(reg(&mut h, paos, true, &up).1, 0);
+        let r = reg(&mut h, paos, false, &|_| {}).2;
+        assert_eq!(rd(&r, ifc::paos_reg::OPER_STATUS), consts::MLX5_PORT_UP);
+        let want = [consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN, consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE];
+        assert_eq!(changes(&h), want);
         // An InfiniBand port's MTU and status are not the host's to write.
         let mut ib = Harness::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
         ib.bring_up();

@@ -20,6 +20,8 @@ pub(crate) struct Rq {
     pub(crate) cqn: u32,
     pub(crate) user_index: u32,
     pub(crate) wq: Wq,
+    /// The WQE counter: the next receive WQE to take (16 bits, as the CQE's `wqe_counter`).
+    pub(crate) ci: u16,
 }
 
 /// What an RQ command checks in the rest of the firmware.
@@ -66,7 +68,7 @@ impl RqTable {
         let limit = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_RQ).min(24);
         let rqn = alloc_id(&self.map, &mut self.next, 1, limit).ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let user_index = rd(inp, r::USER_INDEX.at(ctx));
-        self.map.insert(rqn, Rq { state: consts::MLX5_RQC_STATE_RST, cqn, user_index, wq });
+        self.map.insert(rqn, Rq { state: consts::MLX5_RQC_STATE_RST, cqn, user_index, wq, ci: 0 });
         out.set(ifc::create_rq_out::RQN, rqn);
         Ok(())
     }
@@ -80,6 +82,10 @@ impl RqTable {
             return Err(err(CmdStatus::BadResState, syndrome::WQ_STATE));
         }
         rq.state = next;
+        // A queue back in RST starts its ring over (mlx5e's recovery resets its counters too).
+        if next == consts::MLX5_RQC_STATE_RST {
+            rq.ci = 0;
+        }
         Ok(())
     }
 

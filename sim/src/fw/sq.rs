@@ -19,10 +19,15 @@ use crate::dma::DmaSpace;
 pub(crate) struct Sq {
     pub(crate) state: u32,
     pub(crate) cqn: u32,
+    /// The TIS (0 with none: `tis_lst_sz` 0).
     pub(crate) tisn: u32,
     pub(crate) min_wqe_inline_mode: u32,
     pub(crate) user_index: u32,
     pub(crate) wq: Wq,
+    /// The producer counter the last doorbell read from the doorbell record (in 64-byte basic blocks).
+    pub(crate) pi: u16,
+    /// The next basic block to execute.
+    pub(crate) ci: u16,
 }
 
 /// What an SQ command checks in the rest of the firmware.
@@ -34,6 +39,10 @@ pub(crate) struct SqFw<'a> {
     pub(crate) uar_exists: &'a dyn Fn(u32) -> bool,
 }
 
+/// The first SQN and the end of the 24-bit number space.
+const SQN_FIRST: u32 = 1 << 23;
+const SQN_END: u32 = 1 << 24;
+
 /// The SQ table.
 #[derive(Debug, Default)]
 pub(crate) struct SqTable {
@@ -43,7 +52,7 @@ pub(crate) struct SqTable {
 
 impl SqTable {
     pub(crate) fn new() -> Self {
-        Self { map: BTreeMap::new(), next: 1 }
+        Self { map: BTreeMap::new(), next: SQN_FIRST }
     }
 
     pub(super) fn create(&mut self, fw: &SqFw, dma: &DmaSpace, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
@@ -56,9 +65,16 @@ impl SqTable {
         if !(fw.cq_exists)(cqn) {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
-        // One TIS per SQ (`log_max_tis_per_sq` 0): tis_lst_sz must be 1.
-        let tisn = rd(inp, s::TIS_NUM_0.at(ctx));
-        if rd(inp, s::TIS_LST_SZ.at(ctx)) != 1 || !(fw.tis_exists)(tisn) {
+        // At most one TIS per SQ (`log_max_tis_per_sq` 0). mlx5_core's write-combining test makes its SQ with
+        // none (`tis_lst_sz` 0): it only sends NOPs.
+        let tis_lst_sz = rd(inp, s::TIS_LST_SZ.at(ctx));
+        let tisn = if tis_lst_sz == 0 { 0 } else { rd(inp, s::TIS_NUM_0.at(ctx)) };
+        let tis_ok = match tis_lst_sz {
+            0 => true,
+            1 => (fw.tis_exists)(tisn),
+            _ => false,
+        };
+        if !tis_ok {
             return Err(bad_param(syndrome::TIS_INVALID));
         }
         let wq_sub = s::WQ.at(ctx);
@@ -67,8 +83,11 @@ impl SqTable {
         if !(fw.uar_exists)(wq.uar_page) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }
-        let limit = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_SQ).min(24);
-        let sqn = alloc_id(&self.map, &mut self.next, 1, limit).ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
+        // SQs and QPs share the send doorbell, which names a 24-bit number: SQNs come from the top half of
+        // that space (QPNs count up from 0x100 and reach it only after 8 million QPs).
+        let limit = SQN_FIRST + (1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_SQ).min(23));
+        let sqn = alloc_id(&self.map, &mut self.next, SQN_FIRST, limit.min(SQN_END))
+            .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let sq = Sq {
             state: consts::MLX5_SQC_STATE_RST,
             cqn,
@@ -76,6 +95,8 @@ impl SqTable {
             min_wqe_inline_mode: rd(inp, s::MIN_WQE_INLINE_MODE.at(ctx)),
             user_index: rd(inp, s::USER_INDEX.at(ctx)),
             wq,
+            pi: 0,
+            ci: 0,
         };
         self.map.insert(sqn, sq);
         out.set(ifc::create_sq_out::SQN, sqn);
@@ -90,6 +111,10 @@ impl SqTable {
             return Err(err(CmdStatus::BadResState, syndrome::WQ_STATE));
         }
         sq.state = next;
+        // A queue back in RST starts its ring over (mlx5e_reset_txqsq_cc_pc does the same on its side).
+        if next == consts::MLX5_SQC_STATE_RST {
+            (sq.pi, sq.ci) = (0, 0);
+        }
         Ok(())
     }
 
@@ -99,7 +124,7 @@ impl SqTable {
         let sq = self.map.get(&sqn).ok_or(bad_param(syndrome::SQ_INVALID))?;
         out.set(s::STATE.at(ctx), sq.state);
         out.set(s::CQN.at(ctx), sq.cqn);
-        out.set(s::TIS_LST_SZ.at(ctx), 1);
+        out.set(s::TIS_LST_SZ.at(ctx), u32::from(sq.tisn != 0));
         out.set(s::TIS_NUM_0.at(ctx), sq.tisn);
         out.set(s::MIN_WQE_INLINE_MODE.at(ctx), sq.min_wqe_inline_mode);
         out.set(s::USER_INDEX.at(ctx), sq.user_index);

@@ -17,9 +17,32 @@ pub(crate) struct Wq {
     pub(crate) log_stride: u32,
     pub(crate) log_size: u32,
     pub(crate) page_shift: u32,
-    /// The ring's pages, for the Ethernet datapath (not written yet: nothing reads them so far).
-    #[allow(dead_code)]
+    /// The ring's pages: the Ethernet datapath reads WQEs through them.
     pub(crate) pas: Vec<u64>,
+}
+
+impl Wq {
+    /// The ring's size in bytes.
+    pub(crate) fn bytes(&self) -> u64 {
+        1u64 << (self.log_stride + self.log_size)
+    }
+
+    /// Fills `out` from byte `off` of the ring, wrapping at its end, page by page through `pas[]`. A page the
+    /// driver unmapped is a DMA fault, as on the device.
+    pub(crate) fn read(&self, dma: &mut DmaSpace, off: u64, out: &mut [u8]) -> Result<(), crate::dma::DmaFault> {
+        let (size, page) = (self.bytes(), 1u64 << self.page_shift);
+        let mut done = 0usize;
+        while done < out.len() {
+            let o = (off + done as u64) % size;
+            let within = o & (page - 1);
+            let n = (out.len() - done).min((page - within) as usize).min((size - o) as usize);
+            // `parse` made one page address per page of the ring.
+            let base = self.pas.get((o >> self.page_shift) as usize).copied().unwrap_or(u64::MAX);
+            dma.read(base.wrapping_add(within), &mut out[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
 }
 
 /// Reads and checks the `wq` at `wq` of `inp`, whose pages follow at `pas`. `log_max_wq_sz` bounds the ring.
@@ -37,7 +60,9 @@ pub(crate) fn parse(
         return Err(bad_param(syndrome::WQ_TYPE));
     }
     let pd = rd(inp, w::PD.at(wq));
-    if !pd_exists(pd) {
+    // PD 0 is accepted: mlx5e's drop RQ names none (`mlx5e_build_drop_rq_param`), as it never gets a WQE; a
+    // WQE through a key of a real PD then fails the key's PD check.
+    if pd != 0 && !pd_exists(pd) {
         return Err(bad_param(syndrome::PD_INVALID));
     }
     let log_stride = rd(inp, w::LOG_WQ_STRIDE.at(wq));

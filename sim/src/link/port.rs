@@ -292,6 +292,19 @@ impl Wire {
         Err(if self.peers.is_empty() { "unknown destination (not connected)" } else { "unknown destination" })
     }
 
+    /// Where an Ethernet frame for `mac` goes: this port (its own MAC), the peer with that MAC, or for a
+    /// broadcast or multicast MAC every peer; a guest or VDE cable takes what no known port owns.
+    pub(crate) fn route_mac(&self, mac: [u8; 6]) -> Vec<DevRef> {
+        if mac[0] & 1 != 0 {
+            return self.peers.iter().map(|p| p.dev.clone()).collect();
+        }
+        if mac == self.addr.mac {
+            return vec![self.me_here()];
+        }
+        let p = self.peers.iter().find(|p| !p.addr.ib && p.addr.mac == mac).or(self.peers.iter().find(|p| p.default));
+        p.map(|p| vec![p.dev.clone()]).unwrap_or_default()
+    }
+
     /// Queues a packet: into the own inbox (loopback) or out for the pump. In line, so the packet (a few hundred
     /// bytes) is copied once, into the queue, rather than again on the way in.
     #[inline]

@@ -2,7 +2,7 @@
 //! transport domain and a CQ, and the commands mlx5e sends (TIS, RQ, SQ, RQT, TIR, flow tables, groups and
 //! entries) built from the PRM layouts as the kernel builds them. Each returns (status, syndrome, object number).
 
-use mlx5_core::hal::{Dma, DmaRegion};
+use mlx5_core::hal::{Dma, DmaRegion, Mmio};
 use mlx5_core::prm::{consts, ifc, MsgBuf, Sub};
 
 use super::submit::{Rdma, TCq};
@@ -24,7 +24,12 @@ pub(crate) type Reply = (u8, u32, u32);
 
 impl Eth {
     pub fn new() -> Self {
-        let mut r = Rdma::new(SimConfig { eth_netdev: true, ..SimConfig::default() });
+        Self::with_mac(SimConfig::default().mac)
+    }
+
+    /// A device whose port has MAC `mac`.
+    pub fn with_mac(mac: [u8; 6]) -> Self {
+        let mut r = Rdma::new(SimConfig { eth_netdev: true, mac, ..SimConfig::default() });
         let (s, _, out) = r.h.simple(
             consts::MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN,
             0,
@@ -235,5 +240,87 @@ impl Eth {
         value(&mut inp[outer.off..outer.off + outer.len]);
         let (s, syn, _) = self.r.h.cmd(&inp, ifc::set_fte_out::SIZE_BYTES);
         (s, syn)
+    }
+}
+
+/// An SQ or RQ made ready, with its ring and doorbell record.
+pub(crate) struct TWq {
+    pub n: u32,
+    pub ring: DmaRegion,
+    pub dbr: DmaRegion,
+    /// The producer counter (basic blocks for an SQ, WQEs for an RQ).
+    pub pi: u16,
+}
+
+impl Eth {
+    /// The ring and doorbell record `ring` made last.
+    fn last_ring(&mut self) -> (DmaRegion, DmaRegion) {
+        let dbr = self.mem.pop().unwrap();
+        (self.mem.pop().unwrap(), dbr)
+    }
+
+    /// An SQ through a fresh TIS, moved to RDY (64-entry ring of 64-byte basic blocks).
+    pub fn ready_sq(&mut self) -> TWq {
+        let (_, _, tisn) = self.tis();
+        let (s, y, n) = self.sq_with(tisn, |_| {});
+        assert_eq!((s, y), (0, 0), "CREATE_SQ");
+        let (ring, dbr) = self.last_ring();
+        assert_eq!(self.modify_wq(true, n, consts::MLX5_SQC_STATE_RST, consts::MLX5_SQC_STATE_RDY), (0, 0));
+        TWq { n, ring, dbr, pi: 0 }
+    }
+
+    /// An RQ moved to RDY, and a root flow table sending every frame to it through a direct TIR.
+    pub fn ready_rq_steered(&mut self) -> TWq {
+        let (s, y, n) = self.rq();
+        assert_eq!((s, y), (0, 0), "CREATE_RQ");
+        let (ring, dbr) = self.last_ring();
+        assert_eq!(self.modify_wq(false, n, consts::MLX5_RQC_STATE_RST, consts::MLX5_RQC_STATE_RDY), (0, 0));
+        let (_, _, tirn) = self.tir(false, n);
+        let (_, _, root) = self.table(0, 1, None);
+        let (_, _, g) = self.group(root, 0, 0, |_| {});
+        assert_eq!(self.fte(root, g, 0, &[(consts::MLX5_IFC_FLOW_DESTINATION_TYPE_TIR, tirn)], |_| {}), (0, 0));
+        assert_eq!(self.set_root(root), (0, 0));
+        TWq { n, ring, dbr, pi: 0 }
+    }
+
+    /// Posts a receive WQE of one data segment (`len` bytes at `addr` through `lkey`) and moves the RQ's head.
+    pub fn post_rx(&mut self, rq: &mut TWq, len: u32, lkey: u32, addr: u64) {
+        use mlx5_core::prm::c::mlx5_wqe_data_seg as d;
+        let mut seg = [0u8; d::SIZE];
+        d::BYTE_COUNT.put_be(&mut seg, 0, len);
+        d::LKEY.put_be(&mut seg, 0, lkey);
+        seg[d::ADDR.off..d::ADDR.off + 8].copy_from_slice(&addr.to_be_bytes());
+        // 64-byte strides, 64 of them.
+        super::submit::put(&rq.ring, usize::from(rq.pi % 64) * 64, &seg);
+        rq.pi = rq.pi.wrapping_add(1);
+        self.r.h.mmio.wmb();
+        super::submit::put(&rq.dbr, 0, &u32::from(rq.pi).to_be_bytes());
+    }
+
+    /// Writes the send WQE `wqe` (its control segment's index, SQN and `ds` filled in here) at the SQ's
+    /// producer counter, moves the counter and rings the doorbell (BlueFlame register 0, first 8 bytes).
+    /// Returns the WQE's index.
+    pub fn post_tx(&mut self, sq: &mut TWq, wqe: &[u8]) -> u16 {
+        use mlx5_core::prm::c::mlx5_wqe_ctrl_seg as cs;
+        let index = sq.pi;
+        let mut w = wqe.to_vec();
+        let op = cs::OPMOD_IDX_OPCODE.get_be(&w, 0) & 0xff;
+        cs::OPMOD_IDX_OPCODE.put_be(&mut w, 0, u32::from(index) << 8 | op);
+        let ds = cs::QPN_DS.get_be(&w, 0) & 0x3f;
+        cs::QPN_DS.put_be(&mut w, 0, sq.n << 8 | ds);
+        let nbb = w.len().div_ceil(64).max(1);
+        w.resize(nbb * 64, 0);
+        for k in 0..nbb {
+            let slot = usize::from(index.wrapping_add(k as u16) % 64) * 64;
+            super::submit::put(&sq.ring, slot, &w[64 * k..64 * k + 64]);
+        }
+        sq.pi = sq.pi.wrapping_add(nbb as u16);
+        self.r.h.mmio.wmb();
+        super::submit::put(&sq.dbr, 4, &u32::from(sq.pi).to_be_bytes());
+        self.r.h.mmio.wmb();
+        let off = crate::mmio::SimMmio::uar_offset(self.r.uar) + consts::MLX5_BF_OFFSET as usize;
+        let v = u64::from_be_bytes(w[..8].try_into().unwrap());
+        self.r.h.mmio.write64(off, v);
+        index
     }
 }

@@ -1,7 +1,7 @@
 //! What the datapath's files share: [`Datapath`] (the view of the device a run borrows), [`DpState`] (the
 //! datapath's own state), the WQE and CQE layout constants, and the imports every file of the engine uses.
 
-pub(super) use std::collections::BTreeMap;
+pub(super) use std::collections::{BTreeMap, BTreeSet};
 
 pub(super) use super::reasm::RoceRx;
 
@@ -132,6 +132,8 @@ pub(super) const RQ_SMALL: usize = 64;
 pub(crate) struct DpState {
     /// (UAR page, BlueFlame buffer) -> (QPN, WQE index) of the last doorbell written there.
     pub(crate) bf: BTreeMap<(u32, usize), (u32, u16)>,
+    /// Ethernet SQs with doorbells not yet executed (`eth/engine.rs`).
+    pub(crate) eth_sqs: BTreeSet<u32>,
     pub(super) next_seq: u64,
     /// The inline bytes of the WQE being executed (reused).
     pub(super) inline: Vec<u8>,

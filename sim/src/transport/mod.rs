@@ -236,6 +236,7 @@ impl Datapath<'_> {
                 let Some(next) = qpn.checked_add(1) else { break };
                 from = next;
             }
+            busy |= self.eth_sqs_step();
             if !busy {
                 break;
             }
@@ -254,6 +255,8 @@ impl Datapath<'_> {
             Body::Ud { .. } => self.responder().ud_receive(p),
             Body::Uc { .. } => self.responder().uc_request(p),
             Body::Resp { seq, resp } => self.requester().rc_response(p.dst_qpn, seq, resp, p.src_qpn),
+            // A frame an SQ of this device sent to its own MAC.
+            Body::Eth { frame } => self.eth_frame_in(&frame, &p.src),
         }
     }
 

@@ -37,6 +37,9 @@ impl Datapath<'_> {
     /// request for a QP that cannot take it, so that its requester learns at once, as in-process tests expect,
     /// what a requester across a real link learns from its ACK timer.
     pub(crate) fn receive_over_wire(&mut self, p: Packet) {
+        if let Body::Eth { frame } = &p.body {
+            return self.eth_frame_in(frame, &p.src);
+        }
         // A request for a GID this port does not hold goes no further, whichever form it crosses in.
         if let (Some(g), false) = (&p.grh, matches!(p.body, Body::Resp { .. })) {
             if !self.wire.addr.ib && !self.dead() && !self.owns_gid(&g.dgid) {
@@ -50,6 +53,7 @@ impl Datapath<'_> {
             Body::Rc { .. } => ready(QpType::Rc),
             Body::Uc { .. } => ready(QpType::Uc),
             Body::Ud { .. } | Body::Resp { .. } => true,
+            Body::Eth { .. } => false,
         };
         if !takes || self.dead() || self.wire.addr.ib || p.grh.is_none() {
             return self.receive(p);
@@ -76,6 +80,14 @@ impl Datapath<'_> {
     /// [`Datapath::receive_frame`], checking the frame's sums as `integrity` says.
     fn receive_frame_with(&mut self, frame: &[u8], from: &DevRef, integrity: Integrity) -> Option<Vec<u8>> {
         if self.dead() || self.wire.addr.ib {
+            return None;
+        }
+        // A netdev owns the port: what is not RoCE goes through its receive steering.
+        if self.netdev_owns_port() && !super::eth::engine::is_roce_v2(frame) {
+            if self.wire.pcap.is_some() && !matches!(from.port, crate::link::Port::Local(_)) {
+                self.wire.capture_raw(frame);
+            }
+            self.eth_receive(frame);
             return None;
         }
         let parsed = match parse_with(frame, integrity) {

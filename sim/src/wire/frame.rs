@@ -22,7 +22,7 @@ pub(crate) const LOST_OTHER: &str = "lost at the far end of the link";
 
 wire_code! {
     /// What a packet carries (the byte after the GRH).
-    pub(crate) BodyKind: u8 { Rc = 1, Ud = 2, Resp = 3, Uc = 4, }
+    pub(crate) BodyKind: u8 { Rc = 1, Ud = 2, Resp = 3, Uc = 4, Eth = 5, }
 }
 
 wire_code! {
@@ -272,6 +272,7 @@ impl<D> Packet<D> {
             | Body::Uc { op: RcOp::Send { data, .. } | RcOp::Write { data, .. }, .. } => data.len(),
             Body::Ud { data, .. } => data.len(),
             Body::Resp { resp: Resp::ReadData(d), .. } => d.len(),
+            Body::Eth { frame } => frame.len(),
             _ => 0,
         };
         let head = 1 + self.header_len();
@@ -315,6 +316,10 @@ impl<D> Packet<D> {
                 e.u8((*solicited).into());
                 e.imm(imm);
                 e.data(data);
+            }
+            Body::Eth { frame } => {
+                e.u8(BodyKind::Eth.into());
+                e.data(frame);
             }
             Body::Resp { seq, resp } => {
                 e.u8(BodyKind::Resp.into());
@@ -367,6 +372,7 @@ impl<D: Clone> Packet<D> {
                 let (qkey, solicited, imm) = (d.u32()?, d.bool()?, d.imm()?);
                 Body::Ud { qkey, data: d.data()?.to_vec(), imm, solicited }
             }
+            BodyKind::Eth => Body::Eth { frame: d.data()?.to_vec() },
             BodyKind::Resp => {
                 let seq = d.u64()?;
                 let resp = match RespKind::from(d.u8()?) {
@@ -593,6 +599,7 @@ mod tests {
                 op: RcOp::Write { raddr: 0x1000, rkey: 7, data: (&[5u8; 70][..]).into(), imm: None },
                 solicited: false,
             },
+            Body::Eth { frame: vec![0xff; 60] },
             Body::Resp { seq: 5, resp: Resp::Ack },
             Body::Resp { seq: 5, resp: Resp::ReadData(vec![4; 5]) },
             Body::Resp { seq: 5, resp: Resp::AtomicOrig(u64::MAX) },

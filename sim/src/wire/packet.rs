@@ -152,6 +152,8 @@ pub(crate) enum Body {
     Ud { qkey: u32, data: Vec<u8>, imm: Option<[u8; 4]>, solicited: bool },
     /// A response to the RC request `seq`.
     Resp { seq: u64, resp: Resp },
+    /// A whole Ethernet frame an SQ sent (the NIC half): it crosses as it is and the receiving port steers it.
+    Eth { frame: Vec<u8> },
 }
 
 /// What a RoCEv2 encoding of a packet needs beyond the message (`roce_map.rs`): the path MTU it is cut at, the

@@ -124,6 +124,11 @@ pub(crate) fn emit_frames_with<D>(
     integrity: Integrity,
     out: &mut dyn FnMut(&[u8]),
 ) -> Result<u32, &'static str> {
+    // An Ethernet frame from an SQ is already its own form.
+    if let Body::Eth { frame } = &p.body {
+        out(frame);
+        return Ok(1);
+    }
     let grh = p.grh.ok_or("no GRH: not a RoCE packet")?;
     let ip = ip_header(&grh.sgid, &grh.dgid, grh.tclass, grh.hop_limit, grh.flow_label);
     let sport = match p.roce.udp_sport {
@@ -254,6 +259,8 @@ pub(crate) fn emit_frames_with<D>(
             let ext = Ext { deth: Some(Deth { qkey: *qkey, src_qpn: p.src_qpn }), immdt: *imm, ..Ext::default() };
             put(Piece { opcode, psn: p.roce.psn, ack_req: false, solicited: *solicited, ext, payload: data })?;
         }
+        // Sent as it is, above.
+        Body::Eth { .. } => {}
         Body::Resp { resp, .. } => {
             let (psn, msn) = (p.roce.psn, p.roce.msn);
             match resp {

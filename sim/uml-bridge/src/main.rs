@@ -1,6 +1,9 @@
-//! `mlx5-uml-bridge --socket PATH [--port ib|eth] [--trace FILE] [--bar-file FILE] [--verbose]`: listens on PATH,
-//! serves one UML instance started with `virtio_uml.device=PATH:1234`, and exits when it disconnects. With
-//! `--bar-file`, the file UML was given as `virt_pci_bar_file=` is watched for user doorbells.
+//! `mlx5-uml-bridge --socket PATH [--port ib|eth] [--mac MAC] [--wire-listen ADDR | --wire-connect ADDR]
+//! [--trace FILE] [--bar-file FILE] [--verbose]`: listens on PATH, serves one UML instance started with
+//! `virtio_uml.device=PATH:1234`, and exits when it disconnects. With `--bar-file`, the file UML was given as
+//! `virt_pci_bar_file=` is watched for user doorbells. An Ethernet port offers the NIC half (mlx5e loads); its
+//! cable goes to another bridge's device over TCP (`--wire-listen` on one, `--wire-connect` on the other), so two
+//! UML instances' netdevs reach each other.
 
 use std::fs::File;
 use std::os::unix::net::UnixListener;
@@ -12,7 +15,23 @@ use mlx5_uml_bridge::barfile::BarFile;
 use mlx5_uml_bridge::device::Device;
 use mlx5_uml_bridge::server::Server;
 
-const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--trace FILE] [--bar-file FILE] [--verbose]";
+const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--mac MAC] [--wire-listen ADDR | --wire-connect ADDR] [--trace FILE] [--bar-file FILE] [--verbose]";
+/// How long `--wire-connect` waits for the other bridge's `--wire-listen`.
+const WIRE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The wire options: a MAC for the port and where its cable goes.
+#[derive(Default)]
+struct WireOpts {
+    mac: Option<[u8; 6]>,
+    listen: Option<String>,
+    connect: Option<String>,
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let v: Vec<u8> = s.split(':').map(|b| u8::from_str_radix(b, 16).ok()).collect::<Option<_>>()?;
+    v.try_into().ok()
+}
 /// UAR pages: enough for mlx5_core, mlx5_ib's kernel UARs and a few user contexts (rdma-core allocates its own).
 const NUM_UARS: u32 = 256;
 
@@ -23,6 +42,7 @@ fn main() -> ExitCode {
     let mut trace: Option<PathBuf> = None;
     let mut verbose = false;
     let mut bar_file: Option<PathBuf> = None;
+    let mut wire = WireOpts::default();
     while let Some(a) = argv.next() {
         let r = a.and_then(|a| {
             match a.as_str() {
@@ -30,6 +50,14 @@ fn main() -> ExitCode {
                 "--trace" => trace = Some(argv.path("--trace")?),
                 "--bar-file" => bar_file = Some(argv.path("--bar-file")?),
                 "--verbose" => verbose = true,
+                "--mac" => {
+                    let v = argv.value("--mac", "a MAC address")?;
+                    let m = parse_mac(&v)
+                        .ok_or_else(|| mlx5_args::ArgError::Other(format!("--mac: {v:?} is not aa:bb:cc:dd:ee:ff")))?;
+                    wire.mac = Some(m);
+                }
+                "--wire-listen" => wire.listen = Some(argv.value("--wire-listen", "HOST:PORT")?),
+                "--wire-connect" => wire.connect = Some(argv.value("--wire-connect", "HOST:PORT")?),
                 "--port" => {
                     port = match argv.value("--port", "ib or eth")?.as_str() {
                         "ib" => PortType::Ib,
@@ -53,7 +81,11 @@ fn main() -> ExitCode {
             USAGE,
         );
     };
-    match run(&socket, port, trace.as_deref(), bar_file.as_deref(), verbose) {
+    if wire.listen.is_some() && wire.connect.is_some() {
+        let e = mlx5_args::ArgError::Other("--wire-listen and --wire-connect exclude each other".into());
+        return mlx5_args::usage_exit("mlx5-uml-bridge", &e, USAGE);
+    }
+    match run(&socket, port, &wire, trace.as_deref(), bar_file.as_deref(), verbose) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mlx5-uml-bridge: {e}");
@@ -65,6 +97,7 @@ fn main() -> ExitCode {
 fn run(
     socket: &std::path::Path,
     port: PortType,
+    wire: &WireOpts,
     trace: Option<&std::path::Path>,
     bar_file: Option<&std::path::Path>,
     verbose: bool,
@@ -77,7 +110,31 @@ fn run(
         PortType::Ib => 0x02_07_00,
         PortType::Eth => 0x02_00_00,
     };
-    let sim = SimDevice::new(SimConfig { port_type: port, num_uars: NUM_UARS, ..SimConfig::default() });
+    let eth = port == PortType::Eth;
+    let defaults = SimConfig::default();
+    let cfg = SimConfig {
+        port_type: port,
+        num_uars: NUM_UARS,
+        eth_netdev: eth,
+        mac: wire.mac.unwrap_or(defaults.mac),
+        // The trace carries every command's messages, so `mlx5 trace decode` shows them field by field.
+        record_messages: trace.is_some(),
+        ..defaults
+    };
+    let sim = SimDevice::new(cfg);
+    if let Some(a) = &wire.listen {
+        let at = sim.wire_listen(a).map_err(|e| std::io::Error::other(format!("--wire-listen {a}: {e}")))?;
+        eprintln!("mlx5-uml-bridge: wire listening on {at}");
+    }
+    if let Some(a) = wire.connect.clone() {
+        // On its own thread: the guest's virt-pci requests are served meanwhile (a guest left unanswered while
+        // the other side is not up yet gives up on the device).
+        let s = sim.clone();
+        std::thread::spawn(move || match s.wire_connect(&a, WIRE_CONNECT_TIMEOUT) {
+            Ok(()) => eprintln!("mlx5-uml-bridge: wire connected to {a}"),
+            Err(e) => eprintln!("mlx5-uml-bridge: --wire-connect {a}: {e}"),
+        });
+    }
     let bar_size = sim.mmio().bar_size();
     let trace = trace.map(File::create).transpose()?;
     let mut dev = Device::new(sim, class);
@@ -89,6 +146,20 @@ fn run(
         server.bar_file = Some(BarFile::open(&f, mlx5_sim::FIRST_UAR_PAGE, bar_size, mlx5_sim::BF_REG_SIZE)?);
     }
     let r = server.run();
+    // What the simulated port dropped or failed on, counted by reason (its own counters say how much, not why).
+    let mut why: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for e in server.dev.sim.events() {
+        let k = match e {
+            mlx5_sim::SimEvent::FrameDropped { why } => format!("frame dropped: {why}"),
+            mlx5_sim::SimEvent::EthRecvError { why, syndrome, .. } => format!("receive error {syndrome:#x}: {why}"),
+            mlx5_sim::SimEvent::EthSendError { syndrome, .. } => format!("send error {syndrome:#x}"),
+            _ => continue,
+        };
+        *why.entry(k).or_default() += 1;
+    }
+    for (k, n) in why {
+        eprintln!("mlx5-uml-bridge: {n} x {k}");
+    }
     let s = server.dev.stats;
     eprintln!(
         "mlx5-uml-bridge: done: {} cfg reads, {} cfg writes, {} BAR reads, {} BAR writes, {} EQ interrupts, {} MSIs, {} rejected, {} narrow writes, {} user doorbells",

@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
 use std::time::Instant;
 
-use mlx5_core::prm::{CmdStatus, Opcode};
+use mlx5_core::prm::{CmdStatus, DeliveryStatus, Opcode};
 
 use crate::device::{msi_message, Device};
 use crate::guest::{GuestMem, MappedMem, Region};
@@ -48,7 +48,6 @@ pub struct Server {
     pending_msi: VecDeque<u32>,
     start: Instant,
     trace: Option<File>,
-    trace_cursor: usize,
     verbose: bool,
     /// The BAR file user doorbells land in (`--bar-file`), watched on every pass.
     pub bar_file: Option<crate::barfile::BarFile>,
@@ -70,7 +69,6 @@ impl Server {
             pending_msi: VecDeque::new(),
             start: Instant::now(),
             trace,
-            trace_cursor: 0,
             verbose,
             bar_file: None,
             maps: Vec::new(),
@@ -199,22 +197,30 @@ impl Server {
         }
     }
 
+    /// Appends the commands completed since the last call, one JSON line each in the form `mlx5 trace decode`
+    /// reads (`CmdRecord::write_json`'s keys: the input and output in hex), plus `t_ms` and `name`.
     fn write_trace(&mut self) {
         let Some(t) = &mut self.trace else { return };
-        for c in self.dev.sim.executed_since(&mut self.trace_cursor) {
-            let op = Opcode::from_raw(c.opcode);
-            let st = CmdStatus::from_raw(c.status);
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        for m in self.dev.sim.take_messages() {
+            let c = m.cmd;
+            let name = Opcode::from_raw(c.opcode).name().unwrap_or("UNKNOWN");
+            let (delivery, status, raw) = match DeliveryStatus::from_raw(c.delivery) {
+                DeliveryStatus::Ok => {
+                    ("OK", CmdStatus::from_raw(c.status).name().unwrap_or("UNKNOWN"), i32::from(c.status))
+                }
+                d => (d.name().unwrap_or("UNKNOWN"), "NONE", -1),
+            };
+            let output = m.output.as_deref().map_or("null".to_string(), |o| format!("\"{}\"", hex(o)));
             let _ = writeln!(
                 t,
-                "{{\"t_ms\":{},\"slot\":{},\"opcode\":\"0x{:x}\",\"name\":\"{}\",\"op_mod\":{},\"status\":\"{}\",\"syndrome\":\"0x{:x}\",\"delivery\":{}}}",
+                "{{\"t_ms\":{},\"slot\":{},\"token\":0,\"opcode\":\"{name}\",\"opcode_raw\":{},\"name\":\"{name}\",\"op_mod\":{},\"input\":\"{}\",\"output\":{output},\"delivery\":\"{delivery}\",\"status\":\"{status}\",\"status_raw\":{raw},\"syndrome\":{},\"waited_us\":0}}",
                 self.start.elapsed().as_millis(),
                 c.slot,
                 c.opcode,
-                op.name().unwrap_or("UNKNOWN"),
                 c.op_mod,
-                st.name().unwrap_or("UNKNOWN"),
+                hex(&m.input),
                 c.syndrome,
-                c.delivery
             );
         }
     }

@@ -12,6 +12,8 @@ const DS: usize = consts::MLX5_SEND_WQE_DS as usize;
 const INLINE_START: usize = CTRL + c::mlx5_wqe_eth_seg::START.off;
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const IPV6_HLEN: usize = 40;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 
@@ -123,29 +125,59 @@ pub(crate) fn csum_add(mut sum: u32, b: &[u8]) -> u32 {
     sum
 }
 
-/// Where an untagged IPv4 frame's IP header and L4 header start, and its protocol; `None` for anything else.
-fn ipv4(frame: &[u8]) -> Option<(usize, usize, u8)> {
-    if frame.len() < ETH_HLEN + 20 || u16::from_be_bytes([frame[12], frame[13]]) != ETH_P_IP {
-        return None;
-    }
-    let ip = ETH_HLEN;
-    let ihl = usize::from(frame[ip] & 0xf) * 4;
-    if frame[ip] >> 4 != 4 || ihl < 20 || frame.len() < ip + ihl {
-        return None;
-    }
-    Some((ip, ip + ihl, frame[ip + 9]))
+/// An untagged IP frame's layout: where the IP and L4 headers start, the L4 protocol, and the IP version.
+#[derive(Debug, Clone, Copy)]
+struct IpAt {
+    ip: usize,
+    l4: usize,
+    proto: u8,
+    v6: bool,
 }
 
-/// Fills in the checksums `cs_flags` asks for in an IPv4 frame (the IPv4 header's; TCP's or UDP's over the
-/// pseudo-header), as the device does on transmit. Other frames leave unchanged.
+/// The layout of an untagged IPv4 frame, or IPv6 whose first next header is the L4 one; `None` otherwise.
+fn ip_at(frame: &[u8]) -> Option<IpAt> {
+    let ip = ETH_HLEN;
+    match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
+        ETH_P_IP => {
+            let ihl = usize::from(frame.get(ip)? & 0xf) * 4;
+            if frame[ip] >> 4 != 4 || ihl < 20 || frame.len() < ip + ihl {
+                return None;
+            }
+            Some(IpAt { ip, l4: ip + ihl, proto: frame[ip + 9], v6: false })
+        }
+        ETH_P_IPV6 if frame.len() >= ip + IPV6_HLEN && frame[ip] >> 4 == 6 => {
+            Some(IpAt { ip, l4: ip + IPV6_HLEN, proto: frame[ip + 6], v6: true })
+        }
+        _ => None,
+    }
+}
+
+/// The ones' complement sum of the L4 pseudo-header of `frame` for an L4 segment of `len` bytes.
+fn pseudo_sum(frame: &[u8], at: IpAt, len: usize) -> u32 {
+    if at.v6 {
+        let mut tail = [0u8; 8];
+        tail[..4].copy_from_slice(&(len as u32).to_be_bytes());
+        tail[7] = at.proto;
+        csum_add(csum_add(0, &frame[at.ip + 8..at.ip + 40]), &tail)
+    } else {
+        let mut tail = [0u8; 4];
+        tail[1] = at.proto;
+        tail[2..].copy_from_slice(&(len as u16).to_be_bytes());
+        csum_add(csum_add(0, &frame[at.ip + 12..at.ip + 20]), &tail)
+    }
+}
+
+/// Fills in the checksums `cs_flags` asks for in an IPv4 or IPv6 frame (the IPv4 header's; TCP's or UDP's over
+/// the pseudo-header), as the device does on transmit. Other frames leave unchanged.
 pub(crate) fn checksum(frame: &mut [u8], cs_flags: u8) {
-    let Some((ip, l4, proto)) = ipv4(frame) else { return };
-    if u32::from(cs_flags) & consts::MLX5_ETH_WQE_L3_CSUM != 0 {
+    let Some(at) = ip_at(frame) else { return };
+    let IpAt { ip, l4, proto, v6 } = at;
+    if u32::from(cs_flags) & consts::MLX5_ETH_WQE_L3_CSUM != 0 && !v6 {
         frame[ip + 10..ip + 12].fill(0);
         let s = !csum_add(0, &frame[ip..l4]) as u16;
         frame[ip + 10..ip + 12].copy_from_slice(&s.to_be_bytes());
     }
-    let at = match proto {
+    let sum_at = match proto {
         IPPROTO_TCP if frame.len() >= l4 + 20 => l4 + 16,
         IPPROTO_UDP if frame.len() >= l4 + 8 => l4 + 6,
         _ => return,
@@ -153,26 +185,22 @@ pub(crate) fn checksum(frame: &mut [u8], cs_flags: u8) {
     if u32::from(cs_flags) & consts::MLX5_ETH_WQE_L4_CSUM == 0 {
         return;
     }
-    frame[at..at + 2].fill(0);
-    let l4_len = (frame.len() - l4) as u32;
-    let mut pseudo = [0u8; 12];
-    pseudo[..8].copy_from_slice(&frame[ip + 12..ip + 20]);
-    pseudo[9] = proto;
-    pseudo[10..].copy_from_slice(&(l4_len as u16).to_be_bytes());
-    let mut s = !csum_add(csum_add(0, &pseudo), &frame[l4..]) as u16;
+    frame[sum_at..sum_at + 2].fill(0);
+    let mut s = !csum_add(pseudo_sum(frame, at, frame.len() - l4), &frame[l4..]) as u16;
     // UDP sends a zero checksum as all ones (zero means none).
     if proto == IPPROTO_UDP && s == 0 {
         s = 0xffff;
     }
-    frame[at..at + 2].copy_from_slice(&s.to_be_bytes());
+    frame[sum_at..sum_at + 2].copy_from_slice(&s.to_be_bytes());
 }
 
-/// LSO: cuts an IPv4/TCP `frame` (headers then payload) into frames of at most `mss` payload bytes. Each gets
-/// the headers with its IPv4 total length and an identification one above the previous, its TCP sequence
-/// number, FIN and PSH only on the last, CWR only on the first, and both checksums. `None` when the frame is not
-/// IPv4/TCP with a whole TCP header (the engine then fails the WQE), or `mss` is 0.
+/// LSO: cuts a TCP `frame` over IPv4 or IPv6 (headers then payload) into frames of at most `mss` payload bytes.
+/// Each gets the headers with its IPv4 total length and an identification one above the previous (IPv6: its
+/// payload length), its TCP sequence number, FIN and PSH only on the last, CWR only on the first, and its
+/// checksums. `None` when the frame is not TCP with a whole TCP header (the engine then fails the WQE), or `mss`
+/// is 0.
 pub(crate) fn segment(frame: &[u8], mss: u16) -> Option<Vec<Vec<u8>>> {
-    let (ip, l4, proto) = ipv4(frame)?;
+    let IpAt { ip, l4, proto, v6 } = ip_at(frame)?;
     if proto != IPPROTO_TCP || mss == 0 || frame.len() < l4 + 20 {
         return None;
     }
@@ -191,9 +219,14 @@ pub(crate) fn segment(frame: &[u8], mss: u16) -> Option<Vec<Vec<u8>>> {
         let mut f = Vec::with_capacity(hdr + chunk.len());
         f.extend_from_slice(&frame[..hdr]);
         f.extend_from_slice(chunk);
-        let total = (f.len() - ip) as u16;
-        f[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
-        f[ip + 4..ip + 6].copy_from_slice(&id0.wrapping_add(k as u16).to_be_bytes());
+        if v6 {
+            let payload_len = (f.len() - l4) as u16;
+            f[ip + 4..ip + 6].copy_from_slice(&payload_len.to_be_bytes());
+        } else {
+            let total = (f.len() - ip) as u16;
+            f[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
+            f[ip + 4..ip + 6].copy_from_slice(&id0.wrapping_add(k as u16).to_be_bytes());
+        }
         let seq = seq0.wrapping_add((k * usize::from(mss)) as u32);
         f[l4 + 4..l4 + 8].copy_from_slice(&seq.to_be_bytes());
         let mut fl = flags;
@@ -253,12 +286,9 @@ mod tests {
 
     /// A frame's checksums verify: the IPv4 header and the TCP segment over its pseudo-header sum to all ones.
     fn verifies(f: &[u8]) -> bool {
-        let (ip, l4, proto) = ipv4(f).unwrap();
-        let mut pseudo = [0u8; 12];
-        pseudo[..8].copy_from_slice(&f[ip + 12..ip + 20]);
-        pseudo[9] = proto;
-        pseudo[10..].copy_from_slice(&((f.len() - l4) as u16).to_be_bytes());
-        csum_add(0, &f[ip..l4]) == 0xffff && csum_add(csum_add(0, &pseudo), &f[l4..]) == 0xffff
+        let at = ip_at(f).unwrap();
+        let l4_ok = csum_add(pseudo_sum(f, at, f.len() - at.l4), &f[at.l4..]) == 0xffff;
+        l4_ok && (at.v6 || csum_add(0, &f[at.ip..at.l4]) == 0xffff)
     }
 
     #[test]
@@ -324,5 +354,35 @@ mod tests {
         // Not TCP, or mss 0: no segmentation.
         assert!(segment(&f, 0).is_none());
         assert!(segment(&f[..ETH_HLEN + 10], 1448).is_none());
+    }
+
+    #[test]
+    fn ipv6_lso_and_checksums_use_the_payload_length_and_the_ipv6_pseudo_header() {
+        let payload = 2500;
+        let mut f = vec![0u8; ETH_HLEN + IPV6_HLEN + 20 + payload];
+        f[12..14].copy_from_slice(&ETH_P_IPV6.to_be_bytes());
+        let ip = ETH_HLEN;
+        f[ip] = 0x60;
+        f[ip + 4..ip + 6].copy_from_slice(&((20 + payload) as u16).to_be_bytes());
+        f[ip + 6] = IPPROTO_TCP;
+        f[ip + 7] = 64;
+        f[ip + 8] = 0xfd;
+        f[ip + 24] = 0xfd;
+        f[ip + 39] = 2;
+        let t = ip + IPV6_HLEN;
+        f[t + 12] = 5 << 4;
+        f[t + 13] = 0x18;
+        for (k, b) in f[t + 20..].iter_mut().enumerate() {
+            *b = k as u8;
+        }
+        let segs = segment(&f, 1000).unwrap();
+        assert_eq!(segs.iter().map(Vec::len).collect::<Vec<_>>(), [1074, 1074, 574]);
+        for s in &segs {
+            assert!(verifies(s));
+            assert_eq!(usize::from(u16::from_be_bytes([s[ip + 4], s[ip + 5]])), s.len() - t);
+        }
+        let mut one = f.clone();
+        checksum(&mut one, consts::MLX5_ETH_WQE_L4_CSUM as u8);
+        assert!(verifies(&one));
     }
 }

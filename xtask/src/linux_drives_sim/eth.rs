@@ -1,0 +1,355 @@
+//! `cargo xtask linux-drives-sim --eth`: two simulated ConnectX-5 Ethernet ports, each driven by its own UML
+//! instance's `mlx5_core` + `mlx5e` (+ `mlx5_ib`), on one cable: the two bridges' devices are joined by the
+//! simulator's TCP link on 127.0.0.1 (`--wire-listen` / `--wire-connect`), so every frame one netdev sends goes
+//! through the simulated SQ, the cable, and the other device's flow steering into its RQ.
+//!
+//! Instance A pings B (`ping -c 20`), then sends B a line over TCP (busybox `nc`), which lets B finish; each
+//! prints its netdev's counters and its kernel log. Kept in `target/linux-drives-sim/eth/{a,b}/`: `console.txt`,
+//! `dmesg.txt`, `trace.jsonl`, `bridge.log`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{
+    bad_lines, between, build_bridge, initramfs_with, Reap, BOOT_TIMEOUT, DMESG_BEGIN, DMESG_END, DONE, GUEST_BINARIES,
+    HARNESS, VIRTIO_DEVICE_ID,
+};
+use crate::verbs_guest::LIBDIR;
+use crate::vfio_test::wait_until;
+
+/// The two ports: (name, MAC, IPv4 address).
+const PORTS: [(&str, &str, &str); 2] =
+    [("a", "02:35:00:00:00:0a", "10.35.0.1"), ("b", "02:35:00:00:00:0b", "10.35.0.2")];
+/// The BAR file's size (sparse), as the InfiniBand run makes it.
+const BAR_FILE_BYTES: u64 = 32 << 20;
+/// Pings A sends B.
+const PINGS: u32 = 20;
+/// The TCP port B's `nc` listens on for A's closing line.
+const NC_PORT: u16 = 5035;
+const PING_BEGIN: &str = "=== ping begin ===";
+const PING_END: &str = "=== ping exit ";
+const NC_LINE: &str = "over mlx5e and the simulated cable";
+/// iperf3's TCP run from A to B, in seconds.
+const IPERF_SECONDS: u32 = 5;
+/// Debian packages whose programs go into the guests besides rdma-core's.
+/// ibv_rc_pingpong over RoCEv2 between the two netdevs' IPv4 GIDs: iterations of 4 KiB.
+const RC_ITERS: u32 = 100;
+const PACKAGES: &[(&str, &str)] = &[("iperf3", "iperf3"), ("ethtool", "ethtool")];
+
+/// The guest's `/init` for port `me` (0: A, the pinger; 1: B); `rdma`: ibv_rc_pingpong over RoCEv2 too.
+fn init_script(me: usize, rdma: bool) -> String {
+    let (_, _, ip) = PORTS[me];
+    let (rc_client, rc_server, rc_server_out) = if rdma {
+        (
+            format!(
+                "sleep 1\ntimeout 120 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c {} > /tmp/rc.txt 2>&1\n\
+                 echo \"=== rc_pingpong exit $? ===\"\nsed 's/^/rc_pingpong: /' /tmp/rc.txt\n",
+                PORTS[1 - me].2
+            ),
+            format!("timeout 200 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c > /tmp/rc.txt 2>&1 &\n"),
+            "sleep 1\nsed 's/^/rc_pingpong server: /' /tmp/rc.txt\n".to_string(),
+        )
+    } else {
+        (String::new(), String::new(), String::new())
+    };
+    let (_, _, peer) = PORTS[1 - me];
+    let role = if me == 0 {
+        format!(
+            r#"n=0
+until ping -c 1 -W 1 {peer} >/dev/null 2>&1 || [ $n -ge 60 ]; do n=$((n+1)); done
+echo "{PING_BEGIN}"
+ping -c {PINGS} -i 0.2 {peer}
+echo "{PING_END}$? ==="
+n=0
+until iperf3 -c {peer} -t {IPERF_SECONDS} > /tmp/iperf3.txt 2>&1 || [ $n -ge 20 ]; do sleep 0.5; n=$((n+1)); done
+sed 's/^/iperf3: /' /tmp/iperf3.txt
+{rc_client}n=0
+until echo "{NC_LINE}" | nc -w 5 {peer} {NC_PORT} || [ $n -ge 20 ]; do sleep 0.5; n=$((n+1)); done
+"#
+        )
+    } else {
+        format!(
+            r#"iperf3 -s -1 > /tmp/iperf3.txt 2>&1 &
+{rc_server}timeout 300 nc -l -p {NC_PORT} > /tmp/nc.txt
+echo "nc received: $(cat /tmp/nc.txt)"
+{rc_server_out}"#
+        )
+    };
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/usr/bin LD_LIBRARY_PATH=/{LIBDIR}
+mkdir -p /proc /sys /dev /tmp
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+for d in /sys/bus/pci/devices/*; do
+  [ -e "$d/vendor" ] || continue
+  drv=none
+  [ -e "$d/driver" ] && drv=$(basename $(readlink $d/driver))
+  echo "pci: $(basename $d) vendor=$(cat $d/vendor) device=$(cat $d/device) class=$(cat $d/class) driver=$drv"
+done
+ip link set lo up
+dev=
+for n in /sys/class/net/*; do [ -e "$n/device" ] && dev=$(basename $n); done
+echo "netdev: ${{dev:-none}} address=$(cat /sys/class/net/$dev/address 2>/dev/null)"
+if [ -n "$dev" ]; then
+  ip addr add {ip}/24 dev $dev
+  ip link set $dev up
+  n=0
+  until [ "$(cat /sys/class/net/$dev/operstate)" = up ] || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
+  echo "operstate: $(cat /sys/class/net/$dev/operstate)"
+  # The RoCEv2 GID of the IPv4 address (mlx5_ib adds it when the address appears).
+  gid=
+  n=0
+  while [ -z "$gid" ] && [ $n -lt 50 ]; do
+    for g in /sys/class/infiniband/mlx5_0/ports/1/gids/*; do
+      i=$(basename $g)
+      t=$(cat /sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/$i 2>/dev/null)
+      case "$(cat $g)" in 0000:0000:0000:0000:0000:ffff:*) [ "$t" = "RoCE v2" ] && gid=$i;; esac
+    done
+    [ -z "$gid" ] && sleep 0.1
+    n=$((n+1))
+  done
+  echo "gid: index ${{gid:-none}}"
+{role}  for c in tx_packets tx_bytes rx_packets rx_bytes rx_dropped tx_dropped rx_errors tx_errors; do
+    echo "stat: $c $(cat /sys/class/net/$dev/statistics/$c)"
+  done
+  ethtool -S $dev | sed 's/^ */ethtool: /'
+fi
+for i in /sys/class/infiniband/*; do [ -e "$i" ] && echo "rdma: $(basename $i) fw=$(cat $i/fw_ver 2>/dev/null)"; done
+echo "{DMESG_BEGIN}"
+dmesg
+echo "{DMESG_END}"
+echo "{DONE}"
+poweroff -f
+"#
+    )
+}
+
+/// One UML instance and its bridge.
+struct Instance {
+    dir: PathBuf,
+    bridge: Reap,
+    uml: Option<Reap>,
+}
+
+/// A free TCP port on 127.0.0.1 for the cable (bound, read, released).
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("127.0.0.1:0: {e}"))?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// The whole run; `rdma`: ibv_rc_pingpong over RoCEv2 between the GIDs too (its first user context makes mlx5_core
+/// run its write-combining test, whose DESTROY_SQ the simulator does not complete under UML yet: see the README).
+pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
+    let started = Instant::now();
+    let linux = crate::uml::build(root)?;
+    let bridge = build_bridge(root)?;
+    let missing: Vec<&str> = PACKAGES.iter().filter(|(prog, _)| !crate::vfio_test::have(prog)).map(|p| p.1).collect();
+    if !missing.is_empty() {
+        crate::vfio_test::apt_install(&missing)?;
+    }
+    let binaries: Vec<&str> = GUEST_BINARIES.iter().copied().chain(PACKAGES.iter().map(|p| p.0)).collect();
+    let work = root.join("target/linux-drives-sim/eth");
+    let cable = format!("127.0.0.1:{}", free_port()?);
+    let mut inst = Vec::new();
+    for (k, (name, mac, _)) in PORTS.iter().enumerate() {
+        let dir = work.join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let sock = dir.join("mlx5.sock");
+        let _ = std::fs::remove_file(&sock);
+        let log = std::fs::File::create(dir.join("bridge.log")).map_err(|e| e.to_string())?;
+        // The BAR file: user mappings of the UAR pages (rdma-core's doorbells) land here, the bridge replays them.
+        let bar_file = dir.join("bar0.file");
+        std::fs::File::create(&bar_file)
+            .and_then(|f| f.set_len(BAR_FILE_BYTES))
+            .map_err(|e| format!("{}: {e}", bar_file.display()))?;
+        let wire = if k == 0 { "--wire-listen" } else { "--wire-connect" };
+        let child = Command::new(&bridge)
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--trace")
+            .arg(dir.join("trace.jsonl"))
+            .arg("--bar-file")
+            .arg(&bar_file)
+            .args(["--port", "eth", "--mac", mac, wire, &cable])
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", bridge.display()))?;
+        let t0 = Instant::now();
+        while !sock.exists() {
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(format!("mlx5-uml-bridge ({name}) did not create its socket"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        inst.push(Instance { dir, bridge: Reap(child), uml: None });
+    }
+    let boot = Instant::now();
+    for (k, i) in inst.iter_mut().enumerate() {
+        let initrd = initramfs_with(&i.dir, &init_script(k, rdma), &binaries)?;
+        let console = std::fs::File::create(i.dir.join("console.txt")).map_err(|e| e.to_string())?;
+        let child = Command::new(&linux)
+            .arg("mem=256M")
+            .arg(format!("initrd={}", initrd.display()))
+            .arg("con0=fd:0,fd:1")
+            .arg("con=null")
+            .arg(format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", i.dir.join("mlx5.sock").display()))
+            .arg("virt_pci.max_delay_us=2000000")
+            .arg(format!("virt_pci_bar_file={}", i.dir.join("bar0.file").display()))
+            .env("TMPDIR", &i.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(console.try_clone().map_err(|e| e.to_string())?))
+            .stderr(Stdio::from(console))
+            .spawn()
+            .map_err(|e| format!("{}: {e}", linux.display()))?;
+        i.uml = Some(Reap(child));
+        // A's bridge listens on the cable once its device exists, before B's connects.
+        if k == 0 {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    let mut timed_out = false;
+    for i in inst.iter_mut() {
+        if let Some(u) = i.uml.as_mut() {
+            if wait_until(&mut u.0, boot + BOOT_TIMEOUT, Duration::from_millis(50))?.is_none() {
+                timed_out = true;
+                let _ = u.0.kill();
+            }
+        }
+    }
+    let guest_time = boot.elapsed();
+    let mut problems = Vec::new();
+    let mut known = Vec::new();
+    let mut consoles = Vec::new();
+    for (k, mut i) in inst.into_iter().enumerate() {
+        let name = PORTS[k].0;
+        drop(i.uml.take());
+        let _ = wait_until(&mut i.bridge.0, Instant::now() + Duration::from_secs(10), Duration::from_millis(20));
+        drop(i.bridge);
+        let console =
+            String::from_utf8_lossy(&std::fs::read(i.dir.join("console.txt")).unwrap_or_default()).into_owned();
+        let dmesg = between(&console, DMESG_BEGIN, DMESG_END).unwrap_or(&console).to_string();
+        std::fs::write(i.dir.join("dmesg.txt"), &dmesg).map_err(|e| e.to_string())?;
+        for l in console.lines().filter(|l| {
+            ["pci: ", "netdev: ", "operstate: ", "gid: ", "stat: ", "rdma: ", "nc received"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        }) {
+            println!("  {name}: {l}");
+        }
+        if !console.contains(DONE) {
+            problems.push(format!("{name}: the guest did not finish its init script"));
+        }
+        if !console.lines().any(|l| l.starts_with("netdev: ") && !l.contains("none")) {
+            problems.push(format!("{name}: mlx5e made no netdev"));
+        }
+        if !console.lines().any(|l| l == "operstate: up") {
+            problems.push(format!("{name}: the netdev's carrier did not come up"));
+        }
+        for l in bad_lines(&dmesg) {
+            match HARNESS.iter().find(|(p, _)| l.contains(p)) {
+                Some((_, why)) => known.push(format!("{name}: {} ({why})", l.trim())),
+                None => problems.push(format!("{name}: dmesg: {}", l.trim())),
+            }
+        }
+        if dmesg.contains("hw csum failure") {
+            problems.push(format!("{name}: hw csum failure"));
+        }
+        consoles.push(console);
+    }
+    println!(
+        "linux-drives-sim --eth: guests ran {:.2} s; total {:.1} s; logs in {}",
+        guest_time.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        work.display()
+    );
+    if timed_out {
+        problems.push(format!("a guest did not power off within {} s", BOOT_TIMEOUT.as_secs()));
+    }
+    // A's ping: every reply back, and its round-trip times.
+    match between(&consoles[0], PING_BEGIN, PING_END) {
+        Some(out) => {
+            for l in out.lines().filter(|l| l.contains("packets transmitted") || l.contains("round-trip")) {
+                println!("  a: {}", l.trim());
+            }
+            let all = format!("{PINGS} packets transmitted, {PINGS} packets received, 0% packet loss");
+            if !out.contains(&all) {
+                problems.push(format!("a: ping {} did not get every reply", PORTS[1].2));
+            }
+        }
+        None => problems.push("a: ping did not run".into()),
+    }
+    // iperf3's receiver line: what crossed in TCP over the simulated cable (checksum offload and TSO on).
+    match consoles[0].lines().find(|l| l.starts_with("iperf3: ") && l.contains("receiver")) {
+        Some(l) => println!("  a: {}", l.trim()),
+        None => problems.push("a: iperf3 reported no receiver line".into()),
+    }
+    // ethtool -S: the device's own counters (QUERY_VPORT_COUNTER, PPCNT) agree with the traffic; TSO and
+    // CHECKSUM_COMPLETE were used.
+    let stat = |c: &str, name: &str| -> u64 {
+        let key = format!("ethtool: {name}: ");
+        c.lines().find_map(|l| l.strip_prefix(&key)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    };
+    let want = [
+        (0, "tx_vport_unicast_packets", u64::from(PINGS)),
+        (1, "rx_vport_unicast_packets", u64::from(PINGS)),
+        (0, "tx_packets_phy", u64::from(PINGS)),
+        (1, "rx_packets_phy", u64::from(PINGS)),
+        (0, "tx_tso_packets", 1),
+        (1, "rx_csum_complete", 1),
+    ];
+    for (k, name, min) in want {
+        let v = stat(&consoles[k], name);
+        println!("  {}: ethtool -S {name} = {v}", PORTS[k].0);
+        if v < min {
+            problems.push(format!("{}: ethtool -S {name} is {v}, want at least {min}", PORTS[k].0));
+        }
+    }
+    let (sent, got) = (stat(&consoles[0], "tx_vport_unicast_packets"), stat(&consoles[1], "rx_vport_unicast_packets"));
+    if got > sent {
+        problems.push(format!("b received {got} unicast frames, more than the {sent} a sent"));
+    }
+    // RC over RoCEv2 between the IPv4 GIDs (rdma-core's mlx5 provider on mlx5_ib, the connection set up over TCP
+    // through the netdevs).
+    let bytes = format!("{} bytes in", 2 * 4096 * u64::from(RC_ITERS));
+    match consoles[0].lines().find(|l| l.starts_with("rc_pingpong: ") && l.contains(&bytes)) {
+        Some(l) => println!("  a: {}", l.trim()),
+        None if rdma => problems.push(format!("a: ibv_rc_pingpong -g over RoCEv2 did not report {bytes}")),
+        None => {}
+    }
+    if !consoles.get(1).is_some_and(|c| c.contains(&format!("nc received: {NC_LINE}"))) {
+        problems.push("b: the TCP line from a did not arrive".into());
+    }
+    for k in &known {
+        println!("  known, not failing: {k}");
+    }
+    if problems.is_empty() {
+        println!("linux-drives-sim --eth: every check passed");
+        Ok(())
+    } else {
+        Err(format!("linux-drives-sim --eth: {} problem(s):\n  {}", problems.len(), problems.join("\n  ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_init_scripts_name_each_side_s_address_and_parse() {
+        let (a, b) = (init_script(0, true), init_script(1, true));
+        assert!(!init_script(0, false).contains("ibv_rc_pingpong"));
+        assert!(a.contains("ip addr add 10.35.0.1/24") && a.contains(&format!("ping -c {PINGS} -i 0.2 10.35.0.2")));
+        assert!(b.contains("ip addr add 10.35.0.2/24") && b.contains(&format!("nc -l -p {NC_PORT}")));
+        // The shell that runs them in the guest reads them without a syntax error.
+        if Path::new("/bin/busybox").exists() {
+            for s in [&a, &b, &init_script(0, false), &init_script(1, false)] {
+                let ok = Command::new("/bin/busybox").args(["sh", "-n", "-c", s]).status().is_ok_and(|st| st.success());
+                assert!(ok, "{s}");
+            }
+        }
+    }
+}
