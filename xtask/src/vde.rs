@@ -216,10 +216,22 @@ fn pair_mbits(tool: &Path, runtime: &Path, wire: Wire, extra: &[&str]) -> Result
     mbits.ok_or_else(|| format!("vde bench: no Mbit/s in {line:?}"))
 }
 
+/// Rounds of the bench: each runs every wire once, so a load that comes and goes on the machine falls on all
+/// three alike.
+const BENCH_ROUNDS: usize = 9;
+
+/// The median of `v` (sorted in place).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// `--bench`: RC (64 KiB) and UD (1000 B) ping-pong throughput between two processes, over the TCP link, over
-/// the VDE fabric through the switch only, and over the VDE fabric as it runs (past the switch), five runs each
-/// in turn in this one run; the median of each (and the slowest and fastest run) and the ratios of the medians to
-/// the TCP link.
+/// the VDE fabric through the switch only, and over the VDE fabric as it runs (past the switch), in
+/// [`BENCH_ROUNDS`] rounds of one run each, the order of the three turning from round to round (none always
+/// runs first or right after another); the median of each wire (and its slowest and fastest run), and the
+/// median of the rounds' own ratios to the TCP link (a round's wires ran within a second or two of each other,
+/// so its ratio is less subject to the machine's load than the ratio of medians), with their range.
 fn bench(root: &Path) -> Result<(), String> {
     let tool = build_tool(root, true)?;
     let runtime = root.join("target/vde-bench");
@@ -230,33 +242,52 @@ fn bench(root: &Path) -> Result<(), String> {
             ("RC 64 KiB", &["--size", "65536", "--iters", "300"]),
             ("UD 1000 B", &["--ud", "--size", "1000", "--iters", "3000"]),
         ];
+        let wires = [Wire::Tcp, Wire::Switch, Wire::Vde];
+        let mut rows = Vec::new();
+        for (name, extra) in cases {
+            // Mbit/s of each wire (in `wires` order), one per round.
+            let mut runs: [Vec<f64>; 3] = Default::default();
+            for round in 0..BENCH_ROUNDS {
+                // Turning the order: rounds 0, 3, 6 run TCP, switch, VDE; 1, 4, 7 switch, VDE, TCP; ...
+                for k in 0..wires.len() {
+                    let w = (round + k) % wires.len();
+                    runs[w].push(pair_mbits(&tool, &runtime, wires[w], extra)?);
+                }
+                println!(
+                    "vde bench: {name} round {}: TCP {:.1}, switch {:.1}, VDE {:.1} Mbit/s",
+                    round + 1,
+                    runs[0][round],
+                    runs[1][round],
+                    runs[2][round]
+                );
+            }
+            let ratios = |w: usize| -> Vec<f64> { runs[w].iter().zip(&runs[0]).map(|(x, t)| x / t).collect() };
+            let (mut sw_t, mut vde_t) = (ratios(1), ratios(2));
+            let (rs, rv) = (median(&mut sw_t), median(&mut vde_t));
+            let slower = vde_t.iter().filter(|r| **r < 1.0).count();
+            // The spread of the runs beside each median (sorted by `median`).
+            let cell = |r: &mut Vec<f64>| {
+                let m = median(r);
+                format!("{m:.1} ({:.0}–{:.0})", r[0], r[r.len() - 1])
+            };
+            let ratio = |m: f64, r: &[f64]| format!("{m:.2} ({:.2}–{:.2})", r[0], r[r.len() - 1]);
+            let [t, s, v] = &mut runs;
+            rows.push(format!(
+                "| {name} | {} | {} | {} | {} | {} | {slower} of {BENCH_ROUNDS} |",
+                cell(t),
+                cell(s),
+                cell(v),
+                ratio(rs, &sw_t),
+                ratio(rv, &vde_t)
+            ));
+        }
         println!(
             "| ping-pong, two processes | TCP link (Mbit/s) | VDE, all through the switch (Mbit/s) | VDE (Mbit/s) \
-             | switch / TCP | VDE / TCP |"
+             | switch / TCP | VDE / TCP | rounds VDE slower |"
         );
-        println!("|---|---:|---:|---:|---:|---:|");
-        for (name, extra) in cases {
-            let (mut tcp, mut sw, mut vde) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..5 {
-                tcp.push(pair_mbits(&tool, &runtime, Wire::Tcp, extra)?);
-                sw.push(pair_mbits(&tool, &runtime, Wire::Switch, extra)?);
-                vde.push(pair_mbits(&tool, &runtime, Wire::Vde, extra)?);
-            }
-            let median = |v: &mut Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            let (t, s, v) = (median(&mut tcp), median(&mut sw), median(&mut vde));
-            // The spread of the runs beside each median (sorted by `median`).
-            let cell = |m: f64, r: &[f64]| format!("{m:.1} ({:.0}–{:.0})", r[0], r[r.len() - 1]);
-            println!(
-                "| {name} | {} | {} | {} | {:.2} | {:.2} |",
-                cell(t, &tcp),
-                cell(s, &sw),
-                cell(v, &vde),
-                s / t,
-                v / t
-            );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        for r in rows {
+            println!("{r}");
         }
         Ok(())
     })();
