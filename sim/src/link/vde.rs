@@ -23,7 +23,8 @@
 //! socket of its own in the switch's directory, named by its MAC ([`Direct`]). A unicast frame to a MAC whose
 //! socket is there goes straight to that port instead of through the switch: one hop and no third process to
 //! schedule per frame, frames queued for one port packed into one datagram (each still checked on its own at the
-//! receiver), and a receiver that falls behind makes the sender wait (a bounded time) instead of the switch
+//! receiver), sent by the thread that made them when the writer has nothing queued (no hand-off to the writer:
+//! a ping-pong's frame wakes one thread, the receiver's, not two), and a receiver that falls behind makes the sender wait (a bounded time) instead of the switch
 //! dropping the frame. Broadcasts (ARP) and frames to anything else (a QEMU guest, a port across
 //! `wirefilter`, which is another switch) still cross the switch, which stays the meeting point. A capture on
 //! the switch (`vde_pcapplug`) sees only those: set `MLX5_SIM_VDE_DIRECT=0` to send everything through it.
