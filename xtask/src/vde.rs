@@ -192,8 +192,8 @@ enum Wire {
     Vde,
 }
 
-/// One ping-pong pair (release build) on `wire`; the client's "Mbit/s" figure.
-fn pair_mbits(tool: &Path, runtime: &Path, wire: Wire, extra: &[&str]) -> Result<f64, String> {
+/// One ping-pong pair (release build) on `wire`; the client's "Mbit/s" and typical (median) one-way latency.
+fn pair_mbits(tool: &Path, runtime: &Path, wire: Wire, extra: &[&str]) -> Result<(f64, f64), String> {
     let port = free_port()?;
     let spawn = |role: &[String]| {
         let mut c = Command::new(tool);
@@ -212,14 +212,54 @@ fn pair_mbits(tool: &Path, runtime: &Path, wire: Wire, extra: &[&str]) -> Result
     let text = finish("bench client", client)?;
     finish("bench server", server)?;
     let line = text.lines().find(|l| l.contains("Mbit/s")).unwrap_or_default();
-    let mbits = line.split(", ").find_map(|f| f.strip_suffix(" Mbit/s")).and_then(|v| v.trim().parse().ok());
-    mbits.ok_or_else(|| format!("vde bench: no Mbit/s in {line:?}"))
+    let field = |unit: &str| line.split(", ").find_map(|f| f.strip_suffix(unit)).and_then(|v| v.trim().parse().ok());
+    let mbits = field(" Mbit/s").ok_or_else(|| format!("vde bench: no Mbit/s in {line:?}"))?;
+    let typical = field(" us typical (median)").ok_or_else(|| format!("vde bench: no typical latency in {line:?}"))?;
+    Ok((mbits, typical))
+}
+
+/// A row of the bench's table: each wire's median of `runs` (in [`Wire`] order, one per round) with the
+/// slowest and fastest run, the median and range of the rounds' own ratios to the TCP link, and how many rounds
+/// the VDE fabric lost (`worse` says of a ratio whether it is a loss).
+fn bench_row(name: &str, mut runs: [Vec<f64>; 3], worse: fn(f64) -> bool) -> String {
+    let ratios = |w: usize| -> Vec<f64> { runs[w].iter().zip(&runs[0]).map(|(x, t)| x / t).collect() };
+    let (mut sw_t, mut vde_t) = (ratios(1), ratios(2));
+    let (rs, rv) = (median(&mut sw_t), median(&mut vde_t));
+    let lost = vde_t.iter().filter(|r| worse(**r)).count();
+    // The spread of the runs beside each median (sorted by `median`).
+    let cell = |r: &mut Vec<f64>| {
+        let m = median(r);
+        format!("{m:.1} ({:.0}–{:.0})", r[0], r[r.len() - 1])
+    };
+    let ratio = |m: f64, r: &[f64]| format!("{m:.2} ({:.2}–{:.2})", r[0], r[r.len() - 1]);
+    let [t, s, v] = &mut runs;
+    format!(
+        "| {name} | {} | {} | {} | {} | {} | {lost} of {} |",
+        cell(t),
+        cell(s),
+        cell(v),
+        ratio(rs, &sw_t),
+        ratio(rv, &vde_t),
+        vde_t.len()
+    )
+}
+
+/// Rounds of the bench: each runs every wire once, so a load that comes and goes on the machine falls on all
+/// three alike.
+const BENCH_ROUNDS: usize = 9;
+
+/// The median of `v` (sorted in place).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// `--bench`: RC (64 KiB) and UD (1000 B) ping-pong throughput between two processes, over the TCP link, over
-/// the VDE fabric through the switch only, and over the VDE fabric as it runs (past the switch), five runs each
-/// in turn in this one run; the median of each (and the slowest and fastest run) and the ratios of the medians to
-/// the TCP link.
+/// the VDE fabric through the switch only, and over the VDE fabric as it runs (past the switch), in
+/// [`BENCH_ROUNDS`] rounds of one run each, the order of the three turning from round to round (none always
+/// runs first or right after another); the median of each wire (and its slowest and fastest run), and the
+/// median of the rounds' own ratios to the TCP link (a round's wires ran within a second or two of each other,
+/// so its ratio is less subject to the machine's load than the ratio of medians), with their range.
 fn bench(root: &Path) -> Result<(), String> {
     let tool = build_tool(root, true)?;
     let runtime = root.join("target/vde-bench");
@@ -230,33 +270,50 @@ fn bench(root: &Path) -> Result<(), String> {
             ("RC 64 KiB", &["--size", "65536", "--iters", "300"]),
             ("UD 1000 B", &["--ud", "--size", "1000", "--iters", "3000"]),
         ];
+        let wires = [Wire::Tcp, Wire::Switch, Wire::Vde];
+        let (mut rows, mut lat_rows) = (Vec::new(), Vec::new());
+        for (name, extra) in cases {
+            // Mbit/s and typical latency of each wire (in `wires` order), one per round.
+            let (mut mbits, mut typical): ([Vec<f64>; 3], [Vec<f64>; 3]) = Default::default();
+            for round in 0..BENCH_ROUNDS {
+                // Turning the order: rounds 0, 3, 6 run TCP, switch, VDE; 1, 4, 7 switch, VDE, TCP; ...
+                for k in 0..wires.len() {
+                    let w = (round + k) % wires.len();
+                    let (m, t) = pair_mbits(&tool, &runtime, wires[w], extra)?;
+                    mbits[w].push(m);
+                    typical[w].push(t);
+                }
+                let (m, t) = (&mbits, &typical);
+                println!(
+                    "vde bench: {name} round {}: TCP {:.1}, switch {:.1}, VDE {:.1} Mbit/s; typical one-way \
+                     latency TCP {:.1}, switch {:.1}, VDE {:.1} us",
+                    round + 1,
+                    m[0][round],
+                    m[1][round],
+                    m[2][round],
+                    t[0][round],
+                    t[1][round],
+                    t[2][round]
+                );
+            }
+            rows.push(bench_row(name, mbits, |r| r < 1.0));
+            lat_rows.push(bench_row(name, typical, |r| r > 1.0));
+        }
         println!(
             "| ping-pong, two processes | TCP link (Mbit/s) | VDE, all through the switch (Mbit/s) | VDE (Mbit/s) \
-             | switch / TCP | VDE / TCP |"
+             | switch / TCP | VDE / TCP | rounds VDE slower |"
         );
-        println!("|---|---:|---:|---:|---:|---:|");
-        for (name, extra) in cases {
-            let (mut tcp, mut sw, mut vde) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..5 {
-                tcp.push(pair_mbits(&tool, &runtime, Wire::Tcp, extra)?);
-                sw.push(pair_mbits(&tool, &runtime, Wire::Switch, extra)?);
-                vde.push(pair_mbits(&tool, &runtime, Wire::Vde, extra)?);
-            }
-            let median = |v: &mut Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            let (t, s, v) = (median(&mut tcp), median(&mut sw), median(&mut vde));
-            // The spread of the runs beside each median (sorted by `median`).
-            let cell = |m: f64, r: &[f64]| format!("{m:.1} ({:.0}–{:.0})", r[0], r[r.len() - 1]);
-            println!(
-                "| {name} | {} | {} | {} | {:.2} | {:.2} |",
-                cell(t, &tcp),
-                cell(s, &sw),
-                cell(v, &vde),
-                s / t,
-                v / t
-            );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        for r in rows {
+            println!("{r}");
+        }
+        println!(
+            "\n| typical one-way latency (median round trip / 2) | TCP link (us) | VDE, all through the switch (us) \
+             | VDE (us) | switch / TCP | VDE / TCP | rounds VDE slower |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        for r in lat_rows {
+            println!("{r}");
         }
         Ok(())
     })();

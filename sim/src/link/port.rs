@@ -69,6 +69,11 @@ impl TxCount {
         self.written.fetch_add(n, Ordering::AcqRel);
     }
 
+    /// Whether the writer wrote everything queued (nothing waits for it).
+    pub(crate) fn idle(&self) -> bool {
+        self.written.load(Ordering::Acquire) >= self.queued.load(Ordering::Acquire)
+    }
+
     /// Waits until the writer wrote everything queued, the link went down (`up` false) or `timeout` passed.
     /// Returns whether everything was written.
     pub(crate) fn drain(&self, up: impl Fn() -> bool, timeout: std::time::Duration) -> bool {
@@ -470,7 +475,7 @@ pub(crate) struct VdeLink {
 }
 
 /// How many counters a VDE link keeps (`vde.rs` names them).
-pub(crate) const VDE_COUNTERS: usize = 11;
+pub(crate) const VDE_COUNTERS: usize = 12;
 
 /// A connection carrying whole Ethernet frames as datagrams (libvdeplug's, in `vde.rs`), used by one reader and
 /// one writer thread at once.

@@ -23,7 +23,8 @@
 //! socket of its own in the switch's directory, named by its MAC ([`Direct`]). A unicast frame to a MAC whose
 //! socket is there goes straight to that port instead of through the switch: one hop and no third process to
 //! schedule per frame, frames queued for one port packed into one datagram (each still checked on its own at the
-//! receiver), and a receiver that falls behind makes the sender wait (a bounded time) instead of the switch
+//! receiver), sent by the thread that made them when the writer has nothing queued (no hand-off to the writer:
+//! a ping-pong's frame wakes one thread, the receiver's, not two), and a receiver that falls behind makes the sender wait (a bounded time) instead of the switch
 //! dropping the frame. Broadcasts (ARP) and frames to anything else (a QEMU guest, a port across
 //! `wirefilter`, which is another switch) still cross the switch, which stays the meeting point. A capture on
 //! the switch (`vde_pcapplug`) sees only those: set `MLX5_SIM_VDE_DIRECT=0` to send everything through it.
@@ -142,6 +143,9 @@ pub struct VdeCounters {
     pub arp_requests: u64,
     /// Of `tx_frames`, those sent on the direct path (past the switch, to a port of this machine).
     pub tx_direct: u64,
+    /// Of `tx_direct`, those the sending thread put on the peer's socket itself (the writer had nothing
+    /// queued), with no hand-off to the writer thread.
+    pub tx_direct_now: u64,
     /// Frames received on the direct path (before the checks `rx_frames` counts).
     pub rx_direct: u64,
     /// Frames not sent: a peer's direct socket did not take them within 50 ms.
@@ -390,6 +394,7 @@ impl VdeLink {
             tx_queue_full: get(&c[5]),
             arp_requests: get(&c[6]),
             tx_direct: get(&c[C_TX_DIRECT]),
+            tx_direct_now: get(&c[C_TX_DIRECT_NOW]),
             rx_direct: get(&c[C_RX_DIRECT]),
             tx_direct_timeout: get(&c[C_DIRECT_TIMEOUT]),
             rx_direct_malformed: get(&c[C_RX_DIRECT_MALFORMED]),
@@ -421,6 +426,12 @@ impl VdeLink {
 
     /// Queues a frame for the writer (dropped and counted when too long for the fabric or the queue is full).
     fn queue(&self, frame: &[u8], record: bool) -> Result<(), &'static str> {
+        self.check(frame, record)?;
+        self.enqueue(frame.to_vec())
+    }
+
+    /// Refuses (and counts) a frame too long for the fabric; records one that goes out when `record`.
+    fn check(&self, frame: &[u8], record: bool) -> Result<(), &'static str> {
         if frame.len() > MAX_ETH_FRAME {
             self.bump(C_TX_OVERSIZE);
             return Err("frame longer than the VDE fabric carries (path MTU above 1024)");
@@ -430,8 +441,13 @@ impl VdeLink {
                 s.record(|_, out| out(frame));
             }
         }
+        Ok(())
+    }
+
+    /// Hands a checked frame to the writer.
+    fn enqueue(&self, frame: Vec<u8>) -> Result<(), &'static str> {
         self.count.queued();
-        match self.tx.try_send(frame.to_vec()) {
+        match self.tx.try_send(frame) {
             Ok(()) => Ok(()),
             Err(mpsc::TrySendError::Full(_)) => {
                 // Never written: counted as written so a drain does not wait for it.
@@ -456,12 +472,40 @@ impl VdeLink {
         };
         let mut buf = Vec::new();
         let mut result = Ok(());
-        roce_map::emit_frames(p, self.mine, dst, &mut buf, &mut |f| {
-            if let Err(e) = self.queue(f, true) {
+        let mut frames = Vec::new();
+        roce_map::emit_frames(p, self.mine, dst, &mut buf, &mut |f| match self.check(f, true) {
+            Ok(()) => frames.push(f.to_vec()),
+            Err(e) => result = Err(e),
+        })?;
+        let sent = self.send_now(&frames);
+        for f in frames.into_iter().skip(sent) {
+            if let Err(e) = self.enqueue(f) {
                 result = Err(e);
             }
-        })?;
+        }
         result
+    }
+
+    /// Sends `frames` (one packet's, to one MAC) on the direct path from the calling thread when the writer has
+    /// nothing left to write, without waiting: how many went (the rest goes to the writer). A ping-pong's frame
+    /// then costs no hand-off to the writer thread and its wake-up, which on a loaded machine is most of a
+    /// frame's latency; the TCP link has the same hand-off, so this is where the fabric gains on it.
+    fn send_now(&self, frames: &[Vec<u8>]) -> usize {
+        let Some(d) = &self.direct else { return 0 };
+        // Busy (the writer is sending, or another sender): the writer takes them in order.
+        let Ok(mut tx) = d.tx.try_lock() else { return 0 };
+        // Frames still queued go first: these wait behind them.
+        if !self.count.idle() || frames.is_empty() {
+            return 0;
+        }
+        let DirectTx { peers, pack } = &mut *tx;
+        let (sent, _) = peers.send(d, frames, pack, false);
+        for _ in 0..sent {
+            self.bump(C_TX_DIRECT_NOW);
+            self.bump(C_TX_DIRECT);
+            self.bump(C_TX);
+        }
+        sent
     }
 
     /// Broadcasts an ARP request for the IPv4 address in `dgid` (from the one in `sgid`); the packet that needed
@@ -513,6 +557,7 @@ const C_TX_DIRECT: usize = 7;
 const C_RX_DIRECT: usize = 8;
 const C_DIRECT_TIMEOUT: usize = 9;
 const C_RX_DIRECT_MALFORMED: usize = 10;
+const C_TX_DIRECT_NOW: usize = 11;
 
 /// A port's direct path on a `vde_switch`: `rx`, bound at `<switch dir>/mlx5-direct-<MAC>`, receives frames
 /// from ports of this machine on that switch; the writer sends to theirs ([`DirectPeers`], blocking for at most
@@ -525,6 +570,16 @@ pub(crate) struct Direct {
     /// The socket file's inode, so only this port's file is removed.
     ino: u64,
     dir: PathBuf,
+    /// The sockets to the peers and the packing buffer, shared by the writer and a sender that sends at once
+    /// ([`VdeLink::send_now`]); whoever holds it sends, so frames to one peer leave in the order they were made.
+    tx: Mutex<DirectTx>,
+}
+
+/// The direct path's sending state ([`Direct::tx`]).
+#[derive(Debug, Default)]
+struct DirectTx {
+    peers: DirectPeers,
+    pack: Vec<u8>,
 }
 
 impl Direct {
@@ -556,7 +611,8 @@ impl Direct {
         // A live port with this MAC keeps its socket (bind fails); a stale one was swept.
         let rx = UnixDatagram::bind(&path).ok()?;
         let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::symlink_metadata(&path).ok()?);
-        let direct = Direct { rx, path, ino, dir: dir.to_path_buf() };
+        let tx = Mutex::new(DirectTx { peers: DirectPeers::default(), pack: Vec::with_capacity(DIRECT_DATAGRAM) });
+        let direct = Direct { rx, path, ino, dir: dir.to_path_buf(), tx };
         direct.rx.set_nonblocking(true).ok()?;
         Some(direct)
     }
@@ -593,7 +649,7 @@ impl Drop for Direct {
 /// What the writer knows of its peers' direct sockets: a socket connected to a peer's (so a send looks up no
 /// path), or until when the peer is reached through the switch. At most [`MAX_DIRECT_PEERS`] (the oldest goes
 /// first).
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct DirectPeers(Vec<([u8; 6], Result<UnixDatagram, Instant>)>);
 
 /// Peers the writer keeps a connected socket (a descriptor) or a failure for, at most.
@@ -603,6 +659,8 @@ const MAX_DIRECT_PEERS: usize = 64;
 enum DirectSend {
     /// Sent (all of them).
     Sent,
+    /// A send that may not wait found the peer's queue full: the rest waits for the writer.
+    Busy,
     /// The peer's socket did not take the next datagram in time: its frames (this many) are dropped.
     TimedOut(usize),
     /// No direct path to the peer: send the next frame through the switch.
@@ -619,7 +677,8 @@ impl DirectPeers {
 
     /// Sends `frames` (all to one MAC) on the direct path, packed into as few datagrams as fit
     /// ([`DIRECT_DATAGRAM`]): how many went, and what became of the next ([`DirectSend::Sent`]: none left).
-    fn send(&mut self, d: &Direct, frames: &[Vec<u8>], pack: &mut Vec<u8>) -> (usize, DirectSend) {
+    /// Without `wait` a full peer queue ends it at once ([`DirectSend::Busy`]; the writer then waits for it).
+    fn send(&mut self, d: &Direct, frames: &[Vec<u8>], pack: &mut Vec<u8>, wait: bool) -> (usize, DirectSend) {
         let Some(dst) = frames.first().and_then(|f| dst_mac(f)) else {
             return (0, DirectSend::Switch);
         };
@@ -646,7 +705,17 @@ impl DirectPeers {
         let mut sent = 0;
         while sent < frames.len() {
             let k = pack_frames(&frames[sent..], pack);
-            if let Err(e) = sock.send(pack) {
+            let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
+            // SAFETY: `pack` is valid for reads of its length; the socket is open (owned by `sock`).
+            let n = unsafe { libc::send(sock.as_raw_fd(), pack.as_ptr().cast(), pack.len(), flags) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if !wait && e.kind() == io::ErrorKind::WouldBlock {
+                    return (sent, DirectSend::Busy);
+                }
                 self.0[at].1 = Err(now + DIRECT_RETRY);
                 return match e.kind() {
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => (sent, DirectSend::TimedOut(k)),
@@ -829,9 +898,7 @@ fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) 
 }
 
 fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
-    let mut peers = DirectPeers::default();
     let mut batch: Vec<Vec<u8>> = Vec::with_capacity(TX_BATCH);
-    let mut pack = Vec::with_capacity(DIRECT_DATAGRAM);
     while link.is_up() {
         // What is queued goes out together: a run of frames to one port of this machine in one call, so its
         // reader wakes once for them.
@@ -850,12 +917,17 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
         for _ in &batch {
             link.count.taken();
         }
+        // Held until the batch is written, so a sender that sends at once sees it written or waits behind it.
+        let mut direct = link.direct.as_ref().map(|d| (d, d.tx.lock().unwrap_or_else(|e| e.into_inner())));
         let mut i = 0;
         while i < batch.len() {
             let dst = dst_mac(&batch[i]);
             let run = batch[i..].iter().take_while(|f| dst_mac(f) == dst).count();
-            let (sent, next) = match &link.direct {
-                Some(d) => peers.send(d, &batch[i..i + run], &mut pack),
+            let (sent, next) = match &mut direct {
+                Some((d, tx)) => {
+                    let DirectTx { peers, pack } = &mut **tx;
+                    peers.send(d, &batch[i..i + run], pack, true)
+                }
                 None => (0, DirectSend::Switch),
             };
             for _ in 0..sent {
@@ -865,7 +937,8 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
             link.count.written(sent as u64);
             i += sent;
             match next {
-                DirectSend::Sent => {}
+                // A waiting send never comes back busy.
+                DirectSend::Sent | DirectSend::Busy => {}
                 DirectSend::TimedOut(k) => {
                     for _ in 0..k {
                         link.bump(C_DIRECT_TIMEOUT);
@@ -947,9 +1020,12 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
         }
         if let (Some(d), true) = (&link.direct, fds[2].revents & libc::POLLIN != 0) {
             // Non-blocking: what is queued, up to a batch of datagrams (none: a spurious wake).
-            let mut gone = false;
+            let (mut gone, mut drained) = (false, false);
             for _ in 0..RX_BATCH {
-                let Ok(got) = d.rx.recv(&mut dbuf) else { break };
+                let Ok(got) = d.rx.recv(&mut dbuf) else {
+                    drained = true;
+                    break;
+                };
                 let each = |frame: &[u8]| {
                     link.bump(C_RX_DIRECT);
                     match take(&weak, &link, &src, frame) {
@@ -972,6 +1048,13 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             }
             if gone {
                 break;
+            }
+            // Nothing more queued here nor on the switch's side: the port runs now rather than after one more
+            // poll (a ping-pong's frame is alone).
+            if drained && unrun > 0 && fds[0].revents & libc::POLLIN == 0 {
+                let Some(station) = weak.upgrade() else { break };
+                station.run();
+                unrun = 0;
             }
         }
     }
@@ -1457,6 +1540,9 @@ mod tests {
         let (na, nb) = (a.h.dev.vde_counters().unwrap(), b.h.dev.vde_counters().unwrap());
         // A's three packets and B's ACK, each straight to the other's socket.
         assert_eq!((na.tx_direct, na.rx_direct, nb.tx_direct, nb.rx_direct), (3, 1, 1, 3), "{na:?} {nb:?}");
+        // Nothing was queued for either writer, so the datapath's thread sent them itself, the three packets of
+        // the message in one datagram (B's reader counts a frame per packet and took them in one go).
+        assert_eq!((na.tx_direct_now, nb.tx_direct_now), (3, 1), "{na:?} {nb:?}");
         assert_eq!((na.tx_frames, nb.tx_frames), (3, 1));
         // A plug with no direct socket (a QEMU guest's NIC would be one) asks for A's address: the request is
         // a broadcast and A's answer goes to a MAC with no socket, so both cross the switch.

@@ -411,9 +411,9 @@ fn remote_pingpong(args: &Args) -> Result<(), ToolError> {
         let retries = dev.events().iter().filter(|e| matches!(e, mlx5_sim::SimEvent::Retry { .. })).count();
         if let Some(c) = dev.vde_counters() {
             eprintln!(
-                "mlx5: VDE fabric: {} frames sent ({} past the switch, {} timed out), {} received ({} past the \
-                 switch), {} not for this port; {retries} retransmissions",
-                c.tx_frames, c.tx_direct, c.tx_direct_timeout, c.rx_frames, c.rx_direct, c.rx_not_mine
+                "mlx5: VDE fabric: {} frames sent ({} past the switch, {} of them without the writer thread, {} \
+                 timed out), {} received ({} past the switch), {} not for this port; {retries} retransmissions",
+                c.tx_frames, c.tx_direct, c.tx_direct_now, c.tx_direct_timeout, c.rx_frames, c.rx_direct, c.rx_not_mine
             );
         }
         // Leaves the fabric (its direct socket goes with it) once the last frames are out.
