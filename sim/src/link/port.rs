@@ -457,7 +457,7 @@ pub(crate) struct VdeLink {
     pub(crate) conn: Box<dyn Datagrams>,
     /// The port's own socket for frames from ports of this machine on the same switch, past the switch
     /// (`vde.rs`: the direct path); `None` when the URL names no switch directory.
-    pub(crate) direct: Option<super::vde::Direct>,
+    pub(crate) direct: Option<super::direct::Direct>,
     /// Frames for the writer thread (bounded: a full queue drops).
     pub(crate) tx: mpsc::SyncSender<Vec<u8>>,
     pub(crate) up: AtomicBool,
