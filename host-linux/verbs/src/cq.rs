@@ -276,7 +276,7 @@ impl CqObj {
 
     pub(crate) fn moderate(&self, cq_count: u16, cq_period: u16) -> Result<()> {
         let mut c = self.ctx.dev.control();
-        let r = lock(&self.ring);
+        let r = self.ring.lock();
         let cq = r.cq.as_ref().ok_or(VerbsError::Destroyed { what: "completion queue" })?;
         let (hca, delay) = c.parts();
         Ok(hca.modify_cq(cq, cq_count, cq_period, delay)?)
