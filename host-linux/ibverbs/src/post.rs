@@ -5,7 +5,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr;
 
-use mlx5_core::cq::{CqeError, Notify, WcFlags, WcOpcode, WcSink, WorkCompletion};
+use mlx5_core::cq::{CqeError, Notify, WcFlags, WcOpcode, WcOut, WcSink, WcStatus, WorkCompletion};
 use mlx5_core::hal::Mmio;
 use mlx5_core::qp::{
     InlineData, PostError, PostErrorKind, QpType, RecvWr, RecvWrView, SendFlags, SendOp, SendWr, SendWrView, Sge,
@@ -81,14 +81,75 @@ fn to_c(w: &WorkCompletion) -> ibv_wc {
     }
 }
 
-/// The program's `ibv_wc` array as a poll's sink: each completion is converted as its CQE is decoded, with no
-/// array of the core's completions in between.
+/// One entry of the program's `ibv_wc` array, written by the core's decoder field by field from the CQE (no
+/// completion built and converted in between). `ibv_wc` has no timestamp or VLAN field: those are dropped.
+#[repr(transparent)]
+struct CWcEntry(ibv_wc);
+
+impl WcOut for CWcEntry {
+    #[inline(always)]
+    fn begin(&mut self, wr_id: u64, qp_num: u32, status: WcStatus, vendor_err: u32, _timestamp: u64) {
+        self.0 = ibv_wc {
+            wr_id,
+            status: status as c_int,
+            opcode: 0,
+            vendor_err,
+            byte_len: 0,
+            imm_data: 0,
+            qp_num,
+            src_qp: 0,
+            wc_flags: 0,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+        };
+    }
+    #[inline(always)]
+    fn set_opcode(&mut self, op: WcOpcode) {
+        self.0.opcode = wc_opcode(op);
+    }
+    #[inline(always)]
+    fn add_flags(&mut self, flags: WcFlags) {
+        self.0.wc_flags |= flags.0;
+    }
+    #[inline(always)]
+    fn set_byte_len(&mut self, n: u32) {
+        self.0.byte_len = n;
+    }
+    #[inline(always)]
+    fn set_imm_data(&mut self, imm: u32) {
+        self.0.imm_data = imm;
+    }
+    /// `ibv_wc` keeps the invalidated rkey where the immediate goes (`invalidated_rkey` shares its union).
+    #[inline(always)]
+    fn set_invalidated_rkey(&mut self, rkey: u32) {
+        self.0.imm_data = rkey;
+    }
+    #[inline(always)]
+    fn set_src(&mut self, src_qp: u32, dlid_path_bits: u8, pkey_index: u16, slid: u16, sl: u8) {
+        self.0.src_qp = src_qp;
+        self.0.dlid_path_bits = dlid_path_bits;
+        self.0.pkey_index = pkey_index;
+        self.0.slid = slid;
+        self.0.sl = sl;
+    }
+    #[inline(always)]
+    fn set_vlan_id(&mut self, _vlan: u16) {}
+    #[inline(always)]
+    fn set(&mut self, w: &WorkCompletion) {
+        self.0 = to_c(w);
+    }
+}
+
+/// The program's `ibv_wc` array as a poll's sink: the decoder writes each entry in place.
 struct CWc {
     wc: *mut ibv_wc,
     len: usize,
 }
 
 impl WcSink for CWc {
+    type Out = CWcEntry;
     #[inline(always)]
     fn capacity(&self) -> usize {
         self.len
@@ -97,16 +158,13 @@ impl WcSink for CWc {
     fn fill(
         &mut self,
         i: usize,
-        decode: impl FnOnce(&mut WorkCompletion) -> Result<bool, CqeError>,
+        decode: impl FnOnce(&mut CWcEntry) -> Result<bool, CqeError>,
     ) -> Result<bool, CqeError> {
-        let mut w = WorkCompletion::default();
-        let r = decode(&mut w);
-        if let Ok(true) = r {
-            assert!(i < self.len, "completion {i} beyond the {} asked for", self.len);
-            // SAFETY: the program's array holds `len` entries (ibv_poll_cq's contract) and `i < len`.
-            unsafe { self.wc.add(i).write(to_c(&w)) };
-        }
-        r
+        assert!(i < self.len, "completion {i} beyond the {} asked for", self.len);
+        // SAFETY: the program's array holds `len` entries (ibv_poll_cq's contract), `i < len`, and `CWcEntry` is
+        // `ibv_wc` (repr(transparent)) of integers only; the decoder's first write (`begin`) stores the whole entry
+        // before any field is read, and an entry past the completions returned is the program's scratch.
+        decode(unsafe { &mut *self.wc.add(i).cast::<CWcEntry>() })
     }
 }
 
