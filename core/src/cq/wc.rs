@@ -287,21 +287,90 @@ pub enum LinkLayer {
     Ethernet,
 }
 
+/// One completion as a poll writes it, field by field, straight from its CQE: [`WorkCompletion`], or a host's
+/// own layout (a C `ibv_wc` in the program's array), so no completion is built and copied in between.
+pub trait WcOut {
+    /// Starts a completion: these fields, every other one zero (as [`WorkCompletion::default`]).
+    fn begin(&mut self, wr_id: u64, qp_num: u32, status: WcStatus, vendor_err: u32, timestamp: u64);
+    /// What completed.
+    fn set_opcode(&mut self, op: WcOpcode);
+    /// Adds `flags` to the completion's flags.
+    fn add_flags(&mut self, flags: WcFlags);
+    /// Bytes transferred.
+    fn set_byte_len(&mut self, n: u32);
+    /// Immediate data, in network byte order.
+    fn set_imm_data(&mut self, imm: u32);
+    /// The rkey the sender invalidated.
+    fn set_invalidated_rkey(&mut self, rkey: u32);
+    /// The address fields of a receive: remote QP, path bits, P_Key index, source LID, SL.
+    fn set_src(&mut self, src_qp: u32, dlid_path_bits: u8, pkey_index: u16, slid: u16, sl: u8);
+    /// VLAN of a tagged RoCE receive.
+    fn set_vlan_id(&mut self, vlan: u16);
+    /// Stores a whole completion (a software flush).
+    fn set(&mut self, wc: &WorkCompletion);
+}
+
+impl WcOut for WorkCompletion {
+    #[inline(always)]
+    fn begin(&mut self, wr_id: u64, qp_num: u32, status: WcStatus, vendor_err: u32, timestamp: u64) {
+        *self = WorkCompletion { wr_id, qp_num, status, vendor_err, timestamp, ..WorkCompletion::default() };
+    }
+    #[inline(always)]
+    fn set_opcode(&mut self, op: WcOpcode) {
+        self.opcode = op;
+    }
+    #[inline(always)]
+    fn add_flags(&mut self, flags: WcFlags) {
+        self.wc_flags |= flags;
+    }
+    #[inline(always)]
+    fn set_byte_len(&mut self, n: u32) {
+        self.byte_len = n;
+    }
+    #[inline(always)]
+    fn set_imm_data(&mut self, imm: u32) {
+        self.imm_data = imm;
+    }
+    #[inline(always)]
+    fn set_invalidated_rkey(&mut self, rkey: u32) {
+        self.invalidated_rkey = rkey;
+    }
+    #[inline(always)]
+    fn set_src(&mut self, src_qp: u32, dlid_path_bits: u8, pkey_index: u16, slid: u16, sl: u8) {
+        self.src_qp = src_qp;
+        self.dlid_path_bits = dlid_path_bits;
+        self.pkey_index = pkey_index;
+        self.slid = slid;
+        self.sl = sl;
+    }
+    #[inline(always)]
+    fn set_vlan_id(&mut self, vlan: u16) {
+        self.vlan_id = Some(vlan);
+    }
+    #[inline(always)]
+    fn set(&mut self, wc: &WorkCompletion) {
+        *self = *wc;
+    }
+}
+
 /// Where a poll stores its completions. A slice of [`WorkCompletion`] is decoded in place; a host's own layout
-/// (a C `ibv_wc` array) converts each one as it is decoded, with no array of them in between.
+/// (a C `ibv_wc` array) is written by the decoder itself through [`WcOut`], with no completion in between.
 pub trait WcSink {
+    /// One entry of the sink.
+    type Out: WcOut + ?Sized;
     /// Completions it takes: the poll stops there.
     fn capacity(&self) -> usize;
-    /// Runs `decode` on a completion and stores it as entry `i` (`i < capacity()`, in order) when `decode`
-    /// answers `Ok(true)`; `decode` writes every field it means. Returns what `decode` returned.
+    /// Runs `decode` on entry `i` (`i < capacity()`, in order); the entry holds a completion when `decode`
+    /// answers `Ok(true)` (otherwise its content is unspecified). Returns what `decode` returned.
     fn fill(
         &mut self,
         i: usize,
-        decode: impl FnOnce(&mut WorkCompletion) -> Result<bool, CqeError>,
+        decode: impl FnOnce(&mut Self::Out) -> Result<bool, CqeError>,
     ) -> Result<bool, CqeError>;
 }
 
 impl WcSink for [WorkCompletion] {
+    type Out = WorkCompletion;
     #[inline(always)]
     fn capacity(&self) -> usize {
         self.len()
@@ -415,13 +484,13 @@ pub fn decode_cqe(
 /// [`decode_cqe`] into `out`: `Ok(true)` when `out` now holds the completion; `out` is untouched otherwise.
 /// `cqe` is a copy ([`Cqe`]) or the entry in place ([`CqeRef`](super::cqe::CqeRef)); each field is read once.
 #[inline]
-pub(super) fn decode_into<C: CqeFieldsRead + ?Sized>(
+pub(super) fn decode_into<C: CqeFieldsRead + ?Sized, O: WcOut + ?Sized>(
     cqe: &C,
     cqn: u32,
     index: u32,
     link: LinkLayer,
     wq: &mut (impl WrTable + ?Sized),
-    out: &mut WorkCompletion,
+    out: &mut O,
 ) -> Result<bool, CqeError> {
     let op_own = cqe.op_own();
     let bad = || CqeError::BadOpcode { cqn, op_own, index };
@@ -434,7 +503,7 @@ pub(super) fn decode_into<C: CqeFieldsRead + ?Sized>(
             let qpn = sop_drop_qpn & 0xff_ffff;
             let wr_id = wq.send_done(qpn, cqe.wqe_counter()).ok_or(CqeError::UnknownQp { cqn, qpn, index })?;
             // Written in place: every field, the ones a requester completion does not carry as zero.
-            *out = WorkCompletion { wr_id, qp_num: qpn, timestamp: cqe.timestamp(), ..WorkCompletion::default() };
+            out.begin(wr_id, qpn, WcStatus::Success, 0, cqe.timestamp());
             decode_req(cqe, (sop_drop_qpn >> 24) as u8, out);
         }
         op @ (CqeOpcode::RespWrImm | CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespSendInv) => {
@@ -444,7 +513,7 @@ pub(super) fn decode_into<C: CqeFieldsRead + ?Sized>(
                 Some(id) => id,
                 None => return Err(recv_fault(wq, cqe, cqn, qpn, index)),
             };
-            *out = WorkCompletion { wr_id, qp_num: qpn, timestamp: cqe.timestamp(), ..WorkCompletion::default() };
+            out.begin(wr_id, qpn, WcStatus::Success, 0, cqe.timestamp());
             decode_resp(cqe, op.raw(), link, out);
         }
         op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {
@@ -457,13 +526,7 @@ pub(super) fn decode_into<C: CqeFieldsRead + ?Sized>(
                     None => return Err(recv_fault(wq, cqe, cqn, qpn, index)),
                 }
             };
-            *out = WorkCompletion {
-                wr_id,
-                qp_num: qpn,
-                status: WcStatus::from_syndrome(cqe.err_syndrome()),
-                vendor_err: cqe.vendor_err().into(),
-                ..WorkCompletion::default()
-            };
+            out.begin(wr_id, qpn, WcStatus::from_syndrome(cqe.err_syndrome()), cqe.vendor_err().into(), 0);
         }
         // Signature errors report on a memory key, not a work request (the kernel records and re-polls).
         CqeOpcode::SigErr => return Ok(false),
@@ -490,39 +553,39 @@ fn recv_fault<C: CqeFieldsRead + ?Sized>(
 
 /// Requester fields (`handle_good_req`); `op` is the completed WQE's opcode (`sop_drop_qpn >> 24`).
 #[inline]
-fn decode_req<C: CqeFieldsRead + ?Sized>(cqe: &C, op: u8, wc: &mut WorkCompletion) {
+fn decode_req<C: CqeFieldsRead + ?Sized, O: WcOut + ?Sized>(cqe: &C, op: u8, wc: &mut O) {
     match op {
         consts::MLX5_OPCODE_RDMA_WRITE_IMM => {
-            wc.wc_flags |= WcFlags::WITH_IMM;
-            wc.opcode = WcOpcode::RdmaWrite;
+            wc.add_flags(WcFlags::WITH_IMM);
+            wc.set_opcode(WcOpcode::RdmaWrite);
         }
-        consts::MLX5_OPCODE_RDMA_WRITE => wc.opcode = WcOpcode::RdmaWrite,
+        consts::MLX5_OPCODE_RDMA_WRITE => wc.set_opcode(WcOpcode::RdmaWrite),
         consts::MLX5_OPCODE_SEND_IMM => {
-            wc.wc_flags |= WcFlags::WITH_IMM;
-            wc.opcode = WcOpcode::Send;
+            wc.add_flags(WcFlags::WITH_IMM);
+            wc.set_opcode(WcOpcode::Send);
         }
-        consts::MLX5_OPCODE_SEND | consts::MLX5_OPCODE_SEND_INVAL => wc.opcode = WcOpcode::Send,
+        consts::MLX5_OPCODE_SEND | consts::MLX5_OPCODE_SEND_INVAL => wc.set_opcode(WcOpcode::Send),
         consts::MLX5_OPCODE_RDMA_READ => {
-            wc.opcode = WcOpcode::RdmaRead;
-            wc.byte_len = cqe.byte_cnt();
+            wc.set_opcode(WcOpcode::RdmaRead);
+            wc.set_byte_len(cqe.byte_cnt());
         }
         consts::MLX5_OPCODE_ATOMIC_CS => {
-            wc.opcode = WcOpcode::CompSwap;
-            wc.byte_len = 8;
+            wc.set_opcode(WcOpcode::CompSwap);
+            wc.set_byte_len(8);
         }
         consts::MLX5_OPCODE_ATOMIC_FA => {
-            wc.opcode = WcOpcode::FetchAdd;
-            wc.byte_len = 8;
+            wc.set_opcode(WcOpcode::FetchAdd);
+            wc.set_byte_len(8);
         }
         consts::MLX5_OPCODE_ATOMIC_MASKED_CS => {
-            wc.opcode = WcOpcode::MaskedCompSwap;
-            wc.byte_len = 8;
+            wc.set_opcode(WcOpcode::MaskedCompSwap);
+            wc.set_byte_len(8);
         }
         consts::MLX5_OPCODE_ATOMIC_MASKED_FA => {
-            wc.opcode = WcOpcode::MaskedFetchAdd;
-            wc.byte_len = 8;
+            wc.set_opcode(WcOpcode::MaskedFetchAdd);
+            wc.set_byte_len(8);
         }
-        _ => wc.opcode = WcOpcode::Unknown(op),
+        _ => wc.set_opcode(WcOpcode::Unknown(op)),
     }
 }
 
@@ -531,46 +594,43 @@ const CQE_L3_L4_OK: u8 = (consts::CQE_L3_OK | consts::CQE_L4_OK) as u8;
 
 /// Responder fields (`handle_responder`); `op` is the CQE opcode (one of the `MLX5_CQE_RESP_*` receives).
 #[inline]
-fn decode_resp<C: CqeFieldsRead + ?Sized>(cqe: &C, op: u8, link: LinkLayer, wc: &mut WorkCompletion) {
-    wc.byte_len = cqe.byte_cnt();
+fn decode_resp<C: CqeFieldsRead + ?Sized, O: WcOut + ?Sized>(cqe: &C, op: u8, link: LinkLayer, wc: &mut O) {
+    // `begin` left the flags empty: each case adds its own.
+    wc.set_byte_len(cqe.byte_cnt());
     match op {
         consts::MLX5_CQE_RESP_WR_IMM => {
-            wc.opcode = WcOpcode::RecvRdmaWithImm;
-            wc.wc_flags = WcFlags::WITH_IMM;
-            wc.imm_data = cqe.imm_data_be();
+            wc.set_opcode(WcOpcode::RecvRdmaWithImm);
+            wc.add_flags(WcFlags::WITH_IMM);
+            wc.set_imm_data(cqe.imm_data_be());
         }
         consts::MLX5_CQE_RESP_SEND => {
-            wc.opcode = WcOpcode::Recv;
+            wc.set_opcode(WcOpcode::Recv);
             if cqe.hds_ip_ext() & CQE_L3_L4_OK == CQE_L3_L4_OK {
-                wc.wc_flags = WcFlags::IP_CSUM_OK;
+                wc.add_flags(WcFlags::IP_CSUM_OK);
             }
         }
         consts::MLX5_CQE_RESP_SEND_IMM => {
-            wc.opcode = WcOpcode::Recv;
-            wc.wc_flags = WcFlags::WITH_IMM;
-            wc.imm_data = cqe.imm_data_be();
+            wc.set_opcode(WcOpcode::Recv);
+            wc.add_flags(WcFlags::WITH_IMM);
+            wc.set_imm_data(cqe.imm_data_be());
         }
         _ => {
-            wc.opcode = WcOpcode::Recv;
-            wc.wc_flags = WcFlags::WITH_INV;
-            wc.invalidated_rkey = cqe.imm_inval_pkey();
+            wc.set_opcode(WcOpcode::Recv);
+            wc.add_flags(WcFlags::WITH_INV);
+            wc.set_invalidated_rkey(cqe.imm_inval_pkey());
         }
     }
     let fr = cqe.flags_rqpn();
-    wc.src_qp = fr & 0xff_ffff;
-    wc.dlid_path_bits = cqe.ml_path();
     if (fr >> 28) & 3 != 0 {
-        wc.wc_flags |= WcFlags::GRH;
+        wc.add_flags(WcFlags::GRH);
     }
     // Only the GSI QP sees P_Keys per packet; every other QP has one (`pkey_index` 0).
-    wc.pkey_index = 0;
     // As rdma-core's mlx5 `handle_responder`, on every link layer: bits 27:24 are the SL on InfiniBand and, on
     // RoCE, the packet type (bit 3: UDP, RoCE v2; bits 2:0: `MLX5_CQE_ROCE_L3_HEADER_TYPE_*`), which UD consumers
     // such as UCX read to find an IPv4 header in the GRH room. (mlx5_ib puts the VLAN priority there instead.)
-    wc.slid = cqe.slid();
-    wc.sl = ((fr >> 24) & 0xf) as u8;
+    wc.set_src(fr & 0xff_ffff, cqe.ml_path(), 0, cqe.slid(), ((fr >> 24) & 0xf) as u8);
     if link == LinkLayer::Ethernet && cqe.l4_l3_hdr_type() & 1 != 0 {
-        wc.vlan_id = Some(cqe.vlan_info() & 0xfff);
+        wc.set_vlan_id(cqe.vlan_info() & 0xfff);
     }
 }
 

@@ -1196,7 +1196,7 @@ pub fn poll_cq_into<M: Mmio + ?Sized, S: crate::cq::WcSink + ?Sized>(
         let Some(f) = wq.flush_one(cq.cqn(), dead) else { break };
         // A flushed completion is whole: storing it cannot fail.
         let _ = wc.fill(n, |w| {
-            *w = f;
+            crate::cq::WcOut::set(w, &f);
             Ok(true)
         });
         n += 1;

@@ -137,7 +137,8 @@ pub(crate) fn dev_of(device: *mut ibv_device) -> Option<&'static Dev> {
 /// Whether a device or context of this library belongs to this process (not inherited from a parent across
 /// `fork`, whose threads did not come along).
 pub(crate) fn of_this_process(d: &Dev) -> bool {
-    d.gen == mlx5_verbs::fork_generation()
+    // The device list that made `d` registered the fork handler: the generation is one load.
+    d.gen == mlx5_verbs::fork_generation_now()
 }
 
 /// An open context: the `verbs_context` (whose `ibv_context` programs hold), then the Rust state.

@@ -5,7 +5,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr;
 
-use mlx5_core::cq::{CqeError, Notify, WcFlags, WcOpcode, WcSink, WorkCompletion};
+use mlx5_core::cq::{CqeError, Notify, WcFlags, WcOpcode, WcOut, WcSink, WcStatus, WorkCompletion};
 use mlx5_core::hal::Mmio;
 use mlx5_core::qp::{
     InlineData, PostError, PostErrorKind, QpType, RecvWr, RecvWrView, SendFlags, SendOp, SendWr, SendWrView, Sge,
@@ -81,14 +81,75 @@ fn to_c(w: &WorkCompletion) -> ibv_wc {
     }
 }
 
-/// The program's `ibv_wc` array as a poll's sink: each completion is converted as its CQE is decoded, with no
-/// array of the core's completions in between.
+/// One entry of the program's `ibv_wc` array, written by the core's decoder field by field from the CQE (no
+/// completion built and converted in between). `ibv_wc` has no timestamp or VLAN field: those are dropped.
+#[repr(transparent)]
+struct CWcEntry(ibv_wc);
+
+impl WcOut for CWcEntry {
+    #[inline(always)]
+    fn begin(&mut self, wr_id: u64, qp_num: u32, status: WcStatus, vendor_err: u32, _timestamp: u64) {
+        self.0 = ibv_wc {
+            wr_id,
+            status: status as c_int,
+            opcode: 0,
+            vendor_err,
+            byte_len: 0,
+            imm_data: 0,
+            qp_num,
+            src_qp: 0,
+            wc_flags: 0,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+        };
+    }
+    #[inline(always)]
+    fn set_opcode(&mut self, op: WcOpcode) {
+        self.0.opcode = wc_opcode(op);
+    }
+    #[inline(always)]
+    fn add_flags(&mut self, flags: WcFlags) {
+        self.0.wc_flags |= flags.0;
+    }
+    #[inline(always)]
+    fn set_byte_len(&mut self, n: u32) {
+        self.0.byte_len = n;
+    }
+    #[inline(always)]
+    fn set_imm_data(&mut self, imm: u32) {
+        self.0.imm_data = imm;
+    }
+    /// `ibv_wc` keeps the invalidated rkey where the immediate goes (`invalidated_rkey` shares its union).
+    #[inline(always)]
+    fn set_invalidated_rkey(&mut self, rkey: u32) {
+        self.0.imm_data = rkey;
+    }
+    #[inline(always)]
+    fn set_src(&mut self, src_qp: u32, dlid_path_bits: u8, pkey_index: u16, slid: u16, sl: u8) {
+        self.0.src_qp = src_qp;
+        self.0.dlid_path_bits = dlid_path_bits;
+        self.0.pkey_index = pkey_index;
+        self.0.slid = slid;
+        self.0.sl = sl;
+    }
+    #[inline(always)]
+    fn set_vlan_id(&mut self, _vlan: u16) {}
+    #[inline(always)]
+    fn set(&mut self, w: &WorkCompletion) {
+        self.0 = to_c(w);
+    }
+}
+
+/// The program's `ibv_wc` array as a poll's sink: the decoder writes each entry in place.
 struct CWc {
     wc: *mut ibv_wc,
     len: usize,
 }
 
 impl WcSink for CWc {
+    type Out = CWcEntry;
     #[inline(always)]
     fn capacity(&self) -> usize {
         self.len
@@ -97,16 +158,13 @@ impl WcSink for CWc {
     fn fill(
         &mut self,
         i: usize,
-        decode: impl FnOnce(&mut WorkCompletion) -> Result<bool, CqeError>,
+        decode: impl FnOnce(&mut CWcEntry) -> Result<bool, CqeError>,
     ) -> Result<bool, CqeError> {
-        let mut w = WorkCompletion::default();
-        let r = decode(&mut w);
-        if let Ok(true) = r {
-            assert!(i < self.len, "completion {i} beyond the {} asked for", self.len);
-            // SAFETY: the program's array holds `len` entries (ibv_poll_cq's contract) and `i < len`.
-            unsafe { self.wc.add(i).write(to_c(&w)) };
-        }
-        r
+        assert!(i < self.len, "completion {i} beyond the {} asked for", self.len);
+        // SAFETY: the program's array holds `len` entries (ibv_poll_cq's contract), `i < len`, and `CWcEntry` is
+        // `ibv_wc` (repr(transparent)) of integers only; the decoder's first write (`begin`) stores the whole entry
+        // before any field is read, and an entry past the completions returned is the program's scratch.
+        decode(unsafe { &mut *self.wc.add(i).cast::<CWcEntry>() })
     }
 }
 
@@ -879,4 +937,108 @@ pub(crate) fn fill_qp_ex(q: &mut ibv_qp_ex, ops: u64) {
 /// Records the operations a QP's batches may use (called once the QP is boxed).
 pub(crate) fn set_ops(q: &Qp, ops: u64) {
     lock(&q.wr).ops = ops;
+}
+
+#[cfg(test)]
+mod wc_out_tests {
+    use super::*;
+
+    /// [`WcOut`] as a trait object, so one closure drives both.
+    trait WcOutDyn {
+        fn begin(&mut self, wr_id: u64, qp_num: u32, status: WcStatus, vendor_err: u32, ts: u64);
+        fn set_opcode(&mut self, op: WcOpcode);
+        fn add_flags(&mut self, f: WcFlags);
+        fn set_byte_len(&mut self, n: u32);
+        fn set_imm_data(&mut self, v: u32);
+        fn set_invalidated_rkey(&mut self, v: u32);
+        fn set_src(&mut self, src_qp: u32, bits: u8, pkey: u16, slid: u16, sl: u8);
+        fn set_vlan_id(&mut self, v: u16);
+    }
+
+    impl<T: WcOut> WcOutDyn for T {
+        fn begin(&mut self, wr_id: u64, qp_num: u32, status: WcStatus, vendor_err: u32, ts: u64) {
+            WcOut::begin(self, wr_id, qp_num, status, vendor_err, ts);
+        }
+        fn set_opcode(&mut self, op: WcOpcode) {
+            WcOut::set_opcode(self, op);
+        }
+        fn add_flags(&mut self, f: WcFlags) {
+            WcOut::add_flags(self, f);
+        }
+        fn set_byte_len(&mut self, n: u32) {
+            WcOut::set_byte_len(self, n);
+        }
+        fn set_imm_data(&mut self, v: u32) {
+            WcOut::set_imm_data(self, v);
+        }
+        fn set_invalidated_rkey(&mut self, v: u32) {
+            WcOut::set_invalidated_rkey(self, v);
+        }
+        fn set_src(&mut self, src_qp: u32, bits: u8, pkey: u16, slid: u16, sl: u8) {
+            WcOut::set_src(self, src_qp, bits, pkey, slid, sl);
+        }
+        fn set_vlan_id(&mut self, v: u16) {
+            WcOut::set_vlan_id(self, v);
+        }
+    }
+
+    /// The same writes into the core's completion (converted by `to_c`, the conversion the poll used before) and
+    /// into a program's `ibv_wc` in place must give the same entry, whatever the entry held before.
+    fn run(write: impl Fn(&mut dyn WcOutDyn)) {
+        let mut core = WorkCompletion::default();
+        let stale = ibv_wc { wr_id: !0, status: -1, imm_data: 0xdead, wc_flags: !0, sl: 9, ..Default::default() };
+        let mut c = CWcEntry(stale);
+        write(&mut core);
+        write(&mut c);
+        // `ibv_wc` has no `PartialEq`: its Debug text names every field.
+        assert_eq!(format!("{:?}", c.0), format!("{:?}", to_c(&core)));
+    }
+
+    #[test]
+    fn ibv_wc_written_in_place_matches_the_converted_completion() {
+        // A send requester completion with immediate data.
+        run(|w| {
+            w.begin(7, 0x11, WcStatus::Success, 0, 123);
+            w.set_opcode(WcOpcode::Send);
+            w.add_flags(WcFlags::WITH_IMM);
+        });
+        // An RDMA READ and an atomic (byte counts).
+        run(|w| {
+            w.begin(8, 0x11, WcStatus::Success, 0, 0);
+            w.set_opcode(WcOpcode::RdmaRead);
+            w.set_byte_len(4096);
+        });
+        run(|w| {
+            w.begin(9, 0x11, WcStatus::Success, 0, 0);
+            w.set_opcode(WcOpcode::MaskedFetchAdd);
+            w.set_byte_len(8);
+        });
+        // Receives: with immediate, with an invalidated rkey (the same `ibv_wc` word), with GRH and VLAN.
+        run(|w| {
+            w.begin(10, 0x12, WcStatus::Success, 0, 5);
+            w.set_byte_len(64);
+            w.set_opcode(WcOpcode::RecvRdmaWithImm);
+            w.add_flags(WcFlags::WITH_IMM);
+            w.set_imm_data(0x0102_0304);
+            w.add_flags(WcFlags::GRH);
+            w.set_src(0x33, 1, 0, 0x44, 0xa);
+            w.set_vlan_id(100);
+        });
+        run(|w| {
+            w.begin(11, 0x12, WcStatus::Success, 0, 5);
+            w.set_byte_len(0);
+            w.set_opcode(WcOpcode::Recv);
+            w.add_flags(WcFlags::WITH_INV);
+            w.set_invalidated_rkey(0xabcd);
+            w.set_src(0x33, 0, 0, 0, 0);
+        });
+        run(|w| {
+            w.begin(12, 0x12, WcStatus::Success, 0, 0);
+            w.set_opcode(WcOpcode::Recv);
+            w.add_flags(WcFlags::IP_CSUM_OK);
+            w.set_src(0, 0, 0, 0, 0);
+        });
+        // An error completion: status and vendor syndrome, the rest zero.
+        run(|w| w.begin(13, 0x13, WcStatus::RemAccessErr, 0x88, 0));
+    }
 }

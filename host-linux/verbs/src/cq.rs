@@ -615,6 +615,7 @@ struct Offset<'a, S: WcSink + ?Sized> {
 }
 
 impl<S: WcSink + ?Sized> WcSink for Offset<'_, S> {
+    type Out = S::Out;
     #[inline(always)]
     fn capacity(&self) -> usize {
         self.cap
@@ -623,7 +624,7 @@ impl<S: WcSink + ?Sized> WcSink for Offset<'_, S> {
     fn fill(
         &mut self,
         i: usize,
-        decode: impl FnOnce(&mut WorkCompletion) -> std::result::Result<bool, CqeError>,
+        decode: impl FnOnce(&mut S::Out) -> std::result::Result<bool, CqeError>,
     ) -> std::result::Result<bool, CqeError> {
         self.sink.fill(self.at + i, decode)
     }

@@ -34,3 +34,11 @@ pub fn generation() -> u64 {
     });
     GENERATION.load(Ordering::Acquire)
 }
+
+/// [`generation`] without registering the fork handler: one load, for the datapath's checks on objects made
+/// after a [`generation`] call in this process or its parent (the handler is then registered, and a forked
+/// child keeps it).
+#[inline(always)]
+pub fn generation_now() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}

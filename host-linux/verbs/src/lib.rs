@@ -142,6 +142,7 @@ pub use device::{vde_identity, WireSpec};
 pub use error::{BadMemory, BadMemoryKind, Result, VerbsError};
 pub use event::AsyncEvent;
 pub use fork::generation as fork_generation;
+pub use fork::generation_now as fork_generation_now;
 pub use mlx5_core::ah::{AhFromWcError, GRH_BYTES};
 pub use mlx5_core::cq::CqeError;
 pub use mlx5_core::cq::{CqEx, ExPoll, ExPoller, WcExFlags};
