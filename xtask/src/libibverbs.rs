@@ -1011,20 +1011,33 @@ fn ucx_app(p: &Peers, prog: &str, devices: &str, args: &[&str]) -> Command {
 /// simulated device, joined by the simulated wire. Both must exit 0 with nothing logged at WARN or above
 /// (a clean teardown); returns the client's `Final:` row (iterations, latency and rate figures).
 fn ucx_perftest(p: &Peers, tl: &str, test: &str, iters: &str, port: u16) -> Result<Vec<f64>, String> {
-    ucx_perftest_on(p, tl, test, iters, port, None)
+    ucx_perftest_on(p, &UcxTest { tl, test, args: &[], iters, warmup: "20" }, port, None)
 }
+
+/// One `ucx_perftest` test: a UCT test names its transport (`-x tl`); a UCP test (`tl` empty) lets UCP pick
+/// among the transports `UCX_TLS` allows. `args` are the client's further options (`-D`, `-s`).
+struct UcxTest<'a> {
+    tl: &'a str,
+    test: &'a str,
+    args: &'a [&'a str],
+    iters: &'a str,
+    warmup: &'a str,
+}
+
+/// The transports a UCP test may use: the drop-in's verbs ones only (RC for the data, UD for UCP's wire-up),
+/// so a run that passes went through the simulated device, never shared memory or TCP.
+const UCP_TLS: &str = "rc_verbs,ud_verbs";
 
 /// [`ucx_perftest`], both processes on the VDE fabric whose default switch lives in `vde` (`wire=vde`, the
 /// first process starting it) instead of the TCP link: no listener, no connector, no `host=`.
-fn ucx_perftest_on(
-    p: &Peers,
-    tl: &str,
-    test: &str,
-    iters: &str,
-    port: u16,
-    vde: Option<&Path>,
-) -> Result<Vec<f64>, String> {
-    let what = format!("ucx_perftest -x {tl} -t {test} -n {iters}{}", if vde.is_some() { " (VDE)" } else { "" });
+fn ucx_perftest_on(p: &Peers, t: &UcxTest, port: u16, vde: Option<&Path>) -> Result<Vec<f64>, String> {
+    let UcxTest { tl, test, iters, .. } = *t;
+    let what = format!(
+        "ucx_perftest {}-t {test} {}-n {iters}{}",
+        if tl.is_empty() { format!("(UCX_TLS={UCP_TLS}) ") } else { format!("-x {tl} ") },
+        t.args.iter().map(|a| format!("{a} ")).collect::<String>(),
+        if vde.is_some() { " (VDE)" } else { "" }
+    );
     let (port_s, wire) = (port.to_string(), port + 100);
     let (server_dev, client_dev) = match vde {
         Some(_) => ("sim:wire=vde".to_string(), "sim:wire=vde".to_string()),
@@ -1035,19 +1048,24 @@ fn ucx_perftest_on(
         if let Some(dir) = vde {
             c.env("XDG_RUNTIME_DIR", dir);
         }
+        if tl.is_empty() {
+            c.env("UCX_TLS", UCP_TLS).env("UCX_NET_DEVICES", "mlx5_0:1");
+        }
         c
     };
-    let server =
-        app(&server_dev, &["-p", &port_s, "-d", "mlx5_0:1", "-x", tl]).spawn().map_err(|e| format!("{what}: {e}"))?;
+    let mut server_args = vec!["-p", &port_s];
+    let mut client_args = vec!["127.0.0.1", "-p", &port_s];
+    if !tl.is_empty() {
+        server_args.extend(["-d", "mlx5_0:1", "-x", tl]);
+        client_args.extend(["-d", "mlx5_0:1", "-x", tl]);
+    }
+    client_args.extend(["-t", test, "-n", iters, "-w", t.warmup]);
+    client_args.extend(t.args);
+    let server = app(&server_dev, &server_args).spawn().map_err(|e| format!("{what}: {e}"))?;
     wait_listening(port, Duration::from_secs(30));
     // Both open their device after their own TCP handshake: on the TCP link the connecting end waits for the
     // listener; on the fabric there is no order.
-    let client = app(
-        &client_dev,
-        &["127.0.0.1", "-p", &port_s, "-d", "mlx5_0:1", "-x", tl, "-t", test, "-n", iters, "-w", "20"],
-    )
-    .spawn()
-    .map_err(|e| format!("{what}: {e}"))?;
+    let client = app(&client_dev, &client_args).spawn().map_err(|e| format!("{what}: {e}"))?;
     let c = wait(client, Duration::from_secs(30), &format!("{what} (client)"));
     let s = wait(server, Duration::from_secs(if c.is_ok() { 30 } else { 5 }), &format!("{what} (server)"));
     let (c, s) = (c?, s?);
@@ -1073,12 +1091,17 @@ fn ucx_perftest_on(
     if row.len() != 8 || row[0] != want || [1, 2, 3, 6, 7].iter().any(|&i| row[i] <= 0.0) {
         return Err(format!("{what}: expected a Final row of {iters} iterations, latencies and rates:\n{text}"));
     }
+    // Sized messages (`-s`) must show their bandwidth too.
+    if t.args.contains(&"-s") && (row[4] <= 0.0 || row[5] <= 0.0) {
+        return Err(format!("{what}: expected a positive bandwidth in the Final row:\n{text}"));
+    }
     Ok(row)
 }
 
 /// UCX's `ucx_perftest` over the drop-in between two processes on the simulated wire (RoCE): rc_verbs and
 /// ud_verbs latency and bandwidth tests with real figures, then rc_verbs twenty times for a clean teardown
-/// (both ends exit 0, nothing logged; an async event of a destroyed QP once crashed it).
+/// (both ends exit 0, nothing logged; an async event of a destroyed QP once crashed it), then on one VDE fabric
+/// with UCT `get` (zcopy) and UCP `tag_lat`/`tag_bw` of 1 MiB added.
 fn ucx(p: &Peers) -> Result<(), String> {
     let start = Instant::now();
     let root = std::fs::read_to_string("/proc/self/status")
@@ -1130,12 +1153,32 @@ fn ucx_runs(p: &Peers) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("xtask-ucx-vde-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let r = (|| -> Result<(), String> {
-        let runs = [("rc_verbs", "am_lat"), ("rc_verbs", "put_bw"), ("ud_verbs", "am_lat"), ("ud_verbs", "am_bw")];
-        for (i, (tl, test)) in runs.iter().enumerate() {
-            let row = ucx_perftest_on(p, tl, test, "1000", 18950 + i as u16, Some(&dir))?;
+        let t = |tl, test, args, iters, warmup| UcxTest { tl, test, args, iters, warmup };
+        let runs = [
+            t("rc_verbs", "am_lat", &[], "1000", "20"),
+            t("rc_verbs", "put_bw", &[], "1000", "20"),
+            // RDMA READ of 64 KiB into a registered buffer (UCT's get_zcopy).
+            t("rc_verbs", "get", &["-D", "zcopy", "-s", "65536"], "200", "20"),
+            t("ud_verbs", "am_lat", &[], "1000", "20"),
+            t("ud_verbs", "am_bw", &[], "1000", "20"),
+            // UCP tag matching of 1 MiB messages: rendezvous, the data moved by RDMA over RC.
+            t("", "tag_lat", &["-s", "1048576"], "20", "5"),
+            t("", "tag_bw", &["-s", "1048576"], "20", "5"),
+        ];
+        for (i, run) in runs.iter().enumerate() {
+            let started = Instant::now();
+            let row = ucx_perftest_on(p, run, 18950 + i as u16, Some(&dir))?;
+            let mut label = if run.tl.is_empty() { "(UCP)".to_string() } else { format!("-x {}", run.tl) };
+            for a in [&["-t", run.test][..], run.args].concat() {
+                label.push(' ');
+                label.push_str(a);
+            }
             println!(
-                "ucx_perftest -x {tl} -t {test} over VDE: 1000 iterations, {:.1} us, {:.2} MB/s: ok",
-                row[2], row[4]
+                "ucx_perftest {label} over VDE: {} iterations, {:.1} us, {:.2} MB/s: ok ({:.1} s)",
+                run.iters,
+                row[2],
+                row[4],
+                started.elapsed().as_secs_f64()
             );
         }
         Ok(())
