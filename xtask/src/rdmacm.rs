@@ -100,7 +100,7 @@ pub fn run_librdmacm(root: &Path, args: &[String]) -> Result<(), String> {
 }
 
 /// Debian's rdmacm-utils, unpacked under `target/libibverbs/rdmacm` (never installed).
-fn rdmacm_utils(lib: &Path) -> Result<PathBuf, String> {
+pub(crate) fn rdmacm_utils(lib: &Path) -> Result<PathBuf, String> {
     let dir = lib.join("rdmacm");
     let bin = dir.join("root/usr/bin");
     if !bin.join("rping").exists() {
@@ -169,7 +169,7 @@ fn pair(
 
 /// Whether rping -v's line for iteration `i` shows the buffer rping wrote: `rdma-ping-i: ` then letters from
 /// 'A' + i mod 58, each the next of 'A'..='z' (wrapping), as rping's client fills it.
-fn rping_line_ok(line: &str, i: usize) -> bool {
+pub(crate) fn rping_line_ok(line: &str, i: usize) -> bool {
     let prefix = format!("ping data: rdma-ping-{i}: ");
     let Some(rest) = line.strip_prefix(&prefix) else { return false };
     let b = rest.as_bytes();
