@@ -41,6 +41,13 @@ const MODULES: &[&str] = &[
     "crc32_generic",
     "ib_core",
     "ib_uverbs",
+    // rdma_cm and its user interface (`/dev/infiniband/rdma_cm`), for rping; rdma_cm's configfs directory needs
+    // configfs, a module in Debian's kernel.
+    "configfs",
+    "ib_cm",
+    "iw_cm",
+    "rdma_cm",
+    "rdma_ucm",
     "udp_tunnel",
     "ip6_udp_tunnel",
     "rdma_rxe",
@@ -50,6 +57,10 @@ const GUEST_BINARIES: &[&str] = &["ibv_rc_pingpong", "ibv_ud_pingpong", "ibv_dev
 /// The guest's RoCE address and ours (a RoCE v2 GID each, `::ffff:a.b.c.d`).
 const GUEST_IP: &str = "10.0.0.1";
 const SIM_IP: &str = "10.0.0.2";
+/// The port rping listens on (either side).
+const RPING_PORT: u16 = 7174;
+/// rping's iterations, each buffer printed (`-v`) and checked.
+const RPING_COUNT: u32 = 100;
 /// The simulated port's GID table in Linux's order: v1 and v2 link-local, then v1 and v2 of the IPv4 address.
 const SIM_GID_INDEX: &str = "3";
 /// rc_pingpong's exchange port in the guest; the guest reaches the host's at this address (guestfwd).
@@ -70,6 +81,10 @@ fn ensure_packages() -> Result<(), String> {
     }
     if !have("rdma") {
         need.push("iproute2");
+    }
+    // The guest's rping runs on Debian's librdmacm (the closure `ldd` finds here).
+    if !Path::new("/").join(LIBDIR).join("librdmacm.so.1").exists() {
+        need.push("librdmacm1");
     }
     if !need.is_empty() {
         apt_install(&need)?;
@@ -110,15 +125,26 @@ counters() {{
 }}
 PP=ibv_rc_pingpong
 [ "$rxe_ud" = 1 ] && PP=ibv_ud_pingpong
+[ "$rxe_app" = rping ] && PP=rping
 PEER=
 [ "$rxe_mode" = server ] || PEER={HOST_ALIAS}
-$PP -d rxe0 -g $G -s $rxe_size -n $rxe_iters -c $PEER &
+if [ "$PP" = rping ] && [ "$rxe_mode" = server ]; then
+  rping -s -a {GUEST_IP} -p {RPING_PORT} -C $rxe_iters -v -V &
+elif [ "$PP" = rping ]; then
+  rping -c -a {SIM_IP} -p {RPING_PORT} -C $rxe_iters -v -V &
+else
+  $PP -d rxe0 -g $G -s $rxe_size -n $rxe_iters -c $PEER &
+fi
 pid=$!
 # A ping-pong that never ends (rxe reads retry_cnt 7 as unlimited, so a request nobody answers is sent again
 # forever) shows rxe's counters, so the host sees what it was waiting for, and fails.
 ( sleep {GUEST_DEADLINE_S}; echo "rxe-interop: $PP still running after {GUEST_DEADLINE_S} s"; counters; kill $pid ) &
 dog=$!
-if [ "$rxe_mode" = server ]; then
+if [ "$PP" = rping ] && [ "$rxe_mode" = server ]; then
+  # rdma_cm's listening ID, as the kernel's resource tracking shows it.
+  while kill -0 $pid 2>/dev/null && ! rdma resource show cm_id 2>/dev/null | grep -q LISTEN; do sleep 0.2; done
+  echo "rxe-interop: server listening"
+elif [ "$rxe_mode" = server ]; then
   while ! grep -q ':4853 0000' /proc/net/tcp /proc/net/tcp6 2>/dev/null; do sleep 0.2; done
   echo "rxe-interop: server listening"
 fi
@@ -134,7 +160,7 @@ poweroff -f
     )
 }
 
-fn build_initramfs(work: &Path, modules_dir: &Path) -> Result<PathBuf, String> {
+fn build_initramfs(work: &Path, modules_dir: &Path, rping: &Path) -> Result<PathBuf, String> {
     let mut c = Cpio::default();
     for d in ["bin", "sbin", "dev", "proc", "sys", "tmp", "run", "modules"] {
         c.dir(d);
@@ -157,7 +183,16 @@ fn build_initramfs(work: &Path, modules_dir: &Path) -> Result<PathBuf, String> {
         }
     }
     c.file("modules/order", false, order.as_bytes());
-    let libs = verbs_guest::add_userspace(&mut c, GUEST_BINARIES, &["rxe"])?;
+    let rping = rping.to_string_lossy();
+    let bins: Vec<&str> = GUEST_BINARIES.iter().copied().chain([rping.as_ref()]).collect();
+    let libs = verbs_guest::add_userspace(&mut c, &bins, &["rxe"])?;
+    // glibc dlopens libgcc_s for pthread_exit (rping's threads end with it); no ldd closure names it.
+    let gcc_s = Path::new("/").join(LIBDIR).join("libgcc_s.so.1");
+    c.file(
+        &format!("{LIBDIR}/libgcc_s.so.1"),
+        true,
+        &std::fs::read(&gcc_s).map_err(|e| format!("{}: {e}", gcc_s.display()))?,
+    );
     c.file("init", true, init_script().as_bytes());
     let out = work.join("initramfs.cpio");
     std::fs::write(&out, c.finish()).map_err(|e| e.to_string())?;
@@ -264,6 +299,114 @@ enum Ours<'a> {
     HostRcPingpong(&'a Path),
 }
 
+/// QEMU for one run: the kernel and initramfs, `/init`'s parameters, the RoCE NIC on the UNIX socket `sock` (its
+/// frames captured to `pcap`), the exchange NIC as user networking (`user`).
+fn guest_command((kernel, initrd): (&Path, &Path), params: &str, sock: &Path, pcap: &Path, user: &str) -> Command {
+    let mut q = Command::new("qemu-system-x86_64");
+    q.args(["-accel", "tcg", "-cpu", "max", "-m", "1G", "-smp", "2", "-nographic", "-no-reboot", "-nodefaults"])
+        .args(["-serial", "stdio", "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        // `no_timer_check`: under load the TCG guest's IO-APIC timer check can fail and panic the boot ("IO-APIC +
+        // timer doesn't work!"), as it did once in a row of runs.
+        .arg("-append")
+        .arg(format!("console=ttyS0 panic=-1 quiet no_timer_check {params}"))
+        .arg("-netdev")
+        .arg(format!("stream,id=n0,server=on,addr.type=unix,addr.path={}", sock.display()))
+        .args(["-device", "virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01"])
+        .arg("-object")
+        .arg(format!("filter-dump,id=f0,netdev=n0,file={},maxlen=2000", pcap.display()))
+        .arg("-netdev")
+        .arg(user)
+        .args(["-device", "virtio-net-pci,netdev=n1,mac=52:54:00:00:00:11"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    q
+}
+
+/// The guest's console until `want` (`None`: the guest stopped first, or `end` passed).
+fn wait_line(lines: &mpsc::Receiver<String>, want: &str, end: Instant) -> Option<()> {
+    loop {
+        match lines.recv_timeout(Duration::from_millis(200)) {
+            Ok(l) if l.contains(want) => return Some(()),
+            Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+        }
+        if Instant::now() > end {
+            return None;
+        }
+    }
+}
+
+/// Debian's unmodified rping on this host, over the drop-in librdmacm and libibverbs (`ld_path`) and a simulated
+/// port plugged into the guest NIC with the address 10.0.0.2, against Linux's rdma_cm and rping over rdma_rxe in
+/// the guest. `mode` is the guest's side. Both rpings run `-v -V -C 100`; the client's printed buffers are checked
+/// letter by letter (ours from its output file, the guest's from the console), both must exit 0.
+fn run_rping(setup: &Setup, mode: &str, ld_path: &str, rping: &Path) -> Result<f64, String> {
+    let tag = format!("rping-guest-{mode}");
+    let sock = setup.work.join(format!("roce-{tag}.sock"));
+    let guest_pcap = setup.work.join(format!("guest-{tag}.pcap"));
+    let out_file = setup.work.join(format!("host-{tag}.out"));
+    let _ = std::fs::remove_file(&sock);
+    let params = format!("rxe_mode={mode} rxe_app=rping rxe_size=0 rxe_iters={RPING_COUNT} rxe_ud=0");
+    let mut q = guest_command((&setup.kernel, &setup.initrd), &params, &sock, &guest_pcap, "user,id=n1,restrict=on");
+    println!("rxe-interop: {tag}: guest rping as {mode}, host rping on the drop-in librdmacm, {RPING_COUNT} pings");
+    let start = Instant::now();
+    let end = start + RUN_TIMEOUT;
+    let mut qemu = q.spawn().map_err(|e| format!("failed to start qemu: {e}"))?;
+    let lines = console(&mut qemu)?;
+    if mode == "server" && wait_line(&lines, "rxe-interop: server listening", end).is_none() {
+        let _ = qemu.kill();
+        return Err(format!("{tag}: the guest's rping never listened"));
+    }
+    let port = RPING_PORT.to_string();
+    let count = RPING_COUNT.to_string();
+    let mut c = Command::new(rping);
+    crate::libibverbs::on_dropin(&mut c, ld_path, &format!("sim:wire=qemu:{SIM_IP}:{}", sock.display()));
+    if mode == "server" {
+        // The guest is no simulated host: the static neighbour table names it (its MAC comes from ARP).
+        c.env("MLX5_RS_RDMACM_ADDRS", GUEST_IP).args(["-c", "-a", GUEST_IP]);
+    } else {
+        c.args(["-s", "-a", SIM_IP]);
+    }
+    c.args(["-p", &port, "-C", &count, "-v", "-V"])
+        .stdout(Stdio::from(std::fs::File::create(&out_file).map_err(|e| e.to_string())?))
+        .stderr(Stdio::inherit());
+    let mut ours = c.spawn().map_err(|e| format!("failed to start rping: {e}"))?;
+    let ours_status = wait_child(&mut ours, end, "rping (host)");
+    let qemu_status = wait_child(&mut qemu, end, "the guest");
+    let secs = start.elapsed().as_secs_f64();
+    let (ours_status, qemu_status) = (ours_status?, qemu_status?);
+    let console: Vec<String> = lines.iter().collect();
+    let host_out = std::fs::read_to_string(&out_file).map_err(|e| e.to_string())?;
+    println!("rxe-interop: {tag}: host rping {ours_status}, guest {qemu_status}, {secs:.1} s");
+    if !ours_status.success() || qemu_status.code() != Some(3) {
+        return Err(format!(
+            "{tag}: rping failed (host {ours_status}, guest {qemu_status})\nhost:\n{host_out}\nguest:\n{}",
+            console.join("\n")
+        ));
+    }
+    // The client prints `ping data: ...` per iteration; the console may prefix nothing else on those lines.
+    let client: Vec<&str> = if mode == "server" {
+        host_out.lines().collect()
+    } else {
+        console.iter().map(|l| l.trim_end_matches('\r')).collect()
+    };
+    let pings: Vec<&str> = client.into_iter().filter(|l| l.starts_with("ping data:")).collect();
+    let bad = pings.iter().enumerate().find(|(i, l)| !crate::libibverbs::rdmacm::rping_line_ok(l, *i));
+    if pings.len() != RPING_COUNT as usize || bad.is_some() {
+        return Err(format!("{tag}: {} ping lines of {RPING_COUNT}, first bad {bad:?}", pings.len()));
+    }
+    let who = if mode == "server" { "host" } else { "guest" };
+    println!("rxe-interop: {tag}: {RPING_COUNT} pings, each buffer the {who} client printed as rping wrote it: ok");
+    let n = check_icrc(&guest_pcap)?;
+    println!("rxe-interop: {tag}: {n} RoCE frames on the cable, every ICRC right");
+    Ok(secs)
+}
+
 fn run_one(
     setup: &Setup,
     mode: &str,
@@ -297,31 +440,13 @@ fn run_one(
         relay(l, ours);
         user.push_str(&format!(",guestfwd=tcp:{HOST_ALIAS}:{GUEST_PORT}-tcp:127.0.0.1:{relay_port}"));
     }
-    let mut q = Command::new("qemu-system-x86_64");
-    q.args(["-accel", "tcg", "-cpu", "max", "-m", "1G", "-smp", "2", "-nographic", "-no-reboot", "-nodefaults"])
-        .args(["-serial", "stdio", "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
-        .arg("-kernel")
-        .arg(kernel)
-        .arg("-initrd")
-        .arg(initrd)
-        // `no_timer_check`: under load the TCG guest's IO-APIC timer check can fail and panic the boot ("IO-APIC +
-        // timer doesn't work!"), as it did once in a row of runs.
-        .arg("-append")
-        .arg(format!(
-            "console=ttyS0 panic=-1 quiet no_timer_check rxe_mode={mode} rxe_size={size} rxe_iters={iters} rxe_ud={}",
-            u8::from(ud)
-        ))
-        .arg("-netdev")
-        .arg(format!("stream,id=n0,server=on,addr.type=unix,addr.path={}", sock.display()))
-        .args(["-device", "virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01"])
-        .arg("-object")
-        .arg(format!("filter-dump,id=f0,netdev=n0,file={},maxlen=2000", guest_pcap.display()))
-        .arg("-netdev")
-        .arg(user)
-        .args(["-device", "virtio-net-pci,netdev=n1,mac=52:54:00:00:00:11"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    let mut q = guest_command(
+        (kernel, initrd),
+        &format!("rxe_mode={mode} rxe_size={size} rxe_iters={iters} rxe_ud={}", u8::from(ud)),
+        &sock,
+        &guest_pcap,
+        &user,
+    );
     let pp = if ud { "ibv_ud_pingpong" } else { "ibv_rc_pingpong" };
     println!("rxe-interop: {tag}: guest runs {pp} as {mode}, {iters} x {size} B");
     let start = Instant::now();
@@ -481,7 +606,9 @@ fn check_pcap(pcap: &Path) -> Result<(), String> {
 /// `cargo xtask rxe-interop`, also a CI step: builds the guest (a first run downloads the Debian kernel, later
 /// ones reuse it) and runs every ping-pong, with its wall time. Needs QEMU and the guest's packages, which it
 /// installs from Debian (root).
-pub fn run_rxe_interop(root: &Path) -> Result<(), String> {
+///
+/// `rping_only`: just the rping runs (Linux's rdma_cm against the drop-in librdmacm).
+pub fn run_rxe_interop(root: &Path, rping_only: bool) -> Result<(), String> {
     let started = Instant::now();
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
     let work = target.join("rxe-interop");
@@ -492,18 +619,44 @@ pub fn run_rxe_interop(root: &Path) -> Result<(), String> {
     let kernel_work = target.join("vfio-test");
     std::fs::create_dir_all(&kernel_work).map_err(|e| e.to_string())?;
     let (vmlinuz, modules) = ensure_kernel(&kernel_work.canonicalize().map_err(|e| e.to_string())?)?;
-    let initrd = build_initramfs(&work, &modules)?;
+    // Debian's rdmacm-utils, unpacked where `verbs-apps --only rdmacm` keeps them.
+    let rping = crate::libibverbs::rdmacm::rdmacm_utils(&target.join("libibverbs"))?.join("rping");
+    let initrd = build_initramfs(&work, &modules, &rping)?;
     let mlx5 = build_tool(root)?;
     let setup = Setup { work, kernel: vmlinuz, initrd, mlx5 };
     let built = started.elapsed().as_secs_f64();
     let mut times = Vec::new();
+    // Debian's rping on the drop-in librdmacm against Linux's rdma_cm, the guest as server and as client.
+    let lib = crate::libibverbs::build(root, false)?;
+    let cm = crate::libibverbs::rdmacm::build(root, false, &lib)?;
+    let ld = format!("{}:{}", cm.display(), lib.display());
+    // Both directions run, and the first failure is reported after them.
+    let mut failed = None;
     for mode in ["server", "client"] {
+        match run_rping(&setup, mode, &ld, &rping) {
+            Ok(secs) => times.push((mode, (0, RPING_COUNT), " (rping, host on the drop-in librdmacm)", secs)),
+            Err(e) => {
+                println!("rxe-interop: {e}");
+                failed = failed.or(Some(e));
+            }
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    for mode in ["server", "client"] {
+        if rping_only {
+            break;
+        }
         for &run in RUNS {
             times.push((mode, run, "", run_one(&setup, mode, run, None, false, &Ours::Tool)?));
         }
     }
     // A frame we send is lost (rxe NAKs the sequence gap, we send again), then one rxe sends (we NAK, rxe sends
     // again).
+    if rping_only {
+        return report(started, built, &times);
+    }
     let ours_lost = Loss { env: "MLX5_SIM_DROP_OUT", nth: 2, counter: "out_of_seq_request" };
     let theirs_lost = Loss { env: "MLX5_SIM_DROP_IN", nth: 2, counter: "rcvd_seq_err" };
     for (mode, loss) in [("server", &ours_lost), ("client", &theirs_lost)] {
@@ -518,12 +671,16 @@ pub fn run_rxe_interop(root: &Path) -> Result<(), String> {
     }
     // rdma-core's unmodified ibv_rc_pingpong on this host, over the drop-in libibverbs.so.1 and a simulated
     // device plugged into the guest NIC, against the guest's (multi-packet messages).
-    let lib = crate::libibverbs::build(root, false)?;
     for run in [(64, 50), (4096, 20)] {
         let secs = run_one(&setup, "server", run, None, false, &Ours::HostRcPingpong(&lib))?;
         times.push(("server", run, " (host ibv_rc_pingpong)", secs));
     }
-    for (mode, (size, iters), what, secs) in &times {
+    report(started, built, &times)
+}
+
+/// Each run's wall time, and the totals.
+fn report(started: Instant, built: f64, times: &[(&str, (usize, u32), &str, f64)]) -> Result<(), String> {
+    for (mode, (size, iters), what, secs) in times {
         println!("rxe-interop: guest {mode:6} {iters:3} x {size:6} B{what}: {secs:5.1} s boot to poweroff");
     }
     let total = started.elapsed().as_secs_f64();

@@ -59,7 +59,7 @@ fn ldd(bin: &Path) -> Result<Vec<(String, PathBuf)>, String> {
     Ok(libs)
 }
 
-/// Adds to `c` the directories, `binaries` (in `usr/bin`), the `providers` with their `.driver` files, and the
+/// Adds to `c` the directories, `binaries` (in `usr/bin`; names on PATH or paths), the `providers` with their `.driver` files, and the
 /// library closure (the loader under `usr/lib64`, `lib` and `lib64` as links into `usr`). Returns how many
 /// libraries went in.
 pub(crate) fn add_userspace(c: &mut Cpio, binaries: &[&str], providers: &[&str]) -> Result<usize, String> {
@@ -72,8 +72,14 @@ pub(crate) fn add_userspace(c: &mut Cpio, binaries: &[&str], providers: &[&str])
     c.symlink("lib64", "usr/lib64");
     let mut libs: Vec<(String, PathBuf)> = Vec::new();
     for b in binaries {
-        let path = which(b)?;
-        c.file(&format!("usr/bin/{b}"), true, &std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?);
+        // A name is looked up on PATH; a path (a program unpacked from a Debian package) is taken as it is.
+        let path = if b.contains('/') { PathBuf::from(b) } else { which(b)? };
+        let name = path.file_name().ok_or("a binary path without a name")?.to_string_lossy().into_owned();
+        c.file(
+            &format!("usr/bin/{name}"),
+            true,
+            &std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+        );
         libs.extend(ldd(&path)?);
     }
     // Providers are dlopen'ed, so no binary's ldd names them.

@@ -1,6 +1,8 @@
 //! How an IP address names a simulated port: every simulated host's addresses are fixed by
 //! `SimConfig::next_host` (host N: 192.168.1.(10+N), node GUID and LID counted up from the default), so the
 //! address of a peer gives its port's LID and GID without ARP, and a device's node GUID gives its own addresses.
+//! Beyond the simulated fabric (RoCE only), a peer is reachable when a port learned it from ARP or
+//! `MLX5_RS_RDMACM_ADDRS` names it; a RoCE port's own address is the one its GID table holds.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 
@@ -44,6 +46,63 @@ pub(crate) fn host_of_ip(ip: Ipv4Addr) -> Option<SimHost> {
 /// The simulated host of a device's node GUID.
 pub(crate) fn host_of_guid(node_guid: u64) -> Option<SimHost> {
     hosts().find(|(_, c)| c.node_guid == node_guid).and_then(|(i, c)| host(i, &c))
+}
+
+/// The environment variable naming IPv4 peers beyond the simulated fabric, reachable through a RoCE port
+/// (comma-separated, e.g. a QEMU guest's `10.0.0.1` on a `wire=qemu` port): a static neighbour table, as
+/// librdmacm's address resolution would find them in the kernel's. The GID is `::ffff:a.b.c.d`; the port's link
+/// finds the MAC by ARP.
+pub(crate) const ADDRS_ENV: &str = "MLX5_RS_RDMACM_ADDRS";
+
+/// An entry of [`ADDRS_ENV`] that is not an IPv4 address.
+#[derive(Debug)]
+pub(crate) struct BadAddr {
+    pub entry: String,
+    pub source: std::net::AddrParseError,
+}
+
+impl std::fmt::Display for BadAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{ADDRS_ENV}: {:?} is not an IPv4 address", self.entry)
+    }
+}
+
+impl std::error::Error for BadAddr {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// The addresses of an [`ADDRS_ENV`] value (empty entries skipped).
+pub(crate) fn parse_addrs(v: &str) -> Result<Vec<Ipv4Addr>, BadAddr> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| e.parse().map_err(|source| BadAddr { entry: e.to_string(), source }))
+        .collect()
+}
+
+/// The static table, read once; a bad value is logged and leaves it empty (no address is guessed).
+fn static_addrs() -> &'static [Ipv4Addr] {
+    static T: std::sync::OnceLock<Vec<Ipv4Addr>> = std::sync::OnceLock::new();
+    T.get_or_init(|| match std::env::var(ADDRS_ENV) {
+        Ok(v) => parse_addrs(&v).unwrap_or_else(|e| {
+            log::error!("{e}: the table is ignored");
+            Vec::new()
+        }),
+        Err(_) => Vec::new(),
+    })
+}
+
+/// Whether `ip`, which no simulated host has, is a neighbour of this process's RoCE ports: learned from ARP on a
+/// port's link (a guest that asked for our address), or named by [`ADDRS_ENV`].
+pub(crate) fn neighbour(ip: Ipv4Addr) -> bool {
+    mlx5_sim::arp_neighbour(ip.octets()).is_some() || static_addrs().contains(&ip)
+}
+
+/// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`).
+pub(crate) fn gid_v4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
+    (gid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]).then(|| Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
 }
 
 /// Whether `ip` names the process's own port whatever its address: loopback and the wildcard.
@@ -124,6 +183,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_static_neighbour_table_takes_ipv4_addresses_only() {
+        let t = parse_addrs(" 10.0.0.1,,10.0.0.3 ").unwrap();
+        assert_eq!(t, [Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 3)]);
+        assert!(parse_addrs("").unwrap().is_empty());
+        let e = parse_addrs("10.0.0.1,fe80::1").unwrap_err();
+        assert_eq!(e.entry, "fe80::1");
+        assert!(e.to_string().contains(ADDRS_ENV));
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(parse_addrs("10.0.0.256").is_err());
+    }
+
+    #[test]
     fn addresses_name_simulated_hosts() {
         let h0 = host_of_ip(Ipv4Addr::new(192, 168, 1, 10)).unwrap();
         let h1 = host_of_ip(Ipv4Addr::new(192, 168, 1, 11)).unwrap();
@@ -134,6 +205,10 @@ mod tests {
         assert_eq!(host_of_ip(Ipv4Addr::new(10, 0, 0, 1)), None, "no simulated host has it");
         assert!(is_local_alias(Ipv4Addr::LOCALHOST) && is_local_alias(Ipv4Addr::UNSPECIFIED));
         assert_eq!(v4_gid(h1.ipv4)[10..], [0xff, 0xff, 192, 168, 1, 11]);
+        assert_eq!(gid_v4(&v4_gid(h1.ipv4)), Some(h1.ipv4));
+        let mut link_local = [0u8; 16];
+        link_local[..2].copy_from_slice(&[0xfe, 0x80]);
+        assert_eq!(gid_v4(&link_local), None);
         // SAFETY: all-zero is a valid sockaddr_storage.
         let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let a: SocketAddr = "192.168.1.11:7174".parse().unwrap();

@@ -15,7 +15,7 @@ use mlx5_rdmacm::mad::{MAD_LEN, QP1_QKEY};
 
 use crate::abi::verbs::{ibv_device, ibv_mr, ibv_port_attr, ibv_recv_wr, ibv_send_wr, ibv_send_wr_wr, ibv_sge, wr_ud};
 use crate::abi::*;
-use crate::addr::{self, SimHost};
+use crate::addr;
 
 /// Receive slots of the GSI QP: GRH room and a MAD each.
 const NRECV: usize = 64;
@@ -148,7 +148,8 @@ pub(crate) struct IdState {
     pub comm: Option<(usize, CommId)>,
     /// The peer's port (the path of the connection, and where its CM MADs go).
     pub peer: Option<ibv_ah_attr>,
-    /// From the peer's REQ (passive) or REP (active).
+    /// From the peer's REQ (passive) or REP (active); `remote_psn` is what the QP sends at, `psn` (announced in
+    /// the own REQ or REP) what it receives at, as Linux's rdma_cm pairs them.
     pub remote_qpn: u32,
     pub remote_psn: u32,
     pub remote_mtu: u8,
@@ -200,7 +201,9 @@ impl IdState {
 pub(crate) struct Dev {
     pub ctx: *mut ibv_context,
     pub ib: bool,
-    pub host: Option<SimHost>,
+    /// The port's IPv4 address: RoCE, the one its GID table holds (a port plugged into a QEMU guest has the
+    /// address it was given, not its simulated host's); InfiniBand, its simulated host's.
+    pub ipv4: Option<std::net::Ipv4Addr>,
     /// The GID table index of the port's IPv4 GID (RoCE), else 0.
     pub sgid_index: u8,
     pub gid: [u8; 16],
@@ -276,17 +279,22 @@ impl Cm {
         if addr::is_local_alias(ip) {
             return (!self.devs.is_empty()).then_some(0);
         }
-        self.devs.iter().position(|d| d.host.is_some_and(|h| h.ipv4 == ip))
+        self.devs.iter().position(|d| d.ipv4 == Some(ip))
     }
 
-    /// The path from device `d` to the port that has `ip` (`None`: no simulated port has it).
+    /// The path from device `d` to the port that has `ip` (`None`: no simulated port has it, and on RoCE no
+    /// neighbour beyond the simulated fabric either: see [`addr::neighbour`]).
     pub(crate) fn path_to(&self, d: usize, ip: std::net::Ipv4Addr) -> Option<ibv_ah_attr> {
         let dev = &self.devs[d];
         let (lid, ip) = if addr::is_local_alias(ip) {
-            (dev.lid, dev.host?.ipv4)
-        } else {
-            let h = addr::host_of_ip(ip)?;
+            (dev.lid, dev.ipv4?)
+        } else if let Some(h) = addr::host_of_ip(ip) {
             (h.lid, h.ipv4)
+        } else if !dev.ib && addr::neighbour(ip) {
+            // The GID names it; the port's link finds the MAC (ARP).
+            (0, ip)
+        } else {
+            return None;
         };
         let mut a = ibv_ah_attr { port_num: 1, ..ibv_ah_attr::default() };
         if dev.ib {
@@ -904,7 +912,9 @@ pub(crate) unsafe fn rc_rtr_rts(
     let mtu = if st.remote_mtu == 0 { dev.active_mtu } else { dev.active_mtu.min(c_int::from(st.remote_mtu)) };
     a.path_mtu = mtu;
     a.dest_qp_num = st.remote_qpn;
-    a.rq_psn = st.remote_psn;
+    // As Linux's rdma_cm (rdma_init_qp_attr: RTR's rq_psn is the ID's own seq_num, the PSN its REQ or REP
+    // announced): each side receives at the PSN it announced and sends at the peer's.
+    a.rq_psn = st.psn;
     a.max_dest_rd_atomic = responder_resources.clamp(1, 16);
     a.min_rnr_timer = 12;
     let m = mask::STATE
@@ -917,7 +927,7 @@ pub(crate) unsafe fn rc_rtr_rts(
     // SAFETY: the caller's live QP.
     check(unsafe { ibv_modify_qp(qp, &mut a, m) })?;
     a.qp_state = qps::RTS;
-    a.sq_psn = st.psn;
+    a.sq_psn = st.remote_psn;
     a.timeout = 14;
     a.retry_cnt = retry.min(7);
     a.rnr_retry = rnr_retry.min(7);
@@ -980,6 +990,7 @@ impl Dev {
         let ib = pa.link_layer != 2; // IBV_LINK_LAYER_ETHERNET
         let host = addr::host_of_guid(guid);
         let (mut sgid_index, mut gid) = (0u8, [0u8; 16]);
+        let mut ipv4 = host.filter(|_| ib).map(|h| h.ipv4);
         for i in 0..pa.gid_tbl_len.min(256) {
             let mut g = ibv_gid::default();
             // SAFETY: as above.
@@ -989,10 +1000,12 @@ impl Dev {
             if i == 0 {
                 gid = g.raw;
             }
-            if let Some(h) = host.filter(|_| !ib) {
-                // The last entry with the address: RoCE v2's (the v1 entry comes first), as perftest picks.
-                if g.raw == addr::v4_gid(h.ipv4) {
-                    (sgid_index, gid) = (i as u8, g.raw);
+            // RoCE: the last entry of the simulated host's address, RoCE v2's (the v1 entry comes first), as
+            // perftest picks; without one (a port given another address), the last IPv4 entry.
+            if let Some(a) = addr::gid_v4(&g.raw).filter(|_| !ib) {
+                let host_ip = host.map(|h| h.ipv4);
+                if Some(a) == host_ip || ipv4 != host_ip {
+                    (sgid_index, gid, ipv4) = (i as u8, g.raw, Some(a));
                 }
             }
         }
@@ -1000,7 +1013,7 @@ impl Dev {
         let mut d = Dev {
             ctx,
             ib,
-            host,
+            ipv4,
             sgid_index,
             gid,
             lid: pa.lid,

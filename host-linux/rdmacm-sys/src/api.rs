@@ -250,7 +250,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
             None => return fail(libc::ENODEV),
         };
         let path = g.path_to(d, dst_ip);
-        let own_ip = g.devs[d].host.map_or(Ipv4Addr::LOCALHOST, |h| h.ipv4);
+        let own_ip = g.devs[d].ipv4.unwrap_or(Ipv4Addr::LOCALHOST);
         let (dgid, sgid) = (path.map(|p| p.grh.dgid).unwrap_or_default(), g.devs[d].gid);
         let ctx = g.devs[d].ctx;
         let st = g.ids.get_mut(&id_ptr(id)).expect("bound");
@@ -556,14 +556,15 @@ pub unsafe extern "C" fn rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_q
                 a.path_mtu =
                     if st.remote_mtu == 0 { dev.active_mtu } else { dev.active_mtu.min(c_int::from(st.remote_mtu)) };
                 a.dest_qp_num = st.remote_qpn;
-                a.rq_psn = st.remote_psn;
+                // Linux's pairing: receive at the own announced PSN, send at the peer's (see agent's RTR).
+                a.rq_psn = st.psn;
                 a.max_dest_rd_atomic = 1;
                 a.min_rnr_timer = 12;
                 *m =
                     k::STATE | k::AV | k::PATH_MTU | k::DEST_QPN | k::RQ_PSN | k::MAX_DEST_RD_ATOMIC | k::MIN_RNR_TIMER;
             }
             qps::RTS => {
-                a.sq_psn = if ud { 0 } else { st.psn };
+                a.sq_psn = if ud { 0 } else { st.remote_psn };
                 *m = k::STATE | k::SQ_PSN;
                 if !ud {
                     a.timeout = 14;

@@ -231,6 +231,25 @@ fn listen_connect_accept_disconnect_on_one_port_and_a_second_listener_is_refused
     // Without a QP on the active ID, the REP comes as CONNECT_RESPONSE; the passive side sees ESTABLISHED.
     assert_eq!(next_event(cch, Duration::from_secs(10)).map(|e| e.0), Some(event::CONNECT_RESPONSE));
     assert_eq!(next_event(sch, Duration::from_secs(10)).map(|e| e.0), Some(event::ESTABLISHED));
+    // PSNs pair as Linux's rdma_cm pairs them (its RTR rq_psn is the ID's own seq_num): each side receives at
+    // the PSN its own REQ or REP announced and sends at the peer's.
+    let psns = |id: *mut rdma_cm_id| {
+        let own = crate::agent::cm().ids.get(&(id as usize)).map(|s| s.psn).expect("a live ID");
+        // SAFETY: a live ID; zeroed attributes with the state asked for.
+        let (rq, sq) = unsafe {
+            let (mut a, mut m) = (std::mem::zeroed::<ibv_qp_attr>(), 0);
+            a.qp_state = crate::agent::qps::RTR;
+            assert_eq!(rdma_init_qp_attr(id, &mut a, &mut m), 0);
+            let rq = a.rq_psn;
+            a.qp_state = crate::agent::qps::RTS;
+            assert_eq!(rdma_init_qp_attr(id, &mut a, &mut m), 0);
+            (rq, a.sq_psn)
+        };
+        (own, rq, sq)
+    };
+    let ((c_own, c_rq, c_sq), (s_own, s_rq, s_sq)) = (psns(client), psns(child));
+    assert_eq!((c_rq, s_rq), (c_own, s_own), "each receives at its own announced PSN");
+    assert_eq!((c_sq, s_sq), (s_own, c_own), "each sends at the peer's");
     // SAFETY: as above.
     unsafe { assert_eq!(rdma_establish(client), 0) };
     // The client ends it: both sides see DISCONNECTED (DREQ, DREP).

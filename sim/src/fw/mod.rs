@@ -358,6 +358,9 @@ impl Firmware {
             consts::MLX5_CMD_OP_RST2INIT_QP => {
                 (rst2init_qp_in::SIZE_BYTES, rst2init_qp_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_INIT2INIT_QP => {
+                (init2init_qp_in::SIZE_BYTES, init2init_qp_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_INIT2RTR_QP => {
                 (init2rtr_qp_in::SIZE_BYTES, init2rtr_qp_out::SIZE_BYTES, Gate::Initialized)
             }
@@ -584,6 +587,7 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_QP => self.qps.destroy(inp),
             consts::MLX5_CMD_OP_QUERY_QP => self.qps.query(dma, inp, out),
             op @ (consts::MLX5_CMD_OP_RST2INIT_QP
+            | consts::MLX5_CMD_OP_INIT2INIT_QP
             | consts::MLX5_CMD_OP_INIT2RTR_QP
             | consts::MLX5_CMD_OP_RTR2RTS_QP
             | consts::MLX5_CMD_OP_RTS2RTS_QP) => self.qps.modify(&qp_fw!(self), op, inp),

@@ -2,7 +2,7 @@
 //! `flush.rs`, `roce_rx.rs`), `uar.rs` (the send doorbell and BlueFlame copies).
 //!
 //! Queue pairs on the device side: [`QpTable`] with CREATE/DESTROY/QUERY_QP and the state-machine commands
-//! (RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS, 2ERR, 2RST) with firmware-style checks over the narrow [`QpFw`] view, and
+//! (RST2INIT, INIT2INIT, INIT2RTR, RTR2RTS, RTS2RTS, 2ERR, 2RST) with firmware-style checks over the narrow [`QpFw`] view, and
 //! the context each transition stores (the kernel's `qp.c` from the device side). The QP also holds the state
 //! the transport keeps per QP (counters, the outstanding RC request).
 //!
@@ -18,7 +18,8 @@
 //! `retry_count`, `rnr_retry`, `log_sra_max` and the path's `ack_timeout` (UD: `next_send_psn`); a UD INIT2RTR
 //! needs an MTU (mlx5_ib sends `IB_MTU_4096` with every UD modify). Optional
 //! parameters (`opt_param_mask`, `MLX5_QP_OPTPAR_*`) are honoured where mlx5_ib sends them: access rights, pkey
-//! index, qkey, `min_rnr_nak`, the primary path, the ACK timeout and the retry counts.
+//! index, qkey, `min_rnr_nak`, the primary path, the ACK timeout and the retry counts. INIT2INIT changes only
+//! what its options name (mlx5_ib's INIT→INIT column: access rights, pkey index, qkey, the port).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::ops::{Deref, DerefMut};
@@ -620,6 +621,7 @@ impl Qp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Transition {
     Rst2Init,
+    Init2Init,
     Init2Rtr,
     Rtr2Rts,
     Rts2Rts,
@@ -629,6 +631,7 @@ impl Transition {
     fn from_opcode(op: u16) -> Option<Self> {
         Some(match op {
             consts::MLX5_CMD_OP_RST2INIT_QP => Transition::Rst2Init,
+            consts::MLX5_CMD_OP_INIT2INIT_QP => Transition::Init2Init,
             consts::MLX5_CMD_OP_INIT2RTR_QP => Transition::Init2Rtr,
             consts::MLX5_CMD_OP_RTR2RTS_QP => Transition::Rtr2Rts,
             consts::MLX5_CMD_OP_RTS2RTS_QP => Transition::Rts2Rts,
@@ -640,6 +643,7 @@ impl Transition {
     fn states(self) -> (QpState, QpState) {
         match self {
             Transition::Rst2Init => (QpState::Rst, QpState::Init),
+            Transition::Init2Init => (QpState::Init, QpState::Init),
             Transition::Init2Rtr => (QpState::Init, QpState::Rtr),
             Transition::Rtr2Rts => (QpState::Rtr, QpState::Rts),
             Transition::Rts2Rts => (QpState::Rts, QpState::Rts),
@@ -651,6 +655,10 @@ impl Transition {
         match self {
             Transition::Rst2Init => {
                 use ifc::rst2init_qp_in as i;
+                (i::QPN, i::OPT_PARAM_MASK, i::QPC)
+            }
+            Transition::Init2Init => {
+                use ifc::init2init_qp_in as i;
                 (i::QPN, i::OPT_PARAM_MASK, i::QPC)
             }
             Transition::Init2Rtr => {
@@ -1003,7 +1011,7 @@ impl QpTable {
         }
     }
 
-    /// RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS.
+    /// RST2INIT, INIT2INIT, INIT2RTR, RTR2RTS, RTS2RTS.
     pub(crate) fn modify(&mut self, fw: &QpFw, opcode: u16, inp: &[u8]) -> Result<(), CmdErr> {
         use consts as k;
         use ifc::qpc as q;
@@ -1042,6 +1050,10 @@ impl QpTable {
         }
         match t {
             Transition::Rst2Init if path.port() != PORT => return Err(bad_param(syndrome::BAD_PORT)),
+            // INIT2INIT names the port only with PRI_PORT; there is one.
+            Transition::Init2Init if opt & k::MLX5_QP_OPTPAR_PRI_PORT != 0 && path.port() != PORT => {
+                return Err(bad_param(syndrome::BAD_PORT));
+            }
             // mlx5_ib sends IB_MTU_4096 with every UD modify; firmware refuses a UD QP without an MTU.
             Transition::Init2Rtr if !rc && !(k::IB_MTU_256..=k::IB_MTU_4096).contains(&rd8(inp, q::MTU.at(ctx))) => {
                 return Err(bad_param(syndrome::QP_MTU));
@@ -1096,6 +1108,16 @@ impl QpTable {
                 if connected {
                     access(qp);
                 } else {
+                    qp.q_key = get(q::Q_KEY);
+                }
+            }
+            // Only what the options name changes (the pkey index is stored above).
+            Transition::Init2Init => {
+                if connected {
+                    if has(k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE) {
+                        access(qp);
+                    }
+                } else if has(k::MLX5_QP_OPTPAR_Q_KEY) {
                     qp.q_key = get(q::Q_KEY);
                 }
             }
@@ -1751,6 +1773,72 @@ mod tests {
         });
         assert_eq!(st, (0, 0));
         assert_eq!(r.h.dev.qp_info(rc.qpn).unwrap().state, QpState::Rtr);
+    }
+
+    #[test]
+    fn init2init_changes_only_what_its_options_name() {
+        // rping -q moves its own QP INIT to INIT (rdma_init_qp_attr's attributes through ibv_modify_qp).
+        use consts as k;
+        use ifc::qpc as q;
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        let n = r.qp(QpSpec::rc(), cq.cqn, cq.cqn).qpn;
+        let ads = |f: Field, c: Sub| f.at(q::PRIMARY_ADDRESS_PATH.at(c));
+        let wrong = (k::MLX5_CMD_STAT_BAD_QP_STATE_ERR, syndrome::QP_STATE);
+        // Only from INIT.
+        assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2INIT_QP, n, 0, |_, _| {}), wrong);
+        let init = |i: &mut Vec<u8>, c: Sub| {
+            i.set(ads(ifc::ads::VHCA_PORT_NUM, c), PORT);
+            i.set(q::RWE.at(c), 1);
+        };
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, n, 0, init), (0, 0));
+        // Without options, a context that says otherwise changes nothing.
+        let other = |i: &mut Vec<u8>, c: Sub| {
+            i.set(q::RRE.at(c), 1);
+            i.set(ads(ifc::ads::PKEY_INDEX, c), 5);
+        };
+        assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2INIT_QP, n, 0, other), (0, 0));
+        let info = r.h.dev.qp_info(n).unwrap();
+        assert_eq!((info.state, info.remote_access), (QpState::Init, (false, true, false)));
+        let pkey = |r: &mut Rdma| rd(&r.query_qp(n).1, ads(ifc::ads::PKEY_INDEX, ifc::query_qp_out::QPC));
+        assert_eq!(pkey(&mut r), 0);
+        // A port that does not exist, or a pkey index past the table: refused, nothing changed.
+        let access = k::MLX5_QP_OPTPAR_RRE | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_RAE;
+        let all = access | k::MLX5_QP_OPTPAR_PKEY_INDEX | k::MLX5_QP_OPTPAR_PRI_PORT;
+        let port2 = |i: &mut Vec<u8>, c: Sub| {
+            other(i, c);
+            i.set(ads(ifc::ads::VHCA_PORT_NUM, c), 2);
+        };
+        let refused = |syn| (k::MLX5_CMD_STAT_BAD_PARAM_ERR, syn);
+        assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2INIT_QP, n, all, port2), refused(syndrome::BAD_PORT));
+        let pkey200 = |i: &mut Vec<u8>, c: Sub| i.set(ads(ifc::ads::PKEY_INDEX, c), 200);
+        let st = r.modify(k::MLX5_CMD_OP_INIT2INIT_QP, n, k::MLX5_QP_OPTPAR_PKEY_INDEX, pkey200);
+        assert_eq!(st, refused(syndrome::QP_PKEY_INDEX));
+        assert_eq!(r.h.dev.qp_info(n).unwrap().remote_access, (false, true, false));
+        // With the options: the access rights and the pkey index as the context gives them.
+        let port1 = |i: &mut Vec<u8>, c: Sub| {
+            other(i, c);
+            i.set(ads(ifc::ads::VHCA_PORT_NUM, c), PORT);
+        };
+        assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2INIT_QP, n, all, port1), (0, 0));
+        let info = r.h.dev.qp_info(n).unwrap();
+        assert_eq!((info.state, info.remote_access), (QpState::Init, (true, false, false)));
+        assert_eq!(pkey(&mut r), 5);
+        // A UD QP takes a new qkey, and goes on to RTR from there.
+        let ud = r.qp(QpSpec::ud(), cq.cqn, cq.cqn).qpn;
+        let ud_init = |i: &mut Vec<u8>, c: Sub| {
+            i.set(ads(ifc::ads::VHCA_PORT_NUM, c), PORT);
+            i.set(q::Q_KEY.at(c), 0x1111);
+        };
+        assert_eq!(r.modify(k::MLX5_CMD_OP_RST2INIT_QP, ud, 0, ud_init), (0, 0));
+        let st =
+            r.modify(k::MLX5_CMD_OP_INIT2INIT_QP, ud, k::MLX5_QP_OPTPAR_Q_KEY, |i, c| i.set(q::Q_KEY.at(c), 0x2222));
+        assert_eq!(st, (0, 0));
+        assert_eq!(r.h.dev.qp_info(ud).unwrap().q_key, 0x2222);
+        let rtr = |i: &mut Vec<u8>, c: Sub| i.set(q::MTU.at(c), k::IB_MTU_4096.into());
+        assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2RTR_QP, ud, 0, rtr), (0, 0));
+        assert_eq!(r.modify(k::MLX5_CMD_OP_INIT2INIT_QP, ud, 0, |_, _| {}), wrong);
+        assert_eq!(r.h.dev.qp_info(ud).unwrap().state, QpState::Rtr);
     }
 
     #[test]

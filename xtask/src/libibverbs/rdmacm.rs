@@ -100,7 +100,7 @@ pub fn run_librdmacm(root: &Path, args: &[String]) -> Result<(), String> {
 }
 
 /// Debian's rdmacm-utils, unpacked under `target/libibverbs/rdmacm` (never installed).
-fn rdmacm_utils(lib: &Path) -> Result<PathBuf, String> {
+pub(crate) fn rdmacm_utils(lib: &Path) -> Result<PathBuf, String> {
     let dir = lib.join("rdmacm");
     let bin = dir.join("root/usr/bin");
     if !bin.join("rping").exists() {
@@ -169,7 +169,7 @@ fn pair(
 
 /// Whether rping -v's line for iteration `i` shows the buffer rping wrote: `rdma-ping-i: ` then letters from
 /// 'A' + i mod 58, each the next of 'A'..='z' (wrapping), as rping's client fills it.
-fn rping_line_ok(line: &str, i: usize) -> bool {
+pub(crate) fn rping_line_ok(line: &str, i: usize) -> bool {
     let prefix = format!("ping data: rdma-ping-{i}: ");
     let Some(rest) = line.strip_prefix(&prefix) else { return false };
     let b = rest.as_bytes();
@@ -186,23 +186,23 @@ pub fn rdmacm_part(a: &Apps<'_>) -> Result<(), String> {
     let bin = rdmacm_utils(&a.lib)?;
     let ld = format!("{}:{}", cm.display(), a.p.path);
     let port = "18751";
-    // RoCE with 1,000 pings, then InfiniBand (LID-addressed) with 100.
-    for (link, count, wire) in [("", 1000usize, 18851u16), (":link=ib", 100, 18859)] {
+    // RoCE with 1,000 pings, InfiniBand (LID-addressed) with 100, then RoCE with -q: each side creates its own
+    // QP and moves it with rdma_init_qp_attr's attributes (RST→INIT→INIT→RTR→RTS).
+    for (link, count, wire, own_qp) in
+        [("", 1000usize, 18851u16, false), (":link=ib", 100, 18859, false), ("", 100, 18858, true)]
+    {
         let n = count.to_string();
-        let (s, c) = pair(
-            link,
-            &ld,
-            (&bin.join("rping"), &["-s", "-a", SERVER_IP, "-p", port, "-C", &n, "-V"]),
-            (&bin.join("rping"), &["-c", "-a", SERVER_IP, "-p", port, "-C", &n, "-v", "-V"]),
-            wire,
-            "rping",
-        )?;
+        let q: &[&str] = if own_qp { &["-q"] } else { &[] };
+        let server: Vec<&str> = [&["-s", "-a", SERVER_IP, "-p", port, "-C", &n, "-V"], q].concat();
+        let client: Vec<&str> = [&["-c", "-a", SERVER_IP, "-p", port, "-C", &n, "-v", "-V"], q].concat();
+        let (s, c) = pair(link, &ld, (&bin.join("rping"), &server), (&bin.join("rping"), &client), wire, "rping")?;
         let lines: Vec<&str> = c.lines().filter(|l| l.starts_with("ping data:")).collect();
         let bad = lines.iter().enumerate().find(|(i, l)| !rping_line_ok(l, *i));
         if lines.len() != count || bad.is_some() {
             return Err(format!("rping: {} ping lines, first bad {bad:?}\n{c}\nserver:\n{s}", lines.len()));
         }
-        println!("rping -c -v -V -C {count} (sim{link}): {count} pings, each buffer as rping wrote it: ok");
+        let q = if own_qp { " -q" } else { "" };
+        println!("rping -c -v -V -C {count}{q} (sim{link}): {count} pings, each buffer as rping wrote it: ok");
     }
     let (_, c) = pair(
         "",
