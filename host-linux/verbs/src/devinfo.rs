@@ -105,12 +105,18 @@ fn pow2(log: u8) -> u32 {
     1u32.checked_shl(u32::from(log)).unwrap_or(0)
 }
 
-/// How many objects a number space of `2^log` holds for a caller: number 0 of a CQ, PD or memory key is never
+/// How many objects a number space of `2^log` holds for a caller: number 0 of a CQ or PD is never
 /// handed out (the simulated device starts each at 1; the capability names the space, not what is left of it).
 /// mlx5_ib reports the whole `1 << log`; a test creates exactly this many and is refused the next, so what is
 /// shown is what is honoured (`tests/all/verbs_limits.rs`).
 fn numbered(log: u8) -> u32 {
     pow2(log).saturating_sub(1)
+}
+
+/// How many memory keys a key space of `2^log` holds for a caller: index 0 is never handed out, nor index 1,
+/// whose key with variant 0 is 0x100, `MLX5_INVALID_LKEY` (the key that ends a scatter list).
+fn mkeys(log: u8) -> u32 {
+    pow2(log).saturating_sub(2)
 }
 
 /// Reads everything `devinfo` shows. Only queries: nothing on the device changes.
@@ -200,7 +206,7 @@ pub fn query<M: Mmio, D: Dma, T: CmdTrace, S: Tables>(
         max_inline_data: g.max_inline_data(),
         max_cq: numbered(g.log_max_cq),
         max_cqe: pow2(g.log_max_cq_sz).saturating_sub(1),
-        max_mr: numbered(g.log_max_mkey),
+        max_mr: mkeys(g.log_max_mkey),
         max_pd: numbered(g.log_max_pd),
         max_qp_rd_atom: pow2(g.log_max_ra_res_qp),
         max_qp_init_rd_atom: pow2(g.log_max_ra_req_qp),
