@@ -67,6 +67,27 @@ fn run_label(prog: &str, iters: u32, opts: &str) -> String {
     format!("{prog} -n {iters}{opts}")
 }
 
+/// What every guest's `/init` starts with: busybox's applets, the library path, the kernel's file systems, and a
+/// line per PCI function with the driver bound to it.
+fn init_prelude() -> String {
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/usr/bin LD_LIBRARY_PATH=/{LIBDIR}
+mkdir -p /proc /sys /dev /tmp
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+for d in /sys/bus/pci/devices/*; do
+  [ -e "$d/vendor" ] || continue
+  drv=none
+  [ -e "$d/driver" ] && drv=$(basename $(readlink $d/driver))
+  echo "pci: $(basename $d) vendor=$(cat $d/vendor) device=$(cat $d/device) class=$(cat $d/class) driver=$drv"
+done
+"#
+    )
+}
+
 /// The guest's `/init`; `pingpongs`: run the ping-pongs after `ibv_devinfo` (an InfiniBand port).
 fn init_script(pingpongs: bool) -> String {
     let mut pp = String::new();
@@ -94,21 +115,9 @@ echo "=== {run} exit server=$src client=$crc ==="
 "#
         ));
     }
+    let prelude = init_prelude();
     format!(
-        r#"#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin:/usr/bin LD_LIBRARY_PATH=/{LIBDIR}
-mkdir -p /proc /sys /dev /tmp
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
-for d in /sys/bus/pci/devices/*; do
-  [ -e "$d/vendor" ] || continue
-  drv=none
-  [ -e "$d/driver" ] && drv=$(basename $(readlink $d/driver))
-  echo "pci: $(basename $d) vendor=$(cat $d/vendor) device=$(cat $d/device) class=$(cat $d/class) driver=$drv"
-done
-bar=$(head -n 1 /sys/bus/pci/devices/0000:00:00.0/resource | cut -d' ' -f1)
+        r#"{prelude}bar=$(head -n 1 /sys/bus/pci/devices/0000:00:00.0/resource | cut -d' ' -f1)
 echo "barfile: read $(devmem $bar 32)"
 devmem $((bar + {BAR_STORE_OFF})) 32 {BAR_STORE_VAL}
 for i in /sys/class/infiniband/*; do [ -e "$i" ] && echo "rdma: $(basename $i) fw=$(cat $i/fw_ver 2>/dev/null) node_guid=$(cat $i/node_guid 2>/dev/null)"; done

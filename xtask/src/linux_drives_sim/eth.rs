@@ -15,7 +15,6 @@ use super::{
     bad_lines, between, build_bridge, initramfs_with, Reap, BOOT_TIMEOUT, DMESG_BEGIN, DMESG_END, DONE, GUEST_BINARIES,
     HARNESS, VIRTIO_DEVICE_ID,
 };
-use crate::verbs_guest::LIBDIR;
 use crate::vfio_test::wait_until;
 
 /// The two ports: (name, MAC, IPv4 address).
@@ -76,21 +75,9 @@ echo "nc received: $(cat /tmp/nc.txt)"
 {rc_server_out}"#
         )
     };
+    let prelude = super::init_prelude();
     format!(
-        r#"#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin:/usr/bin LD_LIBRARY_PATH=/{LIBDIR}
-mkdir -p /proc /sys /dev /tmp
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
-for d in /sys/bus/pci/devices/*; do
-  [ -e "$d/vendor" ] || continue
-  drv=none
-  [ -e "$d/driver" ] && drv=$(basename $(readlink $d/driver))
-  echo "pci: $(basename $d) vendor=$(cat $d/vendor) device=$(cat $d/device) class=$(cat $d/class) driver=$drv"
-done
-ip link set lo up
+        r#"{prelude}ip link set lo up
 dev=
 for n in /sys/class/net/*; do [ -e "$n/device" ] && dev=$(basename $n); done
 echo "netdev: ${{dev:-none}} address=$(cat /sys/class/net/$dev/address 2>/dev/null)"
