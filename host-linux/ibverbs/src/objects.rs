@@ -1090,9 +1090,12 @@ fn make_qp(r: QpReq<'_>) -> Result<*mut Qp, c_int> {
     Ok(p)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
-    guard("ibv_create_qp", ptr::null_mut(), || {
+/// `ibv_create_qp`'s work, for it and for the GSI QP's private export: the attributes as a `QpReq`, the QP made.
+///
+/// # Safety
+/// `pd` and `attr` as `ibv_create_qp` takes them.
+unsafe fn create_qp_from(name: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr, gsi: bool) -> *mut ibv_qp {
+    guard(name, ptr::null_mut(), || {
         // SAFETY: the caller passes its attributes.
         let Some(a) = (unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
         let req = QpReq {
@@ -1105,7 +1108,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all,
             send_ops: 0,
-            gsi: false,
+            gsi,
         };
         match make_qp(req) {
             Ok(p) => p.cast(),
@@ -1114,31 +1117,19 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
     })
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { create_qp_from("ibv_create_qp", pd, attr, false) }
+}
+
 /// The port's general services QP (QP1, created as mlx5_ib's hardware GSI QP), for the drop-in `librdmacm.so.1`
 /// only: libibverbs has no QP type for it (the kernel's CM owns QP1), so it is a private export
 /// (`MLX5_RS_PRIVATE_1`). It posts and completes as a UD QP; `attr.qp_type` is ignored.
 #[no_mangle]
 pub unsafe extern "C" fn mlx5_rs_create_gsi_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
-    guard("mlx5_rs_create_gsi_qp", ptr::null_mut(), || {
-        // SAFETY: the caller passes its attributes.
-        let Some(a) = (unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
-        let req = QpReq {
-            pd,
-            qp_context: a.qp_context,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            cap: &mut a.cap,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all,
-            send_ops: 0,
-            gsi: true,
-        };
-        match make_qp(req) {
-            Ok(p) => p.cast(),
-            Err(e) => fail(e),
-        }
-    })
+    // SAFETY: the caller's contract, passed on.
+    unsafe { create_qp_from("mlx5_rs_create_gsi_qp", pd, attr, true) }
 }
 
 /// `verbs_context.create_qp_ex`: a PD, and the `ibv_wr_*` send operations this library builds; anything else
