@@ -165,7 +165,8 @@ pub use link::tcp::{WireError, MAX_FRAME};
 /// The VDE fabric link: its errors, counters and the default switch.
 pub mod vde {
     pub use crate::link::vde::{
-        default_switch_dir, resolve, switch_url, VdeCounters, VdeError, MAX_ETH_FRAME, MAX_NEIGHBOURS, TX_QUEUE,
+        default_switch_dir, lid_mac, resolve, switch_url, VdeCounters, VdeError, ETHERTYPE_IB, MAX_ETH_FRAME,
+        MAX_NEIGHBOURS, TX_QUEUE,
     };
 }
 pub use regs::Health;

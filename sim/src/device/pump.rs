@@ -82,7 +82,7 @@ fn deliver(p: Packet, queue: &mut VecDeque<Arc<Shared>>) {
                 Ok(()) => return,
                 Err(why) => why,
             },
-            Port::Vde(link) => match link.transmit(&p) {
+            Port::Vde(link, _) => match link.transmit(&p) {
                 Ok(()) => return,
                 Err(why) => why,
             },

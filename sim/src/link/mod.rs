@@ -26,6 +26,7 @@ mod port;
 pub mod stream;
 pub(crate) mod tcp;
 pub(crate) mod vde;
+mod vde_ib;
 
 pub(crate) use port::*;
 

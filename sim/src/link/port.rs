@@ -126,8 +126,9 @@ pub(crate) enum Port {
     Remote(Arc<Link>),
     /// A QEMU guest's NIC (`guest.rs`): RoCEv2 frames on a UNIX socket.
     Guest(Arc<GuestLink>),
-    /// A VDE fabric (`vde.rs`): RoCEv2 frames to any number of ports.
-    Vde(Arc<VdeLink>),
+    /// A VDE fabric (`vde.rs`): RoCEv2 frames to any number of ports, or from an InfiniBand port IB frames to the
+    /// port with the LID given (the destination of a packet, the source of one received; 0 on Ethernet).
+    Vde(Arc<VdeLink>, u16),
 }
 
 /// A device on the wire: its id and where it is.
@@ -135,6 +136,12 @@ pub(crate) enum Port {
 pub(crate) struct DevRef {
     pub(crate) id: u64,
     pub(crate) port: Port,
+}
+
+/// Whether `lid` names one port: 0x0001-0xBFFF (IBA 4.1.3; 0 is reserved, 0xC000 up are multicast and the
+/// permissive LID).
+pub(crate) fn is_unicast_lid(lid: u16) -> bool {
+    (1..0xc000).contains(&lid)
 }
 
 /// The address of port 1.
@@ -244,7 +251,7 @@ impl Wire {
         }
         match self.peers.iter().find(|p| p.dev.id == id) {
             Some(Peer { dev: DevRef { port: Port::Guest(l), .. }, .. }) => l.peer_mac().unwrap_or([0xff; 6]),
-            Some(Peer { dev: DevRef { port: Port::Vde(_), .. }, .. }) => [0xff; 6],
+            Some(Peer { dev: DevRef { port: Port::Vde(..), .. }, .. }) => [0xff; 6],
             Some(p) => p.addr.mac,
             None => [0; 6],
         }
@@ -286,8 +293,15 @@ impl Wire {
         if let Some(p) = self.peers.iter().find(|p| p.addr.matches(d)) {
             return Ok(p.dev.clone());
         }
-        if let Some(p) = self.peers.iter().find(|p| p.default && !self.addr.ib) {
-            return Ok(p.dev.clone());
+        if let Some(p) = self.peers.iter().find(|p| p.default) {
+            match (&p.dev.port, *d) {
+                // On a VDE fabric an IB port reaches any unicast LID; the link frames the packet for it.
+                (Port::Vde(l, _), Dest::Lid(lid)) if self.addr.ib && is_unicast_lid(lid) => {
+                    return Ok(DevRef { id: p.dev.id, port: Port::Vde(l.clone(), lid) });
+                }
+                _ if !self.addr.ib => return Ok(p.dev.clone()),
+                _ => {}
+            }
         }
         // A known GID behind another MAC: the frame goes to a port that does not own the GID.
         let gid_known = |a: &PortAddr| matches!(d, Dest::Gid { gid, .. } if !a.ib && *gid == a.gid);
@@ -315,7 +329,7 @@ impl Wire {
     #[inline]
     pub(crate) fn send(&mut self, mut p: Packet) {
         // A guest or VDE link records the frames it writes itself (they depend on what ARP resolved).
-        if self.pcap.is_some() && !matches!(p.dst.port, Port::Guest(_) | Port::Vde(_)) {
+        if self.pcap.is_some() && !matches!(p.dst.port, Port::Guest(_) | Port::Vde(..)) {
             self.capture(&p, false);
         }
         if p.dst.id == self.me.id {
@@ -357,7 +371,7 @@ impl Wire {
     /// The link to a VDE fabric, if one is plugged in.
     pub(crate) fn vde_link(&self) -> Option<Arc<VdeLink>> {
         self.peers.iter().find_map(|p| match &p.dev.port {
-            Port::Vde(l) => Some(l.clone()),
+            Port::Vde(l, _) => Some(l.clone()),
             _ => None,
         })
     }
@@ -374,7 +388,7 @@ impl Wire {
     pub(crate) fn remote_link(&self) -> Option<Arc<Link>> {
         self.peers.iter().find_map(|p| match &p.dev.port {
             Port::Remote(l) => Some(l.clone()),
-            Port::Local(_) | Port::Guest(_) | Port::Vde(_) => None,
+            Port::Local(_) | Port::Guest(_) | Port::Vde(..) => None,
         })
     }
 
@@ -470,12 +484,14 @@ pub(crate) struct VdeLink {
     pub(crate) neighbours: Mutex<Vec<([u8; 4], [u8; 6])>>,
     /// What `vde.rs` counts (`VdeCounters`).
     pub(crate) counters: [AtomicU64; VDE_COUNTERS],
+    /// An InfiniBand port's side of the link (its LID, GUID, reassembly); `None` on Ethernet.
+    pub(crate) ib: Option<super::vde::IbSide>,
     /// Frames given to the writer thread and written.
     pub(crate) count: TxCount,
 }
 
 /// How many counters a VDE link keeps (`vde.rs` names them).
-pub(crate) const VDE_COUNTERS: usize = 12;
+pub(crate) const VDE_COUNTERS: usize = 16;
 
 /// A connection carrying whole Ethernet frames as datagrams (libvdeplug's, in `vde.rs`), used by one reader and
 /// one writer thread at once.

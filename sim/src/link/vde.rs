@@ -46,6 +46,12 @@ use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
 use crate::wire::roce::frame::{emit_arp, parse, Parsed};
 use crate::wire::roce_map;
 
+pub(crate) use super::vde_ib::IbSide;
+use super::vde_ib::Kind;
+pub use super::vde_ib::{lid_mac, ETHERTYPE_IB};
+#[cfg(test)]
+use super::vde_ib::{IB_FRAGMENT, MAX_PARTIAL};
+
 /// The largest Ethernet frame (header, 1500-byte payload and a VLAN tag, no FCS) a `vde_switch` carries.
 pub const MAX_ETH_FRAME: usize = 1518;
 
@@ -78,8 +84,11 @@ pub enum VdeError {
     Open { url: String, source: io::Error },
     /// The default switch could not be started (install Debian's `vde2`).
     Switch { path: PathBuf, source: io::Error },
-    /// Only Ethernet ports plug into a VDE fabric.
-    NotEthernet,
+    /// An InfiniBand port's LID is not a unicast LID (0x0001-0xBFFF).
+    BadLid { lid: u16 },
+    /// Another port on the fabric answered for this port's LID when it plugged in: two ports with one LID would
+    /// take each other's packets.
+    LidInUse { lid: u16, guid: u64 },
     /// The link's threads could not be started.
     Threads { source: io::Error },
 }
@@ -93,7 +102,12 @@ impl std::fmt::Display for VdeError {
             VdeError::Switch { path, source } => {
                 write!(f, "cannot start {VDE_SWITCH} on {} (Debian: vde2): {source}", path.display())
             }
-            VdeError::NotEthernet => write!(f, "only an Ethernet port plugs into a VDE fabric"),
+            VdeError::BadLid { lid } => write!(f, "LID {lid:#x} is not a unicast LID (0x1-0xbfff)"),
+            VdeError::LidInUse { lid, guid } => write!(
+                f,
+                "LID {lid:#x} is taken on the VDE fabric by the port with GUID {guid:016x} (the LID comes from the \
+                 process's identity: start the process again, or give the device host=N)"
+            ),
             VdeError::Threads { source } => write!(f, "cannot start the VDE link's threads: {source}"),
         }
     }
@@ -138,6 +152,15 @@ pub struct VdeCounters {
     pub tx_direct_timeout: u64,
     /// Datagrams on the direct socket whose frames did not add up (the rest of such a datagram is dropped).
     pub rx_direct_malformed: u64,
+    /// Frames of the other link layer, dropped: IB frames ([`ETHERTYPE_IB`]) at an Ethernet port, anything else
+    /// at an InfiniBand port.
+    pub rx_other_link_layer: u64,
+    /// IB frames that failed a check (LRH, header, fragment geometry, packet encoding), dropped.
+    pub rx_ib_malformed: u64,
+    /// IB frames from another port with this port's LID (a probe, its answer, or data), dropped.
+    pub lid_conflicts: u64,
+    /// IB messages of which some fragment never arrived (given up when newer ones needed the room).
+    pub rx_ib_incomplete: u64,
 }
 
 /// `vde_open_real(char *url, char *descr, int interface_version, struct vde_open_args *)`.
@@ -347,7 +370,7 @@ fn link_local_mac(gid: &[u8; 16]) -> Option<[u8; 6]> {
 }
 
 /// Bytes of an Ethernet header; the ethertype is its last two.
-const ETH_HEADER: usize = 14;
+pub(crate) const ETH_HEADER: usize = 14;
 const ETHERTYPE_ARP: [u8; 2] = [0x08, 0x06];
 
 impl VdeLink {
@@ -384,6 +407,10 @@ impl VdeLink {
             rx_direct: get(&c[C_RX_DIRECT]),
             tx_direct_timeout: get(&c[C_DIRECT_TIMEOUT]),
             rx_direct_malformed: get(&c[C_RX_DIRECT_MALFORMED]),
+            rx_other_link_layer: get(&c[C_RX_OTHER_LINK]),
+            rx_ib_malformed: get(&c[C_RX_IB_MALFORMED]),
+            lid_conflicts: get(&c[C_LID_CONFLICT]),
+            rx_ib_incomplete: get(&c[C_RX_IB_INCOMPLETE]),
         }
     }
 
@@ -451,6 +478,10 @@ impl VdeLink {
         if !self.is_up() {
             return Err("link down");
         }
+        if let Some(ib) = &self.ib {
+            let Port::Vde(_, dlid) = p.dst.port else { return Err("unknown destination") };
+            return self.send_frames(ib.frames(p, dlid)?);
+        }
         let grh = p.grh.ok_or("no GRH: not a RoCE packet")?;
         let dst = match link_local_mac(&grh.dgid).or_else(|| v4(&grh.dgid).and_then(|ip| self.neighbour(ip))) {
             Some(m) => m,
@@ -463,6 +494,14 @@ impl VdeLink {
             Ok(()) => frames.push(f.to_vec()),
             Err(e) => result = Err(e),
         })?;
+        let sent = self.send_frames(frames);
+        result.and(sent)
+    }
+
+    /// Sends checked frames (one packet's, to one MAC): at once on the direct path if it is idle, else through
+    /// the writer.
+    fn send_frames(&self, frames: Vec<Vec<u8>>) -> Result<(), &'static str> {
+        let mut result = Ok(());
         let sent = self.send_now(&frames);
         for f in frames.into_iter().skip(sent) {
             if let Err(e) = self.enqueue(f) {
@@ -516,20 +555,76 @@ impl VdeLink {
             self.bump(C_RX_OVERSIZE);
             return false;
         }
-        if frame.len() >= ETH_HEADER && frame[12..14] == ETHERTYPE_ARP {
+        let ib_frame = frame.len() >= ETH_HEADER && frame[12..14] == ETHERTYPE_IB.to_be_bytes();
+        if self.ib.is_none() && frame.len() >= ETH_HEADER && frame[12..14] == ETHERTYPE_ARP {
             if let Ok(Parsed::Arp(_, arp)) = parse(frame) {
                 self.learn(arp.sender_ip, arp.sender_mac);
             }
         }
-        // A runt goes to the port, whose parser drops and counts it.
+        // A runt goes to the port, whose parser drops and counts it (an IB port's link counts it itself).
         if frame.len() >= 6 && frame[0] & 1 == 0 && frame[..6] != self.mine {
             self.bump(C_RX_NOT_MINE);
+            return false;
+        }
+        if frame.len() >= ETH_HEADER && ib_frame != self.ib.is_some() {
+            self.bump(C_RX_OTHER_LINK);
             return false;
         }
         self.bump(C_RX);
         true
     }
+
+    /// An IB port's received frame (admitted: its ethertype, or a runt): a fragment of a packet for the port, or a
+    /// probe or answer about a LID (a probe for this port's LID is answered). The packet once it is whole, with
+    /// the sender's LID.
+    fn take_ib(&self, ib: &IbSide, frame: &[u8]) -> Result<Option<(Packet, u16)>, &'static str> {
+        let f = super::vde_ib::parse(frame)?;
+        let other = f.instance != ib.instance;
+        match f.kind {
+            Kind::Probe | Kind::InUse if f.dlid == ib.lid && other => {
+                self.bump(C_LID_CONFLICT);
+                if f.kind == Kind::Probe {
+                    let _ = self.queue(&ib.in_use(), false);
+                }
+                return Err(LID_CONFLICT);
+            }
+            Kind::Probe | Kind::InUse => {
+                ib.claimed(f.dlid, f.instance);
+                return Ok(None);
+            }
+            Kind::Data => {}
+        }
+        if f.dlid != ib.lid {
+            return Err("IB frame for another LID behind this port's MAC");
+        }
+        // From a port with this port's LID, or with the LID of another port this one has heard from.
+        if (f.slid == ib.lid && other) || !ib.sender_holds(f.slid, f.instance) {
+            self.bump(C_LID_CONFLICT);
+            return Err(LID_CONFLICT);
+        }
+        let nobody = DevRef { id: 0, port: Port::Local(Weak::<()>::new()) };
+        let mut reasm = ib.reasm.lock().unwrap_or_else(|e| e.into_inner());
+        // A message in one frame (the common case) is decoded where it lies.
+        if f.offset == 0 && f.fragment.len() == f.total {
+            reasm.remember(f.instance, f.msg);
+            drop(reasm);
+            return super::vde_ib::decode(f.fragment, nobody).map(|p| Some((p, f.slid)));
+        }
+        let mut given_up = 0;
+        let whole = reasm.add(&f, &mut given_up);
+        drop(reasm);
+        for _ in 0..given_up {
+            self.bump(C_RX_IB_INCOMPLETE);
+        }
+        match whole {
+            Some(body) => super::vde_ib::decode(&body, nobody).map(|p| Some((p, f.slid))),
+            None => Ok(None),
+        }
+    }
 }
+
+/// Why an IB frame from another port with this port's LID is dropped.
+const LID_CONFLICT: &str = "another port on the VDE fabric has this port's LID";
 
 /// Indices of [`VdeLink::counters`].
 const C_TX: usize = 0;
@@ -544,6 +639,10 @@ const C_RX_DIRECT: usize = 8;
 const C_DIRECT_TIMEOUT: usize = 9;
 const C_RX_DIRECT_MALFORMED: usize = 10;
 const C_TX_DIRECT_NOW: usize = 11;
+const C_RX_OTHER_LINK: usize = 12;
+const C_RX_IB_MALFORMED: usize = 13;
+const C_LID_CONFLICT: usize = 14;
+const C_RX_IB_INCOMPLETE: usize = 15;
 
 /// Frames the writer takes from its queue and sends at once, at most.
 const TX_BATCH: usize = 32;
@@ -592,10 +691,6 @@ pub fn resolve(ip: [u8; 4], timeout: Duration) -> Option<[u8; 6]> {
 
 /// Plugs the port of `station` into the fabric at `url` (`None`: the default switch, started if needed).
 pub(crate) fn plug<S: Station>(station: &Arc<S>, url: Option<&str>) -> Result<(), VdeError> {
-    let (ib, mine, pcap) = wire(&**station, |w| (w.addr.ib, w.addr.mac, w.pcap.clone()));
-    if ib {
-        return Err(VdeError::NotEthernet);
-    }
     let (conn, dir) = match url {
         Some(u) => (Conn::open(u)?, Direct::switch_dir(u)),
         None => {
@@ -603,27 +698,39 @@ pub(crate) fn plug<S: Station>(station: &Arc<S>, url: Option<&str>) -> Result<()
             (open_or_start(&dir)?, Some(dir))
         }
     };
-    plug_conn(station, conn, dir.and_then(|d| Direct::open(&d, mine)), mine, pcap)
+    let url = url.map_or_else(|| switch_url(&default_switch_dir()), str::to_string);
+    plug_conn(station, conn, &url, dir)
 }
 
 /// Plugs into the switch at `dir`, starting it if none answers (tests use a private directory).
 #[cfg(test)]
 pub(crate) fn plug_dir<S: Station>(station: &Arc<S>, dir: &Path) -> Result<(), VdeError> {
-    let (mine, pcap) = wire(&**station, |w| (w.addr.mac, w.pcap.clone()));
-    let conn = open_or_start(dir)?;
-    plug_conn(station, conn, Direct::open(dir, mine), mine, pcap)
+    plug_conn(station, open_or_start(dir)?, &switch_url(dir), Some(dir.to_path_buf()))
 }
 
-fn plug_conn<S: Station>(
-    station: &Arc<S>,
-    conn: Conn,
-    direct: Option<Direct>,
-    mine: [u8; 6],
-    pcap: Option<crate::pcap::PcapSink>,
-) -> Result<(), VdeError> {
+/// Plugs the port into the fabric `conn` reaches (`dir`: the switch's directory, for the direct path). An IB port
+/// first makes sure no other port on the fabric holds its LID (`vde_ib.rs`), and goes by its LID's MAC.
+fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<PathBuf>) -> Result<(), VdeError> {
+    let (addr, pcap, ipv4) = wire(&**station, |w| (w.addr, w.pcap.clone(), w.ipv4().first().copied()));
+    let ib = match addr.ib {
+        false => None,
+        true if !super::port::is_unicast_lid(addr.lid) => return Err(VdeError::BadLid { lid: addr.lid }),
+        true => {
+            let guid = u64::from_be_bytes(addr.gid[8..].try_into().unwrap_or_default());
+            let side = IbSide::new(addr.lid, guid);
+            match super::vde_ib::probe(&conn, &side, addr.mac) {
+                Ok(None) => {}
+                Ok(Some(guid)) => return Err(VdeError::LidInUse { lid: addr.lid, guid }),
+                Err(source) => return Err(VdeError::Open { url: url.into(), source }),
+            }
+            Some(side)
+        }
+    };
+    // An IB port neither sends nor answers ARP.
+    let (mine, ipv4) = if ib.is_some() { (lid_mac(addr.lid), None) } else { (addr.mac, ipv4) };
+    let direct = dir.and_then(|d| Direct::open(&d, mine));
     let (tx, rx) = mpsc::sync_channel(TX_QUEUE);
     let id = next_device_id();
-    let ipv4 = wire(&**station, |w| w.ipv4().first().copied());
     let link = Arc::new(VdeLink {
         id,
         conn: Box::new(conn),
@@ -635,11 +742,12 @@ fn plug_conn<S: Station>(
         pcap,
         neighbours: Mutex::new(Vec::new()),
         counters: Default::default(),
+        ib,
         count: TxCount::default(),
     });
     let old = station.with_wire(|wire, _| {
         let old = wire.vde_link();
-        wire.plug_vde(DevRef { id, port: Port::Vde(link.clone()) });
+        wire.plug_vde(DevRef { id, port: Port::Vde(link.clone(), 0) });
         (old, Some(true))
     });
     if let Some(old) = old {
@@ -665,6 +773,26 @@ fn plug_conn<S: Station>(
 fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) -> Option<bool> {
     if !link.admit(frame) {
         return Some(false);
+    }
+    if let (Some(ib), Port::Vde(l, _)) = (&link.ib, &src.port) {
+        return match link.take_ib(ib, frame) {
+            Ok(None) => Some(false),
+            Ok(Some((p, slid))) => {
+                let station = weak.upgrade()?;
+                // Responses go back to the sender's LID.
+                let src = DevRef { id: src.id, port: Port::Vde(l.clone(), slid) };
+                station.receive_packet(Packet { src, ..p });
+                Some(true)
+            }
+            Err(why) => {
+                if why != LID_CONFLICT {
+                    link.bump(C_RX_IB_MALFORMED);
+                }
+                let station = weak.upgrade()?;
+                log(&*station, SimEvent::FrameDropped { why });
+                Some(false)
+            }
+        };
     }
     let station = weak.upgrade()?;
     if let Some(back) = station.receive_frame(frame, src) {
@@ -742,7 +870,7 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
 fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
     // Room for any datagram, so a longer one is seen (and counted) rather than cut.
     let mut buf = vec![0u8; 1 << 16];
-    let src = DevRef { id: link.id, port: Port::Vde(link.clone()) };
+    let src = DevRef { id: link.id, port: Port::Vde(link.clone(), 0) };
     let (data, ctl) = link.conn.fds();
     let direct = link.direct.as_ref().map_or(-1, |d| d.rx.as_raw_fd());
     let mut dbuf = vec![0u8; 1 << 16];
@@ -1118,10 +1246,11 @@ mod tests {
             f[12..14].copy_from_slice(&ethertype);
             f
         };
-        // A foreign ethertype, garbage IPv4, a runt (the switch drops it itself), a jumbo frame (the switch cuts it to
-        // 1518 bytes, so its IPv6 length is wrong).
+        // A foreign ethertype (LLDP's), garbage IPv4, a runt (the switch drops it itself), a jumbo frame (the switch
+        // cuts it to 1518 bytes, so its IPv6 length is wrong), and an IB port's frame (dropped by the link).
         let sent = [
-            frame(a_mac, [0x88, 0xb5], 60),
+            frame(a_mac, [0x88, 0xcc], 60),
+            frame(a_mac, ETHERTYPE_IB.to_be_bytes(), 60),
             frame(a_mac, [0x08, 0x00], 200),
             frame(a_mac, [0x86, 0xdd], 14)[..13].to_vec(),
             frame(a_mac, [0x86, 0xdd], 9000),
@@ -1130,7 +1259,7 @@ mod tests {
             assert_eq!(raw.send(f), f.len() as isize);
         }
         // A unicast frame to a MAC nobody has (the switch floods it): not for A's port.
-        assert!(raw.send(&frame([0x02, 1, 2, 3, 4, 5], [0x88, 0xb5], 60)) > 0);
+        assert!(raw.send(&frame([0x02, 1, 2, 3, 4, 5], [0x88, 0xcc], 60)) > 0);
         // A flood of ARP requests for A's address, each from another sender: A answers (queue bounded), its
         // neighbour table keeps at most MAX_NEIGHBOURS.
         let flood = 20_000u32;
@@ -1162,6 +1291,7 @@ mod tests {
         }
         let n = a.h.dev.vde_counters().unwrap();
         assert!(n.rx_not_mine > am.rx_not_mine, "{n:?}");
+        assert_eq!(n.rx_other_link_layer, 1, "{n:?}");
         let link = a.h.dev.vde_link_for_test();
         assert!(link.neighbours.lock().unwrap().len() <= MAX_NEIGHBOURS);
         // Still a working port: an RC message both ways.
@@ -1441,13 +1571,183 @@ mod tests {
         assert!(devs.iter().all(SimDevice::vde_plugged));
     }
 
+    /// An InfiniBand port with LID `lid`.
+    fn ib_cfg(lid: u16) -> SimConfig {
+        SimConfig {
+            port_type: crate::config::PortType::Ib,
+            lid,
+            node_guid: 0x6000 + u64::from(lid),
+            mode: Mode::Threaded,
+            ..SimConfig::default()
+        }
+    }
+
+    /// A UD datagram of `msg` from `a` to `b` by LID; checks the receive's length, sender and bytes.
+    fn ud_by_lid(a: &mut Rdma, b: &mut Rdma, msg: &[u8]) {
+        let (mut ac, mut bc) = (a.cq(4), b.cq(4));
+        let (mut ua, mut ub) = (a.qp(QpSpec::ud(), ac.cqn, ac.cqn), b.qp(QpSpec::ud(), bc.cqn, bc.cqn));
+        a.ready_ud(&ua, 0x66);
+        b.ready_ud(&ub, 0x66);
+        let (ma, mb) = (a.mr(4096), b.mr(4096));
+        ma.write(0, msg);
+        b.post_recv(&mut ub, &[(mb.addr(), 4096, mb.key)]);
+        let av = TAv { dqpn: ub.qpn, qkey: 0x66, rlid: b.h.dev.lid(), sl: 2, ..TAv::default() };
+        a.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(msg.len() as u32, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.wait_cqe(&mut ac).expect("UD send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        let e = b.wait_cqe(&mut bc).expect("UD receive CQE");
+        // No GRH: the SL in bits 27:24 and the sender's LID, as on an IB link.
+        assert_eq!((e.byte_cnt(), e.flags_rqpn(), e.slid()), (40 + msg.len() as u32, ua.qpn | 2 << 24, a.h.dev.lid()));
+        assert!(mb.read(40, msg.len()) == msg, "every byte");
+    }
+
+    #[test]
+    fn two_ib_ports_on_one_switch_exchange_rc_and_ud_by_lid() {
+        let sw = Switch::new("ib");
+        let (mut a, mut b) = (plugged(&sw, ib_cfg(0x101)), plugged(&sw, ib_cfg(0x102)));
+        // RC both ways: a message of one frame, and one of several fragments.
+        let mut q = rc_pair(&mut a, &mut b, None, RcParams::default());
+        send_checked(&mut a, &mut b, &mut q, 100, 1);
+        send_checked(&mut a, &mut b, &mut q, 10_000, 2);
+        send_checked(&mut b, &mut a, &mut (q.1, q.0, q.3, q.2), 5000, 3);
+        ud_by_lid(&mut a, &mut b, b"by LID over VDE");
+        ud_by_lid(&mut b, &mut a, &pattern(3000, 4));
+        for r in [&a, &b] {
+            let n = r.h.dev.vde_counters().unwrap();
+            // Frames of the port's own link layer only, each well formed, and past the switch (the direct path
+            // finds the LID's MAC).
+            assert!(n.tx_direct > 0 && n.rx_frames > 0, "{n:?}");
+            assert_eq!((n.rx_ib_malformed, n.lid_conflicts, n.rx_ib_incomplete, n.rx_other_link_layer), (0, 0, 0, 0));
+            assert_eq!(r.h.dev.frame_drops().total(), 0);
+        }
+        // Each port is at its LID's MAC.
+        assert_eq!(a.h.dev.vde_link_for_test().mine, lid_mac(0x101));
+    }
+
+    #[test]
+    fn ib_and_roce_ports_on_one_switch_do_not_take_each_others_frames() {
+        let sw = Switch::new("mixed");
+        let (mut ea, mut eb) = (plugged(&sw, cfg(60)), plugged(&sw, cfg(61)));
+        // The IB ports' LID probes are broadcasts the Ethernet ports see.
+        let (mut ia, mut ib) = (plugged(&sw, ib_cfg(0x201)), plugged(&sw, ib_cfg(0x202)));
+        // An ARP broadcast (what an Ethernet port sends to resolve an IPv4 GID) reaches the IB ports.
+        let raw = Conn::open(&sw.url()).unwrap();
+        let smac = [0x02, 0x77, 0, 0, 0, 2];
+        let arp = ArpRepr {
+            operation: Operation::Request,
+            sender_mac: smac,
+            sender_ip: [10, 9, 3, 9],
+            target_mac: [0; 6],
+            target_ip: [10, 9, 3, 1],
+        };
+        let mut buf = [0u8; 64];
+        let n =
+            emit_arp(&EthernetRepr { dst: BROADCAST, src: smac, ethertype: EtherType::Arp }, &arp, &mut buf).unwrap();
+        assert_eq!(raw.send(&buf[..n]), n as isize);
+        let mut qe = rc_pair(&mut ea, &mut eb, None, RcParams::default());
+        let mut qi = rc_pair(&mut ia, &mut ib, None, RcParams::default());
+        send_checked(&mut ea, &mut eb, &mut qe, 3000, 5);
+        send_checked(&mut ia, &mut ib, &mut qi, 3000, 6);
+        ud_by_lid(&mut ib, &mut ia, b"IB beside RoCE");
+        let end = Instant::now() + Duration::from_secs(5);
+        while ia.h.dev.vde_counters().unwrap().rx_other_link_layer == 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for r in [&ea, &eb, &ia, &ib] {
+            let n = r.h.dev.vde_counters().unwrap();
+            // Each saw a broadcast of the other link layer and dropped it before its port.
+            assert!(n.rx_other_link_layer > 0, "{n:?}");
+            assert_eq!((n.rx_ib_malformed, n.lid_conflicts), (0, 0), "{n:?}");
+            assert_eq!(r.h.dev.frame_drops().total(), 0);
+        }
+        // No IB frame reached an Ethernet port's receive side, nor an Ethernet frame an IB port's.
+        for r in [&ea, &eb, &ia, &ib] {
+            assert!(!r.h.dev.events().iter().any(|e| matches!(e, SimEvent::FrameDropped { .. })));
+        }
+    }
+
+    /// Waits until `r`'s VDE counters satisfy `f`.
+    fn counted(r: &Rdma, f: impl Fn(&VdeCounters) -> bool) -> VdeCounters {
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            let n = r.h.dev.vde_counters().unwrap();
+            if f(&n) || Instant::now() >= end {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn malformed_ib_frames_are_dropped_and_counted_and_the_port_goes_on() {
+        use super::super::vde_ib::{emit, Ident};
+        let sw = Switch::new("ib-bad");
+        let (mut a, mut b) = (plugged(&sw, ib_cfg(0x301)), plugged(&sw, ib_cfg(0x302)));
+        let raw = Conn::open(&sw.url()).unwrap();
+        let (to, from) = (lid_mac(0x302), [0x02, 0x77, 0, 0, 0, 3]);
+        let me = Ident { lid: 0x303, guid: 0x77, instance: 0x77 };
+        let good = emit(to, from, Kind::Data, 0, 0x302, &me, 1, 0, 5, b"hello");
+        let mut bad: Vec<Vec<u8>> = Vec::new();
+        // A runt with the IB ethertype.
+        bad.push(good[..20].to_vec());
+        // LNH 2 (an IBA transport header: not what the fabric carries).
+        let mut lnh = good.clone();
+        lnh[15] |= 2;
+        bad.push(lnh);
+        // A fragment beyond its message's end.
+        bad.push(emit(to, from, Kind::Data, 0, 0x302, &me, 2, 2 * IB_FRAGMENT, 100, &[]));
+        // Well framed, but the packet encoding is garbage.
+        bad.push(good);
+        // A frame for another LID behind B's MAC.
+        bad.push(emit(to, from, Kind::Data, 0, 0x305, &me, 3, 0, 5, b"hello"));
+        for f in &bad {
+            assert_eq!(raw.send(f), f.len() as isize);
+        }
+        let n = counted(&b, |n| n.rx_ib_malformed >= bad.len() as u64);
+        assert_eq!(n.rx_ib_malformed, bad.len() as u64, "{n:?}");
+        assert!(b.h.dev.events().iter().any(|e| matches!(e, SimEvent::FrameDropped { .. })));
+        // Half a message (its second fragment never comes) is given up once newer ones need the room.
+        for m in 0..=MAX_PARTIAL as u32 {
+            let f = emit(to, from, Kind::Data, 0, 0x302, &me, 100 + m, 0, 2 * IB_FRAGMENT, &[0; IB_FRAGMENT]);
+            assert_eq!(raw.send(&f), f.len() as isize);
+        }
+        assert_eq!(counted(&b, |n| n.rx_ib_incomplete > 0).rx_ib_incomplete, 1);
+        let mut q = rc_pair(&mut a, &mut b, None, RcParams::default());
+        send_checked(&mut a, &mut b, &mut q, 4000, 7);
+    }
+
+    #[test]
+    fn a_lid_already_on_the_fabric_is_refused_and_its_frames_from_another_port_dropped() {
+        use super::super::vde_ib::{emit, Ident};
+        let sw = Switch::new("ib-lid");
+        let (mut a, mut b) = (plugged(&sw, ib_cfg(0x401)), plugged(&sw, ib_cfg(0x402)));
+        // Another port with A's LID (another GUID), and one with A's very configuration (another process with
+        // the same host=N): both refused, named by the holder's GUID.
+        for c in [SimConfig { node_guid: 0x9999, ..ib_cfg(0x401) }, ib_cfg(0x401)] {
+            let err = SimDevice::new(c).vde_plug_dir(&sw.0).unwrap_err();
+            assert!(matches!(err, VdeError::LidInUse { lid: 0x401, guid: 0x6401 }), "{err}");
+        }
+        assert!(counted(&a, |n| n.lid_conflicts >= 2).lid_conflicts >= 2);
+        // A port that got onto the fabric with A's LID anyway (its probe lost): its frames to B are dropped by B,
+        // not taken as A's.
+        let raw = Conn::open(&sw.url()).unwrap();
+        let twin = Ident { lid: 0x401, guid: 0x9999, instance: 0x5 };
+        let f = emit(lid_mac(0x402), [0x02, 0x77, 0, 0, 0, 4], Kind::Data, 0, 0x402, &twin, 1, 0, 5, b"hello");
+        assert_eq!(raw.send(&f), f.len() as isize);
+        let n = counted(&b, |n| n.lid_conflicts > 0);
+        assert_eq!((n.lid_conflicts, n.rx_ib_malformed), (1, 0), "{n:?}");
+        assert!(b.h.dev.events().contains(&SimEvent::FrameDropped { why: LID_CONFLICT }));
+        // A and B still work; a LID that is nobody's is refused before any probe.
+        let mut q = rc_pair(&mut a, &mut b, None, RcParams::default());
+        send_checked(&mut a, &mut b, &mut q, 2000, 8);
+        let err = SimDevice::new(ib_cfg(0xc001)).vde_plug_dir(&sw.0).unwrap_err();
+        assert!(matches!(err, VdeError::BadLid { lid: 0xc001 }), "{err}");
+    }
+
     #[test]
     fn a_bad_url_is_a_clear_error() {
         let dev = SimDevice::new(cfg(13));
         let err = dev.vde_plug(Some("vde:///nonexistent/mlx5-no-switch")).unwrap_err();
         assert!(matches!(err, VdeError::Open { .. }), "{err}");
         assert!(matches!(dev.vde_plug(Some("vde://a\0b")).unwrap_err(), VdeError::BadUrl { .. }));
-        let ib = SimDevice::new(SimConfig { port_type: crate::config::PortType::Ib, ..cfg(14) });
-        assert!(matches!(ib.vde_plug(Some("vde:///x")).unwrap_err(), VdeError::NotEthernet));
     }
 }
