@@ -326,9 +326,6 @@ fn check(a: &Args) -> Result<(), ArgError> {
             {
                 return other("--wire vde goes with --server / --client on the simulated port, without --qemu-sock");
             }
-            if a.vde.is_some() && a.link == Some(PortType::Ib) {
-                return other("--wire vde joins an Ethernet port (RoCE) to the fabric");
-            }
             if a.qemu_sock.is_some() && a.link == Some(PortType::Ib) {
                 return other("--qemu-sock joins an Ethernet port (RoCE) to a guest NIC");
             }

@@ -144,11 +144,11 @@ pub fn sim_device(role: &Role, port_type: PortType, pcap: Option<mlx5_sim::pcap:
     }
 }
 
-/// The simulated device of a side on a VDE fabric (`--wire vde[:URL]`): either role, its MAC, GUID and IPv4
-/// address from the process's identity ([`mlx5_verbs::vde_identity`]), so any number of processes meet on the
-/// fabric. [`SimDevice::vde_plug`] plugs it in.
-pub fn sim_vde_device(pcap: Option<mlx5_sim::pcap::PcapSink>) -> SimDevice {
-    let base = SimConfig { mode: Mode::Threaded, port_type: PortType::Eth, pcap, ..SimConfig::default() };
+/// The simulated device of a side on a VDE fabric (`--wire vde[:URL]`): either role, Ethernet or InfiniBand, its
+/// MAC, GUID, IPv4 address and LID from the process's identity ([`mlx5_verbs::vde_identity`]), so any number of
+/// processes meet on the fabric. [`SimDevice::vde_plug`] plugs it in.
+pub fn sim_vde_device(port_type: PortType, pcap: Option<mlx5_sim::pcap::PcapSink>) -> SimDevice {
+    let base = SimConfig { mode: Mode::Threaded, port_type, pcap, ..SimConfig::default() };
     SimDevice::new(mlx5_verbs::vde_identity(base, 0))
 }
 

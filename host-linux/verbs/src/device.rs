@@ -182,8 +182,11 @@ fn host_given(s: &DeviceSpec) -> bool {
 
 /// A `wire=vde` port's addresses, unique on a fabric without configuration: a locally administered MAC
 /// `02:4d:xx:xx:xx:xx` from a hash of the machine's name, the process id and the device's place in the list; the
-/// node GUID is the MAC's EUI-64, the IPv4 address `10.x.y.z` the MAC's last three bytes (z never 0 or 255).
-/// Two ports collide only when 32 hash bits do; `host=N` gives fixed addresses instead.
+/// node GUID is the MAC's EUI-64, the IPv4 address `10.x.y.z` the MAC's last three bytes (z never 0 or 255), and
+/// an InfiniBand port's LID `1 + (16 more bits of the hash) mod 0xbfff`, a unicast LID. Two ports collide only
+/// when 32 hash bits do (MAC, GUID) or 16 (LID): a port whose LID another port on the fabric holds is refused as
+/// it plugs in (`VdeError::LidInUse`: start it again, and its new process id gives another LID). `host=N` gives
+/// fixed addresses instead.
 #[cfg(feature = "sim")]
 pub fn vde_identity(cfg: SimConfig, index: u32) -> SimConfig {
     use std::hash::{Hash, Hasher};
@@ -191,13 +194,15 @@ pub fn vde_identity(cfg: SimConfig, index: u32) -> SimConfig {
     std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().hash(&mut h);
     std::process::id().hash(&mut h);
     index.hash(&mut h);
-    let x = (h.finish() as u32).to_be_bytes();
+    let hash = h.finish();
+    let x = (hash as u32).to_be_bytes();
+    let lid = 1 + ((hash >> 32) as u16) % 0xbfff;
     let last = x[3].clamp(1, 254);
     let mac = [0x02, 0x4d, x[0], x[1], x[2], last];
     let guid = u64::from_be_bytes([mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]]);
     // The configuration holds a static list: one leaked address per such device.
     let ipv4: &'static [[u8; 4]] = Box::leak(Box::new([[10, x[1], x[2], last]]));
-    SimConfig { mac, node_guid: guid, ipv4_addrs: ipv4, ..cfg }
+    SimConfig { mac, node_guid: guid, ipv4_addrs: ipv4, lid, ..cfg }
 }
 
 /// How long a first open waits for the listening device of a `wire=connect` spec (or a guest's socket) unless
@@ -875,6 +880,11 @@ mod qemu_spec_tests {
         assert_eq!(a.node_guid.to_be_bytes()[3..5], [0xff, 0xfe]);
         let ip = a.ipv4_addrs[0];
         assert!(ip[0] == 10 && ip[3] != 0 && ip[3] != 255 && ip[3] == a.mac[5], "{ip:?}");
+        // LIDs: always unicast (0x1-0xbfff), and spread over that range (2000 ports share a LID about 40 times;
+        // the fabric refuses the second holder as it plugs in).
+        let lids: std::collections::BTreeSet<u16> = (0..2000).map(|i| vde_identity(cfg(), i).lid).collect();
+        assert!(lids.iter().all(|l| (1..0xc000).contains(l)), "{lids:?}");
+        assert!(lids.len() > 1800, "{} distinct LIDs of 2000", lids.len());
     }
 }
 

@@ -364,7 +364,7 @@ fn remote_pingpong(args: &Args) -> Result<(), ToolError> {
             (Context::open_sim_device_with(dev.clone(), tracer())?, Some(dev))
         }
         None if args.vde.is_some() => {
-            let dev = rp::sim_vde_device(PCAP.get().cloned());
+            let dev = rp::sim_vde_device(args.link.unwrap_or_default(), PCAP.get().cloned());
             (Context::open_sim_device_with(dev.clone(), tracer())?, Some(dev))
         }
         None => {
@@ -412,8 +412,18 @@ fn remote_pingpong(args: &Args) -> Result<(), ToolError> {
         if let Some(c) = dev.vde_counters() {
             eprintln!(
                 "mlx5: VDE fabric: {} frames sent ({} past the switch, {} of them without the writer thread, {} \
-                 timed out), {} received ({} past the switch), {} not for this port; {retries} retransmissions",
-                c.tx_frames, c.tx_direct, c.tx_direct_now, c.tx_direct_timeout, c.rx_frames, c.rx_direct, c.rx_not_mine
+                 timed out), {} received ({} past the switch), {} not for this port, {} of the other link layer, \
+                 {} malformed, {} LID conflicts; {retries} retransmissions",
+                c.tx_frames,
+                c.tx_direct,
+                c.tx_direct_now,
+                c.tx_direct_timeout,
+                c.rx_frames,
+                c.rx_direct,
+                c.rx_not_mine,
+                c.rx_other_link_layer,
+                c.rx_ib_malformed,
+                c.lid_conflicts
             );
         }
         // Leaves the fabric (its direct socket goes with it) once the last frames are out.
