@@ -188,8 +188,9 @@ commands:
                                  writes target/pci-sim/summary.json (needs root)
   rxe-interop [--rping]           mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways,
                                  and rping on the drop-in librdmacm against Linux's rdma_cm (--rping: only that)
-  vde                            mlx5 pingpong --wire vde: RC and UD, two pairs at once on one VDE fabric (the
-                                 default switch, started by the first process), clients first; installs vde2;
+  vde                            mlx5 pingpong --wire vde: RC and UD, two RoCE pairs and an InfiniBand pair
+                                 (--link ib) at once on one VDE fabric (the default switch, started by the
+                                 first process), clients first; installs vde2;
                                  --bench: RC and UD ping-pong throughput over VDE and over the TCP link
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
   bench --peer [--json]          the datapath against rdma-core's mlx5 provider; rewrites its BENCHMARKS.md section

@@ -2,7 +2,8 @@
 //! brings `libvdeplug2`) when `vde_switch` or `libvdeplug.so.2` is missing, so the simulator's VDE tests (run by
 //! `cargo test --workspace`) and this job find them. Then, with the default switch of a private runtime directory
 //! (the one the first process starts), it runs `mlx5 pingpong --wire vde` as RC and UD pairs: each client
-//! starts before its server (no start order), and two pairs run at once on the one fabric (four processes).
+//! starts before its server (no start order), and three pairs run at once on the one fabric (six processes): two
+//! of Ethernet ports (RoCE) and one of InfiniBand ports (`--link ib`, by LID, in frames of their own ethertype).
 //! The switch this job's processes started is ended afterwards.
 
 use std::path::{Path, PathBuf};
@@ -133,19 +134,21 @@ pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
     let result = (|| -> Result<(), String> {
         for ud in [false, true] {
             let mode = if ud { "UD" } else { "RC" };
-            // Two pairs at once on the one fabric, each client started before its server.
+            // Three pairs at once on the one fabric, each client started before its server: two of Ethernet
+            // (RoCE) ports and one of InfiniBand ports, whose frames (their own ethertype) the others drop.
             let mut pairs = Vec::new();
-            for _ in 0..2 {
+            for link in ["eth", "eth", "ib"] {
                 let port = free_port()?;
-                // RC: three packets a message; UD: one, at most the port's 1024-byte MTU.
-                let extra: Vec<String> = if ud {
-                    vec!["--ud", "--size", "1000", "--iters", "50"]
-                } else {
-                    vec!["--size", "3000", "--iters", "200"]
+                // RC: three RoCE packets a message (or four IB fragments); UD: one, at most the 1024-byte MTU.
+                let mut extra: Vec<String> = match (ud, link) {
+                    (true, _) => vec!["--ud", "--size", "1000", "--iters", "50"],
+                    (false, "ib") => vec!["--size", "5000", "--iters", "200"],
+                    (false, _) => vec!["--size", "3000", "--iters", "200"],
                 }
                 .into_iter()
                 .map(String::from)
                 .collect();
+                extra.extend(["--link".to_string(), link.to_string()]);
                 let client =
                     side(&tool, &runtime, &[&["--client".into(), format!("127.0.0.1:{port}")][..], &extra].concat())?;
                 std::thread::sleep(Duration::from_millis(300));
@@ -154,19 +157,23 @@ pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
                     &runtime,
                     &[&["--server".into(), "--port".into(), port.to_string()][..], &extra].concat(),
                 )?;
-                pairs.push((client, server));
+                pairs.push((link, client, server));
             }
-            for (i, (client, server)) in pairs.into_iter().enumerate() {
-                let s = finish(&format!("{mode} server {i}"), server)?;
-                let c = finish(&format!("{mode} client {i}"), client)?;
+            for (i, (link, client, server)) in pairs.into_iter().enumerate() {
+                let s = finish(&format!("{mode} {link} server {i}"), server)?;
+                let c = finish(&format!("{mode} {link} client {i}"), client)?;
                 let last = |t: &str| t.lines().find(|l| l.contains("data verified")).unwrap_or_default().to_string();
-                println!("vde: {mode} pair {i}: server: {}; client: {}", last(&s), last(&c));
+                println!("vde: {mode} {link} pair {i}: server: {}; client: {}", last(&s), last(&c));
                 for (who, text) in [("server", &s), ("client", &c)] {
                     let (sent, direct) = fabric_counts(text)?;
-                    println!("vde: {mode} pair {i} {who}: {sent} frames sent, {direct} past the switch");
-                    // Two processes of one machine on one switch: their RoCE frames go straight to each other.
+                    println!("vde: {mode} {link} pair {i} {who}: {sent} frames sent, {direct} past the switch");
+                    // Two processes of one machine on one switch: their frames go straight to each other.
                     if direct == 0 {
-                        return Err(format!("vde: {mode} {who} {i} sent nothing past the switch:\n{text}"));
+                        return Err(format!("vde: {mode} {link} {who} {i} sent nothing past the switch:\n{text}"));
+                    }
+                    // Nothing malformed and no LID taken twice, with the other link layer's frames around.
+                    if !text.contains(" 0 malformed, 0 LID conflicts") {
+                        return Err(format!("vde: {mode} {link} {who} {i} dropped frames:\n{text}"));
                     }
                 }
             }
@@ -178,7 +185,10 @@ pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
     })();
     end_switch(&runtime);
     result?;
-    println!("vde: RC and UD ping-pong, two pairs at once on the default switch, clients first: passed");
+    println!(
+        "vde: RC and UD ping-pong, two RoCE pairs and an InfiniBand pair at once on the default switch, clients \
+         first: passed"
+    );
     Ok(())
 }
 
