@@ -409,11 +409,12 @@ impl SimDevice {
         lock(&self.shared).wire.guest_link().map(|l| l.backlog_peak())
     }
 
-    /// Plugs this Ethernet port into the VDE fabric at the libvdeplug URL `url` (`vde:///path` for a
+    /// Plugs this port into the VDE fabric at the libvdeplug URL `url` (`vde:///path` for a
     /// `vde_switch`, `vxvde://GROUP` across a LAN, ...), or with `None` into the default switch of this user
     /// (`vde::default_switch_dir`), which the first process to need it starts. Frames to and from any
-    /// number of ports on the fabric; destination MACs from link-local GIDs or ARP. Use
-    /// [`Mode::Threaded`](crate::Mode::Threaded).
+    /// number of ports on the fabric; on Ethernet destination MACs from link-local GIDs or ARP, on InfiniBand
+    /// from the destination LID (`vde::lid_mac`), after a probe that no other port holds this port's LID
+    /// (`VdeError::LidInUse`). Use [`Mode::Threaded`](crate::Mode::Threaded).
     pub fn vde_plug(&self, url: Option<&str>) -> Result<(), link::vde::VdeError> {
         link::vde::plug(&self.shared, url)
     }

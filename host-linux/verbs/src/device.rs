@@ -160,8 +160,8 @@ pub enum WireSpec {
     /// `wire=vde` or `wire=vde:URL`: plug into a VDE fabric: the libvdeplug URL (`vde:///path` for a
     /// `vde_switch`, `vxvde://239.1.2.3` across a LAN), or by default this user's switch, which the first
     /// process starts. Any number of processes meet on one fabric in any order. Without `host=`, the port's MAC,
-    /// GUID and IPv4 address come from the process's identity ([`vde_identity`]), so no two processes need
-    /// telling apart by hand.
+    /// GUID, IPv4 address and (InfiniBand) LID come from the process's identity ([`vde_identity`]), so no two
+    /// processes need telling apart by hand.
     Vde(Option<String>),
     /// `wire=qemu:IPV4:SOCKET`: plug into a QEMU guest NIC listening on the UNIX socket `SOCKET`
     /// (`-netdev stream,server=on,addr.type=unix`), the port's address `IPV4` (answered in ARP, a RoCE v2 GID):

@@ -1,9 +1,10 @@
 //! The link to a Virtual Distributed Ethernet fabric (VDE): the port plugs into whatever a libvdeplug URL names
 //! (`vde:///path` for a `vde_switch` on a UNIX socket; `vxvde://239.1.2.3` for a switchless fabric across a LAN;
 //! `udp://`, `tap://`, ...) and exchanges bare Ethernet frames with every other port on it, in any number and
-//! started in any order. The port's packets cross as the RoCEv2 frames `wire::roce_map` makes; what arrives goes
-//! through the port's receive side (`transport/roce_rx.rs`: ARP answered, RoCE reassembled and checked, anything
-//! else dropped and counted).
+//! started in any order. An Ethernet port's packets cross as the RoCEv2 frames `wire::roce_map` makes; what arrives
+//! goes through the port's receive side (`transport/roce_rx.rs`: ARP answered, RoCE reassembled and checked,
+//! anything else dropped and counted). An InfiniBand port's cross as frames of their own EtherType, addressed by
+//! LID (`vde_ib.rs`); each kind of port drops the other's frames before they reach it (counted).
 //!
 //! libvdeplug (`libvdeplug.so.2`, Debian's `libvdeplug2`) is opened at run time with `dlopen`, so the crate builds
 //! and runs without it; plugging in then fails with [`VdeError::Library`].
