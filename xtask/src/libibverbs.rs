@@ -1028,25 +1028,38 @@ struct UcxTest<'a> {
 /// so a run that passes went through the simulated device, never shared memory or TCP.
 const UCP_TLS: &str = "rc_verbs,ud_verbs";
 
+/// On which fabric a [`ucx_perftest_on`] runs: the VDE switch in a runtime directory, with Ethernet or
+/// InfiniBand ports.
+#[derive(Clone, Copy)]
+struct Vde<'a> {
+    dir: &'a Path,
+    ib: bool,
+}
+
 /// [`ucx_perftest`], both processes on the VDE fabric whose default switch lives in `vde` (`wire=vde`, the
 /// first process starting it) instead of the TCP link: no listener, no connector, no `host=`.
-fn ucx_perftest_on(p: &Peers, t: &UcxTest, port: u16, vde: Option<&Path>) -> Result<Vec<f64>, String> {
+fn ucx_perftest_on(p: &Peers, t: &UcxTest, port: u16, vde: Option<Vde>) -> Result<Vec<f64>, String> {
     let UcxTest { tl, test, iters, .. } = *t;
     let what = format!(
         "ucx_perftest {}-t {test} {}-n {iters}{}",
         if tl.is_empty() { format!("(UCX_TLS={UCP_TLS}) ") } else { format!("-x {tl} ") },
         t.args.iter().map(|a| format!("{a} ")).collect::<String>(),
-        if vde.is_some() { " (VDE)" } else { "" }
+        match vde {
+            Some(Vde { ib: true, .. }) => " (InfiniBand on VDE)",
+            Some(_) => " (VDE)",
+            None => "",
+        }
     );
     let (port_s, wire) = (port.to_string(), port + 100);
     let (server_dev, client_dev) = match vde {
-        Some(_) => ("sim:wire=vde".to_string(), "sim:wire=vde".to_string()),
+        Some(Vde { ib: false, .. }) => ("sim:wire=vde".to_string(), "sim:wire=vde".to_string()),
+        Some(Vde { ib: true, .. }) => ("sim:link=ib:wire=vde".to_string(), "sim:link=ib:wire=vde".to_string()),
         None => (format!("sim:wire=listen:127.0.0.1:{wire}"), format!("sim:host=1:wire=connect:127.0.0.1:{wire}")),
     };
     let app = |devices: &str, args: &[&str]| {
         let mut c = ucx_app(p, "ucx_perftest", devices, args);
-        if let Some(dir) = vde {
-            c.env("XDG_RUNTIME_DIR", dir);
+        if let Some(v) = vde {
+            c.env("XDG_RUNTIME_DIR", v.dir);
         }
         if tl.is_empty() {
             c.env("UCX_TLS", UCP_TLS).env("UCX_NET_DEVICES", "mlx5_0:1");
@@ -1101,7 +1114,8 @@ fn ucx_perftest_on(p: &Peers, t: &UcxTest, port: u16, vde: Option<&Path>) -> Res
 /// UCX's `ucx_perftest` over the drop-in between two processes on the simulated wire (RoCE): rc_verbs and
 /// ud_verbs latency and bandwidth tests with real figures, then rc_verbs twenty times for a clean teardown
 /// (both ends exit 0, nothing logged; an async event of a destroyed QP once crashed it), then on one VDE fabric
-/// with UCT `get` (zcopy) and UCP `tag_lat`/`tag_bw` of 1 MiB added.
+/// with UCT `get` (zcopy) and UCP `tag_lat`/`tag_bw` of 1 MiB added, then UCT rc_verbs and ud_verbs between two
+/// InfiniBand ports on that fabric.
 fn ucx(p: &Peers) -> Result<(), String> {
     let start = Instant::now();
     let root = std::fs::read_to_string("/proc/self/status")
@@ -1165,16 +1179,25 @@ fn ucx_runs(p: &Peers) -> Result<(), String> {
             t("", "tag_lat", &["-s", "1048576"], "20", "5"),
             t("", "tag_bw", &["-s", "1048576"], "20", "5"),
         ];
-        for (i, run) in runs.iter().enumerate() {
+        // The same UCT tests between two InfiniBand ports (by LID) on the same fabric.
+        let ib_runs = [
+            t("rc_verbs", "am_lat", &[], "1000", "20"),
+            t("rc_verbs", "put_bw", &[], "1000", "20"),
+            t("rc_verbs", "get", &["-D", "zcopy", "-s", "65536"], "200", "20"),
+            t("ud_verbs", "am_lat", &[], "1000", "20"),
+        ];
+        let all = runs.iter().map(|r| (r, false)).chain(ib_runs.iter().map(|r| (r, true)));
+        for (i, (run, ib)) in all.enumerate() {
             let started = Instant::now();
-            let row = ucx_perftest_on(p, run, 18950 + i as u16, Some(&dir))?;
+            let row = ucx_perftest_on(p, run, 18950 + i as u16, Some(Vde { dir: &dir, ib }))?;
             let mut label = if run.tl.is_empty() { "(UCP)".to_string() } else { format!("-x {}", run.tl) };
             for a in [&["-t", run.test][..], run.args].concat() {
                 label.push(' ');
                 label.push_str(a);
             }
             println!(
-                "ucx_perftest {label} over VDE: {} iterations, {:.1} us, {:.2} MB/s: ok ({:.1} s)",
+                "ucx_perftest {label} over VDE{}: {} iterations, {:.1} us, {:.2} MB/s: ok ({:.1} s)",
+                if ib { " (InfiniBand)" } else { "" },
                 run.iters,
                 row[2],
                 row[4],
