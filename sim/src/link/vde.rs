@@ -584,7 +584,8 @@ impl VdeLink {
         match f.kind {
             Kind::Probe | Kind::InUse if f.dlid == ib.lid && other => {
                 self.bump(C_LID_CONFLICT);
-                if f.kind == Kind::Probe {
+                // A link being unplugged holds the LID no more (its port may be plugging in again).
+                if f.kind == Kind::Probe && self.is_up() {
                     let _ = self.queue(&ib.in_use(), false);
                 }
                 return Err(LID_CONFLICT);
@@ -1403,6 +1404,24 @@ mod tests {
         println!("wirefilter: {MSGS} messages of {LEN} B: {retries} timer retries, {naks} sequence NAKs, {dups} duplicate requests answered");
         // About 8 frames a message cross the filter: with 3 % loss some recovery is certain (0.97^480 < 1e-6).
         assert!(retries + naks > 0, "the loss was recovered from");
+    }
+
+    #[test]
+    fn an_ib_port_that_leaves_and_comes_back_with_its_lid_is_its_holder_again() {
+        let sw = Switch::new("ib-back");
+        let (mut a, mut b) = (plugged(&sw, ib_cfg(0x601)), plugged(&sw, ib_cfg(0x602)));
+        let (qa, qb, ca, cb) = rc_pair(&mut a, &mut b, None, RcParams::default());
+        // B's side first: B sends to A.
+        let mut r = (qb, qa, cb, ca);
+        send_checked(&mut b, &mut a, &mut r, 2000, 1);
+        // B leaves and plugs in again (a program that closes its device and opens it again): a new instance with
+        // the same LID, which A has heard from before; its probe tells A who holds the LID now.
+        assert!(b.h.dev.vde_unplug());
+        b.h.dev.vde_plug_dir(&sw.0).expect("plugged in again");
+        send_checked(&mut b, &mut a, &mut r, 2000, 2);
+        let mut q = (r.1, r.0, r.3, r.2);
+        send_checked(&mut a, &mut b, &mut q, 2000, 3);
+        assert_eq!(a.h.dev.vde_counters().unwrap().lid_conflicts, 0);
     }
 
     #[test]
