@@ -209,6 +209,8 @@ pub(crate) struct Wire {
     pub(crate) outbox: Vec<Packet>,
     /// Where the port records its frames (`SimConfig::pcap`).
     pub(crate) pcap: Option<PcapSink>,
+    /// `SimConfig::pcap` whatever the link layer: an InfiniBand port's VDE link records its frames there.
+    pub(crate) ib_pcap: Option<PcapSink>,
     /// Frames from links that failed a check, and those that passed.
     pub(crate) drops: DropCounters,
     pub(crate) frames_in: u64,
@@ -227,6 +229,7 @@ impl Wire {
             outbox: Vec::new(),
             // An InfiniBand port's packets have no Ethernet form to record.
             pcap: if cfg.port_type == PortType::Eth { cfg.pcap.clone() } else { None },
+            ib_pcap: if cfg.port_type == PortType::Ib { cfg.pcap.clone() } else { None },
             drops: DropCounters::default(),
             frames_in: 0,
             ipv4: cfg.ipv4_addrs,

@@ -481,7 +481,13 @@ impl VdeLink {
         }
         if let Some(ib) = &self.ib {
             let Port::Vde(_, dlid) = p.dst.port else { return Err("unknown destination") };
-            return self.send_frames(ib.frames(p, dlid)?);
+            let frames = ib.frames(p, dlid)?;
+            if let Some(s) = &self.pcap {
+                for f in &frames {
+                    s.record(|_, out| out(f));
+                }
+            }
+            return self.send_frames(frames);
         }
         let grh = p.grh.ok_or("no GRH: not a RoCE packet")?;
         let dst = match link_local_mac(&grh.dgid).or_else(|| v4(&grh.dgid).and_then(|ip| self.neighbour(ip))) {
@@ -713,7 +719,9 @@ pub(crate) fn plug_dir<S: Station>(station: &Arc<S>, dir: &Path) -> Result<(), V
 /// Plugs the port into the fabric `conn` reaches (`dir`: the switch's directory, for the direct path). An IB port
 /// first makes sure no other port on the fabric holds its LID (`vde_ib.rs`), and goes by its LID's MAC.
 fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<PathBuf>) -> Result<(), VdeError> {
-    let (addr, pcap, ipv4) = wire(&**station, |w| (w.addr, w.pcap.clone(), w.ipv4().first().copied()));
+    let (addr, pcap, ipv4) = wire(&**station, |w| {
+        (w.addr, if w.addr.ib { w.ib_pcap.clone() } else { w.pcap.clone() }, w.ipv4().first().copied())
+    });
     let ib = match addr.ib {
         false => None,
         true if !super::port::is_unicast_lid(addr.lid) => return Err(VdeError::BadLid { lid: addr.lid }),
@@ -777,6 +785,10 @@ fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) 
         return Some(false);
     }
     if let (Some(ib), Port::Vde(l, _)) = (&link.ib, &src.port) {
+        // Every IB frame the link takes is recorded, as a port records what its receive side takes.
+        if let Some(s) = &link.pcap {
+            s.record(|_, out| out(frame));
+        }
         return match link.take_ib(ib, frame) {
             Ok(None) => Some(false),
             Ok(Some((p, slid))) => {
@@ -1474,6 +1486,34 @@ mod tests {
             .collect();
         // The three packets A sent at the 1024-byte MTU, and B's ACK A received.
         assert_eq!(ops, [Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLast, Opcode::RcAck]);
+    }
+
+    #[test]
+    fn pcap_records_an_ib_ports_frames_on_the_fabric() {
+        let sw = Switch::new("ib-pcap");
+        let path = std::env::temp_dir().join(format!("mlx5-vde-{}-ib.pcap", std::process::id()));
+        let sink = crate::pcap::PcapSink::create(&path).unwrap();
+        let mut a = plugged(&sw, SimConfig { pcap: Some(sink), ..ib_cfg(0x801) });
+        let mut b = plugged(&sw, ib_cfg(0x802));
+        let mut q = rc_pair(&mut a, &mut b, None, RcParams::default());
+        send_checked(&mut a, &mut b, &mut q, 3000, 9);
+        drop(q);
+        drop(a);
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let frames: Vec<(u16, u16, u16)> = crate::pcap::read_frames(&bytes)
+            .unwrap()
+            .iter()
+            .map(|(_, f)| {
+                let r = super::super::vde_ib::parse(f).expect("an IB frame");
+                (u16::from_be_bytes([f[12], f[13]]), r.slid, r.dlid)
+            })
+            .collect();
+        // B's probes for its LID as it plugged in, the message's three fragments (3000 bytes and the encoding's
+        // header) to B, and B's ACK.
+        let (probe, to_b, to_a) =
+            ((ETHERTYPE_IB, 0x802, 0x802), (ETHERTYPE_IB, 0x801, 0x802), (ETHERTYPE_IB, 0x802, 0x801));
+        assert_eq!(frames, [probe, probe, probe, to_b, to_b, to_b, to_a]);
     }
 
     /// The link-local GID of a MAC (modified EUI-64).

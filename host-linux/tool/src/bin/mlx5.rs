@@ -84,7 +84,8 @@ options:
   --trace FILE   write every firmware command as a JSON line to FILE; when bench runs two simulated devices
                  both go to FILE, each line naming its device (\"device\": \"mlx5_0\" or \"mlx5_1\")
   --pcap FILE    write every frame the simulated ports send and receive to FILE as a pcap, in RoCEv2 form
-                 (Ethernet ports; tshark/Wireshark decode it); refused with --device BDF
+                 (Ethernet ports; tshark/Wireshark decode it; an InfiniBand port's frames on a VDE fabric, of
+                 EtherType 0x88B5, too); refused with --device BDF
   --hexdump      print every firmware command as the Linux mlx5 command hexdump
   --threaded     simulated firmware completes commands on its own thread (default: in line)
   -v, --verbose  log bring-up milestones to standard error; -vv also every firmware command";
