@@ -227,7 +227,8 @@ impl Wire {
             peers: Vec::new(),
             inbox: VecDeque::new(),
             outbox: Vec::new(),
-            // An InfiniBand port's packets have no Ethernet form to record.
+            // An InfiniBand port's packets have no Ethernet form to record; on a VDE fabric its link records
+            // the frames it sends and takes (`ib_pcap`).
             pcap: if cfg.port_type == PortType::Eth { cfg.pcap.clone() } else { None },
             ib_pcap: if cfg.port_type == PortType::Ib { cfg.pcap.clone() } else { None },
             drops: DropCounters::default(),
