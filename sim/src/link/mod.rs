@@ -20,6 +20,7 @@
 //! and so on until nothing is left to carry. No two device locks are held at once, so two devices sending to
 //! each other from two threads cannot deadlock.
 
+mod datagrams;
 mod direct;
 pub(crate) mod guest;
 mod port;

@@ -138,11 +138,7 @@ pub(crate) struct DevRef {
     pub(crate) port: Port,
 }
 
-/// Whether `lid` names one port: 0x0001-0xBFFF (IBA 4.1.3; 0 is reserved, 0xC000 up are multicast and the
-/// permissive LID).
-pub(crate) fn is_unicast_lid(lid: u16) -> bool {
-    (1..0xc000).contains(&lid)
-}
+pub(crate) use crate::wire::is_unicast_lid;
 
 /// The address of port 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -489,7 +485,7 @@ pub(crate) struct VdeLink {
     /// What `vde.rs` counts (`VdeCounters`).
     pub(crate) counters: [AtomicU64; VDE_COUNTERS],
     /// An InfiniBand port's side of the link (its LID, GUID, reassembly); `None` on Ethernet.
-    pub(crate) ib: Option<super::vde::IbSide>,
+    pub(crate) ib: Option<super::vde_ib::IbSide>,
     /// Frames given to the writer thread and written.
     pub(crate) count: TxCount,
 }
@@ -497,13 +493,4 @@ pub(crate) struct VdeLink {
 /// How many counters a VDE link keeps (`vde.rs` names them).
 pub(crate) const VDE_COUNTERS: usize = 16;
 
-/// A connection carrying whole Ethernet frames as datagrams (libvdeplug's, in `vde.rs`), used by one reader and
-/// one writer thread at once.
-pub(crate) trait Datagrams: Send + Sync + std::fmt::Debug {
-    /// Sends one frame; negative when the fabric went away.
-    fn send(&self, frame: &[u8]) -> isize;
-    /// Receives one frame into `buf`; its length, or 0 or negative when the fabric went away.
-    fn recv(&self, buf: &mut [u8]) -> isize;
-    /// The descriptors to poll: data, and control (-1 if none), which is readable only when the fabric goes away.
-    fn fds(&self) -> (i32, i32);
-}
+pub(crate) use super::datagrams::Datagrams;

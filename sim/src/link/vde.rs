@@ -53,8 +53,7 @@ pub use super::vde_ib::{lid_mac, ETHERTYPE_IB};
 #[cfg(test)]
 use super::vde_ib::{IB_FRAGMENT, MAX_PARTIAL};
 
-/// The largest Ethernet frame (header, 1500-byte payload and a VLAN tag, no FCS) a `vde_switch` carries.
-pub const MAX_ETH_FRAME: usize = 1518;
+pub use super::datagrams::MAX_ETH_FRAME;
 
 /// Frames waiting for the writer at most; more are dropped and counted.
 pub const TX_QUEUE: usize = 4096;
@@ -370,8 +369,7 @@ fn link_local_mac(gid: &[u8; 16]) -> Option<[u8; 6]> {
         .then(|| [gid[8] ^ 2, gid[9], gid[10], gid[13], gid[14], gid[15]])
 }
 
-/// Bytes of an Ethernet header; the ethertype is its last two.
-pub(crate) const ETH_HEADER: usize = 14;
+pub(crate) use super::datagrams::ETH_HEADER;
 const ETHERTYPE_ARP: [u8; 2] = [0x08, 0x06];
 
 impl VdeLink {

@@ -11,7 +11,7 @@
 //!   message number, the fragment's offset and the message's length;
 //! - a fragment of the packet in the simulator's own encoding (`wire/frame.rs`), as the TCP link carries IB
 //!   packets: an IB packet here is a whole message, cut into fragments of at most [`IB_FRAGMENT`] bytes so each
-//!   frame fits the switch's [`MAX_ETH_FRAME`](super::vde::MAX_ETH_FRAME), and put back together by the receiving
+//!   frame fits the switch's [`MAX_ETH_FRAME`], and put back together by the receiving
 //!   link (bounded: [`MAX_PARTIAL`] messages in progress, [`MAX_IB_MESSAGE`] bytes each). A message missing a
 //!   fragment is lost as a whole, and the requester's timer sends it again.
 //!
@@ -27,11 +27,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::port::{is_unicast_lid, Packet};
-use super::vde::{Conn, ETH_HEADER};
-use crate::link::Datagrams;
+use super::datagrams::{Datagrams, ETH_HEADER, MAX_ETH_FRAME};
 use crate::wire::frame::{decode_packet, encode_packet, FRAME_PACKET};
 use crate::wire::roce::ether::BROADCAST;
+use crate::wire::{is_unicast_lid, Packet};
 
 /// The ethertype of an InfiniBand port's frames (IEEE 802 local experimental ethertype 1).
 pub const ETHERTYPE_IB: u16 = 0x88b5;
@@ -50,9 +49,9 @@ pub const HEADER: usize = 32;
 /// Where the fragment starts in a frame.
 const PAYLOAD: usize = ETH_HEADER + LRH + HEADER;
 /// The most bytes of a packet one frame carries: the rest of a `vde_switch`'s largest frame (a multiple of 4).
-pub const IB_FRAGMENT: usize = super::vde::MAX_ETH_FRAME - PAYLOAD;
-/// The longest packet encoding a port takes (the TCP link's limit).
-pub const MAX_IB_MESSAGE: usize = super::tcp::MAX_FRAME;
+pub const IB_FRAGMENT: usize = MAX_ETH_FRAME - PAYLOAD;
+/// The longest packet encoding a port takes (the TCP link's limit, `tcp::MAX_FRAME`; a test keeps them equal).
+pub const MAX_IB_MESSAGE: usize = 64 << 20;
 /// Messages put back together at once, at most (the oldest is given up for a new one).
 pub const MAX_PARTIAL: usize = 16;
 /// Bytes of the messages in progress at most (the oldest are given up beyond it).
@@ -304,7 +303,7 @@ impl IbSide {
     }
 
     /// The frames of `p` to the port with LID `dlid`.
-    pub(crate) fn frames(&self, p: &Packet, dlid: u16) -> Result<Vec<Vec<u8>>, &'static str> {
+    pub(crate) fn frames<D>(&self, p: &Packet<D>, dlid: u16) -> Result<Vec<Vec<u8>>, &'static str> {
         if !is_unicast_lid(dlid) {
             return Err("unknown destination");
         }
@@ -365,7 +364,7 @@ fn instance() -> u64 {
 }
 
 /// The packet in a whole encoding (the type byte first), or why not.
-pub(crate) fn decode(body: &[u8], nobody: super::port::DevRef) -> Result<Packet, &'static str> {
+pub(crate) fn decode<D: Clone>(body: &[u8], nobody: D) -> Result<Packet<D>, &'static str> {
     match body.split_first() {
         Some((&FRAME_PACKET, rest)) => decode_packet(rest, nobody),
         _ => Err("IB message that is not a packet"),
@@ -374,7 +373,7 @@ pub(crate) fn decode(body: &[u8], nobody: super::port::DevRef) -> Result<Packet,
 
 /// Whether another port holds `lid` on the fabric `conn` reaches: broadcasts a probe [`PROBES`] times and listens
 /// after each. The holder's GUID if one answered (or probed the same LID at the same time).
-pub(crate) fn probe(conn: &Conn, me: &IbSide, src: [u8; 6]) -> Result<Option<u64>, std::io::Error> {
+pub(crate) fn probe(conn: &dyn Datagrams, me: &IbSide, src: [u8; 6]) -> Result<Option<u64>, std::io::Error> {
     let frame = emit(BROADCAST, src, Kind::Probe, 0, me.lid, &me.ident(), 0, 0, 0, &[]);
     let (fd, _) = conn.fds();
     let mut buf = vec![0u8; 1 << 16];
@@ -415,6 +414,11 @@ pub(crate) fn probe(conn: &Conn, me: &IbSide, src: [u8; 6]) -> Result<Option<u64
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ib_message_is_as_long_as_the_tcp_link_carries() {
+        assert_eq!(MAX_IB_MESSAGE, crate::link::tcp::MAX_FRAME);
+    }
 
     fn me() -> Ident {
         Ident { lid: 0x12, guid: 0xaabb, instance: 7 }

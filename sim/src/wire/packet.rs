@@ -7,6 +7,12 @@ use std::sync::Arc;
 /// Bytes of a GID.
 pub(crate) const GID_LEN: usize = 16;
 
+/// Whether `lid` names one port: 0x0001-0xBFFF (IBA 4.1.3; 0 is reserved, 0xC000 up are multicast and the
+/// permissive LID).
+pub(crate) fn is_unicast_lid(lid: u16) -> bool {
+    (1..0xc000).contains(&lid)
+}
+
 /// Entries of port 1's GID table (index 0, the default GID).
 pub(crate) const GID_ENTRIES: u32 = 1;
 /// Where a packet goes, as the sender's path or address vector names it.

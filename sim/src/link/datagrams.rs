@@ -1,0 +1,19 @@
+//! What a VDE link's Ethernet framing shares with the routing and the InfiniBand frames: the datagram
+//! connection, the frame limits. A leaf, so `port.rs`, `vde.rs` and `vde_ib.rs` name it without naming each other.
+
+/// Bytes of an Ethernet header; the ethertype is its last two.
+pub(crate) const ETH_HEADER: usize = 14;
+
+/// The largest Ethernet frame (header, 1500-byte payload and a VLAN tag, no FCS) a `vde_switch` carries.
+pub const MAX_ETH_FRAME: usize = 1518;
+
+/// A connection carrying whole Ethernet frames as datagrams (libvdeplug's, in `vde.rs`), used by one reader and
+/// one writer thread at once.
+pub(crate) trait Datagrams: Send + Sync + std::fmt::Debug {
+    /// Sends one frame; negative when the fabric went away.
+    fn send(&self, frame: &[u8]) -> isize;
+    /// Receives one frame into `buf`; its length, or 0 or negative when the fabric went away.
+    fn recv(&self, buf: &mut [u8]) -> isize;
+    /// The descriptors to poll: data, and control (-1 if none), which is readable only when the fabric goes away.
+    fn fds(&self) -> (i32, i32);
+}
