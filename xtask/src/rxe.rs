@@ -337,6 +337,9 @@ struct Setup {
 /// address, so it runs in a network namespace of its own where there is only loopback.
 enum Ours<'a> {
     Tool,
+    /// The tool on the guest's VDE switch (`--wire vde:URL`); its `--pcap` must hold every RoCE frame the guest
+    /// NIC saw.
+    ToolVde,
     HostRcPingpong(&'a Path),
     HostRcPingpongVde(&'a Path),
 }
@@ -580,14 +583,17 @@ fn run_one(
         Ours::HostRcPingpongVde(lib) if !ud && loss.is_none() => Some(*lib),
         Ours::HostRcPingpong(_) => return Err("the host's ibv_rc_pingpong runs only as an RC client".into()),
         Ours::HostRcPingpongVde(_) => return Err("the host's ibv_rc_pingpong runs RC without a lost frame".into()),
-        Ours::Tool => None,
+        Ours::ToolVde if loss.is_some() => return Err("a lost frame is the --qemu-sock link's".into()),
+        Ours::Tool | Ours::ToolVde => None,
     };
-    let vde = matches!(ours_is, Ours::HostRcPingpongVde(_));
+    let vde = matches!(ours_is, Ours::HostRcPingpongVde(_) | Ours::ToolVde);
     let kind = match (ud, host_lib, vde) {
-        (true, _, _) => "-ud",
+        (true, _, false) => "-ud",
+        (true, _, true) => "-ud-vde",
         (false, Some(_), false) => "-host-rc_pingpong",
         (false, Some(_), true) => "-host-rc_pingpong-vde",
-        (false, None, _) => "",
+        (false, None, false) => "",
+        (false, None, true) => "-vde",
     };
     let tag = format!("{mode}-{size}{kind}{}", if loss.is_some() { "-loss" } else { "" });
     let sock = work.join(format!("roce-{tag}.sock"));
@@ -683,10 +689,25 @@ fn run_one(
             } else {
                 c.args(["--server", "--bind", "127.0.0.1", "--port"]).arg(ours.to_string());
             }
-            c.arg("--qemu-sock")
-                .arg(&sock)
-                .args(["--ipv4", SIM_IP, "--gid-idx", SIM_GID_INDEX, "--timeout", "120"])
-                .args(["--size", &size.to_string(), "--iters", &iters.to_string()]);
+            match &fabric {
+                // On the switch: rc_pingpong's buffer (`--chk`) and the ACK timeout of a TCG peer, both of which
+                // `--qemu-sock` implies.
+                Some(f) => {
+                    c.args(["--wire", &format!("vde:{}", f.url()), "--chk"]);
+                    if !ud {
+                        c.args(["--qp-timeout", "18"]);
+                    }
+                }
+                None => {
+                    c.arg("--qemu-sock").arg(&sock);
+                }
+            }
+            c.args(["--ipv4", SIM_IP, "--gid-idx", SIM_GID_INDEX, "--timeout", "120"]).args([
+                "--size",
+                &size.to_string(),
+                "--iters",
+                &iters.to_string(),
+            ]);
             if ud {
                 c.arg("--ud");
             }
@@ -722,11 +743,56 @@ fn run_one(
     if host_lib.is_none() {
         check_pcap(&pcap)?;
     }
+    if host_lib.is_none() && vde {
+        // Every frame crossed the switch: our capture holds exactly the RoCE frames the guest NIC saw.
+        let n = same_roce_frames(&pcap, &guest_pcap)?;
+        println!("rxe-interop: {tag}: our --pcap holds the {n} RoCE frames the guest NIC saw, byte for byte");
+    }
     // Every RoCE frame on the cable, ours and rxe's, has the ICRC an independent computation gives: rxe accepted
     // ours (it drops a bad one silently) and ours accepted rxe's.
     let n = check_icrc(&guest_pcap)?;
     println!("rxe-interop: {tag}: {n} RoCE frames on the cable, every ICRC right");
     Ok(secs)
+}
+
+/// The frames of a pcap file (classic format, as QEMU's filter-dump and our `--pcap` write it).
+fn pcap_frames(bytes: &[u8]) -> Result<Vec<&[u8]>, String> {
+    let mut frames = Vec::new();
+    let mut at = 24;
+    while at + 16 <= bytes.len() {
+        let incl = u32::from_le_bytes([bytes[at + 8], bytes[at + 9], bytes[at + 10], bytes[at + 11]]) as usize;
+        frames.push(bytes.get(at + 16..at + 16 + incl).ok_or("a pcap record is cut short")?);
+        at += 16 + incl;
+    }
+    Ok(frames)
+}
+
+/// Whether a frame is IPv4 RoCEv2 (IPv4 without options, UDP to 4791).
+fn is_roce_v4(f: &[u8]) -> bool {
+    f.len() >= 42 && f[12..14] == [0x08, 0x00] && f[14] == 0x45 && f[23] == 17 && f[36..38] == [0x12, 0xb7]
+}
+
+/// Checks that two captures hold the same RoCE frames, byte for byte, in any order (each side records its own
+/// sends before the peer's receives); returns how many.
+fn same_roce_frames(ours: &Path, theirs: &Path) -> Result<usize, String> {
+    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let (a, b) = (read(ours)?, read(theirs)?);
+    let roce = |bytes| -> Result<Vec<&[u8]>, String> {
+        let mut v: Vec<&[u8]> = pcap_frames(bytes)?.into_iter().filter(|f| is_roce_v4(f)).collect();
+        v.sort_unstable();
+        Ok(v)
+    };
+    let (a, b) = (roce(&a)?, roce(&b)?);
+    if a.is_empty() || a != b {
+        return Err(format!(
+            "{} holds {} RoCE frames, {} {}: not the same frames",
+            ours.display(),
+            a.len(),
+            theirs.display(),
+            b.len()
+        ));
+    }
+    Ok(a.len())
 }
 
 /// CRC-32 (the Ethernet/zlib polynomial, reflected), bit by bit: the xtask checks a few hundred frames.
@@ -747,22 +813,16 @@ fn crc32(data: impl Iterator<Item = u8>) -> u32 {
 /// frames checked.
 fn check_icrc(pcap: &Path) -> Result<usize, String> {
     let bytes = std::fs::read(pcap).map_err(|e| format!("{}: {e}", pcap.display()))?;
-    let mut at = 24;
     let mut checked = 0;
-    while at + 16 <= bytes.len() {
-        let incl = u32::from_le_bytes([bytes[at + 8], bytes[at + 9], bytes[at + 10], bytes[at + 11]]) as usize;
-        let f = bytes.get(at + 16..at + 16 + incl).ok_or("a pcap record is cut short")?;
-        at += 16 + incl;
-        // IPv4 without options, UDP to 4791.
-        if f.len() < 42 + 12 + 4
-            || f[12..14] != [0x08, 0x00]
-            || f[14] != 0x45
-            || f[23] != 17
-            || f[36..38] != [0x12, 0xb7]
-        {
+    for (i, f) in pcap_frames(&bytes)?.into_iter().enumerate() {
+        // With a BTH and an ICRC at least.
+        if f.len() < 42 + 12 + 4 || !is_roce_v4(f) {
             continue;
         }
         let total = usize::from(u16::from_be_bytes([f[16], f[17]]));
+        if total < 20 + 8 + 12 + 4 {
+            return Err(format!("{}: frame {}: an IP length too short for a BTH and an ICRC", pcap.display(), i + 1));
+        }
         let l3 = f.get(14..14 + total).ok_or("an IP packet longer than its frame")?;
         let body = &l3[..l3.len() - 4];
         let mut masked = body.to_vec();
@@ -773,7 +833,7 @@ fn check_icrc(pcap: &Path) -> Result<usize, String> {
         masked[28 + 4] = 0xff;
         let want = crc32([0xffu8; 8].into_iter().chain(masked));
         if want.to_le_bytes() != l3[l3.len() - 4..] {
-            return Err(format!("{}: frame with a wrong ICRC (record ending at byte {at})", pcap.display()));
+            return Err(format!("{}: frame {} has a wrong ICRC", pcap.display(), i + 1));
         }
         checked += 1;
     }
@@ -861,6 +921,14 @@ pub fn run_rxe_interop(root: &Path, part: Part) -> Result<(), String> {
         let secs = run_one(&setup, mode, run, None, false, &Ours::HostRcPingpongVde(&lib))?;
         times.push((mode, run, " (host ibv_rc_pingpong, VDE)", secs));
     }
+    // The tool on the switch, with its capture compared to the guest NIC's.
+    let run = (4096, 20);
+    times.push((
+        "server",
+        run,
+        " (mlx5 pingpong --wire vde --pcap)",
+        run_one(&setup, "server", run, None, false, &Ours::ToolVde)?,
+    ));
     if part == Part::Vde {
         return report(started, built, &times);
     }
@@ -950,6 +1018,9 @@ mod tests {
         std::fs::write(&bad, pcap_of(Some([1, 2, 3, 4]))).unwrap();
         assert_eq!(check_icrc(&good), Ok(1));
         assert!(check_icrc(&bad).is_err());
+        // Two captures of one frame are the same frames; a frame that differs in its last bytes is not.
+        assert_eq!(same_roce_frames(&good, &good), Ok(1));
+        assert!(same_roce_frames(&good, &bad).is_err());
         let _ = (std::fs::remove_file(good), std::fs::remove_file(bad));
     }
 }
