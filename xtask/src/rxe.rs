@@ -18,7 +18,8 @@
 //!    `-c`; the guest's verdict comes back through `isa-debug-exit`. Each run's pcap (our side, `--pcap`) is then
 //!    decoded by tshark when it is installed (none malformed), and every RoCE frame QEMU saw on the cable (its
 //!    `filter-dump`) has the ICRC an independent computation here gives. Two more runs lose one chosen frame,
-//!    one each way, and rxe's counters must show the recovery.
+//!    one each way, and rxe's counters must show the recovery; one on VDE puts Debian's `wirefilter` between our
+//!    switch and the guest's, losing 5 % of the frames each way, and rxe's recovery counters must move.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -313,6 +314,14 @@ fn wait_child(child: &mut Child, end: Instant, what: &str) -> Result<std::proces
     Err(format!("{what} did not finish within {} s", RUN_TIMEOUT.as_secs()))
 }
 
+/// The share of frames `wirefilter` loses each way in the lossy run: about 10 of its 200 RoCE frames, so a run
+/// with none lost (0.95^200, 1 in 30,000) is not a worry.
+const WIRE_LOSS_PCT: f64 = 5.0;
+
+/// rdma_rxe's counters that move when it recovers from a lost frame: a request after a gap (NAKed), a request
+/// again (its ACK was lost), a sequence NAK received, a request sent again after its ACK timer.
+const RECOVERY_COUNTERS: &[&str] = &["out_of_seq_request", "duplicate_request", "rcvd_seq_err", "completer_retry_err"];
+
 /// A lost-frame run: the simulated port's link loses one chosen RoCE frame (`MLX5_SIM_DROP_OUT` /
 /// `MLX5_SIM_DROP_IN`), and the rxe counter that shows the recovery must have moved.
 struct Loss {
@@ -382,11 +391,14 @@ fn stream_netdev(sock: &Path) -> String {
 /// to libvdeplug's point-to-point form (`ptp://PATH`: raw Ethernet frames, one per UNIX datagram, the first end
 /// bound to PATH and sending to `PATH+`), which QEMU 7.2's `-netdev dgram` speaks from the other end (it has no
 /// `-netdev vde`). The guest NIC is then one more port on the switch, as a simulated port with `wire=vde:URL` is.
-/// Both processes end when the fabric is dropped.
+/// Both processes end when the fabric is dropped. With a loss rate, the guest's plug is on a second switch, and
+/// Debian's `wirefilter` joins the two, losing that share of the frames each way.
 struct Fabric {
     dir: PathBuf,
     ptp: PathBuf,
     plug: Reap,
+    /// The guest's switch and the `wirefilter` between the two, with a loss rate.
+    lossy: Option<(PathBuf, Reap, Reap)>,
     switch: Reap,
 }
 
@@ -409,44 +421,82 @@ impl Drop for Reap {
 /// How long the switch and the plug may take to make their sockets.
 const FABRIC_START: Duration = Duration::from_secs(10);
 
-/// Waits until `who` made the socket `path`; fails when it ended or the time ran out.
-fn wait_for_socket(path: &Path, who: &mut Reap, name: &str) -> Result<(), String> {
+/// Waits until `ready` holds; fails when `who` ended or the time ran out.
+fn wait_for(ready: impl Fn() -> bool, who: &mut Reap, name: &str, what: &str) -> Result<(), String> {
     let end = Instant::now() + FABRIC_START;
-    while !path.exists() {
+    while !ready() {
         if let Some(st) = who.0.try_wait().map_err(|e| e.to_string())? {
-            return Err(format!("{name} ended ({st}) before {} appeared", path.display()));
+            return Err(format!("{name} ended ({st}) before {what}"));
         }
         if Instant::now() > end {
-            return Err(format!("{name} made no {} in {} s", path.display(), FABRIC_START.as_secs()));
+            return Err(format!("no {what} from {name} in {} s", FABRIC_START.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
 }
 
+/// Waits until `who` made the socket `path`.
+fn wait_for_socket(path: &Path, who: &mut Reap, name: &str) -> Result<(), String> {
+    wait_for(|| path.exists(), who, name, &format!("{}", path.display()))
+}
+
+/// A `vde_switch` in the foreground on the directory `dir`, its console on a pipe we hold: it lives as long as
+/// the `Reap`.
+fn start_switch(dir: &Path) -> Result<Reap, String> {
+    let _ = std::fs::remove_dir_all(dir);
+    let mut switch = Reap(
+        Command::new("vde_switch")
+            .arg("-s")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start vde_switch (Debian: vde2): {e}"))?,
+    );
+    wait_for_socket(&dir.join("ctl"), &mut switch, "vde_switch")?;
+    Ok(switch)
+}
+
+/// Whether a plug joined the switch on `dir` (each makes a data socket there beside `ctl`).
+fn plugged_in(dir: &Path) -> bool {
+    std::fs::read_dir(dir).map(|d| d.filter_map(Result::ok).any(|e| e.file_name() != "ctl")).unwrap_or(false)
+}
+
 impl Fabric {
-    fn start(work: &Path, tag: &str) -> Result<Fabric, String> {
+    /// `loss`: the percentage of frames `wirefilter` loses each way between our switch and the guest's.
+    fn start(work: &Path, tag: &str, loss: Option<f64>) -> Result<Fabric, String> {
         let dir = work.join(format!("vde-{tag}"));
         let ptp = work.join(format!("vde-{tag}.ptp"));
-        let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_file(&ptp);
         let _ = std::fs::remove_file(format!("{}+", ptp.display()));
-        // In the foreground with its console on a pipe we hold: the switch lives as long as the `Child`.
-        let mut switch = Reap(
-            Command::new("vde_switch")
-                .arg("-s")
-                .arg(&dir)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .map_err(|e| format!("cannot start vde_switch (Debian: vde2): {e}"))?,
-        );
-        wait_for_socket(&dir.join("ctl"), &mut switch, "vde_switch")?;
-        let url = format!("vde://{}", dir.display());
+        let switch = start_switch(&dir)?;
+        let lossy = match loss {
+            None => None,
+            Some(pct) => {
+                let guest_dir = work.join(format!("vde-{tag}-guest"));
+                let guest_switch = start_switch(&guest_dir)?;
+                let mut filter = Reap(
+                    Command::new("wirefilter")
+                        .arg("-v")
+                        .arg(format!("{}:{}", dir.display(), guest_dir.display()))
+                        .args(["-l", &pct.to_string()])
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::inherit())
+                        .spawn()
+                        .map_err(|e| format!("cannot start wirefilter (Debian: vde2): {e}"))?,
+                );
+                let (a, b) = (dir.clone(), guest_dir.clone());
+                wait_for(|| plugged_in(&a) && plugged_in(&b), &mut filter, "wirefilter", "both switches plugged")?;
+                Some((guest_dir, guest_switch, filter))
+            }
+        };
+        let guest_side = lossy.as_ref().map_or(&dir, |(d, _, _)| d);
         let mut plug = Reap(
             Command::new("vde_plug")
-                .arg(&url)
+                .arg(format!("vde://{}", guest_side.display()))
                 .arg(format!("ptp://{}", ptp.display()))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -455,7 +505,7 @@ impl Fabric {
                 .map_err(|e| format!("cannot start vde_plug (Debian: vdeplug): {e}"))?,
         );
         wait_for_socket(&ptp, &mut plug, "vde_plug")?;
-        Ok(Fabric { dir, ptp, plug, switch })
+        Ok(Fabric { dir, ptp, plug, lossy, switch })
     }
 
     /// The switch as a libvdeplug URL (`wire=vde:URL`).
@@ -477,8 +527,13 @@ impl Fabric {
 
 impl Drop for Fabric {
     fn drop(&mut self) {
-        // The plug leaves the switch, the switch ends, then their sockets go.
+        // The plug leaves the switch, the filter and the switches end, then their sockets go.
         self.plug.end();
+        if let Some((dir, switch, filter)) = &mut self.lossy {
+            filter.end();
+            switch.end();
+            let _ = std::fs::remove_dir_all(dir);
+        }
         self.switch.end();
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_file(&self.ptp);
@@ -508,7 +563,7 @@ fn run_rping(setup: &Setup, mode: &str, ld_path: &str, rping: &Path) -> Result<f
     let tag = format!("rping-guest-{mode}");
     let guest_pcap = setup.work.join(format!("guest-{tag}.pcap"));
     let out_file = setup.work.join(format!("host-{tag}.out"));
-    let fabric = Fabric::start(&setup.work, &tag)?;
+    let fabric = Fabric::start(&setup.work, &tag, None)?;
     let params = format!("rxe_mode={mode} rxe_app=rping rxe_size=0 rxe_iters={RPING_COUNT} rxe_ud=0");
     let mut q =
         guest_command((&setup.kernel, &setup.initrd), &params, &fabric.netdev(), &guest_pcap, "user,id=n1,restrict=on");
@@ -576,8 +631,13 @@ fn run_one(
     loss: Option<&Loss>,
     ud: bool,
     ours_is: &Ours<'_>,
+    wire_loss: Option<f64>,
 ) -> Result<f64, String> {
     let (work, kernel, initrd, mlx5) = (&setup.work, &setup.kernel, &setup.initrd, &setup.mlx5);
+    if wire_loss.is_some() && !matches!(ours_is, Ours::HostRcPingpongVde(_)) {
+        // Our capture would not hold what the guest saw; the tool's lost-frame runs lose one frame each.
+        return Err("a lossy switch is for the host's ibv_rc_pingpong".into());
+    }
     let host_lib = match ours_is {
         Ours::HostRcPingpong(lib) if mode == "server" && !ud && loss.is_none() => Some(*lib),
         Ours::HostRcPingpongVde(lib) if !ud && loss.is_none() => Some(*lib),
@@ -595,13 +655,17 @@ fn run_one(
         (false, None, false) => "",
         (false, None, true) => "-vde",
     };
-    let tag = format!("{mode}-{size}{kind}{}", if loss.is_some() { "-loss" } else { "" });
+    let tag = format!(
+        "{mode}-{size}{kind}{}{}",
+        if loss.is_some() { "-loss" } else { "" },
+        if wire_loss.is_some() { "-wirefilter" } else { "" }
+    );
     let sock = work.join(format!("roce-{tag}.sock"));
     let pcap = work.join(format!("mlx5-{tag}.pcap"));
     let guest_pcap = work.join(format!("guest-{tag}.pcap"));
     let _ = std::fs::remove_file(&sock);
     // The guest NIC and our port on one VDE switch, or our port plugged into the NIC's socket.
-    let fabric = if vde { Some(Fabric::start(work, &tag)?) } else { None };
+    let fabric = if vde { Some(Fabric::start(work, &tag, wire_loss)?) } else { None };
     let roce = fabric.as_ref().map_or_else(|| stream_netdev(&sock), Fabric::netdev);
     let host_port = free_port()?;
     let mut user = format!("user,id=n1,restrict=on,hostfwd=tcp:127.0.0.1:{host_port}-10.0.2.15:{GUEST_PORT}");
@@ -738,6 +802,20 @@ fn run_one(
             return Err(format!("{tag}: rxe's {} did not move: {counters:?}", l.counter));
         }
         println!("rxe-interop: {tag}: one frame lost ({}={}), recovered; rxe {}", l.env, l.nth, l.counter);
+    }
+    if let Some(pct) = wire_loss {
+        // Both rc_pingpongs completed every message (and ran their `-c` check, which looks at one byte a page);
+        // rxe's counters show what it recovered from.
+        let counters: Vec<String> =
+            lines.iter().filter_map(|s| s.strip_prefix("rxe-counter: ").map(String::from)).collect();
+        let recovered = counters.iter().any(|c| RECOVERY_COUNTERS.contains(&c.split_whitespace().next().unwrap_or("")));
+        if !recovered {
+            return Err(format!("{tag}: {pct} % lost each way, yet no rxe recovery counter moved: {counters:?}"));
+        }
+        println!(
+            "rxe-interop: {tag}: {pct} % of the frames lost each way by wirefilter, every message completed; rxe: {}",
+            counters.join(", ")
+        );
     }
     // The drop-in library writes no capture; QEMU's below covers that run.
     if host_lib.is_none() {
@@ -918,16 +996,20 @@ pub fn run_rxe_interop(root: &Path, part: Part) -> Result<(), String> {
     // device on the guest NIC's VDE switch, against the guest's, both ways (four packets a message).
     for mode in ["server", "client"] {
         let run = (4096, 20);
-        let secs = run_one(&setup, mode, run, None, false, &Ours::HostRcPingpongVde(&lib))?;
+        let secs = run_one(&setup, mode, run, None, false, &Ours::HostRcPingpongVde(&lib), None)?;
         times.push((mode, run, " (host ibv_rc_pingpong, VDE)", secs));
     }
+    // The same through wirefilter, which loses a share of the frames each way between the two switches.
+    let run = (4096, 20);
+    let secs = run_one(&setup, "server", run, None, false, &Ours::HostRcPingpongVde(&lib), Some(WIRE_LOSS_PCT))?;
+    times.push(("server", run, " (host ibv_rc_pingpong, VDE through wirefilter)", secs));
     // The tool on the switch, with its capture compared to the guest NIC's.
     let run = (4096, 20);
     times.push((
         "server",
         run,
         " (mlx5 pingpong --wire vde --pcap)",
-        run_one(&setup, "server", run, None, false, &Ours::ToolVde)?,
+        run_one(&setup, "server", run, None, false, &Ours::ToolVde, None)?,
     ));
     if part == Part::Vde {
         return report(started, built, &times);
@@ -935,7 +1017,7 @@ pub fn run_rxe_interop(root: &Path, part: Part) -> Result<(), String> {
     // The rest: our port plugged into the guest NIC's stream socket (`--qemu-sock`, `wire=qemu`).
     for mode in ["server", "client"] {
         for &run in RUNS {
-            times.push((mode, run, "", run_one(&setup, mode, run, None, false, &Ours::Tool)?));
+            times.push((mode, run, "", run_one(&setup, mode, run, None, false, &Ours::Tool, None)?));
         }
     }
     // A frame we send is lost (rxe NAKs the sequence gap, we send again), then one rxe sends (we NAK, rxe sends
@@ -944,17 +1026,17 @@ pub fn run_rxe_interop(root: &Path, part: Part) -> Result<(), String> {
     let theirs_lost = Loss { env: "MLX5_SIM_DROP_IN", nth: 2, counter: "rcvd_seq_err" };
     for (mode, loss) in [("server", &ours_lost), ("client", &theirs_lost)] {
         let run = (4096, 5);
-        let secs = run_one(&setup, mode, run, Some(loss), false, &Ours::Tool)?;
+        let secs = run_one(&setup, mode, run, Some(loss), false, &Ours::Tool, None)?;
         times.push((mode, run, " (one frame lost)", secs));
     }
     // UD: ibv_ud_pingpong, datagrams with DETH and its Q_Key, one MTU at most.
     for mode in ["server", "client"] {
         let run = (512, 20);
-        times.push((mode, run, " UD", run_one(&setup, mode, run, None, true, &Ours::Tool)?));
+        times.push((mode, run, " UD", run_one(&setup, mode, run, None, true, &Ours::Tool, None)?));
     }
     // The host's ibv_rc_pingpong with its device plugged into the guest NIC's socket (`wire=qemu`).
     let run = (64, 50);
-    let secs = run_one(&setup, "server", run, None, false, &Ours::HostRcPingpong(&lib))?;
+    let secs = run_one(&setup, "server", run, None, false, &Ours::HostRcPingpong(&lib), None)?;
     times.push(("server", run, " (host ibv_rc_pingpong, wire=qemu)", secs));
     report(started, built, &times)
 }
