@@ -186,10 +186,12 @@ commands:
                                  (--full: also a bench loopback), over the wire with host processes, and the
                                  bare-metal image's 1,000 x 4 KiB SENDs and RDMA WRITEs with a host process;
                                  writes target/pci-sim/summary.json (needs root)
-  rxe-interop [--rping|--vde]     mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways,
+  rxe-interop [--rping|--vde|--wirefilter]
+                                 mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways,
                                  rping on the drop-in librdmacm against Linux's rdma_cm and the host's
                                  ibv_rc_pingpong on the drop-in, both ways with the guest on a VDE switch
-                                 (--rping: only the rping runs; --vde: only the VDE runs)
+                                 (--rping: only the rping runs; --vde: only the VDE runs; --wirefilter: only
+                                 ibv_rc_pingpong through wirefilter losing 5 % each way, not in CI)
   vde                            mlx5 pingpong --wire vde: RC and UD, two pairs at once on one VDE fabric (the
                                  default switch, started by the first process), clients first; installs vde2;
                                  --bench: RC and UD ping-pong throughput over VDE and over the TCP link
@@ -316,6 +318,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::PciSim { full }, "--full") => *full = true,
             (Task::RxeInterop { part }, "--rping") => *part = rxe::Part::Rping,
             (Task::RxeInterop { part }, "--vde") => *part = rxe::Part::Vde,
+            (Task::RxeInterop { part }, "--wirefilter") => *part = rxe::Part::Wirefilter,
             (Task::Vde(v), "--bench") => v.push(a),
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.

@@ -18,8 +18,9 @@
 //!    `-c`; the guest's verdict comes back through `isa-debug-exit`. Each run's pcap (our side, `--pcap`) is then
 //!    decoded by tshark when it is installed (none malformed), and every RoCE frame QEMU saw on the cable (its
 //!    `filter-dump`) has the ICRC an independent computation here gives. Two more runs lose one chosen frame,
-//!    one each way, and rxe's counters must show the recovery; one on VDE puts Debian's `wirefilter` between our
-//!    switch and the guest's, losing 5 % of the frames each way, and rxe's recovery counters must move.
+//!    one each way, and rxe's counters must show the recovery. `--wirefilter` (not in CI, see [`Part`]) puts
+//!    Debian's `wirefilter` between our switch and the guest's, losing 5 % of the frames each way, and rxe's
+//!    recovery counters must move.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -314,8 +315,8 @@ fn wait_child(child: &mut Child, end: Instant, what: &str) -> Result<std::proces
     Err(format!("{what} did not finish within {} s", RUN_TIMEOUT.as_secs()))
 }
 
-/// The share of frames `wirefilter` loses each way in the lossy run: about 10 of its 200 RoCE frames, so a run
-/// with none lost (0.95^200, 1 in 30,000) is not a worry.
+/// The share of frames `wirefilter` loses each way in the lossy run (`--wirefilter`): about 10 of its 200 RoCE
+/// frames, so a run with none lost (0.95^200, 1 in 30,000) is not a worry.
 const WIRE_LOSS_PCT: f64 = 5.0;
 
 /// rdma_rxe's counters that move when it recovers from a lost frame: a request after a gap (NAKed), a request
@@ -947,6 +948,11 @@ pub enum Part {
     Rping,
     /// `--vde`: the runs with the guest on a VDE switch (rping and the host's ibv_rc_pingpong, both ways).
     Vde,
+    /// `--wirefilter`: only the host's ibv_rc_pingpong through `wirefilter`, which loses frames each way. Not in
+    /// CI: rc_pingpong has no closing handshake, so when the ACK of the last message is lost the side that
+    /// finished first has left and its peer retransmits to nobody (rdma_rxe forever, until the guest's deadline);
+    /// one of the first three runs here ended so.
+    Wirefilter,
 }
 
 /// `cargo xtask rxe-interop`, also a CI step: builds the guest (a first run downloads the Debian kernel, later
@@ -975,6 +981,14 @@ pub fn run_rxe_interop(root: &Path, part: Part) -> Result<(), String> {
     let lib = crate::libibverbs::build(root, false)?;
     let cm = crate::libibverbs::rdmacm::build(root, false, &lib)?;
     let ld = format!("{}:{}", cm.display(), lib.display());
+    if part == Part::Wirefilter {
+        // The host's ibv_rc_pingpong through wirefilter, which loses a share of the frames each way between the
+        // two switches.
+        let run = (4096, 20);
+        let secs = run_one(&setup, "server", run, None, false, &Ours::HostRcPingpongVde(&lib), Some(WIRE_LOSS_PCT))?;
+        times.push(("server", run, " (host ibv_rc_pingpong, VDE through wirefilter)", secs));
+        return report(started, built, &times);
+    }
     // Both directions run, and the first failure is reported after them.
     let mut failed = None;
     for mode in ["server", "client"] {
@@ -999,10 +1013,6 @@ pub fn run_rxe_interop(root: &Path, part: Part) -> Result<(), String> {
         let secs = run_one(&setup, mode, run, None, false, &Ours::HostRcPingpongVde(&lib), None)?;
         times.push((mode, run, " (host ibv_rc_pingpong, VDE)", secs));
     }
-    // The same through wirefilter, which loses a share of the frames each way between the two switches.
-    let run = (4096, 20);
-    let secs = run_one(&setup, "server", run, None, false, &Ours::HostRcPingpongVde(&lib), Some(WIRE_LOSS_PCT))?;
-    times.push(("server", run, " (host ibv_rc_pingpong, VDE through wirefilter)", secs));
     // The tool on the switch, with its capture compared to the guest NIC's.
     let run = (4096, 20);
     times.push((
