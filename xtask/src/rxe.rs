@@ -951,7 +951,7 @@ pub enum Part {
     /// `--wirefilter`: only the host's ibv_rc_pingpong through `wirefilter`, which loses frames each way. Not in
     /// CI: rc_pingpong has no closing handshake, so when the ACK of the last message is lost the side that
     /// finished first has left and its peer retransmits to nobody (rdma_rxe forever, until the guest's deadline);
-    /// one of the first three runs here ended so.
+    /// one of four runs here ended so.
     Wirefilter,
 }
 
