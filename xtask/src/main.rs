@@ -157,7 +157,7 @@ fn ci(root: &Path) -> Result<(), String> {
     vde::run(root, &[])?;
     vfio_test::run_vfio_test(root)?;
     // Linux's rdma_rxe in a TCG guest answering our RoCEv2 frames (reuses vfio-test's Debian kernel).
-    rxe::run_rxe_interop(root, false)?;
+    rxe::run_rxe_interop(root, rxe::Part::All)?;
     // The simulator behind QEMU's x-pci-proxy-dev, driven through the guest's vfio-pci (reuses the same kernel).
     pci_sim::run_pci_sim(root, false)?;
     // Linux's own mlx5_core and mlx5_ib drive the simulator in User-Mode Linux, rdma-core's programs on top
@@ -186,8 +186,12 @@ commands:
                                  (--full: also a bench loopback), over the wire with host processes, and the
                                  bare-metal image's 1,000 x 4 KiB SENDs and RDMA WRITEs with a host process;
                                  writes target/pci-sim/summary.json (needs root)
-  rxe-interop [--rping]           mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways,
-                                 and rping on the drop-in librdmacm against Linux's rdma_cm (--rping: only that)
+  rxe-interop [--rping|--vde|--wirefilter]
+                                 mlx5 pingpong against ibv_rc_pingpong over rdma_rxe in a QEMU guest, both ways,
+                                 rping on the drop-in librdmacm against Linux's rdma_cm and the host's
+                                 ibv_rc_pingpong on the drop-in, both ways with the guest on a VDE switch
+                                 (--rping: only the rping runs; --vde: only the VDE runs; --wirefilter: only
+                                 ibv_rc_pingpong through wirefilter losing 5 % each way, not in CI)
   vde                            mlx5 pingpong --wire vde: RC and UD, two RoCE pairs and an InfiniBand pair
                                  (--link ib) at once on one VDE fabric (the default switch, started by the
                                  first process), clients first; installs vde2;
@@ -230,7 +234,7 @@ enum Task {
     Codegen { check: bool },
     Ci { fresh: bool, command: Option<String> },
     VfioTest,
-    RxeInterop { rping_only: bool },
+    RxeInterop { part: rxe::Part },
     PciSim { full: bool },
     Vde(Vec<String>),
     Bench { json: bool, peer: bool, scale: bool },
@@ -261,7 +265,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "codegen" => Task::Codegen { check: false },
         "ci" => Task::Ci { fresh: false, command: None },
         "vfio-test" => Task::VfioTest,
-        "rxe-interop" => Task::RxeInterop { rping_only: false },
+        "rxe-interop" => Task::RxeInterop { part: rxe::Part::All },
         "pci-sim" => Task::PciSim { full: false },
         "vde" => Task::Vde(Vec::new()),
         "bench" => Task::Bench { json: false, peer: false, scale: false },
@@ -313,7 +317,9 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::LinuxDrivesSim { no_rdma, .. }, "--no-rdma") => *no_rdma = true,
             (Task::Uml { check }, "--check") => *check = true,
             (Task::PciSim { full }, "--full") => *full = true,
-            (Task::RxeInterop { rping_only }, "--rping") => *rping_only = true,
+            (Task::RxeInterop { part }, "--rping") => *part = rxe::Part::Rping,
+            (Task::RxeInterop { part }, "--vde") => *part = rxe::Part::Vde,
+            (Task::RxeInterop { part }, "--wirefilter") => *part = rxe::Part::Wirefilter,
             (Task::Vde(v), "--bench") => v.push(a),
             (Task::Modcheck { root, .. }, "--root") => *root = Some(argv.path("--root")?),
             // The soak binary parses and checks its own options.
@@ -354,7 +360,7 @@ fn main() -> ExitCode {
         Task::Ci { fresh: false, .. } => ci(&root),
         Task::Ci { fresh: true, command } => fresh::run_fresh(&root, command.as_deref()),
         Task::VfioTest => vfio_test::run_vfio_test(&root),
-        Task::RxeInterop { rping_only } => rxe::run_rxe_interop(&root, rping_only),
+        Task::RxeInterop { part } => rxe::run_rxe_interop(&root, part),
         Task::PciSim { full } => pci_sim::run_pci_sim(&root, full),
         Task::Vde(args) => vde::run(&root, &args),
         Task::Bench { json, peer: false, scale: false } => bench::run(&root, json),

@@ -4,18 +4,23 @@
 //!
 //! The recipe is ../shared/notes/rdma-rxe-in-qemu.md. The xtask
 //! 1. installs what it needs from Debian (qemu-system-x86, busybox-static, ibverbs-utils, ibverbs-providers,
-//!    iproute2) and unpacks a Debian kernel (shared with `vfio-test`);
+//!    iproute2, vde2) and unpacks a Debian kernel (shared with `vfio-test`);
 //! 2. packs an initramfs: busybox, the RDMA modules in load order, `ibv_rc_pingpong`, `rdma`, the rxe provider and
 //!    the library closure `ldd` names, and an `/init` that brings up rxe0 on the RoCE NIC and runs the ping-pong;
 //! 3. builds the `mlx5` tool and, for each direction and size, boots the guest under TCG with two NICs: the RoCE
 //!    NIC is `-netdev stream` on a UNIX socket that the simulated port plugs into (`mlx5 pingpong --qemu-sock`),
-//!    the exchange NIC is QEMU user networking with `restrict=on` (host -> guest: a `hostfwd` bound to 127.0.0.1;
-//!    guest -> host: a `guestfwd` to a relay here on 127.0.0.1). Nothing leaves the machine.
+//!    or, for the runs on a VDE fabric (rping and the host's `ibv_rc_pingpong` on the drop-in, `wire=vde:URL`),
+//!    `-netdev dgram` on libvdeplug's point-to-point socket that Debian's `vde_plug` joins to a `vde_switch` of the
+//!    run's own ([`Fabric`]: QEMU 7.2 has no `-netdev vde`); the exchange NIC is QEMU user networking with
+//!    `restrict=on` (host -> guest: a `hostfwd` bound to 127.0.0.1; guest -> host: a `guestfwd` to a relay here on
+//!    127.0.0.1, into a network namespace of its own for a host server). Nothing leaves the machine.
 //! 4. passes when both ping-pongs report success: ours checks every byte of every message, rc_pingpong runs with
 //!    `-c`; the guest's verdict comes back through `isa-debug-exit`. Each run's pcap (our side, `--pcap`) is then
 //!    decoded by tshark when it is installed (none malformed), and every RoCE frame QEMU saw on the cable (its
 //!    `filter-dump`) has the ICRC an independent computation here gives. Two more runs lose one chosen frame,
-//!    one each way, and rxe's counters must show the recovery.
+//!    one each way, and rxe's counters must show the recovery. `--wirefilter` (not in CI, see [`Part`]) puts
+//!    Debian's `wirefilter` between our switch and the guest's, losing 5 % of the frames each way, and rxe's
+//!    recovery counters must move.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -75,6 +80,8 @@ const GUEST_DEADLINE_S: u32 = 150;
 
 fn ensure_packages() -> Result<(), String> {
     verbs_guest::ensure_packages(&["rxe"])?;
+    // vde_switch and vde_plug for the runs on a VDE fabric.
+    crate::vde::ensure_vde()?;
     let mut need = Vec::new();
     if !have("qemu-system-x86_64") {
         need.push("qemu-system-x86");
@@ -219,13 +226,47 @@ fn free_port() -> Result<u16, String> {
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
+/// `CLONE_NEWNET` (`<sched.h>`).
+const CLONE_NEWNET: i32 = 0x4000_0000;
+
+extern "C" {
+    /// glibc's `int setns(int fd, int nstype)`.
+    fn setns(fd: i32, nstype: i32) -> i32;
+}
+
+/// Moves the calling thread (only it) into the network namespace of process `pid`.
+fn enter_netns(pid: u32) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/{pid}/ns/net");
+    let ns = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+    // SAFETY: `ns` is an open namespace file for the duration of the call; setns changes only this thread's
+    // network namespace, which the sockets this thread makes afterwards belong to.
+    if unsafe { setns(ns.as_raw_fd(), CLONE_NEWNET) } != 0 {
+        return Err(format!("setns({path}): {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 /// Copies bytes both ways between QEMU's guestfwd connection (accepted on `l`) and the ping-pong server at
-/// 127.0.0.1:`to` (connected with retries, as it may still be starting).
-fn relay(l: TcpListener, to: u16) {
+/// 127.0.0.1:`to` (connected with retries, as it may still be starting). With `netns`, the server is in the
+/// network namespace of the process whose id comes there: the connection is made from inside it.
+fn relay(l: TcpListener, to: u16, netns: Option<mpsc::Receiver<u32>>) {
     std::thread::spawn(move || {
         let Ok((guest, _)) = l.accept() else { return };
         let end = Instant::now() + RUN_TIMEOUT;
+        let pid = match netns.map(|rx| rx.recv_timeout(RUN_TIMEOUT)) {
+            None => None,
+            Some(Ok(pid)) => Some(pid),
+            Some(Err(_)) => return,
+        };
         let host = loop {
+            // The server may not have left this namespace yet (`unshare` runs first): entered again each try.
+            if let Some(pid) = pid {
+                if let Err(e) = enter_netns(pid) {
+                    println!("rxe-interop: relay: {e}");
+                    return;
+                }
+            }
             match TcpStream::connect(("127.0.0.1", to)) {
                 Ok(s) => break s,
                 Err(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(50)),
@@ -274,6 +315,14 @@ fn wait_child(child: &mut Child, end: Instant, what: &str) -> Result<std::proces
     Err(format!("{what} did not finish within {} s", RUN_TIMEOUT.as_secs()))
 }
 
+/// The share of frames `wirefilter` loses each way in the lossy run (`--wirefilter`): about 10 of its 200 RoCE
+/// frames, so a run with none lost (0.95^200, 1 in 30,000) is not a worry.
+const WIRE_LOSS_PCT: f64 = 5.0;
+
+/// rdma_rxe's counters that move when it recovers from a lost frame: a request after a gap (NAKed), a request
+/// again (its ACK was lost), a sequence NAK received, a request sent again after its ACK timer.
+const RECOVERY_COUNTERS: &[&str] = &["out_of_seq_request", "duplicate_request", "rcvd_seq_err", "completer_retry_err"];
+
 /// A lost-frame run: the simulated port's link loses one chosen RoCE frame (`MLX5_SIM_DROP_OUT` /
 /// `MLX5_SIM_DROP_IN`), and the rxe counter that shows the recovery must have moved.
 struct Loss {
@@ -293,15 +342,22 @@ struct Setup {
 }
 
 /// Our side of a run: the `mlx5` tool, or rdma-core's own `ibv_rc_pingpong` on this host over the drop-in
-/// `libibverbs.so.1` in the given directory (as a client only: its server would listen on every address).
+/// `libibverbs.so.1` in the given directory: plugged into the guest NIC's stream socket (`wire=qemu`, as a client
+/// only), or on a VDE switch with the guest NIC (`wire=vde:URL`), either side; its server listens on every
+/// address, so it runs in a network namespace of its own where there is only loopback.
 enum Ours<'a> {
     Tool,
+    /// The tool on the guest's VDE switch (`--wire vde:URL`); its `--pcap` must hold every RoCE frame the guest
+    /// NIC saw.
+    ToolVde,
     HostRcPingpong(&'a Path),
+    HostRcPingpongVde(&'a Path),
 }
 
-/// QEMU for one run: the kernel and initramfs, `/init`'s parameters, the RoCE NIC on the UNIX socket `sock` (its
-/// frames captured to `pcap`), the exchange NIC as user networking (`user`).
-fn guest_command((kernel, initrd): (&Path, &Path), params: &str, sock: &Path, pcap: &Path, user: &str) -> Command {
+/// QEMU for one run: the kernel and initramfs, `/init`'s parameters, the RoCE NIC on the `-netdev` `roce` (id `n0`:
+/// a stream socket our port plugs into, or a datagram socket on a VDE switch; its frames captured to `pcap`), the
+/// exchange NIC as user networking (`user`).
+fn guest_command((kernel, initrd): (&Path, &Path), params: &str, roce: &str, pcap: &Path, user: &str) -> Command {
     let mut q = Command::new("qemu-system-x86_64");
     q.args(["-accel", "tcg", "-cpu", "max", "-m", "1G", "-smp", "2", "-nographic", "-no-reboot", "-nodefaults"])
         .args(["-serial", "stdio", "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
@@ -314,7 +370,7 @@ fn guest_command((kernel, initrd): (&Path, &Path), params: &str, sock: &Path, pc
         .arg("-append")
         .arg(format!("console=ttyS0 panic=-1 quiet no_timer_check {params}"))
         .arg("-netdev")
-        .arg(format!("stream,id=n0,server=on,addr.type=unix,addr.path={}", sock.display()))
+        .arg(roce)
         .args(["-device", "virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01"])
         .arg("-object")
         .arg(format!("filter-dump,id=f0,netdev=n0,file={},maxlen=2000", pcap.display()))
@@ -325,6 +381,165 @@ fn guest_command((kernel, initrd): (&Path, &Path), params: &str, sock: &Path, pc
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     q
+}
+
+/// The RoCE NIC as a QEMU stream socket (`server=on`) our port connects to (`wire=qemu`, `--qemu-sock`).
+fn stream_netdev(sock: &Path) -> String {
+    format!("stream,id=n0,server=on,addr.type=unix,addr.path={}", sock.display())
+}
+
+/// A VDE fabric for one run: Debian's `vde_switch` on a directory of its own, and Debian's `vde_plug` joining it
+/// to libvdeplug's point-to-point form (`ptp://PATH`: raw Ethernet frames, one per UNIX datagram, the first end
+/// bound to PATH and sending to `PATH+`), which QEMU 7.2's `-netdev dgram` speaks from the other end (it has no
+/// `-netdev vde`). The guest NIC is then one more port on the switch, as a simulated port with `wire=vde:URL` is.
+/// Both processes end when the fabric is dropped. With a loss rate, the guest's plug is on a second switch, and
+/// Debian's `wirefilter` joins the two, losing that share of the frames each way.
+struct Fabric {
+    dir: PathBuf,
+    ptp: PathBuf,
+    plug: Reap,
+    /// The guest's switch and the `wirefilter` between the two, with a loss rate.
+    lossy: Option<(PathBuf, Reap, Reap)>,
+    switch: Reap,
+}
+
+/// A helper process, killed and reaped when dropped.
+struct Reap(Child);
+
+impl Reap {
+    fn end(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// How long the switch and the plug may take to make their sockets.
+const FABRIC_START: Duration = Duration::from_secs(10);
+
+/// Waits until `ready` holds; fails when `who` ended or the time ran out.
+fn wait_for(ready: impl Fn() -> bool, who: &mut Reap, name: &str, what: &str) -> Result<(), String> {
+    let end = Instant::now() + FABRIC_START;
+    while !ready() {
+        if let Some(st) = who.0.try_wait().map_err(|e| e.to_string())? {
+            return Err(format!("{name} ended ({st}) before {what}"));
+        }
+        if Instant::now() > end {
+            return Err(format!("no {what} from {name} in {} s", FABRIC_START.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Waits until `who` made the socket `path`.
+fn wait_for_socket(path: &Path, who: &mut Reap, name: &str) -> Result<(), String> {
+    wait_for(|| path.exists(), who, name, &format!("{}", path.display()))
+}
+
+/// A `vde_switch` in the foreground on the directory `dir`, its console on a pipe we hold: it lives as long as
+/// the `Reap`.
+fn start_switch(dir: &Path) -> Result<Reap, String> {
+    let _ = std::fs::remove_dir_all(dir);
+    let mut switch = Reap(
+        Command::new("vde_switch")
+            .arg("-s")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start vde_switch (Debian: vde2): {e}"))?,
+    );
+    wait_for_socket(&dir.join("ctl"), &mut switch, "vde_switch")?;
+    Ok(switch)
+}
+
+/// Whether a plug joined the switch on `dir` (each makes a data socket there beside `ctl`).
+fn plugged_in(dir: &Path) -> bool {
+    std::fs::read_dir(dir).map(|d| d.filter_map(Result::ok).any(|e| e.file_name() != "ctl")).unwrap_or(false)
+}
+
+impl Fabric {
+    /// `loss`: the percentage of frames `wirefilter` loses each way between our switch and the guest's.
+    fn start(work: &Path, tag: &str, loss: Option<f64>) -> Result<Fabric, String> {
+        let dir = work.join(format!("vde-{tag}"));
+        let ptp = work.join(format!("vde-{tag}.ptp"));
+        let _ = std::fs::remove_file(&ptp);
+        let _ = std::fs::remove_file(format!("{}+", ptp.display()));
+        let switch = start_switch(&dir)?;
+        let lossy = match loss {
+            None => None,
+            Some(pct) => {
+                let guest_dir = work.join(format!("vde-{tag}-guest"));
+                let guest_switch = start_switch(&guest_dir)?;
+                let mut filter = Reap(
+                    Command::new("wirefilter")
+                        .arg("-v")
+                        .arg(format!("{}:{}", dir.display(), guest_dir.display()))
+                        .args(["-l", &pct.to_string()])
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::inherit())
+                        .spawn()
+                        .map_err(|e| format!("cannot start wirefilter (Debian: vde2): {e}"))?,
+                );
+                let (a, b) = (dir.clone(), guest_dir.clone());
+                wait_for(|| plugged_in(&a) && plugged_in(&b), &mut filter, "wirefilter", "both switches plugged")?;
+                Some((guest_dir, guest_switch, filter))
+            }
+        };
+        let guest_side = lossy.as_ref().map_or(&dir, |(d, _, _)| d);
+        let mut plug = Reap(
+            Command::new("vde_plug")
+                .arg(format!("vde://{}", guest_side.display()))
+                .arg(format!("ptp://{}", ptp.display()))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .map_err(|e| format!("cannot start vde_plug (Debian: vdeplug): {e}"))?,
+        );
+        wait_for_socket(&ptp, &mut plug, "vde_plug")?;
+        Ok(Fabric { dir, ptp, plug, lossy, switch })
+    }
+
+    /// The switch as a libvdeplug URL (`wire=vde:URL`).
+    fn url(&self) -> String {
+        format!("vde://{}", self.dir.display())
+    }
+
+    /// The guest's RoCE NIC on the plug's point-to-point socket: bound to `PATH+`, sending to `PATH`.
+    fn netdev(&self) -> String {
+        let p = self.ptp.display();
+        format!("dgram,id=n0,local.type=unix,local.path={p}+,remote.type=unix,remote.path={p}")
+    }
+
+    /// The drop-in's device: a simulated port on this switch at the simulator's address (GID index 3).
+    fn devices(&self) -> String {
+        format!("sim:ipv4={SIM_IP}:wire=vde:{}", self.url())
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        // The plug leaves the switch, the filter and the switches end, then their sockets go.
+        self.plug.end();
+        if let Some((dir, switch, filter)) = &mut self.lossy {
+            filter.end();
+            switch.end();
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        self.switch.end();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(&self.ptp);
+        let _ = std::fs::remove_file(format!("{}+", self.ptp.display()));
+    }
 }
 
 /// The guest's console until `want` (`None`: the guest stopped first, or `end` passed).
@@ -342,18 +557,21 @@ fn wait_line(lines: &mpsc::Receiver<String>, want: &str, end: Instant) -> Option
 }
 
 /// Debian's unmodified rping on this host, over the drop-in librdmacm and libibverbs (`ld_path`) and a simulated
-/// port plugged into the guest NIC with the address 10.0.0.2, against Linux's rdma_cm and rping over rdma_rxe in
-/// the guest. `mode` is the guest's side. Both rpings run `-v -V -C 100`; the client's printed buffers are checked
+/// port with the address 10.0.0.2 on a VDE switch the guest NIC is on too (`wire=vde:URL`), against Linux's
+/// rdma_cm and rping over rdma_rxe in the guest. `mode` is the guest's side. Both rpings run `-v -V -C 100`; the client's printed buffers are checked
 /// letter by letter (ours from its output file, the guest's from the console), both must exit 0.
 fn run_rping(setup: &Setup, mode: &str, ld_path: &str, rping: &Path) -> Result<f64, String> {
     let tag = format!("rping-guest-{mode}");
-    let sock = setup.work.join(format!("roce-{tag}.sock"));
     let guest_pcap = setup.work.join(format!("guest-{tag}.pcap"));
     let out_file = setup.work.join(format!("host-{tag}.out"));
-    let _ = std::fs::remove_file(&sock);
+    let fabric = Fabric::start(&setup.work, &tag, None)?;
     let params = format!("rxe_mode={mode} rxe_app=rping rxe_size=0 rxe_iters={RPING_COUNT} rxe_ud=0");
-    let mut q = guest_command((&setup.kernel, &setup.initrd), &params, &sock, &guest_pcap, "user,id=n1,restrict=on");
-    println!("rxe-interop: {tag}: guest rping as {mode}, host rping on the drop-in librdmacm, {RPING_COUNT} pings");
+    let mut q =
+        guest_command((&setup.kernel, &setup.initrd), &params, &fabric.netdev(), &guest_pcap, "user,id=n1,restrict=on");
+    println!(
+        "rxe-interop: {tag}: guest rping as {mode}, host rping on the drop-in librdmacm, {RPING_COUNT} pings, both on \
+         a VDE switch"
+    );
     let start = Instant::now();
     let end = start + RUN_TIMEOUT;
     let mut qemu = q.spawn().map_err(|e| format!("failed to start qemu: {e}"))?;
@@ -365,7 +583,7 @@ fn run_rping(setup: &Setup, mode: &str, ld_path: &str, rping: &Path) -> Result<f
     let port = RPING_PORT.to_string();
     let count = RPING_COUNT.to_string();
     let mut c = Command::new(rping);
-    crate::libibverbs::on_dropin(&mut c, ld_path, &format!("sim:wire=qemu:{SIM_IP}:{}", sock.display()));
+    crate::libibverbs::on_dropin(&mut c, ld_path, &fabric.devices());
     if mode == "server" {
         // The guest is no simulated host: the static neighbour table names it (its MAC comes from ARP).
         c.env("MLX5_RS_RDMACM_ADDRS", GUEST_IP).args(["-c", "-a", GUEST_IP]);
@@ -414,36 +632,62 @@ fn run_one(
     loss: Option<&Loss>,
     ud: bool,
     ours_is: &Ours<'_>,
+    wire_loss: Option<f64>,
 ) -> Result<f64, String> {
     let (work, kernel, initrd, mlx5) = (&setup.work, &setup.kernel, &setup.initrd, &setup.mlx5);
+    if wire_loss.is_some() && !matches!(ours_is, Ours::HostRcPingpongVde(_)) {
+        // Our capture would not hold what the guest saw; the tool's lost-frame runs lose one frame each.
+        return Err("a lossy switch is for the host's ibv_rc_pingpong".into());
+    }
     let host_lib = match ours_is {
         Ours::HostRcPingpong(lib) if mode == "server" && !ud && loss.is_none() => Some(*lib),
+        Ours::HostRcPingpongVde(lib) if !ud && loss.is_none() => Some(*lib),
         Ours::HostRcPingpong(_) => return Err("the host's ibv_rc_pingpong runs only as an RC client".into()),
-        Ours::Tool => None,
+        Ours::HostRcPingpongVde(_) => return Err("the host's ibv_rc_pingpong runs RC without a lost frame".into()),
+        Ours::ToolVde if loss.is_some() => return Err("a lost frame is the --qemu-sock link's".into()),
+        Ours::Tool | Ours::ToolVde => None,
     };
-    let kind = match (ud, host_lib) {
-        (true, _) => "-ud",
-        (false, Some(_)) => "-host-rc_pingpong",
-        (false, None) => "",
+    let vde = matches!(ours_is, Ours::HostRcPingpongVde(_) | Ours::ToolVde);
+    let kind = match (ud, host_lib, vde) {
+        (true, _, false) => "-ud",
+        (true, _, true) => "-ud-vde",
+        (false, Some(_), false) => "-host-rc_pingpong",
+        (false, Some(_), true) => "-host-rc_pingpong-vde",
+        (false, None, false) => "",
+        (false, None, true) => "-vde",
     };
-    let tag = format!("{mode}-{size}{kind}{}", if loss.is_some() { "-loss" } else { "" });
+    let tag = format!(
+        "{mode}-{size}{kind}{}{}",
+        if loss.is_some() { "-loss" } else { "" },
+        if wire_loss.is_some() { "-wirefilter" } else { "" }
+    );
     let sock = work.join(format!("roce-{tag}.sock"));
     let pcap = work.join(format!("mlx5-{tag}.pcap"));
     let guest_pcap = work.join(format!("guest-{tag}.pcap"));
     let _ = std::fs::remove_file(&sock);
+    // The guest NIC and our port on one VDE switch, or our port plugged into the NIC's socket.
+    let fabric = if vde { Some(Fabric::start(work, &tag, wire_loss)?) } else { None };
+    let roce = fabric.as_ref().map_or_else(|| stream_netdev(&sock), Fabric::netdev);
     let host_port = free_port()?;
     let mut user = format!("user,id=n1,restrict=on,hostfwd=tcp:127.0.0.1:{host_port}-10.0.2.15:{GUEST_PORT}");
     let ours = free_port()?;
+    // The host server's process id, for a relay into its network namespace.
+    let mut server_pid = None;
     if mode == "client" {
         let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
         let relay_port = l.local_addr().map_err(|e| e.to_string())?.port();
-        relay(l, ours);
+        let netns = host_lib.map(|_| {
+            let (tx, rx) = mpsc::channel();
+            server_pid = Some(tx);
+            rx
+        });
+        relay(l, ours, netns);
         user.push_str(&format!(",guestfwd=tcp:{HOST_ALIAS}:{GUEST_PORT}-tcp:127.0.0.1:{relay_port}"));
     }
     let mut q = guest_command(
         (kernel, initrd),
         &format!("rxe_mode={mode} rxe_size={size} rxe_iters={iters} rxe_ud={}", u8::from(ud)),
-        &sock,
+        &roce,
         &guest_pcap,
         &user,
     );
@@ -468,11 +712,32 @@ fn run_one(
             }
         }
     }
-    let mut m = match host_lib {
-        // rdma-core's program, unmodified, on the simulated device the drop-in library opens, its port plugged
-        // into the guest NIC's socket with the simulator's IPv4 address (GID index 3, as for `mlx5 pingpong`); an
-        // RC client of the guest's server.
-        Some(lib) => {
+    let mut m = match (host_lib, &fabric) {
+        // rdma-core's program, unmodified, on the simulated device the drop-in library opens, its port on the
+        // guest's VDE switch with the simulator's IPv4 address (GID index 3). Its server listens on every address
+        // (rc_pingpong has no bind option): in a network namespace of its own only loopback is there, and the
+        // relay reaches it from inside.
+        (Some(lib), Some(f)) => {
+            let mut c = if mode == "server" {
+                Command::new("ibv_rc_pingpong")
+            } else {
+                let mut c = Command::new("unshare");
+                c.args(["--net", "--", "sh", "-c", "ip link set lo up && exec \"$@\"", "sh", "ibv_rc_pingpong"]);
+                c
+            };
+            crate::libibverbs::on_dropin(&mut c, lib, &f.devices())
+                .args(["-d", "mlx5_0", "-g", SIM_GID_INDEX, "-s", &size.to_string(), "-n", &iters.to_string()])
+                .args(["-c", "-p"]);
+            if mode == "server" {
+                c.arg(host_port.to_string()).arg("127.0.0.1");
+            } else {
+                c.arg(ours.to_string());
+            }
+            c
+        }
+        // The same program plugged into the guest NIC's socket instead (`wire=qemu`), an RC client of the guest's
+        // server.
+        (Some(lib), None) => {
             let mut c = Command::new("ibv_rc_pingpong");
             crate::libibverbs::on_dropin(&mut c, lib, &format!("sim:wire=qemu:{SIM_IP}:{}", sock.display()))
                 .args(["-d", "mlx5_0", "-g", SIM_GID_INDEX, "-s", &size.to_string(), "-n", &iters.to_string()])
@@ -481,7 +746,7 @@ fn run_one(
                 .arg("127.0.0.1");
             c
         }
-        None => {
+        (None, _) => {
             let mut c = Command::new(mlx5);
             c.arg("--pcap").arg(&pcap).arg("pingpong");
             if mode == "server" {
@@ -489,10 +754,25 @@ fn run_one(
             } else {
                 c.args(["--server", "--bind", "127.0.0.1", "--port"]).arg(ours.to_string());
             }
-            c.arg("--qemu-sock")
-                .arg(&sock)
-                .args(["--ipv4", SIM_IP, "--gid-idx", SIM_GID_INDEX, "--timeout", "120"])
-                .args(["--size", &size.to_string(), "--iters", &iters.to_string()]);
+            match &fabric {
+                // On the switch: rc_pingpong's buffer (`--chk`) and the ACK timeout of a TCG peer, both of which
+                // `--qemu-sock` implies.
+                Some(f) => {
+                    c.args(["--wire", &format!("vde:{}", f.url()), "--chk"]);
+                    if !ud {
+                        c.args(["--qp-timeout", "18"]);
+                    }
+                }
+                None => {
+                    c.arg("--qemu-sock").arg(&sock);
+                }
+            }
+            c.args(["--ipv4", SIM_IP, "--gid-idx", SIM_GID_INDEX, "--timeout", "120"]).args([
+                "--size",
+                &size.to_string(),
+                "--iters",
+                &iters.to_string(),
+            ]);
             if ud {
                 c.arg("--ud");
             }
@@ -502,15 +782,18 @@ fn run_one(
     if let Some(l) = loss {
         m.env(l.env, l.nth.to_string());
     }
-    let mut ours_child = m.spawn().map_err(|e| format!("failed to start mlx5: {e}"))?;
+    let mut ours_child = m.spawn().map_err(|e| format!("failed to start our side: {e}"))?;
+    if let Some(tx) = server_pid {
+        let _ = tx.send(ours_child.id());
+    }
     let ours_status = wait_child(&mut ours_child, end, "mlx5 pingpong");
     let qemu_status = wait_child(&mut qemu, end, "the guest");
     let secs = start.elapsed().as_secs_f64();
     let (ours_status, qemu_status) = (ours_status?, qemu_status?);
     // isa-debug-exit: the guest wrote 1 (rc_pingpong passed) -> 3.
-    println!("rxe-interop: {tag}: mlx5 {ours_status}, guest {qemu_status}, {secs:.1} s");
+    println!("rxe-interop: {tag}: ours {ours_status}, guest {qemu_status}, {secs:.1} s");
     if !ours_status.success() || qemu_status.code() != Some(3) {
-        return Err(format!("{tag}: ping-pong failed (mlx5 {ours_status}, guest {qemu_status})"));
+        return Err(format!("{tag}: ping-pong failed (ours {ours_status}, guest {qemu_status})"));
     }
     if let Some(l) = loss {
         // The console reader ends with QEMU; what it has not handed over yet is the run's end.
@@ -521,15 +804,74 @@ fn run_one(
         }
         println!("rxe-interop: {tag}: one frame lost ({}={}), recovered; rxe {}", l.env, l.nth, l.counter);
     }
+    if let Some(pct) = wire_loss {
+        // Both rc_pingpongs completed every message (and ran their `-c` check, which looks at one byte a page);
+        // rxe's counters show what it recovered from.
+        let counters: Vec<String> =
+            lines.iter().filter_map(|s| s.strip_prefix("rxe-counter: ").map(String::from)).collect();
+        let recovered = counters.iter().any(|c| RECOVERY_COUNTERS.contains(&c.split_whitespace().next().unwrap_or("")));
+        if !recovered {
+            return Err(format!("{tag}: {pct} % lost each way, yet no rxe recovery counter moved: {counters:?}"));
+        }
+        println!(
+            "rxe-interop: {tag}: {pct} % of the frames lost each way by wirefilter, every message completed; rxe: {}",
+            counters.join(", ")
+        );
+    }
     // The drop-in library writes no capture; QEMU's below covers that run.
     if host_lib.is_none() {
         check_pcap(&pcap)?;
+    }
+    if host_lib.is_none() && vde {
+        // Every frame crossed the switch: our capture holds exactly the RoCE frames the guest NIC saw.
+        let n = same_roce_frames(&pcap, &guest_pcap)?;
+        println!("rxe-interop: {tag}: our --pcap holds the {n} RoCE frames the guest NIC saw, byte for byte");
     }
     // Every RoCE frame on the cable, ours and rxe's, has the ICRC an independent computation gives: rxe accepted
     // ours (it drops a bad one silently) and ours accepted rxe's.
     let n = check_icrc(&guest_pcap)?;
     println!("rxe-interop: {tag}: {n} RoCE frames on the cable, every ICRC right");
     Ok(secs)
+}
+
+/// The frames of a pcap file (classic format, as QEMU's filter-dump and our `--pcap` write it).
+fn pcap_frames(bytes: &[u8]) -> Result<Vec<&[u8]>, String> {
+    let mut frames = Vec::new();
+    let mut at = 24;
+    while at + 16 <= bytes.len() {
+        let incl = u32::from_le_bytes([bytes[at + 8], bytes[at + 9], bytes[at + 10], bytes[at + 11]]) as usize;
+        frames.push(bytes.get(at + 16..at + 16 + incl).ok_or("a pcap record is cut short")?);
+        at += 16 + incl;
+    }
+    Ok(frames)
+}
+
+/// Whether a frame is IPv4 RoCEv2 (IPv4 without options, UDP to 4791).
+fn is_roce_v4(f: &[u8]) -> bool {
+    f.len() >= 42 && f[12..14] == [0x08, 0x00] && f[14] == 0x45 && f[23] == 17 && f[36..38] == [0x12, 0xb7]
+}
+
+/// Checks that two captures hold the same RoCE frames, byte for byte, in any order (each side records its own
+/// sends before the peer's receives); returns how many.
+fn same_roce_frames(ours: &Path, theirs: &Path) -> Result<usize, String> {
+    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let (a, b) = (read(ours)?, read(theirs)?);
+    let roce = |bytes| -> Result<Vec<&[u8]>, String> {
+        let mut v: Vec<&[u8]> = pcap_frames(bytes)?.into_iter().filter(|f| is_roce_v4(f)).collect();
+        v.sort_unstable();
+        Ok(v)
+    };
+    let (a, b) = (roce(&a)?, roce(&b)?);
+    if a.is_empty() || a != b {
+        return Err(format!(
+            "{} holds {} RoCE frames, {} {}: not the same frames",
+            ours.display(),
+            a.len(),
+            theirs.display(),
+            b.len()
+        ));
+    }
+    Ok(a.len())
 }
 
 /// CRC-32 (the Ethernet/zlib polynomial, reflected), bit by bit: the xtask checks a few hundred frames.
@@ -550,22 +892,16 @@ fn crc32(data: impl Iterator<Item = u8>) -> u32 {
 /// frames checked.
 fn check_icrc(pcap: &Path) -> Result<usize, String> {
     let bytes = std::fs::read(pcap).map_err(|e| format!("{}: {e}", pcap.display()))?;
-    let mut at = 24;
     let mut checked = 0;
-    while at + 16 <= bytes.len() {
-        let incl = u32::from_le_bytes([bytes[at + 8], bytes[at + 9], bytes[at + 10], bytes[at + 11]]) as usize;
-        let f = bytes.get(at + 16..at + 16 + incl).ok_or("a pcap record is cut short")?;
-        at += 16 + incl;
-        // IPv4 without options, UDP to 4791.
-        if f.len() < 42 + 12 + 4
-            || f[12..14] != [0x08, 0x00]
-            || f[14] != 0x45
-            || f[23] != 17
-            || f[36..38] != [0x12, 0xb7]
-        {
+    for (i, f) in pcap_frames(&bytes)?.into_iter().enumerate() {
+        // With a BTH and an ICRC at least.
+        if f.len() < 42 + 12 + 4 || !is_roce_v4(f) {
             continue;
         }
         let total = usize::from(u16::from_be_bytes([f[16], f[17]]));
+        if total < 20 + 8 + 12 + 4 {
+            return Err(format!("{}: frame {}: an IP length too short for a BTH and an ICRC", pcap.display(), i + 1));
+        }
         let l3 = f.get(14..14 + total).ok_or("an IP packet longer than its frame")?;
         let body = &l3[..l3.len() - 4];
         let mut masked = body.to_vec();
@@ -576,7 +912,7 @@ fn check_icrc(pcap: &Path) -> Result<usize, String> {
         masked[28 + 4] = 0xff;
         let want = crc32([0xffu8; 8].into_iter().chain(masked));
         if want.to_le_bytes() != l3[l3.len() - 4..] {
-            return Err(format!("{}: frame with a wrong ICRC (record ending at byte {at})", pcap.display()));
+            return Err(format!("{}: frame {} has a wrong ICRC", pcap.display(), i + 1));
         }
         checked += 1;
     }
@@ -603,12 +939,26 @@ fn check_pcap(pcap: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Which runs `rxe-interop` makes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// Every run (CI).
+    All,
+    /// `--rping`: the two rping runs (Linux's rdma_cm against the drop-in librdmacm).
+    Rping,
+    /// `--vde`: the runs with the guest on a VDE switch (rping and the host's ibv_rc_pingpong, both ways).
+    Vde,
+    /// `--wirefilter`: only the host's ibv_rc_pingpong through `wirefilter`, which loses frames each way. Not in
+    /// CI: rc_pingpong has no closing handshake, so when the ACK of the last message is lost the side that
+    /// finished first has left and its peer retransmits to nobody (rdma_rxe forever, until the guest's deadline);
+    /// one of four runs here ended so.
+    Wirefilter,
+}
+
 /// `cargo xtask rxe-interop`, also a CI step: builds the guest (a first run downloads the Debian kernel, later
-/// ones reuse it) and runs every ping-pong, with its wall time. Needs QEMU and the guest's packages, which it
-/// installs from Debian (root).
-///
-/// `rping_only`: just the rping runs (Linux's rdma_cm against the drop-in librdmacm).
-pub fn run_rxe_interop(root: &Path, rping_only: bool) -> Result<(), String> {
+/// ones reuse it) and runs every ping-pong, with its wall time. Needs QEMU, VDE and the guest's packages, which
+/// it installs from Debian (root).
+pub fn run_rxe_interop(root: &Path, part: Part) -> Result<(), String> {
     let started = Instant::now();
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
     let work = target.join("rxe-interop");
@@ -626,15 +976,24 @@ pub fn run_rxe_interop(root: &Path, rping_only: bool) -> Result<(), String> {
     let setup = Setup { work, kernel: vmlinuz, initrd, mlx5 };
     let built = started.elapsed().as_secs_f64();
     let mut times = Vec::new();
-    // Debian's rping on the drop-in librdmacm against Linux's rdma_cm, the guest as server and as client.
+    // Debian's rping on the drop-in librdmacm against Linux's rdma_cm, the guest as server and as client, both on
+    // a VDE switch.
     let lib = crate::libibverbs::build(root, false)?;
     let cm = crate::libibverbs::rdmacm::build(root, false, &lib)?;
     let ld = format!("{}:{}", cm.display(), lib.display());
+    if part == Part::Wirefilter {
+        // The host's ibv_rc_pingpong through wirefilter, which loses a share of the frames each way between the
+        // two switches.
+        let run = (4096, 20);
+        let secs = run_one(&setup, "server", run, None, false, &Ours::HostRcPingpongVde(&lib), Some(WIRE_LOSS_PCT))?;
+        times.push(("server", run, " (host ibv_rc_pingpong, VDE through wirefilter)", secs));
+        return report(started, built, &times);
+    }
     // Both directions run, and the first failure is reported after them.
     let mut failed = None;
     for mode in ["server", "client"] {
         match run_rping(&setup, mode, &ld, &rping) {
-            Ok(secs) => times.push((mode, (0, RPING_COUNT), " (rping, host on the drop-in librdmacm)", secs)),
+            Ok(secs) => times.push((mode, (0, RPING_COUNT), " (rping, host on the drop-in librdmacm, VDE)", secs)),
             Err(e) => {
                 println!("rxe-interop: {e}");
                 failed = failed.or(Some(e));
@@ -644,37 +1003,51 @@ pub fn run_rxe_interop(root: &Path, rping_only: bool) -> Result<(), String> {
     if let Some(e) = failed {
         return Err(e);
     }
+    if part == Part::Rping {
+        return report(started, built, &times);
+    }
+    // rdma-core's unmodified ibv_rc_pingpong on this host, over the drop-in libibverbs.so.1 and a simulated
+    // device on the guest NIC's VDE switch, against the guest's, both ways (four packets a message).
     for mode in ["server", "client"] {
-        if rping_only {
-            break;
-        }
+        let run = (4096, 20);
+        let secs = run_one(&setup, mode, run, None, false, &Ours::HostRcPingpongVde(&lib), None)?;
+        times.push((mode, run, " (host ibv_rc_pingpong, VDE)", secs));
+    }
+    // The tool on the switch, with its capture compared to the guest NIC's.
+    let run = (4096, 20);
+    times.push((
+        "server",
+        run,
+        " (mlx5 pingpong --wire vde --pcap)",
+        run_one(&setup, "server", run, None, false, &Ours::ToolVde, None)?,
+    ));
+    if part == Part::Vde {
+        return report(started, built, &times);
+    }
+    // The rest: our port plugged into the guest NIC's stream socket (`--qemu-sock`, `wire=qemu`).
+    for mode in ["server", "client"] {
         for &run in RUNS {
-            times.push((mode, run, "", run_one(&setup, mode, run, None, false, &Ours::Tool)?));
+            times.push((mode, run, "", run_one(&setup, mode, run, None, false, &Ours::Tool, None)?));
         }
     }
     // A frame we send is lost (rxe NAKs the sequence gap, we send again), then one rxe sends (we NAK, rxe sends
     // again).
-    if rping_only {
-        return report(started, built, &times);
-    }
     let ours_lost = Loss { env: "MLX5_SIM_DROP_OUT", nth: 2, counter: "out_of_seq_request" };
     let theirs_lost = Loss { env: "MLX5_SIM_DROP_IN", nth: 2, counter: "rcvd_seq_err" };
     for (mode, loss) in [("server", &ours_lost), ("client", &theirs_lost)] {
         let run = (4096, 5);
-        let secs = run_one(&setup, mode, run, Some(loss), false, &Ours::Tool)?;
+        let secs = run_one(&setup, mode, run, Some(loss), false, &Ours::Tool, None)?;
         times.push((mode, run, " (one frame lost)", secs));
     }
     // UD: ibv_ud_pingpong, datagrams with DETH and its Q_Key, one MTU at most.
     for mode in ["server", "client"] {
         let run = (512, 20);
-        times.push((mode, run, " UD", run_one(&setup, mode, run, None, true, &Ours::Tool)?));
+        times.push((mode, run, " UD", run_one(&setup, mode, run, None, true, &Ours::Tool, None)?));
     }
-    // rdma-core's unmodified ibv_rc_pingpong on this host, over the drop-in libibverbs.so.1 and a simulated
-    // device plugged into the guest NIC, against the guest's (multi-packet messages).
-    for run in [(64, 50), (4096, 20)] {
-        let secs = run_one(&setup, "server", run, None, false, &Ours::HostRcPingpong(&lib))?;
-        times.push(("server", run, " (host ibv_rc_pingpong)", secs));
-    }
+    // The host's ibv_rc_pingpong with its device plugged into the guest NIC's socket (`wire=qemu`).
+    let run = (64, 50);
+    let secs = run_one(&setup, "server", run, None, false, &Ours::HostRcPingpong(&lib), None)?;
+    times.push(("server", run, " (host ibv_rc_pingpong, wire=qemu)", secs));
     report(started, built, &times)
 }
 
@@ -737,6 +1110,9 @@ mod tests {
         std::fs::write(&bad, pcap_of(Some([1, 2, 3, 4]))).unwrap();
         assert_eq!(check_icrc(&good), Ok(1));
         assert!(check_icrc(&bad).is_err());
+        // Two captures of one frame are the same frames; a frame that differs in its last bytes is not.
+        assert_eq!(same_roce_frames(&good, &good), Ok(1));
+        assert!(same_roce_frames(&good, &bad).is_err());
         let _ = (std::fs::remove_file(good), std::fs::remove_file(bad));
     }
 }

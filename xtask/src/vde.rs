@@ -24,7 +24,8 @@ fn on_path(name: &str) -> bool {
 /// Installs `vde2` (and with it `libvdeplug2`) from Debian when `vde_switch` or libvdeplug is missing.
 pub fn ensure_vde() -> Result<(), String> {
     let lib = Path::new(LIBVDEPLUG).exists() || !cfg!(target_arch = "x86_64");
-    if on_path("vde_switch") && on_path("wirefilter") && lib {
+    // `vde_plug` (Debian's `vdeplug`, which `vde2` brings) joins rxe-interop's guest to a switch.
+    if on_path("vde_switch") && on_path("wirefilter") && on_path("vde_plug") && lib {
         return Ok(());
     }
     let install = || {

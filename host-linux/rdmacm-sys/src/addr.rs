@@ -49,7 +49,7 @@ pub(crate) fn host_of_guid(node_guid: u64) -> Option<SimHost> {
 }
 
 /// The environment variable naming IPv4 peers beyond the simulated fabric, reachable through a RoCE port
-/// (comma-separated, e.g. a QEMU guest's `10.0.0.1` on a `wire=qemu` port): a static neighbour table, as
+/// (comma-separated, e.g. a QEMU guest's `10.0.0.1` on a `wire=qemu` port or on a port's VDE switch): a static neighbour table, as
 /// librdmacm's address resolution would find them in the kernel's. The GID is `::ffff:a.b.c.d`; the port's link
 /// finds the MAC by ARP.
 pub(crate) const ADDRS_ENV: &str = "MLX5_RS_RDMACM_ADDRS";

@@ -977,6 +977,22 @@ fn open_devices() -> Vec<Dev> {
     devs
 }
 
+/// Whether a RoCE port's IPv4 GID entry for `a` becomes its source GID, given the simulated host's address
+/// (`host_ip`) and the address taken so far (`taken`): the last entry of the host's address, RoCE v2's (the v1
+/// entry comes first), as perftest picks; without one (a port given another address, or a port whose node GUID is
+/// no simulated host's, as on a VDE fabric), the last IPv4 entry. Issue 34: a VDE port took none, so its CM MADs
+/// left from a link-local GID to an IPv4 peer, which rdma_rxe ignored.
+fn takes_v4_entry(
+    a: std::net::Ipv4Addr,
+    host_ip: Option<std::net::Ipv4Addr>,
+    taken: Option<std::net::Ipv4Addr>,
+) -> bool {
+    match host_ip {
+        Some(h) => a == h || taken != Some(h),
+        None => true,
+    }
+}
+
 impl Dev {
     /// # Safety
     /// `ctx` is an open context of the drop-in library.
@@ -1000,11 +1016,8 @@ impl Dev {
             if i == 0 {
                 gid = g.raw;
             }
-            // RoCE: the last entry of the simulated host's address, RoCE v2's (the v1 entry comes first), as
-            // perftest picks; without one (a port given another address), the last IPv4 entry.
             if let Some(a) = addr::gid_v4(&g.raw).filter(|_| !ib) {
-                let host_ip = host.map(|h| h.ipv4);
-                if Some(a) == host_ip || ipv4 != host_ip {
+                if takes_v4_entry(a, host.map(|h| h.ipv4), ipv4) {
                     (sgid_index, gid, ipv4) = (i as u8, g.raw, Some(a));
                 }
             }
@@ -1114,5 +1127,35 @@ fn agent() {
         std::thread::sleep(TICK);
         let Some(m) = CM.get() else { continue };
         lock(m).service();
+    }
+}
+
+#[cfg(test)]
+mod sgid_tests {
+    use super::takes_v4_entry;
+    use std::net::Ipv4Addr;
+
+    /// The GID table's IPv4 entries in order (v1 then v2 of each address), through the rule: the index taken.
+    fn pick(entries: &[Ipv4Addr], host_ip: Option<Ipv4Addr>) -> Option<usize> {
+        let (mut taken, mut index) = (None, None);
+        for (i, a) in entries.iter().enumerate() {
+            if takes_v4_entry(*a, host_ip, taken) {
+                (taken, index) = (Some(*a), Some(i));
+            }
+        }
+        index
+    }
+
+    #[test]
+    fn the_source_gid_is_the_hosts_v2_entry_else_the_last_ipv4_entry() {
+        let (host, other) = (Ipv4Addr::new(192, 168, 1, 10), Ipv4Addr::new(10, 0, 0, 2));
+        // The simulated host's address, wherever it stands.
+        assert_eq!(pick(&[host, host, other, other], Some(host)), Some(1));
+        assert_eq!(pick(&[other, other, host, host], Some(host)), Some(3));
+        // A port given another address (wire=qemu on host 0): its last entry.
+        assert_eq!(pick(&[other, other], Some(host)), Some(1));
+        // A port whose GUID is no simulated host's (a VDE identity): its last entry, not none.
+        assert_eq!(pick(&[other, other], None), Some(1));
+        assert_eq!(pick(&[], None), None);
     }
 }

@@ -54,6 +54,8 @@ pub struct Args {
     pub chk: bool,
     /// `--wire vde[:URL]`: plug the simulated port into a VDE fabric (`Some(None)`: the default switch).
     pub vde: Option<Option<String>>,
+    /// `--qp-timeout N`: the RC QP's ACK timeout, 4.096 us << N (perftest's `--qp-timeout`).
+    pub qp_timeout: Option<u8>,
 }
 
 /// The commands and the options each takes besides the global ones.
@@ -78,6 +80,7 @@ const COMMANDS: &[(&str, &[&str])] = &[
             "--ipv4",
             "--chk",
             "--wire",
+            "--qp-timeout",
         ],
     ),
     ("bench", &[]),
@@ -209,6 +212,11 @@ pub fn parse(mut argv: Argv) -> Result<Args, ArgError> {
                 a.chk = true;
                 "--chk"
             }
+            "--qp-timeout" => {
+                // The QP context's 5-bit field.
+                a.qp_timeout = Some(argv.number("--qp-timeout", 0, 31)?);
+                "--qp-timeout"
+            }
             "--wire" => {
                 let v = argv.value("--wire", "vde or vde:URL")?;
                 a.vde = Some(match v.split_once(':') {
@@ -317,6 +325,9 @@ fn check(a: &Args) -> Result<(), ArgError> {
             if (a.gid_index.is_some() || a.qemu_sock.is_some() || a.chk) && !remote {
                 return other("--gid-idx, --qemu-sock and --chk go with --server / --client");
             }
+            if a.qp_timeout.is_some() && (!remote || a.ud) {
+                return other("--qp-timeout goes with an RC --server / --client");
+            }
             if (a.qemu_sock.is_some() || a.ipv4.is_some()) && a.device.as_deref().is_some_and(|d| d != "sim") {
                 return other(
                     "--qemu-sock and --ipv4 set up the simulated port; with --device BDF the real port decides",
@@ -328,6 +339,9 @@ fn check(a: &Args) -> Result<(), ArgError> {
             }
             if a.qemu_sock.is_some() && a.link == Some(PortType::Ib) {
                 return other("--qemu-sock joins an Ethernet port (RoCE) to a guest NIC");
+            }
+            if a.ipv4.is_some() && a.link == Some(PortType::Ib) {
+                return other("--ipv4 sets a RoCE port's address; an InfiniBand port has none");
             }
             if remote && a.threaded {
                 return other(
@@ -361,8 +375,18 @@ mod tests {
             (&["devices", "--pcap", "p"], "--pcap does not apply to devices"),
             (&["pingpong", "--qemu-sock", "s"], "--gid-idx, --qemu-sock and --chk go with --server / --client"),
             (&["pingpong", "--chk"], "--gid-idx, --qemu-sock and --chk go with --server / --client"),
+            (&["pingpong", "--qp-timeout", "18"], "--qp-timeout goes with an RC --server / --client"),
+            (
+                &["pingpong", "--server", "--ud", "--qp-timeout", "18"],
+                "--qp-timeout goes with an RC --server / --client",
+            ),
+            (&["pingpong", "--server", "--qp-timeout", "32"], "--qp-timeout: \"32\" is not between 0 and 31"),
             (&["devinfo", "--chk"], "--chk does not apply to devinfo"),
             (&["pingpong", "--server", "--ipv4", "10.0.0"], "--ipv4: \"10.0.0\" is not an IPv4 address"),
+            (
+                &["pingpong", "--server", "--wire", "vde", "--link", "ib", "--ipv4", "10.0.2.5"],
+                "--ipv4 sets a RoCE port's address; an InfiniBand port has none",
+            ),
             (&["pingpong", "--server", "--gid-idx", "256"], "--gid-idx: \"256\" is not between 0 and 255"),
             (&["devinfo", "--gid-idx", "1"], "--gid-idx does not apply to devinfo"),
             (

@@ -146,10 +146,20 @@ pub fn sim_device(role: &Role, port_type: PortType, pcap: Option<mlx5_sim::pcap:
 
 /// The simulated device of a side on a VDE fabric (`--wire vde[:URL]`): either role, Ethernet or InfiniBand, its
 /// MAC, GUID, IPv4 address and LID from the process's identity ([`mlx5_verbs::vde_identity`]), so any number of
-/// processes meet on the fabric. [`SimDevice::vde_plug`] plugs it in.
-pub fn sim_vde_device(port_type: PortType, pcap: Option<mlx5_sim::pcap::PcapSink>) -> SimDevice {
+/// processes meet on the fabric; `ipv4` (`--ipv4`) replaces the address, e.g. to share a subnet with a QEMU guest
+/// on the same switch. [`SimDevice::vde_plug`] plugs it in.
+pub fn sim_vde_device(
+    port_type: PortType,
+    pcap: Option<mlx5_sim::pcap::PcapSink>,
+    ipv4: Option<Ipv4Addr>,
+) -> SimDevice {
     let base = SimConfig { mode: Mode::Threaded, port_type, pcap, ..SimConfig::default() };
-    SimDevice::new(mlx5_verbs::vde_identity(base, 0))
+    let mut cfg = mlx5_verbs::vde_identity(base, 0);
+    if let Some(ip) = ipv4 {
+        // The configuration holds static address lists; one process opens one such device.
+        cfg.ipv4_addrs = Box::leak(Box::new([ip.octets()]));
+    }
+    SimDevice::new(cfg)
 }
 
 /// Plugs `dev` into the simulated wire: the server's listens on `PORT + 1`, the client's connects there

@@ -148,3 +148,45 @@ fn eight_processes_on_one_fabric_four_rc_pairs_and_four_ud_pairs_at_once() {
         }
     }
 }
+
+/// Issue 34: `--ipv4` names the port's address on the fabric too (a guest's subnet): RoCE v2 from GID index 3
+/// then leaves from and goes to the named addresses, resolved by ARP; `--qp-timeout` sets the RC ACK timeout.
+#[test]
+fn ipv4_names_the_roce_address_on_the_fabric() {
+    let rt = Runtime::new("ipv4");
+    let port = free_port().to_string();
+    let pcap = rt.0.join("server.pcap");
+    let common = ["--gid-idx", "3", "--qp-timeout", "16", "--iters", "20", "--size", "3000"];
+    let client =
+        side(&rt.0, &[&["--client", &format!("127.0.0.1:{port}"), "--ipv4", "10.7.0.2"][..], &common].concat())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+    let mut s = side(
+        &rt.0,
+        &[&["--server", "--bind", "127.0.0.1", "--port", &port, "--ipv4", "10.7.0.1"][..], &common].concat(),
+    );
+    let server = s.arg("--pcap").arg(&pcap).output().unwrap();
+    let client = client.wait_with_output().unwrap();
+    verified(&server, 20);
+    verified(&client, 20);
+    // Every IPv4 RoCE frame the server sent or received is between the two named addresses.
+    let bytes = std::fs::read(&pcap).unwrap();
+    let (mut at, mut roce) = (24, 0);
+    while at + 16 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        let f = &bytes[at + 16..at + 16 + len];
+        at += 16 + len;
+        if f.len() >= 42 && f[12..14] == [0x08, 0x00] && f[23] == 17 && f[36..38] == [0x12, 0xb7] {
+            let (src, dst) = (&f[26..30], &f[30..34]);
+            assert!(
+                (src, dst) == (&[10, 7, 0, 1][..], &[10, 7, 0, 2][..])
+                    || (src, dst) == (&[10, 7, 0, 2][..], &[10, 7, 0, 1][..]),
+                "a RoCE frame from {src:?} to {dst:?}"
+            );
+            roce += 1;
+        }
+    }
+    assert!(roce >= 40, "{roce} RoCE frames in the server's capture");
+}

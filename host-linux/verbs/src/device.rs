@@ -36,20 +36,24 @@ pub const DEVICES_ENV: &str = "MLX5_RS_DEVICES";
 /// One entry of a device configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSpec {
-    /// `sim[:link=eth|ib][:host=N][:connect_timeout=S][:wire=listen:ADDR:PORT|wire=connect:HOST:PORT]`: a
+    /// `sim[:link=eth|ib][:host=N][:ipv4=A.B.C.D][:connect_timeout=S][:wire=...]` (the wires: [`WireSpec`]): a
     /// simulated ConnectX-5 (RoCE unless `link=ib`); `host=N` gives it the addresses of the N-th simulated host
     /// (N times [`SimConfig::next_host`] from the default; by default 1 for `wire=connect` and 0 otherwise, so
     /// the two ends of a wire differ without it); `wire=` joins its port to a simulated device of another
     /// process over TCP when it is first opened (the device's firmware then runs on its own thread, so its retry
     /// timers run in real time), a connecting one waiting up to `connect_timeout` seconds (default 30) for its
     /// listener to come up. A connecting end is unplugged when the device's last context closes and connects
-    /// again at its next open.
+    /// again at its next open. `ipv4=` sets the RoCE port's IPv4 address (its RoCE GIDs, answered in ARP) in
+    /// place of the one `host=` or the VDE identity gives, so the port can share a subnet with a Linux host on the
+    /// same fabric (a QEMU guest's rdma_rxe on a VDE switch).
     #[cfg(feature = "sim")]
     Sim {
         /// InfiniBand or Ethernet.
         link: PortType,
         /// Which simulated host's addresses.
         host: u32,
+        /// The RoCE port's IPv4 address, when `ipv4=` names it.
+        ipv4: Option<std::net::Ipv4Addr>,
         /// The simulated wire to another process, if any.
         wire: Option<WireSpec>,
         /// How long a first open waits for the far end of the wire (a `wire=connect` listener, a QEMU socket).
@@ -108,11 +112,16 @@ impl DeviceSpec {
                     None => (s, None),
                 };
                 let (mut link, mut host, mut connect_timeout) = (PortType::Eth, None, WIRE_CONNECT_TIMEOUT);
+                let mut ipv4 = None;
                 for opt in opts.split(':').skip(1) {
                     match opt.split_once('=') {
                         Some(("link", "eth")) => link = PortType::Eth,
                         Some(("link", "ib")) => link = PortType::Ib,
                         Some(("host", n)) => host = Some(n.parse().map_err(|_| bad("host is not a number"))?),
+                        Some(("ipv4", a)) => {
+                            ipv4 =
+                                Some(a.parse::<std::net::Ipv4Addr>().map_err(|_| bad("ipv4 is not an IPv4 address"))?)
+                        }
                         Some(("connect_timeout", n)) => {
                             let secs = n.parse::<u64>().ok().filter(|s| (1..=MAX_CONNECT_TIMEOUT_S).contains(s));
                             let secs = secs.ok_or_else(|| {
@@ -122,8 +131,17 @@ impl DeviceSpec {
                             })?;
                             connect_timeout = std::time::Duration::from_secs(secs);
                         }
-                        _ => return Err(bad("unknown option (link=eth|ib, host=N, connect_timeout=S, wire=...)")),
+                        _ => {
+                            return Err(bad("unknown option (link=eth|ib, host=N, ipv4=A.B.C.D, connect_timeout=S, \
+                                 wire=...)"))
+                        }
                     }
+                }
+                if ipv4.is_some() && link == PortType::Ib {
+                    return Err(bad("ipv4= is a RoCE port's address (link=eth)"));
+                }
+                if ipv4.is_some() && matches!(wire, Some(WireSpec::Qemu { .. })) {
+                    return Err(bad("wire=qemu names the port's address itself; leave out ipv4="));
                 }
                 // The two ends of a wire are two hosts: the connecting one is host 1 unless told otherwise, so two
                 // programs with `wire=listen` and `wire=connect` differ in MACs, GUIDs and LIDs with no `host=`.
@@ -131,7 +149,7 @@ impl DeviceSpec {
                     Some(WireSpec::Connect(_)) => 1,
                     _ => 0,
                 });
-                Ok(DeviceSpec::Sim { link, host, wire, connect_timeout })
+                Ok(DeviceSpec::Sim { link, host, ipv4, wire, connect_timeout })
             }
             _ => s.parse::<Bdf>().map(DeviceSpec::Pci).map_err(|_| bad("neither sim, vfio nor a PCI address")),
         }
@@ -480,14 +498,18 @@ impl DeviceRegistry {
         for s in specs {
             match s {
                 #[cfg(feature = "sim")]
-                DeviceSpec::Sim { link, host, wire, connect_timeout } => {
+                DeviceSpec::Sim { link, host, ipv4, wire, connect_timeout } => {
                     let mut cfg = DeviceSpec::sim_config(*link, *host, wire.is_some());
                     if matches!(wire, Some(WireSpec::Vde(_))) && !host_given(s) {
                         cfg = vde_identity(cfg, reg.sims.len() as u32);
                     }
-                    if let Some(WireSpec::Qemu { ipv4, .. }) = wire {
+                    let named = match wire {
+                        Some(WireSpec::Qemu { ipv4, .. }) => Some(ipv4),
+                        _ => ipv4.as_ref(),
+                    };
+                    if let Some(ip) = named {
                         // The configuration holds a static list: one leaked address per such device.
-                        cfg.ipv4_addrs = Box::leak(Box::new([ipv4.octets()]));
+                        cfg.ipv4_addrs = Box::leak(Box::new([ip.octets()]));
                     }
                     let entry = Entry::new(Source::Sim(SimDevice::new(cfg)));
                     *lock(&entry.wire) =
@@ -885,6 +907,29 @@ mod qemu_spec_tests {
         let lids: std::collections::BTreeSet<u16> = (0..2000).map(|i| vde_identity(cfg(), i).lid).collect();
         assert!(lids.iter().all(|l| (1..0xc000).contains(l)), "{lids:?}");
         assert!(lids.len() > 1800, "{} distinct LIDs of 2000", lids.len());
+    }
+
+    /// Issue 34: a port on a VDE switch with a QEMU guest's rdma_rxe needs an address in the guest's subnet; the
+    /// MAC and GUID still come from the identity, so two such ports stay apart.
+    #[test]
+    fn ipv4_sets_the_roce_address_and_keeps_the_vde_identity() {
+        let reg = super::DeviceRegistry::new(
+            &[DeviceSpec::parse("sim:ipv4=10.0.0.2:wire=vde:vde:///tmp/sw").unwrap()],
+            "/nonexistent",
+        );
+        let cfg = reg.devices()[0].sim_device().unwrap().config();
+        assert_eq!(cfg.ipv4_addrs, &[[10, 0, 0, 2]]);
+        assert_eq!((cfg.mac[0], cfg.mac[1]), (0x02, 0x4d), "the MAC is the identity's");
+        let plain = super::DeviceRegistry::new(&[DeviceSpec::parse("sim:ipv4=192.0.2.7").unwrap()], "/nonexistent");
+        assert_eq!(plain.devices()[0].sim_device().unwrap().config().ipv4_addrs, &[[192, 0, 2, 7]]);
+        for (bad, why) in [
+            ("sim:ipv4=10.0.0", "ipv4 is not an IPv4 address"),
+            ("sim:link=ib:ipv4=10.0.0.2", "ipv4= is a RoCE port's address (link=eth)"),
+            ("sim:ipv4=10.0.0.3:wire=qemu:10.0.0.2:/tmp/s", "wire=qemu names the port's address itself"),
+        ] {
+            let e = DeviceSpec::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 }
 

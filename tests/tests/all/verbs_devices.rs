@@ -85,6 +85,7 @@ fn bad_device_specs_are_refused() {
     let want = DeviceSpec::Sim {
         link: PortType::Ib,
         host: 2,
+        ipv4: None,
         wire: Some(WireSpec::Connect("127.0.0.1:18516".into())),
         connect_timeout: Duration::from_secs(30),
     };
