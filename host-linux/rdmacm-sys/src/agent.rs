@@ -61,6 +61,23 @@ extern "C" {
     fn mlx5_rs_create_gsi_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
 }
 
+/// `ibv_access_flags` bits a connected QP is given.
+pub(crate) mod access {
+    pub const REMOTE_WRITE: u32 = 1 << 1;
+    pub const REMOTE_READ: u32 = 1 << 2;
+    pub const REMOTE_ATOMIC: u32 = 1 << 3;
+
+    /// What Linux's CM lets the peer do on a connected QP (`cm_init_qp_init_attr`): writes, and reads and
+    /// atomics only when the QP has responder resources for them.
+    pub fn conn(responder_resources: u8) -> u32 {
+        if responder_resources == 0 {
+            REMOTE_WRITE
+        } else {
+            REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC
+        }
+    }
+}
+
 /// `ibv_qp_attr_mask` bits.
 pub(crate) mod mask {
     pub const STATE: i32 = 1;
@@ -867,7 +884,8 @@ pub(crate) unsafe fn qp_init(qp: *mut ibv_qp, ud: bool) -> Result<(), c_int> {
         a.qkey = RDMA_UDP_QKEY;
         m |= mask::QKEY;
     } else {
-        a.qp_access_flags = 2 | 4; // IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+        // The rights of a connection with responder resources; `rc_rtr_rts` sets the connection's own.
+        a.qp_access_flags = access::conn(1);
         m |= mask::ACCESS_FLAGS;
     }
     // SAFETY: the caller's live QP.
@@ -907,6 +925,12 @@ pub(crate) unsafe fn rc_rtr_rts(
 ) -> Result<(), c_int> {
     // SAFETY: every field of ibv_qp_attr is a number.
     let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    // INIT→INIT first, as librdmacm does before RTR, with the rights Linux's CM gives a connected QP
+    // (`cm_init_qp_init_attr`): remote writes, and reads and atomics when it has responder resources.
+    a.qp_state = qps::INIT;
+    a.qp_access_flags = access::conn(responder_resources);
+    // SAFETY: the caller's live QP.
+    check(unsafe { ibv_modify_qp(qp, &mut a, mask::STATE | mask::ACCESS_FLAGS) })?;
     a.qp_state = qps::RTR;
     a.ah_attr = st.peer.ok_or(libc::EINVAL)?;
     let mtu = if st.remote_mtu == 0 { dev.active_mtu } else { dev.active_mtu.min(c_int::from(st.remote_mtu)) };

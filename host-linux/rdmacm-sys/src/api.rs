@@ -544,7 +544,8 @@ pub unsafe extern "C" fn rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_q
                     a.qkey = RDMA_UDP_QKEY;
                     *m |= k::QKEY;
                 } else {
-                    a.qp_access_flags = 2 | 4;
+                    // A connection with responder resources (the usual case): writes, reads and atomics.
+                    a.qp_access_flags = agent::access::conn(1);
                     *m |= k::ACCESS_FLAGS;
                 }
             }
