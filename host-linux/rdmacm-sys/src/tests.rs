@@ -385,7 +385,7 @@ fn connected_qp_attrs(port: u16, init: u8) -> [(c_int, u32, u8, u8); 2] {
         assert_eq!(rdma_listen(listen, 8), 0);
     }
     let client = new_id(cch, ps::TCP);
-    let mut qp_attr = || {
+    let qp_attr = || {
         // SAFETY: all-zero is a valid init attribute (rdma_create_qp makes the CQs).
         let mut a: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         a.qp_type = 2; // IBV_QPT_RC
@@ -395,7 +395,7 @@ fn connected_qp_attrs(port: u16, init: u8) -> [(c_int, u32, u8, u8); 2] {
         a.cap.max_recv_sge = 1;
         a
     };
-    let mut param = || {
+    let param = || {
         // SAFETY: all-zero is a valid parameter block.
         let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
         p.responder_resources = 1;
