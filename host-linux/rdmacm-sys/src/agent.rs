@@ -266,15 +266,32 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Blocks every signal on the calling thread; returns the mask it had.
+fn block_all_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; both sets are filled by sigfillset / pthread_sigmask before use.
+    unsafe {
+        let (mut all, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        old
+    }
+}
+
 /// The connection manager, its devices opened and its thread started on first use.
 pub(crate) fn cm() -> MutexGuard<'static, Cm> {
     let m = CM.get_or_init(|| {
         let cm = Cm { devs: open_devices(), ids: HashMap::new(), start: Instant::now(), next_port: 0 };
+        // The thread starts with every signal blocked (it inherits the mask), so a program's signal reaches a
+        // program thread as with rdma-core's librdmacm, which has no thread: qperf's SIGALRM must interrupt
+        // its ibv_get_cq_event, not run its handler here.
+        let old = block_all_signals();
         std::thread::Builder::new()
             .name("rdmacm-agent".into())
             .spawn(agent)
             .map_err(|e| log::error!("the CM thread did not start: {e}"))
             .ok();
+        // SAFETY: `old` is the mask pthread_sigmask returned.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, ptr::null_mut()) };
         Mutex::new(cm)
     });
     lock(m)

@@ -470,6 +470,32 @@ fn a_connected_qp_with_responder_resources_takes_remote_reads_and_atomics() {
     assert_eq!(s.1, WRITE | READ | ATOMIC, "server");
 }
 
+/// The CM's thread blocks every signal a program may handle, so a program's signal (qperf's SIGALRM ending a
+/// test) interrupts the program's own thread, not runs its handler on ours: librdmacm has no thread.
+#[test]
+fn the_cm_thread_blocks_the_programs_signals() {
+    let _one = serial();
+    drop(crate::agent::cm());
+    // The thread names itself once it runs: look until it has.
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut found = None;
+    while found.is_none() && Instant::now() < end {
+        for t in std::fs::read_dir("/proc/self/task").expect("/proc/self/task").flatten() {
+            let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if name.trim() == "rdmacm-agent" {
+                let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+                let blocked = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).map(|v| v.trim().to_string());
+                found = blocked.and_then(|v| u64::from_str_radix(&v, 16).ok());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let blocked = found.expect("the CM thread and its blocked-signal mask");
+    for sig in [libc::SIGALRM, libc::SIGINT, libc::SIGUSR1, libc::SIGURG, libc::SIGCHLD, libc::SIGPIPE] {
+        assert_ne!(blocked & (1 << (sig - 1)), 0, "signal {sig} not blocked: SigBlk {blocked:016x}");
+    }
+}
+
 mod wire {
     use std::ffi::{c_int, c_void};
 
