@@ -358,6 +358,13 @@ impl SimDevice {
         link::tcp::unplug(&*self.shared)
     }
 
+    /// Waits (at most `timeout`) until every frame queued for the process at the other end of the wire is on
+    /// its socket, the link staying plugged in. A process that exits right after posting (a CM's DREP) so
+    /// loses nothing a NIC would have sent. True when nothing was left (or no link is plugged in).
+    pub fn wire_drain(&self, timeout: Duration) -> bool {
+        link::tcp::drain(&*self.shared, timeout)
+    }
+
     /// Listens on the UNIX socket `path` for a QEMU guest NIC (`-netdev stream,server=off,addr.type=unix,
     /// addr.path=PATH`) and plugs the first connection into this device's port: RoCEv2 frames in QEMU's stream
     /// framing, ARP answered for [`SimConfig::ipv4_addrs`]. Returns once listening. Use [`Mode::Threaded`](crate::Mode::Threaded).

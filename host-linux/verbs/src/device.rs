@@ -500,12 +500,15 @@ impl DeviceRegistry {
     /// A forked child gets a list of its own at its first call (see [`fork_generation`](crate::fork_generation)):
     /// the parent's devices run on threads the child does not have.
     pub fn global() -> Result<&'static DeviceRegistry> {
-        /// One process's registry; leaked, so a child never drops (and joins the threads of) its parent's.
-        struct Generation {
-            gen: u64,
-            reg: std::result::Result<DeviceRegistry, String>,
-        }
-        static GLOBAL: AtomicPtr<Generation> = AtomicPtr::new(std::ptr::null_mut());
+        #[cfg(target_os = "linux")]
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
+        #[cfg(target_os = "linux")]
+        AT_EXIT.call_once(|| {
+            // SAFETY: registers a plain function; it only reads the leaked registry.
+            if unsafe { libc::atexit(drain_wires_at_exit) } != 0 {
+                log::warn!("atexit failed: frames queued on a wire at exit may be lost");
+            }
+        });
         let gen = crate::fork::generation();
         let mut cur = GLOBAL.load(Ordering::Acquire);
         loop {
@@ -565,6 +568,49 @@ impl DeviceRegistry {
         let entry = lock(&self.reg).pci.entry(bdf).or_insert_with(|| Entry::new(Source::Pci(bdf))).clone();
         Device { name: bdf.to_string(), entry }
     }
+}
+
+/// One process's registry; leaked, so a child never drops (and joins the threads of) its parent's.
+struct Generation {
+    gen: u64,
+    reg: std::result::Result<DeviceRegistry, String>,
+}
+
+/// The registry of [`DeviceRegistry::global`], null until its first call.
+static GLOBAL: AtomicPtr<Generation> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Waits (at most `timeout` per device) until the frames this process's simulated devices queued for their
+/// wires' far ends are on the sockets. A program that exits right after its last post (qperf's server child
+/// after a CM's DREP went on QP1) would otherwise take them along; a NIC sends what was posted. Nothing is
+/// made: devices of a registry not yet made (or a forked child's parent) are left alone.
+pub fn drain_wires(timeout: std::time::Duration) {
+    // SAFETY: a non-null pointer here came from `Box::into_raw` in `global` and is never freed.
+    let Some(g) = (unsafe { GLOBAL.load(Ordering::Acquire).as_ref() }) else { return };
+    if g.gen != crate::fork::generation_now() {
+        return;
+    }
+    let Ok(reg) = &g.reg else { return };
+    #[cfg(feature = "sim")]
+    {
+        let sims = lock(&reg.reg).sims.clone();
+        for e in sims {
+            if let Source::Sim(dev) = &e.source {
+                dev.wire_drain(timeout);
+            }
+        }
+    }
+    #[cfg(not(feature = "sim"))]
+    let _ = (reg, timeout);
+}
+
+/// How long an exiting process waits for each device's wire ([`drain_wires`]).
+#[cfg(target_os = "linux")]
+const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+#[cfg(target_os = "linux")]
+extern "C" fn drain_wires_at_exit() {
+    // A panic must not unwind into libc's exit.
+    let _ = std::panic::catch_unwind(|| drain_wires(EXIT_DRAIN));
 }
 
 /// The configuration when `MLX5_RS_DEVICES` is unset: one simulated device (with the `sim` feature) and every
