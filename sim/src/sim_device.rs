@@ -358,11 +358,13 @@ impl SimDevice {
         link::tcp::unplug(&*self.shared)
     }
 
-    /// Waits (at most `timeout`) until every frame queued for the process at the other end of the wire is on
-    /// its socket, the link staying plugged in. A process that exits right after posting (a CM's DREP) so
+    /// Waits (at most `timeout` for each step) until the doorbells rung so far have run and every frame queued
+    /// for the process at the other end of the wire is on its socket, the link staying plugged in. A process that exits right after posting (a CM's DREP) so
     /// loses nothing a NIC would have sent. True when nothing was left (or no link is plugged in).
     pub fn wire_drain(&self, timeout: Duration) -> bool {
-        link::tcp::drain(&*self.shared, timeout)
+        // The doorbells rung so far go through the datapath first (in threaded mode the device thread runs them).
+        let settled = self.shared.worker.as_ref().is_none_or(|w| w.settle(timeout));
+        settled && link::tcp::drain(&*self.shared, timeout)
     }
 
     /// Listens on the UNIX socket `path` for a QEMU guest NIC (`-netdev stream,server=off,addr.type=unix,

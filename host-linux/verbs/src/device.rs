@@ -945,6 +945,72 @@ mod wire_spec_tests {
         DeviceRegistry::new(&[parse(spec)], "/nonexistent")
     }
 
+    /// What the process run by [`frames_queued_on_a_wire_at_exit_reach_the_far_end`] does when
+    /// `MLX5_RS_EXIT_SENDS` names the far end (`LID:QPN`): opens the process's device (`MLX5_RS_DEVICES`),
+    /// posts [`EXIT_SENDS`] datagrams of 1 KiB to it and exits at once, before any has completed.
+    fn send_then_exit(to: &str) -> ! {
+        use crate::{wr, Access, AhAttr, QpCap, QpType};
+        let (lid, qpn) = to.split_once(':').expect("LID:QPN");
+        let (lid, qpn): (u16, u32) = (lid.parse().unwrap(), qpn.parse().unwrap());
+        let ctx = DeviceRegistry::global().unwrap().devices().remove(0).open().unwrap();
+        let cap =
+            QpCap { max_send_wr: EXIT_SENDS, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(2 * EXIT_SENDS).unwrap());
+        let mut buf = ctx.alloc_buffer(1024).unwrap();
+        let mr = pd.register(&mut buf, Access::LOCAL_WRITE).unwrap();
+        let qp = pd.create_qp(QpType::Ud, &cq, &cq, cap).unwrap().activate_ud(EXIT_QKEY).unwrap();
+        let ah = pd.create_ah(&AhAttr { dlid: lid, port_num: 1, ..AhAttr::default() }).unwrap();
+        let sge = [mr.sge(0, 1024)];
+        for i in 0..EXIT_SENDS {
+            qp.post_send(&[wr::ud_send(u64::from(i), &sge, ah.dest(qpn, EXIT_QKEY))]).unwrap();
+        }
+        std::process::exit(0)
+    }
+
+    const EXIT_SENDS: u32 = 64;
+    const EXIT_QKEY: u32 = 0x1111_1111;
+
+    /// A process that exits right after posting (qperf's server child, whose CM had just posted a DREP) lost
+    /// what its wire had not written yet: a NIC sends what was posted. At exit the library now waits for the
+    /// wire to take it. The sending process is this test binary again, run for this test with
+    /// `MLX5_RS_EXIT_SENDS` set.
+    #[test]
+    fn frames_queued_on_a_wire_at_exit_reach_the_far_end() {
+        use crate::{wr, Access, QpCap, QpType, WorkCompletion};
+        if let Ok(to) = std::env::var("MLX5_RS_EXIT_SENDS") {
+            send_then_exit(&to);
+        }
+        let a = registry("sim:link=ib:wire=listen:127.0.0.1:0");
+        let da = a.devices().remove(0);
+        let ctx = da.open().unwrap();
+        let at = da.wire_addr().expect("listening after the open");
+        let n = EXIT_SENDS;
+        let cap = QpCap { max_send_wr: 1, max_recv_wr: n, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(2 * n).unwrap());
+        // Room for each datagram and its GRH slot.
+        let slot = 1024 + 40;
+        let mut buf = ctx.alloc_buffer(slot * n as usize).unwrap();
+        let mr = pd.register(&mut buf, Access::LOCAL_WRITE).unwrap();
+        let qp = pd.create_qp(QpType::Ud, &cq, &cq, cap).unwrap().activate_ud(EXIT_QKEY).unwrap();
+        for i in 0..n {
+            qp.post_recv(&[wr::recv(u64::from(i), &[mr.sge(i as usize * slot, slot as u32)])]).unwrap();
+        }
+        let me = ctx.remote_qp(&qp).unwrap();
+        let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+        let this_test = format!("{module}::frames_queued_on_a_wire_at_exit_reach_the_far_end");
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &this_test, "--test-threads=1"])
+            .env("MLX5_RS_DEVICES", format!("sim:link=ib:host=1:wire=connect:{at}"))
+            .env("MLX5_RS_EXIT_SENDS", format!("{}:{}", me.lid, me.qpn))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "the sender: {}", String::from_utf8_lossy(&out.stderr));
+        let mut wc = vec![WorkCompletion::default(); n as usize];
+        let got = cq.poll_until(&mut wc, n as usize, Duration::from_secs(10)).unwrap();
+        assert_eq!(got, n as usize, "datagrams that reached this end of the {n} posted before the sender's exit");
+        assert!(wc.iter().all(|w| w.status == crate::WcStatus::Success), "{wc:?}");
+    }
+
     /// Issue 29: both ends of a wire were host 0 unless one said `host=1`, and the connecting open failed.
     #[test]
     fn the_two_ends_of_a_wire_are_different_hosts_without_host() {
