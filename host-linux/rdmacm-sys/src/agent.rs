@@ -61,6 +61,15 @@ extern "C" {
     fn mlx5_rs_create_gsi_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
 }
 
+/// The path's packet life time Linux's rdma_cm gives a RoCE route (`CMA_IBOE_PACKET_LIFETIME`, 4.096 µs·2^16).
+pub(crate) const PACKET_LIFE_TIME: u8 = 16;
+/// A connected QP's local ACK timeout: the path's packet life time + 1 (Linux's `cm_init_av_by_path`), about
+/// half a second, so a busy machine's simulated wire does not use up qperf's retries as 67 ms (14) did.
+pub(crate) const ACK_TIMEOUT: u8 = PACKET_LIFE_TIME + 1;
+/// The REQ's primary local ACK timeout: Linux's `cm_ack_timeout` of the packet life time and a ConnectX's CA ACK
+/// delay (16).
+const REQ_LOCAL_ACK_TIMEOUT: u8 = 18;
+
 /// `ibv_access_flags` bits a connected QP is given.
 pub(crate) mod access {
     pub const REMOTE_WRITE: u32 = 1 << 1;
@@ -378,7 +387,7 @@ impl Cm {
                 hop_limit: if dev.ib { 0 } else { 64 },
                 sl: 0,
                 subnet_local: true,
-                local_ack_timeout: 14,
+                local_ack_timeout: REQ_LOCAL_ACK_TIMEOUT,
             };
             let req = Req {
                 local_comm_id: 0,
@@ -883,7 +892,7 @@ pub(crate) fn fill_path(st: &mut IdState, dev: &Dev) {
     p.mtu = dev.active_mtu as u8;
     p.mtu_selector = 2; // exactly
     p.rate = 2;
-    p.packet_life_time = 14;
+    p.packet_life_time = PACKET_LIFE_TIME;
 }
 
 /// Moves an RC QP to INIT on the ID's port (what `rdma_create_qp` leaves it in).
@@ -969,7 +978,7 @@ pub(crate) unsafe fn rc_rtr_rts(
     check(unsafe { ibv_modify_qp(qp, &mut a, m) })?;
     a.qp_state = qps::RTS;
     a.sq_psn = st.remote_psn;
-    a.timeout = 14;
+    a.timeout = ACK_TIMEOUT;
     a.retry_cnt = retry.min(7);
     a.rnr_retry = rnr_retry.min(7);
     a.max_rd_atomic = initiator_depth.clamp(1, 16);

@@ -568,7 +568,7 @@ pub unsafe extern "C" fn rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_q
                 a.sq_psn = if ud { 0 } else { st.remote_psn };
                 *m = k::STATE | k::SQ_PSN;
                 if !ud {
-                    a.timeout = 14;
+                    a.timeout = agent::ACK_TIMEOUT;
                     a.retry_cnt = 7;
                     a.rnr_retry = 7;
                     a.max_rd_atomic = 1;

@@ -374,8 +374,8 @@ fn a_flood_of_reqs_past_the_pending_limit_is_rejected_and_destroyed_ids_leave_no
 
 /// One RC connection on the port with a QP on each ID (made by `rdma_create_qp`): the client connects with
 /// `init` as its initiator depth and responder resources, the server accepts with the same. Returns each QP's
-/// state, access flags and read/atomic depths once both sides saw ESTABLISHED.
-fn connected_qp_attrs(port: u16, init: u8) -> [(c_int, u32, u8, u8); 2] {
+/// state, access flags, read/atomic depths and local ACK timeout once both sides saw ESTABLISHED.
+fn connected_qp_attrs(port: u16, init: u8) -> [(c_int, u32, u8, u8, u8); 2] {
     let (sch, cch) = (rdma_create_event_channel(), rdma_create_event_channel());
     let listen = new_id(sch, ps::TCP);
     let mut at = sin(OWN, port);
@@ -427,11 +427,12 @@ fn connected_qp_attrs(port: u16, init: u8) -> [(c_int, u32, u8, u8); 2] {
         unsafe {
             let (mut a, mut i) = (std::mem::zeroed::<ibv_qp_attr>(), std::mem::zeroed::<ibv_qp_init_attr>());
             let m = crate::agent::mask::STATE
+                | crate::agent::mask::TIMEOUT
                 | crate::agent::mask::ACCESS_FLAGS
                 | crate::agent::mask::MAX_QP_RD_ATOMIC
                 | crate::agent::mask::MAX_DEST_RD_ATOMIC;
             assert_eq!(wire::ibv_query_qp((*id).qp, &mut a, m, &mut i), 0);
-            (a.qp_state, a.qp_access_flags, a.max_rd_atomic, a.max_dest_rd_atomic)
+            (a.qp_state, a.qp_access_flags, a.max_rd_atomic, a.max_dest_rd_atomic, a.timeout)
         }
     };
     let got = [query(client), query(child)];
@@ -460,9 +461,10 @@ fn a_connected_qp_with_responder_resources_takes_remote_reads_and_atomics() {
     use crate::agent::access::{REMOTE_ATOMIC as ATOMIC, REMOTE_READ as READ, REMOTE_WRITE as WRITE};
     let rts = crate::agent::qps::RTS;
     // Both sides offer one read or atomic each way.
+    // The ACK timeout is Linux's for a RoCE route: packet life time 16, plus 1 (about 0.5 s).
     let [c, s] = connected_qp_attrs(7306, 1);
-    assert_eq!(c, (rts, WRITE | READ | ATOMIC, 1, 1), "client");
-    assert_eq!(s, (rts, WRITE | READ | ATOMIC, 1, 1), "server");
+    assert_eq!(c, (rts, WRITE | READ | ATOMIC, 1, 1, 17), "client");
+    assert_eq!(s, (rts, WRITE | READ | ATOMIC, 1, 1, 17), "server");
     // An initiator depth of 0 on the server's REP leaves the client without responder resources: it takes
     // remote writes only.
     let [c, s] = connected_qp_attrs(7307, 0);
