@@ -359,12 +359,15 @@ impl SimDevice {
     }
 
     /// Waits (at most `timeout` for each step) until the doorbells rung so far have run and every frame queued
-    /// for the process at the other end of the wire is on its socket, the link staying plugged in. A process that exits right after posting (a CM's DREP) so
+    /// for the process at the other end of the wire (or the VDE fabric) is on its socket, the link staying
+    /// plugged in. A process that exits right after posting (a CM's DREP) so
     /// loses nothing a NIC would have sent. True when nothing was left (or no link is plugged in).
     pub fn wire_drain(&self, timeout: Duration) -> bool {
         // The doorbells rung so far go through the datapath first (in threaded mode the device thread runs them).
         let settled = self.shared.worker.as_ref().is_none_or(|w| w.settle(timeout));
-        settled && link::tcp::drain(&*self.shared, timeout)
+        // A VDE fabric's frames likewise.
+        let vde = lock(&self.shared).wire.vde_link();
+        settled && link::tcp::drain(&*self.shared, timeout) && vde.is_none_or(|l| l.drain(timeout))
     }
 
     /// Listens on the UNIX socket `path` for a QEMU guest NIC (`-netdev stream,server=off,addr.type=unix,
