@@ -358,6 +358,18 @@ impl SimDevice {
         link::tcp::unplug(&*self.shared)
     }
 
+    /// Waits (at most `timeout` for each step) until the doorbells rung so far have run and every frame queued
+    /// for the process at the other end of the wire (or the VDE fabric) is on its socket, the link staying
+    /// plugged in. A process that exits right after posting (a CM's DREP) so
+    /// loses nothing a NIC would have sent. True when nothing was left (or no link is plugged in).
+    pub fn wire_drain(&self, timeout: Duration) -> bool {
+        // The doorbells rung so far go through the datapath first (in threaded mode the device thread runs them).
+        let settled = self.shared.worker.as_ref().is_none_or(|w| w.settle(timeout));
+        // A VDE fabric's frames likewise.
+        let vde = lock(&self.shared).wire.vde_link();
+        settled && link::tcp::drain(&*self.shared, timeout) && vde.is_none_or(|l| l.drain(timeout))
+    }
+
     /// Listens on the UNIX socket `path` for a QEMU guest NIC (`-netdev stream,server=off,addr.type=unix,
     /// addr.path=PATH`) and plugs the first connection into this device's port: RoCEv2 frames in QEMU's stream
     /// framing, ARP answered for [`SimConfig::ipv4_addrs`]. Returns once listening. Use [`Mode::Threaded`](crate::Mode::Threaded).

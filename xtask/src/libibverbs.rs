@@ -428,7 +428,8 @@ pub(crate) fn wait_listening(port: u16, limit: Duration) {
     let start = Instant::now();
     let needle = format!(":{port:04X} ");
     while start.elapsed() < limit {
-        let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        // The calling thread's namespace (a thread of `private_net` has its own).
+        let listening = ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"].iter().any(|f| {
             std::fs::read_to_string(f).is_ok_and(|t| {
                 // local_address rem_address st: LISTEN is 0A.
                 t.lines().any(|l| {
@@ -712,7 +713,7 @@ pub const PARTS: &[(&str, Part)] = &[
     ("python", |a| python_suite(&a.p, &a.lib)),
     ("abi", |a| abi_test(a.root, &a.lib)),
     ("crate", |a| ibverbs_crate(a.root, &a.lib)),
-    ("qperf", |a| qperf(&peers(&a.lib)?)),
+    ("qperf", |a| qperf(a, &peers(&a.lib)?)),
     ("ucx", |a| ucx(&peers(&a.lib)?)),
     ("rdmacm", rdmacm::rdmacm_part),
     ("mpi", |a| mpi::run(&a.lib)),
@@ -881,15 +882,32 @@ const QPERF_TESTS: &[&str] = &[
     "ver_rc_fetch_add",
 ];
 
+/// How a qperf client reaches its server: the library path, the server's name and qperf's own options.
+struct QperfWay<'a> {
+    /// `LD_LIBRARY_PATH`: the drop-in libibverbs (and for `-cm1` the drop-in librdmacm) first.
+    path: &'a str,
+    /// The name the client gives qperf: its control connection and, with `-cm1`, rdma_cm's address.
+    server: &'a str,
+    /// Options before the tests (`-cm1`).
+    opts: &'a [&'a str],
+}
+
 /// A qperf server and one client run of `tests`, each process with its own simulated device, joined by the
 /// simulated wire. qperf's server forks a child per test, which opens the device (and the wire's listener)
 /// while the client opens its own: the connecting end waits for the listener. Returns the client's output.
-fn qperf_run(p: &Peers, link: &str, port: u16, secs: &str, tests: &[&str]) -> Result<(Output, Output), String> {
+fn qperf_run(
+    p: &Peers,
+    way: &QperfWay<'_>,
+    link: &str,
+    port: u16,
+    secs: &str,
+    tests: &[&str],
+) -> Result<(Output, Output), String> {
     let wire = port + 100;
     let port_s = port.to_string();
     let qperf = p.bin.join("qperf");
     let mut server = Command::new(&qperf);
-    on_dropin(&mut server, &p.path, &format!("sim{link}:wire=listen:127.0.0.1:{wire}"));
+    on_dropin(&mut server, way.path, &format!("sim{link}:wire=listen:127.0.0.1:{wire}"));
     let server = server
         .args(["-lp", &port_s])
         .stdout(Stdio::piped())
@@ -898,9 +916,10 @@ fn qperf_run(p: &Peers, link: &str, port: u16, secs: &str, tests: &[&str]) -> Re
         .map_err(|e| format!("qperf: {e}"))?;
     wait_listening(port, Duration::from_secs(30));
     let mut client = Command::new(&qperf);
-    on_dropin(&mut client, &p.path, &format!("sim{link}:host=1:wire=connect:127.0.0.1:{wire}"));
+    on_dropin(&mut client, way.path, &format!("sim{link}:host=1:wire=connect:127.0.0.1:{wire}"));
     let client = client
-        .args(["-lp", &port_s, "127.0.0.1", "-t", secs])
+        .args(["-lp", &port_s, way.server, "-t", secs])
+        .args(way.opts)
         .args(tests)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -937,25 +956,26 @@ fn qperf_figures(out: &str, test: &str) -> Result<Vec<(String, String)>, String>
     Ok(figures)
 }
 
-/// Debian's qperf, unmodified, between two processes on the simulated wire: every RC, UC and UD test on
-/// InfiniBand, each printing positive figures (and the verifying atomics tests their values). One client run
-/// per test: a client's close destroys what qperf left (its PD, freed before its MR) and unplugs its wire, and its
-/// next open connects afresh, but that open can still reach the previous server child while it exits. On RoCE qperf addresses by LID without a GRH unless it
-/// uses the kernel's RDMA CM (`-cm1`, which this library cannot offer), so a ConnectX refuses its QPs and
-/// address handles with EINVAL (mlx5_ib's `mlx5_set_path`, rdma-core's `mlx5_create_ah`); the RoCE runs check
-/// that answer.
-fn qperf(p: &Peers) -> Result<(), String> {
+/// Debian's qperf, unmodified, between two processes on the simulated wire, one client run per test (a client's
+/// close destroys what qperf left, its PD freed before its MR, and unplugs its wire; its next open connects afresh,
+/// but that open can still reach the previous server child while it exits).
+///
+/// InfiniBand: every RC, UC and UD test, each printing positive figures (the verifying atomics check their values).
+///
+/// RoCE: qperf 0.4.11 addresses its peer by LID without a GRH unless it connects with rdma_cm (`-cm1`), and it
+/// takes rdma_cm for RC tests only (`rd_params` clears `use_cm` for UC and UD and warns "-cm1 set but not used";
+/// it has no option for a GID). So its RC tests run with `-cm1` through the drop-in librdmacm as well, and its UC
+/// and UD tests are refused with EINVAL as a ConnectX refuses them (mlx5_ib's `mlx5_set_path`, rdma-core's
+/// `mlx5_create_ah`), which the part checks. With `-cm1` qperf hands rdma_cm the name of its control connection,
+/// so the server's name must be both a TCP address and the server's RoCE address (192.168.1.10): the RoCE runs
+/// happen in a private network namespace whose loopback holds the simulated hosts' addresses.
+fn qperf(a: &Apps<'_>, p: &Peers) -> Result<(), String> {
+    let ib = QperfWay { path: &p.path, server: "127.0.0.1", opts: &[] };
     let start = Instant::now();
     let mut shown = Vec::new();
     for (i, t) in QPERF_TESTS.iter().enumerate() {
-        let (c, s) = qperf_run(p, ":link=ib", 18950 + i as u16, "1", &[t])?;
-        let text = String::from_utf8_lossy(&c.stdout).into_owned();
-        let errs = format!("{}{}", String::from_utf8_lossy(&c.stderr), String::from_utf8_lossy(&s.stderr));
-        if !c.status.success() || !errs.trim().is_empty() {
-            return Err(format!("qperf {t} (InfiniBand) failed ({}):\n{text}\nstderr:\n{errs}", c.status));
-        }
-        let f = qperf_figures(&text, t)?;
-        shown.push(format!("{t} {} {}", f[0].0, f[0].1));
+        let (c, s) = qperf_run(p, &ib, ":link=ib", 18950 + i as u16, "1", &[t])?;
+        shown.push(qperf_checked(&c, &s, t, "InfiniBand")?);
     }
     println!(
         "qperf, {} tests over the simulated InfiniBand wire: ok ({:.1} s)\n  {}",
@@ -963,22 +983,103 @@ fn qperf(p: &Peers) -> Result<(), String> {
         start.elapsed().as_secs_f64(),
         shown.join(", ")
     );
-    // RoCE: refused as on hardware, in the program's own words.
-    for (i, (test, refusal)) in
-        [("rc_lat", "failed to modify QP to RTR"), ("ud_lat", "failed to create address handle")].iter().enumerate()
-    {
-        let (c, s) = qperf_run(p, "", 18980 + i as u16, "1", &[test])?;
+    let cm = rdmacm::build(a.root, a.release, &a.lib)?;
+    let path = format!("{}:{}", cm.display(), p.path);
+    // rdma_cm's service IDs, MADs and the namespace's ports are private to the thread's namespace.
+    std::thread::scope(|s| s.spawn(|| qperf_roce(p, &path)).join()).map_err(|_| "qperf RoCE thread panicked")?
+}
+
+/// qperf's RC tests with `-cm1` over RoCE, then the UC and UD tests' refusal, in a network namespace of this
+/// thread (and the processes it starts) whose loopback has the simulated hosts' addresses.
+fn qperf_roce(p: &Peers, path: &str) -> Result<(), String> {
+    private_net(&[SIM_HOST_IPS[0], SIM_HOST_IPS[1]])?;
+    let cm = QperfWay { path, server: SIM_HOST_IPS[0], opts: &["-cm1"] };
+    let start = Instant::now();
+    let mut shown = Vec::new();
+    let rc: Vec<&str> =
+        QPERF_TESTS.iter().copied().filter(|t| !t.starts_with("uc_") && !t.starts_with("ud_")).collect();
+    for (i, t) in rc.iter().enumerate() {
+        let (c, s) = qperf_run(p, &cm, "", 19000 + i as u16, "1", &[t])?;
+        shown.push(qperf_checked(&c, &s, t, "RoCE, -cm1")?);
+    }
+    println!(
+        "qperf -cm1, {} RC tests over the simulated RoCE wire (drop-in librdmacm): ok ({:.1} s)\n  {}",
+        rc.len(),
+        start.elapsed().as_secs_f64(),
+        shown.join(", ")
+    );
+    // UC and UD: refused as on hardware, in the program's own words; with -cm1 qperf says it did not use it.
+    let lid = QperfWay { path, server: SIM_HOST_IPS[0], opts: &[] };
+    let runs = [
+        ("rc_lat", &lid, "failed to modify QP to RTR"),
+        ("ud_lat", &lid, "failed to create address handle"),
+        ("uc_lat", &cm, "failed to modify QP to RTR"),
+        ("ud_lat", &cm, "failed to create address handle"),
+    ];
+    for (i, (test, way, refusal)) in runs.iter().enumerate() {
+        let (c, s) = qperf_run(p, way, "", 19050 + i as u16, "1", &[test])?;
         let all = format!(
             "{}{}{}",
             String::from_utf8_lossy(&c.stdout),
             String::from_utf8_lossy(&c.stderr),
             String::from_utf8_lossy(&s.stderr)
         );
-        if c.status.success() || !all.contains(refusal) {
-            return Err(format!("qperf {test} on RoCE: expected {refusal:?} (no GRH), got ({}):\n{all}", c.status));
+        let unused = format!("-cm1 set but not used in test {test}");
+        let cm_said = way.opts.is_empty() || all.contains(&unused);
+        if c.status.success() || !all.contains(refusal) || !cm_said {
+            return Err(format!(
+                "qperf {test} {} on RoCE: expected {refusal:?} (no GRH){}, got ({}):\n{all}",
+                way.opts.join(" "),
+                if way.opts.is_empty() { String::new() } else { format!(" after {unused:?}") },
+                c.status
+            ));
         }
     }
-    println!("qperf on RoCE: LID-only QPs and address handles refused with EINVAL, as a ConnectX refuses them: ok");
+    println!(
+        "qperf on RoCE: LID-only RC, UC and UD (qperf takes -cm1 for RC only) refused with EINVAL, as a ConnectX \
+         refuses them: ok"
+    );
+    Ok(())
+}
+
+/// A client's run of one test: it and the server succeeded with nothing on stderr; the test's first figure.
+fn qperf_checked(c: &Output, s: &Output, t: &str, how: &str) -> Result<String, String> {
+    let text = String::from_utf8_lossy(&c.stdout).into_owned();
+    let errs = format!("{}{}", String::from_utf8_lossy(&c.stderr), String::from_utf8_lossy(&s.stderr));
+    if !c.status.success() || !errs.trim().is_empty() {
+        return Err(format!("qperf {t} ({how}) failed ({}):\n{text}\nstderr:\n{errs}", c.status));
+    }
+    let f = qperf_figures(&text, t)?;
+    Ok(format!("{t} {} {}", f[0].0, f[0].1))
+}
+
+/// The simulated hosts' IPv4 addresses (`SimConfig::next_host`: host 0, host 1), which the drop-in librdmacm
+/// resolves to their ports.
+const SIM_HOST_IPS: [&str; 2] = ["192.168.1.10", "192.168.1.11"];
+
+/// Moves the calling thread into a new network namespace (the processes it starts follow) with its loopback up
+/// and holding `addrs`, so a program's TCP connection to a simulated host's address stays in the namespace.
+/// Needs root (`CAP_SYS_ADMIN`); `ip` comes from iproute2, installed when missing.
+fn private_net(addrs: &[&str]) -> Result<(), String> {
+    extern "C" {
+        fn unshare(flags: std::ffi::c_int) -> std::ffi::c_int;
+    }
+    const CLONE_NEWNET: std::ffi::c_int = 0x4000_0000;
+    if !crate::vfio_test::have("ip") {
+        crate::vfio_test::apt_install(&["iproute2"])?;
+    }
+    // SAFETY: unshare takes flags only; CLONE_NEWNET affects the calling thread alone (allowed in a threaded
+    // process), and this thread serves nothing else.
+    if unsafe { unshare(CLONE_NEWNET) } != 0 {
+        return Err(format!(
+            "qperf over RoCE needs root: a network namespace (unshare CLONE_NEWNET: {})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    run(Command::new("ip").args(["link", "set", "lo", "up"]))?;
+    for a in addrs {
+        run(Command::new("ip").args(["addr", "add", &format!("{a}/32"), "dev", "lo"]))?;
+    }
     Ok(())
 }
 

@@ -61,6 +61,32 @@ extern "C" {
     fn mlx5_rs_create_gsi_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
 }
 
+/// The path's packet life time Linux's rdma_cm gives a RoCE route (`CMA_IBOE_PACKET_LIFETIME`, 4.096 µs·2^16).
+pub(crate) const PACKET_LIFE_TIME: u8 = 16;
+/// A connected QP's local ACK timeout: the path's packet life time + 1 (Linux's `cm_init_av_by_path`), about
+/// half a second, so a busy machine's simulated wire does not use up qperf's retries as 67 ms (14) did.
+pub(crate) const ACK_TIMEOUT: u8 = PACKET_LIFE_TIME + 1;
+/// The REQ's primary local ACK timeout: Linux's `cm_ack_timeout` of the packet life time and a ConnectX's CA ACK
+/// delay (16).
+const REQ_LOCAL_ACK_TIMEOUT: u8 = 18;
+
+/// `ibv_access_flags` bits a connected QP is given.
+pub(crate) mod access {
+    pub const REMOTE_WRITE: u32 = 1 << 1;
+    pub const REMOTE_READ: u32 = 1 << 2;
+    pub const REMOTE_ATOMIC: u32 = 1 << 3;
+
+    /// What Linux's CM lets the peer do on a connected QP (`cm_init_qp_init_attr`): writes, and reads and
+    /// atomics only when the QP has responder resources for them.
+    pub fn conn(responder_resources: u8) -> u32 {
+        if responder_resources == 0 {
+            REMOTE_WRITE
+        } else {
+            REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC
+        }
+    }
+}
+
 /// `ibv_qp_attr_mask` bits.
 pub(crate) mod mask {
     pub const STATE: i32 = 1;
@@ -249,15 +275,32 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Blocks every signal on the calling thread; returns the mask it had.
+fn block_all_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; both sets are filled by sigfillset / pthread_sigmask before use.
+    unsafe {
+        let (mut all, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        old
+    }
+}
+
 /// The connection manager, its devices opened and its thread started on first use.
 pub(crate) fn cm() -> MutexGuard<'static, Cm> {
     let m = CM.get_or_init(|| {
         let cm = Cm { devs: open_devices(), ids: HashMap::new(), start: Instant::now(), next_port: 0 };
+        // The thread starts with every signal blocked (it inherits the mask), so a program's signal reaches a
+        // program thread as with rdma-core's librdmacm, which has no thread: qperf's SIGALRM must interrupt
+        // its ibv_get_cq_event, not run its handler here.
+        let old = block_all_signals();
         std::thread::Builder::new()
             .name("rdmacm-agent".into())
             .spawn(agent)
             .map_err(|e| log::error!("the CM thread did not start: {e}"))
             .ok();
+        // SAFETY: `old` is the mask pthread_sigmask returned.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, ptr::null_mut()) };
         Mutex::new(cm)
     });
     lock(m)
@@ -344,7 +387,7 @@ impl Cm {
                 hop_limit: if dev.ib { 0 } else { 64 },
                 sl: 0,
                 subnet_local: true,
-                local_ack_timeout: 14,
+                local_ack_timeout: REQ_LOCAL_ACK_TIMEOUT,
             };
             let req = Req {
                 local_comm_id: 0,
@@ -849,7 +892,7 @@ pub(crate) fn fill_path(st: &mut IdState, dev: &Dev) {
     p.mtu = dev.active_mtu as u8;
     p.mtu_selector = 2; // exactly
     p.rate = 2;
-    p.packet_life_time = 14;
+    p.packet_life_time = PACKET_LIFE_TIME;
 }
 
 /// Moves an RC QP to INIT on the ID's port (what `rdma_create_qp` leaves it in).
@@ -867,7 +910,8 @@ pub(crate) unsafe fn qp_init(qp: *mut ibv_qp, ud: bool) -> Result<(), c_int> {
         a.qkey = RDMA_UDP_QKEY;
         m |= mask::QKEY;
     } else {
-        a.qp_access_flags = 2 | 4; // IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+        // The rights of a connection with responder resources; `rc_rtr_rts` sets the connection's own.
+        a.qp_access_flags = access::conn(1);
         m |= mask::ACCESS_FLAGS;
     }
     // SAFETY: the caller's live QP.
@@ -907,6 +951,12 @@ pub(crate) unsafe fn rc_rtr_rts(
 ) -> Result<(), c_int> {
     // SAFETY: every field of ibv_qp_attr is a number.
     let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    // INIT→INIT first, as librdmacm does before RTR, with the rights Linux's CM gives a connected QP
+    // (`cm_init_qp_init_attr`): remote writes, and reads and atomics when it has responder resources.
+    a.qp_state = qps::INIT;
+    a.qp_access_flags = access::conn(responder_resources);
+    // SAFETY: the caller's live QP.
+    check(unsafe { ibv_modify_qp(qp, &mut a, mask::STATE | mask::ACCESS_FLAGS) })?;
     a.qp_state = qps::RTR;
     a.ah_attr = st.peer.ok_or(libc::EINVAL)?;
     let mtu = if st.remote_mtu == 0 { dev.active_mtu } else { dev.active_mtu.min(c_int::from(st.remote_mtu)) };
@@ -928,7 +978,7 @@ pub(crate) unsafe fn rc_rtr_rts(
     check(unsafe { ibv_modify_qp(qp, &mut a, m) })?;
     a.qp_state = qps::RTS;
     a.sq_psn = st.remote_psn;
-    a.timeout = 14;
+    a.timeout = ACK_TIMEOUT;
     a.retry_cnt = retry.min(7);
     a.rnr_retry = rnr_retry.min(7);
     a.max_rd_atomic = initiator_depth.clamp(1, 16);

@@ -544,7 +544,8 @@ pub unsafe extern "C" fn rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_q
                     a.qkey = RDMA_UDP_QKEY;
                     *m |= k::QKEY;
                 } else {
-                    a.qp_access_flags = 2 | 4;
+                    // A connection with responder resources (the usual case): writes, reads and atomics.
+                    a.qp_access_flags = agent::access::conn(1);
                     *m |= k::ACCESS_FLAGS;
                 }
             }
@@ -567,7 +568,7 @@ pub unsafe extern "C" fn rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_q
                 a.sq_psn = if ud { 0 } else { st.remote_psn };
                 *m = k::STATE | k::SQ_PSN;
                 if !ud {
-                    a.timeout = 14;
+                    a.timeout = agent::ACK_TIMEOUT;
                     a.retry_cnt = 7;
                     a.rnr_retry = 7;
                     a.max_rd_atomic = 1;

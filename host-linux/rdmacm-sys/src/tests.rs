@@ -372,6 +372,132 @@ fn a_flood_of_reqs_past_the_pending_limit_is_rejected_and_destroyed_ids_leave_no
     }
 }
 
+/// One RC connection on the port with a QP on each ID (made by `rdma_create_qp`): the client connects with
+/// `init` as its initiator depth and responder resources, the server accepts with the same. Returns each QP's
+/// state, access flags, read/atomic depths and local ACK timeout once both sides saw ESTABLISHED.
+fn connected_qp_attrs(port: u16, init: u8) -> [(c_int, u32, u8, u8, u8); 2] {
+    let (sch, cch) = (rdma_create_event_channel(), rdma_create_event_channel());
+    let listen = new_id(sch, ps::TCP);
+    let mut at = sin(OWN, port);
+    // SAFETY: live IDs and addresses; each step's event taken before the next.
+    unsafe {
+        assert_eq!(rdma_bind_addr(listen, sa(&mut at)), 0);
+        assert_eq!(rdma_listen(listen, 8), 0);
+    }
+    let client = new_id(cch, ps::TCP);
+    let qp_attr = || {
+        // SAFETY: all-zero is a valid init attribute (rdma_create_qp makes the CQs).
+        let mut a: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        a.qp_type = 2; // IBV_QPT_RC
+        a.cap.max_send_wr = 4;
+        a.cap.max_recv_wr = 4;
+        a.cap.max_send_sge = 1;
+        a.cap.max_recv_sge = 1;
+        a
+    };
+    let param = || {
+        // SAFETY: all-zero is a valid parameter block.
+        let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+        p.responder_resources = 1;
+        p.initiator_depth = init;
+        p.retry_count = 7;
+        p.rnr_retry_count = 7;
+        p
+    };
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(rdma_resolve_addr(client, ptr::null_mut(), sa(&mut at), 2000), 0);
+        assert_eq!(next_event(cch, Duration::from_secs(5)).map(|e| e.0), Some(event::ADDR_RESOLVED));
+        assert_eq!(rdma_resolve_route(client, 2000), 0);
+        assert_eq!(next_event(cch, Duration::from_secs(5)).map(|e| e.0), Some(event::ROUTE_RESOLVED));
+        assert_eq!(rdma_create_qp(client, ptr::null_mut(), &mut qp_attr()), 0, "{}", errno());
+        assert_eq!(rdma_connect(client, &mut param()), 0, "{}", errno());
+    }
+    let (ev, _, child) = next_event(sch, Duration::from_secs(10)).expect("a connect request");
+    assert_eq!(ev, event::CONNECT_REQUEST);
+    // SAFETY: the new ID.
+    unsafe {
+        assert_eq!(rdma_create_qp(child, ptr::null_mut(), &mut qp_attr()), 0, "{}", errno());
+        assert_eq!(rdma_accept(child, &mut param()), 0, "{}", errno());
+    }
+    assert_eq!(next_event(cch, Duration::from_secs(10)).map(|e| e.0), Some(event::ESTABLISHED));
+    assert_eq!(next_event(sch, Duration::from_secs(10)).map(|e| e.0), Some(event::ESTABLISHED));
+    let query = |id: *mut rdma_cm_id| {
+        // SAFETY: zeroed out structures; the ID's live QP.
+        unsafe {
+            let (mut a, mut i) = (std::mem::zeroed::<ibv_qp_attr>(), std::mem::zeroed::<ibv_qp_init_attr>());
+            let m = crate::agent::mask::STATE
+                | crate::agent::mask::TIMEOUT
+                | crate::agent::mask::ACCESS_FLAGS
+                | crate::agent::mask::MAX_QP_RD_ATOMIC
+                | crate::agent::mask::MAX_DEST_RD_ATOMIC;
+            assert_eq!(wire::ibv_query_qp((*id).qp, &mut a, m, &mut i), 0);
+            (a.qp_state, a.qp_access_flags, a.max_rd_atomic, a.max_dest_rd_atomic, a.timeout)
+        }
+    };
+    let got = [query(client), query(child)];
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(rdma_disconnect(client), 0);
+        assert_eq!(next_event(sch, Duration::from_secs(10)).map(|e| e.0), Some(event::DISCONNECTED));
+        assert_eq!(next_event(cch, Duration::from_secs(10)).map(|e| e.0), Some(event::DISCONNECTED));
+        for id in [child, client] {
+            rdma_destroy_qp(id);
+            rdma_destroy_id(id);
+        }
+        rdma_destroy_id(listen);
+        rdma_destroy_event_channel(sch);
+        rdma_destroy_event_channel(cch);
+    }
+    got
+}
+
+/// As Linux's CM (`cm_init_qp_init_attr`, applied by librdmacm's INIT→INIT step before RTR): a connected QP
+/// takes remote writes, and remote reads and atomics too when it has responder resources, so a peer's atomics
+/// (qperf's `rc_compare_swap_mr`, `rc_fetch_add_mr`) are not answered with a remote access error.
+#[test]
+fn a_connected_qp_with_responder_resources_takes_remote_reads_and_atomics() {
+    let _one = serial();
+    use crate::agent::access::{REMOTE_ATOMIC as ATOMIC, REMOTE_READ as READ, REMOTE_WRITE as WRITE};
+    let rts = crate::agent::qps::RTS;
+    // Both sides offer one read or atomic each way.
+    // The ACK timeout is Linux's for a RoCE route: packet life time 16, plus 1 (about 0.5 s).
+    let [c, s] = connected_qp_attrs(7306, 1);
+    assert_eq!(c, (rts, WRITE | READ | ATOMIC, 1, 1, 17), "client");
+    assert_eq!(s, (rts, WRITE | READ | ATOMIC, 1, 1, 17), "server");
+    // An initiator depth of 0 on the server's REP leaves the client without responder resources: it takes
+    // remote writes only.
+    let [c, s] = connected_qp_attrs(7307, 0);
+    assert_eq!(c.1, WRITE, "client without responder resources");
+    assert_eq!(s.1, WRITE | READ | ATOMIC, "server");
+}
+
+/// The CM's thread blocks every signal a program may handle, so a program's signal (qperf's SIGALRM ending a
+/// test) interrupts the program's own thread, not runs its handler on ours: librdmacm has no thread.
+#[test]
+fn the_cm_thread_blocks_the_programs_signals() {
+    let _one = serial();
+    drop(crate::agent::cm());
+    // The thread names itself once it runs: look until it has.
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut found = None;
+    while found.is_none() && Instant::now() < end {
+        for t in std::fs::read_dir("/proc/self/task").expect("/proc/self/task").flatten() {
+            let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if name.trim() == "rdmacm-agent" {
+                let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+                let blocked = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).map(|v| v.trim().to_string());
+                found = blocked.and_then(|v| u64::from_str_radix(&v, 16).ok());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let blocked = found.expect("the CM thread and its blocked-signal mask");
+    for sig in [libc::SIGALRM, libc::SIGINT, libc::SIGUSR1, libc::SIGURG, libc::SIGCHLD, libc::SIGPIPE] {
+        assert_ne!(blocked & (1 << (sig - 1)), 0, "signal {sig} not blocked: SigBlk {blocked:016x}");
+    }
+}
+
 mod wire {
     use std::ffi::{c_int, c_void};
 
@@ -383,6 +509,8 @@ mod wire {
         pub fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
         pub fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah;
         pub fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int;
+        pub fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int, init: *mut ibv_qp_init_attr)
+            -> c_int;
     }
 }
 

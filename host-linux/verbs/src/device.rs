@@ -527,12 +527,15 @@ impl DeviceRegistry {
     /// A forked child gets a list of its own at its first call (see [`fork_generation`](crate::fork_generation)):
     /// the parent's devices run on threads the child does not have.
     pub fn global() -> Result<&'static DeviceRegistry> {
-        /// One process's registry; leaked, so a child never drops (and joins the threads of) its parent's.
-        struct Generation {
-            gen: u64,
-            reg: std::result::Result<DeviceRegistry, String>,
-        }
-        static GLOBAL: AtomicPtr<Generation> = AtomicPtr::new(std::ptr::null_mut());
+        #[cfg(target_os = "linux")]
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
+        #[cfg(target_os = "linux")]
+        AT_EXIT.call_once(|| {
+            // SAFETY: registers a plain function; it only reads the leaked registry.
+            if unsafe { libc::atexit(drain_wires_at_exit) } != 0 {
+                log::warn!("atexit failed: frames queued on a wire at exit may be lost");
+            }
+        });
         let gen = crate::fork::generation();
         let mut cur = GLOBAL.load(Ordering::Acquire);
         loop {
@@ -592,6 +595,49 @@ impl DeviceRegistry {
         let entry = lock(&self.reg).pci.entry(bdf).or_insert_with(|| Entry::new(Source::Pci(bdf))).clone();
         Device { name: bdf.to_string(), entry }
     }
+}
+
+/// One process's registry; leaked, so a child never drops (and joins the threads of) its parent's.
+struct Generation {
+    gen: u64,
+    reg: std::result::Result<DeviceRegistry, String>,
+}
+
+/// The registry of [`DeviceRegistry::global`], null until its first call.
+static GLOBAL: AtomicPtr<Generation> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Waits (at most `timeout` per device) until the frames this process's simulated devices queued for their
+/// wires' far ends are on the sockets. A program that exits right after its last post (qperf's server child
+/// after a CM's DREP went on QP1) would otherwise take them along; a NIC sends what was posted. Nothing is
+/// made: devices of a registry not yet made (or a forked child's parent) are left alone.
+pub fn drain_wires(timeout: std::time::Duration) {
+    // SAFETY: a non-null pointer here came from `Box::into_raw` in `global` and is never freed.
+    let Some(g) = (unsafe { GLOBAL.load(Ordering::Acquire).as_ref() }) else { return };
+    if g.gen != crate::fork::generation_now() {
+        return;
+    }
+    let Ok(reg) = &g.reg else { return };
+    #[cfg(feature = "sim")]
+    {
+        let sims = lock(&reg.reg).sims.clone();
+        for e in sims {
+            if let Source::Sim(dev) = &e.source {
+                dev.wire_drain(timeout);
+            }
+        }
+    }
+    #[cfg(not(feature = "sim"))]
+    let _ = (reg, timeout);
+}
+
+/// How long an exiting process waits for each device's wire ([`drain_wires`]).
+#[cfg(target_os = "linux")]
+const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+#[cfg(target_os = "linux")]
+extern "C" fn drain_wires_at_exit() {
+    // A panic must not unwind into libc's exit.
+    let _ = std::panic::catch_unwind(|| drain_wires(EXIT_DRAIN));
 }
 
 /// The configuration when `MLX5_RS_DEVICES` is unset: one simulated device (with the `sim` feature) and every
@@ -952,6 +998,72 @@ mod wire_spec_tests {
     /// A registry of `spec` alone, as one program's `MLX5_RS_DEVICES` makes it (no VFIO scan).
     fn registry(spec: &str) -> DeviceRegistry {
         DeviceRegistry::new(&[parse(spec)], "/nonexistent")
+    }
+
+    /// What the process run by [`frames_queued_on_a_wire_at_exit_reach_the_far_end`] does when
+    /// `MLX5_RS_EXIT_SENDS` names the far end (`LID:QPN`): opens the process's device (`MLX5_RS_DEVICES`),
+    /// posts [`EXIT_SENDS`] datagrams of 1 KiB to it and exits at once, before any has completed.
+    fn send_then_exit(to: &str) -> ! {
+        use crate::{wr, Access, AhAttr, QpCap, QpType};
+        let (lid, qpn) = to.split_once(':').expect("LID:QPN");
+        let (lid, qpn): (u16, u32) = (lid.parse().unwrap(), qpn.parse().unwrap());
+        let ctx = DeviceRegistry::global().unwrap().devices().remove(0).open().unwrap();
+        let cap =
+            QpCap { max_send_wr: EXIT_SENDS, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(2 * EXIT_SENDS).unwrap());
+        let mut buf = ctx.alloc_buffer(1024).unwrap();
+        let mr = pd.register(&mut buf, Access::LOCAL_WRITE).unwrap();
+        let qp = pd.create_qp(QpType::Ud, &cq, &cq, cap).unwrap().activate_ud(EXIT_QKEY).unwrap();
+        let ah = pd.create_ah(&AhAttr { dlid: lid, port_num: 1, ..AhAttr::default() }).unwrap();
+        let sge = [mr.sge(0, 1024)];
+        for i in 0..EXIT_SENDS {
+            qp.post_send(&[wr::ud_send(u64::from(i), &sge, ah.dest(qpn, EXIT_QKEY))]).unwrap();
+        }
+        std::process::exit(0)
+    }
+
+    const EXIT_SENDS: u32 = 64;
+    const EXIT_QKEY: u32 = 0x1111_1111;
+
+    /// A process that exits right after posting (qperf's server child, whose CM had just posted a DREP) lost
+    /// what its wire had not written yet: a NIC sends what was posted. At exit the library now waits for the
+    /// wire to take it. The sending process is this test binary again, run for this test with
+    /// `MLX5_RS_EXIT_SENDS` set.
+    #[test]
+    fn frames_queued_on_a_wire_at_exit_reach_the_far_end() {
+        use crate::{wr, Access, QpCap, QpType, WorkCompletion};
+        if let Ok(to) = std::env::var("MLX5_RS_EXIT_SENDS") {
+            send_then_exit(&to);
+        }
+        let a = registry("sim:link=ib:wire=listen:127.0.0.1:0");
+        let da = a.devices().remove(0);
+        let ctx = da.open().unwrap();
+        let at = da.wire_addr().expect("listening after the open");
+        let n = EXIT_SENDS;
+        let cap = QpCap { max_send_wr: 1, max_recv_wr: n, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(2 * n).unwrap());
+        // Room for each datagram and its GRH slot.
+        let slot = 1024 + 40;
+        let mut buf = ctx.alloc_buffer(slot * n as usize).unwrap();
+        let mr = pd.register(&mut buf, Access::LOCAL_WRITE).unwrap();
+        let qp = pd.create_qp(QpType::Ud, &cq, &cq, cap).unwrap().activate_ud(EXIT_QKEY).unwrap();
+        for i in 0..n {
+            qp.post_recv(&[wr::recv(u64::from(i), &[mr.sge(i as usize * slot, slot as u32)])]).unwrap();
+        }
+        let me = ctx.remote_qp(&qp).unwrap();
+        let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+        let this_test = format!("{module}::frames_queued_on_a_wire_at_exit_reach_the_far_end");
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &this_test, "--test-threads=1"])
+            .env("MLX5_RS_DEVICES", format!("sim:link=ib:host=1:wire=connect:{at}"))
+            .env("MLX5_RS_EXIT_SENDS", format!("{}:{}", me.lid, me.qpn))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "the sender: {}", String::from_utf8_lossy(&out.stderr));
+        let mut wc = vec![WorkCompletion::default(); n as usize];
+        let got = cq.poll_until(&mut wc, n as usize, Duration::from_secs(10)).unwrap();
+        assert_eq!(got, n as usize, "datagrams that reached this end of the {n} posted before the sender's exit");
+        assert!(wc.iter().all(|w| w.status == crate::WcStatus::Success), "{wc:?}");
     }
 
     /// Issue 29: both ends of a wire were host 0 unless one said `host=1`, and the connecting open failed.

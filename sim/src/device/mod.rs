@@ -304,6 +304,7 @@ fn worker(weak: Weak<Shared>) {
         if kick || last_run.elapsed() >= WORKER_TICK {
             after_work = kick;
             std::mem::swap(&mut *w.bells.lock().unwrap_or_else(|e| e.into_inner()), &mut bells);
+            let taken = bells.len() as u64;
             // Order the driver's stores (entry, mailboxes, WQEs) before our reads, as the doorbell write does.
             fence(Ordering::SeqCst);
             let mut later = Vec::new();
@@ -339,6 +340,7 @@ fn worker(weak: Weak<Shared>) {
             }
             // Every run executes the datapath: send doorbells, commands that changed QP states, timers.
             pump::pump(&shared);
+            w.done.fetch_add(taken, Ordering::SeqCst);
             lock(&shared).trim_logs();
             last_run = Instant::now();
             continue;

@@ -1,7 +1,7 @@
 //! The device's state and the hand-off types the device layer's files share: [`Device`] (everything behind the
 //! lock), [`Shared`] (the lock and the hand-off to the device thread), [`lock`], and the queued commands.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::config::SimConfig;
@@ -85,6 +85,10 @@ pub(crate) struct Handoff {
     pub(crate) thread: OnceLock<std::thread::Thread>,
     /// The UAR pages' BAR range (fixed by the configuration), to tell a doorbell without the device lock.
     pub(crate) uar: std::ops::Range<usize>,
+    /// Doorbells posted, and doorbells the device thread has run with the datapath pass after them: what
+    /// [`Handoff::settle`] compares.
+    pub(crate) posted: AtomicU64,
+    pub(crate) done: AtomicU64,
 }
 
 impl Handoff {
@@ -95,6 +99,8 @@ impl Handoff {
             sleeping: AtomicBool::new(false),
             thread: OnceLock::new(),
             uar,
+            posted: AtomicU64::new(0),
+            done: AtomicU64::new(0),
         }
     }
 
@@ -106,7 +112,23 @@ impl Handoff {
     /// Posts a doorbell for the device thread.
     pub(crate) fn post(&self, bell: Bell) {
         self.bells.lock().unwrap_or_else(|e| e.into_inner()).push(bell);
+        self.posted.fetch_add(1, Ordering::SeqCst);
         self.kick();
+    }
+
+    /// Waits (at most `timeout`) until the device thread has run every doorbell posted so far and the datapath
+    /// after it, as a NIC takes what was rung. False at the deadline.
+    pub(crate) fn settle(&self, timeout: std::time::Duration) -> bool {
+        let want = self.posted.load(Ordering::SeqCst);
+        let end = std::time::Instant::now() + timeout;
+        while self.done.load(Ordering::SeqCst) < want {
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            self.kick();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
     }
 
     /// Asks the device thread to run, waking it if it parks (see the type's comment for why none is lost).

@@ -544,6 +544,12 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<Link>, mut r: BufReader<TcpStr
     }
 }
 
+/// Waits (at most `timeout`) until every frame queued for the other process is written to the socket, leaving
+/// the link plugged in. Returns false when frames were still queued at the deadline or the link went down.
+pub(crate) fn drain(station: &impl Station, timeout: std::time::Duration) -> bool {
+    wire(station, |w| w.remote_link()).is_none_or(|link| link.drain(timeout))
+}
+
 /// Unplugs the link to another process, if one is plugged in (this device's driver went away): what was queued
 /// goes out first, then the far end sees the connection close. The port's link is then down. Returns whether a
 /// link was plugged in.
