@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::sync::{Arc, Weak};
 
@@ -188,13 +188,30 @@ struct Peer {
     addr: PortAddr,
     /// Every destination this port does not own goes to this peer (a guest NIC, whose addresses are not known).
     default: bool,
+    /// A device of this process: its LID as its SMA now has it (a subnet manager assigns LIDs after the cable
+    /// is plugged in), read instead of `addr.lid`.
+    lid: Option<Arc<AtomicU16>>,
 }
+
+impl Peer {
+    fn matches(&self, d: &Dest) -> bool {
+        match (&self.lid, *d) {
+            (Some(cell), Dest::Lid(lid)) => self.addr.ib && lid != 0 && lid == cell.load(Ordering::Relaxed),
+            _ => self.addr.matches(d),
+        }
+    }
+}
+
+/// The permissive LID (IBA 4.1.3): a directed-route SMP's DLID, taken by the port at the cable's other end.
+pub(crate) const PERMISSIVE_LID: u16 = 0xffff;
 
 /// A device's side of the wire: its own address, its peers, and the packets waiting to be handled or carried.
 #[derive(Debug)]
 pub(crate) struct Wire {
     pub(crate) me: DevRef,
     pub(crate) addr: PortAddr,
+    /// `addr.lid` as the devices plugged into this one read it ([`Wire::set_lid`]).
+    lid_cell: Arc<AtomicU16>,
     peers: Vec<Peer>,
     /// Packets for this device (loopback, or delivered by the pump).
     pub(crate) inbox: VecDeque<Packet>,
@@ -215,6 +232,7 @@ impl Wire {
         Self {
             me: DevRef { id: next_device_id(), port: Port::Local(Weak::<()>::new()) },
             addr: PortAddr::new(cfg),
+            lid_cell: Arc::new(AtomicU16::new(PortAddr::new(cfg).lid)),
             peers: Vec::new(),
             inbox: VecDeque::new(),
             outbox: Vec::new(),
@@ -283,8 +301,16 @@ impl Wire {
         if self.addr.matches(d) && !matches!(d, Dest::Gid { gid, .. } if !self.owns(gid)) {
             return Ok(self.me_here());
         }
-        if let Some(p) = self.peers.iter().find(|p| p.addr.matches(d)) {
+        if let Some(p) = self.peers.iter().find(|p| p.matches(d)) {
             return Ok(p.dev.clone());
+        }
+        if self.addr.ib && *d == Dest::Lid(PERMISSIVE_LID) {
+            // A cable has one other end; with several peers and no switch modelled there is no "next hop".
+            return match self.peers.as_slice() {
+                [p] => Ok(p.dev.clone()),
+                [] => Err("unknown destination (not connected)"),
+                _ => Err("a permissive LID needs a single link partner"),
+            };
         }
         if let Some(p) = self.peers.iter().find(|p| p.default && !self.addr.ib) {
             return Ok(p.dev.clone());
@@ -331,8 +357,27 @@ impl Wire {
 
     pub(crate) fn add_peer(&mut self, dev: DevRef, addr: PortAddr) {
         if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
-            self.peers.push(Peer { dev, addr, default: false });
+            self.peers.push(Peer { dev, addr, default: false, lid: None });
         }
+    }
+
+    /// [`add_peer`](Self::add_peer) of a device of this process, whose LID is read live from `lid`.
+    pub(crate) fn add_local_peer(&mut self, dev: DevRef, addr: PortAddr, lid: Arc<AtomicU16>) {
+        if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
+            self.peers.push(Peer { dev, addr, default: false, lid: Some(lid) });
+        }
+    }
+
+    /// The port's LID changed (a subnet manager's Set(PortInfo)): its packets carry it as their SLID and the
+    /// devices plugged into it route to it from now on.
+    pub(crate) fn set_lid(&mut self, lid: u16) {
+        self.addr.lid = lid;
+        self.lid_cell.store(lid, Ordering::Relaxed);
+    }
+
+    /// The cell [`set_lid`](Self::set_lid) keeps current, for [`add_local_peer`](Self::add_local_peer).
+    pub(crate) fn lid_cell(&self) -> Arc<AtomicU16> {
+        Arc::clone(&self.lid_cell)
     }
 
     /// Plugs a link to another process in, replacing the one plugged in before (one port, one cable).
@@ -345,7 +390,7 @@ impl Wire {
     pub(crate) fn plug_guest(&mut self, dev: DevRef) {
         self.peers.retain(|p| !p.default);
         let addr = PortAddr { ib: false, lid: 0, gid: [0; GID_LEN], mac: [0; 6] };
-        self.peers.push(Peer { dev, addr, default: true });
+        self.peers.push(Peer { dev, addr, default: true, lid: None });
     }
 
     /// Plugs a VDE fabric in, replacing the cable plugged in before: every destination the port does not own
