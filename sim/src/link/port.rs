@@ -14,7 +14,7 @@ use std::sync::{Arc, Weak};
 use crate::config::{PortType, SimConfig};
 use crate::events::SimEvent;
 use crate::wire::roce::frame::mapped;
-use crate::wire::{self, roce_map, Dest, GID_ENTRIES, GID_LEN};
+use crate::wire::{self, roce_map, Dest, GID_ENTRIES, GID_LEN, PERMISSIVE_LID};
 
 use crate::pcap::PcapSink;
 use crate::wire::roce::frame::DropCounters;
@@ -202,9 +202,6 @@ impl Peer {
     }
 }
 
-/// The permissive LID (IBA 4.1.3): a directed-route SMP's DLID, taken by the port at the cable's other end.
-pub(crate) const PERMISSIVE_LID: u16 = 0xffff;
-
 /// A device's side of the wire: its own address, its peers, and the packets waiting to be handled or carried.
 #[derive(Debug)]
 pub(crate) struct Wire {
@@ -373,6 +370,18 @@ impl Wire {
     pub(crate) fn set_lid(&mut self, lid: u16) {
         self.addr.lid = lid;
         self.lid_cell.store(lid, Ordering::Relaxed);
+    }
+
+    /// A packet from another process's device came in with `slid`: on a cable between two channel adapters the
+    /// SLID of what arrives is the far port's LID, so once a subnet manager has given it one, LID-routed packets
+    /// find it (the link's hello carried the LID it had when it was plugged in, 0 under an SM).
+    pub(crate) fn learn_lid(&mut self, src: u64, slid: u16) {
+        if !self.addr.ib || slid == 0 || slid == PERMISSIVE_LID {
+            return;
+        }
+        if let Some(p) = self.peers.iter_mut().find(|p| p.dev.id == src && p.lid.is_none()) {
+            p.addr.lid = slid;
+        }
     }
 
     /// The cell [`set_lid`](Self::set_lid) keeps current, for [`add_local_peer`](Self::add_local_peer).

@@ -428,7 +428,7 @@ fn qp0_carries_smps_over_the_cable_to_the_partners_sma_and_back() {
         r.post_recv(q, &[(m.addr() + 1024, (GRH + MAD_LEN) as u32, m.key)]);
     };
     // A directed-route SMP leaves with the permissive DLID (hop count 1: one hop, to the cable's other end).
-    let to_partner = TAv { dqpn: 0, qkey: 0, rlid: crate::link::PERMISSIVE_LID, ..TAv::default() };
+    let to_partner = TAv { dqpn: 0, qkey: 0, rlid: crate::wire::PERMISSIVE_LID, ..TAv::default() };
     let send = |r: &crate::testkit::submit::Rdma, q: &mut _, m: &crate::testkit::submit::Mr, s: &Smp| {
         m.write(0, &s.emit());
         r.post_send(q, &Wqe::new(SEND).av(&to_partner).data(MAD_LEN as u32, m.key, m.addr()), Bell::Db);
@@ -443,6 +443,8 @@ fn qp0_carries_smps_over_the_cable_to_the_partners_sma_and_back() {
     // B's QP0 has it, from QP0, and B's driver hands it to MAD_IFC as mlx5_ib's process_mad does.
     let e = b.poll(&mut b_cq).expect("the SMP crossed the cable");
     assert_eq!((e.qpn(), e.flags_rqpn() & 0xff_ffff, e.byte_cnt()), (b0.qpn, 0, (GRH + MAD_LEN) as u32));
+    // Sent to the permissive LID, from it (A has no LID yet): ib_mad answers to that SLID.
+    assert_eq!(e.slid(), crate::wire::PERMISSIVE_LID);
     let got: [u8; MAD_LEN] = mb.read(1024 + GRH, MAD_LEN).try_into().unwrap();
     assert_eq!(got, req.emit());
     let (s, _, rsp) = mad_ifc_on(&mut b.h, 1, &got);
@@ -462,23 +464,30 @@ fn qp0_carries_smps_over_the_cable_to_the_partners_sma_and_back() {
     pi.lid = 0x12;
     pi.master_sm_lid = 0x11;
     pi.port_state = 0;
-    let set = Smp { method: METHOD_SET, attr_id: ATTR_PORT_INFO, data: pi.emit(), ..req.clone() };
+    let give_lid = Smp { method: METHOD_SET, attr_id: ATTR_PORT_INFO, data: pi.emit(), ..req.clone() };
     recv(&b, &mut b0, &mb);
-    send(&a, &mut a0, &ma, &set);
+    send(&a, &mut a0, &ma, &give_lid);
     assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
     assert!(b.poll(&mut b_cq).is_some());
     let (s, _, rsp) = mad_ifc_on(&mut b.h, 1, &mb.read(1024 + GRH, MAD_LEN).try_into().unwrap());
     assert_eq!((s, PortInfo::parse(&Smp::parse(&rsp).unwrap().data).lid), (0, 0x12));
-    // A LID-routed Get(NodeInfo) to 0x12 now reaches B, with B's new LID as the SLID of what B sends.
+    // The SM's own port takes LID 0x11 through its local SMA.
+    let mut own = PortInfo::parse(&get(&mut a.h, ATTR_PORT_INFO, 0).data);
+    own.lid = 0x11;
+    own.port_state = 0;
+    assert_eq!(set(&mut a.h, ATTR_PORT_INFO, 0, own.emit()).status, 0);
+    // A LID-routed Get(NodeInfo) to 0x12 now reaches B, from A's LID; B answers to that SLID, from its own.
     let lr = Smp { mgmt_class: CLASS_SUBN_LID_ROUTED, hop_cnt: 0, hop_ptr: 0, ..req.clone() };
     recv(&b, &mut b0, &mb);
     ma.write(0, &lr.emit());
-    let to_b = TAv { rlid: 0x12, ..to_partner };
-    a.post_send(&mut a0, &Wqe::new(SEND).av(&to_b).data(MAD_LEN as u32, ma.key, ma.addr()), Bell::Db);
+    let lid_routed = |rlid| Wqe::new(SEND).av(&TAv { rlid, ..to_partner });
+    a.post_send(&mut a0, &lid_routed(0x12).data(MAD_LEN as u32, ma.key, ma.addr()), Bell::Db);
     assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
-    assert!(b.poll(&mut b_cq).is_some(), "the LID-routed SMP reached B at its new LID");
+    let e = b.poll(&mut b_cq).expect("the LID-routed SMP reached B at its new LID");
+    assert_eq!(e.slid(), 0x11);
     recv(&a, &mut a0, &ma);
-    send(&b, &mut b0, &mb, &lr);
+    mb.write(0, &lr.emit());
+    b.post_send(&mut b0, &lid_routed(e.slid()).data(MAD_LEN as u32, mb.key, mb.addr()), Bell::Db);
     assert_eq!(b.poll(&mut b_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
     assert_eq!(a.poll(&mut a_cq).expect("B answers").slid(), 0x12);
     // A LID nobody holds goes nowhere.
