@@ -26,7 +26,6 @@ impl Station for Shared {
     fn receive_packet(&self, p: Packet) {
         let mut st = lock(self);
         let me = st.wire.me.clone();
-        st.wire.learn_lid(p.src.id, p.slid);
         st.datapath().receive(Packet { dst: me, ..p });
     }
 

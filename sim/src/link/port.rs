@@ -370,17 +370,18 @@ impl Wire {
     pub(crate) fn set_lid(&mut self, lid: u16) {
         self.addr.lid = lid;
         self.lid_cell.store(lid, Ordering::Relaxed);
+        // A device in another process learns it over the link; a lost update (link down) matters no more.
+        for p in &self.peers {
+            if let Port::Remote(link) = &p.dev.port {
+                let _ = link.transmit_lid(lid);
+            }
+        }
     }
 
-    /// A packet from another process's device came in with `slid`: on a cable between two channel adapters the
-    /// SLID of what arrives is the far port's LID, so once a subnet manager has given it one, LID-routed packets
-    /// find it (the link's hello carried the LID it had when it was plugged in, 0 under an SM).
-    pub(crate) fn learn_lid(&mut self, src: u64, slid: u16) {
-        if !self.addr.ib || slid == 0 || slid == PERMISSIVE_LID {
-            return;
-        }
-        if let Some(p) = self.peers.iter_mut().find(|p| p.dev.id == src && p.lid.is_none()) {
-            p.addr.lid = slid;
+    /// The device at the other end of link `id` (another process) says its LID is now `lid`.
+    pub(crate) fn peer_lid(&mut self, id: u64, lid: u16) {
+        if let Some(p) = self.peers.iter_mut().find(|p| p.dev.id == id && p.lid.is_none()) {
+            p.addr.lid = lid;
         }
     }
 

@@ -496,3 +496,52 @@ fn qp0_carries_smps_over_the_cable_to_the_partners_sma_and_back() {
     assert_eq!(a.poll(&mut a_cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
     assert!(a.h.dev.events().iter().any(|e| matches!(e, SimEvent::UdDropped { dqpn: 0, .. })));
 }
+
+#[test]
+fn a_lid_the_sma_assigns_reaches_the_device_of_another_process_over_the_link() {
+    use crate::testkit::submit::{Bell, QpSpec, Rdma, TAv, Wqe};
+    use std::time::{Duration, Instant};
+    const WAIT: Duration = Duration::from_secs(5);
+    let cfg = |guid| SimConfig {
+        port_type: PortType::Ib,
+        subnet_manager: true,
+        node_guid: guid,
+        mode: crate::config::Mode::Threaded,
+        ..SimConfig::default()
+    };
+    let (mut a, mut b) = (Rdma::new(cfg(0x4001)), Rdma::new(cfg(0x4002)));
+    let at = a.h.dev.wire_listen("127.0.0.1:0").expect("listen");
+    b.h.dev.wire_connect(&at.to_string(), WAIT).expect("connect");
+    assert!(a.h.dev.wire_wait_peer(WAIT));
+    let (mut a_cq, mut b_cq) = (a.cq(4), b.cq(4));
+    let qp0 = QpSpec { st: consts::MLX5_QP_ST_QP0, ..QpSpec::ud() };
+    let mut a0 = a.qp(qp0, a_cq.cqn, a_cq.cqn);
+    let mut b0 = b.qp(qp0, b_cq.cqn, b_cq.cqn);
+    a.ready_ud(&a0, 0);
+    b.ready_ud(&b0, 0);
+    let (ma, mb) = (a.mr(4096), b.mr(4096));
+    let mut pi = PortInfo::parse(&get(&mut b.h, ATTR_PORT_INFO, 0).data);
+    pi.lid = 0x22;
+    pi.port_state = 0;
+    assert_eq!(set(&mut b.h, ATTR_PORT_INFO, 0, pi.emit()).status, 0);
+    // The update crosses the link on its own; a LID-routed SMP to 0x22 then finds B.
+    let lr = Smp { mgmt_class: CLASS_SUBN_LID_ROUTED, ..Smp::parse(&dr_get_node_info_bytes()).unwrap() };
+    ma.write(0, &lr.emit());
+    let to_b = TAv { dqpn: 0, qkey: 0, rlid: 0x22, ..TAv::default() };
+    let end = Instant::now() + WAIT;
+    let got = loop {
+        b.post_recv(&mut b0, &[(mb.addr() + 1024, 40 + MAD_LEN as u32, mb.key)]);
+        a.post_send(&mut a0, &Wqe::new(consts::MLX5_OPCODE_SEND).av(&to_b).data(256, ma.key, ma.addr()), Bell::Db);
+        assert_eq!(a.wait_cqe(&mut a_cq).expect("send CQE").status(), (consts::MLX5_CQE_REQ, 0));
+        std::thread::sleep(Duration::from_millis(20));
+        if let Some(e) = b.poll(&mut b_cq) {
+            break Some(e);
+        }
+        if Instant::now() > end {
+            break None;
+        }
+    };
+    let e = got.expect("the LID-routed SMP reached B's new LID across the link");
+    assert_eq!(e.flags_rqpn() & 0xff_ffff, 0);
+    assert_eq!(&mb.read(1024 + 40, MAD_LEN)[..], &lr.emit()[..]);
+}
