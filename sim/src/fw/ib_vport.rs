@@ -6,20 +6,15 @@
 
 use mlx5_core::prm::{consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 
-use super::port::PortModel;
+use super::port::{PortModel, LINK_LOCAL_PREFIX, PKEY_ENTRIES};
 use super::reply::{bad_param, err, rd, rd16, CmdErr};
 use super::syndrome;
 use crate::config::PortType;
 
-/// GID entries (`gid_table_size` 4 encodes 8 << 4) and P_Key entries (`pkey_table_size` 0 encodes 128 << 0).
+/// GID entries (`gid_table_size` 4 encodes 8 << 4).
 pub(crate) const GID_ENTRIES: usize = 128;
-pub(crate) const PKEY_ENTRIES: usize = 128;
 /// "All entries" in `gid_index` / `pkey_index`.
 const ALL: u16 = 0xffff;
-/// The default full-membership P_Key (IBTA), entry 0.
-pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
-/// The link-local GID prefix fe80::/64 (IBTA: GID 0 is the default subnet prefix and the port GUID).
-pub(crate) const LINK_LOCAL_PREFIX: u64 = 0xfe80_0000_0000_0000;
 /// What firmware reports as the node description until software sets one (64 bytes, NUL padded).
 pub(crate) const NODE_DESC: &[u8] = b"MT4119 ConnectX5 mlx5-sim";
 /// Bytes of the NODE_DESC register (`IB_DEVICE_NODE_DESC_MAX`, the kernel's `struct mlx5_reg_node_desc`).

@@ -5,8 +5,6 @@
 use mlx5_core::prm::{consts, ifc, Field, MsgBuf};
 
 use super::eq::EqPost;
-use super::ib_vport::{DEFAULT_PKEY, PKEY_ENTRIES};
-use super::mad_ifc::SmaState;
 use super::reply::{bad_param, rd, rd16, CmdErr};
 use super::syndrome;
 use crate::config::{PortInfo, PortType, SimConfig};
@@ -25,6 +23,53 @@ pub(crate) const PVLC_VL_0_7: u32 = 8;
 /// (bit 16, which ib_cm sets when it binds a port). Without them mlx5_ib warned `set_port_caps_atomic: trying
 /// to change bitmask 0x10000 but change supported 0x0` (issue 35).
 pub(crate) const CAP_MASK1_CHANGEABLE: u32 = (1 << 1) | (1 << 16);
+
+/// P_Key entries (`pkey_table_size` 0 encodes 128 << 0).
+pub(crate) const PKEY_ENTRIES: usize = 128;
+/// The default full-membership P_Key (IBTA), entry 0.
+pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
+/// The link-local GID prefix fe80::/64 (IBTA: GID 0 is the default subnet prefix and the port GUID).
+pub(crate) const LINK_LOCAL_PREFIX: u64 = 0xfe80_0000_0000_0000;
+/// Blocks of the VLArbitrationTable (attribute modifier 1-4: low 0-31, low 32-63, high 0-31, high 32-63), each
+/// an SMP's 64 bytes of attribute data.
+pub(crate) const VL_ARB_BLOCKS: usize = 4;
+
+/// The SMA's part of the port: what subnet management sets that no PRM command reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SmaState {
+    pub(crate) m_key: u64,
+    pub(crate) m_key_lease_period: u16,
+    pub(crate) m_key_protect_bits: u8,
+    pub(crate) gid_prefix: u64,
+    pub(crate) neighbor_mtu: u8,
+    pub(crate) operational_vls: u8,
+    pub(crate) vl_high_limit: u8,
+    pub(crate) hoq_life: u8,
+    pub(crate) enforcement: u8,
+    /// SLtoVLMappingTable: 16 SLs, a nibble each.
+    pub(crate) sl_to_vl: [u8; 8],
+    /// VLArbitrationTable blocks 1-4 (only 1 and 3 within the capacities above).
+    pub(crate) vl_arb: [[u8; 64]; VL_ARB_BLOCKS],
+}
+
+impl Default for SmaState {
+    fn default() -> Self {
+        Self {
+            m_key: 0,
+            m_key_lease_period: 0,
+            m_key_protect_bits: 0,
+            gid_prefix: LINK_LOCAL_PREFIX,
+            neighbor_mtu: 5,
+            // Until a subnet manager says otherwise, VL0 only (IBTA 14.2.5.6: OperationalVLs 1).
+            operational_vls: 1,
+            vl_high_limit: 0,
+            hoq_life: 0,
+            enforcement: 0,
+            sl_to_vl: [0; 8],
+            vl_arb: [[0; 64]; VL_ARB_BLOCKS],
+        }
+    }
+}
 
 /// `IB_PORT_INIT` / `IB_PORT_ACTIVE` as the `u8` PortInfo:PortState is.
 pub(crate) const IB_INIT: u8 = consts::IB_PORT_INIT as u8;
