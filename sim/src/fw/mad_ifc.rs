@@ -15,6 +15,7 @@ use super::port::{PortModel, PKEY_ENTRIES};
 use super::reply::{bad_param, rd, CmdErr};
 use super::syndrome;
 use crate::config::PortType;
+use crate::events::SimEvent;
 
 /// Bytes of a MAD (IBTA 13.4.1) and of an SMP's attribute data.
 pub(crate) const MAD_LEN: usize = 256;
@@ -400,6 +401,8 @@ pub(crate) const VL_ARB_LOW_CAP: u8 = 8;
 const VL_CAP: u8 = 4;
 /// The largest unicast LID (IBTA 4.1.3: 0xc000-0xfffe multicast, 0xffff permissive).
 const MAX_UNICAST_LID: u16 = 0xbfff;
+/// PortInfo's attribute modifier bit 31: the SM supports extended link speeds (IBTA 14.2.5.6).
+const PORT_INFO_SM_EXT_SPEEDS: u32 = 1 << 31;
 /// P_Keys per PKeyTable block and GUIDs per GUIDInfo block.
 const PKEYS_PER_BLOCK: usize = 32;
 const GUIDS_PER_BLOCK: usize = 8;
@@ -626,8 +629,9 @@ fn answer_into(port: &mut PortModel, req: &Smp, data: &mut [u8; SMP_DATA_LEN]) -
             data[..NODE_DESC.len()].copy_from_slice(NODE_DESC);
         }
         (ATTR_PORT_INFO, _) => {
-            // A channel adapter's PortInfo: modifier 0 (the port the SMP came in on) or its port number.
-            if m > 1 {
+            // A channel adapter's PortInfo: port 0 (the one the SMP came in on) or its number in bits 7:0. Bit 31
+            // says the SM handles extended link speeds (opensm sets it in its Sets); bits 30:8 are reserved.
+            if m & !PORT_INFO_SM_EXT_SPEEDS > 1 {
                 return Err(MadStatus::InvalidField);
             }
             if set {
@@ -704,7 +708,12 @@ fn answer_into(port: &mut PortModel, req: &Smp, data: &mut [u8; SMP_DATA_LEN]) -
 /// MAD_IFC: `op_mod` bit 0 ignores the M_Key and bit 1 the B_Key (`mlx5_MAD_IFC`); the M_Key is not checked
 /// here either way. The command fails for a port that is not the function's or a link layer without an SMA;
 /// a MAD the SMA cannot take is answered in the response MAD with its status.
-pub(super) fn mad_ifc(port: &mut PortModel, inp: &[u8], out: &mut [u8]) -> Result<(), CmdErr> {
+pub(super) fn mad_ifc(
+    port: &mut PortModel,
+    events: &mut Vec<SimEvent>,
+    inp: &[u8],
+    out: &mut [u8],
+) -> Result<(), CmdErr> {
     use ifc::mad_ifc_in as i;
     use ifc::mad_ifc_out as o;
     if port.port_type != PortType::Ib || !ib_vport::own_port(rd(inp, i::PORT)) {
@@ -717,6 +726,10 @@ pub(super) fn mad_ifc(port: &mut PortModel, inp: &[u8], out: &mut [u8]) -> Resul
     match Smp::parse(mad) {
         Ok(req) => {
             if let Some(r) = answer(port, &req) {
+                let status = r.status & !STATUS_DIRECTION;
+                if status != MadStatus::Success as u16 {
+                    events.push(SimEvent::SmpStatus { attr_id: req.attr_id, method: req.method, status });
+                }
                 rsp.copy_from_slice(&r.emit());
             }
         }
@@ -957,7 +970,8 @@ mod tests {
         pi.master_sm_lid = 0x0001;
         pi.port_state = 0;
         pi.operational_vls = 4;
-        let r = set(&mut h, ATTR_PORT_INFO, 1, pi.emit());
+        // opensm's Set names port 1 with bit 31 (it handles extended link speeds); found under UML, refused before.
+        let r = set(&mut h, ATTR_PORT_INFO, 0x8000_0001, pi.emit());
         assert_eq!(r.status, 0);
         let now = PortInfo::parse(&r.data);
         assert_eq!((now.lid, now.master_sm_lid, now.port_state, now.operational_vls), (7, 1, 2, 4));
@@ -1006,8 +1020,9 @@ mod tests {
             assert_eq!(r.status, MadStatus::InvalidField as u16, "{what}");
             assert_eq!(get(&mut h, ATTR_PORT_INFO, 0).data, before, "{what} changed the port");
         }
-        // PortInfo of port 2 (a one-port CA).
+        // PortInfo of port 2 (a one-port CA), or with a reserved modifier bit.
         assert_eq!(get(&mut h, ATTR_PORT_INFO, 2).status, MadStatus::InvalidField as u16);
+        assert_eq!(get(&mut h, ATTR_PORT_INFO, 0x100).status, MadStatus::InvalidField as u16);
     }
 
     #[test]
@@ -1061,6 +1076,9 @@ mod tests {
         for attr in [0x0020, 0x0012, 0x0019, 0xff00] {
             assert_eq!(get(&mut h, attr, 0).status, unsup, "attribute {attr:#x}");
         }
+        // Each refusal is recorded for the harness (the UML bridge reports them).
+        let refused = SimEvent::SmpStatus { attr_id: 0x0012, method: METHOD_GET, status: unsup };
+        assert!(h.dev.events().contains(&refused));
         // Read-only attributes.
         for attr in [ATTR_NODE_INFO, ATTR_NODE_DESC, ATTR_GUID_INFO] {
             assert_eq!(set(&mut h, attr, 0, [0; SMP_DATA_LEN]).status, unsup, "Set of {attr:#x}");

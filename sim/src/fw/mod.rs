@@ -574,7 +574,7 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_GID => ib_vport::query_hca_vport_gid(&self.port, inp, out, outlen),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY => ib_vport::query_hca_vport_pkey(&self.port, inp, out, outlen),
-            consts::MLX5_CMD_OP_MAD_IFC => mad_ifc::mad_ifc(&mut self.port, inp, out),
+            consts::MLX5_CMD_OP_MAD_IFC => mad_ifc::mad_ifc(&mut self.port, events, inp, out),
             consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
                 let supported = self.caps.gen(ifc::cmd_hca_cap::DRIVER_VERSION) != 0;
                 self.port.set_driver_version(inp, supported)

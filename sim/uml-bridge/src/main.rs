@@ -174,6 +174,9 @@ fn run(
             mlx5_sim::SimEvent::FrameDropped { why } => format!("frame dropped: {why}"),
             mlx5_sim::SimEvent::EthRecvError { why, syndrome, .. } => format!("receive error {syndrome:#x}: {why}"),
             mlx5_sim::SimEvent::EthSendError { syndrome, .. } => format!("send error {syndrome:#x}"),
+            mlx5_sim::SimEvent::SmpStatus { attr_id, method, status } => {
+                format!("SMP answered with MAD status {status:#06x}: method {method:#04x} attribute {attr_id:#06x}")
+            }
             _ => continue,
         };
         *why.entry(k).or_default() += 1;
