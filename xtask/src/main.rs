@@ -32,6 +32,7 @@
 //!   killed); see SOAK.md.
 //! * `uml`: a User-Mode Linux kernel with NVIDIA's mlx5 drivers and virt-pci (cached under `target/uml/`).
 //! * `linux-drives-sim`: that kernel's `mlx5_core` and `mlx5_ib`, and Debian's rdma-core, drive the simulator
+//!   (`--opensm`: Debian's opensm brings two simulated IB ports to Active)
 //!   through `mlx5-uml-bridge`.
 
 mod aarch64;
@@ -165,6 +166,9 @@ fn ci(root: &Path) -> Result<(), String> {
     linux_drives_sim::ci_step(root)?;
     // Two simulated Ethernet ports under two UML instances' mlx5e, on one cable: ping, iperf3, ethtool -S.
     linux_drives_sim::ci_step_eth(root)?;
+    // Two simulated IB ports of one UML on one cable: Debian's opensm assigns the LIDs and activates them
+    // (about 16 s warm, plus opensm and infiniband-diags from apt).
+    linux_drives_sim::run_opensm(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
     Ok(())
