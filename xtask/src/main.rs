@@ -167,7 +167,7 @@ fn ci(root: &Path) -> Result<(), String> {
     // Two simulated Ethernet ports under two UML instances' mlx5e, on one cable: ping, iperf3, ethtool -S.
     linux_drives_sim::ci_step_eth(root)?;
     // Two simulated IB ports of one UML on one cable: Debian's opensm assigns the LIDs and activates them
-    // (about 16 s warm, plus opensm and infiniband-diags from apt).
+    // (3-4 s warm, about a minute cold with opensm and infiniband-diags from apt and the bridge build).
     linux_drives_sim::run_opensm(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
