@@ -75,6 +75,11 @@ pub struct SimConfig {
     /// The port LID on InfiniBand (ignored on Ethernet, where the LID is 0). Two IB devices joined by
     /// [`SimDevice::connect`](crate::sim_device::SimDevice::connect) need different LIDs.
     pub lid: u16,
+    /// The InfiniBand port waits for a subnet manager, as a real one does: its link comes up in Init with LID 0
+    /// and no SM LID, and only a subnet manager's Set(PortInfo) through MAD_IFC (QP0's SMPs) assigns the LID and
+    /// moves it to Armed and Active. Off (the default): Active with [`lid`](Self::lid) from the start, as if an
+    /// SM had already swept the fabric.
+    pub subnet_manager: bool,
     /// The IPv4 addresses of the port's netdev (only data: the driver turns them into GID entries; the simulator
     /// sends no IP traffic). The default is one, 192.168.1.10; [`next_host`](Self::next_host) takes the next.
     pub ipv4_addrs: &'static [[u8; 4]],
@@ -215,6 +220,7 @@ impl Default for SimConfig {
             log_max_cq_sz: 22,
             object_limits: ObjectLimits::default(),
             lid: 1,
+            subnet_manager: false,
             ipv4_addrs: &HOST_V4[..1],
             ipv6_addrs: &[],
             relaxed_ordering: false,

@@ -57,6 +57,9 @@ pub enum SimEvent {
     TeardownWithObjects { objects: usize },
     /// DISABLE_HCA while firmware still owned pages; disabling the function released them.
     DisableWithPages { pages: usize },
+    /// The SMA behind MAD_IFC answered an SMP with a MAD status other than success (IBTA 13.4.7: 0x0004 bad
+    /// version, 0x0008 unsupported method, 0x000c unsupported method/attribute, 0x001c invalid field).
+    SmpStatus { attr_id: u16, method: u8, status: u16 },
     /// An EQE was posted to EQ `eqn`.
     Eqe { eqn: u8, event_type: u8, sub_type: u8 },
     /// EQ `eqn` was armed and got an EQE (or was armed with unconsumed EQEs): the interrupt fired; now disarmed.

@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod eth;
+mod opensm;
 
 use crate::verbs_guest::{self, LIBDIR};
 use crate::vfio_test::{wait_until, Cpio};
@@ -419,6 +420,12 @@ pub fn ci_step(root: &Path) -> Result<(), String> {
 /// the RoCE ping-pong (whose first user context hangs mlx5_core's write-combining test's DESTROY_SQ under UML).
 pub fn ci_step_eth(root: &Path) -> Result<(), String> {
     eth::run(root, false)
+}
+
+/// `linux-drives-sim --opensm`: opensm in the guest brings two simulated InfiniBand ports on one cable to Active
+/// (`linux_drives_sim/opensm.rs`).
+pub fn run_opensm(root: &Path) -> Result<(), String> {
+    opensm::run(root)
 }
 
 /// `linux-drives-sim --eth [--no-rdma]`: the two-port Ethernet run (`linux_drives_sim/eth.rs`).

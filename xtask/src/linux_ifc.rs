@@ -47,6 +47,8 @@ const EXTRA: &[(&str, &str)] = &[
     ("pfcc_reg", "ACCESS_REG PFCC (0x5007): mlx5e reads pause and PFC settings (ethtool -S, -a)"),
     ("modify_hca_vport_context_in", "MODIFY_HCA_VPORT_CONTEXT: mlx5_ib's set_port_caps_atomic (IsCM on the IB port)"),
     ("modify_hca_vport_context_out", "MODIFY_HCA_VPORT_CONTEXT's reply"),
+    ("mad_ifc_in", "MAD_IFC: mlx5_ib hands the firmware's SMA the SMPs of QP0 and its own port queries (issue 36)"),
+    ("mad_ifc_out", "MAD_IFC's reply: the response MAD"),
 ];
 
 /// The headers, relative to the source tree.

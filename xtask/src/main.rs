@@ -32,6 +32,7 @@
 //!   killed); see SOAK.md.
 //! * `uml`: a User-Mode Linux kernel with NVIDIA's mlx5 drivers and virt-pci (cached under `target/uml/`).
 //! * `linux-drives-sim`: that kernel's `mlx5_core` and `mlx5_ib`, and Debian's rdma-core, drive the simulator
+//!   (`--opensm`: Debian's opensm brings two simulated IB ports to Active)
 //!   through `mlx5-uml-bridge`.
 
 mod aarch64;
@@ -165,6 +166,9 @@ fn ci(root: &Path) -> Result<(), String> {
     linux_drives_sim::ci_step(root)?;
     // Two simulated Ethernet ports under two UML instances' mlx5e, on one cable: ping, iperf3, ethtool -S.
     linux_drives_sim::ci_step_eth(root)?;
+    // Two simulated IB ports of one UML on one cable: Debian's opensm assigns the LIDs and activates them
+    // (3-4 s warm, about a minute cold with opensm and infiniband-diags from apt and the bridge build).
+    linux_drives_sim::run_opensm(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
     Ok(())
@@ -222,11 +226,13 @@ commands:
                                  the fault-injection soak (options go to mlx5-soak)
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
                                  (--check: only that the patches and config fragment still apply)
-  linux-drives-sim [--strict] [--eth [--no-rdma]]
+  linux-drives-sim [--strict] [--eth [--no-rdma]] [--opensm]
                                  boot it with the simulator as its PCI device: mlx5_core and mlx5_ib probe
                                  cleanly, ibv_devinfo, rc/ud pingpong (rdma-core) and a clean poweroff (--eth:
                                  two Ethernet ports in two UMLs on one cable, mlx5e's netdevs: ping, iperf3,
-                                 ethtool -S, ibv_rc_pingpong -g over RoCEv2; --no-rdma: without the last)";
+                                 ethtool -S, ibv_rc_pingpong -g over RoCEv2; --no-rdma: without the last;
+                                 --opensm: two IB ports of one guest on one cable, opensm assigns the LIDs and
+                                 brings both to Active, ibstat/smpquery/ibnetdiscover, ibv_rc_pingpong on them)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
@@ -245,7 +251,7 @@ enum Task {
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
     Uml { check: bool },
-    LinuxDrivesSim { strict: bool, eth: bool, no_rdma: bool },
+    LinuxDrivesSim { strict: bool, eth: bool, no_rdma: bool, opensm: bool },
     Libibverbs(Vec<String>),
     Librdmacm(Vec<String>),
     VerbsApps(Vec<String>),
@@ -276,7 +282,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
         "uml" => Task::Uml { check: false },
-        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false, no_rdma: false },
+        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false, no_rdma: false, opensm: false },
         "libibverbs" => Task::Libibverbs(Vec::new()),
         "librdmacm" => Task::Librdmacm(Vec::new()),
         "verbs-apps" => Task::VerbsApps(Vec::new()),
@@ -315,6 +321,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::LinuxDrivesSim { strict, .. }, "--strict") => *strict = true,
             (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
             (Task::LinuxDrivesSim { no_rdma, .. }, "--no-rdma") => *no_rdma = true,
+            (Task::LinuxDrivesSim { opensm, .. }, "--opensm") => *opensm = true,
             (Task::Uml { check }, "--check") => *check = true,
             (Task::PciSim { full }, "--full") => *full = true,
             (Task::RxeInterop { part }, "--rping") => *part = rxe::Part::Rping,
@@ -373,7 +380,8 @@ fn main() -> ExitCode {
         Task::Soak(args) => soak::run(&root, &args),
         Task::Uml { check: false } => uml::run_uml(&root),
         Task::Uml { check: true } => uml::check_recipe(&root),
-        Task::LinuxDrivesSim { strict: _, eth: true, no_rdma } => linux_drives_sim::run_eth(&root, !no_rdma),
+        Task::LinuxDrivesSim { opensm: true, .. } => linux_drives_sim::run_opensm(&root),
+        Task::LinuxDrivesSim { strict: _, eth: true, no_rdma, .. } => linux_drives_sim::run_eth(&root, !no_rdma),
         Task::LinuxDrivesSim { strict, eth: false, .. } => linux_drives_sim::run(&root, strict, false),
         Task::Libibverbs(args) => libibverbs::run_libibverbs(&root, &args),
         Task::Librdmacm(args) => libibverbs::rdmacm::run_librdmacm(&root, &args),

@@ -166,7 +166,12 @@ fn prepare(base: &Path, tree: &Path, deb: &Path, patches: &[PathBuf], fragment: 
     std::fs::write(tree.join(".config"), config).map_err(|e| e.to_string())?;
     make(tree, &["olddefconfig"])?;
     let config = std::fs::read_to_string(tree.join(".config")).map_err(|e| e.to_string())?;
-    for want in ["CONFIG_UML_PCI_OVER_VIRTIO=y", "CONFIG_MLX5_CORE=y", "CONFIG_MLX5_INFINIBAND=y"] {
+    for want in [
+        "CONFIG_UML_PCI_OVER_VIRTIO=y",
+        "CONFIG_MLX5_CORE=y",
+        "CONFIG_MLX5_INFINIBAND=y",
+        "CONFIG_INFINIBAND_USER_MAD=y",
+    ] {
         if !config.lines().any(|l| l == want) {
             return Err(format!("the configured kernel lacks {want} (a patch or the fragment no longer applies)"));
         }

@@ -8248,6 +8248,48 @@ pub mod ifc {
         /// `port_xmit_wait`: 32 bits at bit 288.
         pub const PORT_XMIT_WAIT: Field = Field::new(288, 32);
     }
+    /// `struct mlx5_ifc_mad_ifc_in_bits`: 272 bytes.
+    pub mod mad_ifc_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(mad_ifc_in)`).
+        pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_mad_ifc_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `remote_lid`: 16 bits at bit 64.
+        pub const REMOTE_LID: Field = Field::new(64, 16);
+        /// `plane_index`: 8 bits at bit 80.
+        pub const PLANE_INDEX: Field = Field::new(80, 8);
+        /// `port`: 8 bits at bit 88.
+        pub const PORT: Field = Field::new(88, 8);
+        /// `mad`: 256 elements of 8 bits at bit 128.
+        pub const MAD: Array = Array::new(128, 256, 8);
+    }
+    /// `struct mlx5_ifc_mad_ifc_out_bits`: 272 bytes.
+    pub mod mad_ifc_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(mad_ifc_out)`).
+        pub const SIZE_BYTES: usize = 272;
+        /// `struct mlx5_ifc_mad_ifc_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// `response_mad_packet`: 256 elements of 8 bits at bit 128.
+        pub const RESPONSE_MAD_PACKET: Array = Array::new(128, 256, 8);
+    }
     /// `struct mlx5_ifc_modify_flow_table_in_bits`: 64 bytes.
     pub mod modify_flow_table_in {
         use super::*;
@@ -18261,6 +18303,25 @@ pub mod names {
                 s("min_log_macsec_full_replay_window", 32, 8),
                 s("max_log_macsec_full_replay_window", 40, 8),
             ],
+        },
+        Layout {
+            name: "mad_ifc_in",
+            size_bytes: 272,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("remote_lid", 64, 16),
+                s("plane_index", 80, 8),
+                s("port", 88, 8),
+                a("mad", 128, 2048, 256, 8, None),
+            ],
+        },
+        Layout {
+            name: "mad_ifc_out",
+            size_bytes: 272,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), a("response_mad_packet", 128, 2048, 256, 8, None)],
         },
         Layout {
             name: "manage_pages_in",

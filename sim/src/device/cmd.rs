@@ -315,8 +315,12 @@ impl Device {
             };
             self.messages.push_back(crate::events::CmdMessage { cmd: rec, input, output });
         }
-        // A PAOS write that changed the operational state: its PORT_CHANGE follows the completion.
-        if let Some(sub) = self.fw.port.pending_change.take() {
+        // A PAOS write or a Set(PortInfo) that changed the port: its PORT_CHANGEs follow the completion.
+        // A LID the SMA took: the wire sends with it and peers route to it.
+        if self.wire.addr.ib && self.wire.addr.lid != self.fw.port.lid {
+            self.wire.set_lid(self.fw.port.lid);
+        }
+        for sub in std::mem::take(&mut self.fw.port.pending_change) {
             self.port_change(sub);
         }
         let cant_give = opcode == consts::MLX5_CMD_OP_MANAGE_PAGES && op_mod == consts::MLX5_PAGES_CANT_GIVE;

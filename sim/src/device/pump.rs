@@ -16,16 +16,16 @@ const PUMP_BUDGET: usize = 1 << 20;
 
 /// Joins two devices with a wire, both directions.
 pub(crate) fn connect(a: &Arc<Shared>, b: &Arc<Shared>) {
-    let (a_ref, a_addr) = {
+    let (a_ref, a_addr, a_lid) = {
         let st = lock(a);
-        (st.wire.me.clone(), st.wire.addr)
+        (st.wire.me.clone(), st.wire.addr, st.wire.lid_cell())
     };
-    let (b_ref, b_addr) = {
+    let (b_ref, b_addr, b_lid) = {
         let st = lock(b);
-        (st.wire.me.clone(), st.wire.addr)
+        (st.wire.me.clone(), st.wire.addr, st.wire.lid_cell())
     };
-    lock(a).wire.add_peer(b_ref, b_addr);
-    lock(b).wire.add_peer(a_ref, a_addr);
+    lock(a).wire.add_local_peer(b_ref, b_addr, b_lid);
+    lock(b).wire.add_local_peer(a_ref, a_addr, a_lid);
 }
 
 /// Runs the datapath of `shared` and carries every packet it (and the devices it reaches) produce, holding one

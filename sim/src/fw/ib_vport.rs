@@ -6,20 +6,15 @@
 
 use mlx5_core::prm::{consts, ifc, CmdStatus, Field, MsgBuf, Sub};
 
-use super::port::PortModel;
+use super::port::{PortModel, LINK_LOCAL_PREFIX, PKEY_ENTRIES};
 use super::reply::{bad_param, err, rd, rd16, CmdErr};
 use super::syndrome;
 use crate::config::PortType;
 
-/// GID entries (`gid_table_size` 4 encodes 8 << 4) and P_Key entries (`pkey_table_size` 0 encodes 128 << 0).
+/// GID entries (`gid_table_size` 4 encodes 8 << 4).
 pub(crate) const GID_ENTRIES: usize = 128;
-pub(crate) const PKEY_ENTRIES: usize = 128;
 /// "All entries" in `gid_index` / `pkey_index`.
 const ALL: u16 = 0xffff;
-/// The default full-membership P_Key (IBTA), entry 0.
-const DEFAULT_PKEY: u32 = 0xffff;
-/// The link-local GID prefix fe80::/64 (IBTA: GID 0 is the default subnet prefix and the port GUID).
-const LINK_LOCAL_PREFIX: u64 = 0xfe80_0000_0000_0000;
 /// What firmware reports as the node description until software sets one (64 bytes, NUL padded).
 pub(crate) const NODE_DESC: &[u8] = b"MT4119 ConnectX5 mlx5-sim";
 /// Bytes of the NODE_DESC register (`IB_DEVICE_NODE_DESC_MAX`, the kernel's `struct mlx5_reg_node_desc`).
@@ -91,7 +86,7 @@ pub(super) fn query_hca_vport_pkey(port: &PortModel, inp: &[u8], out: &mut [u8],
         return Err(err(CmdStatus::BadOutpLen, syndrome::BAD_OUTPUT_LEN));
     }
     for k in 0..n {
-        let v = if first + k == 0 { DEFAULT_PKEY } else { 0 };
+        let v = u32::from(port.pkeys[first + k]);
         let entry = Sub::new(o::PKEY.byte_off() + ifc::pkey::SIZE_BYTES * k, ifc::pkey::SIZE_BYTES);
         out.set(ifc::pkey::PKEY.at(entry), v);
     }

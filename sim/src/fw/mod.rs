@@ -32,6 +32,7 @@ pub(crate) mod hca;
 pub(crate) mod health;
 mod ib_vport;
 pub(crate) mod ids;
+pub(crate) mod mad_ifc;
 pub(crate) mod mkey;
 mod nic_vport;
 mod pages;
@@ -344,6 +345,7 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => {
                 (query_hca_vport_context_in::SIZE_BYTES, query_hca_vport_context_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_MAD_IFC => (mad_ifc_in::SIZE_BYTES, mad_ifc_out::SIZE_BYTES, Gate::Initialized),
             consts::MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT => {
                 (modify_hca_vport_context_in::SIZE_BYTES, modify_hca_vport_context_out::SIZE_BYTES, Gate::Initialized)
             }
@@ -572,6 +574,7 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_GID => ib_vport::query_hca_vport_gid(&self.port, inp, out, outlen),
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_PKEY => ib_vport::query_hca_vport_pkey(&self.port, inp, out, outlen),
+            consts::MLX5_CMD_OP_MAD_IFC => mad_ifc::mad_ifc(&mut self.port, events, inp, out),
             consts::MLX5_CMD_OP_SET_DRIVER_VERSION => {
                 let supported = self.caps.gen(ifc::cmd_hca_cap::DRIVER_VERSION) != 0;
                 self.port.set_driver_version(inp, supported)

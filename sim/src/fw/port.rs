@@ -24,6 +24,57 @@ pub(crate) const PVLC_VL_0_7: u32 = 8;
 /// to change bitmask 0x10000 but change supported 0x0` (issue 35).
 pub(crate) const CAP_MASK1_CHANGEABLE: u32 = (1 << 1) | (1 << 16);
 
+/// P_Key entries (`pkey_table_size` 0 encodes 128 << 0).
+pub(crate) const PKEY_ENTRIES: usize = 128;
+/// The default full-membership P_Key (IBTA), entry 0.
+pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
+/// The link-local GID prefix fe80::/64 (IBTA: GID 0 is the default subnet prefix and the port GUID).
+pub(crate) const LINK_LOCAL_PREFIX: u64 = 0xfe80_0000_0000_0000;
+/// Blocks of the VLArbitrationTable (attribute modifier 1-4: low 0-31, low 32-63, high 0-31, high 32-63), each
+/// an SMP's 64 bytes of attribute data.
+pub(crate) const VL_ARB_BLOCKS: usize = 4;
+
+/// The SMA's part of the port: what subnet management sets that no PRM command reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SmaState {
+    pub(crate) m_key: u64,
+    pub(crate) m_key_lease_period: u16,
+    pub(crate) m_key_protect_bits: u8,
+    pub(crate) gid_prefix: u64,
+    pub(crate) neighbor_mtu: u8,
+    pub(crate) operational_vls: u8,
+    pub(crate) vl_high_limit: u8,
+    pub(crate) hoq_life: u8,
+    pub(crate) enforcement: u8,
+    /// SLtoVLMappingTable: 16 SLs, a nibble each.
+    pub(crate) sl_to_vl: [u8; 8],
+    /// VLArbitrationTable blocks 1-4 (only 1 and 3 within the capacities above).
+    pub(crate) vl_arb: [[u8; 64]; VL_ARB_BLOCKS],
+}
+
+impl Default for SmaState {
+    fn default() -> Self {
+        Self {
+            m_key: 0,
+            m_key_lease_period: 0,
+            m_key_protect_bits: 0,
+            gid_prefix: LINK_LOCAL_PREFIX,
+            neighbor_mtu: 5,
+            // Until a subnet manager says otherwise, VL0 only (IBTA 14.2.5.6: OperationalVLs 1).
+            operational_vls: 1,
+            vl_high_limit: 0,
+            hoq_life: 0,
+            enforcement: 0,
+            sl_to_vl: [0; 8],
+            vl_arb: [[0; 64]; VL_ARB_BLOCKS],
+        }
+    }
+}
+
+/// `IB_PORT_INIT` / `IB_PORT_ACTIVE` as the `u8` PortInfo:PortState is.
+pub(crate) const IB_INIT: u8 = consts::IB_PORT_INIT as u8;
+pub(crate) const IB_ACTIVE: u8 = consts::IB_PORT_ACTIVE as u8;
+
 /// One `roce_addr_layout` image as SET_ROCE_ADDRESS wrote it (all zeros: empty).
 pub(crate) type RoceAddr = [u8; ifc::roce_addr_layout::SIZE_BYTES];
 
@@ -60,9 +111,21 @@ pub(crate) struct PortModel {
     pub(crate) vport_mtu: u16,
     pub(crate) promisc: [bool; 3],
     pub(crate) vport_lists: [Vec<[u8; 8]>; 3],
-    /// A PORT_CHANGE sub-type a PAOS write made due (the operational state changed): the device layer posts it
-    /// once the command completed.
-    pub(crate) pending_change: Option<u8>,
+    /// PORT_CHANGE sub-types a command made due (a PAOS write changed the operational state, a Set(PortInfo)
+    /// changed the LID or the logical state): the device layer posts them once the command completed.
+    pub(crate) pending_change: Vec<u8>,
+    /// The InfiniBand logical port state while the link is up (IBTA PortInfo:PortState, `IB_PORT_*`): Init until
+    /// a subnet manager arms and activates the port through MAD_IFC, or Active from the start without one
+    /// ([`SimConfig::subnet_manager`]).
+    pub(crate) ib_state: u8,
+    /// The P_Key table (entry 0 the default full-membership key until an SM writes PKeyTable).
+    pub(crate) pkeys: Vec<u16>,
+    /// What only subnet management sets (`fw/mad_ifc.rs`).
+    pub(crate) sma: SmaState,
+    /// NodeInfo:DeviceID (the PCI device id).
+    pub(crate) device_id: u16,
+    /// [`SimConfig::subnet_manager`]: a link that comes up is in Init, not Active.
+    pub(crate) subnet_managed: bool,
 }
 
 /// The NIC half's traffic counters, named after `mlx5_ifc_vport_counter_set_bits` and the Q counter's
@@ -117,14 +180,24 @@ impl PortModel {
             oper_mtu: if ib && mlx5_core::port::mtu_to_ib_mtu(cfg.port_mtu).is_none() { 4096 } else { cfg.port_mtu },
             node_guid: cfg.node_guid,
             mac: cfg.mac,
-            lid: if ib { cfg.lid } else { 0 },
-            sm_lid: if ib { 1 } else { 0 },
+            // Under a subnet manager the port has no LID and knows no SM until the SM's Set(PortInfo).
+            lid: if ib && !cfg.subnet_manager { cfg.lid } else { 0 },
+            sm_lid: if ib && !cfg.subnet_manager { 1 } else { 0 },
             info: cfg.port_info,
             qkey_viol_cntr: 0,
             driver_version: None,
             host_endianness: None,
             eth: EthCounters::default(),
-            pending_change: None,
+            pending_change: Vec::new(),
+            ib_state: if cfg.subnet_manager { IB_INIT } else { IB_ACTIVE },
+            pkeys: {
+                let mut t = vec![0; PKEY_ENTRIES];
+                t[0] = DEFAULT_PKEY;
+                t
+            },
+            sma: SmaState::default(),
+            device_id: cfg.pci_ids.1,
+            subnet_managed: cfg.subnet_manager,
             vport_mtu: cfg.port_mtu,
             promisc: [false; 3],
             vport_lists: Default::default(),
@@ -306,7 +379,9 @@ impl PortModel {
         if rd16(inp, ifc::mbox_in::OP_MOD) != consts::MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT {
             return Err(bad_param(syndrome::BAD_OP_MOD));
         }
-        let up = if self.oper_up() {
+        // An InfiniBand vport is up once its port is Active, not when the link trains.
+        let active = self.port_type != PortType::Ib || self.ib_state == IB_ACTIVE;
+        let up = if self.oper_up() && active {
             consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_UP
         } else {
             consts::MLX5_QUERY_VPORT_STATE_OUT_STATE_DOWN
@@ -407,13 +482,15 @@ impl PortModel {
         }
         let base = ifc::query_hca_vport_context_out::HCA_VPORT_CONTEXT;
         let (state, phys) = if self.up {
-            (consts::IB_PORT_ACTIVE, consts::IB_PORT_PHYS_STATE_LINK_UP)
+            (u32::from(self.ib_state), consts::IB_PORT_PHYS_STATE_LINK_UP)
         } else {
             (consts::IB_PORT_DOWN, consts::IB_PORT_PHYS_STATE_POLLING)
         };
         out.set(h::PORT_PHYSICAL_STATE.at(base), phys);
         out.set(h::PORT_STATE.at(base), state);
         out.set(h::VPORT_STATE.at(base), state);
+        // A physical function's port has the SMA (mlx5_ib's set_has_smi_cap: MAD_IFC serves QP0).
+        out.set(h::HAS_SMI.at(base), 1);
         out.set64(h::SYSTEM_IMAGE_GUID.at(base), self.node_guid);
         out.set64(h::PORT_GUID.at(base), self.node_guid);
         out.set64(h::NODE_GUID.at(base), self.node_guid);
@@ -465,7 +542,7 @@ impl PortModel {
         if before != after {
             let sub =
                 if after { consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE } else { consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN };
-            self.pending_change = Some(sub);
+            self.pending_change.push(sub);
         }
         Ok(())
     }
@@ -537,7 +614,15 @@ impl PortModel {
             return None;
         }
         self.up = up;
-        let sub = if up { consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE } else { consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN };
+        // Under a subnet manager a link that trains is Init (INITIALIZED, which mlx5_ib reports as a port
+        // error: not yet usable) until the SM activates it.
+        let sm = up && self.subnet_managed && self.port_type == PortType::Ib;
+        self.ib_state = if sm { IB_INIT } else { IB_ACTIVE };
+        let sub = match (up, sm) {
+            (false, _) => consts::MLX5_PORT_CHANGE_SUBTYPE_DOWN,
+            (true, true) => consts::MLX5_PORT_CHANGE_SUBTYPE_INITIALIZED,
+            (true, false) => consts::MLX5_PORT_CHANGE_SUBTYPE_ACTIVE,
+        };
         post.port_change(sub)
     }
 }

@@ -7,14 +7,14 @@ use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::sync::{Arc, Weak};
 
 use crate::config::{PortType, SimConfig};
 use crate::events::SimEvent;
 use crate::wire::roce::frame::mapped;
-use crate::wire::{self, roce_map, Dest, GID_ENTRIES, GID_LEN};
+use crate::wire::{self, roce_map, Dest, GID_ENTRIES, GID_LEN, PERMISSIVE_LID};
 
 use crate::pcap::PcapSink;
 use crate::wire::roce::frame::DropCounters;
@@ -191,6 +191,18 @@ struct Peer {
     addr: PortAddr,
     /// Every destination this port does not own goes to this peer (a guest NIC, whose addresses are not known).
     default: bool,
+    /// A device of this process: its LID as its SMA now has it (a subnet manager assigns LIDs after the cable
+    /// is plugged in), read instead of `addr.lid`.
+    lid: Option<Arc<AtomicU16>>,
+}
+
+impl Peer {
+    fn matches(&self, d: &Dest) -> bool {
+        match (&self.lid, *d) {
+            (Some(cell), Dest::Lid(lid)) => self.addr.ib && lid != 0 && lid == cell.load(Ordering::Relaxed),
+            _ => self.addr.matches(d),
+        }
+    }
 }
 
 /// A device's side of the wire: its own address, its peers, and the packets waiting to be handled or carried.
@@ -198,6 +210,8 @@ struct Peer {
 pub(crate) struct Wire {
     pub(crate) me: DevRef,
     pub(crate) addr: PortAddr,
+    /// `addr.lid` as the devices plugged into this one read it ([`Wire::set_lid`]).
+    lid_cell: Arc<AtomicU16>,
     peers: Vec<Peer>,
     /// Packets for this device (loopback, or delivered by the pump).
     pub(crate) inbox: VecDeque<Packet>,
@@ -220,6 +234,7 @@ impl Wire {
         Self {
             me: DevRef { id: next_device_id(), port: Port::Local(Weak::<()>::new()) },
             addr: PortAddr::new(cfg),
+            lid_cell: Arc::new(AtomicU16::new(PortAddr::new(cfg).lid)),
             peers: Vec::new(),
             inbox: VecDeque::new(),
             outbox: Vec::new(),
@@ -290,8 +305,16 @@ impl Wire {
         if self.addr.matches(d) && !matches!(d, Dest::Gid { gid, .. } if !self.owns(gid)) {
             return Ok(self.me_here());
         }
-        if let Some(p) = self.peers.iter().find(|p| p.addr.matches(d)) {
+        if let Some(p) = self.peers.iter().find(|p| p.matches(d)) {
             return Ok(p.dev.clone());
+        }
+        if self.addr.ib && *d == Dest::Lid(PERMISSIVE_LID) {
+            // A cable has one other end; with several peers and no switch modelled there is no "next hop".
+            return match self.peers.as_slice() {
+                [p] => Ok(p.dev.clone()),
+                [] => Err("unknown destination (not connected)"),
+                _ => Err("a permissive LID needs a single link partner"),
+            };
         }
         if let Some(p) = self.peers.iter().find(|p| p.default) {
             match (&p.dev.port, *d) {
@@ -345,8 +368,40 @@ impl Wire {
 
     pub(crate) fn add_peer(&mut self, dev: DevRef, addr: PortAddr) {
         if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
-            self.peers.push(Peer { dev, addr, default: false });
+            self.peers.push(Peer { dev, addr, default: false, lid: None });
         }
+    }
+
+    /// [`add_peer`](Self::add_peer) of a device of this process, whose LID is read live from `lid`.
+    pub(crate) fn add_local_peer(&mut self, dev: DevRef, addr: PortAddr, lid: Arc<AtomicU16>) {
+        if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
+            self.peers.push(Peer { dev, addr, default: false, lid: Some(lid) });
+        }
+    }
+
+    /// The port's LID changed (a subnet manager's Set(PortInfo)): its packets carry it as their SLID and the
+    /// devices plugged into it route to it from now on.
+    pub(crate) fn set_lid(&mut self, lid: u16) {
+        self.addr.lid = lid;
+        self.lid_cell.store(lid, Ordering::Relaxed);
+        // A device in another process learns it over the link; a lost update (link down) matters no more.
+        for p in &self.peers {
+            if let Port::Remote(link) = &p.dev.port {
+                let _ = link.transmit_lid(lid);
+            }
+        }
+    }
+
+    /// The device at the other end of link `id` (another process) says its LID is now `lid`.
+    pub(crate) fn peer_lid(&mut self, id: u64, lid: u16) {
+        if let Some(p) = self.peers.iter_mut().find(|p| p.dev.id == id && p.lid.is_none()) {
+            p.addr.lid = lid;
+        }
+    }
+
+    /// The cell [`set_lid`](Self::set_lid) keeps current, for [`add_local_peer`](Self::add_local_peer).
+    pub(crate) fn lid_cell(&self) -> Arc<AtomicU16> {
+        Arc::clone(&self.lid_cell)
     }
 
     /// Plugs a link to another process in, replacing the one plugged in before (one port, one cable).
@@ -359,7 +414,7 @@ impl Wire {
     pub(crate) fn plug_guest(&mut self, dev: DevRef) {
         self.peers.retain(|p| !p.default);
         let addr = PortAddr { ib: false, lid: 0, gid: [0; GID_LEN], mac: [0; 6] };
-        self.peers.push(Peer { dev, addr, default: true });
+        self.peers.push(Peer { dev, addr, default: true, lid: None });
     }
 
     /// Plugs a VDE fabric in, replacing the cable plugged in before: every destination the port does not own

@@ -64,6 +64,9 @@ const ACCEPT_POLL: Duration = Duration::from_millis(20);
 const FRAME_HELLO: u8 = 1;
 /// A bare Ethernet frame (RoCEv2 or ARP), between two Ethernet ports.
 const FRAME_ETHERNET: u8 = 3;
+/// The sender's port LID changed (a subnet manager assigned it): 2 bytes, big endian. The hello carried the LID
+/// the port had when the cable was plugged in.
+const FRAME_LID: u8 = 4;
 
 /// Why a link could not be set up.
 #[derive(Debug)]
@@ -141,6 +144,15 @@ impl Link {
             return Err("message too large for the simulated link");
         }
         self.queue(frame)
+    }
+
+    /// Tells the far end this port's LID is now `lid`.
+    pub(crate) fn transmit_lid(&self, lid: u16) -> Result<(), &'static str> {
+        if !self.up.load(Ordering::Acquire) {
+            return Err("link down");
+        }
+        let [hi, lo] = lid.to_be_bytes();
+        self.queue(vec![FRAME_LID, hi, lo])
     }
 
     /// Queues a bare Ethernet frame (an ARP reply) for the far end.
@@ -514,6 +526,11 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<Link>, mut r: BufReader<TcpStr
                 let _ = link.transmit_frame(&b);
             }
             station.run();
+            continue;
+        }
+        if let Some((&FRAME_LID, lid)) = frame.split_first() {
+            let Ok(lid) = <[u8; 2]>::try_from(lid) else { break "malformed LID frame" };
+            station.with_wire(|wire, _| (wire.peer_lid(link.id, u16::from_be_bytes(lid)), None));
             continue;
         }
         let p = match frame.split_first() {

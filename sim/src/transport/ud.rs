@@ -11,7 +11,7 @@ use super::wqe::SendWqe;
 use crate::fw::qp::SpecialQp;
 use crate::wire::roce::frame::IpRepr;
 use crate::wire::roce::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN};
-use crate::wire::roce_map;
+use crate::wire::{roce_map, PERMISSIVE_LID};
 
 /// The UDP header of a RoCE v2 packet.
 const UDP_BYTES: usize = 8;
@@ -97,7 +97,10 @@ impl Requester<'_> {
                 let sl = if addr.ib { av.sl } else { 0 };
                 let me = self.wire.me_here();
                 let roce = RoceInfo { psn, ..RoceInfo::default() };
-                let p = Packet { src: me, dst, src_qpn, dst_qpn: av.dqpn, slid: addr.lid, sl, grh, body, roce };
+                // A directed-route SMP's LRH carries the permissive LID both ways (IBA 14.2.2): the responder's
+                // reply (ib_mad answers to the SLID it received) then finds its way back before any LID exists.
+                let slid = if addr.ib && av.rlid == PERMISSIVE_LID { PERMISSIVE_LID } else { addr.lid };
+                let p = Packet { src: me, dst, src_qpn, dst_qpn: av.dqpn, slid, sl, grh, body, roce };
                 self.wire.send(p);
             }
             Err(why) => self.events.push(SimEvent::UdDropped { qpn, dqpn: av.dqpn, why }),

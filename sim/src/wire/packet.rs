@@ -15,6 +15,8 @@ pub(crate) fn is_unicast_lid(lid: u16) -> bool {
 
 /// Entries of port 1's GID table (index 0, the default GID).
 pub(crate) const GID_ENTRIES: u32 = 1;
+/// The permissive LID (IBA 4.1.3): a directed-route SMP's DLID, taken by the port at the cable's other end.
+pub(crate) const PERMISSIVE_LID: u16 = 0xffff;
 /// Where a packet goes, as the sender's path or address vector names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dest {

@@ -39,15 +39,32 @@ impl BarFile {
     /// Maps `file` and watches the UAR pages from `first_uar_page` up to `bar_size` bytes (within the file),
     /// with BlueFlame registers of `bf_reg_size` bytes (two buffers each).
     pub fn open(file: &File, first_uar_page: usize, bar_size: usize, bf_reg_size: usize) -> std::io::Result<Self> {
-        let file_len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
-        let len = bar_size.min(file_len) / PAGE * PAGE;
-        if len == 0 {
-            return Err(std::io::Error::other("the BAR file is smaller than a page"));
+        Self::open_at(file, 0, first_uar_page, bar_size, bf_reg_size)
+    }
+
+    /// [`open`](Self::open) of a BAR that starts `file_offset` bytes into the file: UML backs its whole BAR
+    /// window with one file, so the second device of a guest has its BAR further in (a page multiple).
+    pub fn open_at(
+        file: &File,
+        file_offset: u64,
+        first_uar_page: usize,
+        bar_size: usize,
+        bf_reg_size: usize,
+    ) -> std::io::Result<Self> {
+        if !file_offset.is_multiple_of(PAGE as u64) {
+            return Err(std::io::Error::other(format!("BAR file offset {file_offset:#x} is not page aligned")));
         }
-        // SAFETY: a fresh shared read-only mapping of an open file; the kernel picks the address, and the result
-        // is checked before use.
-        let p =
-            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        let file_len = file.metadata()?.len().saturating_sub(file_offset);
+        let len = bar_size.min(usize::try_from(file_len).unwrap_or(usize::MAX)) / PAGE * PAGE;
+        if len == 0 {
+            return Err(std::io::Error::other("the BAR file is smaller than a page past the BAR's offset"));
+        }
+        let offset = libc::off_t::try_from(file_offset).map_err(|_| std::io::Error::other("BAR file offset"))?;
+        // SAFETY: a fresh shared read-only mapping of an open file at a page-aligned offset within it; the kernel
+        // picks the address, and the result is checked before use.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), offset)
+        };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
@@ -134,6 +151,25 @@ mod tests {
         let t = File::create(&tiny).unwrap();
         assert!(BarFile::open(&t, 0, 8 * PAGE, 512).is_err());
         std::fs::remove_file(&tiny).unwrap();
+    }
+
+    #[test]
+    fn a_second_device_watches_its_own_bar_further_into_the_file() {
+        // Two 8-page BARs in one file, as UML backs its whole BAR window with one: the second device's watch
+        // sees its own page 3 and not the first device's.
+        let path = std::env::temp_dir().join(format!("mlx5-barfile-two-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.set_len(16 * PAGE as u64).unwrap();
+        let second = 8 * PAGE as u64;
+        let mut w = BarFile::open_at(&f, second, 2, 8 * PAGE, 512).unwrap();
+        f.write_all_at(&[5; 8], (3 * PAGE + CQ_DB) as u64).unwrap();
+        assert!(w.changed().is_empty());
+        f.write_all_at(&[6; 8], second + (3 * PAGE + CQ_DB) as u64).unwrap();
+        assert_eq!(w.changed(), vec![((3 * PAGE + CQ_DB) as u64, [6; 8])]);
+        // An offset that is not a page multiple, or past the file's end, is refused.
+        assert!(BarFile::open_at(&f, 100, 2, 8 * PAGE, 512).is_err());
+        assert!(BarFile::open_at(&f, 16 * PAGE as u64, 2, 8 * PAGE, 512).is_err());
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

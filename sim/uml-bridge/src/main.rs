@@ -3,7 +3,10 @@
 //! `virtio_uml.device=PATH:1234`, and exits when it disconnects. With `--bar-file`, the file UML was given as
 //! `virt_pci_bar_file=` is watched for user doorbells. An Ethernet port offers the NIC half (mlx5e loads); its
 //! cable goes to another bridge's device over TCP (`--wire-listen` on one, `--wire-connect` on the other), so two
-//! UML instances' netdevs reach each other.
+//! UML instances' netdevs reach each other. `--subnet-manager` leaves an InfiniBand port in Init without a LID
+//! until a subnet manager (opensm in the guest) activates it through MAD_IFC; `--node-guid` tells two ports of
+//! one fabric apart; `--bar-file-offset` is where this device's BAR starts in the BAR file (the second device
+//! of one guest).
 
 use std::fs::File;
 use std::os::unix::net::UnixListener;
@@ -15,7 +18,7 @@ use mlx5_uml_bridge::barfile::BarFile;
 use mlx5_uml_bridge::device::Device;
 use mlx5_uml_bridge::server::Server;
 
-const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--mac MAC] [--wire-listen ADDR | --wire-connect ADDR] [--trace FILE] [--bar-file FILE] [--verbose]";
+const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--mac MAC] [--node-guid HEX] [--subnet-manager] [--wire-listen ADDR | --wire-connect ADDR] [--trace FILE] [--bar-file FILE [--bar-file-offset HEX]] [--verbose]";
 /// How long `--wire-connect` waits for the other bridge's `--wire-listen`.
 const WIRE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -23,6 +26,8 @@ const WIRE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs
 #[derive(Default)]
 struct WireOpts {
     mac: Option<[u8; 6]>,
+    node_guid: Option<u64>,
+    subnet_manager: bool,
     listen: Option<String>,
     connect: Option<String>,
 }
@@ -42,6 +47,7 @@ fn main() -> ExitCode {
     let mut trace: Option<PathBuf> = None;
     let mut verbose = false;
     let mut bar_file: Option<PathBuf> = None;
+    let mut bar_offset = 0u64;
     let mut wire = WireOpts::default();
     while let Some(a) = argv.next() {
         let r = a.and_then(|a| {
@@ -55,6 +61,18 @@ fn main() -> ExitCode {
                     let m = parse_mac(&v)
                         .ok_or_else(|| mlx5_args::ArgError::Other(format!("--mac: {v:?} is not aa:bb:cc:dd:ee:ff")))?;
                     wire.mac = Some(m);
+                }
+                "--node-guid" => {
+                    let v = argv.value("--node-guid", "a GUID in hex")?;
+                    let g = u64::from_str_radix(v.trim_start_matches("0x"), 16)
+                        .map_err(|e| mlx5_args::ArgError::Other(format!("--node-guid {v:?}: {e}")))?;
+                    wire.node_guid = Some(g);
+                }
+                "--subnet-manager" => wire.subnet_manager = true,
+                "--bar-file-offset" => {
+                    let v = argv.value("--bar-file-offset", "a byte offset in hex")?;
+                    bar_offset = u64::from_str_radix(v.trim_start_matches("0x"), 16)
+                        .map_err(|e| mlx5_args::ArgError::Other(format!("--bar-file-offset {v:?}: {e}")))?;
                 }
                 "--wire-listen" => wire.listen = Some(argv.value("--wire-listen", "HOST:PORT")?),
                 "--wire-connect" => wire.connect = Some(argv.value("--wire-connect", "HOST:PORT")?),
@@ -85,7 +103,7 @@ fn main() -> ExitCode {
         let e = mlx5_args::ArgError::Other("--wire-listen and --wire-connect exclude each other".into());
         return mlx5_args::usage_exit("mlx5-uml-bridge", &e, USAGE);
     }
-    match run(&socket, port, &wire, trace.as_deref(), bar_file.as_deref(), verbose) {
+    match run(&socket, port, &wire, trace.as_deref(), bar_file.as_deref().map(|p| (p, bar_offset)), verbose) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mlx5-uml-bridge: {e}");
@@ -99,7 +117,7 @@ fn run(
     port: PortType,
     wire: &WireOpts,
     trace: Option<&std::path::Path>,
-    bar_file: Option<&std::path::Path>,
+    bar_file: Option<(&std::path::Path, u64)>,
     verbose: bool,
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(socket);
@@ -117,6 +135,8 @@ fn run(
         num_uars: NUM_UARS,
         eth_netdev: eth,
         mac: wire.mac.unwrap_or(defaults.mac),
+        node_guid: wire.node_guid.unwrap_or(defaults.node_guid),
+        subnet_manager: wire.subnet_manager,
         // The trace carries every command's messages, so `mlx5 trace decode` shows them field by field.
         record_messages: trace.is_some(),
         ..defaults
@@ -140,10 +160,11 @@ fn run(
     let mut dev = Device::new(sim, class);
     dev.verbose = verbose;
     let mut server = Server::new(conn, dev, trace, verbose);
-    if let Some(p) = bar_file {
+    if let Some((p, off)) = bar_file {
         let f = std::fs::OpenOptions::new().read(true).open(p)?;
         // The initialization segment comes first; UAR pages follow.
-        server.bar_file = Some(BarFile::open(&f, mlx5_sim::FIRST_UAR_PAGE, bar_size, mlx5_sim::BF_REG_SIZE)?);
+        let first = mlx5_sim::FIRST_UAR_PAGE;
+        server.bar_file = Some(BarFile::open_at(&f, off, first, bar_size, mlx5_sim::BF_REG_SIZE)?);
     }
     let r = server.run();
     // What the simulated port dropped or failed on, counted by reason (its own counters say how much, not why).
@@ -153,6 +174,9 @@ fn run(
             mlx5_sim::SimEvent::FrameDropped { why } => format!("frame dropped: {why}"),
             mlx5_sim::SimEvent::EthRecvError { why, syndrome, .. } => format!("receive error {syndrome:#x}: {why}"),
             mlx5_sim::SimEvent::EthSendError { syndrome, .. } => format!("send error {syndrome:#x}"),
+            mlx5_sim::SimEvent::SmpStatus { attr_id, method, status } => {
+                format!("SMP answered with MAD status {status:#06x}: method {method:#04x} attribute {attr_id:#06x}")
+            }
             _ => continue,
         };
         *why.entry(k).or_default() += 1;

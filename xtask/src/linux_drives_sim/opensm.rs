@@ -1,0 +1,335 @@
+//! `cargo xtask linux-drives-sim --opensm`: two simulated ConnectX-5 InfiniBand ports on one cable, both PCI
+//! functions of one UML guest (mlx5_0 and mlx5_1), each port waiting for a subnet manager (`--subnet-manager`:
+//! Init, no LID). Debian's `opensm` in the guest binds mlx5_0's port, sweeps the fabric with SMPs (its own port
+//! through ib_umad, ib_mad and MAD_IFC; the other over QP0 and the simulator's cable, answered by mlx5_1's
+//! ib_mad and the firmware SMA behind its MAD_IFC), assigns LIDs and brings both ports to Active. The run checks
+//! `ibstat` (State: Active, distinct LIDs, the SM's LID as each port's SM lid), `smpquery nodeinfo` by LID and by
+//! directed route, `ibnetdiscover`'s topology (both channel adapters, one link), then `ibv_rc_pingpong` between
+//! the two ports over the LIDs opensm gave them.
+//!
+//! The two bridges' devices are joined by the simulator's TCP link on 127.0.0.1; UML backs its whole BAR window
+//! with one file, so the second bridge watches its BAR at `--bar-file-offset` (checked against the guest's
+//! sysfs). Kept in `target/linux-drives-sim/opensm/`: `console.txt`, `dmesg.txt`, `{a,b}.trace.jsonl`,
+//! `{a,b}.bridge.log`, and opensm's own log in the console.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{
+    bad_lines, between, build_bridge, init_prelude, initramfs_with, Reap, BOOT_TIMEOUT, DMESG_BEGIN, DMESG_END, DONE,
+    HARNESS, PINGPONG_PORT_HEX, PROGRAM_TIMEOUT_S, VIRTIO_DEVICE_ID,
+};
+use crate::vfio_test::wait_until;
+
+/// The two ports: (name, node GUID). Distinct GUIDs, or opensm would see one node twice.
+const PORTS: [(&str, &str); 2] = [("a", "b8cef60300a00001"), ("b", "b8cef60300a00002")];
+/// Each device's BAR0 (`mlx5_sim`'s 32 MiB), and so where the second one starts in UML's BAR window.
+const BAR_BYTES: u64 = 32 << 20;
+/// UML's virt-pci BAR window starts here (`xtask/uml/0002-um-virt-pci-bar-file.patch`).
+const BAR_WINDOW: u64 = 0xf000_0000;
+/// How long the guest waits for opensm to bring both ports to Active, in tenths of a second.
+const SWEEP_WAIT_DS: u32 = 900;
+/// ibv_rc_pingpong between the two ports over opensm's LIDs: iterations of 4 KiB, sleeping on events.
+const RC_ITERS: u32 = 200;
+/// Attributes the SMA answers with a MAD status that are no failure, each with why: opensm asks Mellanox's vendor
+/// ExtendedPortInfo (FDR10) of every port and takes "unsupported" as no FDR10.
+const SMP_STATUS_KNOWN: &[(&str, &str)] =
+    &[("attribute 0xff90", "Mellanox's vendor ExtendedPortInfo (FDR10) is not modelled; opensm goes on without it")];
+/// What goes into the guest: rdma-core's, opensm's and infiniband-diags' programs.
+const BINARIES: &[&str] = &["ibv_devinfo", "ibv_rc_pingpong", "opensm", "ibstat", "smpquery", "ibnetdiscover"];
+/// Debian packages for the programs rdma-core's ibverbs-utils does not bring: (program, package).
+const PACKAGES: &[(&str, &str)] = &[("opensm", "opensm"), ("ibnetdiscover", "infiniband-diags")];
+
+const IBSTAT_BEGIN: &str = "=== ibstat begin ===";
+const IBSTAT_END: &str = "=== ibstat end ===";
+const SMPQUERY_BEGIN: &str = "=== smpquery begin ===";
+const SMPQUERY_END: &str = "=== smpquery exit ";
+const NETDISC_BEGIN: &str = "=== ibnetdiscover begin ===";
+const NETDISC_END: &str = "=== ibnetdiscover exit ";
+const SWEPT: &str = "=== opensm swept: ";
+const RC_EXIT: &str = "=== ibv_rc_pingpong exit server=";
+
+fn init_script() -> String {
+    let prelude = init_prelude();
+    format!(
+        r#"{prelude}mkdir -p /var/log /var/cache/opensm /etc/opensm /run
+ip link set lo up
+for d in /sys/bus/pci/devices/*; do echo "bar: $(basename $d) $(head -n 1 $d/resource | cut -d' ' -f1)"; done
+for i in /sys/class/infiniband/*; do [ -e "$i" ] && echo "rdma: $(basename $i) node_guid=$(cat $i/node_guid) state=$(cat $i/ports/1/state) lid=$(cat $i/ports/1/lid)"; done
+echo "before opensm: $(ibstat mlx5_0 1 | grep -E 'State|Base lid' | tr -s '\t\n' '  ')"
+guid=$(ibstat -p mlx5_0 | head -n 1)
+timeout 600 opensm -g $guid -f /tmp/opensm.log > /tmp/opensm.out 2>&1 &
+sm=$!
+n=0
+while [ $n -lt {SWEEP_WAIT_DS} ]; do
+  a=$(cat /sys/class/infiniband/mlx5_0/ports/1/state 2>/dev/null)
+  b=$(cat /sys/class/infiniband/mlx5_1/ports/1/state 2>/dev/null)
+  case "$a $b" in *ACTIVE*ACTIVE*) break;; esac
+  sleep 0.1
+  n=$((n+1))
+done
+echo "{SWEPT}$n ==="
+echo "{IBSTAT_BEGIN}"
+ibstat
+echo "{IBSTAT_END}"
+lid1=$(cat /sys/class/infiniband/mlx5_1/ports/1/lid)
+echo "{SMPQUERY_BEGIN}"
+timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 nodeinfo $((lid1)) && timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 -D nodedesc 0,1
+echo "{SMPQUERY_END}$? ==="
+echo "{NETDISC_BEGIN}"
+timeout {PROGRAM_TIMEOUT_S} ibnetdiscover -C mlx5_0 -P 1
+echo "{NETDISC_END}$? ==="
+timeout {PROGRAM_TIMEOUT_S} ibv_rc_pingpong -d mlx5_0 -s 4096 -n {RC_ITERS} -e > /tmp/server.txt 2>&1 &
+spid=$!
+n=0
+while ! grep -Eq ':{PINGPONG_PORT_HEX} 0+:0000 0A' /proc/net/tcp /proc/net/tcp6 2>/dev/null && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done
+timeout {PROGRAM_TIMEOUT_S} ibv_rc_pingpong -d mlx5_1 -s 4096 -n {RC_ITERS} -e 127.0.0.1 > /tmp/client.txt 2>&1
+crc=$?
+wait $spid
+src=$?
+sed 's/^/rc server: /' /tmp/server.txt
+sed 's/^/rc client: /' /tmp/client.txt
+echo "{RC_EXIT}$src client=$crc ==="
+kill $sm 2>/dev/null
+wait $sm
+sed 's/^/opensm: /' /tmp/opensm.out
+grep -E 'SUBNET UP|ERR|sweep' /tmp/opensm.log | sed 's/^/opensm.log: /'
+echo "{DMESG_BEGIN}"
+dmesg
+echo "{DMESG_END}"
+echo "{DONE}"
+poweroff -f
+"#
+    )
+}
+
+/// One CA's `ibstat` fields: (State, Base lid, SM lid).
+fn ibstat_port(out: &str, ca: &str) -> Option<(String, u16, u16)> {
+    let block = out.split("CA '").find(|b| b.starts_with(&format!("{ca}'")))?;
+    let field = |k: &str| block.lines().find_map(|l| l.trim().strip_prefix(k).map(|v| v.trim().to_string()));
+    Some((field("State:")?, field("Base lid:")?.parse().ok()?, field("SM lid:")?.parse().ok()?))
+}
+
+/// What the console must show; each problem found goes into `problems`.
+fn check(console: &str, problems: &mut Vec<String>) {
+    // The second function's BAR is where its bridge watches the BAR file.
+    let bars: Vec<u64> = console
+        .lines()
+        .filter_map(|l| l.strip_prefix("bar: "))
+        .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?.trim_start_matches("0x"), 16).ok())
+        .collect();
+    let want: Vec<u64> = (0..2).map(|k| BAR_WINDOW + k * BAR_BYTES).collect();
+    if bars != want {
+        problems.push(format!("the functions' BAR0s are {bars:x?}, the bridges watch {want:x?}"));
+    }
+    // The LIDs are opensm's: both ports came up in Init without one.
+    for ca in ["mlx5_0", "mlx5_1"] {
+        let before = format!("rdma: {ca} ");
+        let fresh = console.lines().any(|l| l.starts_with(&before) && l.ends_with("state=2: INIT lid=0x0"));
+        if !fresh {
+            problems.push(format!("{ca} was not in Init without a LID before opensm ran"));
+        }
+    }
+    match between(console, SWEPT, " ===").and_then(|n| n.trim().parse::<u32>().ok()) {
+        Some(n) if n < SWEEP_WAIT_DS => {
+            println!("linux-drives-sim --opensm: both ports Active {:.1} s after opensm started", f64::from(n) / 10.0)
+        }
+        _ => problems.push(format!("opensm did not bring both ports to Active within {} s", SWEEP_WAIT_DS / 10)),
+    }
+    let ibstat = between(console, IBSTAT_BEGIN, IBSTAT_END).unwrap_or_default();
+    let ports: Vec<_> = ["mlx5_0", "mlx5_1"].iter().map(|ca| (ca, ibstat_port(ibstat, ca))).collect();
+    for (ca, p) in &ports {
+        match p {
+            Some((state, lid, sm)) => {
+                println!("linux-drives-sim --opensm: ibstat {ca}: State: {state}, Base lid: {lid}, SM lid: {sm}");
+                if state != "Active" {
+                    problems.push(format!("ibstat {ca}: State: {state}, not Active"));
+                }
+                if *lid == 0 || *sm == 0 {
+                    problems.push(format!("ibstat {ca}: no LID or no SM lid (Base lid {lid}, SM lid {sm})"));
+                }
+            }
+            None => problems.push(format!("ibstat shows no port of {ca}")),
+        }
+    }
+    if let [(_, Some((_, la, sa))), (_, Some((_, lb, sb)))] = ports.as_slice() {
+        if la == lb {
+            problems.push(format!("both ports have LID {la}"));
+        }
+        // opensm runs on mlx5_0: both ports name its LID as their SM's.
+        if sa != la || sb != la {
+            problems.push(format!("SM lids {sa} and {sb}, but opensm's port has LID {la}"));
+        }
+    }
+    let smp = between(console, SMPQUERY_BEGIN, SMPQUERY_END).unwrap_or_default();
+    let b_guid = format!("0x{}", PORTS[1].1);
+    let exit = console.split(SMPQUERY_END).nth(1).and_then(|r| r.split_whitespace().next());
+    if exit != Some("0") || !smp.lines().any(|l| l.contains("Guid") && l.contains(&b_guid)) {
+        problems.push(format!("smpquery nodeinfo by LID did not show mlx5_1's GUID {b_guid} (exit {exit:?})"));
+    }
+    if !smp.contains("mlx5-sim") {
+        problems.push("smpquery -D nodedesc 0,1 did not show mlx5_1's node description".into());
+    }
+    let disc = between(console, NETDISC_BEGIN, NETDISC_END).unwrap_or_default();
+    let cas = disc.lines().filter(|l| l.starts_with("Ca\t")).count();
+    let link = disc.lines().any(|l| l.starts_with('[') && PORTS.iter().all(|(_, g)| l.contains(g)));
+    if cas != 2 || !link {
+        problems.push(format!("ibnetdiscover: {cas} channel adapters (want 2), a link between the two: {link}"));
+    } else {
+        println!("linux-drives-sim --opensm: ibnetdiscover found 2 channel adapters and the cable between them");
+    }
+    let rc = console.split(RC_EXIT).nth(1).and_then(|r| r.lines().next()).unwrap_or("?");
+    let bytes = format!("{} bytes in", 2 * 4096 * u64::from(RC_ITERS));
+    match console.lines().find(|l| l.starts_with("rc client: ") && l.contains(&bytes)) {
+        Some(l) if rc == "0 client=0 ===" => println!("linux-drives-sim --opensm: {l}"),
+        _ => problems.push(format!("ibv_rc_pingpong over opensm's LIDs: exit server={rc}")),
+    }
+}
+
+pub(super) fn run(root: &Path) -> Result<(), String> {
+    let started = Instant::now();
+    let linux = crate::uml::build(root)?;
+    let bridge = build_bridge(root)?;
+    let missing: Vec<&str> = PACKAGES.iter().filter(|(prog, _)| !crate::vfio_test::have(prog)).map(|p| p.1).collect();
+    if !missing.is_empty() {
+        crate::vfio_test::apt_install(&missing)?;
+    }
+    let work = root.join("target/linux-drives-sim/opensm");
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let initrd = initramfs_with(&work, &init_script(), BINARIES)?;
+    // One BAR file for UML's whole BAR window: both functions' user doorbells land in it.
+    let bar_file = work.join("bar.file");
+    std::fs::File::create(&bar_file)
+        .and_then(|f| f.set_len(2 * BAR_BYTES))
+        .map_err(|e| format!("{}: {e}", bar_file.display()))?;
+    let cable = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("127.0.0.1:0: {e}"))?;
+        format!("127.0.0.1:{}", l.local_addr().map_err(|e| e.to_string())?.port())
+    };
+    let mut bridges = Vec::new();
+    let mut devices = Vec::new();
+    for (k, (name, guid)) in PORTS.iter().enumerate() {
+        let sock = work.join(format!("{name}.sock"));
+        let _ = std::fs::remove_file(&sock);
+        let log = std::fs::File::create(work.join(format!("{name}.bridge.log"))).map_err(|e| e.to_string())?;
+        let wire = if k == 0 { "--wire-listen" } else { "--wire-connect" };
+        let child = Command::new(&bridge)
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--trace")
+            .arg(work.join(format!("{name}.trace.jsonl")))
+            .arg("--bar-file")
+            .arg(&bar_file)
+            .args(["--bar-file-offset", &format!("{:x}", k as u64 * BAR_BYTES)])
+            .args(["--port", "ib", "--subnet-manager", "--node-guid", guid, wire, &cable])
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", bridge.display()))?;
+        bridges.push(Reap(child));
+        let t0 = Instant::now();
+        while !sock.exists() {
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(format!("mlx5-uml-bridge ({name}) did not create its socket"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        devices.push(format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", sock.display()));
+    }
+    let console_path = work.join("console.txt");
+    let console_file = std::fs::File::create(&console_path).map_err(|e| e.to_string())?;
+    let boot = Instant::now();
+    let mut uml = Reap(
+        Command::new(&linux)
+            .arg("mem=384M")
+            .arg(format!("initrd={}", initrd.display()))
+            .arg("con0=fd:0,fd:1")
+            .arg("con=null")
+            .args(&devices)
+            .arg("virt_pci.max_delay_us=2000000")
+            .arg(format!("virt_pci_bar_file={}", bar_file.display()))
+            .env("TMPDIR", &work)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(console_file.try_clone().map_err(|e| e.to_string())?))
+            .stderr(Stdio::from(console_file))
+            .spawn()
+            .map_err(|e| format!("{}: {e}", linux.display()))?,
+    );
+    let timed_out = wait_until(&mut uml.0, boot + BOOT_TIMEOUT, Duration::from_millis(50))?.is_none();
+    if timed_out {
+        let _ = uml.0.kill();
+    }
+    let guest_time = boot.elapsed();
+    drop(uml);
+    for b in &mut bridges {
+        let _ = wait_until(&mut b.0, Instant::now() + Duration::from_secs(10), Duration::from_millis(20));
+    }
+    drop(bridges);
+    let console = String::from_utf8_lossy(&std::fs::read(&console_path).map_err(|e| e.to_string())?).into_owned();
+    let dmesg = between(&console, DMESG_BEGIN, DMESG_END).unwrap_or(&console).to_string();
+    std::fs::write(work.join("dmesg.txt"), &dmesg).map_err(|e| e.to_string())?;
+    println!(
+        "linux-drives-sim --opensm: guest ran {:.1} s; total {:.1} s; logs in {}",
+        guest_time.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        work.display()
+    );
+    for l in
+        console.lines().filter(|l| ["pci: ", "bar: ", "rdma: ", "before opensm: "].iter().any(|p| l.starts_with(p)))
+    {
+        println!("  {l}");
+    }
+    let mut problems = Vec::new();
+    if !console.contains(DONE) {
+        problems.push(format!("the guest did not finish its init script{}", if timed_out { " in time" } else { "" }));
+    }
+    check(&console, &mut problems);
+    for l in bad_lines(&dmesg) {
+        match HARNESS.iter().find(|(p, _)| l.contains(p)) {
+            Some((_, why)) => println!("  known, not failing: {} ({why})", l.trim()),
+            None => problems.push(format!("dmesg: {}", l.trim())),
+        }
+    }
+    for (name, _) in PORTS {
+        let log = std::fs::read_to_string(work.join(format!("{name}.bridge.log"))).unwrap_or_default();
+        // Every SMP opensm and infiniband-diags sent was answered with success, but for the known ones.
+        for l in log.lines().filter(|l| l.contains("SMP answered with MAD status")) {
+            match SMP_STATUS_KNOWN.iter().find(|(k, _)| l.contains(k)) {
+                Some((_, why)) => println!("  known, not failing: {name}: {} ({why})", l.trim()),
+                None => problems.push(format!("{name}: {}", l.trim())),
+            }
+        }
+        match log.lines().find(|l| l.contains("mlx5-uml-bridge: done:")) {
+            Some(l) if l.contains(" 0 rejected,") => {}
+            Some(l) => problems.push(format!("{name}: the bridge refused virt-pci requests: {}", l.trim())),
+            None => problems.push(format!("{name}: the bridge did not finish cleanly (no summary in its log)")),
+        }
+    }
+    if problems.is_empty() {
+        println!("linux-drives-sim --opensm: every check passed");
+        Ok(())
+    } else {
+        Err(format!("linux-drives-sim --opensm: {} problem(s):\n  {}", problems.len(), problems.join("\n  ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ibstat_fields_are_read_per_ca() {
+        let out = "CA 'mlx5_0'\n\tCA type: MT4119\n\tPort 1:\n\t\tState: Active\n\t\tBase lid: 1\n\t\tSM lid: 1\n\
+                   CA 'mlx5_1'\n\tPort 1:\n\t\tState: Initializing\n\t\tBase lid: 0\n\t\tSM lid: 0\n";
+        assert_eq!(ibstat_port(out, "mlx5_0"), Some(("Active".into(), 1, 1)));
+        assert_eq!(ibstat_port(out, "mlx5_1"), Some(("Initializing".into(), 0, 0)));
+        assert_eq!(ibstat_port(out, "mlx5_2"), None);
+    }
+
+    #[test]
+    fn the_init_script_parses() {
+        let s = init_script();
+        let ok = Command::new("/bin/busybox").args(["sh", "-n", "-c", &s]).status().is_ok_and(|st| st.success());
+        assert!(ok || !Path::new("/bin/busybox").exists(), "busybox sh -n refuses the init script");
+    }
+}
