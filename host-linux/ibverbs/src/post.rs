@@ -15,9 +15,9 @@ use mlx5_verbs::QpFn;
 
 use crate::abi::*;
 use crate::errno_of;
-use crate::guard;
 use crate::queue::{cq_of, qp_of, srq_of, Ah, PendingWr, Qp, WrBatch};
 use crate::uobject::lock;
+use crate::{guard, guard_datapath};
 
 /// SGEs one work request may carry here (mlx5's largest WQE holds fewer).
 const MAX_SGE: usize = 64;
@@ -169,7 +169,7 @@ impl WcSink for CWc {
 }
 
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
-    guard("ibv_poll_cq", -libc::EIO, || {
+    guard_datapath("ibv_poll_cq", -libc::EIO, || {
         // SAFETY: the caller passes a live CQ.
         let Some((_, raw)) = (unsafe { cq_of(cq) }) else { return -libc::EINVAL };
         // libmlx5's poll loop runs while it has polled fewer than `num`: a negative count polls nothing.
@@ -372,7 +372,7 @@ unsafe fn set_bad<T>(bad: *mut *mut T, w: *mut T) {
 }
 
 unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
-    guard("ibv_post_send", libc::EIO, || {
+    guard_datapath("ibv_post_send", libc::EIO, || {
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
         // The whole list goes to the core's post loop, read in place: one doorbell for every WQE written
@@ -513,7 +513,7 @@ unsafe fn recv_result(
 }
 
 unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
-    guard("ibv_post_recv", libc::EIO, || {
+    guard_datapath("ibv_post_recv", libc::EIO, || {
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
         if !q.c.qp_base.srq.is_null() {
@@ -529,7 +529,7 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
 }
 
 unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
-    guard("ibv_post_srq_recv", libc::EIO, || {
+    guard_datapath("ibv_post_srq_recv", libc::EIO, || {
         // SAFETY: the caller passes a live SRQ.
         let Some(s) = (unsafe { srq_of(srq) }) else { return libc::EINVAL };
         // SAFETY: the caller's list; one doorbell record update for all of it.
