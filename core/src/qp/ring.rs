@@ -24,7 +24,9 @@ struct SqSlot {
     next: u32,
 }
 
-/// See [`Qp::sq_win`]. Lives only inside one `post_send` call, while the QP is borrowed.
+/// See [`Qp::sq_win`]. Lives only inside one `post_send` call, while the QP is borrowed. `Copy`: the rarer
+/// segments' out-of-line writers take it by value, so the hot loop never needs it in memory.
+#[derive(Clone, Copy)]
 struct SqWin {
     flat: Option<core::ptr::NonNull<u8>>,
     ds_mask: usize,
@@ -482,7 +484,7 @@ impl Qp {
         let datagram = self.ty.is_datagram();
         match (datagram, wr.ud(datagram)?) {
             (true, Some(d)) => {
-                self.put_av(w, start + off, &d);
+                self.put_av(*w, start + off, &d);
                 off += DGRAM;
             }
             (true, None) => return Err(K::BadRequest { what: "UD send without an address handle" }),
@@ -520,12 +522,12 @@ impl Qp {
             }
             SendOp::AtomicCmpSwp { remote_addr, rkey, compare, swap } => {
                 self.need_atomic(sg_list)?;
-                self.put_atomic(w, start + off, raddr(remote_addr, rkey), swap, Some(compare));
+                self.put_atomic(*w, start + off, raddr(remote_addr, rkey), swap, Some(compare));
                 off += RADDR + ATOMIC;
             }
             SendOp::AtomicFetchAdd { remote_addr, rkey, add } => {
                 self.need_atomic(sg_list)?;
-                self.put_atomic(w, start + off, raddr(remote_addr, rkey), add, None);
+                self.put_atomic(*w, start + off, raddr(remote_addr, rkey), add, None);
                 off += RADDR + ATOMIC;
             }
         }
@@ -567,7 +569,8 @@ impl Qp {
     /// The UD address vector with its remote QPN and Q_Key (`set_datagram_seg`). Out of line, as the other
     /// rarer segments below: the connected-QP path keeps its registers.
     #[inline(never)]
-    fn put_av(&self, w: &SqWin, pos: usize, d: &super::wr::UdDest<'_>) {
+    fn put_av(&self, w: SqWin, pos: usize, d: &super::wr::UdDest<'_>) {
+        let w = &w;
         let mut seg = *d.ah.av();
         c::mlx5_av::DQP_DCT.put_be(&mut seg, 0, (d.remote_qpn & 0xff_ffff) | consts::MLX5_EXTENDED_UD_AV);
         c::mlx5_av::QKEY.put_be(&mut seg, 0, d.remote_qkey);
@@ -576,7 +579,8 @@ impl Qp {
 
     /// The remote address and atomic segments of an atomic (`set_atomic_seg`): `compare` for compare-and-swap.
     #[inline(never)]
-    fn put_atomic(&self, w: &SqWin, pos: usize, raddr: [u8; RADDR], swap_add: u64, compare: Option<u64>) {
+    fn put_atomic(&self, w: SqWin, pos: usize, raddr: [u8; RADDR], swap_add: u64, compare: Option<u64>) {
+        let w = &w;
         self.sq_put(w, pos, &raddr);
         let mut a = [0u8; ATOMIC];
         put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, swap_add);

@@ -380,7 +380,7 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
         match q.raw.post_each(SendList(wr)) {
             Ok(Ok(())) => 0,
             // SAFETY: the caller's out pointer.
-            Ok(Err((w, kind))) => unsafe { failed(bad, w.0, send_errno(kind)) },
+            Ok(Err((w, e))) => unsafe { failed(bad, w, e) },
             // SAFETY: as above.
             Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
         }
@@ -405,10 +405,12 @@ impl Iterator for SendList {
 }
 
 impl QpFn for SendList {
-    type Out = Result<(), (CSendWr, PostErrorKind)>;
+    /// The refused work request and its errno: two words, where the core's error kind kept a larger result in
+    /// memory on the hot path.
+    type Out = Result<(), (*mut ibv_send_wr, c_int)>;
     #[inline(always)]
     fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out {
-        qp.post_send_iter(m, self)
+        qp.post_send_iter(m, self).map_err(|(w, kind)| (w.0, send_errno(kind)))
     }
 }
 
