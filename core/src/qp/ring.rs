@@ -24,6 +24,28 @@ struct SqSlot {
     next: u32,
 }
 
+/// The control segment's `fm_ce_se` for each combination of the send flags it carries (`SendFlags`' FENCE,
+/// SIGNALED, SOLICITED: the low three bits), looked up instead of three tests per WQE.
+const FM_CE_SE: [u8; 8] = {
+    let mut t = [0u8; 8];
+    let mut i = 0;
+    while i < 8 {
+        let f = i as u32;
+        if f & SendFlags::FENCE.0 != 0 {
+            t[i] |= consts::MLX5_WQE_CTRL_FENCE;
+        }
+        if f & SendFlags::SIGNALED.0 != 0 {
+            t[i] |= consts::MLX5_WQE_CTRL_CQ_UPDATE;
+        }
+        if f & SendFlags::SOLICITED.0 != 0 {
+            t[i] |= consts::MLX5_WQE_CTRL_SOLICITED;
+        }
+        i += 1;
+    }
+    t
+};
+const _: () = assert!((SendFlags::FENCE.0 | SendFlags::SIGNALED.0 | SendFlags::SOLICITED.0) == 7);
+
 /// See [`Qp::sq_win`]. Lives only inside one `post_send` call, while the QP is borrowed. `Copy`: the rarer
 /// segments' out-of-line writers take it by value, so the hot loop never needs it in memory.
 #[derive(Clone, Copy)]
@@ -479,7 +501,9 @@ impl Qp {
         if sg_list.len() > w.max_send_sge as usize {
             return Err(K::TooManySge { sge: sg_list.len(), max: w.max_send_sge });
         }
-        let start = (self.sq_cur_post as usize) * BB;
+        // Read once: the WQE's stores go through raw pointers, after which the fields would be loaded again.
+        let (cur, head) = (self.sq_cur_post, self.sq_head);
+        let start = (cur as usize) * BB;
         let mut off = CTRL;
         let datagram = self.ty.is_datagram();
         match (datagram, wr.ud(datagram)?) {
@@ -541,28 +565,19 @@ impl Qp {
         }
         let ds = off / DS;
         let bbs = off.div_ceil(BB);
-        let flags = wr.flags();
-        let signaled = self.sig_all || flags.contains(SendFlags::SIGNALED);
-        let mut fm_ce_se = 0u8;
-        if signaled {
+        let mut fm_ce_se = FM_CE_SE[(wr.flags().0 & 7) as usize];
+        if self.sig_all {
             fm_ce_se |= consts::MLX5_WQE_CTRL_CQ_UPDATE;
         }
-        if flags.contains(SendFlags::SOLICITED) {
-            fm_ce_se |= consts::MLX5_WQE_CTRL_SOLICITED;
-        }
-        if flags.contains(SendFlags::FENCE) {
-            fm_ce_se |= consts::MLX5_WQE_CTRL_FENCE;
-        }
-        let ctrl = ctrl_seg(self.sq_cur_post as u16, op.mlx5_opcode(), self.qpn, ds as u8, fm_ce_se, imm);
+        let ctrl = ctrl_seg(cur as u16, op.mlx5_opcode(), self.qpn, ds as u8, fm_ce_se, imm);
         self.sq_put(w, start, &ctrl);
-        let idx = self.sq_cur_post;
-        let next = self.sq_cur_post.wrapping_add(bbs as u32);
-        let slot = SqSlot { wr_id: wr.wr_id(), head_after: self.sq_head.wrapping_add(1), next };
+        let next = cur.wrapping_add(bbs as u32);
+        let slot = SqSlot { wr_id: wr.wr_id(), head_after: head.wrapping_add(1), next };
         // SAFETY: the slot index is masked to `sq_wqe_cnt - 1`, inside the slots `sq_win` bounds-checked; aligned
         // (8-byte aligned region, 16-byte slots); only the driver touches it.
-        unsafe { w.slots.add((idx & w.slot_mask) as usize).write(slot) };
-        self.sq_cur_post = self.sq_cur_post.wrapping_add(bbs as u32);
-        self.sq_head = self.sq_head.wrapping_add(1);
+        unsafe { w.slots.add((cur & w.slot_mask) as usize).write(slot) };
+        self.sq_cur_post = next;
+        self.sq_head = head.wrapping_add(1);
         Ok((start, ds))
     }
 
