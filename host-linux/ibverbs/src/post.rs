@@ -416,7 +416,14 @@ impl QpFn for SendList {
 
 /// A program's `ibv_recv_wr` list, posted by the core with the device's own register access. Made only from the
 /// list `ibv_post_recv` was given (verbs' contract: valid, unchanged while the call runs).
-struct RecvList(*mut ibv_recv_wr);
+///
+/// It steps to the next work request only when asked for it, after the core has posted the one before: then
+/// only one pointer into the list is live across the loop's body (with the next one read ahead, it went through
+/// the stack on every WQE).
+struct RecvList {
+    at: *mut ibv_recv_wr,
+    started: bool,
+}
 
 /// One of a program's `ibv_recv_wr`s, read in place; the invariant of [`CSendWr`].
 struct CRecvWr(*mut ibv_recv_wr);
@@ -438,13 +445,18 @@ impl Iterator for RecvList {
     type Item = CRecvWr;
     #[inline(always)]
     fn next(&mut self) -> Option<CRecvWr> {
-        if self.0.is_null() {
+        if self.at.is_null() {
             return None;
         }
-        let w = CRecvWr(self.0);
-        // SAFETY: a valid work request (the type's invariant).
-        self.0 = unsafe { (*w.0).next };
-        Some(w)
+        if self.started {
+            // SAFETY: a valid work request of the program's list (the type's invariant).
+            self.at = unsafe { (*self.at).next };
+            if self.at.is_null() {
+                return None;
+            }
+        }
+        self.started = true;
+        Some(CRecvWr(self.at))
     }
 }
 
@@ -524,7 +536,7 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
             return libc::EINVAL;
         }
         // One doorbell record update for all of the list.
-        let r = q.raw.post_each(RecvList(wr));
+        let r = q.raw.post_each(RecvList { at: wr, started: false });
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })
