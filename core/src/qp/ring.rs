@@ -24,7 +24,31 @@ struct SqSlot {
     next: u32,
 }
 
-/// See [`Qp::sq_win`]. Lives only inside one `post_send` call, while the QP is borrowed.
+/// The control segment's `fm_ce_se` for each combination of the send flags it carries (`SendFlags`' FENCE,
+/// SIGNALED, SOLICITED: the low three bits), looked up instead of three tests per WQE.
+const FM_CE_SE: [u8; 8] = {
+    let mut t = [0u8; 8];
+    let mut i = 0;
+    while i < 8 {
+        let f = i as u32;
+        if f & SendFlags::FENCE.0 != 0 {
+            t[i] |= consts::MLX5_WQE_CTRL_FENCE;
+        }
+        if f & SendFlags::SIGNALED.0 != 0 {
+            t[i] |= consts::MLX5_WQE_CTRL_CQ_UPDATE;
+        }
+        if f & SendFlags::SOLICITED.0 != 0 {
+            t[i] |= consts::MLX5_WQE_CTRL_SOLICITED;
+        }
+        i += 1;
+    }
+    t
+};
+const _: () = assert!((SendFlags::FENCE.0 | SendFlags::SIGNALED.0 | SendFlags::SOLICITED.0) == 7);
+
+/// See [`Qp::sq_win`]. Lives only inside one `post_send` call, while the QP is borrowed. `Copy`: the rarer
+/// segments' out-of-line writers take it by value, so the hot loop never needs it in memory.
+#[derive(Clone, Copy)]
 struct SqWin {
     flat: Option<core::ptr::NonNull<u8>>,
     ds_mask: usize,
@@ -477,12 +501,14 @@ impl Qp {
         if sg_list.len() > w.max_send_sge as usize {
             return Err(K::TooManySge { sge: sg_list.len(), max: w.max_send_sge });
         }
-        let start = (self.sq_cur_post as usize) * BB;
+        // Read once: the WQE's stores go through raw pointers, after which the fields would be loaded again.
+        let (cur, head) = (self.sq_cur_post, self.sq_head);
+        let start = (cur as usize) * BB;
         let mut off = CTRL;
         let datagram = self.ty.is_datagram();
         match (datagram, wr.ud(datagram)?) {
             (true, Some(d)) => {
-                self.put_av(w, start + off, &d);
+                self.put_av(*w, start + off, &d);
                 off += DGRAM;
             }
             (true, None) => return Err(K::BadRequest { what: "UD send without an address handle" }),
@@ -520,12 +546,12 @@ impl Qp {
             }
             SendOp::AtomicCmpSwp { remote_addr, rkey, compare, swap } => {
                 self.need_atomic(sg_list)?;
-                self.put_atomic(w, start + off, raddr(remote_addr, rkey), swap, Some(compare));
+                self.put_atomic(*w, start + off, raddr(remote_addr, rkey), swap, Some(compare));
                 off += RADDR + ATOMIC;
             }
             SendOp::AtomicFetchAdd { remote_addr, rkey, add } => {
                 self.need_atomic(sg_list)?;
-                self.put_atomic(w, start + off, raddr(remote_addr, rkey), add, None);
+                self.put_atomic(*w, start + off, raddr(remote_addr, rkey), add, None);
                 off += RADDR + ATOMIC;
             }
         }
@@ -539,35 +565,27 @@ impl Qp {
         }
         let ds = off / DS;
         let bbs = off.div_ceil(BB);
-        let flags = wr.flags();
-        let signaled = self.sig_all || flags.contains(SendFlags::SIGNALED);
-        let mut fm_ce_se = 0u8;
-        if signaled {
+        let mut fm_ce_se = FM_CE_SE[(wr.flags().0 & 7) as usize];
+        if self.sig_all {
             fm_ce_se |= consts::MLX5_WQE_CTRL_CQ_UPDATE;
         }
-        if flags.contains(SendFlags::SOLICITED) {
-            fm_ce_se |= consts::MLX5_WQE_CTRL_SOLICITED;
-        }
-        if flags.contains(SendFlags::FENCE) {
-            fm_ce_se |= consts::MLX5_WQE_CTRL_FENCE;
-        }
-        let ctrl = ctrl_seg(self.sq_cur_post as u16, op.mlx5_opcode(), self.qpn, ds as u8, fm_ce_se, imm);
+        let ctrl = ctrl_seg(cur as u16, op.mlx5_opcode(), self.qpn, ds as u8, fm_ce_se, imm);
         self.sq_put(w, start, &ctrl);
-        let idx = self.sq_cur_post;
-        let next = self.sq_cur_post.wrapping_add(bbs as u32);
-        let slot = SqSlot { wr_id: wr.wr_id(), head_after: self.sq_head.wrapping_add(1), next };
+        let next = cur.wrapping_add(bbs as u32);
+        let slot = SqSlot { wr_id: wr.wr_id(), head_after: head.wrapping_add(1), next };
         // SAFETY: the slot index is masked to `sq_wqe_cnt - 1`, inside the slots `sq_win` bounds-checked; aligned
         // (8-byte aligned region, 16-byte slots); only the driver touches it.
-        unsafe { w.slots.add((idx & w.slot_mask) as usize).write(slot) };
-        self.sq_cur_post = self.sq_cur_post.wrapping_add(bbs as u32);
-        self.sq_head = self.sq_head.wrapping_add(1);
+        unsafe { w.slots.add((cur & w.slot_mask) as usize).write(slot) };
+        self.sq_cur_post = next;
+        self.sq_head = head.wrapping_add(1);
         Ok((start, ds))
     }
 
     /// The UD address vector with its remote QPN and Q_Key (`set_datagram_seg`). Out of line, as the other
     /// rarer segments below: the connected-QP path keeps its registers.
     #[inline(never)]
-    fn put_av(&self, w: &SqWin, pos: usize, d: &super::wr::UdDest<'_>) {
+    fn put_av(&self, w: SqWin, pos: usize, d: &super::wr::UdDest<'_>) {
+        let w = &w;
         let mut seg = *d.ah.av();
         c::mlx5_av::DQP_DCT.put_be(&mut seg, 0, (d.remote_qpn & 0xff_ffff) | consts::MLX5_EXTENDED_UD_AV);
         c::mlx5_av::QKEY.put_be(&mut seg, 0, d.remote_qkey);
@@ -576,7 +594,8 @@ impl Qp {
 
     /// The remote address and atomic segments of an atomic (`set_atomic_seg`): `compare` for compare-and-swap.
     #[inline(never)]
-    fn put_atomic(&self, w: &SqWin, pos: usize, raddr: [u8; RADDR], swap_add: u64, compare: Option<u64>) {
+    fn put_atomic(&self, w: SqWin, pos: usize, raddr: [u8; RADDR], swap_add: u64, compare: Option<u64>) {
+        let w = &w;
         self.sq_put(w, pos, &raddr);
         let mut a = [0u8; ATOMIC];
         put64(&mut a, c::mlx5_wqe_atomic_seg::SWAP_ADD, swap_add);
@@ -647,7 +666,9 @@ impl Qp {
     }
 
     /// The send doorbell (`mlx5r_ring_db` / rdma-core `post_send_db`). This function owns the SQ doorbell
-    /// sequence.
+    /// sequence. Inlined into the post loops: out of line, its frame and the reloads of what the loop had in
+    /// registers cost the drop-in's 1-WR post ~19 instructions.
+    #[inline(always)]
     fn ring_sq<M: Mmio + ?Sized>(&mut self, mmio: &M, last_ctrl: usize, size_ds: usize, single: bool) {
         // The WQEs must be visible in memory before the record that says they exist.
         mmio.dma_wmb();
@@ -694,52 +715,69 @@ impl Qp {
         use PostErrorKind as K;
         let cnt = self.sizes.rq_wqe_cnt;
         let start_outstanding = self.rq_outstanding();
-        // Room left in the ring; `cnt` is a power of two (or 0 without a receive queue: no room).
-        let room = cnt.saturating_sub(start_outstanding);
         let mask = cnt.wrapping_sub(1);
         let base = self.sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>();
         // Bounds-checked once; a slot index is masked to `cnt - 1`, so every access is inside.
         let wrids = self.shadow.ptr_at(base, cnt as usize * 8).cast::<u64>();
         let max_gs = self.sizes.cap.max_recv_sge as usize;
         let shift = self.sizes.rq_wqe_shift;
-        let state = self.state;
+        let reset = matches!(self.state, QpState::Reset);
         let head = self.rq_head;
-        // The RQ's address and mask when it is one region (`rq_put` reads them per segment).
+        // One counter runs from `head` to `end` (no room in RESET): fewer values live across the loop, so the
+        // list's next pointer stays in a register instead of a round trip through the stack per WQE, which bound
+        // the C receive post's time.
+        let room = if reset { 0 } else { cnt.saturating_sub(start_outstanding) };
+        let end = head.wrapping_add(room);
+        // The RQ's address and its byte mask when it is one region (`rq_put` reads them per segment); the mask
+        // also wraps a WQE's offset, computed from the unmasked counter.
         let flat = self.rq_flat.map(|r| (r.cpu(), r.len().wrapping_sub(DS)));
+        let rq_mask = self.sizes.rq_bytes().wrapping_sub(1);
         let put = |pos: usize, seg: &[u8; DS]| match flat {
             // SAFETY: `pos & mask + DS <= len`, inside the one-fragment span this QP owns (as `rq_put`); software
             // owns unposted RQ entries.
             Some((base, mask)) => unsafe { base.as_ptr().add(pos & mask).cast::<[u8; DS]>().write_unaligned(*seg) },
-            None => self.rq_put(pos, seg),
+            None => self.rq_put(pos & rq_mask, seg),
         };
-        let mut nreq = 0u32;
+        let mut idx = head;
         let mut result = Ok(());
         for wr in wrs {
-            let r = if matches!(state, QpState::Reset) {
-                Err(K::BadState { state })
-            } else if nreq >= room {
-                Err(K::QueueFull { outstanding: start_outstanding.wrapping_add(nreq), max: cnt })
+            let r = if idx == end {
+                Err(if reset {
+                    K::BadState { state: self.state }
+                } else {
+                    K::QueueFull { outstanding: start_outstanding.wrapping_add(idx.wrapping_sub(head)), max: cnt }
+                })
             } else {
                 match wr.sg_list() {
                     Ok(sg) if sg.len() > max_gs => Err(K::TooManySge { sge: sg.len(), max: max_gs as u32 }),
                     Ok(sg) => {
-                        // There is room, so the ring has at least one WQE and `mask` is its index mask.
-                        let slot = head.wrapping_add(nreq) & mask;
-                        let at = (slot as usize) << shift;
+                        // There is room, so the ring has at least one WQE and `mask` is its index mask. The
+                        // offset wraps in `put` (the RQ is `cnt << shift` bytes).
+                        let at = (idx as usize) << shift;
                         // A zero-length entry is skipped, as in `RecvBatch::push`.
-                        let mut k = 0;
-                        for s in sg {
-                            if s.length != 0 {
-                                put(at + k * DATA, &data_seg(s.length, s.lkey, s.addr));
-                                k += 1;
+                        let k = match sg {
+                            // The usual one entry, without the loop's counter.
+                            [s] if s.length != 0 => {
+                                put(at, &data_seg(s.length, s.lkey, s.addr));
+                                1
                             }
-                        }
+                            _ => {
+                                let mut k = 0;
+                                for s in sg {
+                                    if s.length != 0 {
+                                        put(at + k * DATA, &data_seg(s.length, s.lkey, s.addr));
+                                        k += 1;
+                                    }
+                                }
+                                k
+                            }
+                        };
                         if k < max_gs {
                             put(at + k * DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
                         }
-                        // SAFETY: `slot < cnt` (masked), inside the `cnt` wr_ids `ptr_at` checked above, 8-byte
+                        // SAFETY: `idx & mask < cnt`, inside the `cnt` wr_ids `ptr_at` checked above, 8-byte
                         // aligned (as in `recv_batch`); only the driver touches it, and `&mut self` is held.
-                        unsafe { wrids.add(slot as usize).write(wr.wr_id()) };
+                        unsafe { wrids.add((idx & mask) as usize).write(wr.wr_id()) };
                         Ok(())
                     }
                     Err(e) => Err(e),
@@ -749,10 +787,10 @@ impl Qp {
                 result = Err((wr, kind));
                 break;
             }
-            nreq += 1;
+            idx = idx.wrapping_add(1);
         }
-        if nreq > 0 {
-            self.rq_head = head.wrapping_add(nreq);
+        if idx != head {
+            self.rq_head = idx;
             // The receive WQEs must be visible before the record that hands them to the device.
             mmio.dma_wmb();
             self.dbrec.write_be32(consts::MLX5_RCV_DBR as usize, self.rq_head & 0xffff);

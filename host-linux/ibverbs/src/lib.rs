@@ -65,10 +65,22 @@ pub(crate) fn guard<R>(name: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
     }
 }
 
+/// [`guard`] for the datapath entries (posts, polls), without the logger's one-time set-up: their objects come
+/// only from calls through [`guard`], which set it up, so the check would be paid per call for nothing.
+#[inline(always)]
+pub(crate) fn guard_datapath<R>(name: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => caught(name, on_panic),
+    }
+}
+
 /// What a caught panic leaves: a log line, errno `EIO`, the entry point's failure value.
 #[cold]
 #[inline(never)]
 fn caught<R>(name: &str, on_panic: R) -> R {
+    // The datapath's guard skips the set-up; a panic is rare enough to make sure here.
+    log_init();
     log::error!("{name}: internal error (panic caught)");
     set_errno(libc::EIO);
     on_panic

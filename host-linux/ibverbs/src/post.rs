@@ -15,9 +15,9 @@ use mlx5_verbs::QpFn;
 
 use crate::abi::*;
 use crate::errno_of;
-use crate::guard;
 use crate::queue::{cq_of, qp_of, srq_of, Ah, PendingWr, Qp, WrBatch};
 use crate::uobject::lock;
+use crate::{guard, guard_datapath};
 
 /// SGEs one work request may carry here (mlx5's largest WQE holds fewer).
 const MAX_SGE: usize = 64;
@@ -169,7 +169,7 @@ impl WcSink for CWc {
 }
 
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
-    guard("ibv_poll_cq", -libc::EIO, || {
+    guard_datapath("ibv_poll_cq", -libc::EIO, || {
         // SAFETY: the caller passes a live CQ.
         let Some((_, raw)) = (unsafe { cq_of(cq) }) else { return -libc::EINVAL };
         // libmlx5's poll loop runs while it has polled fewer than `num`: a negative count polls nothing.
@@ -372,7 +372,7 @@ unsafe fn set_bad<T>(bad: *mut *mut T, w: *mut T) {
 }
 
 unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
-    guard("ibv_post_send", libc::EIO, || {
+    guard_datapath("ibv_post_send", libc::EIO, || {
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
         // The whole list goes to the core's post loop, read in place: one doorbell for every WQE written
@@ -380,7 +380,7 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
         match q.raw.post_each(SendList(wr)) {
             Ok(Ok(())) => 0,
             // SAFETY: the caller's out pointer.
-            Ok(Err((w, kind))) => unsafe { failed(bad, w.0, send_errno(kind)) },
+            Ok(Err((w, e))) => unsafe { failed(bad, w, e) },
             // SAFETY: as above.
             Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
         }
@@ -405,16 +405,25 @@ impl Iterator for SendList {
 }
 
 impl QpFn for SendList {
-    type Out = Result<(), (CSendWr, PostErrorKind)>;
+    /// The refused work request and its errno: two words, where the core's error kind kept a larger result in
+    /// memory on the hot path.
+    type Out = Result<(), (*mut ibv_send_wr, c_int)>;
     #[inline(always)]
     fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out {
-        qp.post_send_iter(m, self)
+        qp.post_send_iter(m, self).map_err(|(w, kind)| (w.0, send_errno(kind)))
     }
 }
 
 /// A program's `ibv_recv_wr` list, posted by the core with the device's own register access. Made only from the
 /// list `ibv_post_recv` was given (verbs' contract: valid, unchanged while the call runs).
-struct RecvList(*mut ibv_recv_wr);
+///
+/// It steps to the next work request only when asked for it, after the core has posted the one before: then
+/// only one pointer into the list is live across the loop's body (with the next one read ahead, it went through
+/// the stack on every WQE).
+struct RecvList {
+    at: *mut ibv_recv_wr,
+    started: bool,
+}
 
 /// One of a program's `ibv_recv_wr`s, read in place; the invariant of [`CSendWr`].
 struct CRecvWr(*mut ibv_recv_wr);
@@ -436,13 +445,18 @@ impl Iterator for RecvList {
     type Item = CRecvWr;
     #[inline(always)]
     fn next(&mut self) -> Option<CRecvWr> {
-        if self.0.is_null() {
+        if self.at.is_null() {
             return None;
         }
-        let w = CRecvWr(self.0);
-        // SAFETY: a valid work request (the type's invariant).
-        self.0 = unsafe { (*w.0).next };
-        Some(w)
+        if self.started {
+            // SAFETY: a valid work request of the program's list (the type's invariant).
+            self.at = unsafe { (*self.at).next };
+            if self.at.is_null() {
+                return None;
+            }
+        }
+        self.started = true;
+        Some(CRecvWr(self.at))
     }
 }
 
@@ -513,7 +527,7 @@ unsafe fn recv_result(
 }
 
 unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
-    guard("ibv_post_recv", libc::EIO, || {
+    guard_datapath("ibv_post_recv", libc::EIO, || {
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
         if !q.c.qp_base.srq.is_null() {
@@ -522,14 +536,14 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
             return libc::EINVAL;
         }
         // One doorbell record update for all of the list.
-        let r = q.raw.post_each(RecvList(wr));
+        let r = q.raw.post_each(RecvList { at: wr, started: false });
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })
 }
 
 unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
-    guard("ibv_post_srq_recv", libc::EIO, || {
+    guard_datapath("ibv_post_srq_recv", libc::EIO, || {
         // SAFETY: the caller passes a live SRQ.
         let Some(s) = (unsafe { srq_of(srq) }) else { return libc::EINVAL };
         // SAFETY: the caller's list; one doorbell record update for all of it.

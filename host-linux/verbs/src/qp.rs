@@ -209,6 +209,8 @@ impl RtsAttr {
 #[derive(Debug)]
 pub(crate) struct QpObj {
     pd: Arc<PdObj>,
+    /// The device, also reached through `pd`: every post reads it, one load away here instead of three.
+    dev: Arc<DeviceShared>,
     send_cq: Arc<CqObj>,
     recv_cq: Arc<CqObj>,
     /// The SRQ it receives through, if any.
@@ -284,6 +286,7 @@ impl QpObj {
         c.route_qp(qpn, pd.ctx.id);
         Ok(QpObj {
             pd: pd.clone(),
+            dev: pd.ctx.dev.clone(),
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
             srq: srq.cloned(),
@@ -370,7 +373,7 @@ impl QpObj {
         let mut g = self.ring.lock();
         // Made only when needed: the error has drop glue the hot path would run.
         let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
-        let dev = &self.pd.ctx.dev;
+        let dev = &self.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
         }

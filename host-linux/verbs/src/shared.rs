@@ -457,6 +457,8 @@ impl DeviceShared {
     }
 
     /// Whether the HCA is known to be in internal error (one load; the datapath's only look at device state).
+    /// Inlined: the drop-in's posts call it from another crate, where an out-of-line call cost more than the load.
+    #[inline]
     pub(crate) fn is_dead(&self) -> bool {
         self.core.dead.load(Ordering::Acquire)
     }
