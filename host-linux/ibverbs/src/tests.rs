@@ -1455,6 +1455,76 @@ fn an_error_mid_list_sets_bad_wr_and_posts_the_wrs_before_it() {
     }
 }
 
+/// Issue 38: a receive list longer than the room left in the ring posts what fits and stops with ENOMEM at the
+/// first WR that does not, on an empty ring and on one already partly full, as `mlx5_post_recv` does; the posted
+/// receives are the ones that take the next SENDs, in order.
+#[test]
+fn a_receive_list_that_fills_the_ring_midway_posts_what_fits() {
+    let l = Loopback::without_qp(8192, 64, false);
+    // SAFETY: the Loopback's live objects; the lists and their SGEs live on this stack during the calls; the QP
+    // made here is destroyed before `close`.
+    unsafe {
+        let mut init = rc_init(l.cq, 16);
+        init.cap.max_recv_wr = 4;
+        let qp = ibv_create_qp(l.pd, &mut init);
+        assert!(!qp.is_null(), "errno {}", errno());
+        connect(l.ctx, qp, (*qp).qp_num);
+        let (base, lkey) = (l.mem.as_ptr() as u64, (*l.mr).lkey);
+        let mut rs = [ibv_sge { addr: base + 4096, length: 64, lkey }; 16];
+        let mut rw: [ibv_recv_wr; 16] = std::mem::zeroed();
+        let mut list = |first_id: u64, rw: &mut [ibv_recv_wr; 16]| {
+            for (i, w) in rw.iter_mut().enumerate() {
+                *w = ibv_recv_wr { wr_id: first_id + i as u64, next: ptr::null_mut(), sg_list: &mut rs[i], num_sge: 1 };
+            }
+            for i in 0..15 {
+                let next: *mut ibv_recv_wr = &mut rw[i + 1];
+                rw[i].next = next;
+            }
+        };
+        let post = |rw: &mut [ibv_recv_wr; 16]| {
+            let mut bad = ptr::null_mut();
+            let r = (*l.ctx).ops.post_recv.unwrap()(qp, rw.as_mut_ptr(), &mut bad);
+            (r, if bad.is_null() { None } else { Some(bad.offset_from(rw.as_mut_ptr()) as usize) })
+        };
+        // Empty ring: as many as it holds, then ENOMEM at the first one that does not fit.
+        list(200, &mut rw);
+        let (r, bad) = post(&mut rw);
+        assert_eq!(r, libc::ENOMEM);
+        let room = bad.expect("bad_wr is set");
+        assert!((4..16).contains(&room), "the ring holds at least max_recv_wr: {room}");
+        let sends = |n: usize, first_id: u64| {
+            let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 16];
+            let mut wrs: [ibv_send_wr; 16] = std::mem::zeroed();
+            write_list(&l, &mut sges, &mut wrs);
+            for (i, w) in wrs.iter_mut().enumerate().take(n) {
+                (w.opcode, w.wr_id) = (2, first_id + i as u64);
+            }
+            wrs[n - 1].next = ptr::null_mut();
+            let mut bad = ptr::null_mut();
+            assert_eq!((*l.ctx).ops.post_send.unwrap()(qp, wrs.as_mut_ptr(), &mut bad), 0);
+        };
+        sends(room, 300);
+        let mut ids = poll_ids(l.cq, 2 * room);
+        ids.sort();
+        let want: Vec<u64> = (200..200 + room as u64).chain(300..300 + room as u64).collect();
+        assert_eq!(ids, want, "every receive that fitted took a SEND");
+        // One receive outstanding: the list stops one earlier.
+        list(400, &mut rw);
+        rw[0].next = ptr::null_mut();
+        assert_eq!(post(&mut rw), (0, None));
+        list(500, &mut rw);
+        assert_eq!(post(&mut rw), (libc::ENOMEM, Some(room - 1)));
+        sends(room, 600);
+        let mut ids = poll_ids(l.cq, 2 * room);
+        ids.sort();
+        let want: Vec<u64> =
+            [400].into_iter().chain(500..500 + room as u64 - 1).chain(600..600 + room as u64).collect();
+        assert_eq!(ids, want);
+        assert_eq!(ibv_destroy_qp(qp), 0);
+        l.close();
+    }
+}
+
 /// Issue 38: an `ibv_wr_start` … `ibv_wr_complete` batch is posted as one list (one doorbell for 8 WRs, with
 /// their gather lists and inline bytes as set), a batch of one by BlueFlame.
 #[test]
