@@ -83,6 +83,7 @@ impl Requester<'_> {
 
     /// Sends an RC WQE as a new request in flight. False (nothing done) when it would fail locally while other
     /// requests are in flight: its error CQE must come after their completions, so it waits for them.
+    #[inline]
     pub(super) fn execute_rc(&mut self, qpn: u32, w: &SendWqe) -> bool {
         let Some(qp) = self.qps.get(&qpn) else { return true };
         let (pd, retry_count, rnr_retry, max_msg, idle) =
