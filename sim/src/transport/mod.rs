@@ -66,6 +66,8 @@ mod uc;
 mod ud;
 mod wqe;
 
+use crate::fw::qp::QpTable;
+use crate::fw::srq::SrqTable;
 use common::*;
 pub(crate) use common::{Datapath, DpState};
 use cqe::{Completions, Cqs};
@@ -102,37 +104,22 @@ impl Datapath<'_> {
     /// The CQ writer's view (see `cqe.rs`): CQEs, overruns, completion events.
     #[inline]
     pub(crate) fn cqs(&mut self) -> Cqs<'_> {
-        Cqs {
-            cqs: &mut self.fw.cqs,
-            caps: &self.fw.caps,
-            eq: EqPost {
-                eqs: &mut self.fw.eqs,
-                dma: self.dma,
-                events: self.events,
-                regs: self.regs,
-                clock: self.clock,
-            },
-        }
+        self.queues_and_cqs().2
     }
 
     /// The view completing work requests takes (see `cqe.rs`, `flush.rs`).
     #[inline]
     fn completions(&mut self) -> Completions<'_> {
-        Completions {
-            qps: &mut self.fw.qps,
-            srqs: &mut self.fw.srqs,
-            cq: Cqs {
-                cqs: &mut self.fw.cqs,
-                caps: &self.fw.caps,
-                eq: EqPost {
-                    eqs: &mut self.fw.eqs,
-                    dma: self.dma,
-                    events: self.events,
-                    regs: self.regs,
-                    clock: self.clock,
-                },
-            },
-        }
+        let (qps, srqs, cq) = self.queues_and_cqs();
+        Completions { qps, srqs, cq }
+    }
+
+    /// The QP and SRQ tables beside the CQ writer: the one place both views above build it.
+    #[inline]
+    fn queues_and_cqs(&mut self) -> (&mut QpTable, &mut SrqTable, Cqs<'_>) {
+        let fw = &mut *self.fw;
+        let eq = EqPost { eqs: &mut fw.eqs, dma: self.dma, events: self.events, regs: self.regs, clock: self.clock };
+        (&mut fw.qps, &mut fw.srqs, Cqs { cqs: &mut fw.cqs, caps: &fw.caps, eq })
     }
 
     /// The view reading WQEs takes (see `wqe.rs`).
