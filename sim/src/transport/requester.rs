@@ -373,6 +373,7 @@ impl Requester<'_> {
     }
 
     /// A response for the request in flight `seq` of `qpn` (from `src_qpn`).
+    #[inline]
     pub(super) fn rc_response(&mut self, qpn: u32, seq: u64, resp: Resp, src_qpn: u32) {
         let now = self.now_ns();
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
