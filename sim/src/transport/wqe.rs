@@ -331,6 +331,7 @@ impl Wqes<'_> {
 
     /// The next posted receive WQE of `qpn`, without consuming it: its index, and its scatter list into `sges`
     /// (empty on entry; filled in place, as returning the list by value costs more than reading the WQE).
+    #[inline]
     pub(super) fn next_recv(&mut self, qpn: u32, sges: &mut Sges) -> Option<u16> {
         use c::mlx5_wqe_data_seg as d;
         let qp = self.qps.get(&qpn)?;
