@@ -5,8 +5,8 @@
 //! frames into the reassembly state of `reasm.rs`. `common.rs` holds what they share: [`Datapath`], the view of
 //! the device a run borrows (the device layer builds it), and [`DpState`]. Only the run loop (here) and the
 //! RoCE receive front end (`roce_rx.rs`, which drains the inbox into both engines) run on `Datapath`; each
-//! engine runs on a view borrowing only its parts, built per call: `Requester` (`requester.rs` and the send
-//! halves of `uc.rs`, `ud.rs`), `Responder` (`responder.rs` and the receive halves; a response to a request of
+//! engine runs on a view borrowing only its parts, built per call: `Requester` (`requester.rs`, with the SQ
+//! loop, and the send halves of `uc.rs`, `ud.rs`), `Responder` (`responder.rs` and the receive halves; a response to a request of
 //! this device comes back to the caller as a `LocalResponse`, not into the requester), and below them `Keys`,
 //! `Wqes`, `Srqs`, `Cqs`, `Completions` (`keys.rs`, `wqe.rs`, `srq.rs`, `cqe.rs`, `flush.rs`). Packets are built
 //! and read through `wire`; the device layer hands them to `link`.
