@@ -110,10 +110,12 @@ pub(super) fn packets(len: u64, mtu: u8) -> u32 {
     u32::try_from(len.div_ceil(size).max(1)).unwrap_or(u32::MAX)
 }
 
+#[inline]
 pub(super) fn be(m: Bytes, b: &[u8], base: usize) -> u32 {
     m.get_be(b, base)
 }
 
+#[inline]
 pub(super) fn be64(b: &[u8], off: usize) -> u64 {
     let mut w = [0u8; 8];
     w.copy_from_slice(&b[off..off + 8]);

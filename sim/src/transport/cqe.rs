@@ -159,6 +159,7 @@ impl Cqs<'_> {
         }
     }
 
+    #[inline]
     pub(super) fn post(&mut self, cqn: u32, mut cqe: CqeOut) {
         cqe.timestamp = self.device_clock();
         // A CQ that cannot take the CQE reports it itself (overrun, write failure); the WQE is done either way.
@@ -302,6 +303,7 @@ impl Completions<'_> {
     }
 
     /// A receive WQE consumed successfully.
+    #[inline]
     pub(super) fn recv_complete(&mut self, qpn: u32, index: u16, len: u64, mut cqe: CqeOut) {
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
         let srqn = qp.srqn;

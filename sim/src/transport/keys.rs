@@ -201,6 +201,7 @@ impl Keys<'_> {
     }
 
     /// Writes `data` across `sges` in order (`LOCAL_WRITE`); only the bytes written are checked.
+    #[inline]
     pub(super) fn scatter(&mut self, pd: u32, sges: &[Sge], data: &[u8]) -> Result<(), u8> {
         let capacity = sges.iter().fold(0u64, |a, g| a.saturating_add(g.len));
         if capacity < data.len() as u64 {

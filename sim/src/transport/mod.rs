@@ -5,8 +5,8 @@
 //! frames into the reassembly state of `reasm.rs`. `common.rs` holds what they share: [`Datapath`], the view of
 //! the device a run borrows (the device layer builds it), and [`DpState`]. Only the run loop (here) and the
 //! RoCE receive front end (`roce_rx.rs`, which drains the inbox into both engines) run on `Datapath`; each
-//! engine runs on a view borrowing only its parts, built per call: `Requester` (`requester.rs` and the send
-//! halves of `uc.rs`, `ud.rs`), `Responder` (`responder.rs` and the receive halves; a response to a request of
+//! engine runs on a view borrowing only its parts, built per call: `Requester` (`requester.rs`, with the SQ
+//! loop, and the send halves of `uc.rs`, `ud.rs`), `Responder` (`responder.rs` and the receive halves; a response to a request of
 //! this device comes back to the caller as a `LocalResponse`, not into the requester), and below them `Keys`,
 //! `Wqes`, `Srqs`, `Cqs`, `Completions` (`keys.rs`, `wqe.rs`, `srq.rs`, `cqe.rs`, `flush.rs`). Packets are built
 //! and read through `wire`; the device layer hands them to `link`.
@@ -66,12 +66,14 @@ mod uc;
 mod ud;
 mod wqe;
 
+use crate::fw::qp::QpTable;
+use crate::fw::srq::SrqTable;
 use common::*;
 pub(crate) use common::{Datapath, DpState};
 use cqe::{Completions, Cqs};
 use requester::Requester;
 use responder::Responder;
-use wqe::{Kind, SendWqe, Wqes};
+use wqe::Wqes;
 
 impl Datapath<'_> {
     /// Device time.
@@ -102,37 +104,22 @@ impl Datapath<'_> {
     /// The CQ writer's view (see `cqe.rs`): CQEs, overruns, completion events.
     #[inline]
     pub(crate) fn cqs(&mut self) -> Cqs<'_> {
-        Cqs {
-            cqs: &mut self.fw.cqs,
-            caps: &self.fw.caps,
-            eq: EqPost {
-                eqs: &mut self.fw.eqs,
-                dma: self.dma,
-                events: self.events,
-                regs: self.regs,
-                clock: self.clock,
-            },
-        }
+        self.queues_and_cqs().2
     }
 
     /// The view completing work requests takes (see `cqe.rs`, `flush.rs`).
     #[inline]
     fn completions(&mut self) -> Completions<'_> {
-        Completions {
-            qps: &mut self.fw.qps,
-            srqs: &mut self.fw.srqs,
-            cq: Cqs {
-                cqs: &mut self.fw.cqs,
-                caps: &self.fw.caps,
-                eq: EqPost {
-                    eqs: &mut self.fw.eqs,
-                    dma: self.dma,
-                    events: self.events,
-                    regs: self.regs,
-                    clock: self.clock,
-                },
-            },
-        }
+        let (qps, srqs, cq) = self.queues_and_cqs();
+        Completions { qps, srqs, cq }
+    }
+
+    /// The QP and SRQ tables beside the CQ writer: the one place both views above build it.
+    #[inline]
+    fn queues_and_cqs(&mut self) -> (&mut QpTable, &mut SrqTable, Cqs<'_>) {
+        let fw = &mut *self.fw;
+        let eq = EqPost { eqs: &mut fw.eqs, dma: self.dma, events: self.events, regs: self.regs, clock: self.clock };
+        (&mut fw.qps, &mut fw.srqs, Cqs { cqs: &mut fw.cqs, caps: &fw.caps, eq })
     }
 
     /// The view reading WQEs takes (see `wqe.rs`).
@@ -271,92 +258,15 @@ impl Datapath<'_> {
                     return false;
                 }
                 // Only outstanding requests have timers; only a window that held packets back has more to send.
-                let blocked = qp.window_blocked;
-                let retried = !qp.reqs.is_empty() && self.requester().retry_due(qpn, now);
-                let more = blocked && self.requester().send_window(qpn);
-                self.sq_progress(qpn) || retried || more
+                let (blocked, idle) = (qp.window_blocked, qp.reqs.is_empty());
+                // One send-side view for the whole step: building it costs as much as a small call.
+                let mut rq = self.requester();
+                let retried = !idle && rq.retry_due(qpn, now);
+                let more = blocked && rq.send_window(qpn);
+                rq.sq_progress(qpn) || retried || more
             }
             _ => false,
         }
-    }
-
-    /// Executes send WQEs of a QP in RTS until the SQ is empty, the RC window is full, a WQE must wait for the
-    /// ones in flight, or the QP fails.
-    fn sq_progress(&mut self, qpn: u32) -> bool {
-        let mut any = false;
-        // One WQE, parsed in place: a WQE built apart and then moved is copied right after its fields were
-        // written, and the CPU stalls on such a copy (the store buffer cannot forward it), more than the parse.
-        let mut w = SendWqe::default();
-        // Bounded: every step moves the execution counter, or fails the QP, or stops.
-        for _ in 0..=u16::MAX {
-            let Some(qp) = self.fw.qps.get(&qpn) else { break };
-            if qp.state != QpState::Rts || qp.sq_next == qp.sq_pi || !self.window_open(qpn) {
-                break;
-            }
-            let (index, idle) = (qp.sq_next, qp.reqs.is_empty());
-            match self.wqes().fetch_wqe(qpn, &mut w) {
-                Ok(()) if !self.admits(qpn, &w) => break,
-                Ok(()) => {
-                    if let Some(qp) = self.fw.qps.get_mut(&qpn) {
-                        qp.sq_next = index.wrapping_add(w.nbb);
-                    }
-                    if !self.execute(qpn, &w) {
-                        // It fails locally: its error CQE waits until those in flight complete.
-                        if let Some(qp) = self.fw.qps.get_mut(&qpn) {
-                            qp.sq_next = index;
-                        }
-                        break;
-                    }
-                }
-                // A malformed WQE fails in order too: after the ones in flight.
-                Err(_) if !idle => break,
-                Err(b) => self.completions().send_error(qpn, index, b.opcode, b.nbb, b.syndrome),
-            }
-            any = true;
-        }
-        any
-    }
-
-    /// Whether `qpn` may start another WQE now: the window has room (`MAX_IN_FLIGHT`).
-    fn window_open(&self, qpn: u32) -> bool {
-        self.fw.qps.get(&qpn).is_some_and(|qp| qp.reqs.len() < MAX_IN_FLIGHT)
-    }
-
-    /// Whether WQE `w` of `qpn` may start behind the requests in flight: a SEND or WRITE while they hold less
-    /// than `MAX_IN_FLIGHT_BYTES`, a READ or an atomic while fewer of them than the QP's initiator depth
-    /// (`log_sra_max`) are in flight; a fenced one only once no READ or atomic is. A NOP waits for all of them,
-    /// so it completes in order.
-    fn admits(&self, qpn: u32, w: &SendWqe) -> bool {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return false };
-        if qp.reqs.is_empty() {
-            return true;
-        }
-        if !self.window_open(qpn) || matches!(w.kind, Kind::Nop) {
-            return false;
-        }
-        // One pass: the READs and atomics, and the payload bytes held.
-        let (ordered, bytes) = qp.reqs.iter().fold((0usize, 0u64), |(n, b), r| {
-            (n + usize::from(matches!(r.op, RcOp::Read { .. } | RcOp::Atomic { .. })), b + r.len_held())
-        });
-        if w.fence && ordered > 0 {
-            return false;
-        }
-        match w.kind {
-            Kind::Read { .. } | Kind::Atomic { .. } => ordered < qp.sra_limit(),
-            _ => bytes < MAX_IN_FLIGHT_BYTES,
-        }
-    }
-
-    /// Executes one WQE; false when it would fail locally while RC messages are in flight (it is left for later).
-    fn execute(&mut self, qpn: u32, w: &SendWqe) -> bool {
-        let Some(qp) = self.fw.qps.get(&qpn) else { return true };
-        match (w.kind, qp.st) {
-            (Kind::Nop, _) => self.completions().complete_send(qpn, w.id(), 0),
-            (_, QpType::Ud) => self.requester().execute_ud(qpn, w),
-            (_, QpType::Rc) => return self.requester().execute_rc(qpn, w),
-            (_, QpType::Uc) => self.requester().execute_uc(qpn, w),
-        }
-        true
     }
 }
 

@@ -20,7 +20,7 @@
 use super::common::*;
 use super::cqe::{Completions, Cqs};
 use super::keys::Keys;
-use super::wqe::{Kind, SendWqe};
+use super::wqe::{Kind, SendWqe, Wqes};
 use crate::fw::caps::Caps;
 use crate::fw::cq::CqTable;
 use crate::fw::eq::EqTable;
@@ -71,6 +71,12 @@ impl Requester<'_> {
         Completions { qps: self.qps, srqs: self.srqs, cq: Cqs { cqs: self.cqs, caps: self.caps, eq } }
     }
 
+    /// The view reading send WQEs takes (see `wqe.rs`).
+    #[inline]
+    fn wqes(&mut self) -> Wqes<'_> {
+        Wqes { qps: self.qps, srqs: self.srqs, dma: self.dma, inline: self.inline, events: self.events }
+    }
+
     /// The source GID a packet carries for GID table `index`: on RoCE the entry SET_ROCE_ADDRESS programmed, on
     /// InfiniBand the port's default GID.
     pub(super) fn source_gid(&self, index: u32) -> Option<[u8; 16]> {
@@ -83,6 +89,7 @@ impl Requester<'_> {
 
     /// Sends an RC WQE as a new request in flight. False (nothing done) when it would fail locally while other
     /// requests are in flight: its error CQE must come after their completions, so it waits for them.
+    #[inline]
     pub(super) fn execute_rc(&mut self, qpn: u32, w: &SendWqe) -> bool {
         let Some(qp) = self.qps.get(&qpn) else { return true };
         let (pd, retry_count, rnr_retry, max_msg, idle) =
@@ -366,6 +373,7 @@ impl Requester<'_> {
     }
 
     /// A response for the request in flight `seq` of `qpn` (from `src_qpn`).
+    #[inline]
     pub(super) fn rc_response(&mut self, qpn: u32, seq: u64, resp: Resp, src_qpn: u32) {
         let now = self.now_ns();
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
@@ -465,5 +473,88 @@ impl Requester<'_> {
             Ok(()) => self.completions().complete_send(qpn, w, req.len),
             Err(s) => self.completions().send_error(qpn, w.index, w.opcode, w.nbb, s),
         }
+    }
+}
+
+/// The SQ loop: the send side takes WQEs off a QP's SQ in order (moved from the run loop with issue 30's
+/// views, so one `Requester` serves a whole step).
+impl Requester<'_> {
+    /// Executes send WQEs of a QP in RTS until the SQ is empty, the RC window is full, a WQE must wait for the
+    /// ones in flight, or the QP fails.
+    pub(super) fn sq_progress(&mut self, qpn: u32) -> bool {
+        let mut any = false;
+        // One WQE, parsed in place: a WQE built apart and then moved is copied right after its fields were
+        // written, and the CPU stalls on such a copy (the store buffer cannot forward it), more than the parse.
+        let mut w = SendWqe::default();
+        // Bounded: every step moves the execution counter, or fails the QP, or stops.
+        for _ in 0..=u16::MAX {
+            let Some(qp) = self.qps.get(&qpn) else { break };
+            if qp.state != QpState::Rts || qp.sq_next == qp.sq_pi || !self.window_open(qpn) {
+                break;
+            }
+            let (index, idle) = (qp.sq_next, qp.reqs.is_empty());
+            match self.wqes().fetch_wqe(qpn, &mut w) {
+                Ok(()) if !self.admits(qpn, &w) => break,
+                Ok(()) => {
+                    if let Some(qp) = self.qps.get_mut(&qpn) {
+                        qp.sq_next = index.wrapping_add(w.nbb);
+                    }
+                    if !self.execute(qpn, &w) {
+                        // It fails locally: its error CQE waits until those in flight complete.
+                        if let Some(qp) = self.qps.get_mut(&qpn) {
+                            qp.sq_next = index;
+                        }
+                        break;
+                    }
+                }
+                // A malformed WQE fails in order too: after the ones in flight.
+                Err(_) if !idle => break,
+                Err(b) => self.completions().send_error(qpn, index, b.opcode, b.nbb, b.syndrome),
+            }
+            any = true;
+        }
+        any
+    }
+
+    /// Whether `qpn` may start another WQE now: the window has room (`MAX_IN_FLIGHT`).
+    fn window_open(&self, qpn: u32) -> bool {
+        self.qps.get(&qpn).is_some_and(|qp| qp.reqs.len() < MAX_IN_FLIGHT)
+    }
+
+    /// Whether WQE `w` of `qpn` may start behind the requests in flight: a SEND or WRITE while they hold less
+    /// than `MAX_IN_FLIGHT_BYTES`, a READ or an atomic while fewer of them than the QP's initiator depth
+    /// (`log_sra_max`) are in flight; a fenced one only once no READ or atomic is. A NOP waits for all of them,
+    /// so it completes in order.
+    fn admits(&self, qpn: u32, w: &SendWqe) -> bool {
+        let Some(qp) = self.qps.get(&qpn) else { return false };
+        if qp.reqs.is_empty() {
+            return true;
+        }
+        if !self.window_open(qpn) || matches!(w.kind, Kind::Nop) {
+            return false;
+        }
+        // One pass: the READs and atomics, and the payload bytes held.
+        let (ordered, bytes) = qp.reqs.iter().fold((0usize, 0u64), |(n, b), r| {
+            (n + usize::from(matches!(r.op, RcOp::Read { .. } | RcOp::Atomic { .. })), b + r.len_held())
+        });
+        if w.fence && ordered > 0 {
+            return false;
+        }
+        match w.kind {
+            Kind::Read { .. } | Kind::Atomic { .. } => ordered < qp.sra_limit(),
+            _ => bytes < MAX_IN_FLIGHT_BYTES,
+        }
+    }
+
+    /// Executes one WQE; false when it would fail locally while RC messages are in flight (it is left for later).
+    fn execute(&mut self, qpn: u32, w: &SendWqe) -> bool {
+        let Some(qp) = self.qps.get(&qpn) else { return true };
+        match (w.kind, qp.st) {
+            (Kind::Nop, _) => self.completions().complete_send(qpn, w.id(), 0),
+            (_, QpType::Ud) => self.execute_ud(qpn, w),
+            (_, QpType::Rc) => return self.execute_rc(qpn, w),
+            (_, QpType::Uc) => self.execute_uc(qpn, w),
+        }
+        true
     }
 }

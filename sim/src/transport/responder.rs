@@ -111,6 +111,7 @@ impl Responder<'_> {
 
     /// An RC request arrives at its destination QP. Returns the response a requester of this device takes at
     /// once (see [`Responder::reply`]).
+    #[inline]
     pub(super) fn rc_request(&mut self, p: Packet) -> Option<LocalResponse> {
         let Body::Rc { op, solicited, psn, .. } = &p.body else { return None };
         let (solicited, psn) = (*solicited, *psn);

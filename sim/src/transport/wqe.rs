@@ -161,7 +161,9 @@ pub(super) struct Wqes<'a> {
 }
 
 impl Wqes<'_> {
-    /// Reads and parses the send WQE at the SQ consumer counter into `w`.
+    /// Reads and parses the send WQE at the SQ consumer counter into `w`. Inlined into its one caller, the SQ
+    /// loop, as it was before the views: the call and the view it builds cost more than the parse.
+    #[inline]
     pub(super) fn fetch_wqe(&mut self, qpn: u32, w: &mut SendWqe) -> Result<(), BadWqe> {
         use c::mlx5_wqe_ctrl_seg as cs;
         let bad = |nbb: u16, opcode: u8| BadWqe {
@@ -329,6 +331,7 @@ impl Wqes<'_> {
 
     /// The next posted receive WQE of `qpn`, without consuming it: its index, and its scatter list into `sges`
     /// (empty on entry; filled in place, as returning the list by value costs more than reading the WQE).
+    #[inline]
     pub(super) fn next_recv(&mut self, qpn: u32, sges: &mut Sges) -> Option<u16> {
         use c::mlx5_wqe_data_seg as d;
         let qp = self.qps.get(&qpn)?;

@@ -205,6 +205,7 @@ pub(crate) struct Packet<D> {
 
 impl<D: Clone> Packet<D> {
     /// [`Packet::reply`] consuming the request: its addresses move into the response instead of being cloned.
+    #[inline]
     pub(crate) fn into_reply(self, resp: Resp) -> Option<Packet<D>> {
         let Body::Rc { seq, .. } = self.body else { return None };
         let (grh, roce) = (self.grh.map(|g| g.reversed()), self.reply_info(&resp));
