@@ -163,7 +163,8 @@ fn ci(root: &Path) -> Result<(), String> {
     // Linux's own mlx5_core and mlx5_ib drive the simulator in User-Mode Linux, rdma-core's programs on top
     // (the UML kernel is built once, then cached under target/uml/).
     linux_drives_sim::ci_step(root)?;
-    // Two simulated Ethernet ports under two UML instances' mlx5e, on one cable: ping, iperf3, ethtool -S.
+    // Two simulated Ethernet ports under two UML instances' mlx5e, on one cable: ping, iperf3, ethtool -S, then
+    // ibv_devinfo and ibv_rc_pingpong -g over RoCEv2 (`--eth --no-cm`).
     linux_drives_sim::ci_step_eth(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
@@ -217,11 +218,13 @@ commands:
                                  the fault-injection soak (options go to mlx5-soak)
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
                                  (--check: only that the patches and config fragment still apply)
-  linux-drives-sim [--strict] [--eth [--no-rdma]]
+  linux-drives-sim [--strict] [--eth [--no-cm | --no-rdma]]
                                  boot it with the simulator as its PCI device: mlx5_core and mlx5_ib probe
                                  cleanly, ibv_devinfo, rc/ud pingpong (rdma-core) and a clean poweroff (--eth:
                                  two Ethernet ports in two UMLs on one cable, mlx5e's netdevs: ping, iperf3,
-                                 ethtool -S, ibv_rc_pingpong -g over RoCEv2; --no-rdma: without the last)";
+                                 ethtool -S, then over RoCEv2 ibv_devinfo, ibv_rc_pingpong -g, rping and
+                                 ib_send_bw/ib_write_bw -R; --no-cm: without rping and perftest; --no-rdma:
+                                 without any RoCE run)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
@@ -240,7 +243,7 @@ enum Task {
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
     Uml { check: bool },
-    LinuxDrivesSim { strict: bool, eth: bool, no_rdma: bool },
+    LinuxDrivesSim { strict: bool, eth: bool, no_rdma: bool, no_cm: bool },
     Libibverbs(Vec<String>),
     Librdmacm(Vec<String>),
     VerbsApps(Vec<String>),
@@ -271,7 +274,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
         "uml" => Task::Uml { check: false },
-        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false, no_rdma: false },
+        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false, no_rdma: false, no_cm: false },
         "libibverbs" => Task::Libibverbs(Vec::new()),
         "librdmacm" => Task::Librdmacm(Vec::new()),
         "verbs-apps" => Task::VerbsApps(Vec::new()),
@@ -310,6 +313,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::LinuxDrivesSim { strict, .. }, "--strict") => *strict = true,
             (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
             (Task::LinuxDrivesSim { no_rdma, .. }, "--no-rdma") => *no_rdma = true,
+            (Task::LinuxDrivesSim { no_cm, .. }, "--no-cm") => *no_cm = true,
             (Task::Uml { check }, "--check") => *check = true,
             (Task::PciSim { full }, "--full") => *full = true,
             (Task::RxeInterop { rping_only }, "--rping") => *rping_only = true,
@@ -366,7 +370,14 @@ fn main() -> ExitCode {
         Task::Soak(args) => soak::run(&root, &args),
         Task::Uml { check: false } => uml::run_uml(&root),
         Task::Uml { check: true } => uml::check_recipe(&root),
-        Task::LinuxDrivesSim { strict: _, eth: true, no_rdma } => linux_drives_sim::run_eth(&root, !no_rdma),
+        Task::LinuxDrivesSim { strict: _, eth: true, no_rdma, no_cm } => {
+            let roce = match (no_rdma, no_cm) {
+                (true, _) => linux_drives_sim::Roce::Off,
+                (false, true) => linux_drives_sim::Roce::Verbs,
+                (false, false) => linux_drives_sim::Roce::Cm,
+            };
+            linux_drives_sim::run_eth(&root, roce)
+        }
         Task::LinuxDrivesSim { strict, eth: false, .. } => linux_drives_sim::run(&root, strict, false),
         Task::Libibverbs(args) => libibverbs::run_libibverbs(&root, &args),
         Task::Librdmacm(args) => libibverbs::rdmacm::run_librdmacm(&root, &args),

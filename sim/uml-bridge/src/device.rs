@@ -68,8 +68,8 @@ pub struct Stats {
     pub bar_scans: u64,
     /// The most requests found waiting on the command queue at once.
     pub max_backlog: u16,
-    /// Passes that found the command queue full: virt-pci could add no request then (UML 6.12's virt-pci drops
-    /// a posted write it cannot add, and fails a read).
+    /// Passes that found the command queue full (virt-pci then waits for room:
+    /// `xtask/uml/0005-um-virt-pci-wait-for-room.patch`; UML 6.12 dropped the request).
     pub full_queue: u64,
 }
 

@@ -51,19 +51,25 @@ const RDMA_PACKAGES: &[(&str, &str)] =
 ///
 /// B runs its servers one after another in the background; A retries each client until B's server listens (a
 /// connection to a port nobody listens on is refused at once, and costs the server nothing).
-fn init_script(me: usize, rdma: bool) -> String {
+fn init_script(me: usize, roce: Roce) -> String {
     let (_, _, ip) = PORTS[me];
-    let (rc_client, rc_server, rc_server_out) = if rdma {
+    // The rdma_cm programs (rping, perftest) run with `Roce::Cm` only.
+    let cm = |p: &str| roce == Roce::Cm || !(p.starts_with("rping") || p.starts_with("ib_"));
+    let (rc_client, rc_server, rc_server_out) = if roce != Roce::Off {
         let peer = PORTS[1 - me].2;
         let mut client = format!(
             "timeout 60 ibv_devinfo -v -d mlx5_0 > /tmp/devinfo.txt 2>&1\necho \"=== ibv_devinfo exit $? ===\"\n\
              sed 's/^/devinfo: /' /tmp/devinfo.txt\n\
              retry {RETRIES} timeout 120 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c {peer} > /tmp/rc.txt 2>&1\n\
-             echo \"=== rc_pingpong exit $? ===\"\nsed 's/^/rc_pingpong: /' /tmp/rc.txt\n\
-             retry {RETRIES} timeout 120 rping -c -a {peer} -C {RPING_COUNT} -v -V > /tmp/rping.txt 2>&1\n\
-             echo \"=== rping exit $? ===\"\nsed 's/^/rping: /' /tmp/rping.txt\n"
+             echo \"=== rc_pingpong exit $? ===\"\nsed 's/^/rc_pingpong: /' /tmp/rc.txt\n"
         );
-        for prog in PERFTEST {
+        if cm("rping") {
+            client.push_str(&format!(
+                "retry {RETRIES} timeout 120 rping -c -a {peer} -C {RPING_COUNT} -v -V > /tmp/rping.txt 2>&1\n\
+                 echo \"=== rping exit $? ===\"\nsed 's/^/rping: /' /tmp/rping.txt\n"
+            ));
+        }
+        for prog in PERFTEST.iter().filter(|p| cm(p)) {
             client.push_str(&format!(
                 "retry {RETRIES} timeout 120 {prog} -d mlx5_0 -R -n {PERF_ITERS} {peer} > /tmp/{prog}.txt 2>&1\n\
                  echo \"=== {prog} exit $? ===\"\nsed 's/^/{prog}: /' /tmp/{prog}.txt\n"
@@ -72,21 +78,26 @@ fn init_script(me: usize, rdma: bool) -> String {
         let mut server = format!(
             "timeout 60 ibv_devinfo -v -d mlx5_0 > /tmp/devinfo.txt 2>&1\necho \"=== ibv_devinfo exit $? ===\"\n\
              sed 's/^/devinfo: /' /tmp/devinfo.txt\n\
-             (timeout 200 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c > /tmp/rc.txt 2>&1\n\
-             timeout 200 rping -s -a {ip} -C {RPING_COUNT} -v -V > /tmp/rping.txt 2>&1\n\
-             echo \"rping server exit $?\" >> /tmp/rping.txt\n"
+             (timeout 200 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c > /tmp/rc.txt 2>&1\n"
         );
-        for prog in PERFTEST {
+        if cm("rping") {
+            server.push_str(&format!(
+                "timeout 200 rping -s -a {ip} -C {RPING_COUNT} -v -V > /tmp/rping.txt 2>&1\n\
+                 echo \"rping server exit $?\" >> /tmp/rping.txt\n"
+            ));
+        }
+        for prog in PERFTEST.iter().filter(|p| cm(p)) {
             server.push_str(&format!(
                 "timeout 200 {prog} -d mlx5_0 -R -n {PERF_ITERS} > /tmp/{prog}.txt 2>&1\n\
                  echo \"{prog} server exit $?\" >> /tmp/{prog}.txt\n"
             ));
         }
         server.push_str(") &\n");
-        let mut server_out =
-            "sleep 1\nsed 's/^/rc_pingpong server: /' /tmp/rc.txt\nsed 's/^/rping server: /' /tmp/rping.txt\n"
-                .to_string();
-        for prog in PERFTEST {
+        let mut server_out = "sleep 1\nsed 's/^/rc_pingpong server: /' /tmp/rc.txt\n".to_string();
+        if cm("rping") {
+            server_out.push_str("sed 's/^/rping server: /' /tmp/rping.txt\n");
+        }
+        for prog in PERFTEST.iter().filter(|p| cm(p)) {
             server_out.push_str(&format!("sed 's/^/{prog} server: /' /tmp/{prog}.txt\n"));
         }
         (client, server, server_out)
@@ -171,13 +182,25 @@ fn free_port() -> Result<u16, String> {
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
-/// The whole run; `rdma`: the RoCEv2 runs between the GIDs too (`ibv_devinfo`, `ibv_rc_pingpong -g`, `rping`,
-/// `ib_send_bw -R`, `ib_write_bw -R`).
-pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
+/// Which RoCEv2 runs go with the Ethernet ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Roce {
+    /// None (`--no-rdma`).
+    Off,
+    /// `ibv_devinfo -v` and `ibv_rc_pingpong -g` (`--no-cm`: what CI runs).
+    Verbs,
+    /// Those, then `rping` and perftest's `-R` runs over rdma_cm (`--eth` alone).
+    Cm,
+}
+
+/// The whole run with the RoCEv2 runs `roce` between the GIDs.
+pub(super) fn run(root: &Path, roce: Roce) -> Result<(), String> {
+    let rdma = roce != Roce::Off;
     let started = Instant::now();
     let linux = crate::uml::build(root)?;
     let bridge = build_bridge(root)?;
-    let packages: Vec<(&str, &str)> = PACKAGES.iter().chain(RDMA_PACKAGES.iter().filter(|_| rdma)).copied().collect();
+    let packages: Vec<(&str, &str)> =
+        PACKAGES.iter().chain(RDMA_PACKAGES.iter().filter(|_| roce == Roce::Cm)).copied().collect();
     let mut missing: Vec<&str> =
         packages.iter().filter(|(prog, _)| !crate::vfio_test::have(prog)).map(|p| p.1).collect();
     missing.dedup();
@@ -222,7 +245,7 @@ pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
     }
     let boot = Instant::now();
     for (k, i) in inst.iter_mut().enumerate() {
-        let initrd = initramfs_with(&i.dir, &init_script(k, rdma), &binaries)?;
+        let initrd = initramfs_with(&i.dir, &init_script(k, roce), &binaries)?;
         let console = std::fs::File::create(i.dir.join("console.txt")).map_err(|e| e.to_string())?;
         let child = Command::new(&linux)
             .arg("mem=256M")
@@ -351,7 +374,7 @@ pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
         problems.push(format!("b received {got} unicast frames, more than the {sent} a sent"));
     }
     if rdma {
-        roce_checks(&consoles, &mut problems);
+        roce_checks(&consoles, roce == Roce::Cm, &mut problems);
     }
     if !consoles.get(1).is_some_and(|c| c.contains(&format!("nc received: {NC_LINE}"))) {
         problems.push("b: the TCP line from a did not arrive".into());
@@ -370,7 +393,7 @@ pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
 /// The RoCEv2 runs' checks on both consoles: `ibv_devinfo` (port active, the IPv4 address's RoCE v2 GID),
 /// `ibv_rc_pingpong -g` (every buffer checked), `rping -V` (every ping's data verified) and perftest's `-R` runs
 /// (a result line with every iteration).
-fn roce_checks(consoles: &[String], problems: &mut Vec<String>) {
+fn roce_checks(consoles: &[String], cm: bool, problems: &mut Vec<String>) {
     for (k, c) in consoles.iter().enumerate() {
         let (name, _, ip) = PORTS[k];
         let devinfo: Vec<&str> = c.lines().filter_map(|l| l.strip_prefix("devinfo: ")).collect();
@@ -392,6 +415,9 @@ fn roce_checks(consoles: &[String], problems: &mut Vec<String>) {
     match a.lines().find(|l| l.starts_with("rc_pingpong: ") && l.contains(&bytes)) {
         Some(l) if a.contains("=== rc_pingpong exit 0 ===") => println!("  a: {}", l.trim()),
         _ => problems.push(format!("a: ibv_rc_pingpong -g over RoCEv2 did not report {bytes}")),
+    }
+    if !cm {
+        return;
     }
     // rping -v prints each ping's buffer as the client read it back (-V already compared it with what it sent);
     // each line is checked against the pattern rping fills in too.
@@ -425,19 +451,23 @@ mod tests {
 
     #[test]
     fn the_init_scripts_name_each_side_s_address_and_parse() {
-        let (a, b) = (init_script(0, true), init_script(1, true));
+        let (a, b) = (init_script(0, Roce::Cm), init_script(1, Roce::Cm));
         for prog in ["ibv_devinfo", "ibv_rc_pingpong", "rping", "ib_send_bw", "ib_write_bw"] {
-            assert!(!init_script(0, false).contains(prog) && !init_script(1, false).contains(prog), "{prog}");
+            assert!(!init_script(0, Roce::Off).contains(prog) && !init_script(1, Roce::Off).contains(prog), "{prog}");
             assert!(a.contains(prog) && b.contains(prog), "{prog}");
         }
         assert!(a.contains(&format!("rping -c -a 10.35.0.2 -C {RPING_COUNT} -v -V")));
         assert!(b.contains(&format!("rping -s -a 10.35.0.2 -C {RPING_COUNT} -v -V")));
         assert!(a.contains("ib_send_bw -d mlx5_0 -R") && b.contains("ib_write_bw -d mlx5_0 -R"));
+        // CI's reduced form: devinfo and the RC ping-pong, no rdma_cm program.
+        let (va, vb) = (init_script(0, Roce::Verbs), init_script(1, Roce::Verbs));
+        assert!(va.contains("ibv_rc_pingpong") && vb.contains("ibv_devinfo -v"));
+        assert!(!va.contains("rping") && !vb.contains("ib_send_bw") && !va.contains("ib_write_bw"));
         assert!(a.contains("ip addr add 10.35.0.1/24") && a.contains(&format!("ping -c {PINGS} -i 0.2 10.35.0.2")));
         assert!(b.contains("ip addr add 10.35.0.2/24") && b.contains(&format!("nc -l -p {NC_PORT}")));
         // The shell that runs them in the guest reads them without a syntax error.
         if Path::new("/bin/busybox").exists() {
-            for s in [&a, &b, &init_script(0, false), &init_script(1, false)] {
+            for s in [&a, &b, &init_script(0, Roce::Off), &init_script(1, Roce::Off)] {
                 let ok = Command::new("/bin/busybox").args(["sh", "-n", "-c", s]).status().is_ok_and(|st| st.success());
                 assert!(ok, "{s}");
             }
