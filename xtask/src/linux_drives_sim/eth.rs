@@ -473,4 +473,59 @@ mod tests {
             }
         }
     }
+
+    /// A console as the guest prints it: ibv_devinfo's port lines (`state`, `link_layer`, the GID table) and
+    /// rc_pingpong's result.
+    fn console(k: usize, state: &str, gid: bool) -> String {
+        let ip = PORTS[k].2;
+        let mut c = format!(
+            "=== ibv_devinfo exit 0 ===\ndevinfo: \t\t\tstate:\t\t\t{state}\ndevinfo: \t\t\tlink_layer:\t\tEthernet\n"
+        );
+        if gid {
+            c.push_str(&format!("devinfo: \t\t\tGID[  3]:\t\t::ffff:{ip}, RoCE v2\n"));
+        }
+        c.push_str("=== rc_pingpong exit 0 ===\nrc_pingpong: 819200 bytes in 0.19 seconds = 34.91 Mbit/sec\n");
+        c
+    }
+
+    #[test]
+    fn the_roce_checks_pass_on_what_a_good_run_prints_and_name_what_is_missing() {
+        let good = [console(0, "PORT_ACTIVE (4)", true), console(1, "PORT_ACTIVE (4)", true)];
+        let mut p = Vec::new();
+        roce_checks(&good, false, &mut p);
+        assert!(p.is_empty(), "{p:?}");
+        let bad = [console(0, "PORT_DOWN (1)", true), console(1, "PORT_ACTIVE (4)", false)];
+        roce_checks(&bad, false, &mut p);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].starts_with("a: ibv_devinfo did not show") && p[1].contains("no RoCE v2 GID ::ffff:10.35.0.2"));
+        // With rdma_cm: rping's lines must all be there and intact, and perftest's result lines.
+        let mut a = good[0].clone();
+        a.push_str("=== rping exit 0 ===\n");
+        // rping's buffer for ping i: letters from 'A' + i mod 58, each the next of 'A'..='z'.
+        let line = |i: usize| {
+            let data: String = (0..10).map(|k| char::from(b'A' + ((i + k) % 58) as u8)).collect();
+            format!("rping: ping data: rdma-ping-{i}: {data}\n")
+        };
+        for i in 0..RPING_COUNT as usize - 1 {
+            a.push_str(&line(i));
+        }
+        for prog in PERFTEST {
+            a.push_str(&format!(
+                "=== {prog} exit 0 ===\n{prog}:  65536      {PERF_ITERS}     1.50     1.42     0.000023\n"
+            ));
+        }
+        let mut p = Vec::new();
+        roce_checks(&[a.clone(), good[1].clone()], true, &mut p);
+        assert_eq!(p, vec![format!("a: rping -c -C {RPING_COUNT} -V over rdma_cm: 99 pings back, 99 intact")]);
+        // A corrupted buffer is caught, the right one passes.
+        let mut broken = a.clone();
+        broken.push_str(&line(99).replace("rdma-ping-99: ", "rdma-ping-99: B"));
+        let mut p = Vec::new();
+        roce_checks(&[broken, good[1].clone()], true, &mut p);
+        assert_eq!(p, vec![format!("a: rping -c -C {RPING_COUNT} -V over rdma_cm: 100 pings back, 99 intact")]);
+        a.push_str(&line(99));
+        let mut p = Vec::new();
+        roce_checks(&[a, good[1].clone()], true, &mut p);
+        assert!(p.is_empty(), "{p:?}");
+    }
 }
