@@ -65,8 +65,8 @@ fn init_script(me: usize, roce: Roce) -> String {
         );
         if cm("rping") {
             client.push_str(&format!(
-                "retry {RETRIES} timeout 120 rping -c -a {peer} -C {RPING_COUNT} -v -V > /tmp/rping.txt 2>&1\n\
-                 echo \"=== rping exit $? ===\"\nsed 's/^/rping: /' /tmp/rping.txt\n"
+                "retry {RETRIES} timeout 120 rping -c -a {peer} -C {RPING_COUNT} -v -V > /tmp/rping.txt 2> /tmp/rping.err\n\
+                 echo \"=== rping exit $? ===\"\nsed 's/^/rping: /' /tmp/rping.txt\nsed 's/^/rping stderr: /' /tmp/rping.err\n"
             ));
         }
         for prog in PERFTEST.iter().filter(|p| cm(p)) {
@@ -420,7 +420,8 @@ fn roce_checks(consoles: &[String], cm: bool, problems: &mut Vec<String>) {
         return;
     }
     // rping -v prints each ping's buffer as the client read it back (-V already compared it with what it sent);
-    // each line is checked against the pattern rping fills in too.
+    // each line is checked against the pattern rping fills in too. Its stderr goes to another file: stdout to a
+    // file is flushed in 4 KiB blocks, and "client DISCONNECT EVENT..." landed inside a ping line.
     let pings: Vec<&str> =
         a.lines().filter_map(|l| l.strip_prefix("rping: ")).filter(|l| l.starts_with("ping data:")).collect();
     let good = pings.iter().enumerate().filter(|(i, l)| crate::libibverbs::rdmacm::rping_line_ok(l, *i)).count();
