@@ -164,7 +164,8 @@ fn ci(root: &Path) -> Result<(), String> {
     // Linux's own mlx5_core and mlx5_ib drive the simulator in User-Mode Linux, rdma-core's programs on top
     // (the UML kernel is built once, then cached under target/uml/).
     linux_drives_sim::ci_step(root)?;
-    // Two simulated Ethernet ports under two UML instances' mlx5e, on one cable: ping, iperf3, ethtool -S.
+    // Two simulated Ethernet ports under two UML instances' mlx5e, on one cable: ping, iperf3, ethtool -S, then
+    // ibv_devinfo and ibv_rc_pingpong -g over RoCEv2 (`--eth --no-cm`).
     linux_drives_sim::ci_step_eth(root)?;
     // Two simulated IB ports of one UML on one cable: Debian's opensm assigns the LIDs and activates them
     // (3-4 s warm, about a minute cold with opensm and infiniband-diags from apt and the bridge build).
@@ -226,13 +227,15 @@ commands:
                                  the fault-injection soak (options go to mlx5-soak)
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
                                  (--check: only that the patches and config fragment still apply)
-  linux-drives-sim [--strict] [--eth [--no-rdma]] [--opensm]
+  linux-drives-sim [--strict] [--eth [--no-cm | --no-rdma]] [--opensm]
                                  boot it with the simulator as its PCI device: mlx5_core and mlx5_ib probe
                                  cleanly, ibv_devinfo, rc/ud pingpong (rdma-core) and a clean poweroff (--eth:
                                  two Ethernet ports in two UMLs on one cable, mlx5e's netdevs: ping, iperf3,
-                                 ethtool -S, ibv_rc_pingpong -g over RoCEv2; --no-rdma: without the last;
-                                 --opensm: two IB ports of one guest on one cable, opensm assigns the LIDs and
-                                 brings both to Active, ibstat/smpquery/ibnetdiscover, ibv_rc_pingpong on them)";
+                                 ethtool -S, then over RoCEv2 ibv_devinfo, ibv_rc_pingpong -g, rping and
+                                 ib_send_bw/ib_write_bw -R; --no-cm: without rping and perftest; --no-rdma:
+                                 without any RoCE run; --opensm: two IB ports of one guest on one cable, opensm
+                                 assigns the LIDs and brings both to Active, ibstat/smpquery/ibnetdiscover,
+                                 ibv_rc_pingpong on them)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
@@ -251,7 +254,7 @@ enum Task {
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
     Uml { check: bool },
-    LinuxDrivesSim { strict: bool, eth: bool, no_rdma: bool, opensm: bool },
+    LinuxDrivesSim { strict: bool, eth: bool, no_rdma: bool, no_cm: bool, opensm: bool },
     Libibverbs(Vec<String>),
     Librdmacm(Vec<String>),
     VerbsApps(Vec<String>),
@@ -282,7 +285,9 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
         "uml" => Task::Uml { check: false },
-        "linux-drives-sim" => Task::LinuxDrivesSim { strict: false, eth: false, no_rdma: false, opensm: false },
+        "linux-drives-sim" => {
+            Task::LinuxDrivesSim { strict: false, eth: false, no_rdma: false, no_cm: false, opensm: false }
+        }
         "libibverbs" => Task::Libibverbs(Vec::new()),
         "librdmacm" => Task::Librdmacm(Vec::new()),
         "verbs-apps" => Task::VerbsApps(Vec::new()),
@@ -322,6 +327,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::LinuxDrivesSim { eth, .. }, "--eth") => *eth = true,
             (Task::LinuxDrivesSim { no_rdma, .. }, "--no-rdma") => *no_rdma = true,
             (Task::LinuxDrivesSim { opensm, .. }, "--opensm") => *opensm = true,
+            (Task::LinuxDrivesSim { no_cm, .. }, "--no-cm") => *no_cm = true,
             (Task::Uml { check }, "--check") => *check = true,
             (Task::PciSim { full }, "--full") => *full = true,
             (Task::RxeInterop { part }, "--rping") => *part = rxe::Part::Rping,
@@ -381,7 +387,14 @@ fn main() -> ExitCode {
         Task::Uml { check: false } => uml::run_uml(&root),
         Task::Uml { check: true } => uml::check_recipe(&root),
         Task::LinuxDrivesSim { opensm: true, .. } => linux_drives_sim::run_opensm(&root),
-        Task::LinuxDrivesSim { strict: _, eth: true, no_rdma, .. } => linux_drives_sim::run_eth(&root, !no_rdma),
+        Task::LinuxDrivesSim { strict: _, eth: true, no_rdma, no_cm, .. } => {
+            let roce = match (no_rdma, no_cm) {
+                (true, _) => linux_drives_sim::Roce::Off,
+                (false, true) => linux_drives_sim::Roce::Verbs,
+                (false, false) => linux_drives_sim::Roce::Cm,
+            };
+            linux_drives_sim::run_eth(&root, roce)
+        }
         Task::LinuxDrivesSim { strict, eth: false, .. } => linux_drives_sim::run(&root, strict, false),
         Task::Libibverbs(args) => libibverbs::run_libibverbs(&root, &args),
         Task::Librdmacm(args) => libibverbs::rdmacm::run_librdmacm(&root, &args),

@@ -28,8 +28,10 @@ const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
 pub struct BarFile {
     ptr: NonNull<u8>,
     len: usize,
-    /// BAR offsets of the watched registers, and their last values (bytes in BAR order).
-    regs: Vec<(usize, [u8; 8])>,
+    /// BAR offsets of the watched registers (8-byte aligned, below `len`).
+    offs: Vec<usize>,
+    /// Their values when last seen, as loaded (`last[i]` is the register at `offs[i]`).
+    last: Vec<u64>,
 }
 
 // SAFETY: the mapping is owned by this value and only read; any thread may read shared memory.
@@ -81,31 +83,28 @@ impl BarFile {
                 }
             }
         }
-        let mut me = Self { ptr, len, regs: offs.into_iter().map(|o| (o, [0u8; 8])).collect() };
+        let last = vec![0; offs.len()];
+        let mut me = Self { ptr, len, offs, last };
         // Whatever the file holds before the guest runs is not a doorbell.
         let _ = me.changed();
         Ok(me)
     }
 
-    /// One aligned 64-bit register, read as a single access (a store in progress is seen whole or not at all).
-    fn read(&self, off: usize) -> [u8; 8] {
-        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.len);
-        // SAFETY: `off + 8 <= len` (the offsets are built below `len`), the address is 8-byte aligned (page
-        // aligned mapping, offsets multiples of 8), and the mapping lives as long as `self`; volatile because the
-        // guest writes it concurrently.
-        let v = unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(off).cast::<u64>()) };
-        v.to_ne_bytes()
-    }
-
     /// The registers written since the last call, as (BAR offset, the 8 bytes in BAR order), in BAR order.
+    ///
+    /// The bridge calls this once a millisecond, so it is a tight loop of loads: one aligned 64-bit load per
+    /// register (a store in progress is seen whole or not at all), compared with the value last seen.
     pub fn changed(&mut self) -> Vec<(u64, [u8; 8])> {
         let mut out = Vec::new();
-        for i in 0..self.regs.len() {
-            let (off, last) = self.regs[i];
-            let now = self.read(off);
-            if now != last {
-                self.regs[i].1 = now;
-                out.push((off as u64, now));
+        let base = self.ptr.as_ptr();
+        for (&off, last) in self.offs.iter().zip(self.last.iter_mut()) {
+            // SAFETY: `off + 8 <= len` (the offsets are built below `len` in `open`), the address is 8-byte
+            // aligned (page-aligned mapping, offsets multiples of 8), and the mapping lives as long as `self`;
+            // volatile because the guest writes it concurrently.
+            let now = unsafe { std::ptr::read_volatile(base.add(off).cast::<u64>()) };
+            if now != *last {
+                *last = now;
+                out.push((off as u64, now.to_ne_bytes()));
             }
         }
         out

@@ -64,6 +64,13 @@ pub struct Stats {
     pub user_doorbells: u64,
     /// EQ interrupts the simulator fired (each becomes an MSI now or when its vector is unmasked).
     pub interrupts: u64,
+    /// Scans of the BAR file for user doorbells (at most one a millisecond, however many requests arrive).
+    pub bar_scans: u64,
+    /// The most requests found waiting on the command queue at once.
+    pub max_backlog: u16,
+    /// Passes that found the command queue full (virt-pci then waits for room:
+    /// `xtask/uml/0005-um-virt-pci-wait-for-room.patch`; UML 6.12 dropped the request).
+    pub full_queue: u64,
 }
 
 /// The device behind the virtqueues.

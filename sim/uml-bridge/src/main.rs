@@ -186,9 +186,9 @@ fn run(
     }
     let s = server.dev.stats;
     eprintln!(
-        "mlx5-uml-bridge: done: {} cfg reads, {} cfg writes, {} BAR reads, {} BAR writes, {} EQ interrupts, {} MSIs, {} rejected, {} narrow writes, {} user doorbells",
+        "mlx5-uml-bridge: done: {} cfg reads, {} cfg writes, {} BAR reads, {} BAR writes, {} EQ interrupts, {} MSIs, {} rejected, {} narrow writes, {} user doorbells ({} BAR-file scans), at most {} requests waiting, {} passes found the queue full",
         s.cfg_reads, s.cfg_writes, s.mmio_reads, s.mmio_writes, s.interrupts, s.msis, s.rejected, s.narrow_writes,
-        s.user_doorbells
+        s.user_doorbells, s.bar_scans, s.max_backlog, s.full_queue
     );
     r
 }

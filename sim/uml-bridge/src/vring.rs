@@ -97,6 +97,14 @@ impl Vring {
         Ok(idx != self.last_avail)
     }
 
+    /// How many chains the driver has made available that we have not taken (at most the queue size: a driver
+    /// with every descriptor in flight can add no request until we return some).
+    pub fn backlog(&self, mem: &dyn GuestMem) -> Result<u16, RingError> {
+        self.ready()?;
+        let idx = mem.read_u16(self.avail + 2)?;
+        Ok(idx.wrapping_sub(self.last_avail))
+    }
+
     /// Takes the next available chain, if any.
     pub fn pop(&mut self, mem: &dyn GuestMem) -> Result<Option<Chain>, RingError> {
         self.ready()?;

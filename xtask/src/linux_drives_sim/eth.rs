@@ -31,24 +31,76 @@ const PING_END: &str = "=== ping exit ";
 const NC_LINE: &str = "over mlx5e and the simulated cable";
 /// iperf3's TCP run from A to B, in seconds.
 const IPERF_SECONDS: u32 = 5;
-/// Debian packages whose programs go into the guests besides rdma-core's.
 /// ibv_rc_pingpong over RoCEv2 between the two netdevs' IPv4 GIDs: iterations of 4 KiB.
 const RC_ITERS: u32 = 100;
+/// rping's pings (`-C`), each one verified (`-V`).
+const RPING_COUNT: u32 = 100;
+/// perftest's programs run over rdma_cm (`-R`), and their iterations (`-n`) of the default 64 KiB message.
+const PERFTEST: [&str; 2] = ["ib_send_bw", "ib_write_bw"];
+const PERF_ITERS: u32 = 100;
+/// How often A starts a client before B's server listens (half a second apart).
+const RETRIES: u32 = 40;
+/// Debian packages whose programs go into the guests besides rdma-core's ibverbs-utils: (program, package).
 const PACKAGES: &[(&str, &str)] = &[("iperf3", "iperf3"), ("ethtool", "ethtool")];
+/// The same for the RoCE runs: rdma_cm's rping and perftest (both on Debian's librdmacm).
+const RDMA_PACKAGES: &[(&str, &str)] =
+    &[("rping", "rdmacm-utils"), ("ib_send_bw", "perftest"), ("ib_write_bw", "perftest")];
 
-/// The guest's `/init` for port `me` (0: A, the pinger; 1: B); `rdma`: ibv_rc_pingpong over RoCEv2 too.
-fn init_script(me: usize, rdma: bool) -> String {
+/// The guest's `/init` for port `me` (0: A, the client of every test; 1: B, the servers); `rdma`: the RoCEv2 runs
+/// too (`ibv_devinfo -v`, `ibv_rc_pingpong -g`, `rping`, `ib_send_bw -R`, `ib_write_bw -R`).
+///
+/// B runs its servers one after another in the background; A retries each client until B's server listens (a
+/// connection to a port nobody listens on is refused at once, and costs the server nothing).
+fn init_script(me: usize, roce: Roce) -> String {
     let (_, _, ip) = PORTS[me];
-    let (rc_client, rc_server, rc_server_out) = if rdma {
-        (
-            format!(
-                "sleep 1\ntimeout 120 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c {} > /tmp/rc.txt 2>&1\n\
-                 echo \"=== rc_pingpong exit $? ===\"\nsed 's/^/rc_pingpong: /' /tmp/rc.txt\n",
-                PORTS[1 - me].2
-            ),
-            format!("timeout 200 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c > /tmp/rc.txt 2>&1 &\n"),
-            "sleep 1\nsed 's/^/rc_pingpong server: /' /tmp/rc.txt\n".to_string(),
-        )
+    // The rdma_cm programs (rping, perftest) run with `Roce::Cm` only.
+    let cm = |p: &str| roce == Roce::Cm || !(p.starts_with("rping") || p.starts_with("ib_"));
+    let (rc_client, rc_server, rc_server_out) = if roce != Roce::Off {
+        let peer = PORTS[1 - me].2;
+        let mut client = format!(
+            "timeout 60 ibv_devinfo -v -d mlx5_0 > /tmp/devinfo.txt 2>&1\necho \"=== ibv_devinfo exit $? ===\"\n\
+             sed 's/^/devinfo: /' /tmp/devinfo.txt\n\
+             retry {RETRIES} timeout 120 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c {peer} > /tmp/rc.txt 2>&1\n\
+             echo \"=== rc_pingpong exit $? ===\"\nsed 's/^/rc_pingpong: /' /tmp/rc.txt\n"
+        );
+        if cm("rping") {
+            client.push_str(&format!(
+                "retry {RETRIES} timeout 120 rping -c -a {peer} -C {RPING_COUNT} -v -V > /tmp/rping.txt 2> /tmp/rping.err\n\
+                 echo \"=== rping exit $? ===\"\nsed 's/^/rping: /' /tmp/rping.txt\nsed 's/^/rping stderr: /' /tmp/rping.err\n"
+            ));
+        }
+        for prog in PERFTEST.iter().filter(|p| cm(p)) {
+            client.push_str(&format!(
+                "retry {RETRIES} timeout 120 {prog} -d mlx5_0 -R -n {PERF_ITERS} {peer} > /tmp/{prog}.txt 2>&1\n\
+                 echo \"=== {prog} exit $? ===\"\nsed 's/^/{prog}: /' /tmp/{prog}.txt\n"
+            ));
+        }
+        let mut server = format!(
+            "timeout 60 ibv_devinfo -v -d mlx5_0 > /tmp/devinfo.txt 2>&1\necho \"=== ibv_devinfo exit $? ===\"\n\
+             sed 's/^/devinfo: /' /tmp/devinfo.txt\n\
+             (timeout 200 ibv_rc_pingpong -d mlx5_0 -g $gid -s 4096 -n {RC_ITERS} -c > /tmp/rc.txt 2>&1\n"
+        );
+        if cm("rping") {
+            server.push_str(&format!(
+                "timeout 200 rping -s -a {ip} -C {RPING_COUNT} -v -V > /tmp/rping.txt 2>&1\n\
+                 echo \"rping server exit $?\" >> /tmp/rping.txt\n"
+            ));
+        }
+        for prog in PERFTEST.iter().filter(|p| cm(p)) {
+            server.push_str(&format!(
+                "timeout 200 {prog} -d mlx5_0 -R -n {PERF_ITERS} > /tmp/{prog}.txt 2>&1\n\
+                 echo \"{prog} server exit $?\" >> /tmp/{prog}.txt\n"
+            ));
+        }
+        server.push_str(") &\n");
+        let mut server_out = "sleep 1\nsed 's/^/rc_pingpong server: /' /tmp/rc.txt\n".to_string();
+        if cm("rping") {
+            server_out.push_str("sed 's/^/rping server: /' /tmp/rping.txt\n");
+        }
+        for prog in PERFTEST.iter().filter(|p| cm(p)) {
+            server_out.push_str(&format!("sed 's/^/{prog} server: /' /tmp/{prog}.txt\n"));
+        }
+        (client, server, server_out)
     } else {
         (String::new(), String::new(), String::new())
     };
@@ -77,7 +129,9 @@ echo "nc received: $(cat /tmp/nc.txt)"
     };
     let prelude = super::init_prelude();
     format!(
-        r#"{prelude}ip link set lo up
+        r#"{prelude}# retry N CMD...: CMD until it succeeds, at most N times half a second apart; CMD's last status.
+retry() {{ k=$1; shift; while :; do "$@"; s=$?; [ $s -eq 0 ] || [ $k -le 1 ] && return $s; k=$((k-1)); sleep 0.5; done; }}
+ip link set lo up
 dev=
 for n in /sys/class/net/*; do [ -e "$n/device" ] && dev=$(basename $n); done
 echo "netdev: ${{dev:-none}} address=$(cat /sys/class/net/$dev/address 2>/dev/null)"
@@ -128,17 +182,32 @@ fn free_port() -> Result<u16, String> {
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
-/// The whole run; `rdma`: ibv_rc_pingpong over RoCEv2 between the GIDs too (its first user context makes mlx5_core
-/// run its write-combining test, whose DESTROY_SQ the simulator does not complete under UML yet: see the README).
-pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
+/// Which RoCEv2 runs go with the Ethernet ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Roce {
+    /// None (`--no-rdma`).
+    Off,
+    /// `ibv_devinfo -v` and `ibv_rc_pingpong -g` (`--no-cm`: what CI runs).
+    Verbs,
+    /// Those, then `rping` and perftest's `-R` runs over rdma_cm (`--eth` alone).
+    Cm,
+}
+
+/// The whole run with the RoCEv2 runs `roce` between the GIDs.
+pub(super) fn run(root: &Path, roce: Roce) -> Result<(), String> {
+    let rdma = roce != Roce::Off;
     let started = Instant::now();
     let linux = crate::uml::build(root)?;
     let bridge = build_bridge(root)?;
-    let missing: Vec<&str> = PACKAGES.iter().filter(|(prog, _)| !crate::vfio_test::have(prog)).map(|p| p.1).collect();
+    let packages: Vec<(&str, &str)> =
+        PACKAGES.iter().chain(RDMA_PACKAGES.iter().filter(|_| roce == Roce::Cm)).copied().collect();
+    let mut missing: Vec<&str> =
+        packages.iter().filter(|(prog, _)| !crate::vfio_test::have(prog)).map(|p| p.1).collect();
+    missing.dedup();
     if !missing.is_empty() {
         crate::vfio_test::apt_install(&missing)?;
     }
-    let binaries: Vec<&str> = GUEST_BINARIES.iter().copied().chain(PACKAGES.iter().map(|p| p.0)).collect();
+    let binaries: Vec<&str> = GUEST_BINARIES.iter().copied().chain(packages.iter().map(|p| p.0)).collect();
     let work = root.join("target/linux-drives-sim/eth");
     let cable = format!("127.0.0.1:{}", free_port()?);
     let mut inst = Vec::new();
@@ -176,7 +245,7 @@ pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
     }
     let boot = Instant::now();
     for (k, i) in inst.iter_mut().enumerate() {
-        let initrd = initramfs_with(&i.dir, &init_script(k, rdma), &binaries)?;
+        let initrd = initramfs_with(&i.dir, &init_script(k, roce), &binaries)?;
         let console = std::fs::File::create(i.dir.join("console.txt")).map_err(|e| e.to_string())?;
         let child = Command::new(&linux)
             .arg("mem=256M")
@@ -220,6 +289,11 @@ pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
             String::from_utf8_lossy(&std::fs::read(i.dir.join("console.txt")).unwrap_or_default()).into_owned();
         let dmesg = between(&console, DMESG_BEGIN, DMESG_END).unwrap_or(&console).to_string();
         std::fs::write(i.dir.join("dmesg.txt"), &dmesg).map_err(|e| e.to_string())?;
+        // What the bridge served, and how far virt-pci's queue filled (a full one made UML 6.12 drop writes).
+        let log = std::fs::read_to_string(i.dir.join("bridge.log")).unwrap_or_default();
+        if let Some(l) = log.lines().find_map(|l| l.strip_prefix("mlx5-uml-bridge: done: ")) {
+            println!("  {name}: bridge: {l}");
+        }
         for l in console.lines().filter(|l| {
             ["pci: ", "netdev: ", "operstate: ", "gid: ", "stat: ", "rdma: ", "nc received"]
                 .iter()
@@ -299,13 +373,8 @@ pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
     if got > sent {
         problems.push(format!("b received {got} unicast frames, more than the {sent} a sent"));
     }
-    // RC over RoCEv2 between the IPv4 GIDs (rdma-core's mlx5 provider on mlx5_ib, the connection set up over TCP
-    // through the netdevs).
-    let bytes = format!("{} bytes in", 2 * 4096 * u64::from(RC_ITERS));
-    match consoles[0].lines().find(|l| l.starts_with("rc_pingpong: ") && l.contains(&bytes)) {
-        Some(l) => println!("  a: {}", l.trim()),
-        None if rdma => problems.push(format!("a: ibv_rc_pingpong -g over RoCEv2 did not report {bytes}")),
-        None => {}
+    if rdma {
+        roce_checks(&consoles, roce == Roce::Cm, &mut problems);
     }
     if !consoles.get(1).is_some_and(|c| c.contains(&format!("nc received: {NC_LINE}"))) {
         problems.push("b: the TCP line from a did not arrive".into());
@@ -321,22 +390,143 @@ pub(super) fn run(root: &Path, rdma: bool) -> Result<(), String> {
     }
 }
 
+/// The RoCEv2 runs' checks on both consoles: `ibv_devinfo` (port active, the IPv4 address's RoCE v2 GID),
+/// `ibv_rc_pingpong -g` (every buffer checked), `rping -V` (every ping's data verified) and perftest's `-R` runs
+/// (a result line with every iteration).
+fn roce_checks(consoles: &[String], cm: bool, problems: &mut Vec<String>) {
+    for (k, c) in consoles.iter().enumerate() {
+        let (name, _, ip) = PORTS[k];
+        let devinfo: Vec<&str> = c.lines().filter_map(|l| l.strip_prefix("devinfo: ")).collect();
+        let state = devinfo.iter().find(|l| l.trim_start().starts_with("state:")).map_or("none", |l| l.trim());
+        let gid = devinfo.iter().find(|l| l.contains(&format!("::ffff:{ip}")) && l.contains("RoCE v2"));
+        println!("  {name}: ibv_devinfo {state}; GID {}", gid.map_or("none", |l| l.trim()));
+        if !c.contains("=== ibv_devinfo exit 0 ===") || !state.contains("PORT_ACTIVE") {
+            problems.push(format!("{name}: ibv_devinfo did not show port 1 PORT_ACTIVE"));
+        }
+        if !devinfo.iter().any(|l| l.trim_start().starts_with("link_layer:") && l.trim_end().ends_with("Ethernet")) {
+            problems.push(format!("{name}: ibv_devinfo shows no Ethernet link layer"));
+        }
+        if gid.is_none() {
+            problems.push(format!("{name}: ibv_devinfo shows no RoCE v2 GID ::ffff:{ip}"));
+        }
+    }
+    let a = &consoles[0];
+    let bytes = format!("{} bytes in", 2 * 4096 * u64::from(RC_ITERS));
+    match a.lines().find(|l| l.starts_with("rc_pingpong: ") && l.contains(&bytes)) {
+        Some(l) if a.contains("=== rc_pingpong exit 0 ===") => println!("  a: {}", l.trim()),
+        _ => problems.push(format!("a: ibv_rc_pingpong -g over RoCEv2 did not report {bytes}")),
+    }
+    if !cm {
+        return;
+    }
+    // rping -v prints each ping's buffer as the client read it back (-V already compared it with what it sent);
+    // each line is checked against the pattern rping fills in too. Its stderr goes to another file: stdout to a
+    // file is flushed in 4 KiB blocks, and "client DISCONNECT EVENT..." landed inside a ping line.
+    let pings: Vec<&str> =
+        a.lines().filter_map(|l| l.strip_prefix("rping: ")).filter(|l| l.starts_with("ping data:")).collect();
+    let good = pings.iter().enumerate().filter(|(i, l)| crate::libibverbs::rdmacm::rping_line_ok(l, *i)).count();
+    println!("  a: rping -c -C {RPING_COUNT} -v -V: {} pings, {good} as rping wrote them", pings.len());
+    if !a.contains("=== rping exit 0 ===") || pings.len() != RPING_COUNT as usize || good != pings.len() {
+        problems
+            .push(format!("a: rping -c -C {RPING_COUNT} -V over rdma_cm: {} pings back, {good} intact", pings.len()));
+    }
+    for prog in PERFTEST {
+        // The result line: bytes, iterations, peak and average bandwidth (MB/s), message rate.
+        let result = a.lines().filter_map(|l| l.strip_prefix(&format!("{prog}: "))).find(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 4 && f[0].parse::<u64>().is_ok() && f[1] == PERF_ITERS.to_string() && f[3].parse::<f64>().is_ok()
+        });
+        match result {
+            Some(l) if a.contains(&format!("=== {prog} exit 0 ===")) => {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                println!("  a: {prog} -R: {} x {} bytes, average {} MB/s", f[1], f[0], f[3]);
+            }
+            _ => problems.push(format!("a: {prog} -R did not finish {PERF_ITERS} iterations")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_init_scripts_name_each_side_s_address_and_parse() {
-        let (a, b) = (init_script(0, true), init_script(1, true));
-        assert!(!init_script(0, false).contains("ibv_rc_pingpong"));
+        let (a, b) = (init_script(0, Roce::Cm), init_script(1, Roce::Cm));
+        for prog in ["ibv_devinfo", "ibv_rc_pingpong", "rping", "ib_send_bw", "ib_write_bw"] {
+            assert!(!init_script(0, Roce::Off).contains(prog) && !init_script(1, Roce::Off).contains(prog), "{prog}");
+            assert!(a.contains(prog) && b.contains(prog), "{prog}");
+        }
+        assert!(a.contains(&format!("rping -c -a 10.35.0.2 -C {RPING_COUNT} -v -V")));
+        assert!(b.contains(&format!("rping -s -a 10.35.0.2 -C {RPING_COUNT} -v -V")));
+        assert!(a.contains("ib_send_bw -d mlx5_0 -R") && b.contains("ib_write_bw -d mlx5_0 -R"));
+        // CI's reduced form: devinfo and the RC ping-pong, no rdma_cm program.
+        let (va, vb) = (init_script(0, Roce::Verbs), init_script(1, Roce::Verbs));
+        assert!(va.contains("ibv_rc_pingpong") && vb.contains("ibv_devinfo -v"));
+        assert!(!va.contains("rping") && !vb.contains("ib_send_bw") && !va.contains("ib_write_bw"));
         assert!(a.contains("ip addr add 10.35.0.1/24") && a.contains(&format!("ping -c {PINGS} -i 0.2 10.35.0.2")));
         assert!(b.contains("ip addr add 10.35.0.2/24") && b.contains(&format!("nc -l -p {NC_PORT}")));
         // The shell that runs them in the guest reads them without a syntax error.
         if Path::new("/bin/busybox").exists() {
-            for s in [&a, &b, &init_script(0, false), &init_script(1, false)] {
+            for s in [&a, &b, &init_script(0, Roce::Off), &init_script(1, Roce::Off)] {
                 let ok = Command::new("/bin/busybox").args(["sh", "-n", "-c", s]).status().is_ok_and(|st| st.success());
                 assert!(ok, "{s}");
             }
         }
+    }
+
+    /// A console as the guest prints it: ibv_devinfo's port lines (`state`, `link_layer`, the GID table) and
+    /// rc_pingpong's result.
+    fn console(k: usize, state: &str, gid: bool) -> String {
+        let ip = PORTS[k].2;
+        let mut c = format!(
+            "=== ibv_devinfo exit 0 ===\ndevinfo: \t\t\tstate:\t\t\t{state}\ndevinfo: \t\t\tlink_layer:\t\tEthernet\n"
+        );
+        if gid {
+            c.push_str(&format!("devinfo: \t\t\tGID[  3]:\t\t::ffff:{ip}, RoCE v2\n"));
+        }
+        c.push_str("=== rc_pingpong exit 0 ===\nrc_pingpong: 819200 bytes in 0.19 seconds = 34.91 Mbit/sec\n");
+        c
+    }
+
+    #[test]
+    fn the_roce_checks_pass_on_what_a_good_run_prints_and_name_what_is_missing() {
+        let good = [console(0, "PORT_ACTIVE (4)", true), console(1, "PORT_ACTIVE (4)", true)];
+        let mut p = Vec::new();
+        roce_checks(&good, false, &mut p);
+        assert!(p.is_empty(), "{p:?}");
+        let bad = [console(0, "PORT_DOWN (1)", true), console(1, "PORT_ACTIVE (4)", false)];
+        roce_checks(&bad, false, &mut p);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].starts_with("a: ibv_devinfo did not show") && p[1].contains("no RoCE v2 GID ::ffff:10.35.0.2"));
+        // With rdma_cm: rping's lines must all be there and intact, and perftest's result lines.
+        let mut a = good[0].clone();
+        a.push_str("=== rping exit 0 ===\n");
+        // rping's buffer for ping i: letters from 'A' + i mod 58, each the next of 'A'..='z'.
+        let line = |i: usize| {
+            let data: String = (0..10).map(|k| char::from(b'A' + ((i + k) % 58) as u8)).collect();
+            format!("rping: ping data: rdma-ping-{i}: {data}\n")
+        };
+        for i in 0..RPING_COUNT as usize - 1 {
+            a.push_str(&line(i));
+        }
+        for prog in PERFTEST {
+            a.push_str(&format!(
+                "=== {prog} exit 0 ===\n{prog}:  65536      {PERF_ITERS}     1.50     1.42     0.000023\n"
+            ));
+        }
+        let mut p = Vec::new();
+        roce_checks(&[a.clone(), good[1].clone()], true, &mut p);
+        assert_eq!(p, vec![format!("a: rping -c -C {RPING_COUNT} -V over rdma_cm: 99 pings back, 99 intact")]);
+        // A corrupted buffer is caught, the right one passes.
+        let mut broken = a.clone();
+        broken.push_str(&line(99).replace("rdma-ping-99: ", "rdma-ping-99: B"));
+        let mut p = Vec::new();
+        roce_checks(&[broken, good[1].clone()], true, &mut p);
+        assert_eq!(p, vec![format!("a: rping -c -C {RPING_COUNT} -V over rdma_cm: 100 pings back, 99 intact")]);
+        a.push_str(&line(99));
+        let mut p = Vec::new();
+        roce_checks(&[a, good[1].clone()], true, &mut p);
+        assert!(p.is_empty(), "{p:?}");
     }
 }
