@@ -69,6 +69,13 @@ pub(crate) const QEMU_LIMITS: &[(&str, &str)] = &[
     ("link::vde::tests::pcap_records_every_frame_the_port_sends_and_receives_on_the_fabric", NO_VDEPLUG),
     ("link::vde::tests::a_bad_url_is_a_clear_error", NO_VDEPLUG),
     ("link::vde::tests::ports_of_one_machine_go_past_the_switch_and_anything_else_through_it", NO_VDEPLUG),
+    ("link::vde::tests::an_ib_port_that_leaves_and_comes_back_with_its_lid_is_its_holder_again", NO_VDEPLUG),
+    ("link::vde::tests::ib_rc_through_wirefilter_loss_and_duplicates_delivers_every_message_once", NO_VDEPLUG),
+    ("link::vde::tests::pcap_records_an_ib_ports_frames_on_the_fabric", NO_VDEPLUG),
+    ("link::vde::tests::two_ib_ports_on_one_switch_exchange_rc_and_ud_by_lid", NO_VDEPLUG),
+    ("link::vde::tests::ib_and_roce_ports_on_one_switch_do_not_take_each_others_frames", NO_VDEPLUG),
+    ("link::vde::tests::malformed_ib_frames_are_dropped_and_counted_and_the_port_goes_on", NO_VDEPLUG),
+    ("link::vde::tests::a_lid_already_on_the_fabric_is_refused_and_its_frames_from_another_port_dropped", NO_VDEPLUG),
     (
         "link::vde::tests::a_peer_that_does_not_read_costs_one_bounded_wait_then_frames_go_through_the_switch",
         NO_VDEPLUG,
