@@ -1529,6 +1529,12 @@ mod tests {
         let mut b = plugged(&sw, cfg(41));
         let mut q = rc_pair(&mut a, &mut b, None, RcParams::default());
         send_checked(&mut a, &mut b, &mut q, 3000, 11);
+        // A's ACK arrives before B's sending thread has counted it (the count follows the send): wait for B's
+        // count, a bounded time, before reading both.
+        let end = Instant::now() + Duration::from_secs(5);
+        while b.h.dev.vde_counters().unwrap().tx_frames == 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let (na, nb) = (a.h.dev.vde_counters().unwrap(), b.h.dev.vde_counters().unwrap());
         // A's three packets and B's ACK, each straight to the other's socket.
         assert_eq!((na.tx_direct, na.rx_direct, nb.tx_direct, nb.rx_direct), (3, 1, 1, 3), "{na:?} {nb:?}");
@@ -1566,6 +1572,11 @@ mod tests {
             }
         };
         assert_eq!((reply.0.dst, reply.1.sender_mac, reply.1.sender_ip), (smac, cfg(40).mac, [10, 9, 2, 1]));
+        // As above, the writer counts the reply after sending it.
+        let end = Instant::now() + Duration::from_secs(5);
+        while a.h.dev.vde_counters().unwrap().tx_frames < 4 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let na2 = a.h.dev.vde_counters().unwrap();
         assert_eq!((na2.tx_direct, na2.tx_frames), (3, 4), "the reply crossed the switch: {na2:?}");
         // A datagram on B's socket whose frames do not add up is counted and dropped; a well-formed one with a
