@@ -92,6 +92,7 @@ pub(crate) const NEEDS_EXEC: &[&str] = &[
     "the_two_ends_of_a_wire_need_no_host_option",
     "a_close_with_objects_alive_releases_the_device_and_a_reopen_is_fresh",
     "a_wire_connect_end_closed_with_objects_alive_unplugs_and_connects_again_at_reopen",
+    "device::wire_spec_tests::frames_queued_on_a_wire_at_exit_reach_the_far_end",
 ];
 
 /// binfmt_misc's magic and mask for an aarch64 ELF executable (QEMU's `qemu-binfmt-conf.sh`).
