@@ -59,10 +59,7 @@ pub(crate) fn is_nonblocking(fd: c_int) -> bool {
 #[inline(always)]
 pub(crate) fn guard<R>(name: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
     log_init();
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(_) => caught(name, on_panic),
-    }
+    guard_datapath(name, on_panic, f)
 }
 
 /// [`guard`] for the datapath entries (posts, polls), without the logger's one-time set-up: their objects come
