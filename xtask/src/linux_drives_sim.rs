@@ -7,7 +7,7 @@
 //! simulator completed), `console.txt` and `bridge.log`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod eth;
@@ -16,6 +16,7 @@ pub use eth::Roce;
 
 use crate::verbs_guest::{self, LIBDIR};
 use crate::vfio_test::{wait_until, Cpio};
+use crate::Reap;
 
 /// `CONFIG_UML_PCI_OVER_VIRTIO_DEVICE_ID` in `xtask/uml/config.fragment`.
 const VIRTIO_DEVICE_ID: u32 = 1234;
@@ -163,16 +164,45 @@ fn build_bridge(root: &Path) -> Result<PathBuf, String> {
     Ok(root.join("target/debug/mlx5-uml-bridge"))
 }
 
-/// Kills a child we started (by its own handle) unless it already exited.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
+/// Waits (10 s at most) for a bridge `name` to create its socket `sock`, which UML connects to.
+fn wait_for_socket(sock: &Path, name: &str) -> Result<(), String> {
+    let t0 = Instant::now();
+    while !sock.exists() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return Err(format!("mlx5-uml-bridge ({name}) did not create its socket"));
         }
-        let _ = self.0.wait();
+        std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(())
+}
+
+/// Boots the UML kernel `linux` with `mem` of memory, `initrd`, one virtio-uml device per socket in `sockets` and
+/// the shared BAR file; its consoles (UML's kernel messages go to its stderr console) go to the file `console`.
+fn spawn_uml(
+    linux: &Path,
+    mem: &str,
+    initrd: &Path,
+    sockets: &[PathBuf],
+    bar_file: &Path,
+    tmpdir: &Path,
+    console: &Path,
+) -> Result<Reap, String> {
+    let console = std::fs::File::create(console).map_err(|e| format!("{}: {e}", console.display()))?;
+    let child = Command::new(linux)
+        .arg(format!("mem={mem}"))
+        .arg(format!("initrd={}", initrd.display()))
+        .arg("con0=fd:0,fd:1")
+        .arg("con=null")
+        .args(sockets.iter().map(|s| format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", s.display())))
+        .arg("virt_pci.max_delay_us=2000000")
+        .arg(format!("virt_pci_bar_file={}", bar_file.display()))
+        .env("TMPDIR", tmpdir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(console.try_clone().map_err(|e| e.to_string())?))
+        .stderr(Stdio::from(console))
+        .spawn()
+        .map_err(|e| format!("{}: {e}", linux.display()))?;
+    Ok(Reap(child))
 }
 
 /// The dmesg lines that report a disagreement.
@@ -297,33 +327,10 @@ pub fn run(root: &Path, strict: bool, eth: bool) -> Result<(), String> {
             .spawn()
             .map_err(|e| format!("{}: {e}", bridge.display()))?,
     );
-    let t0 = Instant::now();
-    while !sock.exists() {
-        if t0.elapsed() > Duration::from_secs(10) {
-            return Err("mlx5-uml-bridge did not create its socket".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_socket(&sock, "mlx5_0")?;
     let console_path = work.join("console.txt");
-    let console_file = std::fs::File::create(&console_path).map_err(|e| e.to_string())?;
     let boot = Instant::now();
-    let mut uml = Reap(
-        Command::new(&linux)
-            .arg("mem=256M")
-            .arg(format!("initrd={}", initrd.display()))
-            .arg("con0=fd:0,fd:1")
-            .arg("con=null")
-            .arg(format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", sock.display()))
-            .arg("virt_pci.max_delay_us=2000000")
-            .arg(format!("virt_pci_bar_file={}", bar_file.display()))
-            .env("TMPDIR", &work)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(console_file.try_clone().map_err(|e| e.to_string())?))
-            // UML's kernel messages go to its stderr console.
-            .stderr(Stdio::from(console_file))
-            .spawn()
-            .map_err(|e| format!("{}: {e}", linux.display()))?,
-    );
+    let mut uml = spawn_uml(&linux, "256M", &initrd, std::slice::from_ref(&sock), &bar_file, &work, &console_path)?;
     let timed_out = wait_until(&mut uml.0, boot + BOOT_TIMEOUT, Duration::from_millis(50))?.is_none();
     if timed_out {
         let _ = uml.0.kill();

@@ -65,6 +65,24 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace root").to_path_buf()
 }
 
+/// A child we started (by its own handle): killed unless it already exited, and reaped, at `end` or when dropped.
+pub(crate) struct Reap(pub(crate) std::process::Child);
+
+impl Reap {
+    pub(crate) fn end(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 fn cargo(root: &Path, args: &[&str]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     println!("$ cargo {}", args.join(" "));

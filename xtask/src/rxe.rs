@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use crate::verbs_guest::{self, LIBDIR};
 use crate::vfio_test::{apt_install, ensure_kernel, find_module, have, module_bytes, run, wait_until, Cpio};
+use crate::Reap;
 
 /// The modules rdma_rxe needs, in load order (crc32_generic is not a declared dependency but rxe's ICRC needs
 /// it; without it `rdma link add` fails).
@@ -401,22 +402,6 @@ struct Fabric {
     /// The guest's switch and the `wirefilter` between the two, with a loss rate.
     lossy: Option<(PathBuf, Reap, Reap)>,
     switch: Reap,
-}
-
-/// A helper process, killed and reaped when dropped.
-struct Reap(Child);
-
-impl Reap {
-    fn end(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        self.end();
-    }
 }
 
 /// How long the switch and the plug may take to make their sockets.

@@ -8,12 +8,12 @@
 //! `dmesg.txt`, `trace.jsonl`, `bridge.log`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::{
-    bad_lines, between, build_bridge, initramfs_with, Reap, BOOT_TIMEOUT, DMESG_BEGIN, DMESG_END, DONE, GUEST_BINARIES,
-    HARNESS, VIRTIO_DEVICE_ID,
+    bad_lines, between, build_bridge, initramfs_with, spawn_uml, wait_for_socket, Reap, BOOT_TIMEOUT, DMESG_BEGIN,
+    DMESG_END, DONE, GUEST_BINARIES, HARNESS,
 };
 use crate::vfio_test::wait_until;
 
@@ -234,34 +234,14 @@ pub(super) fn run(root: &Path, roce: Roce) -> Result<(), String> {
             .stderr(log)
             .spawn()
             .map_err(|e| format!("{}: {e}", bridge.display()))?;
-        let t0 = Instant::now();
-        while !sock.exists() {
-            if t0.elapsed() > Duration::from_secs(10) {
-                return Err(format!("mlx5-uml-bridge ({name}) did not create its socket"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_socket(&sock, name)?;
         inst.push(Instance { dir, bridge: Reap(child), uml: None });
     }
     let boot = Instant::now();
     for (k, i) in inst.iter_mut().enumerate() {
         let initrd = initramfs_with(&i.dir, &init_script(k, roce), &binaries)?;
-        let console = std::fs::File::create(i.dir.join("console.txt")).map_err(|e| e.to_string())?;
-        let child = Command::new(&linux)
-            .arg("mem=256M")
-            .arg(format!("initrd={}", initrd.display()))
-            .arg("con0=fd:0,fd:1")
-            .arg("con=null")
-            .arg(format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", i.dir.join("mlx5.sock").display()))
-            .arg("virt_pci.max_delay_us=2000000")
-            .arg(format!("virt_pci_bar_file={}", i.dir.join("bar0.file").display()))
-            .env("TMPDIR", &i.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(console.try_clone().map_err(|e| e.to_string())?))
-            .stderr(Stdio::from(console))
-            .spawn()
-            .map_err(|e| format!("{}: {e}", linux.display()))?;
-        i.uml = Some(Reap(child));
+        let (sock, bar_file) = (i.dir.join("mlx5.sock"), i.dir.join("bar0.file"));
+        i.uml = Some(spawn_uml(&linux, "256M", &initrd, &[sock], &bar_file, &i.dir, &i.dir.join("console.txt"))?);
         // A's bridge listens on the cable once its device exists, before B's connects.
         if k == 0 {
             std::thread::sleep(Duration::from_millis(500));

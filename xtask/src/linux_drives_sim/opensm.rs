@@ -13,12 +13,12 @@
 //! `{a,b}.bridge.log`, and opensm's own log in the console.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::{
-    bad_lines, between, build_bridge, init_prelude, initramfs_with, Reap, BOOT_TIMEOUT, DMESG_BEGIN, DMESG_END, DONE,
-    HARNESS, PINGPONG_PORT_HEX, PROGRAM_TIMEOUT_S, VIRTIO_DEVICE_ID,
+    bad_lines, between, build_bridge, init_prelude, initramfs_with, spawn_uml, wait_for_socket, Reap, BOOT_TIMEOUT,
+    DMESG_BEGIN, DMESG_END, DONE, HARNESS, PINGPONG_PORT_HEX, PROGRAM_TIMEOUT_S,
 };
 use crate::vfio_test::wait_until;
 
@@ -208,7 +208,7 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
         format!("127.0.0.1:{}", l.local_addr().map_err(|e| e.to_string())?.port())
     };
     let mut bridges = Vec::new();
-    let mut devices = Vec::new();
+    let mut sockets = Vec::new();
     for (k, (name, guid)) in PORTS.iter().enumerate() {
         let sock = work.join(format!("{name}.sock"));
         let _ = std::fs::remove_file(&sock);
@@ -227,34 +227,12 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
             .spawn()
             .map_err(|e| format!("{}: {e}", bridge.display()))?;
         bridges.push(Reap(child));
-        let t0 = Instant::now();
-        while !sock.exists() {
-            if t0.elapsed() > Duration::from_secs(10) {
-                return Err(format!("mlx5-uml-bridge ({name}) did not create its socket"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        devices.push(format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", sock.display()));
+        wait_for_socket(&sock, name)?;
+        sockets.push(sock);
     }
     let console_path = work.join("console.txt");
-    let console_file = std::fs::File::create(&console_path).map_err(|e| e.to_string())?;
     let boot = Instant::now();
-    let mut uml = Reap(
-        Command::new(&linux)
-            .arg("mem=384M")
-            .arg(format!("initrd={}", initrd.display()))
-            .arg("con0=fd:0,fd:1")
-            .arg("con=null")
-            .args(&devices)
-            .arg("virt_pci.max_delay_us=2000000")
-            .arg(format!("virt_pci_bar_file={}", bar_file.display()))
-            .env("TMPDIR", &work)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(console_file.try_clone().map_err(|e| e.to_string())?))
-            .stderr(Stdio::from(console_file))
-            .spawn()
-            .map_err(|e| format!("{}: {e}", linux.display()))?,
-    );
+    let mut uml = spawn_uml(&linux, "384M", &initrd, &sockets, &bar_file, &work, &console_path)?;
     let timed_out = wait_until(&mut uml.0, boot + BOOT_TIMEOUT, Duration::from_millis(50))?.is_none();
     if timed_out {
         let _ = uml.0.kill();
