@@ -720,7 +720,9 @@ pub fn markdown(r: &Map<String, Value>) -> String {
          these calls), and over the drop-in `libibverbs.so.1` on a simulated device opened as any program opens \
          one. For the posts the drop-in runs with `MLX5_RS_SIM_DOORBELLS=memory` (doorbells and BlueFlame copies \
          land in plain memory; between windows, untimed, the QP goes to RESET and back to RTS); for `poll_cq` the \
-         simulator runs the QP's SENDs to itself and the timed polls take the 1024 completions it wrote. Each \
+         in-line simulator runs the QP's SENDs to itself as their doorbells ring, and the timed polls take the \
+         1024 completions it wrote into a 1024-entry CQ right after (no sleep; the timed loop reads no completion, \
+         as on the other sides; warm-up windows check every one). Each \
          round runs both programs after the figures above. The drop-in takes its QP's or CQ's spin lock on every \
          call, as rdma-core's default build takes its spinlocks.\n\n",
     );
