@@ -271,6 +271,8 @@ pub(crate) struct PathFields {
     pub(crate) rmac: [u8; 6],
     /// The RoCEv2 UDP source port (mlx5_ib: `rdma_get_udp_sport`; 0 when the driver left it).
     pub(crate) udp_sport: u16,
+    /// The index of the P_Key the QP's packets carry in their BTH (the port's table).
+    pub(crate) pkey_index: u16,
 }
 
 impl Path {
@@ -284,6 +286,7 @@ impl Path {
             flow_label: self.flow_label(),
             src_addr_index: self.src_addr_index(),
             ack_timeout: self.ack_timeout(),
+            pkey_index: self.pkey_index() as u16,
             rgid: self.rgid(),
             rmac: self.rmac(),
             udp_sport: self.udp_sport(),

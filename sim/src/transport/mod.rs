@@ -584,6 +584,9 @@ mod tests {
         assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
         let e = r.poll(&mut rcq).unwrap();
         assert_eq!((e.qpn(), e.flags_rqpn() & 0xff_ffff, e.byte_cnt()), (gsi.qpn, ua.qpn, 40 + 256));
+        // A GSI receive's CQE carries the packet's P_Key (the sender's index 0: the default P_Key) where the
+        // immediate goes; mlx5_ib finds its pkey index from it (with 0 there, ib_cm rejected every REQ).
+        assert_eq!(e.imm(), 0xffff);
         // The GSI QP answers: the receiver sees source QPN 1.
         r.post_recv(&mut ua, &[(base + 8192, 512, key)]);
         let back = TAv { dqpn: ua.qpn, ..to_qp1 };
@@ -591,6 +594,8 @@ mod tests {
         assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
         let e = r.poll(&mut rcq).unwrap();
         assert_eq!((e.qpn(), e.flags_rqpn() & 0xff_ffff), (ua.qpn, 1));
+        // An ordinary UD QP's CQE has no P_Key there: a SEND without immediate leaves the field 0.
+        assert_eq!(e.imm(), 0);
         // No SMI QP on this device: a packet to QP0 is dropped.
         let to_qp0 = TAv { dqpn: 0, ..to_qp1 };
         r.post_send(&mut ua, &Wqe::new(SEND).av(&to_qp0).data(256, key, base), Bell::Db);
