@@ -271,6 +271,8 @@ pub(crate) struct PathFields {
     pub(crate) rmac: [u8; 6],
     /// The RoCEv2 UDP source port (mlx5_ib: `rdma_get_udp_sport`; 0 when the driver left it).
     pub(crate) udp_sport: u16,
+    /// The index of the P_Key the QP's packets carry in their BTH (the port's table).
+    pub(crate) pkey_index: u16,
 }
 
 impl Path {
@@ -284,6 +286,7 @@ impl Path {
             flow_label: self.flow_label(),
             src_addr_index: self.src_addr_index(),
             ack_timeout: self.ack_timeout(),
+            pkey_index: self.pkey_index() as u16,
             rgid: self.rgid(),
             rmac: self.rmac(),
             udp_sport: self.udp_sport(),
@@ -483,6 +486,10 @@ pub(crate) struct Qp {
     pub(crate) max_msg: u64,
     /// The SRQ the QP receives through (`rq_type` SRQ); it then has no RQ of its own.
     pub(crate) srqn: Option<u32>,
+    /// `user_index` (`cqe_version` 1): every CQE of the QP carries it in `srqn_uidx`, where rdma-core's mlx5
+    /// provider looks the QP up (mlx5_ib gives a user QP the provider's index, a kernel QP
+    /// `MLX5_IB_DEFAULT_UIDX`).
+    pub(crate) user_index: u32,
     /// The LAST_WQE_REACHED event went out for the QP's current stay in ERR.
     pub(crate) last_wqe_sent: bool,
 }
@@ -957,6 +964,7 @@ impl QpTable {
             max_wqe: fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_SQ) as usize,
             max_msg: 1u64 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MSG).min(31),
             srqn,
+            user_index: get(q::USER_INDEX),
             last_wqe_sent: false,
         };
         self.map.insert(qpn, qp);
@@ -1259,6 +1267,7 @@ impl QpTable {
                 },
             ),
             (q::SRQN_RMPN_XRQN, qp.srqn.unwrap_or(0)),
+            (q::USER_INDEX, qp.user_index),
             (q::HW_SQ_WQEBB_COUNTER, qp.sq_ci.into()),
             (q::SW_SQ_WQEBB_COUNTER, qp.sq_pi.into()),
             (q::HW_RQ_COUNTER, qp.rq_ci.into()),

@@ -22,6 +22,9 @@ pub(crate) struct Rq {
     pub(crate) wq: Wq,
     /// The WQE counter: the next receive WQE to take (16 bits, as the CQE's `wqe_counter`).
     pub(crate) ci: u16,
+    /// `vsd`: VLAN stripping disabled (mlx5e sets it when `rxvlan` is off). Otherwise a received frame's
+    /// 802.1Q tag is taken out of the packet and reported in the CQE.
+    pub(crate) vsd: bool,
 }
 
 /// What an RQ command checks in the rest of the firmware.
@@ -68,7 +71,8 @@ impl RqTable {
         let limit = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_RQ).min(24);
         let rqn = alloc_id(&self.map, &mut self.next, 1, limit).ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let user_index = rd(inp, r::USER_INDEX.at(ctx));
-        self.map.insert(rqn, Rq { state: consts::MLX5_RQC_STATE_RST, cqn, user_index, wq, ci: 0 });
+        let vsd = rd(inp, r::VSD.at(ctx)) != 0;
+        self.map.insert(rqn, Rq { state: consts::MLX5_RQC_STATE_RST, cqn, user_index, wq, ci: 0, vsd });
         out.set(ifc::create_rq_out::RQN, rqn);
         Ok(())
     }
@@ -82,6 +86,11 @@ impl RqTable {
             return Err(err(CmdStatus::BadResState, syndrome::WQ_STATE));
         }
         rq.state = next;
+        // mlx5e's `mlx5e_modify_rq_vsd` names the field in the bitmask (toggling rxvlan).
+        let mask = inp.get64(ifc::modify_rq_in::MODIFY_BITMASK);
+        if mask & u64::from(consts::MLX5_MODIFY_RQ_IN_MODIFY_BITMASK_VSD) != 0 {
+            rq.vsd = rd(inp, ifc::rqc::VSD.at(i::CTX)) != 0;
+        }
         // A queue back in RST starts its ring over (mlx5e's recovery resets its counters too).
         if next == consts::MLX5_RQC_STATE_RST {
             rq.ci = 0;
@@ -96,6 +105,7 @@ impl RqTable {
         out.set(r::STATE.at(ctx), rq.state);
         out.set(r::CQN.at(ctx), rq.cqn);
         out.set(r::USER_INDEX.at(ctx), rq.user_index);
+        out.set(r::VSD.at(ctx), rq.vsd.into());
         let wq = r::WQ.at(ctx);
         out.set(ifc::wq::WQ_TYPE.at(wq), consts::MLX5_WQ_TYPE_CYCLIC);
         out.set(ifc::wq::PD.at(wq), rq.wq.pd);

@@ -433,6 +433,10 @@ impl Cqe {
     pub fn imm(&self) -> u32 {
         self.be(c::mlx5_cqe64::IMMEDIATE)
     }
+    /// `srqn_uidx` (24 bits): with `cqe_version` 1 the QP's user index.
+    pub fn srqn_uidx(&self) -> u32 {
+        self.be(c::mlx5_cqe64::SRQN) & 0xff_ffff
+    }
     pub fn flags_rqpn(&self) -> u32 {
         self.be(c::mlx5_cqe64::FLAGS_RQPN)
     }

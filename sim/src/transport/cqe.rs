@@ -187,7 +187,8 @@ pub(super) struct CqeOut {
     pub(super) flags_rqpn: u32,
     pub(super) slid: u16,
     pub(super) syndrome: u8,
-    /// The SRQ a receive took its WQE from (0 for a QP's own RQ).
+    /// `srqn_uidx`: the QP's `user_index` (`cqe_version` 1; rdma-core's mlx5 provider finds the QP, and the
+    /// SRQ a receive took its WQE from, through it).
     pub(super) srqn: u32,
     /// The device clock in ticks of `device_frequency_khz` (`timestamp_h:timestamp_l`, every CQE).
     pub(super) timestamp: u64,
@@ -263,7 +264,7 @@ impl Completions<'_> {
         if qp.st != QpType::Rc {
             qp.next_send_psn = qp.next_send_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
         }
-        let cqn = qp.cqn_snd;
+        let (cqn, uidx) = (qp.cqn_snd, qp.user_index);
         if w.signaled {
             let byte_cnt = u32::try_from(len).unwrap_or(u32::MAX);
             let cqe = CqeOut {
@@ -272,6 +273,7 @@ impl Completions<'_> {
                 qpn,
                 wqe_counter: w.index,
                 byte_cnt,
+                srqn: uidx,
                 ..CqeOut::default()
             };
             self.cq.post(cqn, cqe);
@@ -289,13 +291,14 @@ impl Completions<'_> {
         if qp.reqs.is_empty() {
             qp.sq_next = qp.sq_ci;
         }
-        let cqn = qp.cqn_snd;
+        let (cqn, uidx) = (qp.cqn_snd, qp.user_index);
         let cqe = CqeOut {
             opcode: consts::MLX5_CQE_REQ_ERR,
             wqe_opcode: opcode,
             qpn,
             wqe_counter: index,
             syndrome,
+            srqn: uidx,
             ..CqeOut::default()
         };
         self.cq.post(cqn, cqe);
@@ -314,7 +317,7 @@ impl Completions<'_> {
         qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
         cqe.qpn = qpn;
         cqe.wqe_counter = index;
-        cqe.srqn = srqn.unwrap_or(0);
+        cqe.srqn = qp.user_index;
         let cqn = qp.cqn_rcv;
         // The CQE names the SRQ WQE; the SRQ moves on (and may raise its limit event) after it.
         self.cq.post(cqn, cqe);
@@ -336,7 +339,7 @@ impl Completions<'_> {
             qpn,
             wqe_counter: index,
             syndrome,
-            srqn: srqn.unwrap_or(0),
+            srqn: qp.user_index,
             ..CqeOut::default()
         };
         self.cq.post(cqn, cqe);

@@ -21,12 +21,13 @@ impl Completions<'_> {
         use c::mlx5_wqe_ctrl_seg as cs;
         let last_wqe = self.srqs().last_wqe_reached(qpn);
         let Some(qp) = self.qps.get_mut(&qpn) else { return false };
-        let (cqn_snd, cqn_rcv) = (qp.cqn_snd, qp.cqn_rcv);
+        let (cqn_snd, cqn_rcv, uidx) = (qp.cqn_snd, qp.cqn_rcv, qp.user_index);
         let flush = |opcode: u8, wqe_opcode: u8, wqe_counter: u16| CqeOut {
             opcode,
             wqe_opcode,
             qpn,
             wqe_counter,
+            srqn: uidx,
             syndrome: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR,
             ..CqeOut::default()
         };

@@ -584,6 +584,9 @@ mod tests {
         assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
         let e = r.poll(&mut rcq).unwrap();
         assert_eq!((e.qpn(), e.flags_rqpn() & 0xff_ffff, e.byte_cnt()), (gsi.qpn, ua.qpn, 40 + 256));
+        // A GSI receive's CQE carries the packet's P_Key (the sender's index 0: the default P_Key) where the
+        // immediate goes; mlx5_ib finds its pkey index from it (with 0 there, ib_cm rejected every REQ).
+        assert_eq!(e.imm(), 0xffff);
         // The GSI QP answers: the receiver sees source QPN 1.
         r.post_recv(&mut ua, &[(base + 8192, 512, key)]);
         let back = TAv { dqpn: ua.qpn, ..to_qp1 };
@@ -591,11 +594,51 @@ mod tests {
         assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
         let e = r.poll(&mut rcq).unwrap();
         assert_eq!((e.qpn(), e.flags_rqpn() & 0xff_ffff), (ua.qpn, 1));
+        // An ordinary UD QP's CQE has no P_Key there: a SEND without immediate leaves the field 0.
+        assert_eq!(e.imm(), 0);
         // No SMI QP on this device: a packet to QP0 is dropped.
         let to_qp0 = TAv { dqpn: 0, ..to_qp1 };
         r.post_send(&mut ua, &Wqe::new(SEND).av(&to_qp0).data(256, key, base), Bell::Db);
         let why = "no SMI/GSI QP at the destination";
         assert!(r.h.dev.events().contains(&SimEvent::UdDropped { qpn: ua.qpn, dqpn: 0, why }));
+    }
+
+    #[test]
+    fn every_cqe_of_a_qp_carries_its_user_index() {
+        // rdma-core's mlx5 provider (cqe_version 1) finds the QP of a CQE by `srqn_uidx`, the user index it gave
+        // the QP at creation. With 0 in every CQE, a process with two QPs (perftest's -R: its rdma_cm exchange QP
+        // and the test's) took the test QP's completions as the other's and read a wild wr_id.
+        let cfg = SimConfig { port_type: crate::config::PortType::Ib, lid: 5, ..SimConfig::default() };
+        let mut r = Rdma::new(cfg);
+        let (mut scq, mut rcq) = (r.cq(5), r.cq(5));
+        let cqns = (scq.cqn, rcq.cqn);
+        let with_uidx = |r: &mut Rdma, uidx: u32| {
+            let spec = QpSpec::ud();
+            let (mut inp, pages, dbr) = r.create_qp_in(spec, cqns.0, cqns.1);
+            inp.set(ifc::qpc::USER_INDEX.at(ifc::create_qp_in::QPC), uidx);
+            let (s, y, out) = r.h.cmd(&inp, ifc::create_qp_out::SIZE_BYTES);
+            assert_eq!((s, y), (0, 0));
+            let qpn = MsgBuf::get(&out[..], ifc::create_qp_out::QPN);
+            let bf_off = consts::MLX5_BF_OFFSET as usize;
+            TQp { qpn, spec, pages, dbr, uar: r.uar, sq_pi: 0, rq_head: 0, bf_off }
+        };
+        let mut a = with_uidx(&mut r, 7);
+        let mut b = with_uidx(&mut r, 0x00ab_cdef);
+        r.ready_ud(&a, 0x11);
+        r.ready_ud(&b, 0x11);
+        let mr = r.mr(8192);
+        let (key, base) = (mr.key, mr.addr());
+        r.post_recv(&mut b, &[(base + 4096, 512, key)]);
+        let av = TAv { dqpn: b.qpn, qkey: 0x11, rlid: 5, ..TAv::default() };
+        r.post_send(&mut a, &Wqe::new(SEND).av(&av).data(64, key, base), Bell::Db);
+        let e = r.poll(&mut scq).unwrap();
+        assert_eq!((e.status(), e.qpn(), e.srqn_uidx()), ((REQ, 0), a.qpn, 7));
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.status(), e.qpn(), e.srqn_uidx()), ((RESP_SEND, 0), b.qpn, 0x00ab_cdef));
+        // An error CQE too: a send through a key that does not exist.
+        r.post_send(&mut a, &Wqe::new(SEND).av(&av).data(64, key ^ 0x100, base), Bell::Db);
+        let e = r.poll(&mut scq).unwrap();
+        assert_eq!((e.opcode(), e.srqn_uidx()), (REQ_ERR, 7));
     }
 
     #[test]

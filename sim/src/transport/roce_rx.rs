@@ -178,6 +178,7 @@ impl Datapath<'_> {
                 let Some(deth) = r.ext.deth else { return self.rx_drop("UD send without a DETH") };
                 let body = Body::Ud {
                     qkey: deth.qkey,
+                    pkey: r.bth.pkey,
                     data: r.payload.to_vec(),
                     imm: r.ext.immdt,
                     solicited: r.bth.solicited,

@@ -8,6 +8,7 @@ use super::cqe::{flags_rqpn, CqeOut};
 use super::requester::Requester;
 use super::responder::Responder;
 use super::wqe::SendWqe;
+use crate::fw::port::DEFAULT_PKEY;
 use crate::fw::qp::SpecialQp;
 use crate::wire::roce::frame::IpRepr;
 use crate::wire::roce::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN};
@@ -51,6 +52,9 @@ impl Requester<'_> {
     pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.qps.get(&qpn) else { return };
         let (pd, own_qkey, max_msg, psn) = (qp.pd, qp.q_key, qp.max_msg, qp.next_send_psn);
+        // The BTH carries the P_Key at the QP's index in the port's table (the GSI QP's too: mlx5's hardware QP1
+        // sends with its own index, whatever the work request names).
+        let pkey = self.port.pkeys.get(usize::from(qp.route.pkey_index)).copied().unwrap_or(DEFAULT_PKEY);
         // The SMI and GSI QPs send as QP0 and QP1 (IBA 3.5.4): that is the source QPN a receiver sees.
         let src_qpn = qp.special.and_then(SpecialQp::wire_qpn).unwrap_or(qpn);
         let Some(av) = w.av else {
@@ -93,7 +97,7 @@ impl Requester<'_> {
         match dest.and_then(|d| self.wire.route(&d)) {
             Ok(dst) => {
                 let qkey = if av.qkey & QKEY_FROM_QP != 0 { own_qkey } else { av.qkey };
-                let body = Body::Ud { qkey, data, imm: w.imm, solicited: w.solicited };
+                let body = Body::Ud { qkey, pkey, data, imm: w.imm, solicited: w.solicited };
                 let sl = if addr.ib { av.sl } else { 0 };
                 let me = self.wire.me_here();
                 let roce = RoceInfo { psn, ..RoceInfo::default() };
@@ -113,7 +117,7 @@ impl Requester<'_> {
 impl Responder<'_> {
     /// A UD packet arrives: checked, then scattered with its 40-byte GRH into the next receive.
     pub(super) fn ud_receive(&mut self, p: Packet) {
-        let Body::Ud { qkey, data, imm, solicited } = &p.body else { return };
+        let Body::Ud { qkey, pkey, data, imm, solicited } = &p.body else { return };
         let drop =
             |st: &mut Responder, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
         // QPNs 0 and 1 name the port's SMI and GSI QPs, whatever their QPNs in the device.
@@ -147,11 +151,18 @@ impl Responder<'_> {
         msg.extend_from_slice(data);
         match self.keys().scatter(pd, &sges, &msg) {
             Ok(()) => {
+                // A GSI receive's CQE has the packet's P_Key where the immediate goes (`mlx5_cqe64.pkey`):
+                // mlx5_ib looks it up in its P_Key cache for the work completion's `pkey_index`, which ib_cm
+                // answers a REQ with.
+                let field = match special {
+                    Some(SpecialQp::Qp1) => u32::from(*pkey).to_be_bytes(),
+                    _ => imm.unwrap_or_default(),
+                };
                 let cqe = CqeOut {
                     opcode: if imm.is_some() { consts::MLX5_CQE_RESP_SEND_IMM } else { consts::MLX5_CQE_RESP_SEND },
                     solicited: *solicited,
                     byte_cnt: msg.len() as u32,
-                    imm: imm.unwrap_or_default(),
+                    imm: field,
                     flags_rqpn: flags_rqpn(&p, self.wire.addr.ib),
                     slid: p.slid,
                     ..CqeOut::default()

@@ -310,9 +310,10 @@ impl<D> Packet<D> {
                 e.u8((*solicited).into());
                 emit_op(e, op);
             }
-            Body::Ud { qkey, data, imm, solicited } => {
+            Body::Ud { qkey, pkey, data, imm, solicited } => {
                 e.u8(BodyKind::Ud.into());
                 e.u32(*qkey);
+                e.u16(*pkey);
                 e.u8((*solicited).into());
                 e.imm(imm);
                 e.data(data);
@@ -369,8 +370,8 @@ impl<D: Clone> Packet<D> {
                 Body::Uc { psn, op, solicited }
             }
             BodyKind::Ud => {
-                let (qkey, solicited, imm) = (d.u32()?, d.bool()?, d.imm()?);
-                Body::Ud { qkey, data: d.data()?.to_vec(), imm, solicited }
+                let (qkey, pkey, solicited, imm) = (d.u32()?, d.u16()?, d.bool()?, d.imm()?);
+                Body::Ud { qkey, pkey, data: d.data()?.to_vec(), imm, solicited }
             }
             BodyKind::Eth => Body::Eth { frame: d.data()?.to_vec() },
             BodyKind::Resp => {
@@ -588,7 +589,7 @@ mod tests {
                 op: RcOp::Atomic { raddr: 8, rkey: 1, op: AtomicOp::FetchAdd { add: 5 } },
                 solicited: true,
             },
-            Body::Ud { qkey: 0x1111, data: vec![1, 2, 3], imm: Some([9; 4]), solicited: true },
+            Body::Ud { qkey: 0x1111, pkey: 0x8001, data: vec![1, 2, 3], imm: Some([9; 4]), solicited: true },
             Body::Uc {
                 psn: 0xab_cdef,
                 op: RcOp::Send { data: (&[3u8; 4][..]).into(), imm: Some([1; 4]) },

@@ -156,8 +156,8 @@ pub(crate) enum Body {
     /// responder takes the message whatever its PSN (a UC responder starts a new message at any First or Only
     /// packet) and drops it silently when it cannot execute it.
     Uc { psn: u32, op: RcOp, solicited: bool },
-    /// A UD send.
-    Ud { qkey: u32, data: Vec<u8>, imm: Option<[u8; 4]>, solicited: bool },
+    /// A UD send; `pkey` is its BTH's P_Key (a GSI receive's CQE reports it).
+    Ud { qkey: u32, pkey: u16, data: Vec<u8>, imm: Option<[u8; 4]>, solicited: bool },
     /// A response to the RC request `seq`.
     Resp { seq: u64, resp: Resp },
     /// A whole Ethernet frame an SQ sent (the NIC half): it crosses as it is and the receiving port steers it.

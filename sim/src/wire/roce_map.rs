@@ -137,6 +137,11 @@ pub(crate) fn emit_frames_with<D>(
     };
     let eth = EthernetRepr { dst, src, ethertype: EtherType::Ipv4 };
     let udp = UdpRepr { src_port: sport, dst_port: ROCE_PORT, payload_len: 0 };
+    // A UD send carries the P_Key its QP's index names; the rest the default one (one partition).
+    let pkey = match &p.body {
+        Body::Ud { pkey, .. } => *pkey,
+        _ => DEFAULT_PKEY,
+    };
     let mut frames = 0u32;
     let mut ident = 0u16;
     let mut put = |pc: Piece<'_>| -> Result<(), &'static str> {
@@ -145,7 +150,7 @@ pub(crate) fn emit_frames_with<D>(
             solicited: pc.solicited,
             migreq: false,
             pad_count: 0,
-            pkey: DEFAULT_PKEY,
+            pkey,
             fecn: false,
             becn: false,
             dest_qpn: p.dst_qpn,
@@ -254,7 +259,7 @@ pub(crate) fn emit_frames_with<D>(
                 })?;
             }
         }
-        Body::Ud { qkey, data, imm, solicited } => {
+        Body::Ud { qkey, data, imm, solicited, .. } => {
             let opcode = if imm.is_some() { Opcode::UdSendOnlyImm } else { Opcode::UdSendOnly };
             let ext = Ext { deth: Some(Deth { qkey: *qkey, src_qpn: p.src_qpn }), immdt: *imm, ..Ext::default() };
             put(Piece { opcode, psn: p.roce.psn, ack_req: false, solicited: *solicited, ext, payload: data })?;
@@ -490,7 +495,16 @@ mod tests {
 
     #[test]
     fn ud_carries_deth_with_the_qkey_and_no_grh_means_no_frame() {
-        let body = Body::Ud { qkey: 0x1111_1111, data: vec![1; 64], imm: None, solicited: false };
+        // A UD BTH carries the sender's P_Key (a limited member's here), which a GSI receiver reports.
+        let limited = Body::Ud { qkey: 1, pkey: 0x7fff, data: vec![1; 64], imm: None, solicited: false };
+        let mut pkeys = Vec::new();
+        emit_frames(&packet(limited, RoceInfo::default()), [0; 6], [0; 6], &mut Vec::new(), &mut |f| {
+            let Ok(Parsed::Roce(r)) = parse(f) else { panic!("{:?}", parse(f)) };
+            pkeys.push(r.bth.pkey);
+        })
+        .unwrap();
+        assert_eq!(pkeys, [0x7fff]);
+        let body = Body::Ud { qkey: 0x1111_1111, pkey: 0xffff, data: vec![1; 64], imm: None, solicited: false };
         let f = frames(&packet(body.clone(), RoceInfo { psn: 9, ..RoceInfo::default() }));
         assert_eq!(
             (f[0].0, f[0].1, f[0].3.deth, f[0].4),
@@ -503,7 +517,7 @@ mod tests {
     #[test]
     fn over_ipv6_the_udp_checksum_is_computed() {
         let grh = Grh { sgid: [0xfe; 16], dgid: [0x80; 16], tclass: 0, flow_label: 0x1234, hop_limit: 1 };
-        let body = Body::Ud { qkey: 1, data: vec![5; 33], imm: None, solicited: false };
+        let body = Body::Ud { qkey: 1, pkey: 0xffff, data: vec![5; 33], imm: None, solicited: false };
         let p = Packet { grh: Some(grh), ..packet(body, RoceInfo::default()) };
         let mut seen = 0;
         emit_frames(&p, [0; 6], [0; 6], &mut Vec::new(), &mut |f| {
@@ -531,7 +545,7 @@ mod tests {
         assert_eq!(udp_sport(0, 0x11, 0x321), udp_sport(fl, 0, 0));
         assert_eq!(udp_sport(0xf_ffff, 1, 1), 0xc000 | (0x3fff ^ 0x3f));
         let p = packet(
-            Body::Ud { qkey: 1, data: vec![], imm: None, solicited: false },
+            Body::Ud { qkey: 1, pkey: 0xffff, data: vec![], imm: None, solicited: false },
             RoceInfo { udp_sport: 0xc123, ..RoceInfo::default() },
         );
         let mut sport = 0;

@@ -167,13 +167,24 @@ fn run(
         server.bar_file = Some(BarFile::open_at(&f, off, first, bar_size, mlx5_sim::BF_REG_SIZE)?);
     }
     let r = server.run();
-    // What the simulated port dropped or failed on, counted by reason (its own counters say how much, not why).
+    // What the simulated port dropped or failed on, counted by reason (its own counters say how much, not why),
+    // and what its RDMA transport NAKed, retried or failed.
     let mut why: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for e in server.dev.sim.events() {
         let k = match e {
             mlx5_sim::SimEvent::FrameDropped { why } => format!("frame dropped: {why}"),
             mlx5_sim::SimEvent::EthRecvError { why, syndrome, .. } => format!("receive error {syndrome:#x}: {why}"),
             mlx5_sim::SimEvent::EthSendError { syndrome, .. } => format!("send error {syndrome:#x}"),
+            // The RDMA transport's trouble: NAKs, retries, requests it could not execute, QPs that failed.
+            mlx5_sim::SimEvent::RnrNak { .. } => "RNR NAK received".into(),
+            mlx5_sim::SimEvent::PsnSequenceNak { .. } => "PSN sequence NAK received".into(),
+            mlx5_sim::SimEvent::PsnSequenceError { .. } => "request ahead of the expected PSN (NAKed)".into(),
+            mlx5_sim::SimEvent::DuplicateRequest { .. } => "duplicate request answered again".into(),
+            mlx5_sim::SimEvent::Unreachable { why, .. } => format!("RC request unreachable: {why}"),
+            mlx5_sim::SimEvent::Retry { kind, .. } => format!("retry after the {kind:?} timer"),
+            mlx5_sim::SimEvent::QpError { syndrome, .. } => format!("QP to error, CQE syndrome {syndrome:#x}"),
+            mlx5_sim::SimEvent::UdDropped { why, .. } => format!("UD message dropped: {why}"),
+            mlx5_sim::SimEvent::UcDropped { why, .. } => format!("UC message dropped: {why}"),
             mlx5_sim::SimEvent::SmpStatus { attr_id, method, status } => {
                 format!("SMP answered with MAD status {status:#06x}: method {method:#04x} attribute {attr_id:#06x}")
             }
@@ -183,6 +194,11 @@ fn run(
     }
     for (k, n) in why {
         eprintln!("mlx5-uml-bridge: {n} x {k}");
+    }
+    // The event log is bounded: the counts above are of its most recent events only.
+    let dropped = server.dev.sim.events_dropped();
+    if dropped > 0 {
+        eprintln!("mlx5-uml-bridge: {dropped} earlier events not counted (the log keeps the most recent)");
     }
     let s = server.dev.stats;
     eprintln!(

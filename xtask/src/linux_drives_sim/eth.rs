@@ -35,8 +35,9 @@ const IPERF_SECONDS: u32 = 5;
 const RC_ITERS: u32 = 100;
 /// rping's pings (`-C`), each one verified (`-V`).
 const RPING_COUNT: u32 = 100;
-/// perftest's programs run over rdma_cm (`-R`), and their iterations (`-n`) of the default 64 KiB message.
-const PERFTEST: [&str; 2] = ["ib_send_bw", "ib_write_bw"];
+/// perftest's programs run over rdma_cm (`-R`), each on its own rdma_cm port (`-p`: the second server may listen
+/// before the first's connection is gone), and their iterations (`-n`) of the default 64 KiB message.
+const PERFTEST: [(&str, u16); 2] = [("ib_send_bw", 18515), ("ib_write_bw", 18516)];
 const PERF_ITERS: u32 = 100;
 /// How often A starts a client before B's server listens (half a second apart).
 const RETRIES: u32 = 40;
@@ -51,7 +52,10 @@ const RDMA_PACKAGES: &[(&str, &str)] =
 ///
 /// B runs its servers one after another in the background; A retries each client until B's server listens (a
 /// connection to a port nobody listens on is refused at once, and costs the server nothing).
-fn init_script(me: usize, roce: Roce) -> String {
+///
+/// `cpu_mhz`: the host's `cpu MHz` (UML's /proc/cpuinfo has none, and perftest will not report without one; it
+/// measures the cycle counter against the clock and takes that figure when the two differ by more than 2%).
+fn init_script(me: usize, roce: Roce, cpu_mhz: Option<&str>) -> String {
     let (_, _, ip) = PORTS[me];
     // The rdma_cm programs (rping, perftest) run with `Roce::Cm` only.
     let cm = |p: &str| roce == Roce::Cm || !(p.starts_with("rping") || p.starts_with("ib_"));
@@ -69,9 +73,9 @@ fn init_script(me: usize, roce: Roce) -> String {
                  echo \"=== rping exit $? ===\"\nsed 's/^/rping: /' /tmp/rping.txt\nsed 's/^/rping stderr: /' /tmp/rping.err\n"
             ));
         }
-        for prog in PERFTEST.iter().filter(|p| cm(p)) {
+        for (prog, port) in PERFTEST.iter().filter(|p| cm(p.0)) {
             client.push_str(&format!(
-                "retry {RETRIES} timeout 120 {prog} -d mlx5_0 -R -n {PERF_ITERS} {peer} > /tmp/{prog}.txt 2>&1\n\
+                "retry {RETRIES} timeout 120 {prog} -d mlx5_0 -R -p {port} -n {PERF_ITERS} {peer} > /tmp/{prog}.txt 2>&1\n\
                  echo \"=== {prog} exit $? ===\"\nsed 's/^/{prog}: /' /tmp/{prog}.txt\n"
             ));
         }
@@ -86,9 +90,9 @@ fn init_script(me: usize, roce: Roce) -> String {
                  echo \"rping server exit $?\" >> /tmp/rping.txt\n"
             ));
         }
-        for prog in PERFTEST.iter().filter(|p| cm(p)) {
+        for (prog, port) in PERFTEST.iter().filter(|p| cm(p.0)) {
             server.push_str(&format!(
-                "timeout 200 {prog} -d mlx5_0 -R -n {PERF_ITERS} > /tmp/{prog}.txt 2>&1\n\
+                "timeout 200 {prog} -d mlx5_0 -R -p {port} -n {PERF_ITERS} > /tmp/{prog}.txt 2>&1\n\
                  echo \"{prog} server exit $?\" >> /tmp/{prog}.txt\n"
             ));
         }
@@ -97,7 +101,7 @@ fn init_script(me: usize, roce: Roce) -> String {
         if cm("rping") {
             server_out.push_str("sed 's/^/rping server: /' /tmp/rping.txt\n");
         }
-        for prog in PERFTEST.iter().filter(|p| cm(p)) {
+        for (prog, _) in PERFTEST.iter().filter(|p| cm(p.0)) {
             server_out.push_str(&format!("sed 's/^/{prog} server: /' /tmp/{prog}.txt\n"));
         }
         (client, server, server_out)
@@ -128,8 +132,18 @@ echo "nc received: $(cat /tmp/nc.txt)"
         )
     };
     let prelude = super::init_prelude();
+    // perftest reads the CPU's clock from /proc/cpuinfo: the host's figure after each processor's line, bound
+    // over the guest's.
+    let cpuinfo = match cpu_mhz {
+        Some(mhz) if roce == Roce::Cm => format!(
+            "while IFS= read -r l; do echo \"$l\"; case \"$l\" in processor*) printf 'cpu MHz\\t\\t: {mhz}\\n';; esac; \
+             done < /proc/cpuinfo > /tmp/cpuinfo && mount --bind /tmp/cpuinfo /proc/cpuinfo\n\
+             echo \"cpuinfo: $(grep -c 'cpu MHz' /proc/cpuinfo) x cpu MHz\"\n"
+        ),
+        _ => String::new(),
+    };
     format!(
-        r#"{prelude}# retry N CMD...: CMD until it succeeds, at most N times half a second apart; CMD's last status.
+        r#"{prelude}{cpuinfo}# retry N CMD...: CMD until it succeeds, at most N times half a second apart; CMD's last status.
 retry() {{ k=$1; shift; while :; do "$@"; s=$?; [ $s -eq 0 ] || [ $k -le 1 ] && return $s; k=$((k-1)); sleep 0.5; done; }}
 ip link set lo up
 dev=
@@ -167,6 +181,14 @@ echo "{DONE}"
 poweroff -f
 "#
     )
+}
+
+/// The first `cpu MHz` figure of the host's /proc/cpuinfo (digits and one dot only, as it goes into a script).
+fn host_cpu_mhz() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let v = info.lines().find_map(|l| l.strip_prefix("cpu MHz")?.split(':').nth(1).map(str::trim))?;
+    let ok = !v.is_empty() && v.chars().all(|c| c.is_ascii_digit() || c == '.') && v.matches('.').count() <= 1;
+    ok.then(|| v.to_string())
 }
 
 /// One UML instance and its bridge.
@@ -237,9 +259,13 @@ pub(super) fn run(root: &Path, roce: Roce) -> Result<(), String> {
         wait_for_socket(&sock, name)?;
         inst.push(Instance { dir, bridge: Reap(child), uml: None });
     }
+    let mhz = host_cpu_mhz();
+    if roce == Roce::Cm && mhz.is_none() {
+        println!("  the host's /proc/cpuinfo has no cpu MHz: perftest in the guests will not report");
+    }
     let boot = Instant::now();
     for (k, i) in inst.iter_mut().enumerate() {
-        let initrd = initramfs_with(&i.dir, &init_script(k, roce), &binaries)?;
+        let initrd = initramfs_with(&i.dir, &init_script(k, roce, mhz.as_deref()), &binaries)?;
         let (sock, bar_file) = (i.dir.join("mlx5.sock"), i.dir.join("bar0.file"));
         i.uml = Some(spawn_uml(&linux, "256M", &initrd, &[sock], &bar_file, &i.dir, &i.dir.join("console.txt"))?);
         // A's bridge listens on the cable once its device exists, before B's connects.
@@ -272,6 +298,10 @@ pub(super) fn run(root: &Path, roce: Roce) -> Result<(), String> {
         // What the bridge served, and how far virt-pci's queue filled (a full one made UML 6.12 drop writes).
         let log = std::fs::read_to_string(i.dir.join("bridge.log")).unwrap_or_default();
         if let Some(l) = log.lines().find_map(|l| l.strip_prefix("mlx5-uml-bridge: done: ")) {
+            println!("  {name}: bridge: {l}");
+        }
+        // Its counts by reason: frames dropped, NAKs, retries, QPs that went to error.
+        for l in log.lines().filter_map(|l| l.strip_prefix("mlx5-uml-bridge: ")).filter(|l| l.contains(" x ")) {
             println!("  {name}: bridge: {l}");
         }
         for l in console.lines().filter(|l| {
@@ -410,7 +440,7 @@ fn roce_checks(consoles: &[String], cm: bool, problems: &mut Vec<String>) {
         problems
             .push(format!("a: rping -c -C {RPING_COUNT} -V over rdma_cm: {} pings back, {good} intact", pings.len()));
     }
-    for prog in PERFTEST {
+    for (prog, _) in PERFTEST {
         // The result line: bytes, iterations, peak and average bandwidth (MB/s), message rate.
         let result = a.lines().filter_map(|l| l.strip_prefix(&format!("{prog}: "))).find(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -432,23 +462,35 @@ mod tests {
 
     #[test]
     fn the_init_scripts_name_each_side_s_address_and_parse() {
-        let (a, b) = (init_script(0, Roce::Cm), init_script(1, Roce::Cm));
+        let (a, b) = (init_script(0, Roce::Cm, Some("2596.1")), init_script(1, Roce::Cm, Some("2596.1")));
         for prog in ["ibv_devinfo", "ibv_rc_pingpong", "rping", "ib_send_bw", "ib_write_bw"] {
-            assert!(!init_script(0, Roce::Off).contains(prog) && !init_script(1, Roce::Off).contains(prog), "{prog}");
+            assert!(
+                !init_script(0, Roce::Off, Some("2596.1")).contains(prog)
+                    && !init_script(1, Roce::Off, Some("2596.1")).contains(prog),
+                "{prog}"
+            );
             assert!(a.contains(prog) && b.contains(prog), "{prog}");
         }
         assert!(a.contains(&format!("rping -c -a 10.35.0.2 -C {RPING_COUNT} -v -V")));
         assert!(b.contains(&format!("rping -s -a 10.35.0.2 -C {RPING_COUNT} -v -V")));
-        assert!(a.contains("ib_send_bw -d mlx5_0 -R") && b.contains("ib_write_bw -d mlx5_0 -R"));
+        // Each perftest on its own rdma_cm port, client and server alike.
+        assert!(a.contains("ib_send_bw -d mlx5_0 -R -p 18515") && b.contains("ib_send_bw -d mlx5_0 -R -p 18515"));
+        assert!(a.contains("ib_write_bw -d mlx5_0 -R -p 18516") && b.contains("ib_write_bw -d mlx5_0 -R -p 18516"));
+        // perftest's cpu MHz goes in with the rdma_cm runs only.
+        assert!(
+            a.contains("printf 'cpu MHz\\t\\t: 2596.1\\n'") && a.contains("mount --bind /tmp/cpuinfo /proc/cpuinfo")
+        );
+        assert!(!init_script(0, Roce::Verbs, Some("1")).contains("cpuinfo"));
+        assert!(!init_script(0, Roce::Cm, None).contains("cpuinfo"));
         // CI's reduced form: devinfo and the RC ping-pong, no rdma_cm program.
-        let (va, vb) = (init_script(0, Roce::Verbs), init_script(1, Roce::Verbs));
+        let (va, vb) = (init_script(0, Roce::Verbs, Some("2596.1")), init_script(1, Roce::Verbs, Some("2596.1")));
         assert!(va.contains("ibv_rc_pingpong") && vb.contains("ibv_devinfo -v"));
         assert!(!va.contains("rping") && !vb.contains("ib_send_bw") && !va.contains("ib_write_bw"));
         assert!(a.contains("ip addr add 10.35.0.1/24") && a.contains(&format!("ping -c {PINGS} -i 0.2 10.35.0.2")));
         assert!(b.contains("ip addr add 10.35.0.2/24") && b.contains(&format!("nc -l -p {NC_PORT}")));
         // The shell that runs them in the guest reads them without a syntax error.
         if Path::new("/bin/busybox").exists() {
-            for s in [&a, &b, &init_script(0, Roce::Off), &init_script(1, Roce::Off)] {
+            for s in [&a, &b, &init_script(0, Roce::Off, Some("2596.1")), &init_script(1, Roce::Off, Some("2596.1"))] {
                 let ok = Command::new("/bin/busybox").args(["sh", "-n", "-c", s]).status().is_ok_and(|st| st.success());
                 assert!(ok, "{s}");
             }
@@ -490,7 +532,7 @@ mod tests {
         for i in 0..RPING_COUNT as usize - 1 {
             a.push_str(&line(i));
         }
-        for prog in PERFTEST {
+        for (prog, _) in PERFTEST {
             a.push_str(&format!(
                 "=== {prog} exit 0 ===\n{prog}:  65536      {PERF_ITERS}     1.50     1.42     0.000023\n"
             ));

@@ -21,6 +21,8 @@ const MAX_SEND: u64 = (1 << 18) + 1024;
 const MAX_WQE_BBS: usize = 16;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_HLEN: usize = 14;
+const VLAN_HLEN: usize = 4;
 const IPPROTO_UDP: u8 = 17;
 /// RoCEv2's UDP port (IANA): these frames belong to the RDMA engine.
 const ROCE_V2_PORT: u16 = 4791;
@@ -167,6 +169,10 @@ impl Datapath<'_> {
             keys.key_read_into(lkey, pd, addr, u64::from(bc), MkeyAccess::LOCAL_READ, &mut frame)
                 .map_err(|()| consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR)?;
         }
+        if let Some(tag) = s.insert_vlan {
+            // A tag to insert needs the MAC addresses it goes after.
+            send::insert_vlan(&mut frame, tag).ok_or(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR)?;
+        }
         if s.opcode == consts::MLX5_OPCODE_TSO {
             // LSO of something that is not IPv4/TCP with its whole header inline: the WQE is malformed.
             return send::segment(&frame, s.mss).ok_or(consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
@@ -253,7 +259,7 @@ impl Datapath<'_> {
             self.events.push(SimEvent::FrameDropped { why: "no receive WQE posted (out of buffer)" });
             return;
         }
-        let (index, cqn, pd) = (rq.ci, rq.cqn, rq.wq.pd);
+        let (index, cqn, pd, strip) = (rq.ci, rq.cqn, rq.wq.pd, !rq.vsd);
         let stride = 1usize << rq.wq.log_stride;
         let mut wqe = [0u8; 4096];
         let slot = (u64::from(index) & ((1u64 << rq.wq.log_size) - 1)) << rq.wq.log_stride;
@@ -261,14 +267,22 @@ impl Datapath<'_> {
         if let Some(rq) = self.fw.rqs.map.get_mut(&t.rqn) {
             rq.ci = index.wrapping_add(1);
         }
+        // An RQ that strips VLAN tags writes a tagged frame without its tag (the CQE carries it).
+        let tagged = frame.len() >= ETH_HLEN + VLAN_HLEN && frame[12..14] == send::ETH_P_8021Q.to_be_bytes();
         let status = match read {
+            Ok(()) if strip && tagged => {
+                let mut untagged = Vec::with_capacity(frame.len() - VLAN_HLEN);
+                untagged.extend_from_slice(&frame[..12]);
+                untagged.extend_from_slice(&frame[12 + VLAN_HLEN..]);
+                self.eth_scatter(&wqe[..stride], pd, &untagged)
+            }
             Ok(()) => self.eth_scatter(&wqe[..stride], pd, frame),
             Err(_) => Err((consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR, "RQ ring not mapped")),
         };
         match status {
             Ok(()) => {
                 self.fw.port.eth.count(false, frame);
-                let mut cqe = rx_cqe(frame, &t, index);
+                let mut cqe = rx_cqe(frame, &t, index, strip);
                 let ts = self.cqs().device_clock();
                 c::mlx5_cqe64::TIMESTAMP_H.put_be(&mut cqe, 0, (ts >> 32) as u32);
                 c::mlx5_cqe64::TIMESTAMP_L.put_be(&mut cqe, 0, ts as u32);
@@ -493,6 +507,61 @@ mod tests {
             a.post_tx(&mut sq, &send_wqe(consts::MLX5_OPCODE_NOP, 0, 0, &[], None, 1));
             assert!(a.r.poll(&mut a.cq).is_none(), "{what}");
         }
+    }
+
+    #[test]
+    fn vlan_tags_are_inserted_on_send_and_stripped_into_the_cqe_unless_the_rq_disables_it() {
+        use c::mlx5_cqe64 as q;
+        let (mut a, mut sq, mut b, mut rq) = pair();
+        let frame = udp_frame(MAC_B, 100);
+        let src = a.r.mr(4096);
+        src.write(0, &frame);
+        let dst = b.r.mr(8192);
+        let flags = (consts::MLX5_ETH_WQE_L3_CSUM | consts::MLX5_ETH_WQE_L4_CSUM) as u8;
+        // Priority 3, VLAN 0x023: the whole TCI comes back in the CQE.
+        let tci = 3 << 13 | 0x023;
+        // `insert.type` with INSERT_VLAN where `inline_hdr.sz` would be, no inline headers (mlx5e with inline
+        // mode none), the frame from the data segment.
+        let mut w = send_wqe(consts::MLX5_OPCODE_SEND, flags, 0, &[], Some((142, src.key, src.addr())), 0);
+        es::TYPE.put_be(&mut w, CTRL, consts::MLX5_ETH_WQE_INSERT_VLAN);
+        es::VLAN_TCI.put_be(&mut w, CTRL, tci);
+        b.post_rx(&mut rq, 2048, dst.key, dst.addr());
+        a.post_tx(&mut sq, &w);
+        assert_eq!(a.r.poll(&mut a.cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        // B's RQ strips (vsd clear, as mlx5e opens it with rxvlan on): the frame as sent, the tag in the CQE.
+        let e = b.r.poll(&mut b.cq).expect("receive CQE");
+        assert_eq!((e.status(), e.byte_cnt()), ((consts::MLX5_CQE_RESP_SEND, 0), 142));
+        assert_eq!((e.0[q::L4_L3_HDR_TYPE.off] & 1, q::VLAN_INFO.get_be(&e.0, 0)), (1, tci));
+        let got = dst.read(0, 142);
+        assert_eq!((&got[..14], &got[42..]), (&frame[..14], &frame[42..]));
+        assert!(sum_ok(&got), "checksums filled in behind the inserted tag");
+        // The tag in the inline headers (mlx5e's L2 inline mode puts it there), checksum offload behind it.
+        let mut tagged = frame[..12].to_vec();
+        tagged.extend_from_slice(&send::ETH_P_8021Q.to_be_bytes());
+        tagged.extend_from_slice(&(tci as u16).to_be_bytes());
+        tagged.extend_from_slice(&frame[12..]);
+        let w = send_wqe(consts::MLX5_OPCODE_SEND, flags, 0, &tagged[..46], Some((100, src.key, src.addr() + 42)), 0);
+        b.post_rx(&mut rq, 2048, dst.key, dst.addr() + 2048);
+        a.post_tx(&mut sq, &w);
+        assert_eq!(a.r.poll(&mut a.cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        let e = b.r.poll(&mut b.cq).expect("receive CQE");
+        assert_eq!((e.byte_cnt(), e.0[q::L4_L3_HDR_TYPE.off] & 1, q::VLAN_INFO.get_be(&e.0, 0)), (142, 1, tci));
+        assert!(sum_ok(&dst.read(2048, 142)), "checksums of a tagged frame from inline headers");
+        // rxvlan off: MODIFY_RQ sets vsd (the bitmask names it); the tag stays in the frame, none in the CQE.
+        let mut m = vec![0u8; ifc::modify_rq_in::SIZE_BYTES];
+        m.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_MODIFY_RQ.into());
+        m.set(ifc::modify_rq_in::RQN, rq.n);
+        m.set(ifc::modify_rq_in::RQ_STATE, consts::MLX5_RQC_STATE_RDY);
+        m.set(ifc::rqc::STATE.at(ifc::modify_rq_in::CTX), consts::MLX5_RQC_STATE_RDY);
+        m.set64(ifc::modify_rq_in::MODIFY_BITMASK, consts::MLX5_MODIFY_RQ_IN_MODIFY_BITMASK_VSD.into());
+        m.set(ifc::rqc::VSD.at(ifc::modify_rq_in::CTX), 1);
+        assert_eq!(b.r.h.cmd(&m, ifc::modify_rq_out::SIZE_BYTES).1, 0);
+        b.post_rx(&mut rq, 2048, dst.key, dst.addr() + 4096);
+        a.post_tx(&mut sq, &w);
+        assert_eq!(a.r.poll(&mut a.cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
+        let e = b.r.poll(&mut b.cq).expect("receive CQE");
+        assert_eq!((e.byte_cnt(), e.0[q::L4_L3_HDR_TYPE.off] & 1, q::VLAN_INFO.get_be(&e.0, 0)), (146, 0, 0));
+        assert_eq!(dst.read(4096 + 12, 4), tagged[12..16]);
     }
 
     #[test]

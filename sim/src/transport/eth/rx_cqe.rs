@@ -9,6 +9,7 @@ use super::classify::{headers, RxTarget};
 use super::send::csum_add;
 
 const ETH_HLEN: usize = 14;
+const VLAN_HLEN: usize = 4;
 /// `l4_l3_hdr_type`'s L4 types (bits 6:4), as `get_cqe_l4_hdr_type` reads them.
 const L4_NONE: u8 = 0;
 const L4_TCP_NO_ACK: u8 = 1;
@@ -17,19 +18,24 @@ const L4_TCP_ACK_NO_DATA: u8 = 3;
 const L4_TCP_ACK_AND_DATA: u8 = 4;
 
 /// The CQE64 of `frame` (as received, VLAN tag in place) delivered to `t`, the `wqe_counter`th receive WQE.
-pub(crate) fn rx_cqe(frame: &[u8], t: &RxTarget, wqe_counter: u16) -> [u8; c::mlx5_cqe64::SIZE] {
+/// `strip`: the RQ strips VLAN tags (its `vsd` clear): a tagged frame was written without its tag, which the
+/// CQE reports instead (`cvlan_tag_present`, bit 0 of `l4_l3_hdr_type`, and the whole TCI in `vlan_info`, as
+/// mlx5e's `mlx5e_build_rx_skb` and mlx5_ib's `handle_responder` read it); the byte count is what was written.
+pub(crate) fn rx_cqe(frame: &[u8], t: &RxTarget, wqe_counter: u16, strip: bool) -> [u8; c::mlx5_cqe64::SIZE] {
     use c::mlx5_cqe64 as q;
     let mut e = [0u8; c::mlx5_cqe64::SIZE];
     let put = |e: &mut [u8; 64], m: mlx5_core::prm::Bytes, v: &[u8]| e[m.off..m.off + m.len].copy_from_slice(v);
-    put(&mut e, q::BYTE_CNT, &(frame.len() as u32).to_be_bytes());
+    let stripped = strip && headers(frame).is_some_and(|h| h.vid.is_some());
+    let written = frame.len() - if stripped { VLAN_HLEN } else { 0 };
+    put(&mut e, q::BYTE_CNT, &(written as u32).to_be_bytes());
     put(&mut e, q::SOP_DROP_QPN, &(t.flow_tag & 0xff_ffff).to_be_bytes());
     put(&mut e, q::WQE_COUNTER, &wqe_counter.to_be_bytes());
     e[q::OP_OWN.off] = consts::MLX5_CQE_RESP_SEND << 4;
     let Some(h) = headers(frame) else { return e };
     let mut ok = consts::CQE_L2_OK as u8;
-    let mut types = u8::from(h.vid.is_some());
-    if let Some(vid) = h.vid {
-        put(&mut e, q::VLAN_INFO, &vid.to_be_bytes());
+    let mut types = u8::from(stripped);
+    if stripped {
+        put(&mut e, q::VLAN_INFO, &frame[ETH_HLEN..ETH_HLEN + 2]);
     }
     let ip = ETH_HLEN + if h.vid.is_some() { 4 } else { 0 };
     let (l3, rss_l3) = match h.ip_version {
@@ -129,7 +135,7 @@ mod tests {
         use c::mlx5_cqe64 as q;
         let f = tcp4(100, 0);
         let t = RxTarget { rqn: 1, hash: 0xdead_beef, flow_tag: 0x123 };
-        let e = rx_cqe(&f, &t, 7);
+        let e = rx_cqe(&f, &t, 7, true);
         assert_eq!(q::BYTE_CNT.get_be(&e, 0) as usize, f.len());
         assert_eq!(q::WQE_COUNTER.get_be(&e, 0), 7);
         assert_eq!(q::SOP_DROP_QPN.get_be(&e, 0), 0x123);
@@ -145,20 +151,20 @@ mod tests {
         assert_eq!(csum_add(sum, &pseudo), 0xffff);
         // Tail padding is not summed; a corrupted byte clears L4 OK and changes the sum.
         let padded = tcp4(100, 6);
-        assert_eq!(q::CHECK_SUM.get_be(&rx_cqe(&padded, &t, 0), 0), sum);
+        assert_eq!(q::CHECK_SUM.get_be(&rx_cqe(&padded, &t, 0, true), 0), sum);
         let mut bad = f.clone();
         bad[ETH_HLEN + 50] ^= 0xff;
-        let e = rx_cqe(&bad, &t, 0);
+        let e = rx_cqe(&bad, &t, 0, true);
         assert_eq!(u32::from(e[q::HDS_IP_EXT.off]) & consts::CQE_L4_OK, 0);
         // IPv4 total lengths that end inside the headers or past the frame are read without panicking.
         for tot in [0u16, 20, 30, 0xffff] {
             let mut odd = f.clone();
             odd[ETH_HLEN + 2..ETH_HLEN + 4].copy_from_slice(&tot.to_be_bytes());
-            let e = rx_cqe(&odd, &t, 0);
+            let e = rx_cqe(&odd, &t, 0, true);
             assert_eq!(u32::from(e[q::HDS_IP_EXT.off]) & consts::CQE_L4_OK, 0, "tot_len {tot}");
         }
         // A frame too short for an Ethernet header reports its length and nothing parsed.
-        let e = rx_cqe(&f[..10], &t, 0);
+        let e = rx_cqe(&f[..10], &t, 0, true);
         assert_eq!((q::BYTE_CNT.get_be(&e, 0), e[q::HDS_IP_EXT.off]), (10, 0));
     }
 }

@@ -13,6 +13,10 @@ const INLINE_START: usize = CTRL + c::mlx5_wqe_eth_seg::START.off;
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
+/// The customer and service VLAN tags' TPIDs (802.1Q, 802.1ad).
+pub(crate) const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88a8;
+const VLAN_HLEN: usize = 4;
 const IPV6_HLEN: usize = 40;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
@@ -56,6 +60,9 @@ pub(crate) struct EthSend {
     pub(crate) mss: u16,
     /// The inline headers (the frame's first bytes).
     pub(crate) inline: Vec<u8>,
+    /// A VLAN tag to insert after the MAC addresses (`insert.type` with `MLX5_ETH_WQE_INSERT_VLAN`, which
+    /// mlx5e sets instead of inline headers when its inline mode is none): the TPID and the TCI.
+    pub(crate) insert_vlan: Option<(u16, u16)>,
     /// The data segments: (byte count, lkey, address).
     pub(crate) data: Vec<(u32, u32, u64)>,
 }
@@ -70,7 +77,7 @@ pub(crate) fn parse(wqe: &[u8]) -> Result<EthSend, EthWqeError> {
     let opcode = (ctrl::OPMOD_IDX_OPCODE.get_be(wqe, 0) & 0xff) as u8;
     let ds = (ctrl::QPN_DS.get_be(wqe, 0) & 0x3f) as usize;
     if opcode == consts::MLX5_OPCODE_NOP {
-        return Ok(EthSend { opcode, cs_flags: 0, mss: 0, inline: Vec::new(), data: Vec::new() });
+        return Ok(EthSend { opcode, cs_flags: 0, mss: 0, inline: Vec::new(), insert_vlan: None, data: Vec::new() });
     }
     if opcode != consts::MLX5_OPCODE_SEND && opcode != consts::MLX5_OPCODE_TSO {
         return Err(EthWqeError::Opcode(opcode));
@@ -81,7 +88,15 @@ pub(crate) fn parse(wqe: &[u8]) -> Result<EthSend, EthWqeError> {
     }
     let cs_flags = eseg::CS_FLAGS.get_be(wqe, CTRL) as u8;
     let mss = eseg::MSS.get_be(wqe, CTRL) as u16;
-    let sz = eseg::SZ.get_be(wqe, CTRL) as usize;
+    // `insert.type` shares its place with `inline_hdr.sz`: its top bit says a VLAN tag is to be inserted and
+    // there are no inline headers.
+    let ty = eseg::TYPE.get_be(wqe, CTRL);
+    let (sz, insert_vlan) = if ty & consts::MLX5_ETH_WQE_INSERT_VLAN != 0 {
+        let tpid = if ty & consts::MLX5_ETH_WQE_SVLAN != 0 { ETH_P_8021AD } else { ETH_P_8021Q };
+        (0, Some((tpid, eseg::VLAN_TCI.get_be(wqe, CTRL) as u16)))
+    } else {
+        (ty as usize, None)
+    };
     if opcode == consts::MLX5_OPCODE_TSO {
         if sz == 0 {
             return Err(EthWqeError::LsoWithoutHeader);
@@ -107,7 +122,19 @@ pub(crate) fn parse(wqe: &[u8]) -> Result<EthSend, EthWqeError> {
         data.push((bc, lkey, addr));
         off += d;
     }
-    Ok(EthSend { opcode, cs_flags, mss, inline, data })
+    Ok(EthSend { opcode, cs_flags, mss, inline, insert_vlan, data })
+}
+
+/// Inserts the VLAN tag `tpid`/`tci` after the MAC addresses of `frame`; `None` when the frame has none.
+pub(crate) fn insert_vlan(frame: &mut Vec<u8>, (tpid, tci): (u16, u16)) -> Option<()> {
+    if frame.len() < 12 {
+        return None;
+    }
+    let mut tag = [0u8; VLAN_HLEN];
+    tag[..2].copy_from_slice(&tpid.to_be_bytes());
+    tag[2..].copy_from_slice(&tci.to_be_bytes());
+    frame.splice(12..12, tag);
+    Some(())
 }
 
 /// The ones' complement sum of `b` (16-bit big-endian words, an odd byte padded), folded.
@@ -134,10 +161,16 @@ struct IpAt {
     v6: bool,
 }
 
-/// The layout of an untagged IPv4 frame, or IPv6 whose first next header is the L4 one; `None` otherwise.
+/// The layout of an IPv4 frame, or IPv6 whose first next header is the L4 one, untagged or with one VLAN tag
+/// (mlx5e puts the tag into the inline headers); `None` otherwise.
 fn ip_at(frame: &[u8]) -> Option<IpAt> {
-    let ip = ETH_HLEN;
-    match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
+    let mut ip = ETH_HLEN;
+    let mut ethertype = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
+    if ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD {
+        ethertype = u16::from_be_bytes([*frame.get(16)?, *frame.get(17)?]);
+        ip += VLAN_HLEN;
+    }
+    match ethertype {
         ETH_P_IP => {
             let ihl = usize::from(frame.get(ip)? & 0xf) * 4;
             if frame[ip] >> 4 != 4 || ihl < 20 || frame.len() < ip + ihl {
