@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 mod eth;
 mod opensm;
+mod python;
 pub use eth::Roce;
 
 use crate::verbs_guest::{self, LIBDIR};
@@ -440,6 +441,12 @@ pub fn ci_step_eth(root: &Path) -> Result<(), String> {
 /// (`linux_drives_sim/opensm.rs`).
 pub fn run_opensm(root: &Path) -> Result<(), String> {
     opensm::run(root)
+}
+
+/// `linux-drives-sim --python [--eth]`: rdma-core's Python test suite in the guest, on an InfiniBand or a RoCE
+/// port (`linux_drives_sim/python.rs`).
+pub fn run_python(root: &Path, eth: bool) -> Result<(), String> {
+    python::run(root, eth)
 }
 
 /// `linux-drives-sim --eth [--no-cm | --no-rdma]`: the two-port Ethernet run (`linux_drives_sim/eth.rs`).

@@ -245,7 +245,7 @@ commands:
                                  the fault-injection soak (options go to mlx5-soak)
   uml [--check]                  build (or find cached) the User-Mode Linux kernel with mlx5 and virt-pci
                                  (--check: only that the patches and config fragment still apply)
-  linux-drives-sim [--strict] [--eth [--no-cm | --no-rdma]] [--opensm]
+  linux-drives-sim [--strict] [--eth [--no-cm | --no-rdma]] [--opensm] [--python [--eth]]
                                  boot it with the simulator as its PCI device: mlx5_core and mlx5_ib probe
                                  cleanly, ibv_devinfo, rc/ud pingpong (rdma-core) and a clean poweroff (--eth:
                                  two Ethernet ports in two UMLs on one cable, mlx5e's netdevs: ping, iperf3,
@@ -253,7 +253,8 @@ commands:
                                  ib_send_bw/ib_write_bw -R; --no-cm: without rping and perftest; --no-rdma:
                                  without any RoCE run; --opensm: two IB ports of one guest on one cable, opensm
                                  assigns the LIDs and brings both to Active, ibstat/smpquery/ibnetdiscover,
-                                 ibv_rc_pingpong on them)";
+                                 ibv_rc_pingpong on them; --python: rdma-core's Python test suite on the
+                                 IB port, with --eth on a RoCE port, into target/linux-drives-sim/python-*.json)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
@@ -272,7 +273,7 @@ enum Task {
     Modcheck { graph: bool, root: Option<PathBuf> },
     Soak(Vec<String>),
     Uml { check: bool },
-    LinuxDrivesSim { strict: bool, eth: bool, no_rdma: bool, no_cm: bool, opensm: bool },
+    LinuxDrivesSim { strict: bool, eth: bool, no_rdma: bool, no_cm: bool, opensm: bool, python: bool },
     Libibverbs(Vec<String>),
     Librdmacm(Vec<String>),
     VerbsApps(Vec<String>),
@@ -303,9 +304,14 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
         "modcheck" => Task::Modcheck { graph: false, root: None },
         "soak" => Task::Soak(Vec::new()),
         "uml" => Task::Uml { check: false },
-        "linux-drives-sim" => {
-            Task::LinuxDrivesSim { strict: false, eth: false, no_rdma: false, no_cm: false, opensm: false }
-        }
+        "linux-drives-sim" => Task::LinuxDrivesSim {
+            strict: false,
+            eth: false,
+            no_rdma: false,
+            no_cm: false,
+            opensm: false,
+            python: false,
+        },
         "libibverbs" => Task::Libibverbs(Vec::new()),
         "librdmacm" => Task::Librdmacm(Vec::new()),
         "verbs-apps" => Task::VerbsApps(Vec::new()),
@@ -346,6 +352,7 @@ fn parse(mut argv: mlx5_args::Argv) -> Result<Task, mlx5_args::ArgError> {
             (Task::LinuxDrivesSim { no_rdma, .. }, "--no-rdma") => *no_rdma = true,
             (Task::LinuxDrivesSim { opensm, .. }, "--opensm") => *opensm = true,
             (Task::LinuxDrivesSim { no_cm, .. }, "--no-cm") => *no_cm = true,
+            (Task::LinuxDrivesSim { python, .. }, "--python") => *python = true,
             (Task::Uml { check }, "--check") => *check = true,
             (Task::PciSim { full }, "--full") => *full = true,
             (Task::RxeInterop { part }, "--rping") => *part = rxe::Part::Rping,
@@ -405,6 +412,7 @@ fn main() -> ExitCode {
         Task::Uml { check: false } => uml::run_uml(&root),
         Task::Uml { check: true } => uml::check_recipe(&root),
         Task::LinuxDrivesSim { opensm: true, .. } => linux_drives_sim::run_opensm(&root),
+        Task::LinuxDrivesSim { python: true, eth, .. } => linux_drives_sim::run_python(&root, eth),
         Task::LinuxDrivesSim { strict: _, eth: true, no_rdma, no_cm, .. } => {
             let roce = match (no_rdma, no_cm) {
                 (true, _) => linux_drives_sim::Roce::Off,

@@ -1,0 +1,278 @@
+//! `cargo xtask linux-drives-sim --python [--eth]`: rdma-core's own Python test suite (Debian's python3-pyverbs
+//! and the tests it ships in `/usr/share/doc/rdma-core/tests`) inside UML, on Linux's `mlx5_ib` and rdma-core's
+//! mlx5 provider over the simulated ConnectX-5: an InfiniBand port, or with `--eth` a RoCE port (mlx5e's netdev
+//! up with an IPv4 address, so the GID table holds RoCEv2 GIDs).
+//!
+//! The guest's initramfs is busybox only. Its `/init` mounts the host's root read-only through hostfs, with the
+//! guest's own proc, sysfs, devtmpfs and tmpfs over it, mounts the work directory read-write at `/tmp/out`, and
+//! chroots into it: the suite runs with the host's Debian python3, pyverbs, libibverbs and mlx5 provider. The
+//! guest side (`pyverbs_runner.py`) runs each test module in a child process and reports every test; a child
+//! that dies or hangs costs only the test it was running (recorded as an error with why), and a new child runs
+//! the rest.
+//!
+//! Writes `target/linux-drives-sim/python-ib.json` (or `python-eth.json`): `passed`, `failed` (failures and
+//! errors), `skipped`, `tests` (each test's status, reason and seconds) and `skip_classes` (the skips grouped by
+//! what they need). Kept in `target/linux-drives-sim/python-{ib,eth}/`: `console.txt`, `dmesg.txt`,
+//! `results.jsonl`, `tests.log` (the tests' own output), `trace.jsonl`, `bridge.log`.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{
+    bad_lines, build_bridge, init_prelude, initramfs_with, spawn_uml, wait_for_socket, Reap, DMESG_BEGIN, DMESG_END,
+    DONE, HARNESS,
+};
+use crate::vfio_test::{self, wait_until};
+
+/// The guest side: runs the suite module by module and writes one JSON line per test.
+const RUNNER: &str = include_str!("pyverbs_runner.py");
+/// Where Debian's python3-pyverbs puts rdma-core's tests (some gzip-compressed).
+const TESTS: &str = "/usr/share/doc/rdma-core/tests";
+/// One test's bound in the guest: a test that gives no result in this time is killed and recorded as an error.
+const TEST_TIMEOUT_S: u32 = 180;
+/// The whole guest run.
+const SUITE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The RoCE port's netdev address (its RoCEv2 GIDs follow from it).
+const ETH_ADDR: &str = "10.36.0.1/24";
+const ETH_MAC: &str = "02:36:00:00:00:01";
+/// The BAR file's size (sparse), as the other runs make it.
+const BAR_FILE_BYTES: u64 = 32 << 20;
+
+/// Skip reasons (case-insensitive substrings) grouped by what the test needs that this setup lacks.
+const SKIP_CLASSES: &[(&str, &str)] = &[];
+
+fn init_script(eth: bool, out: &Path) -> String {
+    let prelude = init_prelude();
+    let out = out.display();
+    let net = if eth {
+        format!(
+            r#"for n in /sys/class/infiniband/mlx5_0/device/net/*; do nd=$(basename $n); done
+ip link set $nd up
+ip addr add {ETH_ADDR} dev $nd
+n=0
+while [ "$(cat /sys/class/infiniband/mlx5_0/ports/1/state)" != "4: ACTIVE" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n+1)); done
+sleep 1
+echo "netdev: $nd $(cat /sys/class/net/$nd/operstate) port $(cat /sys/class/infiniband/mlx5_0/ports/1/state)"
+"#
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"{prelude}ip link set lo up
+{net}mkdir -p /host
+mount -t hostfs -o ro none /host || echo "hostfs: mount failed"
+mount -t proc proc /host/proc
+mount -t sysfs sys /host/sys
+mount -t devtmpfs dev /host/dev
+mkdir -p /host/dev/shm /host/dev/pts
+mount -t tmpfs shm /host/dev/shm
+mount -t devpts pts /host/dev/pts
+mount -t tmpfs tmp /host/tmp
+mount -t tmpfs run /host/run
+mkdir -p /host/tmp/out
+mount -t hostfs -o {out} none /host/tmp/out || echo "hostfs: mount of the work directory failed"
+for i in /sys/class/infiniband/*; do [ -e "$i" ] && echo "rdma: $(basename $i) state=$(cat $i/ports/1/state) link_layer=$(cat $i/ports/1/link_layer)"; done
+chroot /host /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp PYTHONDONTWRITEBYTECODE=1 \
+  /usr/bin/python3 /tmp/out/tests/runner.py --tests /tmp/out/tests --dev mlx5_0 \
+  --out /tmp/out/results.jsonl --log /tmp/out/tests.log --timeout {TEST_TIMEOUT_S}
+echo "=== runner exit $? ==="
+echo "{DMESG_BEGIN}"
+dmesg
+echo "{DMESG_END}"
+echo "{DONE}"
+poweroff -f
+"#
+    )
+}
+
+/// A fresh copy of the shipped tests, decompressed, with the runner beside them.
+fn prepare_tests(dir: &Path) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(dir);
+    vfio_test::run(Command::new("cp").arg("-r").arg(TESTS).arg(dir))?;
+    vfio_test::run(Command::new("sh").arg("-c").arg("gunzip -f *.gz").current_dir(dir))?;
+    std::fs::write(dir.join("runner.py"), RUNNER).map_err(|e| format!("{}: {e}", dir.display()))
+}
+
+/// The skip class of `reason`: (class, what it needs).
+fn skip_class(reason: &str) -> Option<(&'static str, &'static str)> {
+    let r = reason.to_ascii_lowercase();
+    SKIP_CLASSES.iter().find(|(k, _)| r.contains(&k.to_ascii_lowercase())).map(|(k, n)| (*k, *n))
+}
+
+/// The report from the runner's lines: counts, the tests, and the skips by class.
+fn report(results: &str, port: &str) -> Value {
+    let mut tests = Vec::new();
+    let (mut passed, mut failed, mut skipped) = (0u32, 0u32, 0u32);
+    let mut classes: Vec<(String, String, Vec<String>)> = Vec::new();
+    for line in results.lines() {
+        let Ok(t) = serde_json::from_str::<Value>(line) else { continue };
+        let id = t["id"].as_str().unwrap_or_default().to_string();
+        let status = t["status"].as_str().unwrap_or_default();
+        let reason = t["reason"].as_str().unwrap_or_default();
+        match status {
+            "passed" => passed += 1,
+            "skipped" => {
+                skipped += 1;
+                let (class, needs) = match skip_class(reason) {
+                    Some((c, n)) => (c.to_string(), n.to_string()),
+                    None => (reason.trim().to_string(), String::new()),
+                };
+                match classes.iter_mut().find(|c| c.0 == class) {
+                    Some(c) => c.2.push(id.clone()),
+                    None => classes.push((class, needs, vec![id.clone()])),
+                }
+            }
+            _ => failed += 1,
+        }
+        tests.push(t);
+    }
+    let skip_classes: Vec<Value> = classes
+        .into_iter()
+        .map(|(class, needs, ids)| json!({"class": class, "needs": needs, "count": ids.len(), "tests": ids}))
+        .collect();
+    json!({
+        "port": port,
+        "passed": passed,
+        "failed": failed,
+        "skipped": skipped,
+        "skip_classes": skip_classes,
+        "tests": tests,
+    })
+}
+
+pub(super) fn run(root: &Path, eth: bool) -> Result<(), String> {
+    let started = Instant::now();
+    let port = if eth { "eth" } else { "ib" };
+    let linux = crate::uml::build(root)?;
+    let bridge = build_bridge(root)?;
+    if !crate::uml::installed("python3-pyverbs") {
+        vfio_test::apt_install(&["python3-pyverbs"])?;
+    }
+    let base = root.join("target/linux-drives-sim");
+    let work = base.join(format!("python-{port}"));
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let work = work.canonicalize().map_err(|e| format!("{}: {e}", work.display()))?;
+    prepare_tests(&work.join("tests"))?;
+    for f in ["results.jsonl", "tests.log"] {
+        let _ = std::fs::remove_file(work.join(f));
+    }
+    let initrd = initramfs_with(&work, &init_script(eth, &work), &["ibv_devinfo"])?;
+    let sock = work.join("mlx5.sock");
+    let _ = std::fs::remove_file(&sock);
+    let bar_file = work.join("bar0.file");
+    std::fs::File::create(&bar_file)
+        .and_then(|f| f.set_len(BAR_FILE_BYTES))
+        .map_err(|e| format!("{}: {e}", bar_file.display()))?;
+    let log = std::fs::File::create(work.join("bridge.log")).map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(&bridge);
+    cmd.arg("--socket").arg(&sock).arg("--trace").arg(work.join("trace.jsonl")).arg("--bar-file").arg(&bar_file);
+    if eth {
+        cmd.args(["--port", "eth", "--mac", ETH_MAC]);
+    } else {
+        cmd.args(["--port", "ib"]);
+    }
+    let mut bridge_proc = Reap(cmd.stderr(log).spawn().map_err(|e| format!("{}: {e}", bridge.display()))?);
+    wait_for_socket(&sock, "mlx5_0")?;
+    let console_path = work.join("console.txt");
+    let boot = Instant::now();
+    let mut uml = spawn_uml(&linux, "1G", &initrd, std::slice::from_ref(&sock), &bar_file, &work, &console_path)?;
+    let timed_out = wait_until(&mut uml.0, boot + SUITE_TIMEOUT, Duration::from_millis(200))?.is_none();
+    if timed_out {
+        let _ = uml.0.kill();
+    }
+    let guest_time = boot.elapsed();
+    drop(uml);
+    let _ = wait_until(&mut bridge_proc.0, Instant::now() + Duration::from_secs(10), Duration::from_millis(20));
+    drop(bridge_proc);
+    let console = String::from_utf8_lossy(&std::fs::read(&console_path).map_err(|e| e.to_string())?).into_owned();
+    let dmesg = super::between(&console, DMESG_BEGIN, DMESG_END).unwrap_or(&console).to_string();
+    std::fs::write(work.join("dmesg.txt"), &dmesg).map_err(|e| e.to_string())?;
+    let results = std::fs::read_to_string(work.join("results.jsonl")).unwrap_or_default();
+    let rep = report(&results, port);
+    let json_path = base.join(format!("python-{port}.json"));
+    let text = serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?;
+    std::fs::write(&json_path, text + "\n").map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let (passed, failed, skipped) = (&rep["passed"], &rep["failed"], &rep["skipped"]);
+    println!(
+        "linux-drives-sim --python{}: {passed} passed, {failed} failed, {skipped} skipped; guest ran {:.0} s, \
+         total {:.0} s; {}",
+        if eth { " --eth" } else { "" },
+        guest_time.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        json_path.display()
+    );
+    for c in rep["skip_classes"].as_array().into_iter().flatten() {
+        println!("  skipped {:>3}: {} (needs: {})", c["count"], c["class"].as_str().unwrap_or_default(), c["needs"]);
+    }
+    let mut problems = Vec::new();
+    if !console.contains(DONE) {
+        problems.push(format!("the guest did not finish{}", if timed_out { " in time" } else { " (UML exited)" }));
+    }
+    for t in rep["tests"].as_array().into_iter().flatten() {
+        let status = t["status"].as_str().unwrap_or_default();
+        if status != "passed" && status != "skipped" {
+            let reason = t["reason"].as_str().unwrap_or_default().trim();
+            let last = reason.lines().last().unwrap_or_default();
+            problems.push(format!("{} {status}: {last}", t["id"].as_str().unwrap_or_default()));
+        }
+    }
+    for c in rep["skip_classes"].as_array().into_iter().flatten() {
+        if c["needs"].as_str().unwrap_or_default().is_empty() {
+            problems.push(format!("skip class not named with what it needs: {}", c["class"]));
+        }
+    }
+    if rep["passed"].as_u64().unwrap_or(0) == 0 {
+        problems.push("no test passed".into());
+    }
+    // The suite makes the driver refuse bad requests on purpose; what counts here is a kernel-level problem.
+    for l in bad_lines(&dmesg) {
+        let ll = l.to_ascii_lowercase();
+        if HARNESS.iter().any(|(k, _)| l.contains(k)) {
+            continue;
+        }
+        if ["call trace", "oops", "panic", "bug:", "warning"].iter().any(|k| ll.contains(k)) {
+            problems.push(format!("dmesg: {}", l.trim()));
+        }
+    }
+    if problems.is_empty() {
+        println!("linux-drives-sim --python: every check passed");
+        Ok(())
+    } else {
+        Err(format!("linux-drives-sim --python: {} problem(s):\n  {}", problems.len(), problems.join("\n  ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_counts_and_groups_skips() {
+        let lines = r#"{"id": "tests.a.A.test_1", "status": "passed", "reason": "", "seconds": 0.1}
+{"id": "tests.a.A.test_2", "status": "error", "reason": "the test process died (signal 11)", "seconds": null}
+{"id": "tests.a.A.test_3", "status": "skipped", "reason": "something new", "seconds": 0.0}
+{"id": "tests.a.A.test_4", "status": "failed", "reason": "AssertionError", "seconds": 0.2}
+not json
+"#;
+        let r = report(lines, "ib");
+        assert_eq!((r["passed"].as_u64(), r["failed"].as_u64(), r["skipped"].as_u64()), (Some(1), Some(2), Some(1)));
+        assert_eq!(r["tests"].as_array().map(Vec::len), Some(4));
+        let c = &r["skip_classes"][0];
+        assert_eq!(c["class"], "something new");
+        assert_eq!(c["needs"], "");
+        assert_eq!(c["count"], 1);
+    }
+
+    #[test]
+    fn the_init_scripts_parse() {
+        for eth in [false, true] {
+            let s = init_script(eth, Path::new("/w"));
+            let ok = Command::new("/bin/busybox").args(["sh", "-n", "-c", &s]).status().is_ok_and(|st| st.success());
+            assert!(ok || !Path::new("/bin/busybox").exists(), "busybox sh -n refuses the init script");
+        }
+    }
+}
