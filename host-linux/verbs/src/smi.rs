@@ -144,7 +144,7 @@ impl<'a> SmiAgent<'a> {
             if Instant::now() >= deadline {
                 return Ok(None);
             }
-            std::thread::sleep(Duration::from_micros(200));
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
