@@ -22,6 +22,7 @@ pub mod hal;
 pub mod hca;
 pub mod health;
 pub mod init;
+pub mod mad_ifc;
 pub mod mkey;
 #[cfg(feature = "mock")]
 pub mod mock;

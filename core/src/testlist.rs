@@ -43,6 +43,7 @@ pub const MODULES: &[&[Test]] = &[
     crate::golden::tests::TESTS,
     crate::hal::tests::TESTS,
     crate::hca::events::tests::TESTS,
+    crate::mad_ifc::tests::TESTS,
     crate::mkey::tests::TESTS,
     crate::mock::tests::TESTS,
     crate::port::tests::TESTS,

@@ -254,7 +254,7 @@ fn connect(hca: &mut SimHca, d: &mut mlx5_sim::SimDelay, qp: &mut Qp, ty: QpType
             (QpState::Rtr, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN),
             (QpState::Rts, M::STATE | M::SQ_PSN),
         ],
-        QpType::Ud | QpType::Gsi => vec![
+        QpType::Ud | QpType::Gsi | QpType::Smi => vec![
             (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY),
             (QpState::Rtr, M::STATE),
             (QpState::Rts, M::STATE | M::SQ_PSN),

@@ -668,10 +668,14 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
         let supported = match attr.qp_type {
             QpType::Rc => g.rc,
             QpType::Uc => g.uc,
-            QpType::Ud | QpType::Gsi => g.ud,
+            QpType::Ud | QpType::Gsi | QpType::Smi => g.ud,
         };
         if !supported {
             return Err(Error::NotSupported { what: "this QP type" });
+        }
+        // QP0 exists on InfiniBand ports only (`rdma_cap_ib_smi`): a RoCE port has no subnet manager.
+        if attr.qp_type == QpType::Smi && self.link_layer() != LinkLayer::InfiniBand {
+            return Err(Error::NotSupported { what: "the SMI QP (QP0) on an Ethernet port" });
         }
         let sizes = qp_sizes(attr.qp_type, &attr.cap, g.max_wqe_sz_sq.into(), g.max_wqe_sz_rq.into(), g.log_max_qp_sz)
             .map_err(Error::QpSize)?;
@@ -817,6 +821,19 @@ impl<M: Mmio, D: Dma, T: CmdTrace, S: Tables> Hca<M, D, T, S> {
     ) -> Result<Option<crate::qcounter::QCounters>, Error> {
         let Some(id) = self.q_counter else { return Ok(None) };
         self.exec(&mut crate::qcounter::QueryQCounter { counter_set_id: id, clear }, delay).map(Some)
+    }
+
+    /// `MAD_IFC` (`mlx5_MAD_IFC`): hands `mad` to the device's agents on `port` and returns their response. The
+    /// command fails only as every command does (its name, status and syndrome); an agent that refuses the MAD
+    /// answers with a MAD status in the reply ([`MadReply::status`](crate::mad_ifc::MadReply::status)).
+    pub fn mad_ifc(
+        &mut self,
+        port: u8,
+        flags: crate::mad_ifc::MadIfcFlags,
+        mad: &[u8; crate::mad_ifc::MAD_LEN],
+        delay: &mut impl DelayNs,
+    ) -> Result<crate::mad_ifc::MadReply, Error> {
+        self.exec(&mut crate::mad_ifc::MadIfc { port, flags, mad }, delay)
     }
 
     /// `QUERY_QP`.

@@ -1017,4 +1017,96 @@ mod tests {
             mem = Some(dev.release().unwrap_or_else(|_| panic!("ISSI {issi}: a region is still live")));
         }
     }
+
+    /// MAD_IFC's input as mlx5_ib builds it: opcode 0x50d, `op_mod` 3 (both keys ignored), port 1 and a
+    /// directed-route Set(PortInfo) from byte 16.
+    static MAD_IFC_IN: [u8; crate::prm::ifc::mad_ifc_in::SIZE_BYTES] = {
+        let mut b = [0u8; crate::prm::ifc::mad_ifc_in::SIZE_BYTES];
+        b[0] = 0x05;
+        b[1] = 0x0d;
+        b[7] = 3;
+        b[11] = 1;
+        let m = 16;
+        b[m] = 1;
+        b[m + 1] = 0x81;
+        b[m + 2] = 1;
+        b[m + 3] = 0x02;
+        b[m + 17] = 0x15;
+        b
+    };
+
+    /// MAD_IFC's response: a directed-route GetResp(PortInfo) with status "invalid field" and the direction bit.
+    static MAD_IFC_OUT: [u8; crate::prm::ifc::mad_ifc_out::SIZE_BYTES] = {
+        let mut b = [0u8; crate::prm::ifc::mad_ifc_out::SIZE_BYTES];
+        let m = 16;
+        b[m] = 1;
+        b[m + 1] = 0x81;
+        b[m + 2] = 1;
+        b[m + 3] = 0x81;
+        b[m + 4] = 0x80;
+        b[m + 5] = 0x1c;
+        b[m + 17] = 0x15;
+        b
+    };
+
+    /// The SMI QP (QP0) as mlx5_ib makes it for `ib_mad`: CREATE_QP with `st` QP0, then RST2INIT, INIT2RTR and
+    /// RTR2RTS each with MTU 256, 256-byte messages and no optional-parameter bit (`opt_mask` has no QP0 column);
+    /// MAD_IFC carries the MAD and the port and its reply is the response MAD with the agent's status, while a
+    /// refused MAD_IFC is the command's error by name and syndrome.
+    #[test]
+    fn the_smi_qp_and_mad_ifc_go_out_as_mlx5_ib_sends_them() {
+        use crate::mad_ifc::{MadIfcFlags, MadStatusCode, MAD_LEN};
+        use crate::prm::consts;
+        use crate::qp::{required_attrs, QpAttr, QpState, QpType};
+        use Opcode::*;
+        const QPN: u64 = 0x48;
+        let dev: Dev = MockDevice::new(arena());
+        let (mut hca, s) = qp_setup(&dev, QpKind::Ud);
+        let base = usage(&dev, &hca);
+        let special = |e: Expect<'static>| {
+            e.field("qpn", QPN)
+                .field("opt_param_mask", 0)
+                .field("qpc.st", consts::MLX5_QP_ST_QP0.into())
+                .field("qpc.mtu", consts::IB_MTU_256.into())
+                .field("qpc.log_msg_max", 8)
+        };
+        dev.expect(
+            Expect::cmd(CreateQp)
+                .field("qpc.st", consts::MLX5_QP_ST_QP0.into())
+                .field("qpc.pd", PD)
+                .field("qpc.cqn_snd", CQN)
+                .returns("qpn", QPN),
+        );
+        let attr = crate::hca::QpInitAttr { qp_type: QpType::Smi, ..qp_attr(QpKind::Ud) };
+        let mut qp = hca.create_qp(&s.pd, &s.cq, &s.cq, attr, &mut NoDelay).expect("qp0");
+        assert_eq!(qp.qp_type(), QpType::Smi);
+        dev.expect(special(Expect::cmd(Rst2initQp)).field("qpc.primary_address_path.vhca_port_num", 1));
+        dev.expect(special(Expect::cmd(Init2rtrQp)));
+        dev.expect(special(Expect::cmd(Rtr2rtsQp)));
+        let a = QpAttr { port_num: 1, qkey: 0, ..QpAttr::default() };
+        for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)]
+        {
+            let mask = required_attrs(QpType::Smi, from, to).expect("a transition of the table");
+            hca.modify_qp(&mut qp, &QpAttr { qp_state: to, ..a }, mask, &mut NoDelay).expect("modify qp0");
+        }
+
+        let mut mad = [0u8; MAD_LEN];
+        mad[..4].copy_from_slice(&[1, 0x81, 1, 0x02]);
+        mad[17] = 0x15;
+        dev.expect(
+            Expect::cmd(MadIfc).op_mod(3).field("port", 1).input(&MAD_IFC_IN).reply(Reply::ok().output(&MAD_IFC_OUT)),
+        );
+        let r = hca.mad_ifc(1, MadIfcFlags::LOCAL, &mad, &mut NoDelay).expect("the command completes");
+        assert_eq!((r.method(), r.status().code(), r.status().0 & 0x8000), (0x81, MadStatusCode::InvalidField, 0x8000));
+        assert_eq!(r.mad[17], 0x15);
+        dev.expect(Expect::cmd(MadIfc).op_mod(0).field("port", 2).fails(CmdStatus::BadParam, 0x3c));
+        let e = hca.mad_ifc(2, MadIfcFlags::default(), &mad, &mut NoDelay).unwrap_err();
+        assert_eq!(text(&e), "MAD_IFC(0x50d) op_mod(0x0) failed, status BAD_PARAM(0x3), syndrome (0x3c)");
+
+        dev.expect(Expect::cmd(DestroyQp).field("qpn", QPN));
+        hca.destroy_qp(qp, &mut NoDelay).map_err(|e| e.error).expect("destroy qp0");
+        assert_eq!(usage(&dev, &hca), base);
+        qp_finish(&dev, hca, s, false);
+        dev.assert_done();
+    }
 }

@@ -19,6 +19,10 @@ pub enum QpType {
     /// hardware GSI QP (`MLX5_IB_QPT_HW_GSI`). Whatever QPN CREATE_QP gives it, MADs reach it as QP 1 and it sends
     /// as QP 1 (IBA 3.5.4); it posts and completes as a UD QP.
     Gsi,
+    /// The port's subnet management QP (`IB_QPT_SMI`, QP0): a datagram QP created with `qpc.st` QP0, as mlx5_ib
+    /// creates it for `ib_mad` on an InfiniBand port. SMPs reach it as QP 0 and it sends as QP 0 with Q_Key 0
+    /// (IBA 3.5.4); `process_mad` hands what it receives to MAD_IFC. It posts and completes as a UD QP.
+    Smi,
 }
 
 impl QpType {
@@ -28,12 +32,18 @@ impl QpType {
             QpType::Uc => consts::MLX5_QP_ST_UC,
             QpType::Ud => consts::MLX5_QP_ST_UD,
             QpType::Gsi => consts::MLX5_QP_ST_QP1,
+            QpType::Smi => consts::MLX5_QP_ST_QP0,
         }
     }
 
-    /// Whether work requests carry an address (UD and the GSI QP): the datagram segment, no RDMA, Q_Keys.
+    /// Whether work requests carry an address (UD and the special QPs): the datagram segment, no RDMA, Q_Keys.
     pub const fn is_datagram(self) -> bool {
-        matches!(self, QpType::Ud | QpType::Gsi)
+        matches!(self, QpType::Ud | QpType::Gsi | QpType::Smi)
+    }
+
+    /// Whether this is one of the port's special QPs (`is_sqp` in mlx5_ib: QP0 or the hardware GSI QP).
+    pub const fn is_special(self) -> bool {
+        matches!(self, QpType::Gsi | QpType::Smi)
     }
 }
 

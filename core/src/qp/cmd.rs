@@ -335,8 +335,9 @@ fn allowed_optpar(t: Transition, ty: QpType) -> u32 {
         (Transition::Rtr2Rts, QpType::Uc) | (Transition::Rts2Rts, QpType::Uc) => {
             k::MLX5_QP_OPTPAR_ALT_ADDR_PATH | k::MLX5_QP_OPTPAR_RWE | k::MLX5_QP_OPTPAR_PM_STATE
         }
-        // `opt_mask` has no column for `MLX5_QP_ST_QP1`: mlx5_ib sends the GSI QP's modifies with no optional bits.
-        (_, QpType::Gsi) => 0,
+        // `opt_mask` has no column for `MLX5_QP_ST_QP0` or `_QP1`: mlx5_ib sends the special QPs' modifies with no
+        // optional bits.
+        (_, QpType::Gsi | QpType::Smi) => 0,
         (Transition::Rst2Init | Transition::ToErr | Transition::ToRst, _) => 0,
     }
 }
@@ -521,7 +522,7 @@ impl Command for ModifyQp {
             // Every UD modify carries the largest MTU and 4 KiB messages, whatever the mask.
             c.set(q::MTU, consts::IB_MTU_4096.into());
             c.set(q::LOG_MSG_MAX, UD_LOG_MSG_MAX.into());
-        } else if self.qp_type == QpType::Gsi {
+        } else if self.qp_type.is_special() {
             // The special QPs run at the smallest MTU with one-MTU messages: a MAD is 256 bytes.
             c.set(q::MTU, consts::IB_MTU_256.into());
             c.set(q::LOG_MSG_MAX, GSI_LOG_MSG_MAX.into());

@@ -55,7 +55,7 @@ impl SendOpsFlags {
         SendOpsFlags(match qp_type {
             QpType::Rc => sends | writes | rc_only,
             QpType::Uc => sends | writes,
-            QpType::Ud | QpType::Gsi => sends,
+            QpType::Ud | QpType::Gsi | QpType::Smi => sends,
         })
     }
 

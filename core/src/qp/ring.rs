@@ -645,7 +645,9 @@ impl Qp {
         match self.ty {
             QpType::Rc => Ok(()),
             QpType::Uc => Err(PostErrorKind::BadRequest { what: "RDMA READ or atomic on a UC QP" }),
-            QpType::Ud | QpType::Gsi => Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" }),
+            QpType::Ud | QpType::Gsi | QpType::Smi => {
+                Err(PostErrorKind::BadRequest { what: "RDMA or atomic on a UD QP" })
+            }
         }
     }
 

@@ -22,7 +22,7 @@ const fn sq_overhead(ty: QpType) -> usize {
         QpType::Rc => CTRL + RADDR + ATOMIC,
         // rdma-core `sq_overhead` for IBV_QPT_UC: a control and a remote address segment, no atomic segment.
         QpType::Uc => CTRL + RADDR,
-        QpType::Ud | QpType::Gsi => CTRL + DGRAM,
+        QpType::Ud | QpType::Gsi | QpType::Smi => CTRL + DGRAM,
     }
 }
 

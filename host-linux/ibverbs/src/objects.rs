@@ -990,8 +990,8 @@ fn qp_type_num(t: QpType) -> c_int {
     match t {
         QpType::Rc => 2,
         QpType::Uc => 3,
-        // No `ibv_create_qp` makes a GSI QP (libibverbs has no such type); it posts and completes as UD.
-        QpType::Ud | QpType::Gsi => 4,
+        // No `ibv_create_qp` makes a special QP (libibverbs has no such type); each posts and completes as UD.
+        QpType::Ud | QpType::Gsi | QpType::Smi => 4,
     }
 }
 

@@ -701,12 +701,12 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         let r = q.raw.post_send_with(|sb| {
             for p in &b.wrs {
                 let ud = match (q.qp_type, p.ud) {
-                    (QpType::Ud | QpType::Gsi, Some((ah, qpn, qkey))) => {
+                    (QpType::Ud | QpType::Gsi | QpType::Smi, Some((ah, qpn, qkey))) => {
                         // SAFETY: the program's address handle, created by this library.
                         let Some(ah) = (unsafe { ah.as_ref() }) else { return libc::EINVAL };
                         Some(UdDest { ah: &ah.ah, remote_qpn: qpn, remote_qkey: qkey })
                     }
-                    (QpType::Ud | QpType::Gsi, None) => return libc::EINVAL,
+                    (QpType::Ud | QpType::Gsi | QpType::Smi, None) => return libc::EINVAL,
                     _ => None,
                 };
                 let inline = p.inline.clone().map(|r| &b.bytes[r]);

@@ -2,7 +2,8 @@
 //! free of I/O so every exchange is testable without a device.
 //!
 //! Layers, each importing only those before it: `mad.rs` (the MAD and its common header, checked as bytes a peer
-//! sent), `cm.rs` (IBTA chapter 12's messages in the CM class), `ip.rs` (rdma_cm's service IDs and the IP header
+//! sent), `smp.rs` (what of QP0's traffic a channel adapter hands its subnet management agent, and the
+//! directed-route hop rules for the request and its response), `cm.rs` (IBTA chapter 12's messages in the CM class), `ip.rs` (rdma_cm's service IDs and the IP header
 //! in a REQ's private data, as Linux's `cma.c` writes them), `engine.rs` (the CM state machine: listeners,
 //! connections by communication ID, retries and timeouts on the caller's clock, and the answers the spec gives to
 //! what does not fit).
@@ -11,3 +12,4 @@ pub mod cm;
 pub mod engine;
 pub mod ip;
 pub mod mad;
+pub mod smp;

@@ -83,6 +83,19 @@ impl Context {
         Ok(hca.query_port(delay)?)
     }
 
+    /// `MAD_IFC` on `port` (`mlx5_MAD_IFC`): hands `mad` to the device's own agents (the SMA for an SMP) and
+    /// returns their response, whose MAD status says whether the agent took it. An error is the command's own.
+    pub fn mad_ifc(
+        &self,
+        port: u8,
+        flags: mlx5_core::mad_ifc::MadIfcFlags,
+        mad: &[u8; mlx5_core::mad_ifc::MAD_LEN],
+    ) -> Result<mlx5_core::mad_ifc::MadReply> {
+        let mut c = self.dev().control();
+        let (hca, delay) = c.parts();
+        Ok(hca.mad_ifc(port, flags, mad, delay)?)
+    }
+
     /// `ibv_query_gid`.
     pub fn query_gid(&self, index: u16) -> Result<[u8; 16]> {
         let mut c = self.dev().control();

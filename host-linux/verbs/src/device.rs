@@ -36,7 +36,7 @@ pub const DEVICES_ENV: &str = "MLX5_RS_DEVICES";
 /// One entry of a device configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSpec {
-    /// `sim[:link=eth|ib][:host=N][:ipv4=A.B.C.D][:connect_timeout=S][:wire=...]` (the wires: [`WireSpec`]): a
+    /// `sim[:link=eth|ib][:host=N][:ipv4=A.B.C.D][:connect_timeout=S][:sm=wait][:wire=...]` (the wires: [`WireSpec`]): a
     /// simulated ConnectX-5 (RoCE unless `link=ib`); `host=N` gives it the addresses of the N-th simulated host
     /// (N times [`SimConfig::next_host`] from the default; by default 1 for `wire=connect` and 0 otherwise, so
     /// the two ends of a wire differ without it); `wire=` joins its port to a simulated device of another
@@ -45,7 +45,9 @@ pub enum DeviceSpec {
     /// listener to come up. A connecting end is unplugged when the device's last context closes and connects
     /// again at its next open. `ipv4=` sets the RoCE port's IPv4 address (its RoCE GIDs, answered in ARP) in
     /// place of the one `host=` or the VDE identity gives, so the port can share a subnet with a Linux host on the
-    /// same fabric (a QEMU guest's rdma_rxe on a VDE switch).
+    /// same fabric (a QEMU guest's rdma_rxe on a VDE switch). `sm=wait` (InfiniBand) starts the port as a
+    /// fabric with a subnet manager has it before the first sweep: state Init, no LID, until an SM sets them
+    /// through QP0 (served by [`SmiAgent`](crate::SmiAgent)).
     #[cfg(feature = "sim")]
     Sim {
         /// InfiniBand or Ethernet.
@@ -58,6 +60,8 @@ pub enum DeviceSpec {
         wire: Option<WireSpec>,
         /// How long a first open waits for the far end of the wire (a `wire=connect` listener, a QEMU socket).
         connect_timeout: std::time::Duration,
+        /// `sm=wait`: the port waits for a subnet manager (Init, no LID).
+        subnet_manager: bool,
     },
     /// A PCI address (`0000:03:00.0` or `03:00.0`): that function through VFIO.
     Pci(Bdf),
@@ -112,11 +116,12 @@ impl DeviceSpec {
                     None => (s, None),
                 };
                 let (mut link, mut host, mut connect_timeout) = (PortType::Eth, None, WIRE_CONNECT_TIMEOUT);
-                let mut ipv4 = None;
+                let (mut ipv4, mut subnet_manager) = (None, false);
                 for opt in opts.split(':').skip(1) {
                     match opt.split_once('=') {
                         Some(("link", "eth")) => link = PortType::Eth,
                         Some(("link", "ib")) => link = PortType::Ib,
+                        Some(("sm", "wait")) => subnet_manager = true,
                         Some(("host", n)) => host = Some(n.parse().map_err(|_| bad("host is not a number"))?),
                         Some(("ipv4", a)) => {
                             ipv4 =
@@ -133,9 +138,12 @@ impl DeviceSpec {
                         }
                         _ => {
                             return Err(bad("unknown option (link=eth|ib, host=N, ipv4=A.B.C.D, connect_timeout=S, \
-                                 wire=...)"))
+                                 sm=wait, wire=...)"))
                         }
                     }
+                }
+                if subnet_manager && link != PortType::Ib {
+                    return Err(bad("sm=wait is an InfiniBand port's (link=ib)"));
                 }
                 if ipv4.is_some() && link == PortType::Ib {
                     return Err(bad("ipv4= is a RoCE port's address (link=eth)"));
@@ -149,7 +157,7 @@ impl DeviceSpec {
                     Some(WireSpec::Connect(_)) => 1,
                     _ => 0,
                 });
-                Ok(DeviceSpec::Sim { link, host, ipv4, wire, connect_timeout })
+                Ok(DeviceSpec::Sim { link, host, ipv4, wire, connect_timeout, subnet_manager })
             }
             _ => s.parse::<Bdf>().map(DeviceSpec::Pci).map_err(|_| bad("neither sim, vfio nor a PCI address")),
         }
@@ -498,8 +506,9 @@ impl DeviceRegistry {
         for s in specs {
             match s {
                 #[cfg(feature = "sim")]
-                DeviceSpec::Sim { link, host, ipv4, wire, connect_timeout } => {
+                DeviceSpec::Sim { link, host, ipv4, wire, connect_timeout, subnet_manager } => {
                     let mut cfg = DeviceSpec::sim_config(*link, *host, wire.is_some());
+                    cfg.subnet_manager = *subnet_manager;
                     if matches!(wire, Some(WireSpec::Vde(_))) && !host_given(s) {
                         cfg = vde_identity(cfg, reg.sims.len() as u32);
                     }

@@ -119,6 +119,7 @@ mod qp;
 mod qp_ex;
 pub mod raw;
 mod shared;
+mod smi;
 mod spin;
 mod srq;
 pub mod tracefile;
@@ -149,6 +150,7 @@ pub use mlx5_core::cq::{CqEx, ExPoll, ExPoller, WcExFlags};
 pub use mlx5_core::cq::{LinkLayer, Notify, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use mlx5_core::eq::QpErrorKind;
 pub use mlx5_core::hca::{CqAttr, GidType, PortAttr, SrqAttr};
+pub use mlx5_core::mad_ifc::{MadIfcFlags, MadReply, MadStatus, MadStatusCode, MAD_LEN};
 pub use mlx5_core::mkey::Access;
 pub use mlx5_core::qp::{
     Ah, AhAttr, Grh, Mtu, PostError, PostErrorKind, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
@@ -164,4 +166,5 @@ pub use qp::{
 };
 pub use qp::{QpFn, RecvBatchFn, SendBatchFn};
 pub use qp_ex::QpWrBatch;
+pub use smi::{SmiAgent, SmiOutcome, SmiStats};
 pub use srq::{SharedReceiveQueue, SrqAttrMask, SrqInitAttr};

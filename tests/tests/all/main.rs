@@ -37,6 +37,7 @@ mod verbs_mr;
 mod verbs_port_ah;
 mod verbs_recovery;
 mod verbs_scale;
+mod verbs_smi;
 mod verbs_srq;
 mod verbs_threads;
 mod verbs_vectors;

@@ -88,8 +88,14 @@ fn bad_device_specs_are_refused() {
         ipv4: None,
         wire: Some(WireSpec::Connect("127.0.0.1:18516".into())),
         connect_timeout: Duration::from_secs(30),
+        subnet_manager: false,
     };
     assert_eq!(wired, want);
+    // `sm=wait`: an InfiniBand port waiting for a subnet manager; a RoCE port has none.
+    let waits = DeviceSpec::parse("sim:link=ib:sm=wait:wire=connect:127.0.0.1:18516").unwrap();
+    assert!(matches!(waits, DeviceSpec::Sim { subnet_manager: true, link: PortType::Ib, .. }), "{waits:?}");
+    assert!(DeviceSpec::parse("sim:sm=wait").is_err());
+    assert!(DeviceSpec::parse("sim:link=ib:sm=later").is_err());
 }
 
 #[test]

@@ -7,10 +7,17 @@
 //! directed route, `ibnetdiscover`'s topology (both channel adapters, one link), then `ibv_rc_pingpong` between
 //! the two ports over the LIDs opensm gave them.
 //!
+//! Then the host's own stack: a third function (mlx5_2) is cabled to a host process running this repository's
+//! verbs stack on a simulated port that waits for an SM (`sim:link=ib:sm=wait`, the `sma` example of
+//! `mlx5-verbs`: its QP0 served by `SmiAgent`, SMPs through MAD_IFC). With no simulated switch, two channel
+//! adapters on a cable are a subnet of their own, so a second opensm binds mlx5_2 once the first is gone and
+//! sweeps that subnet; the run checks by directed route from the guest that the host port is Active with a LID,
+//! `smpquery nodeinfo` by that LID, and the host process's own report of the same LID and state.
+//!
 //! The two bridges' devices are joined by the simulator's TCP link on 127.0.0.1; UML backs its whole BAR window
 //! with one file, so the second bridge watches its BAR at `--bar-file-offset` (checked against the guest's
-//! sysfs). Kept in `target/linux-drives-sim/opensm/`: `console.txt`, `dmesg.txt`, `{a,b}.trace.jsonl`,
-//! `{a,b}.bridge.log`, and opensm's own log in the console.
+//! sysfs). Kept in `target/linux-drives-sim/opensm/`: `console.txt`, `dmesg.txt`, `{a,b,c}.trace.jsonl`,
+//! `{a,b,c}.bridge.log`, `host.sma.log` (the host process), and opensm's own logs in the console.
 
 use std::path::Path;
 use std::process::Command;
@@ -22,8 +29,11 @@ use super::{
 };
 use crate::vfio_test::wait_until;
 
-/// The two ports: (name, node GUID). Distinct GUIDs, or opensm would see one node twice.
-const PORTS: [(&str, &str); 2] = [("a", "b8cef60300a00001"), ("b", "b8cef60300a00002")];
+/// The guest's ports: (name, node GUID). Distinct GUIDs, or opensm would see one node twice. `a` and `b` share a
+/// cable; `c` is cabled to the host process.
+const PORTS: [(&str, &str); 3] = [("a", "b8cef60300a00001"), ("b", "b8cef60300a00002"), ("c", "b8cef60300a00003")];
+/// How long the host process serves its QP0 (it is stopped when the guest is done).
+const HOST_SMA_SECONDS: u32 = 900;
 /// Each device's BAR0 (`mlx5_sim`'s 32 MiB), and so where the second one starts in UML's BAR window.
 const BAR_BYTES: u64 = 32 << 20;
 /// UML's virt-pci BAR window starts here (`xtask/uml/0002-um-virt-pci-bar-file.patch`).
@@ -49,6 +59,11 @@ const NETDISC_BEGIN: &str = "=== ibnetdiscover begin ===";
 const NETDISC_END: &str = "=== ibnetdiscover exit ";
 const SWEPT: &str = "=== opensm swept: ";
 const RC_EXIT: &str = "=== ibv_rc_pingpong exit server=";
+const HOST_SWEPT: &str = "=== opensm on mlx5_2 swept the host port: ";
+const HOST_PORTINFO_BEGIN: &str = "=== host portinfo begin ===";
+const HOST_PORTINFO_END: &str = "=== host portinfo end ===";
+const HOST_NODEINFO_BEGIN: &str = "=== host nodeinfo begin ===";
+const HOST_NODEINFO_END: &str = "=== host nodeinfo exit ";
 
 fn init_script() -> String {
     let prelude = init_prelude();
@@ -95,6 +110,29 @@ kill $sm 2>/dev/null
 wait $sm
 sed 's/^/opensm: /' /tmp/opensm.out
 grep -E 'SUBNET UP|ERR|sweep' /tmp/opensm.log | sed 's/^/opensm.log: /'
+guid2=$(ibstat -p mlx5_2 | head -n 1)
+timeout 600 opensm -g $guid2 -f /tmp/opensm2.log > /tmp/opensm2.out 2>&1 &
+sm2=$!
+n=0
+while [ $n -lt {SWEEP_WAIT_DS} ]; do
+  if [ "$(cat /sys/class/infiniband/mlx5_2/ports/1/state 2>/dev/null)" = "4: ACTIVE" ] && \
+     timeout 10 smpquery -C mlx5_2 -P 1 -D portinfo 0,1 2>/dev/null | grep -q 'LinkState:.*Active'; then break; fi
+  sleep 0.5
+  n=$((n+5))
+done
+echo "{HOST_SWEPT}$n ==="
+echo "{HOST_PORTINFO_BEGIN}"
+timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_2 -P 1 -D portinfo 0,1
+echo "{HOST_PORTINFO_END}"
+hlid=$(timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_2 -P 1 -D portinfo 0,1 | sed -n 's/^Lid:\.*//p')
+echo "{HOST_NODEINFO_BEGIN}"
+timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_2 -P 1 nodeinfo $((hlid))
+echo "{HOST_NODEINFO_END}$? ==="
+echo "rdma: mlx5_2 after opensm: $(cat /sys/class/infiniband/mlx5_2/ports/1/state) lid=$(cat /sys/class/infiniband/mlx5_2/ports/1/lid)"
+kill $sm2 2>/dev/null
+wait $sm2
+sed 's/^/opensm2: /' /tmp/opensm2.out
+grep -E 'SUBNET UP|ERR|sweep' /tmp/opensm2.log | sed 's/^/opensm2.log: /'
 echo "{DMESG_BEGIN}"
 dmesg
 echo "{DMESG_END}"
@@ -119,12 +157,12 @@ fn check(console: &str, problems: &mut Vec<String>) {
         .filter_map(|l| l.strip_prefix("bar: "))
         .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?.trim_start_matches("0x"), 16).ok())
         .collect();
-    let want: Vec<u64> = (0..2).map(|k| BAR_WINDOW + k * BAR_BYTES).collect();
+    let want: Vec<u64> = (0..PORTS.len() as u64).map(|k| BAR_WINDOW + k * BAR_BYTES).collect();
     if bars != want {
         problems.push(format!("the functions' BAR0s are {bars:x?}, the bridges watch {want:x?}"));
     }
     // The LIDs are opensm's: both ports came up in Init without one.
-    for ca in ["mlx5_0", "mlx5_1"] {
+    for ca in ["mlx5_0", "mlx5_1", "mlx5_2"] {
         let before = format!("rdma: {ca} ");
         let fresh = console.lines().any(|l| l.starts_with(&before) && l.ends_with("state=2: INIT lid=0x0"));
         if !fresh {
@@ -187,10 +225,68 @@ fn check(console: &str, problems: &mut Vec<String>) {
     }
 }
 
+/// One field of `smpquery portinfo` output (`Lid:.....3`).
+fn smp_field<'a>(out: &'a str, name: &str) -> Option<&'a str> {
+    out.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(|v| v.trim_start_matches('.').trim())
+}
+
+/// The host process's last report of its port: (LID, state).
+fn host_port(log: &str) -> Option<(u16, u8)> {
+    let l = log.lines().rev().find(|l| l.starts_with("sma: port 1: "))?;
+    let field = |k: &str| l.split_whitespace().find_map(|w| w.strip_prefix(k)).map(str::to_string);
+    let lid = u16::from_str_radix(field("lid=")?.trim_start_matches("0x"), 16).ok()?;
+    Some((lid, field("state=")?.parse().ok()?))
+}
+
+/// The host stack's port, swept by the second opensm: what the guest saw of it and what the host process says.
+fn check_host(console: &str, host_log: &str, problems: &mut Vec<String>) {
+    match between(console, HOST_SWEPT, " ===").and_then(|n| n.trim().parse::<u32>().ok()) {
+        Some(n) if n < SWEEP_WAIT_DS => println!(
+            "linux-drives-sim --opensm: opensm on mlx5_2 brought the host process's port to Active in {:.1} s",
+            f64::from(n) / 10.0
+        ),
+        _ => problems
+            .push(format!("opensm on mlx5_2 did not bring the host port to Active within {} s", SWEEP_WAIT_DS / 10)),
+    }
+    let pi = between(console, HOST_PORTINFO_BEGIN, HOST_PORTINFO_END).unwrap_or_default();
+    let lid = smp_field(pi, "Lid").and_then(|v| v.parse::<u16>().ok()).unwrap_or(0);
+    let state = smp_field(pi, "LinkState").unwrap_or("?");
+    println!("linux-drives-sim --opensm: smpquery -D portinfo 0,1 (the host port): Lid {lid}, LinkState {state}");
+    if lid == 0 || state != "Active" {
+        problems.push(format!("the host port by directed route: Lid {lid}, LinkState {state} (want a LID, Active)"));
+    }
+    let guid = host_log
+        .lines()
+        .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("node_guid=")))
+        .unwrap_or("(none)");
+    let ni = between(console, HOST_NODEINFO_BEGIN, HOST_NODEINFO_END).unwrap_or_default();
+    let exit = console.split(HOST_NODEINFO_END).nth(1).and_then(|r| r.split_whitespace().next());
+    if exit != Some("0") || !ni.lines().any(|l| l.contains("Guid") && l.contains(&format!("0x{guid}"))) {
+        problems.push(format!("smpquery nodeinfo {lid} did not show the host port's GUID 0x{guid} (exit {exit:?})"));
+    } else {
+        println!(
+            "linux-drives-sim --opensm: smpquery nodeinfo {lid} (by LID) answers with the host port's GUID 0x{guid}"
+        );
+    }
+    match host_port(host_log) {
+        Some((hl, 4)) if hl == lid => {
+            println!("linux-drives-sim --opensm: the host process reports its port: lid={hl:#x} state=4 (Active)")
+        }
+        other => {
+            problems.push(format!("the host process reports (lid, state) {other:?}, the guest saw LID {lid} Active"))
+        }
+    }
+    if !host_log.lines().any(|l| l.starts_with("sma: port 1: lid=0x0 ") && l.contains("state=2")) {
+        problems.push("the host port did not start in Init without a LID".into());
+    }
+}
+
 pub(super) fn run(root: &Path) -> Result<(), String> {
     let started = Instant::now();
     let linux = crate::uml::build(root)?;
     let bridge = build_bridge(root)?;
+    crate::cargo(root, &["build", "-q", "-p", "mlx5-verbs", "--example", "sma"])?;
+    let sma = root.join("target/debug/examples/sma");
     let missing: Vec<&str> = PACKAGES.iter().filter(|(prog, _)| !crate::vfio_test::have(prog)).map(|p| p.1).collect();
     if !missing.is_empty() {
         crate::vfio_test::apt_install(&missing)?;
@@ -201,19 +297,25 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
     // One BAR file for UML's whole BAR window: both functions' user doorbells land in it.
     let bar_file = work.join("bar.file");
     std::fs::File::create(&bar_file)
-        .and_then(|f| f.set_len(2 * BAR_BYTES))
+        .and_then(|f| f.set_len(PORTS.len() as u64 * BAR_BYTES))
         .map_err(|e| format!("{}: {e}", bar_file.display()))?;
-    let cable = {
+    let free_port = || -> Result<String, String> {
         let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("127.0.0.1:0: {e}"))?;
-        format!("127.0.0.1:{}", l.local_addr().map_err(|e| e.to_string())?.port())
+        Ok(format!("127.0.0.1:{}", l.local_addr().map_err(|e| e.to_string())?.port()))
     };
+    // a-b, and c to the host process.
+    let (cable, host_cable) = (free_port()?, free_port()?);
     let mut bridges = Vec::new();
     let mut sockets = Vec::new();
     for (k, (name, guid)) in PORTS.iter().enumerate() {
         let sock = work.join(format!("{name}.sock"));
         let _ = std::fs::remove_file(&sock);
         let log = std::fs::File::create(work.join(format!("{name}.bridge.log"))).map_err(|e| e.to_string())?;
-        let wire = if k == 0 { "--wire-listen" } else { "--wire-connect" };
+        let (wire, to) = match k {
+            0 => ("--wire-listen", &cable),
+            1 => ("--wire-connect", &cable),
+            _ => ("--wire-listen", &host_cable),
+        };
         let child = Command::new(&bridge)
             .arg("--socket")
             .arg(&sock)
@@ -222,7 +324,7 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
             .arg("--bar-file")
             .arg(&bar_file)
             .args(["--bar-file-offset", &format!("{:x}", k as u64 * BAR_BYTES)])
-            .args(["--port", "ib", "--subnet-manager", "--node-guid", guid, wire, &cable])
+            .args(["--port", "ib", "--subnet-manager", "--node-guid", guid, wire, to])
             .stderr(log)
             .spawn()
             .map_err(|e| format!("{}: {e}", bridge.display()))?;
@@ -230,6 +332,18 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
         wait_for_socket(&sock, name)?;
         sockets.push(sock);
     }
+    // The host's own stack on the far end of c's cable, its port waiting for an SM.
+    let host_log_path = work.join("host.sma.log");
+    let host_log = std::fs::File::create(&host_log_path).map_err(|e| e.to_string())?;
+    let mut host = Reap(
+        Command::new(&sma)
+            .env("MLX5_RS_DEVICES", format!("sim:link=ib:sm=wait:wire=connect:{host_cable}"))
+            .args(["--seconds", &HOST_SMA_SECONDS.to_string()])
+            .stdout(host_log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(host_log)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", sma.display()))?,
+    );
     let console_path = work.join("console.txt");
     let boot = Instant::now();
     let mut uml = spawn_uml(&linux, "384M", &initrd, &sockets, &bar_file, &work, &console_path)?;
@@ -243,6 +357,8 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
         let _ = wait_until(&mut b.0, Instant::now() + Duration::from_secs(10), Duration::from_millis(20));
     }
     drop(bridges);
+    host.end();
+    let host_log = std::fs::read_to_string(&host_log_path).unwrap_or_default();
     let console = String::from_utf8_lossy(&std::fs::read(&console_path).map_err(|e| e.to_string())?).into_owned();
     let dmesg = between(&console, DMESG_BEGIN, DMESG_END).unwrap_or(&console).to_string();
     std::fs::write(work.join("dmesg.txt"), &dmesg).map_err(|e| e.to_string())?;
@@ -262,6 +378,7 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
         problems.push(format!("the guest did not finish its init script{}", if timed_out { " in time" } else { "" }));
     }
     check(&console, &mut problems);
+    check_host(&console, &host_log, &mut problems);
     for l in bad_lines(&dmesg) {
         match HARNESS.iter().find(|(p, _)| l.contains(p)) {
             Some((_, why)) => println!("  known, not failing: {} ({why})", l.trim()),
@@ -302,6 +419,19 @@ mod tests {
         assert_eq!(ibstat_port(out, "mlx5_0"), Some(("Active".into(), 1, 1)));
         assert_eq!(ibstat_port(out, "mlx5_1"), Some(("Initializing".into(), 0, 0)));
         assert_eq!(ibstat_port(out, "mlx5_2"), None);
+    }
+
+    #[test]
+    fn the_host_port_is_read_from_smpquery_and_the_sma_log() {
+        let pi = "# Port info: DR path slid 65535; dlid 65535; 0,1\nLid:.............................3\n\
+                  SMLid:...........................1\nLinkState:.......................Active\n";
+        assert_eq!((smp_field(pi, "Lid"), smp_field(pi, "LinkState")), (Some("3"), Some("Active")));
+        assert_eq!(smp_field(pi, "Lmc"), None);
+        let log = "sma: mlx5_0 node_guid=b8cef60300123457 serving QP0 (qpn 0x100)\n\
+                   sma: port 1: lid=0x0 sm_lid=0x0 state=2 (Initializing)\n\
+                   sma: port 1: lid=0x3 sm_lid=0x1 state=4 (Active)\n";
+        assert_eq!(host_port(log), Some((3, 4)));
+        assert_eq!(host_port("sma: nothing\n"), None);
     }
 
     #[test]
