@@ -165,3 +165,90 @@ pub enum RetryKind {
     /// The responder had no receive WQE: the RNR timer expired.
     Rnr,
 }
+
+/// What a port recovered from on a lossy wire, counted from its event log: both halves of RC, named as rdma_rxe's
+/// `hw_counters` name theirs so two sides' reports read alike. The log keeps its newest events only
+/// (`EVENT_LOG_MAX`), so once it dropped some (`partial`) these are lower bounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recoveries {
+    /// Requests sent again after the ACK timer expired (rxe: `completer_retry_err`).
+    pub ack_timer_retries: u64,
+    /// Requests sent again after an RNR NAK's timer (rxe: `rcvd_rnr_err`).
+    pub rnr_retries: u64,
+    /// Sequence NAKs received, each answered by sending again from the NAKed PSN (rxe: `rcvd_seq_err`).
+    pub sequence_naks: u64,
+    /// Requests that came after a gap, NAKed and not executed (rxe: `out_of_seq_request`).
+    pub out_of_sequence: u64,
+    /// Requests that came again, answered again without executing them twice (rxe: `duplicate_request`).
+    pub duplicate_requests: u64,
+    /// The log had dropped older events: every count is a lower bound.
+    pub partial: bool,
+}
+
+impl Recoveries {
+    /// Counts over an event log that dropped `dropped` events before these.
+    pub fn count<'a>(events: impl IntoIterator<Item = &'a SimEvent>, dropped: u64) -> Recoveries {
+        let mut r = Recoveries { partial: dropped > 0, ..Recoveries::default() };
+        for e in events {
+            match e {
+                SimEvent::Retry { kind: RetryKind::Transport, .. } => r.ack_timer_retries += 1,
+                SimEvent::Retry { kind: RetryKind::Rnr, .. } => r.rnr_retries += 1,
+                SimEvent::PsnSequenceNak { .. } => r.sequence_naks += 1,
+                SimEvent::PsnSequenceError { .. } => r.out_of_sequence += 1,
+                SimEvent::DuplicateRequest { .. } => r.duplicate_requests += 1,
+                _ => {}
+            }
+        }
+        r
+    }
+
+    /// Whether anything was recovered from.
+    pub fn any(&self) -> bool {
+        self.ack_timer_retries + self.rnr_retries + self.sequence_naks + self.out_of_sequence + self.duplicate_requests
+            > 0
+    }
+}
+
+impl std::fmt::Display for Recoveries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}{} ACK-timer retries, {} RNR retries, {} sequence NAKs received, {} out-of-sequence requests NAKed, {} \
+             duplicate requests answered again",
+            if self.partial { "at least: " } else { "" },
+            self.ack_timer_retries,
+            self.rnr_retries,
+            self.sequence_naks,
+            self.out_of_sequence,
+            self.duplicate_requests
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recoveries_count_each_kind_and_say_when_the_log_was_cut() {
+        let log = [
+            SimEvent::Retry { qpn: 1, wqe_counter: 0, kind: RetryKind::Transport },
+            SimEvent::Retry { qpn: 1, wqe_counter: 1, kind: RetryKind::Transport },
+            SimEvent::Retry { qpn: 1, wqe_counter: 2, kind: RetryKind::Rnr },
+            SimEvent::PsnSequenceNak { qpn: 1, wqe_counter: 3, remote_qpn: 2 },
+            SimEvent::PsnSequenceError { qpn: 2, expected: 5, got: 7 },
+            SimEvent::DuplicateRequest { qpn: 2, psn: 4 },
+            SimEvent::SqDoorbell { qpn: 1, pi: 4 },
+        ];
+        let r = Recoveries::count(&log, 0);
+        assert_eq!(
+            (r.ack_timer_retries, r.rnr_retries, r.sequence_naks, r.out_of_sequence, r.duplicate_requests),
+            (2, 1, 1, 1, 1)
+        );
+        assert!(r.any() && !r.partial);
+        assert!(!r.to_string().starts_with("at least"));
+        let none = Recoveries::count(&log[6..], 3);
+        assert!(!none.any() && none.partial);
+        assert!(none.to_string().starts_with("at least: 0 ACK-timer retries"));
+    }
+}

@@ -153,7 +153,7 @@ pub use config::{Mode, ObjectLimits, PortInfo, PortType, SimConfig};
 pub use delay::SimDelay;
 pub use dma::DmaFault;
 pub use dma_handle::SimDma;
-pub use events::{CmdMessage, ExecutedCmd, RetryKind, SimEvent};
+pub use events::{CmdMessage, ExecutedCmd, Recoveries, RetryKind, SimEvent};
 pub use fault::Fault;
 pub use fw::cq::{CqInfo, PostCqeError};
 pub use fw::eq::{EqInfo, EQE_DATA_LEN};

@@ -11,7 +11,7 @@ use crate::delay::SimDelay;
 use crate::device::{lock, Shared};
 use crate::dma::DmaFault;
 use crate::dma_handle::SimDma;
-use crate::events::{ExecutedCmd, SimEvent};
+use crate::events::{ExecutedCmd, Recoveries, SimEvent};
 use crate::fault::Fault;
 use crate::fw::cq::{CqInfo, PostCqeError};
 use crate::fw::eq::{EqInfo, EQE_DATA_LEN};
@@ -96,6 +96,12 @@ impl SimDevice {
     /// Events dropped from the front of the log to keep it bounded.
     pub fn events_dropped(&self) -> u64 {
         lock(&self.shared).events_dropped
+    }
+
+    /// What the port recovered from so far (retransmissions, NAKs, duplicates), counted from the event log.
+    pub fn recoveries(&self) -> Recoveries {
+        let s = lock(&self.shared);
+        Recoveries::count(&s.events, s.events_dropped)
     }
 
     /// Device accesses outside live DMA memory, in order.

@@ -1215,8 +1215,9 @@ fn ucx_perftest_on(p: &Peers, t: &UcxTest, port: u16, vde: Option<Vde>) -> Resul
 /// UCX's `ucx_perftest` over the drop-in between two processes on the simulated wire (RoCE): rc_verbs and
 /// ud_verbs latency and bandwidth tests with real figures, then rc_verbs twenty times for a clean teardown
 /// (both ends exit 0, nothing logged; an async event of a destroyed QP once crashed it), then on one VDE fabric
-/// with UCT `get` (zcopy) and UCP `tag_lat`/`tag_bw` of 1 MiB added, then rc_verbs, ud_verbs and UCP `tag_bw`
-/// between two InfiniBand ports on that fabric.
+/// with UCT `put_bw` and `get` of 64 KiB zcopy (`-D zcopy`: RDMA WRITE and READ of registered memory) and UCP
+/// `tag_lat`/`tag_bw` of 1 MiB added, then rc_verbs (with both zcopy tests), ud_verbs and UCP `tag_bw` between
+/// two InfiniBand ports on that fabric.
 fn ucx(p: &Peers) -> Result<(), String> {
     let start = Instant::now();
     let root = std::fs::read_to_string("/proc/self/status")
@@ -1272,6 +1273,8 @@ fn ucx_runs(p: &Peers) -> Result<(), String> {
         let runs = [
             t("rc_verbs", "am_lat", &[], "1000", "20"),
             t("rc_verbs", "put_bw", &[], "1000", "20"),
+            // RDMA WRITE of 64 KiB from a registered buffer (UCT's put_zcopy).
+            t("rc_verbs", "put_bw", &["-D", "zcopy", "-s", "65536"], "200", "20"),
             // RDMA READ of 64 KiB into a registered buffer (UCT's get_zcopy).
             t("rc_verbs", "get", &["-D", "zcopy", "-s", "65536"], "200", "20"),
             t("ud_verbs", "am_lat", &[], "1000", "20"),
@@ -1284,6 +1287,7 @@ fn ucx_runs(p: &Peers) -> Result<(), String> {
         let ib_runs = [
             t("rc_verbs", "am_lat", &[], "1000", "20"),
             t("rc_verbs", "put_bw", &[], "1000", "20"),
+            t("rc_verbs", "put_bw", &["-D", "zcopy", "-s", "65536"], "200", "20"),
             t("rc_verbs", "get", &["-D", "zcopy", "-s", "65536"], "200", "20"),
             t("ud_verbs", "am_lat", &[], "1000", "20"),
             t("", "tag_bw", &["-s", "1048576"], "20", "5"),

@@ -214,7 +214,9 @@ commands:
                                  rping on the drop-in librdmacm against Linux's rdma_cm and the host's
                                  ibv_rc_pingpong on the drop-in, both ways with the guest on a VDE switch
                                  (--rping: only the rping runs; --vde: only the VDE runs; --wirefilter: only
-                                 ibv_rc_pingpong through wirefilter losing 5 % each way, not in CI)
+                                 rping through wirefilter losing 5 %, duplicating and reordering each way,
+                                 between two host processes and against the guest both ways; CI runs a
+                                 shorter host-only one at 3 %)
   vde                            mlx5 pingpong --wire vde: RC and UD, two RoCE pairs and an InfiniBand pair
                                  (--link ib) at once on one VDE fabric (the default switch, started by the
                                  first process), clients first; installs vde2;

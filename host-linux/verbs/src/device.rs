@@ -639,6 +639,37 @@ pub fn drain_wires(timeout: std::time::Duration) {
     let _ = (reg, timeout);
 }
 
+/// Logs (at info) what each simulated port on a wire recovered from (ACK-timer retries, sequence NAKs,
+/// duplicates; `mlx5_sim::Recoveries`), so a program run over a lossy wire shows its retransmissions on stderr
+/// with `MLX5_RS_LOG=info`, as rdma_rxe's `hw_counters` show a peer's. An exiting process logs them after its
+/// drain. Nothing is made, as in [`drain_wires`].
+pub fn log_wire_recoveries() {
+    if !log::log_enabled!(log::Level::Info) {
+        return;
+    }
+    // SAFETY: a non-null pointer here came from `Box::into_raw` in `global` and is never freed.
+    let Some(g) = (unsafe { GLOBAL.load(Ordering::Acquire).as_ref() }) else { return };
+    if g.gen != crate::fork::generation_now() {
+        return;
+    }
+    let Ok(reg) = &g.reg else { return };
+    #[cfg(feature = "sim")]
+    {
+        let sims = lock(&reg.reg).sims.clone();
+        // Simulated devices come first in the list, so their names are their places.
+        for (i, e) in sims.iter().enumerate() {
+            if let (Source::Sim(dev), true) = (&e.source, lock(&e.wire).is_some()) {
+                let frames = dev.vde_counters().map_or_else(String::new, |c| {
+                    format!("; VDE fabric: {} frames sent, {} received", c.tx_frames, c.rx_frames)
+                });
+                log::info!("mlx5_{i}: wire recoveries: {}{frames}", dev.recoveries());
+            }
+        }
+    }
+    #[cfg(not(feature = "sim"))]
+    let _ = reg;
+}
+
 /// How long an exiting process waits for each device's wire ([`drain_wires`]).
 #[cfg(target_os = "linux")]
 const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
@@ -646,7 +677,10 @@ const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 #[cfg(target_os = "linux")]
 extern "C" fn drain_wires_at_exit() {
     // A panic must not unwind into libc's exit.
-    let _ = std::panic::catch_unwind(|| drain_wires(EXIT_DRAIN));
+    let _ = std::panic::catch_unwind(|| {
+        drain_wires(EXIT_DRAIN);
+        log_wire_recoveries();
+    });
 }
 
 /// The configuration when `MLX5_RS_DEVICES` is unset: one simulated device (with the `sim` feature) and every

@@ -135,8 +135,8 @@ pub use context::{mac_of_gid, Context};
 pub use cq::{CompChannel, CompletionQueue, CqEvent};
 pub use cq_ex::{CompletionQueueEx, CqInitAttrEx};
 pub use device::{
-    cache_line_size, devices, drain_wires, host_config, scan_vfio_pci, Device, DeviceRegistry, DeviceSpec, DEVICES_ENV,
-    MELLANOX_VENDOR_ID,
+    cache_line_size, devices, drain_wires, host_config, log_wire_recoveries, scan_vfio_pci, Device, DeviceRegistry,
+    DeviceSpec, DEVICES_ENV, MELLANOX_VENDOR_ID,
 };
 #[cfg(feature = "sim")]
 pub use device::{vde_identity, WireSpec};
