@@ -231,9 +231,9 @@ fn free_port() -> Result<u16, String> {
 pub enum Roce {
     /// None (`--no-rdma`).
     Off,
-    /// `ibv_devinfo -v` and `ibv_rc_pingpong -g` (`--no-cm`: what CI runs).
+    /// `ibv_devinfo -v` and `ibv_rc_pingpong -g` (`--no-cm`).
     Verbs,
-    /// Those, then `rping` and perftest's `-R` runs over rdma_cm (`--eth` alone).
+    /// Those, then `rping` and perftest's `-R` runs over rdma_cm (`--eth` alone: what CI runs).
     Cm,
 }
 
@@ -516,7 +516,7 @@ mod tests {
         );
         assert!(!init_script(0, Roce::Verbs, Some("1")).contains("cpuinfo"));
         assert!(!init_script(0, Roce::Cm, None).contains("cpuinfo"));
-        // CI's reduced form: devinfo and the RC ping-pong, no rdma_cm program.
+        // The reduced form (--no-cm): devinfo and the RC ping-pong, no rdma_cm program.
         let (va, vb) = (init_script(0, Roce::Verbs, Some("2596.1")), init_script(1, Roce::Verbs, Some("2596.1")));
         assert!(va.contains("ibv_rc_pingpong") && vb.contains("ibv_devinfo -v"));
         assert!(!va.contains("rping") && !vb.contains("ib_send_bw") && !va.contains("ib_write_bw"));
