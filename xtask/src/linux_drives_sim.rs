@@ -430,11 +430,11 @@ pub fn ci_step(root: &Path) -> Result<(), String> {
     run(root, false, false)
 }
 
-/// The `--eth` step for `cargo xtask ci`, reduced: ping, iperf3 and ethtool -S between the two netdevs, then
+/// The `--eth` step for `cargo xtask ci`, whole: ping, iperf3 and ethtool -S between the two netdevs, then
 /// `ibv_devinfo` and `ibv_rc_pingpong -g` over RoCEv2 (the first user context runs mlx5_core's write-combining
-/// test), without the rdma_cm programs (`rping` and perftest's `-R` runs do not pass yet: see the README).
+/// test), and over Linux's rdma_cm `rping`, `ib_send_bw -R` and `ib_write_bw -R`.
 pub fn ci_step_eth(root: &Path) -> Result<(), String> {
-    eth::run(root, Roce::Verbs)
+    eth::run(root, Roce::Cm)
 }
 
 /// `linux-drives-sim --opensm`: opensm in the guest brings two simulated InfiniBand ports on one cable to Active
