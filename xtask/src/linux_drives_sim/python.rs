@@ -49,6 +49,8 @@ const BAR_FILE_BYTES: u64 = 32 << 20;
 const SKIP_CLASSES: &[(&str, &str)] = &[
     ("over non EFA device", "an AWS EFA device (another vendor's provider)"),
     ("on Ethernet link layer with Eswitch", "an Ethernet port in switchdev (eswitch) mode"),
+    ("must be in switchdev mode", "an Ethernet port in switchdev (eswitch) mode"),
+    ("QP UDP sport", "setting a RoCE QP's UDP source port (MODIFY_QP udp_sport: not reported)"),
     ("root on Ethernet link layer", "an Ethernet link layer: raw packet QPs and flow steering (a RoCE port, --eth)"),
     ("is InfiniBand , skip RoCE", "an Ethernet link layer (a RoCE port, --eth)"),
     ("doesn't have net interface", "a netdev with an IP address for rdma_cm (a RoCE port, --eth)"),
