@@ -43,6 +43,8 @@ const C_STRUCTS: &[&str] = &[
     "mlx5_mtt",
     "mlx5_wqe_srq_next_seg",
     "mlx5_wqe_eth_seg",
+    "mlx5_wqe_umr_ctrl_seg",
+    "mlx5_wqe_xrc_seg",
 ];
 
 /// Constant families turned into enums that keep unknown values as `Unknown(n)`.

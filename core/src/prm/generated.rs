@@ -9532,6 +9532,48 @@ pub mod c {
         /// `inline_hdr` (`uint8_t`): 16 bytes at byte 16.
         pub const INLINE_HDR: Bytes = Bytes::new(16, 16);
     }
+    /// `struct mlx5_wqe_umr_ctrl_seg`.
+    pub mod mlx5_wqe_umr_ctrl_seg {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 48;
+        /// `flags` (`u8`): 1 byte at byte 0.
+        pub const FLAGS: Bytes = Bytes::new(0, 1);
+        /// `xlt_octowords` (`__be16`): 2 bytes at byte 4.
+        pub const XLT_OCTOWORDS: Bytes = Bytes::new(4, 2);
+        /// `xlt_offset` (`__be16`): 2 bytes at byte 6.
+        pub const XLT_OFFSET: Bytes = Bytes::new(6, 2);
+        /// `bsf_octowords` (`__be16`): 2 bytes at byte 6.
+        pub const BSF_OCTOWORDS: Bytes = Bytes::new(6, 2);
+        /// `mkey_mask` (`__be64`): 8 bytes at byte 8.
+        pub const MKEY_MASK: Bytes = Bytes::new(8, 8);
+        /// `xlt_offset_47_16` (`__be32`): 4 bytes at byte 16.
+        pub const XLT_OFFSET_47_16: Bytes = Bytes::new(16, 4);
+    }
+    /// `struct mlx5_wqe_umr_ctrl_seg`.
+    pub mod mlx5_wqe_umr_ctrl_seg_dv {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 48;
+        /// `flags` (`uint8_t`): 1 byte at byte 0.
+        pub const FLAGS: Bytes = Bytes::new(0, 1);
+        /// `klm_octowords` (`__be16`): 2 bytes at byte 4.
+        pub const KLM_OCTOWORDS: Bytes = Bytes::new(4, 2);
+        /// `translation_offset` (`__be16`): 2 bytes at byte 6.
+        pub const TRANSLATION_OFFSET: Bytes = Bytes::new(6, 2);
+        /// `bsf_octowords` (`__be16`): 2 bytes at byte 6.
+        pub const BSF_OCTOWORDS: Bytes = Bytes::new(6, 2);
+        /// `mkey_mask` (`__be64`): 8 bytes at byte 8.
+        pub const MKEY_MASK: Bytes = Bytes::new(8, 8);
+    }
+    /// `struct mlx5_wqe_xrc_seg`.
+    pub mod mlx5_wqe_xrc_seg {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 16;
+        /// `xrc_srqn` (`__be32`): 4 bytes at byte 0.
+        pub const XRC_SRQN: Bytes = Bytes::new(0, 4);
+    }
 }
 
 /// `MLX5_CMD_OP_*` (include/linux/mlx5/mlx5_ifc.h); values the table does not name decode to `Unknown(n)`.

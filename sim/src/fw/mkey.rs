@@ -303,6 +303,36 @@ impl MkeyTable {
     }
 }
 
+/// What a UMR WQE changes of a key (`mlx5r_umr_rereg_pd_access`: the PD and the access rights, the key staying
+/// in use): the PD when `Some`, and the rights in `rights_mask` to their value in `rights`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct MkeyUpdate {
+    pub(crate) pd: Option<u32>,
+    pub(crate) rights_mask: MkeyAccess,
+    pub(crate) rights: MkeyAccess,
+}
+
+impl MkeyTable {
+    fn rights_from_bits(b: u8) -> MkeyAccess {
+        MkeyAccess(b)
+    }
+
+    /// Applies a UMR's update to `key` (its index and variant must name a live key).
+    pub(crate) fn umr_update(&mut self, key: u32, u: MkeyUpdate) -> Result<(), MkeyFault> {
+        let mk = self.map.get_mut(&(key >> VARIANT_BITS)).ok_or(MkeyFault::UnknownKey)?;
+        if key as u8 != mk.variant {
+            return Err(MkeyFault::VariantMismatch);
+        }
+        if let Some(pd) = u.pd {
+            mk.pd = pd;
+        }
+        let (m, r) = (u.rights_mask.bits(), u.rights.bits());
+        // Local read is every key's.
+        mk.rights = Self::rights_from_bits((mk.rights.bits() & !m) | (r & m)) | MkeyAccess::LOCAL_READ;
+        Ok(())
+    }
+}
+
 /// The IOVA pieces (address, length) an access through a key touches, in order.
 pub(crate) type Pieces = crate::small::Small<(u64, u64), 4>;
 

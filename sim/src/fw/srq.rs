@@ -13,9 +13,9 @@
 //!
 //! Refusals: an unknown PD (`PD_INVALID`), a size above `log_max_srq_sz` (`LOG_SIZE`), a WQE stride outside
 //! 32 bytes ..= `max_wqe_sz_rq` (`SRQ_STRIDE`), a `wq_type` other than linked list or a state other than RDY
-//! (`SRQ_CONTEXT`), a page list too short, misaligned or unmapped (`PAS_*`), a non-zero `page_offset`
-//! (`PAGE_OFFSET`), an unmapped doorbell record (`DBR_NOT_MAPPED`), more SRQs than `log_max_rmp` / `log_max_srq`
-//! (`NO_RESOURCES`), an unknown number (`SRQ_INVALID`), a limit not below the ring size (`SRQ_LWM`), a MODIFY_RMP
+//! (`SRQ_CONTEXT`), a page list too short (for the ring after its `page_offset`), misaligned or unmapped
+//! (`PAS_*`), a `page_offset` of a page or more (`PAGE_OFFSET`), an unmapped doorbell record
+//! (`DBR_NOT_MAPPED`), more SRQs than `log_max_rmp` / `log_max_srq` (`NO_RESOURCES`), an unknown number (`SRQ_INVALID`), a limit not below the ring size (`SRQ_LWM`), a MODIFY_RMP
 //! bitmask naming more than `lwm` (`FIELD_SELECT`), a command of the other ISSI's family (`BAD_OP`, `SRQ_ISSI`),
 //! and destroying an SRQ a QP receives through (`BAD_RES_STATE`, `IN_USE`).
 
@@ -37,6 +37,8 @@ const SRQN_END: u32 = 1 << 24;
 const ADAPTER_PAGE_SHIFT: u32 = consts::MLX5_ADAPTER_PAGE_SHIFT;
 /// The smallest SRQ WQE: the next segment and one data segment.
 const MIN_STRIDE_SHIFT: u32 = 5;
+/// `page_offset` counts 1/64ths of a page (the `scale` mlx5_ib quantizes with).
+const PAGE_OFFSET_QUANTA: u32 = 64;
 /// An srqc counts the stride from 16 bytes.
 const SRQC_STRIDE_SHIFT: u32 = 4;
 /// The doorbell record holds the posted-WQE counter in its first be32.
@@ -62,6 +64,8 @@ pub(crate) struct Srq {
     pub(crate) dbr: u64,
     pas: Vec<u64>,
     page_shift: u32,
+    /// Where the ring starts in the first page, in bytes (`page_offset` counts 1/64ths of a page).
+    buf_off: u64,
     log_size: u32,
     log_stride: u32,
     pub(crate) lwm: u32,
@@ -82,9 +86,14 @@ impl Srq {
         1 << self.log_stride
     }
 
+    /// The ring's start in its first page as the context gives it (1/64ths of a page).
+    fn page_offset(&self) -> u32 {
+        (self.buf_off >> (self.page_shift - PAGE_OFFSET_QUANTA.trailing_zeros())) as u32
+    }
+
     /// Reads `out.len()` bytes of WQE `index` (taken modulo the ring) at byte `off` of it, page by page.
     pub(crate) fn read_wqe(&self, dma: &mut DmaSpace, index: u16, off: usize, out: &mut [u8]) -> Result<(), DmaFault> {
-        let base = (u64::from(u32::from(index) & (self.size() - 1)) << self.log_stride) + off as u64;
+        let base = self.buf_off + (u64::from(u32::from(index) & (self.size() - 1)) << self.log_stride) + off as u64;
         read_paged(dma, &self.pas, self.page_shift, base, out)
     }
 
@@ -196,11 +205,15 @@ impl SrqTable {
         if x.lwm >= 1 << x.log_size {
             return Err(bad_param(syndrome::SRQ_LWM));
         }
-        if x.page_offset != 0 {
+        // mlx5_ib sends the offset of a user ring in its first page (`mlx5_umem_find_best_quantized_pgoff`, 64
+        // quanta a page): a ring in memory a parent domain's allocator aligned below a page starts there (found
+        // with rdma-core's test_parent_domain under UML, refused as PAGE_OFFSET). The pages cover it too.
+        if x.page_offset >= PAGE_OFFSET_QUANTA {
             return Err(bad_param(syndrome::PAGE_OFFSET));
         }
         let page_shift = ADAPTER_PAGE_SHIFT + x.log_page_size;
-        let bytes = 1u64 << (x.log_size + x.log_stride);
+        let buf_off = u64::from(x.page_offset) << page_shift >> PAGE_OFFSET_QUANTA.trailing_zeros();
+        let bytes = buf_off + (1u64 << (x.log_size + x.log_stride));
         check_pas(dma, inp, pas, bytes, 1 << page_shift)?;
         if !dma.is_mapped(x.dbr, DBR_BYTES) {
             return Err(bad_param(syndrome::DBR_NOT_MAPPED));
@@ -221,6 +234,7 @@ impl SrqTable {
             dbr: x.dbr,
             pas,
             page_shift,
+            buf_off,
             log_size: x.log_size,
             log_stride: x.log_stride,
             lwm: x.lwm,
@@ -374,6 +388,7 @@ impl SrqTable {
             (w::LOG_WQ_SZ, s.log_size),
             (w::LOG_WQ_STRIDE, s.log_stride),
             (w::LOG_WQ_PG_SZ, s.page_shift - ADAPTER_PAGE_SHIFT),
+            (w::PAGE_OFFSET, s.page_offset()),
             (w::LWM, s.lwm),
             (w::PD, s.pd),
             (w::HW_COUNTER, s.consumed.into()),
@@ -395,6 +410,7 @@ impl SrqTable {
             (q::LOG_SRQ_SIZE, s.log_size),
             (q::LOG_RQ_STRIDE, s.log_stride - SRQC_STRIDE_SHIFT),
             (q::LOG_PAGE_SIZE, s.page_shift - ADAPTER_PAGE_SHIFT),
+            (q::PAGE_OFFSET, s.page_offset()),
             (q::LWM, s.lwm),
             (q::PD, s.pd),
             (q::WQE_CNT, s.consumed.into()),
@@ -450,6 +466,41 @@ mod tests {
         inp.set(ifc::arm_rq_in::LWM, lwm);
         let (s, syn, _) = r.h.cmd(&inp, ifc::arm_rq_out::SIZE_BYTES);
         (s, syn)
+    }
+
+    #[test]
+    fn an_srq_ring_starts_at_its_page_offset() {
+        // Found with rdma-core's test_parent_domain under UML: a ring a parent domain's allocator placed inside a
+        // page comes with `page_offset` (1/64ths of a page), which the simulator refused.
+        let mut r = Rdma::inline();
+        let page = r.h.dma.alloc(4096, 4096).unwrap();
+        let dbr = r.h.dma.alloc(64, 64).unwrap();
+        let c = ifc::create_srq_in::SRQ_CONTEXT_ENTRY;
+        // 16 WQEs of 32 bytes from half the page on.
+        let mut inp = create_srq_in(&r, page.iova(), dbr.iova());
+        inp.set(ifc::srqc::PAGE_OFFSET.at(c), 32);
+        let (s, syn, out) = r.h.cmd(&inp, ifc::create_srq_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0));
+        let n = rd(&out, ifc::create_srq_out::SRQN);
+        crate::testkit::submit::put(&page, 2048 + 32, &[0xab; 4]);
+        let mut got = [0u8; 4];
+        let shared = &r.h.dev.shared;
+        let mut dev = crate::device::lock(shared);
+        let st = &mut *dev;
+        st.fw.srqs.get(&n).unwrap().read_wqe(&mut st.dma, 1, 0, &mut got).unwrap();
+        assert_eq!(got, [0xab; 4], "WQE 1 is 32 bytes after the offset");
+        drop(dev);
+        let mut q = vec![0u8; ifc::query_srq_in::SIZE_BYTES];
+        q.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_QUERY_SRQ.into());
+        q.set(ifc::query_srq_in::SRQN, n);
+        let (s, _, out) = r.h.cmd(&q, ifc::query_srq_out::SIZE_BYTES);
+        assert_eq!((s, rd(&out, ifc::srqc::PAGE_OFFSET.at(ifc::query_srq_out::SRQ_CONTEXT_ENTRY))), (0, 32));
+        // A ring that no longer fits its one page after the offset is short of pages.
+        let mut inp = create_srq_in(&r, page.iova(), dbr.iova());
+        inp.set(ifc::srqc::PAGE_OFFSET.at(c), 63);
+        inp.set(ifc::srqc::LOG_SRQ_SIZE.at(c), 7);
+        let (s, syn, _) = r.h.cmd(&inp, ifc::create_srq_out::SIZE_BYTES);
+        assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::PAS_TOO_FEW));
     }
 
     #[test]

@@ -143,7 +143,7 @@ impl Datapath<'_> {
             srqs: &mut fw.srqs,
             cqs: &mut fw.cqs,
             eqs: &mut fw.eqs,
-            mkeys: &fw.mkeys,
+            mkeys: &mut fw.mkeys,
             caps: &fw.caps,
             port: &fw.port,
             dma: self.dma,
@@ -1152,6 +1152,62 @@ mod tests {
             wqe_counter: 0,
             why: "unknown destination (not connected)"
         }));
+    }
+
+    #[test]
+    fn a_umr_wqe_changes_a_keys_pd_and_rights_as_mlx5_ib_rereg_asks() {
+        // Found with `linux-drives-sim --python`: mlx5_ib changes an MR's PD and access flags (ibv_rereg_mr)
+        // with a UMR WQE on its UMR QP, which the simulator completed with an error (a kernel WARN, EFAULT).
+        use crate::config::PortType;
+        use crate::fw::mkey::MkeyAccess;
+        use c::mlx5_wqe_umr_ctrl_seg as u;
+        use ifc::mkc as m;
+        let mut r = Rdma::new(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
+        let mut cq = r.cq(4);
+        let st = consts::MLX5_QP_ST_REG_UMR;
+        let mut umr = r.qp(QpSpec { st, ..QpSpec::ud() }, cq.cqn, cq.cqn);
+        r.ready_ud(&umr, 0);
+        let pd2 = {
+            let (s, _, out) = r.h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
+            assert_eq!(s, 0);
+            MsgBuf::get(&out[..], ifc::alloc_pd_out::PD)
+        };
+        let mr = r.mr_in(r.pd, 4096, [true, false, false, false]);
+        let (pd1, va) = (r.pd, mr.addr());
+        let dev = r.h.dev.clone();
+        let write = |pd| dev.mkey_access(mr.key, Some(pd), va, 8, MkeyAccess::REMOTE_WRITE);
+        assert!(write(pd1).is_err());
+        // PD and every access bit in the mask; the new context grants remote read and write in PD 2.
+        let umr_wqe = |mask: u64| {
+            let mut segs = vec![0u8; u::SIZE + m::SIZE_BYTES];
+            segs[u::MKEY_MASK.off..u::MKEY_MASK.end()].copy_from_slice(&mask.to_be_bytes());
+            segs[0] = (consts::MLX5_UMR_CHECK_FREE | consts::MLX5_UMR_INLINE) as u8;
+            let ctx = &mut segs[u::SIZE..];
+            for f in [m::LR, m::LW, m::RR, m::RW] {
+                ctx.set(f, 1);
+            }
+            ctx.set(m::PD, pd2);
+            ctx.set(m::QPN, 0xff_ffff);
+            Wqe { segs, ..Wqe::new(consts::MLX5_OPCODE_UMR).imm(mr.key) }
+        };
+        let access = [
+            consts::MLX5_MKEY_MASK_LR,
+            consts::MLX5_MKEY_MASK_LW,
+            consts::MLX5_MKEY_MASK_RR,
+            consts::MLX5_MKEY_MASK_RW,
+            consts::MLX5_MKEY_MASK_A,
+            consts::MLX5_MKEY_MASK_PD,
+        ];
+        let mask = access.iter().fold(0u64, |a, b| a | u64::from(*b));
+        r.post_send(&mut umr, &umr_wqe(mask), Bell::Db);
+        assert_eq!(r.poll(&mut cq).unwrap().status(), (REQ, 0));
+        assert!(write(pd2).is_ok(), "remote write in the new PD");
+        assert_eq!(write(pd1), Err(MkeyFault::PdMismatch));
+        let atomic = r.h.dev.mkey_access(mr.key, Some(pd2), va, 8, MkeyAccess::REMOTE_ATOMIC);
+        assert!(atomic.is_err(), "the context's `a` 0 took the right away");
+        // A mask bit the simulator does not model (the start address) is a local QP operation error.
+        r.post_send(&mut umr, &umr_wqe(mask | u64::from(consts::MLX5_MKEY_MASK_START_ADDR)), Bell::Db);
+        assert_eq!(r.poll(&mut cq).unwrap().status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR));
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub(super) struct Requester<'a> {
     pub(super) srqs: &'a mut SrqTable,
     pub(super) cqs: &'a mut CqTable,
     pub(super) eqs: &'a mut EqTable,
-    pub(super) mkeys: &'a MkeyTable,
+    pub(super) mkeys: &'a mut MkeyTable,
     pub(super) caps: &'a Caps,
     pub(super) port: &'a PortModel,
     pub(super) dma: &'a mut DmaSpace,
@@ -61,7 +61,7 @@ impl Requester<'_> {
     /// The view an access through memory keys takes (see `keys.rs`).
     #[inline]
     pub(super) fn keys(&mut self) -> Keys<'_> {
-        Keys { mkeys: self.mkeys, dma: self.dma, inline: self.inline }
+        Keys { mkeys: &*self.mkeys, dma: self.dma, inline: self.inline }
     }
 
     /// The view completing work requests takes (see `cqe.rs`, `flush.rs`).
@@ -124,6 +124,8 @@ impl Requester<'_> {
                 self.completions().complete_send(qpn, w.id(), 0);
                 return true;
             }
+            // Only the UMR QP parses UMR WQEs, and it is no RC QP.
+            Kind::Umr { .. } => return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR),
         };
         let len = match &op {
             RcOp::Send { data, .. } | RcOp::Write { data, .. } => data.len() as u64,
@@ -546,11 +548,43 @@ impl Requester<'_> {
         }
     }
 
+    /// A UMR WQE: changes the PD and the access rights of a key in use, as `mlx5r_umr_rereg_pd_access` asks (no
+    /// translation entries, no other `mkey_mask` bit: those complete with a local QP operation error).
+    fn execute_umr(&mut self, qpn: u32, w: &SendWqe) {
+        use crate::fw::mkey::MkeyUpdate;
+        let Kind::Umr { key, mask, pd, rights, xlt } = w.kind else { return };
+        let bit = |b: u32| u64::from(b);
+        let access = [
+            (consts::MLX5_MKEY_MASK_LR, MkeyAccess::LOCAL_READ),
+            (consts::MLX5_MKEY_MASK_LW, MkeyAccess::LOCAL_WRITE),
+            (consts::MLX5_MKEY_MASK_RR, MkeyAccess::REMOTE_READ),
+            (consts::MLX5_MKEY_MASK_RW, MkeyAccess::REMOTE_WRITE),
+            (consts::MLX5_MKEY_MASK_A, MkeyAccess::REMOTE_ATOMIC),
+        ];
+        let mut rights_mask = MkeyAccess::empty();
+        let mut known = bit(consts::MLX5_MKEY_MASK_PD);
+        for (b, r) in access {
+            known |= bit(b);
+            if mask & bit(b) != 0 {
+                rights_mask |= r;
+            }
+        }
+        let update = MkeyUpdate { pd: (mask & bit(consts::MLX5_MKEY_MASK_PD) != 0).then_some(pd), rights_mask, rights };
+        let ok = xlt == 0 && mask & !known == 0 && self.mkeys.umr_update(key, update).is_ok();
+        if ok {
+            self.completions().complete_send(qpn, w.id(), 0);
+        } else {
+            let syndrome = consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR;
+            self.completions().send_error(qpn, w.index, w.opcode, w.nbb, syndrome);
+        }
+    }
+
     /// Executes one WQE; false when it would fail locally while RC messages are in flight (it is left for later).
     fn execute(&mut self, qpn: u32, w: &SendWqe) -> bool {
         let Some(qp) = self.qps.get(&qpn) else { return true };
         match (w.kind, qp.st) {
             (Kind::Nop, _) => self.completions().complete_send(qpn, w.id(), 0),
+            (Kind::Umr { .. }, _) => self.execute_umr(qpn, w),
             (_, QpType::Ud) => self.execute_ud(qpn, w),
             (_, QpType::Rc) => return self.execute_rc(qpn, w),
             (_, QpType::Uc) => self.execute_uc(qpn, w),

@@ -24,7 +24,9 @@ impl Requester<'_> {
                 Ok(data) => data,
                 Err(s) => return fail(self, s),
             },
-            Kind::Read { .. } | Kind::Atomic { .. } => return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR),
+            Kind::Read { .. } | Kind::Atomic { .. } | Kind::Umr { .. } => {
+                return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR)
+            }
             Kind::Nop => return self.completions().complete_send(qpn, w.id(), 0),
         };
         let len = data.len() as u64;

@@ -102,6 +102,16 @@ pub(super) enum Kind {
         rkey: u32,
         op: AtomicOp,
     },
+    /// A UMR WQE of the driver's UMR QP (`MLX5_OPCODE_UMR`): `mask` (`mkey_mask`) names what of `key` changes to
+    /// the values the WQE's mkey context carries (`pd`, the access bits as the mkc's `lr`/`lw`/`rr`/`rw`/`a` give
+    /// them, each 1 or 0 in `rights` as [`MkeyAccess`] counts); `xlt` is its translation-entry count.
+    Umr {
+        key: u32,
+        mask: u64,
+        pd: u32,
+        rights: MkeyAccess,
+        xlt: u16,
+    },
 }
 
 /// A send WQE, parsed. Its inline bytes are in [`DpState::inline`] until the next WQE is fetched.
@@ -173,6 +183,7 @@ impl Wqes<'_> {
         };
         let qp = self.qps.get(&qpn).ok_or(bad(1, 0))?;
         let (index, st, sq_bbs, max_wqe) = (qp.sq_next, qp.st, qp.sq_bbs(), qp.max_wqe);
+        let umr_qp = qp.special == Some(crate::fw::qp::SpecialQp::RegUmr);
         let pending = qp.sq_pi.wrapping_sub(index);
         // The first basic block holds the control segment and, for a small WQE, all of it: one read. When that
         // read cannot be made, the WQE is read as it always was (the control segment, then the whole WQE), so a
@@ -217,7 +228,8 @@ impl Wqes<'_> {
             wqe
         };
         let mut at = CTRL;
-        let av = if st == QpType::Ud && opcode != consts::MLX5_OPCODE_NOP {
+        // The UMR QP is a datagram QP to firmware, but its WQEs carry no address vector.
+        let av = if st == QpType::Ud && opcode != consts::MLX5_OPCODE_NOP && !umr_qp {
             if at + DGRAM_SEG > bytes {
                 return Err(bad(nbb, opcode));
             }
@@ -267,6 +279,37 @@ impl Wqes<'_> {
                     AtomicOp::FetchAdd { add: swap_add }
                 };
                 (Kind::Atomic { raddr, rkey, op }, false)
+            }
+            consts::MLX5_OPCODE_UMR if umr_qp => {
+                use c::mlx5_wqe_umr_ctrl_seg as u;
+                use mlx5_core::prm::ifc::mkc as m;
+                // The UMR control segment, then the mkey context (an `mkc`, as the driver fills it).
+                let mk = at + u::SIZE;
+                if mk + m::SIZE_BYTES > bytes {
+                    return Err(bad(nbb, opcode));
+                }
+                let seg = &wqe[mk..mk + m::SIZE_BYTES];
+                let mut rights = MkeyAccess::empty();
+                for (f, r) in [
+                    (m::LR, MkeyAccess::LOCAL_READ),
+                    (m::LW, MkeyAccess::LOCAL_WRITE),
+                    (m::RR, MkeyAccess::REMOTE_READ),
+                    (m::RW, MkeyAccess::REMOTE_WRITE),
+                    (m::A, MkeyAccess::REMOTE_ATOMIC),
+                ] {
+                    if mlx5_core::prm::MsgBuf::get(seg, f) != 0 {
+                        rights |= r;
+                    }
+                }
+                let kind = Kind::Umr {
+                    key: u32::from_be_bytes(imm),
+                    mask: be64(wqe, at + u::MKEY_MASK.off),
+                    pd: mlx5_core::prm::MsgBuf::get(seg, m::PD),
+                    rights,
+                    xlt: be(u::XLT_OCTOWORDS, wqe, at) as u16,
+                };
+                at = bytes;
+                (kind, false)
             }
             _ => return Err(bad(nbb, opcode)),
         };
