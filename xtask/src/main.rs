@@ -32,7 +32,7 @@
 //!   killed); see SOAK.md.
 //! * `uml`: a User-Mode Linux kernel with NVIDIA's mlx5 drivers and virt-pci (cached under `target/uml/`).
 //! * `linux-drives-sim`: that kernel's `mlx5_core` and `mlx5_ib`, and Debian's rdma-core, drive the simulator
-//!   (`--opensm`: Debian's opensm brings two simulated IB ports to Active)
+//!   (`--opensm`: Debian's opensm brings two simulated IB ports to Active, then a host process's port on our stack)
 //!   through `mlx5-uml-bridge`.
 
 mod aarch64;
@@ -185,8 +185,9 @@ fn ci(root: &Path) -> Result<(), String> {
     // Two simulated Ethernet ports under two UML instances' mlx5e, on one cable: ping, iperf3, ethtool -S, then
     // ibv_devinfo and ibv_rc_pingpong -g over RoCEv2 (`--eth --no-cm`).
     linux_drives_sim::ci_step_eth(root)?;
-    // Two simulated IB ports of one UML on one cable: Debian's opensm assigns the LIDs and activates them
-    // (3-4 s warm, about a minute cold with opensm and infiniband-diags from apt and the bridge build).
+    // Two simulated IB ports of one UML on one cable: Debian's opensm assigns the LIDs and activates them; then a
+    // second opensm sweeps a third function's cable to a host process on our own stack (its QP0 served by
+    // SmiAgent). 13-16 s warm, about a minute cold with opensm and infiniband-diags from apt and the builds.
     linux_drives_sim::run_opensm(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
@@ -253,7 +254,8 @@ commands:
                                  ib_send_bw/ib_write_bw -R; --no-cm: without rping and perftest; --no-rdma:
                                  without any RoCE run; --opensm: two IB ports of one guest on one cable, opensm
                                  assigns the LIDs and brings both to Active, ibstat/smpquery/ibnetdiscover,
-                                 ibv_rc_pingpong on them)";
+                                 ibv_rc_pingpong on them; then a second opensm sweeps a host process's port
+                                 on our stack (the sma example) to Active)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {
