@@ -32,7 +32,7 @@
 //!   killed); see SOAK.md.
 //! * `uml`: a User-Mode Linux kernel with NVIDIA's mlx5 drivers and virt-pci (cached under `target/uml/`).
 //! * `linux-drives-sim`: that kernel's `mlx5_core` and `mlx5_ib`, and Debian's rdma-core, drive the simulator
-//!   (`--opensm`: Debian's opensm brings two simulated IB ports to Active)
+//!   (`--opensm`: Debian's opensm brings two simulated IB ports to Active, then a host process's port on our stack)
 //!   through `mlx5-uml-bridge`.
 
 mod aarch64;
@@ -186,8 +186,9 @@ fn ci(root: &Path) -> Result<(), String> {
     // over RoCEv2 ibv_devinfo, ibv_rc_pingpong -g, and over rdma_cm rping, ib_send_bw -R and ib_write_bw -R (the
     // whole `--eth`: 27-37 s warm, against 17-25 s without the rdma_cm programs).
     linux_drives_sim::ci_step_eth(root)?;
-    // Two simulated IB ports of one UML on one cable: Debian's opensm assigns the LIDs and activates them
-    // (3-4 s warm, about a minute cold with opensm and infiniband-diags from apt and the bridge build).
+    // Two simulated IB ports of one UML on one cable: Debian's opensm assigns the LIDs and activates them; then a
+    // second opensm sweeps a third function's cable to a host process on our own stack (its QP0 served by
+    // SmiAgent). 13-16 s warm, about a minute cold with opensm and infiniband-diags from apt and the builds.
     linux_drives_sim::run_opensm(root)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
@@ -256,8 +257,10 @@ commands:
                                  ib_send_bw/ib_write_bw -R; --no-cm: without rping and perftest; --no-rdma:
                                  without any RoCE run; --opensm: two IB ports of one guest on one cable, opensm
                                  assigns the LIDs and brings both to Active, ibstat/smpquery/ibnetdiscover,
-                                 ibv_rc_pingpong on them; --python: rdma-core's Python test suite on the
-                                 IB port, with --eth on a RoCE port, into target/linux-drives-sim/python-*.json)";
+                                 ibv_rc_pingpong on them; then a second opensm sweeps a host process's port
+                                 on our stack (the sma example) to Active; --python: rdma-core's Python test
+                                 suite on the IB port, with --eth on a RoCE port, into
+                                 target/linux-drives-sim/python-*.json)";
 
 /// One xtask command and its options, checked before anything runs.
 enum Task {

@@ -113,6 +113,7 @@ pub mod devinfo;
 mod error;
 mod event;
 mod fork;
+mod gsi;
 mod mr;
 mod pd;
 mod qp;
@@ -144,6 +145,7 @@ pub use error::{BadMemory, BadMemoryKind, Result, VerbsError};
 pub use event::AsyncEvent;
 pub use fork::generation as fork_generation;
 pub use fork::generation_now as fork_generation_now;
+pub use gsi::{GmpReply, GsiClient};
 pub use mlx5_core::ah::{AhFromWcError, GRH_BYTES};
 pub use mlx5_core::cq::CqeError;
 pub use mlx5_core::cq::{CqEx, ExPoll, ExPoller, WcExFlags};
@@ -158,6 +160,7 @@ pub use mlx5_core::qp::{
 };
 pub use mlx5_core::qp::{QpEx, QpExError, SendOpsFlags, WrBatch};
 pub use mlx5_core::trace::{CmdRecord, CmdTrace};
+pub use mlx5_rdmacm::gmp::GmpCounters;
 pub use mr::{DmaBuffer, MemoryRegion, RemoteBuf, Rereg, ReregFailure};
 pub use pd::ProtectionDomain;
 pub use qp::{

@@ -264,3 +264,78 @@ fn the_cm_connects_rc_qps_over_qp1_on_roce() {
 fn the_cm_connects_rc_qps_over_qp1_on_infiniband() {
     cm_connects_rc_qps_over_qp1(SimConfig { port_type: PortType::Ib, ..SimConfig::default() });
 }
+
+/// General management packets with timeouts and retries from the host's `GsiClient` (QP1, the well-known Q_Key): a
+/// peer's QP1 that drops the first try of a request answers the second, which ends the call with its response (one
+/// retry); a peer that answers nothing more makes the next call time out after its retries, each try counted at
+/// the peer.
+#[test]
+fn a_gmp_request_is_sent_again_until_answered_and_times_out_when_nobody_answers() {
+    use mlx5_verbs::{GmpReply, GsiClient};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::Barrier;
+    let cfg = SimConfig { port_type: PortType::Ib, ..SimConfig::default() };
+    let (a, b) = Context::open_sim_pair_with(cfg).unwrap();
+    let to_b = AhAttr { dlid: b.query_port().unwrap().lid, port_num: 1, ..AhAttr::default() };
+    let (stop, ready, seen) = (AtomicBool::new(false), Barrier::new(2), AtomicU32::new(0));
+    std::thread::scope(|s| {
+        // B: a QP1 that answers only the second request it sees.
+        let peer = s.spawn(|| {
+            let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+            let (pd, cq) = (b.alloc_pd().unwrap(), b.create_cq(16).unwrap());
+            let mut buf = b.alloc_buffer(4096).unwrap();
+            let mr = pd.register(&mut buf, Access::LOCAL_WRITE).unwrap();
+            let qp = pd.create_qp(QpType::Gsi, &cq, &cq, cap).unwrap().activate_ud(QP1_QKEY).unwrap();
+            let recv_len = (MAD + GRH_BYTES) as u32;
+            qp.post_recv(&[wr::recv(0, &[mr.sge(0, recv_len)])]).unwrap();
+            ready.wait();
+            let mut wc = [WorkCompletion::default()];
+            while !stop.load(Ordering::Relaxed) {
+                if cq.poll(&mut wc).unwrap() == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                if wc[0].wr_id != 0 {
+                    continue;
+                }
+                assert_eq!((wc[0].status, wc[0].src_qp), (WcStatus::Success, 1));
+                if seen.fetch_add(1, Ordering::Relaxed) + 1 == 2 {
+                    let mut rsp = mr.read_vec(GRH_BYTES, MAD);
+                    rsp[3] = 0x81;
+                    mr.write(1024, &rsp).unwrap();
+                    let ah = pd.create_ah_from_wc(&wc[0], None, 1).unwrap();
+                    qp.post_send(&[wr::ud_send(1, &[mr.sge(1024, MAD as u32)], ah.dest(1, QP1_QKEY))]).unwrap();
+                }
+                qp.post_recv(&[wr::recv(0, &[mr.sge(0, recv_len)])]).unwrap();
+            }
+        });
+        let (pd, cq) = (a.alloc_pd().unwrap(), a.create_cq(32).unwrap());
+        let mut buf = a.alloc_buffer(GsiClient::BUF_LEN).unwrap();
+        let mr = pd.register(&mut buf, Access::LOCAL_WRITE).unwrap();
+        let mut client = GsiClient::new(&pd, &cq, &mr, 0x0042_0000_0000_0001).unwrap();
+        ready.wait();
+        // Get(ClassPortInfo) of the performance class.
+        let mut get = [0u8; MAD];
+        get[..4].copy_from_slice(&[1, 0x04, 1, 0x01]);
+        get[16..18].copy_from_slice(&1u16.to_be_bytes());
+        // A try's timeout long enough that B's answer to the second comes before a third, however busy the machine.
+        let got = client.call(&to_b, &get, Duration::from_millis(500), 3).unwrap();
+        let GmpReply::Response { mad, from } = got else { panic!("{got:?}") };
+        assert_eq!((mad[3], &mad[8..16]), (0x81, &0x0042_0000_0000_0001u64.to_be_bytes()[..]), "GetResp, our TID");
+        assert_eq!(from.dlid, to_b.dlid, "from B's LID");
+        let c = client.counters();
+        assert_eq!((c.requests, c.retries, c.responses, c.timeouts), (1, 1, 1, 0));
+        // Nobody answers now: the first try and two retries, then the timeout.
+        assert_eq!(client.call(&to_b, &get, Duration::from_millis(50), 2).unwrap(), GmpReply::TimedOut);
+        let c = client.counters();
+        assert_eq!((c.requests, c.retries, c.responses, c.timeouts), (2, 3, 1, 1));
+        // Every try reaches B: 2 of the first request and 3 of the second.
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while seen.load(Ordering::Relaxed) < 5 && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, Ordering::Relaxed);
+        peer.join().unwrap();
+        assert_eq!(seen.load(Ordering::Relaxed), 5, "B saw 2 tries of the first request and 3 of the second");
+    });
+}
