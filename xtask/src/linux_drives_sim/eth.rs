@@ -322,6 +322,14 @@ pub(super) fn run(root: &Path, roce: Roce) -> Result<(), String> {
         if let Some(l) = log.lines().find_map(|l| l.strip_prefix("mlx5-uml-bridge: done: ")) {
             println!("  {name}: bridge: {l}");
         }
+        // Every command the simulator completed has a name (`mlx5 trace decode` shows it field by field then): the
+        // bridge writes "UNKNOWN" for an opcode the PRM tables do not name.
+        let trace = std::fs::read_to_string(i.dir.join("trace.jsonl")).unwrap_or_default();
+        let unknown = trace.lines().filter(|l| l.contains("\"opcode\":\"UNKNOWN\"")).count();
+        println!("  {name}: trace: {} commands, {unknown} with an unknown opcode", trace.lines().count());
+        if unknown > 0 || trace.is_empty() {
+            problems.push(format!("{name}: trace.jsonl: {unknown} commands with an unknown opcode (or none at all)"));
+        }
         // Its counts by reason: frames dropped, NAKs, retries, QPs that went to error.
         for l in log.lines().filter_map(|l| l.strip_prefix("mlx5-uml-bridge: ")).filter(|l| l.contains(" x ")) {
             println!("  {name}: bridge: {l}");
