@@ -483,11 +483,25 @@ pub(crate) struct Qp {
     pub(crate) max_msg: u64,
     /// The SRQ the QP receives through (`rq_type` SRQ); it then has no RQ of its own.
     pub(crate) srqn: Option<u32>,
+    /// `qpc.user_index`: what the QP's CQEs carry in `srqn_uidx` (CQE version 1), unless it is
+    /// `MLX5_IB_DEFAULT_UIDX`, which asks for version 0 (the SRQ number of a receive through an SRQ, else 0).
+    user_index: u32,
     /// The LAST_WQE_REACHED event went out for the QP's current stay in ERR.
     pub(crate) last_wqe_sent: bool,
 }
 
 impl Qp {
+    /// The `srqn_uidx` of the QP's CQEs: its user index, or in CQE version 0 `legacy` (the SRQ a receive took its
+    /// WQE from, 0 for a send). rdma-core's mlx5 provider finds the QP of a version 1 CQE by this index alone
+    /// (found with rdma-core's tests under UML: a context whose SRQ took index 0 lost its receives).
+    pub(crate) fn cqe_srqn_uidx(&self, legacy: u32) -> u32 {
+        if self.user_index == consts::MLX5_IB_DEFAULT_UIDX {
+            legacy
+        } else {
+            self.user_index
+        }
+    }
+
     /// READs and atomics the QP may have in flight as a requester: `1 << log_sra_max`, at least one, within the
     /// window.
     pub(crate) fn sra_limit(&self) -> usize {
@@ -957,6 +971,7 @@ impl QpTable {
             max_wqe: fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_SQ) as usize,
             max_msg: 1u64 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MSG).min(31),
             srqn,
+            user_index: get(q::USER_INDEX),
             last_wqe_sent: false,
         };
         self.map.insert(qpn, qp);

@@ -272,6 +272,7 @@ impl Completions<'_> {
                 qpn,
                 wqe_counter: w.index,
                 byte_cnt,
+                srqn: qp.cqe_srqn_uidx(0),
                 ..CqeOut::default()
             };
             self.cq.post(cqn, cqe);
@@ -296,6 +297,7 @@ impl Completions<'_> {
             qpn,
             wqe_counter: index,
             syndrome,
+            srqn: qp.cqe_srqn_uidx(0),
             ..CqeOut::default()
         };
         self.cq.post(cqn, cqe);
@@ -314,7 +316,7 @@ impl Completions<'_> {
         qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
         cqe.qpn = qpn;
         cqe.wqe_counter = index;
-        cqe.srqn = srqn.unwrap_or(0);
+        cqe.srqn = qp.cqe_srqn_uidx(srqn.unwrap_or(0));
         let cqn = qp.cqn_rcv;
         // The CQE names the SRQ WQE; the SRQ moves on (and may raise its limit event) after it.
         self.cq.post(cqn, cqe);
@@ -336,7 +338,7 @@ impl Completions<'_> {
             qpn,
             wqe_counter: index,
             syndrome,
-            srqn: srqn.unwrap_or(0),
+            srqn: qp.cqe_srqn_uidx(srqn.unwrap_or(0)),
             ..CqeOut::default()
         };
         self.cq.post(cqn, cqe);

@@ -22,11 +22,14 @@ impl Completions<'_> {
         let last_wqe = self.srqs().last_wqe_reached(qpn);
         let Some(qp) = self.qps.get_mut(&qpn) else { return false };
         let (cqn_snd, cqn_rcv) = (qp.cqn_snd, qp.cqn_rcv);
+        // The flushed receives are the QP's own RQ's: no SRQ number in CQE version 0.
+        let uidx = qp.cqe_srqn_uidx(0);
         let flush = |opcode: u8, wqe_opcode: u8, wqe_counter: u16| CqeOut {
             opcode,
             wqe_opcode,
             qpn,
             wqe_counter,
+            srqn: uidx,
             syndrome: consts::MLX5_CQE_SYNDROME_WR_FLUSH_ERR,
             ..CqeOut::default()
         };

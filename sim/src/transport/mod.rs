@@ -1112,6 +1112,33 @@ mod tests {
     }
 
     #[test]
+    fn cqes_carry_the_qps_user_index_unless_it_asks_for_cqe_version_0() {
+        // Found with rdma-core's test_parent_domain under UML: the provider (CQE version 1) finds a CQE's QP by
+        // `srqn_uidx` alone; the simulator wrote the SRQ number or 0 there, so a receive went to whatever held index
+        // 0 (the context's SRQ) and polling failed.
+        let mut r = Rdma::new(SimConfig::default());
+        let (mut scq, mut rcq) = (r.cq(5), r.cq(5));
+        let uidx = |n: u32| move |i: &mut Vec<u8>| i.set(ifc::qpc::USER_INDEX.at(ifc::create_qp_in::QPC), n);
+        let mut a = r.qp_with(QpSpec::rc(), scq.cqn, rcq.cqn, uidx(7));
+        let mut b = r.qp_with(QpSpec::rc(), scq.cqn, rcq.cqn, uidx(consts::MLX5_IB_DEFAULT_UIDX));
+        let (ra, rb) = (r.me(a.qpn), r.me(b.qpn));
+        r.connect_rc(&a, &rb, RcParams::default());
+        r.connect_rc(&b, &ra, RcParams::default());
+        let mr = r.mr(4096);
+        r.post_recv(&mut b, &[(mr.addr(), 64, mr.key)]);
+        r.post_recv(&mut a, &[(mr.addr(), 64, mr.key)]);
+        r.post_send(&mut a, &Wqe::new(SEND).data(8, mr.key, mr.addr()), Bell::Db);
+        let (send, recv) = (r.poll(&mut scq).unwrap(), r.poll(&mut rcq).unwrap());
+        assert_eq!((send.status(), send.srqn_uidx()), ((REQ, 0), 7), "A's index");
+        // B asked for version 0: no SRQ, so 0.
+        assert_eq!((recv.status(), recv.qpn(), recv.srqn_uidx()), ((RESP_SEND, 0), b.qpn, 0));
+        r.post_send(&mut b, &Wqe::new(SEND).data(8, mr.key, mr.addr()), Bell::Db);
+        let (send, recv) = (r.poll(&mut scq).unwrap(), r.poll(&mut rcq).unwrap());
+        assert_eq!((send.qpn(), send.srqn_uidx()), (b.qpn, 0));
+        assert_eq!((recv.qpn(), recv.srqn_uidx()), (a.qpn, 7));
+    }
+
+    #[test]
     fn a_umr_wqe_changes_a_keys_pd_and_rights_as_mlx5_ib_rereg_asks() {
         // Found with `linux-drives-sim --python`: mlx5_ib changes an MR's PD and access flags (ibv_rereg_mr)
         // with a UMR WQE on its UMR QP, which the simulator completed with an error (a kernel WARN, EFAULT).
