@@ -275,7 +275,7 @@ mod tests {
     use super::*;
     use crate::config::SimConfig;
     use crate::mmio::SimMmio;
-    use crate::testkit::submit::{Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
+    use crate::testkit::submit::{put, Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
     use mlx5_core::hal::Mmio;
     use mlx5_core::prm::ifc;
     use mlx5_core::prm::MsgBuf;
@@ -1109,6 +1109,42 @@ mod tests {
             wqe_counter: 0,
             why: "unknown destination (not connected)"
         }));
+    }
+
+    #[test]
+    fn a_pair_reset_after_a_remote_operation_error_runs_again() {
+        // rdma-core's test_mr_rereg_addr: the server's receive names a destroyed key (the MR was re-registered at
+        // another address), the client's SEND fails with REMOTE_OP_ERR, both QPs go RST -> RTS, and a SEND with a
+        // receive through the new key must then complete.
+        let mut p = pair();
+        let old = p.r.mr(4096);
+        p.r.post_recv(&mut p.b, &[(old.addr(), 64, old.key)]);
+        p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, p.mr.key)]);
+        p.r.post_recv(&mut p.a, &[(p.mr.addr(), 64, p.mr.key)]);
+        let mut d = vec![0u8; ifc::destroy_mkey_in::SIZE_BYTES];
+        d.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_DESTROY_MKEY.into());
+        d.set(ifc::destroy_mkey_in::MKEY_INDEX, old.key >> 8);
+        assert_eq!(p.r.h.cmd(&d, ifc::destroy_mkey_out::SIZE_BYTES).0, 0);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, p.mr.key, p.mr.addr()), Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).expect("requester CQE");
+        assert_eq!(e.status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR));
+        for qp in [&mut p.a, &mut p.b] {
+            assert_eq!(p.r.modify(consts::MLX5_CMD_OP_2RST_QP, qp.qpn, 0, |_, _| {}), (0, 0));
+            qp.sq_pi = 0;
+            qp.rq_head = 0;
+            put(&qp.dbr, 0, &[0; 8]);
+        }
+        let (ra, rb) = (p.r.me(p.a.qpn), p.r.me(p.b.qpn));
+        p.r.connect_rc(&p.a, &rb, RcParams::default());
+        p.r.connect_rc(&p.b, &ra, RcParams::default());
+        p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, p.mr.key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, p.mr.key, p.mr.addr()), Bell::Db);
+        // The requester's CQ still holds the flush of A's receive; the new SEND's CQE follows.
+        let mut got = Vec::new();
+        while let Some(c) = p.r.poll(&mut p.a_scq) {
+            got.push(c.status());
+        }
+        assert_eq!(got.last(), Some(&(REQ, 0)), "{got:?}");
     }
 
     #[test]
