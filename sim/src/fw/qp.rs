@@ -486,15 +486,25 @@ pub(crate) struct Qp {
     pub(crate) max_msg: u64,
     /// The SRQ the QP receives through (`rq_type` SRQ); it then has no RQ of its own.
     pub(crate) srqn: Option<u32>,
-    /// `user_index` (`cqe_version` 1): every CQE of the QP carries it in `srqn_uidx`, where rdma-core's mlx5
-    /// provider looks the QP up (mlx5_ib gives a user QP the provider's index, a kernel QP
-    /// `MLX5_IB_DEFAULT_UIDX`).
-    pub(crate) user_index: u32,
+    /// `qpc.user_index`: what the QP's CQEs carry in `srqn_uidx` (CQE version 1), unless it is
+    /// `MLX5_IB_DEFAULT_UIDX`, which asks for version 0 (the SRQ number of a receive through an SRQ, else 0).
+    user_index: u32,
     /// The LAST_WQE_REACHED event went out for the QP's current stay in ERR.
     pub(crate) last_wqe_sent: bool,
 }
 
 impl Qp {
+    /// The `srqn_uidx` of the QP's CQEs: its user index, or in CQE version 0 `legacy` (the SRQ a receive took its
+    /// WQE from, 0 for a send). rdma-core's mlx5 provider finds the QP of a version 1 CQE by this index alone
+    /// (found with rdma-core's tests under UML: a context whose SRQ took index 0 lost its receives).
+    pub(crate) fn cqe_srqn_uidx(&self, legacy: u32) -> u32 {
+        if self.user_index == consts::MLX5_IB_DEFAULT_UIDX {
+            legacy
+        } else {
+            self.user_index
+        }
+    }
+
     /// READs and atomics the QP may have in flight as a requester: `1 << log_sra_max`, at least one, within the
     /// window.
     pub(crate) fn sra_limit(&self) -> usize {

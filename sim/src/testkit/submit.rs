@@ -433,7 +433,6 @@ impl Cqe {
     pub fn imm(&self) -> u32 {
         self.be(c::mlx5_cqe64::IMMEDIATE)
     }
-    /// `srqn_uidx` (24 bits): with `cqe_version` 1 the QP's user index.
     pub fn srqn_uidx(&self) -> u32 {
         self.be(c::mlx5_cqe64::SRQN) & 0xff_ffff
     }
@@ -891,7 +890,13 @@ impl Rdma {
     }
 
     pub fn qp(&mut self, spec: QpSpec, cqn_snd: u32, cqn_rcv: u32) -> TQp {
-        let (inp, pages, dbr) = self.create_qp_in(spec, cqn_snd, cqn_rcv);
+        self.qp_with(spec, cqn_snd, cqn_rcv, |_| {})
+    }
+
+    /// [`Rdma::qp`] with `edit` applied to the CREATE_QP input first.
+    pub fn qp_with(&mut self, spec: QpSpec, cqn_snd: u32, cqn_rcv: u32, edit: impl FnOnce(&mut Vec<u8>)) -> TQp {
+        let (mut inp, pages, dbr) = self.create_qp_in(spec, cqn_snd, cqn_rcv);
+        edit(&mut inp);
         let (s, syn, out) = self.h.cmd(&inp, ifc::create_qp_out::SIZE_BYTES);
         assert_eq!((s, syn), (0, 0), "CREATE_QP");
         let qpn = MsgBuf::get(&out[..], ifc::create_qp_out::QPN);

@@ -264,7 +264,7 @@ impl Completions<'_> {
         if qp.st != QpType::Rc {
             qp.next_send_psn = qp.next_send_psn.wrapping_add(packets(len, qp.mtu)) & PSN_MASK;
         }
-        let (cqn, uidx) = (qp.cqn_snd, qp.user_index);
+        let cqn = qp.cqn_snd;
         if w.signaled {
             let byte_cnt = u32::try_from(len).unwrap_or(u32::MAX);
             let cqe = CqeOut {
@@ -273,7 +273,7 @@ impl Completions<'_> {
                 qpn,
                 wqe_counter: w.index,
                 byte_cnt,
-                srqn: uidx,
+                srqn: qp.cqe_srqn_uidx(0),
                 ..CqeOut::default()
             };
             self.cq.post(cqn, cqe);
@@ -291,14 +291,14 @@ impl Completions<'_> {
         if qp.reqs.is_empty() {
             qp.sq_next = qp.sq_ci;
         }
-        let (cqn, uidx) = (qp.cqn_snd, qp.user_index);
+        let cqn = qp.cqn_snd;
         let cqe = CqeOut {
             opcode: consts::MLX5_CQE_REQ_ERR,
             wqe_opcode: opcode,
             qpn,
             wqe_counter: index,
             syndrome,
-            srqn: uidx,
+            srqn: qp.cqe_srqn_uidx(0),
             ..CqeOut::default()
         };
         self.cq.post(cqn, cqe);
@@ -317,7 +317,7 @@ impl Completions<'_> {
         qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
         cqe.qpn = qpn;
         cqe.wqe_counter = index;
-        cqe.srqn = qp.user_index;
+        cqe.srqn = qp.cqe_srqn_uidx(srqn.unwrap_or(0));
         let cqn = qp.cqn_rcv;
         // The CQE names the SRQ WQE; the SRQ moves on (and may raise its limit event) after it.
         self.cq.post(cqn, cqe);
@@ -339,7 +339,7 @@ impl Completions<'_> {
             qpn,
             wqe_counter: index,
             syndrome,
-            srqn: qp.user_index,
+            srqn: qp.cqe_srqn_uidx(srqn.unwrap_or(0)),
             ..CqeOut::default()
         };
         self.cq.post(cqn, cqe);

@@ -21,7 +21,9 @@ impl Completions<'_> {
         use c::mlx5_wqe_ctrl_seg as cs;
         let last_wqe = self.srqs().last_wqe_reached(qpn);
         let Some(qp) = self.qps.get_mut(&qpn) else { return false };
-        let (cqn_snd, cqn_rcv, uidx) = (qp.cqn_snd, qp.cqn_rcv, qp.user_index);
+        let (cqn_snd, cqn_rcv) = (qp.cqn_snd, qp.cqn_rcv);
+        // The flushed receives are the QP's own RQ's: no SRQ number in CQE version 0.
+        let uidx = qp.cqe_srqn_uidx(0);
         let flush = |opcode: u8, wqe_opcode: u8, wqe_counter: u16| CqeOut {
             opcode,
             wqe_opcode,

@@ -275,7 +275,7 @@ mod tests {
     use super::*;
     use crate::config::SimConfig;
     use crate::mmio::SimMmio;
-    use crate::testkit::submit::{Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
+    use crate::testkit::submit::{put, Bell, Cqe, Mr, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
     use mlx5_core::hal::Mmio;
     use mlx5_core::prm::ifc;
     use mlx5_core::prm::MsgBuf;
@@ -1152,6 +1152,69 @@ mod tests {
             wqe_counter: 0,
             why: "unknown destination (not connected)"
         }));
+    }
+
+    #[test]
+    fn a_pair_reset_after_a_remote_operation_error_runs_again() {
+        // rdma-core's test_mr_rereg_addr: the server's receive names a destroyed key (the MR was re-registered at
+        // another address), the client's SEND fails with REMOTE_OP_ERR, both QPs go RST -> RTS, and a SEND with a
+        // receive through the new key must then complete.
+        let mut p = pair();
+        let old = p.r.mr(4096);
+        p.r.post_recv(&mut p.b, &[(old.addr(), 64, old.key)]);
+        p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, p.mr.key)]);
+        p.r.post_recv(&mut p.a, &[(p.mr.addr(), 64, p.mr.key)]);
+        let mut d = vec![0u8; ifc::destroy_mkey_in::SIZE_BYTES];
+        d.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_DESTROY_MKEY.into());
+        d.set(ifc::destroy_mkey_in::MKEY_INDEX, old.key >> 8);
+        assert_eq!(p.r.h.cmd(&d, ifc::destroy_mkey_out::SIZE_BYTES).0, 0);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, p.mr.key, p.mr.addr()), Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).expect("requester CQE");
+        assert_eq!(e.status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_OP_ERR));
+        for qp in [&mut p.a, &mut p.b] {
+            assert_eq!(p.r.modify(consts::MLX5_CMD_OP_2RST_QP, qp.qpn, 0, |_, _| {}), (0, 0));
+            qp.sq_pi = 0;
+            qp.rq_head = 0;
+            put(&qp.dbr, 0, &[0; 8]);
+        }
+        let (ra, rb) = (p.r.me(p.a.qpn), p.r.me(p.b.qpn));
+        p.r.connect_rc(&p.a, &rb, RcParams::default());
+        p.r.connect_rc(&p.b, &ra, RcParams::default());
+        p.r.post_recv(&mut p.b, &[(p.mr.addr(), 64, p.mr.key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(8, p.mr.key, p.mr.addr()), Bell::Db);
+        // The requester's CQ still holds the flush of A's receive; the new SEND's CQE follows.
+        let mut got = Vec::new();
+        while let Some(c) = p.r.poll(&mut p.a_scq) {
+            got.push(c.status());
+        }
+        assert_eq!(got.last(), Some(&(REQ, 0)), "{got:?}");
+    }
+
+    #[test]
+    fn cqes_carry_the_qps_user_index_unless_it_asks_for_cqe_version_0() {
+        // Found with rdma-core's test_parent_domain under UML: the provider (CQE version 1) finds a CQE's QP by
+        // `srqn_uidx` alone; the simulator wrote the SRQ number or 0 there, so a receive went to whatever held index
+        // 0 (the context's SRQ) and polling failed.
+        let mut r = Rdma::new(SimConfig::default());
+        let (mut scq, mut rcq) = (r.cq(5), r.cq(5));
+        let uidx = |n: u32| move |i: &mut Vec<u8>| i.set(ifc::qpc::USER_INDEX.at(ifc::create_qp_in::QPC), n);
+        let mut a = r.qp_with(QpSpec::rc(), scq.cqn, rcq.cqn, uidx(7));
+        let mut b = r.qp_with(QpSpec::rc(), scq.cqn, rcq.cqn, uidx(consts::MLX5_IB_DEFAULT_UIDX));
+        let (ra, rb) = (r.me(a.qpn), r.me(b.qpn));
+        r.connect_rc(&a, &rb, RcParams::default());
+        r.connect_rc(&b, &ra, RcParams::default());
+        let mr = r.mr(4096);
+        r.post_recv(&mut b, &[(mr.addr(), 64, mr.key)]);
+        r.post_recv(&mut a, &[(mr.addr(), 64, mr.key)]);
+        r.post_send(&mut a, &Wqe::new(SEND).data(8, mr.key, mr.addr()), Bell::Db);
+        let (send, recv) = (r.poll(&mut scq).unwrap(), r.poll(&mut rcq).unwrap());
+        assert_eq!((send.status(), send.srqn_uidx()), ((REQ, 0), 7), "A's index");
+        // B asked for version 0: no SRQ, so 0.
+        assert_eq!((recv.status(), recv.qpn(), recv.srqn_uidx()), ((RESP_SEND, 0), b.qpn, 0));
+        r.post_send(&mut b, &Wqe::new(SEND).data(8, mr.key, mr.addr()), Bell::Db);
+        let (send, recv) = (r.poll(&mut scq).unwrap(), r.poll(&mut rcq).unwrap());
+        assert_eq!((send.qpn(), send.srqn_uidx()), (b.qpn, 0));
+        assert_eq!((recv.qpn(), recv.srqn_uidx()), (a.qpn, 7));
     }
 
     #[test]

@@ -149,8 +149,7 @@ fn two_rc_qps_share_one_srq_and_its_wqes_are_reused() {
         send(&mut n, tx, m, 0, 24);
         let sn = n.hca.poll_cq(&mut scq, &mut [&mut a1, &mut a2][..], &mut swc).unwrap();
         assert_eq!((sn, swc[0].wr_id, swc[0].status), (1, m, WcStatus::Success), "message {m}");
-        // The CQE as the device wrote it carries the QP's user index where the SRQ number would be (cqe_version 1:
-        // ours is MLX5_IB_DEFAULT_UIDX, as mlx5_ib gives its kernel QPs); the poll finds the SRQ through the QP.
+        // The CQE as the device wrote it names the SRQ.
         let ci = rcq.cons_index();
         let (view, off) = rcq.buf().locate((ci as usize & (rcq.nent() as usize - 1)) * 64);
         let mut img = [0u8; 64];
@@ -158,7 +157,7 @@ fn two_rc_qps_share_one_srq_and_its_wqes_are_reused() {
         // SAFETY: 64 bytes inside the live ring (ptr_at checks); the device wrote this entry and writes no other
         // until the driver consumes it.
         unsafe { std::ptr::copy_nonoverlapping(p, img.as_mut_ptr(), 64) };
-        assert_eq!(mlx5_core::cq::Cqe(img).srqn(), consts::MLX5_IB_DEFAULT_UIDX, "message {m}");
+        assert_eq!(mlx5_core::cq::Cqe(img).srqn(), s.srqn(), "message {m}");
         let got = {
             let mut qps = [&mut b1, &mut b2];
             let mut table = WithSrqs { qps: &mut qps[..], srqs: &mut [&mut s] };
