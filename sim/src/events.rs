@@ -171,8 +171,11 @@ pub enum RetryKind {
 /// (`EVENT_LOG_MAX`), so once it dropped some (`partial`) these are lower bounds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Recoveries {
-    /// Requests sent again after the ACK timer expired (rxe: `completer_retry_err`).
-    pub ack_timer_retries: u64,
+    /// Go-back-N retransmissions, after an ACK timeout or a sequence NAK (rxe: `completer_retry_err`, which
+    /// counts both).
+    pub retransmissions: u64,
+    /// Of what started them: ACK timeouts (or a request that reached no QP).
+    pub ack_timeouts: u64,
     /// Requests sent again after an RNR NAK's timer (rxe: `rcvd_rnr_err`).
     pub rnr_retries: u64,
     /// Sequence NAKs received, each answered by sending again from the NAKed PSN (rxe: `rcvd_seq_err`).
@@ -191,7 +194,8 @@ impl Recoveries {
         let mut r = Recoveries { partial: dropped > 0, ..Recoveries::default() };
         for e in events {
             match e {
-                SimEvent::Retry { kind: RetryKind::Transport, .. } => r.ack_timer_retries += 1,
+                SimEvent::Retry { kind: RetryKind::Transport, .. } => r.retransmissions += 1,
+                SimEvent::Unreachable { .. } => r.ack_timeouts += 1,
                 SimEvent::Retry { kind: RetryKind::Rnr, .. } => r.rnr_retries += 1,
                 SimEvent::PsnSequenceNak { .. } => r.sequence_naks += 1,
                 SimEvent::PsnSequenceError { .. } => r.out_of_sequence += 1,
@@ -204,7 +208,7 @@ impl Recoveries {
 
     /// Whether anything was recovered from.
     pub fn any(&self) -> bool {
-        self.ack_timer_retries + self.rnr_retries + self.sequence_naks + self.out_of_sequence + self.duplicate_requests
+        self.retransmissions + self.rnr_retries + self.sequence_naks + self.out_of_sequence + self.duplicate_requests
             > 0
     }
 }
@@ -213,10 +217,11 @@ impl std::fmt::Display for Recoveries {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}{} ACK-timer retries, {} RNR retries, {} sequence NAKs received, {} out-of-sequence requests NAKed, {} \
-             duplicate requests answered again",
+            "{}{} retransmissions ({} ACK timeouts), {} RNR retries, {} sequence NAKs received, {} out-of-sequence \
+             requests NAKed, {} duplicate requests answered again",
             if self.partial { "at least: " } else { "" },
-            self.ack_timer_retries,
+            self.retransmissions,
+            self.ack_timeouts,
             self.rnr_retries,
             self.sequence_naks,
             self.out_of_sequence,
@@ -232,6 +237,7 @@ mod tests {
     #[test]
     fn recoveries_count_each_kind_and_say_when_the_log_was_cut() {
         let log = [
+            SimEvent::Unreachable { qpn: 1, wqe_counter: 0, why: "no response before the ACK timeout" },
             SimEvent::Retry { qpn: 1, wqe_counter: 0, kind: RetryKind::Transport },
             SimEvent::Retry { qpn: 1, wqe_counter: 1, kind: RetryKind::Transport },
             SimEvent::Retry { qpn: 1, wqe_counter: 2, kind: RetryKind::Rnr },
@@ -242,13 +248,20 @@ mod tests {
         ];
         let r = Recoveries::count(&log, 0);
         assert_eq!(
-            (r.ack_timer_retries, r.rnr_retries, r.sequence_naks, r.out_of_sequence, r.duplicate_requests),
-            (2, 1, 1, 1, 1)
+            (
+                r.retransmissions,
+                r.ack_timeouts,
+                r.rnr_retries,
+                r.sequence_naks,
+                r.out_of_sequence,
+                r.duplicate_requests
+            ),
+            (2, 1, 1, 1, 1, 1)
         );
         assert!(r.any() && !r.partial);
         assert!(!r.to_string().starts_with("at least"));
-        let none = Recoveries::count(&log[6..], 3);
+        let none = Recoveries::count(&log[7..], 3);
         assert!(!none.any() && none.partial);
-        assert!(none.to_string().starts_with("at least: 0 ACK-timer retries"));
+        assert!(none.to_string().starts_with("at least: 0 retransmissions (0 ACK timeouts)"));
     }
 }

@@ -66,6 +66,10 @@ pub(crate) const QEMU_LIMITS: &[(&str, &str)] = &[
     ("link::vde::tests::a_peer_that_goes_away_ends_in_a_retry_error", NO_VDEPLUG),
     ("link::vde::tests::a_switch_that_goes_away_takes_the_port_down", NO_VDEPLUG),
     ("link::vde::tests::rc_through_wirefilter_loss_duplicates_and_reordering_delivers_every_message_once", NO_VDEPLUG),
+    (
+        "link::vde::tests::reads_of_sixteen_packets_reordered_on_the_wire_complete_as_long_as_attempts_make_progress",
+        NO_VDEPLUG,
+    ),
     ("link::vde::tests::pcap_records_every_frame_the_port_sends_and_receives_on_the_fabric", NO_VDEPLUG),
     ("link::vde::tests::a_bad_url_is_a_clear_error", NO_VDEPLUG),
     ("link::vde::tests::ports_of_one_machine_go_past_the_switch_and_anything_else_through_it", NO_VDEPLUG),

@@ -659,8 +659,14 @@ pub fn log_wire_recoveries() {
         // Simulated devices come first in the list, so their names are their places.
         for (i, e) in sims.iter().enumerate() {
             if let (Source::Sim(dev), true) = (&e.source, lock(&e.wire).is_some()) {
+                // What the fabric lost on our side too: frames a busy peer's socket did not take in time (then
+                // sent through the switch for a while) and a full send queue.
                 let frames = dev.vde_counters().map_or_else(String::new, |c| {
-                    format!("; VDE fabric: {} frames sent, {} received", c.tx_frames, c.rx_frames)
+                    format!(
+                        "; VDE fabric: {} frames sent, {} received, {} dropped as the peer's socket was full, {} as \
+                         the send queue was",
+                        c.tx_frames, c.rx_frames, c.tx_direct_timeout, c.tx_queue_full
+                    )
                 });
                 log::info!("mlx5_{i}: wire recoveries: {}{frames}", dev.recoveries());
             }

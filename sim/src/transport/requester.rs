@@ -364,13 +364,21 @@ impl Requester<'_> {
         self.restart_ack_timer(qpn, now);
     }
 
-    /// Progress restarts the ACK timer of the oldest request of `qpn` left in flight (as rdma_rxe's completer
-    /// does).
+    /// Progress restarts the ACK timer of the oldest request of `qpn` left in flight, gives it its retries back
+    /// and ends the retransmission under way, so the next sequence NAK may start another (as rdma_rxe's completer
+    /// does: every ACK and READ response packet resets its retry counters and its `started_retry`). A long READ
+    /// or WRITE whose packets a lossy, reordering wire keeps cutting short then fails only after `retry_count`
+    /// attempts in a row without progress, not after that many in all.
     fn restart_ack_timer(&mut self, qpn: u32, now: u64) {
-        if let Some(r) = self.qps.get_mut(&qpn).and_then(|q| q.reqs.front_mut()) {
+        let Some(q) = self.qps.get_mut(&qpn) else { return };
+        q.retrying = false;
+        let (retry_count, rnr_retry) = (q.retry_count, q.rnr_retry);
+        if let Some(r) = q.reqs.front_mut() {
             if let Phase::InFlight { sent_ns } = &mut r.phase {
                 *sent_ns = now.max(*sent_ns);
             }
+            r.transport_left = retry_count;
+            r.rnr_left = rnr_retry;
         }
     }
 

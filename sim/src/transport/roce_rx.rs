@@ -644,9 +644,17 @@ impl Datapath<'_> {
                 let taken = |p: &Partial| p.first_psn == first && p.next_psn == psn;
                 let resp = match pos {
                     Position::Only | Position::First if psn == start => {
-                        let mut data = match self.dp.rx.reads.remove(&qpn) {
-                            Some(p) if resume > 0 && taken(&p) => p.data,
-                            _ if resume == 0 => self.dp.rx.buffer(&[], len),
+                        // A READ asked again from `resume` goes on from the data taken, when it ends there. When it
+                        // does not (a late packet of the attempt before was taken past `resume` meanwhile), the
+                        // data is kept and this packet dropped: the next ones of this attempt go on from it.
+                        let mut data = match self.dp.rx.reads.get(&qpn) {
+                            Some(p) if resume > 0 && taken(p) => {
+                                self.dp.rx.reads.remove(&qpn).map(|p| p.data).unwrap_or_default()
+                            }
+                            _ if resume == 0 => {
+                                self.dp.rx.reads.remove(&qpn);
+                                self.dp.rx.buffer(&[], len)
+                            }
                             _ => return self.rx_drop("READ response at the wrong PSN"),
                         };
                         data.extend_from_slice(r.payload);
@@ -689,7 +697,9 @@ impl Datapath<'_> {
                             let (got, asked) = (psn_diff(p.next_psn, first), p.nak_sent);
                             p.nak_sent = true;
                             self.rx_drop("READ response out of sequence");
-                            if asked {
+                            // Nor while the READ is being asked again with nothing taken since (a late packet
+                            // of the attempt before): the ACK timer takes care, as for a sequence NAK then.
+                            if asked || self.fw.qps.get(&qpn).is_some_and(|q| q.retrying) {
                                 return;
                             }
                             self.set_resume(qpn, got as u32);
