@@ -237,7 +237,6 @@ const CX5_VS_CX4: &[(&str, &str)] = &[
     ("device_frequency_mhz", "the ConnectX-4's clock in MHz (275); superseded by device_frequency_khz"),
     ("out_of_seq_cnt", "the Q counter's out_of_sequence counter, modelled"),
     ("sigerr_cqe", "signature-error CQEs are decoded by the core"),
-    ("dct", "DC targets offered (the recorded ConnectX-4 reports none)"),
     ("pg", "ODP capability pages present (the core does not use ODP)"),
     ("cq_period_mode_modify", "MODIFY_CQ of the period mode"),
     ("umr_modify_entity_size_disabled", "no UMR WQE is executed: mlx5_ib registers with CREATE_MKEY (fw/caps.rs)"),
