@@ -41,7 +41,7 @@ const PERFTEST: [(&str, u16); 2] = [("ib_send_bw", 18515), ("ib_write_bw", 18516
 const PERF_ITERS: u32 = 100;
 /// How often a perftest pair runs at most. perftest reports only when its calibration of the cycle counter
 /// against gettimeofday fits (r^2 >= 0.9); in a UML guest on a loaded host a system call's time varies so much
-/// that 2 client runs of 15 here missed it after a complete test ("Can't produce a report"). A then asks B for
+/// that 2 client runs of 17 here missed it after a complete test ("Can't produce a report"). A then asks B for
 /// another server (over TCP, `VERDICT_PORT`), and the run says how many it took. B listens for that word while its
 /// server runs: a server whose client died at the report waits for the client's last exchange until its bound.
 const PERF_ATTEMPTS: u32 = 3;
