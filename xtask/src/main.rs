@@ -184,7 +184,7 @@ fn ci(root: &Path) -> Result<(), String> {
     linux_drives_sim::ci_step(root)?;
     // Two simulated Ethernet ports under two UML instances' mlx5e, on one cable: ping, iperf3, ethtool -S, then
     // over RoCEv2 ibv_devinfo, ibv_rc_pingpong -g, and over rdma_cm rping, ib_send_bw -R and ib_write_bw -R (the
-    // whole `--eth`: 27-37 s warm, against 17-25 s without the rdma_cm programs).
+    // whole `--eth`: 26-37 s warm, against 17-25 s without the rdma_cm programs).
     linux_drives_sim::ci_step_eth(root)?;
     // Two simulated IB ports of one UML on one cable: Debian's opensm assigns the LIDs and activates them; then a
     // second opensm sweeps a third function's cable to a host process on our own stack (its QP0 served by

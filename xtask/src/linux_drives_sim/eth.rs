@@ -41,8 +41,9 @@ const PERFTEST: [(&str, u16); 2] = [("ib_send_bw", 18515), ("ib_write_bw", 18516
 const PERF_ITERS: u32 = 100;
 /// How often a perftest pair runs at most. perftest reports only when its calibration of the cycle counter
 /// against gettimeofday fits (r^2 >= 0.9); in a UML guest on a loaded host a system call's time varies so much
-/// that one client run of 12 here missed it after a complete test ("Can't produce a report"). A then asks B for
-/// another server (over TCP, `VERDICT_PORT`), and the run says how many it took.
+/// that 2 client runs of 17 here missed it after a complete test ("Can't produce a report"). A then asks B for
+/// another server (over TCP, `VERDICT_PORT`), and the run says how many it took. B listens for that word while its
+/// server runs: a server whose client died at the report waits for the client's last exchange until its bound.
 const PERF_ATTEMPTS: u32 = 3;
 /// The TCP port B waits on for A's word after each perftest server: `again` or `done`.
 const VERDICT_PORT: u16 = 5036;
@@ -107,9 +108,11 @@ fn init_script(me: usize, roce: Roce, cpu_mhz: Option<&str>) -> String {
             server.push_str(&format!(
                 "a=0\nwhile :; do\n\
                  a=$((a+1))\n\
-                 timeout 200 {prog} -d mlx5_0 -R -p {port} -n {PERF_ITERS} >> /tmp/{prog}.txt 2>&1\n\
-                 echo \"{prog} server exit $?\" >> /tmp/{prog}.txt\n\
-                 v=$(timeout 150 nc -l -p {VERDICT_PORT})\n\
+                 timeout 200 {prog} -d mlx5_0 -R -p {port} -n {PERF_ITERS} >> /tmp/{prog}.txt 2>&1 &\n\
+                 p=$!\n\
+                 v=$(timeout 300 nc -l -p {VERDICT_PORT})\n\
+                 [ \"$v\" = again ] && kill $p 2>/dev/null\n\
+                 wait $p; echo \"{prog} server exit $?\" >> /tmp/{prog}.txt\n\
                  [ \"$v\" = again ] && [ $a -lt {PERF_ATTEMPTS} ] || break\n\
                  done\n"
             ));
