@@ -1184,6 +1184,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn our_recoveries_are_read_from_the_exit_log_and_a_line_of_zeros_is_no_recovery() {
+        let none = "libibverbs(mlx5-rs) INFO: mlx5_0: wire recoveries: 0 retransmissions (0 ACK timeouts), 0 RNR \
+                    retries, 0 sequence NAKs received, 0 out-of-sequence requests NAKed, 0 duplicate requests \
+                    answered again; VDE fabric: 81 frames sent, 81 received";
+        let lines = our_recoveries(&format!("rping: noise\n{none}\n"));
+        assert_eq!(lines.len(), 1);
+        assert!(lines[0].starts_with("0 retransmissions") && !recovered(&lines), "{lines:?}");
+        let some = none.replace("0 duplicate requests", "6 duplicate requests");
+        assert!(recovered(&our_recoveries(&some)));
+        let partial = none.replace("recoveries: 0 retransmissions", "recoveries: at least: 3 retransmissions");
+        assert!(recovered(&our_recoveries(&partial)));
+        assert!(our_recoveries("nothing logged").is_empty());
+    }
+
+    #[test]
     fn crc32_is_the_ethernet_crc() {
         assert_eq!(crc32(b"123456789".iter().copied()), 0xcbf4_3926);
     }
