@@ -712,8 +712,9 @@ fn survivor(
     Ok(())
 }
 
-/// `--loss`: two `vde_switch`es in a private directory, `wirefilter` between them losing a share of the frames;
-/// the survivor plugs into the first, each peer into the second. Ended when dropped.
+/// `--loss`: two `vde_switch`es in a private directory, `wirefilter` between them losing a share of the frames,
+/// duplicating 2 % and delaying each by 1-3 ms without FIFO order (so frames overtake each other); the survivor
+/// plugs into the first, each peer into the second. Ended when dropped.
 struct Fabric {
     dirs: [std::path::PathBuf; 2],
     pids: Vec<std::path::PathBuf>,
@@ -743,7 +744,19 @@ impl Fabric {
         let plugs = format!("{}:{}", dirs[0].display(), dirs[1].display());
         run(
             Command::new("wirefilter")
-                .args(["-v", &plugs, "-l", &loss_pct.to_string(), "--daemon", "--pidfile"])
+                .args([
+                    "-v",
+                    &plugs,
+                    "-l",
+                    &loss_pct.to_string(),
+                    "-D",
+                    "2",
+                    "-d",
+                    "2+1",
+                    "-N",
+                    "--daemon",
+                    "--pidfile",
+                ])
                 .arg(&pid),
             "wirefilter",
         )?;
