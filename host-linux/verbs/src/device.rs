@@ -356,6 +356,20 @@ impl Entry {
         }
         // A VDE port lets its last frames out and leaves the fabric; its next bring-up plugs in again.
         if let Some(wire) = w.as_mut().filter(|w| matches!(w.spec, WireSpec::Vde(_))) {
+            // What the fabric carried and lost on this side, logged before the counters go with the link: a
+            // program that closes its device before it exits (UCX) has none left for the exit log.
+            if let Some(c) = dev.vde_counters().filter(|_| log::log_enabled!(log::Level::Info)) {
+                log::info!(
+                    "VDE port leaves the fabric: {} frames sent, {} received; dropped: {} as a peer's socket was \
+                     full, {} as the send queue was, {} IB messages incomplete, {} IB frames malformed",
+                    c.tx_frames,
+                    c.rx_frames,
+                    c.tx_direct_timeout,
+                    c.tx_queue_full,
+                    c.rx_ib_incomplete,
+                    c.rx_ib_malformed
+                );
+            }
             dev.vde_unplug();
             wire.done = None;
         }

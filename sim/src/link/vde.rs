@@ -55,8 +55,12 @@ use super::vde_ib::{IB_FRAGMENT, MAX_PARTIAL};
 
 pub use super::datagrams::MAX_ETH_FRAME;
 
-/// Frames waiting for the writer at most; more are dropped and counted.
-pub const TX_QUEUE: usize = 4096;
+/// Frames waiting for the writer at most (so at most 24 MiB); more are dropped and counted. Room for several
+/// InfiniBand messages of 1 MiB (717 frames each) at once: with 4,096, UCP's `tag_bw` of 1 MiB over IB, whose
+/// rendezvous has several 1 MiB READ responses in flight, lost hundreds to thousands of frames a run, each loss
+/// a whole message that only the requester's ACK timer (UCX: 1 s) recovered (7.6-15 MB/s against 91-100 without
+/// a drop, debug build).
+pub const TX_QUEUE: usize = 16384;
 
 /// IPv4 neighbours remembered at most (the oldest goes first).
 pub const MAX_NEIGHBOURS: usize = 256;

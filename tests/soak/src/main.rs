@@ -20,7 +20,8 @@ const USAGE: &str =
   --threaded     the in-process soak on threaded simulated devices (worker threads, real time)
   --wire         the two-process wire soak: RC traffic to a peer process that is killed and restarted
   --kills K      peers killed during a --wire run (default 4)
-  --loss PCT     --wire over a VDE fabric with wirefilter between the two processes losing PCT % of the frames
+  --loss PCT     --wire over a VDE fabric with wirefilter between the two processes losing PCT % of the frames,
+                 duplicating 2 % and reordering them
                  (1..50; needs Debian's vde2), the retransmissions in the report";
 
 /// `1000000`, `1_000_000`, `1e6` and `10^6` all read as one million; anything else (signs, blanks, overflow) is

@@ -80,7 +80,8 @@ pub struct WireReport {
     pub drains_ms: Vec<u64>,
     pub budget_ms: u64,
     /// `--loss`: the loss wirefilter applied, and the survivor's recoveries from the device's event log (which
-    /// keeps its last events only, so these are lower bounds): ACK-timer retries and sequence NAKs it received.
+    /// keeps its last events only, so these are lower bounds): retransmissions (after an ACK timeout or a sequence
+    /// NAK; RNR retries too) and sequence NAKs it received.
     pub loss_pct: Option<u32>,
     pub retries: u64,
     pub sequence_naks: u64,
@@ -165,7 +166,7 @@ impl WireReport {
         completions.sort();
         let mut s = match self.loss_pct {
             Some(l) => format!(
-                "VDE fabric, wirefilter losing {l} %: at least {} ACK-timer retries and {} sequence NAKs recovered\n",
+                "VDE fabric, wirefilter losing {l} %: at least {} retransmissions and {} sequence NAKs recovered\n",
                 self.retries, self.sequence_naks
             ),
             None => String::new(),
@@ -712,8 +713,9 @@ fn survivor(
     Ok(())
 }
 
-/// `--loss`: two `vde_switch`es in a private directory, `wirefilter` between them losing a share of the frames;
-/// the survivor plugs into the first, each peer into the second. Ended when dropped.
+/// `--loss`: two `vde_switch`es in a private directory, `wirefilter` between them losing a share of the frames,
+/// duplicating 2 % and delaying each by 1-3 ms without FIFO order (so frames overtake each other); the survivor
+/// plugs into the first, each peer into the second. Ended when dropped.
 struct Fabric {
     dirs: [std::path::PathBuf; 2],
     pids: Vec<std::path::PathBuf>,
@@ -743,7 +745,19 @@ impl Fabric {
         let plugs = format!("{}:{}", dirs[0].display(), dirs[1].display());
         run(
             Command::new("wirefilter")
-                .args(["-v", &plugs, "-l", &loss_pct.to_string(), "--daemon", "--pidfile"])
+                .args([
+                    "-v",
+                    &plugs,
+                    "-l",
+                    &loss_pct.to_string(),
+                    "-D",
+                    "2",
+                    "-d",
+                    "2+1",
+                    "-N",
+                    "--daemon",
+                    "--pidfile",
+                ])
                 .arg(&pid),
             "wirefilter",
         )?;

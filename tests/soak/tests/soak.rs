@@ -80,9 +80,9 @@ fn a_killed_peer_gives_retry_exceeded_and_flushes_within_the_budget() {
     assert!(rep.max_drain_ms > 0 && rep.budget_ms == 536);
 }
 
-/// `--loss`: the two processes on a VDE fabric with wirefilter losing 3 % of the frames between them (Debian's
-/// vde2 must be installed: `cargo xtask ci` installs it). The same invariants hold, and the loss was recovered
-/// from by retransmission.
+/// `--loss`: the two processes on a VDE fabric with wirefilter losing 3 % of the frames between them, duplicating
+/// and reordering some (Debian's vde2 must be installed: `cargo xtask ci` installs it). The same invariants hold,
+/// and the loss was recovered from by retransmission.
 #[test]
 fn a_lossy_vde_fabric_keeps_every_invariant_and_counts_the_recoveries() {
     use mlx5_soak::wire::{run_wire, WireOptions};
