@@ -133,6 +133,10 @@ fn ci(root: &Path) -> Result<(), String> {
     cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     // The simulator's VDE tests need Debian's vde2 and libvdeplug2.
     vde::ensure_vde()?;
+    // tshark, a RoCE decoder nobody here wrote, reads the captures of tests/all/pcap.rs and of rxe-interop.
+    if !vfio_test::have("tshark") {
+        vfio_test::apt_install(&["tshark"])?;
+    }
     cargo(root, &["test", "--workspace"])?;
     // Rustdoc of the libraries a user reads, with every intra-doc link resolved.
     let deny = r#"build.rustdocflags=["-D", "warnings"]"#;
