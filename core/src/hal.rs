@@ -319,6 +319,9 @@ impl<'a> DmaView<'a> {
 /// When it does not: offsets are computed by the driver from its own layouts, so this catches a driver bug.
 #[inline]
 fn checked_ptr(cpu: NonNull<u8>, size: usize, off: usize, len: usize) -> *mut u8 {
+    // Spelled as the check it replaced: clippy's `is_none_or` form moved the receive loop's registers (+1.7
+    // instructions per WQE through the C ABI).
+    #[allow(clippy::nonminimal_bool)]
     if !off.checked_add(len).is_some_and(|end| end <= size) {
         outside_region();
     }
