@@ -372,6 +372,43 @@ fn a_flood_of_reqs_past_the_pending_limit_is_rejected_and_destroyed_ids_leave_no
     }
 }
 
+/// A client that goes away between its REQ and the RTU (its ID destroyed, as a process's IDs are when it exits):
+/// the CM withdraws the REQ with a REJ of reason 4 (timeout, `IB_CM_REJ_TIMEOUT`), as Linux's `cm_destroy_id` does in REQ_SENT, so the
+/// listener's side gets RDMA_CM_EVENT_REJECTED with that status on the new ID, an accept after it is refused, and
+/// nothing of either side is left: no connection in the engine, no ID in the library.
+#[test]
+fn a_client_that_goes_away_before_the_rtu_leaves_the_listener_a_rejected_event_and_nothing_else() {
+    let _one = serial();
+    let ids_before = crate::agent::cm().ids.len();
+    let (sch, cch) = (rdma_create_event_channel(), rdma_create_event_channel());
+    let listen = new_id(sch, ps::TCP);
+    let mut at = sin(OWN, 7306);
+    // SAFETY: live IDs and addresses.
+    unsafe {
+        assert_eq!(rdma_bind_addr(listen, sa(&mut at)), 0);
+        assert_eq!(rdma_listen(listen, 4), 0);
+    }
+    let client = connect_to(cch, &mut at, 0x321);
+    let (ev, status, server) = next_event(sch, Duration::from_secs(5)).expect("the REQ arrived");
+    assert_eq!((ev, status), (event::CONNECT_REQUEST, 0));
+    assert_eq!(crate::agent::cm().devs[0].engine.connections(), 2, "the REQ on both sides");
+    // SAFETY: our ID; the client is gone before any REP or RTU.
+    assert_eq!(unsafe { rdma_destroy_id(client) }, 0);
+    let (ev, status, id) = next_event(sch, Duration::from_secs(5)).expect("the listener hears of it");
+    assert_eq!((ev, status, id), (event::REJECTED, 4, server), "REJECTED, reason 4 (timeout), on the new ID");
+    assert!(next_event(cch, Duration::from_millis(50)).is_none(), "nothing for the destroyed client");
+    // SAFETY: the passive ID, whose connection is gone.
+    unsafe {
+        assert_eq!((rdma_accept(server, ptr::null_mut()), errno()), (-1, libc::EINVAL));
+        assert_eq!(rdma_destroy_id(server), 0);
+        assert_eq!(rdma_destroy_id(listen), 0);
+        rdma_destroy_event_channel(sch);
+        rdma_destroy_event_channel(cch);
+    }
+    assert_eq!(crate::agent::cm().devs[0].engine.connections(), 0, "no connection left in the engine");
+    assert_eq!(crate::agent::cm().ids.len(), ids_before, "no ID left in the library");
+}
+
 /// One RC connection on the port with a QP on each ID (made by `rdma_create_qp`): the client connects with
 /// `init` as its initiator depth and responder resources, the server accepts with the same. Returns each QP's
 /// state, access flags, read/atomic depths and local ACK timeout once both sides saw ESTABLISHED.
