@@ -112,6 +112,7 @@ impl RqTable {
         out.set(ifc::wq::LOG_WQ_STRIDE.at(wq), rq.wq.log_stride);
         out.set(ifc::wq::LOG_WQ_SZ.at(wq), rq.wq.log_size);
         out.set(ifc::wq::LOG_WQ_PG_SZ.at(wq), rq.wq.page_shift - consts::MLX5_ADAPTER_PAGE_SHIFT);
+        out.set(ifc::wq::PAGE_OFFSET.at(wq), rq.wq.page_offset());
         out.set64(ifc::wq::DBR_ADDR.at(wq), rq.wq.dbr_addr);
         Ok(())
     }
@@ -206,6 +207,18 @@ mod tests {
         assert_eq!((s, y), (BAD_PARAM, syn::TIS_INVALID));
         let (s, y, _) = e.sq_with(tisn, |i| i.set(ifc::sqc::TIS_LST_SZ.at(ifc::create_sq_in::CTX), 2));
         assert_eq!((s, y), (BAD_PARAM, syn::TIS_INVALID));
+        // A ring may start inside its first page (mlx5_ib's raw packet QP); its pages must cover the offset too.
+        e.page_offset = 16;
+        let (s, y, _) = e.rq_with(move |i| i.truncate(ifc::wq::PAS.at(wq).byte_off() + 8));
+        assert_eq!((s, y), (BAD_PARAM, syn::PAS_TOO_FEW));
+        let (s, y, rqn) = e.rq();
+        assert_eq!((s, y), (0, 0));
+        let mut q = vec![0u8; ifc::query_rq_in::SIZE_BYTES];
+        q.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_QUERY_RQ.into());
+        q.set(ifc::query_rq_in::RQN, rqn);
+        let (_, _, out) = e.r.h.cmd(&q, ifc::query_rq_out::SIZE_BYTES);
+        assert_eq!(MsgBuf::get(&out[..], ifc::wq::PAGE_OFFSET.at(ifc::rqc::WQ.at(ifc::query_rq_out::RQ_CONTEXT))), 16);
+        e.page_offset = 0;
         // The refusals left the device usable: a well-formed RQ still goes through.
         assert_eq!(e.rq().0, 0);
         // The transport domain stays while a TIS belongs to it.

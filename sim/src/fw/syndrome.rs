@@ -75,7 +75,8 @@ pub const PAS_TOO_FEW: u32 = 0x51a0_0062;
 pub const PAS_MISALIGNED: u32 = 0x51a0_0063;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a `pas[]` (or MTT) page not inside live DMA memory.
 pub const PAS_NOT_MAPPED: u32 = 0x51a0_0064;
-/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a non-zero page_offset (not supported by the simulator).
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a page_offset an object does not take (a CQ's or EQ's non-zero one;
+/// one of a page or more for an SRQ ring).
 pub const PAGE_OFFSET: u32 = 0x51a0_0065;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ doorbell record not inside live DMA memory.
 pub const DBR_NOT_MAPPED: u32 = 0x51a0_0066;

@@ -464,6 +464,29 @@ mod tests {
     }
 
     #[test]
+    fn rings_that_start_inside_their_first_page_send_and_receive_from_there() {
+        // mlx5_ib's raw packet QP gives its RQ the QP's `page_offset` and its SQ the user buffer's: a quarter
+        // page here, so every WQE sits 1 KiB further into the pages `pas[]` lists.
+        let mut a = Eth::with_mac(MAC_A);
+        let mut b = Eth::with_mac(MAC_B);
+        a.r.h.dev.connect(&b.r.h.dev);
+        (a.page_offset, b.page_offset) = (16, 16);
+        let (mut sq, mut rq) = (a.ready_sq(), b.ready_rq_steered());
+        assert_eq!((sq.off, rq.off), (1024, 1024));
+        let frame = udp_frame(MAC_B, 100);
+        let dst = b.r.mr(4096);
+        for k in 0..2u16 {
+            b.post_rx(&mut rq, 2048, dst.key, dst.addr() + 1024 * u64::from(k));
+            let index = a.post_tx(&mut sq, &send_wqe(consts::MLX5_OPCODE_SEND, 0, 0, &frame, None, 0));
+            let e = a.r.poll(&mut a.cq).expect("send CQE");
+            assert_eq!((e.status(), e.wqe_counter()), ((consts::MLX5_CQE_REQ, 0), index));
+            let e = b.r.poll(&mut b.cq).expect("receive CQE");
+            assert_eq!((e.status(), e.byte_cnt(), e.wqe_counter()), ((consts::MLX5_CQE_RESP_SEND, 0), 142, k));
+            assert_eq!(dst.read(1024 * usize::from(k), 142), frame);
+        }
+    }
+
+    #[test]
     fn lso_cuts_a_tcp_send_into_mss_segments_each_received_with_its_own_cqe() {
         let (mut a, mut sq, mut b, mut rq) = pair();
         let dst = b.r.mr(16 * 1024);
