@@ -35,11 +35,14 @@ pub(crate) struct RqFw<'a> {
     pub(crate) in_use: &'a dyn Fn(u32) -> bool,
 }
 
-/// Whether an RQ or SQ may go from `cur` to `next` (RST, RDY and ERR, as `mlx5e_modify_rq_state` and
-/// `mlx5e_modify_sq` use them).
+/// Whether an RQ or SQ may go from `cur` to `next` (RST, RDY and ERR). Any state may go to RST or ERR: mlx5_ib
+/// moves a raw packet QP's queues together (`modify_raw_packet_qp`), so its RST2INIT takes the SQ from RST to
+/// RST, and a QP in INIT or RTR going to ERR takes its SQ from RST to ERR. Only RST and RDY go to RDY (mlx5e's
+/// `mlx5e_modify_rq_state` and `mlx5e_modify_sq`, the raw packet QP's RTR2RTS and RTS2RTS); ERR must go
+/// through RST first.
 pub(crate) fn state_move_ok(cur: u32, next: u32) -> bool {
     use consts::{MLX5_RQC_STATE_ERR as ERR, MLX5_RQC_STATE_RDY as RDY, MLX5_RQC_STATE_RST as RST};
-    matches!((cur, next), (RST, RDY) | (RDY, RDY) | (RDY, ERR) | (RDY, RST) | (ERR, RST))
+    matches!((cur, next), (_, RST) | (_, ERR) | (RST, RDY) | (RDY, RDY))
 }
 
 /// The RQ table.
@@ -154,6 +157,13 @@ mod tests {
             assert_eq!(e.modify_wq(sq, n, RST, RDY), (BAD_RES, syn::WQ_STATE));
             assert_eq!(e.modify_wq(sq, n, RDY, ERR), (0, 0));
             assert_eq!(e.modify_wq(sq, n, ERR, RDY), (BAD_RES, syn::WQ_STATE));
+            assert_eq!(e.modify_wq(sq, n, ERR, RST), (0, 0));
+            // A raw packet QP's RST2INIT leaves its SQ in RST (RST to RST), and its 2ERR from INIT moves an SQ
+            // still in RST to ERR; an unknown state is refused.
+            assert_eq!(e.modify_wq(sq, n, RST, RST), (0, 0));
+            assert_eq!(e.modify_wq(sq, n, RST, ERR), (0, 0));
+            assert_eq!(e.modify_wq(sq, n, ERR, ERR), (0, 0));
+            assert_eq!(e.modify_wq(sq, n, ERR, 2), (BAD_RES, syn::WQ_STATE));
             assert_eq!(e.modify_wq(sq, n, ERR, RST), (0, 0));
         }
         // QUERY_RQ reports the state and the CQ.
