@@ -215,5 +215,9 @@ pub const FTE_INVALID: u32 = 0x51a0_00d8;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an entry action other than drop or forward, a forward without
 /// destinations (or destinations without one), too many, counters, or an unknown destination type.
 pub const FTE_ACTION: u32 = 0x51a0_00d9;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: ATTACH_TO_MCG or DETACH_FROM_MCG with a GID that is not multicast.
+pub const MCG_GID: u32 = 0x51a0_00e0;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: DETACH_FROM_MCG of a QP not attached to the group.
+pub const MCG_NOT_ATTACHED: u32 = 0x51a0_00e1;
 /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
 pub const HEALTH_EXT_SYND: u16 = 0x51a0;

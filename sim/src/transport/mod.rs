@@ -164,6 +164,7 @@ impl Datapath<'_> {
         Responder {
             qps: &mut fw.qps,
             srqs: &mut fw.srqs,
+            mcgs: &fw.mcgs,
             cqs: &mut fw.cqs,
             eqs: &mut fw.eqs,
             mkeys: &fw.mkeys,
@@ -535,6 +536,54 @@ mod tests {
         assert_eq!(r.h.dev.qp_info(ub.qpn).unwrap().error, Some(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR));
         assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
         assert_eq!(r.h.dev.qp_info(ua.qpn).unwrap().state, QpState::Rts);
+    }
+
+    #[test]
+    fn a_ud_send_to_a_multicast_gid_reaches_every_qp_attached_on_the_port() {
+        let (mut r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(SimConfig::default());
+        let uc = r.qp(QpSpec::ud(), scq.cqn, rcq.cqn);
+        r.ready_ud(&uc, 0x11);
+        let mut uc = uc;
+        let group = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xe0, 0, 0, 7];
+        let attach = |r: &mut Rdma, op: u16, qpn: u32| {
+            use ifc::attach_to_mcg_in as i;
+            let mut inp = vec![0u8; i::SIZE_BYTES];
+            inp.set(i::OPCODE, op.into());
+            inp.set(i::QPN, qpn);
+            let at = i::MULTICAST_GID.byte_off();
+            inp[at..at + 16].copy_from_slice(&group);
+            r.h.cmd(&inp, ifc::attach_to_mcg_out::SIZE_BYTES).0
+        };
+        assert_eq!(attach(&mut r, consts::MLX5_CMD_OP_ATTACH_TO_MCG, ub.qpn), 0);
+        assert_eq!(attach(&mut r, consts::MLX5_CMD_OP_ATTACH_TO_MCG, uc.qpn), 0);
+        let (key, base) = (mr.key, mr.addr());
+        mr.write(0, &pattern(32, 3));
+        r.post_recv(&mut ub, &[(base + 1000, 40 + 32, key)]);
+        r.post_recv(&mut uc, &[(base + 2000, 40 + 32, key)]);
+        // The multicast QPN and the group's GID; the MAC is the IPv4 multicast one it maps to.
+        let mut av = roce_av(&r, 0xff_ffff, 0x11);
+        (av.rgid, av.rmac) = (group, [0x01, 0x00, 0x5e, 0, 0, 7]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(32, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let mut got: Vec<u32> = r.drain(&mut rcq).iter().map(|e| e.qpn()).collect();
+        got.sort();
+        assert_eq!(got, [ub.qpn, uc.qpn]);
+        assert_eq!((mr.read(1040, 32), mr.read(2040, 32)), (pattern(32, 3), pattern(32, 3)));
+        // After C leaves the group only B gets the next one; the sender's completion is the same.
+        assert_eq!(attach(&mut r, consts::MLX5_CMD_OP_DETACH_FROM_MCG, uc.qpn), 0);
+        r.post_recv(&mut ub, &[(base + 3000, 40 + 32, key)]);
+        r.post_recv(&mut uc, &[(base + 4000, 40 + 32, key)]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(32, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let got: Vec<u32> = r.drain(&mut rcq).iter().map(|e| e.qpn()).collect();
+        assert_eq!(got, [ub.qpn]);
+        // With no QP left in the group the packet is dropped, and said why.
+        assert_eq!(attach(&mut r, consts::MLX5_CMD_OP_DETACH_FROM_MCG, ub.qpn), 0);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(32, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        assert!(r.poll(&mut rcq).is_none());
+        let why = "no QP attached to the multicast group";
+        assert!(r.h.dev.events().iter().any(|e| matches!(e, SimEvent::UdDropped { why: w, .. } if *w == why)));
     }
 
     #[test]
