@@ -498,10 +498,19 @@ mod tests {
         assert!(r.poll(&mut rcq).is_none());
         let dropped = SimEvent::UdDropped { qpn: ua.qpn, dqpn: ub.qpn, why: "qkey mismatch" };
         assert!(r.h.dev.events().contains(&dropped));
+        // libmlx5 leaves the GRH bit of a RoCE AV clear (reserved on Ethernet): the GRH fields count all the same.
+        let mut no_bit = roce_av(&r, ub.qpn, 0x11);
+        no_bit.grh = false;
+        r.post_recv(&mut ub, &[(base + 2000, 200, key)]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&no_bit).data(8, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, 48, 1));
+        assert_eq!(mr.read(2000 + 8, 16), gid[..].to_vec());
         // A qkey with the high bit set uses the sender QP's own qkey (0x11).
         r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x8000_0000)).data(8, key, base), Bell::Db);
         let e = r.poll(&mut rcq).unwrap();
-        assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, 48, 1));
+        assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, 48, 2));
         // An unknown GID, an unknown QP and an empty RQ drop too.
         let mut far = roce_av(&r, ub.qpn, 0x11);
         far.rgid[15] ^= 1;
@@ -530,7 +539,7 @@ mod tests {
         let e = r.poll(&mut rcq).unwrap();
         assert_eq!(
             (e.status(), e.wqe_counter(), e.qpn()),
-            ((RESP_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR), 2, ub.qpn)
+            ((RESP_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR), 3, ub.qpn)
         );
         assert_ne!(e.vendor_err(), 0);
         assert_eq!(r.h.dev.qp_info(ub.qpn).unwrap().error, Some(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR));

@@ -76,7 +76,10 @@ impl Requester<'_> {
             Err(s) => return self.completions().send_error(qpn, w.index, w.opcode, w.nbb, s),
         };
         let addr = self.wire.addr;
-        let grh = if av.grh {
+        // On a RoCE port every packet has a GRH, so libmlx5 leaves the AV's GRH bit clear there ("reserved for
+        // RoCE", `mlx5_create_ah`) and fills the GRH fields all the same; mlx5_ib's kernel AVs set it. Reading
+        // the bit on Ethernet dropped every user-space UD send ("RoCE address vector without a GRH").
+        let grh = if av.grh || !addr.ib {
             let Some(sgid) = self.source_gid(av.sgid_index) else {
                 return self.completions().send_error(
                     qpn,
@@ -91,13 +94,7 @@ impl Requester<'_> {
         } else {
             None
         };
-        let dest = if addr.ib {
-            Ok(Dest::Lid(av.rlid))
-        } else if grh.is_some() {
-            Ok(Dest::Gid { gid: av.rgid, mac: av.rmac })
-        } else {
-            Err("RoCE address vector without a GRH")
-        };
+        let dest = if addr.ib { Dest::Lid(av.rlid) } else { Dest::Gid { gid: av.rgid, mac: av.rmac } };
         let len = data.len() as u64;
         // A send to a multicast GID goes to the port's own members and to every peer's (IBA 10.5.2: the QPN
         // is the multicast one; each receiving port finds its attached QPs by the GRH's destination GID).
@@ -113,7 +110,7 @@ impl Requester<'_> {
             }
             return self.completions().complete_send(qpn, w.id(), len);
         }
-        match dest.and_then(|d| self.wire.route(&d)) {
+        match self.wire.route(&dest) {
             Ok(dst) => {
                 let qkey = if av.qkey & QKEY_FROM_QP != 0 { own_qkey } else { av.qkey };
                 let body = Body::Ud { qkey, pkey, data, imm: w.imm, solicited: w.solicited };
