@@ -548,6 +548,27 @@ mod tests {
     }
 
     #[test]
+    fn a_ud_send_to_a_gid_the_driver_programmed_loops_back_on_the_port() {
+        // The netdev's IPv4 address as mlx5_ib programs it (SET_ROCE_ADDRESS), not one of the wire's configured
+        // addresses: rdma_cm's and rdma-core's tests on one port send to it with the port's own MAC.
+        let (mut r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(SimConfig::default());
+        let ip_gid = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 36, 0, 1];
+        let (key, base) = (mr.key, mr.addr());
+        let mut av = roce_av(&r, ub.qpn, 0x11);
+        av.rgid = ip_gid;
+        r.post_recv(&mut ub, &[(base + 1000, 40 + 8, key)]);
+        // Before the GID is in the table nobody on the wire has it.
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(8, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        assert!(r.poll(&mut rcq).is_none());
+        assert_eq!(r.h.set_roce_address(1, ip_gid), (0, 0));
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(8, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let e = r.poll(&mut rcq).expect("the send came back to the port");
+        assert_eq!((e.opcode(), e.qpn(), e.byte_cnt()), (RESP_SEND, ub.qpn, 48));
+    }
+
+    #[test]
     fn a_ud_send_to_a_multicast_gid_reaches_every_qp_attached_on_the_port() {
         let (mut r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(SimConfig::default());
         let uc = r.qp(QpSpec::ud(), scq.cqn, rcq.cqn);

@@ -110,7 +110,7 @@ impl Requester<'_> {
             }
             return self.completions().complete_send(qpn, w.id(), len);
         }
-        match self.wire.route(&dest) {
+        match self.route(&dest) {
             Ok(dst) => {
                 let qkey = if av.qkey & QKEY_FROM_QP != 0 { own_qkey } else { av.qkey };
                 let body = Body::Ud { qkey, pkey, data, imm: w.imm, solicited: w.solicited };
