@@ -33,6 +33,7 @@ pub(crate) mod health;
 mod ib_vport;
 pub(crate) mod ids;
 pub(crate) mod mad_ifc;
+pub(crate) mod mcg;
 pub(crate) mod mkey;
 mod nic_vport;
 mod pages;
@@ -60,6 +61,7 @@ pub use hca::HcaState;
 use caps::{Caps, SetCapError};
 use cq::{CqFw, CqTable};
 use eq::{EqFw, EqTable};
+use mcg::{McgFw, McgTable};
 use mkey::{MkeyFw, MkeyTable};
 use pages::Pages;
 use pd::{PdTable, UarTable};
@@ -113,6 +115,7 @@ pub(crate) struct Firmware {
     pub(crate) qps: QpTable,
     pub(crate) q_counters: QCounterTable,
     pub(crate) srqs: SrqTable,
+    pub(crate) mcgs: McgTable,
     // The Ethernet objects.
     pub(crate) tises: TisTable,
     pub(crate) tirs: TirTable,
@@ -143,6 +146,13 @@ macro_rules! qp_fw {
             srq_exists: &|srqn| $fw.srqs.get(&srqn).is_some(),
             xrcd_exists: &|x| $fw.xrcds.contains(x),
         }
+    };
+}
+
+/// The narrow view of the firmware an MCG command gets (see [`McgFw`]).
+macro_rules! mcg_fw {
+    ($fw:ident) => {
+        McgFw { caps: &$fw.caps, qp_type: &|qpn| $fw.qps.get(&qpn).map(|q| q.st) }
     };
 }
 
@@ -230,6 +240,7 @@ impl Firmware {
             qps: QpTable::new(),
             q_counters: QCounterTable::new(),
             srqs: SrqTable::new(),
+            mcgs: McgTable::new(),
             tises: TisTable::new(),
             tirs: TirTable::new(),
             rqts: RqtTable::new(),
@@ -380,6 +391,12 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_QUERY_Q_COUNTER => {
                 (query_q_counter_in::SIZE_BYTES, query_q_counter_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_ATTACH_TO_MCG => {
+                (attach_to_mcg_in::SIZE_BYTES, attach_to_mcg_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DETACH_FROM_MCG => {
+                (detach_from_mcg_in::SIZE_BYTES, detach_from_mcg_out::SIZE_BYTES, Gate::Initialized)
             }
             consts::MLX5_CMD_OP_2ERR_QP => (qp_2err_in::SIZE_BYTES, qp_2err_out::SIZE_BYTES, Gate::Initialized),
             consts::MLX5_CMD_OP_2RST_QP => (qp_2rst_in::SIZE_BYTES, qp_2rst_out::SIZE_BYTES, Gate::Initialized),
@@ -587,7 +604,13 @@ impl Firmware {
             consts::MLX5_CMD_OP_QUERY_HCA_VPORT_CONTEXT => self.port.query_hca_vport_context(inp, out),
             consts::MLX5_CMD_OP_MODIFY_HCA_VPORT_CONTEXT => self.port.modify_hca_vport_context(inp),
             consts::MLX5_CMD_OP_CREATE_QP => self.qps.create(&qp_fw!(self), dma, inp, out),
-            consts::MLX5_CMD_OP_DESTROY_QP => self.qps.destroy(inp),
+            consts::MLX5_CMD_OP_DESTROY_QP => {
+                self.qps.destroy(inp)?;
+                self.mcgs.forget_qp(rd(inp, ifc::destroy_qp_in::QPN));
+                Ok(())
+            }
+            consts::MLX5_CMD_OP_ATTACH_TO_MCG => self.mcgs.attach(&mcg_fw!(self), inp),
+            consts::MLX5_CMD_OP_DETACH_FROM_MCG => self.mcgs.detach(&mcg_fw!(self), inp),
             consts::MLX5_CMD_OP_QUERY_QP => self.qps.query(dma, inp, out),
             op @ (consts::MLX5_CMD_OP_RST2INIT_QP
             | consts::MLX5_CMD_OP_INIT2INIT_QP

@@ -35,11 +35,14 @@ pub(crate) struct RqFw<'a> {
     pub(crate) in_use: &'a dyn Fn(u32) -> bool,
 }
 
-/// Whether an RQ or SQ may go from `cur` to `next` (RST, RDY and ERR, as `mlx5e_modify_rq_state` and
-/// `mlx5e_modify_sq` use them).
+/// Whether an RQ or SQ may go from `cur` to `next` (RST, RDY and ERR). Any state may go to RST or ERR: mlx5_ib
+/// moves a raw packet QP's queues together (`modify_raw_packet_qp`), so its RST2INIT takes the SQ from RST to
+/// RST, and a QP in INIT or RTR going to ERR takes its SQ from RST to ERR. Only RST and RDY go to RDY (mlx5e's
+/// `mlx5e_modify_rq_state` and `mlx5e_modify_sq`, the raw packet QP's RTR2RTS and RTS2RTS); ERR must go
+/// through RST first.
 pub(crate) fn state_move_ok(cur: u32, next: u32) -> bool {
     use consts::{MLX5_RQC_STATE_ERR as ERR, MLX5_RQC_STATE_RDY as RDY, MLX5_RQC_STATE_RST as RST};
-    matches!((cur, next), (RST, RDY) | (RDY, RDY) | (RDY, ERR) | (RDY, RST) | (ERR, RST))
+    matches!((cur, next), (_, RST) | (_, ERR) | (RST, RDY) | (RDY, RDY))
 }
 
 /// The RQ table.
@@ -112,6 +115,7 @@ impl RqTable {
         out.set(ifc::wq::LOG_WQ_STRIDE.at(wq), rq.wq.log_stride);
         out.set(ifc::wq::LOG_WQ_SZ.at(wq), rq.wq.log_size);
         out.set(ifc::wq::LOG_WQ_PG_SZ.at(wq), rq.wq.page_shift - consts::MLX5_ADAPTER_PAGE_SHIFT);
+        out.set(ifc::wq::PAGE_OFFSET.at(wq), rq.wq.page_offset());
         out.set64(ifc::wq::DBR_ADDR.at(wq), rq.wq.dbr_addr);
         Ok(())
     }
@@ -153,6 +157,13 @@ mod tests {
             assert_eq!(e.modify_wq(sq, n, RST, RDY), (BAD_RES, syn::WQ_STATE));
             assert_eq!(e.modify_wq(sq, n, RDY, ERR), (0, 0));
             assert_eq!(e.modify_wq(sq, n, ERR, RDY), (BAD_RES, syn::WQ_STATE));
+            assert_eq!(e.modify_wq(sq, n, ERR, RST), (0, 0));
+            // A raw packet QP's RST2INIT leaves its SQ in RST (RST to RST), and its 2ERR from INIT moves an SQ
+            // still in RST to ERR; an unknown state is refused.
+            assert_eq!(e.modify_wq(sq, n, RST, RST), (0, 0));
+            assert_eq!(e.modify_wq(sq, n, RST, ERR), (0, 0));
+            assert_eq!(e.modify_wq(sq, n, ERR, ERR), (0, 0));
+            assert_eq!(e.modify_wq(sq, n, ERR, 2), (BAD_RES, syn::WQ_STATE));
             assert_eq!(e.modify_wq(sq, n, ERR, RST), (0, 0));
         }
         // QUERY_RQ reports the state and the CQ.
@@ -206,6 +217,18 @@ mod tests {
         assert_eq!((s, y), (BAD_PARAM, syn::TIS_INVALID));
         let (s, y, _) = e.sq_with(tisn, |i| i.set(ifc::sqc::TIS_LST_SZ.at(ifc::create_sq_in::CTX), 2));
         assert_eq!((s, y), (BAD_PARAM, syn::TIS_INVALID));
+        // A ring may start inside its first page (mlx5_ib's raw packet QP); its pages must cover the offset too.
+        e.page_offset = 16;
+        let (s, y, _) = e.rq_with(move |i| i.truncate(ifc::wq::PAS.at(wq).byte_off() + 8));
+        assert_eq!((s, y), (BAD_PARAM, syn::PAS_TOO_FEW));
+        let (s, y, rqn) = e.rq();
+        assert_eq!((s, y), (0, 0));
+        let mut q = vec![0u8; ifc::query_rq_in::SIZE_BYTES];
+        q.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_QUERY_RQ.into());
+        q.set(ifc::query_rq_in::RQN, rqn);
+        let (_, _, out) = e.r.h.cmd(&q, ifc::query_rq_out::SIZE_BYTES);
+        assert_eq!(MsgBuf::get(&out[..], ifc::wq::PAGE_OFFSET.at(ifc::rqc::WQ.at(ifc::query_rq_out::RQ_CONTEXT))), 16);
+        e.page_offset = 0;
         // The refusals left the device usable: a well-formed RQ still goes through.
         assert_eq!(e.rq().0, 0);
         // The transport domain stays while a TIS belongs to it.

@@ -135,6 +135,7 @@ impl SqTable {
         out.set(ifc::wq::LOG_WQ_STRIDE.at(wq), sq.wq.log_stride);
         out.set(ifc::wq::LOG_WQ_SZ.at(wq), sq.wq.log_size);
         out.set(ifc::wq::LOG_WQ_PG_SZ.at(wq), sq.wq.page_shift - consts::MLX5_ADAPTER_PAGE_SHIFT);
+        out.set(ifc::wq::PAGE_OFFSET.at(wq), sq.wq.page_offset());
         out.set64(ifc::wq::DBR_ADDR.at(wq), sq.wq.dbr_addr);
         Ok(())
     }

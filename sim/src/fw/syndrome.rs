@@ -75,7 +75,8 @@ pub const PAS_TOO_FEW: u32 = 0x51a0_0062;
 pub const PAS_MISALIGNED: u32 = 0x51a0_0063;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a `pas[]` (or MTT) page not inside live DMA memory.
 pub const PAS_NOT_MAPPED: u32 = 0x51a0_0064;
-/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a non-zero page_offset (not supported by the simulator).
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a page_offset an object does not take (a CQ's or EQ's non-zero one;
+/// one of a page or more for an SRQ ring).
 pub const PAGE_OFFSET: u32 = 0x51a0_0065;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ doorbell record not inside live DMA memory.
 pub const DBR_NOT_MAPPED: u32 = 0x51a0_0066;
@@ -214,5 +215,9 @@ pub const FTE_INVALID: u32 = 0x51a0_00d8;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an entry action other than drop or forward, a forward without
 /// destinations (or destinations without one), too many, counters, or an unknown destination type.
 pub const FTE_ACTION: u32 = 0x51a0_00d9;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: ATTACH_TO_MCG or DETACH_FROM_MCG with a GID that is not multicast.
+pub const MCG_GID: u32 = 0x51a0_00e0;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: DETACH_FROM_MCG of a QP not attached to the group.
+pub const MCG_NOT_ATTACHED: u32 = 0x51a0_00e1;
 /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
 pub const HEALTH_EXT_SYND: u16 = 0x51a0;

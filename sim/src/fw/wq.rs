@@ -17,11 +17,18 @@ pub(crate) struct Wq {
     pub(crate) log_stride: u32,
     pub(crate) log_size: u32,
     pub(crate) page_shift: u32,
+    /// Where the ring starts in its first page, in bytes (`page_offset` counts 1/64ths of a page).
+    pub(crate) buf_off: u64,
     /// The ring's pages: the Ethernet datapath reads WQEs through them.
     pub(crate) pas: Vec<u64>,
 }
 
 impl Wq {
+    /// `page_offset` as CREATE gave it (QUERY reports it back).
+    pub(crate) fn page_offset(&self) -> u32 {
+        (self.buf_off >> (self.page_shift - PAGE_OFFSET_QUANTA.trailing_zeros())) as u32
+    }
+
     /// The ring's size in bytes.
     pub(crate) fn bytes(&self) -> u64 {
         1u64 << (self.log_stride + self.log_size)
@@ -33,9 +40,10 @@ impl Wq {
         let (size, page) = (self.bytes(), 1u64 << self.page_shift);
         let mut done = 0usize;
         while done < out.len() {
-            let o = (off + done as u64) % size;
+            // The ring wraps at its size; its first byte is `buf_off` into the first page.
+            let o = self.buf_off + (off + done as u64) % size;
             let within = o & (page - 1);
-            let n = (out.len() - done).min((page - within) as usize).min((size - o) as usize);
+            let n = (out.len() - done).min((page - within) as usize).min((self.buf_off + size - o) as usize);
             // `parse` made one page address per page of the ring.
             let base = self.pas.get((o >> self.page_shift) as usize).copied().unwrap_or(u64::MAX);
             dma.read(base.wrapping_add(within), &mut out[done..done + n])?;
@@ -44,6 +52,9 @@ impl Wq {
         Ok(())
     }
 }
+
+/// `page_offset` counts 1/64ths of a page (the `scale` mlx5_ib quantizes with), as in a QP or SRQ context.
+const PAGE_OFFSET_QUANTA: u32 = 64;
 
 /// Reads and checks the `wq` at `wq` of `inp`, whose pages follow at `pas`. `log_max_wq_sz` bounds the ring.
 pub(crate) fn parse(
@@ -72,10 +83,15 @@ pub(crate) fn parse(
         return Err(bad_param(syndrome::WQ_SIZE));
     }
     let page_shift = rd(inp, w::LOG_WQ_PG_SZ.at(wq)) + consts::MLX5_ADAPTER_PAGE_SHIFT;
-    if page_shift > 30 || rd(inp, w::PAGE_OFFSET.at(wq)) != 0 {
+    if page_shift > 30 {
         return Err(bad_param(syndrome::WQ_SIZE));
     }
-    let bytes = 1u64 << (log_stride + log_size);
+    // mlx5_ib's raw packet QP hands its RQ the QP's own `page_offset` (and its SQ the offset of the user's send
+    // buffer): a ring that starts inside its first page (the 5-bit field keeps it in the first half).
+    let page_offset = rd(inp, w::PAGE_OFFSET.at(wq));
+    let buf_off = u64::from(page_offset) << page_shift >> PAGE_OFFSET_QUANTA.trailing_zeros();
+    // The pages cover the offset too.
+    let bytes = buf_off + (1u64 << (log_stride + log_size));
     check_pas(dma, inp, pas, bytes, 1u64 << page_shift)?;
     let dbr_addr = inp.get64(w::DBR_ADDR.at(wq));
     if !dbr_addr.is_multiple_of(4) || !dma.is_mapped(dbr_addr, 8) {
@@ -83,5 +99,5 @@ pub(crate) fn parse(
     }
     let pages = bytes.div_ceil(1u64 << page_shift) as u32;
     let pas = (0..pages).map(|k| inp.get64(pas.elem(k))).collect();
-    Ok(Wq { pd, uar_page: rd(inp, w::UAR_PAGE.at(wq)), dbr_addr, log_stride, log_size, page_shift, pas })
+    Ok(Wq { pd, uar_page: rd(inp, w::UAR_PAGE.at(wq)), dbr_addr, log_stride, log_size, page_shift, buf_off, pas })
 }

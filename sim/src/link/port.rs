@@ -298,6 +298,12 @@ impl Wire {
         DevRef { id: self.me.id, port: Port::Local(Weak::<()>::new()) }
     }
 
+    /// Where a multicast packet goes: this port (its QPs attached to the group) and every peer, which each
+    /// deliver to their own members.
+    pub(crate) fn route_multicast(&self) -> Vec<DevRef> {
+        std::iter::once(self.me_here()).chain(self.peers.iter().map(|p| p.dev.clone())).collect()
+    }
+
     /// The device a destination address names.
     #[inline]
     pub(crate) fn route(&self, d: &Dest) -> Result<DevRef, &'static str> {

@@ -17,6 +17,8 @@ pub(crate) struct Eth {
     pub cq: TCq,
     /// Rings and doorbell records of the RQs and SQs made, kept alive for the device.
     pub mem: Vec<DmaRegion>,
+    /// The `page_offset` (1/64ths of a page) the next rings start at, as mlx5_ib's raw packet QP gives them.
+    pub page_offset: u32,
 }
 
 /// (status, syndrome, the object number the reply carries).
@@ -39,7 +41,7 @@ impl Eth {
         assert_eq!(s, 0);
         let td = MsgBuf::get(&out[..], ifc::alloc_transport_domain_out::TRANSPORT_DOMAIN);
         let cq = r.cq(6);
-        Self { r, td, cq, mem: Vec::new() }
+        Self { r, td, cq, mem: Vec::new(), page_offset: 0 }
     }
 
     fn msg(opcode: u16, len: usize) -> Vec<u8> {
@@ -68,10 +70,11 @@ impl Eth {
         self.send(&inp, ifc::create_tis_out::SIZE_BYTES, ifc::create_tis_out::TISN)
     }
 
-    /// A cyclic ring of `2^log_sz` strides of `2^log_stride` bytes at `wq` of `inp`, with its doorbell record.
+    /// A cyclic ring of `2^log_sz` strides of `2^log_stride` bytes at `wq` of `inp`, with its doorbell record;
+    /// it starts `page_offset` 64ths into its first page.
     fn ring(&mut self, inp: &mut Vec<u8>, wq: Sub, log_stride: u32, log_sz: u32) {
         use ifc::wq as w;
-        let bytes = (1usize << (log_stride + log_sz)).next_multiple_of(PAGE);
+        let bytes = (self.ring_off() + (1usize << (log_stride + log_sz))).next_multiple_of(PAGE);
         let buf = self.r.h.dma.alloc(bytes, PAGE).unwrap();
         let dbr = self.r.h.dma.alloc(64, 64).unwrap();
         let pas = w::PAS.at(wq);
@@ -81,6 +84,7 @@ impl Eth {
         inp.set(w::UAR_PAGE.at(wq), self.r.uar);
         inp.set(w::LOG_WQ_STRIDE.at(wq), log_stride);
         inp.set(w::LOG_WQ_SZ.at(wq), log_sz);
+        inp.set(w::PAGE_OFFSET.at(wq), self.page_offset);
         inp.set64(w::DBR_ADDR.at(wq), dbr.iova());
         for k in 0..bytes / PAGE {
             inp.set64(pas.elem(k as u32), buf.iova() + (k * PAGE) as u64);
@@ -98,6 +102,11 @@ impl Eth {
         self.ring(&mut inp, ifc::rqc::WQ.at(ctx), 6, 6);
         edit(&mut inp);
         self.send(&inp, ifc::create_rq_out::SIZE_BYTES, ifc::create_rq_out::RQN)
+    }
+
+    /// Where a ring made now starts in its first page, in bytes.
+    fn ring_off(&self) -> usize {
+        self.page_offset as usize * PAGE / 64
     }
 
     pub fn rq(&mut self) -> Reply {
@@ -250,6 +259,8 @@ pub(crate) struct TWq {
     pub dbr: DmaRegion,
     /// The producer counter (basic blocks for an SQ, WQEs for an RQ).
     pub pi: u16,
+    /// Where the ring starts in `ring`, in bytes.
+    pub off: usize,
 }
 
 impl Eth {
@@ -266,7 +277,7 @@ impl Eth {
         assert_eq!((s, y), (0, 0), "CREATE_SQ");
         let (ring, dbr) = self.last_ring();
         assert_eq!(self.modify_wq(true, n, consts::MLX5_SQC_STATE_RST, consts::MLX5_SQC_STATE_RDY), (0, 0));
-        TWq { n, ring, dbr, pi: 0 }
+        TWq { n, ring, dbr, pi: 0, off: self.ring_off() }
     }
 
     /// An RQ moved to RDY, and a root flow table sending every frame to it through a direct TIR.
@@ -280,7 +291,7 @@ impl Eth {
         let (_, _, g) = self.group(root, 0, 0, |_| {});
         assert_eq!(self.fte(root, g, 0, &[(consts::MLX5_IFC_FLOW_DESTINATION_TYPE_TIR, tirn)], |_| {}), (0, 0));
         assert_eq!(self.set_root(root), (0, 0));
-        TWq { n, ring, dbr, pi: 0 }
+        TWq { n, ring, dbr, pi: 0, off: self.ring_off() }
     }
 
     /// Posts a receive WQE of one data segment (`len` bytes at `addr` through `lkey`) and moves the RQ's head.
@@ -291,7 +302,7 @@ impl Eth {
         d::LKEY.put_be(&mut seg, 0, lkey);
         seg[d::ADDR.off..d::ADDR.off + 8].copy_from_slice(&addr.to_be_bytes());
         // 64-byte strides, 64 of them.
-        super::submit::put(&rq.ring, usize::from(rq.pi % 64) * 64, &seg);
+        super::submit::put(&rq.ring, rq.off + usize::from(rq.pi % 64) * 64, &seg);
         rq.pi = rq.pi.wrapping_add(1);
         self.r.h.mmio.wmb();
         super::submit::put(&rq.dbr, 0, &u32::from(rq.pi).to_be_bytes());
@@ -312,7 +323,7 @@ impl Eth {
         w.resize(nbb * 64, 0);
         for k in 0..nbb {
             let slot = usize::from(index.wrapping_add(k as u16) % 64) * 64;
-            super::submit::put(&sq.ring, slot, &w[64 * k..64 * k + 64]);
+            super::submit::put(&sq.ring, sq.off + slot, &w[64 * k..64 * k + 64]);
         }
         sq.pi = sq.pi.wrapping_add(nbb as u16);
         self.r.h.mmio.wmb();

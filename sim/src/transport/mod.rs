@@ -164,6 +164,7 @@ impl Datapath<'_> {
         Responder {
             qps: &mut fw.qps,
             srqs: &mut fw.srqs,
+            mcgs: &fw.mcgs,
             cqs: &mut fw.cqs,
             eqs: &mut fw.eqs,
             mkeys: &fw.mkeys,
@@ -497,10 +498,19 @@ mod tests {
         assert!(r.poll(&mut rcq).is_none());
         let dropped = SimEvent::UdDropped { qpn: ua.qpn, dqpn: ub.qpn, why: "qkey mismatch" };
         assert!(r.h.dev.events().contains(&dropped));
+        // libmlx5 leaves the GRH bit of a RoCE AV clear (reserved on Ethernet): the GRH fields count all the same.
+        let mut no_bit = roce_av(&r, ub.qpn, 0x11);
+        no_bit.grh = false;
+        r.post_recv(&mut ub, &[(base + 2000, 200, key)]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&no_bit).data(8, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let e = r.poll(&mut rcq).unwrap();
+        assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, 48, 1));
+        assert_eq!(mr.read(2000 + 8, 16), gid[..].to_vec());
         // A qkey with the high bit set uses the sender QP's own qkey (0x11).
         r.post_send(&mut ua, &Wqe::new(SEND).av(&roce_av(&r, ub.qpn, 0x8000_0000)).data(8, key, base), Bell::Db);
         let e = r.poll(&mut rcq).unwrap();
-        assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, 48, 1));
+        assert_eq!((e.opcode(), e.byte_cnt(), e.wqe_counter()), (RESP_SEND, 48, 2));
         // An unknown GID, an unknown QP and an empty RQ drop too.
         let mut far = roce_av(&r, ub.qpn, 0x11);
         far.rgid[15] ^= 1;
@@ -529,12 +539,81 @@ mod tests {
         let e = r.poll(&mut rcq).unwrap();
         assert_eq!(
             (e.status(), e.wqe_counter(), e.qpn()),
-            ((RESP_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR), 2, ub.qpn)
+            ((RESP_ERR, consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR), 3, ub.qpn)
         );
         assert_ne!(e.vendor_err(), 0);
         assert_eq!(r.h.dev.qp_info(ub.qpn).unwrap().error, Some(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR));
         assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
         assert_eq!(r.h.dev.qp_info(ua.qpn).unwrap().state, QpState::Rts);
+    }
+
+    #[test]
+    fn a_ud_send_to_a_gid_the_driver_programmed_loops_back_on_the_port() {
+        // The netdev's IPv4 address as mlx5_ib programs it (SET_ROCE_ADDRESS), not one of the wire's configured
+        // addresses: rdma_cm's and rdma-core's tests on one port send to it with the port's own MAC.
+        let (mut r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(SimConfig::default());
+        let ip_gid = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 36, 0, 1];
+        let (key, base) = (mr.key, mr.addr());
+        let mut av = roce_av(&r, ub.qpn, 0x11);
+        av.rgid = ip_gid;
+        r.post_recv(&mut ub, &[(base + 1000, 40 + 8, key)]);
+        // Before the GID is in the table nobody on the wire has it.
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(8, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        assert!(r.poll(&mut rcq).is_none());
+        assert_eq!(r.h.set_roce_address(1, ip_gid), (0, 0));
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(8, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let e = r.poll(&mut rcq).expect("the send came back to the port");
+        assert_eq!((e.opcode(), e.qpn(), e.byte_cnt()), (RESP_SEND, ub.qpn, 48));
+    }
+
+    #[test]
+    fn a_ud_send_to_a_multicast_gid_reaches_every_qp_attached_on_the_port() {
+        let (mut r, mut ua, mut ub, mut scq, mut rcq, mr) = ud_env(SimConfig::default());
+        let uc = r.qp(QpSpec::ud(), scq.cqn, rcq.cqn);
+        r.ready_ud(&uc, 0x11);
+        let mut uc = uc;
+        let group = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xe0, 0, 0, 7];
+        let attach = |r: &mut Rdma, op: u16, qpn: u32| {
+            use ifc::attach_to_mcg_in as i;
+            let mut inp = vec![0u8; i::SIZE_BYTES];
+            inp.set(i::OPCODE, op.into());
+            inp.set(i::QPN, qpn);
+            let at = i::MULTICAST_GID.byte_off();
+            inp[at..at + 16].copy_from_slice(&group);
+            r.h.cmd(&inp, ifc::attach_to_mcg_out::SIZE_BYTES).0
+        };
+        assert_eq!(attach(&mut r, consts::MLX5_CMD_OP_ATTACH_TO_MCG, ub.qpn), 0);
+        assert_eq!(attach(&mut r, consts::MLX5_CMD_OP_ATTACH_TO_MCG, uc.qpn), 0);
+        let (key, base) = (mr.key, mr.addr());
+        mr.write(0, &pattern(32, 3));
+        r.post_recv(&mut ub, &[(base + 1000, 40 + 32, key)]);
+        r.post_recv(&mut uc, &[(base + 2000, 40 + 32, key)]);
+        // The multicast QPN and the group's GID; the MAC is the IPv4 multicast one it maps to.
+        let mut av = roce_av(&r, 0xff_ffff, 0x11);
+        (av.rgid, av.rmac) = (group, [0x01, 0x00, 0x5e, 0, 0, 7]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(32, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let mut got: Vec<u32> = r.drain(&mut rcq).iter().map(|e| e.qpn()).collect();
+        got.sort();
+        assert_eq!(got, [ub.qpn, uc.qpn]);
+        assert_eq!((mr.read(1040, 32), mr.read(2040, 32)), (pattern(32, 3), pattern(32, 3)));
+        // After C leaves the group only B gets the next one; the sender's completion is the same.
+        assert_eq!(attach(&mut r, consts::MLX5_CMD_OP_DETACH_FROM_MCG, uc.qpn), 0);
+        r.post_recv(&mut ub, &[(base + 3000, 40 + 32, key)]);
+        r.post_recv(&mut uc, &[(base + 4000, 40 + 32, key)]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(32, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let got: Vec<u32> = r.drain(&mut rcq).iter().map(|e| e.qpn()).collect();
+        assert_eq!(got, [ub.qpn]);
+        // With no QP left in the group the packet is dropped, and said why.
+        assert_eq!(attach(&mut r, consts::MLX5_CMD_OP_DETACH_FROM_MCG, ub.qpn), 0);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(32, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        assert!(r.poll(&mut rcq).is_none());
+        let why = "no QP attached to the multicast group";
+        assert!(r.h.dev.events().iter().any(|e| matches!(e, SimEvent::UdDropped { why: w, .. } if *w == why)));
     }
 
     #[test]

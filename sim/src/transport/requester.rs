@@ -28,6 +28,7 @@ use crate::fw::mkey::MkeyTable;
 use crate::fw::port::PortModel;
 use crate::fw::qp::QpTable;
 use crate::fw::srq::SrqTable;
+use crate::link::DevRef;
 
 /// The send side's view of the device (RC here, and the send halves of `uc.rs` and `ud.rs`): the QPs and what
 /// completing their WQEs touches, the memory keys, the wire, the GID table and the request sequence numbers.
@@ -84,6 +85,19 @@ impl Requester<'_> {
             self.wire.addr.gid(index)
         } else {
             self.port.roce_gid(index)
+        }
+    }
+
+    /// The device `d` names: [`Wire::route`], and this port for its own MAC with a GID of the RoCE GID table the
+    /// driver programmed (SET_ROCE_ADDRESS: the netdev's IP addresses, which the wire's configured addresses do
+    /// not list). A UD or RC packet from one QP to another of the same port by its IPv4 GID, as rdma_cm's and
+    /// rdma-core's tests send on one port, found no destination before.
+    pub(super) fn route(&self, d: &Dest) -> Result<DevRef, &'static str> {
+        match *d {
+            Dest::Gid { gid, mac } if mac == self.wire.addr.mac && self.port.holds_roce_gid(&gid) => {
+                Ok(self.wire.me_here())
+            }
+            _ => self.wire.route(d),
         }
     }
 
@@ -229,7 +243,7 @@ impl Requester<'_> {
         let ack_every = 1 << qp.log_ack_req_freq.min(LOG_ACK_REQ_MAX);
         let mut roce = RoceInfo { mtu: qp.mtu, udp_sport: path.udp_sport, ack_every, ..RoceInfo::default() };
         let (mut reached, mut framed) = (total, false);
-        let p = match self.wire.route(&dest) {
+        let p = match self.route(&dest) {
             Ok(dst) => {
                 // Only frames can start inside a message: a packet to this device or on an IB port is the whole
                 // message. A READ is asked again from the response packet `resume`.

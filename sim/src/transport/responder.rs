@@ -11,6 +11,7 @@ use super::wqe::Wqes;
 use crate::fw::caps::Caps;
 use crate::fw::cq::CqTable;
 use crate::fw::eq::EqTable;
+use crate::fw::mcg::McgTable;
 use crate::fw::mkey::MkeyTable;
 use crate::fw::port::PortModel;
 use crate::fw::qcounter::QCounterTable;
@@ -23,6 +24,8 @@ use crate::fw::srq::SrqTable;
 pub(super) struct Responder<'a> {
     pub(super) qps: &'a mut QpTable,
     pub(super) srqs: &'a mut SrqTable,
+    /// The port's multicast groups: a UD packet to a multicast GID goes to each QP attached to it.
+    pub(super) mcgs: &'a McgTable,
     pub(super) cqs: &'a mut CqTable,
     pub(super) eqs: &'a mut EqTable,
     pub(super) mkeys: &'a MkeyTable,

@@ -161,10 +161,11 @@ impl Datapath<'_> {
         self.wire.inbox.push_back(p);
     }
 
-    /// Whether `gid` is one of this port's addresses: its link-local GID or IP addresses (`Wire::owns`), or an
-    /// entry of the RoCE GID table the driver programmed (SET_ROCE_ADDRESS).
+    /// Whether `gid` is one of this port's addresses: its link-local GID or IP addresses (`Wire::owns`), an
+    /// entry of the RoCE GID table the driver programmed (SET_ROCE_ADDRESS), or a multicast group with a QP of
+    /// this port attached (ATTACH_TO_MCG).
     pub(crate) fn owns_gid(&self, gid: &[u8; 16]) -> bool {
-        self.wire.owns(gid) || self.fw.port.holds_roce_gid(gid)
+        self.wire.owns(gid) || self.fw.port.holds_roce_gid(gid) || !self.fw.mcgs.members(gid).is_empty()
     }
 
     fn rx_roce(&mut self, r: &RoceRepr<'_>, from: &DevRef) {

@@ -45,7 +45,7 @@ impl Requester<'_> {
             hop_limit: path.hop_limit,
         });
         let dest = if addr.ib { Dest::Lid(path.rlid) } else { Dest::Gid { gid: path.rgid, mac: path.rmac } };
-        match self.wire.route(&dest) {
+        match self.route(&dest) {
             Ok(dst) => {
                 let me = self.wire.me_here();
                 let body = Body::Uc { psn, op, solicited: w.solicited };

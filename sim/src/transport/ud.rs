@@ -48,6 +48,11 @@ pub(super) fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool, ib: bool) 
     g
 }
 
+/// The destination QPN of a multicast packet (IBA 9.2: `0xFFFFFF`).
+const MULTICAST_QPN: u32 = QPN_MASK;
+/// The first byte of a multicast GID (IBA 4.1.1).
+const MULTICAST_GID_PREFIX: u8 = 0xff;
+
 impl Requester<'_> {
     pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
         let Some(qp) = self.qps.get(&qpn) else { return };
@@ -71,7 +76,10 @@ impl Requester<'_> {
             Err(s) => return self.completions().send_error(qpn, w.index, w.opcode, w.nbb, s),
         };
         let addr = self.wire.addr;
-        let grh = if av.grh {
+        // On a RoCE port every packet has a GRH, so libmlx5 leaves the AV's GRH bit clear there ("reserved for
+        // RoCE", `mlx5_create_ah`) and fills the GRH fields all the same; mlx5_ib's kernel AVs set it. Reading
+        // the bit on Ethernet dropped every user-space UD send ("RoCE address vector without a GRH").
+        let grh = if av.grh || !addr.ib {
             let Some(sgid) = self.source_gid(av.sgid_index) else {
                 return self.completions().send_error(
                     qpn,
@@ -86,15 +94,23 @@ impl Requester<'_> {
         } else {
             None
         };
-        let dest = if addr.ib {
-            Ok(Dest::Lid(av.rlid))
-        } else if grh.is_some() {
-            Ok(Dest::Gid { gid: av.rgid, mac: av.rmac })
-        } else {
-            Err("RoCE address vector without a GRH")
-        };
+        let dest = if addr.ib { Dest::Lid(av.rlid) } else { Dest::Gid { gid: av.rgid, mac: av.rmac } };
         let len = data.len() as u64;
-        match dest.and_then(|d| self.wire.route(&d)) {
+        // A send to a multicast GID goes to the port's own members and to every peer's (IBA 10.5.2: the QPN
+        // is the multicast one; each receiving port finds its attached QPs by the GRH's destination GID).
+        if grh.as_ref().is_some_and(|g| g.dgid[0] == MULTICAST_GID_PREFIX) {
+            let qkey = if av.qkey & QKEY_FROM_QP != 0 { own_qkey } else { av.qkey };
+            let roce = RoceInfo { psn, ..RoceInfo::default() };
+            let (me, slid) = (self.wire.me_here(), addr.lid);
+            let sl = if addr.ib { av.sl } else { 0 };
+            for dst in self.wire.route_multicast() {
+                let body = Body::Ud { qkey, pkey, data: data.clone(), imm: w.imm, solicited: w.solicited };
+                let src = me.clone();
+                self.wire.send(Packet { src, dst, src_qpn, dst_qpn: MULTICAST_QPN, slid, sl, grh, body, roce });
+            }
+            return self.completions().complete_send(qpn, w.id(), len);
+        }
+        match self.route(&dest) {
             Ok(dst) => {
                 let qkey = if av.qkey & QKEY_FROM_QP != 0 { own_qkey } else { av.qkey };
                 let body = Body::Ud { qkey, pkey, data, imm: w.imm, solicited: w.solicited };
@@ -117,9 +133,21 @@ impl Requester<'_> {
 impl Responder<'_> {
     /// A UD packet arrives: checked, then scattered with its 40-byte GRH into the next receive.
     pub(super) fn ud_receive(&mut self, p: Packet) {
-        let Body::Ud { qkey, pkey, data, imm, solicited } = &p.body else { return };
         let drop =
             |st: &mut Responder, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
+        // The multicast QPN: every QP attached to the destination GID's group gets its own copy.
+        if p.dst_qpn == MULTICAST_QPN {
+            let Some(dgid) = p.grh.as_ref().map(|g| g.dgid) else { return drop(self, "multicast without a GRH") };
+            let mcgs = self.mcgs;
+            let members = mcgs.members(&dgid);
+            if members.is_empty() {
+                return drop(self, "no QP attached to the multicast group");
+            }
+            for &qpn in members {
+                self.ud_deliver(&p, qpn, None);
+            }
+            return;
+        }
         // QPNs 0 and 1 name the port's SMI and GSI QPs, whatever their QPNs in the device.
         let special = SpecialQp::of_wire_qpn(p.dst_qpn);
         let dst = match special {
@@ -132,6 +160,15 @@ impl Responder<'_> {
             }
             None => p.dst_qpn,
         };
+        self.ud_deliver(&p, dst, special);
+    }
+
+    /// Delivers UD packet `p` to QP `dst` (`special` when the wire named QP0 or QP1): checked, then scattered
+    /// with its 40-byte GRH into the next receive.
+    fn ud_deliver(&mut self, p: &Packet, dst: u32, special: Option<SpecialQp>) {
+        let Body::Ud { qkey, pkey, data, imm, solicited } = &p.body else { return };
+        let drop =
+            |st: &mut Responder, why| st.events.push(SimEvent::UdDropped { qpn: p.src_qpn, dqpn: p.dst_qpn, why });
         let ready = self
             .qps
             .get(&dst)
@@ -163,7 +200,7 @@ impl Responder<'_> {
                     solicited: *solicited,
                     byte_cnt: msg.len() as u32,
                     imm: field,
-                    flags_rqpn: flags_rqpn(&p, self.wire.addr.ib),
+                    flags_rqpn: flags_rqpn(p, self.wire.addr.ib),
                     slid: p.slid,
                     ..CqeOut::default()
                 };

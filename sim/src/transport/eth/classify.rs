@@ -102,6 +102,8 @@ pub(crate) fn headers(frame: &[u8]) -> Option<Headers> {
 /// Where a received frame goes: its RQ, the RSS hash (0 unless an RSS TIR hashed it) and the entry's flow tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RxTarget {
+    /// The TIR steering chose (its transport domain decides self loopback).
+    pub(crate) tirn: u32,
     pub(crate) rqn: u32,
     pub(crate) hash: u32,
     pub(crate) flow_tag: u32,
@@ -150,7 +152,7 @@ pub(crate) fn rx_target(flows: &FlowTables, tirs: &TirTable, rqts: &RqtTable, fr
     let Steer::Tir { tirn, flow_tag } = flows.steer(img) else { return None };
     let tir = tirs.map.get(&tirn)?;
     match tir.dispatch {
-        Dispatch::Direct { rqn } => Some(RxTarget { rqn, hash: 0, flow_tag }),
+        Dispatch::Direct { rqn } => Some(RxTarget { tirn, rqn, hash: 0, flow_tag }),
         Dispatch::Indirect { rqtn, hash_fn } => {
             let rqt = rqts.map.get(&rqtn)?;
             let hash = match (hash_fn, hash_input(tir, &h)) {
@@ -158,7 +160,7 @@ pub(crate) fn rx_target(flows: &FlowTables, tirs: &TirTable, rqts: &RqtTable, fr
                 _ => 0,
             };
             let rqn = *rqt.rqns.get(hash as usize % rqt.rqns.len().max(1))?;
-            Some(RxTarget { rqn, hash, flow_tag })
+            Some(RxTarget { tirn, rqn, hash, flow_tag })
         }
     }
 }

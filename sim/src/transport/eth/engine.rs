@@ -105,16 +105,23 @@ impl Datapath<'_> {
                     if let Some(sq) = self.fw.sqs.map.get_mut(&sqn) {
                         sq.ci = index.wrapping_add(nbb as u16);
                     }
+                    // The transport domain of the SQ's TIS: a looped-back frame never reaches its own domain.
+                    let td = self.fw.sqs.map.get(&sqn).and_then(|s| self.fw.tises.map.get(&s.tisn)).map(|t| t.td);
                     for f in frames {
-                        self.eth_transmit(f);
+                        self.eth_transmit(f, td);
                     }
                     if signaled {
-                        let Some(cqn) = self.fw.sqs.map.get(&sqn).map(|s| s.cqn) else { break };
+                        let Some((cqn, uidx)) = self.fw.sqs.map.get(&sqn).map(|s| (s.cqn, s.user_index)) else {
+                            break;
+                        };
+                        // `srqn_uidx` is the SQ's user index: libmlx5 (`cqe_version` 1) finds a raw packet
+                        // QP by it; mlx5e reads no such field.
                         let cqe = CqeOut {
                             opcode: consts::MLX5_CQE_REQ,
                             wqe_opcode: opcode,
                             qpn: sqn,
                             wqe_counter: index,
+                            srqn: uidx,
                             ..CqeOut::default()
                         };
                         self.cqs().post(cqn, cqe);
@@ -139,7 +146,7 @@ impl Datapath<'_> {
         let Some(sq) = self.fw.sqs.map.get_mut(&sqn) else { return };
         sq.ci = index.wrapping_add(nbb);
         sq.state = consts::MLX5_SQC_STATE_ERR;
-        let cqn = sq.cqn;
+        let (cqn, uidx) = (sq.cqn, sq.user_index);
         self.events.push(SimEvent::EthSendError { sqn, wqe_counter: index, syndrome });
         let cqe = CqeOut {
             opcode: consts::MLX5_CQE_REQ_ERR,
@@ -147,6 +154,7 @@ impl Datapath<'_> {
             qpn: sqn,
             wqe_counter: index,
             syndrome,
+            srqn: uidx,
             ..CqeOut::default()
         };
         self.cqs().post(cqn, cqe);
@@ -183,7 +191,12 @@ impl Datapath<'_> {
 
     /// Puts a frame on the wire: to this port (its own MAC), the peers whose MAC it names, or every peer for a
     /// broadcast or multicast destination. A unicast frame for a MAC nobody on the wire has goes nowhere.
-    fn eth_transmit(&mut self, frame: Vec<u8>) {
+    ///
+    /// A broadcast or multicast frame from an SQ (`src_td`, its TIS's transport domain) also loops back into
+    /// this port's NIC receive steering, as the vport's local loopback does on a ConnectX (always on here: the
+    /// simulator offers no `disable_local_lb` capability), for TIRs of other transport domains only: a raw
+    /// packet QP's frame reaches another context's flow rule (rdma-core's test_flow), mlx5e never sees its own.
+    fn eth_transmit(&mut self, frame: Vec<u8>, src_td: Option<u32>) {
         if !self.fw.port.oper_up() {
             self.events.push(SimEvent::FrameDropped { why: "port down" });
             return;
@@ -191,7 +204,14 @@ impl Datapath<'_> {
         self.fw.port.eth.count(true, &frame);
         let mut dst = [0u8; 6];
         dst.copy_from_slice(&frame[..6]);
+        let looped = dst[0] & 1 != 0 && src_td.is_some() && self.netdev_owns_port() && !is_roce_v2(&frame);
+        if looped {
+            self.eth_receive_from(&frame, src_td);
+        }
         let to = self.wire.route_mac(dst);
+        if to.is_empty() && looped {
+            return;
+        }
         if to.is_empty() {
             self.events.push(SimEvent::FrameDropped { why: "no port on the wire has the destination MAC" });
             if self.wire.pcap.is_some() {
@@ -224,12 +244,18 @@ impl Datapath<'_> {
     /// back out.
     pub(crate) fn eth_frame_in(&mut self, frame: &[u8], from: &DevRef) {
         if let Some(reply) = self.receive_frame(frame, from) {
-            self.eth_transmit(reply);
+            self.eth_transmit(reply, None);
         }
     }
 
     /// NIC receive: steering picks the RQ, its next WQE takes the frame, its CQ gets the CQE.
     pub(crate) fn eth_receive(&mut self, frame: &[u8]) {
+        self.eth_receive_from(frame, None)
+    }
+
+    /// [`eth_receive`](Self::eth_receive) of a frame this port sent from transport domain `src_td` (local
+    /// loopback): a TIR of that domain does not take it.
+    fn eth_receive_from(&mut self, frame: &[u8], src_td: Option<u32>) {
         if !self.fw.port.oper_up() {
             self.events.push(SimEvent::FrameDropped { why: "port down" });
             return;
@@ -239,6 +265,10 @@ impl Datapath<'_> {
             self.events.push(SimEvent::FrameDropped { why: "no flow entry steers the frame to an RQ" });
             return;
         };
+        if src_td.is_some() && self.fw.tirs.map.get(&t.tirn).map(|t| t.td) == src_td {
+            self.events.push(SimEvent::FrameDropped { why: "local loopback into the sender's transport domain" });
+            return;
+        }
         let Some(rq) = self.fw.rqs.map.get(&t.rqn) else {
             self.fw.port.eth.rx_steer_missed += 1;
             self.events.push(SimEvent::FrameDropped { why: "steered to an RQ that does not exist" });
@@ -259,7 +289,7 @@ impl Datapath<'_> {
             self.events.push(SimEvent::FrameDropped { why: "no receive WQE posted (out of buffer)" });
             return;
         }
-        let (index, cqn, pd, strip) = (rq.ci, rq.cqn, rq.wq.pd, !rq.vsd);
+        let (index, cqn, pd, strip, uidx) = (rq.ci, rq.cqn, rq.wq.pd, !rq.vsd, rq.user_index);
         let stride = 1usize << rq.wq.log_stride;
         let mut wqe = [0u8; 4096];
         let slot = (u64::from(index) & ((1u64 << rq.wq.log_size) - 1)) << rq.wq.log_stride;
@@ -283,6 +313,8 @@ impl Datapath<'_> {
             Ok(()) => {
                 self.fw.port.eth.count(false, frame);
                 let mut cqe = rx_cqe(frame, &t, index, strip);
+                // The RQ's user index, by which libmlx5 finds a raw packet QP's receive (mlx5e ignores it).
+                c::mlx5_cqe64::SRQN.put_be(&mut cqe, 0, uidx & QPN_MASK);
                 let ts = self.cqs().device_clock();
                 c::mlx5_cqe64::TIMESTAMP_H.put_be(&mut cqe, 0, (ts >> 32) as u32);
                 c::mlx5_cqe64::TIMESTAMP_L.put_be(&mut cqe, 0, ts as u32);
@@ -295,6 +327,7 @@ impl Datapath<'_> {
                     qpn: t.rqn,
                     wqe_counter: index,
                     syndrome,
+                    srqn: uidx,
                     ..CqeOut::default()
                 };
                 self.cqs().post(cqn, cqe);
@@ -461,6 +494,64 @@ mod tests {
         a.post_tx(&mut sq, &send_wqe(consts::MLX5_OPCODE_SEND, 0, 0, &lost, None, 0));
         assert_eq!(a.r.poll(&mut a.cq).unwrap().status(), (consts::MLX5_CQE_REQ, 0));
         assert_eq!(b.r.h.dev.with_fw(|fw| fw.port.eth.received_eth_unicast.packets), 1);
+    }
+
+    #[test]
+    fn rings_that_start_inside_their_first_page_send_and_receive_from_there() {
+        // mlx5_ib's raw packet QP gives its RQ the QP's `page_offset` and its SQ the user buffer's: a quarter
+        // page here, so every WQE sits 1 KiB further into the pages `pas[]` lists.
+        let mut a = Eth::with_mac(MAC_A);
+        let mut b = Eth::with_mac(MAC_B);
+        a.r.h.dev.connect(&b.r.h.dev);
+        (a.page_offset, b.page_offset) = (16, 16);
+        let (mut sq, mut rq) = (a.ready_sq(), b.ready_rq_steered());
+        assert_eq!((sq.off, rq.off), (1024, 1024));
+        let frame = udp_frame(MAC_B, 100);
+        let dst = b.r.mr(4096);
+        for k in 0..2u16 {
+            b.post_rx(&mut rq, 2048, dst.key, dst.addr() + 1024 * u64::from(k));
+            let index = a.post_tx(&mut sq, &send_wqe(consts::MLX5_OPCODE_SEND, 0, 0, &frame, None, 0));
+            let e = a.r.poll(&mut a.cq).expect("send CQE");
+            assert_eq!((e.status(), e.wqe_counter()), ((consts::MLX5_CQE_REQ, 0), index));
+            let e = b.r.poll(&mut b.cq).expect("receive CQE");
+            assert_eq!((e.status(), e.byte_cnt(), e.wqe_counter()), ((consts::MLX5_CQE_RESP_SEND, 0), 142, k));
+            assert_eq!(dst.read(1024 * usize::from(k), 142), frame);
+        }
+    }
+
+    #[test]
+    fn a_multicast_frame_loops_back_into_steering_for_other_transport_domains_only() {
+        // rdma-core's test_flow: a raw packet QP of one context sends to a multicast MAC, a flow rule of another
+        // context's raw packet QP takes it; each context has its own transport domain. No peer on the wire.
+        let mut e = Eth::with_mac(MAC_A);
+        let mut rq = e.ready_rq_steered();
+        let (s, _, out) = e.r.h.simple(
+            consts::MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN,
+            0,
+            ifc::alloc_transport_domain_in::SIZE_BYTES,
+            ifc::alloc_transport_domain_out::SIZE_BYTES,
+        );
+        assert_eq!(s, 0);
+        let (own_td, other_td) = (e.td, MsgBuf::get(&out[..], ifc::alloc_transport_domain_out::TRANSPORT_DOMAIN));
+        e.td = other_td;
+        let mut other = e.ready_sq();
+        e.td = own_td;
+        let mut same = e.ready_sq();
+        let dst = e.r.mr(4096);
+        let frame = udp_frame([0x01, 0x50, 0x56, 0x19, 0x20, 0xa7], 64);
+        let wqe = send_wqe(consts::MLX5_OPCODE_SEND, 0, 0, &frame, None, 0);
+        e.post_rx(&mut rq, 2048, dst.key, dst.addr());
+        e.post_tx(&mut other, &wqe);
+        let cqes = e.r.drain(&mut e.cq);
+        let got: Vec<_> = cqes.iter().map(|c| (c.opcode(), c.qpn())).collect();
+        assert_eq!(got, [(consts::MLX5_CQE_RESP_SEND, 0), (consts::MLX5_CQE_REQ, other.n)]);
+        assert_eq!(dst.read(0, frame.len()), frame);
+        // From the RQ's own transport domain (mlx5e's own multicast) it does not come back.
+        e.post_tx(&mut same, &wqe);
+        let got: Vec<_> = e.r.drain(&mut e.cq).iter().map(|c| (c.opcode(), c.qpn())).collect();
+        assert_eq!(got, [(consts::MLX5_CQE_REQ, same.n)]);
+        let why = "local loopback into the sender's transport domain";
+        assert!(e.r.h.dev.events().contains(&SimEvent::FrameDropped { why }));
     }
 
     #[test]

@@ -134,7 +134,7 @@ mod tests {
     fn an_rx_cqe_reports_types_ok_bits_hash_and_a_checksum_the_kernel_can_complete() {
         use c::mlx5_cqe64 as q;
         let f = tcp4(100, 0);
-        let t = RxTarget { rqn: 1, hash: 0xdead_beef, flow_tag: 0x123 };
+        let t = RxTarget { tirn: 1, rqn: 1, hash: 0xdead_beef, flow_tag: 0x123 };
         let e = rx_cqe(&f, &t, 7, true);
         assert_eq!(q::BYTE_CNT.get_be(&e, 0) as usize, f.len());
         assert_eq!(q::WQE_COUNTER.get_be(&e, 0), 7);
