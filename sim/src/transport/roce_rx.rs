@@ -188,6 +188,8 @@ impl Datapath<'_> {
             RcAck | RcAtomicAck | RcReadResponseFirst | RcReadResponseMiddle | RcReadResponseLast
             | RcReadResponseOnly => self.rx_response(qpn, r),
             RcSendLastInv | RcSendOnlyInv => self.rx_drop("SEND with invalidate is not supported"),
+            // The wire layer knows XRC's headers; no QP of this port receives or answers XRC packets yet.
+            op if op.is_xrc() => self.rx_drop("XRC packet on a port without XRC QPs"),
             _ => self.rx_request(qpn, r, from),
         }
     }
@@ -1005,7 +1007,7 @@ mod tests {
 
     #[test]
     fn thousands_of_well_formed_but_arbitrary_frames_leave_the_port_working() {
-        use crate::wire::roce::ib::{AtomicEth, Deth, Reth};
+        use crate::wire::roce::ib::{AtomicEth, Deth, Reth, XrcEth};
         let mut p = port();
         let ops = [
             Opcode::RcSendFirst,
@@ -1029,6 +1031,9 @@ mod tests {
             Opcode::UcSendFirst,
             Opcode::UcWriteOnly,
             Opcode::UdSendOnly,
+            Opcode::XrcSendOnly,
+            Opcode::XrcWriteFirst,
+            Opcode::XrcAck,
         ];
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let base = p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn;
@@ -1041,6 +1046,7 @@ mod tests {
             let h = op.headers().unwrap();
             let ext = Ext {
                 deth: h.deth.then_some(Deth { qkey: (r >> 20) as u32, src_qpn: 9 }),
+                xrceth: h.xrceth.then_some(XrcEth { xrc_srqn: (r >> 12) as u32 & 0xff_ffff }),
                 reth: h.reth.then_some(Reth {
                     va: p.mr.addr().wrapping_add((r >> 24) % 0x2_0000),
                     rkey: if r & 1 == 0 { p.mr.key } else { (r >> 32) as u32 },
