@@ -369,6 +369,8 @@ pub(crate) struct Outstanding {
     pub(crate) sent: u32,
     /// The message went as one packet (to this device, on InfiniBand, or lost): it counts one in the window.
     pub(crate) whole: bool,
+    /// An XRC initiator's request: the XRC SRQ at the target (the XRCETH every attempt carries).
+    pub(crate) xrc_srqn: Option<u32>,
 }
 
 impl Outstanding {
@@ -490,6 +492,8 @@ pub(crate) struct Qp {
     /// `mlx5_wqe_xrc_seg` names (an initiator) and whose receives go into the XRC SRQ of this domain a request's
     /// XRCETH names (a target, which mlx5_ib creates with `no_sq`); never through `srqn`.
     pub(crate) xrcd: Option<u32>,
+    /// The XRC SRQ the request an XRC target executes now receives into (checked against `xrcd`).
+    pub(crate) xrc_rx: Option<u32>,
     /// `qpc.user_index`: what the QP's CQEs carry in `srqn_uidx` (CQE version 1), unless it is
     /// `MLX5_IB_DEFAULT_UIDX`, which asks for version 0 (the SRQ number of a receive through an SRQ, else 0).
     user_index: u32,
@@ -507,6 +511,11 @@ impl Qp {
         } else {
             self.user_index
         }
+    }
+
+    /// The SRQ a receive takes its WQE from: the QP's SRQ, or an XRC target's for the request it executes.
+    pub(crate) fn recv_srq(&self) -> Option<u32> {
+        self.srqn.or(self.xrc_rx)
     }
 
     /// READs and atomics the QP may have in flight as a requester: `1 << log_sra_max`, at least one, within the
@@ -985,6 +994,7 @@ impl QpTable {
             // An XRC QP names mlx5_ib's default SRQ but receives through the SRQs of its domain only.
             srqn: srqn.filter(|_| !xrc),
             xrcd: xrc.then_some(xrcd),
+            xrc_rx: None,
             user_index: get(q::USER_INDEX),
             last_wqe_sent: false,
         };

@@ -213,8 +213,13 @@ impl Datapath<'_> {
             return self.rx_drop("request for a QP of another transport");
         }
         let (psn, solicited) = (r.bth.psn, r.bth.solicited);
-        let whole =
-            |op: RcOp| if uc { Body::Uc { psn, op, solicited } } else { Body::Rc { seq: 0, psn, op, solicited } };
+        let whole = |op: RcOp| {
+            if uc {
+                Body::Uc { psn, op, solicited }
+            } else {
+                Body::Rc { seq: 0, psn, op, solicited, xrc_srqn: None }
+            }
+        };
         match op {
             RcReadRequest => {
                 let Some(reth) = r.ext.reth else { return self.rx_drop("READ without a RETH") };
@@ -375,7 +380,7 @@ impl Datapath<'_> {
                             let body = if uc {
                                 Body::Uc { psn: p.first_psn, op, solicited }
                             } else {
-                                Body::Rc { seq: 0, psn: p.first_psn, op, solicited }
+                                Body::Rc { seq: 0, psn: p.first_psn, op, solicited, xrc_srqn: None }
                             };
                             self.rx_deliver(from, remote, r, body, mtu);
                         }
@@ -423,8 +428,13 @@ impl Datapath<'_> {
         if uc || psn == expected {
             return self.rx_drop("packet out of sequence in a message");
         }
-        let probe =
-            Body::Rc { seq: 0, psn, op: RcOp::Send { data: Payload::from(&[][..]), imm: None }, solicited: false };
+        let probe = Body::Rc {
+            seq: 0,
+            psn,
+            op: RcOp::Send { data: Payload::from(&[][..]), imm: None },
+            solicited: false,
+            xrc_srqn: None,
+        };
         self.rx_deliver(from, remote, r, probe, mtu);
     }
 
