@@ -129,6 +129,9 @@ pub enum SimEvent {
     /// Responder QP `qpn` got a request at `psn`, behind the PSN it expects: a retransmission of a message it
     /// executed, answered again without executing it twice.
     DuplicateRequest { qpn: u32, psn: u32 },
+    /// XRC target QP `qpn` got a request naming XRC SRQ `xrc_srqn`, which is not an XRC SRQ of its domain: it
+    /// answers with an invalid request NAK.
+    XrcRefused { qpn: u32, xrc_srqn: u32 },
     /// A peer in another process plugged into this device's link (see [`SimDevice::wire_listen`](crate::sim_device::SimDevice::wire_listen)).
     LinkUp { peer: std::net::SocketAddr },
     /// The link's far end went away (closed, or a frame that could not be read); its address is unreachable.

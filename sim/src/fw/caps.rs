@@ -145,7 +145,7 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::CD, 1),
         (g::APM, 1),
         // Linux 6.12's mlx5_ib requires `xrc` (`mlx5_ib_dev_res_init` returns -EOPNOTSUPP without it) and then
-        // allocates two XRC domains and an XRC SRQ; CREATE_XRC_SRQ is not modelled yet (found under UML).
+        // allocates two XRC domains and an XRC SRQ (fw/xrcd.rs, fw/srq.rs); XRC QPs run RC's transport (fw/qp.rs).
         (g::XRC, 1),
         // No UMR WQE is executed, so the device says UMR cannot load translation entries: mlx5_ib then registers
         // user memory with CREATE_MKEY and a PAS list, and keeps no cache of free (UMR-only) mkeys, which the

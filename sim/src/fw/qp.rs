@@ -369,6 +369,8 @@ pub(crate) struct Outstanding {
     pub(crate) sent: u32,
     /// The message went as one packet (to this device, on InfiniBand, or lost): it counts one in the window.
     pub(crate) whole: bool,
+    /// An XRC initiator's request: the XRC SRQ at the target (the XRCETH every attempt carries).
+    pub(crate) xrc_srqn: Option<u32>,
 }
 
 impl Outstanding {
@@ -486,6 +488,12 @@ pub(crate) struct Qp {
     pub(crate) max_msg: u64,
     /// The SRQ the QP receives through (`rq_type` SRQ); it then has no RQ of its own.
     pub(crate) srqn: Option<u32>,
+    /// An XRC QP (`st` XRC) and its domain: the RC transport, whose sends carry the XRC SRQ their WQE's
+    /// `mlx5_wqe_xrc_seg` names (an initiator) and whose receives go into the XRC SRQ of this domain a request's
+    /// XRCETH names (a target, which mlx5_ib creates with `no_sq`); never through `srqn`.
+    pub(crate) xrcd: Option<u32>,
+    /// The XRC SRQ the request an XRC target executes now receives into (checked against `xrcd`).
+    pub(crate) xrc_rx: Option<u32>,
     /// `qpc.user_index`: what the QP's CQEs carry in `srqn_uidx` (CQE version 1), unless it is
     /// `MLX5_IB_DEFAULT_UIDX`, which asks for version 0 (the SRQ number of a receive through an SRQ, else 0).
     user_index: u32,
@@ -503,6 +511,11 @@ impl Qp {
         } else {
             self.user_index
         }
+    }
+
+    /// The SRQ a receive takes its WQE from: the QP's SRQ, or an XRC target's for the request it executes.
+    pub(crate) fn recv_srq(&self) -> Option<u32> {
+        self.srqn.or(self.xrc_rx)
     }
 
     /// READs and atomics the QP may have in flight as a requester: `1 << log_sra_max`, at least one, within the
@@ -826,8 +839,11 @@ impl QpTable {
         let ctx = i::QPC;
         let get = |f: Field| rd(inp, f.at(ctx));
         let ib = fw.port_type == PortType::Ib;
+        let xrc = get(q::ST) == consts::MLX5_QP_ST_XRC;
         let (st, special) = match get(q::ST) {
             consts::MLX5_QP_ST_RC => (QpType::Rc, None),
+            // XRC runs RC's transport; `xrcd` below tells the two apart.
+            consts::MLX5_QP_ST_XRC if fw.caps.gen(ifc::cmd_hca_cap::XRC) != 0 => (QpType::Rc, None),
             consts::MLX5_QP_ST_UD => (QpType::Ud, None),
             // UC only on a device that reports the transport (`cmd_hca_cap.uc`).
             consts::MLX5_QP_ST_UC if fw.caps.gen(ifc::cmd_hca_cap::UC) != 0 => (QpType::Uc, None),
@@ -853,7 +869,7 @@ impl QpTable {
         // creates; the domain must exist, and both are unused unless the QP is XRC or receives from the SRQ
         // (found under UML: the simulator refused them, so no QP0, GSI or UMR QP).
         let xrcd = get(q::XRCD);
-        if xrcd != 0 && !(fw.xrcd_exists)(xrcd) {
+        if (xrcd != 0 || xrc) && !(fw.xrcd_exists)(xrcd) {
             return Err(bad_param(syndrome::XRCD_INVALID));
         }
         if get(q::PM_STATE) != consts::MLX5_QP_PM_MIGRATED {
@@ -889,7 +905,8 @@ impl QpTable {
             return Err(bad_param(syndrome::CQ_INVALID));
         }
         let uar = get(q::UAR_PAGE);
-        if !fw.uars.contains(uar) {
+        // An XRC target has no SQ to ring and mlx5_ib names no UAR for it (create_xrc_tgt_qp).
+        if (has_sq || !xrc) && !fw.uars.contains(uar) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }
         let (log_rq_size, log_rq_stride, log_sq_size) =
@@ -914,7 +931,8 @@ impl QpTable {
         let bytes = buf_off + rq_bytes + sq_bytes;
         check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
         let dbr = inp.get64(q::DBR_ADDR.at(ctx));
-        if !dma.is_mapped(dbr, DBR_BYTES) {
+        // Nor a doorbell record: it has neither queue (create_xrc_tgt_qp passes a `db` it never allocated).
+        if (has_sq || has_rq || !xrc) && !dma.is_mapped(dbr, DBR_BYTES) {
             return Err(bad_param(syndrome::DBR_NOT_MAPPED));
         }
         let max_qps = 1usize << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_QP).min(24);
@@ -973,7 +991,10 @@ impl QpTable {
             counter_set_id: 0,
             max_wqe: fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_SQ) as usize,
             max_msg: 1u64 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MSG).min(31),
-            srqn,
+            // An XRC QP names mlx5_ib's default SRQ but receives through the SRQs of its domain only.
+            srqn: srqn.filter(|_| !xrc),
+            xrcd: xrc.then_some(xrcd),
+            xrc_rx: None,
             user_index: get(q::USER_INDEX),
             last_wqe_sent: false,
         };
@@ -1240,7 +1261,10 @@ impl QpTable {
         let rq_head = if dma.peek(qp.dbr, &mut head) { u32::from_be_bytes(head) & 0xffff } else { 0 };
         let fields = [
             (q::STATE, qp.state.raw().into()),
-            (q::ST, qp.special.map_or(qp.st.raw(), SpecialQp::raw)),
+            (
+                q::ST,
+                if qp.xrcd.is_some() { consts::MLX5_QP_ST_XRC } else { qp.special.map_or(qp.st.raw(), SpecialQp::raw) },
+            ),
             (q::PM_STATE, consts::MLX5_QP_PM_MIGRATED),
             (q::PD, qp.pd),
             (q::MTU, qp.mtu.into()),
@@ -1272,12 +1296,14 @@ impl QpTable {
                 q::RQ_TYPE,
                 match (qp.has_rq, qp.srqn) {
                     (_, Some(_)) => consts::MLX5_SRQ_RQ,
+                    _ if qp.xrcd.is_some() => consts::MLX5_SRQ_RQ,
                     (true, None) => consts::MLX5_NON_ZERO_RQ,
                     (false, None) => consts::MLX5_ZERO_LEN_RQ,
                 },
             ),
             (q::SRQN_RMPN_XRQN, qp.srqn.unwrap_or(0)),
             (q::USER_INDEX, qp.user_index),
+            (q::XRCD, qp.xrcd.unwrap_or(0)),
             (q::HW_SQ_WQEBB_COUNTER, qp.sq_ci.into()),
             (q::SW_SQ_WQEBB_COUNTER, qp.sq_pi.into()),
             (q::HW_RQ_COUNTER, qp.rq_ci.into()),
@@ -1426,6 +1452,81 @@ mod tests {
     }
 
     #[test]
+    fn xrc_initiator_and_target_qps_are_created_as_mlx5_ib_makes_them() {
+        // An initiator (create_user_qp): an SQ, rq_type SRQ naming the default SRQ, xrcd the default domain. A
+        // target (create_xrc_tgt_qp): no_sq, rq_type SRQ, the user's domain, and no UAR, buffer or doorbell record.
+        use consts as k;
+        use ifc::qpc as q;
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        let (x0, x1) = (r.h.alloc_xrcd(), r.h.alloc_xrcd());
+        let srq = {
+            // An SRQ for the default one mlx5_ib names: 16 WQEs of 32 bytes in one page.
+            use ifc::srqc as sq;
+            let (page, dbr) = (r.h.dma.alloc(4096, 4096).unwrap(), r.h.dma.alloc(64, 64).unwrap());
+            let c = ifc::create_srq_in::SRQ_CONTEXT_ENTRY;
+            let mut inp = vec![0u8; ifc::create_srq_in::SIZE_BYTES + 8];
+            inp.set(ifc::mbox_in::OPCODE, k::MLX5_CMD_OP_CREATE_SRQ.into());
+            inp.set(sq::LOG_SRQ_SIZE.at(c), 4);
+            inp.set(sq::LOG_RQ_STRIDE.at(c), 1);
+            inp.set(sq::PD.at(c), r.pd);
+            inp.set64(sq::DBR_ADDR.at(c), dbr.iova());
+            inp.set64(ifc::create_srq_in::PAS.elem(0), page.iova());
+            let (s, _, out) = r.h.cmd(&inp, ifc::create_srq_out::SIZE_BYTES);
+            assert_eq!(s, 0);
+            rd(&out, ifc::create_srq_out::SRQN)
+        };
+        let (mut ini, _, _) = r.create_qp_in(QpSpec { st: k::MLX5_QP_ST_XRC, ..QpSpec::rc() }, cq.cqn, cq.cqn);
+        let at = |f: Field| f.at(ifc::create_qp_in::QPC);
+        ini.set(at(q::RQ_TYPE), k::MLX5_SRQ_RQ);
+        ini.set(at(q::SRQN_RMPN_XRQN), srq);
+        ini.set(at(q::XRCD), x1);
+        let (s, syn, ini_n) = create(&mut r, &ini);
+        assert_eq!((s, syn), (0, 0));
+        let mut tgt = vec![0u8; ifc::create_qp_in::SIZE_BYTES];
+        tgt.set(ifc::mbox_in::OPCODE, k::MLX5_CMD_OP_CREATE_QP.into());
+        for (f, v) in [
+            (q::ST, k::MLX5_QP_ST_XRC),
+            (q::PM_STATE, k::MLX5_QP_PM_MIGRATED),
+            (q::PD, r.pd),
+            (q::RQ_TYPE, k::MLX5_SRQ_RQ),
+            (q::NO_SQ, 1),
+            (q::CQN_RCV, cq.cqn),
+            (q::CQN_SND, cq.cqn),
+            (q::SRQN_RMPN_XRQN, srq),
+            (q::XRCD, x0),
+            (q::USER_INDEX, 9),
+        ] {
+            tgt.set(at(f), v);
+        }
+        let (s, syn, tgt_n) = create(&mut r, &tgt);
+        assert_eq!((s, syn), (0, 0));
+        {
+            let dev = crate::device::lock(&r.h.dev.shared);
+            let (i, t) = (dev.fw.qps.get(&ini_n).unwrap(), dev.fw.qps.get(&tgt_n).unwrap());
+            // Both run RC's transport in their domain; neither receives through the SRQ its context names.
+            assert_eq!((i.st, i.xrcd, i.srqn, i.has_sq), (QpType::Rc, Some(x1), None, true));
+            assert_eq!((t.st, t.xrcd, t.srqn, t.has_sq, t.has_rq), (QpType::Rc, Some(x0), None, false, false));
+        }
+        // QUERY_QP gives the transport and domain back.
+        let mut qin = vec![0u8; ifc::query_qp_in::SIZE_BYTES];
+        qin.set(ifc::mbox_in::OPCODE, k::MLX5_CMD_OP_QUERY_QP.into());
+        qin.set(ifc::query_qp_in::QPN, tgt_n);
+        let (_, _, out) = r.h.cmd(&qin, ifc::query_qp_out::SIZE_BYTES);
+        let got = |f: Field| rd(&out, f.at(ifc::query_qp_out::QPC));
+        assert_eq!(
+            (got(q::ST), got(q::XRCD), got(q::RQ_TYPE), got(q::NO_SQ)),
+            (k::MLX5_QP_ST_XRC, x0, k::MLX5_SRQ_RQ, 1)
+        );
+        // A domain that does not exist, or a device without `xrc`, is refused.
+        tgt.set(at(q::XRCD), x1 + 5);
+        assert_eq!(create(&mut r, &tgt).1, syndrome::XRCD_INVALID);
+        tgt.set(at(q::XRCD), x0);
+        crate::device::lock(&r.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::XRC, 0);
+        assert_eq!(create(&mut r, &tgt).1, syndrome::QP_TYPE);
+    }
+
+    #[test]
     fn a_user_buffer_may_start_inside_its_first_page() {
         // qpc.page_offset counts 1/64ths of a page: the WQ starts there, and the pages must cover it.
         use ifc::qpc as q;
@@ -1462,10 +1563,11 @@ mod tests {
         };
         type Edit = Box<dyn Fn(&mut Vec<u8>)>;
         let cases: Vec<(Edit, u8, u32)> = vec![
+            // An XRC QP names a domain that exists.
             (
                 Box::new(|i| i.set(ifc::qpc::ST.at(CTX), consts::MLX5_QP_ST_XRC)),
                 consts::MLX5_CMD_STAT_BAD_PARAM_ERR,
-                syndrome::QP_TYPE,
+                syndrome::XRCD_INVALID,
             ),
             (
                 Box::new(|i| i.set(ifc::qpc::PM_STATE.at(CTX), consts::MLX5_QP_PM_ARMED)),

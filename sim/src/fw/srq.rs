@@ -52,14 +52,26 @@ pub(crate) enum Family {
     Rmp,
     Srq,
     /// An XRC SRQ (CREATE/DESTROY_XRC_SRQ, either ISSI). Linux's mlx5_ib creates one at probe for its device
-    /// resources; no XRC target QP exists to receive through it.
+    /// resources, and one per `ibv_create_srq_ex` with an XRC domain; an XRC target QP of the same domain receives
+    /// into it when a request's XRCETH names it.
     XrcSrq,
+}
+
+/// What an XRC SRQ adds: its domain, the CQ its receives complete to (not the target QP's), and the user index
+/// those CQEs carry in `srqn_uidx` (CQE version 1: rdma-core's mlx5 provider finds the SRQ by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct XrcSrq {
+    pub(crate) xrcd: u32,
+    pub(crate) cqn: u32,
+    pub(crate) user_index: u32,
 }
 
 /// A shared receive queue.
 #[derive(Debug)]
 pub(crate) struct Srq {
     pub(crate) family: Family,
+    /// The XRC part of an XRC SRQ.
+    pub(crate) xrc: Option<XrcSrq>,
     pub(crate) pd: u32,
     pub(crate) dbr: u64,
     pas: Vec<u64>,
@@ -230,6 +242,7 @@ impl SrqTable {
         let pas = (0..bytes.div_ceil(1 << page_shift)).map(|k| inp.get64(pas.elem(k as u32))).collect();
         let srq = Srq {
             family,
+            xrc: None,
             pd: x.pd,
             dbr: x.dbr,
             pas,
@@ -329,6 +342,10 @@ impl SrqTable {
             dbr,
         };
         let n = self.create(fw, dma, inp, ifc::create_xrc_srq_in::PAS, Family::XrcSrq, x)?;
+        let xrc = XrcSrq { xrcd: get(q::XRCD), cqn: get(q::CQN), user_index: get(q::USER_INDEX) };
+        if let Some(s) = self.map.get_mut(&n) {
+            s.xrc = Some(xrc);
+        }
         out.set(ifc::create_xrc_srq_out::XRC_SRQN, n);
         Ok(())
     }
@@ -521,6 +538,7 @@ mod tests {
             inp.set(q::PD.at(c), r.pd);
             inp.set(q::XRCD.at(c), xrcd);
             inp.set(q::CQN.at(c), cqn);
+            inp.set(q::USER_INDEX.at(c), 0x42);
             inp.set(q::DB_RECORD_ADDR_H.at(c), (dbr.iova() >> 32) as u32);
             inp.set(q::DB_RECORD_ADDR_L.at(c), (dbr.iova() as u32) >> 2);
             inp.set64(ifc::create_xrc_srq_in::PAS.elem(0), page.iova());
@@ -534,8 +552,8 @@ mod tests {
         assert_eq!((s, syn), (0, 0));
         let n = rd(&out, ifc::create_xrc_srq_out::XRC_SRQN);
         assert_eq!(
-            crate::device::lock(&r.h.dev.shared).fw.srqs.get(&n).map(|s| (s.family, s.dbr)),
-            Some((Family::XrcSrq, dbr.iova()))
+            crate::device::lock(&r.h.dev.shared).fw.srqs.get(&n).map(|s| (s.family, s.dbr, s.xrc)),
+            Some((Family::XrcSrq, dbr.iova(), Some(XrcSrq { xrcd, cqn: cq.cqn, user_index: 0x42 })))
         );
         let mut d = vec![0u8; ifc::destroy_xrc_srq_in::SIZE_BYTES];
         d.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_DESTROY_XRC_SRQ.into());

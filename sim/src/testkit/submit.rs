@@ -616,7 +616,7 @@ impl Wqe {
         self.imm = v.to_be_bytes();
         self
     }
-    fn seg(mut self, b: &[u8]) -> Self {
+    pub fn seg(mut self, b: &[u8]) -> Self {
         self.segs.extend_from_slice(b);
         let padded = self.segs.len().next_multiple_of(DS);
         self.segs.resize(padded, 0);

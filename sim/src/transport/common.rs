@@ -35,6 +35,7 @@ pub(super) const DATA_SEG: usize = c::mlx5_wqe_data_seg::SIZE;
 pub(super) const RADDR_SEG: usize = c::mlx5_wqe_raddr_seg::SIZE;
 pub(super) const ATOMIC_SEG: usize = c::mlx5_wqe_atomic_seg::SIZE;
 pub(super) const DGRAM_SEG: usize = c::mlx5_wqe_datagram_seg::SIZE;
+pub(super) const XRC_SEG: usize = c::mlx5_wqe_xrc_seg::SIZE;
 pub(super) const INLINE_HDR: usize = c::mlx5_wqe_inline_seg::BYTE_COUNT.len;
 pub(super) const INLINE_FLAG: u32 = consts::MLX5_INLINE_SEG;
 pub(super) const DS_MASK: u32 = consts::MLX5_WQE_CTRL_DS_MASK;

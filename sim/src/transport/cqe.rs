@@ -305,11 +305,21 @@ impl Completions<'_> {
         self.qp_error(qpn, syndrome);
     }
 
+    /// Where an XRC target's receive completes: the XRC SRQ's CQ, and the `srqn_uidx` its CQE carries (the
+    /// SRQ's user index, which rdma-core's mlx5 provider looks up in version 1, `get_resp_ctx_v1`; the SRQ number
+    /// in version 0, asked for with `MLX5_IB_DEFAULT_UIDX`). `None` for any other receive.
+    fn xrc_srq(&self, qpn: u32) -> Option<(u32, u32)> {
+        let n = self.qps.get(&qpn)?.xrc_rx?;
+        let x = self.srqs.get(&n)?.xrc?;
+        Some((x.cqn, if x.user_index == consts::MLX5_IB_DEFAULT_UIDX { n } else { x.user_index }))
+    }
+
     /// A receive WQE consumed successfully.
     #[inline]
     pub(super) fn recv_complete(&mut self, qpn: u32, index: u16, len: u64, mut cqe: CqeOut) {
+        let xrc = self.xrc_srq(qpn);
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
-        let srqn = qp.srqn;
+        let srqn = qp.recv_srq();
         if srqn.is_none() {
             qp.rq_ci = qp.rq_ci.wrapping_add(1);
         }
@@ -317,8 +327,8 @@ impl Completions<'_> {
         qp.msn = qp.msn.wrapping_add(1) & PSN_MASK;
         cqe.qpn = qpn;
         cqe.wqe_counter = index;
-        cqe.srqn = qp.cqe_srqn_uidx(srqn.unwrap_or(0));
-        let cqn = qp.cqn_rcv;
+        let (cqn, uidx) = xrc.unwrap_or((qp.cqn_rcv, qp.cqe_srqn_uidx(srqn.unwrap_or(0))));
+        cqe.srqn = uidx;
         // The CQE names the SRQ WQE; the SRQ moves on (and may raise its limit event) after it.
         self.cq.post(cqn, cqe);
         if let Some(n) = srqn {
@@ -328,18 +338,19 @@ impl Completions<'_> {
 
     /// A receive WQE failed: an error CQE and the QP goes to ERR.
     pub(super) fn recv_error(&mut self, qpn: u32, index: u16, syndrome: u8) {
+        let xrc = self.xrc_srq(qpn);
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
-        let srqn = qp.srqn;
+        let srqn = qp.recv_srq();
         if srqn.is_none() {
             qp.rq_ci = qp.rq_ci.wrapping_add(1);
         }
-        let cqn = qp.cqn_rcv;
+        let (cqn, uidx) = xrc.unwrap_or((qp.cqn_rcv, qp.cqe_srqn_uidx(srqn.unwrap_or(0))));
         let cqe = CqeOut {
             opcode: consts::MLX5_CQE_RESP_ERR,
             qpn,
             wqe_counter: index,
             syndrome,
-            srqn: qp.cqe_srqn_uidx(srqn.unwrap_or(0)),
+            srqn: uidx,
             ..CqeOut::default()
         };
         self.cq.post(cqn, cqe);

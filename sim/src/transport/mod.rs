@@ -682,6 +682,106 @@ mod tests {
         assert!(r.h.dev.events().contains(&SimEvent::UdDropped { qpn: ua.qpn, dqpn: 0, why }));
     }
 
+    /// An XRC SRQ of 16 WQEs of 32 bytes in domain `xrcd`, completing to `cqn` with user index `uidx`; its ring
+    /// and doorbell record.
+    fn xrc_srq(
+        r: &mut Rdma,
+        xrcd: u32,
+        cqn: u32,
+        uidx: u32,
+    ) -> (u32, mlx5_core::hal::DmaRegion, mlx5_core::hal::DmaRegion) {
+        use ifc::xrc_srqc as q;
+        use mlx5_core::hal::Dma;
+        let (ring, dbr) = (r.h.dma.alloc(4096, 4096).unwrap(), r.h.dma.alloc(64, 64).unwrap());
+        let c = ifc::create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY;
+        let mut inp = vec![0u8; ifc::create_xrc_srq_in::SIZE_BYTES + 8];
+        inp.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_CREATE_XRC_SRQ.into());
+        inp.set(q::LOG_XRC_SRQ_SIZE.at(c), 4);
+        inp.set(q::LOG_RQ_STRIDE.at(c), 1);
+        inp.set(q::PD.at(c), r.pd);
+        inp.set(q::XRCD.at(c), xrcd);
+        inp.set(q::CQN.at(c), cqn);
+        inp.set(q::USER_INDEX.at(c), uidx);
+        inp.set(q::DB_RECORD_ADDR_H.at(c), (dbr.iova() >> 32) as u32);
+        inp.set(q::DB_RECORD_ADDR_L.at(c), (dbr.iova() as u32) >> 2);
+        inp.set64(ifc::create_xrc_srq_in::PAS.elem(0), ring.iova());
+        let (s, y, out) = r.h.cmd(&inp, ifc::create_xrc_srq_out::SIZE_BYTES);
+        assert_eq!((s, y), (0, 0), "CREATE_XRC_SRQ");
+        (MsgBuf::get(&out[..], ifc::create_xrc_srq_out::XRC_SRQN), ring, dbr)
+    }
+
+    /// Posts WQE `index` of an XRC SRQ's 32-byte ring: its next segment, then one data segment; the doorbell
+    /// record counts `index + 1` posted.
+    fn xrc_srq_post(
+        ring: &mlx5_core::hal::DmaRegion,
+        dbr: &mlx5_core::hal::DmaRegion,
+        index: u16,
+        sge: (u64, u32, u32),
+    ) {
+        use c::mlx5_wqe_data_seg as d;
+        let mut w = [0u8; 32];
+        let next = c::mlx5_wqe_srq_next_seg::NEXT_WQE_INDEX;
+        w[next.off..next.off + 2].copy_from_slice(&(index + 1).to_be_bytes());
+        let at = c::mlx5_wqe_srq_next_seg::SIZE;
+        d::BYTE_COUNT.put_be(&mut w, at, sge.1);
+        d::LKEY.put_be(&mut w, at, sge.2);
+        w[at + d::ADDR.off..at + d::ADDR.end()].copy_from_slice(&sge.0.to_be_bytes());
+        put(ring, usize::from(index) * 32, &w);
+        put(dbr, 0, &u32::from(index + 1).to_be_bytes());
+    }
+
+    #[test]
+    fn an_xrc_send_goes_from_an_initiator_through_a_target_into_the_xrc_srq_its_wqe_names() {
+        // rdma-core's test_xrc: the initiator's WQE names the remote XRC SRQ (`mlx5_wqe_xrc_seg`); the target QP
+        // (created as mlx5_ib's create_xrc_tgt_qp does: no SQ, no RQ) receives into that SRQ, whose CQ gets the
+        // CQE, carrying the target's QPN and the SRQ's user index (rdma-core's `get_resp_ctx_v1` finds the SRQ by
+        // it). An SRQ of another domain, or no SRQ, is an invalid request: the initiator's WQE fails with it.
+        use ifc::qpc as q;
+        let cfg = SimConfig { port_type: crate::config::PortType::Ib, lid: 5, ..SimConfig::default() };
+        let mut r = Rdma::new(cfg);
+        let (mut scq, mut xcq, dcq) = (r.cq(5), r.cq(5), r.cq(5));
+        let (xrcd, other) = (r.h.alloc_xrcd(), r.h.alloc_xrcd());
+        let (srqn, ring, dbr) = xrc_srq(&mut r, xrcd, xcq.cqn, 0x55);
+        let (foreign, _fring, _fdbr) = xrc_srq(&mut r, other, xcq.cqn, 0x66);
+        let xrc = |srqn: u32, xrcd: u32| {
+            move |i: &mut Vec<u8>| {
+                let at = |f: mlx5_core::prm::Field| f.at(ifc::create_qp_in::QPC);
+                i.set(at(q::RQ_TYPE), consts::MLX5_SRQ_RQ);
+                i.set(at(q::SRQN_RMPN_XRQN), srqn);
+                i.set(at(q::XRCD), xrcd);
+            }
+        };
+        let st = consts::MLX5_QP_ST_XRC;
+        let mut ini = r.qp_with(QpSpec { st, zero_rq: true, ..QpSpec::rc() }, scq.cqn, dcq.cqn, xrc(srqn, other));
+        let tgt =
+            r.qp_with(QpSpec { st, zero_rq: true, no_sq: true, ..QpSpec::rc() }, dcq.cqn, dcq.cqn, xrc(srqn, xrcd));
+        let (to_tgt, to_ini) = (r.me(tgt.qpn), r.me(ini.qpn));
+        r.connect_rc(&ini, &to_tgt, RcParams::default());
+        r.connect_rc(&tgt, &to_ini, RcParams::default());
+        let mr = r.mr(8192);
+        let (key, base) = (mr.key, mr.addr());
+        mr.write(0, b"across the domain");
+        xrc_srq_post(&ring, &dbr, 0, (base + 4096, 64, key));
+        let xrc_seg = |n: u32| {
+            let mut s = [0u8; c::mlx5_wqe_xrc_seg::SIZE];
+            c::mlx5_wqe_xrc_seg::XRC_SRQN.put_be(&mut s, 0, n);
+            s
+        };
+        r.post_send(&mut ini, &Wqe::new(SEND).seg(&xrc_seg(srqn)).data(17, key, base), Bell::Db);
+        let e = r.poll(&mut scq).unwrap();
+        assert_eq!((e.status(), e.qpn()), ((REQ, 0), ini.qpn));
+        let e = r.poll(&mut xcq).expect("the receive completes to the XRC SRQ's CQ");
+        assert_eq!((e.status(), e.qpn(), e.srqn_uidx(), e.byte_cnt()), ((RESP_SEND, 0), tgt.qpn, 0x55, 17));
+        assert_eq!(mr.read(4096, 17), b"across the domain");
+        // An XRC SRQ of another domain: an invalid request NAK, the initiator's WQE fails with it.
+        xrc_srq_post(&ring, &dbr, 1, (base + 4096, 64, key));
+        r.post_send(&mut ini, &Wqe::new(SEND).seg(&xrc_seg(foreign)).data(17, key, base), Bell::Db);
+        let e = r.poll(&mut scq).unwrap();
+        assert_eq!(e.status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR));
+        assert!(r.h.dev.events().contains(&SimEvent::XrcRefused { qpn: tgt.qpn, xrc_srqn: foreign }));
+        assert!(r.poll(&mut xcq).is_none(), "nothing received");
+    }
+
     #[test]
     fn every_cqe_of_a_qp_carries_its_user_index() {
         // rdma-core's mlx5 provider (cqe_version 1) finds the QP of a CQE by `srqn_uidx`, the user index it gave
@@ -1491,7 +1591,7 @@ mod tests {
         let resend = |psn: u32, op: RcOp| {
             let mut st = crate::device::lock(&dev.shared);
             let me = st.wire.me.clone();
-            let body = Body::Rc { seq: 1_000 + u64::from(psn), psn, op, solicited: false };
+            let body = Body::Rc { seq: 1_000 + u64::from(psn), psn, op, solicited: false, xrc_srqn: None };
             let pk = Packet {
                 src: me.clone(),
                 dst: me,

@@ -172,6 +172,7 @@ impl Requester<'_> {
             resume: 0,
             sent: 0,
             whole: false,
+            xrc_srqn: w.xrc_srqn,
         });
         self.send_window(qpn);
         true
@@ -237,7 +238,13 @@ impl Requester<'_> {
             hop_limit: path.hop_limit,
         });
         let dest = if addr.ib { Dest::Lid(path.rlid) } else { Dest::Gid { gid: path.rgid, mac: path.rmac } };
-        let body = Body::Rc { seq: req.seq, psn: req.psn, op: req.op.clone(), solicited: req.solicited };
+        let body = Body::Rc {
+            seq: req.seq,
+            psn: req.psn,
+            op: req.op.clone(),
+            solicited: req.solicited,
+            xrc_srqn: req.xrc_srqn,
+        };
         let (remote, seq) = (qp.remote_qpn, req.seq);
         let data = matches!(req.op, RcOp::Send { .. } | RcOp::Write { .. });
         let ack_every = 1 << qp.log_ack_req_freq.min(LOG_ACK_REQ_MAX);

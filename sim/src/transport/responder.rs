@@ -124,7 +124,8 @@ impl Responder<'_> {
             // A responder drops what it cannot take; the requester's ACK timer runs out.
             return self.reply(p, Resp::Lost("no RC QP in RTR/RTS at the destination"));
         };
-        let (pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
+        let (mut pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
+        let (xrcd, xrc_srqn) = (qp.xrcd, if let Body::Rc { xrc_srqn, .. } = &p.body { *xrc_srqn } else { None });
         let (expected, counters) = (qp.next_rcv_psn, qp.counter_set_id);
         // IBA 11.6.3: a QP in RTR that receives its first packet reports communication established (an
         // affiliated COMM_EST event), once per RTR.
@@ -145,6 +146,26 @@ impl Responder<'_> {
                 self.duplicate(dst, psn, op, pd, rre)
             };
             return self.reply(p, resp);
+        }
+        // An XRC target takes XRC requests only, each into the XRC SRQ of its own domain the XRCETH names, whose
+        // PD the receive and memory accesses are checked in; anything else is an invalid request (IBA 9.7.5.2.x,
+        // XRC), and an RC QP takes no XRC request.
+        let xrc_rx = match (xrcd, xrc_srqn) {
+            (None, None) => None,
+            (Some(d), Some(n)) => match self.srqs.get(&n).and_then(|s| Some((s.xrc?, s.pd))) {
+                Some((x, srq_pd)) if x.xrcd == d => {
+                    pd = srq_pd;
+                    Some(n)
+                }
+                _ => {
+                    self.events.push(SimEvent::XrcRefused { qpn: dst, xrc_srqn: n });
+                    return self.reply(p, Resp::Nak(Nak::InvalidRequest));
+                }
+            },
+            _ => return self.reply(p, Resp::Nak(Nak::InvalidRequest)),
+        };
+        if let Some(q) = self.qps.get_mut(&dst) {
+            q.xrc_rx = xrc_rx;
         }
         let ib = self.wire.addr.ib;
         let mut sges = Sges::new();

@@ -189,6 +189,8 @@ impl Datapath<'_> {
             RcAck | RcAtomicAck | RcReadResponseFirst | RcReadResponseMiddle | RcReadResponseLast
             | RcReadResponseOnly => self.rx_response(qpn, r),
             RcSendLastInv | RcSendOnlyInv => self.rx_drop("SEND with invalidate is not supported"),
+            // The wire layer knows XRC's headers; no QP of this port receives or answers XRC packets yet.
+            op if op.is_xrc() => self.rx_drop("XRC packet on a port without XRC QPs"),
             _ => self.rx_request(qpn, r, from),
         }
     }
@@ -212,8 +214,13 @@ impl Datapath<'_> {
             return self.rx_drop("request for a QP of another transport");
         }
         let (psn, solicited) = (r.bth.psn, r.bth.solicited);
-        let whole =
-            |op: RcOp| if uc { Body::Uc { psn, op, solicited } } else { Body::Rc { seq: 0, psn, op, solicited } };
+        let whole = |op: RcOp| {
+            if uc {
+                Body::Uc { psn, op, solicited }
+            } else {
+                Body::Rc { seq: 0, psn, op, solicited, xrc_srqn: None }
+            }
+        };
         match op {
             RcReadRequest => {
                 let Some(reth) = r.ext.reth else { return self.rx_drop("READ without a RETH") };
@@ -374,7 +381,7 @@ impl Datapath<'_> {
                             let body = if uc {
                                 Body::Uc { psn: p.first_psn, op, solicited }
                             } else {
-                                Body::Rc { seq: 0, psn: p.first_psn, op, solicited }
+                                Body::Rc { seq: 0, psn: p.first_psn, op, solicited, xrc_srqn: None }
                             };
                             self.rx_deliver(from, remote, r, body, mtu);
                         }
@@ -422,8 +429,13 @@ impl Datapath<'_> {
         if uc || psn == expected {
             return self.rx_drop("packet out of sequence in a message");
         }
-        let probe =
-            Body::Rc { seq: 0, psn, op: RcOp::Send { data: Payload::from(&[][..]), imm: None }, solicited: false };
+        let probe = Body::Rc {
+            seq: 0,
+            psn,
+            op: RcOp::Send { data: Payload::from(&[][..]), imm: None },
+            solicited: false,
+            xrc_srqn: None,
+        };
         self.rx_deliver(from, remote, r, probe, mtu);
     }
 
@@ -1006,7 +1018,7 @@ mod tests {
 
     #[test]
     fn thousands_of_well_formed_but_arbitrary_frames_leave_the_port_working() {
-        use crate::wire::roce::ib::{AtomicEth, Deth, Reth};
+        use crate::wire::roce::ib::{AtomicEth, Deth, Reth, XrcEth};
         let mut p = port();
         let ops = [
             Opcode::RcSendFirst,
@@ -1030,6 +1042,9 @@ mod tests {
             Opcode::UcSendFirst,
             Opcode::UcWriteOnly,
             Opcode::UdSendOnly,
+            Opcode::XrcSendOnly,
+            Opcode::XrcWriteFirst,
+            Opcode::XrcAck,
         ];
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let base = p.r.h.dev.qp_info(p.rc).unwrap().next_rcv_psn;
@@ -1042,6 +1057,7 @@ mod tests {
             let h = op.headers().unwrap();
             let ext = Ext {
                 deth: h.deth.then_some(Deth { qkey: (r >> 20) as u32, src_qpn: 9 }),
+                xrceth: h.xrceth.then_some(XrcEth { xrc_srqn: (r >> 12) as u32 & 0xff_ffff }),
                 reth: h.reth.then_some(Reth {
                     va: p.mr.addr().wrapping_add((r >> 24) % 0x2_0000),
                     rkey: if r & 1 == 0 { p.mr.key } else { (r >> 32) as u32 },

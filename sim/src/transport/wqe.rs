@@ -128,6 +128,8 @@ pub(super) struct SendWqe {
     pub(super) imm: Option<[u8; 4]>,
     pub(super) kind: Kind,
     pub(super) av: Option<Av>,
+    /// An XRC initiator's WQE: the remote XRC SRQ its `mlx5_wqe_xrc_seg` names (24 bits).
+    pub(super) xrc_srqn: Option<u32>,
     pub(super) segs: Segs,
 }
 
@@ -183,6 +185,7 @@ impl Wqes<'_> {
         };
         let qp = self.qps.get(&qpn).ok_or(bad(1, 0))?;
         let (index, st, sq_bbs, max_wqe) = (qp.sq_next, qp.st, qp.sq_bbs(), qp.max_wqe);
+        let xrc = qp.xrcd.is_some();
         let umr_qp = qp.special == Some(crate::fw::qp::SpecialQp::RegUmr);
         let pending = qp.sq_pi.wrapping_sub(index);
         // The first basic block holds the control segment and, for a small WQE, all of it: one read. When that
@@ -236,6 +239,18 @@ impl Wqes<'_> {
             let av = Av::parse(&wqe[at..at + DGRAM_SEG]);
             at += DGRAM_SEG;
             Some(av)
+        } else {
+            None
+        };
+        // An XRC initiator's WQE names the XRC SRQ at the target after its control segment (rdma-core's mlx5
+        // provider, `IBV_QPT_XRC_SEND`), before the remote address; a NOP carries none.
+        let xrc_srqn = if xrc && opcode != consts::MLX5_OPCODE_NOP {
+            if at + XRC_SEG > bytes {
+                return Err(bad(nbb, opcode));
+            }
+            let n = be(c::mlx5_wqe_xrc_seg::XRC_SRQN, wqe, at) & QPN_MASK;
+            at += XRC_SEG;
+            Some(n)
         } else {
             None
         };
@@ -369,6 +384,7 @@ impl Wqes<'_> {
         w.imm = with_imm.then_some(imm);
         w.kind = kind;
         w.av = av;
+        w.xrc_srqn = xrc_srqn;
         Ok(())
     }
 
@@ -378,7 +394,7 @@ impl Wqes<'_> {
     pub(super) fn next_recv(&mut self, qpn: u32, sges: &mut Sges) -> Option<u16> {
         use c::mlx5_wqe_data_seg as d;
         let qp = self.qps.get(&qpn)?;
-        if let Some(srqn) = qp.srqn {
+        if let Some(srqn) = qp.recv_srq() {
             return next_srq_recv(self.srqs, self.dma, self.events, qpn, srqn, sges);
         }
         if qp.rq_wqes() == 0 {

@@ -22,7 +22,7 @@ pub(crate) const LOST_OTHER: &str = "lost at the far end of the link";
 
 wire_code! {
     /// What a packet carries (the byte after the GRH).
-    pub(crate) BodyKind: u8 { Rc = 1, Ud = 2, Resp = 3, Uc = 4, Eth = 5, }
+    pub(crate) BodyKind: u8 { Rc = 1, Ud = 2, Resp = 3, Uc = 4, Eth = 5, Xrc = 6, }
 }
 
 wire_code! {
@@ -297,11 +297,15 @@ impl<D> Packet<D> {
 
     fn emit_body(&self, e: &mut Enc) {
         match &self.body {
-            Body::Rc { seq, psn, op, solicited } => {
-                e.u8(BodyKind::Rc.into());
+            Body::Rc { seq, psn, op, solicited, xrc_srqn } => {
+                // An XRC request is an RC one with its XRC SRQ after the flags.
+                e.u8(if xrc_srqn.is_some() { BodyKind::Xrc } else { BodyKind::Rc }.into());
                 e.u64(*seq);
                 e.u32(*psn);
                 e.u8((*solicited).into());
+                if let Some(n) = xrc_srqn {
+                    e.u32(*n);
+                }
                 emit_op(e, op);
             }
             Body::Uc { psn, op, solicited } => {
@@ -359,10 +363,11 @@ impl<D: Clone> Packet<D> {
     pub(crate) fn parse<T: AsRef<[u8]>>(f: &Frame<T>, nobody: D) -> Result<Self, &'static str> {
         let mut d = Dec(f.body());
         let body = match BodyKind::from(d.u8()?) {
-            BodyKind::Rc => {
+            kind @ (BodyKind::Rc | BodyKind::Xrc) => {
                 let (seq, psn, solicited) = (d.u64()?, d.u32()?, d.bool()?);
+                let xrc_srqn = if kind == BodyKind::Xrc { Some(d.u32()?) } else { None };
                 let op = parse_op(&mut d)?;
-                Body::Rc { seq, psn, op, solicited }
+                Body::Rc { seq, psn, op, solicited, xrc_srqn }
             }
             BodyKind::Uc => {
                 let (psn, solicited) = (d.u32()?, d.bool()?);
@@ -547,6 +552,7 @@ mod tests {
                 psn: 0xabcdef,
                 op: RcOp::Write { raddr: 0x1000, rkey: 0x99, data: (&b"xy"[..]).into(), imm: Some([1, 2, 3, 4]) },
                 solicited: true,
+                xrc_srqn: None,
             },
             roce: RoceInfo { mtu: 3, udp_sport: 0xc001, psn: 0xabcdef, msn: 7, ..RoceInfo::default() },
         }
@@ -575,19 +581,27 @@ mod tests {
     #[test]
     fn every_body_round_trips_and_every_truncation_is_an_error() {
         let bodies = [
-            Body::Rc { seq: 1, psn: 2, op: RcOp::Send { data: (&[7u8; 9][..]).into(), imm: None }, solicited: false },
-            Body::Rc { seq: 3, psn: 4, op: RcOp::Read { raddr: 5, rkey: 6, len: 7 }, solicited: false },
+            Body::Rc {
+                seq: 1,
+                psn: 2,
+                op: RcOp::Send { data: (&[7u8; 9][..]).into(), imm: None },
+                solicited: false,
+                xrc_srqn: None,
+            },
+            Body::Rc { seq: 3, psn: 4, op: RcOp::Read { raddr: 5, rkey: 6, len: 7 }, solicited: false, xrc_srqn: None },
             Body::Rc {
                 seq: 8,
                 psn: 9,
                 op: RcOp::Atomic { raddr: 8, rkey: 1, op: AtomicOp::CmpSwap { compare: 2, swap: 3 } },
                 solicited: false,
+                xrc_srqn: None,
             },
             Body::Rc {
                 seq: 8,
                 psn: 9,
                 op: RcOp::Atomic { raddr: 8, rkey: 1, op: AtomicOp::FetchAdd { add: 5 } },
                 solicited: true,
+                xrc_srqn: None,
             },
             Body::Ud { qkey: 0x1111, pkey: 0x8001, data: vec![1, 2, 3], imm: Some([9; 4]), solicited: true },
             Body::Uc {

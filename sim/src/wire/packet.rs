@@ -151,7 +151,8 @@ pub(crate) enum Body {
     /// An RC request; `seq` identifies the attempt, so a late response to an earlier attempt is ignored. `psn`
     /// is the requester's send PSN for the message (the same on every attempt): the responder executes a message
     /// once, at the PSN it expects, and answers a duplicate without executing it again.
-    Rc { seq: u64, psn: u32, op: RcOp, solicited: bool },
+    /// `xrc_srqn` is an XRC request's XRCETH: the XRC SRQ the target QP receives into.
+    Rc { seq: u64, psn: u32, op: RcOp, solicited: bool, xrc_srqn: Option<u32> },
     /// A UC message (SEND or WRITE, with or without immediate): no sequence number, as nothing answers it; the
     /// responder takes the message whatever its PSN (a UC responder starts a new message at any First or Only
     /// packet) and drops it silently when it cannot execute it.

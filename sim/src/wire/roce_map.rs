@@ -14,7 +14,7 @@
 use super::packet::{AtomicOp, Body, Nak, Packet, RcOp, Resp, GID_LEN};
 use super::roce::ether::{self, EtherType, EthernetRepr, Mac};
 use super::roce::frame::{Integrity, IpRepr, RoceRepr};
-use super::roce::ib::{Aeth, AtomicEth, BthRepr, Deth, Ext, NakCode, Opcode, Reth, Syndrome, DEFAULT_PKEY};
+use super::roce::ib::{Aeth, AtomicEth, BthRepr, Deth, Ext, NakCode, Opcode, Reth, Syndrome, XrcEth, DEFAULT_PKEY};
 use super::roce::ip::{fold, sum, Ipv4Repr, Ipv6Repr, IPV6_HEADER_LEN, PROTO_UDP};
 use super::roce::rc::{mtu_bytes, MsgKind, Segmenter, PSN_MASK};
 use super::roce::udp::{UdpRepr, ROCE_PORT};
@@ -116,6 +116,9 @@ pub(crate) fn emit_frames<D>(
 
 /// [`emit_frames`]; with [`Integrity::Trusted`] the UDP checksum and ICRC are not computed (zero): frames for
 /// another device of this process, which takes them trusted, as they cross no cable.
+/// The transport bits of XRC's opcodes (RC's are 000).
+const XRC_TRANSPORT: u8 = 0xa0;
+
 pub(crate) fn emit_frames_with<D>(
     p: &Packet<D>,
     src: Mac,
@@ -144,7 +147,16 @@ pub(crate) fn emit_frames_with<D>(
     };
     let mut frames = 0u32;
     let mut ident = 0u16;
-    let mut put = |pc: Piece<'_>| -> Result<(), &'static str> {
+    // An XRC request: RC's packets with XRC's opcodes (transport 101) and the XRCETH on each.
+    let xrc = match &p.body {
+        Body::Rc { xrc_srqn: Some(n), .. } => Some(XrcEth { xrc_srqn: *n }),
+        _ => None,
+    };
+    let mut put = |mut pc: Piece<'_>| -> Result<(), &'static str> {
+        if let Some(x) = xrc {
+            pc.opcode = Opcode::from(u8::from(pc.opcode) | XRC_TRANSPORT);
+            pc.ext.xrceth = Some(x);
+        }
         let bth = BthRepr {
             opcode: pc.opcode,
             solicited: pc.solicited,
@@ -353,6 +365,7 @@ mod tests {
             psn: 0xff_fffe,
             op: RcOp::Send { data: Payload::from(&data[..]), imm: None },
             solicited: true,
+            xrc_srqn: None,
         };
         let f = frames(&packet(body, RoceInfo { mtu: MTU_1024, ..RoceInfo::default() }));
         let ops: Vec<_> = f.iter().map(|x| (x.0, x.1, x.2, x.4)).collect();
@@ -371,7 +384,7 @@ mod tests {
         let data = vec![7u8; 2048 + 5];
         let op = RcOp::Write { raddr: 0x1000, rkey: 0x42, data: Payload::from(&data[..]), imm: Some([1, 2, 3, 4]) };
         let f = frames(&packet(
-            Body::Rc { seq: 1, psn: 10, op, solicited: false },
+            Body::Rc { seq: 1, psn: 10, op, solicited: false, xrc_srqn: None },
             RoceInfo { mtu: MTU_1024, ..RoceInfo::default() },
         ));
         assert_eq!(f.len(), 3);
@@ -399,7 +412,7 @@ mod tests {
         let data = vec![9u8; 1500];
         let op = RcOp::Send { data: Payload::from(&data[..]), imm: None };
         let p = packet(
-            Body::Rc { seq: 1, psn: 3, op, solicited: false },
+            Body::Rc { seq: 1, psn: 3, op, solicited: false, xrc_srqn: None },
             RoceInfo { mtu: MTU_1024, ..RoceInfo::default() },
         );
         let (mut checked, mut trusted) = (Vec::new(), Vec::new());
@@ -430,12 +443,13 @@ mod tests {
         let resume = RoceInfo { mtu: MTU_1024, resume: 1, ..RoceInfo::default() };
         // A WRITE from its second packet: MIDDLE (no RETH: the responder has it from FIRST) and LAST.
         let op = RcOp::Write { raddr: 0x1000, rkey: 0x42, data: Payload::from(&data[..]), imm: None };
-        let f = frames(&packet(Body::Rc { seq: 2, psn: 10, op, solicited: false }, resume));
+        let f = frames(&packet(Body::Rc { seq: 2, psn: 10, op, solicited: false, xrc_srqn: None }, resume));
         let got: Vec<_> = f.iter().map(|x| (x.0, x.1, x.2, x.3.reth, x.4)).collect();
         assert_eq!(got, [(Opcode::RcWriteMiddle, 11, false, None, 1024), (Opcode::RcWriteLast, 12, true, None, 952)]);
         // A READ asked again from its second response: PSN, address and length move on by one MTU.
         let op = RcOp::Read { raddr: 0x8000, rkey: 9, len: 3000 };
-        let f = frames(&packet(Body::Rc { seq: 2, psn: 100, op: op.clone(), solicited: false }, resume));
+        let f =
+            frames(&packet(Body::Rc { seq: 2, psn: 100, op: op.clone(), solicited: false, xrc_srqn: None }, resume));
         let reth = Reth { va: 0x8000 + 1024, rkey: 9, dma_len: 3000 - 1024 };
         assert_eq!(
             f.iter().map(|x| (x.0, x.1, x.3.reth)).collect::<Vec<_>>(),
@@ -443,15 +457,21 @@ mod tests {
         );
         // A resume point past the end is the whole message again.
         let past = RoceInfo { resume: 3, ..resume };
-        let f = frames(&packet(Body::Rc { seq: 2, psn: 100, op, solicited: false }, past));
+        let f = frames(&packet(Body::Rc { seq: 2, psn: 100, op, solicited: false, xrc_srqn: None }, past));
         assert_eq!((f[0].1, f[0].3.reth.map(|r| r.dma_len)), (100, Some(3000)));
         let op = RcOp::Send { data: Payload::from(&data[..]), imm: None };
-        assert_eq!(frames(&packet(Body::Rc { seq: 2, psn: 5, op, solicited: false }, past)).len(), 3);
+        assert_eq!(frames(&packet(Body::Rc { seq: 2, psn: 5, op, solicited: false, xrc_srqn: None }, past)).len(), 3);
     }
 
     #[test]
     fn read_responses_take_one_psn_each_with_aeth_on_the_first_and_last() {
-        let req = Body::Rc { seq: 1, psn: 100, op: RcOp::Read { raddr: 8, rkey: 9, len: 3000 }, solicited: false };
+        let req = Body::Rc {
+            seq: 1,
+            psn: 100,
+            op: RcOp::Read { raddr: 8, rkey: 9, len: 3000 },
+            solicited: false,
+            xrc_srqn: None,
+        };
         let f = frames(&packet(req, RoceInfo { mtu: MTU_1024, ..RoceInfo::default() }));
         assert_eq!((f.len(), f[0].0, f[0].2, f[0].3.reth.unwrap().dma_len), (1, Opcode::RcReadRequest, true, 3000));
         let resp = Body::Resp { seq: 1, resp: Resp::ReadData(vec![3; 3000]) };
@@ -484,7 +504,7 @@ mod tests {
             (Opcode::RcAtomicAck, 7, Some(0x1122_3344_5566_7788), 3)
         );
         let op = RcOp::Atomic { raddr: 16, rkey: 1, op: AtomicOp::CmpSwap { compare: 5, swap: 9 } };
-        let f = frames(&packet(Body::Rc { seq: 1, psn: 4, op, solicited: false }, info));
+        let f = frames(&packet(Body::Rc { seq: 1, psn: 4, op, solicited: false, xrc_srqn: None }, info));
         assert_eq!(
             (f[0].0, f[0].3.atomic_eth),
             (Opcode::RcCompareSwap, Some(AtomicEth { va: 16, rkey: 1, swap_add: 9, compare: 5 }))

@@ -1,7 +1,8 @@
 //! The InfiniBand transport headers RoCEv2 carries after UDP: the base transport header (BTH, 12 bytes) and the
-//! extended headers an opcode implies, in wire order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH.
-//! [`Opcode::headers`] is the table of which opcode carries which (IBA 9.2 and `rdma_rxe`'s opcode table); the
-//! reliable-datagram opcodes are not supported and parse as `Unknown(n)`.
+//! extended headers an opcode implies, in wire order: DETH, XRCETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt,
+//! IETH. [`Opcode::headers`] is the table of which opcode carries which (IBA 9.2 and `rdma_rxe`'s opcode table;
+//! the XRC opcodes, transport 101, are RC's operations with an XRCETH on every request, IBA 9.2 and Wireshark's
+//! `packet-infiniband.c`); the reliable-datagram opcodes are not supported and parse as `Unknown(n)`.
 
 use super::error::Error;
 
@@ -18,6 +19,12 @@ wire_code! {
         UcSendOnlyImm = 0x25, UcWriteFirst = 0x26, UcWriteMiddle = 0x27, UcWriteLast = 0x28,
         UcWriteLastImm = 0x29, UcWriteOnly = 0x2a, UcWriteOnlyImm = 0x2b,
         UdSendOnly = 0x64, UdSendOnlyImm = 0x65,
+        XrcSendFirst = 0xa0, XrcSendMiddle = 0xa1, XrcSendLast = 0xa2, XrcSendLastImm = 0xa3, XrcSendOnly = 0xa4,
+        XrcSendOnlyImm = 0xa5, XrcWriteFirst = 0xa6, XrcWriteMiddle = 0xa7, XrcWriteLast = 0xa8,
+        XrcWriteLastImm = 0xa9, XrcWriteOnly = 0xaa, XrcWriteOnlyImm = 0xab, XrcReadRequest = 0xac,
+        XrcReadResponseFirst = 0xad, XrcReadResponseMiddle = 0xae, XrcReadResponseLast = 0xaf,
+        XrcReadResponseOnly = 0xb0, XrcAck = 0xb1, XrcAtomicAck = 0xb2, XrcCompareSwap = 0xb3, XrcFetchAdd = 0xb4,
+        XrcSendLastInv = 0xb6, XrcSendOnlyInv = 0xb7,
     }
 }
 
@@ -26,6 +33,8 @@ wire_code! {
 pub struct Headers {
     /// Datagram ETH (UD).
     pub deth: bool,
+    /// XRC ETH (every XRC request: the XRC SRQ at the target).
+    pub xrceth: bool,
     /// RDMA ETH (first or only WRITE packet, READ request).
     pub reth: bool,
     /// Atomic ETH (compare-swap, fetch-add).
@@ -47,6 +56,7 @@ impl Headers {
     pub fn len(&self) -> usize {
         let f = |b: bool, n: usize| if b { n } else { 0 };
         f(self.deth, DETH_LEN)
+            + f(self.xrceth, XRCETH_LEN)
             + f(self.reth, RETH_LEN)
             + f(self.atomic_eth, ATOMIC_ETH_LEN)
             + f(self.aeth, AETH_LEN)
@@ -83,8 +93,48 @@ impl Opcode {
             UdSendOnly => Headers { deth: true, ..p },
             UdSendOnlyImm => Headers { deth: true, immdt: true, ..p },
             Unknown(_) => return None,
+            // XRC: RC's operation of the same low five bits; its requests add the XRCETH, its responses do not.
+            _ => {
+                let rc = Opcode::from(u8::from(self) & OP_MASK).headers()?;
+                let response = rc.aeth;
+                Headers { xrceth: !response, ..rc }
+            }
         };
         Some(h)
+    }
+
+    /// Whether the opcode is a known one of XRC (transport 101).
+    pub fn is_xrc(self) -> bool {
+        !matches!(self, Opcode::Unknown(_)) && u8::from(self) & !OP_MASK == XRC_TRANSPORT
+    }
+}
+
+/// The operation bits of an opcode (the upper three are the transport).
+const OP_MASK: u8 = 0x1f;
+/// The transport bits of XRC.
+const XRC_TRANSPORT: u8 = 0xa0;
+
+/// The XRC SRQ number an XRCETH carries: 24 bits after a reserved byte.
+const XRC_SRQN_MASK: u32 = 0xff_ffff;
+
+/// XRC extended transport header: the XRC SRQ the target QP receives into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XrcEth {
+    /// The XRC SRQ number (24 bits).
+    pub xrc_srqn: u32,
+}
+
+impl XrcEth {
+    /// Reads an XRCETH from the start of `b` (its reserved byte ignored).
+    pub fn parse(b: &[u8]) -> Result<XrcEth, Error> {
+        let b = b.get(..XRCETH_LEN).ok_or(Error::Truncated)?;
+        Ok(XrcEth { xrc_srqn: be24(&b[1..4]) })
+    }
+
+    /// Writes it to the start of `b` (reserved byte zero).
+    pub fn emit(&self, b: &mut [u8]) {
+        b[0] = 0;
+        put24(&mut b[1..4], self.xrc_srqn & XRC_SRQN_MASK);
     }
 }
 
@@ -100,6 +150,8 @@ pub const ATOMIC_ETH_LEN: usize = 28;
 pub const ATOMIC_ACK_ETH_LEN: usize = 8;
 /// Bytes of a DETH.
 pub const DETH_LEN: usize = 8;
+/// Bytes of an XRCETH.
+pub const XRCETH_LEN: usize = 4;
 /// Bytes of ImmDt.
 pub const IMMDT_LEN: usize = 4;
 /// Bytes of an IETH.
@@ -444,6 +496,8 @@ impl Deth {
 pub struct Ext {
     /// Datagram ETH.
     pub deth: Option<Deth>,
+    /// XRC ETH.
+    pub xrceth: Option<XrcEth>,
     /// RDMA ETH.
     pub reth: Option<Reth>,
     /// Atomic ETH.
@@ -473,19 +527,21 @@ impl Ext {
             present.then(|| &b[s..s + n])
         };
         let deth = take(h.deth, DETH_LEN).map(Deth::parse).transpose()?;
+        let xrceth = take(h.xrceth, XRCETH_LEN).map(XrcEth::parse).transpose()?;
         let reth = take(h.reth, RETH_LEN).map(Reth::parse).transpose()?;
         let atomic_eth = take(h.atomic_eth, ATOMIC_ETH_LEN).map(AtomicEth::parse).transpose()?;
         let aeth = take(h.aeth, AETH_LEN).map(Aeth::parse).transpose()?;
         let atomic_ack = take(h.atomic_ack_eth, ATOMIC_ACK_ETH_LEN).map(be64);
         let immdt = take(h.immdt, IMMDT_LEN).map(|s| [s[0], s[1], s[2], s[3]]);
         let ieth = take(h.ieth, IETH_LEN).map(be32);
-        Ok(Ext { deth, reth, atomic_eth, aeth, atomic_ack, immdt, ieth })
+        Ok(Ext { deth, xrceth, reth, atomic_eth, aeth, atomic_ack, immdt, ieth })
     }
 
     /// Which headers are present.
     pub fn headers(&self) -> Headers {
         Headers {
             deth: self.deth.is_some(),
+            xrceth: self.xrceth.is_some(),
             reth: self.reth.is_some(),
             atomic_eth: self.atomic_eth.is_some(),
             aeth: self.aeth.is_some(),
@@ -503,6 +559,10 @@ impl Ext {
         if let Some(d) = self.deth {
             d.emit(&mut b[at..at + DETH_LEN]);
             at += DETH_LEN;
+        }
+        if let Some(x) = self.xrceth {
+            x.emit(&mut b[at..at + XRCETH_LEN]);
+            at += XRCETH_LEN;
         }
         if let Some(r) = self.reth {
             r.emit(&mut b[at..at + RETH_LEN]);
@@ -678,5 +738,68 @@ mod tests {
         assert_eq!(Deth::parse(&resv).unwrap(), d);
         let e = Ext::parse(Opcode::RcSendOnlyInv.headers().unwrap(), &[0, 0, 0x12, 0x34]).unwrap();
         assert_eq!(e.ieth, Some(0x1234));
+    }
+
+    // XRC WRITE ONLY with immediate: XRCETH (XRC SRQ 0x000041; reserved byte zero), RETH (VA, R_Key, length 64),
+    // then ImmDt, in IBA's order.
+    static XRC_WRITE_IMM: [u8; 24] = [
+        0x00, 0x00, 0x00, 0x41, // XRCETH
+        0, 0, 0x7f, 0xff, 0x12, 0x34, 0x50, 0x00, // VA
+        0x00, 0x00, 0x12, 0x34, // R_Key
+        0x00, 0x00, 0x00, 0x40, // DMA length 64
+        0xde, 0xad, 0xbe, 0xef,
+    ];
+
+    #[test]
+    fn xrceth_fixtures_both_ways() {
+        let h = Opcode::XrcWriteOnlyImm.headers().unwrap();
+        assert_eq!(h.len(), 24);
+        let want = Ext {
+            xrceth: Some(XrcEth { xrc_srqn: 0x41 }),
+            reth: Some(Reth { va: 0x7fff_1234_5000, rkey: 0x1234, dma_len: 64 }),
+            immdt: Some([0xde, 0xad, 0xbe, 0xef]),
+            ..Ext::default()
+        };
+        assert_eq!(Ext::parse(h, &XRC_WRITE_IMM).unwrap(), want);
+        let mut b = [0xffu8; 24];
+        assert_eq!(want.emit(&mut b), 24);
+        assert_eq!(b, XRC_WRITE_IMM);
+        assert_eq!(Ext::parse(h, &XRC_WRITE_IMM[..23]).unwrap_err(), Error::Truncated);
+        // The reserved byte is ignored on parse and the number kept to 24 bits on emit.
+        let x = XrcEth::parse(&[0x55, 0xab, 0xcd, 0xef]).unwrap();
+        assert_eq!(x, XrcEth { xrc_srqn: 0xab_cdef });
+        let mut b = [0xffu8; 4];
+        XrcEth { xrc_srqn: 0x1ab_cdef }.emit(&mut b);
+        assert_eq!(b, [0x00, 0xab, 0xcd, 0xef]);
+        assert_eq!(XrcEth::parse(&[0, 0, 0]).unwrap_err(), Error::Truncated);
+        // XRC SEND ONLY: the XRCETH alone before the payload.
+        let send = Opcode::from(0xa4);
+        assert_eq!(send, Opcode::XrcSendOnly);
+        let e = Ext::parse(send.headers().unwrap(), &[0x00, 0x00, 0x00, 0x41]).unwrap();
+        assert_eq!(e, Ext { xrceth: Some(XrcEth { xrc_srqn: 0x41 }), ..Ext::default() });
+    }
+
+    #[test]
+    fn xrc_opcodes_are_rcs_with_an_xrceth_on_requests() {
+        // Every XRC opcode the table knows has RC's headers (same low five bits), plus the XRCETH when it is a
+        // request; responses (READ response, ACK, atomic ACK) carry none.
+        let mut known = 0;
+        for v in 0xa0..=0xbfu8 {
+            let (x, rc) = (Opcode::from(v), Opcode::from(v & 0x1f));
+            assert_eq!(x.is_xrc(), !matches!(x, Opcode::Unknown(_)), "{v:#x}");
+            let Some(h) = x.headers() else {
+                assert_eq!(rc.headers(), None, "{v:#x}");
+                continue;
+            };
+            known += 1;
+            let r = rc.headers().unwrap();
+            assert_eq!(h.xrceth, !r.aeth, "{v:#x}");
+            assert_eq!(Headers { xrceth: false, ..h }, r, "{v:#x}");
+        }
+        assert_eq!(known, 23);
+        assert_eq!(Opcode::XrcAck.headers().unwrap().len(), 4);
+        assert_eq!(Opcode::XrcSendOnly.headers().unwrap().len(), 4);
+        assert_eq!(Opcode::XrcFetchAdd.headers().unwrap().len(), 32);
+        assert!(!Opcode::RcSendOnly.is_xrc() && !Opcode::UdSendOnly.is_xrc());
     }
 }
