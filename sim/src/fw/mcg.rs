@@ -13,6 +13,14 @@ use super::syndrome;
 
 /// The GID's first byte of a multicast group (IBA 4.1.1: `FF`, as an IPv6 multicast address).
 const MULTICAST_PREFIX: u8 = 0xff;
+/// The prefix of an IPv4-mapped GID (`::ffff:a.b.c.d`), RoCE v2's form of an IPv4 address.
+const V4_MAPPED: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+
+/// Whether `gid` names a multicast group: an IPv6 multicast address (IBA's `FF` prefix), or an IPv4-mapped
+/// class D address, which rdma_cm joins on a RoCE v2 port (`cma_iboe_set_mgid` maps 224.0.0.0/4 so).
+pub(crate) fn is_multicast_gid(gid: &[u8; 16]) -> bool {
+    gid[0] == MULTICAST_PREFIX || (gid[..12] == V4_MAPPED && gid[12] & 0xf0 == 0xe0)
+}
 
 /// What an MCG command checks in the rest of the firmware.
 pub(crate) struct McgFw<'a> {
@@ -96,7 +104,7 @@ impl McgTable {
             Some(QpType::Ud) => {}
             Some(_) => return Err(bad_param(syndrome::QP_TYPE)),
         }
-        if gid[0] != MULTICAST_PREFIX {
+        if !is_multicast_gid(gid) {
             return Err(bad_param(syndrome::MCG_GID));
         }
         Ok(())
@@ -143,6 +151,11 @@ mod tests {
         let mut unicast = GROUP;
         unicast[0] = 0xfe;
         assert_eq!(mcg(&mut r, true, ua.qpn, &unicast), (BAD_PARAM, syndrome::MCG_GID));
+        // RoCE v2's IPv4 form: 224.0.0.0/4 mapped is a group, 10.36.0.1 mapped is not.
+        let v4 = |a: u8| [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, 1, 2, 3];
+        assert_eq!(mcg(&mut r, true, ua.qpn, &v4(10)), (BAD_PARAM, syndrome::MCG_GID));
+        assert_eq!(mcg(&mut r, true, ua.qpn, &v4(239)), (0, 0));
+        assert_eq!(mcg(&mut r, false, ua.qpn, &v4(239)), (0, 0));
         assert_eq!(mcg(&mut r, true, 0xabcd, &GROUP), (BAD_PARAM, syndrome::QP_INVALID));
         // Detaching: a QP not in the group is refused; the last one out ends the group.
         assert_eq!(mcg(&mut r, false, ua.qpn, &GROUP), (0, 0));

@@ -19,6 +19,8 @@ pub(crate) struct Eth {
     pub mem: Vec<DmaRegion>,
     /// The `page_offset` (1/64ths of a page) the next rings start at, as mlx5_ib's raw packet QP gives them.
     pub page_offset: u32,
+    /// The `user_index` the next RQs and SQs get (mlx5_ib gives a raw packet QP's its QP's).
+    pub user_index: u32,
 }
 
 /// (status, syndrome, the object number the reply carries).
@@ -41,7 +43,7 @@ impl Eth {
         assert_eq!(s, 0);
         let td = MsgBuf::get(&out[..], ifc::alloc_transport_domain_out::TRANSPORT_DOMAIN);
         let cq = r.cq(6);
-        Self { r, td, cq, mem: Vec::new(), page_offset: 0 }
+        Self { r, td, cq, mem: Vec::new(), page_offset: 0, user_index: 0 }
     }
 
     fn msg(opcode: u16, len: usize) -> Vec<u8> {
@@ -99,6 +101,7 @@ impl Eth {
         let mut inp = Self::msg(consts::MLX5_CMD_OP_CREATE_RQ, ifc::create_rq_in::SIZE_BYTES);
         inp.set(ifc::rqc::CQN.at(ctx), self.cq.cqn);
         inp.set(ifc::rqc::STATE.at(ctx), consts::MLX5_RQC_STATE_RST);
+        inp.set(ifc::rqc::USER_INDEX.at(ctx), self.user_index);
         self.ring(&mut inp, ifc::rqc::WQ.at(ctx), 6, 6);
         edit(&mut inp);
         self.send(&inp, ifc::create_rq_out::SIZE_BYTES, ifc::create_rq_out::RQN)
@@ -120,6 +123,7 @@ impl Eth {
         inp.set(ifc::sqc::CQN.at(ctx), self.cq.cqn);
         inp.set(ifc::sqc::TIS_LST_SZ.at(ctx), 1);
         inp.set(ifc::sqc::TIS_NUM_0.at(ctx), tisn);
+        inp.set(ifc::sqc::USER_INDEX.at(ctx), self.user_index);
         self.ring(&mut inp, ifc::sqc::WQ.at(ctx), 6, 6);
         edit(&mut inp);
         self.send(&inp, ifc::create_sq_out::SIZE_BYTES, ifc::create_sq_out::SQN)

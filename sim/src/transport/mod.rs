@@ -607,6 +607,21 @@ mod tests {
         assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
         let got: Vec<u32> = r.drain(&mut rcq).iter().map(|e| e.qpn()).collect();
         assert_eq!(got, [ub.qpn]);
+        // RoCE v2's IPv4 group form (rdma_cm's join of 239.1.2.3) works the same.
+        let v4 = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 3];
+        let mut inp = vec![0u8; ifc::attach_to_mcg_in::SIZE_BYTES];
+        inp.set(ifc::attach_to_mcg_in::OPCODE, consts::MLX5_CMD_OP_ATTACH_TO_MCG.into());
+        inp.set(ifc::attach_to_mcg_in::QPN, uc.qpn);
+        let at = ifc::attach_to_mcg_in::MULTICAST_GID.byte_off();
+        inp[at..at + 16].copy_from_slice(&v4);
+        assert_eq!(r.h.cmd(&inp, ifc::attach_to_mcg_out::SIZE_BYTES).0, 0);
+        r.post_recv(&mut uc, &[(base + 5000, 40 + 32, key)]);
+        let mut av4 = av;
+        (av4.rgid, av4.rmac) = (v4, [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03]);
+        r.post_send(&mut ua, &Wqe::new(SEND).av(&av4).data(32, key, base), Bell::Db);
+        assert_eq!(r.poll(&mut scq).unwrap().status(), (REQ, 0));
+        let got: Vec<u32> = r.drain(&mut rcq).iter().map(|e| e.qpn()).collect();
+        assert_eq!(got, [uc.qpn]);
         // With no QP left in the group the packet is dropped, and said why.
         assert_eq!(attach(&mut r, consts::MLX5_CMD_OP_DETACH_FROM_MCG, ub.qpn), 0);
         r.post_send(&mut ua, &Wqe::new(SEND).av(&av).data(32, key, base), Bell::Db);

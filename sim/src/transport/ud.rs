@@ -8,6 +8,7 @@ use super::cqe::{flags_rqpn, CqeOut};
 use super::requester::Requester;
 use super::responder::Responder;
 use super::wqe::SendWqe;
+use crate::fw::mcg::is_multicast_gid;
 use crate::fw::port::DEFAULT_PKEY;
 use crate::fw::qp::SpecialQp;
 use crate::wire::roce::frame::IpRepr;
@@ -50,8 +51,6 @@ pub(super) fn grh_image(grh: Option<&Grh>, payload: usize, imm: bool, ib: bool) 
 
 /// The destination QPN of a multicast packet (IBA 9.2: `0xFFFFFF`).
 const MULTICAST_QPN: u32 = QPN_MASK;
-/// The first byte of a multicast GID (IBA 4.1.1).
-const MULTICAST_GID_PREFIX: u8 = 0xff;
 
 impl Requester<'_> {
     pub(super) fn execute_ud(&mut self, qpn: u32, w: &SendWqe) {
@@ -98,7 +97,7 @@ impl Requester<'_> {
         let len = data.len() as u64;
         // A send to a multicast GID goes to the port's own members and to every peer's (IBA 10.5.2: the QPN
         // is the multicast one; each receiving port finds its attached QPs by the GRH's destination GID).
-        if grh.as_ref().is_some_and(|g| g.dgid[0] == MULTICAST_GID_PREFIX) {
+        if grh.as_ref().is_some_and(|g| is_multicast_gid(&g.dgid)) {
             let qkey = if av.qkey & QKEY_FROM_QP != 0 { own_qkey } else { av.qkey };
             let roce = RoceInfo { psn, ..RoceInfo::default() };
             let (me, slid) = (self.wire.me_here(), addr.lid);

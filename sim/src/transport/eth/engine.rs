@@ -524,7 +524,10 @@ mod tests {
         // rdma-core's test_flow: a raw packet QP of one context sends to a multicast MAC, a flow rule of another
         // context's raw packet QP takes it; each context has its own transport domain. No peer on the wire.
         let mut e = Eth::with_mac(MAC_A);
+        // Each queue with the user index of its raw packet QP, by which libmlx5 finds the QP of a CQE.
+        e.user_index = 0x12;
         let mut rq = e.ready_rq_steered();
+        e.user_index = 0x34;
         let (s, _, out) = e.r.h.simple(
             consts::MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN,
             0,
@@ -543,8 +546,8 @@ mod tests {
         e.post_rx(&mut rq, 2048, dst.key, dst.addr());
         e.post_tx(&mut other, &wqe);
         let cqes = e.r.drain(&mut e.cq);
-        let got: Vec<_> = cqes.iter().map(|c| (c.opcode(), c.qpn())).collect();
-        assert_eq!(got, [(consts::MLX5_CQE_RESP_SEND, 0), (consts::MLX5_CQE_REQ, other.n)]);
+        let got: Vec<_> = cqes.iter().map(|c| (c.opcode(), c.qpn(), c.srqn_uidx())).collect();
+        assert_eq!(got, [(consts::MLX5_CQE_RESP_SEND, 0, 0x12), (consts::MLX5_CQE_REQ, other.n, 0x34)]);
         assert_eq!(dst.read(0, frame.len()), frame);
         // From the RQ's own transport domain (mlx5e's own multicast) it does not come back.
         e.post_tx(&mut same, &wqe);
