@@ -795,6 +795,18 @@ mod tests {
         assert_eq!(e.status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR));
         assert!(r.h.dev.events().contains(&SimEvent::XrcRefused { qpn: tgt.qpn, xrc_srqn: foreign }));
         assert!(r.poll(&mut xcq).is_none(), "nothing received");
+        // A number that is no SRQ at all, from a second pair: the same.
+        let mut ini2 = r.qp_with(QpSpec { st, zero_rq: true, ..QpSpec::rc() }, scq.cqn, dcq.cqn, xrc(srqn, other));
+        let tgt2 =
+            r.qp_with(QpSpec { st, zero_rq: true, no_sq: true, ..QpSpec::rc() }, dcq.cqn, dcq.cqn, xrc(srqn, xrcd));
+        let (to_tgt2, to_ini2) = (r.me(tgt2.qpn), r.me(ini2.qpn));
+        r.connect_rc(&ini2, &to_tgt2, RcParams::default());
+        r.connect_rc(&tgt2, &to_ini2, RcParams::default());
+        r.post_send(&mut ini2, &Wqe::new(SEND).seg(&xrc_seg(0x7777)).data(17, key, base), Bell::Db);
+        let e = r.poll(&mut scq).unwrap();
+        assert_eq!((e.qpn(), e.status()), (ini2.qpn, (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR)));
+        assert!(r.h.dev.events().contains(&SimEvent::XrcRefused { qpn: tgt2.qpn, xrc_srqn: 0x7777 }));
+        assert!(r.poll(&mut xcq).is_none(), "nothing received");
     }
 
     #[test]

@@ -127,6 +127,20 @@ impl Responder<'_> {
         let (mut pd, rre, rwe, rae, min_rnr) = (qp.pd, qp.rre, qp.rwe, qp.rae, qp.min_rnr_nak);
         let (xrcd, xrc_srqn) = (qp.xrcd, if let Body::Rc { xrc_srqn, .. } = &p.body { *xrc_srqn } else { None });
         let (expected, counters) = (qp.next_rcv_psn, qp.counter_set_id);
+        // An XRC target takes XRC requests only, each into the XRC SRQ of its own domain the XRCETH names, whose
+        // PD the receive and memory accesses are checked in (a duplicate's too); anything else is an invalid
+        // request, once the PSN is the expected one. An RC QP takes no XRC request.
+        let xrc = match (xrcd, xrc_srqn) {
+            (None, None) => Ok(None),
+            (Some(d), Some(n)) => match self.srqs.get(&n).and_then(|s| Some((s.xrc?, s.pd))) {
+                Some((x, srq_pd)) if x.xrcd == d => Ok(Some((n, srq_pd))),
+                _ => Err(Some(n)),
+            },
+            _ => Err(None),
+        };
+        if let Ok(Some((_, srq_pd))) = xrc {
+            pd = srq_pd;
+        }
         // IBA 11.6.3: a QP in RTR that receives its first packet reports communication established (an
         // affiliated COMM_EST event), once per RTR.
         if qp.state == QpState::Rtr && !qp.comm_est {
@@ -147,22 +161,14 @@ impl Responder<'_> {
             };
             return self.reply(p, resp);
         }
-        // An XRC target takes XRC requests only, each into the XRC SRQ of its own domain the XRCETH names, whose
-        // PD the receive and memory accesses are checked in; anything else is an invalid request (IBA 9.7.5.2.x,
-        // XRC), and an RC QP takes no XRC request.
-        let xrc_rx = match (xrcd, xrc_srqn) {
-            (None, None) => None,
-            (Some(d), Some(n)) => match self.srqs.get(&n).and_then(|s| Some((s.xrc?, s.pd))) {
-                Some((x, srq_pd)) if x.xrcd == d => {
-                    pd = srq_pd;
-                    Some(n)
-                }
-                _ => {
+        let xrc_rx = match xrc {
+            Ok(v) => v.map(|(n, _)| n),
+            Err(named) => {
+                if let Some(n) = named {
                     self.events.push(SimEvent::XrcRefused { qpn: dst, xrc_srqn: n });
-                    return self.reply(p, Resp::Nak(Nak::InvalidRequest));
                 }
-            },
-            _ => return self.reply(p, Resp::Nak(Nak::InvalidRequest)),
+                return self.reply(p, Resp::Nak(Nak::InvalidRequest));
+            }
         };
         if let Some(q) = self.qps.get_mut(&dst) {
             q.xrc_rx = xrc_rx;

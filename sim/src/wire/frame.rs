@@ -579,6 +579,36 @@ mod tests {
     }
 
     #[test]
+    fn an_xrc_request_is_an_rc_body_of_its_own_kind_with_its_srq_after_the_flags() {
+        // SEND "ab" to XRC SRQ 0x41: kind 6, seq, PSN, solicited, the SRQ number, then the operation as RC's.
+        let body = Body::Rc {
+            seq: 2,
+            psn: 0x10,
+            op: RcOp::Send { data: (&b"ab"[..]).into(), imm: None },
+            solicited: false,
+            xrc_srqn: Some(0x41),
+        };
+        let p = Packet { grh: None, body, ..sample() };
+        let f = encode_packet(&p);
+        let mut rc = p.clone();
+        rc.body = Body::Rc {
+            seq: 2,
+            psn: 0x10,
+            op: RcOp::Send { data: (&b"ab"[..]).into(), imm: None },
+            solicited: false,
+            xrc_srqn: None,
+        };
+        let plain = encode_packet(&rc);
+        let at = 1 + field::HEADER_LEN;
+        let head = [6, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0x10, 0, 0, 0, 0, 0x41];
+        assert_eq!(&f[at..at + head.len()], &head);
+        // The rest is the RC body's after its flags: the same bytes.
+        assert_eq!(plain[at], u8::from(BodyKind::Rc));
+        assert_eq!(&f[at + head.len()..], &plain[at + head.len() - 4..]);
+        assert_eq!(decode_packet(&f[1..], ()).unwrap().body, p.body);
+    }
+
+    #[test]
     fn every_body_round_trips_and_every_truncation_is_an_error() {
         let bodies = [
             Body::Rc {
@@ -602,6 +632,13 @@ mod tests {
                 op: RcOp::Atomic { raddr: 8, rkey: 1, op: AtomicOp::FetchAdd { add: 5 } },
                 solicited: true,
                 xrc_srqn: None,
+            },
+            Body::Rc {
+                seq: 1,
+                psn: 2,
+                op: RcOp::Send { data: (&[6u8; 3][..]).into(), imm: None },
+                solicited: false,
+                xrc_srqn: Some(0x41),
             },
             Body::Ud { qkey: 0x1111, pkey: 0x8001, data: vec![1, 2, 3], imm: Some([9; 4]), solicited: true },
             Body::Uc {

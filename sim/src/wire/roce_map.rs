@@ -380,6 +380,28 @@ mod tests {
     }
 
     #[test]
+    fn an_xrc_request_takes_xrc_opcodes_and_an_xrceth_on_every_packet() {
+        // A 2053-byte XRC WRITE cut at 1024: XRC WRITE FIRST/MIDDLE/LAST, each with the XRCETH, the RETH on the
+        // first (IBA's order: XRCETH before RETH).
+        let data = vec![7u8; 2048 + 5];
+        let op = RcOp::Write { raddr: 0x1000, rkey: 0x42, data: Payload::from(&data[..]), imm: None };
+        let f = frames(&packet(
+            Body::Rc { seq: 1, psn: 10, op, solicited: false, xrc_srqn: Some(0x41) },
+            RoceInfo { mtu: MTU_1024, ..RoceInfo::default() },
+        ));
+        let ops: Vec<_> = f.iter().map(|x| (x.0, x.3.xrceth.map(|e| e.xrc_srqn), x.4)).collect();
+        assert_eq!(
+            ops,
+            [
+                (Opcode::XrcWriteFirst, Some(0x41), 1024),
+                (Opcode::XrcWriteMiddle, Some(0x41), 1024),
+                (Opcode::XrcWriteLast, Some(0x41), 5)
+            ]
+        );
+        assert_eq!(f[0].3.reth, Some(Reth { va: 0x1000, rkey: 0x42, dma_len: 2053 }));
+    }
+
+    #[test]
     fn a_write_carries_reth_on_the_first_packet_and_the_immediate_on_the_last() {
         let data = vec![7u8; 2048 + 5];
         let op = RcOp::Write { raddr: 0x1000, rkey: 0x42, data: Payload::from(&data[..]), imm: Some([1, 2, 3, 4]) };

@@ -7,11 +7,17 @@
 //!
 //! Each send doorbell carries the WQE index, so consecutive ones differ; one overwritten before a pass is not
 //! lost, because the device reads the producer counter from the doorbell record (`MLX5_SND_DBR`), which covers
-//! the earlier WQEs too. Kernel writes to the BAR never reach the file (they travel as virt-pci messages).
+//! the earlier WQEs too. A register seen changed is cleared (an atomic exchange from the value seen to 0), so the
+//! same value written again is a new doorbell: after a QP's reset its first WQE has index 0 again, and rdma-core
+//! rings a register without BlueFlame at the same offset every time, so the doorbell was byte for byte the one
+//! before the reset and went unseen (found with rdma-core's test_mr_rereg_addr under UML: the client's SEND after
+//! both QPs' reset never completed). Kernel writes to the BAR never reach the file (they travel as virt-pci
+//! messages).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use mlx5_core::prm::consts;
 
@@ -23,7 +29,8 @@ const BFREGS_PER_UAR: usize = consts::MLX5_BFREGS_PER_UAR as usize;
 /// The CQ arm doorbell (one 64-bit register).
 const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
 
-/// A shared, read-only mapping of the BAR file and the doorbell registers last seen in it.
+/// A shared mapping of the BAR file (read, and written only to clear a doorbell register seen) and the doorbell
+/// registers last seen in it.
 #[derive(Debug)]
 pub struct BarFile {
     ptr: NonNull<u8>,
@@ -34,11 +41,12 @@ pub struct BarFile {
     last: Vec<u64>,
 }
 
-// SAFETY: the mapping is owned by this value and only read; any thread may read shared memory.
+// SAFETY: the mapping is owned by this value and accessed only through atomic loads and exchanges; any thread may
+// do those on shared memory.
 unsafe impl Send for BarFile {}
 
 impl BarFile {
-    /// Maps `file` and watches the UAR pages from `first_uar_page` up to `bar_size` bytes (within the file),
+    /// Maps `file` (opened for reading and writing) and watches the UAR pages from `first_uar_page` up to `bar_size` bytes (within the file),
     /// with BlueFlame registers of `bf_reg_size` bytes (two buffers each).
     pub fn open(file: &File, first_uar_page: usize, bar_size: usize, bf_reg_size: usize) -> std::io::Result<Self> {
         Self::open_at(file, 0, first_uar_page, bar_size, bf_reg_size)
@@ -62,10 +70,11 @@ impl BarFile {
             return Err(std::io::Error::other("the BAR file is smaller than a page past the BAR's offset"));
         }
         let offset = libc::off_t::try_from(file_offset).map_err(|_| std::io::Error::other("BAR file offset"))?;
-        // SAFETY: a fresh shared read-only mapping of an open file at a page-aligned offset within it; the kernel
-        // picks the address, and the result is checked before use.
+        // SAFETY: a fresh shared mapping of an open file at a page-aligned offset within it; the kernel picks the
+        // address, and the result is checked before use.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), offset)
+            let prot = libc::PROT_READ | libc::PROT_WRITE;
+            libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), offset)
         };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
@@ -92,19 +101,25 @@ impl BarFile {
 
     /// The registers written since the last call, as (BAR offset, the 8 bytes in BAR order), in BAR order.
     ///
-    /// The bridge calls this once a millisecond, so it is a tight loop of loads: one aligned 64-bit load per
-    /// register (a store in progress is seen whole or not at all), compared with the value last seen.
+    /// The bridge calls this once a millisecond, so it is a tight loop of loads: one aligned 64-bit atomic load per
+    /// register (a store in progress is seen whole or not at all), compared with the value last seen; a register
+    /// that changed is then cleared, unless the guest wrote it again meanwhile (then the next call reports that).
+    /// A store of 0 is not seen: no doorbell is 0 (it names a QP or CQ number above 0).
     pub fn changed(&mut self) -> Vec<(u64, [u8; 8])> {
         let mut out = Vec::new();
         let base = self.ptr.as_ptr();
         for (&off, last) in self.offs.iter().zip(self.last.iter_mut()) {
             // SAFETY: `off + 8 <= len` (the offsets are built below `len` in `open`), the address is 8-byte
             // aligned (page-aligned mapping, offsets multiples of 8), and the mapping lives as long as `self`;
-            // volatile because the guest writes it concurrently.
-            let now = unsafe { std::ptr::read_volatile(base.add(off).cast::<u64>()) };
+            // atomic because the guest writes it concurrently.
+            let reg = unsafe { AtomicU64::from_ptr(base.add(off).cast::<u64>()) };
+            let now = reg.load(Ordering::Acquire);
             if now != *last {
-                *last = now;
                 out.push((off as u64, now.to_ne_bytes()));
+                *last = match reg.compare_exchange(now, 0, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => 0,
+                    Err(_) => now,
+                };
             }
         }
         out
@@ -143,6 +158,13 @@ mod tests {
         f.write_all_at(&[7; 8], 0x18).unwrap();
         let got = w.changed();
         assert_eq!(got, vec![((3 * PAGE + BF_OFFSET + 256) as u64, bell), ((4 * PAGE + CQ_DB) as u64, [9; 8])]);
+        assert!(w.changed().is_empty());
+        // The register seen was cleared: the same doorbell again (a reset QP's WQE 0 once more) is seen again.
+        let mut reg = [0xffu8; 8];
+        f.read_exact_at(&mut reg, (3 * PAGE + BF_OFFSET + 256) as u64).unwrap();
+        assert_eq!(reg, [0; 8]);
+        f.write_all_at(&bell, (3 * PAGE + BF_OFFSET + 256) as u64).unwrap();
+        assert_eq!(w.changed(), vec![((3 * PAGE + BF_OFFSET + 256) as u64, bell)]);
         assert!(w.changed().is_empty());
         std::fs::remove_file(&path).unwrap();
         // A file too small to hold a page is refused, not mapped.

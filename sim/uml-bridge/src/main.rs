@@ -161,7 +161,7 @@ fn run(
     dev.verbose = verbose;
     let mut server = Server::new(conn, dev, trace, verbose);
     if let Some((p, off)) = bar_file {
-        let f = std::fs::OpenOptions::new().read(true).open(p)?;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(p)?;
         // The initialization segment comes first; UAR pages follow.
         let first = mlx5_sim::FIRST_UAR_PAGE;
         server.bar_file = Some(BarFile::open_at(&f, off, first, bar_size, mlx5_sim::BF_REG_SIZE)?);
