@@ -194,6 +194,10 @@ fn ci(root: &Path) -> Result<(), String> {
     // second opensm sweeps a third function's cable to a host process on our own stack (its QP0 served by
     // SmiAgent). 13-16 s warm, about a minute cold with opensm and infiniband-diags from apt and the builds.
     linux_drives_sim::run_opensm(root)?;
+    // rdma-core's own Python test suite (Debian's python3-pyverbs) on mlx5_ib in the guest, on an IB and on a
+    // RoCE port: no test may fail, and every skip must be of a named class (about 2 and 3 minutes warm).
+    linux_drives_sim::run_python(root, false)?;
+    linux_drives_sim::run_python(root, true)?;
     fuzz::run_fuzz(root, &["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     println!("xtask ci: all steps passed");
     Ok(())
