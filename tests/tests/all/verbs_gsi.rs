@@ -287,7 +287,11 @@ fn a_gmp_request_is_sent_again_until_answered_and_times_out_when_nobody_answers(
             let mr = pd.register(&mut buf, Access::LOCAL_WRITE).unwrap();
             let qp = pd.create_qp(QpType::Gsi, &cq, &cq, cap).unwrap().activate_ud(QP1_QKEY).unwrap();
             let recv_len = (MAD + GRH_BYTES) as u32;
-            qp.post_recv(&[wr::recv(0, &[mr.sge(0, recv_len)])]).unwrap();
+            // Every receive posted up front (each is posted again when used): a try that comes while this thread
+            // is slow (under QEMU) finds one, instead of being dropped as a UD packet to an empty RQ.
+            for _ in 0..cap.max_recv_wr {
+                qp.post_recv(&[wr::recv(0, &[mr.sge(0, recv_len)])]).unwrap();
+            }
             ready.wait();
             let mut wc = [WorkCompletion::default()];
             while !stop.load(Ordering::Relaxed) {
