@@ -634,23 +634,27 @@ static GLOBAL: AtomicPtr<Generation> = AtomicPtr::new(std::ptr::null_mut());
 /// after a CM's DREP went on QP1) would otherwise take them along; a NIC sends what was posted. Nothing is
 /// made: devices of a registry not yet made (or a forked child's parent) are left alone.
 pub fn drain_wires(timeout: std::time::Duration) {
-    // SAFETY: a non-null pointer here came from `Box::into_raw` in `global` and is never freed.
-    let Some(g) = (unsafe { GLOBAL.load(Ordering::Acquire).as_ref() }) else { return };
-    if g.gen != crate::fork::generation_now() {
-        return;
-    }
-    let Ok(reg) = &g.reg else { return };
     #[cfg(feature = "sim")]
-    {
-        let sims = lock(&reg.reg).sims.clone();
-        for e in sims {
-            if let Source::Sim(dev) = &e.source {
-                dev.wire_drain(timeout);
-            }
+    for e in made_sims() {
+        if let Source::Sim(dev) = &e.source {
+            dev.wire_drain(timeout);
         }
     }
     #[cfg(not(feature = "sim"))]
-    let _ = (reg, timeout);
+    let _ = timeout;
+}
+
+/// The simulated devices this process's registry holds, without making the registry: none when it was never made
+/// or was made by a forked child's parent.
+#[cfg(feature = "sim")]
+fn made_sims() -> Vec<Arc<Entry>> {
+    // SAFETY: a non-null pointer here came from `Box::into_raw` in `global` and is never freed.
+    let Some(g) = (unsafe { GLOBAL.load(Ordering::Acquire).as_ref() }) else { return Vec::new() };
+    if g.gen != crate::fork::generation_now() {
+        return Vec::new();
+    }
+    let Ok(reg) = &g.reg else { return Vec::new() };
+    lock(&reg.reg).sims.clone()
 }
 
 /// Logs (at info) what each simulated port on a wire recovered from (ACK-timer retries, sequence NAKs,
@@ -658,20 +662,10 @@ pub fn drain_wires(timeout: std::time::Duration) {
 /// with `MLX5_RS_LOG=info`, as rdma_rxe's `hw_counters` show a peer's. An exiting process logs them after its
 /// drain. Nothing is made, as in [`drain_wires`].
 pub fn log_wire_recoveries() {
-    if !log::log_enabled!(log::Level::Info) {
-        return;
-    }
-    // SAFETY: a non-null pointer here came from `Box::into_raw` in `global` and is never freed.
-    let Some(g) = (unsafe { GLOBAL.load(Ordering::Acquire).as_ref() }) else { return };
-    if g.gen != crate::fork::generation_now() {
-        return;
-    }
-    let Ok(reg) = &g.reg else { return };
     #[cfg(feature = "sim")]
-    {
-        let sims = lock(&reg.reg).sims.clone();
+    if log::log_enabled!(log::Level::Info) {
         // Simulated devices come first in the list, so their names are their places.
-        for (i, e) in sims.iter().enumerate() {
+        for (i, e) in made_sims().iter().enumerate() {
             if let (Source::Sim(dev), true) = (&e.source, lock(&e.wire).is_some()) {
                 // What the fabric lost on our side too: frames a busy peer's socket did not take in time (then
                 // sent through the switch for a while) and a full send queue.
@@ -686,8 +680,6 @@ pub fn log_wire_recoveries() {
             }
         }
     }
-    #[cfg(not(feature = "sim"))]
-    let _ = reg;
 }
 
 /// How long an exiting process waits for each device's wire ([`drain_wires`]).
