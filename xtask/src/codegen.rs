@@ -41,6 +41,7 @@ const C_STRUCTS: &[&str] = &[
     "mlx5_wqe_datagram_seg",
     "mlx5_rwqe_sig",
     "mlx5_mtt",
+    "mlx5_klm",
     "mlx5_wqe_srq_next_seg",
     "mlx5_wqe_eth_seg",
     "mlx5_wqe_umr_ctrl_seg",

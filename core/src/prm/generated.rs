@@ -9466,6 +9466,18 @@ pub mod c {
         /// `ptag` (`__be64`): 8 bytes at byte 0.
         pub const PTAG: Bytes = Bytes::new(0, 8);
     }
+    /// `struct mlx5_klm`.
+    pub mod mlx5_klm {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 16;
+        /// `bcount` (`__be32`): 4 bytes at byte 0.
+        pub const BCOUNT: Bytes = Bytes::new(0, 4);
+        /// `key` (`__be32`): 4 bytes at byte 4.
+        pub const KEY: Bytes = Bytes::new(4, 4);
+        /// `va` (`__be64`): 8 bytes at byte 8.
+        pub const VA: Bytes = Bytes::new(8, 8);
+    }
     /// `struct mlx5_wqe_srq_next_seg`.
     pub mod mlx5_wqe_srq_next_seg {
         use super::*;

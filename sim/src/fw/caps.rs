@@ -151,6 +151,9 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         // user memory with CREATE_MKEY and a PAS list, and keeps no cache of free (UMR-only) mkeys, which the
         // simulator refuses (`mlx5r_umr_can_load_pas`; found under UML: "async reg mr failed").
         (g::UMR_MODIFY_ENTITY_SIZE_DISABLED, 1),
+        // Memory windows (fw/mkey.rs): CREATE_MKEY of a free KLM key, and the UMR WQE user QPs bind it with.
+        // mlx5_ib reads the bit only to offer ALLOC_MW and the MEM_WINDOW device flags (main.c).
+        (g::IMAICL, 1),
         (g::UD, 1),
         (g::UC, 1),
         (g::RC, 1),

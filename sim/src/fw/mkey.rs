@@ -101,6 +101,8 @@ pub enum MkeyFault {
     AccessDenied(MkeyAccess),
     /// The translated piece starting at `iova` is not entirely in live DMA memory.
     NotMapped { iova: u64 },
+    /// A memory window that is not bound (free), or is bound to another QP (type 2).
+    WindowUnbound,
 }
 
 #[derive(Debug)]
@@ -109,6 +111,18 @@ enum Translation {
     Pa,
     /// Page `k` of the key (counted from `start_addr` rounded down to the page) is at `mtt[k]`.
     Mtt { page_shift: u32, mtt: Vec<u64> },
+    /// A memory window (`free`, `umr_en`, KLM access mode as `mlx5_ib_alloc_mw` creates it): nothing until a UMR
+    /// WQE binds it over a range of another key.
+    Window(Option<Binding>),
+}
+
+/// What a bound memory window maps: `start .. start + len` of the window is `inner_va ..` of key `inner` (its one
+/// KLM entry), and a type 2 window answers only on QP `qpn`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Binding {
+    inner: u32,
+    inner_va: u64,
+    qpn: Option<u32>,
 }
 
 /// A memory key.
@@ -123,6 +137,8 @@ pub(crate) struct Mkey {
     length64: bool,
     rights: MkeyAccess,
     translation: Translation,
+    /// `en_rinval`: a remote SEND with invalidate may free the key (a type 2 window).
+    en_rinval: bool,
 }
 
 impl Mkey {
@@ -136,6 +152,8 @@ impl Mkey {
         }
         match &self.translation {
             Translation::Pa => Some(va),
+            // `check` resolves a window to the key it is bound over.
+            Translation::Window(_) => None,
             Translation::Mtt { page_shift, mtt } => {
                 let page = 1u64 << page_shift;
                 let off = va.checked_sub(self.start & !(page - 1))?;
@@ -196,7 +214,14 @@ impl MkeyTable {
         use ifc::mkc as m;
         let ctx = i::MEMORY_KEY_MKEY_ENTRY;
         let get = |f: mlx5_core::prm::Field| rd(inp, f.at(ctx));
-        let unsupported = get(m::FREE) != 0
+        // The access mode is split over two fields: bits 1:0 and bits 4:2.
+        let mode = get(m::ACCESS_MODE_4_2) << 2 | get(m::ACCESS_MODE_1_0);
+        // A memory window: a free KLM key that only UMR fills, as `mlx5_ib_alloc_mw` asks (with `imaicl`).
+        let window = get(m::FREE) != 0
+            && get(m::UMR_EN) != 0
+            && mode == consts::MLX5_MKC_ACCESS_MODE_KLMS
+            && fw.caps.gen(ifc::cmd_hca_cap::IMAICL) != 0;
+        let unsupported = (get(m::FREE) != 0 && !window)
             || get(m::BSF_EN) != 0
             || rd(inp, i::MKEY_UMEM_VALID) != 0
             || get(m::CROSSING_TARGET_VHCA_ID) != 0;
@@ -209,9 +234,7 @@ impl MkeyTable {
         if unsupported || ro_refused {
             return Err(bad_param(syndrome::MKEY_FEATURE));
         }
-        // The access mode is split over two fields: bits 1:0 and bits 4:2.
-        let mode = get(m::ACCESS_MODE_4_2) << 2 | get(m::ACCESS_MODE_1_0);
-        if mode != consts::MLX5_MKC_ACCESS_MODE_PA && mode != consts::MLX5_MKC_ACCESS_MODE_MTT {
+        if !window && mode != consts::MLX5_MKC_ACCESS_MODE_PA && mode != consts::MLX5_MKC_ACCESS_MODE_MTT {
             return Err(bad_param(syndrome::MKEY_ACCESS_MODE));
         }
         if get(m::QPN) != QPN_NONE {
@@ -225,7 +248,10 @@ impl MkeyTable {
         let len = inp.get64(m::LEN.at(ctx));
         let length64 = get(m::LENGTH64) != 0;
         let end = start.checked_add(len);
-        let translation = if mode == consts::MLX5_MKC_ACCESS_MODE_PA {
+        let translation = if window {
+            // Its range and rights come with each bind.
+            Translation::Window(None)
+        } else if mode == consts::MLX5_MKC_ACCESS_MODE_PA {
             if !length64 && end.is_none() {
                 return Err(bad_param(syndrome::MKEY_LENGTH));
             }
@@ -256,7 +282,9 @@ impl MkeyTable {
         let limit = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MKEY).min(24);
         let index = alloc_id(&self.map, &mut self.next, MKEY_INDEX_FIRST, limit.max(MKEY_INDEX_FIRST + 1))
             .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
-        let mkey = Mkey { pd, variant: get(m::MKEY_7_0) as u8, start, len, length64, rights, translation };
+        let (start, len, rights) = if window { (0, 0, MkeyAccess::empty()) } else { (start, len, rights) };
+        let en_rinval = get(m::EN_RINVAL) != 0;
+        let mkey = Mkey { pd, variant: get(m::MKEY_7_0) as u8, start, len, length64, rights, translation, en_rinval };
         self.map.insert(index, mkey);
         out.set(ifc::create_mkey_out::MKEY_INDEX, index);
         Ok(())
@@ -333,6 +361,120 @@ impl MkeyTable {
     }
 }
 
+/// A UMR WQE a user QP posts on a memory window (rdma-core's `set_bind_wr`: `ibv_bind_mw`, `IBV_WR_BIND_MW`,
+/// `IBV_WR_LOCAL_INV`): `key` is the window's (the WQE's immediate; its index counts), `variant` its new low byte
+/// when the mask says so, and `bind` the range to map, or `None` to free the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WindowUmr {
+    pub(crate) key: u32,
+    pub(crate) variant: Option<u8>,
+    /// The mkey context's `qpn` (0xffffff: any QP).
+    pub(crate) qpn: u32,
+    /// `MLX5_WQE_UMR_CTRL_FLAG_CHECK_QPN`: the window must be bound to the posting QP.
+    pub(crate) check_qpn: bool,
+    pub(crate) bind: Option<WindowBind>,
+}
+
+/// The range a UMR binds a window over: `start .. start + len` of the window with `rights`, mapped by its one KLM
+/// entry to `addr ..` of key `inner`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WindowBind {
+    pub(crate) start: u64,
+    pub(crate) len: u64,
+    pub(crate) rights: MkeyAccess,
+    pub(crate) inner: u32,
+    pub(crate) addr: u64,
+}
+
+impl MkeyTable {
+    /// Executes a window UMR posted on QP `qpn` of PD `pd`, with the checks a bind makes (IBA 10.6.7: the window
+    /// and the memory region in the QP's PD, the range inside the region, remote write or atomic rights only over a
+    /// region with local write; a type 2 window free before a bind and bound to the QP that frees it).
+    pub(crate) fn umr_window(&mut self, pd: u32, qpn: u32, u: &WindowUmr) -> Result<(), MkeyFault> {
+        let index = u.key >> VARIANT_BITS;
+        let mk = self.map.get(&index).ok_or(MkeyFault::UnknownKey)?;
+        let Translation::Window(binding) = &mk.translation else { return Err(MkeyFault::UnknownKey) };
+        if mk.pd != pd {
+            return Err(MkeyFault::PdMismatch);
+        }
+        // IBA 10.6.7.2.1: a type 2 window is bound only from the free state (rdma-core flags that check with a
+        // bit Linux's `mlx5r_umr` names otherwise, so the state is checked by type, not by that bit).
+        if mk.en_rinval && u.bind.is_some() && binding.is_some() {
+            return Err(MkeyFault::AccessDenied(MkeyAccess::empty()));
+        }
+        if u.check_qpn && binding.is_some_and(|b| b.qpn != Some(qpn)) {
+            return Err(MkeyFault::WindowUnbound);
+        }
+        // A type 1 window is bound to no QP; a type 2 one (`en_rinval`) to the QP that binds it.
+        let bound_qpn = (u.qpn != QPN_NONE).then_some(u.qpn);
+        let new = match u.bind {
+            None => None,
+            Some(b) => {
+                if bound_qpn.is_some() != mk.en_rinval || bound_qpn.is_some_and(|q| q != qpn) {
+                    return Err(MkeyFault::WindowUnbound);
+                }
+                let region = self.plain_check(b.inner, Some(pd), b.addr, b.len, MkeyAccess::empty())?;
+                if matches!(region.translation, Translation::Window(_)) {
+                    return Err(MkeyFault::UnknownKey);
+                }
+                let needs_lw = MkeyAccess(MkeyAccess::REMOTE_WRITE.bits() | MkeyAccess::REMOTE_ATOMIC.bits());
+                if b.rights.bits() & needs_lw.bits() != 0 && !region.rights.contains(MkeyAccess::LOCAL_WRITE) {
+                    return Err(MkeyFault::AccessDenied(MkeyAccess::LOCAL_WRITE));
+                }
+                b.start.checked_add(b.len).ok_or(MkeyFault::OutOfBounds)?;
+                Some(b)
+            }
+        };
+        let mk = self.map.get_mut(&index).ok_or(MkeyFault::UnknownKey)?;
+        if let Some(v) = u.variant {
+            mk.variant = v;
+        }
+        match new {
+            Some(b) => {
+                mk.start = b.start;
+                mk.len = b.len;
+                // Remote rights only: a window is no local key (`resolve`).
+                mk.rights =
+                    MkeyAccess(b.rights.bits() & !(MkeyAccess::LOCAL_READ.bits() | MkeyAccess::LOCAL_WRITE.bits()));
+                mk.translation =
+                    Translation::Window(Some(Binding { inner: b.inner, inner_va: b.addr, qpn: bound_qpn }));
+            }
+            None => {
+                mk.start = 0;
+                mk.len = 0;
+                mk.rights = MkeyAccess::empty();
+                mk.translation = Translation::Window(None);
+            }
+        }
+        Ok(())
+    }
+
+    /// A SEND with invalidate's `rkey` arriving on QP `qpn` of PD `pd`: frees a type 2 window bound to that QP (or
+    /// any key created with `en_rinval`). The key must be live, with its variant, in the PD.
+    pub(crate) fn remote_invalidate(&mut self, pd: u32, qpn: u32, rkey: u32) -> Result<(), MkeyFault> {
+        let mk = self.map.get_mut(&(rkey >> VARIANT_BITS)).ok_or(MkeyFault::UnknownKey)?;
+        if rkey as u8 != mk.variant {
+            return Err(MkeyFault::VariantMismatch);
+        }
+        if mk.pd != pd {
+            return Err(MkeyFault::PdMismatch);
+        }
+        if !mk.en_rinval {
+            return Err(MkeyFault::AccessDenied(MkeyAccess::empty()));
+        }
+        match mk.translation {
+            Translation::Window(Some(b)) if b.qpn == Some(qpn) => {
+                mk.start = 0;
+                mk.len = 0;
+                mk.rights = MkeyAccess::empty();
+                mk.translation = Translation::Window(None);
+                Ok(())
+            }
+            _ => Err(MkeyFault::WindowUnbound),
+        }
+    }
+}
+
 /// The IOVA pieces (address, length) an access through a key touches, in order.
 pub(crate) type Pieces = crate::small::Small<(u64, u64), 4>;
 
@@ -347,12 +489,60 @@ impl MkeyTable {
         len: u64,
         access: MkeyAccess,
     ) -> Result<Vec<(u64, u64)>, MkeyFault> {
-        self.pieces(dma, key, pd, va, len, access).map(|p| p.to_vec())
+        self.pieces(dma, key, pd, None, va, len, access).map(|p| p.to_vec())
     }
 
-    /// Checks an access through `key` (key, variant, PD, rights, bounds), without translating it.
+    /// Checks an access through `key` (key, variant, PD, rights, bounds), without translating it; `qpn` is the
+    /// QP a remote access arrives on (a type 2 window answers only its own). Returns `key`'s entry (a window's
+    /// own: [`Mkey::contiguous`] is `None` for it, and [`MkeyTable::pieces`] translates through its binding).
     #[inline]
     pub(crate) fn check(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        qpn: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<&Mkey, MkeyFault> {
+        self.resolve(key, pd, qpn, va, len, access).map(|(outer, _, _)| outer)
+    }
+
+    /// [`MkeyTable::check`], also giving the key that translates the access and the address in it (a window's
+    /// binding; the key itself and `va` otherwise).
+    #[inline]
+    fn resolve(
+        &self,
+        key: u32,
+        pd: Option<u32>,
+        qpn: Option<u32>,
+        va: u64,
+        len: u64,
+        access: MkeyAccess,
+    ) -> Result<(&Mkey, &Mkey, u64), MkeyFault> {
+        let mk = self.plain_check(key, pd, va, len, access)?;
+        let Translation::Window(binding) = &mk.translation else { return Ok((mk, mk, va)) };
+        let b = binding.ok_or(MkeyFault::WindowUnbound)?;
+        if b.qpn.is_some_and(|q| qpn != Some(q)) {
+            return Err(MkeyFault::WindowUnbound);
+        }
+        // A window is a remote key: local accesses do not go through it.
+        let local = MkeyAccess::LOCAL_READ | MkeyAccess::LOCAL_WRITE;
+        if access.bits() & local.bits() != 0 {
+            return Err(MkeyFault::AccessDenied(local));
+        }
+        let at = b.inner_va + (va - mk.start);
+        // The bind checked the rights against the inner key; its range and liveness are checked here.
+        let inner = self.plain_check(b.inner, None, at, len, MkeyAccess::empty())?;
+        if matches!(inner.translation, Translation::Window(_)) {
+            return Err(MkeyFault::UnknownKey);
+        }
+        Ok((mk, inner, at))
+    }
+
+    /// The checks of one key, without following a window's binding.
+    #[inline]
+    fn plain_check(
         &self,
         key: u32,
         pd: Option<u32>,
@@ -385,17 +575,18 @@ impl MkeyTable {
         dma: &DmaSpace,
         key: u32,
         pd: Option<u32>,
+        qpn: Option<u32>,
         va: u64,
         len: u64,
         access: MkeyAccess,
     ) -> Result<Pieces, MkeyFault> {
-        let mk = self.check(key, pd, va, len, access)?;
+        let (_, mk, va) = self.resolve(key, pd, qpn, va, len, access)?;
         // `check` found the end in range.
         let end = va + len;
         let mut pieces = Pieces::new();
         match &mk.translation {
             Translation::Pa if len > 0 => pieces.push((va, len)),
-            Translation::Pa => {}
+            Translation::Pa | Translation::Window(_) => {}
             Translation::Mtt { page_shift, mtt } => {
                 let page = 1u64 << page_shift;
                 let base = mk.start & !(page - 1);

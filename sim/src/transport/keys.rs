@@ -21,13 +21,15 @@ pub(super) struct Keys<'a> {
     pub(super) mkeys: &'a MkeyTable,
     pub(super) dma: &'a mut DmaSpace,
     pub(super) inline: &'a mut Vec<u8>,
+    /// The QP a remote access arrives on (a type 2 memory window answers only its own); `None` for local ones.
+    pub(super) qpn: Option<u32>,
 }
 
 impl Keys<'_> {
     /// Checks an access through `key`, without translating it.
     #[inline]
     fn mkey_check(&self, key: u32, pd: Option<u32>, va: u64, len: u64, access: MkeyAccess) -> Result<&Mkey, MkeyFault> {
-        self.mkeys.check(key, pd, va, len, access)
+        self.mkeys.check(key, pd, self.qpn, va, len, access)
     }
 
     /// Checks an access through `key` and translates it into the usual few pieces, without a heap allocation.
@@ -40,7 +42,7 @@ impl Keys<'_> {
         len: u64,
         access: MkeyAccess,
     ) -> Result<Pieces, MkeyFault> {
-        self.mkeys.pieces(self.dma, key, pd, va, len, access)
+        self.mkeys.pieces(self.dma, key, pd, self.qpn, va, len, access)
     }
 
     pub(super) fn key_read(&mut self, key: u32, pd: u32, va: u64, len: u64, access: MkeyAccess) -> Result<Vec<u8>, ()> {

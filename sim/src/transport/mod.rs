@@ -94,11 +94,12 @@ impl Datapath<'_> {
         &self,
         key: u32,
         pd: Option<u32>,
+        qpn: Option<u32>,
         va: u64,
         len: u64,
         access: MkeyAccess,
     ) -> Result<&Mkey, MkeyFault> {
-        self.fw.mkeys.check(key, pd, va, len, access)
+        self.fw.mkeys.check(key, pd, qpn, va, len, access)
     }
 
     /// The CQ writer's view (see `cqe.rs`): CQEs, overruns, completion events.

@@ -62,7 +62,7 @@ impl Requester<'_> {
     /// The view an access through memory keys takes (see `keys.rs`).
     #[inline]
     pub(super) fn keys(&mut self) -> Keys<'_> {
-        Keys { mkeys: &*self.mkeys, dma: self.dma, inline: self.inline }
+        Keys { mkeys: &*self.mkeys, dma: self.dma, inline: self.inline, qpn: None }
     }
 
     /// The view completing work requests takes (see `cqe.rs`, `flush.rs`).
@@ -140,6 +140,8 @@ impl Requester<'_> {
             }
             // Only the UMR QP parses UMR WQEs, and it is no RC QP.
             Kind::Umr { .. } => return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR),
+            // `execute` runs window UMRs before this.
+            Kind::Window(_) => return true,
         };
         let len = match &op {
             RcOp::Send { data, .. } | RcOp::Write { data, .. } => data.len() as u64,
@@ -561,7 +563,7 @@ impl Requester<'_> {
         if qp.reqs.is_empty() {
             return true;
         }
-        if !self.window_open(qpn) || matches!(w.kind, Kind::Nop) {
+        if !self.window_open(qpn) || matches!(w.kind, Kind::Nop | Kind::Window(_)) {
             return false;
         }
         // One pass: the READs and atomics, and the payload bytes held.
@@ -608,12 +610,27 @@ impl Requester<'_> {
         }
     }
 
+    /// A window UMR of a user QP (bind, or free for `IBV_WR_LOCAL_INV`); a bind the checks refuse completes with a
+    /// memory window bind error, as on a ConnectX (`IBV_WC_MW_BIND_ERR`). It runs once the requests before it
+    /// completed (`admits`), so its completion comes in order.
+    fn execute_window(&mut self, qpn: u32, w: &SendWqe, u: &WindowUmr) {
+        let Some(pd) = self.qps.get(&qpn).map(|q| q.pd) else { return };
+        match self.mkeys.umr_window(pd, qpn, u) {
+            Ok(()) => self.completions().complete_send(qpn, w.id(), 0),
+            Err(_) => {
+                let syndrome = consts::MLX5_CQE_SYNDROME_MW_BIND_ERR;
+                self.completions().send_error(qpn, w.index, w.opcode, w.nbb, syndrome);
+            }
+        }
+    }
+
     /// Executes one WQE; false when it would fail locally while RC messages are in flight (it is left for later).
     fn execute(&mut self, qpn: u32, w: &SendWqe) -> bool {
         let Some(qp) = self.qps.get(&qpn) else { return true };
         match (w.kind, qp.st) {
             (Kind::Nop, _) => self.completions().complete_send(qpn, w.id(), 0),
             (Kind::Umr { .. }, _) => self.execute_umr(qpn, w),
+            (Kind::Window(u), _) => self.execute_window(qpn, w, &u),
             (_, QpType::Ud) => self.execute_ud(qpn, w),
             (_, QpType::Rc) => return self.execute_rc(qpn, w),
             (_, QpType::Uc) => self.execute_uc(qpn, w),

@@ -54,7 +54,13 @@ impl Responder<'_> {
     /// The view an access through memory keys takes (see `keys.rs`).
     #[inline]
     pub(super) fn keys(&mut self) -> Keys<'_> {
-        Keys { mkeys: self.mkeys, dma: self.dma, inline: self.inline }
+        Keys { mkeys: self.mkeys, dma: self.dma, inline: self.inline, qpn: None }
+    }
+
+    /// The view a remote access arriving on QP `qpn` takes (an rkey may name a window bound to that QP).
+    #[inline]
+    pub(super) fn remote_keys(&mut self, qpn: u32) -> Keys<'_> {
+        Keys { mkeys: self.mkeys, dma: self.dma, inline: self.inline, qpn: Some(qpn) }
     }
 
     /// The view reading receive WQEs takes (see `wqe.rs`).
@@ -214,7 +220,10 @@ impl Responder<'_> {
                     None => Resp::RnrNak { timer: min_rnr },
                     Some(recv) => {
                         let written = data.is_empty()
-                            || self.keys().key_write(*rkey, pd, *raddr, data, MkeyAccess::REMOTE_WRITE).is_ok();
+                            || self
+                                .remote_keys(dst)
+                                .key_write(*rkey, pd, *raddr, data, MkeyAccess::REMOTE_WRITE)
+                                .is_ok();
                         match (written, recv) {
                             (false, _) => Resp::Nak(Nak::RemoteAccess),
                             (true, None) => {
@@ -244,7 +253,7 @@ impl Responder<'_> {
                 } else if *len == 0 {
                     Ok(Vec::new())
                 } else {
-                    self.keys().key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
+                    self.remote_keys(dst).key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
                 };
                 match data {
                     Ok(d) => {
@@ -260,7 +269,7 @@ impl Responder<'_> {
                 } else if raddr % 8 != 0 {
                     Resp::Nak(Nak::InvalidRequest)
                 } else {
-                    match self.atomic(pd, *raddr, *rkey, *op) {
+                    match self.atomic(pd, dst, *raddr, *rkey, *op) {
                         Ok(orig) => {
                             if let Some(qp) = self.qps.get_mut(&dst) {
                                 if qp.atomic_results.len() == crate::fw::qp::ATOMIC_REPLAY {
@@ -308,7 +317,7 @@ impl Responder<'_> {
                 } else if *len == 0 {
                     Ok(Vec::new())
                 } else {
-                    self.keys().key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
+                    self.remote_keys(qpn).key_read(*rkey, pd, *raddr, *len, MkeyAccess::REMOTE_READ)
                 };
                 data.map_or(Resp::Nak(Nak::RemoteAccess), Resp::ReadData)
             }
@@ -329,8 +338,8 @@ impl Responder<'_> {
 
     /// An 8-byte atomic under the device lock, on memory in the byte order the driver chose
     /// ([`Caps::atomic_bytes`](crate::fw::caps::Caps::atomic_bytes)); returns the original value.
-    pub(super) fn atomic(&mut self, pd: u32, raddr: u64, rkey: u32, op: AtomicOp) -> Result<u64, ()> {
-        let old = self.keys().key_read(rkey, pd, raddr, 8, MkeyAccess::REMOTE_ATOMIC)?;
+    pub(super) fn atomic(&mut self, pd: u32, qpn: u32, raddr: u64, rkey: u32, op: AtomicOp) -> Result<u64, ()> {
+        let old = self.remote_keys(qpn).key_read(rkey, pd, raddr, 8, MkeyAccess::REMOTE_ATOMIC)?;
         let orig = self.caps.atomic_value(old.get(..8).and_then(|b| b.try_into().ok()).ok_or(())?);
         let new = match op {
             AtomicOp::CmpSwap { compare, swap } => (orig == compare).then_some(swap),
@@ -338,7 +347,7 @@ impl Responder<'_> {
         };
         if let Some(v) = new {
             let bytes = self.caps.atomic_bytes(v);
-            self.keys().key_write(rkey, pd, raddr, &bytes, MkeyAccess::REMOTE_ATOMIC)?;
+            self.remote_keys(qpn).key_write(rkey, pd, raddr, &bytes, MkeyAccess::REMOTE_ATOMIC)?;
         }
         Ok(orig)
     }

@@ -479,7 +479,8 @@ impl Datapath<'_> {
         match kind {
             PartialKind::Write { raddr, rkey, .. } => {
                 let len = r.ext.reth.map_or(0, |h| u64::from(h.dma_len));
-                let ok = rwe && self.mkey_check(rkey, Some(pd), raddr, len, MkeyAccess::REMOTE_WRITE).is_ok();
+                let ok =
+                    rwe && self.mkey_check(rkey, Some(pd), Some(qpn), raddr, len, MkeyAccess::REMOTE_WRITE).is_ok();
                 if !ok {
                     return refuse(self, Resp::Nak(Nak::RemoteAccess), "remote write refused (rights, rkey or bounds)");
                 }

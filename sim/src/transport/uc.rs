@@ -24,7 +24,7 @@ impl Requester<'_> {
                 Ok(data) => data,
                 Err(s) => return fail(self, s),
             },
-            Kind::Read { .. } | Kind::Atomic { .. } | Kind::Umr { .. } => {
+            Kind::Read { .. } | Kind::Atomic { .. } | Kind::Umr { .. } | Kind::Window(_) => {
                 return fail(self, consts::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR)
             }
             Kind::Nop => return self.completions().complete_send(qpn, w.id(), 0),
@@ -109,7 +109,8 @@ impl Responder<'_> {
         };
         if let Some((raddr, rkey)) = write {
             let ok = rwe
-                && (data.is_empty() || self.keys().key_write(rkey, pd, raddr, data, MkeyAccess::REMOTE_WRITE).is_ok());
+                && (data.is_empty()
+                    || self.remote_keys(dst).key_write(rkey, pd, raddr, data, MkeyAccess::REMOTE_WRITE).is_ok());
             if !ok {
                 self.bump_rcv_psn(dst, len);
                 return drop(self, "remote write refused (rights, rkey or bounds)");

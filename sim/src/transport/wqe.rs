@@ -112,6 +112,9 @@ pub(super) enum Kind {
         rights: MkeyAccess,
         xlt: u16,
     },
+    /// A UMR WQE of a user RC or UC QP on a memory window: a bind, or (no range) a free, as rdma-core's mlx5
+    /// provider builds them for `ibv_bind_mw`, `IBV_WR_BIND_MW` and `IBV_WR_LOCAL_INV`.
+    Window(WindowUmr),
 }
 
 /// A send WQE, parsed. Its inline bytes are in [`DpState::inline`] until the next WQE is fetched.
@@ -326,6 +329,11 @@ impl Wqes<'_> {
                 at = bytes;
                 (kind, false)
             }
+            consts::MLX5_OPCODE_UMR if connected => {
+                let kind = Kind::Window(parse_window_umr(wqe, at, u32::from_be_bytes(imm)).ok_or(bad(nbb, opcode))?);
+                at = bytes;
+                (kind, false)
+            }
             _ => return Err(bad(nbb, opcode)),
         };
         let segs = &mut w.segs;
@@ -441,4 +449,54 @@ impl Wqes<'_> {
         }
         Some(index)
     }
+}
+
+/// Parses a user QP's window UMR (`set_bind_wr` in rdma-core's mlx5 `qp.c`): the UMR control segment at `at`, the
+/// mkey context after it, and for a bind one KLM entry (in a 64-byte segment) mapping the window's range. `None`
+/// for a WQE too short for its segments, a bind with no KLM entry, or a KLM entry of another length than the range.
+fn parse_window_umr(wqe: &[u8], at: usize, key: u32) -> Option<WindowUmr> {
+    use c::mlx5_wqe_umr_ctrl_seg as u;
+    use mlx5_core::prm::ifc::mkc as m;
+    use mlx5_core::prm::MsgBuf;
+    let mk = at + u::SIZE;
+    let seg = wqe.get(mk..mk + m::SIZE_BYTES)?;
+    let flags = u32::from(wqe[at + u::FLAGS.off]);
+    let mask = be64(wqe, at + u::MKEY_MASK.off);
+    let klm_octowords = be(u::XLT_OCTOWORDS, wqe, at);
+    let variant = (mask & u64::from(consts::MLX5_MKEY_MASK_KEY) != 0).then_some(MsgBuf::get(seg, m::MKEY_7_0) as u8);
+    let bind = if MsgBuf::get(seg, m::FREE) != 0 {
+        None
+    } else {
+        use c::mlx5_klm as k;
+        let klm = wqe.get(mk + m::SIZE_BYTES..mk + m::SIZE_BYTES + k::SIZE)?;
+        let len = MsgBuf::get64(seg, m::LEN);
+        if klm_octowords == 0 || u64::from(be(k::BCOUNT, klm, 0)) != len {
+            return None;
+        }
+        let mut rights = MkeyAccess::empty();
+        for (f, r) in [
+            (m::LW, MkeyAccess::LOCAL_WRITE),
+            (m::RR, MkeyAccess::REMOTE_READ),
+            (m::RW, MkeyAccess::REMOTE_WRITE),
+            (m::A, MkeyAccess::REMOTE_ATOMIC),
+        ] {
+            if MsgBuf::get(seg, f) != 0 {
+                rights |= r;
+            }
+        }
+        Some(WindowBind {
+            start: MsgBuf::get64(seg, m::START_ADDR),
+            len,
+            rights,
+            inner: be(k::KEY, klm, 0),
+            addr: be64(klm, k::VA.off),
+        })
+    };
+    Some(WindowUmr {
+        key,
+        variant,
+        qpn: MsgBuf::get(seg, m::QPN),
+        check_qpn: flags & consts::MLX5_WQE_UMR_CTRL_FLAG_CHECK_QPN != 0,
+        bind,
+    })
 }

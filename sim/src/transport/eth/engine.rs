@@ -172,7 +172,7 @@ impl Datapath<'_> {
             return Err(consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
         }
         let mut frame = s.inline;
-        let mut keys = Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline };
+        let mut keys = Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline, qpn: None };
         for &(bc, lkey, addr) in &s.data {
             keys.key_read_into(lkey, pd, addr, u64::from(bc), MkeyAccess::LOCAL_READ, &mut frame)
                 .map_err(|()| consts::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR)?;
@@ -339,7 +339,7 @@ impl Datapath<'_> {
     /// the CQE syndrome: a frame longer than the WQE's buffers, or a key that does not allow the write.
     fn eth_scatter(&mut self, wqe: &[u8], pd: u32, frame: &[u8]) -> Result<(), (u8, &'static str)> {
         use c::mlx5_wqe_data_seg as d;
-        let mut keys = Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline };
+        let mut keys = Keys { mkeys: &self.fw.mkeys, dma: self.dma, inline: &mut self.dp.inline, qpn: None };
         let mut at = 0usize;
         for seg in wqe.chunks_exact(DATA_SEG) {
             if at == frame.len() {
