@@ -1649,4 +1649,170 @@ mod tests {
         assert!(p.r.poll(&mut p.a_scq).is_none());
         assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().state, QpState::Rts);
     }
+
+    /// A memory window as `mlx5_ib_alloc_mw` creates it (free, `umr_en`, KLM mode, `en_rinval` for type 2) in the
+    /// rig's PD; its key.
+    fn alloc_mw(r: &mut Rdma, type2: bool) -> u32 {
+        let pd = r.pd;
+        use ifc::create_mkey_in as i;
+        use ifc::mkc as m;
+        let ctx = i::MEMORY_KEY_MKEY_ENTRY;
+        let mut inp = vec![0u8; i::KLM_PAS_MTT.byte_off()];
+        inp.set(i::OPCODE, consts::MLX5_CMD_OP_CREATE_MKEY.into());
+        inp.set(m::FREE.at(ctx), 1);
+        inp.set(m::UMR_EN.at(ctx), 1);
+        inp.set(m::LR.at(ctx), 1);
+        inp.set(m::ACCESS_MODE_1_0.at(ctx), consts::MLX5_MKC_ACCESS_MODE_KLMS);
+        inp.set(m::EN_RINVAL.at(ctx), type2.into());
+        inp.set(m::TRANSLATIONS_OCTWORD_SIZE.at(ctx), 4);
+        inp.set(m::QPN.at(ctx), 0xff_ffff);
+        inp.set(m::PD.at(ctx), pd);
+        let (s, syn, out) = r.h.cmd(&inp, ifc::create_mkey_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0), "CREATE_MKEY of a window");
+        MsgBuf::get(&out[..], ifc::create_mkey_out::MKEY_INDEX) << 8
+    }
+
+    /// What a window UMR binds: `len` bytes at `addr` of key `inner`, with remote write (and `lw` local write).
+    struct Bind {
+        addr: u64,
+        len: u64,
+        inner: u32,
+    }
+
+    /// A user QP's window UMR as rdma-core's `set_bind_wr` builds it: on window `key`, giving it `variant`, bound
+    /// to QP `qpn` (0xffffff for type 1), over `bind` or (`None`) freeing it.
+    fn window_umr(key: u32, variant: u8, qpn: u32, bind: Option<Bind>) -> Wqe {
+        use c::mlx5_klm as k;
+        use c::mlx5_wqe_umr_ctrl_seg as u;
+        use ifc::mkc as m;
+        let mut mask = consts::MLX5_MKEY_MASK_FREE | consts::MLX5_MKEY_MASK_KEY | consts::MLX5_MKEY_MASK_QPN;
+        let mut segs = vec![0u8; u::SIZE + m::SIZE_BYTES];
+        segs[u::FLAGS.off] = consts::MLX5_WQE_UMR_CTRL_FLAG_INLINE as u8;
+        {
+            let ctx = &mut segs[u::SIZE..];
+            ctx.set(m::QPN, qpn);
+            ctx.set(m::MKEY_7_0, variant.into());
+        }
+        match bind {
+            None => {
+                segs[u::FLAGS.off] |= consts::MLX5_WQE_UMR_CTRL_FLAG_CHECK_QPN as u8;
+                segs[u::SIZE..].set(m::FREE, 1);
+            }
+            Some(b) => {
+                mask |= consts::MLX5_MKEY_MASK_LEN | consts::MLX5_MKEY_MASK_START_ADDR | consts::MLX5_MKEY_MASK_RW;
+                segs[u::XLT_OCTOWORDS.off..u::XLT_OCTOWORDS.end()].copy_from_slice(&2u16.to_be_bytes());
+                let ctx = &mut segs[u::SIZE..];
+                ctx.set(m::RW, 1);
+                ctx.set(m::LW, 1);
+                ctx.set64(m::START_ADDR, b.addr);
+                ctx.set64(m::LEN, b.len);
+                let mut klm = [0u8; 64];
+                klm[k::BCOUNT.off..k::BCOUNT.end()].copy_from_slice(&(b.len as u32).to_be_bytes());
+                klm[k::KEY.off..k::KEY.end()].copy_from_slice(&b.inner.to_be_bytes());
+                klm[k::VA.off..k::VA.end()].copy_from_slice(&b.addr.to_be_bytes());
+                segs.extend_from_slice(&klm);
+            }
+        }
+        segs[u::MKEY_MASK.off..u::MKEY_MASK.end()].copy_from_slice(&u64::from(mask).to_be_bytes());
+        Wqe { segs, ..Wqe::new(consts::MLX5_OPCODE_UMR).imm(key) }
+    }
+
+    #[test]
+    fn a_type_2_window_is_bound_used_within_its_range_and_invalidated() {
+        // rdma-core's MWTest: B binds a window over 4 KiB of its region; A writes through it; a WRITE outside the
+        // window's range, and one after B frees the window (IBV_WR_LOCAL_INV), are remote access errors.
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        let mw = alloc_mw(&mut p.r, true);
+        use crate::fw::mkey::MkeyAccess;
+        let bound = mw | 1;
+        let w = window_umr(mw, 1, p.b.qpn, Some(Bind { addr: base + 8192, len: 4096, inner: key }));
+        p.r.post_send(&mut p.b, &w, Bell::Db);
+        let e = p.r.poll(&mut p.b_scq).expect("bind CQE");
+        assert_eq!((e.status(), e.wqe_opcode()), ((REQ, 0), consts::MLX5_OPCODE_UMR));
+        let src = pattern(64, 3);
+        p.mr.write(0, &src);
+        let write = |at: u64, rkey: u32| Wqe::new(RDMA_WRITE).raddr(at, rkey).data(64, key, base);
+        p.r.post_send(&mut p.a, &write(base + 8192 + 100, bound), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(p.mr.read(8192 + 100, 64), src, "written through the window");
+        // The window's old key (variant 0) no longer names it.
+        assert!(p.r.h.dev.mkey_access(mw, Some(p.r.pd), base + 8192, 8, MkeyAccess::REMOTE_WRITE).is_err());
+        // B frees the window (its own, so CHECK_QPN passes); A's next WRITE through it is refused.
+        p.r.post_send(&mut p.b, &window_umr(bound, 0, 0xff_ffff, None), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.b_scq).unwrap().status(), (REQ, 0));
+        p.r.post_send(&mut p.a, &write(base + 8192, bound), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
+    }
+
+    #[test]
+    fn a_write_outside_a_bound_window_or_arriving_on_another_qp_is_a_remote_access_error() {
+        // (case, type 2, binding QP is A, offset of the 64-byte WRITE, A's WRITE at B succeeds)
+        for (what, type2, on_a, at, ok) in [
+            ("inside, type 2 bound to B", true, false, 0, true),
+            ("past its end", true, false, 4096 - 32, false),
+            ("type 2 bound to A, the WRITE arrives at B", true, true, 0, false),
+            ("type 1 bound by A answers on every QP", false, true, 0, true),
+        ] {
+            let mut p = pair();
+            let (key, base) = (p.mr.key, p.mr.addr());
+            let mw = alloc_mw(&mut p.r, type2);
+            let qpn = match (type2, on_a) {
+                (false, _) => 0xff_ffff,
+                (true, true) => p.a.qpn,
+                (true, false) => p.b.qpn,
+            };
+            let w = window_umr(mw, 2, qpn, Some(Bind { addr: base, len: 4096, inner: key }));
+            let (qp, cq) = if on_a { (&mut p.a, &mut p.a_scq) } else { (&mut p.b, &mut p.b_scq) };
+            p.r.post_send(qp, &w, Bell::Db);
+            assert_eq!(p.r.poll(cq).unwrap().status(), (REQ, 0), "{what}: bind");
+            let w = Wqe::new(RDMA_WRITE).raddr(base + at, mw | 2).data(64, key, base + 8192);
+            p.r.post_send(&mut p.a, &w, Bell::Db);
+            let want = if ok { (REQ, 0) } else { (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR) };
+            assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn bad_window_binds_complete_with_a_memory_window_bind_error() {
+        type Case = fn(&mut Pair, u32, u32) -> Wqe;
+        let cases: [(&str, Case); 6] = [
+            ("range past the region", |p, mw, key| {
+                window_umr(mw, 1, p.b.qpn, Some(Bind { addr: p.mr.addr() + 60 * 1024, len: 8192, inner: key }))
+            }),
+            ("remote write over a region without local write", |p, mw, _| {
+                let ro = p.r.mr_in(p.r.pd, 4096, [false, true, true, false]);
+                window_umr(mw, 1, p.b.qpn, Some(Bind { addr: ro.addr(), len: 4096, inner: ro.key }))
+            }),
+            ("region of another PD", |p, mw, _| {
+                let (s, _, out) = p.r.h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
+                assert_eq!(s, 0);
+                let pd2 = MsgBuf::get(&out[..], ifc::alloc_pd_out::PD);
+                let other = p.r.mr_in(pd2, 4096, ALL);
+                window_umr(mw, 1, p.b.qpn, Some(Bind { addr: other.addr(), len: 4096, inner: other.key }))
+            }),
+            ("type 2 bound to another QP", |p, mw, key| {
+                window_umr(mw, 1, p.a.qpn, Some(Bind { addr: p.mr.addr(), len: 4096, inner: key }))
+            }),
+            ("type 2 window already bound", |p, mw, key| {
+                let w = window_umr(mw, 1, p.b.qpn, Some(Bind { addr: p.mr.addr(), len: 4096, inner: key }));
+                p.r.post_send(&mut p.b, &w, Bell::Db);
+                assert_eq!(p.r.poll(&mut p.b_scq).unwrap().status(), (REQ, 0));
+                window_umr(mw, 2, p.b.qpn, Some(Bind { addr: p.mr.addr(), len: 4096, inner: key }))
+            }),
+            ("no window: a memory region's key", |p, _, key| {
+                window_umr(key, 1, p.b.qpn, Some(Bind { addr: p.mr.addr(), len: 4096, inner: key }))
+            }),
+        ];
+        const ALL: [bool; 4] = [true, true, true, true];
+        for (what, make) in cases {
+            let mut p = pair();
+            let mw = alloc_mw(&mut p.r, true);
+            let key = p.mr.key;
+            let w = make(&mut p, mw, key);
+            p.r.post_send(&mut p.b, &w, Bell::Db);
+            let e = p.r.poll(&mut p.b_scq).expect(what);
+            assert_eq!(e.status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_MW_BIND_ERR), "{what}");
+        }
+    }
 }
