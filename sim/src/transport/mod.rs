@@ -168,7 +168,7 @@ impl Datapath<'_> {
             mcgs: &fw.mcgs,
             cqs: &mut fw.cqs,
             eqs: &mut fw.eqs,
-            mkeys: &fw.mkeys,
+            mkeys: &mut fw.mkeys,
             caps: &fw.caps,
             port: &mut fw.port,
             q_counters: &mut fw.q_counters,
@@ -1635,7 +1635,7 @@ mod tests {
             let out = st.datapath().run_datapath();
             assert!(out.is_empty(), "loopback: nothing leaves the device");
         };
-        resend(0x100, RcOp::Send { data: (&b"again"[..]).into(), imm: None });
+        resend(0x100, RcOp::Send { data: (&b"again"[..]).into(), imm: None, inv: None });
         resend(0x101, RcOp::Atomic { raddr: base + 1024, rkey: key, op: AtomicOp::FetchAdd { add: 3 } });
         for psn in [0x100, 0x101] {
             assert!(p.r.h.dev.events().contains(&SimEvent::DuplicateRequest { qpn: p.b.qpn, psn }));
@@ -1814,5 +1814,37 @@ mod tests {
             let e = p.r.poll(&mut p.b_scq).expect(what);
             assert_eq!(e.status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_MW_BIND_ERR), "{what}");
         }
+    }
+
+    #[test]
+    fn a_send_with_invalidate_frees_a_type_2_window_and_refuses_a_key_it_may_not_free() {
+        // rdma-core's test_mw_type2_invalidate_remote: A's SEND with invalidate names B's window; B's receive
+        // completes as SEND_INV with that rkey, and A's next WRITE through it is refused.
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        let mw = alloc_mw(&mut p.r, true);
+        let w = window_umr(mw, 7, p.b.qpn, Some(Bind { addr: base, len: 4096, inner: key }));
+        p.r.post_send(&mut p.b, &w, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.b_scq).unwrap().status(), (REQ, 0));
+        p.r.post_recv(&mut p.b, &[(base + 8192, 64, key)]);
+        let send_inv = |rkey: u32| Wqe::new(consts::MLX5_OPCODE_SEND_INVAL).imm(rkey).data(16, key, base + 4096);
+        p.r.post_send(&mut p.a, &send_inv(mw | 7), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        let e = p.r.poll(&mut p.b_rcq).expect("receive CQE");
+        assert_eq!((e.opcode(), e.byte_cnt(), e.imm()), (consts::MLX5_CQE_RESP_SEND_INV, 16, mw | 7));
+        let write = Wqe::new(RDMA_WRITE).raddr(base, mw | 7).data(8, key, base + 4096);
+        p.r.post_send(&mut p.a, &write, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
+        // A memory region's key (no `en_rinval`) cannot be invalidated remotely: an invalid request, the
+        // receive completing with the error and the region still usable.
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.r.post_recv(&mut p.b, &[(base + 8192, 64, key)]);
+        p.r.post_send(&mut p.a, &send_inv(key), Bell::Db);
+        let e = p.r.poll(&mut p.a_scq).unwrap();
+        assert_eq!(e.status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR));
+        let e = p.r.poll(&mut p.b_rcq).unwrap();
+        assert_eq!(e.status(), (RESP_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR));
+        assert!(p.r.h.dev.mkey_access(key, Some(p.r.pd), base, 8, crate::fw::mkey::MkeyAccess::REMOTE_WRITE).is_ok());
     }
 }

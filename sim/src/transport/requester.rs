@@ -122,7 +122,7 @@ impl Requester<'_> {
                 };
                 match w.kind {
                     Kind::Write { raddr, rkey } => RcOp::Write { raddr, rkey, data, imm: w.imm },
-                    _ => RcOp::Send { data, imm: w.imm },
+                    _ => RcOp::Send { data, imm: w.imm, inv: w.invalidate },
                 }
             }
             Kind::Read { raddr, rkey } => match self.keys().check_scatter(pd, &w.segs) {

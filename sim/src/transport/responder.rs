@@ -28,7 +28,7 @@ pub(super) struct Responder<'a> {
     pub(super) mcgs: &'a McgTable,
     pub(super) cqs: &'a mut CqTable,
     pub(super) eqs: &'a mut EqTable,
-    pub(super) mkeys: &'a MkeyTable,
+    pub(super) mkeys: &'a mut MkeyTable,
     pub(super) caps: &'a Caps,
     pub(super) port: &'a mut PortModel,
     pub(super) q_counters: &'a mut QCounterTable,
@@ -54,13 +54,13 @@ impl Responder<'_> {
     /// The view an access through memory keys takes (see `keys.rs`).
     #[inline]
     pub(super) fn keys(&mut self) -> Keys<'_> {
-        Keys { mkeys: self.mkeys, dma: self.dma, inline: self.inline, qpn: None }
+        Keys { mkeys: &*self.mkeys, dma: self.dma, inline: self.inline, qpn: None }
     }
 
     /// The view a remote access arriving on QP `qpn` takes (an rkey may name a window bound to that QP).
     #[inline]
     pub(super) fn remote_keys(&mut self, qpn: u32) -> Keys<'_> {
-        Keys { mkeys: self.mkeys, dma: self.dma, inline: self.inline, qpn: Some(qpn) }
+        Keys { mkeys: &*self.mkeys, dma: self.dma, inline: self.inline, qpn: Some(qpn) }
     }
 
     /// The view reading receive WQEs takes (see `wqe.rs`).
@@ -182,19 +182,28 @@ impl Responder<'_> {
         let ib = self.wire.addr.ib;
         let mut sges = Sges::new();
         let resp = match op {
-            RcOp::Send { data, imm } => match self.wqes().next_recv(dst, &mut sges) {
+            RcOp::Send { data, imm, inv } => match self.wqes().next_recv(dst, &mut sges) {
                 None => Resp::RnrNak { timer: min_rnr },
-                Some(index) => match self.keys().scatter(pd, &sges, data) {
+                // A SEND with invalidate frees its rkey once the data is placed; an rkey it may not free (not
+                // live, another PD, no `en_rinval`, a window bound to another QP) is an invalid request.
+                Some(index) => match self.keys().scatter(pd, &sges, data).and_then(|()| match inv {
+                    Some(rkey) => self
+                        .mkeys
+                        .remote_invalidate(pd, dst, *rkey)
+                        .map_err(|_| consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR),
+                    None => Ok(()),
+                }) {
                     Ok(()) => {
                         let cqe = CqeOut {
-                            opcode: if imm.is_some() {
-                                consts::MLX5_CQE_RESP_SEND_IMM
-                            } else {
-                                consts::MLX5_CQE_RESP_SEND
+                            opcode: match (imm, inv) {
+                                (_, Some(_)) => consts::MLX5_CQE_RESP_SEND_INV,
+                                (Some(_), None) => consts::MLX5_CQE_RESP_SEND_IMM,
+                                (None, None) => consts::MLX5_CQE_RESP_SEND,
                             },
                             solicited,
                             byte_cnt: data.len() as u32,
-                            imm: imm.unwrap_or_default(),
+                            // The CQE's `imm_inval_pkey` carries the invalidated rkey (`IBV_WC_WITH_INV`).
+                            imm: inv.map_or(imm.unwrap_or_default(), |k| k.to_be_bytes()),
                             flags_rqpn: flags_rqpn(&p, ib),
                             slid: p.slid,
                             ..CqeOut::default()
@@ -204,11 +213,15 @@ impl Responder<'_> {
                     }
                     Err(s) => {
                         self.completions().recv_error(dst, index, s);
-                        Resp::Nak(if s == consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR {
-                            Nak::InvalidRequest
-                        } else {
-                            Nak::RemoteOp
-                        })
+                        Resp::Nak(
+                            if s == consts::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR
+                                || s == consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR
+                            {
+                                Nak::InvalidRequest
+                            } else {
+                                Nak::RemoteOp
+                            },
+                        )
                     }
                 },
             },

@@ -188,7 +188,6 @@ impl Datapath<'_> {
             }
             RcAck | RcAtomicAck | RcReadResponseFirst | RcReadResponseMiddle | RcReadResponseLast
             | RcReadResponseOnly => self.rx_response(qpn, r),
-            RcSendLastInv | RcSendOnlyInv => self.rx_drop("SEND with invalidate is not supported"),
             // The wire layer knows XRC's headers; no QP of this port receives or answers XRC packets yet.
             op if op.is_xrc() => self.rx_drop("XRC packet on a port without XRC QPs"),
             _ => self.rx_request(qpn, r, from),
@@ -260,11 +259,11 @@ impl Datapath<'_> {
             (true, None) => None,
             (false, _) => Some(PartialKind::Send { uc }),
         };
-        let imm = r.ext.immdt;
+        let (imm, inv) = (r.ext.immdt, r.ext.ieth);
         let finish = |kind: PartialKind, data: Payload| -> RcOp {
             match kind {
                 PartialKind::Write { raddr, rkey, .. } => RcOp::Write { raddr, rkey, data, imm },
-                _ => RcOp::Send { data, imm },
+                _ => RcOp::Send { data, imm, inv },
             }
         };
         match pos {
@@ -432,7 +431,7 @@ impl Datapath<'_> {
         let probe = Body::Rc {
             seq: 0,
             psn,
-            op: RcOp::Send { data: Payload::from(&[][..]), imm: None },
+            op: RcOp::Send { data: Payload::from(&[][..]), imm: None, inv: None },
             solicited: false,
             xrc_srqn: None,
         };

@@ -32,7 +32,7 @@ impl Requester<'_> {
         let len = data.len() as u64;
         let op = match w.kind {
             Kind::Write { raddr, rkey } => RcOp::Write { raddr, rkey, data, imm: w.imm },
-            _ => RcOp::Send { data, imm: w.imm },
+            _ => RcOp::Send { data, imm: w.imm, inv: None },
         };
         let Some(qp) = self.qps.get(&qpn) else { return };
         let (path, mtu) = (qp.route, qp.mtu);
@@ -83,7 +83,7 @@ impl Responder<'_> {
             self.psn_sequence_error(dst, expected, psn);
         }
         let (data, imm, write) = match op {
-            RcOp::Send { data, imm } => (data, *imm, None),
+            RcOp::Send { data, imm, .. } => (data, *imm, None),
             RcOp::Write { raddr, rkey, data, imm } => (data, *imm, Some((*raddr, *rkey))),
             // A requester never sends these on UC; a responder drops what it does not know.
             RcOp::Read { .. } | RcOp::Atomic { .. } => return drop(self, "READ or atomic on UC"),

@@ -129,6 +129,9 @@ pub(super) struct SendWqe {
     /// A fence mode is set: the WQE waits until the READs and atomics before it complete.
     pub(super) fence: bool,
     pub(super) imm: Option<[u8; 4]>,
+    /// A SEND with invalidate (`MLX5_OPCODE_SEND_INVAL`): the rkey its immediate field names, for the responder to
+    /// free.
+    pub(super) invalidate: Option<u32>,
     pub(super) kind: Kind,
     pub(super) av: Option<Av>,
     /// An XRC initiator's WQE: the remote XRC SRQ its `mlx5_wqe_xrc_seg` names (24 bits).
@@ -271,6 +274,8 @@ impl Wqes<'_> {
             consts::MLX5_OPCODE_NOP => (Kind::Nop, false),
             consts::MLX5_OPCODE_SEND => (Kind::Send, false),
             consts::MLX5_OPCODE_SEND_IMM => (Kind::Send, true),
+            // RC alone (IBA 9.4.1.1: no UC or UD opcode carries an IETH).
+            consts::MLX5_OPCODE_SEND_INVAL if rc => (Kind::Send, false),
             consts::MLX5_OPCODE_RDMA_WRITE | consts::MLX5_OPCODE_RDMA_WRITE_IMM if connected => {
                 let (raddr, rkey) = raddr(at)?;
                 at += RADDR_SEG;
@@ -390,6 +395,7 @@ impl Wqes<'_> {
         w.solicited = fm & SOLICITED != 0;
         w.fence = fm & FENCE_MODE_MASK != 0;
         w.imm = with_imm.then_some(imm);
+        w.invalidate = (opcode == consts::MLX5_OPCODE_SEND_INVAL).then(|| u32::from_be_bytes(imm));
         w.kind = kind;
         w.av = av;
         w.xrc_srqn = xrc_srqn;

@@ -27,7 +27,7 @@ wire_code! {
 
 wire_code! {
     /// The operation of an RC request.
-    pub(crate) RcKind: u8 { Send = 1, Write = 2, Read = 3, Atomic = 4, }
+    pub(crate) RcKind: u8 { Send = 1, Write = 2, Read = 3, Atomic = 4, SendInv = 5, }
 }
 
 wire_code! {
@@ -196,9 +196,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
 /// Writes an RC or UC operation (its kind, then its fields).
 fn emit_op(e: &mut Enc, op: &RcOp) {
     match op {
-        RcOp::Send { data, imm } => {
+        RcOp::Send { data, imm, inv: None } => {
             e.u8(RcKind::Send.into());
             e.imm(imm);
+            e.data(data);
+        }
+        RcOp::Send { data, inv: Some(rkey), .. } => {
+            e.u8(RcKind::SendInv.into());
+            e.u32(*rkey);
             e.data(data);
         }
         RcOp::Write { raddr, rkey, data, imm } => {
@@ -238,7 +243,11 @@ fn parse_op(d: &mut Dec<'_>) -> Result<RcOp, &'static str> {
     Ok(match RcKind::from(d.u8()?) {
         RcKind::Send => {
             let imm = d.imm()?;
-            RcOp::Send { data: d.data()?.into(), imm }
+            RcOp::Send { data: d.data()?.into(), imm, inv: None }
+        }
+        RcKind::SendInv => {
+            let rkey = d.u32()?;
+            RcOp::Send { data: d.data()?.into(), imm: None, inv: Some(rkey) }
         }
         RcKind::Write => {
             let (raddr, rkey, imm) = (d.u64()?, d.u32()?, d.imm()?);
@@ -584,7 +593,7 @@ mod tests {
         let body = Body::Rc {
             seq: 2,
             psn: 0x10,
-            op: RcOp::Send { data: (&b"ab"[..]).into(), imm: None },
+            op: RcOp::Send { data: (&b"ab"[..]).into(), imm: None, inv: None },
             solicited: false,
             xrc_srqn: Some(0x41),
         };
@@ -594,7 +603,7 @@ mod tests {
         rc.body = Body::Rc {
             seq: 2,
             psn: 0x10,
-            op: RcOp::Send { data: (&b"ab"[..]).into(), imm: None },
+            op: RcOp::Send { data: (&b"ab"[..]).into(), imm: None, inv: None },
             solicited: false,
             xrc_srqn: None,
         };
@@ -614,7 +623,14 @@ mod tests {
             Body::Rc {
                 seq: 1,
                 psn: 2,
-                op: RcOp::Send { data: (&[7u8; 9][..]).into(), imm: None },
+                op: RcOp::Send { data: (&[7u8; 9][..]).into(), imm: None, inv: None },
+                solicited: false,
+                xrc_srqn: None,
+            },
+            Body::Rc {
+                seq: 2,
+                psn: 3,
+                op: RcOp::Send { data: (&[4u8; 5][..]).into(), imm: None, inv: Some(0x1234_5601) },
                 solicited: false,
                 xrc_srqn: None,
             },
@@ -636,14 +652,14 @@ mod tests {
             Body::Rc {
                 seq: 1,
                 psn: 2,
-                op: RcOp::Send { data: (&[6u8; 3][..]).into(), imm: None },
+                op: RcOp::Send { data: (&[6u8; 3][..]).into(), imm: None, inv: None },
                 solicited: false,
                 xrc_srqn: Some(0x41),
             },
             Body::Ud { qkey: 0x1111, pkey: 0x8001, data: vec![1, 2, 3], imm: Some([9; 4]), solicited: true },
             Body::Uc {
                 psn: 0xab_cdef,
-                op: RcOp::Send { data: (&[3u8; 4][..]).into(), imm: Some([1; 4]) },
+                op: RcOp::Send { data: (&[3u8; 4][..]).into(), imm: Some([1; 4]), inv: None },
                 solicited: true,
             },
             Body::Uc {

@@ -110,10 +110,28 @@ impl fmt::Debug for Payload {
 /// An RC request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RcOp {
-    Send { data: Payload, imm: Option<[u8; 4]> },
-    Write { raddr: u64, rkey: u32, data: Payload, imm: Option<[u8; 4]> },
-    Read { raddr: u64, rkey: u32, len: u64 },
-    Atomic { raddr: u64, rkey: u32, op: AtomicOp },
+    /// `inv`: a SEND with invalidate (RC only), the rkey the responder frees (the IETH).
+    Send {
+        data: Payload,
+        imm: Option<[u8; 4]>,
+        inv: Option<u32>,
+    },
+    Write {
+        raddr: u64,
+        rkey: u32,
+        data: Payload,
+        imm: Option<[u8; 4]>,
+    },
+    Read {
+        raddr: u64,
+        rkey: u32,
+        len: u64,
+    },
+    Atomic {
+        raddr: u64,
+        rkey: u32,
+        op: AtomicOp,
+    },
 }
 
 /// A NAK the responder sends for a request it cannot execute.

@@ -199,8 +199,13 @@ pub(crate) fn emit_frames_with<D>(
     match &p.body {
         Body::Rc { psn, op, solicited, .. } | Body::Uc { psn, op, solicited } => {
             let uc = matches!(p.body, Body::Uc { .. });
+            let inv = match op {
+                RcOp::Send { inv, .. } => *inv,
+                _ => None,
+            };
             let (data, kind, imm) = match op {
-                RcOp::Send { data, imm } => (&data[..], MsgKind::Send { imm: imm.is_some() }, *imm),
+                RcOp::Send { data, inv: Some(_), .. } => (&data[..], MsgKind::SendInv, None),
+                RcOp::Send { data, imm, .. } => (&data[..], MsgKind::Send { imm: imm.is_some() }, *imm),
                 RcOp::Write { data, imm, .. } => (&data[..], MsgKind::Write { imm: imm.is_some() }, *imm),
                 RcOp::Read { raddr, rkey, len } => {
                     // Asked again from response packet `resume`: the PSN, address and length move on as far.
@@ -258,6 +263,7 @@ pub(crate) fn emit_frames_with<D>(
                 let ext = Ext {
                     reth: if first { reth } else { None },
                     immdt: if last { imm } else { None },
+                    ieth: if last { inv } else { None },
                     ..Ext::default()
                 };
                 put(Piece {
@@ -363,7 +369,7 @@ mod tests {
         let body = Body::Rc {
             seq: 1,
             psn: 0xff_fffe,
-            op: RcOp::Send { data: Payload::from(&data[..]), imm: None },
+            op: RcOp::Send { data: Payload::from(&data[..]), imm: None, inv: None },
             solicited: true,
             xrc_srqn: None,
         };
@@ -432,7 +438,7 @@ mod tests {
     fn frames_between_devices_of_one_process_skip_only_their_sums() {
         use super::super::roce::frame::{parse_with, DropReason};
         let data = vec![9u8; 1500];
-        let op = RcOp::Send { data: Payload::from(&data[..]), imm: None };
+        let op = RcOp::Send { data: Payload::from(&data[..]), imm: None, inv: None };
         let p = packet(
             Body::Rc { seq: 1, psn: 3, op, solicited: false, xrc_srqn: None },
             RoceInfo { mtu: MTU_1024, ..RoceInfo::default() },
@@ -481,7 +487,7 @@ mod tests {
         let past = RoceInfo { resume: 3, ..resume };
         let f = frames(&packet(Body::Rc { seq: 2, psn: 100, op, solicited: false, xrc_srqn: None }, past));
         assert_eq!((f[0].1, f[0].3.reth.map(|r| r.dma_len)), (100, Some(3000)));
-        let op = RcOp::Send { data: Payload::from(&data[..]), imm: None };
+        let op = RcOp::Send { data: Payload::from(&data[..]), imm: None, inv: None };
         assert_eq!(frames(&packet(Body::Rc { seq: 2, psn: 5, op, solicited: false, xrc_srqn: None }, past)).len(), 3);
     }
 

@@ -40,6 +40,8 @@ pub enum MsgKind {
         /// Carries immediate data.
         imm: bool,
     },
+    /// SEND with invalidate (RC only): the IETH on the last packet.
+    SendInv,
     /// RDMA WRITE (RETH on the first packet; immediate data on the last when `imm`).
     Write {
         /// Carries immediate data.
@@ -93,6 +95,9 @@ impl Segmenter {
         let (f, m, l, li, o, oi) = match (self.kind, self.uc) {
             (MsgKind::Send { .. }, false) => {
                 (RcSendFirst, RcSendMiddle, RcSendLast, RcSendLastImm, RcSendOnly, RcSendOnlyImm)
+            }
+            (MsgKind::SendInv, _) => {
+                (RcSendFirst, RcSendMiddle, RcSendLastInv, RcSendLastInv, RcSendOnlyInv, RcSendOnlyInv)
             }
             (MsgKind::Send { .. }, true) => {
                 (UcSendFirst, UcSendMiddle, UcSendLast, UcSendLastImm, UcSendOnly, UcSendOnlyImm)
