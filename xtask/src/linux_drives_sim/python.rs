@@ -63,9 +63,6 @@ const SKIP_CLASSES: &[(&str, &str)] = &[
     ("Crypto login", "the crypto engine and its login credentials (not modelled)"),
     ("Create Mkey is not supported", "mlx5dv mkeys: UMR with KLM or indirect lists (not modelled)"),
     ("Create Mlx5DV QP is not supported", "mlx5dv QP send ops: UMR, memcpy, crypto (not modelled)"),
-    ("MW is not supported", "memory windows (ALLOC/bind MW: not modelled)"),
-    ("memory window", "memory windows (ALLOC/bind MW: not modelled)"),
-    ("Memory Window allocation", "memory windows (ALLOC/bind MW: not modelled)"),
     ("DC QP is not supported", "the DC transport (no `dct` capability: not modelled)"),
     ("DCI caps", "the DC transport with DCI streams (not modelled)"),
     // The rdma_cm tests run each side in a process of its own and report only that the active one skipped; the
@@ -317,8 +314,8 @@ mod tests {
         let lines = r#"{"id": "tests.a.A.test_1", "status": "passed", "reason": "", "seconds": 0.1}
 {"id": "tests.a.A.test_2", "status": "error", "reason": "the test process died (signal 11)", "seconds": null}
 {"id": "tests.a.A.test_3", "status": "skipped", "reason": "something new", "seconds": 0.0}
-{"id": "tests.a.A.test_5", "status": "skipped", "reason": "Create MW is not supported", "seconds": 0.0}
-{"id": "tests.a.A.test_6", "status": "skipped", "reason": "Memory Window allocation is not supported", "seconds": 0.0}
+{"id": "tests.a.A.test_5", "status": "skipped", "reason": "Test is not supported on Ethernet link layer with Eswitch", "seconds": 0.0}
+{"id": "tests.a.A.test_6", "status": "skipped", "reason": "Device must be in switchdev mode", "seconds": 0.0}
 {"id": "tests.a.A.test_4", "status": "failed", "reason": "AssertionError", "seconds": 0.2}
 not json
 "#;
@@ -327,7 +324,7 @@ not json
         assert_eq!(r["tests"].as_array().map(Vec::len), Some(6));
         // Two reasons, one need; the unknown reason is its own class with no need named.
         let c = &r["skip_classes"][0];
-        assert_eq!(c["needs"], "memory windows (ALLOC/bind MW: not modelled)");
+        assert_eq!(c["needs"], "an Ethernet port in switchdev (eswitch) mode");
         assert_eq!((c["count"].as_u64(), c["reasons"].as_array().map(Vec::len)), (Some(2), Some(2)));
         let c = &r["skip_classes"][1];
         assert_eq!((c["needs"].as_str(), c["reasons"][0].as_str()), (Some(""), Some("something new")));
