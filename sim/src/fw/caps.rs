@@ -168,6 +168,9 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::LOG_MAX_TRANSPORT_DOMAIN, 24),
         (g::LOG_MAX_PD, lim.log_max_pd.into()),
         (g::LOG_MAX_XRCD, 24),
+        // DevX user contexts (fw/uctx.rs): mlx5_ib opens one per user context that asks and one for its whitelist.
+        // `uctx_cap` stays 0 (no RAW_TX, no INTERNAL_DEV_RES).
+        (g::LOG_MAX_UCTX, 8),
         (g::LOG_MAX_RQ, 23),
         // No SQ object (CREATE_SQ) is modelled: with log_max_sq set, mlx5_core's write-combining test
         // (`mlx5_wc_support_get`) created one for every user context and logged its failure (found under UML).

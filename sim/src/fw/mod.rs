@@ -46,6 +46,7 @@ pub(crate) mod reply;
 pub(crate) mod srq;
 pub mod syndrome;
 mod td;
+pub(crate) mod uctx;
 mod xrcd;
 // The Ethernet (NIC) objects mlx5e drives (issue 35).
 pub(crate) mod flow_table;
@@ -71,6 +72,7 @@ use qp::{QpFw, QpTable};
 use reply::{bad_param, err, rd, rd16, CmdErr};
 use srq::{Family, SrqFw, SrqTable};
 use td::TdTable;
+use uctx::UctxTable;
 use xrcd::XrcdTable;
 // The Ethernet objects.
 use flow_table::{FlowFw, FlowTables};
@@ -116,6 +118,8 @@ pub(crate) struct Firmware {
     pub(crate) q_counters: QCounterTable,
     pub(crate) srqs: SrqTable,
     pub(crate) mcgs: McgTable,
+    /// DevX user contexts and the `uid` that owns each object.
+    pub(crate) uctxs: UctxTable,
     // The Ethernet objects.
     pub(crate) tises: TisTable,
     pub(crate) tirs: TirTable,
@@ -241,6 +245,7 @@ impl Firmware {
             q_counters: QCounterTable::new(),
             srqs: SrqTable::new(),
             mcgs: McgTable::new(),
+            uctxs: UctxTable::new(),
             tises: TisTable::new(),
             tirs: TirTable::new(),
             rqts: RqtTable::new(),
@@ -488,6 +493,12 @@ impl Firmware {
             consts::MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY => {
                 (delete_fte_in::SIZE_BYTES, delete_fte_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_CREATE_UCTX => {
+                (create_uctx_in::SIZE_BYTES, create_uctx_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_UCTX => {
+                (destroy_uctx_in::SIZE_BYTES, destroy_uctx_out::SIZE_BYTES, Gate::Initialized)
+            }
             _ => return None,
         })
     }
@@ -533,6 +544,31 @@ impl Firmware {
             return Err(err(CmdStatus::BadSysState, syndrome::STILL_INITIALIZED));
         }
         self.check_gate(gate)?;
+        // DevX: the header's uid must be a live user context, and a context touches only what it created.
+        let uid = rd16(inp, ifc::mbox_in::UID);
+        let owned = uctx::role(opcode);
+        if opcode != consts::MLX5_CMD_OP_DESTROY_UCTX {
+            self.uctxs.check_uid(uid)?;
+        }
+        if let Some((kind, role)) = owned {
+            self.uctxs.check_access(uid, kind, role, inp)?;
+        }
+        self.dispatch(opcode, dma, events, inp, out, outlen)?;
+        if let Some((kind, role)) = owned {
+            self.uctxs.record(uid, kind, role, inp, out);
+        }
+        Ok(())
+    }
+
+    fn dispatch(
+        &mut self,
+        opcode: u16,
+        dma: &mut DmaSpace,
+        events: &mut Vec<SimEvent>,
+        inp: &[u8],
+        out: &mut [u8],
+        outlen: usize,
+    ) -> Result<(), CmdErr> {
         match opcode {
             consts::MLX5_CMD_OP_ENABLE_HCA => self.enable_hca(inp),
             consts::MLX5_CMD_OP_DISABLE_HCA => self.disable_hca(inp, events),
@@ -634,6 +670,8 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_SRQ => self.srqs.destroy(&srq_fw!(self), Family::Srq, inp),
             consts::MLX5_CMD_OP_CREATE_XRC_SRQ => self.srqs.create_xrc_srq(&srq_fw!(self), dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_XRC_SRQ => self.srqs.destroy(&srq_fw!(self), Family::XrcSrq, inp),
+            consts::MLX5_CMD_OP_CREATE_UCTX => self.uctxs.create(&self.caps, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_UCTX => self.uctxs.destroy(inp),
             op if Self::is_eth_object(op) => self.execute_eth(op, dma, inp, out),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
@@ -827,6 +865,7 @@ impl Firmware {
             + self.srqs.len()
             + self.xrcds.len()
             + self.tds.len()
+            + self.uctxs.len()
             + self.eth_object_count();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
@@ -840,6 +879,7 @@ impl Firmware {
         self.mkeys.clear();
         self.qps.clear();
         self.srqs.clear();
+        self.uctxs.clear();
         self.clear_eth_objects();
         self.state = HcaState::Enabled;
         self.pages.reset_needs();
