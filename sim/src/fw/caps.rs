@@ -124,6 +124,8 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::STAT_RATE_SUPPORT, 0xffff),
         (g::IB_VIRT, u32::from(!eth)),
         (g::CQE_VERSION, 1),
+        // 128-byte CQEs padded (`cqc.cqe_sz` 2): mlx5_ib offers MLX5DV_CQ_INIT_ATTR_FLAGS_CQE_PAD with it (fw/cq.rs).
+        (g::CQE_128_ALWAYS, 1),
         (g::CMDIF_CHECKSUM, 3),
         (g::SIGERR_CQE, 1),
         (g::WQ_SIGNATURE, 1),
