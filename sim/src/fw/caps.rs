@@ -349,6 +349,9 @@ impl Caps {
         }
         let g2 = general_2();
         add(consts::MLX5_CAP_GENERAL_2, u::CMD_HCA_CAP_2, g2.clone(), g2);
+        // Device memory (MEMIC) is not modelled (`device_memory` 0), but the type is answered, all zero, as a
+        // ConnectX answers it: DevX users such as rdma-core's tests read it to learn there is none.
+        add(consts::MLX5_CAP_DEV_MEM, u::DEVICE_MEM_CAP, image(), image());
         Self { types }
     }
 

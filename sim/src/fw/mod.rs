@@ -1280,6 +1280,11 @@ mod tests {
         assert_eq!(rd(&out, ifc::cmd_hca_cap::LOG_MAX_QP.at(cap)), 12);
         q.set(ifc::query_hca_cap_in::OP_MOD, 0x7e << 1);
         assert_eq!(h.cmd(&q, ifc::query_hca_cap_out::SIZE_BYTES).1, syndrome::CAP_TYPE);
+        // Device memory is answered, and says there is none.
+        q.set(ifc::query_hca_cap_in::OP_MOD, u32::from(consts::MLX5_CAP_DEV_MEM << 1) | consts::HCA_CAP_OPMOD_GET_CUR);
+        let (s, syn, out) = h.cmd(&q, ifc::query_hca_cap_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0));
+        assert!(out[cap.off..cap.off + cap.len].iter().all(|&b| b == 0));
     }
 
     fn create_eq(h: &mut Harness, uar: u32, log_size: u32) -> (u8, u32, u32) {
