@@ -271,6 +271,11 @@ impl CqTable {
         use ifc::cqc as q;
         use ifc::create_cq_in as i;
         let ctx = i::CQ_CONTEXT;
+        // A CQ on a UMEM (DevX) names it in `cq_umem_id` and `cqc.dbr_umem_id`, fields only rdma-core's
+        // layouts carry (Linux 6.12's do not): not modelled, refused rather than read as a `pas[]` CQ.
+        if rd(inp, i::CQ_UMEM_VALID) != 0 || rd(inp, q::DBR_UMEM_VALID.at(ctx)) != 0 {
+            return Err(bad_param(syndrome::CQ_UMEM));
+        }
         let cqe_sz = rd(inp, q::CQE_SZ.at(ctx));
         let cqe_size = cqe_bytes(fw.caps, cqe_sz)?;
         let log_size = rd(inp, q::LOG_CQ_SIZE.at(ctx));
@@ -997,6 +1002,20 @@ mod tests {
         let (s, syn, out) = query(&mut env.h, cq.cqn, cq.buf.pages.len());
         assert_eq!((s, syn), (0, 0));
         assert_eq!(rd(&out, q::CQE_SZ.at(ifc::query_cq_out::CQ_CONTEXT)), consts::CQE_STRIDE_128_PAD);
+    }
+
+    #[test]
+    fn a_cq_on_a_umem_is_refused_not_read_as_a_pas_cq() {
+        let env = &mut env();
+        let buf = Buf::alloc(&env.h, SMALL.log_size, 64, 0, false);
+        let dbr = env.h.dma.alloc(64, 64).unwrap();
+        for f in [ifc::create_cq_in::CQ_UMEM_VALID, ifc::cqc::DBR_UMEM_VALID.at(ifc::create_cq_in::CQ_CONTEXT)] {
+            let mut inp = create_cq_in(env, SMALL, &buf, &dbr);
+            inp.set(f, 1);
+            let (s, syn, _) = env.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES);
+            assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::CQ_UMEM));
+        }
+        assert_eq!(env.h.dev.object_counts().3, 0);
     }
 
     #[test]

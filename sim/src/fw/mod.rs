@@ -47,6 +47,7 @@ pub(crate) mod srq;
 pub mod syndrome;
 mod td;
 pub(crate) mod uctx;
+pub(crate) mod umem;
 mod xrcd;
 // The Ethernet (NIC) objects mlx5e drives (issue 35).
 pub(crate) mod flow_table;
@@ -73,6 +74,7 @@ use reply::{bad_param, err, rd, rd16, CmdErr};
 use srq::{Family, SrqFw, SrqTable};
 use td::TdTable;
 use uctx::UctxTable;
+use umem::UmemTable;
 use xrcd::XrcdTable;
 // The Ethernet objects.
 use flow_table::{FlowFw, FlowTables};
@@ -120,6 +122,8 @@ pub(crate) struct Firmware {
     pub(crate) mcgs: McgTable,
     /// DevX user contexts and the `uid` that owns each object.
     pub(crate) uctxs: UctxTable,
+    /// DevX user memories and the queues on them.
+    pub(crate) umems: UmemTable,
     // The Ethernet objects.
     pub(crate) tises: TisTable,
     pub(crate) tirs: TirTable,
@@ -149,6 +153,7 @@ macro_rules! qp_fw {
             q_counter_valid: &|id| $fw.q_counters.valid(id),
             srq_exists: &|srqn| $fw.srqs.get(&srqn).is_some(),
             xrcd_exists: &|x| $fw.xrcds.contains(x),
+            umems: &$fw.umems,
         }
     };
 }
@@ -196,6 +201,7 @@ macro_rules! rq_fw {
             caps: &$fw.caps,
             cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
             pd_exists: &|pd| $fw.pds.contains(pd),
+            umems: &$fw.umems,
             in_use: &|rqn| $fw.tirs.uses_rq(rqn) || $fw.rqts.uses_rq(rqn),
         }
     };
@@ -246,6 +252,7 @@ impl Firmware {
             srqs: SrqTable::new(),
             mcgs: McgTable::new(),
             uctxs: UctxTable::new(),
+            umems: UmemTable::new(),
             tises: TisTable::new(),
             tirs: TirTable::new(),
             rqts: RqtTable::new(),
@@ -499,6 +506,13 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_UCTX => {
                 (destroy_uctx_in::SIZE_BYTES, destroy_uctx_out::SIZE_BYTES, Gate::Initialized)
             }
+            // The MTT list is the input's flexible tail: create checks it against `num_of_mtt`.
+            consts::MLX5_CMD_OP_CREATE_UMEM => {
+                (create_umem_in::SIZE_BYTES, create_umem_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_UMEM => {
+                (destroy_umem_in::SIZE_BYTES, destroy_umem_out::SIZE_BYTES, Gate::Initialized)
+            }
             _ => return None,
         })
     }
@@ -556,6 +570,7 @@ impl Firmware {
         self.dispatch(opcode, dma, events, inp, out, outlen)?;
         if let Some((kind, role)) = owned {
             self.uctxs.record(uid, kind, role, inp, out);
+            self.umems.record(opcode, kind, role, inp, out);
         }
         Ok(())
     }
@@ -672,6 +687,8 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_XRC_SRQ => self.srqs.destroy(&srq_fw!(self), Family::XrcSrq, inp),
             consts::MLX5_CMD_OP_CREATE_UCTX => self.uctxs.create(&self.caps, inp, out),
             consts::MLX5_CMD_OP_DESTROY_UCTX => self.uctxs.destroy(inp),
+            consts::MLX5_CMD_OP_CREATE_UMEM => self.umems.create(dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_UMEM => self.umems.destroy(inp),
             op if Self::is_eth_object(op) => self.execute_eth(op, dma, inp, out),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
@@ -748,6 +765,7 @@ impl Firmware {
                     pd_exists: &|pd| self.pds.contains(pd),
                     tis_exists: &|tisn| self.tises.map.contains_key(&tisn),
                     uar_exists: &|uar| self.uars.contains(uar),
+                    umems: &self.umems,
                 };
                 self.sqs.create(&fw, dma, inp, out)
             }
@@ -866,6 +884,7 @@ impl Firmware {
             + self.xrcds.len()
             + self.tds.len()
             + self.uctxs.len()
+            + self.umems.len()
             + self.eth_object_count();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
@@ -880,6 +899,7 @@ impl Firmware {
         self.qps.clear();
         self.srqs.clear();
         self.uctxs.clear();
+        self.umems.clear();
         self.clear_eth_objects();
         self.state = HcaState::Enabled;
         self.pages.reset_needs();

@@ -41,6 +41,7 @@ pub(crate) enum Kind {
     Rqt,
     Rq,
     Sq,
+    Umem,
 }
 
 /// What a command does to the object it names.
@@ -114,6 +115,8 @@ pub(crate) fn role(op: u16) -> Option<(Kind, Role)> {
         MLX5_CMD_OP_MODIFY_SQ => (Sq, Use(modify_sq_in::SQN)),
         MLX5_CMD_OP_QUERY_SQ => (Sq, Use(query_sq_in::SQN)),
         MLX5_CMD_OP_DESTROY_SQ => (Sq, Destroy(destroy_sq_in::SQN)),
+        MLX5_CMD_OP_CREATE_UMEM => (Umem, Create(create_umem_out::UMEM_ID)),
+        MLX5_CMD_OP_DESTROY_UMEM => (Umem, Destroy(destroy_umem_in::UMEM_ID)),
         _ => return None,
     })
 }
