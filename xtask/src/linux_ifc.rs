@@ -49,6 +49,14 @@ const EXTRA: &[(&str, &str)] = &[
     ("modify_hca_vport_context_out", "MODIFY_HCA_VPORT_CONTEXT's reply"),
     ("mad_ifc_in", "MAD_IFC: mlx5_ib hands the firmware's SMA the SMPs of QP0 and its own port queries (issue 36)"),
     ("mad_ifc_out", "MAD_IFC's reply: the response MAD"),
+    ("create_uctx_in", "CREATE_UCTX: mlx5_ib opens a DevX user context (uid) for a ucontext that asks for one"),
+    ("create_uctx_out", "CREATE_UCTX's reply: the uid"),
+    ("destroy_uctx_in", "DESTROY_UCTX"),
+    ("destroy_uctx_out", "DESTROY_UCTX's reply"),
+    ("create_umem_in", "CREATE_UMEM: mlx5_ib registers a DevX user memory (its MTT list)"),
+    ("create_umem_out", "CREATE_UMEM's reply: the umem id"),
+    ("destroy_umem_in", "DESTROY_UMEM"),
+    ("destroy_umem_out", "DESTROY_UMEM's reply"),
 ];
 
 /// The headers, relative to the source tree.

@@ -7562,6 +7562,80 @@ pub mod ifc {
         /// `rqtn`: 24 bits at bit 72.
         pub const RQTN: Field = Field::new(72, 24);
     }
+    /// `struct mlx5_ifc_create_uctx_in_bits`: 64 bytes.
+    pub mod create_uctx_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(create_uctx_in)`).
+        pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_create_uctx_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `uctx`: nested `uctx`, 48 bytes at byte 16.
+        pub const UCTX: Sub = Sub::new(16, 48);
+    }
+    /// `struct mlx5_ifc_create_uctx_out_bits`: 16 bytes.
+    pub mod create_uctx_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(create_uctx_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_uctx_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// `uid`: 16 bits at bit 80.
+        pub const UID: Field = Field::new(80, 16);
+    }
+    /// `struct mlx5_ifc_create_umem_in_bits`: 48 bytes.
+    pub mod create_umem_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(create_umem_in)`).
+        pub const SIZE_BYTES: usize = 48;
+        /// `struct mlx5_ifc_create_umem_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `uid`: 16 bits at bit 16.
+        pub const UID: Field = Field::new(16, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `umem`: nested `umem`, 32 bytes at byte 16.
+        pub const UMEM: Sub = Sub::new(16, 32);
+    }
+    /// `struct mlx5_ifc_create_umem_out_bits`: 16 bytes.
+    pub mod create_umem_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(create_umem_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_create_umem_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// `umem_id`: 24 bits at bit 72.
+        pub const UMEM_ID: Field = Field::new(72, 24);
+    }
     /// `struct mlx5_ifc_destroy_flow_table_in_bits`: 64 bytes.
     pub mod destroy_flow_table_in {
         use super::*;
@@ -7628,6 +7702,76 @@ pub mod ifc {
         /// Size in bytes (`MLX5_ST_SZ_BYTES(destroy_rqt_out)`).
         pub const SIZE_BYTES: usize = 16;
         /// `struct mlx5_ifc_destroy_rqt_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_destroy_uctx_in_bits`: 16 bytes.
+    pub mod destroy_uctx_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(destroy_uctx_in)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_uctx_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `uid`: 16 bits at bit 80.
+        pub const UID: Field = Field::new(80, 16);
+    }
+    /// `struct mlx5_ifc_destroy_uctx_out_bits`: 16 bytes.
+    pub mod destroy_uctx_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(destroy_uctx_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_uctx_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
+    /// `struct mlx5_ifc_destroy_umem_in_bits`: 16 bytes.
+    pub mod destroy_umem_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(destroy_umem_in)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_umem_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `uid`: 16 bits at bit 16.
+        pub const UID: Field = Field::new(16, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `umem_id`: 24 bits at bit 72.
+        pub const UMEM_ID: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_destroy_umem_out_bits`: 16 bytes.
+    pub mod destroy_umem_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(destroy_umem_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_destroy_umem_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
         #[derive(Debug, Clone, Copy)]
         pub struct Bits;
         impl Layout for Bits {
@@ -8472,6 +8616,26 @@ pub mod ifc {
         /// `syndrome`: 32 bits at bit 32.
         pub const SYNDROME: Field = Field::new(32, 32);
     }
+    /// `struct mlx5_ifc_mtt_bits`: 8 bytes.
+    pub mod mtt {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(mtt)`).
+        pub const SIZE_BYTES: usize = 8;
+        /// `struct mlx5_ifc_mtt_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `ptag_63_32`: 32 bits at bit 0.
+        pub const PTAG_63_32: Field = Field::new(0, 32);
+        /// `ptag_31_8`: 24 bits at bit 32.
+        pub const PTAG_31_8: Field = Field::new(32, 24);
+        /// `wr_en`: 1 bit at bit 62.
+        pub const WR_EN: Field = Field::new(62, 1);
+        /// `rd_en`: 1 bit at bit 63.
+        pub const RD_EN: Field = Field::new(63, 1);
+    }
     /// `struct mlx5_ifc_pfcc_reg_bits`: 32 bytes.
     pub mod pfcc_reg {
         use super::*;
@@ -8999,6 +9163,44 @@ pub mod ifc {
         pub const PACKETS: Field = Field::new(0, 64);
         /// `octets`: 64 bits at bit 64.
         pub const OCTETS: Field = Field::new(64, 64);
+    }
+    /// `struct mlx5_ifc_uctx_bits`: 48 bytes.
+    pub mod uctx {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(uctx)`).
+        pub const SIZE_BYTES: usize = 48;
+        /// `struct mlx5_ifc_uctx_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `cap`: 32 bits at bit 0.
+        pub const CAP: Field = Field::new(0, 32);
+    }
+    /// `struct mlx5_ifc_umem_bits`: 32 bytes.
+    pub mod umem {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(umem)`).
+        pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_umem_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `ats`: 1 bit at bit 128.
+        pub const ATS: Field = Field::new(128, 1);
+        /// `log_page_size`: 5 bits at bit 155.
+        pub const LOG_PAGE_SIZE: Field = Field::new(155, 5);
+        /// `page_offset`: 32 bits at bit 160.
+        pub const PAGE_OFFSET: Field = Field::new(160, 32);
+        /// `num_of_mtt`: 64 bits at bit 192.
+        pub const NUM_OF_MTT: Field = Field::new(192, 64);
+        /// `mtt`: flexible array of 64-bit elements at bit 256.
+        /// Array of `mtt`.
+        /// Flexible array: element `i` at `offset + i * elem_bits`.
+        pub const MTT: Array = Array::new(256, 0, 64);
     }
 }
 
@@ -16837,6 +17039,30 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32), s("tisn", 72, 24)],
         },
         Layout {
+            name: "create_uctx_in",
+            size_bytes: 64,
+            union: false,
+            members: &[s("opcode", 0, 16), s("op_mod", 48, 16), n("uctx", 128, 384, "uctx")],
+        },
+        Layout {
+            name: "create_uctx_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), s("uid", 80, 16)],
+        },
+        Layout {
+            name: "create_umem_in",
+            size_bytes: 48,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), n("umem", 128, 256, "umem")],
+        },
+        Layout {
+            name: "create_umem_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), s("umem_id", 72, 24)],
+        },
+        Layout {
             name: "create_xrc_srq_in",
             size_bytes: 272,
             union: false,
@@ -17157,6 +17383,30 @@ pub mod names {
         },
         Layout {
             name: "destroy_tis_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "destroy_uctx_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("op_mod", 48, 16), s("uid", 80, 16)],
+        },
+        Layout {
+            name: "destroy_uctx_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "destroy_umem_in",
+            size_bytes: 16,
+            union: false,
+            members: &[s("opcode", 0, 16), s("uid", 16, 16), s("op_mod", 48, 16), s("umem_id", 72, 24)],
+        },
+        Layout {
+            name: "destroy_umem_out",
             size_bytes: 16,
             union: false,
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
@@ -18661,6 +18911,12 @@ pub mod names {
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],
         },
         Layout {
+            name: "mtt",
+            size_bytes: 8,
+            union: false,
+            members: &[s("ptag_63_32", 0, 32), s("ptag_31_8", 32, 24), s("wr_en", 62, 1), s("rd_en", 63, 1)],
+        },
+        Layout {
             name: "nic_vport_context",
             size_bytes: 256,
             union: false,
@@ -20012,6 +20268,19 @@ pub mod names {
             size_bytes: 16,
             union: false,
             members: &[s("packets", 0, 64), s("octets", 64, 64)],
+        },
+        Layout { name: "uctx", size_bytes: 48, union: false, members: &[s("cap", 0, 32)] },
+        Layout {
+            name: "umem",
+            size_bytes: 32,
+            union: false,
+            members: &[
+                s("ats", 128, 1),
+                s("log_page_size", 155, 5),
+                s("page_offset", 160, 32),
+                s("num_of_mtt", 192, 64),
+                a("mtt", 256, 0, 0, 64, Some("mtt")),
+            ],
         },
         Layout {
             name: "virtio_emulation_cap",

@@ -124,6 +124,8 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::STAT_RATE_SUPPORT, 0xffff),
         (g::IB_VIRT, u32::from(!eth)),
         (g::CQE_VERSION, 1),
+        // 128-byte CQEs padded (`cqc.cqe_sz` 2): mlx5_ib offers MLX5DV_CQ_INIT_ATTR_FLAGS_CQE_PAD with it (fw/cq.rs).
+        (g::CQE_128_ALWAYS, 1),
         (g::CMDIF_CHECKSUM, 3),
         (g::SIGERR_CQE, 1),
         (g::WQ_SIGNATURE, 1),
@@ -171,6 +173,9 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::LOG_MAX_TRANSPORT_DOMAIN, 24),
         (g::LOG_MAX_PD, lim.log_max_pd.into()),
         (g::LOG_MAX_XRCD, 24),
+        // DevX user contexts (fw/uctx.rs): mlx5_ib opens one per user context that asks and one for its whitelist.
+        // `uctx_cap` stays 0 (no RAW_TX, no INTERNAL_DEV_RES).
+        (g::LOG_MAX_UCTX, 8),
         (g::LOG_MAX_RQ, 23),
         // No SQ object (CREATE_SQ) is modelled: with log_max_sq set, mlx5_core's write-combining test
         // (`mlx5_wc_support_get`) created one for every user context and logged its failure (found under UML).
@@ -347,6 +352,9 @@ impl Caps {
         }
         let g2 = general_2();
         add(consts::MLX5_CAP_GENERAL_2, u::CMD_HCA_CAP_2, g2.clone(), g2);
+        // Device memory (MEMIC) is not modelled (`device_memory` 0), but the type is answered, all zero, as a
+        // ConnectX answers it: DevX users such as rdma-core's tests read it to learn there is none.
+        add(consts::MLX5_CAP_DEV_MEM, u::DEVICE_MEM_CAP, image(), image());
         Self { types }
     }
 

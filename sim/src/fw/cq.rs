@@ -51,6 +51,8 @@ pub(crate) struct Cq {
     pub(crate) eqn: u32,
     /// 64 or 128 bytes.
     pub(crate) cqe_size: u64,
+    /// `cqc.cqe_sz` as created or resized (128 bytes padded reads back as such).
+    pub(crate) cqe_sz: u32,
     pub(crate) log_nent: u32,
     /// Bus addresses of the buffer pages, `1 << page_shift` bytes each.
     pub(crate) pas: Vec<u64>,
@@ -131,11 +133,13 @@ pub struct CqInfo {
     pub eqn: u8,
 }
 
-/// The CQE size a `cqc.cqe_sz` encodes.
-fn cqe_bytes(code: u32) -> Result<u64, CmdErr> {
+/// The CQE size a `cqc.cqe_sz` encodes. 128 bytes padded (`cqe_128_always`) is a 128-byte CQE whose first half is
+/// never written: the simulator scatters no data into CQEs, so it lays out CQEs as for plain 128 bytes.
+fn cqe_bytes(caps: &Caps, code: u32) -> Result<u64, CmdErr> {
     match code {
         consts::CQE_STRIDE_64 => Ok(64),
         consts::CQE_STRIDE_128 => Ok(128),
+        consts::CQE_STRIDE_128_PAD if caps.gen(ifc::cmd_hca_cap::CQE_128_ALWAYS) != 0 => Ok(128),
         _ => Err(bad_param(syndrome::CQE_SIZE)),
     }
 }
@@ -267,7 +271,13 @@ impl CqTable {
         use ifc::cqc as q;
         use ifc::create_cq_in as i;
         let ctx = i::CQ_CONTEXT;
-        let cqe_size = cqe_bytes(rd(inp, q::CQE_SZ.at(ctx)))?;
+        // A CQ on a UMEM (DevX) names it in `cq_umem_id` and `cqc.dbr_umem_id`, fields only rdma-core's
+        // layouts carry (Linux 6.12's do not): not modelled, refused rather than read as a `pas[]` CQ.
+        if rd(inp, i::CQ_UMEM_VALID) != 0 || rd(inp, q::DBR_UMEM_VALID.at(ctx)) != 0 {
+            return Err(bad_param(syndrome::CQ_UMEM));
+        }
+        let cqe_sz = rd(inp, q::CQE_SZ.at(ctx));
+        let cqe_size = cqe_bytes(fw.caps, cqe_sz)?;
         let log_size = rd(inp, q::LOG_CQ_SIZE.at(ctx));
         if log_size > fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_CQ_SZ) {
             return Err(bad_param(syndrome::LOG_SIZE));
@@ -308,6 +318,7 @@ impl CqTable {
             uar,
             eqn,
             cqe_size,
+            cqe_sz,
             log_nent: log_size,
             pas: read_pas(inp, i::PAS, bytes, page_shift),
             page_shift,
@@ -359,7 +370,7 @@ impl CqTable {
             Arm::Next => consts::MLX5_CQC_ST_NOTIFICATION_REQUEST_ARMED,
             Arm::Solicited => consts::MLX5_CQC_ST_SOLICITED_NOTIFICATION_REQUEST_ARMED,
         };
-        let cqe_sz = if cq.cqe_size == 128 { consts::CQE_STRIDE_128 } else { consts::CQE_STRIDE_64 };
+        let cqe_sz = cq.cqe_sz;
         // A doorbell record the driver unmapped reads as consumer index 0 (the miss is in `dma_faults`).
         let ci = cq.read_ci(dma).unwrap_or(0);
         let fields = [
@@ -472,7 +483,8 @@ impl CqTable {
         if sel & consts::MLX5_MODIFY_CQ_MASK_PG_OFFSET != 0 && rd(inp, q::PAGE_OFFSET.at(ctx)) != 0 {
             return Err(bad_param(syndrome::PAGE_OFFSET));
         }
-        let cqe_size = cqe_bytes(rd(inp, q::CQE_SZ.at(ctx)))?;
+        let cqe_sz = rd(inp, q::CQE_SZ.at(ctx));
+        let cqe_size = cqe_bytes(fw.caps, cqe_sz)?;
         let cq = self.map.get(&cqn).ok_or(bad_param(syndrome::CQ_INVALID))?;
         let page_shift = if sel & consts::MLX5_MODIFY_CQ_MASK_PG_SIZE != 0 {
             ADAPTER_PAGE_SHIFT + rd(inp, q::LOG_PAGE_SIZE.at(ctx))
@@ -507,6 +519,7 @@ impl CqTable {
         cq.page_shift = page_shift;
         cq.log_nent = log_size;
         cq.cqe_size = cqe_size;
+        cq.cqe_sz = cqe_sz;
         Ok(())
     }
 }
@@ -961,6 +974,48 @@ mod tests {
         inp.set(ifc::query_cq_in::OPCODE, consts::MLX5_CMD_OP_QUERY_CQ.into());
         inp.set(ifc::query_cq_in::CQN, cqn);
         h.cmd(&inp, ifc::query_cq_out::PAS.byte_off() + 8 * npas)
+    }
+
+    #[test]
+    fn a_padded_128_byte_cq_writes_the_cqe_in_the_second_half_and_reads_back_padded() {
+        use ifc::cqc as q;
+        let mut env = env();
+        let spec = Spec { log_size: 2, cqe_128: true, log_page: 0, scattered: false, oi: false };
+        let buf = Buf::alloc(&env.h, spec.log_size, 128, spec.log_page, false);
+        let dbr = env.h.dma.alloc(64, 64).unwrap();
+        let mut inp = create_cq_in(&env, spec, &buf, &dbr);
+        let ctx = ifc::create_cq_in::CQ_CONTEXT;
+        // A size code no ConnectX has is refused; padded 128 bytes is accepted (`cqe_128_always`).
+        inp.set(q::CQE_SZ.at(ctx), 3);
+        assert_eq!(env.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES).1, syndrome::CQE_SIZE);
+        inp.set(q::CQE_SZ.at(ctx), consts::CQE_STRIDE_128_PAD);
+        let (s, syn, out) = env.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0));
+        let cq = TestCq { cqn: rd(&out, ifc::create_cq_out::CQN), buf, dbr, uar: env.uar };
+        env.h.dev.post_cqe(cq.cqn, plain(7)).unwrap();
+        let e = cq.buf.cqe(0);
+        assert_eq!(e[WQE_COUNTER.off..WQE_COUNTER.end()], 7u16.to_be_bytes());
+        // The first half of the entry (the padding) is left as the driver wrote it.
+        let mut pad = [0xffu8; 64];
+        get_view(cq.buf.regions[0].view(), 0, &mut pad);
+        assert_eq!(pad, [0u8; 64]);
+        let (s, syn, out) = query(&mut env.h, cq.cqn, cq.buf.pages.len());
+        assert_eq!((s, syn), (0, 0));
+        assert_eq!(rd(&out, q::CQE_SZ.at(ifc::query_cq_out::CQ_CONTEXT)), consts::CQE_STRIDE_128_PAD);
+    }
+
+    #[test]
+    fn a_cq_on_a_umem_is_refused_not_read_as_a_pas_cq() {
+        let env = &mut env();
+        let buf = Buf::alloc(&env.h, SMALL.log_size, 64, 0, false);
+        let dbr = env.h.dma.alloc(64, 64).unwrap();
+        for f in [ifc::create_cq_in::CQ_UMEM_VALID, ifc::cqc::DBR_UMEM_VALID.at(ifc::create_cq_in::CQ_CONTEXT)] {
+            let mut inp = create_cq_in(env, SMALL, &buf, &dbr);
+            inp.set(f, 1);
+            let (s, syn, _) = env.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES);
+            assert_eq!((s, syn), (consts::MLX5_CMD_STAT_BAD_PARAM_ERR, syndrome::CQ_UMEM));
+        }
+        assert_eq!(env.h.dev.object_counts().3, 0);
     }
 
     #[test]

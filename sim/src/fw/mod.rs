@@ -46,6 +46,8 @@ pub(crate) mod reply;
 pub(crate) mod srq;
 pub mod syndrome;
 mod td;
+pub(crate) mod uctx;
+pub(crate) mod umem;
 mod xrcd;
 // The Ethernet (NIC) objects mlx5e drives (issue 35).
 pub(crate) mod flow_table;
@@ -71,6 +73,8 @@ use qp::{QpFw, QpTable};
 use reply::{bad_param, err, rd, rd16, CmdErr};
 use srq::{Family, SrqFw, SrqTable};
 use td::TdTable;
+use uctx::UctxTable;
+use umem::UmemTable;
 use xrcd::XrcdTable;
 // The Ethernet objects.
 use flow_table::{FlowFw, FlowTables};
@@ -116,6 +120,10 @@ pub(crate) struct Firmware {
     pub(crate) q_counters: QCounterTable,
     pub(crate) srqs: SrqTable,
     pub(crate) mcgs: McgTable,
+    /// DevX user contexts and the `uid` that owns each object.
+    pub(crate) uctxs: UctxTable,
+    /// DevX user memories and the queues on them.
+    pub(crate) umems: UmemTable,
     // The Ethernet objects.
     pub(crate) tises: TisTable,
     pub(crate) tirs: TirTable,
@@ -145,6 +153,7 @@ macro_rules! qp_fw {
             q_counter_valid: &|id| $fw.q_counters.valid(id),
             srq_exists: &|srqn| $fw.srqs.get(&srqn).is_some(),
             xrcd_exists: &|x| $fw.xrcds.contains(x),
+            umems: &$fw.umems,
         }
     };
 }
@@ -192,6 +201,7 @@ macro_rules! rq_fw {
             caps: &$fw.caps,
             cq_exists: &|cqn| $fw.cqs.contains_key(&cqn),
             pd_exists: &|pd| $fw.pds.contains(pd),
+            umems: &$fw.umems,
             in_use: &|rqn| $fw.tirs.uses_rq(rqn) || $fw.rqts.uses_rq(rqn),
         }
     };
@@ -241,6 +251,8 @@ impl Firmware {
             q_counters: QCounterTable::new(),
             srqs: SrqTable::new(),
             mcgs: McgTable::new(),
+            uctxs: UctxTable::new(),
+            umems: UmemTable::new(),
             tises: TisTable::new(),
             tirs: TirTable::new(),
             rqts: RqtTable::new(),
@@ -488,6 +500,19 @@ impl Firmware {
             consts::MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY => {
                 (delete_fte_in::SIZE_BYTES, delete_fte_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_CREATE_UCTX => {
+                (create_uctx_in::SIZE_BYTES, create_uctx_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_UCTX => {
+                (destroy_uctx_in::SIZE_BYTES, destroy_uctx_out::SIZE_BYTES, Gate::Initialized)
+            }
+            // The MTT list is the input's flexible tail: create checks it against `num_of_mtt`.
+            consts::MLX5_CMD_OP_CREATE_UMEM => {
+                (create_umem_in::SIZE_BYTES, create_umem_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DESTROY_UMEM => {
+                (destroy_umem_in::SIZE_BYTES, destroy_umem_out::SIZE_BYTES, Gate::Initialized)
+            }
             _ => return None,
         })
     }
@@ -533,6 +558,32 @@ impl Firmware {
             return Err(err(CmdStatus::BadSysState, syndrome::STILL_INITIALIZED));
         }
         self.check_gate(gate)?;
+        // DevX: the header's uid must be a live user context, and a context touches only what it created.
+        let uid = rd16(inp, ifc::mbox_in::UID);
+        let owned = uctx::role(opcode);
+        if opcode != consts::MLX5_CMD_OP_DESTROY_UCTX {
+            self.uctxs.check_uid(uid)?;
+        }
+        if let Some((kind, role)) = owned {
+            self.uctxs.check_access(uid, kind, role, inp)?;
+        }
+        self.dispatch(opcode, dma, events, inp, out, outlen)?;
+        if let Some((kind, role)) = owned {
+            self.uctxs.record(uid, kind, role, inp, out);
+            self.umems.record(opcode, kind, role, inp, out);
+        }
+        Ok(())
+    }
+
+    fn dispatch(
+        &mut self,
+        opcode: u16,
+        dma: &mut DmaSpace,
+        events: &mut Vec<SimEvent>,
+        inp: &[u8],
+        out: &mut [u8],
+        outlen: usize,
+    ) -> Result<(), CmdErr> {
         match opcode {
             consts::MLX5_CMD_OP_ENABLE_HCA => self.enable_hca(inp),
             consts::MLX5_CMD_OP_DISABLE_HCA => self.disable_hca(inp, events),
@@ -634,6 +685,10 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_SRQ => self.srqs.destroy(&srq_fw!(self), Family::Srq, inp),
             consts::MLX5_CMD_OP_CREATE_XRC_SRQ => self.srqs.create_xrc_srq(&srq_fw!(self), dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_XRC_SRQ => self.srqs.destroy(&srq_fw!(self), Family::XrcSrq, inp),
+            consts::MLX5_CMD_OP_CREATE_UCTX => self.uctxs.create(&self.caps, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_UCTX => self.uctxs.destroy(inp),
+            consts::MLX5_CMD_OP_CREATE_UMEM => self.umems.create(dma, inp, out),
+            consts::MLX5_CMD_OP_DESTROY_UMEM => self.umems.destroy(inp),
             op if Self::is_eth_object(op) => self.execute_eth(op, dma, inp, out),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
@@ -710,6 +765,7 @@ impl Firmware {
                     pd_exists: &|pd| self.pds.contains(pd),
                     tis_exists: &|tisn| self.tises.map.contains_key(&tisn),
                     uar_exists: &|uar| self.uars.contains(uar),
+                    umems: &self.umems,
                 };
                 self.sqs.create(&fw, dma, inp, out)
             }
@@ -827,6 +883,8 @@ impl Firmware {
             + self.srqs.len()
             + self.xrcds.len()
             + self.tds.len()
+            + self.uctxs.len()
+            + self.umems.len()
             + self.eth_object_count();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
@@ -840,6 +898,8 @@ impl Firmware {
         self.mkeys.clear();
         self.qps.clear();
         self.srqs.clear();
+        self.uctxs.clear();
+        self.umems.clear();
         self.clear_eth_objects();
         self.state = HcaState::Enabled;
         self.pages.reset_needs();
@@ -1240,6 +1300,11 @@ mod tests {
         assert_eq!(rd(&out, ifc::cmd_hca_cap::LOG_MAX_QP.at(cap)), 12);
         q.set(ifc::query_hca_cap_in::OP_MOD, 0x7e << 1);
         assert_eq!(h.cmd(&q, ifc::query_hca_cap_out::SIZE_BYTES).1, syndrome::CAP_TYPE);
+        // Device memory is answered, and says there is none.
+        q.set(ifc::query_hca_cap_in::OP_MOD, u32::from(consts::MLX5_CAP_DEV_MEM << 1) | consts::HCA_CAP_OPMOD_GET_CUR);
+        let (s, syn, out) = h.cmd(&q, ifc::query_hca_cap_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0));
+        assert!(out[cap.off..cap.off + cap.len].iter().all(|&b| b == 0));
     }
 
     fn create_eq(h: &mut Harness, uar: u32, log_size: u32) -> (u8, u32, u32) {

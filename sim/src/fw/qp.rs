@@ -790,6 +790,8 @@ pub(crate) struct QpFw<'a> {
     pub(crate) srq_exists: &'a dyn Fn(u32) -> bool,
     /// Whether an XRC domain exists.
     pub(crate) xrcd_exists: &'a dyn Fn(u32) -> bool,
+    /// The UMEMs a buffer may live on.
+    pub(crate) umems: &'a super::umem::UmemTable,
 }
 
 /// Whether a QP may use timestamp format `fmt` on a device whose capability is `cap`
@@ -860,7 +862,8 @@ impl QpTable {
         }
         let unsupported = rd(inp, i::QPC_EXT) != 0
             || rd(inp, i::INPUT_QPN) != 0
-            || rd(inp, i::WQ_UMEM_VALID) != 0
+            // A doorbell record on a UMEM names it in `qpc.dbr_umem_id`, a field Linux 6.12's layouts do not
+            // carry (only rdma-core's do): not modelled.
             || get(q::DBR_UMEM_VALID) != 0;
         if unsupported {
             return Err(bad_param(syndrome::QP_FEATURE));
@@ -919,17 +922,28 @@ impl QpTable {
         if has_rq && rq_stride > u64::from(fw.caps.gen(ifc::cmd_hca_cap::MAX_WQE_SZ_RQ)) {
             return Err(bad_param(syndrome::QP_WQE_SIZE));
         }
-        let page_shift = ADAPTER_PAGE_SHIFT + get(q::LOG_PAGE_SIZE);
+        let mut page_shift = ADAPTER_PAGE_SHIFT + get(q::LOG_PAGE_SIZE);
         // mlx5_ib sends the offset of a user buffer in its first page (mlx5_umem_find_best_quantized_pgoff, 64
         // quanta a page); the simulator refused any, so a user QP whose buffer did not start on a page failed
         // (found under UML, 1 run in 4).
         let page_offset = get(q::PAGE_OFFSET);
-        let buf_off = u64::from(page_offset) << page_shift >> PAGE_OFFSET_QUANTA.trailing_zeros();
+        let mut buf_off = u64::from(page_offset) << page_shift >> PAGE_OFFSET_QUANTA.trailing_zeros();
         let rq_bytes = if has_rq { rq_stride << log_rq_size } else { 0 };
         let sq_bytes = if has_sq { SEND_WQE_BB << log_sq_size } else { 0 };
+        // A buffer on a UMEM (DevX) takes its pages and their size from it, `wq_umem_offset` bytes in.
+        let umem_pas = if rd(inp, i::WQ_UMEM_VALID) != 0 {
+            let offset = inp.get64(i::WQ_UMEM_OFFSET);
+            let (pas, shift) = fw.umems.ring(rd(inp, i::WQ_UMEM_ID), offset, rq_bytes + sq_bytes)?;
+            (page_shift, buf_off) = (shift, 0);
+            Some(pas)
+        } else {
+            None
+        };
         // The pages cover the offset too.
         let bytes = buf_off + rq_bytes + sq_bytes;
-        check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        if umem_pas.is_none() {
+            check_pas(dma, inp, i::PAS, bytes, 1 << page_shift)?;
+        }
         let dbr = inp.get64(q::DBR_ADDR.at(ctx));
         // Nor a doorbell record: it has neither queue (create_xrc_tgt_qp passes a `db` it never allocated).
         if (has_sq || has_rq || !xrc) && !dma.is_mapped(dbr, DBR_BYTES) {
@@ -941,7 +955,9 @@ impl QpTable {
         }
         let qpn = alloc_id(&self.map, &mut self.next, QPN_FIRST, QPN_END)
             .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
-        let pas = (0..bytes.div_ceil(1 << page_shift)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect();
+        let pas = umem_pas.unwrap_or_else(|| {
+            (0..bytes.div_ceil(1 << page_shift)).map(|k| inp.get64(i::PAS.elem(k as u32))).collect()
+        });
         let qp = Qp {
             qpn,
             st,

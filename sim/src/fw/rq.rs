@@ -32,6 +32,8 @@ pub(crate) struct RqFw<'a> {
     pub(crate) caps: &'a Caps,
     pub(crate) cq_exists: &'a dyn Fn(u32) -> bool,
     pub(crate) pd_exists: &'a dyn Fn(u32) -> bool,
+    /// The UMEMs a ring may live on.
+    pub(crate) umems: &'a super::umem::UmemTable,
     pub(crate) in_use: &'a dyn Fn(u32) -> bool,
 }
 
@@ -70,7 +72,7 @@ impl RqTable {
         }
         let wq_sub = r::WQ.at(ctx);
         let log_max = fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_WQ_SZ);
-        let wq = wq::parse(dma, inp, wq_sub, ifc::wq::PAS.at(wq_sub), log_max, fw.pd_exists)?;
+        let wq = wq::parse(dma, inp, wq_sub, ifc::wq::PAS.at(wq_sub), log_max, fw.pd_exists, fw.umems)?;
         let limit = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_RQ).min(24);
         let rqn = alloc_id(&self.map, &mut self.next, 1, limit).ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         let user_index = rd(inp, r::USER_INDEX.at(ctx));

@@ -37,6 +37,8 @@ pub(crate) struct SqFw<'a> {
     pub(crate) pd_exists: &'a dyn Fn(u32) -> bool,
     pub(crate) tis_exists: &'a dyn Fn(u32) -> bool,
     pub(crate) uar_exists: &'a dyn Fn(u32) -> bool,
+    /// The UMEMs a ring may live on.
+    pub(crate) umems: &'a super::umem::UmemTable,
 }
 
 /// The first SQN and the end of the 24-bit number space.
@@ -79,7 +81,7 @@ impl SqTable {
         }
         let wq_sub = s::WQ.at(ctx);
         let log_max = fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_WQ_SZ);
-        let wq = wq::parse(dma, inp, wq_sub, ifc::wq::PAS.at(wq_sub), log_max, fw.pd_exists)?;
+        let wq = wq::parse(dma, inp, wq_sub, ifc::wq::PAS.at(wq_sub), log_max, fw.pd_exists, fw.umems)?;
         if !(fw.uar_exists)(wq.uar_page) {
             return Err(bad_param(syndrome::UAR_INVALID));
         }

@@ -320,7 +320,9 @@ impl SrqTable {
         Self::check_family(fw, Family::XrcSrq)?;
         let ctx = ifc::create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY;
         let get = |f: Field| rd(inp, f.at(ctx));
-        if get(q::STATE) != consts::MLX5_SRQC_STATE_GOOD || get(q::DBR_UMEM_VALID) != 0 {
+        // A ring on a UMEM (DevX) is not modelled for XRC SRQs.
+        let umem = get(q::DBR_UMEM_VALID) != 0 || rd(inp, ifc::create_xrc_srq_in::XRC_SRQ_UMEM_VALID) != 0;
+        if get(q::STATE) != consts::MLX5_SRQC_STATE_GOOD || umem {
             return Err(bad_param(syndrome::SRQ_CONTEXT));
         }
         if !(fw.xrcd_exists)(get(q::XRCD)) {

@@ -219,5 +219,23 @@ pub const FTE_ACTION: u32 = 0x51a0_00d9;
 pub const MCG_GID: u32 = 0x51a0_00e0;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: DETACH_FROM_MCG of a QP not attached to the group.
 pub const MCG_NOT_ATTACHED: u32 = 0x51a0_00e1;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a command whose header `uid` is not a live user context (DevX).
+pub const UID_INVALID: u32 = 0x51a0_0100;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a destroy, modify or query with a user context's `uid` on an object
+/// another context (or the kernel) created.
+pub const UID_MISMATCH: u32 = 0x51a0_0101;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_UCTX asking for a `cap` bit `uctx_cap` does not offer.
+pub const UCTX_CAP: u32 = 0x51a0_0102;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: an unknown UMEM (DESTROY_UMEM, or a queue naming one).
+pub const UMEM_INVALID: u32 = 0x51a0_0103;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a queue or doorbell record reaching past the end of its UMEM.
+pub const UMEM_TOO_SMALL: u32 = 0x51a0_0104;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a ring that does not start on a UMEM page, or a doorbell record that
+/// crosses one.
+pub const UMEM_OFFSET: u32 = 0x51a0_0105;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_UMEM with a page above 1 GiB or a `page_offset` beyond the page.
+pub const UMEM_PAGE: u32 = 0x51a0_0106;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_CQ on a UMEM (`cq_umem_valid`, `dbr_umem_valid`): not modelled.
+pub const CQ_UMEM: u32 = 0x51a0_0107;
 /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
 pub const HEALTH_EXT_SYND: u16 = 0x51a0;

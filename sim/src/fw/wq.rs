@@ -6,6 +6,7 @@ use mlx5_core::prm::{consts, ifc, Array, MsgBuf, Sub};
 use super::pas::check_pas;
 use super::reply::{bad_param, rd, CmdErr};
 use super::syndrome;
+use super::umem::UmemTable;
 use crate::dma::DmaSpace;
 
 /// A cyclic work queue's ring, as CREATE_RQ / CREATE_SQ gave it.
@@ -64,6 +65,7 @@ pub(crate) fn parse(
     pas: Array,
     log_max_wq_sz: u32,
     pd_exists: &dyn Fn(u32) -> bool,
+    umems: &UmemTable,
 ) -> Result<Wq, CmdErr> {
     use ifc::wq as w;
     // mlx5e's RQs and SQs are cyclic; striding RQs (MPWQE) and linked lists are not modelled.
@@ -82,6 +84,24 @@ pub(crate) fn parse(
     if !(4..=12).contains(&log_stride) || log_size > log_max_wq_sz {
         return Err(bad_param(syndrome::WQ_SIZE));
     }
+    let ring_bytes = 1u64 << (log_stride + log_size);
+    let dbr_field = inp.get64(w::DBR_ADDR.at(wq));
+    // With `dbr_umem_valid`, `dbr_addr` is an offset into that UMEM.
+    let dbr_addr = if rd(inp, w::DBR_UMEM_VALID.at(wq)) != 0 {
+        umems.addr(rd(inp, w::DBR_UMEM_ID.at(wq)), dbr_field, 8)?
+    } else {
+        dbr_field
+    };
+    if !dbr_addr.is_multiple_of(4) || !dma.is_mapped(dbr_addr, 8) {
+        return Err(bad_param(syndrome::WQ_DBR));
+    }
+    let (pd, uar_page) = (pd, rd(inp, w::UAR_PAGE.at(wq)));
+    // A ring on a UMEM takes its pages (and their size) from it, starting `wq_umem_offset` bytes in.
+    if rd(inp, w::WQ_UMEM_VALID.at(wq)) != 0 {
+        let id = rd(inp, w::WQ_UMEM_ID.at(wq));
+        let (pas, page_shift) = umems.ring(id, inp.get64(w::WQ_UMEM_OFFSET.at(wq)), ring_bytes)?;
+        return Ok(Wq { pd, uar_page, dbr_addr, log_stride, log_size, page_shift, buf_off: 0, pas });
+    }
     let page_shift = rd(inp, w::LOG_WQ_PG_SZ.at(wq)) + consts::MLX5_ADAPTER_PAGE_SHIFT;
     if page_shift > 30 {
         return Err(bad_param(syndrome::WQ_SIZE));
@@ -91,13 +111,9 @@ pub(crate) fn parse(
     let page_offset = rd(inp, w::PAGE_OFFSET.at(wq));
     let buf_off = u64::from(page_offset) << page_shift >> PAGE_OFFSET_QUANTA.trailing_zeros();
     // The pages cover the offset too.
-    let bytes = buf_off + (1u64 << (log_stride + log_size));
+    let bytes = buf_off + ring_bytes;
     check_pas(dma, inp, pas, bytes, 1u64 << page_shift)?;
-    let dbr_addr = inp.get64(w::DBR_ADDR.at(wq));
-    if !dbr_addr.is_multiple_of(4) || !dma.is_mapped(dbr_addr, 8) {
-        return Err(bad_param(syndrome::WQ_DBR));
-    }
     let pages = bytes.div_ceil(1u64 << page_shift) as u32;
     let pas = (0..pages).map(|k| inp.get64(pas.elem(k))).collect();
-    Ok(Wq { pd, uar_page: rd(inp, w::UAR_PAGE.at(wq)), dbr_addr, log_stride, log_size, page_shift, buf_off, pas })
+    Ok(Wq { pd, uar_page, dbr_addr, log_stride, log_size, page_shift, buf_off, pas })
 }
