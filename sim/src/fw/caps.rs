@@ -149,7 +149,8 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         // Linux 6.12's mlx5_ib requires `xrc` (`mlx5_ib_dev_res_init` returns -EOPNOTSUPP without it) and then
         // allocates two XRC domains and an XRC SRQ (fw/xrcd.rs, fw/srq.rs); XRC QPs run RC's transport (fw/qp.rs).
         (g::XRC, 1),
-        // No UMR WQE is executed, so the device says UMR cannot load translation entries: mlx5_ib then registers
+        // No UMR WQE loads MTT entries (the UMR QP changes a key's PD and rights, user QPs bind windows), so the
+        // device says UMR cannot load translation entries: mlx5_ib then registers
         // user memory with CREATE_MKEY and a PAS list, and keeps no cache of free (UMR-only) mkeys, which the
         // simulator refuses (`mlx5r_umr_can_load_pas`; found under UML: "async reg mr failed").
         (g::UMR_MODIFY_ENTITY_SIZE_DISABLED, 1),

@@ -570,6 +570,7 @@ impl MkeyTable {
     }
 
     /// [`MkeyTable::access`] without a heap allocation for the usual few pieces (the datapath's form).
+    #[allow(clippy::too_many_arguments)] // An access's coordinates: the key, who asks (PD, QP), the range, the rights.
     pub(crate) fn pieces(
         &self,
         dma: &DmaSpace,

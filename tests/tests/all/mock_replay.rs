@@ -239,7 +239,11 @@ const CX5_VS_CX4: &[(&str, &str)] = &[
     ("sigerr_cqe", "signature-error CQEs are decoded by the core"),
     ("pg", "ODP capability pages present (the core does not use ODP)"),
     ("cq_period_mode_modify", "MODIFY_CQ of the period mode"),
-    ("umr_modify_entity_size_disabled", "no UMR WQE is executed: mlx5_ib registers with CREATE_MKEY (fw/caps.rs)"),
+    ("umr_modify_entity_size_disabled", "UMR loads no translation: mlx5_ib registers with CREATE_MKEY (fw/caps.rs)"),
+    (
+        "imaicl",
+        "memory windows (ALLOC_MW, the bind UMR of user QPs) are modelled (fw/mkey.rs); firmware 14.12 leaves it 0",
+    ),
     // Features the simulator does not model, so it does not offer them.
     ("log_max_bsf_list_size", "no signature offload"),
     ("end_pad", "no end padding of scatter entries"),
