@@ -350,6 +350,10 @@ impl Caps {
         if nic {
             let ft = flow_table();
             add(consts::MLX5_CAP_FLOW_TABLE, u::FLOW_TABLE_NIC_CAP, ft.clone(), ft);
+        } else {
+            // Without the NIC half the type is still answered, all zero (no flow table of any kind): DevX users
+            // such as rdma-core's flow tests read it whatever `nic_flow_table` says.
+            add(consts::MLX5_CAP_FLOW_TABLE, u::FLOW_TABLE_NIC_CAP, image(), image());
         }
         let g2 = general_2();
         add(consts::MLX5_CAP_GENERAL_2, u::CMD_HCA_CAP_2, g2.clone(), g2);

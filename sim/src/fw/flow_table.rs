@@ -411,6 +411,19 @@ mod tests {
         let d = crate::testkit::submit::Harness::inline();
         let g = |f| d.dev.with_fw(|fw| fw.caps.gen(f));
         assert_eq!((g(ifc::cmd_hca_cap::NIC_FLOW_TABLE), g(ifc::cmd_hca_cap::LOG_MAX_SQ)), (0, 0));
+        // Its flow table capabilities are answered, and say there are none.
+        let mut d = d;
+        d.bring_up();
+        let (s, _, out) = d.simple(
+            consts::MLX5_CMD_OP_QUERY_HCA_CAP,
+            (consts::MLX5_CAP_FLOW_TABLE << 1) | consts::HCA_CAP_OPMOD_GET_CUR as u16,
+            ifc::query_hca_cap_in::SIZE_BYTES,
+            ifc::query_hca_cap_out::SIZE_BYTES,
+        );
+        assert_eq!(s, 0);
+        let cap = ifc::query_hca_cap_out::CAPABILITY;
+        assert!(out[cap.off..cap.off + cap.len].iter().all(|&b| b == 0));
+        assert_eq!(d.dev.with_fw(|fw| fw.caps.nic_rx(p::MAX_FT_LEVEL)), 0);
     }
 
     #[test]

@@ -1452,6 +1452,54 @@ mod tests {
     }
 
     #[test]
+    fn a_qp_buffer_on_a_umem_takes_its_pages_and_holds_the_umem() {
+        use consts as k;
+        let mut r = Rdma::inline();
+        let cq = r.cq(4);
+        let spec = QpSpec::rc();
+        let npages = (spec.rq_bytes() + spec.sq_bytes()).div_ceil(4096);
+        let region = r.h.dma.alloc(npages * 4096, 4096).unwrap();
+        let mtt = ifc::umem::MTT.at(ifc::create_umem_in::UMEM);
+        let mut u = vec![0u8; mtt.byte_off() + 8 * npages];
+        u.set(ifc::mbox_in::OPCODE, k::MLX5_CMD_OP_CREATE_UMEM.into());
+        u.set64(ifc::umem::NUM_OF_MTT.at(ifc::create_umem_in::UMEM), npages as u64);
+        let pages: Vec<u64> = (0..npages as u64).map(|p| region.iova() + p * 4096).collect();
+        for (p, pa) in pages.iter().enumerate() {
+            // mlx5_ib marks every entry readable and writable.
+            u.set64(mtt.elem(p as u32), pa | u64::from(k::MLX5_IB_MTT_PRESENT));
+        }
+        let (s, syn, out) = r.h.cmd(&u, ifc::create_umem_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0));
+        let umem = rd(&out, ifc::create_umem_out::UMEM_ID);
+        let (mut inp, _, _) = r.create_qp_in(spec, cq.cqn, cq.cqn);
+        inp.truncate(ifc::create_qp_in::PAS.byte_off());
+        inp.set(ifc::create_qp_in::WQ_UMEM_VALID, 1);
+        inp.set(ifc::create_qp_in::WQ_UMEM_ID, umem);
+        // A page in, the buffer runs past the UMEM's end.
+        inp.set64(ifc::create_qp_in::WQ_UMEM_OFFSET, 4096);
+        assert_eq!(create(&mut r, &inp).1, syndrome::UMEM_TOO_SMALL);
+        inp.set64(ifc::create_qp_in::WQ_UMEM_OFFSET, 0);
+        // A doorbell record on a UMEM is not modelled (its id field is not in Linux's layouts).
+        let mut dbr_umem = inp.clone();
+        dbr_umem.set(ifc::qpc::DBR_UMEM_VALID.at(ifc::create_qp_in::QPC), 1);
+        assert_eq!(create(&mut r, &dbr_umem).1, syndrome::QP_FEATURE);
+        let (s, syn, n) = create(&mut r, &inp);
+        assert_eq!((s, syn), (0, 0));
+        assert_eq!(r.h.dev.with_fw(|fw| fw.qps.get(&n).map(|q| q.pas.clone())), Some(pages));
+        let destroy_umem = |r: &mut Rdma| {
+            let mut d = vec![0u8; ifc::destroy_umem_in::SIZE_BYTES];
+            d.set(ifc::mbox_in::OPCODE, k::MLX5_CMD_OP_DESTROY_UMEM.into());
+            d.set(ifc::destroy_umem_in::UMEM_ID, umem);
+            r.h.cmd(&d, ifc::destroy_umem_out::SIZE_BYTES).1
+        };
+        assert_eq!(destroy_umem(&mut r), syndrome::IN_USE);
+        assert_eq!(destroy(&mut r, k::MLX5_CMD_OP_DESTROY_QP, ifc::destroy_qp_in::QPN, n), (0, 0));
+        assert_eq!(destroy_umem(&mut r), 0);
+        // A destroyed UMEM carries no QP.
+        assert_eq!(create(&mut r, &inp).1, syndrome::UMEM_INVALID);
+    }
+
+    #[test]
     fn a_qp_naming_mlx5_ibs_default_xrc_domain_and_srq_is_created() {
         // mlx5_ib sets qpc.xrcd to one of its two XRC domains and srqn_rmpn_xrqn to its default SRQ in every
         // non-XRC QP, with a non-zero RQ (create_kernel_qp, create_user_qp); firmware uses neither then.

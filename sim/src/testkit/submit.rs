@@ -497,14 +497,14 @@ impl QpSpec {
     pub fn ud() -> Self {
         Self { st: consts::MLX5_QP_ST_UD, ..Self::rc() }
     }
-    fn rq_bytes(&self) -> usize {
+    pub(crate) fn rq_bytes(&self) -> usize {
         if self.zero_rq {
             0
         } else {
             (1usize << self.log_rq) << (self.log_rq_stride + 4)
         }
     }
-    fn sq_bytes(&self) -> usize {
+    pub(crate) fn sq_bytes(&self) -> usize {
         if self.no_sq {
             0
         } else {
