@@ -188,6 +188,14 @@ impl Cq {
         Some(unsafe { CqeRef::new(p, op_own) })
     }
 
+    /// Whether the entry at the consumer index is software-owned: a poll now would find an entry. Reads only
+    /// the ownership byte (a host can then decide what to lock before polling).
+    #[inline]
+    pub fn ready<M: Mmio + ?Sized>(&self, mmio: &M) -> bool {
+        let walk = Self::walk_of(&self.buf, self.log_nent, self.cqe_size);
+        self.sw_cqe(mmio, &walk, self.cons_index).is_some()
+    }
+
     /// Polls up to `wc.len()` completions, oldest first (`ibv_poll_cq`), and publishes the new consumer index.
     /// A CQE the driver cannot accept is consumed and returned as an error on a call of its own, so completions
     /// before it are never lost.
