@@ -46,6 +46,19 @@ pub(crate) struct CqRing {
     /// A bad CQE met after good completions: reported by the next poll, so a poll returning fewer completions
     /// than asked still means the CQ is empty.
     pending: Option<CqeError>,
+    /// The ring of the one QP on this CQ when there is exactly one and no SRQ (see [`CqObj::poll_into`]); kept
+    /// by [`CqRing::settle`] whenever `qps` or `srqs` change.
+    single: Option<QpCell>,
+}
+
+impl CqRing {
+    /// Sets `single` from the tables: called after every change of `qps` or `srqs`.
+    pub(crate) fn settle(&mut self) {
+        self.single = match (self.qps.len(), self.srqs.is_empty()) {
+            (1, true) => self.qps.values().next().map(|e| e.cell.clone()),
+            _ => None,
+        };
+    }
 }
 
 /// The work-request tables of a CQ's QPs and SRQs, looked up by QPN when a CQE names one. The CQ's lock is held;
@@ -237,6 +250,7 @@ impl CqObj {
                 qps: HashMap::default(),
                 srqs: HashMap::default(),
                 pending: None,
+                single: None,
             }),
             failed: failed.clone(),
             users: AtomicUsize::new(0),
@@ -267,9 +281,8 @@ impl CqObj {
     /// [`CqObj::poll`] into any [`WcSink`]: the drop-in writes `ibv_wc` straight from each CQE.
     #[inline]
     pub(crate) fn poll_into<S: WcSink + ?Sized>(&self, wc: &mut S) -> Result<usize> {
-        let dev = &self.ctx.dev;
         let mut r = self.ring.lock();
-        let CqRing { cq, qps, srqs, pending } = &mut *r;
+        let CqRing { cq, qps, srqs, pending, single } = &mut *r;
         if let Some(e) = pending.take() {
             return Err(VerbsError::Cqe(e));
         }
@@ -279,12 +292,10 @@ impl CqObj {
         // completion is there, its ring is locked once and is the table itself, as in the core's own poll (no
         // lookup per CQE). A CQE naming another QP is then unknown, as the table would find it. Checked before
         // the lock, so an empty poll does not take the QP's lock from a thread posting on it.
-        if srqs.is_empty() && qps.len() == 1 && cq.ready(&dev.mmio) {
-            if let Some(entry) = qps.values().next() {
-                let mut ring = entry.cell.lock();
-                if let Some(qp) = ring.as_mut() {
-                    return self.poll_with(cq, qp, pending, wc);
-                }
+        if let Some(cell) = single.as_ref().filter(|_| cq.ready()) {
+            let mut ring = cell.lock();
+            if let Some(qp) = ring.as_mut() {
+                return self.poll_with(cq, qp, pending, wc);
             }
         }
         let mut table = QpTable::new(qps, srqs);

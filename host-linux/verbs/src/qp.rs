@@ -280,6 +280,10 @@ impl QpObj {
             g.srqs.entry(s.srqn()).or_insert_with(|| (s.ring.clone(), 0)).1 += 1;
             s.users.fetch_add(1, Ordering::AcqRel);
         }
+        g1.settle();
+        if let Some(g) = &mut g2 {
+            g.settle();
+        }
         pd.users.fetch_add(1, Ordering::AcqRel);
         send_cq.users.fetch_add(1, Ordering::AcqRel);
         recv_cq.users.fetch_add(1, Ordering::AcqRel);
@@ -482,6 +486,10 @@ impl QpObj {
                     g.srqs.remove(&s.srqn());
                 }
             }
+        }
+        g1.settle();
+        if let Some(g) = &mut g2 {
+            g.settle();
         }
         drop((g1, g2));
         c.unroute_qp(self.qpn);
