@@ -48,7 +48,7 @@ pub(crate) struct CqRing {
     pending: Option<CqeError>,
     /// The ring of the one QP on this CQ when there is exactly one and no SRQ (see [`CqObj::poll_into`]); kept
     /// by [`CqRing::settle`] whenever `qps` or `srqs` change.
-    single: Option<QpCell>,
+    pub(crate) single: Option<QpCell>,
 }
 
 impl CqRing {
