@@ -109,7 +109,7 @@ impl<'a> QpTable<'a> {
     /// [`QpTable::send_done`] and [`QpTable::recv_done`].
     #[inline(never)]
     fn ring(&mut self, qpn: u32) -> Option<&mut Qp> {
-        if !self.held.as_ref().is_some_and(|(n, _)| *n == qpn) {
+        if self.held.as_ref().is_none_or(|(n, _)| *n != qpn) {
             // The previous QP's lock goes first: two QP locks are never held together.
             self.release();
             let q = self.qp(qpn)?;
