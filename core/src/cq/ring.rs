@@ -81,6 +81,14 @@ unsafe fn copy_cqe(sp: *const u8, dp: *mut u8, stride: usize, owner: u8) {
     }
 }
 
+/// Whether entry `n` with ownership byte `op_own` is software's: a valid opcode and the owner bit of the pass
+/// over a ring of `1 << log_nent` entries that `n` is in.
+#[inline(always)]
+fn sw_owned(op_own: u8, n: u32, log_nent: u8) -> bool {
+    let owner = (n >> log_nent) & 1;
+    op_own >> 4 != consts::MLX5_CQE_INVALID && u32::from(op_own & 1) == owner
+}
+
 impl Cq {
     /// Pre-sets every CQE of `buf` to invalid with owner 1 (`op_own` 0xF1), so nothing is software-owned until the
     /// device writes it.
@@ -176,8 +184,7 @@ impl Cq {
         // SAFETY: p points at 64 bytes inside a live fragment of the ring (QueueBuf::ptr checks the bounds).
         // Volatile: the device writes the byte concurrently.
         let op_own = unsafe { p.add(field::OP_OWN.off).read_volatile() };
-        let owner = (n >> w.log_nent) & 1;
-        if op_own >> 4 == consts::MLX5_CQE_INVALID || u32::from(op_own & 1) != owner {
+        if !sw_owned(op_own, n, w.log_nent) {
             return None;
         }
         // The ownership byte said the entry is ours: the rest must be loaded after it.
@@ -186,6 +193,21 @@ impl Cq {
         // only inside this poll) lives; 8-byte aligned, as fragments are at least 4 KiB aligned and entries sit at
         // multiples of 64 bytes. The device does not write an entry software owns.
         Some(unsafe { CqeRef::new(p, op_own) })
+    }
+
+    /// Whether the entry at the consumer index is software-owned: a poll now would find an entry. Reads only
+    /// the ownership byte (a host can then decide what to lock before polling), through the fragment table
+    /// rather than the poll's per-call ring geometry, which would cost more than the one entry.
+    #[inline]
+    pub fn ready(&self) -> bool {
+        let n = self.cons_index;
+        let stride = self.cqe_size.bytes();
+        let off = ((n & (self.nent() - 1)) as usize) * stride + stride - CQE64_SIZE;
+        let p = self.buf.ptr(off, CQE64_SIZE);
+        // SAFETY: p points at 64 bytes inside a live fragment of the ring (QueueBuf::ptr checks the bounds).
+        // Volatile: the device writes the byte concurrently.
+        let op_own = unsafe { p.add(field::OP_OWN.off).read_volatile() };
+        sw_owned(op_own, n, self.log_nent)
     }
 
     /// Polls up to `wc.len()` completions, oldest first (`ibv_poll_cq`), and publishes the new consumer index.

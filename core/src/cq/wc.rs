@@ -308,6 +308,12 @@ pub trait WcOut {
     fn set_vlan_id(&mut self, vlan: u16);
     /// Stores a whole completion (a software flush).
     fn set(&mut self, wc: &WorkCompletion);
+    /// Whether [`WcOut::begin`]'s timestamp is kept: a layout without one (C's `ibv_wc`) says no, and the
+    /// decoder then does not load it (the CQE is read in place with volatile loads, which are never dropped).
+    #[inline(always)]
+    fn wants_timestamp(&self) -> bool {
+        true
+    }
 }
 
 impl WcOut for WorkCompletion {
@@ -503,7 +509,7 @@ pub(super) fn decode_into<C: CqeFieldsRead + ?Sized, O: WcOut + ?Sized>(
             let qpn = sop_drop_qpn & 0xff_ffff;
             let wr_id = wq.send_done(qpn, cqe.wqe_counter()).ok_or(CqeError::UnknownQp { cqn, qpn, index })?;
             // Written in place: every field, the ones a requester completion does not carry as zero.
-            out.begin(wr_id, qpn, WcStatus::Success, 0, cqe.timestamp());
+            out.begin(wr_id, qpn, WcStatus::Success, 0, if out.wants_timestamp() { cqe.timestamp() } else { 0 });
             decode_req(cqe, (sop_drop_qpn >> 24) as u8, out);
         }
         op @ (CqeOpcode::RespWrImm | CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespSendInv) => {
@@ -513,7 +519,7 @@ pub(super) fn decode_into<C: CqeFieldsRead + ?Sized, O: WcOut + ?Sized>(
                 Some(id) => id,
                 None => return Err(recv_fault(wq, cqe, cqn, qpn, index)),
             };
-            out.begin(wr_id, qpn, WcStatus::Success, 0, cqe.timestamp());
+            out.begin(wr_id, qpn, WcStatus::Success, 0, if out.wants_timestamp() { cqe.timestamp() } else { 0 });
             decode_resp(cqe, op.raw(), link, out);
         }
         op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {

@@ -140,6 +140,10 @@ impl WcOut for CWcEntry {
     fn set(&mut self, w: &WorkCompletion) {
         self.0 = to_c(w);
     }
+    #[inline(always)]
+    fn wants_timestamp(&self) -> bool {
+        false
+    }
 }
 
 /// The program's `ibv_wc` array as a poll's sink: the decoder writes each entry in place.

@@ -46,6 +46,19 @@ pub(crate) struct CqRing {
     /// A bad CQE met after good completions: reported by the next poll, so a poll returning fewer completions
     /// than asked still means the CQ is empty.
     pending: Option<CqeError>,
+    /// The ring of the one QP on this CQ when there is exactly one and no SRQ (see [`CqObj::poll_into`]); kept
+    /// by [`CqRing::settle`] whenever `qps` or `srqs` change.
+    pub(crate) single: Option<QpCell>,
+}
+
+impl CqRing {
+    /// Sets `single` from the tables: called after every change of `qps` or `srqs`.
+    pub(crate) fn settle(&mut self) {
+        self.single = match (self.qps.len(), self.srqs.is_empty()) {
+            (1, true) => self.qps.values().next().map(|e| e.cell.clone()),
+            _ => None,
+        };
+    }
 }
 
 /// The work-request tables of a CQ's QPs and SRQs, looked up by QPN when a CQE names one. The CQ's lock is held;
@@ -59,11 +72,21 @@ struct QpTable<'a> {
     /// That QP's ring, its lock held until a CQE names another QP or the poll ends: one lock per run of CQEs,
     /// not per CQE (the CQ's lock is held throughout, so the order stays CQ → QP).
     held: Option<(u32, SpinGuard<'a, Option<Qp>>)>,
+    /// The held QP's number while its ring is live, else [`NO_QPN`]: a send CQE naming it takes `ring` after one
+    /// compare (the two `Option`s above are checked only when the held QP changes).
+    send_qpn: u32,
+    /// The same for receive CQEs: [`NO_QPN`] also when the held QP receives through an SRQ.
+    recv_qpn: u32,
+    /// The held QP's ring (inside `held`'s guard) while `send_qpn` is not [`NO_QPN`]; null otherwise.
+    ring: *mut Qp,
 }
+
+/// A number no CQE names (QP numbers are 24 bits): the fast path's compare then never matches.
+const NO_QPN: u32 = u32::MAX;
 
 impl<'a> QpTable<'a> {
     fn new(qps: &'a HashMap<u32, QpEntry, QpnHash>, srqs: &'a HashMap<u32, (SrqCell, usize), QpnHash>) -> Self {
-        QpTable { qps, srqs, last: None, held: None }
+        QpTable { qps, srqs, last: None, held: None, send_qpn: NO_QPN, recv_qpn: NO_QPN, ring: std::ptr::null_mut() }
     }
 
     #[inline(always)]
@@ -82,23 +105,44 @@ impl<'a> QpTable<'a> {
         Some(q)
     }
 
-    /// The ring of QP `qpn`, locked (the lock kept for the next CQE).
-    #[inline(always)]
+    /// The ring of QP `qpn`, locked (the lock kept for the next CQE); out of line, the fast paths being in
+    /// [`QpTable::send_done`] and [`QpTable::recv_done`].
+    #[inline(never)]
     fn ring(&mut self, qpn: u32) -> Option<&mut Qp> {
-        if self.held.as_ref().is_some_and(|(n, _)| *n == qpn) {
-            return self.held.as_mut()?.1.as_mut();
+        if self.held.as_ref().is_none_or(|(n, _)| *n != qpn) {
+            // The previous QP's lock goes first: two QP locks are never held together.
+            self.release();
+            let q = self.qp(qpn)?;
+            let (_, guard) = self.held.insert((qpn, q.cell.lock()));
+            // A destroyed QP's ring is `None`: the fast paths then keep matching nothing.
+            if let Some(ring) = guard.as_mut() {
+                self.ring = ring;
+                self.send_qpn = qpn;
+                self.recv_qpn = if q.srqn.is_none() { qpn } else { NO_QPN };
+            }
         }
-        self.switch(qpn)
+        // SAFETY: as in `send_done`: `send_qpn` is `qpn` only while `held` keeps this QP's live ring locked, and
+        // `ring` points into it.
+        (self.send_qpn == qpn).then(|| unsafe { &mut *self.ring })
     }
 
-    /// Takes QP `qpn`'s lock in place of the one held (out of line, as [`QpTable::find`]).
-    #[inline(never)]
-    fn switch(&mut self, qpn: u32) -> Option<&mut Qp> {
-        // The previous QP's lock goes first: two QP locks are never held together.
+    /// Gives back the held QP's lock; the fast paths match nothing until [`QpTable::ring`] takes another.
+    fn release(&mut self) {
+        self.send_qpn = NO_QPN;
+        self.recv_qpn = NO_QPN;
+        self.ring = std::ptr::null_mut();
         self.held = None;
+    }
+
+    /// A receive CQE of a QP other than the held one, or of one that receives through an SRQ.
+    #[inline(never)]
+    fn recv_other(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
         let q = self.qp(qpn)?;
-        self.held = Some((qpn, q.cell.lock()));
-        self.held.as_mut()?.1.as_mut()
+        match q.srqn {
+            // As the core's `WithSrqs`: the CQE's WQE counter names a WQE of the QP's SRQ.
+            Some(s) => lock(&self.srqs.get(&s)?.0).as_mut()?.srq_done(wqe_counter).ok(),
+            None => self.ring(qpn)?.recv_done(qpn, srqn, wqe_counter),
+        }
     }
 }
 
@@ -138,20 +182,25 @@ impl std::hash::Hasher for QpnHasher {
 impl WrTable for QpTable<'_> {
     #[inline(always)]
     fn send_done(&mut self, qpn: u32, wqe_counter: u16) -> Option<u64> {
+        if qpn == self.send_qpn {
+            // SAFETY: `send_qpn` names a QP only while `held` keeps that QP's lock and its ring is live, and `ring`
+            // points into that guard's value (set together in `ring`, cleared together in `release`); the guard
+            // is not otherwise used while this borrow lives.
+            return unsafe { &mut *self.ring }.send_done(qpn, wqe_counter);
+        }
         self.ring(qpn)?.send_done(qpn, wqe_counter)
     }
     #[inline(always)]
     fn recv_done(&mut self, qpn: u32, srqn: u32, wqe_counter: u16) -> Option<u64> {
-        let q = self.qp(qpn)?;
-        match q.srqn {
-            // As the core's `WithSrqs`: the CQE's WQE counter names a WQE of the QP's SRQ.
-            Some(s) => lock(&self.srqs.get(&s)?.0).as_mut()?.srq_done(wqe_counter).ok(),
-            None => self.ring(qpn)?.recv_done(qpn, srqn, wqe_counter),
+        if qpn == self.recv_qpn {
+            // SAFETY: as in `send_done`; `recv_qpn` names the held QP only when it has no SRQ.
+            return unsafe { &mut *self.ring }.recv_done(qpn, srqn, wqe_counter);
         }
+        self.recv_other(qpn, srqn, wqe_counter)
     }
     fn flush_one(&mut self, cqn: u32, dead: bool) -> Option<WorkCompletion> {
         // Every QP's lock is taken below, the held one's too.
-        self.held = None;
+        self.release();
         self.qps.values().find_map(|q| q.cell.lock().as_mut().and_then(|q| WrTable::flush_one(q, cqn, dead)))
     }
     fn recv_srqn(&self, qpn: u32) -> Option<u32> {
@@ -201,6 +250,7 @@ impl CqObj {
                 qps: HashMap::default(),
                 srqs: HashMap::default(),
                 pending: None,
+                single: None,
             }),
             failed: failed.clone(),
             users: AtomicUsize::new(0),
@@ -231,16 +281,39 @@ impl CqObj {
     /// [`CqObj::poll`] into any [`WcSink`]: the drop-in writes `ibv_wc` straight from each CQE.
     #[inline]
     pub(crate) fn poll_into<S: WcSink + ?Sized>(&self, wc: &mut S) -> Result<usize> {
-        let dev = &self.ctx.dev;
-        let cap = wc.capacity();
         let mut r = self.ring.lock();
-        let CqRing { cq, qps, srqs, pending } = &mut *r;
+        let CqRing { cq, qps, srqs, pending, single } = &mut *r;
         if let Some(e) = pending.take() {
             return Err(VerbsError::Cqe(e));
         }
         // Made only when needed: the error has drop glue the hot path would run.
         let Some(cq) = cq.as_mut() else { return Err(VerbsError::Destroyed { what: "completion queue" }) };
+        // One QP on this CQ, with its own receive queue (a CQ per QP, or one QP's send and receive CQ): when a
+        // completion is there, its ring is locked once and is the table itself, as in the core's own poll (no
+        // lookup per CQE). A CQE naming another QP is then unknown, as the table would find it. Checked before
+        // the lock, so an empty poll does not take the QP's lock from a thread posting on it.
+        if let Some(cell) = single.as_ref().filter(|_| cq.ready()) {
+            let mut ring = cell.lock();
+            if let Some(qp) = ring.as_mut() {
+                return self.poll_with(cq, qp, pending, wc);
+            }
+        }
         let mut table = QpTable::new(qps, srqs);
+        self.poll_with(cq, &mut table, pending, wc)
+    }
+
+    /// The poll loop over `table`, the CQ's lock held: completions into `wc`, a bad CQE met after good ones kept
+    /// in `pending`, and the flush of a dead device or failed CQ once the ring is drained.
+    #[inline(always)]
+    fn poll_with<S: WcSink + ?Sized, T: WrTable + ?Sized>(
+        &self,
+        cq: &mut Cq,
+        table: &mut T,
+        pending: &mut Option<CqeError>,
+        wc: &mut S,
+    ) -> Result<usize> {
+        let dev = &self.ctx.dev;
+        let cap = wc.capacity();
         // Once the device is dead or the CQ failed, outstanding work requests complete here as flushed.
         let stopped = || {
             let dead = dev.is_dead();
@@ -249,7 +322,7 @@ impl CqObj {
         let (mut n, mut bad) = (0, 0);
         while n < cap {
             let mut rest = Offset { sink: &mut *wc, at: n, cap: cap - n };
-            match poll_cq_into(&dev.mmio, cq, &mut table, &mut rest, stopped) {
+            match poll_cq_into(&dev.mmio, cq, table, &mut rest, stopped) {
                 Ok(0) => break,
                 Ok(k) => n += k,
                 // Nothing returned yet: the error is this call's result.

@@ -280,6 +280,10 @@ impl QpObj {
             g.srqs.entry(s.srqn()).or_insert_with(|| (s.ring.clone(), 0)).1 += 1;
             s.users.fetch_add(1, Ordering::AcqRel);
         }
+        g1.settle();
+        if let Some(g) = &mut g2 {
+            g.settle();
+        }
         pd.users.fetch_add(1, Ordering::AcqRel);
         send_cq.users.fetch_add(1, Ordering::AcqRel);
         recv_cq.users.fetch_add(1, Ordering::AcqRel);
@@ -482,6 +486,10 @@ impl QpObj {
                     g.srqs.remove(&s.srqn());
                 }
             }
+        }
+        g1.settle();
+        if let Some(g) = &mut g2 {
+            g.settle();
         }
         drop((g1, g2));
         c.unroute_qp(self.qpn);
@@ -809,6 +817,43 @@ mod tests {
         srq.destroy().unwrap();
         assert!(matches!(srq.post_recv(&[]), Err(VerbsError::Destroyed { .. })));
         cq.destroy(true).unwrap();
+        pd.dealloc().unwrap();
+    }
+
+    /// The poll's one-QP path is taken exactly while a CQ has one QP and no SRQ: its `single` ring follows QPs
+    /// and SRQs coming and going, on the send and the receive CQ alike.
+    #[test]
+    fn a_cq_keeps_its_single_qp_as_qps_come_and_go() {
+        let ctx = Context::open_sim().unwrap();
+        let pd = PdObj::alloc(&ctx.shared).unwrap();
+        let attr8 = mlx5_core::hca::CqAttr { cqe: 8, ..Default::default() };
+        let (cq, rcq) =
+            (CqObj::create(&ctx.shared, attr8, 0, None).unwrap(), CqObj::create(&ctx.shared, attr8, 0, None).unwrap());
+        let srq = SrqObj::create(&pd, mlx5_core::hca::SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
+        let attr = CoreQpInitAttr {
+            qp_type: QpType::Rc,
+            cap: QpCap { max_send_wr: 1, max_recv_wr: 1, ..QpCap::default() },
+            sq_sig_all: false,
+        };
+        let single = |c: &CqObj| c.ring.lock().single.clone();
+        assert!(single(&cq).is_none(), "no QP yet");
+        let a = QpObj::create(&pd, &cq, &rcq, attr, None, 1).unwrap();
+        assert!(single(&cq).is_some_and(|r| Arc::ptr_eq(&r, &a.ring)), "the send CQ's one QP");
+        assert!(single(&rcq).is_some_and(|r| Arc::ptr_eq(&r, &a.ring)), "the receive CQ's one QP");
+        let b = QpObj::create(&pd, &cq, &cq, attr, None, 2).unwrap();
+        assert!(single(&cq).is_none(), "two QPs complete on it");
+        assert!(single(&rcq).is_some_and(|r| Arc::ptr_eq(&r, &a.ring)));
+        a.destroy().unwrap();
+        assert!(single(&cq).is_some_and(|r| Arc::ptr_eq(&r, &b.ring)), "one QP again");
+        assert!(single(&rcq).is_none(), "no QP left");
+        b.destroy().unwrap();
+        assert!(single(&cq).is_none());
+        let c = QpObj::create(&pd, &rcq, &rcq, attr, Some(&srq), 3).unwrap();
+        assert!(single(&rcq).is_none(), "a QP on an SRQ goes through the table");
+        c.destroy().unwrap();
+        srq.destroy().unwrap();
+        cq.destroy(true).unwrap();
+        rcq.destroy(true).unwrap();
         pd.dealloc().unwrap();
     }
 }

@@ -191,8 +191,11 @@ fn stream(cqe_size: CqeSize, max_contig: Option<usize>) {
             dev.post_cqe(cq.cqn(), cqe).unwrap();
             posted += 1;
         }
+        // `ready` sees an entry exactly while one is unpolled, on every lap (owner bit) and fragment.
+        assert_eq!(cq.ready(), posted as usize > got.len(), "ready before a poll");
         let mut wc = vec![WorkCompletion::default(); batch];
         let n = cq.poll(hca.mmio(), &mut wrs, &mut wc).unwrap();
+        assert_eq!(cq.ready(), posted as usize > got.len() + n, "ready after a poll of {n}");
         for w in &wc[..n] {
             let i = got.len() as u32;
             if i.is_multiple_of(2) {
