@@ -244,6 +244,11 @@ const CX5_VS_CX4: &[(&str, &str)] = &[
         "imaicl",
         "memory windows (ALLOC_MW, the bind UMR of user QPs) are modelled (fw/mkey.rs); firmware 14.12 leaves it 0",
     ),
+    (
+        "log_max_uctx",
+        "DevX user contexts (CREATE_UCTX, uid on objects) are modelled (fw/uctx.rs); firmware 14.12 has none",
+    ),
+    ("cqe_128_always", "128-byte padded CQEs are modelled (fw/cq.rs); firmware 14.12 leaves it 0"),
     // Features the simulator does not model, so it does not offer them.
     ("log_max_bsf_list_size", "no signature offload"),
     ("end_pad", "no end padding of scatter entries"),
