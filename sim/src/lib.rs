@@ -117,7 +117,7 @@
 //! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
 //!
 //! # Layout
-//! Layers (bottom first): config events fault pcap small | dma regs wire | link | fw | transport | uar | device | delay dma_handle mmio | sim_device | testkit
+//! Layers (bottom first): config events fault pcap small | dma regs wire | link | fw | transport switch | uar | device | delay dma_handle mmio | sim_device | testkit
 //!
 //! Each module names only modules of lower layers (or of its own layer, acyclically) and never an item through
 //! the crate root; `cargo xtask modcheck` reads the line above. `regs` holds the initialization segment and the
@@ -143,6 +143,7 @@ pub mod pcap;
 mod regs;
 mod sim_device;
 mod small;
+mod switch;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod testkit;
 mod transport;
@@ -176,6 +177,7 @@ pub use regs::INIT_SEG_PAGES as FIRST_UAR_PAGE;
 pub const BF_REG_SIZE: usize = 1 << fw::caps::LOG_BF_REG_SIZE;
 pub use mmio::SimMmio;
 pub use sim_device::SimDevice;
+pub use switch::{IbSwitch, SwitchCounters, SwitchPort, SwitchState};
 pub use transport::reasm::arp_neighbour;
 pub use wire::roce;
 

@@ -317,7 +317,11 @@ impl Wire {
         if self.addr.ib && *d == Dest::Lid(PERMISSIVE_LID) {
             // A cable has one other end; with several peers and no switch modelled there is no "next hop".
             return match self.peers.as_slice() {
-                [p] => Ok(p.dev.clone()),
+                // On a VDE cable the frames go to the permissive LID's MAC: the switch or port at its far end.
+                [p] => match &p.dev.port {
+                    Port::Vde(l, _) => Ok(DevRef { id: p.dev.id, port: Port::Vde(l.clone(), PERMISSIVE_LID) }),
+                    _ => Ok(p.dev.clone()),
+                },
                 [] => Err("unknown destination (not connected)"),
                 _ => Err("a permissive LID needs a single link partner"),
             };
@@ -392,8 +396,17 @@ impl Wire {
         self.lid_cell.store(lid, Ordering::Relaxed);
         // A device in another process learns it over the link; a lost update (link down) matters no more.
         for p in &self.peers {
-            if let Port::Remote(link) = &p.dev.port {
-                let _ = link.transmit_lid(lid);
+            match &p.dev.port {
+                Port::Remote(link) => {
+                    let _ = link.transmit_lid(lid);
+                }
+                // A VDE link frames its packets from the new LID and takes those to it.
+                Port::Vde(link, _) => {
+                    if let Some(ib) = &link.ib {
+                        ib.set_lid(lid);
+                    }
+                }
+                _ => {}
             }
         }
     }
