@@ -167,7 +167,8 @@ impl PortAddr {
             let m = cfg.mac;
             gid[8..].copy_from_slice(&[m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
         }
-        Self { ib, lid: if ib { cfg.lid } else { 0 }, gid, mac: cfg.mac }
+        // A port that waits for a subnet manager has no LID until the SM's Set(PortInfo) (`Wire::set_lid`).
+        Self { ib, lid: if ib && !cfg.subnet_manager { cfg.lid } else { 0 }, gid, mac: cfg.mac }
     }
 
     /// GID table entry `index` (only index 0 is populated).
