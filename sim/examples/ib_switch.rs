@@ -50,6 +50,7 @@ fn main() -> ExitCode {
     println!("switch: node_guid={guid:016x} {} ports", urls.len());
     let end = Instant::now() + Duration::from_secs(seconds);
     let (mut last_state, mut last_counters) = (None, None);
+    let mut last_statuses = Vec::new();
     while Instant::now() < end {
         let s = sw.state();
         let ports: Vec<u8> = s.ports.iter().map(|p| p.state).collect();
@@ -61,6 +62,11 @@ fn main() -> ExitCode {
             );
             last_state = Some(now);
         }
+        // Each kind once, when first seen.
+        for &(method, attr, status, _) in s.statuses.iter().skip(last_statuses.len()) {
+            println!("switch: SMP answered with MAD status {status:#06x}: method {method:#04x} attribute {attr:#06x}");
+        }
+        last_statuses.clone_from(&s.statuses);
         if last_counters != Some(s.counters) {
             println!("switch: counters {:?}", s.counters);
             last_counters = Some(s.counters);

@@ -41,6 +41,8 @@ pub struct SwitchState {
     pub ports: Vec<SwitchPort>,
     pub lft_entries: usize,
     pub counters: SwitchCounters,
+    /// SMPs answered with a MAD status other than success: (method, attribute, status, how many).
+    pub statuses: Vec<(u8, u16, u16, u64)>,
 }
 
 struct Inner {
@@ -93,6 +95,7 @@ impl IbSwitch {
             ports: sw.sma.ports[1..].iter().map(|p| SwitchPort { state: p.state, phys: p.phys }).collect(),
             lft_entries: sw.sma.lft.iter().filter(|&&p| p != sma::UNPROGRAMMED).count(),
             counters: sw.counters,
+            statuses: sw.sma.statuses.clone(),
         }
     }
 }

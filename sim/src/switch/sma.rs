@@ -45,9 +45,14 @@ const VL_CAP: u8 = 4;
 const VL_ARB_CAP: u8 = 8;
 /// The IB MTU code of 4096 bytes (MTUCap and NeighborMTU).
 const MTU_4096: u8 = 5;
-/// Link width 4x and speed SDR (PortInfo's encodings), what the simulated HCA ports report.
+/// Link width 4x and speed EDR (PortInfo's encodings: LinkSpeed SDR with LinkSpeedExt EDR), what the simulated
+/// HCA ports report, with IsExtendedSpeedsSupported (CapabilityMask bit 14) so LinkSpeedExt* count.
 const WIDTH_4X: u8 = 2;
 const SPEED_SDR: u8 = 1;
+const SPEED_EXT_EDR: u8 = 2;
+const CAP_EXTENDED_SPEEDS: u32 = 1 << 14;
+/// Distinct (method, attribute, status) answers other than success remembered, at most.
+const MAX_STATUSES: usize = 32;
 /// The largest unicast LID.
 const MAX_UNICAST_LID: u16 = 0xbfff;
 
@@ -114,6 +119,9 @@ pub(crate) struct SwitchSma {
     mft: Vec<u16>,
     /// SLtoVL of each (input, output) port pair: (N+1)^2 tables of 8 bytes.
     sl2vl: Vec<[u8; 8]>,
+    /// The SMPs answered with a status other than success: (method, attribute, status, how many), at most
+    /// [`MAX_STATUSES`] kinds (later kinds are counted in the last).
+    pub(crate) statuses: Vec<(u8, u16, u16, u64)>,
 }
 
 impl SwitchSma {
@@ -147,6 +155,10 @@ impl SwitchSma {
                     operational_vls: 1,
                     guid_cap: 1,
                     resp_time_value: 8,
+                    capability_mask: CAP_EXTENDED_SPEEDS,
+                    link_speed_ext_active: SPEED_EXT_EDR,
+                    link_speed_ext_supported: SPEED_EXT_EDR,
+                    link_speed_ext_enabled: SPEED_EXT_EDR,
                     ..PortInfo::default()
                 };
                 let state = if p == 0 { ACTIVE } else { INIT };
@@ -170,6 +182,7 @@ impl SwitchSma {
             lft: vec![UNPROGRAMMED; LINEAR_FDB_CAP],
             mft: vec![0; MCAST_FDB_CAP],
             sl2vl: vec![[0; 8]; all * all],
+            statuses: Vec::new(),
         }
     }
 
@@ -219,6 +232,18 @@ impl SwitchSma {
             Err(s) => s,
         };
         rsp.status = status as u16;
+        if status != MadStatus::Success {
+            let k = (req.method, req.attr_id, status as u16);
+            match self.statuses.iter_mut().find(|s| (s.0, s.1, s.2) == k) {
+                Some(s) => s.3 += 1,
+                None if self.statuses.len() < MAX_STATUSES => self.statuses.push((k.0, k.1, k.2, 1)),
+                None => {
+                    if let Some(last) = self.statuses.last_mut() {
+                        last.3 += 1;
+                    }
+                }
+            }
+        }
         if req.mgmt_class == CLASS_SUBN_DIRECTED_ROUTE {
             rsp.status |= STATUS_DIRECTION;
         }
