@@ -234,9 +234,10 @@ impl SwitchSma {
         rsp.status = status as u16;
         if status != MadStatus::Success {
             let k = (req.method, req.attr_id, status as u16);
-            match self.statuses.iter_mut().find(|s| (s.0, s.1, s.2) == k) {
-                Some(s) => s.3 += 1,
-                None if self.statuses.len() < MAX_STATUSES => self.statuses.push((k.0, k.1, k.2, 1)),
+            let full = self.statuses.len() >= MAX_STATUSES;
+            match self.statuses.iter().position(|s| (s.0, s.1, s.2) == k) {
+                Some(i) => self.statuses[i].3 += 1,
+                None if !full => self.statuses.push((k.0, k.1, k.2, 1)),
                 None => {
                     if let Some(last) = self.statuses.last_mut() {
                         last.3 += 1;
