@@ -458,7 +458,7 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
     // Every SMP to the switch was answered with success, but for the known ones.
     for l in switch_log.lines().filter(|l| l.contains("SMP answered with MAD status")) {
         match SMP_STATUS_KNOWN.iter().find(|(k, _)| l.contains(k)) {
-            Some((_, why)) => println!("  known, not failing: switch: {} ({why})", l.trim()),
+            Some((_, why)) => println!("  known, not failing: {} ({why})", l.trim()),
             None => problems.push(format!("switch: {}", l.trim())),
         }
     }
