@@ -126,7 +126,7 @@ impl Switch {
             return Vec::new();
         };
         let from = Ident { lid: f.slid, guid: f.guid, instance: f.instance };
-        self.to_switch(in_port, &from, f.dlid, &body)
+        self.for_switch(in_port, &from, f.dlid, &body)
     }
 
     /// A LID-routed frame: out of the port the LFT names for `dlid`, with that port's MAC as its source.
@@ -147,7 +147,7 @@ impl Switch {
     }
 
     /// A whole packet to the switch (its LID or the permissive LID) from `from`.
-    fn to_switch(&mut self, in_port: u8, from: &Ident, dlid: u16, body: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    fn for_switch(&mut self, in_port: u8, from: &Ident, dlid: u16, body: &[u8]) -> Vec<(u8, Vec<u8>)> {
         let p = match vde_ib::decode(body, ()) {
             Ok(p) => p,
             Err(_) => {

@@ -302,8 +302,11 @@ fn check_host(console: &str, host_log: &str, problems: &mut Vec<String>) {
     }
 }
 
-/// The switch's reports, in order: (LID, SM LID, port states, LIDs its LFT routes), and its last counters line.
-fn switch_reports(log: &str) -> (Vec<(u16, u16, String, usize)>, Option<&str>) {
+/// One report of the switch: (LID, SM LID, port states, LIDs its LFT routes).
+type SwitchReport = (u16, u16, String, usize);
+
+/// The switch's reports, in order, and its last counters line.
+fn switch_reports(log: &str) -> (Vec<SwitchReport>, Option<&str>) {
     let one = |l: &str| {
         let rest = l.strip_prefix("switch: lid=")?;
         let field = |k: &str| rest.split(k).nth(1)?.split_whitespace().next();
@@ -318,7 +321,7 @@ fn switch_reports(log: &str) -> (Vec<(u16, u16, String, usize)>, Option<&str>) {
 
 /// One counter of the switch's `SwitchCounters { forwarded: 5, ... }` line.
 fn counter(line: &str, name: &str) -> Option<u64> {
-    line.split(&format!("{name}: ")).nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    line.split(&format!(" {name}: ")).nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
 /// The switch's own account: opensm gave it a LID, made its three ports Active and routed every LID; the
@@ -515,6 +518,27 @@ mod tests {
                    sma: port 1: lid=0x3 sm_lid=0x1 state=4 (Active)\n";
         assert_eq!(host_port(log), [(0, 2), (3, 4)]);
         assert!(host_port("sma: nothing\n").is_empty());
+    }
+
+    #[test]
+    fn the_switch_log_is_read() {
+        let log = "switch: node_guid=b8cef60300ff0001 3 ports\n\
+                   switch: lid=0x0 sm_lid=0x0 port states=[2, 2, 2] lft_entries=0\n\
+                   switch: counters SwitchCounters { forwarded: 0, dr_forwarded: 0, answered: 1 }\n\
+                   switch: lid=0x2 sm_lid=0x1 port states=[4, 4, 4] lft_entries=4\n\
+                   switch: counters SwitchCounters { forwarded: 1606, dr_forwarded: 70, answered: 39 }\n";
+        let (seen, last) = switch_reports(log);
+        assert_eq!(seen, [(0, 0, "[2, 2, 2]".to_string(), 0), (2, 1, "[4, 4, 4]".to_string(), 4)]);
+        let last = last.unwrap();
+        assert_eq!(
+            (counter(last, "forwarded"), counter(last, "dr_forwarded"), counter(last, "x")),
+            (Some(1606), Some(70), None)
+        );
+        let mut problems = Vec::new();
+        check_switch(log, &mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        check_switch("switch: lid=0x2 sm_lid=0x1 port states=[4, 2, 4] lft_entries=4\n", &mut problems);
+        assert_eq!(problems.len(), 2, "{problems:?}");
     }
 
     #[test]
