@@ -484,6 +484,41 @@ mod tests {
     }
 
     #[test]
+    fn a_port_without_a_lid_sends_directed_route_smps_only_from_the_permissive_lid() {
+        use crate::wire::{Body, RoceInfo};
+        let p = Packet {
+            src: (),
+            dst: (),
+            src_qpn: 0,
+            dst_qpn: 0,
+            slid: PERMISSIVE_LID,
+            sl: 0,
+            grh: None,
+            body: Body::Ud { qkey: 0, pkey: 0xffff, data: vec![1; 256], imm: None, solicited: false },
+            roce: RoceInfo::default(),
+        };
+        let side = IbSide::new(0, 0xaa);
+        // To a LID: refused until an SM gives the port one.
+        assert!(side.frames(&p, 5).is_err());
+        // To the permissive LID: from it in the LRH, from LID 0's MAC, to the permissive LID's MAC.
+        let f = side.frames(&p, PERMISSIVE_LID).unwrap().remove(0);
+        let r = parse(&f).unwrap();
+        assert_eq!(
+            (r.dlid, r.slid, &f[..6], &f[6..12]),
+            (PERMISSIVE_LID, PERMISSIVE_LID, &lid_mac(PERMISSIVE_LID)[..], &lid_mac(0)[..])
+        );
+        assert!(side.owns_mac(&lid_mac(PERMISSIVE_LID)) && !side.owns_mac(&lid_mac(5)));
+        // The SM's LID: frames from it, and the port takes frames to it.
+        side.set_lid(5);
+        let r = side.frames(&p, 7).unwrap().remove(0);
+        assert_eq!((parse(&r).unwrap().slid, &r[6..12]), (5, &lid_mac(5)[..]));
+        assert!(side.owns_mac(&lid_mac(5)));
+        // A probe never names the permissive LID.
+        let probe = emit(BROADCAST, lid_mac(1), Kind::Probe, 0, PERMISSIVE_LID, &me(), 0, 0, 0, &[]);
+        assert_eq!(parse(&probe).unwrap_err(), "IB frame without unicast LIDs");
+    }
+
+    #[test]
     fn fragments_in_any_order_and_twice_make_one_message_and_the_table_stays_bounded() {
         let msg: Vec<u8> = (0..3 * IB_FRAGMENT + 10).map(|i| i as u8).collect();
         let frames: Vec<Vec<u8>> = msg
