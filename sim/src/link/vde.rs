@@ -753,7 +753,9 @@ fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<Pa
     };
     // An IB port neither sends nor answers ARP.
     let (mine, ipv4) = if ib.is_some() { (lid_mac(addr.lid), None) } else { (addr.mac, ipv4) };
-    let direct = dir.and_then(|d| Direct::open(&d, mine));
+    // A port waiting for an SM takes its MAC from a LID it does not have yet: no direct path (its cable's far
+    // end is a switch, which has none either).
+    let direct = dir.filter(|_| ib.as_ref().is_none_or(|s| s.lid() != 0)).and_then(|d| Direct::open(&d, mine));
     let (tx, rx) = mpsc::sync_channel(TX_QUEUE);
     let id = next_device_id();
     let link = Arc::new(VdeLink {
