@@ -106,6 +106,8 @@
 //! Port 1 has GID index 0 ([`SimDevice::gid`]: the link-local address of the MAC on Ethernet, fe80::/64 + port
 //! GUID on IB) and, on IB, the LID [`SimConfig::lid`]. A packet addressed to the device's own LID or GID (and MAC)
 //! is loopback; [`SimDevice::connect`] joins two devices so each reaches the other's address (modules `link` and `wire`).
+//! On a VDE fabric an IB port may wait for a subnet manager ([`SimConfig::subnet_manager`]: LID 0 until its SMA
+//! is given one) behind an [`IbSwitch`], which one SM sweeps and programs with its HCAs.
 //!
 //! # Health and device loss
 //! The health buffer (`mlx5_init_seg.health`) and the heartbeat (`health_counter`, one tick per ms of device
@@ -124,7 +126,8 @@
 //! device clock; `wire` the packet format; `link` carries frames and reports what it receives through
 //! `link::Station`, which `device` implements (the links never lock a device or run its datapath); `fw` is the
 //! command engine with one table per object; `transport` the datapath over `Datapath`, a view of the device
-//! (its engines run on narrower ones); `uar` decodes doorbells over that view; `device` owns the state behind
+//! (its engines run on narrower ones); `switch` is [`IbSwitch`], a simulated InfiniBand switch on VDE cables (its
+//! SMA over `fw`'s SMP layouts, its ports over `link`'s VDE connections); `uar` decodes doorbells over that view; `device` owns the state behind
 //! the lock, the device thread, command delivery and the run loop (`device::pump`: the datapath runs, its
 //! packets go to devices or links). The handles (`mmio`, `dma_handle`, `delay`) hold the device; `sim_device` is
 //! [`SimDevice`]. This file only re-exports.
