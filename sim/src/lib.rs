@@ -180,7 +180,7 @@ pub use regs::INIT_SEG_PAGES as FIRST_UAR_PAGE;
 pub const BF_REG_SIZE: usize = 1 << fw::caps::LOG_BF_REG_SIZE;
 pub use mmio::SimMmio;
 pub use sim_device::SimDevice;
-pub use switch::{IbSwitch, SwitchCounters, SwitchPort, SwitchState};
+pub use switch::{IbSwitch, SwitchCounters, SwitchError, SwitchPort, SwitchState};
 pub use transport::reasm::arp_neighbour;
 pub use wire::roce;
 

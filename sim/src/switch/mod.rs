@@ -52,6 +52,33 @@ struct Inner {
     stop: AtomicBool,
 }
 
+/// Why a switch did not start.
+#[derive(Debug)]
+pub enum SwitchError {
+    /// A switch here has 1 to 15 external ports (one multicast port mask), one cable each.
+    Ports { cables: usize },
+    /// A cable could not be opened (no `vde_switch` at that URL, no libvdeplug), or the threads not started.
+    Vde(VdeError),
+}
+
+impl std::fmt::Display for SwitchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SwitchError::Ports { cables } => write!(f, "{cables} cables: a simulated switch has 1 to 15 ports"),
+            SwitchError::Vde(e) => write!(f, "a switch port: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SwitchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SwitchError::Vde(e) => Some(e),
+            SwitchError::Ports { .. } => None,
+        }
+    }
+}
+
 /// A running switch (its reader threads end when it is dropped).
 pub struct IbSwitch {
     inner: Arc<Inner>,
@@ -67,11 +94,11 @@ impl std::fmt::Debug for IbSwitch {
 impl IbSwitch {
     /// Starts a switch with node GUID `node_guid` and NodeDescription `description`, one external port per
     /// libvdeplug URL in `cables` (1 to 15; port k is `cables[k-1]`).
-    pub fn start(node_guid: u64, description: &str, cables: &[&str]) -> Result<IbSwitch, VdeError> {
+    pub fn start(node_guid: u64, description: &str, cables: &[&str]) -> Result<IbSwitch, SwitchError> {
         if cables.is_empty() || cables.len() > 15 {
-            return Err(VdeError::BadUrl { url: format!("{} cables (a switch here has 1 to 15 ports)", cables.len()) });
+            return Err(SwitchError::Ports { cables: cables.len() });
         }
-        let conns = cables.iter().map(|u| Conn::open(u)).collect::<Result<Vec<_>, _>>()?;
+        let conns = cables.iter().map(|u| Conn::open(u)).collect::<Result<Vec<_>, _>>().map_err(SwitchError::Vde)?;
         let sw = forward::Switch::new(sma::SwitchSma::new(node_guid, cables.len() as u8, description));
         let inner = Arc::new(Inner { sw: Mutex::new(sw), conns, stop: AtomicBool::new(false) });
         let mut threads = Vec::new();
@@ -80,7 +107,7 @@ impl IbSwitch {
             let t = std::thread::Builder::new()
                 .name(format!("mlx5-sim-switch-{}", k + 1))
                 .spawn(move || read_loop(&i, k as u8 + 1))
-                .map_err(|source| VdeError::Threads { source })?;
+                .map_err(|source| SwitchError::Vde(VdeError::Threads { source }))?;
             threads.push(t);
         }
         Ok(IbSwitch { inner, threads })
@@ -280,6 +307,15 @@ mod tests {
             initial_path,
             return_path: [0; MAX_PATH_HOPS],
         }
+    }
+
+    #[test]
+    fn a_switch_without_cables_or_with_one_nobody_serves_is_a_clear_error() {
+        assert!(matches!(IbSwitch::start(1, "t", &[]), Err(SwitchError::Ports { cables: 0 })));
+        assert!(matches!(IbSwitch::start(1, "t", &["vde:///x"; 16]), Err(SwitchError::Ports { cables: 16 })));
+        let nobody = Cable::new("nobody");
+        let e = IbSwitch::start(1, "t", &[&switch_url(&nobody.0)]).unwrap_err();
+        assert!(matches!(e, SwitchError::Vde(VdeError::Open { .. })), "{e}");
     }
 
     #[test]
