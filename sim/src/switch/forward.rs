@@ -3,13 +3,15 @@
 //! port's); a packet to an unprogrammed LID, to a port that is not Active or back out of its input port is
 //! dropped and counted. An SMP to the switch (its LID, or the permissive LID of a directed route) is put back
 //! together, checked and handed to the SMA (`sma.rs`), or passed on along its directed route by the hop rules
-//! of a switch (IBTA 14.2.2.2: C14-9 on the way out, C14-13 on the way back), which `ib_mad`'s `smi.c` applies
-//! for a switch port. A LID probe (`link/vde_ib.rs`) is flooded to every other port, so ports with a configured
+//! of a switch (IBTA 14.2.2.2: C14-9 on the way out, C14-13 on the way back, as `ib_mad`'s `smi.c` applies them
+//! for a switch port): `mlx5_core::smp_route`, which the host stack's QP0 agent shares. A LID probe (`link/vde_ib.rs`) is flooded to every other port, so ports with a configured
 //! LID still find each other's. Every frame that cannot be handled is counted by why; nothing panics.
 //!
 //! This is pure state: frames in, `(output port, frame)` out. The threads and VDE cables are `switch/mod.rs`'s.
 
-use crate::fw::mad_ifc::{Smp, CLASS_SUBN_DIRECTED_ROUTE, CLASS_SUBN_LID_ROUTED, MAX_PATH_HOPS, STATUS_DIRECTION};
+use mlx5_core::smp_route::{self, Hop};
+
+use crate::fw::mad_ifc::{Smp, CLASS_SUBN_DIRECTED_ROUTE, CLASS_SUBN_LID_ROUTED, MAD_LEN};
 use crate::link::vde::{lid_mac, ETHERTYPE_IB};
 use crate::link::vde_ib::{self, emit, instance, Ident, Kind, Reasm, IB_FRAGMENT};
 use crate::wire::frame::encode_packet;
@@ -53,15 +55,6 @@ pub(crate) struct Switch {
     instance: u64,
     next_msg: u32,
     pub(crate) counters: SwitchCounters,
-}
-
-/// Where a directed-route SMP goes next.
-#[derive(Debug, PartialEq, Eq)]
-enum Dr {
-    /// It ends here: the SMA answers.
-    Here,
-    /// On to the next hop, out of this port.
-    Out(u8),
 }
 
 impl Switch {
@@ -159,7 +152,7 @@ impl Switch {
             self.counters.not_smp += 1;
             return Vec::new();
         };
-        let Ok(mut smp) = Smp::parse(data) else {
+        let Ok(smp) = Smp::parse(data) else {
             self.counters.bad_smp += 1;
             return Vec::new();
         };
@@ -168,7 +161,7 @@ impl Switch {
             self.counters.bad_smp += 1;
             return Vec::new();
         }
-        let reply = |s: &mut Switch, rsp: Smp, out: u8, dlid: u16| {
+        let reply = |s: &mut Switch, rsp: [u8; MAD_LEN], out: u8, dlid: u16| {
             let slid = if is_unicast_lid(s.sma.lid()) { s.sma.lid() } else { PERMISSIVE_LID };
             let me = Ident { lid: slid, guid: s.sma.node_guid, instance: s.instance };
             let pkt = smp_packet(&rsp, p.src_qpn, slid, p.sl, *pkey);
@@ -187,30 +180,36 @@ impl Switch {
                 self.counters.unprogrammed += 1;
                 return Vec::new();
             }
-            return reply(self, rsp, out, from.lid);
+            return reply(self, rsp.emit(), out, from.lid);
         }
-        match dr_hop(&mut smp, in_port, self.sma.external()) {
+        let mut bytes = smp.emit();
+        match smp_route::arrive(&mut bytes, in_port, Some(self.sma.external())) {
             Err(_) => {
                 self.counters.bad_smp += 1;
                 Vec::new()
             }
-            Ok(Dr::Out(out)) => {
+            Ok(Hop::Out(out)) => {
                 if !self.sma.linked(out) {
                     self.counters.port_refused += 1;
                     return Vec::new();
                 }
                 // On as it came (the sender's LRH identity kept), with the hop pointer and return path moved.
                 let pkt = Packet {
-                    body: Body::Ud { qkey: *qkey, pkey: *pkey, data: smp.emit().to_vec(), imm: None, solicited: false },
+                    body: Body::Ud { qkey: *qkey, pkey: *pkey, data: bytes.to_vec(), imm: None, solicited: false },
                     ..p.clone()
                 };
                 self.counters.dr_forwarded += 1;
                 self.emit(out, PERMISSIVE_LID, from, &pkt)
             }
-            Ok(Dr::Here) => {
-                let Some(mut rsp) = self.sma.answer(&smp, in_port) else { return Vec::new() };
-                // C14-13:1 (or :3 with hop count 0): back one hop, out of the port the request came in on.
-                rsp.hop_ptr = rsp.hop_ptr.saturating_sub(1);
+            Ok(Hop::Here) => {
+                let Ok(req) = Smp::parse(&bytes) else { return Vec::new() };
+                let Some(rsp) = self.sma.answer(&req, in_port) else { return Vec::new() };
+                // Back one hop, out of the port the request came in on (C14-13:1, or :3 with hop count 0).
+                let mut rsp = rsp.emit();
+                if smp_route::depart(&mut rsp, in_port).is_err() {
+                    self.counters.bad_smp += 1;
+                    return Vec::new();
+                }
                 reply(self, rsp, in_port, PERMISSIVE_LID)
             }
         }
@@ -232,7 +231,7 @@ impl Switch {
 }
 
 /// A QP0 packet carrying `smp` to the QP `dqpn` (0) from `slid`.
-fn smp_packet(smp: &Smp, dqpn: u32, slid: u16, sl: u8, pkey: u16) -> Packet<()> {
+fn smp_packet(smp: &[u8; MAD_LEN], dqpn: u32, slid: u16, sl: u8, pkey: u16) -> Packet<()> {
     Packet {
         src: (),
         dst: (),
@@ -241,59 +240,17 @@ fn smp_packet(smp: &Smp, dqpn: u32, slid: u16, sl: u8, pkey: u16) -> Packet<()> 
         slid,
         sl,
         grh: None,
-        body: Body::Ud { qkey: 0, pkey, data: smp.emit().to_vec(), imm: None, solicited: false },
+        body: Body::Ud { qkey: 0, pkey, data: smp.to_vec(), imm: None, solicited: false },
         roce: RoceInfo::default(),
     }
-}
-
-/// The directed-route rules at a switch for an SMP that came in on `in_port` (IBTA 14.2.2.2): updates the hop
-/// pointer and the return path and says where it goes. Outbound (direction bit clear): C14-9:2, an intermediate
-/// hop (records the input port, moves on, out of the next initial-path port); C14-9:3, the end of the directed
-/// part (records the input port; only a permissive DrDLID ends it here); C14-9:4, reached by LID after it.
-/// Returning: C14-13:2, back one hop out of the return-path port. The rest (C14-9:1 and C14-13:1/3 belong to
-/// the SM's and the responder's own port; C14-9:5, C14-13:5) is refused.
-fn dr_hop(smp: &mut Smp, in_port: u8, ports: u8) -> Result<Dr, &'static str> {
-    let (ptr, cnt) = (smp.hop_ptr, smp.hop_cnt);
-    if usize::from(cnt) >= MAX_PATH_HOPS {
-        return Err("directed route with a hop count past 63");
-    }
-    let valid = |p: u8| (1..=ports).contains(&p);
-    if smp.status & STATUS_DIRECTION == 0 {
-        if ptr > 0 && ptr < cnt {
-            smp.return_path[usize::from(ptr)] = in_port;
-            smp.hop_ptr = ptr + 1;
-            let out = smp.initial_path[usize::from(ptr + 1)];
-            return if valid(out) { Ok(Dr::Out(out)) } else { Err("directed route through a port the switch lacks") };
-        }
-        if ptr == cnt {
-            if smp.dr_dlid != PERMISSIVE_LID {
-                return Err("directed route with a LID-routed end (not modelled)");
-            }
-            if cnt != 0 {
-                smp.return_path[usize::from(ptr)] = in_port;
-            }
-            smp.hop_ptr = ptr + 1;
-            return Ok(Dr::Here);
-        }
-        if ptr == cnt + 1 {
-            return Ok(Dr::Here);
-        }
-        return Err("directed route whose hop pointer does not fit its count");
-    }
-    if ptr >= 2 && ptr <= cnt {
-        smp.hop_ptr = ptr - 1;
-        let out = smp.return_path[usize::from(ptr - 1)];
-        return if valid(out) { Ok(Dr::Out(out)) } else { Err("return path through a port the switch lacks") };
-    }
-    Err("returning directed route that does not pass this switch")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fw::mad_ifc::{
-        MadStatus, NodeInfo, PortInfo, ATTR_NODE_INFO, ATTR_PORT_INFO, METHOD_GET, METHOD_GET_RESP, METHOD_SET,
-        SMP_DATA_LEN,
+        MadStatus, NodeInfo, PortInfo, ATTR_NODE_INFO, ATTR_PORT_INFO, MAX_PATH_HOPS, METHOD_GET, METHOD_GET_RESP,
+        METHOD_SET, SMP_DATA_LEN, STATUS_DIRECTION,
     };
     use crate::switch::sma::{ATTR_LINEAR_FT, ATTR_MULTICAST_FT, ATTR_SWITCH_INFO};
 
