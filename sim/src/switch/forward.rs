@@ -4,8 +4,9 @@
 //! dropped and counted. An SMP to the switch (its LID, or the permissive LID of a directed route) is put back
 //! together, checked and handed to the SMA (`sma.rs`), or passed on along its directed route by the hop rules
 //! of a switch (IBTA 14.2.2.2: C14-9 on the way out, C14-13 on the way back, as `ib_mad`'s `smi.c` applies them
-//! for a switch port): `mlx5_core::smp_route`, which the host stack's QP0 agent shares. A LID probe (`link/vde_ib.rs`) is flooded to every other port, so ports with a configured
-//! LID still find each other's. Every frame that cannot be handled is counted by why; nothing panics.
+//! for a switch port): `mlx5_core::smp_route`, which the host stack's QP0 agent shares. A LID probe
+//! (`link/vde_ib.rs`) is flooded to every other port, so ports with a configured LID still find each other's.
+//! Every frame that cannot be handled is counted by why; nothing panics.
 //!
 //! This is pure state: frames in, `(output port, frame)` out. The threads and VDE cables are `switch/mod.rs`'s.
 
@@ -19,10 +20,10 @@ use crate::wire::{is_unicast_lid, Body, Packet, RoceInfo, PERMISSIVE_LID};
 
 use super::sma::{SwitchSma, UNPROGRAMMED};
 
-/// Bytes of the Ethernet header, and where the LRH's DLID sits in a frame.
+/// Bytes of the Ethernet header (the LRH follows).
 const ETH_HEADER: usize = 14;
 
-/// What the switch counted (every frame lands in exactly one counter).
+/// What the switch counted: frames passed on, SMPs answered, and every frame dropped, by why.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SwitchCounters {
     /// LID-routed frames passed on by the LinearForwardingTable.
