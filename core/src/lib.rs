@@ -33,6 +33,7 @@ pub mod prm;
 pub mod qcounter;
 pub mod qp;
 pub mod reg;
+pub mod smp_route;
 pub mod srq;
 pub mod table;
 #[cfg(feature = "testlist")]

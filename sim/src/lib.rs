@@ -106,6 +106,8 @@
 //! Port 1 has GID index 0 ([`SimDevice::gid`]: the link-local address of the MAC on Ethernet, fe80::/64 + port
 //! GUID on IB) and, on IB, the LID [`SimConfig::lid`]. A packet addressed to the device's own LID or GID (and MAC)
 //! is loopback; [`SimDevice::connect`] joins two devices so each reaches the other's address (modules `link` and `wire`).
+//! On a VDE fabric an IB port may wait for a subnet manager ([`SimConfig::subnet_manager`]: LID 0 until its SMA
+//! is given one) behind an [`IbSwitch`], which one SM sweeps and programs with its HCAs.
 //!
 //! # Health and device loss
 //! The health buffer (`mlx5_init_seg.health`) and the heartbeat (`health_counter`, one tick per ms of device
@@ -117,14 +119,15 @@
 //! its DMA memory; pages a dead firmware still owned are counted in [`SimDevice::pages_abandoned`].
 //!
 //! # Layout
-//! Layers (bottom first): config events fault pcap small | dma regs wire | link | fw | transport | uar | device | delay dma_handle mmio | sim_device | testkit
+//! Layers (bottom first): config events fault pcap small | dma regs wire | link | fw | transport switch | uar | device | delay dma_handle mmio | sim_device | testkit
 //!
 //! Each module names only modules of lower layers (or of its own layer, acyclically) and never an item through
 //! the crate root; `cargo xtask modcheck` reads the line above. `regs` holds the initialization segment and the
 //! device clock; `wire` the packet format; `link` carries frames and reports what it receives through
 //! `link::Station`, which `device` implements (the links never lock a device or run its datapath); `fw` is the
 //! command engine with one table per object; `transport` the datapath over `Datapath`, a view of the device
-//! (its engines run on narrower ones); `uar` decodes doorbells over that view; `device` owns the state behind
+//! (its engines run on narrower ones); `switch` is [`IbSwitch`], a simulated InfiniBand switch on VDE cables (its
+//! SMA over `fw`'s SMP layouts, its ports over `link`'s VDE connections); `uar` decodes doorbells over that view; `device` owns the state behind
 //! the lock, the device thread, command delivery and the run loop (`device::pump`: the datapath runs, its
 //! packets go to devices or links). The handles (`mmio`, `dma_handle`, `delay`) hold the device; `sim_device` is
 //! [`SimDevice`]. This file only re-exports.
@@ -143,6 +146,7 @@ pub mod pcap;
 mod regs;
 mod sim_device;
 mod small;
+mod switch;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod testkit;
 mod transport;
@@ -176,6 +180,7 @@ pub use regs::INIT_SEG_PAGES as FIRST_UAR_PAGE;
 pub const BF_REG_SIZE: usize = 1 << fw::caps::LOG_BF_REG_SIZE;
 pub use mmio::SimMmio;
 pub use sim_device::SimDevice;
+pub use switch::{IbSwitch, SwitchCounters, SwitchError, SwitchPort, SwitchState};
 pub use transport::reasm::arp_neighbour;
 pub use wire::roce;
 

@@ -86,6 +86,8 @@ pub(crate) const QEMU_LIMITS: &[(&str, &str)] = &[
     ),
     ("link::vde::tests::a_socket_left_behind_by_a_port_that_ended_is_swept", NO_VDEPLUG),
     ("link::vde::tests::ports_that_find_no_switch_at_once_start_one_and_all_plug_into_it", NO_VDEPLUG),
+    ("switch::tests::a_hand_made_sm_sweeps_the_switch_and_two_hcas_and_they_talk_through_its_lft", NO_VDEPLUG),
+    ("switch::tests::a_switch_without_cables_or_with_one_nobody_serves_is_a_clear_error", NO_VDEPLUG),
 ];
 
 /// Tests that run their own binary again (`std::env::current_exe`): skipped only when no binfmt_misc handler

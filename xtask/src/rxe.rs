@@ -564,7 +564,7 @@ fn wait_for_socket(path: &Path, who: &mut Reap, name: &str) -> Result<(), String
 
 /// A `vde_switch` in the foreground on the directory `dir`, its console on a pipe we hold: it lives as long as
 /// the `Reap`.
-fn start_switch(dir: &Path) -> Result<Reap, String> {
+pub(crate) fn start_switch(dir: &Path) -> Result<Reap, String> {
     let _ = std::fs::remove_dir_all(dir);
     let mut switch = Reap(
         Command::new("vde_switch")

@@ -4,41 +4,19 @@
 //! `handle_ib_smi`, `handle_outgoing_dr_smp`) applies them for a port of an HCA, which forwards nothing.
 //!
 //! The SMA itself is the device's firmware behind MAD_IFC; this module only decides what reaches it and how its
-//! answer finds the way back. Everything is read from bytes a peer sent: every failure is a typed [`SmpDrop`], never
+//! answer finds the way back. The hop rules are `mlx5_core::smp_route`'s, which the simulator's switch shares. Everything is read from bytes a peer sent: every failure is a typed [`SmpDrop`], never
 //! a panic, and the caller drops and counts the packet (an SMA sends no answer to what it cannot route back).
 
 use thiserror::Error;
 
-use crate::mad::{be16, class, method, set_be16, MadError, MadHdr, MAD_LEN};
+use mlx5_core::smp_route::{self, DrError, Hop};
+
+use crate::mad::{class, method, MadError, MadHdr, MAD_LEN};
+
+pub use mlx5_core::smp_route::{off, DIRECTION, MAX_PATH_HOPS, PERMISSIVE_LID};
 
 /// A request's `TrapRepress` method (IBA 13.4.5): the SMA takes it and sends nothing back.
 pub const METHOD_TRAP_REPRESS: u8 = 0x07;
-/// The direction bit of a directed-route SMP's status word (set in responses, IBA 14.2.1.2).
-pub const DIRECTION: u16 = 0x8000;
-/// The permissive LID (IBA 4.1.3): "whoever is at the end of this link".
-pub const PERMISSIVE_LID: u16 = 0xffff;
-/// Hops a directed route holds (`IB_SMP_MAX_PATH_HOPS`, C14-6: hop counts 0 to 63).
-pub const MAX_PATH_HOPS: u8 = 64;
-
-/// Byte offsets of a directed-route SMP (IBA 14.2.1.2, Linux `struct ib_smp`).
-pub mod off {
-    /// The status word (with [`DIRECTION`](super::DIRECTION)).
-    pub const STATUS: usize = 4;
-    /// The hop pointer.
-    pub const HOP_PTR: usize = 6;
-    /// The hop count.
-    pub const HOP_CNT: usize = 7;
-    /// DrSLID.
-    pub const DR_SLID: usize = 32;
-    /// DrDLID.
-    pub const DR_DLID: usize = 34;
-    /// The attribute data (64 bytes).
-    pub const DATA: usize = 64;
-    /// The initial path (64 port numbers).
-    pub const INITIAL_PATH: usize = 128;
-    /// The return path (64 port numbers).
-    pub const RETURN_PATH: usize = 192;
-}
 
 /// Why an SMP that arrived on QP0 is dropped instead of handed to the SMA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
@@ -76,8 +54,15 @@ pub struct SmaRequest {
     pub mad: [u8; MAD_LEN],
 }
 
-fn route(ptr: u8, cnt: u8, dir: &'static str) -> SmpDrop {
-    SmpDrop::Route { ptr, cnt, dir }
+impl From<DrError> for SmpDrop {
+    fn from(e: DrError) -> SmpDrop {
+        match e {
+            DrError::HopCount(cnt) => SmpDrop::HopCount(cnt),
+            DrError::Route { ptr, cnt, returning } => {
+                SmpDrop::Route { ptr, cnt, dir: if returning { "returning" } else { "outbound" } }
+            }
+        }
+    }
 }
 
 /// Checks the bytes that arrived on QP0 of `port` (the payload after the GRH room) and, for a directed-route SMP,
@@ -99,26 +84,11 @@ pub fn accept(bytes: &[u8], port: u8) -> Result<SmaRequest, SmpDrop> {
     let mut mad = [0u8; MAD_LEN];
     mad.copy_from_slice(&bytes[..MAD_LEN]);
     if hdr.mgmt_class == class::SUBN_DIRECTED_ROUTE {
+        // A channel adapter's port: the route must end here (a returning SMP is for an SM on this port; there is
+        // none).
         let (ptr, cnt) = (mad[off::HOP_PTR], mad[off::HOP_CNT]);
-        if cnt >= MAX_PATH_HOPS {
-            return Err(SmpDrop::HopCount(cnt));
-        }
-        if be16(&mad, off::STATUS) & DIRECTION != 0 {
-            // A returning SMP is for an SM on this port; there is none.
-            return Err(route(ptr, cnt, "returning"));
-        }
-        if ptr == cnt {
-            // C14-9:3: the end of the directed part; only a permissive DrDLID makes it ours.
-            if be16(&mad, off::DR_DLID) != PERMISSIVE_LID {
-                return Err(route(ptr, cnt, "outbound"));
-            }
-            if cnt != 0 {
-                mad[off::RETURN_PATH + usize::from(ptr)] = port;
-            }
-            mad[off::HOP_PTR] = ptr + 1;
-        } else if ptr != cnt + 1 {
-            // C14-9:1 (the sender did not move the pointer), C14-9:2 (an intermediate hop: switches only) and C14-9:5.
-            return Err(route(ptr, cnt, "outbound"));
+        if smp_route::arrive(&mut mad, port, None)? != Hop::Here {
+            return Err(SmpDrop::Route { ptr, cnt, dir: "outbound" });
         }
     }
     Ok(SmaRequest { hdr, mad })
@@ -135,38 +105,14 @@ pub fn respond(req: &SmaRequest, mut rsp: [u8; MAD_LEN], port: u8) -> Result<Opt
     if req.hdr.mgmt_class != class::SUBN_DIRECTED_ROUTE {
         return Ok(Some(rsp));
     }
-    let status = be16(&rsp, off::STATUS) | DIRECTION;
-    set_be16(&mut rsp, off::STATUS, status);
-    if be16(&rsp, off::DR_DLID) != PERMISSIVE_LID {
-        // Reached by LID after its directed part (C14-9:4): the response goes back by LID first.
-        return Ok(Some(rsp));
-    }
-    let (ptr, cnt) = (rsp[off::HOP_PTR], rsp[off::HOP_CNT]);
-    if cnt >= MAX_PATH_HOPS {
-        return Err(SmpDrop::HopCount(cnt));
-    }
-    let ok = if cnt != 0 && ptr == cnt + 1 {
-        // C14-13:1: back one hop, out of the port the request came in on.
-        rsp[off::HOP_PTR] = ptr - 1;
-        rsp[off::RETURN_PATH + usize::from(ptr - 1)] == port
-    } else if ptr == 1 {
-        // C14-13:3: the SM is at the other end of this link (hop count 0 on its side).
-        rsp[off::HOP_PTR] = 0;
-        be16(&rsp, off::DR_SLID) == PERMISSIVE_LID
-    } else {
-        // C14-13:4 (hop pointer 0) goes out as it is; C14-13:2 is a switch's, C14-13:5 unreasonable.
-        ptr == 0
-    };
-    if ok {
-        Ok(Some(rsp))
-    } else {
-        Err(route(ptr, cnt, "returning"))
-    }
+    smp_route::depart(&mut rsp, port)?;
+    Ok(Some(rsp))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mad::{be16, set_be16};
 
     /// A directed-route Get(NodeInfo) as opensm sends it to a port `cnt` hops away, as it arrives there.
     fn dr_get(cnt: u8) -> [u8; MAD_LEN] {

@@ -167,7 +167,8 @@ impl PortAddr {
             let m = cfg.mac;
             gid[8..].copy_from_slice(&[m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
         }
-        Self { ib, lid: if ib { cfg.lid } else { 0 }, gid, mac: cfg.mac }
+        // A port that waits for a subnet manager has no LID until the SM's Set(PortInfo) (`Wire::set_lid`).
+        Self { ib, lid: if ib && !cfg.subnet_manager { cfg.lid } else { 0 }, gid, mac: cfg.mac }
     }
 
     /// GID table entry `index` (only index 0 is populated).
@@ -317,7 +318,11 @@ impl Wire {
         if self.addr.ib && *d == Dest::Lid(PERMISSIVE_LID) {
             // A cable has one other end; with several peers and no switch modelled there is no "next hop".
             return match self.peers.as_slice() {
-                [p] => Ok(p.dev.clone()),
+                // On a VDE cable the frames go to the permissive LID's MAC: the switch or port at its far end.
+                [p] => match &p.dev.port {
+                    Port::Vde(l, _) => Ok(DevRef { id: p.dev.id, port: Port::Vde(l.clone(), PERMISSIVE_LID) }),
+                    _ => Ok(p.dev.clone()),
+                },
                 [] => Err("unknown destination (not connected)"),
                 _ => Err("a permissive LID needs a single link partner"),
             };
@@ -392,8 +397,17 @@ impl Wire {
         self.lid_cell.store(lid, Ordering::Relaxed);
         // A device in another process learns it over the link; a lost update (link down) matters no more.
         for p in &self.peers {
-            if let Port::Remote(link) = &p.dev.port {
-                let _ = link.transmit_lid(lid);
+            match &p.dev.port {
+                Port::Remote(link) => {
+                    let _ = link.transmit_lid(lid);
+                }
+                // A VDE link frames its packets from the new LID and takes those to it.
+                Port::Vde(link, _) => {
+                    if let Some(ib) = &link.ib {
+                        ib.set_lid(lid);
+                    }
+                }
+                _ => {}
             }
         }
     }

@@ -46,6 +46,7 @@ use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
 use crate::wire::roce::frame::{emit_arp, parse, Parsed};
 use crate::wire::roce_map;
+use crate::wire::PERMISSIVE_LID;
 
 pub(crate) use super::vde_ib::IbSide;
 use super::vde_ib::Kind;
@@ -251,7 +252,7 @@ unsafe impl Send for Conn {}
 unsafe impl Sync for Conn {}
 
 impl Conn {
-    fn open(url: &str) -> Result<Conn, VdeError> {
+    pub(crate) fn open(url: &str) -> Result<Conn, VdeError> {
         let lib = lib()?;
         let c_url = CString::new(url).map_err(|_| VdeError::BadUrl { url: url.into() })?;
         // SAFETY: valid NUL-terminated strings, NULL open arguments (libvdeplug's defaults).
@@ -571,7 +572,11 @@ impl VdeLink {
             }
         }
         // A runt goes to the port, whose parser drops and counts it (an IB port's link counts it itself).
-        if frame.len() >= 6 && frame[0] & 1 == 0 && frame[..6] != self.mine {
+        let mine = match &self.ib {
+            Some(ib) => frame.len() < 6 || ib.owns_mac(&frame[..6]),
+            None => frame.len() < 6 || frame[..6] == self.mine,
+        };
+        if frame.len() >= 6 && frame[0] & 1 == 0 && !mine {
             self.bump(C_RX_NOT_MINE);
             return false;
         }
@@ -590,7 +595,7 @@ impl VdeLink {
         let f = super::vde_ib::parse(frame)?;
         let other = f.instance != ib.instance;
         match f.kind {
-            Kind::Probe | Kind::InUse if f.dlid == ib.lid && other => {
+            Kind::Probe | Kind::InUse if f.dlid == ib.lid() && other => {
                 self.bump(C_LID_CONFLICT);
                 // A link being unplugged holds the LID no more (its port may be plugging in again).
                 if f.kind == Kind::Probe && self.is_up() {
@@ -604,11 +609,15 @@ impl VdeLink {
             }
             Kind::Data => {}
         }
-        if f.dlid != ib.lid {
+        let lid = ib.lid();
+        // A directed-route SMP comes to the permissive LID: whoever is at the end of the cable.
+        if f.dlid != lid && f.dlid != PERMISSIVE_LID {
             return Err("IB frame for another LID behind this port's MAC");
         }
-        // From a port with this port's LID, or with the LID of another port this one has heard from.
-        if (f.slid == ib.lid && other) || !ib.sender_holds(f.slid, f.instance) {
+        // From a port with this port's LID, or with the LID of another port this one has heard from (a port
+        // without a LID sends from the permissive LID, which nobody holds).
+        let unicast = super::port::is_unicast_lid(f.slid);
+        if unicast && ((f.slid == lid && other) || !ib.sender_holds(f.slid, f.instance)) {
             self.bump(C_LID_CONFLICT);
             return Err(LID_CONFLICT);
         }
@@ -726,11 +735,15 @@ fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<Pa
     });
     let ib = match addr.ib {
         false => None,
-        true if !super::port::is_unicast_lid(addr.lid) => return Err(VdeError::BadLid { lid: addr.lid }),
+        true if addr.lid != 0 && !super::port::is_unicast_lid(addr.lid) => {
+            return Err(VdeError::BadLid { lid: addr.lid })
+        }
         true => {
             let guid = u64::from_be_bytes(addr.gid[8..].try_into().unwrap_or_default());
             let side = IbSide::new(addr.lid, guid);
-            match super::vde_ib::probe(&conn, &side, addr.mac) {
+            // A port waiting for a subnet manager (LID 0) has no LID to probe for: the SM keeps LIDs unique.
+            let probed = if addr.lid == 0 { Ok(None) } else { super::vde_ib::probe(&conn, &side, addr.mac) };
+            match probed {
                 Ok(None) => {}
                 Ok(Some(guid)) => return Err(VdeError::LidInUse { lid: addr.lid, guid }),
                 Err(source) => return Err(VdeError::Open { url: url.into(), source }),
@@ -740,7 +753,9 @@ fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<Pa
     };
     // An IB port neither sends nor answers ARP.
     let (mine, ipv4) = if ib.is_some() { (lid_mac(addr.lid), None) } else { (addr.mac, ipv4) };
-    let direct = dir.and_then(|d| Direct::open(&d, mine));
+    // A port waiting for an SM takes its MAC from a LID it does not have yet: no direct path (its cable's far
+    // end is a switch, which has none either).
+    let direct = dir.filter(|_| ib.as_ref().is_none_or(|s| s.lid() != 0)).and_then(|d| Direct::open(&d, mine));
     let (tx, rx) = mpsc::sync_channel(TX_QUEUE);
     let id = next_device_id();
     let link = Arc::new(VdeLink {

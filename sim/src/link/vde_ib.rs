@@ -23,14 +23,14 @@
 //! with the receiver's own LID, or with a LID another port holds, is dropped and counted (`lid_conflicts`), so
 //! a collision that got past the probes is never a silent misdelivery.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::datagrams::{Datagrams, ETH_HEADER, MAX_ETH_FRAME};
 use crate::wire::frame::{decode_packet, encode_packet, FRAME_PACKET};
 use crate::wire::roce::ether::BROADCAST;
-use crate::wire::{is_unicast_lid, Packet};
+use crate::wire::{is_unicast_lid, Packet, PERMISSIVE_LID};
 
 /// The ethertype of an InfiniBand port's frames (IEEE 802 local experimental ethertype 1).
 pub const ETHERTYPE_IB: u16 = 0x88b5;
@@ -169,7 +169,9 @@ pub(crate) fn parse(f: &[u8]) -> Result<IbFrame<'_>, &'static str> {
     };
     let (guid, instance) = (be64(f, h + 4), be64(f, h + 12));
     let (msg, offset, total) = (be32(f, h + 20), be32(f, h + 24) as usize, be32(f, h + 28) as usize);
-    if !is_unicast_lid(dlid) || !is_unicast_lid(slid) {
+    // A directed-route SMP goes to the permissive LID, and a port without a LID yet sends from it.
+    let lid_ok = |l: u16| is_unicast_lid(l) || (l == PERMISSIVE_LID && kind == Kind::Data);
+    if !lid_ok(dlid) || !lid_ok(slid) {
         return Err("IB frame without unicast LIDs");
     }
     // The fragment's length follows from where it is in its message: the last one takes the rest.
@@ -273,7 +275,8 @@ impl Reasm {
 /// An IB port's side of its VDE link.
 #[derive(Debug)]
 pub(crate) struct IbSide {
-    pub(crate) lid: u16,
+    /// The port's LID: its configuration's, or 0 until a subnet manager assigns one (`set_lid`).
+    lid: AtomicU16,
     pub(crate) guid: u64,
     /// Random per plug-in: tells two ports apart even when they share a GUID.
     pub(crate) instance: u64,
@@ -289,7 +292,7 @@ const MAX_HOLDERS: usize = 1024;
 impl IbSide {
     pub(crate) fn new(lid: u16, guid: u64) -> IbSide {
         IbSide {
-            lid,
+            lid: AtomicU16::new(lid),
             guid,
             instance: instance(),
             next_msg: AtomicU32::new(0),
@@ -298,21 +301,45 @@ impl IbSide {
         }
     }
 
-    pub(crate) fn ident(&self) -> Ident {
-        Ident { lid: self.lid, guid: self.guid, instance: self.instance }
+    /// The port's LID (0: none assigned yet).
+    pub(crate) fn lid(&self) -> u16 {
+        self.lid.load(Ordering::Relaxed)
     }
 
-    /// The frames of `p` to the port with LID `dlid`.
+    /// A subnet manager gave the port `lid`: its frames come from it and frames to it are taken from now on.
+    pub(crate) fn set_lid(&self, lid: u16) {
+        self.lid.store(lid, Ordering::Relaxed);
+    }
+
+    /// Whether a frame to the MAC `mac` is for this port: its LID's, or the permissive LID's (directed route).
+    pub(crate) fn owns_mac(&self, mac: &[u8]) -> bool {
+        mac == lid_mac(PERMISSIVE_LID) || mac == lid_mac(self.lid())
+    }
+
+    pub(crate) fn ident(&self) -> Ident {
+        Ident { lid: self.lid(), guid: self.guid, instance: self.instance }
+    }
+
+    /// The frames of `p` to the port with LID `dlid` (or to the link partner, by the permissive LID). A port
+    /// without a LID sends only to the permissive LID, from it; its source MAC is then [`lid_mac`] of LID 0,
+    /// never the permissive LID's, so a `vde_switch` between it and its partner does not learn the permissive
+    /// MAC on its side and drop the partner's answers.
     pub(crate) fn frames<D>(&self, p: &Packet<D>, dlid: u16) -> Result<Vec<Vec<u8>>, &'static str> {
-        if !is_unicast_lid(dlid) {
+        let own = self.lid();
+        if !is_unicast_lid(dlid) && dlid != PERMISSIVE_LID {
             return Err("unknown destination");
+        }
+        if !is_unicast_lid(own) && dlid != PERMISSIVE_LID {
+            return Err("the port has no LID yet (it waits for a subnet manager)");
         }
         let body = encode_packet(p);
         if body.len() > MAX_IB_MESSAGE {
             return Err("message too large for the simulated link");
         }
         let msg = self.next_msg.fetch_add(1, Ordering::Relaxed);
-        let (dst, src, me) = (lid_mac(dlid), lid_mac(self.lid), self.ident());
+        let slid = if is_unicast_lid(own) { own } else { PERMISSIVE_LID };
+        let me = Ident { lid: slid, ..self.ident() };
+        let (dst, src) = (lid_mac(dlid), lid_mac(if is_unicast_lid(own) { own } else { 0 }));
         Ok(body
             .chunks(IB_FRAGMENT)
             .enumerate()
@@ -347,12 +374,13 @@ impl IbSide {
 
     /// The answer to a probe for this port's LID.
     pub(crate) fn in_use(&self) -> Vec<u8> {
-        emit(BROADCAST, lid_mac(self.lid), Kind::InUse, 0, self.lid, &self.ident(), 0, 0, 0, &[])
+        let lid = self.lid();
+        emit(BROADCAST, lid_mac(lid), Kind::InUse, 0, lid, &self.ident(), 0, 0, 0, &[])
     }
 }
 
 /// A number no other plug-in of any process is likely to have: the clock, the process id and a count.
-fn instance() -> u64 {
+pub(crate) fn instance() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static COUNT: AtomicU32 = AtomicU32::new(0);
     // RandomState is seeded from the OS's random source once per process.
@@ -374,7 +402,7 @@ pub(crate) fn decode<D: Clone>(body: &[u8], nobody: D) -> Result<Packet<D>, &'st
 /// Whether another port holds `lid` on the fabric `conn` reaches: broadcasts a probe [`PROBES`] times and listens
 /// after each. The holder's GUID if one answered (or probed the same LID at the same time).
 pub(crate) fn probe(conn: &dyn Datagrams, me: &IbSide, src: [u8; 6]) -> Result<Option<u64>, std::io::Error> {
-    let frame = emit(BROADCAST, src, Kind::Probe, 0, me.lid, &me.ident(), 0, 0, 0, &[]);
+    let frame = emit(BROADCAST, src, Kind::Probe, 0, me.lid(), &me.ident(), 0, 0, 0, &[]);
     let (fd, _) = conn.fds();
     let mut buf = vec![0u8; 1 << 16];
     for _ in 0..PROBES {
@@ -402,7 +430,7 @@ pub(crate) fn probe(conn: &dyn Datagrams, me: &IbSide, src: [u8; 6]) -> Result<O
                 continue;
             }
             if let Ok(r) = parse(f) {
-                if r.kind != Kind::Data && r.dlid == me.lid && r.instance != me.instance {
+                if r.kind != Kind::Data && r.dlid == me.lid() && r.instance != me.instance {
                     return Ok(Some(r.guid));
                 }
             }
@@ -453,6 +481,41 @@ mod tests {
         assert_eq!(bad(50, 0x7f), "IB fragment outside its message");
         assert_eq!(parse(&f[..f.len() - 4]).unwrap_err(), "IB frame whose PktLen is not its length");
         assert_eq!(parse(&f[..40]).unwrap_err(), "IB frame shorter than its headers");
+    }
+
+    #[test]
+    fn a_port_without_a_lid_sends_directed_route_smps_only_from_the_permissive_lid() {
+        use crate::wire::{Body, RoceInfo};
+        let p = Packet {
+            src: (),
+            dst: (),
+            src_qpn: 0,
+            dst_qpn: 0,
+            slid: PERMISSIVE_LID,
+            sl: 0,
+            grh: None,
+            body: Body::Ud { qkey: 0, pkey: 0xffff, data: vec![1; 256], imm: None, solicited: false },
+            roce: RoceInfo::default(),
+        };
+        let side = IbSide::new(0, 0xaa);
+        // To a LID: refused until an SM gives the port one.
+        assert!(side.frames(&p, 5).is_err());
+        // To the permissive LID: from it in the LRH, from LID 0's MAC, to the permissive LID's MAC.
+        let f = side.frames(&p, PERMISSIVE_LID).unwrap().remove(0);
+        let r = parse(&f).unwrap();
+        assert_eq!(
+            (r.dlid, r.slid, &f[..6], &f[6..12]),
+            (PERMISSIVE_LID, PERMISSIVE_LID, &lid_mac(PERMISSIVE_LID)[..], &lid_mac(0)[..])
+        );
+        assert!(side.owns_mac(&lid_mac(PERMISSIVE_LID)) && !side.owns_mac(&lid_mac(5)));
+        // The SM's LID: frames from it, and the port takes frames to it.
+        side.set_lid(5);
+        let r = side.frames(&p, 7).unwrap().remove(0);
+        assert_eq!((parse(&r).unwrap().slid, &r[6..12]), (5, &lid_mac(5)[..]));
+        assert!(side.owns_mac(&lid_mac(5)));
+        // A probe never names the permissive LID.
+        let probe = emit(BROADCAST, lid_mac(1), Kind::Probe, 0, PERMISSIVE_LID, &me(), 0, 0, 0, &[]);
+        assert_eq!(parse(&probe).unwrap_err(), "IB frame without unicast LIDs");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `mlx5-uml-bridge --socket PATH [--port ib|eth] [--mac MAC] [--wire-listen ADDR | --wire-connect ADDR]
+//! `mlx5-uml-bridge --socket PATH [--port ib|eth] [--mac MAC] [--wire-listen ADDR | --wire-connect ADDR | --wire-vde URL]
 //! [--trace FILE] [--bar-file FILE] [--verbose]`: listens on PATH, serves one UML instance started with
 //! `virtio_uml.device=PATH:1234`, and exits when it disconnects. With `--bar-file`, the file UML was given as
 //! `virt_pci_bar_file=` is watched for user doorbells. An Ethernet port offers the NIC half (mlx5e loads); its
@@ -6,7 +6,8 @@
 //! UML instances' netdevs reach each other. `--subnet-manager` leaves an InfiniBand port in Init without a LID
 //! until a subnet manager (opensm in the guest) activates it through MAD_IFC; `--node-guid` tells two ports of
 //! one fabric apart; `--bar-file-offset` is where this device's BAR starts in the BAR file (the second device
-//! of one guest).
+//! of one guest). `--wire-vde URL` plugs the port into a VDE fabric instead (`vde:///dir`: a cable to a port of
+//! the simulated switch, `mlx5_sim::IbSwitch`).
 
 use std::fs::File;
 use std::os::unix::net::UnixListener;
@@ -18,7 +19,7 @@ use mlx5_uml_bridge::barfile::BarFile;
 use mlx5_uml_bridge::device::Device;
 use mlx5_uml_bridge::server::Server;
 
-const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--mac MAC] [--node-guid HEX] [--subnet-manager] [--wire-listen ADDR | --wire-connect ADDR] [--trace FILE] [--bar-file FILE [--bar-file-offset HEX]] [--verbose]";
+const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--mac MAC] [--node-guid HEX] [--subnet-manager] [--wire-listen ADDR | --wire-connect ADDR | --wire-vde URL] [--trace FILE] [--bar-file FILE [--bar-file-offset HEX]] [--verbose]";
 /// How long `--wire-connect` waits for the other bridge's `--wire-listen`.
 const WIRE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -30,6 +31,8 @@ struct WireOpts {
     subnet_manager: bool,
     listen: Option<String>,
     connect: Option<String>,
+    /// A VDE fabric's libvdeplug URL (`vde:///dir`: a cable to a simulated switch's port, `mlx5_sim::IbSwitch`).
+    vde: Option<String>,
 }
 
 /// `aa:bb:cc:dd:ee:ff`.
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
                 }
                 "--wire-listen" => wire.listen = Some(argv.value("--wire-listen", "HOST:PORT")?),
                 "--wire-connect" => wire.connect = Some(argv.value("--wire-connect", "HOST:PORT")?),
+                "--wire-vde" => wire.vde = Some(argv.value("--wire-vde", "a libvdeplug URL")?),
                 "--port" => {
                     port = match argv.value("--port", "ib or eth")?.as_str() {
                         "ib" => PortType::Ib,
@@ -99,8 +103,8 @@ fn main() -> ExitCode {
             USAGE,
         );
     };
-    if wire.listen.is_some() && wire.connect.is_some() {
-        let e = mlx5_args::ArgError::Other("--wire-listen and --wire-connect exclude each other".into());
+    if [wire.listen.is_some(), wire.connect.is_some(), wire.vde.is_some()].iter().filter(|&&w| w).count() > 1 {
+        let e = mlx5_args::ArgError::Other("--wire-listen, --wire-connect and --wire-vde exclude each other".into());
         return mlx5_args::usage_exit("mlx5-uml-bridge", &e, USAGE);
     }
     match run(&socket, port, &wire, trace.as_deref(), bar_file.as_deref().map(|p| (p, bar_offset)), verbose) {
@@ -154,6 +158,10 @@ fn run(
             Ok(()) => eprintln!("mlx5-uml-bridge: wire connected to {a}"),
             Err(e) => eprintln!("mlx5-uml-bridge: --wire-connect {a}: {e}"),
         });
+    }
+    if let Some(url) = &wire.vde {
+        sim.vde_plug(Some(url)).map_err(|e| std::io::Error::other(format!("--wire-vde {url}: {e}")))?;
+        eprintln!("mlx5-uml-bridge: wire plugged into {url}");
     }
     let bar_size = sim.mmio().bar_size();
     let trace = trace.map(File::create).transpose()?;

@@ -1,23 +1,24 @@
-//! `cargo xtask linux-drives-sim --opensm`: two simulated ConnectX-5 InfiniBand ports on one cable, both PCI
-//! functions of one UML guest (mlx5_0 and mlx5_1), each port waiting for a subnet manager (`--subnet-manager`:
-//! Init, no LID). Debian's `opensm` in the guest binds mlx5_0's port, sweeps the fabric with SMPs (its own port
-//! through ib_umad, ib_mad and MAD_IFC; the other over QP0 and the simulator's cable, answered by mlx5_1's
-//! ib_mad and the firmware SMA behind its MAD_IFC), assigns LIDs and brings both ports to Active. The run checks
-//! `ibstat` (State: Active, distinct LIDs, the SM's LID as each port's SM lid), `smpquery nodeinfo` by LID and by
-//! directed route, `ibnetdiscover`'s topology (both channel adapters, one link), then `ibv_rc_pingpong` between
-//! the two ports over the LIDs opensm gave them.
+//! `cargo xtask linux-drives-sim --opensm`: one InfiniBand subnet of a simulated switch (`mlx5_sim::IbSwitch`,
+//! the `ib_switch` example of `mlx5-sim`) and three channel adapters, each port waiting for a subnet manager
+//! (Init, no LID): two simulated ConnectX-5 ports that are PCI functions of one UML guest (mlx5_0 on switch port
+//! 1, mlx5_1 on port 2) and a host process on this repository's verbs stack (the `sma` example of `mlx5-verbs`,
+//! `sim:link=ib:sm=wait:wire=vde:URL`: its QP0 served by `SmiAgent`, SMPs through MAD_IFC) on port 3. Each
+//! cable is a `vde_switch` with two plugs, the switch's port and the HCA's.
 //!
-//! Then the host's own stack: a third function (mlx5_2) is cabled to a host process running this repository's
-//! verbs stack on a simulated port that waits for an SM (`sim:link=ib:sm=wait`, the `sma` example of
-//! `mlx5-verbs`: its QP0 served by `SmiAgent`, SMPs through MAD_IFC). With no simulated switch, two channel
-//! adapters on a cable are a subnet of their own, so a second opensm binds mlx5_2 once the first is gone and
-//! sweeps that subnet; the run checks by directed route from the guest that the host port is Active with a LID,
-//! `smpquery nodeinfo` by that LID, and the host process's own report of the same LID and state.
+//! Debian's `opensm` in the guest binds mlx5_0's port and sweeps the subnet with directed-route SMPs (its own
+//! port through ib_umad, ib_mad and MAD_IFC; the switch's SMA one hop out; the other ports through the
+//! switch), assigns every LID, programs the switch's forwarding table and brings every port to Active. The run
+//! checks `ibstat` (State: Active, distinct LIDs, the SM's LID as each port's SM lid), `smpquery` by LID and by
+//! directed route (the switch's NodeInfo and SwitchInfo, mlx5_1's NodeInfo and NodeDescription through the
+//! switch), `ibnetdiscover`'s topology (one switch, three channel adapters, each on its own switch port),
+//! `ibv_rc_pingpong` between the two guest ports over opensm's LIDs (through the switch's LFT), the host port
+//! by directed route and by LID, the host process's own report of its LID and state, and the switch's own
+//! report (its LID, Active ports, routed LIDs, frames forwarded).
 //!
-//! The two bridges' devices are joined by the simulator's TCP link on 127.0.0.1; UML backs its whole BAR window
-//! with one file, so the second bridge watches its BAR at `--bar-file-offset` (checked against the guest's
-//! sysfs). Kept in `target/linux-drives-sim/opensm/`: `console.txt`, `dmesg.txt`, `{a,b,c}.trace.jsonl`,
-//! `{a,b,c}.bridge.log`, `host.sma.log` (the host process), and opensm's own logs in the console.
+//! UML backs its whole BAR window with one file, so the second bridge watches its BAR at `--bar-file-offset`
+//! (checked against the guest's sysfs). Kept in `target/linux-drives-sim/opensm/`: `console.txt`, `dmesg.txt`,
+//! `{a,b}.trace.jsonl`, `{a,b}.bridge.log`, `host.sma.log` (the host process), `switch.log` (the switch), and
+//! opensm's own logs in the console.
 
 use std::path::Path;
 use std::process::Command;
@@ -29,16 +30,18 @@ use super::{
 };
 use crate::vfio_test::wait_until;
 
-/// The guest's ports: (name, node GUID). Distinct GUIDs, or opensm would see one node twice. `a` and `b` share a
-/// cable; `c` is cabled to the host process.
-const PORTS: [(&str, &str); 3] = [("a", "b8cef60300a00001"), ("b", "b8cef60300a00002"), ("c", "b8cef60300a00003")];
-/// How long the host process serves its QP0 (it is stopped when the guest is done).
+/// The guest's ports: (name, node GUID), on switch ports 1 and 2. Distinct GUIDs, or opensm would see one node
+/// twice.
+const PORTS: [(&str, &str); 2] = [("a", "b8cef60300a00001"), ("b", "b8cef60300a00002")];
+/// The switch's node GUID; the host process is on its port 3.
+const SWITCH_GUID: &str = "b8cef60300ff0001";
+/// How long the host process serves its QP0 and the switch runs (both are stopped when the guest is done).
 const HOST_SMA_SECONDS: u32 = 900;
 /// Each device's BAR0 (`mlx5_sim`'s 32 MiB), and so where the second one starts in UML's BAR window.
 const BAR_BYTES: u64 = 32 << 20;
 /// UML's virt-pci BAR window starts here (`xtask/uml/0002-um-virt-pci-bar-file.patch`).
 const BAR_WINDOW: u64 = 0xf000_0000;
-/// How long the guest waits for opensm to bring both ports to Active, in tenths of a second.
+/// How long the guest waits for opensm to bring every port to Active, in tenths of a second.
 const SWEEP_WAIT_DS: u32 = 900;
 /// ibv_rc_pingpong between the two ports over opensm's LIDs: iterations of 4 KiB, sleeping on events.
 const RC_ITERS: u32 = 200;
@@ -55,11 +58,12 @@ const IBSTAT_BEGIN: &str = "=== ibstat begin ===";
 const IBSTAT_END: &str = "=== ibstat end ===";
 const SMPQUERY_BEGIN: &str = "=== smpquery begin ===";
 const SMPQUERY_END: &str = "=== smpquery exit ";
+const SWITCH_BEGIN: &str = "=== switch smpquery begin ===";
+const SWITCH_END: &str = "=== switch smpquery exit ";
 const NETDISC_BEGIN: &str = "=== ibnetdiscover begin ===";
 const NETDISC_END: &str = "=== ibnetdiscover exit ";
 const SWEPT: &str = "=== opensm swept: ";
 const RC_EXIT: &str = "=== ibv_rc_pingpong exit server=";
-const HOST_SWEPT: &str = "=== opensm on mlx5_2 swept the host port: ";
 const HOST_PORTINFO_BEGIN: &str = "=== host portinfo begin ===";
 const HOST_PORTINFO_END: &str = "=== host portinfo end ===";
 const HOST_NODEINFO_BEGIN: &str = "=== host nodeinfo begin ===";
@@ -80,9 +84,11 @@ n=0
 while [ $n -lt {SWEEP_WAIT_DS} ]; do
   a=$(cat /sys/class/infiniband/mlx5_0/ports/1/state 2>/dev/null)
   b=$(cat /sys/class/infiniband/mlx5_1/ports/1/state 2>/dev/null)
-  case "$a $b" in *ACTIVE*ACTIVE*) break;; esac
-  sleep 0.1
-  n=$((n+1))
+  case "$a $b" in *ACTIVE*ACTIVE*)
+    timeout 10 smpquery -C mlx5_0 -P 1 -D portinfo 0,1,3 2>/dev/null | grep -q 'LinkState:.*Active' && break;;
+  esac
+  sleep 0.2
+  n=$((n+2))
 done
 echo "{SWEPT}$n ==="
 echo "{IBSTAT_BEGIN}"
@@ -90,8 +96,11 @@ ibstat
 echo "{IBSTAT_END}"
 lid1=$(cat /sys/class/infiniband/mlx5_1/ports/1/lid)
 echo "{SMPQUERY_BEGIN}"
-timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 nodeinfo $((lid1)) && timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 -D nodedesc 0,1
+timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 nodeinfo $((lid1)) && timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 -D nodedesc 0,1,2
 echo "{SMPQUERY_END}$? ==="
+echo "{SWITCH_BEGIN}"
+timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 -D nodeinfo 0,1 && slid=$(timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 -D portinfo 0,1 0 | sed -n 's/^Lid:\.*//p') && timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 switchinfo $((slid))
+echo "{SWITCH_END}$? ==="
 echo "{NETDISC_BEGIN}"
 timeout {PROGRAM_TIMEOUT_S} ibnetdiscover -C mlx5_0 -P 1
 echo "{NETDISC_END}$? ==="
@@ -106,33 +115,17 @@ src=$?
 sed 's/^/rc server: /' /tmp/server.txt
 sed 's/^/rc client: /' /tmp/client.txt
 echo "{RC_EXIT}$src client=$crc ==="
+echo "{HOST_PORTINFO_BEGIN}"
+timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 -D portinfo 0,1,3
+echo "{HOST_PORTINFO_END}"
+hlid=$(timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 -D portinfo 0,1,3 | sed -n 's/^Lid:\.*//p')
+echo "{HOST_NODEINFO_BEGIN}"
+timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_0 -P 1 nodeinfo $((hlid))
+echo "{HOST_NODEINFO_END}$? ==="
 kill $sm 2>/dev/null
 wait $sm
 sed 's/^/opensm: /' /tmp/opensm.out
 grep -E 'SUBNET UP|ERR|sweep' /tmp/opensm.log | sed 's/^/opensm.log: /'
-guid2=$(ibstat -p mlx5_2 | head -n 1)
-timeout 600 opensm -g $guid2 -f /tmp/opensm2.log > /tmp/opensm2.out 2>&1 &
-sm2=$!
-n=0
-while [ $n -lt {SWEEP_WAIT_DS} ]; do
-  if [ "$(cat /sys/class/infiniband/mlx5_2/ports/1/state 2>/dev/null)" = "4: ACTIVE" ] && \
-     timeout 10 smpquery -C mlx5_2 -P 1 -D portinfo 0,1 2>/dev/null | grep -q 'LinkState:.*Active'; then break; fi
-  sleep 0.5
-  n=$((n+5))
-done
-echo "{HOST_SWEPT}$n ==="
-echo "{HOST_PORTINFO_BEGIN}"
-timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_2 -P 1 -D portinfo 0,1
-echo "{HOST_PORTINFO_END}"
-hlid=$(timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_2 -P 1 -D portinfo 0,1 | sed -n 's/^Lid:\.*//p')
-echo "{HOST_NODEINFO_BEGIN}"
-timeout {PROGRAM_TIMEOUT_S} smpquery -C mlx5_2 -P 1 nodeinfo $((hlid))
-echo "{HOST_NODEINFO_END}$? ==="
-echo "rdma: mlx5_2 after opensm: $(cat /sys/class/infiniband/mlx5_2/ports/1/state) lid=$(cat /sys/class/infiniband/mlx5_2/ports/1/lid)"
-kill $sm2 2>/dev/null
-wait $sm2
-sed 's/^/opensm2: /' /tmp/opensm2.out
-grep -E 'SUBNET UP|ERR|sweep' /tmp/opensm2.log | sed 's/^/opensm2.log: /'
 echo "{DMESG_BEGIN}"
 dmesg
 echo "{DMESG_END}"
@@ -150,7 +143,7 @@ fn ibstat_port(out: &str, ca: &str) -> Option<(String, u16, u16)> {
 }
 
 /// What the console must show; each problem found goes into `problems`.
-fn check(console: &str, problems: &mut Vec<String>) {
+fn check(console: &str, host_guid: Option<&str>, problems: &mut Vec<String>) {
     // The second function's BAR is where its bridge watches the BAR file.
     let bars: Vec<u64> = console
         .lines()
@@ -162,7 +155,7 @@ fn check(console: &str, problems: &mut Vec<String>) {
         problems.push(format!("the functions' BAR0s are {bars:x?}, the bridges watch {want:x?}"));
     }
     // The LIDs are opensm's: both ports came up in Init without one.
-    for ca in ["mlx5_0", "mlx5_1", "mlx5_2"] {
+    for ca in ["mlx5_0", "mlx5_1"] {
         let before = format!("rdma: {ca} ");
         let fresh = console.lines().any(|l| l.starts_with(&before) && l.ends_with("state=2: INIT lid=0x0"));
         if !fresh {
@@ -170,10 +163,14 @@ fn check(console: &str, problems: &mut Vec<String>) {
         }
     }
     match between(console, SWEPT, " ===").and_then(|n| n.trim().parse::<u32>().ok()) {
-        Some(n) if n < SWEEP_WAIT_DS => {
-            println!("linux-drives-sim --opensm: both ports Active {:.1} s after opensm started", f64::from(n) / 10.0)
-        }
-        _ => problems.push(format!("opensm did not bring both ports to Active within {} s", SWEEP_WAIT_DS / 10)),
+        Some(n) if n < SWEEP_WAIT_DS => println!(
+            "linux-drives-sim --opensm: both guest ports and the host port Active {:.1} s after opensm started",
+            f64::from(n) / 10.0
+        ),
+        _ => problems.push(format!(
+            "opensm did not bring both guest ports and the host port to Active within {} s",
+            SWEEP_WAIT_DS / 10
+        )),
     }
     let ibstat = between(console, IBSTAT_BEGIN, IBSTAT_END).unwrap_or_default();
     let ports: Vec<_> = ["mlx5_0", "mlx5_1"].iter().map(|ca| (ca, ibstat_port(ibstat, ca))).collect();
@@ -206,16 +203,44 @@ fn check(console: &str, problems: &mut Vec<String>) {
     if exit != Some("0") || !smp.lines().any(|l| l.contains("Guid") && l.contains(&b_guid)) {
         problems.push(format!("smpquery nodeinfo by LID did not show mlx5_1's GUID {b_guid} (exit {exit:?})"));
     }
-    if !smp.contains("mlx5-sim") {
-        problems.push("smpquery -D nodedesc 0,1 did not show mlx5_1's node description".into());
+    if !smp.contains("ConnectX5 mlx5-sim") {
+        problems.push("smpquery -D nodedesc 0,1,2 (through the switch) did not show mlx5_1's node description".into());
+    }
+    // The switch one hop out: its NodeInfo by directed route, its SwitchInfo by the LID opensm gave it.
+    let sw = between(console, SWITCH_BEGIN, SWITCH_END).unwrap_or_default();
+    let exit = console.split(SWITCH_END).nth(1).and_then(|r| r.split_whitespace().next());
+    let is_switch = smp_field(sw, "NodeType") == Some("Switch") && smp_field(sw, "NumPorts") == Some("3");
+    let guid = smp_field(sw, "Guid").is_some_and(|g| g == format!("0x{SWITCH_GUID}"));
+    let top = smp_field(sw, "LinearFdbTop").and_then(|v| v.parse::<u16>().ok());
+    match (exit, is_switch && guid, top) {
+        (Some("0"), true, Some(t)) if t > 0 => println!(
+            "linux-drives-sim --opensm: smpquery -D nodeinfo 0,1: a switch of 3 ports, GUID 0x{SWITCH_GUID}; \
+             switchinfo by its LID: LinearFdbTop {t}"
+        ),
+        _ => problems.push(format!(
+            "the switch: smpquery exit {exit:?}, a 3-port switch with GUID 0x{SWITCH_GUID}: {}, LinearFdbTop {top:?}",
+            is_switch && guid
+        )),
     }
     let disc = between(console, NETDISC_BEGIN, NETDISC_END).unwrap_or_default();
+    let switches = disc.lines().filter(|l| l.starts_with("Switch\t")).count();
     let cas = disc.lines().filter(|l| l.starts_with("Ca\t")).count();
-    let link = disc.lines().any(|l| l.starts_with('[') && PORTS[..2].iter().all(|(_, g)| l.contains(g)));
-    if cas != 2 || !link {
-        problems.push(format!("ibnetdiscover: {cas} channel adapters (want 2), a link between the two: {link}"));
+    // Each channel adapter's link to the switch: a `[port](guid)` line naming the switch (ibnetdiscover prints
+    // the GUID in parentheses without leading zeros).
+    let mut guids: Vec<String> = PORTS.iter().map(|(_, g)| g.to_string()).collect();
+    guids.extend(host_guid.map(str::to_string));
+    let linked = guids
+        .iter()
+        .map(|g| format!("({})", g.trim_start_matches('0')))
+        .filter(|g| disc.lines().any(|l| l.starts_with('[') && l.contains(g.as_str()) && l.contains(SWITCH_GUID)))
+        .count();
+    if switches != 1 || cas != 3 || linked != 3 {
+        problems.push(format!(
+            "ibnetdiscover: {switches} switches (want 1), {cas} channel adapters (want 3), {linked} of them linked to \
+             the switch (want 3)"
+        ));
     } else {
-        println!("linux-drives-sim --opensm: ibnetdiscover found 2 channel adapters and the cable between them");
+        println!("linux-drives-sim --opensm: ibnetdiscover found 1 switch and 3 channel adapters, each linked to it");
     }
     let rc = console.split(RC_EXIT).nth(1).and_then(|r| r.lines().next()).unwrap_or("?");
     let bytes = format!("{} bytes in", 2 * 4096 * u64::from(RC_ITERS));
@@ -241,27 +266,22 @@ fn host_port(log: &str) -> Vec<(u16, u8)> {
     log.lines().filter(|l| l.starts_with("sma: port 1: ")).filter_map(one).collect()
 }
 
-/// The host stack's port, swept by the second opensm: what the guest saw of it and what the host process says.
+/// The host process's node GUID, as it reports it.
+fn host_guid(host_log: &str) -> Option<&str> {
+    host_log.lines().find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("node_guid=")))
+}
+
+/// The host stack's port on switch port 3, swept by the same opensm: what the guest saw of it and what the host
+/// process says.
 fn check_host(console: &str, host_log: &str, problems: &mut Vec<String>) {
-    match between(console, HOST_SWEPT, " ===").and_then(|n| n.trim().parse::<u32>().ok()) {
-        Some(n) if n < SWEEP_WAIT_DS => println!(
-            "linux-drives-sim --opensm: opensm on mlx5_2 brought the host process's port to Active in {:.1} s",
-            f64::from(n) / 10.0
-        ),
-        _ => problems
-            .push(format!("opensm on mlx5_2 did not bring the host port to Active within {} s", SWEEP_WAIT_DS / 10)),
-    }
     let pi = between(console, HOST_PORTINFO_BEGIN, HOST_PORTINFO_END).unwrap_or_default();
     let lid = smp_field(pi, "Lid").and_then(|v| v.parse::<u16>().ok()).unwrap_or(0);
     let state = smp_field(pi, "LinkState").unwrap_or("?");
-    println!("linux-drives-sim --opensm: smpquery -D portinfo 0,1 (the host port): Lid {lid}, LinkState {state}");
+    println!("linux-drives-sim --opensm: smpquery -D portinfo 0,1,3 (the host port): Lid {lid}, LinkState {state}");
     if lid == 0 || state != "Active" {
         problems.push(format!("the host port by directed route: Lid {lid}, LinkState {state} (want a LID, Active)"));
     }
-    let guid = host_log
-        .lines()
-        .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("node_guid=")))
-        .unwrap_or("(none)");
+    let guid = host_guid(host_log).unwrap_or("(none)");
     let ni = between(console, HOST_NODEINFO_BEGIN, HOST_NODEINFO_END).unwrap_or_default();
     let exit = console.split(HOST_NODEINFO_END).nth(1).and_then(|r| r.split_whitespace().next());
     if exit != Some("0") || !ni.lines().any(|l| l.contains("Guid") && l.contains(&format!("0x{guid}"))) {
@@ -282,12 +302,58 @@ fn check_host(console: &str, host_log: &str, problems: &mut Vec<String>) {
     }
 }
 
+/// One report of the switch: (LID, SM LID, port states, LIDs its LFT routes).
+type SwitchReport = (u16, u16, String, usize);
+
+/// The switch's reports, in order, and its last counters line.
+fn switch_reports(log: &str) -> (Vec<SwitchReport>, Option<&str>) {
+    let one = |l: &str| {
+        let rest = l.strip_prefix("switch: lid=")?;
+        let field = |k: &str| rest.split(k).nth(1)?.split_whitespace().next();
+        let lid = u16::from_str_radix(rest.split_whitespace().next()?.trim_start_matches("0x"), 16).ok()?;
+        let sm = u16::from_str_radix(field("sm_lid=")?.trim_start_matches("0x"), 16).ok()?;
+        let states = rest.split("states=").nth(1)?.split(']').next()?.to_string() + "]";
+        Some((lid, sm, states, field("lft_entries=")?.parse().ok()?))
+    };
+    let counters = log.lines().filter_map(|l| l.strip_prefix("switch: counters ")).next_back();
+    (log.lines().filter_map(one).collect(), counters)
+}
+
+/// One counter of the switch's `SwitchCounters { forwarded: 5, ... }` line.
+fn counter(line: &str, name: &str) -> Option<u64> {
+    line.split(&format!(" {name}: ")).nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// The switch's own account: opensm gave it a LID, made its three ports Active and routed every LID; the
+/// ping-pong crossed its LFT.
+fn check_switch(log: &str, problems: &mut Vec<String>) {
+    let (seen, counters) = switch_reports(log);
+    match seen.last() {
+        Some((lid, sm, states, lft)) if *lid != 0 && *sm != 0 && states == "[4, 4, 4]" && *lft >= 4 => println!(
+            "linux-drives-sim --opensm: the switch reports lid={lid:#x} sm_lid={sm:#x} port states {states} \
+             (Active), {lft} LIDs in its LFT"
+        ),
+        last => problems
+            .push(format!("the switch's last report {last:?}: want a LID, an SM, 3 Active ports, 4+ LIDs routed")),
+    }
+    let c = counters.unwrap_or("");
+    match (counter(c, "forwarded"), counter(c, "dr_forwarded"), counter(c, "answered")) {
+        (Some(f), Some(d), Some(a)) if f > u64::from(RC_ITERS) && d > 0 && a > 0 => {
+            println!("linux-drives-sim --opensm: the switch's counters: {c}")
+        }
+        _ => problems.push(format!("the switch forwarded too little (want the ping-pong by LFT, SMPs by route): {c}")),
+    }
+}
+
 pub(super) fn run(root: &Path) -> Result<(), String> {
     let started = Instant::now();
     let linux = crate::uml::build(root)?;
     let bridge = build_bridge(root)?;
     crate::cargo(root, &["build", "-q", "-p", "mlx5-verbs", "--example", "sma"])?;
+    crate::cargo(root, &["build", "-q", "-p", "mlx5-sim", "--example", "ib_switch"])?;
     let sma = root.join("target/debug/examples/sma");
+    let switch = root.join("target/debug/examples/ib_switch");
+    crate::vde::ensure_vde()?;
     let missing: Vec<&str> = PACKAGES.iter().filter(|(prog, _)| !crate::vfio_test::have(prog)).map(|p| p.1).collect();
     if !missing.is_empty() {
         crate::vfio_test::apt_install(&missing)?;
@@ -300,23 +366,31 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
     std::fs::File::create(&bar_file)
         .and_then(|f| f.set_len(PORTS.len() as u64 * BAR_BYTES))
         .map_err(|e| format!("{}: {e}", bar_file.display()))?;
-    let free_port = || -> Result<String, String> {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("127.0.0.1:0: {e}"))?;
-        Ok(format!("127.0.0.1:{}", l.local_addr().map_err(|e| e.to_string())?.port()))
-    };
-    // a-b, and c to the host process.
-    let (cable, host_cable) = (free_port()?, free_port()?);
+    // One cable (a `vde_switch` of two plugs) per switch port: a, b and the host process.
+    let mut cables = Vec::new();
+    let mut urls = Vec::new();
+    for name in ["a", "b", "host"] {
+        let dir = work.join(format!("cable-{name}"));
+        cables.push(crate::rxe::start_switch(&dir)?);
+        urls.push(format!("vde://{}", dir.display()));
+    }
+    let switch_log_path = work.join("switch.log");
+    let switch_log = std::fs::File::create(&switch_log_path).map_err(|e| e.to_string())?;
+    let mut ib_switch = Reap(
+        Command::new(&switch)
+            .args(["--node-guid", SWITCH_GUID, "--seconds", &HOST_SMA_SECONDS.to_string()])
+            .args(&urls)
+            .stdout(switch_log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(switch_log)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", switch.display()))?,
+    );
     let mut bridges = Vec::new();
     let mut sockets = Vec::new();
     for (k, (name, guid)) in PORTS.iter().enumerate() {
         let sock = work.join(format!("{name}.sock"));
         let _ = std::fs::remove_file(&sock);
         let log = std::fs::File::create(work.join(format!("{name}.bridge.log"))).map_err(|e| e.to_string())?;
-        let (wire, to) = match k {
-            0 => ("--wire-listen", &cable),
-            1 => ("--wire-connect", &cable),
-            _ => ("--wire-listen", &host_cable),
-        };
         let child = Command::new(&bridge)
             .arg("--socket")
             .arg(&sock)
@@ -325,7 +399,7 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
             .arg("--bar-file")
             .arg(&bar_file)
             .args(["--bar-file-offset", &format!("{:x}", k as u64 * BAR_BYTES)])
-            .args(["--port", "ib", "--subnet-manager", "--node-guid", guid, wire, to])
+            .args(["--port", "ib", "--subnet-manager", "--node-guid", guid, "--wire-vde", &urls[k]])
             .stderr(log)
             .spawn()
             .map_err(|e| format!("{}: {e}", bridge.display()))?;
@@ -333,12 +407,12 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
         wait_for_socket(&sock, name)?;
         sockets.push(sock);
     }
-    // The host's own stack on the far end of c's cable, its port waiting for an SM.
+    // The host's own stack on switch port 3, its port waiting for an SM.
     let host_log_path = work.join("host.sma.log");
     let host_log = std::fs::File::create(&host_log_path).map_err(|e| e.to_string())?;
     let mut host = Reap(
         Command::new(&sma)
-            .env("MLX5_RS_DEVICES", format!("sim:link=ib:sm=wait:wire=connect:{host_cable}"))
+            .env("MLX5_RS_DEVICES", format!("sim:link=ib:sm=wait:wire=vde:{}", urls[2]))
             .args(["--seconds", &HOST_SMA_SECONDS.to_string()])
             .stdout(host_log.try_clone().map_err(|e| e.to_string())?)
             .stderr(host_log)
@@ -359,7 +433,10 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
     }
     drop(bridges);
     host.end();
+    ib_switch.end();
+    drop(cables);
     let host_log = std::fs::read_to_string(&host_log_path).unwrap_or_default();
+    let switch_log = std::fs::read_to_string(&switch_log_path).unwrap_or_default();
     let console = String::from_utf8_lossy(&std::fs::read(&console_path).map_err(|e| e.to_string())?).into_owned();
     let dmesg = between(&console, DMESG_BEGIN, DMESG_END).unwrap_or(&console).to_string();
     std::fs::write(work.join("dmesg.txt"), &dmesg).map_err(|e| e.to_string())?;
@@ -378,8 +455,16 @@ pub(super) fn run(root: &Path) -> Result<(), String> {
     if !console.contains(DONE) {
         problems.push(format!("the guest did not finish its init script{}", if timed_out { " in time" } else { "" }));
     }
-    check(&console, &mut problems);
+    check(&console, host_guid(&host_log), &mut problems);
     check_host(&console, &host_log, &mut problems);
+    check_switch(&switch_log, &mut problems);
+    // Every SMP to the switch was answered with success, but for the known ones.
+    for l in switch_log.lines().filter(|l| l.contains("SMP answered with MAD status")) {
+        match SMP_STATUS_KNOWN.iter().find(|(k, _)| l.contains(k)) {
+            Some((_, why)) => println!("  known, not failing: {} ({why})", l.trim()),
+            None => problems.push(format!("switch: {}", l.trim())),
+        }
+    }
     for l in bad_lines(&dmesg) {
         match HARNESS.iter().find(|(p, _)| l.contains(p)) {
             Some((_, why)) => println!("  known, not failing: {} ({why})", l.trim()),
@@ -433,6 +518,27 @@ mod tests {
                    sma: port 1: lid=0x3 sm_lid=0x1 state=4 (Active)\n";
         assert_eq!(host_port(log), [(0, 2), (3, 4)]);
         assert!(host_port("sma: nothing\n").is_empty());
+    }
+
+    #[test]
+    fn the_switch_log_is_read() {
+        let log = "switch: node_guid=b8cef60300ff0001 3 ports\n\
+                   switch: lid=0x0 sm_lid=0x0 port states=[2, 2, 2] lft_entries=0\n\
+                   switch: counters SwitchCounters { forwarded: 0, dr_forwarded: 0, answered: 1 }\n\
+                   switch: lid=0x2 sm_lid=0x1 port states=[4, 4, 4] lft_entries=4\n\
+                   switch: counters SwitchCounters { forwarded: 1606, dr_forwarded: 70, answered: 39 }\n";
+        let (seen, last) = switch_reports(log);
+        assert_eq!(seen, [(0, 0, "[2, 2, 2]".to_string(), 0), (2, 1, "[4, 4, 4]".to_string(), 4)]);
+        let last = last.unwrap();
+        assert_eq!(
+            (counter(last, "forwarded"), counter(last, "dr_forwarded"), counter(last, "x")),
+            (Some(1606), Some(70), None)
+        );
+        let mut problems = Vec::new();
+        check_switch(log, &mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        check_switch("switch: lid=0x2 sm_lid=0x1 port states=[4, 2, 4] lft_entries=4\n", &mut problems);
+        assert_eq!(problems.len(), 2, "{problems:?}");
     }
 
     #[test]
