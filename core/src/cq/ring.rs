@@ -283,7 +283,9 @@ impl Cq {
         result.map(|()| n)
     }
 
-    /// Publishes the consumer index in the doorbell record (`mlx5_cq_set_ci`).
+    /// Publishes the consumer index in the doorbell record (`mlx5_cq_set_ci`). Inlined: once per poll, but out
+    /// of line its call and frame cost the drop-in's poll ~15 instructions per call.
+    #[inline]
     fn update_ci<M: Mmio + ?Sized>(&self, mmio: &M) {
         // The CQE loads must be complete before the store that lets the device reuse those entries.
         mmio.dma_rmb();
