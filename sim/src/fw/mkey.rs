@@ -111,17 +111,24 @@ enum Translation {
     Pa,
     /// Page `k` of the key (counted from `start_addr` rounded down to the page) is at `mtt[k]`.
     Mtt { page_shift: u32, mtt: Vec<u64> },
-    /// A memory window (`free`, `umr_en`, KLM access mode as `mlx5_ib_alloc_mw` creates it): nothing until a UMR
-    /// WQE binds it over a range of another key.
+    /// An indirect key (`free`, `umr_en`, KLM access mode): a memory window as `mlx5_ib_alloc_mw` creates it, or
+    /// an mlx5dv mkey. Nothing until a UMR WQE lays it over ranges of other keys.
     Window(Option<Binding>),
 }
 
-/// What a bound memory window maps: `start .. start + len` of the window is `inner_va ..` of key `inner` (its one
-/// KLM entry), and a type 2 window answers only on QP `qpn`.
+/// One KLM entry: `len` bytes at `addr` of key `key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Klm {
+    pub(crate) key: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+}
+
+/// What a bound indirect key maps: `start .. start + len` of the key is its KLM entries one after the other, and
+/// a type 2 window answers only on QP `qpn`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Binding {
-    inner: u32,
-    inner_va: u64,
+    entries: Vec<Klm>,
     qpn: Option<u32>,
 }
 
@@ -282,7 +289,8 @@ impl MkeyTable {
         let limit = 1u32 << fw.caps.gen(ifc::cmd_hca_cap::LOG_MAX_MKEY).min(24);
         let index = alloc_id(&self.map, &mut self.next, MKEY_INDEX_FIRST, limit.max(MKEY_INDEX_FIRST + 1))
             .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
-        let (start, len, rights) = if window { (0, 0, MkeyAccess::empty()) } else { (start, len, rights) };
+        // An indirect key's length comes with its first UMR.
+        let len = if window { 0 } else { len };
         let en_rinval = get(m::EN_RINVAL) != 0;
         let mkey = Mkey { pd, variant: get(m::MKEY_7_0) as u8, start, len, length64, rights, translation, en_rinval };
         self.map.insert(index, mkey);
@@ -361,96 +369,85 @@ impl MkeyTable {
     }
 }
 
-/// A UMR WQE a user QP posts on a memory window (rdma-core's `set_bind_wr`: `ibv_bind_mw`, `IBV_WR_BIND_MW`,
-/// `IBV_WR_LOCAL_INV`): `key` is the window's (the WQE's immediate; its index counts), `variant` its new low byte
-/// when the mask says so, and `bind` the range to map, or `None` to free the window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A UMR WQE a user QP posts on an indirect key: rdma-core's `set_bind_wr` (`ibv_bind_mw`, `IBV_WR_BIND_MW`,
+/// `IBV_WR_LOCAL_INV`) and its mlx5dv mkey builders (`mlx5dv_wr_mr_list`). `key` is the WQE's immediate (its
+/// index counts); each `Option` is a field the `mkey_mask` changes; the KLM entries come separately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct WindowUmr {
     pub(crate) key: u32,
     pub(crate) variant: Option<u8>,
-    /// The mkey context's `qpn` (0xffffff: any QP).
+    /// The mkey context's `qpn` (0xffffff: any QP; a type 2 window's bind names the posting QP).
     pub(crate) qpn: u32,
-    /// `MLX5_WQE_UMR_CTRL_FLAG_CHECK_QPN`: the window must be bound to the posting QP.
+    /// `MLX5_WQE_UMR_CTRL_FLAG_CHECK_QPN`: a bound key must be bound to the posting QP.
     pub(crate) check_qpn: bool,
-    pub(crate) bind: Option<WindowBind>,
-}
-
-/// The range a UMR binds a window over: `start .. start + len` of the window with `rights`, mapped by its one KLM
-/// entry to `addr ..` of key `inner`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WindowBind {
-    pub(crate) start: u64,
-    pub(crate) len: u64,
+    /// The mkey context's `free`: the UMR frees the key instead of laying it out.
+    pub(crate) free: bool,
+    pub(crate) start: Option<u64>,
+    pub(crate) len: Option<u64>,
+    /// The rights the mask names, and their new values.
+    pub(crate) rights_mask: MkeyAccess,
     pub(crate) rights: MkeyAccess,
-    pub(crate) inner: u32,
-    pub(crate) addr: u64,
 }
 
 impl MkeyTable {
-    /// Executes a window UMR posted on QP `qpn` of PD `pd`, with the checks a bind makes (IBA 10.6.7: the window
-    /// and the memory region in the QP's PD, the range inside the region, remote write or atomic rights only over a
-    /// region with local write; a type 2 window free before a bind and bound to the QP that frees it).
-    pub(crate) fn umr_window(&mut self, pd: u32, qpn: u32, u: &WindowUmr) -> Result<(), MkeyFault> {
+    /// Executes an indirect key's UMR posted on QP `qpn` of PD `pd` with its KLM `entries`, with the checks a
+    /// bind makes (IBA 10.6.7: the key and every region in the QP's PD, each range inside its region, remote write
+    /// or atomic rights only over regions with local write, the entries covering the key's length; a type 2 window
+    /// free before a bind and bound to the QP that binds it).
+    pub(crate) fn umr_window(&mut self, pd: u32, qpn: u32, u: &WindowUmr, entries: &[Klm]) -> Result<(), MkeyFault> {
         let index = u.key >> VARIANT_BITS;
         let mk = self.map.get(&index).ok_or(MkeyFault::UnknownKey)?;
         let Translation::Window(binding) = &mk.translation else { return Err(MkeyFault::UnknownKey) };
         if mk.pd != pd {
             return Err(MkeyFault::PdMismatch);
         }
-        // IBA 10.6.7.2.1: a type 2 window is bound only from the free state (rdma-core flags that check with a
-        // bit Linux's `mlx5r_umr` names otherwise, so the state is checked by type, not by that bit).
-        if mk.en_rinval && u.bind.is_some() && binding.is_some() {
-            return Err(MkeyFault::AccessDenied(MkeyAccess::empty()));
-        }
-        if u.check_qpn && binding.is_some_and(|b| b.qpn != Some(qpn)) {
+        if u.check_qpn && binding.as_ref().is_some_and(|b| b.qpn.is_some_and(|q| q != qpn)) {
             return Err(MkeyFault::WindowUnbound);
         }
-        // A type 1 window is bound to no QP; a type 2 one (`en_rinval`) to the QP that binds it.
+        // A type 2 window (`en_rinval`) is bound to the QP that binds it, and only from the free state (IBA
+        // 10.6.7.2.1; rdma-core flags that check with a bit Linux's `mlx5r_umr` names otherwise, so the state is
+        // checked here, not by that bit). Type 1 windows and mlx5dv mkeys name no QP.
         let bound_qpn = (u.qpn != QPN_NONE).then_some(u.qpn);
-        let new = match u.bind {
-            None => None,
-            Some(b) => {
-                if bound_qpn.is_some() != mk.en_rinval || bound_qpn.is_some_and(|q| q != qpn) {
-                    return Err(MkeyFault::WindowUnbound);
-                }
-                let region = self.plain_check(b.inner, Some(pd), b.addr, b.len, MkeyAccess::empty())?;
+        if !u.free && bound_qpn.is_some() && (!mk.en_rinval || bound_qpn != Some(qpn) || binding.is_some()) {
+            return Err(MkeyFault::WindowUnbound);
+        }
+        let rights = MkeyAccess((mk.rights.bits() & !u.rights_mask.bits()) | (u.rights.bits() & u.rights_mask.bits()));
+        let (start, len) = (u.start.unwrap_or(mk.start), u.len.unwrap_or(mk.len));
+        if !u.free {
+            let needs_lw = MkeyAccess::REMOTE_WRITE.bits() | MkeyAccess::REMOTE_ATOMIC.bits();
+            let mut total = 0u64;
+            for e in entries {
+                let region = self.plain_check(e.key, Some(pd), e.addr, e.len, MkeyAccess::empty())?;
                 if matches!(region.translation, Translation::Window(_)) {
                     return Err(MkeyFault::UnknownKey);
                 }
-                let needs_lw = MkeyAccess(MkeyAccess::REMOTE_WRITE.bits() | MkeyAccess::REMOTE_ATOMIC.bits());
-                if b.rights.bits() & needs_lw.bits() != 0 && !region.rights.contains(MkeyAccess::LOCAL_WRITE) {
+                if rights.bits() & needs_lw != 0 && !region.rights.contains(MkeyAccess::LOCAL_WRITE) {
                     return Err(MkeyFault::AccessDenied(MkeyAccess::LOCAL_WRITE));
                 }
-                b.start.checked_add(b.len).ok_or(MkeyFault::OutOfBounds)?;
-                Some(b)
+                total = total.checked_add(e.len).ok_or(MkeyFault::OutOfBounds)?;
             }
-        };
+            if total != len || start.checked_add(len).is_none() {
+                return Err(MkeyFault::OutOfBounds);
+            }
+        }
         let mk = self.map.get_mut(&index).ok_or(MkeyFault::UnknownKey)?;
         if let Some(v) = u.variant {
             mk.variant = v;
         }
-        match new {
-            Some(b) => {
-                mk.start = b.start;
-                mk.len = b.len;
-                // Remote rights only: a window is no local key (`resolve`).
-                mk.rights =
-                    MkeyAccess(b.rights.bits() & !(MkeyAccess::LOCAL_READ.bits() | MkeyAccess::LOCAL_WRITE.bits()));
-                mk.translation =
-                    Translation::Window(Some(Binding { inner: b.inner, inner_va: b.addr, qpn: bound_qpn }));
-            }
-            None => {
-                mk.start = 0;
-                mk.len = 0;
-                mk.rights = MkeyAccess::empty();
-                mk.translation = Translation::Window(None);
-            }
+        if u.free {
+            mk.len = 0;
+            mk.translation = Translation::Window(None);
+        } else {
+            mk.start = start;
+            mk.len = len;
+            mk.rights = rights;
+            mk.translation = Translation::Window(Some(Binding { entries: entries.to_vec(), qpn: bound_qpn }));
         }
         Ok(())
     }
 
-    /// A SEND with invalidate's `rkey` arriving on QP `qpn` of PD `pd`: frees a type 2 window bound to that QP (or
-    /// any key created with `en_rinval`). The key must be live, with its variant, in the PD.
+    /// A SEND with invalidate's `rkey` arriving on QP `qpn` of PD `pd`: frees a key created with `en_rinval` (a
+    /// type 2 window bound to that QP, or an mlx5dv mkey). The key must be live, with its variant, in the PD.
     pub(crate) fn remote_invalidate(&mut self, pd: u32, qpn: u32, rkey: u32) -> Result<(), MkeyFault> {
         let mk = self.map.get_mut(&(rkey >> VARIANT_BITS)).ok_or(MkeyFault::UnknownKey)?;
         if rkey as u8 != mk.variant {
@@ -462,11 +459,9 @@ impl MkeyTable {
         if !mk.en_rinval {
             return Err(MkeyFault::AccessDenied(MkeyAccess::empty()));
         }
-        match mk.translation {
-            Translation::Window(Some(b)) if b.qpn == Some(qpn) => {
-                mk.start = 0;
+        match &mk.translation {
+            Translation::Window(Some(b)) if b.qpn.is_none_or(|q| q == qpn) => {
                 mk.len = 0;
-                mk.rights = MkeyAccess::empty();
                 mk.translation = Translation::Window(None);
                 Ok(())
             }
@@ -505,39 +500,50 @@ impl MkeyTable {
         len: u64,
         access: MkeyAccess,
     ) -> Result<&Mkey, MkeyFault> {
-        self.resolve(key, pd, qpn, va, len, access).map(|(outer, _, _)| outer)
+        let mk = self.plain_check(key, pd, va, len, access)?;
+        if let Translation::Window(binding) = &mk.translation {
+            let b = binding.as_ref().ok_or(MkeyFault::WindowUnbound)?;
+            if b.qpn.is_some_and(|q| qpn != Some(q)) {
+                return Err(MkeyFault::WindowUnbound);
+            }
+            self.walk(b, va - mk.start, len, |_, _, _| Ok(()))?;
+        }
+        Ok(mk)
     }
 
-    /// [`MkeyTable::check`], also giving the key that translates the access and the address in it (a window's
-    /// binding; the key itself and `va` otherwise).
-    #[inline]
-    fn resolve(
+    /// Calls `f` with the key, address and length of each piece of `off .. off + len` of an indirect key's
+    /// entries (each checked live, in range and not indirect itself), in order.
+    fn walk(
         &self,
-        key: u32,
-        pd: Option<u32>,
-        qpn: Option<u32>,
-        va: u64,
+        b: &Binding,
+        mut off: u64,
         len: u64,
-        access: MkeyAccess,
-    ) -> Result<(&Mkey, &Mkey, u64), MkeyFault> {
-        let mk = self.plain_check(key, pd, va, len, access)?;
-        let Translation::Window(binding) = &mk.translation else { return Ok((mk, mk, va)) };
-        let b = binding.ok_or(MkeyFault::WindowUnbound)?;
-        if b.qpn.is_some_and(|q| qpn != Some(q)) {
-            return Err(MkeyFault::WindowUnbound);
+        mut f: impl FnMut(&Mkey, u64, u64) -> Result<(), MkeyFault>,
+    ) -> Result<(), MkeyFault> {
+        let mut left = len;
+        // Bounded by the entries the UMR gave.
+        for e in &b.entries {
+            if left == 0 {
+                break;
+            }
+            if off >= e.len {
+                off -= e.len;
+                continue;
+            }
+            let n = (e.len - off).min(left);
+            let at = e.addr.checked_add(off).ok_or(MkeyFault::OutOfBounds)?;
+            let inner = self.plain_check(e.key, None, at, n, MkeyAccess::empty())?;
+            if matches!(inner.translation, Translation::Window(_)) {
+                return Err(MkeyFault::UnknownKey);
+            }
+            f(inner, at, n)?;
+            left -= n;
+            off = 0;
         }
-        // A window is a remote key: local accesses do not go through it.
-        let local = MkeyAccess::LOCAL_READ | MkeyAccess::LOCAL_WRITE;
-        if access.bits() & local.bits() != 0 {
-            return Err(MkeyFault::AccessDenied(local));
+        if left > 0 {
+            return Err(MkeyFault::OutOfBounds);
         }
-        let at = b.inner_va + (va - mk.start);
-        // The bind checked the rights against the inner key; its range and liveness are checked here.
-        let inner = self.plain_check(b.inner, None, at, len, MkeyAccess::empty())?;
-        if matches!(inner.translation, Translation::Window(_)) {
-            return Err(MkeyFault::UnknownKey);
-        }
-        Ok((mk, inner, at))
+        Ok(())
     }
 
     /// The checks of one key, without following a window's binding.
@@ -581,10 +587,26 @@ impl MkeyTable {
         len: u64,
         access: MkeyAccess,
     ) -> Result<Pieces, MkeyFault> {
-        let (_, mk, va) = self.resolve(key, pd, qpn, va, len, access)?;
-        // `check` found the end in range.
-        let end = va + len;
+        let mk = self.check(key, pd, qpn, va, len, access)?;
         let mut pieces = Pieces::new();
+        match &mk.translation {
+            Translation::Window(Some(b)) => {
+                self.walk(b, va - mk.start, len, |inner, at, n| Self::translate(inner, at, n, &mut pieces))?
+            }
+            _ => Self::translate(mk, va, len, &mut pieces)?,
+        }
+        for &(iova, n) in pieces.iter() {
+            let mapped = usize::try_from(n).is_ok_and(|n| dma.is_mapped(iova, n));
+            if !mapped {
+                return Err(MkeyFault::NotMapped { iova });
+            }
+        }
+        Ok(pieces)
+    }
+
+    /// Appends the IOVA pieces of `va .. va + len` of a direct key (PA or MTT; checked in range) to `pieces`.
+    fn translate(mk: &Mkey, va: u64, len: u64, pieces: &mut Pieces) -> Result<(), MkeyFault> {
+        let end = va + len;
         match &mk.translation {
             Translation::Pa if len > 0 => pieces.push((va, len)),
             Translation::Pa | Translation::Window(_) => {}
@@ -607,13 +629,7 @@ impl MkeyTable {
                 }
             }
         }
-        for &(iova, n) in pieces.iter() {
-            let mapped = usize::try_from(n).is_ok_and(|n| dma.is_mapped(iova, n));
-            if !mapped {
-                return Err(MkeyFault::NotMapped { iova });
-            }
-        }
-        Ok(pieces)
+        Ok(())
     }
 }
 

@@ -1650,7 +1650,7 @@ mod tests {
         assert_eq!(p.r.h.dev.qp_info(p.a.qpn).unwrap().state, QpState::Rts);
     }
 
-    /// A memory window as `mlx5_ib_alloc_mw` creates it (free, `umr_en`, KLM mode, `en_rinval` for type 2) in the
+    /// An indirect key as `mlx5_ib_alloc_mw` creates a window (free, `umr_en`, KLM mode, `en_rinval` for type 2) in the
     /// rig's PD; its key.
     fn alloc_mw(r: &mut Rdma, type2: bool) -> u32 {
         let pd = r.pd;
@@ -1846,5 +1846,71 @@ mod tests {
         let e = p.r.poll(&mut p.b_rcq).unwrap();
         assert_eq!(e.status(), (RESP_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR));
         assert!(p.r.h.dev.mkey_access(key, Some(p.r.pd), base, 8, crate::fw::mkey::MkeyAccess::REMOTE_WRITE).is_ok());
+    }
+
+    #[test]
+    fn a_list_mkey_laid_out_by_umr_gathers_and_scatters_across_its_entries() {
+        // mlx5dv_wr_mr_list: an indirect key (no QP, no `en_rinval`) laid out over three pieces of a region, zero
+        // based, with local write and remote read and write; a SEND gathers through it as an lkey, a WRITE
+        // scatters through it as an rkey, and an access past its length is refused.
+        use c::mlx5_klm as k;
+        use c::mlx5_wqe_umr_ctrl_seg as u;
+        use ifc::mkc as m;
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        let mkey = alloc_mw(&mut p.r, false);
+        let pieces = [(base + 1000, 100u32), (base + 5000, 200), (base + 9000, 300)];
+        let mask = consts::MLX5_MKEY_MASK_FREE
+            | consts::MLX5_MKEY_MASK_KEY
+            | consts::MLX5_MKEY_MASK_LEN
+            | consts::MLX5_MKEY_MASK_LW
+            | consts::MLX5_MKEY_MASK_RR
+            | consts::MLX5_MKEY_MASK_RW;
+        let mut segs = vec![0u8; u::SIZE + m::SIZE_BYTES + 64];
+        segs[u::FLAGS.off] = consts::MLX5_WQE_UMR_CTRL_FLAG_INLINE as u8;
+        segs[u::MKEY_MASK.off..u::MKEY_MASK.end()].copy_from_slice(&u64::from(mask).to_be_bytes());
+        segs[u::XLT_OCTOWORDS.off..u::XLT_OCTOWORDS.end()].copy_from_slice(&4u16.to_be_bytes());
+        {
+            let ctx = &mut segs[u::SIZE..u::SIZE + m::SIZE_BYTES];
+            ctx.set(m::QPN, 0xff_ffff);
+            ctx.set(m::MKEY_7_0, 0x33);
+            for f in [m::LW, m::RR, m::RW] {
+                ctx.set(f, 1);
+            }
+            ctx.set64(m::LEN, 600);
+        }
+        for (i, (addr, n)) in pieces.iter().enumerate() {
+            let e = &mut segs[u::SIZE + m::SIZE_BYTES + i * k::SIZE..][..k::SIZE];
+            e[k::BCOUNT.off..k::BCOUNT.end()].copy_from_slice(&n.to_be_bytes());
+            e[k::KEY.off..k::KEY.end()].copy_from_slice(&key.to_be_bytes());
+            e[k::VA.off..k::VA.end()].copy_from_slice(&addr.to_be_bytes());
+        }
+        let umr = Wqe { segs, ..Wqe::new(consts::MLX5_OPCODE_UMR).imm(mkey) };
+        p.r.post_send(&mut p.a, &umr, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0), "layout");
+        let lkey = mkey | 0x33;
+        let src = pattern(600, 9);
+        for (i, (addr, n)) in pieces.iter().enumerate() {
+            let from: usize = pieces[..i].iter().map(|(_, n)| *n as usize).sum();
+            p.mr.write((addr - base) as usize, &src[from..from + *n as usize]);
+        }
+        // A SEND of the key's 600 bytes (an lkey, zero based) arrives whole at B.
+        p.r.post_recv(&mut p.b, &[(base + 20_000, 1024, key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(600, lkey, 0), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(p.r.poll(&mut p.b_rcq).unwrap().byte_cnt(), 600);
+        assert_eq!(p.mr.read(20_000, 600), src);
+        // B WRITEs 250 bytes at offset 50 of the key: they land across the first two entries.
+        let new = pattern(250, 77);
+        p.mr.write(30_000, &new);
+        let w = Wqe::new(RDMA_WRITE).raddr(50, lkey).data(250, key, base + 30_000);
+        p.r.post_send(&mut p.b, &w, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.b_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(p.mr.read(1050, 50), new[..50]);
+        assert_eq!(p.mr.read(5000, 200), new[50..]);
+        // Past its 600 bytes: a remote access error.
+        let w = Wqe::new(RDMA_WRITE).raddr(550, lkey).data(100, key, base + 30_000);
+        p.r.post_send(&mut p.b, &w, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.b_scq).unwrap().status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
     }
 }

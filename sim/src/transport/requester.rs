@@ -610,12 +610,20 @@ impl Requester<'_> {
         }
     }
 
-    /// A window UMR of a user QP (bind, or free for `IBV_WR_LOCAL_INV`); a bind the checks refuse completes with a
-    /// memory window bind error, as on a ConnectX (`IBV_WC_MW_BIND_ERR`). It runs once the requests before it
+    /// An indirect key's UMR of a user QP (a window's bind, or its free for `IBV_WR_LOCAL_INV`; an mlx5dv mkey's
+    /// layout); one the checks refuse completes with a memory window bind error, as on a ConnectX
+    /// (`IBV_WC_MW_BIND_ERR`). It runs once the requests before it
     /// completed (`admits`), so its completion comes in order.
     fn execute_window(&mut self, qpn: u32, w: &SendWqe, u: &WindowUmr) {
+        use c::mlx5_klm as k;
         let Some(pd) = self.qps.get(&qpn).map(|q| q.pd) else { return };
-        match self.mkeys.umr_window(pd, qpn, u) {
+        // The KLM entries `fetch_wqe` left in the inline bytes.
+        let entries: Vec<Klm> = self
+            .inline
+            .chunks_exact(k::SIZE)
+            .map(|e| Klm { key: be(k::KEY, e, 0), addr: be64(e, k::VA.off), len: u64::from(be(k::BCOUNT, e, 0)) })
+            .collect();
+        match self.mkeys.umr_window(pd, qpn, u, &entries) {
             Ok(()) => self.completions().complete_send(qpn, w.id(), 0),
             Err(_) => {
                 let syndrome = consts::MLX5_CQE_SYNDROME_MW_BIND_ERR;

@@ -112,8 +112,9 @@ pub(super) enum Kind {
         rights: MkeyAccess,
         xlt: u16,
     },
-    /// A UMR WQE of a user RC or UC QP on a memory window: a bind, or (no range) a free, as rdma-core's mlx5
-    /// provider builds them for `ibv_bind_mw`, `IBV_WR_BIND_MW` and `IBV_WR_LOCAL_INV`.
+    /// A UMR WQE of a user RC or UC QP on an indirect key (a memory window or an mlx5dv mkey): a layout, or a
+    /// free, as rdma-core's mlx5 provider builds them for `ibv_bind_mw`, `IBV_WR_BIND_MW`, `IBV_WR_LOCAL_INV` and
+    /// `mlx5dv_wr_mr_list`. Its KLM entries are in [`DpState::inline`], 16 bytes each (`mlx5_klm`).
     Window(WindowUmr),
 }
 
@@ -270,6 +271,8 @@ impl Wqes<'_> {
         let rc = st == QpType::Rc;
         // RDMA WRITE is RC's and UC's; READ and atomics are RC's alone.
         let connected = st != QpType::Ud;
+        // An indirect key's UMR: where its KLM entries are in the WQE.
+        let mut klm = 0..0;
         let (kind, with_imm) = match opcode {
             consts::MLX5_OPCODE_NOP => (Kind::Nop, false),
             consts::MLX5_OPCODE_SEND => (Kind::Send, false),
@@ -335,9 +338,10 @@ impl Wqes<'_> {
                 (kind, false)
             }
             consts::MLX5_OPCODE_UMR if connected => {
-                let kind = Kind::Window(parse_window_umr(wqe, at, u32::from_be_bytes(imm)).ok_or(bad(nbb, opcode))?);
+                let (u, entries) = parse_window_umr(wqe, at, u32::from_be_bytes(imm)).ok_or(bad(nbb, opcode))?;
+                klm = entries;
                 at = bytes;
-                (kind, false)
+                (Kind::Window(u), false)
             }
             _ => return Err(bad(nbb, opcode)),
         };
@@ -345,6 +349,7 @@ impl Wqes<'_> {
         segs.clear();
         let inline = &mut self.inline;
         inline.clear();
+        inline.extend_from_slice(&wqe[klm]);
         if kind != Kind::Nop {
             // Bounded: every segment advances `at` by at least 16 bytes.
             while at < bytes {
@@ -457,10 +462,12 @@ impl Wqes<'_> {
     }
 }
 
-/// Parses a user QP's window UMR (`set_bind_wr` in rdma-core's mlx5 `qp.c`): the UMR control segment at `at`, the
-/// mkey context after it, and for a bind one KLM entry (in a 64-byte segment) mapping the window's range. `None`
-/// for a WQE too short for its segments, a bind with no KLM entry, or a KLM entry of another length than the range.
-fn parse_window_umr(wqe: &[u8], at: usize, key: u32) -> Option<WindowUmr> {
+/// Parses a user QP's UMR on an indirect key (rdma-core's `set_bind_wr` and `mlx5dv_wr_mr_list`): the UMR control
+/// segment at `at`, the mkey context after it, and for a layout the KLM entries after that (`klm_octowords` of
+/// them, zero-padded to 64 bytes; the entries that make up the new length count). Returns the UMR and where its
+/// entries are in `wqe`; `None` for a WQE too short for its segments, or one that leaves `free` unmasked.
+fn parse_window_umr(wqe: &[u8], at: usize, key: u32) -> Option<(WindowUmr, std::ops::Range<usize>)> {
+    use c::mlx5_klm as k;
     use c::mlx5_wqe_umr_ctrl_seg as u;
     use mlx5_core::prm::ifc::mkc as m;
     use mlx5_core::prm::MsgBuf;
@@ -468,41 +475,52 @@ fn parse_window_umr(wqe: &[u8], at: usize, key: u32) -> Option<WindowUmr> {
     let seg = wqe.get(mk..mk + m::SIZE_BYTES)?;
     let flags = u32::from(wqe[at + u::FLAGS.off]);
     let mask = be64(wqe, at + u::MKEY_MASK.off);
-    let klm_octowords = be(u::XLT_OCTOWORDS, wqe, at);
-    let variant = (mask & u64::from(consts::MLX5_MKEY_MASK_KEY) != 0).then_some(MsgBuf::get(seg, m::MKEY_7_0) as u8);
-    let bind = if MsgBuf::get(seg, m::FREE) != 0 {
-        None
-    } else {
-        use c::mlx5_klm as k;
-        let klm = wqe.get(mk + m::SIZE_BYTES..mk + m::SIZE_BYTES + k::SIZE)?;
-        let len = MsgBuf::get64(seg, m::LEN);
-        if klm_octowords == 0 || u64::from(be(k::BCOUNT, klm, 0)) != len {
-            return None;
-        }
-        let mut rights = MkeyAccess::empty();
-        for (f, r) in [
-            (m::LW, MkeyAccess::LOCAL_WRITE),
-            (m::RR, MkeyAccess::REMOTE_READ),
-            (m::RW, MkeyAccess::REMOTE_WRITE),
-            (m::A, MkeyAccess::REMOTE_ATOMIC),
-        ] {
+    let has = |bit: u32| mask & u64::from(bit) != 0;
+    if !has(consts::MLX5_MKEY_MASK_FREE) {
+        return None;
+    }
+    let mut rights_mask = MkeyAccess::empty();
+    let mut rights = MkeyAccess::empty();
+    for (b, f, r) in [
+        (consts::MLX5_MKEY_MASK_LR, m::LR, MkeyAccess::LOCAL_READ),
+        (consts::MLX5_MKEY_MASK_LW, m::LW, MkeyAccess::LOCAL_WRITE),
+        (consts::MLX5_MKEY_MASK_RR, m::RR, MkeyAccess::REMOTE_READ),
+        (consts::MLX5_MKEY_MASK_RW, m::RW, MkeyAccess::REMOTE_WRITE),
+        (consts::MLX5_MKEY_MASK_A, m::A, MkeyAccess::REMOTE_ATOMIC),
+    ] {
+        if has(b) {
+            rights_mask |= r;
             if MsgBuf::get(seg, f) != 0 {
                 rights |= r;
             }
         }
-        Some(WindowBind {
-            start: MsgBuf::get64(seg, m::START_ADDR),
-            len,
-            rights,
-            inner: be(k::KEY, klm, 0),
-            addr: be64(klm, k::VA.off),
-        })
-    };
-    Some(WindowUmr {
+    }
+    let umr = WindowUmr {
         key,
-        variant,
+        variant: has(consts::MLX5_MKEY_MASK_KEY).then(|| MsgBuf::get(seg, m::MKEY_7_0) as u8),
         qpn: MsgBuf::get(seg, m::QPN),
         check_qpn: flags & consts::MLX5_WQE_UMR_CTRL_FLAG_CHECK_QPN != 0,
-        bind,
-    })
+        free: MsgBuf::get(seg, m::FREE) != 0,
+        start: has(consts::MLX5_MKEY_MASK_START_ADDR).then(|| MsgBuf::get64(seg, m::START_ADDR)),
+        len: has(consts::MLX5_MKEY_MASK_LEN).then(|| MsgBuf::get64(seg, m::LEN)),
+        rights_mask,
+        rights,
+    };
+    if umr.free {
+        return Some((umr, 0..0));
+    }
+    // One entry per 16 bytes of translation; those that make up the length count, the padding does not.
+    let from = mk + m::SIZE_BYTES;
+    let given = usize::from(be(u::XLT_OCTOWORDS, wqe, at) as u16);
+    let area = wqe.get(from..from + given * k::SIZE)?;
+    let mut n = 0;
+    let mut total = 0u64;
+    for e in area.chunks_exact(k::SIZE) {
+        if umr.len.is_some_and(|l| total >= l) || (umr.len.is_none() && be(k::BCOUNT, e, 0) == 0) {
+            break;
+        }
+        total += u64::from(be(k::BCOUNT, e, 0));
+        n += 1;
+    }
+    Some((umr, from..from + n * k::SIZE))
 }

@@ -63,7 +63,7 @@ const SKIP_CLASSES: &[(&str, &str)] = &[
     ("dmabuf", "a GPU render node that exports dma-bufs (none in UML)"),
     ("cuda-python", "an NVIDIA GPU with cuda-python (none in UML)"),
     ("Crypto login", "the crypto engine and its login credentials (not modelled)"),
-    ("Create Mkey is not supported", "mlx5dv mkeys: UMR with KLM or indirect lists (not modelled)"),
+    ("Create Mkey is not supported", "mlx5dv mkeys: DevX for the key, signature offload (BSF) for signature keys"),
     ("Create Mlx5DV QP is not supported", "mlx5dv QP send ops: UMR, memcpy, crypto (not modelled)"),
     ("DC QP is not supported", "the DC transport (no `dct` capability: not modelled)"),
     ("DCI caps", "the DC transport with DCI streams (not modelled)"),
