@@ -279,8 +279,6 @@ const CX5_VS_CX4: &[(&str, &str)] = &[
     ("max_wqe_sz_sq_dc", "512 bytes"),
     ("max_qp_mcg", "240"),
     ("log_max_transport_domain", "2^24"),
-    ("log_max_uctx", "DevX user contexts, 2^8 (sim/src/fw/uctx.rs); the recorded ConnectX-4 reports none"),
-    ("cqe_128_always", "padded 128-byte CQEs (sim/src/fw/cq.rs)"),
     ("log_max_rqt", "the Ethernet objects' sizes"),
     ("log_max_rqt_size", "the Ethernet objects' sizes"),
     ("log_max_wq_sz", "the Ethernet objects' sizes"),
