@@ -275,6 +275,25 @@ mod tests {
     }
 
     #[test]
+    fn a_general_command_runs_with_a_live_uid_only() {
+        // DevX's general commands (mlx5_ib's MLX5_IB_METHOD_DEVX_OTHER) reach the firmware with the context's uid.
+        let mut h = Harness::inline();
+        h.bring_up();
+        let (_, _, uid) = create_uctx(&mut h, 0);
+        let mut q = vec![0u8; ifc::query_hca_cap_in::SIZE_BYTES];
+        q.set(ifc::mbox_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_CAP.into());
+        q.set(ifc::mbox_in::OP_MOD, consts::HCA_CAP_OPMOD_GET_CUR);
+        q.set(ifc::mbox_in::UID, uid.into());
+        let (s, syn, out) = h.cmd(&q, ifc::query_hca_cap_out::SIZE_BYTES);
+        assert_eq!((s, syn), (0, 0));
+        let log_max_uctx = ifc::cmd_hca_cap::LOG_MAX_UCTX.at(ifc::query_hca_cap_out::CAPABILITY);
+        assert_ne!(MsgBuf::get(&out[..], log_max_uctx), 0);
+        assert_eq!(destroy_uctx(&mut h, uid), (0, 0));
+        let (s, syn, _) = h.cmd(&q, ifc::query_hca_cap_out::SIZE_BYTES);
+        assert_eq!((s, syn), (BAD_PARAM, syndrome::UID_INVALID));
+    }
+
+    #[test]
     fn a_cap_the_device_does_not_offer_is_refused() {
         let mut h = Harness::inline();
         h.bring_up();
