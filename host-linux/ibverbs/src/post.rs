@@ -380,8 +380,16 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
         // The whole list goes to the core's post loop, read in place: one doorbell for every WQE written
-        // (BlueFlame for a single one).
-        match q.raw.post_each(SendList(wr)) {
+        // (BlueFlame for a single one). A list of one has its own copy of the loop, which runs once: with no
+        // state kept for a next WR, about 30 instructions fewer a call (fewer values through the stack, no
+        // loop count or exit).
+        // SAFETY: the caller's work request, when not NULL (verbs' contract).
+        let out = if !wr.is_null() && unsafe { (*wr).next }.is_null() {
+            q.raw.post_each(SendOne(wr))
+        } else {
+            q.raw.post_each(SendList(wr))
+        };
+        match out {
             Ok(Ok(())) => 0,
             // SAFETY: the caller's out pointer.
             Ok(Err((w, e))) => unsafe { failed(bad, w, e) },
@@ -415,6 +423,18 @@ impl QpFn for SendList {
     #[inline(always)]
     fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out {
         qp.post_send_iter(m, self).map_err(|(w, kind)| (w.0, send_errno(kind)))
+    }
+}
+
+/// A list of one `ibv_send_wr` (not NULL, its `next` NULL), posted as [`SendList`] is. Made only by
+/// `ibv_post_send` from the request it was given (verbs' contract: valid, unchanged while the call runs).
+struct SendOne(*mut ibv_send_wr);
+
+impl QpFn for SendOne {
+    type Out = Result<(), (*mut ibv_send_wr, c_int)>;
+    #[inline(always)]
+    fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out {
+        qp.post_send_iter(m, core::iter::once(CSendWr(self.0))).map_err(|(w, kind)| (w.0, send_errno(kind)))
     }
 }
 
