@@ -373,7 +373,7 @@ impl SimDevice {
         let settled = self.shared.worker.as_ref().is_none_or(|w| w.settle(timeout));
         // A VDE fabric's frames likewise.
         let vde = lock(&self.shared).wire.vde_link();
-        settled && link::tcp::drain(&*self.shared, timeout) && vde.is_none_or(|l| l.drain(timeout))
+        settled && vde.is_none_or(|l| l.drain(timeout))
     }
 
     /// Listens on the UNIX socket `path` for a QEMU guest NIC (`-netdev stream,server=off,addr.type=unix,
@@ -492,7 +492,7 @@ impl SimDevice {
 
     /// The socket address of the peer plugged into this device's link, while the link is up.
     pub fn wire_peer(&self) -> Option<std::net::SocketAddr> {
-        lock(&self.shared).wire.remote_link().filter(|l| l.is_up()).map(|l| l.peer)
+        lock(&self.shared).wire.remote_link().filter(|l| l.is_up()).and_then(|l| l.cable.as_ref().and_then(|c| c.peer))
     }
 
     /// GID table entry `index` of port 1: index 0 is the default GID (IB: fe80::/64 + port GUID; RoCE: the

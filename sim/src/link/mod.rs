@@ -27,7 +27,7 @@ mod port;
 pub mod stream;
 pub(crate) mod tcp;
 pub(crate) mod vde;
-mod vde_ib;
+pub(crate) mod vde_ib;
 
 pub(crate) use port::*;
 

@@ -1,8 +1,18 @@
-//! The link to a QEMU guest NIC over `-netdev stream` (or `-netdev socket`): on a byte stream, usually a UNIX
-//! socket, each Ethernet frame is a 4-byte big-endian length followed by the bare frame (no FCS, no padding).
-//! Only the framing lives here; what the frames say is `wire::roce`.
+//! The VDE fabric's point-to-point transport: Ethernet frames on a byte stream in QEMU's `-netdev stream` (or
+//! `-netdev socket`) framing, each a 4-byte big-endian length followed by the bare frame (no FCS, no padding),
+//! over TCP (`wire=listen` / `wire=connect`, `tcp.rs`) or a UNIX socket (a QEMU guest NIC, `guest.rs`).
+//! [`StreamConn`] is the fabric's frame connection ([`Datagrams`]) over such a stream, so the fabric's logic
+//! (`vde.rs`: addressing, ARP, IB frames, counters) is the same on a switch and on a cable. Plain sockets: no
+//! libvdeplug needed.
 
 use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::datagrams::Datagrams;
 
 /// The largest frame accepted: a length above it means the stream is not QEMU's framing (or is out of step), and
 /// the link fails rather than allocating or skipping blindly.
@@ -39,10 +49,172 @@ pub fn write_frame<W: Write>(w: &mut W, frame: &[u8]) -> io::Result<()> {
     w.write_all(frame)
 }
 
+/// How long the rest of a frame may take once its first byte is in: a peer that stops mid-frame takes the link
+/// down instead of holding the reader.
+pub(crate) const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The socket a stream transport runs on.
+#[derive(Debug)]
+pub(crate) enum Sock {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Sock {
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => (&*s).read(buf),
+            Sock::Unix(s) => (&*s).read(buf),
+        }
+    }
+
+    fn write_all(&self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => (&*s).write_all(buf),
+            Sock::Unix(s) => (&*s).write_all(buf),
+        }
+    }
+
+    fn fd(&self) -> i32 {
+        match self {
+            Sock::Tcp(s) => s.as_raw_fd(),
+            Sock::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.set_read_timeout(t),
+            Sock::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    /// Ends the connection both ways: the peer sees it close, and a reader or writer here returns.
+    pub(crate) fn shutdown(&self) {
+        let _ = match self {
+            Sock::Tcp(s) => s.shutdown(Shutdown::Both),
+            Sock::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+/// `&Sock` as a reader, for [`read_frame`].
+struct SockReader<'a>(&'a Sock);
+
+impl Read for SockReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+/// The fabric's frame connection over a stream: one writer (the link's writer thread) and one reader (its reader
+/// thread) at once. A frame is written as its length and bytes in one `write`; a frame read is taken whole. A
+/// bad length (not QEMU's framing), a frame cut short or a peer silent mid-frame for [`FRAME_TIMEOUT`] is the
+/// end of the connection (`recv` returns -1, and the link goes down): a stream that lost its framing cannot be
+/// trusted again.
+#[derive(Debug)]
+pub(crate) struct StreamConn {
+    sock: Sock,
+    /// The writer's buffer (length prefix and frame, sent in one call).
+    out: Mutex<Vec<u8>>,
+}
+
+impl StreamConn {
+    pub(crate) fn new(sock: Sock) -> io::Result<StreamConn> {
+        if let Sock::Tcp(s) = &sock {
+            // A ping-pong's frames go at once, not after Nagle's wait for the previous one's ACK.
+            s.set_nodelay(true)?;
+        }
+        sock.set_read_timeout(Some(FRAME_TIMEOUT))?;
+        Ok(StreamConn { sock, out: Mutex::new(Vec::with_capacity(4 + MAX_STREAM_FRAME)) })
+    }
+}
+
+impl Datagrams for StreamConn {
+    fn send(&self, frame: &[u8]) -> isize {
+        if frame.is_empty() || frame.len() > MAX_STREAM_FRAME {
+            // Not a frame this framing carries: not sent (the fabric checks lengths before it gets here).
+            return 0;
+        }
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        out.clear();
+        out.extend_from_slice(&(frame.len() as u32).to_be_bytes());
+        out.extend_from_slice(frame);
+        match self.sock.write_all(&out) {
+            Ok(()) => frame.len() as isize,
+            Err(_) => -1,
+        }
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> isize {
+        match read_frame(&mut SockReader(&self.sock), buf) {
+            Ok(Some(n)) => n as isize,
+            // A clean end, a bad length, a cut frame, a timeout: the connection is over.
+            Ok(None) | Err(_) => -1,
+        }
+    }
+
+    fn fds(&self) -> (i32, i32) {
+        (self.sock.fd(), -1)
+    }
+
+    fn shut(&self) {
+        self.sock.shutdown();
+    }
+}
+
+/// The ethertype of a stream link's hello (IEEE 802 local experimental ethertype 2; the IB frames have 1).
+pub const ETHERTYPE_HELLO: u16 = 0x88b6;
+
+/// Bytes of a hello: Ethernet header, `MLX5`, the link layer (1: InfiniBand), the LID, GID index 0.
+pub(crate) const HELLO_LEN: usize = 14 + 4 + 1 + 2 + 16;
+
+/// What a hello says: the sender's port is InfiniBand, its LID and GID index 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub(crate) ib: bool,
+    pub(crate) lid: u16,
+    pub(crate) gid: [u8; 16],
+}
+
+impl Hello {
+    /// The first frame each end of a TCP stream sends (broadcast, from `mac`): the far end learns that a fabric
+    /// port is there (a listener keeps a peer that said hello; a connector waits for the listener's), and
+    /// whether it has this port's own address.
+    pub(crate) fn frame(&self, mac: [u8; 6]) -> Vec<u8> {
+        let mut f = Vec::with_capacity(HELLO_LEN);
+        f.extend_from_slice(&[0xff; 6]);
+        f.extend_from_slice(&mac);
+        f.extend_from_slice(&ETHERTYPE_HELLO.to_be_bytes());
+        f.extend_from_slice(b"MLX5");
+        f.push(u8::from(self.ib));
+        f.extend_from_slice(&self.lid.to_be_bytes());
+        f.extend_from_slice(&self.gid);
+        f
+    }
+
+    /// Whether `f` is a hello frame (its ethertype), and what it says if it is well formed.
+    pub(crate) fn parse(f: &[u8]) -> Option<Result<Hello, &'static str>> {
+        if f.get(12..14) != Some(&ETHERTYPE_HELLO.to_be_bytes()[..]) {
+            return None;
+        }
+        if f.len() != HELLO_LEN || &f[14..18] != b"MLX5" || f[18] > 1 {
+            return Some(Err("malformed hello on the stream"));
+        }
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&f[21..37]);
+        Some(Ok(Hello { ib: f[18] == 1, lid: u16::from_be_bytes([f[19], f[20]]), gid }))
+    }
+
+    /// Whether two ports would take each other's packets: one GID, or (InfiniBand) one unicast LID.
+    pub(crate) fn same_port(&self, other: &Hello) -> bool {
+        self.gid == other.gid || (self.ib && other.ib && self.lid == other.lid && crate::wire::is_unicast_lid(self.lid))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::net::UnixStream;
 
     #[test]
     fn framing_fixture_both_ways() {

@@ -40,7 +40,8 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::direct::{dst_mac, unpack_frames, Direct, DirectSend, DirectTx};
-use super::port::{log, next_device_id, wire, Datagrams, DevRef, Packet, Port, Station, TxCount, VdeLink};
+use super::port::{log, next_device_id, wire, Cable, Datagrams, DevRef, Packet, Port, Station, TxCount, VdeLink};
+use super::stream::Hello;
 use crate::events::SimEvent;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
@@ -381,9 +382,10 @@ impl VdeLink {
         self.up.load(Ordering::Acquire)
     }
 
-    /// Unplugs: the threads end (within [`POLL_MS`]) and the connection closes.
+    /// Unplugs: the threads end (within [`POLL_MS`]) and the connection closes (a stream's at once).
     pub(crate) fn close(&self) {
         self.up.store(false, Ordering::Release);
+        self.conn.shut();
         if let Some(d) = &self.direct {
             d.unlink();
         }
@@ -415,6 +417,18 @@ impl VdeLink {
             lid_conflicts: get(&c[C_LID_CONFLICT]),
             rx_ib_incomplete: get(&c[C_RX_IB_INCOMPLETE]),
         }
+    }
+
+    /// An InfiniBand port's LID changed (a subnet manager assigned it).
+    pub(crate) fn set_lid(&self, lid: u16) {
+        if let Some(ib) = &self.ib {
+            ib.set_lid(lid);
+        }
+    }
+
+    /// The MAC frames to this port carry: an IB port's is its LID's (which a subnet manager may change).
+    fn my_mac(&self) -> [u8; 6] {
+        self.ib.as_ref().map_or(self.mine, |ib| lid_mac(ib.lid()))
     }
 
     fn bump(&self, which: usize) {
@@ -483,7 +497,7 @@ impl VdeLink {
         }
         if let Some(ib) = &self.ib {
             let Port::Vde(_, dlid) = p.dst.port else { return Err("unknown destination") };
-            let frames = ib.frames(p, dlid)?;
+            let frames = ib.frames(p, dlid, self.cable.is_some())?;
             if let Some(s) = &self.pcap {
                 for f in &frames {
                     s.record(|_, out| out(f));
@@ -500,6 +514,8 @@ impl VdeLink {
         let mut result = Ok(());
         let mut frames = Vec::new();
         roce_map::emit_frames(p, self.mine, dst, &mut buf, &mut |f| match self.check(f, true) {
+            // A frame a test asked the cable to lose.
+            Ok(()) if self.cable.as_ref().is_some_and(|c| c.lose(&c.sent, &c.drop_nth)) => {}
             Ok(()) => frames.push(f.to_vec()),
             Err(e) => result = Err(e),
         })?;
@@ -570,8 +586,10 @@ impl VdeLink {
                 self.learn(arp.sender_ip, arp.sender_mac);
             }
         }
-        // A runt goes to the port, whose parser drops and counts it (an IB port's link counts it itself).
-        if frame.len() >= 6 && frame[0] & 1 == 0 && frame[..6] != self.mine {
+        // A runt goes to the port, whose parser drops and counts it (an IB port's link counts it itself). On a
+        // point-to-point stream whatever an IB port's partner sends is for it, whichever LID it has now.
+        let cable_ib = self.cable.is_some() && self.ib.is_some();
+        if !cable_ib && frame.len() >= 6 && frame[0] & 1 == 0 && frame[..6] != self.my_mac() {
             self.bump(C_RX_NOT_MINE);
             return false;
         }
@@ -589,8 +607,17 @@ impl VdeLink {
     fn take_ib(&self, ib: &IbSide, frame: &[u8]) -> Result<Option<(Packet, u16)>, &'static str> {
         let f = super::vde_ib::parse(frame)?;
         let other = f.instance != ib.instance;
+        let lid = ib.lid();
+        // A stream has one port at its far end (whose address its hello told): LIDs need no guarding, and a
+        // subnet manager's packets come to the permissive LID or before it assigned one.
+        if self.cable.is_some() {
+            return match f.kind {
+                Kind::Data => self.reassemble(ib, &f),
+                Kind::Probe | Kind::InUse => Ok(None),
+            };
+        }
         match f.kind {
-            Kind::Probe | Kind::InUse if f.dlid == ib.lid && other => {
+            Kind::Probe | Kind::InUse if f.dlid == lid && other => {
                 self.bump(C_LID_CONFLICT);
                 // A link being unplugged holds the LID no more (its port may be plugging in again).
                 if f.kind == Kind::Probe && self.is_up() {
@@ -604,14 +631,19 @@ impl VdeLink {
             }
             Kind::Data => {}
         }
-        if f.dlid != ib.lid {
+        if f.dlid != lid {
             return Err("IB frame for another LID behind this port's MAC");
         }
         // From a port with this port's LID, or with the LID of another port this one has heard from.
-        if (f.slid == ib.lid && other) || !ib.sender_holds(f.slid, f.instance) {
+        if (f.slid == lid && other) || !ib.sender_holds(f.slid, f.instance) {
             self.bump(C_LID_CONFLICT);
             return Err(LID_CONFLICT);
         }
+        self.reassemble(ib, &f)
+    }
+
+    /// A checked data fragment: the packet once it is whole, with the sender's LID.
+    fn reassemble(&self, ib: &IbSide, f: &super::vde_ib::IbFrame<'_>) -> Result<Option<(Packet, u16)>, &'static str> {
         let nobody = DevRef { id: 0, port: Port::Local(Weak::<()>::new()) };
         let mut reasm = ib.reasm.lock().unwrap_or_else(|e| e.into_inner());
         // A message in one frame (the common case) is decoded where it lies.
@@ -621,7 +653,7 @@ impl VdeLink {
             return super::vde_ib::decode(f.fragment, nobody).map(|p| Some((p, f.slid)));
         }
         let mut given_up = 0;
-        let whole = reasm.add(&f, &mut given_up);
+        let whole = reasm.add(f, &mut given_up);
         drop(reasm);
         for _ in 0..given_up {
             self.bump(C_RX_IB_INCOMPLETE);
@@ -632,6 +664,9 @@ impl VdeLink {
         }
     }
 }
+
+/// Why the reader ended when its connection failed.
+const FABRIC_GONE: &str = "the VDE fabric went away";
 
 /// Why an IB frame from another port with this port's LID is dropped.
 const LID_CONFLICT: &str = "another port on the VDE fabric has this port's LID";
@@ -718,19 +753,35 @@ pub(crate) fn plug_dir<S: Station>(station: &Arc<S>, dir: &Path) -> Result<(), V
     plug_conn(station, open_or_start(dir)?, &switch_url(dir), Some(dir.to_path_buf()))
 }
 
-/// Plugs the port into the fabric `conn` reaches (`dir`: the switch's directory, for the direct path). An IB port
-/// first makes sure no other port on the fabric holds its LID (`vde_ib.rs`), and goes by its LID's MAC.
 fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<PathBuf>) -> Result<(), VdeError> {
+    plug_with(station, Box::new(conn), url, dir, None).map(|_| ())
+}
+
+/// Plugs the port into the fabric `conn` reaches (`dir`: the switch's directory, for the direct path; `cable`: a
+/// point-to-point stream's side, `tcp.rs` and `guest.rs`). On a switch an IB port first makes sure no other port
+/// on the fabric holds its LID (`vde_ib.rs`); on a stream the far end's hello told its address instead, and the
+/// LID may be 0 until a subnet manager assigns one. An IB port goes by its LID's MAC.
+pub(crate) fn plug_with<S: Station>(
+    station: &Arc<S>,
+    conn: Box<dyn Datagrams>,
+    url: &str,
+    dir: Option<PathBuf>,
+    cable: Option<Cable>,
+) -> Result<Arc<VdeLink>, VdeError> {
     let (addr, pcap, ipv4) = wire(&**station, |w| {
         (w.addr, if w.addr.ib { w.ib_pcap.clone() } else { w.pcap.clone() }, w.ipv4().first().copied())
     });
     let ib = match addr.ib {
         false => None,
+        true if cable.is_some() => {
+            let guid = u64::from_be_bytes(addr.gid[8..].try_into().unwrap_or_default());
+            Some(IbSide::new(addr.lid, guid))
+        }
         true if !super::port::is_unicast_lid(addr.lid) => return Err(VdeError::BadLid { lid: addr.lid }),
         true => {
             let guid = u64::from_be_bytes(addr.gid[8..].try_into().unwrap_or_default());
             let side = IbSide::new(addr.lid, guid);
-            match super::vde_ib::probe(&conn, &side, addr.mac) {
+            match super::vde_ib::probe(&*conn, &side, addr.mac) {
                 Ok(None) => {}
                 Ok(Some(guid)) => return Err(VdeError::LidInUse { lid: addr.lid, guid }),
                 Err(source) => return Err(VdeError::Open { url: url.into(), source }),
@@ -745,7 +796,7 @@ fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<Pa
     let id = next_device_id();
     let link = Arc::new(VdeLink {
         id,
-        conn: Box::new(conn),
+        conn,
         direct,
         tx,
         up: AtomicBool::new(true),
@@ -756,6 +807,7 @@ fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<Pa
         counters: Default::default(),
         ib,
         count: TxCount::default(),
+        cable,
     });
     let old = station.with_wire(|wire, _| {
         let old = wire.vde_link();
@@ -776,13 +828,64 @@ fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<Pa
         .spawn(move || write_loop(&writer, rx))
         .map_err(threads)?;
     let weak = Arc::downgrade(station);
-    std::thread::Builder::new().name("mlx5-sim-vde-rx".into()).spawn(move || read_loop(weak, link)).map_err(threads)?;
-    Ok(())
+    let reader = link.clone();
+    std::thread::Builder::new()
+        .name("mlx5-sim-vde-rx".into())
+        .spawn(move || read_loop(weak, reader))
+        .map_err(threads)?;
+    Ok(link)
+}
+
+/// Whether a frame is UDP to the RoCEv2 port (IPv4 without options, or IPv6), by its headers alone.
+fn is_roce(f: &[u8]) -> bool {
+    let udp_dport = |at: usize| f.get(at + 2..at + 4) == Some(&4791u16.to_be_bytes()[..]);
+    match f.get(12..14) {
+        Some([0x08, 0x00]) => f.get(14) == Some(&0x45) && f.get(23) == Some(&17) && udp_dport(34),
+        Some([0x86, 0xdd]) => f.get(20) == Some(&17) && udp_dport(54),
+        _ => false,
+    }
+}
+
+impl Cable {
+    /// Counts a RoCE frame on `count`; true when it is the one `nth` names (a loss a test asked for).
+    fn lose(&self, count: &AtomicU64, nth: &AtomicU64) -> bool {
+        count.fetch_add(1, Ordering::AcqRel) + 1 == nth.load(Ordering::Acquire)
+    }
+
+    /// Takes a frame from the stream that is the cable's own business: a hello (`true`: consumed), or a RoCE
+    /// frame a test asked to lose.
+    fn intercept<S: Station>(&self, station: &S, link: &VdeLink, frame: &[u8]) -> bool {
+        match Hello::parse(frame) {
+            Some(Ok(theirs)) => {
+                let mine = wire(station, |w| Hello { ib: w.addr.ib, lid: w.addr.lid, gid: w.addr.gid });
+                if theirs.same_port(&mine) {
+                    self.same_address.store(true, Ordering::Release);
+                    if let Some(peer) = self.peer {
+                        log(station, SimEvent::LinkDown { peer, why: "the peer has this port's own address" });
+                    }
+                    link.close();
+                } else {
+                    self.heard.store(true, Ordering::Release);
+                }
+                true
+            }
+            Some(Err(why)) => {
+                log(station, SimEvent::FrameDropped { why });
+                true
+            }
+            None => is_roce(frame) && self.lose(&self.received, &self.drop_in_nth),
+        }
+    }
 }
 
 /// Hands a received frame to the port if the link admits it (its answer, an ARP reply, is queued): whether it
 /// did, or `None` when the device is gone.
 fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) -> Option<bool> {
+    if let Some(c) = &link.cable {
+        if c.intercept(&*weak.upgrade()?, link, frame) {
+            return Some(false);
+        }
+    }
     if !link.admit(frame) {
         return Some(false);
     }
@@ -820,7 +923,12 @@ fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) 
 
 fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
     let mut batch: Vec<Vec<u8>> = Vec::with_capacity(TX_BATCH);
+    // A paced cable's schedule: when its first frame went and how many went since.
+    let mut paced: Option<(Instant, u64)> = None;
     while link.is_up() {
+        let pace = link.cable.as_ref().map_or(0, |c| c.pace.load(Ordering::Acquire));
+        // A paced cable writes one frame at a time.
+        let most = if pace == 0 { TX_BATCH } else { 1 };
         // What is queued goes out together: a run of frames to one port of this machine in one call, so its
         // reader wakes once for them.
         batch.clear();
@@ -829,7 +937,7 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
-        while batch.len() < TX_BATCH {
+        while batch.len() < most {
             match rx.try_recv() {
                 Ok(f) => batch.push(f),
                 Err(_) => break,
@@ -880,6 +988,14 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
                 }
             }
         }
+        // Paced: the n-th frame since the pace was set goes n / pace milliseconds after the first.
+        if let Some(us) = (paced.map_or(0, |(_, n)| n) + 1).saturating_mul(1000).checked_div(pace) {
+            let start = paced.map_or_else(Instant::now, |(t, _)| t);
+            paced = Some((start, paced.map_or(0, |(_, n)| n) + 1));
+            if let Some(wait) = (start + Duration::from_micros(us)).checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
     }
 }
 
@@ -925,13 +1041,13 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
         }
         if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 && fds[0].revents & libc::POLLIN == 0
         {
-            why = "the VDE fabric went away";
+            why = FABRIC_GONE;
             break;
         }
         if fds[0].revents & libc::POLLIN != 0 {
             let got = link.conn.recv(&mut buf);
             if got <= 0 {
-                why = "the VDE fabric went away";
+                why = FABRIC_GONE;
                 break;
             }
             match take(&weak, &link, &src, &buf[..got as usize]) {
@@ -987,8 +1103,16 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
     let gone = link.is_up();
     link.close();
     if let Some(station) = weak.upgrade() {
-        if gone {
-            log(&*station, SimEvent::FabricDown { why });
+        match (gone, link.cable.as_ref()) {
+            (false, _) => {}
+            (true, Some(c)) => {
+                let why = if why == FABRIC_GONE { "the far end closed the stream (or broke its framing)" } else { why };
+                match c.peer {
+                    Some(peer) => log(&*station, SimEvent::LinkDown { peer, why }),
+                    None => log(&*station, SimEvent::FabricDown { why }),
+                }
+            }
+            (true, None) => log(&*station, SimEvent::FabricDown { why }),
         }
         station.with_wire(|wire, _| {
             let plugged = wire.vde_link().is_some_and(|l| Arc::ptr_eq(&l, &link));

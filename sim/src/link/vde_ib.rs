@@ -23,7 +23,7 @@
 //! with the receiver's own LID, or with a LID another port holds, is dropped and counted (`lid_conflicts`), so
 //! a collision that got past the probes is never a silent misdelivery.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,7 @@ pub const HEADER: usize = 32;
 const PAYLOAD: usize = ETH_HEADER + LRH + HEADER;
 /// The most bytes of a packet one frame carries: the rest of a `vde_switch`'s largest frame (a multiple of 4).
 pub const IB_FRAGMENT: usize = MAX_ETH_FRAME - PAYLOAD;
-/// The longest packet encoding a port takes (the TCP link's limit, `tcp::MAX_FRAME`; a test keeps them equal).
+/// The longest packet encoding a port takes: bounds what a hostile peer can make a port put together.
 pub const MAX_IB_MESSAGE: usize = 64 << 20;
 /// Messages put back together at once, at most (the oldest is given up for a new one).
 pub const MAX_PARTIAL: usize = 16;
@@ -273,7 +273,9 @@ impl Reasm {
 /// An IB port's side of its VDE link.
 #[derive(Debug)]
 pub(crate) struct IbSide {
-    pub(crate) lid: u16,
+    /// The port's LID: fixed on a switch; on a point-to-point stream a subnet manager may assign it later
+    /// ([`IbSide::set_lid`]).
+    lid: AtomicU16,
     pub(crate) guid: u64,
     /// Random per plug-in: tells two ports apart even when they share a GUID.
     pub(crate) instance: u64,
@@ -289,7 +291,7 @@ const MAX_HOLDERS: usize = 1024;
 impl IbSide {
     pub(crate) fn new(lid: u16, guid: u64) -> IbSide {
         IbSide {
-            lid,
+            lid: AtomicU16::new(lid),
             guid,
             instance: instance(),
             next_msg: AtomicU32::new(0),
@@ -298,13 +300,24 @@ impl IbSide {
         }
     }
 
-    pub(crate) fn ident(&self) -> Ident {
-        Ident { lid: self.lid, guid: self.guid, instance: self.instance }
+    pub(crate) fn lid(&self) -> u16 {
+        self.lid.load(Ordering::Relaxed)
     }
 
-    /// The frames of `p` to the port with LID `dlid`.
-    pub(crate) fn frames<D>(&self, p: &Packet<D>, dlid: u16) -> Result<Vec<Vec<u8>>, &'static str> {
-        if !is_unicast_lid(dlid) {
+    /// The port's LID changed (a subnet manager's Set(PortInfo)): its frames carry the new one from now on.
+    pub(crate) fn set_lid(&self, lid: u16) {
+        self.lid.store(lid, Ordering::Relaxed);
+    }
+
+    pub(crate) fn ident(&self) -> Ident {
+        Ident { lid: self.lid(), guid: self.guid, instance: self.instance }
+    }
+
+    /// The frames of `p` to the port with LID `dlid`. On a point-to-point stream (`cable`) any DLID goes to the
+    /// one port at the other end (the permissive LID of a subnet manager's directed-route SMP, the LID 0 of a
+    /// port no SM has swept yet); on a switch only a unicast LID names a port.
+    pub(crate) fn frames<D>(&self, p: &Packet<D>, dlid: u16, cable: bool) -> Result<Vec<Vec<u8>>, &'static str> {
+        if !cable && !is_unicast_lid(dlid) {
             return Err("unknown destination");
         }
         let body = encode_packet(p);
@@ -312,7 +325,8 @@ impl IbSide {
             return Err("message too large for the simulated link");
         }
         let msg = self.next_msg.fetch_add(1, Ordering::Relaxed);
-        let (dst, src, me) = (lid_mac(dlid), lid_mac(self.lid), self.ident());
+        let me = self.ident();
+        let (dst, src) = (lid_mac(dlid), lid_mac(me.lid));
         Ok(body
             .chunks(IB_FRAGMENT)
             .enumerate()
@@ -347,7 +361,8 @@ impl IbSide {
 
     /// The answer to a probe for this port's LID.
     pub(crate) fn in_use(&self) -> Vec<u8> {
-        emit(BROADCAST, lid_mac(self.lid), Kind::InUse, 0, self.lid, &self.ident(), 0, 0, 0, &[])
+        let me = self.ident();
+        emit(BROADCAST, lid_mac(me.lid), Kind::InUse, 0, me.lid, &me, 0, 0, 0, &[])
     }
 }
 
@@ -374,7 +389,7 @@ pub(crate) fn decode<D: Clone>(body: &[u8], nobody: D) -> Result<Packet<D>, &'st
 /// Whether another port holds `lid` on the fabric `conn` reaches: broadcasts a probe [`PROBES`] times and listens
 /// after each. The holder's GUID if one answered (or probed the same LID at the same time).
 pub(crate) fn probe(conn: &dyn Datagrams, me: &IbSide, src: [u8; 6]) -> Result<Option<u64>, std::io::Error> {
-    let frame = emit(BROADCAST, src, Kind::Probe, 0, me.lid, &me.ident(), 0, 0, 0, &[]);
+    let frame = emit(BROADCAST, src, Kind::Probe, 0, me.lid(), &me.ident(), 0, 0, 0, &[]);
     let (fd, _) = conn.fds();
     let mut buf = vec![0u8; 1 << 16];
     for _ in 0..PROBES {
@@ -402,7 +417,7 @@ pub(crate) fn probe(conn: &dyn Datagrams, me: &IbSide, src: [u8; 6]) -> Result<O
                 continue;
             }
             if let Ok(r) = parse(f) {
-                if r.kind != Kind::Data && r.dlid == me.lid && r.instance != me.instance {
+                if r.kind != Kind::Data && r.dlid == me.lid() && r.instance != me.instance {
                     return Ok(Some(r.guid));
                 }
             }
@@ -414,11 +429,6 @@ pub(crate) fn probe(conn: &dyn Datagrams, me: &IbSide, src: [u8; 6]) -> Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_ib_message_is_as_long_as_the_tcp_link_carries() {
-        assert_eq!(MAX_IB_MESSAGE, crate::link::tcp::MAX_FRAME);
-    }
 
     fn me() -> Ident {
         Ident { lid: 0x12, guid: 0xaabb, instance: 7 }
