@@ -513,11 +513,15 @@ impl VdeLink {
         let mut buf = Vec::new();
         let mut result = Ok(());
         let mut frames = Vec::new();
-        roce_map::emit_frames(p, self.mine, dst, &mut buf, &mut |f| match self.check(f, true) {
-            // A frame a test asked the cable to lose.
-            Ok(()) if self.cable.as_ref().is_some_and(|c| c.lose(&c.sent, &c.drop_nth)) => {}
-            Ok(()) => frames.push(f.to_vec()),
-            Err(e) => result = Err(e),
+        roce_map::emit_frames(p, self.mine, dst, &mut buf, &mut |f| {
+            // A frame a test asked the cable to lose, before the capture sees it.
+            if self.cable.as_ref().is_some_and(|c| c.lose(&c.sent, &c.drop_nth)) {
+                return;
+            }
+            match self.check(f, true) {
+                Ok(()) => frames.push(f.to_vec()),
+                Err(e) => result = Err(e),
+            }
         })?;
         let sent = self.send_frames(frames);
         result.and(sent)
@@ -605,7 +609,7 @@ impl VdeLink {
     /// probe or answer about a LID (a probe for this port's LID is answered). The packet once it is whole, with
     /// the sender's LID.
     fn take_ib(&self, ib: &IbSide, frame: &[u8]) -> Result<Option<(Packet, u16)>, &'static str> {
-        let f = super::vde_ib::parse(frame)?;
+        let f = super::vde_ib::parse_lids(frame, self.cable.is_none())?;
         let other = f.instance != ib.instance;
         let lid = ib.lid();
         // A stream has one port at its far end (whose address its hello told): LIDs need no guarding, and a

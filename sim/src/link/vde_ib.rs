@@ -149,6 +149,12 @@ fn be64(b: &[u8], at: usize) -> u64 {
 /// Checks an IB frame (its ethertype already is [`ETHERTYPE_IB`]). Trailing bytes past PktLen (Ethernet padding)
 /// are allowed; anything that does not add up is an error.
 pub(crate) fn parse(f: &[u8]) -> Result<IbFrame<'_>, &'static str> {
+    parse_lids(f, true)
+}
+
+/// [`parse`], the LIDs checked to be unicast when `unicast` (on a switch, where a LID names a port; on a
+/// point-to-point stream a subnet manager's SMPs go to the permissive LID, and from LID 0 before it assigns one).
+pub(crate) fn parse_lids(f: &[u8], unicast: bool) -> Result<IbFrame<'_>, &'static str> {
     if f.len() < PAYLOAD {
         return Err("IB frame shorter than its headers");
     }
@@ -169,7 +175,7 @@ pub(crate) fn parse(f: &[u8]) -> Result<IbFrame<'_>, &'static str> {
     };
     let (guid, instance) = (be64(f, h + 4), be64(f, h + 12));
     let (msg, offset, total) = (be32(f, h + 20), be32(f, h + 24) as usize, be32(f, h + 28) as usize);
-    if !is_unicast_lid(dlid) || !is_unicast_lid(slid) {
+    if unicast && (!is_unicast_lid(dlid) || !is_unicast_lid(slid)) {
         return Err("IB frame without unicast LIDs");
     }
     // The fragment's length follows from where it is in its message: the last one takes the rest.
