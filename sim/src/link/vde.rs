@@ -505,6 +505,11 @@ impl VdeLink {
             }
             return self.send_frames(frames);
         }
+        // A frame an Ethernet SQ made (a netdev's, a raw packet QP's) crosses as it is.
+        if let crate::wire::Body::Eth { frame } = &p.body {
+            self.check(frame, true)?;
+            return self.send_frames(vec![frame.clone()]);
+        }
         let grh = p.grh.ok_or("no GRH: not a RoCE packet")?;
         let dst = match link_local_mac(&grh.dgid).or_else(|| v4(&grh.dgid).and_then(|ip| self.neighbour(ip))) {
             Some(m) => m,
