@@ -169,22 +169,22 @@ pub const ETHERTYPE_HELLO: u16 = 0x88b6;
 /// Bytes of a hello: Ethernet header, `MLX5`, the link layer (1: InfiniBand), the LID, GID index 0.
 pub(crate) const HELLO_LEN: usize = 14 + 4 + 1 + 2 + 16;
 
-/// What a hello says: the sender's port is InfiniBand, its LID and GID index 0.
+/// What a hello says: the sender's port is InfiniBand, its LID, GID index 0 and MAC (the frame's source).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Hello {
     pub(crate) ib: bool,
     pub(crate) lid: u16,
     pub(crate) gid: [u8; 16],
+    pub(crate) mac: [u8; 6],
 }
 
 impl Hello {
-    /// The first frame each end of a TCP stream sends (broadcast, from `mac`): the far end learns that a fabric
-    /// port is there (a listener keeps a peer that said hello; a connector waits for the listener's), and
-    /// whether it has this port's own address.
-    pub(crate) fn frame(&self, mac: [u8; 6]) -> Vec<u8> {
+    /// The first frame each end of a TCP stream sends (broadcast, from the port's MAC): the far end learns that
+    /// a fabric port is there, and whether it has this port's own address.
+    pub(crate) fn frame(&self) -> Vec<u8> {
         let mut f = Vec::with_capacity(HELLO_LEN);
         f.extend_from_slice(&[0xff; 6]);
-        f.extend_from_slice(&mac);
+        f.extend_from_slice(&self.mac);
         f.extend_from_slice(&ETHERTYPE_HELLO.to_be_bytes());
         f.extend_from_slice(b"MLX5");
         f.push(u8::from(self.ib));
@@ -201,14 +201,17 @@ impl Hello {
         if f.len() != HELLO_LEN || &f[14..18] != b"MLX5" || f[18] > 1 {
             return Some(Err("malformed hello on the stream"));
         }
-        let mut gid = [0u8; 16];
+        let (mut gid, mut mac) = ([0u8; 16], [0u8; 6]);
         gid.copy_from_slice(&f[21..37]);
-        Some(Ok(Hello { ib: f[18] == 1, lid: u16::from_be_bytes([f[19], f[20]]), gid }))
+        mac.copy_from_slice(&f[6..12]);
+        Some(Ok(Hello { ib: f[18] == 1, lid: u16::from_be_bytes([f[19], f[20]]), gid, mac }))
     }
 
-    /// Whether two ports would take each other's packets: one GID, or (InfiniBand) one unicast LID.
+    /// Whether the two ends are one port's address (link layer, LID, GID and MAC): two simulated devices made
+    /// with one configuration. The LID a port has before a subnet manager assigns one, and a GUID two bridges may
+    /// share, do not alone make a twin.
     pub(crate) fn same_port(&self, other: &Hello) -> bool {
-        self.gid == other.gid || (self.ib && other.ib && self.lid == other.lid && crate::wire::is_unicast_lid(self.lid))
+        self == other
     }
 }
 

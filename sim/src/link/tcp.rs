@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::port::{log, wire, Cable, Station, DRAIN_TIMEOUT};
 use super::stream::{read_frame, write_frame, Hello, Sock, StreamConn, HELLO_LEN};
-use super::vde::{lid_mac, plug_with};
+use super::vde::plug_with;
 use crate::events::SimEvent;
 
 /// How long the handshake may take once the TCP connection is up.
@@ -318,8 +318,8 @@ fn connected_to_itself(stream: &TcpStream) -> bool {
 fn say_hello<S: Station>(station: &Arc<S>, stream: TcpStream, peer: SocketAddr) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
     let mut r = hello_stream(&stream, HANDSHAKE_TIMEOUT).map_err(|_| hs("socket setup failed"))?;
-    let (mine, mac) = my_hello(&**station);
-    write_frame(&mut r, &mine.frame(mac)).map_err(|_| hs(HELLO_UNSENT))?;
+    let mine = my_hello(&**station);
+    write_frame(&mut r, &mine.frame()).map_err(|_| hs(HELLO_UNSENT))?;
     let theirs = hear_hello(&mut r).map_err(hs)?;
     plug(station, stream, peer, theirs, true)
 }
@@ -345,12 +345,9 @@ fn hear_hello(r: &mut TcpStream) -> Result<Hello, &'static str> {
     }
 }
 
-/// This port's hello and the MAC it sends from.
-fn my_hello(station: &impl Station) -> (Hello, [u8; 6]) {
-    wire(station, |w| {
-        let mac = if w.addr.ib { lid_mac(w.addr.lid) } else { w.addr.mac };
-        (Hello { ib: w.addr.ib, lid: w.addr.lid, gid: w.addr.gid }, mac)
-    })
+/// This port's hello.
+fn my_hello(station: &impl Station) -> Hello {
+    wire(station, |w| Hello { ib: w.addr.ib, lid: w.addr.lid, gid: w.addr.gid, mac: w.addr.mac })
 }
 
 /// Why a handshake failed when the peer closed (or said nothing) before its hello.
@@ -371,9 +368,9 @@ fn plug<S: Station>(
     we_connect: bool,
 ) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
-    let (mine, mac) = my_hello(&**station);
+    let mine = my_hello(&**station);
     if !we_connect {
-        write_frame(&mut stream, &mine.frame(mac)).map_err(|_| hs(HELLO_UNSENT))?;
+        write_frame(&mut stream, &mine.frame()).map_err(|_| hs(HELLO_UNSENT))?;
     }
     if theirs.same_port(&mine) {
         let _ = stream.shutdown(Shutdown::Both);
@@ -446,7 +443,7 @@ mod tests {
     /// A fake far end's hello as the port of `c` would send it.
     fn hello_of(c: &SimConfig) -> Vec<u8> {
         let a = PortAddr::new(c);
-        Hello { ib: a.ib, lid: a.lid, gid: a.gid }.frame(a.mac)
+        Hello { ib: a.ib, lid: a.lid, gid: a.gid, mac: a.mac }.frame()
     }
 
     const SEND: u8 = consts::MLX5_OPCODE_SEND;
@@ -571,7 +568,7 @@ mod tests {
         write_frame(&mut s, &hello_of(&cfg(7))).unwrap();
         let mine = PortAddr::new(&a.h.dev.config());
         let heard = Hello::parse(&next_frame(&mut s));
-        assert_eq!(heard, Some(Ok(Hello { ib: false, lid: 0, gid: mine.gid })));
+        assert_eq!(heard, Some(Ok(Hello { ib: false, lid: 0, gid: mine.gid, mac: mine.mac })));
         assert!(a.h.dev.wire_wait_peer(WAIT));
         let mut a_cq = a.cq(4);
         let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);

@@ -866,7 +866,8 @@ impl Cable {
     fn intercept<S: Station>(&self, station: &S, link: &VdeLink, frame: &[u8]) -> bool {
         match Hello::parse(frame) {
             Some(Ok(theirs)) => {
-                let mine = wire(station, |w| Hello { ib: w.addr.ib, lid: w.addr.lid, gid: w.addr.gid });
+                let mine =
+                    wire(station, |w| Hello { ib: w.addr.ib, lid: w.addr.lid, gid: w.addr.gid, mac: w.addr.mac });
                 if theirs.same_port(&mine) {
                     self.same_address.store(true, Ordering::Release);
                     if let Some(peer) = self.peer {
