@@ -341,9 +341,9 @@ impl SimDevice {
     }
 
     /// Listens on `addr` (e.g. `"0.0.0.0:18516"`; port 0 picks one) for a simulated device in another process
-    /// to plug into this device's port, as [`SimDevice::connect`] joins two devices of one process. Returns the
-    /// address bound. While a peer is plugged in, another is turned away (one port, one cable); one whose port
-    /// address equals this device's is turned away ([`SimEvent::LinkDown`]). Use [`Mode::Threaded`](crate::Mode::Threaded) for a
+    /// to plug into this device's port: the fabric's link ([`SimDevice::vde_plug`]) over the TCP stream, with no
+    /// libvdeplug. Returns the address bound. While a peer is plugged in, another is turned away (one port, one
+    /// cable); one whose port address equals this device's is turned away ([`SimEvent::LinkDown`]). Use [`Mode::Threaded`](crate::Mode::Threaded) for a
     /// linked device, so its retry timers run in real time.
     pub fn wire_listen(&self, addr: &str) -> Result<std::net::SocketAddr, WireError> {
         link::tcp::listen(&self.shared, addr)
@@ -351,8 +351,10 @@ impl SimDevice {
 
     /// Plugs this device's port into the device listening at `addr` (`host:port`) in another process, retrying
     /// a refused connection with backoff for up to `timeout` (the listener may start later:
-    /// [`WireError::NoListener`] once the time is up); the handshake swaps port addresses. Packets to the peer's LID (IB) or
-    /// GID and MAC (RoCE) then cross the link; when it goes down they are lost, and RC requests time out.
+    /// [`WireError::NoListener`] once the time is up); each end first sends a hello naming its port's address.
+    /// The stream then carries the fabric's frames (RoCEv2 between Ethernet ports, MACs from link-local GIDs or
+    /// ARP; IB frames to any LID between InfiniBand ports); when it goes down packets are lost, and RC requests
+    /// time out.
     pub fn wire_connect(&self, addr: &str, timeout: Duration) -> Result<(), WireError> {
         link::tcp::connect(&self.shared, addr, timeout)
     }
