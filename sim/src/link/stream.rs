@@ -98,25 +98,63 @@ impl Sock {
     }
 }
 
-/// `&Sock` as a reader, for [`read_frame`].
-struct SockReader<'a>(&'a Sock);
-
-impl Read for SockReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read(buf)
-    }
-}
-
 /// The fabric's frame connection over a stream: one writer (the link's writer thread) and one reader (its reader
-/// thread) at once. A frame is written as its length and bytes in one `write`; a frame read is taken whole. A
-/// bad length (not QEMU's framing), a frame cut short or a peer silent mid-frame for [`FRAME_TIMEOUT`] is the
-/// end of the connection (`recv` returns -1, and the link goes down): a stream that lost its framing cannot be
-/// trusted again.
+/// thread) at once. Frames queued together are written in one call, each after its length; the reader reads
+/// ahead into a buffer of its own and hands out whole frames. A bad length (not QEMU's framing), a stream that
+/// ends mid-frame or a peer silent mid-frame for [`FRAME_TIMEOUT`] is the end of the connection (`recv` returns
+/// -1, and the link goes down): a stream that lost its framing cannot be trusted again.
 #[derive(Debug)]
 pub(crate) struct StreamConn {
     sock: Sock,
-    /// The writer's buffer (length prefix and frame, sent in one call).
+    /// The writer's buffer (length prefixes and frames, sent in one call).
     out: Mutex<Vec<u8>>,
+    /// Bytes read and not yet handed out.
+    rx: Mutex<ReadAhead>,
+}
+
+/// A stream's bytes read ahead: `buf[start..end]` is what is not handed out yet.
+#[derive(Debug)]
+struct ReadAhead {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+/// Bytes a stream reads ahead at most: room for several frames, and always for one whole frame once what was
+/// handed out is dropped.
+const READ_AHEAD: usize = 4 * (4 + MAX_STREAM_FRAME);
+
+impl ReadAhead {
+    /// The next whole frame, copied into `out`: its length; `Ok(None)` while it is not all in; an error for a
+    /// length that is not the framing's.
+    fn take(&mut self, out: &mut [u8]) -> io::Result<Option<usize>> {
+        let have = &self.buf[self.start..self.end];
+        if have.len() < 4 {
+            return Ok(None);
+        }
+        let n = u32::from_be_bytes([have[0], have[1], have[2], have[3]]) as usize;
+        if n == 0 || n > MAX_STREAM_FRAME || n > out.len() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("stream frame length {n}")));
+        }
+        if have.len() < 4 + n {
+            return Ok(None);
+        }
+        out[..n].copy_from_slice(&have[4..4 + n]);
+        self.start += 4 + n;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
+        Ok(Some(n))
+    }
+
+    /// Whether a whole frame (or a bad length, which `take` then reports) is waiting.
+    fn ready(&self) -> bool {
+        let have = &self.buf[self.start..self.end];
+        have.len() >= 4 && {
+            let n = u32::from_be_bytes([have[0], have[1], have[2], have[3]]) as usize;
+            n == 0 || n > MAX_STREAM_FRAME || have.len() >= 4 + n
+        }
+    }
 }
 
 impl StreamConn {
@@ -126,32 +164,77 @@ impl StreamConn {
             s.set_nodelay(true)?;
         }
         sock.set_read_timeout(Some(FRAME_TIMEOUT))?;
-        Ok(StreamConn { sock, out: Mutex::new(Vec::with_capacity(4 + MAX_STREAM_FRAME)) })
+        Ok(StreamConn {
+            sock,
+            out: Mutex::new(Vec::with_capacity(4 + MAX_STREAM_FRAME)),
+            rx: Mutex::new(ReadAhead { buf: vec![0; READ_AHEAD], start: 0, end: 0 }),
+        })
     }
 }
 
 impl Datagrams for StreamConn {
     fn send(&self, frame: &[u8]) -> isize {
-        if frame.is_empty() || frame.len() > MAX_STREAM_FRAME {
-            // Not a frame this framing carries: not sent (the fabric checks lengths before it gets here).
-            return 0;
+        match self.send_many(std::slice::from_ref(&frame.to_vec())) {
+            n if n < 0 => -1,
+            0 => 0,
+            _ => frame.len() as isize,
         }
+    }
+
+    fn send_many(&self, frames: &[Vec<u8>]) -> isize {
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
         out.clear();
-        out.extend_from_slice(&(frame.len() as u32).to_be_bytes());
-        out.extend_from_slice(frame);
-        match self.sock.write_all(&out) {
-            Ok(()) => frame.len() as isize,
+        let mut sent = 0;
+        for f in frames {
+            // Not a frame this framing carries: not sent (the fabric checks lengths before it gets here).
+            if f.is_empty() || f.len() > MAX_STREAM_FRAME {
+                continue;
+            }
+            out.extend_from_slice(&(f.len() as u32).to_be_bytes());
+            out.extend_from_slice(f);
+            sent += 1;
+        }
+        if out.is_empty() {
+            return 0;
+        }
+        let result = self.sock.write_all(&out);
+        // A burst's buffer is not kept (a 1 MiB IB message would stay allocated per link).
+        if out.capacity() > 4 * (4 + MAX_STREAM_FRAME) {
+            *out = Vec::with_capacity(4 + MAX_STREAM_FRAME);
+        }
+        match result {
+            Ok(()) => sent,
             Err(_) => -1,
         }
     }
 
     fn recv(&self, buf: &mut [u8]) -> isize {
-        match read_frame(&mut SockReader(&self.sock), buf) {
-            Ok(Some(n)) => n as isize,
-            // A clean end, a bad length, a cut frame, a timeout: the connection is over.
-            Ok(None) | Err(_) => -1,
+        let mut r = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match r.take(buf) {
+                Ok(Some(n)) => return n as isize,
+                Ok(None) => {}
+                Err(_) => return -1,
+            }
+            // Not all in: make room at the end, then read what the socket has (the first read after `poll` said
+            // readable does not block; the rest of a frame may, up to the read timeout).
+            if r.end == r.buf.len() {
+                let (start, end) = (r.start, r.end);
+                r.buf.copy_within(start..end, 0);
+                (r.start, r.end) = (0, end - start);
+            }
+            let end = r.end;
+            match self.sock.read(&mut r.buf[end..]) {
+                Ok(0) => return -1,
+                Ok(k) => r.end += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return -1,
+            }
         }
+    }
+
+    fn pending(&self) -> bool {
+        self.rx.lock().unwrap_or_else(|e| e.into_inner()).ready()
     }
 
     fn fds(&self) -> (i32, i32) {
@@ -243,6 +326,54 @@ mod tests {
         let half: &[u8] = &[0, 0];
         assert_eq!(read_frame(&mut &half[..], &mut buf).unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
         assert!(write_frame(&mut Vec::new(), &[]).is_err());
+    }
+
+    /// The fabric's connection reads ahead: several frames in one read come out one by one (`pending` says so),
+    /// a frame split across writes comes out whole, and a length that is not the framing's ends the connection.
+    #[test]
+    fn a_stream_conn_hands_out_whole_frames_however_they_arrive() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let conn = StreamConn::new(Sock::Unix(a)).unwrap();
+        let mut burst = Vec::new();
+        for n in [60usize, 1514, 9000] {
+            write_frame(&mut burst, &vec![n as u8; n]).unwrap();
+        }
+        b.write_all(&burst).unwrap();
+        let mut buf = vec![0u8; MAX_STREAM_FRAME];
+        for n in [60usize, 1514, 9000] {
+            assert_eq!(conn.recv(&mut buf), n as isize);
+            assert!(buf[..n].iter().all(|&x| x == n as u8));
+        }
+        assert!(!conn.pending());
+        // One frame in three writes: the reader waits for its rest.
+        let mut f = Vec::new();
+        write_frame(&mut f, &[7u8; 3000]).unwrap();
+        let t = std::thread::spawn(move || {
+            for part in [&f[..2], &f[2..100], &f[100..]] {
+                b.write_all(part).unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            b
+        });
+        assert_eq!(conn.recv(&mut buf), 3000);
+        let mut b = t.join().unwrap();
+        // Two frames and a bad length in one write: the two, then the end.
+        let mut tail = Vec::new();
+        write_frame(&mut tail, &[1, 2, 3]).unwrap();
+        write_frame(&mut tail, &[4, 5]).unwrap();
+        tail.extend_from_slice(&(MAX_STREAM_FRAME as u32 + 1).to_be_bytes());
+        b.write_all(&tail).unwrap();
+        assert_eq!(conn.recv(&mut buf), 3);
+        assert!(conn.pending(), "the second frame was read with the first");
+        assert_eq!(conn.recv(&mut buf), 2);
+        assert_eq!(conn.recv(&mut buf), -1);
+        // Frames written together by the writer side arrive as they were.
+        let (c, mut d) = UnixStream::pair().unwrap();
+        let out = StreamConn::new(Sock::Unix(c)).unwrap();
+        assert_eq!(out.send_many(&[vec![9; 10], vec![], vec![8; 20]]), 2, "an empty frame is not sent");
+        let mut got = vec![0u8; 64];
+        assert_eq!(read_frame(&mut d, &mut got).unwrap(), Some(10));
+        assert_eq!(read_frame(&mut d, &mut got).unwrap(), Some(20));
     }
 
     #[test]

@@ -988,13 +988,18 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
                 // A datagram fabric takes each frame whole or not at all; a failed send means the fabric went
                 // away.
                 DirectSend::Switch => {
-                    if link.conn.send(&batch[i]) < 0 {
+                    // No direct path (a stream, a fabric that is no switch): the rest in as few calls as the
+                    // transport allows.
+                    let n = if link.direct.is_none() { batch.len() - i } else { 1 };
+                    if link.conn.send_many(&batch[i..i + n]) < 0 {
                         link.close();
                         return;
                     }
-                    link.bump(C_TX);
-                    link.count.written(1);
-                    i += 1;
+                    for _ in 0..n {
+                        link.bump(C_TX);
+                    }
+                    link.count.written(n as u64);
+                    i += n;
                 }
             }
         }
@@ -1026,7 +1031,9 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             libc::pollfd { fd: ctl, events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: direct, events: libc::POLLIN, revents: 0 },
         ];
-        let wait = if unrun > 0 { 0 } else { POLL_MS };
+        // Frames a stream read ahead are taken without waiting for the socket.
+        let pending = link.conn.pending();
+        let wait = if unrun > 0 || pending { 0 } else { POLL_MS };
         // SAFETY: three valid pollfd entries (a negative fd is ignored by poll).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, wait) };
         if n < 0 {
@@ -1036,7 +1043,7 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             why = "poll failed";
             break;
         }
-        if n == 0 || unrun >= RX_BATCH {
+        if (n == 0 && !pending) || unrun >= RX_BATCH {
             if unrun > 0 {
                 let Some(station) = weak.upgrade() else { break };
                 station.run();
@@ -1049,12 +1056,14 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             why = "the VDE switch went away";
             break;
         }
-        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 && fds[0].revents & libc::POLLIN == 0
+        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
+            && fds[0].revents & libc::POLLIN == 0
+            && !pending
         {
             why = FABRIC_GONE;
             break;
         }
-        if fds[0].revents & libc::POLLIN != 0 {
+        if fds[0].revents & libc::POLLIN != 0 || pending {
             let got = link.conn.recv(&mut buf);
             if got <= 0 {
                 why = FABRIC_GONE;
