@@ -376,6 +376,19 @@ mod tests {
         assert_eq!(read_frame(&mut d, &mut got).unwrap(), Some(20));
     }
 
+    /// A peer that stops in the middle of a frame ends the connection once the read timeout passes (here
+    /// shortened from [`FRAME_TIMEOUT`]) instead of holding the reader.
+    #[test]
+    fn a_peer_silent_mid_frame_ends_the_connection() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let conn = StreamConn::new(Sock::Unix(a)).unwrap();
+        conn.sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        b.write_all(&[0, 0, 0, 100, 1, 2, 3]).unwrap();
+        let mut buf = vec![0u8; MAX_STREAM_FRAME];
+        assert_eq!(conn.recv(&mut buf), -1);
+        drop(b);
+    }
+
     #[test]
     fn over_a_unix_socket() {
         let (mut a, mut b) = UnixStream::pair().unwrap();

@@ -7,7 +7,7 @@
 //! in QEMU's stream framing (`stream.rs`), and the link on it is the fabric's (`vde.rs`): RoCEv2 frames between
 //! Ethernet ports (destination MACs from link-local GIDs or ARP), an InfiniBand port's packets in IB frames
 //! (`vde_ib.rs`), the same counters and bounded queues as on a VDE switch. Only meeting is this file's: each end
-//! first sends a hello frame ([`Hello`]: its link layer, LID and GID), so a listener knows a fabric port connected
+//! first sends a hello frame ([`Hello`]: its link layer, LID, GID and MAC), so a listener knows a fabric port connected
 //! and both refuse a peer with their own address ([`WireError::SameAddress`]). The stream is trusted no more than
 //! a cable: a length that is not the framing's ends the link ([`crate::events::SimEvent::LinkDown`]), and
 //! requests it carried time out at the requester like any lost packet.
