@@ -1,7 +1,7 @@
 //! The VDE fabric's point-to-point transport: Ethernet frames on a byte stream in QEMU's `-netdev stream` (or
 //! `-netdev socket`) framing, each a 4-byte big-endian length followed by the bare frame (no FCS, no padding),
 //! over TCP (`wire=listen` / `wire=connect`, `tcp.rs`) or a UNIX socket (a QEMU guest NIC, `guest.rs`).
-//! [`StreamConn`] is the fabric's frame connection ([`Datagrams`]) over such a stream, so the fabric's logic
+//! `StreamConn` is the fabric's frame connection (`Datagrams`) over such a stream, so the fabric's logic
 //! (`vde.rs`: addressing, ARP, IB frames, counters) is the same on a switch and on a cable. Plain sockets: no
 //! libvdeplug needed.
 
