@@ -166,7 +166,7 @@ pub use link::tcp::WireError;
 pub mod vde {
     pub use crate::link::vde::{
         default_switch_dir, lid_mac, resolve, switch_url, VdeCounters, VdeError, ETHERTYPE_IB, MAX_ETH_FRAME,
-        MAX_NEIGHBOURS, TX_QUEUE, TX_ROOM_WAIT,
+        MAX_NEIGHBOURS, TX_QUEUE,
     };
 }
 pub use regs::Health;

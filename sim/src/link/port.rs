@@ -487,6 +487,6 @@ pub(crate) struct VdeLink {
 }
 
 /// How many counters a VDE link keeps (`vde.rs` names them).
-pub(crate) const VDE_COUNTERS: usize = 17;
+pub(crate) const VDE_COUNTERS: usize = 16;
 
 pub(crate) use super::datagrams::Datagrams;

@@ -17,8 +17,7 @@
 //! A `vde_switch` carries frames of at most [`MAX_ETH_FRAME`] bytes (it truncates longer ones): a frame longer than
 //! that is not sent (counted), so a path MTU above 1024 does not cross the fabric. Frames received longer than that
 //! (another kind of fabric) are dropped and counted. The writer's queue holds at most [`TX_QUEUE`] frames; beyond
-//! that a packet's frame waits for room, at most [`TX_ROOM_WAIT`] a packet, and then is dropped and counted, and
-//! a frame the link makes itself (an ARP answer) is dropped at once (an ARP flood cannot grow memory). When the fabric goes away (the switch
+//! that a frame is dropped and counted (an ARP flood cannot grow memory). When the fabric goes away (the switch
 //! ends) the port's link goes down (a PORT_CHANGE) and its packets are lost, so requesters end in retry errors.
 //!
 //! The direct path: on a `vde_switch` (a `vde://` URL naming its directory) each port also binds a UNIX datagram
@@ -57,21 +56,12 @@ use super::vde_ib::{IB_FRAGMENT, MAX_PARTIAL};
 
 pub use super::datagrams::MAX_ETH_FRAME;
 
-/// Frames waiting for the writer at most (so at most 24 MiB); beyond it a packet's frames wait for room (at most
-/// [`TX_ROOM_WAIT`]), then are dropped and counted. Room for several
+/// Frames waiting for the writer at most (so at most 24 MiB); more are dropped and counted. Room for several
 /// InfiniBand messages of 1 MiB (717 frames each) at once: with 4,096, UCP's `tag_bw` of 1 MiB over IB, whose
 /// rendezvous has several 1 MiB READ responses in flight, lost hundreds to thousands of frames a run, each loss
 /// a whole message that only the requester's ACK timer (UCX: 1 s) recovered (7.6-15 MB/s against 91-100 without
 /// a drop, debug build).
 pub const TX_QUEUE: usize = 16384;
-
-/// How long a packet's frames wait for room in a full writer's queue, at most, before the rest are dropped and
-/// counted: a bound, so two ports whose writers wait on each other's readers (each reader running its port's
-/// datapath) lose frames instead of hanging.
-pub const TX_ROOM_WAIT: Duration = Duration::from_millis(200);
-
-/// How often a frame waiting for room looks again.
-const ROOM_POLL: Duration = Duration::from_micros(200);
 
 /// IPv4 neighbours remembered at most (the oldest goes first).
 pub const MAX_NEIGHBOURS: usize = 256;
@@ -152,10 +142,8 @@ pub struct VdeCounters {
     pub rx_oversize: u64,
     /// Frames not sent: longer than [`MAX_ETH_FRAME`].
     pub tx_oversize: u64,
-    /// Frames not sent: the writer's queue was full (for a packet's frames, still full after [`TX_ROOM_WAIT`]).
+    /// Frames not sent: the writer's queue was full.
     pub tx_queue_full: u64,
-    /// A packet's frames that found the writer's queue full and got room by waiting (at most [`TX_ROOM_WAIT`]).
-    pub tx_queue_waited: u64,
     /// ARP requests sent to resolve a destination.
     pub arp_requests: u64,
     /// Of `tx_frames`, those sent on the direct path (past the switch, to a port of this machine).
@@ -418,7 +406,6 @@ impl VdeLink {
             rx_oversize: get(&c[3]),
             tx_oversize: get(&c[4]),
             tx_queue_full: get(&c[5]),
-            tx_queue_waited: get(&c[C_TX_QUEUE_WAITED]),
             arp_requests: get(&c[6]),
             tx_direct: get(&c[C_TX_DIRECT]),
             tx_direct_now: get(&c[C_TX_DIRECT_NOW]),
@@ -470,7 +457,7 @@ impl VdeLink {
     /// Queues a frame for the writer (dropped and counted when too long for the fabric or the queue is full).
     fn queue(&self, frame: &[u8], record: bool) -> Result<(), &'static str> {
         self.check(frame, record)?;
-        self.enqueue(frame.to_vec(), None)
+        self.enqueue(frame.to_vec())
     }
 
     /// Refuses (and counts) a frame too long for the fabric; records one that goes out when `record`.
@@ -487,47 +474,23 @@ impl VdeLink {
         Ok(())
     }
 
-    /// Hands a checked frame to the writer. A full queue drops it at once, or with `until` waits for room till
-    /// then (a packet's frames: a burst larger than the queue, such as several 1 MiB IB messages, is slowed to
-    /// the writer's pace rather than lost a message at a time).
-    fn enqueue(&self, frame: Vec<u8>, until: Option<Instant>) -> Result<(), &'static str> {
+    /// Hands a checked frame to the writer.
+    fn enqueue(&self, frame: Vec<u8>) -> Result<(), &'static str> {
         self.count.queued();
-        let mut frame = frame;
-        let mut waited = false;
-        loop {
-            match self.tx.try_send(frame) {
-                Ok(()) => {
-                    if waited {
-                        self.bump(C_TX_QUEUE_WAITED);
-                    }
-                    return Ok(());
-                }
-                Err(mpsc::TrySendError::Full(f)) if until.is_some_and(|t| Instant::now() < t) && self.is_up() => {
-                    frame = f;
-                    waited = true;
-                    std::thread::sleep(ROOM_POLL);
-                }
-                Err(e) => return self.refused(e),
-            }
-        }
-    }
-
-    /// A frame the writer's queue did not take.
-    fn refused(&self, e: mpsc::TrySendError<Vec<u8>>) -> Result<(), &'static str> {
-        match e {
-            mpsc::TrySendError::Full(_) => {
+        match self.tx.try_send(frame) {
+            Ok(()) => Ok(()),
+            Err(mpsc::TrySendError::Full(_)) => {
                 // Never written: counted as written so a drain does not wait for it.
                 self.count.taken();
                 self.count.written(1);
                 self.bump(C_TX_QUEUE_FULL);
                 Err("VDE link queue full")
             }
-            mpsc::TrySendError::Disconnected(_) => Err("link down"),
+            Err(mpsc::TrySendError::Disconnected(_)) => Err("link down"),
         }
     }
 
-    /// Puts `p` on the fabric as RoCEv2 frames to its destination GID's MAC. Blocks only while the writer's queue
-    /// is full, at most [`TX_ROOM_WAIT`].
+    /// Puts `p` on the fabric as RoCEv2 frames to its destination GID's MAC. Never blocks.
     pub(crate) fn transmit(&self, p: &Packet) -> Result<(), &'static str> {
         if !self.is_up() {
             return Err("link down");
@@ -574,10 +537,8 @@ impl VdeLink {
     fn send_frames(&self, frames: Vec<Vec<u8>>) -> Result<(), &'static str> {
         let mut result = Ok(());
         let sent = self.send_now(&frames);
-        // One bound for the whole packet: a thread that runs a port's datapath waits at most that long.
-        let until = Instant::now() + TX_ROOM_WAIT;
         for f in frames.into_iter().skip(sent) {
-            if let Err(e) = self.enqueue(f, Some(until)) {
+            if let Err(e) = self.enqueue(f) {
                 result = Err(e);
             }
         }
@@ -736,7 +697,6 @@ const C_RX_OTHER_LINK: usize = 12;
 const C_RX_IB_MALFORMED: usize = 13;
 const C_LID_CONFLICT: usize = 14;
 const C_RX_IB_INCOMPLETE: usize = 15;
-const C_TX_QUEUE_WAITED: usize = 16;
 
 /// Frames the writer takes from its queue and sends at once, at most.
 const TX_BATCH: usize = 32;
@@ -1187,7 +1147,6 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
 mod tests {
     use super::*;
     use crate::config::{Mode, SimConfig};
-    use crate::link::stream::MAX_STREAM_FRAME;
     use crate::sim_device::SimDevice;
     use crate::testkit::submit::{Bell, QpSpec, RcParams, Rdma, Remote, TAv, TCq, TQp, Wqe};
     use crate::wire::roce::frame::{mapped, DropReason};
@@ -1271,54 +1230,6 @@ mod tests {
         let e = b.wait_cqe(&mut q.3).expect("receive CQE");
         assert_eq!((e.opcode(), e.byte_cnt()), (consts::MLX5_CQE_RESP_SEND, n as u32));
         assert!(mb.read(0, n) == msg, "every byte");
-    }
-
-    /// A packet's frame that finds the writer's queue full waits for room (bounded) instead of being dropped;
-    /// one with no time left is dropped and counted. The queue is filled behind a stream whose far end does
-    /// not read, then the far end starts reading.
-    #[test]
-    fn a_full_writer_queue_is_waited_for_within_a_bound() {
-        let dev = SimDevice::new(cfg(7));
-        let path = std::env::temp_dir().join(format!("mlx5-vde-{}-room.sock", std::process::id()));
-        dev.guest_listen(&path).unwrap();
-        let mut far = std::os::unix::net::UnixStream::connect(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
-        let end = Instant::now() + Duration::from_secs(5);
-        while !dev.guest_plugged() {
-            assert!(Instant::now() < end, "the stream plugged in");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let link = dev.vde_link_for_test();
-        let frame = vec![0x5a; 60];
-        // Fills the socket's buffers and then the queue (bounded: the queue and a socket buffer's worth).
-        let mut queued = 0;
-        while link.enqueue(frame.clone(), None).is_ok() {
-            queued += 1;
-            assert!(queued < TX_QUEUE + 1_000_000, "the queue fills");
-        }
-        assert!(queued >= TX_QUEUE);
-        assert_eq!(link.counters().tx_queue_full, 1);
-        // No time left: dropped at once, counted.
-        assert_eq!(link.enqueue(frame.clone(), Some(Instant::now())), Err("VDE link queue full"));
-        assert_eq!(link.counters().tx_queue_full, 2);
-        // The far end reads from now on: a frame given time gets in once the writer has made room.
-        let reader = std::thread::spawn(move || {
-            far.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let mut buf = vec![0u8; MAX_STREAM_FRAME];
-            let mut n = 0usize;
-            while let Ok(Some(_)) = crate::link::stream::read_frame(&mut far, &mut buf) {
-                n += 1;
-            }
-            n
-        });
-        assert_eq!(link.enqueue(frame.clone(), Some(Instant::now() + Duration::from_secs(30))), Ok(()));
-        let c = link.counters();
-        assert_eq!((c.tx_queue_waited, c.tx_queue_full), (1, 2));
-        // Everything queued reaches the far end: the frames before the drops and the one that waited.
-        assert!(dev.wire_drain(Duration::from_secs(30)));
-        drop(link);
-        drop(dev);
-        assert_eq!(reader.join().unwrap(), queued + 1);
     }
 
     #[test]
