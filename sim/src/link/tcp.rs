@@ -378,8 +378,10 @@ fn plug<S: Station>(
     }
     let conn = StreamConn::new(Sock::Tcp(stream)).map_err(|_| hs("socket setup failed"))?;
     let cable = Cable { peer: Some(peer), ..Cable::default() };
-    plug_with(station, Box::new(conn), &format!("tcp:{peer}"), None, Some(cable))
+    let link = plug_with(station, Box::new(conn), &format!("tcp:{peer}"), None, Some(cable))
         .map_err(|_| hs("could not start the link threads"))?;
+    // The far end learns this port's IPv4 address's MAC now, not by losing its first packet to an ARP request.
+    link.announce();
     log(&**station, SimEvent::LinkUp { peer });
     Ok(())
 }
@@ -438,6 +440,20 @@ mod tests {
         let n = read_frame(s, &mut buf).unwrap().expect("a frame");
         buf.truncate(n);
         buf
+    }
+
+    /// The listener's first frames on a fake far end's stream: its hello, then the gratuitous ARP that announces its
+    /// IPv4 address (checked).
+    fn hello_and_announcement(s: &mut TcpStream, mine: &SimConfig) -> Option<Result<Hello, &'static str>> {
+        let heard = Hello::parse(&next_frame(s));
+        let f = next_frame(s);
+        let Ok(Parsed::Arp(eth, arp)) = parse(&f) else { panic!("not the announcement: {:?}", parse(&f)) };
+        let ip = mine.ipv4_addrs[0];
+        assert_eq!(
+            (eth.dst, arp.operation, arp.sender_mac, arp.sender_ip, arp.target_ip),
+            ([0xff; 6], crate::wire::roce::arp::Operation::Request, mine.mac, ip, ip)
+        );
+        heard
     }
 
     /// A fake far end's hello as the port of `c` would send it.
@@ -567,7 +583,7 @@ mod tests {
         let far = PortAddr::new(&cfg(7));
         write_frame(&mut s, &hello_of(&cfg(7))).unwrap();
         let mine = PortAddr::new(&a.h.dev.config());
-        let heard = Hello::parse(&next_frame(&mut s));
+        let heard = hello_and_announcement(&mut s, &a.h.dev.config());
         assert_eq!(heard, Some(Ok(Hello { ib: false, lid: 0, gid: mine.gid, mac: mine.mac })));
         assert!(a.h.dev.wire_wait_peer(WAIT));
         let mut a_cq = a.cq(4);
@@ -763,6 +779,29 @@ mod tests {
         assert!(!connected_to_itself(&other));
     }
 
+    /// Each end announces its IPv4 address as it plugs in (a gratuitous ARP), so a packet to the other's IPv4
+    /// GID goes out at once instead of being lost to an ARP request.
+    #[test]
+    fn each_end_learns_the_others_ipv4_address_as_the_stream_plugs_in() {
+        let a = Rdma::new(SimConfig { ipv4_addrs: &[[10, 77, 0, 1]], ..cfg(1) });
+        let b = Rdma::new(SimConfig { ipv4_addrs: &[[10, 77, 0, 2]], ..cfg(2) });
+        let at = a.h.dev.wire_listen("127.0.0.1:0").unwrap();
+        b.h.dev.wire_connect(&at.to_string(), WAIT).unwrap();
+        assert!(a.h.dev.wire_wait_peer(WAIT));
+        let end = Instant::now() + WAIT;
+        let learned = |r: &Rdma, ip: [u8; 4]| {
+            let l = r.h.dev.vde_link_for_test();
+            crate::link::vde::resolve(ip, Duration::ZERO).is_some() && l.counters().arp_requests == 0
+        };
+        while !(learned(&a, [10, 77, 0, 2]) && learned(&b, [10, 77, 0, 1])) {
+            assert!(Instant::now() < end, "both ends learned the other's address without asking");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(crate::link::vde::resolve([10, 77, 0, 2], Duration::ZERO), Some(b.h.dev.config().mac));
+        assert_eq!(crate::link::vde::resolve([10, 77, 0, 1], Duration::ZERO), Some(a.h.dev.config().mac));
+        assert_eq!(a.h.dev.frame_drops().total() + b.h.dev.frame_drops().total(), 0);
+    }
+
     /// Garbage in a well-framed frame is dropped and counted; a length that is not the framing's ends the link
     /// before anything is allocated, as does a peer that stops in the middle of a frame.
     #[test]
@@ -771,7 +810,7 @@ mod tests {
         let at = a.h.dev.wire_listen("127.0.0.1:0").unwrap();
         let mut s = TcpStream::connect(at).unwrap();
         write_frame(&mut s, &hello_of(&cfg(9))).unwrap();
-        let _ = next_frame(&mut s);
+        let _ = hello_and_announcement(&mut s, &a.h.dev.config());
         assert!(a.h.dev.wire_wait_peer(WAIT));
         // To the port's MAC, an ethertype nobody speaks; a jumbo frame longer than the fabric carries; a runt.
         let mut f = PortAddr::new(&cfg(1)).mac.to_vec();

@@ -582,6 +582,25 @@ impl VdeLink {
         self.queue(&buf[..n], true)
     }
 
+    /// Announces the port's IPv4 address (a gratuitous ARP request for it, as a host sends when its link comes
+    /// up), so the far end of a stream learns its MAC before the first packet to it, which would otherwise be lost
+    /// to an ARP request (a CM REQ then waits for its retry timer, seconds).
+    pub(crate) fn announce(&self) {
+        let Some(ip) = self.ipv4 else { return };
+        let arp = ArpRepr {
+            operation: Operation::Request,
+            sender_mac: self.mine,
+            sender_ip: ip,
+            target_mac: [0; 6],
+            target_ip: ip,
+        };
+        let eth = EthernetRepr { dst: BROADCAST, src: self.mine, ethertype: EtherType::Arp };
+        let mut buf = [0u8; 64];
+        if let Ok(n) = emit_arp(&eth, &arp, &mut buf) {
+            let _ = self.queue(&buf[..n], true);
+        }
+    }
+
     /// Whether the link takes a received frame to the port: broadcast, multicast or its own MAC, of a length
     /// the fabric carries. Others are counted; ARP frames teach the neighbour table.
     fn admit(&self, frame: &[u8]) -> bool {
