@@ -165,7 +165,7 @@ pub use fw::mkey::{MkeyAccess, MkeyFault};
 pub use fw::qp::{QpInfo, QpState, QpType, SpecialQp};
 pub use fw::{syndrome, HcaState};
 pub use link::stream;
-pub use link::tcp::{WireError, MAX_FRAME};
+pub use link::tcp::WireError;
 /// The VDE fabric link: its errors, counters and the default switch.
 pub mod vde {
     pub use crate::link::vde::{

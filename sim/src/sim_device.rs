@@ -341,9 +341,9 @@ impl SimDevice {
     }
 
     /// Listens on `addr` (e.g. `"0.0.0.0:18516"`; port 0 picks one) for a simulated device in another process
-    /// to plug into this device's port, as [`SimDevice::connect`] joins two devices of one process. Returns the
-    /// address bound. While a peer is plugged in, another is turned away (one port, one cable); one whose port
-    /// address equals this device's is turned away ([`SimEvent::LinkDown`]). Use [`Mode::Threaded`](crate::Mode::Threaded) for a
+    /// to plug into this device's port: the fabric's link ([`SimDevice::vde_plug`]) over the TCP stream, with no
+    /// libvdeplug. Returns the address bound. While a peer is plugged in, another is turned away (one port, one
+    /// cable); one whose port address equals this device's is turned away ([`SimEvent::LinkDown`]). Use [`Mode::Threaded`](crate::Mode::Threaded) for a
     /// linked device, so its retry timers run in real time.
     pub fn wire_listen(&self, addr: &str) -> Result<std::net::SocketAddr, WireError> {
         link::tcp::listen(&self.shared, addr)
@@ -351,8 +351,10 @@ impl SimDevice {
 
     /// Plugs this device's port into the device listening at `addr` (`host:port`) in another process, retrying
     /// a refused connection with backoff for up to `timeout` (the listener may start later:
-    /// [`WireError::NoListener`] once the time is up); the handshake swaps port addresses. Packets to the peer's LID (IB) or
-    /// GID and MAC (RoCE) then cross the link; when it goes down they are lost, and RC requests time out.
+    /// [`WireError::NoListener`] once the time is up); each end first sends a hello naming its port's address.
+    /// The stream then carries the fabric's frames (RoCEv2 between Ethernet ports, MACs from link-local GIDs or
+    /// ARP; IB frames to any LID between InfiniBand ports); when it goes down packets are lost, and RC requests
+    /// time out.
     pub fn wire_connect(&self, addr: &str, timeout: Duration) -> Result<(), WireError> {
         link::tcp::connect(&self.shared, addr, timeout)
     }
@@ -373,7 +375,7 @@ impl SimDevice {
         let settled = self.shared.worker.as_ref().is_none_or(|w| w.settle(timeout));
         // A VDE fabric's frames likewise.
         let vde = lock(&self.shared).wire.vde_link();
-        settled && link::tcp::drain(&*self.shared, timeout) && vde.is_none_or(|l| l.drain(timeout))
+        settled && vde.is_none_or(|l| l.drain(timeout))
     }
 
     /// Listens on the UNIX socket `path` for a QEMU guest NIC (`-netdev stream,server=off,addr.type=unix,
@@ -492,7 +494,7 @@ impl SimDevice {
 
     /// The socket address of the peer plugged into this device's link, while the link is up.
     pub fn wire_peer(&self) -> Option<std::net::SocketAddr> {
-        lock(&self.shared).wire.remote_link().filter(|l| l.is_up()).map(|l| l.peer)
+        lock(&self.shared).wire.remote_link().filter(|l| l.is_up()).and_then(|l| l.cable.as_ref().and_then(|c| c.peer))
     }
 
     /// GID table entry `index` of port 1: index 0 is the default GID (IB: fe80::/64 + port GUID; RoCE: the

@@ -230,7 +230,7 @@ commands:
   vde                            mlx5 pingpong --wire vde: RC and UD, two RoCE pairs and an InfiniBand pair
                                  (--link ib) at once on one VDE fabric (the default switch, started by the
                                  first process), clients first; installs vde2;
-                                 --bench: RC and UD ping-pong throughput over VDE and over the TCP link
+                                 --bench: RC and UD ping-pong throughput over VDE and over a TCP stream
   bench [--json]                 the benchmarks; rewrites BENCHMARKS.md (--json: the figures as JSON too)
   bench --peer [--json]          the datapath against rdma-core's mlx5 provider; rewrites its BENCHMARKS.md section
   bench --scale [--json]         65,536 RC QPs, each with its own CQ and MR, on one simulated device, a message on

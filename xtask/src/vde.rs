@@ -196,6 +196,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
 /// The wires the bench compares.
 #[derive(Clone, Copy, PartialEq)]
 enum Wire {
+    /// The fabric's link over a TCP stream (`wire=listen` / `wire=connect`, the tool's default wire).
     Tcp,
     /// The VDE fabric with every frame through the switch (`MLX5_SIM_VDE_DIRECT=0`).
     Switch,
@@ -230,7 +231,7 @@ fn pair_mbits(tool: &Path, runtime: &Path, wire: Wire, extra: &[&str]) -> Result
 }
 
 /// A row of the bench's table: each wire's median of `runs` (in [`Wire`] order, one per round) with the
-/// slowest and fastest run, the median and range of the rounds' own ratios to the TCP link, and how many rounds
+/// slowest and fastest run, the median and range of the rounds' own ratios to the TCP stream, and how many rounds
 /// the VDE fabric lost (`worse` says of a ratio whether it is a loss).
 fn bench_row(name: &str, mut runs: [Vec<f64>; 3], worse: fn(f64) -> bool) -> String {
     let ratios = |w: usize| -> Vec<f64> { runs[w].iter().zip(&runs[0]).map(|(x, t)| x / t).collect() };
@@ -265,11 +266,11 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// `--bench`: RC (64 KiB) and UD (1000 B) ping-pong throughput between two processes, over the TCP link, over
+/// `--bench`: RC (64 KiB) and UD (1000 B) ping-pong throughput between two processes, over a TCP stream, over
 /// the VDE fabric through the switch only, and over the VDE fabric as it runs (past the switch), in
 /// [`BENCH_ROUNDS`] rounds of one run each, the order of the three turning from round to round (none always
 /// runs first or right after another); the median of each wire (and its slowest and fastest run), and the
-/// median of the rounds' own ratios to the TCP link (a round's wires ran within a second or two of each other,
+/// median of the rounds' own ratios to the TCP stream (a round's wires ran within a second or two of each other,
 /// so its ratio is less subject to the machine's load than the ratio of medians), with their range.
 fn bench(root: &Path) -> Result<(), String> {
     let tool = build_tool(root, true)?;
@@ -311,7 +312,7 @@ fn bench(root: &Path) -> Result<(), String> {
             lat_rows.push(bench_row(name, typical, |r| r > 1.0));
         }
         println!(
-            "| ping-pong, two processes | TCP link (Mbit/s) | VDE, all through the switch (Mbit/s) | VDE (Mbit/s) \
+            "| ping-pong, two processes | TCP stream (Mbit/s) | VDE, all through the switch (Mbit/s) | VDE (Mbit/s) \
              | switch / TCP | VDE / TCP | rounds VDE slower |"
         );
         println!("|---|---:|---:|---:|---:|---:|---:|");
@@ -319,7 +320,7 @@ fn bench(root: &Path) -> Result<(), String> {
             println!("{r}");
         }
         println!(
-            "\n| typical one-way latency (median round trip / 2) | TCP link (us) | VDE, all through the switch (us) \
+            "\n| typical one-way latency (median round trip / 2) | TCP stream (us) | VDE, all through the switch (us) \
              | VDE (us) | switch / TCP | VDE / TCP | rounds VDE slower |"
         );
         println!("|---|---:|---:|---:|---:|---:|---:|");

@@ -179,9 +179,10 @@ impl DeviceSpec {
 #[cfg(feature = "sim")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireSpec {
-    /// Listen on `ADDR:PORT` (port 0 picks one; [`Device::wire_addr`] tells which).
+    /// Listen on `ADDR:PORT` (port 0 picks one; [`Device::wire_addr`] tells which): the VDE fabric's link on
+    /// the TCP stream a `wire=connect` device opens (QEMU's stream framing; no libvdeplug needed).
     Listen(String),
-    /// Connect to the device listening at `HOST:PORT`.
+    /// Connect to the device listening at `HOST:PORT`, retrying until `connect_timeout`.
     Connect(String),
     /// `wire=vde` or `wire=vde:URL`: plug into a VDE fabric: the libvdeplug URL (`vde:///path` for a
     /// `vde_switch`, `vxvde://239.1.2.3` across a LAN), or by default this user's switch, which the first
@@ -191,7 +192,7 @@ pub enum WireSpec {
     Vde(Option<String>),
     /// `wire=qemu:IPV4:SOCKET`: plug into a QEMU guest NIC listening on the UNIX socket `SOCKET`
     /// (`-netdev stream,server=on,addr.type=unix`), the port's address `IPV4` (answered in ARP, a RoCE v2 GID):
-    /// RoCEv2 frames to a RoCE stack in the guest such as rdma_rxe.
+    /// the VDE fabric's link on that stream, RoCEv2 frames to a RoCE stack in the guest such as rdma_rxe.
     Qemu {
         /// The simulated port's IPv4 address.
         ipv4: std::net::Ipv4Addr,

@@ -74,14 +74,6 @@ fn deliver(p: Packet, queue: &mut VecDeque<Arc<Shared>>) {
                 }
                 None => "destination device gone",
             },
-            Port::Remote(link) => match link.transmit(&p) {
-                Ok(()) => return,
-                Err(why) => why,
-            },
-            Port::Guest(link) => match link.transmit(&p) {
-                Ok(()) => return,
-                Err(why) => why,
-            },
             Port::Vde(link, _) => match link.transmit(&p) {
                 Ok(()) => return,
                 Err(why) => why,

@@ -1,161 +1,56 @@
-//! The link to a QEMU guest's NIC (or any peer speaking QEMU's `-netdev stream` framing) over a UNIX socket:
-//! bare Ethernet frames, each after a 4-byte big-endian length (`stream.rs`). The port's packets cross it as the
-//! RoCEv2 frames `wire::roce_map` makes; frames from the guest go through the port's receive side
-//! (`transport/roce_rx.rs`: ARP answered, RoCE reassembled and matched).
-//!
-//! There is no handshake: the far end's MAC is learned from the frames it sends. Before it is known, a packet to an
-//! IPv4 GID makes the port send an ARP request instead (the packet is lost and the requester's timer sends it
-//! again, as a NIC waiting on neighbour resolution would drop it); a link-local IPv6 GID carries its MAC. Every
-//! destination the port does not own goes out on this cable (one port, one cable), so the guest's addresses need
-//! not be configured.
+//! The fabric on a QEMU guest's NIC (or any peer speaking QEMU's `-netdev stream` framing) over a UNIX socket
+//! (`wire=qemu`): a point-to-point stream of bare Ethernet frames (`stream.rs`) with the fabric's link on it
+//! (`vde.rs`), as on a VDE switch: the port's packets cross as the RoCEv2 frames `wire::roce_map` makes, to the
+//! MAC of a link-local GID or the one ARP resolved for an IPv4 GID (until the guest answers, the packet is lost and
+//! the requester's timer sends it again, as a NIC waiting on neighbour resolution drops it); what the guest sends
+//! goes through the port's receive side (`transport/roce_rx.rs`: ARP answered, RoCE reassembled and matched). No
+//! hello: the guest is not ours. Tests can make the cable lose a RoCE frame either way or go slowly ([`Cable`]).
 //!
 //! QEMU 7.2 in client mode (`server=off`) connects once at start and never retries, so listen first
 //! ([`listen`]) or let QEMU listen (`server=on`) and [`connect`] with retries.
 
-use std::io::{self, BufWriter, Write};
+use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::port::{log, next_device_id, wire, DevRef, GuestLink, Packet, Port, Station, TxCount};
-use super::stream::{read_frame, write_frame, MAX_STREAM_FRAME};
+use super::port::{log, Cable, Station, VdeLink};
+use super::stream::{Sock, StreamConn};
+use super::vde::plug_with;
 use crate::events::SimEvent;
-use crate::wire::roce::arp::{ArpRepr, Operation};
-use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
-use crate::wire::roce::frame::emit_arp;
-use crate::wire::roce_map;
 
-/// Whether a frame is UDP to the RoCEv2 port (IPv4 without options, or IPv6), by its headers alone.
-fn is_roce(f: &[u8]) -> bool {
-    let udp_dport = |at: usize| f.get(at + 2..at + 4) == Some(&4791u16.to_be_bytes()[..]);
-    match f.get(12..14) {
-        Some([0x08, 0x00]) => f.get(14) == Some(&0x45) && f.get(23) == Some(&17) && udp_dport(34),
-        Some([0x86, 0xdd]) => f.get(20) == Some(&17) && udp_dport(54),
-        _ => false,
-    }
-}
-
-/// The IPv4 address in an IPv4-mapped GID.
-fn v4(gid: &[u8; 16]) -> Option<[u8; 4]> {
-    (gid[..10] == [0; 10] && gid[10..12] == [0xff, 0xff]).then(|| [gid[12], gid[13], gid[14], gid[15]])
-}
-
-/// The MAC in a link-local GID (modified EUI-64).
-fn link_local_mac(gid: &[u8; 16]) -> Option<[u8; 6]> {
-    (gid[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0] && gid[11] == 0xff && gid[12] == 0xfe)
-        .then(|| [gid[8] ^ 2, gid[9], gid[10], gid[13], gid[14], gid[15]])
-}
-
-impl GuestLink {
-    pub(crate) fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn close(&self) {
-        self.up.store(false, Ordering::Release);
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-    }
-
-    /// Waits (at most `timeout`) until every frame queued is written to the socket.
-    pub(crate) fn drain(&self, timeout: Duration) -> bool {
-        self.count.drain(|| self.is_up(), timeout)
-    }
-
-    /// Hands a frame to the writer thread.
-    fn queue(&self, frame: &[u8]) -> Result<(), &'static str> {
-        self.count.queued();
-        self.tx.send(frame.to_vec()).map_err(|_| "link down")
-    }
-
-    /// The guest NIC's MAC, if known.
-    pub(crate) fn peer_mac(&self) -> Option<[u8; 6]> {
-        self.theirs.lock().ok().and_then(|m| *m)
-    }
-
-    /// RoCE frames sent and received so far (each counting the one lost on purpose).
+impl VdeLink {
+    /// RoCE frames a cable sent and received so far (each counting the one lost on purpose); (0, 0) on a switch.
     pub(crate) fn frames(&self) -> (u64, u64) {
-        (self.sent.load(Ordering::Acquire), self.received.load(Ordering::Acquire))
+        self.cable.as_ref().map_or((0, 0), |c| (c.sent.load(Ordering::Acquire), c.received.load(Ordering::Acquire)))
     }
 
-    /// Drops the `n`-th RoCE frame sent from now on (1 is the next one).
+    /// Drops the `n`-th RoCE frame sent from now on (1 is the next one); on a cable only.
     pub(crate) fn drop_frame(&self, n: u64) {
-        let base = self.sent.load(Ordering::Acquire);
-        self.drop_nth.store(base + n, Ordering::Release);
+        if let Some(c) = &self.cable {
+            c.drop_nth.store(c.sent.load(Ordering::Acquire) + n, Ordering::Release);
+        }
     }
 
-    /// Makes the writer put at most `per_ms` frames a millisecond on the socket (0: no limit).
+    /// Drops the `n`-th RoCE frame received from now on (1 is the next one); on a cable only.
+    pub(crate) fn drop_frame_in(&self, n: u64) {
+        if let Some(c) = &self.cable {
+            c.drop_in_nth.store(c.received.load(Ordering::Acquire) + n, Ordering::Release);
+        }
+    }
+
+    /// Makes the writer put at most `per_ms` frames a millisecond on the stream (0: no limit); on a cable only.
     pub(crate) fn set_pace(&self, per_ms: u64) {
-        self.pace.store(per_ms, Ordering::Release);
+        if let Some(c) = &self.cable {
+            c.pace.store(per_ms, Ordering::Release);
+        }
     }
 
     /// The most frames that waited for the writer at once.
     pub(crate) fn backlog_peak(&self) -> u64 {
         self.count.peak()
-    }
-
-    /// Drops the `n`-th RoCE frame received from now on (1 is the next one).
-    pub(crate) fn drop_frame_in(&self, n: u64) {
-        let base = self.received.load(Ordering::Acquire);
-        self.drop_in_nth.store(base + n, Ordering::Release);
-    }
-
-    /// Counts a received RoCE frame; true when it is the one to drop. Other frames (ARP, the guest's IPv6
-    /// neighbour discovery) are neither counted nor dropped.
-    fn lose_incoming(&self, frame: &[u8]) -> bool {
-        is_roce(frame) && self.received.fetch_add(1, Ordering::AcqRel) + 1 == self.drop_in_nth.load(Ordering::Acquire)
-    }
-
-    fn learn(&self, mac: [u8; 6]) {
-        if let Ok(mut m) = self.theirs.lock() {
-            *m = Some(mac);
-        }
-    }
-
-    fn send_raw(&self, frame: &[u8]) -> Result<(), &'static str> {
-        if let Some(s) = &self.pcap {
-            s.record(|_, out| out(frame));
-        }
-        self.queue(frame)
-    }
-
-    /// Puts `p` on the cable as RoCEv2 frames. Never blocks on the socket.
-    pub(crate) fn transmit(&self, p: &Packet) -> Result<(), &'static str> {
-        if !self.is_up() {
-            return Err("link down");
-        }
-        let grh = p.grh.ok_or("no GRH: not a RoCE packet")?;
-        let dst = match self.peer_mac().or_else(|| link_local_mac(&grh.dgid)) {
-            Some(m) => m,
-            None => return self.resolve(&grh.sgid, &grh.dgid),
-        };
-        let mut buf = Vec::new();
-        let mut result = Ok(());
-        roce_map::emit_frames(p, self.mine, dst, &mut buf, &mut |f| {
-            let n = self.sent.fetch_add(1, Ordering::AcqRel) + 1;
-            if n == self.drop_nth.load(Ordering::Acquire) {
-                return;
-            }
-            if let Err(e) = self.send_raw(f) {
-                result = Err(e);
-            }
-        })?;
-        result
-    }
-
-    /// Asks the cable who has the IPv4 address in `dgid` (ARP, from the one in `sgid`); the packet that needed it
-    /// is lost, as on a NIC whose neighbour entry is not resolved yet.
-    fn resolve(&self, sgid: &[u8; 16], dgid: &[u8; 16]) -> Result<(), &'static str> {
-        let (Some(sender_ip), Some(target_ip)) = (v4(sgid), v4(dgid)) else {
-            return Err("no MAC for the destination GID");
-        };
-        let arp =
-            ArpRepr { operation: Operation::Request, sender_mac: self.mine, sender_ip, target_mac: [0; 6], target_ip };
-        let eth = EthernetRepr { dst: BROADCAST, src: self.mine, ethertype: EtherType::Arp };
-        let mut buf = [0u8; 64];
-        let n = emit_arp(&eth, &arp, &mut buf).map_err(|_| "ARP request does not fit")?;
-        self.send_raw(&buf[..n])
     }
 }
 
@@ -168,8 +63,8 @@ pub(crate) fn listen<S: Station>(station: &Arc<S>, path: &Path) -> io::Result<()
     std::thread::Builder::new().name("mlx5-sim-guest-listen".into()).spawn(move || {
         if let Ok((stream, _)) = listener.accept() {
             if let Some(station) = weak.upgrade() {
-                if let Err(e) = plug(&station, stream) {
-                    log_down(&*station, e.kind());
+                if plug(&station, stream).is_err() {
+                    log(&*station, SimEvent::FrameDropped { why: "the guest link could not be set up" });
                 }
             }
         }
@@ -189,113 +84,10 @@ pub(crate) fn connect<S: Station>(station: &Arc<S>, path: &Path, timeout: Durati
     }
 }
 
-fn log_down(station: &impl Station, _kind: io::ErrorKind) {
-    log(station, SimEvent::FrameDropped { why: "the guest link could not be set up" });
-}
-
 fn plug<S: Station>(station: &Arc<S>, stream: UnixStream) -> io::Result<()> {
-    let (tx, rx) = mpsc::channel();
-    let (mine, pcap) = wire(&**station, |w| (w.addr.mac, w.pcap.clone()));
-    let id = next_device_id();
-    let link = Arc::new(GuestLink {
-        id,
-        tx,
-        up: AtomicBool::new(true),
-        stream: stream.try_clone()?,
-        mine,
-        theirs: Mutex::new(None),
-        pcap,
-        sent: AtomicU64::new(0),
-        drop_nth: AtomicU64::new(0),
-        received: AtomicU64::new(0),
-        drop_in_nth: AtomicU64::new(0),
-        pace: AtomicU64::new(0),
-        count: TxCount::default(),
-    });
-    let reader = stream.try_clone()?;
-    station.with_wire(|wire, _| {
-        wire.plug_guest(DevRef { id, port: Port::Guest(link.clone()) });
-        ((), Some(true))
-    });
-    let writer = link.clone();
-    std::thread::Builder::new().name("mlx5-sim-guest-tx".into()).spawn(move || write_loop(&writer, stream, rx))?;
-    let weak = Arc::downgrade(station);
-    std::thread::Builder::new().name("mlx5-sim-guest-rx".into()).spawn(move || read_loop(weak, link, reader))?;
+    let conn = StreamConn::new(Sock::Unix(stream))?;
+    plug_with(station, Box::new(conn), "qemu-stream", None, Some(Cable::default())).map_err(io::Error::other)?;
     Ok(())
-}
-
-fn write_loop(link: &GuestLink, stream: UnixStream, rx: mpsc::Receiver<Vec<u8>>) {
-    let mut w = BufWriter::new(stream);
-    // A paced link's schedule: when its first frame went and how many went since.
-    let mut paced: Option<(Instant, u64)> = None;
-    while let Ok(frame) = rx.recv() {
-        link.count.taken();
-        let mut ok = write_frame(&mut w, &frame).is_ok();
-        let mut n = 1;
-        let pace = link.pace.load(Ordering::Acquire);
-        // A paced link writes one frame at a time; otherwise everything queued goes out together.
-        if pace == 0 {
-            while let Ok(more) = rx.try_recv() {
-                link.count.taken();
-                ok &= write_frame(&mut w, &more).is_ok();
-                n += 1;
-            }
-        }
-        if !ok || w.flush().is_err() {
-            break;
-        }
-        link.count.written(n);
-        // Paced: the n-th frame since the pace was set goes n / pace milliseconds after the first.
-        let sent = paced.map_or(0, |(_, n)| n) + 1;
-        if let Some(us) = sent.saturating_mul(1000).checked_div(pace) {
-            let start = paced.map_or_else(Instant::now, |(t, _)| t);
-            paced = Some((start, sent));
-            if let Some(wait) = (start + Duration::from_micros(us)).checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
-        }
-    }
-    link.close();
-}
-
-fn read_loop<S: Station>(weak: Weak<S>, link: Arc<GuestLink>, mut r: UnixStream) {
-    let mut buf = vec![0u8; MAX_STREAM_FRAME];
-    let src = DevRef { id: link.id, port: Port::Guest(link.clone()) };
-    // A clean end of stream or a bad length (not QEMU's framing) ends the link.
-    while let Ok(Some(n)) = read_frame(&mut r, &mut buf) {
-        let Some(station) = weak.upgrade() else { break };
-        let frame = &buf[..n];
-        if link.lose_incoming(frame) {
-            continue;
-        }
-        // The far end's MAC is the source of what it sends (not a broadcast or one of ours).
-        if n >= 12 {
-            let mut mac = [0u8; 6];
-            mac.copy_from_slice(&frame[6..12]);
-            if mac != link.mine && mac[0] & 1 == 0 {
-                link.learn(mac);
-            }
-        }
-        let back = station.receive_frame(frame, &src);
-        if let Some(b) = back {
-            let _ = link.send_raw_unrecorded(&b);
-        }
-        station.run();
-    }
-    link.close();
-    if let Some(station) = weak.upgrade() {
-        station.with_wire(|wire, _| {
-            wire.unplug_remote(link.id);
-            ((), Some(false))
-        });
-    }
-}
-
-impl GuestLink {
-    /// Sends a frame the port already recorded (its ARP replies).
-    fn send_raw_unrecorded(&self, frame: &[u8]) -> Result<(), &'static str> {
-        self.queue(frame)
-    }
 }
 
 #[cfg(test)]
@@ -303,9 +95,15 @@ mod tests {
     use super::*;
     use crate::config::Mode;
     use crate::config::SimConfig;
+    use crate::link::port::TxCount;
+    use crate::link::stream::{read_frame, write_frame, MAX_STREAM_FRAME};
     use crate::testkit::submit::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
+    use crate::wire::roce::arp::{ArpRepr, Operation};
+    use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
+    use crate::wire::roce::frame::emit_arp;
     use crate::wire::roce::frame::{parse, Parsed};
     use mlx5_core::prm::consts;
+    use std::io::Write;
 
     const SEND: u8 = consts::MLX5_OPCODE_SEND;
     const WAIT: Duration = Duration::from_secs(5);
@@ -986,8 +784,9 @@ mod tests {
         let mut s = UnixStream::connect(&path).unwrap();
         let _ = std::fs::remove_file(&path);
         let guest = [0x52, 0x54, 0, 0, 0, 1];
-        // More answers than the socket buffers hold, so most are still queued for the writer at the end.
-        const N: u64 = 20_000;
+        // More answers than the socket buffers hold, so most are still queued for the writer at the end (and
+        // fewer than the writer's queue holds: beyond it an ARP flood is dropped and counted).
+        const N: u64 = crate::link::vde::TX_QUEUE as u64 * 3 / 4;
         let ask = arp_request(guest, [10, 0, 0, 2]);
         let mut w = std::io::BufWriter::new(s.try_clone().unwrap());
         for _ in 0..N {
@@ -1039,7 +838,9 @@ mod tests {
         let ask = |target: [u8; 4]| arp_request(guest, target);
         // Not ours: no answer. Ours: a reply from the port's MAC. A frame with a bad ICRC is dropped and counted.
         write_frame(&mut s, &ask([10, 0, 0, 9])).unwrap();
+        // To the port's MAC (the link drops and counts a frame to another MAC before the port sees it).
         let mut bad = vec![0u8; 80];
+        bad[..6].copy_from_slice(&a.h.dev.config().mac);
         bad[12] = 0x08;
         write_frame(&mut s, &bad).unwrap();
         write_frame(&mut s, &ask([10, 0, 0, 2])).unwrap();

@@ -1,19 +1,34 @@
 //! How packets travel between devices: port addresses and routing (loopback or a connected peer) in `port.rs`;
-//! `tcp.rs` is the link to a device in another process, `guest.rs` to a QEMU guest's NIC. Links only carry
-//! frames: what they receive goes to [`Station`], which the device layer implements, and the pump that runs a
-//! device and hands its packets on is the device layer's (`device/pump.rs`).
+//! the fabric (`vde.rs`) is the link to devices in other processes and to QEMU guests. Links only carry frames:
+//! what they receive goes to [`Station`], which the device layer implements, and the pump that runs a device and
+//! hands its packets on is the device layer's (`device/pump.rs`).
 //!
 //! A packet (module `wire`) is a whole message (one request or one response); between Ethernet ports, of this
-//! process (`device/pump.rs`), of another process (`tcp.rs`) or a QEMU guest (`guest.rs`), it crosses as the RoCEv2
-//! frames it stands for. Routing is by the sender's path or address vector: the IB destination LID, or on
-//! Ethernet the destination MAC, as an Ethernet segment delivers; the receiving port then takes a RoCE packet only
-//! for one of its own GIDs (its link-local GID or any entry of its GID table, IPv4-mapped ones included:
-//! `Datapath::owns_gid`). The device's own address is loopback (the packet goes to its own inbox and is handled
-//! under the same lock); an address of a peer joined by [`crate::sim_device::SimDevice::connect`] goes out on the wire;
-//! anything else is unreachable.
+//! process (`device/pump.rs`) or on the fabric, it crosses as the RoCEv2 frames it stands for. Routing is by the
+//! sender's path or address vector: the IB destination LID, or on Ethernet the destination MAC, as an Ethernet
+//! segment delivers; the receiving port then takes a RoCE packet only for one of its own GIDs (its link-local GID
+//! or any entry of its GID table, IPv4-mapped ones included: `Datapath::owns_gid`). The device's own address is
+//! loopback (the packet goes to its own inbox and is handled under the same lock); an address of a peer joined by
+//! [`crate::sim_device::SimDevice::connect`] goes out on the wire; any other goes to the fabric if the port is
+//! plugged into one, else it is unreachable.
 //!
-//! A peer in another process is reached through a [`Link`]: a TCP connection that carries serialized
-//! packets (see `tcp.rs`); to the routing here it is just another peer.
+//! One fabric logic, two kinds of frame transport. The fabric (`vde.rs`, with `vde_ib.rs` for InfiniBand ports'
+//! frames) addresses Ethernet frames (MACs from link-local GIDs or ARP, an IB port's from its LID), counts and
+//! bounds what it sends and takes, and reports a fabric that went away; it reads and writes frames through
+//! `datagrams::Datagrams`, of which there are two:
+//!
+//! - a libvdeplug plug (`vde.rs`): `wire=vde[:URL]`, any number of ports on a `vde_switch` (with `direct.rs`, a
+//!   path past the switch between ports of one machine) or any libvdeplug URL;
+//! - a point-to-point stream in QEMU's `-netdev stream` framing (`stream.rs`: a 4-byte length before each
+//!   frame), plain sockets with no libvdeplug: TCP to another process (`tcp.rs`: `wire=listen` / `wire=connect`,
+//!   a hello each way, connect retries, a bounded number of pending handshakes) or a UNIX socket to a QEMU
+//!   guest's NIC (`guest.rs`: `wire=qemu`). On a stream an IB port's frames may name any LID (the permissive
+//!   LID of a subnet manager's SMPs, LID 0 before it assigned one), and its LID follows the one the SMA sets.
+//!
+//! Frame size: the fabric sends and takes frames of at most `MAX_ETH_FRAME` (1518) bytes on both transports, as a
+//! `vde_switch` carries no more (it truncates longer ones). A stream could carry up to `MAX_STREAM_FRAME` (64
+//! KiB), but one limit keeps one behaviour: a path MTU above 1024 does not cross any fabric, and a longer frame
+//! from a peer is dropped and counted (`rx_oversize`), whichever transport it came on.
 //!
 //! Locking: a device only ever holds its own lock. The pump (`device/pump.rs`) runs one device's datapath, takes the packets it
 //! produced for other devices, then locks each destination in turn, hands it the packet and runs its datapath,

@@ -1,11 +1,11 @@
 //! What the links share: a packet's ends ([`DevRef`], [`Port`]), port addresses, the wire state of one device
 //! ([`Wire`]: routing, peers, capture), [`Station`] (what a link reports to, implemented by the device layer),
-//! and the two link handles a [`Port`] may hold (their threads and framing are `tcp.rs` and `guest.rs`).
+//! and the fabric link a [`Port`] may hold (its threads and framing are `vde.rs`; over a point-to-point stream,
+//! its [`Cable`] side is `tcp.rs` and `guest.rs`).
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::net::{SocketAddr, TcpStream};
-use std::os::unix::net::UnixStream;
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex};
@@ -123,11 +123,9 @@ pub(crate) fn log(station: &impl Station, e: SimEvent) {
 pub(crate) enum Port {
     /// A device of this process, as the device layer hands it over: a link only holds it and compares it.
     Local(Weak<dyn Any + Send + Sync>),
-    Remote(Arc<Link>),
-    /// A QEMU guest's NIC (`guest.rs`): RoCEv2 frames on a UNIX socket.
-    Guest(Arc<GuestLink>),
-    /// A VDE fabric (`vde.rs`): RoCEv2 frames to any number of ports, or from an InfiniBand port IB frames to the
-    /// port with the LID given (the destination of a packet, the source of one received; 0 on Ethernet).
+    /// The fabric (`vde.rs`), on a VDE switch or a point-to-point stream (another process over TCP, a QEMU
+    /// guest's NIC): RoCEv2 frames to any number of ports, or from an InfiniBand port IB frames to the port with
+    /// the LID given (the destination of a packet, the source of one received; 0 on Ethernet).
     Vde(Arc<VdeLink>, u16),
 }
 
@@ -266,7 +264,6 @@ impl Wire {
             return self.addr.mac;
         }
         match self.peers.iter().find(|p| p.dev.id == id) {
-            Some(Peer { dev: DevRef { port: Port::Guest(l), .. }, .. }) => l.peer_mac().unwrap_or([0xff; 6]),
             Some(Peer { dev: DevRef { port: Port::Vde(..), .. }, .. }) => [0xff; 6],
             Some(p) => p.addr.mac,
             None => [0; 6],
@@ -362,8 +359,8 @@ impl Wire {
     /// bytes) is copied once, into the queue, rather than again on the way in.
     #[inline]
     pub(crate) fn send(&mut self, mut p: Packet) {
-        // A guest or VDE link records the frames it writes itself (they depend on what ARP resolved).
-        if self.pcap.is_some() && !matches!(p.dst.port, Port::Guest(_) | Port::Vde(..)) {
+        // A fabric link records the frames it writes itself (they depend on what ARP resolved).
+        if self.pcap.is_some() && !matches!(p.dst.port, Port::Vde(..)) {
             self.capture(&p, false);
         }
         if p.dst.id == self.me.id {
@@ -377,13 +374,7 @@ impl Wire {
         }
     }
 
-    pub(crate) fn add_peer(&mut self, dev: DevRef, addr: PortAddr) {
-        if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
-            self.peers.push(Peer { dev, addr, default: false, lid: None });
-        }
-    }
-
-    /// [`add_peer`](Self::add_peer) of a device of this process, whose LID is read live from `lid`.
+    /// Adds a device of this process as a peer, its LID read live from `lid`.
     pub(crate) fn add_local_peer(&mut self, dev: DevRef, addr: PortAddr, lid: Arc<AtomicU16>) {
         if dev.id != self.me.id && !self.peers.iter().any(|p| p.dev.id == dev.id) {
             self.peers.push(Peer { dev, addr, default: false, lid: Some(lid) });
@@ -395,27 +386,9 @@ impl Wire {
     pub(crate) fn set_lid(&mut self, lid: u16) {
         self.addr.lid = lid;
         self.lid_cell.store(lid, Ordering::Relaxed);
-        // A device in another process learns it over the link; a lost update (link down) matters no more.
-        for p in &self.peers {
-            match &p.dev.port {
-                Port::Remote(link) => {
-                    let _ = link.transmit_lid(lid);
-                }
-                // A VDE link frames its packets from the new LID and takes those to it.
-                Port::Vde(link, _) => {
-                    if let Some(ib) = &link.ib {
-                        ib.set_lid(lid);
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// The device at the other end of link `id` (another process) says its LID is now `lid`.
-    pub(crate) fn peer_lid(&mut self, id: u64, lid: u16) {
-        if let Some(p) = self.peers.iter_mut().find(|p| p.dev.id == id && p.lid.is_none()) {
-            p.addr.lid = lid;
+        // An InfiniBand port's fabric link sends from it from now on.
+        if let Some(l) = self.vde_link() {
+            l.set_lid(lid);
         }
     }
 
@@ -424,26 +397,15 @@ impl Wire {
         Arc::clone(&self.lid_cell)
     }
 
-    /// Plugs a link to another process in, replacing the one plugged in before (one port, one cable).
-    pub(crate) fn plug_remote(&mut self, dev: DevRef, addr: PortAddr) {
-        self.peers.retain(|p| !matches!(p.dev.port, Port::Remote(_)));
-        self.add_peer(dev, addr);
-    }
-
-    /// Plugs a guest NIC in, replacing the one plugged in before.
-    pub(crate) fn plug_guest(&mut self, dev: DevRef) {
+    /// Plugs a fabric link in (a VDE switch or a point-to-point stream), replacing the cable plugged in before:
+    /// every destination the port does not own goes out on it.
+    pub(crate) fn plug_vde(&mut self, dev: DevRef) {
         self.peers.retain(|p| !p.default);
         let addr = PortAddr { ib: false, lid: 0, gid: [0; GID_LEN], mac: [0; 6] };
         self.peers.push(Peer { dev, addr, default: true, lid: None });
     }
 
-    /// Plugs a VDE fabric in, replacing the cable plugged in before: every destination the port does not own
-    /// goes out on it.
-    pub(crate) fn plug_vde(&mut self, dev: DevRef) {
-        self.plug_guest(dev);
-    }
-
-    /// The link to a VDE fabric, if one is plugged in.
+    /// The fabric link plugged in, if any.
     pub(crate) fn vde_link(&self) -> Option<Arc<VdeLink>> {
         self.peers.iter().find_map(|p| match &p.dev.port {
             Port::Vde(l, _) => Some(l.clone()),
@@ -451,20 +413,14 @@ impl Wire {
         })
     }
 
-    /// The link to a guest NIC, if one is plugged in.
-    pub(crate) fn guest_link(&self) -> Option<Arc<GuestLink>> {
-        self.peers.iter().find_map(|p| match &p.dev.port {
-            Port::Guest(l) => Some(l.clone()),
-            _ => None,
-        })
+    /// The fabric link over a TCP stream to another process (`tcp.rs`), if one is plugged in.
+    pub(crate) fn remote_link(&self) -> Option<Arc<VdeLink>> {
+        self.vde_link().filter(|l| l.cable.as_ref().is_some_and(|c| c.peer.is_some()))
     }
 
-    /// The link to another process, if one is plugged in.
-    pub(crate) fn remote_link(&self) -> Option<Arc<Link>> {
-        self.peers.iter().find_map(|p| match &p.dev.port {
-            Port::Remote(l) => Some(l.clone()),
-            Port::Local(_) | Port::Guest(_) | Port::Vde(..) => None,
-        })
+    /// The fabric link over a UNIX stream to a guest NIC (`guest.rs`), if one is plugged in.
+    pub(crate) fn guest_link(&self) -> Option<Arc<VdeLink>> {
+        self.vde_link().filter(|l| l.cable.as_ref().is_some_and(|c| c.peer.is_none()))
     }
 
     /// Unplugs the link `id` (its far end went away).
@@ -477,14 +433,6 @@ impl Drop for Wire {
     /// A device that goes away unplugs its link once what it queued is on the socket: the far end gets those
     /// frames, then sees the connection close.
     fn drop(&mut self) {
-        if let Some(l) = self.remote_link() {
-            l.drain(DRAIN_TIMEOUT);
-            l.close();
-        }
-        if let Some(l) = self.guest_link() {
-            l.drain(DRAIN_TIMEOUT);
-            l.close();
-        }
         if let Some(l) = self.vde_link() {
             l.drain(DRAIN_TIMEOUT);
             l.close();
@@ -492,53 +440,29 @@ impl Drop for Wire {
     }
 }
 
-/// A link to a device in another process (`tcp.rs`).
-/// One plugged-in link: the far end's address and the way to it.
-#[derive(Debug)]
-pub(crate) struct Link {
-    /// The far end's device id on this side's wire (so it is a peer like any other).
-    pub(crate) id: u64,
-    pub(crate) peer: SocketAddr,
-    /// Frames for the writer thread.
-    pub(crate) tx: mpsc::Sender<Vec<u8>>,
-    pub(crate) up: AtomicBool,
-    /// The socket, to shut it down when this side unplugs (the reader and writer then end).
-    pub(crate) stream: TcpStream,
-    /// Between two Ethernet ports: this port's MAC and the far one's. Packets then cross as RoCEv2 frames.
-    pub(crate) macs: Option<([u8; 6], [u8; 6])>,
-    /// Frames given to the writer thread and written.
-    pub(crate) count: TxCount,
-}
-
-/// A QEMU guest's NIC (`guest.rs`).
-/// The link to a guest NIC.
-#[derive(Debug)]
-pub(crate) struct GuestLink {
-    /// The far end's id on this side's wire.
-    pub(crate) id: u64,
-    pub(crate) tx: mpsc::Sender<Vec<u8>>,
-    pub(crate) up: AtomicBool,
-    pub(crate) stream: UnixStream,
-    pub(crate) mine: [u8; 6],
-    /// The guest NIC's MAC, once a frame from it arrived.
-    pub(crate) theirs: Mutex<Option<[u8; 6]>>,
-    /// Where the frames this link writes are recorded (the port's capture).
-    pub(crate) pcap: Option<PcapSink>,
+/// A fabric link's point-to-point side (`tcp.rs`, `guest.rs`): who is at the other end of the stream, and the
+/// faults tests inject on it.
+#[derive(Debug, Default)]
+pub(crate) struct Cable {
+    /// The TCP peer (`None`: a UNIX socket, a QEMU guest's NIC).
+    pub(crate) peer: Option<SocketAddr>,
+    /// The far end said hello (`tcp.rs`): a listener keeps such a peer and turns newcomers away.
+    pub(crate) heard: AtomicBool,
+    /// The far end's hello named this port's own address: the link was taken down.
+    pub(crate) same_address: AtomicBool,
     /// RoCE frames sent so far, and the one (1-based) to drop on purpose (0: none), for lost-frame tests.
     pub(crate) sent: AtomicU64,
     pub(crate) drop_nth: AtomicU64,
     /// The same for RoCE frames received.
     pub(crate) received: AtomicU64,
     pub(crate) drop_in_nth: AtomicU64,
-    /// Frames the writer puts on the socket per millisecond at most (0: as fast as it can): a slow cable, for
+    /// Frames the writer puts on the stream per millisecond at most (0: as fast as it can): a slow cable, for
     /// tests of messages that take the link longer than the ACK timeout.
     pub(crate) pace: AtomicU64,
-    /// Frames given to the writer thread and written.
-    pub(crate) count: TxCount,
 }
 
-/// A VDE fabric (`vde.rs`).
-/// The link to a VDE fabric: one libvdeplug connection, any number of far ends.
+/// The link to the fabric (`vde.rs`): one frame connection (libvdeplug's, or a point-to-point stream's), any
+/// number of far ends.
 #[derive(Debug)]
 pub(crate) struct VdeLink {
     /// The fabric's id on this side's wire.
@@ -563,6 +487,8 @@ pub(crate) struct VdeLink {
     pub(crate) ib: Option<super::vde_ib::IbSide>,
     /// Frames given to the writer thread and written.
     pub(crate) count: TxCount,
+    /// On a point-to-point stream (TCP, a guest's UNIX socket): its side; `None` on a VDE switch.
+    pub(crate) cable: Option<Cable>,
 }
 
 /// How many counters a VDE link keeps (`vde.rs` names them).

@@ -1,17 +1,15 @@
-//! A link to a simulated device in another process: the virtual wire carried over a TCP connection, so two
-//! programs (`mlx5 pingpong --server` and `--client`) can talk through two simulated ConnectX without a NIC.
+//! The fabric over TCP: a simulated device in another process at the far end of a TCP connection, so two
+//! programs (`mlx5 pingpong --server` and `--client`, `wire=listen` / `wire=connect`) talk through two simulated
+//! ConnectX without a NIC and without libvdeplug (the aarch64 tests under qemu-user have none).
 //!
 //! One device listens ([`crate::sim_device::SimDevice::wire_listen`]), the other connects
-//! ([`crate::sim_device::SimDevice::wire_connect`]). After a handshake that swaps port addresses (LID, GID, MAC), each
-//! device routes packets for the other's address onto the link, as [`crate::sim_device::SimDevice::connect`] does in one
-//! process. A packet crosses the link as one frame: a 4-byte big-endian length, then the packet's fields; the
-//! far end reads it, hands it to its device and runs that device's datapath, whose responses come back the same
-//! way.
-//!
-//! Threads: a writer per link owns the socket's sending half and is fed by a channel, so a device never blocks
-//! on the network while it runs (two devices answering each other cannot deadlock on full socket buffers); a
-//! reader per link takes frames in, locking only its own device; a listener accepts peers. The stream is
-//! trusted no more than a cable: a frame that does not parse ends the link ([`crate::events::SimEvent::LinkDown`]), and
+//! ([`crate::sim_device::SimDevice::wire_connect`]). The connection is a point-to-point stream of Ethernet frames
+//! in QEMU's stream framing (`stream.rs`), and the link on it is the fabric's (`vde.rs`): RoCEv2 frames between
+//! Ethernet ports (destination MACs from link-local GIDs or ARP), an InfiniBand port's packets in IB frames
+//! (`vde_ib.rs`), the same counters and bounded queues as on a VDE switch. Only meeting is this file's: each end
+//! first sends a hello frame ([`Hello`]: its link layer, LID, GID and MAC), so a listener knows a fabric port connected
+//! and both refuse a peer with their own address ([`WireError::SameAddress`]). The stream is trusted no more than
+//! a cable: a length that is not the framing's ends the link ([`crate::events::SimEvent::LinkDown`]), and
 //! requests it carried time out at the requester like any lost packet.
 //!
 //! The listener's accept thread never waits on a peer: each connection's handshake runs on a thread of its own,
@@ -21,25 +19,15 @@
 //! until its timeout, so the two programs of a pair may start in either order.
 
 use std::collections::VecDeque;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::port::{log, next_device_id, wire, DevRef, Link, Packet, Port, PortAddr, Station, TxCount, DRAIN_TIMEOUT};
+use super::port::{log, wire, Cable, Station, DRAIN_TIMEOUT};
+use super::stream::{read_frame, write_frame, Hello, Sock, StreamConn, HELLO_LEN};
+use super::vde::plug_with;
 use crate::events::SimEvent;
-use crate::wire::frame::{decode_packet, encode_packet, Dec, Enc, FRAME_PACKET};
-use crate::wire::{roce_map, GID_LEN};
-
-/// The first bytes of a handshake frame, then the protocol version.
-const MAGIC: &[u8; 8] = b"MLX5SIMW";
-/// Version 2: Ethernet ports exchange RoCEv2 frames.
-const VERSION: u8 = 2;
-
-/// The largest frame either side sends or accepts: a message above it cannot cross the link (the requester
-/// sees it lost). Bounds what a hostile peer can make us allocate.
-pub const MAX_FRAME: usize = 64 << 20;
 
 /// How long the handshake may take once the TCP connection is up.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,13 +48,6 @@ const CONNECT_ATTEMPT_MAX: Duration = Duration::from_secs(2);
 
 /// How often the listener looks whether its device still exists.
 const ACCEPT_POLL: Duration = Duration::from_millis(20);
-
-const FRAME_HELLO: u8 = 1;
-/// A bare Ethernet frame (RoCEv2 or ARP), between two Ethernet ports.
-const FRAME_ETHERNET: u8 = 3;
-/// The sender's port LID changed (a subnet manager assigned it): 2 bytes, big endian. The hello carried the LID
-/// the port had when the cable was plugged in.
-const FRAME_LID: u8 = 4;
 
 /// Why a link could not be set up.
 #[derive(Debug)]
@@ -112,79 +93,6 @@ impl std::error::Error for WireError {
             | WireError::NoListener { source, .. } => Some(source),
             _ => None,
         }
-    }
-}
-
-impl Link {
-    /// Queues `p` for the far end. Never blocks on the network.
-    pub(crate) fn transmit(&self, p: &Packet) -> Result<(), &'static str> {
-        if !self.up.load(Ordering::Acquire) {
-            return Err("link down");
-        }
-        if let Some((src, dst)) = self.macs {
-            // An RC/UC message becomes its MTU-sized packets, a response its ACK or READ response packets. Only
-            // the simulator's "lost" marker has no frame form; it travels as the packet below.
-            let mut buf = Vec::new();
-            let mut frames = Vec::new();
-            let made = roce_map::emit_frames(p, src, dst, &mut buf, &mut |f| {
-                let mut v = Vec::with_capacity(1 + f.len());
-                v.push(FRAME_ETHERNET);
-                v.extend_from_slice(f);
-                frames.push(v);
-            });
-            if made.is_ok() {
-                for f in frames {
-                    self.queue(f)?;
-                }
-                return Ok(());
-            }
-        }
-        let frame = encode_packet(p);
-        if frame.len() > MAX_FRAME {
-            return Err("message too large for the simulated link");
-        }
-        self.queue(frame)
-    }
-
-    /// Tells the far end this port's LID is now `lid`.
-    pub(crate) fn transmit_lid(&self, lid: u16) -> Result<(), &'static str> {
-        if !self.up.load(Ordering::Acquire) {
-            return Err("link down");
-        }
-        let [hi, lo] = lid.to_be_bytes();
-        self.queue(vec![FRAME_LID, hi, lo])
-    }
-
-    /// Queues a bare Ethernet frame (an ARP reply) for the far end.
-    pub(crate) fn transmit_frame(&self, frame: &[u8]) -> Result<(), &'static str> {
-        if !self.up.load(Ordering::Acquire) {
-            return Err("link down");
-        }
-        let mut v = Vec::with_capacity(1 + frame.len());
-        v.push(FRAME_ETHERNET);
-        v.extend_from_slice(frame);
-        self.queue(v)
-    }
-
-    /// Hands a frame to the writer thread.
-    fn queue(&self, frame: Vec<u8>) -> Result<(), &'static str> {
-        self.count.queued();
-        self.tx.send(frame).map_err(|_| "link down")
-    }
-
-    /// Waits (at most `timeout`) until every frame queued is written to the socket.
-    pub(crate) fn drain(&self, timeout: Duration) -> bool {
-        self.count.drain(|| self.is_up(), timeout)
-    }
-
-    pub(crate) fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
-    }
-
-    /// Unplugs this end: the far end sees the connection close.
-    pub(crate) fn close(&self) {
-        self.up.store(false, Ordering::Release);
-        let _ = self.stream.shutdown(Shutdown::Both);
     }
 }
 
@@ -329,7 +237,7 @@ fn start_handshake<S: Station>(state: &Arc<Listening<S>>, stream: TcpStream, pee
 /// device), then ours, then the link plugged in, unless a peer plugged in meanwhile.
 fn accept_peer<S: Station>(state: &Listening<S>, stream: TcpStream, peer: SocketAddr) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
-    let (mut r, w) = halves(&stream, state.handshake).map_err(|_| hs("socket setup failed"))?;
+    let mut r = hello_stream(&stream, state.handshake).map_err(|_| hs("socket setup failed"))?;
     let theirs = hear_hello(&mut r).map_err(hs)?;
     let station = state.station.upgrade().ok_or(WireError::DeviceGone)?;
     let _plugging = held(&state.plugging);
@@ -337,7 +245,7 @@ fn accept_peer<S: Station>(state: &Listening<S>, stream: TcpStream, peer: Socket
         let _ = stream.shutdown(Shutdown::Both);
         return Err(hs("a peer is plugged in already"));
     }
-    plug(&station, stream, r, w, peer, theirs, false)
+    plug(&station, stream, peer, theirs, false)
 }
 
 /// A listener's own lock (its holders never panic while holding it; a poisoned one is taken as it is).
@@ -409,27 +317,37 @@ fn connected_to_itself(stream: &TcpStream) -> bool {
 /// The connecting side of a handshake: our hello first, then the listener's, then the link plugged in.
 fn say_hello<S: Station>(station: &Arc<S>, stream: TcpStream, peer: SocketAddr) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
-    let (mut r, mut w) = halves(&stream, HANDSHAKE_TIMEOUT).map_err(|_| hs("socket setup failed"))?;
-    let mine = wire(&**station, |w| w.addr);
-    write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs(HELLO_UNSENT))?;
+    let mut r = hello_stream(&stream, HANDSHAKE_TIMEOUT).map_err(|_| hs("socket setup failed"))?;
+    let mine = my_hello(&**station);
+    write_frame(&mut r, &mine.frame()).map_err(|_| hs(HELLO_UNSENT))?;
     let theirs = hear_hello(&mut r).map_err(hs)?;
-    plug(station, stream, r, w, peer, theirs, true)
+    plug(station, stream, peer, theirs, true)
 }
 
-/// The socket's reading and writing handles, reads timing out after `timeout` (for the handshake).
-fn halves(stream: &TcpStream, timeout: Duration) -> io::Result<(BufReader<TcpStream>, TcpStream)> {
+/// The socket's stream, reads timing out after `timeout` (for the hello).
+fn hello_stream(stream: &TcpStream, timeout: Duration) -> io::Result<TcpStream> {
     let _ = stream.set_nodelay(true);
     stream.set_read_timeout(Some(timeout))?;
-    Ok((BufReader::new(stream.try_clone()?), stream.try_clone()?))
+    stream.try_clone()
 }
 
-/// The far end's hello. Its frame is small: a longer one is refused before it is read.
-fn hear_hello(r: &mut BufReader<TcpStream>) -> Result<PortAddr, &'static str> {
-    let frame = read_frame_max(r, HELLO_MAX).map_err(|e| match e.kind() {
-        io::ErrorKind::InvalidData => "the peer is not a simulated mlx5 wire",
-        _ => NO_HELLO,
-    })?;
-    decode_hello(&frame)
+/// The far end's hello: the first frame, which must be one. A frame longer than a hello is refused before it is
+/// read.
+fn hear_hello(r: &mut TcpStream) -> Result<Hello, &'static str> {
+    let mut buf = [0u8; HELLO_LEN];
+    match read_frame(r, &mut buf) {
+        Ok(Some(n)) => match Hello::parse(&buf[..n]) {
+            Some(Ok(h)) => Ok(h),
+            _ => Err(NOT_OURS),
+        },
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => Err(NOT_OURS),
+        Ok(None) | Err(_) => Err(NO_HELLO),
+    }
+}
+
+/// This port's hello.
+fn my_hello(station: &impl Station) -> Hello {
+    wire(station, |w| Hello { ib: w.addr.ib, lid: w.addr.lid, gid: w.addr.gid, mac: w.addr.mac })
 }
 
 /// Why a handshake failed when the peer closed (or said nothing) before its hello.
@@ -437,134 +355,35 @@ const NO_HELLO: &str = "no hello from the peer";
 /// Why a handshake failed when the far end reset the connection before our hello went out (a listener that
 /// accepted and closed, as one going away does).
 const HELLO_UNSENT: &str = "could not send the hello";
+/// Why a handshake failed when the first frame was not a hello.
+const NOT_OURS: &str = "the peer is not a simulated mlx5 wire";
 
-/// The longest hello frame read (a hello is 35 bytes).
-const HELLO_MAX: usize = 256;
-
-/// Plugs the link into the device once hellos are swapped (the listener answers only a valid hello, after
-/// reading it), and starts its threads.
+/// Plugs the stream into the device as its fabric link once hellos are swapped (the listener answers only a
+/// valid hello, after reading it).
 fn plug<S: Station>(
     station: &Arc<S>,
-    stream: TcpStream,
-    r: BufReader<TcpStream>,
-    mut w: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
-    theirs: PortAddr,
+    theirs: Hello,
     we_connect: bool,
 ) -> Result<(), WireError> {
     let hs = |why: &'static str| WireError::Handshake { peer: peer.to_string(), why };
-    let (mine, id) = (wire(&**station, |w| w.addr), next_device_id());
+    let mine = my_hello(&**station);
     if !we_connect {
-        write_frame(&mut w, &encode_hello(&mine)).map_err(|_| hs(HELLO_UNSENT))?;
+        write_frame(&mut stream, &mine.frame()).map_err(|_| hs(HELLO_UNSENT))?;
     }
-    if theirs == mine {
+    if theirs.same_port(&mine) {
         let _ = stream.shutdown(Shutdown::Both);
         return Err(WireError::SameAddress { peer: peer.to_string() });
     }
-    stream.set_read_timeout(None).map_err(|_| hs("socket setup failed"))?;
-    let (tx, rx) = mpsc::channel();
-    let macs = (!mine.ib && !theirs.ib).then_some((mine.mac, theirs.mac));
-    let link = Arc::new(Link { id, peer, tx, up: AtomicBool::new(true), stream, macs, count: TxCount::default() });
-    let old = station.with_wire(|wire, events| {
-        let old = wire.remote_link();
-        wire.plug_remote(DevRef { id, port: Port::Remote(link.clone()) }, theirs);
-        events.push(SimEvent::LinkUp { peer });
-        // The cable is the port's link: plugged in, the port is active (a PORT_CHANGE if it was down).
-        (old, Some(true))
-    });
-    if let Some(old) = old {
-        old.close();
-    }
-    let writer = link.clone();
-    std::thread::Builder::new()
-        .name("mlx5-sim-link-tx".into())
-        .spawn(move || write_loop(writer, w, rx))
+    let conn = StreamConn::new(Sock::Tcp(stream)).map_err(|_| hs("socket setup failed"))?;
+    let cable = Cable { peer: Some(peer), ..Cable::default() };
+    let link = plug_with(station, Box::new(conn), &format!("tcp:{peer}"), None, Some(cable))
         .map_err(|_| hs("could not start the link threads"))?;
-    let weak = Arc::downgrade(station);
-    std::thread::Builder::new()
-        .name("mlx5-sim-link-rx".into())
-        .spawn(move || read_loop(weak, link, r))
-        .map_err(|_| hs("could not start the link threads"))?;
+    // The far end learns this port's IPv4 address's MAC now, not by losing its first packet to an ARP request.
+    link.announce();
+    log(&**station, SimEvent::LinkUp { peer });
     Ok(())
-}
-
-fn write_loop(link: Arc<Link>, stream: TcpStream, rx: mpsc::Receiver<Vec<u8>>) {
-    let mut w = BufWriter::new(stream);
-    while let Ok(frame) = rx.recv() {
-        link.count.taken();
-        if write_frame(&mut w, &frame).is_err() {
-            break;
-        }
-        // Everything queued goes out together; the socket is flushed once the queue is empty.
-        let (mut ok, mut n) = (true, 1);
-        while let Ok(more) = rx.try_recv() {
-            link.count.taken();
-            ok &= write_frame(&mut w, &more).is_ok();
-            n += 1;
-        }
-        if !ok || w.flush().is_err() {
-            break;
-        }
-        link.count.written(n);
-    }
-    link.close();
-}
-
-fn read_loop<S: Station>(weak: Weak<S>, link: Arc<Link>, mut r: BufReader<TcpStream>) {
-    let why = loop {
-        let frame = match read_frame(&mut r) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break "the peer closed the link",
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => break "frame larger than the link allows",
-            Err(_) => break "the connection failed",
-        };
-        let Some(station) = weak.upgrade() else { return link.close() };
-        if let Some((&FRAME_ETHERNET, eth)) = frame.split_first() {
-            let src = DevRef { id: link.id, port: Port::Remote(link.clone()) };
-            let back = station.receive_frame(eth, &src);
-            if let Some(b) = back {
-                let _ = link.transmit_frame(&b);
-            }
-            station.run();
-            continue;
-        }
-        if let Some((&FRAME_LID, lid)) = frame.split_first() {
-            let Ok(lid) = <[u8; 2]>::try_from(lid) else { break "malformed LID frame" };
-            station.with_wire(|wire, _| (wire.peer_lid(link.id, u16::from_be_bytes(lid)), None));
-            continue;
-        }
-        let p = match frame.split_first() {
-            Some((&FRAME_PACKET, body)) => {
-                match decode_packet(body, DevRef { id: 0, port: Port::Local(Weak::<()>::new()) }) {
-                    Ok(p) => p,
-                    Err(why) => break why,
-                }
-            }
-            _ => break "unexpected frame type",
-        };
-        let src = DevRef { id: link.id, port: Port::Remote(link.clone()) };
-        station.receive_packet(Packet { src, ..p });
-        station.run();
-    };
-    let was_up = link.is_up();
-    link.close();
-    if let Some(station) = weak.upgrade() {
-        station.with_wire(|wire, events| {
-            wire.unplug_remote(link.id);
-            if !was_up {
-                return ((), None);
-            }
-            events.push(SimEvent::LinkDown { peer: link.peer, why });
-            // The far end is gone: the port's link is down, and firmware reports it (PORT_CHANGE, DOWN).
-            ((), Some(false))
-        });
-    }
-}
-
-/// Waits (at most `timeout`) until every frame queued for the other process is written to the socket, leaving
-/// the link plugged in. Returns false when frames were still queued at the deadline or the link went down.
-pub(crate) fn drain(station: &impl Station, timeout: std::time::Duration) -> bool {
-    wire(station, |w| w.remote_link()).is_none_or(|link| link.drain(timeout))
 }
 
 /// Unplugs the link to another process, if one is plugged in (this device's driver went away): what was queued
@@ -580,7 +399,9 @@ pub(crate) fn unplug(station: &impl Station) -> bool {
         if !was_up {
             return ((), None);
         }
-        events.push(SimEvent::LinkDown { peer: link.peer, why: "unplugged by this side" });
+        if let Some(peer) = link.cable.as_ref().and_then(|c| c.peer) {
+            events.push(SimEvent::LinkDown { peer, why: "unplugged by this side" });
+        }
         ((), Some(false))
     });
     true
@@ -600,74 +421,46 @@ pub(crate) fn wait_peer(station: &impl Station, timeout: Duration) -> bool {
     }
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// Frames
-
-fn write_frame(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
-    let len = u32::try_from(body.len()).map_err(|_| io::ErrorKind::InvalidInput)?;
-    w.write_all(&len.to_be_bytes())?;
-    w.write_all(body)
-}
-
-/// One frame; a length above [`MAX_FRAME`] is `InvalidData`. The buffer grows as bytes arrive, so a length that
-/// lies costs nothing until the bytes come.
-pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
-    read_frame_max(r, MAX_FRAME)
-}
-
-/// [`read_frame`] with a length above `max` refused.
-fn read_frame_max(r: &mut impl Read, max: usize) -> io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    r.read_exact(&mut len)?;
-    let len = u32::from_be_bytes(len) as usize;
-    if len > max {
-        return Err(io::ErrorKind::InvalidData.into());
-    }
-    let mut body = Vec::new();
-    r.take(len as u64).read_to_end(&mut body)?;
-    if body.len() != len {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(body)
-}
-
-pub(crate) fn encode_hello(a: &PortAddr) -> Vec<u8> {
-    let mut e = Enc(Vec::with_capacity(40));
-    e.u8(FRAME_HELLO);
-    e.bytes(MAGIC);
-    e.u8(VERSION);
-    e.u8(a.ib.into());
-    e.u16(a.lid);
-    e.bytes(&a.gid);
-    e.bytes(&a.mac);
-    e.0
-}
-
-pub(crate) fn decode_hello(frame: &[u8]) -> Result<PortAddr, &'static str> {
-    let mut d = Dec(frame);
-    if d.u8()? != FRAME_HELLO || d.take(MAGIC.len())? != MAGIC {
-        return Err("the peer is not a simulated mlx5 wire");
-    }
-    if d.u8()? != VERSION {
-        return Err("the peer speaks another version of the wire protocol");
-    }
-    let ib = d.bool()?;
-    let lid = d.u16()?;
-    let gid = d.array::<GID_LEN>()?;
-    let mac = d.array::<6>()?;
-    d.end()?;
-    Ok(PortAddr { ib, lid, gid, mac })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Mode;
     use crate::config::SimConfig;
+    use crate::link::port::PortAddr;
+    use crate::link::stream::MAX_STREAM_FRAME;
     use crate::testkit::submit::{Bell, QpSpec, RcParams, Rdma, TAv, Wqe};
     use crate::wire::roce::frame::{parse, Parsed};
     use crate::wire::roce::ib::Opcode;
     use mlx5_core::prm::consts;
+    use std::io::{Read, Write};
+
+    /// The next frame on a fake far end's stream.
+    fn next_frame(s: &mut TcpStream) -> Vec<u8> {
+        let mut buf = vec![0u8; MAX_STREAM_FRAME];
+        let n = read_frame(s, &mut buf).unwrap().expect("a frame");
+        buf.truncate(n);
+        buf
+    }
+
+    /// The listener's first frames on a fake far end's stream: its hello, then the gratuitous ARP that announces its
+    /// IPv4 address (checked).
+    fn hello_and_announcement(s: &mut TcpStream, mine: &SimConfig) -> Option<Result<Hello, &'static str>> {
+        let heard = Hello::parse(&next_frame(s));
+        let f = next_frame(s);
+        let Ok(Parsed::Arp(eth, arp)) = parse(&f) else { panic!("not the announcement: {:?}", parse(&f)) };
+        let ip = mine.ipv4_addrs[0];
+        assert_eq!(
+            (eth.dst, arp.operation, arp.sender_mac, arp.sender_ip, arp.target_ip),
+            ([0xff; 6], crate::wire::roce::arp::Operation::Request, mine.mac, ip, ip)
+        );
+        heard
+    }
+
+    /// A fake far end's hello as the port of `c` would send it.
+    fn hello_of(c: &SimConfig) -> Vec<u8> {
+        let a = PortAddr::new(c);
+        Hello { ib: a.ib, lid: a.lid, gid: a.gid, mac: a.mac }.frame()
+    }
 
     const SEND: u8 = consts::MLX5_OPCODE_SEND;
     const WAIT: Duration = Duration::from_secs(5);
@@ -768,7 +561,10 @@ mod tests {
         a.connect_rc(&qa, &rb, RcParams { retry_count: 1, ack_timeout: 1, ..RcParams::default() });
         let peer = a.h.dev.wire_peer().expect("plugged in");
         drop(b);
-        assert!(events_until(&a, |e| matches!(e, SimEvent::LinkDown { why: "the peer closed the link", .. })));
+        assert!(events_until(&a, |e| matches!(
+            e,
+            SimEvent::LinkDown { why: "the far end closed the stream (or broke its framing)", .. }
+        )));
         assert_eq!(a.h.dev.wire_peer(), None);
         assert!(!crate::device::lock(&a.h.dev.shared).fw.port.up, "the port's link went down with the cable");
         let ma = a.mr(64);
@@ -785,9 +581,10 @@ mod tests {
         let at = a.h.dev.wire_listen("127.0.0.1:0").unwrap();
         let mut s = TcpStream::connect(at).unwrap();
         let far = PortAddr::new(&cfg(7));
-        write_frame(&mut s, &encode_hello(&far)).unwrap();
-        let mut r = BufReader::new(s.try_clone().unwrap());
-        assert_eq!(decode_hello(&read_frame(&mut r).unwrap()), Ok(PortAddr::new(&a.h.dev.config())));
+        write_frame(&mut s, &hello_of(&cfg(7))).unwrap();
+        let mine = PortAddr::new(&a.h.dev.config());
+        let heard = hello_and_announcement(&mut s, &a.h.dev.config());
+        assert_eq!(heard, Some(Ok(Hello { ib: false, lid: 0, gid: mine.gid, mac: mine.mac })));
         assert!(a.h.dev.wire_wait_peer(WAIT));
         let mut a_cq = a.cq(4);
         let mut qa = a.qp(QpSpec::rc(), a_cq.cqn, a_cq.cqn);
@@ -800,9 +597,8 @@ mod tests {
         assert_eq!(e.status(), (consts::MLX5_CQE_REQ_ERR, consts::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR));
         // Three attempts reached the far end as RoCEv2 frames: one SEND ONLY each, at one PSN, the same bytes.
         for _ in 0..3 {
-            let f = read_frame(&mut r).unwrap();
-            assert_eq!(f[0], FRAME_ETHERNET);
-            let Ok(Parsed::Roce(p)) = parse(&f[1..]) else { panic!("not a RoCE frame: {:?}", parse(&f[1..])) };
+            let f = next_frame(&mut s);
+            let Ok(Parsed::Roce(p)) = parse(&f) else { panic!("not a RoCE frame: {:?}", parse(&f)) };
             assert_eq!((p.eth.src, p.eth.dst), (a.h.dev.config().mac, far.mac));
             assert_eq!(
                 (p.bth.opcode, p.bth.dest_qpn, p.bth.psn, p.bth.ack_req, p.payload),
@@ -983,24 +779,65 @@ mod tests {
         assert!(!connected_to_itself(&other));
     }
 
+    /// Each end announces its IPv4 address as it plugs in (a gratuitous ARP), so a packet to the other's IPv4
+    /// GID goes out at once instead of being lost to an ARP request.
     #[test]
-    fn a_malformed_frame_takes_the_link_down() {
+    fn each_end_learns_the_others_ipv4_address_as_the_stream_plugs_in() {
+        let a = Rdma::new(SimConfig { ipv4_addrs: &[[10, 77, 0, 1]], ..cfg(1) });
+        let b = Rdma::new(SimConfig { ipv4_addrs: &[[10, 77, 0, 2]], ..cfg(2) });
+        let at = a.h.dev.wire_listen("127.0.0.1:0").unwrap();
+        b.h.dev.wire_connect(&at.to_string(), WAIT).unwrap();
+        assert!(a.h.dev.wire_wait_peer(WAIT));
+        let end = Instant::now() + WAIT;
+        let learned = |r: &Rdma, ip: [u8; 4]| {
+            let l = r.h.dev.vde_link_for_test();
+            crate::link::vde::resolve(ip, Duration::ZERO).is_some() && l.counters().arp_requests == 0
+        };
+        while !(learned(&a, [10, 77, 0, 2]) && learned(&b, [10, 77, 0, 1])) {
+            assert!(Instant::now() < end, "both ends learned the other's address without asking");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(crate::link::vde::resolve([10, 77, 0, 2], Duration::ZERO), Some(b.h.dev.config().mac));
+        assert_eq!(crate::link::vde::resolve([10, 77, 0, 1], Duration::ZERO), Some(a.h.dev.config().mac));
+        assert_eq!(a.h.dev.frame_drops().total() + b.h.dev.frame_drops().total(), 0);
+    }
+
+    /// Garbage in a well-framed frame is dropped and counted; a length that is not the framing's ends the link
+    /// before anything is allocated, as does a peer that stops in the middle of a frame.
+    #[test]
+    fn garbage_is_counted_and_a_broken_framing_takes_the_link_down() {
         let a = Rdma::new(cfg(1));
         let at = a.h.dev.wire_listen("127.0.0.1:0").unwrap();
         let mut s = TcpStream::connect(at).unwrap();
-        write_frame(&mut s, &encode_hello(&PortAddr::new(&cfg(9)))).unwrap();
-        let _ = read_frame(&mut BufReader::new(s.try_clone().unwrap())).unwrap();
+        write_frame(&mut s, &hello_of(&cfg(9))).unwrap();
+        let _ = hello_and_announcement(&mut s, &a.h.dev.config());
         assert!(a.h.dev.wire_wait_peer(WAIT));
-        // A packet frame cut short.
-        write_frame(&mut s, &[FRAME_PACKET, 0, 0, 1]).unwrap();
-        assert!(events_until(&a, |e| matches!(e, SimEvent::LinkDown { why: "truncated link frame", .. })));
+        // To the port's MAC, an ethertype nobody speaks; a jumbo frame longer than the fabric carries; a runt.
+        let mut f = PortAddr::new(&cfg(1)).mac.to_vec();
+        f.extend_from_slice(&[2, 0, 0, 0, 0, 9, 0x12, 0x34]);
+        f.extend_from_slice(&[0xab; 50]);
+        write_frame(&mut s, &f).unwrap();
+        let mut jumbo = f.clone();
+        jumbo.resize(9000, 0xcd);
+        write_frame(&mut s, &jumbo).unwrap();
+        write_frame(&mut s, &[1, 2, 3]).unwrap();
+        let end = Instant::now() + WAIT;
+        let counted = || {
+            let c = a.h.dev.vde_counters().unwrap_or_default();
+            (c.rx_oversize, a.h.dev.frame_drops().total())
+        };
+        while counted() != (1, 2) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(counted(), (1, 2), "the jumbo frame counted by the link, the other two by the port");
+        assert!(a.h.dev.wire_peer().is_some(), "the link stays up");
+        // A length beyond the framing's limit.
+        s.write_all(&(MAX_STREAM_FRAME as u32 + 1).to_be_bytes()).unwrap();
+        let broken = |e: &SimEvent| {
+            matches!(e, SimEvent::LinkDown { why: "the far end closed the stream (or broke its framing)", .. })
+        };
+        assert!(events_until(&a, broken));
         assert_eq!(a.h.dev.wire_peer(), None);
-        // A length beyond the limit ends the link before anything is allocated.
-        let mut s = TcpStream::connect(at).unwrap();
-        write_frame(&mut s, &encode_hello(&PortAddr::new(&cfg(9)))).unwrap();
-        let _ = read_frame(&mut BufReader::new(s.try_clone().unwrap())).unwrap();
-        assert!(a.h.dev.wire_wait_peer(WAIT));
-        s.write_all(&(MAX_FRAME as u32 + 1).to_be_bytes()).unwrap();
-        assert!(events_until(&a, |e| matches!(e, SimEvent::LinkDown { why: "frame larger than the link allows", .. })));
+        assert!(closed_by_far_end(&mut s));
     }
 }

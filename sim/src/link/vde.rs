@@ -40,7 +40,8 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::direct::{dst_mac, unpack_frames, Direct, DirectSend, DirectTx};
-use super::port::{log, next_device_id, wire, Datagrams, DevRef, Packet, Port, Station, TxCount, VdeLink};
+use super::port::{log, next_device_id, wire, Cable, Datagrams, DevRef, Packet, Port, Station, TxCount, VdeLink};
+use super::stream::Hello;
 use crate::events::SimEvent;
 use crate::wire::roce::arp::{ArpRepr, Operation};
 use crate::wire::roce::ether::{EtherType, EthernetRepr, BROADCAST};
@@ -382,9 +383,10 @@ impl VdeLink {
         self.up.load(Ordering::Acquire)
     }
 
-    /// Unplugs: the threads end (within [`POLL_MS`]) and the connection closes.
+    /// Unplugs: the threads end (within [`POLL_MS`]) and the connection closes (a stream's at once).
     pub(crate) fn close(&self) {
         self.up.store(false, Ordering::Release);
+        self.conn.shut();
         if let Some(d) = &self.direct {
             d.unlink();
         }
@@ -416,6 +418,18 @@ impl VdeLink {
             lid_conflicts: get(&c[C_LID_CONFLICT]),
             rx_ib_incomplete: get(&c[C_RX_IB_INCOMPLETE]),
         }
+    }
+
+    /// An InfiniBand port's LID changed (a subnet manager assigned it).
+    pub(crate) fn set_lid(&self, lid: u16) {
+        if let Some(ib) = &self.ib {
+            ib.set_lid(lid);
+        }
+    }
+
+    /// The MAC frames to this port carry: an IB port's is its LID's (which a subnet manager may change).
+    fn my_mac(&self) -> [u8; 6] {
+        self.ib.as_ref().map_or(self.mine, |ib| lid_mac(ib.lid()))
     }
 
     fn bump(&self, which: usize) {
@@ -484,13 +498,18 @@ impl VdeLink {
         }
         if let Some(ib) = &self.ib {
             let Port::Vde(_, dlid) = p.dst.port else { return Err("unknown destination") };
-            let frames = ib.frames(p, dlid)?;
+            let frames = ib.frames(p, dlid, self.cable.is_some())?;
             if let Some(s) = &self.pcap {
                 for f in &frames {
                     s.record(|_, out| out(f));
                 }
             }
             return self.send_frames(frames);
+        }
+        // A frame an Ethernet SQ made (a netdev's, a raw packet QP's) crosses as it is.
+        if let crate::wire::Body::Eth { frame } = &p.body {
+            self.check(frame, true)?;
+            return self.send_frames(vec![frame.clone()]);
         }
         let grh = p.grh.ok_or("no GRH: not a RoCE packet")?;
         let dst = match link_local_mac(&grh.dgid).or_else(|| v4(&grh.dgid).and_then(|ip| self.neighbour(ip))) {
@@ -500,9 +519,15 @@ impl VdeLink {
         let mut buf = Vec::new();
         let mut result = Ok(());
         let mut frames = Vec::new();
-        roce_map::emit_frames(p, self.mine, dst, &mut buf, &mut |f| match self.check(f, true) {
-            Ok(()) => frames.push(f.to_vec()),
-            Err(e) => result = Err(e),
+        roce_map::emit_frames(p, self.mine, dst, &mut buf, &mut |f| {
+            // A frame a test asked the cable to lose, before the capture sees it.
+            if self.cable.as_ref().is_some_and(|c| c.lose(&c.sent, &c.drop_nth)) {
+                return;
+            }
+            match self.check(f, true) {
+                Ok(()) => frames.push(f.to_vec()),
+                Err(e) => result = Err(e),
+            }
         })?;
         let sent = self.send_frames(frames);
         result.and(sent)
@@ -558,6 +583,25 @@ impl VdeLink {
         self.queue(&buf[..n], true)
     }
 
+    /// Announces the port's IPv4 address (a gratuitous ARP request for it, as a host sends when its link comes
+    /// up), so the far end of a stream learns its MAC before the first packet to it, which would otherwise be lost
+    /// to an ARP request (a CM REQ then waits for its retry timer, seconds).
+    pub(crate) fn announce(&self) {
+        let Some(ip) = self.ipv4 else { return };
+        let arp = ArpRepr {
+            operation: Operation::Request,
+            sender_mac: self.mine,
+            sender_ip: ip,
+            target_mac: [0; 6],
+            target_ip: ip,
+        };
+        let eth = EthernetRepr { dst: BROADCAST, src: self.mine, ethertype: EtherType::Arp };
+        let mut buf = [0u8; 64];
+        if let Ok(n) = emit_arp(&eth, &arp, &mut buf) {
+            let _ = self.queue(&buf[..n], true);
+        }
+    }
+
     /// Whether the link takes a received frame to the port: broadcast, multicast or its own MAC, of a length
     /// the fabric carries. Others are counted; ARP frames teach the neighbour table.
     fn admit(&self, frame: &[u8]) -> bool {
@@ -571,9 +615,12 @@ impl VdeLink {
                 self.learn(arp.sender_ip, arp.sender_mac);
             }
         }
-        // A runt goes to the port, whose parser drops and counts it (an IB port's link counts it itself).
+        // A runt goes to the port, whose parser drops and counts it (an IB port's link counts it itself). On a
+        // point-to-point stream whatever an IB port's partner sends is for it, whichever LID it has now; on a
+        // switch an IB port takes its LID's MAC and the permissive LID's (a directed-route SMP).
+        let cable_ib = self.cable.is_some() && self.ib.is_some();
         let mine = match &self.ib {
-            Some(ib) => frame.len() < 6 || ib.owns_mac(&frame[..6]),
+            Some(ib) => cable_ib || frame.len() < 6 || ib.owns_mac(&frame[..6]),
             None => frame.len() < 6 || frame[..6] == self.mine,
         };
         if frame.len() >= 6 && frame[0] & 1 == 0 && !mine {
@@ -592,10 +639,19 @@ impl VdeLink {
     /// probe or answer about a LID (a probe for this port's LID is answered). The packet once it is whole, with
     /// the sender's LID.
     fn take_ib(&self, ib: &IbSide, frame: &[u8]) -> Result<Option<(Packet, u16)>, &'static str> {
-        let f = super::vde_ib::parse(frame)?;
+        let f = super::vde_ib::parse_lids(frame, self.cable.is_none())?;
         let other = f.instance != ib.instance;
+        let lid = ib.lid();
+        // A stream has one port at its far end (whose address its hello told): LIDs need no guarding, and a
+        // subnet manager's packets come to the permissive LID or before it assigned one.
+        if self.cable.is_some() {
+            return match f.kind {
+                Kind::Data => self.reassemble(ib, &f),
+                Kind::Probe | Kind::InUse => Ok(None),
+            };
+        }
         match f.kind {
-            Kind::Probe | Kind::InUse if f.dlid == ib.lid() && other => {
+            Kind::Probe | Kind::InUse if f.dlid == lid && other => {
                 self.bump(C_LID_CONFLICT);
                 // A link being unplugged holds the LID no more (its port may be plugging in again).
                 if f.kind == Kind::Probe && self.is_up() {
@@ -609,7 +665,6 @@ impl VdeLink {
             }
             Kind::Data => {}
         }
-        let lid = ib.lid();
         // A directed-route SMP comes to the permissive LID: whoever is at the end of the cable.
         if f.dlid != lid && f.dlid != PERMISSIVE_LID {
             return Err("IB frame for another LID behind this port's MAC");
@@ -621,6 +676,11 @@ impl VdeLink {
             self.bump(C_LID_CONFLICT);
             return Err(LID_CONFLICT);
         }
+        self.reassemble(ib, &f)
+    }
+
+    /// A checked data fragment: the packet once it is whole, with the sender's LID.
+    fn reassemble(&self, ib: &IbSide, f: &super::vde_ib::IbFrame<'_>) -> Result<Option<(Packet, u16)>, &'static str> {
         let nobody = DevRef { id: 0, port: Port::Local(Weak::<()>::new()) };
         let mut reasm = ib.reasm.lock().unwrap_or_else(|e| e.into_inner());
         // A message in one frame (the common case) is decoded where it lies.
@@ -630,7 +690,7 @@ impl VdeLink {
             return super::vde_ib::decode(f.fragment, nobody).map(|p| Some((p, f.slid)));
         }
         let mut given_up = 0;
-        let whole = reasm.add(&f, &mut given_up);
+        let whole = reasm.add(f, &mut given_up);
         drop(reasm);
         for _ in 0..given_up {
             self.bump(C_RX_IB_INCOMPLETE);
@@ -641,6 +701,9 @@ impl VdeLink {
         }
     }
 }
+
+/// Why the reader ended when its connection failed.
+const FABRIC_GONE: &str = "the VDE fabric went away";
 
 /// Why an IB frame from another port with this port's LID is dropped.
 const LID_CONFLICT: &str = "another port on the VDE fabric has this port's LID";
@@ -727,14 +790,30 @@ pub(crate) fn plug_dir<S: Station>(station: &Arc<S>, dir: &Path) -> Result<(), V
     plug_conn(station, open_or_start(dir)?, &switch_url(dir), Some(dir.to_path_buf()))
 }
 
-/// Plugs the port into the fabric `conn` reaches (`dir`: the switch's directory, for the direct path). An IB port
-/// first makes sure no other port on the fabric holds its LID (`vde_ib.rs`), and goes by its LID's MAC.
 fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<PathBuf>) -> Result<(), VdeError> {
+    plug_with(station, Box::new(conn), url, dir, None).map(|_| ())
+}
+
+/// Plugs the port into the fabric `conn` reaches (`dir`: the switch's directory, for the direct path; `cable`: a
+/// point-to-point stream's side, `tcp.rs` and `guest.rs`). On a switch an IB port first makes sure no other port
+/// on the fabric holds its LID (`vde_ib.rs`); on a stream the far end's hello told its address instead, and the
+/// LID may be 0 until a subnet manager assigns one. An IB port goes by its LID's MAC.
+pub(crate) fn plug_with<S: Station>(
+    station: &Arc<S>,
+    conn: Box<dyn Datagrams>,
+    url: &str,
+    dir: Option<PathBuf>,
+    cable: Option<Cable>,
+) -> Result<Arc<VdeLink>, VdeError> {
     let (addr, pcap, ipv4) = wire(&**station, |w| {
         (w.addr, if w.addr.ib { w.ib_pcap.clone() } else { w.pcap.clone() }, w.ipv4().first().copied())
     });
     let ib = match addr.ib {
         false => None,
+        true if cable.is_some() => {
+            let guid = u64::from_be_bytes(addr.gid[8..].try_into().unwrap_or_default());
+            Some(IbSide::new(addr.lid, guid))
+        }
         true if addr.lid != 0 && !super::port::is_unicast_lid(addr.lid) => {
             return Err(VdeError::BadLid { lid: addr.lid })
         }
@@ -742,7 +821,7 @@ fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<Pa
             let guid = u64::from_be_bytes(addr.gid[8..].try_into().unwrap_or_default());
             let side = IbSide::new(addr.lid, guid);
             // A port waiting for a subnet manager (LID 0) has no LID to probe for: the SM keeps LIDs unique.
-            let probed = if addr.lid == 0 { Ok(None) } else { super::vde_ib::probe(&conn, &side, addr.mac) };
+            let probed = if addr.lid == 0 { Ok(None) } else { super::vde_ib::probe(&*conn, &side, addr.mac) };
             match probed {
                 Ok(None) => {}
                 Ok(Some(guid)) => return Err(VdeError::LidInUse { lid: addr.lid, guid }),
@@ -760,7 +839,7 @@ fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<Pa
     let id = next_device_id();
     let link = Arc::new(VdeLink {
         id,
-        conn: Box::new(conn),
+        conn,
         direct,
         tx,
         up: AtomicBool::new(true),
@@ -771,6 +850,7 @@ fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<Pa
         counters: Default::default(),
         ib,
         count: TxCount::default(),
+        cable,
     });
     let old = station.with_wire(|wire, _| {
         let old = wire.vde_link();
@@ -791,13 +871,65 @@ fn plug_conn<S: Station>(station: &Arc<S>, conn: Conn, url: &str, dir: Option<Pa
         .spawn(move || write_loop(&writer, rx))
         .map_err(threads)?;
     let weak = Arc::downgrade(station);
-    std::thread::Builder::new().name("mlx5-sim-vde-rx".into()).spawn(move || read_loop(weak, link)).map_err(threads)?;
-    Ok(())
+    let reader = link.clone();
+    std::thread::Builder::new()
+        .name("mlx5-sim-vde-rx".into())
+        .spawn(move || read_loop(weak, reader))
+        .map_err(threads)?;
+    Ok(link)
+}
+
+/// Whether a frame is UDP to the RoCEv2 port (IPv4 without options, or IPv6), by its headers alone.
+fn is_roce(f: &[u8]) -> bool {
+    let udp_dport = |at: usize| f.get(at + 2..at + 4) == Some(&4791u16.to_be_bytes()[..]);
+    match f.get(12..14) {
+        Some([0x08, 0x00]) => f.get(14) == Some(&0x45) && f.get(23) == Some(&17) && udp_dport(34),
+        Some([0x86, 0xdd]) => f.get(20) == Some(&17) && udp_dport(54),
+        _ => false,
+    }
+}
+
+impl Cable {
+    /// Counts a RoCE frame on `count`; true when it is the one `nth` names (a loss a test asked for).
+    fn lose(&self, count: &AtomicU64, nth: &AtomicU64) -> bool {
+        count.fetch_add(1, Ordering::AcqRel) + 1 == nth.load(Ordering::Acquire)
+    }
+
+    /// Takes a frame from the stream that is the cable's own business: a hello (`true`: consumed), or a RoCE
+    /// frame a test asked to lose.
+    fn intercept<S: Station>(&self, station: &S, link: &VdeLink, frame: &[u8]) -> bool {
+        match Hello::parse(frame) {
+            Some(Ok(theirs)) => {
+                let mine =
+                    wire(station, |w| Hello { ib: w.addr.ib, lid: w.addr.lid, gid: w.addr.gid, mac: w.addr.mac });
+                if theirs.same_port(&mine) {
+                    self.same_address.store(true, Ordering::Release);
+                    if let Some(peer) = self.peer {
+                        log(station, SimEvent::LinkDown { peer, why: "the peer has this port's own address" });
+                    }
+                    link.close();
+                } else {
+                    self.heard.store(true, Ordering::Release);
+                }
+                true
+            }
+            Some(Err(why)) => {
+                log(station, SimEvent::FrameDropped { why });
+                true
+            }
+            None => is_roce(frame) && self.lose(&self.received, &self.drop_in_nth),
+        }
+    }
 }
 
 /// Hands a received frame to the port if the link admits it (its answer, an ARP reply, is queued): whether it
 /// did, or `None` when the device is gone.
 fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) -> Option<bool> {
+    if let Some(c) = &link.cable {
+        if c.intercept(&*weak.upgrade()?, link, frame) {
+            return Some(false);
+        }
+    }
     if !link.admit(frame) {
         return Some(false);
     }
@@ -835,7 +967,12 @@ fn take<S: Station>(weak: &Weak<S>, link: &VdeLink, src: &DevRef, frame: &[u8]) 
 
 fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
     let mut batch: Vec<Vec<u8>> = Vec::with_capacity(TX_BATCH);
+    // A paced cable's schedule: when its first frame went and how many went since.
+    let mut paced: Option<(Instant, u64)> = None;
     while link.is_up() {
+        let pace = link.cable.as_ref().map_or(0, |c| c.pace.load(Ordering::Acquire));
+        // A paced cable writes one frame at a time.
+        let most = if pace == 0 { TX_BATCH } else { 1 };
         // What is queued goes out together: a run of frames to one port of this machine in one call, so its
         // reader wakes once for them.
         batch.clear();
@@ -844,7 +981,7 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
-        while batch.len() < TX_BATCH {
+        while batch.len() < most {
             match rx.try_recv() {
                 Ok(f) => batch.push(f),
                 Err(_) => break,
@@ -885,14 +1022,27 @@ fn write_loop(link: &VdeLink, rx: mpsc::Receiver<Vec<u8>>) {
                 // A datagram fabric takes each frame whole or not at all; a failed send means the fabric went
                 // away.
                 DirectSend::Switch => {
-                    if link.conn.send(&batch[i]) < 0 {
+                    // No direct path (a stream, a fabric that is no switch): the rest in as few calls as the
+                    // transport allows.
+                    let n = if link.direct.is_none() { batch.len() - i } else { 1 };
+                    if link.conn.send_many(&batch[i..i + n]) < 0 {
                         link.close();
                         return;
                     }
-                    link.bump(C_TX);
-                    link.count.written(1);
-                    i += 1;
+                    for _ in 0..n {
+                        link.bump(C_TX);
+                    }
+                    link.count.written(n as u64);
+                    i += n;
                 }
+            }
+        }
+        // Paced: the n-th frame since the pace was set goes n / pace milliseconds after the first.
+        if let Some(us) = (paced.map_or(0, |(_, n)| n) + 1).saturating_mul(1000).checked_div(pace) {
+            let start = paced.map_or_else(Instant::now, |(t, _)| t);
+            paced = Some((start, paced.map_or(0, |(_, n)| n) + 1));
+            if let Some(wait) = (start + Duration::from_micros(us)).checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
             }
         }
     }
@@ -915,7 +1065,9 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             libc::pollfd { fd: ctl, events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: direct, events: libc::POLLIN, revents: 0 },
         ];
-        let wait = if unrun > 0 { 0 } else { POLL_MS };
+        // Frames a stream read ahead are taken without waiting for the socket.
+        let pending = link.conn.pending();
+        let wait = if unrun > 0 || pending { 0 } else { POLL_MS };
         // SAFETY: three valid pollfd entries (a negative fd is ignored by poll).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, wait) };
         if n < 0 {
@@ -925,7 +1077,7 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             why = "poll failed";
             break;
         }
-        if n == 0 || unrun >= RX_BATCH {
+        if (n == 0 && !pending) || unrun >= RX_BATCH {
             if unrun > 0 {
                 let Some(station) = weak.upgrade() else { break };
                 station.run();
@@ -938,15 +1090,17 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
             why = "the VDE switch went away";
             break;
         }
-        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 && fds[0].revents & libc::POLLIN == 0
+        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
+            && fds[0].revents & libc::POLLIN == 0
+            && !pending
         {
-            why = "the VDE fabric went away";
+            why = FABRIC_GONE;
             break;
         }
-        if fds[0].revents & libc::POLLIN != 0 {
+        if fds[0].revents & libc::POLLIN != 0 || pending {
             let got = link.conn.recv(&mut buf);
             if got <= 0 {
-                why = "the VDE fabric went away";
+                why = FABRIC_GONE;
                 break;
             }
             match take(&weak, &link, &src, &buf[..got as usize]) {
@@ -1002,8 +1156,16 @@ fn read_loop<S: Station>(weak: Weak<S>, link: Arc<VdeLink>) {
     let gone = link.is_up();
     link.close();
     if let Some(station) = weak.upgrade() {
-        if gone {
-            log(&*station, SimEvent::FabricDown { why });
+        match (gone, link.cable.as_ref()) {
+            (false, _) => {}
+            (true, Some(c)) => {
+                let why = if why == FABRIC_GONE { "the far end closed the stream (or broke its framing)" } else { why };
+                match c.peer {
+                    Some(peer) => log(&*station, SimEvent::LinkDown { peer, why }),
+                    None => log(&*station, SimEvent::FabricDown { why }),
+                }
+            }
+            (true, None) => log(&*station, SimEvent::FabricDown { why }),
         }
         station.with_wire(|wire, _| {
             let plugged = wire.vde_link().is_some_and(|l| Arc::ptr_eq(&l, &link));

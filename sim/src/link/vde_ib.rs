@@ -50,7 +50,7 @@ pub const HEADER: usize = 32;
 const PAYLOAD: usize = ETH_HEADER + LRH + HEADER;
 /// The most bytes of a packet one frame carries: the rest of a `vde_switch`'s largest frame (a multiple of 4).
 pub const IB_FRAGMENT: usize = MAX_ETH_FRAME - PAYLOAD;
-/// The longest packet encoding a port takes (the TCP link's limit, `tcp::MAX_FRAME`; a test keeps them equal).
+/// The longest packet encoding a port takes: bounds what a hostile peer can make a port put together.
 pub const MAX_IB_MESSAGE: usize = 64 << 20;
 /// Messages put back together at once, at most (the oldest is given up for a new one).
 pub const MAX_PARTIAL: usize = 16;
@@ -149,6 +149,12 @@ fn be64(b: &[u8], at: usize) -> u64 {
 /// Checks an IB frame (its ethertype already is [`ETHERTYPE_IB`]). Trailing bytes past PktLen (Ethernet padding)
 /// are allowed; anything that does not add up is an error.
 pub(crate) fn parse(f: &[u8]) -> Result<IbFrame<'_>, &'static str> {
+    parse_lids(f, true)
+}
+
+/// [`parse`], the LIDs checked to be unicast when `unicast` (on a switch, where a LID names a port; on a
+/// point-to-point stream a subnet manager's SMPs go to the permissive LID, and from LID 0 before it assigns one).
+pub(crate) fn parse_lids(f: &[u8], unicast: bool) -> Result<IbFrame<'_>, &'static str> {
     if f.len() < PAYLOAD {
         return Err("IB frame shorter than its headers");
     }
@@ -171,7 +177,7 @@ pub(crate) fn parse(f: &[u8]) -> Result<IbFrame<'_>, &'static str> {
     let (msg, offset, total) = (be32(f, h + 20), be32(f, h + 24) as usize, be32(f, h + 28) as usize);
     // A directed-route SMP goes to the permissive LID, and a port without a LID yet sends from it.
     let lid_ok = |l: u16| is_unicast_lid(l) || (l == PERMISSIVE_LID && kind == Kind::Data);
-    if !lid_ok(dlid) || !lid_ok(slid) {
+    if unicast && (!lid_ok(dlid) || !lid_ok(slid)) {
         return Err("IB frame without unicast LIDs");
     }
     // The fragment's length follows from where it is in its message: the last one takes the rest.
@@ -275,7 +281,7 @@ impl Reasm {
 /// An IB port's side of its VDE link.
 #[derive(Debug)]
 pub(crate) struct IbSide {
-    /// The port's LID: its configuration's, or 0 until a subnet manager assigns one (`set_lid`).
+    /// The port's LID: its configuration's, or 0 until a subnet manager assigns one ([`IbSide::set_lid`]).
     lid: AtomicU16,
     pub(crate) guid: u64,
     /// Random per plug-in: tells two ports apart even when they share a GUID.
@@ -320,16 +326,18 @@ impl IbSide {
         Ident { lid: self.lid(), guid: self.guid, instance: self.instance }
     }
 
-    /// The frames of `p` to the port with LID `dlid` (or to the link partner, by the permissive LID). A port
-    /// without a LID sends only to the permissive LID, from it; its source MAC is then [`lid_mac`] of LID 0,
-    /// never the permissive LID's, so a `vde_switch` between it and its partner does not learn the permissive
-    /// MAC on its side and drop the partner's answers.
-    pub(crate) fn frames<D>(&self, p: &Packet<D>, dlid: u16) -> Result<Vec<Vec<u8>>, &'static str> {
+    /// The frames of `p` to the port with LID `dlid`. On a point-to-point stream (`cable`) any DLID goes to the
+    /// one port at the other end (the permissive LID of a subnet manager's directed-route SMP, the LID 0 of a
+    /// port no SM has swept yet), from the port's LID as it is. On a switch a unicast LID names a port and the
+    /// permissive LID the link partner; a port without a LID sends only to the permissive LID, from it, and its
+    /// source MAC is then [`lid_mac`] of LID 0, never the permissive LID's, so a `vde_switch` between it and its
+    /// partner does not learn the permissive MAC on its side and drop the partner's answers.
+    pub(crate) fn frames<D>(&self, p: &Packet<D>, dlid: u16, cable: bool) -> Result<Vec<Vec<u8>>, &'static str> {
         let own = self.lid();
-        if !is_unicast_lid(dlid) && dlid != PERMISSIVE_LID {
+        if !cable && !is_unicast_lid(dlid) && dlid != PERMISSIVE_LID {
             return Err("unknown destination");
         }
-        if !is_unicast_lid(own) && dlid != PERMISSIVE_LID {
+        if !cable && !is_unicast_lid(own) && dlid != PERMISSIVE_LID {
             return Err("the port has no LID yet (it waits for a subnet manager)");
         }
         let body = encode_packet(p);
@@ -337,9 +345,9 @@ impl IbSide {
             return Err("message too large for the simulated link");
         }
         let msg = self.next_msg.fetch_add(1, Ordering::Relaxed);
-        let slid = if is_unicast_lid(own) { own } else { PERMISSIVE_LID };
+        let (slid, src_lid) = if cable || is_unicast_lid(own) { (own, own) } else { (PERMISSIVE_LID, 0) };
         let me = Ident { lid: slid, ..self.ident() };
-        let (dst, src) = (lid_mac(dlid), lid_mac(if is_unicast_lid(own) { own } else { 0 }));
+        let (dst, src) = (lid_mac(dlid), lid_mac(src_lid));
         Ok(body
             .chunks(IB_FRAGMENT)
             .enumerate()
@@ -374,8 +382,8 @@ impl IbSide {
 
     /// The answer to a probe for this port's LID.
     pub(crate) fn in_use(&self) -> Vec<u8> {
-        let lid = self.lid();
-        emit(BROADCAST, lid_mac(lid), Kind::InUse, 0, lid, &self.ident(), 0, 0, 0, &[])
+        let me = self.ident();
+        emit(BROADCAST, lid_mac(me.lid), Kind::InUse, 0, me.lid, &me, 0, 0, 0, &[])
     }
 }
 
@@ -442,11 +450,6 @@ pub(crate) fn probe(conn: &dyn Datagrams, me: &IbSide, src: [u8; 6]) -> Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_ib_message_is_as_long_as_the_tcp_link_carries() {
-        assert_eq!(MAX_IB_MESSAGE, crate::link::tcp::MAX_FRAME);
-    }
 
     fn me() -> Ident {
         Ident { lid: 0x12, guid: 0xaabb, instance: 7 }

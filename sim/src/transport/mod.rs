@@ -192,10 +192,6 @@ impl Datapath<'_> {
             }
             return;
         }
-        // A packet from another process is recorded on arrival (one from this process was, by its sender).
-        if self.wire.pcap.is_some() && matches!(p.src.port, crate::link::Port::Remote(_)) {
-            self.wire.capture(&p, true);
-        }
         self.wire.inbox.push_back(p);
     }
 
