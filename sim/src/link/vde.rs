@@ -427,11 +427,6 @@ impl VdeLink {
         }
     }
 
-    /// The MAC frames to this port carry: an IB port's is its LID's (which a subnet manager may change).
-    fn my_mac(&self) -> [u8; 6] {
-        self.ib.as_ref().map_or(self.mine, |ib| lid_mac(ib.lid()))
-    }
-
     fn bump(&self, which: usize) {
         self.counters[which].fetch_add(1, Ordering::AcqRel);
     }

@@ -502,9 +502,9 @@ mod tests {
         };
         let side = IbSide::new(0, 0xaa);
         // To a LID: refused until an SM gives the port one.
-        assert!(side.frames(&p, 5).is_err());
+        assert!(side.frames(&p, 5, false).is_err());
         // To the permissive LID: from it in the LRH, from LID 0's MAC, to the permissive LID's MAC.
-        let f = side.frames(&p, PERMISSIVE_LID).unwrap().remove(0);
+        let f = side.frames(&p, PERMISSIVE_LID, false).unwrap().remove(0);
         let r = parse(&f).unwrap();
         assert_eq!(
             (r.dlid, r.slid, &f[..6], &f[6..12]),
@@ -513,7 +513,7 @@ mod tests {
         assert!(side.owns_mac(&lid_mac(PERMISSIVE_LID)) && !side.owns_mac(&lid_mac(5)));
         // The SM's LID: frames from it, and the port takes frames to it.
         side.set_lid(5);
-        let r = side.frames(&p, 7).unwrap().remove(0);
+        let r = side.frames(&p, 7, false).unwrap().remove(0);
         assert_eq!((parse(&r).unwrap().slid, &r[6..12]), (5, &lid_mac(5)[..]));
         assert!(side.owns_mac(&lid_mac(5)));
         // A probe never names the permissive LID.
