@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::vendored::{read_json, VENDORED_C, VENDORED_CONSTS, VENDORED_EXTRA, VENDORED_IFC, VENDORED_VECTORS};
+use crate::vendored::{
+    read_json, VENDORED_C, VENDORED_CONSTS, VENDORED_EXTRA, VENDORED_EXTRA_C, VENDORED_IFC, VENDORED_VECTORS,
+};
 
 /// The file the codegen writes, relative to the workspace root.
 pub const GENERATED: &str = "core/src/prm/generated.rs";
@@ -221,7 +223,8 @@ fn camel(name: &str) -> String {
 pub fn generate(root: &Path) -> Result<String, String> {
     let mut ifc = read_json(&root.join(VENDORED_IFC))?;
     merge_linux_extra(root, &mut ifc)?;
-    let c = read_json(&root.join(VENDORED_C))?;
+    let mut c = read_json(&root.join(VENDORED_C))?;
+    merge_json(root, VENDORED_EXTRA_C, VENDORED_C, &mut c)?;
     let consts = read_json(&root.join(VENDORED_CONSTS))?;
     let mut o = String::new();
     o.push_str(
@@ -241,18 +244,24 @@ pub fn generate(root: &Path) -> Result<String, String> {
 /// Adds the layouts of `core/prm/linux-extra-layouts.json` (`cargo xtask vendor --linux-extra`) to the vendored
 /// ones; a name in both is refused, so the two sources can never disagree silently.
 fn merge_linux_extra(root: &Path, ifc: &mut Value) -> Result<(), String> {
-    let path = root.join(VENDORED_EXTRA);
+    merge_json(root, VENDORED_EXTRA, VENDORED_IFC, ifc)
+}
+
+/// Adds the entries of `extra` (when the file exists) to `base` (read from `base_name`); a name in both is
+/// refused.
+fn merge_json(root: &Path, extra: &str, base_name: &str, base: &mut Value) -> Result<(), String> {
+    let path = root.join(extra);
     if !path.exists() {
         return Ok(());
     }
-    let extra = read_json(&path)?;
-    let base = ifc.as_object_mut().ok_or("ifc layouts not an object")?;
-    for (name, ty) in extra.as_object().ok_or("linux-extra layouts not an object")? {
+    let more = read_json(&path)?;
+    let base = base.as_object_mut().ok_or_else(|| format!("{base_name} is not an object"))?;
+    for (name, ty) in more.as_object().ok_or_else(|| format!("{extra} is not an object"))? {
         if name == "_meta" {
             continue;
         }
         if base.insert(name.clone(), ty.clone()).is_some() {
-            return Err(format!("{name} is in both {VENDORED_IFC} and {VENDORED_EXTRA}"));
+            return Err(format!("{name} is in both {base_name} and {extra}"));
         }
     }
     Ok(())

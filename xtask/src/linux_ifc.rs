@@ -15,7 +15,7 @@ use std::process::Command;
 
 use serde_json::{json, Map, Value};
 
-use crate::vendored::{read_json, VENDORED_EXTRA, VENDORED_IFC};
+use crate::vendored::{read_json, VENDORED_C, VENDORED_EXTRA, VENDORED_EXTRA_C, VENDORED_IFC};
 use crate::vfio_test::run;
 
 /// The layouts to extract, by `<name>` of `mlx5_ifc_<name>_bits`, each with why the simulator needs it.
@@ -61,6 +61,20 @@ const EXTRA: &[(&str, &str)] = &[
 
 /// The headers, relative to the source tree.
 const HEADERS: &[&str] = &["include/linux/mlx5/mlx5_ifc.h", "include/linux/mlx5/mlx5_ifc_fpga.h"];
+
+/// Plain C structures (byte layouts, big-endian members) of `qp.h` to extract, each with why the simulator needs
+/// it. rdma-core spells the same layouts `mlx5_wqe_umr_repeat_block_seg` / `mlx5_wqe_umr_repeat_ent_seg`.
+const C_EXTRA: &[(&str, &str)] = &[
+    (
+        "mlx5_stride_block_ctrl_seg",
+        "the repeat block header of an interleaved UMR (rdma-core's mlx5dv_wr_mr_interleaved, issue 35)",
+    ),
+    ("mlx5_stride_block_entry", "one entry of a repeat block: key, address, bytes per cycle, stride"),
+];
+
+/// The header [`C_EXTRA`] comes from. It includes most of the kernel, so the check compiles the structures'
+/// own text, cut from it, rather than the header.
+const C_HEADER: &str = "include/linux/mlx5/qp.h";
 
 #[derive(Debug, Clone)]
 enum Tok {
@@ -437,6 +451,145 @@ fn c_check(work: &Path, include_dir: &Path, asserts: &str) -> Result<(), String>
     Ok(())
 }
 
+/// The text of `struct name { ... };` in `src` (comments removed), as the header writes it.
+fn c_struct_text(src: &str, name: &str) -> Result<String, String> {
+    let open = format!("struct {name} {{");
+    let at = src.find(&open).ok_or_else(|| format!("{C_HEADER} defines no struct {name}"))?;
+    let end = src[at..].find("};").ok_or_else(|| format!("struct {name}: no end"))?;
+    let body = &src[at..at + end + 2];
+    if body[open.len()..].contains('{') {
+        return Err(format!("struct {name}: nested structures are not extracted"));
+    }
+    Ok(body.to_string())
+}
+
+/// Bytes (and alignment) of a scalar member type a plain C structure of `qp.h` uses.
+fn c_scalar(ty: &str) -> Option<u64> {
+    match ty {
+        "u8" | "__u8" => Some(1),
+        "u16" | "__u16" | "__be16" => Some(2),
+        "u32" | "__u32" | "__be32" => Some(4),
+        "u64" | "__u64" | "__be64" => Some(8),
+        _ => None,
+    }
+}
+
+/// Lays out a plain C structure (scalar members and fixed arrays of them, natural alignment, as gcc does) in the
+/// shape of `core/prm/c_layouts.json`. Anything else is refused rather than guessed.
+fn c_struct_layout(name: &str, text: &str) -> Result<Value, String> {
+    let toks = tokenize(text)?;
+    let mut p = Parser { t: &toks, i: 0 };
+    let head = (p.ident()?, p.ident()?);
+    if head.0 != "struct" || head.1 != name {
+        return Err(format!("struct {name}: unexpected start {head:?}"));
+    }
+    p.punct('{')?;
+    let (mut off, mut align, mut members) = (0u64, 1u64, Vec::new());
+    while !matches!(p.peek(), Some(Tok::Punct('}'))) {
+        let ty = p.ident()?;
+        let size = c_scalar(&ty).ok_or_else(|| format!("struct {name}: member type {ty} is not extracted"))?;
+        let m = p.ident()?;
+        let dims = p.dims()?;
+        p.punct(';')?;
+        let count = match dims.as_slice() {
+            [] => 0,
+            [n] if *n > 0 => *n,
+            _ => return Err(format!("struct {name}.{m}: only fixed one-dimensional arrays are extracted")),
+        };
+        off = off.next_multiple_of(size);
+        align = align.max(size);
+        let bytes = size * count.max(1);
+        members.push(json!({"name": m, "offset": off, "size": bytes, "count": count, "type": ty}));
+        off += bytes;
+    }
+    Ok(json!({"kind": "struct", "size": off.next_multiple_of(align), "members": members}))
+}
+
+/// The `_Static_assert`s that pin a plain C layout to what the C compiler makes of the structure.
+fn c_plain_asserts(name: &str, layout: &Value, out: &mut String) {
+    use std::fmt::Write as _;
+    let size = layout["size"].as_u64().unwrap_or_default();
+    writeln!(out, "_Static_assert(sizeof(struct {name}) == {size}, \"{name}: size\");").unwrap();
+    for m in layout["members"].as_array().into_iter().flatten() {
+        let f = m["name"].as_str().unwrap_or_default();
+        let (off, w) = (m["offset"].as_u64().unwrap_or_default(), m["size"].as_u64().unwrap_or_default());
+        writeln!(out, "_Static_assert(offsetof(struct {name}, {f}) == {off}, \"{name}.{f}: offset\");").unwrap();
+        writeln!(out, "_Static_assert(sizeof(((struct {name} *)0)->{f}) == {w}, \"{name}.{f}: width\");").unwrap();
+    }
+}
+
+/// Compiles the structures' text with `asserts` (the kernel's scalar types, as `linux/types.h` defines them).
+fn c_plain_check(work: &Path, structs: &str, asserts: &str) -> Result<(), String> {
+    let src = format!(
+        "#include <stddef.h>\n\
+         typedef unsigned char u8;\n\
+         typedef unsigned short u16;\n\
+         typedef unsigned int u32;\n\
+         typedef unsigned long long u64;\n\
+         typedef u16 __be16;\n\
+         typedef u32 __be32;\n\
+         typedef u64 __be64;\n\
+         {structs}\n{asserts}"
+    );
+    let c = work.join("qp_check.c");
+    std::fs::write(&c, src).map_err(|e| format!("{}: {e}", c.display()))?;
+    let out =
+        Command::new("cc").args(["-std=gnu11", "-fsyntax-only"]).arg(&c).output().map_err(|e| format!("cc: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the C compiler disagrees with the extracted qp.h layouts:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// Extracts [`C_EXTRA`] from `qp.h` in `inc`, checked by the C compiler, as the document
+/// `core/prm/linux-extra-c-layouts.json` holds.
+fn vendor_c_extra(root: &Path, inc: &Path, deb_name: &str, version: &str) -> Result<usize, String> {
+    let path = inc.join(Path::new(C_HEADER).file_name().unwrap_or_default());
+    let raw = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // Comments carry no layout (and one could hide a brace).
+    let mut src = String::with_capacity(raw.len());
+    let mut rest = raw.as_str();
+    while let Some(i) = rest.find("/*") {
+        src.push_str(&rest[..i]);
+        let end = rest[i..].find("*/").ok_or("qp.h: an unterminated comment")?;
+        rest = &rest[i + end + 2..];
+    }
+    src.push_str(rest);
+    let (mut texts, mut asserts) = (String::new(), String::new());
+    let known = read_json(&root.join(VENDORED_C))?;
+    let mut doc = Map::new();
+    doc.insert(
+        "_meta".into(),
+        json!({
+            "source": format!("Linux {version} (Debian {deb_name}): {C_HEADER}"),
+            "sha256": {C_HEADER: sha256(&path)?},
+            "extracted_by": "cargo xtask vendor --linux-extra (xtask/src/linux_ifc.rs)",
+            "checked": "sizeof and every member's offsetof/sizeof asserted by the C compiler on the structures' text from the header",
+            "why": C_EXTRA.iter().map(|(n, w)| (n.to_string(), json!(w))).collect::<Map<_, _>>(),
+        }),
+    );
+    for (name, _) in C_EXTRA {
+        if known.get(*name).is_some() {
+            return Err(format!("{name} is already in {VENDORED_C}"));
+        }
+        let text = c_struct_text(&src, name)?;
+        let l = c_struct_layout(name, &text)?;
+        texts.push_str(&text);
+        texts.push('\n');
+        c_plain_asserts(name, &l, &mut asserts);
+        doc.insert((*name).to_string(), l);
+    }
+    c_plain_check(&root.join("target/uml/ifc"), &texts, &asserts)?;
+    let out = root.join(VENDORED_EXTRA_C);
+    let mut text = serde_json::to_string_pretty(&Value::Object(doc)).map_err(|e| e.to_string())?;
+    text.push('\n');
+    std::fs::write(&out, text).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(C_EXTRA.len())
+}
+
 fn sha256(p: &Path) -> Result<String, String> {
     run(Command::new("sha256sum").arg(p))?
         .split_whitespace()
@@ -452,12 +605,12 @@ fn headers(root: &Path) -> Result<(PathBuf, String), String> {
     let deb_name = deb.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
     let dir = base.join("ifc").join(&deb_name);
     let inc = dir.join("include/linux/mlx5");
-    if !HEADERS.iter().all(|h| dir.join(h).exists()) {
+    if !HEADERS.iter().chain([&C_HEADER]).all(|h| dir.join(h).exists()) {
         let x = dir.join("x");
         let tarball = crate::uml::source_tarball(&deb, &x)?;
         let mut tar = Command::new("tar");
         tar.arg("xf").arg(&tarball).arg("-C").arg(&dir).arg("--strip-components=1");
-        for h in HEADERS {
+        for h in HEADERS.iter().chain([&C_HEADER]) {
             tar.arg(format!("{}/{h}", crate::uml::SOURCE_PKG));
         }
         run(&mut tar)?;
@@ -547,9 +700,10 @@ pub fn run_vendor_extra(root: &Path) -> Result<(), String> {
     let mut text = serde_json::to_string_pretty(&Value::Object(doc)).map_err(|e| e.to_string())?;
     text.push('\n');
     std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let n_c = vendor_c_extra(root, &inc, &deb_name, version.split('-').next().unwrap_or("?"))?;
     println!(
-        "vendor --linux-extra: {} layout(s) into {VENDORED_EXTRA}; the extractor reproduces {same} vendored layouts; \
-         the C compiler agrees on every member",
+        "vendor --linux-extra: {} layout(s) into {VENDORED_EXTRA}, {n_c} C structure(s) into {VENDORED_EXTRA_C}; \
+         the extractor reproduces {same} vendored layouts; the C compiler agrees on every member",
         out.len()
     );
     Ok(())
@@ -595,6 +749,33 @@ mod tests {
         assert!(defs.broken.contains_key("b"));
         assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("b").is_err());
         assert!(Layouts { defs: &defs, sizes: BTreeMap::new() }.layout("d").is_ok());
+    }
+
+    #[test]
+    fn plain_c_structs_are_laid_out_with_natural_alignment_and_odd_ones_refused() {
+        let src =
+            "struct other { u8 x; };\nstruct s {\n\t__be16 a; /* a comment */\n\tu8 b[3];\n\t__be32 c;\n\tu8 d;\n};\n";
+        let text = c_struct_text(src, "s").unwrap();
+        let l = c_struct_layout("s", &text).unwrap();
+        // `d` follows `c` (4 bytes at 8) at 12, and the size rounds up to the 4-byte alignment.
+        assert_eq!(l["size"], 16);
+        let got: Vec<(String, u64, u64, u64)> = l["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let n = |k: &str| m[k].as_u64().unwrap();
+                (m["name"].as_str().unwrap().to_string(), n("offset"), n("size"), n("count"))
+            })
+            .collect();
+        let want = [("a", 0, 2, 0), ("b", 2, 3, 3), ("c", 8, 4, 0), ("d", 12, 1, 0)];
+        let want: Vec<(String, u64, u64, u64)> = want.iter().map(|(a, b, c, d)| (a.to_string(), *b, *c, *d)).collect();
+        assert_eq!(got, want);
+        for bad in ["struct t { int x; };", "struct t { u8 x[]; };", "struct t { struct { u8 y; } x; };"] {
+            let r = c_struct_text(bad, "t").and_then(|t| c_struct_layout("t", &t));
+            assert!(r.is_err(), "{bad}");
+        }
+        assert!(c_struct_text(src, "missing").is_err());
     }
 
     #[test]

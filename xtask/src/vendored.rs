@@ -14,6 +14,8 @@ pub const VENDORED_VECTORS: &str = "tests/vectors/vectors.json";
 
 /// The file `vendor --linux-extra` writes.
 pub const VENDORED_EXTRA: &str = "core/prm/linux-extra-layouts.json";
+/// The plain C structures `vendor --linux-extra` extracts from Linux's `qp.h`.
+pub const VENDORED_EXTRA_C: &str = "core/prm/linux-extra-c-layouts.json";
 
 /// One JSON file, with its path in either error.
 pub fn read_json(path: &Path) -> Result<Value, String> {

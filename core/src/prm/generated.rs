@@ -9788,6 +9788,34 @@ pub mod c {
         /// `xrc_srqn` (`__be32`): 4 bytes at byte 0.
         pub const XRC_SRQN: Bytes = Bytes::new(0, 4);
     }
+    /// `struct mlx5_stride_block_ctrl_seg`.
+    pub mod mlx5_stride_block_ctrl_seg {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 16;
+        /// `bcount_per_cycle` (`__be32`): 4 bytes at byte 0.
+        pub const BCOUNT_PER_CYCLE: Bytes = Bytes::new(0, 4);
+        /// `op` (`__be32`): 4 bytes at byte 4.
+        pub const OP: Bytes = Bytes::new(4, 4);
+        /// `repeat_count` (`__be32`): 4 bytes at byte 8.
+        pub const REPEAT_COUNT: Bytes = Bytes::new(8, 4);
+        /// `num_entries` (`__be16`): 2 bytes at byte 14.
+        pub const NUM_ENTRIES: Bytes = Bytes::new(14, 2);
+    }
+    /// `struct mlx5_stride_block_entry`.
+    pub mod mlx5_stride_block_entry {
+        use super::*;
+        /// `sizeof` the structure, in bytes.
+        pub const SIZE: usize = 16;
+        /// `stride` (`__be16`): 2 bytes at byte 0.
+        pub const STRIDE: Bytes = Bytes::new(0, 2);
+        /// `bcount` (`__be16`): 2 bytes at byte 2.
+        pub const BCOUNT: Bytes = Bytes::new(2, 2);
+        /// `key` (`__be32`): 4 bytes at byte 4.
+        pub const KEY: Bytes = Bytes::new(4, 4);
+        /// `va` (`__be64`): 8 bytes at byte 8.
+        pub const VA: Bytes = Bytes::new(8, 8);
+    }
 }
 
 /// `MLX5_CMD_OP_*` (include/linux/mlx5/mlx5_ifc.h); values the table does not name decode to `Unknown(n)`.

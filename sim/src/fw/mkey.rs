@@ -116,19 +116,25 @@ enum Translation {
     Window(Option<Binding>),
 }
 
-/// One KLM entry: `len` bytes at `addr` of key `key`.
+/// One KLM entry: `len` bytes at `addr` of key `key`; in a repeat block, cycle `c` takes them at
+/// `addr + c * stride` (`stride` is 0 in a KLM list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Klm {
     pub(crate) key: u32,
     pub(crate) addr: u64,
     pub(crate) len: u64,
+    pub(crate) stride: u64,
 }
 
-/// What a bound indirect key maps: `start .. start + len` of the key is its KLM entries one after the other, and
-/// a type 2 window answers only on QP `qpn`.
+/// What a bound indirect key maps: `start .. start + len` of the key is `cycles` cycles of its entries one after
+/// the other (a KLM list is one cycle; an interleaved layout's repeat block has `repeat_count`), and a type 2
+/// window answers only on QP `qpn`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Binding {
     entries: Vec<Klm>,
+    /// The bytes of one cycle: the sum of the entries' lengths.
+    cycle: u64,
+    cycles: u64,
     qpn: Option<u32>,
 }
 
@@ -146,6 +152,8 @@ pub(crate) struct Mkey {
     translation: Translation,
     /// `en_rinval`: a remote SEND with invalidate may free the key (a type 2 window).
     en_rinval: bool,
+    /// `translations_octword_size`: the most entries a UMR may lay an indirect key over.
+    descriptors: u32,
 }
 
 impl Mkey {
@@ -292,7 +300,9 @@ impl MkeyTable {
         // An indirect key's length comes with its first UMR.
         let len = if window { 0 } else { len };
         let en_rinval = get(m::EN_RINVAL) != 0;
-        let mkey = Mkey { pd, variant: get(m::MKEY_7_0) as u8, start, len, length64, rights, translation, en_rinval };
+        let descriptors = get(m::TRANSLATIONS_OCTWORD_SIZE);
+        let variant = get(m::MKEY_7_0) as u8;
+        let mkey = Mkey { pd, variant, start, len, length64, rights, translation, en_rinval, descriptors };
         self.map.insert(index, mkey);
         out.set(ifc::create_mkey_out::MKEY_INDEX, index);
         Ok(())
@@ -387,13 +397,25 @@ pub(crate) struct WindowUmr {
     /// The rights the mask names, and their new values.
     pub(crate) rights_mask: MkeyAccess,
     pub(crate) rights: MkeyAccess,
+    /// A repeat block (`mlx5dv_wr_mr_interleaved`) instead of a KLM list: its header's cycle count and bytes per
+    /// cycle; its entries come with their strides.
+    pub(crate) repeat: Option<RepeatBlock>,
+}
+
+/// The header of an interleaved layout (`struct mlx5_stride_block_ctrl_seg`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct RepeatBlock {
+    pub(crate) repeat_count: u32,
+    pub(crate) bcount_per_cycle: u32,
 }
 
 impl MkeyTable {
     /// Executes an indirect key's UMR posted on QP `qpn` of PD `pd` with its KLM `entries`, with the checks a
     /// bind makes (IBA 10.6.7: the key and every region in the QP's PD, each range inside its region, remote write
     /// or atomic rights only over regions with local write, the entries covering the key's length; a type 2 window
-    /// free before a bind and bound to the QP that binds it).
+    /// free before a bind and bound to the QP that binds it). No more entries than the key's descriptors; a repeat
+    /// block has at least one entry, none empty, at least one cycle, and every cycle of each entry (`addr` plus
+    /// `stride` per cycle) inside its region.
     pub(crate) fn umr_window(&mut self, pd: u32, qpn: u32, u: &WindowUmr, entries: &[Klm]) -> Result<(), MkeyFault> {
         let index = u.key >> VARIANT_BITS;
         let mk = self.map.get(&index).ok_or(MkeyFault::UnknownKey)?;
@@ -413,20 +435,32 @@ impl MkeyTable {
         }
         let rights = MkeyAccess((mk.rights.bits() & !u.rights_mask.bits()) | (u.rights.bits() & u.rights_mask.bits()));
         let (start, len) = (u.start.unwrap_or(mk.start), u.len.unwrap_or(mk.len));
+        let cycles = u.repeat.map_or(1, |r| u64::from(r.repeat_count));
+        let mut cycle = 0u64;
         if !u.free {
+            if entries.len() > mk.descriptors as usize {
+                return Err(MkeyFault::OutOfBounds);
+            }
+            if u.repeat.is_some() && (entries.is_empty() || cycles == 0 || entries.iter().any(|e| e.len == 0)) {
+                return Err(MkeyFault::OutOfBounds);
+            }
             let needs_lw = MkeyAccess::REMOTE_WRITE.bits() | MkeyAccess::REMOTE_ATOMIC.bits();
-            let mut total = 0u64;
             for e in entries {
-                let region = self.plain_check(e.key, Some(pd), e.addr, e.len, MkeyAccess::empty())?;
+                // Every cycle's piece of this entry: from `addr` to the last cycle's end.
+                let span = e.stride.checked_mul(cycles - 1).and_then(|s| s.checked_add(e.len));
+                let span = span.ok_or(MkeyFault::OutOfBounds)?;
+                let region = self.plain_check(e.key, Some(pd), e.addr, span, MkeyAccess::empty())?;
                 if matches!(region.translation, Translation::Window(_)) {
                     return Err(MkeyFault::UnknownKey);
                 }
                 if rights.bits() & needs_lw != 0 && !region.rights.contains(MkeyAccess::LOCAL_WRITE) {
                     return Err(MkeyFault::AccessDenied(MkeyAccess::LOCAL_WRITE));
                 }
-                total = total.checked_add(e.len).ok_or(MkeyFault::OutOfBounds)?;
+                cycle = cycle.checked_add(e.len).ok_or(MkeyFault::OutOfBounds)?;
             }
-            if total != len || start.checked_add(len).is_none() {
+            let header_agrees = u.repeat.is_none_or(|r| u64::from(r.bcount_per_cycle) == cycle);
+            let total = cycle.checked_mul(cycles);
+            if !header_agrees || total != Some(len) || start.checked_add(len).is_none() {
                 return Err(MkeyFault::OutOfBounds);
             }
         }
@@ -441,7 +475,8 @@ impl MkeyTable {
             mk.start = start;
             mk.len = len;
             mk.rights = rights;
-            mk.translation = Translation::Window(Some(Binding { entries: entries.to_vec(), qpn: bound_qpn }));
+            let binding = Binding { entries: entries.to_vec(), cycle, cycles, qpn: bound_qpn };
+            mk.translation = Translation::Window(Some(binding));
         }
         Ok(())
     }
@@ -512,36 +547,50 @@ impl MkeyTable {
     }
 
     /// Calls `f` with the key, address and length of each piece of `off .. off + len` of an indirect key's
-    /// entries (each checked live, in range and not indirect itself), in order.
+    /// entries (each checked live, in range and not indirect itself), in order: cycle after cycle of the entries,
+    /// cycle `c` taking each entry at `addr + c * stride`.
     fn walk(
         &self,
         b: &Binding,
-        mut off: u64,
+        off: u64,
         len: u64,
         mut f: impl FnMut(&Mkey, u64, u64) -> Result<(), MkeyFault>,
     ) -> Result<(), MkeyFault> {
-        let mut left = len;
-        // Bounded by the entries the UMR gave.
-        for e in &b.entries {
-            if left == 0 {
-                break;
-            }
-            if off >= e.len {
-                off -= e.len;
-                continue;
-            }
-            let n = (e.len - off).min(left);
-            let at = e.addr.checked_add(off).ok_or(MkeyFault::OutOfBounds)?;
-            let inner = self.plain_check(e.key, None, at, n, MkeyAccess::empty())?;
-            if matches!(inner.translation, Translation::Window(_)) {
-                return Err(MkeyFault::UnknownKey);
-            }
-            f(inner, at, n)?;
-            left -= n;
-            off = 0;
+        if len == 0 {
+            return Ok(());
         }
-        if left > 0 {
+        if b.cycle == 0 {
             return Err(MkeyFault::OutOfBounds);
+        }
+        let (mut c, mut within) = (off / b.cycle, off % b.cycle);
+        let mut left = len;
+        // Bounded: every cycle but the first and last consumes `cycle` bytes (no entry is empty), and `c` stops
+        // at the binding's cycle count.
+        while left > 0 {
+            if c >= b.cycles {
+                return Err(MkeyFault::OutOfBounds);
+            }
+            for e in &b.entries {
+                if left == 0 {
+                    break;
+                }
+                if within >= e.len {
+                    within -= e.len;
+                    continue;
+                }
+                let n = (e.len - within).min(left);
+                let at =
+                    e.stride.checked_mul(c).and_then(|s| s.checked_add(e.addr)).and_then(|a| a.checked_add(within));
+                let at = at.ok_or(MkeyFault::OutOfBounds)?;
+                let inner = self.plain_check(e.key, None, at, n, MkeyAccess::empty())?;
+                if matches!(inner.translation, Translation::Window(_)) {
+                    return Err(MkeyFault::UnknownKey);
+                }
+                f(inner, at, n)?;
+                left -= n;
+                within = 0;
+            }
+            c += 1;
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ pub(super) use crate::dma::DmaSpace;
 pub(super) use crate::events::{RetryKind, SimEvent};
 pub(super) use crate::fw::eq::EqPost;
 pub(super) use crate::fw::mkey::MkeyAccess;
-pub(super) use crate::fw::mkey::{Klm, Mkey, MkeyFault, WindowUmr};
+pub(super) use crate::fw::mkey::{Klm, Mkey, MkeyFault, RepeatBlock, WindowUmr};
 pub(super) use crate::fw::qp::{
     Outstanding, Phase, QpState, QpType, Sge, Sges, WqeId, LOG_ACK_REQ_MAX, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES,
     MAX_PACKETS_IN_FLIGHT, PSN_MASK, SEND_WQE_BB,

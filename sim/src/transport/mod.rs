@@ -1909,4 +1909,157 @@ mod tests {
         p.r.post_send(&mut p.b, &w, Bell::Db);
         assert_eq!(p.r.poll(&mut p.b_scq).unwrap().status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
     }
+
+    /// One strided entry of a repeat block: `bcount` bytes at `addr` of key `key`, `stride` bytes further each cycle.
+    struct Strided {
+        addr: u64,
+        bcount: u16,
+        stride: u16,
+        key: u32,
+    }
+
+    /// An mlx5dv interleaved layout as rdma-core's `umr_strided_seg_create` builds it on indirect key `mkey`
+    /// (giving it variant 0x44, local write and remote read and write): the repeat block header (`repeat_count`
+    /// cycles, `per_cycle` bytes each, `n` entries named), the entries, zero padding to 64 bytes.
+    fn interleaved_umr(mkey: u32, repeat_count: u32, per_cycle: u32, n: u16, entries: &[Strided]) -> Wqe {
+        use c::mlx5_stride_block_ctrl_seg as rb;
+        use c::mlx5_stride_block_entry as se;
+        use c::mlx5_wqe_umr_ctrl_seg as u;
+        use ifc::mkc as m;
+        let mask = consts::MLX5_MKEY_MASK_FREE
+            | consts::MLX5_MKEY_MASK_KEY
+            | consts::MLX5_MKEY_MASK_LEN
+            | consts::MLX5_MKEY_MASK_LW
+            | consts::MLX5_MKEY_MASK_RR
+            | consts::MLX5_MKEY_MASK_RW;
+        let area = (rb::SIZE + entries.len() * se::SIZE).next_multiple_of(64);
+        let mut segs = vec![0u8; u::SIZE + m::SIZE_BYTES + area];
+        segs[u::FLAGS.off] = consts::MLX5_WQE_UMR_CTRL_FLAG_INLINE as u8;
+        segs[u::MKEY_MASK.off..u::MKEY_MASK.end()].copy_from_slice(&u64::from(mask).to_be_bytes());
+        segs[u::XLT_OCTOWORDS.off..u::XLT_OCTOWORDS.end()].copy_from_slice(&((area / 16) as u16).to_be_bytes());
+        {
+            let ctx = &mut segs[u::SIZE..u::SIZE + m::SIZE_BYTES];
+            ctx.set(m::QPN, 0xff_ffff);
+            ctx.set(m::MKEY_7_0, 0x44);
+            for f in [m::LW, m::RR, m::RW] {
+                ctx.set(f, 1);
+            }
+            ctx.set64(m::LEN, u64::from(per_cycle) * u64::from(repeat_count));
+        }
+        let at = u::SIZE + m::SIZE_BYTES;
+        let put = |segs: &mut Vec<u8>, f: mlx5_core::prm::Bytes, base: usize, v: &[u8]| {
+            segs[base + f.off..base + f.end()].copy_from_slice(v);
+        };
+        put(&mut segs, rb::BCOUNT_PER_CYCLE, at, &per_cycle.to_be_bytes());
+        put(&mut segs, rb::OP, at, &consts::MLX5_STRIDE_BLOCK_OP.to_be_bytes());
+        put(&mut segs, rb::REPEAT_COUNT, at, &repeat_count.to_be_bytes());
+        put(&mut segs, rb::NUM_ENTRIES, at, &n.to_be_bytes());
+        for (i, e) in entries.iter().enumerate() {
+            let b = at + rb::SIZE + i * se::SIZE;
+            put(&mut segs, se::STRIDE, b, &e.stride.to_be_bytes());
+            put(&mut segs, se::BCOUNT, b, &e.bcount.to_be_bytes());
+            put(&mut segs, se::KEY, b, &e.key.to_be_bytes());
+            put(&mut segs, se::VA, b, &e.addr.to_be_bytes());
+        }
+        Wqe { segs, ..Wqe::new(consts::MLX5_OPCODE_UMR).imm(mkey) }
+    }
+
+    #[test]
+    fn an_interleaved_mkey_walks_its_repeat_block_cycle_by_cycle() {
+        // rdma-core's test_mkey_interleaved: two entries of 8 bytes, each skipping 2 bytes a cycle, 3 cycles (48
+        // bytes). A SEND gathers through the key as an lkey, a WRITE scatters through it as an rkey, an access
+        // past its 48 bytes is refused.
+        let mut p = pair();
+        let (key, base) = (p.mr.key, p.mr.addr());
+        let mkey = alloc_mw(&mut p.r, false);
+        let entries = [
+            Strided { addr: base + 1000, bcount: 8, stride: 10, key },
+            Strided { addr: base + 1064, bcount: 8, stride: 10, key },
+        ];
+        p.r.post_send(&mut p.a, &interleaved_umr(mkey, 3, 16, 2, &entries), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0), "layout");
+        let lkey = mkey | 0x44;
+        let region = pattern(128, 5);
+        p.mr.write(1000, &region);
+        // The key's bytes: per cycle c, 8 at 1000 + 10c, then 8 at 1064 + 10c (offsets into `region`).
+        let order: Vec<usize> = (0..3).flat_map(|c| [10 * c, 64 + 10 * c]).collect();
+        let want: Vec<u8> = order.iter().flat_map(|&o| region[o..o + 8].to_vec()).collect();
+        p.r.post_recv(&mut p.b, &[(base + 20_000, 1024, key)]);
+        p.r.post_send(&mut p.a, &Wqe::new(SEND).data(48, lkey, 0), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(p.r.poll(&mut p.b_rcq).unwrap().byte_cnt(), 48);
+        assert_eq!(p.mr.read(20_000, 48), want);
+        // B WRITEs 20 bytes at offset 12 of the key: the last 4 bytes of cycle 0's second entry, then both
+        // entries of cycle 1; the skipped bytes between them stay as they were.
+        let new = pattern(20, 99);
+        p.mr.write(30_000, &new);
+        let w = Wqe::new(RDMA_WRITE).raddr(12, lkey).data(20, key, base + 30_000);
+        p.r.post_send(&mut p.b, &w, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.b_scq).unwrap().status(), (REQ, 0));
+        assert_eq!(p.mr.read(1068, 4), new[..4]);
+        assert_eq!(p.mr.read(1010, 8), new[4..12]);
+        assert_eq!(p.mr.read(1074, 8), new[12..]);
+        assert_eq!(p.mr.read(1018, 2), region[18..20], "skipped bytes untouched");
+        assert_eq!(p.mr.read(1064, 4), region[64..68]);
+        // Past its 48 bytes: a remote access error.
+        let w = Wqe::new(RDMA_WRITE).raddr(40, lkey).data(16, key, base + 30_000);
+        p.r.post_send(&mut p.b, &w, Bell::Db);
+        assert_eq!(p.r.poll(&mut p.b_scq).unwrap().status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR));
+    }
+
+    #[test]
+    fn bad_repeat_blocks_complete_with_a_memory_window_bind_error() {
+        type Case = fn(&mut Pair, u32, u32) -> Wqe;
+        let ok = |base: u64, key: u32| Strided { addr: base, bcount: 8, stride: 10, key };
+        let cases: [(&str, Case); 7] = [
+            ("no entries", |_, mkey, _| interleaved_umr(mkey, 3, 0, 0, &[])),
+            ("more entries than the key's 4 descriptors", |p, mkey, key| {
+                let e: Vec<Strided> =
+                    (0..5).map(|i| Strided { addr: p.mr.addr() + 100 * i, bcount: 8, stride: 10, key }).collect();
+                interleaved_umr(mkey, 3, 40, 5, &e)
+            }),
+            ("an entry of 0 bytes", |p, mkey, key| {
+                let e = [
+                    Strided { addr: p.mr.addr(), bcount: 8, stride: 10, key },
+                    Strided { addr: p.mr.addr() + 64, bcount: 0, stride: 10, key },
+                ];
+                interleaved_umr(mkey, 3, 8, 2, &e)
+            }),
+            ("a key of another PD", |p, mkey, _| {
+                let (s, _, out) = p.r.h.simple(consts::MLX5_CMD_OP_ALLOC_PD, 0, 16, 16);
+                assert_eq!(s, 0);
+                let pd2 = MsgBuf::get(&out[..], ifc::alloc_pd_out::PD);
+                let other = p.r.mr_in(pd2, 4096, [true, true, true, true]);
+                interleaved_umr(mkey, 3, 8, 1, &[Strided { addr: other.addr(), bcount: 8, stride: 10, key: other.key }])
+            }),
+            ("no cycles", |p, mkey, key| {
+                interleaved_umr(mkey, 0, 8, 1, &[Strided { addr: p.mr.addr(), bcount: 8, stride: 10, key }])
+            }),
+            ("a header whose bytes per cycle disagree with its entries", |p, mkey, key| {
+                interleaved_umr(mkey, 3, 12, 1, &[Strided { addr: p.mr.addr(), bcount: 8, stride: 10, key }])
+            }),
+            ("the last cycle past the region's end", |p, mkey, key| {
+                let end = p.mr.addr() + p.mr.region.len() as u64;
+                interleaved_umr(mkey, 3, 8, 1, &[Strided { addr: end - 100, bcount: 8, stride: 50, key }])
+            }),
+        ];
+        for (what, make) in cases {
+            let mut p = pair();
+            let mkey = alloc_mw(&mut p.r, false);
+            let key = p.mr.key;
+            let w = make(&mut p, mkey, key);
+            p.r.post_send(&mut p.a, &w, Bell::Db);
+            let e = p.r.poll(&mut p.a_scq).expect(what);
+            assert_eq!(e.status(), (REQ_ERR, consts::MLX5_CQE_SYNDROME_MW_BIND_ERR), "{what}");
+            // The key stays unusable.
+            let access = crate::fw::mkey::MkeyAccess::LOCAL_READ;
+            assert!(p.r.h.dev.mkey_access(mkey | 0x44, None, 0, 8, access).is_err(), "{what}");
+        }
+        // The same layout with its header right binds (the cases above fail for their one fault).
+        let mut p = pair();
+        let mkey = alloc_mw(&mut p.r, false);
+        let (key, base) = (p.mr.key, p.mr.addr());
+        p.r.post_send(&mut p.a, &interleaved_umr(mkey, 3, 8, 1, &[ok(base, key)]), Bell::Db);
+        assert_eq!(p.r.poll(&mut p.a_scq).unwrap().status(), (REQ, 0));
+    }
 }

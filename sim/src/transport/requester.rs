@@ -616,13 +616,30 @@ impl Requester<'_> {
     /// completed (`admits`), so its completion comes in order.
     fn execute_window(&mut self, qpn: u32, w: &SendWqe, u: &WindowUmr) {
         use c::mlx5_klm as k;
+        use c::mlx5_stride_block_entry as se;
         let Some(pd) = self.qps.get(&qpn).map(|q| q.pd) else { return };
-        // The KLM entries `fetch_wqe` left in the inline bytes.
-        let entries: Vec<Klm> = self
-            .inline
-            .chunks_exact(k::SIZE)
-            .map(|e| Klm { key: be(k::KEY, e, 0), addr: be64(e, k::VA.off), len: u64::from(be(k::BCOUNT, e, 0)) })
-            .collect();
+        // The KLM entries (or a repeat block's strided entries) `fetch_wqe` left in the inline bytes.
+        let entries: Vec<Klm> = if u.repeat.is_some() {
+            self.inline
+                .chunks_exact(se::SIZE)
+                .map(|e| Klm {
+                    key: be(se::KEY, e, 0),
+                    addr: be64(e, se::VA.off),
+                    len: u64::from(be(se::BCOUNT, e, 0)),
+                    stride: u64::from(be(se::STRIDE, e, 0)),
+                })
+                .collect()
+        } else {
+            self.inline
+                .chunks_exact(k::SIZE)
+                .map(|e| Klm {
+                    key: be(k::KEY, e, 0),
+                    addr: be64(e, k::VA.off),
+                    len: u64::from(be(k::BCOUNT, e, 0)),
+                    stride: 0,
+                })
+                .collect()
+        };
         match self.mkeys.umr_window(pd, qpn, u, &entries) {
             Ok(()) => self.completions().complete_send(qpn, w.id(), 0),
             Err(_) => {

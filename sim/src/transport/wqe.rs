@@ -468,6 +468,8 @@ impl Wqes<'_> {
 /// entries are in `wqe`; `None` for a WQE too short for its segments, or one that leaves `free` unmasked.
 fn parse_window_umr(wqe: &[u8], at: usize, key: u32) -> Option<(WindowUmr, std::ops::Range<usize>)> {
     use c::mlx5_klm as k;
+    use c::mlx5_stride_block_ctrl_seg as rb;
+    use c::mlx5_stride_block_entry as se;
     use c::mlx5_wqe_umr_ctrl_seg as u;
     use mlx5_core::prm::ifc::mkc as m;
     use mlx5_core::prm::MsgBuf;
@@ -505,6 +507,7 @@ fn parse_window_umr(wqe: &[u8], at: usize, key: u32) -> Option<(WindowUmr, std::
         len: has(consts::MLX5_MKEY_MASK_LEN).then(|| MsgBuf::get64(seg, m::LEN)),
         rights_mask,
         rights,
+        repeat: None,
     };
     if umr.free {
         return Some((umr, 0..0));
@@ -513,6 +516,18 @@ fn parse_window_umr(wqe: &[u8], at: usize, key: u32) -> Option<(WindowUmr, std::
     let from = mk + m::SIZE_BYTES;
     let given = usize::from(be(u::XLT_OCTOWORDS, wqe, at) as u16);
     let area = wqe.get(from..from + given * k::SIZE)?;
+    // An interleaved layout (`mlx5dv_wr_mr_interleaved`): a repeat block header where a KLM list has its first
+    // entry, told apart by its `op`; then `num_entries` strided entries, all inside the translation area.
+    if let Some(head) = area.get(..rb::SIZE).filter(|h| be(rb::OP, h, 0) == consts::MLX5_STRIDE_BLOCK_OP) {
+        let n = usize::from(be(rb::NUM_ENTRIES, head, 0) as u16);
+        let repeat = RepeatBlock {
+            repeat_count: be(rb::REPEAT_COUNT, head, 0),
+            bcount_per_cycle: be(rb::BCOUNT_PER_CYCLE, head, 0),
+        };
+        let entries = from + rb::SIZE..from + rb::SIZE + n * se::SIZE;
+        area.get(rb::SIZE..rb::SIZE + n * se::SIZE)?;
+        return Some((WindowUmr { repeat: Some(repeat), ..umr }, entries));
+    }
     let mut n = 0;
     let mut total = 0u64;
     for e in area.chunks_exact(k::SIZE) {

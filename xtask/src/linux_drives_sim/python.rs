@@ -63,8 +63,10 @@ const SKIP_CLASSES: &[(&str, &str)] = &[
     ("dmabuf", "a GPU render node that exports dma-bufs (none in UML)"),
     ("cuda-python", "an NVIDIA GPU with cuda-python (none in UML)"),
     ("Crypto login", "the crypto engine and its login credentials (not modelled)"),
-    ("Create Mkey is not supported", "mlx5dv mkeys: DevX for the key, signature offload (BSF) for signature keys"),
-    ("Create Mlx5DV QP is not supported", "mlx5dv QP send ops: UMR, memcpy, crypto (not modelled)"),
+    // DevX creates mlx5dv mkeys and their list and interleaved UMRs run; only signature keys are refused.
+    ("Create Mkey is not supported", "mlx5dv signature mkeys (signature offload, BSF: not modelled)"),
+    // The UMR send ops are modelled; what still refuses the QP is DMA memcpy, signature pipelining or crypto.
+    ("Create Mlx5DV QP is not supported", "mlx5dv QP features: DMA memcpy, signature pipelining, crypto (not modelled)"),
     ("DC QP is not supported", "the DC transport (no `dct` capability: not modelled)"),
     ("DCI caps", "the DC transport with DCI streams (not modelled)"),
     // The rdma_cm tests run each side in a process of its own and report only that the active one skipped; the
