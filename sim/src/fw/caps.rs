@@ -404,6 +404,15 @@ impl Caps {
         self.query(consts::MLX5_CAP_FLOW_TABLE, true).map(|img| MsgBuf::get(img, f.at(rx))).unwrap_or(0)
     }
 
+    /// The MEMIC region of the BAR (start offset, bytes), if the device offers device memory.
+    pub(crate) fn memic_region(&self) -> Option<(u64, u64)> {
+        use ifc::device_mem_cap as d;
+        let at = ifc::hca_cap_union::DEVICE_MEM_CAP;
+        let img = self.query(consts::MLX5_CAP_DEV_MEM, true)?;
+        (MsgBuf::get(img, d::MEMIC.at(at)) != 0)
+            .then(|| (img.get64(d::MEMIC_BAR_START_ADDR.at(at)), u64::from(MsgBuf::get(img, d::MEMIC_BAR_SIZE.at(at)))))
+    }
+
     /// A current general capability.
     pub(crate) fn gen(&self, f: Field) -> u32 {
         self.query(consts::MLX5_CAP_GENERAL, true)

@@ -15,6 +15,10 @@ pub(crate) const LOG_MIN_ALLOC: u32 = 6;
 /// The largest `log_memic_addr_alignment` (`log_max_memic_addr_alignment`): 64 << 6 = 4 KiB, one page.
 pub(crate) const LOG_MAX_ALIGN: u32 = 6;
 
+/// The IOVA at which the datapath reaches device memory: byte `n` of the MEMIC region is at `DMA_BASE + n`,
+/// mapped by [`SimDevice::map_device_memory`](crate::SimDevice::map_device_memory) (far above any host memory).
+pub const DMA_BASE: u64 = 1 << 40;
+
 /// The MEMIC region and the ranges allocated in it, sorted by start (BAR offsets).
 #[derive(Debug)]
 pub(crate) struct MemicTable {

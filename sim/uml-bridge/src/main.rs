@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mlx5_sim::{PortType, SimConfig, SimDevice};
-use mlx5_uml_bridge::barfile::BarFile;
+use mlx5_uml_bridge::barfile::{BarFile, FileRegion};
 use mlx5_uml_bridge::device::Device;
 use mlx5_uml_bridge::server::Server;
 
@@ -189,9 +189,18 @@ fn run(
     let trace = trace.map(File::create).transpose()?;
     let mut dev = Device::new(sim, class);
     dev.verbose = verbose;
+    // Device memory lives in the BAR file, where user processes map it; it must outlive the server and its device.
+    let mut _device_memory: Option<FileRegion> = None;
     let mut server = Server::new(conn, dev, trace, verbose);
     if let Some((p, off)) = bar_file {
         let f = std::fs::OpenOptions::new().read(true).write(true).open(p)?;
+        if memic_size > 0 {
+            let r = FileRegion::map(&f, off + uar_end as u64, memic_size as usize)?;
+            // SAFETY: `r` stays mapped in `_device_memory` until after `server`, which owns the device, is dropped.
+            unsafe { server.dev.sim.map_device_memory(r.ptr(), r.len()) }
+                .map_err(|e| std::io::Error::other(format!("mapping device memory: {e:?}")))?;
+            _device_memory = Some(r);
+        }
         // The initialization segment comes first; UAR pages follow.
         let first = mlx5_sim::FIRST_UAR_PAGE;
         server.bar_file = Some(BarFile::open_at(&f, off, first, uar_end, mlx5_sim::BF_REG_SIZE)?);
