@@ -56,8 +56,9 @@ pub struct SimConfig {
     /// Number of UAR pages in the BAR after the initialization segment (ALLOC_UAR fails beyond it).
     pub num_uars: u32,
     /// Bytes of device memory (MEMIC) the capabilities offer, in a BAR region after the UAR pages (a multiple of
-    /// 4 KiB). 0, the default: no device memory (`device_memory` 0), as the simulator does not yet back that BAR
-    /// region with storage the datapath reads (so an MR on device memory could not carry traffic).
+    /// 4 KiB). 0, the default: no device memory (`device_memory` 0). The bytes themselves come from
+    /// `SimDevice::map_device_memory` (under UML, the BAR file's pages); until it is called, a device memory MR's
+    /// accesses fault.
     pub memic_size: u32,
     /// PCI vendor and device id the device would show in config space (a ConnectX-5: 15b3:1017).
     pub pci_ids: (u16, u16),

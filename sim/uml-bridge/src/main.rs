@@ -8,7 +8,7 @@
 //! one fabric apart; `--bar-file-offset` is where this device's BAR starts in the BAR file (the second device
 //! of one guest). `--wire-vde URL` plugs the port into a VDE fabric instead (`vde:///dir`: a cable to a port of
 //! the simulated switch, `mlx5_sim::IbSwitch`). `--memic-size BYTES` offers that much device memory (MEMIC) in a
-//! BAR region after the UAR pages (0, the default: none; a MEMIC MR cannot yet carry traffic).
+//! BAR region after the UAR pages, backed by the BAR file's pages there (0, the default: none).
 
 use std::fs::File;
 use std::os::unix::net::UnixListener;
