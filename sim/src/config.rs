@@ -55,6 +55,11 @@ pub struct SimConfig {
     pub port_type: PortType,
     /// Number of UAR pages in the BAR after the initialization segment (ALLOC_UAR fails beyond it).
     pub num_uars: u32,
+    /// Bytes of device memory (MEMIC) the capabilities offer, in a BAR region after the UAR pages (a multiple of
+    /// 4 KiB). 0, the default: no device memory (`device_memory` 0). The bytes themselves come from
+    /// `SimDevice::map_device_memory` (under UML, the BAR file's pages); until it is called, a device memory MR's
+    /// accesses fault.
+    pub memic_size: u32,
     /// PCI vendor and device id the device would show in config space (a ConnectX-5: 15b3:1017).
     pub pci_ids: (u16, u16),
     /// Port 1 link is up.
@@ -211,6 +216,7 @@ impl Default for SimConfig {
             checksum: false,
             port_type: PortType::Eth,
             num_uars: 16,
+            memic_size: 0,
             pci_ids: (0x15b3, 0x1017),
             port_up: true,
             port_mtu: 1500,

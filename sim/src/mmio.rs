@@ -23,9 +23,15 @@ pub struct SimMmio {
 }
 
 impl SimMmio {
-    /// Size of the BAR in bytes (initialization segment plus UAR pages); reads beyond it return all ones.
+    /// Size of the BAR in bytes (initialization segment, UAR pages and device memory); reads beyond it return all
+    /// ones.
     pub fn bar_size(&self) -> usize {
         lock(&self.shared).regs.bar_size
+    }
+
+    /// Where the UAR pages end in the BAR (the device memory region, if configured, starts here).
+    pub fn uar_end(&self) -> usize {
+        lock(&self.shared).regs.uar_range().end
     }
 
     /// BAR offset of UAR page `index` (as returned by ALLOC_UAR).
@@ -201,5 +207,22 @@ mod tests {
         assert!(ev.contains(&SimEvent::IgnoredWrite { off: 0x100, val: 7 }));
         assert!(ev.contains(&SimEvent::UarWrite { off: uar, val: 9 }));
         assert_eq!(m.read32(0x100), 0);
+    }
+
+    #[test]
+    fn device_memory_follows_the_uar_pages_and_is_not_a_doorbell() {
+        let plain = SimDevice::default().mmio();
+        assert_eq!(plain.uar_end(), plain.bar_size());
+        let dev = SimDevice::new(SimConfig { memic_size: 0x4000, ..SimConfig::default() });
+        let m = dev.mmio();
+        assert_eq!(m.uar_end(), plain.bar_size());
+        assert_eq!(m.bar_size(), m.uar_end() + 0x4000);
+        // A store into device memory is no UAR write; the BAR ends after the region.
+        m.write32(m.uar_end() + 8, 5);
+        let ev = dev.events();
+        assert!(ev.contains(&SimEvent::IgnoredWrite { off: m.uar_end() + 8, val: 5 }));
+        assert!(!ev.iter().any(|e| matches!(e, SimEvent::UarWrite { .. })));
+        assert_eq!(m.read32(m.bar_size() - 4), 0);
+        assert_eq!(m.read32(m.bar_size()), u32::MAX);
     }
 }

@@ -70,6 +70,8 @@ const fn in_reg(f: Field, reg: usize) -> Field {
 pub(crate) struct Regs {
     image: Vec<u8>,
     pub(crate) bar_size: usize,
+    /// Where the UAR pages end: the device memory (MEMIC) region, if any, follows them up to `bar_size`.
+    uar_end: usize,
     cmdq_h: u32,
     /// The queue address, set once both halves have been written (`cmdq_addr_l_sz` last).
     pub(crate) cmdq_iova: Option<u64>,
@@ -109,7 +111,8 @@ impl Regs {
         image.write_u32(c::mlx5_init_seg::CMD_Q_INIT_TO.off, cfg.cmd_q_init_to_ms);
         Self {
             image,
-            bar_size: (INIT_SEG_PAGES + cfg.num_uars as usize) * PAGE,
+            bar_size: (INIT_SEG_PAGES + cfg.num_uars as usize) * PAGE + cfg.memic_size as usize,
+            uar_end: (INIT_SEG_PAGES + cfg.num_uars as usize) * PAGE,
             cmdq_h: 0,
             cmdq_iova: None,
             log_cmdq_size: cfg.log_cmdq_size,
@@ -174,7 +177,7 @@ impl Regs {
 
     /// The UAR pages' part of the BAR.
     pub(crate) fn uar_range(&self) -> std::ops::Range<usize> {
-        self.image.len()..self.bar_size
+        self.image.len()..self.uar_end
     }
 
     /// Whether `off..off + len` lies inside one of the UAR pages (after the initialization segment, in the BAR).

@@ -180,6 +180,24 @@ impl SimDevice {
         lock(&self.shared).dma.map_fixed(iova, cpu, len).map(|_| ())
     }
 
+    /// Backs the device memory (MEMIC) region with `len` bytes at `cpu`, which the datapath then reads and writes
+    /// for MRs on device memory: under UML, the BAR file's pages of that region, which user processes map.
+    /// Refused unless `len` is the configured `memic_size`.
+    ///
+    /// # Safety
+    /// As [`SimDevice::map_guest_memory`]: the bytes stay valid, and nothing else frees them, for the device's life.
+    pub unsafe fn map_device_memory(
+        &self,
+        cpu: std::ptr::NonNull<u8>,
+        len: usize,
+    ) -> Result<(), mlx5_core::hal::DmaError> {
+        let mut st = lock(&self.shared);
+        if len == 0 || len != st.cfg.memic_size as usize {
+            return Err(mlx5_core::hal::DmaError::Unreachable { addr: cpu.as_ptr() as usize, len });
+        }
+        st.dma.map_fixed(crate::fw::memic::DMA_BASE, cpu, len).map(|_| ())
+    }
+
     /// Takes away what [`SimDevice::map_guest_memory`] mapped at exactly `iova..iova + len`, as an IOMMU unmap:
     /// later device accesses there fault. `false`, changing nothing, when no such mapping exists.
     pub fn unmap_guest_memory(&self, iova: u64, len: usize) -> bool {

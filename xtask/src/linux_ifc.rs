@@ -57,6 +57,10 @@ const EXTRA: &[(&str, &str)] = &[
     ("create_umem_out", "CREATE_UMEM's reply: the umem id"),
     ("destroy_umem_in", "DESTROY_UMEM"),
     ("destroy_umem_out", "DESTROY_UMEM's reply"),
+    ("alloc_memic_in", "ALLOC_MEMIC: mlx5_ib's device memory (ibv_alloc_dm) takes a range of the MEMIC BAR region"),
+    ("alloc_memic_out", "ALLOC_MEMIC's reply: the allocation's BAR offset"),
+    ("dealloc_memic_in", "DEALLOC_MEMIC: ibv_free_dm gives the range back"),
+    ("dealloc_memic_out", "DEALLOC_MEMIC's reply"),
 ];
 
 /// The headers, relative to the source tree.

@@ -7474,6 +7474,48 @@ pub mod ifc {
         /// `fdb_jump_to_tir_stc`: 1 bit at bit 448.
         pub const FDB_JUMP_TO_TIR_STC: Field = Field::new(448, 1);
     }
+    /// `struct mlx5_ifc_alloc_memic_in_bits`: 32 bytes.
+    pub mod alloc_memic_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(alloc_memic_in)`).
+        pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_alloc_memic_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `log_memic_addr_alignment`: 8 bits at bit 120.
+        pub const LOG_MEMIC_ADDR_ALIGNMENT: Field = Field::new(120, 8);
+        /// `range_start_addr`: 64 bits at bit 128.
+        pub const RANGE_START_ADDR: Field = Field::new(128, 64);
+        /// `range_size`: 32 bits at bit 192.
+        pub const RANGE_SIZE: Field = Field::new(192, 32);
+        /// `memic_size`: 32 bits at bit 224.
+        pub const MEMIC_SIZE: Field = Field::new(224, 32);
+    }
+    /// `struct mlx5_ifc_alloc_memic_out_bits`: 16 bytes.
+    pub mod alloc_memic_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(alloc_memic_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_alloc_memic_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+        /// `memic_start_addr`: 64 bits at bit 64.
+        pub const MEMIC_START_ADDR: Field = Field::new(64, 64);
+    }
     /// `struct mlx5_ifc_create_flow_table_in_bits`: 64 bytes.
     pub mod create_flow_table_in {
         use super::*;
@@ -7635,6 +7677,42 @@ pub mod ifc {
         pub const SYNDROME: Field = Field::new(32, 32);
         /// `umem_id`: 24 bits at bit 72.
         pub const UMEM_ID: Field = Field::new(72, 24);
+    }
+    /// `struct mlx5_ifc_dealloc_memic_in_bits`: 32 bytes.
+    pub mod dealloc_memic_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(dealloc_memic_in)`).
+        pub const SIZE_BYTES: usize = 32;
+        /// `struct mlx5_ifc_dealloc_memic_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `memic_start_addr`: 64 bits at bit 128.
+        pub const MEMIC_START_ADDR: Field = Field::new(128, 64);
+        /// `memic_size`: 32 bits at bit 192.
+        pub const MEMIC_SIZE: Field = Field::new(192, 32);
+    }
+    /// `struct mlx5_ifc_dealloc_memic_out_bits`: 16 bytes.
+    pub mod dealloc_memic_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(dealloc_memic_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_dealloc_memic_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
     }
     /// `struct mlx5_ifc_destroy_flow_table_in_bits`: 64 bytes.
     pub mod destroy_flow_table_in {
@@ -16303,6 +16381,25 @@ pub mod names {
             ],
         },
         Layout {
+            name: "alloc_memic_in",
+            size_bytes: 32,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("log_memic_addr_alignment", 120, 8),
+                s("range_start_addr", 128, 64),
+                s("range_size", 192, 32),
+                s("memic_size", 224, 32),
+            ],
+        },
+        Layout {
+            name: "alloc_memic_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32), s("memic_start_addr", 64, 64)],
+        },
+        Layout {
             name: "alloc_pd_in",
             size_bytes: 16,
             union: false,
@@ -17131,6 +17228,23 @@ pub mod names {
             members: &[s("event_subtype", 0, 8), s("congestion_level", 16, 8)],
         },
         Layout { name: "dct_events", size_bytes: 28, union: false, members: &[s("dct_number", 200, 24)] },
+        Layout {
+            name: "dealloc_memic_in",
+            size_bytes: 32,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("op_mod", 48, 16),
+                s("memic_start_addr", 128, 64),
+                s("memic_size", 192, 32),
+            ],
+        },
+        Layout {
+            name: "dealloc_memic_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
         Layout {
             name: "dealloc_pd_in",
             size_bytes: 16,

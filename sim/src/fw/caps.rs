@@ -79,6 +79,29 @@ fn image() -> Vec<u8> {
     vec![0; ifc::hca_cap_union::SIZE_BYTES]
 }
 
+/// The BAR offset of the MEMIC region: right after the UAR pages.
+pub(crate) fn memic_bar_start(cfg: &SimConfig) -> u64 {
+    ((crate::regs::INIT_SEG_PAGES as u64) + u64::from(cfg.num_uars)) * consts::MLX5_ADAPTER_PAGE_SIZE as u64
+}
+
+/// The device memory capabilities (`device_mem_cap`): MEMIC of `cfg.memic_size` bytes, or all zero without.
+fn device_mem(cfg: &SimConfig) -> Vec<u8> {
+    use ifc::device_mem_cap as d;
+    let mut img = image();
+    if cfg.memic_size == 0 {
+        return img;
+    }
+    let at = ifc::hca_cap_union::DEVICE_MEM_CAP;
+    img[..].set(d::MEMIC.at(at), 1);
+    img[..].set(d::LOG_MIN_MEMIC_ALLOC_SIZE.at(at), super::memic::LOG_MIN_ALLOC);
+    img[..].set(d::LOG_MAX_MEMIC_ADDR_ALIGNMENT.at(at), super::memic::LOG_MAX_ALIGN);
+    img[..].set64(d::MEMIC_BAR_START_ADDR.at(at), memic_bar_start(cfg));
+    img[..].set(d::MEMIC_BAR_SIZE.at(at), cfg.memic_size);
+    img[..].set(d::MAX_MEMIC_SIZE.at(at), cfg.memic_size);
+    // No MEMIC atomic operations (`memic_operations` 0): rdma-core's MEMIC atomic tests skip by name.
+    img
+}
+
 fn general(cfg: &SimConfig) -> Vec<u8> {
     use ifc::cmd_hca_cap as g;
     let at = |f: Field| f.at(ifc::hca_cap_union::CMD_HCA_CAP);
@@ -198,6 +221,8 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::NUM_OF_UARS_PER_PAGE, 1),
         (g::NUM_VHCA_PORTS, 1),
         (g::RELEASE_ALL_PAGES, 1),
+        // Device memory (fw/memic.rs), when configured: Linux reads the device_mem_cap type only with this set.
+        (g::DEVICE_MEMORY, u32::from(cfg.memic_size != 0)),
     ];
     for &(f, v) in vals {
         m[..].set(at(f), v);
@@ -357,9 +382,10 @@ impl Caps {
         }
         let g2 = general_2();
         add(consts::MLX5_CAP_GENERAL_2, u::CMD_HCA_CAP_2, g2.clone(), g2);
-        // Device memory (MEMIC) is not modelled (`device_memory` 0), but the type is answered, all zero, as a
-        // ConnectX answers it: DevX users such as rdma-core's tests read it to learn there is none.
-        add(consts::MLX5_CAP_DEV_MEM, u::DEVICE_MEM_CAP, image(), image());
+        // Without device memory (`device_memory` 0) the type is still answered, all zero, as a ConnectX answers
+        // it: DevX users such as rdma-core's tests read it to learn there is none.
+        let dm = device_mem(cfg);
+        add(consts::MLX5_CAP_DEV_MEM, u::DEVICE_MEM_CAP, dm.clone(), dm);
         Self { types }
     }
 
@@ -376,6 +402,15 @@ impl Caps {
     pub(crate) fn nic_rx(&self, f: Field) -> u32 {
         let rx = ifc::flow_table_nic_cap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE.at(ifc::hca_cap_union::FLOW_TABLE_NIC_CAP);
         self.query(consts::MLX5_CAP_FLOW_TABLE, true).map(|img| MsgBuf::get(img, f.at(rx))).unwrap_or(0)
+    }
+
+    /// The MEMIC region of the BAR (start offset, bytes), if the device offers device memory.
+    pub(crate) fn memic_region(&self) -> Option<(u64, u64)> {
+        use ifc::device_mem_cap as d;
+        let at = ifc::hca_cap_union::DEVICE_MEM_CAP;
+        let img = self.query(consts::MLX5_CAP_DEV_MEM, true)?;
+        (MsgBuf::get(img, d::MEMIC.at(at)) != 0)
+            .then(|| (img.get64(d::MEMIC_BAR_START_ADDR.at(at)), u64::from(MsgBuf::get(img, d::MEMIC_BAR_SIZE.at(at)))))
     }
 
     /// A current general capability.

@@ -114,6 +114,10 @@ enum Translation {
     /// An indirect key (`free`, `umr_en`, KLM access mode): a memory window as `mlx5_ib_alloc_mw` creates it, or
     /// an mlx5dv mkey. Nothing until a UMR WQE lays it over ranges of other keys.
     Window(Option<Binding>),
+    /// Device memory (`MLX5_MKC_ACCESS_MODE_MEMIC`, mlx5_ib's `mlx5_ib_get_dm_mr`): `start_addr` is a BAR offset
+    /// in the MEMIC region and the key is zero based (`ibv_reg_dm_mr` requires it), so byte `va` of the key is
+    /// device memory byte `dev + va`, at IOVA [`memic::DMA_BASE`](super::memic::DMA_BASE) plus that.
+    Memic { dev: u64 },
 }
 
 /// One KLM entry: `len` bytes at `addr` of key `key`; in a repeat block, cycle `c` takes them at
@@ -167,6 +171,7 @@ impl Mkey {
         }
         match &self.translation {
             Translation::Pa => Some(va),
+            Translation::Memic { dev } => Some(super::memic::DMA_BASE + dev + va),
             // `check` resolves a window to the key it is bound over.
             Translation::Window(_) => None,
             Translation::Mtt { page_shift, mtt } => {
@@ -249,7 +254,9 @@ impl MkeyTable {
         if unsupported || ro_refused {
             return Err(bad_param(syndrome::MKEY_FEATURE));
         }
-        if !window && mode != consts::MLX5_MKC_ACCESS_MODE_PA && mode != consts::MLX5_MKC_ACCESS_MODE_MTT {
+        let memic = mode == consts::MLX5_MKC_ACCESS_MODE_MEMIC && fw.caps.memic_region().is_some();
+        let direct = [consts::MLX5_MKC_ACCESS_MODE_PA, consts::MLX5_MKC_ACCESS_MODE_MTT].contains(&mode);
+        if !window && !memic && !direct {
             return Err(bad_param(syndrome::MKEY_ACCESS_MODE));
         }
         if get(m::QPN) != QPN_NONE {
@@ -266,6 +273,14 @@ impl MkeyTable {
         let translation = if window {
             // Its range and rights come with each bind.
             Translation::Window(None)
+        } else if memic {
+            let (base, size) = fw.caps.memic_region().unwrap_or_default();
+            // The whole key lies in the region: `start .. start + len` as BAR offsets.
+            let inside = start >= base && end.is_some_and(|e| e <= base + size) && !length64;
+            if !inside {
+                return Err(bad_param(syndrome::MKEY_LENGTH));
+            }
+            Translation::Memic { dev: start - base }
         } else if mode == consts::MLX5_MKC_ACCESS_MODE_PA {
             if !length64 && end.is_none() {
                 return Err(bad_param(syndrome::MKEY_LENGTH));
@@ -299,6 +314,8 @@ impl MkeyTable {
             .ok_or(err(CmdStatus::NoRes, syndrome::NO_RESOURCES))?;
         // An indirect key's length comes with its first UMR.
         let len = if window { 0 } else { len };
+        // A device memory key is zero based: its range starts at 0, whatever BAR offset it maps.
+        let start = if memic { 0 } else { start };
         let en_rinval = get(m::EN_RINVAL) != 0;
         let descriptors = get(m::TRANSLATIONS_OCTWORD_SIZE);
         let variant = get(m::MKEY_7_0) as u8;
@@ -658,6 +675,8 @@ impl MkeyTable {
         let end = va + len;
         match &mk.translation {
             Translation::Pa if len > 0 => pieces.push((va, len)),
+            Translation::Memic { dev } if len > 0 => pieces.push((super::memic::DMA_BASE + dev + va, len)),
+            Translation::Memic { .. } => {}
             Translation::Pa | Translation::Window(_) => {}
             Translation::Mtt { page_shift, mtt } => {
                 let page = 1u64 << page_shift;
@@ -910,6 +929,48 @@ mod tests {
         let key = index << 8 | 0x5a;
         assert_eq!(h.dev.mkey_access(key, None, r.iova(), PAGE, READ), Ok(vec![(r.iova(), PAGE)]));
         assert_eq!(h.dev.mkey_access(key, None, r.iova(), PAGE + 1, READ), Err(MkeyFault::OutOfBounds));
+    }
+
+    #[test]
+    fn a_device_memory_key_is_zero_based_over_its_memic_range() {
+        let cfg = crate::config::SimConfig { memic_size: 0x4000, ..Default::default() };
+        let base = super::super::caps::memic_bar_start(&cfg);
+        let mut h = Harness::new(cfg);
+        h.bring_up();
+        let pd = alloc_pd(&mut h);
+        let memic = |start: u64, len: u64| Key {
+            mode: consts::MLX5_MKC_ACCESS_MODE_MEMIC,
+            start,
+            len,
+            mtt: Vec::new(),
+            ..mtt_key(pd, 0, 0, Vec::new())
+        };
+        let (s, _, index) = create(&mut h, &memic(base + 0x100, 0x200));
+        assert_eq!(s, 0);
+        let key = index << 8 | 0x5a;
+        let iova = super::super::memic::DMA_BASE + 0x100;
+        // Nothing backs the region yet: the access faults where the bytes would be.
+        assert_eq!(h.dev.mkey_access(key, Some(pd), 0x10, 0x20, READ), Err(MkeyFault::NotMapped { iova: iova + 0x10 }));
+        let mut backing = vec![0u8; 0x4000];
+        let cpu = std::ptr::NonNull::new(backing.as_mut_ptr()).unwrap();
+        // SAFETY: refused before anything is mapped (the size is not the configured one).
+        let wrong = unsafe { h.dev.map_device_memory(cpu, 0x1000) };
+        assert!(wrong.is_err(), "a backing of the wrong size");
+        // SAFETY: `backing` outlives the harness's device (dropped after it at the end of the test).
+        unsafe { h.dev.map_device_memory(cpu, backing.len()) }.unwrap();
+        assert_eq!(h.dev.mkey_access(key, Some(pd), 0x10, 0x20, READ), Ok(vec![(iova + 0x10, 0x20)]));
+        assert_eq!(h.dev.mkey_access(key, Some(pd), 0x1f0, 0x20, READ), Err(MkeyFault::OutOfBounds));
+        // Keys must lie inside the region.
+        assert_eq!(create(&mut h, &memic(base - 0x100, 0x200)).1, syndrome::MKEY_LENGTH);
+        assert_eq!(create(&mut h, &memic(base + 0x3f00, 0x200)).1, syndrome::MKEY_LENGTH);
+        drop(h);
+        drop(backing);
+        // Without device memory the mode is refused.
+        let mut h = Harness::inline();
+        h.bring_up();
+        let pd = alloc_pd(&mut h);
+        let k = Key { pd, ..memic(base, 0x100) };
+        assert_eq!(create(&mut h, &k).1, syndrome::MKEY_ACCESS_MODE);
     }
 
     #[test]

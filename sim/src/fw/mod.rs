@@ -34,6 +34,7 @@ mod ib_vport;
 pub(crate) mod ids;
 pub(crate) mod mad_ifc;
 pub(crate) mod mcg;
+pub(crate) mod memic;
 pub(crate) mod mkey;
 mod nic_vport;
 mod pages;
@@ -64,6 +65,7 @@ use caps::{Caps, SetCapError};
 use cq::{CqFw, CqTable};
 use eq::{EqFw, EqTable};
 use mcg::{McgFw, McgTable};
+use memic::MemicTable;
 use mkey::{MkeyFw, MkeyTable};
 use pages::Pages;
 use pd::{PdTable, UarTable};
@@ -124,6 +126,7 @@ pub(crate) struct Firmware {
     pub(crate) uctxs: UctxTable,
     /// DevX user memories and the queues on them.
     pub(crate) umems: UmemTable,
+    pub(crate) memics: MemicTable,
     // The Ethernet objects.
     pub(crate) tises: TisTable,
     pub(crate) tirs: TirTable,
@@ -253,6 +256,7 @@ impl Firmware {
             mcgs: McgTable::new(),
             uctxs: UctxTable::new(),
             umems: UmemTable::new(),
+            memics: MemicTable::new(caps::memic_bar_start(cfg), cfg.memic_size.into()),
             tises: TisTable::new(),
             tirs: TirTable::new(),
             rqts: RqtTable::new(),
@@ -513,6 +517,12 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_UMEM => {
                 (destroy_umem_in::SIZE_BYTES, destroy_umem_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_ALLOC_MEMIC => {
+                (alloc_memic_in::SIZE_BYTES, alloc_memic_out::SIZE_BYTES, Gate::Initialized)
+            }
+            consts::MLX5_CMD_OP_DEALLOC_MEMIC => {
+                (dealloc_memic_in::SIZE_BYTES, dealloc_memic_out::SIZE_BYTES, Gate::Initialized)
+            }
             _ => return None,
         })
     }
@@ -689,6 +699,8 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_UCTX => self.uctxs.destroy(inp),
             consts::MLX5_CMD_OP_CREATE_UMEM => self.umems.create(dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_UMEM => self.umems.destroy(inp),
+            consts::MLX5_CMD_OP_ALLOC_MEMIC => self.memics.alloc(inp, out),
+            consts::MLX5_CMD_OP_DEALLOC_MEMIC => self.memics.dealloc(inp),
             op if Self::is_eth_object(op) => self.execute_eth(op, dma, inp, out),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
@@ -885,6 +897,7 @@ impl Firmware {
             + self.tds.len()
             + self.uctxs.len()
             + self.umems.len()
+            + self.memics.len()
             + self.eth_object_count();
         if objects > 0 {
             events.push(SimEvent::TeardownWithObjects { objects });
@@ -900,6 +913,7 @@ impl Firmware {
         self.srqs.clear();
         self.uctxs.clear();
         self.umems.clear();
+        self.memics.clear();
         self.clear_eth_objects();
         self.state = HcaState::Enabled;
         self.pages.reset_needs();
@@ -1435,5 +1449,77 @@ mod tests {
         // SAFETY: a double free must be rejected and reported, not executed.
         unsafe { h.dma.free(again) };
         assert!(h.dev.events().contains(&SimEvent::BadFree { iova, len: 4096 }));
+    }
+
+    /// QUERY_HCA_CAP (current) of `cap_type`: the capability bytes.
+    fn query_cap(h: &mut Harness, cap_type: u16) -> Vec<u8> {
+        let mut inp = vec![0u8; ifc::query_hca_cap_in::SIZE_BYTES];
+        inp.set(ifc::query_hca_cap_in::OPCODE, consts::MLX5_CMD_OP_QUERY_HCA_CAP.into());
+        inp.set(ifc::query_hca_cap_in::OP_MOD, u32::from(cap_type) << 1 | consts::HCA_CAP_OPMOD_GET_CUR);
+        let (s, _, out) = h.cmd(&inp, ifc::query_hca_cap_out::SIZE_BYTES);
+        assert_eq!(s, 0);
+        let cap = ifc::query_hca_cap_out::CAPABILITY;
+        out[cap.off..cap.off + cap.len].to_vec()
+    }
+
+    #[test]
+    fn device_memory_is_allocated_in_the_bar_region_its_capabilities_name() {
+        use ifc::device_mem_cap as d;
+        let at = ifc::hca_cap_union::DEVICE_MEM_CAP;
+        // Without device memory the type answers all zero and the commands are unknown.
+        let mut h = Harness::inline();
+        h.bring_up();
+        assert!(query_cap(&mut h, consts::MLX5_CAP_DEV_MEM).iter().all(|&b| b == 0));
+        let g = query_cap(&mut h, consts::MLX5_CAP_GENERAL);
+        assert_eq!(rd(&g, ifc::cmd_hca_cap::DEVICE_MEMORY.at(ifc::hca_cap_union::CMD_HCA_CAP)), 0);
+        let (_, syn, _) = h.simple(
+            consts::MLX5_CMD_OP_ALLOC_MEMIC,
+            0,
+            ifc::alloc_memic_in::SIZE_BYTES,
+            ifc::alloc_memic_out::SIZE_BYTES,
+        );
+        assert_eq!(syn, syndrome::BAD_OPCODE);
+
+        let mut h = Harness::new(SimConfig { memic_size: 0x8000, ..SimConfig::default() });
+        h.bring_up();
+        let g = query_cap(&mut h, consts::MLX5_CAP_GENERAL);
+        assert_eq!(rd(&g, ifc::cmd_hca_cap::DEVICE_MEMORY.at(ifc::hca_cap_union::CMD_HCA_CAP)), 1);
+        let dm = query_cap(&mut h, consts::MLX5_CAP_DEV_MEM);
+        assert_eq!(rd(&dm, d::MEMIC.at(at)), 1);
+        assert_eq!(rd(&dm, d::MEMIC_BAR_SIZE.at(at)), 0x8000);
+        assert_eq!(rd(&dm, d::MAX_MEMIC_SIZE.at(at)), 0x8000);
+        let start = dm.get64(d::MEMIC_BAR_START_ADDR.at(at));
+        // The region follows the last UAR page, so no UAR overlaps it.
+        let last_uar = SimConfig::default().num_uars - 1 + INIT_SEG_PAGES as u32;
+        assert_eq!(start, crate::mmio::SimMmio::uar_offset(last_uar) as u64 + 4096);
+
+        // Linux's mlx5_cmd_alloc_memic: one page of range, 128 bytes.
+        let alloc = |h: &mut Harness, range: u64, size: u32| {
+            use ifc::alloc_memic_in as i;
+            let mut inp = vec![0u8; i::SIZE_BYTES];
+            inp.set(i::OPCODE, consts::MLX5_CMD_OP_ALLOC_MEMIC.into());
+            inp.set64(i::RANGE_START_ADDR, range);
+            inp.set(i::RANGE_SIZE, 4096);
+            inp.set(i::MEMIC_SIZE, size);
+            let (s, syn, out) = h.cmd(&inp, ifc::alloc_memic_out::SIZE_BYTES);
+            (s, syn, out.get64(ifc::alloc_memic_out::MEMIC_START_ADDR))
+        };
+        let dealloc = |h: &mut Harness, addr: u64, size: u32| {
+            use ifc::dealloc_memic_in as i;
+            let mut inp = vec![0u8; i::SIZE_BYTES];
+            inp.set(i::OPCODE, consts::MLX5_CMD_OP_DEALLOC_MEMIC.into());
+            inp.set64(i::MEMIC_START_ADDR, addr);
+            inp.set(i::MEMIC_SIZE, size);
+            let (s, syn, _) = h.cmd(&inp, ifc::dealloc_memic_out::SIZE_BYTES);
+            (s, syn)
+        };
+        assert_eq!(alloc(&mut h, start, 128), (0, 0, start));
+        assert_eq!(alloc(&mut h, start, 128), (0, 0, start + 128));
+        assert_eq!(alloc(&mut h, start, 0).1, syndrome::MEMIC_SIZE);
+        assert_eq!(alloc(&mut h, start + 0x8000, 64).1, syndrome::MEMIC_RANGE);
+        assert_eq!(dealloc(&mut h, start, 128), (0, 0));
+        let bad_param = consts::MLX5_CMD_STAT_BAD_PARAM_ERR;
+        assert_eq!(dealloc(&mut h, start, 128), (bad_param, syndrome::MEMIC_INVALID));
+        assert_eq!(alloc(&mut h, start, 64), (0, 0, start));
     }
 }

@@ -237,5 +237,16 @@ pub const UMEM_OFFSET: u32 = 0x51a0_0105;
 pub const UMEM_PAGE: u32 = 0x51a0_0106;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_CQ on a UMEM (`cq_umem_valid`, `dbr_umem_valid`): not modelled.
 pub const CQ_UMEM: u32 = 0x51a0_0107;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: ALLOC_MEMIC of 0 bytes, of a size not a multiple of 64 bytes
+/// (`log_min_memic_alloc_size`) or larger than its range.
+pub const MEMIC_SIZE: u32 = 0x51a0_0110;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: ALLOC_MEMIC with `log_memic_addr_alignment` above
+/// `log_max_memic_addr_alignment`.
+pub const MEMIC_ALIGN: u32 = 0x51a0_0111;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: ALLOC_MEMIC with a range not inside the MEMIC region of the BAR.
+pub const MEMIC_RANGE: u32 = 0x51a0_0112;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: DEALLOC_MEMIC of a start and size that name no allocation (never
+/// allocated, or already freed).
+pub const MEMIC_INVALID: u32 = 0x51a0_0113;
 /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
 pub const HEALTH_EXT_SYND: u16 = 0x51a0;

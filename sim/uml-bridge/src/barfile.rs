@@ -126,6 +126,60 @@ impl BarFile {
     }
 }
 
+/// A shared mapping of a range of the BAR file that the simulator reads and writes as memory: the device memory
+/// (MEMIC) region, whose pages user processes map through the same file. Unmapped on drop.
+#[derive(Debug)]
+pub struct FileRegion {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl FileRegion {
+    /// Maps `len` bytes of `file` from `offset` (both page multiples, within the file).
+    pub fn map(file: &File, offset: u64, len: usize) -> std::io::Result<Self> {
+        let fits = offset.checked_add(len as u64).is_some_and(|e| e <= file.metadata().map_or(0, |m| m.len()));
+        if len == 0 || !offset.is_multiple_of(PAGE as u64) || !len.is_multiple_of(PAGE) || !fits {
+            return Err(std::io::Error::other(format!(
+                "BAR file range {offset:#x}+{len:#x}: not whole pages inside the file"
+            )));
+        }
+        let off = libc::off_t::try_from(offset).map_err(|_| std::io::Error::other("BAR file offset"))?;
+        // SAFETY: a fresh shared mapping of an open file at a page-aligned offset within it; the kernel picks the
+        // address, and the result is checked before use.
+        let p = unsafe {
+            let prot = libc::PROT_READ | libc::PROT_WRITE;
+            libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), off)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        Ok(Self { ptr, len })
+    }
+
+    /// The mapping's first byte.
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for FileRegion {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`, which nothing else refers to.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
 impl Drop for BarFile {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the mapping made in `open`, which nothing else refers to.

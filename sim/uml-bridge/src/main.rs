@@ -7,7 +7,8 @@
 //! until a subnet manager (opensm in the guest) activates it through MAD_IFC; `--node-guid` tells two ports of
 //! one fabric apart; `--bar-file-offset` is where this device's BAR starts in the BAR file (the second device
 //! of one guest). `--wire-vde URL` plugs the port into a VDE fabric instead (`vde:///dir`: a cable to a port of
-//! the simulated switch, `mlx5_sim::IbSwitch`).
+//! the simulated switch, `mlx5_sim::IbSwitch`). `--memic-size BYTES` offers that much device memory (MEMIC) in a
+//! BAR region after the UAR pages, backed by the BAR file's pages there (0, the default: none).
 
 use std::fs::File;
 use std::os::unix::net::UnixListener;
@@ -15,11 +16,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mlx5_sim::{PortType, SimConfig, SimDevice};
-use mlx5_uml_bridge::barfile::BarFile;
+use mlx5_uml_bridge::barfile::{BarFile, FileRegion};
 use mlx5_uml_bridge::device::Device;
 use mlx5_uml_bridge::server::Server;
 
-const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--mac MAC] [--node-guid HEX] [--subnet-manager] [--wire-listen ADDR | --wire-connect ADDR | --wire-vde URL] [--trace FILE] [--bar-file FILE [--bar-file-offset HEX]] [--verbose]";
+const USAGE: &str = "mlx5-uml-bridge --socket PATH [--port ib|eth] [--mac MAC] [--node-guid HEX] [--subnet-manager] [--wire-listen ADDR | --wire-connect ADDR | --wire-vde URL] [--trace FILE] [--bar-file FILE [--bar-file-offset HEX]] [--memic-size BYTES] [--verbose]";
 /// How long `--wire-connect` waits for the other bridge's `--wire-listen`.
 const WIRE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -42,6 +43,11 @@ fn parse_mac(s: &str) -> Option<[u8; 6]> {
 }
 /// UAR pages: enough for mlx5_core, mlx5_ib's kernel UARs and a few user contexts (rdma-core allocates its own).
 const NUM_UARS: u32 = 256;
+/// The most device memory `--memic-size` takes: the region must end below the MSI-X table (`pci::MSIX_TABLE`).
+const MAX_MEMIC: u32 = 1 << 22;
+const _: () = assert!(
+    ((mlx5_sim::FIRST_UAR_PAGE as u64 + NUM_UARS as u64) * 4096 + MAX_MEMIC as u64) <= mlx5_uml_bridge::pci::MSIX_TABLE
+);
 
 fn main() -> ExitCode {
     let mut argv = mlx5_args::Argv::from_env();
@@ -51,6 +57,7 @@ fn main() -> ExitCode {
     let mut verbose = false;
     let mut bar_file: Option<PathBuf> = None;
     let mut bar_offset = 0u64;
+    let mut memic_size = 0u32;
     let mut wire = WireOpts::default();
     while let Some(a) = argv.next() {
         let r = a.and_then(|a| {
@@ -72,6 +79,17 @@ fn main() -> ExitCode {
                     wire.node_guid = Some(g);
                 }
                 "--subnet-manager" => wire.subnet_manager = true,
+                "--memic-size" => {
+                    let v = argv.value("--memic-size", "bytes of device memory, a multiple of 4096")?;
+                    memic_size =
+                        v.parse::<u32>().ok().filter(|n| n.is_multiple_of(4096) && *n <= MAX_MEMIC).ok_or_else(
+                            || {
+                                mlx5_args::ArgError::Other(format!(
+                                    "--memic-size {v:?}: not a multiple of 4096 up to {MAX_MEMIC}"
+                                ))
+                            },
+                        )?;
+                }
                 "--bar-file-offset" => {
                     let v = argv.value("--bar-file-offset", "a byte offset in hex")?;
                     bar_offset = u64::from_str_radix(v.trim_start_matches("0x"), 16)
@@ -107,7 +125,8 @@ fn main() -> ExitCode {
         let e = mlx5_args::ArgError::Other("--wire-listen, --wire-connect and --wire-vde exclude each other".into());
         return mlx5_args::usage_exit("mlx5-uml-bridge", &e, USAGE);
     }
-    match run(&socket, port, &wire, trace.as_deref(), bar_file.as_deref().map(|p| (p, bar_offset)), verbose) {
+    match run(&socket, port, &wire, trace.as_deref(), bar_file.as_deref().map(|p| (p, bar_offset)), memic_size, verbose)
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mlx5-uml-bridge: {e}");
@@ -122,6 +141,7 @@ fn run(
     wire: &WireOpts,
     trace: Option<&std::path::Path>,
     bar_file: Option<(&std::path::Path, u64)>,
+    memic_size: u32,
     verbose: bool,
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(socket);
@@ -141,6 +161,7 @@ fn run(
         mac: wire.mac.unwrap_or(defaults.mac),
         node_guid: wire.node_guid.unwrap_or(defaults.node_guid),
         subnet_manager: wire.subnet_manager,
+        memic_size,
         // The trace carries every command's messages, so `mlx5 trace decode` shows them field by field.
         record_messages: trace.is_some(),
         ..defaults
@@ -163,16 +184,26 @@ fn run(
         sim.vde_plug(Some(url)).map_err(|e| std::io::Error::other(format!("--wire-vde {url}: {e}")))?;
         eprintln!("mlx5-uml-bridge: wire plugged into {url}");
     }
-    let bar_size = sim.mmio().bar_size();
+    // Only the UAR pages carry doorbells; device memory after them is the user's own data.
+    let uar_end = sim.mmio().uar_end();
     let trace = trace.map(File::create).transpose()?;
     let mut dev = Device::new(sim, class);
     dev.verbose = verbose;
+    // Device memory lives in the BAR file, where user processes map it; it must outlive the server and its device.
+    let mut _device_memory: Option<FileRegion> = None;
     let mut server = Server::new(conn, dev, trace, verbose);
     if let Some((p, off)) = bar_file {
         let f = std::fs::OpenOptions::new().read(true).write(true).open(p)?;
+        if memic_size > 0 {
+            let r = FileRegion::map(&f, off + uar_end as u64, memic_size as usize)?;
+            // SAFETY: `r` stays mapped in `_device_memory` until after `server`, which owns the device, is dropped.
+            unsafe { server.dev.sim.map_device_memory(r.ptr(), r.len()) }
+                .map_err(|e| std::io::Error::other(format!("mapping device memory: {e:?}")))?;
+            _device_memory = Some(r);
+        }
         // The initialization segment comes first; UAR pages follow.
         let first = mlx5_sim::FIRST_UAR_PAGE;
-        server.bar_file = Some(BarFile::open_at(&f, off, first, bar_size, mlx5_sim::BF_REG_SIZE)?);
+        server.bar_file = Some(BarFile::open_at(&f, off, first, uar_end, mlx5_sim::BF_REG_SIZE)?);
     }
     let r = server.run();
     // What the simulated port dropped or failed on, counted by reason (its own counters say how much, not why),

@@ -41,6 +41,8 @@ const ETH_ADDR: &str = "10.36.0.1/24";
 const ETH_MAC: &str = "02:36:00:00:00:01";
 /// The BAR file's size (sparse), as the other runs make it.
 const BAR_FILE_BYTES: u64 = 32 << 20;
+/// `mlx5-uml-bridge --memic-size`: 256 KiB of device memory.
+const MEMIC_BYTES: &str = "262144";
 
 /// Skip reasons (case-insensitive substrings of the test's own message), each with what the test needs that this
 /// setup lacks: another vendor's or another port type's hardware, host hardware UML has not, or a device feature
@@ -57,9 +59,11 @@ const SKIP_CLASSES: &[(&str, &str)] = &[
     ("No supported port is up", "a RoCEv2 GID (the test filters for one; a RoCE port, --eth)"),
     ("ODP", "on-demand paging (no ODP capabilities: not modelled)"),
     ("additional access flags", "on-demand paging access (IBV_ACCESS_ON_DEMAND: not modelled)"),
-    ("Device memory is not supported", "device memory (MEMIC, ALLOC_MEMIC: not modelled)"),
-    // The device memory capabilities are answered through DevX, all zero.
-    ("MEMIC atomic operations", "device memory (MEMIC, ALLOC_MEMIC: not modelled)"),
+    // Device memory is offered (--memic-size below), but no MEMIC operation (`memic_operations` 0: MODIFY_MEMIC
+    // and its atomic operation addresses are not modelled). Under UML they could not work as they are: a
+    // test-and-set is a load with a side effect on a user mapping of BAR pages, which UML backs with a plain file
+    // that the bridge only polls for changed doorbells; no load reaches the simulator.
+    ("MEMIC atomic operations", "MEMIC atomic operations (memic_operations 0, MODIFY_MEMIC: not modelled)"),
     ("dmabuf", "a GPU render node that exports dma-bufs (none in UML)"),
     ("cuda-python", "an NVIDIA GPU with cuda-python (none in UML)"),
     ("Crypto login", "the crypto engine and its login credentials (not modelled)"),
@@ -245,6 +249,8 @@ pub(super) fn run(root: &Path, eth: bool) -> Result<(), String> {
     } else {
         cmd.args(["--port", "ib"]);
     }
+    // Device memory (MEMIC): 256 KiB in the BAR file, where rdma-core maps it (DMTest, DM MRs).
+    cmd.args(["--memic-size", MEMIC_BYTES]);
     let mut bridge_proc = Reap(cmd.stderr(log).spawn().map_err(|e| format!("{}: {e}", bridge.display()))?);
     wait_for_socket(&sock, "mlx5_0")?;
     let console_path = work.join("console.txt");
