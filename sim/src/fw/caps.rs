@@ -126,6 +126,12 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::CQE_VERSION, 1),
         // 128-byte CQEs padded (`cqc.cqe_sz` 2): mlx5_ib offers MLX5DV_CQ_INIT_ATTR_FLAGS_CQE_PAD with it (fw/cq.rs).
         (g::CQE_128_ALWAYS, 1),
+        // CQE compression (fw/cq.rs): accepted on 64- and 128-byte CQEs in the hash, checksum and
+        // checksum-with-stride-index formats. The device never has to compress, and the simulator does not.
+        (g::CQE_COMPRESSION, 1),
+        (g::CQE_COMPRESSION_128, 1),
+        (g::MINI_CQE_RESP_STRIDE_INDEX, 1),
+        (g::CQE_COMPRESSION_MAX_NUM, 64),
         (g::CMDIF_CHECKSUM, 3),
         (g::SIGERR_CQE, 1),
         (g::WQ_SIGNATURE, 1),

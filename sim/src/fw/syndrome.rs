@@ -86,6 +86,9 @@ pub const APU_CQ: u32 = 0x51a0_0067;
 pub const CQ_TOO_SMALL: u32 = 0x51a0_0068;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ feature the simulator does not model (a collapsed CQ, `cc`).
 pub const CQ_FEATURE: u32 = 0x51a0_0069;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: `cqe_comp_en` for a CQE size whose compression cap is 0, a
+/// `mini_cqe_res_format` the caps do not offer, or an enhanced `cqe_compression_layout`.
+pub const CQE_COMPRESSION: u32 = 0x51a0_006a;
 /// `NO_RES`: the object limit (`log_max_*`, UAR pages in the BAR) is reached.
 pub const NO_RESOURCES: u32 = 0x51a0_0070;
 /// `BAD_RES_STATE`: the object is still used (an EQ by a CQ, a UAR by an EQ or CQ, a PD by a memory key).
