@@ -131,7 +131,9 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::CQE_COMPRESSION, 1),
         (g::CQE_COMPRESSION_128, 1),
         (g::MINI_CQE_RESP_STRIDE_INDEX, 1),
-        (g::CQE_COMPRESSION_MAX_NUM, 64),
+        // The recorded ConnectX-4's limits: at most 16 CQEs in a session, closed after 8 (in its timer's units).
+        (g::CQE_COMPRESSION_TIMEOUT, 8),
+        (g::CQE_COMPRESSION_MAX_NUM, 16),
         (g::CMDIF_CHECKSUM, 3),
         (g::SIGERR_CQE, 1),
         (g::WQ_SIGNATURE, 1),
