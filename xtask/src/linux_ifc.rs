@@ -57,6 +57,8 @@ const EXTRA: &[(&str, &str)] = &[
     ("create_umem_out", "CREATE_UMEM's reply: the umem id"),
     ("destroy_umem_in", "DESTROY_UMEM"),
     ("destroy_umem_out", "DESTROY_UMEM's reply"),
+    ("set_pp_rate_limit_in", "SET_PP_RATE_LIMIT: mlx5_core's packet pacing table (mlx5dv_pp_alloc through mlx5_ib)"),
+    ("set_pp_rate_limit_out", "SET_PP_RATE_LIMIT's reply"),
 ];
 
 /// The headers, relative to the source tree.

@@ -141,6 +141,8 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         // the simulator refused them as EINVAL, which rdma-core's tests count as failures; without it mlx5_ib
         // answers EOPNOTSUPP and they skip (found with `linux-drives-sim --python`).
         (g::DCT, 0),
+        // The QoS page (`qos()` below): packet pacing's rate limit table (fw/packet_pacing.rs).
+        (g::QOS, 1),
         (g::ETH_NET_OFFLOADS, u32::from(eth)),
         (g::ROCE, u32::from(eth)),
         (g::ATOMIC, 1),
@@ -226,6 +228,25 @@ fn odp() -> Vec<u8> {
         for f in [ifc::odp_per_transport_service_cap::SEND, ifc::odp_per_transport_service_cap::RECEIVE] {
             m[..].set(f.at(svc), 1);
         }
+    }
+    m
+}
+
+/// The QoS page: packet pacing (SET_PP_RATE_LIMIT, fw/packet_pacing.rs) with per-context entries, as mlx5_ib's
+/// `pp_is_supported` wants (`packet_pacing`, `packet_pacing_uid`). Rates in kbit/s, from 1 up to the 100 Gb/s of
+/// a ConnectX-5 port; 128 entries (index 0 is "no limit"). No burst or typical-size hints.
+fn qos() -> Vec<u8> {
+    use ifc::qos_cap as q;
+    let at = |f: Field| f.at(ifc::hca_cap_union::QOS_CAP);
+    let mut m = image();
+    for (f, v) in [
+        (q::PACKET_PACING, 1),
+        (q::PACKET_PACING_UID, 1),
+        (q::PACKET_PACING_MIN_RATE, 1),
+        (q::PACKET_PACING_MAX_RATE, 100_000_000),
+        (q::PACKET_PACING_RATE_TABLE_SIZE, 128),
+    ] {
+        m[..].set(at(f), v);
     }
     m
 }
@@ -363,6 +384,8 @@ impl Caps {
             // such as rdma-core's flow tests read it whatever `nic_flow_table` says.
             add(consts::MLX5_CAP_FLOW_TABLE, u::FLOW_TABLE_NIC_CAP, image(), image());
         }
+        let qc = qos();
+        add(consts::MLX5_CAP_QOS, u::QOS_CAP, qc.clone(), qc);
         let g2 = general_2();
         add(consts::MLX5_CAP_GENERAL_2, u::CMD_HCA_CAP_2, g2.clone(), g2);
         // Device memory (MEMIC) is not modelled (`device_memory` 0), but the type is answered, all zero, as a
@@ -445,6 +468,13 @@ impl Caps {
     pub(crate) fn roce(&self, f: Field) -> u32 {
         self.query(consts::MLX5_CAP_ROCE, true)
             .map(|img| MsgBuf::get(img, f.at(ifc::hca_cap_union::ROCE_CAP)))
+            .unwrap_or(0)
+    }
+
+    /// A current QoS capability (`MLX5_CAP_QOS`).
+    pub(crate) fn qos(&self, f: Field) -> u32 {
+        self.query(consts::MLX5_CAP_QOS, true)
+            .map(|img| MsgBuf::get(img, f.at(ifc::hca_cap_union::QOS_CAP)))
             .unwrap_or(0)
     }
 

@@ -36,6 +36,7 @@ pub(crate) mod mad_ifc;
 pub(crate) mod mcg;
 pub(crate) mod mkey;
 mod nic_vport;
+pub(crate) mod packet_pacing;
 mod pages;
 pub(crate) mod pas;
 mod pd;
@@ -124,6 +125,8 @@ pub(crate) struct Firmware {
     pub(crate) uctxs: UctxTable,
     /// DevX user memories and the queues on them.
     pub(crate) umems: UmemTable,
+    /// Packet pacing's rate limit table.
+    pub(crate) pps: packet_pacing::PpTable,
     // The Ethernet objects.
     pub(crate) tises: TisTable,
     pub(crate) tirs: TirTable,
@@ -253,6 +256,7 @@ impl Firmware {
             mcgs: McgTable::new(),
             uctxs: UctxTable::new(),
             umems: UmemTable::new(),
+            pps: packet_pacing::PpTable::new(),
             tises: TisTable::new(),
             tirs: TirTable::new(),
             rqts: RqtTable::new(),
@@ -513,6 +517,9 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_UMEM => {
                 (destroy_umem_in::SIZE_BYTES, destroy_umem_out::SIZE_BYTES, Gate::Initialized)
             }
+            consts::MLX5_CMD_OP_SET_PP_RATE_LIMIT => {
+                (set_pp_rate_limit_in::SIZE_BYTES, set_pp_rate_limit_out::SIZE_BYTES, Gate::Initialized)
+            }
             _ => return None,
         })
     }
@@ -689,6 +696,7 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_UCTX => self.uctxs.destroy(inp),
             consts::MLX5_CMD_OP_CREATE_UMEM => self.umems.create(dma, inp, out),
             consts::MLX5_CMD_OP_DESTROY_UMEM => self.umems.destroy(inp),
+            consts::MLX5_CMD_OP_SET_PP_RATE_LIMIT => self.pps.set(&self.caps, inp),
             op if Self::is_eth_object(op) => self.execute_eth(op, dma, inp, out),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
@@ -900,6 +908,7 @@ impl Firmware {
         self.srqs.clear();
         self.uctxs.clear();
         self.umems.clear();
+        self.pps.clear();
         self.clear_eth_objects();
         self.state = HcaState::Enabled;
         self.pages.reset_needs();

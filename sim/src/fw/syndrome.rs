@@ -240,5 +240,12 @@ pub const UMEM_OFFSET: u32 = 0x51a0_0105;
 pub const UMEM_PAGE: u32 = 0x51a0_0106;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: CREATE_CQ on a UMEM (`cq_umem_valid`, `dbr_umem_valid`): not modelled.
 pub const CQ_UMEM: u32 = 0x51a0_0107;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_PP_RATE_LIMIT of index 0 (no limit) or one past the table.
+pub const PP_INDEX: u32 = 0x51a0_0110;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_PP_RATE_LIMIT of a rate outside `packet_pacing_min_rate` to
+/// `packet_pacing_max_rate`, or a burst bound or typical size the QoS caps do not offer.
+pub const PP_RATE: u32 = 0x51a0_0111;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_PP_RATE_LIMIT with a `uid` where `packet_pacing_uid` is 0.
+pub const PP_UID: u32 = 0x51a0_0112;
 /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
 pub const HEALTH_EXT_SYND: u16 = 0x51a0;

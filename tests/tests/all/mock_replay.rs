@@ -250,6 +250,7 @@ const CX5_VS_CX4: &[(&str, &str)] = &[
     ),
     ("cqe_128_always", "128-byte padded CQEs are modelled (fw/cq.rs); firmware 14.12 leaves it 0"),
     ("cqe_compression_128", "CQE compression accepted on 128-byte CQEs too (fw/cq.rs); firmware 14.12 leaves it 0"),
+    ("qos", "the QoS page exists: packet pacing's rate limit table (fw/packet_pacing.rs); firmware 14.12 has none"),
     ("mini_cqe_resp_stride_index", "the checksum-with-stride-index mini-CQE format accepted (fw/cq.rs)"),
     // Features the simulator does not model, so it does not offer them.
     ("log_max_bsf_list_size", "no signature offload"),
