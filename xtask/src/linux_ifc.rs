@@ -61,6 +61,8 @@ const EXTRA: &[(&str, &str)] = &[
     ("alloc_memic_out", "ALLOC_MEMIC's reply: the allocation's BAR offset"),
     ("dealloc_memic_in", "DEALLOC_MEMIC: ibv_free_dm gives the range back"),
     ("dealloc_memic_out", "DEALLOC_MEMIC's reply"),
+    ("set_pp_rate_limit_in", "SET_PP_RATE_LIMIT: mlx5_core's packet pacing table (mlx5dv_pp_alloc through mlx5_ib)"),
+    ("set_pp_rate_limit_out", "SET_PP_RATE_LIMIT's reply"),
 ];
 
 /// The headers, relative to the source tree.

@@ -9226,6 +9226,62 @@ pub mod ifc {
         /// `syndrome`: 32 bits at bit 32.
         pub const SYNDROME: Field = Field::new(32, 32);
     }
+    /// `struct mlx5_ifc_set_pp_rate_limit_context_bits`: 48 bytes.
+    pub mod set_pp_rate_limit_context {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(set_pp_rate_limit_context)`).
+        pub const SIZE_BYTES: usize = 48;
+        /// `struct mlx5_ifc_set_pp_rate_limit_context_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `rate_limit`: 32 bits at bit 0.
+        pub const RATE_LIMIT: Field = Field::new(0, 32);
+        /// `burst_upper_bound`: 32 bits at bit 32.
+        pub const BURST_UPPER_BOUND: Field = Field::new(32, 32);
+        /// `typical_packet_size`: 16 bits at bit 80.
+        pub const TYPICAL_PACKET_SIZE: Field = Field::new(80, 16);
+    }
+    /// `struct mlx5_ifc_set_pp_rate_limit_in_bits`: 64 bytes.
+    pub mod set_pp_rate_limit_in {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(set_pp_rate_limit_in)`).
+        pub const SIZE_BYTES: usize = 64;
+        /// `struct mlx5_ifc_set_pp_rate_limit_in_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `opcode`: 16 bits at bit 0.
+        pub const OPCODE: Field = Field::new(0, 16);
+        /// `uid`: 16 bits at bit 16.
+        pub const UID: Field = Field::new(16, 16);
+        /// `op_mod`: 16 bits at bit 48.
+        pub const OP_MOD: Field = Field::new(48, 16);
+        /// `rate_limit_index`: 16 bits at bit 80.
+        pub const RATE_LIMIT_INDEX: Field = Field::new(80, 16);
+        /// `ctx`: nested `set_pp_rate_limit_context`, 48 bytes at byte 16.
+        pub const CTX: Sub = Sub::new(16, 48);
+    }
+    /// `struct mlx5_ifc_set_pp_rate_limit_out_bits`: 16 bytes.
+    pub mod set_pp_rate_limit_out {
+        use super::*;
+        /// Size in bytes (`MLX5_ST_SZ_BYTES(set_pp_rate_limit_out)`).
+        pub const SIZE_BYTES: usize = 16;
+        /// `struct mlx5_ifc_set_pp_rate_limit_out_bits` as a type: [`Layout::SIZE_BYTES`] is its size.
+        #[derive(Debug, Clone, Copy)]
+        pub struct Bits;
+        impl Layout for Bits {
+            const SIZE_BYTES: usize = SIZE_BYTES;
+        }
+        /// `status`: 8 bits at bit 0.
+        pub const STATUS: Field = Field::new(0, 8);
+        /// `syndrome`: 32 bits at bit 32.
+        pub const SYNDROME: Field = Field::new(32, 32);
+    }
     /// `struct mlx5_ifc_traffic_counter_bits`: 16 bytes.
     pub mod traffic_counter {
         use super::*;
@@ -20230,6 +20286,30 @@ pub mod names {
         },
         Layout {
             name: "set_issi_out",
+            size_bytes: 16,
+            union: false,
+            members: &[s("status", 0, 8), s("syndrome", 32, 32)],
+        },
+        Layout {
+            name: "set_pp_rate_limit_context",
+            size_bytes: 48,
+            union: false,
+            members: &[s("rate_limit", 0, 32), s("burst_upper_bound", 32, 32), s("typical_packet_size", 80, 16)],
+        },
+        Layout {
+            name: "set_pp_rate_limit_in",
+            size_bytes: 64,
+            union: false,
+            members: &[
+                s("opcode", 0, 16),
+                s("uid", 16, 16),
+                s("op_mod", 48, 16),
+                s("rate_limit_index", 80, 16),
+                n("ctx", 128, 384, "set_pp_rate_limit_context"),
+            ],
+        },
+        Layout {
+            name: "set_pp_rate_limit_out",
             size_bytes: 16,
             union: false,
             members: &[s("status", 0, 8), s("syndrome", 32, 32)],

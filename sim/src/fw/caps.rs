@@ -149,6 +149,14 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         (g::CQE_VERSION, 1),
         // 128-byte CQEs padded (`cqc.cqe_sz` 2): mlx5_ib offers MLX5DV_CQ_INIT_ATTR_FLAGS_CQE_PAD with it (fw/cq.rs).
         (g::CQE_128_ALWAYS, 1),
+        // CQE compression (fw/cq.rs): accepted on 64- and 128-byte CQEs in the hash, checksum and
+        // checksum-with-stride-index formats. The device never has to compress, and the simulator does not.
+        (g::CQE_COMPRESSION, 1),
+        (g::CQE_COMPRESSION_128, 1),
+        (g::MINI_CQE_RESP_STRIDE_INDEX, 1),
+        // The recorded ConnectX-4's limits: at most 16 CQEs in a session, closed after 8 (in its timer's units).
+        (g::CQE_COMPRESSION_TIMEOUT, 8),
+        (g::CQE_COMPRESSION_MAX_NUM, 16),
         (g::CMDIF_CHECKSUM, 3),
         (g::SIGERR_CQE, 1),
         (g::WQ_SIGNATURE, 1),
@@ -156,6 +164,8 @@ fn general(cfg: &SimConfig) -> Vec<u8> {
         // the simulator refused them as EINVAL, which rdma-core's tests count as failures; without it mlx5_ib
         // answers EOPNOTSUPP and they skip (found with `linux-drives-sim --python`).
         (g::DCT, 0),
+        // The QoS page (`qos()` below): packet pacing's rate limit table (fw/packet_pacing.rs).
+        (g::QOS, 1),
         (g::ETH_NET_OFFLOADS, u32::from(eth)),
         (g::ROCE, u32::from(eth)),
         (g::ATOMIC, 1),
@@ -243,6 +253,25 @@ fn odp() -> Vec<u8> {
         for f in [ifc::odp_per_transport_service_cap::SEND, ifc::odp_per_transport_service_cap::RECEIVE] {
             m[..].set(f.at(svc), 1);
         }
+    }
+    m
+}
+
+/// The QoS page: packet pacing (SET_PP_RATE_LIMIT, fw/packet_pacing.rs) with per-context entries, as mlx5_ib's
+/// `pp_is_supported` wants (`packet_pacing`, `packet_pacing_uid`). Rates in kbit/s, from 1 up to the 100 Gb/s of
+/// a ConnectX-5 port; 128 entries (index 0 is "no limit"). No burst or typical-size hints.
+fn qos() -> Vec<u8> {
+    use ifc::qos_cap as q;
+    let at = |f: Field| f.at(ifc::hca_cap_union::QOS_CAP);
+    let mut m = image();
+    for (f, v) in [
+        (q::PACKET_PACING, 1),
+        (q::PACKET_PACING_UID, 1),
+        (q::PACKET_PACING_MIN_RATE, 1),
+        (q::PACKET_PACING_MAX_RATE, 100_000_000),
+        (q::PACKET_PACING_RATE_TABLE_SIZE, 128),
+    ] {
+        m[..].set(at(f), v);
     }
     m
 }
@@ -380,6 +409,8 @@ impl Caps {
             // such as rdma-core's flow tests read it whatever `nic_flow_table` says.
             add(consts::MLX5_CAP_FLOW_TABLE, u::FLOW_TABLE_NIC_CAP, image(), image());
         }
+        let qc = qos();
+        add(consts::MLX5_CAP_QOS, u::QOS_CAP, qc.clone(), qc);
         let g2 = general_2();
         add(consts::MLX5_CAP_GENERAL_2, u::CMD_HCA_CAP_2, g2.clone(), g2);
         // Without device memory (`device_memory` 0) the type is still answered, all zero, as a ConnectX answers
@@ -472,6 +503,13 @@ impl Caps {
     pub(crate) fn roce(&self, f: Field) -> u32 {
         self.query(consts::MLX5_CAP_ROCE, true)
             .map(|img| MsgBuf::get(img, f.at(ifc::hca_cap_union::ROCE_CAP)))
+            .unwrap_or(0)
+    }
+
+    /// A current QoS capability (`MLX5_CAP_QOS`).
+    pub(crate) fn qos(&self, f: Field) -> u32 {
+        self.query(consts::MLX5_CAP_QOS, true)
+            .map(|img| MsgBuf::get(img, f.at(ifc::hca_cap_union::QOS_CAP)))
             .unwrap_or(0)
     }
 

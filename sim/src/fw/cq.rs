@@ -144,6 +144,36 @@ fn cqe_bytes(caps: &Caps, code: u32) -> Result<u64, CmdErr> {
     }
 }
 
+/// CQE compression as CREATE_CQ asks for it. The device may merge CQEs into a mini-CQE array when several are
+/// ready at once; it never has to, and a driver enabling `cqe_comp_en` must poll plain CQEs as ever (mlx5_ib and
+/// rdma-core do). The simulator writes every CQE plain, so it only checks the request against its caps.
+fn check_compression(caps: &Caps, inp: &[u8], cqe_size: u64) -> Result<(), CmdErr> {
+    use ifc::cmd_hca_cap as g;
+    use ifc::cqc as q;
+    let ctx = ifc::create_cq_in::CQ_CONTEXT;
+    let bad = Err(bad_param(syndrome::CQE_COMPRESSION));
+    if rd(inp, q::CQE_COMP_EN.at(ctx)) == 0 {
+        return Ok(());
+    }
+    let cap = if cqe_size == 128 { g::CQE_COMPRESSION_128 } else { g::CQE_COMPRESSION };
+    if caps.gen(cap) == 0 {
+        return bad;
+    }
+    // Hash (0) and checksum are the basic mini-CQE formats; checksum with stride index needs its cap.
+    let stridx = caps.gen(g::MINI_CQE_RESP_STRIDE_INDEX) != 0;
+    match rd(inp, q::MINI_CQE_RES_FORMAT.at(ctx)) {
+        0 | consts::MLX5_CQE_FORMAT_CSUM => {}
+        consts::MLX5_CQE_FORMAT_CSUM_STRIDX if stridx => {}
+        _ => return bad,
+    }
+    let enhanced = caps.gen(g::ENHANCED_CQE_COMPRESSION) != 0;
+    match rd(inp, q::CQE_COMPRESSION_LAYOUT.at(ctx)) {
+        consts::MLX5_CQE_COMPRESS_LAYOUT_BASIC => Ok(()),
+        consts::MLX5_CQE_COMPRESS_LAYOUT_ENHANCED if enhanced => Ok(()),
+        _ => bad,
+    }
+}
+
 /// Reads the `pas[]` entries covering `bytes` in pages of `1 << page_shift` (already checked by `check_pas`).
 fn read_pas(inp: &[u8], pas: mlx5_core::prm::Array, bytes: u64, page_shift: u32) -> Vec<u64> {
     (0..bytes.div_ceil(1 << page_shift)).map(|k| inp.get64(pas.elem(k as u32))).collect()
@@ -292,6 +322,7 @@ impl CqTable {
         if rd(inp, q::CC.at(ctx)) != 0 {
             return Err(bad_param(syndrome::CQ_FEATURE));
         }
+        check_compression(fw.caps, inp, cqe_size)?;
         let oi = rd(inp, q::OI.at(ctx)) != 0;
         if oi && fw.caps.gen(ifc::cmd_hca_cap::CQ_OI) == 0 {
             return Err(bad_param(syndrome::CAP_NOT_SET));
@@ -1002,6 +1033,45 @@ mod tests {
         let (s, syn, out) = query(&mut env.h, cq.cqn, cq.buf.pages.len());
         assert_eq!((s, syn), (0, 0));
         assert_eq!(rd(&out, q::CQE_SZ.at(ifc::query_cq_out::CQ_CONTEXT)), consts::CQE_STRIDE_128_PAD);
+    }
+
+    #[test]
+    fn cqe_compression_is_checked_against_the_caps_and_the_cq_still_writes_plain_cqes() {
+        use ifc::cqc as q;
+        let ctx = ifc::create_cq_in::CQ_CONTEXT;
+        let mut env = env();
+        let spec = Spec { log_size: 2, cqe_128: false, log_page: 0, scattered: false, oi: false };
+        let buf = Buf::alloc(&env.h, spec.log_size, 64, spec.log_page, false);
+        let dbr = env.h.dma.alloc(64, 64).unwrap();
+        let mut inp = create_cq_in(&env, spec, &buf, &dbr);
+        inp.set(q::CQE_COMP_EN.at(ctx), 1);
+        // Format 2 is none the PRM defines; an enhanced layout needs `enhanced_cqe_compression` (not offered).
+        for (fmt, layout) in [(2, 0), (0, consts::MLX5_CQE_COMPRESS_LAYOUT_ENHANCED), (0, 3)] {
+            inp.set(q::MINI_CQE_RES_FORMAT.at(ctx), fmt);
+            inp.set(q::CQE_COMPRESSION_LAYOUT.at(ctx), layout);
+            assert_eq!(env.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES).1, syndrome::CQE_COMPRESSION);
+        }
+        inp.set(q::CQE_COMPRESSION_LAYOUT.at(ctx), 0);
+        for fmt in [0, consts::MLX5_CQE_FORMAT_CSUM, consts::MLX5_CQE_FORMAT_CSUM_STRIDX] {
+            inp.set(q::MINI_CQE_RES_FORMAT.at(ctx), fmt);
+            let (s, syn, out) = env.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES);
+            assert_eq!((s, syn), (0, 0), "format {fmt}");
+            let cqn = rd(&out, ifc::create_cq_out::CQN);
+            // Compression is the device's option: every CQE arrives whole, with its own opcode.
+            let mark = 9 + fmt as u16;
+            env.h.dev.post_cqe(cqn, plain(mark)).unwrap();
+            let e = buf.cqe(0);
+            assert_eq!(marker(&e), mark);
+            assert_ne!((e[OP_OWN] >> 2) & 3, consts::MLX5_COMPRESSED);
+            let mut d = vec![0u8; ifc::destroy_cq_in::SIZE_BYTES];
+            d.set(ifc::destroy_cq_in::OPCODE, consts::MLX5_CMD_OP_DESTROY_CQ.into());
+            d.set(ifc::destroy_cq_in::CQN, cqn);
+            assert_eq!(env.h.cmd(&d, ifc::destroy_cq_out::SIZE_BYTES).0, 0);
+        }
+        // Without the cap for its CQE size the request is refused.
+        lock(&env.h.dev.shared).fw.caps.force_gen(ifc::cmd_hca_cap::CQE_COMPRESSION, 0);
+        inp.set(q::MINI_CQE_RES_FORMAT.at(ctx), 0);
+        assert_eq!(env.h.cmd(&inp, ifc::create_cq_out::SIZE_BYTES).1, syndrome::CQE_COMPRESSION);
     }
 
     #[test]

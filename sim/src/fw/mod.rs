@@ -37,6 +37,7 @@ pub(crate) mod mcg;
 pub(crate) mod memic;
 pub(crate) mod mkey;
 mod nic_vport;
+pub(crate) mod packet_pacing;
 mod pages;
 pub(crate) mod pas;
 mod pd;
@@ -127,6 +128,8 @@ pub(crate) struct Firmware {
     /// DevX user memories and the queues on them.
     pub(crate) umems: UmemTable,
     pub(crate) memics: MemicTable,
+    /// Packet pacing's rate limit table.
+    pub(crate) pps: packet_pacing::PpTable,
     // The Ethernet objects.
     pub(crate) tises: TisTable,
     pub(crate) tirs: TirTable,
@@ -257,6 +260,7 @@ impl Firmware {
             uctxs: UctxTable::new(),
             umems: UmemTable::new(),
             memics: MemicTable::new(caps::memic_bar_start(cfg), cfg.memic_size.into()),
+            pps: packet_pacing::PpTable::new(),
             tises: TisTable::new(),
             tirs: TirTable::new(),
             rqts: RqtTable::new(),
@@ -522,6 +526,8 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_DEALLOC_MEMIC => {
                 (dealloc_memic_in::SIZE_BYTES, dealloc_memic_out::SIZE_BYTES, Gate::Initialized)
+            consts::MLX5_CMD_OP_SET_PP_RATE_LIMIT => {
+                (set_pp_rate_limit_in::SIZE_BYTES, set_pp_rate_limit_out::SIZE_BYTES, Gate::Initialized)
             }
             _ => return None,
         })
@@ -701,6 +707,7 @@ impl Firmware {
             consts::MLX5_CMD_OP_DESTROY_UMEM => self.umems.destroy(inp),
             consts::MLX5_CMD_OP_ALLOC_MEMIC => self.memics.alloc(inp, out),
             consts::MLX5_CMD_OP_DEALLOC_MEMIC => self.memics.dealloc(inp),
+            consts::MLX5_CMD_OP_SET_PP_RATE_LIMIT => self.pps.set(&self.caps, inp),
             op if Self::is_eth_object(op) => self.execute_eth(op, dma, inp, out),
             _ => Err(err(CmdStatus::BadOp, syndrome::BAD_OPCODE)),
         }
@@ -914,6 +921,7 @@ impl Firmware {
         self.uctxs.clear();
         self.umems.clear();
         self.memics.clear();
+        self.pps.clear();
         self.clear_eth_objects();
         self.state = HcaState::Enabled;
         self.pages.reset_needs();

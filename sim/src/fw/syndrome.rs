@@ -86,6 +86,9 @@ pub const APU_CQ: u32 = 0x51a0_0067;
 pub const CQ_TOO_SMALL: u32 = 0x51a0_0068;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: a CQ feature the simulator does not model (a collapsed CQ, `cc`).
 pub const CQ_FEATURE: u32 = 0x51a0_0069;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: `cqe_comp_en` for a CQE size whose compression cap is 0, a
+/// `mini_cqe_res_format` the caps do not offer, or an enhanced `cqe_compression_layout`.
+pub const CQE_COMPRESSION: u32 = 0x51a0_006a;
 /// `NO_RES`: the object limit (`log_max_*`, UAR pages in the BAR) is reached.
 pub const NO_RESOURCES: u32 = 0x51a0_0070;
 /// `BAD_RES_STATE`: the object is still used (an EQ by a CQ, a UAR by an EQ or CQ, a PD by a memory key).
@@ -248,5 +251,12 @@ pub const MEMIC_RANGE: u32 = 0x51a0_0112;
 /// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: DEALLOC_MEMIC of a start and size that name no allocation (never
 /// allocated, or already freed).
 pub const MEMIC_INVALID: u32 = 0x51a0_0113;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_PP_RATE_LIMIT of index 0 (no limit) or one past the table.
+pub const PP_INDEX: u32 = 0x51a0_0120;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_PP_RATE_LIMIT of a rate outside `packet_pacing_min_rate` to
+/// `packet_pacing_max_rate`, or a burst bound or typical size the QoS caps do not offer.
+pub const PP_RATE: u32 = 0x51a0_0121;
+/// `consts::MLX5_CMD_STAT_BAD_PARAM_ERR`: SET_PP_RATE_LIMIT with a `uid` where `packet_pacing_uid` is 0.
+pub const PP_UID: u32 = 0x51a0_0122;
 /// `ext_synd` in the health buffer of a firmware that died with a non-zero syndrome.
 pub const HEALTH_EXT_SYND: u16 = 0x51a0;

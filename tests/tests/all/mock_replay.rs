@@ -249,6 +249,9 @@ const CX5_VS_CX4: &[(&str, &str)] = &[
         "DevX user contexts (CREATE_UCTX, uid on objects) are modelled (fw/uctx.rs); firmware 14.12 has none",
     ),
     ("cqe_128_always", "128-byte padded CQEs are modelled (fw/cq.rs); firmware 14.12 leaves it 0"),
+    ("cqe_compression_128", "CQE compression accepted on 128-byte CQEs too (fw/cq.rs); firmware 14.12 leaves it 0"),
+    ("qos", "the QoS page exists: packet pacing's rate limit table (fw/packet_pacing.rs); firmware 14.12 has none"),
+    ("mini_cqe_resp_stride_index", "the checksum-with-stride-index mini-CQE format accepted (fw/cq.rs)"),
     // Features the simulator does not model, so it does not offer them.
     ("log_max_bsf_list_size", "no signature offload"),
     ("end_pad", "no end padding of scatter entries"),
@@ -276,9 +279,6 @@ const CX5_VS_CX4: &[(&str, &str)] = &[
     ("pad_tx_eth_packet", "no Ethernet padding offload"),
     ("nic_vport_change_event", "no vport change events"),
     ("log_max_l2_table", "no L2 table"),
-    ("cqe_compression", "no CQE compression"),
-    ("cqe_compression_timeout", "no CQE compression"),
-    ("cqe_compression_max_num", "no CQE compression"),
     ("uar_sz", "UARs of one 4 KiB page"),
     ("log_uar_page_sz", "UAR pages of 4 KiB only"),
     // The simulator's own choices, with no measured source.

@@ -84,15 +84,13 @@ const SKIP_CLASSES: &[(&str, &str)] = &[
     // only rdma-core's mlx5_ifc.h names, not vendored).
     ("scapy package", "scapy for the DevX tests' commands (not installed: CQs and QPs on UMEM are not modelled)"),
     ("NIC flow table does not support reformat", "packet reformat (encap) actions in NIC flow tables (not modelled)"),
-    ("Packet pacing", "packet pacing (rate limit entries, `packet_pacing` QoS caps: not modelled)"),
     ("reserved QP number", "reserved QP numbers (a DevX general object named only in rdma-core's layouts: not modelled)"),
-    ("schedule elements", "QoS scheduling elements (DevX: not modelled)"),
+    ("schedule elements", "QoS scheduling elements (DevX general objects of rdma-core's layouts: not modelled)"),
     // The test asks for the BlueFlame type first; mlx5_ib offers it only where mlx5_core's write-combining test found
     // write combining (`mlx5_wc_support_get`), which the simulator never reports (ARCHITECTURE.md).
     ("UAR allocation", "BlueFlame UARs through DevX (no write combining: the device runs WQEs from memory)"),
     ("VAR allocation", "VirtIO access regions (VAR: not modelled)"),
     ("Tag matching", "tag matching (XRQ, TM offload: not modelled)"),
-    ("CQE 128B compression", "CQE compression (not modelled)"),
     ("LAG affinity", "LAG: two ports bonded (one port simulated)"),
     ("Huge pages", "2 MiB huge pages in the guest (none reserved in UML)"),
     ("PCI device must be passed", "a PCI function handed to rdma-core's mlx5 VFIO driver (--pci-dev)"),
