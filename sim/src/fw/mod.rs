@@ -526,6 +526,7 @@ impl Firmware {
             }
             consts::MLX5_CMD_OP_DEALLOC_MEMIC => {
                 (dealloc_memic_in::SIZE_BYTES, dealloc_memic_out::SIZE_BYTES, Gate::Initialized)
+            }
             consts::MLX5_CMD_OP_SET_PP_RATE_LIMIT => {
                 (set_pp_rate_limit_in::SIZE_BYTES, set_pp_rate_limit_out::SIZE_BYTES, Gate::Initialized)
             }
