@@ -338,18 +338,23 @@ impl Qp {
         }
     }
 
-    /// Writes whole 16-byte segments at SQ byte `pos` (a multiple of `DS`): one 16-byte store each, wrapping at
-    /// the ring's end between segments.
+    /// Writes whole 16-byte segments at SQ byte `pos` (a multiple of `DS`), wrapping at the ring's end between
+    /// segments. Each segment goes as two 8-byte words: the BlueFlame copy reads the WQE back in 8-byte words
+    /// right after, and a load that spans two narrower stores still in the store buffer cannot be forwarded
+    /// from them (it waits for them to reach the cache); a segment left as a byte array is stored in its fields'
+    /// 4-byte pieces.
     #[inline(always)]
     fn sq_put<const N: usize>(&self, w: &SqWin, pos: usize, seg: &[u8; N]) {
         const { assert!(N / DS * DS == N, "whole segments only") };
         for k in 0..N / DS {
             let dst = self.sq_ds_ptr(w, pos + k * DS);
-            let mut chunk = [0u8; DS];
-            chunk.copy_from_slice(&seg[k * DS..(k + 1) * DS]);
-            // SAFETY: `dst..dst + DS` is inside the SQ (sq_ds_ptr); software owns SQ entries beyond the device's
-            // consumer counter, which the overflow check keeps us within.
-            unsafe { dst.cast::<[u8; DS]>().write_unaligned(chunk) };
+            for h in 0..DS / 8 {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(&seg[k * DS + h * 8..k * DS + h * 8 + 8]);
+                // SAFETY: `dst..dst + DS` is inside the SQ (sq_ds_ptr), so word `h` of it is too; software owns
+                // SQ entries beyond the device's consumer counter, which the overflow check keeps us within.
+                unsafe { dst.add(h * 8).cast::<u64>().write_unaligned(u64::from_ne_bytes(word)) };
+            }
         }
     }
 
