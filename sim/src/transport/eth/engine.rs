@@ -714,7 +714,7 @@ mod tests {
                         bcast_seen = true;
                     } else {
                         // Anything else is A's announcement: an ARP request for its own address.
-                        assert_eq!((n, &f[12..14], &f[28..32] == &f[38..42]), (42, &[0x08, 0x06][..], true), "{f:02x?}");
+                        assert_eq!((n, &f[12..14], f[28..32] == f[38..42]), (42, &[0x08, 0x06][..], true), "{f:02x?}");
                         announced += 1;
                     }
                     got.push(n);
