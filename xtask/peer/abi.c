@@ -14,7 +14,8 @@
  *
  * Usage: abi-* time post|poll|all LOCK REPS   one JSON line of medians, ns per WQE / CQE
  *        abi-* count LOCK CALLS OP            CALLS calls of OP through its cg_abi_* wrapper (for callgrind)
- * LOCK only matters to rdma-core (0: MLX5_SINGLE_THREADED, 1: its default spinlocks).
+ * LOCK only matters to rdma-core (0: MLX5_SINGLE_THREADED, 1: its default spinlocks); the drop-in reads
+ * MLX5_SINGLE_THREADED from its environment, as rdma-core's provider does.
  */
 #ifdef ABI_DROPIN
 #include <stdint.h>

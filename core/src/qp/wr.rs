@@ -246,6 +246,17 @@ impl SendWrView for SendWr<'_> {
     }
 }
 
+impl<T: RecvWrView + ?Sized> RecvWrView for &T {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        (**self).wr_id()
+    }
+    #[inline(always)]
+    fn sg_list(&self) -> Result<&[Sge], PostErrorKind> {
+        (**self).sg_list()
+    }
+}
+
 impl<T: SendWrView + ?Sized> SendWrView for &T {
     type Op<'a>
         = T::Op<'a>

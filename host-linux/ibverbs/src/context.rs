@@ -20,6 +20,15 @@ use crate::{errno_of, guard, set_errno};
 /// Open contexts, for `ibv_ack_async_event` of device events (the event does not name its context).
 static OPEN: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
+/// rdma-core's mlx5 variable: `1` drops the queues' locks (the program uses the verbs from one thread).
+const SINGLE_THREADED_ENV: &str = "MLX5_SINGLE_THREADED";
+
+/// Whether the variable's value asks for single-threaded queues: exactly `1`, as rdma-core's
+/// `single_threaded_app` reads it.
+fn single_threaded(v: Option<&std::ffi::OsStr>) -> bool {
+    v.is_some_and(|v| v == "1")
+}
+
 #[no_mangle]
 pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     guard("ibv_open_device", ptr::null_mut(), || {
@@ -53,6 +62,11 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
                 return ptr::null_mut();
             }
         };
+        if single_threaded(std::env::var_os(SINGLE_THREADED_ENV).as_deref()) {
+            // SAFETY: `MLX5_SINGLE_THREADED=1` is the program's promise that it calls the verbs from one thread at
+            // a time, as rdma-core's mlx5 provider reads it; this library's own threads never take a queue's lock.
+            unsafe { ctx.set_single_threaded() };
+        }
         if let Some(sim) = dev.dev.sim_device() {
             if !faults.is_empty() && !dev.armed.swap(true, std::sync::atomic::Ordering::AcqRel) {
                 crate::faults::arm(sim, &faults);
@@ -304,4 +318,19 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::single_threaded;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn only_the_value_1_asks_for_single_threaded_queues() {
+        assert!(single_threaded(Some(OsStr::new("1"))));
+        for v in ["0", "", "yes", "1 ", "01", "true"] {
+            assert!(!single_threaded(Some(OsStr::new(v))), "{v:?}");
+        }
+        assert!(!single_threaded(None));
+    }
 }

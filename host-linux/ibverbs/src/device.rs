@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use mlx5_core::cq::LinkLayer;
@@ -162,9 +162,14 @@ pub(crate) struct Ctx {
     qp_limits: OnceLock<(u32, u32)>,
     /// Objects made in this context and not destroyed (their address and kind), for the cleanup at close.
     life: Mutex<HashMap<usize, Kind>>,
-    /// Set when the program closed the context (only a shell, closed with objects alive, is ever seen so).
-    closed: AtomicBool,
+    /// The fork generation it was opened in while open, [`CLOSED`] once the program closed it (only a shell,
+    /// closed with objects alive, is ever seen so): one word the datapath compares with the process's generation
+    /// for both checks (a forked child's generation differs; no generation reaches `CLOSED`).
+    live: AtomicU64,
 }
+
+/// [`Ctx::live`] of a closed context.
+const CLOSED: u64 = u64::MAX;
 
 #[derive(Default)]
 pub(crate) struct ObjMap {
@@ -209,7 +214,7 @@ impl Ctx {
             gid_tbl_len: OnceLock::new(),
             qp_limits: OnceLock::new(),
             life: Mutex::new(HashMap::new()),
-            closed: AtomicBool::new(false),
+            live: AtomicU64::new(dev.gen),
         }
     }
 
@@ -217,7 +222,7 @@ impl Ctx {
     /// lock `hold` and `release` take, so none is recorded after.
     pub(crate) fn close(&self) -> Vec<(usize, Kind)> {
         let mut life = lock(&self.life);
-        self.closed.store(true, Ordering::Release);
+        self.live.store(CLOSED, Ordering::Release);
         life.drain().collect()
     }
 
@@ -226,7 +231,13 @@ impl Ctx {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.live.load(Ordering::Acquire) == CLOSED
+    }
+
+    /// Open, and in the process that opened it (not a forked child): what every call on its objects checks.
+    #[inline(always)]
+    pub(crate) fn usable(&self) -> bool {
+        self.live.load(Ordering::Acquire) == mlx5_verbs::fork_generation_now()
     }
 }
 

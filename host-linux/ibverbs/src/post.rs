@@ -231,6 +231,22 @@ unsafe fn sges<'a>(sg: *const ibv_sge, n: c_int) -> Result<&'a [Sge], PostErrorK
     sges_other(n)
 }
 
+/// [`sges`] with the usual single entry tested first, for the send loop: inlined after it, the core's send
+/// loop then knows the length on that path (about 0.2 ns less per one-WR post here; the receive loop, out of
+/// line in the core, was slower with it).
+///
+/// # Safety
+/// As [`sges`].
+#[inline(always)]
+unsafe fn sges_one_first<'a>(sg: *const ibv_sge, n: c_int) -> Result<&'a [Sge], PostErrorKind> {
+    if n == 1 && !sg.is_null() {
+        // SAFETY: one entry (caller) of a type with the same layout (checked above at compile time).
+        return Ok(unsafe { std::slice::from_raw_parts(sg.cast::<Sge>(), 1) });
+    }
+    // SAFETY: the caller's promise, passed on.
+    unsafe { sges(sg, n) }
+}
+
 /// [`sges`] of an empty list, or one it refuses.
 #[cold]
 fn sges_other<'a>(n: c_int) -> Result<&'a [Sge], PostErrorKind> {
@@ -262,7 +278,7 @@ impl CSendWr {
     fn sges(&self) -> Result<&[Sge], PostErrorKind> {
         let w = self.w();
         // SAFETY: the program's scatter list holds `num_sge` entries (the type's invariant).
-        unsafe { sges(w.sg_list, w.num_sge) }
+        unsafe { sges_one_first(w.sg_list, w.num_sge) }
     }
 }
 
@@ -450,18 +466,20 @@ struct RecvList {
 }
 
 /// One of a program's `ibv_recv_wr`s, read in place; the invariant of [`CSendWr`].
-struct CRecvWr(*mut ibv_recv_wr);
+struct CRecvWr(std::ptr::NonNull<ibv_recv_wr>);
 
 impl RecvWrView for CRecvWr {
     #[inline(always)]
     fn wr_id(&self) -> u64 {
         // SAFETY: a valid work request for the post's duration (the type's invariant).
-        unsafe { (*self.0).wr_id }
+        unsafe { self.0.as_ref().wr_id }
     }
     #[inline(always)]
     fn sg_list(&self) -> Result<&[Sge], PostErrorKind> {
-        // SAFETY: as above; its scatter list holds `num_sge` entries.
-        unsafe { sges((*self.0).sg_list, (*self.0).num_sge) }
+        // SAFETY: as above.
+        let w = unsafe { self.0.as_ref() };
+        // SAFETY: its scatter list holds `num_sge` entries (as above).
+        unsafe { sges(w.sg_list, w.num_sge) }
     }
 }
 
@@ -475,12 +493,9 @@ impl Iterator for RecvList {
         if self.started {
             // SAFETY: a valid work request of the program's list (the type's invariant).
             self.at = unsafe { (*self.at).next };
-            if self.at.is_null() {
-                return None;
-            }
         }
         self.started = true;
-        Some(CRecvWr(self.at))
+        std::ptr::NonNull::new(self.at).map(CRecvWr)
     }
 }
 
@@ -488,7 +503,7 @@ impl QpFn for RecvList {
     type Out = Result<(), (*mut ibv_recv_wr, c_int)>;
     #[inline(always)]
     fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out {
-        qp.post_recv_iter(m, self).map_err(|(w, kind)| (w.0, recv_errno(kind)))
+        qp.post_recv_iter(m, self).map_err(|(w, kind)| (w.0.as_ptr(), recv_errno(kind)))
     }
 }
 

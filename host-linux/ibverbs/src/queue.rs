@@ -12,7 +12,7 @@ use mlx5_core::qp::{QpType, SendOp, Sge};
 use mlx5_verbs::raw::{RawCq, RawQp, RawSrq};
 
 use crate::abi::*;
-use crate::device::{of_this_process, Ctx};
+use crate::device::Ctx;
 use crate::uobject::{AsyncCount, Held};
 
 /// A CQ: `ibv_cq_ex` (whose prefix is `ibv_cq`), the handle, and the state of an extended poll.
@@ -36,7 +36,7 @@ pub(crate) unsafe fn cq_of<'a>(cq: *mut ibv_cq) -> Option<(&'a Cq, &'a RawCq)> {
     let c = unsafe { cq.cast::<Cq>().as_ref() }?;
     // A CQ a forked child inherited is not usable there, as its context is not; nor one a closed context left.
     // SAFETY: a CQ's context outlives it.
-    unsafe { c.ctx.as_ref() }.filter(|x| of_this_process(x.dev) && !x.is_closed())?;
+    unsafe { c.ctx.as_ref() }.filter(|x| x.usable())?;
     Some((c, c.raw.as_ref()?))
 }
 
@@ -58,10 +58,9 @@ pub(crate) struct Qp {
 /// # Safety
 /// `qp` is NULL or a QP this library returned and not yet destroyed.
 pub(crate) unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
-    // SAFETY: `c.qp_base` is the first field of a boxed Qp (caller); a QP's context outlives it.
-    unsafe {
-        qp.cast::<Qp>().as_ref().filter(|q| q.ctx.as_ref().is_some_and(|c| of_this_process(c.dev) && !c.is_closed()))
-    }
+    // SAFETY: `c.qp_base` is the first field of a boxed Qp (caller); its `ctx` is set at creation to its context
+    // (never NULL), which outlives it.
+    unsafe { qp.cast::<Qp>().as_ref().filter(|q| (*q.ctx).usable()) }
 }
 
 /// An SRQ: `ibv_srq` and the handle.
@@ -79,9 +78,7 @@ pub(crate) struct Srq {
 /// `srq` is NULL or an SRQ this library returned and not yet destroyed.
 pub(crate) unsafe fn srq_of<'a>(srq: *mut ibv_srq) -> Option<&'a Srq> {
     // SAFETY: the C part is the first field of a boxed Srq (caller); its context outlives it.
-    unsafe {
-        srq.cast::<Srq>().as_ref().filter(|s| s.ctx.as_ref().is_some_and(|c| of_this_process(c.dev) && !c.is_closed()))
-    }
+    unsafe { srq.cast::<Srq>().as_ref().filter(|s| s.ctx.as_ref().is_some_and(|c| c.usable())) }
 }
 
 /// An address handle: `ibv_ah` and the core's address, which a UD send copies into its WQE.

@@ -2,6 +2,7 @@
 //! may share one device (see [`Device::open`](crate::Device::open)); each has its own async events and
 //! completion events.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,15 @@ pub(crate) struct ContextShared {
     pub(crate) dev: Arc<DeviceShared>,
     pub(crate) id: u64,
     pub(crate) events: Arc<EventQueue>,
+    /// Set by [`Context::set_single_threaded`]: queues made after it lock with no locked instruction.
+    pub(crate) single_threaded: AtomicBool,
+}
+
+impl ContextShared {
+    /// Whether queues made now take single-threaded locks.
+    pub(crate) fn single_threaded(&self) -> bool {
+        self.single_threaded.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for ContextShared {
@@ -43,7 +53,20 @@ impl Context {
         let id = dev.new_context_id();
         let events = Arc::new(EventQueue::new());
         dev.control().listen(id, &events);
-        Context { shared: Arc::new(ContextShared { dev, id, events }) }
+        Context { shared: Arc::new(ContextShared { dev, id, events, single_threaded: AtomicBool::new(false) }) }
+    }
+
+    /// QPs and CQs made from this context from now on guard their rings as rdma-core's mlx5 provider does under
+    /// `MLX5_SINGLE_THREADED=1`: an in-use flag set and cleared with plain stores, no locked instruction (a post
+    /// or poll saves one, or two for a poll that completes a QP's work). An overlap the flag catches is logged
+    /// and waited out as for a held lock.
+    ///
+    /// # Safety
+    /// No two threads use one of those QPs or CQs (post, poll, arm, modify, destroy) at the same time, and no
+    /// thread polls a CQ while another uses a QP whose completions go to it: the program's promise, as with
+    /// rdma-core's variable.
+    pub unsafe fn set_single_threaded(&self) {
+        self.shared.single_threaded.store(true, Ordering::Relaxed);
     }
 
     pub(crate) fn dev(&self) -> &DeviceShared {

@@ -241,17 +241,19 @@ impl CqObj {
             Some((id, ch)) => (Some(id), ch),
             None => (None, None),
         };
+        let ring =
+            CqRing { cq: Some(cq), qps: HashMap::default(), srqs: HashMap::default(), pending: None, single: None };
         let obj = Arc::new(CqObj {
             ctx: ctx.clone(),
             cqn,
             cq_context,
-            ring: SpinLock::new(CqRing {
-                cq: Some(cq),
-                qps: HashMap::default(),
-                srqs: HashMap::default(),
-                pending: None,
-                single: None,
-            }),
+            ring: if ctx.single_threaded() {
+                // SAFETY: the program promised one thread at a time on this context's queues
+                // (`Context::set_single_threaded`, an unsafe fn whose caller vouches for it).
+                unsafe { SpinLock::new_single_threaded(ring) }
+            } else {
+                SpinLock::new(ring)
+            },
             failed: failed.clone(),
             users: AtomicUsize::new(0),
             unacked: Mutex::new(0),

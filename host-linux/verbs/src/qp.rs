@@ -269,7 +269,13 @@ impl QpObj {
         drop(srq_guard);
         let (qpn, cap) = (qp.qpn(), qp.cap());
         let srqn = srq.map(|s| s.srqn());
-        let ring: QpCell = Arc::new(SpinLock::new(Some(qp)));
+        let ring: QpCell = Arc::new(if pd.ctx.single_threaded() {
+            // SAFETY: the program promised one thread at a time on this context's queues
+            // (`Context::set_single_threaded`, an unsafe fn whose caller vouches for it).
+            unsafe { SpinLock::new_single_threaded(Some(qp)) }
+        } else {
+            SpinLock::new(Some(qp))
+        });
         g1.qps.insert(qpn, QpEntry { cell: ring.clone(), srqn });
         if let Some(g) = &mut g2 {
             g.qps.insert(qpn, QpEntry { cell: ring.clone(), srqn });
@@ -765,6 +771,35 @@ impl<S: CanRecv> QueuePair<'_, S> {
 mod tests {
     use super::*;
     use crate::mr::MrObj;
+
+    /// `Context::set_single_threaded`: QPs and CQs made after it take single-threaded locks, those made before
+    /// keep theirs, and a loopback SEND posts and completes through them.
+    #[test]
+    fn queues_made_after_set_single_threaded_lock_as_single_threaded() {
+        use crate::{wr, Access, WorkCompletion};
+        let ctx = Context::open_sim().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let before = ctx.create_cq(4).unwrap();
+        // SAFETY: this test uses the context's queues from its own thread only.
+        unsafe { ctx.set_single_threaded() };
+        let cq = ctx.create_cq(16).unwrap();
+        assert!(before.obj.ring.needs_lock(), "made before: locks");
+        assert!(!cq.obj.ring.needs_lock());
+        let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let mut buf = ctx.alloc_buffer(4096).unwrap();
+        buf[..5].copy_from_slice(b"hello");
+        let mr = pd.register(&mut buf, Access::LOCAL_WRITE).unwrap();
+        let qp = pd.create_qp(QpType::Rc, &cq, &cq, cap).unwrap();
+        assert!(!qp.h.0.ring.needs_lock());
+        let me = ctx.remote_qp(&qp).unwrap();
+        let qp = qp.connect_rc(me, Access::default()).unwrap();
+        qp.post_recv(&[wr::recv(1, &[mr.sge(2048, 2048)])]).unwrap();
+        qp.post_send(&[wr::send(2, &[mr.sge(0, 5)])]).unwrap();
+        let mut wc = [WorkCompletion::default(); 4];
+        assert_eq!(cq.poll_until(&mut wc, 2, std::time::Duration::from_secs(5)).unwrap(), 2);
+        assert_eq!(mr.read_vec(2048, 5), b"hello");
+        assert!(!qp.h.0.ring.is_held() && !cq.obj.ring.is_held(), "every guard released");
+    }
 
     /// The objects without borrows, as a C caller holds them: destroying a PD or CQ still in use is refused with
     /// `Busy` (`EBUSY`) and works once its users are gone.

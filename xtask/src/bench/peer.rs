@@ -373,9 +373,15 @@ fn build_abi(root: &Path) -> Result<(PathBuf, PathBuf), String> {
 }
 
 /// Runs the drop-in's ABI program: `what` is `post` (doorbells into memory) or `poll` (the simulator running).
-fn abi_dropin(bin: &Path, what: &str, reps: &str) -> Result<Map<String, Value>, String> {
+fn abi_dropin(bin: &Path, what: &str, reps: &str, single_threaded: bool) -> Result<Map<String, Value>, String> {
     let mut c = Command::new(bin);
     c.args(["time", what, "0", reps]).env_remove("MLX5_RS_DEVICES").env_remove("MLX5_RS_LOG");
+    // The drop-in reads rdma-core's variable as rdma-core does: `1` drops the queues' locks.
+    if single_threaded {
+        c.env("MLX5_SINGLE_THREADED", "1");
+    } else {
+        c.env_remove("MLX5_SINGLE_THREADED");
+    }
     if what == "post" {
         c.env("MLX5_RS_SIM_DOORBELLS", "memory");
     } else {
@@ -465,13 +471,16 @@ fn timed(
         let (abi_rc, abi_drop) = abi;
         let rc0 = json_line(&run_ok(Command::new(abi_rc).args(["time", "all", "0", &reps]), "abi")?, "abi")?;
         let rc1 = json_line(&run_ok(Command::new(abi_rc).args(["time", "all", "1", &reps]), "abi")?, "abi")?;
-        let dp = abi_dropin(abi_drop, "post", &reps)?;
-        let dq = abi_dropin(abi_drop, "poll", &reps)?;
+        let dp = abi_dropin(abi_drop, "post", &reps, true)?;
+        let dq = abi_dropin(abi_drop, "poll", &reps, true)?;
+        let dpl = abi_dropin(abi_drop, "post", &reps, false)?;
+        let dql = abi_dropin(abi_drop, "poll", &reps, false)?;
         for (key, _, _, _) in OPS {
             let k = format!("{key}_ns");
             push(&mut s, &format!("abi_c_{key}"), f(&rc0, &k)?);
             push(&mut s, &format!("abi_c_locked_{key}"), f(&rc1, &k)?);
             push(&mut s, &format!("abi_dropin_{key}"), f(if key == "poll_cq" { &dq } else { &dp }, &k)?);
+            push(&mut s, &format!("abi_dropin_locked_{key}"), f(if key == "poll_cq" { &dql } else { &dpl }, &k)?);
         }
     }
     Ok(s)
@@ -514,10 +523,16 @@ fn abi_instructions(root: &Path, abi: &(PathBuf, PathBuf)) -> Result<Map<String,
         let calls: u64 = if key == "poll_cq" { 4 } else { 4 * 1024 / items };
         let per_item = (calls * items) as f64;
         let wrapper = wrapper.replace("cg_", "cg_abi_");
-        for (side, bin) in [("c", &abi.0), ("dropin", &abi.1)] {
+        for (side, bin) in [("c", &abi.0), ("dropin", &abi.1), ("dropin_locked", &abi.1)] {
             let cmd = vec![bin.display().to_string(), "count".into(), "0".into(), calls.to_string(), op.into()];
-            let env: &[(&str, &str)] =
-                if side == "dropin" && key != "poll_cq" { &[("MLX5_RS_SIM_DOORBELLS", "memory")] } else { &[] };
+            let mut env = Vec::new();
+            if side != "c" && key != "poll_cq" {
+                env.push(("MLX5_RS_SIM_DOORBELLS", "memory"));
+            }
+            if side == "dropin" {
+                env.push(("MLX5_SINGLE_THREADED", "1"));
+            }
+            let env = &env[..];
             if let Some(n) = callgrind_env(&work, &cmd, &wrapper, env)? {
                 m.insert(format!("abi_{side}_{key}_instr"), json!((n as f64 / per_item * 10.0).round() / 10.0));
             }
@@ -617,10 +632,17 @@ pub fn run(root: &Path) -> Result<Map<String, Value>, String> {
     }
     out.insert("peer_poll_cq_nofence_ratio".into(), json!(round3(med("rust_poll_cq") / med("c_nofence_poll_cq"))));
     for (key, _, _, _) in OPS {
+        // Like with like: each side single-threaded (MLX5_SINGLE_THREADED=1, no lock), then each with its locks.
+        // The core's Rust API takes no lock (the QP is `&mut`).
         let dropin = med(&format!("abi_dropin_{key}"));
+        let dropin_locked = med(&format!("abi_dropin_locked_{key}"));
         out.insert(format!("abi_{key}_ratio"), json!(round3(dropin / med(&format!("abi_c_{key}")))));
-        out.insert(format!("abi_{key}_locked_ratio"), json!(round3(dropin / med(&format!("abi_c_locked_{key}")))));
+        out.insert(
+            format!("abi_{key}_locked_ratio"),
+            json!(round3(dropin_locked / med(&format!("abi_c_locked_{key}")))),
+        );
         out.insert(format!("abi_overhead_{key}"), json!(round3(dropin / med(&format!("rust_{key}")))));
+        out.insert(format!("abi_overhead_locked_{key}"), json!(round3(dropin_locked / med(&format!("rust_{key}")))));
     }
     out.insert("abi_instructions".into(), Value::Object(abi_instructions(root, &abi)?));
     out.insert("peer_times".into(), Value::Object(detail));
@@ -723,11 +745,13 @@ pub fn markdown(r: &Map<String, Value>) -> String {
          in-line simulator runs the QP's SENDs to itself as their doorbells ring, and the timed polls take the \
          1024 completions it wrote into a 1024-entry CQ right after (no sleep; the timed loop reads no completion, \
          as on the other sides; warm-up windows check every one). Each \
-         round runs both programs after the figures above. The drop-in takes its QP's or CQ's spin lock on every \
-         call, as rdma-core's default build takes its spinlocks.\n\n",
+         round runs both programs after the figures above, each side twice: with `MLX5_SINGLE_THREADED=1` (rdma-core's \
+         variable, which both read: no lock is taken, only an in-use flag is set and cleared) and without it (each \
+         takes its QP's or CQ's spin lock on every call). The ratios pair like with like; the core's Rust API takes \
+         no lock (its QP is `&mut`).\n\n",
     );
-    s.push_str("| call | rdma-core ns, no lock | rdma-core ns, its locks | drop-in ns | drop-in / rdma-core (no lock, its locks) | drop-in / core's Rust API | instructions rdma-core / drop-in |\n");
-    s.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+    s.push_str("| call | rdma-core ns, no lock | rdma-core ns, its locks | drop-in ns, no lock | drop-in ns, its locks | drop-in / rdma-core (no lock, locks) | drop-in / core's Rust API (no lock, locks) | instructions rdma-core / drop-in (no lock, locks) |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|\n");
     let ai = r.get("abi_instructions");
     let ains =
         |k: &str| ai.and_then(|m| m.get(k)).and_then(Value::as_f64).map_or("–".to_string(), |v| format!("{v:.0}"));
@@ -740,15 +764,18 @@ pub fn markdown(r: &Map<String, Value>) -> String {
     ] {
         let g = |k: String| r[&k].as_f64().unwrap_or(f64::NAN);
         s.push_str(&format!(
-            "| {label} | {} | {} | {} | {:.2}, {:.2} | {:.2} | {} / {} |\n",
+            "| {label} | {} | {} | {} | {} | {:.2}, {:.2} | {:.2}, {:.2} | {} / {}, {} |\n",
             cell(&format!("abi_c_{key}")),
             cell(&format!("abi_c_locked_{key}")),
             cell(&format!("abi_dropin_{key}")),
+            cell(&format!("abi_dropin_locked_{key}")),
             g(format!("abi_{key}_ratio")),
             g(format!("abi_{key}_locked_ratio")),
             g(format!("abi_overhead_{key}")),
+            g(format!("abi_overhead_locked_{key}")),
             ains(&format!("abi_c_{key}_instr")),
             ains(&format!("abi_dropin_{key}_instr")),
+            ains(&format!("abi_dropin_locked_{key}_instr")),
         ));
     }
     s.push('\n');
