@@ -457,13 +457,10 @@ impl QpFn for SendOne {
 /// A program's `ibv_recv_wr` list, posted by the core with the device's own register access. Made only from the
 /// list `ibv_post_recv` was given (verbs' contract: valid, unchanged while the call runs).
 ///
-/// It steps to the next work request only when asked for it, after the core has posted the one before: then
-/// only one pointer into the list is live across the loop's body (with the next one read ahead, it went through
-/// the stack on every WQE).
-struct RecvList {
-    at: *mut ibv_recv_wr,
-    started: bool,
-}
+/// The next pointer is read as each work request is handed out: the core's receive loop runs in a frame of its
+/// own, where both pointers stay in registers (when the loop was inlined into this library's entry, the list
+/// stepped lazily behind a flag, so that one pointer only was live across the body).
+struct RecvList(*mut ibv_recv_wr);
 
 /// One of a program's `ibv_recv_wr`s, read in place; the invariant of [`CSendWr`].
 struct CRecvWr(std::ptr::NonNull<ibv_recv_wr>);
@@ -487,15 +484,10 @@ impl Iterator for RecvList {
     type Item = CRecvWr;
     #[inline(always)]
     fn next(&mut self) -> Option<CRecvWr> {
-        if self.at.is_null() {
-            return None;
-        }
-        if self.started {
-            // SAFETY: a valid work request of the program's list (the type's invariant).
-            self.at = unsafe { (*self.at).next };
-        }
-        self.started = true;
-        std::ptr::NonNull::new(self.at).map(CRecvWr)
+        let w = std::ptr::NonNull::new(self.0)?;
+        // SAFETY: a valid work request of the program's list (the type's invariant).
+        self.0 = unsafe { w.as_ref().next };
+        Some(CRecvWr(w))
     }
 }
 
@@ -575,7 +567,7 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
             return libc::EINVAL;
         }
         // One doorbell record update for all of the list.
-        let r = q.raw.post_each(RecvList { at: wr, started: false });
+        let r = q.raw.post_each(RecvList(wr));
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })
