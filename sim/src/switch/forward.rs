@@ -246,12 +246,50 @@ fn smp_packet(smp: &[u8; MAD_LEN], dqpn: u32, slid: u16, sl: u8, pkey: u16) -> P
     }
 }
 
+/// The tests' transaction id of a directed-route SMP ([`test_dr_smp`]).
+#[cfg(test)]
+pub(super) const TEST_TID: u64 = 0x42;
+
+/// A directed-route request as the tests' SM's HCA sends it onto the cable: hop pointer 1 (C14-9:1 moved it),
+/// `path` after the SM's own port (this file's tests and the switch's own).
+#[cfg(test)]
+pub(super) fn test_dr_smp(
+    method: u8,
+    attr_id: u16,
+    attr_mod: u32,
+    path: &[u8],
+    data: [u8; crate::fw::mad_ifc::SMP_DATA_LEN],
+) -> Smp {
+    use crate::fw::mad_ifc::MAX_PATH_HOPS;
+    let mut initial_path = [0u8; MAX_PATH_HOPS];
+    initial_path[1..=path.len()].copy_from_slice(path);
+    Smp {
+        base_version: 1,
+        mgmt_class: CLASS_SUBN_DIRECTED_ROUTE,
+        class_version: 1,
+        method,
+        status: 0,
+        hop_ptr: 1,
+        hop_cnt: path.len() as u8,
+        tid: TEST_TID,
+        attr_id,
+        attr_mod,
+        m_key: 0,
+        dr_slid: PERMISSIVE_LID,
+        dr_dlid: PERMISSIVE_LID,
+        data,
+        initial_path,
+        return_path: [0; MAX_PATH_HOPS],
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_dr_smp as dr;
     use super::*;
     use crate::fw::mad_ifc::{
-        MadStatus, NodeInfo, PortInfo, ATTR_NODE_INFO, ATTR_PORT_INFO, MAX_PATH_HOPS, METHOD_GET, METHOD_GET_RESP,
-        METHOD_SET, SMP_DATA_LEN, STATUS_DIRECTION,
+        MadStatus, NodeInfo, PortInfo, ATTR_NODE_INFO, ATTR_PORT_INFO, METHOD_GET, METHOD_GET_RESP, METHOD_SET,
+        SMP_DATA_LEN, STATUS_DIRECTION,
     };
     use crate::switch::sma::{ATTR_LINEAR_FT, ATTR_MULTICAST_FT, ATTR_SWITCH_INFO};
 
@@ -295,31 +333,6 @@ mod tests {
         (port, r.dlid, r.slid, Smp::parse(&data).expect("an SMP"))
     }
 
-    /// A directed-route request as the SM's HCA sends it onto the cable: hop pointer 1 (C14-9:1 moved it),
-    /// `path` after the SM's own port.
-    fn dr(method: u8, attr_id: u16, attr_mod: u32, path: &[u8], data: [u8; SMP_DATA_LEN]) -> Smp {
-        let mut initial_path = [0u8; MAX_PATH_HOPS];
-        initial_path[1..=path.len()].copy_from_slice(path);
-        Smp {
-            base_version: 1,
-            mgmt_class: CLASS_SUBN_DIRECTED_ROUTE,
-            class_version: 1,
-            method,
-            status: 0,
-            hop_ptr: 1,
-            hop_cnt: path.len() as u8,
-            tid: 0x42,
-            attr_id,
-            attr_mod,
-            m_key: 0,
-            dr_slid: PERMISSIVE_LID,
-            dr_dlid: PERMISSIVE_LID,
-            data,
-            initial_path,
-            return_path: [0; MAX_PATH_HOPS],
-        }
-    }
-
     /// Asks the switch one hop out (path `1`) from port 1; the response, which must come back on port 1.
     fn ask(sw: &mut Switch, method: u8, attr_id: u16, attr_mod: u32, data: [u8; SMP_DATA_LEN]) -> Smp {
         let out = sw.frame_in(1, &smp_frame(&SM, PERMISSIVE_LID, &dr(method, attr_id, attr_mod, &[1], data)));
@@ -348,7 +361,7 @@ mod tests {
         let mut back = Smp { method: METHOD_GET_RESP, status: STATUS_DIRECTION, hop_ptr: 2, ..fwd.clone() };
         back.return_path[2] = 1;
         let (port, _, _, rsp) = one_smp(sw.frame_in(2, &smp_frame(&hca, PERMISSIVE_LID, &back)));
-        assert_eq!((port, rsp.hop_ptr, rsp.tid), (1, 1, 0x42));
+        assert_eq!((port, rsp.hop_ptr, rsp.tid), (1, 1, TEST_TID));
         assert_eq!(sw.counters.dr_forwarded, 2);
 
         // The SM gives the switch LID 5 (its SM at LID 1) and brings ports 1-3 to Active through Armed.

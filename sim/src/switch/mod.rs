@@ -172,11 +172,12 @@ fn read_loop(inner: &Inner, port: u8) {
 
 #[cfg(test)]
 mod tests {
+    use super::forward::{test_dr_smp as dr, TEST_TID};
     use super::*;
     use crate::config::{Mode, PortType, SimConfig};
     use crate::fw::mad_ifc::{
-        NodeInfo, PortInfo, Smp, ATTR_NODE_INFO, ATTR_PORT_INFO, CLASS_SUBN_DIRECTED_ROUTE, CLASS_SUBN_LID_ROUTED,
-        MAD_LEN, MAX_PATH_HOPS, METHOD_GET, METHOD_GET_RESP, METHOD_SET, SMP_DATA_LEN, STATUS_DIRECTION,
+        NodeInfo, PortInfo, Smp, ATTR_NODE_INFO, ATTR_PORT_INFO, CLASS_SUBN_LID_ROUTED, MAD_LEN, METHOD_GET,
+        METHOD_GET_RESP, METHOD_SET, SMP_DATA_LEN, STATUS_DIRECTION,
     };
     use crate::link::vde::switch_url;
     use crate::testkit::submit::{Bell, Mr, QpSpec, Rdma, TAv, TCq, TQp, Wqe};
@@ -285,30 +286,6 @@ mod tests {
         }
     }
 
-    /// A directed-route request from the SM's port along `path` (its hop pointer moved by C14-9:1).
-    fn dr(method: u8, attr_id: u16, attr_mod: u32, path: &[u8], data: [u8; SMP_DATA_LEN]) -> Smp {
-        let mut initial_path = [0u8; MAX_PATH_HOPS];
-        initial_path[1..=path.len()].copy_from_slice(path);
-        Smp {
-            base_version: 1,
-            mgmt_class: CLASS_SUBN_DIRECTED_ROUTE,
-            class_version: 1,
-            method,
-            status: 0,
-            hop_ptr: 1,
-            hop_cnt: path.len() as u8,
-            tid: 0x77,
-            attr_id,
-            attr_mod,
-            m_key: 0,
-            dr_slid: PERMISSIVE_LID,
-            dr_dlid: PERMISSIVE_LID,
-            data,
-            initial_path,
-            return_path: [0; MAX_PATH_HOPS],
-        }
-    }
-
     #[test]
     fn a_switch_without_cables_or_with_one_nobody_serves_is_a_clear_error() {
         assert!(matches!(IbSwitch::start(1, "t", &[]), Err(SwitchError::Ports { cables: 0 })));
@@ -330,7 +307,10 @@ mod tests {
             a.expect();
             a.send(&smp, PERMISSIVE_LID);
             let (rsp, _) = a.received();
-            assert_eq!((rsp.method, rsp.status, rsp.tid, rsp.hop_ptr), (METHOD_GET_RESP, STATUS_DIRECTION, 0x77, 1));
+            assert_eq!(
+                (rsp.method, rsp.status, rsp.tid, rsp.hop_ptr),
+                (METHOD_GET_RESP, STATUS_DIRECTION, TEST_TID, 1)
+            );
             rsp
         };
         let ni = NodeInfo::parse(&ask(&mut a, dr(METHOD_GET, ATTR_NODE_INFO, 0, &[1], [0; SMP_DATA_LEN])).data);
@@ -392,7 +372,7 @@ mod tests {
         b.expect();
         a.send(&lr, 3);
         let (req, slid) = b.received();
-        assert_eq!((req.tid, slid), (0x77, 1));
+        assert_eq!((req.tid, slid), (TEST_TID, 1));
         let rsp = b.mad_ifc(&req);
         b.send(&rsp, slid);
         let (back, from) = a.received();

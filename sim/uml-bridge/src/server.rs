@@ -53,7 +53,7 @@ pub struct Server {
     start: Instant,
     trace: Option<File>,
     verbose: bool,
-    /// The BAR file user doorbells land in (`--bar-file`), scanned every [`BAR_SCAN_PERIOD`].
+    /// The BAR file user doorbells land in (`--bar-file`), scanned every millisecond (`BAR_SCAN_PERIOD`).
     pub bar_file: Option<crate::barfile::BarFile>,
     /// When the BAR file is next scanned.
     next_bar_scan: Instant,
