@@ -62,7 +62,8 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
                 return ptr::null_mut();
             }
         };
-        if single_threaded(std::env::var_os(SINGLE_THREADED_ENV).as_deref()) {
+        let single = single_threaded(std::env::var_os(SINGLE_THREADED_ENV).as_deref());
+        if single {
             // SAFETY: `MLX5_SINGLE_THREADED=1` is the program's promise that it calls the verbs from one thread at
             // a time, as rdma-core's mlx5 provider reads it; this library's own threads never take a queue's lock.
             unsafe { ctx.set_single_threaded() };
@@ -89,7 +90,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         vc.sz = std::mem::size_of::<verbs_context>();
         let c = &mut vc.context;
         c.device = device;
-        c.ops = crate::post::context_ops();
+        c.ops = crate::post::context_ops(single);
         c.cmd_fd = cmd_fd;
         c.async_fd = async_fd;
         c.num_comp_vectors = c_int::from(vectors);

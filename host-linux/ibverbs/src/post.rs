@@ -35,8 +35,9 @@ unsafe extern "C" fn eopnotsupp_dealloc_mw(_: *mut c_void) -> c_int {
 }
 
 /// The context's ops: the datapath entries, memory windows as unsupported (`alloc_mw` NULL makes
-/// `ibv_alloc_mw` fail with EOPNOTSUPP, as libibverbs documents).
-pub(crate) fn context_ops() -> ibv_context_ops {
+/// `ibv_alloc_mw` fail with EOPNOTSUPP, as libibverbs documents). A context whose queues lock (not set
+/// single-threaded) gets the posts that take the QP's lock without testing its mode.
+pub(crate) fn context_ops(single_threaded: bool) -> ibv_context_ops {
     // SAFETY: every field is an Option of a function pointer: all None is valid.
     let mut o: ibv_context_ops = unsafe { std::mem::zeroed() };
     o.bind_mw = Some(eopnotsupp_bind_mw);
@@ -44,8 +45,13 @@ pub(crate) fn context_ops() -> ibv_context_ops {
     o.poll_cq = Some(poll_cq);
     o.req_notify_cq = Some(req_notify_cq);
     o.post_srq_recv = Some(post_srq_recv);
-    o.post_send = Some(post_send);
-    o.post_recv = Some(post_recv);
+    if single_threaded {
+        o.post_send = Some(post_send::<false>);
+        o.post_recv = Some(post_recv::<false>);
+    } else {
+        o.post_send = Some(post_send::<true>);
+        o.post_recv = Some(post_recv::<true>);
+    }
     o
 }
 
@@ -391,7 +397,12 @@ unsafe fn set_bad<T>(bad: *mut *mut T, w: *mut T) {
     }
 }
 
-unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+/// `ibv_post_send`; `LOCKED`: the context's queues lock (their lock's mode is then not tested).
+unsafe extern "C" fn post_send<const LOCKED: bool>(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
     guard_datapath("ibv_post_send", libc::EIO, || {
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
@@ -401,9 +412,9 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
         // loop count or exit).
         // SAFETY: the caller's work request, when not NULL (verbs' contract).
         let out = if !wr.is_null() && unsafe { (*wr).next }.is_null() {
-            q.raw.post_each(SendOne(wr))
+            post_each::<_, LOCKED>(q, SendOne(wr))
         } else {
-            q.raw.post_each(SendList(wr))
+            post_each::<_, LOCKED>(q, SendList(wr))
         };
         match out {
             Ok(Ok(())) => 0,
@@ -413,6 +424,17 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
             Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
         }
     })
+}
+
+/// `f` on `q`'s core QP under its lock: with `LOCKED` (a context whose queues lock) without testing the lock's
+/// mode.
+#[inline(always)]
+fn post_each<F: QpFn, const LOCKED: bool>(q: &Qp, f: F) -> mlx5_verbs::Result<F::Out> {
+    if LOCKED {
+        q.raw.post_each_locked(f)
+    } else {
+        q.raw.post_each(f)
+    }
 }
 
 /// A program's `ibv_send_wr` list, posted by the core with the device's own register access. Made only from the
@@ -557,7 +579,12 @@ unsafe fn recv_result(
     }
 }
 
-unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+/// `ibv_post_recv`; `LOCKED` as for [`post_send`].
+unsafe extern "C" fn post_recv<const LOCKED: bool>(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     guard_datapath("ibv_post_recv", libc::EIO, || {
         // SAFETY: the caller passes a live QP.
         let Some(q) = (unsafe { qp_of(qp) }) else { return libc::EINVAL };
@@ -567,7 +594,7 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
             return libc::EINVAL;
         }
         // One doorbell record update for all of the list.
-        let r = q.raw.post_each(RecvList(wr));
+        let r = post_each::<_, LOCKED>(q, RecvList(wr));
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })

@@ -380,7 +380,17 @@ impl QpObj {
     /// the device dead, which fails the post as `Hca::post_send` does).
     #[inline(always)]
     fn with_live<R>(&self, f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>) -> Result<R> {
-        let mut g = self.ring.lock();
+        self.with_live_as::<false, R>(f)
+    }
+
+    /// [`QpObj::with_live`] for a caller that knows the QP's lock takes a locked instruction (`LOCKED`:
+    /// [`SpinLock::lock_as`]).
+    #[inline(always)]
+    fn with_live_as<const LOCKED: bool, R>(
+        &self,
+        f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>,
+    ) -> Result<R> {
+        let mut g = self.ring.lock_as::<LOCKED>();
         // Made only when needed: the error has drop glue the hot path would run.
         let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
         let dev = &self.dev;
@@ -433,7 +443,7 @@ impl QpObj {
     /// `f` on the core's QP itself, monomorphized for the device's register access (one match per call), under
     /// the QP's lock: the drop-in's `ibv_post_send` posts a C list through `Qp::post_send_iter` in it.
     #[inline]
-    pub(crate) fn with_qp_each<F: QpFn>(&self, f: F) -> Result<F::Out> {
+    pub(crate) fn with_qp_each<F: QpFn, const LOCKED: bool>(&self, f: F) -> Result<F::Out> {
         struct Run<'q, F>(&'q mut mlx5_core::qp::Qp, F);
         impl<F: QpFn> MmioFn for Run<'_, F> {
             type Out = F::Out;
@@ -442,7 +452,7 @@ impl QpObj {
                 self.1.run(self.0, m)
             }
         }
-        self.with_live(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
+        self.with_live_as::<LOCKED, _>(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
     }
 
     /// [`QpObj::with_recv_batch`] with `f` monomorphized for the device's register access.

@@ -50,7 +50,15 @@ impl<T> SpinLock<T> {
     /// Takes the lock (waiting for it if held).
     #[inline]
     pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
-        if self.need_lock {
+        self.lock_as::<false>()
+    }
+
+    /// [`SpinLock::lock`] for a caller that knows its lock takes a locked instruction (`LOCKED`): then the mode is
+    /// not tested (one load and branch fewer). With `LOCKED` false the mode is read, as `lock` does; either way a
+    /// lock made to lock always does.
+    #[inline]
+    pub(crate) fn lock_as<const LOCKED: bool>(&self) -> SpinGuard<'_, T> {
+        if LOCKED || self.need_lock {
             if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
                 self.lock_contended();
             }
