@@ -733,18 +733,18 @@ impl Qp {
             max_gs: self.sizes.cap.max_recv_sge as usize,
             shift: self.sizes.rq_wqe_shift,
             end: head.wrapping_add(room),
-            flat: self.rq_flat.map(|r| (r.cpu(), r.len().wrapping_sub(DS))),
-            rq_mask: self.sizes.rq_bytes().wrapping_sub(1),
         };
-        // The loop is built twice, for a one-region RQ (the usual case: a plain store per segment) and for the
-        // rest, so neither carries the other's per-WQE work or loop-invariant values.
-        let (idx, stop) = match w.flat {
+        // The loop is built twice, for a one-region RQ (the usual case: a plain store per segment, at the RQ's
+        // address under its byte mask) and for the rest, so neither carries the other's per-WQE work or
+        // loop-invariant values.
+        let rq_mask = self.sizes.rq_bytes().wrapping_sub(1);
+        let (idx, stop) = match self.rq_flat.map(|r| (r.cpu(), r.len().wrapping_sub(DS))) {
             Some((base, mask)) => Self::recv_loop(&w, head, wrs.into_iter(), |pos, seg| {
                 // SAFETY: `pos & mask + DS <= len`, inside the one-fragment span this QP owns (as `rq_put`);
                 // software owns unposted RQ entries.
                 unsafe { base.as_ptr().add(pos & mask).cast::<[u8; DS]>().write_unaligned(*seg) }
             }),
-            None => Self::recv_loop(&w, head, wrs.into_iter(), |pos, seg| self.rq_put(pos & w.rq_mask, seg)),
+            None => Self::recv_loop(&w, head, wrs.into_iter(), |pos, seg| self.rq_put(pos & rq_mask, seg)),
         };
         if idx != head {
             self.rq_head = idx;
@@ -779,7 +779,7 @@ impl Qp {
         I::Item: RecvWrView,
         P: Fn(usize, &[u8; DS]),
     {
-        let RqWin { wrids, mask, max_gs, shift, end, .. } = *w;
+        let RqWin { wrids, mask, max_gs, shift, end } = *w;
         let mut idx = head;
         for wr in wrs {
             if idx == end {
@@ -1087,6 +1087,34 @@ impl WrTable for [&mut Qp] {
     }
 }
 
+/// Why the receive loop refused `wr` with room in the ring: its scatter list, read again (the cold path).
+#[cold]
+fn refused_recv<W: RecvWrView>(wr: &W, max_gs: usize) -> PostErrorKind {
+    match wr.sg_list() {
+        Err(e) => e,
+        Ok(sg) => PostErrorKind::TooManySge { sge: sg.len(), max: max_gs as u32 },
+    }
+}
+
+/// What [`Qp::post_recv_iter`]'s loop reads of the QP, read once per call.
+#[derive(Clone, Copy)]
+struct RqWin {
+    /// The receive wr_ids of the shadow (`mask + 1` of them, bounds-checked).
+    wrids: *mut u64,
+    mask: u32,
+    max_gs: usize,
+    shift: u8,
+    /// The ring index the loop stops at: no room beyond it.
+    end: u32,
+}
+
+/// The error of a slice post that stopped at `wr`, one of `wrs`: its index, found by address (the cold path).
+#[cold]
+fn refused_at<T>(wrs: &[T], wr: &T, kind: PostErrorKind) -> PostError {
+    let index = wrs.iter().position(|w| core::ptr::eq(w, wr)).unwrap_or(wrs.len());
+    PostError { index, kind }
+}
+
 #[cfg(any(test, feature = "testlist"))]
 #[cfg_attr(feature = "testlist", mlx5_testlist_macro::collect)]
 mod tests {
@@ -1116,35 +1144,4 @@ mod tests {
         put64(&mut b, Bytes::new(8, 8), 0x0102_0304_0506_0708);
         assert_eq!(b, [0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
     }
-}
-
-/// Why the receive loop refused `wr` with room in the ring: its scatter list, read again (the cold path).
-#[cold]
-fn refused_recv<W: RecvWrView>(wr: &W, max_gs: usize) -> PostErrorKind {
-    match wr.sg_list() {
-        Err(e) => e,
-        Ok(sg) => PostErrorKind::TooManySge { sge: sg.len(), max: max_gs as u32 },
-    }
-}
-
-/// What [`Qp::post_recv_iter`]'s loop reads of the QP, read once per call.
-#[derive(Clone, Copy)]
-struct RqWin {
-    /// The receive wr_ids of the shadow (`mask + 1` of them, bounds-checked).
-    wrids: *mut u64,
-    mask: u32,
-    max_gs: usize,
-    shift: u8,
-    /// The ring index the loop stops at: no room beyond it.
-    end: u32,
-    /// The RQ's address and its byte mask when it is one region.
-    flat: Option<(core::ptr::NonNull<u8>, usize)>,
-    rq_mask: usize,
-}
-
-/// The error of a slice post that stopped at `wr`, one of `wrs`: its index, found by address (the cold path).
-#[cold]
-fn refused_at<T>(wrs: &[T], wr: &T, kind: PostErrorKind) -> PostError {
-    let index = wrs.iter().position(|w| core::ptr::eq(w, wr)).unwrap_or(wrs.len());
-    PostError { index, kind }
 }

@@ -412,9 +412,9 @@ unsafe extern "C" fn post_send<const LOCKED: bool>(
         // loop count or exit).
         // SAFETY: the caller's work request, when not NULL (verbs' contract).
         let out = if !wr.is_null() && unsafe { (*wr).next }.is_null() {
-            post_each::<_, LOCKED>(q, SendOne(wr))
+            q.raw.post_each_as::<_, LOCKED>(SendOne(wr))
         } else {
-            post_each::<_, LOCKED>(q, SendList(wr))
+            q.raw.post_each_as::<_, LOCKED>(SendList(wr))
         };
         match out {
             Ok(Ok(())) => 0,
@@ -424,17 +424,6 @@ unsafe extern "C" fn post_send<const LOCKED: bool>(
             Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
         }
     })
-}
-
-/// `f` on `q`'s core QP under its lock: with `LOCKED` (a context whose queues lock) without testing the lock's
-/// mode.
-#[inline(always)]
-fn post_each<F: QpFn, const LOCKED: bool>(q: &Qp, f: F) -> mlx5_verbs::Result<F::Out> {
-    if LOCKED {
-        q.raw.post_each_locked(f)
-    } else {
-        q.raw.post_each(f)
-    }
 }
 
 /// A program's `ibv_send_wr` list, posted by the core with the device's own register access. Made only from the
@@ -594,7 +583,7 @@ unsafe extern "C" fn post_recv<const LOCKED: bool>(
             return libc::EINVAL;
         }
         // One doorbell record update for all of the list.
-        let r = post_each::<_, LOCKED>(q, RecvList(wr));
+        let r = q.raw.post_each_as::<_, LOCKED>(RecvList(wr));
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })

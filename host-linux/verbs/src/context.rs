@@ -13,6 +13,7 @@ use crate::backend::{AnyDma, DeviceKind};
 use crate::error::Result;
 use crate::event::{AsyncEvent, EventQueue};
 use crate::shared::DeviceShared;
+use crate::spin::SpinLock;
 
 /// What a context is, without borrows: its device, its id among the device's contexts, its async events. Every
 /// object holds one, so the device stays up while anything made from it lives.
@@ -26,9 +27,15 @@ pub(crate) struct ContextShared {
 }
 
 impl ContextShared {
-    /// Whether queues made now take single-threaded locks.
-    pub(crate) fn single_threaded(&self) -> bool {
-        self.single_threaded.load(Ordering::Relaxed)
+    /// The lock of a queue (a QP's or CQ's ring) made now: single-threaded once the context was set so.
+    pub(crate) fn queue_lock<T>(&self, v: T) -> SpinLock<T> {
+        if self.single_threaded.load(Ordering::Relaxed) {
+            // SAFETY: the program promised one thread at a time on this context's queues
+            // (`Context::set_single_threaded`, an unsafe fn whose caller vouches for it).
+            unsafe { SpinLock::new_single_threaded(v) }
+        } else {
+            SpinLock::new(v)
+        }
     }
 }
 

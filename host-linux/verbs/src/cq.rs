@@ -247,13 +247,7 @@ impl CqObj {
             ctx: ctx.clone(),
             cqn,
             cq_context,
-            ring: if ctx.single_threaded() {
-                // SAFETY: the program promised one thread at a time on this context's queues
-                // (`Context::set_single_threaded`, an unsafe fn whose caller vouches for it).
-                unsafe { SpinLock::new_single_threaded(ring) }
-            } else {
-                SpinLock::new(ring)
-            },
+            ring: ctx.queue_lock(ring),
             failed: failed.clone(),
             users: AtomicUsize::new(0),
             unacked: Mutex::new(0),

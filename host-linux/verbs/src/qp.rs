@@ -21,7 +21,6 @@ use crate::error::{Result, VerbsError};
 use crate::event::lock;
 use crate::pd::{PdObj, ProtectionDomain};
 use crate::shared::DeviceShared;
-use crate::spin::SpinLock;
 use crate::srq::{SharedReceiveQueue, SrqObj};
 
 /// QP states as types: a QP can post sends only in [`Rts`], receives from [`Init`] on.
@@ -269,13 +268,7 @@ impl QpObj {
         drop(srq_guard);
         let (qpn, cap) = (qp.qpn(), qp.cap());
         let srqn = srq.map(|s| s.srqn());
-        let ring: QpCell = Arc::new(if pd.ctx.single_threaded() {
-            // SAFETY: the program promised one thread at a time on this context's queues
-            // (`Context::set_single_threaded`, an unsafe fn whose caller vouches for it).
-            unsafe { SpinLock::new_single_threaded(Some(qp)) }
-        } else {
-            SpinLock::new(Some(qp))
-        });
+        let ring: QpCell = Arc::new(pd.ctx.queue_lock(Some(qp)));
         g1.qps.insert(qpn, QpEntry { cell: ring.clone(), srqn });
         if let Some(g) = &mut g2 {
             g.qps.insert(qpn, QpEntry { cell: ring.clone(), srqn });

@@ -355,15 +355,15 @@ impl RawQp {
     /// post makes (destroyed, device dead): a caller posting its own list through `Qp::post_send_iter`.
     #[inline]
     pub fn post_each<F: crate::qp::QpFn>(&self, f: F) -> Result<F::Out> {
-        self.0.with_qp_each::<F, false>(f)
+        self.post_each_as::<F, false>(f)
     }
 
-    /// [`RawQp::post_each`] for a caller that knows the QP locks with a locked instruction (made in a context not
-    /// set single-threaded): the lock's mode is not tested. On any QP it takes the locked instruction, so it is
-    /// never wrong, only slower on a single-threaded one.
+    /// [`RawQp::post_each`]; with `LOCKED` for a caller that knows the QP locks with a locked instruction (made in
+    /// a context not set single-threaded): the lock's mode is then not tested. On any QP `LOCKED` takes the
+    /// locked instruction, so it is never wrong, only slower on a single-threaded one.
     #[inline]
-    pub fn post_each_locked<F: crate::qp::QpFn>(&self, f: F) -> Result<F::Out> {
-        self.0.with_qp_each::<F, true>(f)
+    pub fn post_each_as<F: crate::qp::QpFn, const LOCKED: bool>(&self, f: F) -> Result<F::Out> {
+        self.0.with_qp_each::<F, LOCKED>(f)
     }
 
     /// [`RawQp::post_recv_with`] monomorphized likewise.
