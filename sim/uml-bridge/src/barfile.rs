@@ -33,8 +33,7 @@ const CQ_DB: usize = consts::MLX5_CQ_DOORBELL as usize;
 /// registers last seen in it.
 #[derive(Debug)]
 pub struct BarFile {
-    ptr: NonNull<u8>,
-    len: usize,
+    map: FileRegion,
     /// BAR offsets of the watched registers (8-byte aligned, below `len`).
     offs: Vec<usize>,
     /// Their values when last seen, as loaded (`last[i]` is the register at `offs[i]`).
@@ -69,17 +68,7 @@ impl BarFile {
         if len == 0 {
             return Err(std::io::Error::other("the BAR file is smaller than a page past the BAR's offset"));
         }
-        let offset = libc::off_t::try_from(file_offset).map_err(|_| std::io::Error::other("BAR file offset"))?;
-        // SAFETY: a fresh shared mapping of an open file at a page-aligned offset within it; the kernel picks the
-        // address, and the result is checked before use.
-        let p = unsafe {
-            let prot = libc::PROT_READ | libc::PROT_WRITE;
-            libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), offset)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        let map = FileRegion::map(file, file_offset, len)?;
         let mut offs = Vec::new();
         let half = (bf_reg_size / 2).max(8);
         for page in first_uar_page..len / PAGE {
@@ -93,7 +82,7 @@ impl BarFile {
             }
         }
         let last = vec![0; offs.len()];
-        let mut me = Self { ptr, len, offs, last };
+        let mut me = Self { map, offs, last };
         // Whatever the file holds before the guest runs is not a doorbell.
         let _ = me.changed();
         Ok(me)
@@ -107,9 +96,9 @@ impl BarFile {
     /// A store of 0 is not seen: no doorbell is 0 (it names a QP or CQ number above 0).
     pub fn changed(&mut self) -> Vec<(u64, [u8; 8])> {
         let mut out = Vec::new();
-        let base = self.ptr.as_ptr();
+        let base = self.map.ptr().as_ptr();
         for (&off, last) in self.offs.iter().zip(self.last.iter_mut()) {
-            // SAFETY: `off + 8 <= len` (the offsets are built below `len` in `open`), the address is 8-byte
+            // SAFETY: `off + 8 <= len` (the offsets are built below the mapping's length in `open_at`), the address is 8-byte
             // aligned (page-aligned mapping, offsets multiples of 8), and the mapping lives as long as `self`;
             // atomic because the guest writes it concurrently.
             let reg = unsafe { AtomicU64::from_ptr(base.add(off).cast::<u64>()) };
@@ -174,15 +163,6 @@ impl FileRegion {
 impl Drop for FileRegion {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the mapping made in `map`, which nothing else refers to.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
-    }
-}
-
-impl Drop for BarFile {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `open`, which nothing else refers to.
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), self.len);
         }
