@@ -54,11 +54,11 @@ const FORK_THREADS: &str = "qemu-user 7.2 aborts a forked child of a threaded pr
 /// The VDE link's tests, each named (libtest's `--exact` applies to `--skip` too, so a prefix skips nothing).
 const NO_VDEPLUG: &str = "the cross sysroot has no arm64 libvdeplug.so.2 (the VDE link's tests run on the host)";
 
-/// Tests skipped under QEMU everywhere (exact name, why).
 /// Tests that race a link paced at 3 frames a millisecond against 1 s ACK timers: under qemu-user an emulated thread
 /// can stall past a timer (the fresh CI run of 2026-12-07 saw one READ timed out), so they run on the host only.
 const PACED: &str = "it races a paced link against 1 s ACK timers, and qemu-user's emulated threads stall past one";
 
+/// Tests skipped under QEMU everywhere (exact name, why).
 pub(crate) const QEMU_LIMITS: &[(&str, &str)] = &[
     (
         "link::guest::tests::a_read_the_link_carries_longer_than_the_ack_timers_completes_without_being_asked_again",
