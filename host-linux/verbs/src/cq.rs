@@ -113,7 +113,7 @@ impl<'a> QpTable<'a> {
             // The previous QP's lock goes first: two QP locks are never held together.
             self.release();
             let q = self.qp(qpn)?;
-            let (_, guard) = self.held.insert((qpn, q.cell.lock()));
+            let (_, guard) = self.held.insert((qpn, q.cell.lock_as::<false>()));
             // A destroyed QP's ring is `None`: the fast paths then keep matching nothing.
             if let Some(ring) = guard.as_mut() {
                 self.ring = ring;
@@ -277,7 +277,7 @@ impl CqObj {
     /// [`CqObj::poll`] into any [`WcSink`]: the drop-in writes `ibv_wc` straight from each CQE.
     #[inline]
     pub(crate) fn poll_into<S: WcSink + ?Sized>(&self, wc: &mut S) -> Result<usize> {
-        let mut r = self.ring.lock();
+        let mut r = self.ring.lock_as::<false>();
         let CqRing { cq, qps, srqs, pending, single } = &mut *r;
         if let Some(e) = pending.take() {
             return Err(VerbsError::Cqe(e));
@@ -289,7 +289,7 @@ impl CqObj {
         // lookup per CQE). A CQE naming another QP is then unknown, as the table would find it. Checked before
         // the lock, so an empty poll does not take the QP's lock from a thread posting on it.
         if let Some(cell) = single.as_ref().filter(|_| cq.ready()) {
-            let mut ring = cell.lock();
+            let mut ring = cell.lock_as::<false>();
             if let Some(qp) = ring.as_mut() {
                 return self.poll_with(cq, qp, pending, wc);
             }
@@ -315,14 +315,19 @@ impl CqObj {
             let dead = dev.is_dead();
             (dead || self.failed.load(Ordering::Acquire)).then_some(dead)
         };
-        let (mut n, mut bad) = (0, 0);
+        // The first pass fills `wc` from its start (no offset added per completion); it is usually the only one.
+        // An error with nothing returned yet is this call's result.
+        let mut n = match poll_cq_into(&dev.mmio, cq, table, wc, stopped) {
+            Ok(k) if k == 0 || k == cap => return Ok(k),
+            Ok(k) => k,
+            Err(e) => return Err(VerbsError::Cqe(e)),
+        };
+        let mut bad = 0;
         while n < cap {
             let mut rest = Offset { sink: &mut *wc, at: n, cap: cap - n };
             match poll_cq_into(&dev.mmio, cq, table, &mut rest, stopped) {
                 Ok(0) => break,
                 Ok(k) => n += k,
-                // Nothing returned yet: the error is this call's result.
-                Err(e) if n == 0 && bad == 0 => return Err(VerbsError::Cqe(e)),
                 Err(e) => {
                     // The completions already taken go back now; the first bad entry is reported next.
                     pending.get_or_insert(e);

@@ -804,6 +804,47 @@ mod tests {
         assert!(!qp.h.0.ring.is_held() && !cq.obj.ring.is_held(), "every guard released");
     }
 
+    /// A QP and CQ made in one thread and used in another: their locks are biased to the thread that posts and
+    /// polls (not the maker, whose control-path locks take no bias), and a later post from the maker still
+    /// excludes it and completes.
+    #[test]
+    fn queues_are_biased_to_the_thread_that_posts_and_polls() {
+        use crate::{wr, Access, WorkCompletion};
+        let ctx = Context::open_sim().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let mut buf = ctx.alloc_buffer(4096).unwrap();
+        buf[..5].copy_from_slice(b"hello");
+        let mr = pd.register(&mut buf, Access::LOCAL_WRITE).unwrap();
+        let qp = pd.create_qp(QpType::Rc, &cq, &cq, cap).unwrap();
+        let me = ctx.remote_qp(&qp).unwrap();
+        let qp = qp.connect_rc(me, Access::default()).unwrap();
+        assert!(!qp.h.0.ring.owned_here() && !cq.obj.ring.owned_here(), "the maker takes no bias");
+        let exchange = |id: u64| {
+            let mut wc = [WorkCompletion::default(); 4];
+            qp.post_recv(&[wr::recv(id, &[mr.sge(2048, 2048)])]).unwrap();
+            qp.post_send(&[wr::send(id + 1, &[mr.sge(0, 5)])]).unwrap();
+            assert_eq!(cq.poll_until(&mut wc, 2, std::time::Duration::from_secs(5)).unwrap(), 2);
+            assert!(wc[..2].iter().all(|w| w.status == crate::WcStatus::Success));
+            let mut ids = [wc[0].wr_id, wc[1].wr_id];
+            ids.sort();
+            assert_eq!(ids, [id, id + 1]);
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                exchange(10);
+                let biased = crate::spin::bias_available();
+                assert_eq!(qp.h.0.ring.owned_here(), biased, "the poster owns the QP's lock");
+                assert_eq!(cq.obj.ring.owned_here(), biased, "the poller owns the CQ's lock");
+            });
+        });
+        // The maker visits: it still posts and polls (the owner is shut out while it does).
+        exchange(20);
+        assert_eq!(mr.read_vec(2048, 5), b"hello");
+        assert!(!qp.h.0.ring.is_held() && !cq.obj.ring.is_held(), "every guard released");
+    }
+
     /// The objects without borrows, as a C caller holds them: destroying a PD or CQ still in use is refused with
     /// `Busy` (`EBUSY`) and works once its users are gone.
     #[test]
