@@ -258,9 +258,10 @@ impl Cq {
         let mut ci = start;
         let mut result = Ok(());
         let walk = Self::walk_of(&self.buf, self.log_nent, self.cqe_size);
+        // Read once: a sink writing through a raw pointer (the C ABI's `ibv_wc` array) made them loads per CQE.
+        let (cqn, link) = (self.cqn, self.link);
         while n < cap {
             let Some(cqe) = self.sw_cqe(mmio, &walk, ci) else { break };
-            let (cqn, link) = (self.cqn, self.link);
             match wc.fill(n, |w| decode_into(&cqe, cqn, ci, link, wq, w)) {
                 Ok(true) => n += 1,
                 Ok(false) => {}
