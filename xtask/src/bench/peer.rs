@@ -20,9 +20,16 @@ const IBVERBS_SYS_VERSION: &str = "=0.3.2";
 /// rdma-core's release flags for a provider (see the module documentation).
 const RELEASE_FLAGS: [&str; 6] = ["-O2", "-g", "-DNDEBUG", "-std=gnu11", "-fPIC", "-D_GNU_SOURCE="];
 
-/// Interleaved rounds of C and Rust, and timed windows per figure in each round.
-const ROUNDS: usize = 5;
+/// Interleaved rounds of C and Rust, and timed windows per figure in each round. Every round starts each program
+/// afresh, so each is one draw of the process's address layout, which moves some calls by up to a quarter on
+/// this machine's CPUs (two modes a process keeps for its life; see BENCHMARKS.md): many short rounds, combined
+/// by a trimmed mean, weigh the modes as programs meet them.
+const ROUNDS: usize = 21;
 const REPS: usize = 101;
+/// Rounds dropped at each end before the mean (a burst of the shared host's load).
+const TRIM: usize = 2;
+/// Rounds of the threads and simulator-mode figures (each several seconds).
+const SCALING_ROUNDS: usize = 5;
 
 /// The operations compared: key suffix, `mlx5-peer count` / `mlx5-bench --cg` name, the wrapper callgrind
 /// collects, and the work items (WQEs or CQEs) one counted call handles.
@@ -412,6 +419,13 @@ fn f(m: &Map<String, Value>, k: &str) -> Result<f64, String> {
     m.get(k).and_then(Value::as_f64).ok_or(format!("missing figure {k}"))
 }
 
+/// The mean of `v` without its `TRIM` lowest and highest values.
+fn trimmed_mean(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let kept = &v[TRIM.min(v.len() / 2)..v.len() - TRIM.min(v.len() / 2)];
+    kept.iter().sum::<f64>() / kept.len() as f64
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -572,13 +586,13 @@ fn bench_figure(bench: &Path, section: &str, quick: bool, key: &str) -> Result<f
 }
 
 /// The threads bench (2 threads over 1, each with its own QP and CQ) and the threaded simulator's rate over the
-/// in-line one, each the median of `ROUNDS` runs (the simulator's two modes run in turn).
+/// in-line one, each the median of `SCALING_ROUNDS` runs (the simulator's two modes run in turn).
 fn scaling(bench: &Path) -> Result<Map<String, Value>, String> {
     let mut speedup = Vec::new();
     let mut speedup_cpu = Vec::new();
     let mut sim = Vec::new();
-    for round in 0..ROUNDS {
-        eprintln!("xtask bench --peer: threads and simulator modes, round {}/{ROUNDS}", round + 1);
+    for round in 0..SCALING_ROUNDS {
+        eprintln!("xtask bench --peer: threads and simulator modes, round {}/{SCALING_ROUNDS}", round + 1);
         let mut c = Command::new(bench);
         c.args(["--only", "threads", "--json", "--quick"]);
         let t = json_line(&run_ok(&mut c, "mlx5-bench")?, "mlx5-bench")?;
@@ -619,30 +633,35 @@ pub fn run(root: &Path) -> Result<Map<String, Value>, String> {
     for (k, v) in s.iter_mut() {
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = v.iter().copied().fold(0.0, f64::max);
+        let mean = trimmed_mean(v);
         let med = median(v);
-        detail.insert(k.clone(), json!({ "median_ns": round3(med), "min_ns": round3(lo), "max_ns": round3(hi) }));
+        detail.insert(
+            k.clone(),
+            json!({ "mean_ns": round3(mean), "median_ns": round3(med), "min_ns": round3(lo), "max_ns": round3(hi) }),
+        );
     }
-    let med = |k: &str| detail[k]["median_ns"].as_f64().unwrap_or(f64::NAN);
+    // Every ratio is of the rounds' trimmed means.
+    let mean = |k: &str| detail[k]["mean_ns"].as_f64().unwrap_or(f64::NAN);
     for (key, _, _, _) in OPS {
-        let rust = med(&format!("rust_{key}"));
+        let rust = mean(&format!("rust_{key}"));
         // Against rdma-core as its CMake builds it (-O2, and -O3), and against the hand-made build of earlier runs.
-        out.insert(format!("peer_{key}_ratio"), json!(round3(rust / med(&format!("c_cmake_o2_{key}")))));
-        out.insert(format!("peer_o3_{key}_ratio"), json!(round3(rust / med(&format!("c_cmake_o3_{key}")))));
-        out.insert(format!("peer_handmade_{key}_ratio"), json!(round3(rust / med(&format!("c_{key}")))));
+        out.insert(format!("peer_{key}_ratio"), json!(round3(rust / mean(&format!("c_cmake_o2_{key}")))));
+        out.insert(format!("peer_o3_{key}_ratio"), json!(round3(rust / mean(&format!("c_cmake_o3_{key}")))));
+        out.insert(format!("peer_handmade_{key}_ratio"), json!(round3(rust / mean(&format!("c_{key}")))));
     }
-    out.insert("peer_poll_cq_nofence_ratio".into(), json!(round3(med("rust_poll_cq") / med("c_nofence_poll_cq"))));
+    out.insert("peer_poll_cq_nofence_ratio".into(), json!(round3(mean("rust_poll_cq") / mean("c_nofence_poll_cq"))));
     for (key, _, _, _) in OPS {
         // Like with like: each side single-threaded (MLX5_SINGLE_THREADED=1, no lock), then each with its locks.
         // The core's Rust API takes no lock (the QP is `&mut`).
-        let dropin = med(&format!("abi_dropin_{key}"));
-        let dropin_locked = med(&format!("abi_dropin_locked_{key}"));
-        out.insert(format!("abi_{key}_ratio"), json!(round3(dropin / med(&format!("abi_c_{key}")))));
+        let dropin = mean(&format!("abi_dropin_{key}"));
+        let dropin_locked = mean(&format!("abi_dropin_locked_{key}"));
+        out.insert(format!("abi_{key}_ratio"), json!(round3(dropin / mean(&format!("abi_c_{key}")))));
         out.insert(
             format!("abi_{key}_locked_ratio"),
-            json!(round3(dropin_locked / med(&format!("abi_c_locked_{key}")))),
+            json!(round3(dropin_locked / mean(&format!("abi_c_locked_{key}")))),
         );
-        out.insert(format!("abi_overhead_{key}"), json!(round3(dropin / med(&format!("rust_{key}")))));
-        out.insert(format!("abi_overhead_locked_{key}"), json!(round3(dropin_locked / med(&format!("rust_{key}")))));
+        out.insert(format!("abi_overhead_{key}"), json!(round3(dropin / mean(&format!("rust_{key}")))));
+        out.insert(format!("abi_overhead_locked_{key}"), json!(round3(dropin_locked / mean(&format!("rust_{key}")))));
     }
     out.insert("abi_instructions".into(), Value::Object(abi_instructions(root, &abi)?));
     out.insert("peer_times".into(), Value::Object(detail));
@@ -650,7 +669,7 @@ pub fn run(root: &Path) -> Result<Map<String, Value>, String> {
     out.extend(scaling(&bench)?);
     out.insert(
         "peer_params".into(),
-        json!({ "rounds": ROUNDS, "windows_per_round": REPS, "rdma_core": "ibverbs-sys 0.3.2 (rdma-core 55.0)",
+        json!({ "rounds": ROUNDS, "windows_per_round": REPS, "trimmed": TRIM, "rdma_core": "ibverbs-sys 0.3.2 (rdma-core 55.0)",
                 "cflags": RELEASE_FLAGS.join(" "), "debian_cflags": DEBIAN_CFLAGS,
                 "cmake_release_flags": CMAKE_BUILDS.iter().map(|(n, f)| json!({ "build": n, "flags": f })).collect::<Vec<_>>() }),
     );
@@ -669,7 +688,7 @@ pub fn markdown(r: &Map<String, Value>) -> String {
         let v = &t[k];
         format!(
             "{:.2} ({:.2}–{:.2})",
-            v["median_ns"].as_f64().unwrap_or(f64::NAN),
+            v["mean_ns"].as_f64().unwrap_or(f64::NAN),
             v["min_ns"].as_f64().unwrap_or(f64::NAN),
             v["max_ns"].as_f64().unwrap_or(f64::NAN)
         )
@@ -688,10 +707,14 @@ pub fn markdown(r: &Map<String, Value>) -> String {
          Both sides write a plain-memory BAR. C and Rust run in turn, ",
     );
     s.push_str(&format!(
-        "{} rounds of {} timed windows each; the cell is the median of the rounds' medians (the range of the rounds \
-         in brackets), ns per WQE or CQE. Instructions: callgrind, per WQE or CQE, of the call through one \
+        "{} rounds of {} timed windows each, every program started afresh in each; the cell is the mean of the \
+         rounds' medians without the {} lowest and {} highest (the range of the rounds in brackets), ns per WQE or \
+         CQE. Instructions: callgrind, per WQE or CQE, of the call through one \
          out-of-line wrapper on each side (`cg_*`). The machine is shared: only ratios from one run mean anything.\n\n",
-        r["peer_params"]["rounds"], r["peer_params"]["windows_per_round"]
+        r["peer_params"]["rounds"],
+        r["peer_params"]["windows_per_round"],
+        r["peer_params"]["trimmed"],
+        r["peer_params"]["trimmed"]
     ));
     s.push_str(
         "rdma-core as its own CMake builds it (`c_cmake_*`): configured as `debian/rules` configures it \
