@@ -376,8 +376,8 @@ impl QpObj {
         self.with_live_as::<false, R>(f)
     }
 
-    /// [`QpObj::with_live`] for a caller that knows the QP's lock takes a locked instruction (`LOCKED`:
-    /// [`SpinLock::lock_as`]).
+    /// [`QpObj::with_live`] for a caller that knows the QP's lock is not single-threaded (`LOCKED`:
+    /// [`SpinLock::lock_as`](crate::spin::SpinLock::lock_as)).
     #[inline(always)]
     fn with_live_as<const LOCKED: bool, R>(
         &self,

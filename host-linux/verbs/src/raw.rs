@@ -358,9 +358,9 @@ impl RawQp {
         self.post_each_as::<F, false>(f)
     }
 
-    /// [`RawQp::post_each`]; with `LOCKED` for a caller that knows the QP locks with a locked instruction (made in
-    /// a context not set single-threaded): the lock's mode is then not tested. On any QP `LOCKED` takes the
-    /// locked instruction, so it is never wrong, only slower on a single-threaded one.
+    /// [`RawQp::post_each`]; with `LOCKED` for a caller that knows the QP's lock is not single-threaded (made in a
+    /// context not set so): the lock's mode is then not tested. On a single-threaded QP `LOCKED` takes the lock
+    /// word with a locked instruction, so it is never wrong, only slower there.
     #[inline]
     pub fn post_each_as<F: crate::qp::QpFn, const LOCKED: bool>(&self, f: F) -> Result<F::Out> {
         self.0.with_qp_each::<F, LOCKED>(f)

@@ -441,6 +441,13 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    /// Adds 1 under `g` with a non-atomic read-modify-write: two holders at once would lose an update.
+    fn add_one(mut g: SpinGuard<'_, u64>) {
+        let v = *g;
+        std::hint::black_box(&v);
+        *g = v + 1;
+    }
+
     #[test]
     fn excludes_across_threads() {
         // Two threads each add 1 a hundred thousand times with a non-atomic read-modify-write under the lock:
@@ -451,10 +458,7 @@ mod tests {
                 let l = l.clone();
                 std::thread::spawn(move || {
                     for _ in 0..100_000 {
-                        let mut g = l.lock();
-                        let v = *g;
-                        std::hint::black_box(&v);
-                        *g = v + 1;
+                        add_one(l.lock());
                     }
                 })
             })
@@ -547,18 +551,12 @@ mod tests {
             let visitor = std::thread::spawn(move || {
                 s2.wait();
                 for _ in 0..VISITOR_ADDS {
-                    let mut g = l2.lock_as::<true>();
-                    let v = *g;
-                    std::hint::black_box(&v);
-                    *g = v + 1;
+                    add_one(l2.lock_as::<true>());
                 }
             });
             start.wait();
             for _ in 0..OWNER_ADDS {
-                let mut g = l.lock_as::<true>();
-                let v = *g;
-                std::hint::black_box(&v);
-                *g = v + 1;
+                add_one(l.lock_as::<true>());
             }
             visitor.join().unwrap();
             assert_eq!(*l.lock(), OWNER_ADDS + VISITOR_ADDS);
@@ -584,10 +582,7 @@ mod tests {
         let visitor = std::thread::spawn(move || {
             s2.wait();
             for _ in 0..visitor_adds {
-                let mut g = l2.lock_as::<true>();
-                let v = *g;
-                std::hint::black_box(&v);
-                *g = v + 1;
+                add_one(l2.lock_as::<true>());
             }
             d2.store(true, Ordering::Relaxed);
         });
@@ -595,10 +590,7 @@ mod tests {
         start.wait();
         let mut owner_adds = 0u64;
         while !done.load(Ordering::Relaxed) {
-            let mut g = l.lock_as::<true>();
-            let v = *g;
-            std::hint::black_box(&v);
-            *g = v + 1;
+            add_one(l.lock_as::<true>());
             owner_adds += 1;
         }
         visitor.join().unwrap();
