@@ -724,8 +724,9 @@ impl Qp {
         let base = self.sizes.sq_wqe_cnt as usize * core::mem::size_of::<SqSlot>();
         let reset = matches!(self.state, QpState::Reset);
         let head = self.rq_head;
-        // No room in RESET: the first request is refused (as BadState below).
-        let room = if reset { 0 } else { cnt.saturating_sub(start_outstanding) };
+        // No room in RESET: the first request is refused (as BadState below). Nor without a scatter entry per WQE
+        // (no receive queue): the loop writes a request's one entry wherever there is room.
+        let room = if reset || self.sizes.cap.max_recv_sge == 0 { 0 } else { cnt.saturating_sub(start_outstanding) };
         let w = RqWin {
             // Bounds-checked once; a slot index is masked to `cnt - 1`, so every access is inside.
             wrids: self.shadow.ptr_at(base, cnt as usize * 8).cast::<u64>(),
@@ -738,13 +739,28 @@ impl Qp {
         // address under its byte mask) and for the rest, so neither carries the other's per-WQE work or
         // loop-invariant values.
         let rq_mask = self.sizes.rq_bytes().wrapping_sub(1);
+        let term = w.max_gs > 1;
         let (idx, stop) = match self.rq_flat.map(|r| (r.cpu(), r.len().wrapping_sub(DS))) {
-            Some((base, mask)) => Self::recv_loop(&w, head, wrs.into_iter(), |pos, seg| {
-                // SAFETY: `pos & mask + DS <= len`, inside the one-fragment span this QP owns (as `rq_put`);
-                // software owns unposted RQ entries.
-                unsafe { base.as_ptr().add(pos & mask).cast::<[u8; DS]>().write_unaligned(*seg) }
-            }),
-            None => Self::recv_loop(&w, head, wrs.into_iter(), |pos, seg| self.rq_put(pos & rq_mask, seg)),
+            Some((base, mask)) => {
+                let put = |pos: usize, seg: &[u8; DS]| {
+                    // SAFETY: `pos & mask + DS <= len`, inside the one-fragment span this QP owns (as `rq_put`);
+                    // software owns unposted RQ entries.
+                    unsafe { base.as_ptr().add(pos & mask).cast::<[u8; DS]>().write_unaligned(*seg) }
+                };
+                if term {
+                    Self::recv_loop::<_, _, true>(&w, head, wrs.into_iter(), put)
+                } else {
+                    Self::recv_loop::<_, _, false>(&w, head, wrs.into_iter(), put)
+                }
+            }
+            None => {
+                let put = |pos: usize, seg: &[u8; DS]| self.rq_put(pos & rq_mask, seg);
+                if term {
+                    Self::recv_loop::<_, _, true>(&w, head, wrs.into_iter(), put)
+                } else {
+                    Self::recv_loop::<_, _, false>(&w, head, wrs.into_iter(), put)
+                }
+            }
         };
         if idx != head {
             self.rq_head = idx;
@@ -772,8 +788,13 @@ impl Qp {
     /// registers for a list of pointers), not the error itself. Out of line: in its own frame the loop's values
     /// stay in registers whatever its caller keeps live across it (inlined into the C ABI's entry, the counter and
     /// the list pointer went through the stack on every WQE).
+    ///
+    /// `TERM`: whether a one-entry WQE takes the terminator (`max_gs > 1`), decided once per call. The usual
+    /// request then runs straight through, its only taken branch the loop's: with a branch to step over the
+    /// terminator (or over cold code) in every WQE, a call of 16 had its loop exit mispredicted in some code
+    /// layouts (0.4 ns a WQE more, BENCHMARKS.md "Twelfth pass").
     #[inline(never)]
-    fn recv_loop<I, P>(w: &RqWin, head: u32, wrs: I, put: P) -> (u32, Option<I::Item>)
+    fn recv_loop<I, P, const TERM: bool>(w: &RqWin, head: u32, wrs: I, put: P) -> (u32, Option<I::Item>)
     where
         I: Iterator,
         I::Item: RecvWrView,
@@ -785,33 +806,21 @@ impl Qp {
             if idx == end {
                 return (idx, Some(wr));
             }
-            let sg = match wr.sg_list() {
-                Ok(sg) if sg.len() <= max_gs => sg,
-                _ => return (idx, Some(wr)),
-            };
             // There is room, so the ring has at least one WQE and `mask` is its index mask. The offset wraps in
             // `put` (the RQ is `cnt << shift` bytes).
             let at = (idx as usize) << shift;
-            // A zero-length entry is skipped, as in `RecvBatch::push`.
-            let k = match sg {
-                // The usual one entry, without the loop's counter.
-                [s] if s.length != 0 => {
+            match wr.one_sge() {
+                // The usual one entry, without the loop's counter: a queue with room takes at least one.
+                Some(s) if s.length != 0 => {
                     put(at, &data_seg(s.length, s.lkey, s.addr));
-                    1
-                }
-                _ => {
-                    let mut k = 0;
-                    for s in sg {
-                        if s.length != 0 {
-                            put(at + k * DATA, &data_seg(s.length, s.lkey, s.addr));
-                            k += 1;
-                        }
+                    if TERM {
+                        put(at + DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
                     }
-                    k
                 }
-            };
-            if k < max_gs {
-                put(at + k * DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
+                _ => match wr.sg_list() {
+                    Ok(sg) if sg.len() <= max_gs => recv_sges(at, sg, max_gs, &put),
+                    _ => return (idx, Some(wr)),
+                },
             }
             // SAFETY: `idx & mask < cnt`, inside the `cnt` wr_ids `ptr_at` checked in `post_recv_iter`, 8-byte
             // aligned (as in `recv_batch`); only the driver touches it, and the caller holds `&mut self`.
@@ -1093,6 +1102,23 @@ fn refused_recv<W: RecvWrView>(wr: &W, max_gs: usize) -> PostErrorKind {
     match wr.sg_list() {
         Err(e) => e,
         Ok(sg) => PostErrorKind::TooManySge { sge: sg.len(), max: max_gs as u32 },
+    }
+}
+
+/// The segments of a receive WQE other than the usual one entry (none, several, or zero-length ones, which are
+/// skipped as in `RecvBatch::push`), and the terminator when they leave room: the cold side of `Qp::recv_loop`.
+#[cold]
+#[inline(never)]
+fn recv_sges<P: Fn(usize, &[u8; DS])>(at: usize, sg: &[Sge], max_gs: usize, put: &P) {
+    let mut k = 0;
+    for s in sg {
+        if s.length != 0 {
+            put(at + k * DATA, &data_seg(s.length, s.lkey, s.addr));
+            k += 1;
+        }
+    }
+    if k < max_gs {
+        put(at + k * DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
     }
 }
 

@@ -255,6 +255,10 @@ impl<T: RecvWrView + ?Sized> RecvWrView for &T {
     fn sg_list(&self) -> Result<&[Sge], PostErrorKind> {
         (**self).sg_list()
     }
+    #[inline(always)]
+    fn one_sge(&self) -> Option<&Sge> {
+        (**self).one_sge()
+    }
 }
 
 impl<T: SendWrView + ?Sized> SendWrView for &T {
@@ -304,6 +308,16 @@ pub trait RecvWrView {
     fn wr_id(&self) -> u64;
     /// The scatter list.
     fn sg_list(&self) -> Result<&[Sge], PostErrorKind>;
+    /// The scatter list's one entry when it has exactly one (the usual receive), else `None`: the post loop's
+    /// fast path, which [`RecvWrView::sg_list`] backs. A view over a foreign layout overrides it to test only
+    /// what that case needs.
+    #[inline(always)]
+    fn one_sge(&self) -> Option<&Sge> {
+        match self.sg_list() {
+            Ok([s]) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 impl RecvWrView for RecvWr<'_> {

@@ -501,6 +501,17 @@ impl RecvWrView for CRecvWr {
         // SAFETY: its scatter list holds `num_sge` entries (as above).
         unsafe { sges(w.sg_list, w.num_sge) }
     }
+    /// Exactly one entry, at a non-NULL list: two compares.
+    #[inline(always)]
+    fn one_sge(&self) -> Option<&Sge> {
+        // SAFETY: as above.
+        let w = unsafe { self.0.as_ref() };
+        if w.num_sge == 1 && !w.sg_list.is_null() {
+            // SAFETY: one entry (as above) of a type with `ibv_sge`'s layout (checked at compile time).
+            return Some(unsafe { &*w.sg_list.cast::<Sge>() });
+        }
+        None
+    }
 }
 
 impl Iterator for RecvList {
@@ -595,7 +606,7 @@ unsafe extern "C" fn post_recv<const LOCKED: bool>(
             return libc::EINVAL;
         }
         // One doorbell record update for all of the list.
-        let r = q.raw.post_each_as::<_, LOCKED>(RecvList(wr));
+        let r = q.raw.post_recvs_as::<_, LOCKED>(RecvList(wr));
         // SAFETY: the caller's out pointer.
         unsafe { recv_result(wr, bad, r) }
     })

@@ -1293,6 +1293,31 @@ fn too_many_gather_entries_are_enomem_on_send_and_einval_on_receive() {
     }
 }
 
+#[test]
+fn a_receive_with_a_null_scatter_list_is_einval_and_an_empty_one_is_posted() {
+    let l = Loopback::new(256, 8, false, 4);
+    let (ctx, cq, qp) = (l.ctx, l.cq, l.qp);
+    // SAFETY: every pointer is made by this library from this context and destroyed once, children first.
+    unsafe {
+        // One entry at a NULL list: refused and named, nothing posted.
+        let mut r = ibv_recv_wr { wr_id: 1, next: ptr::null_mut(), sg_list: ptr::null_mut(), num_sge: 1 };
+        let mut bad = ptr::null_mut();
+        assert_eq!((*ctx).ops.post_recv.unwrap()(qp, &mut r, &mut bad), libc::EINVAL);
+        assert_eq!(bad, &mut r as *mut _);
+        // No entries: posted, and a SEND of nothing lands in it.
+        (r.wr_id, r.num_sge) = (2, 0);
+        assert_eq!((*ctx).ops.post_recv.unwrap()(qp, &mut r, &mut bad), 0);
+        let mut w: ibv_send_wr = std::mem::zeroed();
+        (w.wr_id, w.opcode, w.send_flags) = (3, 2, 2);
+        let mut bad_s = ptr::null_mut();
+        assert_eq!((*ctx).ops.post_send.unwrap()(qp, &mut w, &mut bad_s), 0);
+        let mut ids = poll_ids(cq, 2);
+        ids.sort_unstable();
+        assert_eq!(ids, [2, 3], "the empty receive took the SEND");
+        l.close();
+    }
+}
+
 /// The send doorbells the simulated device saw for `qpn`: (producer counter, BlueFlame bytes copied with it).
 fn sq_doorbells(ctx: *mut ibv_context, qpn: u32) -> Vec<(u16, usize)> {
     use mlx5_sim::SimEvent as E;

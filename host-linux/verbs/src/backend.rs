@@ -161,6 +161,14 @@ impl Mmio for AnyMmio {
     }
     #[inline]
     fn dma_wmb(&self) {
+        // On x86-64 no backend's DMA write barrier is an instruction (stores are not reordered with stores): the
+        // simulator's is a release fence, a BAR's a compiler fence. Both here, so a receive post pays no match.
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         each_mmio!(self, m => m.dma_wmb())
     }
     #[inline]

@@ -384,13 +384,45 @@ impl QpObj {
         f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>,
     ) -> Result<R> {
         let mut g = self.ring.lock_as::<LOCKED>();
+        Self::live(&mut g, &self.dev, f)
+    }
+
+    /// `f` on the QP in `ring` (its lock held) unless it is destroyed or the device dead.
+    #[inline(always)]
+    fn live<R>(
+        ring: &mut Option<mlx5_core::qp::Qp>,
+        dev: &DeviceShared,
+        f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>,
+    ) -> Result<R> {
         // Made only when needed: the error has drop glue the hot path would run.
-        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
-        let dev = &self.dev;
+        let Some(qp) = ring.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
         }
         f(qp, dev)
+    }
+
+    /// [`QpObj::with_live`] for the drop-in's entries of a context set single-threaded, whose queues all lock
+    /// with their flag alone ([`SpinLock::lock_single`](crate::spin::SpinLock::lock_single)): taken and let go
+    /// with a store each, no mode kept in the guard to test.
+    #[inline(always)]
+    fn with_live_single<R>(&self, f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>) -> Result<R> {
+        let mut g = self.ring.lock_single();
+        Self::live(&mut g, &self.dev, f)
+    }
+
+    /// [`QpObj::with_live_as`] for the drop-in's posts: `LOCKED` for a context whose queues lock, else one set
+    /// single-threaded ([`QpObj::with_live_single`]).
+    #[inline(always)]
+    fn with_live_post<const LOCKED: bool, R>(
+        &self,
+        f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>,
+    ) -> Result<R> {
+        if LOCKED {
+            self.with_live_as::<true, R>(f)
+        } else {
+            self.with_live_single(f)
+        }
     }
 
     /// `ibv_post_send`: the QP's lock only.
@@ -445,7 +477,15 @@ impl QpObj {
                 self.1.run(self.0, m)
             }
         }
-        self.with_live_as::<LOCKED, _>(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
+        self.with_live_post::<LOCKED, _>(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
+    }
+
+    /// [`QpObj::with_qp_each`] for work whose only register-side step is a barrier (a receive post orders its
+    /// WQEs before the doorbell record and rings nothing): `f` runs once, with the device's access as it is, so
+    /// the call is not built once per backend (on x86-64 that barrier is the same for all of them).
+    #[inline]
+    pub(crate) fn with_qp_barrier_only<F: QpFn, const LOCKED: bool>(&self, f: F) -> Result<F::Out> {
+        self.with_live_post::<LOCKED, _>(|qp, dev| Ok(f.run(qp, &dev.mmio)))
     }
 
     /// [`QpObj::with_recv_batch`] with `f` monomorphized for the device's register access.

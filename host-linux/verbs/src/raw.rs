@@ -359,11 +359,19 @@ impl RawQp {
     }
 
     /// [`RawQp::post_each`]; with `LOCKED` for a caller that knows the QP's lock is not single-threaded (made in a
-    /// context not set so): the lock's mode is then not tested. On a single-threaded QP `LOCKED` takes the lock
-    /// word with a locked instruction, so it is never wrong, only slower there.
+    /// context not set so): the lock's mode is then not tested. Without it the caller expects a single-threaded
+    /// lock (its context was set so), taken with its flag alone; a QP whose lock locks is then taken with its word
+    /// alone, out of line (another thread's bias on it revoked). Either is right on any QP.
     #[inline]
     pub fn post_each_as<F: crate::qp::QpFn, const LOCKED: bool>(&self, f: F) -> Result<F::Out> {
         self.0.with_qp_each::<F, LOCKED>(f)
+    }
+
+    /// [`RawQp::post_each_as`] for work whose only register-side step is a barrier (a receive list): run once,
+    /// not once per backend.
+    #[inline]
+    pub fn post_recvs_as<F: crate::qp::QpFn, const LOCKED: bool>(&self, f: F) -> Result<F::Out> {
+        self.0.with_qp_barrier_only::<F, LOCKED>(f)
     }
 
     /// [`RawQp::post_recv_with`] monomorphized likewise.

@@ -158,6 +158,51 @@ impl<T> SpinLock<T> {
         SpinGuard::new(self, Held::Word)
     }
 
+    /// Takes the lock for the datapath of a caller that expects it single-threaded (its context was set so): a
+    /// lock made so ([`SpinLock::new_single_threaded`]) is taken with its flag, as [`SpinLock::lock_as`] does; one
+    /// that locks is taken out of line with its word alone. Either way its guard lets go with one store, so no
+    /// mode is kept to test.
+    #[inline(always)]
+    pub(crate) fn lock_single(&self) -> SingleGuard<'_, T> {
+        if self.need_lock {
+            self.lock_word_only();
+        } else if self.locked.load(Ordering::Relaxed) {
+            self.overlap();
+        } else {
+            // One thread at a time (the maker's promise): nothing to order against another holder.
+            self.locked.store(true, Ordering::Relaxed);
+        }
+        SingleGuard(self)
+    }
+
+    /// [`SpinLock::lock_single`] on a lock that locks: the word, held so that letting go of it alone releases the
+    /// lock. Another thread's bias is revoked for good (its owner shut out as by a visit, `blocked` left raised);
+    /// this thread's own bias, or none, needs only the word.
+    #[cold]
+    #[inline(never)]
+    fn lock_word_only(&self) {
+        self.take_word();
+        // Read under the word, which every change of `owner` is made under: current.
+        let owner = self.owner.load(Ordering::Relaxed);
+        if owner == REVOKED || owner == UNOWNED {
+            return;
+        }
+        let revoke = owner != thread_id();
+        if revoke {
+            // The heavy side of the Dekker pair, as in `lock_slow`.
+            self.blocked.store(true, Ordering::Relaxed);
+            barrier::heavy();
+        }
+        // The owner's hold through its bias, if any, ends (for this thread: one from a signal handler).
+        let mut tries = 0u32;
+        while self.in_use.load(Ordering::Acquire) {
+            backoff(&mut tries);
+        }
+        if revoke {
+            self.owner.store(REVOKED, Ordering::Relaxed);
+        }
+    }
+
     /// Whether it takes a locked instruction (false: made by `new_single_threaded`).
     #[cfg(test)]
     pub(crate) fn needs_lock(&self) -> bool {
@@ -436,6 +481,33 @@ impl<T> Drop for SpinGuard<'_, T> {
     }
 }
 
+/// A single-threaded lock held ([`SpinLock::lock_single`]); released when dropped, also while a panic unwinds.
+pub(crate) struct SingleGuard<'a, T>(&'a SpinLock<T>);
+
+impl<T> Deref for SingleGuard<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: this guard is the one holder (see `Sync` above).
+        unsafe { &*self.0.v.get() }
+    }
+}
+
+impl<T> DerefMut for SingleGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: this guard is the one holder, and `&mut self` makes this the one borrow through it.
+        unsafe { &mut *self.0.v.get() }
+    }
+}
+
+impl<T> Drop for SingleGuard<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.locked.store(false, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -628,6 +700,65 @@ mod tests {
         let v = *l.lock();
         holder.join().unwrap();
         assert_eq!(v, 7);
+    }
+
+    #[test]
+    fn lock_single_takes_a_single_threaded_lock_by_its_flag() {
+        // SAFETY: only this thread takes it.
+        let l = unsafe { SpinLock::new_single_threaded(0u32) };
+        {
+            let mut g = l.lock_single();
+            *g += 1;
+            assert!(l.locked.load(Ordering::Relaxed));
+        }
+        assert!(!l.locked.load(Ordering::Relaxed), "released when the guard drops");
+        assert_eq!(*l.lock(), 1);
+    }
+
+    #[test]
+    fn lock_single_on_a_lock_that_locks_excludes_and_revokes_another_threads_bias() {
+        // Another thread owns the lock's bias and adds through it while this thread adds through `lock_single`
+        // (a caller that expected a single-threaded lock): a non-atomic read-modify-write, so any overlap would
+        // lose an update. Afterwards the bias is revoked and both threads take the word.
+        let l = Arc::new(SpinLock::new(0u64));
+        let owned = Arc::new(std::sync::Barrier::new(2));
+        let start = Arc::new(std::sync::Barrier::new(2));
+        let (l2, o2, s2) = (l.clone(), owned.clone(), start.clone());
+        const ADDS: u64 = 20_000;
+        let owner = std::thread::spawn(move || {
+            drop(l2.lock_as::<true>());
+            let biased = l2.owned_here();
+            o2.wait();
+            s2.wait();
+            for _ in 0..ADDS {
+                add_one(l2.lock_as::<true>());
+            }
+            biased
+        });
+        owned.wait();
+        start.wait();
+        for _ in 0..ADDS {
+            let mut g = l.lock_single();
+            let v = *g;
+            std::hint::black_box(&v);
+            *g = v + 1;
+        }
+        let biased = owner.join().unwrap();
+        assert_eq!(biased, barrier::ready(), "the other thread owned it where membarrier works");
+        assert_eq!(*l.lock(), 2 * ADDS);
+        assert!(l.revoked() || !biased, "another thread's bias is revoked");
+        assert!(!l.is_held());
+    }
+
+    #[test]
+    fn lock_single_on_this_threads_own_bias_keeps_it() {
+        let l = SpinLock::new(0u32);
+        drop(l.lock_as::<true>());
+        *l.lock_single() += 1;
+        assert!(!l.is_held());
+        assert_eq!(l.owned_here(), barrier::ready(), "still this thread's");
+        *l.lock_as::<true>() += 1;
+        assert_eq!(*l.lock(), 2);
     }
 
     #[test]
