@@ -11,7 +11,7 @@ use mlx5_core::qp::{
     InlineData, PostError, PostErrorKind, QpType, RecvWr, RecvWrView, SendFlags, SendOp, SendWr, SendWrView, Sge,
     UdDest,
 };
-use mlx5_verbs::QpFn;
+use mlx5_verbs::{QpFn, QpFnOr};
 
 use crate::abi::*;
 use crate::errno_of;
@@ -412,16 +412,14 @@ unsafe extern "C" fn post_send<const LOCKED: bool>(
         // loop count or exit).
         // SAFETY: the caller's work request, when not NULL (verbs' contract).
         let out = if !wr.is_null() && unsafe { (*wr).next }.is_null() {
-            q.raw.post_each_as::<_, LOCKED>(SendOne(wr))
+            q.raw.post_each_or::<_, LOCKED>(SendOne(wr))
         } else {
-            q.raw.post_each_as::<_, LOCKED>(SendList(wr))
+            q.raw.post_each_or::<_, LOCKED>(SendList(wr))
         };
         match out {
-            Ok(Ok(())) => 0,
+            Ok(()) => 0,
             // SAFETY: the caller's out pointer.
-            Ok(Err((w, e))) => unsafe { failed(bad, w, e) },
-            // SAFETY: as above.
-            Err(e) => unsafe { failed(bad, wr, errno_of(&e)) },
+            Err((w, e)) => unsafe { failed(bad, w, e) },
         }
     })
 }
@@ -440,6 +438,13 @@ impl Iterator for SendList {
         let w = CSendWr(self.0);
         self.0 = w.w().next;
         Some(w)
+    }
+}
+
+impl QpFnOr for SendList {
+    #[inline(always)]
+    fn unavailable(self, dead: bool) -> Self::Out {
+        Err((self.0, unavailable_errno(dead)))
     }
 }
 
@@ -468,6 +473,13 @@ fn post_send_list<M: Mmio + ?Sized>(
 /// A list of one `ibv_send_wr` (not NULL, its `next` NULL), posted as [`SendList`] is. Made only by
 /// `ibv_post_send` from the request it was given (verbs' contract: valid, unchanged while the call runs).
 struct SendOne(*mut ibv_send_wr);
+
+impl QpFnOr for SendOne {
+    #[inline(always)]
+    fn unavailable(self, dead: bool) -> Self::Out {
+        Err((self.0, unavailable_errno(dead)))
+    }
+}
 
 impl QpFn for SendOne {
     type Out = Result<(), (*mut ibv_send_wr, c_int)>;
@@ -522,6 +534,24 @@ impl Iterator for RecvList {
         // SAFETY: a valid work request of the program's list (the type's invariant).
         self.0 = unsafe { w.as_ref().next };
         Some(CRecvWr(w))
+    }
+}
+
+impl QpFnOr for RecvList {
+    #[inline(always)]
+    fn unavailable(self, dead: bool) -> Self::Out {
+        Err((self.0, unavailable_errno(dead)))
+    }
+}
+
+/// The errno of a post on a destroyed QP (as `errno_of` gives `VerbsError::Destroyed`) or a dead device (a post's
+/// `DeviceError`).
+#[inline(always)]
+fn unavailable_errno(dead: bool) -> c_int {
+    if dead {
+        libc::EIO
+    } else {
+        libc::EINVAL
     }
 }
 
@@ -606,9 +636,11 @@ unsafe extern "C" fn post_recv<const LOCKED: bool>(
             return libc::EINVAL;
         }
         // One doorbell record update for all of the list.
-        let r = q.raw.post_recvs_as::<_, LOCKED>(RecvList(wr));
-        // SAFETY: the caller's out pointer.
-        unsafe { recv_result(wr, bad, r) }
+        match q.raw.post_recvs_or::<_, LOCKED>(RecvList(wr)) {
+            Ok(()) => 0,
+            // SAFETY: the caller's out pointer.
+            Err((w, e)) => unsafe { failed(bad, w, e) },
+        }
     })
 }
 

@@ -167,7 +167,7 @@ pub use qp::{
     CanRecv, CanSend, ErrState, Init, InitAttr, QpInitAttr, QueuePair, RemoteQp, Reset, Rtr, RtrAttr, Rts, RtsAttr,
     TransitionError,
 };
-pub use qp::{QpFn, RecvBatchFn, SendBatchFn};
+pub use qp::{QpFn, QpFnOr, RecvBatchFn, SendBatchFn};
 pub use qp_ex::QpWrBatch;
 pub use smi::{SmiAgent, SmiOutcome, SmiStats};
 pub use srq::{SharedReceiveQueue, SrqAttrMask, SrqInitAttr};

@@ -402,29 +402,6 @@ impl QpObj {
         f(qp, dev)
     }
 
-    /// [`QpObj::with_live`] for the drop-in's entries of a context set single-threaded, whose queues all lock
-    /// with their flag alone ([`SpinLock::lock_single`](crate::spin::SpinLock::lock_single)): taken and let go
-    /// with a store each, no mode kept in the guard to test.
-    #[inline(always)]
-    fn with_live_single<R>(&self, f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>) -> Result<R> {
-        let mut g = self.ring.lock_single();
-        Self::live(&mut g, &self.dev, f)
-    }
-
-    /// [`QpObj::with_live_as`] for the drop-in's posts: `LOCKED` for a context whose queues lock, else one set
-    /// single-threaded ([`QpObj::with_live_single`]).
-    #[inline(always)]
-    fn with_live_post<const LOCKED: bool, R>(
-        &self,
-        f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>,
-    ) -> Result<R> {
-        if LOCKED {
-            self.with_live_as::<true, R>(f)
-        } else {
-            self.with_live_single(f)
-        }
-    }
-
     /// `ibv_post_send`: the QP's lock only.
     pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.with_live(|qp, dev| Ok(qp.post_send(&dev.mmio, wrs)?))
@@ -465,10 +442,27 @@ impl QpObj {
         self.with_live(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
     }
 
-    /// `f` on the core's QP itself, monomorphized for the device's register access (one match per call), under
-    /// the QP's lock: the drop-in's `ibv_post_send` posts a C list through `Qp::post_send_iter` in it.
+    /// The drop-in's posts: `f` on the core's QP itself under its lock, monomorphized for the device's register
+    /// access (one match per call) or, `BARRIER_ONLY` (a receive post: its only register-side step is a barrier,
+    /// the same for every backend on x86-64), run once with the access as it is. `LOCKED` for a context whose
+    /// queues lock; else one set single-threaded, whose locks are taken and let go with a store each
+    /// ([`SpinLock::lock_single`](crate::spin::SpinLock::lock_single)). A destroyed QP or dead device is answered
+    /// by `f` itself: no error is made and matched on the way out.
     #[inline]
-    pub(crate) fn with_qp_each<F: QpFn, const LOCKED: bool>(&self, f: F) -> Result<F::Out> {
+    pub(crate) fn with_qp_each_or<F: QpFnOr, const LOCKED: bool, const BARRIER_ONLY: bool>(&self, f: F) -> F::Out {
+        if LOCKED {
+            Self::run_or::<F, BARRIER_ONLY>(&mut self.ring.lock_as::<true>(), &self.dev, f)
+        } else {
+            Self::run_or::<F, BARRIER_ONLY>(&mut self.ring.lock_single(), &self.dev, f)
+        }
+    }
+
+    #[inline(always)]
+    fn run_or<F: QpFnOr, const BARRIER_ONLY: bool>(
+        ring: &mut Option<mlx5_core::qp::Qp>,
+        dev: &DeviceShared,
+        f: F,
+    ) -> F::Out {
         struct Run<'q, F>(&'q mut mlx5_core::qp::Qp, F);
         impl<F: QpFn> MmioFn for Run<'_, F> {
             type Out = F::Out;
@@ -477,15 +471,15 @@ impl QpObj {
                 self.1.run(self.0, m)
             }
         }
-        self.with_live_post::<LOCKED, _>(|qp, dev| Ok(dev.mmio.with(Run(qp, f))))
-    }
-
-    /// [`QpObj::with_qp_each`] for work whose only register-side step is a barrier (a receive post orders its
-    /// WQEs before the doorbell record and rings nothing): `f` runs once, with the device's access as it is, so
-    /// the call is not built once per backend (on x86-64 that barrier is the same for all of them).
-    #[inline]
-    pub(crate) fn with_qp_barrier_only<F: QpFn, const LOCKED: bool>(&self, f: F) -> Result<F::Out> {
-        self.with_live_post::<LOCKED, _>(|qp, dev| Ok(f.run(qp, &dev.mmio)))
+        let Some(qp) = ring.as_mut() else { return f.unavailable(false) };
+        if dev.is_dead() {
+            return f.unavailable(true);
+        }
+        if BARRIER_ONLY {
+            f.run(qp, &dev.mmio)
+        } else {
+            dev.mmio.with(Run(qp, f))
+        }
     }
 
     /// [`QpObj::with_recv_batch`] with `f` monomorphized for the device's register access.
@@ -985,11 +979,18 @@ pub trait SendBatchFn {
     fn run<M: Mmio + ?Sized>(self, b: &mut SendBatch<'_, M>) -> Self::Out;
 }
 
-/// Work on the core's QP with the device's own register access ([`RawQp::post_each`](crate::raw::RawQp::post_each)),
+/// Work on the core's QP with the device's own register access ([`RawQp::post_each_or`](crate::raw::RawQp::post_each_or)),
 /// under the QP's lock.
 pub trait QpFn {
     type Out;
     fn run<M: Mmio + ?Sized>(self, qp: &mut mlx5_core::qp::Qp, m: &M) -> Self::Out;
+}
+
+/// A [`QpFn`] that answers for itself when it cannot run, so a post returns its own result and no error is made:
+/// the drop-in's posts ([`RawQp::post_each_or`](crate::raw::RawQp::post_each_or)).
+pub trait QpFnOr: QpFn {
+    /// The answer when the QP is destroyed (`dead` false) or its device dead (`dead` true).
+    fn unavailable(self, dead: bool) -> Self::Out;
 }
 
 /// Work on a receive batch, as [`SendBatchFn`].

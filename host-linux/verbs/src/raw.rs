@@ -352,26 +352,22 @@ impl RawQp {
     }
 
     /// `f` on the core's QP with the device's own register access, under the QP's lock, after the checks every
-    /// post makes (destroyed, device dead): a caller posting its own list through `Qp::post_send_iter`.
+    /// post makes (destroyed, device dead, which `f` answers itself: [`QpFnOr`](crate::qp::QpFnOr)): a caller
+    /// posting its own list through `Qp::post_send_iter`. `LOCKED` for a caller that knows the QP's lock is not
+    /// single-threaded (made in a context not set so): the lock's mode is then not tested. Without it the caller
+    /// expects a single-threaded lock (its context was set so), taken with its flag alone; a QP whose lock locks
+    /// is then taken with its word alone, out of line (another thread's bias on it revoked). Either is right on
+    /// any QP.
     #[inline]
-    pub fn post_each<F: crate::qp::QpFn>(&self, f: F) -> Result<F::Out> {
-        self.post_each_as::<F, false>(f)
+    pub fn post_each_or<F: crate::qp::QpFnOr, const LOCKED: bool>(&self, f: F) -> F::Out {
+        self.0.with_qp_each_or::<F, LOCKED, false>(f)
     }
 
-    /// [`RawQp::post_each`]; with `LOCKED` for a caller that knows the QP's lock is not single-threaded (made in a
-    /// context not set so): the lock's mode is then not tested. Without it the caller expects a single-threaded
-    /// lock (its context was set so), taken with its flag alone; a QP whose lock locks is then taken with its word
-    /// alone, out of line (another thread's bias on it revoked). Either is right on any QP.
-    #[inline]
-    pub fn post_each_as<F: crate::qp::QpFn, const LOCKED: bool>(&self, f: F) -> Result<F::Out> {
-        self.0.with_qp_each::<F, LOCKED>(f)
-    }
-
-    /// [`RawQp::post_each_as`] for work whose only register-side step is a barrier (a receive list): run once,
+    /// [`RawQp::post_each_or`] for work whose only register-side step is a barrier (a receive list): run once,
     /// not once per backend.
     #[inline]
-    pub fn post_recvs_as<F: crate::qp::QpFn, const LOCKED: bool>(&self, f: F) -> Result<F::Out> {
-        self.0.with_qp_barrier_only::<F, LOCKED>(f)
+    pub fn post_recvs_or<F: crate::qp::QpFnOr, const LOCKED: bool>(&self, f: F) -> F::Out {
+        self.0.with_qp_each_or::<F, LOCKED, true>(f)
     }
 
     /// [`RawQp::post_recv_with`] monomorphized likewise.
