@@ -384,18 +384,9 @@ impl QpObj {
         f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>,
     ) -> Result<R> {
         let mut g = self.ring.lock_as::<LOCKED>();
-        Self::live(&mut g, &self.dev, f)
-    }
-
-    /// `f` on the QP in `ring` (its lock held) unless it is destroyed or the device dead.
-    #[inline(always)]
-    fn live<R>(
-        ring: &mut Option<mlx5_core::qp::Qp>,
-        dev: &DeviceShared,
-        f: impl FnOnce(&mut mlx5_core::qp::Qp, &DeviceShared) -> Result<R>,
-    ) -> Result<R> {
         // Made only when needed: the error has drop glue the hot path would run.
-        let Some(qp) = ring.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
+        let Some(qp) = g.as_mut() else { return Err(VerbsError::Destroyed { what: "queue pair" }) };
+        let dev = &self.dev;
         if dev.is_dead() {
             return Err(PostError { index: 0, kind: PostErrorKind::DeviceError }.into());
         }
@@ -457,6 +448,7 @@ impl QpObj {
         }
     }
 
+    /// [`QpObj::with_qp_each_or`] with the QP's lock held.
     #[inline(always)]
     fn run_or<F: QpFnOr, const BARRIER_ONLY: bool>(
         ring: &mut Option<mlx5_core::qp::Qp>,
