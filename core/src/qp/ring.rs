@@ -739,28 +739,13 @@ impl Qp {
         // address under its byte mask) and for the rest, so neither carries the other's per-WQE work or
         // loop-invariant values.
         let rq_mask = self.sizes.rq_bytes().wrapping_sub(1);
-        let term = w.max_gs > 1;
         let (idx, stop) = match self.rq_flat.map(|r| (r.cpu(), r.len().wrapping_sub(DS))) {
-            Some((base, mask)) => {
-                let put = |pos: usize, seg: &[u8; DS]| {
-                    // SAFETY: `pos & mask + DS <= len`, inside the one-fragment span this QP owns (as `rq_put`);
-                    // software owns unposted RQ entries.
-                    unsafe { base.as_ptr().add(pos & mask).cast::<[u8; DS]>().write_unaligned(*seg) }
-                };
-                if term {
-                    Self::recv_loop::<_, _, true>(&w, head, wrs.into_iter(), put)
-                } else {
-                    Self::recv_loop::<_, _, false>(&w, head, wrs.into_iter(), put)
-                }
-            }
-            None => {
-                let put = |pos: usize, seg: &[u8; DS]| self.rq_put(pos & rq_mask, seg);
-                if term {
-                    Self::recv_loop::<_, _, true>(&w, head, wrs.into_iter(), put)
-                } else {
-                    Self::recv_loop::<_, _, false>(&w, head, wrs.into_iter(), put)
-                }
-            }
+            Some((base, mask)) => Self::recv_loops(&w, head, wrs.into_iter(), |pos, seg| {
+                // SAFETY: `pos & mask + DS <= len`, inside the one-fragment span this QP owns (as `rq_put`);
+                // software owns unposted RQ entries.
+                unsafe { base.as_ptr().add(pos & mask).cast::<[u8; DS]>().write_unaligned(*seg) }
+            }),
+            None => Self::recv_loops(&w, head, wrs.into_iter(), |pos, seg| self.rq_put(pos & rq_mask, seg)),
         };
         if idx != head {
             self.rq_head = idx;
@@ -779,6 +764,21 @@ impl Qp {
                 let kind = refused_recv(&wr, w.max_gs);
                 Err((wr, kind))
             }
+        }
+    }
+
+    /// [`Qp::recv_loop`] built for this call's choice of terminator after a one-entry WQE.
+    #[inline(always)]
+    fn recv_loops<I, P>(w: &RqWin, head: u32, wrs: I, put: P) -> (u32, Option<I::Item>)
+    where
+        I: Iterator,
+        I::Item: RecvWrView,
+        P: Fn(usize, &[u8; DS]),
+    {
+        if w.max_gs > 1 {
+            Self::recv_loop::<_, _, true>(w, head, wrs, put)
+        } else {
+            Self::recv_loop::<_, _, false>(w, head, wrs, put)
         }
     }
 
@@ -814,7 +814,7 @@ impl Qp {
                 Some(s) if s.length != 0 => {
                     put(at, &data_seg(s.length, s.lkey, s.addr));
                     if TERM {
-                        put(at + DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
+                        put(at + DATA, &recv_terminator());
                     }
                 }
                 _ => match wr.sg_list() {
@@ -957,7 +957,7 @@ impl<M: Mmio + ?Sized> RecvBatch<'_, M> {
             }
         }
         if k < max_gs {
-            qp.rq_put(at + k * DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
+            qp.rq_put(at + k * DATA, &recv_terminator());
         }
         // SAFETY: `slot < cnt` (masked above), inside the `cnt` wr_ids `ptr_at` checked in `recv_batch`, 8-byte
         // aligned (the shadow region is 8-byte aligned and its send slots are 16 bytes each); only the driver
@@ -1105,6 +1105,12 @@ fn refused_recv<W: RecvWrView>(wr: &W, max_gs: usize) -> PostErrorKind {
     }
 }
 
+/// The entry that ends a receive WQE's scatter list shorter than the queue's maximum (length 0, the invalid lkey).
+#[inline(always)]
+fn recv_terminator() -> [u8; DATA] {
+    data_seg(0, consts::MLX5_INVALID_LKEY, 0)
+}
+
 /// The segments of a receive WQE other than the usual one entry (none, several, or zero-length ones, which are
 /// skipped as in `RecvBatch::push`), and the terminator when they leave room: the cold side of `Qp::recv_loop`.
 #[cold]
@@ -1118,7 +1124,7 @@ fn recv_sges<P: Fn(usize, &[u8; DS])>(at: usize, sg: &[Sge], max_gs: usize, put:
         }
     }
     if k < max_gs {
-        put(at + k * DATA, &data_seg(0, consts::MLX5_INVALID_LKEY, 0));
+        put(at + k * DATA, &recv_terminator());
     }
 }
 

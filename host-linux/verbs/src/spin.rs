@@ -188,18 +188,25 @@ impl<T> SpinLock<T> {
             return;
         }
         let revoke = owner != thread_id();
+        self.end_bias_hold(revoke);
         if revoke {
-            // The heavy side of the Dekker pair, as in `lock_slow`.
+            self.owner.store(REVOKED, Ordering::Relaxed);
+        }
+    }
+
+    /// With the word held: shuts another thread's bias out (`shut_out`), then waits until the owner's hold
+    /// through its bias, if any, ends (for the owner itself: a hold the word cannot see, as from a signal handler
+    /// that interrupted it, is waited for as a spin lock would).
+    fn end_bias_hold(&self, shut_out: bool) {
+        if shut_out {
+            // The heavy side of the Dekker pair: after the barrier either the owner's flag is seen here, or every
+            // owner's later load of `blocked` sees it raised.
             self.blocked.store(true, Ordering::Relaxed);
             barrier::heavy();
         }
-        // The owner's hold through its bias, if any, ends (for this thread: one from a signal handler).
         let mut tries = 0u32;
         while self.in_use.load(Ordering::Acquire) {
             backoff(&mut tries);
-        }
-        if revoke {
-            self.owner.store(REVOKED, Ordering::Relaxed);
         }
     }
 
@@ -244,31 +251,20 @@ impl<T> SpinLock<T> {
             }
             return Held::Word;
         }
-        let mut how = Held::Word;
-        if owner != me {
-            // The heavy side of the Dekker pair: after the barrier either the owner's flag is seen here, or every
-            // owner's later load of `blocked` sees it raised.
-            self.blocked.store(true, Ordering::Relaxed);
-            barrier::heavy();
-            how = Held::Visit;
+        let visit = owner != me;
+        self.end_bias_hold(visit);
+        if !visit {
+            return Held::Word;
         }
-        // The owner's hold through its bias, if any, ends (for the owner itself: a hold the word cannot see, as
-        // from a signal handler that interrupted it, is waited for as a spin lock would).
-        let mut tries = 0u32;
-        while self.in_use.load(Ordering::Acquire) {
-            backoff(&mut tries);
+        let v = self.visits.load(Ordering::Relaxed) + 1;
+        self.visits.store(v, Ordering::Relaxed);
+        if v > self.max_visits {
+            // Shared by several threads: a plain spin lock from now on. `blocked` stays raised, so an owner that
+            // read its bias before this store still backs off.
+            self.owner.store(REVOKED, Ordering::Relaxed);
+            return Held::Word;
         }
-        if how == Held::Visit {
-            let v = self.visits.load(Ordering::Relaxed) + 1;
-            self.visits.store(v, Ordering::Relaxed);
-            if v > self.max_visits {
-                // Shared by several threads: a plain spin lock from now on. `blocked` stays raised, so an owner
-                // that read its bias before this store still backs off.
-                self.owner.store(REVOKED, Ordering::Relaxed);
-                how = Held::Word;
-            }
-        }
-        how
+        Held::Visit
     }
 
     /// A single-threaded lock found held: two threads at once, which the program promised never to do. Said
@@ -514,7 +510,7 @@ mod tests {
     use std::sync::Arc;
 
     /// Adds 1 under `g` with a non-atomic read-modify-write: two holders at once would lose an update.
-    fn add_one(mut g: SpinGuard<'_, u64>) {
+    fn add_one(mut g: impl DerefMut<Target = u64>) {
         let v = *g;
         std::hint::black_box(&v);
         *g = v + 1;
@@ -738,10 +734,7 @@ mod tests {
         owned.wait();
         start.wait();
         for _ in 0..ADDS {
-            let mut g = l.lock_single();
-            let v = *g;
-            std::hint::black_box(&v);
-            *g = v + 1;
+            add_one(l.lock_single());
         }
         let biased = owner.join().unwrap();
         assert_eq!(biased, barrier::ready(), "the other thread owned it where membarrier works");
